@@ -1,0 +1,100 @@
+"""Every exception terrarium raises, in one shallow hierarchy.
+
+::
+
+    TerrariumError
+    ├── InvalidContextId (also ValueError)
+    ├── InvalidEntry (also ValueError)
+    ├── StoreError
+    │   ├── ContextNotFound (also KeyError)
+    │   ├── ContextExists
+    │   ├── SegmentNotFound (also KeyError)
+    │   ├── ConflictError
+    │   ├── CorruptLog
+    │   ├── FormatVersionError
+    │   └── StoreURLError (also ValueError)
+    └── LLMError
+        ├── ServerUnreachable
+        ├── ModelNotFound
+        ├── ContextTooLong
+        ├── RateLimited
+        └── BadResponse
+
+Messages are one line, name the thing that is wrong, and never contain a password.
+"""
+
+from __future__ import annotations
+
+
+class TerrariumError(Exception):
+    """Base class of every terrarium error."""
+
+
+class InvalidContextId(TerrariumError, ValueError):
+    """A context id is not of the form ``type:name`` or names an unsafe or overlong name."""
+
+
+class InvalidEntry(TerrariumError, ValueError):
+    """An entry or history item given to a write call is malformed; nothing was written."""
+
+
+class StoreError(TerrariumError):
+    """A store could not complete an operation."""
+
+
+class ContextNotFound(StoreError, KeyError):
+    """No context with that id exists in the store."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "context not found"
+
+
+class ContextExists(StoreError):
+    """A context with that id already exists."""
+
+
+class SegmentNotFound(StoreError, KeyError):
+    """No segment with that id exists in the store."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "segment not found"
+
+
+class ConflictError(StoreError):
+    """A writer's view is stale: the segment's tail or the context's head moved under it."""
+
+
+class CorruptLog(StoreError):
+    """A log line in the middle of a segment is not a valid entry (names file and line)."""
+
+
+class FormatVersionError(StoreError):
+    """A log or database was written by a newer, incompatible terrarium."""
+
+
+class StoreURLError(StoreError, ValueError):
+    """A store URL is malformed or names an unknown scheme."""
+
+
+class LLMError(TerrariumError):
+    """The model server call failed."""
+
+
+class ServerUnreachable(LLMError):
+    """The model server could not be reached (connection refused, DNS, timeout)."""
+
+
+class ModelNotFound(LLMError):
+    """The server does not serve the requested model, or serves none."""
+
+
+class ContextTooLong(LLMError):
+    """The request exceeds the model's context window."""
+
+
+class RateLimited(LLMError):
+    """The server refused the request for rate or capacity reasons, after retries."""
+
+
+class BadResponse(LLMError):
+    """The server answered with something that is not a valid completion."""

@@ -1,0 +1,664 @@
+"""The log model: ids, context ids, history items, log entries and restored state. No I/O.
+
+A *context* (``cli:main``) is what users see. Its whole history is one *session*, a fork tree
+of *segments*; each segment is a header followed by *entries*, one JSON object per line. Every
+entry carries the format major version ``v``, a per-segment sequence number ``seq`` (the header
+is 0, entries count up from 1 with no gaps), a UTC timestamp ``ts`` and a ``kind``; the
+remaining keys belong to the kind. Order comes from ``seq`` only: clocks may go backwards.
+
+History items are kept in their stable on-disk form, :data:`LoggedItem`: an OpenAI Chat
+Completions message (``{"role": "user", "content": "Hi"}``), the one message shape every
+OpenAI-compatible server and most tools already read. Items stay plain dicts on the hot path
+(restore, request building) so that unknown keys written by a newer terrarium survive untouched;
+:class:`Item` is the typed view for code that builds or inspects them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import unicodedata
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal, TypeAlias
+
+from uuid6 import uuid7
+
+from terrarium.errors import InvalidContextId, InvalidEntry
+
+#: Major version of the log format this code reads and writes. A newer major is refused.
+FORMAT_VERSION = 1
+
+SessionId: TypeAlias = uuid.UUID
+"""Session identifier: the fork-tree root. UUIDv7, time-ordered."""
+
+SegmentId: TypeAlias = uuid.UUID
+"""Segment identifier: one branch of the tree. UUIDv7, time-ordered and sortable."""
+
+
+def new_session_id() -> SessionId:
+    """Return a new, time-ordered session id."""
+    return uuid7()
+
+
+def new_segment_id() -> SegmentId:
+    """Return a new, time-ordered segment id."""
+    return uuid7()
+
+
+def utc_now() -> str:
+    """Return the current UTC time as an RFC 3339 string with microseconds and ``Z``."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# --------------------------------------------------------------------------- context ids
+
+_TYPE_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+#: Longest encoded context name, in bytes: the usual file-name limit.
+MAX_NAME_BYTES = 255
+# Characters that are unsafe in a file name on Linux, macOS or Windows, plus the escape itself.
+_UNSAFE = frozenset('<>:"\\|?*%')
+_WINDOWS_RESERVED = frozenset(
+    ["CON", "PRN", "AUX", "NUL"]
+    + [f"COM{i}" for i in range(1, 10)]
+    + [f"LPT{i}" for i in range(1, 10)]
+)
+
+
+def encode_name(name: str) -> str:
+    """Return ``name`` as a file name that is safe on Linux, macOS and Windows.
+
+    Safe names stay as they are (``#python`` stays ``#python``); unsafe characters become
+    ``%XX`` escapes of their UTF-8 bytes; a leading or trailing dot or space and Windows'
+    reserved device names get their first character escaped. The mapping is one to one.
+    """
+    out = []
+    for ch in name:
+        if ch in _UNSAFE or unicodedata.category(ch) == "Cc":
+            out.append("".join(f"%{b:02X}" for b in ch.encode()))
+        else:
+            out.append(ch)
+    text = "".join(out)
+    if text[:1] in (".", " "):
+        text = f"%{ord(text[0]):02X}{text[1:]}"
+    if text[-1:] in (".", " "):
+        text = f"{text[:-1]}%{ord(text[-1]):02X}"
+    if text.split(".", 1)[0].upper() in _WINDOWS_RESERVED:
+        text = f"%{ord(text[0]):02X}{text[1:]}"
+    return text
+
+
+def decode_name(encoded: str) -> str:
+    """Invert :func:`encode_name`."""
+    raw = bytearray()
+    i = 0
+    while i < len(encoded):
+        if encoded[i] == "%" and i + 2 < len(encoded) + 0 and _is_hex(encoded[i + 1 : i + 3]):
+            raw.append(int(encoded[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            raw += encoded[i].encode()
+            i += 1
+    return raw.decode()
+
+
+def _is_hex(text: str) -> bool:
+    return len(text) == 2 and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ContextId:
+    """A context identifier ``type:name`` such as ``irc:#python``."""
+
+    type: str
+    """Endpoint type: any lowercase slug (``cli``, ``irc``, ``game``, ``web``, ...)."""
+    name: str
+    """The context's name within its type (``main``, ``#python``): the seed's ``session_id``."""
+
+    def __post_init__(self) -> None:
+        if not _TYPE_RE.fullmatch(self.type):
+            raise InvalidContextId(
+                f"invalid context type {self.type!r}: use a lowercase slug such as 'cli' or 'irc'"
+            )
+        name = self.name
+        if not name:
+            raise InvalidContextId(f"invalid context id {self.type}:: the name is empty")
+        if name in (".", ".."):
+            raise InvalidContextId(f"invalid context name {name!r}: '.' and '..' are not names")
+        if "/" in name:
+            raise InvalidContextId(f"invalid context name {name!r}: it contains '/'")
+        if any(unicodedata.category(c) == "Cc" for c in name):
+            raise InvalidContextId(f"invalid context name {name!r}: it contains a control character")
+        if len(encode_name(name).encode()) > MAX_NAME_BYTES:
+            raise InvalidContextId(
+                f"invalid context name {name[:20]!r}...: longer than {MAX_NAME_BYTES} bytes encoded"
+            )
+
+    @classmethod
+    def parse(cls, text: str | ContextId) -> ContextId:
+        """Parse ``type:name``; raise :class:`InvalidContextId` naming the problem."""
+        if isinstance(text, ContextId):
+            return text
+        if not isinstance(text, str):
+            raise InvalidContextId(f"a context id must be a string, not {type(text).__name__}")
+        if not text:
+            raise InvalidContextId("invalid context id '': it is empty")
+        if ":" not in text:
+            raise InvalidContextId(
+                f"invalid context id {text!r}: expected 'type:name', such as 'cli:main'"
+            )
+        type_, name = text.split(":", 1)
+        return cls(type_, name)
+
+    @property
+    def encoded_name(self) -> str:
+        """The name as a safe file name (see :func:`encode_name`)."""
+        return encode_name(self.name)
+
+    def __str__(self) -> str:
+        return f"{self.type}:{self.name}"
+
+
+# --------------------------------------------------------------------------- history items
+
+LoggedRole: TypeAlias = Literal["system", "user", "assistant", "tool"]
+"""The roles a logged item may have."""
+
+LoggedContentPart: TypeAlias = dict[str, Any]
+"""One content part on disk: ``{"type": "text", "text": ...}``, ``{"type": "image_url", ...}``."""
+
+LoggedItem: TypeAlias = dict[str, Any]
+"""A history item on disk: an OpenAI Chat Completions message dict."""
+
+ROLES: frozenset[str] = frozenset(("system", "user", "assistant", "tool"))
+
+
+class Role(StrEnum):
+    """The role of a history item."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    """Plain text."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePart:
+    """A reference to an image (URL or ``data:`` URI); the bytes are not in the log."""
+
+    url: str
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallPart:
+    """A tool call made by the assistant."""
+
+    id: str
+    name: str
+    arguments: str
+    """The arguments as the model produced them (a JSON string)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningPart:
+    """The model's reasoning text (``reasoning_content`` on vLLM)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownPart:
+    """A content part of a type this version does not know, kept verbatim."""
+
+    data: Mapping[str, Any]
+
+
+ContentPart: TypeAlias = TextPart | ImagePart | ToolCallPart | ReasoningPart | UnknownPart
+"""One piece of an item's content."""
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """A history item: a message of some role whose content is text or parts.
+
+    A tool result is an item of role ``tool`` with ``tool_call_id`` set.
+    """
+
+    role: Role
+    content: str | tuple[ContentPart, ...]
+    name: str | None = None
+    """Optional participant name (an IRC nick, say)."""
+    tool_call_id: str | None = None
+    """For a tool result: the id of the call it answers."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Keys this version does not model, carried through untouched."""
+
+    @classmethod
+    def user(cls, text: str) -> Item:
+        """A user message."""
+        return cls(Role.USER, text)
+
+    @classmethod
+    def assistant(cls, text: str) -> Item:
+        """An assistant message."""
+        return cls(Role.ASSISTANT, text)
+
+    @classmethod
+    def system(cls, text: str) -> Item:
+        """A system message."""
+        return cls(Role.SYSTEM, text)
+
+    @property
+    def text(self) -> str:
+        """The item's text: the content string, or its text parts joined."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+
+def to_logged(item: Item) -> LoggedItem:
+    """Convert an :class:`Item` to its stable on-disk form (an OpenAI message dict)."""
+    out: LoggedItem = dict(item.extra)
+    out["role"] = str(item.role)
+    if isinstance(item.content, str):
+        out["content"] = item.content
+    else:
+        parts: list[LoggedContentPart] = []
+        calls: list[dict[str, Any]] = []
+        reasoning: list[str] = []
+        for part in item.content:
+            if isinstance(part, TextPart):
+                parts.append({"type": "text", "text": part.text})
+            elif isinstance(part, ImagePart):
+                image: dict[str, Any] = {"url": part.url}
+                if part.detail is not None:
+                    image["detail"] = part.detail
+                parts.append({"type": "image_url", "image_url": image})
+            elif isinstance(part, ToolCallPart):
+                calls.append(
+                    {
+                        "id": part.id,
+                        "type": "function",
+                        "function": {"name": part.name, "arguments": part.arguments},
+                    }
+                )
+            elif isinstance(part, ReasoningPart):
+                reasoning.append(part.text)
+            else:
+                parts.append(dict(part.data))
+        if len(parts) == 1 and parts[0].get("type") == "text" and not calls:
+            out["content"] = parts[0]["text"]
+        else:
+            out["content"] = parts if parts or not calls else None
+        if calls:
+            out["tool_calls"] = calls
+        if reasoning:
+            out["reasoning_content"] = "".join(reasoning)
+    if item.name is not None:
+        out["name"] = item.name
+    if item.tool_call_id is not None:
+        out["tool_call_id"] = item.tool_call_id
+    return out
+
+
+_ITEM_KEYS = frozenset(("role", "content", "name", "tool_call_id", "tool_calls", "reasoning_content"))
+
+
+def from_logged(logged: Mapping[str, Any]) -> Item:
+    """Convert an on-disk item back to an :class:`Item`; unknown keys land in ``extra``."""
+    check_item(logged)
+    content = logged.get("content")
+    parts: list[ContentPart] = []
+    reasoning = logged.get("reasoning_content")
+    if reasoning:
+        parts.append(ReasoningPart(reasoning))
+    if isinstance(content, list):
+        for raw in content:
+            kind = raw.get("type")
+            if kind == "text":
+                parts.append(TextPart(raw["text"]))
+            elif kind == "image_url":
+                image = raw.get("image_url") or {}
+                parts.append(ImagePart(image.get("url", ""), image.get("detail")))
+            else:
+                parts.append(UnknownPart(dict(raw)))
+    elif isinstance(content, str) and (parts or logged.get("tool_calls")):
+        parts.append(TextPart(content))
+    for call in logged.get("tool_calls") or ():
+        fn = call.get("function") or {}
+        parts.append(ToolCallPart(call.get("id", ""), fn.get("name", ""), fn.get("arguments", "")))
+    body: str | tuple[ContentPart, ...]
+    if parts or not isinstance(content, str):
+        body = tuple(parts)
+    else:
+        body = content
+    return Item(
+        role=Role(logged["role"]),
+        content=body,
+        name=logged.get("name"),
+        tool_call_id=logged.get("tool_call_id"),
+        extra={k: v for k, v in logged.items() if k not in _ITEM_KEYS},
+    )
+
+
+def check_item(item: Mapping[str, Any]) -> None:
+    """Raise :class:`InvalidEntry` unless ``item`` is a well-formed logged item."""
+    if not isinstance(item, Mapping):
+        raise InvalidEntry(f"a history item must be a dict, not {type(item).__name__}")
+    role = item.get("role")
+    if role not in ROLES:
+        raise InvalidEntry(f"history item has invalid role {role!r}: expected one of {sorted(ROLES)}")
+    content = item.get("content")
+    if content is None:
+        if role == "assistant" and item.get("tool_calls"):
+            return
+        raise InvalidEntry(f"{role} history item has no content")
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list) or not all(
+        isinstance(p, Mapping) and isinstance(p.get("type"), str) for p in content
+    ):
+        raise InvalidEntry(f"{role} history item content must be a string or a list of typed parts")
+
+
+def as_logged(item: Item | Mapping[str, Any]) -> LoggedItem:
+    """Accept an :class:`Item` or a logged dict and return a validated logged dict."""
+    if isinstance(item, Item):
+        return to_logged(item)
+    check_item(item)
+    return dict(item)
+
+
+def item_text(item: Mapping[str, Any]) -> str:
+    """The plain text of a logged item (text parts joined), for display, search and export."""
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if p.get("type") == "text")
+    return ""
+
+
+# --------------------------------------------------------------------------- usage, events
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """Token usage of one model call."""
+
+    model: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens served from the server's prefix cache, when it reports them."""
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as a JSON-ready dict."""
+        return {
+            "model": self.model,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTotals:
+    """Usage summed over a segment's lineage."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    calls: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class SystemItem:
+    """A runtime event (a pod event in the crate) that is rendered into history as a message."""
+
+    event: str
+    """What happened: ``config_changed``, ``context_switched``, ``tool_denied``, ..."""
+    detail: Mapping[str, Any] = field(default_factory=dict)
+    """Event data, kept in the log next to the rendering."""
+
+
+def render_pod_event(item: SystemItem) -> str:
+    """Render a runtime event as the text the model sees, e.g. ``[event: resumed] after=3h``."""
+    details = " ".join(f"{k}={v}" for k, v in sorted(item.detail.items()))
+    return f"[event: {item.event}]" + (f" {details}" if details else "")
+
+
+POD_SCOPE_EXTENSION_DOMAIN = "terrarium.pod_scope"
+"""The extension domain under which :class:`PodScopeSnapshot` records are saved."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodScopeSnapshot:
+    """What the agent was allowed to touch when the snapshot was taken."""
+
+    working_dir: str | None = None
+    allowed_paths: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    """Names of the tools the agent could call."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The snapshot as a JSON-ready dict."""
+        return {
+            "working_dir": self.working_dir,
+            "allowed_paths": list(self.allowed_paths),
+            "tools": list(self.tools),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PodScopeSnapshot:
+        """Rebuild a snapshot saved by :meth:`to_dict`."""
+        return cls(
+            working_dir=data.get("working_dir"),
+            allowed_paths=tuple(data.get("allowed_paths") or ()),
+            tools=tuple(data.get("tools") or ()),
+        )
+
+
+# --------------------------------------------------------------------------- entries
+
+
+class EntryKind(StrEnum):
+    """The kinds of log entry this version writes."""
+
+    HEADER = "header"
+    USER_INPUT = "user_input"
+    ITEM = "item"
+    SYSTEM_ITEM = "system_item"
+    TURN_END = "turn_end"
+    RUN_COMPLETED = "run_completed"
+    RUN_ERRORED = "run_errored"
+    USAGE = "usage"
+    CONFIG_CHANGED = "config_changed"
+    EXTENSION = "extension"
+
+
+ENVELOPE_KEYS = ("v", "seq", "ts", "kind")
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One line of a segment log.
+
+    ``data`` holds the kind's own keys exactly as stored, including keys (and whole kinds)
+    that this version does not know; they are carried through untouched.
+    """
+
+    seq: int
+    """Position in the segment: 0 for the header, then 1, 2, ... without gaps."""
+    kind: str
+    """One of :class:`EntryKind`, or a kind written by a newer version."""
+    ts: str
+    """UTC wall-clock time of the write (RFC 3339). Informational; order comes from ``seq``."""
+    data: Mapping[str, Any]
+    """The kind's own keys."""
+    v: int = FORMAT_VERSION
+    """Format major version of the writer."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry as the JSON object stored on its line."""
+        out: dict[str, Any] = {"v": self.v, "seq": self.seq, "ts": self.ts, "kind": self.kind}
+        out.update(self.data)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> LogEntry:
+        """Build an entry from a decoded line (see :meth:`to_dict`)."""
+        return cls(
+            seq=raw["seq"],
+            kind=raw["kind"],
+            ts=raw["ts"],
+            data={k: v for k, v in raw.items() if k not in ENVELOPE_KEYS},
+            v=raw.get("v", FORMAT_VERSION),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentOrigin:
+    """Where a segment comes from. Written in its header."""
+
+    kind: Literal["root", "fork", "compaction", "clear", "import"]
+    parent: SegmentId | None = None
+    """The segment this one branches from (fork, compaction, clear)."""
+    at_seq: int | None = None
+    """The last entry of ``parent`` that this segment continues from."""
+    source: str | None = None
+    """For imports: what was imported (a legacy file path, another store's URL)."""
+
+    @classmethod
+    def root(cls) -> SegmentOrigin:
+        """A new conversation."""
+        return cls("root")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The origin as stored in a header."""
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.parent is not None:
+            out["parent"] = str(self.parent)
+        if self.at_seq is not None:
+            out["at_seq"] = self.at_seq
+        if self.source is not None:
+            out["source"] = self.source
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> SegmentOrigin:
+        """Rebuild an origin from a header."""
+        parent = raw.get("parent")
+        return cls(
+            kind=raw["kind"],
+            parent=uuid.UUID(parent) if parent else None,
+            at_seq=raw.get("at_seq"),
+            source=raw.get("source"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentStartState:
+    """What a new segment starts with."""
+
+    system_prompt: str | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+    """Runtime settings (model, temperature, ...), replaced wholesale by config changes."""
+    history: Sequence[Item | LoggedItem] = ()
+    """Items the segment starts with (a compaction's summary, an import's messages)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    """How the last run of a segment ended."""
+
+    status: Literal["completed", "errored"]
+    seq: int
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TornTail:
+    """Bytes at the end of a segment that were not a complete entry (a writer died mid-line)."""
+
+    segment_id: SegmentId
+    offset: int
+    """Byte offset in the segment where the torn bytes began."""
+    size: int
+    set_aside_to: str | None
+    """Where the bytes were moved (a side file), or None where the store keeps no bytes."""
+
+
+@dataclass(slots=True)
+class RestoredState:
+    """What replaying a segment (and the ancestors it continues) yields."""
+
+    session_id: SessionId
+    segment_id: SegmentId
+    context: str | None
+    origin: SegmentOrigin
+    system_prompt: str | None
+    config: dict[str, Any]
+    history: list[LoggedItem]
+    """The conversation, oldest first, in on-disk form."""
+    usage: UsageTotals
+    extensions: dict[str, Any]
+    """The latest value saved under each extension domain."""
+    last_run: RunStatus | None
+    next_seq: int
+    """The sequence number the next append to this segment gets."""
+    created_at: str
+    """Timestamp of the segment's header."""
+    last_active: str
+    """Timestamp of the segment's last entry."""
+    turns: int = 0
+    """Turn ends in this segment's lineage."""
+    unknown: list[dict[str, Any]] = field(default_factory=list)
+    """Entries of kinds this version does not know, as stored."""
+    torn: list[TornTail] = field(default_factory=list)
+    """Torn tails that were detected and set aside during the restore."""
+
+    @property
+    def pod_scope(self) -> PodScopeSnapshot | None:
+        """The latest pod scope snapshot, if any was saved."""
+        raw = self.extensions.get(POD_SCOPE_EXTENSION_DOMAIN)
+        return PodScopeSnapshot.from_dict(raw) if raw is not None else None
+
+    @property
+    def message_count(self) -> int:
+        """Number of history items."""
+        return len(self.history)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEntry:
+    """A raw stream event, written to ``{segment}.trace.jsonl`` when tracing is on."""
+
+    ts: str
+    event: str
+    """Event type (``request``, ``chunk``, ``response``, ``error``)."""
+    data: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The trace line as a JSON-ready dict."""
+        return {"ts": self.ts, "event": self.event, "data": dict(self.data)}
