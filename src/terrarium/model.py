@@ -59,7 +59,7 @@ _TYPE_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 #: Longest encoded context name, in bytes: the usual file-name limit.
 MAX_NAME_BYTES = 255
 # Characters that are unsafe in a file name on Linux, macOS or Windows, plus the escape itself.
-_UNSAFE = frozenset('<>:"\\|?*%')
+_UNSAFE = frozenset('<>:"/\\|?*%')
 _WINDOWS_RESERVED = frozenset(
     ["CON", "PRN", "AUX", "NUL"]
     + [f"COM{i}" for i in range(1, 10)]
@@ -95,7 +95,7 @@ def decode_name(encoded: str) -> str:
     raw = bytearray()
     i = 0
     while i < len(encoded):
-        if encoded[i] == "%" and i + 2 < len(encoded) + 0 and _is_hex(encoded[i + 1 : i + 3]):
+        if encoded[i] == "%" and i + 2 < len(encoded) and _is_hex(encoded[i + 1 : i + 3]):
             raw.append(int(encoded[i + 1 : i + 3], 16))
             i += 3
         else:
