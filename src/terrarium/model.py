@@ -130,7 +130,9 @@ class ContextId:
         if "/" in name:
             raise InvalidContextId(f"invalid context name {name!r}: it contains '/'")
         if any(unicodedata.category(c) == "Cc" for c in name):
-            raise InvalidContextId(f"invalid context name {name!r}: it contains a control character")
+            raise InvalidContextId(
+                f"invalid context name {name!r}: it contains a control character"
+            )
         if len(encode_name(name).encode()) > MAX_NAME_BYTES:
             raise InvalidContextId(
                 f"invalid context name {name[:20]!r}...: longer than {MAX_NAME_BYTES} bytes encoded"
@@ -311,7 +313,9 @@ def to_logged(item: Item) -> LoggedItem:
     return out
 
 
-_ITEM_KEYS = frozenset(("role", "content", "name", "tool_call_id", "tool_calls", "reasoning_content"))
+_ITEM_KEYS = frozenset(
+    ("role", "content", "name", "tool_call_id", "tool_calls", "reasoning_content")
+)
 
 
 def from_logged(logged: Mapping[str, Any]) -> Item:
@@ -357,7 +361,9 @@ def check_item(item: Mapping[str, Any]) -> None:
         raise InvalidEntry(f"a history item must be a dict, not {type(item).__name__}")
     role = item.get("role")
     if role not in ROLES:
-        raise InvalidEntry(f"history item has invalid role {role!r}: expected one of {sorted(ROLES)}")
+        raise InvalidEntry(
+            f"history item has invalid role {role!r}: expected one of {sorted(ROLES)}"
+        )
     content = item.get("content")
     if content is None:
         if role == "assistant" and item.get("tool_calls"):

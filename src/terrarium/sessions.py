@@ -1,0 +1,563 @@
+"""The session log API: start, write, branch, compact and replay segments.
+
+These are free functions over a :class:`~terrarium.stores.base.Store`, named as in the Rust
+``session_store`` crate this design comes from. The caller holds the conversation state and
+calls them after each state-mutating step; :func:`restore` rebuilds that state by replay.
+
+A segment reference is anything with ``session_id`` and ``segment_id`` attributes:
+a :class:`PodActiveSegmentRef`, a :class:`PodMetadata` head, or a :class:`RestoredState`.
+
+Replay rules (:func:`collect_state`): a header that carries ``history`` (root, compaction,
+clear, import, or a fork into another context) starts the state afresh from what it holds; a
+fork header without ``history`` continues its parent's state, which :func:`restore` replays
+first, up to the fork point. So a fork copies nothing, and restoring after a compaction reads
+the compacted segment alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from terrarium.errors import ConflictError, ContextNotFound, InvalidEntry
+from terrarium.model import (
+    FORMAT_VERSION,
+    POD_SCOPE_EXTENSION_DOMAIN,
+    ContextId,
+    EntryKind,
+    Item,
+    LogEntry,
+    LoggedItem,
+    PodScopeSnapshot,
+    RestoredState,
+    RunStatus,
+    SegmentId,
+    SegmentOrigin,
+    SegmentStartState,
+    SessionId,
+    SystemItem,
+    TraceEntry,
+    UsageRecord,
+    UsageTotals,
+    as_logged,
+    new_segment_id,
+    new_session_id,
+    render_pod_event,
+    utc_now,
+)
+from terrarium.stores.base import NewEntry, PodMetadata, SegmentRead, Store
+
+
+class SegmentRef(Protocol):
+    """Anything that names a segment."""
+
+    @property
+    def session_id(self) -> SessionId: ...
+
+    @property
+    def segment_id(self) -> SegmentId: ...
+
+
+# --------------------------------------------------------------------------- starting
+
+
+def _header(
+    session_id: SessionId,
+    segment_id: SegmentId,
+    origin: SegmentOrigin,
+    *,
+    context: ContextId | None,
+    start: SegmentStartState | None,
+    carry: RestoredState | None = None,
+    ts: str | None = None,
+) -> dict[str, Any]:
+    """Build a header line. ``start=None`` makes a fork header that continues its parent."""
+    header: dict[str, Any] = {
+        "v": FORMAT_VERSION,
+        "seq": 0,
+        "ts": ts or utc_now(),
+        "kind": EntryKind.HEADER.value,
+        "session_id": str(session_id),
+        "segment_id": str(segment_id),
+        "context": str(context) if context is not None else None,
+        "origin": origin.to_dict(),
+    }
+    if start is None:
+        header["history"] = None
+        return header
+    header["system_prompt"] = start.system_prompt
+    header["config"] = dict(start.config)
+    header["history"] = [as_logged(item) for item in start.history]
+    if carry is not None:
+        header["usage"] = _usage_dict(carry.usage)
+        header["turns"] = carry.turns
+        header["extensions"] = dict(carry.extensions)
+    return header
+
+
+def create_segment(
+    store: Store, start: SegmentStartState | None = None, *, context: ContextId | str
+) -> tuple[SessionId, SegmentId]:
+    """Create ``context`` with a new session whose root segment starts from ``start``.
+
+    Returns:
+        The new session id and root segment id.
+
+    Raises:
+        InvalidContextId: ``context`` is not a valid ``type:name``.
+        ContextExists: the context already exists.
+    """
+    session_id, segment_id = new_session_id(), new_segment_id()
+    create_segment_with_ids(store, session_id, segment_id, start, context=context)
+    return session_id, segment_id
+
+
+def create_segment_with_ids(
+    store: Store,
+    session_id: SessionId,
+    segment_id: SegmentId,
+    start: SegmentStartState | None = None,
+    *,
+    context: ContextId | str,
+    origin: SegmentOrigin | None = None,
+    ts: str | None = None,
+) -> PodMetadata:
+    """Like :func:`create_segment` with chosen ids, origin and timestamp (imports, copies)."""
+    ctx = ContextId.parse(context)
+    header = _header(
+        session_id,
+        segment_id,
+        origin or SegmentOrigin.root(),
+        context=ctx,
+        start=start or SegmentStartState(),
+        ts=ts,
+    )
+    return store.create_context(ctx, header)
+
+
+def fork(store: Store, ref: SegmentRef) -> SegmentId:
+    """Branch a new segment off the current tail of ``ref``; the head does not move."""
+    return fork_at(store, ref, store.next_seq(ref.session_id, ref.segment_id) - 1)
+
+
+def fork_at(store: Store, ref: SegmentRef, at_seq: int) -> SegmentId:
+    """Branch a new segment that continues ``ref`` after entry ``at_seq`` (0 = the header).
+
+    The original segment is untouched and stays appendable; nothing is copied.
+    """
+    next_seq = store.next_seq(ref.session_id, ref.segment_id)
+    if not 0 <= at_seq < next_seq:
+        raise InvalidEntry(
+            f"cannot fork segment {ref.segment_id} at entry {at_seq}: "
+            f"it has entries 0..{next_seq - 1}"
+        )
+    segment_id = new_segment_id()
+    origin = SegmentOrigin("fork", parent=ref.segment_id, at_seq=at_seq)
+    header = _header(ref.session_id, segment_id, origin, context=None, start=None)
+    store.create_segment(ref.session_id, header)
+    return segment_id
+
+
+def _restart(
+    store: Store,
+    source: RestoredState | SegmentRef,
+    kind: str,
+    history: Sequence[Item | LoggedItem],
+    context: ContextId | str | None,
+    system_prompt: str | None,
+) -> SegmentId:
+    state = (
+        source
+        if isinstance(source, RestoredState)
+        else restore_by_segment(store, source.session_id, source.segment_id)
+    )
+    segment_id = new_segment_id()
+    origin = SegmentOrigin(kind, parent=state.segment_id, at_seq=state.next_seq - 1)  # type: ignore[arg-type]
+    start = SegmentStartState(
+        system_prompt=state.system_prompt if system_prompt is None else system_prompt,
+        config=state.config,
+        history=history,
+    )
+    ctx = ContextId.parse(context) if context is not None else None
+    header = _header(state.session_id, segment_id, origin, context=ctx, start=start, carry=state)
+    if ctx is None and state.context is not None:
+        header["context"] = state.context
+    store.create_segment(state.session_id, header)
+    if ctx is not None:
+        store.set_head(ctx, segment_id, expected=state.segment_id)
+    return segment_id
+
+
+def create_compacted_segment(
+    store: Store,
+    source: RestoredState | SegmentRef,
+    history: Sequence[Item | LoggedItem],
+    *,
+    context: ContextId | str | None = None,
+    system_prompt: str | None = None,
+) -> SegmentId:
+    """Start a segment whose history is ``history`` (a summary of ``source``).
+
+    Config, usage totals and extensions carry over. With ``context``, the context's head moves
+    from ``source`` to the new segment (ConflictError if it was elsewhere).
+    """
+    return _restart(store, source, "compaction", history, context, system_prompt)
+
+
+def clear_segment(
+    store: Store, source: RestoredState | SegmentRef, *, context: ContextId | str | None = None
+) -> SegmentId:
+    """Start an empty segment after ``source``; the old history stays in the session tree."""
+    return _restart(store, source, "clear", (), context, None)
+
+
+def fork_context(
+    store: Store, source: ContextId | str, target: ContextId | str, *, at_seq: int | None = None
+) -> PodMetadata:
+    """Create context ``target`` as a copy of ``source``'s head (up to ``at_seq``).
+
+    The target is a new session: its root header holds the copied history and its origin
+    names the source segment, so the two contexts stay isolated.
+    """
+    src, dst = ContextId.parse(source), ContextId.parse(target)
+    head = _require_head(store, src)
+    state = restore_by_segment(store, head.session_id, head.segment_id, stop_seq=at_seq)
+    origin = SegmentOrigin(
+        "fork", parent=head.segment_id, at_seq=state.next_seq - 1, source=str(src)
+    )
+    session_id, segment_id = new_session_id(), new_segment_id()
+    start = SegmentStartState(state.system_prompt, state.config, state.history)
+    header = _header(session_id, segment_id, origin, context=dst, start=start, carry=state)
+    return store.create_context(dst, header)
+
+
+def ensure_head_or_fork(
+    store: Store, context: ContextId | str, ref: SegmentRef, expected_seq: int
+) -> SegmentId:
+    """Return the segment a writer with view (``ref``, ``expected_seq``) may append to.
+
+    If ``ref`` is still the context's head and its next seq is ``expected_seq``, that is
+    ``ref`` itself. Otherwise another writer moved on: the writer's view is forked at
+    ``expected_seq - 1`` and the head moves to the fork, so neither writer's entries are
+    overwritten (the other branch stays in the session tree).
+    """
+    ctx = ContextId.parse(context)
+    while True:
+        head = _require_head(store, ctx)
+        if (
+            head.segment_id == ref.segment_id
+            and store.next_seq(ref.session_id, ref.segment_id) == expected_seq
+        ):
+            return ref.segment_id
+        forked = fork_at(store, ref, expected_seq - 1)
+        try:
+            store.set_head(ctx, forked, expected=head.segment_id)
+        except ConflictError:
+            continue  # the head moved again while we forked: decide afresh
+        return forked
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def append_entries(
+    store: Store,
+    ref: SegmentRef,
+    entries: Sequence[tuple[str, Mapping[str, Any]]],
+    *,
+    expected_seq: int | None = None,
+) -> list[LogEntry]:
+    """Append several ``(kind, data)`` entries in one atomic write."""
+    ts = utc_now()
+    drafts = [NewEntry(kind, ts, data) for kind, data in entries]
+    first = store.append(ref.session_id, ref.segment_id, drafts, expected_seq=expected_seq)
+    return [LogEntry(first + i, d.kind, ts, d.data) for i, d in enumerate(drafts)]
+
+
+def append_entry(
+    store: Store,
+    ref: SegmentRef,
+    kind: str,
+    data: Mapping[str, Any],
+    *,
+    expected_seq: int | None = None,
+) -> LogEntry:
+    """Append one entry of any kind (including kinds this version does not know)."""
+    if not isinstance(kind, str) or not kind or kind == EntryKind.HEADER:
+        raise InvalidEntry(f"invalid entry kind {kind!r}")
+    ts = utc_now()
+    seq = store.append(
+        ref.session_id, ref.segment_id, [NewEntry(kind, ts, data)], expected_seq=expected_seq
+    )
+    return LogEntry(seq, kind, ts, data)
+
+
+def classify_history_item(item: Item | Mapping[str, Any]) -> EntryKind:
+    """Which entry kind a history item is logged as: user messages are user input."""
+    role = item.role if isinstance(item, Item) else item.get("role")
+    return EntryKind.USER_INPUT if role == "user" else EntryKind.ITEM
+
+
+def save_user_input(
+    store: Store,
+    ref: SegmentRef,
+    content: str | Item | LoggedItem,
+    *,
+    expected_seq: int | None = None,
+) -> LogEntry:
+    """Log what the user said (a string or a user item)."""
+    item = {"role": "user", "content": content} if isinstance(content, str) else as_logged(content)
+    if item["role"] != "user":
+        raise InvalidEntry(f"user input must have role 'user', not {item['role']!r}")
+    return append_entry(store, ref, EntryKind.USER_INPUT, {"item": item}, expected_seq=expected_seq)
+
+
+def save_delta(
+    store: Store,
+    ref: SegmentRef,
+    items: Sequence[Item | LoggedItem],
+    *,
+    expected_seq: int | None = None,
+) -> list[LogEntry]:
+    """Log the history items a step added, in one atomic write."""
+    logged = [as_logged(item) for item in items]
+    entries = [(classify_history_item(item).value, {"item": item}) for item in logged]
+    return append_entries(store, ref, entries, expected_seq=expected_seq)
+
+
+def append_system_item(
+    store: Store, ref: SegmentRef, item: SystemItem, *, expected_seq: int | None = None
+) -> LogEntry:
+    """Log a runtime event and its rendering into history (a system message)."""
+    data = {
+        "event": item.event,
+        "detail": dict(item.detail),
+        "item": {"role": "system", "content": render_pod_event(item)},
+    }
+    return append_entry(store, ref, EntryKind.SYSTEM_ITEM, data, expected_seq=expected_seq)
+
+
+def save_turn_end(store: Store, ref: SegmentRef, *, expected_seq: int | None = None) -> LogEntry:
+    """Mark the end of a turn."""
+    return append_entry(store, ref, EntryKind.TURN_END, {}, expected_seq=expected_seq)
+
+
+def save_run_completed(
+    store: Store,
+    ref: SegmentRef,
+    *,
+    finish_reason: str | None = None,
+    expected_seq: int | None = None,
+) -> LogEntry:
+    """Log that a model run finished normally."""
+    data = {"finish_reason": finish_reason}
+    return append_entry(store, ref, EntryKind.RUN_COMPLETED, data, expected_seq=expected_seq)
+
+
+def save_run_errored(
+    store: Store, ref: SegmentRef, error: str | BaseException, *, expected_seq: int | None = None
+) -> LogEntry:
+    """Log that a model run failed, with the reason."""
+    data = (
+        {"error": str(error) or type(error).__name__, "error_type": type(error).__name__}
+        if isinstance(error, BaseException)
+        else {"error": error, "error_type": None}
+    )
+    return append_entry(store, ref, EntryKind.RUN_ERRORED, data, expected_seq=expected_seq)
+
+
+def save_usage(
+    store: Store, ref: SegmentRef, usage: UsageRecord, *, expected_seq: int | None = None
+) -> LogEntry:
+    """Log the token usage of one model call."""
+    return append_entry(store, ref, EntryKind.USAGE, usage.to_dict(), expected_seq=expected_seq)
+
+
+_KEEP: Any = object()
+
+
+def save_config_changed(
+    store: Store,
+    ref: SegmentRef,
+    config: Mapping[str, Any],
+    *,
+    system_prompt: str | None = _KEEP,
+    expected_seq: int | None = None,
+) -> LogEntry:
+    """Log a new runtime config (it replaces the old one), and optionally a new system prompt."""
+    data: dict[str, Any] = {"config": dict(config)}
+    if system_prompt is not _KEEP:
+        data["system_prompt"] = system_prompt
+    return append_entry(store, ref, EntryKind.CONFIG_CHANGED, data, expected_seq=expected_seq)
+
+
+def save_extension(
+    store: Store, ref: SegmentRef, domain: str, data: Any, *, expected_seq: int | None = None
+) -> LogEntry:
+    """Log extension data under ``domain``; restore keeps the latest value per domain."""
+    if not isinstance(domain, str) or not domain:
+        raise InvalidEntry(f"invalid extension domain {domain!r}")
+    return append_entry(
+        store, ref, EntryKind.EXTENSION, {"domain": domain, "data": data}, expected_seq=expected_seq
+    )
+
+
+def save_pod_scope(
+    store: Store, ref: SegmentRef, snapshot: PodScopeSnapshot, *, expected_seq: int | None = None
+) -> LogEntry:
+    """Log a pod scope snapshot (an extension under ``POD_SCOPE_EXTENSION_DOMAIN``)."""
+    return save_extension(
+        store, ref, POD_SCOPE_EXTENSION_DOMAIN, snapshot.to_dict(), expected_seq=expected_seq
+    )
+
+
+def save_trace(store: Store, ref: SegmentRef, entries: Sequence[TraceEntry]) -> None:
+    """Write raw stream events to the segment's debug trace."""
+    store.append_trace(ref.session_id, ref.segment_id, entries)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _require_head(store: Store, context: ContextId) -> PodMetadata:
+    head = store.get_head(context)
+    if head is None:
+        raise ContextNotFound(f"context {context} does not exist")
+    return head
+
+
+def restore(store: Store, context: ContextId | str) -> RestoredState:
+    """Replay the context's head segment (and the fork prefixes it continues).
+
+    Raises:
+        ContextNotFound: no such context.
+        CorruptLog: a line in the middle of a log is not a valid entry (file and line named).
+        FormatVersionError: a log was written by a newer terrarium.
+    """
+    head = _require_head(store, ContextId.parse(context))
+    return restore_by_segment(store, head.session_id, head.segment_id)
+
+
+def lineage(
+    store: Store, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
+) -> list[SegmentRead]:
+    """The reads that replaying a segment needs, oldest first."""
+    reads: list[SegmentRead] = []
+    current, stop = segment_id, stop_seq
+    while True:
+        read = store.read_segment(session_id, current, stop_seq=stop)
+        reads.append(read)
+        origin = read.header.get("origin") or {}
+        if origin.get("kind") == "fork" and read.header.get("history") is None:
+            current, stop = SegmentId(origin["parent"]), origin["at_seq"]
+            continue
+        break
+    reads.reverse()
+    return reads
+
+
+def restore_by_segment(
+    store: Store, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
+) -> RestoredState:
+    """Replay one segment (up to ``stop_seq`` if given)."""
+    reads = lineage(store, session_id, segment_id, stop_seq=stop_seq)
+    lines: list[dict[str, Any]] = []
+    for read in reads:
+        lines.append(read.header)
+        lines.extend(read.entries)
+    state = collect_state(lines)
+    state.torn = [read.torn for read in reads if read.torn is not None]
+    return state
+
+
+_HISTORY_KINDS = frozenset((EntryKind.USER_INPUT, EntryKind.ITEM, EntryKind.SYSTEM_ITEM))
+_KNOWN = frozenset(EntryKind)
+
+
+def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredState:
+    """Fold entries (a header first, then its entries; fork lineages concatenated) into state."""
+    state: RestoredState | None = None
+    history: list[LoggedItem] = []
+    prompt = completion = cached = calls = turns = 0
+    for raw in entries:
+        line = raw.to_dict() if isinstance(raw, LogEntry) else raw
+        kind = line["kind"]
+        if kind in _HISTORY_KINDS:
+            history.append(line["item"])
+        elif kind == "header":
+            origin = SegmentOrigin.from_dict(line.get("origin") or {"kind": "root"})
+            fresh = line.get("history")
+            if state is None or fresh is not None:
+                history = list(fresh or ())
+                usage = line.get("usage") or {}
+                prompt = usage.get("prompt_tokens", 0)
+                completion = usage.get("completion_tokens", 0)
+                cached = usage.get("cached_tokens", 0)
+                calls = usage.get("calls", 0)
+                turns = line.get("turns", 0)
+                state = RestoredState(
+                    session_id=SessionId(line["session_id"]),
+                    segment_id=SegmentId(line["segment_id"]),
+                    context=line.get("context"),
+                    origin=origin,
+                    system_prompt=line.get("system_prompt"),
+                    config=dict(line.get("config") or {}),
+                    history=history,
+                    usage=UsageTotals(),
+                    extensions=dict(line.get("extensions") or {}),
+                    last_run=None,
+                    next_seq=1,
+                    created_at=line["ts"],
+                    last_active=line["ts"],
+                )
+            else:
+                state.segment_id = SegmentId(line["segment_id"])
+                state.origin = origin
+                state.created_at = line["ts"]
+                state.unknown = []
+            if line.get("context"):
+                state.context = line["context"]
+        elif state is None:
+            raise InvalidEntry("a segment must start with its header")
+        elif kind == "usage":
+            prompt += line.get("prompt_tokens", 0)
+            completion += line.get("completion_tokens", 0)
+            cached += line.get("cached_tokens", 0)
+            calls += 1
+        elif kind == "turn_end":
+            turns += 1
+        elif kind == "run_completed":
+            state.last_run = RunStatus("completed", line["seq"])
+        elif kind == "run_errored":
+            state.last_run = RunStatus("errored", line["seq"], line.get("error"))
+        elif kind == "config_changed":
+            state.config = dict(line.get("config") or {})
+            if "system_prompt" in line:
+                state.system_prompt = line["system_prompt"]
+        elif kind == "extension":
+            state.extensions[line["domain"]] = line.get("data")
+        elif kind not in _KNOWN:
+            state.unknown.append(dict(line))
+        state.next_seq = line["seq"] + 1  # type: ignore[union-attr]
+        state.last_active = line["ts"]  # type: ignore[union-attr]
+    if state is None:
+        raise InvalidEntry("no header: nothing to restore")
+    state.history = history
+    state.usage = UsageTotals(prompt, completion, cached, calls)
+    state.turns = turns
+    return state
+
+
+def read_entries(store: Store, ref: SegmentRef, *, stop_seq: int | None = None) -> list[LogEntry]:
+    """The segment's own lines (header first) as :class:`LogEntry` values."""
+    read = store.read_segment(ref.session_id, ref.segment_id, stop_seq=stop_seq)
+    return [LogEntry.from_dict(line) for line in [read.header, *read.entries]]
+
+
+def _usage_dict(usage: UsageTotals) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "calls": usage.calls,
+    }

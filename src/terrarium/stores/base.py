@@ -1,0 +1,200 @@
+"""The ``Store`` protocol: where segment logs and context heads live.
+
+Invariants every backend keeps (``tests/contract/`` checks each one on every backend):
+
+* **Append-only.** A segment is a header (seq 0) followed by entries with seq 1, 2, ...
+  without gaps. Entries are never rewritten or removed, except by an explicit
+  :meth:`Store.delete_context`, which removes a context's whole session.
+* **Atomic appends.** One :meth:`Store.append` call writes all of its entries or none; a reader
+  never sees half an entry. A crash leaves at most a torn tail, which reads detect, set aside
+  and report (:class:`~terrarium.model.TornTail`), never drop silently.
+* **Optimistic concurrency.** ``append(..., expected_seq=N)`` fails with
+  :class:`~terrarium.errors.ConflictError` unless N is the segment's next seq;
+  ``set_head(..., expected=S)`` fails unless the head is S. Writers never clobber each other.
+* **Heads are the only mutable records.** Clear, compaction and fork start new segments; a head
+  names the segment a context is on now.
+* **Forks copy nothing.** A fork's header names its parent segment and entry; restore replays
+  the parent's prefix. Only a fork into another context copies history into its header.
+* **Isolation.** Contexts never see each other's entries. Every hot-path call names one session.
+
+Optional abilities are sub-protocols detected with ``isinstance`` (:class:`ContextLocking`,
+:class:`Reindexable`), never stubs that raise ``NotImplementedError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from terrarium.model import FORMAT_VERSION, ContextId, SegmentId, SessionId, TornTail, TraceEntry
+
+
+@dataclass(frozen=True, slots=True)
+class PodActiveSegmentRef:
+    """A pointer to one segment: the session and the segment within it."""
+
+    session_id: SessionId
+    segment_id: SegmentId
+
+
+@dataclass(frozen=True, slots=True)
+class PodMetadata:
+    """A context's head record: which session it is and which segment it is on now."""
+
+    context: str
+    """The context id, ``type:name``."""
+    session_id: SessionId
+    segment_id: SegmentId
+    """The head segment."""
+    created_at: str
+    """When the context was created (UTC, RFC 3339); its date names the folder on disk."""
+    updated_at: str
+    """When the head last moved."""
+
+    @property
+    def ref(self) -> PodActiveSegmentRef:
+        """The head as a segment reference."""
+        return PodActiveSegmentRef(self.session_id, self.segment_id)
+
+    @property
+    def date(self) -> str:
+        """The creation date, ``YYYY-MM-DD``."""
+        return self.created_at[:10]
+
+
+@dataclass(frozen=True, slots=True)
+class NewEntry:
+    """An entry to append; the store assigns its seq."""
+
+    kind: str
+    ts: str
+    data: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRead:
+    """The result of reading one segment."""
+
+    header: dict[str, Any]
+    """The header line (seq 0) as stored."""
+    entries: list[dict[str, Any]]
+    """Entry lines (seq >= 1, up to the requested stop), as stored."""
+    next_seq: int
+    """The seq the next append to the whole segment gets."""
+    torn: TornTail | None = None
+    """A torn tail found and set aside during this read."""
+
+
+@runtime_checkable
+class PodMetadataStore(Protocol):
+    """The head half of a store: which segment each context is on."""
+
+    def get_head(self, context: ContextId) -> PodMetadata | None:
+        """Return the context's head record, or None when it does not exist."""
+        ...
+
+    def set_head(
+        self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
+    ) -> PodMetadata:
+        """Move the head to ``segment_id`` if it is ``expected`` now; else ConflictError."""
+        ...
+
+    def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
+        """Every context's head record, optionally of one type, sorted by context id."""
+        ...
+
+
+@runtime_checkable
+class Store(PodMetadataStore, Protocol):
+    """Storage of segment logs and heads. See the module docstring for the invariants."""
+
+    def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
+        """Create the context's session with ``header`` as its root segment, and its head.
+
+        ``header`` holds the header line's keys (``session_id``, ``segment_id``, ``ts``, ...).
+        Raises ContextExists if the context exists.
+        """
+        ...
+
+    def delete_context(self, context: ContextId) -> bool:
+        """Delete the context, its session and every segment; False if it did not exist."""
+        ...
+
+    def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
+        """Add a segment to an existing session; ``header["segment_id"]`` names it."""
+        ...
+
+    def append(
+        self,
+        session_id: SessionId,
+        segment_id: SegmentId,
+        entries: Sequence[NewEntry],
+        *,
+        expected_seq: int | None = None,
+    ) -> int:
+        """Append entries atomically and return the seq given to the first one.
+
+        Raises ConflictError if ``expected_seq`` is given and is not the next seq.
+        """
+        ...
+
+    def read_segment(
+        self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
+    ) -> SegmentRead:
+        """Read a segment's header and its entries up to and including ``stop_seq``."""
+        ...
+
+    def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
+        """The seq the next append to the segment gets."""
+        ...
+
+    def list_segments(self, session_id: SessionId) -> list[SegmentId]:
+        """The session's segment ids, oldest first."""
+        ...
+
+    def append_trace(
+        self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
+    ) -> None:
+        """Append raw stream events to the segment's debug trace."""
+        ...
+
+    def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
+        """The segment's debug trace, oldest first (empty when tracing was off)."""
+        ...
+
+    def close(self) -> None:
+        """Release files, connections and threads. The store is unusable afterwards."""
+        ...
+
+
+@runtime_checkable
+class ContextLocking(Protocol):
+    """A store that can serialise work on one context across threads and processes."""
+
+    def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
+        """Hold an exclusive lock on the context for the duration of the ``with`` block."""
+        ...
+
+
+@runtime_checkable
+class Reindexable(Protocol):
+    """A store with a derived index that can be rebuilt from the primary data."""
+
+    def reindex(self) -> int:
+        """Rebuild the derived index; return the number of contexts indexed."""
+        ...
+
+
+def iter_lines(entries: Sequence[NewEntry], first_seq: int) -> Iterator[dict[str, Any]]:
+    """Yield the stored form of ``entries`` numbered from ``first_seq``."""
+    for offset, entry in enumerate(entries):
+        line: dict[str, Any] = {
+            "v": FORMAT_VERSION,
+            "seq": first_seq + offset,
+            "ts": entry.ts,
+            "kind": entry.kind,
+        }
+        line.update(entry.data)
+        yield line

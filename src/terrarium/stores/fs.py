@@ -1,0 +1,611 @@
+"""``FsStore``: sessions as plain JSONL files that ``tar`` backs up and ``grep`` reads.
+
+Layout under the root (``./sessions`` by default)::
+
+    cli/2026-11-22/main/              one folder per context; the date is its creation (UTC)
+        019a5f...e1.jsonl             root segment: header line, then one entry per line
+        019a60...7c.jsonl             a fork, compaction or clear of it
+        019a60...7c.trace.jsonl       optional debug trace of raw stream events
+        019a60...7c.jsonl.torn-4096   bytes of a torn tail, set aside (offset in the name)
+        head.json                     which segment the context is on; replaced atomically
+    .index/contexts/cli/main          context -> folder: resolving a context walks no dates
+    .index/sessions/{session uuid}    session -> folder
+    .locks/cli/main.lock              per-context lock for create, delete, head moves
+    .trash/                           folders being deleted (a crash mid-delete leaves them)
+
+Names are encoded with :func:`terrarium.model.encode_name`, so no context name can escape the
+root, and safe names (``#python``) stay readable. The index is derived: ``reindex()`` rebuilds
+it from the ``head.json`` files, which are the truth.
+
+**Appends.** Each append is one ``write(2)`` of whole lines to a file opened ``O_APPEND``, made
+under an exclusive ``flock`` on that file: writers in many processes never interleave inside a
+line, and the lock makes the ``expected_seq`` check and the write one step. The writer keeps the
+file's size and next seq from its last append; when another process has appended since (the
+size differs), it re-reads only the file's last line. File descriptors are cached (LRU), so an
+append costs a lock, an ``fstat`` and a ``write``.
+
+**Durability.** ``durability="flush"`` (the default) hands each append to the kernel before
+acknowledging it: it survives the death of the process (``kill -9``), not a power cut, at the
+cost of a write (~3 µs). ``"fsync"`` adds an ``fdatasync`` per append (~135 µs here) and
+survives power loss. ``"batch"`` acknowledges at once and ``fdatasync``s dirty segments every
+``batch_interval`` seconds from a background thread: a power cut loses at most that window.
+
+**Torn tails.** A writer killed mid-``write`` (or a full disk) can leave bytes after the last
+newline. A reader that sees them takes the file's lock (so it never mistakes a write in
+progress for a torn one), copies the bytes to ``{segment}.jsonl.torn-{offset}``, truncates
+them away and reports a :class:`~terrarium.model.TornTail`. A short write is rolled back by the
+writer itself before it raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from terrarium import codec
+from terrarium.errors import (
+    ConflictError,
+    ContextExists,
+    ContextNotFound,
+    CorruptLog,
+    SegmentNotFound,
+    StoreError,
+)
+from terrarium.model import (
+    ContextId,
+    SegmentId,
+    SessionId,
+    TornTail,
+    TraceEntry,
+    decode_name,
+    utc_now,
+)
+from terrarium.stores.base import NewEntry, PodMetadata, SegmentRead, iter_lines
+
+log = logging.getLogger(__name__)
+
+Durability = Literal["flush", "fsync", "batch"]
+DURABILITIES: tuple[str, ...] = ("flush", "fsync", "batch")
+
+_INDEX = ".index"
+_LOCKS = ".locks"
+_TRASH = ".trash"
+_HEAD = "head.json"
+_SEGMENT_SUFFIX = ".jsonl"
+_TRACE_SUFFIX = ".trace.jsonl"
+_MAX_OPEN = 256
+
+
+@dataclass
+class _Open:
+    """A cached writable descriptor and what this process last knew of the file."""
+
+    fd: int
+    session_id: SessionId
+    size: int = -1
+    next_seq: int = -1
+    dirty: bool = False
+
+
+class FsStore:
+    """A store of plain files under one root directory (see the module docstring)."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] = "./sessions",
+        *,
+        durability: Durability = "flush",
+        batch_interval: float = 0.05,
+    ) -> None:
+        """Open (creating if needed) the store at ``root``.
+
+        Args:
+            root: the sessions directory.
+            durability: ``flush`` (default), ``fsync`` or ``batch``; see the module docstring.
+            batch_interval: seconds between background syncs when ``durability="batch"``.
+        """
+        if durability not in DURABILITIES:
+            raise ValueError(f"unknown durability {durability!r}: use one of {DURABILITIES}")
+        self.root = Path(root).absolute()
+        self.durability = durability
+        self.batch_interval = batch_interval
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._open: OrderedDict[SegmentId, _Open] = OrderedDict()
+        self._folders: dict[SessionId, Path] = {}
+        self._closed = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if durability == "batch":
+            self._flusher = threading.Thread(target=self._flush_loop, daemon=True)
+            self._flusher.start()
+
+    def __repr__(self) -> str:
+        return f"FsStore({str(self.root)!r}, durability={self.durability!r})"
+
+    # ---------------------------------------------------------------- paths
+
+    def _index_path(self, context: ContextId) -> Path:
+        return self.root / _INDEX / "contexts" / context.type / context.encoded_name
+
+    def _session_index_path(self, session_id: SessionId) -> Path:
+        return self.root / _INDEX / "sessions" / str(session_id)
+
+    def folder_of(self, context: ContextId) -> Path | None:
+        """The folder holding the context's files, or None if the context does not exist."""
+        try:
+            entry = codec.decode(self._index_path(context).read_bytes())
+        except FileNotFoundError:
+            return None
+        folder = self.root / entry["path"]
+        return folder if (folder / _HEAD).exists() else None
+
+    def _session_folder(self, session_id: SessionId) -> Path:
+        folder = self._folders.get(session_id)
+        if folder is not None:
+            return folder
+        try:
+            entry = codec.decode(self._session_index_path(session_id).read_bytes())
+        except FileNotFoundError:
+            raise SegmentNotFound(f"session {session_id} does not exist") from None
+        folder = self.root / str(entry["path"])
+        self._folders[session_id] = folder
+        return folder
+
+    def _segment_path(self, session_id: SessionId, segment_id: SegmentId) -> Path:
+        return self._session_folder(session_id) / f"{segment_id}{_SEGMENT_SUFFIX}"
+
+    # ---------------------------------------------------------------- heads
+
+    def get_head(self, context: ContextId) -> PodMetadata | None:
+        """Return the context's head record, or None."""
+        folder = self.folder_of(context)
+        if folder is None:
+            return None
+        try:
+            return _head_from(codec.decode((folder / _HEAD).read_bytes()))
+        except FileNotFoundError:
+            return None
+
+    def set_head(
+        self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
+    ) -> PodMetadata:
+        """Move the head if it is ``expected`` now (compare-and-set under the context lock)."""
+        with self.lock_context(context):
+            head = self.get_head(context)
+            if head is None:
+                raise ContextNotFound(f"context {context} does not exist")
+            if head.segment_id != expected:
+                raise ConflictError(
+                    f"head of {context} is {head.segment_id}, not {expected}: it moved"
+                )
+            folder = self._session_folder(head.session_id)
+            if not (folder / f"{segment_id}{_SEGMENT_SUFFIX}").exists():
+                raise SegmentNotFound(f"segment {segment_id} is not in {context}'s session")
+            new = PodMetadata(head.context, head.session_id, segment_id, head.created_at, utc_now())
+            self._write_atomic(folder / _HEAD, codec.encode(_head_dict(new)))
+            return new
+
+    def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
+        """Every head record, sorted by context id (reads the index, walks no date folders)."""
+        base = self.root / _INDEX / "contexts"
+        types = [type] if type is not None else sorted(_listdir(base))
+        heads: list[PodMetadata] = []
+        for kind in types:
+            for encoded in sorted(_listdir(base / kind)):
+                try:
+                    context = ContextId(kind, decode_name(encoded))
+                except ValueError:
+                    continue
+                head = self.get_head(context)
+                if head is not None:
+                    heads.append(head)
+        return sorted(heads, key=lambda h: ContextId.parse(h.context))
+
+    # ---------------------------------------------------------------- contexts
+
+    @contextmanager
+    def lock_context(self, context: ContextId) -> Iterator[None]:
+        """Hold the context's lock file exclusively (threads and processes alike)."""
+        path = self.root / _LOCKS / context.type / f"{context.encoded_name}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
+        """Create the context's folder, root segment, head and index entries."""
+        line = _header_line(header)
+        session_id = uuid.UUID(str(line["session_id"]))
+        segment_id = uuid.UUID(str(line["segment_id"]))
+        created = str(line["ts"])
+        with self.lock_context(context):
+            if self.get_head(context) is not None:
+                raise ContextExists(f"context {context} already exists")
+            rel = Path(context.type) / created[:10] / context.encoded_name
+            folder = self.root / rel
+            if folder.exists():  # left by a crash between mkdir and the index write
+                self._trash(folder)
+            folder.mkdir(parents=True)
+            self._write_new(folder / f"{segment_id}{_SEGMENT_SUFFIX}", codec.encode_line(line))
+            head = PodMetadata(str(context), session_id, segment_id, created, created)
+            self._write_atomic(folder / _HEAD, codec.encode(_head_dict(head)))
+            pointer = codec.encode({"path": rel.as_posix(), "context": str(context)})
+            self._write_atomic(self._session_index_path(session_id), pointer)
+            self._write_atomic(self._index_path(context), pointer)
+            self._folders[session_id] = folder
+            return head
+
+    def delete_context(self, context: ContextId) -> bool:
+        """Delete the context: its index entries first, then its folder via ``.trash``."""
+        with self.lock_context(context):
+            head = self.get_head(context)
+            folder = self.folder_of(context)
+            if head is None or folder is None:
+                return False
+            with self._lock:
+                for segment_id, handle in list(self._open.items()):
+                    if handle.session_id == head.session_id:
+                        self._forget(segment_id)
+                self._folders.pop(head.session_id, None)
+            self._index_path(context).unlink(missing_ok=True)
+            self._session_index_path(head.session_id).unlink(missing_ok=True)
+            self._trash(folder)
+            return True
+
+    def _trash(self, folder: Path) -> None:
+        trash = self.root / _TRASH / uuid.uuid4().hex
+        trash.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(folder, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    # ---------------------------------------------------------------- segments
+
+    def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
+        """Write a new segment file holding only its header."""
+        line = _header_line(header)
+        path = self._segment_path(session_id, uuid.UUID(str(line["segment_id"])))
+        try:
+            self._write_new(path, codec.encode_line(line))
+        except FileExistsError:
+            raise ConflictError(f"segment {line['segment_id']} already exists") from None
+
+    def append(
+        self,
+        session_id: SessionId,
+        segment_id: SegmentId,
+        entries: Sequence[NewEntry],
+        *,
+        expected_seq: int | None = None,
+    ) -> int:
+        """Append whole lines with one ``write`` under the segment's lock."""
+        with self._lock:
+            handle = self._handle(session_id, segment_id)
+            fd = handle.fd
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                st = os.fstat(fd)
+                if st.st_nlink == 0:
+                    self._forget(segment_id)
+                    raise SegmentNotFound(f"segment {segment_id} was deleted")
+                if st.st_size != handle.size:
+                    handle.size, handle.next_seq = self._scan_tail(session_id, segment_id, fd)
+                first = handle.next_seq
+                if expected_seq is not None and expected_seq != first:
+                    raise ConflictError(
+                        f"segment {segment_id} is at seq {first}, "
+                        f"the writer expected {expected_seq}"
+                    )
+                data = b"".join(codec.encode_line(line) for line in iter_lines(entries, first))
+                self._write_all(fd, data, handle.size, segment_id)
+                if self.durability == "fsync":
+                    os.fdatasync(fd)
+                elif self.durability == "batch":
+                    handle.dirty = True
+                handle.size += len(data)
+                handle.next_seq = first + len(entries)
+                return first
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _write_all(self, fd: int, data: bytes, size: int, segment_id: SegmentId) -> None:
+        """Write ``data`` fully or roll the file back to ``size`` and raise."""
+        view = memoryview(data)
+        try:
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            reason = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc
+            raise StoreError(f"append to segment {segment_id} failed: {reason}") from exc
+
+    def read_segment(
+        self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
+    ) -> SegmentRead:
+        """Read and decode a segment; set aside a torn tail if there is one."""
+        path = self._segment_path(session_id, segment_id)
+        try:
+            buf = path.read_bytes()
+        except FileNotFoundError:
+            raise SegmentNotFound(f"segment {segment_id} does not exist ({path})") from None
+        complete, tail = codec.split_complete(buf)
+        torn = None
+        if tail:
+            # Maybe a write in progress: only the file lock tells a torn tail from a live one.
+            torn, buf = self._set_aside_torn(path, segment_id)
+            complete, _ = codec.split_complete(buf)
+        lines = codec.decode_lines(complete, where=str(path), first_line=1)
+        if not lines or lines[0].get("kind") != "header":
+            raise CorruptLog(f"{path}:1: the first line is not a segment header")
+        for index, line in enumerate(lines):
+            if line["seq"] != index:
+                raise CorruptLog(
+                    f"{path}:{index + 1}: seq {line['seq']} out of order (expected {index})"
+                )
+        stop = len(lines) if stop_seq is None else min(stop_seq + 1, len(lines))
+        return SegmentRead(lines[0], lines[1:stop], next_seq=len(lines), torn=torn)
+
+    def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
+        """The seq the next append gets (reads the file's last line only)."""
+        with self._lock:
+            handle = self._handle(session_id, segment_id)
+            fcntl.flock(handle.fd, fcntl.LOCK_EX)
+            try:
+                if os.fstat(handle.fd).st_size != handle.size:
+                    handle.size, handle.next_seq = self._scan_tail(
+                        session_id, segment_id, handle.fd
+                    )
+                return handle.next_seq
+            finally:
+                fcntl.flock(handle.fd, fcntl.LOCK_UN)
+
+    def list_segments(self, session_id: SessionId) -> list[SegmentId]:
+        """The session's segment ids, oldest first (UUIDv7 order)."""
+        folder = self._session_folder(session_id)
+        ids = []
+        for name in _listdir(folder):
+            if name.endswith(_SEGMENT_SUFFIX) and not name.endswith(_TRACE_SUFFIX):
+                with contextlib.suppress(ValueError):
+                    ids.append(uuid.UUID(name[: -len(_SEGMENT_SUFFIX)]))
+        return sorted(ids)
+
+    def append_trace(
+        self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
+    ) -> None:
+        """Append to ``{segment}.trace.jsonl`` (one write, ``O_APPEND``)."""
+        path = self._session_folder(session_id) / f"{segment_id}{_TRACE_SUFFIX}"
+        data = b"".join(codec.encode_line(e.to_dict()) for e in entries)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
+        """The segment's debug trace (a torn last line is skipped: traces are best effort)."""
+        path = self._session_folder(session_id) / f"{segment_id}{_TRACE_SUFFIX}"
+        try:
+            complete, _ = codec.split_complete(path.read_bytes())
+        except FileNotFoundError:
+            return []
+        return [codec.decode(line) for line in complete.splitlines() if line.strip()]
+
+    def close(self) -> None:
+        """Sync what ``batch`` mode has pending and close every cached descriptor."""
+        self._closed.set()
+        if self._flusher is not None:
+            self._flusher.join()
+        with self._lock:
+            for handle in self._open.values():
+                if handle.dirty:
+                    with contextlib.suppress(OSError):
+                        os.fdatasync(handle.fd)
+                os.close(handle.fd)
+            self._open.clear()
+
+    def __enter__(self) -> FsStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- index
+
+    def reindex(self) -> int:
+        """Rebuild ``.index`` from the ``head.json`` files; return the contexts indexed."""
+        count = 0
+        fresh = self.root / _INDEX / f"new-{uuid.uuid4().hex}"
+        for head_path in sorted(self.root.glob(f"*/*/*/{_HEAD}")):
+            try:
+                head = _head_from(codec.decode(head_path.read_bytes()))
+                context = ContextId.parse(head.context)
+            except (ValueError, KeyError, TypeError):
+                log.warning("skipping unreadable head %s", head_path)
+                continue
+            rel = head_path.parent.relative_to(self.root).as_posix()
+            pointer = codec.encode({"path": rel, "context": str(context)})
+            for path in (
+                fresh / "contexts" / context.type / context.encoded_name,
+                fresh / "sessions" / str(head.session_id),
+            ):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(pointer)
+            count += 1
+        (fresh / "contexts").mkdir(parents=True, exist_ok=True)
+        (fresh / "sessions").mkdir(parents=True, exist_ok=True)
+        index = self.root / _INDEX
+        for part in ("contexts", "sessions"):
+            old = index / part
+            if old.exists():
+                self._trash(old)
+            os.rename(fresh / part, old)
+        fresh.rmdir()
+        self._folders.clear()
+        return count
+
+    # ---------------------------------------------------------------- internals
+
+    def _handle(self, session_id: SessionId, segment_id: SegmentId) -> _Open:
+        handle = self._open.get(segment_id)
+        if handle is not None:
+            self._open.move_to_end(segment_id)
+            return handle
+        path = self._segment_path(session_id, segment_id)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SegmentNotFound(f"segment {segment_id} does not exist ({path})") from None
+        handle = _Open(fd, session_id)
+        self._open[segment_id] = handle
+        while len(self._open) > _MAX_OPEN:
+            _, old = self._open.popitem(last=False)
+            if old.dirty:
+                os.fdatasync(old.fd)
+            os.close(old.fd)
+        return handle
+
+    def _forget(self, segment_id: SegmentId) -> None:
+        handle = self._open.pop(segment_id, None)
+        if handle is not None:
+            os.close(handle.fd)
+
+    def _scan_tail(self, session_id: SessionId, segment_id: SegmentId, fd: int) -> tuple[int, int]:
+        """With the file locked: set aside a torn tail, then return (size, next seq)."""
+        size = os.fstat(fd).st_size
+        chunk = 4096
+        while True:
+            start = max(0, size - chunk)
+            buf = os.pread(fd, size - start, start)
+            complete_end = buf.rfind(b"\n") + 1
+            if start > 0 and buf.rfind(b"\n", 0, max(complete_end - 1, 0)) < 0:
+                chunk *= 4  # the last complete line is longer than what we read
+                continue
+            break
+        if complete_end < len(buf):
+            path = self._segment_path(session_id, segment_id)
+            self._move_torn(path, segment_id, fd, start + complete_end, buf[complete_end:])
+            size = start + complete_end
+        body = buf[:complete_end]
+        if not body:
+            raise CorruptLog(f"segment {segment_id} has no complete header line")
+        last = body[body.rfind(b"\n", 0, len(body) - 1) + 1 :]
+        try:
+            seq = codec.decode(last)["seq"]
+        except Exception as exc:
+            path = self._segment_path(session_id, segment_id)
+            raise CorruptLog(f"{path}: the last line is not a valid entry ({exc})") from None
+        return size, int(seq) + 1
+
+    def _set_aside_torn(self, path: Path, segment_id: SegmentId) -> tuple[TornTail | None, bytes]:
+        """Take the file's lock and set its torn tail aside; return it and the clean bytes."""
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            buf = os.pread(fd, os.fstat(fd).st_size, 0)
+            end = buf.rfind(b"\n") + 1
+            if end == len(buf):
+                return None, buf  # it was a write in progress, now complete
+            torn = self._move_torn(path, segment_id, fd, end, buf[end:])
+            return torn, buf[:end]
+        finally:
+            os.close(fd)
+
+    def _move_torn(
+        self, path: Path, segment_id: SegmentId, fd: int, offset: int, data: bytes
+    ) -> TornTail:
+        side = path.with_name(f"{path.name}.torn-{offset}")
+        with open(side, "ab") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.ftruncate(fd, offset)
+        log.warning("%s: set aside %d torn bytes at offset %d to %s", path, len(data), offset, side)
+        return TornTail(segment_id, offset, len(data), str(side))
+
+    def _write_new(self, path: Path, data: bytes) -> None:
+        """Create ``path`` with ``data``; fail if it exists."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, data)
+            if self.durability != "flush":
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_atomic(self, path: Path, data: bytes) -> None:
+        """Replace ``path`` with ``data`` via a temporary file and ``rename``."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, data)
+            if self.durability != "flush":
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        if self.durability != "flush":
+            dfd = os.open(path.parent, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+    def _flush_loop(self) -> None:
+        while not self._closed.wait(self.batch_interval):
+            with self._lock:
+                for handle in self._open.values():
+                    if handle.dirty:
+                        os.fdatasync(handle.fd)
+                        handle.dirty = False
+
+
+def _listdir(path: Path) -> list[str]:
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
+
+
+def _header_line(header: Mapping[str, Any]) -> dict[str, Any]:
+    line = dict(header)
+    line["seq"] = 0
+    line.setdefault("kind", "header")
+    return line
+
+
+def _head_dict(head: PodMetadata) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "context": head.context,
+        "session_id": str(head.session_id),
+        "segment_id": str(head.segment_id),
+        "created_at": head.created_at,
+        "updated_at": head.updated_at,
+    }
+
+
+def _head_from(raw: Mapping[str, Any]) -> PodMetadata:
+    return PodMetadata(
+        context=raw["context"],
+        session_id=uuid.UUID(raw["session_id"]),
+        segment_id=uuid.UUID(raw["segment_id"]),
+        created_at=raw["created_at"],
+        updated_at=raw["updated_at"],
+    )
