@@ -10,7 +10,8 @@ Layout under the root (``./sessions`` by default)::
         head.json                     which segment the context is on; replaced atomically
     .index/contexts/cli/main          context -> folder: resolving a context walks no dates
     .index/sessions/{session uuid}    session -> folder
-    .locks/cli/main.lock              per-context lock for create, delete, head moves
+    .locks/cli/main.lock              per-context lock for callers (a manager's turn)
+    .locks/cli/main.head              per-context lock for create, delete, head moves
     .trash/                           folders being deleted (a crash mid-delete leaves them)
 
 Names are encoded with :func:`terrarium.model.encode_name`, so no context name can escape the
@@ -49,7 +50,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -182,7 +183,7 @@ class FsStore:
         self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
     ) -> PodMetadata:
         """Move the head if it is ``expected`` now (compare-and-set under the context lock)."""
-        with self.lock_context(context):
+        with self._head_lock(context):
             head = self.get_head(context)
             if head is None:
                 raise ContextNotFound(f"context {context} does not exist")
@@ -215,10 +216,19 @@ class FsStore:
 
     # ---------------------------------------------------------------- contexts
 
+    def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
+        """Hold the context's lock exclusively (threads and processes alike).
+
+        This is the callers' lock (the manager holds it for a whole turn). The store's own
+        create, delete and head moves take a separate, brief lock, so they work inside it.
+        """
+        return self._flock(self.root / _LOCKS / context.type / f"{context.encoded_name}.lock")
+
+    def _head_lock(self, context: ContextId) -> AbstractContextManager[None]:
+        return self._flock(self.root / _LOCKS / context.type / f"{context.encoded_name}.head")
+
     @contextmanager
-    def lock_context(self, context: ContextId) -> Iterator[None]:
-        """Hold the context's lock file exclusively (threads and processes alike)."""
-        path = self.root / _LOCKS / context.type / f"{context.encoded_name}.lock"
+    def _flock(self, path: Path) -> Iterator[None]:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -233,7 +243,7 @@ class FsStore:
         session_id = uuid.UUID(str(line["session_id"]))
         segment_id = uuid.UUID(str(line["segment_id"]))
         created = str(line["ts"])
-        with self.lock_context(context):
+        with self._head_lock(context):
             if self.get_head(context) is not None:
                 raise ContextExists(f"context {context} already exists")
             rel = Path(context.type) / created[:10] / context.encoded_name
@@ -252,7 +262,7 @@ class FsStore:
 
     def delete_context(self, context: ContextId) -> bool:
         """Delete the context: its index entries first, then its folder via ``.trash``."""
-        with self.lock_context(context):
+        with self._head_lock(context):
             head = self.get_head(context)
             folder = self.folder_of(context)
             if head is None or folder is None:

@@ -1,0 +1,676 @@
+"""``MultiContextManager``: many isolated conversations over one OpenAI-compatible server.
+
+Each context (``irc:#python``, ``cli:main``) is a session in the store. A turn appends the
+user input *before* the model is called (so a failed or cancelled call never loses it), then
+the reply, its usage, ``run_completed`` and ``turn_end`` in one atomic append; a failure appends
+``run_errored`` with the reason instead.
+
+Concurrency, beyond the seed's "sequential only": turns on different contexts run at once
+(bounded by ``max_concurrency``); turns on one context are serialised in arrival order by an
+``asyncio.Lock`` per context and event loop (FIFO), and across threads and processes by the
+store's context lock, held for the whole turn. Every append names the seq the manager expects,
+so a writer that bypasses the lock is detected and the state re-read, never overwritten.
+
+The cache keeps up to ``cache_size`` restored contexts, each with the list of messages it
+sends, so a turn costs O(1) in history length: no re-reading or re-parsing of the log, and the
+messages sent on turn n+1 start with exactly the messages sent on turn n (vLLM's automatic
+prefix cache then reuses the whole history). Before each turn the cached head and next seq are
+checked against the store (a head read and an ``fstat``), so entries another process appended
+are seen. Eviction saves unsaved entries first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from terrarium import sessions
+from terrarium.errors import ConflictError, ContextExists, ContextNotFound, LLMError
+from terrarium.llm.vllm_client import ChatResult, VLLMClient
+from terrarium.model import (
+    ContextId,
+    EntryKind,
+    LoggedItem,
+    RestoredState,
+    RunStatus,
+    SegmentStartState,
+    TraceEntry,
+    item_text,
+    utc_now,
+)
+from terrarium.stores.base import ContextLocking, PodActiveSegmentRef, Store
+
+#: Keys of a history item that are sent to the server; others stay in the log only.
+WIRE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
+
+COMPACTION_PROMPT = (
+    "Summarise the conversation so far for your own later use: the facts, decisions, open "
+    "questions and the user's preferences. Be complete but concise. Reply with the summary only."
+)
+
+
+def wire_message(item: Mapping[str, Any]) -> dict[str, Any]:
+    """The message sent to the server for a logged item: the standard OpenAI keys only."""
+    return {k: item[k] for k in WIRE_KEYS if k in item}
+
+
+@dataclass
+class _Context:
+    """A restored context in the cache."""
+
+    context: ContextId
+    state: RestoredState
+    wire: list[dict[str, Any]]
+    """Messages as sent to the server (system prompt first), kept in step with history."""
+    chars: int
+    """Characters of content in ``wire``, for the token estimate."""
+    autosave: bool = True
+    pending: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    """Entries not yet saved (``autosave=False``)."""
+
+    @property
+    def ref(self) -> PodActiveSegmentRef:
+        return PodActiveSegmentRef(self.state.session_id, self.state.segment_id)
+
+    def apply(self, kind: str, data: Mapping[str, Any], seq: int, ts: str) -> None:
+        """Fold one written entry into the cached state (mirrors sessions.collect_state)."""
+        state = self.state
+        if kind in (EntryKind.USER_INPUT, EntryKind.ITEM, EntryKind.SYSTEM_ITEM):
+            item = data["item"]
+            state.history.append(item)
+            self.wire.append(wire_message(item))
+            self.chars += len(item_text(item))
+        elif kind == EntryKind.USAGE:
+            u = state.usage
+            state.usage = type(u)(
+                u.prompt_tokens + data.get("prompt_tokens", 0),
+                u.completion_tokens + data.get("completion_tokens", 0),
+                u.cached_tokens + data.get("cached_tokens", 0),
+                u.calls + 1,
+            )
+        elif kind == EntryKind.TURN_END:
+            state.turns += 1
+        elif kind in (EntryKind.RUN_COMPLETED, EntryKind.RUN_ERRORED):
+            status = "completed" if kind == EntryKind.RUN_COMPLETED else "errored"
+            state.last_run = RunStatus(status, seq, data.get("error"))  # type: ignore[arg-type]
+        elif kind == EntryKind.CONFIG_CHANGED:
+            state.config = dict(data.get("config") or {})
+            if "system_prompt" in data:
+                state.system_prompt = data["system_prompt"]
+        state.next_seq = seq + 1
+        state.last_active = ts
+
+
+def _build(context: ContextId, state: RestoredState, autosave: bool) -> _Context:
+    wire = [{"role": "system", "content": state.system_prompt}] if state.system_prompt else []
+    wire.extend(wire_message(item) for item in state.history)
+    chars = sum(len(item_text(item)) for item in state.history)
+    return _Context(context, state, wire, chars, autosave)
+
+
+class MultiContextManager:
+    """Serve many conversations ("contexts") from one model client, each kept in the store."""
+
+    def __init__(
+        self,
+        client: VLLMClient,
+        storage_dir: str | Path = "./sessions",
+        *,
+        store: Store | None = None,
+        cache_size: int = 10,
+        max_concurrency: int = 64,
+        autosave: bool = True,
+        token_budget: int | None = None,
+        keep_after_compaction: int = 4,
+        trace: bool = False,
+        default_system_prompt: str | None = None,
+    ) -> None:
+        """Create a manager.
+
+        Args:
+            client: the model client.
+            storage_dir: where sessions live: a directory (the filesystem store) or a store
+                URL (``sqlite:///path.db``, ``postgresql://...``). Ignored when ``store`` is
+                given.
+            store: an already opened store to use instead.
+            cache_size: restored contexts kept in memory (least recently used evicted).
+            max_concurrency: model calls in flight at once across contexts.
+            autosave: save each turn as it happens (default); see :meth:`set_autosave`.
+            token_budget: compact a context automatically before a turn whose estimated
+                prompt (characters / 4) would pass this many tokens. None: never.
+            keep_after_compaction: recent messages kept verbatim after a compaction summary.
+            trace: write raw stream events to each segment's debug trace.
+            default_system_prompt: system prompt for new contexts when a call gives none.
+        """
+        if cache_size < 1:
+            raise ValueError("cache_size must be at least 1")
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
+        self.client = client
+        self.store: Store = store if store is not None else _open_store(storage_dir)
+        self._owns_store = store is None
+        self.cache_size = cache_size
+        self.max_concurrency = max_concurrency
+        self.autosave = autosave
+        self.token_budget = token_budget
+        self.keep_after_compaction = keep_after_compaction
+        self.trace = trace
+        self.default_system_prompt = default_system_prompt
+        self._cache: OrderedDict[ContextId, _Context] = OrderedDict()
+        self._cache_lock = threading.RLock()
+        self._autosave_overrides: dict[ContextId, bool] = {}
+        self._loop_locks: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[ContextId, asyncio.Lock]
+        ] = weakref.WeakKeyDictionary()
+        self._semaphores: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, asyncio.Semaphore
+        ] = weakref.WeakKeyDictionary()
+        self._lock_pool = ThreadPoolExecutor(
+            max_workers=max_concurrency, thread_name_prefix="terrarium-lock"
+        )
+        self._trace_sink: contextvars.ContextVar[list[TraceEntry] | None] = contextvars.ContextVar(
+            "terrarium_trace_sink", default=None
+        )
+        if trace:
+            previous = client.on_trace
+
+            def sink(entry: TraceEntry) -> None:
+                buffer = self._trace_sink.get()
+                if buffer is not None:
+                    buffer.append(entry)
+                if previous is not None:
+                    previous(entry)
+
+            client.on_trace = sink
+
+    def __repr__(self) -> str:
+        return f"MultiContextManager({self.client!r}, store={self.store!r})"
+
+    # ------------------------------------------------------------------ the seed's API
+
+    async def process_with_context(
+        self,
+        context_id: str,
+        user_message: str,
+        system_prompt: str | None = None,
+        **params: Any,
+    ) -> str:
+        """Send ``user_message`` in ``context_id`` and return the reply text (auto-saved).
+
+        The context is created on its first message. ``params`` go to the model
+        (``temperature``, ``max_tokens``, ...).
+
+        Raises:
+            InvalidContextId: ``context_id`` is not ``type:name``.
+            LLMError: the model call failed; the input and the error are in the log.
+        """
+        chunks = [
+            delta
+            async for delta in self._turn(context_id, user_message, system_prompt, False, params)
+        ]
+        return "".join(chunks)
+
+    async def stream_with_context(
+        self,
+        context_id: str,
+        user_message: str,
+        system_prompt: str | None = None,
+        **params: Any,
+    ) -> AsyncIterator[str]:
+        """Like :meth:`process_with_context`, yielding the reply's text as it arrives."""
+        async for delta in self._turn(context_id, user_message, system_prompt, True, params):
+            yield delta
+
+    def list_all_contexts(self) -> dict[str, list[dict[str, Any]]]:
+        """Every context grouped by type: ``{"cli": [{"session_id": "main", ...}], ...}``.
+
+        ``session_id`` here is the context's name, as in the Terrarium format.
+        """
+        out: dict[str, list[dict[str, Any]]] = {}
+        for head in self.store.list_contexts():
+            context = ContextId.parse(head.context)
+            state = self._peek(context)
+            out.setdefault(context.type, []).append(
+                {
+                    "session_id": context.name,
+                    "context_id": str(context),
+                    "date": head.date,
+                    "message_count": len(state.history),
+                    "created_at": head.created_at,
+                    "last_active": state.last_active,
+                }
+            )
+        for items in out.values():
+            items.sort(key=lambda i: i["last_active"], reverse=True)
+        return out
+
+    def get_stats(self, context_id: str) -> dict[str, Any]:
+        """Statistics of one context.
+
+        Raises:
+            ContextNotFound: no such context.
+        """
+        context = ContextId.parse(context_id)
+        head = self.store.get_head(context)
+        with self._cache_lock:
+            cached = self._cache.get(context)
+        if head is None and cached is None:
+            raise ContextNotFound(f"context {context} does not exist")
+        state = cached.state if cached is not None else self._peek(context)
+        pending = len(cached.pending) if cached is not None else 0
+        created = head.created_at if head is not None else state.created_at
+        return {
+            "context_id": str(context),
+            "session_id": context.name,
+            "context_type": context.type,
+            "message_count": len(state.history),
+            "turns": state.turns,
+            "created_at": created,
+            "last_active": state.last_active,
+            "session_date": created[:10],
+            "system_prompt": state.system_prompt,
+            "usage": {
+                "prompt_tokens": state.usage.prompt_tokens,
+                "completion_tokens": state.usage.completion_tokens,
+                "cached_tokens": state.usage.cached_tokens,
+                "calls": state.usage.calls,
+            },
+            "last_run": state.last_run.status if state.last_run else None,
+            "last_error": state.last_run.error if state.last_run else None,
+            "tree_session_id": str(state.session_id),
+            "segment_id": str(state.segment_id),
+            "segments": len(self.store.list_segments(state.session_id)) if head else 1,
+            "cached": cached is not None,
+            "autosave": self._autosave_for(context),
+            "unsaved_entries": pending,
+        }
+
+    def clear_context(self, context_id: str) -> None:
+        """Empty the context's history; the old history stays in its session tree."""
+        context = ContextId.parse(context_id)
+        with self._locked(context):
+            entry = self._fresh(context)
+            if entry is None:
+                raise ContextNotFound(f"context {context} does not exist")
+            self._flush(entry)
+            sessions.clear_segment(self.store, entry.state, context=context)
+            self._forget(context)
+
+    def delete_context(self, context_id: str) -> bool:
+        """Delete the context and all its files. Returns False if it did not exist."""
+        context = ContextId.parse(context_id)
+        with self._locked(context):
+            self._forget(context)
+            return self.store.delete_context(context)
+
+    # ------------------------------------------------------------------ beyond the seed
+
+    def fork_context(self, source: str, target: str, at: int | None = None) -> dict[str, Any]:
+        """Create context ``target`` from ``source``'s history (up to entry ``at``).
+
+        Returns the new context's stats.
+        """
+        src = ContextId.parse(source)
+        with self._locked(src):
+            entry = self._fresh(src)
+            if entry is not None:
+                self._flush(entry)
+            sessions.fork_context(self.store, src, ContextId.parse(target), at_seq=at)
+        return self.get_stats(target)
+
+    async def compact_context(self, context_id: str, **params: Any) -> str:
+        """Ask the model to summarise the context and continue on a compacted segment.
+
+        Returns the summary.
+        """
+        context = ContextId.parse(context_id)
+        async with self._turn_lock(context):
+            entry = self._fresh(context)
+            if entry is None:
+                raise ContextNotFound(f"context {context} does not exist")
+            return await self._compact(entry, params)
+
+    def set_autosave(self, context_id: str, enabled: bool) -> None:
+        """Turn auto-save on or off for one context; turning it on saves what is pending."""
+        context = ContextId.parse(context_id)
+        self._autosave_overrides[context] = enabled
+        with self._cache_lock:
+            entry = self._cache.get(context)
+        if entry is not None:
+            entry.autosave = enabled
+            if enabled:
+                with self._locked(context):
+                    self._flush(entry)
+
+    def save(self, context_id: str | None = None) -> int:
+        """Save unsaved entries of one context (or all); return how many were written."""
+        with self._cache_lock:
+            entries = [
+                e
+                for c, e in self._cache.items()
+                if context_id is None or c == ContextId.parse(context_id)
+            ]
+        written = 0
+        for entry in entries:
+            with self._locked(entry.context):
+                written += self._flush(entry)
+        return written
+
+    def history(self, context_id: str) -> list[LoggedItem]:
+        """The context's history items (a copy), oldest first."""
+        context = ContextId.parse(context_id)
+        with self._cache_lock:
+            cached = self._cache.get(context)
+        state = cached.state if cached is not None else self._peek(context)
+        return list(state.history)
+
+    def close(self) -> None:
+        """Save what is pending and release the store (if the manager opened it)."""
+        self.save()
+        self._lock_pool.shutdown(wait=False)
+        if self._owns_store:
+            self.store.close()
+
+    async def aclose(self) -> None:
+        """Close the manager and its model client."""
+        self.close()
+        await self.client.aclose()
+
+    async def __aenter__(self) -> MultiContextManager:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------ the turn
+
+    async def _turn(
+        self,
+        context_id: str,
+        user_message: str,
+        system_prompt: str | None,
+        stream: bool,
+        params: dict[str, Any],
+    ) -> AsyncIterator[str]:
+        context = ContextId.parse(context_id)
+        if not isinstance(user_message, str):
+            raise TypeError(f"user_message must be a string, not {type(user_message).__name__}")
+        async with self._turn_lock(context), self._semaphore():
+            entry = self._open_context(context, system_prompt)
+            if self.token_budget is not None and self._estimate(entry, user_message) > (
+                self.token_budget
+            ):
+                await self._compact(entry, {})
+            self._write(entry, [(EntryKind.USER_INPUT, {"item": _user(user_message)})])
+            buffer: list[TraceEntry] | None = [] if self.trace else None
+            token = self._trace_sink.set(buffer)
+            result: ChatResult | None = None
+            partial: list[str] = []
+            try:
+                if stream:
+                    async for event in self.client.stream(list(entry.wire), **params):
+                        if event.delta:
+                            partial.append(event.delta)
+                            yield event.delta
+                        if event.result is not None:
+                            result = event.result
+                else:
+                    result = await self.client.chat(list(entry.wire), **params)
+                    yield result.text
+                if result is None:
+                    raise LLMError("the model stream ended without a result")
+            except BaseException as exc:  # cancellation and GeneratorExit included
+                reason = "cancelled" if not isinstance(exc, Exception) else exc
+                errored: dict[str, Any] = {
+                    "error": str(reason) or type(exc).__name__,
+                    "error_type": type(exc).__name__,
+                }
+                if partial:
+                    errored["partial"] = "".join(partial)
+                self._write(entry, [(EntryKind.RUN_ERRORED, errored)])
+                raise
+            finally:
+                self._trace_sink.reset(token)
+                if buffer:
+                    sessions.save_trace(self.store, entry.ref, buffer)
+            self._write(entry, _reply_entries(result))
+
+    def _open_context(self, context: ContextId, system_prompt: str | None) -> _Context:
+        """The cached, fresh context; created on first use; system prompt changes logged."""
+        entry = self._fresh(context)
+        if entry is None:
+            prompt = system_prompt if system_prompt is not None else self.default_system_prompt
+            try:
+                sessions.create_segment(
+                    self.store, SegmentStartState(system_prompt=prompt), context=context
+                )
+            except ContextExists:
+                pass  # another process created it first: use theirs
+            entry = self._fresh(context)
+            assert entry is not None
+        if system_prompt is not None and system_prompt != entry.state.system_prompt:
+            data = {"config": entry.state.config, "system_prompt": system_prompt}
+            self._write(entry, [(EntryKind.CONFIG_CHANGED, data)])
+            entry.wire = _build(context, entry.state, entry.autosave).wire
+        return entry
+
+    def _write(self, entry: _Context, entries: list[tuple[str, dict[str, Any]]]) -> None:
+        """Append entries (or queue them when auto-save is off) and fold them into the cache."""
+        if not entry.autosave:
+            ts = utc_now()
+            for kind, data in entries:
+                entry.pending.append((kind, data))
+                entry.apply(kind, data, entry.state.next_seq, ts)
+            return
+        try:
+            written = sessions.append_entries(
+                self.store, entry.ref, entries, expected_seq=entry.state.next_seq
+            )
+        except ConflictError:
+            # Someone wrote without the context lock: re-read, then append after them.
+            self._reload(entry)
+            written = sessions.append_entries(
+                self.store, entry.ref, entries, expected_seq=entry.state.next_seq
+            )
+        for log_entry in written:
+            entry.apply(log_entry.kind, log_entry.data, log_entry.seq, log_entry.ts)
+
+    def _flush(self, entry: _Context) -> int:
+        """Save pending entries; fork if the stored segment moved on meanwhile."""
+        if not entry.pending:
+            return 0
+        pending, entry.pending = entry.pending, []
+        saved_seq = entry.state.next_seq - len(pending)
+        head = self.store.get_head(entry.context)
+        if head is None:
+            sessions.create_segment_with_ids(
+                self.store,
+                entry.state.session_id,
+                entry.state.segment_id,
+                SegmentStartState(entry.state.system_prompt, entry.state.config),
+                context=entry.context,
+            )
+            saved_seq = 1
+        segment = sessions.ensure_head_or_fork(self.store, entry.context, entry.ref, saved_seq)
+        ref = PodActiveSegmentRef(entry.state.session_id, segment)
+        sessions.append_entries(self.store, ref, pending)
+        self._forget(entry.context)
+        return len(pending)
+
+    async def _compact(self, entry: _Context, params: Mapping[str, Any]) -> str:
+        self._flush(entry)
+        history = entry.state.history
+        keep = _tail_from_user(history, self.keep_after_compaction)
+        request = [*entry.wire, {"role": "user", "content": COMPACTION_PROMPT}]
+        result = await self.client.chat(request, **params)
+        summary = result.text.strip()
+        compacted: list[LoggedItem] = [
+            {"role": "user", "content": f"[Summary of the conversation so far]\n{summary}"},
+            {"role": "assistant", "content": "Understood. I will continue from this summary."},
+            *keep,
+        ]
+        sessions.create_compacted_segment(self.store, entry.state, compacted, context=entry.context)
+        state = sessions.restore(self.store, entry.context)
+        if result.usage is not None:
+            sessions.save_usage(self.store, state, result.usage)
+            state = sessions.restore(self.store, entry.context)
+        rebuilt = _build(entry.context, state, entry.autosave)
+        entry.state, entry.wire, entry.chars = rebuilt.state, rebuilt.wire, rebuilt.chars
+        return summary
+
+    def _estimate(self, entry: _Context, message: str) -> int:
+        system = len(entry.state.system_prompt or "")
+        return (entry.chars + system + len(message)) // 4
+
+    # ------------------------------------------------------------------ cache and locks
+
+    def _fresh(self, context: ContextId) -> _Context | None:
+        """The cached context if it is still current in the store, else a fresh restore."""
+        with self._cache_lock:
+            entry = self._cache.get(context)
+            if entry is not None:
+                self._cache.move_to_end(context)
+        if entry is not None and entry.pending:
+            return entry  # unsaved work is newer than the store by definition
+        head = self.store.get_head(context)
+        if head is None:
+            if entry is not None:
+                self._forget(context)
+            return None
+        if (
+            entry is not None
+            and head.segment_id == entry.state.segment_id
+            and self.store.next_seq(head.session_id, head.segment_id) == entry.state.next_seq
+        ):
+            return entry
+        state = sessions.restore_by_segment(self.store, head.session_id, head.segment_id)
+        entry = _build(context, state, self._autosave_for(context))
+        self._remember(entry)
+        return entry
+
+    def _reload(self, entry: _Context) -> None:
+        head = self.store.get_head(entry.context)
+        if head is None:
+            raise ContextNotFound(f"context {entry.context} was deleted")
+        state = sessions.restore_by_segment(self.store, head.session_id, head.segment_id)
+        rebuilt = _build(entry.context, state, entry.autosave)
+        entry.state, entry.wire, entry.chars = rebuilt.state, rebuilt.wire, rebuilt.chars
+
+    def _peek(self, context: ContextId) -> RestoredState:
+        with self._cache_lock:
+            entry = self._cache.get(context)
+        if entry is not None:
+            return entry.state
+        return sessions.restore(self.store, context)
+
+    def _remember(self, entry: _Context) -> None:
+        evicted: list[_Context] = []
+        with self._cache_lock:
+            self._cache[entry.context] = entry
+            self._cache.move_to_end(entry.context)
+            while len(self._cache) > self.cache_size:
+                _, old = self._cache.popitem(last=False)
+                evicted.append(old)
+        for old in evicted:
+            if old.pending:  # eviction never loses data
+                with self._locked(old.context):
+                    self._flush(old)
+
+    def _forget(self, context: ContextId) -> None:
+        with self._cache_lock:
+            self._cache.pop(context, None)
+
+    def _autosave_for(self, context: ContextId) -> bool:
+        return self._autosave_overrides.get(context, self.autosave)
+
+    def _locked(self, context: ContextId) -> AbstractContextManager[None]:
+        """The store's cross-process lock on one context (a no-op if it has none)."""
+        if isinstance(self.store, ContextLocking):
+            return self.store.lock_context(context)
+        return nullcontext()
+
+    def _turn_lock(self, context: ContextId) -> _TurnLock:
+        loop = asyncio.get_running_loop()
+        locks = self._loop_locks.setdefault(loop, {})
+        lock = locks.get(context)
+        if lock is None:
+            lock = locks[context] = asyncio.Lock()
+        return _TurnLock(lock, self._locked(context), self._lock_pool)
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        semaphore = self._semaphores.get(loop)
+        if semaphore is None:
+            semaphore = self._semaphores[loop] = asyncio.Semaphore(self.max_concurrency)
+        return semaphore
+
+
+class _TurnLock:
+    """FIFO within the event loop (asyncio.Lock), then the store lock taken off the loop."""
+
+    def __init__(
+        self, lock: asyncio.Lock, store_lock: AbstractContextManager[None], pool: ThreadPoolExecutor
+    ) -> None:
+        self._lock = lock
+        self._store_lock = store_lock
+        self._pool = pool
+
+    async def __aenter__(self) -> None:
+        await self._lock.acquire()
+        try:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._pool, self._store_lock.__enter__)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            self._store_lock.__exit__(None, None, None)
+        finally:
+            self._lock.release()
+
+
+def _user(text: str) -> LoggedItem:
+    return {"role": "user", "content": text}
+
+
+def _reply_entries(result: ChatResult) -> list[tuple[str, dict[str, Any]]]:
+    entries: list[tuple[str, dict[str, Any]]] = [(EntryKind.ITEM, {"item": result.message})]
+    if result.usage is not None:
+        entries.append((EntryKind.USAGE, result.usage.to_dict()))
+    entries.append((EntryKind.RUN_COMPLETED, {"finish_reason": result.finish_reason}))
+    entries.append((EntryKind.TURN_END, {}))
+    return entries
+
+
+def _tail_from_user(history: list[LoggedItem], keep: int) -> list[LoggedItem]:
+    """The last ``keep`` or so items, starting at a user message so roles still alternate."""
+    if keep <= 0:
+        return []
+    start = max(0, len(history) - keep)
+    while start < len(history) and history[start].get("role") != "user":
+        start += 1
+    return list(history[start:])
+
+
+def _open_store(storage_dir: str | Path) -> Store:
+    try:
+        from terrarium.stores.url import open_store
+    except ImportError:  # pragma: no cover - url support lands with the SQL stores
+        from terrarium.stores.fs import FsStore
+
+        return FsStore(storage_dir)
+    return open_store(storage_dir)
+
+
+__all__ = ["MultiContextManager", "wire_message"]
