@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -141,7 +143,7 @@ def test_prefix_cache_friendly_requests(fake_server: FakeServer, root: Path) -> 
     run(main())
     sent = [r["messages"] for r in fake_server.requests]
     assert len(sent) == 5
-    for before, after in zip(sent, sent[1:], strict=False):
+    for before, after in itertools.pairwise(sent):
         assert after[: len(before)] == before
         assert after[len(before)]["role"] == "assistant"
     assert sent[0] == [
@@ -208,17 +210,24 @@ def test_mid_stream_drop(fake_server: FakeServer, root: Path) -> None:
 
 def test_cancellation_is_logged(fake_server: FakeServer, root: Path) -> None:
     """A cancelled call keeps the input, logs the run as errored 'cancelled', and recovers."""
-    fake_server.delay = 30.0
+    arrived, release = threading.Event(), threading.Event()
+
+    def held_reply(messages: list[dict[str, Any]]) -> str:
+        arrived.set()
+        release.wait(timeout=30)
+        return "late"
+
+    fake_server.reply = held_reply
 
     async def main() -> None:
         manager = make_manager(fake_server, root)
         task = asyncio.create_task(manager.process_with_context("cli:slow", "wait"))
-        while not fake_server.requests:
-            await asyncio.sleep(0.005)  # poll for the request to arrive at the server
+        await asyncio.to_thread(arrived.wait, 30)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        fake_server.delay = 0.0
+        release.set()
+        fake_server.reply = lambda messages: f"echo: {messages[-1]['content']}"
         assert await manager.process_with_context("cli:slow", "now") == "echo: now"
         await manager.aclose()
 
