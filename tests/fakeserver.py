@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import socket
 import threading
 import time
@@ -115,7 +116,9 @@ def _content_text(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text"
         )
     return ""
 
@@ -161,6 +164,7 @@ class _State:
     chunks: int
     lock: threading.Lock = field(default_factory=threading.Lock)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    raw_requests: list[bytes] = field(default_factory=list)
     faults: deque[Fault] = field(default_factory=deque)
     previous: list[Any] = field(default_factory=list)
     served: int = 0
@@ -207,6 +211,11 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
+    def setup(self) -> None:
+        """Disable Nagle: headers and body go out in separate writes, like any real server."""
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def log_message(self, format: str, *args: Any) -> None:
         """Stay quiet: tests read the recorded requests instead."""
 
@@ -216,9 +225,7 @@ class _Handler(BaseHTTPRequestHandler):
         data = json.dumps(body).encode()
         self._send_raw(status, data, headers)
 
-    def _send_raw(
-        self, status: int, data: bytes, headers: Mapping[str, str] | None = None
-    ) -> None:
+    def _send_raw(self, status: int, data: bytes, headers: Mapping[str, str] | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -279,6 +286,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with state.lock:
             state.requests.append(body)
+            state.raw_requests.append(raw)
             fault = state.faults.popleft() if state.faults else None
             state.active += 1
             state.peak = max(state.peak, state.active)
@@ -297,9 +305,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         if fault is not None and fault.kind == "status":
-            message = fault.message or _DEFAULT_MESSAGES.get(fault.status, "error")
-            headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after else None
-            self._send_error(fault.status, message.format(model=model), fault.code, headers)
+            text = fault.message or _DEFAULT_MESSAGES.get(fault.status, "error")
+            headers = None if fault.retry_after is None else {"Retry-After": str(fault.retry_after)}
+            self._send_error(fault.status, text.format(model=model), fault.code, headers)
             return
         if model not in state.models:
             self._send_error(404, f"The model `{model}` does not exist.", code=404)
@@ -333,10 +341,7 @@ class _Handler(BaseHTTPRequestHandler):
         completion_id = f"chatcmpl-fake-{serial}"
         if body.get("stream"):
             options = body.get("stream_options") or {}
-            self._stream(
-                completion_id, str(model), reply, finish, usage,
-                include_usage=bool(options.get("include_usage")), fault=fault,
-            )  # fmt: skip
+            self._stream(completion_id, str(model), reply, finish, usage, options, fault)
             return
         message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
         if reply.reasoning:
@@ -373,8 +378,7 @@ class _Handler(BaseHTTPRequestHandler):
         reply: FakeReply,
         finish: str,
         usage: dict[str, Any],
-        *,
-        include_usage: bool,
+        options: Mapping[str, Any],
         fault: Fault | None,
     ) -> None:
         state = self.server.state
@@ -403,9 +407,11 @@ class _Handler(BaseHTTPRequestHandler):
             }
             events.append(chunk({"tool_calls": [head]}))
             for piece in _split(call.arguments, state.chunks):
-                events.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
+                events.append(
+                    chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+                )
         events.append(chunk({}, finish))
-        if include_usage:
+        if options.get("include_usage"):
             events.append(
                 {
                     "id": completion_id,
@@ -428,7 +434,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         for n, event in enumerate(events):
-            if fault is not None and fault.kind in ("drop", "malformed") and n == fault.after_chunks:
+            if (
+                fault is not None
+                and fault.kind in ("drop", "malformed")
+                and n == fault.after_chunks
+            ):
                 if fault.kind == "malformed":
                     write(b'data: {"id": "chatcmpl-broken", "choices": [{"del\n\n')
                     write(b"")
@@ -496,7 +506,7 @@ class FakeServer:
         self._server = _Server(self._address, self._state)
         self._thread = threading.Thread(
             target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.05},
+            kwargs={"poll_interval": 0.01},
             name="fakeserver",
             daemon=True,
         )
@@ -650,6 +660,12 @@ class FakeServer:
             return list(self._state.requests)
 
     @property
+    def raw_requests(self) -> list[bytes]:
+        """The bodies of :attr:`requests` exactly as they came over the wire."""
+        with self._state.lock:
+            return list(self._state.raw_requests)
+
+    @property
     def last_request(self) -> dict[str, Any]:
         """The most recent chat request body."""
         with self._state.lock:
@@ -684,10 +700,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         host=args.host,
         port=args.port,
     )
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
     with server:
         print(f"fake model server: {server.base_url} (model {args.model!r}); Ctrl-C stops it")
         try:
-            threading.Event().wait()
+            done.wait()
         except KeyboardInterrupt:
             pass
 

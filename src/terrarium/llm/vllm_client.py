@@ -1,0 +1,682 @@
+"""The model client: one OpenAI-compatible chat server (vLLM, llama.cpp, Ollama, OpenAI) over HTTP.
+
+:class:`VLLMClient` wraps the official ``openai.AsyncOpenAI`` client and adds what a long-lived
+agent needs from it:
+
+* **Messages go out exactly as given.** Nothing is rewritten, reordered or stamped, so the
+  prompt of turn *n + 1* starts with the very bytes of turn *n* and vLLM's automatic prefix
+  cache can reuse them. Sampling parameters the ``openai`` package does not know (``top_k``,
+  ``repetition_penalty``, ...) are sent in the body too, via ``extra_body``.
+* **One retry policy for every call.** The ``openai`` client's own retries are off: its backoff
+  is fixed, and it cannot know when a stream may be replayed. Connection errors, timeouts, 408,
+  429 and 5xx are retried with exponential backoff and jitter (honouring ``Retry-After`` up to
+  the backoff cap). A stream is retried only while nothing has been handed to the caller; once
+  a delta was yielded, a failure raises, so the caller can log an errored run instead of
+  silently showing a second, different reply.
+* **Errors are terrarium's.** Every failure surfaces as an :class:`~terrarium.errors.LLMError`
+  subclass with a one-line message: connection refused, DNS or timeout ->
+  :class:`ServerUnreachable` (naming the URL tried); unknown model -> :class:`ModelNotFound`;
+  context window exceeded -> :class:`ContextTooLong`; 429 after retries -> :class:`RateLimited`;
+  anything else malformed or refused -> :class:`BadResponse`. The ``openai`` exception is kept
+  as ``__cause__``.
+* **Optional tracing.** ``on_trace`` receives a :class:`~terrarium.model.TraceEntry` for each
+  request, raw chunk, final response and error.
+
+A client belongs to one event loop (the HTTP connection pool does). Close it with
+:meth:`VLLMClient.aclose` or use it as an async context manager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import random
+import re
+import uuid
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, cast
+
+import openai
+from openai.resources.chat.completions import AsyncCompletions
+
+from terrarium.errors import (
+    BadResponse,
+    ContextTooLong,
+    LLMError,
+    ModelNotFound,
+    RateLimited,
+    ServerUnreachable,
+)
+from terrarium.model import TraceEntry, UsageRecord, utc_now
+
+__all__ = ["ChatResult", "StreamEvent", "VLLMClient"]
+
+DEFAULT_BASE_URL = "http://localhost:8000"
+_DUMMY_API_KEY = "EMPTY"  # local vLLM wants no key, but the openai client insists on one
+_HINT = "start it, or set --base-url / TERRARIUM_BASE_URL"
+
+# Parameters chat.completions.create() takes by name; anything else goes in extra_body.
+_KNOWN_PARAMS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {"self"}
+_RESERVED_PARAMS = frozenset({"messages", "model", "stream"})
+
+_CONTEXT_RE = re.compile(
+    r"context[ _](length|size|window)|maximum context|too many tokens|prompt is too long",
+    re.IGNORECASE,
+)
+_MAX_DETAIL = 300
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    """One complete answer from the model."""
+
+    message: dict[str, Any]
+    """The assistant message in OpenAI form: ``role``, ``content``, and ``tool_calls`` and
+    ``reasoning_content`` when present. Ready to append to the history as it is."""
+    text: str
+    """The reply text (``""`` when the model only called tools)."""
+    usage: UsageRecord | None
+    """Token usage, when the server reported it."""
+    finish_reason: str | None
+    """``stop``, ``length``, ``tool_calls``, ... as the server said."""
+    model: str
+    """The model that answered, as the server named it."""
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The tool calls in the message (empty when there are none)."""
+        return list(self.message.get("tool_calls") or [])
+
+    @property
+    def reasoning(self) -> str:
+        """The reasoning text the server separated out (``""`` when none)."""
+        return str(self.message.get("reasoning_content") or "")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """One event of :meth:`VLLMClient.stream`: text as it arrives, then the final result."""
+
+    delta: str = ""
+    """New reply text."""
+    reasoning_delta: str = ""
+    """New reasoning text."""
+    result: ChatResult | None = None
+    """Set on the last event only: the complete answer."""
+
+
+class VLLMClient:
+    """An async client for one OpenAI-compatible chat completions server."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        default_params: Mapping[str, Any] | None = None,
+        *,
+        on_trace: Callable[[TraceEntry], None] | None = None,
+        backoff_base: float = 0.5,
+        backoff_max: float = 8.0,
+    ) -> None:
+        """Create a client; no connection is made until the first call.
+
+        Args:
+            base_url: The server, with or without the trailing ``/v1``
+                (``http://localhost:8000``, ``http://gpu-box:8000/v1``).
+            model: The model to ask; None picks the first one the server lists, once.
+            api_key: The bearer key; else ``OPENAI_API_KEY``; else a dummy (vLLM needs none).
+            timeout: Seconds to wait for a connection, or for each read of a reply.
+            max_retries: Retries of a transient failure (so up to ``max_retries + 1`` tries).
+            default_params: Request parameters sent with every call (``temperature``,
+                ``max_tokens``, ``top_k``, ...); per-call parameters override them.
+            on_trace: Called with a :class:`TraceEntry` for each request, chunk, response and
+                error. It runs inline and must not raise.
+            backoff_base: Seconds before the first retry; doubles each retry, with jitter.
+            backoff_max: Longest wait between two tries.
+        """
+        self.base_url = normalize_base_url(base_url)
+        self.timeout = timeout
+        self.max_retries = max(0, max_retries)
+        self.default_params: dict[str, Any] = dict(default_params or {})
+        self.on_trace = on_trace
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self._model = model
+        self._model_was_picked = False
+        key = api_key or os.environ.get("OPENAI_API_KEY") or _DUMMY_API_KEY
+        self._client = openai.AsyncOpenAI(
+            base_url=self.base_url, api_key=key, timeout=timeout, max_retries=0
+        )
+
+    def __repr__(self) -> str:
+        return f"VLLMClient(base_url={self.base_url!r}, model={self._model!r})"
+
+    @property
+    def model(self) -> str | None:
+        """The model requests go to: the one given, or the one picked; None before picking."""
+        return self._model
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def aclose(self) -> None:
+        """Close the HTTP connection pool."""
+        await self._client.close()
+
+    async def __aenter__(self) -> VLLMClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------ models
+
+    async def list_models(self) -> list[str]:
+        """Return the ids of the models the server serves (``GET /v1/models``).
+
+        Raises:
+            LLMError: a subclass naming what went wrong (see the module docstring).
+        """
+        attempt = 0
+        while True:
+            try:
+                page = await self._client.models.list()
+                data = getattr(page, "data", None)
+                if not isinstance(data, list):
+                    raise BadResponse(f"the model list from {self.base_url} has no 'data' array")
+                return [str(m.id) for m in data if getattr(m, "id", None)]
+            except (openai.OpenAIError, ValueError) as exc:
+                error = self._map_error(exc, None, attempts=attempt + 1)
+                if not await self._should_retry(exc, error, attempt):
+                    raise error from exc
+                attempt += 1
+
+    async def resolve_model(self) -> str:
+        """Return the model to use: the one given, else the server's first, looked up once.
+
+        Raises:
+            ModelNotFound: the server lists no model.
+            LLMError: the lookup failed.
+        """
+        if self._model is not None:
+            return self._model
+        models = await self.list_models()
+        if not models:
+            raise ModelNotFound(f"the model server at {self.base_url} serves no models")
+        self._model = models[0]
+        self._model_was_picked = True
+        return self._model
+
+    # ------------------------------------------------------------------ chat
+
+    async def chat(
+        self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None, **params: Any
+    ) -> ChatResult:
+        """Send a conversation and return the whole answer (no streaming).
+
+        Args:
+            messages: OpenAI chat messages, sent exactly as given.
+            model: The model for this call; the client's model when None.
+            **params: Request parameters (``temperature``, ``tools``, ``max_tokens``,
+                ``top_k``, ...), over the client's ``default_params``.
+
+        Raises:
+            LLMError: a subclass naming what went wrong (see the module docstring).
+        """
+        name = model or await self.resolve_model()
+        kwargs = self._build_kwargs(params)
+        attempt = 0
+        while True:
+            self._trace("request", self._request_trace(name, messages, kwargs, False, attempt))
+            try:
+                completion = await self._client.chat.completions.create(
+                    model=name, messages=cast(Any, messages), **kwargs
+                )
+                result = self._result_from_completion(completion, name)
+            except BadResponse as exc:
+                self._trace("error", _error_trace(exc, attempt, retrying=False))
+                raise
+            except (openai.OpenAIError, ValueError) as exc:
+                error = self._map_error(exc, name, attempts=attempt + 1)
+                if not await self._should_retry(exc, error, attempt):
+                    self._forget_picked_model(error, model)
+                    raise error from exc
+                attempt += 1
+                continue
+            self._trace("response", _dump(completion))
+            return result
+
+    async def stream(
+        self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None, **params: Any
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """Send a conversation and yield the answer as it is generated.
+
+        Yields :class:`StreamEvent` s with text (and reasoning) deltas as they arrive, then one
+        last event whose ``result`` is the complete :class:`ChatResult` (tool calls assembled,
+        usage included: the request asks for ``stream_options.include_usage``).
+
+        A failure before the first delta is retried like :meth:`chat`; a failure after it is
+        raised, never retried. If you stop iterating early, close the iterator
+        (``contextlib.aclosing``) to release the connection at once.
+
+        Args:
+            messages: OpenAI chat messages, sent exactly as given.
+            model: The model for this call; the client's model when None.
+            **params: Request parameters, as for :meth:`chat`.
+
+        Raises:
+            LLMError: a subclass naming what went wrong (see the module docstring).
+        """
+        name = model or await self.resolve_model()
+        kwargs = self._build_kwargs(params)
+        options = dict(kwargs.get("stream_options") or {})
+        options["include_usage"] = True
+        kwargs["stream_options"] = options
+        attempt = 0
+        while True:
+            state = _StreamState(name)
+            yielded = False
+            stream: openai.AsyncStream[Any] | None = None
+            self._trace("request", self._request_trace(name, messages, kwargs, True, attempt))
+            try:
+                stream = await self._client.chat.completions.create(
+                    model=name, messages=cast(Any, messages), stream=True, **kwargs
+                )
+                async for chunk in stream:
+                    self._trace("chunk", _dump(chunk))
+                    delta, reasoning = state.add(chunk)
+                    if delta or reasoning:
+                        yielded = True
+                        yield StreamEvent(delta=delta, reasoning_delta=reasoning)
+                result = state.result(self.base_url)
+            except BadResponse as exc:
+                self._trace("error", _error_trace(exc, attempt, retrying=False))
+                raise
+            except (openai.OpenAIError, ValueError) as exc:
+                if stream is not None:  # release the connection before any backoff
+                    await stream.close()
+                    stream = None
+                if yielded:
+                    error = self._map_midstream_error(exc, name, state.chunks)
+                    self._trace("error", _error_trace(error, attempt, retrying=False))
+                    raise error from exc
+                error = self._map_error(exc, name, attempts=attempt + 1)
+                if not await self._should_retry(exc, error, attempt):
+                    self._forget_picked_model(error, model)
+                    raise error from exc
+                attempt += 1
+                continue
+            finally:
+                if stream is not None:
+                    await stream.close()
+            self._trace("response", state.trace_data(result))
+            yield StreamEvent(result=result)
+            return
+
+    # ------------------------------------------------------------------ internals
+
+    def _build_kwargs(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        merged = {**self.default_params, **params}
+        bad = _RESERVED_PARAMS.intersection(merged)
+        if bad:
+            raise TypeError(f"parameter {sorted(bad)[0]!r} is set by the client, not by params")
+        kwargs: dict[str, Any] = {}
+        extra: dict[str, Any] = dict(merged.pop("extra_body", None) or {})
+        for key, value in merged.items():
+            if key in _KNOWN_PARAMS:
+                kwargs[key] = value
+            else:
+                extra[key] = value
+        if extra:
+            kwargs["extra_body"] = extra
+        return kwargs
+
+    def _request_trace(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        kwargs: Mapping[str, Any],
+        stream: bool,
+        attempt: int,
+    ) -> dict[str, Any]:
+        return {
+            "url": f"{self.base_url}/chat/completions",
+            "model": model,
+            "messages": list(messages),
+            "params": dict(kwargs),
+            "stream": stream,
+            "attempt": attempt,
+        }
+
+    def _trace(self, event: str, data: Mapping[str, Any]) -> None:
+        if self.on_trace is not None:
+            self.on_trace(TraceEntry(ts=utc_now(), event=event, data=data))
+
+    async def _should_retry(self, exc: Exception, error: LLMError, attempt: int) -> bool:
+        """Trace the failure and, when it is transient and tries remain, wait out the backoff."""
+        retrying = attempt < self.max_retries and _is_transient(exc)
+        self._trace("error", _error_trace(error, attempt, retrying=retrying))
+        if retrying:
+            await asyncio.sleep(self._backoff(attempt, exc))
+        return retrying
+
+    def _backoff(self, attempt: int, exc: Exception) -> float:
+        if isinstance(exc, openai.APIStatusError):
+            retry_after = _retry_after(exc)
+            if retry_after is not None:
+                return min(retry_after, self.backoff_max)
+        ceiling = min(self.backoff_max, self.backoff_base * 2.0**attempt)
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+    def _forget_picked_model(self, error: LLMError, explicit: str | None) -> None:
+        # The server may have been restarted with another model: look it up again next time.
+        if isinstance(error, ModelNotFound) and explicit is None and self._model_was_picked:
+            self._model = None
+            self._model_was_picked = False
+
+    def _map_error(self, exc: Exception, model: str | None, *, attempts: int) -> LLMError:
+        """Translate an openai or decoding exception into a one-line terrarium error."""
+        url = self.base_url
+        tries = f" after {attempts} attempts" if attempts > 1 else ""
+        if isinstance(exc, openai.APITimeoutError):
+            return ServerUnreachable(
+                f"timed out after {self.timeout:g}s waiting for the model server at {url}{tries}; "
+                f"is it up? {_HINT}"
+            )
+        if isinstance(exc, openai.APIConnectionError):
+            cause = _one_line(str(exc.__cause__ or exc))
+            return ServerUnreachable(
+                f"cannot reach the model server at {url}{tries} ({cause}); {_HINT}"
+            )
+        if isinstance(exc, openai.APIResponseValidationError):
+            return BadResponse(f"malformed response from {url}: {_one_line(exc.message)}")
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            detail = _server_message(exc)
+            code = str(exc.code or "")
+            if code == "context_length_exceeded" or (
+                400 <= status < 500 and _CONTEXT_RE.search(detail)
+            ):
+                return ContextTooLong(f"the request does not fit model {model}'s context: {detail}")
+            if model is not None and (
+                code == "model_not_found" or (status == 404 and "model" in detail.lower())
+            ):
+                return ModelNotFound(f"model {model!r} not found at {url}: {detail}")
+            if status == 404:
+                return BadResponse(
+                    f"{url} answered 404 Not Found ({detail}); is it an OpenAI-compatible server?"
+                )
+            if status == 429:
+                return RateLimited(f"rate limited by {url}{tries}: {detail}")
+            if status in (401, 403):
+                return BadResponse(
+                    f"the model server at {url} refused the API key ({status}: {detail}); "
+                    "set OPENAI_API_KEY"
+                )
+            return BadResponse(f"the model server at {url} answered {status}{tries}: {detail}")
+        if isinstance(exc, openai.APIError):  # an error event inside a stream
+            detail = _server_message(exc)
+            if str(exc.code or "") == "context_length_exceeded" or _CONTEXT_RE.search(detail):
+                return ContextTooLong(f"the request does not fit model {model}'s context: {detail}")
+            return BadResponse(f"the model server at {url} reported an error: {detail}")
+        if isinstance(exc, ValueError):
+            return BadResponse(f"malformed response from {url}: {_one_line(str(exc))}")
+        return BadResponse(f"model call to {url} failed: {_one_line(str(exc))}")
+
+    def _map_midstream_error(self, exc: Exception, model: str, chunks: int) -> LLMError:
+        """Translate a failure that came after deltas were already yielded."""
+        if isinstance(exc, openai.APIConnectionError) and not isinstance(
+            exc, openai.APITimeoutError
+        ):
+            cause = _one_line(str(exc.__cause__ or exc))
+            return BadResponse(
+                f"the model server at {self.base_url} broke off the stream after {chunks} "
+                f"chunks ({cause}); the partial reply was not retried"
+            )
+        error = self._map_error(exc, model, attempts=1)
+        return type(error)(f"{error} (after {chunks} streamed chunks; not retried)")
+
+    def _result_from_completion(self, completion: Any, requested: str) -> ChatResult:
+        url = self.base_url
+        choices = getattr(completion, "choices", None)
+        if not isinstance(choices, list) or not choices:
+            raise BadResponse(f"the answer from {url} has no choices")
+        choice = choices[0]
+        msg = getattr(choice, "message", None)
+        if msg is None:
+            raise BadResponse(f"the answer from {url} has no message")
+        text = getattr(msg, "content", None)
+        if text is not None and not isinstance(text, str):
+            raise BadResponse(f"the answer from {url} has non-text content")
+        tool_calls: list[dict[str, Any]] = []
+        for call in getattr(msg, "tool_calls", None) or []:
+            function = getattr(call, "function", None)
+            tool_calls.append(
+                {
+                    "id": getattr(call, "id", None) or _new_call_id(),
+                    "type": getattr(call, "type", None) or "function",
+                    "function": {
+                        "name": str(getattr(function, "name", None) or ""),
+                        "arguments": str(getattr(function, "arguments", None) or ""),
+                    },
+                }
+            )
+        model = str(getattr(completion, "model", None) or requested)
+        return _make_result(
+            text=text or "",
+            reasoning=_reasoning_of(msg),
+            tool_calls=tool_calls,
+            finish_reason=getattr(choice, "finish_reason", None),
+            usage=_usage_of(getattr(completion, "usage", None), model),
+            model=model,
+        )
+
+
+def normalize_base_url(base_url: str) -> str:
+    """Return ``base_url`` ending in ``/v1`` without a trailing slash, with a scheme."""
+    url = base_url.strip().rstrip("/")
+    if "://" not in url:
+        url = f"http://{url}"
+    if not url.endswith("/v1"):
+        url = f"{url}/v1"
+    return url
+
+
+# ---------------------------------------------------------------------- streaming assembly
+
+
+class _StreamState:
+    """Accumulates one streamed answer: text, reasoning, tool calls by index, usage."""
+
+    def __init__(self, requested: str) -> None:
+        self.model = requested
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: Any = None
+        self.chunks = 0
+
+    def add(self, chunk: Any) -> tuple[str, str]:
+        """Fold one chunk in; return the text and reasoning it added."""
+        self.chunks += 1
+        if getattr(chunk, "model", None):
+            self.model = str(chunk.model)
+        if getattr(chunk, "usage", None) is not None:
+            self.usage = chunk.usage
+        text = reasoning = ""
+        for choice in getattr(chunk, "choices", None) or []:
+            if (getattr(choice, "index", 0) or 0) != 0:
+                continue  # only the first choice is assembled
+            if choice.finish_reason:
+                self.finish_reason = str(choice.finish_reason)
+            delta = getattr(choice, "delta", None)
+            if delta is None:
+                continue
+            if isinstance(delta.content, str):
+                text += delta.content
+            reasoning += _reasoning_of(delta)
+            for call in delta.tool_calls or []:
+                self._add_call(call)
+        if text:
+            self.text.append(text)
+        if reasoning:
+            self.reasoning.append(reasoning)
+        return text, reasoning
+
+    def _add_call(self, call: Any) -> None:
+        index = call.index if isinstance(call.index, int) else len(self.calls)
+        slot = self.calls.setdefault(
+            index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+        )
+        if call.id and not slot["id"]:
+            slot["id"] = call.id
+        if call.type:
+            slot["type"] = call.type
+        if call.function is not None:
+            if call.function.name:
+                slot["function"]["name"] += call.function.name
+            if call.function.arguments:
+                slot["function"]["arguments"] += call.function.arguments
+
+    def result(self, url: str) -> ChatResult:
+        """The assembled answer; BadResponse if the stream ended before the model finished."""
+        if self.finish_reason is None:
+            raise BadResponse(
+                f"the stream from {url} ended after {self.chunks} chunks without a finish reason"
+            )
+        calls = [self.calls[i] for i in sorted(self.calls)]
+        for call in calls:
+            if not call["id"]:
+                call["id"] = _new_call_id()
+        return _make_result(
+            text="".join(self.text),
+            reasoning="".join(self.reasoning),
+            tool_calls=calls,
+            finish_reason=self.finish_reason,
+            usage=_usage_of(self.usage, self.model),
+            model=self.model,
+        )
+
+    def trace_data(self, result: ChatResult) -> dict[str, Any]:
+        """The ``response`` trace of a finished stream."""
+        return {
+            "model": result.model,
+            "message": result.message,
+            "finish_reason": result.finish_reason,
+            "usage": result.usage.to_dict() if result.usage else None,
+            "chunks": self.chunks,
+        }
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _make_result(
+    *,
+    text: str,
+    reasoning: str,
+    tool_calls: list[dict[str, Any]],
+    finish_reason: str | None,
+    usage: UsageRecord | None,
+    model: str,
+) -> ChatResult:
+    # Content is null when the model only called tools, as OpenAI itself answers.
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": text if text or not tool_calls else None,
+    }
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return ChatResult(
+        message=message, text=text, usage=usage, finish_reason=finish_reason, model=model
+    )
+
+
+def _reasoning_of(obj: Any) -> str:
+    """Reasoning text from a message or delta: vLLM's ``reasoning_content`` or ``reasoning``."""
+    for key in ("reasoning_content", "reasoning"):
+        # Undeclared keys live in the pydantic model's extras, which getattr also reads.
+        value = getattr(obj, key, None)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def _usage_of(usage: Any, model: str) -> UsageRecord | None:
+    if usage is None:
+        return None
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", None) if details is not None else None
+    return UsageRecord(
+        model=model,
+        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        cached_tokens=int(cached or 0),
+    )
+
+
+def _is_transient(exc: Exception) -> bool:
+    if isinstance(exc, openai.APIConnectionError):  # includes timeouts
+        return True
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code in (408, 429) or exc.status_code >= 500
+    return False
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    value = exc.response.headers.get("retry-after")
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and seconds >= 0 else None
+
+
+def _server_message(exc: openai.APIError) -> str:
+    body = exc.body
+    if isinstance(body, Mapping):
+        message = body.get("message")
+        if isinstance(message, str) and message:
+            return _one_line(message)
+    if isinstance(body, str) and body:
+        return _one_line(body)
+    return _one_line(exc.message)
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= _MAX_DETAIL else line[: _MAX_DETAIL - 3] + "..."
+
+
+def _dump(model: Any) -> dict[str, Any]:
+    """A pydantic object as the JSON the server sent (unset fields left out)."""
+    try:
+        return cast(dict[str, Any], model.model_dump(mode="json", exclude_unset=True))
+    except (AttributeError, TypeError, ValueError):
+        return {"raw": repr(model)}
+
+
+def _error_trace(error: Exception, attempt: int, *, retrying: bool) -> dict[str, Any]:
+    return {
+        "type": type(error).__name__,
+        "message": str(error),
+        "attempt": attempt,
+        "retrying": retrying,
+    }
+
+
+def _new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
