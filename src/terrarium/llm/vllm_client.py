@@ -240,7 +240,7 @@ class VLLMClient:
             self._trace("request", self._request_trace(name, messages, kwargs, False, attempt))
             try:
                 completion = await self._client.chat.completions.create(
-                    model=name, messages=cast(Any, messages), **kwargs
+                    model=name, **_with_messages(kwargs, messages)
                 )
                 result = self._result_from_completion(completion, name)
             except BadResponse as exc:
@@ -290,7 +290,7 @@ class VLLMClient:
             self._trace("request", self._request_trace(name, messages, kwargs, True, attempt))
             try:
                 stream = await self._client.chat.completions.create(
-                    model=name, messages=cast(Any, messages), stream=True, **kwargs
+                    model=name, stream=True, **_with_messages(kwargs, messages)
                 )
                 async for chunk in stream:
                     self._trace("chunk", _dump(chunk))
@@ -480,6 +480,22 @@ class VLLMClient:
             usage=_usage_of(getattr(completion, "usage", None), model),
             model=model,
         )
+
+
+def _with_messages(
+    kwargs: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Request arguments with ``messages`` carried in the body as given.
+
+    The openai package walks every message through its TypedDict transform, about 140 µs a
+    message (1.4 s of CPU per request at 10k messages of history). Our messages are plain
+    JSON dicts that the transform would not change, so they travel in ``extra_body``, which
+    the package merges into the request body unchanged, and ``messages`` itself is empty.
+    """
+    out = dict(kwargs)
+    out["extra_body"] = {**(out.get("extra_body") or {}), "messages": list(messages)}
+    out["messages"] = []
+    return out
 
 
 def normalize_base_url(base_url: str) -> str:
