@@ -18,7 +18,7 @@ Invariants every backend keeps (``tests/contract/`` checks each one on every bac
 * **Isolation.** Contexts never see each other's entries. Every hot-path call names one session.
 
 Optional abilities are sub-protocols detected with ``isinstance`` (:class:`ContextLocking`,
-:class:`Reindexable`), never stubs that raise ``NotImplementedError``.
+:class:`Reindexable`, :class:`Searchable`), never stubs that raise ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -184,6 +184,52 @@ class Reindexable(Protocol):
 
     def reindex(self) -> int:
         """Rebuild the derived index; return the number of contexts indexed."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SearchQuery:
+    """What to search for, and where."""
+
+    text: str
+    """Words to find. Treated as data: quotes, ``*``, ``NEAR(`` and SQL are matched literally."""
+    type: str | None = None
+    """Only contexts of this type (``irc``)."""
+    context: str | None = None
+    """Only this context (``irc:#python``)."""
+    since: str | None = None
+    """Only entries written on or after this date or time (``2026-11-01``, UTC)."""
+    role: str | None = None
+    """Only items of this role (``user``, ``assistant``)."""
+    limit: int = 20
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One matching history item, best first."""
+
+    context: str
+    date: str
+    """The context's creation date, ``YYYY-MM-DD``."""
+    session_id: SessionId
+    segment_id: SegmentId
+    seq: int
+    role: str
+    ts: str
+    snippet: str
+    """Text around the match."""
+    highlights: tuple[tuple[int, int], ...]
+    """``(start, end)`` character spans of the matched words within ``snippet``."""
+    score: float
+    """Relevance; higher is better. Comparable within one result list only."""
+
+
+@runtime_checkable
+class Searchable(Protocol):
+    """A store that can search the text of every history item."""
+
+    def search(self, query: SearchQuery) -> list[SearchHit]:
+        """Ranked hits for ``query``."""
         ...
 
 
