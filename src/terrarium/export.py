@@ -1,0 +1,294 @@
+"""Export contexts in any of the formats in :data:`FORMATS`, one at a time or many at once.
+
+Each format lives in its own module under :mod:`terrarium.formats` and is imported only when
+it is used (the OpenAI format pulls in the runtime, the legacy format is optional), so listing
+the formats costs nothing.
+
+:func:`export_many` writes one file per context, named ``{type}/{encoded name}{extension}``
+(``irc/#python.md``; names are made safe by :func:`terrarium.model.encode_name`), into a
+folder, or into a ``.zip`` or ``.tar.gz`` archive when the destination's name says so. The
+``finetune`` format is the exception: it is one JSONL file for all the contexts together.
+Files and archives are written to a temporary name and renamed into place, so an interrupted
+export never leaves a half-written file where a good one is expected.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import tarfile
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from terrarium.model import ContextId, encode_name
+from terrarium.stores.base import Store
+
+if TYPE_CHECKING:
+    from terrarium.formats.openai import DateBound
+
+
+@dataclass(frozen=True, slots=True)
+class Format:
+    """An export format."""
+
+    name: str
+    """The name users pass (``markdown``, ``html``, ...)."""
+    extension: str
+    """The file name extension, with its dot."""
+    media_type: str
+    """The MIME type of the content."""
+    description: str
+    """One line for help texts."""
+    module: str
+    """The module that implements it."""
+    function: str = "export_context"
+    """The module's ``(store, context) -> str | bytes`` function."""
+
+    def export(self, store: Store, context: ContextId | str) -> str | bytes:
+        """Export one context in this format."""
+        module = importlib.import_module(self.module)
+        exporter: Callable[[Store, ContextId], str | bytes] = getattr(module, self.function)
+        return exporter(store, ContextId.parse(context))
+
+
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format(
+            "markdown",
+            ".md",
+            "text/markdown; charset=utf-8",
+            "readable transcript in Markdown",
+            "terrarium.formats.markdown",
+        ),
+        Format(
+            "html",
+            ".html",
+            "text/html; charset=utf-8",
+            "one self-contained HTML page",
+            "terrarium.formats.html",
+        ),
+        Format(
+            "jsonl",
+            ".jsonl",
+            "application/x-ndjson",
+            "the native log, lossless (terrarium import reads it back)",
+            "terrarium.formats.jsonl",
+        ),
+        Format(
+            "openai",
+            ".json",
+            "application/json",
+            "the OpenAI chat messages array the model is sent",
+            "terrarium.formats.openai",
+        ),
+        Format(
+            "finetune",
+            ".jsonl",
+            "application/x-ndjson",
+            "OpenAI chat fine-tuning JSONL, one conversation per line",
+            "terrarium.formats.openai",
+            "export_finetune_context",
+        ),
+        Format(
+            "terrarium-json",
+            ".json",
+            "application/json",
+            "the legacy Terrarium JSON file",
+            "terrarium.formats.terrarium_json",
+        ),
+    )
+}
+"""Every export format by name."""
+
+ARCHIVE_SUFFIXES = (".zip", ".tar.gz", ".tgz")
+"""Destination endings that make :func:`export_many` write an archive."""
+
+FINETUNE_FILE = "finetune.jsonl"
+"""The file name the ``finetune`` format uses inside a folder or an archive."""
+
+
+def get_format(fmt: str | Format) -> Format:
+    """Look a format up by name.
+
+    Raises:
+        ValueError: no format has that name (the message lists the known ones).
+    """
+    if isinstance(fmt, Format):
+        return fmt
+    try:
+        return FORMATS[fmt]
+    except KeyError:
+        known = ", ".join(sorted(FORMATS))
+        raise ValueError(f"unknown export format {fmt!r}: use one of {known}") from None
+
+
+def export_context(store: Store, context: ContextId | str, fmt: str | Format) -> str | bytes:
+    """Export one context.
+
+    Args:
+        store: where the context lives.
+        context: the context id, ``type:name``.
+        fmt: a name in :data:`FORMATS`, or a :class:`Format`.
+
+    Returns:
+        The file's content (text for every built-in format).
+
+    Raises:
+        ValueError: unknown format.
+        ContextNotFound: no such context.
+    """
+    return get_format(fmt).export(store, context)
+
+
+def member_name(context: ContextId | str, fmt: str | Format) -> str:
+    """The relative file name of a context's export: ``{type}/{encoded name}{extension}``."""
+    ctx = ContextId.parse(context)
+    return f"{ctx.type}/{encode_name(ctx.name)}{get_format(fmt).extension}"
+
+
+@dataclass(frozen=True, slots=True)
+class ExportResult:
+    """What :func:`export_many` wrote."""
+
+    path: Path
+    """The folder, archive or JSONL file written."""
+    members: list[str] = field(default_factory=list)
+    """The files written, relative to the folder or inside the archive (``/``-separated)."""
+    contexts: list[ContextId] = field(default_factory=list)
+    """The contexts exported."""
+
+
+def _is_archive(dest: Path) -> bool:
+    return dest.name.lower().endswith(ARCHIVE_SUFFIXES)
+
+
+def _select(
+    store: Store,
+    contexts: Iterable[ContextId | str] | None,
+    type: str | None,
+    since: DateBound | None,
+    until: DateBound | None,
+) -> list[ContextId]:
+    from terrarium.formats.jsonl import load_transcript
+    from terrarium.formats.openai import select_contexts
+
+    chosen = select_contexts(store, contexts, type=type)
+    if since is None and until is None:
+        return chosen
+    return [c for c in chosen if load_transcript(store, c).active_between(since, until)]
+
+
+def export_many(
+    store: Store,
+    contexts: Iterable[ContextId | str] | None,
+    fmt: str | Format,
+    dest: str | os.PathLike[str],
+    *,
+    type: str | None = None,
+    since: DateBound | None = None,
+    until: DateBound | None = None,
+) -> ExportResult:
+    """Export many contexts at once into a folder, an archive, or (``finetune``) one file.
+
+    Args:
+        store: where the contexts live.
+        contexts: the contexts to export; every context in the store when None.
+        fmt: a name in :data:`FORMATS`, or a :class:`Format`.
+        dest: a folder (created if needed; files in it are replaced), or a path ending in
+            ``.zip``, ``.tar.gz`` or ``.tgz`` for an archive. For ``finetune``: the JSONL file
+            to write, or a folder or archive to hold ``finetune.jsonl``.
+        type: keep only contexts of this type.
+        since, until: keep only contexts with a message logged in this window (a date, a
+            datetime or ISO text; a date covers its whole UTC day; both ends inclusive).
+
+    Returns:
+        What was written.
+
+    Raises:
+        ValueError: unknown format.
+        ContextNotFound: a context named in ``contexts`` does not exist.
+    """
+    spec = get_format(fmt)
+    target = Path(dest)
+    chosen = _select(store, contexts, type, since, until)
+    files: dict[str, bytes] = {}
+    if spec.name == "finetune":
+        from terrarium.formats.openai import export_finetune
+
+        data = export_finetune(store, chosen).encode()
+        if not _is_archive(target) and not target.is_dir():
+            _write_atomic(target, data)
+            return ExportResult(target, [], chosen)
+        files[FINETUNE_FILE] = data
+    else:
+        for context in chosen:
+            content = spec.export(store, context)
+            files[member_name(context, spec)] = (
+                content.encode() if isinstance(content, str) else content
+            )
+    name = target.name.lower()
+    if name.endswith(".zip"):
+        _write_atomic(target, _zip(files))
+    elif name.endswith((".tar.gz", ".tgz")):
+        _write_atomic(target, _tar_gz(files))
+    else:
+        for member, data in files.items():
+            _write_atomic(target.joinpath(*member.split("/")), data)
+        target.mkdir(parents=True, exist_ok=True)
+    return ExportResult(target, list(files), chosen)
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    stamp = time.localtime()[:6]
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for member, data in files.items():
+            info = zipfile.ZipInfo(member, date_time=stamp)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, data)
+    return buf.getvalue()
+
+
+def _tar_gz(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    now = int(time.time())
+    with tarfile.open(fileobj=buf, mode="w:gz") as archive:
+        for member, data in files.items():
+            info = tarfile.TarInfo(member)
+            info.size, info.mtime, info.mode = len(data), now, 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path`` and rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".export-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+__all__ = [
+    "ARCHIVE_SUFFIXES",
+    "FINETUNE_FILE",
+    "FORMATS",
+    "ExportResult",
+    "Format",
+    "export_context",
+    "export_many",
+    "get_format",
+    "member_name",
+]

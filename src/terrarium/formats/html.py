@@ -1,0 +1,211 @@
+"""A context as one self-contained HTML page.
+
+The page has its CSS inline and loads nothing: no scripts, fonts, images or style sheets from
+anywhere, so it opens offline and can be mailed or archived as one file. The context's metadata
+comes first, then the conversation as chat bubbles (user on the right, assistant on the left,
+tool calls and results as code blocks, runtime events as centred italic lines). Reasoning and
+tool results fold away in ``<details>``, which needs no JavaScript.
+
+Every piece of content from the log (text, names, ids, arguments, URLs, the context id itself)
+goes through :func:`html.escape` with quotes escaped, so a message can never inject markup; a
+Content-Security-Policy that allows inline styles only backs that up. Images are shown as
+links, never loaded. Export only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from html import escape
+from typing import Any
+
+from terrarium.formats.jsonl import TimedItem, Transcript, load_transcript
+from terrarium.formats.markdown import pretty_json, when
+from terrarium.model import ContextId, EntryKind
+from terrarium.stores.base import Store
+
+_CSS = """
+:root { color-scheme: light dark; --bg: #f6f7f9; --fg: #1d2330; --muted: #6b7280;
+  --user: #dbeafe; --assistant: #ffffff; --tool: #f1f5f9; --border: #d8dde6; --code: #f3f4f6; }
+@media (prefers-color-scheme: dark) {
+  :root { --bg: #12151c; --fg: #e5e7eb; --muted: #9ca3af; --user: #1e3a5f;
+    --assistant: #1c2130; --tool: #171b24; --border: #2d3444; --code: #0d1017; } }
+* { box-sizing: border-box; }
+body { margin: 0; background: var(--bg); color: var(--fg);
+  font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; }
+main { max-width: 52rem; margin: 0 auto; padding: 1.5rem 1rem 4rem; }
+h1 { font-size: 1.4rem; margin: 0 0 .75rem; overflow-wrap: anywhere; }
+h2 { font-size: 1rem; margin: 1.5rem 0 .5rem; color: var(--muted); }
+table.meta { border-collapse: collapse; font-size: .9rem; }
+table.meta th { text-align: left; color: var(--muted); font-weight: normal;
+  padding: .1rem 1rem .1rem 0; vertical-align: top; white-space: nowrap; }
+table.meta td { padding: .1rem 0; overflow-wrap: anywhere; }
+.msg { margin: .75rem 0; padding: .6rem .85rem; border: 1px solid var(--border);
+  border-radius: .75rem; max-width: 85%; background: var(--assistant); }
+.msg.user { margin-left: auto; background: var(--user); }
+.msg.tool, .msg.system { background: var(--tool); max-width: 100%; }
+.who { font-size: .8rem; color: var(--muted); margin-bottom: .25rem; }
+.who b { color: var(--fg); }
+.text { white-space: pre-wrap; overflow-wrap: anywhere; }
+pre { background: var(--code); border: 1px solid var(--border); border-radius: .4rem;
+  padding: .5rem .65rem; margin: .4rem 0; overflow-x: auto; white-space: pre-wrap;
+  overflow-wrap: anywhere;
+  font: 13px/1.45 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
+.call-name { font-family: ui-monospace, monospace; font-size: .85rem; }
+details summary { cursor: pointer; color: var(--muted); font-size: .85rem; }
+.event { text-align: center; font-style: italic; color: var(--muted); font-size: .85rem;
+  margin: .75rem 0; }
+.prompt { white-space: pre-wrap; }
+"""
+
+
+def _e(value: Any) -> str:
+    """Escape any value for HTML text or a double-quoted attribute."""
+    return escape(str(value), quote=True)
+
+
+def _pre(text: str, lang: str = "") -> str:
+    cls = f' class="lang-{_e(lang)}"' if lang else ""
+    return f"<pre><code{cls}>{_e(text)}</code></pre>"
+
+
+def _content(item: Mapping[str, Any], *, code: bool) -> list[str]:
+    content = item.get("content")
+    if content is None:
+        return []
+    parts: list[Any] = (
+        [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    )
+    out: list[str] = []
+    for part in parts:
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text":
+            text = str(part.get("text", ""))
+            if code:
+                out.append(_pre(*pretty_json(text)))
+            elif text:
+                out.append(f'<div class="text">{_e(text)}</div>')
+        elif kind == "image_url":
+            url = str((part.get("image_url") or {}).get("url", ""))
+            if url.startswith("data:"):
+                out.append(
+                    f'<div class="text"><i>[image: inline data, {len(url)} characters]</i></div>'
+                )
+            elif url.startswith(("http://", "https://")):
+                out.append(
+                    f'<div class="text"><a href="{_e(url)}" rel="noreferrer">[image]</a></div>'
+                )
+            else:
+                out.append(f'<div class="text"><i>[image: {_e(url)}]</i></div>')
+        else:
+            out.append(_pre(json.dumps(part, indent=2, ensure_ascii=False), "json"))
+    return out
+
+
+def _tool_calls(item: Mapping[str, Any]) -> list[str]:
+    out = []
+    for call in item.get("tool_calls") or ():
+        fn = call.get("function") or {}
+        body, lang = pretty_json(str(fn.get("arguments", "")))
+        ident = f" <small>id {_e(call['id'])}</small>" if call.get("id") else ""
+        out.append(
+            f'<div class="call">Tool call <span class="call-name">{_e(fn.get("name", "?"))}</span>'
+            f"{ident}{_pre(body, lang)}</div>"
+        )
+    return out
+
+
+def render_item(timed: TimedItem) -> str:
+    """One history item as an HTML block."""
+    item = timed.item
+    role = str(item.get("role", "?"))
+    stamp = f'<time datetime="{_e(timed.ts)}">{_e(when(timed.ts))}</time>'
+    if timed.kind == EntryKind.SYSTEM_ITEM:
+        text = item.get("content") or timed.event or "event"
+        return f'<div class="event">{_e(text)} · {stamp}</div>'
+    who = f"<b>{_e(role.title() if role != 'tool' else 'Tool result')}</b>"
+    if item.get("name"):
+        who += f" ({_e(item['name'])})"
+    if role == "tool" and item.get("tool_call_id"):
+        who += f" for {_e(item['tool_call_id'])}"
+    body = [f'<div class="who">{who} · {stamp}</div>']
+    if item.get("reasoning_content"):
+        body.append(
+            f'<details><summary>Reasoning</summary><div class="text">'
+            f"{_e(item['reasoning_content'])}</div></details>"
+        )
+    content = _content(item, code=role == "tool")
+    if role == "tool" and content:
+        body.append(f"<details open><summary>Output</summary>{''.join(content)}</details>")
+    else:
+        body.extend(content)
+    body.extend(_tool_calls(item))
+    cls = role if role in ("user", "assistant", "tool", "system") else "other"
+    return f'<div class="msg {cls}">{"".join(body)}</div>'
+
+
+def render(transcript: Transcript) -> str:
+    """The transcript as a complete HTML document."""
+    state = transcript.state
+    title = _e(str(transcript.context))
+    meta: list[tuple[str, str]] = [
+        ("Context", title),
+        ("Created", _e(when(transcript.head.created_at))),
+        ("Last active", _e(when(state.last_active))),
+        ("Session", _e(f"{state.session_id} (segment {state.segment_id})")),
+    ]
+    if state.config.get("model"):
+        meta.append(("Model", _e(state.config["model"])))
+    meta.append(("Messages", str(len(transcript.items))))
+    usage = state.usage
+    if usage.calls:
+        meta.append(
+            (
+                "Tokens",
+                f"{usage.prompt_tokens} prompt, {usage.completion_tokens} completion "
+                f"in {usage.calls} call{'' if usage.calls == 1 else 's'}",
+            )
+        )
+    rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in meta)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        # Defence in depth: even if markup slipped through, the page may load and run nothing.
+        '<meta http-equiv="Content-Security-Policy" '
+        "content=\"default-src 'none'; style-src 'unsafe-inline'\">",
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        '<meta name="generator" content="terrarium">',
+        f"<title>{title}</title>",
+        f"<style>{_CSS}</style>",
+        "</head>",
+        "<body><main>",
+        f'<header><h1>{title}</h1><table class="meta">{rows}</table></header>',
+    ]
+    if state.system_prompt:
+        parts.append(
+            "<section><h2>System prompt</h2>"
+            f'<div class="msg system"><div class="text prompt">{_e(state.system_prompt)}</div>'
+            "</div></section>"
+        )
+    parts.append("<section><h2>Conversation</h2>")
+    if not transcript.items:
+        parts.append('<div class="event">No messages.</div>')
+    parts.extend(render_item(timed) for timed in transcript.items)
+    parts.append("</section>")
+    parts.append("</main></body>")
+    parts.append("</html>")
+    return "\n".join(parts) + "\n"
+
+
+def export_context(store: Store, context: ContextId | str) -> str:
+    """The context as one self-contained HTML page.
+
+    Raises:
+        ContextNotFound: no such context.
+    """
+    return render(load_transcript(store, context))
+
+
+__all__ = ["export_context", "render", "render_item"]

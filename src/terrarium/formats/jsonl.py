@@ -1,0 +1,315 @@
+"""The native log as one JSONL file: a context's lineage, exported and imported losslessly.
+
+The export is every line that replaying the context's head reads, exactly as stored, header
+first: for a fork, the ancestors' prefixes (up to each fork point) and then the head segment;
+for a compaction or a clear, the head segment alone, because its header holds the history.
+:func:`import_context` recreates that context in any store with the same session and segment
+ids, timestamps, sequence numbers and every key and kind, known or not, so exporting the
+imported context gives the same lines again.
+
+This module also reads a lineage once into a :class:`Transcript` (the lines, the restored
+state and each history item with the time it was logged), which the Markdown, HTML and
+OpenAI formats render.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from terrarium import codec, sessions
+from terrarium.errors import (
+    ContextExists,
+    ContextNotFound,
+    InvalidEntry,
+    SegmentNotFound,
+)
+from terrarium.model import (
+    ENVELOPE_KEYS,
+    ContextId,
+    EntryKind,
+    LoggedItem,
+    RestoredState,
+    SegmentId,
+    SessionId,
+)
+from terrarium.stores.base import NewEntry, PodMetadata, Store
+
+_HISTORY_KINDS = frozenset((EntryKind.USER_INPUT, EntryKind.ITEM, EntryKind.SYSTEM_ITEM))
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True, slots=True)
+class TimedItem:
+    """A history item with the time it was logged."""
+
+    item: LoggedItem
+    """The item in on-disk form (an OpenAI message dict)."""
+    ts: str
+    """The ``ts`` of the entry that logged it; for items a header holds, the header's ``ts``."""
+    kind: str
+    """The entry kind that logged it (``user_input``, ``item``, ``system_item``, ``header``)."""
+    event: str | None = None
+    """For a ``system_item``: the runtime event's name."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transcript:
+    """A context's lineage read once: its raw lines, its restored state, its timed history."""
+
+    context: ContextId
+    head: PodMetadata
+    """The context's head record (creation time, current segment)."""
+    lines: list[dict[str, Any]]
+    """Every line of the lineage as stored, oldest first (see the module docstring)."""
+    state: RestoredState
+    """What replaying ``lines`` yields."""
+    items: list[TimedItem]
+    """``state.history`` item by item, with the time each was logged."""
+
+    def active_between(
+        self, since: dt.date | dt.datetime | str | None, until: dt.date | dt.datetime | str | None
+    ) -> bool:
+        """Whether an item was logged in the window (a bound of None is open).
+
+        A date bound covers its whole day (UTC): ``until=2025-11-06`` includes all of that
+        day. A naive datetime is taken as UTC. Both bounds are inclusive.
+        """
+        low = None if since is None else _bound(since, end=False)
+        high = None if until is None else _bound(until, end=True)
+        for timed in self.items:
+            when = parse_ts(timed.ts)
+            if (low is None or when >= low) and (high is None or when <= high):
+                return True
+        return False
+
+
+def parse_ts(ts: str) -> dt.datetime:
+    """Parse a log timestamp (RFC 3339, ``Z`` or an offset) as an aware UTC datetime."""
+    when = dt.datetime.fromisoformat(ts)
+    return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
+
+
+def _bound(value: dt.date | dt.datetime | str, *, end: bool) -> dt.datetime:
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) == 10:  # a bare date: YYYY-MM-DD
+            value = dt.date.fromisoformat(text)
+        else:
+            value = dt.datetime.fromisoformat(text)
+    if isinstance(value, dt.datetime):
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+    day = dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC)
+    return day + dt.timedelta(days=1, microseconds=-1) if end else day
+
+
+def _head(store: Store, context: ContextId | str) -> tuple[ContextId, PodMetadata]:
+    ctx = ContextId.parse(context)
+    head = store.get_head(ctx)
+    if head is None:
+        raise ContextNotFound(f"context {ctx} does not exist")
+    return ctx, head
+
+
+def lineage_lines(store: Store, context: ContextId | str) -> list[dict[str, Any]]:
+    """Every line that replaying the context's head reads, as stored, oldest first.
+
+    Raises:
+        ContextNotFound: no such context.
+    """
+    _, head = _head(store, context)
+    return _lines(store, head)
+
+
+def _lines(store: Store, head: PodMetadata) -> list[dict[str, Any]]:
+    lines: list[dict[str, Any]] = []
+    for read in sessions.lineage(store, head.session_id, head.segment_id):
+        lines.append(read.header)
+        lines.extend(read.entries)
+    return lines
+
+
+def timed_history(lines: Iterable[Mapping[str, Any]]) -> list[TimedItem]:
+    """The history that replaying ``lines`` yields, each item with the time it was logged.
+
+    Follows :func:`terrarium.sessions.collect_state`: a header that holds ``history`` (or the
+    first header) starts the history afresh from it, stamped with the header's ``ts``.
+    """
+    items: list[TimedItem] = []
+    first = True
+    for line in lines:
+        kind = line["kind"]
+        if kind in _HISTORY_KINDS:
+            event = line.get("event") if kind == EntryKind.SYSTEM_ITEM else None
+            items.append(TimedItem(line["item"], line["ts"], kind, event))
+        elif kind == EntryKind.HEADER:
+            fresh = line.get("history")
+            if first or fresh is not None:
+                items = [TimedItem(item, line["ts"], kind) for item in fresh or ()]
+            first = False
+    return items
+
+
+def load_transcript(store: Store, context: ContextId | str) -> Transcript:
+    """Read the context's lineage once into a :class:`Transcript`.
+
+    Raises:
+        ContextNotFound: no such context.
+    """
+    ctx, head = _head(store, context)
+    lines = _lines(store, head)
+    state = sessions.collect_state(lines)
+    return Transcript(ctx, head, lines, state, timed_history(lines))
+
+
+# --------------------------------------------------------------------------- export
+
+
+def export_context(store: Store, context: ContextId | str) -> str:
+    """The context's lineage as JSONL text: one stored line per line, header first.
+
+    Raises:
+        ContextNotFound: no such context.
+    """
+    return b"".join(codec.encode_line(line) for line in lineage_lines(store, context)).decode()
+
+
+# --------------------------------------------------------------------------- import
+
+
+def parse_lines(data: str | bytes, *, where: str = "<jsonl>") -> list[dict[str, Any]]:
+    """Decode a JSONL export into its lines, checking each entry's envelope.
+
+    Raises:
+        CorruptLog: a line is not a JSON object with an integer ``seq`` and a string ``kind``,
+            or the data ends in a torn line.
+        FormatVersionError: a line was written by a newer terrarium.
+    """
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    if raw and not raw.endswith(b"\n"):
+        raw += b"\n"
+    return codec.decode_lines(raw, where=where)
+
+
+def _split_segments(lines: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Split lineage lines into segments (header first), checking that seqs run 0, 1, 2, ..."""
+    segments: list[list[dict[str, Any]]] = []
+    for number, line in enumerate(lines, start=1):
+        if line["kind"] == EntryKind.HEADER:
+            if line["seq"] != 0:
+                raise InvalidEntry(f"line {number}: a header must have seq 0, not {line['seq']}")
+            segments.append([line])
+            continue
+        if not segments:
+            raise InvalidEntry("line 1: a lineage must start with a segment header")
+        expected = len(segments[-1])
+        if line["seq"] != expected:
+            raise InvalidEntry(f"line {number}: expected seq {expected}, found {line['seq']}")
+        segments[-1].append(line)
+    if not segments:
+        raise InvalidEntry("nothing to import: the file has no lines")
+    session_ids = {str(segment[0].get("session_id")) for segment in segments}
+    if len(session_ids) != 1:
+        raise InvalidEntry(f"a lineage belongs to one session, found {sorted(session_ids)}")
+    return segments
+
+
+def import_context(
+    store: Store,
+    data: str | bytes | Iterable[Mapping[str, Any]],
+    *,
+    context: ContextId | str | None = None,
+) -> PodMetadata:
+    """Recreate a context from a :func:`export_context` file, losslessly.
+
+    The session and segment ids, timestamps, sequence numbers, unknown keys and unknown entry
+    kinds are kept, so the imported context restores to the same state and exports the same
+    lines. The head ends on the last segment of the file.
+
+    Args:
+        store: where to create the context.
+        data: the JSONL text, or its lines already decoded.
+        context: the context to create; by default the one the file's headers name. A
+            different one is written into the headers that name a context.
+
+    Returns:
+        The new context's head record.
+
+    Raises:
+        ContextExists: the context, or the session it belongs to, is already in ``store``.
+        InvalidEntry: the lines are not a lineage (no header first, gaps in seqs, ...).
+        CorruptLog, FormatVersionError: see :func:`parse_lines`.
+    """
+    if isinstance(data, str | bytes):
+        lines = parse_lines(data)
+    else:
+        lines = [dict(line) for line in data]
+    segments = _split_segments(lines)
+    for segment in segments:
+        header = segment[0]
+        for key in ("session_id", "segment_id", "ts"):
+            if not isinstance(header.get(key), str):
+                raise InvalidEntry(f"segment header lacks a string {key!r}")
+        try:
+            SegmentId(header["segment_id"])
+        except ValueError:
+            raise InvalidEntry(f"invalid segment id {header['segment_id']!r}") from None
+        if not all(isinstance(line.get("ts"), str) for line in segment):
+            raise InvalidEntry(f"segment {header['segment_id']} has an entry without a 'ts'")
+    named = next((s[0]["context"] for s in reversed(segments) if s[0].get("context")), None)
+    target = context if context is not None else named
+    if target is None:
+        raise InvalidEntry("the file names no context: pass the context to create")
+    ctx = ContextId.parse(target)
+    if str(ctx) != named:
+        for segment in segments:
+            if segment[0].get("context"):
+                segment[0] = {**segment[0], "context": str(ctx)}
+    try:
+        session_id = SessionId(segments[0][0]["session_id"])
+    except ValueError:
+        raise InvalidEntry(f"invalid session id {segments[0][0]['session_id']!r}") from None
+    if store.get_head(ctx) is not None:
+        raise ContextExists(f"context {ctx} already exists")
+    try:
+        store.list_segments(session_id)
+    except SegmentNotFound:
+        pass
+    else:
+        raise ContextExists(f"session {session_id} is already in the store (as another context)")
+    head = store.create_context(ctx, segments[0][0])
+    try:
+        for index, segment in enumerate(segments):
+            segment_id = SegmentId(segment[0]["segment_id"])
+            if index:
+                store.create_segment(session_id, segment[0])
+            entries = [NewEntry(line["kind"], line["ts"], _data(line)) for line in segment[1:]]
+            if entries:
+                store.append(session_id, segment_id, entries, expected_seq=1)
+        if segment_id != head.segment_id:
+            head = store.set_head(ctx, segment_id, expected=head.segment_id)
+    except BaseException:
+        store.delete_context(ctx)  # leave no half-imported context behind
+        raise
+    return head
+
+
+def _data(line: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in line.items() if k not in ENVELOPE_KEYS}
+
+
+__all__ = [
+    "TimedItem",
+    "Transcript",
+    "export_context",
+    "import_context",
+    "lineage_lines",
+    "load_transcript",
+    "parse_lines",
+    "parse_ts",
+    "timed_history",
+]

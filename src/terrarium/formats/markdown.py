@@ -1,0 +1,177 @@
+"""A context as a readable Markdown transcript.
+
+The title is the context id; then the dates, the model and token totals, the system prompt,
+and every history item under a heading with its role and the time it was logged. Message text
+is kept as written (models write Markdown); tool calls, tool results, the system prompt and
+content parts that are not text go in fenced blocks whose fence is longer than any run of
+backticks inside, so nothing can break out of them. Runtime events (``system_item`` entries)
+are one italic line each. Export only: a transcript loses the log's structure.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from terrarium.formats.jsonl import TimedItem, Transcript, load_transcript, parse_ts
+from terrarium.model import ContextId, EntryKind
+from terrarium.stores.base import Store
+
+_ROLE_TITLES = {"user": "User", "assistant": "Assistant", "tool": "Tool result", "system": "System"}
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>~])")
+
+
+def when(ts: str) -> str:
+    """A log timestamp for people: ``2025-11-06 12:00:01 UTC`` (the raw text if unparsable)."""
+    try:
+        return parse_ts(ts).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except ValueError:
+        return ts
+
+
+def escape(text: str) -> str:
+    """Escape Markdown syntax so that ``text`` renders literally (on one line)."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(text.split()))
+
+
+def code_span(text: str) -> str:
+    """``text`` as an inline code span that no backtick inside it can close."""
+    text = " ".join(text.split())
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    ticks = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def fenced(text: str, lang: str = "") -> str:
+    """``text`` in a fenced code block whose fence no run of backticks in it can close."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{text}\n{fence}"
+
+
+def pretty_json(text: str) -> tuple[str, str]:
+    """Indent ``text`` if it is JSON; return it and the fence language (``json`` or ``""``)."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return text, ""
+    return json.dumps(value, indent=2, ensure_ascii=False), "json"
+
+
+def _content(item: Mapping[str, Any], *, code: bool) -> list[str]:
+    """The item's content as Markdown blocks; ``code`` puts text in fences (tool results)."""
+    content = item.get("content")
+    if content is None:
+        return []
+    if isinstance(content, str):
+        parts: list[Any] = [{"type": "text", "text": content}]
+    else:
+        parts = list(content)
+    blocks: list[str] = []
+    for part in parts:
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text":
+            text = str(part.get("text", ""))
+            if code:
+                body, lang = pretty_json(text)
+                blocks.append(fenced(body, lang))
+            elif text.strip():
+                blocks.append(text)
+        elif kind == "image_url":
+            url = str((part.get("image_url") or {}).get("url", ""))
+            if url.startswith("data:"):
+                blocks.append(f"*\\[image: inline data, {len(url)} characters\\]*")
+            else:
+                blocks.append(f"*\\[image: <{url.replace('>', '%3E')}>\\]*")
+        else:
+            blocks.append(fenced(json.dumps(part, indent=2, ensure_ascii=False), "json"))
+    return blocks
+
+
+def _tool_calls(item: Mapping[str, Any]) -> list[str]:
+    blocks = []
+    for call in item.get("tool_calls") or ():
+        fn = call.get("function") or {}
+        body, lang = pretty_json(str(fn.get("arguments", "")))
+        label = f"**Tool call** {code_span(str(fn.get('name', '?')))}"
+        if call.get("id"):
+            label += f" (id {code_span(str(call['id']))})"
+        blocks.append(f"{label}\n\n{fenced(body, lang)}")
+    return blocks
+
+
+def render_item(timed: TimedItem) -> str:
+    """One history item as a Markdown section (or an italic line for a runtime event)."""
+    item = timed.item
+    role = str(item.get("role", "?"))
+    if timed.kind == EntryKind.SYSTEM_ITEM:
+        text = escape(str(item.get("content") or "")) or escape(timed.event or "event")
+        return f"*{text}* — {when(timed.ts)}"
+    heading = _ROLE_TITLES.get(role, escape(role.title()))
+    if item.get("name"):
+        heading += f" ({escape(str(item['name']))})"
+    if role == "tool" and item.get("tool_call_id"):
+        heading += f" for {code_span(str(item['tool_call_id']))}"
+    blocks = [f"### {heading} · {when(timed.ts)}"]
+    reasoning = item.get("reasoning_content")
+    if reasoning:
+        quoted = "\n".join(f"> {line}" if line else ">" for line in str(reasoning).splitlines())
+        blocks.append(f"> *Reasoning:*\n>\n{quoted}")
+    blocks.extend(_content(item, code=role == "tool"))
+    blocks.extend(_tool_calls(item))
+    return "\n\n".join(blocks)
+
+
+def render(transcript: Transcript) -> str:
+    """The transcript as Markdown text."""
+    state = transcript.state
+    lines = [
+        f"# {escape(str(transcript.context))}",
+        "",
+        f"- **Context:** {code_span(str(transcript.context))}",
+        f"- **Created:** {when(transcript.head.created_at)}",
+        f"- **Last active:** {when(state.last_active)}",
+        f"- **Session:** `{state.session_id}` (segment `{state.segment_id}`)",
+    ]
+    model = state.config.get("model")
+    if model:
+        lines.append(f"- **Model:** {escape(str(model))}")
+    lines.append(f"- **Messages:** {len(transcript.items)}")
+    usage = state.usage
+    if usage.calls:
+        lines.append(
+            f"- **Tokens:** {usage.prompt_tokens} prompt, {usage.completion_tokens} completion "
+            f"in {usage.calls} call{'' if usage.calls == 1 else 's'}"
+        )
+    out = ["\n".join(lines)]
+    if state.system_prompt:
+        out.append(f"## System prompt\n\n{fenced(state.system_prompt)}")
+    out.append("## Conversation")
+    if not transcript.items:
+        out.append("*No messages.*")
+    out.extend(render_item(timed) for timed in transcript.items)
+    return "\n\n".join(out) + "\n"
+
+
+def export_context(store: Store, context: ContextId | str) -> str:
+    """The context as a Markdown transcript.
+
+    Raises:
+        ContextNotFound: no such context.
+    """
+    return render(load_transcript(store, context))
+
+
+__all__ = [
+    "code_span",
+    "escape",
+    "export_context",
+    "fenced",
+    "pretty_json",
+    "render",
+    "render_item",
+    "when",
+]
