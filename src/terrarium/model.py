@@ -385,6 +385,15 @@ def as_logged(item: Item | Mapping[str, Any]) -> LoggedItem:
     return dict(item)
 
 
+#: Keys of a history item that are sent to the model server; others stay in the log only.
+WIRE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
+
+
+def wire_message(item: Mapping[str, Any]) -> dict[str, Any]:
+    """The message sent to the server for a logged item: the standard OpenAI keys only."""
+    return {k: item[k] for k in WIRE_KEYS if k in item}
+
+
 def item_text(item: Mapping[str, Any]) -> str:
     """The plain text of a logged item (text parts joined), for display, search and export."""
     content = item.get("content")

@@ -35,6 +35,7 @@ from typing import Any
 
 from terrarium import sessions
 from terrarium.errors import ConflictError, ContextExists, ContextNotFound, LLMError
+from terrarium.formats.openai import chat_messages
 from terrarium.llm.vllm_client import ChatResult, VLLMClient
 from terrarium.model import (
     ContextId,
@@ -46,21 +47,14 @@ from terrarium.model import (
     TraceEntry,
     item_text,
     utc_now,
+    wire_message,
 )
 from terrarium.stores.base import ContextLocking, PodActiveSegmentRef, Store
-
-#: Keys of a history item that are sent to the server; others stay in the log only.
-WIRE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
 
 COMPACTION_PROMPT = (
     "Summarise the conversation so far for your own later use: the facts, decisions, open "
     "questions and the user's preferences. Be complete but concise. Reply with the summary only."
 )
-
-
-def wire_message(item: Mapping[str, Any]) -> dict[str, Any]:
-    """The message sent to the server for a logged item: the standard OpenAI keys only."""
-    return {k: item[k] for k in WIRE_KEYS if k in item}
 
 
 @dataclass
@@ -111,8 +105,7 @@ class _Context:
 
 
 def _build(context: ContextId, state: RestoredState, autosave: bool) -> _Context:
-    wire = [{"role": "system", "content": state.system_prompt}] if state.system_prompt else []
-    wire.extend(wire_message(item) for item in state.history)
+    wire = chat_messages(state)
     chars = sum(len(item_text(item)) for item in state.history)
     return _Context(context, state, wire, chars, autosave)
 
@@ -673,4 +666,4 @@ def _open_store(storage_dir: str | Path) -> Store:
     return open_store(storage_dir)
 
 
-__all__ = ["MultiContextManager", "wire_message"]
+__all__ = ["MultiContextManager"]

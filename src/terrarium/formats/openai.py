@@ -2,7 +2,7 @@
 
 :func:`chat_messages` gives the exact messages the model is sent for a context: the system
 prompt first (when there is one), then every history item with the standard keys only, built
-by :func:`terrarium.agent.multi_context_manager.wire_message`, the function the runtime itself
+by :func:`terrarium.model.wire_message`, the function the runtime itself
 sends with. Keys that live in the log only (``reasoning_content``, keys a newer terrarium
 wrote) are left out.
 
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, TypeAlias
 
 from terrarium.formats.jsonl import Transcript, load_transcript
-from terrarium.model import ContextId, RestoredState
+from terrarium.model import ContextId, RestoredState, wire_message
 from terrarium.stores.base import Store
 
 DateBound: TypeAlias = dt.date | dt.datetime | str
@@ -31,9 +31,6 @@ DateBound: TypeAlias = dt.date | dt.datetime | str
 
 def chat_messages(state: RestoredState) -> list[dict[str, Any]]:
     """The messages the model is sent for ``state``: system prompt first, standard keys only."""
-    # Imported here: the runtime module pulls in the openai client, which exports rarely need.
-    from terrarium.agent.multi_context_manager import wire_message
-
     messages: list[dict[str, Any]] = (
         [{"role": "system", "content": state.system_prompt}] if state.system_prompt else []
     )
