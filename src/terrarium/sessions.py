@@ -70,8 +70,13 @@ def _header(
     start: SegmentStartState | None,
     carry: RestoredState | None = None,
     ts: str | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Build a header line. ``start=None`` makes a fork header that continues its parent."""
+    """Build a header line. ``start=None`` makes a fork header that continues its parent.
+
+    ``extra`` adds keys of the caller's own (an import's provenance); it may not replace a key
+    the header already has.
+    """
     header: dict[str, Any] = {
         "v": FORMAT_VERSION,
         "seq": 0,
@@ -84,14 +89,18 @@ def _header(
     }
     if start is None:
         header["history"] = None
-        return header
-    header["system_prompt"] = start.system_prompt
-    header["config"] = dict(start.config)
-    header["history"] = [as_logged(item) for item in start.history]
-    if carry is not None:
-        header["usage"] = _usage_dict(carry.usage)
-        header["turns"] = carry.turns
-        header["extensions"] = dict(carry.extensions)
+    else:
+        header["system_prompt"] = start.system_prompt
+        header["config"] = dict(start.config)
+        header["history"] = [as_logged(item) for item in start.history]
+        if carry is not None:
+            header["usage"] = _usage_dict(carry.usage)
+            header["turns"] = carry.turns
+            header["extensions"] = dict(carry.extensions)
+    for key, value in (extra or {}).items():
+        if key in header or key in ("usage", "turns", "extensions"):
+            raise InvalidEntry(f"header key {key!r} is reserved")
+        header[key] = value
     return header
 
 
@@ -121,8 +130,13 @@ def create_segment_with_ids(
     context: ContextId | str,
     origin: SegmentOrigin | None = None,
     ts: str | None = None,
+    header_extra: Mapping[str, Any] | None = None,
 ) -> PodMetadata:
-    """Like :func:`create_segment` with chosen ids, origin and timestamp (imports, copies)."""
+    """Like :func:`create_segment` with chosen ids, origin and timestamp (imports, copies).
+
+    ``header_extra`` adds keys of the caller's own to the root header (an importer's record
+    of what it imported); replay ignores them, and they may not replace a header key.
+    """
     ctx = ContextId.parse(context)
     header = _header(
         session_id,
@@ -131,6 +145,7 @@ def create_segment_with_ids(
         context=ctx,
         start=start or SegmentStartState(),
         ts=ts,
+        extra=header_extra,
     )
     return store.create_context(ctx, header)
 
