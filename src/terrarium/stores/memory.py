@@ -132,7 +132,7 @@ class MemoryStore:
                 )
             # Round-trip through the codec so stored values are exactly what a file would hold.
             segment.lines.extend(
-                codec.decode(codec.encode(line)) for line in iter_lines(entries, first)
+                [codec.decode(codec.encode(line)) for line in iter_lines(entries, first)]
             )
             return first
 
