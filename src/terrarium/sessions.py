@@ -497,7 +497,7 @@ def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredSt
     for raw in entries:
         line = raw.to_dict() if isinstance(raw, LogEntry) else raw
         kind = line["kind"]
-        if kind in _HISTORY_KINDS:
+        if kind in _HISTORY_KINDS and state is not None:
             history.append(line["item"])
         elif kind == "header":
             origin = SegmentOrigin.from_dict(line.get("origin") or {"kind": "root"})
@@ -553,8 +553,8 @@ def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredSt
             state.extensions[line["domain"]] = line.get("data")
         elif kind not in _KNOWN:
             state.unknown.append(dict(line))
-        state.next_seq = line["seq"] + 1  # type: ignore[union-attr]
-        state.last_active = line["ts"]  # type: ignore[union-attr]
+        state.next_seq = line["seq"] + 1
+        state.last_active = line["ts"]
     if state is None:
         raise InvalidEntry("no header: nothing to restore")
     state.history = history
