@@ -1,0 +1,5 @@
+"""``python -m terrarium.cli``."""
+
+from terrarium.cli import main
+
+main()

@@ -1,0 +1,256 @@
+"""The ``terrarium`` command group: shared options, the store and manager, the error boundary.
+
+Every command takes ``--storage-dir`` (also accepted before the command name); the store is
+opened on first use and closed when the command ends. Errors a user can cause (an unknown
+context, a bad id, an unreadable file, an unreachable model server) end the command with one
+line on stderr and a non-zero exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from terrarium.cli.output import Output, one_line
+from terrarium.errors import TerrariumError
+from terrarium.model import ContextId
+
+if TYPE_CHECKING:
+    from terrarium.agent.multi_context_manager import MultiContextManager
+    from terrarium.stores.base import Store
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_STORAGE = "./sessions"
+DEFAULT_BASE_URL = "http://localhost:8000/v1"
+STORAGE_ENV = "TERRARIUM_STORAGE_DIR"
+STORE_ENV = "TERRARIUM_STORE"
+BASE_URL_ENV = "TERRARIUM_BASE_URL"
+MODEL_ENV = "TERRARIUM_MODEL"
+
+#: The errors a user's input can cause; each becomes a one-line message and exit code 1.
+USER_ERRORS = (TerrariumError, ValueError, OSError)
+
+
+def user_error(exc: BaseException) -> click.ClickException:
+    """A one-line ClickException for ``exc``."""
+    return click.ClickException(one_line(str(exc)) or type(exc).__name__)
+
+
+class UsageLine(click.ClickException):
+    """A usage error shown on one line, with click's usage exit code (2)."""
+
+    exit_code = 2
+
+
+def one_line_usage(exc: click.UsageError) -> click.ClickException:
+    """A usage error as one line (click prints usage, a hint and the error on three)."""
+    hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+    return UsageLine(f"{exc.format_message()}{hint}")
+
+
+def _guarded(invoke: Callable[[click.Context], Any], ctx: click.Context) -> Any:
+    try:
+        return invoke(ctx)
+    except click.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            raise
+        raise one_line_usage(exc) from exc
+    except USER_ERRORS as exc:
+        raise user_error(exc) from exc
+
+
+class GuardedGroup(click.Group):
+    """A group that turns user errors raised by any subcommand into one-line messages."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        return _guarded(super().invoke, ctx)
+
+
+class GuardedCommand(click.Command):
+    """A stand-alone command with the same error boundary (``chat.py``)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        return _guarded(super().invoke, ctx)
+
+
+class CliState:
+    """What one invocation shares between the group and its command: store, manager, output."""
+
+    def __init__(self) -> None:
+        self.storage: str | None = None
+        self.out = Output()
+        self._store: Store | None = None
+        self._manager: MultiContextManager | None = None
+        self._client_closed = False
+
+    @property
+    def location(self) -> str:
+        """The store asked for: ``--storage-dir``, else the environment, else ``./sessions``."""
+        return (
+            self.storage
+            or os.environ.get(STORAGE_ENV)
+            or os.environ.get(STORE_ENV)
+            or DEFAULT_STORAGE
+        )
+
+    @property
+    def shown_location(self) -> str:
+        """The location with any password masked, for messages."""
+        try:
+            from terrarium.stores.url import redact_url
+        except ImportError:  # pragma: no cover - store URLs not available
+            return self.location
+        return redact_url(self.location)
+
+    def store(self) -> Store:
+        """The store, opened on first use."""
+        if self._store is None:
+            self._store = open_store(self.location)
+        return self._store
+
+    def manager(
+        self,
+        *,
+        base_url: str = DEFAULT_BASE_URL,
+        model: str | None = None,
+        retries: int = 2,
+        timeout: float = 60.0,
+    ) -> MultiContextManager:
+        """The conversation manager over the store (its model client connects on first use)."""
+        if self._manager is None:
+            from terrarium.agent.multi_context_manager import MultiContextManager
+            from terrarium.llm.vllm_client import VLLMClient
+
+            client = VLLMClient(base_url, model=model, max_retries=retries, timeout=timeout)
+            self._manager = MultiContextManager(client, store=self.store())
+        return self._manager
+
+    async def aclose_client(self) -> None:
+        """Close the model client from inside the event loop that used it."""
+        if self._manager is not None and not self._client_closed:
+            self._client_closed = True
+            await self._manager.client.aclose()
+
+    def close(self) -> None:
+        """Save what is pending and release the client and the store."""
+        try:
+            if self._manager is not None:
+                self._manager.close()
+                if not self._client_closed:
+                    asyncio.run(self.aclose_client())
+        finally:
+            if self._store is not None:
+                self._store.close()
+            self._manager = self._store = None
+
+
+def open_store(location: str) -> Store:
+    """Open a store from a folder path or a store URL."""
+    try:
+        from terrarium.stores.url import open_store as open_url
+    except ImportError:  # pragma: no cover - before store URLs existed
+        from terrarium.stores.fs import FsStore
+
+        return FsStore(location)
+    return open_url(location)
+
+
+def state_of(ctx: click.Context) -> CliState:
+    """The invocation's shared state (created by the first option or command that asks)."""
+    obj = ctx.find_object(CliState)
+    if obj is None:
+        obj = ctx.ensure_object(CliState)
+        ctx.call_on_close(obj.close)
+    return obj
+
+
+def _remember_storage(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        state_of(ctx).storage = value
+
+
+def storage_option(f: F) -> F:
+    """``--storage-dir``, accepted by the group and by every command (the command's wins)."""
+    return click.option(
+        "--storage-dir",
+        metavar="DIR|URL",
+        default=None,
+        expose_value=False,
+        callback=_remember_storage,
+        help=(
+            f"Sessions folder or store URL (sqlite:///x.db, postgresql://...). "
+            f"Default: ${STORAGE_ENV}, else ${STORE_ENV}, else {DEFAULT_STORAGE}."
+        ),
+    )(f)
+
+
+def model_options(f: F) -> F:
+    """``--base-url``, ``--model``, ``--retries``, ``--timeout``: how to reach the model."""
+    f = click.option(
+        "--timeout",
+        type=click.FloatRange(min=0.1),
+        default=60.0,
+        show_default=True,
+        help="Seconds to wait for the server to connect or send the next piece.",
+    )(f)
+    f = click.option(
+        "--retries",
+        type=click.IntRange(min=0),
+        default=2,
+        show_default=True,
+        help="Retries of a failed request (connection errors, 429, 5xx).",
+    )(f)
+    f = click.option(
+        "--model",
+        envvar=MODEL_ENV,
+        default=None,
+        help=f"Model name. Default: ${MODEL_ENV}, else the first model the server lists.",
+    )(f)
+    f = click.option(
+        "--base-url",
+        envvar=BASE_URL_ENV,
+        default=DEFAULT_BASE_URL,
+        show_default=True,
+        help=f"OpenAI-compatible server (vLLM, llama.cpp, ...). Env: ${BASE_URL_ENV}.",
+    )(f)
+    return f
+
+
+def parse_context(text: str, default_type: str | None = None) -> ContextId:
+    """Parse ``type:name``; a bare name takes ``default_type`` when one is given."""
+    if default_type is not None and ":" not in text:
+        return ContextId(default_type, text)
+    return ContextId.parse(text)
+
+
+class ContextParam(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2
+    """A context id ``type:name`` on the command line."""
+
+    name = "type:name"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, ContextId):
+            return value
+        # InvalidContextId (not self.fail): the boundary prints it as one line.
+        return ContextId.parse(str(value))
+
+
+CONTEXT = ContextParam()
+
+
+@click.group(cls=GuardedGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@storage_option
+@click.version_option(package_name="terrarium", prog_name="terrarium")
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """Durable, forkable conversation sessions for LLM agents.
+
+    Contexts are named type:name (cli:main, irc:#python). Every command accepts
+    --storage-dir, before or after the command name.
+    """
+    state_of(ctx)

@@ -1,0 +1,388 @@
+"""``terrarium chat``: talk to the model in a session, interactively or from a pipe.
+
+On a terminal (stdin and stdout both), with no session named, a picker lists the sessions;
+the chat then reads input with prompt_toolkit: Enter sends, Esc+Enter (or Alt+Enter) starts a
+new line, Ctrl-C interrupts a reply (the session keeps what was said, and the manager logs the
+run as cancelled), Ctrl-D leaves. Lines starting with ``/`` are commands (``/help``).
+
+From a pipe, each line of stdin is one message (``/`` commands work too) and replies are
+printed plainly; the first failure ends the chat with a one-line error and exit code 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import click
+
+from terrarium.cli import catalog
+from terrarium.cli.app import (
+    USER_ERRORS,
+    CliState,
+    cli,
+    model_options,
+    parse_context,
+    state_of,
+    storage_option,
+)
+from terrarium.errors import ContextNotFound, LLMError
+from terrarium.model import ContextId, encode_name
+
+T = TypeVar("T")
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "help": ("", "list these commands"),
+    "history": ("", "show this session's messages"),
+    "stats": ("", "show this session's statistics"),
+    "fork": ("NAME", "copy this session into NAME (name or type:name) and switch to it"),
+    "switch": ("CONTEXT", "switch to another session (a new one starts on its first message)"),
+    "compact": ("", "summarise the history with the model and continue from the summary"),
+    "clear": ("", "empty the history (the old one stays in the session tree)"),
+    "export": ("FORMAT [FILE]", "export this session (default file TYPE_NAME.EXT; - = stdout)"),
+    "quit": ("", "leave the chat (or Ctrl-D)"),
+}
+
+KEYS_HELP = "Enter sends, Esc+Enter or Alt+Enter adds a line, Ctrl-C interrupts, Ctrl-D leaves"
+
+
+@dataclass
+class ChatOptions:
+    """How to reach the model and what to send."""
+
+    base_url: str
+    model: str | None = None
+    retries: int = 2
+    timeout: float = 60.0
+    system_prompt: str | None = None
+
+
+class Interrupted(Exception):
+    """A reply or compaction was interrupted with Ctrl-C."""
+
+
+class Chat:
+    """One chat run: the current session, the commands, sending and printing."""
+
+    def __init__(
+        self, state: CliState, context: ContextId, options: ChatOptions, interactive: bool
+    ) -> None:
+        self.state = state
+        self.out = state.out
+        self.context = context
+        self.options = options
+        self.interactive = interactive
+        self.manager = state.manager(
+            base_url=options.base_url,
+            model=options.model,
+            retries=options.retries,
+            timeout=options.timeout,
+        )
+        self._running: asyncio.Future[Any] | None = None
+        self.done = False
+
+    # ------------------------------------------------------------------ sessions
+
+    def open(self, context: ContextId) -> None:
+        """Make ``context`` current, importing its legacy file on first use."""
+        if catalog.resume(self.state, context):
+            self.out.note(f"imported the legacy session {context} into the log")
+        self.context = context
+
+    def message_count(self) -> int:
+        try:
+            return len(self.manager.history(str(self.context)))
+        except ContextNotFound:
+            return 0
+
+    # ------------------------------------------------------------------ running
+
+    async def interruptible(self, work: Awaitable[T]) -> T:
+        """Run ``work``; Ctrl-C (SIGINT) cancels it and raises :class:`Interrupted`."""
+        task = asyncio.ensure_future(work)
+        self._running = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # we are being cancelled ourselves, not just the work
+            raise Interrupted from None
+        finally:
+            self._running = None
+
+    def on_sigint(self) -> None:
+        """SIGINT handler while the chat runs: interrupt the reply, if there is one."""
+        if self._running is not None and not self._running.done():
+            self._running.cancel()
+
+    async def send(self, text: str) -> None:
+        """Send one message and stream the reply to stdout."""
+        wrote = False
+
+        async def consume() -> None:
+            nonlocal wrote
+            stream = cast(
+                AsyncGenerator[str, None],
+                self.manager.stream_with_context(
+                    str(self.context), text, self.options.system_prompt
+                ),
+            )
+            async with contextlib.aclosing(stream):
+                async for delta in stream:
+                    wrote = True
+                    self.out.write(delta)
+
+        try:
+            await self.interruptible(consume())
+        finally:
+            if wrote:
+                self.out.write("\n")
+
+    # ------------------------------------------------------------------ commands
+
+    async def run_line(self, line: str) -> None:
+        """Handle one input: a ``/command`` or a message (``//text`` sends ``/text``)."""
+        if line.startswith("/") and not line.startswith("//"):
+            name, _, rest = line[1:].partition(" ")
+            await self.command(name.strip(), rest.strip())
+            return
+        await self.send(line[1:] if line.startswith("//") else line)
+
+    async def command(self, name: str, arg: str) -> None:
+        """Run an in-chat command."""
+        handler: Callable[[str], Awaitable[None]] | None = getattr(self, f"cmd_{name}", None)
+        if name not in COMMANDS or handler is None:
+            raise click.ClickException(f"unknown command /{name}: /help lists the commands")
+        await handler(arg)
+
+    async def cmd_help(self, _arg: str) -> None:
+        rows = [[f"/{n} {a}".rstrip(), text] for n, (a, text) in COMMANDS.items()]
+        self.out.table(["command", "what it does"], rows)
+        self.out.line(f"{KEYS_HELP}. Start a message with // to send a leading /.", style="dim")
+
+    async def cmd_history(self, _arg: str) -> None:
+        from terrarium.cli.commands import _render_item
+
+        try:
+            items = self.manager.history(str(self.context))
+        except ContextNotFound:
+            items = []
+        if not items:
+            self.out.line(f"{self.context} has no messages yet", style="dim")
+        for item in items:
+            role = str(item.get("role", "?"))
+            self.out.line(f"[{role}]", style="bold")
+            self.out.line(_render_item(item))
+
+    async def cmd_stats(self, _arg: str) -> None:
+        from terrarium.cli.commands import context_stats, print_stats
+
+        try:
+            data = context_stats(self.state, self.context)
+        except ContextNotFound:
+            self.out.line(f"{self.context} has no messages yet", style="dim")
+            return
+        print_stats(self.state, data)
+
+    async def cmd_fork(self, arg: str) -> None:
+        from terrarium.cli.commands import fork_session
+
+        if not arg:
+            raise click.ClickException("usage: /fork NAME")
+        target = parse_context(arg, self.context.type)
+        fork_session(self.state, self.context, target)
+        self.context = target
+        self.out.note(f"now in {target}")
+
+    async def cmd_switch(self, arg: str) -> None:
+        if not arg:
+            raise click.ClickException("usage: /switch CONTEXT")
+        self.open(parse_context(arg, self.context.type))
+        self.out.note(f"now in {self.context} ({self.message_count()} messages)")
+
+    async def cmd_compact(self, _arg: str) -> None:
+        catalog.require(self.state, self.context)
+        before = self.message_count()
+        await self.interruptible(self.manager.compact_context(str(self.context)))
+        self.out.note(f"compacted {self.context}: {before} messages -> {self.message_count()}")
+
+    async def cmd_clear(self, _arg: str) -> None:
+        catalog.require(self.state, self.context)
+        self.manager.clear_context(str(self.context))
+        self.out.note(f"cleared {self.context}")
+
+    async def cmd_export(self, arg: str) -> None:
+        from terrarium.cli.commands import export_session
+        from terrarium.export import get_format
+
+        fmt, _, target = arg.partition(" ")
+        if not fmt:
+            raise click.ClickException("usage: /export FORMAT [FILE]")
+        spec = get_format(fmt)
+        content = export_session(self.state, self.context, spec.name)
+        target = target.strip()
+        if target == "-":
+            text = content.decode() if isinstance(content, bytes) else content
+            self.out.write(text if text.endswith("\n") else text + "\n")
+            return
+        default = f"{self.context.type}_{encode_name(self.context.name)}{spec.extension}"
+        path = Path(target or default)
+        data = content if isinstance(content, bytes) else content.encode()
+        await asyncio.to_thread(path.write_bytes, data)
+        self.out.note(f"exported {self.context} as {spec.name} to {path}")
+
+    async def cmd_quit(self, _arg: str) -> None:
+        self.done = True
+
+
+# --------------------------------------------------------------------------- the loops
+
+
+async def piped(chat: Chat) -> None:
+    """Read messages from stdin, one per line; the first failure raises."""
+    for raw in sys.stdin:
+        line = raw.rstrip("\r\n")
+        if not line.strip():
+            continue
+        await chat.run_line(line)
+        if chat.done:
+            return
+
+
+async def interactive(chat: Chat, explicit: bool, default_type: str) -> None:
+    """The terminal chat: picker (unless a session was named), then prompt and replies."""
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
+
+    if not explicit:
+        from terrarium.cli.picker import pick_session
+
+        chosen = await pick_session(catalog.list_sessions(chat.state), default_type)
+        if chosen is None:
+            chat.out.note("no session chosen")
+            return
+        chat.open(chosen)
+    keys = KeyBindings()
+
+    @keys.add("enter")
+    def _send(event: KeyPressEvent) -> None:
+        event.current_buffer.validate_and_handle()
+
+    @keys.add("escape", "enter")
+    def _newline(event: KeyPressEvent) -> None:
+        event.current_buffer.insert_text("\n")
+
+    session: PromptSession[str] = PromptSession(
+        multiline=True,
+        key_bindings=keys,
+        prompt_continuation=lambda width, *_: "." * (width - 1) + " ",
+    )
+    chat.out.line(
+        f"{chat.context}: {chat.message_count()} messages. {KEYS_HELP}; /help lists commands.",
+        style="dim",
+    )
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, chat.on_sigint)
+    try:
+        while not chat.done:
+            try:
+                line = await session.prompt_async(f"{chat.context}> ", handle_sigint=False)
+            except KeyboardInterrupt:
+                continue  # Ctrl-C at the prompt clears the line
+            except EOFError:
+                break
+            if not line.strip():
+                continue
+            try:
+                await chat.run_line(line)
+            except Interrupted:
+                chat.out.note("interrupted; the session is kept", style="yellow")
+            except LLMError as exc:
+                chat.out.error(str(exc))
+            except click.ClickException as exc:
+                chat.out.error(exc.format_message())
+            except USER_ERRORS as exc:
+                chat.out.error(str(exc))
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+def run_chat(
+    state: CliState,
+    context: ContextId | None,
+    default_type: str,
+    options: ChatOptions,
+) -> None:
+    """Chat in ``context`` (or the one the picker gives) until input ends."""
+    is_terminal = sys.stdin.isatty() and sys.stdout.isatty()
+    chat = Chat(state, context or ContextId(default_type, "main"), options, is_terminal)
+
+    async def main() -> None:
+        try:
+            if is_terminal:
+                if context is not None:
+                    chat.open(context)
+                await interactive(chat, context is not None, default_type)
+            else:
+                chat.open(chat.context)
+                await piped(chat)
+        finally:
+            await state.aclose_client()
+
+    asyncio.run(main())
+
+
+def resolve_context(context: str | None, session_id: str | None, type_: str) -> ContextId | None:
+    """The session named by ``CONTEXT`` or ``--session-id``/``--type`` (None: not named)."""
+    named = parse_context(context, type_) if context else None
+    if session_id is not None:
+        by_id = ContextId(type_, session_id)
+        if named is not None and named != by_id:
+            raise click.ClickException(f"CONTEXT {named} and --session-id {by_id} disagree")
+        named = by_id
+    return named
+
+
+@cli.command()
+@click.argument("context", required=False, metavar="[CONTEXT]")
+@click.option("--session-id", default=None, metavar="ID", help="Session name (with --type).")
+@click.option(
+    "--type",
+    "type_",
+    default="cli",
+    show_default=True,
+    metavar="TYPE",
+    help="Session type for --session-id, bare names and new sessions.",
+)
+@click.option("--system-prompt", default=None, help="System prompt (logged when it changes).")
+@model_options
+@storage_option
+@click.pass_context
+def chat(
+    ctx: click.Context,
+    context: str | None,
+    session_id: str | None,
+    type_: str,
+    system_prompt: str | None,
+    base_url: str,
+    model: str | None,
+    retries: int,
+    timeout: float,
+) -> None:
+    """Chat in a session (CONTEXT is type:name, or a name of --type).
+
+    With no session named, a terminal gets a picker of sessions; piped input
+    goes to cli:main, one message per line.
+    """
+    options = ChatOptions(base_url, model, retries, timeout, system_prompt)
+    run_chat(state_of(ctx), resolve_context(context, session_id, type_), type_, options)
+
+
+__all__ = ["COMMANDS", "Chat", "ChatOptions", "chat", "run_chat"]

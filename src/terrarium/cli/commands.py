@@ -1,0 +1,595 @@
+"""The commands that manage sessions: list, show, stats, delete, clear, fork, compact, export,
+import, migrate, fsck and reindex. Each one calls the library; nothing here touches storage
+itself (``fsck`` reads segment files through :mod:`terrarium.codec`, see ``cli/fsck.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from terrarium.cli import catalog
+from terrarium.cli.app import (
+    CONTEXT,
+    CliState,
+    cli,
+    model_options,
+    state_of,
+    storage_option,
+)
+from terrarium.cli.output import short_time
+from terrarium.errors import ContextExists, ContextNotFound, StoreError, TerrariumError
+from terrarium.model import ContextId, item_text
+from terrarium.stores.base import Reindexable, Store
+from terrarium.stores.fs import FsStore
+
+pass_state = click.make_pass_decorator(CliState, ensure=True)
+
+
+def _format_names() -> list[str]:
+    try:
+        from terrarium.export import FORMATS
+    except ImportError:  # pragma: no cover - exports not installed
+        return ["jsonl"]
+    return list(FORMATS)
+
+
+# --------------------------------------------------------------------------- list
+
+
+@cli.command("list")
+@click.option("--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
+@storage_option
+@click.pass_context
+def list_cmd(ctx: click.Context, type_: str | None, as_json: bool) -> None:
+    """List sessions, grouped by type, most recently active first."""
+    print_sessions(state_of(ctx), type_, as_json)
+
+
+def print_sessions(state: CliState, type_: str | None, as_json: bool) -> None:
+    """The session list as a table, or as JSON."""
+    rows = catalog.list_sessions(state, type_)
+    if as_json:
+        state.out.json({"contexts": [row.to_json() for row in rows]})
+        return
+    if not rows:
+        state.out.note(f"no sessions in {state.shown_location}")
+        return
+    state.out.table(
+        ["context", "messages", "last active", "created", "source"],
+        [
+            [
+                str(r.context),
+                str(r.message_count),
+                short_time(r.last_active),
+                r.date,
+                "legacy" if r.legacy_path else "log",
+            ]
+            for r in rows
+        ],
+        justify={"messages": "right"},
+    )
+
+
+# --------------------------------------------------------------------------- show
+
+
+@cli.command()
+@click.argument("context", type=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
+@click.option(
+    "--segments", is_flag=True, help="Also list the session's segments and the head's entries."
+)
+@storage_option
+@click.pass_context
+def show(ctx: click.Context, context: ContextId, as_json: bool, segments: bool) -> None:
+    """Show a session's messages (CONTEXT is type:name)."""
+    from terrarium.formats.jsonl import load_transcript
+
+    state = state_of(ctx)
+    store = catalog.readable(state, context)
+    legacy = store is not state.store()
+    transcript = load_transcript(store, context)
+    restored = transcript.state
+    info: dict[str, Any] = {
+        "context_id": str(context),
+        "type": context.type,
+        "name": context.name,
+        "created_at": transcript.head.created_at,
+        "last_active": restored.last_active,
+        "system_prompt": restored.system_prompt,
+        "message_count": len(restored.history),
+        "turns": restored.turns,
+        "legacy": legacy,
+        "messages": [{"ts": t.ts, **t.item} for t in transcript.items],
+    }
+    tree = _segments(store, transcript.head.session_id, transcript.head.segment_id)
+    if segments:
+        info["segments"] = tree
+    if as_json:
+        state.out.json(info)
+        return
+    out = state.out
+    out.line(
+        f"{context}  {info['message_count']} messages, created "
+        f"{short_time(info['created_at'])}, last active {short_time(info['last_active'])}"
+        + ("  (legacy file)" if legacy else ""),
+        style="bold",
+    )
+    if restored.system_prompt:
+        out.line(f"system prompt: {restored.system_prompt}", style="dim")
+    for timed in transcript.items:
+        out.line()
+        role = str(timed.item.get("role", "?"))
+        out.line(f"[{role} {short_time(timed.ts)}]", style=_ROLE_STYLES.get(role, "bold"))
+        out.line(_render_item(timed.item))
+    if segments:
+        out.line()
+        out.table(
+            ["segment", "origin", "parent", "at", "entries", "created", "head"],
+            [
+                [
+                    s["segment_id"],
+                    s["origin"]["kind"],
+                    s["origin"].get("parent") or "-",
+                    "-" if s["origin"].get("at_seq") is None else str(s["origin"]["at_seq"]),
+                    str(s["entries"]),
+                    short_time(s["created_at"]),
+                    "*" if s["head"] else "",
+                ]
+                for s in tree
+            ],
+            title="segments",
+        )
+        out.line()
+        head = transcript.head
+        lines = store.read_segment(head.session_id, head.segment_id).entries
+        out.table(
+            ["seq", "kind", "text"],
+            [[str(line["seq"]), line["kind"], _preview(line)] for line in lines],
+            title="head segment entries (fork --at SEQ)",
+            justify={"seq": "right"},
+        )
+
+
+_ROLE_STYLES = {"user": "bold cyan", "assistant": "bold green", "system": "bold yellow"}
+
+
+def _render_item(item: dict[str, Any]) -> str:
+    parts = [item_text(item)] if item_text(item) else []
+    for call in item.get("tool_calls") or []:
+        function = call.get("function") or {}
+        parts.append(f"-> {function.get('name', '?')}({function.get('arguments', '')})")
+    if item.get("role") == "tool" and item.get("tool_call_id"):
+        parts.insert(0, f"(result of {item['tool_call_id']})")
+    return "\n".join(parts)
+
+
+def _preview(line: dict[str, Any]) -> str:
+    item = line.get("item")
+    if isinstance(item, dict):
+        text = " ".join(item_text(item).split())
+        return f"{item.get('role', '?')}: {text[:60]}"
+    if line["kind"] == "run_errored":
+        return str(line.get("error", ""))[:60]
+    return ""
+
+
+def _segments(store: Store, session_id: Any, head_segment: Any) -> list[dict[str, Any]]:
+    """The session's segments, oldest first, as in ``show --json --segments``."""
+    out = []
+    for segment_id in store.list_segments(session_id):
+        read = store.read_segment(session_id, segment_id)
+        origin = dict(read.header.get("origin") or {"kind": "root"})
+        out.append(
+            {
+                "segment_id": str(segment_id),
+                "origin": {
+                    "kind": origin.get("kind", "root"),
+                    "parent": origin.get("parent"),
+                    "at_seq": origin.get("at_seq"),
+                    "source": origin.get("source"),
+                },
+                "created_at": read.header.get("ts"),
+                "entries": read.next_seq - 1,
+                "head": segment_id == head_segment,
+            }
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- stats
+
+
+@cli.command()
+@click.argument("context", type=CONTEXT, required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
+@storage_option
+@click.pass_context
+def stats(ctx: click.Context, context: ContextId | None, as_json: bool) -> None:
+    """Show statistics of one session, or totals over all of them."""
+    state = state_of(ctx)
+    if context is not None:
+        data = context_stats(state, context)
+        if as_json:
+            state.out.json(data)
+        else:
+            print_stats(state, data)
+        return
+    rows = catalog.list_sessions(state)
+    totals: dict[str, Any] = {
+        "contexts": len(rows),
+        "messages": 0,
+        "turns": 0,
+        "legacy": 0,
+        "by_type": {},
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "calls": 0},
+    }
+    for row in rows:
+        data = context_stats(state, row.context)
+        totals["messages"] += data["message_count"]
+        totals["turns"] += data["turns"]
+        totals["legacy"] += int(data["legacy"])
+        kind = totals["by_type"].setdefault(row.context.type, {"contexts": 0, "messages": 0})
+        kind["contexts"] += 1
+        kind["messages"] += data["message_count"]
+        for key in totals["usage"]:
+            totals["usage"][key] += data["usage"][key]
+    if as_json:
+        state.out.json(totals)
+        return
+    state.out.line(
+        f"{totals['contexts']} sessions ({totals['legacy']} legacy), "
+        f"{totals['messages']} messages, {totals['turns']} turns in {state.shown_location}"
+    )
+    usage = totals["usage"]
+    state.out.line(
+        f"tokens: {usage['prompt_tokens']} prompt ({usage['cached_tokens']} cached), "
+        f"{usage['completion_tokens']} completion in {usage['calls']} calls"
+    )
+    if totals["by_type"]:
+        state.out.table(
+            ["type", "sessions", "messages"],
+            [[t, str(v["contexts"]), str(v["messages"])] for t, v in totals["by_type"].items()],
+            justify={"sessions": "right", "messages": "right"},
+        )
+
+
+def context_stats(state: CliState, context: ContextId) -> dict[str, Any]:
+    """``MultiContextManager.get_stats`` of a context (a legacy one read in memory)."""
+    store = catalog.readable(state, context)
+    manager = state.manager()
+    if store is state.store():
+        data = manager.get_stats(str(context))
+        data["legacy"] = False
+        return data
+    from terrarium.agent.multi_context_manager import MultiContextManager
+
+    reader = MultiContextManager(manager.client, store=store)
+    try:
+        data = reader.get_stats(str(context))
+    finally:
+        reader.close()
+    data["legacy"] = True
+    return data
+
+
+def print_stats(state: CliState, data: dict[str, Any]) -> None:
+    """Stats of one context as a two-column table."""
+    usage = data["usage"]
+    rows = [
+        ["context", data["context_id"]],
+        ["messages", str(data["message_count"])],
+        ["turns", str(data["turns"])],
+        ["created", short_time(data["created_at"])],
+        ["last active", short_time(data["last_active"])],
+        ["system prompt", data["system_prompt"] or "-"],
+        ["prompt tokens", f"{usage['prompt_tokens']} ({usage['cached_tokens']} cached)"],
+        ["completion tokens", str(usage["completion_tokens"])],
+        ["model calls", str(usage["calls"])],
+        ["last run", data["last_run"] or "-"],
+        ["segments", str(data["segments"])],
+        ["source", "legacy file" if data.get("legacy") else "log"],
+    ]
+    if data.get("last_error"):
+        rows.insert(10, ["last error", data["last_error"]])
+    state.out.table(["stat", "value"], rows)
+
+
+# --------------------------------------------------------------------------- delete, clear
+
+
+@cli.command()
+@click.argument("context", type=CONTEXT)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@storage_option
+@click.pass_context
+def delete(ctx: click.Context, context: ContextId, yes: bool) -> None:
+    """Delete a session and all its history (asks first on a terminal)."""
+    delete_session(state_of(ctx), context, yes)
+
+
+def delete_session(state: CliState, context: ContextId, yes: bool) -> None:
+    """Delete ``context`` from the log and its legacy file, after confirmation."""
+    legacy = catalog.find_legacy(state, context)
+    if state.store().get_head(context) is None and legacy is None:
+        raise ContextNotFound(f"context {context} does not exist in {state.shown_location}")
+    if not yes:
+        if not sys.stdin.isatty():
+            raise click.ClickException(
+                f"refusing to delete {context} without confirmation: pass --yes"
+            )
+        click.confirm(f"Delete {context} and all its history?", abort=True)
+    state.manager().delete_context(str(context))
+    if legacy is not None:
+        legacy.unlink()
+    state.out.note(f"deleted {context}", style="green")
+
+
+@cli.command()
+@click.argument("context", type=CONTEXT)
+@storage_option
+@click.pass_context
+def clear(ctx: click.Context, context: ContextId) -> None:
+    """Empty a session's history (the old history stays in its session tree)."""
+    state = state_of(ctx)
+    catalog.resume(state, context)
+    catalog.require(state, context)
+    state.manager().clear_context(str(context))
+    state.out.note(f"cleared {context}", style="green")
+
+
+# --------------------------------------------------------------------------- fork, compact
+
+
+@cli.command()
+@click.argument("source", type=CONTEXT)
+@click.argument("target", type=CONTEXT)
+@click.option(
+    "--at",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="SEQ",
+    help="Fork at this entry of the head segment (see 'show --segments'). Default: the end.",
+)
+@storage_option
+@click.pass_context
+def fork(ctx: click.Context, source: ContextId, target: ContextId, at: int | None) -> None:
+    """Copy session SOURCE's history into a new session TARGET."""
+    state = state_of(ctx)
+    fork_session(state, source, target, at)
+
+
+def fork_session(
+    state: CliState, source: ContextId, target: ContextId, at: int | None = None
+) -> dict[str, Any]:
+    """Fork ``source`` into ``target``; returns the new context's stats."""
+    if catalog.exists(state, target):
+        raise ContextExists(f"context {target} already exists")
+    catalog.resume(state, source)
+    catalog.require(state, source)
+    data = state.manager().fork_context(str(source), str(target), at)
+    state.out.note(
+        f"forked {source} into {target} ({data['message_count']} messages)", style="green"
+    )
+    return data
+
+
+@cli.command()
+@click.argument("context", type=CONTEXT)
+@model_options
+@storage_option
+@click.pass_context
+def compact(
+    ctx: click.Context,
+    context: ContextId,
+    base_url: str,
+    model: str | None,
+    retries: int,
+    timeout: float,
+) -> None:
+    """Ask the model to summarise a session and continue from the summary."""
+    state = state_of(ctx)
+    catalog.resume(state, context)
+    catalog.require(state, context)
+    manager = state.manager(base_url=base_url, model=model, retries=retries, timeout=timeout)
+
+    async def run() -> str:
+        try:
+            return await manager.compact_context(str(context))
+        finally:
+            await state.aclose_client()
+
+    before = len(manager.history(str(context)))
+    summary = asyncio.run(run())
+    after = len(manager.history(str(context)))
+    state.out.note(f"compacted {context}: {before} messages -> {after}", style="green")
+    state.out.line(summary)
+
+
+# --------------------------------------------------------------------------- export, import
+
+
+@cli.command()
+@click.argument("context", type=CONTEXT)
+@click.option(
+    "--format",
+    "-f",
+    "fmt",
+    type=click.Choice(_format_names()),
+    default="markdown",
+    show_default=True,
+    help="Export format.",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+    default="-",
+    help="File to write (default: stdout).",
+)
+@storage_option
+@click.pass_context
+def export(ctx: click.Context, context: ContextId, fmt: str, output: str) -> None:
+    """Export a session to a file format."""
+    state = state_of(ctx)
+    content = export_session(state, context, fmt)
+    if output == "-":
+        if isinstance(content, bytes):
+            sys.stdout.buffer.write(content)
+            sys.stdout.flush()
+        else:
+            click.echo(content, nl=not content.endswith("\n"))
+        return
+    path = Path(output)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    state.out.note(f"exported {context} as {fmt} to {path}", style="green")
+
+
+def export_session(state: CliState, context: ContextId, fmt: str) -> str | bytes:
+    """The export of ``context`` (native or legacy) in format ``fmt``."""
+    from terrarium.export import export_context
+
+    return export_context(catalog.readable(state, context), context, fmt)
+
+
+@cli.command("import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--as",
+    "as_context",
+    type=CONTEXT,
+    default=None,
+    help="Import under this context id instead of the file's (one file only).",
+)
+@storage_option
+@click.pass_context
+def import_cmd(ctx: click.Context, paths: tuple[Path, ...], as_context: ContextId | None) -> None:
+    """Import legacy JSON session files (or folders of them), or native .jsonl exports."""
+    state = state_of(ctx)
+    files = _expand(paths)
+    if as_context is not None and len(files) != 1:
+        raise click.UsageError("--as needs exactly one file")
+    failed = 0
+    for path in files:
+        try:
+            context, count = import_file(state, path, as_context)
+        except (TerrariumError, ValueError, OSError) as exc:
+            if len(files) == 1:
+                raise
+            failed += 1
+            state.out.error(f"{path}: {exc}")
+            continue
+        state.out.note(f"imported {context} ({count} messages) from {path}", style="green")
+    if failed:
+        raise click.ClickException(f"{failed} of {len(files)} files could not be imported")
+
+
+def _expand(paths: tuple[Path, ...]) -> list[Path]:
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            module = catalog.legacy_module()
+            if module is None:
+                raise click.ClickException("legacy JSON support is not installed")
+            found = sorted(module.iter_legacy_files(path))
+            if not found:
+                raise click.ClickException(f"{path}: no legacy session files in this folder")
+            files.extend(found)
+        else:
+            files.append(path)
+    return files
+
+
+def import_file(state: CliState, path: Path, as_context: ContextId | None) -> tuple[str, int]:
+    """Import one file into the store; returns the context and its message count."""
+    from terrarium import sessions
+
+    store = state.store()
+    if path.suffix == ".jsonl":
+        from terrarium.formats.jsonl import import_context
+
+        head = import_context(store, path.read_bytes(), context=as_context)
+        context = ContextId.parse(head.context)
+    else:
+        module = catalog.legacy_module()
+        if module is None:
+            raise click.ClickException("legacy JSON support is not installed")
+        context = _import_legacy(module, store, path, as_context)
+    return str(context), len(sessions.restore(store, context).history)
+
+
+def _import_legacy(
+    module: Any, store: Store, path: Path, as_context: ContextId | None
+) -> ContextId:
+    root = store.root if isinstance(store, FsStore) else None
+    session = module.load(path, root=root if root and _inside(path, root) else None)
+    head = module.import_session(store, session, context=as_context)
+    return ContextId.parse(head.context)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- migrate
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Only print what would change.")
+@click.option(
+    "--to-log",
+    is_flag=True,
+    help="Also import every legacy JSON file into the log (the files stay as they are).",
+)
+@storage_option
+@click.pass_context
+def migrate(ctx: click.Context, dry_run: bool, to_log: bool) -> None:
+    """Move legacy flat session files into dated folders (and optionally into the log)."""
+    from terrarium.cli.migrate_cmd import run_migrate
+
+    run_migrate(state_of(ctx), dry_run=dry_run, to_log=to_log)
+
+
+# --------------------------------------------------------------------------- fsck, reindex
+
+
+@cli.command()
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="Set torn tails aside and rebuild the index (corrupt lines are only reported).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
+@storage_option
+@click.pass_context
+def fsck(ctx: click.Context, repair: bool, as_json: bool) -> None:
+    """Check every log of every session; without --repair nothing is modified."""
+    from terrarium.cli.fsck import run_fsck
+
+    run_fsck(state_of(ctx), repair=repair, as_json=as_json)
+
+
+@cli.command()
+@storage_option
+@click.pass_context
+def reindex(ctx: click.Context) -> None:
+    """Rebuild the store's context index from the session files."""
+    state = state_of(ctx)
+    store = state.store()
+    if not isinstance(store, Reindexable):
+        raise StoreError(f"{state.shown_location}: this store keeps no index to rebuild")
+    count = store.reindex()
+    state.out.note(f"reindexed {count} sessions in {state.shown_location}", style="green")
