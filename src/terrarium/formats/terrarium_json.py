@@ -1,0 +1,854 @@
+"""The legacy Terrarium JSON session file: read it, write it, import it into the log, export to it.
+
+The format (``seeds/004``) is one JSON object per context, rewritten whole after every message::
+
+    {"session_id": "main", "context_type": "cli", "system_prompt": "...",
+     "messages": [{"role": "user", "content": "Hello!", "timestamp": "2025-11-06T14:30:00.123456"}],
+     "metadata": {"created_at": ..., "last_active": ..., "message_count": 2,
+                  "session_id": "main", "context_type": "cli", "session_date": "2025-11-06"}}
+
+It lives at ``{type}/{date}/{name}.json`` (before date folders existed: ``{type}/{name}.json``,
+or ``{name}.json`` at the top), beside the native context folders, and stays readable there.
+``session_id`` is the context's *name* here, never a session UUID.
+
+**Reading** (:func:`load`) is forgiving where the data is: missing metadata is derived
+(``created_at`` from the first message's timestamp, else the file's modification time;
+``last_active`` from the last message; ``message_count`` from the messages; ``session_date``
+from the date folder, else from ``created_at``; a message without a timestamp takes the one
+before it; the context type from the folder). Timestamps may carry a UTC offset, a ``Z`` or
+neither (naive times are UTC). Keys this module does not know, at the top, in the metadata or in
+a message, are kept. Reading is strict where the data is not forgiving: a file that is not a
+JSON object with a ``messages`` list, or a field of the wrong type, raises
+:class:`LegacyFormatError` with one line naming the file and the problem.
+
+**Writing** (:func:`dump`, :func:`write`) gives exactly the seed's structure (``indent=2``,
+``ensure_ascii=False``), every field filled in, so ``dump(load(f))`` is ``f`` for a complete
+file.
+
+**Import and export.** :func:`import_session` makes a native context whose root header holds the
+system prompt and the messages as history items: pure OpenAI messages, no timestamps, since
+items go to the model server verbatim. What the log has no place for is kept in the header under
+``legacy`` (:data:`LEGACY_HEADER_KEY`): each message's timestamp as written, the metadata, and
+unknown keys. :func:`export_context` writes any native context in this format; for an imported
+context with nothing logged since, the result is ``dump(load(file))`` field for field, and turns
+logged later follow with their own timestamps. The legacy file is never modified.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from terrarium import sessions
+from terrarium.errors import ContextNotFound, InvalidEntry
+from terrarium.model import (
+    ContextId,
+    EntryKind,
+    LoggedItem,
+    SegmentId,
+    SegmentOrigin,
+    SegmentStartState,
+    SessionId,
+    encode_name,
+    item_text,
+    new_segment_id,
+    new_session_id,
+)
+from terrarium.stores.base import PodMetadata, Store
+
+LEGACY_HEADER_KEY = "legacy"
+"""The root header key under which :func:`import_session` keeps what the log has no place for."""
+
+MESSAGE_ROLES: frozenset[str] = frozenset(("user", "assistant", "system"))
+"""Roles a legacy message may have (the seed writes ``user`` and ``assistant``)."""
+
+_TOP_KEYS = ("session_id", "context_type", "system_prompt", "messages", "metadata")
+_META_KEYS = (
+    "created_at",
+    "last_active",
+    "message_count",
+    "session_id",
+    "context_type",
+    "session_date",
+)
+_MESSAGE_KEYS = ("role", "content", "timestamp")
+_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_TYPE_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_HISTORY_KINDS = frozenset((EntryKind.USER_INPUT, EntryKind.ITEM, EntryKind.SYSTEM_ITEM))
+
+
+class LegacyFormatError(InvalidEntry):
+    """A file is not a legacy Terrarium JSON session, or a field has the wrong type."""
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyMessage:
+    """One message of a legacy session."""
+
+    role: str
+    """``user`` or ``assistant`` (``system`` is accepted too)."""
+    content: str
+    """The message text."""
+    timestamp: str
+    """When it was said, exactly as written (ISO 8601; derived when the file had none)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Keys of the message this module does not know, kept as they were."""
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyMetadata:
+    """The ``metadata`` object of a legacy session."""
+
+    created_at: str
+    """Creation time, exactly as written (or derived, see :func:`load`)."""
+    last_active: str
+    """Time of the last activity, exactly as written (or derived)."""
+    message_count: int
+    """Number of messages, as written (or derived from the messages)."""
+    session_id: str
+    """The context name, as the metadata repeats it."""
+    context_type: str
+    """The context type, as the metadata repeats it."""
+    session_date: str
+    """The date folder, ``YYYY-MM-DD``."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Metadata keys this module does not know, kept as they were."""
+
+
+@dataclass(frozen=True, slots=True)
+class LegacySession:
+    """A legacy Terrarium JSON session file, every field filled in."""
+
+    session_id: str
+    """The context *name* (``main`` in ``cli:main``), not a session UUID."""
+    context_type: str
+    """The context type (``cli``, ``irc``, ...)."""
+    system_prompt: str
+    """The system prompt (empty when the file had none)."""
+    messages: tuple[LegacyMessage, ...]
+    """The conversation, oldest first."""
+    metadata: LegacyMetadata
+    """The metadata object."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Top-level keys this module does not know, kept as they were."""
+    path: Path | None = field(default=None, compare=False)
+    """The file it was read from."""
+    derived: frozenset[str] = field(default=frozenset(), compare=False)
+    """Fields the file lacked and :func:`load` derived (``metadata.created_at``, ...)."""
+
+    @property
+    def context(self) -> ContextId:
+        """The context id ``type:name`` (raises InvalidContextId for an unusable name)."""
+        return ContextId(self.context_type, self.session_id)
+
+
+# --------------------------------------------------------------------------- timestamps
+
+
+def parse_timestamp(text: str) -> dt.datetime:
+    """Parse an ISO 8601 timestamp as an aware UTC datetime (a naive one is taken as UTC)."""
+    when = dt.datetime.fromisoformat(text)
+    return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
+
+
+def to_log_ts(text: str) -> str:
+    """A legacy timestamp in the log's form: UTC, microseconds, ``Z``."""
+    return parse_timestamp(text).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+def to_legacy_ts(text: str) -> str:
+    """A log timestamp in the seed's form: naive UTC with microseconds, no ``Z``."""
+    return parse_timestamp(text).replace(tzinfo=None).isoformat(timespec="microseconds")
+
+
+def _mtime_ts(path: Path) -> str:
+    ns = path.stat().st_mtime_ns
+    when = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=ns // 1000)
+    return when.replace(tzinfo=None).isoformat(timespec="microseconds")
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _Checker:
+    """Type checks that raise one-line errors naming the file."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, problem: str) -> LegacyFormatError:
+        return LegacyFormatError(f"{self.where}: {problem}")
+
+    def string(self, value: Any, what: str, *, empty: bool = True) -> str:
+        if not isinstance(value, str):
+            raise self.fail(f"{what} must be a string, not {type(value).__name__}")
+        if not empty and not value:
+            raise self.fail(f"{what} is empty")
+        return value
+
+    def timestamp(self, value: Any, what: str) -> str:
+        text = self.string(value, what)
+        try:
+            to_log_ts(text)
+        except (ValueError, OverflowError):
+            raise self.fail(f"{what} {_short(text)} is not an ISO 8601 time") from None
+        return text
+
+    def date(self, value: Any, what: str) -> str:
+        text = self.string(value, what)
+        try:
+            if not _DATE_RE.fullmatch(text):
+                raise ValueError
+            dt.date.fromisoformat(text)
+        except ValueError:
+            raise self.fail(f"{what} {_short(text)} is not a YYYY-MM-DD date") from None
+        return text
+
+
+def load(
+    path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None
+) -> LegacySession:
+    """Read a legacy session file.
+
+    Args:
+        path: the ``.json`` file.
+        root: the sessions folder it lies in. It tells a top-level ``{name}.json`` (whose
+            context type must be in the file) from a flat ``{type}/{name}.json``; without it,
+            the type comes from the parent folder (the grandparent under a date folder).
+
+    Returns:
+        The session, every field filled in (see the module docstring for what is derived).
+
+    Raises:
+        LegacyFormatError: the file is not a legacy session, or a field has the wrong type.
+        OSError: the file cannot be read.
+    """
+    file = Path(path)
+    where = _printable(str(file))
+    raw = file.read_bytes()
+    try:
+        data = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        raise LegacyFormatError(f"{where}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise LegacyFormatError(
+            f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
+    folder_type, folder_date = _from_folders(file, None if root is None else Path(root))
+    return from_dict(
+        data,
+        path=file,
+        context_type=folder_type,
+        session_date=folder_date,
+        fallback_time=lambda: _mtime_ts(file),
+    )
+
+
+def _from_folders(file: Path, root: Path | None) -> tuple[str | None, str | None]:
+    """The context type and date that a file's folders name, if they name them."""
+    if root is not None:
+        try:
+            parts = file.absolute().relative_to(root.absolute()).parts
+        except ValueError:
+            parts = ()
+        if len(parts) == 2:
+            return parts[0], None
+        if len(parts) == 3 and _DATE_RE.fullmatch(parts[1]):
+            return parts[0], parts[1]
+        if len(parts) == 1:
+            return None, None
+    parent = file.absolute().parent
+    if _DATE_RE.fullmatch(parent.name):
+        return parent.parent.name, parent.name
+    return parent.name, None
+
+
+def from_dict(
+    data: Any,
+    *,
+    path: Path | None = None,
+    context_type: str | None = None,
+    session_date: str | None = None,
+    fallback_time: str | Callable[[], str] | None = None,
+) -> LegacySession:
+    """Check and complete a decoded legacy session (see :func:`load`).
+
+    Args:
+        data: the decoded JSON.
+        path: the file it came from (named in errors; its stem is the last resort name).
+        context_type: the type its folder names, used when the file names none.
+        session_date: the date its folder names, used when the metadata has none.
+        fallback_time: a timestamp string, or a callable returning one, for ``created_at``
+            when neither the metadata nor any message has a time (default: now).
+
+    Raises:
+        LegacyFormatError: not a session, or a field has the wrong type.
+    """
+    check = _Checker(_printable(str(path)) if path is not None else "<legacy session>")
+    if not isinstance(data, dict):
+        raise check.fail(f"not a session: the top level is {_json_type(data)}, not an object")
+    raw_messages = data.get("messages")
+    if not isinstance(raw_messages, list):
+        if "messages" not in data:
+            raise check.fail("not a session: it has no 'messages' list")
+        raise check.fail(f"'messages' must be a list, not {_json_type(raw_messages)}")
+    meta_raw = data.get("metadata")
+    if meta_raw is None:
+        meta_raw = {}
+    elif not isinstance(meta_raw, dict):
+        raise check.fail(f"'metadata' must be an object, not {_json_type(meta_raw)}")
+    derived: set[str] = set()
+
+    # -- names
+    session_id = data.get("session_id")
+    if session_id is not None:
+        session_id = check.string(session_id, "'session_id'", empty=False)
+    meta_session_id = meta_raw.get("session_id")
+    if meta_session_id is not None:
+        meta_session_id = check.string(meta_session_id, "'metadata.session_id'", empty=False)
+    if session_id is None:
+        derived.add("session_id")
+        session_id = meta_session_id or (path.stem if path is not None else None)
+        if not session_id:
+            raise check.fail("not a session: it names no session_id")
+    ctype = data.get("context_type")
+    if ctype is not None:
+        ctype = check.string(ctype, "'context_type'", empty=False)
+    meta_type = meta_raw.get("context_type")
+    if meta_type is not None:
+        meta_type = check.string(meta_type, "'metadata.context_type'", empty=False)
+    if ctype is None:
+        derived.add("context_type")
+        ctype = meta_type or context_type
+        if not ctype:
+            raise check.fail("it names no context_type and no type folder holds it")
+        if not _TYPE_RE.fullmatch(ctype):
+            raise check.fail(f"it names no context_type and its folder {_short(ctype)} is no type")
+    prompt = data.get("system_prompt")
+    if prompt is None:
+        derived.add("system_prompt")
+        prompt = ""
+    else:
+        prompt = check.string(prompt, "'system_prompt'")
+
+    # -- messages, their timestamps as written
+    parsed: list[tuple[str, str, str | None, dict[str, Any]]] = []
+    for index, message in enumerate(raw_messages):
+        what = f"message {index}"
+        if not isinstance(message, dict):
+            raise check.fail(f"{what} must be an object, not {_json_type(message)}")
+        role = check.string(message.get("role"), f"{what} 'role'")
+        if role not in MESSAGE_ROLES:
+            raise check.fail(f"{what} has role {_short(role)}: expected user or assistant")
+        content = check.string(message.get("content"), f"{what} 'content'")
+        stamp = message.get("timestamp")
+        if stamp is not None:
+            stamp = check.timestamp(stamp, f"{what} 'timestamp'")
+        extra = {k: v for k, v in message.items() if k not in _MESSAGE_KEYS}
+        parsed.append((role, content, stamp, extra))
+
+    # -- metadata, derived where missing
+    created = meta_raw.get("created_at")
+    if created is not None:
+        created = check.timestamp(created, "'metadata.created_at'")
+    else:
+        derived.add("metadata.created_at")
+        created = next((stamp for _, _, stamp, _ in parsed if stamp is not None), None)
+        if created is None:
+            fallback = fallback_time() if callable(fallback_time) else fallback_time
+            created = fallback or dt.datetime.now(dt.UTC).replace(tzinfo=None).isoformat(
+                timespec="microseconds"
+            )
+    messages: list[LegacyMessage] = []
+    previous = created
+    for index, (role, content, stamp, extra) in enumerate(parsed):
+        if stamp is None:
+            derived.add(f"messages[{index}].timestamp")
+            stamp = previous
+        messages.append(LegacyMessage(role, content, stamp, extra))
+        previous = stamp
+    last_active = meta_raw.get("last_active")
+    if last_active is not None:
+        last_active = check.timestamp(last_active, "'metadata.last_active'")
+    else:
+        derived.add("metadata.last_active")
+        last_active = messages[-1].timestamp if messages else created
+    count = meta_raw.get("message_count")
+    if count is None:
+        derived.add("metadata.message_count")
+        count = len(messages)
+    elif not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise check.fail(f"'metadata.message_count' must be a count, not {_short(count)}")
+    date = meta_raw.get("session_date")
+    if date is not None:
+        date = check.date(date, "'metadata.session_date'")
+    else:
+        derived.add("metadata.session_date")
+        date = session_date or dt.datetime.fromisoformat(created).date().isoformat()
+    if meta_session_id is None:
+        derived.add("metadata.session_id")
+    if meta_type is None:
+        derived.add("metadata.context_type")
+    metadata = LegacyMetadata(
+        created_at=created,
+        last_active=last_active,
+        message_count=count,
+        session_id=meta_session_id or session_id,
+        context_type=meta_type or ctype,
+        session_date=date,
+        extra={k: v for k, v in meta_raw.items() if k not in _META_KEYS},
+    )
+    return LegacySession(
+        session_id=session_id,
+        context_type=ctype,
+        system_prompt=prompt,
+        messages=tuple(messages),
+        metadata=metadata,
+        extra={k: v for k, v in data.items() if k not in _TOP_KEYS},
+        path=path,
+        derived=frozenset(derived),
+    )
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _metadata_dict(metadata: LegacyMetadata) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "created_at": metadata.created_at,
+        "last_active": metadata.last_active,
+        "message_count": metadata.message_count,
+        "session_id": metadata.session_id,
+        "context_type": metadata.context_type,
+        "session_date": metadata.session_date,
+    }
+    for key, value in metadata.extra.items():
+        out.setdefault(key, value)
+    return out
+
+
+def _message_dict(
+    role: str, content: str, timestamp: str, extra: Mapping[str, Any]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": role, "content": content, "timestamp": timestamp}
+    for key, value in extra.items():
+        out.setdefault(key, value)
+    return out
+
+
+def dump(session: LegacySession) -> dict[str, Any]:
+    """The session as the seed's JSON object, field for field; unknown keys follow the known."""
+    out: dict[str, Any] = {
+        "session_id": session.session_id,
+        "context_type": session.context_type,
+        "system_prompt": session.system_prompt,
+        "messages": [
+            _message_dict(m.role, m.content, m.timestamp, m.extra) for m in session.messages
+        ],
+        "metadata": _metadata_dict(session.metadata),
+    }
+    for key, value in session.extra.items():
+        out.setdefault(key, value)
+    return out
+
+
+def dumps(data: LegacySession | Mapping[str, Any]) -> str:
+    """The file's text: a session (or a dict from :func:`dump`) as the old tool wrote it."""
+    obj = dump(data) if isinstance(data, LegacySession) else data
+    return json.dumps(obj, indent=2, ensure_ascii=False)
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, mtime_ns: int | None = None) -> None:
+    """Write ``data`` to ``path`` through a temporary file, ``fsync`` and ``os.replace``.
+
+    The temporary file is ``.{name}.{32 hex}.partial`` beside ``path``; a crash can leave one
+    behind, never a half-written ``path``. ``mtime_ns`` sets the file's modification time.
+    """
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if mtime_ns is not None:
+            os.utime(tmp, ns=(mtime_ns, mtime_ns))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(folder: Path) -> None:
+    """``fsync`` a directory so that a rename or unlink in it survives a power cut."""
+    fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write(path: str | os.PathLike[str], session: LegacySession) -> None:
+    """Write the session to ``path`` atomically (temporary file, ``fsync``, ``os.replace``)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(target, dumps(session).encode())
+
+
+# --------------------------------------------------------------------------- finding files
+
+
+def _listdir(path: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _is_legacy_file(path: Path) -> bool:
+    return path.name.endswith(".json") and path.is_file()
+
+
+def find_legacy_file(root: str | os.PathLike[str], context: ContextId | str) -> Path | None:
+    """The legacy file of ``context`` under ``root``, or None.
+
+    Looks in ``{type}/{date}/`` folders, newest date first, then in the flat ``{type}/``, for
+    ``{name}.json`` with the name as the old tool wrote it (``#python.json``), and for the
+    encoded name (:func:`terrarium.model.encode_name`) when the raw name is not a safe file name.
+    """
+    ctx = ContextId.parse(context)
+    names = [f"{ctx.name}.json"]
+    if encode_name(ctx.name) != ctx.name:
+        names.append(f"{encode_name(ctx.name)}.json")
+    type_dir = Path(root) / ctx.type
+    dates = [d for d in _listdir(type_dir) if _DATE_RE.fullmatch(d)]
+    for folder in [*(type_dir / d for d in reversed(dates)), type_dir]:
+        for name in names:
+            candidate = folder / name
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def iter_legacy_files(root: str | os.PathLike[str]) -> Iterator[Path]:
+    """Every legacy session file under ``root``, in sorted order.
+
+    Yields ``{type}/{date}/{name}.json`` (dated), ``{type}/{name}.json`` and ``{name}.json``
+    (flat). Skips the native store's own folders (``.index``, ``.locks``, ``.trash``, any
+    dot folder), the native context folders (one level below a date folder: their
+    ``*.jsonl`` segments and ``head.json`` are never reached), and temporary files.
+    """
+    base = Path(root)
+    for top in _listdir(base):
+        path = base / top
+        if top.startswith("."):
+            continue
+        if path.is_dir():
+            for sub in _listdir(path):
+                inner = path / sub
+                if inner.is_dir():
+                    if _DATE_RE.fullmatch(sub):
+                        for name in _listdir(inner):
+                            if _is_legacy_file(inner / name):
+                                yield inner / name
+                elif _is_legacy_file(inner):
+                    yield inner
+        elif _is_legacy_file(path):
+            yield path
+
+
+# --------------------------------------------------------------------------- import
+
+
+def import_session(
+    store: Store, session: LegacySession, *, context: ContextId | str | None = None
+) -> PodMetadata:
+    """Create a native context holding ``session``.
+
+    The root header's ``ts`` is the session's ``created_at`` (in UTC), its origin is
+    ``import`` from the session's file, and it holds the system prompt and the messages as
+    history items. The messages' timestamps, the metadata and unknown keys are kept under
+    :data:`LEGACY_HEADER_KEY`, so :func:`export_context` gives the file back.
+
+    Args:
+        store: where to create it.
+        session: what :func:`load` read.
+        context: the context to create; by default ``{context_type}:{session_id}``.
+
+    Returns:
+        The new context's head.
+
+    Raises:
+        ContextExists: the context already exists.
+        InvalidContextId: the session's name cannot be a context name (give ``context``).
+    """
+    ctx = ContextId.parse(context) if context is not None else session.context
+    record: dict[str, Any] = {
+        "session_id": session.session_id,
+        "context_type": session.context_type,
+        "item_ts": [m.timestamp for m in session.messages],
+        "metadata": _metadata_dict(session.metadata),
+    }
+    if any(m.extra for m in session.messages):
+        record["item_extra"] = [dict(m.extra) for m in session.messages]
+    if session.extra:
+        record["extra"] = dict(session.extra)
+    start = SegmentStartState(
+        system_prompt=session.system_prompt,
+        history=[{"role": m.role, "content": m.content} for m in session.messages],
+    )
+    source = str(session.path.absolute()) if session.path is not None else None
+    origin = SegmentOrigin("import", source=source)
+    return sessions.create_segment_with_ids(
+        store,
+        new_session_id(),
+        new_segment_id(),
+        start,
+        context=ctx,
+        origin=origin,
+        ts=to_log_ts(session.metadata.created_at),
+        header_extra={LEGACY_HEADER_KEY: record},
+    )
+
+
+# --------------------------------------------------------------------------- export
+
+
+@dataclass(frozen=True, slots=True)
+class _Timed:
+    item: LoggedItem
+    ts: str
+    legacy_index: int | None
+    """Index among the imported legacy messages (its ``ts`` is then as the file wrote it)."""
+
+
+def _legacy_record(header: Mapping[str, Any]) -> dict[str, Any] | None:
+    origin = header.get("origin") or {}
+    record = header.get(LEGACY_HEADER_KEY)
+    if origin.get("kind") != "import" or not isinstance(record, dict):
+        return None
+    return record
+
+
+def _item_ts(record: Mapping[str, Any] | None, count: int) -> list[str] | None:
+    stamps = record.get("item_ts") if record is not None else None
+    if (
+        isinstance(stamps, list)
+        and len(stamps) == count
+        and all(isinstance(s, str) for s in stamps)
+    ):
+        return stamps
+    return None
+
+
+def _timed_history(lines: Sequence[Mapping[str, Any]]) -> list[_Timed]:
+    """Replay ``lines`` like :func:`terrarium.sessions.collect_state`, keeping times."""
+    items: list[_Timed] = []
+    first = True
+    for line in lines:
+        kind = line["kind"]
+        if kind in _HISTORY_KINDS:
+            items.append(_Timed(line["item"], line["ts"], None))
+        elif kind == EntryKind.HEADER:
+            fresh = line.get("history")
+            if first or fresh is not None:
+                history = list(fresh or ())
+                stamps = _item_ts(_legacy_record(line), len(history))
+                if stamps is None:
+                    items = [_Timed(item, line["ts"], None) for item in history]
+                else:
+                    items = [_Timed(it, stamps[i], i) for i, it in enumerate(history)]
+            first = False
+    return items
+
+
+def _lineage_lines(
+    store: Store, session_id: SessionId, segment_id: SegmentId
+) -> list[dict[str, Any]]:
+    lines: list[dict[str, Any]] = []
+    for read in sessions.lineage(store, session_id, segment_id):
+        lines.append(read.header)
+        lines.extend(read.entries)
+    return lines
+
+
+def history_with_timestamps(
+    store: Store, session_id: SessionId, segment_id: SegmentId
+) -> list[tuple[LoggedItem, str]]:
+    """The history that replaying the segment yields, each item with its timestamp.
+
+    Items an import header holds get the legacy file's timestamps exactly as written; every
+    other item gets the ``ts`` of the entry that logged it (or of the header that holds it).
+    """
+    timed = _timed_history(_lineage_lines(store, session_id, segment_id))
+    return [(t.item, t.ts) for t in timed]
+
+
+def _native_message(item: LoggedItem, ts: str) -> dict[str, Any] | None:
+    role = item.get("role")
+    if role not in ("user", "assistant"):
+        return None
+    text = item_text(item)
+    if item.get("content") is None or (item.get("tool_calls") and not text):
+        return None
+    out: dict[str, Any] = {"role": role, "content": text, "timestamp": to_legacy_ts(ts)}
+    if isinstance(item.get("name"), str):
+        out["name"] = item["name"]
+    return out
+
+
+def export_dict(store: Store, context: ContextId | str) -> dict[str, Any]:
+    """Any native context as a legacy session dict, field for field (see :func:`dump`).
+
+    Messages: the items an import brought keep their role, text, timestamp and unknown keys
+    as the file had them. Of the items logged natively, user and assistant messages are
+    written with their text (content parts joined) and their entry's time in the seed's form
+    (``2025-11-06T14:30:00.123456``, naive UTC), plus ``name`` when they have one. System
+    items (runtime events), tool results and assistant messages that only call tools are left
+    out: the old format has no place for them, and the old tool would send them as chat.
+
+    Metadata: for an imported context, the file's metadata; once anything was logged after
+    the import, ``last_active`` and ``message_count`` follow the log. For other contexts,
+    all of it comes from the log (``session_date`` is the creation date, UTC).
+
+    Raises:
+        ContextNotFound: no such context.
+    """
+    ctx = ContextId.parse(context)
+    head = store.get_head(ctx)
+    if head is None:
+        raise ContextNotFound(f"context {ctx} does not exist")
+    reads = sessions.lineage(store, head.session_id, head.segment_id)
+    lines: list[dict[str, Any]] = []
+    for read in reads:
+        lines.append(read.header)
+        lines.extend(read.entries)
+    state = sessions.collect_state(lines)
+    root_header = reads[0].header
+    root_id = SegmentId(str(root_header["segment_id"]))
+    segment_ids = store.list_segments(head.session_id)
+    if segment_ids and segment_ids[0] != root_id:
+        root_id = segment_ids[0]
+        root_header = store.read_segment(head.session_id, root_id, stop_seq=0).header
+    record = _legacy_record(root_header)
+    item_extra = record.get("item_extra") if record is not None else None
+
+    messages: list[dict[str, Any]] = []
+    for timed in _timed_history(lines):
+        if timed.legacy_index is not None:
+            extra: Mapping[str, Any] = {}
+            if isinstance(item_extra, list) and timed.legacy_index < len(item_extra):
+                extra = item_extra[timed.legacy_index] or {}
+            item = timed.item
+            messages.append(_message_dict(item["role"], item_text(item), timed.ts, extra))
+        else:
+            message = _native_message(timed.item, timed.ts)
+            if message is not None:
+                messages.append(message)
+
+    if record is not None:
+        session_id = record.get("session_id")
+        ctype = record.get("context_type")
+        same = session_id == ctx.name and ctype == ctx.type
+        metadata = dict(record.get("metadata") or {})
+        if not same:
+            session_id, ctype = ctx.name, ctx.type
+            metadata.update(session_id=ctx.name, context_type=ctx.type)
+        unchanged = head.segment_id == root_id and state.next_seq == 1
+        if not unchanged:
+            metadata["last_active"] = to_legacy_ts(state.last_active)
+            metadata["message_count"] = len(messages)
+        extra_top: Mapping[str, Any] = record.get("extra") or {}
+    else:
+        session_id, ctype = ctx.name, ctx.type
+        metadata = {
+            "created_at": to_legacy_ts(head.created_at),
+            "last_active": to_legacy_ts(state.last_active),
+            "message_count": len(messages),
+            "session_id": ctx.name,
+            "context_type": ctx.type,
+            "session_date": head.date,
+        }
+        extra_top = {}
+    out: dict[str, Any] = {
+        "session_id": session_id,
+        "context_type": ctype,
+        "system_prompt": state.system_prompt or "",
+        "messages": messages,
+        "metadata": metadata,
+    }
+    for key, value in extra_top.items():
+        out.setdefault(key, value)
+    return out
+
+
+def export_context(store: Store, context: ContextId | str) -> str:
+    """Any native context as the text of a legacy session file (see :func:`export_dict`).
+
+    Raises:
+        ContextNotFound: no such context.
+    """
+    return dumps(export_dict(store, context))
+
+
+__all__ = [
+    "LEGACY_HEADER_KEY",
+    "MESSAGE_ROLES",
+    "LegacyFormatError",
+    "LegacyMessage",
+    "LegacyMetadata",
+    "LegacySession",
+    "atomic_write_bytes",
+    "dump",
+    "dumps",
+    "export_context",
+    "export_dict",
+    "find_legacy_file",
+    "from_dict",
+    "fsync_dir",
+    "history_with_timestamps",
+    "import_session",
+    "iter_legacy_files",
+    "load",
+    "parse_timestamp",
+    "to_legacy_ts",
+    "to_log_ts",
+    "write",
+]
