@@ -1,0 +1,398 @@
+"""Migrate a legacy sessions folder: flat files into date folders, and optionally into the log.
+
+What the seed's ``scripts/migrate_sessions.py`` did, made safe to interrupt:
+
+* A flat session, ``{type}/{name}.json`` or a top-level ``{name}.json`` whose JSON names its
+  ``context_type``, moves to ``{type}/{date}/{name}.json``. The date is the metadata's
+  ``session_date`` when the file has one, else the date of ``created_at`` as written (which
+  falls back to the first message's timestamp, then to the file's modification time); the
+  moved file gets ``session_date`` and the other derived metadata filled in
+  (:func:`terrarium.formats.terrarium_json.load`). Files already in a date folder stay put.
+* With ``to_log``, each session is also imported into the native log beside it
+  (:func:`terrarium.formats.terrarium_json.import_session`); a context that already exists
+  natively is skipped, so a rerun imports nothing twice. When several files hold the same
+  context (one per date folder), the newest date is imported and the others are skipped.
+* Legacy files are never rewritten in place.
+
+**Interruption.** Each move writes the new file at its destination through a temporary file
+(``fsync``, ``os.replace``, ``fsync`` of the folder) and only then removes the source. A rerun
+finds a source whose destination already holds exactly what the move would write: it removes
+the source and finishes. A destination that holds something else is a conflict, reported and
+never overwritten. So killing a migration at any point and running it again ends with every
+session present exactly once. Run one migration at a time.
+
+**Reporting.** Every legacy file is read and checked; a broken one is reported in one line
+and the run goes on. The report counts files moved, contexts imported, files skipped (nothing
+to do) and files failed; the command exits non-zero when any failed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from terrarium.errors import TerrariumError
+from terrarium.formats.terrarium_json import (
+    LegacySession,
+    atomic_write_bytes,
+    dumps,
+    fsync_dir,
+    import_session,
+    iter_legacy_files,
+    load,
+)
+from terrarium.model import ContextId
+
+if TYPE_CHECKING:
+    from terrarium.stores.base import Store
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What the migration does with one legacy file."""
+
+    source: Path
+    """The legacy file as it lies now."""
+    destination: Path
+    """Where it belongs: its date folder, or the source itself when it is there already."""
+    context: ContextId | None = None
+    """The context the file holds; None when it cannot be read or named."""
+    problem: str | None = None
+    """Why the file cannot be migrated, in one line; such a step counts as failed."""
+    session: LegacySession | None = field(default=None, repr=False, compare=False)
+    """The session read from ``source``."""
+
+    @property
+    def moves(self) -> bool:
+        """Whether the file moves to a date folder."""
+        return self.problem is None and self.destination != self.source
+
+
+@dataclass(slots=True)
+class MigrationReport:
+    """What a migration did (or, in a dry run, would do)."""
+
+    root: Path
+    dry_run: bool
+    steps: list[Step] = field(default_factory=list)
+    moved: int = 0
+    """Files moved into date folders."""
+    imported: int = 0
+    """Contexts imported into the native log."""
+    skipped: int = 0
+    """Files that needed nothing (in place already, or their context already in the log)."""
+    failed: int = 0
+    """Files that could not be migrated (broken, not a session, or a conflict)."""
+    failures: list[str] = field(default_factory=list)
+    """One line per failed file."""
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing failed, else 1."""
+        return 1 if self.failed else 0
+
+    def summary(self) -> str:
+        """One line with the counts."""
+        verb = "would move" if self.dry_run else "moved"
+        verb2 = "would import" if self.dry_run else "imported"
+        text = (
+            f"{verb} {self.moved}, {verb2} {self.imported}, "
+            f"skipped {self.skipped}, failed {self.failed}"
+        )
+        return f"dry run, nothing changed: {text}" if self.dry_run else text
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _rel(root: Path, path: Path) -> str:
+    try:
+        return _printable(path.relative_to(root).as_posix())
+    except ValueError:
+        return _printable(str(path))
+
+
+def _new_bytes(session: LegacySession) -> bytes:
+    return dumps(session).encode()
+
+
+def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
+    """Read every legacy file under ``root`` and decide what happens to it.
+
+    Changes nothing. A file that cannot be read, a top-level file that names no context type,
+    a destination claimed by two files, or a destination that already exists with different
+    content gives a step with a ``problem``.
+    """
+    base = Path(root)
+    steps: list[Step] = []
+    claimed: dict[Path, Path] = {}
+    for path in iter_legacy_files(base):
+        try:
+            session = load(path, root=base)
+        except (OSError, ValueError) as exc:
+            steps.append(Step(path, path, problem=_problem(base, path, exc)))
+            continue
+        try:
+            context: ContextId | None = session.context
+        except ValueError:
+            context = None
+        depth = len(path.relative_to(base).parts)
+        if depth == 3:  # {type}/{date}/{name}.json: in place already
+            steps.append(Step(path, path, context, session=session))
+            continue
+        type_name = session.context_type if depth == 1 else path.parent.name
+        destination = base / type_name / session.metadata.session_date / path.name
+        session = replace(session, path=destination)
+        problem = None
+        if destination in claimed:
+            problem = (
+                f"{_rel(base, destination)} is also where {_rel(base, claimed[destination])} goes"
+            )
+        elif destination.exists():
+            try:
+                same = destination.read_bytes() == _new_bytes(session)
+            except OSError as exc:
+                same, problem = False, f"cannot read {_rel(base, destination)} ({exc.strerror})"
+            if not same and problem is None:
+                problem = f"{_rel(base, destination)} exists with different content (conflict)"
+        if problem is not None:
+            steps.append(Step(path, destination, context, f"{_rel(base, path)}: {problem}"))
+            continue
+        claimed[destination] = path
+        steps.append(Step(path, destination, context, session=session))
+    # A destination written by an interrupted run is listed as a dated file too: it is the
+    # moving step's own result, not a second copy.
+    return [s for s in steps if s.moves or s.problem is not None or s.source not in claimed]
+
+
+def _problem(root: Path, path: Path, exc: BaseException) -> str:
+    text = str(exc)
+    prefix = f"{_printable(str(path))}: "
+    if text.startswith(prefix):
+        text = text[len(prefix) :]
+    elif isinstance(exc, OSError):
+        text = exc.strerror or text
+    return f"{_rel(root, path)}: {text}"
+
+
+def _import_choices(steps: list[Step]) -> dict[ContextId, Step]:
+    """For each context, the step whose file to import: the newest date folder wins."""
+    chosen: dict[ContextId, Step] = {}
+    for step in steps:
+        if step.problem is not None or step.context is None or step.session is None:
+            continue
+        current = chosen.get(step.context)
+        if current is None or _newer(step, current):
+            chosen[step.context] = step
+    return chosen
+
+
+def _newer(step: Step, other: Step) -> bool:
+    assert step.session is not None and other.session is not None
+    return (step.session.metadata.session_date, step.session.metadata.last_active) > (
+        other.session.metadata.session_date,
+        other.session.metadata.last_active,
+    )
+
+
+# --------------------------------------------------------------------------- doing
+
+
+class _Conflict(Exception):
+    pass
+
+
+def _partial_re(name: str) -> re.Pattern[str]:
+    return re.compile(rf"\.{re.escape(name)}\.[0-9a-f]{{32}}\.partial")
+
+
+def _move(step: Step) -> None:
+    """Write the destination (if it is not there yet), then remove the source."""
+    assert step.session is not None
+    source, destination = step.source, step.destination
+    data = _new_bytes(step.session)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    pattern = _partial_re(destination.name)
+    for leftover in os.listdir(destination.parent):  # an interrupted earlier run's temp file
+        if pattern.fullmatch(leftover):
+            (destination.parent / leftover).unlink(missing_ok=True)
+    try:
+        existing: bytes | None = destination.read_bytes()
+    except FileNotFoundError:
+        existing = None
+    if existing is None:
+        atomic_write_bytes(destination, data, mtime_ns=source.stat().st_mtime_ns)
+    elif existing != data:
+        raise _Conflict("exists with different content (conflict)")
+    source.unlink()
+    fsync_dir(source.parent)
+
+
+class _Output(AbstractContextManager["_Output"]):
+    """Progress: a rich progress bar on a terminal, one plain line per file otherwise."""
+
+    def __init__(self, out: TextIO, total: int, title: str) -> None:
+        self.out = out
+        self.bar: Any = None
+        self.task: Any = None
+        try:
+            tty = out.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        if tty:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            console = Console(file=out)
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                console=console,
+            )
+            self.task = self.bar.add_task(title, total=total)
+
+    def __enter__(self) -> _Output:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def line(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        else:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)
+
+
+@contextmanager
+def _store_for(root: Path, store: Store | None, needed: bool) -> Iterator[Store | None]:
+    if store is not None or not needed:
+        yield store
+        return
+    from terrarium.stores.fs import FsStore
+
+    own = FsStore(root, durability="fsync")
+    try:
+        yield own
+    finally:
+        own.close()
+
+
+def migrate(
+    root: str | os.PathLike[str],
+    *,
+    dry_run: bool = False,
+    to_log: bool = False,
+    store: Store | None = None,
+    out: TextIO | None = None,
+) -> MigrationReport:
+    """Migrate the legacy sessions under ``root`` (see the module docstring).
+
+    Args:
+        root: the sessions folder.
+        dry_run: print the plan and change nothing.
+        to_log: also import each session into the native log.
+        store: the native store for ``to_log``; by default an ``FsStore`` at ``root``.
+        out: where progress and the summary go (default: standard output).
+
+    Returns:
+        The counts and the failures.
+
+    Raises:
+        FileNotFoundError: ``root`` is not a folder.
+    """
+    base = Path(root)
+    if not base.is_dir():
+        raise FileNotFoundError(f"no sessions folder at {base}")
+    stream = out if out is not None else sys.stdout
+    steps = plan_migration(base)
+    report = MigrationReport(base, dry_run, steps)
+    choices = _import_choices(steps) if to_log else {}
+    would = ("would move", "would import") if dry_run else ("moved", "imported")
+    with (
+        _store_for(base, store, to_log) as target,
+        _Output(stream, len(steps), "migrating") as progress,
+    ):
+        for step in steps:
+            line = _run_step(step, report, target, choices, dry_run, would)
+            progress.line(line)
+            progress.advance()
+        progress.line(report.summary())
+    return report
+
+
+def _run_step(
+    step: Step,
+    report: MigrationReport,
+    store: Store | None,
+    choices: dict[ContextId, Step],
+    dry_run: bool,
+    would: tuple[str, str],
+) -> str:
+    """Do one step; count it; return its progress line."""
+    base = report.root
+    source = _rel(base, step.source)
+    if step.problem is not None:
+        return _fail(report, step.problem)
+    done: list[str] = []
+    if step.moves:
+        if not dry_run:
+            try:
+                _move(step)
+            except _Conflict as exc:
+                return _fail(report, f"{source}: {_rel(base, step.destination)} {exc}")
+            except (OSError, ValueError) as exc:
+                return _fail(report, _problem(base, step.source, exc))
+        report.moved += 1
+        done.append(f"{would[0]} {source} -> {_rel(base, step.destination)}")
+    imported = False
+    if store is not None:
+        where = _rel(base, step.destination)
+        chosen = choices.get(step.context) if step.context is not None else None
+        if step.context is None or step.session is None:
+            return _fail(report, f"{where}: cannot import it: its name is no context name")
+        if chosen is not step and chosen is not None:
+            done.append(f"an older copy of {step.context} ({_rel(base, chosen.destination)})")
+        elif store.get_head(step.context) is not None:
+            done.append(f"{step.context} is already in the log")
+        else:
+            if not dry_run:
+                try:
+                    import_session(store, step.session)
+                except (OSError, ValueError, TerrariumError) as exc:
+                    return _fail(report, f"{where}: cannot import it: {exc}")
+            report.imported += 1
+            imported = True
+            done.append(f"{would[1]} {where} as {step.context}")
+    if step.moves or imported:
+        return "; ".join(done)
+    report.skipped += 1
+    return f"skipped {source}: " + ("; ".join(done) or "in its date folder already")
+
+
+def _fail(report: MigrationReport, line: str) -> str:
+    report.failed += 1
+    report.failures.append(line)
+    return f"failed {line}"
+
+
+__all__ = ["MigrationReport", "Step", "migrate", "plan_migration"]
