@@ -1,0 +1,107 @@
+"""Schema migrations shared by the database backends (SQLite and PostgreSQL).
+
+A backend keeps one :class:`Migrations` registry and adds each schema change to it with the
+registry as a decorator::
+
+    MIGRATIONS = Migrations("sqlite")
+
+    @MIGRATIONS
+    def m001_initial(conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE ...")
+
+Rules (the same for every backend):
+
+* A migration is a function named ``mNNN_what_it_does``; numbers strictly increase in the order
+  of registration, and registering a name twice is refused. Order comes from the list, never
+  from sorting names.
+* Each migration runs in one transaction together with the insert of its row in the backend's
+  ``migrations`` table, so a crash leaves it either wholly applied and recorded or not at all.
+* Every backend migrates on open. Opening a database whose ``migrations`` table names a
+  migration this version does not know means a newer terrarium wrote it: that is refused with
+  :class:`~terrarium.errors.FormatVersionError` rather than risk writing a schema we do not
+  understand.
+* Never edit a migration once it has been released: add a new one.
+
+This module holds only the bookkeeping; how a transaction is opened, and how concurrent openers
+are kept from applying the same step twice, is each backend's business.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from terrarium.errors import FormatVersionError
+
+C = TypeVar("C")
+
+_NAME_RE = re.compile(r"m(\d{3,})_[a-z0-9_]+")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration(Generic[C]):
+    """One named schema change."""
+
+    name: str
+    """``mNNN_what_it_does``: the key recorded in the ``migrations`` table."""
+    apply: Callable[[C], None]
+    """Applies the change on a connection that is already inside a transaction."""
+
+
+class Migrations(Generic[C]):
+    """An ordered registry of a backend's migrations (see the module docstring)."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self._steps: list[Migration[C]] = []
+        self._last_number = 0
+
+    def __call__(self, fn: Callable[[C], None]) -> Callable[[C], None]:
+        """Register ``fn`` as the next migration; refuse a duplicate or out-of-order name."""
+        name = fn.__name__
+        match = _NAME_RE.fullmatch(name)
+        if match is None:
+            raise ValueError(f"migration {name!r} must be named mNNN_what_it_does")
+        if name in self.names:
+            raise ValueError(f"migration {name!r} is already registered for {self.backend}")
+        number = int(match.group(1))
+        if self._steps and number <= self._last_number:
+            raise ValueError(
+                f"migration {name!r} must be numbered after {self._steps[-1].name!r}, "
+                "the latest one"
+            )
+        self._steps.append(Migration(name, fn))
+        self._last_number = number
+        return fn
+
+    def __iter__(self) -> Iterator[Migration[C]]:
+        return iter(self._steps)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    @property
+    def names(self) -> list[str]:
+        """Every registered name, in order."""
+        return [step.name for step in self._steps]
+
+    def pending(self, applied: Collection[str], *, where: str) -> list[Migration[C]]:
+        """The migrations not in ``applied``, in order.
+
+        Args:
+            applied: the names recorded in the database's ``migrations`` table.
+            where: the database, as named in error messages (never with a password).
+
+        Raises:
+            FormatVersionError: ``applied`` names a migration this version does not know.
+        """
+        known = set(self.names)
+        unknown = sorted(name for name in applied if name not in known)
+        if unknown:
+            raise FormatVersionError(
+                f"database {where} was written by a newer terrarium (it has migration "
+                f"{', '.join(unknown)}, unknown to this version): upgrade terrarium to open it"
+            )
+        return [step for step in self._steps if step.name not in applied]

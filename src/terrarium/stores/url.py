@@ -1,0 +1,193 @@
+"""Store URLs: one string names a backend and where its data lives.
+
+==========================================  ==========================================
+URL                                         store
+==========================================  ==========================================
+``./sessions``, ``/srv/sessions``           :class:`FsStore` at that folder
+``fs:./sessions``, ``file:///srv/sessions``  :class:`FsStore` (``?durability=fsync``)
+``sqlite:///abs/path.db``                   :class:`SqliteStore` at ``/abs/path.db``
+``sqlite:relative.db``                      :class:`SqliteStore` (``?synchronous=FULL``)
+``postgresql://user@host/db``               :class:`PostgresStore` (also ``postgres://``)
+==========================================  ==========================================
+
+With no URL, ``$TERRARIUM_STORE`` is used, then ``./sessions``. A PostgreSQL URL goes to
+libpq as it is (``sslmode`` and every other libpq parameter work, and so do several hosts).
+Errors name what is wrong and show the URL with its password masked.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, unquote
+
+from terrarium.errors import StoreURLError
+
+if TYPE_CHECKING:
+    from terrarium.stores.base import Store
+
+__all__ = ["DEFAULT_STORE", "ENV_VAR", "open_store", "redact_url"]
+
+ENV_VAR = "TERRARIUM_STORE"
+DEFAULT_STORE = "./sessions"
+
+_SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(.*)", re.DOTALL)
+_KV_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)", re.IGNORECASE)
+_QUERY_PASSWORD_RE = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+
+
+def _userinfo(url: str) -> tuple[str, str, str] | None:
+    """Split ``scheme://userinfo@rest`` into its three parts; None when there is no user info.
+
+    The user info ends at the last ``@`` before any ``?`` or ``#``, so a password holding an
+    unescaped ``/`` or ``@`` is still taken whole: masking errs on the side of too much.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    end = len(rest)
+    for mark in "?#":
+        found = rest.find(mark)
+        if found >= 0:
+            end = min(end, found)
+    at = rest.rfind("@", 0, end)
+    if at < 0:
+        return None
+    return f"{scheme}://", rest[:at], rest[at:]
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` (or a libpq ``key=value`` string) with any password replaced by ``***``."""
+    if "://" not in url:
+        return _QUERY_PASSWORD_RE.sub(r"\1***", _KV_PASSWORD_RE.sub(r"\1***", url))
+    parts = _userinfo(url)
+    if parts is not None:
+        prefix, userinfo, rest = parts
+        user, colon, _ = userinfo.partition(":")
+        url = f"{prefix}{user}:***{rest}" if colon else url
+    return _QUERY_PASSWORD_RE.sub(r"\1***", url)
+
+
+def open_store(url: str | os.PathLike[str] | None = None) -> Store:
+    """Open the store that ``url`` names (see the module docstring for the forms).
+
+    Args:
+        url: a store URL or a folder path; None means ``$TERRARIUM_STORE``, else
+            ``./sessions``.
+
+    Raises:
+        StoreURLError: the URL is malformed or names an unknown scheme.
+        ImportError: a PostgreSQL URL was given but psycopg is not installed.
+    """
+    if url is None:
+        url = os.environ.get(ENV_VAR) or DEFAULT_STORE
+    if isinstance(url, os.PathLike):
+        from terrarium.stores.fs import FsStore
+
+        return FsStore(os.fspath(url))
+    if not isinstance(url, str):
+        raise StoreURLError(f"a store URL must be a string or a path, not {type(url).__name__}")
+    if not url.strip():
+        raise StoreURLError("the store URL is empty")
+    match = _SCHEME_RE.fullmatch(url)
+    # A one-letter "scheme" is a Windows drive (C:\sessions): a path.
+    if match is None or len(match.group(1)) == 1:
+        from terrarium.stores.fs import FsStore
+
+        return FsStore(url)
+    scheme, rest = match.group(1).lower(), match.group(2)
+    shown = redact_url(url)
+    if scheme in ("postgresql", "postgres"):
+        return _open_postgres(url, shown)
+    if scheme in ("fs", "file"):
+        from terrarium.stores.fs import DURABILITIES, FsStore
+
+        path, options = _split(rest, shown, scheme, allowed={"durability"})
+        durability = options.get("durability", "flush")
+        if durability not in DURABILITIES:
+            raise StoreURLError(
+                f"store URL {shown!r}: unknown durability {durability!r}; use one of "
+                f"{', '.join(DURABILITIES)}"
+            )
+        return FsStore(path, durability=durability)  # type: ignore[arg-type]
+    if scheme == "sqlite":
+        from terrarium.stores.sqlite import SYNCHRONOUS_MODES, SqliteStore
+
+        path, options = _split(rest, shown, scheme, allowed={"synchronous"})
+        synchronous = options.get("synchronous", "NORMAL")
+        if synchronous.upper() not in SYNCHRONOUS_MODES:
+            raise StoreURLError(
+                f"store URL {shown!r}: unknown synchronous mode {synchronous!r}; use one of "
+                f"{', '.join(SYNCHRONOUS_MODES)}"
+            )
+        return SqliteStore(path, synchronous=synchronous)
+    raise StoreURLError(
+        f"store URL {shown!r} has unknown scheme {scheme!r}: use a folder path, fs:, file:, "
+        "sqlite: or postgresql:"
+    )
+
+
+def _split(rest: str, shown: str, scheme: str, *, allowed: set[str]) -> tuple[str, dict[str, str]]:
+    """Split the part after ``scheme:`` into a local path and its query options."""
+    rest, _, query = rest.partition("?")
+    if "#" in rest:
+        raise StoreURLError(f"store URL {shown!r}: a fragment ('#...') means nothing here")
+    if rest.startswith("//"):
+        host, slash, path = rest[2:].partition("/")
+        if host not in ("", "localhost"):
+            host = host.rpartition("@")[2]  # never the user info: it may hold a password
+            raise StoreURLError(
+                f"store URL {shown!r} names host {host!r}: {scheme}: URLs name a local file, "
+                f"as in {scheme}:///absolute/path or {scheme}:relative/path"
+            )
+        rest = slash + path
+    path = unquote(rest)
+    if not path:
+        raise StoreURLError(
+            f"store URL {shown!r} names no path: write {scheme}:///absolute/path or "
+            f"{scheme}:relative/path"
+        )
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise StoreURLError(f"store URL {shown!r}: malformed query string") from None
+    options: dict[str, str] = {}
+    for key, value in pairs:
+        if key not in allowed:
+            raise StoreURLError(
+                f"store URL {shown!r}: unknown option {key!r} for {scheme}: "
+                f"(known: {', '.join(sorted(allowed))})"
+            )
+        options[key] = value
+    return str(Path(path)), options
+
+
+def _open_postgres(url: str, shown: str) -> Store:
+    try:
+        import psycopg
+        import psycopg_pool  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"store URL {shown!r} needs PostgreSQL support: pip install 'terrarium[postgres]'"
+        ) from exc
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        password = _password_of(url)
+        reason = str(exc).replace(password, "***") if password else str(exc)
+        raise StoreURLError(f"store URL {shown!r} is malformed: {reason}") from None
+    from terrarium.stores.postgres import PostgresStore
+
+    return PostgresStore(url)
+
+
+def _password_of(url: str) -> str:
+    """The password in a URL's user info, unquoted ('' if none): to scrub it from messages."""
+    parts = _userinfo(url)
+    if parts is None or ":" not in parts[1]:
+        return ""
+    return unquote(parts[1].split(":", 1)[1])

@@ -1,0 +1,317 @@
+"""Schema migrations: the registry's rules, and every database backend migrating on open.
+
+Each backend is migrated from a blank database and from its oldest schema (only
+``m001_initial`` applied, with data written the way that version wrote it), and refuses a
+database that records a migration it does not know.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
+from terrarium import codec
+from terrarium.errors import FormatVersionError
+from terrarium.model import ContextId, TraceEntry
+from terrarium.sessions import restore
+from terrarium.stores import sqlite as sqlite_backend
+from terrarium.stores.migrations import Migrations
+from terrarium.stores.sqlite import SqliteStore
+
+TS = "2026-05-01T12:00:00.000000Z"
+SESSION, SEGMENT = uuid.UUID(int=11), uuid.UUID(int=12)
+HEADER = {
+    "v": 1,
+    "seq": 0,
+    "ts": TS,
+    "kind": "header",
+    "session_id": str(SESSION),
+    "segment_id": str(SEGMENT),
+    "context": "cli:old",
+    "origin": {"kind": "root"},
+    "system_prompt": "be brief",
+    "config": {},
+    "history": [],
+}
+ENTRY = {
+    "v": 1,
+    "seq": 1,
+    "ts": TS,
+    "kind": "user_input",
+    "item": {"role": "user", "content": "hi"},
+}
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+def test_registry_refuses_duplicate_names() -> None:
+    """Registering a migration name twice is refused."""
+    registry: Migrations[Any] = Migrations("test")
+
+    def m001_initial(conn: Any) -> None: ...
+
+    registry(m001_initial)
+    with pytest.raises(ValueError, match="already registered"):
+        registry(m001_initial)
+
+
+def test_registry_refuses_bad_and_out_of_order_names() -> None:
+    """Names are mNNN_what; numbers must grow in registration order."""
+    registry: Migrations[Any] = Migrations("test")
+
+    def m002_second(conn: Any) -> None: ...
+
+    def m001_first(conn: Any) -> None: ...
+
+    def initial(conn: Any) -> None: ...
+
+    registry(m002_second)
+    with pytest.raises(ValueError, match="numbered after"):
+        registry(m001_first)
+    with pytest.raises(ValueError, match="mNNN_"):
+        registry(initial)
+    assert registry.names == ["m002_second"]
+
+
+def test_pending_refuses_unknown_names() -> None:
+    """A recorded migration this version does not know means a newer terrarium wrote it."""
+    registry: Migrations[Any] = Migrations("test")
+
+    def m001_initial(conn: Any) -> None: ...
+
+    def m002_more(conn: Any) -> None: ...
+
+    registry(m001_initial)
+    registry(m002_more)
+    assert [m.name for m in registry.pending(["m001_initial"], where="db")] == ["m002_more"]
+    with pytest.raises(FormatVersionError, match="newer terrarium"):
+        registry.pending(["m001_initial", "m003_from_the_future"], where="db")
+
+
+def test_every_backend_registers_the_same_steps() -> None:
+    """SQLite and PostgreSQL schemas evolve in step: the same migration names, in order."""
+    pytest.importorskip("psycopg")
+    from terrarium.stores import postgres
+
+    assert sqlite_backend.MIGRATIONS.names == postgres.MIGRATIONS.names
+    assert sqlite_backend.MIGRATIONS.names[0] == "m001_initial"
+
+
+# --------------------------------------------------------------------------- SQLite
+
+
+def _sqlite_names(path: Path) -> list[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return [row[0] for row in conn.execute("SELECT name FROM migrations ORDER BY rowid")]
+    finally:
+        conn.close()
+
+
+def test_sqlite_migrates_blank(tmp_path: Path) -> None:
+    """A new database gets every migration, in order, each recorded once."""
+    path = tmp_path / "t.db"
+    SqliteStore(path).close()
+    SqliteStore(path).close()  # reopening applies nothing twice
+    assert _sqlite_names(path) == sqlite_backend.MIGRATIONS.names
+
+
+def test_sqlite_migrates_from_oldest_schema(tmp_path: Path) -> None:
+    """A database at m001 with data in it is upgraded on open; its data reads back."""
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert sqlite_backend.migrate(conn, where="old", stop_after="m001_initial") == [
+            "m001_initial"
+        ]
+        s, g = str(SESSION), str(SEGMENT)
+        conn.execute("INSERT INTO contexts VALUES ('cli:old', 'cli', ?, ?, ?, ?)", (s, g, TS, TS))
+        conn.execute("INSERT INTO sessions VALUES (?, 'cli:old', ?)", (s, TS))
+        conn.execute("INSERT INTO segments VALUES (?, ?, ?)", (s, g, TS))
+        for line in (HEADER, ENTRY):
+            conn.execute(
+                "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?)",
+                (s, g, line["seq"], line["kind"], TS, codec.encode(line).decode()),
+            )
+    finally:
+        conn.close()
+    assert _sqlite_names(path) == ["m001_initial"]
+    with SqliteStore(path) as store:
+        assert _sqlite_names(path) == sqlite_backend.MIGRATIONS.names
+        state = restore(store, "cli:old")
+        assert state.system_prompt == "be brief"
+        assert state.history == [{"role": "user", "content": "hi"}]
+        store.append_trace(SESSION, SEGMENT, [TraceEntry(TS, "chunk", {"n": 1})])
+        assert store.read_trace(SESSION, SEGMENT) == [
+            {"ts": TS, "event": "chunk", "data": {"n": 1}}
+        ]
+
+
+def test_sqlite_refuses_newer_database(tmp_path: Path) -> None:
+    """A database with a migration unknown to this version is refused on open."""
+    path = tmp_path / "new.db"
+    SqliteStore(path).close()
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("INSERT INTO migrations VALUES ('m999_from_the_future', ?)", (TS,))
+    conn.close()
+    with pytest.raises(FormatVersionError, match=r"newer terrarium.*m999_from_the_future"):
+        SqliteStore(path)
+
+
+def test_sqlite_failed_migration_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A migration that fails is rolled back with its record: no half-applied schema."""
+    registry: Migrations[sqlite3.Connection] = Migrations("sqlite")
+    registry(sqlite_backend.m001_initial)
+
+    def m002_breaks(conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE half_done (x)")
+        raise RuntimeError("boom")
+
+    registry(m002_breaks)
+    monkeypatch.setattr(sqlite_backend, "MIGRATIONS", registry)
+    path = tmp_path / "t.db"
+    with pytest.raises(RuntimeError, match="boom"):
+        SqliteStore(path)
+    assert _sqlite_names(path) == ["m001_initial"]
+    conn = sqlite3.connect(path)
+    try:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    finally:
+        conn.close()
+    assert "half_done" not in tables
+    assert "contexts" in tables
+
+
+def test_sqlite_concurrent_opens_migrate_once(tmp_path: Path) -> None:
+    """Threads opening one blank database at once each succeed; each step is applied once."""
+    path = tmp_path / "t.db"
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def open_it() -> None:
+        barrier.wait()
+        try:
+            SqliteStore(path).close()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert _sqlite_names(path) == sqlite_backend.MIGRATIONS.names
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+@pytest.fixture
+def pg(pg_database: str) -> Iterator[tuple[Any, str]]:  # noqa: F811
+    """A connection to the test database and a fresh schema name in it."""
+    import psycopg
+
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        yield conn, fresh_schema()
+
+
+def _pg_names(conn: Any, schema: str) -> list[str]:
+    rows = conn.execute(f'SELECT name FROM "{schema}".migrations ORDER BY applied_at, name')
+    return [row[0] for row in rows]
+
+
+@pytest.mark.postgres
+def test_postgres_migrates_blank(pg: tuple[Any, str], pg_database: str) -> None:  # noqa: F811
+    """A new schema gets every migration, in order, each recorded once."""
+    from terrarium.stores import postgres
+
+    conn, schema = pg
+    postgres.PostgresStore(pg_database, schema=schema).close()
+    postgres.PostgresStore(pg_database, schema=schema).close()
+    assert _pg_names(conn, schema) == postgres.MIGRATIONS.names
+
+
+@pytest.mark.postgres
+def test_postgres_migrates_from_oldest_schema(pg: tuple[Any, str], pg_database: str) -> None:  # noqa: F811
+    """A schema at m001 with data in it is upgraded on open; its data reads back."""
+    from terrarium.stores import postgres
+
+    conn, schema = pg
+    assert postgres.migrate(conn, schema, where="old", stop_after="m001_initial") == [
+        "m001_initial"
+    ]
+    q = f'"{schema}"'
+    conn.execute(
+        f"INSERT INTO {q}.contexts VALUES ('cli:old', 'cli', %s, %s, %s, %s)",
+        (SESSION, SEGMENT, TS, TS),
+    )
+    conn.execute(f"INSERT INTO {q}.sessions VALUES (%s, 'cli:old', %s)", (SESSION, TS))
+    conn.execute(f"INSERT INTO {q}.segments VALUES (%s, %s, %s)", (SESSION, SEGMENT, TS))
+    for line in (HEADER, ENTRY):
+        text = codec.encode(line).decode()
+        conn.execute(
+            f"INSERT INTO {q}.entries VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s)",
+            (SESSION, SEGMENT, line["seq"], line["kind"], TS, text, text),
+        )
+    assert _pg_names(conn, schema) == ["m001_initial"]
+    with postgres.PostgresStore(pg_database, schema=schema) as store:
+        assert _pg_names(conn, schema) == postgres.MIGRATIONS.names
+        state = restore(store, ContextId("cli", "old"))
+        assert state.system_prompt == "be brief"
+        assert state.history == [{"role": "user", "content": "hi"}]
+        store.append_trace(SESSION, SEGMENT, [TraceEntry(TS, "chunk", {"n": 1})])
+        assert store.read_trace(SESSION, SEGMENT) == [
+            {"ts": TS, "event": "chunk", "data": {"n": 1}}
+        ]
+
+
+@pytest.mark.postgres
+def test_postgres_refuses_newer_schema(pg: tuple[Any, str], pg_database: str) -> None:  # noqa: F811
+    """A schema with a migration unknown to this version is refused on open."""
+    from terrarium.stores import postgres
+
+    conn, schema = pg
+    postgres.PostgresStore(pg_database, schema=schema).close()
+    conn.execute(f'INSERT INTO "{schema}".migrations (name) VALUES (%s)', ("m999_future",))
+    with pytest.raises(FormatVersionError, match=r"newer terrarium.*m999_future"):
+        postgres.PostgresStore(pg_database, schema=schema)
+
+
+@pytest.mark.postgres
+def test_postgres_concurrent_opens_migrate_once(
+    pg: tuple[Any, str],
+    pg_database: str,  # noqa: F811
+) -> None:
+    """Threads opening one blank schema at once each succeed; each step is applied once."""
+    from terrarium.stores import postgres
+
+    conn, schema = pg
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def open_it() -> None:
+        barrier.wait()
+        try:
+            postgres.PostgresStore(pg_database, schema=schema, pool_size=1).close()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert _pg_names(conn, schema) == postgres.MIGRATIONS.names

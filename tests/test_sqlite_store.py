@@ -1,0 +1,321 @@
+"""SqliteStore specifics: WAL, durability setting, threads and processes, atomic(), locks.
+
+The Store contract itself is checked by tests/contract/ on every backend; these tests cover
+what only this backend has.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from terrarium import codec
+from terrarium.errors import ConflictError, SegmentNotFound, StoreError
+from terrarium.model import ContextId
+from terrarium.sessions import create_segment
+from terrarium.stores.base import NewEntry
+from terrarium.stores.memory import MemoryStore
+from terrarium.stores.sqlite import SqliteStore
+
+TS = "2026-05-01T12:00:00.000000Z"
+MAIN = ContextId("cli", "main")
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "terrarium.db"
+
+
+@pytest.fixture
+def store(db: Path) -> Any:
+    with SqliteStore(db) as instance:
+        yield instance
+
+
+def _entry(token: str) -> NewEntry:
+    return NewEntry("item", TS, {"item": {"role": "assistant", "content": token}, "token": token})
+
+
+def _raw(db: Path, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(query, params).fetchall()
+    finally:
+        conn.close()
+
+
+def test_wal_and_normal_synchronous_by_default(store: SqliteStore, db: Path) -> None:
+    """The database is in WAL mode and the store's connections use synchronous=NORMAL."""
+    assert _raw(db, "PRAGMA journal_mode") == [("wal",)]
+    with store._read() as conn:
+        assert conn.execute("PRAGMA synchronous").fetchone() == (1,)  # NORMAL
+    assert "synchronous='NORMAL'" in repr(store)
+
+
+def test_synchronous_full_and_bad_modes(db: Path) -> None:
+    """synchronous=FULL is applied; an unknown mode or an in-memory path is refused."""
+    with SqliteStore(db, synchronous="full") as store, store._read() as conn:
+        assert conn.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
+    with pytest.raises(ValueError, match="unknown synchronous mode"):
+        SqliteStore(db, synchronous="sometimes")
+    with pytest.raises(ValueError, match="MemoryStore"):
+        SqliteStore(":memory:")
+
+
+def test_not_a_database_is_a_store_error(tmp_path: Path) -> None:
+    """Opening a file that is not SQLite fails with StoreError naming the file."""
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"this is not a database, just some text " * 100)
+    with pytest.raises(StoreError, match=r"notes\.txt"):
+        SqliteStore(path)
+
+
+def test_closed_store_refuses_calls(db: Path) -> None:
+    """After close(), calls fail with StoreError rather than touching a closed connection."""
+    store = SqliteStore(db)
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.get_head(MAIN)
+
+
+def test_lines_are_stored_exactly_and_read_like_memory(store: SqliteStore, db: Path) -> None:
+    """Each entry's JSON is stored byte for byte; reads equal MemoryStore's, key order too."""
+    memory = MemoryStore()
+    header = {
+        "v": 1,
+        "ts": TS,
+        "kind": "header",
+        "session_id": str(uuid.UUID(int=1)),
+        "segment_id": str(uuid.UUID(int=2)),
+        "zz_future_key": {"nested": [1, 2.5, None, "é"]},
+    }
+    data = {"zeta": 1, "alpha": {"b": 2, "a": 1}, "item": {"role": "user", "content": "x\x00y"}}
+    for s in (store, memory):
+        s.create_context(MAIN, header)
+        s.append(uuid.UUID(int=1), uuid.UUID(int=2), [NewEntry("custom_kind", TS, data)])
+    got = store.read_segment(uuid.UUID(int=1), uuid.UUID(int=2))
+    want = memory.read_segment(uuid.UUID(int=1), uuid.UUID(int=2))
+    assert got == want
+    assert [list(line) for line in got.entries] == [list(line) for line in want.entries]
+    assert list(got.header) == list(want.header)
+    [(line, kind, ts)] = _raw(db, "SELECT line, kind, ts FROM entries WHERE seq = 1")
+    assert line == codec.encode(want.entries[0]).decode()
+    assert (kind, ts) == ("custom_kind", TS)
+
+
+def test_atomic_nests_on_savepoints(store: SqliteStore) -> None:
+    """atomic() commits its calls together; an inner block that raises rolls back alone."""
+    session_id, segment_id = create_segment(store, context=MAIN)
+    with store.atomic():
+        store.append(session_id, segment_id, [_entry("a")])
+        with pytest.raises(RuntimeError), store.atomic():
+            store.append(session_id, segment_id, [_entry("b")])
+            assert store.next_seq(session_id, segment_id) == 3  # sees its own writes
+            raise RuntimeError("inner")
+        store.append(session_id, segment_id, [_entry("c")])
+    with pytest.raises(RuntimeError), store.atomic():
+        store.append(session_id, segment_id, [_entry("d")])
+        raise RuntimeError("outer")
+    tokens = [e["token"] for e in store.read_segment(session_id, segment_id).entries]
+    assert tokens == ["a", "c"]
+
+
+def test_threads_append_to_one_segment(store: SqliteStore) -> None:
+    """8 threads appending at once: every acknowledged entry is stored once, seqs gapless."""
+    session_id, segment_id = create_segment(store, context=MAIN)
+    acked: list[tuple[int, str]] = []
+    barrier = threading.Barrier(8)
+
+    def work(worker: int) -> None:
+        barrier.wait()
+        for i in range(40):
+            token = f"{worker}-{i}"
+            acked.append((store.append(session_id, segment_id, [_entry(token)]), token))
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stored = store.read_segment(session_id, segment_id).entries
+    assert [e["seq"] for e in stored] == list(range(1, 321))
+    assert sorted(acked) == sorted((e["seq"], e["token"]) for e in stored)
+
+
+def test_threads_with_expected_seq_conflict_never_clobber(store: SqliteStore) -> None:
+    """Writers racing with expected_seq: each seq is won by exactly one; losers get Conflict."""
+    session_id, segment_id = create_segment(store, context=MAIN)
+    won: list[str] = []
+    lost = 0
+    guard = threading.Lock()
+    barrier = threading.Barrier(6)
+
+    def work(worker: int) -> None:
+        nonlocal lost
+        barrier.wait()
+        for i in range(30):
+            token = f"{worker}-{i}"
+            expected = store.next_seq(session_id, segment_id)
+            try:
+                store.append(session_id, segment_id, [_entry(token)], expected_seq=expected)
+            except ConflictError:
+                with guard:
+                    lost += 1
+            else:
+                with guard:
+                    won.append(token)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stored = store.read_segment(session_id, segment_id).entries
+    assert sorted(won) == sorted(e["token"] for e in stored)
+    assert len(won) + lost == 180
+    assert [e["seq"] for e in stored] == list(range(1, len(won) + 1))
+
+
+def _process_worker(
+    path: str, session_id: str, segment_id: str, worker: int, count: int, out: str, barrier: Any
+) -> None:
+    """Child process: append ``count`` entries, then write the acknowledged (seq, token)s."""
+    acked = []
+    with SqliteStore(path) as store:
+        barrier.wait(timeout=60)
+        for i in range(count):
+            token = f"p{worker}-{i}"
+            seq = store.append(uuid.UUID(session_id), uuid.UUID(segment_id), [_entry(token)])
+            acked.append([seq, token])
+    Path(out).write_text(json.dumps(acked))
+
+
+def test_four_processes_append_to_one_context(store: SqliteStore, db: Path, tmp_path: Path) -> None:
+    """4 processes appending to one context lose nothing and duplicate nothing."""
+    session_id, segment_id = create_segment(store, context=MAIN)
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    outs = [tmp_path / f"acked-{w}.json" for w in range(4)]
+    procs = [
+        ctx.Process(
+            target=_process_worker,
+            args=(str(db), str(session_id), str(segment_id), w, 100, str(outs[w]), barrier),
+        )
+        for w in range(4)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+    assert [proc.exitcode for proc in procs] == [0, 0, 0, 0]
+    acked = sorted(tuple(pair) for out in outs for pair in json.loads(out.read_text()))
+    stored = store.read_segment(session_id, segment_id).entries
+    assert [e["seq"] for e in stored] == list(range(1, 401))
+    assert acked == sorted((e["seq"], e["token"]) for e in stored)
+
+
+_TRY_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except BlockingIOError:
+    print("busy")
+else:
+    print("free")
+"""
+
+
+def test_lock_context_excludes_other_processes(store: SqliteStore, db: Path) -> None:
+    """lock_context holds an flock on {db}-locks/{type}/{name} that another process sees."""
+    lock_file = db.with_name(f"{db.name}-locks") / "irc" / "#python"
+
+    def probe() -> str:
+        result = subprocess.run(
+            [sys.executable, "-c", _TRY_LOCK, str(lock_file)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return result.stdout.strip()
+
+    with store.lock_context(ContextId("irc", "#python")):
+        assert lock_file.exists()
+        assert probe() == "busy"
+    assert probe() == "free"
+
+
+def test_lock_context_excludes_other_threads(store: SqliteStore) -> None:
+    """Two threads never hold the same context's lock at once."""
+    inside = 0
+    most = 0
+    guard = threading.Lock()
+    barrier = threading.Barrier(4)
+
+    def work() -> None:
+        nonlocal inside, most
+        barrier.wait()
+        for _ in range(50):
+            with store.lock_context(MAIN):
+                with guard:
+                    inside += 1
+                    most = max(most, inside)
+                with guard:
+                    inside -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert most == 1
+
+
+def test_lock_files_live_beside_the_database(store: SqliteStore, db: Path) -> None:
+    """Lock files go to {db}-locks/, never inside another folder, whatever the name."""
+    with store.lock_context(ContextId("web", "..\\..\\etc:*?")):
+        pass
+    made = [p.relative_to(db.parent) for p in db.parent.rglob("*") if p.is_file()]
+    assert all(str(p).startswith(db.name) for p in made)
+    assert os.path.isdir(f"{db}-locks")
+
+
+def test_delete_racing_appends_leaves_no_orphans(store: SqliteStore, db: Path) -> None:
+    """Appends racing a delete_context either land before it (and go with it) or fail with
+    SegmentNotFound: no entry of the deleted session survives."""
+    session_id, segment_id = create_segment(store, context=MAIN)
+    started = threading.Event()
+    outcome: list[BaseException] = []
+
+    def keep_appending() -> None:
+        try:
+            for i in range(100_000):
+                store.append(session_id, segment_id, [_entry(str(i))])
+                if i == 20:
+                    started.set()
+        except BaseException as exc:  # reported below
+            outcome.append(exc)
+        finally:
+            started.set()
+
+    writers = [threading.Thread(target=keep_appending) for _ in range(3)]
+    for writer in writers:
+        writer.start()
+    started.wait()
+    assert store.delete_context(MAIN)
+    for writer in writers:
+        writer.join()
+    assert [type(exc) for exc in outcome] == [SegmentNotFound] * 3
+    for table in ("entries", "segments", "sessions", "traces"):
+        rows = _raw(db, f"SELECT count(*) FROM {table} WHERE session_id = ?", str(session_id))
+        assert rows == [(0,)], table
