@@ -554,13 +554,20 @@ def _inside(path: Path, root: Path) -> bool:
     is_flag=True,
     help="Also import every legacy JSON file into the log (the files stay as they are).",
 )
+@click.option(
+    "--from",
+    "source",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="The legacy sessions folder (default: the storage dir, when it is a folder).",
+)
 @storage_option
 @click.pass_context
-def migrate(ctx: click.Context, dry_run: bool, to_log: bool) -> None:
-    """Move legacy flat session files into dated folders (and optionally into the log)."""
+def migrate(ctx: click.Context, dry_run: bool, to_log: bool, source: Path | None) -> None:
+    """Move legacy flat session files into date folders (and optionally into the log)."""
     from terrarium.cli.migrate_cmd import run_migrate
 
-    run_migrate(state_of(ctx), dry_run=dry_run, to_log=to_log)
+    run_migrate(state_of(ctx), dry_run=dry_run, to_log=to_log, source=source)
 
 
 # --------------------------------------------------------------------------- fsck, reindex

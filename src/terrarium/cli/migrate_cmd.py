@@ -1,18 +1,40 @@
-"""``terrarium migrate``: delegates to :mod:`terrarium.migrate` and prints its plan."""
+"""``terrarium migrate``: delegates to :func:`terrarium.migrate.migrate`, which prints progress."""
 
 from __future__ import annotations
 
-import importlib
+import sys
+from pathlib import Path
 
 import click
 
+from terrarium.cli import catalog
 from terrarium.cli.app import CliState
 
 
-def run_migrate(state: CliState, *, dry_run: bool, to_log: bool) -> None:
-    """Plan (and unless ``dry_run``, apply) the migration of legacy files."""
-    try:
-        importlib.import_module("terrarium.migrate")
-    except ImportError:
-        raise click.ClickException("migration support is not installed yet") from None
-    raise click.ClickException("migration support is not wired up yet")
+def run_migrate(state: CliState, *, dry_run: bool, to_log: bool, source: Path | None) -> None:
+    """Plan (and unless ``dry_run``, apply) the migration of the legacy files.
+
+    Args:
+        state: the invocation (its store receives the imports with ``to_log``).
+        dry_run: print the plan, change nothing.
+        to_log: also import every session into the store.
+        source: the legacy folder; by default the filesystem store's own folder.
+    """
+    from terrarium.migrate import migrate
+
+    root = source if source is not None else catalog.legacy_root(state)
+    if root is None:
+        raise click.ClickException(
+            f"{state.shown_location} is not a folder: name the legacy sessions folder with --from"
+        )
+    report = migrate(
+        root,
+        dry_run=dry_run,
+        to_log=to_log,
+        store=state.store() if to_log else None,
+        out=sys.stdout,
+    )
+    if report.failed:
+        raise click.ClickException(
+            f"{report.failed} of {len(report.steps)} legacy files could not be migrated"
+        )

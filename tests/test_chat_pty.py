@@ -1,0 +1,254 @@
+"""The interactive chat and the session picker, driven in a real pseudo-terminal with pexpect.
+
+Every wait is an ``expect`` on output (with a timeout), never a sleep. prompt_toolkit redraws
+only what changed, so the tests match short strings that are written whole: the prompt
+(``cli:main>``), replies, notes. ``PROMPT_TOOLKIT_NO_CPR`` stops it from asking the terminal
+for the cursor position, which pexpect's terminal never answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fakeserver import FakeServer
+from terrarium import FsStore, SegmentStartState, create_segment, restore, save_delta
+from terrarium.model import ContextId
+
+pexpect = pytest.importorskip("pexpect")
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT = 20
+
+
+def terminal_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TERRARIUM_")}
+    env.update(TERM="xterm", NO_COLOR="1", PROMPT_TOOLKIT_NO_CPR="1", COLUMNS="120", LINES="40")
+    return env
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "sessions"
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Any]:
+    children: list[Any] = []
+
+    def start(*args: str, script: list[str] | None = None) -> Any:
+        command = script or [sys.executable, "-m", "terrarium.cli"]
+        child = pexpect.spawn(
+            command[0],
+            [*command[1:], *args],
+            env=terminal_env(),
+            cwd=str(tmp_path),
+            dimensions=(40, 120),
+            encoding="utf-8",
+            codec_errors="replace",
+            timeout=TIMEOUT,
+        )
+        children.append(child)
+        return child
+
+    yield start
+    for child in children:
+        if child.isalive():
+            child.terminate(force=True)
+        child.close()
+
+
+def add_context(root: Path, context: str, turns: int) -> None:
+    with FsStore(root) as store:
+        create_segment(store, SegmentStartState(), context=context)
+        head = store.get_head(ContextId.parse(context))
+        assert head is not None
+        for n in range(turns):
+            save_delta(
+                store,
+                head,
+                [
+                    {"role": "user", "content": f"question {n}"},
+                    {"role": "assistant", "content": f"answer {n}"},
+                ],
+            )
+
+
+def history(root: Path, context: str) -> list[dict[str, Any]]:
+    with FsStore(root) as store:
+        return restore(store, context).history
+
+
+def segment_lines(root: Path, context: str) -> list[dict[str, Any]]:
+    with FsStore(root) as store:
+        head = store.get_head(ContextId.parse(context))
+        folder = store.folder_of(ContextId.parse(context))
+        assert head is not None and folder is not None
+        text = (folder / f"{head.segment_id}.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def leave(child: Any) -> None:
+    """Ctrl-D at the prompt leaves with exit code 0."""
+    child.sendcontrol("d")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_picker_filter_choose_chat_stats_fork_switch(
+    root: Path, fake_server: FakeServer, spawn: Any
+) -> None:
+    add_context(root, "cli:main", 2)
+    add_context(root, "irc:#python", 1)
+    child = spawn("chat", "--base-url", fake_server.base_url, "--storage-dir", str(root))
+    child.expect("Pick a session")
+    child.expect("4 messages")  # cli:main, newest first within its type
+    child.expect("#python")
+    child.send("pyth")  # filter: only irc:#python is left, and it is selected
+    child.expect("cli:pyth")  # the "new session" row names what the filter would create
+    child.send("\r")
+    child.expect("irc:#python: 2 messages")
+    child.expect("irc:#python>")
+
+    child.send("hello there\r")
+    child.expect("echo: hello there")
+    child.expect("irc:#python>")
+
+    child.send("/stats\r")
+    child.expect("model calls")
+    child.expect("irc:#python>")
+
+    child.send("/fork side\r")
+    child.expect("now in irc:side")
+    child.expect("irc:side>")
+    child.send("on the side\r")
+    child.expect("echo: on the side")
+    child.expect("irc:side>")
+
+    child.send("/switch cli:main\r")
+    child.expect(r"now in cli:main \(4 messages\)")
+    child.expect("cli:main>")
+    child.send("/history\r")
+    child.expect("answer 1")
+    child.expect("cli:main>")
+    leave(child)
+
+    assert [m["content"] for m in history(root, "irc:#python")] == [
+        "question 0",
+        "answer 0",
+        "hello there",
+        "echo: hello there",
+    ]
+    assert len(history(root, "irc:side")) == 6
+    assert len(history(root, "cli:main")) == 4
+
+
+def test_picker_new_session_and_cancel(root: Path, fake_server: FakeServer, spawn: Any) -> None:
+    add_context(root, "cli:main", 1)
+    child = spawn("chat", "--base-url", fake_server.base_url, "--storage-dir", str(root))
+    child.expect("Pick a session")
+    child.send("fresh")
+    child.expect("cli:fresh")
+    child.send("\r")
+    child.expect("cli:fresh>")
+    child.send("first words\r")
+    child.expect("echo: first words")
+    child.expect("cli:fresh>")
+    leave(child)
+    assert len(history(root, "cli:fresh")) == 2
+
+    child = spawn("chat", "--base-url", fake_server.base_url, "--storage-dir", str(root))
+    child.expect("Pick a session")
+    child.sendcontrol("c")
+    child.expect("no session chosen")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_ctrl_c_interrupts_a_reply_and_the_chat_goes_on(
+    root: Path, fake_server: FakeServer, spawn: Any
+) -> None:
+    fake_server.chunks = 20
+    fake_server.chunk_delay = 1.0  # 20 pieces a second apart: Ctrl-C lands long before the end
+    child = spawn(
+        "chat", "cli:main", "--base-url", fake_server.base_url, "--storage-dir", str(root)
+    )
+    child.expect("cli:main>")
+    child.send("tell me a long story please\r")
+    child.expect("ech")  # the first piece of the reply has arrived: a reply is streaming
+    child.sendcontrol("c")
+    child.expect("interrupted; the session is kept")
+    child.expect("cli:main>")
+
+    fake_server.chunk_delay = 0
+    child.send("again\r")
+    child.expect("echo: again")
+    child.expect("cli:main>")
+    leave(child)
+
+    assert [m["content"] for m in history(root, "cli:main")] == [
+        "tell me a long story please",
+        "again",
+        "echo: again",
+    ]
+    kinds = [line["kind"] for line in segment_lines(root, "cli:main")]
+    assert kinds.count("run_errored") == 1 and kinds[-2:] == ["run_completed", "turn_end"]
+    errored = next(
+        line for line in segment_lines(root, "cli:main") if line["kind"] == "run_errored"
+    )
+    assert errored["error"] == "cancelled"
+    assert errored["partial"].startswith("ech")
+
+
+def test_multiline_input_and_unreachable_server(root: Path, spawn: Any) -> None:
+    child = spawn(
+        "chat", "cli:main", "--base-url", "http://127.0.0.1:9/v1", "--retries", "0",
+        "--storage-dir", str(root),
+    )  # fmt: skip
+    child.expect("cli:main>")
+    child.send("line one")
+    child.send("\x1b\r")  # Esc+Enter (what Alt+Enter sends): a new line, not sent yet
+    child.send("line two\r")
+    child.expect("cannot reach the model server at http://127.0.0.1:9/v1")
+    child.expect("--base-url")
+    child.expect("cli:main>")  # still in the chat
+    child.send("/clear\r")
+    child.expect("cleared cli:main")
+    child.expect("cli:main>")
+    leave(child)
+    with FsStore(root) as store:
+        head = store.get_head(ContextId.parse("cli:main"))
+        assert head is not None
+        first = store.read_segment(head.session_id, store.list_segments(head.session_id)[0])
+    sent = [e["item"]["content"] for e in first.entries if e["kind"] == "user_input"]
+    assert sent == ["line one\nline two"]
+
+
+def test_seed_chat_py_on_a_terminal(root: Path, fake_server: FakeServer, spawn: Any) -> None:
+    """``python chat.py`` opens the picker; ``--delete-session`` asks before deleting."""
+    add_context(root, "cli:main", 1)
+    chat_py = [sys.executable, str(REPO / "chat.py")]
+    child = spawn("--base-url", fake_server.base_url, "--storage-dir", str(root), script=chat_py)
+    child.expect("Pick a session")
+    child.expect("2 messages")
+    child.send("\r")
+    child.expect("cli:main>")
+    leave(child)
+
+    child = spawn("--delete-session", "main", "--storage-dir", str(root), script=chat_py)
+    child.expect(r"Delete cli:main and all its history\? \[y/N\]")
+    child.send("y\r")
+    child.expect("deleted cli:main")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    with FsStore(root) as store:
+        assert store.list_contexts() == []
