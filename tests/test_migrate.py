@@ -262,13 +262,23 @@ def test_rerun_after_a_crash_between_write_and_remove(tmp_path: Path) -> None:
     assert step.session is not None
     step.destination.parent.mkdir()
     step.destination.write_bytes(tj.dumps(step.session).encode())
-    leftover = step.destination.parent / f".main.json.{'0' * 32}.partial"
-    leftover.write_text("half")
+    with pytest.MonkeyPatch.context() as patch:  # die after the temp file, before the rename
+        patch.setattr(os, "replace", _die)
+        patch.setattr(Path, "unlink", _die)
+        with pytest.raises(KeyboardInterrupt):
+            tj.atomic_write_bytes(step.destination, b"half")
+    (leftover,) = tj.stale_partials(step.destination)
+    assert leftover.read_bytes() == b"half"
+    assert step.destination.read_bytes() != b"half"
     assert [s.source for s in plan_migration(root)] == [source]  # not the destination too
     report = migrate(root, to_log=True, out=io.StringIO())
     assert (report.moved, report.imported, report.skipped, report.failed) == (1, 1, 0, 0)
     assert not source.exists() and not leftover.exists()
     assert tj.load(step.destination).metadata.session_date == "2025-11-06"
+
+
+def _die(*args: object, **kwargs: object) -> None:
+    raise KeyboardInterrupt
 
 
 def test_a_different_destination_is_a_conflict_and_is_kept(tmp_path: Path) -> None:

@@ -535,3 +535,14 @@ def test_header_extra_may_not_replace_header_keys() -> None:
             context="cli:x",
             header_extra={"history": []},
         )
+
+
+def test_write_fits_names_near_the_file_name_limit(tmp_path: Path) -> None:
+    """The temporary file's name does not grow with the session's name."""
+    name = "é" * 120  # 240 bytes, 245 with ".json"
+    session = tj.from_dict({"session_id": name, "context_type": "cli", "messages": []})
+    path = tmp_path / f"{name}.json"
+    tj.write(path, session)
+    assert tj.load(path) == session
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    assert tj.stale_partials(path) == []

@@ -29,7 +29,6 @@ to do) and files failed; the command exits non-zero when any failed.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -46,6 +45,7 @@ from terrarium.formats.terrarium_json import (
     import_session,
     iter_legacy_files,
     load,
+    stale_partials,
 )
 from terrarium.model import ContextId
 
@@ -212,20 +212,14 @@ class _Conflict(Exception):
     pass
 
 
-def _partial_re(name: str) -> re.Pattern[str]:
-    return re.compile(rf"\.{re.escape(name)}\.[0-9a-f]{{32}}\.partial")
-
-
 def _move(step: Step) -> None:
     """Write the destination (if it is not there yet), then remove the source."""
     assert step.session is not None
     source, destination = step.source, step.destination
     data = _new_bytes(step.session)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    pattern = _partial_re(destination.name)
-    for leftover in os.listdir(destination.parent):  # an interrupted earlier run's temp file
-        if pattern.fullmatch(leftover):
-            (destination.parent / leftover).unlink(missing_ok=True)
+    for leftover in stale_partials(destination):  # an interrupted earlier run's temp file
+        leftover.unlink(missing_ok=True)
     try:
         existing: bytes | None = destination.read_bytes()
     except FileNotFoundError:

@@ -37,6 +37,7 @@ logged later follow with their own timestamps. The legacy file is never modified
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import re
@@ -491,13 +492,19 @@ def dumps(data: LegacySession | Mapping[str, Any]) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False)
 
 
+def _partial_prefix(path: Path) -> str:
+    # Named after a digest of the file name, not the name itself: a legacy name may be close
+    # to the 255-byte limit, and the temporary file must still fit.
+    return f".{hashlib.sha256(path.name.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}."
+
+
 def atomic_write_bytes(path: Path, data: bytes, *, mtime_ns: int | None = None) -> None:
     """Write ``data`` to ``path`` through a temporary file, ``fsync`` and ``os.replace``.
 
-    The temporary file is ``.{name}.{32 hex}.partial`` beside ``path``; a crash can leave one
-    behind, never a half-written ``path``. ``mtime_ns`` sets the file's modification time.
+    The temporary file lies beside ``path`` (see :func:`stale_partials`); a crash can leave
+    it behind, never a half-written ``path``. ``mtime_ns`` sets the file's modification time.
     """
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    tmp = path.with_name(f"{_partial_prefix(path)}{uuid.uuid4().hex[:16]}.partial")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         try:
@@ -514,6 +521,12 @@ def atomic_write_bytes(path: Path, data: bytes, *, mtime_ns: int | None = None) 
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def stale_partials(path: Path) -> list[Path]:
+    """Temporary files that an interrupted :func:`atomic_write_bytes` of ``path`` left."""
+    pattern = re.compile(re.escape(_partial_prefix(path)) + r"[0-9a-f]{16}\.partial")
+    return [path.parent / name for name in _listdir(path.parent) if pattern.fullmatch(name)]
 
 
 def fsync_dir(folder: Path) -> None:
@@ -848,6 +861,7 @@ __all__ = [
     "iter_legacy_files",
     "load",
     "parse_timestamp",
+    "stale_partials",
     "to_legacy_ts",
     "to_log_ts",
     "write",
