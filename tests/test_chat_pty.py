@@ -152,8 +152,21 @@ def test_picker_filter_choose_chat_stats_fork_switch(
 
 def test_picker_new_session_and_cancel(root: Path, fake_server: FakeServer, spawn: Any) -> None:
     add_context(root, "cli:main", 1)
+    legacy = root / "cli" / "2025-11-06" / "old.json"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text(
+        json.dumps(
+            {
+                "session_id": "old",
+                "context_type": "cli",
+                "system_prompt": "",
+                "messages": [{"role": "user", "content": "hi", "timestamp": "2025-11-06T10:00:00"}],
+            }
+        )
+    )
     child = spawn("chat", "--base-url", fake_server.base_url, "--storage-dir", str(root))
     child.expect("Pick a session")
+    child.expect(r"\(legacy\)")  # legacy JSON sessions are listed too
     child.send("fresh")
     child.expect("cli:fresh")
     child.send("\r")

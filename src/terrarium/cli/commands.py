@@ -479,9 +479,9 @@ def import_cmd(ctx: click.Context, paths: tuple[Path, ...], as_context: ContextI
     if as_context is not None and len(files) != 1:
         raise click.UsageError("--as needs exactly one file")
     failed = 0
-    for path in files:
+    for path, root in files:
         try:
-            context, count = import_file(state, path, as_context)
+            context, count = import_file(state, path, as_context, root=root)
         except (TerrariumError, ValueError, OSError) as exc:
             if len(files) == 1:
                 raise
@@ -493,8 +493,9 @@ def import_cmd(ctx: click.Context, paths: tuple[Path, ...], as_context: ContextI
         raise click.ClickException(f"{failed} of {len(files)} files could not be imported")
 
 
-def _expand(paths: tuple[Path, ...]) -> list[Path]:
-    files: list[Path] = []
+def _expand(paths: tuple[Path, ...]) -> list[tuple[Path, Path | None]]:
+    """The files to import, each with the sessions folder it lies in (when known)."""
+    files: list[tuple[Path, Path | None]] = []
     for path in paths:
         if path.is_dir():
             module = catalog.legacy_module()
@@ -503,14 +504,20 @@ def _expand(paths: tuple[Path, ...]) -> list[Path]:
             found = sorted(module.iter_legacy_files(path))
             if not found:
                 raise click.ClickException(f"{path}: no legacy session files in this folder")
-            files.extend(found)
+            files.extend((file, path) for file in found)
         else:
-            files.append(path)
+            files.append((path, None))
     return files
 
 
-def import_file(state: CliState, path: Path, as_context: ContextId | None) -> tuple[str, int]:
-    """Import one file into the store; returns the context and its message count."""
+def import_file(
+    state: CliState, path: Path, as_context: ContextId | None, *, root: Path | None = None
+) -> tuple[str, int]:
+    """Import one file into the store; returns the context and its message count.
+
+    ``root`` is the legacy sessions folder the file lies in (it tells the session type of a
+    top-level file); by default the filesystem store's folder, when the file is inside it.
+    """
     from terrarium import sessions
 
     store = state.store()
@@ -518,22 +525,15 @@ def import_file(state: CliState, path: Path, as_context: ContextId | None) -> tu
         from terrarium.formats.jsonl import import_context
 
         head = import_context(store, path.read_bytes(), context=as_context)
-        context = ContextId.parse(head.context)
     else:
         module = catalog.legacy_module()
         if module is None:
             raise click.ClickException("legacy JSON support is not installed")
-        context = _import_legacy(module, store, path, as_context)
+        if root is None and isinstance(store, FsStore) and _inside(path, store.root):
+            root = store.root
+        head = module.import_session(store, module.load(path, root=root), context=as_context)
+    context = ContextId.parse(head.context)
     return str(context), len(sessions.restore(store, context).history)
-
-
-def _import_legacy(
-    module: Any, store: Store, path: Path, as_context: ContextId | None
-) -> ContextId:
-    root = store.root if isinstance(store, FsStore) else None
-    session = module.load(path, root=root if root and _inside(path, root) else None)
-    head = module.import_session(store, session, context=as_context)
-    return ContextId.parse(head.context)
 
 
 def _inside(path: Path, root: Path) -> bool:
