@@ -31,12 +31,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from terrarium import sessions
 from terrarium.errors import ConflictError, ContextExists, ContextNotFound, LLMError
 from terrarium.formats.openai import chat_messages
-from terrarium.llm.vllm_client import ChatResult, VLLMClient
 from terrarium.model import (
     ContextId,
     EntryKind,
@@ -50,6 +49,9 @@ from terrarium.model import (
     wire_message,
 )
 from terrarium.stores.base import ContextLocking, PodActiveSegmentRef, Store
+
+if TYPE_CHECKING:  # the openai client costs ~0.5 s to import; only annotations need it
+    from terrarium.llm.vllm_client import ChatResult, VLLMClient
 
 COMPACTION_PROMPT = (
     "Summarise the conversation so far for your own later use: the facts, decisions, open "
