@@ -1,0 +1,209 @@
+"""Search the history of every context in a store.
+
+:func:`search` hands the query to the store when it is
+:class:`~terrarium.stores.base.Searchable` (``FsStore`` through its derived FTS5 index;
+``SqliteStore`` and ``PostgresStore`` through their own), and otherwise falls back to
+:func:`scan`, which reads every segment of every context, as a store without an index
+(``MemoryStore``) must.
+
+Both paths agree on what is searched and how (``tests/test_search.py`` checks it):
+
+* every history item of every segment, including the history that a header carries (a
+  compaction's summary, an import's messages; those hits have seq 0), so history that a clear
+  or compaction left behind stays findable;
+* the query is words, never syntax: a hit contains every term; a term of several tokens
+  (``don't``, a CJK word) must appear as that sequence. Matching ignores case and accents.
+  A query with no letter or digit raises :class:`InvalidQuery`;
+* hits are ranked by bm25 (as SQLite FTS5 computes it), best first.
+"""
+
+from __future__ import annotations
+
+import heapq
+import unicodedata
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from terrarium.model import ContextId, item_text
+from terrarium.stores.base import Searchable, SearchHit, SearchQuery, Store
+from terrarium.stores.fs_search import (
+    TAG_TOKENS,
+    InvalidQuery,
+    bm25,
+    check_query,
+    query_terms,
+    token_spans,
+    tokenize,
+)
+
+__all__ = ["InvalidQuery", "SearchHit", "SearchQuery", "scan", "search"]
+
+_HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
+_CONTEXT_CHARS = 60
+_SNIPPET_CHARS = 200
+
+
+def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
+    """Ranked hits for ``query`` in ``store``: its own index if it has one, else a scan.
+
+    Args:
+        store: any store.
+        query: a :class:`SearchQuery`, or just the words to find.
+
+    Raises:
+        InvalidQuery: nothing to search for (an empty query, only punctuation or emoji), or
+            an invalid ``limit``, ``role`` or ``since``.
+        InvalidContextId: ``query.context`` is not ``type:name``.
+    """
+    if isinstance(query, str):
+        query = SearchQuery(query)
+    if isinstance(store, Searchable):
+        return store.search(query)
+    return scan(store, query)
+
+
+@dataclass(slots=True)
+class _Doc:
+    context: ContextId
+    date: str
+    head: Any
+    segment_id: Any
+    seq: int
+    role: str
+    ts: str
+    text: str
+    tokens: list[str]
+
+
+def scan(store: Store, query: SearchQuery | str) -> list[SearchHit]:
+    """Search by reading every segment of every context (for stores without an index).
+
+    Costs a full read of the store per query: fine for a ``MemoryStore`` or a small store,
+    not for 100k sessions.
+    """
+    if isinstance(query, str):
+        query = SearchQuery(query)
+    q = check_query(query)
+    phrases = [tokenize(term) for term in query_terms(q.text)]
+    docs: list[_Doc] = []
+    for head in store.list_contexts():
+        context = ContextId.parse(head.context)
+        for segment_id in store.list_segments(head.session_id):
+            read = store.read_segment(head.session_id, segment_id)
+            header = read.header
+            history = header.get("history")
+            for item in history if isinstance(history, list) else ():
+                docs.append(_doc(context, head, segment_id, 0, item, str(header.get("ts", ""))))
+            for line in read.entries:
+                if line.get("kind") in _HISTORY_KINDS:
+                    docs.append(
+                        _doc(context, head, segment_id, line["seq"], line.get("item"), line["ts"])
+                    )
+    docs = [doc for doc in docs if doc.text]  # empty items are not in an index either
+    if not docs:
+        return []
+    # Statistics over the whole corpus, as FTS5 keeps them, before any filter.
+    rows = len(docs)
+    average = sum(len(doc.tokens) + TAG_TOKENS for doc in docs) / rows
+    freqs = [[_count(doc.tokens, phrase) for phrase in phrases] for doc in docs]
+    doc_freqs = [sum(1 for f in freqs if f[i]) for i in range(len(phrases))]
+    scored: list[tuple[float, int]] = []
+    for index, (doc, freq) in enumerate(zip(docs, freqs, strict=True)):
+        if not all(freq) or not _wanted(doc, q):
+            continue
+        score = bm25(freq, doc_freqs, rows, len(doc.tokens) + TAG_TOKENS, average)
+        scored.append((score, index))
+    best = heapq.nlargest(q.limit, scored, key=lambda pair: (pair[0], pair[1]))
+    hits = []
+    for score, index in best:
+        doc = docs[index]
+        snippet, spans = _snippet(doc.text, phrases)
+        hits.append(
+            SearchHit(
+                context=str(doc.context),
+                date=doc.date,
+                session_id=doc.head.session_id,
+                segment_id=doc.segment_id,
+                seq=doc.seq,
+                role=doc.role,
+                ts=doc.ts,
+                snippet=snippet,
+                highlights=spans,
+                score=score,
+            )
+        )
+    return hits
+
+
+def _doc(context: ContextId, head: Any, segment_id: Any, seq: int, item: Any, ts: str) -> _Doc:
+    if isinstance(item, Mapping):
+        role = item.get("role")
+        try:
+            text = item_text(item)
+        except (AttributeError, TypeError):
+            text = ""
+    else:
+        role, text = None, ""
+    text = text if isinstance(text, str) else ""
+    if not text.isascii():
+        text = unicodedata.normalize("NFC", text)  # as the index stores it
+    role = role if isinstance(role, str) else "other"
+    return _Doc(context, head.date, head, segment_id, seq, role, ts, text, tokenize(text))
+
+
+def _wanted(doc: _Doc, q: SearchQuery) -> bool:
+    if q.type is not None and doc.context.type != q.type:
+        return False
+    if q.context is not None and str(doc.context) != q.context:
+        return False
+    if q.role is not None and doc.role != q.role:
+        return False
+    return q.since is None or doc.ts >= q.since
+
+
+def _count(tokens: Sequence[str], phrase: Sequence[str]) -> int:
+    """How many times ``phrase`` occurs in ``tokens`` (overlapping, as FTS5 counts)."""
+    if not phrase:
+        return 0
+    n = len(phrase)
+    first = phrase[0]
+    return sum(
+        1
+        for i, token in enumerate(tokens)
+        if token == first and list(tokens[i : i + n]) == list(phrase)
+    )
+
+
+def _snippet(
+    text: str, phrases: Sequence[Sequence[str]]
+) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """A window of ``text`` around the first match, with every match in it highlighted."""
+    spans = token_spans(text)
+    tokens = [token for token, _, _ in spans]
+    found: list[tuple[int, int]] = []
+    for phrase in phrases:
+        n = len(phrase)
+        for i in range(len(tokens) - n + 1):
+            if tokens[i : i + n] == list(phrase):
+                found.append((spans[i][1], spans[i + n - 1][2]))
+    found.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in found:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    begin = 0
+    if len(text) > _SNIPPET_CHARS and merged:
+        begin = max(0, merged[0][0] - _CONTEXT_CHARS)
+        # Start at a token boundary.
+        begin = next((s for _, s, _ in spans if s >= begin), begin)
+    end = min(len(text), begin + _SNIPPET_CHARS)
+    prefix = "…" if begin > 0 else ""
+    suffix = "…" if end < len(text) else ""
+    shift = len(prefix) - begin
+    highlights = tuple(
+        (start + shift, stop + shift) for start, stop in merged if start >= begin and stop <= end
+    )
+    return f"{prefix}{text[begin:end]}{suffix}", highlights

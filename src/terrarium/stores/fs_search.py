@@ -1,0 +1,1351 @@
+"""Full-text search and fast listing for ``FsStore``: a derived SQLite FTS5 index.
+
+The index lives beside the sessions in ``.index/search.db`` (WAL). It is derived data, never
+needed for correctness: delete it and the next search rebuilds it from the segment files;
+``FsStore.reindex()`` (``terrarium reindex``) rebuilds it in place.
+
+**What is indexed.** Every history item of every segment of every session: ``user_input``,
+``item`` and ``system_item`` entries, and the history a header carries (a compaction's
+summary, an import; those items get the header's seq, 0). Each is one row of ``docs``
+(session, segment, seq, role, ts, text) and, when its text is not empty, one row of the FTS5
+table ``fts`` (``unicode61 remove_diacritics 2``: case and accents folded). Old segments stay
+indexed after a clear or compaction, as they stay in the session tree.
+
+**Incremental updates.** Per segment file the index records its inode and the byte offset it
+has read up to (always the end of a complete line). A refresh reads only the bytes appended
+since, under a shared ``flock`` so it never sees a write in progress, and stops at the last
+newline: a torn tail is indexed once it is complete. A shrunk or replaced file is re-read.
+
+**Finding what changed without walking 100k folders.** A walk that ``stat``\\s every segment
+file costs about 0.9 s per refresh at 100k sessions (``benchmarks/bench_search.py``), far too
+much per search. Instead writers leave *dirty markers*: an empty file
+``.index/dirty/{session id}``. Creating a context or segment, moving a head and deleting a
+context always mark the session; an append marks it at most once per ``MARK_EVERY`` seconds
+per open segment (a ``stat``, and an ``open`` when the marker is missing), so the append path
+stays a lock, an ``fstat`` and a ``write``. A refresh claims markers by renaming them (atomic:
+a writer marking at the same time creates a fresh one) and *watches* each claimed session
+for ``WATCH_SECONDS`` (> 2 x ``MARK_EVERY``): every refresh in that window ``stat``\\s the
+session's segment files, and the first refresh after it reads the session one last time. An
+append that a writer did not mark is therefore covered by the watch that its last mark
+started, and the next append after the watch ends marks again. An idle refresh costs a
+``scandir`` of an empty folder and one indexed query (~20 µs); each watched session adds a
+``stat`` per segment. Writes that bypass ``FsStore`` (a restored backup, a hand edit) are
+found by ``refresh(full=True)`` or ``reindex()``. Trade-off: right after a bulk import every
+imported session is watched for ``WATCH_SECONDS``, so refreshes cost a ``stat`` per session
+for that long.
+
+**Queries are data.** The user's text is split on white space, each term is quoted as an FTS5
+string (``"`` doubled) and the whole expression is bound as a parameter, never spliced into
+SQL: ``*``, ``NEAR(``, ``AND``, quotes and SQL are matched as the words they contain. Terms
+with no letter or digit are dropped; a query left with none raises :class:`InvalidQuery`.
+CJK characters are indexed one per token (a separator, ``\\x1f``, is put around each when
+indexing and querying), so a CJK word is found inside a sentence written without spaces.
+Emoji and punctuation are separators, as in ``unicode61``: they are shown, never matched.
+
+**Ranking.** bm25 (``k1=1.2``, ``b=0.75``) over the text; filters (type, context, role) are
+tokens of a second, zero-weighted column ``tags``, so FTS5 intersects them with the terms
+instead of post-filtering every match; ``since`` is a post-filter. FTS5's bm25 costs about
+0.7 µs per matching row plus 40 ns per row containing each term (its IDF), so a word found in
+860k of 1M messages costs 630 ms to rank fully. So a query matching more than
+``RANK_WINDOW`` rows is ranked among its most recent matches only, using ``fts_recent``, a
+second FTS5 table over the last ``RECENT_SIZE`` items, where the common term's IDF is cheap
+too (falling back to the whole index when that finds too few). Words that common carry
+almost no information; for them recency is the better order anyway. Rows are numbered in
+indexing order, which is arrival order (a full build indexes the least recently written
+sessions first).
+
+**Snippets.** FTS5 ``snippet()`` marks matches with two private-use characters, which are
+then stripped and turned into ``(start, end)`` spans; occurrences of those two characters in
+the text itself are indexed as U+FFFD so they can never be confused with the markers.
+
+**Listing.** ``sessions`` holds one row per session with its context, date, head, message
+count and last activity, kept current by the same refreshes, so listing 100k contexts is one
+indexed query instead of 100k file reads.
+
+**Concurrency.** Searches read a WAL snapshot and never wait. Updates run in a ``BEGIN
+IMMEDIATE`` transaction, so one process at a time indexes; the others wait for it (up to
+``BUSY_TIMEOUT`` seconds) and then find little left to do. A database that is missing,
+replaced, corrupt or of another schema version is rebuilt from the files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import logging
+import math
+import os
+import re
+import sqlite3
+import threading
+import time
+import unicodedata
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from terrarium import codec
+from terrarium.errors import CorruptLog, StoreError, TerrariumError
+from terrarium.model import ROLES, ContextId, SegmentId, SessionId, item_text
+from terrarium.stores.base import SearchHit, SearchQuery
+
+log = logging.getLogger(__name__)
+
+#: Bump when the schema changes: an index of another version is dropped and rebuilt.
+SCHEMA_VERSION = 1
+#: An append marks its session at most this often per open segment (seconds).
+MARK_EVERY = 5.0
+#: How long a claimed session stays watched (seconds). Must exceed 2 x ``MARK_EVERY``.
+WATCH_SECONDS = 15.0
+#: Queries matching more rows than this are ranked among their most recent matches.
+RANK_WINDOW = 5000
+#: How many of the most recent items ``fts_recent`` holds (it is rebuilt at twice that).
+RECENT_SIZE = 50_000
+#: Seconds an update waits for another process's update before searching what is there.
+BUSY_TIMEOUT = 30.0
+#: The longest accepted ``limit``.
+MAX_LIMIT = 1000
+
+DB_NAME = "search.db"
+_INDEX = ".index"
+_DIRTY = "dirty"
+_CLAIMED = ".claimed-"
+_HEAD = "head.json"
+_SEGMENT_SUFFIX = ".jsonl"
+_TRACE_SUFFIX = ".trace.jsonl"
+_HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
+
+# Marker characters for snippet(); text that contains them is indexed with U+FFFD instead.
+_OPEN, _CLOSE = "\ue000", "\ue001"
+_ELLIPSIS = "…"
+_SNIPPET_TOKENS = 24
+# Put around every CJK character so unicode61 makes each one a token ("\x1f" is a separator).
+_SEP = "\x1f"
+_CJK = (
+    "\u1100-\u11ff\u3005-\u3007\u3040-\u309f\u30a0-\u30ff\u3100-\u312f\u3130-\u318f"
+    "\u31a0-\u31bf\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\ua960-\ua97f\uac00-\ud7af"
+    "\ud7b0-\ud7ff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
+)
+_CJK_RE = re.compile(f"([{_CJK}])")
+_TOKEN_RE = re.compile(f"[{_CJK}]|(?:[^\\W_{_CJK}]|[\ue002-\uf8ff])+")
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
+_MARKERS = str.maketrans({_OPEN: "\ufffd", _CLOSE: "\ufffd"})
+_SNIPPET_SPLIT = re.compile(f"([{_OPEN}{_CLOSE}])")
+_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+class InvalidQuery(TerrariumError, ValueError):
+    """A search query has nothing to search for, or a filter that cannot be valid."""
+
+
+# --------------------------------------------------------------------------- text and queries
+
+
+def prepare_text(text: str) -> str:
+    """The text as indexed: NFC, marker characters replaced, CJK characters set apart."""
+    if not text.isascii():
+        text = unicodedata.normalize("NFC", text).translate(_MARKERS)
+        text = _CJK_RE.sub(f"{_SEP}\\1{_SEP}", text)
+    return text
+
+
+def _fold(token: str) -> str:
+    if token.isascii():
+        return token.lower()
+    decomposed = unicodedata.normalize("NFD", token)
+    return "".join(c for c in decomposed if unicodedata.category(c) != "Mn").lower()
+
+
+def tokenize(text: str) -> list[str]:
+    """The tokens FTS5 finds in ``text``, as Python sees them (for the scan fallback).
+
+    Runs of letters and digits, lower-cased without accents; each CJK character is a token.
+    SQLite's tokenizer uses older Unicode tables, so rare scripts and recent emoji can differ.
+    """
+    return [_fold(m.group()) for m in _TOKEN_RE.finditer(text)]
+
+
+def token_spans(text: str) -> list[tuple[str, int, int]]:
+    """Each token of ``text`` with its ``(start, end)`` character span."""
+    return [(_fold(m.group()), m.start(), m.end()) for m in _TOKEN_RE.finditer(text)]
+
+
+def query_terms(text: str) -> list[str]:
+    """The user's terms that contain something to search for, each as indexed.
+
+    Raises:
+        InvalidQuery: no term has a letter or digit (an empty query, ``*``, only emoji).
+    """
+    if not isinstance(text, str):
+        raise InvalidQuery(f"a search query must be a string, not {type(text).__name__}")
+    terms = []
+    for raw in _CONTROL_RE.sub(" ", text).split():
+        term = prepare_text(raw)
+        if _TOKEN_RE.search(term):
+            terms.append(term)
+    if not terms:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise InvalidQuery(
+            f"nothing to search for in {shown!r}: a query needs at least one letter or digit"
+        )
+    return terms
+
+
+def fts5_phrases(terms: Iterable[str]) -> str:
+    """Terms as FTS5 strings (each a phrase matched literally), implicitly ANDed."""
+    return " ".join('"' + term.replace('"', '""') + '"' for term in terms)
+
+
+def check_query(query: SearchQuery) -> SearchQuery:
+    """Validate ``query`` and return it with its filters normalised.
+
+    ``context`` is parsed (``InvalidContextId`` if malformed); ``since`` becomes a UTC date
+    ``YYYY-MM-DD`` or an RFC 3339 time with ``Z``, comparable with entry timestamps.
+
+    Raises:
+        InvalidQuery: the text has no words, or ``limit``, ``role`` or ``since`` is invalid.
+    """
+    query_terms(query.text)
+    if not isinstance(query.limit, int) or not 1 <= query.limit <= MAX_LIMIT:
+        raise InvalidQuery(f"invalid limit {query.limit!r}: use 1 to {MAX_LIMIT}")
+    if query.role is not None and query.role not in ROLES:
+        raise InvalidQuery(f"invalid role {query.role!r}: use one of {', '.join(sorted(ROLES))}")
+    context = str(ContextId.parse(query.context)) if query.context is not None else None
+    since = _normalise_since(query.since) if query.since is not None else None
+    return SearchQuery(query.text, query.type, context, since, query.role, query.limit)
+
+
+def _normalise_since(since: str) -> str:
+    if isinstance(since, str) and _DATE_RE.fullmatch(since):
+        with contextlib.suppress(ValueError):
+            dt.date.fromisoformat(since)
+            return since
+    try:
+        moment = dt.datetime.fromisoformat(str(since).replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidQuery(
+            f"invalid since {since!r}: use a date or time such as 2026-11-01 or "
+            "2026-11-01T12:00:00Z"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def snippet_spans(marked: str) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """Strip the markers and separators from an FTS5 snippet; return it and its highlights."""
+    out: list[str] = []
+    spans: list[tuple[int, int]] = []
+    length = 0
+    start = -1
+    for part in _SNIPPET_SPLIT.split(marked):
+        if part == _OPEN:
+            start = length
+        elif part == _CLOSE:
+            if start >= 0 and length > start:
+                spans.append((start, length))
+            start = -1
+        elif part:
+            part = part.replace(_SEP, "")
+            out.append(part)
+            length += len(part)
+    return "".join(out), tuple(spans)
+
+
+def bm25(
+    phrase_freqs: Sequence[int],
+    doc_freqs: Sequence[int],
+    rows: int,
+    length: int,
+    average: float,
+    k1: float = 1.2,
+    b: float = 0.75,
+) -> float:
+    """The score FTS5's ``bm25()`` gives a row, negated so that higher is better."""
+    score = 0.0
+    for freq, hits in zip(phrase_freqs, doc_freqs, strict=True):
+        idf = math.log((rows - hits + 0.5) / (hits + 0.5))
+        if idf <= 0.0:
+            idf = 1e-6
+        score += idf * (freq * (k1 + 1.0)) / (freq + k1 * (1.0 - b + b * length / average))
+    return score
+
+
+#: Tokens each row has in the ``tags`` column (session, role, type): part of bm25's length.
+TAG_TOKENS = 3
+
+
+# --------------------------------------------------------------------------- markers
+
+
+def dirty_dir(root: Path) -> Path:
+    """Where writers leave dirty markers."""
+    return root / _INDEX / _DIRTY
+
+
+def mark_dirty(root: Path, session_id: SessionId) -> None:
+    """Tell the search index that ``session_id`` changed (see the module docstring)."""
+    path = dirty_dir(root) / str(session_id)
+    try:
+        os.stat(path)
+        return
+    except FileNotFoundError:
+        pass
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    os.close(fd)
+
+
+# --------------------------------------------------------------------------- records
+
+
+class ContextSummary(msgspec.Struct, frozen=True):
+    """One context as ``list`` shows it, read from the index (no session file opened)."""
+
+    context: str
+    """The context id, ``type:name``."""
+    date: str
+    """The creation date, ``YYYY-MM-DD``."""
+    message_count: int
+    """History items in the head segment's restored state."""
+    last_active: str
+    """Timestamp of the head segment's last entry."""
+    created_at: str
+    updated_at: str
+    """When the head last moved."""
+    session: str
+    """The session id, as text (see :attr:`session_id`)."""
+    head: str
+    """The head segment id, as text (see :attr:`segment_id`)."""
+
+    @property
+    def session_id(self) -> SessionId:
+        """The session id."""
+        return uuid.UUID(self.session)
+
+    @property
+    def segment_id(self) -> SegmentId:
+        """The head segment id."""
+        return uuid.UUID(self.head)
+
+
+@dataclass
+class IndexStats:
+    """Counters of the work refreshes did, for tests and benchmarks."""
+
+    refreshes: int = 0
+    """Refreshes that found something to do."""
+    sessions: int = 0
+    """Sessions examined."""
+    segments_read: int = 0
+    """Segment files read (only their new bytes)."""
+    bytes_read: int = 0
+    items: int = 0
+    """History items indexed."""
+
+
+@dataclass
+class _Segment:
+    """A segment row, as the refresh works on it."""
+
+    id: int
+    session: int
+    segment_id: str
+    ino: int
+    size_seen: int
+    offset: int
+    next_seq: int
+    items: int
+    continues: bool
+    parent: str | None
+    at_seq: int | None
+    last_ts: str | None
+
+
+@dataclass
+class _Session:
+    """A session row, as the refresh works on it."""
+
+    id: int
+    session_id: str
+    folder: str
+    tid: int
+    changed: bool = False
+    segments: dict[str, _Segment] = field(default_factory=dict)
+
+
+_SCHEMA = [
+    """CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
+    """CREATE TABLE types(id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)""",
+    """CREATE TABLE sessions(
+        id INTEGER PRIMARY KEY,
+        session_id TEXT NOT NULL UNIQUE,
+        context TEXT NOT NULL,
+        type TEXT NOT NULL,
+        name TEXT NOT NULL,
+        tid INTEGER NOT NULL,
+        date TEXT NOT NULL,
+        folder TEXT NOT NULL,
+        head TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        message_count INTEGER NOT NULL DEFAULT 0,
+        last_active TEXT NOT NULL,
+        watch_until REAL)""",
+    """CREATE INDEX sessions_by_context ON sessions(type, name)""",
+    """CREATE INDEX sessions_watched ON sessions(watch_until) WHERE watch_until IS NOT NULL""",
+    """CREATE TABLE segments(
+        id INTEGER PRIMARY KEY,
+        session INTEGER NOT NULL,
+        segment_id TEXT NOT NULL UNIQUE,
+        ino INTEGER NOT NULL,
+        size_seen INTEGER NOT NULL,
+        offset INTEGER NOT NULL,
+        next_seq INTEGER NOT NULL,
+        items INTEGER NOT NULL,
+        continues INTEGER NOT NULL,
+        parent TEXT,
+        at_seq INTEGER,
+        last_ts TEXT)""",
+    """CREATE INDEX segments_by_session ON segments(session)""",
+    # Every history item, with its text as indexed (see prepare_text). ``tags`` is what the
+    # filters match: s<session row> r<role> t<type row>, one token each.
+    """CREATE TABLE docs(
+        id INTEGER PRIMARY KEY,
+        segment INTEGER NOT NULL,
+        session INTEGER NOT NULL,
+        tid INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        role TEXT NOT NULL,
+        ts TEXT NOT NULL,
+        body TEXT NOT NULL,
+        tags TEXT GENERATED ALWAYS AS ('s' || session || ' r' || role || ' t' || tid) VIRTUAL)""",
+    """CREATE INDEX docs_by_segment ON docs(segment, seq)""",
+    """CREATE VIRTUAL TABLE fts USING fts5(body, tags, content='docs', content_rowid='id',
+        tokenize='unicode61 remove_diacritics 2')""",
+    """CREATE VIRTUAL TABLE fts_recent USING fts5(body, tags, content='docs',
+        content_rowid='id', tokenize='unicode61 remove_diacritics 2')""",
+]
+
+
+# --------------------------------------------------------------------------- the index
+
+
+class SearchIndex:
+    """The derived search and listing index of one ``FsStore`` root (module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str], *, clock: Callable[[], float] = time.time):
+        """Open the index of the sessions under ``root`` (it is created on first use).
+
+        Args:
+            root: the ``FsStore`` root.
+            clock: wall-clock seconds, for the watch window (tests pass a fake).
+        """
+        self.root = Path(root).absolute()
+        self.path = self.root / _INDEX / DB_NAME
+        self.clock = clock
+        self.stats = IndexStats()
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self._ino: int | None = None
+        self._warned: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"SearchIndex({str(self.root)!r})"
+
+    # ------------------------------------------------------------------ connection
+
+    def _connection(self) -> sqlite3.Connection:
+        """The open connection; reopened (and rebuilt) if the file was deleted or replaced."""
+        if self._conn is not None:
+            try:
+                ino = os.stat(self.path).st_ino
+            except FileNotFoundError:
+                ino = None
+            if ino == self._ino:
+                return self._conn
+            log.info("%s was deleted or replaced: reopening it", self.path)
+            self._close_connection()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = self._open()
+        except sqlite3.DatabaseError as exc:
+            log.warning("%s is unreadable (%s): rebuilding it", self.path, exc)
+            self._delete_files()
+            conn = self._open()
+        self._conn = conn
+        self._ino = os.stat(self.path).st_ino
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT
+        )
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA temp_store=MEMORY")
+            conn.execute("PRAGMA cache_size=-32000")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version != SCHEMA_VERSION:
+                self._create_schema(conn, version)
+            conn.execute("SELECT count(*) FROM meta").fetchone()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _create_schema(self, conn: sqlite3.Connection, version: int) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+                conn.execute("COMMIT")  # another process created it meanwhile
+                return
+            if version:
+                log.info("search index schema %s is not %s: rebuilding", version, SCHEMA_VERSION)
+            # Virtual tables first: dropping one drops its shadow tables.
+            for virtual in (True, False):
+                for (name,) in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' "
+                    "AND name NOT LIKE 'sqlite%' AND (sql LIKE 'CREATE VIRTUAL%') = ?",
+                    (virtual,),
+                ).fetchall():
+                    conn.execute(f'DROP TABLE IF EXISTS "{name}"')
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _delete_files(self) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{self.path}{suffix}")
+
+    def _close_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+            self._ino = None
+
+    def close(self) -> None:
+        """Close the database connection (the index can be reopened by using it again)."""
+        with self._lock:
+            self._close_connection()
+
+    def __enter__(self) -> SearchIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ refresh
+
+    def refresh(self, *, full: bool = False) -> bool:
+        """Bring the index up to date with the files; return True if it looked at any.
+
+        Args:
+            full: also walk every session folder (finds writes that bypassed ``FsStore``).
+        """
+        with self._lock:
+            conn = self._connection()
+            built = conn.execute("SELECT 1 FROM meta WHERE key = 'built'").fetchone()
+            full = full or built is None
+            markers = _listdir(dirty_dir(self.root))
+            now = self.clock()
+            if not (full or markers or self._watch_needs_work(conn, now)):
+                return False
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                log.warning("search index busy (%s): searching it as it is", exc)
+                return False
+            claimed: list[Path] = []
+            try:
+                claimed = self._update(conn, full=full, now=now)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            for path in claimed:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            if full:
+                self._optimize(conn)
+            return True
+
+    def rebuild(self) -> int:
+        """Drop everything and index every session afresh; return the sessions indexed."""
+        with self._lock:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for table in ("fts", "fts_recent"):
+                    conn.execute(f"INSERT INTO {table}({table}) VALUES('delete-all')")
+                for table in ("docs", "segments", "sessions", "types", "meta"):
+                    conn.execute(f"DELETE FROM {table}")
+                claimed = self._update(conn, full=True, now=self.clock())
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            for path in claimed:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            self._optimize(conn)
+            return int(conn.execute("SELECT count(*) FROM sessions").fetchone()[0])
+
+    def _optimize(self, conn: sqlite3.Connection) -> None:
+        """Merge the FTS b-trees and truncate the WAL after a large update."""
+        for table in ("fts", "fts_recent"):
+            conn.execute(f"INSERT INTO {table}({table}) VALUES('optimize')")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def _watch_needs_work(self, conn: sqlite3.Connection, now: float) -> bool:
+        """True if a watched session's watch ended or one of its segment files changed."""
+        rows = conn.execute(
+            "SELECT s.folder, s.watch_until, g.segment_id, g.ino, g.size_seen "
+            "FROM sessions s LEFT JOIN segments g ON g.session = s.id "
+            "WHERE s.watch_until IS NOT NULL"
+        ).fetchall()
+        for folder, until, segment_id, ino, size in rows:
+            if until < now:
+                return True
+            if segment_id is None:
+                continue
+            try:
+                st = os.stat(self.root / folder / f"{segment_id}{_SEGMENT_SUFFIX}")
+            except FileNotFoundError:
+                return True
+            if st.st_ino != ino or st.st_size != size:
+                return True
+        return False
+
+    def _update(self, conn: sqlite3.Connection, *, full: bool, now: float) -> list[Path]:
+        """Inside a write transaction: claim markers, index what changed; return the claims."""
+        self.stats.refreshes += 1
+        work = _Work(self, conn, defer_recent=full)
+        claimed = self._claim_markers()
+        claimed_ids = {sid for sid, _ in claimed}
+        until = now + WATCH_SECONDS
+        if full:
+            seen: set[str] = set()
+            for folder, entries in self._walk():
+                sid = work.index_folder(folder, entries, hint=None)
+                if sid is not None:
+                    seen.add(sid)
+            for (sid,) in conn.execute("SELECT session_id FROM sessions").fetchall():
+                if sid not in seen:
+                    work.drop_session(sid)
+            conn.execute("UPDATE sessions SET watch_until = NULL WHERE watch_until < ?", (now,))
+        else:
+            for sid in sorted(claimed_ids):
+                work.index_session(sid)
+            for sid, until_before in conn.execute(
+                "SELECT session_id, watch_until FROM sessions WHERE watch_until IS NOT NULL"
+            ).fetchall():
+                if sid in claimed_ids:
+                    continue
+                work.index_session(sid, watched_only=True)
+                if until_before < now:
+                    conn.execute(
+                        "UPDATE sessions SET watch_until = NULL WHERE session_id = ?", (sid,)
+                    )
+        conn.executemany(
+            "UPDATE sessions SET watch_until = ? WHERE session_id = ?",
+            [(until, sid) for sid in claimed_ids],
+        )
+        work.finish()
+        if full:
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('built', ?)", (str(now),))
+        return [path for _, path in claimed]
+
+    def _claim_markers(self) -> list[tuple[str, Path]]:
+        """Rename every marker to a claimed name; return (session id, claimed path) pairs."""
+        folder = dirty_dir(self.root)
+        out = []
+        for name in _listdir(folder):
+            sid, _, claim = name.partition(_CLAIMED)
+            path = folder / name
+            if not _is_uuid(sid):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                continue
+            if not claim:  # a crashed or just-finished refresh may have left claimed ones
+                claimed = folder / f"{sid}{_CLAIMED}{uuid.uuid4().hex}"
+                try:
+                    os.rename(path, claimed)
+                except FileNotFoundError:
+                    continue
+                path = claimed
+            out.append((str(uuid.UUID(sid)), path))
+        return out
+
+    def _walk(self) -> Iterator[tuple[str, list[os.DirEntry[str]]]]:
+        """Every session folder (relative path) with its entries, least recently written first."""
+        found: list[tuple[float, str, list[os.DirEntry[str]]]] = []
+        for kind in _scandir(self.root):
+            if kind.name.startswith(".") or not kind.is_dir(follow_symlinks=False):
+                continue
+            for date in _scandir(Path(kind.path)):
+                if not date.is_dir(follow_symlinks=False):
+                    continue
+                for session in _scandir(Path(date.path)):
+                    if not session.is_dir(follow_symlinks=False):
+                        continue
+                    entries = _scandir(Path(session.path))
+                    newest = 0.0
+                    has_head = False
+                    for entry in entries:
+                        if entry.name == _HEAD:
+                            has_head = True
+                        elif _segment_name(entry.name) is not None:
+                            with contextlib.suppress(FileNotFoundError):
+                                newest = max(newest, entry.stat().st_mtime)
+                    if has_head:
+                        rel = f"{kind.name}/{date.name}/{session.name}"
+                        found.append((newest, rel, entries))
+        found.sort(key=lambda item: (item[0], item[1]))
+        for _, rel, entries in found:
+            yield rel, entries
+
+    def warn_once(self, key: str, message: str, *args: object) -> None:
+        """Log a warning once per key and process (a corrupt file is seen on every refresh)."""
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
+
+    # ------------------------------------------------------------------ queries
+
+    def search(self, query: SearchQuery) -> list[SearchHit]:
+        """Ranked hits for ``query``, after bringing the index up to date.
+
+        Raises:
+            InvalidQuery: nothing to search for, or an invalid filter.
+            InvalidContextId: ``query.context`` is not ``type:name``.
+        """
+        q = check_query(query)
+        terms = query_terms(q.text)
+        with self._lock:
+            self.refresh()
+            conn = self._connection()
+            conn.execute("BEGIN")
+            try:
+                return self._search(conn, q, terms)
+            finally:
+                conn.execute("COMMIT")
+
+    def _search(
+        self, conn: sqlite3.Connection, q: SearchQuery, terms: list[str]
+    ) -> list[SearchHit]:
+        match = f"body : ({fts5_phrases(terms)})"
+        if q.context is not None:
+            context = ContextId.parse(q.context)
+            ids = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT id FROM sessions WHERE type = ? AND name = ?",
+                    (context.type, context.name),
+                )
+            ]
+            if not ids:
+                return []
+            match += " AND tags : (" + " OR ".join(f'"s{i}"' for i in ids) + ")"
+        if q.type is not None:
+            row = conn.execute("SELECT id FROM types WHERE name = ?", (q.type,)).fetchone()
+            if row is None:
+                return []
+            match += f' AND tags : "t{row[0]}"'
+        if q.role is not None:
+            match += f' AND tags : "r{q.role}"'
+        ranked = self._rank(conn, match, q)
+        if not ranked:
+            return []
+        marks = ",".join("?" * len(ranked))
+        ids = [rowid for rowid, _ in ranked]
+        snippets = dict(
+            conn.execute(
+                f"SELECT rowid, snippet(fts, 0, ?, ?, ?, ?) FROM fts "
+                f"WHERE fts MATCH ? AND rowid IN ({marks})",
+                (_OPEN, _CLOSE, _ELLIPSIS, _SNIPPET_TOKENS, match, *ids),
+            ).fetchall()
+        )
+        meta = {
+            row[0]: row[1:]
+            for row in conn.execute(
+                "SELECT d.id, s.context, s.date, s.session_id, g.segment_id, d.seq, d.role, d.ts "
+                "FROM docs d JOIN segments g ON g.id = d.segment "
+                "JOIN sessions s ON s.id = d.session "
+                f"WHERE d.id IN ({marks})",
+                ids,
+            )
+        }
+        hits = []
+        for rowid, score in ranked:
+            if rowid not in meta or rowid not in snippets:
+                continue
+            context_id, date, session_id, segment_id, seq, role, ts = meta[rowid]
+            text, spans = snippet_spans(snippets[rowid])
+            hits.append(
+                SearchHit(
+                    context=context_id,
+                    date=date,
+                    session_id=uuid.UUID(session_id),
+                    segment_id=uuid.UUID(segment_id),
+                    seq=seq,
+                    role=role,
+                    ts=ts,
+                    snippet=text,
+                    highlights=spans,
+                    score=score,
+                )
+            )
+        return hits
+
+    def _rank(
+        self, conn: sqlite3.Connection, match: str, q: SearchQuery
+    ) -> list[tuple[int, float]]:
+        """The best (rowid, score) pairs; common queries are ranked among recent matches."""
+        bound_sql = "SELECT rowid FROM {t} WHERE {t} MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?"
+        bound = conn.execute(bound_sql.format(t="fts"), (match, RANK_WINDOW)).fetchone()
+        if bound is None:
+            return self._ranked(conn, "fts", match, None, q)
+        recent = conn.execute(bound_sql.format(t="fts_recent"), (match, RANK_WINDOW)).fetchone()
+        rows = self._ranked(conn, "fts_recent", match, recent[0] if recent else None, q)
+        if len(rows) >= q.limit:
+            return rows
+        rows = self._ranked(conn, "fts", match, bound[0], q)
+        if len(rows) >= q.limit or q.since is None:
+            return rows
+        return self._ranked(conn, "fts", match, None, q)
+
+    def _ranked(
+        self,
+        conn: sqlite3.Connection,
+        table: str,
+        match: str,
+        floor: int | None,
+        q: SearchQuery,
+    ) -> list[tuple[int, float]]:
+        sql = f"SELECT {table}.rowid, bm25({table}, 1.0, 0.0) AS r FROM {table}"
+        args: list[object] = [match]
+        where = f" WHERE {table} MATCH ?"
+        if floor is not None:
+            where += f" AND {table}.rowid >= ?"
+            args.append(floor)
+        if q.since is not None:
+            sql += f" JOIN docs ON docs.id = {table}.rowid"
+            where += " AND docs.ts >= ?"
+            args.append(q.since)
+        args.append(q.limit)
+        rows = conn.execute(f"{sql}{where} ORDER BY r, {table}.rowid DESC LIMIT ?", args)
+        return [(rowid, -rank) for rowid, rank in rows]
+
+    def list_contexts(self, type: str | None = None) -> list[ContextSummary]:
+        """Every context's summary, optionally of one type, sorted by context id."""
+        with self._lock:
+            self.refresh()
+            conn = self._connection()
+            sql = (
+                "SELECT context, date, message_count, last_active, created_at, updated_at, "
+                "session_id, head FROM sessions"
+            )
+            if type is None:
+                rows = conn.execute(f"{sql} ORDER BY type, name")
+            else:
+                rows = conn.execute(f"{sql} WHERE type = ? ORDER BY name", (type,))
+            return [ContextSummary(*row) for row in rows]
+
+    def offsets(self) -> dict[SegmentId, int]:
+        """Per segment, the byte offset the index has read up to (for tests and ``check``)."""
+        with self._lock:
+            conn = self._connection()
+            rows = conn.execute("SELECT segment_id, offset FROM segments").fetchall()
+        return {uuid.UUID(segment_id): offset for segment_id, offset in rows}
+
+    def watched(self) -> list[SessionId]:
+        """The sessions being watched for unmarked appends."""
+        with self._lock:
+            conn = self._connection()
+            rows = conn.execute(
+                "SELECT session_id FROM sessions WHERE watch_until IS NOT NULL"
+            ).fetchall()
+        return [uuid.UUID(row[0]) for row in rows]
+
+
+# --------------------------------------------------------------------------- one update
+
+
+class _Work:
+    """The changes of one refresh, applied in the caller's transaction."""
+
+    def __init__(self, index: SearchIndex, conn: sqlite3.Connection, *, defer_recent: bool) -> None:
+        self.index = index
+        # A full pass rebuilds fts_recent at the end instead of feeding it item by item.
+        self.defer_recent = defer_recent
+        self.root = index.root
+        self.conn = conn
+        self.stats = index.stats
+        self.types: dict[str, int] = {
+            name: tid for tid, name in conn.execute("SELECT id, name FROM types")
+        }
+        self.next_doc = int(conn.execute("SELECT coalesce(max(id), 0) + 1 FROM docs").fetchone()[0])
+        self.first_doc = self.next_doc
+        self.pending: list[tuple[int, int, int, int, int, str, str, str]] = []
+        self.changed: dict[int, _Session] = {}
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        self.recent_floor = int(meta.get("recent_floor", 1))
+        self.recent_count = int(meta.get("recent_count", 0))
+
+    # ---------------------------------------------------------------- sessions
+
+    def _load(self, sid: str) -> _Session | None:
+        row = self.conn.execute(
+            "SELECT id, folder, tid FROM sessions WHERE session_id = ?", (sid,)
+        ).fetchone()
+        if row is None:
+            return None
+        session = _Session(row[0], sid, row[1], row[2])
+        for seg in self.conn.execute(
+            "SELECT id, session, segment_id, ino, size_seen, offset, next_seq, items, continues, "
+            "parent, at_seq, last_ts FROM segments WHERE session = ?",
+            (row[0],),
+        ):
+            segment = _Segment(*seg)
+            segment.continues = bool(segment.continues)
+            session.segments[segment.segment_id] = segment
+        return session
+
+    def index_session(self, sid: str, *, watched_only: bool = False) -> None:
+        """Bring one session up to date (after a marker, or while it is watched)."""
+        session = self._load(sid)
+        folder = session.folder if session is not None else self._pointer(sid)
+        if folder is None:
+            return  # deleted before it was ever indexed
+        if watched_only and session is not None:
+            self._index_known_segments(session, folder)
+            return
+        entries = _scandir(self.root / folder)
+        self.index_folder(folder, entries, hint=sid)
+
+    def _pointer(self, sid: str) -> str | None:
+        """The session's folder per FsStore's ``.index/sessions`` pointer."""
+        try:
+            raw = codec.decode((self.root / _INDEX / "sessions" / sid).read_bytes())
+            return str(raw["path"])
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except Exception:  # a damaged pointer: reindex rebuilds it
+            return None
+
+    def index_folder(
+        self, folder: str, entries: list[os.DirEntry[str]], *, hint: str | None
+    ) -> str | None:
+        """Index the session whose folder is ``folder``; return its session id, or None."""
+        self.stats.sessions += 1
+        head = _read_head(self.root / folder / _HEAD)
+        if hint is not None and (head is None or head["session_id"] != hint):
+            self.drop_session(hint)  # deleted (its folder is gone or holds a newer session)
+        if head is None:
+            return None
+        sid = head["session_id"]
+        try:
+            context = ContextId.parse(head["context"])
+        except ValueError:
+            self.index.warn_once(folder, "search index: skipping %s: bad context in head", folder)
+            return None
+        session = self._load(sid)
+        tid = self._type_id(context.type)
+        values = (
+            str(context),
+            context.type,
+            context.name,
+            tid,
+            head["created_at"][:10],
+            folder,
+            head["segment_id"],
+            head["created_at"],
+            head["updated_at"],
+        )
+        if session is None:
+            cur = self.conn.execute(
+                "INSERT INTO sessions(context, type, name, tid, date, folder, head, created_at, "
+                "updated_at, last_active, session_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (*values, head["updated_at"], sid),
+            )
+            session = _Session(int(cur.lastrowid or 0), sid, folder, tid)
+            # Another session row claiming the same context is stale: check it.
+            for (other,) in self.conn.execute(
+                "SELECT session_id FROM sessions WHERE context = ? AND id != ?",
+                (str(context), session.id),
+            ).fetchall():
+                self._check_stale(other)
+        else:
+            self.conn.execute(
+                "UPDATE sessions SET context=?, type=?, name=?, tid=?, date=?, folder=?, head=?, "
+                "created_at=?, updated_at=? WHERE id = ?",
+                (*values, session.id),
+            )
+        session.changed = True
+        self.changed[session.id] = session
+        on_disk: dict[str, os.DirEntry[str]] = {}
+        for entry in entries:
+            segment_id = _segment_name(entry.name)
+            if segment_id is not None:
+                on_disk[segment_id] = entry
+        for segment_id in list(session.segments):
+            if segment_id not in on_disk:
+                self._drop_segment(session.segments.pop(segment_id))
+        for segment_id, entry in sorted(on_disk.items()):
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue
+            self._index_segment(session, folder, segment_id, st)
+        return str(sid)
+
+    def _index_known_segments(self, session: _Session, folder: str) -> None:
+        for segment in list(session.segments.values()):
+            try:
+                st = os.stat(self.root / folder / f"{segment.segment_id}{_SEGMENT_SUFFIX}")
+            except FileNotFoundError:
+                self.index_folder(folder, _scandir(self.root / folder), hint=session.session_id)
+                return
+            if st.st_ino != segment.ino or st.st_size != segment.size_seen:
+                self.changed[session.id] = session
+                self._index_segment(session, folder, segment.segment_id, st)
+
+    def _check_stale(self, sid: str) -> None:
+        row = self.conn.execute(
+            "SELECT folder FROM sessions WHERE session_id = ?", (sid,)
+        ).fetchone()
+        head = _read_head(self.root / row[0] / _HEAD) if row is not None else None
+        if head is None or head["session_id"] != sid:
+            self.drop_session(sid)
+
+    def drop_session(self, sid: str) -> None:
+        """Remove a session that no longer exists, with its segments and items."""
+        session = self._load(sid)
+        if session is None:
+            return
+        for segment in session.segments.values():
+            self._drop_segment(segment)
+        self.conn.execute("DELETE FROM sessions WHERE id = ?", (session.id,))
+        self.changed.pop(session.id, None)
+
+    def _type_id(self, name: str) -> int:
+        tid = self.types.get(name)
+        if tid is None:
+            cur = self.conn.execute("INSERT INTO types(name) VALUES (?)", (name,))
+            tid = self.types[name] = int(cur.lastrowid or 0)
+        return tid
+
+    # ---------------------------------------------------------------- segments
+
+    def _drop_segment(self, segment: _Segment) -> None:
+        self.flush()
+        self._delete_docs("segment = ?", (segment.id,))
+        self.conn.execute("DELETE FROM segments WHERE id = ?", (segment.id,))
+
+    def _delete_docs(self, where: str, args: tuple[object, ...]) -> None:
+        """Remove items from both FTS tables (external content needs the old values), then docs."""
+        self.conn.execute(
+            "INSERT INTO fts(fts, rowid, body, tags) SELECT 'delete', id, body, tags FROM docs "
+            f"WHERE {where} AND body != ''",
+            args,
+        )
+        if not self.defer_recent:
+            recent = f"{where} AND body != '' AND id >= ?"
+            (count,) = self.conn.execute(
+                f"SELECT count(*) FROM docs WHERE {recent}", (*args, self.recent_floor)
+            ).fetchone()
+            self.conn.execute(
+                "INSERT INTO fts_recent(fts_recent, rowid, body, tags) "
+                f"SELECT 'delete', id, body, tags FROM docs WHERE {recent}",
+                (*args, self.recent_floor),
+            )
+            self.recent_count -= count
+        self.conn.execute(f"DELETE FROM docs WHERE {where}", args)
+
+    def _index_segment(
+        self, session: _Session, folder: str, segment_id: str, st: os.stat_result
+    ) -> None:
+        segment = session.segments.get(segment_id)
+        if segment is not None and (st.st_ino != segment.ino or st.st_size < segment.offset):
+            # Replaced or shrunk under us (a repair): read it again from the start.
+            self._drop_segment(segment)
+            del session.segments[segment_id]
+            segment = None
+        if segment is None:
+            cur = self.conn.execute(
+                "INSERT INTO segments(session, segment_id, ino, size_seen, offset, next_seq, "
+                "items, continues) VALUES (?, ?, ?, 0, 0, 0, 0, 0)",
+                (session.id, segment_id, st.st_ino),
+            )
+            segment = _Segment(
+                int(cur.lastrowid or 0),
+                session.id,
+                segment_id,
+                st.st_ino,
+                0,
+                0,
+                0,
+                0,
+                False,
+                None,
+                None,
+                None,
+            )
+            session.segments[segment_id] = segment
+        if st.st_size == segment.size_seen:
+            return
+        path = self.root / folder / f"{segment_id}{_SEGMENT_SUFFIX}"
+        try:
+            data, size = _read_from(path, segment.offset)
+        except FileNotFoundError:
+            return
+        self.stats.segments_read += 1
+        self.stats.bytes_read += len(data)
+        complete, _ = codec.split_complete(data)
+        segment.size_seen = size
+        if complete:
+            try:
+                self._index_lines(session, segment, complete, str(path))
+            except StoreError as exc:
+                self.index.warn_once(str(path), "search index: skipping %s: %s", path, exc)
+                self.conn.execute(
+                    "UPDATE segments SET size_seen = ? WHERE id = ?", (size, segment.id)
+                )
+                return
+            segment.offset += len(complete)
+        self.conn.execute(
+            "UPDATE segments SET size_seen=?, offset=?, next_seq=?, items=?, continues=?, "
+            "parent=?, at_seq=?, last_ts=? WHERE id = ?",
+            (
+                segment.size_seen,
+                segment.offset,
+                segment.next_seq,
+                segment.items,
+                int(segment.continues),
+                segment.parent,
+                segment.at_seq,
+                segment.last_ts,
+                segment.id,
+            ),
+        )
+
+    def _index_lines(
+        self, session: _Session, segment: _Segment, complete: bytes, where: str
+    ) -> None:
+        lines = codec.decode_lines(complete, where=where, first_line=segment.next_seq + 1)
+        docs: list[tuple[int, str, str, str]] = []  # seq, role, ts, text
+        seq = segment.next_seq
+        last_ts = segment.last_ts
+        for line in lines:
+            if line["seq"] != seq:
+                raise _corrupt(where, seq, line["seq"])
+            ts = str(line.get("ts", ""))
+            kind = line["kind"]
+            if seq == 0:
+                origin = line.get("origin")
+                origin = origin if isinstance(origin, dict) else {}
+                history = line.get("history")
+                segment.continues = origin.get("kind") == "fork" and history is None
+                if segment.continues:
+                    parent, at_seq = origin.get("parent"), origin.get("at_seq")
+                    segment.parent = str(parent) if parent is not None else None
+                    segment.at_seq = at_seq if isinstance(at_seq, int) else None
+                for item in history if isinstance(history, list) else ():
+                    docs.append(_doc(0, item, ts))
+            elif kind in _HISTORY_KINDS:
+                docs.append(_doc(seq, line.get("item"), ts))
+            last_ts = ts
+            seq += 1
+        for doc_seq, role, ts, text in docs:
+            self.pending.append(
+                (self.next_doc, segment.id, session.id, session.tid, doc_seq, role, ts, text)
+            )
+            self.next_doc += 1
+        self.stats.items += len(docs)
+        segment.items += len(docs)
+        segment.next_seq = seq
+        segment.last_ts = last_ts
+        if len(self.pending) >= 5000:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write pending items to ``docs`` and both FTS tables."""
+        if not self.pending:
+            return
+        first, last = self.pending[0][0], self.pending[-1][0]
+        texts = sum(1 for row in self.pending if row[-1])
+        self.conn.executemany(
+            "INSERT INTO docs(id, segment, session, tid, seq, role, ts, body) "
+            "VALUES (?,?,?,?,?,?,?,?)",
+            self.pending,
+        )
+        self.pending.clear()
+        for table in ("fts",) if self.defer_recent else ("fts", "fts_recent"):
+            self.conn.execute(
+                f"INSERT INTO {table}(rowid, body, tags) SELECT id, body, tags FROM docs "
+                "WHERE id BETWEEN ? AND ? AND body != ''",
+                (first, last),
+            )
+        if not self.defer_recent:
+            self.recent_count += texts
+
+    def finish(self) -> None:
+        """Flush, recompute the changed sessions' summaries and trim ``fts_recent``."""
+        self.flush()
+        for session in self.changed.values():
+            self._summarise(session)
+        if self.defer_recent or self.recent_count > 2 * RECENT_SIZE:
+            row = self.conn.execute(
+                "SELECT id FROM docs WHERE body != '' ORDER BY id DESC LIMIT 1 OFFSET ?",
+                (RECENT_SIZE - 1,),
+            ).fetchone()
+            self.recent_floor = int(row[0]) if row else 1
+            self.conn.execute("INSERT INTO fts_recent(fts_recent) VALUES('delete-all')")
+            self.conn.execute(
+                "INSERT INTO fts_recent(rowid, body, tags) SELECT id, body, tags FROM docs "
+                "WHERE id >= ? AND body != ''",
+                (self.recent_floor,),
+            )
+            (self.recent_count,) = self.conn.execute(
+                "SELECT count(*) FROM docs WHERE id >= ? AND body != ''", (self.recent_floor,)
+            ).fetchone()
+        self.conn.executemany(
+            "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+            [("recent_floor", str(self.recent_floor)), ("recent_count", str(self.recent_count))],
+        )
+
+    def _summarise(self, session: _Session) -> None:
+        """Store the head's message count and last activity, as a restore would find them."""
+        row = self.conn.execute("SELECT head FROM sessions WHERE id = ?", (session.id,)).fetchone()
+        if row is None:
+            return
+        head = session.segments.get(row[0])
+        if head is None:
+            return
+        count = 0
+        segment: _Segment | None = head
+        stop: int | None = None
+        for _ in range(10_000):  # a fork chain; bounded in case of a cycle in damaged headers
+            if segment is None:
+                break
+            if stop is None:
+                count += segment.items
+            else:
+                count += self.conn.execute(
+                    "SELECT count(*) FROM docs WHERE segment = ? AND seq <= ?",
+                    (segment.id, stop),
+                ).fetchone()[0]
+            if not segment.continues or segment.parent is None:
+                break
+            stop = segment.at_seq if segment.at_seq is not None else -1
+            segment = session.segments.get(str(segment.parent))
+        self.conn.execute(
+            "UPDATE sessions SET message_count = ?, last_active = coalesce(?, last_active) "
+            "WHERE id = ?",
+            (count, head.last_ts, session.id),
+        )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _doc(seq: int, item: Any, ts: str) -> tuple[int, str, str, str]:
+    """(seq, role, ts, text as indexed) for one history item."""
+    if not isinstance(item, Mapping):
+        return seq, "other", ts, ""
+    role = item.get("role")
+    if role not in ROLES:
+        role = "other"
+    try:
+        text = item_text(item)
+    except (AttributeError, TypeError):
+        text = ""
+    return seq, str(role), ts, prepare_text(text) if isinstance(text, str) else ""
+
+
+def _corrupt(where: str, expected: int, got: object) -> StoreError:
+    return CorruptLog(f"{where}: seq {got} out of order (expected {expected})")
+
+
+def _read_from(path: Path, offset: int) -> tuple[bytes, int]:
+    """The bytes of ``path`` from ``offset`` on, and its size, read under a shared lock."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # never read a write in progress
+        size = os.fstat(fd).st_size
+        chunks = []
+        position = offset
+        while position < size:
+            chunk = os.pread(fd, size - position, position)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            position += len(chunk)
+        return b"".join(chunks), size
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _read_head(path: Path) -> dict[str, Any] | None:
+    try:
+        raw = codec.decode(path.read_bytes())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except Exception:
+        log.warning("search index: unreadable head %s", path)
+        return None
+    keys = ("context", "session_id", "segment_id", "created_at", "updated_at")
+    if not isinstance(raw, dict) or not all(isinstance(raw.get(k), str) for k in keys):
+        log.warning("search index: malformed head %s", path)
+        return None
+    if not _is_uuid(raw["session_id"]) or not _is_uuid(raw["segment_id"]):
+        return None
+    raw["session_id"] = str(uuid.UUID(raw["session_id"]))
+    raw["segment_id"] = str(uuid.UUID(raw["segment_id"]))
+    return raw
+
+
+def _segment_name(name: str) -> str | None:
+    """The segment id if ``name`` is a segment file's name (not a trace or a torn tail)."""
+    if not name.endswith(_SEGMENT_SUFFIX) or name.endswith(_TRACE_SUFFIX):
+        return None
+    stem = name[: -len(_SEGMENT_SUFFIX)]
+    return str(uuid.UUID(stem)) if _is_uuid(stem) else None
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _listdir(path: Path) -> list[str]:
+    try:
+        return os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _scandir(path: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as it:
+            return list(it)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
