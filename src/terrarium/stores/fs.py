@@ -6,7 +6,8 @@ Layout under the root (``./sessions`` by default)::
         019a5f...e1.jsonl             root segment: header line, then one entry per line
         019a60...7c.jsonl             a fork, compaction or clear of it
         019a60...7c.trace.jsonl       optional debug trace of raw stream events
-        019a60...7c.jsonl.torn-4096   bytes of a torn tail, set aside (offset in the name)
+        019a60...7c.jsonl.torn-4096   bytes of a torn tail, set aside (offset in the name;
+                                      ``.2``, ``.3``... added if that offset tore before)
         head.json                     which segment the context is on; replaced atomically
     .index/contexts/cli/main          context -> folder: resolving a context walks no dates
     .index/sessions/{session uuid}    session -> folder
@@ -20,10 +21,12 @@ it from the ``head.json`` files, which are the truth.
 
 **Appends.** Each append is one ``write(2)`` of whole lines to a file opened ``O_APPEND``, made
 under an exclusive ``flock`` on that file: writers in many processes never interleave inside a
-line, and the lock makes the ``expected_seq`` check and the write one step. The writer keeps the
-file's size and next seq from its last append; when another process has appended since (the
-size differs), it re-reads only the file's last line. File descriptors are cached (LRU), so an
-append costs a lock, an ``fstat`` and a ``write``.
+line, and the lock makes the ``expected_seq`` check and the write one step. The lines of a
+multi-entry append are framed by :func:`terrarium.codec.encode_lines` (all but the last end in
+``" \\n"``), so a crash after some of its lines leaves a torn tail like any other. The writer
+keeps the file's size and next seq from its last append; when another process has appended
+since (the size differs), it re-reads only the file's last line. File descriptors are cached
+(LRU), so an append costs a lock, an ``fstat`` and a ``write``.
 
 **Durability.** ``durability="flush"`` (the default) hands each append to the kernel before
 acknowledging it: it survives the death of the process (``kill -9``), not a power cut, at the
@@ -32,10 +35,11 @@ survives power loss. ``"batch"`` acknowledges at once and ``fdatasync``s dirty s
 ``batch_interval`` seconds from a background thread: a power cut loses at most that window.
 
 **Torn tails.** A writer killed mid-``write`` (or a full disk) can leave bytes after the last
-newline. A reader that sees them takes the file's lock (so it never mistakes a write in
-progress for a torn one), copies the bytes to ``{segment}.jsonl.torn-{offset}``, truncates
-them away and reports a :class:`~terrarium.model.TornTail`. A short write is rolled back by the
-writer itself before it raises.
+complete append (:func:`terrarium.codec.split_complete`). A reader that sees them takes the
+file's lock (so it never mistakes a write in progress for a torn one), copies the bytes to
+``{segment}.jsonl.torn-{offset}``, truncates them away and reports a
+:class:`~terrarium.model.TornTail`; a writer that finds them does the same (and logs it) before
+it appends. A short write is rolled back by the writer itself before it raises.
 """
 
 from __future__ import annotations
@@ -146,10 +150,9 @@ class FsStore:
     def folder_of(self, context: ContextId) -> Path | None:
         """The folder holding the context's files, or None if the context does not exist."""
         try:
-            entry = codec.decode(self._index_path(context).read_bytes())
+            folder = self.root / _read_pointer(self._index_path(context))
         except FileNotFoundError:
             return None
-        folder = self.root / entry["path"]
         return folder if (folder / _HEAD).exists() else None
 
     def _session_folder(self, session_id: SessionId) -> Path:
@@ -157,10 +160,9 @@ class FsStore:
         if folder is not None:
             return folder
         try:
-            entry = codec.decode(self._session_index_path(session_id).read_bytes())
+            folder = self.root / _read_pointer(self._session_index_path(session_id))
         except FileNotFoundError:
             raise SegmentNotFound(f"session {session_id} does not exist") from None
-        folder = self.root / str(entry["path"])
         self._folders[session_id] = folder
         return folder
 
@@ -175,7 +177,7 @@ class FsStore:
         if folder is None:
             return None
         try:
-            return _head_from(codec.decode((folder / _HEAD).read_bytes()))
+            return _read_head(folder / _HEAD)
         except FileNotFoundError:
             return None
 
@@ -248,17 +250,26 @@ class FsStore:
                 raise ContextExists(f"context {context} already exists")
             rel = Path(context.type) / created[:10] / context.encoded_name
             folder = self.root / rel
-            if folder.exists():  # left by a crash between mkdir and the index write
+            if (folder / _HEAD).exists():
+                # The context is there but the index lost it (a crash before the index write,
+                # or a deleted .index): head.json is the truth, so index it, never trash it.
+                existing = _read_head(folder / _HEAD)
+                self._write_index(context, existing.session_id, rel)
+                raise ContextExists(f"context {context} already exists (in {folder})")
+            if folder.exists():  # left by a crash between mkdir and the head write
                 self._trash(folder)
             folder.mkdir(parents=True)
             self._write_new(folder / f"{segment_id}{_SEGMENT_SUFFIX}", codec.encode_line(line))
             head = PodMetadata(str(context), session_id, segment_id, created, created)
             self._write_atomic(folder / _HEAD, codec.encode(_head_dict(head)))
-            pointer = codec.encode({"path": rel.as_posix(), "context": str(context)})
-            self._write_atomic(self._session_index_path(session_id), pointer)
-            self._write_atomic(self._index_path(context), pointer)
+            self._write_index(context, session_id, rel)
             self._folders[session_id] = folder
             return head
+
+    def _write_index(self, context: ContextId, session_id: SessionId, rel: Path) -> None:
+        pointer = codec.encode({"path": rel.as_posix(), "context": str(context)})
+        self._write_atomic(self._session_index_path(session_id), pointer)
+        self._write_atomic(self._index_path(context), pointer)
 
     def delete_context(self, context: ContextId) -> bool:
         """Delete the context: its index entries first, then its folder via ``.trash``."""
@@ -310,7 +321,6 @@ class FsStore:
             try:
                 st = os.fstat(fd)
                 if st.st_nlink == 0:
-                    self._forget(segment_id)
                     raise SegmentNotFound(f"segment {segment_id} was deleted")
                 if st.st_size != handle.size:
                     handle.size, handle.next_seq = self._scan_tail(session_id, segment_id, fd)
@@ -320,7 +330,7 @@ class FsStore:
                         f"segment {segment_id} is at seq {first}, "
                         f"the writer expected {expected_seq}"
                     )
-                data = b"".join(codec.encode_line(line) for line in iter_lines(entries, first))
+                data = codec.encode_lines(list(iter_lines(entries, first)))
                 self._write_all(fd, data, handle.size, segment_id)
                 if self.durability == "fsync":
                     os.fdatasync(fd)
@@ -329,8 +339,12 @@ class FsStore:
                 handle.size += len(data)
                 handle.next_seq = first + len(entries)
                 return first
+            except SegmentNotFound:
+                self._forget(segment_id)  # closing the descriptor releases its lock
+                raise
             finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+                if segment_id in self._open:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _write_all(self, fd: int, data: bytes, size: int, segment_id: SegmentId) -> None:
         """Write ``data`` fully or roll the file back to ``size`` and raise."""
@@ -443,9 +457,9 @@ class FsStore:
         fresh = self.root / _INDEX / f"new-{uuid.uuid4().hex}"
         for head_path in sorted(self.root.glob(f"*/*/*/{_HEAD}")):
             try:
-                head = _head_from(codec.decode(head_path.read_bytes()))
+                head = _read_head(head_path)
                 context = ContextId.parse(head.context)
-            except (ValueError, KeyError, TypeError):
+            except (CorruptLog, ValueError):
                 log.warning("skipping unreadable head %s", head_path)
                 continue
             rel = head_path.parent.relative_to(self.root).as_posix()
@@ -502,9 +516,11 @@ class FsStore:
         while True:
             start = max(0, size - chunk)
             buf = os.pread(fd, size - start, start)
-            complete_end = buf.rfind(b"\n") + 1
+            complete_end = codec.complete_end(buf)
             if start > 0 and buf.rfind(b"\n", 0, max(complete_end - 1, 0)) < 0:
-                chunk *= 4  # the last complete line is longer than what we read
+                # The last complete line (or the torn append before it) began before what
+                # we read.
+                chunk *= 4
                 continue
             break
         if complete_end < len(buf):
@@ -528,11 +544,11 @@ class FsStore:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             buf = os.pread(fd, os.fstat(fd).st_size, 0)
-            end = buf.rfind(b"\n") + 1
-            if end == len(buf):
+            complete, tail = codec.split_complete(buf)
+            if not tail:
                 return None, buf  # it was a write in progress, now complete
-            torn = self._move_torn(path, segment_id, fd, end, buf[end:])
-            return torn, buf[:end]
+            torn = self._move_torn(path, segment_id, fd, len(complete), tail)
+            return torn, complete
         finally:
             os.close(fd)
 
@@ -540,7 +556,16 @@ class FsStore:
         self, path: Path, segment_id: SegmentId, fd: int, offset: int, data: bytes
     ) -> TornTail:
         side = path.with_name(f"{path.name}.torn-{offset}")
-        with open(side, "ab") as out:
+        number = 1
+        while True:  # a new file each time: two crashes at one offset keep their own bytes
+            try:
+                out = open(side, "xb")
+            except FileExistsError:
+                number += 1
+                side = path.with_name(f"{path.name}.torn-{offset}.{number}")
+                continue
+            break
+        with out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
@@ -557,6 +582,8 @@ class FsStore:
                 os.fsync(fd)
         finally:
             os.close(fd)
+        if self.durability != "flush":
+            _fsync_dir(path.parent)  # else a power cut can lose the new file's name
 
     def _write_atomic(self, path: Path, data: bytes) -> None:
         """Replace ``path`` with ``data`` via a temporary file and ``rename``."""
@@ -571,11 +598,7 @@ class FsStore:
             os.close(fd)
         os.replace(tmp, path)
         if self.durability != "flush":
-            dfd = os.open(path.parent, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            _fsync_dir(path.parent)
 
     def _flush_loop(self) -> None:
         while not self._closed.wait(self.batch_interval):
@@ -584,6 +607,14 @@ class FsStore:
                     if handle.dirty:
                         os.fdatasync(handle.fd)
                         handle.dirty = False
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _listdir(path: Path) -> list[str]:
@@ -611,11 +642,37 @@ def _head_dict(head: PodMetadata) -> dict[str, Any]:
     }
 
 
-def _head_from(raw: Mapping[str, Any]) -> PodMetadata:
-    return PodMetadata(
-        context=raw["context"],
-        session_id=uuid.UUID(raw["session_id"]),
-        segment_id=uuid.UUID(raw["segment_id"]),
-        created_at=raw["created_at"],
-        updated_at=raw["updated_at"],
-    )
+def _read_head(path: Path) -> PodMetadata:
+    """Read a ``head.json``; CorruptLog (naming it) if it is not a head record."""
+    raw = path.read_bytes()
+    try:
+        record = codec.decode(raw)
+        head = PodMetadata(
+            context=record["context"],
+            session_id=uuid.UUID(record["session_id"]),
+            segment_id=uuid.UUID(record["segment_id"]),
+            created_at=record["created_at"],
+            updated_at=record["updated_at"],
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptLog(f"{path}: not a valid head record ({_one_line(exc)})") from None
+    if not all(isinstance(v, str) for v in (head.context, head.created_at, head.updated_at)):
+        raise CorruptLog(f"{path}: not a valid head record (a field is not a string)")
+    return head
+
+
+def _read_pointer(path: Path) -> str:
+    """Read an index entry; return the folder it names, relative to the root."""
+    raw = path.read_bytes()
+    try:
+        folder = codec.decode(raw)["path"]
+    except (ValueError, KeyError, TypeError) as exc:
+        folder = exc
+    if not isinstance(folder, str) or not folder:
+        reason = _one_line(folder) if isinstance(folder, Exception) else "no folder named"
+        raise CorruptLog(f"{path}: not a valid index entry ({reason}); run reindex to rebuild it")
+    return folder
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
