@@ -14,6 +14,8 @@ Layout under the root (``./sessions`` by default)::
     .locks/cli/main.lock              per-context lock for callers (a manager's turn)
     .locks/cli/main.head              per-context lock for create, delete, head moves
     .trash/                           folders being deleted (a crash mid-delete leaves them)
+    .index/search.db                  full-text search and listing index (derived)
+    .index/dirty/{session uuid}       "this session changed" markers for that index
 
 Names are encoded with :func:`terrarium.model.encode_name`, so no context name can escape the
 root, and safe names (``#python``) stay readable. The index is derived: ``reindex()`` rebuilds
@@ -34,6 +36,10 @@ cost of a write (~3 µs). ``"fsync"`` adds an ``fdatasync`` per append (~135 µs
 survives power loss. ``"batch"`` acknowledges at once and ``fdatasync``s dirty segments every
 ``batch_interval`` seconds from a background thread: a power cut loses at most that window.
 
+**Search.** :meth:`FsStore.search` and :meth:`FsStore.list_contexts_fast` read a derived SQLite
+FTS5 index that is brought up to date on use; writers only leave a marker file per changed
+session (see :mod:`terrarium.stores.fs_search`).
+
 **Torn tails.** A writer killed mid-``write`` (or a full disk) can leave bytes after the last
 complete append (:func:`terrarium.codec.split_complete`). A reader that sees them takes the
 file's lock (so it never mistakes a write in progress for a torn one), copies the bytes to
@@ -48,9 +54,11 @@ import contextlib
 import errno
 import fcntl
 import logging
+import math
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -77,7 +85,15 @@ from terrarium.model import (
     decode_name,
     utc_now,
 )
-from terrarium.stores.base import NewEntry, PodMetadata, SegmentRead, iter_lines
+from terrarium.stores import fs_search
+from terrarium.stores.base import (
+    NewEntry,
+    PodMetadata,
+    SearchHit,
+    SearchQuery,
+    SegmentRead,
+    iter_lines,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +118,8 @@ class _Open:
     size: int = -1
     next_seq: int = -1
     dirty: bool = False
+    marked: float = -math.inf
+    """When an append last left the search index's dirty marker (monotonic seconds)."""
 
 
 class FsStore:
@@ -131,6 +149,7 @@ class FsStore:
         self._open: OrderedDict[SegmentId, _Open] = OrderedDict()
         self._folders: dict[SessionId, Path] = {}
         self._closed = threading.Event()
+        self._search: fs_search.SearchIndex | None = None
         self._flusher: threading.Thread | None = None
         if durability == "batch":
             self._flusher = threading.Thread(target=self._flush_loop, daemon=True)
@@ -198,6 +217,7 @@ class FsStore:
                 raise SegmentNotFound(f"segment {segment_id} is not in {context}'s session")
             new = PodMetadata(head.context, head.session_id, segment_id, head.created_at, utc_now())
             self._write_atomic(folder / _HEAD, codec.encode(_head_dict(new)))
+            self._mark(head.session_id)
             return new
 
     def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
@@ -264,6 +284,7 @@ class FsStore:
             self._write_atomic(folder / _HEAD, codec.encode(_head_dict(head)))
             self._write_index(context, session_id, rel)
             self._folders[session_id] = folder
+            self._mark(session_id)
             return head
 
     def _write_index(self, context: ContextId, session_id: SessionId, rel: Path) -> None:
@@ -286,6 +307,7 @@ class FsStore:
             self._index_path(context).unlink(missing_ok=True)
             self._session_index_path(head.session_id).unlink(missing_ok=True)
             self._trash(folder)
+            self._mark(head.session_id)
             return True
 
     def _trash(self, folder: Path) -> None:
@@ -304,6 +326,7 @@ class FsStore:
             self._write_new(path, codec.encode_line(line))
         except FileExistsError:
             raise ConflictError(f"segment {line['segment_id']} already exists") from None
+        self._mark(session_id)
 
     def append(
         self,
@@ -338,6 +361,9 @@ class FsStore:
                     handle.dirty = True
                 handle.size += len(data)
                 handle.next_seq = first + len(entries)
+                if time.monotonic() - handle.marked >= fs_search.MARK_EVERY:
+                    self._mark(session_id)
+                    handle.marked = time.monotonic()
                 return first
             except SegmentNotFound:
                 self._forget(segment_id)  # closing the descriptor releases its lock
@@ -442,6 +468,8 @@ class FsStore:
                         os.fdatasync(handle.fd)
                 os.close(handle.fd)
             self._open.clear()
+            if self._search is not None:
+                self._search.close()
 
     def __enter__(self) -> FsStore:
         return self
@@ -481,7 +509,34 @@ class FsStore:
             os.rename(fresh / part, old)
         fresh.rmdir()
         self._folders.clear()
+        if self._search is not None or (index / fs_search.DB_NAME).exists():
+            self.search_index.rebuild()  # else the first search builds it
         return count
+
+    # ---------------------------------------------------------------- search
+
+    @property
+    def search_index(self) -> fs_search.SearchIndex:
+        """The derived full-text search and listing index (opened on first use)."""
+        with self._lock:
+            if self._search is None:
+                self._search = fs_search.SearchIndex(self.root)
+            return self._search
+
+    def search(self, query: SearchQuery) -> list[SearchHit]:
+        """Ranked hits for ``query`` over every segment of every context (via the index)."""
+        return self.search_index.search(query)
+
+    def list_contexts_fast(self, type: str | None = None) -> list[fs_search.ContextSummary]:
+        """Every context's summary (message count, last activity), read from the index."""
+        return self.search_index.list_contexts(type)
+
+    def _mark(self, session_id: SessionId) -> None:
+        """Leave the search index's dirty marker; never fails the write that calls it."""
+        try:
+            fs_search.mark_dirty(self.root, session_id)
+        except OSError as exc:
+            log.warning("could not mark session %s for the search index: %s", session_id, exc)
 
     # ---------------------------------------------------------------- internals
 
