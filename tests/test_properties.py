@@ -323,7 +323,7 @@ class LogMachine(RuleBasedStateMachine):
         self.seg.push(last_run=("errored", self.seg.next_seq, error))
 
     # Envelope keys are left out of the data: tests/contract/test_append.py's
-    # test_envelope_keys_in_data_cannot_rewrite_the_envelope is the (xfail) test for them.
+    # test_envelope_keys_in_data_cannot_rewrite_the_envelope checks they are refused.
     @rule(
         kind=st.sampled_from(["hologram", "x-future"]),
         data=st.dictionaries(

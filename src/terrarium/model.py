@@ -61,9 +61,12 @@ MAX_NAME_BYTES = 255
 # Characters that are unsafe in a file name on Linux, macOS or Windows, plus the escape itself.
 _UNSAFE = frozenset('<>:"/\\|?*%')
 _WINDOWS_RESERVED = frozenset(
-    ["CON", "PRN", "AUX", "NUL"]
-    + [f"COM{i}" for i in range(1, 10)]
-    + [f"LPT{i}" for i in range(1, 10)]
+    ["CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"]
+    + [
+        f"{port}{n}"
+        for port in ("COM", "LPT")
+        for n in [*"123456789", "\u00b9", "\u00b2", "\u00b3"]
+    ]
 )
 
 
@@ -122,6 +125,10 @@ class ContextId:
             raise InvalidContextId(
                 f"invalid context type {self.type!r}: use a lowercase slug such as 'cli' or 'irc'"
             )
+        if self.type.upper() in _WINDOWS_RESERVED:
+            raise InvalidContextId(
+                f"invalid context type {self.type!r}: it is a reserved device name on Windows"
+            )
         name = self.name
         if not name:
             raise InvalidContextId(f"invalid context id {self.type}:: the name is empty")
@@ -133,7 +140,13 @@ class ContextId:
             raise InvalidContextId(
                 f"invalid context name {name!r}: it contains a control character"
             )
-        if len(encode_name(name).encode()) > MAX_NAME_BYTES:
+        try:
+            encoded = encode_name(name).encode()
+        except UnicodeEncodeError:
+            raise InvalidContextId(
+                f"invalid context name {name!r}: it is not valid Unicode (a lone surrogate)"
+            ) from None
+        if len(encoded) > MAX_NAME_BYTES:
             raise InvalidContextId(
                 f"invalid context name {name[:20]!r}...: longer than {MAX_NAME_BYTES} bytes encoded"
             )
@@ -209,6 +222,8 @@ class ToolCallPart:
     name: str
     arguments: str
     """The arguments as the model produced them (a JSON string)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Keys of the call this version does not model (``function_extra``: of its function)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +280,14 @@ class Item:
         """The item's text: the content string, or its text parts joined."""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+        return "".join(
+            p.text
+            if isinstance(p, TextPart)
+            else str(p.data.get("text", ""))
+            if isinstance(p, UnknownPart) and p.data.get("type") == "text"
+            else ""
+            for p in self.content
+        )
 
 
 def to_logged(item: Item) -> LoggedItem:
@@ -287,13 +309,10 @@ def to_logged(item: Item) -> LoggedItem:
                     image["detail"] = part.detail
                 parts.append({"type": "image_url", "image_url": image})
             elif isinstance(part, ToolCallPart):
-                calls.append(
-                    {
-                        "id": part.id,
-                        "type": "function",
-                        "function": {"name": part.name, "arguments": part.arguments},
-                    }
-                )
+                extra = dict(part.extra)
+                function = {"name": part.name, "arguments": part.arguments}
+                function.update(extra.pop("function_extra", None) or {})
+                calls.append({"id": part.id, "type": "function", "function": function, **extra})
             elif isinstance(part, ReasoningPart):
                 reasoning.append(part.text)
             else:
@@ -329,10 +348,16 @@ def from_logged(logged: Mapping[str, Any]) -> Item:
     if isinstance(content, list):
         for raw in content:
             kind = raw.get("type")
-            if kind == "text":
+            # A part with keys this version does not model is kept whole, as UnknownPart.
+            if kind == "text" and raw.keys() == {"type", "text"}:
                 parts.append(TextPart(raw["text"]))
-            elif kind == "image_url":
-                image = raw.get("image_url") or {}
+            elif (
+                kind == "image_url"
+                and raw.keys() == {"type", "image_url"}
+                and isinstance(raw["image_url"], Mapping)
+                and raw["image_url"].keys() <= {"url", "detail"}
+            ):
+                image = raw["image_url"]
                 parts.append(ImagePart(image.get("url", ""), image.get("detail")))
             else:
                 parts.append(UnknownPart(dict(raw)))
@@ -340,7 +365,13 @@ def from_logged(logged: Mapping[str, Any]) -> Item:
         parts.append(TextPart(content))
     for call in logged.get("tool_calls") or ():
         fn = call.get("function") or {}
-        parts.append(ToolCallPart(call.get("id", ""), fn.get("name", ""), fn.get("arguments", "")))
+        extra = {k: v for k, v in call.items() if k not in ("id", "type", "function")}
+        fn_extra = {k: v for k, v in fn.items() if k not in ("name", "arguments")}
+        if fn_extra:
+            extra["function_extra"] = fn_extra
+        parts.append(
+            ToolCallPart(call.get("id", ""), fn.get("name", ""), fn.get("arguments", ""), extra)
+        )
     body: str | tuple[ContentPart, ...]
     if parts or not isinstance(content, str):
         body = tuple(parts)

@@ -246,12 +246,6 @@ def test_any_text_round_trips(store: Store, main: PodActiveSegmentRef) -> None:
     assert state.extensions["d"] == {"big": 2**63 - 1, "neg": -(2**63), "text": texts[0]}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="stores.base.iter_lines applies line.update(entry.data) after the envelope, so data "
-    "{'seq': 99} is stored as seq 99 (FsStore then refuses the segment as CorruptLog, "
-    "MemoryStore restores next_seq 100); append_entry does not reject envelope keys either",
-)
 def test_envelope_keys_in_data_cannot_rewrite_the_envelope(
     store: Store, main: PodActiveSegmentRef
 ) -> None:

@@ -308,12 +308,6 @@ def test_a_context_name_of_the_maximum_length_can_be_created(
     store: Store, xfail_on: Callable[..., None]
 ) -> None:
     """A name whose encoding is exactly MAX_NAME_BYTES (255) long is a valid, storable name."""
-    xfail_on(
-        "fs",
-        reason="FsStore derives longer file names from the encoded name (lock files add "
-        "'.head'/'.lock', _write_atomic's temp file adds 38 bytes), so names over ~217 bytes "
-        "fail with ENAMETOOLONG",
-    )
     context = ContextId("cli", "n" * 255)
     session_id, segment_id = create_segment(store, context=context)
     save_user_input(store, PodActiveSegmentRef(session_id, segment_id), "long")

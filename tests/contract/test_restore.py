@@ -264,10 +264,5 @@ def test_tracing_an_unknown_segment_raises(
     store: Store, main: PodActiveSegmentRef, xfail_on: Callable[..., None]
 ) -> None:
     """append_trace to a segment that does not exist raises SegmentNotFound."""
-    xfail_on(
-        "fs",
-        reason="FsStore.append_trace creates {segment}.trace.jsonl for any segment id of a "
-        "known session, without checking that the segment exists",
-    )
     with pytest.raises(SegmentNotFound):
         store.append_trace(main.session_id, new_segment_id(), [_trace(1)])

@@ -28,7 +28,16 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from terrarium.model import FORMAT_VERSION, ContextId, SegmentId, SessionId, TornTail, TraceEntry
+from terrarium.errors import InvalidEntry
+from terrarium.model import (
+    ENVELOPE_KEYS,
+    FORMAT_VERSION,
+    ContextId,
+    SegmentId,
+    SessionId,
+    TornTail,
+    TraceEntry,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,9 +242,17 @@ class Searchable(Protocol):
         ...
 
 
+_ENVELOPE = frozenset(ENVELOPE_KEYS)
+
+
 def iter_lines(entries: Sequence[NewEntry], first_seq: int) -> Iterator[dict[str, Any]]:
     """Yield the stored form of ``entries`` numbered from ``first_seq``."""
     for offset, entry in enumerate(entries):
+        if not _ENVELOPE.isdisjoint(entry.data):
+            raise InvalidEntry(
+                f"entry data of kind {entry.kind!r} may not set the envelope keys "
+                f"{sorted(_ENVELOPE.intersection(entry.data))}"
+            )
         line: dict[str, Any] = {
             "v": FORMAT_VERSION,
             "seq": first_seq + offset,

@@ -11,9 +11,9 @@ Layout under the root (``./sessions`` by default)::
         head.json                     which segment the context is on; replaced atomically
     .index/contexts/cli/main          context -> folder: resolving a context walks no dates
     .index/sessions/{session uuid}    session -> folder
-    .locks/cli/main.lock              per-context lock for callers (a manager's turn)
-    .locks/cli/main.head              per-context lock for create, delete, head moves
-    .trash/                           folders being deleted (a crash mid-delete leaves them)
+    .locks/turn/cli/main              per-context lock for callers (a manager's turn)
+    .locks/head/cli/main              per-context lock for create, delete, head moves
+    .trash/                           folders being deleted; the next delete clears leftovers
     .index/search.db                  full-text search and listing index (derived)
     .index/dirty/{session uuid}       "this session changed" markers for that index
 
@@ -244,10 +244,10 @@ class FsStore:
         This is the callers' lock (the manager holds it for a whole turn). The store's own
         create, delete and head moves take a separate, brief lock, so they work inside it.
         """
-        return self._flock(self.root / _LOCKS / context.type / f"{context.encoded_name}.lock")
+        return self._flock(self.root / _LOCKS / "turn" / context.type / context.encoded_name)
 
     def _head_lock(self, context: ContextId) -> AbstractContextManager[None]:
-        return self._flock(self.root / _LOCKS / context.type / f"{context.encoded_name}.head")
+        return self._flock(self.root / _LOCKS / "head" / context.type / context.encoded_name)
 
     @contextmanager
     def _flock(self, path: Path) -> Iterator[None]:
@@ -314,7 +314,9 @@ class FsStore:
         trash = self.root / _TRASH / uuid.uuid4().hex
         trash.parent.mkdir(parents=True, exist_ok=True)
         os.rename(folder, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        # Also what a process killed mid-delete left (another deleter may share the work).
+        for leftover in _listdir(trash.parent):
+            shutil.rmtree(trash.parent / leftover, ignore_errors=True)
 
     # ---------------------------------------------------------------- segments
 
@@ -439,7 +441,10 @@ class FsStore:
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
     ) -> None:
         """Append to ``{segment}.trace.jsonl`` (one write, ``O_APPEND``)."""
-        path = self._session_folder(session_id) / f"{segment_id}{_TRACE_SUFFIX}"
+        folder = self._session_folder(session_id)
+        if not (folder / f"{segment_id}{_SEGMENT_SUFFIX}").exists():
+            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+        path = folder / f"{segment_id}{_TRACE_SUFFIX}"
         data = b"".join(codec.encode_line(e.to_dict()) for e in entries)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -643,7 +648,8 @@ class FsStore:
     def _write_atomic(self, path: Path, data: bytes) -> None:
         """Replace ``path`` with ``data`` via a temporary file and ``rename``."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        # Not derived from the name, so a name of the maximum length still fits.
+        tmp = path.with_name(f".tmp-{uuid.uuid4().hex}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             os.write(fd, data)
@@ -660,7 +666,11 @@ class FsStore:
             with self._lock:
                 for handle in self._open.values():
                     if handle.dirty:
-                        os.fdatasync(handle.fd)
+                        try:
+                            os.fdatasync(handle.fd)
+                        except OSError:  # keep syncing the others; this one retries next time
+                            log.exception("background sync of %s failed", self.root)
+                            continue
                         handle.dirty = False
 
 
