@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from pg import fresh_schema, pg_database  # noqa: F401  (the "postgres" backend's database)
 from terrarium import ContextId, FsStore, MemoryStore, PodActiveSegmentRef, Store, create_segment
 
 StoreFactory = Callable[[Path, pytest.FixtureRequest], Store]
@@ -28,16 +29,32 @@ def make_fs(tmp_path: Path, request: pytest.FixtureRequest) -> Store:
     return FsStore(tmp_path / "sessions")
 
 
+def make_sqlite(tmp_path: Path, request: pytest.FixtureRequest) -> Store:
+    """A SQLite store in a fresh database file."""
+    from terrarium.stores.sqlite import SqliteStore
+
+    return SqliteStore(tmp_path / "terrarium.db")
+
+
+def make_postgres(tmp_path: Path, request: pytest.FixtureRequest) -> Store:
+    """A PostgreSQL store in a fresh schema of this run's throwaway database (tests/pg.py)."""
+    from terrarium.stores.postgres import PostgresStore
+
+    return PostgresStore(request.getfixturevalue("pg_database"), schema=fresh_schema())
+
+
 # ---- backend registry ----------------------------------------------------------------------
 # One entry per backend; every test in tests/contract/ runs against each of them.
 # "sqlite" (SqliteStore) and "postgres" (PostgresStore) factories are registered here too.
 BACKENDS: dict[str, StoreFactory] = {
     "memory": make_memory,
     "fs": make_fs,
+    "sqlite": make_sqlite,
+    "postgres": make_postgres,
 }
 
 #: Marks applied to a backend's parametrisation, e.g. ``{"postgres": [pytest.mark.postgres]}``.
-BACKEND_MARKS: dict[str, list[pytest.MarkDecorator]] = {}
+BACKEND_MARKS: dict[str, list[pytest.MarkDecorator]] = {"postgres": [pytest.mark.postgres]}
 
 
 @pytest.fixture(params=[pytest.param(name, marks=BACKEND_MARKS.get(name, [])) for name in BACKENDS])
