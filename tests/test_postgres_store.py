@@ -117,7 +117,13 @@ def test_expected_seq_beyond_the_tail_is_a_conflict(store: PostgresStore) -> Non
         store.append(session_id, segment_id, [_entry("x")], expected_seq=5)
     with pytest.raises(SegmentNotFound):
         store.append(session_id, uuid.uuid4(), [_entry("x")], expected_seq=1)
-    assert store.next_seq(session_id, segment_id) == 1
+    assert store.append(session_id, segment_id, [_entry("a"), _entry("b")]) == 1
+    for stale in (-1, 0, 1, 2, 4):  # below the tail (the header, taken seqs) or beyond it
+        with pytest.raises(ConflictError, match=f"is at seq 3, the writer expected {stale}"):
+            store.append(session_id, segment_id, [_entry("x")], expected_seq=stale)
+        with pytest.raises(ConflictError, match=f"is at seq 3, the writer expected {stale}"):
+            store.append(session_id, segment_id, [_entry("x"), _entry("y")], expected_seq=stale)
+    assert [e["token"] for e in store.read_segment(session_id, segment_id).entries] == ["a", "b"]
 
 
 def test_another_process_view_is_not_trusted(

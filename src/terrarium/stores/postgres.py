@@ -29,15 +29,22 @@ same JSON as ``jsonb``, for containment queries and GIN indexes; it cannot be th
 truth because ``jsonb`` reorders keys, drops duplicate ones and cannot hold ``\\u0000`` (for
 such a line ``body`` is NULL). The price is storing an entry twice.
 
-**Appends** are one autocommit statement, so they cost one round trip like a bare
-``INSERT``: the rows come as arrays (``unnest``), so a bulk import of many entries is one
-statement too. The client proposes the seq (``expected_seq``, else the next seq it last saw
-for that segment) and the statement inserts only if the entry before it exists; the primary
-key is the arbiter between concurrent writers. If nothing was inserted or the key was taken,
-the store reads the segment's last seq: with ``expected_seq`` that is a
+**Appends** are one autocommit ``INSERT``, so they cost one round trip like a bare insert;
+many entries travel as binary arrays (``unnest``), so a bulk import is one statement too. The
+client proposes the seq: ``expected_seq``, else the next seq this store last saw for the
+segment. The primary key is the arbiter between concurrent writers: if the seq is taken, the
+store reads the segment's last seq; with ``expected_seq`` that is a
 :class:`~terrarium.errors.ConflictError`, without it the append retries at the new tail, so it
-always succeeds in the end. Foreign keys tie entries to their segment, so an append racing a
-``delete_context`` either lands before the delete (and is deleted with it) or fails.
+always succeeds in the end. A gap is impossible: when the store has not seen the segment reach
+the proposed seq, the statement inserts only if the entry before it exists (once seen, an entry
+stays: seqs are never removed). A foreign key ties entries to their segment, so an append
+racing a ``delete_context`` either lands before the delete (and is deleted with it) or fails
+with :class:`~terrarium.errors.SegmentNotFound`; no entry outlives its session.
+
+**Durability.** An append is acknowledged once PostgreSQL has committed it; with the server's
+default ``synchronous_commit = on`` it survives a crash or power loss of the server, not only
+of the client. Measured here: about 1.3-1.5x a bare single-row autocommit ``INSERT`` (the
+commit's WAL flush dominates both); a 500-entry append costs ~12-20 us per entry.
 
 **Context locks** are session-level advisory locks, ``pg_advisory_lock(key)``, each on a
 connection of its own that is kept aside from the pool while held (a turn can take long; it
@@ -88,7 +95,7 @@ MIGRATIONS: Migrations[psycopg.Connection[Any]] = Migrations("postgres")
 
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _MAX_SEQ = 2**31 - 1
-_NEXT_SEQ_CACHE = 4096
+_SEEN_CACHE = 4096
 _IDLE_LOCK_CONNECTIONS = 4
 
 
@@ -104,25 +111,32 @@ class _Sql:
     def __init__(self, schema: str) -> None:
         s = f'"{schema}"'
         self.max_seq = f"SELECT max(seq) FROM {s}.entries WHERE session_id = %s AND segment_id = %s"
-        # One statement each: insert the rows if the entry before the first one exists.
+        # One statement per append. The "checked" forms insert only if the entry before the
+        # first one exists; they are needed only when the store has not yet seen the segment
+        # reach that seq (seqs are never removed, so once seen, the entry is there for good).
         body = r"CASE WHEN strpos({0}, E'\\u0000') > 0 THEN NULL ELSE {0}::jsonb END"
-        tail_exists = (
-            f"WHERE EXISTS (SELECT 1 FROM {s}.entries WHERE session_id = %(session)s "
+        columns = f"INSERT INTO {s}.entries (session_id, segment_id, seq, kind, ts, body, line) "
+        prev_exists = (
+            f" WHERE EXISTS (SELECT 1 FROM {s}.entries WHERE session_id = %(session)s "
             "AND segment_id = %(segment)s AND seq = %(prev)s)"
         )
-        self.append_one = (
-            f"INSERT INTO {s}.entries (session_id, segment_id, seq, kind, ts, body, line) "
+        one = (
             "SELECT %(session)s, %(segment)s, %(seq)s, %(kind)s, %(ts)s, "
-            f"{body.format('%(line)s')}, %(line)s {tail_exists}"
+            f"{body.format('%(line)s')}, %(line)s"
         )
         # Many rows travel as binary arrays (no quoting of the JSON on either side); the
         # statement text stays constant, so psycopg prepares it once per connection.
-        self.append_many = (
-            f"INSERT INTO {s}.entries (session_id, segment_id, seq, kind, ts, body, line) "
+        many = (
             f"SELECT %(session)s, %(segment)s, e.seq, e.kind, e.ts, {body.format('e.line')}, "
             "e.line FROM unnest(%(seqs)b::int[], %(kinds)b::text[], %(tss)b::text[], "
-            f"%(lines)b::text[]) AS e(seq, kind, ts, line) {tail_exists}"
+            "%(lines)b::text[]) AS e(seq, kind, ts, line)"
         )
+        self.append = {
+            (True, False): columns + one,
+            (True, True): columns + one + prev_exists,
+            (False, False): columns + many,
+            (False, True): columns + many + prev_exists,
+        }
         self.insert_header = (
             f"INSERT INTO {s}.entries (session_id, segment_id, seq, kind, ts, body, line) "
             r"VALUES (%s, %s, 0, %s, %s, "
@@ -209,7 +223,7 @@ class PostgresStore:
         self._where = f"{redact_url(dsn)} (schema {schema})"
         self._sql = _Sql(schema)
         self._lock = threading.Lock()
-        self._next: OrderedDict[SegmentId, int] = OrderedDict()
+        self._seen: OrderedDict[tuple[SessionId, SegmentId], int] = OrderedDict()
         self._idle_locks: list[psycopg.Connection[Any]] = []
         self._closed = False
         try:
@@ -403,7 +417,7 @@ class PostgresStore:
                 sql.insert_header,
                 (session_id, segment_id, line["kind"], ts, text, text, text),
             )
-        self._remember(segment_id, 1)
+        self._remember((session_id, segment_id), 1)
 
     def append(
         self,
@@ -422,37 +436,38 @@ class PostgresStore:
                 )
             return first
         count = len(entries)
+        key = (session_id, segment_id)
+        with self._lock:
+            seen = self._seen.get(key)  # a next seq this store saw the segment reach
+        proposal = expected_seq if expected_seq is not None else seen
         with self._pool.connection() as conn:
-            if expected_seq is not None:
-                first = expected_seq
-            else:
-                with self._lock:
-                    guess = self._next.get(segment_id)
-                first = (
-                    guess if guess is not None else self._last_seq(conn, session_id, segment_id) + 1
-                )
+            if proposal is None:
+                proposal = seen = self._last_seq(conn, session_id, segment_id) + 1
+            first = proposal
             while True:
-                query, params = self._append_params(session_id, segment_id, entries, first)
+                # Entry first - 1 surely exists if the segment once reached ``seen >= first``.
+                checked = seen is None or first > seen or first < 1
+                params = self._append_params(session_id, segment_id, entries, first)
                 try:
-                    inserted = conn.execute(query, params, prepare=True).rowcount
+                    cur = conn.execute(self._sql.append[count == 1, checked], params, prepare=True)
+                    inserted = cur.rowcount
                 except pg_errors.UniqueViolation:
                     inserted = 0  # another writer took the seq first
                 except pg_errors.ForeignKeyViolation:
-                    # The session was deleted between our snapshot and our insert.
+                    # No such segment, or its session was deleted while we inserted.
                     raise SegmentNotFound(
                         f"segment {segment_id} of session {session_id} does not exist"
                     ) from None
                 if inserted == count:
-                    self._remember(segment_id, first + count)
+                    self._remember(key, first + count)
                     return first
-                actual = self._last_seq(conn, session_id, segment_id) + 1
-                self._remember(segment_id, actual)
-                if expected_seq is not None and actual != expected_seq:
+                seen = self._last_seq(conn, session_id, segment_id) + 1
+                self._remember(key, seen)
+                if expected_seq is not None and seen != expected_seq:
                     raise ConflictError(
-                        f"segment {segment_id} is at seq {actual}, "
-                        f"the writer expected {expected_seq}"
+                        f"segment {segment_id} is at seq {seen}, the writer expected {expected_seq}"
                     )
-                first = actual
+                first = seen
 
     def _append_params(
         self,
@@ -460,19 +475,19 @@ class PostgresStore:
         segment_id: SegmentId,
         entries: Sequence[NewEntry],
         first: int,
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> dict[str, Any]:
         params: dict[str, Any] = {"session": session_id, "segment": segment_id, "prev": first - 1}
         if len(entries) == 1:
             line = next(iter_lines(entries, first))
             params.update(seq=first, kind=line["kind"], ts=line["ts"])
             params["line"] = codec.encode(line).decode()
-            return self._sql.append_one, params
+            return params
         lines = list(iter_lines(entries, first))
         params["seqs"] = list(range(first, first + len(lines)))
         params["kinds"] = [line["kind"] for line in lines]
         params["tss"] = [line["ts"] for line in lines]
         params["lines"] = [codec.encode(line).decode() for line in lines]
-        return self._sql.append_many, params
+        return params
 
     def _last_seq(
         self, conn: psycopg.Connection[Any], session_id: SessionId, segment_id: SegmentId
@@ -482,13 +497,14 @@ class PostgresStore:
             raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
         return int(row[0])
 
-    def _remember(self, segment_id: SegmentId, next_seq: int) -> None:
-        """Keep the next seq this process saw for a segment: the guess for its next append."""
+    def _remember(self, key: tuple[SessionId, SegmentId], next_seq: int) -> None:
+        """Note that the segment reached ``next_seq``: the guess for this store's next append."""
         with self._lock:
-            self._next[segment_id] = next_seq
-            self._next.move_to_end(segment_id)
-            if len(self._next) > _NEXT_SEQ_CACHE:
-                self._next.popitem(last=False)
+            if next_seq > self._seen.get(key, 0):
+                self._seen[key] = next_seq
+            self._seen.move_to_end(key)
+            if len(self._seen) > _SEEN_CACHE:
+                self._seen.popitem(last=False)
 
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
@@ -512,7 +528,7 @@ class PostgresStore:
         """The seq the next append gets."""
         with self._pool.connection() as conn:
             next_seq = self._last_seq(conn, session_id, segment_id) + 1
-        self._remember(segment_id, next_seq)
+        self._remember((session_id, segment_id), next_seq)
         return next_seq
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
