@@ -15,8 +15,8 @@ OpenAI-compatible server and most tools already read. Items stay plain dicts on 
 
 from __future__ import annotations
 
-import datetime as dt
 import re
+import time
 import unicodedata
 import uuid
 from collections.abc import Mapping, Sequence
@@ -48,9 +48,19 @@ def new_segment_id() -> SegmentId:
     return uuid7()
 
 
+_second: tuple[int, str] = (-1, "")
+
+
 def utc_now() -> str:
     """Return the current UTC time as an RFC 3339 string with microseconds and ``Z``."""
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # Formatting a datetime costs ~2 µs, a fifth of an append; the second changes rarely.
+    global _second
+    second, micros = divmod(time.time_ns() // 1000, 1_000_000)
+    cached, prefix = _second
+    if second != cached:
+        prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        _second = (second, prefix)
+    return f"{prefix}.{micros:06d}Z"
 
 
 # --------------------------------------------------------------------------- context ids
