@@ -622,7 +622,7 @@ def migrate(
                 conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted}")
                 conn.execute(
                     f"CREATE TABLE {quoted}.migrations (name text PRIMARY KEY, "
-                    "applied_at timestamptz NOT NULL DEFAULT now())"
+                    "applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
                 )
             applied = [row[0] for row in conn.execute(f"SELECT name FROM {quoted}.migrations")]
             pending = MIGRATIONS.pending(applied, where=where)
