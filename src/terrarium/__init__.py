@@ -99,16 +99,20 @@ from terrarium.stores.base import (
 )
 from terrarium.stores.fs import FsStore
 from terrarium.stores.memory import MemoryStore
+from terrarium.stores.sqlite import SqliteStore
+from terrarium.stores.url import open_store
 
 if TYPE_CHECKING:
     from terrarium.agent.multi_context_manager import MultiContextManager
     from terrarium.llm.vllm_client import VLLMClient
+    from terrarium.stores.postgres import PostgresStore
 
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    # The runtime pulls in the openai client; import it only when asked for.
+    # The runtime pulls in the openai client, and psycopg is an optional extra: import each
+    # only when asked for.
     if name == "MultiContextManager":
         from terrarium.agent.multi_context_manager import MultiContextManager
 
@@ -117,6 +121,10 @@ def __getattr__(name: str) -> Any:
         from terrarium.llm.vllm_client import VLLMClient
 
         return VLLMClient
+    if name == "PostgresStore":
+        from terrarium.stores.postgres import PostgresStore
+
+        return PostgresStore
     raise AttributeError(f"module 'terrarium' has no attribute {name!r}")
 
 
@@ -151,6 +159,7 @@ __all__ = [
     "PodMetadata",
     "PodMetadataStore",
     "PodScopeSnapshot",
+    "PostgresStore",
     "RateLimited",
     "ReasoningPart",
     "RestoredState",
@@ -162,6 +171,7 @@ __all__ = [
     "SegmentStartState",
     "ServerUnreachable",
     "SessionId",
+    "SqliteStore",
     "Store",
     "StoreError",
     "StoreURLError",
@@ -191,6 +201,7 @@ __all__ = [
     "from_logged",
     "new_segment_id",
     "new_session_id",
+    "open_store",
     "read_entries",
     "render_pod_event",
     "restore",

@@ -9,11 +9,16 @@ from terrarium.stores.base import (
     PodMetadata,
     PodMetadataStore,
     Reindexable,
+    Searchable,
+    SearchHit,
+    SearchQuery,
     SegmentRead,
     Store,
 )
 from terrarium.stores.fs import FsStore
 from terrarium.stores.memory import MemoryStore
+from terrarium.stores.sqlite import SqliteStore
+from terrarium.stores.url import open_store
 
 __all__ = [
     "ContextLocking",
@@ -24,6 +29,11 @@ __all__ = [
     "PodMetadata",
     "PodMetadataStore",
     "Reindexable",
+    "SearchHit",
+    "SearchQuery",
+    "Searchable",
     "SegmentRead",
+    "SqliteStore",
     "Store",
+    "open_store",
 ]
