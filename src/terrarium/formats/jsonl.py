@@ -269,33 +269,59 @@ def import_context(
         for segment in segments:
             if segment[0].get("context"):
                 segment[0] = {**segment[0], "context": str(ctx)}
+    return recreate_session(store, ctx, segments)
+
+
+def recreate_session(
+    store: Store,
+    context: ContextId,
+    segments: list[list[dict[str, Any]]],
+    *,
+    head: SegmentId | None = None,
+) -> PodMetadata:
+    """Create ``context`` in ``store`` from a session's segments, as stored, parents first.
+
+    Every line keeps its session and segment id, timestamp, seq, and every key and kind. The
+    head ends on ``head`` (by default the last segment). A failure leaves nothing behind.
+
+    Raises:
+        ContextExists: the context, or the session, is already in ``store``.
+        InvalidEntry: a session id is not a UUID.
+    """
     try:
         session_id = SessionId(segments[0][0]["session_id"])
     except ValueError:
         raise InvalidEntry(f"invalid session id {segments[0][0]['session_id']!r}") from None
-    if store.get_head(ctx) is not None:
-        raise ContextExists(f"context {ctx} already exists")
+    if store.get_head(context) is not None:
+        raise ContextExists(f"context {context} already exists")
     try:
         store.list_segments(session_id)
     except SegmentNotFound:
         pass
     else:
         raise ContextExists(f"session {session_id} is already in the store (as another context)")
-    head = store.create_context(ctx, segments[0][0])
+    first = store.create_context(context, segments[0][0])
     try:
         for index, segment in enumerate(segments):
             segment_id = SegmentId(segment[0]["segment_id"])
             if index:
                 store.create_segment(session_id, segment[0])
             entries = [NewEntry(line["kind"], line["ts"], _data(line)) for line in segment[1:]]
-            if entries:
-                store.append(session_id, segment_id, entries, expected_seq=1)
-        if segment_id != head.segment_id:
-            head = store.set_head(ctx, segment_id, expected=head.segment_id)
+            for start in range(0, len(entries), _BATCH):
+                store.append(
+                    session_id, segment_id, entries[start : start + _BATCH], expected_seq=start + 1
+                )
+        target = head if head is not None else segment_id
+        if target != first.segment_id:
+            return store.set_head(context, target, expected=first.segment_id)
     except BaseException:
-        store.delete_context(ctx)  # leave no half-imported context behind
+        store.delete_context(context)  # leave no half-made context behind
         raise
-    return head
+    return first
+
+
+_BATCH = 1000
+"""Entries per append when recreating: bounded memory and statement size on SQL stores."""
 
 
 def _data(line: Mapping[str, Any]) -> dict[str, Any]:
@@ -311,5 +337,6 @@ __all__ = [
     "load_transcript",
     "parse_lines",
     "parse_ts",
+    "recreate_session",
     "timed_history",
 ]
