@@ -2,17 +2,19 @@
 
 ``cli`` is the Click group; :func:`main` is the console script. Modules: ``app`` (the group,
 shared options, error boundary), ``commands`` (list, show, stats, delete, clear, fork, compact,
-export, import, migrate, fsck, reindex), ``chat`` (the chat loop), ``picker`` (the session
-picker), ``seed`` (the old ``chat.py`` interface), ``output`` (terminal or plain output).
+export, import, migrate, fsck, reindex), ``bulk`` (copy, search), ``chat`` (the chat loop),
+``picker`` (the session picker), ``seed`` (the old ``chat.py`` interface), ``output``
+(terminal or plain output).
 """
 
 from __future__ import annotations
 
+from terrarium.cli import bulk as _bulk
 from terrarium.cli import chat as _chat
 from terrarium.cli import commands as _commands
 from terrarium.cli.app import cli
 
-_ = (_chat, _commands)  # imported for their commands
+_ = (_bulk, _chat, _commands)  # imported for their commands
 
 
 def main() -> None:

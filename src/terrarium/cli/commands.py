@@ -416,7 +416,7 @@ def compact(
 
 
 @cli.command()
-@click.argument("context", type=CONTEXT)
+@click.argument("contexts", nargs=-1, type=CONTEXT)
 @click.option(
     "--format",
     "-f",
@@ -429,15 +429,50 @@ def compact(
 @click.option(
     "--output",
     "-o",
-    type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+    type=click.Path(writable=True, allow_dash=True),
     default="-",
-    help="File to write (default: stdout).",
+    help="File to write (default: stdout); for many sessions a folder, .zip or .tar.gz.",
 )
+@click.option("--all", "all_", is_flag=True, help="Export every session (into -o).")
+@click.option("--type", "type_", metavar="TYPE", help="With --all: only sessions of this type.")
+@click.option("--since", metavar="DATE", help="Only sessions active on or after DATE (UTC).")
+@click.option("--until", metavar="DATE", help="Only sessions active on or before DATE (UTC).")
 @storage_option
 @click.pass_context
-def export(ctx: click.Context, context: ContextId, fmt: str, output: str) -> None:
-    """Export a session to a file format."""
+def export(
+    ctx: click.Context,
+    contexts: tuple[ContextId, ...],
+    fmt: str,
+    output: str,
+    all_: bool,
+    type_: str | None,
+    since: str | None,
+    until: str | None,
+) -> None:
+    """Export sessions to a file format: one to a file, many to a folder or archive."""
     state = state_of(ctx)
+    many = all_ or len(contexts) != 1 or type_ or since or until or _is_collection(output)
+    if not contexts and not all_:
+        raise click.UsageError("name a session to export, or pass --all")
+    if many:
+        if output == "-":
+            raise click.UsageError("exporting many sessions needs -o FOLDER, .zip or .tar.gz")
+        from terrarium.export import export_many
+
+        result = export_many(
+            state.store(),
+            None if all_ else list(contexts),
+            fmt,
+            output,
+            type=type_,
+            since=since,
+            until=until,
+        )
+        state.out.note(
+            f"exported {len(result.contexts)} sessions as {fmt} to {result.path}", style="green"
+        )
+        return
+    (context,) = contexts
     content = export_session(state, context, fmt)
     if output == "-":
         if isinstance(content, bytes):
@@ -452,6 +487,11 @@ def export(ctx: click.Context, context: ContextId, fmt: str, output: str) -> Non
     else:
         path.write_text(content, encoding="utf-8")
     state.out.note(f"exported {context} as {fmt} to {path}", style="green")
+
+
+def _is_collection(output: str) -> bool:
+    """Whether ``-o`` names a folder or an archive rather than one file."""
+    return output.endswith(("/", ".zip", ".tar.gz", ".tgz")) or Path(output).is_dir()
 
 
 def export_session(state: CliState, context: ContextId, fmt: str) -> str | bytes:

@@ -1,0 +1,110 @@
+"""terrarium copy, and exporting many sessions at once, through the command line."""
+
+from __future__ import annotations
+
+import tarfile
+import zipfile
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from terrarium import FsStore, Item, SqliteStore, create_segment, restore, save_delta
+from terrarium.cli import cli
+from terrarium.model import ContextId
+
+
+def _fill(root: Path) -> None:
+    with FsStore(root) as store:
+        for context in ("irc:#python", "cli:main", "game:run1"):
+            create_segment(store, context=context)
+            head = store.get_head(ContextId.parse(context))
+            assert head is not None
+            save_delta(store, head, [Item.user(f"hi from {context}"), Item.assistant("<b>hi</b>")])
+
+
+def test_copy_between_stores_and_rerun(tmp_path: Path) -> None:
+    """copy fs -> sqlite keeps every session; a rerun skips them all and still exits 0."""
+    _fill(tmp_path / "src")
+    dst = f"sqlite:///{tmp_path / 'dst.db'}"
+    runner = CliRunner()
+    first = runner.invoke(cli, ["copy", str(tmp_path / "src"), dst])
+    assert first.exit_code == 0, first.output
+    assert "copied 3 sessions" in first.output
+    again = runner.invoke(cli, ["copy", str(tmp_path / "src"), dst])
+    assert again.exit_code == 0
+    assert "copied 0 sessions" in again.output and "skipped 3" in again.output
+    with FsStore(tmp_path / "src") as src, SqliteStore(tmp_path / "dst.db") as copied:
+        for head in src.list_contexts():
+            assert restore(copied, head.context) == restore(src, head.context)
+
+
+def test_copy_one_context_and_bad_urls(tmp_path: Path) -> None:
+    """--context limits the copy; a bad store URL is a one-line error without the password."""
+    _fill(tmp_path / "src")
+    runner = CliRunner()
+    result = runner.invoke(
+        cli, ["copy", str(tmp_path / "src"), str(tmp_path / "dst"), "-c", "cli:main"]
+    )
+    assert result.exit_code == 0, result.output
+    with FsStore(tmp_path / "dst") as dst:
+        assert [h.context for h in dst.list_contexts()] == ["cli:main"]
+    bad = runner.invoke(cli, ["copy", str(tmp_path / "src"), "mongodb://u:s3cret@h/db"])
+    assert bad.exit_code != 0
+    assert "s3cret" not in bad.output
+    assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_export_many_to_folder_zip_and_tar(tmp_path: Path) -> None:
+    """--all, several names or --type write one file per session into a folder or archive."""
+    _fill(tmp_path / "s")
+    runner = CliRunner()
+    base = ["--storage-dir", str(tmp_path / "s")]
+    folder = runner.invoke(
+        cli, ["export", "--all", "-f", "markdown", "-o", str(tmp_path / "md"), *base]
+    )
+    assert folder.exit_code == 0, folder.output
+    assert sorted(
+        p.relative_to(tmp_path / "md").as_posix() for p in (tmp_path / "md").rglob("*.md")
+    ) == [
+        "cli/main.md",
+        "game/run1.md",
+        "irc/#python.md",
+    ]
+    zipped = runner.invoke(
+        cli,
+        ["export", "irc:#python", "cli:main", "-f", "html", "-o", str(tmp_path / "x.zip"), *base],
+    )
+    assert zipped.exit_code == 0, zipped.output
+    with zipfile.ZipFile(tmp_path / "x.zip") as archive:
+        assert sorted(archive.namelist()) == ["cli/main.html", "irc/#python.html"]
+        assert "&lt;b&gt;hi&lt;/b&gt;" in archive.read("irc/#python.html").decode()
+    tarred = runner.invoke(
+        cli,
+        [
+            "export",
+            "--all",
+            "--type",
+            "irc",
+            "-f",
+            "jsonl",
+            "-o",
+            str(tmp_path / "x.tgz"),
+            *base,
+        ],
+    )
+    assert tarred.exit_code == 0, tarred.output
+    with tarfile.open(tmp_path / "x.tgz") as archive:
+        assert archive.getnames() == ["irc/#python.jsonl"]
+
+
+def test_export_many_needs_a_destination(tmp_path: Path) -> None:
+    """Many sessions to stdout is refused in one line; no session and no --all too."""
+    _fill(tmp_path / "s")
+    runner = CliRunner()
+    base = ["--storage-dir", str(tmp_path / "s")]
+    many = runner.invoke(cli, ["export", "--all", *base])
+    assert many.exit_code == 2
+    assert "-o FOLDER" in many.output
+    none = runner.invoke(cli, ["export", *base])
+    assert none.exit_code == 2
+    assert "--all" in none.output
