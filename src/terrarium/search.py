@@ -14,7 +14,9 @@ Both paths agree on what is searched and how (``tests/test_search.py`` checks it
 * the query is words, never syntax: a hit contains every term; a term of several tokens
   (``don't``, a CJK word) must appear as that sequence. Matching ignores case and accents.
   A query with no letter or digit raises :class:`InvalidQuery`;
-* hits are ranked by bm25 (as SQLite FTS5 computes it), best first.
+* hits are ranked by bm25 (as SQLite FTS5 computes it), best first. (``FsStore``'s index
+  ranks queries with very many matches among their most recent ones, and ignores words that
+  are in most messages when rarer ones are given: see :mod:`terrarium.stores.fs_search`.)
 """
 
 from __future__ import annotations

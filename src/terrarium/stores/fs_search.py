@@ -9,30 +9,33 @@ needed for correctness: delete it and the next search rebuilds it from the segme
 summary, an import; those items get the header's seq, 0). Each is one row of ``docs``
 (session, segment, seq, role, ts, text) and, when its text is not empty, one row of the FTS5
 table ``fts`` (``unicode61 remove_diacritics 2``: case and accents folded). Old segments stay
-indexed after a clear or compaction, as they stay in the session tree.
+indexed after a clear or compaction, as they stay in the session tree. A full build indexes
+about 32,000 messages a second here; 1M messages take 385 MB.
 
 **Incremental updates.** Per segment file the index records its inode and the byte offset it
 has read up to (always the end of a complete line). A refresh reads only the bytes appended
 since, under a shared ``flock`` so it never sees a write in progress, and stops at the last
 newline: a torn tail is indexed once it is complete. A shrunk or replaced file is re-read.
 
-**Finding what changed without walking 100k folders.** A walk that ``stat``\\s every segment
-file costs about 0.9 s per refresh at 100k sessions (``benchmarks/bench_search.py``), far too
-much per search. Instead writers leave *dirty markers*: an empty file
-``.index/dirty/{session id}``. Creating a context or segment, moving a head and deleting a
-context always mark the session; an append marks it at most once per ``MARK_EVERY`` seconds
-per open segment (a ``stat``, and an ``open`` when the marker is missing), so the append path
-stays a lock, an ``fstat`` and a ``write``. A refresh claims markers by renaming them (atomic:
-a writer marking at the same time creates a fresh one) and *watches* each claimed session
-for ``WATCH_SECONDS`` (> 2 x ``MARK_EVERY``): every refresh in that window ``stat``\\s the
-session's segment files, and the first refresh after it reads the session one last time. An
-append that a writer did not mark is therefore covered by the watch that its last mark
-started, and the next append after the watch ends marks again. An idle refresh costs a
-``scandir`` of an empty folder and one indexed query (~20 µs); each watched session adds a
-``stat`` per segment. Writes that bypass ``FsStore`` (a restored backup, a hand edit) are
-found by ``refresh(full=True)`` or ``reindex()``. Trade-off: right after a bulk import every
-imported session is watched for ``WATCH_SECONDS``, so refreshes cost a ``stat`` per session
-for that long.
+**Finding what changed without walking 100k folders.** A walk that ``scandir``\\s every session
+folder and ``stat``\\s its files costs 3.5 s at 100k sessions with a warm cache (11 s cold;
+``benchmarks/bench_search.py``): far too much per search. Instead writers leave *dirty
+markers*: an empty file ``.index/dirty/{session id}``. Creating a context or segment, moving a
+head and deleting a context always mark the session; an append marks it at most once per
+``MARK_EVERY`` seconds per open segment (a ``stat``, and an ``open`` when the marker is
+missing), so the append path stays a lock, an ``fstat`` and a ``write``. A refresh claims
+markers by renaming them (atomic: a writer marking at the same time creates a fresh one) and
+*watches* each claimed session for ``WATCH_SECONDS`` (> 2 x ``MARK_EVERY``): every refresh in
+that window ``stat``\\s the session's segment files, and the first refresh after it reads the
+session one last time. An append that a writer did not mark is therefore covered by the watch
+that its last mark started, and the next append after the watch ends marks again. An idle
+refresh costs a ``scandir`` of an empty folder and one indexed query (~10 µs); each watched
+session adds a ``stat`` per segment; a marked session with one new message costs ~0.5 ms.
+Writes that bypass ``FsStore`` (a restored backup, a hand edit) are found by
+``refresh(full=True)`` or ``reindex()``, as is the write of a process killed between its
+write and its mark (the mark follows the write, so a mark never precedes data it announces).
+Trade-off: right after a bulk import every imported session is watched for ``WATCH_SECONDS``,
+so refreshes cost a ``stat`` per session for that long.
 
 **Queries are data.** The user's text is split on white space, each term is quoted as an FTS5
 string (``"`` doubled) and the whole expression is bound as a parameter, never spliced into
@@ -42,17 +45,32 @@ CJK characters are indexed one per token (a separator, ``\\x1f``, is put around 
 indexing and querying), so a CJK word is found inside a sentence written without spaces.
 Emoji and punctuation are separators, as in ``unicode61``: they are shown, never matched.
 
-**Ranking.** bm25 (``k1=1.2``, ``b=0.75``) over the text; filters (type, context, role) are
-tokens of a second, zero-weighted column ``tags``, so FTS5 intersects them with the terms
-instead of post-filtering every match; ``since`` is a post-filter. FTS5's bm25 costs about
-0.7 µs per matching row plus 40 ns per row containing each term (its IDF), so a word found in
-860k of 1M messages costs 630 ms to rank fully. So a query matching more than
-``RANK_WINDOW`` rows is ranked among its most recent matches only, using ``fts_recent``, a
-second FTS5 table over the last ``RECENT_SIZE`` items, where the common term's IDF is cheap
-too (falling back to the whole index when that finds too few). Words that common carry
-almost no information; for them recency is the better order anyway. Rows are numbered in
-indexing order, which is arrival order (a full build indexes the least recently written
-sessions first).
+**Ranking.** bm25 (``k1=1.2``, ``b=0.75``, FTS5's own) over the text. The filters (type,
+context, role) are tokens of a second column, ``tags`` (``s<session> r<role> t<type>``), so
+FTS5 intersects them with the terms instead of testing every match; ``since`` is tested per
+row. FTS5's bm25 costs about 0.7 µs per matching row, plus, to weigh each phrase of the
+expression (its IDF), 40 ns per row in the whole table that holds the phrase: ranking a word
+found in 860k of 1M messages costs 630 ms, and even a rare word ANDed with it pays 35 ms.
+Hence, measured on 1M messages:
+
+* the ranking expression holds the terms only; the whole expression (terms and tags) filters
+  through ``+rowid IN (...)``, so a role tag in half the rows is never weighed (the ``+``
+  keeps SQLite from turning the list into one MATCH per row);
+* a query matching more than ``RANK_WINDOW`` rows is ranked among its most recent
+  ``RANK_WINDOW`` matches in ``fts_recent``, a second FTS5 table over the last
+  ``RECENT_SIZE`` items, where even a common word is cheap to weigh (falling back to the whole
+  index when that finds too few). Such words carry almost no information, and for them
+  recency is the better order anyway;
+* among fewer matches, terms found in more than ``COMMON_SHARE`` of all rows only filter when
+  the query has rarer terms: bm25 gives them almost no weight (IDF under 3, against 6 to 8 for
+  the words people look for) and weighing them is what costs.
+
+So a top-20 search takes 2 ms at the median for a mid-frequency word, 4.5 ms for a word in
+most messages, 6 ms for both together; the worst seen is 30 ms (a very common word within
+one context). Rows are numbered in indexing order, which is arrival order (a full build
+indexes the least recently written sessions first). The scan fallback
+(:func:`terrarium.search.scan`) computes the same bm25 in Python, so on a store small enough
+for no word to pass ``RANK_WINDOW`` both give the same hits with the same scores.
 
 **Snippets.** FTS5 ``snippet()`` marks matches with two private-use characters, which are
 then stripped and turned into ``(start, end)`` spans; occurrences of those two characters in
@@ -60,7 +78,8 @@ the text itself are indexed as U+FFFD so they can never be confused with the mar
 
 **Listing.** ``sessions`` holds one row per session with its context, date, head, message
 count and last activity, kept current by the same refreshes, so listing 100k contexts is one
-indexed query instead of 100k file reads.
+scan of a covering index (145 ms) instead of 100k file reads (14 s for the head records
+alone).
 
 **Concurrency.** Searches read a WAL snapshot and never wait. Updates run in a ``BEGIN
 IMMEDIATE`` transaction, so one process at a time indexes; the others wait for it (up to
@@ -97,17 +116,21 @@ from terrarium.stores.base import SearchHit, SearchQuery
 log = logging.getLogger(__name__)
 
 #: Bump when the schema changes: an index of another version is dropped and rebuilt.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 #: An append marks its session at most this often per open segment (seconds).
 MARK_EVERY = 5.0
 #: How long a claimed session stays watched (seconds). Must exceed 2 x ``MARK_EVERY``.
 WATCH_SECONDS = 15.0
 #: Queries matching more rows than this are ranked among their most recent matches.
 RANK_WINDOW = 5000
+#: Among few matches, terms in more than this share of all rows only filter, unranked.
+COMMON_SHARE = 0.05
 #: How many of the most recent items ``fts_recent`` holds (it is rebuilt at twice that).
 RECENT_SIZE = 50_000
 #: Seconds an update waits for another process's update before searching what is there.
 BUSY_TIMEOUT = 30.0
+#: Merge the FTS b-trees after a refresh that indexed at least this many items.
+_OPTIMIZE_AFTER = 20_000
 #: The longest accepted ``limit``.
 MAX_LIMIT = 1000
 
@@ -126,6 +149,13 @@ _ELLIPSIS = "…"
 _SNIPPET_TOKENS = 24
 # Put around every CJK character so unicode61 makes each one a token ("\x1f" is a separator).
 _SEP = "\x1f"
+#: Public names of the snippet settings, for other FTS5 backends (SqliteStore) to share.
+HIGHLIGHT_OPEN, HIGHLIGHT_CLOSE, ELLIPSIS, SNIPPET_TOKENS = (
+    _OPEN,
+    _CLOSE,
+    _ELLIPSIS,
+    _SNIPPET_TOKENS,
+)
 _CJK = (
     "\u1100-\u11ff\u3005-\u3007\u3040-\u309f\u30a0-\u30ff\u3100-\u312f\u3130-\u318f"
     "\u31a0-\u31bf\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\ua960-\ua97f\uac00-\ud7af"
@@ -137,6 +167,7 @@ _CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
 _MARKERS = str.maketrans({_OPEN: "\ufffd", _CLOSE: "\ufffd"})
 _SNIPPET_SPLIT = re.compile(f"([{_OPEN}{_CLOSE}])")
 _DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 class InvalidQuery(TerrariumError, ValueError):
@@ -378,9 +409,12 @@ class _Session:
     session_id: str
     folder: str
     tid: int
-    changed: bool = False
+    values: tuple[Any, ...] = ()
+    """The head-derived columns as stored (see ``_Work.index_folder``)."""
     segments: dict[str, _Segment] = field(default_factory=dict)
 
+
+_HEAD_COLUMNS = "context, type, name, tid, date, folder, head, created_at, updated_at"
 
 _SCHEMA = [
     """CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
@@ -400,7 +434,9 @@ _SCHEMA = [
         message_count INTEGER NOT NULL DEFAULT 0,
         last_active TEXT NOT NULL,
         watch_until REAL)""",
-    """CREATE INDEX sessions_by_context ON sessions(type, name)""",
+    # Covers the listing query: 100k rows are read in index order without a table lookup each.
+    """CREATE INDEX sessions_by_context ON sessions(type, name, context, date, message_count,
+        last_active, created_at, updated_at, session_id, head)""",
     """CREATE INDEX sessions_watched ON sessions(watch_until) WHERE watch_until IS NOT NULL""",
     """CREATE TABLE segments(
         id INTEGER PRIMARY KEY,
@@ -429,9 +465,16 @@ _SCHEMA = [
         body TEXT NOT NULL,
         tags TEXT GENERATED ALWAYS AS ('s' || session || ' r' || role || ' t' || tid) VIRTUAL)""",
     """CREATE INDEX docs_by_segment ON docs(segment, seq)""",
-    """CREATE VIRTUAL TABLE fts USING fts5(body, tags, content='docs', content_rowid='id',
+    # Each FTS5 table's content is a view of exactly the rows it indexes, so that FTS5's
+    # 'rebuild' and 'integrity-check' mean what they say.
+    """CREATE TABLE recent(floor INTEGER NOT NULL)""",
+    """INSERT INTO recent VALUES (1)""",
+    """CREATE VIEW texts AS SELECT id, body, tags FROM docs WHERE body != ''""",
+    """CREATE VIEW recent_texts AS SELECT id, body, tags FROM docs
+        WHERE body != '' AND id >= (SELECT floor FROM recent)""",
+    """CREATE VIRTUAL TABLE fts USING fts5(body, tags, content='texts', content_rowid='id',
         tokenize='unicode61 remove_diacritics 2')""",
-    """CREATE VIRTUAL TABLE fts_recent USING fts5(body, tags, content='docs',
+    """CREATE VIRTUAL TABLE fts_recent USING fts5(body, tags, content='recent_texts',
         content_rowid='id', tokenize='unicode61 remove_diacritics 2')""",
 ]
 
@@ -457,6 +500,8 @@ class SearchIndex:
         self._conn: sqlite3.Connection | None = None
         self._ino: int | None = None
         self._warned: set[str] = set()
+        # term -> (found in more than COMMON_SHARE of rows?, rows when checked)
+        self._common: dict[str, tuple[bool, int]] = {}
 
     def __repr__(self) -> str:
         return f"SearchIndex({str(self.root)!r})"
@@ -511,6 +556,10 @@ class SearchIndex:
                 return
             if version:
                 log.info("search index schema %s is not %s: rebuilding", version, SCHEMA_VERSION)
+            for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'view'"
+            ).fetchall():
+                conn.execute(f'DROP VIEW IF EXISTS "{name}"')
             # Virtual tables first: dropping one drops its shadow tables.
             for virtual in (True, False):
                 for (name,) in conn.execute(
@@ -570,7 +619,7 @@ class SearchIndex:
             except sqlite3.OperationalError as exc:
                 log.warning("search index busy (%s): searching it as it is", exc)
                 return False
-            claimed: list[Path] = []
+            items = self.stats.items
             try:
                 claimed = self._update(conn, full=full, now=now)
                 conn.execute("COMMIT")
@@ -580,7 +629,7 @@ class SearchIndex:
             for path in claimed:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-            if full:
+            if self.stats.items - items >= _OPTIMIZE_AFTER:
                 self._optimize(conn)
             return True
 
@@ -594,6 +643,7 @@ class SearchIndex:
                     conn.execute(f"INSERT INTO {table}({table}) VALUES('delete-all')")
                 for table in ("docs", "segments", "sessions", "types", "meta"):
                     conn.execute(f"DELETE FROM {table}")
+                conn.execute("UPDATE recent SET floor = 1")
                 claimed = self._update(conn, full=True, now=self.clock())
                 conn.execute("COMMIT")
             except BaseException:
@@ -697,13 +747,13 @@ class SearchIndex:
         for kind in _scandir(self.root):
             if kind.name.startswith(".") or not kind.is_dir(follow_symlinks=False):
                 continue
-            for date in _scandir(Path(kind.path)):
+            for date in _scandir(kind.path):
                 if not date.is_dir(follow_symlinks=False):
                     continue
-                for session in _scandir(Path(date.path)):
+                for session in _scandir(date.path):
                     if not session.is_dir(follow_symlinks=False):
                         continue
-                    entries = _scandir(Path(session.path))
+                    entries = _scandir(session.path)
                     newest = 0.0
                     has_head = False
                     for entry in entries:
@@ -748,7 +798,7 @@ class SearchIndex:
     def _search(
         self, conn: sqlite3.Connection, q: SearchQuery, terms: list[str]
     ) -> list[SearchHit]:
-        match = f"body : ({fts5_phrases(terms)})"
+        tags = ""
         if q.context is not None:
             context = ContextId.parse(q.context)
             ids = [
@@ -760,15 +810,16 @@ class SearchIndex:
             ]
             if not ids:
                 return []
-            match += " AND tags : (" + " OR ".join(f'"s{i}"' for i in ids) + ")"
+            tags += " AND tags : (" + " OR ".join(f'"s{i}"' for i in ids) + ")"
         if q.type is not None:
             row = conn.execute("SELECT id FROM types WHERE name = ?", (q.type,)).fetchone()
             if row is None:
                 return []
-            match += f' AND tags : "t{row[0]}"'
+            tags += f' AND tags : "t{row[0]}"'
         if q.role is not None:
-            match += f' AND tags : "r{q.role}"'
-        ranked = self._rank(conn, match, q)
+            tags += f' AND tags : "r{q.role}"'
+        match = _body(terms) + tags
+        ranked = self._rank(conn, terms, match, q)
         if not ranked:
             return []
         marks = ",".join("?" * len(ranked))
@@ -813,36 +864,80 @@ class SearchIndex:
         return hits
 
     def _rank(
-        self, conn: sqlite3.Connection, match: str, q: SearchQuery
+        self, conn: sqlite3.Connection, terms: list[str], match: str, q: SearchQuery
     ) -> list[tuple[int, float]]:
-        """The best (rowid, score) pairs; common queries are ranked among recent matches."""
-        bound_sql = "SELECT rowid FROM {t} WHERE {t} MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?"
-        bound = conn.execute(bound_sql.format(t="fts"), (match, RANK_WINDOW)).fetchone()
+        """The best (rowid, score) pairs for ``match`` (the terms and the filter tags).
+
+        bm25 is computed over the terms only (FTS5 walks every row holding a phrase to weigh
+        it, tags included); the whole expression filters. Queries with many matches are
+        ranked among the most recent ones; among few matches, terms found in a large share
+        of all rows (weightless in bm25, costly to weigh) only filter.
+        """
+        window = max(RANK_WINDOW, q.limit)
+        bound = _nth_match(conn, "fts", match, window)
         if bound is None:
-            return self._ranked(conn, "fts", match, None, q)
-        recent = conn.execute(bound_sql.format(t="fts_recent"), (match, RANK_WINDOW)).fetchone()
-        rows = self._ranked(conn, "fts_recent", match, recent[0] if recent else None, q)
+            ranked, common = self._informative(conn, terms, window, tagged=match != _body(terms))
+            # Ranking by common terms alone would walk all their rows to apply the filters.
+            rank_match = match if common else _body(ranked)
+            return self._ranked(conn, "fts", rank_match, match, None, q)
+        body = _body(terms)
+        recent = _nth_match(conn, "fts_recent", match, window)
+        rows = self._ranked(conn, "fts_recent", body, match, recent, q)
         if len(rows) >= q.limit:
             return rows
-        rows = self._ranked(conn, "fts", match, bound[0], q)
+        rows = self._ranked(conn, "fts", body, match, bound, q)
         if len(rows) >= q.limit or q.since is None:
             return rows
-        return self._ranked(conn, "fts", match, None, q)
+        return self._ranked(conn, "fts", body, match, None, q)
+
+    def _informative(
+        self, conn: sqlite3.Connection, terms: list[str], window: int, *, tagged: bool
+    ) -> tuple[list[str], bool]:
+        """The terms worth ranking by, and whether they are all common.
+
+        A term is common when more than ``COMMON_SHARE`` of all rows hold it; common terms
+        are dropped unless every term is common.
+        """
+        if len(set(terms)) < 2 and not tagged:
+            return terms, False
+        (rows,) = conn.execute("SELECT coalesce(max(id), 0) FROM docs").fetchone()
+        threshold = max(window, int(rows * COMMON_SHARE))
+        rare = []
+        for term in terms:
+            known = self._common.get(term)
+            if known is None or not 0.9 * known[1] <= rows <= 1.1 * known[1]:
+                common = _nth_match(conn, "fts", _body([term]), threshold) is not None
+                if len(self._common) > 10_000:
+                    self._common.clear()
+                known = self._common[term] = (common, rows)
+            if not known[0]:
+                rare.append(term)
+        return (rare, False) if rare else (terms, True)
 
     def _ranked(
         self,
         conn: sqlite3.Connection,
         table: str,
+        rank_match: str,
         match: str,
         floor: int | None,
         q: SearchQuery,
     ) -> list[tuple[int, float]]:
+        """Rows matching ``match`` (from ``floor`` on) ranked by bm25 of ``rank_match``."""
         sql = f"SELECT {table}.rowid, bm25({table}, 1.0, 0.0) AS r FROM {table}"
-        args: list[object] = [match]
         where = f" WHERE {table} MATCH ?"
+        args: list[object] = [rank_match]
         if floor is not None:
             where += f" AND {table}.rowid >= ?"
             args.append(floor)
+        if match != rank_match:
+            # The unary + keeps SQLite from turning the IN list into one MATCH per row.
+            where += f" AND +{table}.rowid IN (SELECT rowid FROM {table}(?)"
+            args.append(match)
+            if floor is not None:
+                where += " WHERE rowid >= ?"
+                args.append(floor)
+            where += ")"
         if q.since is not None:
             sql += f" JOIN docs ON docs.id = {table}.rowid"
             where += " AND docs.ts >= ?"
@@ -899,23 +994,45 @@ class _Work:
         self.types: dict[str, int] = {
             name: tid for tid, name in conn.execute("SELECT id, name FROM types")
         }
-        self.next_doc = int(conn.execute("SELECT coalesce(max(id), 0) + 1 FROM docs").fetchone()[0])
-        self.first_doc = self.next_doc
+        self.recent_floor = int(conn.execute("SELECT floor FROM recent").fetchone()[0])
+        # New items always land in fts_recent's range, even after the newest were deleted.
+        (last,) = conn.execute("SELECT coalesce(max(id), 0) FROM docs").fetchone()
+        self.next_doc = max(int(last) + 1, self.recent_floor)
         self.pending: list[tuple[int, int, int, int, int, str, str, str]] = []
         self.changed: dict[int, _Session] = {}
-        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-        self.recent_floor = int(meta.get("recent_floor", 1))
-        self.recent_count = int(meta.get("recent_count", 0))
+        self.recent_stale = False
+        # A full pass looks at every session: load them all at once, not two queries each.
+        self.cache: dict[str, _Session] | None = self._load_all() if defer_recent else None
+        row = conn.execute("SELECT value FROM meta WHERE key = 'recent_count'").fetchone()
+        self.recent_count = int(row[0]) if row else 0
 
     # ---------------------------------------------------------------- sessions
 
+    def _load_all(self) -> dict[str, _Session]:
+        sessions: dict[str, _Session] = {}
+        by_id: dict[int, _Session] = {}
+        for row in self.conn.execute(f"SELECT id, {_HEAD_COLUMNS}, session_id FROM sessions"):
+            session = _Session(row[0], row[10], row[6], row[4], tuple(row[1:10]))
+            sessions[session.session_id] = by_id[session.id] = session
+        for seg in self.conn.execute(
+            "SELECT id, session, segment_id, ino, size_seen, offset, next_seq, items, continues, "
+            "parent, at_seq, last_ts FROM segments"
+        ):
+            segment = _Segment(*seg)
+            segment.continues = bool(segment.continues)
+            if segment.session in by_id:
+                by_id[segment.session].segments[segment.segment_id] = segment
+        return sessions
+
     def _load(self, sid: str) -> _Session | None:
+        if self.cache is not None:
+            return self.cache.get(sid)
         row = self.conn.execute(
-            "SELECT id, folder, tid FROM sessions WHERE session_id = ?", (sid,)
+            f"SELECT id, {_HEAD_COLUMNS} FROM sessions WHERE session_id = ?", (sid,)
         ).fetchone()
         if row is None:
             return None
-        session = _Session(row[0], sid, row[1], row[2])
+        session = _Session(row[0], sid, row[6], row[4], tuple(row[1:]))
         for seg in self.conn.execute(
             "SELECT id, session, segment_id, ino, size_seen, offset, next_seq, items, continues, "
             "parent, at_seq, last_ts FROM segments WHERE session = ?",
@@ -977,27 +1094,29 @@ class _Work:
             head["created_at"],
             head["updated_at"],
         )
+        changed = session is None or session.values != values
         if session is None:
             cur = self.conn.execute(
-                "INSERT INTO sessions(context, type, name, tid, date, folder, head, created_at, "
-                "updated_at, last_active, session_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT INTO sessions({_HEAD_COLUMNS}, last_active, session_id) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (*values, head["updated_at"], sid),
             )
-            session = _Session(int(cur.lastrowid or 0), sid, folder, tid)
+            session = _Session(int(cur.lastrowid or 0), sid, folder, tid, values)
+            if self.cache is not None:
+                self.cache[sid] = session
             # Another session row claiming the same context is stale: check it.
             for (other,) in self.conn.execute(
-                "SELECT session_id FROM sessions WHERE context = ? AND id != ?",
-                (str(context), session.id),
+                "SELECT session_id FROM sessions WHERE type = ? AND name = ? AND id != ?",
+                (context.type, context.name, session.id),
             ).fetchall():
                 self._check_stale(other)
-        else:
+        elif changed:
             self.conn.execute(
                 "UPDATE sessions SET context=?, type=?, name=?, tid=?, date=?, folder=?, head=?, "
                 "created_at=?, updated_at=? WHERE id = ?",
                 (*values, session.id),
             )
-        session.changed = True
-        self.changed[session.id] = session
+            session.values = values
         on_disk: dict[str, os.DirEntry[str]] = {}
         for entry in entries:
             segment_id = _segment_name(entry.name)
@@ -1006,12 +1125,15 @@ class _Work:
         for segment_id in list(session.segments):
             if segment_id not in on_disk:
                 self._drop_segment(session.segments.pop(segment_id))
+                changed = True
         for segment_id, entry in sorted(on_disk.items()):
             try:
                 st = entry.stat()
             except FileNotFoundError:
                 continue
-            self._index_segment(session, folder, segment_id, st)
+            changed = self._index_segment(session, folder, segment_id, st) or changed
+        if changed:
+            self.changed[session.id] = session
         return str(sid)
 
     def _index_known_segments(self, session: _Session, folder: str) -> None:
@@ -1021,9 +1143,8 @@ class _Work:
             except FileNotFoundError:
                 self.index_folder(folder, _scandir(self.root / folder), hint=session.session_id)
                 return
-            if st.st_ino != segment.ino or st.st_size != segment.size_seen:
+            if self._index_segment(session, folder, segment.segment_id, st):
                 self.changed[session.id] = session
-                self._index_segment(session, folder, segment.segment_id, st)
 
     def _check_stale(self, sid: str) -> None:
         row = self.conn.execute(
@@ -1042,6 +1163,8 @@ class _Work:
             self._drop_segment(segment)
         self.conn.execute("DELETE FROM sessions WHERE id = ?", (session.id,))
         self.changed.pop(session.id, None)
+        if self.cache is not None:
+            self.cache.pop(sid, None)
 
     def _type_id(self, name: str) -> int:
         tid = self.types.get(name)
@@ -1064,6 +1187,7 @@ class _Work:
             f"WHERE {where} AND body != ''",
             args,
         )
+        self.recent_stale = True
         if not self.defer_recent:
             recent = f"{where} AND body != '' AND id >= ?"
             (count,) = self.conn.execute(
@@ -1079,7 +1203,8 @@ class _Work:
 
     def _index_segment(
         self, session: _Session, folder: str, segment_id: str, st: os.stat_result
-    ) -> None:
+    ) -> bool:
+        """Read the segment's new complete lines; return whether anything changed."""
         segment = session.segments.get(segment_id)
         if segment is not None and (st.st_ino != segment.ino or st.st_size < segment.offset):
             # Replaced or shrunk under us (a repair): read it again from the start.
@@ -1107,13 +1232,13 @@ class _Work:
                 None,
             )
             session.segments[segment_id] = segment
-        if st.st_size == segment.size_seen:
-            return
+        if st.st_size == segment.size_seen and segment.size_seen:
+            return False
         path = self.root / folder / f"{segment_id}{_SEGMENT_SUFFIX}"
         try:
             data, size = _read_from(path, segment.offset)
         except FileNotFoundError:
-            return
+            return False
         self.stats.segments_read += 1
         self.stats.bytes_read += len(data)
         complete, _ = codec.split_complete(data)
@@ -1126,7 +1251,7 @@ class _Work:
                 self.conn.execute(
                     "UPDATE segments SET size_seen = ? WHERE id = ?", (size, segment.id)
                 )
-                return
+                return False
             segment.offset += len(complete)
         self.conn.execute(
             "UPDATE segments SET size_seen=?, offset=?, next_seq=?, items=?, continues=?, "
@@ -1143,6 +1268,7 @@ class _Work:
                 segment.id,
             ),
         )
+        return True
 
     def _index_lines(
         self, session: _Session, segment: _Segment, complete: bytes, where: str
@@ -1195,6 +1321,7 @@ class _Work:
             self.pending,
         )
         self.pending.clear()
+        self.recent_stale = True
         for table in ("fts",) if self.defer_recent else ("fts", "fts_recent"):
             self.conn.execute(
                 f"INSERT INTO {table}(rowid, body, tags) SELECT id, body, tags FROM docs "
@@ -1209,24 +1336,16 @@ class _Work:
         self.flush()
         for session in self.changed.values():
             self._summarise(session)
-        if self.defer_recent or self.recent_count > 2 * RECENT_SIZE:
+        if (self.defer_recent and self.recent_stale) or self.recent_count > 2 * RECENT_SIZE:
             row = self.conn.execute(
-                "SELECT id FROM docs WHERE body != '' ORDER BY id DESC LIMIT 1 OFFSET ?",
-                (RECENT_SIZE - 1,),
+                "SELECT id FROM texts ORDER BY id DESC LIMIT 1 OFFSET ?", (RECENT_SIZE - 1,)
             ).fetchone()
             self.recent_floor = int(row[0]) if row else 1
-            self.conn.execute("INSERT INTO fts_recent(fts_recent) VALUES('delete-all')")
-            self.conn.execute(
-                "INSERT INTO fts_recent(rowid, body, tags) SELECT id, body, tags FROM docs "
-                "WHERE id >= ? AND body != ''",
-                (self.recent_floor,),
-            )
-            (self.recent_count,) = self.conn.execute(
-                "SELECT count(*) FROM docs WHERE id >= ? AND body != ''", (self.recent_floor,)
-            ).fetchone()
-        self.conn.executemany(
-            "INSERT OR REPLACE INTO meta VALUES (?, ?)",
-            [("recent_floor", str(self.recent_floor)), ("recent_count", str(self.recent_count))],
+            self.conn.execute("UPDATE recent SET floor = ?", (self.recent_floor,))
+            self.conn.execute("INSERT INTO fts_recent(fts_recent) VALUES('rebuild')")
+            (self.recent_count,) = self.conn.execute("SELECT count(*) FROM recent_texts").fetchone()
+        self.conn.execute(
+            "INSERT OR REPLACE INTO meta VALUES ('recent_count', ?)", (str(self.recent_count),)
         )
 
     def _summarise(self, session: _Session) -> None:
@@ -1262,6 +1381,20 @@ class _Work:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _body(terms: Iterable[str]) -> str:
+    """An FTS5 expression matching every term in the text column."""
+    return f"body : ({fts5_phrases(terms)})"
+
+
+def _nth_match(conn: sqlite3.Connection, table: str, match: str, n: int) -> int | None:
+    """The rowid of the (n+1)-th most recent row matching ``match``, or None if there are fewer."""
+    row = conn.execute(
+        f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?",
+        (match, n),
+    ).fetchone()
+    return None if row is None else int(row[0])
 
 
 def _doc(seq: int, item: Any, ts: str) -> tuple[int, str, str, str]:
@@ -1313,10 +1446,11 @@ def _read_head(path: Path) -> dict[str, Any] | None:
     if not isinstance(raw, dict) or not all(isinstance(raw.get(k), str) for k in keys):
         log.warning("search index: malformed head %s", path)
         return None
-    if not _is_uuid(raw["session_id"]) or not _is_uuid(raw["segment_id"]):
-        return None
-    raw["session_id"] = str(uuid.UUID(raw["session_id"]))
-    raw["segment_id"] = str(uuid.UUID(raw["segment_id"]))
+    for key in ("session_id", "segment_id"):
+        if not _CANONICAL_UUID.fullmatch(raw[key]):
+            if not _is_uuid(raw[key]):
+                return None
+            raw[key] = str(uuid.UUID(raw[key]))
     return raw
 
 
@@ -1325,6 +1459,8 @@ def _segment_name(name: str) -> str | None:
     if not name.endswith(_SEGMENT_SUFFIX) or name.endswith(_TRACE_SUFFIX):
         return None
     stem = name[: -len(_SEGMENT_SUFFIX)]
+    if _CANONICAL_UUID.fullmatch(stem):  # what FsStore writes: skip the parse
+        return stem
     return str(uuid.UUID(stem)) if _is_uuid(stem) else None
 
 
@@ -1343,7 +1479,7 @@ def _listdir(path: Path) -> list[str]:
         return []
 
 
-def _scandir(path: Path) -> list[os.DirEntry[str]]:
+def _scandir(path: str | Path) -> list[os.DirEntry[str]]:
     try:
         with os.scandir(path) as it:
             return list(it)
