@@ -6,6 +6,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -335,6 +336,43 @@ def test_writes_of_another_store_instance_are_found(tmp_path: Path) -> None:
         save_user_input(writer, head, "gamma three")  # unmarked: within MARK_EVERY
         _context(writer, "cli:b", "gamma four")
         assert len(reader.search(SearchQuery("gamma"))) == 4
+
+
+def test_concurrent_indexers_never_index_an_item_twice(store: FsStore) -> None:
+    """Refreshes in several connections (processes) serialise; each item is indexed once."""
+    heads = [_context(store, f"cli:c{i}") for i in range(4)]
+    indexes = [SearchIndex(store.root) for _ in range(2)]
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for n in range(60):
+                save_user_input(store, heads[n % 4], f"omega {n}")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def read(index: SearchIndex) -> None:
+        try:
+            for _ in range(30):
+                index.search(SearchQuery("omega", limit=100))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write)]
+    threads += [threading.Thread(target=read, args=(index,)) for index in indexes]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        for index in indexes:
+            hits = index.search(SearchQuery("omega", limit=100))
+            assert sorted(h.snippet for h in hits) == sorted(f"omega {n}" for n in range(60))
+    finally:
+        for index in indexes:
+            index.close()
+    _integrity(store)
 
 
 class FakeClock:
