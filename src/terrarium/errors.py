@@ -5,6 +5,7 @@
     TerrariumError
     ├── InvalidContextId (also ValueError)
     ├── InvalidEntry (also ValueError)
+    ├── InvalidQuery (also ValueError)
     ├── StoreError
     │   ├── ContextNotFound (also KeyError)
     │   ├── ContextExists
@@ -36,6 +37,10 @@ class InvalidContextId(TerrariumError, ValueError):
 
 class InvalidEntry(TerrariumError, ValueError):
     """An entry or history item given to a write call is malformed; nothing was written."""
+
+
+class InvalidQuery(TerrariumError, ValueError):
+    """A search query has nothing to search for, or a filter that cannot be valid."""
 
 
 class StoreError(TerrariumError):

@@ -27,11 +27,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from terrarium.errors import InvalidQuery
 from terrarium.model import ContextId, item_text
 from terrarium.stores.base import Searchable, SearchHit, SearchQuery, Store
 from terrarium.stores.fs_search import (
     TAG_TOKENS,
-    InvalidQuery,
     bm25,
     check_query,
     query_terms,

@@ -109,7 +109,7 @@ from typing import Any
 import msgspec
 
 from terrarium import codec
-from terrarium.errors import CorruptLog, StoreError, TerrariumError
+from terrarium.errors import CorruptLog, InvalidQuery, StoreError
 from terrarium.model import ROLES, ContextId, SegmentId, SessionId, item_text
 from terrarium.stores.base import SearchHit, SearchQuery
 
@@ -168,10 +168,6 @@ _MARKERS = str.maketrans({_OPEN: "\ufffd", _CLOSE: "\ufffd"})
 _SNIPPET_SPLIT = re.compile(f"([{_OPEN}{_CLOSE}])")
 _DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-class InvalidQuery(TerrariumError, ValueError):
-    """A search query has nothing to search for, or a filter that cannot be valid."""
 
 
 # --------------------------------------------------------------------------- text and queries
