@@ -540,16 +540,26 @@ def test_fsck_repair_rebuilds_a_lost_index(seeded: Path) -> None:
 def test_reindex(seeded: Path) -> None:
     import shutil
 
-    shutil.rmtree(seeded / ".index")
-    assert (
-        json.loads(invoke("list", "--json", "--storage-dir", str(seeded)).stdout)["contexts"] == []
-    )
+    shutil.rmtree(seeded / ".index/contexts")
+    assert invoke("show", "cli:main", "--storage-dir", str(seeded)).exit_code == 1
     result = invoke("reindex", "--storage-dir", str(seeded))
     assert result.exit_code == 0 and "reindexed 2" in result.stderr
     assert (
         len(json.loads(invoke("list", "--json", "--storage-dir", str(seeded)).stdout)["contexts"])
         == 2
     )
+    assert invoke("show", "cli:main", "--storage-dir", str(seeded)).exit_code == 0
+
+
+def test_a_lost_index_is_rebuilt_whole_on_first_listing(seeded: Path) -> None:
+    """With all of .index gone, listing rebuilds it, and what it lists can be opened."""
+    import shutil
+
+    shutil.rmtree(seeded / ".index")
+    listed = json.loads(invoke("list", "--json", "--storage-dir", str(seeded)).stdout)
+    assert len(listed["contexts"]) == 2
+    for row in listed["contexts"]:
+        assert invoke("show", row["context_id"], "--storage-dir", str(seeded)).exit_code == 0
 
 
 # --------------------------------------------------------------------------- chat from a pipe

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tarfile
 import zipfile
 from pathlib import Path
@@ -108,3 +109,34 @@ def test_export_many_needs_a_destination(tmp_path: Path) -> None:
     none = runner.invoke(cli, ["export", *base])
     assert none.exit_code == 2
     assert "--all" in none.output
+
+
+def test_search_command_plain_json_and_bad_queries(tmp_path: Path) -> None:
+    """search prints hits with [highlights]; --json is structured; SQL and FTS syntax is data."""
+    _fill(tmp_path / "s")
+    runner = CliRunner()
+    base = ["--storage-dir", str(tmp_path / "s")]
+    plain = runner.invoke(cli, ["search", "python", *base])
+    assert plain.exit_code == 0, plain.output
+    assert plain.output.splitlines()[0].startswith("irc:#python")
+    assert "[python]" in plain.output
+    data = json.loads(
+        runner.invoke(cli, ["search", "hi", "--json", "--role", "user", *base]).output
+    )
+    assert sorted(hit["context_id"] for hit in data["hits"]) == [
+        "cli:main",
+        "game:run1",
+        "irc:#python",
+    ]
+    hit = data["hits"][0]
+    start, end = hit["highlights"][0]
+    assert hit["snippet"][start:end].lower() == "hi"
+    for hostile in ['"', "NEAR(", "'; DROP TABLE docs; --", "a* OR b"]:
+        result = runner.invoke(cli, ["search", hostile, *base])
+        assert result.exit_code in (0, 1), result.output
+        assert "Traceback" not in result.output
+    empty = runner.invoke(cli, ["search", "*", *base])
+    assert empty.exit_code == 1
+    assert len(empty.output.strip().splitlines()) == 1
+    with FsStore(tmp_path / "s") as store:
+        assert len(restore(store, "irc:#python").history) == 2  # nothing was dropped

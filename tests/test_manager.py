@@ -445,3 +445,28 @@ def test_two_processes_share_one_storage_dir(fake_server: FakeServer, root: Path
             for question, answer in zip(history[::2], history[1::2], strict=True):
                 assert answer == f"echo: {question}"
             assert sorted(history[::2]) == sorted(f"{p}-{i}" for p in "ab" for i in range(turns))
+
+
+def test_search_and_listing_without_restores(fake_server: FakeServer, root: Path) -> None:
+    """manager.search finds saved turns; list_all_contexts counts unsaved ones too."""
+
+    async def main() -> None:
+        manager = make_manager(fake_server, root)
+        await manager.process_with_context("irc:#python", "what is a metaclass?")
+        await manager.process_with_context("cli:main", "hello there")
+        hits = manager.search("metaclass")
+        assert sorted((h.context, h.role) for h in hits) == [
+            ("irc:#python", "assistant"),
+            ("irc:#python", "user"),
+        ]
+        assert manager.search("metaclass", role="user")[0].seq == 1
+        manager.set_autosave("cli:main", False)
+        await manager.process_with_context("cli:main", "not saved yet")
+        listed = {
+            i["context_id"]: i for items in manager.list_all_contexts().values() for i in items
+        }
+        assert listed["cli:main"]["message_count"] == 4
+        assert listed["irc:#python"]["message_count"] == 2
+        await manager.aclose()
+
+    run(main())

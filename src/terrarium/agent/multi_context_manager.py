@@ -48,7 +48,14 @@ from terrarium.model import (
     utc_now,
     wire_message,
 )
-from terrarium.stores.base import ContextLocking, PodActiveSegmentRef, Store
+from terrarium.stores.base import (
+    ContextLocking,
+    Listing,
+    PodActiveSegmentRef,
+    SearchHit,
+    SearchQuery,
+    Store,
+)
 
 if TYPE_CHECKING:  # the openai client costs ~0.5 s to import; only annotations need it
     from terrarium.llm.vllm_client import ChatResult, VLLMClient
@@ -230,18 +237,39 @@ class MultiContextManager:
 
         ``session_id`` here is the context's name, as in the Terrarium format.
         """
+        rows: list[tuple[ContextId, str, str, int, str]] = []
+        if isinstance(self.store, Listing):  # counts from the store's index: nothing restored
+            for summary in self.store.list_contexts_fast():
+                rows.append(
+                    (
+                        ContextId.parse(summary.context),
+                        summary.date,
+                        summary.created_at,
+                        summary.message_count,
+                        summary.last_active,
+                    )
+                )
+        else:
+            for head in self.store.list_contexts():
+                context = ContextId.parse(head.context)
+                state = self._peek(context)
+                rows.append(
+                    (context, head.date, head.created_at, len(state.history), state.last_active)
+                )
+        with self._cache_lock:
+            unsaved = {c: e.state for c, e in self._cache.items() if e.pending}
         out: dict[str, list[dict[str, Any]]] = {}
-        for head in self.store.list_contexts():
-            context = ContextId.parse(head.context)
-            state = self._peek(context)
+        for context, date, created_at, count, last_active in rows:
+            if context in unsaved:  # entries not saved yet are newer than any index
+                count, last_active = len(unsaved[context].history), unsaved[context].last_active
             out.setdefault(context.type, []).append(
                 {
                     "session_id": context.name,
                     "context_id": str(context),
-                    "date": head.date,
-                    "message_count": len(state.history),
-                    "created_at": head.created_at,
-                    "last_active": state.last_active,
+                    "date": date,
+                    "message_count": count,
+                    "created_at": created_at,
+                    "last_active": last_active,
                 }
             )
         for items in out.values():
@@ -359,6 +387,32 @@ class MultiContextManager:
             with self._locked(entry.context):
                 written += self._flush(entry)
         return written
+
+    def search(
+        self,
+        text: str,
+        *,
+        type: str | None = None,
+        context: str | None = None,
+        since: str | None = None,
+        role: str | None = None,
+        limit: int = 20,
+    ) -> list[SearchHit]:
+        """Search the text of every saved history item, best first.
+
+        Args:
+            text: words to find; quotes, ``*`` and SQL are matched literally.
+            type: only contexts of this type; context: only this context.
+            since: only entries on or after this date or time (UTC).
+            role: only ``user`` or ``assistant`` (...) items.
+            limit: at most this many hits.
+
+        Raises:
+            InvalidQuery: nothing to search for, or a filter that cannot be valid.
+        """
+        from terrarium.search import search
+
+        return search(self.store, SearchQuery(text, type, context, since, role, limit))
 
     def history(self, context_id: str) -> list[LoggedItem]:
         """The context's history items (a copy), oldest first."""

@@ -18,7 +18,8 @@ Invariants every backend keeps (``tests/contract/`` checks each one on every bac
 * **Isolation.** Contexts never see each other's entries. Every hot-path call names one session.
 
 Optional abilities are sub-protocols detected with ``isinstance`` (:class:`ContextLocking`,
-:class:`Reindexable`, :class:`Searchable`), never stubs that raise ``NotImplementedError``.
+:class:`Reindexable`, :class:`Searchable`, :class:`Listing`), never stubs that raise
+``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -239,6 +240,30 @@ class Searchable(Protocol):
 
     def search(self, query: SearchQuery) -> list[SearchHit]:
         """Ranked hits for ``query``."""
+        ...
+
+
+class ContextSummary(Protocol):
+    """One context as a listing shows it."""
+
+    @property
+    def context(self) -> str: ...
+    @property
+    def date(self) -> str: ...
+    @property
+    def created_at(self) -> str: ...
+    @property
+    def last_active(self) -> str: ...
+    @property
+    def message_count(self) -> int: ...
+
+
+@runtime_checkable
+class Listing(Protocol):
+    """A store that lists contexts with their message counts without restoring each one."""
+
+    def list_contexts_fast(self, type: str | None = None) -> Sequence[ContextSummary]:
+        """Every context's summary, optionally of one type, sorted by context id."""
         ...
 
 

@@ -532,6 +532,11 @@ class FsStore:
         """The derived full-text search and listing index (opened on first use)."""
         with self._lock:
             if self._search is None:
+                index = self.root / _INDEX
+                if not (index / "contexts").exists() and not (index / fs_search.DB_NAME).exists():
+                    # The whole index was lost: rebuild the context pointers too, so that what
+                    # listing and search show can also be resolved and opened.
+                    self.reindex()
                 self._search = fs_search.SearchIndex(self.root)
             return self._search
 
