@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -238,7 +239,7 @@ CORRUPTIONS: dict[str, Any] = {
 def test_a_corrupt_line_in_the_middle_names_the_file_and_line(
     store: FsStore, ref: PodActiveSegmentRef, corruption: str
 ) -> None:
-    """Restore raises CorruptLog with path:line, never a not-found error or a silent skip."""
+    """Restore raises CorruptLog with path:line, never a not-found error or a silent loss."""
     for text in "abcd":
         _append(store, ref, text, nums=[1, 2])
     path = _path(store, ref)
@@ -248,7 +249,11 @@ def test_a_corrupt_line_in_the_middle_names_the_file_and_line(
     with pytest.raises(CorruptLog) as caught:
         restore(store, CONTEXT)
     message = str(caught.value)
-    assert f"{path}:4:" in message
+    if corruption in ("empty line", "blank line"):
+        # A blank line holds no entry and is skipped: the loss shows at the next line.
+        assert f"{path}:5: seq 4 out of order (expected 3)" in message
+    else:
+        assert f"{path}:4:" in message
     assert "\n" not in message
     assert not isinstance(caught.value, KeyError)  # not ContextNotFound or SegmentNotFound
 
@@ -441,3 +446,30 @@ def test_acknowledged_appends_survive_repeated_sigkills(
     assert state.torn == []
     assert path.read_bytes().endswith(b"\n")
     assert len(reported) <= len(observed)
+
+
+def test_blank_lines_are_skipped_by_restore_and_reported_by_fsck(
+    store: FsStore, ref: PodActiveSegmentRef
+) -> None:
+    """A blank line holds no entry: restore loses nothing over it; fsck names its line."""
+    from click.testing import CliRunner
+
+    from terrarium.cli import cli
+
+    for text in "abcd":
+        _append(store, ref, text, nums=[1, 2])
+    path = _path(store, ref)
+    before = restore(store, CONTEXT)
+    lines = path.read_bytes().split(b"\n")
+    path.write_bytes(b"\n".join([*lines[:3], b"", *lines[3:]]))  # a blank line 4
+    after = restore(store, CONTEXT)
+    assert after.history == before.history and after.next_seq == before.next_seq
+    result = CliRunner().invoke(cli, ["fsck", "--storage-dir", str(store.root)])
+    assert result.exit_code == 1
+    assert f"{path}:4:" in result.output
+    # and a real corruption after it is still named by its own line in the file
+    lines = path.read_bytes().split(b"\n")
+    lines[5] = b"not json"
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(CorruptLog, match=f"{re.escape(str(path))}:6: not valid JSON"):
+        restore(store, CONTEXT)

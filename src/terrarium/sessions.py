@@ -16,8 +16,8 @@ the compacted segment alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, cast
 
 from terrarium.errors import ConflictError, ContextNotFound, InvalidEntry
 from terrarium.model import (
@@ -490,50 +490,36 @@ _KNOWN = frozenset(EntryKind)
 
 
 def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredState:
-    """Fold entries (a header first, then its entries; fork lineages concatenated) into state."""
-    state: RestoredState | None = None
-    history: list[LoggedItem] = []
-    prompt = completion = cached = calls = turns = 0
-    for raw in entries:
-        line = raw.to_dict() if isinstance(raw, LogEntry) else raw
+    """Fold entries (a header first, then its entries; fork lineages concatenated) into state.
+
+    Raises:
+        InvalidEntry: there is no entry, or the first is not a header.
+    """
+    given = iter(entries)
+    head = next(given, None)
+    if head is None:
+        raise InvalidEntry("no header: nothing to restore")
+    lines: Iterator[Mapping[str, Any]]
+    if isinstance(head, LogEntry):  # converted only when given entries rather than lines
+        first: Mapping[str, Any] = head.to_dict()
+        lines = (e.to_dict() if isinstance(e, LogEntry) else e for e in given)
+    else:
+        first, lines = head, cast(Iterator[Mapping[str, Any]], given)
+    if first["kind"] != "header":
+        raise InvalidEntry("a segment must start with its header")
+    state = _from_header(first)
+    history = state.history
+    usage = first.get("usage") or {}
+    prompt = usage.get("prompt_tokens", 0)
+    completion = usage.get("completion_tokens", 0)
+    cached = usage.get("cached_tokens", 0)
+    calls = usage.get("calls", 0)
+    turns = first.get("turns", 0)
+    line: Mapping[str, Any] = first
+    for line in lines:
         kind = line["kind"]
-        if kind in _HISTORY_KINDS and state is not None:
+        if kind in _HISTORY_KINDS:  # nearly every line: test it first
             history.append(line["item"])
-        elif kind == "header":
-            origin = SegmentOrigin.from_dict(line.get("origin") or {"kind": "root"})
-            fresh = line.get("history")
-            if state is None or fresh is not None:
-                history = list(fresh or ())
-                usage = line.get("usage") or {}
-                prompt = usage.get("prompt_tokens", 0)
-                completion = usage.get("completion_tokens", 0)
-                cached = usage.get("cached_tokens", 0)
-                calls = usage.get("calls", 0)
-                turns = line.get("turns", 0)
-                state = RestoredState(
-                    session_id=SessionId(line["session_id"]),
-                    segment_id=SegmentId(line["segment_id"]),
-                    context=line.get("context"),
-                    origin=origin,
-                    system_prompt=line.get("system_prompt"),
-                    config=dict(line.get("config") or {}),
-                    history=history,
-                    usage=UsageTotals(),
-                    extensions=dict(line.get("extensions") or {}),
-                    last_run=None,
-                    next_seq=1,
-                    created_at=line["ts"],
-                    last_active=line["ts"],
-                )
-            else:
-                state.segment_id = SegmentId(line["segment_id"])
-                state.origin = origin
-                state.created_at = line["ts"]
-                state.unknown = []
-            if line.get("context"):
-                state.context = line["context"]
-        elif state is None:
-            raise InvalidEntry("a segment must start with its header")
         elif kind == "usage":
             prompt += line.get("prompt_tokens", 0)
             completion += line.get("completion_tokens", 0)
@@ -551,16 +537,48 @@ def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredSt
                 state.system_prompt = line["system_prompt"]
         elif kind == "extension":
             state.extensions[line["domain"]] = line.get("data")
+        elif kind == "header":
+            if line.get("history") is not None:  # a fresh start (not a fork continuing)
+                state = _from_header(line)
+                history = state.history
+                usage = line.get("usage") or {}
+                prompt = usage.get("prompt_tokens", 0)
+                completion = usage.get("completion_tokens", 0)
+                cached = usage.get("cached_tokens", 0)
+                calls = usage.get("calls", 0)
+                turns = line.get("turns", 0)
+            else:  # a fork: the parent's prefix so far is its state; the ids are its own
+                state.segment_id = SegmentId(line["segment_id"])
+                state.origin = SegmentOrigin.from_dict(line.get("origin") or {"kind": "root"})
+                state.created_at = line["ts"]
+                if line.get("context"):
+                    state.context = line["context"]
         elif kind not in _KNOWN:
             state.unknown.append(dict(line))
-        state.next_seq = line["seq"] + 1
-        state.last_active = line["ts"]
-    if state is None:
-        raise InvalidEntry("no header: nothing to restore")
-    state.history = history
+    state.next_seq = line["seq"] + 1
+    state.last_active = line["ts"]
     state.usage = UsageTotals(prompt, completion, cached, calls)
     state.turns = turns
     return state
+
+
+def _from_header(line: Mapping[str, Any]) -> RestoredState:
+    """The state a header that carries its history starts with."""
+    return RestoredState(
+        session_id=SessionId(line["session_id"]),
+        segment_id=SegmentId(line["segment_id"]),
+        context=line.get("context"),
+        origin=SegmentOrigin.from_dict(line.get("origin") or {"kind": "root"}),
+        system_prompt=line.get("system_prompt"),
+        config=dict(line.get("config") or {}),
+        history=list(line.get("history") or ()),
+        usage=UsageTotals(),
+        extensions=dict(line.get("extensions") or {}),
+        last_run=None,
+        next_seq=1,
+        created_at=line["ts"],
+        last_active=line["ts"],
+    )
 
 
 def read_entries(store: Store, ref: SegmentRef, *, stop_seq: int | None = None) -> list[LogEntry]:

@@ -159,7 +159,9 @@ def _check_segment_file(path: Path, context: str, problems: list[Problem]) -> in
     count = 0
     for number, line in enumerate(complete.split(b"\n")[:-1], start=1):
         try:
-            entry = codec.decode_lines(line + b"\n", where=str(path), first_line=number)[0]
+            entry = codec.decode_lines(
+                line + b"\n", where=str(path), first_line=number, strict=True
+            )[0]
         except (CorruptLog, FormatVersionError) as exc:
             problems.append(
                 Problem("corrupt", _after_location(str(exc)), context, str(path), number)
