@@ -509,12 +509,7 @@ def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredSt
         raise InvalidEntry("a segment must start with its header")
     state = _from_header(first)
     history = state.history
-    usage = first.get("usage") or {}
-    prompt = usage.get("prompt_tokens", 0)
-    completion = usage.get("completion_tokens", 0)
-    cached = usage.get("cached_tokens", 0)
-    calls = usage.get("calls", 0)
-    turns = first.get("turns", 0)
+    prompt, completion, cached, calls, turns = _carried(first)
     line: Mapping[str, Any] = first
     for line in lines:
         kind = line["kind"]
@@ -541,12 +536,7 @@ def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredSt
             if line.get("history") is not None:  # a fresh start (not a fork continuing)
                 state = _from_header(line)
                 history = state.history
-                usage = line.get("usage") or {}
-                prompt = usage.get("prompt_tokens", 0)
-                completion = usage.get("completion_tokens", 0)
-                cached = usage.get("cached_tokens", 0)
-                calls = usage.get("calls", 0)
-                turns = line.get("turns", 0)
+                prompt, completion, cached, calls, turns = _carried(line)
             else:  # a fork: the parent's prefix so far is its state; the ids are its own
                 state.segment_id = SegmentId(line["segment_id"])
                 state.origin = SegmentOrigin.from_dict(line.get("origin") or {"kind": "root"})
@@ -560,6 +550,19 @@ def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredSt
     state.usage = UsageTotals(prompt, completion, cached, calls)
     state.turns = turns
     return state
+
+
+def _carried(header: Mapping[str, Any]) -> tuple[int, int, int, int, int]:
+    """The usage totals and turns a header carries over (compaction, clear): prompt,
+    completion and cached tokens, calls, turns."""
+    usage = header.get("usage") or {}
+    return (
+        usage.get("prompt_tokens", 0),
+        usage.get("completion_tokens", 0),
+        usage.get("cached_tokens", 0),
+        usage.get("calls", 0),
+        header.get("turns", 0),
+    )
 
 
 def _from_header(line: Mapping[str, Any]) -> RestoredState:
