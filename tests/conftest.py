@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from fakeserver import FakeServer
+from terrarium import FsStore
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A sessions folder that does not exist yet."""
+    return tmp_path / "sessions"
+
+
+@pytest.fixture
+def store(root: Path) -> Iterator[FsStore]:
+    """A filesystem store in ``root``, closed after the test (tests/contract overrides it)."""
+    with FsStore(root) as instance:
+        yield instance
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import errno
 import os
 import random
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +36,6 @@ from terrarium.stores.base import NewEntry
 
 TS = "2026-05-01T12:00:00.000000Z"
 CONTEXT = "cli:main"
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "sessions"
-
-
-@pytest.fixture
-def store(root: Path) -> Iterator[FsStore]:
-    with FsStore(root) as instance:
-        yield instance
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import os
 import shutil
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +43,6 @@ from terrarium.stores import fs as fs_module
 from terrarium.stores.base import NewEntry
 
 TS = "2024-02-29T23:59:59.999999Z"
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "sessions"
-
-
-@pytest.fixture
-def store(root: Path) -> Iterator[FsStore]:
-    with FsStore(root) as instance:
-        yield instance
 
 
 def _create(store: FsStore, context: str, ts: str = TS) -> PodActiveSegmentRef:

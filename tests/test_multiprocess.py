@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import os
 from collections import Counter
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -20,17 +19,6 @@ from helpers.procs import Child, start_together
 from terrarium import ContextId, FsStore, PodActiveSegmentRef, codec, create_segment, restore
 
 CONTEXT = "cli:shared"
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "sessions"
-
-
-@pytest.fixture
-def store(root: Path) -> Iterator[FsStore]:
-    with FsStore(root) as instance:
-        yield instance
 
 
 @pytest.fixture
