@@ -12,15 +12,20 @@ migrated on open like every other backend.
     entries(session_id, segment_id, seq, kind, ts, body jsonb, line text)
                                                       PK (session_id, segment_id, seq)
     traces(session_id, segment_id, n, line)           PK (session_id, segment_id, n)
+    search_docs(session_id, segment_id, seq, n, id, type, role, ts, body, words, tsv)
+                                                      PK (session_id, segment_id, seq, n)
     migrations(name PK, applied_at)
 
 **Distributed by session.** Every table but ``migrations`` carries ``session_id``; every
-primary and foreign key of ``sessions``, ``segments``, ``entries`` and ``traces`` starts with
-it, so with Citus they are distributed on ``session_id`` and colocated, unchanged. Appends,
-reads and segment creation name one session and touch those tables only. ``contexts`` is the
-directory from a context's name to its session and head; it is keyed (and would be
-distributed) by ``context``, and the write path never joins it to the session tables: head
-moves and context creation and deletion read it, then act on the session.
+primary and foreign key of ``sessions``, ``segments``, ``entries``, ``traces`` and
+``search_docs`` starts with it, so with Citus they are distributed on ``session_id`` and
+colocated, unchanged. Appends, reads and segment creation name one session and touch those
+tables only (an append reads its session's type from ``sessions``, on the same shard).
+``contexts`` is the directory from a context's name to its session and head; it is keyed (and
+would be distributed) by ``context``, and the write path never joins it to the session
+tables: head moves and context creation and deletion read it, then act on the session.
+Search and :meth:`PostgresStore.list_contexts_fast` fan out: the search to every shard's
+newest matches, the listing (after reading the heads) to every head segment at once.
 
 **Exact lines and JSONB.** ``line`` holds the entry's JSON exactly as
 :func:`terrarium.codec.encode` wrote it, and reads return it decoded, so a restore gives the
@@ -43,8 +48,28 @@ with :class:`~terrarium.errors.SegmentNotFound`; no entry outlives its session.
 
 **Durability.** An append is acknowledged once PostgreSQL has committed it; with the server's
 default ``synchronous_commit = on`` it survives a crash or power loss of the server, not only
-of the client. Measured here: about 1.3-1.5x a bare single-row autocommit ``INSERT`` (the
-commit's WAL flush dominates both); a 500-entry append costs ~12-20 us per entry.
+of the client. Measured here (``benchmarks/bench_stores.py``): an append of an entry that is
+no history item costs about 1.3x a bare single-row autocommit ``INSERT`` (the commit's WAL
+flush dominates both), of a history item about 1.7x (its search row, GIN and recency index
+entries add ~100 us); a 500-entry append of history items ~36 us per entry.
+
+**Search** (:class:`~terrarium.stores.base.Searchable`) finds what FsStore's index finds
+(:mod:`terrarium.stores.fs_search`): every history item with text, a header's history with seq
+0, the user's words as data, every term required, a term of several words as a phrase, case
+and accents folded, CJK characters found inside words. Each item is a ``search_docs`` row,
+written by the append's own statement (a CTE), so an acknowledged entry is found at once and
+deletes cascade with the segment. PostgreSQL's text parser depends on the database's locale
+and finds e-mail addresses, URLs and numbers, and folding accents needs the ``unaccent``
+extension; so the item's ``words`` are made in Python (:func:`search_words`): FsStore's word
+characters folded one for one, everything else a space. ``tsv`` is ``to_tsvector('simple',
+words)`` (a generated column) under a GIN index; a query is one ``phraseto_tsquery('simple',
+...)`` per term, ANDed, the terms bound as parameters. Ranking is ``ts_rank`` (normalised by
+length) among the ``RANK_WINDOW`` most recent matches (``id`` orders items by arrival): the
+planner reads a rare word's matches from the GIN index and a common word's newest rows
+backwards by ``id`` until enough match, so neither costs more than the window. The statement
+is never prepared: a generic plan cannot tell the two apart. Snippets come from ``ts_headline``
+of the words, which is the text at the same offsets; the phrase matches in that slice are then
+highlighted as FsStore highlights them (whole phrases, spans in characters).
 
 **Context locks** are session-level advisory locks, ``pg_advisory_lock(key)``, each on a
 connection of its own that is kept aside from the pool while held (a turn can take long; it
@@ -73,8 +98,31 @@ from terrarium.errors import (
     SegmentNotFound,
     StoreError,
 )
-from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
-from terrarium.stores.base import NewEntry, PodMetadata, SegmentRead, iter_lines
+from terrarium.model import ROLES, ContextId, SegmentId, SessionId, TraceEntry, item_text, utc_now
+from terrarium.stores.base import (
+    NewEntry,
+    PodMetadata,
+    SearchHit,
+    SearchQuery,
+    SegmentRead,
+    iter_lines,
+)
+from terrarium.stores.fs_search import (
+    _CLOSE,
+    _ELLIPSIS,
+    _OPEN,
+    _SEP,
+    _SNIPPET_TOKENS,
+    _TOKEN_RE,
+    ContextSummary,
+    _fold,
+    check_query,
+    prepare_text,
+    query_terms,
+    snippet_spans,
+    token_spans,
+    tokenize,
+)
 from terrarium.stores.migrations import Migrations
 from terrarium.stores.url import redact_url
 
@@ -87,7 +135,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "PostgresStore needs psycopg 3 and psycopg_pool: pip install 'terrarium[postgres]'"
     ) from exc
 
-__all__ = ["DEFAULT_SCHEMA", "MIGRATIONS", "PostgresStore", "migrate"]
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "MIGRATIONS",
+    "RANK_WINDOW",
+    "PostgresStore",
+    "migrate",
+    "search_words",
+]
 
 DEFAULT_SCHEMA = "terrarium"
 
@@ -97,6 +152,15 @@ _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _MAX_SEQ = 2**31 - 1
 _SEEN_CACHE = 4096
 _IDLE_LOCK_CONNECTIONS = 4
+
+#: Queries matching more items than this are ranked among their most recent matches.
+RANK_WINDOW = 5000
+_HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
+# ts_headline: the same markers and about the same length as FsStore's FTS5 snippets.
+_HEADLINE_OPTIONS = (
+    f'StartSel="{_OPEN}", StopSel="{_CLOSE}", MaxWords={_SNIPPET_TOKENS}, '
+    f"MinWords={_SNIPPET_TOKENS // 2}, ShortWord=0, MaxFragments=1, HighlightAll=false"
+)
 
 
 def _lock_key(*parts: str) -> int:
@@ -137,6 +201,43 @@ class _Sql:
             (False, False): columns + many,
             (False, True): columns + many + prev_exists,
         }
+        # Appends with history items index them in the same statement (one round trip): the
+        # entries' insert is a CTE, the items are inserted for the seqs it returned, and the
+        # statement answers how many entries went in. The session's type comes from its
+        # ``sessions`` row, which is on the same shard (no join across sessions).
+        doc_columns = (
+            f"INSERT INTO {s}.search_docs (session_id, segment_id, seq, n, type, role, ts, "
+            "body, words) SELECT %(session)s, %(segment)s, "
+        )
+        # coalesce: with no such session, the foreign key reports it (SegmentNotFound).
+        session_type = (
+            f"coalesce((SELECT split_part(context, ':', 1) FROM {s}.sessions "
+            "WHERE session_id = %(session)s), '')"
+        )
+        one_doc = (
+            f"{doc_columns}i.seq, 0, {session_type}, %(drole)s, %(ts)s, %(dbody)s, %(dwords)s "
+            "FROM inserted AS i"
+        )
+        many_docs = (
+            f"{doc_columns}x.seq, 0, {session_type}, x.role, x.ts, x.body, x.words "
+            "FROM unnest(%(dseqs)b::int[], %(droles)b::text[], %(dtss)b::text[], "
+            "%(dbodies)b::text[], %(dwords)b::text[]) AS x(seq, role, ts, body, words) "
+            "WHERE x.seq IN (SELECT seq FROM inserted)"
+        )
+        self.append_indexed = {
+            (single, checked): (
+                f"WITH inserted AS ({self.append[single, checked]} RETURNING seq), "
+                f"docs AS ({one_doc if single else many_docs}) SELECT count(*) FROM inserted"
+            )
+            for single in (True, False)
+            for checked in (True, False)
+        }
+        self.insert_header_docs = (
+            f"{doc_columns.replace('%(session)s, %(segment)s', '%s, %s')}0, x.n, "
+            f"coalesce((SELECT split_part(context, ':', 1) FROM {s}.sessions "
+            "WHERE session_id = %s), ''), x.role, %s, x.body, x.words "
+            "FROM unnest(%s::int[], %s::text[], %s::text[], %s::text[]) AS x(n, role, body, words)"
+        )
         self.insert_header = (
             f"INSERT INTO {s}.entries (session_id, segment_id, seq, kind, ts, body, line) "
             r"VALUES (%s, %s, 0, %s, %s, "
@@ -185,6 +286,48 @@ class _Sql:
         )
         self.read_trace = (
             f"SELECT line FROM {s}.traces WHERE session_id = %s AND segment_id = %s ORDER BY n"
+        )
+        self.context_session = f"SELECT session_id FROM {s}.contexts WHERE context = %s"
+        # Listing: per head segment, its history items, last time and header (as JSONB, or
+        # the line where JSONB could not hold it).
+        history_items = "e.kind IN ('user_input', 'item', 'system_item')"
+        header = (
+            "(SELECT jsonb_build_object('history', h.body->'history', 'origin', "
+            "h.body->'origin', 'line', CASE WHEN h.body IS NULL THEN h.line END) "
+            f"FROM {s}.entries AS h WHERE h.session_id = x.session_id "
+            "AND h.segment_id = x.segment_id AND h.seq = 0)"
+        )
+        self.summaries = (
+            "SELECT x.session_id, x.segment_id, "
+            f"(SELECT count(*) FROM {s}.entries AS e WHERE e.session_id = x.session_id "
+            f"AND e.segment_id = x.segment_id AND e.seq > 0 AND {history_items}), "
+            f"(SELECT e.ts FROM {s}.entries AS e WHERE e.session_id = x.session_id "
+            "AND e.segment_id = x.segment_id ORDER BY e.seq DESC LIMIT 1), "
+            f"{header} FROM unnest(%s::uuid[], %s::uuid[]) AS x(session_id, segment_id)"
+        )
+        self.prefix = (
+            f"SELECT (SELECT count(*) FROM {s}.entries AS e WHERE e.session_id = x.session_id "
+            f"AND e.segment_id = x.segment_id AND e.seq BETWEEN 1 AND %s AND {history_items}), "
+            f"{header} FROM (SELECT %s::uuid AS session_id, %s::uuid AS segment_id) AS x"
+        )
+        self.quoted = s
+
+    def search(self, terms: int, filters: str) -> str:
+        """The search statement for ``terms`` query terms and ``filters`` (conditions on d)."""
+        s = self.quoted
+        # Each term is a phrase of its words; the user's text only ever travels as parameters.
+        tsquery = " && ".join(f"phraseto_tsquery('simple', %(t{i})s)" for i in range(terms))
+        return (
+            "WITH w AS (SELECT d.session_id, d.segment_id, d.seq, d.n, d.id, d.tsv "
+            f"FROM {s}.search_docs AS d WHERE d.tsv @@ ({tsquery}){filters} "
+            "ORDER BY d.id DESC LIMIT %(window)s), "
+            "top AS (SELECT w.session_id, w.segment_id, w.seq, w.n, w.id, "
+            f"ts_rank(w.tsv, {tsquery}, 1) AS score FROM w "
+            "ORDER BY score DESC, w.id DESC LIMIT %(limit)s) "
+            "SELECT t.session_id, t.segment_id, t.seq, t.score, ses.context, ses.created_at, "
+            f"d.role, d.ts, d.body, ts_headline('simple', d.words, {tsquery}, %(options)s) "
+            f"FROM top AS t JOIN {s}.search_docs AS d USING (session_id, segment_id, seq, n) "
+            f"JOIN {s}.sessions AS ses USING (session_id) ORDER BY t.score DESC, t.id DESC"
         )
 
 
@@ -320,7 +463,127 @@ class PostgresStore:
             query, params = f"{query} WHERE type = %s", (type,)
         with self._pool.connection() as conn:
             rows = conn.execute(query, params).fetchall()
-        return sorted(map(_head, rows), key=lambda h: ContextId.parse(h.context))
+        # (type, name), as ContextId orders, without parsing and validating every id again.
+        return sorted(map(_head, rows), key=lambda h: h.context.partition(":")[::2])
+
+    def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
+        """Every context's summary (message count, last activity), without restoring any.
+
+        Two queries: the heads, then per head segment (all in one statement, which fans out
+        by session) the history items among its entries, its last entry's time and its
+        header's history; a fork that continues its parent adds the parent's items up to the
+        fork point, as a restore would.
+        """
+        heads = self.list_contexts(type)
+        if not heads:
+            return []
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                self._sql.summaries,
+                ([h.session_id for h in heads], [h.segment_id for h in heads]),
+            ).fetchall()
+            found = {(row[0], row[1]): row[2:] for row in rows}
+            summaries = []
+            for head in heads:
+                items, last, header = found.get((head.session_id, head.segment_id), (0, None, None))
+                count = items + self._header_items(conn, head.session_id, header)
+                summaries.append(
+                    ContextSummary(
+                        head.context,
+                        head.date,
+                        count,
+                        last or head.updated_at,
+                        head.created_at,
+                        head.updated_at,
+                        str(head.session_id),
+                        str(head.segment_id),
+                    )
+                )
+        return summaries
+
+    def _header_items(
+        self, conn: psycopg.Connection[Any], session_id: SessionId, header: Any
+    ) -> int:
+        """The history items a segment starts with: its header's history, or, for a fork that
+        continues its parent, the parent's items up to the fork point (as restore replays)."""
+        count = 0
+        for _ in range(10_000):  # a chain of forks; bounded in case damaged headers loop
+            history, origin = _header_shape(header)
+            if isinstance(history, list) or origin.get("kind") != "fork":
+                return count + (len(history) if isinstance(history, list) else 0)
+            try:
+                parent = uuid.UUID(str(origin.get("parent")))
+            except ValueError:
+                return count
+            at_seq = origin.get("at_seq")
+            stop = _MAX_SEQ if at_seq is None else int(at_seq)  # None: the whole parent
+            row = conn.execute(self._sql.prefix, (stop, session_id, parent)).fetchone()
+            if row is None:
+                return count
+            count += int(row[0])
+            header = row[1]
+        return count
+
+    # ---------------------------------------------------------------- search
+
+    def search(self, query: SearchQuery) -> list[SearchHit]:
+        """Ranked hits for ``query`` over every history item of every context.
+
+        One statement: the matches (GIN index), the most recent ``RANK_WINDOW`` of them
+        ranked by ``ts_rank``, and ``ts_headline`` snippets of the best ``query.limit``.
+
+        Args:
+            query: the words to find (data, never syntax) and the filters.
+
+        Returns:
+            Up to ``query.limit`` hits, best first, each with a snippet and highlight spans.
+
+        Raises:
+            InvalidQuery: nothing to search for, or an invalid ``limit``, ``role`` or ``since``.
+            InvalidContextId: ``query.context`` is not ``type:name``.
+        """
+        q = check_query(query)
+        prepared = query_terms(q.text)
+        terms = [search_words(term) for term in prepared]
+        phrases = [tokenize(term) for term in prepared]
+        params: dict[str, Any] = {f"t{i}": term for i, term in enumerate(terms)}
+        params.update(window=max(RANK_WINDOW, q.limit), limit=q.limit, options=_HEADLINE_OPTIONS)
+        filters = ""
+        with self._pool.connection() as conn:
+            if q.context is not None:
+                row = conn.execute(self._sql.context_session, (q.context,)).fetchone()
+                if row is None:
+                    return []
+                filters += " AND d.session_id = %(session)s"
+                params["session"] = row[0]
+            for name in ("type", "role", "since"):
+                value = getattr(q, name)
+                if value is not None:
+                    column = "ts" if name == "since" else name
+                    filters += f" AND d.{column} {'>=' if name == 'since' else '='} %({name})s"
+                    params[name] = value
+            # Never prepared: a generic plan cannot see how common the words are, and the
+            # best plan differs (GIN bitmap for rare words, newest-first scan for common ones).
+            sql = self._sql.search(len(terms), filters)
+            rows = conn.execute(sql, params, prepare=False).fetchall()
+        hits = []
+        for session_id, segment_id, seq, score, context, created_at, role, ts, body, marked in rows:
+            text, spans = _headline_spans(body, marked, phrases)
+            hits.append(
+                SearchHit(
+                    context=context,
+                    date=created_at[:10],
+                    session_id=session_id,
+                    segment_id=segment_id,
+                    seq=seq,
+                    role=role,
+                    ts=ts,
+                    snippet=text,
+                    highlights=spans,
+                    score=float(score),
+                )
+            )
+        return hits
 
     # ---------------------------------------------------------------- contexts
 
@@ -347,6 +610,7 @@ class PostgresStore:
                 sql.insert_header,
                 (session_id, segment_id, line["kind"], ts, text, text, text),
             )
+            self._index_header(conn, session_id, segment_id, line)
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
 
     def delete_context(self, context: ContextId) -> bool:
@@ -417,6 +681,7 @@ class PostgresStore:
                 sql.insert_header,
                 (session_id, segment_id, line["kind"], ts, text, text, text),
             )
+            self._index_header(conn, session_id, segment_id, line)
         self._remember((session_id, segment_id), 1)
 
     def append(
@@ -447,10 +712,15 @@ class PostgresStore:
             while True:
                 # Entry first - 1 surely exists if the segment once reached ``seen >= first``.
                 checked = seen is None or first > seen or first < 1
-                params = self._append_params(session_id, segment_id, entries, first)
+                params, indexed = self._append_params(session_id, segment_id, entries, first)
                 try:
-                    cur = conn.execute(self._sql.append[count == 1, checked], params, prepare=True)
-                    inserted = cur.rowcount
+                    if indexed:
+                        sql = self._sql.append_indexed[count == 1, checked]
+                        row = conn.execute(sql, params, prepare=True).fetchone()
+                        inserted = 0 if row is None else int(row[0])
+                    else:
+                        sql = self._sql.append[count == 1, checked]
+                        inserted = conn.execute(sql, params, prepare=True).rowcount
                 except pg_errors.UniqueViolation:
                     inserted = 0  # another writer took the seq first
                 except pg_errors.ForeignKeyViolation:
@@ -475,19 +745,56 @@ class PostgresStore:
         segment_id: SegmentId,
         entries: Sequence[NewEntry],
         first: int,
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], bool]:
+        """The statement's parameters, and whether they carry history items to index."""
         params: dict[str, Any] = {"session": session_id, "segment": segment_id, "prev": first - 1}
         if len(entries) == 1:
             line = next(iter_lines(entries, first))
             params.update(seq=first, kind=line["kind"], ts=line["ts"])
             params["line"] = codec.encode(line).decode()
-            return params
+            doc = _entry_doc(line)
+            if doc is None:
+                return params, False
+            params.update(drole=doc[2], dbody=doc[3], dwords=search_words(doc[3]))
+            return params, True
         lines = list(iter_lines(entries, first))
         params["seqs"] = list(range(first, first + len(lines)))
         params["kinds"] = [line["kind"] for line in lines]
         params["tss"] = [line["ts"] for line in lines]
         params["lines"] = [codec.encode(line).decode() for line in lines]
-        return params
+        docs = [(line, doc) for line in lines if (doc := _entry_doc(line)) is not None]
+        if not docs:
+            return params, False
+        params["dseqs"] = [line["seq"] for line, _ in docs]
+        params["dtss"] = [line["ts"] for line, _ in docs]
+        params["droles"] = [doc[2] for _, doc in docs]
+        params["dbodies"] = [doc[3] for _, doc in docs]
+        params["dwords"] = [search_words(doc[3]) for _, doc in docs]
+        return params, True
+
+    def _index_header(
+        self,
+        conn: psycopg.Connection[Any],
+        session_id: SessionId,
+        segment_id: SegmentId,
+        line: Mapping[str, Any],
+    ) -> None:
+        """Index the history a header carries (in the caller's transaction)."""
+        docs = _header_docs(line)
+        if docs:
+            conn.execute(
+                self._sql.insert_header_docs,
+                (
+                    session_id,
+                    segment_id,
+                    session_id,
+                    str(line.get("ts", "")),
+                    [n for n, _, _, _ in docs],
+                    [role for _, _, role, _ in docs],
+                    [body for _, _, _, body in docs],
+                    [search_words(body) for _, _, _, body in docs],
+                ),
+            )
 
     def _last_seq(
         self, conn: psycopg.Connection[Any], session_id: SessionId, segment_id: SegmentId
@@ -594,6 +901,152 @@ def _header_line(header: Mapping[str, Any]) -> dict[str, Any]:
     return line
 
 
+# --------------------------------------------------------------------------- listing
+
+
+def _header_shape(header: Any) -> tuple[Any, dict[str, Any]]:
+    """A header's ``history`` and ``origin`` from the listing's JSONB (or its line)."""
+    if not isinstance(header, dict):
+        return None, {}
+    if header.get("line") is not None:  # JSONB could not hold this header: read the line
+        header = codec.decode(header["line"])
+        if not isinstance(header, dict):
+            return None, {}
+    origin = header.get("origin")
+    return header.get("history"), origin if isinstance(origin, dict) else {}
+
+
+# --------------------------------------------------------------------------- search
+
+# A history item as indexed: (place in a header's history or 0, seq, role, body).
+_Doc = tuple[int, int, str, str]
+
+
+def _item_doc(n: int, seq: int, item: Any) -> _Doc | None:
+    """The indexed form of one history item, or None when it has no text to find."""
+    if not isinstance(item, Mapping):
+        return None
+    try:
+        text = item_text(item)
+    except (AttributeError, TypeError):
+        return None
+    if not isinstance(text, str) or not text:
+        return None
+    role = item.get("role")
+    return n, seq, role if role in ROLES else "other", _pg_text(prepare_text(text))
+
+
+def _pg_text(text: str) -> str:
+    """``text`` as PostgreSQL can store it: no NUL, no lone surrogates (not UTF-8: ``?``).
+
+    A NUL becomes the separator that ``prepare_text`` puts around CJK characters: it parts
+    words, as in FTS5, and snippets leave it out, as FTS5's leave out the NUL.
+    """
+    if "\x00" in text:
+        text = text.replace("\x00", _SEP)
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            text = text.encode(errors="replace").decode()
+    return text
+
+
+def _entry_doc(line: Mapping[str, Any]) -> _Doc | None:
+    """The history item an entry line holds, if it is one with text."""
+    if line["kind"] not in _HISTORY_KINDS:
+        return None
+    return _item_doc(0, line["seq"], line.get("item"))
+
+
+def _header_docs(line: Mapping[str, Any]) -> list[_Doc]:
+    """The history a header carries (a compaction's summary, an import), all with seq 0."""
+    history = line.get("history")
+    docs = (_item_doc(n, 0, item) for n, item in enumerate(history or ()))
+    return [doc for doc in docs if doc is not None] if isinstance(history, list) else []
+
+
+class _FoldTable(dict[int, str]):
+    """``str.translate`` table: a word character to its folded self, anything else to a space.
+
+    Filled as characters are met (the table of all of Unicode would be large).
+    """
+
+    def __missing__(self, code: int) -> str:
+        char = chr(code)
+        if not _TOKEN_RE.fullmatch(char):
+            folded = " "
+        else:
+            folded = _fold(char)
+            if len(folded) != 1:  # keep the text's length: positions map back onto it
+                lower = char.lower()
+                folded = lower if len(lower) == 1 else char
+        self[code] = folded
+        return folded
+
+
+_FOLD = _FoldTable()
+_ASCII_FOLD = bytes(
+    c + 32 if 65 <= c <= 90 else c if 48 <= c <= 57 or 97 <= c <= 122 else 32 for c in range(128)
+) + bytes(128)
+
+
+def search_words(text: str) -> str:
+    """What PostgreSQL indexes of ``text`` (as ``prepare_text`` left it): its words.
+
+    Word characters (as FsStore's FTS5 tokenizer sees them) lower-cased without accents,
+    everything else a space, one character for one, so that a ``ts_headline`` of the words is
+    a slice of the text at the same offsets. PostgreSQL's parser, which is locale-dependent
+    and finds e-mail addresses, URLs and numbers, thus sees only plain words, and accents
+    are folded without the ``unaccent`` extension. CJK characters are words of their own
+    (``prepare_text`` set them apart).
+    """
+    if text.isascii():
+        return text.encode().translate(_ASCII_FOLD).decode()
+    return text.translate(_FOLD)
+
+
+def _headline_spans(
+    body: str, marked: str, phrases: Sequence[Sequence[str]]
+) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """The snippet of ``body`` that ``ts_headline`` chose in its words, with highlights.
+
+    ``ts_headline`` marks single words; FsStore's FTS5 snippets mark whole phrase matches
+    (``don't``, a CJK word) and fold accents. So only the slice comes from the headline, and
+    the phrase matches in it are found again here, with FsStore's tokens.
+    """
+    plain = marked.replace(_OPEN, "").replace(_CLOSE, "")
+    words = search_words(body)
+    start = words.find(plain)
+    if start < 0:  # cannot happen for a headline of these words; show the words then
+        return snippet_spans(marked)
+    end = start + len(plain)
+    fragment = body[start:end]
+    tokens = token_spans(fragment)
+    folded = [token for token, _, _ in tokens]
+    found: list[tuple[int, int]] = []
+    for phrase in phrases:
+        n = len(phrase)
+        for i in range(len(folded) - n + 1):
+            if n and folded[i : i + n] == list(phrase):
+                found.append((tokens[i][1], tokens[i + n - 1][2]))
+    merged: list[tuple[int, int]] = []
+    for first, last in sorted(found):
+        if merged and first < merged[-1][1]:  # overlapping matches are one highlight
+            merged[-1] = (merged[-1][0], max(last, merged[-1][1]))
+        else:
+            merged.append((first, last))
+    out = [_ELLIPSIS] if words[:start].strip() else []
+    at = 0
+    for first, last in merged:
+        out += [fragment[at:first], _OPEN, fragment[first:last], _CLOSE]
+        at = last
+    out.append(fragment[at:])
+    if words[end:].strip():
+        out.append(_ELLIPSIS)
+    return snippet_spans("".join(out))
+
+
 # --------------------------------------------------------------------------- migrations
 
 
@@ -688,3 +1141,67 @@ def m002_traces(conn: psycopg.Connection[Any]) -> None:
             FOREIGN KEY (session_id, segment_id) REFERENCES segments ON DELETE CASCADE
         )"""
     )
+
+
+@MIGRATIONS
+def m003_search(conn: psycopg.Connection[Any]) -> None:
+    """Full-text search over history items (tsvector, GIN), backfilled from the entries."""
+    for statement in (
+        # One row per history item with text, keyed and distributed like entries. ``words``
+        # is ``body`` folded for search (see search_words); ``id`` orders items by arrival,
+        # for ranking common words among their most recent matches.
+        """CREATE TABLE search_docs (
+            session_id uuid NOT NULL,
+            segment_id uuid NOT NULL,
+            seq integer NOT NULL,
+            n integer NOT NULL,
+            id bigint GENERATED ALWAYS AS IDENTITY,
+            type text NOT NULL,
+            role text NOT NULL,
+            ts text NOT NULL,
+            body text NOT NULL,
+            words text NOT NULL,
+            tsv tsvector GENERATED ALWAYS AS (to_tsvector('simple'::regconfig, words)) STORED,
+            PRIMARY KEY (session_id, segment_id, seq, n),
+            FOREIGN KEY (session_id, segment_id) REFERENCES segments ON DELETE CASCADE
+        )""",
+        "CREATE INDEX search_docs_tsv ON search_docs USING gin (tsv)",
+        "CREATE INDEX search_docs_recent ON search_docs (id)",
+    ):
+        conn.execute(statement)
+    insert = (
+        "INSERT INTO search_docs (session_id, segment_id, seq, n, type, role, ts, body, words) "
+        "SELECT x.session_id, x.segment_id, x.seq, x.n, "
+        "coalesce(split_part(s.context, ':', 1), ''), x.role, x.ts, x.body, x.words "
+        "FROM unnest(%s::uuid[], %s::uuid[], %s::int[], %s::int[], %s::text[], %s::text[], "
+        "%s::text[], %s::text[]) AS x(session_id, segment_id, seq, n, role, ts, body, words) "
+        "LEFT JOIN sessions AS s ON s.session_id = x.session_id"
+    )
+    batch: list[tuple[Any, ...]] = []
+
+    def flush() -> None:
+        if batch:
+            conn.execute(insert, [list(column) for column in zip(*batch, strict=True)])
+            batch.clear()
+
+    with conn.cursor(name="terrarium_search_backfill") as cursor:
+        cursor.execute(
+            "SELECT session_id, segment_id, seq, line FROM entries "
+            "WHERE seq = 0 OR kind IN ('user_input', 'item', 'system_item') "
+            "ORDER BY ts, session_id, segment_id, seq"
+        )
+        for session_id, segment_id, seq, text in cursor:
+            line = codec.decode(text)
+            if not isinstance(line, dict):
+                continue
+            ts = str(line.get("ts", ""))
+            docs = _header_docs(line) if seq == 0 else [_item_doc(0, seq, line.get("item"))]
+            for doc in docs:
+                if doc is not None:
+                    n, _, role, body = doc
+                    batch.append(
+                        (session_id, segment_id, seq, n, role, ts, body, search_words(body))
+                    )
+            if len(batch) >= 5000:
+                flush()
+    flush()

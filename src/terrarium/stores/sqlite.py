@@ -10,6 +10,9 @@ with the ``sqlite3`` shell), and where a few processes share the store.
     segments(session_id, segment_id, created_at)          PK (session_id, segment_id)
     entries(session_id, segment_id, seq, kind, ts, line)  PK (session_id, segment_id, seq)
     traces(id, session_id, segment_id, line)              debug traces, oldest first by id
+    search_docs(id PK, session_id, segment_id, seq, role, ts, body, tags)   history items
+    search_fts, search_recent                             FTS5 over search_docs (see Search)
+    search_meta(hw, floor)                                which items each FTS5 table holds
     migrations(name PK, applied_at)
 
 A segment's header is its entry with seq 0, so reading a segment is one indexed range scan.
@@ -27,9 +30,41 @@ seconds (default 30) instead of failing at once.
 writer the readers). ``synchronous="NORMAL"``, the default, does not sync on commit: an
 acknowledged append survives the death of the process, but a power cut or an OS crash may lose
 the last transactions (never corrupt the database). ``"FULL"`` syncs the WAL on every commit
-and survives power loss. Measured here: an append of one entry takes ~30-40 us with
-``NORMAL`` (a bare ``INSERT`` in the same mode ~25 us) and ~250-300 us with ``FULL``; in a
-500-entry append, ~4-5 us per entry.
+and survives power loss. Measured here (``benchmarks/bench_stores.py``, ``NORMAL``): an
+append of one entry that is no history item takes ~18 us (a bare ``INSERT`` in the same mode
+~11 us), of one history item ~53 us (the search index: see below); ~250-300 us more with
+``FULL``; in 500-entry appends of history items, ~13 us per entry.
+
+**Search** (:class:`~terrarium.stores.base.Searchable`) has the semantics of FsStore's index
+(:mod:`terrarium.stores.fs_search`), whose helpers it shares: the same history items (every
+``user_input``, ``item`` and ``system_item`` entry with text, and the history a header carries,
+with seq 0), the same text preparation, FTS5 tokenizer, quoting of the user's words as data,
+filter tokens (``tags``: session, role, type; three tokens, so bm25 scores equal FsStore's),
+bm25 ranking, snippets and highlight spans. What differs is when the index is written: in the
+append's own transaction, so an acknowledged entry is found by the next search, and a rolled
+back one never is. Each append with text costs one FTS5 write: FTS5 turns every transaction's
+new rows into a new segment when it commits, about 20 us however small the rows (measured:
+a bare insert 6.5 us, with one FTS5 row in the same transaction 28 us).
+
+FsStore ranks a word found in more than ``RANK_WINDOW`` items among its most recent matches
+only, in a second FTS5 table over the newest items: bm25's idf costs about 40 ns per row
+holding the word, 35 ms for a word in most of 1M messages, and such words carry little
+information anyway. Here, writing two FTS5 tables per append would double its main cost, so
+only ``search_recent`` (every item from ``floor`` on, at least ``SEARCH_RECENT`` of them) is
+written at once; ``search_fts`` (every item up to ``hw``) takes the newer items in one batch
+when ``SEARCH_BATCH`` of them have arrived, in that append's transaction, which also lets the
+oldest items out of ``search_recent``. A search reads ``search_recent`` alone while it holds
+everything (scores then equal FsStore's exactly); otherwise ``search_fts`` up to ``hw`` and
+``search_recent`` for the few newer items, ranked with that table's statistics (close to the
+whole's over that many items). Each FTS5 table's content is a view of the rows it holds, so
+``'rebuild'`` and ``'integrity-check'`` mean what they say. A new item's id is above ``hw``
+and every id in use, so it is never taken for an item of ``search_fts``.
+Deleting a context finds its items through their session tag (no index on
+``search_docs.session_id`` for every append to update).
+
+**Listing.** :meth:`SqliteStore.list_contexts_fast` gives every context's message count and
+last activity, as a restore would find them, from one query over the heads and their head
+segments' entries (about 12 us a context), restoring nothing.
 
 **Threads.** Connections come from a small pool: a thread takes an idle connection for one
 call and gives it back, so reads in many threads run in parallel under WAL, and the number of
@@ -48,11 +83,13 @@ wait, and an open write transaction would block every other writer for the whole
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import sqlite3
 import threading
+import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -65,19 +102,68 @@ from terrarium.errors import (
     SegmentNotFound,
     StoreError,
 )
-from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
-from terrarium.stores.base import NewEntry, PodMetadata, SegmentRead, iter_lines
+from terrarium.model import ROLES, ContextId, SegmentId, SessionId, TraceEntry, item_text, utc_now
+from terrarium.stores.base import (
+    NewEntry,
+    PodMetadata,
+    SearchHit,
+    SearchQuery,
+    SegmentRead,
+    iter_lines,
+)
+from terrarium.stores.fs_search import (
+    _CLOSE,
+    _ELLIPSIS,
+    _OPEN,
+    _SNIPPET_TOKENS,
+    ContextSummary,
+    check_query,
+    fts5_phrases,
+    prepare_text,
+    query_terms,
+    snippet_spans,
+)
 from terrarium.stores.migrations import Migrations
 
-__all__ = ["MIGRATIONS", "SYNCHRONOUS_MODES", "SqliteStore", "migrate"]
+__all__ = [
+    "MIGRATIONS",
+    "RANK_WINDOW",
+    "SEARCH_BATCH",
+    "SEARCH_RECENT",
+    "SYNCHRONOUS_MODES",
+    "SqliteStore",
+    "migrate",
+]
 
 SYNCHRONOUS_MODES: tuple[str, ...] = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 MIGRATIONS: Migrations[sqlite3.Connection] = Migrations("sqlite")
 
 _MAX_SEQ = 2**31 - 1
+_NO_LIMIT = 2**63 - 1
+
+#: ``search_recent`` keeps at least this many of the newest history items (see the docstring).
+SEARCH_RECENT = 50_000
+#: ``search_fts`` lags at most this many items behind; they move over in one batch.
+SEARCH_BATCH = 256
+#: Queries matching more items than this are ranked among their most recent matches.
+RANK_WINDOW = 5000
+
+_HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
+_SQL_INSERT_DOC = (
+    "INSERT INTO search_docs (id, session_id, segment_id, seq, role, ts, body, tags) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_SQL_INSERT_RECENT = "INSERT INTO search_recent (rowid, body, tags) VALUES (?, ?, ?)"
 
 _SQL_MAX_SEQ = "SELECT max(seq) FROM entries WHERE session_id = ? AND segment_id = ?"
+# The segment's last seq and what indexing needs: the search tables' high water and floor,
+# the session's context type and the highest item id.
+_SQL_APPEND_STATE = (
+    "SELECT (SELECT max(seq) FROM entries WHERE session_id = ?1 AND segment_id = ?2), "
+    "hw, floor, (SELECT type FROM contexts WHERE session_id = ?1), "
+    "(SELECT max(id) FROM search_docs) FROM search_meta"
+)
 _SQL_INSERT = (
     "INSERT INTO entries (session_id, segment_id, seq, kind, ts, line) VALUES (?, ?, ?, ?, ?, ?)"
 )
@@ -137,7 +223,7 @@ class SqliteStore:
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
         try:
-            mode_now = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode_now = _enable_wal(conn, busy_timeout)
             if str(mode_now).lower() != "wal":
                 raise StoreError(f"{self.path}: cannot use WAL journaling (got {mode_now!r})")
             migrate(conn, where=str(self.path))
@@ -295,7 +381,56 @@ class SqliteStore:
                 rows = conn.execute(query).fetchall()
             else:
                 rows = conn.execute(f"{query} WHERE type = ?", (type,)).fetchall()
-        return sorted(map(_head, rows), key=lambda h: ContextId.parse(h.context))
+        # (type, name), as ContextId orders, without parsing and validating every id again.
+        return sorted(map(_head, rows), key=lambda h: h.context.partition(":")[::2])
+
+    def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
+        """Every context's summary (message count, last activity), without restoring any.
+
+        One query: per head segment, the history items among its entries (the primary key's
+        range), its last entry's time and its header's history; a fork that continues its
+        parent adds the parent's items up to the fork point, as a restore would.
+        """
+        sql = _SQL_SUMMARIES + (" WHERE c.type = ?" if type is not None else "")
+        with self._read() as conn:
+            rows = conn.execute(sql, () if type is None else (type,)).fetchall()
+            summaries = []
+            for context, created, updated, s, g, items, last, *header in rows:
+                count = items + _header_items(conn, s, header)
+                summaries.append(
+                    ContextSummary(context, created[:10], count, last, created, updated, s, g)
+                )
+        summaries.sort(key=lambda summary: summary.context.partition(":")[::2])
+        return summaries
+
+    # ---------------------------------------------------------------- search
+
+    def search(self, query: SearchQuery) -> list[SearchHit]:
+        """Ranked hits for ``query`` over every history item of every context.
+
+        Args:
+            query: the words to find (data, never syntax) and the filters.
+
+        Returns:
+            Up to ``query.limit`` hits, best first, each with a snippet and highlight spans.
+
+        Raises:
+            InvalidQuery: nothing to search for, or an invalid ``limit``, ``role`` or ``since``.
+            InvalidContextId: ``query.context`` is not ``type:name``.
+        """
+        q = check_query(query)
+        phrases = [fts5_phrases([term]) for term in query_terms(q.text)]
+        with self._read() as conn:
+            own = not conn.in_transaction
+            if own:
+                conn.execute("BEGIN")  # one snapshot for every statement below
+            try:
+                return _search(conn, q, phrases)
+            except sqlite3.OperationalError as exc:
+                raise StoreError(f"{self.path}: search failed: {exc}") from exc
+            finally:
+                if own:
+                    conn.execute("COMMIT")
 
     # ---------------------------------------------------------------- contexts
 
@@ -320,6 +455,7 @@ class SqliteStore:
             conn.execute("INSERT INTO sessions VALUES (?, ?, ?)", (s, str(ctx), ts))
             conn.execute("INSERT INTO segments VALUES (?, ?, ?)", (s, g, ts))
             conn.execute(_SQL_INSERT, (s, g, 0, line["kind"], ts, codec.encode(line).decode()))
+            _index_docs(conn, s, g, _header_docs(line))
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
 
     def delete_context(self, context: ContextId) -> bool:
@@ -330,6 +466,7 @@ class SqliteStore:
             ).fetchone()
             if row is None:
                 return False
+            _unindex_session(conn, row[0])
             for table in ("entries", "traces", "segments", "sessions"):
                 conn.execute(f"DELETE FROM {table} WHERE session_id = ?", row)
             conn.execute("DELETE FROM contexts WHERE context = ?", (str(context),))
@@ -363,6 +500,7 @@ class SqliteStore:
                 raise ConflictError(f"segment {segment_id} already exists")
             conn.execute("INSERT INTO segments VALUES (?, ?, ?)", (s, g, ts))
             conn.execute(_SQL_INSERT, (s, g, 0, line["kind"], ts, codec.encode(line).decode()))
+            _index_docs(conn, s, g, _header_docs(line))
 
     def append(
         self,
@@ -374,8 +512,19 @@ class SqliteStore:
     ) -> int:
         """Append entries in one ``BEGIN IMMEDIATE`` transaction; return the first one's seq."""
         s, g = str(session_id), str(segment_id)
+        # The history items' text is prepared before the write lock is taken; inside, one
+        # query reads the segment's tail and, when there is text to index, the index's state.
+        texts = [
+            (offset, doc)
+            for offset, entry in enumerate(entries)
+            if entry.kind in _HISTORY_KINDS
+            and (doc := _doc(offset, entry.data.get("item"), entry.ts)) is not None
+        ]
         with self._write() as conn:
-            last = conn.execute(_SQL_MAX_SEQ, (s, g)).fetchone()[0]
+            if texts:
+                last, *state = conn.execute(_SQL_APPEND_STATE, (s, g)).fetchone()
+            else:
+                last = conn.execute(_SQL_MAX_SEQ, (s, g)).fetchone()[0]
             if last is None:
                 raise SegmentNotFound(
                     f"segment {segment_id} of session {session_id} does not exist"
@@ -386,13 +535,16 @@ class SqliteStore:
                     f"segment {segment_id} is at seq {first}, the writer expected {expected_seq}"
                 )
             rows = [
-                (s, g, first + i, line["kind"], line["ts"], codec.encode(line).decode())
-                for i, line in enumerate(iter_lines(entries, first))
+                (s, g, line["seq"], line["kind"], line["ts"], codec.encode(line).decode())
+                for line in iter_lines(entries, first)
             ]
             if len(rows) == 1:
                 conn.execute(_SQL_INSERT, rows[0])
             elif rows:
                 conn.executemany(_SQL_INSERT, rows)
+            if texts:
+                docs = [(first + offset, role, ts, body) for offset, (_, role, ts, body) in texts]
+                _index_docs(conn, s, g, docs, state)
         return first
 
     def read_segment(
@@ -470,6 +622,24 @@ class SqliteStore:
 # --------------------------------------------------------------------------- helpers
 
 
+def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> str:
+    """Switch to WAL and return the journal mode now in force.
+
+    Openers racing on a new file can get "database is locked" at once: SQLite does not call
+    the busy handler for this change. So retry, up to ``busy_timeout`` seconds.
+    """
+    deadline = time.monotonic() + busy_timeout
+    delay = 0.001
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
 def _segment_exists(conn: sqlite3.Connection, session_id: SessionId, segment_id: SegmentId) -> bool:
     return (
         conn.execute(_SQL_SEGMENT_EXISTS, (str(session_id), str(segment_id))).fetchone() is not None
@@ -485,6 +655,388 @@ def _header_line(header: Mapping[str, Any]) -> dict[str, Any]:
     line["seq"] = 0
     line.setdefault("kind", "header")
     return line
+
+
+# --------------------------------------------------------------------------- listing
+
+# A header's history length if it has a history list, else its origin (kind, parent, at_seq)
+# as a JSON array: the usual header (a root with an empty history) is parsed once.
+_HEADER_FIELDS = (
+    "json_array_length(h.line, '$.history'), "
+    "CASE WHEN json_type(h.line, '$.history') IS NOT 'array' THEN json_extract(h.line, "
+    "'$.history', '$.origin.kind', '$.origin.parent', '$.origin.at_seq') END"
+)
+_SQL_SUMMARIES = (
+    "SELECT c.context, c.created_at, c.updated_at, c.session_id, c.segment_id, "
+    "(SELECT count(*) FROM entries e WHERE e.session_id = c.session_id "
+    "AND e.segment_id = c.segment_id AND e.seq > 0 "
+    "AND e.kind IN ('user_input', 'item', 'system_item')), "
+    "(SELECT e.ts FROM entries e WHERE e.session_id = c.session_id "
+    "AND e.segment_id = c.segment_id ORDER BY e.seq DESC LIMIT 1), "
+    f"{_HEADER_FIELDS} FROM contexts c JOIN entries h ON h.session_id = c.session_id "
+    "AND h.segment_id = c.segment_id AND h.seq = 0"
+)
+_SQL_PREFIX = (
+    "SELECT (SELECT count(*) FROM entries e WHERE e.session_id = ?1 AND e.segment_id = ?2 "
+    "AND e.seq BETWEEN 1 AND ?3 AND e.kind IN ('user_input', 'item', 'system_item')), "
+    f"{_HEADER_FIELDS} FROM entries h WHERE h.session_id = ?1 AND h.segment_id = ?2 "
+    "AND h.seq = 0"
+)
+
+
+def _header_items(conn: sqlite3.Connection, session: str, header: Sequence[Any]) -> int:
+    """The history items a segment starts with: its header's history, or, for a fork that
+    continues its parent, the parent's items up to the fork point (as restore replays)."""
+    count = 0
+    for _ in range(10_000):  # a chain of forks; bounded in case damaged headers loop
+        history_len, other = header
+        if other is None:  # a history list: a fresh start
+            return count + int(history_len or 0)
+        _, origin, parent, at_seq = codec.decode(other)
+        if origin != "fork" or parent is None:
+            return count
+        try:
+            parent = str(uuid.UUID(str(parent)))
+        except ValueError:
+            return count
+        stop = _MAX_SEQ if at_seq is None else int(at_seq)  # None: the whole parent
+        row = conn.execute(_SQL_PREFIX, (session, parent, stop)).fetchone()
+        if row is None:
+            return count
+        count += row[0]
+        header = row[1:]
+    return count
+
+
+# --------------------------------------------------------------------------- search
+
+# A history item as indexed: (seq, role, ts, body as indexed by ``prepare_text``).
+_Doc = tuple[int, str, str, str]
+
+
+def _doc(seq: int, item: Any, ts: str) -> _Doc | None:
+    """The indexed form of one history item, or None when it has no text to find."""
+    if not isinstance(item, Mapping):
+        return None
+    try:
+        text = item_text(item)
+    except (AttributeError, TypeError):
+        return None
+    if not isinstance(text, str) or not text:
+        return None
+    role = item.get("role")
+    return seq, role if role in ROLES else "other", ts, prepare_text(text)
+
+
+def _header_docs(line: Mapping[str, Any]) -> list[_Doc]:
+    """The history a header carries (a compaction's summary, an import), all with seq 0."""
+    history = line.get("history")
+    ts = str(line.get("ts", ""))
+    docs = (_doc(0, item, ts) for item in (history if isinstance(history, list) else ()))
+    return [doc for doc in docs if doc is not None]
+
+
+def _tags(session: str, role: str, type: str | None) -> str:
+    """The filter tokens of an item: session, role and context type, one token each."""
+    # A canonical UUID string without its dashes is its hex: one FTS5 token.
+    return f"s{session.replace('-', '')} r{role} t{(type or '').encode().hex()}"
+
+
+def _index_docs(
+    conn: sqlite3.Connection,
+    session: str,
+    segment: str,
+    docs: Sequence[_Doc],
+    state: Sequence[Any] | None = None,
+) -> None:
+    """Index ``docs`` in the caller's write transaction (see "Search" in the docstring).
+
+    ``state`` is (hw, floor, the session's type, the highest item id) if the caller read it.
+    """
+    if not docs:
+        return
+    if state is None:
+        state = conn.execute(
+            "SELECT hw, floor, (SELECT type FROM contexts WHERE session_id = ?), "
+            "(SELECT max(id) FROM search_docs) FROM search_meta",
+            (session,),
+        ).fetchone()
+    hw, floor, type, top = state
+    # Past the high water too: ids below it would be taken for items already in search_fts.
+    first = max(hw, top or 0) + 1
+    tags = {role: _tags(session, role, type) for role in {doc[1] for doc in docs}}
+    rows = [
+        (first + i, session, segment, seq, role, ts, body, tags[role])
+        for i, (seq, role, ts, body) in enumerate(docs)
+    ]
+    last = first + len(rows) - 1
+    if len(rows) == 1:
+        conn.execute(_SQL_INSERT_DOC, rows[0])
+    else:
+        conn.executemany(_SQL_INSERT_DOC, rows)
+    if last - hw < SEARCH_BATCH:
+        if len(rows) == 1:
+            conn.execute(_SQL_INSERT_RECENT, (first, rows[0][6], rows[0][7]))
+        else:
+            conn.executemany(_SQL_INSERT_RECENT, [(row[0], row[6], row[7]) for row in rows])
+        return
+    # Move everything up to ``last`` into search_fts in one batch, and let the oldest items
+    # out of search_recent once it holds a batch more than it must.
+    conn.execute(
+        "INSERT INTO search_fts (rowid, body, tags) "
+        "SELECT id, body, tags FROM search_docs WHERE id > ? AND id <= ?",
+        (hw, last),
+    )
+    new_floor = floor
+    if last - floor + 1 > SEARCH_RECENT + SEARCH_BATCH:
+        new_floor = last - SEARCH_RECENT + 1
+        conn.execute(
+            "INSERT INTO search_recent (search_recent, rowid, body, tags) "
+            "SELECT 'delete', id, body, tags FROM search_docs WHERE id >= ? AND id < ?",
+            (floor, min(new_floor, first)),
+        )
+    conn.executemany(
+        _SQL_INSERT_RECENT, [(row[0], row[6], row[7]) for row in rows if row[0] >= new_floor]
+    )
+    conn.execute("UPDATE search_meta SET hw = ?, floor = ?", (last, new_floor))
+
+
+def _unindex_session(conn: sqlite3.Connection, session_id: str) -> None:
+    """Remove a session's items from the search tables (in the caller's transaction).
+
+    The items are found through their session tag in the FTS5 tables (every item is in one
+    of them or both), which spares ``search_docs`` an index on ``session_id`` that every
+    append would pay to update.
+    """
+    tag = f'tags : "s{session_id.replace("-", "")}"'
+    found = {
+        table: [
+            row[0]
+            for row in conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ?", (tag,))
+        ]
+        for table in ("search_fts", "search_recent")
+    }
+    for table, ids in found.items():
+        if ids:  # external content: FTS5 needs the old values to remove an item's tokens
+            conn.execute(
+                f"INSERT INTO {table} ({table}, rowid, body, tags) SELECT 'delete', id, body, "
+                "tags FROM search_docs WHERE id IN (SELECT value FROM json_each(?))",
+                (json.dumps(ids),),
+            )
+    ids = sorted(set(found["search_fts"]).union(found["search_recent"]))
+    if ids:
+        conn.execute(
+            "DELETE FROM search_docs WHERE id IN (SELECT value FROM json_each(?))",
+            (json.dumps(ids),),
+        )
+
+
+def _search(conn: sqlite3.Connection, q: SearchQuery, phrases: list[str]) -> list[SearchHit]:
+    """The hits for a checked query; ``phrases`` are its terms as FTS5 strings."""
+    filters = ""
+    if q.context is not None:
+        row = conn.execute("SELECT session_id FROM contexts WHERE context = ?", (q.context,))
+        found = row.fetchone()
+        if found is None:
+            return []
+        filters += f' AND tags : "s{found[0].replace("-", "")}"'
+    if q.type is not None:
+        filters += f' AND tags : "t{q.type.encode().hex()}"'
+    if q.role is not None:
+        filters += f' AND tags : "r{q.role}"'
+    match = f"body : ({' '.join(phrases)}){filters}"
+    hw, floor, lowest = conn.execute(
+        "SELECT hw, floor, (SELECT min(id) FROM search_docs) FROM search_meta"
+    ).fetchone()
+    if lowest is None:
+        return []
+    ranked = _rank(conn, q, phrases, filters, whole=floor <= lowest, hw=hw)
+    if not ranked:
+        return []
+    ids = [rowid for rowid, _ in ranked]
+    snippets: dict[int, str] = {}
+    in_recent = [rowid for rowid in ids if floor <= lowest or rowid > hw]
+    in_fts = [rowid for rowid in ids if not (floor <= lowest or rowid > hw)]
+    for table, some in (("search_recent", in_recent), ("search_fts", in_fts)):
+        if some:  # CROSS JOIN: FTS5 gets one rowid at a time, never the whole match
+            snippets.update(
+                conn.execute(
+                    f"SELECT f.rowid, snippet({table}, 0, ?, ?, ?, ?) FROM json_each(?) AS j "
+                    f"CROSS JOIN {table} AS f WHERE f.rowid = j.value AND {table} MATCH ?",
+                    (_OPEN, _CLOSE, _ELLIPSIS, _SNIPPET_TOKENS, json.dumps(some), match),
+                )
+            )
+    marks = ",".join("?" * len(ids))
+    meta = {
+        row[0]: row[1:]
+        for row in conn.execute(
+            "SELECT d.id, c.context, c.created_at, d.session_id, d.segment_id, d.seq, d.role, "
+            "d.ts FROM search_docs d JOIN contexts c ON c.session_id = d.session_id "
+            f"WHERE d.id IN ({marks})",
+            ids,
+        )
+    }
+    hits = []
+    for rowid, score in ranked:
+        if rowid not in meta or rowid not in snippets:
+            continue
+        context, created_at, session_id, segment_id, seq, role, ts = meta[rowid]
+        text, spans = snippet_spans(snippets[rowid])
+        hits.append(
+            SearchHit(
+                context=context,
+                date=created_at[:10],
+                session_id=uuid.UUID(session_id),
+                segment_id=uuid.UUID(segment_id),
+                seq=seq,
+                role=role,
+                ts=ts,
+                snippet=text,
+                highlights=spans,
+                score=score,
+            )
+        )
+    return hits
+
+
+def _rank(
+    conn: sqlite3.Connection,
+    q: SearchQuery,
+    phrases: list[str],
+    filters: str,
+    *,
+    whole: bool,
+    hw: int,
+) -> list[tuple[int, float]]:
+    """The best (rowid, score) pairs, as ``FsStore``'s index ranks them.
+
+    ``whole``: search_recent holds every item, so it alone answers (exactly bm25 over all).
+    Else search_fts answers for items up to ``hw`` and search_recent for the newer ones.
+    """
+    big = "search_recent" if whole else "search_fts"
+    match = f"body : ({' '.join(phrases)}){filters}"
+
+    def everything(floor: int | None) -> list[tuple[int, float]]:
+        rows = _ranked(conn, big, match, q, floor)
+        if whole:
+            return rows
+        # The newest items, not yet in search_fts: few, and ranked with search_recent's
+        # statistics, which over that many items differ little from search_fts's.
+        return _merge(rows, _ranked(conn, "search_recent", match, q, hw + 1), q.limit)
+
+    window = max(RANK_WINDOW, q.limit)
+    newest = [
+        row[0]
+        for row in conn.execute(
+            f"SELECT rowid FROM {big} WHERE {big} MATCH ? ORDER BY rowid DESC LIMIT ?",
+            (match, window + 1),
+        )
+    ]
+    if len(newest) <= window:  # few matches: rank them all
+        # bm25 computes each phrase's idf from all of its matches: 40 ns a row, 35 ms for a
+        # word in most of 1M items, and the same for a filter's tag. So rank with the terms
+        # that are not common: tags weigh nothing in bm25 and common words next to nothing.
+        rare = [p for p in phrases if _bound(conn, big, f"body : {p}", window) is None]
+        if not rare or (len(rare) == len(phrases) and not filters):
+            return everything(None)
+        found = None if q.since is not None else set(newest)
+        rank = f"body : ({' '.join(rare)})"
+        return _rank_matches(conn, q, match, rank, big, whole, hw, found)
+    bound = newest[-1]
+    # A common query: rank its most recent matches, where bm25's idf is cheap to compute.
+    recent = _bound(conn, "search_recent", match, window)
+    rows = _ranked(conn, "search_recent", match, q, recent)
+    if len(rows) >= q.limit:
+        return rows
+    rows = everything(bound)
+    if len(rows) >= q.limit or q.since is None:
+        return rows
+    return everything(None)
+
+
+def _rank_matches(
+    conn: sqlite3.Connection,
+    q: SearchQuery,
+    match: str,
+    rank: str,
+    big: str,
+    whole: bool,
+    hw: int,
+    in_big: set[int] | None,
+) -> list[tuple[int, float]]:
+    """Rank the few items that ``match`` finds by the bm25 of ``rank``, a part of it whose
+    phrases each have few matches (so computing their idf is cheap). ``in_big``: the
+    matches in ``big``, if the caller has them."""
+    tables = [(big, None)] if whole else [(big, None), ("search_recent", hw + 1)]
+    scored: list[tuple[int, float]] = []
+    for table, floor in tables:
+        found = in_big if table == big and in_big is not None else None
+        if found is None:
+            found = {rowid for rowid, _ in _ranked(conn, table, match, q, floor, ranked=False)}
+        if not found:
+            continue
+        # Score every item ``rank`` finds (few) and keep the best of those ``match`` found,
+        # all inside SQLite.
+        above = f" AND {table}.rowid >= {int(floor)}" if floor is not None else ""
+        scored += [
+            (rowid, -score)
+            for rowid, score in conn.execute(
+                f"WITH r AS MATERIALIZED (SELECT {table}.rowid AS id, bm25({table}, 1.0, 0.0) "
+                f"AS score FROM {table} WHERE {table} MATCH ?{above} "
+                f"ORDER BY {table}.rowid DESC LIMIT {_NO_LIMIT}) SELECT id, score FROM r "
+                "WHERE id IN (SELECT value FROM json_each(?)) ORDER BY score, id DESC LIMIT ?",
+                (rank, json.dumps(sorted(found)), q.limit),
+            )
+        ]
+    return sorted(scored, key=lambda pair: (-pair[1], -pair[0]))[: q.limit]
+
+
+def _bound(conn: sqlite3.Connection, table: str, match: str, window: int) -> int | None:
+    """The rowid of the match ``window`` places before the newest, or None if fewer match."""
+    row = conn.execute(
+        f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?",
+        (match, window),
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _ranked(
+    conn: sqlite3.Connection,
+    table: str,
+    match: str,
+    q: SearchQuery,
+    floor: int | None,
+    *,
+    ranked: bool = True,
+) -> list[tuple[int, float]]:
+    """(rowid, bm25 score) of the best matches of ``match`` in ``table`` from rowid ``floor``
+    on, newest first on ties; ``ranked=False``: every match, unscored, newest first."""
+    score = f"bm25({table}, 1.0, 0.0)" if ranked else "0.0"
+    sql = f"SELECT {table}.rowid AS id, {score} AS r FROM {table}"
+    where = f" WHERE {table} MATCH ?"
+    args: list[object] = [match]
+    if floor is not None:
+        where += f" AND {table}.rowid >= ?"
+        args.append(floor)
+    if q.since is not None:
+        sql += f" JOIN search_docs ON search_docs.id = {table}.rowid"
+        where += " AND search_docs.ts >= ?"
+        args.append(q.since)
+    # Newest first: FTS5 then starts at the end of each doclist and stops at ``floor``; in
+    # the other direction it would read every older match first. (The LIMIT keeps SQLite
+    # from dropping an ORDER BY that looks useless inside the CTE.)
+    sql = f"{sql}{where} ORDER BY {table}.rowid DESC LIMIT {_NO_LIMIT}"
+    if ranked:
+        sql = f"WITH w AS MATERIALIZED ({sql}) SELECT id, r FROM w ORDER BY r, id DESC LIMIT ?"
+        args.append(q.limit)
+    return [(rowid, -rank) for rowid, rank in conn.execute(sql, args)]
+
+
+def _merge(
+    first: Iterable[tuple[int, float]], second: Iterable[tuple[int, float]], limit: int
+) -> list[tuple[int, float]]:
+    """The best ``limit`` of two ranked lists (ties: the newer item first, as FTS5 orders)."""
+    return sorted((*first, *second), key=lambda pair: (-pair[1], -pair[0]))[:limit]
 
 
 # --------------------------------------------------------------------------- migrations
@@ -576,3 +1128,63 @@ def m002_traces(conn: sqlite3.Connection) -> None:
         )"""
     )
     conn.execute("CREATE INDEX traces_by_segment ON traces (session_id, segment_id, id)")
+
+
+@MIGRATIONS
+def m003_search(conn: sqlite3.Connection) -> None:
+    """Full-text search over history items (FTS5), backfilled from the entries there are."""
+    for statement in (
+        # hw: items up to this id are in search_fts; floor: items from this id on are in
+        # search_recent (floor <= hw + 1, so every item is in one of them or both).
+        "CREATE TABLE search_meta (hw INTEGER NOT NULL, floor INTEGER NOT NULL)",
+        "INSERT INTO search_meta VALUES (0, 1)",
+        """CREATE TABLE search_docs (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            segment_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            ts TEXT NOT NULL,
+            body TEXT NOT NULL,
+            tags TEXT NOT NULL
+        )""",
+        # Each FTS5 table's content is a view of exactly the items it indexes, so that its
+        # 'rebuild' and 'integrity-check' mean what they say.
+        """CREATE VIEW search_fts_content AS SELECT id, body, tags FROM search_docs
+            WHERE id <= (SELECT hw FROM search_meta)""",
+        """CREATE VIEW search_recent_content AS SELECT id, body, tags FROM search_docs
+            WHERE id >= (SELECT floor FROM search_meta)""",
+        """CREATE VIRTUAL TABLE search_fts USING fts5(body, tags,
+            content='search_fts_content', content_rowid='id',
+            tokenize='unicode61 remove_diacritics 2')""",
+        """CREATE VIRTUAL TABLE search_recent USING fts5(body, tags,
+            content='search_recent_content', content_rowid='id',
+            tokenize='unicode61 remove_diacritics 2')""",
+    ):
+        conn.execute(statement)
+    # Backfill in arrival order (the order the entries were inserted).
+    types = dict(conn.execute("SELECT session_id, type FROM contexts").fetchall())
+    rows: list[tuple[Any, ...]] = []
+    cursor = conn.execute(
+        "SELECT session_id, segment_id, seq, line FROM entries "
+        "WHERE seq = 0 OR kind IN ('user_input', 'item', 'system_item') ORDER BY rowid"
+    )
+    for session_id, segment_id, seq, text in cursor:
+        line = codec.decode(text)
+        if not isinstance(line, dict):
+            continue
+        if seq == 0:
+            docs = _header_docs(line)
+        else:
+            doc = _doc(seq, line.get("item"), str(line.get("ts", "")))
+            docs = [doc] if doc is not None else []
+        for seq_, role, ts, body in docs:
+            tags = _tags(session_id, role, types.get(session_id))
+            rows.append((len(rows) + 1, session_id, segment_id, seq_, role, ts, body, tags))
+    conn.executemany(_SQL_INSERT_DOC, rows)
+    conn.execute(
+        "UPDATE search_meta SET hw = ?, floor = ?",
+        (len(rows), max(1, len(rows) - SEARCH_RECENT + 1)),
+    )
+    for table in ("search_fts", "search_recent"):
+        conn.execute(f"INSERT INTO {table} ({table}) VALUES ('rebuild')")
