@@ -224,7 +224,7 @@ def test_schema_is_distributable_by_session(store: PostgresStore, sql: Any) -> N
         (store.schema,),
     ).fetchall()
     tables = {t for t, _ in columns} - {"migrations"}
-    assert tables == {"contexts", "sessions", "segments", "entries", "traces"}
+    assert tables == {"contexts", "sessions", "segments", "entries", "traces", "search_docs"}
     assert all((t, "session_id") in columns for t in tables)
     keys = sql.execute(
         """SELECT c.conrelid::regclass::text, c.contype, a.attname
