@@ -62,8 +62,8 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -95,6 +95,7 @@ from terrarium.stores.base import (
     SegmentRead,
     iter_lines,
 )
+from terrarium.stores.locks import file_lock
 
 log = logging.getLogger(__name__)
 
@@ -245,20 +246,10 @@ class FsStore:
         This is the callers' lock (the manager holds it for a whole turn). The store's own
         create, delete and head moves take a separate, brief lock, so they work inside it.
         """
-        return self._flock(self.root / _LOCKS / "turn" / context.type / context.encoded_name)
+        return file_lock(self.root / _LOCKS / "turn" / context.type / context.encoded_name)
 
     def _head_lock(self, context: ContextId) -> AbstractContextManager[None]:
-        return self._flock(self.root / _LOCKS / "head" / context.type / context.encoded_name)
-
-    @contextmanager
-    def _flock(self, path: Path) -> Iterator[None]:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing releases the flock
+        return file_lock(self.root / _LOCKS / "head" / context.type / context.encoded_name)
 
     def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
         """Create the context's folder, root segment, head and index entries."""

@@ -82,7 +82,6 @@ wait, and an open write transaction would block every other writer for the whole
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import sqlite3
@@ -90,7 +89,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +122,7 @@ from terrarium.stores.fs_search import (
     query_terms,
     snippet_spans,
 )
+from terrarium.stores.locks import file_lock
 from terrarium.stores.migrations import Migrations
 
 __all__ = [
@@ -472,18 +472,12 @@ class SqliteStore:
             conn.execute("DELETE FROM contexts WHERE context = ?", (str(context),))
         return True
 
-    @contextmanager
-    def lock_context(self, context: ContextId) -> Iterator[None]:
+    def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
         """Hold the context's lock exclusively, across threads and processes (``flock``)."""
         ctx = ContextId.parse(context)
-        path = self.path.with_name(f"{self.path.name}-locks") / ctx.type / ctx.encoded_name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing releases the flock
+        return file_lock(
+            self.path.with_name(f"{self.path.name}-locks") / ctx.type / ctx.encoded_name
+        )
 
     # ---------------------------------------------------------------- segments
 
