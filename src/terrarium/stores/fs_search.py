@@ -284,6 +284,39 @@ def snippet_spans(marked: str) -> tuple[str, tuple[tuple[int, int], ...]]:
     return "".join(out), tuple(spans)
 
 
+def assemble_hits(
+    ranked: Sequence[tuple[int, float]],
+    meta: Mapping[int, Sequence[Any]],
+    snippets: Mapping[int, str],
+) -> list[SearchHit]:
+    """Hits in rank order from ranked rowids, their rows and their marked snippets.
+
+    ``meta`` maps a rowid to (context, date, session id, segment id, seq, role, ts); rows
+    missing from ``meta`` or ``snippets`` (deleted meanwhile) are left out.
+    """
+    hits = []
+    for rowid, score in ranked:
+        if rowid not in meta or rowid not in snippets:
+            continue
+        context, date, session_id, segment_id, seq, role, ts = meta[rowid]
+        text, spans = snippet_spans(snippets[rowid])
+        hits.append(
+            SearchHit(
+                context=context,
+                date=date,
+                session_id=uuid.UUID(session_id),
+                segment_id=uuid.UUID(segment_id),
+                seq=seq,
+                role=role,
+                ts=ts,
+                snippet=text,
+                highlights=spans,
+                score=score,
+            )
+        )
+    return hits
+
+
 def bm25(
     phrase_freqs: Sequence[int],
     doc_freqs: Sequence[int],
@@ -837,27 +870,7 @@ class SearchIndex:
                 ids,
             )
         }
-        hits = []
-        for rowid, score in ranked:
-            if rowid not in meta or rowid not in snippets:
-                continue
-            context_id, date, session_id, segment_id, seq, role, ts = meta[rowid]
-            text, spans = snippet_spans(snippets[rowid])
-            hits.append(
-                SearchHit(
-                    context=context_id,
-                    date=date,
-                    session_id=uuid.UUID(session_id),
-                    segment_id=uuid.UUID(segment_id),
-                    seq=seq,
-                    role=role,
-                    ts=ts,
-                    snippet=text,
-                    highlights=spans,
-                    score=score,
-                )
-            )
-        return hits
+        return assemble_hits(ranked, meta, snippets)
 
     def _rank(
         self, conn: sqlite3.Connection, terms: list[str], match: str, q: SearchQuery

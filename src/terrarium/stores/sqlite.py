@@ -116,11 +116,11 @@ from terrarium.stores.fs_search import (
     _OPEN,
     _SNIPPET_TOKENS,
     ContextSummary,
+    assemble_hits,
     check_query,
     fts5_phrases,
     prepare_text,
     query_terms,
-    snippet_spans,
 )
 from terrarium.stores.locks import file_lock
 from terrarium.stores.migrations import Migrations
@@ -862,7 +862,7 @@ def _search(conn: sqlite3.Connection, q: SearchQuery, phrases: list[str]) -> lis
             )
     marks = ",".join("?" * len(ids))
     meta = {
-        row[0]: row[1:]
+        row[0]: (row[1], row[2][:10], *row[3:])  # the date is the creation date
         for row in conn.execute(
             "SELECT d.id, c.context, c.created_at, d.session_id, d.segment_id, d.seq, d.role, "
             "d.ts FROM search_docs d JOIN contexts c ON c.session_id = d.session_id "
@@ -870,27 +870,7 @@ def _search(conn: sqlite3.Connection, q: SearchQuery, phrases: list[str]) -> lis
             ids,
         )
     }
-    hits = []
-    for rowid, score in ranked:
-        if rowid not in meta or rowid not in snippets:
-            continue
-        context, created_at, session_id, segment_id, seq, role, ts = meta[rowid]
-        text, spans = snippet_spans(snippets[rowid])
-        hits.append(
-            SearchHit(
-                context=context,
-                date=created_at[:10],
-                session_id=uuid.UUID(session_id),
-                segment_id=uuid.UUID(segment_id),
-                seq=seq,
-                role=role,
-                ts=ts,
-                snippet=text,
-                highlights=spans,
-                score=score,
-            )
-        )
-    return hits
+    return assemble_hits(ranked, meta, snippets)
 
 
 def _rank(
