@@ -267,6 +267,14 @@ class Listing(Protocol):
         ...
 
 
+def header_line(header: Mapping[str, Any]) -> dict[str, Any]:
+    """The stored form of a segment header: seq 0, kind ``header``."""
+    line = dict(header)
+    line["seq"] = 0
+    line.setdefault("kind", "header")
+    return line
+
+
 _ENVELOPE = frozenset(ENVELOPE_KEYS)
 
 

@@ -93,6 +93,7 @@ from terrarium.stores.base import (
     SearchHit,
     SearchQuery,
     SegmentRead,
+    header_line,
     iter_lines,
 )
 from terrarium.stores.locks import file_lock
@@ -253,7 +254,7 @@ class FsStore:
 
     def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
         """Create the context's folder, root segment, head and index entries."""
-        line = _header_line(header)
+        line = header_line(header)
         session_id = uuid.UUID(str(line["session_id"]))
         segment_id = uuid.UUID(str(line["segment_id"]))
         created = str(line["ts"])
@@ -314,7 +315,7 @@ class FsStore:
 
     def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
         """Write a new segment file holding only its header."""
-        line = _header_line(header)
+        line = header_line(header)
         path = self._segment_path(session_id, uuid.UUID(str(line["segment_id"])))
         try:
             self._write_new(path, codec.encode_line(line))
@@ -690,13 +691,6 @@ def _listdir(path: Path) -> list[str]:
         return os.listdir(path)
     except FileNotFoundError:
         return []
-
-
-def _header_line(header: Mapping[str, Any]) -> dict[str, Any]:
-    line = dict(header)
-    line["seq"] = 0
-    line.setdefault("kind", "header")
-    return line
 
 
 def _head_dict(head: PodMetadata) -> dict[str, Any]:

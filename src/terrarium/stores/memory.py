@@ -19,7 +19,7 @@ from typing import Any
 from terrarium import codec
 from terrarium.errors import ConflictError, ContextExists, SegmentNotFound
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
-from terrarium.stores.base import NewEntry, PodMetadata, SegmentRead, iter_lines
+from terrarium.stores.base import NewEntry, PodMetadata, SegmentRead, header_line, iter_lines
 
 
 @dataclass
@@ -195,10 +195,8 @@ class MemoryStore:
 
 
 def _header_line(header: Mapping[str, Any]) -> dict[str, Any]:
-    line: dict[str, Any] = codec.decode(codec.encode(dict(header)))
-    line["seq"] = 0
-    line.setdefault("kind", "header")
-    return line
+    # Round-trip through the codec so stored values are exactly what a file would hold.
+    return header_line(codec.decode(codec.encode(dict(header))))
 
 
 def _type_of(head: PodMetadata) -> str:

@@ -105,6 +105,7 @@ from terrarium.stores.base import (
     SearchHit,
     SearchQuery,
     SegmentRead,
+    header_line,
     iter_lines,
 )
 from terrarium.stores.fs_search import (
@@ -590,7 +591,7 @@ class PostgresStore:
     def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
         """Create the context's session, root segment (its header is entry 0) and head."""
         ctx = ContextId.parse(context)
-        line = _header_line(header)
+        line = header_line(header)
         session_id = uuid.UUID(str(line["session_id"]))
         segment_id = uuid.UUID(str(line["segment_id"]))
         ts = str(line["ts"])
@@ -665,7 +666,7 @@ class PostgresStore:
 
     def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
         """Add a segment, with its header as entry 0, to an existing session."""
-        line = _header_line(header)
+        line = header_line(header)
         segment_id = uuid.UUID(str(line["segment_id"]))
         ts = str(line["ts"])
         text = codec.encode(line).decode()
@@ -892,13 +893,6 @@ class PostgresStore:
 
 def _head(row: Sequence[Any]) -> PodMetadata:
     return PodMetadata(row[0], row[1], row[2], row[3], row[4])
-
-
-def _header_line(header: Mapping[str, Any]) -> dict[str, Any]:
-    line = dict(header)
-    line["seq"] = 0
-    line.setdefault("kind", "header")
-    return line
 
 
 # --------------------------------------------------------------------------- listing
