@@ -20,8 +20,9 @@ from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
 from terrarium import codec
 from terrarium.errors import FormatVersionError
 from terrarium.model import ContextId, TraceEntry
-from terrarium.sessions import restore
+from terrarium.sessions import restore, save_user_input
 from terrarium.stores import sqlite as sqlite_backend
+from terrarium.stores.base import SearchQuery
 from terrarium.stores.migrations import Migrations
 from terrarium.stores.sqlite import SqliteStore
 
@@ -153,6 +154,62 @@ def test_sqlite_migrates_from_oldest_schema(tmp_path: Path) -> None:
         assert store.read_trace(SESSION, SEGMENT) == [
             {"ts": TS, "event": "chunk", "data": {"n": 1}}
         ]
+
+
+def test_sqlite_m004_moves_search_and_counts_onto_entry_ids(tmp_path: Path) -> None:
+    """A database at m003, its newest item in search_recent only (as that version left it),
+    is upgraded: entries keep their arrival order as ids, every item is found, the heads get
+    their listing counts, and later appends are searched and counted."""
+    path = tmp_path / "m003.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        sqlite_backend.migrate(conn, where="old", stop_after="m002_traces")
+        s, g = str(SESSION), str(SEGMENT)
+        conn.execute("INSERT INTO contexts VALUES ('cli:old', 'cli', ?, ?, ?, ?)", (s, g, TS, TS))
+        conn.execute("INSERT INTO sessions VALUES (?, 'cli:old', ?)", (s, TS))
+        conn.execute("INSERT INTO segments VALUES (?, ?, ?)", (s, g, TS))
+        for line in (HEADER, ENTRY):
+            conn.execute(
+                "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?)",
+                (s, g, line["seq"], line["kind"], TS, codec.encode(line).decode()),
+            )
+        sqlite_backend.migrate(conn, where="old", stop_after="m003_search")  # indexes "hi"
+        late = ENTRY | {"seq": 2, "item": {"role": "assistant", "content": "hello late"}}
+        conn.execute(
+            "INSERT INTO entries VALUES (?, ?, 2, 'user_input', ?, ?)",
+            (s, g, TS, codec.encode(late).decode()),
+        )
+        tags = f"s{s.replace('-', '')} rassistant t{b'cli'.hex()}"
+        conn.execute(
+            "INSERT INTO search_docs VALUES (2, ?, ?, 2, 'assistant', ?, 'hello late', ?)",
+            (s, g, TS, tags),
+        )
+        conn.execute(
+            "INSERT INTO search_recent (rowid, body, tags) VALUES (2, 'hello late', ?)", (tags,)
+        )
+        assert conn.execute("SELECT hw FROM search_meta").fetchone() == (1,)
+    finally:
+        conn.close()
+    with SqliteStore(path) as store:
+        assert _sqlite_names(path) == sqlite_backend.MIGRATIONS.names
+        conn = sqlite3.connect(path)
+        try:
+            ids = conn.execute("SELECT id, seq FROM entries ORDER BY id").fetchall()
+            meta = conn.execute("SELECT wm, hw FROM search_meta").fetchone()
+            for table in ("search_fts", "search_recent"):
+                conn.execute(f"INSERT INTO {table}({table}, rank) VALUES('integrity-check', 1)")
+        finally:
+            conn.close()
+        assert ids == [(1, 0), (2, 1), (3, 2)] and meta == (3, 2)
+        assert [hit.seq for hit in store.search(SearchQuery("hi"))] == [1]
+        assert [hit.seq for hit in store.search(SearchQuery("late"))] == [2]
+        [summary] = store.list_contexts_fast()
+        assert (summary.message_count, summary.last_active) == (2, TS)
+        head = store.get_head(ContextId("cli", "old"))
+        assert head is not None
+        save_user_input(store, head, "and a late reply")
+        assert {hit.seq for hit in store.search(SearchQuery("late"))} == {2, 3}
+        assert store.list_contexts_fast()[0].message_count == 3
 
 
 def test_sqlite_refuses_newer_database(tmp_path: Path) -> None:

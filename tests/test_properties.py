@@ -1,12 +1,15 @@
 """Property tests of the log layer: random operation sequences against an in-test model.
 
-A hypothesis state machine drives a MemoryStore and an FsStore (fresh directory per example)
-through the same random operations: user input, assistant items, system items, usage, config
-changes, extensions, turn and run ends, unknown entry kinds, fork, fork_at, compaction, clear,
-head moves, stale writers and fork_context, switching between branches as it goes. Next to
-them it keeps its own model, plain lists and dicts of what each segment must restore to after
-every entry. Every touched segment is checked after each step, every segment ever created at
-the end, and the two stores must agree with each other entry for entry.
+A hypothesis state machine drives a MemoryStore, an FsStore and a SqliteStore (fresh directory
+per example) through the same random operations: user input, assistant items, system items,
+usage, config changes, extensions, turn and run ends, unknown entry kinds, fork, fork_at,
+compaction, clear, head moves, stale writers and fork_context, switching between branches as it
+goes. Next to them it keeps its own model, plain lists and dicts of what each segment must
+restore to after every entry. Every touched segment is checked after each step, every segment
+ever created at the end, and the stores must agree with each other entry for entry. The
+stores' fast listings (message counts and last activity kept by their derived indexes) must
+match the model and a restore whenever they are checked, which is a rule of its own, so that
+the indexes are also checked after falling several steps behind the log.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from terrarium import (
     SegmentId,
     SegmentStartState,
     SessionId,
+    SqliteStore,
     Store,
     SystemItem,
     UsageRecord,
@@ -55,6 +59,7 @@ from terrarium import (
     save_usage,
     save_user_input,
 )
+from terrarium.stores.base import Listing
 
 # --------------------------------------------------------------------------- strategies
 
@@ -149,12 +154,16 @@ class Seg:
 
 
 class LogMachine(RuleBasedStateMachine):
-    """MemoryStore and FsStore against a model of every segment's expected state."""
+    """MemoryStore, FsStore and SqliteStore against a model of every segment's expected state."""
 
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.TemporaryDirectory()
-        self.stores: dict[str, Store] = {"memory": MemoryStore(), "fs": FsStore(self.tmp.name)}
+        self.stores: dict[str, Store] = {
+            "memory": MemoryStore(),
+            "fs": FsStore(f"{self.tmp.name}/fs"),
+            "sqlite": SqliteStore(f"{self.tmp.name}/terrarium.db"),
+        }
         self.segs: list[Seg] = []
         self.heads: dict[str, int] = {}
         self.current = 0
@@ -167,6 +176,7 @@ class LogMachine(RuleBasedStateMachine):
                     self.check(index)
                     self.check_prefixes(index)
                 self.check_tree()
+                self.listings_match_the_model()
         finally:
             for store in self.stores.values():
                 store.close()
@@ -222,7 +232,7 @@ class LogMachine(RuleBasedStateMachine):
             assert store.next_seq(*seg.ids[name]) == seg.next_seq
             lines = read_entries(store, self.ref(name, index))
             entries[name] = [(e.seq, e.kind, dict(e.data)) for e in lines[1:]]
-        assert entries["memory"] == entries["fs"]
+        assert entries["memory"] == entries["fs"] == entries["sqlite"]
 
     def check_prefixes(self, index: int) -> None:
         """Restoring up to each entry of a segment yields the model's state after that entry."""
@@ -460,6 +470,22 @@ class LogMachine(RuleBasedStateMachine):
         for name, store in self.stores.items():
             heads = {h.context: h.segment_id for h in store.list_contexts()}
             assert heads == {ctx: self.segs[i].ids[name][1] for ctx, i in self.heads.items()}
+
+    @rule()
+    def listings_match_the_model(self) -> None:
+        """A rule, not an invariant: the derived indexes must also be right after they have
+        fallen several steps behind the log."""
+        for name, store in self.stores.items():
+            if not isinstance(store, Listing):
+                continue
+            listed = {summary.context: summary for summary in store.list_contexts_fast()}
+            assert listed.keys() == self.heads.keys()
+            for context, index in self.heads.items():
+                summary = listed[context]
+                assert summary.message_count == len(self.segs[index].last.history), name
+                state = restore_by_segment(store, *self.segs[index].ids[name])
+                assert summary.last_active == state.last_active, name
+                assert summary.head == str(self.segs[index].ids[name][1])
 
 
 LogMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)

@@ -35,6 +35,7 @@ from terrarium.stores import sqlite as sqlite_backend
 from terrarium.stores.base import (
     Listing,
     NewEntry,
+    PodActiveSegmentRef,
     PodMetadata,
     Searchable,
     SearchHit,
@@ -524,22 +525,32 @@ def _small_windows(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_sqlite_recent_and_full_tables_stay_consistent(
     db: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Past SEARCH_RECENT items, searches combine both FTS5 tables and still find every
-    match of a rare word; common words give full pages; deletes leave both tables sound."""
+    """Past SEARCH_RECENT items, searches use search_fts and still find every match of a rare
+    word; common words give full pages; deletes leave both tables sound."""
     _small_windows(monkeypatch)
     for i in range(8):
         _context(db, f"cli:c{i}", *[f"lambda item {i} {j} w{i}x{j}" for j in range(5)])
     with db.atomic():  # a bulk import: many items in one append
         _context(db, "cli:bulk", *[f"lambda bulk {j} rare{j % 3}" for j in range(23)])
-    _context(db, "cli:tail", "lambda tail one", "lambda tail two")  # not in search_fts yet
+    _context(db, "cli:tail", "lambda tail one", "lambda tail two")  # under a batch: not read
+    conn = sqlite3.connect(db.path)
+    try:
+        sql = "SELECT wm, (SELECT max(id) FROM entries) FROM search_meta"
+        wm, top = conn.execute(sql).fetchone()
+    finally:
+        conn.close()
+    assert 0 < top - wm < sqlite_backend.SEARCH_BATCH  # the derived tables lag the log
+    assert _texts(db.search(SearchQuery("tail"))) == ["lambda tail two", "lambda tail one"]
     _integrity(db)
     conn = sqlite3.connect(db.path)
     try:
-        hw, floor = conn.execute("SELECT hw, floor FROM search_meta").fetchone()
+        wm, hw, floor = conn.execute("SELECT wm, hw, floor FROM search_meta").fetchone()
         (total,) = conn.execute("SELECT count(*) FROM search_docs").fetchone()
+        (top,) = conn.execute("SELECT max(id) FROM entries").fetchone()
     finally:
         conn.close()
-    assert 1 < floor <= hw + 1 and hw < total  # both tables are in use, search_fts lags
+    assert wm == top and hw == total == 8 * 5 + 23 + 2  # the search read everything first
+    assert 1 < floor <= hw + 1  # search_recent holds only the newest items
     for word in ("w0x1", "w7x4", "rare1", "bulk", "tail"):  # in one FTS5 table or both
         assert _where(db.search(SearchQuery(word, limit=50))) == _where(
             scan(db, SearchQuery(word, limit=50))
@@ -565,6 +576,76 @@ def test_sqlite_recent_and_full_tables_stay_consistent(
     assert len(db.search(SearchQuery("lambda", limit=100))) == 32
     _context(db, "cli:after", "lambda after the deletes")
     assert _texts(db.search(SearchQuery("after"))) == ["lambda after the deletes"]
+    _integrity(db)
+
+
+def _meta(store: SqliteStore) -> tuple[int, int]:
+    """(what the derived tables have read up to, the newest entry id)."""
+    conn = sqlite3.connect(store.path)
+    try:
+        row = conn.execute("SELECT wm, (SELECT max(id) FROM entries) FROM search_meta").fetchone()
+    finally:
+        conn.close()
+    return row[0], row[1]
+
+
+def test_sqlite_appends_bring_the_index_up_every_batch(
+    db: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without any search, the append that makes SEARCH_BATCH entries wait reads them all."""
+    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 4)
+    head = _context(db, "cli:a")  # one entry: the header
+    save_user_input(db, head, "kappa one")
+    save_user_input(db, head, "kappa two")
+    wm, top = _meta(db)
+    assert top - wm == 3
+    save_user_input(db, head, "kappa three")  # the fourth entry waiting: all are read
+    assert _meta(db) == (top + 1, top + 1)
+    assert len(db.search(SearchQuery("kappa"))) == 3
+
+
+def test_sqlite_ids_a_delete_frees_are_read_again(db: SqliteStore) -> None:
+    """Deleting the newest context frees the newest entry ids; the entries that take them
+    next are still searched and counted."""
+    _context(db, "cli:a", "rho first")
+    _context(db, "cli:b", "rho second", "rho third")
+    assert len(db.search(SearchQuery("rho"))) == 3  # everything read
+    before = _meta(db)
+    assert db.delete_context(ContextId("cli", "b"))
+    head = _context(db, "cli:c", "rho fourth", "rho fifth", "rho sixth")
+    conn = sqlite3.connect(db.path)
+    try:
+        sql = "SELECT min(id) FROM entries WHERE session_id = ?"
+        (first,) = conn.execute(sql, (str(head.session_id),)).fetchone()
+    finally:
+        conn.close()
+    assert first <= before[1]  # the freed ids were handed out again
+    assert _texts(db.search(SearchQuery("rho", limit=10))) == [
+        "rho sixth",
+        "rho fifth",
+        "rho fourth",
+        "rho first",
+    ]
+    counts = {s.context: s.message_count for s in db.list_contexts_fast()}
+    assert counts == {"cli:a": 1, "cli:c": 3}
+    _integrity(db)
+
+
+def test_sqlite_reindex_rebuilds_the_derived_tables(db: SqliteStore) -> None:
+    """reindex rebuilds search and listing counts from the entries alone."""
+    _build(db)
+    queries = [SearchQuery("fox"), SearchQuery("the", limit=50), SearchQuery("東京")]
+    hits = [db.search(query) for query in queries]
+    listing = db.list_contexts_fast()
+    conn = sqlite3.connect(db.path, isolation_level=None)
+    try:  # damage every derived table
+        conn.execute("DELETE FROM search_docs WHERE id % 2 = 0")
+        conn.execute("UPDATE contexts SET message_count = 99, last_active = 'x'")
+    finally:
+        conn.close()
+    assert db.reindex() == len(listing)
+    assert [db.search(query) for query in queries] == hits
+    assert db.list_contexts_fast() == listing
     _integrity(db)
 
 
@@ -732,3 +813,20 @@ def test_fast_listing_agrees_with_restoring_every_context(store: Store) -> None:
         assert summary.message_count == len(state.history), head.context
     assert [s.context for s in store.list_contexts_fast("irc")] == ["irc:#python"]
     assert store.list_contexts_fast("nope") == []
+
+
+def test_fast_listing_counts_a_branch_written_before_it_became_the_head(store: Store) -> None:
+    """Entries appended to a segment before the head moves onto it are counted once, and the
+    old head's later entries not at all."""
+    assert isinstance(store, Listing)
+    head = _context(store, "cli:a", "one", "two")
+    branch = PodActiveSegmentRef(head.session_id, fork_at(store, head, 1))
+    save_user_input(store, branch, "on the branch")
+    save_user_input(store, branch, "still on the branch")
+    store.set_head(ContextId.parse("cli:a"), branch.segment_id, expected=head.segment_id)
+    save_user_input(store, head, "on the old head, after it moved")
+    save_user_input(store, branch, "on the new head")
+    [summary] = store.list_contexts_fast()
+    state = restore(store, "cli:a")
+    assert summary.message_count == len(state.history) == 4
+    assert summary.last_active == state.last_active

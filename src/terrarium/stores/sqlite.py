@@ -88,10 +88,13 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from terrarium import codec
 from terrarium.errors import (
@@ -141,6 +144,7 @@ SYNCHRONOUS_MODES: tuple[str, ...] = ("OFF", "NORMAL", "FULL", "EXTRA")
 MIGRATIONS: Migrations[sqlite3.Connection] = Migrations("sqlite")
 
 _MAX_SEQ = 2**31 - 1
+_SEEN_CACHE = 4096
 _NO_LIMIT = 2**63 - 1
 
 #: ``search_recent`` keeps at least this many of the newest history items (see the docstring).
@@ -151,20 +155,24 @@ SEARCH_BATCH = 256
 RANK_WINDOW = 5000
 
 _HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
+_HISTORY_SQL = "('user_input', 'item', 'system_item')"
 _SQL_INSERT_DOC = (
     "INSERT INTO search_docs (id, session_id, segment_id, seq, role, ts, body, tags) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
-_SQL_INSERT_RECENT = "INSERT INTO search_recent (rowid, body, tags) VALUES (?, ?, ?)"
 
 _SQL_MAX_SEQ = "SELECT max(seq) FROM entries WHERE session_id = ? AND segment_id = ?"
-# The segment's last seq and what indexing needs: the search tables' high water and floor,
-# the session's context type and the highest item id.
-_SQL_APPEND_STATE = (
-    "SELECT (SELECT max(seq) FROM entries WHERE session_id = ?1 AND segment_id = ?2), "
-    "hw, floor, (SELECT type FROM contexts WHERE session_id = ?1), "
-    "(SELECT max(id) FROM search_docs) FROM search_meta"
+# One entry at a proposed seq: the whole compare-and-append in one statement. The unique key
+# on (session, segment, seq) refuses a seq that is taken, and the line is NULL, which NOT NULL
+# refuses, unless the entry before exists (so no gap, and no entry for a deleted segment).
+# (VALUES with a subquery, not INSERT ... SELECT: that would copy the SELECT into a temporary
+# table first, because it reads the table it inserts into.)
+_SQL_APPEND_ONE = (
+    "INSERT INTO entries (session_id, segment_id, seq, kind, ts, line) VALUES (?1, ?2, ?3, ?4, "
+    "?5, CASE WHEN EXISTS (SELECT 1 FROM entries WHERE session_id = ?1 AND segment_id = ?2 "
+    "AND seq = ?3 - 1) THEN ?6 END)"
 )
+_SQL_PENDING = "SELECT wm, (SELECT max(id) FROM entries) FROM search_meta"
 _SQL_INSERT = (
     "INSERT INTO entries (session_id, segment_id, seq, kind, ts, line) VALUES (?, ?, ?, ?, ?, ?)"
 )
@@ -175,6 +183,10 @@ _SQL_READ = (
 _SQL_SEGMENT_EXISTS = "SELECT 1 FROM segments WHERE session_id = ? AND segment_id = ?"
 _SQL_HEAD = (
     "SELECT context, session_id, segment_id, created_at, updated_at FROM contexts WHERE context = ?"
+)
+_SQL_LISTING = (
+    "SELECT context, substr(created_at, 1, 10), message_count, last_active, created_at, "
+    "updated_at, session_id, segment_id, type FROM contexts"
 )
 
 
@@ -217,6 +229,10 @@ class SqliteStore:
         self._lock = threading.Lock()
         self._idle: list[sqlite3.Connection] = []
         self._local = threading.local()
+        # A next seq this store saw each recent segment reach (its guess for the next append),
+        # and how far it last saw the derived tables read (see "Derived state").
+        self._seen: OrderedDict[tuple[SessionId, SegmentId], tuple[str, str, int]] = OrderedDict()
+        self._wm = 0
         self._closed = False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -368,9 +384,14 @@ class SqliteStore:
                     f"segment {segment_id} of session {head.session_id} does not exist"
                 )
             now = utc_now()
+            # The listing counts of the new head are computed over the entries the derived
+            # tables have read, so those must be every entry (see "Derived state").
+            self._wm = _catch_up(conn)
+            count, last = _segment_summary(conn, str(head.session_id), str(segment_id))
             conn.execute(
-                "UPDATE contexts SET segment_id = ?, updated_at = ? WHERE context = ?",
-                (str(segment_id), now, str(context)),
+                "UPDATE contexts SET segment_id = ?, updated_at = ?, message_count = ?, "
+                "last_active = ? WHERE context = ?",
+                (str(segment_id), now, count, last, str(context)),
             )
         return PodMetadata(head.context, head.session_id, segment_id, head.created_at, now)
 
@@ -388,21 +409,17 @@ class SqliteStore:
     def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary (message count, last activity), without restoring any.
 
-        One query: per head segment, the history items among its entries (the primary key's
-        range), its last entry's time and its header's history; a fork that continues its
-        parent adds the parent's items up to the fork point, as a restore would.
+        The counts are kept on the heads by the derived-state catch-up (see the module
+        docstring), which runs first if entries arrived since it last did; then this is one
+        scan of the heads.
         """
-        sql = _SQL_SUMMARIES + (" WHERE c.type = ?" if type is not None else "")
+        self._catch_up()
+        sql = _SQL_LISTING + (" WHERE type = ?" if type is not None else "")
         with self._read() as conn:
             rows = conn.execute(sql, () if type is None else (type,)).fetchall()
-            summaries = []
-            for context, created, updated, s, g, items, last, *header in rows:
-                count = items + _header_items(conn, s, header)
-                summaries.append(
-                    ContextSummary(context, created[:10], count, last, created, updated, s, g)
-                )
-        summaries.sort(key=lambda summary: summary.context.partition(":")[::2])
-        return summaries
+        # (type, name), as ContextId orders, without parsing and validating every id again.
+        rows.sort(key=lambda row: (row[8], row[0][len(row[8]) + 1 :]))
+        return [ContextSummary(*row[:8]) for row in rows]
 
     # ---------------------------------------------------------------- search
 
@@ -421,6 +438,7 @@ class SqliteStore:
         """
         q = check_query(query)
         phrases = [fts5_phrases([term]) for term in query_terms(q.text)]
+        self._catch_up()
         with self._read() as conn:
             own = not conn.in_transaction
             if own:
@@ -456,7 +474,11 @@ class SqliteStore:
             conn.execute("INSERT INTO sessions VALUES (?, ?, ?)", (s, str(ctx), ts))
             conn.execute("INSERT INTO segments VALUES (?, ?, ?)", (s, g, ts))
             conn.execute(_SQL_INSERT, (s, g, 0, line["kind"], ts, codec.encode(line).decode()))
-            _index_docs(conn, s, g, _header_docs(line))
+            count, last = _segment_summary(conn, s, g)
+            conn.execute(
+                "UPDATE contexts SET message_count = ?, last_active = ? WHERE context = ?",
+                (count, last, str(ctx)),
+            )
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
 
     def delete_context(self, context: ContextId) -> bool:
@@ -471,6 +493,11 @@ class SqliteStore:
             for table in ("entries", "traces", "segments", "sessions"):
                 conn.execute(f"DELETE FROM {table} WHERE session_id = ?", row)
             conn.execute("DELETE FROM contexts WHERE context = ?", (str(context),))
+            # Ids of the newest entries may now be handed out again: the derived tables must
+            # not count them as read (they read what is above ``wm``).
+            conn.execute(
+                "UPDATE search_meta SET wm = min(wm, (SELECT coalesce(max(id), 0) FROM entries))"
+            )
         return True
 
     def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
@@ -495,7 +522,6 @@ class SqliteStore:
                 raise ConflictError(f"segment {segment_id} already exists")
             conn.execute("INSERT INTO segments VALUES (?, ?, ?)", (s, g, ts))
             conn.execute(_SQL_INSERT, (s, g, 0, line["kind"], ts, codec.encode(line).decode()))
-            _index_docs(conn, s, g, _header_docs(line))
 
     def append(
         self,
@@ -505,42 +531,77 @@ class SqliteStore:
         *,
         expected_seq: int | None = None,
     ) -> int:
-        """Append entries in one ``BEGIN IMMEDIATE`` transaction; return the first one's seq."""
-        s, g = str(session_id), str(segment_id)
-        # The history items' text is prepared before the write lock is taken; inside, one
-        # query reads the segment's tail and, when there is text to index, the index's state.
-        texts = [
-            (offset, doc)
-            for offset, entry in enumerate(entries)
-            if entry.kind in _HISTORY_KINDS
-            and (doc := _doc(offset, entry.data.get("item"), entry.ts)) is not None
-        ]
+        """Append entries atomically; return the first one's seq (see "Appends")."""
+        if len(entries) != 1:
+            return self._append_many(str(session_id), str(segment_id), entries, expected_seq)
+        key = (session_id, segment_id)
+        seen = self._seen.get(key)
+        if seen is None:
+            s, g, proposal = str(session_id), str(segment_id), None
+        else:
+            s, g, proposal = seen
+        if expected_seq is not None:
+            proposal = expected_seq
+        held: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        conn = held if held is not None else self._borrow()
+        try:
+            while True:
+                if proposal is None:
+                    proposal = _next_seq(conn, s, g)
+                line = next(iter_lines(entries, proposal))
+                row = (s, g, proposal, line["kind"], line["ts"], codec.encode(line).decode())
+                try:
+                    cursor = conn.execute(_SQL_APPEND_ONE, row)
+                    break
+                except sqlite3.IntegrityError:  # the seq is taken, or the one before missing
+                    at = _next_seq(conn, s, g)
+                if expected_seq is not None:
+                    raise ConflictError(
+                        f"segment {segment_id} is at seq {at}, the writer expected {expected_seq}"
+                    )
+                proposal = at
+        except sqlite3.OperationalError as exc:
+            raise StoreError(f"{self.path}: {exc}") from exc
+        finally:
+            if held is None:
+                self._give_back(conn)
+        self._remember(key, s, g, proposal + 1)
+        if (cursor.lastrowid or 0) - self._wm >= SEARCH_BATCH:
+            self._catch_up(SEARCH_BATCH)
+        return proposal
+
+    def _append_many(
+        self, s: str, g: str, entries: Sequence[NewEntry], expected_seq: int | None
+    ) -> int:
+        """Append several entries (or none) in one ``BEGIN IMMEDIATE`` transaction."""
         with self._write() as conn:
-            if texts:
-                last, *state = conn.execute(_SQL_APPEND_STATE, (s, g)).fetchone()
-            else:
-                last = conn.execute(_SQL_MAX_SEQ, (s, g)).fetchone()[0]
-            if last is None:
-                raise SegmentNotFound(
-                    f"segment {segment_id} of session {session_id} does not exist"
-                )
-            first: int = last + 1
+            first = _next_seq(conn, s, g)
             if expected_seq is not None and expected_seq != first:
                 raise ConflictError(
-                    f"segment {segment_id} is at seq {first}, the writer expected {expected_seq}"
+                    f"segment {g} is at seq {first}, the writer expected {expected_seq}"
                 )
             rows = [
                 (s, g, line["seq"], line["kind"], line["ts"], codec.encode(line).decode())
                 for line in iter_lines(entries, first)
             ]
-            if len(rows) == 1:
-                conn.execute(_SQL_INSERT, rows[0])
-            elif rows:
-                conn.executemany(_SQL_INSERT, rows)
-            if texts:
-                docs = [(first + offset, role, ts, body) for offset, (_, role, ts, body) in texts]
-                _index_docs(conn, s, g, docs, state)
+            conn.executemany(_SQL_INSERT, rows)
+            (top,) = conn.execute("SELECT max(id) FROM entries").fetchone()
+            if rows and top - self._wm >= SEARCH_BATCH:
+                self._wm = _catch_up(conn)
+        self._remember((uuid.UUID(s), uuid.UUID(g)), s, g, first + len(rows))
         return first
+
+    def _remember(self, key: tuple[SessionId, SegmentId], s: str, g: str, next_seq: int) -> None:
+        """Note that the segment (ids ``key``, as text ``s`` and ``g``) reached ``next_seq``:
+        the guess for this store's next append to it. A guess only: the insert checks it."""
+        seen = self._seen
+        with self._lock:
+            known = seen.get(key)
+            if known is None or next_seq > known[2]:
+                seen[key] = (s, g, next_seq)
+            seen.move_to_end(key)
+            if len(seen) > _SEEN_CACHE:
+                seen.popitem(last=False)
 
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
@@ -561,11 +622,11 @@ class SqliteStore:
 
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
         """The seq the next append gets."""
+        s, g = str(session_id), str(segment_id)
         with self._read() as conn:
-            last = conn.execute(_SQL_MAX_SEQ, (str(session_id), str(segment_id))).fetchone()[0]
-        if last is None:
-            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
-        return int(last) + 1
+            next_seq = _next_seq(conn, s, g)
+        self._remember((session_id, segment_id), s, g, next_seq)
+        return next_seq
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
         """The session's segment ids, oldest first (UUIDv7 order)."""
@@ -605,6 +666,36 @@ class SqliteStore:
                 )
         return [codec.decode(row[0]) for row in rows]
 
+    def _catch_up(self, at_least: int = 1) -> None:
+        """Bring the derived tables up to every entry if ``at_least`` entries wait for them."""
+        with self._read() as conn:
+            wm, top = conn.execute(_SQL_PENDING).fetchone()
+        self._wm = wm
+        if (top or 0) - wm >= at_least:
+            with self._write() as conn:
+                self._wm = _catch_up(conn)
+
+    def reindex(self) -> int:
+        """Rebuild the derived tables (search index, listing counts) from the entries.
+
+        Returns:
+            The number of contexts.
+        """
+        with self._write() as conn:
+            conn.execute("DELETE FROM search_docs")
+            for table in ("search_fts", "search_recent"):
+                conn.execute(f"INSERT INTO {table} ({table}) VALUES ('delete-all')")
+            conn.execute("UPDATE search_meta SET wm = 0, hw = 0, floor = 1")
+            _catch_up(conn, counts=False)
+            heads = conn.execute("SELECT session_id, segment_id FROM contexts").fetchall()
+            for s, g in heads:
+                count, last = _segment_summary(conn, s, g)
+                conn.execute(
+                    "UPDATE contexts SET message_count = ?, last_active = ? WHERE session_id = ?",
+                    (count, last, s),
+                )
+        return len(heads)
+
     def close(self) -> None:
         """Close every idle connection; connections in use close when their call returns."""
         with self._lock:
@@ -635,6 +726,14 @@ def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> str:
         delay = min(delay * 2, 0.05)
 
 
+def _next_seq(conn: sqlite3.Connection, session: str, segment: str) -> int:
+    """The seq the segment's next entry gets; SegmentNotFound if there is no such segment."""
+    last = conn.execute(_SQL_MAX_SEQ, (session, segment)).fetchone()[0]
+    if last is None:
+        raise SegmentNotFound(f"segment {segment} of session {session} does not exist")
+    return int(last) + 1
+
+
 def _segment_exists(conn: sqlite3.Connection, session_id: SessionId, segment_id: SegmentId) -> bool:
     return (
         conn.execute(_SQL_SEGMENT_EXISTS, (str(session_id), str(segment_id))).fetchone() is not None
@@ -654,22 +753,27 @@ _HEADER_FIELDS = (
     "CASE WHEN json_type(h.line, '$.history') IS NOT 'array' THEN json_extract(h.line, "
     "'$.history', '$.origin.kind', '$.origin.parent', '$.origin.at_seq') END"
 )
-_SQL_SUMMARIES = (
-    "SELECT c.context, c.created_at, c.updated_at, c.session_id, c.segment_id, "
-    "(SELECT count(*) FROM entries e WHERE e.session_id = c.session_id "
-    "AND e.segment_id = c.segment_id AND e.seq > 0 "
-    "AND e.kind IN ('user_input', 'item', 'system_item')), "
-    "(SELECT e.ts FROM entries e WHERE e.session_id = c.session_id "
-    "AND e.segment_id = c.segment_id ORDER BY e.seq DESC LIMIT 1), "
-    f"{_HEADER_FIELDS} FROM contexts c JOIN entries h ON h.session_id = c.session_id "
-    "AND h.segment_id = c.segment_id AND h.seq = 0"
-)
+# Of one segment up to seq ?3: its history items among the entries, its last entry's time and
+# its header's history (see _HEADER_FIELDS).
 _SQL_PREFIX = (
     "SELECT (SELECT count(*) FROM entries e WHERE e.session_id = ?1 AND e.segment_id = ?2 "
-    "AND e.seq BETWEEN 1 AND ?3 AND e.kind IN ('user_input', 'item', 'system_item')), "
-    f"{_HEADER_FIELDS} FROM entries h WHERE h.session_id = ?1 AND h.segment_id = ?2 "
-    "AND h.seq = 0"
+    f"AND e.seq BETWEEN 1 AND ?3 AND e.kind IN {_HISTORY_SQL}), "
+    "(SELECT e.ts FROM entries e WHERE e.session_id = ?1 AND e.segment_id = ?2 "
+    f"AND e.seq <= ?3 ORDER BY e.seq DESC LIMIT 1), {_HEADER_FIELDS} "
+    "FROM entries h WHERE h.session_id = ?1 AND h.segment_id = ?2 AND h.seq = 0"
 )
+
+
+def _segment_summary(conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, str]:
+    """A segment's history items, as a restore would count them, and its last entry's time.
+
+    O(entries of the segment): for heads that are set, never on the append path.
+    """
+    row = conn.execute(_SQL_PREFIX, (session, segment, _MAX_SEQ)).fetchone()
+    if row is None:  # no header: the segment is damaged; count nothing rather than fail
+        return 0, ""
+    items, last, *header = row
+    return items + _header_items(conn, session, header), last or ""
 
 
 def _header_items(conn: sqlite3.Connection, session: str, header: Sequence[Any]) -> int:
@@ -692,11 +796,11 @@ def _header_items(conn: sqlite3.Connection, session: str, header: Sequence[Any])
         if row is None:
             return count
         count += row[0]
-        header = row[1:]
+        header = row[2:]
     return count
 
 
-# --------------------------------------------------------------------------- search
+# --------------------------------------------------------------------------- derived state
 
 # A history item as indexed: (seq, role, ts, body as indexed by ``prepare_text``).
 _Doc = tuple[int, str, str, str]
@@ -716,12 +820,18 @@ def _doc(seq: int, item: Any, ts: str) -> _Doc | None:
     return seq, role if role in ROLES else "other", ts, prepare_text(text)
 
 
-def _header_docs(line: Mapping[str, Any]) -> list[_Doc]:
-    """The history a header carries (a compaction's summary, an import), all with seq 0."""
-    history = line.get("history")
+def _line_docs(seq: int, line: Any) -> list[_Doc]:
+    """The history items an entry line holds with text: a header's history (all with seq 0,
+    a compaction's summary or an import), or one item."""
+    if not isinstance(line, dict):
+        return []
     ts = str(line.get("ts", ""))
-    docs = (_doc(0, item, ts) for item in (history if isinstance(history, list) else ()))
-    return [doc for doc in docs if doc is not None]
+    if seq == 0:
+        history = line.get("history")
+        docs = (_doc(0, item, ts) for item in (history if isinstance(history, list) else ()))
+        return [doc for doc in docs if doc is not None]
+    doc = _doc(seq, line.get("item"), ts)
+    return [] if doc is None else [doc]
 
 
 def _tags(session: str, role: str, type: str | None) -> str:
@@ -730,51 +840,73 @@ def _tags(session: str, role: str, type: str | None) -> str:
     return f"s{session.replace('-', '')} r{role} t{(type or '').encode().hex()}"
 
 
-def _index_docs(
-    conn: sqlite3.Connection,
-    session: str,
-    segment: str,
-    docs: Sequence[_Doc],
-    state: Sequence[Any] | None = None,
-) -> None:
-    """Index ``docs`` in the caller's write transaction (see "Search" in the docstring).
+def _catch_up(conn: sqlite3.Connection, *, counts: bool = True) -> int:
+    """Bring the derived tables up to every entry (in the caller's write transaction); return
+    the newest entry id, which they have now read.
 
-    ``state`` is (hw, floor, the session's type, the highest item id) if the caller read it.
+    Reads the entries above ``wm``: adds their history items to ``search_docs`` and both
+    FTS5 tables, and (with ``counts``) their history items and last time to the listing
+    counts of the heads they extend. See "Derived state" in the module docstring.
     """
-    if not docs:
-        return
-    if state is None:
-        state = conn.execute(
-            "SELECT hw, floor, (SELECT type FROM contexts WHERE session_id = ?), "
-            "(SELECT max(id) FROM search_docs) FROM search_meta",
-            (session,),
-        ).fetchone()
-    hw, floor, type, top = state
-    # Past the high water too: ids below it would be taken for items already in search_fts.
-    first = max(hw, top or 0) + 1
-    tags = {role: _tags(session, role, type) for role in {doc[1] for doc in docs}}
-    rows = [
-        (first + i, session, segment, seq, role, ts, body, tags[role])
-        for i, (seq, role, ts, body) in enumerate(docs)
-    ]
-    last = first + len(rows) - 1
-    if len(rows) == 1:
-        conn.execute(_SQL_INSERT_DOC, rows[0])
-    else:
-        conn.executemany(_SQL_INSERT_DOC, rows)
-    if last - hw < SEARCH_BATCH:
-        if len(rows) == 1:
-            conn.execute(_SQL_INSERT_RECENT, (first, rows[0][6], rows[0][7]))
-        else:
-            conn.executemany(_SQL_INSERT_RECENT, [(row[0], row[6], row[7]) for row in rows])
-        return
-    # Move everything up to ``last`` into search_fts in one batch, and let the oldest items
-    # out of search_recent once it holds a batch more than it must.
-    conn.execute(
-        "INSERT INTO search_fts (rowid, body, tags) "
-        "SELECT id, body, tags FROM search_docs WHERE id > ? AND id <= ?",
-        (hw, last),
+    wm, hw, floor = conn.execute("SELECT wm, hw, floor FROM search_meta").fetchone()
+    (top,) = conn.execute("SELECT max(id) FROM entries").fetchone()
+    if top is None or top <= wm:
+        return int(wm)
+    if counts:
+        # Per segment: the bare ``ts`` comes from the row of max(id), its last entry.
+        conn.executemany(
+            "UPDATE contexts SET message_count = message_count + ?, last_active = ? "
+            "WHERE session_id = ? AND segment_id = ?",
+            [
+                (items, ts, s, g)
+                for s, g, _, ts, items in conn.execute(
+                    "SELECT session_id, segment_id, max(id), ts, "
+                    f"sum(seq > 0 AND kind IN {_HISTORY_SQL}) FROM entries WHERE id > ? "
+                    "GROUP BY session_id, segment_id",
+                    (wm,),
+                )
+            ],
+        )
+    types: dict[str, str | None] = {}
+    docs: list[tuple[Any, ...]] = []
+    pending = conn.execute(
+        "SELECT session_id, segment_id, seq, line FROM entries "
+        f"WHERE id > ? AND (seq = 0 OR kind IN {_HISTORY_SQL}) ORDER BY id",
+        (wm,),
     )
+    for s, g, seq, text in pending:
+        try:
+            line = codec.decode(text)
+        except msgspec.DecodeError:
+            continue  # a damaged line holds nothing to find; reading the segment reports it
+        for doc_seq, role, ts, body in _line_docs(seq, line):
+            if s not in types:
+                row = conn.execute("SELECT type FROM contexts WHERE session_id = ?", (s,))
+                found = row.fetchone()
+                types[s] = None if found is None else found[0]
+            docs.append((s, g, doc_seq, role, ts, body, _tags(s, role, types[s])))
+    hw, floor = _add_docs(conn, docs, hw, floor)
+    conn.execute("UPDATE search_meta SET wm = ?, hw = ?, floor = ?", (top, hw, floor))
+    return int(top)
+
+
+def _add_docs(
+    conn: sqlite3.Connection, docs: Sequence[tuple[Any, ...]], hw: int, floor: int
+) -> tuple[int, int]:
+    """Index ``docs`` (session, segment, seq, role, ts, body, tags) as items ``hw + 1``...
+    in both FTS5 tables; return the new ``hw`` and ``floor``."""
+    if not docs:
+        return hw, floor
+    first = hw + 1
+    conn.executemany(_SQL_INSERT_DOC, [(first + i, *doc) for i, doc in enumerate(docs)])
+    last = first + len(docs) - 1
+    conn.execute(
+        "INSERT INTO search_fts (rowid, body, tags) SELECT id, body, tags FROM search_docs "
+        "WHERE id >= ?",
+        (first,),
+    )
+    # search_recent keeps the newest SEARCH_RECENT items, letting the oldest out a batch at a
+    # time once it holds a batch more than it must.
     new_floor = floor
     if last - floor + 1 > SEARCH_RECENT + SEARCH_BATCH:
         new_floor = last - SEARCH_RECENT + 1
@@ -783,40 +915,41 @@ def _index_docs(
             "SELECT 'delete', id, body, tags FROM search_docs WHERE id >= ? AND id < ?",
             (floor, min(new_floor, first)),
         )
-    conn.executemany(
-        _SQL_INSERT_RECENT, [(row[0], row[6], row[7]) for row in rows if row[0] >= new_floor]
+    conn.execute(
+        "INSERT INTO search_recent (rowid, body, tags) SELECT id, body, tags FROM search_docs "
+        "WHERE id >= ?",
+        (max(first, new_floor),),
     )
-    conn.execute("UPDATE search_meta SET hw = ?, floor = ?", (last, new_floor))
+    return last, new_floor
 
 
 def _unindex_session(conn: sqlite3.Connection, session_id: str) -> None:
     """Remove a session's items from the search tables (in the caller's transaction).
 
-    The items are found through their session tag in the FTS5 tables (every item is in one
-    of them or both), which spares ``search_docs`` an index on ``session_id`` that every
-    append would pay to update.
+    The items are found through their session tag in ``search_fts``, which holds every
+    item; this spares ``search_docs`` an index on ``session_id`` that every item would pay
+    to update.
     """
     tag = f'tags : "s{session_id.replace("-", "")}"'
-    found = {
-        table: [
-            row[0]
-            for row in conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ?", (tag,))
-        ]
-        for table in ("search_fts", "search_recent")
-    }
-    for table, ids in found.items():
-        if ids:  # external content: FTS5 needs the old values to remove an item's tokens
-            conn.execute(
-                f"INSERT INTO {table} ({table}, rowid, body, tags) SELECT 'delete', id, body, "
-                "tags FROM search_docs WHERE id IN (SELECT value FROM json_each(?))",
-                (json.dumps(ids),),
-            )
-    ids = sorted(set(found["search_fts"]).union(found["search_recent"]))
-    if ids:
+    ids = [
+        row[0]
+        for row in conn.execute("SELECT rowid FROM search_fts WHERE search_fts MATCH ?", (tag,))
+    ]
+    if not ids:
+        return
+    (floor,) = conn.execute("SELECT floor FROM search_meta").fetchone()
+    found = json.dumps(ids)
+    for table, low in (("search_fts", 0), ("search_recent", floor)):
+        # External content: FTS5 needs the old values to remove an item's tokens.
         conn.execute(
-            "DELETE FROM search_docs WHERE id IN (SELECT value FROM json_each(?))",
-            (json.dumps(ids),),
+            f"INSERT INTO {table} ({table}, rowid, body, tags) SELECT 'delete', id, body, "
+            "tags FROM search_docs WHERE id IN (SELECT value FROM json_each(?)) AND id >= ?",
+            (found, low),
         )
+    conn.execute("DELETE FROM search_docs WHERE id IN (SELECT value FROM json_each(?))", (found,))
+
+
+# --------------------------------------------------------------------------- search
 
 
 def _search(conn: sqlite3.Connection, q: SearchQuery, phrases: list[str]) -> list[SearchHit]:
@@ -833,27 +966,25 @@ def _search(conn: sqlite3.Connection, q: SearchQuery, phrases: list[str]) -> lis
     if q.role is not None:
         filters += f' AND tags : "r{q.role}"'
     match = f"body : ({' '.join(phrases)}){filters}"
-    hw, floor, lowest = conn.execute(
-        "SELECT hw, floor, (SELECT min(id) FROM search_docs) FROM search_meta"
+    floor, lowest = conn.execute(
+        "SELECT floor, (SELECT min(id) FROM search_docs) FROM search_meta"
     ).fetchone()
     if lowest is None:
         return []
-    ranked = _rank(conn, q, phrases, filters, whole=floor <= lowest, hw=hw)
+    # While search_recent holds every item it alone answers (bm25 over all items, as FsStore's
+    # index computes it); else search_fts, which always holds every item.
+    table = "search_recent" if floor <= lowest else "search_fts"
+    ranked = _rank(conn, q, phrases, filters, table)
     if not ranked:
         return []
     ids = [rowid for rowid, _ in ranked]
-    snippets: dict[int, str] = {}
-    in_recent = [rowid for rowid in ids if floor <= lowest or rowid > hw]
-    in_fts = [rowid for rowid in ids if not (floor <= lowest or rowid > hw)]
-    for table, some in (("search_recent", in_recent), ("search_fts", in_fts)):
-        if some:  # CROSS JOIN: FTS5 gets one rowid at a time, never the whole match
-            snippets.update(
-                conn.execute(
-                    f"SELECT f.rowid, snippet({table}, 0, ?, ?, ?, ?) FROM json_each(?) AS j "
-                    f"CROSS JOIN {table} AS f WHERE f.rowid = j.value AND {table} MATCH ?",
-                    (_OPEN, _CLOSE, _ELLIPSIS, _SNIPPET_TOKENS, json.dumps(some), match),
-                )
-            )
+    snippets = dict(  # CROSS JOIN: FTS5 gets one rowid at a time, never the whole match
+        conn.execute(
+            f"SELECT f.rowid, snippet({table}, 0, ?, ?, ?, ?) FROM json_each(?) AS j "
+            f"CROSS JOIN {table} AS f WHERE f.rowid = j.value AND {table} MATCH ?",
+            (_OPEN, _CLOSE, _ELLIPSIS, _SNIPPET_TOKENS, json.dumps(ids), match),
+        )
+    )
     marks = ",".join("?" * len(ids))
     meta = {
         row[0]: (row[1], row[2][:10], *row[3:])  # the date is the creation date
@@ -868,35 +999,15 @@ def _search(conn: sqlite3.Connection, q: SearchQuery, phrases: list[str]) -> lis
 
 
 def _rank(
-    conn: sqlite3.Connection,
-    q: SearchQuery,
-    phrases: list[str],
-    filters: str,
-    *,
-    whole: bool,
-    hw: int,
+    conn: sqlite3.Connection, q: SearchQuery, phrases: list[str], filters: str, table: str
 ) -> list[tuple[int, float]]:
-    """The best (rowid, score) pairs, as ``FsStore``'s index ranks them.
-
-    ``whole``: search_recent holds every item, so it alone answers (exactly bm25 over all).
-    Else search_fts answers for items up to ``hw`` and search_recent for the newer ones.
-    """
-    big = "search_recent" if whole else "search_fts"
+    """The best (rowid, score) pairs, as ``FsStore``'s index ranks them, from ``table``."""
     match = f"body : ({' '.join(phrases)}){filters}"
-
-    def everything(floor: int | None) -> list[tuple[int, float]]:
-        rows = _ranked(conn, big, match, q, floor)
-        if whole:
-            return rows
-        # The newest items, not yet in search_fts: few, and ranked with search_recent's
-        # statistics, which over that many items differ little from search_fts's.
-        return _merge(rows, _ranked(conn, "search_recent", match, q, hw + 1), q.limit)
-
     window = max(RANK_WINDOW, q.limit)
     newest = [
         row[0]
         for row in conn.execute(
-            f"SELECT rowid FROM {big} WHERE {big} MATCH ? ORDER BY rowid DESC LIMIT ?",
+            f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rowid DESC LIMIT ?",
             (match, window + 1),
         )
     ]
@@ -904,22 +1015,20 @@ def _rank(
         # bm25 computes each phrase's idf from all of its matches: 40 ns a row, 35 ms for a
         # word in most of 1M items, and the same for a filter's tag. So rank with the terms
         # that are not common: tags weigh nothing in bm25 and common words next to nothing.
-        rare = [p for p in phrases if _bound(conn, big, f"body : {p}", window) is None]
+        rare = [p for p in phrases if _bound(conn, table, f"body : {p}", window) is None]
         if not rare or (len(rare) == len(phrases) and not filters):
-            return everything(None)
-        found = None if q.since is not None else set(newest)
-        rank = f"body : ({' '.join(rare)})"
-        return _rank_matches(conn, q, match, rank, big, whole, hw, found)
-    bound = newest[-1]
+            return _ranked(conn, table, match, q, None)
+        found = None if q.since is not None else newest
+        return _rank_matches(conn, q, match, f"body : ({' '.join(rare)})", table, found)
     # A common query: rank its most recent matches, where bm25's idf is cheap to compute.
     recent = _bound(conn, "search_recent", match, window)
     rows = _ranked(conn, "search_recent", match, q, recent)
     if len(rows) >= q.limit:
         return rows
-    rows = everything(bound)
+    rows = _ranked(conn, table, match, q, newest[-1])
     if len(rows) >= q.limit or q.since is None:
         return rows
-    return everything(None)
+    return _ranked(conn, table, match, q, None)
 
 
 def _rank_matches(
@@ -927,36 +1036,28 @@ def _rank_matches(
     q: SearchQuery,
     match: str,
     rank: str,
-    big: str,
-    whole: bool,
-    hw: int,
-    in_big: set[int] | None,
+    table: str,
+    found: list[int] | None,
 ) -> list[tuple[int, float]]:
     """Rank the few items that ``match`` finds by the bm25 of ``rank``, a part of it whose
-    phrases each have few matches (so computing their idf is cheap). ``in_big``: the
-    matches in ``big``, if the caller has them."""
-    tables = [(big, None)] if whole else [(big, None), ("search_recent", hw + 1)]
-    scored: list[tuple[int, float]] = []
-    for table, floor in tables:
-        found = in_big if table == big and in_big is not None else None
-        if found is None:
-            found = {rowid for rowid, _ in _ranked(conn, table, match, q, floor, ranked=False)}
-        if not found:
-            continue
-        # Score every item ``rank`` finds (few) and keep the best of those ``match`` found,
-        # all inside SQLite.
-        above = f" AND {table}.rowid >= {int(floor)}" if floor is not None else ""
-        scored += [
-            (rowid, -score)
-            for rowid, score in conn.execute(
-                f"WITH r AS MATERIALIZED (SELECT {table}.rowid AS id, bm25({table}, 1.0, 0.0) "
-                f"AS score FROM {table} WHERE {table} MATCH ?{above} "
-                f"ORDER BY {table}.rowid DESC LIMIT {_NO_LIMIT}) SELECT id, score FROM r "
-                "WHERE id IN (SELECT value FROM json_each(?)) ORDER BY score, id DESC LIMIT ?",
-                (rank, json.dumps(sorted(found)), q.limit),
-            )
-        ]
-    return sorted(scored, key=lambda pair: (-pair[1], -pair[0]))[: q.limit]
+    phrases each have few matches (so computing their idf is cheap). ``found``: the items
+    ``match`` finds, if the caller has them."""
+    if found is None:
+        found = [rowid for rowid, _ in _ranked(conn, table, match, q, None, ranked=False)]
+    if not found:
+        return []
+    # Score every item ``rank`` finds (few) and keep the best of those ``match`` found, all
+    # inside SQLite.
+    return [
+        (rowid, -score)
+        for rowid, score in conn.execute(
+            f"WITH r AS MATERIALIZED (SELECT {table}.rowid AS id, bm25({table}, 1.0, 0.0) "
+            f"AS score FROM {table} WHERE {table} MATCH ? "
+            f"ORDER BY {table}.rowid DESC LIMIT {_NO_LIMIT}) SELECT id, score FROM r "
+            "WHERE id IN (SELECT value FROM json_each(?)) ORDER BY score, id DESC LIMIT ?",
+            (rank, json.dumps(found), q.limit),
+        )
+    ]
 
 
 def _bound(conn: sqlite3.Connection, table: str, match: str, window: int) -> int | None:
@@ -998,13 +1099,6 @@ def _ranked(
         sql = f"WITH w AS MATERIALIZED ({sql}) SELECT id, r FROM w ORDER BY r, id DESC LIMIT ?"
         args.append(q.limit)
     return [(rowid, -rank) for rowid, rank in conn.execute(sql, args)]
-
-
-def _merge(
-    first: Iterable[tuple[int, float]], second: Iterable[tuple[int, float]], limit: int
-) -> list[tuple[int, float]]:
-    """The best ``limit`` of two ranked lists (ties: the newer item first, as FTS5 orders)."""
-    return sorted((*first, *second), key=lambda pair: (-pair[1], -pair[0]))[:limit]
 
 
 # --------------------------------------------------------------------------- migrations
@@ -1138,15 +1232,7 @@ def m003_search(conn: sqlite3.Connection) -> None:
         "WHERE seq = 0 OR kind IN ('user_input', 'item', 'system_item') ORDER BY rowid"
     )
     for session_id, segment_id, seq, text in cursor:
-        line = codec.decode(text)
-        if not isinstance(line, dict):
-            continue
-        if seq == 0:
-            docs = _header_docs(line)
-        else:
-            doc = _doc(seq, line.get("item"), str(line.get("ts", "")))
-            docs = [doc] if doc is not None else []
-        for seq_, role, ts, body in docs:
+        for seq_, role, ts, body in _line_docs(seq, codec.decode(text)):
             tags = _tags(session_id, role, types.get(session_id))
             rows.append((len(rows) + 1, session_id, segment_id, seq_, role, ts, body, tags))
     conn.executemany(_SQL_INSERT_DOC, rows)
@@ -1156,3 +1242,50 @@ def m003_search(conn: sqlite3.Connection) -> None:
     )
     for table in ("search_fts", "search_recent"):
         conn.execute(f"INSERT INTO {table} ({table}) VALUES ('rebuild')")
+
+
+@MIGRATIONS
+def m004_derived_state(conn: sqlite3.Connection) -> None:
+    """Entries get a stable arrival id, up to which the derived tables (search, listing
+    counts on the heads) are brought in batches instead of in every append."""
+    conn.execute(
+        """CREATE TABLE entries_by_id (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            segment_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            ts TEXT NOT NULL,
+            line TEXT NOT NULL,
+            UNIQUE (session_id, segment_id, seq)
+        )"""
+    )
+    # The rowids are the arrival order; as an INTEGER PRIMARY KEY they survive a VACUUM.
+    conn.execute(
+        "INSERT INTO entries_by_id SELECT rowid, session_id, segment_id, seq, kind, ts, line "
+        "FROM entries ORDER BY rowid"
+    )
+    conn.execute("DROP TABLE entries")
+    conn.execute("ALTER TABLE entries_by_id RENAME TO entries")
+    conn.execute("ALTER TABLE contexts ADD COLUMN message_count INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE contexts ADD COLUMN last_active TEXT NOT NULL DEFAULT ''")
+    for s, g in conn.execute("SELECT session_id, segment_id FROM contexts").fetchall():
+        count, last = _segment_summary(conn, s, g)
+        conn.execute(
+            "UPDATE contexts SET message_count = ?, last_active = ? WHERE session_id = ?",
+            (count, last, s),
+        )
+    # Until now only search_recent held the newest items; from here on search_fts holds every
+    # item up to hw, and hw is the newest.
+    conn.execute("ALTER TABLE search_meta ADD COLUMN wm INTEGER NOT NULL DEFAULT 0")
+    (hw,) = conn.execute("SELECT hw FROM search_meta").fetchone()
+    (top,) = conn.execute("SELECT max(id) FROM search_docs").fetchone()
+    if top is not None and top > hw:
+        conn.execute(
+            "INSERT INTO search_fts (rowid, body, tags) SELECT id, body, tags FROM search_docs "
+            "WHERE id > ?",
+            (hw,),
+        )
+        conn.execute("UPDATE search_meta SET hw = ?", (top,))
+    # Every entry there is was indexed when it was appended.
+    conn.execute("UPDATE search_meta SET wm = (SELECT coalesce(max(id), 0) FROM entries)")
