@@ -335,6 +335,70 @@ def test_postgres_migrates_from_oldest_schema(pg: tuple[Any, str], pg_database: 
 
 
 @pytest.mark.postgres
+def test_postgres_m004_counts_forks_and_keeps_search(pg: tuple[Any, str], pg_database: str) -> None:  # noqa: F811
+    """A schema at m003 with a chain of forks is upgraded: each segment's row gets its tail,
+    counts and a base that follows the forks, the index keeps what m003 indexed, and later
+    appends are counted and found."""
+    from terrarium.stores import postgres
+
+    conn, schema = pg
+    postgres.migrate(conn, schema, where="old", stop_after="m002_traces")
+    q = f'"{schema}"'
+    root, fork, fork2 = uuid.UUID(int=21), uuid.UUID(int=22), uuid.UUID(int=23)
+    item = {"role": "user", "content": "old words"}
+    segments = {
+        root: [HEADER | {"segment_id": str(root), "history": [item]}, ENTRY, ENTRY | {"seq": 2}],
+        fork: [
+            HEADER
+            | {"segment_id": str(fork), "history": None}
+            | {"origin": {"kind": "fork", "parent": str(root), "at_seq": 1}},
+            ENTRY,
+        ],
+        fork2: [
+            HEADER
+            | {"segment_id": str(fork2), "history": None}
+            | {"origin": {"kind": "fork", "parent": str(fork), "at_seq": None}},
+        ],
+    }
+    conn.execute(
+        f"INSERT INTO {q}.contexts VALUES ('cli:old', 'cli', %s, %s, %s, %s)",
+        (SESSION, fork2, TS, TS),
+    )
+    conn.execute(f"INSERT INTO {q}.sessions VALUES (%s, 'cli:old', %s)", (SESSION, TS))
+    for segment, lines in segments.items():
+        conn.execute(f"INSERT INTO {q}.segments VALUES (%s, %s, %s)", (SESSION, segment, TS))
+        for line in lines:
+            text = codec.encode(line).decode()
+            conn.execute(
+                f"INSERT INTO {q}.entries VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s)",
+                (SESSION, segment, line["seq"], line["kind"], TS, text, text),
+            )
+    postgres.migrate(conn, schema, where="old", stop_after="m003_search")
+    with postgres.PostgresStore(pg_database, schema=schema) as store:
+        assert _pg_names(conn, schema) == postgres.MIGRATIONS.names
+        rows = conn.execute(
+            f"SELECT segment_id, next_seq, items, base_items, indexed_seq, dirty, type "
+            f"FROM {q}.segments ORDER BY segment_id"
+        ).fetchall()
+        assert rows == [
+            (root, 3, 2, 1, 2, False, "cli"),
+            (fork, 2, 1, 2, 1, False, "cli"),
+            (fork2, 1, 0, 3, 0, False, "cli"),
+        ]
+        [summary] = store.list_contexts_fast()
+        state = restore(store, ContextId("cli", "old"))
+        assert summary.message_count == len(state.history) == 3
+        assert {(h.segment_id, h.seq) for h in store.search(SearchQuery("old words"))} == {
+            (root, 0)
+        }
+        head = store.get_head(ContextId("cli", "old"))
+        assert head is not None
+        save_user_input(store, head, "new words")
+        assert store.list_contexts_fast()[0].message_count == 4
+        assert [(h.segment_id, h.seq) for h in store.search(SearchQuery("new"))] == [(fork2, 1)]
+
+
+@pytest.mark.postgres
 def test_postgres_refuses_newer_schema(pg: tuple[Any, str], pg_database: str) -> None:  # noqa: F811
     """A schema with a migration unknown to this version is refused on open."""
     from terrarium.stores import postgres

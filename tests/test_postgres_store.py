@@ -31,7 +31,7 @@ from terrarium.sessions import (  # noqa: E402
     ensure_head_or_fork,
     restore,
 )
-from terrarium.stores.base import NewEntry, PodActiveSegmentRef  # noqa: E402
+from terrarium.stores.base import NewEntry, PodActiveSegmentRef, SearchQuery  # noqa: E402
 from terrarium.stores.memory import MemoryStore  # noqa: E402
 from terrarium.stores.postgres import PostgresStore, _lock_key  # noqa: E402
 
@@ -64,9 +64,9 @@ def _entry(token: str) -> NewEntry:
     return NewEntry("item", TS, {"item": {"role": "assistant", "content": token}, "token": token})
 
 
-def test_lines_are_stored_exactly_beside_jsonb(store: PostgresStore, sql: Any) -> None:
-    """line keeps the JSON byte for byte; body is JSONB of it (NULL where JSONB cannot hold
-    it: a NUL character); reads equal MemoryStore's, key order included."""
+def test_lines_are_stored_exactly(store: PostgresStore, sql: Any) -> None:
+    """line keeps the JSON byte for byte, a NUL character (which JSONB cannot hold) included;
+    reads equal MemoryStore's, key order included; line::jsonb serves ad hoc queries."""
     memory = MemoryStore()
     header = {
         "v": 1,
@@ -86,14 +86,14 @@ def test_lines_are_stored_exactly_beside_jsonb(store: PostgresStore, sql: Any) -
     want = memory.read_segment(uuid.UUID(int=1), uuid.UUID(int=2))
     assert got == want
     assert [list(line) for line in got.entries] == [list(line) for line in want.entries]
-    rows = sql.execute("SELECT seq, kind, ts, line, body FROM entries ORDER BY seq").fetchall()
+    rows = sql.execute("SELECT seq, kind, ts, line FROM entries ORDER BY seq").fetchall()
     assert [r[3] for r in rows] == [
         codec.encode(line).decode() for line in [want.header, *want.entries]
     ]
     assert rows[1][1:3] == ("custom", TS)
-    assert rows[1][4] == want.entries[0]  # JSONB equal as data (its key order differs)
-    assert rows[2][4] is None  # JSONB cannot hold \u0000: the line alone is kept
-    hits = sql.execute('SELECT seq FROM entries WHERE body @> \'{"alpha": {"a": 1}}\'')
+    hits = sql.execute(
+        'SELECT seq FROM entries WHERE seq < 2 AND line::jsonb @> \'{"alpha": {"a": 1}}\''
+    )
     assert hits.fetchall() == [(1,)]
 
 
@@ -237,6 +237,77 @@ def test_schema_is_distributable_by_session(store: PostgresStore, sql: Any) -> N
         name = table.rsplit(".", 1)[-1].strip('"')
         if name not in ("contexts", "migrations"):
             assert first_column == "session_id", (table, first_column)
+
+
+def _waiting(sql: Any, segment_id: uuid.UUID) -> tuple[int, int, bool]:
+    row = sql.execute(
+        "SELECT next_seq, indexed_seq, dirty FROM segments WHERE segment_id = %s", (segment_id,)
+    ).fetchone()
+    return row[0] - 1 - row[1], row[0], row[2]
+
+
+def test_search_index_catches_up_per_segment(
+    store: PostgresStore, sql: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends leave their items for the search index, marking the segment; a search reads
+    them first, and so does the append that leaves SEARCH_BATCH entries waiting."""
+    from terrarium.stores import postgres
+
+    monkeypatch.setattr(postgres, "SEARCH_BATCH", 4)
+    session_id, segment_id = create_segment(store, context=MAIN)
+    for token in ("alpha one", "alpha two"):
+        store.append(session_id, segment_id, [_entry(token)])
+    assert _waiting(sql, segment_id) == (2, 3, True)
+    assert sql.execute("SELECT count(*) FROM search_docs").fetchone() == (0,)
+    assert {h.seq for h in store.search(SearchQuery("alpha"))} == {1, 2}
+    assert _waiting(sql, segment_id) == (0, 3, False)
+    store.append(session_id, segment_id, [_entry(f"beta {i}") for i in range(3)])
+    assert _waiting(sql, segment_id) == (3, 6, True)
+    store.append(session_id, segment_id, [_entry("beta last")])  # the fourth waiting
+    assert _waiting(sql, segment_id) == (0, 7, False)
+    assert sql.execute("SELECT count(*) FROM search_docs").fetchone() == (6,)
+    assert store.catch_up() == 0  # nothing left to read
+
+
+def test_concurrent_catch_ups_index_each_item_once(store: PostgresStore, sql: Any) -> None:
+    """Threads appending to and searching many contexts at once: afterwards every item is
+    indexed exactly once and found."""
+    heads = [create_segment(store, context=ContextId("cli", f"c{i}")) for i in range(6)]
+    errors: list[BaseException] = []
+
+    def work(worker: int) -> None:
+        try:
+            for i in range(25):
+                session_id, segment_id = heads[(worker + i) % len(heads)]
+                store.append(session_id, segment_id, [_entry(f"gamma w{worker}x{i}")])
+                if i % 5 == 0:
+                    store.search(SearchQuery("gamma", limit=5))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    store.catch_up()
+    rows = sql.execute("SELECT body FROM search_docs").fetchall()
+    assert sorted(row[0] for row in rows) == sorted(
+        f"gamma w{w}x{i}" for w in range(4) for i in range(25)
+    )
+    assert [h.snippet for h in store.search(SearchQuery("gamma w2x7"))] == ["gamma w2x7"]
+
+
+def test_reindex_rebuilds_the_search_index(store: PostgresStore, sql: Any) -> None:
+    """reindex rebuilds every search row from the entries, headers' histories included."""
+    session_id, segment_id = create_segment(store, context=MAIN)
+    store.append(session_id, segment_id, [_entry("delta one"), _entry("delta two")])
+    before = store.search(SearchQuery("delta"))
+    sql.execute("DELETE FROM search_docs")
+    assert store.search(SearchQuery("delta")) == []  # the index says it read them
+    assert store.reindex() == 1
+    assert store.search(SearchQuery("delta")) == before
 
 
 # --------------------------------------------------------------------------- many processes

@@ -81,14 +81,17 @@ The server releases the lock if the holder's connection dies.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+import msgspec
 
 from terrarium import codec
 from terrarium.errors import (
@@ -140,6 +143,7 @@ __all__ = [
     "DEFAULT_SCHEMA",
     "MIGRATIONS",
     "RANK_WINDOW",
+    "SEARCH_BATCH",
     "PostgresStore",
     "migrate",
     "search_words",
@@ -156,7 +160,13 @@ _IDLE_LOCK_CONNECTIONS = 4
 
 #: Queries matching more items than this are ranked among their most recent matches.
 RANK_WINDOW = 5000
+#: An append that leaves this many of its segment's entries unread by the search index has
+#: the index read them (see "Search" in the module docstring).
+SEARCH_BATCH = 256
+_CATCH_UP_SEGMENTS = 500
+_NO_LIMIT = 2**62
 _HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
+_HISTORY_SQL = "('user_input', 'item', 'system_item')"
 # ts_headline: the same markers and about the same length as FsStore's FTS5 snippets.
 _HEADLINE_OPTIONS = (
     f'StartSel="{_OPEN}", StopSel="{_CLOSE}", MaxWords={_SNIPPET_TOKENS}, '
@@ -175,74 +185,43 @@ class _Sql:
 
     def __init__(self, schema: str) -> None:
         s = f'"{schema}"'
-        self.max_seq = f"SELECT max(seq) FROM {s}.entries WHERE session_id = %s AND segment_id = %s"
-        # One statement per append. The "checked" forms insert only if the entry before the
-        # first one exists; they are needed only when the store has not yet seen the segment
-        # reach that seq (seqs are never removed, so once seen, the entry is there for good).
-        body = r"CASE WHEN strpos({0}, E'\\u0000') > 0 THEN NULL ELSE {0}::jsonb END"
-        columns = f"INSERT INTO {s}.entries (session_id, segment_id, seq, kind, ts, body, line) "
-        prev_exists = (
-            f" WHERE EXISTS (SELECT 1 FROM {s}.entries WHERE session_id = %(session)s "
-            "AND segment_id = %(segment)s AND seq = %(prev)s)"
+        self.quoted = s
+        # One statement per append (see "Appends" in the module docstring): the segment's row
+        # moves its tail from the proposed first seq (compare-and-set, under the row's lock)
+        # and the entries go in only if it did. It answers how many entries now wait for the
+        # search index, or no row at all.
+        move = (
+            f"WITH seg AS (UPDATE {s}.segments SET next_seq = %(next)s, "
+            "items = items + %(items)s, last_ts = %(last_ts)s, dirty = true "
+            "WHERE session_id = %(session)s AND segment_id = %(segment)s "
+            "AND next_seq = %(first)s RETURNING next_seq - 1 - indexed_seq AS waiting), "
+            f"ins AS (INSERT INTO {s}.entries (session_id, segment_id, seq, kind, ts, line) "
         )
-        one = (
-            "SELECT %(session)s, %(segment)s, %(seq)s, %(kind)s, %(ts)s, "
-            f"{body.format('%(line)s')}, %(line)s"
+        self.append_one = (
+            f"{move}SELECT %(session)s, %(segment)s, %(first)s, %(kind)s, %(ts)s, %(line)s "
+            "FROM seg) SELECT waiting FROM seg"
         )
         # Many rows travel as binary arrays (no quoting of the JSON on either side); the
         # statement text stays constant, so psycopg prepares it once per connection.
-        many = (
-            f"SELECT %(session)s, %(segment)s, e.seq, e.kind, e.ts, {body.format('e.line')}, "
-            "e.line FROM unnest(%(seqs)b::int[], %(kinds)b::text[], %(tss)b::text[], "
-            "%(lines)b::text[]) AS e(seq, kind, ts, line)"
+        self.append_many = (
+            f"{move}SELECT %(session)s, %(segment)s, e.seq, e.kind, e.ts, e.line FROM seg, "
+            "unnest(%(seqs)b::int[], %(kinds)b::text[], %(tss)b::text[], %(lines)b::text[]) "
+            "AS e(seq, kind, ts, line)) SELECT waiting FROM seg"
         )
-        self.append = {
-            (True, False): columns + one,
-            (True, True): columns + one + prev_exists,
-            (False, False): columns + many,
-            (False, True): columns + many + prev_exists,
-        }
-        # Appends with history items index them in the same statement (one round trip): the
-        # entries' insert is a CTE, the items are inserted for the seqs it returned, and the
-        # statement answers how many entries went in. The session's type comes from its
-        # ``sessions`` row, which is on the same shard (no join across sessions).
-        doc_columns = (
-            f"INSERT INTO {s}.search_docs (session_id, segment_id, seq, n, type, role, ts, "
-            "body, words) SELECT %(session)s, %(segment)s, "
+        self.next_seq = (
+            f"SELECT next_seq FROM {s}.segments WHERE session_id = %s AND segment_id = %s"
         )
-        # coalesce: with no such session, the foreign key reports it (SegmentNotFound).
-        session_type = (
-            f"coalesce((SELECT split_part(context, ':', 1) FROM {s}.sessions "
-            "WHERE session_id = %(session)s), '')"
+        self.segment_counts = (
+            f"SELECT base_items, items, next_seq FROM {s}.segments "
+            "WHERE session_id = %s AND segment_id = %s"
         )
-        one_doc = (
-            f"{doc_columns}i.seq, 0, {session_type}, %(drole)s, %(ts)s, %(dbody)s, %(dwords)s "
-            "FROM inserted AS i"
-        )
-        many_docs = (
-            f"{doc_columns}x.seq, 0, {session_type}, x.role, x.ts, x.body, x.words "
-            "FROM unnest(%(dseqs)b::int[], %(droles)b::text[], %(dtss)b::text[], "
-            "%(dbodies)b::text[], %(dwords)b::text[]) AS x(seq, role, ts, body, words) "
-            "WHERE x.seq IN (SELECT seq FROM inserted)"
-        )
-        self.append_indexed = {
-            (single, checked): (
-                f"WITH inserted AS ({self.append[single, checked]} RETURNING seq), "
-                f"docs AS ({one_doc if single else many_docs}) SELECT count(*) FROM inserted"
-            )
-            for single in (True, False)
-            for checked in (True, False)
-        }
-        self.insert_header_docs = (
-            f"{doc_columns.replace('%(session)s, %(segment)s', '%s, %s')}0, x.n, "
-            f"coalesce((SELECT split_part(context, ':', 1) FROM {s}.sessions "
-            "WHERE session_id = %s), ''), x.role, %s, x.body, x.words "
-            "FROM unnest(%s::int[], %s::text[], %s::text[], %s::text[]) AS x(n, role, body, words)"
+        self.count_items = (
+            f"SELECT count(*) FROM {s}.entries WHERE session_id = %s AND segment_id = %s "
+            f"AND seq BETWEEN 1 AND %s AND kind IN {_HISTORY_SQL}"
         )
         self.insert_header = (
-            f"INSERT INTO {s}.entries (session_id, segment_id, seq, kind, ts, body, line) "
-            r"VALUES (%s, %s, 0, %s, %s, "
-            r"CASE WHEN strpos(%s, E'\\u0000') > 0 THEN NULL ELSE %s::jsonb END, %s)"
+            f"INSERT INTO {s}.entries (session_id, segment_id, seq, kind, ts, line) "
+            "VALUES (%s, %s, 0, %s, %s, %s)"
         )
         self.read = (
             f"SELECT line, (SELECT max(seq) FROM {s}.entries WHERE session_id = %(session)s "
@@ -257,6 +236,13 @@ class _Sql:
         self.list_heads = (
             f"SELECT context, session_id, segment_id, created_at, updated_at FROM {s}.contexts"
         )
+        # Every head with its segment's counts, ids as text (a ContextSummary holds text).
+        self.listing = (
+            "SELECT c.context, substr(c.created_at, 1, 10), g.base_items + g.items, g.last_ts, "
+            "c.created_at, c.updated_at, c.session_id::text, c.segment_id::text, c.type "
+            f"FROM {s}.contexts AS c JOIN {s}.segments AS g "
+            "ON g.session_id = c.session_id AND g.segment_id = c.segment_id"
+        )
         self.move_head = (
             f"UPDATE {s}.contexts SET segment_id = %s, updated_at = %s "
             "WHERE context = %s AND segment_id = %s"
@@ -264,7 +250,6 @@ class _Sql:
         self.segment_exists = (
             f"SELECT 1 FROM {s}.segments WHERE session_id = %s AND segment_id = %s"
         )
-        self.session_exists = f"SELECT 1 FROM {s}.sessions WHERE session_id = %s"
         self.insert_context = (
             f"INSERT INTO {s}.contexts (context, type, session_id, segment_id, created_at, "
             "updated_at) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (context) DO NOTHING"
@@ -273,12 +258,24 @@ class _Sql:
             f"INSERT INTO {s}.sessions (session_id, context, created_at) VALUES (%s, %s, %s) "
             "ON CONFLICT (session_id) DO NOTHING"
         )
+        # A new segment: its header (seq 0) is indexed with it, and it starts with
+        # ``base_items`` history items (see _base_items).
         self.insert_segment = (
-            f"INSERT INTO {s}.segments (session_id, segment_id, created_at) VALUES (%s, %s, %s) "
+            f"INSERT INTO {s}.segments (session_id, segment_id, created_at, type, base_items, "
+            "last_ts) VALUES (%s, %s, %s, %s, %s, %s) "
             "ON CONFLICT (session_id, segment_id) DO NOTHING"
         )
+        self.session_type = (
+            f"SELECT split_part(context, ':', 1) FROM {s}.sessions WHERE session_id = %s"
+        )
         self.delete_context = f"DELETE FROM {s}.contexts WHERE context = %s RETURNING session_id"
-        self.delete_session = f"DELETE FROM {s}.sessions WHERE session_id = %s"
+        # The session's row first: its cascade deletes the segments' rows, waiting for the
+        # appends that hold them; then the entries and items those appends committed.
+        self.delete_session = [
+            f"DELETE FROM {s}.sessions WHERE session_id = %s",
+            f"DELETE FROM {s}.entries WHERE session_id = %s",
+            f"DELETE FROM {s}.search_docs WHERE session_id = %s",
+        ]
         self.list_segments = f"SELECT segment_id FROM {s}.segments WHERE session_id = %s"
         self.append_trace = (
             f"INSERT INTO {s}.traces (session_id, segment_id, line) "
@@ -289,29 +286,36 @@ class _Sql:
             f"SELECT line FROM {s}.traces WHERE session_id = %s AND segment_id = %s ORDER BY n"
         )
         self.context_session = f"SELECT session_id FROM {s}.contexts WHERE context = %s"
-        # Listing: per head segment, its history items, last time and header (as JSONB, or
-        # the line where JSONB could not hold it).
-        history_items = "e.kind IN ('user_input', 'item', 'system_item')"
-        header = (
-            "(SELECT jsonb_build_object('history', h.body->'history', 'origin', "
-            "h.body->'origin', 'line', CASE WHEN h.body IS NULL THEN h.line END) "
-            f"FROM {s}.entries AS h WHERE h.session_id = x.session_id "
-            "AND h.segment_id = x.segment_id AND h.seq = 0)"
+        # The search index's catch-up (see "Search"): the segments with entries it has not
+        # read, locked in one order (two catch-ups never deadlock), then those entries.
+        self.dirty = (
+            f"SELECT session_id, segment_id, indexed_seq, next_seq, type FROM {s}.segments "
+            "WHERE dirty AND (session_id, segment_id) IN (SELECT * FROM unnest(%s::uuid[], "
+            "%s::uuid[])) ORDER BY session_id, segment_id FOR UPDATE"
         )
-        self.summaries = (
-            "SELECT x.session_id, x.segment_id, "
-            f"(SELECT count(*) FROM {s}.entries AS e WHERE e.session_id = x.session_id "
-            f"AND e.segment_id = x.segment_id AND e.seq > 0 AND {history_items}), "
-            f"(SELECT e.ts FROM {s}.entries AS e WHERE e.session_id = x.session_id "
-            "AND e.segment_id = x.segment_id ORDER BY e.seq DESC LIMIT 1), "
-            f"{header} FROM unnest(%s::uuid[], %s::uuid[]) AS x(session_id, segment_id)"
+        self.all_dirty = (
+            f"SELECT session_id, segment_id FROM {s}.segments WHERE dirty "
+            "ORDER BY session_id, segment_id LIMIT %s"
         )
-        self.prefix = (
-            f"SELECT (SELECT count(*) FROM {s}.entries AS e WHERE e.session_id = x.session_id "
-            f"AND e.segment_id = x.segment_id AND e.seq BETWEEN 1 AND %s AND {history_items}), "
-            f"{header} FROM (SELECT %s::uuid AS session_id, %s::uuid AS segment_id) AS x"
+        self.unread = (
+            "SELECT e.session_id, e.segment_id, e.seq, e.line FROM unnest(%s::uuid[], "
+            "%s::uuid[], %s::int[], %s::int[]) AS x(session_id, segment_id, low, high) "
+            f"JOIN {s}.entries AS e ON e.session_id = x.session_id "
+            "AND e.segment_id = x.segment_id AND e.seq > x.low AND e.seq < x.high "
+            f"AND (e.seq = 0 OR e.kind IN {_HISTORY_SQL})"
         )
-        self.quoted = s
+        self.insert_docs = (
+            f"INSERT INTO {s}.search_docs (session_id, segment_id, seq, n, type, role, ts, "
+            "body, words) SELECT * FROM unnest(%s::uuid[], %s::uuid[], %s::int[], %s::int[], "
+            "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[]) "
+            "ON CONFLICT DO NOTHING"
+        )
+        self.mark_read = (
+            f"UPDATE {s}.segments AS g SET indexed_seq = x.high - 1, "
+            "dirty = g.next_seq > x.high FROM unnest(%s::uuid[], %s::uuid[], %s::int[]) "
+            "AS x(session_id, segment_id, high) "
+            "WHERE g.session_id = x.session_id AND g.segment_id = x.segment_id"
+        )
 
     def search(self, terms: int, filters: str) -> str:
         """The search statement for ``terms`` query terms and ``filters`` (conditions on d)."""
@@ -470,60 +474,18 @@ class PostgresStore:
     def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary (message count, last activity), without restoring any.
 
-        Two queries: the heads, then per head segment (all in one statement, which fans out
-        by session) the history items among its entries, its last entry's time and its
-        header's history; a fork that continues its parent adds the parent's items up to the
-        fork point, as a restore would.
+        One query: the heads joined to their segments' counts, which every append keeps (see
+        "Listing" in the module docstring).
         """
-        heads = self.list_contexts(type)
-        if not heads:
-            return []
+        query = self._sql.listing
+        params: tuple[str, ...] = ()
+        if type is not None:
+            query, params = f"{query} WHERE c.type = %s", (type,)
         with self._pool.connection() as conn:
-            rows = conn.execute(
-                self._sql.summaries,
-                ([h.session_id for h in heads], [h.segment_id for h in heads]),
-            ).fetchall()
-            found = {(row[0], row[1]): row[2:] for row in rows}
-            summaries = []
-            for head in heads:
-                items, last, header = found.get((head.session_id, head.segment_id), (0, None, None))
-                count = items + self._header_items(conn, head.session_id, header)
-                summaries.append(
-                    ContextSummary(
-                        head.context,
-                        head.date,
-                        count,
-                        last or head.updated_at,
-                        head.created_at,
-                        head.updated_at,
-                        str(head.session_id),
-                        str(head.segment_id),
-                    )
-                )
-        return summaries
-
-    def _header_items(
-        self, conn: psycopg.Connection[Any], session_id: SessionId, header: Any
-    ) -> int:
-        """The history items a segment starts with: its header's history, or, for a fork that
-        continues its parent, the parent's items up to the fork point (as restore replays)."""
-        count = 0
-        for _ in range(10_000):  # a chain of forks; bounded in case damaged headers loop
-            history, origin = _header_shape(header)
-            if isinstance(history, list) or origin.get("kind") != "fork":
-                return count + (len(history) if isinstance(history, list) else 0)
-            try:
-                parent = uuid.UUID(str(origin.get("parent")))
-            except ValueError:
-                return count
-            at_seq = origin.get("at_seq")
-            stop = _MAX_SEQ if at_seq is None else int(at_seq)  # None: the whole parent
-            row = conn.execute(self._sql.prefix, (stop, session_id, parent)).fetchone()
-            if row is None:
-                return count
-            count += int(row[0])
-            header = row[1]
-        return count
+            rows = conn.execute(query, params).fetchall()
+        # (type, name), as ContextId orders, without parsing and validating every id again.
+        rows.sort(key=lambda row: (row[8], row[0][len(row[8]) + 1 :]))
+        return [ContextSummary(*row[:8]) for row in rows]
 
     # ---------------------------------------------------------------- search
 
@@ -545,6 +507,7 @@ class PostgresStore:
         """
         q = check_query(query)
         prepared = query_terms(q.text)
+        self.catch_up()
         terms = [search_words(term) for term in prepared]
         phrases = [tokenize(term) for term in prepared]
         params: dict[str, Any] = {f"t{i}": term for i, term in enumerate(terms)}
@@ -595,7 +558,6 @@ class PostgresStore:
         session_id = uuid.UUID(str(line["session_id"]))
         segment_id = uuid.UUID(str(line["segment_id"]))
         ts = str(line["ts"])
-        text = codec.encode(line).decode()
         sql = self._sql
         with self._pool.connection() as conn, conn.transaction():
             cur = conn.execute(
@@ -606,12 +568,7 @@ class PostgresStore:
             cur = conn.execute(sql.insert_session, (session_id, str(ctx), ts))
             if cur.rowcount != 1:
                 raise ConflictError(f"session {session_id} already exists")
-            conn.execute(sql.insert_segment, (session_id, segment_id, ts))
-            conn.execute(
-                sql.insert_header,
-                (session_id, segment_id, line["kind"], ts, text, text, text),
-            )
-            self._index_header(conn, session_id, segment_id, line)
+            self._insert_segment(conn, session_id, segment_id, ctx.type, line)
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
 
     def delete_context(self, context: ContextId) -> bool:
@@ -620,8 +577,8 @@ class PostgresStore:
             row = conn.execute(self._sql.delete_context, (str(context),)).fetchone()
             if row is None:
                 return False
-            # Segments, entries and traces go with the session (ON DELETE CASCADE).
-            conn.execute(self._sql.delete_session, (row[0],))
+            for statement in self._sql.delete_session:
+                conn.execute(statement, row)
         return True
 
     @contextmanager
@@ -668,22 +625,58 @@ class PostgresStore:
         """Add a segment, with its header as entry 0, to an existing session."""
         line = header_line(header)
         segment_id = uuid.UUID(str(line["segment_id"]))
-        ts = str(line["ts"])
-        text = codec.encode(line).decode()
-        sql = self._sql
         with self._pool.connection() as conn, conn.transaction():
-            try:
-                cur = conn.execute(sql.insert_segment, (session_id, segment_id, ts))
-            except pg_errors.ForeignKeyViolation:
-                raise SegmentNotFound(f"session {session_id} does not exist") from None
-            if cur.rowcount != 1:
-                raise ConflictError(f"segment {segment_id} already exists")
-            conn.execute(
-                sql.insert_header,
-                (session_id, segment_id, line["kind"], ts, text, text, text),
-            )
-            self._index_header(conn, session_id, segment_id, line)
+            row = conn.execute(self._sql.session_type, (session_id,)).fetchone()
+            if row is None:
+                raise SegmentNotFound(f"session {session_id} does not exist")
+            self._insert_segment(conn, session_id, segment_id, row[0], line)
         self._remember((session_id, segment_id), 1)
+
+    def _insert_segment(
+        self,
+        conn: psycopg.Connection[Any],
+        session_id: SessionId,
+        segment_id: SegmentId,
+        type: str,
+        line: Mapping[str, Any],
+    ) -> None:
+        """A segment's row and header, its header's history indexed (in the caller's
+        transaction)."""
+        ts = str(line["ts"])
+        base = _base_items(
+            line, lambda parent, at: self._prefix_items(conn, session_id, parent, at)
+        )
+        try:
+            cur = conn.execute(
+                self._sql.insert_segment, (session_id, segment_id, ts, type, base, ts)
+            )
+        except pg_errors.ForeignKeyViolation:  # the session went while we looked
+            raise SegmentNotFound(f"session {session_id} does not exist") from None
+        if cur.rowcount != 1:
+            raise ConflictError(f"segment {segment_id} already exists")
+        text = codec.encode(line).decode()
+        conn.execute(self._sql.insert_header, (session_id, segment_id, line["kind"], ts, text))
+        docs = [(session_id, segment_id, ts, type, doc) for doc in _line_docs(0, line)]
+        if docs:
+            conn.execute(self._sql.insert_docs, _doc_columns(docs))
+
+    def _prefix_items(
+        self,
+        conn: psycopg.Connection[Any],
+        session_id: SessionId,
+        parent: SegmentId,
+        at: int | None,
+    ) -> int | None:
+        """The history items of the session's segment ``parent`` restored up to seq ``at``
+        (None: all of it), or None when there is no such segment."""
+        row = conn.execute(self._sql.segment_counts, (session_id, parent)).fetchone()
+        if row is None:
+            return None
+        base, items, next_seq = row
+        if at is None or at >= next_seq - 1:
+            return int(base + items)
+        found = conn.execute(self._sql.count_items, (session_id, parent, at)).fetchone()
+        return int(base + (found[0] if found else 0))
 
     def append(
         self,
@@ -693,7 +686,7 @@ class PostgresStore:
         *,
         expected_seq: int | None = None,
     ) -> int:
-        """Append entries with one ``INSERT``; return the first one's seq (see module docs)."""
+        """Append entries with one statement; return the first one's seq (see "Appends")."""
         if not entries:
             first = self.next_seq(session_id, segment_id)
             if expected_seq is not None and expected_seq != first:
@@ -701,44 +694,31 @@ class PostgresStore:
                     f"segment {segment_id} is at seq {first}, the writer expected {expected_seq}"
                 )
             return first
-        count = len(entries)
         key = (session_id, segment_id)
-        with self._lock:
-            seen = self._seen.get(key)  # a next seq this store saw the segment reach
-        proposal = expected_seq if expected_seq is not None else seen
-        with self._pool.connection() as conn:
-            if proposal is None:
-                proposal = seen = self._last_seq(conn, session_id, segment_id) + 1
-            first = proposal
+        proposal = expected_seq if expected_seq is not None else self._seen.get(key)
+        conn = self._pool.getconn()
+        try:
             while True:
-                # Entry first - 1 surely exists if the segment once reached ``seen >= first``.
-                checked = seen is None or first > seen or first < 1
-                params, indexed = self._append_params(session_id, segment_id, entries, first)
-                try:
-                    if indexed:
-                        sql = self._sql.append_indexed[count == 1, checked]
-                        row = conn.execute(sql, params, prepare=True).fetchone()
-                        inserted = 0 if row is None else int(row[0])
-                    else:
-                        sql = self._sql.append[count == 1, checked]
-                        inserted = conn.execute(sql, params, prepare=True).rowcount
-                except pg_errors.UniqueViolation:
-                    inserted = 0  # another writer took the seq first
-                except pg_errors.ForeignKeyViolation:
-                    # No such segment, or its session was deleted while we inserted.
-                    raise SegmentNotFound(
-                        f"segment {segment_id} of session {session_id} does not exist"
-                    ) from None
-                if inserted == count:
-                    self._remember(key, first + count)
-                    return first
-                seen = self._last_seq(conn, session_id, segment_id) + 1
-                self._remember(key, seen)
-                if expected_seq is not None and seen != expected_seq:
+                if proposal is None:
+                    proposal = self._next_seq(conn, session_id, segment_id)
+                sql, params = self._append_params(session_id, segment_id, entries, proposal)
+                row = conn.execute(sql, params, prepare=True).fetchone()
+                if row is not None:
+                    waiting = int(row[0])
+                    break
+                # The segment is not at the proposed seq (or gone): read where it is.
+                at = self._next_seq(conn, session_id, segment_id)
+                if expected_seq is not None:
                     raise ConflictError(
-                        f"segment {segment_id} is at seq {seen}, the writer expected {expected_seq}"
+                        f"segment {segment_id} is at seq {at}, the writer expected {expected_seq}"
                     )
-                first = seen
+                proposal = at
+        finally:
+            self._pool.putconn(conn)
+        self._remember(key, proposal + len(entries))
+        if waiting >= SEARCH_BATCH:
+            self._index([key])
+        return proposal
 
     def _append_params(
         self,
@@ -746,63 +726,35 @@ class PostgresStore:
         segment_id: SegmentId,
         entries: Sequence[NewEntry],
         first: int,
-    ) -> tuple[dict[str, Any], bool]:
-        """The statement's parameters, and whether they carry history items to index."""
-        params: dict[str, Any] = {"session": session_id, "segment": segment_id, "prev": first - 1}
-        if len(entries) == 1:
+    ) -> tuple[str, dict[str, Any]]:
+        """The append statement for ``entries`` from seq ``first``, and its parameters."""
+        count = len(entries)
+        params: dict[str, Any] = {
+            "session": session_id,
+            "segment": segment_id,
+            "first": first,
+            "next": first + count,
+            "last_ts": entries[-1].ts,
+            "items": sum(1 for entry in entries if entry.kind in _HISTORY_KINDS),
+        }
+        if count == 1:
             line = next(iter_lines(entries, first))
-            params.update(seq=first, kind=line["kind"], ts=line["ts"])
-            params["line"] = codec.encode(line).decode()
-            doc = _entry_doc(line)
-            if doc is None:
-                return params, False
-            params.update(drole=doc[2], dbody=doc[3], dwords=search_words(doc[3]))
-            return params, True
+            params.update(kind=line["kind"], ts=line["ts"], line=codec.encode(line).decode())
+            return self._sql.append_one, params
         lines = list(iter_lines(entries, first))
-        params["seqs"] = list(range(first, first + len(lines)))
+        params["seqs"] = list(range(first, first + count))
         params["kinds"] = [line["kind"] for line in lines]
         params["tss"] = [line["ts"] for line in lines]
         params["lines"] = [codec.encode(line).decode() for line in lines]
-        docs = [(line, doc) for line in lines if (doc := _entry_doc(line)) is not None]
-        if not docs:
-            return params, False
-        params["dseqs"] = [line["seq"] for line, _ in docs]
-        params["dtss"] = [line["ts"] for line, _ in docs]
-        params["droles"] = [doc[2] for _, doc in docs]
-        params["dbodies"] = [doc[3] for _, doc in docs]
-        params["dwords"] = [search_words(doc[3]) for _, doc in docs]
-        return params, True
+        return self._sql.append_many, params
 
-    def _index_header(
-        self,
-        conn: psycopg.Connection[Any],
-        session_id: SessionId,
-        segment_id: SegmentId,
-        line: Mapping[str, Any],
-    ) -> None:
-        """Index the history a header carries (in the caller's transaction)."""
-        docs = _header_docs(line)
-        if docs:
-            conn.execute(
-                self._sql.insert_header_docs,
-                (
-                    session_id,
-                    segment_id,
-                    session_id,
-                    str(line.get("ts", "")),
-                    [n for n, _, _, _ in docs],
-                    [role for _, _, role, _ in docs],
-                    [body for _, _, _, body in docs],
-                    [search_words(body) for _, _, _, body in docs],
-                ),
-            )
-
-    def _last_seq(
+    def _next_seq(
         self, conn: psycopg.Connection[Any], session_id: SessionId, segment_id: SegmentId
     ) -> int:
-        row = conn.execute(self._sql.max_seq, (session_id, segment_id)).fetchone()
-        if row is None or row[0] is None:
+        row = conn.execute(self._sql.next_seq, (session_id, segment_id)).fetchone()
+        if row is None:
             raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+        self._remember((session_id, segment_id), int(row[0]))
         return int(row[0])
 
     def _remember(self, key: tuple[SessionId, SegmentId], next_seq: int) -> None:
@@ -813,6 +765,65 @@ class PostgresStore:
             self._seen.move_to_end(key)
             if len(self._seen) > _SEEN_CACHE:
                 self._seen.popitem(last=False)
+
+    # ---------------------------------------------------------------- the search index
+
+    def catch_up(self) -> int:
+        """Index every entry the search index has not read yet; return how many segments
+        had such entries. Searches call it first; it is public for tools and tests."""
+        with self._pool.connection() as conn:
+            dirty = conn.execute(self._sql.all_dirty, (_NO_LIMIT,)).fetchall()
+        for start in range(0, len(dirty), _CATCH_UP_SEGMENTS):
+            self._index([(row[0], row[1]) for row in dirty[start : start + _CATCH_UP_SEGMENTS]])
+        return len(dirty)
+
+    def _index(self, segments: Sequence[tuple[SessionId, SegmentId]]) -> None:
+        """Index the unread entries of ``segments`` in one transaction, holding their rows
+        (their appends wait; another catch-up of them waits, then finds nothing to do)."""
+        sql = self._sql
+        with self._pool.connection() as conn, conn.transaction():
+            rows = conn.execute(
+                sql.dirty, ([s for s, _ in segments], [g for _, g in segments])
+            ).fetchall()
+            if not rows:
+                return
+            types = {(s, g): type for s, g, _, _, type in rows}
+            unread = conn.execute(
+                sql.unread,
+                (
+                    [row[0] for row in rows],
+                    [row[1] for row in rows],
+                    [row[2] for row in rows],
+                    [row[3] for row in rows],
+                ),
+            ).fetchall()
+            docs = []
+            for s, g, seq, text in unread:
+                try:
+                    line = codec.decode(text)
+                except msgspec.DecodeError:
+                    continue  # a damaged line holds nothing to find; reading it reports it
+                ts = str(line.get("ts", "")) if isinstance(line, dict) else ""
+                docs += [(s, g, ts, types[s, g], doc) for doc in _line_docs(seq, line)]
+            if docs:
+                # In time order, so that ``id`` follows arrival within the batch too.
+                docs.sort(key=lambda doc: doc[2])
+                conn.execute(sql.insert_docs, _doc_columns(docs))
+            conn.execute(
+                sql.mark_read,
+                ([row[0] for row in rows], [row[1] for row in rows], [row[3] for row in rows]),
+            )
+
+    def reindex(self) -> int:
+        """Rebuild the search index from the entries; return the number of contexts."""
+        s = self._sql.quoted
+        with self._pool.connection() as conn:
+            with conn.transaction():
+                conn.execute(f"DELETE FROM {s}.search_docs")
+                conn.execute(f"UPDATE {s}.segments SET indexed_seq = -1, dirty = true")
+            (count,) = conn.execute(f"SELECT count(*) FROM {s}.contexts").fetchone() or (0,)
+        self.catch_up()
+        return int(count)
 
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
@@ -835,9 +846,7 @@ class PostgresStore:
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
         """The seq the next append gets."""
         with self._pool.connection() as conn:
-            next_seq = self._last_seq(conn, session_id, segment_id) + 1
-        self._remember((session_id, segment_id), next_seq)
-        return next_seq
+            return self._next_seq(conn, session_id, segment_id)
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
         """The session's segment ids, oldest first (UUIDv7 order)."""
@@ -898,16 +907,25 @@ def _head(row: Sequence[Any]) -> PodMetadata:
 # --------------------------------------------------------------------------- listing
 
 
-def _header_shape(header: Any) -> tuple[Any, dict[str, Any]]:
-    """A header's ``history`` and ``origin`` from the listing's JSONB (or its line)."""
-    if not isinstance(header, dict):
-        return None, {}
-    if header.get("line") is not None:  # JSONB could not hold this header: read the line
-        header = codec.decode(header["line"])
-        if not isinstance(header, dict):
-            return None, {}
+def _base_items(
+    header: Mapping[str, Any], prefix: Callable[[SegmentId, int | None], int | None]
+) -> int:
+    """The history items a segment starts with, as a restore counts them: its header's
+    history, or, for a fork that continues its parent, the parent's restored items up to the
+    fork point, which ``prefix(parent, at_seq)`` gives (None: no such parent)."""
+    history = header.get("history")
+    if isinstance(history, list):
+        return len(history)
     origin = header.get("origin")
-    return header.get("history"), origin if isinstance(origin, dict) else {}
+    if not isinstance(origin, Mapping) or origin.get("kind") != "fork":
+        return 0
+    try:
+        parent = uuid.UUID(str(origin.get("parent")))
+    except ValueError:
+        return 0
+    at_seq = origin.get("at_seq")
+    found = prefix(parent, at_seq if isinstance(at_seq, int) else None)
+    return found or 0
 
 
 # --------------------------------------------------------------------------- search
@@ -946,18 +964,36 @@ def _pg_text(text: str) -> str:
     return text
 
 
-def _entry_doc(line: Mapping[str, Any]) -> _Doc | None:
-    """The history item an entry line holds, if it is one with text."""
-    if line["kind"] not in _HISTORY_KINDS:
-        return None
-    return _item_doc(0, line["seq"], line.get("item"))
+def _line_docs(seq: int, line: Any) -> list[_Doc]:
+    """The history items with text that an entry line holds: a header's history (all with
+    seq 0: a compaction's summary, an import), or one item."""
+    if not isinstance(line, Mapping):
+        return []
+    if seq == 0:
+        history = line.get("history")
+        if not isinstance(history, list):
+            return []
+        docs = (_item_doc(n, 0, item) for n, item in enumerate(history))
+        return [doc for doc in docs if doc is not None]
+    if line.get("kind") not in _HISTORY_KINDS:
+        return []
+    doc = _item_doc(0, seq, line.get("item"))
+    return [] if doc is None else [doc]
 
 
-def _header_docs(line: Mapping[str, Any]) -> list[_Doc]:
-    """The history a header carries (a compaction's summary, an import), all with seq 0."""
-    history = line.get("history")
-    docs = (_item_doc(n, 0, item) for n, item in enumerate(history or ()))
-    return [doc for doc in docs if doc is not None] if isinstance(history, list) else []
+def _doc_columns(docs: Sequence[tuple[SessionId, SegmentId, str, str, _Doc]]) -> list[list[Any]]:
+    """``insert_docs``'s arrays for (session, segment, ts, type, doc) tuples."""
+    return [
+        [session for session, _, _, _, _ in docs],
+        [segment for _, segment, _, _, _ in docs],
+        [doc[1] for _, _, _, _, doc in docs],
+        [doc[0] for _, _, _, _, doc in docs],
+        [type for _, _, _, type, _ in docs],
+        [doc[2] for _, _, _, _, doc in docs],
+        [ts for _, _, ts, _, _ in docs],
+        [doc[3] for _, _, _, _, doc in docs],
+        [search_words(doc[3]) for _, _, _, _, doc in docs],
+    ]
 
 
 class _FoldTable(dict[int, str]):
@@ -1186,16 +1222,103 @@ def m003_search(conn: psycopg.Connection[Any]) -> None:
         )
         for session_id, segment_id, seq, text in cursor:
             line = codec.decode(text)
-            if not isinstance(line, dict):
-                continue
-            ts = str(line.get("ts", ""))
-            docs = _header_docs(line) if seq == 0 else [_item_doc(0, seq, line.get("item"))]
-            for doc in docs:
-                if doc is not None:
-                    n, _, role, body = doc
-                    batch.append(
-                        (session_id, segment_id, seq, n, role, ts, body, search_words(body))
-                    )
+            ts = str(line.get("ts", "")) if isinstance(line, dict) else ""
+            for n, _, role, body in _line_docs(seq, line):
+                batch.append((session_id, segment_id, seq, n, role, ts, body, search_words(body)))
             if len(batch) >= 5000:
                 flush()
     flush()
+
+
+@MIGRATIONS
+def m004_derived_state(conn: psycopg.Connection[Any]) -> None:
+    """Each segment's row carries its tail, its listing counts and how far the search index
+    has read it: an append moves the row instead of checking foreign keys, and the search
+    index catches up per segment instead of in every append. Entries lose their JSONB copy."""
+    for statement in (
+        "ALTER TABLE segments ADD COLUMN type text NOT NULL DEFAULT '', "
+        "ADD COLUMN next_seq integer NOT NULL DEFAULT 1, "
+        "ADD COLUMN items integer NOT NULL DEFAULT 0, "
+        "ADD COLUMN base_items integer NOT NULL DEFAULT 0, "
+        "ADD COLUMN last_ts text NOT NULL DEFAULT '', "
+        "ADD COLUMN indexed_seq integer NOT NULL DEFAULT 0, "
+        "ADD COLUMN dirty boolean NOT NULL DEFAULT false",
+        # Room on each page for the row's new versions: an append's update stays HOT.
+        "ALTER TABLE segments SET (fillfactor = 50)",
+        "UPDATE segments AS g SET next_seq = x.last + 1, indexed_seq = x.last, items = x.items, "
+        "last_ts = x.ts FROM (SELECT session_id, segment_id, max(seq) AS last, "
+        f"count(*) FILTER (WHERE seq > 0 AND kind IN {_HISTORY_SQL}) AS items, "
+        "(array_agg(ts ORDER BY seq DESC))[1] AS ts FROM entries "
+        "GROUP BY session_id, segment_id) AS x "
+        "WHERE g.session_id = x.session_id AND g.segment_id = x.segment_id",
+        "UPDATE segments AS g SET type = split_part(s.context, ':', 1) FROM sessions AS s "
+        "WHERE s.session_id = g.session_id",
+        "CREATE INDEX segments_dirty ON segments (session_id, segment_id) WHERE dirty",
+        "ALTER TABLE entries DROP COLUMN body",
+    ):
+        conn.execute(statement)
+    for table in ("entries", "search_docs"):
+        names = conn.execute(
+            "SELECT conname FROM pg_constraint WHERE contype = 'f' AND conrelid = %s::regclass",
+            (table,),
+        ).fetchall()
+        for (name,) in names:
+            conn.execute(f'ALTER TABLE {table} DROP CONSTRAINT "{name}"')
+    # Each segment's base, from its header; a fork's from its parent's, computed first.
+    headers: dict[tuple[Any, Any], Any] = {}
+    for session_id, segment_id, text in conn.execute(
+        "SELECT session_id, segment_id, line FROM entries WHERE seq = 0"
+    ):
+        try:
+            headers[session_id, segment_id] = codec.decode(text)
+        except msgspec.DecodeError:
+            headers[session_id, segment_id] = {}
+    counts = {
+        (row[0], row[1]): (row[2], row[3])
+        for row in conn.execute("SELECT session_id, segment_id, items, next_seq FROM segments")
+    }
+    bases: dict[tuple[Any, Any], int] = {}
+
+    def parent_key(key: tuple[Any, Any]) -> tuple[Any, Any] | None:
+        origin = headers.get(key, {}).get("origin")
+        if headers.get(key, {}).get("history") is not None or not isinstance(origin, dict):
+            return None
+        try:
+            return (key[0], uuid.UUID(str(origin.get("parent"))))
+        except ValueError:
+            return None
+
+    def prefix(session: Any, parent: SegmentId, at: int | None) -> int | None:
+        key = (session, parent)
+        if key not in counts:
+            return None
+        items, next_seq = counts[key]
+        if at is not None and at < next_seq - 1:
+            row = conn.execute(
+                "SELECT count(*) FROM entries WHERE session_id = %s AND segment_id = %s "
+                f"AND seq BETWEEN 1 AND %s AND kind IN {_HISTORY_SQL}",
+                (session, parent, at),
+            ).fetchone()
+            items = row[0] if row else 0
+        return int(bases.get(key, 0) + items)
+
+    for key in counts:  # parents first: walk up each chain of forks, then count down it
+        chain: list[tuple[Any, Any]] = []
+        at: tuple[Any, Any] | None = key
+        while at is not None and at not in bases and at not in chain:
+            chain.append(at)
+            at = parent_key(at)
+        for link in reversed(chain):
+            header = headers.get(link)
+            bases[link] = (
+                _base_items(header, functools.partial(prefix, link[0]))
+                if isinstance(header, dict)
+                else 0
+            )
+    rows = [(bases[key], key[0], key[1]) for key in counts]
+    conn.execute(
+        "UPDATE segments AS g SET base_items = x.base FROM unnest(%s::int[], %s::uuid[], "
+        "%s::uuid[]) AS x(base, session_id, segment_id) "
+        "WHERE g.session_id = x.session_id AND g.segment_id = x.segment_id AND x.base <> 0",
+        ([row[0] for row in rows], [row[1] for row in rows], [row[2] for row in rows]),
+    )
