@@ -132,19 +132,30 @@ def new_context(store: Store, name: str) -> tuple[uuid.UUID, uuid.UUID]:
     return session_id, segment_id
 
 
-def interleaved(ops: dict[str, Callable[[], Any]], count: int, rounds: int) -> dict[str, float]:
-    """Median seconds per call of each op; ``count`` calls each, in ``rounds`` turns."""
+class Timing:
+    """Seconds per call of one operation."""
+
+    def __init__(self, samples: list[float]) -> None:
+        self.median = statistics.median(samples)
+        self.mean = statistics.fmean(samples)
+        self.p99 = sorted(samples)[int(len(samples) * 0.99)]
+
+
+def interleaved(ops: dict[str, Callable[[], Any]], count: int) -> dict[str, Timing]:
+    """Time ``count`` calls of each op, one call of each in turn, in a new random order every
+    turn: background load and whatever the call before left behind (a commit's flush, a
+    cache) fall on every op alike."""
     samples: dict[str, list[float]] = {name: [] for name in ops}
-    per_round = max(1, count // rounds)
+    names = list(ops)
+    order = random.Random(7)
     perf = time.perf_counter
-    for _ in range(rounds):
-        for name, op in ops.items():
-            out = samples[name]
-            for _ in range(per_round):
-                t0 = perf()
-                op()
-                out.append(perf() - t0)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    for _ in range(count):
+        order.shuffle(names)
+        for name in names:
+            t0 = perf()
+            ops[name]()
+            samples[name].append(perf() - t0)
+    return {name: Timing(values) for name, values in samples.items()}
 
 
 def append_op(store: Store, name: str, kind: str = "user_input") -> Callable[[], Any]:
@@ -215,24 +226,24 @@ def bare_sqlite(path: Path, synchronous: str) -> tuple[Callable[[], Any], Callab
 
 def bare_postgres(dsn: str) -> tuple[Callable[[], Any], Callable[[], None]]:
     """A bare single-row autocommit INSERT of the same row into a table shaped like
-    ``entries`` (JSONB included), on a connection of its own."""
+    ``entries`` (same columns, types and primary key), on a connection of its own."""
     import psycopg
 
     conn = psycopg.connect(dsn, autocommit=True)
     conn.execute(
         "CREATE TABLE bare_entries (session_id uuid NOT NULL, segment_id uuid NOT NULL, "
-        "seq integer NOT NULL, kind text NOT NULL, ts text NOT NULL, body jsonb, "
-        "line text NOT NULL, PRIMARY KEY (session_id, segment_id, seq))"
+        "seq integer NOT NULL, kind text NOT NULL, ts text NOT NULL, line text NOT NULL, "
+        "PRIMARY KEY (session_id, segment_id, seq))"
     )
     s, g = uuid.uuid4(), uuid.uuid4()
     seq = itertools.count(1)
     item = entry()
-    sql = "INSERT INTO bare_entries VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s)"
+    sql = "INSERT INTO bare_entries VALUES (%s, %s, %s, %s, %s, %s)"
 
     def insert() -> None:
         n = next(seq)
         line = codec.encode(next(iter_lines([item], n))).decode()
-        conn.execute(sql, (s, g, n, item.kind, item.ts, line, line), prepare=True)
+        conn.execute(sql, (s, g, n, item.kind, item.ts, line), prepare=True)
 
     return insert, conn.close
 
@@ -394,14 +405,22 @@ def search_latency(
 
 
 def listing(store: Any, report: Report, label: str, contexts: int) -> None:
-    """``list_contexts_fast`` (what ``terrarium list`` uses): median of 3."""
+    """``list_contexts_fast`` (what ``terrarium list`` uses): median of 5; the target applies
+    at 100,000 contexts."""
     samples = []
-    for _ in range(3):
+    for _ in range(5):
         t0 = time.perf_counter()
         found = store.list_contexts_fast()
         samples.append(time.perf_counter() - t0)
         assert len(found) == contexts
-    report.row(f"{label} list {contexts:,} contexts with counts", ms(statistics.median(samples)))
+    p50 = statistics.median(samples)
+    full = contexts >= 100_000
+    report.row(
+        f"{label} list {contexts:,} contexts with counts: median",
+        ms(p50),
+        "< 300 ms" if full else "",
+        p50 < 0.300 if full else None,
+    )
 
 
 # --------------------------------------------------------------------------- main
@@ -414,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg-corpus", type=int, help="messages in PostgreSQL's search corpus")
     args = parser.parse_args(argv)
     quick = args.quick
-    appends, rounds = (300, 3) if quick else (4000, 20)
+    appends = 300 if quick else 4000
     sizes = (100, 1000) if quick else (1000, 10_000)
     batches = 2 if quick else 20
     messages = args.corpus or (20_000 if quick else 1_000_000)
@@ -437,12 +456,10 @@ def main(argv: list[str] | None = None) -> int:
         texts = list(corpus(maker, messages // per_context, per_context))
         report.note(f"generated {messages:,} messages in {time.perf_counter() - t0:.1f} s")
         with throwaway_database(report) as dsn:
-            run_fs(base, report, appends, rounds, sizes)
-            classes = run_sqlite(base, report, appends, rounds, sizes, batches, texts, queries, rng)
+            run_fs(base, report, appends, sizes)
+            classes = run_sqlite(base, report, appends, sizes, batches, texts, queries, rng)
             if dsn is not None:
-                run_postgres(
-                    dsn, report, appends, rounds, sizes, batches, texts, pg_messages, classes
-                )
+                run_postgres(dsn, report, appends, sizes, batches, texts, pg_messages, classes)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print(
@@ -456,11 +473,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_fs(base: Path, report: Report, appends: int, rounds: int, sizes: tuple[int, int]) -> None:
+def run_fs(base: Path, report: Report, appends: int, sizes: tuple[int, int]) -> None:
     print("fs:", flush=True)
     with FsStore(base / "fs") as store:
-        result = interleaved({"append": append_op(store, "append")}, appends, rounds)
-        report.row("fs append, one history item", us(result["append"]))
+        result = interleaved({"append": append_op(store, "append")}, appends)
+        report.row("fs append, one history item", us(result["append"].median))
         for size in sizes:
             report.row(f"fs restore {size:,} entries", ms(restore_cost(store, f"r{size}", size)))
 
@@ -469,7 +486,6 @@ def run_sqlite(
     base: Path,
     report: Report,
     appends: int,
-    rounds: int,
     sizes: tuple[int, int],
     batches: int,
     texts: list[tuple[str, list[str]]],
@@ -488,19 +504,28 @@ def run_sqlite(
                     "plain": append_op(store, "plain", kind="usage"),
                 },
                 appends,
-                rounds,
             )
         finally:
             close()
+        append, bare_insert = result["append"], result["bare"]
         report.row(
-            "sqlite append, one history item",
-            us(result["append"]),
+            "sqlite append, one history item: median",
+            us(append.median),
             "< 50 µs",
-            result["append"] < 50e-6,
+            append.median < 50e-6,
         )
-        report.row("sqlite bare INSERT (baseline)", us(result["bare"]))
-        report.row("sqlite append / bare INSERT", f"{result['append'] / result['bare']:.2f}x")
-        report.row("sqlite append, no history item", us(result["plain"]))
+        report.row("sqlite bare INSERT (baseline): median", us(bare_insert.median))
+        report.row(
+            "sqlite append / bare INSERT, median", f"{append.median / bare_insert.median:.2f}x"
+        )
+        report.row(
+            "sqlite append: mean (with the batch catch-ups) / p99",
+            f"{us(append.mean)} / {us(append.p99)}",
+        )
+        report.row(
+            "sqlite bare INSERT: mean / p99", f"{us(bare_insert.mean)} / {us(bare_insert.p99)}"
+        )
+        report.row("sqlite append, no history item: median", us(result["plain"].median))
         report.row(
             "sqlite batched append (500/call)",
             f"{batched_cost(store, 'bulk', batches) * 1e6:.1f} µs/entry",
@@ -531,7 +556,6 @@ def run_postgres(
     dsn: str,
     report: Report,
     appends: int,
-    rounds: int,
     sizes: tuple[int, int],
     batches: int,
     texts: list[tuple[str, list[str]]],
@@ -553,17 +577,24 @@ def run_postgres(
                     "plain": append_op(store, "plain", kind="usage"),
                 },
                 appends,
-                rounds,
             )
         finally:
             close()
-        ratio = result["append"] / result["bare"]
-        report.row("postgres append, one history item", us(result["append"]))
-        report.row("postgres bare INSERT (baseline)", us(result["bare"]))
-        report.row("postgres append / bare INSERT", f"{ratio:.2f}x", "<= 1.2x", ratio <= 1.2)
-        report.row("postgres append, no history item", us(result["plain"]))
+        append, bare_insert, plain = result["append"], result["bare"], result["plain"]
+        ratio = append.median / bare_insert.median
+        report.row("postgres append, one history item: median", us(append.median))
+        report.row("postgres bare INSERT (baseline): median", us(bare_insert.median))
         report.row(
-            "postgres append (no history) / bare", f"{result['plain'] / result['bare']:.2f}x"
+            "postgres append / bare INSERT, median", f"{ratio:.2f}x", "<= 1.2x", ratio <= 1.2
+        )
+        report.row(
+            "postgres append / bare INSERT, mean (with the batch catch-ups)",
+            f"{append.mean / bare_insert.mean:.2f}x",
+        )
+        report.row("postgres append, no history item: median", us(plain.median))
+        report.row(
+            "postgres append (no history) / bare, median",
+            f"{plain.median / bare_insert.median:.2f}x",
         )
         report.row(
             "postgres batched append (500/call)",

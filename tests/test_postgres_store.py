@@ -269,6 +269,26 @@ def test_search_index_catches_up_per_segment(
     assert store.catch_up() == 0  # nothing left to read
 
 
+def test_a_failed_catch_up_never_fails_the_append(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The append is committed before its segment's catch-up runs: if that fails, the append
+    still succeeds, and the next search catches up."""
+    from terrarium.stores import postgres
+
+    monkeypatch.setattr(postgres, "SEARCH_BATCH", 1)
+    session_id, segment_id = create_segment(store, context=MAIN)
+
+    def down(segments: Any) -> None:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(store, "_index", down)
+    assert store.append(session_id, segment_id, [_entry("epsilon kept")]) == 1
+    assert "catch-up deferred" in caplog.text
+    monkeypatch.undo()
+    assert [h.snippet for h in store.search(SearchQuery("epsilon"))] == ["epsilon kept"]
+
+
 def test_concurrent_catch_ups_index_each_item_once(store: PostgresStore, sql: Any) -> None:
     """Threads appending to and searching many contexts at once: afterwards every item is
     indexed exactly once and found."""

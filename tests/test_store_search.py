@@ -604,6 +604,27 @@ def test_sqlite_appends_bring_the_index_up_every_batch(
     assert len(db.search(SearchQuery("kappa"))) == 3
 
 
+def test_sqlite_a_failed_catch_up_never_fails_the_append(
+    db: SqliteStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The append's entry is in before its batch catch-up runs: if that fails (a busy
+    database), the append still succeeds, and the next search catches up."""
+    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 2)
+    head = _context(db, "cli:a")
+    real = sqlite_backend._catch_up
+
+    def busy(conn: sqlite3.Connection, **_: Any) -> int:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(sqlite_backend, "_catch_up", busy)
+    entry = save_user_input(db, head, "lambda kept")
+    assert "catch-up deferred" in caplog.text
+    monkeypatch.setattr(sqlite_backend, "_catch_up", real)
+    assert [(h.seq, h.snippet) for h in db.search(SearchQuery("lambda"))] == [
+        (entry.seq, "lambda kept")
+    ]
+
+
 def test_sqlite_ids_a_delete_frees_are_read_again(db: SqliteStore) -> None:
     """Deleting the newest context frees the newest entry ids; the entries that take them
     next are still searched and counted."""

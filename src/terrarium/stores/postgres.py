@@ -83,6 +83,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import re
 import threading
 import uuid
@@ -150,6 +151,8 @@ __all__ = [
 ]
 
 DEFAULT_SCHEMA = "terrarium"
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS: Migrations[psycopg.Connection[Any]] = Migrations("postgres")
 
@@ -306,8 +309,8 @@ class _Sql:
         )
         self.insert_docs = (
             f"INSERT INTO {s}.search_docs (session_id, segment_id, seq, n, type, role, ts, "
-            "body, words) SELECT * FROM unnest(%s::uuid[], %s::uuid[], %s::int[], %s::int[], "
-            "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[]) "
+            "body, words) SELECT * FROM unnest(%b::uuid[], %b::uuid[], %b::int[], %b::int[], "
+            "%b::text[], %b::text[], %b::text[], %b::text[], %b::text[]) "
             "ON CONFLICT DO NOTHING"
         )
         self.mark_read = (
@@ -717,7 +720,10 @@ class PostgresStore:
             self._pool.putconn(conn)
         self._remember(key, proposal + len(entries))
         if waiting >= SEARCH_BATCH:
-            self._index([key])
+            try:
+                self._index([key])
+            except psycopg.Error as exc:  # the entries are in; the next search catches up
+                log.warning("%s: search index catch-up deferred: %s", self._where, self._scrub(exc))
         return proposal
 
     def _append_params(

@@ -83,6 +83,7 @@ wait, and an open write transaction would block every other writer for the whole
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -140,6 +141,8 @@ __all__ = [
 ]
 
 SYNCHRONOUS_MODES: tuple[str, ...] = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS: Migrations[sqlite3.Connection] = Migrations("sqlite")
 
@@ -567,7 +570,10 @@ class SqliteStore:
                 self._give_back(conn)
         self._remember(key, s, g, proposal + 1)
         if (cursor.lastrowid or 0) - self._wm >= SEARCH_BATCH:
-            self._catch_up(SEARCH_BATCH)
+            try:
+                self._catch_up(SEARCH_BATCH)
+            except (StoreError, sqlite3.Error) as exc:  # the entry is in; a read catches up
+                log.warning("%s: search and listing catch-up deferred: %s", self.path, exc)
         return proposal
 
     def _append_many(
