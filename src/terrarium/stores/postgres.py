@@ -8,68 +8,84 @@ migrated on open like every other backend.
 
     contexts(context PK, type, session_id, segment_id, created_at, updated_at)   the heads
     sessions(session_id PK, context, created_at)
-    segments(session_id, segment_id, created_at)      PK (session_id, segment_id)
-    entries(session_id, segment_id, seq, kind, ts, body jsonb, line text)
-                                                      PK (session_id, segment_id, seq)
-    traces(session_id, segment_id, n, line)           PK (session_id, segment_id, n)
+    segments(session_id, segment_id, created_at, type, next_seq, items, base_items,
+             last_ts, indexed_seq, dirty)         PK (session_id, segment_id)
+    entries(session_id, segment_id, seq, kind, ts, line)
+                                                  PK (session_id, segment_id, seq)
+    traces(session_id, segment_id, n, line)       PK (session_id, segment_id, n)
     search_docs(session_id, segment_id, seq, n, id, type, role, ts, body, words, tsv)
-                                                      PK (session_id, segment_id, seq, n)
+                                                  PK (session_id, segment_id, seq, n)
     migrations(name PK, applied_at)
 
 **Distributed by session.** Every table but ``migrations`` carries ``session_id``; every
 primary and foreign key of ``sessions``, ``segments``, ``entries``, ``traces`` and
 ``search_docs`` starts with it, so with Citus they are distributed on ``session_id`` and
 colocated, unchanged. Appends, reads and segment creation name one session and touch those
-tables only (an append reads its session's type from ``sessions``, on the same shard).
-``contexts`` is the directory from a context's name to its session and head; it is keyed (and
-would be distributed) by ``context``, and the write path never joins it to the session
-tables: head moves and context creation and deletion read it, then act on the session.
-Search and :meth:`PostgresStore.list_contexts_fast` fan out: the search to every shard's
-newest matches, the listing (after reading the heads) to every head segment at once.
+tables only. ``contexts`` is the directory from a context's name to its session and head; it
+is keyed (and would be distributed) by ``context``, and the write path never joins it to the
+session tables: head moves and context creation and deletion read it, then act on the
+session. Search and :meth:`PostgresStore.list_contexts_fast` fan out: the search to every
+shard's dirty segments and newest matches, the listing to every head segment at once.
 
-**Exact lines and JSONB.** ``line`` holds the entry's JSON exactly as
-:func:`terrarium.codec.encode` wrote it, and reads return it decoded, so a restore gives the
-same dicts as :class:`MemoryStore`, with key order and unknown keys intact. ``body`` is the
-same JSON as ``jsonb``, for containment queries and GIN indexes; it cannot be the source of
-truth because ``jsonb`` reorders keys, drops duplicate ones and cannot hold ``\\u0000`` (for
-such a line ``body`` is NULL). The price is storing an entry twice.
+**Exact lines.** ``line`` holds the entry's JSON exactly as :func:`terrarium.codec.encode`
+wrote it, and reads return it decoded, so a restore gives the same dicts as
+:class:`MemoryStore`, with key order and unknown keys intact. It is text, not ``jsonb``
+(which reorders keys, drops duplicate ones and cannot hold ``\u0000``); ad hoc queries use
+``line::jsonb``.
 
-**Appends** are one autocommit ``INSERT``, so they cost one round trip like a bare insert;
+**Appends** are one autocommit statement, so they cost one round trip like a bare insert;
 many entries travel as binary arrays (``unnest``), so a bulk import is one statement too. The
-client proposes the seq: ``expected_seq``, else the next seq this store last saw for the
-segment. The primary key is the arbiter between concurrent writers: if the seq is taken, the
-store reads the segment's last seq; with ``expected_seq`` that is a
-:class:`~terrarium.errors.ConflictError`, without it the append retries at the new tail, so it
-always succeeds in the end. A gap is impossible: when the store has not seen the segment reach
-the proposed seq, the statement inserts only if the entry before it exists (once seen, an entry
-stays: seqs are never removed). A foreign key ties entries to their segment, so an append
-racing a ``delete_context`` either lands before the delete (and is deleted with it) or fails
-with :class:`~terrarium.errors.SegmentNotFound`; no entry outlives its session.
+segment's row is the arbiter: it holds the segment's tail (``next_seq``), and the statement
+moves it from the proposed first seq to the one after the new entries (compare-and-set, under
+the row's lock) and inserts the entries only if it did. The client proposes ``expected_seq``,
+else the next seq this store last saw the segment reach; if the row is elsewhere the store
+reads it: with ``expected_seq`` that is a :class:`~terrarium.errors.ConflictError`, without
+it the append retries at the new tail, so it always succeeds in the end. Concurrent writers
+queue on the row; no gap is possible, and the primary key would refuse a duplicate seq if
+anything got past. The same update keeps the segment's listing counts (``items``, its history
+items; ``last_ts``) and marks it ``dirty`` for the search index. The row's lock is also what
+keeps an entry from outliving a racing ``delete_context``, which deletes the session's rows
+(the segments' with it, waiting for the appends that hold them) before its entries and items:
+an append either lands before and is deleted with the rest, or finds no row and fails with
+:class:`~terrarium.errors.SegmentNotFound`. The table leaves room on each page
+(``fillfactor``) so that this update is HOT: no index is touched.
 
 **Durability.** An append is acknowledged once PostgreSQL has committed it; with the server's
 default ``synchronous_commit = on`` it survives a crash or power loss of the server, not only
-of the client. Measured here (``benchmarks/bench_stores.py``): an append of an entry that is
-no history item costs about 1.3x a bare single-row autocommit ``INSERT`` (the commit's WAL
-flush dominates both), of a history item about 1.7x (its search row, GIN and recency index
-entries add ~100 us); a 500-entry append of history items ~36 us per entry.
+of the client. Measured here (``benchmarks/bench_stores.py``, see ``benchmarks/README.md``):
+an append costs about 1.1x a bare single-row autocommit ``INSERT`` of the same row (median;
+the commit's WAL flush dominates both), and the search index's batch catch-up adds ~50-70 us
+per history item on average.
 
 **Search** (:class:`~terrarium.stores.base.Searchable`) finds what FsStore's index finds
 (:mod:`terrarium.stores.fs_search`): every history item with text, a header's history with seq
 0, the user's words as data, every term required, a term of several words as a phrase, case
-and accents folded, CJK characters found inside words. Each item is a ``search_docs`` row,
-written by the append's own statement (a CTE), so an acknowledged entry is found at once and
-deletes cascade with the segment. PostgreSQL's text parser depends on the database's locale
-and finds e-mail addresses, URLs and numbers, and folding accents needs the ``unaccent``
-extension; so the item's ``words`` are made in Python (:func:`search_words`): FsStore's word
-characters folded one for one, everything else a space. ``tsv`` is ``to_tsvector('simple',
-words)`` (a generated column) under a GIN index; a query is one ``phraseto_tsquery('simple',
-...)`` per term, ANDed, the terms bound as parameters. Ranking is ``ts_rank`` (normalised by
-length) among the ``RANK_WINDOW`` most recent matches (``id`` orders items by arrival): the
-planner reads a rare word's matches from the GIN index and a common word's newest rows
-backwards by ``id`` until enough match, so neither costs more than the window. The statement
-is never prepared: a generic plan cannot tell the two apart. Snippets come from ``ts_headline``
-of the words, which is the text at the same offsets; the phrase matches in that slice are then
-highlighted as FsStore highlights them (whole phrases, spans in characters).
+and accents folded, CJK characters found inside words. Each item is a ``search_docs`` row.
+Like the other stores' indexes it is derived state, brought up to the entries in batches: a
+segment's row records how far the index has read it (``indexed_seq``) and whether entries wait
+(``dirty``, under a partial index). :meth:`PostgresStore.catch_up` reads every dirty segment's
+waiting entries, holding the segments' rows (locked in one order, so catch-ups never deadlock);
+a search runs it first, so an acknowledged entry is found by the next search, and so does the
+append that leaves ``SEARCH_BATCH`` of its segment's entries waiting. A segment's header
+history is indexed with the segment. :meth:`PostgresStore.reindex` rebuilds the rows.
+PostgreSQL's text parser depends on the database's locale and finds e-mail addresses, URLs and
+numbers, and folding accents needs the ``unaccent`` extension; so the item's ``words`` are
+made in Python (:func:`search_words`): FsStore's word characters folded one for one,
+everything else a space. ``tsv`` is ``to_tsvector('simple', words)`` (a generated column)
+under a GIN index; a query is one ``phraseto_tsquery('simple', ...)`` per term, ANDed, the
+terms bound as parameters. Ranking is ``ts_rank`` (normalised by length) among the
+``RANK_WINDOW`` most recent matches (``id`` orders items by arrival: each batch is indexed in
+time order): the planner reads a rare word's matches from the GIN index and a common word's
+newest rows backwards by ``id`` until enough match, so neither costs more than the window. The
+statement is never prepared: a generic plan cannot tell the two apart. Snippets come from
+``ts_headline`` of the words, which is the text at the same offsets; the phrase matches in
+that slice are then highlighted as FsStore highlights them (whole phrases, spans in
+characters).
+
+**Listing.** :meth:`PostgresStore.list_contexts_fast` is one join of the heads to their
+segments' rows: a segment's message count is the items it starts with (``base_items``: its
+header's history, or a fork's count of its parent up to the fork point, set when it is made)
+plus its own, kept by every append.
 
 **Context locks** are session-level advisory locks, ``pg_advisory_lock(key)``, each on a
 connection of its own that is kept aside from the pool while held (a turn can take long; it

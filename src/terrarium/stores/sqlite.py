@@ -5,66 +5,74 @@ with the ``sqlite3`` shell), and where a few processes share the store.
 
 **Schema** (see the migrations at the bottom; ids are UUID strings, times RFC 3339 strings)::
 
-    contexts(context PK, type, session_id, segment_id, created_at, updated_at)   the heads
+    contexts(context PK, type, session_id, segment_id, created_at, updated_at,
+             message_count, last_active)              the heads, with their listing counts
     sessions(session_id PK, context, created_at)
-    segments(session_id, segment_id, created_at)          PK (session_id, segment_id)
-    entries(session_id, segment_id, seq, kind, ts, line)  PK (session_id, segment_id, seq)
-    traces(id, session_id, segment_id, line)              debug traces, oldest first by id
+    segments(session_id, segment_id, created_at)      PK (session_id, segment_id)
+    entries(id PK, session_id, segment_id, seq, kind, ts, line)
+                                                      UNIQUE (session_id, segment_id, seq)
+    traces(id, session_id, segment_id, line)          debug traces, oldest first by id
     search_docs(id PK, session_id, segment_id, seq, role, ts, body, tags)   history items
-    search_fts, search_recent                             FTS5 over search_docs (see Search)
-    search_meta(hw, floor)                                which items each FTS5 table holds
+    search_fts, search_recent                         FTS5 over search_docs (see Search)
+    search_meta(hw, floor, wm)                        how far the derived tables have read
     migrations(name PK, applied_at)
 
 A segment's header is its entry with seq 0, so reading a segment is one indexed range scan.
 ``line`` is the entry's JSON exactly as :func:`terrarium.codec.encode` wrote it (unknown keys
 and key order survive), so a read returns the same dicts as :class:`MemoryStore`; ``kind`` and
-``ts`` are copies kept for queries (``json_extract`` works on ``line`` too).
+``ts`` are copies kept for queries (``json_extract`` works on ``line`` too). ``id`` is the
+arrival order (an ``INTEGER PRIMARY KEY``, so a ``VACUUM`` keeps it).
 
-**Appends.** ``append`` runs ``BEGIN IMMEDIATE`` (the database's one write lock), reads the
-segment's last seq from the primary key, checks ``expected_seq`` and inserts: writers in any
-number of threads and processes are serialised, and the primary key would refuse a duplicate
-seq if anything got past that. Other processes wait for the lock up to ``busy_timeout``
-seconds (default 30) instead of failing at once.
+**Appends.** Appending one entry is one ``INSERT`` in autocommit mode: SQLite takes its one
+write lock for the statement, so writers in any number of threads and processes are
+serialised (others wait up to ``busy_timeout`` seconds, default 30, instead of failing at
+once). The statement is the whole compare-and-append: the unique key refuses a seq that is
+taken, and the line is NULL, which ``NOT NULL`` refuses, unless the entry before exists, so
+there is never a gap and never an entry for a deleted segment. The seq it proposes is
+``expected_seq`` or the next seq this store last saw the segment reach; when refused, the
+store reads the segment's tail and raises :class:`~terrarium.errors.ConflictError` (with
+``expected_seq``) or retries there. Several entries go in one ``BEGIN IMMEDIATE``
+transaction, which reads the tail under the lock.
 
 **Durability.** The journal is WAL (set on open; readers never block the writer nor the
 writer the readers). ``synchronous="NORMAL"``, the default, does not sync on commit: an
 acknowledged append survives the death of the process, but a power cut or an OS crash may lose
 the last transactions (never corrupt the database). ``"FULL"`` syncs the WAL on every commit
-and survives power loss. Measured here (``benchmarks/bench_stores.py``, ``NORMAL``): an
-append of one entry that is no history item takes ~18 us (a bare ``INSERT`` in the same mode
-~11 us), of one history item ~53 us (the search index: see below); ~250-300 us more with
-``FULL``; in 500-entry appends of history items, ~13 us per entry.
+and survives power loss, for ~250-300 us more per append here.
+
+**Derived state.** The search tables and the listing counts on the heads are derived from the
+entries and brought up to them in batches, never in the append of one entry: ``wm`` is the
+newest entry id they have read. They read everything above it (in the reader's own write
+transaction, so a rolled back entry is never read) when ``SEARCH_BATCH`` entries wait, in the
+append that makes them wait, and before every search, listing and head move, so that what
+those see is always complete: an acknowledged entry is found by the next search. A delete
+that frees the newest ids lowers ``wm`` with it. :meth:`SqliteStore.reindex` rebuilds all of
+it from the entries. Measured (``benchmarks/bench_stores.py``, ``NORMAL``, see
+``benchmarks/README.md``): an append of one history item costs about 1.2x a bare ``INSERT``
+of the same row (median), the batch catch-up adding ~15 us per entry on average.
 
 **Search** (:class:`~terrarium.stores.base.Searchable`) has the semantics of FsStore's index
 (:mod:`terrarium.stores.fs_search`), whose helpers it shares: the same history items (every
 ``user_input``, ``item`` and ``system_item`` entry with text, and the history a header carries,
 with seq 0), the same text preparation, FTS5 tokenizer, quoting of the user's words as data,
 filter tokens (``tags``: session, role, type; three tokens, so bm25 scores equal FsStore's),
-bm25 ranking, snippets and highlight spans. What differs is when the index is written: in the
-append's own transaction, so an acknowledged entry is found by the next search, and a rolled
-back one never is. Each append with text costs one FTS5 write: FTS5 turns every transaction's
-new rows into a new segment when it commits, about 20 us however small the rows (measured:
-a bare insert 6.5 us, with one FTS5 row in the same transaction 28 us).
+bm25 ranking, snippets and highlight spans.
 
-FsStore ranks a word found in more than ``RANK_WINDOW`` items among its most recent matches
-only, in a second FTS5 table over the newest items: bm25's idf costs about 40 ns per row
-holding the word, 35 ms for a word in most of 1M messages, and such words carry little
-information anyway. Here, writing two FTS5 tables per append would double its main cost, so
-only ``search_recent`` (every item from ``floor`` on, at least ``SEARCH_RECENT`` of them) is
-written at once; ``search_fts`` (every item up to ``hw``) takes the newer items in one batch
-when ``SEARCH_BATCH`` of them have arrived, in that append's transaction, which also lets the
-oldest items out of ``search_recent``. A search reads ``search_recent`` alone while it holds
-everything (scores then equal FsStore's exactly); otherwise ``search_fts`` up to ``hw`` and
-``search_recent`` for the few newer items, ranked with that table's statistics (close to the
-whole's over that many items). Each FTS5 table's content is a view of the rows it holds, so
-``'rebuild'`` and ``'integrity-check'`` mean what they say. A new item's id is above ``hw``
-and every id in use, so it is never taken for an item of ``search_fts``.
+Like FsStore's index it ranks a query found in more than ``RANK_WINDOW`` items among its most
+recent matches only, in a second FTS5 table over the newest items: bm25's idf costs about
+40 ns per row holding the word, 35 ms for a word in most of 1M messages, and such words carry
+little information anyway. ``search_fts`` holds every item up to ``hw``, the newest;
+``search_recent`` those from ``floor`` on, at least ``SEARCH_RECENT`` of them (the oldest leave
+it a batch at a time). A search reads ``search_recent`` alone while it holds everything
+(scores then equal FsStore's exactly), else ``search_fts``. Each FTS5 table's content is a
+view of the rows it holds, so ``'rebuild'`` and ``'integrity-check'`` mean what they say.
 Deleting a context finds its items through their session tag (no index on
-``search_docs.session_id`` for every append to update).
+``search_docs.session_id`` for every item to update).
 
 **Listing.** :meth:`SqliteStore.list_contexts_fast` gives every context's message count and
-last activity, as a restore would find them, from one query over the heads and their head
-segments' entries (about 12 us a context), restoring nothing.
+last activity, as a restore would find them, from one scan of the heads, restoring nothing:
+the catch-up adds each read entry to the counts of the head it extends, and a head move counts
+its new segment (its header's history, or a fork's prefix of its parent, and its entries).
 
 **Threads.** Connections come from a small pool: a thread takes an idle connection for one
 call and gives it back, so reads in many threads run in parallel under WAL, and the number of
@@ -156,6 +164,8 @@ SEARCH_RECENT = 50_000
 SEARCH_BATCH = 256
 #: Queries matching more items than this are ranked among their most recent matches.
 RANK_WINDOW = 5000
+#: The page cache of each connection, in KiB (SQLite's default is 2 MB).
+CACHE_KIB = 64 * 1024
 
 _HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
 _HISTORY_SQL = "('user_input', 'item', 'system_item')"
@@ -275,6 +285,9 @@ class SqliteStore:
         )
         try:
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            # SQLite's default page cache is 2 MB; ranking reads each match's row sizes, and
+            # with the pages of a big index at hand a search is ~3x faster.
+            conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
         except BaseException:
             conn.close()
             raise
