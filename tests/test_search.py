@@ -26,7 +26,7 @@ from terrarium.sessions import (
     save_delta,
     save_user_input,
 )
-from terrarium.stores import fs_search
+from terrarium.stores import fs_search, fts
 from terrarium.stores.base import (
     NewEntry,
     PodMetadata,
@@ -220,7 +220,7 @@ HOSTILE = [
 def test_query_syntax_is_matched_as_words(store: FsStore, text: str) -> None:
     """FTS5 and SQL syntax in a query is data: no error, and it finds the words it holds."""
     _context(store, "cli:a", f"the message says {text} literally", "something else entirely")
-    words = fs_search.tokenize(text)
+    words = fts.tokenize(text)
     if not words:
         with pytest.raises(InvalidQuery):
             store.search(SearchQuery(text))
@@ -277,7 +277,7 @@ def test_unicode_is_folded_and_cjk_is_found_inside_words(
     assert _texts(scan(store, SearchQuery(query))) == [expected]
     for hit in hits:
         for a, b in hit.highlights:
-            assert fs_search.tokenize(hit.snippet[a:b])
+            assert fts.tokenize(hit.snippet[a:b])
 
 
 def test_marker_characters_in_the_text_cannot_fake_highlights(store: FsStore) -> None:
@@ -519,7 +519,7 @@ def test_common_words_are_ranked_among_recent_matches(
     store: FsStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past RANK_WINDOW matches, ranking uses fts_recent; results stay full and correct."""
-    monkeypatch.setattr(fs_search, "RANK_WINDOW", 5)
+    monkeypatch.setattr(fts, "RANK_WINDOW", 5)
     monkeypatch.setattr(fs_search, "RECENT_SIZE", 8)
     for i in range(6):
         _context(store, f"cli:c{i}", *[f"lambda item {i} {j}" for j in range(5)])
@@ -544,7 +544,7 @@ def test_among_few_matches_a_very_common_term_only_filters(
     store: FsStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A term in most rows is not weighed (bm25 gives it ~0), but every hit still has it."""
-    monkeypatch.setattr(fs_search, "RANK_WINDOW", 3)
+    monkeypatch.setattr(fts, "RANK_WINDOW", 3)
     _context(store, "cli:a", *[f"mu filler {i}" for i in range(40)])
     _context(store, "cli:b", "mu nu nu", "nu alone", "mu nu")
     hits = store.search(SearchQuery("mu nu"))

@@ -31,6 +31,7 @@ from terrarium.sessions import (
     save_delta,
     save_user_input,
 )
+from terrarium.stores import fts
 from terrarium.stores import sqlite as sqlite_backend
 from terrarium.stores.base import (
     Listing,
@@ -42,7 +43,7 @@ from terrarium.stores.base import (
     SearchQuery,
     Store,
 )
-from terrarium.stores.fs_search import tokenize
+from terrarium.stores.fts import tokenize
 from terrarium.stores.sqlite import SqliteStore
 
 FACTORIES: dict[str, Callable[[Path, pytest.FixtureRequest], Store]] = {
@@ -519,7 +520,7 @@ def _small_windows(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make SqliteStore's search tables move at a toy scale."""
     monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 4)
     monkeypatch.setattr(sqlite_backend, "SEARCH_RECENT", 10)
-    monkeypatch.setattr(sqlite_backend, "RANK_WINDOW", 6)
+    monkeypatch.setattr(fts, "RANK_WINDOW", 6)
 
 
 def test_sqlite_recent_and_full_tables_stay_consistent(
@@ -745,7 +746,7 @@ def test_postgres_search_words_keep_the_length_and_the_words(text: str) -> None:
     """search_words is one character for one (headlines map back by offset) and leaves only
     FsStore's words, folded."""
     pytest.importorskip("psycopg")
-    from terrarium.stores.fs_search import prepare_text
+    from terrarium.stores.fts import prepare_text
     from terrarium.stores.postgres import search_words
 
     prepared = prepare_text(text)

@@ -30,7 +30,7 @@ from typing import Any
 from terrarium.errors import InvalidQuery
 from terrarium.model import ContextId, item_text
 from terrarium.stores.base import Searchable, SearchHit, SearchQuery, Store
-from terrarium.stores.fs_search import (
+from terrarium.stores.fts import (
     TAG_TOKENS,
     bm25,
     check_query,

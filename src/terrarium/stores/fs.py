@@ -96,6 +96,7 @@ from terrarium.stores.base import (
     header_line,
     iter_lines,
 )
+from terrarium.stores.fts import ContextSummary
 from terrarium.stores.locks import file_lock
 
 log = logging.getLogger(__name__)
@@ -536,7 +537,7 @@ class FsStore:
         """Ranked hits for ``query`` over every segment of every context (via the index)."""
         return self.search_index.search(query)
 
-    def list_contexts_fast(self, type: str | None = None) -> list[fs_search.ContextSummary]:
+    def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary (message count, last activity), read from the index."""
         return self.search_index.list_contexts(type)
 

@@ -90,28 +90,38 @@ replaced, corrupt or of another schema version is rebuilt from the files.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import fcntl
 import logging
-import math
 import os
 import re
 import sqlite3
 import threading
 import time
-import unicodedata
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from terrarium import codec
-from terrarium.errors import CorruptLog, InvalidQuery, StoreError
+from terrarium.errors import CorruptLog, StoreError
 from terrarium.model import ROLES, ContextId, SegmentId, SessionId, item_text
 from terrarium.stores.base import SearchHit, SearchQuery
+from terrarium.stores.fts import (
+    ELLIPSIS,
+    HIGHLIGHT_CLOSE,
+    HIGHLIGHT_OPEN,
+    SNIPPET_TOKENS,
+    ContextSummary,
+    Fts5Tables,
+    Ranker,
+    assemble_hits,
+    body_match,
+    check_query,
+    fts5_phrases,
+    prepare_text,
+    query_terms,
+)
 
 log = logging.getLogger(__name__)
 
@@ -121,18 +131,12 @@ SCHEMA_VERSION = 3
 MARK_EVERY = 5.0
 #: How long a claimed session stays watched (seconds). Must exceed 2 x ``MARK_EVERY``.
 WATCH_SECONDS = 15.0
-#: Queries matching more rows than this are ranked among their most recent matches.
-RANK_WINDOW = 5000
-#: Among few matches, terms in more than this share of all rows only filter, unranked.
-COMMON_SHARE = 0.05
 #: How many of the most recent items ``fts_recent`` holds (it is rebuilt at twice that).
 RECENT_SIZE = 50_000
 #: Seconds an update waits for another process's update before searching what is there.
 BUSY_TIMEOUT = 30.0
 #: Merge the FTS b-trees after a refresh that indexed at least this many items.
 _OPTIMIZE_AFTER = 20_000
-#: The longest accepted ``limit``.
-MAX_LIMIT = 1000
 
 DB_NAME = "search.db"
 _INDEX = ".index"
@@ -142,202 +146,7 @@ _HEAD = "head.json"
 _SEGMENT_SUFFIX = ".jsonl"
 _TRACE_SUFFIX = ".trace.jsonl"
 _HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
-
-# Marker characters for snippet(); text that contains them is indexed with U+FFFD instead.
-_OPEN, _CLOSE = "\ue000", "\ue001"
-_ELLIPSIS = "…"
-_SNIPPET_TOKENS = 24
-# Put around every CJK character so unicode61 makes each one a token ("\x1f" is a separator).
-_SEP = "\x1f"
-#: Public names of the snippet settings, for other FTS5 backends (SqliteStore) to share.
-HIGHLIGHT_OPEN, HIGHLIGHT_CLOSE, ELLIPSIS, SNIPPET_TOKENS = (
-    _OPEN,
-    _CLOSE,
-    _ELLIPSIS,
-    _SNIPPET_TOKENS,
-)
-_CJK = (
-    "\u1100-\u11ff\u3005-\u3007\u3040-\u309f\u30a0-\u30ff\u3100-\u312f\u3130-\u318f"
-    "\u31a0-\u31bf\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\ua960-\ua97f\uac00-\ud7af"
-    "\ud7b0-\ud7ff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
-)
-_CJK_RE = re.compile(f"([{_CJK}])")
-_TOKEN_RE = re.compile(f"[{_CJK}]|(?:[^\\W_{_CJK}]|[\ue002-\uf8ff])+")
-_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
-_MARKERS = str.maketrans({_OPEN: "\ufffd", _CLOSE: "\ufffd"})
-_SNIPPET_SPLIT = re.compile(f"([{_OPEN}{_CLOSE}])")
-_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-# --------------------------------------------------------------------------- text and queries
-
-
-def prepare_text(text: str) -> str:
-    """The text as indexed: NFC, marker characters replaced, CJK characters set apart."""
-    if not text.isascii():
-        text = unicodedata.normalize("NFC", text).translate(_MARKERS)
-        text = _CJK_RE.sub(f"{_SEP}\\1{_SEP}", text)
-    return text
-
-
-def _fold(token: str) -> str:
-    if token.isascii():
-        return token.lower()
-    decomposed = unicodedata.normalize("NFD", token)
-    return "".join(c for c in decomposed if unicodedata.category(c) != "Mn").lower()
-
-
-def tokenize(text: str) -> list[str]:
-    """The tokens FTS5 finds in ``text``, as Python sees them (for the scan fallback).
-
-    Runs of letters and digits, lower-cased without accents; each CJK character is a token.
-    SQLite's tokenizer uses older Unicode tables, so rare scripts and recent emoji can differ.
-    """
-    return [_fold(m.group()) for m in _TOKEN_RE.finditer(text)]
-
-
-def token_spans(text: str) -> list[tuple[str, int, int]]:
-    """Each token of ``text`` with its ``(start, end)`` character span."""
-    return [(_fold(m.group()), m.start(), m.end()) for m in _TOKEN_RE.finditer(text)]
-
-
-def query_terms(text: str) -> list[str]:
-    """The user's terms that contain something to search for, each as indexed.
-
-    Raises:
-        InvalidQuery: no term has a letter or digit (an empty query, ``*``, only emoji).
-    """
-    if not isinstance(text, str):
-        raise InvalidQuery(f"a search query must be a string, not {type(text).__name__}")
-    terms = []
-    for raw in _CONTROL_RE.sub(" ", text).split():
-        term = prepare_text(raw)
-        if _TOKEN_RE.search(term):
-            terms.append(term)
-    if not terms:
-        shown = text if len(text) <= 40 else text[:40] + "..."
-        raise InvalidQuery(
-            f"nothing to search for in {shown!r}: a query needs at least one letter or digit"
-        )
-    return terms
-
-
-def fts5_phrases(terms: Iterable[str]) -> str:
-    """Terms as FTS5 strings (each a phrase matched literally), implicitly ANDed."""
-    return " ".join('"' + term.replace('"', '""') + '"' for term in terms)
-
-
-def check_query(query: SearchQuery) -> SearchQuery:
-    """Validate ``query`` and return it with its filters normalised.
-
-    ``context`` is parsed (``InvalidContextId`` if malformed); ``since`` becomes a UTC date
-    ``YYYY-MM-DD`` or an RFC 3339 time with ``Z``, comparable with entry timestamps.
-
-    Raises:
-        InvalidQuery: the text has no words, or ``limit``, ``role`` or ``since`` is invalid.
-    """
-    query_terms(query.text)
-    if not isinstance(query.limit, int) or not 1 <= query.limit <= MAX_LIMIT:
-        raise InvalidQuery(f"invalid limit {query.limit!r}: use 1 to {MAX_LIMIT}")
-    if query.role is not None and query.role not in ROLES:
-        raise InvalidQuery(f"invalid role {query.role!r}: use one of {', '.join(sorted(ROLES))}")
-    context = str(ContextId.parse(query.context)) if query.context is not None else None
-    since = _normalise_since(query.since) if query.since is not None else None
-    return SearchQuery(query.text, query.type, context, since, query.role, query.limit)
-
-
-def _normalise_since(since: str) -> str:
-    if isinstance(since, str) and _DATE_RE.fullmatch(since):
-        with contextlib.suppress(ValueError):
-            dt.date.fromisoformat(since)
-            return since
-    try:
-        moment = dt.datetime.fromisoformat(str(since).replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidQuery(
-            f"invalid since {since!r}: use a date or time such as 2026-11-01 or "
-            "2026-11-01T12:00:00Z"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def snippet_spans(marked: str) -> tuple[str, tuple[tuple[int, int], ...]]:
-    """Strip the markers and separators from an FTS5 snippet; return it and its highlights."""
-    out: list[str] = []
-    spans: list[tuple[int, int]] = []
-    length = 0
-    start = -1
-    for part in _SNIPPET_SPLIT.split(marked):
-        if part == _OPEN:
-            start = length
-        elif part == _CLOSE:
-            if start >= 0 and length > start:
-                spans.append((start, length))
-            start = -1
-        elif part:
-            part = part.replace(_SEP, "")
-            out.append(part)
-            length += len(part)
-    return "".join(out), tuple(spans)
-
-
-def assemble_hits(
-    ranked: Sequence[tuple[int, float]],
-    meta: Mapping[int, Sequence[Any]],
-    snippets: Mapping[int, str],
-) -> list[SearchHit]:
-    """Hits in rank order from ranked rowids, their rows and their marked snippets.
-
-    ``meta`` maps a rowid to (context, date, session id, segment id, seq, role, ts); rows
-    missing from ``meta`` or ``snippets`` (deleted meanwhile) are left out.
-    """
-    hits = []
-    for rowid, score in ranked:
-        if rowid not in meta or rowid not in snippets:
-            continue
-        context, date, session_id, segment_id, seq, role, ts = meta[rowid]
-        text, spans = snippet_spans(snippets[rowid])
-        hits.append(
-            SearchHit(
-                context=context,
-                date=date,
-                session_id=uuid.UUID(session_id),
-                segment_id=uuid.UUID(segment_id),
-                seq=seq,
-                role=role,
-                ts=ts,
-                snippet=text,
-                highlights=spans,
-                score=score,
-            )
-        )
-    return hits
-
-
-def bm25(
-    phrase_freqs: Sequence[int],
-    doc_freqs: Sequence[int],
-    rows: int,
-    length: int,
-    average: float,
-    k1: float = 1.2,
-    b: float = 0.75,
-) -> float:
-    """The score FTS5's ``bm25()`` gives a row, negated so that higher is better."""
-    score = 0.0
-    for freq, hits in zip(phrase_freqs, doc_freqs, strict=True):
-        idf = math.log((rows - hits + 0.5) / (hits + 0.5))
-        if idf <= 0.0:
-            idf = 1e-6
-        score += idf * (freq * (k1 + 1.0)) / (freq + k1 * (1.0 - b + b * length / average))
-    return score
-
-
-#: Tokens each row has in the ``tags`` column (session, role, type): part of bm25's length.
-TAG_TOKENS = 3
 
 
 # --------------------------------------------------------------------------- markers
@@ -365,36 +174,6 @@ def mark_dirty(root: Path, session_id: SessionId) -> None:
 
 
 # --------------------------------------------------------------------------- records
-
-
-class ContextSummary(msgspec.Struct, frozen=True):
-    """One context as ``list`` shows it, read from the index (no session file opened)."""
-
-    context: str
-    """The context id, ``type:name``."""
-    date: str
-    """The creation date, ``YYYY-MM-DD``."""
-    message_count: int
-    """History items in the head segment's restored state."""
-    last_active: str
-    """Timestamp of the head segment's last entry."""
-    created_at: str
-    updated_at: str
-    """When the head last moved."""
-    session: str
-    """The session id, as text (see :attr:`session_id`)."""
-    head: str
-    """The head segment id, as text (see :attr:`segment_id`)."""
-
-    @property
-    def session_id(self) -> SessionId:
-        """The session id."""
-        return uuid.UUID(self.session)
-
-    @property
-    def segment_id(self) -> SegmentId:
-        """The head segment id."""
-        return uuid.UUID(self.head)
 
 
 @dataclass
@@ -529,8 +308,7 @@ class SearchIndex:
         self._conn: sqlite3.Connection | None = None
         self._ino: int | None = None
         self._warned: set[str] = set()
-        # term -> (found in more than COMMON_SHARE of rows?, rows when checked)
-        self._common: dict[str, tuple[bool, int]] = {}
+        self._ranker = Ranker(Fts5Tables(recent="fts_recent", docs="docs"))
 
     def __repr__(self) -> str:
         return f"SearchIndex({str(self.root)!r})"
@@ -847,8 +625,10 @@ class SearchIndex:
             tags += f' AND tags : "t{row[0]}"'
         if q.role is not None:
             tags += f' AND tags : "r{q.role}"'
-        match = _body(terms) + tags
-        ranked = self._rank(conn, terms, match, q)
+        phrases = [fts5_phrases([term]) for term in terms]
+        match = body_match(phrases) + tags
+        (rows,) = conn.execute("SELECT coalesce(max(id), 0) FROM docs").fetchone()
+        ranked = self._ranker.rank(conn, "fts", phrases, tags, q, rows)
         if not ranked:
             return []
         marks = ",".join("?" * len(ranked))
@@ -857,7 +637,7 @@ class SearchIndex:
             conn.execute(
                 f"SELECT rowid, snippet(fts, 0, ?, ?, ?, ?) FROM fts "
                 f"WHERE fts MATCH ? AND rowid IN ({marks})",
-                (_OPEN, _CLOSE, _ELLIPSIS, _SNIPPET_TOKENS, match, *ids),
+                (HIGHLIGHT_OPEN, HIGHLIGHT_CLOSE, ELLIPSIS, SNIPPET_TOKENS, match, *ids),
             ).fetchall()
         )
         meta = {
@@ -871,89 +651,6 @@ class SearchIndex:
             )
         }
         return assemble_hits(ranked, meta, snippets)
-
-    def _rank(
-        self, conn: sqlite3.Connection, terms: list[str], match: str, q: SearchQuery
-    ) -> list[tuple[int, float]]:
-        """The best (rowid, score) pairs for ``match`` (the terms and the filter tags).
-
-        bm25 is computed over the terms only (FTS5 walks every row holding a phrase to weigh
-        it, tags included); the whole expression filters. Queries with many matches are
-        ranked among the most recent ones; among few matches, terms found in a large share
-        of all rows (weightless in bm25, costly to weigh) only filter.
-        """
-        window = max(RANK_WINDOW, q.limit)
-        bound = _nth_match(conn, "fts", match, window)
-        if bound is None:
-            ranked, common = self._informative(conn, terms, window, tagged=match != _body(terms))
-            # Ranking by common terms alone would walk all their rows to apply the filters.
-            rank_match = match if common else _body(ranked)
-            return self._ranked(conn, "fts", rank_match, match, None, q)
-        body = _body(terms)
-        recent = _nth_match(conn, "fts_recent", match, window)
-        rows = self._ranked(conn, "fts_recent", body, match, recent, q)
-        if len(rows) >= q.limit:
-            return rows
-        rows = self._ranked(conn, "fts", body, match, bound, q)
-        if len(rows) >= q.limit or q.since is None:
-            return rows
-        return self._ranked(conn, "fts", body, match, None, q)
-
-    def _informative(
-        self, conn: sqlite3.Connection, terms: list[str], window: int, *, tagged: bool
-    ) -> tuple[list[str], bool]:
-        """The terms worth ranking by, and whether they are all common.
-
-        A term is common when more than ``COMMON_SHARE`` of all rows hold it; common terms
-        are dropped unless every term is common.
-        """
-        if len(set(terms)) < 2 and not tagged:
-            return terms, False
-        (rows,) = conn.execute("SELECT coalesce(max(id), 0) FROM docs").fetchone()
-        threshold = max(window, int(rows * COMMON_SHARE))
-        rare = []
-        for term in terms:
-            known = self._common.get(term)
-            if known is None or not 0.9 * known[1] <= rows <= 1.1 * known[1]:
-                common = _nth_match(conn, "fts", _body([term]), threshold) is not None
-                if len(self._common) > 10_000:
-                    self._common.clear()
-                known = self._common[term] = (common, rows)
-            if not known[0]:
-                rare.append(term)
-        return (rare, False) if rare else (terms, True)
-
-    def _ranked(
-        self,
-        conn: sqlite3.Connection,
-        table: str,
-        rank_match: str,
-        match: str,
-        floor: int | None,
-        q: SearchQuery,
-    ) -> list[tuple[int, float]]:
-        """Rows matching ``match`` (from ``floor`` on) ranked by bm25 of ``rank_match``."""
-        sql = f"SELECT {table}.rowid, bm25({table}, 1.0, 0.0) AS r FROM {table}"
-        where = f" WHERE {table} MATCH ?"
-        args: list[object] = [rank_match]
-        if floor is not None:
-            where += f" AND {table}.rowid >= ?"
-            args.append(floor)
-        if match != rank_match:
-            # The unary + keeps SQLite from turning the IN list into one MATCH per row.
-            where += f" AND +{table}.rowid IN (SELECT rowid FROM {table}(?)"
-            args.append(match)
-            if floor is not None:
-                where += " WHERE rowid >= ?"
-                args.append(floor)
-            where += ")"
-        if q.since is not None:
-            sql += f" JOIN docs ON docs.id = {table}.rowid"
-            where += " AND docs.ts >= ?"
-            args.append(q.since)
-        args.append(q.limit)
-        rows = conn.execute(f"{sql}{where} ORDER BY r, {table}.rowid DESC LIMIT ?", args)
-        return [(rowid, -rank) for rowid, rank in rows]
 
     def list_contexts(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary, optionally of one type, sorted by context id."""
@@ -1390,20 +1087,6 @@ class _Work:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _body(terms: Iterable[str]) -> str:
-    """An FTS5 expression matching every term in the text column."""
-    return f"body : ({fts5_phrases(terms)})"
-
-
-def _nth_match(conn: sqlite3.Connection, table: str, match: str, n: int) -> int | None:
-    """The rowid of the (n+1)-th most recent row matching ``match``, or None if there are fewer."""
-    row = conn.execute(
-        f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?",
-        (match, n),
-    ).fetchone()
-    return None if row is None else int(row[0])
 
 
 def _doc(seq: int, item: Any, ts: str) -> tuple[int, str, str, str]:

@@ -128,16 +128,16 @@ from terrarium.stores.base import (
     header_line,
     iter_lines,
 )
-from terrarium.stores.fs_search import (
-    _CLOSE,
-    _ELLIPSIS,
-    _OPEN,
-    _SEP,
-    _SNIPPET_TOKENS,
-    _TOKEN_RE,
+from terrarium.stores.fts import (
+    ELLIPSIS,
+    HIGHLIGHT_CLOSE,
+    HIGHLIGHT_OPEN,
+    SEPARATOR,
+    SNIPPET_TOKENS,
+    TOKEN_RE,
     ContextSummary,
-    _fold,
     check_query,
+    fold,
     prepare_text,
     query_terms,
     snippet_spans,
@@ -183,13 +183,12 @@ RANK_WINDOW = 5000
 #: the index read them (see "Search" in the module docstring).
 SEARCH_BATCH = 256
 _CATCH_UP_SEGMENTS = 500
-_NO_LIMIT = 2**62
 _HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
 _HISTORY_SQL = "('user_input', 'item', 'system_item')"
 # ts_headline: the same markers and about the same length as FsStore's FTS5 snippets.
 _HEADLINE_OPTIONS = (
-    f'StartSel="{_OPEN}", StopSel="{_CLOSE}", MaxWords={_SNIPPET_TOKENS}, '
-    f"MinWords={_SNIPPET_TOKENS // 2}, ShortWord=0, MaxFragments=1, HighlightAll=false"
+    f'StartSel="{HIGHLIGHT_OPEN}", StopSel="{HIGHLIGHT_CLOSE}", MaxWords={SNIPPET_TOKENS}, '
+    f"MinWords={SNIPPET_TOKENS // 2}, ShortWord=0, MaxFragments=1, HighlightAll=false"
 )
 
 
@@ -314,7 +313,7 @@ class _Sql:
         )
         self.all_dirty = (
             f"SELECT session_id, segment_id FROM {s}.segments WHERE dirty "
-            "ORDER BY session_id, segment_id LIMIT %s"
+            "ORDER BY session_id, segment_id"
         )
         self.unread = (
             "SELECT e.session_id, e.segment_id, e.seq, e.line FROM unnest(%s::uuid[], "
@@ -794,7 +793,7 @@ class PostgresStore:
         """Index every entry the search index has not read yet; return how many segments
         had such entries. Searches call it first; it is public for tools and tests."""
         with self._pool.connection() as conn:
-            dirty = conn.execute(self._sql.all_dirty, (_NO_LIMIT,)).fetchall()
+            dirty = conn.execute(self._sql.all_dirty).fetchall()
         for start in range(0, len(dirty), _CATCH_UP_SEGMENTS):
             self._index([(row[0], row[1]) for row in dirty[start : start + _CATCH_UP_SEGMENTS]])
         return len(dirty)
@@ -977,7 +976,7 @@ def _pg_text(text: str) -> str:
     words, as in FTS5, and snippets leave it out, as FTS5's leave out the NUL.
     """
     if "\x00" in text:
-        text = text.replace("\x00", _SEP)
+        text = text.replace("\x00", SEPARATOR)
     if not text.isascii():
         try:
             text.encode()
@@ -1026,10 +1025,10 @@ class _FoldTable(dict[int, str]):
 
     def __missing__(self, code: int) -> str:
         char = chr(code)
-        if not _TOKEN_RE.fullmatch(char):
+        if not TOKEN_RE.fullmatch(char):
             folded = " "
         else:
-            folded = _fold(char)
+            folded = fold(char)
             if len(folded) != 1:  # keep the text's length: positions map back onto it
                 lower = char.lower()
                 folded = lower if len(lower) == 1 else char
@@ -1067,7 +1066,7 @@ def _headline_spans(
     (``don't``, a CJK word) and fold accents. So only the slice comes from the headline, and
     the phrase matches in it are found again here, with FsStore's tokens.
     """
-    plain = marked.replace(_OPEN, "").replace(_CLOSE, "")
+    plain = marked.replace(HIGHLIGHT_OPEN, "").replace(HIGHLIGHT_CLOSE, "")
     words = search_words(body)
     start = words.find(plain)
     if start < 0:  # cannot happen for a headline of these words; show the words then
@@ -1088,14 +1087,14 @@ def _headline_spans(
             merged[-1] = (merged[-1][0], max(last, merged[-1][1]))
         else:
             merged.append((first, last))
-    out = [_ELLIPSIS] if words[:start].strip() else []
+    out = [ELLIPSIS] if words[:start].strip() else []
     at = 0
     for first, last in merged:
-        out += [fragment[at:first], _OPEN, fragment[first:last], _CLOSE]
+        out += [fragment[at:first], HIGHLIGHT_OPEN, fragment[first:last], HIGHLIGHT_CLOSE]
         at = last
     out.append(fragment[at:])
     if words[end:].strip():
-        out.append(_ELLIPSIS)
+        out.append(ELLIPSIS)
     return snippet_spans("".join(out))
 
 

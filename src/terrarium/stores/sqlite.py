@@ -58,14 +58,16 @@ with seq 0), the same text preparation, FTS5 tokenizer, quoting of the user's wo
 filter tokens (``tags``: session, role, type; three tokens, so bm25 scores equal FsStore's),
 bm25 ranking, snippets and highlight spans.
 
-Like FsStore's index it ranks a query found in more than ``RANK_WINDOW`` items among its most
-recent matches only, in a second FTS5 table over the newest items: bm25's idf costs about
-40 ns per row holding the word, 35 ms for a word in most of 1M messages, and such words carry
-little information anyway. ``search_fts`` holds every item up to ``hw``, the newest;
-``search_recent`` those from ``floor`` on, at least ``SEARCH_RECENT`` of them (the oldest leave
-it a batch at a time). A search reads ``search_recent`` alone while it holds everything
-(scores then equal FsStore's exactly), else ``search_fts``. Each FTS5 table's content is a
-view of the rows it holds, so ``'rebuild'`` and ``'integrity-check'`` mean what they say.
+Ranking is :class:`terrarium.stores.fts.Ranker`'s, shared with FsStore's index: a query
+found in more than ``RANK_WINDOW`` items is ranked among its most recent matches only, in a
+second FTS5 table over the newest items, where even a common word is cheap to weigh.
+``search_fts`` holds every item up to ``hw``, the newest; ``search_recent`` those from
+``floor`` on, ``SEARCH_RECENT`` to twice as many of them: past that it is rebuilt over the
+newest ``SEARCH_RECENT`` (~0.5 s at a time, once per ``SEARCH_RECENT`` items), because
+letting items out one at a time leaves FTS5 delete markers that made a common word twice as
+slow to rank. A search reads ``search_recent`` alone while it holds everything (scores then
+equal FsStore's exactly), else ``search_fts``. Each FTS5 table's content is a view of the rows
+it holds, so ``'rebuild'`` and ``'integrity-check'`` mean what they say.
 Deleting a context finds its items through their session tag (no index on
 ``search_docs.session_id`` for every item to update).
 
@@ -123,13 +125,16 @@ from terrarium.stores.base import (
     header_line,
     iter_lines,
 )
-from terrarium.stores.fs_search import (
-    _CLOSE,
-    _ELLIPSIS,
-    _OPEN,
-    _SNIPPET_TOKENS,
+from terrarium.stores.fts import (
+    ELLIPSIS,
+    HIGHLIGHT_CLOSE,
+    HIGHLIGHT_OPEN,
+    SNIPPET_TOKENS,
     ContextSummary,
+    Fts5Tables,
+    Ranker,
     assemble_hits,
+    body_match,
     check_query,
     fts5_phrases,
     prepare_text,
@@ -140,7 +145,6 @@ from terrarium.stores.migrations import Migrations
 
 __all__ = [
     "MIGRATIONS",
-    "RANK_WINDOW",
     "SEARCH_BATCH",
     "SEARCH_RECENT",
     "SYNCHRONOUS_MODES",
@@ -156,14 +160,11 @@ MIGRATIONS: Migrations[sqlite3.Connection] = Migrations("sqlite")
 
 _MAX_SEQ = 2**31 - 1
 _SEEN_CACHE = 4096
-_NO_LIMIT = 2**63 - 1
 
-#: ``search_recent`` keeps at least this many of the newest history items (see the docstring).
+#: ``search_recent`` holds this many to twice as many of the newest items (see the docstring).
 SEARCH_RECENT = 50_000
-#: ``search_fts`` lags at most this many items behind; they move over in one batch.
+#: The derived tables lag the entries by at most this many before an append catches them up.
 SEARCH_BATCH = 256
-#: Queries matching more items than this are ranked among their most recent matches.
-RANK_WINDOW = 5000
 #: The page cache of each connection, in KiB (SQLite's default is 2 MB).
 CACHE_KIB = 64 * 1024
 
@@ -244,6 +245,7 @@ class SqliteStore:
         self._local = threading.local()
         # A next seq this store saw each recent segment reach (its guess for the next append),
         # and how far it last saw the derived tables read (see "Derived state").
+        self._ranker = Ranker(Fts5Tables(recent="search_recent", docs="search_docs"))
         self._seen: OrderedDict[tuple[SessionId, SegmentId], tuple[str, str, int]] = OrderedDict()
         self._wm = 0
         self._closed = False
@@ -460,7 +462,7 @@ class SqliteStore:
             if own:
                 conn.execute("BEGIN")  # one snapshot for every statement below
             try:
-                return _search(conn, q, phrases)
+                return _search(conn, self._ranker, q, phrases)
             except sqlite3.OperationalError as exc:
                 raise StoreError(f"{self.path}: search failed: {exc}") from exc
             finally:
@@ -924,21 +926,20 @@ def _add_docs(
         "WHERE id >= ?",
         (first,),
     )
-    # search_recent keeps the newest SEARCH_RECENT items, letting the oldest out a batch at a
-    # time once it holds a batch more than it must.
-    new_floor = floor
-    if last - floor + 1 > SEARCH_RECENT + SEARCH_BATCH:
+    # search_recent holds the newest SEARCH_RECENT to 2 x SEARCH_RECENT items. Past that it is
+    # rebuilt over the newest SEARCH_RECENT: letting items out one by one would leave FTS5
+    # delete markers in it, which made a common word twice as slow to rank.
+    if last - floor + 1 > 2 * SEARCH_RECENT:
         new_floor = last - SEARCH_RECENT + 1
+        conn.execute("UPDATE search_meta SET hw = ?, floor = ?", (last, new_floor))
+        conn.execute("INSERT INTO search_recent (search_recent) VALUES ('rebuild')")
+    else:
+        new_floor = floor
         conn.execute(
-            "INSERT INTO search_recent (search_recent, rowid, body, tags) "
-            "SELECT 'delete', id, body, tags FROM search_docs WHERE id >= ? AND id < ?",
-            (floor, min(new_floor, first)),
+            "INSERT INTO search_recent (rowid, body, tags) SELECT id, body, tags "
+            "FROM search_docs WHERE id >= ?",
+            (first,),
         )
-    conn.execute(
-        "INSERT INTO search_recent (rowid, body, tags) SELECT id, body, tags FROM search_docs "
-        "WHERE id >= ?",
-        (max(first, new_floor),),
-    )
     return last, new_floor
 
 
@@ -971,7 +972,9 @@ def _unindex_session(conn: sqlite3.Connection, session_id: str) -> None:
 # --------------------------------------------------------------------------- search
 
 
-def _search(conn: sqlite3.Connection, q: SearchQuery, phrases: list[str]) -> list[SearchHit]:
+def _search(
+    conn: sqlite3.Connection, ranker: Ranker, q: SearchQuery, phrases: list[str]
+) -> list[SearchHit]:
     """The hits for a checked query; ``phrases`` are its terms as FTS5 strings."""
     filters = ""
     if q.context is not None:
@@ -984,16 +987,16 @@ def _search(conn: sqlite3.Connection, q: SearchQuery, phrases: list[str]) -> lis
         filters += f' AND tags : "t{q.type.encode().hex()}"'
     if q.role is not None:
         filters += f' AND tags : "r{q.role}"'
-    match = f"body : ({' '.join(phrases)}){filters}"
-    floor, lowest = conn.execute(
-        "SELECT floor, (SELECT min(id) FROM search_docs) FROM search_meta"
+    match = body_match(phrases) + filters
+    hw, floor, lowest = conn.execute(
+        "SELECT hw, floor, (SELECT min(id) FROM search_docs) FROM search_meta"
     ).fetchone()
     if lowest is None:
         return []
     # While search_recent holds every item it alone answers (bm25 over all items, as FsStore's
     # index computes it); else search_fts, which always holds every item.
     table = "search_recent" if floor <= lowest else "search_fts"
-    ranked = _rank(conn, q, phrases, filters, table)
+    ranked = ranker.rank(conn, table, phrases, filters, q, hw - lowest + 1)
     if not ranked:
         return []
     ids = [rowid for rowid, _ in ranked]
@@ -1001,7 +1004,7 @@ def _search(conn: sqlite3.Connection, q: SearchQuery, phrases: list[str]) -> lis
         conn.execute(
             f"SELECT f.rowid, snippet({table}, 0, ?, ?, ?, ?) FROM json_each(?) AS j "
             f"CROSS JOIN {table} AS f WHERE f.rowid = j.value AND {table} MATCH ?",
-            (_OPEN, _CLOSE, _ELLIPSIS, _SNIPPET_TOKENS, json.dumps(ids), match),
+            (HIGHLIGHT_OPEN, HIGHLIGHT_CLOSE, ELLIPSIS, SNIPPET_TOKENS, json.dumps(ids), match),
         )
     )
     marks = ",".join("?" * len(ids))
@@ -1015,109 +1018,6 @@ def _search(conn: sqlite3.Connection, q: SearchQuery, phrases: list[str]) -> lis
         )
     }
     return assemble_hits(ranked, meta, snippets)
-
-
-def _rank(
-    conn: sqlite3.Connection, q: SearchQuery, phrases: list[str], filters: str, table: str
-) -> list[tuple[int, float]]:
-    """The best (rowid, score) pairs, as ``FsStore``'s index ranks them, from ``table``."""
-    match = f"body : ({' '.join(phrases)}){filters}"
-    window = max(RANK_WINDOW, q.limit)
-    newest = [
-        row[0]
-        for row in conn.execute(
-            f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rowid DESC LIMIT ?",
-            (match, window + 1),
-        )
-    ]
-    if len(newest) <= window:  # few matches: rank them all
-        # bm25 computes each phrase's idf from all of its matches: 40 ns a row, 35 ms for a
-        # word in most of 1M items, and the same for a filter's tag. So rank with the terms
-        # that are not common: tags weigh nothing in bm25 and common words next to nothing.
-        rare = [p for p in phrases if _bound(conn, table, f"body : {p}", window) is None]
-        if not rare or (len(rare) == len(phrases) and not filters):
-            return _ranked(conn, table, match, q, None)
-        found = None if q.since is not None else newest
-        return _rank_matches(conn, q, match, f"body : ({' '.join(rare)})", table, found)
-    # A common query: rank its most recent matches, where bm25's idf is cheap to compute.
-    recent = _bound(conn, "search_recent", match, window)
-    rows = _ranked(conn, "search_recent", match, q, recent)
-    if len(rows) >= q.limit:
-        return rows
-    rows = _ranked(conn, table, match, q, newest[-1])
-    if len(rows) >= q.limit or q.since is None:
-        return rows
-    return _ranked(conn, table, match, q, None)
-
-
-def _rank_matches(
-    conn: sqlite3.Connection,
-    q: SearchQuery,
-    match: str,
-    rank: str,
-    table: str,
-    found: list[int] | None,
-) -> list[tuple[int, float]]:
-    """Rank the few items that ``match`` finds by the bm25 of ``rank``, a part of it whose
-    phrases each have few matches (so computing their idf is cheap). ``found``: the items
-    ``match`` finds, if the caller has them."""
-    if found is None:
-        found = [rowid for rowid, _ in _ranked(conn, table, match, q, None, ranked=False)]
-    if not found:
-        return []
-    # Score every item ``rank`` finds (few) and keep the best of those ``match`` found, all
-    # inside SQLite.
-    return [
-        (rowid, -score)
-        for rowid, score in conn.execute(
-            f"WITH r AS MATERIALIZED (SELECT {table}.rowid AS id, bm25({table}, 1.0, 0.0) "
-            f"AS score FROM {table} WHERE {table} MATCH ? "
-            f"ORDER BY {table}.rowid DESC LIMIT {_NO_LIMIT}) SELECT id, score FROM r "
-            "WHERE id IN (SELECT value FROM json_each(?)) ORDER BY score, id DESC LIMIT ?",
-            (rank, json.dumps(found), q.limit),
-        )
-    ]
-
-
-def _bound(conn: sqlite3.Connection, table: str, match: str, window: int) -> int | None:
-    """The rowid of the match ``window`` places before the newest, or None if fewer match."""
-    row = conn.execute(
-        f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?",
-        (match, window),
-    ).fetchone()
-    return None if row is None else int(row[0])
-
-
-def _ranked(
-    conn: sqlite3.Connection,
-    table: str,
-    match: str,
-    q: SearchQuery,
-    floor: int | None,
-    *,
-    ranked: bool = True,
-) -> list[tuple[int, float]]:
-    """(rowid, bm25 score) of the best matches of ``match`` in ``table`` from rowid ``floor``
-    on, newest first on ties; ``ranked=False``: every match, unscored, newest first."""
-    score = f"bm25({table}, 1.0, 0.0)" if ranked else "0.0"
-    sql = f"SELECT {table}.rowid AS id, {score} AS r FROM {table}"
-    where = f" WHERE {table} MATCH ?"
-    args: list[object] = [match]
-    if floor is not None:
-        where += f" AND {table}.rowid >= ?"
-        args.append(floor)
-    if q.since is not None:
-        sql += f" JOIN search_docs ON search_docs.id = {table}.rowid"
-        where += " AND search_docs.ts >= ?"
-        args.append(q.since)
-    # Newest first: FTS5 then starts at the end of each doclist and stops at ``floor``; in
-    # the other direction it would read every older match first. (The LIMIT keeps SQLite
-    # from dropping an ORDER BY that looks useless inside the CTE.)
-    sql = f"{sql}{where} ORDER BY {table}.rowid DESC LIMIT {_NO_LIMIT}"
-    if ranked:
-        sql = f"WITH w AS MATERIALIZED ({sql}) SELECT id, r FROM w ORDER BY r, id DESC LIMIT ?"
-        args.append(q.limit)
-    return [(rowid, -rank) for rowid, rank in conn.execute(sql, args)]
 
 
 # --------------------------------------------------------------------------- migrations

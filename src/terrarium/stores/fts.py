@@ -1,0 +1,436 @@
+"""Full-text search over SQLite FTS5, shared by ``FsStore``'s index and ``SqliteStore``.
+
+Also the text handling that every store's search shares (``PostgresStore`` included): how an
+item's text is prepared for indexing, how the user's words become a query (always data, never
+syntax), how snippets are marked and turned into highlight spans, bm25 in Python for the scan
+fallback, and the listing record.
+
+**Ranking** (:class:`Ranker`). bm25 (``k1=1.2``, ``b=0.75``, FTS5's own) over the text
+column. The filters (type, context, role) are tokens of a second column, ``tags``, so FTS5
+intersects them with the terms instead of testing every match; ``since`` is tested per row.
+FTS5's bm25 costs about 1-2 us per matching row (it reads each row's size), plus, to weigh
+each phrase of the expression (its IDF), 40 ns per row in the whole table that holds the
+phrase: ranking a word found in 860k of 1M messages costs 630 ms, and even a rare word ANDed
+with it pays 35 ms. Hence, measured on 1M messages (``benchmarks/bench_search.py``,
+``benchmarks/bench_stores.py``):
+
+* the ranking expression holds the terms only; the whole expression (terms and tags) filters
+  through ``+rowid IN (...)``, so a role tag in half the rows is never weighed (the ``+``
+  keeps SQLite from turning the list into one MATCH per row);
+* each term is classed, once per term while the table's size stays within 10 %, by how many
+  rows hold it: *few* (at most ``RANK_WINDOW``), *common* (more than ``COMMON_SHARE`` of all
+  rows, and more than ``RANK_WINDOW``), or in between;
+* a query with a *few* term has at most ``RANK_WINDOW`` matches, so it is ranked whole, in
+  rowid order (FTS5 walks a long doclist backwards page by page: finding the newest matches
+  of a rare word ANDed with a common one that way cost 10 ms);
+* any other query is first walked newest first: with more than ``RANK_WINDOW`` matches it is
+  ranked among its most recent ``RANK_WINDOW`` matches in the second, smaller table of the
+  newest items, where even a common word is cheap to weigh (falling back to the whole index
+  when that finds too few). Such words carry almost no information, and for them recency is
+  the better order anyway;
+* among fewer matches, *common* terms only filter when the query has rarer ones: bm25 gives
+  them almost no weight (IDF under 3, against 6 to 8 for the words people look for) and
+  weighing them is what costs.
+
+Rows are numbered in indexing order, which is arrival order. The scan fallback
+(:func:`terrarium.search.scan`) computes the same bm25 in Python, so on a store small enough
+for no word to pass ``RANK_WINDOW`` both give the same hits with the same scores.
+
+**Snippets.** FTS5 ``snippet()`` marks matches with two private-use characters, which are
+then stripped and turned into ``(start, end)`` spans; occurrences of those two characters in
+the text itself are indexed as U+FFFD so they can never be confused with the markers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import math
+import re
+import sqlite3
+import unicodedata
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from terrarium.errors import InvalidQuery
+from terrarium.model import ROLES, ContextId, SegmentId, SessionId
+from terrarium.stores.base import SearchHit, SearchQuery
+
+#: Queries matching more rows than this are ranked among their most recent matches.
+RANK_WINDOW = 2000
+#: Among few matches, terms in more than this share of all rows only filter, unranked.
+COMMON_SHARE = 0.05
+#: The longest accepted ``limit``.
+MAX_LIMIT = 1000
+
+# --------------------------------------------------------------------------- text and queries
+
+# Marker characters for snippet(); text that contains them is indexed with U+FFFD instead.
+_OPEN, _CLOSE = "\ue000", "\ue001"
+_ELLIPSIS = "…"
+_SNIPPET_TOKENS = 24
+# Put around every CJK character so unicode61 makes each one a token ("\x1f" is a separator).
+_SEP = "\x1f"
+#: Public names of the snippet settings, for other FTS5 backends (SqliteStore) to share.
+HIGHLIGHT_OPEN, HIGHLIGHT_CLOSE, ELLIPSIS, SNIPPET_TOKENS = (
+    _OPEN,
+    _CLOSE,
+    _ELLIPSIS,
+    _SNIPPET_TOKENS,
+)
+_CJK = (
+    "\u1100-\u11ff\u3005-\u3007\u3040-\u309f\u30a0-\u30ff\u3100-\u312f\u3130-\u318f"
+    "\u31a0-\u31bf\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\ua960-\ua97f\uac00-\ud7af"
+    "\ud7b0-\ud7ff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
+)
+_CJK_RE = re.compile(f"([{_CJK}])")
+_TOKEN_RE = re.compile(f"[{_CJK}]|(?:[^\\W_{_CJK}]|[\ue002-\uf8ff])+")
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
+_MARKERS = str.maketrans({_OPEN: "\ufffd", _CLOSE: "\ufffd"})
+_SNIPPET_SPLIT = re.compile(f"([{_OPEN}{_CLOSE}])")
+_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+#: A word character as the FTS5 tokenizer sees it (CJK characters are words of one).
+TOKEN_RE = _TOKEN_RE
+#: What ``prepare_text`` puts around each CJK character: a separator to the tokenizer.
+SEPARATOR = _SEP
+
+
+def prepare_text(text: str) -> str:
+    """The text as indexed: NFC, marker characters replaced, CJK characters set apart."""
+    if not text.isascii():
+        text = unicodedata.normalize("NFC", text).translate(_MARKERS)
+        text = _CJK_RE.sub(f"{_SEP}\\1{_SEP}", text)
+    return text
+
+
+def fold(token: str) -> str:
+    """A token as FTS5 compares it: lower-cased, without accents."""
+    if token.isascii():
+        return token.lower()
+    decomposed = unicodedata.normalize("NFD", token)
+    return "".join(c for c in decomposed if unicodedata.category(c) != "Mn").lower()
+
+
+def tokenize(text: str) -> list[str]:
+    """The tokens FTS5 finds in ``text``, as Python sees them (for the scan fallback).
+
+    Runs of letters and digits, lower-cased without accents; each CJK character is a token.
+    SQLite's tokenizer uses older Unicode tables, so rare scripts and recent emoji can differ.
+    """
+    return [fold(m.group()) for m in _TOKEN_RE.finditer(text)]
+
+
+def token_spans(text: str) -> list[tuple[str, int, int]]:
+    """Each token of ``text`` with its ``(start, end)`` character span."""
+    return [(fold(m.group()), m.start(), m.end()) for m in _TOKEN_RE.finditer(text)]
+
+
+def query_terms(text: str) -> list[str]:
+    """The user's terms that contain something to search for, each as indexed.
+
+    Raises:
+        InvalidQuery: no term has a letter or digit (an empty query, ``*``, only emoji).
+    """
+    if not isinstance(text, str):
+        raise InvalidQuery(f"a search query must be a string, not {type(text).__name__}")
+    terms = []
+    for raw in _CONTROL_RE.sub(" ", text).split():
+        term = prepare_text(raw)
+        if _TOKEN_RE.search(term):
+            terms.append(term)
+    if not terms:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise InvalidQuery(
+            f"nothing to search for in {shown!r}: a query needs at least one letter or digit"
+        )
+    return terms
+
+
+def fts5_phrases(terms: Iterable[str]) -> str:
+    """Terms as FTS5 strings (each a phrase matched literally), implicitly ANDed."""
+    return " ".join('"' + term.replace('"', '""') + '"' for term in terms)
+
+
+def check_query(query: SearchQuery) -> SearchQuery:
+    """Validate ``query`` and return it with its filters normalised.
+
+    ``context`` is parsed (``InvalidContextId`` if malformed); ``since`` becomes a UTC date
+    ``YYYY-MM-DD`` or an RFC 3339 time with ``Z``, comparable with entry timestamps.
+
+    Raises:
+        InvalidQuery: the text has no words, or ``limit``, ``role`` or ``since`` is invalid.
+    """
+    query_terms(query.text)
+    if not isinstance(query.limit, int) or not 1 <= query.limit <= MAX_LIMIT:
+        raise InvalidQuery(f"invalid limit {query.limit!r}: use 1 to {MAX_LIMIT}")
+    if query.role is not None and query.role not in ROLES:
+        raise InvalidQuery(f"invalid role {query.role!r}: use one of {', '.join(sorted(ROLES))}")
+    context = str(ContextId.parse(query.context)) if query.context is not None else None
+    since = _normalise_since(query.since) if query.since is not None else None
+    return SearchQuery(query.text, query.type, context, since, query.role, query.limit)
+
+
+def _normalise_since(since: str) -> str:
+    if isinstance(since, str) and _DATE_RE.fullmatch(since):
+        with contextlib.suppress(ValueError):
+            dt.date.fromisoformat(since)
+            return since
+    try:
+        moment = dt.datetime.fromisoformat(str(since).replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidQuery(
+            f"invalid since {since!r}: use a date or time such as 2026-11-01 or "
+            "2026-11-01T12:00:00Z"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def snippet_spans(marked: str) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """Strip the markers and separators from an FTS5 snippet; return it and its highlights."""
+    out: list[str] = []
+    spans: list[tuple[int, int]] = []
+    length = 0
+    start = -1
+    for part in _SNIPPET_SPLIT.split(marked):
+        if part == _OPEN:
+            start = length
+        elif part == _CLOSE:
+            if start >= 0 and length > start:
+                spans.append((start, length))
+            start = -1
+        elif part:
+            part = part.replace(_SEP, "")
+            out.append(part)
+            length += len(part)
+    return "".join(out), tuple(spans)
+
+
+def assemble_hits(
+    ranked: Sequence[tuple[int, float]],
+    meta: Mapping[int, Sequence[Any]],
+    snippets: Mapping[int, str],
+) -> list[SearchHit]:
+    """Hits in rank order from ranked rowids, their rows and their marked snippets.
+
+    ``meta`` maps a rowid to (context, date, session id, segment id, seq, role, ts); rows
+    missing from ``meta`` or ``snippets`` (deleted meanwhile) are left out.
+    """
+    hits = []
+    for rowid, score in ranked:
+        if rowid not in meta or rowid not in snippets:
+            continue
+        context, date, session_id, segment_id, seq, role, ts = meta[rowid]
+        text, spans = snippet_spans(snippets[rowid])
+        hits.append(
+            SearchHit(
+                context=context,
+                date=date,
+                session_id=uuid.UUID(session_id),
+                segment_id=uuid.UUID(segment_id),
+                seq=seq,
+                role=role,
+                ts=ts,
+                snippet=text,
+                highlights=spans,
+                score=score,
+            )
+        )
+    return hits
+
+
+def bm25(
+    phrase_freqs: Sequence[int],
+    doc_freqs: Sequence[int],
+    rows: int,
+    length: int,
+    average: float,
+    k1: float = 1.2,
+    b: float = 0.75,
+) -> float:
+    """The score FTS5's ``bm25()`` gives a row, negated so that higher is better."""
+    score = 0.0
+    for freq, hits in zip(phrase_freqs, doc_freqs, strict=True):
+        idf = math.log((rows - hits + 0.5) / (hits + 0.5))
+        if idf <= 0.0:
+            idf = 1e-6
+        score += idf * (freq * (k1 + 1.0)) / (freq + k1 * (1.0 - b + b * length / average))
+    return score
+
+
+#: Tokens each row has in the ``tags`` column (session, role, type): part of bm25's length.
+TAG_TOKENS = 3
+
+
+# --------------------------------------------------------------------------- listing
+
+
+class ContextSummary(msgspec.Struct, frozen=True):
+    """One context as ``list`` shows it, read from the index (no session file opened)."""
+
+    context: str
+    """The context id, ``type:name``."""
+    date: str
+    """The creation date, ``YYYY-MM-DD``."""
+    message_count: int
+    """History items in the head segment's restored state."""
+    last_active: str
+    """Timestamp of the head segment's last entry."""
+    created_at: str
+    updated_at: str
+    """When the head last moved."""
+    session: str
+    """The session id, as text (see :attr:`session_id`)."""
+    head: str
+    """The head segment id, as text (see :attr:`segment_id`)."""
+
+    @property
+    def session_id(self) -> SessionId:
+        """The session id."""
+        return uuid.UUID(self.session)
+
+    @property
+    def segment_id(self) -> SegmentId:
+        """The head segment id."""
+        return uuid.UUID(self.head)
+
+
+# --------------------------------------------------------------------------- ranking
+
+
+def body_match(phrases: Iterable[str]) -> str:
+    """An FTS5 expression matching every one of ``phrases`` (FTS5 strings) in the text."""
+    return f"body : ({' '.join(phrases)})"
+
+
+def nth_match(conn: sqlite3.Connection, table: str, match: str, n: int) -> int | None:
+    """The rowid of the (n+1)-th most recent row matching ``match``, or None if fewer match."""
+    row = conn.execute(
+        f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?",
+        (match, n),
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Fts5Tables:
+    """Where an FTS5 search index keeps its rows (see :class:`Ranker`)."""
+
+    recent: str
+    """An FTS5 table (columns ``body``, ``tags``) of the newest rows only."""
+    docs: str
+    """A table whose ``id`` is the FTS5 rowid and whose ``ts`` is the row's time."""
+
+
+class Ranker:
+    """bm25 ranking over an FTS5 index, as the module docstring describes.
+
+    Keeps, per term, which class it is in (cached while the table's size stays within 10 %).
+    Not thread-safe on its own: callers hold their own lock or give each thread its own.
+    """
+
+    def __init__(self, tables: Fts5Tables) -> None:
+        self.tables = tables
+        # (table, phrase) -> (class: 0 few, 1 between, 2 common; rows when classed)
+        self._classes: dict[tuple[str, str], tuple[int, int]] = {}
+
+    def rank(
+        self,
+        conn: sqlite3.Connection,
+        table: str,
+        phrases: Sequence[str],
+        filters: str,
+        q: SearchQuery,
+        rows: int,
+    ) -> list[tuple[int, float]]:
+        """The best (rowid, score) pairs for ``q``, higher scores first.
+
+        Args:
+            conn: a connection in a read transaction (one snapshot for every statement).
+            table: the FTS5 table that holds every row.
+            phrases: the query's terms as FTS5 strings, each matched as a phrase.
+            filters: `` AND tags : ...`` conditions on the tags column, or ``""``.
+            q: the checked query (its ``limit`` and ``since``).
+            rows: about how many rows ``table`` holds.
+        """
+        body = body_match(phrases)
+        match = body + filters
+        window = max(RANK_WINDOW, q.limit)
+        classes = {p: self._class(conn, table, p, window, rows) for p in phrases}
+        bound = None
+        if 0 not in classes.values():  # maybe many matches: find the window's oldest
+            bound = nth_match(conn, table, match, window)
+        if bound is None:  # at most ``window`` matches: rank them all
+            informative = [p for p in phrases if classes[p] < 2]
+            tagged = bool(filters)
+            if len(set(phrases)) < 2 and not tagged:
+                informative = list(phrases)
+            # Ranking by common terms alone would walk all their rows to apply the filters.
+            rank_match = body_match(informative) if informative else match
+            return self._ranked(conn, table, rank_match, match, None, q)
+        recent = nth_match(conn, self.tables.recent, match, window)
+        ranked = self._ranked(conn, self.tables.recent, body, match, recent, q)
+        if len(ranked) >= q.limit:
+            return ranked
+        ranked = self._ranked(conn, table, body, match, bound, q)
+        if len(ranked) >= q.limit or q.since is None:
+            return ranked
+        return self._ranked(conn, table, body, match, None, q)
+
+    def _class(
+        self, conn: sqlite3.Connection, table: str, phrase: str, window: int, rows: int
+    ) -> int:
+        """0 if at most ``window`` rows hold ``phrase``, 2 if more than ``COMMON_SHARE`` of
+        ``rows`` (and ``window``) do, else 1."""
+        known = self._classes.get((table, phrase))
+        if known is not None and 0.9 * known[1] <= rows <= 1.1 * known[1]:
+            return known[0]
+        match = body_match([phrase])
+        if nth_match(conn, table, match, window) is None:
+            found = 0
+        else:
+            threshold = max(window, int(rows * COMMON_SHARE))
+            found = 2 if nth_match(conn, table, match, threshold) is not None else 1
+        if len(self._classes) > 10_000:
+            self._classes.clear()
+        self._classes[table, phrase] = (found, rows)
+        return found
+
+    def _ranked(
+        self,
+        conn: sqlite3.Connection,
+        table: str,
+        rank_match: str,
+        match: str,
+        floor: int | None,
+        q: SearchQuery,
+    ) -> list[tuple[int, float]]:
+        """Rows matching ``match`` (from rowid ``floor`` on) ranked by bm25 of
+        ``rank_match``, newest first among equal scores."""
+        sql = f"SELECT {table}.rowid AS id, bm25({table}, 1.0, 0.0) AS r FROM {table}"
+        where = f" WHERE {table} MATCH ?"
+        args: list[object] = [rank_match]
+        if floor is not None:
+            where += f" AND {table}.rowid >= ?"
+            args.append(floor)
+        if match != rank_match:
+            # The unary + keeps SQLite from turning the IN list into one MATCH per row.
+            where += f" AND +{table}.rowid IN (SELECT rowid FROM {table}(?)"
+            args.append(match)
+            if floor is not None:
+                where += " WHERE rowid >= ?"
+                args.append(floor)
+            where += ")"
+        if q.since is not None:
+            docs = self.tables.docs
+            sql += f" JOIN {docs} ON {docs}.id = {table}.rowid"
+            where += f" AND {docs}.ts >= ?"
+            args.append(q.since)
+        args.append(q.limit)
+        rows = conn.execute(f"{sql}{where} ORDER BY r, {table}.rowid DESC LIMIT ?", args)
+        return [(rowid, -rank) for rowid, rank in rows]
