@@ -17,7 +17,15 @@ import pytest
 from click.testing import CliRunner, Result
 
 from fakeserver import FakeServer
-from terrarium import FsStore, SegmentStartState, create_segment, restore, save_delta
+from terrarium import (
+    FsStore,
+    PodActiveSegmentRef,
+    SegmentStartState,
+    create_segment,
+    restore,
+    save_delta,
+    save_user_input,
+)
 from terrarium.cli import cli
 from terrarium.model import ContextId
 
@@ -549,6 +557,24 @@ def test_reindex(seeded: Path) -> None:
         == 2
     )
     assert invoke("show", "cli:main", "--storage-dir", str(seeded)).exit_code == 0
+
+
+def test_reindex_a_sqlite_store(tmp_path: Path) -> None:
+    """reindex rebuilds a SQLite store's search tables and counts; search finds the same."""
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    from terrarium.stores.url import open_store
+
+    store = open_store(url)
+    try:
+        head = create_segment(store, SegmentStartState(), context="cli:sql")
+        save_user_input(store, PodActiveSegmentRef(*head), "zeta appears once")
+    finally:
+        store.close()
+    before = json.loads(invoke("search", "zeta", "--json", "--storage-dir", url).stdout)["hits"]
+    result = invoke("reindex", "--storage-dir", url)
+    assert result.exit_code == 0 and "reindexed 1" in result.stderr
+    after = json.loads(invoke("search", "zeta", "--json", "--storage-dir", url).stdout)["hits"]
+    assert after == before and len(after) == 1
 
 
 def test_a_lost_index_is_rebuilt_whole_on_first_listing(seeded: Path) -> None:

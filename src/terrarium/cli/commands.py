@@ -633,7 +633,7 @@ def fsck(ctx: click.Context, repair: bool, as_json: bool) -> None:
 @storage_option
 @click.pass_context
 def reindex(ctx: click.Context) -> None:
-    """Rebuild the store's context index from the session files."""
+    """Rebuild the store's derived indexes (search, listing) from its sessions."""
     state = state_of(ctx)
     store = state.store()
     if not isinstance(store, Reindexable):

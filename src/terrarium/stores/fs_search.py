@@ -37,44 +37,14 @@ write and its mark (the mark follows the write, so a mark never precedes data it
 Trade-off: right after a bulk import every imported session is watched for ``WATCH_SECONDS``,
 so refreshes cost a ``stat`` per session for that long.
 
-**Queries are data.** The user's text is split on white space, each term is quoted as an FTS5
-string (``"`` doubled) and the whole expression is bound as a parameter, never spliced into
-SQL: ``*``, ``NEAR(``, ``AND``, quotes and SQL are matched as the words they contain. Terms
-with no letter or digit are dropped; a query left with none raises :class:`InvalidQuery`.
-CJK characters are indexed one per token (a separator, ``\\x1f``, is put around each when
-indexing and querying), so a CJK word is found inside a sentence written without spaces.
-Emoji and punctuation are separators, as in ``unicode61``: they are shown, never matched.
-
-**Ranking.** bm25 (``k1=1.2``, ``b=0.75``, FTS5's own) over the text. The filters (type,
-context, role) are tokens of a second column, ``tags`` (``s<session> r<role> t<type>``), so
-FTS5 intersects them with the terms instead of testing every match; ``since`` is tested per
-row. FTS5's bm25 costs about 0.7 µs per matching row, plus, to weigh each phrase of the
-expression (its IDF), 40 ns per row in the whole table that holds the phrase: ranking a word
-found in 860k of 1M messages costs 630 ms, and even a rare word ANDed with it pays 35 ms.
-Hence, measured on 1M messages:
-
-* the ranking expression holds the terms only; the whole expression (terms and tags) filters
-  through ``+rowid IN (...)``, so a role tag in half the rows is never weighed (the ``+``
-  keeps SQLite from turning the list into one MATCH per row);
-* a query matching more than ``RANK_WINDOW`` rows is ranked among its most recent
-  ``RANK_WINDOW`` matches in ``fts_recent``, a second FTS5 table over the last
-  ``RECENT_SIZE`` items, where even a common word is cheap to weigh (falling back to the whole
-  index when that finds too few). Such words carry almost no information, and for them
-  recency is the better order anyway;
-* among fewer matches, terms found in more than ``COMMON_SHARE`` of all rows only filter when
-  the query has rarer terms: bm25 gives them almost no weight (IDF under 3, against 6 to 8 for
-  the words people look for) and weighing them is what costs.
-
-So a top-20 search takes 2 ms at the median for a mid-frequency word, 4.5 ms for a word in
-most messages, 6 ms for both together; the worst seen is 30 ms (a very common word within
-one context). Rows are numbered in indexing order, which is arrival order (a full build
-indexes the least recently written sessions first). The scan fallback
-(:func:`terrarium.search.scan`) computes the same bm25 in Python, so on a store small enough
-for no word to pass ``RANK_WINDOW`` both give the same hits with the same scores.
-
-**Snippets.** FTS5 ``snippet()`` marks matches with two private-use characters, which are
-then stripped and turned into ``(start, end)`` spans; occurrences of those two characters in
-the text itself are indexed as U+FFFD so they can never be confused with the markers.
+**Queries, ranking and snippets** are :mod:`terrarium.stores.fts`'s, shared with
+``SqliteStore``: the user's words are quoted as FTS5 strings and bound as a parameter (data,
+never syntax); CJK characters are indexed one per token; bm25 over the text column, the
+filters (type, context, role) as tokens of a second column, ``tags`` (``s<session> r<role>
+t<type>``); a query with more than ``RANK_WINDOW`` matches is ranked among its most recent
+matches in ``fts_recent``, a second FTS5 table over the last ``RECENT_SIZE`` to twice as many
+items (rebuilt past that). Rows are numbered in indexing order, which is arrival order (a full
+build indexes the least recently written sessions first).
 
 **Listing.** ``sessions`` holds one row per session with its context, date, head, message
 count and last activity, kept current by the same refreshes, so listing 100k contexts is one
