@@ -873,39 +873,38 @@ def _catch_up(conn: sqlite3.Connection, *, counts: bool = True) -> int:
     (top,) = conn.execute("SELECT max(id) FROM entries").fetchone()
     if top is None or top <= wm:
         return int(wm)
-    if counts:
-        # Per segment: the bare ``ts`` comes from the row of max(id), its last entry.
-        conn.executemany(
-            "UPDATE contexts SET message_count = message_count + ?, last_active = ? "
-            "WHERE session_id = ? AND segment_id = ?",
-            [
-                (items, ts, s, g)
-                for s, g, _, ts, items in conn.execute(
-                    "SELECT session_id, segment_id, max(id), ts, "
-                    f"sum(seq > 0 AND kind IN {_HISTORY_SQL}) FROM entries WHERE id > ? "
-                    "GROUP BY session_id, segment_id",
-                    (wm,),
-                )
-            ],
-        )
+    # One pass over the new entries, in arrival order (by id: a GROUP BY would have SQLite walk
+    # the whole (session, segment, seq) index instead).
+    segments: dict[tuple[str, str], list[Any]] = {}  # -> [history items, last time]
     types: dict[str, str | None] = {}
     docs: list[tuple[Any, ...]] = []
     pending = conn.execute(
-        "SELECT session_id, segment_id, seq, line FROM entries "
-        f"WHERE id > ? AND (seq = 0 OR kind IN {_HISTORY_SQL}) ORDER BY id",
+        "SELECT session_id, segment_id, seq, kind, ts, line FROM entries WHERE id > ? ORDER BY id",
         (wm,),
     )
-    for s, g, seq, text in pending:
+    for s, g, seq, kind, ts, text in pending:
+        counted = segments.setdefault((s, g), [0, ts])
+        counted[1] = ts
+        if kind not in _HISTORY_KINDS and seq != 0:
+            continue
+        if seq != 0:
+            counted[0] += 1
         try:
             line = codec.decode(text)
         except msgspec.DecodeError:
             continue  # a damaged line holds nothing to find; reading the segment reports it
-        for doc_seq, role, ts, body in _line_docs(seq, line):
+        for doc_seq, role, doc_ts, body in _line_docs(seq, line):
             if s not in types:
                 row = conn.execute("SELECT type FROM contexts WHERE session_id = ?", (s,))
                 found = row.fetchone()
                 types[s] = None if found is None else found[0]
-            docs.append((s, g, doc_seq, role, ts, body, _tags(s, role, types[s])))
+            docs.append((s, g, doc_seq, role, doc_ts, body, _tags(s, role, types[s])))
+    if counts:
+        conn.executemany(
+            "UPDATE contexts SET message_count = message_count + ?, last_active = ? "
+            "WHERE session_id = ? AND segment_id = ?",
+            [(items, last, s, g) for (s, g), (items, last) in segments.items()],
+        )
     hw, floor = _add_docs(conn, docs, hw, floor)
     conn.execute("UPDATE search_meta SET wm = ?, hw = ?, floor = ?", (top, hw, floor))
     return int(top)
