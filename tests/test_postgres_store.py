@@ -246,15 +246,16 @@ def _waiting(sql: Any, segment_id: uuid.UUID) -> tuple[int, int, bool]:
     return row[0] - 1 - row[1], row[0], row[2]
 
 
-def test_search_index_catches_up_per_segment(
+def test_search_index_catches_up_in_batches(
     store: PostgresStore, sql: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Appends leave their items for the search index, marking the segment; a search reads
-    them first, and so does the append that leaves SEARCH_BATCH entries waiting."""
+    """Appends leave their items for the search index, marking their segments; a search reads
+    them first, and so does the store every SEARCH_BATCH entries it appends."""
     from terrarium.stores import postgres
 
     monkeypatch.setattr(postgres, "SEARCH_BATCH", 4)
     session_id, segment_id = create_segment(store, context=MAIN)
+    other = create_segment(store, context=ContextId("cli", "other"))
     for token in ("alpha one", "alpha two"):
         store.append(session_id, segment_id, [_entry(token)])
     assert _waiting(sql, segment_id) == (2, 3, True)
@@ -263,8 +264,9 @@ def test_search_index_catches_up_per_segment(
     assert _waiting(sql, segment_id) == (0, 3, False)
     store.append(session_id, segment_id, [_entry(f"beta {i}") for i in range(3)])
     assert _waiting(sql, segment_id) == (3, 6, True)
-    store.append(session_id, segment_id, [_entry("beta last")])  # the fourth waiting
-    assert _waiting(sql, segment_id) == (0, 7, False)
+    store.append(*other, [_entry("beta elsewhere")])  # the fourth since the search
+    assert _waiting(sql, segment_id) == (0, 6, False)
+    assert _waiting(sql, other[1]) == (0, 2, False)
     assert sql.execute("SELECT count(*) FROM search_docs").fetchone() == (6,)
     assert store.catch_up() == 0  # nothing left to read
 

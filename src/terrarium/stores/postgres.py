@@ -65,8 +65,9 @@ Like the other stores' indexes it is derived state, brought up to the entries in
 segment's row records how far the index has read it (``indexed_seq``) and whether entries wait
 (``dirty``, under a partial index). :meth:`PostgresStore.catch_up` reads every dirty segment's
 waiting entries, holding the segments' rows (locked in one order, so catch-ups never deadlock);
-a search runs it first, so an acknowledged entry is found by the next search, and so does the
-append that leaves ``SEARCH_BATCH`` of its segment's entries waiting. A segment's header
+a search runs it first, so an acknowledged entry is found by the next search, and so does a
+store every ``SEARCH_BATCH`` entries it appends, which bounds the backlog a search finds to
+about that many per writing process. A segment's header
 history is indexed with the segment. :meth:`PostgresStore.reindex` rebuilds the rows.
 PostgreSQL's text parser depends on the database's locale and finds e-mail addresses, URLs and
 numbers, and folding accents needs the ``unaccent`` extension; so the item's ``words`` are
@@ -179,8 +180,8 @@ _IDLE_LOCK_CONNECTIONS = 4
 
 #: Queries matching more items than this are ranked among their most recent matches.
 RANK_WINDOW = 5000
-#: An append that leaves this many of its segment's entries unread by the search index has
-#: the index read them (see "Search" in the module docstring).
+#: Every this many entries it appends, a store brings the search index up to date (see
+#: "Search" in the module docstring).
 SEARCH_BATCH = 256
 _CATCH_UP_SEGMENTS = 500
 _HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
@@ -206,25 +207,24 @@ class _Sql:
         self.quoted = s
         # One statement per append (see "Appends" in the module docstring): the segment's row
         # moves its tail from the proposed first seq (compare-and-set, under the row's lock)
-        # and the entries go in only if it did. It answers how many entries now wait for the
-        # search index, or no row at all.
+        # and the entries go in only if it did. It answers one row if they did, else none.
         move = (
             f"WITH seg AS (UPDATE {s}.segments SET next_seq = %(next)s, "
             "items = items + %(items)s, last_ts = %(last_ts)s, dirty = true "
             "WHERE session_id = %(session)s AND segment_id = %(segment)s "
-            "AND next_seq = %(first)s RETURNING next_seq - 1 - indexed_seq AS waiting), "
+            "AND next_seq = %(first)s RETURNING true AS moved), "
             f"ins AS (INSERT INTO {s}.entries (session_id, segment_id, seq, kind, ts, line) "
         )
         self.append_one = (
             f"{move}SELECT %(session)s, %(segment)s, %(first)s, %(kind)s, %(ts)s, %(line)s "
-            "FROM seg) SELECT waiting FROM seg"
+            "FROM seg) SELECT moved FROM seg"
         )
         # Many rows travel as binary arrays (no quoting of the JSON on either side); the
         # statement text stays constant, so psycopg prepares it once per connection.
         self.append_many = (
             f"{move}SELECT %(session)s, %(segment)s, e.seq, e.kind, e.ts, e.line FROM seg, "
             "unnest(%(seqs)b::int[], %(kinds)b::text[], %(tss)b::text[], %(lines)b::text[]) "
-            "AS e(seq, kind, ts, line)) SELECT waiting FROM seg"
+            "AS e(seq, kind, ts, line)) SELECT moved FROM seg"
         )
         self.next_seq = (
             f"SELECT next_seq FROM {s}.segments WHERE session_id = %s AND segment_id = %s"
@@ -390,6 +390,7 @@ class PostgresStore:
         self._sql = _Sql(schema)
         self._lock = threading.Lock()
         self._seen: OrderedDict[tuple[SessionId, SegmentId], int] = OrderedDict()
+        self._unindexed = 0  # entries this store appended since it last caught the index up
         self._idle_locks: list[psycopg.Connection[Any]] = []
         self._closed = False
         try:
@@ -720,9 +721,7 @@ class PostgresStore:
                 if proposal is None:
                     proposal = self._next_seq(conn, session_id, segment_id)
                 sql, params = self._append_params(session_id, segment_id, entries, proposal)
-                row = conn.execute(sql, params, prepare=True).fetchone()
-                if row is not None:
-                    waiting = int(row[0])
+                if conn.execute(sql, params, prepare=True).fetchone() is not None:
                     break
                 # The segment is not at the proposed seq (or gone): read where it is.
                 at = self._next_seq(conn, session_id, segment_id)
@@ -734,9 +733,12 @@ class PostgresStore:
         finally:
             self._pool.putconn(conn)
         self._remember(key, proposal + len(entries))
-        if waiting >= SEARCH_BATCH:
+        with self._lock:
+            self._unindexed += len(entries)
+            due = self._unindexed >= SEARCH_BATCH
+        if due:
             try:
-                self._index([key])
+                self.catch_up()
             except psycopg.Error as exc:  # the entries are in; the next search catches up
                 log.warning("%s: search index catch-up deferred: %s", self._where, self._scrub(exc))
         return proposal
@@ -792,6 +794,8 @@ class PostgresStore:
     def catch_up(self) -> int:
         """Index every entry the search index has not read yet; return how many segments
         had such entries. Searches call it first; it is public for tools and tests."""
+        with self._lock:
+            self._unindexed = 0
         with self._pool.connection() as conn:
             dirty = conn.execute(self._sql.all_dirty).fetchall()
         for start in range(0, len(dirty), _CATCH_UP_SEGMENTS):
