@@ -125,25 +125,28 @@ def test_sqlite_migrates_blank(tmp_path: Path) -> None:
     assert _sqlite_names(path) == sqlite_backend.MIGRATIONS.names
 
 
+def _old_sqlite(path: Path, stop_after: str) -> sqlite3.Connection:
+    """A database migrated up to ``stop_after`` (at least m001), holding cli:old as that
+    version wrote it: HEADER and ENTRY; the caller closes the connection."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    names = sqlite_backend.migrate(conn, where="old", stop_after=stop_after)
+    assert names == sqlite_backend.MIGRATIONS.names[: len(names)] and names[-1] == stop_after
+    s, g = str(SESSION), str(SEGMENT)
+    conn.execute("INSERT INTO contexts VALUES ('cli:old', 'cli', ?, ?, ?, ?)", (s, g, TS, TS))
+    conn.execute("INSERT INTO sessions VALUES (?, 'cli:old', ?)", (s, TS))
+    conn.execute("INSERT INTO segments VALUES (?, ?, ?)", (s, g, TS))
+    for line in (HEADER, ENTRY):
+        conn.execute(
+            "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?)",
+            (s, g, line["seq"], line["kind"], TS, codec.encode(line).decode()),
+        )
+    return conn
+
+
 def test_sqlite_migrates_from_oldest_schema(tmp_path: Path) -> None:
     """A database at m001 with data in it is upgraded on open; its data reads back."""
     path = tmp_path / "old.db"
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        assert sqlite_backend.migrate(conn, where="old", stop_after="m001_initial") == [
-            "m001_initial"
-        ]
-        s, g = str(SESSION), str(SEGMENT)
-        conn.execute("INSERT INTO contexts VALUES ('cli:old', 'cli', ?, ?, ?, ?)", (s, g, TS, TS))
-        conn.execute("INSERT INTO sessions VALUES (?, 'cli:old', ?)", (s, TS))
-        conn.execute("INSERT INTO segments VALUES (?, ?, ?)", (s, g, TS))
-        for line in (HEADER, ENTRY):
-            conn.execute(
-                "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?)",
-                (s, g, line["seq"], line["kind"], TS, codec.encode(line).decode()),
-            )
-    finally:
-        conn.close()
+    _old_sqlite(path, "m001_initial").close()
     assert _sqlite_names(path) == ["m001_initial"]
     with SqliteStore(path) as store:
         assert _sqlite_names(path) == sqlite_backend.MIGRATIONS.names
@@ -161,18 +164,9 @@ def test_sqlite_m004_moves_search_and_counts_onto_entry_ids(tmp_path: Path) -> N
     is upgraded: entries keep their arrival order as ids, every item is found, the heads get
     their listing counts, and later appends are searched and counted."""
     path = tmp_path / "m003.db"
-    conn = sqlite3.connect(path, isolation_level=None)
+    conn = _old_sqlite(path, "m002_traces")
+    s, g = str(SESSION), str(SEGMENT)
     try:
-        sqlite_backend.migrate(conn, where="old", stop_after="m002_traces")
-        s, g = str(SESSION), str(SEGMENT)
-        conn.execute("INSERT INTO contexts VALUES ('cli:old', 'cli', ?, ?, ?, ?)", (s, g, TS, TS))
-        conn.execute("INSERT INTO sessions VALUES (?, 'cli:old', ?)", (s, TS))
-        conn.execute("INSERT INTO segments VALUES (?, ?, ?)", (s, g, TS))
-        for line in (HEADER, ENTRY):
-            conn.execute(
-                "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?)",
-                (s, g, line["seq"], line["kind"], TS, codec.encode(line).decode()),
-            )
         sqlite_backend.migrate(conn, where="old", stop_after="m003_search")  # indexes "hi"
         late = ENTRY | {"seq": 2, "item": {"role": "assistant", "content": "hello late"}}
         conn.execute(
