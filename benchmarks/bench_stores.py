@@ -47,6 +47,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import sqlite3
 import statistics
 import sys
@@ -437,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=int, help="messages in SQLite's search corpus")
     parser.add_argument("--pg-corpus", type=int, help="messages in PostgreSQL's search corpus")
     args = parser.parse_args(argv)
+    # A run stopped with SIGTERM still drops its throwaway database and temporary files.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     quick = args.quick
     appends = 300 if quick else 4000
     sizes = (100, 1000) if quick else (1000, 10_000)
