@@ -424,9 +424,16 @@ def test_eight_processes_share_twenty_contexts(
     assert sorted(found) == sorted(acked)
 
 
-def test_delete_racing_appends_leaves_no_orphans(store: PostgresStore, sql: Any) -> None:
+@pytest.mark.parametrize("batch", [256, 1])
+def test_delete_racing_appends_leaves_no_orphans(
+    store: PostgresStore, sql: Any, batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Appends racing a delete_context either land before it (and go with it) or fail with
-    SegmentNotFound: no entry of the deleted session survives."""
+    SegmentNotFound: no entry of the deleted session survives. With a batch of 1 every
+    append also catches the index up, locking segments and heads as the delete does."""
+    from terrarium.stores import postgres
+
+    monkeypatch.setattr(postgres, "SEARCH_BATCH", batch)
     session_id, segment_id = create_segment(store, context=MAIN)
     started = threading.Event()
     outcome: list[BaseException] = []
@@ -450,6 +457,6 @@ def test_delete_racing_appends_leaves_no_orphans(store: PostgresStore, sql: Any)
     for writer in writers:
         writer.join()
     assert [type(exc) for exc in outcome] == [SegmentNotFound] * 3
-    for table in ("entries", "segments", "sessions", "traces"):
+    for table in ("entries", "segments", "sessions", "traces", "search_docs", "contexts"):
         count = sql.execute(f"SELECT count(*) FROM {table} WHERE session_id = %s", (session_id,))
         assert count.fetchone() == (0,), table

@@ -6,7 +6,8 @@ migrated on open like every other backend.
 
 **Schema** (``uuid`` ids, RFC 3339 ``text`` times kept exactly as written)::
 
-    contexts(context PK, type, session_id, segment_id, created_at, updated_at)   the heads
+    contexts(context PK, type, session_id, segment_id, created_at, updated_at,
+             message_count, last_active)          the heads, with their listing counts
     sessions(session_id PK, context, created_at)
     segments(session_id, segment_id, created_at, type, next_seq, items, base_items,
              last_ts, indexed_seq, dirty)         PK (session_id, segment_id)
@@ -24,8 +25,9 @@ colocated, unchanged. Appends, reads and segment creation name one session and t
 tables only. ``contexts`` is the directory from a context's name to its session and head; it
 is keyed (and would be distributed) by ``context``, and the write path never joins it to the
 session tables: head moves and context creation and deletion read it, then act on the
-session. Search and :meth:`PostgresStore.list_contexts_fast` fan out: the search to every
-shard's dirty segments and newest matches, the listing to every head segment at once.
+session. Search and :meth:`PostgresStore.list_contexts_fast` fan out: both catch up every
+shard's dirty segments, then the search reads every shard's newest matches and the listing
+the directory of heads.
 
 **Exact lines.** ``line`` holds the entry's JSON exactly as :func:`terrarium.codec.encode`
 wrote it, and reads return it decoded, so a restore gives the same dicts as
@@ -83,10 +85,14 @@ statement is never prepared: a generic plan cannot tell the two apart. Snippets 
 that slice are then highlighted as FsStore highlights them (whole phrases, spans in
 characters).
 
-**Listing.** :meth:`PostgresStore.list_contexts_fast` is one join of the heads to their
-segments' rows: a segment's message count is the items it starts with (``base_items``: its
+**Listing.** A segment's message count is the items it starts with (``base_items``: its
 header's history, or a fork's count of its parent up to the fork point, set when it is made)
-plus its own, kept by every append.
+plus its own, kept by every append. The heads carry a copy, made when a head moves and by
+every catch-up for the heads among the segments it reads (so it locks segments, then heads;
+a delete does the same, and the two never deadlock). :meth:`PostgresStore.list_contexts_fast`
+runs a catch-up first, then reads one covering index of the heads, already in (type, name)
+order. Keeping the copy on the heads at every append instead would put a write to the
+directory table (keyed by context) on the append path.
 
 **Context locks** are session-level advisory locks, ``pg_advisory_lock(key)``, each on a
 connection of its own that is kept aside from the pool while held (a turn can take long; it
@@ -101,7 +107,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import operator
 import re
 import threading
 import uuid
@@ -152,6 +157,7 @@ from terrarium.stores.url import redact_url
 try:
     import psycopg
     from psycopg import errors as pg_errors
+    from psycopg.rows import args_row
     from psycopg_pool import ConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -255,19 +261,19 @@ class _Sql:
         self.list_heads = (
             f"SELECT context, session_id, segment_id, created_at, updated_at FROM {s}.contexts"
         )
-        # Every head with its segment's counts, ids as text (a ContextSummary holds text), and
-        # a key that sorts as ContextId does, (type, name): no type holds chr(1). (Sorting in
-        # the server spills 100k rows to disk with the default work_mem.)
+        # Every head with its counts, ids as text (a ContextSummary holds text), in (type, name)
+        # order as ContextId orders (collation "C": code points), from the covering index
+        # contexts_listing alone.
         self.listing = (
-            "SELECT c.context, substr(c.created_at, 1, 10), g.base_items + g.items, g.last_ts, "
-            "c.created_at, c.updated_at, c.session_id::text, c.segment_id::text, "
-            "c.type || chr(1) || substr(c.context, length(c.type) + 2) "
-            f"FROM {s}.contexts AS c JOIN {s}.segments AS g "
-            "ON g.session_id = c.session_id AND g.segment_id = c.segment_id"
+            "SELECT context, substr(created_at, 1, 10), message_count, last_active, "
+            f"created_at, updated_at, session_id::text, segment_id::text FROM {s}.contexts "
+            '{where} ORDER BY type COLLATE "C", substr(context, length(type) + 2) COLLATE "C"'
         )
         self.move_head = (
-            f"UPDATE {s}.contexts SET segment_id = %s, updated_at = %s "
-            "WHERE context = %s AND segment_id = %s"
+            f"UPDATE {s}.contexts AS c SET segment_id = g.segment_id, updated_at = %s, "
+            "message_count = g.base_items + g.items, last_active = g.last_ts "
+            f"FROM {s}.segments AS g WHERE g.session_id = c.session_id AND g.segment_id = %s "
+            "AND c.context = %s AND c.segment_id = %s"
         )
         self.segment_exists = (
             f"SELECT 1 FROM {s}.segments WHERE session_id = %s AND segment_id = %s"
@@ -290,13 +296,14 @@ class _Sql:
         self.session_type = (
             f"SELECT split_part(context, ':', 1) FROM {s}.sessions WHERE session_id = %s"
         )
-        self.delete_context = f"DELETE FROM {s}.contexts WHERE context = %s RETURNING session_id"
         # The session's row first: its cascade deletes the segments' rows, waiting for the
-        # appends that hold them; then the entries and items those appends committed.
+        # appends and catch-ups that hold them (a catch-up locks segments, then heads: so
+        # does a delete); then the head, and the entries and items those appends committed.
         self.delete_session = [
-            f"DELETE FROM {s}.sessions WHERE session_id = %s",
-            f"DELETE FROM {s}.entries WHERE session_id = %s",
-            f"DELETE FROM {s}.search_docs WHERE session_id = %s",
+            f"DELETE FROM {s}.sessions WHERE session_id = %(session)s",
+            f"DELETE FROM {s}.contexts WHERE context = %(context)s AND session_id = %(session)s",
+            f"DELETE FROM {s}.entries WHERE session_id = %(session)s",
+            f"DELETE FROM {s}.search_docs WHERE session_id = %(session)s",
         ]
         self.list_segments = f"SELECT segment_id FROM {s}.segments WHERE session_id = %s"
         self.append_trace = (
@@ -337,6 +344,18 @@ class _Sql:
             "dirty = g.next_seq > x.high FROM unnest(%s::uuid[], %s::uuid[], %s::int[]) "
             "AS x(session_id, segment_id, high) "
             "WHERE g.session_id = x.session_id AND g.segment_id = x.segment_id"
+        )
+        # The listing counts of the heads among the segments read, copied from their rows.
+        self.count_heads = (
+            f"UPDATE {s}.contexts AS c SET message_count = g.base_items + g.items, "
+            f"last_active = g.last_ts FROM {s}.segments AS g, unnest(%s::uuid[], %s::uuid[]) "
+            "AS x(session_id, segment_id) WHERE g.session_id = x.session_id "
+            "AND g.segment_id = x.segment_id AND c.session_id = g.session_id "
+            "AND c.segment_id = g.segment_id AND (c.message_count, c.last_active) "
+            "IS DISTINCT FROM (g.base_items + g.items, g.last_ts)"
+        )
+        self.set_counts = (
+            f"UPDATE {s}.contexts SET message_count = %s, last_active = %s WHERE context = %s"
         )
 
     def search(self, terms: int, filters: str) -> str:
@@ -475,7 +494,7 @@ class PostgresStore:
                         f"segment {segment_id} of session {head.session_id} does not exist"
                     )
                 now = utc_now()
-                cur = conn.execute(sql.move_head, (segment_id, now, str(context), expected))
+                cur = conn.execute(sql.move_head, (now, segment_id, str(context), expected))
                 if cur.rowcount == 1:
                     return PodMetadata(
                         head.context, head.session_id, segment_id, head.created_at, now
@@ -497,17 +516,15 @@ class PostgresStore:
     def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary (message count, last activity), without restoring any.
 
-        One query: the heads joined to their segments' counts, which every append keeps (see
-        "Listing" in the module docstring).
+        The counts live on the heads, copied there from the segments' rows by the catch-up
+        (see "Listing" in the module docstring), which runs first; then this is one scan of
+        a covering index.
         """
-        query = self._sql.listing
-        params: tuple[str, ...] = ()
-        if type is not None:
-            query, params = f"{query} WHERE c.type = %s", (type,)
+        self.catch_up()
+        where, params = ("WHERE type = %s", (type,)) if type is not None else ("", ())
         with self._pool.connection() as conn:
-            rows = conn.execute(query, params).fetchall()
-        rows.sort(key=_LISTING_KEY)
-        return [ContextSummary(*row[:8]) for row in rows]
+            cursor = conn.cursor(row_factory=args_row(ContextSummary))
+            return cursor.execute(self._sql.listing.replace("{where}", where), params).fetchall()
 
     # ---------------------------------------------------------------- search
 
@@ -590,18 +607,21 @@ class PostgresStore:
             cur = conn.execute(sql.insert_session, (session_id, str(ctx), ts))
             if cur.rowcount != 1:
                 raise ConflictError(f"session {session_id} already exists")
-            self._insert_segment(conn, session_id, segment_id, ctx.type, line)
+            base = self._insert_segment(conn, session_id, segment_id, ctx.type, line)
+            conn.execute(sql.set_counts, (base, ts, str(ctx)))
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
 
     def delete_context(self, context: ContextId) -> bool:
         """Delete the context and its whole session in one transaction."""
         with self._pool.connection() as conn, conn.transaction():
-            row = conn.execute(self._sql.delete_context, (str(context),)).fetchone()
+            row = conn.execute(self._sql.context_session, (str(context),)).fetchone()
             if row is None:
                 return False
+            params = {"session": row[0], "context": str(context)}
+            deleted = 0
             for statement in self._sql.delete_session:
-                conn.execute(statement, row)
-        return True
+                deleted += conn.execute(statement, params).rowcount
+        return deleted > 0
 
     @contextmanager
     def lock_context(self, context: ContextId) -> Iterator[None]:
@@ -661,9 +681,9 @@ class PostgresStore:
         segment_id: SegmentId,
         type: str,
         line: Mapping[str, Any],
-    ) -> None:
+    ) -> int:
         """A segment's row and header, its header's history indexed (in the caller's
-        transaction)."""
+        transaction); return the history items it starts with."""
         ts = str(line["ts"])
         base = _base_items(
             line, lambda parent, at: self._prefix_items(conn, session_id, parent, at)
@@ -681,6 +701,7 @@ class PostgresStore:
         docs = [(session_id, segment_id, ts, type, doc) for doc in _line_docs(0, line)]
         if docs:
             conn.execute(self._sql.insert_docs, _doc_columns(docs))
+        return base
 
     def _prefix_items(
         self,
@@ -841,6 +862,7 @@ class PostgresStore:
                 sql.mark_read,
                 ([row[0] for row in rows], [row[1] for row in rows], [row[3] for row in rows]),
             )
+            conn.execute(sql.count_heads, ([row[0] for row in rows], [row[1] for row in rows]))
 
     def reindex(self) -> int:
         """Rebuild the search index from the entries; return the number of contexts."""
@@ -926,9 +948,6 @@ class PostgresStore:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-_LISTING_KEY = operator.itemgetter(8)
 
 
 def _head(row: Sequence[Any]) -> PodMetadata:
@@ -1353,3 +1372,16 @@ def m004_derived_state(conn: psycopg.Connection[Any]) -> None:
         "WHERE g.session_id = x.session_id AND g.segment_id = x.segment_id AND x.base <> 0",
         ([row[0] for row in rows], [row[1] for row in rows], [row[2] for row in rows]),
     )
+    # The heads carry their listing counts, in a covering index in listing order.
+    for statement in (
+        "ALTER TABLE contexts ADD COLUMN message_count integer NOT NULL DEFAULT 0, "
+        "ADD COLUMN last_active text NOT NULL DEFAULT ''",
+        "UPDATE contexts AS c SET message_count = g.base_items + g.items, "
+        "last_active = g.last_ts FROM segments AS g "
+        "WHERE g.session_id = c.session_id AND g.segment_id = c.segment_id",
+        'CREATE INDEX contexts_listing ON contexts ((type COLLATE "C"), '
+        '(substr(context, length(type) + 2) COLLATE "C")) INCLUDE (context, created_at, '
+        "message_count, last_active, updated_at, session_id, segment_id)",
+        "CREATE INDEX contexts_by_session ON contexts (session_id)",
+    ):
+        conn.execute(statement)
