@@ -270,8 +270,12 @@ TAG_TOKENS = 3
 # --------------------------------------------------------------------------- listing
 
 
-class ContextSummary(msgspec.Struct, frozen=True):
-    """One context as ``list`` shows it, read from the index (no session file opened)."""
+class ContextSummary(msgspec.Struct, frozen=True, gc=False):
+    """One context as ``list`` shows it, read from the index (no session file opened).
+
+    Holds only strings and numbers, so the cyclic garbage collector need not track it: a
+    listing of 100k contexts would otherwise set off its passes over the whole heap.
+    """
 
     context: str
     """The context id, ``type:name``."""
