@@ -459,20 +459,36 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     try:
-        rng = random.Random(20261122)
-        maker = TextMaker(5_000 if quick else 50_000, rng)
-        t0 = time.perf_counter()
-        texts = list(corpus(maker, messages // per_context, per_context))
-        # Millions of strings stay alive for the whole run: out of the cyclic GC's sight,
-        # or its passes over them land on whatever is being timed.
-        gc.collect()
-        gc.freeze()
-        report.note(f"generated {messages:,} messages in {time.perf_counter() - t0:.1f} s")
         with throwaway_database(report) as dsn:
             run_fs(base, report, appends, sizes)
-            classes = run_sqlite(base, report, appends, sizes, batches, texts, queries, rng)
+            run_sqlite(base, report, appends, sizes, batches)
             if dsn is not None:
-                run_postgres(dsn, report, appends, sizes, batches, texts, pg_messages, classes)
+                run_postgres(dsn, report, appends, sizes, batches)
+            # The search corpora, loaded through the store API; the texts are then let go
+            # before anything is timed, as a process that searches would not hold them.
+            rng = random.Random(20261122)
+            maker = TextMaker(5_000 if quick else 50_000, rng)
+            t0 = time.perf_counter()
+            texts = list(corpus(maker, messages // per_context, per_context))
+            report.note(f"generated {messages:,} messages in {time.perf_counter() - t0:.1f} s")
+            path = load_sqlite(base, report, texts)
+            pg_contexts = 0
+            if dsn is not None:
+                pg_contexts = load_postgres(dsn, report, texts[: pg_messages // per_context])
+            contexts = len(texts)
+            del texts, maker
+            gc.collect()
+            classes = word_classes(path, messages, queries, rng)
+            with SqliteStore(path) as store:
+                search_latency(store, classes, report, f"sqlite {messages:,} msgs", True)
+                listing(store, report, "sqlite", contexts)
+            if dsn is not None:
+                from terrarium.stores.postgres import PostgresStore
+
+                with PostgresStore(dsn, schema="search") as store:
+                    label = f"postgres {pg_contexts * per_context:,} msgs"
+                    search_latency(store, classes, report, label, False)
+                    listing(store, report, "postgres", pg_contexts)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print(
@@ -501,11 +517,8 @@ def run_sqlite(
     appends: int,
     sizes: tuple[int, int],
     batches: int,
-    texts: list[tuple[str, list[str]]],
-    queries: int,
-    rng: random.Random,
-) -> dict[str, list[str]]:
-    """SQLite's rows; return the search words (by class) for PostgreSQL to use as well."""
+) -> None:
+    """SQLite's appends and restores."""
     print("sqlite:", flush=True)
     with SqliteStore(base / "sqlite.db") as store:
         bare, close = bare_sqlite(base / "bare.db", store.synchronous)
@@ -547,6 +560,11 @@ def run_sqlite(
             report.row(
                 f"sqlite restore {size:,} entries", ms(restore_cost(store, f"r{size}", size))
             )
+
+
+def load_sqlite(base: Path, report: Report, texts: list[tuple[str, list[str]]]) -> Path:
+    """SQLite's search corpus; return the database's path."""
+    print("sqlite: loading the search corpus", flush=True)
     path = base / "search.db"
     with SqliteStore(path) as store:
         messages = sum(len(m) for _, m in texts)
@@ -559,10 +577,7 @@ def run_sqlite(
             f"API in {elapsed:.1f} s ({messages / elapsed:,.0f} messages/s); "
             f"database {size / 1e6:.0f} MB"
         )
-        classes = word_classes(path, messages, queries, rng)
-        search_latency(store, classes, report, f"sqlite {messages:,} msgs", True)
-        listing(store, report, "sqlite", len(texts))
-    return classes
+    return path
 
 
 def run_postgres(
@@ -571,12 +586,8 @@ def run_postgres(
     appends: int,
     sizes: tuple[int, int],
     batches: int,
-    texts: list[tuple[str, list[str]]],
-    pg_messages: int,
-    classes: dict[str, list[str]],
 ) -> None:
-    import psycopg
-
+    """PostgreSQL's appends and restores."""
     from terrarium.stores.postgres import PostgresStore
 
     print("postgres:", flush=True)
@@ -617,8 +628,16 @@ def run_postgres(
             report.row(
                 f"postgres restore {size:,} entries", ms(restore_cost(store, f"r{size}", size))
             )
+
+
+def load_postgres(dsn: str, report: Report, subset: list[tuple[str, list[str]]]) -> int:
+    """PostgreSQL's search corpus, in schema ``search``; return how many contexts."""
+    import psycopg
+
+    from terrarium.stores.postgres import PostgresStore
+
+    print("postgres: loading the search corpus", flush=True)
     with PostgresStore(dsn, schema="search") as store:
-        subset = texts[: pg_messages // 10]
         messages = sum(len(m) for _, m in subset)
         t0 = time.perf_counter()
         load(store, subset, writers=4)
@@ -639,8 +658,7 @@ def run_postgres(
             f"({messages / (loaded + indexed):,.0f} messages/s in all), vacuumed in "
             f"{elapsed - loaded - indexed:.1f} s"
         )
-        search_latency(store, classes, report, f"postgres {messages:,} msgs", False)
-        listing(store, report, "postgres", len(subset))
+    return len(subset)
 
 
 if __name__ == "__main__":
