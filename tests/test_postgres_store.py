@@ -1,5 +1,5 @@
-"""PostgresStore specifics: exact lines beside JSONB, concurrency across processes, advisory
-locks, batched appends and a schema that can be distributed by session.
+"""PostgresStore specifics: exact lines, concurrency across processes, advisory locks, batched
+appends, the search index's catch-ups and a schema that can be distributed by session.
 
 The Store contract itself is checked by tests/contract/ on every backend. Every test here
 gets a fresh schema in this run's throwaway database (see tests/pg.py).

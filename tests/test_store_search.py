@@ -672,7 +672,8 @@ def test_sqlite_reindex_rebuilds_the_derived_tables(db: SqliteStore) -> None:
 
 
 def test_sqlite_a_rolled_back_append_leaves_nothing_to_find(db: SqliteStore) -> None:
-    """The items are indexed in the append's own transaction: a rollback takes them too."""
+    """A search inside a transaction indexes its uncommitted items in that transaction: a
+    rollback takes them too, and they are never found afterwards."""
     head = _context(db, "cli:a", "mu kept")
 
     class Boom(Exception):

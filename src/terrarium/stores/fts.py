@@ -335,7 +335,8 @@ class Ranker:
     """bm25 ranking over an FTS5 index, as the module docstring describes.
 
     Keeps, per term, which class it is in (cached while the table's size stays within 10 %).
-    Not thread-safe on its own: callers hold their own lock or give each thread its own.
+    Threads may share a ranker: the cache is a dict whose single operations are atomic, and at
+    worst two threads class the same term.
     """
 
     def __init__(self, tables: Fts5Tables) -> None:

@@ -246,9 +246,9 @@ class SqliteStore:
         self._lock = threading.Lock()
         self._idle: list[sqlite3.Connection] = []
         self._local = threading.local()
+        self._ranker = Ranker(Fts5Tables(recent="search_recent", docs="search_docs"))
         # A next seq this store saw each recent segment reach (its guess for the next append),
         # and how far it last saw the derived tables read (see "Derived state").
-        self._ranker = Ranker(Fts5Tables(recent="search_recent", docs="search_docs"))
         self._seen: OrderedDict[tuple[SessionId, SegmentId], tuple[str, str, int]] = OrderedDict()
         self._wm = 0
         self._closed = False
