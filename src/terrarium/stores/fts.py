@@ -57,7 +57,7 @@ from typing import Any
 import msgspec
 
 from terrarium.errors import InvalidQuery
-from terrarium.model import ROLES, ContextId, SegmentId, SessionId
+from terrarium.model import ROLES, ContextId, SegmentId, SessionId, item_text
 from terrarium.stores.base import SearchHit, SearchQuery
 
 #: Queries matching more rows than this are ranked among their most recent matches.
@@ -148,6 +148,21 @@ def query_terms(text: str) -> list[str]:
             f"nothing to search for in {shown!r}: a query needs at least one letter or digit"
         )
     return terms
+
+
+def indexed_item(item: Any) -> tuple[str, str] | None:
+    """A history item's role (``other`` if unknown) and text as indexed, or None when it
+    has no text to find (not an item, or no text in it)."""
+    if not isinstance(item, Mapping):
+        return None
+    try:
+        text = item_text(item)
+    except (AttributeError, TypeError):
+        return None
+    if not isinstance(text, str) or not text:
+        return None
+    role = item.get("role")
+    return role if role in ROLES else "other", prepare_text(text)
 
 
 def fts5_phrases(terms: Iterable[str]) -> str:

@@ -125,7 +125,7 @@ from terrarium.errors import (
     SegmentNotFound,
     StoreError,
 )
-from terrarium.model import ROLES, ContextId, SegmentId, SessionId, TraceEntry, item_text, utc_now
+from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores.base import (
     NewEntry,
     PodMetadata,
@@ -145,7 +145,7 @@ from terrarium.stores.fts import (
     ContextSummary,
     check_query,
     fold,
-    prepare_text,
+    indexed_item,
     query_terms,
     snippet_spans,
     token_spans,
@@ -989,16 +989,8 @@ _Doc = tuple[int, int, str, str]
 
 def _item_doc(n: int, seq: int, item: Any) -> _Doc | None:
     """The indexed form of one history item, or None when it has no text to find."""
-    if not isinstance(item, Mapping):
-        return None
-    try:
-        text = item_text(item)
-    except (AttributeError, TypeError):
-        return None
-    if not isinstance(text, str) or not text:
-        return None
-    role = item.get("role")
-    return n, seq, role if role in ROLES else "other", _pg_text(prepare_text(text))
+    found = indexed_item(item)
+    return None if found is None else (n, seq, found[0], _pg_text(found[1]))
 
 
 def _pg_text(text: str) -> str:

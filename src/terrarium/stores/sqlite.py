@@ -115,7 +115,7 @@ from terrarium.errors import (
     SegmentNotFound,
     StoreError,
 )
-from terrarium.model import ROLES, ContextId, SegmentId, SessionId, TraceEntry, item_text, utc_now
+from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores.base import (
     NewEntry,
     PodMetadata,
@@ -137,7 +137,7 @@ from terrarium.stores.fts import (
     body_match,
     check_query,
     fts5_phrases,
-    prepare_text,
+    indexed_item,
     query_terms,
 )
 from terrarium.stores.locks import file_lock
@@ -835,16 +835,8 @@ _Doc = tuple[int, str, str, str]
 
 def _doc(seq: int, item: Any, ts: str) -> _Doc | None:
     """The indexed form of one history item, or None when it has no text to find."""
-    if not isinstance(item, Mapping):
-        return None
-    try:
-        text = item_text(item)
-    except (AttributeError, TypeError):
-        return None
-    if not isinstance(text, str) or not text:
-        return None
-    role = item.get("role")
-    return seq, role if role in ROLES else "other", ts, prepare_text(text)
+    found = indexed_item(item)
+    return None if found is None else (seq, found[0], ts, found[1])
 
 
 def _line_docs(seq: int, line: Any) -> list[_Doc]:
