@@ -1,0 +1,94 @@
+"""File primitives every file-backed part of terrarium shares: private modes, atomic writes.
+
+Conversations are private: every file terrarium creates is ``0600`` and every folder ``0700``,
+whatever the umask (as ssh keeps its keys). ``os.open`` and ``os.mkdir`` take the mode, so a
+file is never visible to others, not even for the moment between a create and a ``chmod``.
+A folder that exists already keeps its mode: terrarium never widens or narrows what a user set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from pathlib import Path
+
+#: The mode of every file terrarium creates.
+FILE_MODE = 0o600
+#: The mode of every folder terrarium creates.
+DIR_MODE = 0o700
+
+
+def make_dirs(path: Path) -> None:
+    """Create ``path`` and any missing parents, each ``0700`` (``mkdir -p``, but private).
+
+    ``Path.mkdir(parents=True)`` and ``os.makedirs`` give missing parents the umask's default
+    mode; this gives every folder it creates ``DIR_MODE``.
+    """
+    missing: list[Path] = []
+    current = path
+    while not current.is_dir():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+            os.mkdir(folder, DIR_MODE)
+
+
+def open_private(path: Path, flags: int) -> int:
+    """``os.open`` with ``O_CLOEXEC``, creating (if ``flags`` says so) with ``FILE_MODE``."""
+    return os.open(path, flags | os.O_CLOEXEC, FILE_MODE)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` (``os.write`` may write fewer than it was given)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def write_atomic(path: Path, data: bytes, *, sync: bool) -> None:
+    """Replace ``path`` with ``data``: a reader sees the old bytes or the new, never a mix.
+
+    Writes a temporary file beside it and renames it over ``path``. With ``sync``, the data and
+    then the folder are fsynced, so the new bytes survive a power cut once this returns. On any
+    failure the temporary file is removed and ``path`` is left as it was.
+    """
+    make_dirs(path.parent)
+    # Not derived from the name, so a name of the maximum length still fits.
+    tmp = path.with_name(f".tmp-{uuid.uuid4().hex}")
+    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        try:
+            write_all(fd, data)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if sync:
+        fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the names in folder ``path`` durable (a new or renamed file survives a power cut)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def listdir(path: Path) -> list[str]:
+    """The names in folder ``path``; empty if it does not exist."""
+    try:
+        return os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
