@@ -617,16 +617,21 @@ def migrate(ctx: click.Context, dry_run: bool, to_log: bool, source: Path | None
 @click.option(
     "--repair",
     is_flag=True,
-    help="Set torn tails aside and rebuild the index (corrupt lines are only reported).",
+    help="Set torn tails aside, rebuild lost or unreadable heads and the index.",
+)
+@click.option(
+    "--salvage",
+    is_flag=True,
+    help="With --repair: copy every readable entry of a damaged segment into a new one.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
 @storage_option
 @click.pass_context
-def fsck(ctx: click.Context, repair: bool, as_json: bool) -> None:
+def fsck(ctx: click.Context, repair: bool, salvage: bool, as_json: bool) -> None:
     """Check every log of every session; without --repair nothing is modified."""
     from terrarium.cli.fsck import run_fsck
 
-    run_fsck(state_of(ctx), repair=repair, as_json=as_json)
+    run_fsck(state_of(ctx), repair=repair, salvage=salvage, as_json=as_json)
 
 
 @cli.command()
