@@ -309,9 +309,7 @@ def test_a_folder_left_by_a_crash_before_the_head_is_adopted_not_trashed(
     assert _trash(root) == []
 
 
-def test_a_create_never_removes_a_folder_with_a_damaged_segment(
-    store: FsStore, root: Path
-) -> None:
+def test_a_create_never_removes_a_folder_with_a_damaged_segment(store: FsStore, root: Path) -> None:
     """A folder whose only segment has no usable header is damaged: kept, and create refuses."""
     folder = root / "cli" / "2024-02-29" / "main"
     folder.mkdir(parents=True)

@@ -32,7 +32,7 @@ from terrarium.cli.app import CliState
 from terrarium.errors import CorruptLog, FormatVersionError, TerrariumError
 from terrarium.model import ContextId, SegmentId
 from terrarium.stores.base import PodMetadata, Reindexable, Store
-from terrarium.stores.fs import ContextFolder, FsStore, salvaged_into
+from terrarium.stores.fs import ContextFolder, FsStore, salvaged_into, segment_chain
 
 #: Problems ``--repair`` fixes, and those only ``--salvage`` does.
 _REPAIRABLE = frozenset({"torn", "head", "missing", "unindexed"})
@@ -182,6 +182,8 @@ def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None
         kind = "missing" if "which is not there" in entry.problem else "head"
         add(kind, _after_location(entry.problem), head_path)
     salvaged = salvaged_into(folder)
+    # A salvage is done once the head no longer replays the damaged segment.
+    in_use = set(segment_chain(folder, entry.head.segment_id)) if entry.head else set()
     for path in _segment_files(folder):
         report.segments += 1
         found: list[Problem] = []
@@ -190,7 +192,7 @@ def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None
         for problem in found:
             problem.session_id, problem.segment_id = session, str(segment_id)
             problem.context = context
-            if problem.kind in _SALVAGEABLE and segment_id in salvaged:
+            if problem.kind in _SALVAGEABLE and segment_id in salvaged and segment_id not in in_use:
                 problem.repaired = True
                 problem.message += f"; salvaged into {salvaged[segment_id]}"
         report.problems.extend(found)

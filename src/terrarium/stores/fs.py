@@ -415,7 +415,11 @@ class FsStore:
                         continue
                     if context.encoded_name != encoded:
                         continue  # not a name this store writes
-                    entry = self._context_folder(context, self.root / kind / date)
+                    try:
+                        entry = self._context_folder(context, self.root / kind / date)
+                    except StoreError as exc:  # a link out of the root, say: reported
+                        folder = self.root / kind / date / encoded
+                        entry = ContextFolder(context, folder, None, str(exc))
                     if entry is not None:
                         yield entry
 
@@ -790,11 +794,11 @@ class FsStore:
             session_id = _session_of(folder)
             path = folder / f"{segment_id}{_SEGMENT_SUFFIX}"
             header, entries, bad = _readable_lines(_read_file(path), str(path))
-            if not bad:
+            if not bad and header is not None:
                 raise StoreError(f"{path}: no damaged line to salvage")
             done = salvaged_into(folder)
             side = None  # an interrupted salvage wrote it before its new segment
-            if segment_id not in done:
+            if bad and segment_id not in done:
                 lost = b"".join(line + b"\n" for _, line in bad)
                 side = _write_side(path, lost, lambda n: f"corrupt-{n}")
             fallback = {"session_id": str(session_id), "context": str(context)}
@@ -849,7 +853,7 @@ class FsStore:
             path = folder / f"{child}{_SEGMENT_SUFFIX}"
             try:
                 header = _read_header(path)
-            except CorruptLog:
+            except StoreError:
                 continue
             origin = header.get("origin") or {}
             if header.get("history") is not None or origin.get("parent") != str(old):
@@ -1141,7 +1145,7 @@ def head_from_segments(folder: Path) -> PodMetadata:
     """
     headers: dict[SegmentId, dict[str, Any]] = {}
     for segment_id in _segment_ids(folder):
-        with contextlib.suppress(CorruptLog, OSError):
+        with contextlib.suppress(StoreError, OSError):
             header = _read_header(folder / f"{segment_id}{_SEGMENT_SUFFIX}")
             if header.get("segment_id") == str(segment_id):
                 headers[segment_id] = header
@@ -1252,10 +1256,10 @@ def _session_of(folder: Path) -> SessionId:
 
     A folder where neither can be read gets a new session id (its salvage starts one).
     """
-    with contextlib.suppress(OSError, CorruptLog):
+    with contextlib.suppress(OSError, StoreError):
         return _read_head(folder / _HEAD).session_id
     for segment_id in _segment_ids(folder):
-        with contextlib.suppress(OSError, CorruptLog, ValueError):
+        with contextlib.suppress(OSError, StoreError, ValueError):
             return uuid.UUID(
                 str(_read_header(folder / f"{segment_id}{_SEGMENT_SUFFIX}")["session_id"])
             )
@@ -1278,11 +1282,30 @@ def _root_header(fallback: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
+def segment_chain(folder: Path, segment_id: SegmentId) -> list[SegmentId]:
+    """``segment_id`` and every segment its replay reads (a fork's parent...), newest first.
+
+    The chain stops where a header cannot be read.
+    """
+    chain: list[SegmentId] = []
+    current: SegmentId | None = segment_id
+    while current is not None and current not in chain:
+        chain.append(current)
+        try:
+            header = _read_header(folder / f"{current}{_SEGMENT_SUFFIX}")
+            parent = (header.get("origin") or {}).get("parent")
+            forked = header.get("history") is None and isinstance(parent, str)
+            current = uuid.UUID(parent) if forked else None
+        except (StoreError, OSError, ValueError):
+            current = None
+    return chain
+
+
 def salvaged_into(folder: Path) -> dict[SegmentId, SegmentId]:
     """The salvages ``folder`` holds already: damaged segment -> the segment salvaging it."""
     done: dict[SegmentId, SegmentId] = {}
     for segment_id in _segment_ids(folder):
-        with contextlib.suppress(CorruptLog, OSError, ValueError):
+        with contextlib.suppress(StoreError, OSError, ValueError):
             source = _read_header(folder / f"{segment_id}{_SEGMENT_SUFFIX}").get("salvaged_from")
             if isinstance(source, str):
                 done[uuid.UUID(source)] = segment_id
@@ -1297,23 +1320,29 @@ def _read_complete_bytes(path: Path) -> bytes:
 def _write_side(path: Path, data: bytes, suffix: Callable[[int], str]) -> str:
     """Copy ``data`` to a new side file ``{name}.{suffix(n)}`` beside ``path``, durably.
 
-    ``n`` counts up from 1 until the name is free: a side file is never overwritten.
+    ``n`` counts up from 1 until the name is free: a side file is never overwritten. The file
+    appears whole (written, synced, then linked into place) or not at all.
     """
-    number = 1
-    while True:
-        side = path.with_name(f"{path.name}.{suffix(number)}")
-        try:
-            fd = open_private(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        except FileExistsError:
-            number += 1
-            continue
-        break
+    tmp = path.with_name(f".tmp-{uuid.uuid4().hex}")
+    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
-        write_all(fd, data)
-        os.fsync(fd)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        number = 1
+        while True:
+            side = path.with_name(f"{path.name}.{suffix(number)}")
+            try:
+                os.link(tmp, side)
+            except FileExistsError:
+                number += 1
+                continue
+            return str(side)
     finally:
-        os.close(fd)
-    return str(side)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 # --------------------------------------------------------------------------- files

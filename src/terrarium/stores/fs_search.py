@@ -76,6 +76,7 @@ from typing import Any
 from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
 from terrarium.model import ROLES, ContextId, SegmentId, SessionId, item_text
+from terrarium.stores._files import make_dirs, open_private
 from terrarium.stores.base import SearchHit, SearchQuery
 from terrarium.stores.fts import (
     ELLIPSIS,
@@ -136,10 +137,10 @@ def mark_dirty(root: Path, session_id: SessionId) -> None:
     except FileNotFoundError:
         pass
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_private(path, os.O_WRONLY | os.O_CREAT)
     except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        make_dirs(path.parent)
+        fd = open_private(path, os.O_WRONLY | os.O_CREAT)
     os.close(fd)
 
 
