@@ -421,6 +421,56 @@ def test_a_log_with_consecutive_user_messages_is_repaired(root: Path, strict: Fa
     ]
 
 
+def test_a_legacy_file_with_user_messages_in_a_row(tmp_path: Path, strict: FakeServer) -> None:
+    """A legacy JSON session whose last message had no reply resumes; its words go along."""
+    root = tmp_path / "sessions"
+    legacy = root / "cli" / "2025-11-06" / "old.json"
+    legacy.parent.mkdir(parents=True)
+    messages = [("user", "Hello!"), ("assistant", "Hi!"), ("user", "Still there?"), ("user", "Hm")]
+    legacy.write_text(
+        json.dumps(
+            {
+                "session_id": "old",
+                "context_type": "cli",
+                "system_prompt": "",
+                "messages": [
+                    {"role": role, "content": text, "timestamp": "2025-11-06T10:00:00"}
+                    for role, text in messages
+                ],
+            }
+        )
+    )
+    result = cli("chat", "cli:old", "--base-url", strict.base_url, "--storage-dir", str(root),
+                 stdin="hello?\n", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert strict.last_request["messages"] == [
+        {"role": "user", "content": "Hello!"},
+        {"role": "assistant", "content": "Hi!"},
+        {"role": "user", "content": "Still there?\n\nHm\n\nhello?"},
+    ]
+    assert [m["content"] for m in history_of(root, "cli:old")][2:5] == [
+        "Still there?",
+        "Hm",
+        "hello?",
+    ]
+
+
+def test_retrying_the_same_input_sends_it_once(root: Path, strict: FakeServer) -> None:
+    """A caller that retries a failed input gets one user message, not its words twice."""
+    strict.fail_next(503)
+
+    async def main() -> None:
+        manager = make_manager(strict, root)
+        with pytest.raises(LLMError):
+            await manager.process_with_context("irc:#r", "ping?")
+        assert await manager.process_with_context("irc:#r", "ping?") == "echo: ping?"
+        await manager.aclose()
+
+    asyncio.run(main())
+    assert strict.last_request["messages"] == [{"role": "user", "content": "ping?"}]
+    assert [m["content"] for m in history_of(root, "irc:#r")] == ["ping?", "ping?", "echo: ping?"]
+
+
 # --------------------------------------------------------------------------- the rule itself
 
 
@@ -435,6 +485,11 @@ def test_folding_keeps_tool_order_parts_and_names() -> None:
         {"role": "user", "content": "s", "name": "ann"},
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]},
         {"role": "user", "content": ""},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "x"},
+        {"role": "user", "content": "y"},
+        {"role": "user", "content": "y"},  # a retry of the failed input: sent once
+        {"role": "user", "content": "xy"},
     ]
     assert wire_messages("sys", history) == [
         {"role": "system", "content": "sys"},
@@ -448,6 +503,8 @@ def test_folding_keeps_tool_order_parts_and_names() -> None:
                 {"type": "image_url", "image_url": {"url": "u"}},
             ],
         },
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "x\n\ny\n\nxy"},
     ]
     assert history[0] == {"role": "user", "content": "q", "name": "ann"}  # never changed
 

@@ -458,7 +458,8 @@ def add_wire_message(messages: list[dict[str, Any]], item: Mapping[str, Any]) ->
     so the next input would be a second user message in a row, which strict chat templates
     (Llama 2, Mistral, Gemma: "roles must alternate") refuse on every later turn. Any run of
     consecutive user messages is therefore sent as one, their texts joined by a blank line
-    (text parts concatenated when either is a list of parts); the log keeps each as written.
+    (text parts concatenated when either is a list of parts), a text that merely repeats the
+    one before it (a caller retrying the failed input) sent once; the log keeps each as written.
     The rule depends on the history alone, so a restore in another process sends the same
     messages, and it repairs logs written before it (or imported) too. Only the last message
     is looked at, and it is replaced, never changed in place (an earlier request may hold it).
@@ -475,7 +476,10 @@ def _fold_user(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str,
     a, b = first.get("content") or "", second.get("content") or ""
     content: str | list[Any]
     if isinstance(a, str) and isinstance(b, str):
-        content = f"{a}\n\n{b}" if a and b else a or b
+        if not a or not b or a == b or a.endswith("\n\n" + b):
+            content = a or b  # an input sent again after its failure goes once
+        else:
+            content = f"{a}\n\n{b}"
     else:
         content = _parts(a) + _parts(b)
     folded: dict[str, Any] = {"role": "user", "content": content}
