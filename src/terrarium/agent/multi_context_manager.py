@@ -19,9 +19,9 @@ The cache keeps up to ``cache_size`` restored contexts, each with the list of me
 sends, so a turn costs O(1) in history length: no re-reading or re-parsing of the log, and the
 messages sent on turn n+1 start with exactly the messages sent on turn n (vLLM's automatic
 prefix cache then reuses the whole history; after a failed turn only the last message, the
-folded input, differs). Before each turn the cached head and next seq are
-checked against the store (a head read and an ``fstat``), so entries another process appended
-are seen. Eviction saves unsaved entries first.
+folded input, differs). Before each turn the cached head and next seq are checked against the
+store (a head read and an ``fstat``), so entries another process appended are seen. Eviction
+saves unsaved entries first.
 """
 
 from __future__ import annotations
