@@ -3,7 +3,11 @@
 Each context (``irc:#python``, ``cli:main``) is a session in the store. A turn appends the
 user input *before* the model is called (so a failed or cancelled call never loses it), then
 the reply, its usage, ``run_completed`` and ``turn_end`` in one atomic append; a failure appends
-``run_errored`` with the reason instead.
+``run_errored`` with the reason (and any partial reply text) instead, also when the turn is
+cancelled or its stream closed early: that write is synchronous, so no second cancellation can
+skip it, and the cancellation still propagates. The failed input stays in the history with no
+reply; the next input is sent folded into it (``model.add_wire_message``), so no request ever
+holds two user messages in a row.
 
 Concurrency, beyond the seed's "sequential only": turns on different contexts run at once
 (bounded by ``max_concurrency``); turns on one context are serialised in arrival order by an
@@ -14,9 +18,10 @@ so a writer that bypasses the lock is detected and the state re-read, never over
 The cache keeps up to ``cache_size`` restored contexts, each with the list of messages it
 sends, so a turn costs O(1) in history length: no re-reading or re-parsing of the log, and the
 messages sent on turn n+1 start with exactly the messages sent on turn n (vLLM's automatic
-prefix cache then reuses the whole history). Before each turn the cached head and next seq are
-checked against the store (a head read and an ``fstat``), so entries another process appended
-are seen. Eviction saves unsaved entries first.
+prefix cache then reuses the whole history; after a failed turn only the last message, the
+folded input, differs). Before each turn the cached head and next seq are checked against the
+store (a head read and an ``fstat``), so entries another process appended are seen. Eviction
+saves unsaved entries first.
 """
 
 from __future__ import annotations
@@ -26,9 +31,9 @@ import contextvars
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, aclosing, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,9 +49,9 @@ from terrarium.model import (
     RunStatus,
     SegmentStartState,
     TraceEntry,
+    add_wire_message,
     item_text,
     utc_now,
-    wire_message,
 )
 from terrarium.stores.base import (
     ContextLocking,
@@ -73,7 +78,8 @@ class _Context:
     context: ContextId
     state: RestoredState
     wire: list[dict[str, Any]]
-    """Messages as sent to the server (system prompt first), kept in step with history."""
+    """Messages as sent to the server (system prompt first), kept in step with history by
+    ``model.add_wire_message``, which folds consecutive user messages into one."""
     chars: int
     """Characters of content in ``wire``, for the token estimate."""
     autosave: bool = True
@@ -90,7 +96,7 @@ class _Context:
         if kind in (EntryKind.USER_INPUT, EntryKind.ITEM, EntryKind.SYSTEM_ITEM):
             item = data["item"]
             state.history.append(item)
-            self.wire.append(wire_message(item))
+            add_wire_message(self.wire, item)
             self.chars += len(item_text(item))
         elif kind == EntryKind.USAGE:
             u = state.usage
@@ -228,9 +234,14 @@ class MultiContextManager:
         system_prompt: str | None = None,
         **params: Any,
     ) -> AsyncIterator[str]:
-        """Like :meth:`process_with_context`, yielding the reply's text as it arrives."""
-        async for delta in self._turn(context_id, user_message, system_prompt, True, params):
-            yield delta
+        """Like :meth:`process_with_context`, yielding the reply's text as it arrives.
+
+        Stopping early (``break``, then closing this iterator) logs the run as errored.
+        """
+        turn = self._turn(context_id, user_message, system_prompt, True, params)
+        async with aclosing(turn):  # closing this closes the turn now, not when it is collected
+            async for delta in turn:
+                yield delta
 
     def list_all_contexts(self) -> dict[str, list[dict[str, Any]]]:
         """Every context grouped by type: ``{"cli": [{"session_id": "main", ...}], ...}``.
@@ -449,49 +460,55 @@ class MultiContextManager:
         system_prompt: str | None,
         stream: bool,
         params: dict[str, Any],
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         context = ContextId.parse(context_id)
         if not isinstance(user_message, str):
             raise TypeError(f"user_message must be a string, not {type(user_message).__name__}")
         async with self._turn_lock(context), self._semaphore():
             entry = self._open_context(context, system_prompt)
-            if self.token_budget is not None and self._estimate(entry, user_message) > (
-                self.token_budget
-            ):
-                await self._compact(entry, {})
-            self._write(entry, [(EntryKind.USER_INPUT, {"item": _user(user_message)})])
+            await self._log_input(entry, user_message)
             buffer: list[TraceEntry] | None = [] if self.trace else None
             token = self._trace_sink.set(buffer)
             result: ChatResult | None = None
             partial: list[str] = []
             try:
                 if stream:
-                    async for event in self.client.stream(list(entry.wire), **params):
-                        if event.delta:
-                            partial.append(event.delta)
-                            yield event.delta
-                        if event.result is not None:
-                            result = event.result
+                    async with aclosing(self.client.stream(list(entry.wire), **params)) as events:
+                        async for event in events:
+                            if event.delta:
+                                partial.append(event.delta)
+                                yield event.delta
+                            if event.result is not None:
+                                result = event.result
                 else:
                     result = await self.client.chat(list(entry.wire), **params)
                     yield result.text
                 if result is None:
                     raise LLMError("the model stream ended without a result")
             except BaseException as exc:  # cancellation and GeneratorExit included
-                reason = "cancelled" if not isinstance(exc, Exception) else exc
-                errored: dict[str, Any] = {
-                    "error": str(reason) or type(exc).__name__,
-                    "error_type": type(exc).__name__,
-                }
-                if partial:
-                    errored["partial"] = "".join(partial)
-                self._write(entry, [(EntryKind.RUN_ERRORED, errored)])
+                self._write(entry, [(EntryKind.RUN_ERRORED, _errored(exc, partial))])
                 raise
             finally:
                 self._trace_sink.reset(token)
                 if buffer:
                     sessions.save_trace(self.store, entry.ref, buffer)
             self._write(entry, _reply_entries(result))
+
+    async def _log_input(self, entry: _Context, text: str) -> None:
+        """Log the user's input, compacting first when it would pass the token budget.
+
+        A compaction that fails (or is cancelled) still logs the input, with the failure, so
+        the words are never lost; the next turn sends them folded into its own input.
+        """
+        logged = (EntryKind.USER_INPUT, {"item": _user(text)})
+        try:
+            if self.token_budget is not None and self._estimate(entry, text) > self.token_budget:
+                await self._compact(entry, {})
+        except BaseException as exc:
+            entry = self._fresh(entry.context) or entry  # a flush before it may have moved on
+            self._write(entry, [logged, (EntryKind.RUN_ERRORED, _errored(exc, []))])
+            raise
+        self._write(entry, [logged])
 
     def _open_context(self, context: ContextId, system_prompt: str | None) -> _Context:
         """The cached, fresh context; created on first use; system prompt changes logged."""
@@ -559,7 +576,8 @@ class MultiContextManager:
         self._flush(entry)
         history = entry.state.history
         keep = _tail_from_user(history, self.keep_after_compaction)
-        request = [*entry.wire, {"role": "user", "content": COMPACTION_PROMPT}]
+        request = list(entry.wire)
+        add_wire_message(request, {"role": "user", "content": COMPACTION_PROMPT})
         result = await self.client.chat(request, **params)
         summary = result.text.strip()
         compacted: list[LoggedItem] = [
@@ -574,6 +592,7 @@ class MultiContextManager:
             state = sessions.restore(self.store, entry.context)
         rebuilt = _build(entry.context, state, entry.autosave)
         entry.state, entry.wire, entry.chars = rebuilt.state, rebuilt.wire, rebuilt.chars
+        self._remember(entry)  # _flush forgot it: what the turn queues next must be saved
         return summary
 
     def _estimate(self, entry: _Context, message: str) -> int:
@@ -691,6 +710,18 @@ class _TurnLock:
 
 def _user(text: str) -> LoggedItem:
     return {"role": "user", "content": text}
+
+
+def _errored(exc: BaseException, partial: list[str]) -> dict[str, Any]:
+    """The ``run_errored`` entry for a failure: its reason, its type, any partial reply text."""
+    reason = exc if isinstance(exc, Exception) else "cancelled"
+    data: dict[str, Any] = {
+        "error": str(reason) or type(exc).__name__,
+        "error_type": type(exc).__name__,
+    }
+    if partial:
+        data["partial"] = "".join(partial)
+    return data
 
 
 def _reply_entries(result: ChatResult) -> list[tuple[str, dict[str, Any]]]:
