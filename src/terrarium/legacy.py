@@ -45,7 +45,7 @@ from typing import Generic, TypeVar
 
 from terrarium.errors import ContextExists, StoreError
 from terrarium.formats import terrarium_json as tj
-from terrarium.formats.terrarium_json import _DATE_RE, _printable
+from terrarium.formats.terrarium_json import _DATE_RE, LegacyFormatError, _printable
 from terrarium.model import ContextId, encode_name
 from terrarium.stores._files import make_dirs
 from terrarium.stores.base import ContextLocking, Store
@@ -152,7 +152,7 @@ def read(store: Store, context: ContextId) -> LegacyCopy | None:
     if found is None:
         return None
     memory = MemoryStore()
-    tj.import_session(memory, tj.load(found.path, root=legacy_root(store)), context=context)
+    tj.import_session(memory, _load(store, found.path), context=context)
     return LegacyCopy(memory, found.path)
 
 
@@ -173,7 +173,7 @@ def import_legacy(store: Store, context: ContextId) -> bool:
     found = _lookup(store, context)
     if found is None:
         return False
-    session = tj.load(found.path, root=legacy_root(store))
+    session = _load(store, found.path)
     try:
         tj.import_session(store, session, context=context)
     except ContextExists:  # a writer that does not take the lock created it meanwhile
@@ -203,7 +203,7 @@ def trash(store: Store, context: ContextId) -> list[Path]:
     moved: list[Path] = []
     while root is not None and (found := _lookup(store, context)) is not None:
         if not _inside(found.path.parent, root):
-            raise StoreError(f"{found}: lies outside {root} (a symbolic link); not moved")
+            raise StoreError(f"{_printable(str(found.path))}: {_outside(root)}, nor moved")
         target = root / LEGACY_TRASH / uuid.uuid4().hex / found.path.relative_to(root)
         make_dirs(target.parent)
         os.rename(found.path, target)
@@ -229,6 +229,19 @@ def _lookup(store: Store, context: ContextId) -> LegacyInfo | LegacyProblem | No
             if isinstance(found, LegacyProblem) and unreadable is None:
                 unreadable = found
     return unreadable
+
+
+def _load(store: Store, path: Path) -> tj.LegacySession:
+    """Read a legacy file of ``store`` (never through a link that leaves its root)."""
+    root = legacy_root(store)
+    assert root is not None
+    if not _inside(path, root):
+        raise LegacyFormatError(str(LegacyProblem(path, _outside(root))))
+    return tj.load(path, root=root)
+
+
+def _outside(root: Path) -> str:
+    return f"lies outside {root} (a symbolic link); not read"
 
 
 def _places(root: Path, context: ContextId) -> Iterator[Path]:
@@ -392,7 +405,7 @@ def _list_folder(path: Path, level: int) -> _Folder:
 def _summarise(path: Path, root: Path) -> LegacyInfo | LegacyProblem:
     """Parse one file into its listing record, or the one-line reason it cannot be used."""
     if not _inside(path, root):
-        return LegacyProblem(path, f"lies outside {root} (a symbolic link); not read")
+        return LegacyProblem(path, _outside(root))
     try:
         session = tj.load(path, root=root)
         context = session.context
