@@ -490,12 +490,11 @@ def test_cli_list_warns_about_unreadable_legacy_files(seeded: dict[str, Path], r
     for args in (["list"], ["list", "--json"]):
         result = CliRunner().invoke(cli, [*args, "--storage-dir", str(root)])
         assert result.exit_code == 0, result.output
-        assert result.stderr.splitlines() == [
-            f"warning: {root}/cli/2025-11-06/broken.json: not valid JSON "
-            "(Expecting value at line 1 column 15)",
-            f"warning: {root}/irc/2025-11-06/notalist.json: "
-            "'messages' must be a list, not a number",
-        ]
+        broken, notalist = result.stderr.splitlines()
+        assert broken.startswith(f"warning: {root}/cli/2025-11-06/broken.json: not valid JSON")
+        assert notalist == (
+            f"warning: {root}/irc/2025-11-06/notalist.json: 'messages' must be a list, not a number"
+        )
     listed = json.loads(result.stdout)["contexts"]
     assert sorted(row["context_id"] for row in listed) == sorted(seeded)
     assert all(row["legacy"] and row["legacy_path"] for row in listed)
