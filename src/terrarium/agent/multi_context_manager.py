@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from terrarium import sessions
+from terrarium import legacy, sessions
 from terrarium.errors import ConflictError, ContextExists, ContextNotFound, LLMError
 from terrarium.formats.openai import chat_messages
 from terrarium.model import (
@@ -117,6 +117,11 @@ class _Context:
                 state.system_prompt = data["system_prompt"]
         state.next_seq = seq + 1
         state.last_active = ts
+
+
+_Row = tuple[ContextId, str, str, int, str, bool]
+"""A row of :meth:`MultiContextManager.list_all_contexts`: context, date, created, messages,
+last active, legacy."""
 
 
 def _build(context: ContextId, state: RestoredState, autosave: bool) -> _Context:
@@ -246,31 +251,21 @@ class MultiContextManager:
     def list_all_contexts(self) -> dict[str, list[dict[str, Any]]]:
         """Every context grouped by type: ``{"cli": [{"session_id": "main", ...}], ...}``.
 
-        ``session_id`` here is the context's name, as in the Terrarium format.
+        ``session_id`` here is the context's name, as in the Terrarium format. Legacy JSON
+        files beside a filesystem store are listed too (``"legacy": True``, times as the file
+        wrote them) unless the log has their context; files that cannot be read are left out
+        (:func:`terrarium.legacy.listing` names them).
         """
-        rows: list[tuple[ContextId, str, str, int, str]] = []
-        if isinstance(self.store, Listing):  # counts from the store's index: nothing restored
-            for summary in self.store.list_contexts_fast():
-                rows.append(
-                    (
-                        ContextId.parse(summary.context),
-                        summary.date,
-                        summary.created_at,
-                        summary.message_count,
-                        summary.last_active,
-                    )
-                )
-        else:
-            for head in self.store.list_contexts():
-                context = ContextId.parse(head.context)
-                state = self._peek(context)
-                rows.append(
-                    (context, head.date, head.created_at, len(state.history), state.last_active)
-                )
+        rows = self._native_rows()
+        native = {row[0] for row in rows}
+        for info in legacy.listing(self.store).sessions:
+            if info.context not in native:
+                row = (info.context, info.date, info.created_at, info.message_count)
+                rows.append((*row, info.last_active, True))
         with self._cache_lock:
             unsaved = {c: e.state for c, e in self._cache.items() if e.pending}
         out: dict[str, list[dict[str, Any]]] = {}
-        for context, date, created_at, count, last_active in rows:
+        for context, date, created_at, count, last_active, is_legacy in rows:
             if context in unsaved:  # entries not saved yet are newer than any index
                 count, last_active = len(unsaved[context].history), unsaved[context].last_active
             out.setdefault(context.type, []).append(
@@ -281,27 +276,62 @@ class MultiContextManager:
                     "message_count": count,
                     "created_at": created_at,
                     "last_active": last_active,
+                    "legacy": is_legacy,
                 }
             )
         for items in out.values():
             items.sort(key=lambda i: i["last_active"], reverse=True)
         return out
 
+    def _native_rows(self) -> list[_Row]:
+        """The log's contexts for :meth:`list_all_contexts`."""
+        rows: list[_Row] = []
+        if isinstance(self.store, Listing):  # counts from the store's index: nothing restored
+            for summary in self.store.list_contexts_fast():
+                context = ContextId.parse(summary.context)
+                row = (context, summary.date, summary.created_at, summary.message_count)
+                rows.append((*row, summary.last_active, False))
+        else:
+            for head in self.store.list_contexts():
+                context = ContextId.parse(head.context)
+                state = self._peek(context)
+                row = (context, head.date, head.created_at, len(state.history))
+                rows.append((*row, state.last_active, False))
+        return rows
+
     def get_stats(self, context_id: str) -> dict[str, Any]:
-        """Statistics of one context.
+        """Statistics of one context (of a legacy JSON file, read without importing it).
 
         Raises:
             ContextNotFound: no such context.
+            LegacyFormatError, OSError: only a legacy file holds it, and it cannot be read.
         """
         context = ContextId.parse(context_id)
         head = self.store.get_head(context)
         with self._cache_lock:
             cached = self._cache.get(context)
         if head is None and cached is None:
-            raise ContextNotFound(f"context {context} does not exist")
+            copy = legacy.read(self.store, context)
+            if copy is None:
+                raise ContextNotFound(f"context {context} does not exist")
+            state = sessions.restore(copy.store, context)
+            return self._stats(context, state, state.created_at, 1, None, is_legacy=True)
         state = cached.state if cached is not None else self._peek(context)
-        pending = len(cached.pending) if cached is not None else 0
         created = head.created_at if head is not None else state.created_at
+        segments = len(self.store.list_segments(state.session_id)) if head else 1
+        return self._stats(context, state, created, segments, cached, is_legacy=False)
+
+    def _stats(
+        self,
+        context: ContextId,
+        state: RestoredState,
+        created: str,
+        segments: int,
+        cached: _Context | None,
+        *,
+        is_legacy: bool,
+    ) -> dict[str, Any]:
+        """The dict :meth:`get_stats` returns, for a context in the log or a legacy file."""
         return {
             "context_id": str(context),
             "session_id": context.name,
@@ -322,17 +352,21 @@ class MultiContextManager:
             "last_error": state.last_run.error if state.last_run else None,
             "tree_session_id": str(state.session_id),
             "segment_id": str(state.segment_id),
-            "segments": len(self.store.list_segments(state.session_id)) if head else 1,
+            "segments": segments,
             "cached": cached is not None,
             "autosave": self._autosave_for(context),
-            "unsaved_entries": pending,
+            "unsaved_entries": len(cached.pending) if cached is not None else 0,
+            "legacy": is_legacy,
         }
 
     def clear_context(self, context_id: str) -> None:
-        """Empty the context's history; the old history stays in its session tree."""
+        """Empty the context's history; the old history stays in its session tree.
+
+        A context that only a legacy JSON file holds is imported into the log first.
+        """
         context = ContextId.parse(context_id)
         with self._locked(context):
-            entry = self._fresh(context)
+            entry = self._fresh_or_legacy(context)
             if entry is None:
                 raise ContextNotFound(f"context {context} does not exist")
             self._flush(entry)
@@ -340,11 +374,17 @@ class MultiContextManager:
             self._forget(context)
 
     def delete_context(self, context_id: str) -> bool:
-        """Delete the context and all its files. Returns False if it did not exist."""
+        """Delete the context and all its files. Returns False if it did not exist.
+
+        Its legacy JSON file, if it has one, is not unlinked but moved into the store's
+        ``.trash/legacy/`` (see :mod:`terrarium.legacy`): moving it back undoes that part.
+        """
         context = ContextId.parse(context_id)
         with self._locked(context):
             self._forget(context)
-            return self.store.delete_context(context)
+            deleted = self.store.delete_context(context)
+            moved = legacy.trash(self.store, context)
+            return deleted or bool(moved)
 
     # ------------------------------------------------------------------ beyond the seed
 
@@ -355,7 +395,7 @@ class MultiContextManager:
         """
         src = ContextId.parse(source)
         with self._locked(src):
-            entry = self._fresh(src)
+            entry = self._fresh_or_legacy(src)
             if entry is not None:
                 self._flush(entry)
             sessions.fork_context(self.store, src, ContextId.parse(target), at_seq=at)
@@ -368,7 +408,7 @@ class MultiContextManager:
         """
         context = ContextId.parse(context_id)
         async with self._turn_lock(context):
-            entry = self._fresh(context)
+            entry = self._fresh_or_legacy(context)
             if entry is None:
                 raise ContextNotFound(f"context {context} does not exist")
             return await self._compact(entry, params)
@@ -426,10 +466,14 @@ class MultiContextManager:
         return search(self.store, SearchQuery(text, type, context, since, role, limit))
 
     def history(self, context_id: str) -> list[LoggedItem]:
-        """The context's history items (a copy), oldest first."""
+        """The context's history items (a copy), oldest first (a legacy file's, unimported)."""
         context = ContextId.parse(context_id)
         with self._cache_lock:
             cached = self._cache.get(context)
+        if cached is None and self.store.get_head(context) is None:
+            copy = legacy.read(self.store, context)
+            if copy is not None:
+                return list(sessions.restore(copy.store, context).history)
         state = cached.state if cached is not None else self._peek(context)
         return list(state.history)
 
@@ -511,8 +555,11 @@ class MultiContextManager:
         self._write(entry, [logged])
 
     def _open_context(self, context: ContextId, system_prompt: str | None) -> _Context:
-        """The cached, fresh context; created on first use; system prompt changes logged."""
-        entry = self._fresh(context)
+        """The cached, fresh context; created on first use; system prompt changes logged.
+
+        A context that only a legacy JSON file holds is imported into the log first.
+        """
+        entry = self._fresh_or_legacy(context)
         if entry is None:
             prompt = system_prompt if system_prompt is not None else self.default_system_prompt
             try:
@@ -623,6 +670,16 @@ class MultiContextManager:
         state = sessions.restore_by_segment(self.store, head.session_id, head.segment_id)
         entry = _build(context, state, self._autosave_for(context))
         self._remember(entry)
+        return entry
+
+    def _fresh_or_legacy(self, context: ContextId) -> _Context | None:
+        """:meth:`_fresh`, importing the context's legacy JSON file first if only it has it.
+
+        The caller holds the context's lock, so processes racing here import it once.
+        """
+        entry = self._fresh(context)
+        if entry is None and legacy.import_legacy(self.store, context):
+            entry = self._fresh(context)
         return entry
 
     def _reload(self, entry: _Context) -> None:

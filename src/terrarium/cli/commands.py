@@ -315,9 +315,8 @@ def delete(ctx: click.Context, context: ContextId, yes: bool) -> None:
 
 
 def delete_session(state: CliState, context: ContextId, yes: bool) -> None:
-    """Delete ``context`` from the log and its legacy file, after confirmation."""
-    legacy = catalog.find_legacy(state, context)
-    if state.store().get_head(context) is None and legacy is None:
+    """Delete ``context`` from the log, and move its legacy file to the trash, once confirmed."""
+    if not catalog.exists(state, context):
         raise ContextNotFound(f"context {context} does not exist in {state.shown_location}")
     if not yes:
         if not sys.stdin.isatty():
@@ -326,8 +325,6 @@ def delete_session(state: CliState, context: ContextId, yes: bool) -> None:
             )
         click.confirm(f"Delete {context} and all its history?", abort=True)
     state.manager().delete_context(str(context))
-    if legacy is not None:
-        legacy.unlink()
     state.out.note(f"deleted {context}", style="green")
 
 

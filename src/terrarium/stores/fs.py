@@ -14,6 +14,7 @@ Layout under the root (``./sessions`` by default)::
     .locks/turn/cli/main              per-context lock for callers (a manager's turn)
     .locks/head/cli/main              per-context lock for create, delete, head moves
     .trash/                           folders being deleted; the next delete clears leftovers
+    .trash/legacy/                    deleted legacy JSON files (terrarium.legacy); kept
     .index/search.db                  full-text search and listing index (derived)
     .index/dirty/{session uuid}       "this session changed" markers for that index
 
@@ -140,6 +141,8 @@ DURABILITIES: tuple[str, ...] = ("flush", "fsync", "batch")
 _INDEX = ".index"
 _LOCKS = ".locks"
 _TRASH = ".trash"
+LEGACY_TRASH = Path(_TRASH, "legacy")
+"""Where deleted legacy JSON files wait (:func:`terrarium.legacy.trash`); never emptied."""
 _HEAD = "head.json"
 _SEGMENT_SUFFIX = ".jsonl"
 _TRACE_SUFFIX = ".trace.jsonl"
@@ -657,7 +660,8 @@ class FsStore:
         os.rename(folder, trash)
         # Also what a process killed mid-delete left (another deleter may share the work).
         for leftover in listdir(trash_dir):
-            shutil.rmtree(trash_dir / leftover, ignore_errors=True)
+            if leftover != LEGACY_TRASH.name:
+                shutil.rmtree(trash_dir / leftover, ignore_errors=True)
 
     # ---------------------------------------------------------------- segments
 
