@@ -44,6 +44,7 @@ from terrarium.model import (
     RunStatus,
     SegmentStartState,
     TraceEntry,
+    check_text,
     item_text,
     utc_now,
     wire_message,
@@ -453,6 +454,7 @@ class MultiContextManager:
         context = ContextId.parse(context_id)
         if not isinstance(user_message, str):
             raise TypeError(f"user_message must be a string, not {type(user_message).__name__}")
+        check_text(user_message, "user_message")  # before a new context is created for it
         async with self._turn_lock(context), self._semaphore():
             entry = self._open_context(context, system_prompt)
             if self.token_budget is not None and self._estimate(entry, user_message) > (

@@ -259,6 +259,7 @@ class FsStore:
         session_id = uuid.UUID(str(line["session_id"]))
         segment_id = uuid.UUID(str(line["segment_id"]))
         created = str(line["ts"])
+        data = codec.encode_line(line)  # refuses a bad header before anything is made
         with self._head_lock(context):
             if self.get_head(context) is not None:
                 raise ContextExists(f"context {context} already exists")
@@ -273,7 +274,7 @@ class FsStore:
             if folder.exists():  # left by a crash between mkdir and the head write
                 self._trash(folder)
             folder.mkdir(parents=True)
-            self._write_new(folder / f"{segment_id}{_SEGMENT_SUFFIX}", codec.encode_line(line))
+            self._write_new(folder / f"{segment_id}{_SEGMENT_SUFFIX}", data)
             head = PodMetadata(str(context), session_id, segment_id, created, created)
             self._write_atomic(folder / _HEAD, codec.encode(_head_dict(head)))
             self._write_index(context, session_id, rel)
