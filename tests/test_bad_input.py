@@ -7,6 +7,7 @@ traceback, and nothing is written. The store-level invariants are in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -38,7 +39,13 @@ from terrarium.cli import cli
 from terrarium.formats import jsonl
 from terrarium.formats import terrarium_json as tj
 from terrarium.llm.vllm_client import VLLMClient
-from terrarium.model import display_name, misleading_chars, new_segment_id, new_session_id
+from terrarium.model import (
+    EntryKind,
+    display_name,
+    misleading_chars,
+    new_segment_id,
+    new_session_id,
+)
 
 TERRARIUM = [sys.executable, "-m", "terrarium.cli"]
 
@@ -104,6 +111,31 @@ def test_encode_refuses_deterministically_whatever_the_stack() -> None:
     assert under(0) == under(500) == at_limit
     with pytest.raises(InvalidEntry, match="more than 256 levels deep"):
         codec.encode_lines([{"seq": 1}, past])
+
+
+@dataclasses.dataclass
+class Box:
+    inner: Any
+
+
+def test_depth_counts_every_container_kind() -> None:
+    """Tuples, sets and dataclasses nest as JSON does; long lines are judged like short."""
+
+    def wrap(levels: int, make: Any) -> Any:
+        value: Any = "x"
+        for _ in range(levels):
+            value = make(value)
+        return value
+
+    limit = codec.MAX_DEPTH - 1  # below the line's own object
+    for make in (lambda v: (v,), lambda v: {"k": v}, Box, lambda v: frozenset([v])):
+        codec.encode({"x": wrap(limit, make)})
+        with pytest.raises(InvalidEntry, match="more than 256 levels deep"):
+            codec.encode({"x": wrap(limit + 1, make)})
+        long_text = {"x": wrap(limit + 1, make), "text": "{[" * 5000}
+        with pytest.raises(InvalidEntry, match="more than 256 levels deep"):
+            codec.encode_lines([{"seq": 1}, long_text])
+    assert not codec.deeper_than({"t": "[" * 1000, "kind": EntryKind.ITEM}, 1)
 
 
 def test_decoding_a_file_nested_too_deeply_names_file_and_line() -> None:

@@ -73,7 +73,7 @@ def encode_lines(objs: Sequence[dict[str, Any]]) -> bytes:
         data = b" \n".join([_encoder.encode(obj) for obj in objs]) + b"\n"
     except (UnicodeEncodeError, RecursionError, TypeError) as exc:
         raise InvalidEntry(_unencodable(exc)) from None
-    if deeper_than(data, MAX_DEPTH):  # lines are separate values: the deepest one counts
+    if _may_be_too_deep(data) and any(_too_deep(obj, data) for obj in objs):
         raise InvalidEntry(TOO_DEEP)
     return data
 
@@ -89,7 +89,7 @@ def encode(obj: Any) -> bytes:
         data = _encoder.encode(obj)
     except (UnicodeEncodeError, RecursionError, TypeError) as exc:
         raise InvalidEntry(_unencodable(exc)) from None
-    if deeper_than(data, MAX_DEPTH):
+    if _may_be_too_deep(data) and _too_deep(obj, data):
         raise InvalidEntry(TOO_DEEP)
     return data
 
@@ -105,17 +105,46 @@ def _unencodable(exc: Exception) -> str:
     return f"a value JSON cannot hold ({exc})"
 
 
-def deeper_than(data: bytes, limit: int) -> bool:
-    """Whether arrays and objects nest more than ``limit`` levels deep in the JSON ``data``.
+# Bracket counts cost ~0.75 ns a byte, the walk ~0.3 us a container (0.8 us for a message,
+# 1.5 us with a tool call; measured on the bench machine): count short lines, walk long ones.
+_COUNT_UP_TO = 2048
 
-    Cheap for the usual line: a count of brackets, in C, rules most out; only a line with more
-    brackets (quoted or not) than ``limit`` is measured.
-    """
-    return (
-        len(data) > 2 * limit
-        and data.count(b"[") + data.count(b"{") > limit
-        and nesting_depth(data) > limit
-    )
+
+def _may_be_too_deep(data: bytes) -> bool:
+    """False for the usual line, cheaply: too short, or too few brackets, to nest that deep."""
+    if len(data) <= 2 * MAX_DEPTH:
+        return False
+    return len(data) > _COUNT_UP_TO or data.count(b"[") + data.count(b"{") > MAX_DEPTH
+
+
+def _too_deep(obj: Any, data: bytes) -> bool:
+    walked = _walk_deeper(obj, MAX_DEPTH)
+    return nesting_depth(data) > MAX_DEPTH if walked is None else walked
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value``, an encodable value, nests arrays and objects more than ``limit`` deep."""
+    walked = _walk_deeper(value, limit)
+    return nesting_depth(_encoder.encode(value)) > limit if walked is None else walked
+
+
+_SCALARS = (str, int, float, type(None))
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+def _walk_deeper(value: Any, limit: int) -> bool | None:
+    """Walk the containers (iteratively, never their text); None for a type it cannot judge."""
+    todo = [(value, 1)] if isinstance(value, _CONTAINERS) else []
+    while todo:
+        container, depth = todo.pop()
+        if depth > limit:
+            return True
+        for child in container.values() if isinstance(container, dict) else container:
+            if isinstance(child, _CONTAINERS):
+                todo.append((child, depth + 1))
+            elif not isinstance(child, _SCALARS):
+                return None  # a Struct or dataclass, say: the encoded text decides
+    return False
 
 
 def nesting_depth(data: bytes) -> int:

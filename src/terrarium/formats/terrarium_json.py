@@ -443,10 +443,10 @@ def _check_loggable(data: dict[str, Any], check: _Checker) -> None:
     """Refuse, naming the file, what an import could not log: lone surrogates (which a JSON
     ``\\ud800`` escape gives), values nested too deeply."""
     try:
-        encoded = codec.encode(data)
+        codec.encode(data)
     except InvalidEntry as exc:
         raise check.fail(str(exc)) from None
-    if codec.deeper_than(encoded, _MAX_DEPTH):
+    if codec.deeper_than(data, _MAX_DEPTH):
         raise check.fail(_TOO_DEEP)
 
 
