@@ -18,8 +18,9 @@ from the date folder, else from ``created_at``; a message without a timestamp ta
 before it; the context type from the folder). Timestamps may carry a UTC offset, a ``Z`` or
 neither (naive times are UTC). Keys this module does not know, at the top, in the metadata or in
 a message, are kept. Reading is strict where the data is not forgiving: a file that is not a
-JSON object with a ``messages`` list, or a field of the wrong type, raises
-:class:`LegacyFormatError` with one line naming the file and the problem.
+JSON object with a ``messages`` list, a field of the wrong type, or anything an import could
+not log (text that is not valid Unicode, which a ``\\ud800`` escape gives; nesting deeper than
+the log allows) raises :class:`LegacyFormatError` with one line naming the file and the problem.
 
 **Writing** (:func:`dump`, :func:`write`) gives exactly the seed's structure (``indent=2``,
 ``ensure_ascii=False``), every field filled in, so ``dump(load(f))`` is ``f`` for a complete
