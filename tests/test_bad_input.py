@@ -33,9 +33,11 @@ from terrarium import (
     create_segment,
     create_segment_with_ids,
     restore,
+    save_delta,
 )
 from terrarium.agent.multi_context_manager import MultiContextManager
 from terrarium.cli import cli
+from terrarium.export import export_context
 from terrarium.formats import jsonl
 from terrarium.formats import terrarium_json as tj
 from terrarium.llm.vllm_client import VLLMClient
@@ -164,6 +166,21 @@ def test_native_log_file_nested_too_deeply_is_corrupt_log(tmp_path: Path) -> Non
         with pytest.raises(CorruptLog, match=f"{segment}:2: nested 1001 levels deep"):
             restore(FsStore(root), "cli:x")
     assert_one_line_error(invoke("show", "cli:x", "--storage-dir", str(root)), f"{segment}:2")
+
+
+@pytest.mark.parametrize("fmt", ["markdown", "html"])
+def test_export_of_deeply_nested_tool_arguments_shows_them_verbatim(fmt: str) -> None:
+    """Tool call arguments are text the model wrote: JSON nested past the stack is shown as
+    it is, not pretty-printed, and never a RecursionError."""
+    store = MemoryStore()
+    create_segment(store, context="cli:a")
+    head = store.get_head(ContextId.parse("cli:a"))
+    assert head is not None
+    arguments = deep_json(5000)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    save_delta(store, head, [{"role": "assistant", "content": None, "tool_calls": [call]}])
+    exported = export_context(store, "cli:a", fmt)
+    assert isinstance(exported, str) and arguments in exported
 
 
 # --------------------------------------------------------------------------- legacy files
