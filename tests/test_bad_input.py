@@ -490,3 +490,42 @@ def test_cli_refuses_a_misleading_new_name(tmp_path: Path) -> None:
     result = invoke("fork", "cli:src", "cli:x\u2067y", "--storage-dir", str(root))
     assert_one_line_error(result, "'x\\u2067y'", "U+2067 (RIGHT-TO-LEFT ISOLATE)")
     assert [h.context for h in FsStore(root).list_contexts()] == ["cli:src"]
+
+
+def test_terminal_chat_refuses_bytes_that_are_not_utf8(
+    fake_server: FakeServer, tmp_path: Path
+) -> None:
+    """On a terminal, a line with a byte that is not UTF-8 gets a one-line error, is not sent
+    or logged (no context is made for it), and the chat goes on."""
+    pexpect = pytest.importorskip("pexpect")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TERRARIUM_")}
+    env.update(TERM="xterm", NO_COLOR="1", PROMPT_TOOLKIT_NO_CPR="1")
+    root = tmp_path / "sessions"
+    args = ["chat", "cli:t", "--base-url", fake_server.base_url, "--storage-dir", str(root)]
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "terrarium.cli", *args],
+        env=env,
+        cwd=str(tmp_path),
+        dimensions=(40, 120),
+        encoding="utf-8",
+        codec_errors="replace",
+        timeout=20,
+    )
+    try:
+        child.expect("cli:t>")
+        os.write(child.child_fd, b"hi \xff there\r")
+        child.expect("not valid Unicode")
+        child.expect("cli:t>")
+        assert not root.exists() or FsStore(root).list_contexts() == []
+        child.send("fine\r")
+        child.expect("echo: fine")
+        child.expect("cli:t>")
+        child.sendcontrol("d")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    assert len(fake_server.requests) == 1
+    with FsStore(root) as store:
+        assert [i["content"] for i in restore(store, "cli:t").history] == ["fine", "echo: fine"]

@@ -12,12 +12,13 @@ restore time is dominated by decoding.
 
 **What can be written.** Encoding is where bad values are refused, as :class:`InvalidEntry`,
 before anything is written: text that is not valid Unicode (a lone surrogate such as
-``"\\ud800"``, which UTF-8 cannot hold), values JSON has no form for, and lines nested more
-than :data:`MAX_DEPTH` arrays and objects deep. The depth bound is a fixed number because
-msgspec's own limit is Python's recursion limit minus the caller's stack depth: a line that a
-shallow writer could encode might not decode in a deeper reader, and the log would be
-unreadable. Reading catches the same limit where a file exceeds it (an old or hand-made
-file), as :class:`CorruptLog` naming the file and line, never a ``RecursionError``.
+``"\\ud800"``, which UTF-8 cannot hold) and lines nested more than :data:`MAX_DEPTH` arrays
+and objects deep. (A Python object JSON has no form for stays a ``TypeError``: a programming
+error, not bad input.) The depth bound is a fixed number because msgspec's own limit is
+Python's recursion limit minus the caller's stack depth: a line that a shallow writer could
+encode might not decode in a deeper reader, and the log would be unreadable. Reading catches
+the limit where a file exceeds it (an old or hand-made file) as :class:`CorruptLog` naming
+the file and line, never a ``RecursionError``.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def encode_lines(objs: Sequence[dict[str, Any]]) -> bytes:
         return b""
     try:
         data = b" \n".join([_encoder.encode(obj) for obj in objs]) + b"\n"
-    except (UnicodeEncodeError, RecursionError, TypeError) as exc:
+    except (UnicodeEncodeError, RecursionError) as exc:
         raise InvalidEntry(_unencodable(exc)) from None
     if _may_be_too_deep(data) and any(_too_deep(obj, data) for obj in objs):
         raise InvalidEntry(TOO_DEEP)
@@ -82,27 +83,26 @@ def encode(obj: Any) -> bytes:
     """Encode any JSON value compactly (no newline).
 
     Raises:
-        InvalidEntry: ``obj`` holds text that is not valid Unicode (a lone surrogate), a
-            value JSON has no form for, or nests deeper than :data:`MAX_DEPTH`.
+        InvalidEntry: ``obj`` holds text that is not valid Unicode (a lone surrogate), or
+            nests deeper than :data:`MAX_DEPTH`.
+        TypeError: ``obj`` holds an object JSON has no form for.
     """
     try:
         data = _encoder.encode(obj)
-    except (UnicodeEncodeError, RecursionError, TypeError) as exc:
+    except (UnicodeEncodeError, RecursionError) as exc:
         raise InvalidEntry(_unencodable(exc)) from None
     if _may_be_too_deep(data) and _too_deep(obj, data):
         raise InvalidEntry(TOO_DEEP)
     return data
 
 
-def _unencodable(exc: Exception) -> str:
+def _unencodable(exc: UnicodeEncodeError | RecursionError) -> str:
     """The one-line reason why a value could not be encoded."""
-    if isinstance(exc, UnicodeEncodeError):
-        shown = ascii(exc.object)
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        return f"text {shown} {not_unicode(exc)}"
     if isinstance(exc, RecursionError):
         return TOO_DEEP
-    return f"a value JSON cannot hold ({exc})"
+    shown = ascii(exc.object)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"text {shown} {not_unicode(exc)}"
 
 
 # Bracket counts cost ~0.75 ns a byte, the walk ~0.3 us a container (0.8 us for a message,

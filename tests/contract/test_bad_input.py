@@ -129,15 +129,6 @@ def test_item_at_the_depth_limit_is_written_and_restored(store: Store) -> None:
     assert restore(store, CTX).history[-1] == item
 
 
-def test_unencodable_value_is_invalid_entry(store: Store) -> None:
-    """A value JSON has no form for is InvalidEntry, not a TypeError from the encoder."""
-    ref = started(store)
-    before = snapshot(store)
-    with pytest.raises(InvalidEntry, match="JSON cannot hold"):
-        save_delta(store, ref, [{"role": "assistant", "content": "x", "x": object()}])
-    assert snapshot(store) == before
-
-
 def test_bad_header_creates_no_context(store: Store) -> None:
     """A new context whose header cannot be logged is refused before anything is made."""
     on_disk = files(store)
