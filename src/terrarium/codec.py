@@ -71,11 +71,14 @@ def encode_lines(objs: Sequence[dict[str, Any]]) -> bytes:
     if not objs:
         return b""
     try:
-        data = b" \n".join([_encoder.encode(obj) for obj in objs]) + b"\n"
+        lines = [_encoder.encode(obj) for obj in objs]
     except (UnicodeEncodeError, RecursionError) as exc:
         raise InvalidEntry(_unencodable(exc)) from None
-    if _may_be_too_deep(data) and any(_too_deep(obj, data) for obj in objs):
-        raise InvalidEntry(TOO_DEEP)
+    data = b" \n".join(lines) + b"\n"
+    if len(data) > 2 * MAX_DEPTH:  # else no line can be that deep
+        for obj, line in zip(objs, lines, strict=True):
+            if _may_be_too_deep(line) and _too_deep(obj, line):
+                raise InvalidEntry(TOO_DEEP)
     return data
 
 
