@@ -284,6 +284,24 @@ def test_jsonl_import_nested_past_the_decoder_is_corrupt_log(tmp_path: Path) -> 
     assert not root.exists() or tree(root) == {}
 
 
+def test_jsonl_import_with_a_lone_surrogate_escape_says_so(tmp_path: Path) -> None:
+    """``"\\ud800"`` in a JSONL file: CorruptLog naming file, line and the escape; a valid
+    pair (an emoji written as two escapes) and an escaped backslash are fine."""
+    root = tmp_path / "sessions"
+    header = json.dumps(exported()[0])
+    entry = {"v": 1, "seq": 1, "ts": "2025-01-01T00:00:00.000000Z", "kind": "user_input"}
+    prefix = json.dumps(entry)[:-1] + ', "item": {"role": "user", "content": "'
+    path = tmp_path / "s.jsonl"
+    path.write_text(header + "\n" + prefix + 'hi \\ud800"}}\n')
+    result = invoke("import", str(path), "--storage-dir", str(root))
+    assert_one_line_error(result, f"{path}:2: not valid JSON (a \\u escape of a lone surrogate")
+    assert not root.exists() or tree(root) == {}
+    path.write_text(header + "\n" + prefix + '\\\\ud800 \\ud83d\\ude00"}}\n')
+    assert invoke("import", str(path), "--storage-dir", str(root)).exit_code == 0
+    with FsStore(root) as store:
+        assert restore(store, "cli:a").history[-1]["content"] == "\\ud800 \U0001f600"
+
+
 @pytest.mark.parametrize(
     "bad",
     [

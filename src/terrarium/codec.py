@@ -51,6 +51,14 @@ TOO_DEEP = f"arrays and objects nest more than {MAX_DEPTH} levels deep"
 # A JSON string, unrolled so that long strings cost no backtracking.
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+# A \u escape of a lone surrogate, high without low after it or low without high before it
+# (after an even run of backslashes, so not escaped itself). msgspec refuses one saying only
+# that the input was truncated.
+_SURROGATE_ESCAPE = re.compile(
+    rb"(?<!\\)(?:\\\\)*(?:\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
+_SURROGATE_PROBLEM = "a \\u escape of a lone surrogate, which is not valid Unicode"
 
 
 def encode_line(obj: dict[str, Any]) -> bytes:
@@ -307,7 +315,8 @@ def _decode_slowly(
         try:
             value = _decoder.decode(line)
         except msgspec.DecodeError as exc:
-            raise CorruptLog(f"{where}:{number}: not valid JSON ({exc})") from None
+            reason = _SURROGATE_PROBLEM if _SURROGATE_ESCAPE.search(line) else exc
+            raise CorruptLog(f"{where}:{number}: not valid JSON ({reason})") from None
         except RecursionError:
             raise CorruptLog(f"{where}:{number}: {_too_deep_to_read(line)}") from None
         if not isinstance(value, dict):
