@@ -147,6 +147,7 @@ _HEAD = "head.json"
 _SEGMENT_SUFFIX = ".jsonl"
 _TRACE_SUFFIX = ".trace.jsonl"
 _MAX_OPEN = 256
+_MAX_CHECKED = 65_536  # folders whose place inside the root is remembered (see _inside)
 _DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -255,6 +256,8 @@ class FsStore:
                 f"{folder} leads outside the store (to {real}): terrarium never follows a "
                 "link out of its root"
             )
+        if len(self._inside_cache) >= _MAX_CHECKED:
+            self._inside_cache.clear()
         self._inside_cache.add(folder)
         return folder
 
