@@ -4,7 +4,10 @@
 :class:`~terrarium.stores.base.Searchable` (``FsStore`` through its derived FTS5 index;
 ``SqliteStore`` and ``PostgresStore`` through their own), and otherwise falls back to
 :func:`scan`, which reads every segment of every context, as a store without an index
-(``MemoryStore``) must.
+(``MemoryStore``) must. It scans too when the store's index is unavailable
+(:class:`~terrarium.errors.IndexUnavailable`: a read-only ``FsStore`` whose index is behind
+its files, a full disk, an index locked by another process for too long), so a search never
+misses an acknowledged entry; it logs the reason once per call.
 
 Both paths agree on what is searched and how (``tests/test_search.py`` checks it):
 
@@ -22,12 +25,13 @@ Both paths agree on what is searched and how (``tests/test_search.py`` checks it
 from __future__ import annotations
 
 import heapq
+import logging
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from terrarium.errors import InvalidQuery
+from terrarium.errors import IndexUnavailable, InvalidQuery
 from terrarium.model import ContextId, item_text
 from terrarium.stores.base import Searchable, SearchHit, SearchQuery, Store
 from terrarium.stores.fts import (
@@ -40,6 +44,8 @@ from terrarium.stores.fts import (
 )
 
 __all__ = ["InvalidQuery", "SearchHit", "SearchQuery", "scan", "search"]
+
+log = logging.getLogger(__name__)
 
 _HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
 _CONTEXT_CHARS = 60
@@ -61,7 +67,11 @@ def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
     if isinstance(query, str):
         query = SearchQuery(query)
     if isinstance(store, Searchable):
-        return store.search(query)
+        try:
+            return store.search(query)
+        except IndexUnavailable as exc:
+            check_query(query)  # a bad query is the caller's error, whatever the index
+            log.warning("%s; searching the session files instead", exc)
     return scan(store, query)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import threading
 import weakref
 from collections import OrderedDict
@@ -34,7 +35,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from terrarium import sessions
-from terrarium.errors import ConflictError, ContextExists, ContextNotFound, LLMError
+from terrarium.errors import (
+    ConflictError,
+    ContextExists,
+    ContextNotFound,
+    IndexUnavailable,
+    LLMError,
+    StoreError,
+)
 from terrarium.formats.openai import chat_messages
 from terrarium.model import (
     ContextId,
@@ -56,6 +64,8 @@ from terrarium.stores.base import (
     SearchQuery,
     Store,
 )
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the openai client costs ~0.5 s to import; only annotations need it
     from terrarium.llm.vllm_client import ChatResult, VLLMClient
@@ -235,31 +245,15 @@ class MultiContextManager:
     def list_all_contexts(self) -> dict[str, list[dict[str, Any]]]:
         """Every context grouped by type: ``{"cli": [{"session_id": "main", ...}], ...}``.
 
-        ``session_id`` here is the context's name, as in the Terrarium format.
+        ``session_id`` here is the context's name, as in the Terrarium format. ``problem`` is
+        None, or why some of the context's data cannot be read (one line naming the file);
+        its counts then cover what could be read.
         """
-        rows: list[tuple[ContextId, str, str, int, str]] = []
-        if isinstance(self.store, Listing):  # counts from the store's index: nothing restored
-            for summary in self.store.list_contexts_fast():
-                rows.append(
-                    (
-                        ContextId.parse(summary.context),
-                        summary.date,
-                        summary.created_at,
-                        summary.message_count,
-                        summary.last_active,
-                    )
-                )
-        else:
-            for head in self.store.list_contexts():
-                context = ContextId.parse(head.context)
-                state = self._peek(context)
-                rows.append(
-                    (context, head.date, head.created_at, len(state.history), state.last_active)
-                )
+        rows = self._listing_rows()
         with self._cache_lock:
             unsaved = {c: e.state for c, e in self._cache.items() if e.pending}
         out: dict[str, list[dict[str, Any]]] = {}
-        for context, date, created_at, count, last_active in rows:
+        for context, date, created_at, count, last_active, problem in rows:
             if context in unsaved:  # entries not saved yet are newer than any index
                 count, last_active = len(unsaved[context].history), unsaved[context].last_active
             out.setdefault(context.type, []).append(
@@ -270,11 +264,45 @@ class MultiContextManager:
                     "message_count": count,
                     "created_at": created_at,
                     "last_active": last_active,
+                    "problem": problem,
                 }
             )
         for items in out.values():
             items.sort(key=lambda i: i["last_active"], reverse=True)
         return out
+
+    def _listing_rows(self) -> list[tuple[ContextId, str, str, int, str, str | None]]:
+        """(context, date, created, message count, last active, problem) of every context:
+        from the store's listing index if it has a usable one, else by restoring each."""
+        if isinstance(self.store, Listing):  # counts from the store's index: nothing restored
+            try:
+                return [
+                    (
+                        ContextId.parse(s.context),
+                        s.date,
+                        s.created_at,
+                        s.message_count,
+                        s.last_active,
+                        s.problem,
+                    )
+                    for s in self.store.list_contexts_fast()
+                ]
+            except IndexUnavailable as exc:
+                log.warning("%s; listing from the session files instead", exc)
+        rows: list[tuple[ContextId, str, str, int, str, str | None]] = []
+        for head in self.store.list_contexts():
+            context = ContextId.parse(head.context)
+            try:
+                state = self._peek(context)
+            except ContextNotFound:
+                continue  # deleted meanwhile
+            except StoreError as exc:  # damaged: listed, with what is wrong
+                problem = " ".join(str(exc).split())
+                rows.append((context, head.date, head.created_at, 0, head.updated_at, problem))
+                continue
+            count, last = len(state.history), state.last_active
+            rows.append((context, head.date, head.created_at, count, last, None))
+        return rows
 
     def get_stats(self, context_id: str) -> dict[str, Any]:
         """Statistics of one context.

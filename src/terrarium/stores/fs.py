@@ -529,16 +529,29 @@ class FsStore:
                 if not (index / "contexts").exists() and not (index / fs_search.DB_NAME).exists():
                     # The whole index was lost: rebuild the context pointers too, so that what
                     # listing and search show can also be resolved and opened.
-                    self.reindex()
+                    try:
+                        self.reindex()
+                    except OSError as exc:  # a read-only store: readers answer from the files
+                        log.warning("cannot rebuild the index of %s: %s", self.root, exc)
                 self._search = fs_search.SearchIndex(self.root)
             return self._search
 
     def search(self, query: SearchQuery) -> list[SearchHit]:
-        """Ranked hits for ``query`` over every segment of every context (via the index)."""
+        """Ranked hits for ``query`` over every segment of every context (via the index).
+
+        Raises:
+            IndexUnavailable: the index cannot be brought up to date (read-only and behind,
+                disk full, locked for ``fs_search.BUSY_TIMEOUT``): search the files instead,
+                as :func:`terrarium.search.search` does.
+        """
         return self.search_index.search(query)
 
     def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
-        """Every context's summary (message count, last activity), read from the index."""
+        """Every context's summary (message count, last activity), read from the index.
+
+        Raises:
+            IndexUnavailable: as :meth:`search`; list the heads and restore them instead.
+        """
         return self.search_index.list_contexts(type)
 
     def _mark(self, session_id: SessionId) -> None:

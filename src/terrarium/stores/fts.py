@@ -307,6 +307,10 @@ class ContextSummary(msgspec.Struct, frozen=True, gc=False):
     """The session id, as text (see :attr:`session_id`)."""
     head: str
     """The head segment id, as text (see :attr:`segment_id`)."""
+    problem: str | None = None
+    """Why some of the context's data cannot be read, in one line naming the file (a damaged
+    segment, an unreadable head record), or None. Its counts then cover only what could be
+    read."""
 
     @property
     def session_id(self) -> SessionId:
