@@ -48,23 +48,35 @@ _WORDS: dict[Kind, str] = {
 }
 
 
-def kind(exc: BaseException) -> Kind:
-    """What kind of failure ``exc`` is, from its SQLite result code or its ``errno``."""
+def kind(exc: BaseException, where: Path | None = None) -> Kind:
+    """What kind of failure ``exc`` is, from its SQLite result code or its ``errno``.
+
+    SQLite reports a ``-shm`` file that cannot grow as a disk I/O error, without the
+    ``errno``; so an I/O error on the file system of ``where`` that has no free space left is
+    a full disk.
+    """
+    found: Kind = "other"
     if isinstance(exc, sqlite3.Error):
         code = getattr(exc, "sqlite_errorcode", None)
-        return _KINDS.get(code & 0xFF, "other") if isinstance(code, int) else "other"
-    if isinstance(exc, OSError):
+        found = _KINDS.get(code & 0xFF, "other") if isinstance(code, int) else "other"
+    elif isinstance(exc, OSError):
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return "full"
-        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            return "readonly"
-    return "other"
+            found = "full"
+        elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            found = "readonly"
+    if found == "other" and where is not None:
+        try:
+            if os.statvfs(where.parent).f_bavail == 0:
+                found = "full"
+        except OSError:
+            pass
+    return found
 
 
-def describe(exc: BaseException) -> str:
+def describe(exc: BaseException, where: Path | None = None) -> str:
     """A one-line reason for ``exc``: its kind in words, then what SQLite or the OS said."""
     detail = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-    return f"{_WORDS[kind(exc)]} ({detail})"
+    return f"{_WORDS[kind(exc, where)]} ({detail})"
 
 
 def writable(path: Path) -> bool:

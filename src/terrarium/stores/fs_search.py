@@ -363,7 +363,7 @@ class SearchIndex:
         """The error that says why the index cannot serve now (``exc`` in one line)."""
         if isinstance(exc, IndexUnavailable):
             return exc
-        return IndexUnavailable(f"{self.path}: {_db.describe(exc)}")
+        return IndexUnavailable(f"{self.path}: {_db.describe(exc, self.path)}")
 
     def _create_schema(self, conn: sqlite3.Connection, version: int) -> None:
         conn.execute("BEGIN IMMEDIATE")
