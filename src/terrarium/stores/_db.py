@@ -3,10 +3,10 @@
 * **Private files.** :func:`create_private` makes the database file ``0600`` (and its missing
   folders ``0700``) before SQLite opens it: SQLite gives the ``-wal`` and ``-shm`` files the
   database file's mode, but creates a missing database file with ``0644`` minus the umask.
-* **Read-only opens.** :func:`connect` opens ``mode=ro`` when the file or its folder is not
-  writable (a read-only mount, a store owned by another user). A WAL database whose ``-shm``
-  file is missing and cannot be created in a read-only folder is then opened ``immutable``,
-  which is safe only while no ``-wal`` file holds data: otherwise the open fails, one line.
+* **Read-only opens.** :func:`connect` opens ``mode=ro`` when asked (a file or folder that is
+  not writable, a read-only mount, a full disk). A WAL database whose ``-shm`` file is missing
+  and cannot be created (a read-only folder, a full disk) is then opened ``immutable``, which
+  is safe only while no ``-wal`` file holds data: otherwise the open fails.
 * **What went wrong.** :func:`kind` tells corruption (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``)
   from a busy, full or read-only database by the error's code, never by its message: only
   corruption justifies rebuilding derived state, and a full disk is named as one.
@@ -107,7 +107,7 @@ def connect(path: Path, *, timeout: float, readonly: bool) -> sqlite3.Connection
         )
     except sqlite3.Error as exc:
         wal = Path(f"{path}-wal")
-        if kind(exc) != "readonly" or (wal.exists() and wal.stat().st_size > 0):
+        if kind(exc, path) not in ("readonly", "full") or (wal.exists() and wal.stat().st_size):
             raise
     return _checked(
         sqlite3.connect(f"{uri}?immutable=1", uri=True, timeout=timeout, check_same_thread=False)

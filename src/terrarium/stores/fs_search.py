@@ -293,6 +293,8 @@ class SearchIndex:
         self._ino: int | None = None
         self.readonly = False
         """Whether the index was opened read-only (it then serves only while current)."""
+        self.readonly_reason: str | None = None
+        """Why it was opened read-only (``read-only``, or a full disk), for messages."""
         self._warned: set[str] = set()
         self._ranker = Ranker(Fts5Tables(recent="fts_recent", docs="docs"))
 
@@ -317,21 +319,30 @@ class SearchIndex:
                 return self._conn
             log.info("%s was deleted or replaced: reopening it", self.path)
             self._close_connection()
-        readonly = not _db.writable(self.path)
+        self.readonly_reason = None if _db.writable(self.path) else "read-only"
         try:
-            conn = self._open(readonly=readonly)
+            conn = self._open(readonly=self.readonly_reason is not None)
         except (sqlite3.Error, OSError) as exc:
-            if _db.kind(exc) != "corrupt" or readonly:
-                raise self._unavailable(exc) from exc
-            log.warning("%s is corrupt (%s): rebuilding it from the session files", self.path, exc)
-            self._delete_files()
-            try:
-                conn = self._open(readonly=False)
-            except (sqlite3.Error, OSError) as again:
-                raise self._unavailable(again) from again
+            conn = self._reopen(exc)
         self._conn = conn
         self._ino = os.stat(self.path).st_ino
         return conn
+
+    def _reopen(self, exc: BaseException) -> sqlite3.Connection:
+        """After the open failed with ``exc``: rebuild a corrupt index; open a full disk's
+        read-only (it serves while it is current); else raise IndexUnavailable."""
+        found = _db.kind(exc, self.path)
+        if self.readonly_reason is not None or found not in ("corrupt", "full", "readonly"):
+            raise self._unavailable(exc) from exc
+        if found == "corrupt":
+            log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
+            self._delete_files()
+        else:
+            self.readonly_reason = _db.describe(exc, self.path)
+        try:
+            return self._open(readonly=self.readonly_reason is not None)
+        except (sqlite3.Error, OSError) as again:
+            raise self._unavailable(again) from again
 
     def _open(self, *, readonly: bool) -> sqlite3.Connection:
         """Open the index, creating it (``0600``) and its schema if it is writable."""
@@ -348,8 +359,8 @@ class SearchIndex:
             if version != SCHEMA_VERSION:
                 if readonly:
                     raise IndexUnavailable(
-                        f"{self.path}: read-only, and of schema version {version}, "
-                        f"not {SCHEMA_VERSION}"
+                        f"{self.path}: {self.readonly_reason or 'read-only'}, and of schema "
+                        f"version {version}, not {SCHEMA_VERSION}"
                     )
                 self._create_schema(conn, version)
             conn.execute("SELECT count(*) FROM meta").fetchone()
@@ -463,7 +474,7 @@ class SearchIndex:
         if self.readonly:
             behind = self._behind(conn)
             if behind is not None:
-                raise IndexUnavailable(f"{self.path}: read-only, and {behind}")
+                raise IndexUnavailable(f"{self.path}: {self.readonly_reason}, and {behind}")
             return False
         built = conn.execute("SELECT 1 FROM meta WHERE key = 'built'").fetchone()
         full = full or built is None

@@ -233,9 +233,14 @@ class SqliteStore:
                 power loss), ``EXTRA`` or ``OFF``.
             busy_timeout: seconds to wait for another process's write lock.
 
+        A database that this process cannot write (its file or folder, a read-only mount) or
+        that a full disk keeps from opening for writing is opened read-only: reads work, writes
+        raise StoreError (see "Read-only databases").
+
         Raises:
             FormatVersionError: the database was written by a newer terrarium.
-            StoreError: the file is not a SQLite database, or WAL cannot be enabled on it.
+            StoreError: the file is not a SQLite database, WAL cannot be enabled on it, or it
+                is read-only and needs a migration.
         """
         if str(path) == ":memory:" or str(path).startswith("file:"):
             raise ValueError(
@@ -259,32 +264,48 @@ class SqliteStore:
         self._seen: OrderedDict[tuple[SessionId, SegmentId], tuple[str, str, int]] = OrderedDict()
         self._wm = 0
         self._closed = False
-        self.readonly = self.path.exists() and not _db.writable(self.path)
-        """Whether the database is opened read-only (see "Read-only databases")."""
-        if not self.readonly:
+        self.readonly_reason: str | None = None
+        """Why the database is opened read-only (see "Read-only databases"), or None."""
+        if self.path.exists() and not _db.writable(self.path):
+            self.readonly_reason = "read-only"
+        else:
             try:
                 _db.create_private(self.path)
             except OSError as exc:
                 raise StoreError(f"{self.path}: cannot create it: {_db.describe(exc)}") from exc
         try:
-            conn = self._connect()
+            conn = self._open_first()
         except sqlite3.DatabaseError as exc:
-            raise self._error(exc) from exc
+            found = _db.kind(exc, self.path)
+            if self.readonly_reason is not None or found not in ("full", "readonly"):
+                raise self._error(exc) from exc
+            self.readonly_reason = _db.describe(exc, self.path)
+            try:
+                conn = self._open_first()
+            except sqlite3.DatabaseError as again:
+                raise self._error(again) from again
+        self._idle.append(conn)
+
+    @property
+    def readonly(self) -> bool:
+        """Whether the database is opened read-only (see "Read-only databases")."""
+        return self.readonly_reason is not None
+
+    def _open_first(self) -> sqlite3.Connection:
+        """The first connection: migrated (or, read-only, checked readable), in WAL mode."""
+        conn = self._connect()
         try:
             if self.readonly:
                 _check_readable(conn, where=str(self.path))
             else:
-                mode_now = _db.enable_wal(conn, busy_timeout)
+                mode_now = _db.enable_wal(conn, self.busy_timeout)
                 if str(mode_now).lower() != "wal":
                     raise StoreError(f"{self.path}: cannot use WAL journaling (got {mode_now!r})")
                 migrate(conn, where=str(self.path))
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            raise self._error(exc) from exc
         except BaseException:
             conn.close()
             raise
-        self._idle.append(conn)
+        return conn
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r}, synchronous={self.synchronous!r})"
@@ -311,7 +332,10 @@ class SqliteStore:
 
     def _error(self, exc: sqlite3.Error, what: str = "") -> StoreError:
         """``exc`` as a one-line StoreError naming the database (and a full disk as one)."""
-        return StoreError(f"{self.path}: {what}{_db.describe(exc, self.path)}")
+        reason = _db.describe(exc, self.path)
+        if self.readonly_reason is not None and _db.kind(exc) == "readonly":
+            reason = self.readonly_reason  # a write refused because the disk was full
+        return StoreError(f"{self.path}: {what}{reason}")
 
     def _borrow(self) -> sqlite3.Connection:
         with self._lock:
