@@ -14,6 +14,7 @@ Every chat request body is recorded, and faults can be queued per test::
         server.drop_next(after_chunks=2)    # next stream: 2 SSE events, then the socket closes
         server.malformed_next()             # next reply is not valid JSON
         server.delay = 0.2                  # every reply waits 0.2 s before its first byte
+        server.strict_roles = True          # refuse user/user or assistant/assistant (HTTP 400)
         ...
         server.requests                     # the chat request bodies received, in order
 
@@ -23,6 +24,7 @@ Run it by hand with ``python tests/fakeserver.py --port 8000`` (serves until Ctr
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import signal
 import socket
@@ -36,6 +38,7 @@ from typing import Any, Literal
 
 __all__ = [
     "CONTEXT_LENGTH_MESSAGE",
+    "ROLES_MESSAGE",
     "FakeReply",
     "FakeServer",
     "FakeToolCall",
@@ -49,6 +52,9 @@ CONTEXT_LENGTH_MESSAGE = (
     "or completion."
 )
 """The wording vLLM uses when a prompt does not fit the context window (HTTP 400)."""
+
+ROLES_MESSAGE = "Conversation roles must alternate user/assistant/user/assistant/..."
+"""What strict chat templates (Llama 2, Mistral, Gemma) raise; vLLM answers it with HTTP 400."""
 
 _DEFAULT_MESSAGES = {
     400: CONTEXT_LENGTH_MESSAGE,
@@ -147,6 +153,16 @@ def _split(text: str, pieces: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
+def roles_alternate(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """False when two adjacent messages are both ``user`` or both ``assistant``.
+
+    That is what strict chat templates refuse. Tool results may sit between an assistant
+    message with tool calls and the next assistant message.
+    """
+    roles = [m.get("role") for m in messages]
+    return not any(a == b and a in ("user", "assistant") for a, b in itertools.pairwise(roles))
+
+
 def default_reply(messages: list[dict[str, Any]]) -> str:
     """``echo: <content of the last user message>``."""
     for message in reversed(messages):
@@ -162,6 +178,7 @@ class _State:
     delay: float
     chunk_delay: float
     chunks: int
+    strict_roles: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     requests: list[dict[str, Any]] = field(default_factory=list)
     raw_requests: list[bytes] = field(default_factory=list)
@@ -315,6 +332,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(messages, list) or not messages:
             self._send_error(400, "messages must be a non-empty list")
             return
+        if state.strict_roles and not roles_alternate(messages):
+            self._send_error(400, ROLES_MESSAGE, code=400)
+            return
         if fault is not None and fault.kind == "malformed" and not body.get("stream"):
             self._send_raw(200, b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "mess')
             return
@@ -458,7 +478,8 @@ class FakeServer:
     """An OpenAI-compatible chat server on 127.0.0.1, run in a background thread.
 
     Use it as a context manager (or call :meth:`start` and :meth:`stop`). Attributes ``delay``,
-    ``chunk_delay``, ``reply``, ``models`` and ``chunks`` may be changed while it runs.
+    ``chunk_delay``, ``reply``, ``models``, ``chunks`` and ``strict_roles`` may be changed
+    while it runs.
     """
 
     def __init__(
@@ -470,6 +491,7 @@ class FakeServer:
         delay: float = 0.0,
         chunk_delay: float = 0.0,
         chunks: int = 3,
+        strict_roles: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -482,6 +504,8 @@ class FakeServer:
             delay: Seconds each chat reply waits before its first byte.
             chunk_delay: Seconds between streamed SSE events.
             chunks: How many pieces streamed text (and tool arguments) is split into.
+            strict_roles: Refuse (HTTP 400, :data:`ROLES_MESSAGE`) a request with two user or
+                two assistant messages in a row, as strict chat templates do.
             host: Address to bind.
             port: Port to bind; 0 picks a free one.
         """
@@ -491,6 +515,7 @@ class FakeServer:
             delay=delay,
             chunk_delay=chunk_delay,
             chunks=chunks,
+            strict_roles=strict_roles,
         )
         self._address = (host, port)
         self._server: _Server | None = None
@@ -607,6 +632,15 @@ class FakeServer:
     def chunks(self, value: int) -> None:
         self._state.chunks = value
 
+    @property
+    def strict_roles(self) -> bool:
+        """Refuse requests whose user/assistant roles do not alternate (HTTP 400)."""
+        return self._state.strict_roles
+
+    @strict_roles.setter
+    def strict_roles(self, value: bool) -> None:
+        self._state.strict_roles = value
+
     # ------------------------------------------------------------------ faults
 
     def fail_next(
@@ -692,11 +726,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before each reply")
     parser.add_argument("--chunk-delay", type=float, default=0.05, help="seconds between chunks")
+    parser.add_argument(
+        "--strict-roles", action="store_true", help="refuse user/user or assistant/assistant"
+    )
     args = parser.parse_args(argv)
     server = FakeServer(
         model=args.model,
         delay=args.delay,
         chunk_delay=args.chunk_delay,
+        strict_roles=args.strict_roles,
         host=args.host,
         port=args.port,
     )

@@ -191,6 +191,7 @@ def test_ctrl_c_interrupts_a_reply_and_the_chat_goes_on(
 ) -> None:
     fake_server.chunks = 20
     fake_server.chunk_delay = 1.0  # 20 pieces a second apart: Ctrl-C lands long before the end
+    fake_server.strict_roles = True  # two user messages in a row would be refused (HTTP 400)
     child = spawn(
         "chat", "cli:main", "--base-url", fake_server.base_url, "--storage-dir", str(root)
     )
@@ -198,19 +199,22 @@ def test_ctrl_c_interrupts_a_reply_and_the_chat_goes_on(
     child.send("tell me a long story please\r")
     child.expect("ech")  # the first piece of the reply has arrived: a reply is streaming
     child.sendcontrol("c")
-    child.expect("interrupted; the session is kept")
+    child.expect("interrupted; your message is kept and will be sent with your next one")
     child.expect("cli:main>")
 
     fake_server.chunk_delay = 0
     child.send("again\r")
-    child.expect("echo: again")
+    child.expect("echo: tell me a long story please")  # the interrupted words go with "again"
     child.expect("cli:main>")
     leave(child)
 
+    assert fake_server.last_request["messages"] == [
+        {"role": "user", "content": "tell me a long story please\n\nagain"}
+    ]
     assert [m["content"] for m in history(root, "cli:main")] == [
         "tell me a long story please",
         "again",
-        "echo: again",
+        "echo: tell me a long story please\n\nagain",
     ]
     kinds = [line["kind"] for line in segment_lines(root, "cli:main")]
     assert kinds.count("run_errored") == 1 and kinds[-2:] == ["run_completed", "turn_end"]
@@ -232,6 +236,7 @@ def test_multiline_input_and_unreachable_server(root: Path, spawn: Any) -> None:
     child.send("line two\r")
     child.expect("cannot reach the model server at http://127.0.0.1:9/v1")
     child.expect("--base-url")
+    child.expect("your message is kept and will be sent with your next one")
     child.expect("cli:main>")  # still in the chat
     child.send("/clear\r")
     child.expect("cleared cli:main")

@@ -81,26 +81,30 @@ def _side_files(path: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("torn_size", [1, 300, 5000, 300_000])
 @pytest.mark.parametrize("last_size", [10, 70_000])
-def test_restore_sets_a_torn_tail_aside_and_reports_it(
+def test_restore_reports_a_torn_tail_and_changes_nothing(
     store: FsStore, ref: PodActiveSegmentRef, torn_size: int, last_size: int
 ) -> None:
-    """Bytes after the last newline move to {segment}.jsonl.torn-{offset}; restore reports them."""
+    """A read reports bytes after the last newline and leaves them; the next append moves them.
+
+    They go to {segment}.jsonl.torn-{offset} before the writer's own line, never glued to it.
+    """
     _append(store, ref, "a", "b")
     _append(store, ref, "c" * last_size)
     path = _path(store, ref)
     torn = (b'{"v":1,"seq":4,"ts":"' + b"x" * torn_size)[:torn_size]
     offset = _tear(path, torn)
+    before = path.read_bytes()
 
     with FsStore(store.root) as reader:
         state = restore(reader, CONTEXT)
     assert _contents(state) == ["a", "b", "c" * last_size]
-    side = f"{path}.torn-{offset}"
-    assert state.torn == [TornTail(ref.segment_id, offset, len(torn), side)]
-    assert Path(side).read_bytes() == torn
-    assert path.stat().st_size == offset
-    assert path.read_bytes().endswith(b"}\n")
+    assert state.torn == [TornTail(ref.segment_id, offset, len(torn), None)]
+    assert path.read_bytes() == before
+    assert _side_files(path) == {}
 
+    side = f"{path}.torn-{offset}"
     assert _append(store, ref, "d") == 4
+    assert Path(side).read_bytes() == torn
     again = restore(store, CONTEXT)
     assert _contents(again) == ["a", "b", "c" * last_size, "d"]
     assert again.torn == []
@@ -141,9 +145,10 @@ def test_two_torn_tails_at_the_same_offset_keep_their_own_side_files(
     path = _path(store, ref)
     first, second = b'{"first crash', b'{"second crash, longer'
     offset = _tear(path, first)
-    [torn_one] = restore(store, CONTEXT).torn
+    torn_one = store.set_aside_torn_tail(ref.session_id, ref.segment_id)
     assert _tear(path, second) == offset
-    [torn_two] = restore(store, CONTEXT).torn
+    torn_two = store.set_aside_torn_tail(ref.session_id, ref.segment_id)
+    assert torn_one is not None and torn_two is not None
     assert torn_one.offset == torn_two.offset == offset
     assert torn_one.set_aside_to != torn_two.set_aside_to
     assert torn_one.set_aside_to is not None and torn_two.set_aside_to is not None
@@ -164,10 +169,10 @@ def test_two_torn_tails_at_the_same_offset_keep_their_own_side_files(
 def test_a_writer_killed_mid_write_leaves_nothing_of_its_append(
     store: FsStore, ref: PodActiveSegmentRef, sizes: list[int], cut: str, tmp_path: Path
 ) -> None:
-    """SIGKILL inside the write of a batch: restore sees none of the batch, reports the rest.
+    """SIGKILL inside the write of a batch: restore sees none of the batch and reports it.
 
     An append is all or nothing, so a batch whose first lines were complete when the writer
-    died is set aside whole, not replayed in part.
+    died is set aside whole by the next append, not replayed in part.
     """
     _append(store, ref, "before")
     path = _path(store, ref)
@@ -181,11 +186,10 @@ def test_a_writer_killed_mid_write_leaves_nothing_of_its_append(
 
     state = restore(store, CONTEXT)
     assert _contents(state) == ["before"]
-    side = f"{path}.torn-{size_before}"
-    assert state.torn == [TornTail(ref.segment_id, size_before, len(torn), side)]
-    assert Path(side).read_bytes() == torn
-    assert path.stat().st_size == size_before
+    assert state.torn == [TornTail(ref.segment_id, size_before, len(torn), None)]
+    assert path.read_bytes()[size_before:] == torn  # the read moved nothing
     assert _append(store, ref, "after") == 2
+    assert Path(f"{path}.torn-{size_before}").read_bytes() == torn
     assert _contents(restore(store, CONTEXT)) == ["before", "after"]
 
 
@@ -376,9 +380,9 @@ def test_acknowledged_appends_survive_repeated_sigkills(
     """Kill a writer at random points, 30 times: every acked entry is there once, in order.
 
     Each round starts a new writer process on the same context; it acknowledges each append on
-    a pipe, and the parent kills it after a random number of acks. Torn tails left by a kill
-    are set aside either by the parent's restore (which must report them) or by the next
-    writer's first append.
+    a pipe, and the parent kills it after a random number of acks. A torn tail left by a kill
+    is reported by the parent's restore (which changes nothing) and set aside by the next
+    writer's first append, or at the end as ``fsck --repair`` does.
     """
     rng = random.Random(20261122)
     path = _path(store, ref)
@@ -402,12 +406,13 @@ def test_acknowledged_appends_survive_repeated_sigkills(
             if tail:
                 [torn] = state.torn
                 assert (torn.offset, torn.size) == (len(complete), len(tail))
-                assert torn.set_aside_to is not None
-                assert Path(torn.set_aside_to).read_bytes() == data[torn.offset :]
+                assert torn.set_aside_to is None
+                assert path.read_bytes() == data
                 reported.append(torn)
             else:
                 assert state.torn == []
 
+    store.set_aside_torn_tail(ref.session_id, ref.segment_id)
     state = restore(store, CONTEXT)
     entries = store.read_segment(ref.session_id, ref.segment_id).entries
     tags = [entry["tag"] for entry in entries]

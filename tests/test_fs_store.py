@@ -238,10 +238,10 @@ def test_resolving_a_context_reads_the_index_not_the_date_folders(
         assert fresh.next_seq(ref.session_id, ref.segment_id) == 2
 
 
-def test_without_the_index_a_context_cannot_be_resolved_until_reindex(
+def test_without_the_index_every_context_is_found_from_its_folder(
     store: FsStore, root: Path
 ) -> None:
-    """Deleting .index hides every context; reindex() rebuilds it from the head.json files."""
+    """Deleting .index hides nothing: lookups and listings read the folders and re-index."""
     refs = {
         f"cli:c{n}": _create(store, f"cli:c{n}", ts=f"2025-01-{n + 1:02d}T00:00:00.000000Z")
         for n in range(5)
@@ -254,8 +254,8 @@ def test_without_the_index_a_context_cannot_be_resolved_until_reindex(
 
     shutil.rmtree(root / ".index")
     with FsStore(root) as fresh:
-        assert fresh.get_head(ContextId("cli", "c0")) is None
-        assert fresh.list_contexts() == []
+        assert fresh.get_head(ContextId("cli", "c0")) == before[0]
+        assert fresh.list_contexts() == before
 
         assert fresh.reindex() == len(refs)
         assert fresh.list_contexts() == before
@@ -265,7 +265,6 @@ def test_without_the_index_a_context_cannot_be_resolved_until_reindex(
             assert state.history == [{"role": "user", "content": context}]
     leftovers = [p.name for p in (root / ".index").iterdir()]
     assert sorted(leftovers) == ["contexts", "sessions"]
-    assert _trash(root) == []
 
 
 def test_reindex_drops_entries_whose_folder_is_gone(store: FsStore, root: Path) -> None:
@@ -294,47 +293,76 @@ def test_creating_over_a_lost_index_entry_keeps_the_existing_history(
     assert _trash(root) == []
 
 
-def test_a_folder_left_by_a_crash_before_the_head_does_not_block_creation(
+def test_a_folder_left_by_a_crash_before_the_head_is_adopted_not_trashed(
     store: FsStore, root: Path
 ) -> None:
-    """A folder without head.json (crash between mkdir and the head) is cleared on create."""
-    folder = root / "cli" / "2024-02-29" / "main"
-    folder.mkdir(parents=True)
-    (folder / f"{new_segment_id()}.jsonl").write_bytes(b'{"v":1,"seq":0,"kind":"header"}\n')
-    ref = _create(store, "cli:main")
-    assert store.folder_of(ContextId("cli", "main")) == folder
-    assert sorted(p.name for p in folder.iterdir()) == sorted(
-        [f"{ref.segment_id}.jsonl", "head.json"]
-    )
-    save_user_input(store, ref, "hi")
-    assert restore(store, "cli:main").history == [{"role": "user", "content": "hi"}]
+    """A folder whose head.json is missing keeps its entries: a create rebuilds the head."""
+    ref = _create(store, "cli:main", ts=fs_module.utc_now())
+    save_user_input(store, ref, "precious")
+    folder = store.folder_of(ContextId("cli", "main"))
+    assert folder is not None
+    (folder / "head.json").unlink()
+    with pytest.raises(ContextExists):
+        create_segment(store, context="cli:main")
+    assert fs_module._read_head(folder / "head.json").segment_id == ref.segment_id
+    assert restore(store, "cli:main").history == [{"role": "user", "content": "precious"}]
     assert _trash(root) == []
 
 
-def test_a_corrupt_index_entry_is_reported_as_corrupt_not_missing(
-    store: FsStore, root: Path
+def test_a_create_never_removes_a_folder_with_a_damaged_segment(store: FsStore, root: Path) -> None:
+    """A folder whose only segment has no usable header is damaged: kept, and create refuses."""
+    folder = root / "cli" / "2024-02-29" / "main"
+    folder.mkdir(parents=True)
+    segment = folder / f"{new_segment_id()}.jsonl"
+    segment.write_bytes(b'{"v":1,"seq":0,"kind":"header"}\n{"v":1,"seq":1,"kind":"x"}\n')
+    with pytest.raises(ContextExists, match="damaged"):
+        _create(store, "cli:main")
+    assert sorted(p.name for p in folder.iterdir()) == [segment.name]
+    assert _trash(root) == []
+
+
+def test_a_corrupt_index_entry_is_bypassed_and_rewritten(
+    store: FsStore, root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An unreadable index file raises CorruptLog naming it (and reindex repairs it)."""
-    _create(store, "cli:main")
+    """An unreadable index file is derived state: the folder is found and the entry rebuilt."""
+    ref = _create(store, "cli:main")
     pointer = root / ".index" / "contexts" / "cli" / "main"
     pointer.write_bytes(b'{"path": "cli/20')
-    with pytest.raises(CorruptLog, match="reindex") as caught:
-        store.get_head(ContextId("cli", "main"))
-    assert str(pointer) in str(caught.value)
-    assert store.reindex() == 1
-    assert store.get_head(ContextId("cli", "main")) is not None
+    with FsStore(root) as fresh:
+        head = fresh.get_head(ContextId("cli", "main"))
+    assert head is not None and head.segment_id == ref.segment_id
+    assert str(pointer) in caplog.text
+    assert codec.decode(pointer.read_bytes())["path"] == "cli/2024-02-29/main"
 
 
-def test_a_corrupt_head_file_is_reported_as_corrupt_not_missing(store: FsStore, root: Path) -> None:
-    """An unreadable head.json raises CorruptLog naming it, never ContextNotFound."""
-    _create(store, "cli:main")
+def test_a_corrupt_head_file_is_rebuilt_in_memory_by_a_read(
+    store: FsStore, root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unreadable head.json is reported (naming it) and rebuilt; the read changes no file."""
+    ref = _create(store, "cli:main")
+    save_user_input(store, ref, "kept")
     head = root / "cli" / "2024-02-29" / "main" / "head.json"
     for garbage in (b"", b'{"context": "cli:main"', b'{"context": "cli:main"}', b"[]"):
         head.write_bytes(garbage)
-        with pytest.raises(CorruptLog) as caught:
-            restore(store, "cli:main")
-        assert str(head) in str(caught.value)
-        assert "\n" not in str(caught.value)
+        caplog.clear()
+        state = restore(store, "cli:main")
+        assert state.history == [{"role": "user", "content": "kept"}]
+        assert str(head) in caplog.text
+        assert head.read_bytes() == garbage
+
+
+def test_a_corrupt_head_with_no_intact_segment_is_reported_as_corrupt(
+    store: FsStore, root: Path
+) -> None:
+    """When nothing can rebuild it, the error names head.json and is one line."""
+    ref = _create(store, "cli:main")
+    folder = root / "cli" / "2024-02-29" / "main"
+    (folder / "head.json").write_bytes(b"[]")
+    (folder / f"{ref.segment_id}.jsonl").write_bytes(b'{"torn header')
+    with pytest.raises(CorruptLog) as caught:
+        restore(store, "cli:main")
+    assert str(folder / "head.json") in str(caught.value)
+    assert "\n" not in str(caught.value)
 
 
 # --------------------------------------------------------------------------- heads

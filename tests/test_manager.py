@@ -173,7 +173,8 @@ def test_server_error_keeps_input_and_logs_error(fake_server: FakeServer, root: 
         stats = manager.get_stats("irc:#err")
         assert stats["last_run"] == "errored"
         assert stats["last_error"]
-        assert await manager.process_with_context("irc:#err", "second") == "echo: second"
+        # the failed input goes again, folded into the next one (tests/test_failed_turns.py)
+        assert await manager.process_with_context("irc:#err", "second") == "echo: first\n\nsecond"
         await manager.aclose()
 
     run(main())
@@ -182,7 +183,7 @@ def test_server_error_keeps_input_and_logs_error(fake_server: FakeServer, root: 
     assert kinds[-1] == "turn_end"
     with FsStore(root) as store:
         history = restore(store, "irc:#err").history
-    assert [m["content"] for m in history] == ["first", "second", "echo: second"]
+    assert [m["content"] for m in history] == ["first", "second", "echo: first\n\nsecond"]
 
 
 def test_mid_stream_drop(fake_server: FakeServer, root: Path) -> None:
@@ -196,7 +197,7 @@ def test_mid_stream_drop(fake_server: FakeServer, root: Path) -> None:
         with pytest.raises(LLMError):
             async for delta in manager.stream_with_context("game:run1", "go on"):
                 got.append(delta)
-        assert await manager.process_with_context("game:run1", "again") == "echo: again"
+        assert await manager.process_with_context("game:run1", "again") == "echo: go on\n\nagain"
         await manager.aclose()
         return got
 
@@ -228,7 +229,7 @@ def test_cancellation_is_logged(fake_server: FakeServer, root: Path) -> None:
             await task
         release.set()
         fake_server.reply = lambda messages: f"echo: {messages[-1]['content']}"
-        assert await manager.process_with_context("cli:slow", "now") == "echo: now"
+        assert await manager.process_with_context("cli:slow", "now") == "echo: wait\n\nnow"
         await manager.aclose()
 
     run(main())

@@ -19,7 +19,7 @@ import re
 import time
 import unicodedata
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, TypeAlias
@@ -433,6 +433,65 @@ WIRE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
 def wire_message(item: Mapping[str, Any]) -> dict[str, Any]:
     """The message sent to the server for a logged item: the standard OpenAI keys only."""
     return {k: item[k] for k in WIRE_KEYS if k in item}
+
+
+def wire_messages(
+    system_prompt: str | None, history: Iterable[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The messages sent to the server: the system prompt (if any), then the history.
+
+    Built item by item with :func:`add_wire_message`, exactly as the runtime keeps its list
+    turn by turn, so both give the same messages.
+    """
+    messages: list[dict[str, Any]] = (
+        [{"role": "system", "content": system_prompt}] if system_prompt else []
+    )
+    for item in history:
+        add_wire_message(messages, item)
+    return messages
+
+
+def add_wire_message(messages: list[dict[str, Any]], item: Mapping[str, Any]) -> None:
+    """Append ``item``'s wire message to ``messages``; a user message after a user message folds.
+
+    A turn that failed or was interrupted leaves its input in the log with no reply after it,
+    so the next input would be a second user message in a row, which strict chat templates
+    (Llama 2, Mistral, Gemma: "roles must alternate") refuse on every later turn. Any run of
+    consecutive user messages is therefore sent as one, their texts joined by a blank line
+    (text parts concatenated when either is a list of parts), a text that merely repeats the
+    one before it (a caller retrying the failed input) sent once; the log keeps each as written.
+    The rule depends on the history alone, so a restore in another process sends the same
+    messages, and it repairs logs written before it (or imported) too. Only the last message
+    is looked at, and it is replaced, never changed in place (an earlier request may hold it).
+    """
+    message = wire_message(item)
+    if messages and message.get("role") == "user" and messages[-1].get("role") == "user":
+        messages[-1] = _fold_user(messages[-1], message)
+    else:
+        messages.append(message)
+
+
+def _fold_user(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
+    """Two consecutive user messages as one; a ``name`` survives only if both carry it."""
+    a, b = first.get("content") or "", second.get("content") or ""
+    content: str | list[Any]
+    if isinstance(a, str) and isinstance(b, str):
+        if not a or not b or a == b or a.endswith("\n\n" + b):
+            content = a or b  # an input sent again after its failure goes once
+        else:
+            content = f"{a}\n\n{b}"
+    else:
+        content = _parts(a) + _parts(b)
+    folded: dict[str, Any] = {"role": "user", "content": content}
+    if "name" in first and first.get("name") == second.get("name"):
+        folded["name"] = first["name"]
+    return folded
+
+
+def _parts(content: str | list[Any]) -> list[Any]:
+    if isinstance(content, list):
+        return list(content)
+    return [{"type": "text", "text": content}] if content else []
 
 
 def item_text(item: Mapping[str, Any]) -> str:

@@ -59,6 +59,25 @@ def head_ref(store: FsStore, context: str) -> PodActiveSegmentRef:
     return head.ref
 
 
+_MUTATIONS = ("write", "ftruncate", "link", "unlink", "rename", "replace", "mkdir", "rmdir")
+
+
+def _count_mutations(kill_at: int) -> list[int]:
+    """Count this process's file changes; SIGKILL it just before change number ``kill_at``."""
+    count = [0]
+    for name in _MUTATIONS:
+        real = getattr(os, name)
+
+        def counted(*args: Any, _real: Callable[..., Any] = real, **kwargs: Any) -> Any:
+            count[0] += 1
+            if count[0] == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return _real(*args, **kwargs)
+
+        setattr(os, name, counted)
+    return count
+
+
 # ------------------------------------------------------------------------------- commands
 
 
@@ -137,6 +156,38 @@ def fsize(args: dict[str, Any]) -> None:
         after_failure = segment.stat().st_size
         seq = store.append(ref.session_id, ref.segment_id, [entry("fits", 10)])
         say(error=error, before=before, after_failure=after_failure, seq=seq)
+
+
+def repair_server(args: dict[str, Any]) -> None:
+    """For each ``{"root", "kill"}`` line on stdin, run ``fsck --repair --salvage`` on root in
+    a forked process SIGKILLed before its ``kill``-th file change (0: never); report
+    ``{"killed", "mutations"}``. Forking from one warm process keeps each run to milliseconds.
+    """
+    from terrarium.cli import cli
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the repairing process
+            os.close(read)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            count = _count_mutations(request["kill"])
+            argv = ["fsck", "--repair", "--salvage", "--storage-dir", request["root"]]
+            try:
+                cli.main(argv, standalone_mode=False)
+            except BaseException:
+                pass
+            os.write(write, str(count[0]).encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            done = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        say(killed=killed, mutations=int(done) if done else None)
 
 
 def mp_append(args: dict[str, Any]) -> None:
@@ -223,6 +274,7 @@ COMMANDS: dict[str, Callable[[dict[str, Any]], None]] = {
     "tear": tear,
     "fsize": fsize,
     "mp_append": mp_append,
+    "repair_server": repair_server,
     "mp_expected": mp_expected,
     "mp_fork": mp_fork,
     "mp_create": mp_create,

@@ -3,7 +3,11 @@
 Each context (``irc:#python``, ``cli:main``) is a session in the store. A turn appends the
 user input *before* the model is called (so a failed or cancelled call never loses it), then
 the reply, its usage, ``run_completed`` and ``turn_end`` in one atomic append; a failure appends
-``run_errored`` with the reason instead.
+``run_errored`` with the reason (and any partial reply text) instead, also when the turn is
+cancelled or its stream closed early: that write is synchronous, so no second cancellation can
+skip it, and the cancellation still propagates. The failed input stays in the history with no
+reply; the next input is sent folded into it (``model.add_wire_message``), so no request ever
+holds two user messages in a row.
 
 Concurrency, beyond the seed's "sequential only": turns on different contexts run at once
 (bounded by ``max_concurrency``); turns on one context are serialised in arrival order by an
@@ -14,9 +18,10 @@ so a writer that bypasses the lock is detected and the state re-read, never over
 The cache keeps up to ``cache_size`` restored contexts, each with the list of messages it
 sends, so a turn costs O(1) in history length: no re-reading or re-parsing of the log, and the
 messages sent on turn n+1 start with exactly the messages sent on turn n (vLLM's automatic
-prefix cache then reuses the whole history). Before each turn the cached head and next seq are
-checked against the store (a head read and an ``fstat``), so entries another process appended
-are seen. Eviction saves unsaved entries first.
+prefix cache then reuses the whole history; after a failed turn only the last message, the
+folded input, differs). Before each turn the cached head and next seq are checked against the
+store (a head read and an ``fstat``), so entries another process appended are seen. Eviction
+saves unsaved entries first.
 """
 
 from __future__ import annotations
@@ -27,14 +32,14 @@ import logging
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, aclosing, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from terrarium import sessions
+from terrarium import legacy, sessions
 from terrarium.errors import (
     ConflictError,
     ContextExists,
@@ -52,9 +57,9 @@ from terrarium.model import (
     RunStatus,
     SegmentStartState,
     TraceEntry,
+    add_wire_message,
     item_text,
     utc_now,
-    wire_message,
 )
 from terrarium.stores.base import (
     ContextLocking,
@@ -83,7 +88,8 @@ class _Context:
     context: ContextId
     state: RestoredState
     wire: list[dict[str, Any]]
-    """Messages as sent to the server (system prompt first), kept in step with history."""
+    """Messages as sent to the server (system prompt first), kept in step with history by
+    ``model.add_wire_message``, which folds consecutive user messages into one."""
     chars: int
     """Characters of content in ``wire``, for the token estimate."""
     autosave: bool = True
@@ -100,7 +106,7 @@ class _Context:
         if kind in (EntryKind.USER_INPUT, EntryKind.ITEM, EntryKind.SYSTEM_ITEM):
             item = data["item"]
             state.history.append(item)
-            self.wire.append(wire_message(item))
+            add_wire_message(self.wire, item)
             self.chars += len(item_text(item))
         elif kind == EntryKind.USAGE:
             u = state.usage
@@ -121,6 +127,11 @@ class _Context:
                 state.system_prompt = data["system_prompt"]
         state.next_seq = seq + 1
         state.last_active = ts
+
+
+_Row = tuple[ContextId, str, str, int, str, bool, str | None]
+"""A row of :meth:`MultiContextManager.list_all_contexts`: context, date, created, messages,
+last active, legacy, problem."""
 
 
 def _build(context: ContextId, state: RestoredState, autosave: bool) -> _Context:
@@ -238,22 +249,35 @@ class MultiContextManager:
         system_prompt: str | None = None,
         **params: Any,
     ) -> AsyncIterator[str]:
-        """Like :meth:`process_with_context`, yielding the reply's text as it arrives."""
-        async for delta in self._turn(context_id, user_message, system_prompt, True, params):
-            yield delta
+        """Like :meth:`process_with_context`, yielding the reply's text as it arrives.
+
+        Stopping early (``break``, then closing this iterator) logs the run as errored.
+        """
+        turn = self._turn(context_id, user_message, system_prompt, True, params)
+        async with aclosing(turn):  # closing this closes the turn now, not when it is collected
+            async for delta in turn:
+                yield delta
 
     def list_all_contexts(self) -> dict[str, list[dict[str, Any]]]:
         """Every context grouped by type: ``{"cli": [{"session_id": "main", ...}], ...}``.
 
-        ``session_id`` here is the context's name, as in the Terrarium format. ``problem`` is
-        None, or why some of the context's data cannot be read (one line naming the file);
-        its counts then cover what could be read.
+        ``session_id`` here is the context's name, as in the Terrarium format. Legacy JSON
+        files beside a filesystem store are listed too (``"legacy": True``, times as the file
+        wrote them) unless the log has their context; files that cannot be read are left out
+        (:func:`terrarium.legacy.listing` names them). ``problem`` is None, or why some of a
+        context's log cannot be read (one line naming the file); its counts then cover what
+        could be read.
         """
-        rows = self._listing_rows()
+        rows = self._native_rows()
+        native = {row[0] for row in rows}
+        for info in legacy.listing(self.store).sessions:
+            if info.context not in native:
+                row = (info.context, info.date, info.created_at, info.message_count)
+                rows.append((*row, info.last_active, True, None))
         with self._cache_lock:
             unsaved = {c: e.state for c, e in self._cache.items() if e.pending}
         out: dict[str, list[dict[str, Any]]] = {}
-        for context, date, created_at, count, last_active, problem in rows:
+        for context, date, created_at, count, last_active, is_legacy, problem in rows:
             if context in unsaved:  # entries not saved yet are newer than any index
                 count, last_active = len(unsaved[context].history), unsaved[context].last_active
             out.setdefault(context.type, []).append(
@@ -264,6 +288,7 @@ class MultiContextManager:
                     "message_count": count,
                     "created_at": created_at,
                     "last_active": last_active,
+                    "legacy": is_legacy,
                     "problem": problem,
                 }
             )
@@ -271,9 +296,9 @@ class MultiContextManager:
             items.sort(key=lambda i: i["last_active"], reverse=True)
         return out
 
-    def _listing_rows(self) -> list[tuple[ContextId, str, str, int, str, str | None]]:
-        """(context, date, created, message count, last active, problem) of every context:
-        from the store's listing index if it has a usable one, else by restoring each."""
+    def _native_rows(self) -> list[_Row]:
+        """The log's contexts for :meth:`list_all_contexts`: from the store's listing index if
+        it has a usable one, else by restoring each."""
         if isinstance(self.store, Listing):  # counts from the store's index: nothing restored
             try:
                 return [
@@ -283,13 +308,14 @@ class MultiContextManager:
                         s.created_at,
                         s.message_count,
                         s.last_active,
+                        False,
                         s.problem,
                     )
                     for s in self.store.list_contexts_fast()
                 ]
             except IndexUnavailable as exc:
                 log.warning("%s; listing from the session files instead", exc)
-        rows: list[tuple[ContextId, str, str, int, str, str | None]] = []
+        rows: list[_Row] = []
         for head in self.store.list_contexts():
             context = ContextId.parse(head.context)
             try:
@@ -298,27 +324,47 @@ class MultiContextManager:
                 continue  # deleted meanwhile
             except StoreError as exc:  # damaged: listed, with what is wrong
                 problem = " ".join(str(exc).split())
-                rows.append((context, head.date, head.created_at, 0, head.updated_at, problem))
+                rows.append(
+                    (context, head.date, head.created_at, 0, head.updated_at, False, problem)
+                )
                 continue
-            count, last = len(state.history), state.last_active
-            rows.append((context, head.date, head.created_at, count, last, None))
+            row = (context, head.date, head.created_at, len(state.history))
+            rows.append((*row, state.last_active, False, None))
         return rows
 
     def get_stats(self, context_id: str) -> dict[str, Any]:
-        """Statistics of one context.
+        """Statistics of one context (of a legacy JSON file, read without importing it).
 
         Raises:
             ContextNotFound: no such context.
+            LegacyFormatError, OSError: only a legacy file holds it, and it cannot be read.
         """
         context = ContextId.parse(context_id)
         head = self.store.get_head(context)
         with self._cache_lock:
             cached = self._cache.get(context)
         if head is None and cached is None:
-            raise ContextNotFound(f"context {context} does not exist")
+            copy = legacy.read(self.store, context)
+            if copy is None:
+                raise ContextNotFound(f"context {context} does not exist")
+            state = sessions.restore(copy.store, context)
+            return self._stats(context, state, state.created_at, 1, None, is_legacy=True)
         state = cached.state if cached is not None else self._peek(context)
-        pending = len(cached.pending) if cached is not None else 0
         created = head.created_at if head is not None else state.created_at
+        segments = len(self.store.list_segments(state.session_id)) if head else 1
+        return self._stats(context, state, created, segments, cached, is_legacy=False)
+
+    def _stats(
+        self,
+        context: ContextId,
+        state: RestoredState,
+        created: str,
+        segments: int,
+        cached: _Context | None,
+        *,
+        is_legacy: bool,
+    ) -> dict[str, Any]:
+        """The dict :meth:`get_stats` returns, for a context in the log or a legacy file."""
         return {
             "context_id": str(context),
             "session_id": context.name,
@@ -339,17 +385,21 @@ class MultiContextManager:
             "last_error": state.last_run.error if state.last_run else None,
             "tree_session_id": str(state.session_id),
             "segment_id": str(state.segment_id),
-            "segments": len(self.store.list_segments(state.session_id)) if head else 1,
+            "segments": segments,
             "cached": cached is not None,
             "autosave": self._autosave_for(context),
-            "unsaved_entries": pending,
+            "unsaved_entries": len(cached.pending) if cached is not None else 0,
+            "legacy": is_legacy,
         }
 
     def clear_context(self, context_id: str) -> None:
-        """Empty the context's history; the old history stays in its session tree."""
+        """Empty the context's history; the old history stays in its session tree.
+
+        A context that only a legacy JSON file holds is imported into the log first.
+        """
         context = ContextId.parse(context_id)
         with self._locked(context):
-            entry = self._fresh(context)
+            entry = self._fresh_or_legacy(context)
             if entry is None:
                 raise ContextNotFound(f"context {context} does not exist")
             self._flush(entry)
@@ -357,11 +407,17 @@ class MultiContextManager:
             self._forget(context)
 
     def delete_context(self, context_id: str) -> bool:
-        """Delete the context and all its files. Returns False if it did not exist."""
+        """Delete the context and all its files. Returns False if it did not exist.
+
+        Its legacy JSON file, if it has one, is not unlinked but moved into the store's
+        ``.trash/legacy/`` (see :mod:`terrarium.legacy`): moving it back undoes that part.
+        """
         context = ContextId.parse(context_id)
         with self._locked(context):
             self._forget(context)
-            return self.store.delete_context(context)
+            deleted = self.store.delete_context(context)
+            moved = legacy.trash(self.store, context)
+            return deleted or bool(moved)
 
     # ------------------------------------------------------------------ beyond the seed
 
@@ -372,7 +428,7 @@ class MultiContextManager:
         """
         src = ContextId.parse(source)
         with self._locked(src):
-            entry = self._fresh(src)
+            entry = self._fresh_or_legacy(src)
             if entry is not None:
                 self._flush(entry)
             sessions.fork_context(self.store, src, ContextId.parse(target), at_seq=at)
@@ -385,7 +441,7 @@ class MultiContextManager:
         """
         context = ContextId.parse(context_id)
         async with self._turn_lock(context):
-            entry = self._fresh(context)
+            entry = self._fresh_or_legacy(context)
             if entry is None:
                 raise ContextNotFound(f"context {context} does not exist")
             return await self._compact(entry, params)
@@ -443,10 +499,14 @@ class MultiContextManager:
         return search(self.store, SearchQuery(text, type, context, since, role, limit))
 
     def history(self, context_id: str) -> list[LoggedItem]:
-        """The context's history items (a copy), oldest first."""
+        """The context's history items (a copy), oldest first (a legacy file's, unimported)."""
         context = ContextId.parse(context_id)
         with self._cache_lock:
             cached = self._cache.get(context)
+        if cached is None and self.store.get_head(context) is None:
+            copy = legacy.read(self.store, context)
+            if copy is not None:
+                return list(sessions.restore(copy.store, context).history)
         state = cached.state if cached is not None else self._peek(context)
         return list(state.history)
 
@@ -477,43 +537,33 @@ class MultiContextManager:
         system_prompt: str | None,
         stream: bool,
         params: dict[str, Any],
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         context = ContextId.parse(context_id)
         if not isinstance(user_message, str):
             raise TypeError(f"user_message must be a string, not {type(user_message).__name__}")
         async with self._turn_lock(context), self._semaphore():
             entry = self._open_context(context, system_prompt)
-            if self.token_budget is not None and self._estimate(entry, user_message) > (
-                self.token_budget
-            ):
-                await self._compact(entry, {})
-            self._write(entry, [(EntryKind.USER_INPUT, {"item": _user(user_message)})])
+            await self._log_input(entry, user_message)
             buffer: list[TraceEntry] | None = [] if self.trace else None
             token = self._trace_sink.set(buffer)
             result: ChatResult | None = None
             partial: list[str] = []
             try:
                 if stream:
-                    async for event in self.client.stream(list(entry.wire), **params):
-                        if event.delta:
-                            partial.append(event.delta)
-                            yield event.delta
-                        if event.result is not None:
-                            result = event.result
+                    async with aclosing(self.client.stream(list(entry.wire), **params)) as events:
+                        async for event in events:
+                            if event.delta:
+                                partial.append(event.delta)
+                                yield event.delta
+                            if event.result is not None:
+                                result = event.result
                 else:
                     result = await self.client.chat(list(entry.wire), **params)
                     yield result.text
                 if result is None:
                     raise LLMError("the model stream ended without a result")
             except BaseException as exc:  # cancellation and GeneratorExit included
-                reason = "cancelled" if not isinstance(exc, Exception) else exc
-                errored: dict[str, Any] = {
-                    "error": str(reason) or type(exc).__name__,
-                    "error_type": type(exc).__name__,
-                }
-                if partial:
-                    errored["partial"] = "".join(partial)
-                self._write(entry, [(EntryKind.RUN_ERRORED, errored)])
+                self._write(entry, [(EntryKind.RUN_ERRORED, _errored(exc, partial))])
                 raise
             finally:
                 self._trace_sink.reset(token)
@@ -521,9 +571,28 @@ class MultiContextManager:
                     sessions.save_trace(self.store, entry.ref, buffer)
             self._write(entry, _reply_entries(result))
 
+    async def _log_input(self, entry: _Context, text: str) -> None:
+        """Log the user's input, compacting first when it would pass the token budget.
+
+        A compaction that fails (or is cancelled) still logs the input, with the failure, so
+        the words are never lost; the next turn sends them folded into its own input.
+        """
+        logged = (EntryKind.USER_INPUT, {"item": _user(text)})
+        try:
+            if self.token_budget is not None and self._estimate(entry, text) > self.token_budget:
+                await self._compact(entry, {})
+        except BaseException as exc:
+            entry = self._fresh(entry.context) or entry  # a flush before it may have moved on
+            self._write(entry, [logged, (EntryKind.RUN_ERRORED, _errored(exc, []))])
+            raise
+        self._write(entry, [logged])
+
     def _open_context(self, context: ContextId, system_prompt: str | None) -> _Context:
-        """The cached, fresh context; created on first use; system prompt changes logged."""
-        entry = self._fresh(context)
+        """The cached, fresh context; created on first use; system prompt changes logged.
+
+        A context that only a legacy JSON file holds is imported into the log first.
+        """
+        entry = self._fresh_or_legacy(context)
         if entry is None:
             prompt = system_prompt if system_prompt is not None else self.default_system_prompt
             try:
@@ -587,7 +656,8 @@ class MultiContextManager:
         self._flush(entry)
         history = entry.state.history
         keep = _tail_from_user(history, self.keep_after_compaction)
-        request = [*entry.wire, {"role": "user", "content": COMPACTION_PROMPT}]
+        request = list(entry.wire)
+        add_wire_message(request, {"role": "user", "content": COMPACTION_PROMPT})
         result = await self.client.chat(request, **params)
         summary = result.text.strip()
         compacted: list[LoggedItem] = [
@@ -602,6 +672,7 @@ class MultiContextManager:
             state = sessions.restore(self.store, entry.context)
         rebuilt = _build(entry.context, state, entry.autosave)
         entry.state, entry.wire, entry.chars = rebuilt.state, rebuilt.wire, rebuilt.chars
+        self._remember(entry)  # _flush forgot it: what the turn queues next must be saved
         return summary
 
     def _estimate(self, entry: _Context, message: str) -> int:
@@ -632,6 +703,16 @@ class MultiContextManager:
         state = sessions.restore_by_segment(self.store, head.session_id, head.segment_id)
         entry = _build(context, state, self._autosave_for(context))
         self._remember(entry)
+        return entry
+
+    def _fresh_or_legacy(self, context: ContextId) -> _Context | None:
+        """:meth:`_fresh`, importing the context's legacy JSON file first if only it has it.
+
+        The caller holds the context's lock, so processes racing here import it once.
+        """
+        entry = self._fresh(context)
+        if entry is None and legacy.import_legacy(self.store, context):
+            entry = self._fresh(context)
         return entry
 
     def _reload(self, entry: _Context) -> None:
@@ -719,6 +800,18 @@ class _TurnLock:
 
 def _user(text: str) -> LoggedItem:
     return {"role": "user", "content": text}
+
+
+def _errored(exc: BaseException, partial: list[str]) -> dict[str, Any]:
+    """The ``run_errored`` entry for a failure: its reason, its type, any partial reply text."""
+    reason = exc if isinstance(exc, Exception) else "cancelled"
+    data: dict[str, Any] = {
+        "error": str(reason) or type(exc).__name__,
+        "error_type": type(exc).__name__,
+    }
+    if partial:
+        data["partial"] = "".join(partial)
+    return data
 
 
 def _reply_entries(result: ChatResult) -> list[tuple[str, dict[str, Any]]]:

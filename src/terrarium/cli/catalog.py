@@ -1,10 +1,11 @@
 """What the commands see as "the sessions": native contexts and legacy JSON files, together.
 
 Legacy files (``sessions/{type}/{date}/{name}.json``, the old Terrarium format) are read in
-place by :mod:`terrarium.formats.terrarium_json`: they list, show and export like native
-contexts (read through a throw-away in-memory store), and a chat on one imports it into the
-log first. The legacy file is never changed. A context that exists in the log hides any
-legacy file of the same name.
+place by :mod:`terrarium.legacy`, which holds the rules (the manager follows the same): they
+list, show and export like native contexts (read through a throw-away in-memory store), and a
+chat on one imports it into the log first. The legacy file is never changed. A context that
+exists in the log hides any legacy file of the same name. ``list`` warns about legacy files it
+cannot use.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from terrarium import legacy
 from terrarium.cli.app import CliState
+from terrarium.cli.output import one_line
 from terrarium.errors import ContextNotFound
 from terrarium.model import ContextId
 from terrarium.stores.base import Store
@@ -33,7 +36,7 @@ class SessionInfo:
     legacy_path: Path | None = None
     """The legacy JSON file, for a session that is not in the log yet."""
     problem: str | None = None
-    """Why some of its data cannot be read (one line naming the file), or None."""
+    """Why some of its log cannot be read (one line naming the file), or None."""
 
     def to_json(self) -> dict[str, Any]:
         """The stable ``--json`` form (see docs/cli.md)."""
@@ -61,72 +64,45 @@ def legacy_module() -> types.ModuleType | None:
 
 def legacy_root(state: CliState) -> Path | None:
     """The folder legacy files live in: the filesystem store's root (no other store has one)."""
-    from terrarium.stores.fs import FsStore
-
-    store = state.store()
-    return store.root if isinstance(store, FsStore) else None
+    return legacy.legacy_root(state.store())
 
 
 def list_sessions(state: CliState, type: str | None = None) -> list[SessionInfo]:
-    """Every session, grouped by type (alphabetical), newest first within a type."""
+    """Every session, grouped by type (alphabetical), newest first within a type.
+
+    Legacy files that cannot be used are reported on stderr, one line each
+    (``warning: <path>: <reason>``); the listing goes on without them.
+    """
     manager = state.manager()
+    found = legacy.listing(state.store())
+    for problem in found.problems:
+        state.out.note(f"warning: {one_line(str(problem))}", style="yellow")
     rows: list[SessionInfo] = []
     for kind, items in manager.list_all_contexts().items():
         if type is not None and kind != type:
             continue
         for item in items:
+            context = ContextId.parse(item["context_id"])
+            info = found.by_context.get(context) if item.get("legacy") else None
             rows.append(
                 SessionInfo(
-                    ContextId.parse(item["context_id"]),
+                    context,
                     item["date"],
                     item["created_at"],
                     item["last_active"],
                     item["message_count"],
+                    legacy_path=info.path if info is not None else None,
                     problem=item.get("problem"),
                 )
             )
-    native = {row.context for row in rows}
-    for info in _legacy_sessions(state):
-        if info.context not in native and (type is None or info.context.type == type):
-            rows.append(info)
-            native.add(info.context)
     rows.sort(key=lambda r: r.last_active, reverse=True)
     rows.sort(key=lambda r: r.context.type)
     return rows
 
 
-def _legacy_sessions(state: CliState) -> list[SessionInfo]:
-    module, root = legacy_module(), legacy_root(state)
-    if module is None or root is None:
-        return []
-    out = []
-    for path in module.iter_legacy_files(root):
-        try:
-            session = module.load(path, root=root)
-            context = session.context
-        except (ValueError, OSError):
-            continue  # fsck reports unreadable files; a listing skips them
-        meta = session.metadata
-        out.append(
-            SessionInfo(
-                context,
-                meta.session_date,
-                meta.created_at,
-                meta.last_active,
-                len(session.messages),
-                legacy_path=path,
-            )
-        )
-    return out
-
-
 def find_legacy(state: CliState, context: ContextId) -> Path | None:
     """The legacy file of ``context``, if there is one (whether or not it was imported)."""
-    module, root = legacy_module(), legacy_root(state)
-    if module is None or root is None:
-        return None
-    found: Path | None = module.find_legacy_file(root, context)
-    return found
+    return legacy.find(state.store(), context)
 
 
 def readable(state: CliState, context: ContextId) -> Store:
@@ -138,16 +114,10 @@ def readable(state: CliState, context: ContextId) -> Store:
     store = state.store()
     if store.get_head(context) is not None:
         return store
-    path = find_legacy(state, context)
-    if path is None:
+    copy = legacy.read(store, context)
+    if copy is None:
         raise ContextNotFound(f"context {context} does not exist in {state.shown_location}")
-    from terrarium.stores.memory import MemoryStore
-
-    module = legacy_module()
-    assert module is not None
-    memory = MemoryStore()
-    module.import_session(memory, module.load(path, root=legacy_root(state)), context=context)
-    return memory
+    return copy.store
 
 
 def require(state: CliState, context: ContextId) -> None:
@@ -161,16 +131,7 @@ def require(state: CliState, context: ContextId) -> None:
 
 def resume(state: CliState, context: ContextId) -> bool:
     """Make ``context`` chat-ready: import its legacy file on first use. True if imported."""
-    store = state.store()
-    if store.get_head(context) is not None:
-        return False
-    path = find_legacy(state, context)
-    if path is None:
-        return False
-    module = legacy_module()
-    assert module is not None
-    module.import_session(store, module.load(path, root=legacy_root(state)), context=context)
-    return True
+    return legacy.resume(state.store(), context)
 
 
 def exists(state: CliState, context: ContextId) -> bool:

@@ -3,7 +3,9 @@
 On a terminal (stdin and stdout both), with no session named, a picker lists the sessions;
 the chat then reads input with prompt_toolkit: Enter sends, Esc+Enter (or Alt+Enter) starts a
 new line, Ctrl-C interrupts a reply (the session keeps what was said, and the manager logs the
-run as cancelled), Ctrl-D leaves. Lines starting with ``/`` are commands (``/help``).
+run as cancelled), Ctrl-D leaves. Lines starting with ``/`` are commands (``/help``). A message
+whose reply failed or was interrupted stays in the session and goes to the model again with the
+next message (the manager sends the two as one).
 
 From a pipe, each line of stdin is one message (``/`` commands work too) and replies are
 printed plainly; the first failure ends the chat with a one-line error and exit code 1.
@@ -49,6 +51,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quit": ("", "leave the chat (or Ctrl-D)"),
 }
 
+KEPT = "your message is kept and will be sent with your next one"
+
 KEYS_HELP = "Enter sends, Esc+Enter or Alt+Enter adds a line, Ctrl-C interrupts, Ctrl-D leaves"
 
 
@@ -61,6 +65,11 @@ class ChatOptions:
     retries: int = 2
     timeout: float = 60.0
     system_prompt: str | None = None
+
+
+def is_message(line: str) -> bool:
+    """Whether an input line is a message to send (``//text`` is), not a ``/command``."""
+    return not line.startswith("/") or line.startswith("//")
 
 
 class Interrupted(Exception):
@@ -149,7 +158,7 @@ class Chat:
 
     async def run_line(self, line: str) -> None:
         """Handle one input: a ``/command`` or a message (``//text`` sends ``/text``)."""
-        if line.startswith("/") and not line.startswith("//"):
+        if not is_message(line):
             name, _, rest = line[1:].partition(" ")
             await self.command(name.strip(), rest.strip())
             return
@@ -303,9 +312,12 @@ async def interactive(chat: Chat, explicit: bool, default_type: str) -> None:
             try:
                 await chat.run_line(line)
             except Interrupted:
-                chat.out.note("interrupted; the session is kept", style="yellow")
+                kept = KEPT if is_message(line) else "the session is kept"
+                chat.out.note(f"interrupted; {kept}", style="yellow")
             except LLMError as exc:
                 chat.out.error(str(exc))
+                if is_message(line):
+                    chat.out.note(KEPT)
             except click.ClickException as exc:
                 chat.out.error(exc.format_message())
             except USER_ERRORS as exc:

@@ -55,7 +55,7 @@ def print_sessions(state: CliState, type_: str | None, as_json: bool) -> None:
     """The session list as a table, or as JSON."""
     rows = catalog.list_sessions(state, type_)
     for problem in dict.fromkeys(r.problem for r in rows if r.problem):
-        click.echo(f"warning: {problem}", err=True)
+        state.out.note(f"warning: {problem}", style="yellow")
     if as_json:
         state.out.json({"contexts": [row.to_json() for row in rows]})
         return
@@ -317,9 +317,8 @@ def delete(ctx: click.Context, context: ContextId, yes: bool) -> None:
 
 
 def delete_session(state: CliState, context: ContextId, yes: bool) -> None:
-    """Delete ``context`` from the log and its legacy file, after confirmation."""
-    legacy = catalog.find_legacy(state, context)
-    if state.store().get_head(context) is None and legacy is None:
+    """Delete ``context`` from the log, and move its legacy file to the trash, once confirmed."""
+    if not catalog.exists(state, context):
         raise ContextNotFound(f"context {context} does not exist in {state.shown_location}")
     if not yes:
         if not sys.stdin.isatty():
@@ -328,8 +327,6 @@ def delete_session(state: CliState, context: ContextId, yes: bool) -> None:
             )
         click.confirm(f"Delete {context} and all its history?", abort=True)
     state.manager().delete_context(str(context))
-    if legacy is not None:
-        legacy.unlink()
     state.out.note(f"deleted {context}", style="green")
 
 
@@ -619,16 +616,21 @@ def migrate(ctx: click.Context, dry_run: bool, to_log: bool, source: Path | None
 @click.option(
     "--repair",
     is_flag=True,
-    help="Set torn tails aside and rebuild the index (corrupt lines are only reported).",
+    help="Set torn tails aside, rebuild lost or unreadable heads and the index.",
+)
+@click.option(
+    "--salvage",
+    is_flag=True,
+    help="With --repair: copy every readable entry of a damaged segment into a new one.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
 @storage_option
 @click.pass_context
-def fsck(ctx: click.Context, repair: bool, as_json: bool) -> None:
+def fsck(ctx: click.Context, repair: bool, salvage: bool, as_json: bool) -> None:
     """Check every log of every session; without --repair nothing is modified."""
     from terrarium.cli.fsck import run_fsck
 
-    run_fsck(state_of(ctx), repair=repair, as_json=as_json)
+    run_fsck(state_of(ctx), repair=repair, salvage=salvage, as_json=as_json)
 
 
 @cli.command()

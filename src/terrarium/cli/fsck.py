@@ -1,19 +1,27 @@
 """``terrarium fsck``: check every log of every session, and optionally repair what can be.
 
-Without ``--repair`` nothing is modified. The filesystem store sets torn tails aside as a side
-effect of reading a segment, so the check reads segment files itself, decodes each line with
-:mod:`terrarium.codec`, and reports corrupt lines as ``file:line`` and torn tails by offset.
-``--repair`` then reads every segment through the store (which sets torn tails aside into
-``{segment}.jsonl.torn-{offset}``) and rebuilds the index. Corrupt lines in the middle of a log
-are never rewritten: they are reported for a person to look at.
+Without ``--repair`` nothing is modified. The check reads the filesystem store's files itself
+(the folders, not the index, so a context the index lost is checked too): every ``head.json``,
+every index entry, every line of every segment, every symbolic link. It never stops at the
+first problem: each one is reported with its file (and line).
 
-Other stores (SQLite, PostgreSQL) have no torn tails; their check replays every segment.
+``--repair`` fixes what is derived or a crash's leftover, and never loses a byte: torn tails
+move to ``{segment}.jsonl.torn-{offset}``, a missing or unreadable head is rebuilt from the
+segments (an unreadable one is set aside first), the index is rebuilt. ``--salvage`` also
+copies every readable entry of a damaged segment (a corrupt line in the middle, a torn or
+empty header) into a new segment of the same session, sets the unreadable lines aside to
+``{segment}.jsonl.corrupt-{n}`` and moves the head onto the copy; the damaged file stays as
+it was, and later checks report it as salvaged.
+
+Other stores (SQLite, PostgreSQL) have no files to tear; their check replays every segment.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import click
@@ -22,9 +30,13 @@ from terrarium import codec
 from terrarium.cli import catalog
 from terrarium.cli.app import CliState
 from terrarium.errors import CorruptLog, FormatVersionError, TerrariumError
-from terrarium.model import ContextId
+from terrarium.model import ContextId, SegmentId
 from terrarium.stores.base import PodMetadata, Reindexable, Store
-from terrarium.stores.fs import FsStore
+from terrarium.stores.fs import ContextFolder, FsStore, salvaged_into, segment_chain
+
+#: Problems ``--repair`` fixes, and those only ``--salvage`` does.
+_REPAIRABLE = frozenset({"torn", "head", "missing", "unindexed"})
+_SALVAGEABLE = frozenset({"corrupt", "damaged"})
 
 
 @dataclass
@@ -32,9 +44,13 @@ class Problem:
     """One thing fsck found."""
 
     kind: str
-    """``corrupt`` (a bad line), ``torn`` (bytes after the last newline), ``missing`` (the
-    head names a segment that is not there), ``unindexed`` (a session the index does not
-    know), ``legacy`` (an unreadable legacy file), ``unreadable`` (any other read error)."""
+    """``corrupt`` (a bad line), ``torn`` (bytes after the last newline), ``head`` (a
+    ``head.json`` that is missing or unreadable), ``missing`` (the head names a segment that
+    is not there), ``damaged`` (a context whose head cannot be rebuilt: no segment is
+    intact), ``unindexed`` (a context the index does not know, or names wrongly),
+    ``duplicate`` (a second folder holding a context), ``link`` (a symbolic link inside the
+    store, never followed), ``legacy`` (an unreadable legacy file), ``unreadable`` (any other
+    read error)."""
     message: str
     context: str | None = None
     path: str | None = None
@@ -42,6 +58,8 @@ class Problem:
     offset: int | None = None
     """For ``torn``: the byte offset where the torn tail starts."""
     repaired: bool = False
+    session_id: str | None = field(default=None, repr=False)
+    segment_id: str | None = field(default=None, repr=False)
 
     def show(self) -> str:
         where = self.path or self.context or ""
@@ -49,6 +67,12 @@ class Problem:
             where = f"{where}:{self.line}"
         status = " (repaired)" if self.repaired else ""
         return f"{where}: {self.kind}: {self.message}{status}"
+
+    def to_json(self) -> dict[str, object]:
+        """The stable ``--json`` form (see docs/cli.md)."""
+        data = asdict(self)
+        del data["session_id"], data["segment_id"]
+        return data
 
 
 @dataclass
@@ -58,18 +82,17 @@ class Report:
     contexts: int = 0
     segments: int = 0
     entries: int = 0
-    problems: list[Problem] | None = None
-
-    def __post_init__(self) -> None:
-        self.problems = self.problems or []
+    problems: list[Problem] = field(default_factory=list)
 
     @property
     def unresolved(self) -> list[Problem]:
-        return [p for p in self.problems or [] if not p.repaired]
+        return [p for p in self.problems if not p.repaired]
 
 
-def run_fsck(state: CliState, *, repair: bool, as_json: bool) -> None:
+def run_fsck(state: CliState, *, repair: bool, salvage: bool, as_json: bool) -> None:
     """Check (and with ``repair``, fix) the store; exit 1 when problems remain."""
+    if salvage and not repair:
+        raise click.UsageError("--salvage is a kind of repair: use it with --repair")
     store = state.store()
     report = Report()
     if isinstance(store, FsStore):
@@ -78,8 +101,7 @@ def run_fsck(state: CliState, *, repair: bool, as_json: bool) -> None:
         _check_generic(store, report)
     _check_legacy(state, report)
     if repair:
-        _repair(store, report)
-    problems = report.problems or []
+        _repair(store, report, salvage=salvage)
     if as_json:
         state.out.json(
             {
@@ -89,99 +111,176 @@ def run_fsck(state: CliState, *, repair: bool, as_json: bool) -> None:
                 "contexts": report.contexts,
                 "segments": report.segments,
                 "entries": report.entries,
-                "problems": [asdict(p) for p in problems],
+                "problems": [p.to_json() for p in report.problems],
             }
         )
     else:
-        for problem in problems:
+        for problem in report.problems:
             state.out.line(problem.show(), style="green" if problem.repaired else "red")
         state.out.note(
             f"checked {report.contexts} sessions, {report.segments} segments, "
             f"{report.entries} entries in {state.shown_location}: "
-            f"{len(problems)} problems, {len(report.unresolved)} unresolved",
+            f"{len(report.problems)} problems, {len(report.unresolved)} unresolved",
             style="green" if not report.unresolved else "yellow",
         )
     if report.unresolved:
         if as_json:
             raise click.exceptions.Exit(1)
-        hint = "" if repair else "; 'terrarium fsck --repair' fixes torn tails and the index"
-        raise click.ClickException(f"{len(report.unresolved)} problems found{hint}")
+        raise click.ClickException(
+            f"{len(report.unresolved)} problems found{_hint(report.unresolved, repair)}"
+        )
+
+
+def _hint(unresolved: list[Problem], repair: bool) -> str:
+    """What would fix the problems left, in the words of the command that does it."""
+    kinds = {p.kind for p in unresolved}
+    hints = []
+    if kinds & _REPAIRABLE and not repair:
+        hints.append(
+            "'terrarium fsck --repair' sets torn tails aside and rebuilds heads and the index"
+        )
+    if kinds & _SALVAGEABLE:
+        hints.append(
+            "'terrarium fsck --repair --salvage' copies every readable entry of a damaged "
+            "segment into a new one and sets the bad lines aside"
+        )
+    if kinds & {"duplicate", "link", "legacy", "unreadable"}:
+        hints.append("the others need a person: see each message")
+    return "; " + "; ".join(hints) if hints else ""
 
 
 # --------------------------------------------------------------------------- check
 
 
 def _check_fs(store: FsStore, report: Report) -> None:
-    problems = report.problems if report.problems is not None else []
-    indexed: set[Path] = set()
-    for head in store.list_contexts():
+    """Check every context folder of the tree, the index, and the links in the tree."""
+    folders: dict[ContextId, list[ContextFolder]] = {}
+    for entry in store.walk():
         report.contexts += 1
-        context = ContextId.parse(head.context)
-        folder = store.folder_of(context)
-        if folder is None:
-            continue
-        indexed.add(folder.resolve())
-        segment_files = sorted(
-            p for p in folder.glob("*.jsonl") if not p.name.endswith(".trace.jsonl")
+        folders.setdefault(entry.context, []).append(entry)
+        _check_context(store, entry, report)
+    for context, entries in folders.items():
+        _check_index(store, context, entries, report)
+    _check_links(store.root, report)
+
+
+def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None:
+    context, folder = str(entry.context), entry.folder
+    head_path = folder / "head.json"
+    session = str(entry.head.session_id) if entry.head is not None else None
+
+    def add(kind: str, message: str, path: Path, line: int | None = None) -> Problem:
+        problem = Problem(kind, message, context, str(path), line, session_id=session)
+        report.problems.append(problem)
+        return problem
+
+    if entry.head is None:
+        add("damaged", f"the head cannot be rebuilt: {entry.problem}", folder)
+    elif not head_path.exists():
+        add("head", f"head.json is missing (rebuilt: segment {entry.head.segment_id})", head_path)
+    elif entry.problem is not None:
+        kind = "missing" if "which is not there" in entry.problem else "head"
+        add(kind, _after_location(entry.problem), head_path)
+    salvaged = salvaged_into(folder)
+    # A salvage is done once the head no longer replays the damaged segment.
+    in_use = set(segment_chain(folder, entry.head.segment_id)) if entry.head else set()
+    for path in _segment_files(folder):
+        report.segments += 1
+        found: list[Problem] = []
+        report.entries += _check_segment_file(path, context, found)
+        segment_id = _segment_id(path)
+        for problem in found:
+            problem.session_id, problem.segment_id = session, str(segment_id)
+            problem.context = context
+            if problem.kind in _SALVAGEABLE and segment_id in salvaged and segment_id not in in_use:
+                problem.repaired = True
+                problem.message += f"; salvaged into {salvaged[segment_id]}"
+        report.problems.extend(found)
+
+
+def _check_index(
+    store: FsStore, context: ContextId, entries: list[ContextFolder], report: Report
+) -> None:
+    """The index names one folder of the context; a second folder is a duplicate."""
+    try:
+        indexed = store.indexed_folder(context)
+        reason = "the index does not know it"
+    except TerrariumError as exc:
+        indexed, reason = None, _after_location(str(exc))
+    chosen = next((e for e in entries if e.folder == indexed), None)
+    if chosen is None:
+        report.problems.append(
+            Problem(
+                "unindexed",
+                f"{reason} ('terrarium reindex' adds it)",
+                str(context),
+                str(entries[0].folder),
+            )
         )
-        names = {p.name for p in segment_files}
-        if f"{head.segment_id}.jsonl" not in names:
-            problems.append(
+        chosen = max(entries, key=lambda e: e.head.updated_at if e.head is not None else "")
+    for other in entries:
+        if other is not chosen:
+            report.problems.append(
                 Problem(
-                    "missing",
-                    f"the head names segment {head.segment_id}, which is not there",
-                    context=str(context),
-                    path=str(folder / "head.json"),
+                    "duplicate",
+                    f"a second folder of {context}, which lives in {chosen.folder}: an older "
+                    "terrarium split it; export or import it to keep it apart",
+                    str(context),
+                    str(other.folder),
                 )
             )
-        for path in segment_files:
-            report.segments += 1
-            report.entries += _check_segment_file(path, str(context), problems)
-    for head_file in sorted(store.root.glob("*/*/*/head.json")):
-        if head_file.parent.resolve() not in indexed:
-            problems.append(
-                Problem(
-                    "unindexed",
-                    "this session is not in the index ('terrarium reindex' adds it)",
-                    path=str(head_file.parent),
+
+
+def _check_links(root: Path, report: Report) -> None:
+    """Report every symbolic link inside the store: terrarium refuses to follow them."""
+    for parent, dirs, files in os.walk(root):
+        for name in sorted(dirs + files):
+            path = Path(parent) / name
+            if path.is_symlink():
+                report.problems.append(
+                    Problem(
+                        "link",
+                        f"a symbolic link (to {os.readlink(path)}): terrarium never follows one "
+                        "out of its root; replace it with the folder or file itself",
+                        path=str(path),
+                    )
                 )
-            )
+
+
+def _segment_files(folder: Path) -> list[Path]:
+    return sorted(
+        p
+        for p in folder.glob("*.jsonl")
+        if not p.name.endswith(".trace.jsonl") and _segment_id(p) is not None
+    )
+
+
+def _segment_id(path: Path) -> SegmentId | None:
+    try:
+        return uuid.UUID(path.name.removesuffix(".jsonl"))
+    except ValueError:
+        return None
 
 
 def _check_segment_file(path: Path, context: str, problems: list[Problem]) -> int:
     """Decode every line of one segment file; return how many entries it holds."""
     try:
-        buf = path.read_bytes()
+        buf = _read_no_follow(path)
     except OSError as exc:
         problems.append(Problem("unreadable", str(exc), context=context, path=str(path)))
         return 0
     complete, tail = codec.split_complete(buf)
+    if not complete:
+        what = "the file is empty" if not buf else "its header line is incomplete (no newline)"
+        problems.append(Problem("corrupt", f"damaged segment: {what}", context, str(path), 1))
+        return 0
     count = 0
     for number, line in enumerate(complete.split(b"\n")[:-1], start=1):
-        try:
-            entry = codec.decode_lines(
-                line + b"\n", where=str(path), first_line=number, strict=True
-            )[0]
-        except (CorruptLog, FormatVersionError) as exc:
-            problems.append(
-                Problem("corrupt", _after_location(str(exc)), context, str(path), number)
-            )
-            continue
-        if number == 1 and entry.get("kind") != "header":
-            problems.append(
-                Problem("corrupt", "the first line is not a segment header", context, str(path), 1)
-            )
-        elif entry["seq"] != number - 1:
-            problems.append(
-                Problem(
-                    "corrupt",
-                    f"seq {entry['seq']} out of order (expected {number - 1})",
-                    context,
-                    str(path),
-                    number,
-                )
-            )
-        if number > 1:
+        problem = _check_line(path, number, line)
+        if problem is not None:
+            problem.context = context
+            problems.append(problem)
+        elif number > 1:
             count += 1
     if tail:
         problems.append(
@@ -197,18 +296,39 @@ def _check_segment_file(path: Path, context: str, problems: list[Problem]) -> in
     return count
 
 
+def _check_line(path: Path, number: int, line: bytes) -> Problem | None:
+    """The problem with line ``number`` of a segment, or None."""
+    try:
+        entry = codec.decode_lines(line + b"\n", where=str(path), first_line=number, strict=True)[0]
+    except (CorruptLog, FormatVersionError) as exc:
+        return Problem("corrupt", _after_location(str(exc)), None, str(path), number)
+    if number == 1 and entry.get("kind") != "header":
+        return Problem("corrupt", "the first line is not a segment header", None, str(path), 1)
+    if number == 1 and entry.get("segment_id") != path.name.removesuffix(".jsonl"):
+        return Problem("corrupt", "the header names another segment", None, str(path), 1)
+    if entry["seq"] != number - 1:
+        message = f"seq {entry['seq']} out of order (expected {number - 1})"
+        return Problem("corrupt", message, None, str(path), number)
+    return None
+
+
+def _read_no_follow(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as file:
+        return file.read()
+
+
 def _after_location(message: str) -> str:
     """``/x/y.jsonl:3: not valid JSON`` -> ``not valid JSON`` (the location is shown apart)."""
     head, sep, rest = message.partition(": ")
-    return rest if sep and ":" in head else message
+    return rest if sep and ("/" in head or ":" in head) else message
 
 
 def _check_generic(store: Store, report: Report) -> None:
-    problems = report.problems if report.problems is not None else []
     for head in store.list_contexts():
         report.contexts += 1
         for segment_id, error in _read_all(store, head, report):
-            problems.append(
+            report.problems.append(
                 Problem("unreadable", error, context=head.context, path=str(segment_id))
             )
 
@@ -234,39 +354,72 @@ def _check_legacy(state: CliState, report: Report) -> None:
     module, root = catalog.legacy_module(), catalog.legacy_root(state)
     if module is None or root is None:
         return
-    problems = report.problems if report.problems is not None else []
     for path in module.iter_legacy_files(root):
         try:
             module.load(path, root=root)
         except (ValueError, OSError) as exc:
-            problems.append(Problem("legacy", str(exc), path=str(path)))
+            report.problems.append(Problem("legacy", str(exc), path=str(path)))
 
 
 # --------------------------------------------------------------------------- repair
 
 
-def _repair(store: Store, report: Report) -> None:
-    problems = report.problems or []
-    if any(p.kind == "unindexed" for p in problems) and isinstance(store, Reindexable):
-        store.reindex()
-        for problem in problems:
-            if problem.kind == "unindexed":
-                problem.repaired = True
-    torn = [p for p in problems if p.kind == "torn"]
-    if not torn:
+def _repair(store: Store, report: Report, *, salvage: bool) -> None:
+    """Fix what can be fixed, one problem at a time; a failure is noted and the rest go on."""
+    if not isinstance(store, FsStore):
+        if any(p.kind == "unindexed" for p in report.problems) and isinstance(store, Reindexable):
+            store.reindex()
         return
-    for head in store.list_contexts():
-        for segment_id in store.list_segments(head.session_id):
-            try:
-                store.read_segment(head.session_id, segment_id)  # sets a torn tail aside
-            except TerrariumError:
-                pass  # a corrupt line: already reported, left for a person
-    for problem in torn:
-        path = Path(problem.path or "")
-        try:
-            clean = path.read_bytes().endswith(b"\n")
-        except OSError:
+    for problem in report.problems:
+        if problem.repaired:
             continue
-        if clean:
-            problem.repaired = True
-            problem.message += f"; set aside to {path.name}.torn-{problem.offset}"
+        fix = _fixer(store, problem, salvage)
+        if fix is None:
+            continue
+        try:
+            note = fix()
+        except (TerrariumError, OSError) as exc:
+            problem.message += f"; repair failed: {exc}"
+            continue
+        problem.repaired = True
+        if note:
+            problem.message += f"; {note}"
+    if any(p.kind in ("unindexed", "head", "missing") for p in report.problems):
+        store.reindex()  # after the salvages and head rebuilds, so it indexes what they made
+
+
+def _fixer(store: FsStore, problem: Problem, salvage: bool) -> Callable[[], str] | None:
+    """The repair of one problem, or None if it needs a person (or ``--salvage``)."""
+    session = uuid.UUID(problem.session_id) if problem.session_id else None
+    segment = uuid.UUID(problem.segment_id) if problem.segment_id else None
+    if problem.kind == "torn" and session and segment:
+        return lambda: _set_aside_torn(store, session, segment)
+    if problem.kind in ("head", "missing") and problem.context:
+        context = ContextId.parse(problem.context)
+        return lambda: f"head is segment {store.rebuild_head(context).segment_id}"
+    if problem.kind == "unindexed":
+        return lambda: "indexed"  # the reindex that follows every repair does it
+    if problem.kind == "corrupt" and salvage and segment and problem.context:
+        context = ContextId.parse(problem.context)
+        return lambda: _salvage(store, context, segment)
+    return None
+
+
+def _set_aside_torn(store: FsStore, session: uuid.UUID, segment: uuid.UUID) -> str:
+    torn = store.set_aside_torn_tail(session, segment)
+    if torn is None:
+        return "already set aside"
+    return f"set aside to {Path(torn.set_aside_to or '').name}"
+
+
+def _salvage(store: FsStore, context: ContextId, segment: uuid.UUID) -> str:
+    done = store.salvage_segment(context, segment)
+    parts = [f"kept {done.kept} entries in new segment {done.new_segment_id}"]
+    if done.side_file is not None:
+        lines = ", ".join(map(str, done.set_aside))
+        parts.append(f"set line(s) {lines} aside to {Path(done.side_file).name}")
+    if done.copies:
+        parts.append(f"copied {len(done.copies)} fork(s) onto it")
+    if done.head is not None:
+        parts.append(f"the head moved to {done.head}")
+    return "; ".join(parts)

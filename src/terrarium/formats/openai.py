@@ -2,9 +2,9 @@
 
 :func:`chat_messages` gives the exact messages the model is sent for a context: the system
 prompt first (when there is one), then every history item with the standard keys only, built
-by :func:`terrarium.model.wire_message`, the function the runtime itself
-sends with. Keys that live in the log only (``reasoning_content``, keys a newer terrarium
-wrote) are left out.
+by :func:`terrarium.model.wire_messages`, the function the runtime itself
+sends with (consecutive user messages, left by a failed turn, go as one). Keys that live in
+the log only (``reasoning_content``, keys a newer terrarium wrote) are left out.
 
 :func:`finetune_lines` writes the chat fine-tuning format: one JSON object per line,
 ``{"messages": [...]}``, one conversation per context. Tool calls and tool results stay in
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, TypeAlias
 
 from terrarium.formats.jsonl import Transcript, load_transcript
-from terrarium.model import ContextId, RestoredState, wire_message
+from terrarium.model import ContextId, RestoredState, wire_messages
 from terrarium.stores.base import Store
 
 DateBound: TypeAlias = dt.date | dt.datetime | str
@@ -31,11 +31,7 @@ DateBound: TypeAlias = dt.date | dt.datetime | str
 
 def chat_messages(state: RestoredState) -> list[dict[str, Any]]:
     """The messages the model is sent for ``state``: system prompt first, standard keys only."""
-    messages: list[dict[str, Any]] = (
-        [{"role": "system", "content": state.system_prompt}] if state.system_prompt else []
-    )
-    messages.extend(wire_message(item) for item in state.history)
-    return messages
+    return wire_messages(state.system_prompt, state.history)
 
 
 def export_context(store: Store, context: ContextId | str) -> str:

@@ -14,12 +14,31 @@ Layout under the root (``./sessions`` by default)::
     .locks/turn/cli/main              per-context lock for callers (a manager's turn)
     .locks/head/cli/main              per-context lock for create, delete, head moves
     .trash/                           folders being deleted; the next delete clears leftovers
+    .trash/legacy/                    deleted legacy JSON files (terrarium.legacy); kept
     .index/search.db                  full-text search and listing index (derived)
     .index/dirty/{session uuid}       "this session changed" markers for that index
 
 Names are encoded with :func:`terrarium.model.encode_name`, so no context name can escape the
-root, and safe names (``#python``) stay readable. The index is derived: ``reindex()`` rebuilds
-it from the ``head.json`` files, which are the truth.
+root, and safe names (``#python``) stay readable. Every file is created ``0600`` and every
+folder ``0700`` (:mod:`terrarium.stores._files`).
+
+**The segments are the truth; everything else is derived.** ``.index/`` is rebuilt from the
+folders (``reindex()``), and a context whose index entry is missing is found by looking in its
+type's date folders before it is ever taken to be new. ``head.json`` is derived too: a folder
+without one (a power cut in ``flush`` mode, a partial restore from a backup) has its head
+rebuilt from its segments by :func:`head_from_segments` (the newest segment, by UUIDv7, whose
+chain of headers is intact). A read rebuilds it in memory only; a write to the context, a
+``reindex()`` and ``terrarium fsck --repair`` write it. Nothing ever removes a folder that holds
+segments except ``delete_context``.
+
+**Reads never write.** Reading a segment changes no byte of any file: a torn tail is reported
+(:class:`~terrarium.model.TornTail` with ``set_aside_to=None``) and skipped; the next append to
+that segment, or :meth:`FsStore.set_aside_torn_tail` (``fsck --repair``), sets it aside.
+
+**Nothing outside the root.** Every folder is checked to resolve inside the root before it is
+used, index entries must name the ``{type}/{date}/{name}`` folder of their own context, and
+files are opened with ``O_NOFOLLOW``: a symbolic link inside the store is refused, never
+followed.
 
 **Appends.** Each append is one ``write(2)`` of whole lines to a file opened ``O_APPEND``, made
 under an exclusive ``flock`` on that file: writers in many processes never interleave inside a
@@ -28,24 +47,27 @@ multi-entry append are framed by :func:`terrarium.codec.encode_lines` (all but t
 ``" \\n"``), so a crash after some of its lines leaves a torn tail like any other. The writer
 keeps the file's size and next seq from its last append; when another process has appended
 since (the size differs), it re-reads only the file's last line. File descriptors are cached
-(LRU), so an append costs a lock, an ``fstat`` and a ``write``.
+(LRU), so an append costs a lock, an ``fstat`` and a ``write``. A new segment appears whole
+(written beside it, then hard-linked into place), never empty or with half a header.
 
 **Durability.** ``durability="flush"`` (the default) hands each append to the kernel before
 acknowledging it: it survives the death of the process (``kill -9``), not a power cut, at the
 cost of a write (~3 µs). ``"fsync"`` adds an ``fdatasync`` per append (~135 µs here) and
 survives power loss. ``"batch"`` acknowledges at once and ``fdatasync``s dirty segments every
 ``batch_interval`` seconds from a background thread: a power cut loses at most that window.
+New files, heads and index entries are fsynced (with their folders) in ``fsync`` and ``batch``
+modes, which promise to survive a power cut; ``flush`` does not promise that, and a head it
+loses to one is rebuilt from the segments.
 
 **Search.** :meth:`FsStore.search` and :meth:`FsStore.list_contexts_fast` read a derived SQLite
 FTS5 index that is brought up to date on use; writers only leave a marker file per changed
 session (see :mod:`terrarium.stores.fs_search`).
 
 **Torn tails.** A writer killed mid-``write`` (or a full disk) can leave bytes after the last
-complete append (:func:`terrarium.codec.split_complete`). A reader that sees them takes the
-file's lock (so it never mistakes a write in progress for a torn one), copies the bytes to
-``{segment}.jsonl.torn-{offset}``, truncates them away and reports a
-:class:`~terrarium.model.TornTail`; a writer that finds them does the same (and logs it) before
-it appends. A short write is rolled back by the writer itself before it raises.
+complete append (:func:`terrarium.codec.split_complete`). A writer that finds them copies them
+to ``{segment}.jsonl.torn-{offset}`` and truncates them away under the file's lock (and logs
+it) before it appends. A short write is rolled back by the writer itself before it raises. A
+segment whose header line is incomplete is damaged, not torn: it is reported, never moved.
 """
 
 from __future__ import annotations
@@ -57,12 +79,14 @@ import logging
 import math
 import mmap
 import os
+import re
 import shutil
+import stat
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,9 +108,19 @@ from terrarium.model import (
     TornTail,
     TraceEntry,
     decode_name,
+    new_segment_id,
+    new_session_id,
     utc_now,
 )
-from terrarium.stores import fs_search
+from terrarium.stores import _db, fs_search
+from terrarium.stores._files import (
+    fsync_dir,
+    listdir,
+    make_dirs,
+    open_private,
+    write_all,
+    write_atomic,
+)
 from terrarium.stores.base import (
     NewEntry,
     PodMetadata,
@@ -107,10 +141,14 @@ DURABILITIES: tuple[str, ...] = ("flush", "fsync", "batch")
 _INDEX = ".index"
 _LOCKS = ".locks"
 _TRASH = ".trash"
+LEGACY_TRASH = Path(_TRASH, "legacy")
+"""Where deleted legacy JSON files wait (:func:`terrarium.legacy.trash`); never emptied."""
 _HEAD = "head.json"
 _SEGMENT_SUFFIX = ".jsonl"
 _TRACE_SUFFIX = ".trace.jsonl"
 _MAX_OPEN = 256
+_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass
@@ -124,6 +162,38 @@ class _Open:
     dirty: bool = False
     marked: float = -math.inf
     """When an append last left the search index's dirty marker (monotonic seconds)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Salvage:
+    """What :meth:`FsStore.salvage_segment` did."""
+
+    segment_id: SegmentId
+    """The damaged segment (left as it was)."""
+    new_segment_id: SegmentId
+    """The segment holding every entry of it that could be read."""
+    kept: int
+    """Entries copied into the new segment."""
+    set_aside: list[int]
+    """Line numbers of the damaged segment whose bytes went to ``side_file``."""
+    side_file: str | None
+    """Where the bytes that could not be read were copied."""
+    copies: dict[SegmentId, SegmentId]
+    """Forks of the damaged segment (and theirs), each copied onto the new one: old -> new."""
+    head: SegmentId | None
+    """Where the head moved, if it was on the damaged segment or one of its forks."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContextFolder:
+    """A folder of the tree that holds a context's files, as a walk of the tree finds it."""
+
+    context: ContextId
+    folder: Path
+    head: PodMetadata | None
+    """Its head record (read, or rebuilt from the segments), or None if neither works."""
+    problem: str | None = None
+    """Why the head is not as stored: one line naming the file, or None when it is."""
 
 
 class FsStore:
@@ -148,7 +218,9 @@ class FsStore:
         self.root = Path(root).absolute()
         self.durability = durability
         self.batch_interval = batch_interval
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.root)
+        self._real_root = os.path.realpath(self.root)
+        self._inside_cache: set[Path] = set()
         self._lock = threading.RLock()
         self._open: OrderedDict[SegmentId, _Open] = OrderedDict()
         self._folders: dict[SessionId, Path] = {}
@@ -170,75 +242,324 @@ class FsStore:
     def _session_index_path(self, session_id: SessionId) -> Path:
         return self.root / _INDEX / "sessions" / str(session_id)
 
+    def _inside(self, folder: Path) -> Path:
+        """Return ``folder`` if it resolves inside the root (links and all); else refuse.
+
+        Checks that succeed are remembered: a folder of the tree is checked once a process.
+        """
+        if folder in self._inside_cache:
+            return folder
+        real = os.path.realpath(folder)
+        if real != self._real_root and not real.startswith(self._real_root + os.sep):
+            raise StoreError(
+                f"{folder} leads outside the store (to {real}): terrarium never follows a "
+                "link out of its root"
+            )
+        self._inside_cache.add(folder)
+        return folder
+
+    def _sync(self) -> bool:
+        """Whether this durability mode fsyncs new files, heads and index entries."""
+        return self.durability != "flush"
+
     def folder_of(self, context: ContextId) -> Path | None:
         """The folder holding the context's files, or None if the context does not exist."""
+        found = self._locate(context)
+        return found.folder if found is not None else None
+
+    def _locate(self, context: ContextId) -> ContextFolder | None:
+        """Find the context's folder and head.
+
+        Reads the index; where it has no entry (or a stale or invalid one), looks for the
+        folder in the type's date folders, and re-indexes what it finds, so a lost index
+        never makes a context look new.
+        """
         try:
-            folder = self.root / _read_pointer(self._index_path(context))
+            folder = self._pointer_folder(self._index_path(context), context)
+        except FileNotFoundError:
+            pass
+        except StoreError as exc:
+            log.warning("%s", exc)
+        else:
+            found = self._context_folder(context, folder.parent)
+            if found is not None:
+                return found
+        found = self._find_folder(context)
+        if found is not None:
+            self._index_best_effort(context, found.folder, found.head)
+        return found
+
+    def indexed_folder(self, context: ContextId) -> Path | None:
+        """The folder the index names for ``context`` (None if it names none); reads only.
+
+        Raises:
+            CorruptLog: the index entry is unreadable or names a folder not the context's.
+            StoreError: that folder leads outside the root.
+        """
+        try:
+            return self._pointer_folder(self._index_path(context), context)
         except FileNotFoundError:
             return None
-        return folder if (folder / _HEAD).exists() else None
+
+    def _pointer_folder(self, pointer: Path, context: ContextId | None) -> Path:
+        """The folder an index entry names, checked to be that context's folder in the root."""
+        rel, named = _read_pointer(pointer)
+        try:
+            owner = ContextId.parse(named) if context is None else context
+        except ValueError:
+            raise CorruptLog(f"{pointer}: names no valid context; run reindex") from None
+        parts = rel.split("/")
+        if (
+            len(parts) != 3
+            or parts[0] != owner.type
+            or parts[2] != owner.encoded_name
+            or not _DATE_RE.fullmatch(parts[1])
+        ):
+            raise CorruptLog(
+                f"{pointer}: names folder {rel!r}, which is not a folder of {owner}; "
+                "run reindex to rebuild the index"
+            )
+        return self._inside(self.root.joinpath(*parts))
+
+    def _find_folder(self, context: ContextId) -> ContextFolder | None:
+        """Look for ``context`` in its type's date folders (when the index has no entry).
+
+        Two folders can hold one context only if an older terrarium split it after losing its
+        index; the most recently active one is taken and ``fsck`` reports the other.
+        """
+        type_dir = self.root / context.type
+        if not _real_dir(type_dir):
+            return None
+        found = [
+            entry
+            for date in sorted(listdir(type_dir))
+            if _DATE_RE.fullmatch(date) and _real_dir(type_dir / date)
+            for entry in [self._context_folder(context, type_dir / date)]
+            if entry is not None
+        ]
+        if not found:
+            return None
+        return max(found, key=lambda e: e.head.updated_at if e.head is not None else "")
+
+    def _context_folder(self, context: ContextId, parent: Path) -> ContextFolder | None:
+        """``parent/{name}`` as the context's folder, if it is one (a folder, not a link).
+
+        A folder whose head names another context (``cli:Main`` on a case-insensitive disk
+        where ``cli:main`` lives) is not this context's. A folder whose head can be neither
+        read nor rebuilt is returned with its problem: it is damaged, not missing.
+        """
+        folder = parent / context.encoded_name
+        try:
+            head, problem = self._head_in(folder, context)
+        except FileNotFoundError:
+            return None  # no head.json and no segment: not a context folder
+        except CorruptLog as exc:
+            return ContextFolder(context, self._inside(folder), None, str(exc))
+        if head.context != str(context):
+            return None
+        return ContextFolder(context, self._inside(folder), head, problem)
+
+    def _index_best_effort(
+        self, context: ContextId, folder: Path, head: PodMetadata | None
+    ) -> None:
+        """Index a context found in the folders: derived state, so failing to is no error.
+
+        If the whole index is gone, all of it is rebuilt (heads are not written: a read never
+        writes a head); else this context's entries are.
+        """
+        try:
+            if not (self.root / _INDEX / "contexts").is_dir():
+                self._rebuild_index(write_heads=False)
+            elif head is not None:
+                self._write_index(context, head.session_id, folder.relative_to(self.root))
+        except OSError as exc:  # a read-only store: the walk works, the index stays stale
+            log.debug("could not index %s: %s", context, exc)
 
     def _session_folder(self, session_id: SessionId) -> Path:
         folder = self._folders.get(session_id)
         if folder is not None:
             return folder
         try:
-            folder = self.root / _read_pointer(self._session_index_path(session_id))
+            folder = self._pointer_folder(self._session_index_path(session_id), None)
         except FileNotFoundError:
-            raise SegmentNotFound(f"session {session_id} does not exist") from None
+            folder = None
+        if folder is None or not _holds_context(folder):
+            folder = self._find_session(session_id)
         self._folders[session_id] = folder
         return folder
+
+    def _find_session(self, session_id: SessionId) -> Path:
+        """Walk the tree for the folder of ``session_id`` (its index entry is lost)."""
+        for entry in self.walk():
+            if entry.head is not None and entry.head.session_id == session_id:
+                self._index_best_effort(entry.context, entry.folder, entry.head)
+                return entry.folder
+        raise SegmentNotFound(f"session {session_id} does not exist")
 
     def _segment_path(self, session_id: SessionId, segment_id: SegmentId) -> Path:
         return self._session_folder(session_id) / f"{segment_id}{_SEGMENT_SUFFIX}"
 
+    def walk(self) -> Iterator[ContextFolder]:
+        """Every context folder of the tree, read from the files (not the index).
+
+        Folders are visited in ``{type}/{date}/{name}`` order; links are never followed.
+        What is not a context folder (legacy ``.json`` files, stray files) is skipped.
+        """
+        for kind in sorted(listdir(self.root)):
+            if kind.startswith(".") or not _real_dir(self.root / kind):
+                continue
+            for date in sorted(listdir(self.root / kind)):
+                if not _DATE_RE.fullmatch(date) or not _real_dir(self.root / kind / date):
+                    continue
+                for encoded in sorted(listdir(self.root / kind / date)):
+                    try:
+                        context = ContextId(kind, decode_name(encoded))
+                    except ValueError:
+                        continue
+                    if context.encoded_name != encoded:
+                        continue  # not a name this store writes
+                    try:
+                        entry = self._context_folder(context, self.root / kind / date)
+                    except StoreError as exc:  # a link out of the root, say: reported
+                        folder = self.root / kind / date / encoded
+                        entry = ContextFolder(context, folder, None, str(exc))
+                    if entry is not None:
+                        yield entry
+
     # ---------------------------------------------------------------- heads
 
     def get_head(self, context: ContextId) -> PodMetadata | None:
-        """Return the context's head record, or None."""
-        folder = self.folder_of(context)
-        if folder is None:
+        """Return the context's head record, or None.
+
+        A missing or unreadable ``head.json`` is rebuilt from the segments, in memory only.
+
+        Raises:
+            CorruptLog: the head cannot be read and no segment chain is intact to rebuild it.
+        """
+        found = self._locate(context)
+        if found is None:
             return None
+        if found.head is None:
+            raise CorruptLog(found.problem or f"{found.folder}: damaged")
+        if found.problem is not None:
+            log.warning("%s", found.problem)
+        self._folders.setdefault(found.head.session_id, found.folder)
+        return found.head
+
+    def _head_in(self, folder: Path, context: ContextId) -> tuple[PodMetadata, str | None]:
+        """The head of ``folder``, and why it was rebuilt if ``head.json`` is unreadable.
+
+        Raises:
+            FileNotFoundError: ``folder`` holds neither a ``head.json`` nor a segment.
+            CorruptLog: the head can be neither read nor rebuilt.
+        """
+        path = folder / _HEAD
         try:
-            return _read_head(folder / _HEAD)
-        except FileNotFoundError:
-            return None
+            head = _read_head(path)
+            if (folder / f"{head.segment_id}{_SEGMENT_SUFFIX}").exists():
+                return head, None
+            problem = f"{path}: names segment {head.segment_id}, which is not there"
+        except (FileNotFoundError, NotADirectoryError):
+            if not _real_dir(folder) or not _segment_ids(folder):
+                raise FileNotFoundError(f"{folder} holds no context") from None
+            return head_from_segments(folder), None
+        except (CorruptLog, StoreError) as exc:
+            problem = str(exc)
+        try:
+            return head_from_segments(folder), f"{problem}; rebuilt from the segments"
+        except CorruptLog as exc:
+            raise CorruptLog(f"{problem}; and it cannot be rebuilt: {exc}") from None
+
+    def _persist_head(self, folder: Path, context: ContextId) -> PodMetadata:
+        """Read the head, writing it back if it had to be rebuilt. Hold the head lock."""
+        head, problem = self._head_in(folder, context)
+        path = folder / _HEAD
+        if problem is not None or not path.exists():
+            self._write_head(path, head, unreadable=problem is not None)
+            log.warning("%s: rebuilt from the segments (head is %s)", path, head.segment_id)
+        return head
+
+    def _write_head(self, path: Path, head: PodMetadata, *, unreadable: bool) -> None:
+        """Replace ``head.json``; an unreadable one is first set aside, never lost."""
+        if unreadable and path.exists():
+            _set_aside(path, "unreadable")
+        write_atomic(path, codec.encode(_head_dict(head)), sync=self._sync())
 
     def set_head(
         self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
     ) -> PodMetadata:
         """Move the head if it is ``expected`` now (compare-and-set under the context lock)."""
         with self._head_lock(context):
-            head = self.get_head(context)
-            if head is None:
+            folder = self.folder_of(context)
+            if folder is None:
                 raise ContextNotFound(f"context {context} does not exist")
+            head, problem = self._head_in(folder, context)
             if head.segment_id != expected:
                 raise ConflictError(
                     f"head of {context} is {head.segment_id}, not {expected}: it moved"
                 )
-            folder = self._session_folder(head.session_id)
             if not (folder / f"{segment_id}{_SEGMENT_SUFFIX}").exists():
                 raise SegmentNotFound(f"segment {segment_id} is not in {context}'s session")
             new = PodMetadata(head.context, head.session_id, segment_id, head.created_at, utc_now())
-            self._write_atomic(folder / _HEAD, codec.encode(_head_dict(new)))
+            self._write_head(folder / _HEAD, new, unreadable=problem is not None)
             self._mark(head.session_id)
             return new
 
+    def rebuild_head(self, context: ContextId) -> PodMetadata:
+        """Write the context's ``head.json`` from its segments if it is missing or unreadable.
+
+        An unreadable one is first set aside (``head.json.unreadable-{n}``), never deleted.
+
+        Raises:
+            ContextNotFound: no folder holds the context.
+            CorruptLog: no segment chain is intact to rebuild it from.
+        """
+        with self._head_lock(context):
+            folder = self.folder_of(context)
+            if folder is None:
+                raise ContextNotFound(f"context {context} does not exist")
+            return self._persist_head(folder, context)
+
     def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
-        """Every head record, sorted by context id (reads the index, walks no date folders)."""
+        """Every head record, sorted by context id (reads the index, walks no date folders).
+
+        When the index is gone, the tree is walked instead (and the index rebuilt if the store
+        is writable); a head that cannot be read or rebuilt is logged and left out.
+        """
         base = self.root / _INDEX / "contexts"
-        types = [type] if type is not None else sorted(_listdir(base))
+        if not base.is_dir():
+            try:
+                self._rebuild_index(write_heads=False)
+            except OSError:  # a read-only store: read the folders themselves
+                return self._walked_heads(type)
+        types = [type] if type is not None else sorted(listdir(base))
         heads: list[PodMetadata] = []
         for kind in types:
-            for encoded in sorted(_listdir(base / kind)):
+            for encoded in sorted(listdir(base / kind)):
                 try:
                     context = ContextId(kind, decode_name(encoded))
+                    head = self.get_head(context)
                 except ValueError:
                     continue
-                head = self.get_head(context)
+                except (CorruptLog, StoreError) as exc:
+                    log.warning("%s", exc)
+                    continue
                 if head is not None:
                     heads.append(head)
         return sorted(heads, key=lambda h: ContextId.parse(h.context))
+
+    def _walked_heads(self, type: str | None) -> list[PodMetadata]:
+        heads: dict[ContextId, PodMetadata] = {}
+        for entry in self.walk():
+            if type is not None and entry.context.type != type:
+                continue
+            if entry.head is None:
+                log.warning("%s", entry.problem)
+            elif entry.context not in heads or heads[entry.context].updated_at < (
+                entry.head.updated_at
+            ):
+                heads[entry.context] = entry.head
+        return [heads[context] for context in sorted(heads)]
 
     # ---------------------------------------------------------------- contexts
 
@@ -248,76 +569,116 @@ class FsStore:
         This is the callers' lock (the manager holds it for a whole turn). The store's own
         create, delete and head moves take a separate, brief lock, so they work inside it.
         """
-        return file_lock(self.root / _LOCKS / "turn" / context.type / context.encoded_name)
+        return self._file_lock("turn", context)
 
     def _head_lock(self, context: ContextId) -> AbstractContextManager[None]:
-        return file_lock(self.root / _LOCKS / "head" / context.type / context.encoded_name)
+        return self._file_lock("head", context)
+
+    def _file_lock(self, kind: str, context: ContextId) -> AbstractContextManager[None]:
+        folder = self._inside(self.root / _LOCKS / kind / context.type)
+        make_dirs(folder)
+        return file_lock(folder / context.encoded_name)
 
     def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
-        """Create the context's folder, root segment, head and index entries."""
+        """Create the context's folder, root segment, head and index entries.
+
+        A folder that already holds the context (whether or not the index knows it, whether
+        or not it has a ``head.json``) is never replaced: its head is rebuilt if needed, it is
+        indexed, and ``ContextExists`` is raised.
+        """
         line = header_line(header)
         session_id = uuid.UUID(str(line["session_id"]))
         segment_id = uuid.UUID(str(line["segment_id"]))
         created = str(line["ts"])
         with self._head_lock(context):
-            if self.get_head(context) is not None:
-                raise ContextExists(f"context {context} already exists")
+            existing = self.folder_of(context)
+            if existing is not None:
+                self._adopt(context, existing)
             rel = Path(context.type) / created[:10] / context.encoded_name
-            folder = self.root / rel
-            if (folder / _HEAD).exists():
-                # The context is there but the index lost it (a crash before the index write,
-                # or a deleted .index): head.json is the truth, so index it, never trash it.
-                existing = _read_head(folder / _HEAD)
-                self._write_index(context, existing.session_id, rel)
-                raise ContextExists(f"context {context} already exists (in {folder})")
-            if folder.exists():  # left by a crash between mkdir and the head write
-                self._trash(folder)
-            folder.mkdir(parents=True)
+            folder = self._inside(self.root / rel)
+            if _holds_context(folder):  # another context's: a case-insensitive disk
+                raise ContextExists(f"context {context} would share {folder} with another")
+            make_dirs(folder)
             self._write_new(folder / f"{segment_id}{_SEGMENT_SUFFIX}", codec.encode_line(line))
             head = PodMetadata(str(context), session_id, segment_id, created, created)
-            self._write_atomic(folder / _HEAD, codec.encode(_head_dict(head)))
+            write_atomic(folder / _HEAD, codec.encode(_head_dict(head)), sync=self._sync())
             self._write_index(context, session_id, rel)
             self._folders[session_id] = folder
             self._mark(session_id)
             return head
 
+    def _adopt(self, context: ContextId, folder: Path) -> None:
+        """A create found the context's folder: write its head if lost, index it, refuse."""
+        try:
+            head = self._persist_head(folder, context)
+        except CorruptLog as exc:
+            raise ContextExists(
+                f"context {context} already exists but is damaged ({exc}); "
+                "run 'terrarium fsck' to see what is wrong"
+            ) from None
+        self._write_index(context, head.session_id, folder.relative_to(self.root))
+        raise ContextExists(f"context {context} already exists (in {folder})")
+
     def _write_index(self, context: ContextId, session_id: SessionId, rel: Path) -> None:
         pointer = codec.encode({"path": rel.as_posix(), "context": str(context)})
-        self._write_atomic(self._session_index_path(session_id), pointer)
-        self._write_atomic(self._index_path(context), pointer)
+        for path in (self._session_index_path(session_id), self._index_path(context)):
+            make_dirs(self._inside(path.parent))
+            write_atomic(path, pointer, sync=self._sync())
 
     def delete_context(self, context: ContextId) -> bool:
-        """Delete the context: its index entries first, then its folder via ``.trash``."""
+        """Delete the context: its index entries first, then its folder via ``.trash``.
+
+        A context whose head cannot be read or rebuilt (a damaged folder) is deleted too.
+        """
         with self._head_lock(context):
-            head = self.get_head(context)
             folder = self.folder_of(context)
-            if head is None or folder is None:
+            if folder is None:
                 return False
+            try:
+                session_id: SessionId | None = self._head_in(folder, context)[0].session_id
+            except CorruptLog:
+                session_id = None
             with self._lock:
                 for segment_id, handle in list(self._open.items()):
-                    if handle.session_id == head.session_id:
+                    if handle.session_id == session_id:
                         self._forget(segment_id)
-                self._folders.pop(head.session_id, None)
+                if session_id is not None:
+                    self._folders.pop(session_id, None)
             self._index_path(context).unlink(missing_ok=True)
-            self._session_index_path(head.session_id).unlink(missing_ok=True)
+            if session_id is not None:
+                self._session_index_path(session_id).unlink(missing_ok=True)
             self._trash(folder)
-            self._mark(head.session_id)
+            if session_id is not None:
+                self._mark(session_id)
             return True
 
     def _trash(self, folder: Path) -> None:
-        trash = self.root / _TRASH / uuid.uuid4().hex
-        trash.parent.mkdir(parents=True, exist_ok=True)
+        trash_dir = self._inside(self.root / _TRASH)
+        make_dirs(trash_dir)
+        self._inside(folder)
+        trash = trash_dir / uuid.uuid4().hex
         os.rename(folder, trash)
         # Also what a process killed mid-delete left (another deleter may share the work).
-        for leftover in _listdir(trash.parent):
-            shutil.rmtree(trash.parent / leftover, ignore_errors=True)
+        for leftover in listdir(trash_dir):
+            if leftover != LEGACY_TRASH.name:
+                shutil.rmtree(trash_dir / leftover, ignore_errors=True)
 
     # ---------------------------------------------------------------- segments
 
     def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
-        """Write a new segment file holding only its header."""
+        """Write a new segment file holding only its header.
+
+        If the session's ``head.json`` is missing, it is rebuilt first: the new segment is
+        the newest, and a head rebuilt after it would wrongly move onto it.
+        """
         line = header_line(header)
-        path = self._segment_path(session_id, uuid.UUID(str(line["segment_id"])))
+        folder = self._session_folder(session_id)
+        if not (folder / _HEAD).exists():
+            with contextlib.suppress(CorruptLog, ValueError):
+                context = ContextId.parse(head_from_segments(folder).context)
+                with self._head_lock(context):
+                    self._persist_head(folder, context)
+        path = folder / f"{uuid.UUID(str(line['segment_id']))}{_SEGMENT_SUFFIX}"
         try:
             self._write_new(path, codec.encode_line(line))
         except FileExistsError:
@@ -342,7 +703,7 @@ class FsStore:
                 if st.st_nlink == 0:
                     raise SegmentNotFound(f"segment {segment_id} was deleted")
                 if st.st_size != handle.size:
-                    handle.size, handle.next_seq = self._scan_tail(session_id, segment_id, fd)
+                    handle.size, handle.next_seq, _ = self._scan_tail(session_id, segment_id, fd)
                 first = handle.next_seq
                 if expected_seq is not None and expected_seq != first:
                     raise ConflictError(
@@ -370,48 +731,162 @@ class FsStore:
 
     def _write_all(self, fd: int, data: bytes, size: int, segment_id: SegmentId) -> None:
         """Write ``data`` fully or roll the file back to ``size`` and raise."""
-        view = memoryview(data)
         try:
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            write_all(fd, data)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, size)
-            reason = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc
-            raise StoreError(f"append to segment {segment_id} failed: {reason}") from exc
+            raise StoreError(f"append to segment {segment_id} failed: {_os_reason(exc)}") from exc
 
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
     ) -> SegmentRead:
-        """Read and decode a segment; set aside a torn tail if there is one."""
+        """Read and decode a segment. Changes nothing: a torn tail is reported, not moved."""
         path = self._segment_path(session_id, segment_id)
+        fd = _open_segment(path, os.O_RDONLY, segment_id)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise SegmentNotFound(f"segment {segment_id} does not exist ({path})") from None
-        lines: list[dict[str, Any]] | None = None
-        try:
-            size = os.fstat(fd).st_size
-            if size:
-                # Decoding straight from a memory map saves copying the file. Only bytes up to
-                # the end of the last complete append are read, and a torn-tail repair never
-                # truncates below that, so the map never points past the end of the file.
-                with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
-                    if codec.complete_end(mm) == size:
-                        lines = codec.decode_lines(mm, where=str(path), first_seq=0)
+            buf, torn = _read_complete(fd, path, segment_id)
+            try:
+                lines = codec.decode_lines(buf, where=str(path), first_seq=0)
+            finally:
+                if isinstance(buf, mmap.mmap):
+                    buf.close()
         finally:
             os.close(fd)
-        torn = None
-        if lines is None:
-            # Maybe a write in progress: only the file lock tells a torn tail from a live one.
-            torn, buf = self._set_aside_torn(path, segment_id)
-            complete, _ = codec.split_complete(buf)
-            lines = codec.decode_lines(complete, where=str(path), first_seq=0)
         if not lines or lines[0].get("kind") != "header":
             raise CorruptLog(f"{path}:1: the first line is not a segment header")
         stop = len(lines) if stop_seq is None else min(stop_seq + 1, len(lines))
         return SegmentRead(lines[0], lines[1:stop], next_seq=len(lines), torn=torn)
+
+    def set_aside_torn_tail(self, session_id: SessionId, segment_id: SegmentId) -> TornTail | None:
+        """Move a torn tail of the segment to a side file (``fsck --repair``); None if none.
+
+        Raises:
+            CorruptLog: the segment is damaged (its header line is incomplete): nothing moved.
+        """
+        with self._lock:
+            handle = self._handle(session_id, segment_id)
+            fcntl.flock(handle.fd, fcntl.LOCK_EX)
+            try:
+                handle.size, handle.next_seq, torn = self._scan_tail(
+                    session_id, segment_id, handle.fd
+                )
+            finally:
+                fcntl.flock(handle.fd, fcntl.LOCK_UN)
+        return torn
+
+    def salvage_segment(self, context: ContextId, segment_id: SegmentId) -> Salvage:
+        """Copy every readable entry of a damaged segment into a new segment of its session.
+
+        Lines that cannot be read (not JSON, no seq or kind, a seq that does not move forward,
+        a torn tail) are copied to ``{segment}.jsonl.corrupt-{n}``; every other entry keeps its
+        order, renumbered. The new segment's header is the old one's (or, if that is what is
+        damaged, a root header), marked ``salvaged_from``. Forks of the damaged segment are
+        copied onto the new one at the same entries, and the head moves along. Nothing is
+        rewritten or removed: the damaged file stays as it was. Running it again finishes an
+        interrupted salvage instead of starting another.
+
+        Raises:
+            ContextNotFound: no folder holds ``context``.
+            StoreError: the segment has nothing to salvage, or a fork of it is damaged too.
+            FormatVersionError: a line is of a newer format (upgrade, do not salvage).
+        """
+        with self.lock_context(context), self._head_lock(context):
+            folder = self.folder_of(context)
+            if folder is None:
+                raise ContextNotFound(f"context {context} does not exist")
+            session_id = _session_of(folder)
+            path = folder / f"{segment_id}{_SEGMENT_SUFFIX}"
+            header, entries, bad = _readable_lines(_read_file(path), str(path))
+            if not bad and header is not None:
+                raise StoreError(f"{path}: no damaged line to salvage")
+            done = salvaged_into(folder)
+            side = None  # an interrupted salvage wrote it before its new segment
+            if bad and segment_id not in done:
+                lost = b"".join(line + b"\n" for _, line in bad)
+                side = _write_side(path, lost, lambda n: f"corrupt-{n}")
+            fallback = {"session_id": str(session_id), "context": str(context)}
+            new_id, seqs = self._salvage_copy(folder, segment_id, header, entries, done, fallback)
+            copies = self._copy_forks(folder, segment_id, new_id, seqs, done)
+            copies[segment_id] = new_id
+            head, problem = self._head_in(folder, context)
+            moved = copies.get(head.segment_id)
+            if moved is not None:
+                new = PodMetadata(head.context, head.session_id, moved, head.created_at, utc_now())
+                self._write_head(folder / _HEAD, new, unreadable=problem is not None)
+            elif problem is not None or not (folder / _HEAD).exists():
+                self._write_head(folder / _HEAD, head, unreadable=problem is not None)
+            self._folders[session_id] = folder
+            self._mark(session_id)
+            del copies[segment_id]
+            return Salvage(
+                segment_id, new_id, len(entries), [n for n, _ in bad], side, copies, moved
+            )
+
+    def _salvage_copy(
+        self,
+        folder: Path,
+        old: SegmentId,
+        header: dict[str, Any] | None,
+        entries: list[dict[str, Any]],
+        done: Mapping[SegmentId, SegmentId],
+        fallback: Mapping[str, str],
+    ) -> tuple[SegmentId, dict[int, int]]:
+        """Write the salvage of ``old`` (or find the one an interrupted run wrote)."""
+        seqs = {int(entry["seq"]): number for number, entry in enumerate(entries, start=1)}
+        if old in done:
+            return done[old], seqs
+        new_id = new_segment_id()
+        base = header if header is not None else _root_header(fallback)
+        lines = [{**base, "segment_id": str(new_id), "salvaged_from": str(old)}]
+        lines += [{**entry, "seq": number} for number, entry in enumerate(entries, start=1)]
+        self._write_whole(folder / f"{new_id}{_SEGMENT_SUFFIX}", lines)
+        return new_id, seqs
+
+    def _copy_forks(
+        self,
+        folder: Path,
+        old: SegmentId,
+        new: SegmentId,
+        seqs: Mapping[int, int],
+        done: Mapping[SegmentId, SegmentId],
+    ) -> dict[SegmentId, SegmentId]:
+        """Copy each fork of ``old`` onto ``new`` at the same entry, and theirs onto those."""
+        copies: dict[SegmentId, SegmentId] = {}
+        for child in _segment_ids(folder):
+            path = folder / f"{child}{_SEGMENT_SUFFIX}"
+            try:
+                header = _read_header(path)
+            except StoreError:
+                continue
+            origin = header.get("origin") or {}
+            if header.get("history") is not None or origin.get("parent") != str(old):
+                continue
+            if "salvaged_from" in header:
+                continue
+            read = codec.decode_lines(_read_complete_bytes(path), where=str(path), first_seq=0)
+            at = int(origin.get("at_seq") or 0)
+            at_new = max((n for o, n in seqs.items() if o <= at), default=0)
+            if child in done:
+                copy = done[child]
+            else:
+                copy = new_segment_id()
+                head = {
+                    **read[0],
+                    "segment_id": str(copy),
+                    "salvaged_from": str(child),
+                    "origin": {**origin, "parent": str(new), "at_seq": at_new},
+                }
+                self._write_whole(folder / f"{copy}{_SEGMENT_SUFFIX}", [head, *read[1:]])
+            copies[child] = copy
+            own = {int(e["seq"]): int(e["seq"]) for e in read[1:]}
+            copies.update(self._copy_forks(folder, child, copy, own, done))
+        return copies
+
+    def _write_whole(self, path: Path, lines: Sequence[Mapping[str, Any]]) -> None:
+        """Create a segment file from whole lines, durably (a repair is rare; make it last)."""
+        data = b"".join(codec.encode_line(dict(line)) for line in lines)
+        self._write_new(path, data, sync=True)
 
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
         """The seq the next append gets (reads the file's last line only)."""
@@ -420,7 +895,7 @@ class FsStore:
             fcntl.flock(handle.fd, fcntl.LOCK_EX)
             try:
                 if os.fstat(handle.fd).st_size != handle.size:
-                    handle.size, handle.next_seq = self._scan_tail(
+                    handle.size, handle.next_seq, _ = self._scan_tail(
                         session_id, segment_id, handle.fd
                     )
                 return handle.next_seq
@@ -429,13 +904,7 @@ class FsStore:
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
         """The session's segment ids, oldest first (UUIDv7 order)."""
-        folder = self._session_folder(session_id)
-        ids = []
-        for name in _listdir(folder):
-            if name.endswith(_SEGMENT_SUFFIX) and not name.endswith(_TRACE_SUFFIX):
-                with contextlib.suppress(ValueError):
-                    ids.append(uuid.UUID(name[: -len(_SEGMENT_SUFFIX)]))
-        return sorted(ids)
+        return _segment_ids(self._session_folder(session_id))
 
     def append_trace(
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
@@ -446,9 +915,9 @@ class FsStore:
             raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
         path = folder / f"{segment_id}{_TRACE_SUFFIX}"
         data = b"".join(codec.encode_line(e.to_dict()) for e in entries)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
         try:
-            os.write(fd, data)
+            write_all(fd, data)
         finally:
             os.close(fd)
 
@@ -456,7 +925,7 @@ class FsStore:
         """The segment's debug trace (a torn last line is skipped: traces are best effort)."""
         path = self._session_folder(session_id) / f"{segment_id}{_TRACE_SUFFIX}"
         try:
-            complete, _ = codec.split_complete(path.read_bytes())
+            complete, _ = codec.split_complete(_read_file(path))
         except FileNotFoundError:
             return []
         return [codec.decode(line) for line in complete.splitlines() if line.strip()]
@@ -485,38 +954,59 @@ class FsStore:
     # ---------------------------------------------------------------- index
 
     def reindex(self) -> int:
-        """Rebuild ``.index`` from the ``head.json`` files; return the contexts indexed."""
-        count = 0
-        fresh = self.root / _INDEX / f"new-{uuid.uuid4().hex}"
-        for head_path in sorted(self.root.glob(f"*/*/*/{_HEAD}")):
-            try:
-                head = _read_head(head_path)
-                context = ContextId.parse(head.context)
-            except (CorruptLog, ValueError):
-                log.warning("skipping unreadable head %s", head_path)
+        """Rebuild ``.index`` from the folders, and write every missing or unreadable head.
+
+        Returns the contexts indexed. A context two folders hold (split by an older terrarium
+        that lost its index) is indexed at its most recently active folder; ``fsck`` reports
+        the other, whose session stays reachable by its id.
+        """
+        return self._rebuild_index(write_heads=True)
+
+    def _rebuild_index(self, *, write_heads: bool) -> int:
+        """Rebuild ``.index`` from the folders (and, with ``write_heads``, lost heads)."""
+        chosen: dict[ContextId, ContextFolder] = {}
+        fresh = self._inside(self.root / _INDEX) / f"new-{uuid.uuid4().hex}"
+        make_dirs(fresh / "contexts")
+        make_dirs(fresh / "sessions")
+        for entry in self.walk():
+            head = self._repaired_head(entry) if write_heads else entry.head
+            best = chosen.get(entry.context)
+            if head is None:  # damaged: indexed, so that it is reported rather than hidden
+                log.warning("%s", entry.problem)
+                chosen.setdefault(entry.context, entry)
                 continue
-            rel = head_path.parent.relative_to(self.root).as_posix()
+            rel = entry.folder.relative_to(self.root).as_posix()
+            pointer = codec.encode({"path": rel, "context": str(entry.context)})
+            _write_pointer(fresh / "sessions" / str(head.session_id), pointer)
+            if best is None or best.head is None or best.head.updated_at < head.updated_at:
+                chosen[entry.context] = ContextFolder(entry.context, entry.folder, head)
+        for context, entry in chosen.items():
+            rel = entry.folder.relative_to(self.root).as_posix()
             pointer = codec.encode({"path": rel, "context": str(context)})
-            for path in (
-                fresh / "contexts" / context.type / context.encoded_name,
-                fresh / "sessions" / str(head.session_id),
-            ):
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(pointer)
-            count += 1
-        (fresh / "contexts").mkdir(parents=True, exist_ok=True)
-        (fresh / "sessions").mkdir(parents=True, exist_ok=True)
+            make_dirs(fresh / "contexts" / context.type)
+            _write_pointer(fresh / "contexts" / context.type / context.encoded_name, pointer)
         index = self.root / _INDEX
-        for part in ("contexts", "sessions"):
-            old = index / part
-            if old.exists():
-                self._trash(old)
-            os.rename(fresh / part, old)
+        with file_lock(self._inside(self.root / _LOCKS) / "index"):
+            for part in ("contexts", "sessions"):
+                old = index / part
+                if old.exists():
+                    self._trash(old)
+                os.rename(fresh / part, old)
         fresh.rmdir()
         self._folders.clear()
         if self._search is not None or (index / fs_search.DB_NAME).exists():
             self.search_index.rebuild()  # else the first search builds it
-        return count
+        return len(chosen)
+
+    def _repaired_head(self, entry: ContextFolder) -> PodMetadata | None:
+        """The head of a walked folder, written back if it was rebuilt; None if it cannot be."""
+        if entry.head is None:
+            return None
+        try:
+            with self._head_lock(entry.context):
+                return self._persist_head(entry.folder, entry.context)
+        except CorruptLog:  # damaged since the walk read it
+            return None
 
     # ---------------------------------------------------------------- search
 
@@ -531,7 +1021,9 @@ class FsStore:
                     # listing and search show can also be resolved and opened.
                     try:
                         self.reindex()
-                    except OSError as exc:  # a read-only store: readers answer from the files
+                    except OSError as exc:  # a read-only store or a full disk: readers scan
+                        if _db.kind(exc) not in ("readonly", "full"):
+                            raise
                         log.warning("cannot rebuild the index of %s: %s", self.root, exc)
                 self._search = fs_search.SearchIndex(self.root)
             return self._search
@@ -569,10 +1061,7 @@ class FsStore:
             self._open.move_to_end(segment_id)
             return handle
         path = self._segment_path(session_id, segment_id)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise SegmentNotFound(f"segment {segment_id} does not exist ({path})") from None
+        fd = _open_segment(path, os.O_RDWR | os.O_APPEND, segment_id)
         handle = _Open(fd, session_id)
         self._open[segment_id] = handle
         while len(self._open) > _MAX_OPEN:
@@ -587,8 +1076,15 @@ class FsStore:
         if handle is not None:
             os.close(handle.fd)
 
-    def _scan_tail(self, session_id: SessionId, segment_id: SegmentId, fd: int) -> tuple[int, int]:
-        """With the file locked: set aside a torn tail, then return (size, next seq)."""
+    def _scan_tail(
+        self, session_id: SessionId, segment_id: SegmentId, fd: int
+    ) -> tuple[int, int, TornTail | None]:
+        """With the file locked: set aside a torn tail; return (size, next seq, torn tail).
+
+        Raises:
+            CorruptLog: the header line is incomplete (a damaged segment: nothing is moved),
+                or the last line is not an entry.
+        """
         size = os.fstat(fd).st_size
         chunk = 4096
         while True:
@@ -601,83 +1097,44 @@ class FsStore:
                 chunk *= 4
                 continue
             break
+        path = self._segment_path(session_id, segment_id)
+        if start == 0 and complete_end == 0:
+            raise CorruptLog(f"{path}: damaged segment: {_no_header(size)}")
+        torn = None
         if complete_end < len(buf):
-            path = self._segment_path(session_id, segment_id)
-            self._move_torn(path, segment_id, fd, start + complete_end, buf[complete_end:])
-            size = start + complete_end
+            offset, data = start + complete_end, buf[complete_end:]
+            torn = TornTail(segment_id, offset, len(data), _move_torn(path, fd, offset, data))
+            size = offset
         body = buf[:complete_end]
-        if not body:
-            raise CorruptLog(f"segment {segment_id} has no complete header line")
         last = body[body.rfind(b"\n", 0, len(body) - 1) + 1 :]
         try:
             seq = codec.decode(last)["seq"]
         except Exception as exc:
-            path = self._segment_path(session_id, segment_id)
             raise CorruptLog(f"{path}: the last line is not a valid entry ({exc})") from None
-        return size, int(seq) + 1
+        return size, int(seq) + 1, torn
 
-    def _set_aside_torn(self, path: Path, segment_id: SegmentId) -> tuple[TornTail | None, bytes]:
-        """Take the file's lock and set its torn tail aside; return it and the clean bytes."""
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            buf = os.pread(fd, os.fstat(fd).st_size, 0)
-            complete, tail = codec.split_complete(buf)
-            if not tail:
-                return None, buf  # it was a write in progress, now complete
-            torn = self._move_torn(path, segment_id, fd, len(complete), tail)
-            return torn, complete
-        finally:
-            os.close(fd)
+    def _write_new(self, path: Path, data: bytes, *, sync: bool | None = None) -> None:
+        """Create ``path`` holding ``data``, whole; ``FileExistsError`` if it exists.
 
-    def _move_torn(
-        self, path: Path, segment_id: SegmentId, fd: int, offset: int, data: bytes
-    ) -> TornTail:
-        side = path.with_name(f"{path.name}.torn-{offset}")
-        number = 1
-        while True:  # a new file each time: two crashes at one offset keep their own bytes
-            try:
-                out = open(side, "xb")
-            except FileExistsError:
-                number += 1
-                side = path.with_name(f"{path.name}.torn-{offset}.{number}")
-                continue
-            break
-        with out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.ftruncate(fd, offset)
-        log.warning("%s: set aside %d torn bytes at offset %d to %s", path, len(data), offset, side)
-        return TornTail(segment_id, offset, len(data), str(side))
-
-    def _write_new(self, path: Path, data: bytes) -> None:
-        """Create ``path`` with ``data``; fail if it exists."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, data)
-            if self.durability != "flush":
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        if self.durability != "flush":
-            _fsync_dir(path.parent)  # else a power cut can lose the new file's name
-
-    def _write_atomic(self, path: Path, data: bytes) -> None:
-        """Replace ``path`` with ``data`` via a temporary file and ``rename``."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Not derived from the name, so a name of the maximum length still fits.
+        The bytes are written to a temporary file that is then hard-linked into place, so no
+        reader or crash ever sees the new file empty or half written.
+        """
+        sync = self._sync() if sync is None else sync
         tmp = path.with_name(f".tmp-{uuid.uuid4().hex}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
-            os.write(fd, data)
-            if self.durability != "flush":
-                os.fsync(fd)
+            try:
+                write_all(fd, data)
+                if sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.link(tmp, path)
         finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        if self.durability != "flush":
-            _fsync_dir(path.parent)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if sync:
+            fsync_dir(path.parent)  # else a power cut can lose the new file's name
 
     def _flush_loop(self) -> None:
         while not self._closed.wait(self.batch_interval):
@@ -692,19 +1149,345 @@ class FsStore:
                         handle.dirty = False
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+# --------------------------------------------------------------------------- heads
+
+
+def head_from_segments(folder: Path) -> PodMetadata:
+    """Rebuild a context's head record from the segment files in ``folder``.
+
+    The head is the newest segment (by UUIDv7) whose chain is intact: its header, and the
+    header of every segment it continues (a fork replays its parent's prefix), read and name
+    this session. ``created_at`` is the root segment's time; ``updated_at`` the head segment's.
+
+    Raises:
+        CorruptLog: no segment of ``folder`` has an intact chain.
+    """
+    headers: dict[SegmentId, dict[str, Any]] = {}
+    for segment_id in _segment_ids(folder):
+        with contextlib.suppress(StoreError, OSError):
+            header = _read_header(folder / f"{segment_id}{_SEGMENT_SUFFIX}")
+            if header.get("segment_id") == str(segment_id):
+                headers[segment_id] = header
+    if not headers:
+        raise CorruptLog(f"{folder}: no segment with a readable header to rebuild the head from")
+    root = headers[min(headers)]
+    session = root.get("session_id")
+    for segment_id in sorted(headers, reverse=True):
+        header = headers[segment_id]
+        context = header.get("context") or root.get("context")
+        if not isinstance(context, str) or not _chain_intact(segment_id, headers, session):
+            continue
+        try:
+            return PodMetadata(
+                context, uuid.UUID(str(session)), segment_id, str(root["ts"]), str(header["ts"])
+            )
+        except (KeyError, ValueError):
+            continue
+    raise CorruptLog(f"{folder}: no segment with an intact chain to rebuild the head from")
+
+
+def _chain_intact(
+    segment_id: SegmentId, headers: Mapping[SegmentId, Mapping[str, Any]], session: Any
+) -> bool:
+    """Whether ``segment_id`` and every segment its replay reads have readable headers."""
+    seen: set[SegmentId] = set()
+    current: SegmentId | None = segment_id
+    while current is not None:
+        header = headers.get(current)
+        if header is None or current in seen or header.get("session_id") != session:
+            return False
+        seen.add(current)
+        if header.get("history") is not None:  # a root, compaction or clear: stands alone
+            return True
+        origin = header.get("origin")
+        parent = origin.get("parent") if isinstance(origin, dict) else None
+        try:
+            current = uuid.UUID(parent) if isinstance(parent, str) else None
+        except ValueError:
+            return False
+    return False
+
+
+def _read_header(path: Path) -> dict[str, Any]:
+    """Decode a segment file's first line (reading no further than needed)."""
+    fd = _open_segment(path, os.O_RDONLY, None)
     try:
-        os.fsync(fd)
+        buf = b""
+        chunk = 65536
+        while b"\n" not in buf:
+            more = os.pread(fd, chunk, len(buf))
+            if not more:
+                raise CorruptLog(f"{path}: damaged segment: {_no_header(len(buf))}")
+            buf += more
+            chunk *= 2
+    finally:
+        os.close(fd)
+    line = buf[: buf.index(b"\n") + 1]
+    header = codec.decode_lines(line, where=str(path), first_seq=0)[0]
+    if header.get("kind") != "header":
+        raise CorruptLog(f"{path}:1: the first line is not a segment header")
+    return header
+
+
+# --------------------------------------------------------------------------- salvage
+
+
+def _readable_lines(
+    data: bytes, where: str
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[tuple[int, bytes]]]:
+    """Split a segment's bytes into its header (None if unreadable), entries and bad lines.
+
+    A bad line is one that is not an entry, or whose seq does not move past the last kept
+    one (a doubled or misplaced line); the torn tail, if any, is bad too. Blank lines are
+    skipped, as restore skips them.
+
+    Raises:
+        FormatVersionError: a line is of a newer format: that is no damage, and no salvage.
+    """
+    complete, tail = codec.split_complete(data)
+    header: dict[str, Any] | None = None
+    entries: list[dict[str, Any]] = []
+    bad: list[tuple[int, bytes]] = []
+    last = 0
+    lines = complete.split(b"\n")[:-1]
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = codec.decode_lines(line + b"\n", where=where, first_line=number)[0]
+        except CorruptLog:
+            bad.append((number, line))
+            continue
+        if number == 1 and entry.get("kind") == "header" and entry["seq"] == 0:
+            header = entry
+        elif entry.get("kind") != "header" and entry["seq"] > last:
+            entries.append(entry)
+            last = entry["seq"]
+        else:
+            bad.append((number, line))
+    if tail:
+        bad.append((len(lines) + 1, tail))
+    return header, entries, bad
+
+
+def _session_of(folder: Path) -> SessionId:
+    """The session a context folder holds: from its head, else any readable segment header.
+
+    A folder where neither can be read gets a new session id (its salvage starts one).
+    """
+    with contextlib.suppress(OSError, StoreError):
+        return _read_head(folder / _HEAD).session_id
+    for segment_id in _segment_ids(folder):
+        with contextlib.suppress(OSError, StoreError, ValueError):
+            return uuid.UUID(
+                str(_read_header(folder / f"{segment_id}{_SEGMENT_SUFFIX}")["session_id"])
+            )
+    return new_session_id()
+
+
+def _root_header(fallback: Mapping[str, str]) -> dict[str, Any]:
+    """A root header for a salvage whose damaged segment lost its own."""
+    return {
+        "v": 1,
+        "seq": 0,
+        "ts": utc_now(),
+        "kind": "header",
+        "session_id": fallback["session_id"],
+        "context": fallback["context"],
+        "origin": {"kind": "root"},
+        "system_prompt": None,
+        "config": {},
+        "history": [],
+    }
+
+
+def segment_chain(folder: Path, segment_id: SegmentId) -> list[SegmentId]:
+    """``segment_id`` and every segment its replay reads (a fork's parent...), newest first.
+
+    The chain stops where a header cannot be read.
+    """
+    chain: list[SegmentId] = []
+    current: SegmentId | None = segment_id
+    while current is not None and current not in chain:
+        chain.append(current)
+        try:
+            header = _read_header(folder / f"{current}{_SEGMENT_SUFFIX}")
+            parent = (header.get("origin") or {}).get("parent")
+            forked = header.get("history") is None and isinstance(parent, str)
+            current = uuid.UUID(parent) if forked else None
+        except (StoreError, OSError, ValueError):
+            current = None
+    return chain
+
+
+def salvaged_into(folder: Path) -> dict[SegmentId, SegmentId]:
+    """The salvages ``folder`` holds already: damaged segment -> the segment salvaging it."""
+    done: dict[SegmentId, SegmentId] = {}
+    for segment_id in _segment_ids(folder):
+        with contextlib.suppress(StoreError, OSError, ValueError):
+            source = _read_header(folder / f"{segment_id}{_SEGMENT_SUFFIX}").get("salvaged_from")
+            if isinstance(source, str):
+                done[uuid.UUID(source)] = segment_id
+    return done
+
+
+def _read_complete_bytes(path: Path) -> bytes:
+    """A segment file's complete appends (a torn tail left out), refusing a link."""
+    return codec.split_complete(_read_file(path))[0]
+
+
+def _write_side(path: Path, data: bytes, suffix: Callable[[int], str]) -> str:
+    """Copy ``data`` to a new side file ``{name}.{suffix(n)}`` beside ``path``, durably.
+
+    ``n`` counts up from 1 until the name is free: a side file is never overwritten. The file
+    appears whole (written, synced, then linked into place) or not at all.
+    """
+    tmp = path.with_name(f".tmp-{uuid.uuid4().hex}")
+    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        number = 1
+        while True:
+            side = path.with_name(f"{path.name}.{suffix(number)}")
+            try:
+                os.link(tmp, side)
+            except FileExistsError:
+                number += 1
+                continue
+            return str(side)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _holds_context(folder: Path) -> bool:
+    """Whether ``folder`` holds a context: a head record or any segment file."""
+    return (folder / _HEAD).exists() or bool(_segment_ids(folder))
+
+
+def _segment_ids(folder: Path) -> list[SegmentId]:
+    """The ids of the segment files in ``folder``, oldest first (UUIDv7 order)."""
+    ids = []
+    for name in listdir(folder):
+        if name.endswith(_SEGMENT_SUFFIX) and not name.endswith(_TRACE_SUFFIX):
+            with contextlib.suppress(ValueError):
+                ids.append(uuid.UUID(name[: -len(_SEGMENT_SUFFIX)]))
+    return sorted(ids)
+
+
+def _real_dir(path: Path) -> bool:
+    """Whether ``path`` is a folder itself, not a link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _open_segment(path: Path, flags: int, segment_id: SegmentId | None) -> int:
+    """Open a segment file without following a link; name what is wrong if it cannot be."""
+    try:
+        return os.open(path, flags | _NOFOLLOW)
+    except FileNotFoundError:
+        raise SegmentNotFound(
+            f"segment {segment_id or path.stem} does not exist ({path})"
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreError(f"{path} is a symbolic link: terrarium never follows one") from None
+        raise
+
+
+def _read_file(path: Path) -> bytes:
+    """The bytes of ``path``, refusing a symbolic link (``FileNotFoundError`` if missing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreError(f"{path} is a symbolic link: terrarium never follows one") from None
+        raise
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
     finally:
         os.close(fd)
 
 
-def _listdir(path: Path) -> list[str]:
+def _read_complete(fd: int, path: Path, segment_id: SegmentId) -> tuple[Any, TornTail | None]:
+    """The complete appends of an open segment file, and its torn tail if it has one.
+
+    A file that ends in a complete append (the common case) is returned as a memory map:
+    decoding from it saves a copy, and it is safe because no writer ever truncates a file
+    below the end of a complete append. A tail that looks torn is read again under a shared
+    lock, which waits for a write in progress: only a tail still torn then is one.
+    """
+    size = os.fstat(fd).st_size
+    last = os.pread(fd, 2, max(0, size - 2))
+    if last.endswith(b"\n") and not last.endswith(b" \n"):
+        return mmap.mmap(fd, size, access=mmap.ACCESS_READ), None
+    fcntl.flock(fd, fcntl.LOCK_SH)
     try:
-        return os.listdir(path)
-    except FileNotFoundError:
-        return []
+        data = os.pread(fd, os.fstat(fd).st_size, 0)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    end = codec.complete_end(data)
+    if end == 0:
+        raise CorruptLog(f"{path}: damaged segment: {_no_header(len(data))}")
+    if end == len(data):
+        return data, None
+    return data[:end], TornTail(segment_id, end, len(data) - end, None)
+
+
+def _no_header(size: int) -> str:
+    if size == 0:
+        return "the file is empty (no header line)"
+    return f"its header line is incomplete ({size} bytes, no newline)"
+
+
+def _move_torn(path: Path, fd: int, offset: int, data: bytes) -> str:
+    """Copy torn bytes at ``offset`` to a new side file, truncate them away; return its path."""
+    base = f"torn-{offset}"
+    side = _write_side(path, data, lambda n: base if n == 1 else f"{base}.{n}")
+    os.ftruncate(fd, offset)
+    log.warning("%s: set aside %d torn bytes at offset %d to %s", path, len(data), offset, side)
+    return side
+
+
+def _set_aside(path: Path, why: str) -> Path:
+    """Rename ``path`` to a new ``{name}.{why}-{n}`` beside it (never over another)."""
+    number = 1
+    while True:
+        side = path.with_name(f"{path.name}.{why}-{number}")
+        try:
+            os.link(path, side)
+        except FileExistsError:
+            number += 1
+            continue
+        os.unlink(path)
+        return side
+
+
+def _write_pointer(path: Path, data: bytes) -> None:
+    fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW)
+    try:
+        write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _os_reason(exc: OSError) -> str:
+    """An OS error as the user should read it: a full disk is named as one."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "the disk is full"
+    return _one_line(exc)
 
 
 def _head_dict(head: PodMetadata) -> dict[str, Any]:
@@ -720,7 +1503,7 @@ def _head_dict(head: PodMetadata) -> dict[str, Any]:
 
 def _read_head(path: Path) -> PodMetadata:
     """Read a ``head.json``; CorruptLog (naming it) if it is not a head record."""
-    raw = path.read_bytes()
+    raw = _read_file(path)
     try:
         record = codec.decode(raw)
         head = PodMetadata(
@@ -737,17 +1520,18 @@ def _read_head(path: Path) -> PodMetadata:
     return head
 
 
-def _read_pointer(path: Path) -> str:
-    """Read an index entry; return the folder it names, relative to the root."""
-    raw = path.read_bytes()
+def _read_pointer(path: Path) -> tuple[str, str]:
+    """Read an index entry; return the folder it names (relative to the root) and context."""
+    raw = _read_file(path)
     try:
-        folder = codec.decode(raw)["path"]
-    except (ValueError, KeyError, TypeError) as exc:
-        folder = exc
-    if not isinstance(folder, str) or not folder:
+        record = codec.decode(raw)
+        folder, context = record["path"], record.get("context", "")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        folder, context = exc, ""
+    if not isinstance(folder, str) or not folder or not isinstance(context, str):
         reason = _one_line(folder) if isinstance(folder, Exception) else "no folder named"
         raise CorruptLog(f"{path}: not a valid index entry ({reason}); run reindex to rebuild it")
-    return folder
+    return folder, context
 
 
 def _one_line(exc: BaseException) -> str:
