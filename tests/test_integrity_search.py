@@ -443,3 +443,92 @@ def test_the_sqlite_store_is_private(umask: int, tmp_path: Path) -> None:
         assert _mode(tmp_path / "new") == _mode(path.parent) == 0o700
         locks = Path(f"{path}-locks")
         assert all(_mode(p) == (0o700 if p.is_dir() else 0o600) for p in locks.rglob("*"))
+
+
+# --------------------------------------------------------------------------- 12: damage
+
+
+def _damage(root: Path) -> dict[str, Path]:
+    """A store with a good context and one of each kind of damage; returns, per context, the
+    file that is damaged (the head.json or the segment), or the folder for the good ones.
+    (The search index has not read them yet: it would not see damage done behind FsStore's
+    back to a file it has read until ``reindex``, as with any such edit.)"""
+    damaged: dict[str, Path] = {}
+    with FsStore(root) as store:
+        for name in ("good", "corrupt", "torn", "empty", "notheader", "badhead", "nohead"):
+            _add(store, f"cli:{name}", f"{name} one", f"{name} two")
+            context = ContextId.parse(f"cli:{name}")
+            head = store.get_head(context)
+            folder = store.folder_of(context)
+            assert head is not None and folder is not None
+            segment = folder / f"{head.segment_id}.jsonl"
+            damaged[name] = {"badhead": folder / "head.json", "good": folder}.get(name, segment)
+            damaged["nohead"] = folder
+    for name, path in damaged.items():
+        if name == "corrupt":  # a line in the middle that is not an entry
+            lines = path.read_bytes().splitlines(keepends=True)
+            path.write_bytes(b"".join([*lines[:2], b"{not json\n", *lines[2:]]))
+        elif name == "torn":  # a header line cut short
+            path.write_bytes(path.read_bytes()[:25])
+        elif name == "empty":
+            path.write_bytes(b"")
+        elif name == "notheader":  # a whole first line that is an entry, not a header
+            lines = path.read_bytes().splitlines(keepends=True)
+            path.write_bytes(b"".join(lines[1:]))
+        elif name == "badhead":
+            path.write_bytes(b'{"context": "cli:badhead"')
+    (damaged["nohead"] / "head.json").unlink()  # missing, not damaged: rebuilt silently
+    return damaged
+
+
+def test_list_shows_damaged_contexts_as_damaged_and_names_the_file(tmp_path: Path) -> None:
+    """A corrupt line, a torn or unparsable header, an empty segment: each context is listed,
+    marked damaged, with the file named (JSON ``problem``, one stderr warning each); an
+    unreadable head.json is named and its head rebuilt from the segments; a missing one is
+    rebuilt silently. Exit code 0."""
+    root = tmp_path / "sessions"
+    damaged = _damage(root)  # before the index first reads them
+    result = _cli("list", "--json", "--storage-dir", str(root))
+    rows = {row["context_id"]: row for row in _ok(result)["contexts"]}
+    assert set(rows) == {f"cli:{name}" for name in damaged}
+    for name in ("good", "nohead"):
+        assert rows[f"cli:{name}"]["problem"] is None
+        assert rows[f"cli:{name}"]["message_count"] == 2
+    assert rows["cli:badhead"]["message_count"] == 2  # its rebuilt head
+    warnings = result.stderr.strip().splitlines()
+    for name in ("corrupt", "torn", "empty", "notheader", "badhead"):
+        problem = rows[f"cli:{name}"]["problem"]
+        assert problem is not None and str(damaged[name]) in problem and "\n" not in problem
+        assert warnings.count(f"warning: {problem}") == 1
+    assert len(warnings) == 5, result.stderr
+    table = _cli("list", "--storage-dir", str(root))
+    assert table.returncode == 0, table.stderr
+    marked = {line.split()[0] for line in table.stdout.splitlines() if " damaged " in line}
+    assert marked == {f"cli:{n}" for n in ("corrupt", "torn", "empty", "notheader", "badhead")}
+
+
+def test_list_without_its_index_still_shows_damaged_contexts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the index is unavailable the manager restores each context: a damaged one is
+    listed with its problem, never dropped and never failing the whole listing."""
+    from terrarium.agent.multi_context_manager import MultiContextManager
+    from terrarium.errors import IndexUnavailable
+
+    root = tmp_path / "sessions"
+    damaged = _damage(root)
+
+    def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise IndexUnavailable("search.db: busy")
+
+    monkeypatch.setattr(FsStore, "list_contexts_fast", unavailable)
+    with FsStore(root) as store:
+        rows = {
+            r["context_id"]: r
+            for r in MultiContextManager(None, store=store).list_all_contexts()["cli"]  # type: ignore[arg-type]
+        }
+    assert set(rows) == {f"cli:{name}" for name in damaged}
+    assert rows["cli:good"]["problem"] is None and rows["cli:good"]["message_count"] == 2
+    for name in ("corrupt", "torn", "empty", "notheader"):
+        problem = rows[f"cli:{name}"]["problem"]
+        assert problem is not None and str(damaged[name]) in problem, (name, problem)

@@ -1,8 +1,9 @@
 """Full-text search and fast listing for ``FsStore``: a derived SQLite FTS5 index.
 
-The index lives beside the sessions in ``.index/search.db`` (WAL). It is derived data, never
-needed for correctness: delete it and the next search rebuilds it from the segment files;
-``FsStore.reindex()`` (``terrarium reindex``) rebuilds it in place.
+The index lives beside the sessions in ``.index/search.db`` (WAL, ``0600`` like its ``-wal``
+and ``-shm``, whatever the umask). It is derived data, never needed for correctness: delete it
+and the next search rebuilds it from the segment files; ``FsStore.reindex()`` (``terrarium
+reindex``) rebuilds it in place.
 
 **What is indexed.** Every history item of every segment of every session: ``user_input``,
 ``item`` and ``system_item`` entries, and the history a header carries (a compaction's
@@ -49,12 +50,27 @@ build indexes the least recently written sessions first).
 **Listing.** ``sessions`` holds one row per session with its context, date, head, message
 count and last activity, kept current by the same refreshes, so listing 100k contexts is one
 scan of a covering index (145 ms) instead of 100k file reads (14 s for the head records
-alone).
+alone). A session folder whose ``head.json`` is missing or unreadable is indexed with the head
+:func:`terrarium.stores.fs.head_from_segments` rebuilds, as FsStore reads it. What cannot be
+read is recorded, not skipped: a segment with a line that is not an entry, a torn or
+unparsable header or no bytes at all, a ``head.json`` that is unreadable or names a missing
+segment. The session's first problem (one line naming the file) is its summary's
+``problem``; its counts cover what could be read.
 
 **Concurrency.** Searches read a WAL snapshot and never wait. Updates run in a ``BEGIN
 IMMEDIATE`` transaction, so one process at a time indexes; the others wait for it (up to
-``BUSY_TIMEOUT`` seconds) and then find little left to do. A database that is missing,
-replaced, corrupt or of another schema version is rebuilt from the files.
+``BUSY_TIMEOUT`` seconds) and then find little left to do. A database that is missing or
+replaced is reopened (and built), one of another schema version rebuilt.
+
+**Failures.** Only an index that SQLite reports corrupt (``SQLITE_CORRUPT``,
+``SQLITE_NOTADB``) is deleted, with its ``-wal`` and ``-shm``, and rebuilt from the files. A
+lock held by another process past ``BUSY_TIMEOUT``, a full disk (``SQLITE_FULL``, or an I/O
+error on a file system with no space left) and a read-only file, folder or mount never are:
+they raise :class:`~terrarium.errors.IndexUnavailable`, naming the cause, and the callers
+answer from the log (:func:`terrarium.search.search` scans it,
+``MultiContextManager.list_all_contexts`` restores each context). An index that cannot be
+opened for writing (read-only, or a full disk) is opened read-only and still serves while it
+is current: built, no dirty marker waiting, no watched segment file changed.
 """
 
 from __future__ import annotations
@@ -195,11 +211,14 @@ class _Session:
     values: tuple[Any, ...] = ()
     """The head-derived columns as stored (see ``_Work.index_folder``)."""
     segments: dict[str, _Segment] = field(default_factory=dict)
-    problem: str | None = None
-    """Why its head record could not be read, when it was rebuilt from the segments."""
+
+    @property
+    def head_problem(self) -> str | None:
+        """Why its ``head.json`` could not be read (the head was rebuilt), or None."""
+        return self.values[-1] if self.values else None
 
 
-_HEAD_COLUMNS = "context, type, name, tid, date, folder, head, created_at, updated_at"
+_HEAD_COLUMNS = "context, type, name, tid, date, folder, head, created_at, updated_at, head_problem"
 # A ContextSummary's fields, in order.
 _SQL_LISTING = (
     "SELECT context, date, message_count, last_active, created_at, updated_at, session_id, "
@@ -224,6 +243,7 @@ _SCHEMA = [
         message_count INTEGER NOT NULL DEFAULT 0,
         last_active TEXT NOT NULL,
         watch_until REAL,
+        head_problem TEXT,
         problem TEXT)""",
     # Covers the listing query: 100k rows are read in index order without a table lookup each.
     """CREATE INDEX sessions_by_context ON sessions(type, name, context, date, message_count,
@@ -617,14 +637,15 @@ class SearchIndex:
                         continue
                     entries = _scandir(session.path)
                     newest = 0.0
-                    has_head = False
+                    found_any = False  # a head, or segments to rebuild it from
                     for entry in entries:
                         if entry.name == _HEAD:
-                            has_head = True
+                            found_any = True
                         elif _segment_name(entry.name) is not None:
+                            found_any = True
                             with contextlib.suppress(FileNotFoundError):
                                 newest = max(newest, entry.stat().st_mtime)
-                    if has_head:
+                    if found_any:
                         rel = f"{kind.name}/{date.name}/{session.name}"
                         found.append((newest, rel, entries))
         found.sort(key=lambda item: (item[0], item[1]))
@@ -782,7 +803,7 @@ class _Work:
         sessions: dict[str, _Session] = {}
         by_id: dict[int, _Session] = {}
         for row in self.conn.execute(f"SELECT id, {_HEAD_COLUMNS}, session_id FROM sessions"):
-            session = _Session(row[0], row[10], row[6], row[4], tuple(row[1:10]))
+            session = _Session(row[0], row[11], row[6], row[4], tuple(row[1:11]))
             sessions[session.session_id] = by_id[session.id] = session
         for seg in self.conn.execute(
             "SELECT id, session, segment_id, ino, size_seen, offset, next_seq, items, continues, "
@@ -840,11 +861,15 @@ class _Work:
     ) -> str | None:
         """Index the session whose folder is ``folder``; return its session id, or None."""
         self.stats.sessions += 1
-        head = _read_head(self.root / folder / _HEAD)
+        head, problem = _folder_head(self.root / folder)
         if hint is not None and (head is None or head["session_id"] != hint):
             self.drop_session(hint)  # deleted (its folder is gone or holds a newer session)
         if head is None:
+            if problem is not None:
+                self.index.warn_once(folder, "search index: skipping %s", problem)
             return None
+        if problem is not None:
+            log.info("search index: %s", problem)  # ``list`` reports it (ContextSummary)
         sid = head["session_id"]
         try:
             context = ContextId.parse(head["context"])
@@ -863,12 +888,13 @@ class _Work:
             head["segment_id"],
             head["created_at"],
             head["updated_at"],
+            problem,
         )
         changed = session is None or session.values != values
         if session is None:
             cur = self.conn.execute(
                 f"INSERT INTO sessions({_HEAD_COLUMNS}, last_active, session_id) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (*values, head["updated_at"], sid),
             )
             session = _Session(int(cur.lastrowid or 0), sid, folder, tid, values)
@@ -883,7 +909,7 @@ class _Work:
         elif changed:
             self.conn.execute(
                 "UPDATE sessions SET context=?, type=?, name=?, tid=?, date=?, folder=?, head=?, "
-                "created_at=?, updated_at=? WHERE id = ?",
+                "created_at=?, updated_at=?, head_problem=? WHERE id = ?",
                 (*values, session.id),
             )
             session.values = values
@@ -920,7 +946,7 @@ class _Work:
         row = self.conn.execute(
             "SELECT folder FROM sessions WHERE session_id = ?", (sid,)
         ).fetchone()
-        head = _read_head(self.root / row[0] / _HEAD) if row is not None else None
+        head = _folder_head(self.root / row[0])[0] if row is not None else None
         if head is None or head["session_id"] != sid:
             self.drop_session(sid)
 
@@ -1145,7 +1171,7 @@ class _Work:
         ).fetchone()
         if row is None:
             return
-        problems = [session.problem] if session.problem else []
+        problems = [session.head_problem or ""]
         head = session.segments.get(row[0])
         if head is None:
             problems.append(f"{self.root / row[1] / _HEAD}: its segment {row[0]} does not exist")
@@ -1229,17 +1255,55 @@ def _read_from(path: Path, offset: int) -> tuple[bytes, int]:
         os.close(fd)  # closing releases the lock
 
 
-def _read_head(path: Path) -> dict[str, Any] | None:
+def _folder_head(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The head record of a session folder, as FsStore reads it, and what is wrong with it.
+
+    A missing ``head.json`` is rebuilt from the segments (no problem: the head is derived);
+    an unreadable or invalid one, or one naming a segment that is not there, is rebuilt too,
+    and the problem names it. Returns (None, problem) when no head can be found or rebuilt,
+    the problem None when the folder holds no segment either (a context being deleted).
+    """
+    path = folder / _HEAD
+    problem = None
     try:
-        raw = codec.decode(path.read_bytes())
+        head = _head_record(codec.decode(path.read_bytes()))
+        if head is None:
+            problem = f"{path}: not a valid head record"
+        elif (folder / f"{head['segment_id']}{_SEGMENT_SUFFIX}").exists():
+            return head, None
+        else:
+            problem = f"{path}: names segment {head['segment_id']}, which is not there"
     except (FileNotFoundError, NotADirectoryError):
-        return None
-    except Exception:
-        log.warning("search index: unreadable head %s", path)
-        return None
+        pass
+    except OSError as exc:
+        problem = f"{path}: unreadable ({exc.strerror or exc})"
+    except Exception as exc:  # msgspec's DecodeError: not JSON
+        problem = f"{path}: not a valid head record ({' '.join(str(exc).split())})"
+    from terrarium.stores.fs import head_from_segments  # fs imports this module
+
+    try:
+        rebuilt = head_from_segments(folder)
+    except (StoreError, OSError) as exc:
+        has_segments = any(_segment_name(name) for name in _listdir(folder))
+        if problem is None and not has_segments:
+            return None, None
+        return None, f"{problem or path.parent}; no head can be rebuilt: {exc}"
+    head = _head_record(
+        {
+            "context": rebuilt.context,
+            "session_id": str(rebuilt.session_id),
+            "segment_id": str(rebuilt.segment_id),
+            "created_at": rebuilt.created_at,
+            "updated_at": rebuilt.updated_at,
+        }
+    )
+    return head, f"{problem}; rebuilt from the segments" if problem else None
+
+
+def _head_record(raw: Any) -> dict[str, Any] | None:
+    """``raw`` if it is a head record (ids made canonical), else None."""
     keys = ("context", "session_id", "segment_id", "created_at", "updated_at")
     if not isinstance(raw, dict) or not all(isinstance(raw.get(k), str) for k in keys):
-        log.warning("search index: malformed head %s", path)
         return None
     for key in ("session_id", "segment_id"):
         if not _CANONICAL_UUID.fullmatch(raw[key]):

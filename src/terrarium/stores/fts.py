@@ -2,8 +2,9 @@
 
 Also the text handling that every store's search shares (``PostgresStore`` included): how an
 item's text is prepared for indexing, how the user's words become a query (always data, never
-syntax), how snippets are marked and turned into highlight spans, bm25 in Python for the scan
-fallback, and the listing record.
+syntax), how snippets are marked and turned into highlight spans, bm25, phrase counts and
+snippets in Python for what is searched by scanning (:func:`terrarium.search.scan`, the
+entries a ``SqliteStore`` could not index), and the listing record.
 
 **Ranking** (:class:`Ranker`). bm25 (``k1=1.2``, ``b=0.75``, FTS5's own) over the text
 column. The filters (type, context, role) are tokens of a second column, ``tags``, so FTS5

@@ -76,6 +76,18 @@ last activity, as a restore would find them, from one scan of the heads, restori
 the catch-up adds each read entry to the counts of the head it extends, and a head move counts
 its new segment (its header's history, or a fork's prefix of its parent, and its entries).
 
+**Read-only databases.** A database file that this process cannot write (the file, its
+folder, a read-only mount), or that a full disk keeps from opening for writing, is opened
+read-only (``mode=ro``, or ``immutable`` when its ``-shm`` file cannot be created and no
+``-wal`` file holds data), and no migration is applied: a schema that needs one is refused in
+one line. Writes raise :class:`~terrarium.errors.StoreError` naming the cause. Where the
+derived state cannot be caught up (read-only, a full disk, a lock held past ``busy_timeout``),
+a listing adds the entries past ``wm`` to the counts of the heads they extend, and a search
+scans their history items, scoring them with bm25 over FTS5's own totals (its "averages"
+record) plus theirs, so nothing acknowledged is missed. The database file is created
+``0600`` before SQLite opens it, so its ``-wal`` and ``-shm`` are too; missing folders
+``0700``.
+
 **Threads.** Connections come from a small pool: a thread takes an idle connection for one
 call and gives it back, so reads in many threads run in parallel under WAL, and the number of
 connections is bounded by the number of calls in flight, not by how many threads ever touched
