@@ -241,6 +241,51 @@ def test_an_index_locked_by_another_process_is_waited_for_never_deleted(tmp_path
     assert db.stat().st_ino == ino
 
 
+HOLD_READ = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN")
+conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # a shared lock, rollback mode
+print("held", flush=True)
+sys.stdin.readline()
+conn.execute("COMMIT")
+"""
+
+
+def test_a_wal_switch_that_meets_a_reader_is_retried_never_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search.db still in rollback mode, read by another process: switching it to WAL
+    is refused at once ("database is locked", without SQLite's busy handler), so it is
+    retried until ``BUSY_TIMEOUT`` and the files answer; the file is never deleted."""
+    root = tmp_path / "sessions"
+    with FsStore(root) as store:
+        _add(store, "cli:main", "a walrus")
+    db = root / ".index" / fs_search.DB_NAME
+    sqlite3.connect(db).close()  # an empty database: rollback mode, as a racing opener left it
+    ino = db.stat().st_ino
+    monkeypatch.setattr(fs_search, "BUSY_TIMEOUT", 0.5)
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLD_READ, str(db)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        assert holder.stdin is not None and holder.stdout is not None
+        try:
+            assert holder.stdout.readline() == "held\n"
+            with FsStore(root) as store:
+                assert [hit.snippet for hit in search(store, "walrus")] == ["a walrus"]
+            assert db.stat().st_ino == ino
+        finally:
+            holder.stdin.write("go\n")
+            holder.stdin.close()
+            holder.wait(timeout=60)
+    with FsStore(root) as store:  # the reader gone, the same file becomes the index
+        assert [hit.snippet for hit in store.search_index.search(_query("walrus"))] == ["a walrus"]
+    assert db.stat().st_ino == ino
+
+
 def _query(text: str) -> Any:
     from terrarium.stores.base import SearchQuery
 

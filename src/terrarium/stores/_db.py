@@ -80,8 +80,12 @@ def describe(exc: BaseException, where: Path | None = None) -> str:
 
 
 def writable(path: Path) -> bool:
-    """Whether this process may write ``path`` (if it exists) and create files beside it."""
-    folder_ok = os.access(path.parent, os.W_OK | os.X_OK)
+    """Whether this process may write ``path`` (if it exists) and create files beside it (or
+    the folders missing on the way to it)."""
+    folder = path.parent
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    folder_ok = os.access(folder, os.W_OK | os.X_OK)
     return folder_ok and (not path.exists() or os.access(path, os.W_OK))
 
 
