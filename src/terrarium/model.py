@@ -121,6 +121,50 @@ def _is_hex(text: str) -> bool:
     return len(text) == 2 and all(c in "0123456789abcdefABCDEF" for c in text)
 
 
+# Zero-width non-joiner and joiner: emoji sequences (👩‍💻) and Persian and Indic spellings
+# need them, between two non-ASCII characters; anywhere else they only hide.
+_JOINERS = frozenset("\u200c\u200d")
+
+
+def misleading_chars(name: str) -> list[int]:
+    """Where ``name`` has characters that make it display as something it is not.
+
+    They are: control characters (``Cc``); line and paragraph separators (U+2028, U+2029);
+    and the invisible format characters (``Cf``), among them the bidirectional embeddings,
+    overrides and isolates (U+202A-U+202E, U+2066-U+2069), the marks U+200E, U+200F and
+    U+061C, the zero-width space, word joiner and byte order mark, the soft hyphen and the
+    tag characters. U+200C and U+200D count only next to an ASCII character or at either end.
+
+    Returns:
+        The indexes of those characters in ``name`` (empty for a name that shows as it is).
+    """
+    if name.isascii():
+        return [i for i, ch in enumerate(name) if unicodedata.category(ch) == "Cc"]
+    found = []
+    last = len(name) - 1
+    for i, ch in enumerate(name):
+        category = unicodedata.category(ch)
+        if ch in _JOINERS:
+            if 0 < i < last and not name[i - 1].isascii() and not name[i + 1].isascii():
+                continue
+        elif category not in ("Cc", "Cf", "Zl", "Zp"):
+            continue
+        found.append(i)
+    return found
+
+
+def display_name(name: str) -> str:
+    """``name`` for a terminal: characters that would mislead shown as ``\\uXXXX`` escapes."""
+    found = misleading_chars(name)
+    if not found:
+        return name
+    chars = list(name)
+    for i in found:
+        code = ord(chars[i])
+        chars[i] = f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+    return "".join(chars)
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class ContextId:
     """A context identifier ``type:name`` such as ``irc:#python``."""
@@ -160,6 +204,28 @@ class ContextId:
             raise InvalidContextId(
                 f"invalid context name {name[:20]!r}...: longer than {MAX_NAME_BYTES} bytes encoded"
             )
+
+    def check_new(self) -> ContextId:
+        """This id, if a *new* context may take its name; raise InvalidContextId if not.
+
+        On top of what every id satisfies, a new name may not hold characters that display
+        misleadingly (:func:`misleading_chars`). Existing contexts keep their names: reading,
+        listing and deleting them takes any id, and :attr:`display` shows them escaped.
+        """
+        found = misleading_chars(self.name)
+        if found:
+            ch = self.name[found[0]]
+            described = unicodedata.name(ch, "a format character")
+            raise InvalidContextId(
+                f"invalid context name '{display_name(self.name)}': it contains "
+                f"U+{ord(ch):04X} ({described}), which makes names display misleadingly"
+            )
+        return self
+
+    @property
+    def display(self) -> str:
+        """The id for a terminal, misleading characters escaped (see :func:`display_name`)."""
+        return f"{self.type}:{display_name(self.name)}"
 
     @classmethod
     def parse(cls, text: str | ContextId) -> ContextId:
@@ -416,6 +482,27 @@ def check_item(item: Mapping[str, Any]) -> None:
         isinstance(p, Mapping) and isinstance(p.get("type"), str) for p in content
     ):
         raise InvalidEntry(f"{role} history item content must be a string or a list of typed parts")
+
+
+def check_text(text: str, what: str) -> str:
+    """Return ``text``, or raise :class:`InvalidEntry` if UTF-8 cannot hold it.
+
+    Such text holds a lone surrogate (``"\\ud800"``), which a decoder with
+    ``errors="surrogateescape"`` makes of bytes that are not UTF-8. The log refuses it when
+    encoding; this check lets a caller refuse it before it writes anything else.
+    """
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidEntry(f"{what} {not_unicode(exc)}") from None
+    return text
+
+
+def not_unicode(exc: UnicodeEncodeError) -> str:
+    """Why UTF-8 could not encode a text: ``is not valid Unicode: lone surrogate U+D800 ...``."""
+    char = exc.object[exc.start : exc.start + 1]
+    return f"is not valid Unicode: lone surrogate U+{ord(char):04X} at character {exc.start}"
 
 
 def as_logged(item: Item | Mapping[str, Any]) -> LoggedItem:

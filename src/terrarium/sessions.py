@@ -135,9 +135,13 @@ def create_segment_with_ids(
     """Like :func:`create_segment` with chosen ids, origin and timestamp (imports, copies).
 
     ``header_extra`` adds keys of the caller's own to the root header (an importer's record
-    of what it imported); replay ignores them, and they may not replace a header key.
+    of what it imported); replay ignores them, and they may not replace a header key. A new
+    conversation (a root origin) must have a name fit for a new context
+    (:meth:`ContextId.check_new`); an import or copy keeps the name its data has.
     """
     ctx = ContextId.parse(context)
+    if origin is None or origin.kind == "root":
+        ctx.check_new()
     header = _header(
         session_id,
         segment_id,
@@ -234,7 +238,7 @@ def fork_context(
     The target is a new session: its root header holds the copied history and its origin
     names the source segment, so the two contexts stay isolated.
     """
-    src, dst = ContextId.parse(source), ContextId.parse(target)
+    src, dst = ContextId.parse(source), ContextId.parse(target).check_new()
     head = _require_head(store, src)
     state = restore_by_segment(store, head.session_id, head.segment_id, stop_seq=at_seq)
     origin = SegmentOrigin(

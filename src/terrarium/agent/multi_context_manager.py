@@ -58,6 +58,7 @@ from terrarium.model import (
     SegmentStartState,
     TraceEntry,
     add_wire_message,
+    check_text,
     item_text,
     utc_now,
 )
@@ -541,6 +542,7 @@ class MultiContextManager:
         context = ContextId.parse(context_id)
         if not isinstance(user_message, str):
             raise TypeError(f"user_message must be a string, not {type(user_message).__name__}")
+        check_text(user_message, "user_message")  # before a new context is created for it
         async with self._turn_lock(context), self._semaphore():
             entry = self._open_context(context, system_prompt)
             await self._log_input(entry, user_message)

@@ -8,7 +8,8 @@ whose reply failed or was interrupted stays in the session and goes to the model
 next message (the manager sends the two as one).
 
 From a pipe, each line of stdin is one message (``/`` commands work too) and replies are
-printed plainly; the first failure ends the chat with a one-line error and exit code 1.
+printed plainly; the first failure ends the chat with a one-line error and exit code 1. A line
+that is not UTF-8 is such a failure, found before anything of that line is sent or logged.
 """
 
 from __future__ import annotations
@@ -255,14 +256,36 @@ class Chat:
 
 
 async def piped(chat: Chat) -> None:
-    """Read messages from stdin, one per line; the first failure raises."""
-    for raw in sys.stdin:
-        line = raw.rstrip("\r\n")
+    """Read messages from stdin, one per line; the first failure raises.
+
+    Lines are read as bytes and decoded here, so that a line that is not UTF-8 is refused
+    whole, before anything of it is sent or logged (see :func:`decode_input_line`).
+    """
+    offset = 0
+    for number, raw in enumerate(sys.stdin.buffer, start=1):
+        line = decode_input_line(raw, number, offset).rstrip("\r\n")
+        offset += len(raw)
         if not line.strip():
             continue
         await chat.run_line(line)
         if chat.done:
             return
+
+
+def decode_input_line(raw: bytes, number: int, offset: int) -> str:
+    """Decode line ``number`` of piped input, which starts ``offset`` bytes into it.
+
+    Raises:
+        click.ClickException: the line is not valid UTF-8; the message names the line, the
+            bad byte and its offset in the line and in the input.
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise click.ClickException(
+            f"stdin line {number} is not valid UTF-8: byte 0x{raw[exc.start]:02x} at offset "
+            f"{exc.start} of the line ({offset + exc.start} of the input); the line was not sent"
+        ) from None
 
 
 async def interactive(chat: Chat, explicit: bool, default_type: str) -> None:

@@ -66,7 +66,7 @@ def print_sessions(state: CliState, type_: str | None, as_json: bool) -> None:
         ["context", "messages", "last active", "created", "source"],
         [
             [
-                str(r.context),
+                r.context.display,
                 "damaged" if r.problem else str(r.message_count),
                 short_time(r.last_active),
                 r.date,
@@ -563,7 +563,7 @@ def import_file(
     if path.suffix == ".jsonl":
         from terrarium.formats.jsonl import import_context
 
-        head = import_context(store, path.read_bytes(), context=as_context)
+        head = import_context(store, path.read_bytes(), context=as_context, where=str(path))
     else:
         module = catalog.legacy_module()
         if module is None:

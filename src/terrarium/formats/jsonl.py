@@ -223,6 +223,7 @@ def import_context(
     data: str | bytes | Iterable[Mapping[str, Any]],
     *,
     context: ContextId | str | None = None,
+    where: str = "<jsonl>",
 ) -> PodMetadata:
     """Recreate a context from a :func:`export_context` file, losslessly.
 
@@ -234,20 +235,29 @@ def import_context(
         store: where to create the context.
         data: the JSONL text, or its lines already decoded.
         context: the context to create; by default the one the file's headers name. A
-            different one is written into the headers that name a context.
+            different one is written into the headers that name a context, and must be fit
+            for a new context (:meth:`ContextId.check_new`); the file's own is kept as it is.
+        where: the file named in error messages.
 
     Returns:
         The new context's head record.
 
     Raises:
         ContextExists: the context, or the session it belongs to, is already in ``store``.
-        InvalidEntry: the lines are not a lineage (no header first, gaps in seqs, ...).
+        InvalidEntry: the lines are not a lineage (no header first, gaps in seqs, ...), or
+            a line could not be logged (see :func:`terrarium.codec.encode`). Nothing is
+            written then.
         CorruptLog, FormatVersionError: see :func:`parse_lines`.
     """
     if isinstance(data, str | bytes):
-        lines = parse_lines(data)
+        lines = parse_lines(data, where=where)
     else:
         lines = [dict(line) for line in data]
+    for number, line in enumerate(lines, start=1):
+        try:
+            codec.encode(line)  # refused here, before anything is created
+        except InvalidEntry as exc:
+            raise InvalidEntry(f"{where}:{number}: {exc}") from None
     segments = _split_segments(lines)
     for segment in segments:
         header = segment[0]
@@ -266,6 +276,7 @@ def import_context(
         raise InvalidEntry("the file names no context: pass the context to create")
     ctx = ContextId.parse(target)
     if str(ctx) != named:
+        ctx.check_new()  # a name of the caller's, not the file's own
         for segment in segments:
             if segment[0].get("context"):
                 segment[0] = {**segment[0], "context": str(ctx)}

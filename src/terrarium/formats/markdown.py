@@ -55,10 +55,9 @@ def fenced(text: str, lang: str = "") -> str:
 def pretty_json(text: str) -> tuple[str, str]:
     """Indent ``text`` if it is JSON; return it and the fence language (``json`` or ``""``)."""
     try:
-        value = json.loads(text)
-    except (TypeError, ValueError):
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False), "json"
+    except (TypeError, ValueError, RecursionError):  # not JSON, or nested past the stack
         return text, ""
-    return json.dumps(value, indent=2, ensure_ascii=False), "json"
 
 
 def _content(item: Mapping[str, Any], *, code: bool) -> list[str]:

@@ -18,8 +18,9 @@ from the date folder, else from ``created_at``; a message without a timestamp ta
 before it; the context type from the folder). Timestamps may carry a UTC offset, a ``Z`` or
 neither (naive times are UTC). Keys this module does not know, at the top, in the metadata or in
 a message, are kept. Reading is strict where the data is not forgiving: a file that is not a
-JSON object with a ``messages`` list, or a field of the wrong type, raises
-:class:`LegacyFormatError` with one line naming the file and the problem.
+JSON object with a ``messages`` list, a field of the wrong type, or anything an import could
+not log (text that is not valid Unicode, which a ``\\ud800`` escape gives; nesting deeper than
+the log allows) raises :class:`LegacyFormatError` with one line naming the file and the problem.
 
 **Writing** (:func:`dump`, :func:`write`) gives exactly the seed's structure (``indent=2``,
 ``ensure_ascii=False``), every field filled in, so ``dump(load(f))`` is ``f`` for a complete
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from terrarium import sessions
+from terrarium import codec, sessions
 from terrarium.errors import ContextNotFound, InvalidEntry
 from terrarium.model import (
     ContextId,
@@ -254,6 +255,8 @@ def load(
         raise LegacyFormatError(
             f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
         ) from None
+    except RecursionError:
+        raise LegacyFormatError(f"{where}: {_TOO_DEEP}") from None
     folder_type, folder_date = _from_folders(file, None if root is None else Path(root))
     return from_dict(
         data,
@@ -307,6 +310,7 @@ def from_dict(
     check = _Checker(_printable(str(path)) if path is not None else "<legacy session>")
     if not isinstance(data, dict):
         raise check.fail(f"not a session: the top level is {_json_type(data)}, not an object")
+    _check_loggable(data, check)
     raw_messages = data.get("messages")
     if not isinstance(raw_messages, list):
         if "messages" not in data:
@@ -428,6 +432,23 @@ def from_dict(
         path=path,
         derived=frozenset(derived),
     )
+
+
+_MAX_DEPTH = codec.MAX_DEPTH - 2
+"""How deep a legacy file may nest: an import keeps its unknown keys two levels deeper, in
+the root header's legacy record, and the log's limit must still hold."""
+_TOO_DEEP = f"arrays and objects nest more than {_MAX_DEPTH} levels deep"
+
+
+def _check_loggable(data: dict[str, Any], check: _Checker) -> None:
+    """Refuse, naming the file, what an import could not log: lone surrogates (which a JSON
+    ``\\ud800`` escape gives), values nested too deeply."""
+    try:
+        codec.encode(data)
+    except InvalidEntry as exc:
+        raise check.fail(str(exc)) from None
+    if codec.deeper_than(data, _MAX_DEPTH):
+        raise check.fail(_TOO_DEEP)
 
 
 def _json_type(value: Any) -> str:
@@ -623,7 +644,9 @@ def import_session(
     Args:
         store: where to create it.
         session: what :func:`load` read.
-        context: the context to create; by default ``{context_type}:{session_id}``.
+        context: the context to create; by default ``{context_type}:{session_id}``, as the
+            file names it. Another name must be fit for a new context
+            (:meth:`ContextId.check_new`); the file's own is kept as it is.
 
     Returns:
         The new context's head.
@@ -633,6 +656,8 @@ def import_session(
         InvalidContextId: the session's name cannot be a context name (give ``context``).
     """
     ctx = ContextId.parse(context) if context is not None else session.context
+    if (ctx.type, ctx.name) != (session.context_type, session.session_id):
+        ctx.check_new()  # a name of the caller's, not the file's own
     record: dict[str, Any] = {
         "session_id": session.session_id,
         "context_type": session.context_type,

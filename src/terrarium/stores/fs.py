@@ -590,6 +590,7 @@ class FsStore:
         session_id = uuid.UUID(str(line["session_id"]))
         segment_id = uuid.UUID(str(line["segment_id"]))
         created = str(line["ts"])
+        data = codec.encode_line(line)  # refuses a bad header before anything is made
         with self._head_lock(context):
             existing = self.folder_of(context)
             if existing is not None:
@@ -599,7 +600,7 @@ class FsStore:
             if _holds_context(folder):  # another context's: a case-insensitive disk
                 raise ContextExists(f"context {context} would share {folder} with another")
             make_dirs(folder)
-            self._write_new(folder / f"{segment_id}{_SEGMENT_SUFFIX}", codec.encode_line(line))
+            self._write_new(folder / f"{segment_id}{_SEGMENT_SUFFIX}", data)
             head = PodMetadata(str(context), session_id, segment_id, created, created)
             write_atomic(folder / _HEAD, codec.encode(_head_dict(head)), sync=self._sync())
             self._write_index(context, session_id, rel)
