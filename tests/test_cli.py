@@ -201,7 +201,9 @@ def test_list_json_schema(seeded: Path) -> None:
             "message_count",
             "legacy",
             "legacy_path",
+            "problem",
         }
+        assert row["problem"] is None
     old = rows[1]
     assert old["legacy"] is True and old["message_count"] == 2
     assert old["date"] == "2025-11-06" and old["legacy_path"].endswith("old.json")

@@ -249,6 +249,7 @@ def test_list_all_contexts_shows_legacy_files_and_the_log_hides_them(
         "created_at": "2025-11-06T14:30:00.123456",
         "last_active": "2025-11-06T14:30:00.123456",
         "legacy": True,
+        "problem": None,
     }
     # A context of the same name in the log hides the file.
     create_segment(manager.store, SegmentStartState(system_prompt="new"), context="cli:main")

@@ -13,6 +13,7 @@
     │   ├── ConflictError
     │   ├── CorruptLog
     │   ├── FormatVersionError
+    │   ├── IndexUnavailable
     │   └── StoreURLError (also ValueError)
     └── LLMError
         ├── ServerUnreachable
@@ -75,6 +76,11 @@ class CorruptLog(StoreError):
 
 class FormatVersionError(StoreError):
     """A log or database was written by a newer, incompatible terrarium."""
+
+
+class IndexUnavailable(StoreError):
+    """A derived index cannot be read or brought up to date (read-only, disk full, locked);
+    the log is intact, and callers answer from it instead."""
 
 
 class StoreURLError(StoreError, ValueError):

@@ -4,7 +4,10 @@
 :class:`~terrarium.stores.base.Searchable` (``FsStore`` through its derived FTS5 index;
 ``SqliteStore`` and ``PostgresStore`` through their own), and otherwise falls back to
 :func:`scan`, which reads every segment of every context, as a store without an index
-(``MemoryStore``) must.
+(``MemoryStore``) must. It scans too when the store's index is unavailable
+(:class:`~terrarium.errors.IndexUnavailable`: a read-only ``FsStore`` whose index is behind
+its files, a full disk, an index locked by another process for too long), so a search never
+misses an acknowledged entry; it logs the reason once per call.
 
 Both paths agree on what is searched and how (``tests/test_search.py`` checks it):
 
@@ -22,28 +25,30 @@ Both paths agree on what is searched and how (``tests/test_search.py`` checks it
 from __future__ import annotations
 
 import heapq
+import logging
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from terrarium.errors import InvalidQuery
+from terrarium.errors import IndexUnavailable, InvalidQuery
 from terrarium.model import ContextId, item_text
 from terrarium.stores.base import Searchable, SearchHit, SearchQuery, Store
 from terrarium.stores.fts import (
     TAG_TOKENS,
     bm25,
     check_query,
+    phrase_count,
     query_terms,
-    token_spans,
+    scan_snippet,
     tokenize,
 )
 
 __all__ = ["InvalidQuery", "SearchHit", "SearchQuery", "scan", "search"]
 
+log = logging.getLogger(__name__)
+
 _HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
-_CONTEXT_CHARS = 60
-_SNIPPET_CHARS = 200
 
 
 def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
@@ -61,7 +66,11 @@ def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
     if isinstance(query, str):
         query = SearchQuery(query)
     if isinstance(store, Searchable):
-        return store.search(query)
+        try:
+            return store.search(query)
+        except IndexUnavailable as exc:
+            check_query(query)  # a bad query is the caller's error, whatever the index
+            log.warning("%s; searching the session files instead", exc)
     return scan(store, query)
 
 
@@ -108,7 +117,7 @@ def scan(store: Store, query: SearchQuery | str) -> list[SearchHit]:
     # Statistics over the whole corpus, as FTS5 keeps them, before any filter.
     rows = len(docs)
     average = sum(len(doc.tokens) + TAG_TOKENS for doc in docs) / rows
-    freqs = [[_count(doc.tokens, phrase) for phrase in phrases] for doc in docs]
+    freqs = [[phrase_count(doc.tokens, phrase) for phrase in phrases] for doc in docs]
     doc_freqs = [sum(1 for f in freqs if f[i]) for i in range(len(phrases))]
     scored: list[tuple[float, int]] = []
     for index, (doc, freq) in enumerate(zip(docs, freqs, strict=True)):
@@ -120,7 +129,7 @@ def scan(store: Store, query: SearchQuery | str) -> list[SearchHit]:
     hits = []
     for score, index in best:
         doc = docs[index]
-        snippet, spans = _snippet(doc.text, phrases)
+        snippet, spans = scan_snippet(doc.text, phrases)
         hits.append(
             SearchHit(
                 context=str(doc.context),
@@ -162,50 +171,3 @@ def _wanted(doc: _Doc, q: SearchQuery) -> bool:
     if q.role is not None and doc.role != q.role:
         return False
     return q.since is None or doc.ts >= q.since
-
-
-def _count(tokens: Sequence[str], phrase: Sequence[str]) -> int:
-    """How many times ``phrase`` occurs in ``tokens`` (overlapping, as FTS5 counts)."""
-    if not phrase:
-        return 0
-    n = len(phrase)
-    first = phrase[0]
-    return sum(
-        1
-        for i, token in enumerate(tokens)
-        if token == first and list(tokens[i : i + n]) == list(phrase)
-    )
-
-
-def _snippet(
-    text: str, phrases: Sequence[Sequence[str]]
-) -> tuple[str, tuple[tuple[int, int], ...]]:
-    """A window of ``text`` around the first match, with every match in it highlighted."""
-    spans = token_spans(text)
-    tokens = [token for token, _, _ in spans]
-    found: list[tuple[int, int]] = []
-    for phrase in phrases:
-        n = len(phrase)
-        for i in range(len(tokens) - n + 1):
-            if tokens[i : i + n] == list(phrase):
-                found.append((spans[i][1], spans[i + n - 1][2]))
-    found.sort()
-    merged: list[tuple[int, int]] = []
-    for start, end in found:
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
-        else:
-            merged.append((start, end))
-    begin = 0
-    if len(text) > _SNIPPET_CHARS and merged:
-        begin = max(0, merged[0][0] - _CONTEXT_CHARS)
-        # Start at a token boundary.
-        begin = next((s for _, s, _ in spans if s >= begin), begin)
-    end = min(len(text), begin + _SNIPPET_CHARS)
-    prefix = "…" if begin > 0 else ""
-    suffix = "…" if end < len(text) else ""
-    shift = len(prefix) - begin
-    highlights = tuple(
-        (start + shift, stop + shift) for start, stop in merged if start >= begin and stop <= end
-    )
-    return f"{prefix}{text[begin:end]}{suffix}", highlights

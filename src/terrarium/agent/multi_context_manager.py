@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import threading
 import weakref
 from collections import OrderedDict
@@ -39,7 +40,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from terrarium import legacy, sessions
-from terrarium.errors import ConflictError, ContextExists, ContextNotFound, LLMError
+from terrarium.errors import (
+    ConflictError,
+    ContextExists,
+    ContextNotFound,
+    IndexUnavailable,
+    LLMError,
+    StoreError,
+)
 from terrarium.formats.openai import chat_messages
 from terrarium.model import (
     ContextId,
@@ -62,6 +70,8 @@ from terrarium.stores.base import (
     SearchQuery,
     Store,
 )
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the openai client costs ~0.5 s to import; only annotations need it
     from terrarium.llm.vllm_client import ChatResult, VLLMClient
@@ -120,9 +130,9 @@ class _Context:
         state.last_active = ts
 
 
-_Row = tuple[ContextId, str, str, int, str, bool]
+_Row = tuple[ContextId, str, str, int, str, bool, str | None]
 """A row of :meth:`MultiContextManager.list_all_contexts`: context, date, created, messages,
-last active, legacy."""
+last active, legacy, problem."""
 
 
 def _build(context: ContextId, state: RestoredState, autosave: bool) -> _Context:
@@ -255,18 +265,20 @@ class MultiContextManager:
         ``session_id`` here is the context's name, as in the Terrarium format. Legacy JSON
         files beside a filesystem store are listed too (``"legacy": True``, times as the file
         wrote them) unless the log has their context; files that cannot be read are left out
-        (:func:`terrarium.legacy.listing` names them).
+        (:func:`terrarium.legacy.listing` names them). ``problem`` is None, or why some of a
+        context's log cannot be read (one line naming the file); its counts then cover what
+        could be read.
         """
         rows = self._native_rows()
         native = {row[0] for row in rows}
         for info in legacy.listing(self.store).sessions:
             if info.context not in native:
                 row = (info.context, info.date, info.created_at, info.message_count)
-                rows.append((*row, info.last_active, True))
+                rows.append((*row, info.last_active, True, None))
         with self._cache_lock:
             unsaved = {c: e.state for c, e in self._cache.items() if e.pending}
         out: dict[str, list[dict[str, Any]]] = {}
-        for context, date, created_at, count, last_active, is_legacy in rows:
+        for context, date, created_at, count, last_active, is_legacy, problem in rows:
             if context in unsaved:  # entries not saved yet are newer than any index
                 count, last_active = len(unsaved[context].history), unsaved[context].last_active
             out.setdefault(context.type, []).append(
@@ -278,6 +290,7 @@ class MultiContextManager:
                     "created_at": created_at,
                     "last_active": last_active,
                     "legacy": is_legacy,
+                    "problem": problem,
                 }
             )
         for items in out.values():
@@ -285,19 +298,39 @@ class MultiContextManager:
         return out
 
     def _native_rows(self) -> list[_Row]:
-        """The log's contexts for :meth:`list_all_contexts`."""
-        rows: list[_Row] = []
+        """The log's contexts for :meth:`list_all_contexts`: from the store's listing index if
+        it has a usable one, else by restoring each."""
         if isinstance(self.store, Listing):  # counts from the store's index: nothing restored
-            for summary in self.store.list_contexts_fast():
-                context = ContextId.parse(summary.context)
-                row = (context, summary.date, summary.created_at, summary.message_count)
-                rows.append((*row, summary.last_active, False))
-        else:
-            for head in self.store.list_contexts():
-                context = ContextId.parse(head.context)
+            try:
+                return [
+                    (
+                        ContextId.parse(s.context),
+                        s.date,
+                        s.created_at,
+                        s.message_count,
+                        s.last_active,
+                        False,
+                        s.problem,
+                    )
+                    for s in self.store.list_contexts_fast()
+                ]
+            except IndexUnavailable as exc:
+                log.warning("%s; listing from the session files instead", exc)
+        rows: list[_Row] = []
+        for head in self.store.list_contexts():
+            context = ContextId.parse(head.context)
+            try:
                 state = self._peek(context)
-                row = (context, head.date, head.created_at, len(state.history))
-                rows.append((*row, state.last_active, False))
+            except ContextNotFound:
+                continue  # deleted meanwhile
+            except StoreError as exc:  # damaged: listed, with what is wrong
+                problem = " ".join(str(exc).split())
+                rows.append(
+                    (context, head.date, head.created_at, 0, head.updated_at, False, problem)
+                )
+                continue
+            row = (context, head.date, head.created_at, len(state.history))
+            rows.append((*row, state.last_active, False, None))
         return rows
 
     def get_stats(self, context_id: str) -> dict[str, Any]:

@@ -35,6 +35,8 @@ class SessionInfo:
     message_count: int
     legacy_path: Path | None = None
     """The legacy JSON file, for a session that is not in the log yet."""
+    problem: str | None = None
+    """Why some of its log cannot be read (one line naming the file), or None."""
 
     def to_json(self) -> dict[str, Any]:
         """The stable ``--json`` form (see docs/cli.md)."""
@@ -48,6 +50,7 @@ class SessionInfo:
             "message_count": self.message_count,
             "legacy": self.legacy_path is not None,
             "legacy_path": str(self.legacy_path) if self.legacy_path is not None else None,
+            "problem": self.problem,
         }
 
 
@@ -89,6 +92,7 @@ def list_sessions(state: CliState, type: str | None = None) -> list[SessionInfo]
                     item["last_active"],
                     item["message_count"],
                     legacy_path=info.path if info is not None else None,
+                    problem=item.get("problem"),
                 )
             )
     rows.sort(key=lambda r: r.last_active, reverse=True)

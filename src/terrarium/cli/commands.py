@@ -54,6 +54,8 @@ def list_cmd(ctx: click.Context, type_: str | None, as_json: bool) -> None:
 def print_sessions(state: CliState, type_: str | None, as_json: bool) -> None:
     """The session list as a table, or as JSON."""
     rows = catalog.list_sessions(state, type_)
+    for problem in dict.fromkeys(r.problem for r in rows if r.problem):
+        state.out.note(f"warning: {problem}", style="yellow")
     if as_json:
         state.out.json({"contexts": [row.to_json() for row in rows]})
         return
@@ -65,7 +67,7 @@ def print_sessions(state: CliState, type_: str | None, as_json: bool) -> None:
         [
             [
                 r.context.display,
-                str(r.message_count),
+                "damaged" if r.problem else str(r.message_count),
                 short_time(r.last_active),
                 r.date,
                 "legacy" if r.legacy_path else "log",

@@ -256,6 +256,10 @@ class ContextSummary(Protocol):
     def last_active(self) -> str: ...
     @property
     def message_count(self) -> int: ...
+    @property
+    def problem(self) -> str | None:
+        """Why some of its data cannot be read (one line naming the file), or None."""
+        ...
 
 
 @runtime_checkable
@@ -263,7 +267,11 @@ class Listing(Protocol):
     """A store that lists contexts with their message counts without restoring each one."""
 
     def list_contexts_fast(self, type: str | None = None) -> Sequence[ContextSummary]:
-        """Every context's summary, optionally of one type, sorted by context id."""
+        """Every context's summary, optionally of one type, sorted by context id.
+
+        Raises ``IndexUnavailable`` when the index it reads cannot be brought up to date:
+        callers then list the heads and restore them.
+        """
         ...
 
 

@@ -112,7 +112,7 @@ from terrarium.model import (
     new_session_id,
     utc_now,
 )
-from terrarium.stores import fs_search
+from terrarium.stores import _db, fs_search
 from terrarium.stores._files import (
     fsync_dir,
     listdir,
@@ -1023,16 +1023,31 @@ class FsStore:
                 if not (index / "contexts").exists() and not (index / fs_search.DB_NAME).exists():
                     # The whole index was lost: rebuild the context pointers too, so that what
                     # listing and search show can also be resolved and opened.
-                    self.reindex()
+                    try:
+                        self.reindex()
+                    except OSError as exc:  # a read-only store or a full disk: readers scan
+                        if _db.kind(exc) not in ("readonly", "full"):
+                            raise
+                        log.warning("cannot rebuild the index of %s: %s", self.root, exc)
                 self._search = fs_search.SearchIndex(self.root)
             return self._search
 
     def search(self, query: SearchQuery) -> list[SearchHit]:
-        """Ranked hits for ``query`` over every segment of every context (via the index)."""
+        """Ranked hits for ``query`` over every segment of every context (via the index).
+
+        Raises:
+            IndexUnavailable: the index cannot be brought up to date (read-only and behind,
+                disk full, locked for ``fs_search.BUSY_TIMEOUT``): search the files instead,
+                as :func:`terrarium.search.search` does.
+        """
         return self.search_index.search(query)
 
     def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
-        """Every context's summary (message count, last activity), read from the index."""
+        """Every context's summary (message count, last activity), read from the index.
+
+        Raises:
+            IndexUnavailable: as :meth:`search`; list the heads and restore them instead.
+        """
         return self.search_index.list_contexts(type)
 
     def _mark(self, session_id: SessionId) -> None:

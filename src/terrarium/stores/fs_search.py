@@ -1,8 +1,9 @@
 """Full-text search and fast listing for ``FsStore``: a derived SQLite FTS5 index.
 
-The index lives beside the sessions in ``.index/search.db`` (WAL). It is derived data, never
-needed for correctness: delete it and the next search rebuilds it from the segment files;
-``FsStore.reindex()`` (``terrarium reindex``) rebuilds it in place.
+The index lives beside the sessions in ``.index/search.db`` (WAL, ``0600`` like its ``-wal``
+and ``-shm``, whatever the umask). It is derived data, never needed for correctness: delete it
+and the next search rebuilds it from the segment files; ``FsStore.reindex()`` (``terrarium
+reindex``) rebuilds it in place.
 
 **What is indexed.** Every history item of every segment of every session: ``user_input``,
 ``item`` and ``system_item`` entries, and the history a header carries (a compaction's
@@ -49,12 +50,27 @@ build indexes the least recently written sessions first).
 **Listing.** ``sessions`` holds one row per session with its context, date, head, message
 count and last activity, kept current by the same refreshes, so listing 100k contexts is one
 scan of a covering index (145 ms) instead of 100k file reads (14 s for the head records
-alone).
+alone). A session folder whose ``head.json`` is missing or unreadable is indexed with the head
+:func:`terrarium.stores.fs.head_from_segments` rebuilds, as FsStore reads it. What cannot be
+read is recorded, not skipped: a segment with a line that is not an entry, a torn or
+unparsable header or no bytes at all, a ``head.json`` that is unreadable or names a missing
+segment. The session's first problem (one line naming the file) is its summary's
+``problem``; its counts cover what could be read.
 
 **Concurrency.** Searches read a WAL snapshot and never wait. Updates run in a ``BEGIN
 IMMEDIATE`` transaction, so one process at a time indexes; the others wait for it (up to
-``BUSY_TIMEOUT`` seconds) and then find little left to do. A database that is missing,
-replaced, corrupt or of another schema version is rebuilt from the files.
+``BUSY_TIMEOUT`` seconds) and then find little left to do. A database that is missing or
+replaced is reopened (and built), one of another schema version rebuilt.
+
+**Failures.** Only an index that SQLite reports corrupt (``SQLITE_CORRUPT``,
+``SQLITE_NOTADB``) is deleted, with its ``-wal`` and ``-shm``, and rebuilt from the files. A
+lock held by another process past ``BUSY_TIMEOUT``, a full disk (``SQLITE_FULL``, or an I/O
+error on a file system with no space left) and a read-only file, folder or mount never are:
+they raise :class:`~terrarium.errors.IndexUnavailable`, naming the cause, and the callers
+answer from the log (:func:`terrarium.search.search` scans it,
+``MultiContextManager.list_all_contexts`` restores each context). An index that cannot be
+opened for writing (read-only, or a full disk) is opened read-only and still serves while it
+is current: built, no dirty marker waiting, no watched segment file changed.
 """
 
 from __future__ import annotations
@@ -71,11 +87,12 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from terrarium import codec
-from terrarium.errors import CorruptLog, StoreError
+from terrarium.errors import CorruptLog, IndexUnavailable, StoreError
 from terrarium.model import ROLES, ContextId, SegmentId, SessionId, item_text
+from terrarium.stores import _db
 from terrarium.stores._files import make_dirs, open_private
 from terrarium.stores.base import SearchHit, SearchQuery
 from terrarium.stores.fts import (
@@ -97,7 +114,7 @@ from terrarium.stores.fts import (
 log = logging.getLogger(__name__)
 
 #: Bump when the schema changes: an index of another version is dropped and rebuilt.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: An append marks its session at most this often per open segment (seconds).
 MARK_EVERY = 5.0
 #: How long a claimed session stays watched (seconds). Must exceed 2 x ``MARK_EVERY``.
@@ -117,6 +134,7 @@ _HEAD = "head.json"
 _SEGMENT_SUFFIX = ".jsonl"
 _TRACE_SUFFIX = ".trace.jsonl"
 _HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
+_T = TypeVar("_T")
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
@@ -178,6 +196,8 @@ class _Segment:
     parent: str | None
     at_seq: int | None
     last_ts: str | None
+    problem: str | None = None
+    """Why the segment cannot be read (one line, naming its file), or None."""
 
 
 @dataclass
@@ -192,8 +212,18 @@ class _Session:
     """The head-derived columns as stored (see ``_Work.index_folder``)."""
     segments: dict[str, _Segment] = field(default_factory=dict)
 
+    @property
+    def head_problem(self) -> str | None:
+        """Why its ``head.json`` could not be read (the head was rebuilt), or None."""
+        return self.values[-1] if self.values else None
 
-_HEAD_COLUMNS = "context, type, name, tid, date, folder, head, created_at, updated_at"
+
+_HEAD_COLUMNS = "context, type, name, tid, date, folder, head, created_at, updated_at, head_problem"
+# A ContextSummary's fields, in order.
+_SQL_LISTING = (
+    "SELECT context, date, message_count, last_active, created_at, updated_at, session_id, "
+    "head, problem FROM sessions"
+)
 
 _SCHEMA = [
     """CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
@@ -212,10 +242,12 @@ _SCHEMA = [
         updated_at TEXT NOT NULL,
         message_count INTEGER NOT NULL DEFAULT 0,
         last_active TEXT NOT NULL,
-        watch_until REAL)""",
+        watch_until REAL,
+        head_problem TEXT,
+        problem TEXT)""",
     # Covers the listing query: 100k rows are read in index order without a table lookup each.
     """CREATE INDEX sessions_by_context ON sessions(type, name, context, date, message_count,
-        last_active, created_at, updated_at, session_id, head)""",
+        last_active, created_at, updated_at, session_id, head, problem)""",
     """CREATE INDEX sessions_watched ON sessions(watch_until) WHERE watch_until IS NOT NULL""",
     """CREATE TABLE segments(
         id INTEGER PRIMARY KEY,
@@ -229,7 +261,8 @@ _SCHEMA = [
         continues INTEGER NOT NULL,
         parent TEXT,
         at_seq INTEGER,
-        last_ts TEXT)""",
+        last_ts TEXT,
+        problem TEXT)""",
     """CREATE INDEX segments_by_session ON segments(session)""",
     # Every history item, with its text as indexed (see prepare_text). ``tags`` is what the
     # filters match: s<session row> r<role> t<type row>, one token each.
@@ -278,6 +311,10 @@ class SearchIndex:
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._ino: int | None = None
+        self.readonly = False
+        """Whether the index was opened read-only (it then serves only while current)."""
+        self.readonly_reason: str | None = None
+        """Why it was opened read-only (``read-only``, or a full disk), for messages."""
         self._warned: set[str] = set()
         self._ranker = Ranker(Fts5Tables(recent="fts_recent", docs="docs"))
 
@@ -287,7 +324,12 @@ class SearchIndex:
     # ------------------------------------------------------------------ connection
 
     def _connection(self) -> sqlite3.Connection:
-        """The open connection; reopened (and rebuilt) if the file was deleted or replaced."""
+        """The open connection; reopened if the file was deleted or replaced.
+
+        Raises:
+            IndexUnavailable: the index cannot be opened (see "Failures" in the module
+                docstring); a corrupt one is deleted and rebuilt first.
+        """
         if self._conn is not None:
             try:
                 ino = os.stat(self.path).st_ino
@@ -297,34 +339,62 @@ class SearchIndex:
                 return self._conn
             log.info("%s was deleted or replaced: reopening it", self.path)
             self._close_connection()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.readonly_reason = None if _db.writable(self.path) else "read-only"
         try:
-            conn = self._open()
-        except sqlite3.DatabaseError as exc:
-            log.warning("%s is unreadable (%s): rebuilding it", self.path, exc)
-            self._delete_files()
-            conn = self._open()
+            conn = self._open(readonly=self.readonly_reason is not None)
+        except (sqlite3.Error, OSError) as exc:
+            conn = self._reopen(exc)
         self._conn = conn
         self._ino = os.stat(self.path).st_ino
         return conn
 
-    def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT
-        )
+    def _reopen(self, exc: BaseException) -> sqlite3.Connection:
+        """After the open failed with ``exc``: rebuild a corrupt index; open a full disk's
+        read-only (it serves while it is current); else raise IndexUnavailable."""
+        found = _db.kind(exc, self.path)
+        if self.readonly_reason is not None or found not in ("corrupt", "full", "readonly"):
+            raise self._unavailable(exc) from exc
+        if found == "corrupt":
+            log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
+            self._delete_files()
+        else:
+            self.readonly_reason = _db.describe(exc, self.path)
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            return self._open(readonly=self.readonly_reason is not None)
+        except (sqlite3.Error, OSError) as again:
+            raise self._unavailable(again) from again
+
+    def _open(self, *, readonly: bool) -> sqlite3.Connection:
+        """Open the index, creating it (``0600``) and its schema if it is writable."""
+        if not readonly:
+            _db.create_private(self.path)
+        conn = _db.connect(self.path, timeout=BUSY_TIMEOUT, readonly=readonly)
+        try:
+            if not readonly:
+                _db.enable_wal(conn, BUSY_TIMEOUT)
+                conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA temp_store=MEMORY")
             conn.execute("PRAGMA cache_size=-32000")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version != SCHEMA_VERSION:
+                if readonly:
+                    raise IndexUnavailable(
+                        f"{self.path}: {self.readonly_reason or 'read-only'}, and of schema "
+                        f"version {version}, not {SCHEMA_VERSION}"
+                    )
                 self._create_schema(conn, version)
             conn.execute("SELECT count(*) FROM meta").fetchone()
         except BaseException:
             conn.close()
             raise
+        self.readonly = readonly
         return conn
+
+    def _unavailable(self, exc: BaseException) -> IndexUnavailable:
+        """The error that says why the index cannot serve now (``exc`` in one line)."""
+        if isinstance(exc, IndexUnavailable):
+            return exc
+        return IndexUnavailable(f"{self.path}: {_db.describe(exc, self.path)}")
 
     def _create_schema(self, conn: sqlite3.Connection, version: int) -> None:
         conn.execute("BEGIN IMMEDIATE")
@@ -351,7 +421,8 @@ class SearchIndex:
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
 
     def _delete_files(self) -> None:
@@ -383,55 +454,87 @@ class SearchIndex:
 
         Args:
             full: also walk every session folder (finds writes that bypassed ``FsStore``).
+
+        Raises:
+            IndexUnavailable: it cannot be brought up to date (see "Failures").
         """
         with self._lock:
-            conn = self._connection()
-            built = conn.execute("SELECT 1 FROM meta WHERE key = 'built'").fetchone()
-            full = full or built is None
-            markers = _listdir(dirty_dir(self.root))
-            now = self.clock()
-            if not (full or markers or self._watch_needs_work(conn, now)):
-                return False
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                log.warning("search index busy (%s): searching it as it is", exc)
-                return False
-            items = self.stats.items
-            try:
-                claimed = self._update(conn, full=full, now=now)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            for path in claimed:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-            if self.stats.items - items >= _OPTIMIZE_AFTER:
-                self._optimize(conn)
-            return True
+            return self._guarded(lambda: self._refresh(full=full))
 
     def rebuild(self) -> int:
-        """Drop everything and index every session afresh; return the sessions indexed."""
+        """Drop everything and index every session afresh; return the sessions indexed.
+
+        Raises:
+            IndexUnavailable: the index cannot be written (see "Failures").
+        """
         with self._lock:
-            conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")
+            return self._guarded(self._rebuild)
+
+    def _guarded(self, run: Callable[[], _T], *, retry: bool = False) -> _T:
+        """``run()``, with a failing database turned into :class:`IndexUnavailable`.
+
+        Only a corrupt index is deleted (never a busy, full or read-only one); with ``retry``
+        ``run`` is called once more, which rebuilds it from the files.
+        """
+        for attempt in (1, 2):
             try:
-                for table in ("fts", "fts_recent"):
-                    conn.execute(f"INSERT INTO {table}({table}) VALUES('delete-all')")
-                for table in ("docs", "segments", "sessions", "types", "meta"):
-                    conn.execute(f"DELETE FROM {table}")
-                conn.execute("UPDATE recent SET floor = 1")
-                claimed = self._update(conn, full=True, now=self.clock())
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            for path in claimed:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+                return run()
+            except (sqlite3.Error, OSError) as exc:
+                if _db.kind(exc) != "corrupt" or self.readonly:
+                    raise self._unavailable(exc) from exc
+                log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
+                self._close_connection()
+                self._delete_files()
+                if not retry or attempt == 2:
+                    raise self._unavailable(exc) from exc
+        raise AssertionError("unreachable")
+
+    def _refresh(self, *, full: bool) -> bool:
+        conn = self._connection()
+        if self.readonly:
+            behind = self._behind(conn)
+            if behind is not None:
+                raise IndexUnavailable(f"{self.path}: {self.readonly_reason}, and {behind}")
+            return False
+        built = conn.execute("SELECT 1 FROM meta WHERE key = 'built'").fetchone()
+        full = full or built is None
+        markers = _listdir(dirty_dir(self.root))
+        now = self.clock()
+        if not (full or markers or self._watch_needs_work(conn, now)):
+            return False
+        items = self.stats.items
+        claimed = _transaction(conn, lambda: self._update(conn, full=full, now=now))
+        for path in claimed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if self.stats.items - items >= _OPTIMIZE_AFTER:
             self._optimize(conn)
-            return int(conn.execute("SELECT count(*) FROM sessions").fetchone()[0])
+        return True
+
+    def _behind(self, conn: sqlite3.Connection) -> str | None:
+        """Why the index may miss something the files hold, or None if it holds it all."""
+        if conn.execute("SELECT 1 FROM meta WHERE key = 'built'").fetchone() is None:
+            return "never built"
+        if _listdir(dirty_dir(self.root)) or self._watch_needs_work(conn, None):
+            return "behind the session files (sessions changed since it was last updated)"
+        return None
+
+    def _rebuild(self) -> int:
+        conn = self._connection()
+
+        def rebuild() -> list[Path]:
+            for table in ("fts", "fts_recent"):
+                conn.execute(f"INSERT INTO {table}({table}) VALUES('delete-all')")
+            for table in ("docs", "segments", "sessions", "types", "meta"):
+                conn.execute(f"DELETE FROM {table}")
+            conn.execute("UPDATE recent SET floor = 1")
+            return self._update(conn, full=True, now=self.clock())
+
+        for path in _transaction(conn, rebuild):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self._optimize(conn)
+        return int(conn.execute("SELECT count(*) FROM sessions").fetchone()[0])
 
     def _optimize(self, conn: sqlite3.Connection) -> None:
         """Merge the FTS b-trees and truncate the WAL after a large update."""
@@ -439,15 +542,16 @@ class SearchIndex:
             conn.execute(f"INSERT INTO {table}({table}) VALUES('optimize')")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
-    def _watch_needs_work(self, conn: sqlite3.Connection, now: float) -> bool:
-        """True if a watched session's watch ended or one of its segment files changed."""
+    def _watch_needs_work(self, conn: sqlite3.Connection, now: float | None) -> bool:
+        """True if a watched session's watch ended (unless ``now`` is None) or one of its
+        segment files changed."""
         rows = conn.execute(
             "SELECT s.folder, s.watch_until, g.segment_id, g.ino, g.size_seen "
             "FROM sessions s LEFT JOIN segments g ON g.session = s.id "
             "WHERE s.watch_until IS NOT NULL"
         ).fetchall()
         for folder, until, segment_id, ino, size in rows:
-            if until < now:
+            if now is not None and until < now:
                 return True
             if segment_id is None:
                 continue
@@ -533,14 +637,15 @@ class SearchIndex:
                         continue
                     entries = _scandir(session.path)
                     newest = 0.0
-                    has_head = False
+                    found_any = False  # a head, or segments to rebuild it from
                     for entry in entries:
                         if entry.name == _HEAD:
-                            has_head = True
+                            found_any = True
                         elif _segment_name(entry.name) is not None:
+                            found_any = True
                             with contextlib.suppress(FileNotFoundError):
                                 newest = max(newest, entry.stat().st_mtime)
-                    if has_head:
+                    if found_any:
                         rel = f"{kind.name}/{date.name}/{session.name}"
                         found.append((newest, rel, entries))
         found.sort(key=lambda item: (item[0], item[1]))
@@ -561,17 +666,24 @@ class SearchIndex:
         Raises:
             InvalidQuery: nothing to search for, or an invalid filter.
             InvalidContextId: ``query.context`` is not ``type:name``.
+            IndexUnavailable: the index cannot be brought up to date (see "Failures").
         """
         q = check_query(query)
         terms = query_terms(q.text)
         with self._lock:
-            self.refresh()
-            conn = self._connection()
-            conn.execute("BEGIN")
-            try:
-                return self._search(conn, q, terms)
-            finally:
-                conn.execute("COMMIT")
+            return self._guarded(
+                lambda: self._read(lambda conn: self._search(conn, q, terms)), retry=True
+            )
+
+    def _read(self, read: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``read`` on one snapshot of the index, once it is up to date."""
+        self._refresh(full=False)
+        conn = self._connection()
+        conn.execute("BEGIN")
+        try:
+            return read(conn)
+        finally:
+            conn.execute("COMMIT")
 
     def _search(
         self, conn: sqlite3.Connection, q: SearchQuery, terms: list[str]
@@ -624,19 +736,21 @@ class SearchIndex:
         return assemble_hits(ranked, meta, snippets)
 
     def list_contexts(self, type: str | None = None) -> list[ContextSummary]:
-        """Every context's summary, optionally of one type, sorted by context id."""
-        with self._lock:
-            self.refresh()
-            conn = self._connection()
-            sql = (
-                "SELECT context, date, message_count, last_active, created_at, updated_at, "
-                "session_id, head FROM sessions"
-            )
+        """Every context's summary, optionally of one type, sorted by context id.
+
+        Raises:
+            IndexUnavailable: the index cannot be brought up to date (see "Failures").
+        """
+
+        def read(conn: sqlite3.Connection) -> list[ContextSummary]:
             if type is None:
-                rows = conn.execute(f"{sql} ORDER BY type, name")
+                rows = conn.execute(f"{_SQL_LISTING} ORDER BY type, name")
             else:
-                rows = conn.execute(f"{sql} WHERE type = ? ORDER BY name", (type,))
+                rows = conn.execute(f"{_SQL_LISTING} WHERE type = ? ORDER BY name", (type,))
             return [ContextSummary(*row) for row in rows]
+
+        with self._lock:
+            return self._guarded(lambda: self._read(read), retry=True)
 
     def offsets(self) -> dict[SegmentId, int]:
         """Per segment, the byte offset the index has read up to (for tests and ``check``)."""
@@ -689,11 +803,11 @@ class _Work:
         sessions: dict[str, _Session] = {}
         by_id: dict[int, _Session] = {}
         for row in self.conn.execute(f"SELECT id, {_HEAD_COLUMNS}, session_id FROM sessions"):
-            session = _Session(row[0], row[10], row[6], row[4], tuple(row[1:10]))
+            session = _Session(row[0], row[11], row[6], row[4], tuple(row[1:11]))
             sessions[session.session_id] = by_id[session.id] = session
         for seg in self.conn.execute(
             "SELECT id, session, segment_id, ino, size_seen, offset, next_seq, items, continues, "
-            "parent, at_seq, last_ts FROM segments"
+            "parent, at_seq, last_ts, problem FROM segments"
         ):
             segment = _Segment(*seg)
             segment.continues = bool(segment.continues)
@@ -712,7 +826,7 @@ class _Work:
         session = _Session(row[0], sid, row[6], row[4], tuple(row[1:]))
         for seg in self.conn.execute(
             "SELECT id, session, segment_id, ino, size_seen, offset, next_seq, items, continues, "
-            "parent, at_seq, last_ts FROM segments WHERE session = ?",
+            "parent, at_seq, last_ts, problem FROM segments WHERE session = ?",
             (row[0],),
         ):
             segment = _Segment(*seg)
@@ -747,11 +861,15 @@ class _Work:
     ) -> str | None:
         """Index the session whose folder is ``folder``; return its session id, or None."""
         self.stats.sessions += 1
-        head = _read_head(self.root / folder / _HEAD)
+        head, problem = _folder_head(self.root / folder)
         if hint is not None and (head is None or head["session_id"] != hint):
             self.drop_session(hint)  # deleted (its folder is gone or holds a newer session)
         if head is None:
+            if problem is not None:
+                self.index.warn_once(folder, "search index: skipping %s", problem)
             return None
+        if problem is not None:
+            log.info("search index: %s", problem)  # ``list`` reports it (ContextSummary)
         sid = head["session_id"]
         try:
             context = ContextId.parse(head["context"])
@@ -770,12 +888,13 @@ class _Work:
             head["segment_id"],
             head["created_at"],
             head["updated_at"],
+            problem,
         )
         changed = session is None or session.values != values
         if session is None:
             cur = self.conn.execute(
                 f"INSERT INTO sessions({_HEAD_COLUMNS}, last_active, session_id) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (*values, head["updated_at"], sid),
             )
             session = _Session(int(cur.lastrowid or 0), sid, folder, tid, values)
@@ -790,7 +909,7 @@ class _Work:
         elif changed:
             self.conn.execute(
                 "UPDATE sessions SET context=?, type=?, name=?, tid=?, date=?, folder=?, head=?, "
-                "created_at=?, updated_at=? WHERE id = ?",
+                "created_at=?, updated_at=?, head_problem=? WHERE id = ?",
                 (*values, session.id),
             )
             session.values = values
@@ -827,7 +946,7 @@ class _Work:
         row = self.conn.execute(
             "SELECT folder FROM sessions WHERE session_id = ?", (sid,)
         ).fetchone()
-        head = _read_head(self.root / row[0] / _HEAD) if row is not None else None
+        head = _folder_head(self.root / row[0])[0] if row is not None else None
         if head is None or head["session_id"] != sid:
             self.drop_session(sid)
 
@@ -916,23 +1035,21 @@ class _Work:
             data, size = _read_from(path, segment.offset)
         except FileNotFoundError:
             return False
-        self.stats.segments_read += 1
-        self.stats.bytes_read += len(data)
-        complete, _ = codec.split_complete(data)
-        segment.size_seen = size
-        if complete:
-            try:
-                self._index_lines(session, segment, complete, str(path))
-            except StoreError as exc:
-                self.index.warn_once(str(path), "search index: skipping %s: %s", path, exc)
-                self.conn.execute(
-                    "UPDATE segments SET size_seen = ? WHERE id = ?", (size, segment.id)
-                )
-                return False
-            segment.offset += len(complete)
+        except OSError as exc:
+            data, size = b"", segment.size_seen
+            problem: str | None = f"{path}: unreadable ({exc.strerror or exc})"
+        else:
+            problem = self._read_lines(session, segment, data, path)
+            segment.size_seen = size
+        if segment.offset == 0 and problem is None:  # not even a whole header line yet
+            problem = f"{path}: {'torn header line' if size else 'empty file, no header'}"
+        if problem is not None and problem != segment.problem:
+            log.info("search index: %s", problem)  # ``list`` reports it (ContextSummary)
+        changed = bool(data) or problem != segment.problem
+        segment.problem = problem
         self.conn.execute(
             "UPDATE segments SET size_seen=?, offset=?, next_seq=?, items=?, continues=?, "
-            "parent=?, at_seq=?, last_ts=? WHERE id = ?",
+            "parent=?, at_seq=?, last_ts=?, problem=? WHERE id = ?",
             (
                 segment.size_seen,
                 segment.offset,
@@ -942,10 +1059,29 @@ class _Work:
                 segment.parent,
                 segment.at_seq,
                 segment.last_ts,
+                segment.problem,
                 segment.id,
             ),
         )
-        return True
+        return changed
+
+    def _read_lines(
+        self, session: _Session, segment: _Segment, data: bytes, path: Path
+    ) -> str | None:
+        """Index the complete lines of ``data`` (the file from the segment's offset on); return
+        why they cannot be read (one line, naming the file), or None."""
+        self.stats.segments_read += 1
+        self.stats.bytes_read += len(data)
+        complete, _ = codec.split_complete(data)
+        if not complete:
+            return None
+        try:
+            self._index_lines(session, segment, complete, str(path))
+        except StoreError as exc:
+            reason = " ".join(str(exc).split())
+            return reason if str(path) in reason else f"{path}: {reason}"
+        segment.offset += len(complete)
+        return None
 
     def _index_lines(
         self, session: _Session, segment: _Segment, complete: bytes, where: str
@@ -960,6 +1096,8 @@ class _Work:
             ts = str(line.get("ts", ""))
             kind = line["kind"]
             if seq == 0:
+                if kind != "header":
+                    raise CorruptLog(f"{where}:1: the first line is not a segment header")
                 origin = line.get("origin")
                 origin = origin if isinstance(origin, dict) else {}
                 history = line.get("history")
@@ -1026,13 +1164,19 @@ class _Work:
         )
 
     def _summarise(self, session: _Session) -> None:
-        """Store the head's message count and last activity, as a restore would find them."""
-        row = self.conn.execute("SELECT head FROM sessions WHERE id = ?", (session.id,)).fetchone()
+        """Store the head's message count and last activity, as a restore would find them,
+        and the session's first problem (see :attr:`ContextSummary.problem`)."""
+        row = self.conn.execute(
+            "SELECT head, folder FROM sessions WHERE id = ?", (session.id,)
+        ).fetchone()
         if row is None:
             return
+        problems = [session.head_problem or ""]
         head = session.segments.get(row[0])
         if head is None:
-            return
+            problems.append(f"{self.root / row[1] / _HEAD}: its segment {row[0]} does not exist")
+        problems += [session.segments[sid].problem or "" for sid in sorted(session.segments)]
+        problem = next((p for p in problems if p), None)
         count = 0
         segment: _Segment | None = head
         stop: int | None = None
@@ -1051,9 +1195,9 @@ class _Work:
             stop = segment.at_seq if segment.at_seq is not None else -1
             segment = session.segments.get(str(segment.parent))
         self.conn.execute(
-            "UPDATE sessions SET message_count = ?, last_active = coalesce(?, last_active) "
-            "WHERE id = ?",
-            (count, head.last_ts, session.id),
+            "UPDATE sessions SET message_count = ?, last_active = coalesce(?, last_active), "
+            "problem = ? WHERE id = ?",
+            (count, head.last_ts if head is not None else None, problem, session.id),
         )
 
 
@@ -1072,6 +1216,20 @@ def _doc(seq: int, item: Any, ts: str) -> tuple[int, str, str, str]:
     except (AttributeError, TypeError):
         text = ""
     return seq, str(role), ts, prepare_text(text) if isinstance(text, str) else ""
+
+
+def _transaction(conn: sqlite3.Connection, run: Callable[[], _T]) -> _T:
+    """``run()`` in one ``BEGIN IMMEDIATE`` transaction (waiting up to ``BUSY_TIMEOUT`` for
+    another process's), committed if it returns and rolled back if it raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = run()
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:  # SQLite may have rolled back itself (a full disk)
+            conn.execute("ROLLBACK")
+        raise
+    return result
 
 
 def _corrupt(where: str, expected: int, got: object) -> StoreError:
@@ -1097,17 +1255,55 @@ def _read_from(path: Path, offset: int) -> tuple[bytes, int]:
         os.close(fd)  # closing releases the lock
 
 
-def _read_head(path: Path) -> dict[str, Any] | None:
+def _folder_head(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The head record of a session folder, as FsStore reads it, and what is wrong with it.
+
+    A missing ``head.json`` is rebuilt from the segments (no problem: the head is derived);
+    an unreadable or invalid one, or one naming a segment that is not there, is rebuilt too,
+    and the problem names it. Returns (None, problem) when no head can be found or rebuilt,
+    the problem None when the folder holds no segment either (a context being deleted).
+    """
+    path = folder / _HEAD
+    problem = None
     try:
-        raw = codec.decode(path.read_bytes())
+        head = _head_record(codec.decode(path.read_bytes()))
+        if head is None:
+            problem = f"{path}: not a valid head record"
+        elif (folder / f"{head['segment_id']}{_SEGMENT_SUFFIX}").exists():
+            return head, None
+        else:
+            problem = f"{path}: names segment {head['segment_id']}, which is not there"
     except (FileNotFoundError, NotADirectoryError):
-        return None
-    except Exception:
-        log.warning("search index: unreadable head %s", path)
-        return None
+        pass
+    except OSError as exc:
+        problem = f"{path}: unreadable ({exc.strerror or exc})"
+    except Exception as exc:  # msgspec's DecodeError: not JSON
+        problem = f"{path}: not a valid head record ({' '.join(str(exc).split())})"
+    from terrarium.stores.fs import head_from_segments  # fs imports this module
+
+    try:
+        rebuilt = head_from_segments(folder)
+    except (StoreError, OSError) as exc:
+        has_segments = any(_segment_name(name) for name in _listdir(folder))
+        if problem is None and not has_segments:
+            return None, None
+        return None, f"{problem or path.parent}; no head can be rebuilt: {exc}"
+    head = _head_record(
+        {
+            "context": rebuilt.context,
+            "session_id": str(rebuilt.session_id),
+            "segment_id": str(rebuilt.segment_id),
+            "created_at": rebuilt.created_at,
+            "updated_at": rebuilt.updated_at,
+        }
+    )
+    return head, f"{problem}; rebuilt from the segments" if problem else None
+
+
+def _head_record(raw: Any) -> dict[str, Any] | None:
+    """``raw`` if it is a head record (ids made canonical), else None."""
     keys = ("context", "session_id", "segment_id", "created_at", "updated_at")
     if not isinstance(raw, dict) or not all(isinstance(raw.get(k), str) for k in keys):
-        log.warning("search index: malformed head %s", path)
         return None
     for key in ("session_id", "segment_id"):
         if not _CANONICAL_UUID.fullmatch(raw[key]):

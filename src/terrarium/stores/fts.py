@@ -2,8 +2,9 @@
 
 Also the text handling that every store's search shares (``PostgresStore`` included): how an
 item's text is prepared for indexing, how the user's words become a query (always data, never
-syntax), how snippets are marked and turned into highlight spans, bm25 in Python for the scan
-fallback, and the listing record.
+syntax), how snippets are marked and turned into highlight spans, bm25, phrase counts and
+snippets in Python for what is searched by scanning (:func:`terrarium.search.scan`, the
+entries a ``SqliteStore`` could not index), and the listing record.
 
 **Ranking** (:class:`Ranker`). bm25 (``k1=1.2``, ``b=0.75``, FTS5's own) over the text
 column. The filters (type, context, role) are tokens of a second column, ``tags``, so FTS5
@@ -282,6 +283,91 @@ def bm25(
 TAG_TOKENS = 3
 
 
+# --------------------------------------------------------------------------- scanning
+
+#: A scanned hit's snippet: about this many characters, from this many before the first match.
+_SNIPPET_CHARS = 200
+_CONTEXT_CHARS = 60
+
+
+def phrase_count(tokens: Sequence[str], phrase: Sequence[str]) -> int:
+    """How many times ``phrase`` occurs in ``tokens`` (overlapping, as FTS5 counts)."""
+    if not phrase:
+        return 0
+    n = len(phrase)
+    first = phrase[0]
+    return sum(
+        1
+        for i, token in enumerate(tokens)
+        if token == first and list(tokens[i : i + n]) == list(phrase)
+    )
+
+
+def scan_snippet(
+    text: str, phrases: Sequence[Sequence[str]]
+) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """A window of ``text`` around the first match, with every match in it highlighted
+    (the snippet of a hit found by scanning, where FTS5's ``snippet()`` is not at hand)."""
+    spans = token_spans(text)
+    tokens = [token for token, _, _ in spans]
+    found: list[tuple[int, int]] = []
+    for phrase in phrases:
+        n = len(phrase)
+        for i in range(len(tokens) - n + 1):
+            if tokens[i : i + n] == list(phrase):
+                found.append((spans[i][1], spans[i + n - 1][2]))
+    found.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in found:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    begin = 0
+    if len(text) > _SNIPPET_CHARS and merged:
+        begin = max(0, merged[0][0] - _CONTEXT_CHARS)
+        # Start at a token boundary.
+        begin = next((s for _, s, _ in spans if s >= begin), begin)
+    end = min(len(text), begin + _SNIPPET_CHARS)
+    prefix = "…" if begin > 0 else ""
+    suffix = "…" if end < len(text) else ""
+    shift = len(prefix) - begin
+    highlights = tuple(
+        (start + shift, stop + shift) for start, stop in merged if start >= begin and stop <= end
+    )
+    return f"{prefix}{text[begin:end]}{suffix}", highlights
+
+
+def shown_text(prepared: str) -> str:
+    """Text as :func:`prepare_text` made it, without the separators it set CJK apart with."""
+    return prepared if prepared.isascii() else prepared.replace(_SEP, "")
+
+
+def fts5_totals(conn: sqlite3.Connection, table: str) -> tuple[int, int]:
+    """The rows of FTS5 table ``table`` and the tokens in all its columns, as its bm25 sees them.
+
+    FTS5 keeps both in its "averages" record (rowid 1 of ``{table}_data``): SQLite varints,
+    the row count and then each column's token total. (0, 0) for an empty table.
+    """
+    row = conn.execute(f"SELECT block FROM {table}_data WHERE id = 1").fetchone()
+    numbers: list[int] = []
+    data = bytes(row[0]) if row is not None and row[0] is not None else b""
+    i = 0
+    while i < len(data):
+        value = 0
+        for k in range(9):
+            byte = data[i]
+            i += 1
+            if k == 8:
+                value = (value << 8) | byte
+                break
+            value = (value << 7) | (byte & 0x7F)
+            if not byte & 0x80:
+                break
+        numbers.append(value)
+    return (numbers[0], sum(numbers[1:])) if numbers else (0, 0)
+
+
 # --------------------------------------------------------------------------- listing
 
 
@@ -307,6 +393,10 @@ class ContextSummary(msgspec.Struct, frozen=True, gc=False):
     """The session id, as text (see :attr:`session_id`)."""
     head: str
     """The head segment id, as text (see :attr:`segment_id`)."""
+    problem: str | None = None
+    """Why some of the context's data cannot be read, in one line naming the file (a damaged
+    segment, an unreadable head record), or None. Its counts then cover only what could be
+    read."""
 
     @property
     def session_id(self) -> SessionId:

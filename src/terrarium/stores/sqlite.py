@@ -76,6 +76,18 @@ last activity, as a restore would find them, from one scan of the heads, restori
 the catch-up adds each read entry to the counts of the head it extends, and a head move counts
 its new segment (its header's history, or a fork's prefix of its parent, and its entries).
 
+**Read-only databases.** A database file that this process cannot write (the file, its
+folder, a read-only mount), or that a full disk keeps from opening for writing, is opened
+read-only (``mode=ro``, or ``immutable`` when its ``-shm`` file cannot be created and no
+``-wal`` file holds data), and no migration is applied: a schema that needs one is refused in
+one line. Writes raise :class:`~terrarium.errors.StoreError` naming the cause. Where the
+derived state cannot be caught up (read-only, a full disk, a lock held past ``busy_timeout``),
+a listing adds the entries past ``wm`` to the counts of the heads they extend, and a search
+scans their history items, scoring them with bm25 over FTS5's own totals (its "averages"
+record) plus theirs, so nothing acknowledged is missed. The database file is created
+``0600`` before SQLite opens it, so its ``-wal`` and ``-shm`` are too; missing folders
+``0700``.
+
 **Threads.** Connections come from a small pool: a thread takes an idle connection for one
 call and gives it back, so reads in many threads run in parallel under WAL, and the number of
 connections is bounded by the number of calls in flight, not by how many threads ever touched
@@ -97,7 +109,6 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -116,6 +127,7 @@ from terrarium.errors import (
     StoreError,
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
+from terrarium.stores import _db
 from terrarium.stores.base import (
     NewEntry,
     PodMetadata,
@@ -130,15 +142,22 @@ from terrarium.stores.fts import (
     HIGHLIGHT_CLOSE,
     HIGHLIGHT_OPEN,
     SNIPPET_TOKENS,
+    TAG_TOKENS,
     ContextSummary,
     Fts5Tables,
     Ranker,
     assemble_hits,
+    bm25,
     body_match,
     check_query,
     fts5_phrases,
+    fts5_totals,
     indexed_item,
+    phrase_count,
     query_terms,
+    scan_snippet,
+    shown_text,
+    tokenize,
 )
 from terrarium.stores.locks import file_lock
 from terrarium.stores.migrations import Migrations
@@ -226,9 +245,14 @@ class SqliteStore:
                 power loss), ``EXTRA`` or ``OFF``.
             busy_timeout: seconds to wait for another process's write lock.
 
+        A database that this process cannot write (its file or folder, a read-only mount) or
+        that a full disk keeps from opening for writing is opened read-only: reads work, writes
+        raise StoreError (see "Read-only databases").
+
         Raises:
             FormatVersionError: the database was written by a newer terrarium.
-            StoreError: the file is not a SQLite database, or WAL cannot be enabled on it.
+            StoreError: the file is not a SQLite database, WAL cannot be enabled on it, or it
+                is read-only and needs a migration.
         """
         if str(path) == ":memory:" or str(path).startswith("file:"):
             raise ValueError(
@@ -252,23 +276,48 @@ class SqliteStore:
         self._seen: OrderedDict[tuple[SessionId, SegmentId], tuple[str, str, int]] = OrderedDict()
         self._wm = 0
         self._closed = False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.readonly_reason: str | None = None
+        """Why the database is opened read-only (see "Read-only databases"), or None."""
+        if self.path.exists() and not _db.writable(self.path):
+            self.readonly_reason = "read-only"
+        else:
+            try:
+                _db.create_private(self.path)
+            except OSError as exc:
+                raise StoreError(f"{self.path}: cannot create it: {_db.describe(exc)}") from exc
         try:
-            conn = self._connect()
+            conn = self._open_first()
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.path}: {exc}") from exc
+            found = _db.kind(exc, self.path)
+            if self.readonly_reason is not None or found not in ("full", "readonly"):
+                raise self._error(exc) from exc
+            self.readonly_reason = _db.describe(exc, self.path)
+            try:
+                conn = self._open_first()
+            except sqlite3.DatabaseError as again:
+                raise self._error(again) from again
+        self._idle.append(conn)
+
+    @property
+    def readonly(self) -> bool:
+        """Whether the database is opened read-only (see "Read-only databases")."""
+        return self.readonly_reason is not None
+
+    def _open_first(self) -> sqlite3.Connection:
+        """The first connection: migrated (or, read-only, checked readable), in WAL mode."""
+        conn = self._connect()
         try:
-            mode_now = _enable_wal(conn, busy_timeout)
-            if str(mode_now).lower() != "wal":
-                raise StoreError(f"{self.path}: cannot use WAL journaling (got {mode_now!r})")
-            migrate(conn, where=str(self.path))
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            raise StoreError(f"{self.path}: {exc}") from exc
+            if self.readonly:
+                _check_readable(conn, where=str(self.path))
+            else:
+                mode_now = _db.enable_wal(conn, self.busy_timeout)
+                if str(mode_now).lower() != "wal":
+                    raise StoreError(f"{self.path}: cannot use WAL journaling (got {mode_now!r})")
+                migrate(conn, where=str(self.path))
         except BaseException:
             conn.close()
             raise
-        self._idle.append(conn)
+        return conn
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r}, synchronous={self.synchronous!r})"
@@ -282,12 +331,7 @@ class SqliteStore:
     # ---------------------------------------------------------------- connections
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self.path,
-            timeout=self.busy_timeout,
-            isolation_level=None,  # we issue BEGIN/COMMIT ourselves
-            check_same_thread=False,  # connections move between threads via the pool
-        )
+        conn = _db.connect(self.path, timeout=self.busy_timeout, readonly=self.readonly)
         try:
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             # SQLite's default page cache is 2 MB; ranking reads each match's row sizes, and
@@ -298,6 +342,13 @@ class SqliteStore:
             raise
         return conn
 
+    def _error(self, exc: sqlite3.Error, what: str = "") -> StoreError:
+        """``exc`` as a one-line StoreError naming the database (and a full disk as one)."""
+        reason = _db.describe(exc, self.path)
+        if self.readonly_reason is not None and _db.kind(exc) == "readonly":
+            reason = self.readonly_reason  # a write refused because the disk was full
+        return StoreError(f"{self.path}: {what}{reason}")
+
     def _borrow(self) -> sqlite3.Connection:
         with self._lock:
             if self._closed:
@@ -307,7 +358,7 @@ class SqliteStore:
         try:
             return self._connect()
         except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: {exc}") from exc
+            raise self._error(exc) from exc
 
     def _give_back(self, conn: sqlite3.Connection) -> None:
         with self._lock:
@@ -327,7 +378,7 @@ class SqliteStore:
         try:
             yield conn
         except sqlite3.OperationalError as exc:
-            raise StoreError(f"{self.path}: {exc}") from exc
+            raise self._error(exc) from exc
         finally:
             self._give_back(conn)
 
@@ -363,7 +414,7 @@ class SqliteStore:
                     conn.execute("ROLLBACK")
                 raise
         except sqlite3.OperationalError as exc:
-            raise StoreError(f"{self.path}: {exc}") from exc
+            raise self._error(exc) from exc
         finally:
             local.conn = None
             self._give_back(conn)
@@ -432,13 +483,20 @@ class SqliteStore:
 
         The counts are kept on the heads by the derived-state catch-up (see the module
         docstring), which runs first if entries arrived since it last did; then this is one
-        scan of the heads.
+        scan of the heads. Where the catch-up cannot write (a read-only database, a full
+        disk), the entries it would have read complete the counts.
         """
-        self._catch_up()
+        self._try_catch_up()
         where, args = ("WHERE type = ?", (type,)) if type is not None else ("", ())
-        with self._read() as conn:
+        with self._snapshot() as conn:
             rows = conn.execute(_SQL_LISTING.format(where=where), args).fetchall()
-        return [ContextSummary(*row) for row in rows]
+            late = _late_counts(conn)
+        summaries = [ContextSummary(*row) for row in rows]
+        if not late:
+            return summaries
+        return [
+            _with_late(summary, late.get((summary.session, summary.head))) for summary in summaries
+        ]
 
     # ---------------------------------------------------------------- search
 
@@ -457,18 +515,39 @@ class SqliteStore:
         """
         q = check_query(query)
         phrases = [fts5_phrases([term]) for term in query_terms(q.text)]
-        self._catch_up()
+        self._try_catch_up()
+        with self._snapshot() as conn:
+            try:
+                hits = _search(conn, self._ranker, q, phrases)
+                late = _late_hits(conn, q, phrases)
+            except sqlite3.OperationalError as exc:
+                raise self._error(exc, "search failed: ") from exc
+        if not late:
+            return hits
+        return sorted(hits + late, key=lambda hit: hit.score, reverse=True)[: q.limit]
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A connection in a read transaction: one snapshot for every statement."""
         with self._read() as conn:
             own = not conn.in_transaction
             if own:
-                conn.execute("BEGIN")  # one snapshot for every statement below
+                conn.execute("BEGIN")
             try:
-                return _search(conn, self._ranker, q, phrases)
-            except sqlite3.OperationalError as exc:
-                raise StoreError(f"{self.path}: search failed: {exc}") from exc
+                yield conn
             finally:
                 if own:
                     conn.execute("COMMIT")
+
+    def _try_catch_up(self) -> None:
+        """Catch the derived state up before a read, where it can be written; else the read
+        completes it from the entries past ``wm`` (see "Read-only databases")."""
+        if self.readonly:
+            return
+        try:
+            self._catch_up()
+        except StoreError as exc:
+            log.warning("%s; reading the entries that it has not indexed instead", exc)
 
     # ---------------------------------------------------------------- contexts
 
@@ -580,7 +659,7 @@ class SqliteStore:
                     )
                 proposal = at
         except sqlite3.OperationalError as exc:
-            raise StoreError(f"{self.path}: {exc}") from exc
+            raise self._error(exc) from exc
         finally:
             if held is None:
                 self._give_back(conn)
@@ -735,24 +814,6 @@ class SqliteStore:
 # --------------------------------------------------------------------------- helpers
 
 
-def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> str:
-    """Switch to WAL and return the journal mode now in force.
-
-    Openers racing on a new file can get "database is locked" at once: SQLite does not call
-    the busy handler for this change. So retry, up to ``busy_timeout`` seconds.
-    """
-    deadline = time.monotonic() + busy_timeout
-    delay = 0.001
-    while True:
-        try:
-            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
-                raise
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
-
-
 def _next_seq(conn: sqlite3.Connection, session: str, segment: str) -> int:
     """The seq the segment's next entry gets; SegmentNotFound if there is no such segment."""
     last = conn.execute(_SQL_MAX_SEQ, (session, segment)).fetchone()[0]
@@ -881,12 +942,9 @@ def _catch_up(conn: sqlite3.Connection, *, counts: bool = True) -> int:
         (wm,),
     )
     for s, g, seq, kind, ts, text in pending:
-        counted = segments.setdefault((s, g), [0, ts])
-        counted[1] = ts
+        _tally(segments, s, g, seq, kind, ts)
         if kind not in _HISTORY_KINDS and seq != 0:
             continue
-        if seq != 0:
-            counted[0] += 1
         try:
             line = codec.decode(text)
         except msgspec.DecodeError:
@@ -906,6 +964,17 @@ def _catch_up(conn: sqlite3.Connection, *, counts: bool = True) -> int:
     hw, floor = _add_docs(conn, docs, hw, floor)
     conn.execute("UPDATE search_meta SET wm = ?, hw = ?, floor = ?", (top, hw, floor))
     return int(top)
+
+
+def _tally(
+    counts: dict[tuple[str, str], list[Any]], s: str, g: str, seq: int, kind: str, ts: str
+) -> None:
+    """Add one entry to ``counts``: per (session, segment), the history items it adds to the
+    listing count of a head on that segment, and the time of its last entry."""
+    counted = counts.setdefault((s, g), [0, ts])
+    counted[1] = ts
+    if seq != 0 and kind in _HISTORY_KINDS:
+        counted[0] += 1
 
 
 def _add_docs(
@@ -964,6 +1033,111 @@ def _unindex_session(conn: sqlite3.Connection, session_id: str) -> None:
             (found, low),
         )
     conn.execute("DELETE FROM search_docs WHERE id IN (SELECT value FROM json_each(?))", (found,))
+
+
+# --------------------------------------------------------------------------- late entries
+# What a read sees of the entries past ``wm`` when the derived state could not be caught up.
+
+_SQL_LATE = (
+    "SELECT session_id, segment_id, seq, kind, ts, line FROM entries WHERE id > ? ORDER BY id"
+)
+
+
+def _late_counts(conn: sqlite3.Connection) -> dict[tuple[str, str], list[Any]]:
+    """Per (session, segment), what the entries past ``wm`` add to a head's listing counts
+    (see :func:`_tally`); empty when the derived state has read every entry."""
+    wm, top = conn.execute(_SQL_PENDING).fetchone()
+    counts: dict[tuple[str, str], list[Any]] = {}
+    if top is not None and top > wm:
+        for s, g, seq, kind, ts, _ in conn.execute(_SQL_LATE, (wm,)):
+            _tally(counts, s, g, seq, kind, ts)
+    return counts
+
+
+def _with_late(summary: ContextSummary, late: list[Any] | None) -> ContextSummary:
+    if late is None:
+        return summary
+    count, last = late
+    return msgspec.structs.replace(
+        summary, message_count=summary.message_count + count, last_active=last
+    )
+
+
+def _late_hits(conn: sqlite3.Connection, q: SearchQuery, phrases: list[str]) -> list[SearchHit]:
+    """Hits among the history items of the entries past ``wm``, found by scanning them.
+
+    Scored with bm25 as FTS5 would score them in ``search_fts`` with them added (its row and
+    token totals and each phrase's rows, plus theirs); the indexed hits keep the scores FTS5
+    gave them without these items, a difference of a few rows in the statistics.
+    """
+    wm, top = conn.execute(_SQL_PENDING).fetchone()
+    if top is None or top <= wm:
+        return []
+    docs = _late_docs(conn, wm)
+    if not docs:
+        return []
+    terms = [tokenize(term) for term in query_terms(q.text)]
+    freqs = [[phrase_count(doc[-1], term) for term in terms] for doc in docs]
+    rows, tokens = fts5_totals(conn, "search_fts")
+    rows += len(docs)
+    average = (tokens + sum(len(doc[-1]) + TAG_TOKENS for doc in docs)) / rows
+    doc_freqs = [
+        sum(1 for f in freqs if f[i])
+        + conn.execute(
+            "SELECT count(*) FROM search_fts WHERE search_fts MATCH ?", (body_match([phrase]),)
+        ).fetchone()[0]
+        for i, phrase in enumerate(phrases)
+    ]
+    hits = []
+    for (context, created, s, g, seq, role, ts, text, found), freq in zip(docs, freqs, strict=True):
+        kind = context.partition(":")[0]
+        if not all(freq) or (q.context or context) != context or (q.type or kind) != kind:
+            continue
+        if (q.role or role) != role or (q.since is not None and ts < q.since):
+            continue
+        snippet, spans = scan_snippet(text, terms)
+        score = bm25(freq, doc_freqs, rows, len(found) + TAG_TOKENS, average)
+        hits.append(
+            SearchHit(
+                context,
+                created[:10],
+                uuid.UUID(s),
+                uuid.UUID(g),
+                seq,
+                role,
+                ts,
+                snippet,
+                spans,
+                score,
+            )
+        )
+    return hits
+
+
+def _late_docs(conn: sqlite3.Connection, wm: int) -> list[tuple[Any, ...]]:
+    """(context, created_at, session, segment, seq, role, ts, text, tokens) of every history
+    item with text in the entries past ``wm`` whose context exists."""
+    contexts: dict[str, tuple[str, str] | None] = {}
+    docs: list[tuple[Any, ...]] = []
+    for s, g, seq, kind, _, text in conn.execute(_SQL_LATE, (wm,)):
+        if kind not in _HISTORY_KINDS and seq != 0:
+            continue
+        if s not in contexts:
+            row = conn.execute(
+                "SELECT context, created_at FROM contexts WHERE session_id = ?", (s,)
+            )
+            contexts[s] = row.fetchone()
+        where = contexts[s]
+        try:
+            line = codec.decode(text)
+        except msgspec.DecodeError:
+            continue  # as the catch-up skips it
+        if where is None:
+            continue
+        for doc_seq, role, ts, body in _line_docs(seq, line):
+            shown = shown_text(body)
+            docs.append((*where, s, g, doc_seq, role, ts, shown, tokenize(shown)))
+    return docs
 
 
 # --------------------------------------------------------------------------- search
@@ -1051,6 +1225,25 @@ def migrate(conn: sqlite3.Connection, *, where: str, stop_after: str | None = No
         if step.name == stop_after:
             break
     return done
+
+
+def _check_readable(conn: sqlite3.Connection, *, where: str) -> None:
+    """Refuse, in one line, a read-only database whose schema this version cannot read.
+
+    Raises:
+        FormatVersionError: it records a migration this version does not know.
+        StoreError: it lacks migrations (or is empty), which a read-only open cannot apply.
+    """
+    try:
+        applied = _applied(conn)
+    except sqlite3.OperationalError:  # no migrations table: empty, or not a terrarium database
+        applied = []
+    missing = [step.name for step in MIGRATIONS.pending(applied, where=where)]
+    if missing:
+        raise StoreError(
+            f"{where}: read-only, and its schema is older than this terrarium's (it lacks "
+            f"{', '.join(missing)}): open it once with write access to migrate it"
+        )
 
 
 def _applied(conn: sqlite3.Connection) -> list[str]:

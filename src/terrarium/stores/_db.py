@@ -1,0 +1,147 @@
+"""SQLite plumbing that ``SqliteStore`` and ``FsStore``'s search index share.
+
+* **Private files.** :func:`create_private` makes the database file ``0600`` (and its missing
+  folders ``0700``) before SQLite opens it: SQLite gives the ``-wal`` and ``-shm`` files the
+  database file's mode, but creates a missing database file with ``0644`` minus the umask.
+* **Read-only opens.** :func:`connect` opens ``mode=ro`` when asked (a file or folder that is
+  not writable, a read-only mount, a full disk). A WAL database whose ``-shm`` file is missing
+  and cannot be created (a read-only folder, a full disk) is then opened ``immutable``, which
+  is safe only while no ``-wal`` file holds data: otherwise the open fails.
+* **What went wrong.** :func:`kind` tells corruption (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``)
+  from a busy, full or read-only database by the error's code, never by its message: only
+  corruption justifies rebuilding derived state, and a full disk is named as one.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Literal
+
+from terrarium.stores._files import make_dirs, open_private
+
+Kind = Literal["corrupt", "busy", "full", "readonly", "other"]
+
+# Primary result codes (https://www.sqlite.org/rescode.html); extended codes keep them in the
+# low byte.
+_BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 5, 6, 8, 10, 11, 13, 14, 26
+_PERM = 3
+_KINDS: dict[int, Kind] = {
+    _CORRUPT: "corrupt",
+    _NOTADB: "corrupt",
+    _BUSY: "busy",
+    _LOCKED: "busy",
+    _FULL: "full",
+    _READONLY: "readonly",
+    _PERM: "readonly",
+    _CANTOPEN: "readonly",
+}
+_WORDS: dict[Kind, str] = {
+    "corrupt": "corrupt",
+    "busy": "busy: another process holds its lock",
+    "full": "disk full",
+    "readonly": "read-only",
+    "other": "unusable",
+}
+
+
+def kind(exc: BaseException, where: Path | None = None) -> Kind:
+    """What kind of failure ``exc`` is, from its SQLite result code or its ``errno``.
+
+    SQLite reports a ``-shm`` file that cannot grow as a disk I/O error, without the
+    ``errno``; so an I/O error on the file system of ``where`` that has no free space left is
+    a full disk.
+    """
+    found: Kind = "other"
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        found = _KINDS.get(code & 0xFF, "other") if isinstance(code, int) else "other"
+    elif isinstance(exc, OSError):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            found = "full"
+        elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            found = "readonly"
+    if found == "other" and where is not None:
+        try:
+            if os.statvfs(where.parent).f_bavail == 0:
+                found = "full"
+        except OSError:
+            pass
+    return found
+
+
+def describe(exc: BaseException, where: Path | None = None) -> str:
+    """A one-line reason for ``exc``: its kind in words, then what SQLite or the OS said."""
+    detail = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return f"{_WORDS[kind(exc, where)]} ({detail})"
+
+
+def writable(path: Path) -> bool:
+    """Whether this process may write ``path`` (if it exists) and create files beside it (or
+    the folders missing on the way to it)."""
+    folder = path.parent
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    folder_ok = os.access(folder, os.W_OK | os.X_OK)
+    return folder_ok and (not path.exists() or os.access(path, os.W_OK))
+
+
+def create_private(path: Path) -> None:
+    """Create the database file ``path`` empty and ``0600`` unless it exists (folders 0700)."""
+    make_dirs(path.parent)
+    os.close(open_private(path, os.O_RDWR | os.O_CREAT))
+
+
+def connect(path: Path, *, timeout: float, readonly: bool) -> sqlite3.Connection:
+    """An autocommit connection to ``path``, read-only if ``readonly`` (see the docstring).
+
+    Raises:
+        sqlite3.Error: the database cannot be opened or read.
+    """
+    # Callers share a connection between threads under their own lock.
+    if not readonly:
+        return _checked(sqlite3.connect(path, timeout=timeout, check_same_thread=False))
+    uri = path.absolute().as_uri()
+    try:
+        return _checked(
+            sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=timeout, check_same_thread=False)
+        )
+    except sqlite3.Error as exc:
+        wal = Path(f"{path}-wal")
+        if kind(exc, path) not in ("readonly", "full") or (wal.exists() and wal.stat().st_size):
+            raise
+    return _checked(
+        sqlite3.connect(f"{uri}?immutable=1", uri=True, timeout=timeout, check_same_thread=False)
+    )
+
+
+def _checked(conn: sqlite3.Connection) -> sqlite3.Connection:
+    """``conn`` once it has read the schema (opening alone reads nothing), in autocommit mode."""
+    conn.isolation_level = None
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def enable_wal(conn: sqlite3.Connection, timeout: float) -> str:
+    """Switch to WAL and return the journal mode now in force.
+
+    Openers racing on a new file can get ``SQLITE_BUSY`` at once: SQLite does not call the
+    busy handler for this change. So retry, up to ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if kind(exc) != "busy" or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
