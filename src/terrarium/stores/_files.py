@@ -33,8 +33,11 @@ def make_dirs(path: Path) -> None:
             break
         current = current.parent
     for folder in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+        try:
             os.mkdir(folder, DIR_MODE)
+        except FileExistsError:  # another process made it meanwhile, or it is not a folder
+            if not folder.is_dir():
+                raise NotADirectoryError(f"{folder} exists and is not a folder") from None
 
 
 def open_private(path: Path, flags: int) -> int:
