@@ -63,6 +63,7 @@ from terrarium.model import (
     new_segment_id,
     new_session_id,
 )
+from terrarium.stores._files import fsync_dir
 from terrarium.stores.base import PodMetadata, Store
 
 LEGACY_HEADER_KEY = "legacy"
@@ -548,15 +549,6 @@ def stale_partials(path: Path) -> list[Path]:
     """Temporary files that an interrupted :func:`atomic_write_bytes` of ``path`` left."""
     pattern = re.compile(re.escape(_partial_prefix(path)) + r"[0-9a-f]{16}\.partial")
     return [path.parent / name for name in _listdir(path.parent) if pattern.fullmatch(name)]
-
-
-def fsync_dir(folder: Path) -> None:
-    """``fsync`` a directory so that a rename or unlink in it survives a power cut."""
-    fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write(path: str | os.PathLike[str], session: LegacySession) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 #: The mode of every file terrarium creates.
@@ -78,6 +79,67 @@ def write_atomic(path: Path, data: bytes, *, sync: bool) -> None:
         raise
     if sync:
         fsync_dir(path.parent)
+
+
+def write_new(path: Path, data: bytes, *, sync: bool) -> None:
+    """Create ``path`` holding ``data``: it appears whole or not at all, never half written.
+
+    The bytes go to a temporary file that is then hard-linked to ``path`` (``link`` never
+    replaces: ``FileExistsError`` if ``path`` exists). With ``sync``, the data and the folder
+    are fsynced. The temporary name is removed whatever happens.
+    """
+    tmp = _temporary(path, data, sync=sync)
+    try:
+        os.link(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    if sync:
+        fsync_dir(path.parent)
+
+
+def write_beside(path: Path, data: bytes, suffix: Callable[[int], str]) -> Path:
+    """Create a side file ``{name}.{suffix(n)}`` beside ``path`` holding ``data``, durably.
+
+    ``n`` counts up from 1 until the name is free, so a side file is never overwritten; the
+    file appears whole (see :func:`write_new`).
+    """
+    tmp = _temporary(path, data, sync=True)
+    try:
+        return link_free(tmp, path, suffix)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def link_free(source: Path, path: Path, suffix: Callable[[int], str]) -> Path:
+    """Hard-link ``source`` to the first free ``{path.name}.{suffix(n)}``, n = 1, 2, ..."""
+    number = 1
+    while True:
+        target = path.with_name(f"{path.name}.{suffix(number)}")
+        try:
+            os.link(source, target)
+        except FileExistsError:
+            number += 1
+            continue
+        return target
+
+
+def _temporary(path: Path, data: bytes, *, sync: bool) -> Path:
+    """A new temporary file beside ``path`` holding ``data`` (removed if writing it fails)."""
+    tmp = path.with_name(f".tmp-{uuid.uuid4().hex}")
+    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        write_all(fd, data)
+        if sync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    return tmp
 
 
 def fsync_dir(path: Path) -> None:

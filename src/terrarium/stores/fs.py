@@ -114,12 +114,14 @@ from terrarium.model import (
 )
 from terrarium.stores import _db, fs_search
 from terrarium.stores._files import (
-    fsync_dir,
+    link_free,
     listdir,
     make_dirs,
     open_private,
     write_all,
     write_atomic,
+    write_beside,
+    write_new,
 )
 from terrarium.stores.base import (
     NewEntry,
@@ -1118,27 +1120,8 @@ class FsStore:
         return size, int(seq) + 1, torn
 
     def _write_new(self, path: Path, data: bytes, *, sync: bool | None = None) -> None:
-        """Create ``path`` holding ``data``, whole; ``FileExistsError`` if it exists.
-
-        The bytes are written to a temporary file that is then hard-linked into place, so no
-        reader or crash ever sees the new file empty or half written.
-        """
-        sync = self._sync() if sync is None else sync
-        tmp = path.with_name(f".tmp-{uuid.uuid4().hex}")
-        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            try:
-                write_all(fd, data)
-                if sync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.link(tmp, path)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        if sync:
-            fsync_dir(path.parent)  # else a power cut can lose the new file's name
+        """Create ``path`` holding ``data``, whole; ``FileExistsError`` if it exists."""
+        write_new(path, data, sync=self._sync() if sync is None else sync)
 
     def _flush_loop(self) -> None:
         while not self._closed.wait(self.batch_interval):
@@ -1341,31 +1324,8 @@ def _read_complete_bytes(path: Path) -> bytes:
 
 
 def _write_side(path: Path, data: bytes, suffix: Callable[[int], str]) -> str:
-    """Copy ``data`` to a new side file ``{name}.{suffix(n)}`` beside ``path``, durably.
-
-    ``n`` counts up from 1 until the name is free: a side file is never overwritten. The file
-    appears whole (written, synced, then linked into place) or not at all.
-    """
-    tmp = path.with_name(f".tmp-{uuid.uuid4().hex}")
-    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    try:
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        number = 1
-        while True:
-            side = path.with_name(f"{path.name}.{suffix(number)}")
-            try:
-                os.link(tmp, side)
-            except FileExistsError:
-                number += 1
-                continue
-            return str(side)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    """Copy ``data`` to a new side file ``{name}.{suffix(n)}`` beside ``path``; its path."""
+    return str(write_beside(path, data, suffix))
 
 
 # --------------------------------------------------------------------------- files
@@ -1467,16 +1427,9 @@ def _move_torn(path: Path, fd: int, offset: int, data: bytes) -> str:
 
 def _set_aside(path: Path, why: str) -> Path:
     """Rename ``path`` to a new ``{name}.{why}-{n}`` beside it (never over another)."""
-    number = 1
-    while True:
-        side = path.with_name(f"{path.name}.{why}-{number}")
-        try:
-            os.link(path, side)
-        except FileExistsError:
-            number += 1
-            continue
-        os.unlink(path)
-        return side
+    side = link_free(path, path, lambda n: f"{why}-{n}")
+    os.unlink(path)
+    return side
 
 
 def _write_pointer(path: Path, data: bytes) -> None:
