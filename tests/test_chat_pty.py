@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from fakeserver import FakeServer
+from helpers.logs import segment_lines
 from terrarium import FsStore, SegmentStartState, create_segment, restore, save_delta
 from terrarium.model import ContextId
 
@@ -83,15 +84,6 @@ def add_context(root: Path, context: str, turns: int) -> None:
 def history(root: Path, context: str) -> list[dict[str, Any]]:
     with FsStore(root) as store:
         return restore(store, context).history
-
-
-def segment_lines(root: Path, context: str) -> list[dict[str, Any]]:
-    with FsStore(root) as store:
-        head = store.get_head(ContextId.parse(context))
-        folder = store.folder_of(ContextId.parse(context))
-        assert head is not None and folder is not None
-        text = (folder / f"{head.segment_id}.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines()]
 
 
 def leave(child: Any) -> None:

@@ -30,6 +30,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fakeserver import ROLES_MESSAGE, FakeServer
+from helpers.logs import segment_lines as lines_of
 from terrarium import ContextId, FsStore, SegmentStartState, create_segment, restore, save_delta
 from terrarium.agent.multi_context_manager import MultiContextManager
 from terrarium.errors import LLMError
@@ -49,16 +50,6 @@ def strict() -> Iterator[FakeServer]:
 def make_manager(server: FakeServer, root: Path, **kwargs: Any) -> MultiContextManager:
     client = VLLMClient(base_url=server.root_url, max_retries=0, backoff_base=0.001)
     return MultiContextManager(client, storage_dir=str(root), **kwargs)
-
-
-def lines_of(root: Path, context: str) -> list[dict[str, Any]]:
-    """Every line of the context's head segment, as written."""
-    with FsStore(root) as store:
-        head = store.get_head(ContextId.parse(context))
-        folder = store.folder_of(ContextId.parse(context))
-        assert head is not None and folder is not None
-        text = (folder / f"{head.segment_id}.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines()]
 
 
 def history_of(root: Path, context: str) -> list[dict[str, Any]]:

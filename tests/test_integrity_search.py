@@ -177,6 +177,25 @@ def _fill(folder: Path) -> None:
 # --------------------------------------------------------------------------- 6: locks
 
 
+@contextlib.contextmanager
+def _holding(script: str, db: Path) -> Iterator[None]:
+    """Run ``script`` on ``db`` in another process while the block runs (it prints "held")."""
+    with subprocess.Popen(
+        [sys.executable, "-c", script, str(db)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        assert holder.stdin is not None and holder.stdout is not None
+        try:
+            assert holder.stdout.readline() == "held\n"
+            yield
+        finally:
+            holder.stdin.write("go\n")
+            holder.stdin.close()
+            holder.wait(timeout=60)
+
+
 HOLD_LOCK = """
 import sqlite3, sys
 conn = sqlite3.connect(sys.argv[1], isolation_level=None)
@@ -199,40 +218,28 @@ def test_an_index_locked_by_another_process_is_waited_for_never_deleted(tmp_path
         _add(store, "cli:main", "a late walrus")  # marked, not yet indexed
     db = root / ".index" / fs_search.DB_NAME
     ino = db.stat().st_ino
-    with subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(db)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as holder:
-        assert holder.stdin is not None and holder.stdout is not None
-        try:
-            assert holder.stdout.readline() == "held\n"
-            searcher = subprocess.run(
-                [
-                    sys.executable,
-                    "-c",
-                    "import sys; from terrarium.stores import fs_search; "
-                    "fs_search.BUSY_TIMEOUT = 0.5; from terrarium.cli import cli; "
-                    "cli(sys.argv[1:])",
-                    "search",
-                    "walrus",
-                    "--json",
-                    "--storage-dir",
-                    str(root),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=300,
-                check=False,
-            )
-            assert _snippets(searcher) == {"an early walrus", "a late walrus"}
-            assert "busy" in searcher.stderr and "corrupt" not in searcher.stderr
-            assert db.stat().st_ino == ino
-        finally:
-            holder.stdin.write("go\n")
-            holder.stdin.close()
-            holder.wait(timeout=60)
+    with _holding(HOLD_LOCK, db):
+        searcher = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from terrarium.stores import fs_search; "
+                "fs_search.BUSY_TIMEOUT = 0.5; from terrarium.cli import cli; "
+                "cli(sys.argv[1:])",
+                "search",
+                "walrus",
+                "--json",
+                "--storage-dir",
+                str(root),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert _snippets(searcher) == {"an early walrus", "a late walrus"}
+        assert "busy" in searcher.stderr and "corrupt" not in searcher.stderr
+        assert db.stat().st_ino == ino
     with FsStore(root) as store:  # the same file serves again, and catches up
         assert {hit.snippet for hit in store.search_index.search(_query("walrus"))} == {
             "an early walrus",
@@ -265,22 +272,9 @@ def test_a_wal_switch_that_meets_a_reader_is_retried_never_deleted(
     sqlite3.connect(db).close()  # an empty database: rollback mode, as a racing opener left it
     ino = db.stat().st_ino
     monkeypatch.setattr(fs_search, "BUSY_TIMEOUT", 0.5)
-    with subprocess.Popen(
-        [sys.executable, "-c", HOLD_READ, str(db)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as holder:
-        assert holder.stdin is not None and holder.stdout is not None
-        try:
-            assert holder.stdout.readline() == "held\n"
-            with FsStore(root) as store:
-                assert [hit.snippet for hit in search(store, "walrus")] == ["a walrus"]
-            assert db.stat().st_ino == ino
-        finally:
-            holder.stdin.write("go\n")
-            holder.stdin.close()
-            holder.wait(timeout=60)
+    with _holding(HOLD_READ, db), FsStore(root) as store:
+        assert [hit.snippet for hit in search(store, "walrus")] == ["a walrus"]
+        assert db.stat().st_ino == ino
     with FsStore(root) as store:  # the reader gone, the same file becomes the index
         assert [hit.snippet for hit in store.search_index.search(_query("walrus"))] == ["a walrus"]
     assert db.stat().st_ino == ino

@@ -17,7 +17,8 @@ import pytest
 
 import terrarium
 from fakeserver import FakeServer
-from terrarium import ContextId, FsStore, MemoryStore, restore
+from helpers.logs import segment_lines
+from terrarium import FsStore, MemoryStore, restore
 from terrarium.agent.multi_context_manager import MultiContextManager
 from terrarium.errors import ContextNotFound, InvalidContextId, LLMError
 from terrarium.llm.vllm_client import VLLMClient
@@ -37,17 +38,6 @@ def root(tmp_path: Path) -> Iterator[Path]:
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
-
-
-def segment_lines(root: Path, context: str) -> list[dict[str, Any]]:
-    """Every line of the context's head segment, decoded from the file."""
-    with FsStore(root) as store:
-        head = store.get_head(ContextId.parse(context))
-        assert head is not None
-        folder = store.folder_of(ContextId.parse(context))
-        assert folder is not None
-        text = (folder / f"{head.segment_id}.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines()]
 
 
 def test_seed_api_example_end_to_end(fake_server: FakeServer, root: Path) -> None:
@@ -184,29 +174,6 @@ def test_server_error_keeps_input_and_logs_error(fake_server: FakeServer, root: 
     with FsStore(root) as store:
         history = restore(store, "irc:#err").history
     assert [m["content"] for m in history] == ["first", "second", "echo: first\n\nsecond"]
-
-
-def test_mid_stream_drop(fake_server: FakeServer, root: Path) -> None:
-    """A server that drops mid-stream: partial text recorded with the error, input kept."""
-    fake_server.chunks = 5
-    fake_server.drop_next(after_chunks=3)
-
-    async def main() -> list[str]:
-        manager = make_manager(fake_server, root)
-        got: list[str] = []
-        with pytest.raises(LLMError):
-            async for delta in manager.stream_with_context("game:run1", "go on"):
-                got.append(delta)
-        assert await manager.process_with_context("game:run1", "again") == "echo: go on\n\nagain"
-        await manager.aclose()
-        return got
-
-    got = run(main())
-    assert got  # some text had arrived before the drop
-    lines = segment_lines(root, "game:run1")
-    errored = next(line for line in lines if line["kind"] == "run_errored")
-    assert errored["partial"] == "".join(got)
-    assert lines[1]["item"]["content"] == "go on"
 
 
 def test_cancellation_is_logged(fake_server: FakeServer, root: Path) -> None:
