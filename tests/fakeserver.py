@@ -658,6 +658,22 @@ class FakeServer:
         """
         self._queue(Fault("status", status, message, code, retry_after), count)
 
+    def hold_replies(self, text: str = "late") -> tuple[threading.Event, threading.Event]:
+        """Make replies wait until released: returns ``(arrived, release)``.
+
+        ``arrived`` is set when a request reaches the reply; it then waits (up to 30 s) for
+        ``release`` before answering ``text``. For tests that interrupt a turn mid-reply.
+        """
+        arrived, release = threading.Event(), threading.Event()
+
+        def held(messages: list[dict[str, Any]]) -> str:
+            arrived.set()
+            release.wait(timeout=30)
+            return text
+
+        self.reply = held
+        return arrived, release
+
     def drop_next(self, after_chunks: int = 1, count: int = 1) -> None:
         """Close the connection of the next ``count`` streams after ``after_chunks`` SSE events.
 

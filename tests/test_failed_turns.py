@@ -20,7 +20,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -142,14 +141,7 @@ def test_cli_server_down_then_up_sends_the_kept_words(tmp_path: Path) -> None:
 def test_cli_sigint_mid_reply_from_a_pipe_is_logged(tmp_path: Path, strict: FakeServer) -> None:
     """Ctrl-C (SIGINT) while a piped chat waits for a reply: the run is logged as cancelled."""
     root = tmp_path / "sessions"
-    arrived, release = threading.Event(), threading.Event()
-
-    def held(messages: list[dict[str, Any]]) -> str:
-        arrived.set()
-        release.wait(timeout=30)
-        return "late"
-
-    strict.reply = held
+    arrived, release = strict.hold_replies()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TERRARIUM_")}
     args = ["chat", "cli:p", "--base-url", strict.base_url, "--storage-dir", str(root)]
     child = subprocess.Popen(
@@ -252,14 +244,7 @@ def test_a_client_that_raises(root: Path, strict: FakeServer, stream: bool) -> N
 
 def test_a_cancelled_task_is_logged_and_the_next_turn_folds(root: Path, strict: FakeServer) -> None:
     """A task cancelled around ``stream_with_context`` logs ``cancelled``; cancellation goes on."""
-    arrived, release = threading.Event(), threading.Event()
-
-    def held(messages: list[dict[str, Any]]) -> str:
-        arrived.set()
-        release.wait(timeout=30)
-        return "late"
-
-    strict.reply = held
+    arrived, release = strict.hold_replies()
 
     async def main() -> None:
         manager = make_manager(strict, root)

@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -178,14 +177,7 @@ def test_server_error_keeps_input_and_logs_error(fake_server: FakeServer, root: 
 
 def test_cancellation_is_logged(fake_server: FakeServer, root: Path) -> None:
     """A cancelled call keeps the input, logs the run as errored 'cancelled', and recovers."""
-    arrived, release = threading.Event(), threading.Event()
-
-    def held_reply(messages: list[dict[str, Any]]) -> str:
-        arrived.set()
-        release.wait(timeout=30)
-        return "late"
-
-    fake_server.reply = held_reply
+    arrived, release = fake_server.hold_replies()
 
     async def main() -> None:
         manager = make_manager(fake_server, root)
