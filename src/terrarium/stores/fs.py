@@ -353,16 +353,16 @@ class FsStore:
         where ``cli:main`` lives) is not this context's. A folder whose head can be neither
         read nor rebuilt is returned with its problem: it is damaged, not missing.
         """
-        folder = parent / context.encoded_name
+        folder = self._inside(parent / context.encoded_name)  # before reading anything in it
         try:
             head, problem = self._head_in(folder, context)
         except FileNotFoundError:
             return None  # no head.json and no segment: not a context folder
         except CorruptLog as exc:
-            return ContextFolder(context, self._inside(folder), None, str(exc))
+            return ContextFolder(context, folder, None, str(exc))
         if head.context != str(context):
             return None
-        return ContextFolder(context, self._inside(folder), head, problem)
+        return ContextFolder(context, folder, head, problem)
 
     def _index_best_effort(
         self, context: ContextId, folder: Path, head: PodMetadata | None
