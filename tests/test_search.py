@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from terrarium import FsStore, MemoryStore, codec
+from terrarium import text as text_module
 from terrarium.errors import InvalidContextId
 from terrarium.model import ContextId, Item, SegmentStartState
 from terrarium.search import InvalidQuery, scan, search
@@ -220,7 +221,7 @@ HOSTILE = [
 def test_query_syntax_is_matched_as_words(store: FsStore, text: str) -> None:
     """FTS5 and SQL syntax in a query is data: no error, and it finds the words it holds."""
     _context(store, "cli:a", f"the message says {text} literally", "something else entirely")
-    words = fts.tokenize(text)
+    words = text_module.tokenize(text)
     if not words:
         with pytest.raises(InvalidQuery):
             store.search(SearchQuery(text))
@@ -277,7 +278,7 @@ def test_unicode_is_folded_and_cjk_is_found_inside_words(
     assert _texts(scan(store, SearchQuery(query))) == [expected]
     for hit in hits:
         for a, b in hit.highlights:
-            assert fts.tokenize(hit.snippet[a:b])
+            assert text_module.tokenize(hit.snippet[a:b])
 
 
 def test_marker_characters_in_the_text_cannot_fake_highlights(store: FsStore) -> None:

@@ -43,8 +43,8 @@ from terrarium.stores.base import (
     SearchQuery,
     Store,
 )
-from terrarium.stores.fts import tokenize
 from terrarium.stores.sqlite import SqliteStore
+from terrarium.text import tokenize
 
 FACTORIES: dict[str, Callable[[Path, pytest.FixtureRequest], Store]] = {
     "fs": make_fs,
@@ -391,6 +391,19 @@ def test_unicode_is_folded_and_cjk_is_found_inside_words(
         assert hit.highlights
         for a, b in hit.highlights:
             assert tokenize(hit.snippet[a:b])
+
+
+def test_adjacent_matches_are_highlighted_alike_by_every_backend_and_the_scan(
+    store: Store,
+) -> None:
+    """Two CJK words in a row, each a match, are two highlights that touch, not one, on FTS5,
+    PostgreSQL and the scan fallback alike (one rule: ``terrarium.text.match_spans``)."""
+    _context(store, "cli:a", "東京大阪 と 京都")
+    expected = ((0, 2), (2, 4))
+    [hit] = _search(store, "東京 大阪")
+    assert (hit.snippet, hit.highlights) == ("東京大阪 と 京都", expected)
+    [scanned] = scan(store, SearchQuery("東京 大阪"))
+    assert (scanned.snippet, scanned.highlights) == ("東京大阪 と 京都", expected)
 
 
 def test_odd_text_is_stored_and_found(store: Store) -> None:
@@ -747,8 +760,8 @@ def test_postgres_search_words_keep_the_length_and_the_words(text: str) -> None:
     """search_words is one character for one (headlines map back by offset) and leaves only
     FsStore's words, folded."""
     pytest.importorskip("psycopg")
-    from terrarium.stores.fts import prepare_text
     from terrarium.stores.postgres import search_words
+    from terrarium.text import prepare_text
 
     prepared = prepare_text(text)
     words = search_words(prepared)

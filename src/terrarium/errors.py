@@ -69,6 +69,11 @@ class SegmentNotFound(StoreError, KeyError):
 class ConflictError(StoreError):
     """A writer's view is stale: the segment's tail or the context's head moved under it."""
 
+    @classmethod
+    def stale_seq(cls, segment_id: object, at: int, expected: int | None) -> ConflictError:
+        """An append that expected the segment at seq ``expected`` found it at ``at``."""
+        return cls(f"segment {segment_id} is at seq {at}, the writer expected {expected}")
+
 
 class CorruptLog(StoreError):
     """A log line in the middle of a segment is not a valid entry (names file and line)."""

@@ -699,6 +699,12 @@ class EntryKind(StrEnum):
     EXTENSION = "extension"
 
 
+HISTORY_KINDS: frozenset[str] = frozenset(
+    (EntryKind.USER_INPUT.value, EntryKind.ITEM.value, EntryKind.SYSTEM_ITEM.value)
+)
+"""The entry kinds that carry one history item: what restore puts in the history, what search
+indexes, what listings count."""
+
 ENVELOPE_KEYS = ("v", "seq", "ts", "kind")
 
 

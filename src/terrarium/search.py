@@ -32,12 +32,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from terrarium.errors import IndexUnavailable, InvalidQuery
-from terrarium.model import ContextId, item_text
+from terrarium.model import HISTORY_KINDS, ContextId, item_text
 from terrarium.stores.base import Searchable, SearchHit, SearchQuery, Store
 from terrarium.stores.fts import (
     TAG_TOKENS,
     bm25,
     check_query,
+)
+from terrarium.text import (
     phrase_count,
     query_terms,
     scan_snippet,
@@ -47,8 +49,6 @@ from terrarium.stores.fts import (
 __all__ = ["InvalidQuery", "SearchHit", "SearchQuery", "scan", "search"]
 
 log = logging.getLogger(__name__)
-
-_HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
 
 
 def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
@@ -107,7 +107,7 @@ def scan(store: Store, query: SearchQuery | str) -> list[SearchHit]:
             for item in history if isinstance(history, list) else ():
                 docs.append(_doc(context, head, segment_id, 0, item, str(header.get("ts", ""))))
             for line in read.entries:
-                if line.get("kind") in _HISTORY_KINDS:
+                if line.get("kind") in HISTORY_KINDS:
                     docs.append(
                         _doc(context, head, segment_id, line["seq"], line.get("item"), line["ts"])
                     )

@@ -22,6 +22,7 @@ from typing import Any, Protocol, cast
 from terrarium.errors import ConflictError, ContextNotFound, InvalidEntry
 from terrarium.model import (
     FORMAT_VERSION,
+    HISTORY_KINDS,
     POD_SCOPE_EXTENSION_DOMAIN,
     ContextId,
     EntryKind,
@@ -489,7 +490,6 @@ def restore_by_segment(
     return state
 
 
-_HISTORY_KINDS = frozenset((EntryKind.USER_INPUT, EntryKind.ITEM, EntryKind.SYSTEM_ITEM))
 _KNOWN = frozenset(EntryKind)
 
 
@@ -517,7 +517,7 @@ def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredSt
     line: Mapping[str, Any] = first
     for line in lines:
         kind = line["kind"]
-        if kind in _HISTORY_KINDS:  # nearly every line: test it first
+        if kind in HISTORY_KINDS:  # nearly every line: test it first
             history.append(line["item"])
         elif kind == "usage":
             prompt += line.get("prompt_tokens", 0)

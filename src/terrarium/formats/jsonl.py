@@ -28,6 +28,7 @@ from terrarium.errors import (
 )
 from terrarium.model import (
     ENVELOPE_KEYS,
+    HISTORY_KINDS,
     ContextId,
     EntryKind,
     LoggedItem,
@@ -36,9 +37,6 @@ from terrarium.model import (
     SessionId,
 )
 from terrarium.stores.base import NewEntry, PodMetadata, Store
-
-_HISTORY_KINDS = frozenset((EntryKind.USER_INPUT, EntryKind.ITEM, EntryKind.SYSTEM_ITEM))
-
 
 # --------------------------------------------------------------------------- reading
 
@@ -143,7 +141,7 @@ def timed_history(lines: Iterable[Mapping[str, Any]]) -> list[TimedItem]:
     first = True
     for line in lines:
         kind = line["kind"]
-        if kind in _HISTORY_KINDS:
+        if kind in HISTORY_KINDS:
             event = line.get("event") if kind == EntryKind.SYSTEM_ITEM else None
             items.append(TimedItem(line["item"], line["ts"], kind, event))
         elif kind == EntryKind.HEADER:

@@ -51,6 +51,7 @@ from typing import Any
 from terrarium import codec, sessions
 from terrarium.errors import ContextNotFound, InvalidEntry
 from terrarium.model import (
+    HISTORY_KINDS,
     ContextId,
     EntryKind,
     LoggedItem,
@@ -84,7 +85,6 @@ _META_KEYS = (
 _MESSAGE_KEYS = ("role", "content", "timestamp")
 _DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _TYPE_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
-_HISTORY_KINDS = frozenset((EntryKind.USER_INPUT, EntryKind.ITEM, EntryKind.SYSTEM_ITEM))
 
 
 class LegacyFormatError(InvalidEntry):
@@ -714,7 +714,7 @@ def _timed_history(lines: Sequence[Mapping[str, Any]]) -> list[_Timed]:
     first = True
     for line in lines:
         kind = line["kind"]
-        if kind in _HISTORY_KINDS:
+        if kind in HISTORY_KINDS:
             items.append(_Timed(line["item"], line["ts"], None))
         elif kind == EntryKind.HEADER:
             fresh = line.get("history")

@@ -24,21 +24,28 @@ Optional abilities are sub-protocols detected with ``isinstance`` (:class:`Conte
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import msgspec
+
 from terrarium.errors import InvalidEntry
 from terrarium.model import (
     ENVELOPE_KEYS,
     FORMAT_VERSION,
+    HISTORY_KINDS,
     ContextId,
     SegmentId,
     SessionId,
     TornTail,
     TraceEntry,
 )
+
+#: ``HISTORY_KINDS`` as an SQL list, for ``kind IN ...`` (the kinds are fixed slugs).
+HISTORY_KINDS_SQL = "(" + ", ".join(f"'{kind}'" for kind in sorted(HISTORY_KINDS)) + ")"
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,23 +250,42 @@ class Searchable(Protocol):
         ...
 
 
-class ContextSummary(Protocol):
-    """One context as a listing shows it."""
+class ContextSummary(msgspec.Struct, frozen=True, gc=False):
+    """One context as ``list`` shows it, read from the index (no session file opened).
+
+    Holds only strings and numbers, so the cyclic garbage collector need not track it: a
+    listing of 100k contexts would otherwise set off its passes over the whole heap.
+    """
+
+    context: str
+    """The context id, ``type:name``."""
+    date: str
+    """The creation date, ``YYYY-MM-DD``."""
+    message_count: int
+    """History items in the head segment's restored state."""
+    last_active: str
+    """Timestamp of the head segment's last entry."""
+    created_at: str
+    updated_at: str
+    """When the head last moved."""
+    session: str
+    """The session id, as text (see :attr:`session_id`)."""
+    head: str
+    """The head segment id, as text (see :attr:`segment_id`)."""
+    problem: str | None = None
+    """Why some of the context's data cannot be read, in one line naming the file (a damaged
+    segment, an unreadable head record), or None. Its counts then cover only what could be
+    read."""
 
     @property
-    def context(self) -> str: ...
+    def session_id(self) -> SessionId:
+        """The session id."""
+        return uuid.UUID(self.session)
+
     @property
-    def date(self) -> str: ...
-    @property
-    def created_at(self) -> str: ...
-    @property
-    def last_active(self) -> str: ...
-    @property
-    def message_count(self) -> int: ...
-    @property
-    def problem(self) -> str | None:
-        """Why some of its data cannot be read (one line naming the file), or None."""
-        ...
+    def segment_id(self) -> SegmentId:
+        """The head segment id."""
+        return uuid.UUID(self.head)
 
 
 @runtime_checkable

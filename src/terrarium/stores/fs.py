@@ -124,6 +124,7 @@ from terrarium.stores._files import (
     write_new,
 )
 from terrarium.stores.base import (
+    ContextSummary,
     NewEntry,
     PodMetadata,
     SearchHit,
@@ -132,7 +133,6 @@ from terrarium.stores.base import (
     header_line,
     iter_lines,
 )
-from terrarium.stores.fts import ContextSummary
 from terrarium.stores.locks import file_lock
 
 log = logging.getLogger(__name__)
@@ -712,10 +712,7 @@ class FsStore:
                     handle.size, handle.next_seq, _ = self._scan_tail(session_id, segment_id, fd)
                 first = handle.next_seq
                 if expected_seq is not None and expected_seq != first:
-                    raise ConflictError(
-                        f"segment {segment_id} is at seq {first}, "
-                        f"the writer expected {expected_seq}"
-                    )
+                    raise ConflictError.stale_seq(segment_id, first, expected_seq)
                 data = codec.encode_lines(list(iter_lines(entries, first)))
                 self._write_all(fd, data, handle.size, segment_id)
                 if self.durability == "fsync":

@@ -91,22 +91,23 @@ from typing import Any, TypeVar
 
 from terrarium import codec
 from terrarium.errors import CorruptLog, IndexUnavailable, StoreError
-from terrarium.model import ROLES, ContextId, SegmentId, SessionId, item_text
+from terrarium.model import HISTORY_KINDS, ROLES, ContextId, SegmentId, SessionId, item_text
 from terrarium.stores import _db
 from terrarium.stores._files import make_dirs, open_private
-from terrarium.stores.base import SearchHit, SearchQuery
+from terrarium.stores.base import ContextSummary, SearchHit, SearchQuery
 from terrarium.stores.fts import (
-    ELLIPSIS,
-    HIGHLIGHT_CLOSE,
-    HIGHLIGHT_OPEN,
-    SNIPPET_TOKENS,
-    ContextSummary,
     Fts5Tables,
     Ranker,
     assemble_hits,
     body_match,
     check_query,
     fts5_phrases,
+)
+from terrarium.text import (
+    ELLIPSIS,
+    HIGHLIGHT_CLOSE,
+    HIGHLIGHT_OPEN,
+    SNIPPET_TOKENS,
     prepare_text,
     query_terms,
 )
@@ -133,7 +134,6 @@ _CLAIMED = ".claimed-"
 _HEAD = "head.json"
 _SEGMENT_SUFFIX = ".jsonl"
 _TRACE_SUFFIX = ".trace.jsonl"
-_HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
 _T = TypeVar("_T")
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -1108,7 +1108,7 @@ class _Work:
                     segment.at_seq = at_seq if isinstance(at_seq, int) else None
                 for item in history if isinstance(history, list) else ():
                     docs.append(_doc(0, item, ts))
-            elif kind in _HISTORY_KINDS:
+            elif kind in HISTORY_KINDS:
                 docs.append(_doc(seq, line.get("item"), ts))
             last_ts = ts
             seq += 1

@@ -49,17 +49,15 @@ import datetime as dt
 import math
 import re
 import sqlite3
-import unicodedata
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from terrarium.errors import InvalidQuery
-from terrarium.model import ROLES, ContextId, SegmentId, SessionId, item_text
+from terrarium.model import ROLES, ContextId
 from terrarium.stores.base import SearchHit, SearchQuery
+from terrarium.text import query_terms, snippet_spans
 
 #: Queries matching more rows than this are ranked among their most recent matches.
 RANK_WINDOW = 2000
@@ -68,102 +66,9 @@ COMMON_SHARE = 0.05
 #: The longest accepted ``limit``.
 MAX_LIMIT = 1000
 
-# --------------------------------------------------------------------------- text and queries
+# --------------------------------------------------------------------------- queries
 
-# Marker characters for snippet(); text that contains them is indexed with U+FFFD instead.
-_OPEN, _CLOSE = "\ue000", "\ue001"
-_ELLIPSIS = "…"
-_SNIPPET_TOKENS = 24
-# Put around every CJK character so unicode61 makes each one a token ("\x1f" is a separator).
-_SEP = "\x1f"
-#: Public names of the snippet settings, for other FTS5 backends (SqliteStore) to share.
-HIGHLIGHT_OPEN, HIGHLIGHT_CLOSE, ELLIPSIS, SNIPPET_TOKENS = (
-    _OPEN,
-    _CLOSE,
-    _ELLIPSIS,
-    _SNIPPET_TOKENS,
-)
-_CJK = (
-    "\u1100-\u11ff\u3005-\u3007\u3040-\u309f\u30a0-\u30ff\u3100-\u312f\u3130-\u318f"
-    "\u31a0-\u31bf\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\ua960-\ua97f\uac00-\ud7af"
-    "\ud7b0-\ud7ff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
-)
-_CJK_RE = re.compile(f"([{_CJK}])")
-_TOKEN_RE = re.compile(f"[{_CJK}]|(?:[^\\W_{_CJK}]|[\ue002-\uf8ff])+")
-_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
-_MARKERS = str.maketrans({_OPEN: "\ufffd", _CLOSE: "\ufffd"})
-_SNIPPET_SPLIT = re.compile(f"([{_OPEN}{_CLOSE}])")
 _DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
-#: A word character as the FTS5 tokenizer sees it (CJK characters are words of one).
-TOKEN_RE = _TOKEN_RE
-#: What ``prepare_text`` puts around each CJK character: a separator to the tokenizer.
-SEPARATOR = _SEP
-
-
-def prepare_text(text: str) -> str:
-    """The text as indexed: NFC, marker characters replaced, CJK characters set apart."""
-    if not text.isascii():
-        text = unicodedata.normalize("NFC", text).translate(_MARKERS)
-        text = _CJK_RE.sub(f"{_SEP}\\1{_SEP}", text)
-    return text
-
-
-def fold(token: str) -> str:
-    """A token as FTS5 compares it: lower-cased, without accents."""
-    if token.isascii():
-        return token.lower()
-    decomposed = unicodedata.normalize("NFD", token)
-    return "".join(c for c in decomposed if unicodedata.category(c) != "Mn").lower()
-
-
-def tokenize(text: str) -> list[str]:
-    """The tokens FTS5 finds in ``text``, as Python sees them (for the scan fallback).
-
-    Runs of letters and digits, lower-cased without accents; each CJK character is a token.
-    SQLite's tokenizer uses older Unicode tables, so rare scripts and recent emoji can differ.
-    """
-    return [fold(m.group()) for m in _TOKEN_RE.finditer(text)]
-
-
-def token_spans(text: str) -> list[tuple[str, int, int]]:
-    """Each token of ``text`` with its ``(start, end)`` character span."""
-    return [(fold(m.group()), m.start(), m.end()) for m in _TOKEN_RE.finditer(text)]
-
-
-def query_terms(text: str) -> list[str]:
-    """The user's terms that contain something to search for, each as indexed.
-
-    Raises:
-        InvalidQuery: no term has a letter or digit (an empty query, ``*``, only emoji).
-    """
-    if not isinstance(text, str):
-        raise InvalidQuery(f"a search query must be a string, not {type(text).__name__}")
-    terms = []
-    for raw in _CONTROL_RE.sub(" ", text).split():
-        term = prepare_text(raw)
-        if _TOKEN_RE.search(term):
-            terms.append(term)
-    if not terms:
-        shown = text if len(text) <= 40 else text[:40] + "..."
-        raise InvalidQuery(
-            f"nothing to search for in {shown!r}: a query needs at least one letter or digit"
-        )
-    return terms
-
-
-def indexed_item(item: Any) -> tuple[str, str] | None:
-    """A history item's role (``other`` if unknown) and text as indexed, or None when it
-    has no text to find (not an item, or no text in it)."""
-    if not isinstance(item, Mapping):
-        return None
-    try:
-        text = item_text(item)
-    except (AttributeError, TypeError):
-        return None
-    if not isinstance(text, str) or not text:
-        return None
-    role = item.get("role")
-    return role if role in ROLES else "other", prepare_text(text)
 
 
 def fts5_phrases(terms: Iterable[str]) -> str:
@@ -205,26 +110,6 @@ def _normalise_since(since: str) -> str:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def snippet_spans(marked: str) -> tuple[str, tuple[tuple[int, int], ...]]:
-    """Strip the markers and separators from an FTS5 snippet; return it and its highlights."""
-    out: list[str] = []
-    spans: list[tuple[int, int]] = []
-    length = 0
-    start = -1
-    for part in _SNIPPET_SPLIT.split(marked):
-        if part == _OPEN:
-            start = length
-        elif part == _CLOSE:
-            if start >= 0 and length > start:
-                spans.append((start, length))
-            start = -1
-        elif part:
-            part = part.replace(_SEP, "")
-            out.append(part)
-            length += len(part)
-    return "".join(out), tuple(spans)
 
 
 def assemble_hits(
@@ -283,66 +168,6 @@ def bm25(
 TAG_TOKENS = 3
 
 
-# --------------------------------------------------------------------------- scanning
-
-#: A scanned hit's snippet: about this many characters, from this many before the first match.
-_SNIPPET_CHARS = 200
-_CONTEXT_CHARS = 60
-
-
-def phrase_count(tokens: Sequence[str], phrase: Sequence[str]) -> int:
-    """How many times ``phrase`` occurs in ``tokens`` (overlapping, as FTS5 counts)."""
-    if not phrase:
-        return 0
-    n = len(phrase)
-    first = phrase[0]
-    return sum(
-        1
-        for i, token in enumerate(tokens)
-        if token == first and list(tokens[i : i + n]) == list(phrase)
-    )
-
-
-def scan_snippet(
-    text: str, phrases: Sequence[Sequence[str]]
-) -> tuple[str, tuple[tuple[int, int], ...]]:
-    """A window of ``text`` around the first match, with every match in it highlighted
-    (the snippet of a hit found by scanning, where FTS5's ``snippet()`` is not at hand)."""
-    spans = token_spans(text)
-    tokens = [token for token, _, _ in spans]
-    found: list[tuple[int, int]] = []
-    for phrase in phrases:
-        n = len(phrase)
-        for i in range(len(tokens) - n + 1):
-            if tokens[i : i + n] == list(phrase):
-                found.append((spans[i][1], spans[i + n - 1][2]))
-    found.sort()
-    merged: list[tuple[int, int]] = []
-    for start, end in found:
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
-        else:
-            merged.append((start, end))
-    begin = 0
-    if len(text) > _SNIPPET_CHARS and merged:
-        begin = max(0, merged[0][0] - _CONTEXT_CHARS)
-        # Start at a token boundary.
-        begin = next((s for _, s, _ in spans if s >= begin), begin)
-    end = min(len(text), begin + _SNIPPET_CHARS)
-    prefix = "…" if begin > 0 else ""
-    suffix = "…" if end < len(text) else ""
-    shift = len(prefix) - begin
-    highlights = tuple(
-        (start + shift, stop + shift) for start, stop in merged if start >= begin and stop <= end
-    )
-    return f"{prefix}{text[begin:end]}{suffix}", highlights
-
-
-def shown_text(prepared: str) -> str:
-    """Text as :func:`prepare_text` made it, without the separators it set CJK apart with."""
-    return prepared if prepared.isascii() else prepared.replace(_SEP, "")
-
-
 def fts5_totals(conn: sqlite3.Connection, table: str) -> tuple[int, int]:
     """The rows of FTS5 table ``table`` and the tokens in all its columns, as its bm25 sees them.
 
@@ -366,47 +191,6 @@ def fts5_totals(conn: sqlite3.Connection, table: str) -> tuple[int, int]:
                 break
         numbers.append(value)
     return (numbers[0], sum(numbers[1:])) if numbers else (0, 0)
-
-
-# --------------------------------------------------------------------------- listing
-
-
-class ContextSummary(msgspec.Struct, frozen=True, gc=False):
-    """One context as ``list`` shows it, read from the index (no session file opened).
-
-    Holds only strings and numbers, so the cyclic garbage collector need not track it: a
-    listing of 100k contexts would otherwise set off its passes over the whole heap.
-    """
-
-    context: str
-    """The context id, ``type:name``."""
-    date: str
-    """The creation date, ``YYYY-MM-DD``."""
-    message_count: int
-    """History items in the head segment's restored state."""
-    last_active: str
-    """Timestamp of the head segment's last entry."""
-    created_at: str
-    updated_at: str
-    """When the head last moved."""
-    session: str
-    """The session id, as text (see :attr:`session_id`)."""
-    head: str
-    """The head segment id, as text (see :attr:`segment_id`)."""
-    problem: str | None = None
-    """Why some of the context's data cannot be read, in one line naming the file (a damaged
-    segment, an unreadable head record), or None. Its counts then cover only what could be
-    read."""
-
-    @property
-    def session_id(self) -> SessionId:
-        """The session id."""
-        return uuid.UUID(self.session)
-
-    @property
-    def segment_id(self) -> SegmentId:
-        """The head segment id."""
-        return uuid.UUID(self.head)
 
 
 # --------------------------------------------------------------------------- ranking

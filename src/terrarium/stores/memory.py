@@ -127,9 +127,7 @@ class MemoryStore:
             segment = self._segment(session_id, segment_id)
             first = len(segment.lines)
             if expected_seq is not None and expected_seq != first:
-                raise ConflictError(
-                    f"segment {segment_id} is at seq {first}, the writer expected {expected_seq}"
-                )
+                raise ConflictError.stale_seq(segment_id, first, expected_seq)
             # Round-trip through the codec so stored values are exactly what a file would hold.
             segment.lines.extend(
                 [codec.decode(codec.encode(line)) for line in iter_lines(entries, first)]

@@ -110,7 +110,6 @@ import logging
 import re
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -125,8 +124,11 @@ from terrarium.errors import (
     SegmentNotFound,
     StoreError,
 )
-from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
+from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, TraceEntry, utc_now
+from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
+    HISTORY_KINDS_SQL,
+    ContextSummary,
     NewEntry,
     PodMetadata,
     SearchHit,
@@ -136,23 +138,24 @@ from terrarium.stores.base import (
     iter_lines,
 )
 from terrarium.stores.fts import (
+    check_query,
+)
+from terrarium.stores.migrations import Migrations
+from terrarium.stores.url import redact_url
+from terrarium.text import (
     ELLIPSIS,
     HIGHLIGHT_CLOSE,
     HIGHLIGHT_OPEN,
     SEPARATOR,
     SNIPPET_TOKENS,
     TOKEN_RE,
-    ContextSummary,
-    check_query,
     fold,
     indexed_item,
+    match_spans,
     query_terms,
     snippet_spans,
-    token_spans,
     tokenize,
 )
-from terrarium.stores.migrations import Migrations
-from terrarium.stores.url import redact_url
 
 try:
     import psycopg
@@ -191,8 +194,6 @@ RANK_WINDOW = 5000
 #: "Search" in the module docstring).
 SEARCH_BATCH = 256
 _CATCH_UP_SEGMENTS = 500
-_HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
-_HISTORY_SQL = "('user_input', 'item', 'system_item')"
 # ts_headline: the same markers and about the same length as FsStore's FTS5 snippets.
 _HEADLINE_OPTIONS = (
     f'StartSel="{HIGHLIGHT_OPEN}", StopSel="{HIGHLIGHT_CLOSE}", MaxWords={SNIPPET_TOKENS}, '
@@ -242,7 +243,7 @@ class _Sql:
         )
         self.count_items = (
             f"SELECT count(*) FROM {s}.entries WHERE session_id = %s AND segment_id = %s "
-            f"AND seq BETWEEN 1 AND %s AND kind IN {_HISTORY_SQL}"
+            f"AND seq BETWEEN 1 AND %s AND kind IN {HISTORY_KINDS_SQL}"
         )
         self.insert_header = (
             f"INSERT INTO {s}.entries (session_id, segment_id, seq, kind, ts, line) "
@@ -331,7 +332,7 @@ class _Sql:
             "%s::uuid[], %s::int[], %s::int[]) AS x(session_id, segment_id, low, high) "
             f"JOIN {s}.entries AS e ON e.session_id = x.session_id "
             "AND e.segment_id = x.segment_id AND e.seq > x.low AND e.seq < x.high "
-            f"AND (e.seq = 0 OR e.kind IN {_HISTORY_SQL})"
+            f"AND (e.seq = 0 OR e.kind IN {HISTORY_KINDS_SQL})"
         )
         self.insert_docs = (
             f"INSERT INTO {s}.search_docs (session_id, segment_id, seq, n, type, role, ts, "
@@ -412,7 +413,7 @@ class PostgresStore:
         self._where = f"{redact_url(dsn)} (schema {schema})"
         self._sql = _Sql(schema)
         self._lock = threading.Lock()
-        self._seen: OrderedDict[tuple[SessionId, SegmentId], int] = OrderedDict()
+        self._seen: SeqGuesses[None] = SeqGuesses(_SEEN_CACHE)
         self._unindexed = 0  # entries this store appended since it last caught the index up
         self._idle_locks: list[psycopg.Connection[Any]] = []
         self._closed = False
@@ -675,7 +676,7 @@ class PostgresStore:
             if row is None:
                 raise SegmentNotFound(f"session {session_id} does not exist")
             self._insert_segment(conn, session_id, segment_id, row[0], line)
-        self._remember((session_id, segment_id), 1)
+        self._seen.remember((session_id, segment_id), 1, None)
 
     def _insert_segment(
         self,
@@ -736,12 +737,11 @@ class PostgresStore:
         if not entries:
             first = self.next_seq(session_id, segment_id)
             if expected_seq is not None and expected_seq != first:
-                raise ConflictError(
-                    f"segment {segment_id} is at seq {first}, the writer expected {expected_seq}"
-                )
+                raise ConflictError.stale_seq(segment_id, first, expected_seq)
             return first
         key = (session_id, segment_id)
-        proposal = expected_seq if expected_seq is not None else self._seen.get(key)
+        seen = self._seen.get(key)
+        proposal = expected_seq if expected_seq is not None else seen[0] if seen else None
         conn = self._pool.getconn()
         try:
             while True:
@@ -753,13 +753,11 @@ class PostgresStore:
                 # The segment is not at the proposed seq (or gone): read where it is.
                 at = self._next_seq(conn, session_id, segment_id)
                 if expected_seq is not None:
-                    raise ConflictError(
-                        f"segment {segment_id} is at seq {at}, the writer expected {expected_seq}"
-                    )
+                    raise ConflictError.stale_seq(segment_id, at, expected_seq)
                 proposal = at
         finally:
             self._pool.putconn(conn)
-        self._remember(key, proposal + len(entries))
+        self._seen.remember(key, proposal + len(entries), None)
         with self._lock:
             self._unindexed += len(entries)
             due = self._unindexed >= SEARCH_BATCH
@@ -785,7 +783,7 @@ class PostgresStore:
             "first": first,
             "next": first + count,
             "last_ts": entries[-1].ts,
-            "items": sum(1 for entry in entries if entry.kind in _HISTORY_KINDS),
+            "items": sum(1 for entry in entries if entry.kind in HISTORY_KINDS),
         }
         if count == 1:
             line = next(iter_lines(entries, first))
@@ -804,17 +802,8 @@ class PostgresStore:
         row = conn.execute(self._sql.next_seq, (session_id, segment_id)).fetchone()
         if row is None:
             raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
-        self._remember((session_id, segment_id), int(row[0]))
+        self._seen.remember((session_id, segment_id), int(row[0]), None)
         return int(row[0])
-
-    def _remember(self, key: tuple[SessionId, SegmentId], next_seq: int) -> None:
-        """Note that the segment reached ``next_seq``: the guess for this store's next append."""
-        with self._lock:
-            if next_seq > self._seen.get(key, 0):
-                self._seen[key] = next_seq
-            self._seen.move_to_end(key)
-            if len(self._seen) > _SEEN_CACHE:
-                self._seen.popitem(last=False)
 
     # ---------------------------------------------------------------- the search index
 
@@ -1020,7 +1009,7 @@ def _line_docs(seq: int, line: Any) -> list[_Doc]:
             return []
         docs = (_item_doc(n, 0, item) for n, item in enumerate(history))
         return [doc for doc in docs if doc is not None]
-    if line.get("kind") not in _HISTORY_KINDS:
+    if line.get("kind") not in HISTORY_KINDS:
         return []
     doc = _item_doc(0, seq, line.get("item"))
     return [] if doc is None else [doc]
@@ -1097,20 +1086,7 @@ def _headline_spans(
         return snippet_spans(marked)
     end = start + len(plain)
     fragment = body[start:end]
-    tokens = token_spans(fragment)
-    folded = [token for token, _, _ in tokens]
-    found: list[tuple[int, int]] = []
-    for phrase in phrases:
-        n = len(phrase)
-        for i in range(len(folded) - n + 1):
-            if n and folded[i : i + n] == list(phrase):
-                found.append((tokens[i][1], tokens[i + n - 1][2]))
-    merged: list[tuple[int, int]] = []
-    for first, last in sorted(found):
-        if merged and first < merged[-1][1]:  # overlapping matches are one highlight
-            merged[-1] = (merged[-1][0], max(last, merged[-1][1]))
-        else:
-            merged.append((first, last))
+    merged = match_spans(fragment, phrases)
     out = [ELLIPSIS] if words[:start].strip() else []
     at = 0
     for first, last in merged:
@@ -1292,7 +1268,7 @@ def m004_derived_state(conn: psycopg.Connection[Any]) -> None:
         "ALTER TABLE segments SET (fillfactor = 50)",
         "UPDATE segments AS g SET next_seq = x.last + 1, indexed_seq = x.last, items = x.items, "
         "last_ts = x.ts FROM (SELECT session_id, segment_id, max(seq) AS last, "
-        f"count(*) FILTER (WHERE seq > 0 AND kind IN {_HISTORY_SQL}) AS items, "
+        f"count(*) FILTER (WHERE seq > 0 AND kind IN {HISTORY_KINDS_SQL}) AS items, "
         "(array_agg(ts ORDER BY seq DESC))[1] AS ts FROM entries "
         "GROUP BY session_id, segment_id) AS x "
         "WHERE g.session_id = x.session_id AND g.segment_id = x.segment_id",
@@ -1341,7 +1317,7 @@ def m004_derived_state(conn: psycopg.Connection[Any]) -> None:
         if at is not None and at < next_seq - 1:
             row = conn.execute(
                 "SELECT count(*) FROM entries WHERE session_id = %s AND segment_id = %s "
-                f"AND seq BETWEEN 1 AND %s AND kind IN {_HISTORY_SQL}",
+                f"AND seq BETWEEN 1 AND %s AND kind IN {HISTORY_KINDS_SQL}",
                 (session, parent, at),
             ).fetchone()
             items = row[0] if row else 0

@@ -110,7 +110,6 @@ import os
 import sqlite3
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -126,9 +125,12 @@ from terrarium.errors import (
     SegmentNotFound,
     StoreError,
 )
-from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
+from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores import _db
+from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
+    HISTORY_KINDS_SQL,
+    ContextSummary,
     NewEntry,
     PodMetadata,
     SearchHit,
@@ -138,12 +140,7 @@ from terrarium.stores.base import (
     iter_lines,
 )
 from terrarium.stores.fts import (
-    ELLIPSIS,
-    HIGHLIGHT_CLOSE,
-    HIGHLIGHT_OPEN,
-    SNIPPET_TOKENS,
     TAG_TOKENS,
-    ContextSummary,
     Fts5Tables,
     Ranker,
     assemble_hits,
@@ -152,6 +149,14 @@ from terrarium.stores.fts import (
     check_query,
     fts5_phrases,
     fts5_totals,
+)
+from terrarium.stores.locks import file_lock
+from terrarium.stores.migrations import Migrations
+from terrarium.text import (
+    ELLIPSIS,
+    HIGHLIGHT_CLOSE,
+    HIGHLIGHT_OPEN,
+    SNIPPET_TOKENS,
     indexed_item,
     phrase_count,
     query_terms,
@@ -159,8 +164,6 @@ from terrarium.stores.fts import (
     shown_text,
     tokenize,
 )
-from terrarium.stores.locks import file_lock
-from terrarium.stores.migrations import Migrations
 
 __all__ = [
     "MIGRATIONS",
@@ -187,8 +190,6 @@ SEARCH_BATCH = 256
 #: The page cache of each connection, in KiB (SQLite's default is 2 MB).
 CACHE_KIB = 64 * 1024
 
-_HISTORY_KINDS = frozenset(("user_input", "item", "system_item"))
-_HISTORY_SQL = "('user_input', 'item', 'system_item')"
 _SQL_INSERT_DOC = (
     "INSERT INTO search_docs (id, session_id, segment_id, seq, role, ts, body, tags) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
@@ -273,7 +274,7 @@ class SqliteStore:
         self._ranker = Ranker(Fts5Tables(recent="search_recent", docs="search_docs"))
         # A next seq this store saw each recent segment reach (its guess for the next append),
         # and how far it last saw the derived tables read (see "Derived state").
-        self._seen: OrderedDict[tuple[SessionId, SegmentId], tuple[str, str, int]] = OrderedDict()
+        self._seen: SeqGuesses[tuple[str, str]] = SeqGuesses(_SEEN_CACHE)
         self._wm = 0
         self._closed = False
         self.readonly_reason: str | None = None
@@ -634,10 +635,11 @@ class SqliteStore:
             return self._append_many(session_id, segment_id, entries, expected_seq)
         key = (session_id, segment_id)
         seen = self._seen.get(key)
+        proposal: int | None
         if seen is None:
             s, g, proposal = str(session_id), str(segment_id), None
         else:
-            s, g, proposal = seen
+            proposal, (s, g) = seen
         if expected_seq is not None:
             proposal = expected_seq
         held: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -654,16 +656,14 @@ class SqliteStore:
                 except sqlite3.IntegrityError:  # the seq is taken, or the one before missing
                     at = _next_seq(conn, s, g)
                 if expected_seq is not None:
-                    raise ConflictError(
-                        f"segment {segment_id} is at seq {at}, the writer expected {expected_seq}"
-                    )
+                    raise ConflictError.stale_seq(segment_id, at, expected_seq)
                 proposal = at
         except sqlite3.OperationalError as exc:
             raise self._error(exc) from exc
         finally:
             if held is None:
                 self._give_back(conn)
-        self._remember(key, s, g, proposal + 1)
+        self._seen.remember(key, proposal + 1, (s, g))
         if (cursor.lastrowid or 0) - self._wm >= SEARCH_BATCH:
             try:
                 self._catch_up(SEARCH_BATCH)
@@ -683,9 +683,7 @@ class SqliteStore:
         with self._write() as conn:
             first = _next_seq(conn, s, g)
             if expected_seq is not None and expected_seq != first:
-                raise ConflictError(
-                    f"segment {segment_id} is at seq {first}, the writer expected {expected_seq}"
-                )
+                raise ConflictError.stale_seq(segment_id, first, expected_seq)
             rows = [
                 (s, g, line["seq"], line["kind"], line["ts"], codec.encode(line).decode())
                 for line in iter_lines(entries, first)
@@ -694,20 +692,8 @@ class SqliteStore:
             (top,) = conn.execute("SELECT max(id) FROM entries").fetchone()
             if rows and top - self._wm >= SEARCH_BATCH:
                 self._wm = _catch_up(conn)
-        self._remember((session_id, segment_id), s, g, first + len(rows))
+        self._seen.remember((session_id, segment_id), first + len(rows), (s, g))
         return first
-
-    def _remember(self, key: tuple[SessionId, SegmentId], s: str, g: str, next_seq: int) -> None:
-        """Note that the segment (ids ``key``, as text ``s`` and ``g``) reached ``next_seq``:
-        the guess for this store's next append to it. A guess only: the insert checks it."""
-        seen = self._seen
-        with self._lock:
-            known = seen.get(key)
-            if known is None or next_seq > known[2]:
-                seen[key] = (s, g, next_seq)
-            seen.move_to_end(key)
-            if len(seen) > _SEEN_CACHE:
-                seen.popitem(last=False)
 
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
@@ -731,7 +717,7 @@ class SqliteStore:
         s, g = str(session_id), str(segment_id)
         with self._read() as conn:
             next_seq = _next_seq(conn, s, g)
-        self._remember((session_id, segment_id), s, g, next_seq)
+        self._seen.remember((session_id, segment_id), next_seq, (s, g))
         return next_seq
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
@@ -845,7 +831,7 @@ _HEADER_FIELDS = (
 # its header's history (see _HEADER_FIELDS).
 _SQL_PREFIX = (
     "SELECT (SELECT count(*) FROM entries e WHERE e.session_id = ?1 AND e.segment_id = ?2 "
-    f"AND e.seq BETWEEN 1 AND ?3 AND e.kind IN {_HISTORY_SQL}), "
+    f"AND e.seq BETWEEN 1 AND ?3 AND e.kind IN {HISTORY_KINDS_SQL}), "
     "(SELECT e.ts FROM entries e WHERE e.session_id = ?1 AND e.segment_id = ?2 "
     f"AND e.seq <= ?3 ORDER BY e.seq DESC LIMIT 1), {_HEADER_FIELDS} "
     "FROM entries h WHERE h.session_id = ?1 AND h.segment_id = ?2 AND h.seq = 0"
@@ -943,7 +929,7 @@ def _catch_up(conn: sqlite3.Connection, *, counts: bool = True) -> int:
     )
     for s, g, seq, kind, ts, text in pending:
         _tally(segments, s, g, seq, kind, ts)
-        if kind not in _HISTORY_KINDS and seq != 0:
+        if kind not in HISTORY_KINDS and seq != 0:
             continue
         try:
             line = codec.decode(text)
@@ -973,7 +959,7 @@ def _tally(
     listing count of a head on that segment, and the time of its last entry."""
     counted = counts.setdefault((s, g), [0, ts])
     counted[1] = ts
-    if seq != 0 and kind in _HISTORY_KINDS:
+    if seq != 0 and kind in HISTORY_KINDS:
         counted[0] += 1
 
 
@@ -1120,7 +1106,7 @@ def _late_docs(conn: sqlite3.Connection, wm: int) -> list[tuple[Any, ...]]:
     contexts: dict[str, tuple[str, str] | None] = {}
     docs: list[tuple[Any, ...]] = []
     for s, g, seq, kind, _, text in conn.execute(_SQL_LATE, (wm,)):
-        if kind not in _HISTORY_KINDS and seq != 0:
+        if kind not in HISTORY_KINDS and seq != 0:
             continue
         if s not in contexts:
             row = conn.execute(
