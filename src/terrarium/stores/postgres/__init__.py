@@ -1,0 +1,605 @@
+"""``PostgresStore``: the shared store for agents on many machines.
+
+Needs the ``postgres`` extra (``pip install 'terrarium[postgres]'``): psycopg 3 and its
+connection pool. It owns one schema (``terrarium`` by default) of a PostgreSQL database, created
+and migrated on open like every other backend (:mod:`.migrations`): heads (``contexts``),
+``sessions``, ``segments`` (each one's tail and counts), ``entries`` (each line exactly as
+:func:`terrarium.codec.encode` wrote it, as text, not ``jsonb``), ``traces``, and the derived
+``search_docs`` (:mod:`.search`). The statements are constants in :mod:`._sql`.
+
+The trade-off: every append is one autocommitted statement, durable once PostgreSQL has
+committed it (a server crash too, with ``synchronous_commit = on``), and costs about one bare
+``INSERT``; the search index and the listing counts of the heads are derived state, caught up
+in batches (before each search and listing, and every ``SEARCH_BATCH`` appended entries).
+Every table but the directory of heads is keyed by ``session_id`` first, so it can be
+distributed by session (Citus) unchanged.
+
+Usage::
+
+    from terrarium.stores.postgres import PostgresStore
+
+    with PostgresStore("postgresql://app@db/agents", schema="terrarium") as store:
+        head = store.get_head(ContextId("cli", "main"))
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from terrarium import codec
+from terrarium.errors import (
+    ConflictError,
+    ContextExists,
+    ContextNotFound,
+    SegmentNotFound,
+    StoreError,
+)
+from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, TraceEntry, utc_now
+from terrarium.stores._seqs import SeqGuesses
+from terrarium.stores.base import (
+    ContextSummary,
+    NewEntry,
+    PodMetadata,
+    SearchHit,
+    SearchQuery,
+    SegmentRead,
+    header_line,
+    iter_lines,
+)
+from terrarium.stores.fts import check_query
+from terrarium.stores.url import redact_url
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg.rows import args_row
+    from psycopg_pool import ConnectionPool, PoolTimeout
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "PostgresStore needs psycopg 3 and psycopg_pool: pip install 'terrarium[postgres]'"
+    ) from exc
+
+from terrarium.stores.postgres import _sql, search
+from terrarium.stores.postgres._sql import lock_key as _lock_key
+from terrarium.stores.postgres.migrations import MIGRATIONS, migrate
+from terrarium.stores.postgres.search import search_words
+
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "MIGRATIONS",
+    "RANK_WINDOW",
+    "SEARCH_BATCH",
+    "PostgresStore",
+    "migrate",
+    "search_words",
+]
+
+DEFAULT_SCHEMA = "terrarium"
+
+log = logging.getLogger(__name__)
+
+#: Queries matching more items than this are ranked among their most recent matches.
+RANK_WINDOW = 5000
+#: Every this many entries it appends, a store brings the search index up to date: this bounds
+#: the backlog a search finds to about that many per writing process.
+SEARCH_BATCH = 256
+_CATCH_UP_SEGMENTS = 500
+_MAX_SEQ = 2**31 - 1
+_SEEN_CACHE = 4096
+_IDLE_LOCK_CONNECTIONS = 4
+
+
+class PostgresStore:
+    """A store in a PostgreSQL database, shared by many processes on many machines."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        pool_size: int = 10,
+        schema: str = DEFAULT_SCHEMA,
+        connect_timeout: float = 30.0,
+    ) -> None:
+        """Connect, create or migrate the schema, and open a connection pool.
+
+        Args:
+            dsn: a libpq connection string or ``postgresql://`` URL.
+            pool_size: the most connections the pool opens (context locks use their own).
+            schema: the schema that holds terrarium's tables (created if missing).
+            connect_timeout: seconds to wait for a pooled connection before failing.
+
+        Raises:
+            StoreError: the server cannot be reached (the message never shows a password).
+            FormatVersionError: the schema was written by a newer terrarium.
+        """
+        _sql.schema_identifier(schema)  # ValueError unless a plain lowercase name
+        if pool_size < 1:
+            raise ValueError(f"pool_size must be at least 1, not {pool_size}")
+        self._dsn = dsn
+        self.schema = schema
+        self.pool_size = pool_size
+        self._where = f"{redact_url(dsn)} (schema {schema})"
+        self._lock = threading.Lock()
+        self._seen: SeqGuesses[None] = SeqGuesses(_SEEN_CACHE)
+        self._unindexed = 0  # entries this store appended since it last caught the index up
+        self._idle_locks: list[psycopg.Connection[Any]] = []
+        self._closed = False
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                migrate(conn, schema, where=self._where)
+        except psycopg.OperationalError as exc:
+            raise StoreError(
+                f"cannot open PostgreSQL store {self._where}: {self._scrub(exc)}"
+            ) from None
+        self._pool = self._open_pool(connect_timeout)
+
+    def _open_pool(self, timeout: float) -> ConnectionPool[psycopg.Connection[Any]]:
+        """The connection pool, its first connection ready, each with the schema on its path."""
+        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            self._dsn,
+            min_size=1,
+            max_size=self.pool_size,
+            kwargs={"autocommit": True},
+            configure=_sql.set_search_path(self.schema),
+            timeout=timeout,
+            open=True,
+            name=f"terrarium-{self.schema}",
+        )
+        # Wait for the first connection: a call made before it is ready would make the pool
+        # grow, and the pool hands its connections out in turn, so a single-threaded caller
+        # would then alternate between two server processes, tens of microseconds slower.
+        try:
+            pool.wait(timeout=timeout)
+        except PoolTimeout:
+            pool.close()
+            raise StoreError(
+                f"cannot open PostgreSQL store {self._where}: no pooled connection "
+                f"within {timeout:g} s"
+            ) from None
+        except BaseException:
+            pool.close()
+            raise
+        return pool
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({redact_url(self._dsn)!r}, schema={self.schema!r})"
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _scrub(self, exc: BaseException) -> str:
+        """An error message with the DSN's password masked, should libpq ever echo it."""
+        text = str(exc).strip().replace("\n", " ")
+        try:
+            password = psycopg.conninfo.conninfo_to_dict(self._dsn).get("password")
+        except psycopg.Error:
+            password = None
+        return text.replace(str(password), "***") if password else text
+
+    # ---------------------------------------------------------------- heads
+
+    def get_head(self, context: ContextId) -> PodMetadata | None:
+        """Return the context's head record, or None."""
+        with self._pool.connection() as conn:
+            row = conn.execute(_sql.HEAD, (str(context),)).fetchone()
+        return None if row is None else _head(row)
+
+    def set_head(
+        self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
+    ) -> PodMetadata:
+        """Move the head if it is ``expected`` now (a conditional ``UPDATE``)."""
+        with self._pool.connection() as conn:
+            while True:
+                row = conn.execute(_sql.HEAD, (str(context),)).fetchone()
+                if row is None:
+                    raise ContextNotFound(f"context {context} does not exist")
+                head = _head(row)
+                if head.segment_id != expected:
+                    raise ConflictError(
+                        f"head of {context} is {head.segment_id}, not {expected}: it moved"
+                    )
+                exists = conn.execute(_sql.SEGMENT_EXISTS, (head.session_id, segment_id))
+                if exists.fetchone() is None:
+                    raise SegmentNotFound(
+                        f"segment {segment_id} of session {head.session_id} does not exist"
+                    )
+                now = utc_now()
+                cur = conn.execute(_sql.MOVE_HEAD, (now, segment_id, str(context), expected))
+                if cur.rowcount == 1:
+                    return PodMetadata(
+                        head.context, head.session_id, segment_id, head.created_at, now
+                    )
+                # The head moved or the context went between the read and the update: the
+                # next pass reports which.
+
+    def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
+        """Every head record, optionally of one type, sorted by context id."""
+        query, params = (
+            (_sql.LIST_HEADS_OF_TYPE, (type,)) if type is not None else (_sql.LIST_HEADS, ())
+        )
+        with self._pool.connection() as conn:
+            rows = conn.execute(query, params).fetchall()
+        # (type, name), as ContextId orders, without parsing and validating every id again.
+        return sorted(map(_head, rows), key=lambda h: h.context.partition(":")[::2])
+
+    def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
+        """Every context's summary (message count, last activity), without restoring any.
+
+        The counts live on the heads, copied there from the segments' rows by the catch-up,
+        which runs first; then this is one scan of a covering index, already in (type, name)
+        order. Keeping the copy on the heads at every append instead would put a write to the
+        directory table (keyed by context) on the append path.
+        """
+        self.catch_up()
+        query, params = (_sql.LISTING_OF_TYPE, (type,)) if type is not None else (_sql.LISTING, ())
+        with self._pool.connection() as conn, conn.transaction():
+            conn.execute(_sql.LISTING_BY_INDEX)
+            cursor = conn.cursor(row_factory=args_row(ContextSummary))
+            return cursor.execute(query, params).fetchall()
+
+    # ---------------------------------------------------------------- search
+
+    def search(self, query: SearchQuery) -> list[SearchHit]:
+        """Ranked hits for ``query`` over every history item of every context.
+
+        One statement: the matches (GIN index), the most recent ``RANK_WINDOW`` of them
+        ranked by ``ts_rank``, and ``ts_headline`` snippets of the best ``query.limit``.
+
+        Args:
+            query: the words to find (data, never syntax) and the filters.
+
+        Returns:
+            Up to ``query.limit`` hits, best first, each with a snippet and highlight spans.
+
+        Raises:
+            InvalidQuery: nothing to search for, or an invalid ``limit``, ``role`` or ``since``.
+            InvalidContextId: ``query.context`` is not ``type:name``.
+        """
+        q = check_query(query)
+        self.catch_up()
+        with self._pool.connection() as conn:
+            return search.find(conn, q, window=max(RANK_WINDOW, q.limit))
+
+    # ---------------------------------------------------------------- contexts
+
+    def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
+        """Create the context's session, root segment (its header is entry 0) and head."""
+        ctx = ContextId.parse(context)
+        line = header_line(header)
+        session_id = uuid.UUID(str(line["session_id"]))
+        segment_id = uuid.UUID(str(line["segment_id"]))
+        ts = str(line["ts"])
+        with self._pool.connection() as conn, conn.transaction():
+            cur = conn.execute(
+                _sql.INSERT_CONTEXT, (str(ctx), ctx.type, session_id, segment_id, ts, ts)
+            )
+            if cur.rowcount != 1:
+                raise ContextExists(f"context {ctx} already exists")
+            cur = conn.execute(_sql.INSERT_SESSION, (session_id, str(ctx), ts))
+            if cur.rowcount != 1:
+                raise ConflictError(f"session {session_id} already exists")
+            base = self._insert_segment(conn, session_id, segment_id, ctx.type, line)
+            conn.execute(_sql.SET_COUNTS, (base, ts, str(ctx)))
+        return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
+
+    def delete_context(self, context: ContextId) -> bool:
+        """Delete the context and its whole session in one transaction."""
+        with self._pool.connection() as conn, conn.transaction():
+            row = conn.execute(_sql.CONTEXT_SESSION, (str(context),)).fetchone()
+            if row is None:
+                return False
+            params = {"session": row[0], "context": str(context)}
+            deleted = 0
+            for statement in _sql.DELETE_SESSION:
+                deleted += conn.execute(statement, params).rowcount
+        return deleted > 0
+
+    @contextmanager
+    def lock_context(self, context: ContextId) -> Iterator[None]:
+        """Hold the context's advisory lock, across threads, processes and machines.
+
+        A session-level ``pg_advisory_lock`` on a connection of its own, kept aside from the
+        pool while held (a turn can take long; it must not starve the pool); the server
+        releases the lock if that connection dies.
+        """
+        key = _lock_key(self.schema, str(context))
+        conn = self._lock_connection()
+        try:
+            conn.execute(_sql.LOCK, (key,))
+        except BaseException:
+            conn.close()
+            raise
+        try:
+            yield
+        finally:
+            try:
+                conn.execute(_sql.UNLOCK, (key,))
+            except BaseException:
+                conn.close()  # the server drops the lock with the connection
+                raise
+            self._release_lock_connection(conn)
+
+    def _lock_connection(self) -> psycopg.Connection[Any]:
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"{self!r} is closed")
+            if self._idle_locks:
+                return self._idle_locks.pop()
+        try:
+            return psycopg.connect(self._dsn, autocommit=True)
+        except psycopg.OperationalError as exc:
+            raise StoreError(f"cannot connect to {self._where}: {self._scrub(exc)}") from None
+
+    def _release_lock_connection(self, conn: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle_locks) < _IDLE_LOCK_CONNECTIONS:
+                self._idle_locks.append(conn)
+                return
+        conn.close()
+
+    # ---------------------------------------------------------------- segments
+
+    def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
+        """Add a segment, with its header as entry 0, to an existing session."""
+        line = header_line(header)
+        segment_id = uuid.UUID(str(line["segment_id"]))
+        with self._pool.connection() as conn, conn.transaction():
+            row = conn.execute(_sql.SESSION_TYPE, (session_id,)).fetchone()
+            if row is None:
+                raise SegmentNotFound(f"session {session_id} does not exist")
+            self._insert_segment(conn, session_id, segment_id, row[0], line)
+        self._seen.remember((session_id, segment_id), 1, None)
+
+    def _insert_segment(
+        self,
+        conn: psycopg.Connection[Any],
+        session_id: SessionId,
+        segment_id: SegmentId,
+        type: str,
+        line: Mapping[str, Any],
+    ) -> int:
+        """A segment's row and header, its header's history indexed (in the caller's
+        transaction); return the history items it starts with."""
+        ts = str(line["ts"])
+        base = search.base_items(
+            line, lambda parent, at: self._prefix_items(conn, session_id, parent, at)
+        )
+        try:
+            cur = conn.execute(_sql.INSERT_SEGMENT, (session_id, segment_id, ts, type, base, ts))
+        except pg_errors.ForeignKeyViolation:  # the session went while we looked
+            raise SegmentNotFound(f"session {session_id} does not exist") from None
+        if cur.rowcount != 1:
+            raise ConflictError(f"segment {segment_id} already exists")
+        text = codec.encode(line).decode()
+        conn.execute(_sql.INSERT_HEADER, (session_id, segment_id, line["kind"], ts, text))
+        search.insert_docs(
+            conn, [(session_id, segment_id, ts, type, doc) for doc in search.line_docs(0, line)]
+        )
+        return base
+
+    def _prefix_items(
+        self,
+        conn: psycopg.Connection[Any],
+        session_id: SessionId,
+        parent: SegmentId,
+        at: int | None,
+    ) -> int | None:
+        """The history items of the session's segment ``parent`` restored up to seq ``at``
+        (None: all of it), or None when there is no such segment."""
+        row = conn.execute(_sql.SEGMENT_COUNTS, (session_id, parent)).fetchone()
+        if row is None:
+            return None
+        base, items, next_seq = row
+        if at is None or at >= next_seq - 1:
+            return int(base + items)
+        found = conn.execute(_sql.COUNT_ITEMS, (session_id, parent, at)).fetchone()
+        return int(base + (found[0] if found else 0))
+
+    def append(
+        self,
+        session_id: SessionId,
+        segment_id: SegmentId,
+        entries: Sequence[NewEntry],
+        *,
+        expected_seq: int | None = None,
+    ) -> int:
+        """Append entries with one autocommitted statement; return the first one's seq.
+
+        The segment's row is the arbiter: it holds the segment's tail (``next_seq``), and the
+        statement (:data:`_sql.APPEND_ONE`) moves it from the proposed first seq to the one
+        after the new entries, under the row's lock, inserting the entries only if it did.
+        The proposal is ``expected_seq``, else the tail this store last saw; if the row is
+        elsewhere, that is a ``ConflictError`` with ``expected_seq``, and without it the append
+        retries at the new tail. Concurrent writers queue on the row, so no gap is possible.
+        The same lock keeps an entry from outliving a racing ``delete_context``, which deletes
+        the segments' rows before the entries: an append lands before (and goes with the rest)
+        or finds no row (``SegmentNotFound``). ``fillfactor`` keeps the update HOT.
+        """
+        if not entries:
+            first = self.next_seq(session_id, segment_id)
+            if expected_seq is not None and expected_seq != first:
+                raise ConflictError.stale_seq(segment_id, first, expected_seq)
+            return first
+        key = (session_id, segment_id)
+        seen = self._seen.get(key)
+        proposal = expected_seq if expected_seq is not None else seen[0] if seen else None
+        conn = self._pool.getconn()
+        try:
+            while True:
+                if proposal is None:
+                    proposal = self._next_seq(conn, session_id, segment_id)
+                sql, params = self._append_params(session_id, segment_id, entries, proposal)
+                if conn.execute(sql, params, prepare=True).fetchone() is not None:
+                    break
+                # The segment is not at the proposed seq (or gone): read where it is.
+                at = self._next_seq(conn, session_id, segment_id)
+                if expected_seq is not None:
+                    raise ConflictError.stale_seq(segment_id, at, expected_seq)
+                proposal = at
+        finally:
+            self._pool.putconn(conn)
+        self._seen.remember(key, proposal + len(entries), None)
+        with self._lock:
+            self._unindexed += len(entries)
+            due = self._unindexed >= SEARCH_BATCH
+        if due:
+            try:
+                self.catch_up()
+            except psycopg.Error as exc:  # the entries are in; the next search catches up
+                log.warning("%s: search index catch-up deferred: %s", self._where, self._scrub(exc))
+        return proposal
+
+    def _append_params(
+        self,
+        session_id: SessionId,
+        segment_id: SegmentId,
+        entries: Sequence[NewEntry],
+        first: int,
+    ) -> tuple[str, dict[str, Any]]:
+        """The append statement for ``entries`` from seq ``first``, and its parameters."""
+        count = len(entries)
+        params: dict[str, Any] = {
+            "session": session_id,
+            "segment": segment_id,
+            "first": first,
+            "next": first + count,
+            "last_ts": entries[-1].ts,
+            "items": sum(1 for entry in entries if entry.kind in HISTORY_KINDS),
+        }
+        if count == 1:
+            line = next(iter_lines(entries, first))
+            params.update(kind=line["kind"], ts=line["ts"], line=codec.encode(line).decode())
+            return _sql.APPEND_ONE, params
+        lines = list(iter_lines(entries, first))
+        params["seqs"] = list(range(first, first + count))
+        params["kinds"] = [line["kind"] for line in lines]
+        params["tss"] = [line["ts"] for line in lines]
+        params["lines"] = [codec.encode(line).decode() for line in lines]
+        return _sql.APPEND_MANY, params
+
+    def _next_seq(
+        self, conn: psycopg.Connection[Any], session_id: SessionId, segment_id: SegmentId
+    ) -> int:
+        row = conn.execute(_sql.NEXT_SEQ, (session_id, segment_id)).fetchone()
+        if row is None:
+            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+        self._seen.remember((session_id, segment_id), int(row[0]), None)
+        return int(row[0])
+
+    # ---------------------------------------------------------------- the search index
+
+    def catch_up(self) -> int:
+        """Index every entry the search index has not read yet; return how many segments
+        had such entries. Searches call it first; it is public for tools and tests."""
+        with self._lock:
+            self._unindexed = 0
+        with self._pool.connection() as conn:
+            dirty = conn.execute(_sql.ALL_DIRTY).fetchall()
+        for start in range(0, len(dirty), _CATCH_UP_SEGMENTS):
+            self._index([(row[0], row[1]) for row in dirty[start : start + _CATCH_UP_SEGMENTS]])
+        return len(dirty)
+
+    def _index(self, segments: Sequence[tuple[SessionId, SegmentId]]) -> None:
+        """Index the unread entries of ``segments`` (see :func:`search.index_segments`)."""
+        with self._pool.connection() as conn:
+            search.index_segments(conn, segments)
+
+    def reindex(self) -> int:
+        """Rebuild the search index from the entries; return the number of contexts."""
+        with self._pool.connection() as conn:
+            with conn.transaction():
+                for statement in _sql.CLEAR_INDEX:
+                    conn.execute(statement)
+            (count,) = conn.execute(_sql.COUNT_CONTEXTS).fetchone() or (0,)
+        self.catch_up()
+        return int(count)
+
+    def read_segment(
+        self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
+    ) -> SegmentRead:
+        """Read a segment's header and entries up to and including ``stop_seq``.
+
+        Each ``line`` is the entry's JSON exactly as written, so a restore gives the same dicts
+        as ``MemoryStore``, key order and unknown keys intact.
+        """
+        stop = _MAX_SEQ if stop_seq is None else max(stop_seq, 0)
+        params = {"session": session_id, "segment": segment_id, "stop": stop}
+        with self._pool.connection() as conn:
+            rows = conn.execute(_sql.READ, params).fetchall()
+        if not rows:
+            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+        lines = codec.decode_lines(
+            ("\n".join([row[0] for row in rows]) + "\n").encode(),
+            where=f"{self._where} segment {segment_id}",
+            first_line=0,
+        )
+        entries = lines[1:] if stop_seq is None or stop_seq >= 0 else []
+        return SegmentRead(header=lines[0], entries=entries, next_seq=int(rows[0][1]) + 1)
+
+    def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
+        """The seq the next append gets."""
+        with self._pool.connection() as conn:
+            return self._next_seq(conn, session_id, segment_id)
+
+    def list_segments(self, session_id: SessionId) -> list[SegmentId]:
+        """The session's segment ids, oldest first (UUIDv7 order)."""
+        with self._pool.connection() as conn:
+            rows = conn.execute(_sql.LIST_SEGMENTS, (session_id,)).fetchall()
+        if not rows:
+            raise SegmentNotFound(f"session {session_id} does not exist")
+        return sorted(row[0] for row in rows)
+
+    def append_trace(
+        self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
+    ) -> None:
+        """Append raw stream events to the segment's debug trace."""
+        lines = [codec.encode(e.to_dict()).decode() for e in entries]
+        with self._pool.connection() as conn:
+            if not lines:
+                if conn.execute(_sql.SEGMENT_EXISTS, (session_id, segment_id)).fetchone():
+                    return
+            else:
+                try:
+                    conn.execute(_sql.APPEND_TRACE, (session_id, segment_id, lines))
+                    return
+                except pg_errors.ForeignKeyViolation:
+                    pass
+        raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+
+    def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
+        """The segment's debug trace, oldest first."""
+        with self._pool.connection() as conn:
+            rows = conn.execute(_sql.READ_TRACE, (session_id, segment_id)).fetchall()
+            if not rows:
+                exists = conn.execute(_sql.SEGMENT_EXISTS, (session_id, segment_id))
+                if exists.fetchone() is None:
+                    raise SegmentNotFound(
+                        f"segment {segment_id} of session {session_id} does not exist"
+                    )
+        return [codec.decode(row[0]) for row in rows]
+
+    def close(self) -> None:
+        """Close the pool and the idle lock connections (held locks close on release)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            idle, self._idle_locks = self._idle_locks, []
+        for conn in idle:
+            conn.close()
+        self._pool.close()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _head(row: Sequence[Any]) -> PodMetadata:
+    return PodMetadata(row[0], row[1], row[2], row[3], row[4])

@@ -1,0 +1,282 @@
+"""``PostgresStore``'s schema migrations: :func:`migrate` and the released steps.
+
+The registry is the one every database backend shares (:mod:`terrarium.stores.migrations`).
+Each step runs in its own transaction with its record, under a transaction-level advisory lock,
+so processes opening the store at the same time apply each step once. The steps write
+unqualified names: ``migrate`` puts the store's schema on their ``search_path``. Released
+steps are history: never edit one, add the next.
+
+Usage::
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn, "terrarium", where="db.example (schema terrarium)")
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from typing import Any
+
+import msgspec
+import psycopg
+
+from terrarium import codec
+from terrarium.model import SegmentId
+from terrarium.stores.base import HISTORY_KINDS_SQL
+from terrarium.stores.migrations import Migrations
+from terrarium.stores.postgres import _sql
+from terrarium.stores.postgres.search import base_items, line_docs, search_words
+
+MIGRATIONS: Migrations[psycopg.Connection[Any]] = Migrations("postgres")
+
+
+def migrate(
+    conn: psycopg.Connection[Any], schema: str, *, where: str, stop_after: str | None = None
+) -> list[str]:
+    """Create ``schema`` if needed and apply pending migrations; return the names applied.
+
+    ``conn`` must be in autocommit mode. ``stop_after`` (for tests) stops after that migration.
+
+    Raises:
+        ValueError: ``schema`` is not a plain lowercase name.
+        FormatVersionError: the schema records a migration this version does not know.
+    """
+    name = _sql.schema_identifier(schema)
+    table = name.as_string(conn) + ".migrations"
+    done: list[str] = []
+    key = _sql.lock_key(schema, "migrate")
+    while True:
+        with conn.transaction():
+            conn.execute(_sql.LOCK_MIGRATIONS, (key,))
+            found = conn.execute(_sql.FIND_TABLE, (table,)).fetchone()
+            if found is None or found[0] is None:
+                conn.execute(_sql.CREATE_SCHEMA.format(schema=name))
+                conn.execute(_sql.CREATE_MIGRATIONS.format(schema=name))
+            applied = [row[0] for row in conn.execute(_sql.APPLIED.format(schema=name))]
+            pending = MIGRATIONS.pending(applied, where=where)
+            if not pending or (stop_after is not None and stop_after in applied):
+                return done
+            step = pending[0]
+            conn.execute(_sql.MIGRATE_IN.format(schema=name))
+            step.apply(conn)
+            conn.execute(_sql.RECORD_MIGRATION.format(schema=name), (step.name,))
+            done.append(step.name)
+
+
+@MIGRATIONS
+def m001_initial(conn: psycopg.Connection[Any]) -> None:
+    """Heads, sessions, segments and entries."""
+    for statement in (
+        """CREATE TABLE contexts (
+            context text PRIMARY KEY,
+            type text NOT NULL,
+            session_id uuid NOT NULL,
+            segment_id uuid NOT NULL,
+            created_at text NOT NULL,
+            updated_at text NOT NULL
+        )""",
+        "CREATE INDEX contexts_by_type ON contexts (type)",
+        """CREATE TABLE sessions (
+            session_id uuid PRIMARY KEY,
+            context text NOT NULL,
+            created_at text NOT NULL
+        )""",
+        """CREATE TABLE segments (
+            session_id uuid NOT NULL REFERENCES sessions ON DELETE CASCADE,
+            segment_id uuid NOT NULL,
+            created_at text NOT NULL,
+            PRIMARY KEY (session_id, segment_id)
+        )""",
+        """CREATE TABLE entries (
+            session_id uuid NOT NULL,
+            segment_id uuid NOT NULL,
+            seq integer NOT NULL,
+            kind text NOT NULL,
+            ts text NOT NULL,
+            body jsonb,
+            line text NOT NULL,
+            PRIMARY KEY (session_id, segment_id, seq),
+            FOREIGN KEY (session_id, segment_id) REFERENCES segments ON DELETE CASCADE
+        )""",
+    ):
+        conn.execute(statement)
+
+
+@MIGRATIONS
+def m002_traces(conn: psycopg.Connection[Any]) -> None:
+    """Debug traces of raw stream events, per segment."""
+    conn.execute(
+        """CREATE TABLE traces (
+            session_id uuid NOT NULL,
+            segment_id uuid NOT NULL,
+            n bigint GENERATED ALWAYS AS IDENTITY,
+            line text NOT NULL,
+            PRIMARY KEY (session_id, segment_id, n),
+            FOREIGN KEY (session_id, segment_id) REFERENCES segments ON DELETE CASCADE
+        )"""
+    )
+
+
+@MIGRATIONS
+def m003_search(conn: psycopg.Connection[Any]) -> None:
+    """Full-text search over history items (tsvector, GIN), backfilled from the entries."""
+    for statement in (
+        # One row per history item with text, keyed and distributed like entries. ``words``
+        # is ``body`` folded for search (see search_words); ``id`` orders items by arrival,
+        # for ranking common words among their most recent matches.
+        """CREATE TABLE search_docs (
+            session_id uuid NOT NULL,
+            segment_id uuid NOT NULL,
+            seq integer NOT NULL,
+            n integer NOT NULL,
+            id bigint GENERATED ALWAYS AS IDENTITY,
+            type text NOT NULL,
+            role text NOT NULL,
+            ts text NOT NULL,
+            body text NOT NULL,
+            words text NOT NULL,
+            tsv tsvector GENERATED ALWAYS AS (to_tsvector('simple'::regconfig, words)) STORED,
+            PRIMARY KEY (session_id, segment_id, seq, n),
+            FOREIGN KEY (session_id, segment_id) REFERENCES segments ON DELETE CASCADE
+        )""",
+        "CREATE INDEX search_docs_tsv ON search_docs USING gin (tsv)",
+        "CREATE INDEX search_docs_recent ON search_docs (id)",
+    ):
+        conn.execute(statement)
+    insert = (
+        "INSERT INTO search_docs (session_id, segment_id, seq, n, type, role, ts, body, words) "
+        "SELECT x.session_id, x.segment_id, x.seq, x.n, "
+        "coalesce(split_part(s.context, ':', 1), ''), x.role, x.ts, x.body, x.words "
+        "FROM unnest(%s::uuid[], %s::uuid[], %s::int[], %s::int[], %s::text[], %s::text[], "
+        "%s::text[], %s::text[]) AS x(session_id, segment_id, seq, n, role, ts, body, words) "
+        "LEFT JOIN sessions AS s ON s.session_id = x.session_id"
+    )
+    batch: list[tuple[Any, ...]] = []
+
+    def flush() -> None:
+        if batch:
+            conn.execute(insert, [list(column) for column in zip(*batch, strict=True)])
+            batch.clear()
+
+    with conn.cursor(name="terrarium_search_backfill") as cursor:
+        cursor.execute(
+            "SELECT session_id, segment_id, seq, line FROM entries "
+            "WHERE seq = 0 OR kind IN ('user_input', 'item', 'system_item') "
+            "ORDER BY ts, session_id, segment_id, seq"
+        )
+        for session_id, segment_id, seq, text in cursor:
+            line = codec.decode(text)
+            ts = str(line.get("ts", "")) if isinstance(line, dict) else ""
+            for n, _, role, body in line_docs(seq, line):
+                batch.append((session_id, segment_id, seq, n, role, ts, body, search_words(body)))
+            if len(batch) >= 5000:
+                flush()
+    flush()
+
+
+@MIGRATIONS
+def m004_derived_state(conn: psycopg.Connection[Any]) -> None:
+    """Each segment's row carries its tail, its listing counts and how far the search index
+    has read it: an append moves the row instead of checking foreign keys, and the search
+    index catches up per segment instead of in every append. Entries lose their JSONB copy."""
+    for statement in (
+        "ALTER TABLE segments ADD COLUMN type text NOT NULL DEFAULT '', "
+        "ADD COLUMN next_seq integer NOT NULL DEFAULT 1, "
+        "ADD COLUMN items integer NOT NULL DEFAULT 0, "
+        "ADD COLUMN base_items integer NOT NULL DEFAULT 0, "
+        "ADD COLUMN last_ts text NOT NULL DEFAULT '', "
+        "ADD COLUMN indexed_seq integer NOT NULL DEFAULT 0, "
+        "ADD COLUMN dirty boolean NOT NULL DEFAULT false",
+        # Room on each page for the row's new versions: an append's update stays HOT.
+        "ALTER TABLE segments SET (fillfactor = 50)",
+        "UPDATE segments AS g SET next_seq = x.last + 1, indexed_seq = x.last, items = x.items, "
+        "last_ts = x.ts FROM (SELECT session_id, segment_id, max(seq) AS last, "
+        f"count(*) FILTER (WHERE seq > 0 AND kind IN {HISTORY_KINDS_SQL}) AS items, "
+        "(array_agg(ts ORDER BY seq DESC))[1] AS ts FROM entries "
+        "GROUP BY session_id, segment_id) AS x "
+        "WHERE g.session_id = x.session_id AND g.segment_id = x.segment_id",
+        "UPDATE segments AS g SET type = split_part(s.context, ':', 1) FROM sessions AS s "
+        "WHERE s.session_id = g.session_id",
+        "CREATE INDEX segments_dirty ON segments (session_id, segment_id) WHERE dirty",
+        "ALTER TABLE entries DROP COLUMN body",
+    ):
+        conn.execute(statement)
+    for table in ("entries", "search_docs"):
+        names = conn.execute(
+            "SELECT conname FROM pg_constraint WHERE contype = 'f' AND conrelid = %s::regclass",
+            (table,),
+        ).fetchall()
+        for (name,) in names:
+            conn.execute(f'ALTER TABLE {table} DROP CONSTRAINT "{name}"')
+    # Each segment's base, from its header; a fork's from its parent's, computed first.
+    headers: dict[tuple[Any, Any], Any] = {}
+    for session_id, segment_id, text in conn.execute(
+        "SELECT session_id, segment_id, line FROM entries WHERE seq = 0"
+    ):
+        try:
+            headers[session_id, segment_id] = codec.decode(text)
+        except msgspec.DecodeError:
+            headers[session_id, segment_id] = {}
+    counts = {
+        (row[0], row[1]): (row[2], row[3])
+        for row in conn.execute("SELECT session_id, segment_id, items, next_seq FROM segments")
+    }
+    bases: dict[tuple[Any, Any], int] = {}
+
+    def parent_key(key: tuple[Any, Any]) -> tuple[Any, Any] | None:
+        origin = headers.get(key, {}).get("origin")
+        if headers.get(key, {}).get("history") is not None or not isinstance(origin, dict):
+            return None
+        try:
+            return (key[0], uuid.UUID(str(origin.get("parent"))))
+        except ValueError:
+            return None
+
+    def prefix(session: Any, parent: SegmentId, at: int | None) -> int | None:
+        key = (session, parent)
+        if key not in counts:
+            return None
+        items, next_seq = counts[key]
+        if at is not None and at < next_seq - 1:
+            row = conn.execute(
+                "SELECT count(*) FROM entries WHERE session_id = %s AND segment_id = %s "
+                f"AND seq BETWEEN 1 AND %s AND kind IN {HISTORY_KINDS_SQL}",
+                (session, parent, at),
+            ).fetchone()
+            items = row[0] if row else 0
+        return int(bases.get(key, 0) + items)
+
+    for key in counts:  # parents first: walk up each chain of forks, then count down it
+        chain: list[tuple[Any, Any]] = []
+        at: tuple[Any, Any] | None = key
+        while at is not None and at not in bases and at not in chain:
+            chain.append(at)
+            at = parent_key(at)
+        for link in reversed(chain):
+            header = headers.get(link)
+            bases[link] = (
+                base_items(header, functools.partial(prefix, link[0]))
+                if isinstance(header, dict)
+                else 0
+            )
+    rows = [(bases[key], key[0], key[1]) for key in counts]
+    conn.execute(
+        "UPDATE segments AS g SET base_items = x.base FROM unnest(%s::int[], %s::uuid[], "
+        "%s::uuid[]) AS x(base, session_id, segment_id) "
+        "WHERE g.session_id = x.session_id AND g.segment_id = x.segment_id AND x.base <> 0",
+        ([row[0] for row in rows], [row[1] for row in rows], [row[2] for row in rows]),
+    )
+    # The heads carry their listing counts, in a covering index in listing order.
+    for statement in (
+        "ALTER TABLE contexts ADD COLUMN message_count integer NOT NULL DEFAULT 0, "
+        "ADD COLUMN last_active text NOT NULL DEFAULT ''",
+        "UPDATE contexts AS c SET message_count = g.base_items + g.items, "
+        "last_active = g.last_ts FROM segments AS g "
+        "WHERE g.session_id = c.session_id AND g.segment_id = c.segment_id",
+        'CREATE INDEX contexts_listing ON contexts ((type COLLATE "C"), '
+        '(substr(context, length(type) + 2) COLLATE "C")) INCLUDE (context, created_at, '
+        "message_count, last_active, updated_at, session_id, segment_id)",
+        "CREATE INDEX contexts_by_session ON contexts (session_id)",
+    ):
+        conn.execute(statement)
