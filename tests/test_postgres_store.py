@@ -33,7 +33,8 @@ from terrarium.sessions import (  # noqa: E402
 )
 from terrarium.stores.base import NewEntry, PodActiveSegmentRef, SearchQuery  # noqa: E402
 from terrarium.stores.memory import MemoryStore  # noqa: E402
-from terrarium.stores.postgres import PostgresStore, _lock_key  # noqa: E402
+from terrarium.stores.postgres import PostgresStore  # noqa: E402
+from terrarium.stores.postgres._sql import lock_key  # noqa: E402
 
 pytestmark = pytest.mark.postgres
 
@@ -142,6 +143,29 @@ def test_another_process_view_is_not_trusted(
     assert store.next_seq(session_id, segment_id) == 11
 
 
+def test_schemas_in_one_database_stay_apart(
+    store: PostgresStore,
+    pg_database: str,  # noqa: F811
+) -> None:
+    """Every pooled connection has its store's schema (alone) on its search_path: stores in
+    other schemas of the database, one named by a reserved word, see none of its data; a
+    schema name that is not a plain lowercase name is refused."""
+    session_id, segment_id = create_segment(store, context=MAIN)
+    store.append(session_id, segment_id, [_entry("kappa here")])
+    with PostgresStore(pg_database, schema="select", pool_size=2) as other:
+        try:
+            assert other.list_contexts() == [] and other.search(SearchQuery("kappa")) == []
+            create_segment(other, context=MAIN)
+            assert len(store.list_contexts()) == len(other.list_contexts()) == 1
+            assert [h.seq for h in store.search(SearchQuery("kappa"))] == [1]
+        finally:
+            with psycopg.connect(pg_database, autocommit=True) as conn:
+                conn.execute('DROP SCHEMA "select" CASCADE')
+    for bad in ('x"; DROP SCHEMA public; --', "Upper", "1st", ""):
+        with pytest.raises(ValueError, match="invalid schema name"):
+            PostgresStore(pg_database, schema=bad)
+
+
 def test_threads_append_to_one_segment(store: PostgresStore) -> None:
     """8 threads appending at once: every acknowledged entry is stored once, seqs gapless."""
     session_id, segment_id = create_segment(store, context=MAIN)
@@ -166,7 +190,7 @@ def test_threads_append_to_one_segment(store: PostgresStore) -> None:
 
 def test_lock_context_is_an_advisory_lock(store: PostgresStore, pg_database: str) -> None:  # noqa: F811
     """While held, another session cannot take the context's advisory lock; after, it can."""
-    key = _lock_key(store.schema, str(MAIN))
+    key = lock_key(store.schema, str(MAIN))
     with psycopg.connect(pg_database, autocommit=True) as other:
 
         def try_lock() -> bool:

@@ -16,6 +16,7 @@ distributed by session (Citus) unchanged.
 
 Usage::
 
+    from terrarium.model import ContextId
     from terrarium.stores.postgres import PostgresStore
 
     with PostgresStore("postgresql://app@db/agents", schema="terrarium") as store:
@@ -65,7 +66,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from terrarium.stores.postgres import _sql, search
-from terrarium.stores.postgres._sql import lock_key as _lock_key
 from terrarium.stores.postgres.migrations import MIGRATIONS, migrate
 from terrarium.stores.postgres.search import search_words
 
@@ -83,6 +83,7 @@ DEFAULT_SCHEMA = "terrarium"
 
 log = logging.getLogger(__name__)
 
+# The search side's knobs live here, on the store's module, where the store reads them.
 #: Queries matching more items than this are ranked among their most recent matches.
 RANK_WINDOW = 5000
 #: Every this many entries it appends, a store brings the search index up to date: this bounds
@@ -310,7 +311,7 @@ class PostgresStore:
         pool while held (a turn can take long; it must not starve the pool); the server
         releases the lock if that connection dies.
         """
-        key = _lock_key(self.schema, str(context))
+        key = _sql.lock_key(self.schema, str(context))
         conn = self._lock_connection()
         try:
             conn.execute(_sql.LOCK, (key,))
