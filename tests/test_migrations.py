@@ -21,10 +21,10 @@ from terrarium import codec
 from terrarium.errors import FormatVersionError
 from terrarium.model import ContextId, TraceEntry
 from terrarium.sessions import restore, save_user_input
-from terrarium.stores import sqlite as sqlite_backend
 from terrarium.stores.base import SearchQuery
 from terrarium.stores.migrations import Migrations
 from terrarium.stores.sqlite import SqliteStore
+from terrarium.stores.sqlite import migrations as sqlite_backend
 
 TS = "2026-05-01T12:00:00.000000Z"
 SESSION, SEGMENT = uuid.UUID(int=11), uuid.UUID(int=12)

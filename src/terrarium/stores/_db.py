@@ -10,6 +10,7 @@
 * **What went wrong.** :func:`kind` tells corruption (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``)
   from a busy, full or read-only database by the error's code, never by its message: only
   corruption justifies rebuilding derived state, and a full disk is named as one.
+* **Write transactions.** :func:`immediate`: one ``BEGIN IMMEDIATE`` ... ``COMMIT`` block.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import errno
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -145,3 +148,22 @@ def enable_wal(conn: sqlite3.Connection, timeout: float) -> str:
                 raise
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
+
+
+@contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction on the autocommit ``conn``: committed if the block ends, rolled
+    back if it raises.
+
+    ``BEGIN IMMEDIATE`` takes the database's write lock at once (waiting up to the busy
+    timeout for another process's), so what the block reads no other writer can change
+    before it commits.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:  # SQLite may have rolled back itself (a full disk)
+            conn.execute("ROLLBACK")
+        raise

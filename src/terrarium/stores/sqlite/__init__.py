@@ -1,0 +1,704 @@
+"""``SqliteStore``: every context in one SQLite database file.
+
+For one machine where a single file is handier than a folder tree (backups, copies, ad hoc SQL
+with the ``sqlite3`` shell), and where a few processes share the store. It owns the heads,
+sessions, segments, entries and debug traces (the schema: :mod:`._sql`, built by
+:mod:`.migrations`), and what is derived from the entries: the search index and the listing
+counts (:mod:`.search`), brought up to the entries in batches, never in every append.
+
+The trade-off: an append is one ``INSERT`` under SQLite's single write lock, so writers in
+every thread and process are serialised (waiting up to ``busy_timeout``) while readers, in WAL
+mode, never wait. ``synchronous="NORMAL"`` (the default) survives a process crash, not a power
+cut; ``"FULL"`` does, for ~250-300 us more per append. A database this process cannot write
+is opened read-only.
+
+Usage::
+
+    import terrarium as t
+    from terrarium.stores import SearchQuery, SqliteStore
+
+    with SqliteStore("sessions.db") as store:
+        t.create_segment(store, t.SegmentStartState(), context="cli:main")
+        t.save_user_input(store, store.get_head(t.ContextId.parse("cli:main")), "Hello!")
+        hits = store.search(SearchQuery("hello"))
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from terrarium import codec
+from terrarium.errors import (
+    ConflictError,
+    ContextExists,
+    ContextNotFound,
+    SegmentNotFound,
+    StoreError,
+)
+from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
+from terrarium.stores import _db
+from terrarium.stores._seqs import SeqGuesses
+from terrarium.stores.base import (
+    ContextSummary,
+    NewEntry,
+    PodMetadata,
+    SearchHit,
+    SearchQuery,
+    SegmentRead,
+    header_line,
+    iter_lines,
+)
+from terrarium.stores.fts import Fts5Tables, Ranker, check_query, fts5_phrases
+from terrarium.stores.locks import file_lock
+from terrarium.stores.sqlite import _sql as sql
+from terrarium.stores.sqlite.migrations import MIGRATIONS, check_readable, migrate
+from terrarium.stores.sqlite.search import (
+    SEARCH_RECENT,
+    catch_up,
+    indexed_hits,
+    late_counts,
+    late_hits,
+    segment_summary,
+    unindex_session,
+    with_late,
+)
+from terrarium.text import query_terms
+
+__all__ = [
+    "MIGRATIONS",
+    "SEARCH_BATCH",
+    "SEARCH_RECENT",
+    "SYNCHRONOUS_MODES",
+    "SqliteStore",
+    "migrate",
+]
+
+SYNCHRONOUS_MODES: tuple[str, ...] = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+log = logging.getLogger(__name__)
+
+_SEEN_CACHE = 4096
+
+#: The derived tables lag the entries by at most this many before an append catches them up.
+#: Measured (``benchmarks/bench_stores.py``, ``NORMAL``, see ``benchmarks/README.md``): an
+#: append of one history item costs about 1.2x a bare ``INSERT`` of the same row (median), the
+#: batch catch-up adding ~15 us per entry on average.
+SEARCH_BATCH = 256
+#: The page cache of each connection, in KiB (SQLite's default is 2 MB).
+CACHE_KIB = 64 * 1024
+
+
+def _catch_up(conn: sqlite3.Connection, *, counts: bool = True) -> int:
+    """:func:`.search.catch_up` with this module's ``SEARCH_RECENT``, read at each call."""
+    return catch_up(conn, counts=counts, recent=SEARCH_RECENT)
+
+
+class SqliteStore:
+    """A store in one SQLite database file (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: str = "NORMAL",
+        busy_timeout: float = 30.0,
+    ) -> None:
+        """Open (creating and migrating if needed) the database at ``path``.
+
+        Args:
+            path: the database file; its folder is created if missing.
+            synchronous: SQLite's ``synchronous`` setting: ``NORMAL`` (default: survives a
+                process crash, a power cut may lose the last transactions), ``FULL`` (survives
+                power loss), ``EXTRA`` or ``OFF``.
+            busy_timeout: seconds to wait for another process's write lock.
+
+        A database that this process cannot write (its file or folder, a read-only mount) or
+        that a full disk keeps from opening for writing is opened read-only: reads work, writes
+        raise StoreError (see :meth:`_open`).
+
+        Raises:
+            FormatVersionError: the database was written by a newer terrarium.
+            StoreError: the file is not a SQLite database, WAL cannot be enabled on it, or it
+                is read-only and needs a migration.
+        """
+        if str(path) == ":memory:" or str(path).startswith("file:"):
+            raise ValueError(
+                f"SqliteStore needs a database file path, not {str(path)!r} "
+                "(use MemoryStore for a store in memory)"
+            )
+        mode = synchronous.upper()
+        if mode not in SYNCHRONOUS_MODES:
+            raise ValueError(
+                f"unknown synchronous mode {synchronous!r}: use one of {SYNCHRONOUS_MODES}"
+            )
+        self.path = Path(path).absolute()
+        self.synchronous = mode
+        self.busy_timeout = busy_timeout
+        self._lock = threading.Lock()
+        self._idle: list[sqlite3.Connection] = []
+        self._local = threading.local()
+        self._ranker = Ranker(Fts5Tables(recent="search_recent", docs="search_docs"))
+        # A next seq this store saw each recent segment reach (its guess for the next append),
+        # and how far it last saw the derived tables read (see the .search module).
+        self._seen: SeqGuesses[tuple[str, str]] = SeqGuesses(_SEEN_CACHE)
+        self._wm = 0
+        self._closed = False
+        self.readonly_reason: str | None = None
+        """Why the database is opened read-only (see :meth:`_open`), or None."""
+        self._idle.append(self._open())
+
+    def _open(self) -> sqlite3.Connection:
+        """The first connection, read-only where the database cannot be written.
+
+        A database file this process cannot write (the file, its folder, a read-only mount),
+        or that a full disk keeps from opening for writing, is opened read-only (``mode=ro``,
+        or ``immutable`` when its ``-shm`` file cannot be created and no ``-wal`` file holds
+        data: see :func:`terrarium.stores._db.connect`), and no migration is applied. Writes
+        then raise StoreError naming the cause. The database file is created ``0600`` before
+        SQLite opens it, so its ``-wal`` and ``-shm`` are too; missing folders ``0700``.
+        """
+        if self.path.exists() and not _db.writable(self.path):
+            self.readonly_reason = "read-only"
+        else:
+            try:
+                _db.create_private(self.path)
+            except OSError as exc:
+                raise StoreError(f"{self.path}: cannot create it: {_db.describe(exc)}") from exc
+        try:
+            return self._open_first()
+        except sqlite3.DatabaseError as exc:
+            found = _db.kind(exc, self.path)
+            if self.readonly_reason is not None or found not in ("full", "readonly"):
+                raise self._error(exc) from exc
+            self.readonly_reason = _db.describe(exc, self.path)
+        try:
+            return self._open_first()
+        except sqlite3.DatabaseError as again:
+            raise self._error(again) from again
+
+    @property
+    def readonly(self) -> bool:
+        """Whether the database is opened read-only (see :meth:`_open`)."""
+        return self.readonly_reason is not None
+
+    def _open_first(self) -> sqlite3.Connection:
+        """The first connection: migrated (or, read-only, checked readable), in WAL mode.
+
+        The journal is WAL: readers never block the writer nor the writer the readers.
+        """
+        conn = self._connect()
+        try:
+            if self.readonly:
+                check_readable(conn, where=str(self.path))
+            else:
+                mode_now = _db.enable_wal(conn, self.busy_timeout)
+                if str(mode_now).lower() != "wal":
+                    raise StoreError(f"{self.path}: cannot use WAL journaling (got {mode_now!r})")
+                migrate(conn, where=str(self.path))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def __repr__(self) -> str:
+        return f"SqliteStore({str(self.path)!r}, synchronous={self.synchronous!r})"
+
+    def __enter__(self) -> SqliteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- connections
+    # Connections come from a small pool: a thread takes an idle connection for one call and
+    # gives it back, so reads in many threads run in parallel under WAL, and the number of
+    # connections is bounded by the calls in flight, not by how many threads ever touched the
+    # store (a connection per thread would leak with thread pools that churn). Inside
+    # atomic(), the thread keeps its connection so that every call in the block is one
+    # transaction; nested blocks are savepoints.
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = _db.connect(self.path, timeout=self.busy_timeout, readonly=self.readonly)
+        try:
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            # SQLite's default page cache is 2 MB; ranking reads each match's row sizes, and
+            # with the pages of a big index at hand a search is ~3x faster.
+            conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _error(self, exc: sqlite3.Error, what: str = "") -> StoreError:
+        """``exc`` as a one-line StoreError naming the database (and a full disk as one)."""
+        reason = _db.describe(exc, self.path)
+        if self.readonly_reason is not None and _db.kind(exc) == "readonly":
+            reason = self.readonly_reason  # a write refused because the disk was full
+        return StoreError(f"{self.path}: {what}{reason}")
+
+    def _borrow(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"{self!r} is closed")
+            if self._idle:
+                return self._idle.pop()
+        try:
+            return self._connect()
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+
+    def _give_back(self, conn: sqlite3.Connection) -> None:
+        with self._lock:
+            if not self._closed and not conn.in_transaction:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """A connection for reads: the thread's transaction if it is in one, else a pooled one."""
+        held: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if held is not None:
+            yield held
+            return
+        conn = self._borrow()
+        try:
+            yield conn
+        except sqlite3.OperationalError as exc:
+            raise self._error(exc) from exc
+        finally:
+            self._give_back(conn)
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE``), or a savepoint when already in one."""
+        local = self._local
+        held: sqlite3.Connection | None = getattr(local, "conn", None)
+        if held is not None:
+            depth = local.depth = local.depth + 1
+            name = f"terrarium_{depth}"
+            held.execute(f"SAVEPOINT {name}")
+            try:
+                yield held
+            except BaseException:
+                held.execute(f"ROLLBACK TO {name}")
+                held.execute(f"RELEASE {name}")
+                raise
+            else:
+                held.execute(f"RELEASE {name}")
+            finally:
+                local.depth = depth - 1
+            return
+        conn = self._borrow()
+        local.conn, local.depth = conn, 0
+        try:
+            with _db.immediate(conn):
+                yield conn
+        except sqlite3.OperationalError as exc:
+            raise self._error(exc) from exc
+        finally:
+            local.conn = None
+            self._give_back(conn)
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """Run the calls in the ``with`` block in one transaction: all of them or none.
+
+        Blocks nest (inner ones are savepoints: an exception rolls back only its block). The
+        write lock is held for the whole outermost block, so keep it short; it applies to the
+        calling thread only.
+        """
+        with self._write():
+            yield
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A connection in a read transaction: one snapshot for every statement."""
+        with self._read() as conn:
+            own = not conn.in_transaction
+            if own:
+                conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                if own:
+                    conn.execute("COMMIT")
+
+    # ---------------------------------------------------------------- heads
+
+    def get_head(self, context: ContextId) -> PodMetadata | None:
+        """Return the context's head record, or None."""
+        with self._read() as conn:
+            row = conn.execute(sql.HEAD, (str(context),)).fetchone()
+        return None if row is None else _head(row)
+
+    def set_head(
+        self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
+    ) -> PodMetadata:
+        """Move the head if it is ``expected`` now (compare-and-set in one transaction)."""
+        with self._write() as conn:
+            row = conn.execute(sql.HEAD, (str(context),)).fetchone()
+            if row is None:
+                raise ContextNotFound(f"context {context} does not exist")
+            head = _head(row)
+            if head.segment_id != expected:
+                raise ConflictError(
+                    f"head of {context} is {head.segment_id}, not {expected}: it moved"
+                )
+            if not _segment_exists(conn, head.session_id, segment_id):
+                raise SegmentNotFound(
+                    f"segment {segment_id} of session {head.session_id} does not exist"
+                )
+            now = utc_now()
+            # The listing counts of the new head are computed over the entries the derived
+            # tables have read, so those must be every entry.
+            self._wm = _catch_up(conn)
+            count, last = segment_summary(conn, str(head.session_id), str(segment_id))
+            conn.execute(sql.MOVE_HEAD, (str(segment_id), now, count, last, str(context)))
+        return PodMetadata(head.context, head.session_id, segment_id, head.created_at, now)
+
+    def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
+        """Every head record, optionally of one type, sorted by context id."""
+        with self._read() as conn:
+            if type is None:
+                rows = conn.execute(sql.HEADS).fetchall()
+            else:
+                rows = conn.execute(sql.HEADS_OF_TYPE, (type,)).fetchall()
+        # (type, name), as ContextId orders, without parsing and validating every id again.
+        return sorted(map(_head, rows), key=lambda h: h.context.partition(":")[::2])
+
+    def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
+        """Every context's summary (message count, last activity), without restoring any.
+
+        The counts, as a restore would find them, are kept on the heads by the derived-state
+        catch-up (:func:`.search.catch_up`), which runs first if entries arrived since it last
+        did; then this is one scan of the heads. Where the catch-up cannot write (a read-only
+        database, a full disk), the entries it would have read complete the counts.
+        """
+        self._try_catch_up()
+        where, args = ("WHERE type = ?", (type,)) if type is not None else ("", ())
+        with self._snapshot() as conn:
+            rows = conn.execute(sql.LISTING.format(where=where), args).fetchall()
+            late = late_counts(conn)
+        summaries = [ContextSummary(*row) for row in rows]
+        if not late:
+            return summaries
+        return [
+            with_late(summary, late.get((summary.session, summary.head))) for summary in summaries
+        ]
+
+    # ---------------------------------------------------------------- search
+
+    def search(self, query: SearchQuery) -> list[SearchHit]:
+        """Ranked hits for ``query`` over every history item of every context.
+
+        Args:
+            query: the words to find (data, never syntax) and the filters.
+
+        Returns:
+            Up to ``query.limit`` hits, best first, each with a snippet and highlight spans.
+
+        Raises:
+            InvalidQuery: nothing to search for, or an invalid ``limit``, ``role`` or ``since``.
+            InvalidContextId: ``query.context`` is not ``type:name``.
+        """
+        q = check_query(query)
+        phrases = [fts5_phrases([term]) for term in query_terms(q.text)]
+        self._try_catch_up()
+        with self._snapshot() as conn:
+            try:
+                hits = indexed_hits(conn, self._ranker, q, phrases)
+                late = late_hits(conn, q, phrases)
+            except sqlite3.OperationalError as exc:
+                raise self._error(exc, "search failed: ") from exc
+        if not late:
+            return hits
+        return sorted(hits + late, key=lambda hit: hit.score, reverse=True)[: q.limit]
+
+    def _try_catch_up(self) -> None:
+        """Catch the derived state up before a read, where it can be written; else the read
+        completes it from the entries past ``wm`` (a read-only database, a full disk, a lock
+        held past ``busy_timeout``)."""
+        if self.readonly:
+            return
+        try:
+            self._catch_up()
+        except StoreError as exc:
+            log.warning("%s; reading the entries that it has not indexed instead", exc)
+
+    def _catch_up(self, at_least: int = 1) -> None:
+        """Bring the derived tables up to every entry if ``at_least`` entries wait for them."""
+        with self._read() as conn:
+            wm, top = conn.execute(sql.PENDING).fetchone()
+        self._wm = wm
+        if (top or 0) - wm >= at_least:
+            with self._write() as conn:
+                self._wm = _catch_up(conn)
+
+    def reindex(self) -> int:
+        """Rebuild the derived tables (search index, listing counts) from the entries.
+
+        Returns:
+            The number of contexts.
+        """
+        with self._write() as conn:
+            conn.execute(sql.DELETE_DOCS)
+            for table in sql.FTS_TABLES:
+                conn.execute(sql.FTS_DELETE_ALL.format(table=table))
+            conn.execute(sql.RESET_META)
+            _catch_up(conn, counts=False)
+            heads = conn.execute(sql.HEAD_SEGMENTS).fetchall()
+            for s, g in heads:
+                count, last = segment_summary(conn, s, g)
+                conn.execute(sql.SET_COUNTS, (count, last, s))
+        return len(heads)
+
+    # ---------------------------------------------------------------- contexts
+
+    def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
+        """Create the context's session, root segment (its header is entry 0) and head."""
+        ctx = ContextId.parse(context)
+        line = header_line(header)
+        session_id = uuid.UUID(str(line["session_id"]))
+        segment_id = uuid.UUID(str(line["segment_id"]))
+        ts = str(line["ts"])
+        s, g = str(session_id), str(segment_id)
+        with self._write() as conn:
+            if conn.execute(sql.CONTEXT_EXISTS, (str(ctx),)).fetchone():
+                raise ContextExists(f"context {ctx} already exists")
+            if conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
+                raise ConflictError(f"session {session_id} already exists")
+            conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, ts, ts))
+            conn.execute(sql.INSERT_SESSION, (s, str(ctx), ts))
+            conn.execute(sql.INSERT_SEGMENT, (s, g, ts))
+            conn.execute(sql.INSERT_ENTRY, (s, g, 0, line["kind"], ts, _text(line)))
+            count, last = segment_summary(conn, s, g)
+            conn.execute(sql.SET_COUNTS, (count, last, s))
+        return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
+
+    def delete_context(self, context: ContextId) -> bool:
+        """Delete the context and its whole session in one transaction."""
+        with self._write() as conn:
+            row = conn.execute(sql.CONTEXT_SESSION, (str(context),)).fetchone()
+            if row is None:
+                return False
+            unindex_session(conn, row[0])
+            for statement in sql.DELETE_SESSION:
+                conn.execute(statement, row)
+            conn.execute(sql.DELETE_HEAD, (str(context),))
+            conn.execute(sql.LOWER_WM)
+        return True
+
+    def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
+        """Hold the context's lock exclusively, across threads and processes (``flock``).
+
+        The lock is a file named after the context in ``{database}-locks/`` beside the
+        database (like its ``-wal`` and ``-shm`` files). Each call opens its own descriptor,
+        so the lock excludes other threads as well as other processes, and the kernel releases
+        it when a holder dies. A lock table would need polling to wait, and an open write
+        transaction would block every other writer for the whole turn.
+        """
+        ctx = ContextId.parse(context)
+        return file_lock(
+            self.path.with_name(f"{self.path.name}-locks") / ctx.type / ctx.encoded_name
+        )
+
+    # ---------------------------------------------------------------- segments
+
+    def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
+        """Add a segment, with its header as entry 0, to an existing session."""
+        line = header_line(header)
+        segment_id = uuid.UUID(str(line["segment_id"]))
+        ts = str(line["ts"])
+        s, g = str(session_id), str(segment_id)
+        with self._write() as conn:
+            if not conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
+                raise SegmentNotFound(f"session {session_id} does not exist")
+            if conn.execute(sql.SEGMENT_EXISTS, (s, g)).fetchone():
+                raise ConflictError(f"segment {segment_id} already exists")
+            conn.execute(sql.INSERT_SEGMENT, (s, g, ts))
+            conn.execute(sql.INSERT_ENTRY, (s, g, 0, line["kind"], ts, _text(line)))
+
+    def append(
+        self,
+        session_id: SessionId,
+        segment_id: SegmentId,
+        entries: Sequence[NewEntry],
+        *,
+        expected_seq: int | None = None,
+    ) -> int:
+        """Append entries atomically; return the first one's seq.
+
+        One entry is one ``INSERT`` in autocommit mode (:data:`._sql.APPEND_ONE`, the whole
+        compare-and-append): SQLite takes its one write lock for the statement, so writers in
+        every thread and process are serialised. The seq it proposes is ``expected_seq`` or
+        the next seq this store last saw the segment reach; when refused, the store reads the
+        segment's tail and raises ConflictError (with ``expected_seq``) or retries there.
+        Several entries go in one ``BEGIN IMMEDIATE`` transaction, which reads the tail under
+        the lock. The append that makes ``SEARCH_BATCH`` entries wait catches the derived
+        tables up.
+        """
+        if len(entries) != 1:
+            return self._append_many(session_id, segment_id, entries, expected_seq)
+        key = (session_id, segment_id)
+        seen = self._seen.get(key)
+        proposal: int | None
+        if seen is None:
+            s, g, proposal = str(session_id), str(segment_id), None
+        else:
+            proposal, (s, g) = seen
+        if expected_seq is not None:
+            proposal = expected_seq
+        held: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        conn = held if held is not None else self._borrow()
+        try:
+            while True:
+                if proposal is None:
+                    proposal = _next_seq(conn, s, g)
+                line = next(iter_lines(entries, proposal))
+                row = (s, g, proposal, line["kind"], line["ts"], _text(line))
+                try:
+                    cursor = conn.execute(sql.APPEND_ONE, row)
+                    break
+                except sqlite3.IntegrityError:  # the seq is taken, or the one before missing
+                    at = _next_seq(conn, s, g)
+                if expected_seq is not None:
+                    raise ConflictError.stale_seq(segment_id, at, expected_seq)
+                proposal = at
+        except sqlite3.OperationalError as exc:
+            raise self._error(exc) from exc
+        finally:
+            if held is None:
+                self._give_back(conn)
+        self._seen.remember(key, proposal + 1, (s, g))
+        if (cursor.lastrowid or 0) - self._wm >= SEARCH_BATCH:
+            try:
+                self._catch_up(SEARCH_BATCH)
+            except (StoreError, sqlite3.Error) as exc:  # the entry is in; a read catches up
+                log.warning("%s: search and listing catch-up deferred: %s", self.path, exc)
+        return proposal
+
+    def _append_many(
+        self,
+        session_id: SessionId,
+        segment_id: SegmentId,
+        entries: Sequence[NewEntry],
+        expected_seq: int | None,
+    ) -> int:
+        """Append several entries (or none) in one ``BEGIN IMMEDIATE`` transaction."""
+        s, g = str(session_id), str(segment_id)
+        with self._write() as conn:
+            first = _next_seq(conn, s, g)
+            if expected_seq is not None and expected_seq != first:
+                raise ConflictError.stale_seq(segment_id, first, expected_seq)
+            rows = [
+                (s, g, line["seq"], line["kind"], line["ts"], _text(line))
+                for line in iter_lines(entries, first)
+            ]
+            conn.executemany(sql.INSERT_ENTRY, rows)
+            (top,) = conn.execute(sql.NEWEST_ENTRY).fetchone()
+            if rows and top - self._wm >= SEARCH_BATCH:
+                self._wm = _catch_up(conn)
+        self._seen.remember((session_id, segment_id), first + len(rows), (s, g))
+        return first
+
+    def read_segment(
+        self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
+    ) -> SegmentRead:
+        """Read a segment's header and entries up to and including ``stop_seq``.
+
+        The lines come back as they were written, so a read returns the same dicts as
+        :class:`~terrarium.stores.memory.MemoryStore`.
+        """
+        stop = sql.MAX_SEQ if stop_seq is None else max(stop_seq, 0)
+        with self._read() as conn:
+            found = conn.execute(sql.READ_SEGMENT, (str(session_id), str(segment_id), stop))
+            rows = found.fetchall()
+        if not rows:
+            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+        lines = codec.decode_lines(
+            ("\n".join([row[0] for row in rows]) + "\n").encode(),
+            where=f"{self.path} segment {segment_id}",
+            first_line=0,
+        )
+        entries = lines[1:] if stop_seq is None or stop_seq >= 0 else []
+        return SegmentRead(header=lines[0], entries=entries, next_seq=rows[0][1] + 1)
+
+    def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
+        """The seq the next append gets."""
+        s, g = str(session_id), str(segment_id)
+        with self._read() as conn:
+            next_seq = _next_seq(conn, s, g)
+        self._seen.remember((session_id, segment_id), next_seq, (s, g))
+        return next_seq
+
+    def list_segments(self, session_id: SessionId) -> list[SegmentId]:
+        """The session's segment ids, oldest first (UUIDv7 order)."""
+        with self._read() as conn:
+            ids = sorted(
+                uuid.UUID(row[0]) for row in conn.execute(sql.SEGMENT_IDS, (str(session_id),))
+            )
+        if not ids:
+            raise SegmentNotFound(f"session {session_id} does not exist")
+        return ids
+
+    def append_trace(
+        self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
+    ) -> None:
+        """Append raw stream events to the segment's debug trace."""
+        s, g = str(session_id), str(segment_id)
+        with self._write() as conn:
+            if not _segment_exists(conn, session_id, segment_id):
+                raise SegmentNotFound(
+                    f"segment {segment_id} of session {session_id} does not exist"
+                )
+            conn.executemany(sql.INSERT_TRACE, [(s, g, _text(e.to_dict())) for e in entries])
+
+    def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
+        """The segment's debug trace, oldest first."""
+        with self._read() as conn:
+            rows = conn.execute(sql.READ_TRACE, (str(session_id), str(segment_id))).fetchall()
+            if not rows and not _segment_exists(conn, session_id, segment_id):
+                raise SegmentNotFound(
+                    f"segment {segment_id} of session {session_id} does not exist"
+                )
+        return [codec.decode(row[0]) for row in rows]
+
+    def close(self) -> None:
+        """Close every idle connection; connections in use close when their call returns."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _text(line: Any) -> str:
+    """An entry (or trace event) as the ``line`` column stores it: its JSON, as encoded."""
+    return codec.encode(line).decode()
+
+
+def _next_seq(conn: sqlite3.Connection, session: str, segment: str) -> int:
+    """The seq the segment's next entry gets; SegmentNotFound if there is no such segment."""
+    last = conn.execute(sql.LAST_SEQ, (session, segment)).fetchone()[0]
+    if last is None:
+        raise SegmentNotFound(f"segment {segment} of session {session} does not exist")
+    return int(last) + 1
+
+
+def _segment_exists(conn: sqlite3.Connection, session_id: SessionId, segment_id: SegmentId) -> bool:
+    return (
+        conn.execute(sql.SEGMENT_EXISTS, (str(session_id), str(segment_id))).fetchone() is not None
+    )
+
+
+def _head(row: Sequence[Any]) -> PodMetadata:
+    return PodMetadata(row[0], uuid.UUID(row[1]), uuid.UUID(row[2]), row[3], row[4])

@@ -1,0 +1,176 @@
+"""The statements of ``SqliteStore``, by name, over the schema its migrations build::
+
+    contexts(context PK, type, session_id, segment_id, created_at, updated_at,
+             message_count, last_active)              the heads, with their listing counts
+    sessions(session_id PK, context, created_at)
+    segments(session_id, segment_id, created_at)      PK (session_id, segment_id)
+    entries(id PK, session_id, segment_id, seq, kind, ts, line)
+                                                      UNIQUE (session_id, segment_id, seq)
+    traces(id, session_id, segment_id, line)          debug traces, oldest first by id
+    search_docs(id PK, session_id, segment_id, seq, role, ts, body, tags)   history items
+    search_fts, search_recent                         FTS5 over search_docs (see ``search``)
+    search_meta(hw, floor, wm)                        how far the derived tables have read
+    migrations(name PK, applied_at)
+
+Ids are UUID strings, times RFC 3339 strings. A segment's header is its entry with seq 0, so
+reading a segment is one indexed range scan. ``line`` is the entry's JSON exactly as
+:func:`terrarium.codec.encode` wrote it (unknown keys and key order survive); ``kind`` and
+``ts`` are copies kept for queries. ``entries.id`` is the arrival order (an ``INTEGER PRIMARY
+KEY``, so a ``VACUUM`` keeps it). A few statements are templates: ``{where}`` a filter,
+``{table}`` one of the two FTS5 tables, ``{marks}`` one ``?`` per id.
+"""
+
+from __future__ import annotations
+
+from terrarium.stores.base import HISTORY_KINDS_SQL
+
+#: The highest seq there can be, for ranges that run to a segment's end.
+MAX_SEQ = 2**31 - 1
+
+# ---------------------------------------------------------------------------- migrations
+
+CREATE_MIGRATIONS = (
+    "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
+)
+APPLIED = "SELECT name FROM migrations"
+RECORD_MIGRATION = "INSERT INTO migrations VALUES (?, ?)"
+
+# ---------------------------------------------------------------------------- heads
+
+HEAD = (
+    "SELECT context, session_id, segment_id, created_at, updated_at FROM contexts WHERE context = ?"
+)
+HEADS = "SELECT context, session_id, segment_id, created_at, updated_at FROM contexts"
+HEADS_OF_TYPE = f"{HEADS} WHERE type = ?"
+HEAD_SEGMENTS = "SELECT session_id, segment_id FROM contexts"
+CONTEXT_EXISTS = "SELECT 1 FROM contexts WHERE context = ?"
+CONTEXT_SESSION = "SELECT session_id FROM contexts WHERE context = ?"
+SESSION_CONTEXT = "SELECT context, created_at FROM contexts WHERE session_id = ?"
+SESSION_TYPE = "SELECT type FROM contexts WHERE session_id = ?"
+INSERT_HEAD = (
+    "INSERT INTO contexts (context, type, session_id, segment_id, created_at, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+MOVE_HEAD = (
+    "UPDATE contexts SET segment_id = ?, updated_at = ?, message_count = ?, last_active = ? "
+    "WHERE context = ?"
+)
+SET_COUNTS = "UPDATE contexts SET message_count = ?, last_active = ? WHERE session_id = ?"
+ADD_COUNTS = (
+    "UPDATE contexts SET message_count = message_count + ?, last_active = ? "
+    "WHERE session_id = ? AND segment_id = ?"
+)
+DELETE_HEAD = "DELETE FROM contexts WHERE context = ?"
+# What else a session holds, deleted with its context.
+DELETE_SESSION = tuple(
+    f"DELETE FROM {table} WHERE session_id = ?"
+    for table in ("entries", "traces", "segments", "sessions")
+)
+# In (type, name) order, as ContextId orders, from the covering index contexts_listing.
+LISTING_ORDER = "type, substr(context, length(type) + 2)"
+LISTING = (
+    "SELECT context, substr(created_at, 1, 10), message_count, last_active, created_at, "
+    "updated_at, session_id, segment_id FROM contexts {where} "
+    f"ORDER BY {LISTING_ORDER}"
+)
+
+# ---------------------------------------------------------------------------- sessions, segments
+
+SESSION_EXISTS = "SELECT 1 FROM sessions WHERE session_id = ?"
+INSERT_SESSION = "INSERT INTO sessions VALUES (?, ?, ?)"
+SEGMENT_EXISTS = "SELECT 1 FROM segments WHERE session_id = ? AND segment_id = ?"
+SEGMENT_IDS = "SELECT segment_id FROM segments WHERE session_id = ?"
+INSERT_SEGMENT = "INSERT INTO segments VALUES (?, ?, ?)"
+
+# ---------------------------------------------------------------------------- entries
+
+LAST_SEQ = "SELECT max(seq) FROM entries WHERE session_id = ? AND segment_id = ?"
+NEWEST_ENTRY = "SELECT max(id) FROM entries"
+INSERT_ENTRY = (
+    "INSERT INTO entries (session_id, segment_id, seq, kind, ts, line) VALUES (?, ?, ?, ?, ?, ?)"
+)
+# One entry at a proposed seq: the whole compare-and-append in one statement. The unique key
+# on (session, segment, seq) refuses a seq that is taken, and the line is NULL, which NOT NULL
+# refuses, unless the entry before exists (so no gap, and no entry for a deleted segment).
+# (VALUES with a subquery, not INSERT ... SELECT: that would copy the SELECT into a temporary
+# table first, because it reads the table it inserts into.)
+APPEND_ONE = (
+    "INSERT INTO entries (session_id, segment_id, seq, kind, ts, line) VALUES (?1, ?2, ?3, ?4, "
+    "?5, CASE WHEN EXISTS (SELECT 1 FROM entries WHERE session_id = ?1 AND segment_id = ?2 "
+    "AND seq = ?3 - 1) THEN ?6 END)"
+)
+READ_SEGMENT = (
+    "SELECT line, (SELECT max(seq) FROM entries WHERE session_id = ?1 AND segment_id = ?2) "
+    "FROM entries WHERE session_id = ?1 AND segment_id = ?2 AND seq <= ?3 ORDER BY seq"
+)
+# The entries the derived tables have not read yet, in arrival order (by id: a GROUP BY would
+# have SQLite walk the whole (session, segment, seq) index instead).
+ENTRIES_AFTER = (
+    "SELECT session_id, segment_id, seq, kind, ts, line FROM entries WHERE id > ? ORDER BY id"
+)
+INSERT_TRACE = "INSERT INTO traces (session_id, segment_id, line) VALUES (?, ?, ?)"
+READ_TRACE = "SELECT line FROM traces WHERE session_id = ? AND segment_id = ? ORDER BY id"
+
+# ---------------------------------------------------------------------------- listing counts
+
+# A header's history length if it has a history list, else its origin (kind, parent, at_seq)
+# as a JSON array: the usual header (a root with an empty history) is parsed once.
+_HEADER_FIELDS = (
+    "json_array_length(h.line, '$.history'), "
+    "CASE WHEN json_type(h.line, '$.history') IS NOT 'array' THEN json_extract(h.line, "
+    "'$.history', '$.origin.kind', '$.origin.parent', '$.origin.at_seq') END"
+)
+# Of one segment up to seq ?3: its history items among the entries, its last entry's time and
+# its header's history (see _HEADER_FIELDS).
+SEGMENT_PREFIX = (
+    "SELECT (SELECT count(*) FROM entries e WHERE e.session_id = ?1 AND e.segment_id = ?2 "
+    f"AND e.seq BETWEEN 1 AND ?3 AND e.kind IN {HISTORY_KINDS_SQL}), "
+    "(SELECT e.ts FROM entries e WHERE e.session_id = ?1 AND e.segment_id = ?2 "
+    f"AND e.seq <= ?3 ORDER BY e.seq DESC LIMIT 1), {_HEADER_FIELDS} "
+    "FROM entries h WHERE h.session_id = ?1 AND h.segment_id = ?2 AND h.seq = 0"
+)
+
+# ---------------------------------------------------------------------------- derived state
+
+PENDING = "SELECT wm, (SELECT max(id) FROM entries) FROM search_meta"
+META = "SELECT wm, hw, floor FROM search_meta"
+FLOOR = "SELECT floor FROM search_meta"
+SET_META = "UPDATE search_meta SET wm = ?, hw = ?, floor = ?"
+SET_WINDOWS = "UPDATE search_meta SET hw = ?, floor = ?"
+RESET_META = "UPDATE search_meta SET wm = 0, hw = 0, floor = 1"
+# After a delete: ids of the newest entries may be handed out again, so the derived tables
+# must not count them as read (they read what is above ``wm``).
+LOWER_WM = "UPDATE search_meta SET wm = min(wm, (SELECT coalesce(max(id), 0) FROM entries))"
+INSERT_DOC = (
+    "INSERT INTO search_docs (id, session_id, segment_id, seq, role, ts, body, tags) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+DELETE_DOCS = "DELETE FROM search_docs"
+DELETE_DOCS_IN = "DELETE FROM search_docs WHERE id IN (SELECT value FROM json_each(?))"
+FTS_TABLES = ("search_fts", "search_recent")
+FTS_ADD = (
+    "INSERT INTO {table} (rowid, body, tags) SELECT id, body, tags FROM search_docs WHERE id >= ?"
+)
+FTS_REBUILD = "INSERT INTO {table} ({table}) VALUES ('rebuild')"
+FTS_DELETE_ALL = "INSERT INTO {table} ({table}) VALUES ('delete-all')"
+# External content: FTS5 needs the old values to remove an item's tokens.
+FTS_DELETE_IN = (
+    "INSERT INTO {table} ({table}, rowid, body, tags) SELECT 'delete', id, body, tags "
+    "FROM search_docs WHERE id IN (SELECT value FROM json_each(?)) AND id >= ?"
+)
+
+# ---------------------------------------------------------------------------- search
+
+FTS_IDS = "SELECT rowid FROM search_fts WHERE search_fts MATCH ?"
+FTS_COUNT = "SELECT count(*) FROM search_fts WHERE search_fts MATCH ?"
+SEARCH_RANGE = "SELECT hw, floor, (SELECT min(id) FROM search_docs) FROM search_meta"
+# CROSS JOIN: FTS5 gets one rowid at a time, never the whole match.
+SNIPPETS = (
+    "SELECT f.rowid, snippet({table}, 0, ?, ?, ?, ?) FROM json_each(?) AS j "
+    "CROSS JOIN {table} AS f WHERE f.rowid = j.value AND {table} MATCH ?"
+)
+HIT_ROWS = (
+    "SELECT d.id, c.context, c.created_at, d.session_id, d.segment_id, d.seq, d.role, "
+    "d.ts FROM search_docs d JOIN contexts c ON c.session_id = d.session_id "
+    "WHERE d.id IN ({marks})"
+)

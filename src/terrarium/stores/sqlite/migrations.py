@@ -1,0 +1,232 @@
+"""``SqliteStore``'s schema migrations, on the registry shared with PostgreSQL.
+
+Every open applies the pending ones (:func:`migrate`), each in its own ``BEGIN IMMEDIATE``
+transaction together with its record in ``migrations``. A database this process cannot write
+is never migrated: :func:`check_readable` refuses one that needs a migration, in one line.
+The migrations below are released history: never edit one, add the next.
+
+Usage::
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    applied = migrate(conn, where=str(path))
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from terrarium import codec
+from terrarium.errors import StoreError
+from terrarium.model import utc_now
+from terrarium.stores import _db
+from terrarium.stores.migrations import Migrations
+from terrarium.stores.sqlite import _sql as sql
+from terrarium.stores.sqlite.search import SEARCH_RECENT, doc_tags, line_docs, segment_summary
+
+__all__ = ["MIGRATIONS", "check_readable", "migrate"]
+
+MIGRATIONS: Migrations[sqlite3.Connection] = Migrations("sqlite")
+
+
+def migrate(conn: sqlite3.Connection, *, where: str, stop_after: str | None = None) -> list[str]:
+    """Apply pending migrations on an autocommit connection; return the names applied.
+
+    Each migration runs in its own ``BEGIN IMMEDIATE`` transaction with its record, and the
+    list of applied names is read again under that lock, so processes opening the database at
+    the same time apply each step once. ``stop_after`` (for tests) stops after that migration.
+
+    Raises:
+        FormatVersionError: the database records a migration this version does not know.
+    """
+    conn.execute(sql.CREATE_MIGRATIONS)
+    done: list[str] = []
+    if not MIGRATIONS.pending(_applied(conn), where=where):
+        return done  # the usual case: no write lock taken
+    for step in MIGRATIONS:
+        with _db.immediate(conn):
+            if step in MIGRATIONS.pending(_applied(conn), where=where):
+                step.apply(conn)
+                conn.execute(sql.RECORD_MIGRATION, (step.name, utc_now()))
+                done.append(step.name)
+        if step.name == stop_after:
+            break
+    return done
+
+
+def check_readable(conn: sqlite3.Connection, *, where: str) -> None:
+    """Refuse, in one line, a read-only database whose schema this version cannot read.
+
+    Raises:
+        FormatVersionError: it records a migration this version does not know.
+        StoreError: it lacks migrations (or is empty), which a read-only open cannot apply.
+    """
+    try:
+        applied = _applied(conn)
+    except sqlite3.OperationalError:  # no migrations table: empty, or not a terrarium database
+        applied = []
+    missing = [step.name for step in MIGRATIONS.pending(applied, where=where)]
+    if missing:
+        raise StoreError(
+            f"{where}: read-only, and its schema is older than this terrarium's (it lacks "
+            f"{', '.join(missing)}): open it once with write access to migrate it"
+        )
+
+
+def _applied(conn: sqlite3.Connection) -> list[str]:
+    return [row[0] for row in conn.execute(sql.APPLIED)]
+
+
+@MIGRATIONS
+def m001_initial(conn: sqlite3.Connection) -> None:
+    """Heads, sessions, segments and entries."""
+    for statement in (
+        """CREATE TABLE contexts (
+            context TEXT PRIMARY KEY,
+            type TEXT NOT NULL,
+            session_id TEXT NOT NULL UNIQUE,
+            segment_id TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        )""",
+        "CREATE INDEX contexts_by_type ON contexts (type)",
+        """CREATE TABLE sessions (
+            session_id TEXT PRIMARY KEY,
+            context TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        )""",
+        """CREATE TABLE segments (
+            session_id TEXT NOT NULL,
+            segment_id TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (session_id, segment_id)
+        )""",
+        """CREATE TABLE entries (
+            session_id TEXT NOT NULL,
+            segment_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            ts TEXT NOT NULL,
+            line TEXT NOT NULL,
+            PRIMARY KEY (session_id, segment_id, seq)
+        )""",
+    ):
+        conn.execute(statement)
+
+
+@MIGRATIONS
+def m002_traces(conn: sqlite3.Connection) -> None:
+    """Debug traces of raw stream events, per segment."""
+    conn.execute(
+        """CREATE TABLE traces (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            segment_id TEXT NOT NULL,
+            line TEXT NOT NULL
+        )"""
+    )
+    conn.execute("CREATE INDEX traces_by_segment ON traces (session_id, segment_id, id)")
+
+
+@MIGRATIONS
+def m003_search(conn: sqlite3.Connection) -> None:
+    """Full-text search over history items (FTS5), backfilled from the entries there are."""
+    for statement in (
+        # hw: items up to this id are in search_fts; floor: items from this id on are in
+        # search_recent (floor <= hw + 1, so every item is in one of them or both).
+        "CREATE TABLE search_meta (hw INTEGER NOT NULL, floor INTEGER NOT NULL)",
+        "INSERT INTO search_meta VALUES (0, 1)",
+        """CREATE TABLE search_docs (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            segment_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            ts TEXT NOT NULL,
+            body TEXT NOT NULL,
+            tags TEXT NOT NULL
+        )""",
+        # Each FTS5 table's content is a view of exactly the items it indexes, so that its
+        # 'rebuild' and 'integrity-check' mean what they say.
+        """CREATE VIEW search_fts_content AS SELECT id, body, tags FROM search_docs
+            WHERE id <= (SELECT hw FROM search_meta)""",
+        """CREATE VIEW search_recent_content AS SELECT id, body, tags FROM search_docs
+            WHERE id >= (SELECT floor FROM search_meta)""",
+        """CREATE VIRTUAL TABLE search_fts USING fts5(body, tags,
+            content='search_fts_content', content_rowid='id',
+            tokenize='unicode61 remove_diacritics 2')""",
+        """CREATE VIRTUAL TABLE search_recent USING fts5(body, tags,
+            content='search_recent_content', content_rowid='id',
+            tokenize='unicode61 remove_diacritics 2')""",
+    ):
+        conn.execute(statement)
+    # Backfill in arrival order (the order the entries were inserted).
+    types = dict(conn.execute("SELECT session_id, type FROM contexts").fetchall())
+    rows: list[tuple[Any, ...]] = []
+    cursor = conn.execute(
+        "SELECT session_id, segment_id, seq, line FROM entries "
+        "WHERE seq = 0 OR kind IN ('user_input', 'item', 'system_item') ORDER BY rowid"
+    )
+    for session_id, segment_id, seq, text in cursor:
+        for seq_, role, ts, body in line_docs(seq, codec.decode(text)):
+            tags = doc_tags(session_id, role, types.get(session_id))
+            rows.append((len(rows) + 1, session_id, segment_id, seq_, role, ts, body, tags))
+    conn.executemany(sql.INSERT_DOC, rows)
+    conn.execute(
+        "UPDATE search_meta SET hw = ?, floor = ?",
+        (len(rows), max(1, len(rows) - SEARCH_RECENT + 1)),
+    )
+    for table in ("search_fts", "search_recent"):
+        conn.execute(f"INSERT INTO {table} ({table}) VALUES ('rebuild')")
+
+
+@MIGRATIONS
+def m004_derived_state(conn: sqlite3.Connection) -> None:
+    """Entries get a stable arrival id, up to which the derived tables (search, listing
+    counts on the heads) are brought in batches instead of in every append."""
+    conn.execute(
+        """CREATE TABLE entries_by_id (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            segment_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            ts TEXT NOT NULL,
+            line TEXT NOT NULL,
+            UNIQUE (session_id, segment_id, seq)
+        )"""
+    )
+    # The rowids are the arrival order; as an INTEGER PRIMARY KEY they survive a VACUUM.
+    conn.execute(
+        "INSERT INTO entries_by_id SELECT rowid, session_id, segment_id, seq, kind, ts, line "
+        "FROM entries ORDER BY rowid"
+    )
+    conn.execute("DROP TABLE entries")
+    conn.execute("ALTER TABLE entries_by_id RENAME TO entries")
+    conn.execute("ALTER TABLE contexts ADD COLUMN message_count INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE contexts ADD COLUMN last_active TEXT NOT NULL DEFAULT ''")
+    # Listing reads this index alone, in order: 100k contexts without a sort or a table lookup.
+    conn.execute(
+        f"CREATE INDEX contexts_listing ON contexts ({sql.LISTING_ORDER}, context, created_at, "
+        "message_count, last_active, updated_at, session_id, segment_id)"
+    )
+    for s, g in conn.execute("SELECT session_id, segment_id FROM contexts").fetchall():
+        count, last = segment_summary(conn, s, g)
+        conn.execute(
+            "UPDATE contexts SET message_count = ?, last_active = ? WHERE session_id = ?",
+            (count, last, s),
+        )
+    # Until now only search_recent held the newest items; from here on search_fts holds every
+    # item up to hw, and hw is the newest.
+    conn.execute("ALTER TABLE search_meta ADD COLUMN wm INTEGER NOT NULL DEFAULT 0")
+    (hw,) = conn.execute("SELECT hw FROM search_meta").fetchone()
+    (top,) = conn.execute("SELECT max(id) FROM search_docs").fetchone()
+    if top is not None and top > hw:
+        conn.execute(
+            "INSERT INTO search_fts (rowid, body, tags) SELECT id, body, tags FROM search_docs "
+            "WHERE id > ?",
+            (hw,),
+        )
+        conn.execute("UPDATE search_meta SET hw = ?", (top,))
+    # Every entry there is was indexed when it was appended.
+    conn.execute("UPDATE search_meta SET wm = (SELECT coalesce(max(id), 0) FROM entries)")
