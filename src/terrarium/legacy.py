@@ -47,9 +47,9 @@ from typing import Generic, TypeVar
 
 from terrarium.errors import ContextExists, StoreError
 from terrarium.formats import terrarium_json as tj
-from terrarium.formats.terrarium_json import _DATE_RE, LegacyFormatError, _printable
-from terrarium.model import ContextId, encode_name
-from terrarium.stores._files import make_dirs
+from terrarium.formats.terrarium_json import LegacyFormatError
+from terrarium.model import DATE_RE, ContextId, encode_name, printable
+from terrarium.stores._files import listdir, make_dirs
 from terrarium.stores.base import ContextLocking, Store
 from terrarium.stores.fs import LEGACY_TRASH, FsStore
 from terrarium.stores.memory import MemoryStore
@@ -91,7 +91,7 @@ class LegacyProblem:
     """One line: what is wrong with it."""
 
     def __str__(self) -> str:
-        return f"{_printable(str(self.path))}: {self.reason}"
+        return f"{printable(str(self.path))}: {self.reason}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +205,7 @@ def trash(store: Store, context: ContextId) -> list[Path]:
     moved: list[Path] = []
     while root is not None and (found := _lookup(store, context)) is not None:
         if not _inside(found.path.parent, root):
-            raise StoreError(f"{_printable(str(found.path))}: {_outside(root)}, nor moved")
+            raise StoreError(f"{printable(str(found.path))}: {_outside(root)}, nor moved")
         target = root / LEGACY_TRASH / uuid.uuid4().hex / found.path.relative_to(root)
         make_dirs(target.parent)
         os.rename(found.path, target)
@@ -250,7 +250,7 @@ def _places(root: Path, context: ContextId) -> Iterator[Path]:
     """The existing files where ``context`` is looked up, in :func:`_rank` order."""
     names = _names(context)
     type_dir = root / context.type
-    dates = sorted((d for d in _listdir(type_dir) if _DATE_RE.fullmatch(d)), reverse=True)
+    dates = sorted((d for d in listdir(type_dir) if DATE_RE.fullmatch(d)), reverse=True)
     for folder in [*(type_dir / d for d in dates), type_dir, root]:
         for name in names:
             if (folder / name).is_file():
@@ -271,7 +271,7 @@ def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
     if not parts or parts[-1] not in names:
         return None
     which = names.index(parts[-1])
-    if len(parts) == 3 and parts[0] == context.type and _DATE_RE.fullmatch(parts[1]):
+    if len(parts) == 3 and parts[0] == context.type and DATE_RE.fullmatch(parts[1]):
         return (0, -int(parts[1].replace("-", "")), which)
     if len(parts) == 2 and parts[0] == context.type:
         return (1, which)
@@ -283,13 +283,6 @@ def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
 def _inside(path: Path, root: Path) -> bool:
     real, base = os.path.realpath(path), os.path.realpath(root)
     return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
-
-
-def _listdir(path: Path) -> list[str]:
-    try:
-        return os.listdir(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
 
 
 # --------------------------------------------------------------------------- the cache
@@ -397,7 +390,7 @@ def _list_folder(path: Path, level: int) -> _Folder:
         if level == 2 and not name.endswith(".json"):
             continue  # context folders: skipped without a stat
         if entry.is_dir():
-            if level == 0 or (level == 1 and _DATE_RE.fullmatch(name)):
+            if level == 0 or (level == 1 and DATE_RE.fullmatch(name)):
                 folders.append(name)
         elif name.endswith(".json") and entry.is_file():
             files.append(name)
@@ -415,7 +408,7 @@ def _summarise(path: Path, root: Path) -> LegacyInfo | LegacyProblem:
         return LegacyProblem(path, exc.strerror or str(exc))
     except (ValueError, RecursionError) as exc:
         text = str(exc) or type(exc).__name__
-        return LegacyProblem(path, text.removeprefix(f"{_printable(str(path))}: "))
+        return LegacyProblem(path, text.removeprefix(f"{printable(str(path))}: "))
     meta = session.metadata
     return LegacyInfo(
         context, path, meta.session_date, meta.created_at, meta.last_active, len(session.messages)

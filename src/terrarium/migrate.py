@@ -47,7 +47,7 @@ from terrarium.formats.terrarium_json import (
     load,
     stale_partials,
 )
-from terrarium.model import ContextId
+from terrarium.model import ContextId, printable
 
 if TYPE_CHECKING:
     from terrarium.stores.base import Store
@@ -111,15 +111,11 @@ class MigrationReport:
 # --------------------------------------------------------------------------- planning
 
 
-def _printable(text: str) -> str:
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def _rel(root: Path, path: Path) -> str:
     try:
-        return _printable(path.relative_to(root).as_posix())
+        return printable(path.relative_to(root).as_posix())
     except ValueError:
-        return _printable(str(path))
+        return printable(str(path))
 
 
 def _new_bytes(session: LegacySession) -> bytes:
@@ -177,7 +173,7 @@ def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
 
 def _problem(root: Path, path: Path, exc: BaseException) -> str:
     text = str(exc)
-    prefix = f"{_printable(str(path))}: "
+    prefix = f"{printable(str(path))}: "
     if text.startswith(prefix):
         text = text[len(prefix) :]
     elif isinstance(exc, OSError):
