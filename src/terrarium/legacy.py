@@ -1,35 +1,27 @@
 """Legacy Terrarium JSON files beside a filesystem store: found, listed, read and resumed in place.
 
 The old Terrarium Agent kept each context in ``{type}/{date}/{name}.json`` (the format is
-:mod:`terrarium.formats.terrarium_json`). Folders and code ported from it keep working: the
-manager and the command line both see those files through this module, under these rules.
+:mod:`terrarium.formats.terrarium_json`). The manager and the command line see those files
+through this module, under these rules:
 
-* **Where.** Legacy files lie in the root of an :class:`~terrarium.stores.fs.FsStore`, beside
-  its context folders, where :func:`~terrarium.formats.terrarium_json.iter_legacy_files` finds
-  them. No other store has any.
-* **Which context.** A file holds the context its content names. A context is looked up as the
-  old tool named its file: ``{type}/{date}/{name}.json`` (newest date first), then
-  ``{type}/{name}.json``, then ``{name}.json``, each with the raw name, then the encoded one
-  (:func:`_rank`). The first of those that holds the context is its file; a file that is not
-  found that way (another name inside, or an older copy) is listed as a problem.
+* **Where.** Only in the root of an :class:`~terrarium.stores.fs.FsStore`, beside its context
+  folders (:func:`~terrarium.formats.terrarium_json.iter_legacy_files`). No other store has any.
+* **Which context.** A file holds the context its content names, found where the old tool
+  named it (:func:`_rank`); a file not found that way is listed as a problem.
 * **The log wins.** A context in the log hides its legacy file.
-* **Read in place, never changed.** Reading a context copies its file into a throw-away
+* **Read in place, never changed.** Reading copies the file into a throw-away
   :class:`~terrarium.stores.memory.MemoryStore` (:func:`read`).
 * **First use imports.** A turn, clear, fork or compaction on a context that only a legacy file
-  holds imports the file into the log first (:func:`import_legacy`, under the context's lock,
-  so that processes racing on it import it once). The file stays as it was.
-* **Delete moves the file into the trash** (:func:`trash`):
-  ``.trash/legacy/{random id}/{type}/{date}/{name}.json``; moving it back undoes the delete.
-  Nothing empties that folder.
-* **Problems are listed, not hidden.** :func:`listing` returns every file it could not use with
-  the reason; reading or resuming a context whose file is unreadable raises its error.
+  holds imports it into the log first (:func:`import_legacy`, under the context's lock, so
+  racing processes import it once). The file stays as it was.
+* **Delete moves the file into the trash** (:func:`trash`); moving it back undoes the delete.
+* **Problems are listed, not hidden.** :func:`listing` returns every file it could not use,
+  with the reason; reading or resuming a context whose file is unreadable raises its error.
 
-Listing is cached per store: a folder is listed again only when its ``ctime`` changed and a
-file parsed again only when its inode, size, ``mtime`` or ``ctime`` changed. A stamp younger
-than ``_RACY_NS`` is not trusted (a change within the clock's granularity could keep it).
-Measured with 20,000 native contexts in one date folder and no legacy file: the first listing
-in a process takes 14 ms (the native listing: 250 ms), later ones 0.1 ms (a ``stat`` per type
-and date folder).
+The trade-off: files are used where they lie and never rewritten, for a cached scan per store
+(:class:`_Scanner`). Usage::
+
+    legacy.resume(store, context)  # imports its legacy file, if only that file holds it
 """
 
 from __future__ import annotations
@@ -193,7 +185,10 @@ def resume(store: Store, context: ContextId) -> bool:
 
 
 def trash(store: Store, context: ContextId) -> list[Path]:
-    """Move every legacy file of ``context`` into ``.trash/legacy/`` (see the module docstring).
+    """Move every legacy file of ``context`` into ``.trash/legacy/``.
+
+    Each goes to ``.trash/legacy/{random id}/{type}/{date}/{name}.json``: moving it back undoes
+    the delete. Nothing empties that folder.
 
     Returns:
         Where the files went (empty if the context had none).
@@ -265,7 +260,13 @@ def _names(context: ContextId) -> list[str]:
 
 
 def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
-    """Where ``path`` comes in ``context``'s lookup order (lowest first); None: not a place."""
+    """Where ``path`` comes in ``context``'s lookup order (lowest first); None: not a place.
+
+    The order is the old tool's: ``{type}/{date}/{name}.json`` (newest date first), then
+    ``{type}/{name}.json``, then ``{name}.json``, each with the raw name, then the encoded one.
+    The first place that holds the context is its file; a file not found that way (another
+    name inside, or an older copy) is listed as a problem.
+    """
     names = _names(context)
     parts = path.relative_to(root).parts
     if not parts or parts[-1] not in names:
@@ -316,7 +317,15 @@ def _trusted(st: os.stat_result, now: int) -> bool:
 
 
 class _Scanner:
-    """One store's cached view of its legacy files (see the module docstring)."""
+    """One store's cached view of its legacy files.
+
+    A folder is listed again only when its ``ctime`` changed and a file parsed again only when
+    its inode, size, ``mtime`` or ``ctime`` changed. A stamp younger than ``_RACY_NS`` is not
+    trusted (a change within the clock's granularity could keep it). Measured with 20,000
+    native contexts in one date folder and no legacy file: the first listing in a process
+    takes 14 ms (the native listing: 250 ms), later ones 0.1 ms (a ``stat`` per type and date
+    folder).
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
