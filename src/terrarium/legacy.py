@@ -1,35 +1,27 @@
 """Legacy Terrarium JSON files beside a filesystem store: found, listed, read and resumed in place.
 
 The old Terrarium Agent kept each context in ``{type}/{date}/{name}.json`` (the format is
-:mod:`terrarium.formats.terrarium_json`). Folders and code ported from it keep working: the
-manager and the command line both see those files through this module, under these rules.
+:mod:`terrarium.formats.terrarium_json`). The manager and the command line see those files
+through this module, under these rules:
 
-* **Where.** Legacy files lie in the root of an :class:`~terrarium.stores.fs.FsStore`, beside
-  its context folders, where :func:`~terrarium.formats.terrarium_json.iter_legacy_files` finds
-  them. No other store has any.
-* **Which context.** A file holds the context its content names. A context is looked up as the
-  old tool named its file: ``{type}/{date}/{name}.json`` (newest date first), then
-  ``{type}/{name}.json``, then ``{name}.json``, each with the raw name, then the encoded one
-  (:func:`_rank`). The first of those that holds the context is its file; a file that is not
-  found that way (another name inside, or an older copy) is listed as a problem.
+* **Where.** Only in the root of an :class:`~terrarium.stores.fs.FsStore`, beside its context
+  folders (:func:`~terrarium.formats.terrarium_json.iter_legacy_files`). No other store has any.
+* **Which context.** A file holds the context its content names, found where the old tool
+  named it (:func:`_rank`); a file not found that way is listed as a problem.
 * **The log wins.** A context in the log hides its legacy file.
-* **Read in place, never changed.** Reading a context copies its file into a throw-away
+* **Read in place, never changed.** Reading copies the file into a throw-away
   :class:`~terrarium.stores.memory.MemoryStore` (:func:`read`).
 * **First use imports.** A turn, clear, fork or compaction on a context that only a legacy file
-  holds imports the file into the log first (:func:`import_legacy`, under the context's lock,
-  so that processes racing on it import it once). The file stays as it was.
-* **Delete moves the file into the trash** (:func:`trash`):
-  ``.trash/legacy/{random id}/{type}/{date}/{name}.json``; moving it back undoes the delete.
-  Nothing empties that folder.
-* **Problems are listed, not hidden.** :func:`listing` returns every file it could not use with
-  the reason; reading or resuming a context whose file is unreadable raises its error.
+  holds imports it into the log first (:func:`import_legacy`, under the context's lock, so
+  racing processes import it once). The file stays as it was.
+* **Delete moves the file into the trash** (:func:`trash`); moving it back undoes the delete.
+* **Problems are listed, not hidden.** :func:`listing` returns every file it could not use,
+  with the reason; reading or resuming a context whose file is unreadable raises its error.
 
-Listing is cached per store: a folder is listed again only when its ``ctime`` changed and a
-file parsed again only when its inode, size, ``mtime`` or ``ctime`` changed. A stamp younger
-than ``_RACY_NS`` is not trusted (a change within the clock's granularity could keep it).
-Measured with 20,000 native contexts in one date folder and no legacy file: the first listing
-in a process takes 14 ms (the native listing: 250 ms), later ones 0.1 ms (a ``stat`` per type
-and date folder).
+The trade-off: files are used where they lie and never rewritten, for a cached scan per store
+(:class:`_Scanner`). Usage::
+
+    legacy.resume(store, context)  # imports its legacy file, if only that file holds it
 """
 
 from __future__ import annotations
@@ -47,9 +39,9 @@ from typing import Generic, TypeVar
 
 from terrarium.errors import ContextExists, StoreError
 from terrarium.formats import terrarium_json as tj
-from terrarium.formats.terrarium_json import _DATE_RE, LegacyFormatError, _printable
-from terrarium.model import ContextId, encode_name
-from terrarium.stores._files import make_dirs
+from terrarium.formats.terrarium_json import LegacyFormatError
+from terrarium.model import DATE_RE, ContextId, encode_name, printable
+from terrarium.stores._files import listdir, make_dirs
 from terrarium.stores.base import ContextLocking, Store
 from terrarium.stores.fs import LEGACY_TRASH, FsStore
 from terrarium.stores.memory import MemoryStore
@@ -91,7 +83,7 @@ class LegacyProblem:
     """One line: what is wrong with it."""
 
     def __str__(self) -> str:
-        return f"{_printable(str(self.path))}: {self.reason}"
+        return f"{printable(str(self.path))}: {self.reason}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +185,10 @@ def resume(store: Store, context: ContextId) -> bool:
 
 
 def trash(store: Store, context: ContextId) -> list[Path]:
-    """Move every legacy file of ``context`` into ``.trash/legacy/`` (see the module docstring).
+    """Move every legacy file of ``context`` into ``.trash/legacy/``.
+
+    Each goes to ``.trash/legacy/{random id}/{type}/{date}/{name}.json``: moving it back undoes
+    the delete. Nothing empties that folder.
 
     Returns:
         Where the files went (empty if the context had none).
@@ -205,7 +200,7 @@ def trash(store: Store, context: ContextId) -> list[Path]:
     moved: list[Path] = []
     while root is not None and (found := _lookup(store, context)) is not None:
         if not _inside(found.path.parent, root):
-            raise StoreError(f"{_printable(str(found.path))}: {_outside(root)}, nor moved")
+            raise StoreError(f"{printable(str(found.path))}: {_outside(root)}, nor moved")
         target = root / LEGACY_TRASH / uuid.uuid4().hex / found.path.relative_to(root)
         make_dirs(target.parent)
         os.rename(found.path, target)
@@ -250,7 +245,7 @@ def _places(root: Path, context: ContextId) -> Iterator[Path]:
     """The existing files where ``context`` is looked up, in :func:`_rank` order."""
     names = _names(context)
     type_dir = root / context.type
-    dates = sorted((d for d in _listdir(type_dir) if _DATE_RE.fullmatch(d)), reverse=True)
+    dates = sorted((d for d in listdir(type_dir) if DATE_RE.fullmatch(d)), reverse=True)
     for folder in [*(type_dir / d for d in dates), type_dir, root]:
         for name in names:
             if (folder / name).is_file():
@@ -265,13 +260,19 @@ def _names(context: ContextId) -> list[str]:
 
 
 def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
-    """Where ``path`` comes in ``context``'s lookup order (lowest first); None: not a place."""
+    """Where ``path`` comes in ``context``'s lookup order (lowest first); None: not a place.
+
+    The order is the old tool's: ``{type}/{date}/{name}.json`` (newest date first), then
+    ``{type}/{name}.json``, then ``{name}.json``, each with the raw name, then the encoded one.
+    The first place that holds the context is its file; a file not found that way (another
+    name inside, or an older copy) is listed as a problem.
+    """
     names = _names(context)
     parts = path.relative_to(root).parts
     if not parts or parts[-1] not in names:
         return None
     which = names.index(parts[-1])
-    if len(parts) == 3 and parts[0] == context.type and _DATE_RE.fullmatch(parts[1]):
+    if len(parts) == 3 and parts[0] == context.type and DATE_RE.fullmatch(parts[1]):
         return (0, -int(parts[1].replace("-", "")), which)
     if len(parts) == 2 and parts[0] == context.type:
         return (1, which)
@@ -283,13 +284,6 @@ def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
 def _inside(path: Path, root: Path) -> bool:
     real, base = os.path.realpath(path), os.path.realpath(root)
     return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
-
-
-def _listdir(path: Path) -> list[str]:
-    try:
-        return os.listdir(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
 
 
 # --------------------------------------------------------------------------- the cache
@@ -323,7 +317,15 @@ def _trusted(st: os.stat_result, now: int) -> bool:
 
 
 class _Scanner:
-    """One store's cached view of its legacy files (see the module docstring)."""
+    """One store's cached view of its legacy files.
+
+    A folder is listed again only when its ``ctime`` changed and a file parsed again only when
+    its inode, size, ``mtime`` or ``ctime`` changed. A stamp younger than ``_RACY_NS`` is not
+    trusted (a change within the clock's granularity could keep it). Measured with 20,000
+    native contexts in one date folder and no legacy file: the first listing in a process
+    takes 14 ms (the native listing: 250 ms), later ones 0.1 ms (a ``stat`` per type and date
+    folder).
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -397,7 +399,7 @@ def _list_folder(path: Path, level: int) -> _Folder:
         if level == 2 and not name.endswith(".json"):
             continue  # context folders: skipped without a stat
         if entry.is_dir():
-            if level == 0 or (level == 1 and _DATE_RE.fullmatch(name)):
+            if level == 0 or (level == 1 and DATE_RE.fullmatch(name)):
                 folders.append(name)
         elif name.endswith(".json") and entry.is_file():
             files.append(name)
@@ -415,7 +417,7 @@ def _summarise(path: Path, root: Path) -> LegacyInfo | LegacyProblem:
         return LegacyProblem(path, exc.strerror or str(exc))
     except (ValueError, RecursionError) as exc:
         text = str(exc) or type(exc).__name__
-        return LegacyProblem(path, text.removeprefix(f"{_printable(str(path))}: "))
+        return LegacyProblem(path, text.removeprefix(f"{printable(str(path))}: "))
     meta = session.metadata
     return LegacyInfo(
         context, path, meta.session_date, meta.created_at, meta.last_active, len(session.messages)

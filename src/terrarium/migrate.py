@@ -1,29 +1,24 @@
 """Migrate a legacy sessions folder: flat files into date folders, and optionally into the log.
 
-What the seed's ``scripts/migrate_sessions.py`` did, made safe to interrupt:
+What the seed's ``scripts/migrate_sessions.py`` did, made safe to interrupt. It owns no data of
+its own: it moves the legacy files of one sessions folder and can import them into its store.
 
 * A flat session, ``{type}/{name}.json`` or a top-level ``{name}.json`` whose JSON names its
-  ``context_type``, moves to ``{type}/{date}/{name}.json``. The date is the metadata's
-  ``session_date`` when the file has one, else the date of ``created_at`` as written (which
-  falls back to the first message's timestamp, then to the file's modification time); the
-  moved file gets ``session_date`` and the other derived metadata filled in
-  (:func:`terrarium.formats.terrarium_json.load`). Files already in a date folder stay put.
+  ``context_type``, moves to ``{type}/{date}/{name}.json``: the metadata's ``session_date``,
+  else the date of ``created_at``, with the derived metadata filled in
+  (:func:`terrarium.formats.terrarium_json.load`). Files in a date folder stay put.
 * With ``to_log``, each session is also imported into the native log beside it
-  (:func:`terrarium.formats.terrarium_json.import_session`); a context that already exists
-  natively is skipped, so a rerun imports nothing twice. When several files hold the same
-  context (one per date folder), the newest date is imported and the others are skipped.
-* Legacy files are never rewritten in place.
+  (:func:`terrarium.formats.terrarium_json.import_session`); a context already there is
+  skipped, so a rerun imports nothing twice; of several files holding one context, the newest
+  date is imported.
+* The trade-off: a move writes the destination before it removes the source (:func:`_move`),
+  so a killed run leaves at worst a file in both places, which a rerun finishes. Legacy files
+  are never rewritten in place; a broken one is reported in one line and the run goes on.
 
-**Interruption.** Each move writes the new file at its destination through a temporary file
-(``fsync``, ``os.replace``, ``fsync`` of the folder) and only then removes the source. A rerun
-finds a source whose destination already holds exactly what the move would write: it removes
-the source and finishes. A destination that holds something else is a conflict, reported and
-never overwritten. So killing a migration at any point and running it again ends with every
-session present exactly once. Run one migration at a time.
+Usage::
 
-**Reporting.** Every legacy file is read and checked; a broken one is reported in one line
-and the run goes on. The report counts files moved, contexts imported, files skipped (nothing
-to do) and files failed; the command exits non-zero when any failed.
+    report = migrate("./sessions", to_log=True)  # prints progress and a summary
+    sys.exit(report.exit_code)  # 1 when any file failed; dry_run=True only plans
 """
 
 from __future__ import annotations
@@ -47,7 +42,7 @@ from terrarium.formats.terrarium_json import (
     load,
     stale_partials,
 )
-from terrarium.model import ContextId
+from terrarium.model import ContextId, printable
 
 if TYPE_CHECKING:
     from terrarium.stores.base import Store
@@ -111,15 +106,11 @@ class MigrationReport:
 # --------------------------------------------------------------------------- planning
 
 
-def _printable(text: str) -> str:
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def _rel(root: Path, path: Path) -> str:
     try:
-        return _printable(path.relative_to(root).as_posix())
+        return printable(path.relative_to(root).as_posix())
     except ValueError:
-        return _printable(str(path))
+        return printable(str(path))
 
 
 def _new_bytes(session: LegacySession) -> bytes:
@@ -177,7 +168,7 @@ def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
 
 def _problem(root: Path, path: Path, exc: BaseException) -> str:
     text = str(exc)
-    prefix = f"{_printable(str(path))}: "
+    prefix = f"{printable(str(path))}: "
     if text.startswith(prefix):
         text = text[len(prefix) :]
     elif isinstance(exc, OSError):
@@ -213,7 +204,15 @@ class _Conflict(Exception):
 
 
 def _move(step: Step) -> None:
-    """Write the destination (if it is not there yet), then remove the source."""
+    """Write the destination (if it is not there yet), then remove the source.
+
+    The destination is written through a temporary file (``fsync``, ``os.replace``, ``fsync``
+    of the folder) before the source goes. A rerun finds a source whose destination already
+    holds exactly what the move would write: it removes the source and finishes. A destination
+    that holds something else is a conflict, reported and never overwritten. So killing a
+    migration at any point and running it again ends with every session present exactly once.
+    Run one migration at a time.
+    """
     assert step.session is not None
     source, destination = step.source, step.destination
     data = _new_bytes(step.session)

@@ -65,7 +65,10 @@ def utc_now() -> str:
 
 # --------------------------------------------------------------------------- context ids
 
-_TYPE_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+TYPE_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+"""A context type: a lowercase slug, at most 32 characters (``cli``, ``irc``)."""
+DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+"""A date folder's name, ``YYYY-MM-DD``: the ``{date}`` of ``{type}/{date}/{name}``."""
 #: Longest encoded context name, in bytes: the usual file-name limit.
 MAX_NAME_BYTES = 255
 # Characters that are unsafe in a file name on Linux, macOS or Windows, plus the escape itself.
@@ -165,6 +168,11 @@ def display_name(name: str) -> str:
     return "".join(chars)
 
 
+def printable(text: str) -> str:
+    """``text`` (a path, a name) for a one-line message: unprintable characters escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class ContextId:
     """A context identifier ``type:name`` such as ``irc:#python``."""
@@ -175,7 +183,7 @@ class ContextId:
     """The context's name within its type (``main``, ``#python``): the seed's ``session_id``."""
 
     def __post_init__(self) -> None:
-        if not _TYPE_RE.fullmatch(self.type):
+        if not TYPE_RE.fullmatch(self.type):
             raise InvalidContextId(
                 f"invalid context type {self.type!r}: use a lowercase slug such as 'cli' or 'irc'"
             )

@@ -541,12 +541,8 @@ def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredSt
                 state = _from_header(line)
                 history = state.history
                 prompt, completion, cached, calls, turns = _carried(line)
-            else:  # a fork: the parent's prefix so far is its state; the ids are its own
-                state.segment_id = SegmentId(line["segment_id"])
-                state.origin = SegmentOrigin.from_dict(line.get("origin") or {"kind": "root"})
-                state.created_at = line["ts"]
-                if line.get("context"):
-                    state.context = line["context"]
+            else:
+                _continue_fork(state, line)
         elif kind not in _KNOWN:
             state.unknown.append(dict(line))
     state.next_seq = line["seq"] + 1
@@ -554,6 +550,15 @@ def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredSt
     state.usage = UsageTotals(prompt, completion, cached, calls)
     state.turns = turns
     return state
+
+
+def _continue_fork(state: RestoredState, header: Mapping[str, Any]) -> None:
+    """A fork's header: the parent's prefix so far is its state; the ids are its own."""
+    state.segment_id = SegmentId(header["segment_id"])
+    state.origin = SegmentOrigin.from_dict(header.get("origin") or {"kind": "root"})
+    state.created_at = header["ts"]
+    if header.get("context"):
+        state.context = header["context"]
 
 
 def _carried(header: Mapping[str, Any]) -> tuple[int, int, int, int, int]:

@@ -134,6 +134,11 @@ _Row = tuple[ContextId, str, str, int, str, bool, str | None]
 """A row of :meth:`MultiContextManager.list_all_contexts`: context, date, created, messages,
 last active, legacy, problem."""
 
+_LoopLocks = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[ContextId, asyncio.Lock]]
+"""Each event loop's lock per context (an asyncio lock serves one loop)."""
+_LoopSemaphores = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]
+"""Each event loop's semaphore bounding its model calls in flight."""
+
 
 def _build(context: ContextId, state: RestoredState, autosave: bool) -> _Context:
     wire = chat_messages(state)
@@ -192,12 +197,8 @@ class MultiContextManager:
         self._cache: OrderedDict[ContextId, _Context] = OrderedDict()
         self._cache_lock = threading.RLock()
         self._autosave_overrides: dict[ContextId, bool] = {}
-        self._loop_locks: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, dict[ContextId, asyncio.Lock]
-        ] = weakref.WeakKeyDictionary()
-        self._semaphores: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, asyncio.Semaphore
-        ] = weakref.WeakKeyDictionary()
+        self._loop_locks: _LoopLocks = weakref.WeakKeyDictionary()
+        self._semaphores: _LoopSemaphores = weakref.WeakKeyDictionary()
         self._lock_pool = ThreadPoolExecutor(
             max_workers=max_concurrency, thread_name_prefix="terrarium-lock"
         )
@@ -205,19 +206,24 @@ class MultiContextManager:
             "terrarium_trace_sink", default=None
         )
         if trace:
-            previous = client.on_trace
-
-            def sink(entry: TraceEntry) -> None:
-                buffer = self._trace_sink.get()
-                if buffer is not None:
-                    buffer.append(entry)
-                if previous is not None:
-                    previous(entry)
-
-            client.on_trace = sink
+            self._hook_client_trace()
 
     def __repr__(self) -> str:
         return f"MultiContextManager({self.client!r}, store={self.store!r})"
+
+    def _hook_client_trace(self) -> None:
+        """Send the client's trace entries to the buffer of the turn that made them (a context
+        variable, so concurrent turns keep theirs apart), then to any hook it had."""
+        previous = self.client.on_trace
+
+        def sink(entry: TraceEntry) -> None:
+            buffer = self._trace_sink.get()
+            if buffer is not None:
+                buffer.append(entry)
+            if previous is not None:
+                previous(entry)
+
+        self.client.on_trace = sink
 
     # ------------------------------------------------------------------ the seed's API
 

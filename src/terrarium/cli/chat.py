@@ -178,7 +178,7 @@ class Chat:
         self.out.line(f"{KEYS_HELP}. Start a message with // to send a leading /.", style="dim")
 
     async def cmd_history(self, _arg: str) -> None:
-        from terrarium.cli.commands import _render_item
+        from terrarium.cli.commands import render_item
 
         try:
             items = self.manager.history(str(self.context))
@@ -189,7 +189,7 @@ class Chat:
         for item in items:
             role = str(item.get("role", "?"))
             self.out.line(f"[{role}]", style="bold")
-            self.out.line(_render_item(item))
+            self.out.line(render_item(item))
 
     async def cmd_stats(self, _arg: str) -> None:
         from terrarium.cli.commands import context_stats, print_stats

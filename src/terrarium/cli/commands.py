@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,11 @@ from terrarium.cli.app import (
     state_of,
     storage_option,
 )
-from terrarium.cli.output import short_time
+from terrarium.cli.output import Output, short_time
 from terrarium.errors import ContextExists, ContextNotFound, StoreError, TerrariumError
 from terrarium.model import ContextId, item_text
-from terrarium.stores.base import Reindexable, Store
+from terrarium.stores.base import PodMetadata, Reindexable, Store
 from terrarium.stores.fs import FsStore
-
-pass_state = click.make_pass_decorator(CliState, ensure=True)
 
 
 def _format_names() -> list[str]:
@@ -129,40 +128,48 @@ def show(ctx: click.Context, context: ContextId, as_json: bool, segments: bool) 
         out.line()
         role = str(timed.item.get("role", "?"))
         out.line(f"[{role} {short_time(timed.ts)}]", style=_ROLE_STYLES.get(role, "bold"))
-        out.line(_render_item(timed.item))
+        out.line(render_item(timed.item))
     if segments:
-        out.line()
-        out.table(
-            ["segment", "origin", "parent", "at", "entries", "created", "head"],
+        _print_segments(out, tree, store, transcript.head)
+
+
+def _print_segments(
+    out: Output, tree: list[dict[str, Any]], store: Store, head: PodMetadata
+) -> None:
+    """``show --segments``: the session's segments, then the head segment's entries."""
+    out.line()
+    out.table(
+        ["segment", "origin", "parent", "at", "entries", "created", "head"],
+        [
             [
-                [
-                    s["segment_id"],
-                    s["origin"]["kind"],
-                    s["origin"].get("parent") or "-",
-                    "-" if s["origin"].get("at_seq") is None else str(s["origin"]["at_seq"]),
-                    str(s["entries"]),
-                    short_time(s["created_at"]),
-                    "*" if s["head"] else "",
-                ]
-                for s in tree
-            ],
-            title="segments",
-        )
-        out.line()
-        head = transcript.head
-        lines = store.read_segment(head.session_id, head.segment_id).entries
-        out.table(
-            ["seq", "kind", "text"],
-            [[str(line["seq"]), line["kind"], _preview(line)] for line in lines],
-            title="head segment entries (fork --at SEQ)",
-            justify={"seq": "right"},
-        )
+                s["segment_id"],
+                s["origin"]["kind"],
+                s["origin"].get("parent") or "-",
+                "-" if s["origin"].get("at_seq") is None else str(s["origin"]["at_seq"]),
+                str(s["entries"]),
+                short_time(s["created_at"]),
+                "*" if s["head"] else "",
+            ]
+            for s in tree
+        ],
+        title="segments",
+    )
+    out.line()
+    lines = store.read_segment(head.session_id, head.segment_id).entries
+    out.table(
+        ["seq", "kind", "text"],
+        [[str(line["seq"]), line["kind"], _preview(line)] for line in lines],
+        title="head segment entries (fork --at SEQ)",
+        justify={"seq": "right"},
+    )
 
 
 _ROLE_STYLES = {"user": "bold cyan", "assistant": "bold green", "system": "bold yellow"}
 
 
-def _render_item(item: dict[str, Any]) -> str:
+def render_item(item: Mapping[str, Any]) -> str:
+    """An item's text for the terminal: its tool calls as ``-> name(args)``, a tool result
+    marked with the call it answers."""
     parts = [item_text(item)] if item_text(item) else []
     for call in item.get("tool_calls") or []:
         function = call.get("function") or {}

@@ -257,17 +257,7 @@ def import_context(
         except InvalidEntry as exc:
             raise InvalidEntry(f"{where}:{number}: {exc}") from None
     segments = _split_segments(lines)
-    for segment in segments:
-        header = segment[0]
-        for key in ("session_id", "segment_id", "ts"):
-            if not isinstance(header.get(key), str):
-                raise InvalidEntry(f"segment header lacks a string {key!r}")
-        try:
-            SegmentId(header["segment_id"])
-        except ValueError:
-            raise InvalidEntry(f"invalid segment id {header['segment_id']!r}") from None
-        if not all(isinstance(line.get("ts"), str) for line in segment):
-            raise InvalidEntry(f"segment {header['segment_id']} has an entry without a 'ts'")
+    _check_segments(segments)
     named = next((s[0]["context"] for s in reversed(segments) if s[0].get("context")), None)
     target = context if context is not None else named
     if target is None:
@@ -279,6 +269,21 @@ def import_context(
             if segment[0].get("context"):
                 segment[0] = {**segment[0], "context": str(ctx)}
     return recreate_session(store, ctx, segments)
+
+
+def _check_segments(segments: list[list[dict[str, Any]]]) -> None:
+    """Every header names its session and segment and has a time, and so has every entry."""
+    for segment in segments:
+        header = segment[0]
+        for key in ("session_id", "segment_id", "ts"):
+            if not isinstance(header.get(key), str):
+                raise InvalidEntry(f"segment header lacks a string {key!r}")
+        try:
+            SegmentId(header["segment_id"])
+        except ValueError:
+            raise InvalidEntry(f"invalid segment id {header['segment_id']!r}") from None
+        if not all(isinstance(line.get("ts"), str) for line in segment):
+            raise InvalidEntry(f"segment {header['segment_id']} has an entry without a 'ts'")
 
 
 def recreate_session(

@@ -7,32 +7,19 @@ The format (``seeds/004``) is one JSON object per context, rewritten whole after
      "metadata": {"created_at": ..., "last_active": ..., "message_count": 2,
                   "session_id": "main", "context_type": "cli", "session_date": "2025-11-06"}}
 
-It lives at ``{type}/{date}/{name}.json`` (before date folders existed: ``{type}/{name}.json``,
-or ``{name}.json`` at the top), beside the native context folders, and stays readable there.
-``session_id`` is the context's *name* here, never a session UUID.
+It lives at ``{type}/{date}/{name}.json`` (before date folders: ``{type}/{name}.json`` or
+``{name}.json``) beside the native context folders; ``session_id`` is the context's *name*.
 
-**Reading** (:func:`load`) is forgiving where the data is: missing metadata is derived
-(``created_at`` from the first message's timestamp, else the file's modification time;
-``last_active`` from the last message; ``message_count`` from the messages; ``session_date``
-from the date folder, else from ``created_at``; a message without a timestamp takes the one
-before it; the context type from the folder). Timestamps may carry a UTC offset, a ``Z`` or
-neither (naive times are UTC). Keys this module does not know, at the top, in the metadata or in
-a message, are kept. Reading is strict where the data is not forgiving: a file that is not a
-JSON object with a ``messages`` list, a field of the wrong type, or anything an import could
-not log (text that is not valid Unicode, which a ``\\ud800`` escape gives; nesting deeper than
-the log allows) raises :class:`LegacyFormatError` with one line naming the file and the problem.
+Reading (:func:`load`) is forgiving where the data is (missing metadata is derived, unknown keys
+are kept) and strict where it is not (a one-line :class:`LegacyFormatError`). Writing
+(:func:`dump`) gives the seed's exact structure, so ``dump(load(f))`` is ``f`` for a complete
+file. :func:`import_session` makes a native context, keeping what the log has no place for under
+:data:`LEGACY_HEADER_KEY`; :func:`export_context` writes any context back in this format. The
+legacy file is never modified. Usage::
 
-**Writing** (:func:`dump`, :func:`write`) gives exactly the seed's structure (``indent=2``,
-``ensure_ascii=False``), every field filled in, so ``dump(load(f))`` is ``f`` for a complete
-file.
-
-**Import and export.** :func:`import_session` makes a native context whose root header holds the
-system prompt and the messages as history items: pure OpenAI messages, no timestamps, since
-items go to the model server verbatim. What the log has no place for is kept in the header under
-``legacy`` (:data:`LEGACY_HEADER_KEY`): each message's timestamp as written, the metadata, and
-unknown keys. :func:`export_context` writes any native context in this format; for an imported
-context with nothing logged since, the result is ``dump(load(file))`` field for field, and turns
-logged later follow with their own timestamps. The legacy file is never modified.
+    session = load("sessions/cli/2025-11-06/main.json")
+    import_session(store, session)  # the context cli:main, now in the log
+    text = export_context(store, "cli:main")  # dumps(session) until a turn is logged
 """
 
 from __future__ import annotations
@@ -51,7 +38,9 @@ from typing import Any
 from terrarium import codec, sessions
 from terrarium.errors import ContextNotFound, InvalidEntry
 from terrarium.model import (
+    DATE_RE,
     HISTORY_KINDS,
+    TYPE_RE,
     ContextId,
     EntryKind,
     LoggedItem,
@@ -63,8 +52,9 @@ from terrarium.model import (
     item_text,
     new_segment_id,
     new_session_id,
+    printable,
 )
-from terrarium.stores._files import fsync_dir
+from terrarium.stores._files import fsync_dir, listdir, write_all
 from terrarium.stores.base import PodMetadata, Store
 
 LEGACY_HEADER_KEY = "legacy"
@@ -83,8 +73,6 @@ _META_KEYS = (
     "session_date",
 )
 _MESSAGE_KEYS = ("role", "content", "timestamp")
-_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
-_TYPE_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
 
 class LegacyFormatError(InvalidEntry):
@@ -183,10 +171,6 @@ def _mtime_ts(path: Path) -> str:
 # --------------------------------------------------------------------------- reading
 
 
-def _printable(text: str) -> str:
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -219,7 +203,7 @@ class _Checker:
     def date(self, value: Any, what: str) -> str:
         text = self.string(value, what)
         try:
-            if not _DATE_RE.fullmatch(text):
+            if not DATE_RE.fullmatch(text):
                 raise ValueError
             dt.date.fromisoformat(text)
         except ValueError:
@@ -238,15 +222,25 @@ def load(
             context type must be in the file) from a flat ``{type}/{name}.json``; without it,
             the type comes from the parent folder (the grandparent under a date folder).
 
+    Missing metadata is derived: ``created_at`` from the first message's timestamp, else the
+    file's modification time; ``last_active`` from the last message; ``message_count`` from the
+    messages; ``session_date`` from the date folder, else from ``created_at``; a message without
+    a timestamp takes the one before it; the context type from the folder. Timestamps may carry
+    a UTC offset, a ``Z`` or neither (naive times are UTC). Unknown keys, at the top, in the
+    metadata or in a message, are kept. A file that is not a JSON object with a ``messages``
+    list, a field of the wrong type, or anything an import could not log (text that is not
+    valid Unicode, which a ``\\ud800`` escape gives; nesting deeper than the log allows) is
+    refused.
+
     Returns:
-        The session, every field filled in (see the module docstring for what is derived).
+        The session, every field filled in.
 
     Raises:
         LegacyFormatError: the file is not a legacy session, or a field has the wrong type.
         OSError: the file cannot be read.
     """
     file = Path(path)
-    where = _printable(str(file))
+    where = printable(str(file))
     raw = file.read_bytes()
     try:
         data = json.loads(raw.decode("utf-8-sig"))
@@ -277,12 +271,12 @@ def _from_folders(file: Path, root: Path | None) -> tuple[str | None, str | None
             parts = ()
         if len(parts) == 2:
             return parts[0], None
-        if len(parts) == 3 and _DATE_RE.fullmatch(parts[1]):
+        if len(parts) == 3 and DATE_RE.fullmatch(parts[1]):
             return parts[0], parts[1]
         if len(parts) == 1:
             return None, None
     parent = file.absolute().parent
-    if _DATE_RE.fullmatch(parent.name):
+    if DATE_RE.fullmatch(parent.name):
         return parent.parent.name, parent.name
     return parent.name, None
 
@@ -308,7 +302,44 @@ def from_dict(
     Raises:
         LegacyFormatError: not a session, or a field has the wrong type.
     """
-    check = _Checker(_printable(str(path)) if path is not None else "<legacy session>")
+    check = _Checker(printable(str(path)) if path is not None else "<legacy session>")
+    raw_messages, meta_raw = _session_parts(data, check)
+    derived: set[str] = set()
+    session_id, ctype, meta_names = _names(data, meta_raw, check, derived, path, context_type)
+    prompt = data.get("system_prompt")
+    if prompt is None:
+        derived.add("system_prompt")
+        prompt = ""
+    else:
+        prompt = check.string(prompt, "'system_prompt'")
+    parsed = _parse_messages(raw_messages, check)
+    created = _created_at(meta_raw, parsed, check, derived, fallback_time)
+    messages: list[LegacyMessage] = []
+    previous = created
+    for index, (role, content, stamp, extra) in enumerate(parsed):
+        if stamp is None:  # a message without a time takes the one before it
+            derived.add(f"messages[{index}].timestamp")
+            stamp = previous
+        messages.append(LegacyMessage(role, content, stamp, extra))
+        previous = stamp
+    return LegacySession(
+        session_id=session_id,
+        context_type=ctype,
+        system_prompt=prompt,
+        messages=tuple(messages),
+        metadata=_metadata(meta_raw, messages, created, check, derived, meta_names, session_date),
+        extra={k: v for k, v in data.items() if k not in _TOP_KEYS},
+        path=path,
+        derived=frozenset(derived),
+    )
+
+
+_Parsed = tuple[str, str, str | None, dict[str, Any]]
+"""A checked message: role, content, timestamp as written (None: none), unknown keys."""
+
+
+def _session_parts(data: Any, check: _Checker) -> tuple[list[Any], dict[str, Any]]:
+    """The ``messages`` list and the ``metadata`` object of a decoded session, checked."""
     if not isinstance(data, dict):
         raise check.fail(f"not a session: the top level is {_json_type(data)}, not an object")
     _check_loggable(data, check)
@@ -322,42 +353,54 @@ def from_dict(
         meta_raw = {}
     elif not isinstance(meta_raw, dict):
         raise check.fail(f"'metadata' must be an object, not {_json_type(meta_raw)}")
-    derived: set[str] = set()
+    return raw_messages, meta_raw
 
-    # -- names
-    session_id = data.get("session_id")
-    if session_id is not None:
-        session_id = check.string(session_id, "'session_id'", empty=False)
-    meta_session_id = meta_raw.get("session_id")
-    if meta_session_id is not None:
-        meta_session_id = check.string(meta_session_id, "'metadata.session_id'", empty=False)
+
+def _named(
+    data: Mapping[str, Any], meta_raw: Mapping[str, Any], key: str, check: _Checker
+) -> tuple[str | None, str | None]:
+    """A name field (``session_id``, ``context_type``) at the top and in the metadata."""
+    top, meta = data.get(key), meta_raw.get(key)
+    if top is not None:
+        top = check.string(top, f"'{key}'", empty=False)
+    if meta is not None:
+        meta = check.string(meta, f"'metadata.{key}'", empty=False)
+    return top, meta
+
+
+def _names(
+    data: Mapping[str, Any],
+    meta_raw: Mapping[str, Any],
+    check: _Checker,
+    derived: set[str],
+    path: Path | None,
+    folder_type: str | None,
+) -> tuple[str, str, tuple[str, str]]:
+    """The context name and type, and the metadata's copies of them, derived where missing."""
+    session_id, meta_session_id = _named(data, meta_raw, "session_id", check)
     if session_id is None:
         derived.add("session_id")
         session_id = meta_session_id or (path.stem if path is not None else None)
         if not session_id:
             raise check.fail("not a session: it names no session_id")
-    ctype = data.get("context_type")
-    if ctype is not None:
-        ctype = check.string(ctype, "'context_type'", empty=False)
-    meta_type = meta_raw.get("context_type")
-    if meta_type is not None:
-        meta_type = check.string(meta_type, "'metadata.context_type'", empty=False)
+    ctype, meta_type = _named(data, meta_raw, "context_type", check)
     if ctype is None:
         derived.add("context_type")
-        ctype = meta_type or context_type
+        ctype = meta_type or folder_type
         if not ctype:
             raise check.fail("it names no context_type and no type folder holds it")
-        if not _TYPE_RE.fullmatch(ctype):
+        if not TYPE_RE.fullmatch(ctype):
             raise check.fail(f"it names no context_type and its folder {_short(ctype)} is no type")
-    prompt = data.get("system_prompt")
-    if prompt is None:
-        derived.add("system_prompt")
-        prompt = ""
-    else:
-        prompt = check.string(prompt, "'system_prompt'")
+    if meta_session_id is None:
+        derived.add("metadata.session_id")
+    if meta_type is None:
+        derived.add("metadata.context_type")
+    return session_id, ctype, (meta_session_id or session_id, meta_type or ctype)
 
-    # -- messages, their timestamps as written
-    parsed: list[tuple[str, str, str | None, dict[str, Any]]] = []
+
+def _parse_messages(raw_messages: list[Any], check: _Checker) -> list[_Parsed]:
+    """Check each message; timestamps stay as written (None where missing)."""
+    parsed: list[_Parsed] = []
     for index, message in enumerate(raw_messages):
         what = f"message {index}"
         if not isinstance(message, dict):
@@ -371,27 +414,40 @@ def from_dict(
             stamp = check.timestamp(stamp, f"{what} 'timestamp'")
         extra = {k: v for k, v in message.items() if k not in _MESSAGE_KEYS}
         parsed.append((role, content, stamp, extra))
+    return parsed
 
-    # -- metadata, derived where missing
+
+def _created_at(
+    meta_raw: Mapping[str, Any],
+    parsed: list[_Parsed],
+    check: _Checker,
+    derived: set[str],
+    fallback_time: str | Callable[[], str] | None,
+) -> str:
+    """``metadata.created_at``, else the first message's time, else the fallback, else now."""
     created = meta_raw.get("created_at")
     if created is not None:
-        created = check.timestamp(created, "'metadata.created_at'")
-    else:
-        derived.add("metadata.created_at")
-        created = next((stamp for _, _, stamp, _ in parsed if stamp is not None), None)
-        if created is None:
-            fallback = fallback_time() if callable(fallback_time) else fallback_time
-            created = fallback or dt.datetime.now(dt.UTC).replace(tzinfo=None).isoformat(
-                timespec="microseconds"
-            )
-    messages: list[LegacyMessage] = []
-    previous = created
-    for index, (role, content, stamp, extra) in enumerate(parsed):
-        if stamp is None:
-            derived.add(f"messages[{index}].timestamp")
-            stamp = previous
-        messages.append(LegacyMessage(role, content, stamp, extra))
-        previous = stamp
+        return check.timestamp(created, "'metadata.created_at'")
+    derived.add("metadata.created_at")
+    first = next((stamp for _, _, stamp, _ in parsed if stamp is not None), None)
+    if first is not None:
+        return first
+    fallback = fallback_time() if callable(fallback_time) else fallback_time
+    return fallback or dt.datetime.now(dt.UTC).replace(tzinfo=None).isoformat(
+        timespec="microseconds"
+    )
+
+
+def _metadata(
+    meta_raw: Mapping[str, Any],
+    messages: list[LegacyMessage],
+    created: str,
+    check: _Checker,
+    derived: set[str],
+    names: tuple[str, str],
+    folder_date: str | None,
+) -> LegacyMetadata:
+    """The metadata object, each missing field derived (see :func:`load`)."""
     last_active = meta_raw.get("last_active")
     if last_active is not None:
         last_active = check.timestamp(last_active, "'metadata.last_active'")
@@ -409,29 +465,15 @@ def from_dict(
         date = check.date(date, "'metadata.session_date'")
     else:
         derived.add("metadata.session_date")
-        date = session_date or dt.datetime.fromisoformat(created).date().isoformat()
-    if meta_session_id is None:
-        derived.add("metadata.session_id")
-    if meta_type is None:
-        derived.add("metadata.context_type")
-    metadata = LegacyMetadata(
+        date = folder_date or dt.datetime.fromisoformat(created).date().isoformat()
+    return LegacyMetadata(
         created_at=created,
         last_active=last_active,
         message_count=count,
-        session_id=meta_session_id or session_id,
-        context_type=meta_type or ctype,
+        session_id=names[0],
+        context_type=names[1],
         session_date=date,
         extra={k: v for k, v in meta_raw.items() if k not in _META_KEYS},
-    )
-    return LegacySession(
-        session_id=session_id,
-        context_type=ctype,
-        system_prompt=prompt,
-        messages=tuple(messages),
-        metadata=metadata,
-        extra={k: v for k, v in data.items() if k not in _TOP_KEYS},
-        path=path,
-        derived=frozenset(derived),
     )
 
 
@@ -530,9 +572,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, mtime_ns: int | None = None) 
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -548,7 +588,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, mtime_ns: int | None = None) 
 def stale_partials(path: Path) -> list[Path]:
     """Temporary files that an interrupted :func:`atomic_write_bytes` of ``path`` left."""
     pattern = re.compile(re.escape(_partial_prefix(path)) + r"[0-9a-f]{16}\.partial")
-    return [path.parent / name for name in _listdir(path.parent) if pattern.fullmatch(name)]
+    return [path.parent / name for name in sorted(listdir(path.parent)) if pattern.fullmatch(name)]
 
 
 def write(path: str | os.PathLike[str], session: LegacySession) -> None:
@@ -559,13 +599,6 @@ def write(path: str | os.PathLike[str], session: LegacySession) -> None:
 
 
 # --------------------------------------------------------------------------- finding files
-
-
-def _listdir(path: Path) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
 
 
 def _is_legacy_file(path: Path) -> bool:
@@ -584,7 +617,7 @@ def find_legacy_file(root: str | os.PathLike[str], context: ContextId | str) -> 
     if encode_name(ctx.name) != ctx.name:
         names.append(f"{encode_name(ctx.name)}.json")
     type_dir = Path(root) / ctx.type
-    dates = [d for d in _listdir(type_dir) if _DATE_RE.fullmatch(d)]
+    dates = [d for d in sorted(listdir(type_dir)) if DATE_RE.fullmatch(d)]
     for folder in [*(type_dir / d for d in reversed(dates)), type_dir]:
         for name in names:
             candidate = folder / name
@@ -602,16 +635,16 @@ def iter_legacy_files(root: str | os.PathLike[str]) -> Iterator[Path]:
     ``*.jsonl`` segments and ``head.json`` are never reached), and temporary files.
     """
     base = Path(root)
-    for top in _listdir(base):
+    for top in sorted(listdir(base)):
         path = base / top
         if top.startswith("."):
             continue
         if path.is_dir():
-            for sub in _listdir(path):
+            for sub in sorted(listdir(path)):
                 inner = path / sub
                 if inner.is_dir():
-                    if _DATE_RE.fullmatch(sub):
-                        for name in _listdir(inner):
+                    if DATE_RE.fullmatch(sub):
+                        for name in sorted(listdir(inner)):
                             if _is_legacy_file(inner / name):
                                 yield inner / name
                 elif _is_legacy_file(inner):
@@ -774,6 +807,9 @@ def export_dict(store: Store, context: ContextId | str) -> dict[str, Any]:
     items (runtime events), tool results and assistant messages that only call tools are left
     out: the old format has no place for them, and the old tool would send them as chat.
 
+    For an imported context with nothing logged since, the result is ``dump(load(file))``
+    field for field; turns logged later follow with their own timestamps.
+
     Metadata: for an imported context, the file's metadata; once anything was logged after
     the import, ``last_active`` and ``message_count`` follow the log. For other contexts,
     all of it comes from the log (``session_date`` is the creation date, UTC).
@@ -785,49 +821,13 @@ def export_dict(store: Store, context: ContextId | str) -> dict[str, Any]:
     head = store.get_head(ctx)
     if head is None:
         raise ContextNotFound(f"context {ctx} does not exist")
-    reads = sessions.lineage(store, head.session_id, head.segment_id)
-    lines: list[dict[str, Any]] = []
-    for read in reads:
-        lines.append(read.header)
-        lines.extend(read.entries)
+    lines = _lineage_lines(store, head.session_id, head.segment_id)
     state = sessions.collect_state(lines)
-    root_header = reads[0].header
-    root_id = SegmentId(str(root_header["segment_id"]))
-    segment_ids = store.list_segments(head.session_id)
-    if segment_ids and segment_ids[0] != root_id:
-        root_id = segment_ids[0]
-        root_header = store.read_segment(head.session_id, root_id, stop_seq=0).header
+    root_id, root_header = _session_root(store, head.session_id, lines[0])
     record = _legacy_record(root_header)
-    item_extra = record.get("item_extra") if record is not None else None
-
-    messages: list[dict[str, Any]] = []
-    for timed in _timed_history(lines):
-        if timed.legacy_index is not None:
-            extra: Mapping[str, Any] = {}
-            if isinstance(item_extra, list) and timed.legacy_index < len(item_extra):
-                extra = item_extra[timed.legacy_index] or {}
-            item = timed.item
-            messages.append(_message_dict(item["role"], item_text(item), timed.ts, extra))
-        else:
-            message = _native_message(timed.item, timed.ts)
-            if message is not None:
-                messages.append(message)
-
-    if record is not None:
-        session_id = record.get("session_id")
-        ctype = record.get("context_type")
-        same = session_id == ctx.name and ctype == ctx.type
-        metadata = dict(record.get("metadata") or {})
-        if not same:
-            session_id, ctype = ctx.name, ctx.type
-            metadata.update(session_id=ctx.name, context_type=ctx.type)
-        unchanged = head.segment_id == root_id and state.next_seq == 1
-        if not unchanged:
-            metadata["last_active"] = to_legacy_ts(state.last_active)
-            metadata["message_count"] = len(messages)
-        extra_top: Mapping[str, Any] = record.get("extra") or {}
-    else:
-        session_id, ctype = ctx.name, ctx.type
+    messages = _export_messages(lines, record)
+    extra_top: Mapping[str, Any] = {}
+    if record is None:
         metadata = {
             "created_at": to_legacy_ts(head.created_at),
             "last_active": to_legacy_ts(state.last_active),
@@ -836,10 +836,17 @@ def export_dict(store: Store, context: ContextId | str) -> dict[str, Any]:
             "context_type": ctx.type,
             "session_date": head.date,
         }
-        extra_top = {}
+    else:
+        metadata = dict(record.get("metadata") or {})
+        if (record.get("session_id"), record.get("context_type")) != (ctx.name, ctx.type):
+            metadata.update(session_id=ctx.name, context_type=ctx.type)  # imported as another
+        if head.segment_id != root_id or state.next_seq != 1:  # logged to since the import
+            metadata["last_active"] = to_legacy_ts(state.last_active)
+            metadata["message_count"] = len(messages)
+        extra_top = record.get("extra") or {}
     out: dict[str, Any] = {
-        "session_id": session_id,
-        "context_type": ctype,
+        "session_id": ctx.name,
+        "context_type": ctx.type,
         "system_prompt": state.system_prompt or "",
         "messages": messages,
         "metadata": metadata,
@@ -847,6 +854,38 @@ def export_dict(store: Store, context: ContextId | str) -> dict[str, Any]:
     for key, value in extra_top.items():
         out.setdefault(key, value)
     return out
+
+
+def _session_root(
+    store: Store, session_id: SessionId, first_header: Mapping[str, Any]
+) -> tuple[SegmentId, Mapping[str, Any]]:
+    """The id and header of the session's first segment (``first_header`` is the lineage's)."""
+    root_id = SegmentId(str(first_header["segment_id"]))
+    segment_ids = store.list_segments(session_id)
+    if segment_ids and segment_ids[0] != root_id:
+        root_id = segment_ids[0]
+        return root_id, store.read_segment(session_id, root_id, stop_seq=0).header
+    return root_id, first_header
+
+
+def _export_messages(
+    lines: Sequence[Mapping[str, Any]], record: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The legacy messages: imported ones as the file had them, native ones converted."""
+    item_extra = record.get("item_extra") if record is not None else None
+    messages: list[dict[str, Any]] = []
+    for timed in _timed_history(lines):
+        if timed.legacy_index is None:
+            message = _native_message(timed.item, timed.ts)
+            if message is not None:
+                messages.append(message)
+            continue
+        extra: Mapping[str, Any] = {}
+        if isinstance(item_extra, list) and timed.legacy_index < len(item_extra):
+            extra = item_extra[timed.legacy_index] or {}
+        item = timed.item
+        messages.append(_message_dict(item["role"], item_text(item), timed.ts, extra))
+    return messages
 
 
 def export_context(store: Store, context: ContextId | str) -> str:

@@ -1,29 +1,27 @@
 """The model client: one OpenAI-compatible chat server (vLLM, llama.cpp, Ollama, OpenAI) over HTTP.
 
-:class:`VLLMClient` wraps the official ``openai.AsyncOpenAI`` client and adds what a long-lived
-agent needs from it:
+:class:`VLLMClient` wraps the official ``openai.AsyncOpenAI`` client for a long-lived agent:
 
-* **Messages go out exactly as given.** Nothing is rewritten, reordered or stamped, so the
-  prompt of turn *n + 1* starts with the very bytes of turn *n* and vLLM's automatic prefix
-  cache can reuse them. Sampling parameters the ``openai`` package does not know (``top_k``,
-  ``repetition_penalty``, ...) are sent in the body too, via ``extra_body``.
-* **One retry policy for every call.** The ``openai`` client's own retries are off: its backoff
-  is fixed, and it cannot know when a stream may be replayed. Connection errors, timeouts, 408,
-  429 and 5xx are retried with exponential backoff and jitter (honouring ``Retry-After`` up to
-  the backoff cap). A stream is retried only while nothing has been handed to the caller; once
-  a delta was yielded, a failure raises, so the caller can log an errored run instead of
-  silently showing a second, different reply.
-* **Errors are terrarium's.** Every failure surfaces as an :class:`~terrarium.errors.LLMError`
-  subclass with a one-line message: connection refused, DNS or timeout ->
-  :class:`ServerUnreachable` (naming the URL tried); unknown model -> :class:`ModelNotFound`;
-  context window exceeded -> :class:`ContextTooLong`; 429 after retries -> :class:`RateLimited`;
-  anything else malformed or refused -> :class:`BadResponse`. The ``openai`` exception is kept
-  as ``__cause__``.
-* **Optional tracing.** ``on_trace`` receives a :class:`~terrarium.model.TraceEntry` for each
+* **Messages go out exactly as given** (nothing rewritten, reordered or stamped), so turn
+  *n + 1*'s prompt starts with turn *n*'s bytes and vLLM's prefix cache reuses them. Parameters
+  the ``openai`` package does not know (``top_k``, ...) go in ``extra_body``.
+* **One retry loop for every call** (:meth:`VLLMClient._with_retries`) instead of the
+  ``openai`` client's, which ends at the response headers: a stream that fails before its first
+  delta is retried too. Once a delta was yielded a failure raises, so the caller logs an
+  errored run instead of showing a second, different reply.
+* **Errors are terrarium's**: an :class:`~terrarium.errors.LLMError` subclass with a one-line
+  message (:class:`ServerUnreachable` naming the URL, :class:`ModelNotFound`,
+  :class:`ContextTooLong`, :class:`RateLimited`, :class:`BadResponse`; see
+  :meth:`VLLMClient._map_error`), the ``openai`` exception kept as ``__cause__``.
+* **Optional tracing**: ``on_trace`` gets a :class:`~terrarium.model.TraceEntry` for each
   request, raw chunk, final response and error.
 
-A client belongs to one event loop (the HTTP connection pool does). Close it with
-:meth:`VLLMClient.aclose` or use it as an async context manager.
+A client belongs to one event loop (its connection pool does). Usage::
+
+    async with VLLMClient("http://localhost:8000") as client:
+        reply = await client.chat([{"role": "user", "content": "Hello"}])
+        async for event in client.stream(history):
+            print(event.delta, end="")
 """
 
 from __future__ import annotations
@@ -34,10 +32,11 @@ import os
 import random
 import re
 import uuid
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import openai
 from openai.resources.chat.completions import AsyncCompletions
@@ -67,6 +66,8 @@ _CONTEXT_RE = re.compile(
     re.IGNORECASE,
 )
 _MAX_DETAIL = 300
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,19 +188,11 @@ class VLLMClient:
         Raises:
             LLMError: a subclass naming what went wrong (see the module docstring).
         """
-        attempt = 0
-        while True:
-            try:
-                page = await self._client.models.list()
-                data = getattr(page, "data", None)
-                if not isinstance(data, list):
-                    raise BadResponse(f"the model list from {self.base_url} has no 'data' array")
-                return [str(m.id) for m in data if getattr(m, "id", None)]
-            except (openai.OpenAIError, ValueError) as exc:
-                error = self._map_error(exc, None, attempts=attempt + 1)
-                if not await self._should_retry(exc, error, attempt):
-                    raise error from exc
-                attempt += 1
+        page = await self._with_retries(lambda _attempt: self._client.models.list(), None)
+        data = getattr(page, "data", None)
+        if not isinstance(data, list):
+            raise BadResponse(f"the model list from {self.base_url} has no 'data' array")
+        return [str(m.id) for m in data if getattr(m, "id", None)]
 
     async def resolve_model(self) -> str:
         """Return the model to use: the one given, else the server's first, looked up once.
@@ -235,26 +228,17 @@ class VLLMClient:
         """
         name = model or await self.resolve_model()
         kwargs = self._build_kwargs(params)
-        attempt = 0
-        while True:
+
+        async def one_try(attempt: int) -> tuple[Any, ChatResult]:
             self._trace("request", self._request_trace(name, messages, kwargs, False, attempt))
-            try:
-                completion = await self._client.chat.completions.create(
-                    model=name, **_with_messages(kwargs, messages)
-                )
-                result = self._result_from_completion(completion, name)
-            except BadResponse as exc:
-                self._trace("error", _error_trace(exc, attempt, retrying=False))
-                raise
-            except (openai.OpenAIError, ValueError) as exc:
-                error = self._map_error(exc, name, attempts=attempt + 1)
-                if not await self._should_retry(exc, error, attempt):
-                    self._forget_picked_model(error, model)
-                    raise error from exc
-                attempt += 1
-                continue
-            self._trace("response", _dump(completion))
-            return result
+            completion = await self._client.chat.completions.create(
+                model=name, **_with_messages(kwargs, messages)
+            )
+            return completion, self._result_from_completion(completion, name)
+
+        completion, result = await self._with_retries(one_try, name, model)
+        self._trace("response", _dump(completion))
+        return result
 
     async def stream(
         self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None, **params: Any
@@ -279,49 +263,106 @@ class VLLMClient:
         """
         name = model or await self.resolve_model()
         kwargs = self._build_kwargs(params)
-        options = dict(kwargs.get("stream_options") or {})
-        options["include_usage"] = True
-        kwargs["stream_options"] = options
+        kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}), "include_usage": True}
+        opener = partial(self._open_stream, name, messages, kwargs)
+        state, first = await self._with_retries(opener, name, model)
+        try:
+            if first is not None:  # from here on a failure is raised, never retried
+                yield first
+            async for chunk in state.reader:
+                event = self._take_chunk(state, chunk)
+                if event is not None:
+                    yield event
+            result = state.result(self.base_url)
+        except BadResponse as exc:
+            self._trace("error", _error_trace(exc, state.attempt, retrying=False))
+            raise
+        except (openai.OpenAIError, ValueError) as exc:
+            error = self._map_midstream_error(exc, name, state.chunks)
+            self._trace("error", _error_trace(error, state.attempt, retrying=False))
+            raise error from exc
+        finally:
+            await state.stream.close()
+        self._trace("response", state.trace_data(result))
+        yield StreamEvent(result=result)
+
+    # ------------------------------------------------------------------ retries
+
+    async def _with_retries(
+        self,
+        one_try: Callable[[int], Awaitable[_T]],
+        model: str | None,
+        explicit: str | None = None,
+    ) -> _T:
+        """Await ``one_try(attempt)`` until it succeeds or fails for good: the one retry loop.
+
+        The ``openai`` client is built with ``max_retries=0``, so it makes one try. Its own loop
+        (connection errors, timeouts, 408, 409, 429, 5xx or what ``x-should-retry`` says;
+        backoff from 0.5 s doubling to 8 s with jitter; ``Retry-After`` honoured up to its own
+        cap) ends when the response headers arrive, so it cannot replay a stream that breaks
+        after them. What this loop adds: ``one_try`` spans more than the request
+        (:meth:`_open_stream` reads up to the first delta, so a stream that failed before any
+        text was handed out is retried too); each failure is traced (``error``, with
+        ``retrying``); the backoff is the client's (``backoff_base``, ``backoff_max``, which
+        also caps ``Retry-After``). Retried: connection errors, timeouts, 408, 429 and 5xx
+        (:func:`_is_transient`), at most ``max_retries`` times.
+
+        A :class:`BadResponse` from ``one_try`` is traced and raised as it is. Any other
+        ``openai`` error or ``ValueError`` becomes the :class:`LLMError` of :meth:`_map_error`
+        (``model`` names the model in it), raised once it is not transient or tries ran out;
+        ``explicit`` is the model the caller named (None: the picked one may be forgotten).
+        """
         attempt = 0
         while True:
-            state = _StreamState(name)
-            yielded = False
-            stream: openai.AsyncStream[Any] | None = None
-            self._trace("request", self._request_trace(name, messages, kwargs, True, attempt))
             try:
-                stream = await self._client.chat.completions.create(
-                    model=name, stream=True, **_with_messages(kwargs, messages)
-                )
-                async for chunk in stream:
-                    self._trace("chunk", _dump(chunk))
-                    delta, reasoning = state.add(chunk)
-                    if delta or reasoning:
-                        yielded = True
-                        yield StreamEvent(delta=delta, reasoning_delta=reasoning)
-                result = state.result(self.base_url)
+                return await one_try(attempt)
             except BadResponse as exc:
                 self._trace("error", _error_trace(exc, attempt, retrying=False))
                 raise
             except (openai.OpenAIError, ValueError) as exc:
-                if stream is not None:  # release the connection before any backoff
-                    await stream.close()
-                    stream = None
-                if yielded:
-                    error = self._map_midstream_error(exc, name, state.chunks)
-                    self._trace("error", _error_trace(error, attempt, retrying=False))
+                error = self._map_error(exc, model, attempts=attempt + 1)
+                retrying = attempt < self.max_retries and _is_transient(exc)
+                self._trace("error", _error_trace(error, attempt, retrying=retrying))
+                if not retrying:
+                    self._forget_picked_model(error, explicit)
                     raise error from exc
-                error = self._map_error(exc, name, attempts=attempt + 1)
-                if not await self._should_retry(exc, error, attempt):
-                    self._forget_picked_model(error, model)
-                    raise error from exc
-                attempt += 1
-                continue
-            finally:
-                if stream is not None:
-                    await stream.close()
-            self._trace("response", state.trace_data(result))
-            yield StreamEvent(result=result)
-            return
+                await asyncio.sleep(self._backoff(attempt, exc))
+            attempt += 1
+
+    async def _open_stream(
+        self,
+        name: str,
+        messages: Sequence[Mapping[str, Any]],
+        kwargs: Mapping[str, Any],
+        attempt: int,
+    ) -> tuple[_StreamState, StreamEvent | None]:
+        """One try at a stream, read up to its first delta (None: it ended without one).
+
+        On failure the stream is closed before the exception leaves, so the connection is
+        released before any backoff.
+        """
+        self._trace("request", self._request_trace(name, messages, kwargs, True, attempt))
+        stream = await self._client.chat.completions.create(
+            model=name, stream=True, **_with_messages(kwargs, messages)
+        )
+        state = _StreamState(name, attempt, stream)
+        try:
+            async for chunk in state.reader:
+                event = self._take_chunk(state, chunk)
+                if event is not None:
+                    return state, event
+        except BaseException:
+            await stream.close()
+            raise
+        return state, None
+
+    def _take_chunk(self, state: _StreamState, chunk: Any) -> StreamEvent | None:
+        """Trace one raw chunk and fold it in; the event to yield when it carried text."""
+        self._trace("chunk", _dump(chunk))
+        delta, reasoning = state.add(chunk)
+        if delta or reasoning:
+            return StreamEvent(delta=delta, reasoning_delta=reasoning)
+        return None
 
     # ------------------------------------------------------------------ internals
 
@@ -362,14 +403,6 @@ class VLLMClient:
         if self.on_trace is not None:
             self.on_trace(TraceEntry(ts=utc_now(), event=event, data=data))
 
-    async def _should_retry(self, exc: Exception, error: LLMError, attempt: int) -> bool:
-        """Trace the failure and, when it is transient and tries remain, wait out the backoff."""
-        retrying = attempt < self.max_retries and _is_transient(exc)
-        self._trace("error", _error_trace(error, attempt, retrying=retrying))
-        if retrying:
-            await asyncio.sleep(self._backoff(attempt, exc))
-        return retrying
-
     def _backoff(self, attempt: int, exc: Exception) -> float:
         if isinstance(exc, openai.APIStatusError):
             retry_after = _retry_after(exc)
@@ -385,7 +418,13 @@ class VLLMClient:
             self._model_was_picked = False
 
     def _map_error(self, exc: Exception, model: str | None, *, attempts: int) -> LLMError:
-        """Translate an openai or decoding exception into a one-line terrarium error."""
+        """Translate an openai or decoding exception into a one-line terrarium error.
+
+        Connection refused, DNS or timeout -> :class:`ServerUnreachable` (naming the URL
+        tried); unknown model -> :class:`ModelNotFound`; context window exceeded ->
+        :class:`ContextTooLong`; 429 -> :class:`RateLimited`; anything else malformed or
+        refused -> :class:`BadResponse`.
+        """
         url = self.base_url
         tries = f" after {attempts} attempts" if attempts > 1 else ""
         if isinstance(exc, openai.APITimeoutError):
@@ -512,9 +551,14 @@ def normalize_base_url(base_url: str) -> str:
 
 
 class _StreamState:
-    """Accumulates one streamed answer: text, reasoning, tool calls by index, usage."""
+    """One try at a stream: its reader, and the answer accumulated so far (text, reasoning,
+    tool calls by index, usage)."""
 
-    def __init__(self, requested: str) -> None:
+    def __init__(self, requested: str, attempt: int, stream: openai.AsyncStream[Any]) -> None:
+        self.attempt = attempt
+        self.stream = stream
+        self.reader: AsyncIterator[Any] = aiter(stream)
+        """The chunks: one iterator, so a read can stop at the first delta and go on later."""
         self.model = requested
         self.text: list[str] = []
         self.reasoning: list[str] = []

@@ -1,45 +1,22 @@
 """Full-text search over SQLite FTS5, shared by ``FsStore``'s index and ``SqliteStore``.
 
-Also the text handling that every store's search shares (``PostgresStore`` included): how an
-item's text is prepared for indexing, how the user's words become a query (always data, never
-syntax), how snippets are marked and turned into highlight spans, bm25, phrase counts and
-snippets in Python for what is searched by scanning (:func:`terrarium.search.scan`, the
-entries a ``SqliteStore`` could not index), and the listing record.
+It owns no data: each store keeps its own FTS5 tables and hands this module a connection. What
+their searches share lives here: the query check (:func:`check_query`, also ``PostgresStore``'s),
+the ranking (:class:`Ranker`), the same bm25 in Python (:func:`bm25`) for the entries searched
+by scanning (:func:`terrarium.search.scan`), and hits from marked snippets
+(:func:`assemble_hits`). Tokenising, folding and query terms are :mod:`terrarium.text`'s.
 
-**Ranking** (:class:`Ranker`). bm25 (``k1=1.2``, ``b=0.75``, FTS5's own) over the text
-column. The filters (type, context, role) are tokens of a second column, ``tags``, so FTS5
-intersects them with the terms instead of testing every match; ``since`` is tested per row.
-FTS5's bm25 costs about 1-2 us per matching row (it reads each row's size), plus, to weigh
-each phrase of the expression (its IDF), 40 ns per row in the whole table that holds the
-phrase: ranking a word found in 860k of 1M messages costs 630 ms, and even a rare word ANDed
-with it pays 35 ms. Hence, measured on 1M messages (``benchmarks/bench_search.py``,
-``benchmarks/bench_stores.py``):
+The trade-off: bm25 is what FTS5 computes, but a query with more than ``RANK_WINDOW`` matches
+is ranked among its most recent ``RANK_WINDOW`` only. On 1M messages that keeps a common word
+in milliseconds rather than 630 ms, and for such a word recency is the better order anyway.
 
-* the ranking expression holds the terms only; the whole expression (terms and tags) filters
-  through ``+rowid IN (...)``, so a role tag in half the rows is never weighed (the ``+``
-  keeps SQLite from turning the list into one MATCH per row);
-* each term is classed, once per term while the table's size stays within 10 %, by how many
-  rows hold it: *few* (at most ``RANK_WINDOW``), *common* (more than ``COMMON_SHARE`` of all
-  rows, and more than ``RANK_WINDOW``), or in between;
-* a query with a *few* term has at most ``RANK_WINDOW`` matches, so it is ranked whole, in
-  rowid order (FTS5 walks a long doclist backwards page by page: finding the newest matches
-  of a rare word ANDed with a common one that way cost 10 ms);
-* any other query is first walked newest first: with more than ``RANK_WINDOW`` matches it is
-  ranked among its most recent ``RANK_WINDOW`` matches in the second, smaller table of the
-  newest items, where even a common word is cheap to weigh (falling back to the whole index
-  when that finds too few). Such words carry almost no information, and for them recency is
-  the better order anyway;
-* among fewer matches, *common* terms only filter when the query has rarer ones: bm25 gives
-  them almost no weight (IDF under 3, against 6 to 8 for the words people look for) and
-  weighing them is what costs.
+Usage::
 
-Rows are numbered in indexing order, which is arrival order. The scan fallback
-(:func:`terrarium.search.scan`) computes the same bm25 in Python, so on a store small enough
-for no word to pass ``RANK_WINDOW`` both give the same hits with the same scores.
-
-**Snippets.** FTS5 ``snippet()`` marks matches with two private-use characters, which are
-then stripped and turned into ``(start, end)`` spans; occurrences of those two characters in
-the text itself are indexed as U+FFFD so they can never be confused with the markers.
+    q = check_query(SearchQuery("deploy failed", limit=20))
+    phrases = [fts5_phrases([term]) for term in query_terms(q.text)]
+    ranker = Ranker(Fts5Tables(recent="search_recent", docs="search_docs"))
+    ranked = ranker.rank(conn, "search_fts", phrases, "", q, rows)  # [(rowid, score)]
+    hits = assemble_hits(ranked, meta, snippets)
 """
 
 from __future__ import annotations
@@ -47,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import math
-import re
 import sqlite3
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -55,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from terrarium.errors import InvalidQuery
-from terrarium.model import ROLES, ContextId
+from terrarium.model import DATE_RE, ROLES, ContextId
 from terrarium.stores.base import SearchHit, SearchQuery
 from terrarium.text import query_terms, snippet_spans
 
@@ -67,8 +43,6 @@ COMMON_SHARE = 0.05
 MAX_LIMIT = 1000
 
 # --------------------------------------------------------------------------- queries
-
-_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 def fts5_phrases(terms: Iterable[str]) -> str:
@@ -96,7 +70,7 @@ def check_query(query: SearchQuery) -> SearchQuery:
 
 
 def _normalise_since(since: str) -> str:
-    if isinstance(since, str) and _DATE_RE.fullmatch(since):
+    if isinstance(since, str) and DATE_RE.fullmatch(since):
         with contextlib.suppress(ValueError):
             dt.date.fromisoformat(since)
             return since
@@ -118,6 +92,10 @@ def assemble_hits(
     snippets: Mapping[int, str],
 ) -> list[SearchHit]:
     """Hits in rank order from ranked rowids, their rows and their marked snippets.
+
+    FTS5 ``snippet()`` marks matches with two private-use characters, which
+    :func:`terrarium.text.snippet_spans` strips and turns into ``(start, end)`` spans; those
+    two characters in the text itself are indexed as U+FFFD, so they are never taken for marks.
 
     ``meta`` maps a rowid to (context, date, session id, segment id, seq, role, ts); rows
     missing from ``meta`` or ``snippets`` (deleted meanwhile) are left out.
@@ -221,11 +199,41 @@ class Fts5Tables:
 
 
 class Ranker:
-    """bm25 ranking over an FTS5 index, as the module docstring describes.
+    """bm25 ranking (``k1=1.2``, ``b=0.75``, FTS5's own) over the text column of an FTS5 index.
 
-    Keeps, per term, which class it is in (cached while the table's size stays within 10 %).
-    Threads may share a ranker: the cache is a dict whose single operations are atomic, and at
-    worst two threads class the same term.
+    The filters (type, context, role) are tokens of a second column, ``tags``, so FTS5
+    intersects them with the terms instead of testing every match; ``since`` is tested per row.
+    FTS5's bm25 costs about 1-2 us per matching row (it reads each row's size), plus, to weigh
+    each phrase of the expression (its IDF), 40 ns per row in the whole table that holds the
+    phrase: ranking a word found in 860k of 1M messages costs 630 ms, and even a rare word
+    ANDed with it pays 35 ms. Hence, measured on 1M messages (``benchmarks/bench_search.py``,
+    ``benchmarks/bench_stores.py``):
+
+    * the ranking expression holds the terms only; the whole expression (terms and tags)
+      filters through ``+rowid IN (...)``, so a role tag in half the rows is never weighed
+      (the ``+`` keeps SQLite from turning the list into one MATCH per row);
+    * each term is classed, once per term while the table's size stays within 10 %, by how
+      many rows hold it: *few* (at most ``RANK_WINDOW``), *common* (more than
+      ``COMMON_SHARE`` of all rows, and more than ``RANK_WINDOW``), or in between;
+    * a query with a *few* term has at most ``RANK_WINDOW`` matches, so it is ranked whole, in
+      rowid order (FTS5 walks a long doclist backwards page by page: finding the newest
+      matches of a rare word ANDed with a common one that way cost 10 ms);
+    * any other query is first walked newest first: with more than ``RANK_WINDOW`` matches it
+      is ranked among its most recent ``RANK_WINDOW`` matches in the second, smaller table of
+      the newest items, where even a common word is cheap to weigh (falling back to the whole
+      index when that finds too few). Such words carry almost no information, and for them
+      recency is the better order anyway;
+    * among fewer matches, *common* terms only filter when the query has rarer ones: bm25
+      gives them almost no weight (IDF under 3, against 6 to 8 for the words people look for)
+      and weighing them is what costs.
+
+    Rows are numbered in indexing order, which is arrival order. The scan fallback
+    (:func:`terrarium.search.scan`) computes the same bm25 in Python (:func:`bm25`), so on a
+    store small enough for no word to pass ``RANK_WINDOW`` both give the same hits with the
+    same scores.
+
+    Threads may share a ranker: the class cache is a dict whose single operations are atomic,
+    and at worst two threads class the same term.
     """
 
     def __init__(self, tables: Fts5Tables) -> None:

@@ -16,14 +16,12 @@ Rules (the same for every backend):
   from sorting names.
 * Each migration runs in one transaction together with the insert of its row in the backend's
   ``migrations`` table, so a crash leaves it either wholly applied and recorded or not at all.
-* Every backend migrates on open. Opening a database whose ``migrations`` table names a
-  migration this version does not know means a newer terrarium wrote it: that is refused with
-  :class:`~terrarium.errors.FormatVersionError` rather than risk writing a schema we do not
-  understand.
+* Every backend migrates on open. A database whose ``migrations`` table names a migration this
+  version does not know was written by a newer terrarium: it is refused
+  (:class:`~terrarium.errors.FormatVersionError`) rather than written in a schema we do not know.
 * Never edit a migration once it has been released: add a new one.
 
-This module holds only the bookkeeping; how a transaction is opened, and how concurrent openers
-are kept from applying the same step twice, is each backend's business.
+It holds only the bookkeeping: transactions and concurrent openers are each backend's business.
 """
 
 from __future__ import annotations
@@ -51,7 +49,11 @@ class Migration(Generic[C]):
 
 
 class Migrations(Generic[C]):
-    """An ordered registry of a backend's migrations (see the module docstring)."""
+    """An ordered registry of a backend's migrations (see the module docstring).
+
+    Only the bookkeeping: how a transaction is opened, and how concurrent openers are kept
+    from applying the same step twice, is each backend's business.
+    """
 
     def __init__(self, backend: str) -> None:
         self.backend = backend
