@@ -56,3 +56,27 @@ def test_fast_listing_counts_a_branch_written_before_it_became_the_head(store: S
     state = restore(store, "cli:a")
     assert summary.message_count == len(state.history) == 4
     assert summary.last_active == state.last_active
+
+
+def test_fast_listing_names_each_head_as_list_contexts_does(store: Store) -> None:
+    """Each summary names its head's session, segment, creation and update times as
+    list_contexts does, and a restore's message count and last activity; a type narrows."""
+    assert isinstance(store, Listing)
+    build_history(store)
+    head = store.get_head(ContextId.parse("cli:main"))
+    assert head is not None
+    forked = fork_at(store, head, 2)
+    moved = store.set_head(ContextId.parse("cli:main"), forked, expected=head.segment_id)
+    save_user_input(store, moved, "on the fork")
+    summaries = store.list_contexts_fast()
+    heads = store.list_contexts()
+    assert [s.context for s in summaries] == [h.context for h in heads]
+    for summary, head in zip(summaries, heads, strict=True):
+        state = restore(store, head.context)
+        assert summary.date == head.date
+        assert (summary.session_id, summary.segment_id) == (head.session_id, head.segment_id)
+        assert (summary.created_at, summary.updated_at) == (head.created_at, head.updated_at)
+        assert summary.message_count == len(state.history), head.context
+        assert summary.last_active == state.last_active
+    assert [s.context for s in store.list_contexts_fast("irc")] == ["irc:#python"]
+    assert store.list_contexts_fast("nope") == []
