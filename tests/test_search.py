@@ -13,19 +13,16 @@ from typing import Any
 
 import pytest
 
-from helpers.history import add_context, snippets, user_item
+from helpers.history import add_context, build_history, snippets, user_item
 from terrarium import FsStore, MemoryStore, codec
 from terrarium import text as text_module
 from terrarium.errors import InvalidContextId
-from terrarium.model import ContextId, Item, SegmentStartState
+from terrarium.model import ContextId, Item
 from terrarium.search import InvalidQuery, scan, search
 from terrarium.sessions import (
     clear_segment,
     create_compacted_segment,
-    create_segment,
-    fork_at,
     restore,
-    save_delta,
     save_user_input,
 )
 from terrarium.stores import fs_search, fts
@@ -34,7 +31,6 @@ from terrarium.stores.base import (
     Searchable,
     SearchHit,
     SearchQuery,
-    Store,
     iter_lines,
 )
 from terrarium.stores.fs_search import SearchIndex, mark_dirty
@@ -546,32 +542,6 @@ def test_among_few_matches_a_very_common_term_only_filters(
 # --------------------------------------------------------------------------- parity
 
 
-def _build(store: Store) -> None:
-    """The same history in any store: several contexts, roles, a fork, a compaction, a clear."""
-    texts = [
-        "The quick brown fox jumps over the lazy dog",
-        "A quick reply: the fox is quick",
-        "Dogs and foxes are not the same animal",
-        "café society meets in the café",
-        "東京タワーは東京にあります",
-        "The brown bear, the brown fox and the red fox",
-    ]
-    add_context(store, "cli:main", *texts[:3])
-    head = add_context(store, "irc:#python", *texts[3:])
-    save_delta(store, head, [Item.assistant("the fox answered quickly"), Item.system("fox alert")])
-    fork_at(store, head, 2)
-    state = restore(store, "irc:#python")
-    create_compacted_segment(store, state, [Item.assistant("summary: a fox story")], context=None)
-    other = add_context(store, "game:run-1", "no animals here", "a fox appears", role="assistant")
-    clear_segment(store, restore(store, "game:run-1"), context="game:run-1")
-    save_user_input(store, other, "after the clear, the fox again")
-    create_segment(
-        store,
-        SegmentStartState(history=[Item.user("imported fox memories"), Item.assistant("ok")]),
-        context="web:imported",
-    )
-
-
 PARITY_QUERIES = [
     SearchQuery("fox"),
     SearchQuery("quick fox"),
@@ -593,14 +563,14 @@ def _key(hits: list[SearchHit]) -> list[tuple[Any, ...]]:
 @pytest.mark.parametrize("query", PARITY_QUERIES, ids=lambda q: repr(q.text))
 def test_the_index_and_the_scan_agree(store: FsStore, query: SearchQuery) -> None:
     """Same data, same query: the FTS5 index and the scan find the same hits, same scores."""
-    _build(store)
+    build_history(store)
     indexed = store.search(query)
     scanned = scan(store, query)
     assert indexed, "the parity data should match every query"
     assert _key(indexed) == _key(scanned)
     assert [h.score for h in indexed] == sorted((h.score for h in indexed), reverse=True)
     memory = MemoryStore()
-    _build(memory)
+    build_history(memory)
     from_memory = search(memory, query)
     assert [(h.context, h.seq, round(h.score, 9)) for h in sorted(from_memory, key=_hit_key)] == [
         (h.context, h.seq, round(h.score, 9)) for h in sorted(indexed, key=_hit_key)

@@ -12,23 +12,29 @@ import pytest
 from helpers.history import add_context, build_history
 from terrarium.model import ContextId
 from terrarium.sessions import fork_at, restore, save_user_input
-from terrarium.stores.base import Listing, PodActiveSegmentRef, Store
+from terrarium.stores.base import Listing, PodActiveSegmentRef, PodMetadata, Store
 
 pytestmark = pytest.mark.ability.with_args(Listing)
 
 
-def test_fast_listing_agrees_with_restoring_every_context(store: Store) -> None:
-    """list_contexts_fast gives each context's date, message count and last activity as a
-    restore of it would, forks, compactions and clears included, without restoring any."""
-    assert isinstance(store, Listing)
+def _main_on_a_fork(store: Store) -> PodMetadata:
+    """:func:`build_history`, then move cli:main's head onto a fork at seq 2 and write there."""
     build_history(store)
     head = store.get_head(ContextId.parse("cli:main"))
     assert head is not None
     forked = fork_at(store, head, 2)
     moved = store.set_head(ContextId.parse("cli:main"), forked, expected=head.segment_id)
     save_user_input(store, moved, "on the fork")
+    return moved
+
+
+def test_fast_listing_agrees_with_restoring_every_context(store: Store) -> None:
+    """list_contexts_fast gives each context's date, message count and last activity as a
+    restore of it would, forks, compactions and clears included, without restoring any."""
+    assert isinstance(store, Listing)
+    moved = _main_on_a_fork(store)
     deeper = fork_at(store, moved, 1)  # a fork of a fork: two parents' prefixes
-    store.set_head(ContextId.parse("cli:main"), deeper, expected=forked)
+    store.set_head(ContextId.parse("cli:main"), deeper, expected=moved.segment_id)
     summaries = store.list_contexts_fast()
     heads = store.list_contexts()
     assert [s.context for s in summaries] == [h.context for h in heads]
@@ -62,12 +68,7 @@ def test_fast_listing_names_each_head_as_list_contexts_does(store: Store) -> Non
     """Each summary names its head's session, segment, creation and update times as
     list_contexts does, and a restore's message count and last activity; a type narrows."""
     assert isinstance(store, Listing)
-    build_history(store)
-    head = store.get_head(ContextId.parse("cli:main"))
-    assert head is not None
-    forked = fork_at(store, head, 2)
-    moved = store.set_head(ContextId.parse("cli:main"), forked, expected=head.segment_id)
-    save_user_input(store, moved, "on the fork")
+    _main_on_a_fork(store)
     summaries = store.list_contexts_fast()
     heads = store.list_contexts()
     assert [s.context for s in summaries] == [h.context for h in heads]
