@@ -1,5 +1,6 @@
 """PostgresStore specifics: exact lines, concurrency across processes, advisory locks, batched
-appends, the search index's catch-ups and a schema that can be distributed by session.
+appends, the search index (catch-ups, word folding, ranking window, the migration that fills it)
+and a schema that can be distributed by session.
 
 The Store contract itself is checked by tests/contract/ on every backend. Every test here
 gets a fresh schema in this run's throwaway database (see tests/pg.py).
@@ -22,6 +23,7 @@ from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
 
 psycopg = pytest.importorskip("psycopg")
 
+from helpers.history import add_context, places, user_item  # noqa: E402
 from terrarium import codec  # noqa: E402
 from terrarium.errors import ConflictError, SegmentNotFound, StoreError  # noqa: E402
 from terrarium.model import ContextId, SegmentOrigin  # noqa: E402
@@ -35,6 +37,7 @@ from terrarium.stores.base import NewEntry, PodActiveSegmentRef, SearchQuery  # 
 from terrarium.stores.memory import MemoryStore  # noqa: E402
 from terrarium.stores.postgres import PostgresStore  # noqa: E402
 from terrarium.stores.postgres._sql import lock_key  # noqa: E402
+from terrarium.text import tokenize  # noqa: E402
 
 pytestmark = pytest.mark.postgres
 
@@ -354,6 +357,85 @@ def test_reindex_rebuilds_the_search_index(store: PostgresStore, sql: Any) -> No
     assert store.search(SearchQuery("delta")) == []  # the index says it read them
     assert store.reindex() == 1
     assert store.search(SearchQuery("delta")) == before
+
+
+# ------------------------------------------------------------------ search words, old schemas
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain ascii, with punctuation!",
+        "Ünïcödé ÉTÉ straße",
+        "東京タワー",
+        "İstanbul ﬁ ǅ",
+        "a_b-c.d",
+    ],
+)
+def test_search_words_keep_the_length_and_the_words(text: str) -> None:
+    """search_words is one character for one (headlines map back by offset) and leaves only
+    FsStore's words, folded."""
+    pytest.importorskip("psycopg")
+    from terrarium.stores.postgres import search_words
+    from terrarium.text import prepare_text
+
+    prepared = prepare_text(text)
+    words = search_words(prepared)
+    assert len(words) == len(prepared)
+    assert all(c == " " or tokenize(c) for c in words)
+    if text.isascii():
+        assert words.split() == tokenize(text)
+
+
+def test_migration_indexes_existing_history(pg_database: str) -> None:  # noqa: F811
+    """A schema from before search (m002) gets its history indexed on open."""
+    import psycopg
+
+    from terrarium.stores import postgres
+
+    schema = fresh_schema()
+    s, g = uuid.UUID(int=1), uuid.UUID(int=2)
+    header = {"v": 1, "seq": 0, "ts": TS, "kind": "header", "session_id": str(s)}
+    header |= {"segment_id": str(g), "history": [user_item("xi from the header")]}
+    entry = {"v": 1, "seq": 1, "ts": TS, "kind": "item", "item": user_item("xi from an entry")}
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        postgres.migrate(conn, schema, where="old", stop_after="m002_traces")
+        q = f'"{schema}"'
+        conn.execute(
+            f"INSERT INTO {q}.contexts VALUES ('irc:#old', 'irc', %s, %s, %s, %s)", (s, g, TS, TS)
+        )
+        conn.execute(f"INSERT INTO {q}.sessions VALUES (%s, 'irc:#old', %s)", (s, TS))
+        conn.execute(f"INSERT INTO {q}.segments VALUES (%s, %s, %s)", (s, g, TS))
+        for line in (header, entry):
+            text = codec.encode(line).decode()
+            conn.execute(
+                f"INSERT INTO {q}.entries VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s)",
+                (s, g, line["seq"], line["kind"], TS, text, text),
+            )
+    with postgres.PostgresStore(pg_database, schema=schema) as store:
+        hits = store.search(SearchQuery("xi", type="irc"))
+        assert {(h.seq, h.snippet) for h in hits} == {
+            (0, "xi from the header"),
+            (1, "xi from an entry"),
+        }
+        assert json.dumps([h.context for h in hits]) == '["irc:#old", "irc:#old"]'
+
+
+def test_common_words_are_ranked_among_recent_matches(
+    pg_database: str,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past RANK_WINDOW matches, the most recent matches are ranked; pages stay full."""
+    from terrarium.stores import postgres
+
+    monkeypatch.setattr(postgres, "RANK_WINDOW", 5)
+    with postgres.PostgresStore(pg_database, schema=fresh_schema()) as store:
+        add_context(store, "cli:old", "omicron " * 30 + "old")  # the best match, but old
+        for i in range(6):
+            add_context(store, f"cli:c{i}", *[f"omicron item {i} {j}" for j in range(3)])
+        hits = store.search(SearchQuery("omicron", limit=5))
+        assert len(hits) == 5 and "cli:old" not in {h.context for h in hits}
+        assert places(store.search(SearchQuery("omicron", context="cli:old"))) == {("cli:old", 1)}
 
 
 # --------------------------------------------------------------------------- many processes

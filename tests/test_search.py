@@ -13,28 +13,24 @@ from typing import Any
 
 import pytest
 
+from helpers.history import add_context, build_history, snippets, user_item
 from terrarium import FsStore, MemoryStore, codec
 from terrarium import text as text_module
 from terrarium.errors import InvalidContextId
-from terrarium.model import ContextId, Item, SegmentStartState
+from terrarium.model import ContextId, Item
 from terrarium.search import InvalidQuery, scan, search
 from terrarium.sessions import (
     clear_segment,
     create_compacted_segment,
-    create_segment,
-    fork_at,
     restore,
-    save_delta,
     save_user_input,
 )
 from terrarium.stores import fs_search, fts
 from terrarium.stores.base import (
     NewEntry,
-    PodMetadata,
     Searchable,
     SearchHit,
     SearchQuery,
-    Store,
     iter_lines,
 )
 from terrarium.stores.fs_search import SearchIndex, mark_dirty
@@ -46,20 +42,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def store(tmp_path: Path) -> Iterator[FsStore]:
     with FsStore(tmp_path / "sessions") as fs:
         yield fs
-
-
-def _context(store: Store, context: str, *texts: str, role: str = "user") -> PodMetadata:
-    """Create ``context`` and log ``texts`` as items of ``role``."""
-    create_segment(store, None, context=context)
-    head = store.get_head(ContextId.parse(context))
-    assert head is not None
-    if texts:
-        save_delta(store, head, [{"role": role, "content": text} for text in texts])
-    return head
-
-
-def _texts(hits: list[SearchHit]) -> list[str]:
-    return [hit.snippet for hit in hits]
 
 
 def _integrity(store: FsStore) -> None:
@@ -83,33 +65,33 @@ def test_fs_store_is_searchable_and_the_memory_store_is_not(store: FsStore) -> N
 
 def test_a_message_with_the_term_twice_outranks_one_with_it_once(store: FsStore) -> None:
     """bm25: more occurrences in a message of the same length rank higher."""
-    _context(store, "cli:a", "the walrus sat down on a rock", "the walrus saw a walrus there")
-    _context(store, "cli:b", *[f"filler message number {i}" for i in range(20)])
+    add_context(store, "cli:a", "the walrus sat down on a rock", "the walrus saw a walrus there")
+    add_context(store, "cli:b", *[f"filler message number {i}" for i in range(20)])
     hits = store.search(SearchQuery("walrus"))
-    assert _texts(hits) == ["the walrus saw a walrus there", "the walrus sat down on a rock"]
+    assert snippets(hits) == ["the walrus saw a walrus there", "the walrus sat down on a rock"]
     assert hits[0].score > hits[1].score
 
 
 def test_the_rarer_term_weighs_more(store: FsStore) -> None:
     """bm25's idf: two hits with both words, the one repeating the rare word ranks first."""
     common = [f"apple pie number {i}" for i in range(30)]
-    _context(store, "cli:a", *common)
-    _context(store, "cli:b", "apple quince quince", "apple apple quince")
+    add_context(store, "cli:a", *common)
+    add_context(store, "cli:b", "apple quince quince", "apple apple quince")
     hits = store.search(SearchQuery("apple quince"))
-    assert _texts(hits) == ["apple quince quince", "apple apple quince"]
+    assert snippets(hits) == ["apple quince quince", "apple apple quince"]
 
 
 def test_every_term_must_match(store: FsStore) -> None:
     """Terms are ANDed; a term of several tokens matches as a phrase."""
-    _context(store, "cli:a", "red green blue", "red blue", "don't panic", "don panic t")
-    assert _texts(store.search(SearchQuery("green red"))) == ["red green blue"]
-    assert _texts(store.search(SearchQuery("don't"))) == ["don't panic"]
+    add_context(store, "cli:a", "red green blue", "red blue", "don't panic", "don panic t")
+    assert snippets(store.search(SearchQuery("green red"))) == ["red green blue"]
+    assert snippets(store.search(SearchQuery("don't"))) == ["don't panic"]
 
 
 def test_snippet_highlights_point_at_the_matched_words(store: FsStore) -> None:
     """Each highlight span covers a matched word in the snippet, markers stripped."""
     long_text = " ".join(["lorem ipsum dolor"] * 30 + ["Zebra crossing"] + ["sit amet"] * 30)
-    _context(store, "cli:a", long_text, "A CAFÉ and a café, then Cafe again")
+    add_context(store, "cli:a", long_text, "A CAFÉ and a café, then Cafe again")
     (hit,) = store.search(SearchQuery("zebra"))
     assert "\ue000" not in hit.snippet and "\ue001" not in hit.snippet
     assert hit.snippet.startswith("…") and hit.snippet.endswith("…")
@@ -120,7 +102,7 @@ def test_snippet_highlights_point_at_the_matched_words(store: FsStore) -> None:
 
 def test_a_hit_names_where_the_item_is(store: FsStore) -> None:
     """context, date, session, segment, seq, role and ts identify the item."""
-    head = _context(store, "irc:#python", "first", "needle here")
+    head = add_context(store, "irc:#python", "first", "needle here")
     (hit,) = store.search(SearchQuery("needle"))
     read = store.read_segment(head.session_id, head.segment_id)
     line = read.entries[hit.seq - 1]
@@ -135,9 +117,9 @@ def test_a_hit_names_where_the_item_is(store: FsStore) -> None:
 
 def test_filters_type_context_role_and_limit(store: FsStore) -> None:
     """Each filter narrows the hits; limit caps them."""
-    _context(store, "cli:main", "kiwi from the cli")
-    _context(store, "irc:#python", "kiwi from irc", "kiwi again")
-    _context(store, "irc:#rust", "kiwi from rust", role="assistant")
+    add_context(store, "cli:main", "kiwi from the cli")
+    add_context(store, "irc:#python", "kiwi from irc", "kiwi again")
+    add_context(store, "irc:#rust", "kiwi from rust", role="assistant")
     q = "kiwi"
     assert len(store.search(SearchQuery(q))) == 4
     assert {h.context for h in store.search(SearchQuery(q, type="irc"))} == {
@@ -155,26 +137,26 @@ def test_filters_type_context_role_and_limit(store: FsStore) -> None:
 
 def test_since_filters_by_entry_time(store: FsStore) -> None:
     """since keeps entries written on or after a date or a time (UTC)."""
-    head = _context(store, "cli:a")
+    head = add_context(store, "cli:a")
     for ts, text in [
         ("2025-01-01T10:00:00.000000Z", "plum old"),
         ("2025-06-01T10:00:00.000000Z", "plum middle"),
         ("2025-12-31T23:00:00.000000Z", "plum late"),
     ]:
         store.append(
-            head.session_id, head.segment_id, [NewEntry("user_input", ts, {"item": _user(text)})]
+            head.session_id,
+            head.segment_id,
+            [NewEntry("user_input", ts, {"item": user_item(text)})],
         )
-    assert set(_texts(store.search(SearchQuery("plum", since="2025-06-01")))) == {
+    assert set(snippets(store.search(SearchQuery("plum", since="2025-06-01")))) == {
         "plum middle",
         "plum late",
     }
-    assert _texts(store.search(SearchQuery("plum", since="2025-12-31T22:30:00Z"))) == ["plum late"]
+    assert snippets(store.search(SearchQuery("plum", since="2025-12-31T22:30:00Z"))) == [
+        "plum late"
+    ]
     # An offset is converted to UTC: 2026-01-01T00:30+01:00 is 2025-12-31T23:30Z.
     assert store.search(SearchQuery("plum", since="2026-01-01T00:30:00+01:00")) == []
-
-
-def _user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": text}
 
 
 @pytest.mark.parametrize(
@@ -220,7 +202,7 @@ HOSTILE = [
 @pytest.mark.parametrize("text", HOSTILE)
 def test_query_syntax_is_matched_as_words(store: FsStore, text: str) -> None:
     """FTS5 and SQL syntax in a query is data: no error, and it finds the words it holds."""
-    _context(store, "cli:a", f"the message says {text} literally", "something else entirely")
+    add_context(store, "cli:a", f"the message says {text} literally", "something else entirely")
     words = text_module.tokenize(text)
     if not words:
         with pytest.raises(InvalidQuery):
@@ -228,7 +210,7 @@ def test_query_syntax_is_matched_as_words(store: FsStore, text: str) -> None:
         return
     hits = store.search(SearchQuery(text))
     # (FTS5's snippet() leaves NUL characters out.)
-    assert _texts(hits) == [f"the message says {text} literally".replace("\x00", "")]
+    assert snippets(hits) == [f"the message says {text} literally".replace("\x00", "")]
     assert [h.seq for h in scan(store, SearchQuery(text))] == [h.seq for h in hits]
     _integrity(store)  # the tables are all still there and sound
 
@@ -238,7 +220,7 @@ def test_a_query_with_nothing_to_search_for_is_a_one_line_value_error(
     store: FsStore, text: str
 ) -> None:
     """Empty queries (or only punctuation/emoji) raise InvalidQuery, a ValueError."""
-    _context(store, "cli:a", "hello")
+    add_context(store, "cli:a", "hello")
     for run in (store.search, lambda q: scan(store, q), lambda q: search(MemoryStore(), q)):
         with pytest.raises(InvalidQuery) as caught:
             run(SearchQuery(text))
@@ -272,10 +254,10 @@ def test_unicode_is_folded_and_cjk_is_found_inside_words(
         "a naive approach",
         "unrelated",
     ]
-    _context(store, "cli:a", *texts)
+    add_context(store, "cli:a", *texts)
     hits = store.search(SearchQuery(query))
-    assert _texts(hits) == [expected]
-    assert _texts(scan(store, SearchQuery(query))) == [expected]
+    assert snippets(hits) == [expected]
+    assert snippets(scan(store, SearchQuery(query))) == [expected]
     for hit in hits:
         for a, b in hit.highlights:
             assert text_module.tokenize(hit.snippet[a:b])
@@ -283,7 +265,7 @@ def test_unicode_is_folded_and_cjk_is_found_inside_words(
 
 def test_marker_characters_in_the_text_cannot_fake_highlights(store: FsStore) -> None:
     """The private-use marker characters in a message are indexed as U+FFFD."""
-    _context(store, "cli:a", "evil \ue000fake\ue001 marker and a real word")
+    add_context(store, "cli:a", "evil \ue000fake\ue001 marker and a real word")
     (hit,) = store.search(SearchQuery("real"))
     assert [hit.snippet[a:b] for a, b in hit.highlights] == ["real"]
     assert "\ue000" not in hit.snippet
@@ -294,8 +276,8 @@ def test_marker_characters_in_the_text_cannot_fake_highlights(store: FsStore) ->
 
 def test_an_append_after_a_search_is_found_reading_only_the_new_bytes(store: FsStore) -> None:
     """The index records per segment the offset it read to, and reads only what follows."""
-    head = _context(store, "cli:a", "alpha one")
-    assert _texts(store.search(SearchQuery("alpha"))) == ["alpha one"]
+    head = add_context(store, "cli:a", "alpha one")
+    assert snippets(store.search(SearchQuery("alpha"))) == ["alpha one"]
     path = store.folder_of(ContextId("cli", "a"))
     assert path is not None
     segment_file = path / f"{head.segment_id}.jsonl"
@@ -304,7 +286,7 @@ def test_an_append_after_a_search_is_found_reading_only_the_new_bytes(store: FsS
     before_size, before_read = segment_file.stat().st_size, index.stats.bytes_read
 
     save_user_input(store, head, "alpha two")
-    assert set(_texts(store.search(SearchQuery("alpha")))) == {"alpha one", "alpha two"}
+    assert set(snippets(store.search(SearchQuery("alpha")))) == {"alpha one", "alpha two"}
     after_size = segment_file.stat().st_size
     assert index.offsets()[head.segment_id] == after_size
     assert index.stats.bytes_read - before_read == after_size - before_size
@@ -313,7 +295,7 @@ def test_an_append_after_a_search_is_found_reading_only_the_new_bytes(store: FsS
 def test_an_idle_search_reads_no_segment(store: FsStore) -> None:
     """With nothing changed (and no watched session left), a refresh does no work."""
     clock = FakeClock()
-    _context(store, "cli:a", "alpha one")
+    add_context(store, "cli:a", "alpha one")
     index = SearchIndex(store.root, clock=clock)
     try:
         index.search(SearchQuery("alpha"))
@@ -331,17 +313,17 @@ def test_writes_of_another_store_instance_are_found(tmp_path: Path) -> None:
     """Another process's writes (another FsStore on the same root) are seen."""
     root = tmp_path / "sessions"
     with FsStore(root) as reader, FsStore(root) as writer:
-        head = _context(writer, "cli:a", "gamma one")
-        assert _texts(reader.search(SearchQuery("gamma"))) == ["gamma one"]
+        head = add_context(writer, "cli:a", "gamma one")
+        assert snippets(reader.search(SearchQuery("gamma"))) == ["gamma one"]
         save_user_input(writer, head, "gamma two")
         save_user_input(writer, head, "gamma three")  # unmarked: within MARK_EVERY
-        _context(writer, "cli:b", "gamma four")
+        add_context(writer, "cli:b", "gamma four")
         assert len(reader.search(SearchQuery("gamma"))) == 4
 
 
 def test_concurrent_indexers_never_index_an_item_twice(store: FsStore) -> None:
     """Refreshes in several connections (processes) serialise; each item is indexed once."""
-    heads = [_context(store, f"cli:c{i}") for i in range(4)]
+    heads = [add_context(store, f"cli:c{i}") for i in range(4)]
     indexes = [SearchIndex(store.root) for _ in range(2)]
     errors: list[BaseException] = []
 
@@ -391,7 +373,7 @@ def test_an_unmarked_append_is_found_while_watched_and_after_the_watch_ends(
 ) -> None:
     """Appends that leave no marker are covered by the watch their session's last mark began."""
     clock = FakeClock()
-    head = _context(store, "cli:a", "delta one")
+    head = add_context(store, "cli:a", "delta one")
     folder = store.folder_of(ContextId("cli", "a"))
     assert folder is not None
     segment_file = folder / f"{head.segment_id}.jsonl"
@@ -419,26 +401,26 @@ def test_an_unmarked_append_is_found_while_watched_and_after_the_watch_ends(
 
 
 def _append_raw(path: Path, seq: int, text: str) -> None:
-    line = NewEntry("user_input", "2026-01-01T00:00:00.000000Z", {"item": _user(text)})
+    line = NewEntry("user_input", "2026-01-01T00:00:00.000000Z", {"item": user_item(text)})
     with open(path, "ab") as out:
         out.write(b"".join(codec.encode_line(x) for x in iter_lines([line], seq)))
 
 
 def test_a_torn_tail_is_indexed_only_once_complete(store: FsStore) -> None:
     """Bytes after the last newline are not indexed; the offset stays at the newline."""
-    head = _context(store, "cli:a", "epsilon one")
+    head = add_context(store, "cli:a", "epsilon one")
     store.search(SearchQuery("epsilon"))
     folder = store.folder_of(ContextId("cli", "a"))
     assert folder is not None
     segment_file = folder / f"{head.segment_id}.jsonl"
     line = codec.encode_line(
         {"v": 1, "seq": 2, "ts": "2026-01-01T00:00:00Z", "kind": "user_input"}
-        | {"item": _user("epsilon two")}
+        | {"item": user_item("epsilon two")}
     )
     complete_size = segment_file.stat().st_size
     with open(segment_file, "ab") as out:
         out.write(line[:30])
-    assert _texts(store.search(SearchQuery("epsilon"))) == ["epsilon one"]
+    assert snippets(store.search(SearchQuery("epsilon"))) == ["epsilon one"]
     assert store.search_index.offsets()[head.segment_id] == complete_size
     with open(segment_file, "ab") as out:
         out.write(line[30:])
@@ -448,20 +430,20 @@ def test_a_torn_tail_is_indexed_only_once_complete(store: FsStore) -> None:
 
 def test_a_deleted_context_disappears(store: FsStore) -> None:
     """Deleting a context removes its items from results and listing."""
-    _context(store, "cli:a", "zeta kept")
-    _context(store, "cli:b", "zeta gone", "zeta gone too")
+    add_context(store, "cli:a", "zeta kept")
+    add_context(store, "cli:b", "zeta gone", "zeta gone too")
     assert len(store.search(SearchQuery("zeta"))) == 3
     assert store.delete_context(ContextId("cli", "b"))
-    assert _texts(store.search(SearchQuery("zeta"))) == ["zeta kept"]
+    assert snippets(store.search(SearchQuery("zeta"))) == ["zeta kept"]
     assert [s.context for s in store.list_contexts_fast()] == ["cli:a"]
-    _context(store, "cli:b", "zeta reborn")  # same folder name, a new session
-    assert set(_texts(store.search(SearchQuery("zeta")))) == {"zeta kept", "zeta reborn"}
+    add_context(store, "cli:b", "zeta reborn")  # same folder name, a new session
+    assert set(snippets(store.search(SearchQuery("zeta")))) == {"zeta kept", "zeta reborn"}
     _integrity(store)
 
 
 def test_history_left_by_clear_and_compaction_stays_findable(store: FsStore) -> None:
     """Old segments stay indexed; a header's history is indexed with seq 0."""
-    head = _context(store, "cli:a", "eta before the clear")
+    head = add_context(store, "cli:a", "eta before the clear")
     state = restore(store, "cli:a")
     new = create_compacted_segment(
         store, state, [Item.assistant("eta summary of it")], context="cli:a"
@@ -475,18 +457,18 @@ def test_history_left_by_clear_and_compaction_stays_findable(store: FsStore) -> 
 
 def test_a_deleted_index_is_rebuilt_transparently(store: FsStore) -> None:
     """Deleting search.db (even while open) loses nothing: the next search rebuilds it."""
-    _context(store, "cli:a", "theta one")
+    add_context(store, "cli:a", "theta one")
     assert len(store.search(SearchQuery("theta"))) == 1
     for suffix in ("", "-wal", "-shm"):
         Path(f"{store.search_index.path}{suffix}").unlink(missing_ok=True)
-    _context(store, "cli:b", "theta two")
+    add_context(store, "cli:b", "theta two")
     assert len(store.search(SearchQuery("theta"))) == 2
     assert store.search_index.path.exists()
 
 
 def test_a_corrupt_or_foreign_index_is_rebuilt(store: FsStore) -> None:
     """A file that is not our database, or of another schema version, is replaced."""
-    _context(store, "cli:a", "iota one")
+    add_context(store, "cli:a", "iota one")
     path = store.search_index.path
     store.search_index.close()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -506,7 +488,7 @@ def test_a_corrupt_or_foreign_index_is_rebuilt(store: FsStore) -> None:
 
 def test_reindex_rebuilds_the_search_index(store: FsStore) -> None:
     """FsStore.reindex() rebuilds the search index too (and finds unmarked writes)."""
-    head = _context(store, "cli:a", "kappa one")
+    head = add_context(store, "cli:a", "kappa one")
     assert len(store.search(SearchQuery("kappa"))) == 1
     folder = store.folder_of(ContextId("cli", "a"))
     assert folder is not None
@@ -523,7 +505,7 @@ def test_common_words_are_ranked_among_recent_matches(
     monkeypatch.setattr(fts, "RANK_WINDOW", 5)
     monkeypatch.setattr(fs_search, "RECENT_SIZE", 8)
     for i in range(6):
-        _context(store, f"cli:c{i}", *[f"lambda item {i} {j}" for j in range(5)])
+        add_context(store, f"cli:c{i}", *[f"lambda item {i} {j}" for j in range(5)])
     hits = store.search(SearchQuery("lambda", limit=7))
     assert len(hits) == 7 and all("lambda" in h.snippet for h in hits)
     rare = store.search(SearchQuery("lambda", context="cli:c0", limit=20))
@@ -546,10 +528,10 @@ def test_among_few_matches_a_very_common_term_only_filters(
 ) -> None:
     """A term in most rows is not weighed (bm25 gives it ~0), but every hit still has it."""
     monkeypatch.setattr(fts, "RANK_WINDOW", 3)
-    _context(store, "cli:a", *[f"mu filler {i}" for i in range(40)])
-    _context(store, "cli:b", "mu nu nu", "nu alone", "mu nu")
+    add_context(store, "cli:a", *[f"mu filler {i}" for i in range(40)])
+    add_context(store, "cli:b", "mu nu nu", "nu alone", "mu nu")
     hits = store.search(SearchQuery("mu nu"))
-    assert _texts(hits) == ["mu nu nu", "mu nu"]
+    assert snippets(hits) == ["mu nu nu", "mu nu"]
     only_nu = store.search(SearchQuery("nu"))
     assert {h.snippet: round(h.score, 9) for h in hits} == {
         h.snippet: round(h.score, 9) for h in only_nu if h.snippet != "nu alone"
@@ -558,32 +540,6 @@ def test_among_few_matches_a_very_common_term_only_filters(
 
 
 # --------------------------------------------------------------------------- parity
-
-
-def _build(store: Store) -> None:
-    """The same history in any store: several contexts, roles, a fork, a compaction, a clear."""
-    texts = [
-        "The quick brown fox jumps over the lazy dog",
-        "A quick reply: the fox is quick",
-        "Dogs and foxes are not the same animal",
-        "café society meets in the café",
-        "東京タワーは東京にあります",
-        "The brown bear, the brown fox and the red fox",
-    ]
-    _context(store, "cli:main", *texts[:3])
-    head = _context(store, "irc:#python", *texts[3:])
-    save_delta(store, head, [Item.assistant("the fox answered quickly"), Item.system("fox alert")])
-    fork_at(store, head, 2)
-    state = restore(store, "irc:#python")
-    create_compacted_segment(store, state, [Item.assistant("summary: a fox story")], context=None)
-    other = _context(store, "game:run-1", "no animals here", "a fox appears", role="assistant")
-    clear_segment(store, restore(store, "game:run-1"), context="game:run-1")
-    save_user_input(store, other, "after the clear, the fox again")
-    create_segment(
-        store,
-        SegmentStartState(history=[Item.user("imported fox memories"), Item.assistant("ok")]),
-        context="web:imported",
-    )
 
 
 PARITY_QUERIES = [
@@ -607,14 +563,14 @@ def _key(hits: list[SearchHit]) -> list[tuple[Any, ...]]:
 @pytest.mark.parametrize("query", PARITY_QUERIES, ids=lambda q: repr(q.text))
 def test_the_index_and_the_scan_agree(store: FsStore, query: SearchQuery) -> None:
     """Same data, same query: the FTS5 index and the scan find the same hits, same scores."""
-    _build(store)
+    build_history(store)
     indexed = store.search(query)
     scanned = scan(store, query)
     assert indexed, "the parity data should match every query"
     assert _key(indexed) == _key(scanned)
     assert [h.score for h in indexed] == sorted((h.score for h in indexed), reverse=True)
     memory = MemoryStore()
-    _build(memory)
+    build_history(memory)
     from_memory = search(memory, query)
     assert [(h.context, h.seq, round(h.score, 9)) for h in sorted(from_memory, key=_hit_key)] == [
         (h.context, h.seq, round(h.score, 9)) for h in sorted(indexed, key=_hit_key)
@@ -628,32 +584,10 @@ def _hit_key(hit: SearchHit) -> tuple[Any, ...]:
 # --------------------------------------------------------------------------- listing
 
 
-def test_fast_listing_agrees_with_restoring_every_context(store: FsStore) -> None:
-    """list_contexts_fast gives each context's date, message count and last activity."""
-    _build(store)
-    head = store.get_head(ContextId.parse("cli:main"))
-    assert head is not None
-    forked = fork_at(store, head, 2)
-    moved = store.set_head(ContextId.parse("cli:main"), forked, expected=head.segment_id)
-    save_user_input(store, moved, "on the fork")
-    summaries = store.list_contexts_fast()
-    heads = store.list_contexts()
-    assert [s.context for s in summaries] == [h.context for h in heads]
-    for summary, head in zip(summaries, heads, strict=True):
-        state = restore(store, head.context)
-        assert summary.date == head.date
-        assert (summary.session_id, summary.segment_id) == (head.session_id, head.segment_id)
-        assert (summary.created_at, summary.updated_at) == (head.created_at, head.updated_at)
-        assert summary.message_count == len(state.history), head.context
-        assert summary.last_active == state.last_active
-    assert [s.context for s in store.list_contexts_fast("irc")] == ["irc:#python"]
-    assert store.list_contexts_fast("nope") == []
-
-
 def test_listing_does_not_open_session_files(store: FsStore) -> None:
     """Once indexed, listing reads the database only."""
     for i in range(5):
-        _context(store, f"cli:c{i}", "hello")
+        add_context(store, f"cli:c{i}", "hello")
     store.list_contexts_fast()
     store.search_index.clock = lambda: 1e12  # every watch ended: one last pass...
     store.list_contexts_fast()

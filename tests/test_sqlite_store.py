@@ -1,4 +1,5 @@
-"""SqliteStore specifics: WAL, durability setting, threads and processes, atomic(), locks.
+"""SqliteStore specifics: WAL, durability setting, threads and processes, atomic(), locks, and
+its search tables (two FTS5 tables, batched catch-ups, reindex, the migration that fills them).
 
 The Store contract itself is checked by tests/contract/ on every backend; these tests cover
 what only this backend has.
@@ -19,11 +20,15 @@ from typing import Any
 
 import pytest
 
+from helpers.history import add_context, build_history, places, snippets, user_item
 from terrarium import codec
 from terrarium.errors import ConflictError, SegmentNotFound, StoreError
 from terrarium.model import ContextId
-from terrarium.sessions import create_segment
-from terrarium.stores.base import NewEntry
+from terrarium.search import scan
+from terrarium.sessions import create_segment, save_user_input
+from terrarium.stores import fts
+from terrarium.stores import sqlite as sqlite_backend
+from terrarium.stores.base import NewEntry, SearchQuery
 from terrarium.stores.memory import MemoryStore
 from terrarium.stores.sqlite import SqliteStore
 
@@ -319,3 +324,238 @@ def test_delete_racing_appends_leaves_no_orphans(store: SqliteStore, db: Path) -
     for table in ("entries", "segments", "sessions", "traces"):
         rows = _raw(db, f"SELECT count(*) FROM {table} WHERE session_id = ?", str(session_id))
         assert rows == [(0,)], table
+
+
+# --------------------------------------------------------------------------- search tables
+
+
+def _integrity(store: SqliteStore) -> None:
+    """Both FTS5 tables agree with their content views (a wrong 'delete' breaks this)."""
+    conn = sqlite3.connect(store.path)
+    try:
+        for table in ("search_fts", "search_recent"):
+            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES('integrity-check', 1)")
+        hw, floor = conn.execute("SELECT hw, floor FROM search_meta").fetchone()
+        assert floor <= hw + 1
+    finally:
+        conn.close()
+
+
+def _small_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make SqliteStore's search tables move at a toy scale."""
+    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 4)
+    monkeypatch.setattr(sqlite_backend, "SEARCH_RECENT", 10)
+    monkeypatch.setattr(fts, "RANK_WINDOW", 6)
+
+
+def test_recent_and_full_tables_stay_consistent(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past SEARCH_RECENT items, searches use search_fts and still find every match of a rare
+    word; common words give full pages; deletes leave both tables sound."""
+    _small_windows(monkeypatch)
+    for i in range(8):
+        add_context(store, f"cli:c{i}", *[f"lambda item {i} {j} w{i}x{j}" for j in range(5)])
+    with store.atomic():  # a bulk import: many items in one append
+        add_context(store, "cli:bulk", *[f"lambda bulk {j} rare{j % 3}" for j in range(23)])
+    add_context(store, "cli:tail", "lambda tail one", "lambda tail two")  # under a batch: not read
+    conn = sqlite3.connect(store.path)
+    try:
+        sql = "SELECT wm, (SELECT max(id) FROM entries) FROM search_meta"
+        wm, top = conn.execute(sql).fetchone()
+    finally:
+        conn.close()
+    assert 0 < top - wm < sqlite_backend.SEARCH_BATCH  # the derived tables lag the log
+    assert snippets(store.search(SearchQuery("tail"))) == ["lambda tail two", "lambda tail one"]
+    _integrity(store)
+    conn = sqlite3.connect(store.path)
+    try:
+        wm, hw, floor = conn.execute("SELECT wm, hw, floor FROM search_meta").fetchone()
+        (total,) = conn.execute("SELECT count(*) FROM search_docs").fetchone()
+        (top,) = conn.execute("SELECT max(id) FROM entries").fetchone()
+    finally:
+        conn.close()
+    assert wm == top and hw == total == 8 * 5 + 23 + 2  # the search read everything first
+    assert 1 < floor <= hw + 1  # search_recent holds only the newest items
+    for word in ("w0x1", "w7x4", "rare1", "bulk", "tail"):  # in one FTS5 table or both
+        assert places(store.search(SearchQuery(word, limit=50))) == places(
+            scan(store, SearchQuery(word, limit=50))
+        ), word
+    for text, filters in [  # few matches, a common word or a filter: ranked by the rare words
+        ("w0x1 lambda", {}),
+        ("rare1 lambda", {"type": "cli"}),
+        ("tail lambda", {"role": "user"}),
+        ("item", {"context": "cli:c3"}),
+        ("rare2", {"since": "2000-01-01"}),
+    ]:
+        query = SearchQuery(text, limit=50, **filters)
+        hits = store.search(query)
+        assert hits and places(hits) == places(scan(store, query)), query
+        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    hits = store.search(SearchQuery("lambda", limit=7))
+    assert len(hits) == 7 and all("lambda" in h.snippet for h in hits)
+    assert len(store.search(SearchQuery("lambda", context="cli:c0", limit=20))) == 5
+    assert len(store.search(SearchQuery("lambda", since="2000-01-01", limit=60))) == 60
+    for context in ("cli:c0", "cli:bulk", "cli:c7"):
+        assert store.delete_context(ContextId.parse(context))
+        _integrity(store)
+    assert len(store.search(SearchQuery("lambda", limit=100))) == 32
+    add_context(store, "cli:after", "lambda after the deletes")
+    assert snippets(store.search(SearchQuery("after"))) == ["lambda after the deletes"]
+    _integrity(store)
+
+
+def _meta(store: SqliteStore) -> tuple[int, int]:
+    """(what the derived tables have read up to, the newest entry id)."""
+    conn = sqlite3.connect(store.path)
+    try:
+        row = conn.execute("SELECT wm, (SELECT max(id) FROM entries) FROM search_meta").fetchone()
+    finally:
+        conn.close()
+    return row[0], row[1]
+
+
+def test_appends_bring_the_index_up_every_batch(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without any search, the append that makes SEARCH_BATCH entries wait reads them all."""
+    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 4)
+    head = add_context(store, "cli:a")  # one entry: the header
+    save_user_input(store, head, "kappa one")
+    save_user_input(store, head, "kappa two")
+    wm, top = _meta(store)
+    assert top - wm == 3
+    save_user_input(store, head, "kappa three")  # the fourth entry waiting: all are read
+    assert _meta(store) == (top + 1, top + 1)
+    assert len(store.search(SearchQuery("kappa"))) == 3
+
+
+def test_a_failed_catch_up_never_fails_the_append(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The append's entry is in before its batch catch-up runs: if that fails (a busy
+    database), the append still succeeds, and the next search catches up."""
+    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 2)
+    head = add_context(store, "cli:a")
+    real = sqlite_backend._catch_up
+
+    def busy(conn: sqlite3.Connection, **_: Any) -> int:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(sqlite_backend, "_catch_up", busy)
+    entry = save_user_input(store, head, "lambda kept")
+    assert "catch-up deferred" in caplog.text
+    monkeypatch.setattr(sqlite_backend, "_catch_up", real)
+    assert [(h.seq, h.snippet) for h in store.search(SearchQuery("lambda"))] == [
+        (entry.seq, "lambda kept")
+    ]
+
+
+def test_ids_a_delete_frees_are_read_again(store: SqliteStore) -> None:
+    """Deleting the newest context frees the newest entry ids; the entries that take them
+    next are still searched and counted."""
+    add_context(store, "cli:a", "rho first")
+    add_context(store, "cli:b", "rho second", "rho third")
+    assert len(store.search(SearchQuery("rho"))) == 3  # everything read
+    before = _meta(store)
+    assert store.delete_context(ContextId("cli", "b"))
+    head = add_context(store, "cli:c", "rho fourth", "rho fifth", "rho sixth")
+    conn = sqlite3.connect(store.path)
+    try:
+        sql = "SELECT min(id) FROM entries WHERE session_id = ?"
+        (first,) = conn.execute(sql, (str(head.session_id),)).fetchone()
+    finally:
+        conn.close()
+    assert first <= before[1]  # the freed ids were handed out again
+    assert snippets(store.search(SearchQuery("rho", limit=10))) == [
+        "rho sixth",
+        "rho fifth",
+        "rho fourth",
+        "rho first",
+    ]
+    counts = {s.context: s.message_count for s in store.list_contexts_fast()}
+    assert counts == {"cli:a": 1, "cli:c": 3}
+    _integrity(store)
+
+
+def test_reindex_rebuilds_the_derived_tables(store: SqliteStore) -> None:
+    """reindex rebuilds search and listing counts from the entries alone."""
+    build_history(store)
+    queries = [SearchQuery("fox"), SearchQuery("the", limit=50), SearchQuery("東京")]
+    hits = [store.search(query) for query in queries]
+    listing = store.list_contexts_fast()
+    conn = sqlite3.connect(store.path, isolation_level=None)
+    try:  # damage every derived table
+        conn.execute("DELETE FROM search_docs WHERE id % 2 = 0")
+        conn.execute("UPDATE contexts SET message_count = 99, last_active = 'x'")
+    finally:
+        conn.close()
+    assert store.reindex() == len(listing)
+    assert [store.search(query) for query in queries] == hits
+    assert store.list_contexts_fast() == listing
+    _integrity(store)
+
+
+def test_a_rolled_back_append_leaves_nothing_to_find(store: SqliteStore) -> None:
+    """A search inside a transaction indexes its uncommitted items in that transaction: a
+    rollback takes them too, and they are never found afterwards."""
+    head = add_context(store, "cli:a", "mu kept")
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), store.atomic():
+        save_user_input(store, head, "mu rolled back")
+        assert len(store.search(SearchQuery("mu"))) == 2  # seen inside the transaction
+        raise Boom
+    assert snippets(store.search(SearchQuery("mu"))) == ["mu kept"]
+    _integrity(store)
+
+
+def test_migration_indexes_existing_history(tmp_path: Path) -> None:
+    """A database from before search (m002) gets its history indexed on open."""
+    path = tmp_path / "old.store"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        sqlite_backend.migrate(conn, where="old", stop_after="m002_traces")
+        s, g = str(uuid.UUID(int=1)), str(uuid.UUID(int=2))
+        conn.execute("INSERT INTO contexts VALUES ('irc:#old', 'irc', ?, ?, ?, ?)", (s, g, TS, TS))
+        conn.execute("INSERT INTO sessions VALUES (?, 'irc:#old', ?)", (s, TS))
+        conn.execute("INSERT INTO segments VALUES (?, ?, ?)", (s, g, TS))
+        lines = [
+            {
+                "v": 1,
+                "seq": 0,
+                "ts": TS,
+                "kind": "header",
+                "session_id": s,
+                "segment_id": g,
+                "history": [user_item("nu from the header")],
+            },
+            {
+                "v": 1,
+                "seq": 1,
+                "ts": TS,
+                "kind": "user_input",
+                "item": user_item("nu from an entry"),
+            },
+            {"v": 1, "seq": 2, "ts": TS, "kind": "usage", "model": "nu"},
+        ]
+        for line in lines:
+            conn.execute(
+                "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?)",
+                (s, g, line["seq"], line["kind"], TS, codec.encode(line).decode()),
+            )
+    finally:
+        conn.close()
+    with SqliteStore(path) as store:
+        hits = store.search(SearchQuery("nu", type="irc"))
+        assert {(h.seq, h.snippet) for h in hits} == {
+            (0, "nu from the header"),
+            (1, "nu from an entry"),
+        }
+        head = store.get_head(ContextId("irc", "#old"))
+        assert head is not None
+        save_user_input(store, head, "nu appended")
+        assert len(store.search(SearchQuery("nu"))) == 3
+        _integrity(store)

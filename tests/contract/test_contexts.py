@@ -165,6 +165,15 @@ def test_list_contexts_is_sorted_by_context_id(store: Store) -> None:
     ]
 
 
+def test_list_contexts_is_sorted_like_context_ids(store: Store) -> None:
+    """list_contexts orders by (type, name), as ContextId does, even where the text differs."""
+    for context in ("a-b:y", "a:x", "ab:z", "a:x-1", "b:#1"):
+        create_segment(store, None, context=context)
+    heads = [head.context for head in store.list_contexts()]
+    assert heads == [str(c) for c in sorted(ContextId.parse(h) for h in heads)]
+    assert heads[0] == "a:x"
+
+
 def test_list_contexts_filters_by_type(store: Store) -> None:
     """list_contexts(type) returns only that type's contexts; an unknown type gives []."""
     for name in ["irc:python", "cli:main", "irc:#python", "ircx:python"]:
