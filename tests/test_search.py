@@ -27,7 +27,7 @@ from terrarium.sessions import (
     save_delta,
     save_user_input,
 )
-from terrarium.stores import fs_search, fts
+from terrarium.stores import fts
 from terrarium.stores.base import (
     NewEntry,
     PodMetadata,
@@ -37,7 +37,8 @@ from terrarium.stores.base import (
     Store,
     iter_lines,
 )
-from terrarium.stores.fs_search import SearchIndex, mark_dirty
+from terrarium.stores.fs import search as fs_search
+from terrarium.stores.fs.search import SearchIndex, mark_dirty
 
 ROOT = Path(__file__).resolve().parents[1]
 
