@@ -11,9 +11,8 @@ surviving a power cut costs an ``fdatasync`` per append (``durability="fsync"``)
 (``"batch"``). There is no server and no schema to migrate; search and listing read a derived
 SQLite index that writers only mark dirty (:mod:`terrarium.stores.fs.search`).
 
-The parts: ``_layout`` (names), ``_segments`` (reading files, torn tails), ``_heads``,
-``_tree`` (finding folders, index pointers), ``salvage``, ``search`` (with ``_refresh`` and
-``_sql``: the derived index).
+Parts: ``_layout`` (names), ``_segments`` (files, torn tails), ``_heads``, ``_tree`` (finding
+folders), ``salvage``, ``search`` with ``_refresh`` and ``_sql`` (the derived index).
 
 Usage::
 
@@ -446,7 +445,8 @@ class FsStore(Tree):
     def delete_context(self, context: ContextId) -> bool:
         """Delete the context: its index entries first, then its folder via ``.trash``.
 
-        A context whose head cannot be read or rebuilt (a damaged folder) is deleted too.
+        A context whose head cannot be read or rebuilt (a damaged folder) is deleted too. This
+        is the only thing that ever removes a folder holding segments.
         """
         with self._head_lock(context):
             folder = self.folder_of(context)
