@@ -53,7 +53,7 @@ from terrarium import FsStore, codec, restore  # noqa: E402
 from terrarium.model import ContextId  # noqa: E402
 from terrarium.sessions import save_user_input  # noqa: E402
 from terrarium.stores.base import SearchQuery  # noqa: E402
-from terrarium.stores.fs_search import mark_dirty  # noqa: E402
+from terrarium.stores.fs.search import mark_dirty  # noqa: E402
 
 TYPES = [("cli", 0.2), ("irc", 0.4), ("web", 0.3), ("game", 0.1)]
 SYLLABLES = (

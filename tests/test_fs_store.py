@@ -41,6 +41,7 @@ from terrarium import (
 )
 from terrarium.stores import fs as fs_module
 from terrarium.stores.base import NewEntry
+from terrarium.stores.fs._heads import read_head
 
 TS = "2024-02-29T23:59:59.999999Z"
 
@@ -304,7 +305,7 @@ def test_a_folder_left_by_a_crash_before_the_head_is_adopted_not_trashed(
     (folder / "head.json").unlink()
     with pytest.raises(ContextExists):
         create_segment(store, context="cli:main")
-    assert fs_module._read_head(folder / "head.json").segment_id == ref.segment_id
+    assert read_head(folder / "head.json").segment_id == ref.segment_id
     assert restore(store, "cli:main").history == [{"role": "user", "content": "precious"}]
     assert _trash(root) == []
 

@@ -36,6 +36,7 @@ from terrarium.cli import cli
 from terrarium.errors import CorruptLog
 from terrarium.model import ContextId
 from terrarium.stores import fs as fs_module
+from terrarium.stores.fs._heads import read_head
 
 
 def invoke(*args: str, input: str | None = None) -> Result:
@@ -139,14 +140,14 @@ def test_fsck_repair_and_reindex_write_a_lost_head(root: Path, store: FsStore) -
 
     result = invoke("fsck", "--repair", "--storage-dir", str(root))
     assert result.exit_code == 0, result.output
-    assert fs_module._read_head(main / "head.json").segment_id == ref.segment_id
+    assert read_head(main / "head.json").segment_id == ref.segment_id
     assert (other / "head.json.unreadable-1").read_bytes() == b"{not json"
     assert invoke("fsck", "--storage-dir", str(root)).exit_code == 0
 
     (main / "head.json").unlink()
     with FsStore(root) as fresh:
         assert fresh.reindex() == 2
-    assert fs_module._read_head(main / "head.json").segment_id == ref.segment_id
+    assert read_head(main / "head.json").segment_id == ref.segment_id
 
 
 @pytest.mark.parametrize("durability", ["fsync", "batch"])

@@ -29,8 +29,8 @@ from terrarium import ContextId, FsStore
 from terrarium.errors import StoreError
 from terrarium.search import search
 from terrarium.sessions import create_segment, save_delta
-from terrarium.stores import fs_search
 from terrarium.stores import sqlite as sqlite_backend
+from terrarium.stores.fs import search as fs_search
 from terrarium.stores.sqlite import SqliteStore
 
 # --------------------------------------------------------------------------- helpers
@@ -223,7 +223,7 @@ def test_an_index_locked_by_another_process_is_waited_for_never_deleted(tmp_path
             [
                 sys.executable,
                 "-c",
-                "import sys; from terrarium.stores import fs_search; "
+                "import sys; from terrarium.stores.fs import search as fs_search; "
                 "fs_search.BUSY_TIMEOUT = 0.5; from terrarium.cli import cli; "
                 "cli(sys.argv[1:])",
                 "search",

@@ -25,7 +25,7 @@ from terrarium.sessions import (
     restore,
     save_user_input,
 )
-from terrarium.stores import fs_search, fts
+from terrarium.stores import fts
 from terrarium.stores.base import (
     NewEntry,
     Searchable,
@@ -33,7 +33,8 @@ from terrarium.stores.base import (
     SearchQuery,
     iter_lines,
 )
-from terrarium.stores.fs_search import SearchIndex, mark_dirty
+from terrarium.stores.fs import search as fs_search
+from terrarium.stores.fs.search import SearchIndex, mark_dirty
 
 ROOT = Path(__file__).resolve().parents[1]
 

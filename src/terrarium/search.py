@@ -19,7 +19,7 @@ Both paths agree on what is searched and how (``tests/test_search.py`` checks it
   A query with no letter or digit raises :class:`InvalidQuery`;
 * hits are ranked by bm25 (as SQLite FTS5 computes it), best first. (``FsStore``'s index
   ranks queries with very many matches among their most recent ones, and ignores words that
-  are in most messages when rarer ones are given: see :mod:`terrarium.stores.fs_search`.)
+  are in most messages when rarer ones are given: see :mod:`terrarium.stores.fs.search`.)
 """
 
 from __future__ import annotations

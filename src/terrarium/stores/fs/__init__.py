@@ -1,0 +1,869 @@
+"""``FsStore``: sessions as plain JSONL files that ``tar`` backs up and ``grep`` reads.
+
+Each context is a folder under the root (``{type}/{date}/{name}/``) holding its append-only
+segment files and a ``head.json`` naming the segment it is on; ``.index/`` holds derived
+pointers and the search index (:mod:`terrarium.stores.fs._layout` draws the tree). Every file
+is ``0600``, every folder ``0700``. The segments are the truth: every other file is rebuilt
+from them when lost, reads never write, and nothing leads outside the root.
+
+Trade-off: an append is one ``write(2)`` under a ``flock`` (~3 µs) and survives ``kill -9``;
+surviving a power cut costs an ``fdatasync`` per append (``durability="fsync"``) or a window
+(``"batch"``). There is no server and no schema to migrate; search and listing read a derived
+SQLite index that writers only mark dirty (:mod:`terrarium.stores.fs.search`).
+
+Parts: ``_layout`` (names), ``_segments`` (files, torn tails), ``_heads``, ``_tree`` (finding
+folders), ``salvage``, ``search`` with ``_refresh`` and ``_sql`` (the derived index).
+
+Usage::
+
+    from terrarium.stores.fs import FsStore
+
+    with FsStore("./sessions", durability="fsync") as store:
+        head = store.get_head(ContextId.parse("cli:main"))
+        if head is not None:
+            entries = store.read_segment(head.session_id, head.segment_id).entries
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import math
+import mmap
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from terrarium import codec
+from terrarium.errors import (
+    ConflictError,
+    ContextExists,
+    ContextNotFound,
+    CorruptLog,
+    SegmentNotFound,
+    StoreError,
+)
+from terrarium.model import (
+    ContextId,
+    SegmentId,
+    SessionId,
+    TornTail,
+    TraceEntry,
+    decode_name,
+    utc_now,
+)
+from terrarium.stores import _db
+from terrarium.stores._files import (
+    listdir,
+    make_dirs,
+    open_private,
+    write_all,
+    write_atomic,
+    write_new,
+)
+from terrarium.stores.base import (
+    ContextSummary,
+    NewEntry,
+    PodMetadata,
+    SearchHit,
+    SearchQuery,
+    SegmentRead,
+    header_line,
+    iter_lines,
+)
+from terrarium.stores.fs import search as fs_search
+from terrarium.stores.fs._heads import head_dict, head_from_segments, head_of, segment_chain
+from terrarium.stores.fs._layout import (
+    HEAD,
+    INDEX,
+    LEGACY_TRASH,
+    LOCKS,
+    SEGMENT_SUFFIX,
+    TRACE_SUFFIX,
+    TRASH,
+    holds_context,
+    segment_ids,
+)
+from terrarium.stores.fs._segments import (
+    open_segment,
+    os_reason,
+    read_complete,
+    read_file,
+    scan_tail,
+    set_aside,
+    write_side,
+)
+from terrarium.stores.fs._tree import ContextFolder, Tree, pointer, write_pointer
+from terrarium.stores.fs.salvage import (
+    Salvage,
+    copy_forks,
+    readable_lines,
+    salvage_copy,
+    salvaged_into,
+    session_of,
+)
+from terrarium.stores.locks import file_lock
+
+__all__ = [
+    "DURABILITIES",
+    "LEGACY_TRASH",
+    "ContextFolder",
+    "Durability",
+    "FsStore",
+    "Salvage",
+    "head_from_segments",
+    "salvaged_into",
+    "segment_chain",
+]
+
+log = logging.getLogger(__name__)
+
+Durability = Literal["flush", "fsync", "batch"]
+DURABILITIES: tuple[str, ...] = ("flush", "fsync", "batch")
+
+_MAX_OPEN = 256
+
+
+@dataclass
+class _Open:
+    """A cached writable descriptor and what this process last knew of the file."""
+
+    fd: int
+    session_id: SessionId
+    size: int = -1
+    next_seq: int = -1
+    dirty: bool = False
+    marked: float = -math.inf
+    """When an append last left the search index's dirty marker (monotonic seconds)."""
+
+
+class FsStore(Tree):
+    """A store of plain files under one root directory (see the module docstring)."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] = "./sessions",
+        *,
+        durability: Durability = "flush",
+        batch_interval: float = 0.05,
+    ) -> None:
+        """Open (creating if needed) the store at ``root``.
+
+        ``durability="flush"`` (the default) hands each append to the kernel before
+        acknowledging it: it survives the death of the process (``kill -9``), not a power cut,
+        at the cost of a write (~3 µs). ``"fsync"`` adds an ``fdatasync`` per append (~135 µs
+        here) and survives power loss. ``"batch"`` acknowledges at once and ``fdatasync``s
+        dirty segments every ``batch_interval`` seconds from a background thread: a power cut
+        loses at most that window. New files, heads and index entries are fsynced (with their
+        folders) in ``fsync`` and ``batch`` modes, which promise to survive a power cut;
+        ``flush`` does not promise that, and a head it loses to one is rebuilt from the
+        segments.
+
+        Args:
+            root: the sessions directory.
+            durability: ``flush`` (default), ``fsync`` or ``batch``.
+            batch_interval: seconds between background syncs when ``durability="batch"``.
+        """
+        if durability not in DURABILITIES:
+            raise ValueError(f"unknown durability {durability!r}: use one of {DURABILITIES}")
+        folder = Path(root).absolute()
+        make_dirs(folder)
+        super().__init__(folder)
+        self.durability = durability
+        self.batch_interval = batch_interval
+        self._lock = threading.RLock()
+        self._open: OrderedDict[SegmentId, _Open] = OrderedDict()
+        self._folders: dict[SessionId, Path] = {}
+        self._closed = threading.Event()
+        self._search: fs_search.SearchIndex | None = None
+        self._flusher: threading.Thread | None = None
+        if durability == "batch":
+            self._flusher = threading.Thread(target=self._flush_loop, daemon=True)
+            self._flusher.start()
+
+    def __repr__(self) -> str:
+        return f"FsStore({str(self.root)!r}, durability={self.durability!r})"
+
+    # ---------------------------------------------------------------- folders
+
+    def _sync(self) -> bool:
+        """Whether this durability mode fsyncs new files, heads and index entries."""
+        return self.durability != "flush"
+
+    def folder_of(self, context: ContextId) -> Path | None:
+        """The folder holding the context's files, or None if the context does not exist."""
+        found = self._locate(context)
+        return found.folder if found is not None else None
+
+    def _locate(self, context: ContextId) -> ContextFolder | None:
+        """Find the context's folder and head.
+
+        Reads the index; where it has no entry (or a stale or invalid one), looks for the
+        folder in the type's date folders, and re-indexes what it finds, so a lost index
+        never makes a context look new.
+        """
+        try:
+            folder = self._pointer_folder(self._index_path(context), context)
+        except FileNotFoundError:
+            pass
+        except StoreError as exc:
+            log.warning("%s", exc)
+        else:
+            found = self._context_folder(context, folder.parent)
+            if found is not None:
+                return found
+        found = self._find_folder(context)
+        if found is not None:
+            self._index_best_effort(context, found.folder, found.head)
+        return found
+
+    def _index_best_effort(
+        self, context: ContextId, folder: Path, head: PodMetadata | None
+    ) -> None:
+        """Index a context found in the folders: derived state, so failing to is no error.
+
+        If the whole index is gone, all of it is rebuilt (heads are not written: a read never
+        writes a head); else this context's entries are.
+        """
+        try:
+            if not (self.root / INDEX / "contexts").is_dir():
+                self._rebuild_index(write_heads=False)
+            elif head is not None:
+                self._write_index(context, head.session_id, folder.relative_to(self.root))
+        except OSError as exc:  # a read-only store: the walk works, the index stays stale
+            log.debug("could not index %s: %s", context, exc)
+
+    def _session_folder(self, session_id: SessionId) -> Path:
+        folder = self._folders.get(session_id)
+        if folder is not None:
+            return folder
+        try:
+            folder = self._pointer_folder(self._session_index_path(session_id), None)
+        except FileNotFoundError:
+            folder = None
+        if folder is None or not holds_context(folder):
+            folder = self._find_session(session_id)
+        self._folders[session_id] = folder
+        return folder
+
+    def _find_session(self, session_id: SessionId) -> Path:
+        """Walk the tree for the folder of ``session_id`` (its index entry is lost)."""
+        for entry in self.walk():
+            if entry.head is not None and entry.head.session_id == session_id:
+                self._index_best_effort(entry.context, entry.folder, entry.head)
+                return entry.folder
+        raise SegmentNotFound(f"session {session_id} does not exist")
+
+    def _segment_path(self, session_id: SessionId, segment_id: SegmentId) -> Path:
+        return self._session_folder(session_id) / f"{segment_id}{SEGMENT_SUFFIX}"
+
+    # ---------------------------------------------------------------- heads
+
+    def get_head(self, context: ContextId) -> PodMetadata | None:
+        """Return the context's head record, or None.
+
+        A missing or unreadable ``head.json`` is rebuilt from the segments, in memory only.
+
+        Raises:
+            CorruptLog: the head cannot be read and no segment chain is intact to rebuild it.
+        """
+        found = self._locate(context)
+        if found is None:
+            return None
+        if found.head is None:
+            raise CorruptLog(found.problem or f"{found.folder}: damaged")
+        if found.problem is not None:
+            log.warning("%s", found.problem)
+        self._folders.setdefault(found.head.session_id, found.folder)
+        return found.head
+
+    def _persist_head(self, folder: Path, context: ContextId) -> PodMetadata:
+        """Read the head, writing it back if it had to be rebuilt. Hold the head lock."""
+        head, problem = head_of(folder)
+        path = folder / HEAD
+        if problem is not None or not path.exists():
+            self._write_head(path, head, unreadable=problem is not None)
+            log.warning("%s: rebuilt from the segments (head is %s)", path, head.segment_id)
+        return head
+
+    def _write_head(self, path: Path, head: PodMetadata, *, unreadable: bool) -> None:
+        """Replace ``head.json``; an unreadable one is first set aside, never lost."""
+        if unreadable and path.exists():
+            set_aside(path, "unreadable")
+        write_atomic(path, codec.encode(head_dict(head)), sync=self._sync())
+
+    def set_head(
+        self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
+    ) -> PodMetadata:
+        """Move the head if it is ``expected`` now (compare-and-set under the context lock)."""
+        with self._head_lock(context):
+            folder = self.folder_of(context)
+            if folder is None:
+                raise ContextNotFound(f"context {context} does not exist")
+            head, problem = head_of(folder)
+            if head.segment_id != expected:
+                raise ConflictError(
+                    f"head of {context} is {head.segment_id}, not {expected}: it moved"
+                )
+            if not (folder / f"{segment_id}{SEGMENT_SUFFIX}").exists():
+                raise SegmentNotFound(f"segment {segment_id} is not in {context}'s session")
+            new = PodMetadata(head.context, head.session_id, segment_id, head.created_at, utc_now())
+            self._write_head(folder / HEAD, new, unreadable=problem is not None)
+            self._mark(head.session_id)
+            return new
+
+    def rebuild_head(self, context: ContextId) -> PodMetadata:
+        """Write the context's ``head.json`` from its segments if it is missing or unreadable.
+
+        An unreadable one is first set aside (``head.json.unreadable-{n}``), never deleted.
+
+        Raises:
+            ContextNotFound: no folder holds the context.
+            CorruptLog: no segment chain is intact to rebuild it from.
+        """
+        with self._head_lock(context):
+            folder = self.folder_of(context)
+            if folder is None:
+                raise ContextNotFound(f"context {context} does not exist")
+            return self._persist_head(folder, context)
+
+    def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
+        """Every head record, sorted by context id (reads the index, walks no date folders).
+
+        When the index is gone, the tree is walked instead (and the index rebuilt if the store
+        is writable); a head that cannot be read or rebuilt is logged and left out.
+        """
+        base = self.root / INDEX / "contexts"
+        if not base.is_dir():
+            try:
+                self._rebuild_index(write_heads=False)
+            except OSError:  # a read-only store: read the folders themselves
+                return self._walked_heads(type)
+        types = [type] if type is not None else sorted(listdir(base))
+        heads: list[PodMetadata] = []
+        for kind in types:
+            for encoded in sorted(listdir(base / kind)):
+                try:
+                    context = ContextId(kind, decode_name(encoded))
+                    head = self.get_head(context)
+                except ValueError:
+                    continue
+                except (CorruptLog, StoreError) as exc:
+                    log.warning("%s", exc)
+                    continue
+                if head is not None:
+                    heads.append(head)
+        return sorted(heads, key=lambda h: ContextId.parse(h.context))
+
+    def _walked_heads(self, type: str | None) -> list[PodMetadata]:
+        heads: dict[ContextId, PodMetadata] = {}
+        for entry in self.walk():
+            if type is not None and entry.context.type != type:
+                continue
+            if entry.head is None:
+                log.warning("%s", entry.problem)
+            elif entry.context not in heads or heads[entry.context].updated_at < (
+                entry.head.updated_at
+            ):
+                heads[entry.context] = entry.head
+        return [heads[context] for context in sorted(heads)]
+
+    # ---------------------------------------------------------------- contexts
+
+    def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
+        """Hold the context's lock exclusively (threads and processes alike).
+
+        This is the callers' lock (the manager holds it for a whole turn). The store's own
+        create, delete and head moves take a separate, brief lock, so they work inside it.
+        """
+        return self._file_lock("turn", context)
+
+    def _head_lock(self, context: ContextId) -> AbstractContextManager[None]:
+        return self._file_lock("head", context)
+
+    def _file_lock(self, kind: str, context: ContextId) -> AbstractContextManager[None]:
+        folder = self._inside(self.root / LOCKS / kind / context.type)
+        make_dirs(folder)
+        return file_lock(folder / context.encoded_name)
+
+    def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
+        """Create the context's folder, root segment, head and index entries.
+
+        A folder that already holds the context (whether or not the index knows it, whether
+        or not it has a ``head.json``) is never replaced: its head is rebuilt if needed, it is
+        indexed, and ``ContextExists`` is raised.
+        """
+        line = header_line(header)
+        session_id = uuid.UUID(str(line["session_id"]))
+        segment_id = uuid.UUID(str(line["segment_id"]))
+        created = str(line["ts"])
+        data = codec.encode_line(line)  # refuses a bad header before anything is made
+        with self._head_lock(context):
+            existing = self.folder_of(context)
+            if existing is not None:
+                self._adopt(context, existing)
+            rel = Path(context.type) / created[:10] / context.encoded_name
+            folder = self._inside(self.root / rel)
+            if holds_context(folder):  # another context's: a case-insensitive disk
+                raise ContextExists(f"context {context} would share {folder} with another")
+            make_dirs(folder)
+            self._write_new(folder / f"{segment_id}{SEGMENT_SUFFIX}", data)
+            head = PodMetadata(str(context), session_id, segment_id, created, created)
+            write_atomic(folder / HEAD, codec.encode(head_dict(head)), sync=self._sync())
+            self._write_index(context, session_id, rel)
+            self._folders[session_id] = folder
+            self._mark(session_id)
+            return head
+
+    def _adopt(self, context: ContextId, folder: Path) -> None:
+        """A create found the context's folder: write its head if lost, index it, refuse."""
+        try:
+            head = self._persist_head(folder, context)
+        except CorruptLog as exc:
+            raise ContextExists(
+                f"context {context} already exists but is damaged ({exc}); "
+                "run 'terrarium fsck' to see what is wrong"
+            ) from None
+        self._write_index(context, head.session_id, folder.relative_to(self.root))
+        raise ContextExists(f"context {context} already exists (in {folder})")
+
+    def _write_index(self, context: ContextId, session_id: SessionId, rel: Path) -> None:
+        data = pointer(context, rel.as_posix())
+        for path in (self._session_index_path(session_id), self._index_path(context)):
+            make_dirs(self._inside(path.parent))
+            write_atomic(path, data, sync=self._sync())
+
+    def delete_context(self, context: ContextId) -> bool:
+        """Delete the context: its index entries first, then its folder via ``.trash``.
+
+        A context whose head cannot be read or rebuilt (a damaged folder) is deleted too. This
+        is the only thing that ever removes a folder holding segments.
+        """
+        with self._head_lock(context):
+            folder = self.folder_of(context)
+            if folder is None:
+                return False
+            try:
+                session_id: SessionId | None = head_of(folder)[0].session_id
+            except CorruptLog:
+                session_id = None
+            with self._lock:
+                for segment_id, handle in list(self._open.items()):
+                    if handle.session_id == session_id:
+                        self._forget(segment_id)
+                if session_id is not None:
+                    self._folders.pop(session_id, None)
+            self._index_path(context).unlink(missing_ok=True)
+            if session_id is not None:
+                self._session_index_path(session_id).unlink(missing_ok=True)
+            self._trash(folder)
+            if session_id is not None:
+                self._mark(session_id)
+            return True
+
+    def _trash(self, folder: Path) -> None:
+        trash_dir = self._inside(self.root / TRASH)
+        make_dirs(trash_dir)
+        self._inside(folder)
+        trash = trash_dir / uuid.uuid4().hex
+        os.rename(folder, trash)
+        # Also what a process killed mid-delete left (another deleter may share the work).
+        for leftover in listdir(trash_dir):
+            if leftover != LEGACY_TRASH.name:
+                shutil.rmtree(trash_dir / leftover, ignore_errors=True)
+
+    # ---------------------------------------------------------------- segments
+
+    def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
+        """Write a new segment file holding only its header.
+
+        If the session's ``head.json`` is missing, it is rebuilt first: the new segment is
+        the newest, and a head rebuilt after it would wrongly move onto it.
+        """
+        line = header_line(header)
+        folder = self._session_folder(session_id)
+        if not (folder / HEAD).exists():
+            with contextlib.suppress(CorruptLog, ValueError):
+                context = ContextId.parse(head_from_segments(folder).context)
+                with self._head_lock(context):
+                    self._persist_head(folder, context)
+        path = folder / f"{uuid.UUID(str(line['segment_id']))}{SEGMENT_SUFFIX}"
+        try:
+            self._write_new(path, codec.encode_line(line))
+        except FileExistsError:
+            raise ConflictError(f"segment {line['segment_id']} already exists") from None
+        self._mark(session_id)
+
+    def append(
+        self,
+        session_id: SessionId,
+        segment_id: SegmentId,
+        entries: Sequence[NewEntry],
+        *,
+        expected_seq: int | None = None,
+    ) -> int:
+        """Append whole lines with one ``write`` under the segment's lock.
+
+        The file is opened ``O_APPEND`` and locked with an exclusive ``flock``: writers in many
+        processes never interleave inside a line, and the ``expected_seq`` check and the write
+        are one step. The lines of a multi-entry append are framed by
+        :func:`terrarium.codec.encode_lines` (all but the last end in ``" \\n"``), so a crash
+        after some of its lines leaves a torn tail like any other. The writer keeps the file's
+        size and next seq from its last append; when another process has appended since (the
+        size differs), it re-reads only the last line. Descriptors are cached (LRU), so an
+        append costs a lock, an ``fstat`` and a ``write``; it leaves the search index's dirty
+        marker at most every ``MARK_EVERY`` seconds (:mod:`terrarium.stores.fs.search`).
+        """
+        with self._lock:
+            handle = self._handle(session_id, segment_id)
+            fd = handle.fd
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                st = os.fstat(fd)
+                if st.st_nlink == 0:
+                    raise SegmentNotFound(f"segment {segment_id} was deleted")
+                if st.st_size != handle.size:
+                    handle.size, handle.next_seq, _ = self._scan_tail(session_id, segment_id, fd)
+                first = handle.next_seq
+                if expected_seq is not None and expected_seq != first:
+                    raise ConflictError.stale_seq(segment_id, first, expected_seq)
+                data = codec.encode_lines(list(iter_lines(entries, first)))
+                self._write_all(fd, data, handle.size, segment_id)
+                if self.durability == "fsync":
+                    os.fdatasync(fd)
+                elif self.durability == "batch":
+                    handle.dirty = True
+                handle.size += len(data)
+                handle.next_seq = first + len(entries)
+                if time.monotonic() - handle.marked >= fs_search.MARK_EVERY:
+                    self._mark(session_id)
+                    handle.marked = time.monotonic()
+                return first
+            except SegmentNotFound:
+                self._forget(segment_id)  # closing the descriptor releases its lock
+                raise
+            finally:
+                if segment_id in self._open:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _write_all(self, fd: int, data: bytes, size: int, segment_id: SegmentId) -> None:
+        """Write ``data`` fully or roll the file back to ``size`` and raise."""
+        try:
+            write_all(fd, data)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise StoreError(f"append to segment {segment_id} failed: {os_reason(exc)}") from exc
+
+    def read_segment(
+        self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
+    ) -> SegmentRead:
+        """Read and decode a segment. Changes nothing: a torn tail is reported, not moved.
+
+        Reads never write: a torn tail (:class:`~terrarium.model.TornTail` with
+        ``set_aside_to=None``) is skipped; the next append to the segment, or
+        :meth:`set_aside_torn_tail` (``fsck --repair``), sets it aside.
+        """
+        path = self._segment_path(session_id, segment_id)
+        fd = open_segment(path, os.O_RDONLY, segment_id)
+        try:
+            buf, torn = read_complete(fd, path, segment_id)
+            try:
+                lines = codec.decode_lines(buf, where=str(path), first_seq=0)
+            finally:
+                if isinstance(buf, mmap.mmap):
+                    buf.close()
+        finally:
+            os.close(fd)
+        if not lines or lines[0].get("kind") != "header":
+            raise CorruptLog(f"{path}:1: the first line is not a segment header")
+        stop = len(lines) if stop_seq is None else min(stop_seq + 1, len(lines))
+        return SegmentRead(lines[0], lines[1:stop], next_seq=len(lines), torn=torn)
+
+    def set_aside_torn_tail(self, session_id: SessionId, segment_id: SegmentId) -> TornTail | None:
+        """Move a torn tail of the segment to a side file (``fsck --repair``); None if none.
+
+        Raises:
+            CorruptLog: the segment is damaged (its header line is incomplete): nothing moved.
+        """
+        with self._lock:
+            handle = self._handle(session_id, segment_id)
+            fcntl.flock(handle.fd, fcntl.LOCK_EX)
+            try:
+                handle.size, handle.next_seq, torn = self._scan_tail(
+                    session_id, segment_id, handle.fd
+                )
+            finally:
+                fcntl.flock(handle.fd, fcntl.LOCK_UN)
+        return torn
+
+    def salvage_segment(self, context: ContextId, segment_id: SegmentId) -> Salvage:
+        """Copy every readable entry of a damaged segment into a new segment of its session.
+
+        Lines that cannot be read (not JSON, no seq or kind, a seq that does not move forward,
+        a torn tail) are copied to ``{segment}.jsonl.corrupt-{n}``; every other entry keeps its
+        order, renumbered. The new segment's header is the old one's (or, if that is what is
+        damaged, a root header), marked ``salvaged_from``. Forks of the damaged segment are
+        copied onto the new one at the same entries, and the head moves along. Nothing is
+        rewritten or removed: the damaged file stays as it was. Running it again finishes an
+        interrupted salvage instead of starting another.
+
+        Raises:
+            ContextNotFound: no folder holds ``context``.
+            StoreError: the segment has nothing to salvage, or a fork of it is damaged too.
+            FormatVersionError: a line is of a newer format (upgrade, do not salvage).
+        """
+        with self.lock_context(context), self._head_lock(context):
+            folder = self.folder_of(context)
+            if folder is None:
+                raise ContextNotFound(f"context {context} does not exist")
+            session_id = session_of(folder)
+            path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
+            header, entries, bad = readable_lines(read_file(path), str(path))
+            if not bad and header is not None:
+                raise StoreError(f"{path}: no damaged line to salvage")
+            done = salvaged_into(folder)
+            side = None  # an interrupted salvage wrote it before its new segment
+            if bad and segment_id not in done:
+                lost = b"".join(line + b"\n" for _, line in bad)
+                side = write_side(path, lost, lambda n: f"corrupt-{n}")
+            fallback = {"session_id": str(session_id), "context": str(context)}
+            new_id, seqs = salvage_copy(folder, segment_id, header, entries, done, fallback)
+            copies = copy_forks(folder, segment_id, new_id, seqs, done)
+            copies[segment_id] = new_id
+            head, problem = head_of(folder)
+            moved = copies.get(head.segment_id)
+            if moved is not None:
+                new = PodMetadata(head.context, head.session_id, moved, head.created_at, utc_now())
+                self._write_head(folder / HEAD, new, unreadable=problem is not None)
+            elif problem is not None or not (folder / HEAD).exists():
+                self._write_head(folder / HEAD, head, unreadable=problem is not None)
+            self._folders[session_id] = folder
+            self._mark(session_id)
+            del copies[segment_id]
+            return Salvage(
+                segment_id, new_id, len(entries), [n for n, _ in bad], side, copies, moved
+            )
+
+    def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
+        """The seq the next append gets (reads the file's last line only)."""
+        with self._lock:
+            handle = self._handle(session_id, segment_id)
+            fcntl.flock(handle.fd, fcntl.LOCK_EX)
+            try:
+                if os.fstat(handle.fd).st_size != handle.size:
+                    handle.size, handle.next_seq, _ = self._scan_tail(
+                        session_id, segment_id, handle.fd
+                    )
+                return handle.next_seq
+            finally:
+                fcntl.flock(handle.fd, fcntl.LOCK_UN)
+
+    def list_segments(self, session_id: SessionId) -> list[SegmentId]:
+        """The session's segment ids, oldest first (UUIDv7 order)."""
+        return segment_ids(self._session_folder(session_id))
+
+    def append_trace(
+        self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
+    ) -> None:
+        """Append to ``{segment}.trace.jsonl`` (one write, ``O_APPEND``)."""
+        folder = self._session_folder(session_id)
+        if not (folder / f"{segment_id}{SEGMENT_SUFFIX}").exists():
+            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+        path = folder / f"{segment_id}{TRACE_SUFFIX}"
+        data = b"".join(codec.encode_line(e.to_dict()) for e in entries)
+        fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
+        try:
+            write_all(fd, data)
+        finally:
+            os.close(fd)
+
+    def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
+        """The segment's debug trace (a torn last line is skipped: traces are best effort)."""
+        path = self._session_folder(session_id) / f"{segment_id}{TRACE_SUFFIX}"
+        try:
+            complete, _ = codec.split_complete(read_file(path))
+        except FileNotFoundError:
+            return []
+        return [codec.decode(line) for line in complete.splitlines() if line.strip()]
+
+    def close(self) -> None:
+        """Sync what ``batch`` mode has pending and close every cached descriptor."""
+        self._closed.set()
+        if self._flusher is not None:
+            self._flusher.join()
+        with self._lock:
+            for handle in self._open.values():
+                if handle.dirty:
+                    with contextlib.suppress(OSError):
+                        os.fdatasync(handle.fd)
+                os.close(handle.fd)
+            self._open.clear()
+            if self._search is not None:
+                self._search.close()
+
+    def __enter__(self) -> FsStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- index
+
+    def reindex(self) -> int:
+        """Rebuild ``.index`` from the folders, and write every missing or unreadable head.
+
+        Returns the contexts indexed. A context two folders hold (split by an older terrarium
+        that lost its index) is indexed at its most recently active folder; ``fsck`` reports
+        the other, whose session stays reachable by its id.
+        """
+        return self._rebuild_index(write_heads=True)
+
+    def _rebuild_index(self, *, write_heads: bool) -> int:
+        """Rebuild ``.index`` from the folders (and, with ``write_heads``, lost heads)."""
+        chosen: dict[ContextId, ContextFolder] = {}
+        fresh = self._inside(self.root / INDEX) / f"new-{uuid.uuid4().hex}"
+        make_dirs(fresh / "contexts")
+        make_dirs(fresh / "sessions")
+        for entry in self.walk():
+            head = self._repaired_head(entry) if write_heads else entry.head
+            best = chosen.get(entry.context)
+            if head is None:  # damaged: indexed, so that it is reported rather than hidden
+                log.warning("%s", entry.problem)
+                chosen.setdefault(entry.context, entry)
+                continue
+            rel = entry.folder.relative_to(self.root).as_posix()
+            write_pointer(fresh / "sessions" / str(head.session_id), pointer(entry.context, rel))
+            if best is None or best.head is None or best.head.updated_at < head.updated_at:
+                chosen[entry.context] = ContextFolder(entry.context, entry.folder, head)
+        for context, entry in chosen.items():
+            rel = entry.folder.relative_to(self.root).as_posix()
+            make_dirs(fresh / "contexts" / context.type)
+            write_pointer(
+                fresh / "contexts" / context.type / context.encoded_name, pointer(context, rel)
+            )
+        index = self.root / INDEX
+        with file_lock(self._inside(self.root / LOCKS) / "index"):
+            for part in ("contexts", "sessions"):
+                old = index / part
+                if old.exists():
+                    self._trash(old)
+                os.rename(fresh / part, old)
+        fresh.rmdir()
+        self._folders.clear()
+        if self._search is not None or (index / fs_search.DB_NAME).exists():
+            self.search_index.rebuild()  # else the first search builds it
+        return len(chosen)
+
+    def _repaired_head(self, entry: ContextFolder) -> PodMetadata | None:
+        """The head of a walked folder, written back if it was rebuilt; None if it cannot be."""
+        if entry.head is None:
+            return None
+        try:
+            with self._head_lock(entry.context):
+                return self._persist_head(entry.folder, entry.context)
+        except CorruptLog:  # damaged since the walk read it
+            return None
+
+    # ---------------------------------------------------------------- search
+
+    @property
+    def search_index(self) -> fs_search.SearchIndex:
+        """The derived full-text search and listing index (opened on first use).
+
+        Writers only leave a dirty marker per changed session; searches and listings bring the
+        index up to date on use (see :mod:`terrarium.stores.fs.search`).
+        """
+        with self._lock:
+            if self._search is None:
+                index = self.root / INDEX
+                if not (index / "contexts").exists() and not (index / fs_search.DB_NAME).exists():
+                    # The whole index was lost: rebuild the context pointers too, so that what
+                    # listing and search show can also be resolved and opened.
+                    try:
+                        self.reindex()
+                    except OSError as exc:  # a read-only store or a full disk: readers scan
+                        if _db.kind(exc) not in ("readonly", "full"):
+                            raise
+                        log.warning("cannot rebuild the index of %s: %s", self.root, exc)
+                self._search = fs_search.SearchIndex(self.root)
+            return self._search
+
+    def search(self, query: SearchQuery) -> list[SearchHit]:
+        """Ranked hits for ``query`` over every segment of every context (via the index).
+
+        Raises:
+            IndexUnavailable: the index cannot be brought up to date (read-only and behind,
+                disk full, locked for ``search.BUSY_TIMEOUT``): search the files instead,
+                as :func:`terrarium.search.search` does.
+        """
+        return self.search_index.search(query)
+
+    def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
+        """Every context's summary (message count, last activity), read from the index.
+
+        Raises:
+            IndexUnavailable: as :meth:`search`; list the heads and restore them instead.
+        """
+        return self.search_index.list_contexts(type)
+
+    def _mark(self, session_id: SessionId) -> None:
+        """Leave the search index's dirty marker; never fails the write that calls it."""
+        try:
+            fs_search.mark_dirty(self.root, session_id)
+        except OSError as exc:
+            log.warning("could not mark session %s for the search index: %s", session_id, exc)
+
+    # ---------------------------------------------------------------- internals
+
+    def _handle(self, session_id: SessionId, segment_id: SegmentId) -> _Open:
+        handle = self._open.get(segment_id)
+        if handle is not None:
+            self._open.move_to_end(segment_id)
+            return handle
+        path = self._segment_path(session_id, segment_id)
+        fd = open_segment(path, os.O_RDWR | os.O_APPEND, segment_id)
+        handle = _Open(fd, session_id)
+        self._open[segment_id] = handle
+        while len(self._open) > _MAX_OPEN:
+            _, old = self._open.popitem(last=False)
+            if old.dirty:
+                os.fdatasync(old.fd)
+            os.close(old.fd)
+        return handle
+
+    def _forget(self, segment_id: SegmentId) -> None:
+        handle = self._open.pop(segment_id, None)
+        if handle is not None:
+            os.close(handle.fd)
+
+    def _scan_tail(
+        self, session_id: SessionId, segment_id: SegmentId, fd: int
+    ) -> tuple[int, int, TornTail | None]:
+        """With the file locked: set aside a torn tail; return (size, next seq, torn tail)."""
+        return scan_tail(fd, self._segment_path(session_id, segment_id), segment_id)
+
+    def _write_new(self, path: Path, data: bytes, *, sync: bool | None = None) -> None:
+        """Create ``path`` holding ``data``, whole; ``FileExistsError`` if it exists."""
+        write_new(path, data, sync=self._sync() if sync is None else sync)
+
+    def _flush_loop(self) -> None:
+        while not self._closed.wait(self.batch_interval):
+            with self._lock:
+                for handle in self._open.values():
+                    if handle.dirty:
+                        try:
+                            os.fdatasync(handle.fd)
+                        except OSError:  # keep syncing the others; this one retries next time
+                            log.exception("background sync of %s failed", self.root)
+                            continue
+                        handle.dirty = False

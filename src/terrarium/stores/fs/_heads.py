@@ -1,0 +1,163 @@
+"""Heads: ``head.json`` records, and the head a folder's segments imply when that is lost.
+
+**The segments are the truth; everything else is derived.** ``head.json`` is derived too: a
+folder without one (a power cut in ``flush`` mode, a partial restore from a backup) has its
+head rebuilt from its segments by :func:`head_from_segments` (the newest segment, by UUIDv7,
+whose chain of headers is intact). A read rebuilds it in memory only; a write to the context, a
+``reindex()`` and ``terrarium fsck --repair`` write it. An unreadable one is set aside
+(``head.json.unreadable-{n}``), never deleted. The search index reads heads the same way
+(:func:`head_of`), so listing and ``fsck`` name the same problem.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from terrarium import codec
+from terrarium.errors import CorruptLog, StoreError
+from terrarium.model import SegmentId
+from terrarium.stores.base import PodMetadata
+from terrarium.stores.fs._layout import HEAD, SEGMENT_SUFFIX, real_dir, segment_ids
+from terrarium.stores.fs._segments import one_line, read_file, read_header
+
+
+def head_of(folder: Path, *, read_errors: bool = False) -> tuple[PodMetadata, str | None]:
+    """The head of ``folder``, and why it was rebuilt if ``head.json`` is unreadable.
+
+    Args:
+        read_errors: take a ``head.json`` that cannot be read (an I/O error) as damaged, and
+            rebuild the head from the segments, rather than raise the error.
+
+    Raises:
+        FileNotFoundError: ``folder`` holds neither a ``head.json`` nor a segment.
+        CorruptLog: the head can be neither read nor rebuilt.
+    """
+    path = folder / HEAD
+    try:
+        head = read_head(path)
+        if (folder / f"{head.segment_id}{SEGMENT_SUFFIX}").exists():
+            return head, None
+        problem = f"{path}: names segment {head.segment_id}, which is not there"
+    except (FileNotFoundError, NotADirectoryError):
+        if not real_dir(folder) or not segment_ids(folder):
+            raise FileNotFoundError(f"{folder} holds no context") from None
+        return head_from_segments(folder), None
+    except StoreError as exc:  # CorruptLog, or a link
+        problem = str(exc)
+    except OSError as exc:
+        if not read_errors:
+            raise
+        problem = f"{path}: unreadable ({exc.strerror or exc})"
+    try:
+        return head_from_segments(folder), f"{problem}; rebuilt from the segments"
+    except CorruptLog as exc:
+        raise CorruptLog(f"{problem}; and it cannot be rebuilt: {exc}") from None
+
+
+def head_from_segments(folder: Path) -> PodMetadata:
+    """Rebuild a context's head record from the segment files in ``folder``.
+
+    The head is the newest segment (by UUIDv7) whose chain is intact: its header, and the
+    header of every segment it continues (a fork replays its parent's prefix), read and name
+    this session. ``created_at`` is the root segment's time; ``updated_at`` the head segment's.
+
+    Raises:
+        CorruptLog: no segment of ``folder`` has an intact chain.
+    """
+    headers: dict[SegmentId, dict[str, Any]] = {}
+    for segment_id in segment_ids(folder):
+        with contextlib.suppress(StoreError, OSError):
+            header = read_header(folder / f"{segment_id}{SEGMENT_SUFFIX}")
+            if header.get("segment_id") == str(segment_id):
+                headers[segment_id] = header
+    if not headers:
+        raise CorruptLog(f"{folder}: no segment with a readable header to rebuild the head from")
+    root = headers[min(headers)]
+    session = root.get("session_id")
+    for segment_id in sorted(headers, reverse=True):
+        header = headers[segment_id]
+        context = header.get("context") or root.get("context")
+        if not isinstance(context, str) or not _chain_intact(segment_id, headers, session):
+            continue
+        try:
+            return PodMetadata(
+                context, uuid.UUID(str(session)), segment_id, str(root["ts"]), str(header["ts"])
+            )
+        except (KeyError, ValueError):
+            continue
+    raise CorruptLog(f"{folder}: no segment with an intact chain to rebuild the head from")
+
+
+def _chain_intact(
+    segment_id: SegmentId, headers: Mapping[SegmentId, Mapping[str, Any]], session: Any
+) -> bool:
+    """Whether ``segment_id`` and every segment its replay reads have readable headers."""
+    seen: set[SegmentId] = set()
+    current: SegmentId | None = segment_id
+    while current is not None:
+        header = headers.get(current)
+        if header is None or current in seen or header.get("session_id") != session:
+            return False
+        seen.add(current)
+        if header.get("history") is not None:  # a root, compaction or clear: stands alone
+            return True
+        origin = header.get("origin")
+        parent = origin.get("parent") if isinstance(origin, dict) else None
+        try:
+            current = uuid.UUID(parent) if isinstance(parent, str) else None
+        except ValueError:
+            return False
+    return False
+
+
+def segment_chain(folder: Path, segment_id: SegmentId) -> list[SegmentId]:
+    """``segment_id`` and every segment its replay reads (a fork's parent...), newest first.
+
+    The chain stops where a header cannot be read.
+    """
+    chain: list[SegmentId] = []
+    current: SegmentId | None = segment_id
+    while current is not None and current not in chain:
+        chain.append(current)
+        try:
+            header = read_header(folder / f"{current}{SEGMENT_SUFFIX}")
+            parent = (header.get("origin") or {}).get("parent")
+            forked = header.get("history") is None and isinstance(parent, str)
+            current = uuid.UUID(parent) if forked else None
+        except (StoreError, OSError, ValueError):
+            current = None
+    return chain
+
+
+def read_head(path: Path) -> PodMetadata:
+    """Read a ``head.json``; CorruptLog (naming it) if it is not a head record."""
+    raw = read_file(path)
+    try:
+        record = codec.decode(raw)
+        head = PodMetadata(
+            context=record["context"],
+            session_id=uuid.UUID(record["session_id"]),
+            segment_id=uuid.UUID(record["segment_id"]),
+            created_at=record["created_at"],
+            updated_at=record["updated_at"],
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptLog(f"{path}: not a valid head record ({one_line(exc)})") from None
+    if not all(isinstance(v, str) for v in (head.context, head.created_at, head.updated_at)):
+        raise CorruptLog(f"{path}: not a valid head record (a field is not a string)")
+    return head
+
+
+def head_dict(head: PodMetadata) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "context": head.context,
+        "session_id": str(head.session_id),
+        "segment_id": str(head.segment_id),
+        "created_at": head.created_at,
+        "updated_at": head.updated_at,
+    }

@@ -1,0 +1,592 @@
+"""One refresh of ``FsStore``'s search index: what changed in the files, applied in SQL.
+
+:class:`IndexUpdate` works inside the caller's write transaction: it reads each changed
+session's head (as FsStore reads it: :func:`folder_head`), the new bytes of its segment files,
+and turns every history item into a row of ``docs`` and of the FTS5 tables. What cannot be read
+is recorded, not skipped: a segment with a line that is not an entry, a torn or unparsable
+header or no bytes at all, a ``head.json`` that is unreadable or names a missing segment. A
+session's first problem (one line naming the file) is its summary's ``problem``; its counts
+cover what could be read.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from terrarium import codec
+from terrarium.errors import CorruptLog, StoreError
+from terrarium.model import HISTORY_KINDS, ROLES, ContextId, item_text
+from terrarium.stores.base import PodMetadata
+from terrarium.stores.fs._heads import head_of
+from terrarium.stores.fs._layout import HEAD, INDEX, SEGMENT_SUFFIX, segment_name
+from terrarium.stores.fs._sql import (
+    HEAD_COLUMNS,
+    INSERT_DOCS,
+    INSERT_SEGMENT,
+    INSERT_SESSION,
+    SELECT_SEGMENTS,
+    UPDATE_SEGMENT,
+    UPDATE_SESSION_HEAD,
+)
+from terrarium.stores.fs._tree import read_pointer
+from terrarium.text import prepare_text
+
+if TYPE_CHECKING:
+    from terrarium.stores.fs.search import SearchIndex
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class IndexStats:
+    """Counters of the work refreshes did, for tests and benchmarks."""
+
+    refreshes: int = 0
+    """Refreshes that found something to do."""
+    sessions: int = 0
+    """Sessions examined."""
+    segments_read: int = 0
+    """Segment files read (only their new bytes)."""
+    bytes_read: int = 0
+    items: int = 0
+    """History items indexed."""
+
+
+@dataclass
+class SegmentRow:
+    """A segment row, as the refresh works on it."""
+
+    id: int
+    session: int
+    segment_id: str
+    ino: int
+    size_seen: int
+    offset: int
+    next_seq: int
+    items: int
+    continues: bool
+    parent: str | None = None
+    at_seq: int | None = None
+    last_ts: str | None = None
+    problem: str | None = None
+    """Why the segment cannot be read (one line, naming its file), or None."""
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> SegmentRow:
+        """The segment as ``SELECT_SEGMENTS`` reads it."""
+        segment = cls(*row)
+        segment.continues = bool(segment.continues)
+        return segment
+
+    def progress(self) -> tuple[Any, ...]:
+        """The parameters of ``UPDATE_SEGMENT``: what a refresh has read of the file."""
+        return (
+            self.size_seen,
+            self.offset,
+            self.next_seq,
+            self.items,
+            int(self.continues),
+            self.parent,
+            self.at_seq,
+            self.last_ts,
+            self.problem,
+            self.id,
+        )
+
+
+@dataclass
+class SessionRow:
+    """A session row, as the refresh works on it."""
+
+    id: int
+    session_id: str
+    folder: str
+    tid: int
+    values: tuple[Any, ...] = ()
+    """The head-derived columns as stored (see ``IndexUpdate.index_folder``)."""
+    segments: dict[str, SegmentRow] = field(default_factory=dict)
+
+    @property
+    def head_problem(self) -> str | None:
+        """Why its ``head.json`` could not be read (the head was rebuilt), or None."""
+        return self.values[-1] if self.values else None
+
+
+class IndexUpdate:
+    """The changes of one refresh, applied in the caller's transaction."""
+
+    def __init__(
+        self,
+        index: SearchIndex,
+        conn: sqlite3.Connection,
+        *,
+        defer_recent: bool,
+        recent_size: int,
+    ) -> None:
+        self.index = index
+        # A full pass rebuilds fts_recent at the end instead of feeding it item by item.
+        self.defer_recent = defer_recent
+        self.recent_size = recent_size  # read by the caller, where tests can set it
+        self.root = index.root
+        self.conn = conn
+        self.stats = index.stats
+        self.types: dict[str, int] = {
+            name: tid for tid, name in conn.execute("SELECT id, name FROM types")
+        }
+        self.recent_floor = int(conn.execute("SELECT floor FROM recent").fetchone()[0])
+        # New items always land in fts_recent's range, even after the newest were deleted.
+        (last,) = conn.execute("SELECT coalesce(max(id), 0) FROM docs").fetchone()
+        self.next_doc = max(int(last) + 1, self.recent_floor)
+        self.pending: list[tuple[int, int, int, int, int, str, str, str]] = []
+        self.changed: dict[int, SessionRow] = {}
+        self.recent_stale = False
+        # A full pass looks at every session: load them all at once, not two queries each.
+        self.cache: dict[str, SessionRow] | None = self._load_all() if defer_recent else None
+        row = conn.execute("SELECT value FROM meta WHERE key = 'recent_count'").fetchone()
+        self.recent_count = int(row[0]) if row else 0
+
+    # ---------------------------------------------------------------- sessions
+
+    def _load_all(self) -> dict[str, SessionRow]:
+        sessions: dict[str, SessionRow] = {}
+        by_id: dict[int, SessionRow] = {}
+        for row in self.conn.execute(f"SELECT id, {HEAD_COLUMNS}, session_id FROM sessions"):
+            session = SessionRow(row[0], row[11], row[6], row[4], tuple(row[1:11]))
+            sessions[session.session_id] = by_id[session.id] = session
+        for seg in self.conn.execute(SELECT_SEGMENTS):
+            segment = SegmentRow.from_row(seg)
+            if segment.session in by_id:
+                by_id[segment.session].segments[segment.segment_id] = segment
+        return sessions
+
+    def _load(self, sid: str) -> SessionRow | None:
+        if self.cache is not None:
+            return self.cache.get(sid)
+        row = self.conn.execute(
+            f"SELECT id, {HEAD_COLUMNS} FROM sessions WHERE session_id = ?", (sid,)
+        ).fetchone()
+        if row is None:
+            return None
+        session = SessionRow(row[0], sid, row[6], row[4], tuple(row[1:]))
+        for seg in self.conn.execute(f"{SELECT_SEGMENTS} WHERE session = ?", (row[0],)):
+            segment = SegmentRow.from_row(seg)
+            session.segments[segment.segment_id] = segment
+        return session
+
+    def index_session(self, sid: str, *, watched_only: bool = False) -> None:
+        """Bring one session up to date (after a marker, or while it is watched)."""
+        session = self._load(sid)
+        folder = session.folder if session is not None else self._pointer(sid)
+        if folder is None:
+            return  # deleted before it was ever indexed
+        if watched_only and session is not None:
+            self._index_known_segments(session, folder)
+            return
+        entries = scandir(self.root / folder)
+        self.index_folder(folder, entries, hint=sid)
+
+    def _pointer(self, sid: str) -> str | None:
+        """The session's folder per FsStore's ``.index/sessions`` pointer."""
+        try:
+            return read_pointer(self.root / INDEX / "sessions" / sid)[0]
+        except (OSError, StoreError):  # lost, or damaged: reindex rebuilds it
+            return None
+
+    def index_folder(
+        self, folder: str, entries: list[os.DirEntry[str]], *, hint: str | None
+    ) -> str | None:
+        """Index the session whose folder is ``folder``; return its session id, or None."""
+        self.stats.sessions += 1
+        head, problem = folder_head(self.root / folder)
+        if hint is not None and (head is None or str(head.session_id) != hint):
+            self.drop_session(hint)  # deleted (its folder is gone or holds a newer session)
+        if head is None:
+            if problem is not None:
+                self.index.warn_once(folder, "search index: skipping %s", problem)
+            return None
+        if problem is not None:
+            log.info("search index: %s", problem)  # ``list`` reports it (ContextSummary)
+        try:
+            context = ContextId.parse(head.context)
+        except ValueError:
+            self.index.warn_once(folder, "search index: skipping %s: bad context in head", folder)
+            return None
+        session, changed = self._head_row(folder, head, context, problem)
+        changed = self._index_segments(session, folder, entries) or changed
+        if changed:
+            self.changed[session.id] = session
+        return str(head.session_id)
+
+    def _head_row(
+        self, folder: str, head: PodMetadata, context: ContextId, problem: str | None
+    ) -> tuple[SessionRow, bool]:
+        """The session's row, inserted or brought up to date with ``head``; whether it changed."""
+        sid = str(head.session_id)
+        session = self._load(sid)
+        tid = self._type_id(context.type)
+        values = (
+            str(context),
+            context.type,
+            context.name,
+            tid,
+            head.created_at[:10],
+            folder,
+            str(head.segment_id),
+            head.created_at,
+            head.updated_at,
+            problem,
+        )
+        if session is None:
+            cur = self.conn.execute(INSERT_SESSION, (*values, head.updated_at, sid))
+            session = SessionRow(int(cur.lastrowid or 0), sid, folder, tid, values)
+            if self.cache is not None:
+                self.cache[sid] = session
+            # Another session row claiming the same context is stale: check it.
+            for (other,) in self.conn.execute(
+                "SELECT session_id FROM sessions WHERE type = ? AND name = ? AND id != ?",
+                (context.type, context.name, session.id),
+            ).fetchall():
+                self._check_stale(other)
+            return session, True
+        if session.values == values:
+            return session, False
+        self.conn.execute(UPDATE_SESSION_HEAD, (*values, session.id))
+        session.values = values
+        return session, True
+
+    def _index_segments(
+        self, session: SessionRow, folder: str, entries: list[os.DirEntry[str]]
+    ) -> bool:
+        """Index the segment files among ``entries``, dropping the rows of those gone."""
+        changed = False
+        on_disk: dict[str, os.DirEntry[str]] = {}
+        for entry in entries:
+            segment_id = segment_name(entry.name)
+            if segment_id is not None:
+                on_disk[segment_id] = entry
+        for segment_id in list(session.segments):
+            if segment_id not in on_disk:
+                self._drop_segment(session.segments.pop(segment_id))
+                changed = True
+        for segment_id, entry in sorted(on_disk.items()):
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue
+            changed = self._index_segment(session, folder, segment_id, st) or changed
+        return changed
+
+    def _index_known_segments(self, session: SessionRow, folder: str) -> None:
+        for segment in list(session.segments.values()):
+            try:
+                st = os.stat(self.root / folder / f"{segment.segment_id}{SEGMENT_SUFFIX}")
+            except FileNotFoundError:
+                self.index_folder(folder, scandir(self.root / folder), hint=session.session_id)
+                return
+            if self._index_segment(session, folder, segment.segment_id, st):
+                self.changed[session.id] = session
+
+    def _check_stale(self, sid: str) -> None:
+        row = self.conn.execute(
+            "SELECT folder FROM sessions WHERE session_id = ?", (sid,)
+        ).fetchone()
+        head = folder_head(self.root / row[0])[0] if row is not None else None
+        if head is None or str(head.session_id) != sid:
+            self.drop_session(sid)
+
+    def drop_session(self, sid: str) -> None:
+        """Remove a session that no longer exists, with its segments and items."""
+        session = self._load(sid)
+        if session is None:
+            return
+        for segment in session.segments.values():
+            self._drop_segment(segment)
+        self.conn.execute("DELETE FROM sessions WHERE id = ?", (session.id,))
+        self.changed.pop(session.id, None)
+        if self.cache is not None:
+            self.cache.pop(sid, None)
+
+    def _type_id(self, name: str) -> int:
+        tid = self.types.get(name)
+        if tid is None:
+            cur = self.conn.execute("INSERT INTO types(name) VALUES (?)", (name,))
+            tid = self.types[name] = int(cur.lastrowid or 0)
+        return tid
+
+    # ---------------------------------------------------------------- segments
+
+    def _drop_segment(self, segment: SegmentRow) -> None:
+        self.flush()
+        self._delete_docs("segment = ?", (segment.id,))
+        self.conn.execute("DELETE FROM segments WHERE id = ?", (segment.id,))
+
+    def _delete_docs(self, where: str, args: tuple[object, ...]) -> None:
+        """Remove items from both FTS tables (external content needs the old values), then docs."""
+        self.conn.execute(
+            "INSERT INTO fts(fts, rowid, body, tags) SELECT 'delete', id, body, tags FROM docs "
+            f"WHERE {where} AND body != ''",
+            args,
+        )
+        self.recent_stale = True
+        if not self.defer_recent:
+            recent = f"{where} AND body != '' AND id >= ?"
+            (count,) = self.conn.execute(
+                f"SELECT count(*) FROM docs WHERE {recent}", (*args, self.recent_floor)
+            ).fetchone()
+            self.conn.execute(
+                "INSERT INTO fts_recent(fts_recent, rowid, body, tags) "
+                f"SELECT 'delete', id, body, tags FROM docs WHERE {recent}",
+                (*args, self.recent_floor),
+            )
+            self.recent_count -= count
+        self.conn.execute(f"DELETE FROM docs WHERE {where}", args)
+
+    def _index_segment(
+        self, session: SessionRow, folder: str, segment_id: str, st: os.stat_result
+    ) -> bool:
+        """Read the segment's new complete lines; return whether anything changed.
+
+        Per segment file the index keeps its inode and the byte offset it has read up to
+        (always the end of a complete line): only the bytes appended since are read, and a
+        torn tail is indexed once it is complete. A shrunk or replaced file is read again.
+        """
+        segment = self._segment_row(session, segment_id, st)
+        if st.st_size == segment.size_seen and segment.size_seen:
+            return False
+        path = self.root / folder / f"{segment_id}{SEGMENT_SUFFIX}"
+        try:
+            data, size = _read_from(path, segment.offset)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            data, size = b"", segment.size_seen
+            problem: str | None = f"{path}: unreadable ({exc.strerror or exc})"
+        else:
+            problem = self._read_lines(session, segment, data, path)
+            segment.size_seen = size
+        if segment.offset == 0 and problem is None:  # not even a whole header line yet
+            problem = f"{path}: {'torn header line' if size else 'empty file, no header'}"
+        if problem is not None and problem != segment.problem:
+            log.info("search index: %s", problem)  # ``list`` reports it (ContextSummary)
+        changed = bool(data) or problem != segment.problem
+        segment.problem = problem
+        self.conn.execute(UPDATE_SEGMENT, segment.progress())
+        return changed
+
+    def _segment_row(self, session: SessionRow, segment_id: str, st: os.stat_result) -> SegmentRow:
+        """The segment's row; a new one if it is new, or was replaced or shrunk under us."""
+        segment = session.segments.get(segment_id)
+        if segment is not None and (st.st_ino != segment.ino or st.st_size < segment.offset):
+            # Replaced or shrunk under us (a repair): read it again from the start.
+            self._drop_segment(segment)
+            del session.segments[segment_id]
+            segment = None
+        if segment is None:
+            cur = self.conn.execute(INSERT_SEGMENT, (session.id, segment_id, st.st_ino))
+            segment = SegmentRow(
+                int(cur.lastrowid or 0), session.id, segment_id, st.st_ino, 0, 0, 0, 0, False
+            )
+            session.segments[segment_id] = segment
+        return segment
+
+    def _read_lines(
+        self, session: SessionRow, segment: SegmentRow, data: bytes, path: Path
+    ) -> str | None:
+        """Index the complete lines of ``data`` (the file from the segment's offset on); return
+        why they cannot be read (one line, naming the file), or None."""
+        self.stats.segments_read += 1
+        self.stats.bytes_read += len(data)
+        complete, _ = codec.split_complete(data)
+        if not complete:
+            return None
+        try:
+            self._index_lines(session, segment, complete, str(path))
+        except StoreError as exc:
+            reason = " ".join(str(exc).split())
+            return reason if str(path) in reason else f"{path}: {reason}"
+        segment.offset += len(complete)
+        return None
+
+    def _index_lines(
+        self, session: SessionRow, segment: SegmentRow, complete: bytes, where: str
+    ) -> None:
+        lines = codec.decode_lines(complete, where=where, first_line=segment.next_seq + 1)
+        docs: list[tuple[int, str, str, str]] = []  # seq, role, ts, text
+        seq = segment.next_seq
+        last_ts = segment.last_ts
+        for line in lines:
+            if line["seq"] != seq:
+                raise _corrupt(where, seq, line["seq"])
+            ts = str(line.get("ts", ""))
+            kind = line["kind"]
+            if seq == 0:
+                if kind != "header":
+                    raise CorruptLog(f"{where}:1: the first line is not a segment header")
+                origin = line.get("origin")
+                origin = origin if isinstance(origin, dict) else {}
+                history = line.get("history")
+                segment.continues = origin.get("kind") == "fork" and history is None
+                if segment.continues:
+                    parent, at_seq = origin.get("parent"), origin.get("at_seq")
+                    segment.parent = str(parent) if parent is not None else None
+                    segment.at_seq = at_seq if isinstance(at_seq, int) else None
+                for item in history if isinstance(history, list) else ():
+                    docs.append(_doc(0, item, ts))
+            elif kind in HISTORY_KINDS:
+                docs.append(_doc(seq, line.get("item"), ts))
+            last_ts = ts
+            seq += 1
+        for doc_seq, role, ts, text in docs:
+            self.pending.append(
+                (self.next_doc, segment.id, session.id, session.tid, doc_seq, role, ts, text)
+            )
+            self.next_doc += 1
+        self.stats.items += len(docs)
+        segment.items += len(docs)
+        segment.next_seq = seq
+        segment.last_ts = last_ts
+        if len(self.pending) >= 5000:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write pending items to ``docs`` and both FTS tables."""
+        if not self.pending:
+            return
+        first, last = self.pending[0][0], self.pending[-1][0]
+        texts = sum(1 for row in self.pending if row[-1])
+        self.conn.executemany(INSERT_DOCS, self.pending)
+        self.pending.clear()
+        self.recent_stale = True
+        for table in ("fts",) if self.defer_recent else ("fts", "fts_recent"):
+            self.conn.execute(
+                f"INSERT INTO {table}(rowid, body, tags) SELECT id, body, tags FROM docs "
+                "WHERE id BETWEEN ? AND ? AND body != ''",
+                (first, last),
+            )
+        if not self.defer_recent:
+            self.recent_count += texts
+
+    def finish(self) -> None:
+        """Flush, recompute the changed sessions' summaries and trim ``fts_recent``."""
+        self.flush()
+        for session in self.changed.values():
+            self._summarise(session)
+        if (self.defer_recent and self.recent_stale) or self.recent_count > 2 * self.recent_size:
+            row = self.conn.execute(
+                "SELECT id FROM texts ORDER BY id DESC LIMIT 1 OFFSET ?", (self.recent_size - 1,)
+            ).fetchone()
+            self.recent_floor = int(row[0]) if row else 1
+            self.conn.execute("UPDATE recent SET floor = ?", (self.recent_floor,))
+            self.conn.execute("INSERT INTO fts_recent(fts_recent) VALUES('rebuild')")
+            (self.recent_count,) = self.conn.execute("SELECT count(*) FROM recent_texts").fetchone()
+        self.conn.execute(
+            "INSERT OR REPLACE INTO meta VALUES ('recent_count', ?)", (str(self.recent_count),)
+        )
+
+    def _summarise(self, session: SessionRow) -> None:
+        """Store the head's message count and last activity, as a restore would find them,
+        and the session's first problem (see :attr:`ContextSummary.problem`)."""
+        row = self.conn.execute(
+            "SELECT head, folder FROM sessions WHERE id = ?", (session.id,)
+        ).fetchone()
+        if row is None:
+            return
+        problems = [session.head_problem or ""]
+        head = session.segments.get(row[0])
+        if head is None:
+            problems.append(f"{self.root / row[1] / HEAD}: its segment {row[0]} does not exist")
+        problems += [session.segments[sid].problem or "" for sid in sorted(session.segments)]
+        problem = next((p for p in problems if p), None)
+        count = 0
+        segment: SegmentRow | None = head
+        stop: int | None = None
+        for _ in range(10_000):  # a fork chain; bounded in case of a cycle in damaged headers
+            if segment is None:
+                break
+            if stop is None:
+                count += segment.items
+            else:
+                count += self.conn.execute(
+                    "SELECT count(*) FROM docs WHERE segment = ? AND seq <= ?",
+                    (segment.id, stop),
+                ).fetchone()[0]
+            if not segment.continues or segment.parent is None:
+                break
+            stop = segment.at_seq if segment.at_seq is not None else -1
+            segment = session.segments.get(str(segment.parent))
+        self.conn.execute(
+            "UPDATE sessions SET message_count = ?, last_active = coalesce(?, last_active), "
+            "problem = ? WHERE id = ?",
+            (count, head.last_ts if head is not None else None, problem, session.id),
+        )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _doc(seq: int, item: Any, ts: str) -> tuple[int, str, str, str]:
+    """(seq, role, ts, text as indexed) for one history item."""
+    if not isinstance(item, Mapping):
+        return seq, "other", ts, ""
+    role = item.get("role")
+    if role not in ROLES:
+        role = "other"
+    try:
+        text = item_text(item)
+    except (AttributeError, TypeError):
+        text = ""
+    return seq, str(role), ts, prepare_text(text) if isinstance(text, str) else ""
+
+
+def _corrupt(where: str, expected: int, got: object) -> StoreError:
+    return CorruptLog(f"{where}: seq {got} out of order (expected {expected})")
+
+
+def _read_from(path: Path, offset: int) -> tuple[bytes, int]:
+    """The bytes of ``path`` from ``offset`` on, and its size, read under a shared lock."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # never read a write in progress
+        size = os.fstat(fd).st_size
+        chunks = []
+        position = offset
+        while position < size:
+            chunk = os.pread(fd, size - position, position)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            position += len(chunk)
+        return b"".join(chunks), size
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def folder_head(folder: Path) -> tuple[PodMetadata | None, str | None]:
+    """The head record of a session folder, as FsStore reads it, and what is wrong with it.
+
+    A missing ``head.json`` is rebuilt from the segments (no problem: the head is derived);
+    an unreadable or invalid one, or one naming a segment that is not there, is rebuilt too,
+    and the problem names it. Returns (None, problem) when no head can be found or rebuilt,
+    the problem None when the folder holds no segment either (a context being deleted).
+    """
+    try:
+        return head_of(folder, read_errors=True)
+    except FileNotFoundError:
+        return None, None
+    except (StoreError, OSError) as exc:
+        return None, " ".join(str(exc).split())
+
+
+def scandir(path: str | Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as it:
+            return list(it)
+    except (FileNotFoundError, NotADirectoryError):
+        return []

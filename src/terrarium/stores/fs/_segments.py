@@ -1,0 +1,183 @@
+"""Segment files on disk: opened without following links, read up to their last whole append.
+
+**Torn tails.** A writer killed mid-``write`` (or a full disk) can leave bytes after the last
+complete append (:func:`terrarium.codec.split_complete`). Reading never changes a byte: a torn
+tail is reported and skipped. A writer that finds one (:func:`scan_tail`, under the file's
+lock) copies it to ``{segment}.jsonl.torn-{offset}`` (``.2``, ``.3``... if that offset tore
+before), truncates it away and logs it before it appends. A segment whose header line is
+incomplete is damaged, not torn: it is reported, never moved.
+
+**Nothing outside the root.** Files are opened with ``O_NOFOLLOW``: a symbolic link inside the
+store is refused, never followed. Side files (torn tails, unreadable heads, salvaged lines) are
+new files beside the original, never overwriting another (:mod:`terrarium.stores._files`).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import mmap
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from terrarium import codec
+from terrarium.errors import CorruptLog, SegmentNotFound, StoreError
+from terrarium.model import SegmentId, TornTail
+from terrarium.stores._files import link_free, write_beside
+
+log = logging.getLogger(__name__)
+
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_segment(path: Path, flags: int, segment_id: SegmentId | None) -> int:
+    """Open a segment file without following a link; name what is wrong if it cannot be."""
+    try:
+        return os.open(path, flags | _NOFOLLOW)
+    except FileNotFoundError:
+        raise SegmentNotFound(
+            f"segment {segment_id or path.stem} does not exist ({path})"
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreError(f"{path} is a symbolic link: terrarium never follows one") from None
+        raise
+
+
+def read_file(path: Path) -> bytes:
+    """The bytes of ``path``, refusing a symbolic link (``FileNotFoundError`` if missing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreError(f"{path} is a symbolic link: terrarium never follows one") from None
+        raise
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """Decode a segment file's first line (reading no further than needed)."""
+    fd = open_segment(path, os.O_RDONLY, None)
+    try:
+        buf = b""
+        chunk = 65536
+        while b"\n" not in buf:
+            more = os.pread(fd, chunk, len(buf))
+            if not more:
+                raise CorruptLog(f"{path}: damaged segment: {no_header(len(buf))}")
+            buf += more
+            chunk *= 2
+    finally:
+        os.close(fd)
+    line = buf[: buf.index(b"\n") + 1]
+    header = codec.decode_lines(line, where=str(path), first_seq=0)[0]
+    if header.get("kind") != "header":
+        raise CorruptLog(f"{path}:1: the first line is not a segment header")
+    return header
+
+
+def read_complete(fd: int, path: Path, segment_id: SegmentId) -> tuple[Any, TornTail | None]:
+    """The complete appends of an open segment file, and its torn tail if it has one.
+
+    A file that ends in a complete append (the common case) is returned as a memory map:
+    decoding from it saves a copy, and it is safe because no writer ever truncates a file
+    below the end of a complete append. A tail that looks torn is read again under a shared
+    lock, which waits for a write in progress: only a tail still torn then is one.
+    """
+    size = os.fstat(fd).st_size
+    last = os.pread(fd, 2, max(0, size - 2))
+    if last.endswith(b"\n") and not last.endswith(b" \n"):
+        return mmap.mmap(fd, size, access=mmap.ACCESS_READ), None
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        data = os.pread(fd, os.fstat(fd).st_size, 0)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    end = codec.complete_end(data)
+    if end == 0:
+        raise CorruptLog(f"{path}: damaged segment: {no_header(len(data))}")
+    if end == len(data):
+        return data, None
+    return data[:end], TornTail(segment_id, end, len(data) - end, None)
+
+
+def scan_tail(fd: int, path: Path, segment_id: SegmentId) -> tuple[int, int, TornTail | None]:
+    """With the file locked: set aside a torn tail; return (size, next seq, torn tail).
+
+    Raises:
+        CorruptLog: the header line is incomplete (a damaged segment: nothing is moved),
+            or the last line is not an entry.
+    """
+    size = os.fstat(fd).st_size
+    chunk = 4096
+    while True:
+        start = max(0, size - chunk)
+        buf = os.pread(fd, size - start, start)
+        complete_end = codec.complete_end(buf)
+        if start > 0 and buf.rfind(b"\n", 0, max(complete_end - 1, 0)) < 0:
+            # The last complete line (or the torn append before it) began before what
+            # we read.
+            chunk *= 4
+            continue
+        break
+    if start == 0 and complete_end == 0:
+        raise CorruptLog(f"{path}: damaged segment: {no_header(size)}")
+    torn = None
+    if complete_end < len(buf):
+        offset, data = start + complete_end, buf[complete_end:]
+        torn = TornTail(segment_id, offset, len(data), move_torn(path, fd, offset, data))
+        size = offset
+    body = buf[:complete_end]
+    last = body[body.rfind(b"\n", 0, len(body) - 1) + 1 :]
+    try:
+        seq = codec.decode(last)["seq"]
+    except Exception as exc:
+        raise CorruptLog(f"{path}: the last line is not a valid entry ({exc})") from None
+    return size, int(seq) + 1, torn
+
+
+def no_header(size: int) -> str:
+    if size == 0:
+        return "the file is empty (no header line)"
+    return f"its header line is incomplete ({size} bytes, no newline)"
+
+
+def move_torn(path: Path, fd: int, offset: int, data: bytes) -> str:
+    """Copy torn bytes at ``offset`` to a new side file, truncate them away; return its path."""
+    base = f"torn-{offset}"
+    side = write_side(path, data, lambda n: base if n == 1 else f"{base}.{n}")
+    os.ftruncate(fd, offset)
+    log.warning("%s: set aside %d torn bytes at offset %d to %s", path, len(data), offset, side)
+    return side
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Rename ``path`` to a new ``{name}.{why}-{n}`` beside it (never over another)."""
+    side = link_free(path, path, lambda n: f"{why}-{n}")
+    os.unlink(path)
+    return side
+
+
+def write_side(path: Path, data: bytes, suffix: Callable[[int], str]) -> str:
+    """Copy ``data`` to a new side file ``{name}.{suffix(n)}`` beside ``path``; its path."""
+    return str(write_beside(path, data, suffix))
+
+
+def os_reason(exc: OSError) -> str:
+    """An OS error as the user should read it: a full disk is named as one."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "the disk is full"
+    return one_line(exc)
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

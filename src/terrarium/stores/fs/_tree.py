@@ -1,0 +1,200 @@
+"""Finding a context's folder: the index pointers, the date folders, and the root's bounds.
+
+``.index/contexts/{type}/{name}`` and ``.index/sessions/{session}`` are pointers (a small JSON
+record naming the folder and its context) so that resolving a context walks no date folders.
+They are derived: a context whose pointer is missing is looked for in its type's date folders
+before it is ever taken to be new, and ``reindex()`` rebuilds them all from a walk.
+
+**Nothing outside the root.** Every folder is checked to resolve inside the root before it is
+read (:meth:`Tree._inside`), and a pointer must name the ``{type}/{date}/{name}`` folder of its
+own context: a link or a forged pointer never leads terrarium out of its root.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from terrarium import codec
+from terrarium.errors import CorruptLog, StoreError
+from terrarium.model import ContextId, SessionId, decode_name
+from terrarium.stores._files import listdir, open_private, write_all
+from terrarium.stores.base import PodMetadata
+from terrarium.stores.fs._heads import head_of
+from terrarium.stores.fs._layout import DATE_RE, INDEX, real_dir
+from terrarium.stores.fs._segments import one_line, read_file
+
+_MAX_CHECKED = 65_536  # folders whose place inside the root is remembered (see _inside)
+
+
+@dataclass(frozen=True, slots=True)
+class ContextFolder:
+    """A folder of the tree that holds a context's files, as a walk of the tree finds it."""
+
+    context: ContextId
+    folder: Path
+    head: PodMetadata | None
+    """Its head record (read, or rebuilt from the segments), or None if neither works."""
+    problem: str | None = None
+    """Why the head is not as stored: one line naming the file, or None when it is."""
+
+
+class Tree:
+    """The folders under one ``FsStore`` root, read from the files (this class writes none)."""
+
+    def __init__(self, root: Path) -> None:
+        """Read the tree at ``root`` (an absolute path to an existing folder)."""
+        self.root = root
+        self._real_root = os.path.realpath(root)
+        self._inside_cache: set[Path] = set()
+
+    def _index_path(self, context: ContextId) -> Path:
+        return self.root / INDEX / "contexts" / context.type / context.encoded_name
+
+    def _session_index_path(self, session_id: SessionId) -> Path:
+        return self.root / INDEX / "sessions" / str(session_id)
+
+    def _inside(self, folder: Path) -> Path:
+        """Return ``folder`` if it resolves inside the root (links and all); else refuse.
+
+        Checks that succeed are remembered: a folder of the tree is checked once a process.
+        """
+        if folder in self._inside_cache:
+            return folder
+        real = os.path.realpath(folder)
+        if real != self._real_root and not real.startswith(self._real_root + os.sep):
+            raise StoreError(
+                f"{folder} leads outside the store (to {real}): terrarium never follows a "
+                "link out of its root"
+            )
+        if len(self._inside_cache) >= _MAX_CHECKED:
+            self._inside_cache.clear()
+        self._inside_cache.add(folder)
+        return folder
+
+    def indexed_folder(self, context: ContextId) -> Path | None:
+        """The folder the index names for ``context`` (None if it names none); reads only.
+
+        Raises:
+            CorruptLog: the index entry is unreadable or names a folder not the context's.
+            StoreError: that folder leads outside the root.
+        """
+        try:
+            return self._pointer_folder(self._index_path(context), context)
+        except FileNotFoundError:
+            return None
+
+    def _pointer_folder(self, pointer: Path, context: ContextId | None) -> Path:
+        """The folder an index entry names, checked to be that context's folder in the root."""
+        rel, named = read_pointer(pointer)
+        try:
+            owner = ContextId.parse(named) if context is None else context
+        except ValueError:
+            raise CorruptLog(f"{pointer}: names no valid context; run reindex") from None
+        parts = rel.split("/")
+        if (
+            len(parts) != 3
+            or parts[0] != owner.type
+            or parts[2] != owner.encoded_name
+            or not DATE_RE.fullmatch(parts[1])
+        ):
+            raise CorruptLog(
+                f"{pointer}: names folder {rel!r}, which is not a folder of {owner}; "
+                "run reindex to rebuild the index"
+            )
+        return self._inside(self.root.joinpath(*parts))
+
+    def _find_folder(self, context: ContextId) -> ContextFolder | None:
+        """Look for ``context`` in its type's date folders (when the index has no entry).
+
+        Two folders can hold one context only if an older terrarium split it after losing its
+        index; the most recently active one is taken and ``fsck`` reports the other.
+        """
+        type_dir = self.root / context.type
+        if not real_dir(type_dir):
+            return None
+        found = [
+            entry
+            for date in sorted(listdir(type_dir))
+            if DATE_RE.fullmatch(date) and real_dir(type_dir / date)
+            for entry in [self._context_folder(context, type_dir / date)]
+            if entry is not None
+        ]
+        if not found:
+            return None
+        return max(found, key=lambda e: e.head.updated_at if e.head is not None else "")
+
+    def _context_folder(self, context: ContextId, parent: Path) -> ContextFolder | None:
+        """``parent/{name}`` as the context's folder, if it is one (a folder, not a link).
+
+        A folder whose head names another context (``cli:Main`` on a case-insensitive disk
+        where ``cli:main`` lives) is not this context's. A folder whose head can be neither
+        read nor rebuilt is returned with its problem: it is damaged, not missing.
+        """
+        folder = self._inside(parent / context.encoded_name)  # before reading anything in it
+        try:
+            head, problem = head_of(folder)
+        except FileNotFoundError:
+            return None  # no head.json and no segment: not a context folder
+        except CorruptLog as exc:
+            return ContextFolder(context, folder, None, str(exc))
+        if head.context != str(context):
+            return None
+        return ContextFolder(context, folder, head, problem)
+
+    def walk(self) -> Iterator[ContextFolder]:
+        """Every context folder of the tree, read from the files (not the index).
+
+        Folders are visited in ``{type}/{date}/{name}`` order; links are never followed.
+        What is not a context folder (legacy ``.json`` files, stray files) is skipped.
+        """
+        for kind in sorted(listdir(self.root)):
+            if kind.startswith(".") or not real_dir(self.root / kind):
+                continue
+            for date in sorted(listdir(self.root / kind)):
+                if not DATE_RE.fullmatch(date) or not real_dir(self.root / kind / date):
+                    continue
+                for encoded in sorted(listdir(self.root / kind / date)):
+                    try:
+                        context = ContextId(kind, decode_name(encoded))
+                    except ValueError:
+                        continue
+                    if context.encoded_name != encoded:
+                        continue  # not a name this store writes
+                    try:
+                        entry = self._context_folder(context, self.root / kind / date)
+                    except StoreError as exc:  # a link out of the root, say: reported
+                        folder = self.root / kind / date / encoded
+                        entry = ContextFolder(context, folder, None, str(exc))
+                    if entry is not None:
+                        yield entry
+
+
+def pointer(context: ContextId, rel: str) -> bytes:
+    """An index entry: the folder (relative to the root) holding ``context``."""
+    return codec.encode({"path": rel, "context": str(context)})
+
+
+def read_pointer(path: Path) -> tuple[str, str]:
+    """Read an index entry; return the folder it names (relative to the root) and context."""
+    raw = read_file(path)
+    try:
+        record = codec.decode(raw)
+        folder, context = record["path"], record.get("context", "")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        folder, context = exc, ""
+    if not isinstance(folder, str) or not folder or not isinstance(context, str):
+        reason = one_line(folder) if isinstance(folder, Exception) else "no folder named"
+        raise CorruptLog(f"{path}: not a valid index entry ({reason}); run reindex to rebuild it")
+    return folder, context
+
+
+def write_pointer(path: Path, data: bytes) -> None:
+    """Write an index entry in place (into a fresh index being built, which no one reads)."""
+    fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW)
+    try:
+        write_all(fd, data)
+    finally:
+        os.close(fd)

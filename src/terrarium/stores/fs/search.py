@@ -1,0 +1,628 @@
+"""Full-text search and fast listing for ``FsStore``: a derived SQLite FTS5 index.
+
+The index lives beside the sessions in ``.index/search.db`` (WAL, ``0600`` like its ``-wal``
+and ``-shm``). It owns nothing: delete it and the next search rebuilds it from the segment
+files; ``FsStore.reindex()`` (``terrarium reindex``) rebuilds it in place. Every history item
+of every segment is a row (:mod:`terrarium.stores.fs._refresh`), one session a row of
+``sessions`` with its message count and last activity, so a listing reads no file.
+
+Trade-off: writers never touch the database; they leave a dirty marker per changed session
+(:func:`mark_dirty`), and a search or listing first brings the index up to date
+(:meth:`SearchIndex.refresh`): an idle refresh costs a ``scandir`` of an empty folder and one
+indexed query (~10 µs), a marked session with one new message ~0.5 ms, where a walk that
+``stat``\\s every session folder costs 3.5 s at 100k sessions. When the index cannot be brought
+up to date (busy, disk full, read-only and behind) it raises
+:class:`~terrarium.errors.IndexUnavailable` and the callers answer from the files.
+
+Usage::
+
+    index = SearchIndex(root)  # what FsStore.search_index opens
+    hits = index.search(SearchQuery("deploy", role="user"))
+    contexts = index.list_contexts("cli")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+from terrarium.errors import IndexUnavailable
+from terrarium.model import ContextId, SegmentId, SessionId
+from terrarium.stores import _db
+from terrarium.stores._files import listdir, make_dirs, open_private
+from terrarium.stores.base import ContextSummary, SearchHit, SearchQuery
+from terrarium.stores.fs._layout import HEAD, INDEX, SEGMENT_SUFFIX, is_uuid, segment_name
+from terrarium.stores.fs._refresh import IndexStats, IndexUpdate, scandir
+from terrarium.stores.fs._sql import LISTING, SCHEMA, WATCHED_SEGMENTS
+from terrarium.stores.fts import (
+    Fts5Tables,
+    Ranker,
+    assemble_hits,
+    body_match,
+    check_query,
+    fts5_phrases,
+)
+from terrarium.text import (
+    ELLIPSIS,
+    HIGHLIGHT_CLOSE,
+    HIGHLIGHT_OPEN,
+    SNIPPET_TOKENS,
+    query_terms,
+)
+
+__all__ = ["DB_NAME", "IndexStats", "SearchIndex", "dirty_dir", "mark_dirty"]
+
+log = logging.getLogger(__name__)
+
+#: Bump when the schema changes: an index of another version is dropped and rebuilt.
+SCHEMA_VERSION = 4
+#: An append marks its session at most this often per open segment (seconds).
+MARK_EVERY = 5.0
+#: How long a claimed session stays watched (seconds). Must exceed 2 x ``MARK_EVERY``.
+WATCH_SECONDS = 15.0
+#: How many of the most recent items ``fts_recent`` holds (it is rebuilt at twice that).
+RECENT_SIZE = 50_000
+#: Seconds an update waits for another process's update before searching what is there.
+BUSY_TIMEOUT = 30.0
+#: Merge the FTS b-trees after a refresh that indexed at least this many items.
+_OPTIMIZE_AFTER = 20_000
+
+DB_NAME = "search.db"
+_DIRTY = "dirty"
+_CLAIMED = ".claimed-"
+_T = TypeVar("_T")
+
+
+def dirty_dir(root: Path) -> Path:
+    """Where writers leave dirty markers."""
+    return root / INDEX / _DIRTY
+
+
+def mark_dirty(root: Path, session_id: SessionId) -> None:
+    """Tell the search index that ``session_id`` changed: an empty file named after it.
+
+    Creating a context or segment, moving a head and deleting a context always mark the
+    session; an append marks it at most once per ``MARK_EVERY`` seconds per open segment (a
+    ``stat``, and an ``open`` when the marker is missing), so the append path stays a lock, an
+    ``fstat`` and a ``write``. The mark follows the write, so it never precedes data it
+    announces; a process killed between the two leaves a write that ``refresh(full=True)`` or
+    ``reindex()`` finds, as they find writes that bypass ``FsStore`` (a restored backup).
+    """
+    path = dirty_dir(root) / str(session_id)
+    try:
+        os.stat(path)
+        return
+    except FileNotFoundError:
+        pass
+    try:
+        fd = open_private(path, os.O_WRONLY | os.O_CREAT)
+    except FileNotFoundError:
+        make_dirs(path.parent)
+        fd = open_private(path, os.O_WRONLY | os.O_CREAT)
+    os.close(fd)
+
+
+class SearchIndex:
+    """The derived search and listing index of one ``FsStore`` root (module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str], *, clock: Callable[[], float] = time.time):
+        """Open the index of the sessions under ``root`` (it is created on first use).
+
+        Args:
+            root: the ``FsStore`` root.
+            clock: wall-clock seconds, for the watch window (tests pass a fake).
+        """
+        self.root = Path(root).absolute()
+        self.path = self.root / INDEX / DB_NAME
+        self.clock = clock
+        self.stats = IndexStats()
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self._ino: int | None = None
+        self.readonly = False
+        """Whether the index was opened read-only (it then serves only while current)."""
+        self.readonly_reason: str | None = None
+        """Why it was opened read-only (``read-only``, or a full disk), for messages."""
+        self._warned: set[str] = set()
+        self._ranker = Ranker(Fts5Tables(recent="fts_recent", docs="docs"))
+
+    def __repr__(self) -> str:
+        return f"SearchIndex({str(self.root)!r})"
+
+    # ------------------------------------------------------------------ connection
+
+    def _connection(self) -> sqlite3.Connection:
+        """The open connection; reopened if the file was deleted or replaced.
+
+        A database that is missing or replaced is reopened (and built), one of another schema
+        version rebuilt. One that cannot be opened for writing (read-only, or a full disk) is
+        opened read-only and still serves while it is current: built, no dirty marker
+        waiting, no watched segment file changed (:meth:`_behind`).
+
+        Raises:
+            IndexUnavailable: the index cannot be opened (see "Failures" in the module
+                docstring); a corrupt one is deleted and rebuilt first.
+        """
+        if self._conn is not None:
+            try:
+                ino = os.stat(self.path).st_ino
+            except FileNotFoundError:
+                ino = None
+            if ino == self._ino:
+                return self._conn
+            log.info("%s was deleted or replaced: reopening it", self.path)
+            self._close_connection()
+        self.readonly_reason = None if _db.writable(self.path) else "read-only"
+        try:
+            conn = self._open(readonly=self.readonly_reason is not None)
+        except (sqlite3.Error, OSError) as exc:
+            conn = self._reopen(exc)
+        self._conn = conn
+        self._ino = os.stat(self.path).st_ino
+        return conn
+
+    def _reopen(self, exc: BaseException) -> sqlite3.Connection:
+        """After the open failed with ``exc``: rebuild a corrupt index; open a full disk's
+        read-only (it serves while it is current); else raise IndexUnavailable."""
+        found = _db.kind(exc, self.path)
+        if self.readonly_reason is not None or found not in ("corrupt", "full", "readonly"):
+            raise self._unavailable(exc) from exc
+        if found == "corrupt":
+            log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
+            self._delete_files()
+        else:
+            self.readonly_reason = _db.describe(exc, self.path)
+        try:
+            return self._open(readonly=self.readonly_reason is not None)
+        except (sqlite3.Error, OSError) as again:
+            raise self._unavailable(again) from again
+
+    def _open(self, *, readonly: bool) -> sqlite3.Connection:
+        """Open the index, creating it (``0600``) and its schema if it is writable."""
+        if not readonly:
+            _db.create_private(self.path)
+        conn = _db.connect(self.path, timeout=BUSY_TIMEOUT, readonly=readonly)
+        try:
+            if not readonly:
+                _db.enable_wal(conn, BUSY_TIMEOUT)
+                conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA temp_store=MEMORY")
+            conn.execute("PRAGMA cache_size=-32000")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version != SCHEMA_VERSION:
+                if readonly:
+                    raise IndexUnavailable(
+                        f"{self.path}: {self.readonly_reason or 'read-only'}, and of schema "
+                        f"version {version}, not {SCHEMA_VERSION}"
+                    )
+                self._create_schema(conn, version)
+            conn.execute("SELECT count(*) FROM meta").fetchone()
+        except BaseException:
+            conn.close()
+            raise
+        self.readonly = readonly
+        return conn
+
+    def _unavailable(self, exc: BaseException) -> IndexUnavailable:
+        """The error that says why the index cannot serve now (``exc`` in one line)."""
+        if isinstance(exc, IndexUnavailable):
+            return exc
+        return IndexUnavailable(f"{self.path}: {_db.describe(exc, self.path)}")
+
+    def _create_schema(self, conn: sqlite3.Connection, version: int) -> None:
+        """Drop whatever the database holds and create the schema (unless another process
+        created it meanwhile): the index is derived, so another version is rebuilt."""
+
+        def create() -> None:
+            if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+                return  # another process created it meanwhile
+            if version:
+                log.info("search index schema %s is not %s: rebuilding", version, SCHEMA_VERSION)
+            for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'view'"
+            ).fetchall():
+                conn.execute(f'DROP VIEW IF EXISTS "{name}"')
+            # Virtual tables first: dropping one drops its shadow tables.
+            for virtual in (True, False):
+                for (name,) in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' "
+                    "AND name NOT LIKE 'sqlite%' AND (sql LIKE 'CREATE VIRTUAL%') = ?",
+                    (virtual,),
+                ).fetchall():
+                    conn.execute(f'DROP TABLE IF EXISTS "{name}"')
+            for statement in SCHEMA:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+        _transaction(conn, create)
+
+    def _delete_files(self) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{self.path}{suffix}")
+
+    def _close_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+            self._ino = None
+
+    def close(self) -> None:
+        """Close the database connection (the index can be reopened by using it again)."""
+        with self._lock:
+            self._close_connection()
+
+    def __enter__(self) -> SearchIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ refresh
+
+    def refresh(self, *, full: bool = False) -> bool:
+        """Bring the index up to date with the files; return True if it looked at any.
+
+        Args:
+            full: also walk every session folder (finds writes that bypassed ``FsStore``).
+
+        Raises:
+            IndexUnavailable: it cannot be brought up to date (see "Failures").
+        """
+        with self._lock:
+            return self._guarded(lambda: self._refresh(full=full))
+
+    def rebuild(self) -> int:
+        """Drop everything and index every session afresh; return the sessions indexed.
+
+        Raises:
+            IndexUnavailable: the index cannot be written (see "Failures").
+        """
+        with self._lock:
+            return self._guarded(self._rebuild)
+
+    def _guarded(self, run: Callable[[], _T], *, retry: bool = False) -> _T:
+        """``run()``, with a failing database turned into :class:`IndexUnavailable`.
+
+        Only an index that SQLite reports corrupt (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``) is
+        deleted, with its ``-wal`` and ``-shm``; with ``retry`` ``run`` is called once more,
+        which rebuilds it from the files. A lock held by another process past
+        ``BUSY_TIMEOUT``, a full disk (``SQLITE_FULL``, or an I/O error on a file system with
+        no space left) and a read-only file, folder or mount never are: they raise
+        :class:`IndexUnavailable`, naming the cause, and the callers answer from the log
+        (:func:`terrarium.search.search` scans it, ``MultiContextManager.list_all_contexts``
+        restores each context).
+        """
+        for attempt in (1, 2):
+            try:
+                return run()
+            except (sqlite3.Error, OSError) as exc:
+                if _db.kind(exc) != "corrupt" or self.readonly:
+                    raise self._unavailable(exc) from exc
+                log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
+                self._close_connection()
+                self._delete_files()
+                if not retry or attempt == 2:
+                    raise self._unavailable(exc) from exc
+        raise AssertionError("unreachable")
+
+    def _refresh(self, *, full: bool) -> bool:
+        conn = self._connection()
+        if self.readonly:
+            behind = self._behind(conn)
+            if behind is not None:
+                raise IndexUnavailable(f"{self.path}: {self.readonly_reason}, and {behind}")
+            return False
+        built = conn.execute("SELECT 1 FROM meta WHERE key = 'built'").fetchone()
+        full = full or built is None
+        markers = listdir(dirty_dir(self.root))
+        now = self.clock()
+        if not (full or markers or self._watch_needs_work(conn, now)):
+            return False
+        items = self.stats.items
+        claimed = _transaction(conn, lambda: self._update(conn, full=full, now=now))
+        for path in claimed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if self.stats.items - items >= _OPTIMIZE_AFTER:
+            self._optimize(conn)
+        return True
+
+    def _behind(self, conn: sqlite3.Connection) -> str | None:
+        """Why the index may miss something the files hold, or None if it holds it all."""
+        if conn.execute("SELECT 1 FROM meta WHERE key = 'built'").fetchone() is None:
+            return "never built"
+        if listdir(dirty_dir(self.root)) or self._watch_needs_work(conn, None):
+            return "behind the session files (sessions changed since it was last updated)"
+        return None
+
+    def _rebuild(self) -> int:
+        conn = self._connection()
+
+        def rebuild() -> list[Path]:
+            for table in ("fts", "fts_recent"):
+                conn.execute(f"INSERT INTO {table}({table}) VALUES('delete-all')")
+            for table in ("docs", "segments", "sessions", "types", "meta"):
+                conn.execute(f"DELETE FROM {table}")
+            conn.execute("UPDATE recent SET floor = 1")
+            return self._update(conn, full=True, now=self.clock())
+
+        for path in _transaction(conn, rebuild):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self._optimize(conn)
+        return int(conn.execute("SELECT count(*) FROM sessions").fetchone()[0])
+
+    def _optimize(self, conn: sqlite3.Connection) -> None:
+        """Merge the FTS b-trees and truncate the WAL after a large update."""
+        for table in ("fts", "fts_recent"):
+            conn.execute(f"INSERT INTO {table}({table}) VALUES('optimize')")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def _watch_needs_work(self, conn: sqlite3.Connection, now: float | None) -> bool:
+        """True if a watched session's watch ended (unless ``now`` is None) or one of its
+        segment files changed."""
+        rows = conn.execute(WATCHED_SEGMENTS).fetchall()
+        for folder, until, segment_id, ino, size in rows:
+            if now is not None and until < now:
+                return True
+            if segment_id is None:
+                continue
+            try:
+                st = os.stat(self.root / folder / f"{segment_id}{SEGMENT_SUFFIX}")
+            except FileNotFoundError:
+                return True
+            if st.st_ino != ino or st.st_size != size:
+                return True
+        return False
+
+    def _update(self, conn: sqlite3.Connection, *, full: bool, now: float) -> list[Path]:
+        """Inside a write transaction: claim markers, index what changed; return the claims.
+
+        A refresh claims markers by renaming them (atomic: a writer marking at the same time
+        creates a fresh one) and *watches* each claimed session for ``WATCH_SECONDS``
+        (> 2 x ``MARK_EVERY``): every refresh in that window ``stat``\\s the session's segment
+        files, and the first refresh after it reads the session one last time. An append that a
+        writer did not mark is therefore covered by the watch its last mark started, and the
+        next append after the watch ends marks again. Trade-off: right after a bulk import
+        every imported session is watched for ``WATCH_SECONDS``, so refreshes cost a ``stat``
+        per session for that long.
+        """
+        self.stats.refreshes += 1
+        work = IndexUpdate(self, conn, defer_recent=full, recent_size=RECENT_SIZE)
+        claimed = self._claim_markers()
+        claimed_ids = {sid for sid, _ in claimed}
+        until = now + WATCH_SECONDS
+        if full:
+            seen: set[str] = set()
+            for folder, entries in self._walk():
+                sid = work.index_folder(folder, entries, hint=None)
+                if sid is not None:
+                    seen.add(sid)
+            for (sid,) in conn.execute("SELECT session_id FROM sessions").fetchall():
+                if sid not in seen:
+                    work.drop_session(sid)
+            conn.execute("UPDATE sessions SET watch_until = NULL WHERE watch_until < ?", (now,))
+        else:
+            for sid in sorted(claimed_ids):
+                work.index_session(sid)
+            for sid, until_before in conn.execute(
+                "SELECT session_id, watch_until FROM sessions WHERE watch_until IS NOT NULL"
+            ).fetchall():
+                if sid in claimed_ids:
+                    continue
+                work.index_session(sid, watched_only=True)
+                if until_before < now:
+                    conn.execute(
+                        "UPDATE sessions SET watch_until = NULL WHERE session_id = ?", (sid,)
+                    )
+        conn.executemany(
+            "UPDATE sessions SET watch_until = ? WHERE session_id = ?",
+            [(until, sid) for sid in claimed_ids],
+        )
+        work.finish()
+        if full:
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('built', ?)", (str(now),))
+        return [path for _, path in claimed]
+
+    def _claim_markers(self) -> list[tuple[str, Path]]:
+        """Rename every marker to a claimed name; return (session id, claimed path) pairs."""
+        folder = dirty_dir(self.root)
+        out = []
+        for name in listdir(folder):
+            sid, _, claim = name.partition(_CLAIMED)
+            path = folder / name
+            if not is_uuid(sid):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                continue
+            if not claim:  # a crashed or just-finished refresh may have left claimed ones
+                claimed = folder / f"{sid}{_CLAIMED}{uuid.uuid4().hex}"
+                try:
+                    os.rename(path, claimed)
+                except FileNotFoundError:
+                    continue
+                path = claimed
+            out.append((str(uuid.UUID(sid)), path))
+        return out
+
+    def _walk(self) -> Iterator[tuple[str, list[os.DirEntry[str]]]]:
+        """Every session folder (relative path) with its entries, least recently written first."""
+        found: list[tuple[float, str, list[os.DirEntry[str]]]] = []
+        for kind in scandir(self.root):
+            if kind.name.startswith(".") or not kind.is_dir(follow_symlinks=False):
+                continue
+            for date in scandir(kind.path):
+                if not date.is_dir(follow_symlinks=False):
+                    continue
+                for session in scandir(date.path):
+                    if not session.is_dir(follow_symlinks=False):
+                        continue
+                    entries = scandir(session.path)
+                    newest = 0.0
+                    found_any = False  # a head, or segments to rebuild it from
+                    for entry in entries:
+                        if entry.name == HEAD:
+                            found_any = True
+                        elif segment_name(entry.name) is not None:
+                            found_any = True
+                            with contextlib.suppress(FileNotFoundError):
+                                newest = max(newest, entry.stat().st_mtime)
+                    if found_any:
+                        rel = f"{kind.name}/{date.name}/{session.name}"
+                        found.append((newest, rel, entries))
+        found.sort(key=lambda item: (item[0], item[1]))
+        for _, rel, entries in found:
+            yield rel, entries
+
+    def warn_once(self, key: str, message: str, *args: object) -> None:
+        """Log a warning once per key and process (a corrupt file is seen on every refresh)."""
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
+
+    # ------------------------------------------------------------------ queries
+
+    def search(self, query: SearchQuery) -> list[SearchHit]:
+        """Ranked hits for ``query``, after bringing the index up to date.
+
+        Raises:
+            InvalidQuery: nothing to search for, or an invalid filter.
+            InvalidContextId: ``query.context`` is not ``type:name``.
+            IndexUnavailable: the index cannot be brought up to date (see "Failures").
+        """
+        q = check_query(query)
+        terms = query_terms(q.text)
+        with self._lock:
+            return self._guarded(
+                lambda: self._read(lambda conn: self._search(conn, q, terms)), retry=True
+            )
+
+    def _read(self, read: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``read`` on one snapshot of the index, once it is up to date."""
+        self._refresh(full=False)
+        conn = self._connection()
+        conn.execute("BEGIN")
+        try:
+            return read(conn)
+        finally:
+            conn.execute("COMMIT")
+
+    def _search(
+        self, conn: sqlite3.Connection, q: SearchQuery, terms: list[str]
+    ) -> list[SearchHit]:
+        """Queries, ranking and snippets are :mod:`terrarium.stores.fts`'s, shared with
+        ``SqliteStore``: the words are quoted as FTS5 strings and bound as a parameter (data,
+        never syntax); the filters (type, context, role) match tokens of the ``tags`` column
+        (``s<session> r<role> t<type>``); a query with more than ``RANK_WINDOW`` matches is
+        ranked among its most recent matches in ``fts_recent`` (the last ``RECENT_SIZE`` to
+        twice as many items). Rows are numbered in arrival order."""
+        tags = ""
+        if q.context is not None:
+            context = ContextId.parse(q.context)
+            ids = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT id FROM sessions WHERE type = ? AND name = ?",
+                    (context.type, context.name),
+                )
+            ]
+            if not ids:
+                return []
+            tags += " AND tags : (" + " OR ".join(f'"s{i}"' for i in ids) + ")"
+        if q.type is not None:
+            row = conn.execute("SELECT id FROM types WHERE name = ?", (q.type,)).fetchone()
+            if row is None:
+                return []
+            tags += f' AND tags : "t{row[0]}"'
+        if q.role is not None:
+            tags += f' AND tags : "r{q.role}"'
+        phrases = [fts5_phrases([term]) for term in terms]
+        match = body_match(phrases) + tags
+        (rows,) = conn.execute("SELECT coalesce(max(id), 0) FROM docs").fetchone()
+        ranked = self._ranker.rank(conn, "fts", phrases, tags, q, rows)
+        if not ranked:
+            return []
+        marks = ",".join("?" * len(ranked))
+        ids = [rowid for rowid, _ in ranked]
+        snippets = dict(
+            conn.execute(
+                f"SELECT rowid, snippet(fts, 0, ?, ?, ?, ?) FROM fts "
+                f"WHERE fts MATCH ? AND rowid IN ({marks})",
+                (HIGHLIGHT_OPEN, HIGHLIGHT_CLOSE, ELLIPSIS, SNIPPET_TOKENS, match, *ids),
+            ).fetchall()
+        )
+        meta = {
+            row[0]: row[1:]
+            for row in conn.execute(
+                "SELECT d.id, s.context, s.date, s.session_id, g.segment_id, d.seq, d.role, d.ts "
+                "FROM docs d JOIN segments g ON g.id = d.segment "
+                "JOIN sessions s ON s.id = d.session "
+                f"WHERE d.id IN ({marks})",
+                ids,
+            )
+        }
+        return assemble_hits(ranked, meta, snippets)
+
+    def list_contexts(self, type: str | None = None) -> list[ContextSummary]:
+        """Every context's summary, optionally of one type, sorted by context id.
+
+        ``sessions`` holds one row per session with its context, date, head, message count and
+        last activity, kept current by the refreshes, so listing 100k contexts is one scan of a
+        covering index (145 ms) instead of 100k file reads (14 s for the head records alone).
+
+        Raises:
+            IndexUnavailable: the index cannot be brought up to date (see "Failures").
+        """
+
+        def read(conn: sqlite3.Connection) -> list[ContextSummary]:
+            if type is None:
+                rows = conn.execute(f"{LISTING} ORDER BY type, name")
+            else:
+                rows = conn.execute(f"{LISTING} WHERE type = ? ORDER BY name", (type,))
+            return [ContextSummary(*row) for row in rows]
+
+        with self._lock:
+            return self._guarded(lambda: self._read(read), retry=True)
+
+    def offsets(self) -> dict[SegmentId, int]:
+        """Per segment, the byte offset the index has read up to (for tests and ``check``)."""
+        with self._lock:
+            conn = self._connection()
+            rows = conn.execute("SELECT segment_id, offset FROM segments").fetchall()
+        return {uuid.UUID(segment_id): offset for segment_id, offset in rows}
+
+    def watched(self) -> list[SessionId]:
+        """The sessions being watched for unmarked appends."""
+        with self._lock:
+            conn = self._connection()
+            rows = conn.execute(
+                "SELECT session_id FROM sessions WHERE watch_until IS NOT NULL"
+            ).fetchall()
+        return [uuid.UUID(row[0]) for row in rows]
+
+
+def _transaction(conn: sqlite3.Connection, run: Callable[[], _T]) -> _T:
+    """``run()`` in one ``BEGIN IMMEDIATE`` transaction (waiting up to ``BUSY_TIMEOUT`` for
+    another process's), committed if it returns and rolled back if it raises.
+
+    One process at a time updates the index; the others wait for it and then find little left
+    to do. Searches read a WAL snapshot and never wait.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = run()
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:  # SQLite may have rolled back itself (a full disk)
+            conn.execute("ROLLBACK")
+        raise
+    return result
