@@ -242,7 +242,8 @@ class SearchIndex:
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
-        _transaction(conn, create)
+        with _db.immediate(conn):  # one process at a time updates; searches never wait
+            create()
 
     def _delete_files(self) -> None:
         for suffix in ("", "-wal", "-shm"):
@@ -328,7 +329,8 @@ class SearchIndex:
         if not (full or markers or self._watch_needs_work(conn, now)):
             return False
         items = self.stats.items
-        claimed = _transaction(conn, lambda: self._update(conn, full=full, now=now))
+        with _db.immediate(conn):  # the others wait for it, then find little left to do
+            claimed = self._update(conn, full=full, now=now)
         for path in claimed:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -346,16 +348,14 @@ class SearchIndex:
 
     def _rebuild(self) -> int:
         conn = self._connection()
-
-        def rebuild() -> list[Path]:
+        with _db.immediate(conn):
             for table in ("fts", "fts_recent"):
                 conn.execute(f"INSERT INTO {table}({table}) VALUES('delete-all')")
             for table in ("docs", "segments", "sessions", "types", "meta"):
                 conn.execute(f"DELETE FROM {table}")
             conn.execute("UPDATE recent SET floor = 1")
-            return self._update(conn, full=True, now=self.clock())
-
-        for path in _transaction(conn, rebuild):
+            claimed = self._update(conn, full=True, now=self.clock())
+        for path in claimed:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         self._optimize(conn)
@@ -608,21 +608,3 @@ class SearchIndex:
                 "SELECT session_id FROM sessions WHERE watch_until IS NOT NULL"
             ).fetchall()
         return [uuid.UUID(row[0]) for row in rows]
-
-
-def _transaction(conn: sqlite3.Connection, run: Callable[[], _T]) -> _T:
-    """``run()`` in one ``BEGIN IMMEDIATE`` transaction (waiting up to ``BUSY_TIMEOUT`` for
-    another process's), committed if it returns and rolled back if it raises.
-
-    One process at a time updates the index; the others wait for it and then find little left
-    to do. Searches read a WAL snapshot and never wait.
-    """
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        result = run()
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:  # SQLite may have rolled back itself (a full disk)
-            conn.execute("ROLLBACK")
-        raise
-    return result
