@@ -297,9 +297,7 @@ def _check_envelopes(
         if type(seq) is not int or type(entry.get("kind")) is not str:
             raise CorruptLog(f"{where}:{number}: entry lacks an integer 'seq' or a string 'kind'")
         if first_seq is not None and seq != first_seq + index:
-            raise CorruptLog(
-                f"{where}:{number}: seq {seq} out of order (expected {first_seq + index})"
-            )
+            raise CorruptLog.seq_out_of_order(f"{where}:{number}", seq, first_seq + index)
 
 
 def _decode_slowly(

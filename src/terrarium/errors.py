@@ -78,6 +78,11 @@ class ConflictError(StoreError):
 class CorruptLog(StoreError):
     """A log line in the middle of a segment is not a valid entry (names file and line)."""
 
+    @classmethod
+    def seq_out_of_order(cls, where: str, seq: object, expected: int) -> CorruptLog:
+        """The line at ``where`` (``file:line``) holds ``seq`` where ``expected`` belongs."""
+        return cls(f"{where}: seq {seq} out of order (expected {expected})")
+
 
 class FormatVersionError(StoreError):
     """A log or database was written by a newer, incompatible terrarium."""

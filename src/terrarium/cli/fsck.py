@@ -307,8 +307,8 @@ def _check_line(path: Path, number: int, line: bytes) -> Problem | None:
     if number == 1 and entry.get("segment_id") != path.name.removesuffix(".jsonl"):
         return Problem("corrupt", "the header names another segment", None, str(path), 1)
     if entry["seq"] != number - 1:
-        message = f"seq {entry['seq']} out of order (expected {number - 1})"
-        return Problem("corrupt", message, None, str(path), number)
+        error = CorruptLog.seq_out_of_order(f"{path}:{number}", entry["seq"], number - 1)
+        return Problem("corrupt", _after_location(str(error)), None, str(path), number)
     return None
 
 

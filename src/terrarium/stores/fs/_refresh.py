@@ -423,7 +423,7 @@ class IndexUpdate:
         last_ts = segment.last_ts
         for line in lines:
             if line["seq"] != seq:
-                raise _corrupt(where, seq, line["seq"])
+                raise CorruptLog.seq_out_of_order(where, line["seq"], seq)
             ts = str(line.get("ts", ""))
             kind = line["kind"]
             if seq == 0:
@@ -543,10 +543,6 @@ def _doc(seq: int, item: Any, ts: str) -> tuple[int, str, str, str]:
     except (AttributeError, TypeError):
         text = ""
     return seq, str(role), ts, prepare_text(text) if isinstance(text, str) else ""
-
-
-def _corrupt(where: str, expected: int, got: object) -> StoreError:
-    return CorruptLog(f"{where}: seq {got} out of order (expected {expected})")
 
 
 def _read_from(path: Path, offset: int) -> tuple[bytes, int]:

@@ -7,7 +7,7 @@ head move, so an acknowledged entry is found by the next search. Where it cannot
 database, a full disk, a lock held too long), :func:`late_hits` and :func:`late_counts` read
 the entries past ``wm`` instead, so nothing acknowledged is missed.
 
-Search has the semantics of FsStore's index (:mod:`terrarium.stores.fs_search`), whose
+Search has the semantics of FsStore's index (:mod:`terrarium.stores.fs.search`), whose
 helpers it shares: the same history items (every ``user_input``, ``item`` and ``system_item``
 entry with text, and the history a header carries, with seq 0), text preparation, FTS5
 tokenizer, quoting of the user's words as data, filter tokens (:func:`doc_tags`), bm25 ranking
