@@ -81,3 +81,13 @@ def test_fast_listing_names_each_head_as_list_contexts_does(store: Store) -> Non
         assert summary.last_active == state.last_active
     assert [s.context for s in store.list_contexts_fast("irc")] == ["irc:#python"]
     assert store.list_contexts_fast("nope") == []
+
+
+def test_a_deleted_context_leaves_the_fast_listing(store: Store) -> None:
+    """Deleting a context removes it from list_contexts_fast; the others stay."""
+    assert isinstance(store, Listing)
+    add_context(store, "cli:a", "kept")
+    add_context(store, "cli:b", "gone", "gone too")
+    assert [s.context for s in store.list_contexts_fast()] == ["cli:a", "cli:b"]
+    assert store.delete_context(ContextId("cli", "b"))
+    assert [s.context for s in store.list_contexts_fast()] == ["cli:a"]

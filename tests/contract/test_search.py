@@ -13,7 +13,20 @@ from typing import Any
 
 import pytest
 
-from helpers.history import add_context, build_history, places, snippets, user_item
+from helpers.history import (
+    INVALID_FILTERS,
+    NOTHING_TO_SEARCH,
+    PARITY_QUERIES,
+    QUERY_SYNTAX,
+    UNICODE_QUERIES,
+    UNICODE_TEXTS,
+    add_context,
+    assert_nothing_to_search,
+    build_history,
+    places,
+    snippets,
+    user_item,
+)
 from terrarium import FsStore, SqliteStore
 from terrarium.errors import InvalidContextId
 from terrarium.model import ContextId, Item
@@ -138,15 +151,7 @@ def test_since_filters_by_entry_time(store: Store) -> None:
     assert _search(store, "plum", since="2026-01-01T00:30:00+01:00") == []
 
 
-@pytest.mark.parametrize(
-    ("query", "message"),
-    [
-        (SearchQuery("x", limit=0), "limit"),
-        (SearchQuery("x", limit=10_000), "limit"),
-        (SearchQuery("x", role="robot"), "role"),
-        (SearchQuery("x", since="last tuesday"), "since"),
-    ],
-)
+@pytest.mark.parametrize(("query", "message"), INVALID_FILTERS)
 def test_invalid_filters_are_refused(store: Store, query: SearchQuery, message: str) -> None:
     """A filter that cannot be valid is an InvalidQuery naming it."""
     assert isinstance(store, Searchable)
@@ -179,6 +184,9 @@ def test_appends_of_another_store_instance_are_found(store: Store, other: Store)
     save_user_input(store, head, "gamma two")
     add_context(store, "cli:b", "gamma three")
     assert len(_search(other, "gamma")) == 3
+    save_user_input(store, head, "gamma four")
+    save_user_input(store, head, "gamma five")  # two in a row: FsStore marks neither (MARK_EVERY)
+    assert len(_search(other, "gamma")) == 5
 
 
 def test_a_deleted_context_disappears(store: Store) -> None:
@@ -228,31 +236,8 @@ def test_items_without_text_are_not_hits(store: Store) -> None:
 
 # --------------------------------------------------------------------------- queries are data
 
-INJECTIONS = [
-    '"',
-    '"quoted"',
-    "*",
-    "pre*",
-    "NEAR(",
-    "NEAR(a b)",
-    "'; DROP TABLE entries; --",
-    "'); DELETE FROM search_docs; --",
-    "AND OR NOT",
-    "a AND b",
-    "x OR y",
-    "-minus !bang <-> & |",
-    "col:umn",
-    "^start",
-    "{body}: x",
-    "(((",
-    "a\x00b",
-    "\\",
-    "%_",
-    "$1 %s %(t0)s ?",
-]
 
-
-@pytest.mark.parametrize("text", INJECTIONS)
+@pytest.mark.parametrize("text", QUERY_SYNTAX)
 def test_query_syntax_is_matched_as_words(store: Store, text: str) -> None:
     """FTS5, tsquery and SQL syntax in a query is data: no error, and it finds the message
     that holds its words; the store is intact afterwards."""
@@ -269,49 +254,21 @@ def test_query_syntax_is_matched_as_words(store: Store, text: str) -> None:
     assert len(_search(store, "something")) == 1
 
 
-@pytest.mark.parametrize("text", ["", "   ", '"', "*", '""', "--", "🎉", "🎉 *", "\x00", "\n"])
+@pytest.mark.parametrize("text", NOTHING_TO_SEARCH)
 def test_a_query_with_nothing_to_search_for_is_a_one_line_value_error(
     store: Store, text: str
 ) -> None:
     """Empty queries (or only punctuation, emoji) raise InvalidQuery, a ValueError."""
     add_context(store, "cli:a", "hello")
-    with pytest.raises(InvalidQuery) as caught:
-        _search(store, text)
-    assert isinstance(caught.value, ValueError)
-    assert "\n" not in str(caught.value) and "nothing to search for" in str(caught.value)
+    assert_nothing_to_search(lambda: _search(store, text))
 
 
-@pytest.mark.parametrize(
-    ("query", "expected"),
-    [
-        ("cafe", "Un café à Paris"),
-        ("CAFÉ", "Un café à Paris"),
-        ("ÉTÉ", "L'été est chaud"),
-        ("東京", "私は東京タワーに行った"),
-        ("タワー", "私は東京タワーに行った"),
-        ("京タ", "私は東京タワーに行った"),
-        ("서울", "서울에 살아요"),
-        ("party 🎉", "party 🎉 time"),
-        ("🎉party", "party 🎉 time"),
-        ("naïve", "a naive approach"),
-        ("straße", "die Straße ist lang"),
-    ],
-)
+@pytest.mark.parametrize(("query", "expected"), UNICODE_QUERIES)
 def test_unicode_is_folded_and_cjk_is_found_inside_words(
     store: Store, query: str, expected: str
 ) -> None:
     """Case and accents fold; CJK words are found in text without spaces; emoji are ignored."""
-    texts = [
-        "Un café à Paris",
-        "L'été est chaud",
-        "私は東京タワーに行った",
-        "서울에 살아요",
-        "party 🎉 time",
-        "a naive approach",
-        "die Straße ist lang",
-        "unrelated",
-    ]
-    add_context(store, "cli:a", *texts)
+    add_context(store, "cli:a", *UNICODE_TEXTS)
     hits = _search(store, query)
     assert snippets(hits) == [expected]
     for hit in hits:
@@ -352,22 +309,6 @@ def test_odd_text_is_stored_and_found(store: Store) -> None:
 
 
 # --------------------------------------------------------------------------- parity
-
-
-PARITY_QUERIES = [
-    SearchQuery("fox"),
-    SearchQuery("quick fox"),
-    SearchQuery("the"),
-    SearchQuery("brown fox"),
-    SearchQuery("fox", type="irc"),
-    SearchQuery("fox", role="assistant"),
-    SearchQuery("fox", context="game:run-1"),
-    SearchQuery("CAFE"),
-    SearchQuery("東京"),
-    SearchQuery("fox", since="2000-01-01"),
-    SearchQuery("memories"),
-    SearchQuery("lazy dog"),
-]
 
 
 def test_the_same_data_gives_the_same_hits_on_every_backend(

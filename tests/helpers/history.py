@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import pytest
+
+from terrarium.errors import InvalidQuery
 from terrarium.model import ContextId, Item, SegmentStartState
 from terrarium.sessions import (
     clear_segment,
@@ -14,7 +18,7 @@ from terrarium.sessions import (
     save_delta,
     save_user_input,
 )
-from terrarium.stores.base import PodMetadata, SearchHit, Store
+from terrarium.stores.base import PodMetadata, SearchHit, SearchQuery, Store
 
 
 def add_context(store: Store, context: str, *texts: str, role: str = "user") -> PodMetadata:
@@ -69,3 +73,96 @@ def build_history(store: Store) -> None:
     )
     add_context(store, "cli:gone", "a fox that is deleted")
     store.delete_context(ContextId("cli", "gone"))
+
+
+# ---- queries shared by the search and scan contracts (tests/contract/) ------------------------
+
+#: Query syntax of FTS5, tsquery and SQL, each to be matched as the words it holds.
+QUERY_SYNTAX = [
+    '"',
+    '"quoted"',
+    "*",
+    "pre*",
+    "NEAR(",
+    "NEAR(a b)",
+    "'; DROP TABLE entries; --",
+    "'; DROP TABLE docs; --",
+    "'); DELETE FROM search_docs; --",
+    "AND OR NOT",
+    "a AND b",
+    "x OR y",
+    "-minus !bang <-> & |",
+    "col:umn",
+    "^start",
+    "{body}: x",
+    "(((",
+    "a\x00b",
+    "\\",
+    "%_",
+    "$1 %s %(t0)s ?",
+]
+
+#: Queries without a letter or digit: each is an InvalidQuery, "nothing to search for".
+NOTHING_TO_SEARCH = ["", "   ", '"', "*", '""', "--", "🎉", "🎉 *", "\x00", "\n"]
+
+
+def assert_nothing_to_search(run: Callable[[], object]) -> None:
+    """``run()`` raises a one-line InvalidQuery, a ValueError: nothing to search for."""
+    with pytest.raises(InvalidQuery) as caught:
+        run()
+    assert isinstance(caught.value, ValueError)
+    assert "\n" not in str(caught.value) and "nothing to search for" in str(caught.value)
+
+
+#: Filters that cannot be valid, each with a word of the InvalidQuery's message.
+INVALID_FILTERS = [
+    (SearchQuery("x", limit=0), "limit"),
+    (SearchQuery("x", limit=10_000), "limit"),
+    (SearchQuery("x", role="robot"), "role"),
+    (SearchQuery("x", since="last tuesday"), "since"),
+]
+
+#: Messages in several scripts, for :data:`UNICODE_QUERIES`.
+UNICODE_TEXTS = [
+    "Un café à Paris",
+    "L'été est chaud",
+    "私は東京タワーに行った",
+    "서울에 살아요",
+    "party 🎉 time",
+    "a naive approach",
+    "die Straße ist lang",
+    "unrelated",
+]
+
+#: (query, the one message of :data:`UNICODE_TEXTS` it finds): case and accents fold, CJK words
+#: are found inside text without spaces, emoji are ignored.
+UNICODE_QUERIES = [
+    ("cafe", "Un café à Paris"),
+    ("CAFÉ", "Un café à Paris"),
+    ("ÉTÉ", "L'été est chaud"),
+    ("東京", "私は東京タワーに行った"),
+    ("タワー", "私は東京タワーに行った"),
+    ("京タ", "私は東京タワーに行った"),
+    ("서울", "서울에 살아요"),
+    ("party 🎉", "party 🎉 time"),
+    ("🎉party", "party 🎉 time"),
+    ("naïve", "a naive approach"),
+    ("straße", "die Straße ist lang"),
+]
+
+#: Queries that each match some of :func:`build_history`.
+PARITY_QUERIES = [
+    SearchQuery("fox"),
+    SearchQuery("quick fox"),
+    SearchQuery("the"),
+    SearchQuery("brown fox"),
+    SearchQuery("brown fox", limit=2),
+    SearchQuery("fox", type="irc"),
+    SearchQuery("fox", role="assistant"),
+    SearchQuery("fox", context="game:run-1"),
+    SearchQuery("CAFE"),
+    SearchQuery("東京"),
+    SearchQuery("fox", since="2000-01-01"),
+    SearchQuery("memories"),
+    SearchQuery("lazy dog"),
+]
