@@ -9,7 +9,7 @@
 its files, a full disk, an index locked by another process for too long), so a search never
 misses an acknowledged entry; it logs the reason once per call.
 
-Both paths agree on what is searched and how (``tests/test_search.py`` checks it):
+Both paths agree on what is searched and how (``tests/contract/test_scan.py`` checks it):
 
 * every history item of every segment, including the history that a header carries (a
   compaction's summary, an import's messages; those hits have seq 0), so history that a clear
