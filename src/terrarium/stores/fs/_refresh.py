@@ -24,17 +24,9 @@ from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
 from terrarium.model import HISTORY_KINDS, ROLES, ContextId, item_text
 from terrarium.stores.base import PodMetadata
+from terrarium.stores.fs import _sql as sql
 from terrarium.stores.fs._heads import head_of
 from terrarium.stores.fs._layout import HEAD, INDEX, SEGMENT_SUFFIX, segment_name
-from terrarium.stores.fs._sql import (
-    HEAD_COLUMNS,
-    INSERT_DOCS,
-    INSERT_SEGMENT,
-    INSERT_SESSION,
-    SELECT_SEGMENTS,
-    UPDATE_SEGMENT,
-    UPDATE_SESSION_HEAD,
-)
 from terrarium.stores.fs._tree import read_pointer
 from terrarium.text import prepare_text
 
@@ -80,13 +72,13 @@ class SegmentRow:
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> SegmentRow:
-        """The segment as ``SELECT_SEGMENTS`` reads it."""
+        """The segment as ``sql.SELECT_SEGMENTS`` reads it."""
         segment = cls(*row)
         segment.continues = bool(segment.continues)
         return segment
 
     def progress(self) -> tuple[Any, ...]:
-        """The parameters of ``UPDATE_SEGMENT``: what a refresh has read of the file."""
+        """The parameters of ``sql.UPDATE_SEGMENT``: what a refresh has read of the file."""
         return (
             self.size_seen,
             self.offset,
@@ -137,19 +129,17 @@ class IndexUpdate:
         self.root = index.root
         self.conn = conn
         self.stats = index.stats
-        self.types: dict[str, int] = {
-            name: tid for tid, name in conn.execute("SELECT id, name FROM types")
-        }
-        self.recent_floor = int(conn.execute("SELECT floor FROM recent").fetchone()[0])
+        self.types: dict[str, int] = {name: tid for tid, name in conn.execute(sql.TYPES)}
+        self.recent_floor = int(conn.execute(sql.RECENT_FLOOR).fetchone()[0])
         # New items always land in fts_recent's range, even after the newest were deleted.
-        (last,) = conn.execute("SELECT coalesce(max(id), 0) FROM docs").fetchone()
+        (last,) = conn.execute(sql.LAST_DOC).fetchone()
         self.next_doc = max(int(last) + 1, self.recent_floor)
         self.pending: list[tuple[int, int, int, int, int, str, str, str]] = []
         self.changed: dict[int, SessionRow] = {}
         self.recent_stale = False
         # A full pass looks at every session: load them all at once, not two queries each.
         self.cache: dict[str, SessionRow] | None = self._load_all() if defer_recent else None
-        row = conn.execute("SELECT value FROM meta WHERE key = 'recent_count'").fetchone()
+        row = conn.execute(sql.RECENT_COUNT).fetchone()
         self.recent_count = int(row[0]) if row else 0
 
     # ---------------------------------------------------------------- sessions
@@ -157,10 +147,10 @@ class IndexUpdate:
     def _load_all(self) -> dict[str, SessionRow]:
         sessions: dict[str, SessionRow] = {}
         by_id: dict[int, SessionRow] = {}
-        for row in self.conn.execute(f"SELECT id, {HEAD_COLUMNS}, session_id FROM sessions"):
+        for row in self.conn.execute(sql.SESSIONS):
             session = SessionRow(row[0], row[11], row[6], row[4], tuple(row[1:11]))
             sessions[session.session_id] = by_id[session.id] = session
-        for seg in self.conn.execute(SELECT_SEGMENTS):
+        for seg in self.conn.execute(sql.SELECT_SEGMENTS):
             segment = SegmentRow.from_row(seg)
             if segment.session in by_id:
                 by_id[segment.session].segments[segment.segment_id] = segment
@@ -169,13 +159,11 @@ class IndexUpdate:
     def _load(self, sid: str) -> SessionRow | None:
         if self.cache is not None:
             return self.cache.get(sid)
-        row = self.conn.execute(
-            f"SELECT id, {HEAD_COLUMNS} FROM sessions WHERE session_id = ?", (sid,)
-        ).fetchone()
+        row = self.conn.execute(sql.SESSION, (sid,)).fetchone()
         if row is None:
             return None
         session = SessionRow(row[0], sid, row[6], row[4], tuple(row[1:]))
-        for seg in self.conn.execute(f"{SELECT_SEGMENTS} WHERE session = ?", (row[0],)):
+        for seg in self.conn.execute(sql.SESSION_SEGMENTS, (row[0],)):
             segment = SegmentRow.from_row(seg)
             session.segments[segment.segment_id] = segment
         return session
@@ -244,20 +232,19 @@ class IndexUpdate:
             problem,
         )
         if session is None:
-            cur = self.conn.execute(INSERT_SESSION, (*values, head.updated_at, sid))
+            cur = self.conn.execute(sql.INSERT_SESSION, (*values, head.updated_at, sid))
             session = SessionRow(int(cur.lastrowid or 0), sid, folder, tid, values)
             if self.cache is not None:
                 self.cache[sid] = session
             # Another session row claiming the same context is stale: check it.
             for (other,) in self.conn.execute(
-                "SELECT session_id FROM sessions WHERE type = ? AND name = ? AND id != ?",
-                (context.type, context.name, session.id),
+                sql.CLAIMANTS, (context.type, context.name, session.id)
             ).fetchall():
                 self._check_stale(other)
             return session, True
         if session.values == values:
             return session, False
-        self.conn.execute(UPDATE_SESSION_HEAD, (*values, session.id))
+        self.conn.execute(sql.UPDATE_SESSION_HEAD, (*values, session.id))
         session.values = values
         return session, True
 
@@ -294,9 +281,7 @@ class IndexUpdate:
                 self.changed[session.id] = session
 
     def _check_stale(self, sid: str) -> None:
-        row = self.conn.execute(
-            "SELECT folder FROM sessions WHERE session_id = ?", (sid,)
-        ).fetchone()
+        row = self.conn.execute(sql.SESSION_FOLDER, (sid,)).fetchone()
         head = folder_head(self.root / row[0])[0] if row is not None else None
         if head is None or str(head.session_id) != sid:
             self.drop_session(sid)
@@ -308,7 +293,7 @@ class IndexUpdate:
             return
         for segment in session.segments.values():
             self._drop_segment(segment)
-        self.conn.execute("DELETE FROM sessions WHERE id = ?", (session.id,))
+        self.conn.execute(sql.DELETE_SESSION, (session.id,))
         self.changed.pop(session.id, None)
         if self.cache is not None:
             self.cache.pop(sid, None)
@@ -316,7 +301,7 @@ class IndexUpdate:
     def _type_id(self, name: str) -> int:
         tid = self.types.get(name)
         if tid is None:
-            cur = self.conn.execute("INSERT INTO types(name) VALUES (?)", (name,))
+            cur = self.conn.execute(sql.INSERT_TYPE, (name,))
             tid = self.types[name] = int(cur.lastrowid or 0)
         return tid
 
@@ -324,29 +309,19 @@ class IndexUpdate:
 
     def _drop_segment(self, segment: SegmentRow) -> None:
         self.flush()
-        self._delete_docs("segment = ?", (segment.id,))
-        self.conn.execute("DELETE FROM segments WHERE id = ?", (segment.id,))
+        self._delete_docs(segment.id)
+        self.conn.execute(sql.DELETE_SEGMENT, (segment.id,))
 
-    def _delete_docs(self, where: str, args: tuple[object, ...]) -> None:
-        """Remove items from both FTS tables (external content needs the old values), then docs."""
-        self.conn.execute(
-            "INSERT INTO fts(fts, rowid, body, tags) SELECT 'delete', id, body, tags FROM docs "
-            f"WHERE {where} AND body != ''",
-            args,
-        )
+    def _delete_docs(self, segment: int) -> None:
+        """Remove a segment's items from both FTS tables, then from ``docs``."""
+        self.conn.execute(sql.FTS_DELETE_SEGMENT, (segment,))
         self.recent_stale = True
         if not self.defer_recent:
-            recent = f"{where} AND body != '' AND id >= ?"
-            (count,) = self.conn.execute(
-                f"SELECT count(*) FROM docs WHERE {recent}", (*args, self.recent_floor)
-            ).fetchone()
-            self.conn.execute(
-                "INSERT INTO fts_recent(fts_recent, rowid, body, tags) "
-                f"SELECT 'delete', id, body, tags FROM docs WHERE {recent}",
-                (*args, self.recent_floor),
-            )
+            recent = (segment, self.recent_floor)
+            (count,) = self.conn.execute(sql.COUNT_RECENT_OF_SEGMENT, recent).fetchone()
+            self.conn.execute(sql.RECENT_DELETE_SEGMENT, recent)
             self.recent_count -= count
-        self.conn.execute(f"DELETE FROM docs WHERE {where}", args)
+        self.conn.execute(sql.DELETE_DOCS, (segment,))
 
     def _index_segment(
         self, session: SessionRow, folder: str, segment_id: str, st: os.stat_result
@@ -377,7 +352,7 @@ class IndexUpdate:
             log.info("search index: %s", problem)  # ``list`` reports it (ContextSummary)
         changed = bool(data) or problem != segment.problem
         segment.problem = problem
-        self.conn.execute(UPDATE_SEGMENT, segment.progress())
+        self.conn.execute(sql.UPDATE_SEGMENT, segment.progress())
         return changed
 
     def _segment_row(self, session: SessionRow, segment_id: str, st: os.stat_result) -> SegmentRow:
@@ -389,7 +364,7 @@ class IndexUpdate:
             del session.segments[segment_id]
             segment = None
         if segment is None:
-            cur = self.conn.execute(INSERT_SEGMENT, (session.id, segment_id, st.st_ino))
+            cur = self.conn.execute(sql.INSERT_SEGMENT, (session.id, segment_id, st.st_ino))
             segment = SegmentRow(
                 int(cur.lastrowid or 0), session.id, segment_id, st.st_ino, 0, 0, 0, 0, False
             )
@@ -461,15 +436,11 @@ class IndexUpdate:
             return
         first, last = self.pending[0][0], self.pending[-1][0]
         texts = sum(1 for row in self.pending if row[-1])
-        self.conn.executemany(INSERT_DOCS, self.pending)
+        self.conn.executemany(sql.INSERT_DOCS, self.pending)
         self.pending.clear()
         self.recent_stale = True
-        for table in ("fts",) if self.defer_recent else ("fts", "fts_recent"):
-            self.conn.execute(
-                f"INSERT INTO {table}(rowid, body, tags) SELECT id, body, tags FROM docs "
-                "WHERE id BETWEEN ? AND ? AND body != ''",
-                (first, last),
-            )
+        for table in (sql.FTS,) if self.defer_recent else sql.FTS_TABLES:
+            self.conn.execute(sql.FTS_ADD.format(table=table), (first, last))
         if not self.defer_recent:
             self.recent_count += texts
 
@@ -479,23 +450,17 @@ class IndexUpdate:
         for session in self.changed.values():
             self._summarise(session)
         if (self.defer_recent and self.recent_stale) or self.recent_count > 2 * self.recent_size:
-            row = self.conn.execute(
-                "SELECT id FROM texts ORDER BY id DESC LIMIT 1 OFFSET ?", (self.recent_size - 1,)
-            ).fetchone()
+            row = self.conn.execute(sql.RECENT_FLOOR_AT, (self.recent_size - 1,)).fetchone()
             self.recent_floor = int(row[0]) if row else 1
-            self.conn.execute("UPDATE recent SET floor = ?", (self.recent_floor,))
-            self.conn.execute("INSERT INTO fts_recent(fts_recent) VALUES('rebuild')")
-            (self.recent_count,) = self.conn.execute("SELECT count(*) FROM recent_texts").fetchone()
-        self.conn.execute(
-            "INSERT OR REPLACE INTO meta VALUES ('recent_count', ?)", (str(self.recent_count),)
-        )
+            self.conn.execute(sql.SET_RECENT_FLOOR, (self.recent_floor,))
+            self.conn.execute(sql.FTS_REBUILD.format(table=sql.FTS_RECENT))
+            (self.recent_count,) = self.conn.execute(sql.COUNT_RECENT).fetchone()
+        self.conn.execute(sql.SET_RECENT_COUNT, (str(self.recent_count),))
 
     def _summarise(self, session: SessionRow) -> None:
         """Store the head's message count and last activity, as a restore would find them,
         and the session's first problem (see :attr:`ContextSummary.problem`)."""
-        row = self.conn.execute(
-            "SELECT head, folder FROM sessions WHERE id = ?", (session.id,)
-        ).fetchone()
+        row = self.conn.execute(sql.SESSION_HEAD, (session.id,)).fetchone()
         if row is None:
             return
         problems = [session.head_problem or ""]
@@ -513,19 +478,13 @@ class IndexUpdate:
             if stop is None:
                 count += segment.items
             else:
-                count += self.conn.execute(
-                    "SELECT count(*) FROM docs WHERE segment = ? AND seq <= ?",
-                    (segment.id, stop),
-                ).fetchone()[0]
+                count += self.conn.execute(sql.COUNT_DOCS_TO, (segment.id, stop)).fetchone()[0]
             if not segment.continues or segment.parent is None:
                 break
             stop = segment.at_seq if segment.at_seq is not None else -1
             segment = session.segments.get(str(segment.parent))
-        self.conn.execute(
-            "UPDATE sessions SET message_count = ?, last_active = coalesce(?, last_active), "
-            "problem = ? WHERE id = ?",
-            (count, head.last_ts if head is not None else None, problem, session.id),
-        )
+        last_active = head.last_ts if head is not None else None
+        self.conn.execute(sql.SET_SUMMARY, (count, last_active, problem, session.id))
 
 
 # --------------------------------------------------------------------------- helpers

@@ -1,18 +1,19 @@
-"""The SQL of ``FsStore``'s search index (:mod:`terrarium.stores.fs.search`): schema, statements.
+"""The statements of ``FsStore``'s search index (:mod:`terrarium.stores.fs.search`), by name.
 
 The schema is created whole when the database's ``user_version`` is not ``SCHEMA_VERSION``
-(an index is derived: one of another version is dropped and rebuilt, never migrated).
+(an index is derived: one of another version is dropped and rebuilt, never migrated). A few
+statements are templates: ``{table}`` one of ``FTS_TABLES``, ``{marks}`` one ``?`` per id,
+``{name}`` a name read from ``sqlite_master``.
 """
 
 from __future__ import annotations
 
-#: The ``sessions`` columns a head decides, in the order ``IndexUpdate`` keeps them.
-HEAD_COLUMNS = "context, type, name, tid, date, folder, head, created_at, updated_at, head_problem"
-#: A ContextSummary's fields, in order.
-LISTING = (
-    "SELECT context, date, message_count, last_active, created_at, updated_at, session_id, "
-    "head, problem FROM sessions"
-)
+from collections.abc import Iterable
+
+#: Bump when the schema changes: an index of another version is dropped and rebuilt.
+SCHEMA_VERSION = 4
+
+# ---------------------------------------------------------------------------- schema
 
 SCHEMA = [
     """CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
@@ -79,20 +80,53 @@ SCHEMA = [
         content_rowid='id', tokenize='unicode61 remove_diacritics 2')""",
 ]
 
+USER_VERSION = "PRAGMA user_version"
+SET_USER_VERSION = f"PRAGMA user_version={SCHEMA_VERSION}"
+# Reading a table fails at open, not at first use, on a file that is not an index.
+PROBE = "SELECT count(*) FROM meta"
+# What a rebuild of another version drops: the views, then the tables but SQLite's own,
+# virtual ones first (? = 1: dropping one drops its shadow tables), then the rest (? = 0).
+VIEWS = "SELECT name FROM sqlite_master WHERE type = 'view'"
+TABLES = (
+    "SELECT name FROM sqlite_master WHERE type = 'table' "
+    "AND name NOT LIKE 'sqlite%' AND (sql LIKE 'CREATE VIRTUAL%') = ?"
+)
+DROP_VIEW = 'DROP VIEW IF EXISTS "{name}"'
+DROP_TABLE = 'DROP TABLE IF EXISTS "{name}"'
 
-#: A segment row, in the order of :class:`terrarium.stores.fs._refresh.SegmentRow`'s fields.
-SELECT_SEGMENTS = (
-    "SELECT id, session, segment_id, ino, size_seen, offset, next_seq, items, continues, "
-    "parent, at_seq, last_ts, problem FROM segments"
-)
-INSERT_SEGMENT = (
-    "INSERT INTO segments(session, segment_id, ino, size_seen, offset, next_seq, "
-    "items, continues) VALUES (?, ?, ?, 0, 0, 0, 0, 0)"
-)
-UPDATE_SEGMENT = (
-    "UPDATE segments SET size_seen=?, offset=?, next_seq=?, items=?, continues=?, "
-    "parent=?, at_seq=?, last_ts=?, problem=? WHERE id = ?"
-)
+# ---------------------------------------------------------------------------- connection
+
+# The writer's only: a commit survives the process, not always the machine (the index is
+# derived: what a crash loses is read again from the files).
+SYNCHRONOUS = "PRAGMA synchronous=NORMAL"
+#: Every connection's: temporary b-trees in memory, a 32 MB page cache.
+PRAGMAS = ("PRAGMA temp_store=MEMORY", "PRAGMA cache_size=-32000")
+# A deferred transaction: the reads of one search or listing see one snapshot.
+BEGIN = "BEGIN"
+COMMIT = "COMMIT"
+CHECKPOINT = "PRAGMA wal_checkpoint(TRUNCATE)"
+
+# ---------------------------------------------------------------------------- meta
+
+BUILT = "SELECT 1 FROM meta WHERE key = 'built'"
+SET_BUILT = "INSERT OR REPLACE INTO meta VALUES ('built', ?)"
+RECENT_COUNT = "SELECT value FROM meta WHERE key = 'recent_count'"
+SET_RECENT_COUNT = "INSERT OR REPLACE INTO meta VALUES ('recent_count', ?)"
+#: What a rebuild empties, after ``FTS_DELETE_ALL`` of each FTS table.
+CLEAR = tuple(f"DELETE FROM {table}" for table in ("docs", "segments", "sessions", "types", "meta"))
+RESET_RECENT_FLOOR = "UPDATE recent SET floor = 1"
+
+# ---------------------------------------------------------------------------- sessions
+
+#: The ``sessions`` columns a head decides, in the order ``IndexUpdate`` keeps them.
+HEAD_COLUMNS = "context, type, name, tid, date, folder, head, created_at, updated_at, head_problem"
+SESSIONS = f"SELECT id, {HEAD_COLUMNS}, session_id FROM sessions"
+SESSION = f"SELECT id, {HEAD_COLUMNS} FROM sessions WHERE session_id = ?"
+SESSION_IDS = "SELECT session_id FROM sessions"
+COUNT_SESSIONS = "SELECT count(*) FROM sessions"
+SESSION_FOLDER = "SELECT folder FROM sessions WHERE session_id = ?"
+# The other session rows that claim a context (they may be stale).
+CLAIMANTS = "SELECT session_id FROM sessions WHERE type = ? AND name = ? AND id != ?"
 INSERT_SESSION = (
     f"INSERT INTO sessions({HEAD_COLUMNS}, last_active, session_id) "
     "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
@@ -101,12 +135,123 @@ UPDATE_SESSION_HEAD = (
     "UPDATE sessions SET context=?, type=?, name=?, tid=?, date=?, folder=?, head=?, "
     "created_at=?, updated_at=?, head_problem=? WHERE id = ?"
 )
-INSERT_DOCS = (
-    "INSERT INTO docs(id, segment, session, tid, seq, role, ts, body) VALUES (?,?,?,?,?,?,?,?)"
+SESSION_HEAD = "SELECT head, folder FROM sessions WHERE id = ?"
+# The last activity stays what it was while the head segment has no entry (NULL).
+SET_SUMMARY = (
+    "UPDATE sessions SET message_count = ?, last_active = coalesce(?, last_active), "
+    "problem = ? WHERE id = ?"
 )
+DELETE_SESSION = "DELETE FROM sessions WHERE id = ?"
+TYPES = "SELECT id, name FROM types"
+INSERT_TYPE = "INSERT INTO types(name) VALUES (?)"
+
+# ---------------------------------------------------------------------------- watches
+
+WATCHED = "SELECT session_id, watch_until FROM sessions WHERE watch_until IS NOT NULL"
+WATCHED_IDS = "SELECT session_id FROM sessions WHERE watch_until IS NOT NULL"
 #: The segment files of the watched sessions, to ``stat`` on every refresh.
 WATCHED_SEGMENTS = (
     "SELECT s.folder, s.watch_until, g.segment_id, g.ino, g.size_seen "
     "FROM sessions s LEFT JOIN segments g ON g.session = s.id "
     "WHERE s.watch_until IS NOT NULL"
 )
+WATCH = "UPDATE sessions SET watch_until = ? WHERE session_id = ?"
+UNWATCH = "UPDATE sessions SET watch_until = NULL WHERE session_id = ?"
+UNWATCH_ENDED = "UPDATE sessions SET watch_until = NULL WHERE watch_until < ?"
+
+# ---------------------------------------------------------------------------- segments
+
+#: A segment row, in the order of :class:`terrarium.stores.fs._refresh.SegmentRow`'s fields.
+SELECT_SEGMENTS = (
+    "SELECT id, session, segment_id, ino, size_seen, offset, next_seq, items, continues, "
+    "parent, at_seq, last_ts, problem FROM segments"
+)
+SESSION_SEGMENTS = f"{SELECT_SEGMENTS} WHERE session = ?"
+OFFSETS = "SELECT segment_id, offset FROM segments"
+INSERT_SEGMENT = (
+    "INSERT INTO segments(session, segment_id, ino, size_seen, offset, next_seq, "
+    "items, continues) VALUES (?, ?, ?, 0, 0, 0, 0, 0)"
+)
+UPDATE_SEGMENT = (
+    "UPDATE segments SET size_seen=?, offset=?, next_seq=?, items=?, continues=?, "
+    "parent=?, at_seq=?, last_ts=?, problem=? WHERE id = ?"
+)
+DELETE_SEGMENT = "DELETE FROM segments WHERE id = ?"
+
+# ---------------------------------------------------------------------------- items
+
+LAST_DOC = "SELECT coalesce(max(id), 0) FROM docs"
+INSERT_DOCS = (
+    "INSERT INTO docs(id, segment, session, tid, seq, role, ts, body) VALUES (?,?,?,?,?,?,?,?)"
+)
+# A parent segment's items up to the seq its child forked at.
+COUNT_DOCS_TO = "SELECT count(*) FROM docs WHERE segment = ? AND seq <= ?"
+# A segment's items leave both FTS tables before ``docs`` (external content: FTS5 needs the
+# old values to remove their tokens); fts_recent holds those from its floor (the second ?) on.
+FTS_DELETE_SEGMENT = (
+    "INSERT INTO fts(fts, rowid, body, tags) SELECT 'delete', id, body, tags FROM docs "
+    "WHERE segment = ? AND body != ''"
+)
+COUNT_RECENT_OF_SEGMENT = "SELECT count(*) FROM docs WHERE segment = ? AND body != '' AND id >= ?"
+RECENT_DELETE_SEGMENT = (
+    "INSERT INTO fts_recent(fts_recent, rowid, body, tags) "
+    "SELECT 'delete', id, body, tags FROM docs WHERE segment = ? AND body != '' AND id >= ?"
+)
+DELETE_DOCS = "DELETE FROM docs WHERE segment = ?"
+
+# ---------------------------------------------------------------------------- FTS tables
+
+FTS = "fts"
+FTS_RECENT = "fts_recent"
+FTS_TABLES = (FTS, FTS_RECENT)
+FTS_ADD = (
+    "INSERT INTO {table}(rowid, body, tags) SELECT id, body, tags FROM docs "
+    "WHERE id BETWEEN ? AND ? AND body != ''"
+)
+FTS_REBUILD = "INSERT INTO {table}({table}) VALUES('rebuild')"
+FTS_DELETE_ALL = "INSERT INTO {table}({table}) VALUES('delete-all')"
+FTS_OPTIMIZE = "INSERT INTO {table}({table}) VALUES('optimize')"
+RECENT_FLOOR = "SELECT floor FROM recent"
+SET_RECENT_FLOOR = "UPDATE recent SET floor = ?"
+# fts_recent's new floor: the id of the ?-th newest item with text (OFFSET counts from 0).
+RECENT_FLOOR_AT = "SELECT id FROM texts ORDER BY id DESC LIMIT 1 OFFSET ?"
+COUNT_RECENT = "SELECT count(*) FROM recent_texts"
+
+# ---------------------------------------------------------------------------- search, listing
+
+SESSIONS_OF_CONTEXT = "SELECT id FROM sessions WHERE type = ? AND name = ?"
+TYPE_ID = "SELECT id FROM types WHERE name = ?"
+SNIPPETS = (
+    "SELECT rowid, snippet(fts, 0, ?, ?, ?, ?) FROM fts WHERE fts MATCH ? AND rowid IN ({marks})"
+)
+HIT_ROWS = (
+    "SELECT d.id, s.context, s.date, s.session_id, g.segment_id, d.seq, d.role, d.ts "
+    "FROM docs d JOIN segments g ON g.id = d.segment "
+    "JOIN sessions s ON s.id = d.session "
+    "WHERE d.id IN ({marks})"
+)
+# A ContextSummary's fields, in order, from the covering index sessions_by_context.
+_LISTING = (
+    "SELECT context, date, message_count, last_active, created_at, updated_at, session_id, "
+    "head, problem FROM sessions"
+)
+LISTING = f"{_LISTING} ORDER BY type, name"
+LISTING_OF_TYPE = f"{_LISTING} WHERE type = ? ORDER BY name"
+
+# A search's filters are FTS5 conditions appended to its MATCH expression (a bound parameter):
+# each matches tokens of the ``tags`` column (``s<session row> r<role> t<type row>``, SCHEMA).
+
+
+def sessions_filter(ids: Iterable[int]) -> str:
+    """Items of any of the session rows ``ids``."""
+    return " AND tags : (" + " OR ".join(f'"s{i}"' for i in ids) + ")"
+
+
+def type_filter(tid: int) -> str:
+    """Items of the type row ``tid``."""
+    return f' AND tags : "t{tid}"'
+
+
+def role_filter(role: str) -> str:
+    """Items of ``role``."""
+    return f' AND tags : "r{role}"'

@@ -39,9 +39,10 @@ from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores import _db
 from terrarium.stores._files import listdir, make_dirs, open_private
 from terrarium.stores.base import ContextSummary, SearchHit, SearchQuery
+from terrarium.stores.fs import _sql as sql
 from terrarium.stores.fs._layout import HEAD, INDEX, SEGMENT_SUFFIX, is_uuid, segment_name
 from terrarium.stores.fs._refresh import IndexStats, IndexUpdate, scandir
-from terrarium.stores.fs._sql import LISTING, SCHEMA, WATCHED_SEGMENTS
+from terrarium.stores.fs._sql import SCHEMA_VERSION
 from terrarium.stores.fts import (
     Fts5Tables,
     Ranker,
@@ -62,8 +63,6 @@ __all__ = ["DB_NAME", "IndexStats", "SearchIndex", "dirty_dir", "mark_dirty"]
 
 log = logging.getLogger(__name__)
 
-#: Bump when the schema changes: an index of another version is dropped and rebuilt.
-SCHEMA_VERSION = 4
 #: An append marks its session at most this often per open segment (seconds).
 MARK_EVERY = 5.0
 #: How long a claimed session stays watched (seconds). Must exceed 2 x ``MARK_EVERY``.
@@ -132,7 +131,7 @@ class SearchIndex:
         self.readonly_reason: str | None = None
         """Why it was opened read-only (``read-only``, or a full disk), for messages."""
         self._warned: set[str] = set()
-        self._ranker = Ranker(Fts5Tables(recent="fts_recent", docs="docs"))
+        self._ranker = Ranker(Fts5Tables(recent=sql.FTS_RECENT, docs="docs"))
 
     def __repr__(self) -> str:
         return f"SearchIndex({str(self.root)!r})"
@@ -193,10 +192,10 @@ class SearchIndex:
         try:
             if not readonly:
                 _db.enable_wal(conn, BUSY_TIMEOUT)
-                conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA temp_store=MEMORY")
-            conn.execute("PRAGMA cache_size=-32000")
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
+                conn.execute(sql.SYNCHRONOUS)
+            for pragma in sql.PRAGMAS:
+                conn.execute(pragma)
+            version = conn.execute(sql.USER_VERSION).fetchone()[0]
             if version != SCHEMA_VERSION:
                 if readonly:
                     raise IndexUnavailable(
@@ -204,7 +203,7 @@ class SearchIndex:
                         f"version {version}, not {SCHEMA_VERSION}"
                     )
                 self._create_schema(conn, version)
-            conn.execute("SELECT count(*) FROM meta").fetchone()
+            conn.execute(sql.PROBE).fetchone()
         except BaseException:
             conn.close()
             raise
@@ -222,25 +221,19 @@ class SearchIndex:
         created it meanwhile): the index is derived, so another version is rebuilt."""
 
         def create() -> None:
-            if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+            if conn.execute(sql.USER_VERSION).fetchone()[0] == SCHEMA_VERSION:
                 return  # another process created it meanwhile
             if version:
                 log.info("search index schema %s is not %s: rebuilding", version, SCHEMA_VERSION)
-            for (name,) in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'view'"
-            ).fetchall():
-                conn.execute(f'DROP VIEW IF EXISTS "{name}"')
+            for (name,) in conn.execute(sql.VIEWS).fetchall():
+                conn.execute(sql.DROP_VIEW.format(name=name))
             # Virtual tables first: dropping one drops its shadow tables.
             for virtual in (True, False):
-                for (name,) in conn.execute(
-                    "SELECT name FROM sqlite_master WHERE type = 'table' "
-                    "AND name NOT LIKE 'sqlite%' AND (sql LIKE 'CREATE VIRTUAL%') = ?",
-                    (virtual,),
-                ).fetchall():
-                    conn.execute(f'DROP TABLE IF EXISTS "{name}"')
-            for statement in SCHEMA:
+                for (name,) in conn.execute(sql.TABLES, (virtual,)).fetchall():
+                    conn.execute(sql.DROP_TABLE.format(name=name))
+            for statement in sql.SCHEMA:
                 conn.execute(statement)
-            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            conn.execute(sql.SET_USER_VERSION)
 
         with _db.immediate(conn):  # one process at a time updates; searches never wait
             create()
@@ -322,7 +315,7 @@ class SearchIndex:
             if behind is not None:
                 raise IndexUnavailable(f"{self.path}: {self.readonly_reason}, and {behind}")
             return False
-        built = conn.execute("SELECT 1 FROM meta WHERE key = 'built'").fetchone()
+        built = conn.execute(sql.BUILT).fetchone()
         full = full or built is None
         markers = listdir(dirty_dir(self.root))
         now = self.clock()
@@ -340,7 +333,7 @@ class SearchIndex:
 
     def _behind(self, conn: sqlite3.Connection) -> str | None:
         """Why the index may miss something the files hold, or None if it holds it all."""
-        if conn.execute("SELECT 1 FROM meta WHERE key = 'built'").fetchone() is None:
+        if conn.execute(sql.BUILT).fetchone() is None:
             return "never built"
         if listdir(dirty_dir(self.root)) or self._watch_needs_work(conn, None):
             return "behind the session files (sessions changed since it was last updated)"
@@ -349,28 +342,28 @@ class SearchIndex:
     def _rebuild(self) -> int:
         conn = self._connection()
         with _db.immediate(conn):
-            for table in ("fts", "fts_recent"):
-                conn.execute(f"INSERT INTO {table}({table}) VALUES('delete-all')")
-            for table in ("docs", "segments", "sessions", "types", "meta"):
-                conn.execute(f"DELETE FROM {table}")
-            conn.execute("UPDATE recent SET floor = 1")
+            for table in sql.FTS_TABLES:
+                conn.execute(sql.FTS_DELETE_ALL.format(table=table))
+            for statement in sql.CLEAR:
+                conn.execute(statement)
+            conn.execute(sql.RESET_RECENT_FLOOR)
             claimed = self._update(conn, full=True, now=self.clock())
         for path in claimed:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         self._optimize(conn)
-        return int(conn.execute("SELECT count(*) FROM sessions").fetchone()[0])
+        return int(conn.execute(sql.COUNT_SESSIONS).fetchone()[0])
 
     def _optimize(self, conn: sqlite3.Connection) -> None:
         """Merge the FTS b-trees and truncate the WAL after a large update."""
-        for table in ("fts", "fts_recent"):
-            conn.execute(f"INSERT INTO {table}({table}) VALUES('optimize')")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        for table in sql.FTS_TABLES:
+            conn.execute(sql.FTS_OPTIMIZE.format(table=table))
+        conn.execute(sql.CHECKPOINT)
 
     def _watch_needs_work(self, conn: sqlite3.Connection, now: float | None) -> bool:
         """True if a watched session's watch ended (unless ``now`` is None) or one of its
         segment files changed."""
-        rows = conn.execute(WATCHED_SEGMENTS).fetchall()
+        rows = conn.execute(sql.WATCHED_SEGMENTS).fetchall()
         for folder, until, segment_id, ino, size in rows:
             if now is not None and until < now:
                 return True
@@ -407,30 +400,23 @@ class SearchIndex:
                 sid = work.index_folder(folder, entries, hint=None)
                 if sid is not None:
                     seen.add(sid)
-            for (sid,) in conn.execute("SELECT session_id FROM sessions").fetchall():
+            for (sid,) in conn.execute(sql.SESSION_IDS).fetchall():
                 if sid not in seen:
                     work.drop_session(sid)
-            conn.execute("UPDATE sessions SET watch_until = NULL WHERE watch_until < ?", (now,))
+            conn.execute(sql.UNWATCH_ENDED, (now,))
         else:
             for sid in sorted(claimed_ids):
                 work.index_session(sid)
-            for sid, until_before in conn.execute(
-                "SELECT session_id, watch_until FROM sessions WHERE watch_until IS NOT NULL"
-            ).fetchall():
+            for sid, until_before in conn.execute(sql.WATCHED).fetchall():
                 if sid in claimed_ids:
                     continue
                 work.index_session(sid, watched_only=True)
                 if until_before < now:
-                    conn.execute(
-                        "UPDATE sessions SET watch_until = NULL WHERE session_id = ?", (sid,)
-                    )
-        conn.executemany(
-            "UPDATE sessions SET watch_until = ? WHERE session_id = ?",
-            [(until, sid) for sid in claimed_ids],
-        )
+                    conn.execute(sql.UNWATCH, (sid,))
+        conn.executemany(sql.WATCH, [(until, sid) for sid in claimed_ids])
         work.finish()
         if full:
-            conn.execute("INSERT OR REPLACE INTO meta VALUES ('built', ?)", (str(now),))
+            conn.execute(sql.SET_BUILT, (str(now),))
         return [path for _, path in claimed]
 
     def _claim_markers(self) -> list[tuple[str, Path]]:
@@ -510,11 +496,11 @@ class SearchIndex:
         """``read`` on one snapshot of the index, once it is up to date."""
         self._refresh(full=False)
         conn = self._connection()
-        conn.execute("BEGIN")
+        conn.execute(sql.BEGIN)
         try:
             return read(conn)
         finally:
-            conn.execute("COMMIT")
+            conn.execute(sql.COMMIT)
 
     def _search(
         self, conn: sqlite3.Connection, q: SearchQuery, terms: list[str]
@@ -528,48 +514,33 @@ class SearchIndex:
         tags = ""
         if q.context is not None:
             context = ContextId.parse(q.context)
-            ids = [
-                row[0]
-                for row in conn.execute(
-                    "SELECT id FROM sessions WHERE type = ? AND name = ?",
-                    (context.type, context.name),
-                )
-            ]
+            found = conn.execute(sql.SESSIONS_OF_CONTEXT, (context.type, context.name))
+            ids = [row[0] for row in found]
             if not ids:
                 return []
-            tags += " AND tags : (" + " OR ".join(f'"s{i}"' for i in ids) + ")"
+            tags += sql.sessions_filter(ids)
         if q.type is not None:
-            row = conn.execute("SELECT id FROM types WHERE name = ?", (q.type,)).fetchone()
+            row = conn.execute(sql.TYPE_ID, (q.type,)).fetchone()
             if row is None:
                 return []
-            tags += f' AND tags : "t{row[0]}"'
+            tags += sql.type_filter(row[0])
         if q.role is not None:
-            tags += f' AND tags : "r{q.role}"'
+            tags += sql.role_filter(q.role)
         phrases = [fts5_phrases([term]) for term in terms]
         match = body_match(phrases) + tags
-        (rows,) = conn.execute("SELECT coalesce(max(id), 0) FROM docs").fetchone()
-        ranked = self._ranker.rank(conn, "fts", phrases, tags, q, rows)
+        (rows,) = conn.execute(sql.LAST_DOC).fetchone()
+        ranked = self._ranker.rank(conn, sql.FTS, phrases, tags, q, rows)
         if not ranked:
             return []
         marks = ",".join("?" * len(ranked))
         ids = [rowid for rowid, _ in ranked]
         snippets = dict(
             conn.execute(
-                f"SELECT rowid, snippet(fts, 0, ?, ?, ?, ?) FROM fts "
-                f"WHERE fts MATCH ? AND rowid IN ({marks})",
+                sql.SNIPPETS.format(marks=marks),
                 (HIGHLIGHT_OPEN, HIGHLIGHT_CLOSE, ELLIPSIS, SNIPPET_TOKENS, match, *ids),
             ).fetchall()
         )
-        meta = {
-            row[0]: row[1:]
-            for row in conn.execute(
-                "SELECT d.id, s.context, s.date, s.session_id, g.segment_id, d.seq, d.role, d.ts "
-                "FROM docs d JOIN segments g ON g.id = d.segment "
-                "JOIN sessions s ON s.id = d.session "
-                f"WHERE d.id IN ({marks})",
-                ids,
-            )
-        }
+        meta = {row[0]: row[1:] for row in conn.execute(sql.HIT_ROWS.format(marks=marks), ids)}
         return assemble_hits(ranked, meta, snippets)
 
     def list_contexts(self, type: str | None = None) -> list[ContextSummary]:
@@ -585,9 +556,9 @@ class SearchIndex:
 
         def read(conn: sqlite3.Connection) -> list[ContextSummary]:
             if type is None:
-                rows = conn.execute(f"{LISTING} ORDER BY type, name")
+                rows = conn.execute(sql.LISTING)
             else:
-                rows = conn.execute(f"{LISTING} WHERE type = ? ORDER BY name", (type,))
+                rows = conn.execute(sql.LISTING_OF_TYPE, (type,))
             return [ContextSummary(*row) for row in rows]
 
         with self._lock:
@@ -597,14 +568,12 @@ class SearchIndex:
         """Per segment, the byte offset the index has read up to (for tests and ``check``)."""
         with self._lock:
             conn = self._connection()
-            rows = conn.execute("SELECT segment_id, offset FROM segments").fetchall()
+            rows = conn.execute(sql.OFFSETS).fetchall()
         return {uuid.UUID(segment_id): offset for segment_id, offset in rows}
 
     def watched(self) -> list[SessionId]:
         """The sessions being watched for unmarked appends."""
         with self._lock:
             conn = self._connection()
-            rows = conn.execute(
-                "SELECT session_id FROM sessions WHERE watch_until IS NOT NULL"
-            ).fetchall()
+            rows = conn.execute(sql.WATCHED_IDS).fetchall()
         return [uuid.UUID(row[0]) for row in rows]
