@@ -18,7 +18,6 @@ import importlib
 import io
 import os
 import tarfile
-import tempfile
 import time
 import zipfile
 from collections.abc import Callable, Iterable
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from terrarium.model import ContextId, encode_name
+from terrarium.stores._files import make_dirs, write_atomic
 from terrarium.stores.base import Store
 
 if TYPE_CHECKING:
@@ -224,7 +224,7 @@ def export_many(
 
         data = export_finetune(store, chosen).encode()
         if not _is_archive(target) and not target.is_dir():
-            _write_atomic(target, data)
+            write_atomic(target, data, sync=False)
             return ExportResult(target, [], chosen)
         files[FINETUNE_FILE] = data
     else:
@@ -235,13 +235,13 @@ def export_many(
             )
     name = target.name.lower()
     if name.endswith(".zip"):
-        _write_atomic(target, _zip(files))
+        write_atomic(target, _zip(files), sync=False)
     elif name.endswith((".tar.gz", ".tgz")):
-        _write_atomic(target, _tar_gz(files))
+        write_atomic(target, _tar_gz(files), sync=False)
     else:
         for member, data in files.items():
-            _write_atomic(target.joinpath(*member.split("/")), data)
-        target.mkdir(parents=True, exist_ok=True)
+            write_atomic(target.joinpath(*member.split("/")), data, sync=False)
+        make_dirs(target)
     return ExportResult(target, list(files), chosen)
 
 
@@ -266,19 +266,6 @@ def _tar_gz(files: dict[str, bytes]) -> bytes:
             info.size, info.mtime, info.mode = len(data), now, 0o644
             archive.addfile(info, io.BytesIO(data))
     return buf.getvalue()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path`` and rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".export-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 __all__ = [
