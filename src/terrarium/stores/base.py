@@ -25,10 +25,11 @@ Optional abilities are sub-protocols detected with ``isinstance`` (:class:`Conte
 from __future__ import annotations
 
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 import msgspec
 
@@ -102,6 +103,20 @@ class SegmentRead:
     """The seq the next append to the whole segment gets."""
     torn: TornTail | None = None
     """A torn tail found and set aside during this read."""
+
+
+class ClosingStore(ABC):
+    """Mixin of the stores that hold resources: ``with store:`` closes it when the block ends."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what the store holds (descriptors, connections, threads)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @runtime_checkable

@@ -71,6 +71,7 @@ from terrarium.stores._files import (
     write_new,
 )
 from terrarium.stores.base import (
+    ClosingStore,
     ContextSummary,
     NewEntry,
     PodMetadata,
@@ -146,7 +147,7 @@ class _Open:
     """When an append last left the search index's dirty marker (monotonic seconds)."""
 
 
-class FsStore(Tree):
+class FsStore(Tree, ClosingStore):
     """A store of plain files under one root directory (see the module docstring)."""
 
     def __init__(
@@ -710,12 +711,6 @@ class FsStore(Tree):
             self._open.clear()
             if self._search is not None:
                 self._search.close()
-
-    def __enter__(self) -> FsStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ---------------------------------------------------------------- index
 

@@ -43,6 +43,7 @@ from terrarium.errors import (
 from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
+    ClosingStore,
     ContextSummary,
     NewEntry,
     PodMetadata,
@@ -95,7 +96,7 @@ _SEEN_CACHE = 4096
 _IDLE_LOCK_CONNECTIONS = 4
 
 
-class PostgresStore:
+class PostgresStore(ClosingStore):
     """A store in a PostgreSQL database, shared by many processes on many machines."""
 
     def __init__(
@@ -169,12 +170,6 @@ class PostgresStore:
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact_url(self._dsn)!r}, schema={self.schema!r})"
-
-    def __enter__(self) -> PostgresStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _scrub(self, exc: BaseException) -> str:
         """An error message with the DSN's password masked, should libpq ever echo it."""

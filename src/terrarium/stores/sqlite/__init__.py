@@ -47,6 +47,7 @@ from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores import _db
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
+    ClosingStore,
     ContextSummary,
     NewEntry,
     PodMetadata,
@@ -101,7 +102,7 @@ def _catch_up(conn: sqlite3.Connection, *, counts: bool = True) -> int:
     return catch_up(conn, counts=counts, recent=SEARCH_RECENT)
 
 
-class SqliteStore:
+class SqliteStore(ClosingStore):
     """A store in one SQLite database file (see the module docstring)."""
 
     def __init__(
@@ -210,12 +211,6 @@ class SqliteStore:
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r}, synchronous={self.synchronous!r})"
-
-    def __enter__(self) -> SqliteStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ---------------------------------------------------------------- connections
     # Connections come from a small pool: a thread takes an idle connection for one call and
