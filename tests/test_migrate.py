@@ -203,6 +203,19 @@ def test_migration_moves_everything_and_reports_the_broken_file(tmp_path: Path) 
     assert (again.moved, again.skipped, again.failed) == (0, 320, 1)
 
 
+def test_a_migrated_file_is_private_whatever_the_umask(tmp_path: Path) -> None:
+    """A legacy file moved into its date folder is 0600, as every transcript terrarium writes."""
+    root = tmp_path / "sessions"
+    build_tree(root)
+    old = os.umask(0o022)
+    try:
+        migrate(root, out=io.StringIO())
+    finally:
+        os.umask(old)
+    moved = root / "cli" / "2025-01-01" / "#chan0.json"
+    assert moved.stat().st_mode & 0o777 == 0o600
+
+
 def test_a_killed_run_finishes_on_rerun(tmp_path: Path) -> None:
     """SIGKILL after K progress lines, run again: every session once, content intact."""
     root = tmp_path / "sessions"

@@ -54,7 +54,7 @@ from terrarium.model import (
     new_session_id,
     printable,
 )
-from terrarium.stores._files import fsync_dir, listdir, write_all
+from terrarium.stores._files import fsync_dir, listdir, open_private, write_all
 from terrarium.stores.base import PodMetadata, Store
 
 LEGACY_HEADER_KEY = "legacy"
@@ -569,7 +569,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, mtime_ns: int | None = None) 
     it behind, never a half-written ``path``. ``mtime_ns`` sets the file's modification time.
     """
     tmp = path.with_name(f"{_partial_prefix(path)}{uuid.uuid4().hex[:16]}.partial")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # transcripts are private
     try:
         try:
             write_all(fd, data)
