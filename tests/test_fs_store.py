@@ -612,6 +612,10 @@ def test_trace_files_sit_beside_the_segment_and_do_not_affect_restore(
     after = restore(store, "cli:main")
     assert after == before
     assert store.list_segments(ref.session_id) == [ref.segment_id]
+    save_trace(store, ref, [])  # nothing to trace: no file for a fork that has none
+    other = PodActiveSegmentRef(ref.session_id, fork(store, ref))
+    save_trace(store, other, [])
+    assert not (folder / f"{other.segment_id}.trace.jsonl").exists()
 
     with trace.open("ab") as out:
         out.write(b'{"ts": "torn')  # a trace is best effort: a torn line is skipped

@@ -240,6 +240,16 @@ def test_traces_round_trip_in_order(store: Store, main: PodActiveSegmentRef) -> 
     ]
 
 
+def test_an_empty_trace_stores_nothing_and_still_checks_the_segment(
+    store: Store, main: PodActiveSegmentRef
+) -> None:
+    """Saving no trace events stores nothing; a segment that does not exist is still refused."""
+    save_trace(store, main, [])
+    assert store.read_trace(main.session_id, main.segment_id) == []
+    with pytest.raises(SegmentNotFound):
+        store.append_trace(main.session_id, new_segment_id(), [])
+
+
 def test_traces_do_not_affect_the_log(store: Store, main: PodActiveSegmentRef) -> None:
     """Traces are separate from the log: restore, read_entries and next_seq ignore them."""
     save_user_input(store, main, "hi")

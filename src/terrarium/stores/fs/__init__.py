@@ -676,10 +676,12 @@ class FsStore(Tree, ClosingStore):
     def append_trace(
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
     ) -> None:
-        """Append to ``{segment}.trace.jsonl`` (one write, ``O_APPEND``)."""
+        """Append to ``{segment}.trace.jsonl`` (one write, ``O_APPEND``); no entries, no file."""
         folder = self._session_folder(session_id)
         if not (folder / f"{segment_id}{SEGMENT_SUFFIX}").exists():
             raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+        if not entries:
+            return
         path = folder / f"{segment_id}{TRACE_SUFFIX}"
         data = b"".join(codec.encode_line(e.to_dict()) for e in entries)
         fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
