@@ -4,12 +4,15 @@ Each format lives in its own module under :mod:`terrarium.formats` and is import
 it is used (the OpenAI format pulls in the runtime, the legacy format is optional), so listing
 the formats costs nothing.
 
-:func:`export_many` writes one file per context, named ``{type}/{encoded name}{extension}``
-(``irc/#python.md``; names are made safe by :func:`terrarium.model.encode_name`), into a
-folder, or into a ``.zip`` or ``.tar.gz`` archive when the destination's name says so. The
-``finetune`` format is the exception: it is one JSONL file for all the contexts together.
-Files and archives are written to a temporary name and renamed into place, so an interrupted
-export never leaves a half-written file where a good one is expected.
+:func:`export_many` writes one file per context into a folder, or into a ``.zip`` or
+``.tar.gz`` archive when the destination's name says so: ``{type}/{encoded name}{extension}``
+(``irc/#python.md``; names are made safe by :func:`terrarium.model.encode_name`), and for
+``terrarium-json`` the seed's storage layout ``{type}/{date}/{encoded name}.json``
+(``irc/2025-11-06/#python.json``), so the folder is a sessions folder the old tool (and
+:mod:`terrarium.legacy`) reads in place. The ``finetune`` format is the exception: it is one
+JSONL file for all the contexts together. Legacy files beside the store are exported like
+native contexts. Files and archives are written to a temporary name and renamed into place,
+so an interrupted export never leaves a half-written file where a good one is expected.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from terrarium.model import ContextId, encode_name
+from terrarium.model import DATE_RE, ContextId, encode_name
 from terrarium.stores._files import make_dirs, write_atomic
 from terrarium.stores.base import Store
 
@@ -49,6 +52,8 @@ class Format:
     """The module that implements it."""
     function: str = "export_context"
     """The module's ``(store, context) -> str | bytes`` function."""
+    dated: bool = False
+    """Whether many files are laid out by date, ``{type}/{date}/{name}{extension}``."""
 
     def export(self, store: Store, context: ContextId | str) -> str | bytes:
         """Export one context in this format."""
@@ -102,6 +107,7 @@ FORMATS: dict[str, Format] = {
             "application/json",
             "the legacy Terrarium JSON file",
             "terrarium.formats.terrarium_json",
+            dated=True,
         ),
     )
 }
@@ -147,10 +153,16 @@ def export_context(store: Store, context: ContextId | str, fmt: str | Format) ->
     return get_format(fmt).export(store, context)
 
 
-def member_name(context: ContextId | str, fmt: str | Format) -> str:
-    """The relative file name of a context's export: ``{type}/{encoded name}{extension}``."""
+def member_name(context: ContextId | str, fmt: str | Format, date: str | None = None) -> str:
+    """The relative file name of a context's export: ``{type}/{encoded name}{extension}``.
+
+    For a :attr:`Format.dated` format (``terrarium-json``) given the session's ``date``
+    (``YYYY-MM-DD``): ``{type}/{date}/{encoded name}{extension}``, the seed's storage layout.
+    """
     ctx = ContextId.parse(context)
-    return f"{ctx.type}/{encode_name(ctx.name)}{get_format(fmt).extension}"
+    spec = get_format(fmt)
+    folder = f"{ctx.type}/{date}" if spec.dated and date is not None else ctx.type
+    return f"{folder}/{encode_name(ctx.name)}{spec.extension}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,14 +187,49 @@ def _select(
     type: str | None,
     since: DateBound | None,
     until: DateBound | None,
-) -> list[ContextId]:
+) -> dict[ContextId, Store]:
+    """The chosen contexts, sorted, each with the store to read it from.
+
+    Legacy files beside the store count as sessions, as in ``terrarium list``: each is read
+    into a throw-away store (:func:`terrarium.legacy.read`); the log hides a file of the same
+    context.
+    """
+    from terrarium import legacy
     from terrarium.formats.jsonl import load_transcript
     from terrarium.formats.openai import select_contexts
 
-    chosen = select_contexts(store, contexts, type=type)
+    if contexts is None:
+        contexts = [*select_contexts(store, type=type), *legacy.listing(store).by_context]
+    chosen: dict[ContextId, Store] = {}
+    for context in select_contexts(store, contexts, type=type):
+        copy = legacy.read(store, context) if store.get_head(context) is None else None
+        chosen[context] = store if copy is None else copy.store
     if since is None and until is None:
         return chosen
-    return [c for c in chosen if load_transcript(store, c).active_between(since, until)]
+    return {
+        c: source
+        for c, source in chosen.items()
+        if load_transcript(source, c).active_between(since, until)
+    }
+
+
+def _member(spec: Format, store: Store, context: ContextId) -> tuple[str, bytes]:
+    """A context's file in a many-file export: its relative name and its content."""
+    date = None
+    if spec.dated:
+        from terrarium.formats import terrarium_json
+
+        data = terrarium_json.export_dict(store, context)
+        date = data["metadata"].get("session_date")
+        if not isinstance(date, str) or not DATE_RE.fullmatch(date):  # a header edited by hand
+            head = store.get_head(context)
+            date = head.date if head is not None else None
+        content: str | bytes = terrarium_json.dumps(data)
+    else:
+        content = spec.export(store, context)
+    return member_name(context, spec, date), (
+        content.encode() if isinstance(content, str) else content
+    )
 
 
 def export_many(
@@ -199,7 +246,8 @@ def export_many(
 
     Args:
         store: where the contexts live.
-        contexts: the contexts to export; every context in the store when None.
+        contexts: the contexts to export; every context in the store when None. Legacy
+            files beside the store count as contexts (see :mod:`terrarium.legacy`).
         fmt: a name in :data:`FORMATS`, or a :class:`Format`.
         dest: a folder (created if needed; files in it are replaced), or a path ending in
             ``.zip``, ``.tar.gz`` or ``.tgz`` for an archive. For ``finetune``: the JSONL file
@@ -214,25 +262,22 @@ def export_many(
     Raises:
         ValueError: unknown format.
         ContextNotFound: a context named in ``contexts`` does not exist.
+        LegacyFormatError, OSError: a context's legacy file cannot be read.
     """
     spec = get_format(fmt)
     target = Path(dest)
     chosen = _select(store, contexts, type, since, until)
     files: dict[str, bytes] = {}
-    if spec.name == "finetune":
-        from terrarium.formats.openai import export_finetune
-
-        data = export_finetune(store, chosen).encode()
+    if spec.name == "finetune":  # one line per context (or none), in one file
+        data = b"".join(_member(spec, source, c)[1] for c, source in chosen.items())
         if not _is_archive(target) and not target.is_dir():
             write_atomic(target, data, sync=False)
-            return ExportResult(target, [], chosen)
+            return ExportResult(target, [], list(chosen))
         files[FINETUNE_FILE] = data
     else:
-        for context in chosen:
-            content = spec.export(store, context)
-            files[member_name(context, spec)] = (
-                content.encode() if isinstance(content, str) else content
-            )
+        for context, source in chosen.items():
+            member, data = _member(spec, source, context)
+            files[member] = data
     name = target.name.lower()
     if name.endswith(".zip"):
         write_atomic(target, _zip(files), sync=False)
@@ -242,7 +287,7 @@ def export_many(
         for member, data in files.items():
             write_atomic(target.joinpath(*member.split("/")), data, sync=False)
         make_dirs(target)
-    return ExportResult(target, list(files), chosen)
+    return ExportResult(target, list(files), list(chosen))
 
 
 def _zip(files: dict[str, bytes]) -> bytes:
