@@ -19,11 +19,12 @@ import pytest
 from helpers.history import QUERY_SYNTAX, add_context, snippets, user_item
 from terrarium import FsStore, codec
 from terrarium import text as text_module
-from terrarium.model import ContextId
-from terrarium.sessions import save_user_input
+from terrarium.model import ContextId, new_segment_id, new_session_id
+from terrarium.sessions import create_segment_with_ids, save_user_input
 from terrarium.stores import fts
 from terrarium.stores.base import (
     NewEntry,
+    PodActiveSegmentRef,
     SearchQuery,
     iter_lines,
 )
@@ -186,6 +187,45 @@ def test_an_unmarked_append_is_found_while_watched_and_after_the_watch_ends(
         assert len(index.search(SearchQuery("delta"))) == 5
     finally:
         index.close()
+
+
+def test_date_folders_moved_out_and_back_by_hand_are_noticed(
+    store: FsStore, tmp_path: Path
+) -> None:
+    """The seed's "archive old date folders" by hand: a date or type folder moved out of the
+    root leaves the listing and the hits, and moved back returns to both, with no marker
+    and no watch (only the shape of the tree changed)."""
+    clock = FakeClock()
+    for context, day in (("cli:old", "2025-01-01"), ("cli:new", "2025-02-01"), ("irc:#a", "")):
+        session_id, segment_id = new_session_id(), new_segment_id()
+        ts = f"{day}T10:00:00Z" if day else None
+        create_segment_with_ids(store, session_id, segment_id, context=context, ts=ts)
+        save_user_input(store, PodActiveSegmentRef(session_id, segment_id), f"zeta {context}")
+    index = SearchIndex(store.root, clock=clock)
+
+    def listed() -> set[str]:
+        return {s.context for s in index.list_contexts()}
+
+    def found() -> set[str]:
+        return {str(h.context) for h in index.search(SearchQuery("zeta"))}
+
+    try:
+        assert listed() == found() == {"cli:old", "cli:new", "irc:#a"}
+        clock.now += fs_search.WATCH_SECONDS + 1
+        index.refresh()  # the watch's last pass
+        assert index.watched() == []
+        away = tmp_path / "archive"
+        away.mkdir()
+        (store.root / "cli" / "2025-01-01").rename(away / "2025-01-01")
+        assert listed() == found() == {"cli:new", "irc:#a"}
+        (store.root / "irc").rename(away / "irc")
+        assert listed() == found() == {"cli:new"}
+        (away / "2025-01-01").rename(store.root / "cli" / "2025-01-01")
+        (away / "irc").rename(store.root / "irc")
+        assert listed() == found() == {"cli:old", "cli:new", "irc:#a"}
+    finally:
+        index.close()
+    _integrity(store)
 
 
 def _append_raw(path: Path, seq: int, text: str) -> None:

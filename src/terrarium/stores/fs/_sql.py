@@ -110,6 +110,8 @@ CHECKPOINT = "PRAGMA wal_checkpoint(TRUNCATE)"
 
 BUILT = "SELECT 1 FROM meta WHERE key = 'built'"
 SET_BUILT = "INSERT OR REPLACE INTO meta VALUES ('built', ?)"
+SHAPE = "SELECT value FROM meta WHERE key = 'shape'"
+SET_SHAPE = "INSERT OR REPLACE INTO meta VALUES ('shape', ?)"
 RECENT_COUNT = "SELECT value FROM meta WHERE key = 'recent_count'"
 SET_RECENT_COUNT = "INSERT OR REPLACE INTO meta VALUES ('recent_count', ?)"
 #: What a rebuild empties, after ``FTS_DELETE_ALL`` of each FTS table.
@@ -123,6 +125,7 @@ HEAD_COLUMNS = "context, type, name, tid, date, folder, head, created_at, update
 SESSIONS = f"SELECT id, {HEAD_COLUMNS}, session_id FROM sessions"
 SESSION = f"SELECT id, {HEAD_COLUMNS} FROM sessions WHERE session_id = ?"
 SESSION_IDS = "SELECT session_id FROM sessions"
+SESSION_FOLDERS = "SELECT session_id, folder FROM sessions"
 COUNT_SESSIONS = "SELECT count(*) FROM sessions"
 SESSION_FOLDER = "SELECT folder FROM sessions WHERE session_id = ?"
 # The other session rows that claim a context (they may be stale).

@@ -30,7 +30,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -39,6 +39,7 @@ from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores import _db
 from terrarium.stores._files import listdir, make_dirs, open_private
 from terrarium.stores.base import ContextSummary, SearchHit, SearchQuery
+from terrarium.stores.fs import _shape
 from terrarium.stores.fs import _sql as sql
 from terrarium.stores.fs._layout import HEAD, INDEX, SEGMENT_SUFFIX, is_uuid, segment_name
 from terrarium.stores.fs._refresh import IndexStats, IndexUpdate, scandir
@@ -319,11 +320,13 @@ class SearchIndex:
         full = full or built is None
         markers = listdir(dirty_dir(self.root))
         now = self.clock()
-        if not (full or markers or self._watch_needs_work(conn, now)):
+        shape = None if full else _shape.compare(self.root, self._stored_shape(conn))
+        moved = shape is not None and shape.changed
+        if not (full or markers or moved or self._watch_needs_work(conn, now)):
             return False
         items = self.stats.items
         with _db.immediate(conn):  # the others wait for it, then find little left to do
-            claimed = self._update(conn, full=full, now=now)
+            claimed = self._update(conn, full=full, now=now, shape=shape)
         for path in claimed:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -337,7 +340,13 @@ class SearchIndex:
             return "never built"
         if listdir(dirty_dir(self.root)) or self._watch_needs_work(conn, None):
             return "behind the session files (sessions changed since it was last updated)"
+        if _shape.compare(self.root, self._stored_shape(conn)).moved:
+            return "behind the session files (date folders were moved in or out)"
         return None
+
+    def _stored_shape(self, conn: sqlite3.Connection) -> _shape.Shape | None:
+        row = conn.execute(sql.SHAPE).fetchone()
+        return _shape.load(row[0] if row is not None else None)
 
     def _rebuild(self) -> int:
         conn = self._connection()
@@ -377,7 +386,14 @@ class SearchIndex:
                 return True
         return False
 
-    def _update(self, conn: sqlite3.Connection, *, full: bool, now: float) -> list[Path]:
+    def _update(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        full: bool,
+        now: float,
+        shape: _shape.ShapeChange | None = None,
+    ) -> list[Path]:
         """Inside a write transaction: claim markers, index what changed; return the claims.
 
         A refresh claims markers by renaming them (atomic: a writer marking at the same time
@@ -388,6 +404,9 @@ class SearchIndex:
         next append after the watch ends marks again. Trade-off: right after a bulk import
         every imported session is watched for ``WATCH_SECONDS``, so refreshes cost a ``stat``
         per session for that long.
+
+        Date folders moved in or out by hand (``shape``, see :mod:`._shape`) are walked, or
+        their sessions looked at again, too; a full refresh records the shape it walked.
         """
         self.stats.refreshes += 1
         work = IndexUpdate(self, conn, defer_recent=full, recent_size=RECENT_SIZE)
@@ -395,6 +414,7 @@ class SearchIndex:
         claimed_ids = {sid for sid, _ in claimed}
         until = now + WATCH_SECONDS
         if full:
+            shape = _shape.compare(self.root, None)
             seen: set[str] = set()
             for folder, entries in self._walk():
                 sid = work.index_folder(folder, entries, hint=None)
@@ -413,11 +433,28 @@ class SearchIndex:
                 work.index_session(sid, watched_only=True)
                 if until_before < now:
                     conn.execute(sql.UNWATCH, (sid,))
+            if shape is not None and shape.moved:
+                self._moved(work, conn, shape)
+        if shape is not None and shape.changed:
+            conn.execute(sql.SET_SHAPE, (_shape.dump(shape.shape),))
         conn.executemany(sql.WATCH, [(until, sid) for sid in claimed_ids])
         work.finish()
         if full:
             conn.execute(sql.SET_BUILT, (str(now),))
         return [path for _, path in claimed]
+
+    def _moved(
+        self, work: IndexUpdate, conn: sqlite3.Connection, shape: _shape.ShapeChange
+    ) -> None:
+        """Index the sessions of date folders that appeared; look again at those of date
+        folders that vanished (a session whose folder is gone is dropped)."""
+        for folder, entries in self._walk(shape.added):
+            work.index_folder(folder, entries, hint=None)
+        gone = set(shape.removed)
+        if gone:
+            for sid, folder in conn.execute(sql.SESSION_FOLDERS).fetchall():
+                if folder.rsplit("/", 1)[0] in gone:
+                    work.index_session(sid)
 
     def _claim_markers(self) -> list[tuple[str, Path]]:
         """Rename every marker to a claimed name; return (session id, claimed path) pairs."""
@@ -440,31 +477,40 @@ class SearchIndex:
             out.append((str(uuid.UUID(sid)), path))
         return out
 
-    def _walk(self) -> Iterator[tuple[str, list[os.DirEntry[str]]]]:
-        """Every session folder (relative path) with its entries, least recently written first."""
-        found: list[tuple[float, str, list[os.DirEntry[str]]]] = []
+    def _date_folders(self) -> Iterator[str]:
+        """Every date folder, as ``type/date``."""
         for kind in scandir(self.root):
             if kind.name.startswith(".") or not kind.is_dir(follow_symlinks=False):
                 continue
             for date in scandir(kind.path):
-                if not date.is_dir(follow_symlinks=False):
+                if date.is_dir(follow_symlinks=False):
+                    yield f"{kind.name}/{date.name}"
+
+    def _walk(
+        self, date_folders: Iterable[str] | None = None
+    ) -> Iterator[tuple[str, list[os.DirEntry[str]]]]:
+        """Every session folder (relative path) with its entries, least recently written first
+        (of ``date_folders``, ``type/date`` each, if given)."""
+        found: list[tuple[float, str, list[os.DirEntry[str]]]] = []
+        for date_folder in self._date_folders() if date_folders is None else date_folders:
+            path = self.root / date_folder
+            if os.path.islink(path):
+                continue  # never followed out of the root
+            for session in scandir(path):
+                if not session.is_dir(follow_symlinks=False):
                     continue
-                for session in scandir(date.path):
-                    if not session.is_dir(follow_symlinks=False):
-                        continue
-                    entries = scandir(session.path)
-                    newest = 0.0
-                    found_any = False  # a head, or segments to rebuild it from
-                    for entry in entries:
-                        if entry.name == HEAD:
-                            found_any = True
-                        elif segment_name(entry.name) is not None:
-                            found_any = True
-                            with contextlib.suppress(FileNotFoundError):
-                                newest = max(newest, entry.stat().st_mtime)
-                    if found_any:
-                        rel = f"{kind.name}/{date.name}/{session.name}"
-                        found.append((newest, rel, entries))
+                entries = scandir(session.path)
+                newest = 0.0
+                found_any = False  # a head, or segments to rebuild it from
+                for entry in entries:
+                    if entry.name == HEAD:
+                        found_any = True
+                    elif segment_name(entry.name) is not None:
+                        found_any = True
+                        with contextlib.suppress(FileNotFoundError):
+                            newest = max(newest, entry.stat().st_mtime)
+                if found_any:
+                    found.append((newest, f"{date_folder}/{session.name}", entries))
         found.sort(key=lambda item: (item[0], item[1]))
         for _, rel, entries in found:
             yield rel, entries
