@@ -263,7 +263,10 @@ class FsStore(Tree, ClosingStore):
             folder = None
         if folder is None or not holds_context(folder):
             detached = self.detached_folder(session_id)
-            folder = detached if segment_ids(detached) else self._find_session(session_id)
+            if real_dir(detached) and segment_ids(detached):
+                folder = detached
+            else:
+                folder = self._find_session(session_id)
         self._folders[session_id] = folder
         return folder
 
@@ -535,7 +538,7 @@ class FsStore(Tree, ClosingStore):
             if self.folder_of(context) is not None:
                 raise ContextExists(f"context {context} already exists")
             source = self.detached_folder(session_id)
-            segments = segment_ids(source)
+            segments = segment_ids(source) if real_dir(source) else []
             if not segments:
                 self._folders.pop(session_id, None)
                 owner = self._owner(session_id)  # SegmentNotFound if there is no such session

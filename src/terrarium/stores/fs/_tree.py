@@ -59,7 +59,7 @@ class Tree:
 
     def detached_folder(self, session_id: SessionId) -> Path:
         """Where the detached session ``session_id`` lives (whether or not it is there)."""
-        return self._inside(self.root / DETACHED) / str(session_id)
+        return self._inside(self.root / DETACHED / str(session_id))
 
     def detached(self) -> Iterator[tuple[SessionId, Path]]:
         """Every detached session (``.detached/{session}/`` with a segment), oldest first.
