@@ -289,3 +289,23 @@ def test_a_store_that_cached_the_detached_folder_follows_the_attach(root: Path) 
             attach_context(second, "cli:again", ref)
         assert detached_sessions(second) == []
         assert os.listdir(root / ".detached") == []
+
+
+def test_terrarium_copy_of_a_whole_store_carries_detached_sessions(
+    root: Path, store: FsStore, tmp_path: Path
+) -> None:
+    """`terrarium copy SRC DST` copies detached sessions too (detached there); with
+    --context, only those contexts."""
+    ref = _detached(store, "iguanas")
+    dest, only = tmp_path / "dest", tmp_path / "only"
+    create_segment(store, context="cli:a")
+    result = invoke("copy", str(root), str(dest))
+    assert result.exit_code == 0, result.output
+    assert f"session {ref.session_id}" in result.output
+    with FsStore(dest) as copied:
+        assert copied.detached_sessions() == [ref.session_id]
+        state = restore_by_segment(copied, ref.session_id, ref.segment_id)
+        assert state == restore_by_segment(store, ref.session_id, ref.segment_id)
+    assert invoke("copy", str(root), str(only), "--context", "cli:a").exit_code == 0
+    with FsStore(only) as copied:
+        assert copied.detached_sessions() == []

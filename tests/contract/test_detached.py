@@ -9,6 +9,7 @@ once with ``attach_context``: from then on it is a context like any other.
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -52,7 +53,7 @@ from terrarium.model import ContextId
 from terrarium.search import scan
 from terrarium.search import search as search_any
 from terrarium.sessions import lineage
-from terrarium.stores.base import Listing, SearchQuery
+from terrarium.stores.base import Listing, NewEntry, SearchQuery
 
 
 def _quick_start(store: Store) -> PodActiveSegmentRef:
@@ -324,3 +325,63 @@ def test_attach_seen_by_another_store_on_the_same_data(store: Store, other: Stor
     with pytest.raises(SessionAttached):
         attach_context(other, "cli:again", ref)
     assert other.detached_sessions() == []
+
+
+def test_the_manager_and_exports_see_the_attached_context(store: Store) -> None:
+    """MultiContextManager's list_all_contexts and get_stats, and every export format, show
+    an attached context, with what was written while it was detached."""
+    from terrarium import MultiContextManager
+    from terrarium.export import export_context, get_format
+
+    ref = _quick_start(store)
+    _talk(store, ref, "geckos")
+    manager = MultiContextManager(None, store=store)  # type: ignore[arg-type]
+    assert manager.list_all_contexts() == {}
+    attach_context(store, "cli:geckos", ref)
+    listed = manager.list_all_contexts()
+    assert [c["session_id"] for c in listed["cli"]] == ["geckos"]
+    stats = manager.get_stats("cli:geckos")
+    assert stats["message_count"] == 2
+    for fmt in ("markdown", "jsonl", "terrarium-json", "openai"):
+        exported = export_context(store, "cli:geckos", get_format(fmt))
+        text = exported if isinstance(exported, str) else exported.decode()
+        assert "geckos are interesting" in text, fmt
+
+
+def test_copying_a_whole_store_carries_detached_sessions(store: Store, tmp_path: Path) -> None:
+    """copy_store of every context copies detached sessions too (detached in the
+    destination, every segment, entry and trace as stored); an interrupted copy is completed
+    by the next; a session the destination holds in a context is skipped, not touched."""
+    from terrarium import FsStore
+    from terrarium.copy import copy_detached, copy_store
+
+    src = FsStore(tmp_path / "src")
+    try:
+        ref = _quick_start(src)
+        _talk(src, ref, "lizards")
+        forked = fork_at(src, ref, 2)
+        save_user_input(src, PodActiveSegmentRef(ref.session_id, forked), "branch")
+        save_trace(src, ref, [TraceEntry("2026-01-01T00:00:00Z", "chunk", {"t": "y"})])
+        add_context(src, "cli:plain", "hello")
+        # An interrupted earlier copy: the root and part of its entries only.
+        store.create_session(read_entries(src, ref)[0].to_dict())
+        first = src.read_segment(ref.session_id, ref.segment_id).entries[0]
+        data = {k: v for k, v in first.items() if k not in ("v", "seq", "ts", "kind")}
+        store.append(ref.session_id, ref.segment_id, [NewEntry(first["kind"], first["ts"], data)])
+        report = copy_store(src, store)
+        assert sorted(report.copied) == ["cli:plain", f"session {ref.session_id}"]
+        assert detached_sessions(store) == [ref.session_id]
+        for segment_id in (ref.segment_id, forked):
+            assert read_entries(store, PodActiveSegmentRef(ref.session_id, segment_id)) == (
+                read_entries(src, PodActiveSegmentRef(ref.session_id, segment_id))
+            )
+        assert store.read_trace(ref.session_id, ref.segment_id) == src.read_trace(
+            ref.session_id, ref.segment_id
+        )
+        assert copy_detached(src, store, ref.session_id) == 0  # nothing left to copy
+        attach_context(store, "cli:lizards", ref)
+        again = copy_store(src, store)
+        assert [name for name, _ in again.skipped] == ["cli:plain", f"session {ref.session_id}"]
+        assert copy_store(src, store, ["cli:plain"]).skipped[0][0] == "cli:plain"
+    finally:
+        src.close()
