@@ -213,6 +213,7 @@ def test_attach_killed_at_any_step_leaves_the_session_detached_or_attached(
         save_user_input(store, PodActiveSegmentRef(ref.session_id, newer), "elsewhere")
         create_segment(store, context="cli:other")
         expected = restore_by_segment(store, ref.session_id, ref.segment_id)
+        assert store.search(SearchQuery("larvae")) == []  # the search index is built
     session = str(ref.session_id)
     request: dict[str, Any] = {
         "context": "irc:#pond",
@@ -257,6 +258,9 @@ def test_attach_killed_at_any_step_leaves_the_session_detached_or_attached(
             assert {p["kind"] for p in checked["problems"]} <= {"unindexed"}, (point, checked)
             assert invoke("fsck", "--repair", "--storage-dir", str(root)).exit_code == 0
             assert invoke("fsck", "--storage-dir", str(root)).exit_code == 0, point
+            with FsStore(root) as store:
+                found = {h.context for h in store.search(SearchQuery("larvae"))}
+                assert found == ({"irc:#pond"} if attached else set()), point
             elsewhere = run(root, 0, "cli:elsewhere")  # refused once attached
             assert elsewhere["error"] == ("SessionAttached" if attached else ""), point
             if not attached:  # this retry attached it elsewhere: start again from the kill

@@ -532,7 +532,8 @@ class FsStore(Tree, ClosingStore):
         ``head.json`` is written into ``.detached/{session}/`` (a head there means nothing),
         the folder is renamed to ``{type}/{date}/{name}/`` (from then on the context exists:
         a lookup finds it in its date folder if the index does not know it yet), and the index
-        entries are written. The date is the session's creation (its root segment's).
+        entries are written, with the search index's dirty marker before and after them. The
+        date is the session's creation (its root segment's).
         """
         with self._head_lock(context), self._session_lock(session_id):
             if self.folder_of(context) is not None:
@@ -564,6 +565,9 @@ class FsStore(Tree, ClosingStore):
                 fsync_dir(target.parent)
                 fsync_dir(source.parent)
             self._folders[session_id] = target
+            # Marked before the index entries too: killed between the two, a refresh that
+            # meets the marker once they are rebuilt (fsck --repair reindexes) indexes it.
+            self._mark(session_id)
             self._write_index(context, session_id, rel)
             self._mark(session_id)
             return head
