@@ -385,3 +385,29 @@ def test_copying_a_whole_store_carries_detached_sessions(store: Store, tmp_path:
         assert copy_store(src, store, ["cli:plain"]).skipped[0][0] == "cli:plain"
     finally:
         src.close()
+
+
+@pytest.mark.ability.with_args(Listing)  # the stores whose data a second store can open
+def test_racing_attaches_of_one_session_attach_it_once(store: Store, other: Store) -> None:
+    """Two stores (processes, in effect) attaching one session to two contexts at once: one
+    wins, the other gets SessionAttached, and only the winner's context exists."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for round_ in range(5):
+        ref = _quick_start(store)
+        names = (f"cli:a{round_}", f"cli:b{round_}")
+
+        def attach(pair: tuple[Store, str], ref: PodActiveSegmentRef = ref) -> str:
+            try:
+                return attach_context(pair[0], pair[1], ref).context
+            except SessionAttached:
+                return ""
+
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(attach, [(store, names[0]), (other, names[1])]))
+        [winner] = [r for r in results if r]
+        assert sorted(results) == ["", winner]
+        heads = [store.get_head(ContextId.parse(n)) for n in names]
+        assert [h.context for h in heads if h is not None] == [winner]
+    assert detached_sessions(store) == [] and detached_sessions(other) == []
+    assert len(store.list_contexts()) == 5
