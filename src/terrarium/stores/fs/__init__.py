@@ -2,8 +2,9 @@
 
 Each context is a folder under the root (``{type}/{date}/{name}/``) holding its append-only
 segment files and a ``head.json`` naming the segment it is on; ``.index/`` holds derived
-pointers and the search index (:mod:`terrarium.stores.fs._layout` draws the tree). Every file
-is ``0600``, every folder ``0700``. The segments are the truth: every other file is rebuilt
+pointers and the search index (:mod:`terrarium.stores.fs._layout` draws the tree); a session
+of no context yet lives in ``.detached/{session}/`` until a context adopts it. Every file is
+``0600``, every folder ``0700``. The segments are the truth: every other file is rebuilt
 from them when lost, reads never write, and nothing leads outside the root.
 
 Trade-off: an append is one ``write(2)`` under a ``flock`` (~3 µs) and survives ``kill -9``;
