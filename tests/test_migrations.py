@@ -21,7 +21,7 @@ from terrarium import codec
 from terrarium.errors import FormatVersionError
 from terrarium.model import ContextId, TraceEntry
 from terrarium.sessions import restore, save_user_input
-from terrarium.stores.base import SearchQuery
+from terrarium.stores.base import PodActiveSegmentRef, SearchQuery
 from terrarium.stores.migrations import Migrations
 from terrarium.stores.sqlite import SqliteStore
 from terrarium.stores.sqlite import migrations as sqlite_backend
@@ -430,3 +430,51 @@ def test_postgres_concurrent_opens_migrate_once(
         thread.join()
     assert errors == []
     assert _pg_names(conn, schema) == postgres.MIGRATIONS.names
+
+
+def test_sqlite_m005_lets_sessions_be_detached(tmp_path: Path) -> None:
+    """A database at m004 is upgraded: its sessions keep their contexts (none is listed as
+    detached), and a detached session can then be created and attached."""
+    from terrarium.sessions import attach_context, create_segment, detached_sessions
+
+    path = tmp_path / "m004.db"
+    conn = _old_sqlite(path, "m003_search")
+    try:
+        sqlite_backend.migrate(conn, where="old", stop_after="m004_derived_state")
+    finally:
+        conn.close()
+    assert _sqlite_names(path)[-1] == "m004_derived_state"
+    with SqliteStore(path) as store:
+        assert _sqlite_names(path)[-1] == "m005_detached_sessions"
+        assert detached_sessions(store) == []
+        conn = sqlite3.connect(path)
+        try:
+            rows = conn.execute("SELECT session_id, context, created_at FROM sessions").fetchall()
+        finally:
+            conn.close()
+        assert rows == [(str(SESSION), "cli:old", TS)]
+        session_id, segment_id = create_segment(store)
+        assert detached_sessions(store) == [session_id]
+        attach_context(store, "cli:new", PodActiveSegmentRef(session_id, segment_id))
+        assert [h.context for h in store.list_contexts()] == ["cli:new", "cli:old"]
+        assert restore(store, "cli:old").history == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.postgres
+def test_postgres_m005_lets_sessions_be_detached(pg: tuple[Any, str], pg_database: str) -> None:  # noqa: F811
+    """A schema at m004 is upgraded: its sessions keep their contexts, and a detached session
+    can then be created and attached."""
+    from terrarium.sessions import attach_context, create_segment, detached_sessions
+    from terrarium.stores import postgres
+
+    conn, schema = pg
+    postgres.migrate(conn, schema, where="old", stop_after="m004_derived_state")
+    with postgres.PostgresStore(pg_database, schema=schema) as store:
+        create_segment(store, context="cli:old")
+        assert _pg_names(conn, schema)[-1] == "m005_detached_sessions"
+        assert detached_sessions(store) == []
+        session_id, segment_id = create_segment(store)
+        assert detached_sessions(store) == [session_id]
+        attach_context(store, "cli:new", PodActiveSegmentRef(session_id, segment_id))
+        assert [h.context for h in store.list_contexts()] == ["cli:new", "cli:old"]
+        assert detached_sessions(store) == []

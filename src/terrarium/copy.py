@@ -5,6 +5,10 @@ line as stored: session and segment ids, timestamps, seqs, unknown kinds and key
 are written parents first, the head is set last, and debug traces come along, so restoring
 any segment on either side gives the same state. A context that already exists in the
 destination is skipped and reported, which makes an interrupted copy safe to run again.
+
+Detached sessions (of no context yet) are copied with all contexts (:func:`copy_detached`):
+a copy of a whole store leaves nothing behind. One that the destination already holds in
+part (an interrupted copy) is completed, segment by segment, from each one's next seq.
 """
 
 from __future__ import annotations
@@ -13,10 +17,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from terrarium.errors import ContextExists, ContextNotFound
-from terrarium.formats.jsonl import recreate_session
-from terrarium.model import ContextId, SegmentId, TraceEntry
-from terrarium.stores.base import PodMetadata, Store
+from terrarium.errors import ContextExists, ContextNotFound, SegmentNotFound, SessionAttached
+from terrarium.formats.jsonl import _BATCH, _data, recreate_session
+from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
+from terrarium.stores.base import NewEntry, PodMetadata, Store
 
 
 @dataclass
@@ -24,7 +28,7 @@ class CopyReport:
     """What a copy did."""
 
     copied: list[str] = field(default_factory=list)
-    """Contexts copied."""
+    """Contexts copied (and detached sessions, as ``session {id}``)."""
     skipped: list[tuple[str, str]] = field(default_factory=list)
     """Contexts not copied, each with the reason."""
     entries: int = 0
@@ -33,10 +37,11 @@ class CopyReport:
 
 def session_segments(store: Store, head: PodMetadata) -> list[list[dict[str, Any]]]:
     """Every segment of the head's session as stored lines, each parent before its children."""
-    reads = {
-        seg: store.read_segment(head.session_id, seg)
-        for seg in store.list_segments(head.session_id)
-    }
+    return _segments(store, head.session_id)
+
+
+def _segments(store: Store, session_id: SessionId) -> list[list[dict[str, Any]]]:
+    reads = {seg: store.read_segment(session_id, seg) for seg in store.list_segments(session_id)}
     children: dict[SegmentId | None, list[SegmentId]] = {}
     for segment_id, read in reads.items():
         parent_text = (read.header.get("origin") or {}).get("parent")
@@ -65,13 +70,53 @@ def copy_context(src: Store, dst: Store, context: ContextId | str) -> int:
         raise ContextNotFound(f"context {ctx} does not exist in the source store")
     segments = session_segments(src, head)
     recreate_session(dst, ctx, segments, head=head.segment_id)
+    _copy_traces(src, dst, head.session_id, segments)
+    return sum(len(segment) for segment in segments)
+
+
+def _copy_traces(
+    src: Store, dst: Store, session_id: SessionId, segments: list[list[dict[str, Any]]]
+) -> None:
+    """The debug traces of ``segments`` that ``dst`` has none of yet."""
     for segment in segments:
         segment_id = SegmentId(segment[0]["segment_id"])
-        trace = src.read_trace(head.session_id, segment_id)
-        if trace:
+        trace = src.read_trace(session_id, segment_id)
+        if trace and not dst.read_trace(session_id, segment_id):
             entries = [TraceEntry(t["ts"], t["event"], t.get("data") or {}) for t in trace]
-            dst.append_trace(head.session_id, segment_id, entries)
-    return sum(len(segment) for segment in segments)
+            dst.append_trace(session_id, segment_id, entries)
+
+
+def copy_detached(src: Store, dst: Store, session_id: SessionId) -> int:
+    """Copy a detached session of ``src`` into ``dst`` (detached there too); return the
+    lines copied. What ``dst`` already holds of it (an interrupted copy) is completed.
+
+    Raises:
+        SessionAttached: ``dst`` holds the session in a context.
+        SegmentNotFound: ``src`` has no such session.
+    """
+    segments = _segments(src, session_id)
+    try:
+        have = set(dst.list_segments(session_id))
+    except SegmentNotFound:
+        dst.create_session(segments[0][0])
+        have = {SegmentId(segments[0][0]["segment_id"])}
+    else:
+        if session_id not in dst.detached_sessions():
+            raise SessionAttached(f"session {session_id} belongs to a context in the destination")
+    copied = 0
+    for segment in segments:
+        segment_id = SegmentId(segment[0]["segment_id"])
+        if segment_id not in have:
+            dst.create_segment(session_id, segment[0])
+            copied += 1
+        start = dst.next_seq(session_id, segment_id)
+        entries = [NewEntry(line["kind"], line["ts"], _data(line)) for line in segment[start:]]
+        for at in range(0, len(entries), _BATCH):
+            batch = entries[at : at + _BATCH]
+            dst.append(session_id, segment_id, batch, expected_seq=start + at)
+        copied += len(entries)
+    _copy_traces(src, dst, session_id, segments)
+    return copied
 
 
 def copy_store(
@@ -80,10 +125,13 @@ def copy_store(
     contexts: Iterable[ContextId | str] | None = None,
     *,
     progress: Callable[[str], None] | None = None,
+    detached: bool | None = None,
 ) -> CopyReport:
     """Copy the given contexts (all by default) from ``src`` to ``dst``.
 
-    ``progress`` is called with each context id once it is done (copied or skipped).
+    ``progress`` is called with each context id (or ``session {id}``) once it is done (copied
+    or skipped). ``detached``: also copy every detached session (:func:`copy_detached`), reported as
+    ``session {id}``; by default when copying all contexts.
     """
     wanted = (
         [ContextId.parse(c) for c in contexts]
@@ -99,7 +147,17 @@ def copy_store(
             report.skipped.append((str(ctx), str(exc)))
         if progress is not None:
             progress(str(ctx))
+    if detached if detached is not None else contexts is None:
+        for session_id in src.detached_sessions():
+            name = f"session {session_id}"
+            try:
+                report.entries += copy_detached(src, dst, session_id)
+                report.copied.append(name)
+            except SessionAttached as exc:
+                report.skipped.append((name, str(exc)))
+            if progress is not None:
+                progress(name)
     return report
 
 
-__all__ = ["CopyReport", "copy_context", "copy_store", "session_segments"]
+__all__ = ["CopyReport", "copy_context", "copy_detached", "copy_store", "session_segments"]

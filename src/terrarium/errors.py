@@ -9,6 +9,7 @@
     ├── StoreError
     │   ├── ContextNotFound (also KeyError)
     │   ├── ContextExists
+    │   ├── SessionAttached
     │   ├── SegmentNotFound (also KeyError)
     │   ├── ConflictError
     │   ├── CorruptLog
@@ -57,6 +58,10 @@ class ContextNotFound(StoreError, KeyError):
 
 class ContextExists(StoreError):
     """A context with that id already exists."""
+
+
+class SessionAttached(StoreError):
+    """The session already belongs to a context, so no other context can adopt it."""
 
 
 class SegmentNotFound(StoreError, KeyError):

@@ -832,6 +832,8 @@ class RestoredState:
     session_id: SessionId
     segment_id: SegmentId
     context: str | None
+    """The context the headers name: None for a session begun without one (its headers stay
+    ``"context": null`` after a context adopts it; the context's head names it)."""
     origin: SegmentOrigin
     system_prompt: str | None
     config: dict[str, Any]

@@ -17,7 +17,7 @@ the compacted segment alone.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, cast, overload
 
 from terrarium.errors import ConflictError, ContextNotFound, InvalidEntry
 from terrarium.model import (
@@ -46,7 +46,13 @@ from terrarium.model import (
     render_pod_event,
     utc_now,
 )
-from terrarium.stores.base import NewEntry, PodMetadata, SegmentRead, Store
+from terrarium.stores.base import (
+    NewEntry,
+    PodActiveSegmentRef,
+    PodMetadata,
+    SegmentRead,
+    Store,
+)
 
 
 class SegmentRef(Protocol):
@@ -106,9 +112,14 @@ def _header(
 
 
 def create_segment(
-    store: Store, start: SegmentStartState | None = None, *, context: ContextId | str
+    store: Store, start: SegmentStartState | None = None, *, context: ContextId | str | None = None
 ) -> tuple[SessionId, SegmentId]:
-    """Create ``context`` with a new session whose root segment starts from ``start``.
+    """Create a new session whose root segment starts from ``start``.
+
+    With ``context``, the session is that new context's, and its head is the root segment.
+    Without, as in the crate's quick start, the session belongs to no context yet (its root
+    header says ``"context": null``): the whole log API works on it by reference, and
+    :func:`attach_context` later makes a context of it.
 
     Returns:
         The new session id and root segment id.
@@ -122,6 +133,7 @@ def create_segment(
     return session_id, segment_id
 
 
+@overload
 def create_segment_with_ids(
     store: Store,
     session_id: SessionId,
@@ -132,16 +144,50 @@ def create_segment_with_ids(
     origin: SegmentOrigin | None = None,
     ts: str | None = None,
     header_extra: Mapping[str, Any] | None = None,
-) -> PodMetadata:
+) -> PodMetadata: ...
+
+
+@overload
+def create_segment_with_ids(
+    store: Store,
+    session_id: SessionId,
+    segment_id: SegmentId,
+    start: SegmentStartState | None = None,
+    *,
+    context: None = None,
+    origin: SegmentOrigin | None = None,
+    ts: str | None = None,
+    header_extra: Mapping[str, Any] | None = None,
+) -> PodActiveSegmentRef: ...
+
+
+def create_segment_with_ids(
+    store: Store,
+    session_id: SessionId,
+    segment_id: SegmentId,
+    start: SegmentStartState | None = None,
+    *,
+    context: ContextId | str | None = None,
+    origin: SegmentOrigin | None = None,
+    ts: str | None = None,
+    header_extra: Mapping[str, Any] | None = None,
+) -> PodMetadata | PodActiveSegmentRef:
     """Like :func:`create_segment` with chosen ids, origin and timestamp (imports, copies).
 
     ``header_extra`` adds keys of the caller's own to the root header (an importer's record
     of what it imported); replay ignores them, and they may not replace a header key. A new
     conversation (a root origin) must have a name fit for a new context
     (:meth:`ContextId.check_new`); an import or copy keeps the name its data has.
+
+    Returns:
+        The new context's head; without ``context``, a reference to the detached session's
+        root segment.
+
+    Raises:
+        ConflictError: without ``context``, the session exists already.
     """
-    ctx = ContextId.parse(context)
-    if origin is None or origin.kind == "root":
+    ctx = ContextId.parse(context) if context is not None else None
+    if ctx is not None and (origin is None or origin.kind == "root"):
         ctx.check_new()
     header = _header(
         session_id,
@@ -152,7 +198,40 @@ def create_segment_with_ids(
         ts=ts,
         extra=header_extra,
     )
+    if ctx is None:
+        store.create_session(header)
+        return PodActiveSegmentRef(session_id, segment_id)
     return store.create_context(ctx, header)
+
+
+def attach_context(store: Store, context: ContextId | str, ref: SegmentRef) -> PodMetadata:
+    """Make ``context`` a new context whose head is ``ref``, a segment of a detached session.
+
+    ``ref`` may be any segment of the session (its root, or a fork or compaction made while
+    it was detached); the session's headers stay as written (``"context": null``), and from
+    then on :func:`restore` of ``context`` replays ``ref`` as :func:`restore_by_segment` does,
+    and listing, search, stats and export see the context. A session is attached once.
+
+    Returns:
+        The new context's head.
+
+    Raises:
+        InvalidContextId: ``context`` is not a valid name for a new context.
+        ContextExists: the context already exists.
+        SessionAttached: the session already belongs to a context (nothing changed).
+        SegmentNotFound: no such session, or no such segment in it.
+    """
+    ctx = ContextId.parse(context).check_new()
+    return store.attach_context(ctx, ref.session_id, ref.segment_id)
+
+
+def detached_sessions(store: Store) -> list[SessionId]:
+    """The sessions of ``store`` that belong to no context yet, oldest first.
+
+    They are data like any other: nothing deletes them; :func:`attach_context` adopts one.
+    Each one's segments are ``store.list_segments(session_id)``.
+    """
+    return store.detached_sessions()
 
 
 def fork(store: Store, ref: SegmentRef) -> SegmentId:

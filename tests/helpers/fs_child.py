@@ -14,6 +14,7 @@ import random
 import resource
 import signal
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,37 @@ def repair_server(args: dict[str, Any]) -> None:
         say(killed=killed, mutations=int(done) if done else None)
 
 
+def attach_server(args: dict[str, Any]) -> None:
+    """For each ``{"root", "kill", "context", "session", "segment"}`` line on stdin, attach
+    the detached session's segment to the context in a forked process SIGKILLed before its
+    ``kill``-th file change (0: never); report ``{"killed", "mutations", "error"}``."""
+    from terrarium import attach_context
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the attaching process
+            os.close(read)
+            count = _count_mutations(request["kill"])
+            ref = PodActiveSegmentRef(uuid.UUID(request["session"]), uuid.UUID(request["segment"]))
+            error = ""
+            try:
+                with FsStore(request["root"]) as store:
+                    attach_context(store, request["context"], ref)
+            except Exception as exc:
+                error = type(exc).__name__
+            os.write(write, json.dumps([count[0], error]).encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            done = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        mutations, error = json.loads(done) if done else (None, None)
+        say(killed=killed, mutations=mutations, error=error)
+
+
 def mp_append(args: dict[str, Any]) -> None:
     """Append ``count`` entries of mixed sizes (up to ~64 KB) without expected_seq."""
     rng = random.Random(args["seed"])
@@ -275,6 +307,7 @@ COMMANDS: dict[str, Callable[[dict[str, Any]], None]] = {
     "fsize": fsize,
     "mp_append": mp_append,
     "repair_server": repair_server,
+    "attach_server": attach_server,
     "mp_expected": mp_expected,
     "mp_fork": mp_fork,
     "mp_create": mp_create,

@@ -29,6 +29,7 @@ def copy(
     """Copy sessions between two stores losslessly (folders or store URLs).
 
     Sessions the destination already has are skipped, so an interrupted copy can be rerun.
+    Without --context, detached sessions (of no context yet) are copied too.
     """
     from terrarium.copy import copy_store
 
@@ -41,9 +42,17 @@ def copy(
             if state.out.err.is_terminal:
                 with Progress(console=state.out.err, transient=True) as bar:
                     task = bar.add_task("copying", total=len(wanted))
-                    report = copy_store(src, dst, wanted, progress=lambda _c: bar.advance(task))
+                    report = copy_store(
+                        src,
+                        dst,
+                        wanted,
+                        progress=lambda _c: bar.advance(task),
+                        detached=not contexts,
+                    )
             else:
-                report = copy_store(src, dst, wanted, progress=state.out.note)
+                report = copy_store(
+                    src, dst, wanted, progress=state.out.note, detached=not contexts
+                )
         finally:
             dst.close()
     finally:

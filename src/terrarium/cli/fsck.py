@@ -161,7 +161,22 @@ def _check_fs(store: FsStore, report: Report) -> None:
         _check_context(store, entry, report)
     for context, entries in folders.items():
         _check_index(store, context, entries, report)
+    for session_id, folder in store.detached():
+        report.contexts += 1
+        _check_detached(session_id, folder, report)
     _check_links(store.root, report)
+
+
+def _check_detached(session_id: uuid.UUID, folder: Path, report: Report) -> None:
+    """Every segment of a detached session (``.detached/{session}/``): it has no head."""
+    for path in _segment_files(folder):
+        report.segments += 1
+        found: list[Problem] = []
+        report.entries += _check_segment_file(path, "", found)
+        for problem in found:
+            problem.context = None
+            problem.session_id, problem.segment_id = str(session_id), str(_segment_id(path))
+        report.problems.extend(found)
 
 
 def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None:
@@ -331,6 +346,14 @@ def _check_generic(store: Store, report: Report) -> None:
             report.problems.append(
                 Problem("unreadable", error, context=head.context, path=str(segment_id))
             )
+    for session_id in store.detached_sessions():  # no head: every segment is read
+        report.contexts += 1
+        for segment_id in store.list_segments(session_id):
+            report.segments += 1
+            try:
+                report.entries += len(store.read_segment(session_id, segment_id).entries)
+            except TerrariumError as exc:
+                report.problems.append(Problem("unreadable", str(exc), path=str(segment_id)))
 
 
 def _read_all(store: Store, head: PodMetadata, report: Report) -> list[tuple[uuid.UUID, str]]:

@@ -16,6 +16,14 @@ Invariants every backend keeps (``tests/contract/`` checks each one on every bac
 * **Forks copy nothing.** A fork's header names its parent segment and entry; restore replays
   the parent's prefix. Only a fork into another context copies history into its header.
 * **Isolation.** Contexts never see each other's entries. Every hot-path call names one session.
+* **Detached sessions.** :meth:`Store.create_session` starts a session that belongs to no
+  context (the crate's ``create_segment`` needs none); the whole log API works on it by
+  reference. :meth:`Store.attach_context` makes a new context whose head is one of its
+  segments, once: a session belongs to at most one context, and never stops belonging to it
+  (only :meth:`Store.delete_context` removes it). Headers written while detached keep
+  ``"context": null`` (the log is append-only); the head names the context. Listing and search
+  never show a detached session; :meth:`Store.detached_sessions` finds them. Nothing deletes
+  a detached session.
 
 Optional abilities are sub-protocols detected with ``isinstance`` (:class:`ContextLocking`,
 :class:`Reindexable`, :class:`Searchable`, :class:`Listing`), never stubs that raise
@@ -152,6 +160,31 @@ class Store(PodMetadataStore, Protocol):
 
     def delete_context(self, context: ContextId) -> bool:
         """Delete the context, its session and every segment; False if it did not exist."""
+        ...
+
+    def create_session(self, header: Mapping[str, Any]) -> None:
+        """Create a session that belongs to no context, with ``header`` as its root segment.
+
+        Raises ConflictError if the session exists.
+        """
+        ...
+
+    def attach_context(
+        self, context: ContextId, session_id: SessionId, segment_id: SegmentId
+    ) -> PodMetadata:
+        """Make ``context`` a new context whose head is the detached session's ``segment_id``.
+
+        The head's ``created_at`` is the session's creation (its root segment's time).
+
+        Raises:
+            ContextExists: the context exists.
+            SessionAttached: the session already belongs to a context.
+            SegmentNotFound: no such session, or no such segment in it.
+        """
+        ...
+
+    def detached_sessions(self) -> list[SessionId]:
+        """The sessions that belong to no context, oldest first."""
         ...
 
     def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from terrarium import codec
-from terrarium.errors import ConflictError, ContextExists, SegmentNotFound
+from terrarium.errors import ConflictError, ContextExists, SegmentNotFound, SessionAttached
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores.base import NewEntry, PodMetadata, SegmentRead, header_line, iter_lines
 
@@ -35,6 +35,8 @@ class MemoryStore:
         self._lock = threading.RLock()
         self._heads: dict[str, PodMetadata] = {}
         self._sessions: dict[SessionId, dict[SegmentId, _Segment]] = {}
+        self._owners: dict[SessionId, str | None] = {}
+        """Each session's context, None while it is detached."""
         self._context_locks: dict[str, threading.Lock] = {}
 
     def __repr__(self) -> str:
@@ -79,6 +81,7 @@ class MemoryStore:
             session_id = SessionId(str(line["session_id"]))
             segment_id = SegmentId(str(line["segment_id"]))
             self._sessions[session_id] = {segment_id: _Segment([line])}
+            self._owners[session_id] = str(context)
             head = PodMetadata(str(context), session_id, segment_id, line["ts"], line["ts"])
             self._heads[str(context)] = head
             return head
@@ -90,7 +93,44 @@ class MemoryStore:
             if head is None:
                 return False
             self._sessions.pop(head.session_id, None)
+            self._owners.pop(head.session_id, None)
             return True
+
+    def create_session(self, header: Mapping[str, Any]) -> None:
+        """Create a session that belongs to no context, with ``header`` as its root."""
+        with self._lock:
+            line = _header_line(header)
+            session_id = SessionId(str(line["session_id"]))
+            if session_id in self._sessions:
+                raise ConflictError(f"session {session_id} already exists")
+            segment_id = SegmentId(str(line["segment_id"]))
+            self._sessions[session_id] = {segment_id: _Segment([line])}
+            self._owners[session_id] = None
+
+    def attach_context(
+        self, context: ContextId, session_id: SessionId, segment_id: SegmentId
+    ) -> PodMetadata:
+        """Make ``context`` a new context on a detached session's segment."""
+        with self._lock:
+            if str(context) in self._heads:
+                raise ContextExists(f"context {context} already exists")
+            segments = self._sessions.get(session_id)
+            if segments is None:
+                raise SegmentNotFound(f"session {session_id} does not exist")
+            owner = self._owners.get(session_id)
+            if owner is not None:
+                raise SessionAttached(f"session {session_id} already belongs to context {owner}")
+            self._segment(session_id, segment_id)
+            created = next(iter(segments.values())).lines[0]["ts"]  # the root, made first
+            head = PodMetadata(str(context), session_id, segment_id, created, utc_now())
+            self._heads[str(context)] = head
+            self._owners[session_id] = str(context)
+            return head
+
+    def detached_sessions(self) -> list[SessionId]:
+        """The sessions that belong to no context, oldest first."""
+        with self._lock:
+            return sorted(s for s, owner in self._owners.items() if owner is None)
 
     @contextmanager
     def lock_context(self, context: ContextId) -> Iterator[None]:

@@ -2,8 +2,9 @@
 
 Each context is a folder under the root (``{type}/{date}/{name}/``) holding its append-only
 segment files and a ``head.json`` naming the segment it is on; ``.index/`` holds derived
-pointers and the search index (:mod:`terrarium.stores.fs._layout` draws the tree). Every file
-is ``0600``, every folder ``0700``. The segments are the truth: every other file is rebuilt
+pointers and the search index (:mod:`terrarium.stores.fs._layout` draws the tree); a session
+of no context yet lives in ``.detached/{session}/`` until a context adopts it. Every file is
+``0600``, every folder ``0700``. The segments are the truth: every other file is rebuilt
 from them when lost, reads never write, and nothing leads outside the root.
 
 Trade-off: an append is one ``write(2)`` under a ``flock`` (~3 µs) and survives ``kill -9``;
@@ -50,6 +51,7 @@ from terrarium.errors import (
     ContextNotFound,
     CorruptLog,
     SegmentNotFound,
+    SessionAttached,
     StoreError,
 )
 from terrarium.model import (
@@ -63,6 +65,7 @@ from terrarium.model import (
 )
 from terrarium.stores import _db
 from terrarium.stores._files import (
+    fsync_dir,
     listdir,
     make_dirs,
     open_private,
@@ -84,6 +87,7 @@ from terrarium.stores.base import (
 from terrarium.stores.fs import search as fs_search
 from terrarium.stores.fs._heads import head_dict, head_from_segments, head_of, segment_chain
 from terrarium.stores.fs._layout import (
+    DETACHED,
     HEAD,
     INDEX,
     LEGACY_TRASH,
@@ -92,6 +96,7 @@ from terrarium.stores.fs._layout import (
     TRACE_SUFFIX,
     TRASH,
     holds_context,
+    real_dir,
     segment_ids,
 )
 from terrarium.stores.fs._segments import (
@@ -99,6 +104,7 @@ from terrarium.stores.fs._segments import (
     os_reason,
     read_complete,
     read_file,
+    read_header,
     scan_tail,
     set_aside,
     write_side,
@@ -244,15 +250,24 @@ class FsStore(Tree, ClosingStore):
             log.debug("could not index %s: %s", context, exc)
 
     def _session_folder(self, session_id: SessionId) -> Path:
+        """The folder of ``session_id``: a context's, or ``.detached/{session}``.
+
+        A detached folder found in the cache is checked to be still there: another process
+        may have attached the session (renamed its folder) since.
+        """
         folder = self._folders.get(session_id)
-        if folder is not None:
+        if folder is not None and (folder.parent.name != DETACHED or real_dir(folder)):
             return folder
         try:
             folder = self._pointer_folder(self._session_index_path(session_id), None)
         except FileNotFoundError:
             folder = None
         if folder is None or not holds_context(folder):
-            folder = self._find_session(session_id)
+            detached = self.detached_folder(session_id)
+            if real_dir(detached) and segment_ids(detached):
+                folder = detached
+            else:
+                folder = self._find_session(session_id)
         self._folders[session_id] = folder
         return folder
 
@@ -391,6 +406,12 @@ class FsStore(Tree, ClosingStore):
     def _head_lock(self, context: ContextId) -> AbstractContextManager[None]:
         return self._file_lock("head", context)
 
+    def _session_lock(self, session_id: SessionId) -> AbstractContextManager[None]:
+        """``.locks/session/{id}``: attaches of one session take turns."""
+        folder = self._inside(self.root / LOCKS / "session")
+        make_dirs(folder)
+        return file_lock(folder / str(session_id))
+
     def _file_lock(self, kind: str, context: ContextId) -> AbstractContextManager[None]:
         folder = self._inside(self.root / LOCKS / kind / context.type)
         make_dirs(folder)
@@ -482,6 +503,86 @@ class FsStore(Tree, ClosingStore):
             if leftover != LEGACY_TRASH.name:
                 shutil.rmtree(trash_dir / leftover, ignore_errors=True)
 
+    # ---------------------------------------------------------------- detached sessions
+
+    def create_session(self, header: Mapping[str, Any]) -> None:
+        """Create a session that belongs to no context, in ``.detached/{session}/``.
+
+        Raises ConflictError if the session exists (detached, or in a context's folder).
+        """
+        line = header_line(header)
+        session_id = uuid.UUID(str(line["session_id"]))
+        segment_id = uuid.UUID(str(line["segment_id"]))
+        data = codec.encode_line(line)
+        folder = self.detached_folder(session_id)
+        if segment_ids(folder) or self._session_index_path(session_id).exists():
+            raise ConflictError(f"session {session_id} already exists")
+        make_dirs(folder)
+        try:
+            self._write_new(folder / f"{segment_id}{SEGMENT_SUFFIX}", data)
+        except FileExistsError:
+            raise ConflictError(f"session {session_id} already exists") from None
+        self._folders[session_id] = folder
+
+    def attach_context(
+        self, context: ContextId, session_id: SessionId, segment_id: SegmentId
+    ) -> PodMetadata:
+        """Move a detached session into ``context``'s new folder, with ``segment_id`` its head.
+
+        Under the context's head lock and the session's lock, three steps, each safe to kill:
+        ``head.json`` is written into ``.detached/{session}/`` (a head there means nothing),
+        the folder is renamed to ``{type}/{date}/{name}/`` (from then on the context exists:
+        a lookup finds it in its date folder if the index does not know it yet), and the index
+        entries are written, with the search index's dirty marker before and after them. The
+        date is the session's creation (its root segment's).
+        """
+        with self._head_lock(context), self._session_lock(session_id):
+            if self.folder_of(context) is not None:
+                raise ContextExists(f"context {context} already exists")
+            source = self.detached_folder(session_id)
+            segments = segment_ids(source) if real_dir(source) else []
+            if not segments:
+                self._folders.pop(session_id, None)
+                owner = self._owner(session_id)  # SegmentNotFound if there is no such session
+                raise SessionAttached(f"session {session_id} already belongs to context {owner}")
+            if segment_id not in segments:
+                raise SegmentNotFound(
+                    f"segment {segment_id} of session {session_id} does not exist"
+                )
+            created = str(read_header(source / f"{segments[0]}{SEGMENT_SUFFIX}")["ts"])
+            rel = Path(context.type) / created[:10] / context.encoded_name
+            target = self._inside(self.root / rel)
+            if real_dir(target) and listdir(target):  # another context's: case-insensitive
+                raise ContextExists(f"context {context} would share {target} with another")
+            head = PodMetadata(str(context), session_id, segment_id, created, utc_now())
+            self._write_head(source / HEAD, head, unreadable=False)
+            make_dirs(target.parent)
+            try:
+                os.rename(source, target)
+            except OSError as exc:
+                (source / HEAD).unlink(missing_ok=True)
+                raise StoreError(f"cannot move {source} to {target}: {os_reason(exc)}") from exc
+            if self._sync():
+                fsync_dir(target.parent)
+                fsync_dir(source.parent)
+            self._folders[session_id] = target
+            # Marked before the index entries too: killed between the two, a refresh that
+            # meets the marker once they are rebuilt (fsck --repair reindexes) indexes it.
+            self._mark(session_id)
+            self._write_index(context, session_id, rel)
+            self._mark(session_id)
+            return head
+
+    def _owner(self, session_id: SessionId) -> str:
+        """The context a session that is not detached belongs to (SegmentNotFound if none)."""
+        folder = self._session_folder(session_id)
+        head, _ = head_of(folder)
+        return head.context
+
+    def detached_sessions(self) -> list[SessionId]:
+        """The sessions that belong to no context, oldest first (``.detached/``)."""
+        return [session_id for session_id, _ in self.detached()]
+
     # ---------------------------------------------------------------- segments
 
     def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
@@ -491,17 +592,26 @@ class FsStore(Tree, ClosingStore):
         the newest, and a head rebuilt after it would wrongly move onto it.
         """
         line = header_line(header)
-        folder = self._session_folder(session_id)
-        if not (folder / HEAD).exists():
-            with contextlib.suppress(CorruptLog, ValueError):
-                context = ContextId.parse(head_from_segments(folder).context)
-                with self._head_lock(context):
-                    self._persist_head(folder, context)
-        path = folder / f"{uuid.UUID(str(line['segment_id']))}{SEGMENT_SUFFIX}"
-        try:
-            self._write_new(path, codec.encode_line(line))
-        except FileExistsError:
-            raise ConflictError(f"segment {line['segment_id']} already exists") from None
+        data = codec.encode_line(line)
+        name = f"{uuid.UUID(str(line['segment_id']))}{SEGMENT_SUFFIX}"
+        for attempt in (1, 2):
+            folder = self._session_folder(session_id)
+            detached = folder.parent.name == DETACHED
+            if not detached and not (folder / HEAD).exists():
+                with contextlib.suppress(CorruptLog, ValueError):
+                    context = ContextId.parse(head_from_segments(folder).context)
+                    with self._head_lock(context):
+                        self._persist_head(folder, context)
+            try:
+                self._write_new(folder / name, data)
+            except FileExistsError:
+                raise ConflictError(f"segment {line['segment_id']} already exists") from None
+            except FileNotFoundError:
+                if not detached or attempt == 2:
+                    raise
+                self._folders.pop(session_id, None)  # attached meanwhile: look again
+                continue
+            break
         self._mark(session_id)
 
     def append(

@@ -19,9 +19,9 @@ from typing import Any
 
 from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
-from terrarium.model import SegmentId
+from terrarium.model import ContextId, SegmentId, decode_name
 from terrarium.stores.base import PodMetadata
-from terrarium.stores.fs._layout import HEAD, SEGMENT_SUFFIX, real_dir, segment_ids
+from terrarium.stores.fs._layout import DATE_RE, HEAD, SEGMENT_SUFFIX, real_dir, segment_ids
 from terrarium.stores.fs._segments import one_line, read_file, read_header
 
 
@@ -64,6 +64,8 @@ def head_from_segments(folder: Path) -> PodMetadata:
     The head is the newest segment (by UUIDv7) whose chain is intact: its header, and the
     header of every segment it continues (a fork replays its parent's prefix), read and name
     this session. ``created_at`` is the root segment's time; ``updated_at`` the head segment's.
+    The context is the one the headers name, or (a session that began detached) the one its
+    ``{type}/{date}/{name}`` folder names.
 
     Raises:
         CorruptLog: no segment of ``folder`` has an intact chain.
@@ -78,9 +80,10 @@ def head_from_segments(folder: Path) -> PodMetadata:
         raise CorruptLog(f"{folder}: no segment with a readable header to rebuild the head from")
     root = headers[min(headers)]
     session = root.get("session_id")
+    place = _folder_context(folder)
     for segment_id in sorted(headers, reverse=True):
         header = headers[segment_id]
-        context = header.get("context") or root.get("context")
+        context = header.get("context") or root.get("context") or place
         if not isinstance(context, str) or not _chain_intact(segment_id, headers, session):
             continue
         try:
@@ -90,6 +93,22 @@ def head_from_segments(folder: Path) -> PodMetadata:
         except (KeyError, ValueError):
             continue
     raise CorruptLog(f"{folder}: no segment with an intact chain to rebuild the head from")
+
+
+def _folder_context(folder: Path) -> str | None:
+    """The context a ``{type}/{date}/{name}`` folder is the folder of, or None.
+
+    The head of a session that began detached (its headers say ``"context": null``) is
+    rebuilt with the context its folder names: the folder is where the attach put it.
+    """
+    date, kind, encoded = folder.parent.name, folder.parent.parent.name, folder.name
+    if not DATE_RE.fullmatch(date) or kind.startswith("."):
+        return None
+    try:
+        context = ContextId(kind, decode_name(encoded))
+    except ValueError:
+        return None
+    return str(context) if context.encoded_name == encoded else None
 
 
 def _chain_intact(

@@ -8,6 +8,8 @@ Under the root (``./sessions`` by default)::
         019a60...7c.trace.jsonl       optional debug trace of raw stream events
         019a60...7c.jsonl.torn-4096   a torn tail, set aside (offset in the name)
         head.json                     which segment the context is on; replaced atomically
+    .detached/{session uuid}/         a session that belongs to no context yet (its segments,
+                                      as in a context's folder; see below)
     .index/contexts/cli/main          context -> folder: resolving a context walks no dates
     .index/sessions/{session uuid}    session -> folder
     .index/search.db                  full-text search and listing index (derived)
@@ -16,6 +18,14 @@ Under the root (``./sessions`` by default)::
     .locks/head/cli/main              per-context lock for create, delete, head moves
     .trash/                           folders being deleted; the next delete clears leftovers
     .trash/legacy/                    deleted legacy JSON files (terrarium.legacy); kept
+
+A detached session (``create_segment`` without a context) lives in ``.detached/{session}/``,
+a dot-folder, so nothing that walks the ``{type}`` folders takes it for a context. Attaching
+it to a context (``FsStore.attach_context``) writes ``head.json`` into that folder, then
+renames the folder to ``{type}/{date}/{name}/`` (the date is the session's root segment's),
+then writes the index entries: a kill at any step leaves it detached or attached, never both
+nor lost. A ``head.json`` in a folder still under ``.detached/`` is an attach that was killed
+before its rename: it means nothing, and the next attach replaces it.
 
 Names are encoded with :func:`terrarium.model.encode_name`, so no context name can escape the
 root, and safe names (``#python``) stay readable.
@@ -33,6 +43,7 @@ from terrarium.model import SegmentId
 from terrarium.stores._files import listdir
 
 INDEX = ".index"
+DETACHED = ".detached"
 LOCKS = ".locks"
 TRASH = ".trash"
 LEGACY_TRASH = Path(TRASH, "legacy")

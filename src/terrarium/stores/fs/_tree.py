@@ -13,6 +13,7 @@ own context: a link or a forged pointer never leads terrarium out of its root.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from terrarium.model import ContextId, SessionId, decode_name
 from terrarium.stores._files import listdir, open_private, write_all
 from terrarium.stores.base import PodMetadata
 from terrarium.stores.fs._heads import head_of
-from terrarium.stores.fs._layout import DATE_RE, INDEX, real_dir
+from terrarium.stores.fs._layout import DATE_RE, DETACHED, INDEX, real_dir, segment_ids
 from terrarium.stores.fs._segments import one_line, read_file
 
 _MAX_CHECKED = 65_536  # folders whose place inside the root is remembered (see _inside)
@@ -55,6 +56,28 @@ class Tree:
 
     def _session_index_path(self, session_id: SessionId) -> Path:
         return self.root / INDEX / "sessions" / str(session_id)
+
+    def detached_folder(self, session_id: SessionId) -> Path:
+        """Where the detached session ``session_id`` lives (whether or not it is there)."""
+        return self._inside(self.root / DETACHED / str(session_id))
+
+    def detached(self) -> Iterator[tuple[SessionId, Path]]:
+        """Every detached session (``.detached/{session}/`` with a segment), oldest first.
+
+        Links are never followed; folders not named by a canonical session id are skipped.
+        """
+        base = self.root / DETACHED
+        if not real_dir(base):
+            return
+        self._inside(base)
+        for name in sorted(listdir(base)):
+            try:
+                session_id = uuid.UUID(name)
+            except ValueError:
+                continue
+            folder = base / name
+            if str(session_id) == name and real_dir(folder) and segment_ids(folder):
+                yield session_id, folder
 
     def _inside(self, folder: Path) -> Path:
         """Return ``folder`` if it resolves inside the root (links and all); else refuse.

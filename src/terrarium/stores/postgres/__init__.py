@@ -38,6 +38,7 @@ from terrarium.errors import (
     ContextExists,
     ContextNotFound,
     SegmentNotFound,
+    SessionAttached,
     StoreError,
 )
 from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, TraceEntry, utc_now
@@ -298,6 +299,57 @@ class PostgresStore(ClosingStore):
                 deleted += conn.execute(statement, params).rowcount
         return deleted > 0
 
+    def create_session(self, header: Mapping[str, Any]) -> None:
+        """Create a session that belongs to no context (``sessions.context`` NULL)."""
+        line = header_line(header)
+        session_id = uuid.UUID(str(line["session_id"]))
+        segment_id = uuid.UUID(str(line["segment_id"]))
+        ts = str(line["ts"])
+        with self._pool.connection() as conn, conn.transaction():
+            cur = conn.execute(_sql.INSERT_SESSION, (session_id, None, ts))
+            if cur.rowcount != 1:
+                raise ConflictError(f"session {session_id} already exists")
+            self._insert_segment(conn, session_id, segment_id, "", line)
+        self._seen.remember((session_id, segment_id), 1, None)
+
+    def attach_context(
+        self, context: ContextId, session_id: SessionId, segment_id: SegmentId
+    ) -> PodMetadata:
+        """Make ``context`` a new context on a detached session's segment, in one transaction.
+
+        The session's row is locked (two attaches of one session take turns; the second finds
+        it attached); its segments are marked unread under the context's type, so the next
+        catch-up indexes their items, which were left out while it was detached. Segments
+        are updated before the head is inserted: the order a catch-up locks them in.
+        """
+        ctx = ContextId.parse(context)
+        with self._pool.connection() as conn, conn.transaction():
+            row = conn.execute(_sql.SESSION_OWNER, (session_id,)).fetchone()
+            if row is None:
+                raise SegmentNotFound(f"session {session_id} does not exist")
+            if row[0] is not None:
+                raise SessionAttached(f"session {session_id} already belongs to context {row[0]}")
+            if conn.execute(_sql.SEGMENT_EXISTS, (session_id, segment_id)).fetchone() is None:
+                raise SegmentNotFound(
+                    f"segment {segment_id} of session {session_id} does not exist"
+                )
+            conn.execute(_sql.ATTACH_SEGMENTS, (ctx.type, session_id))
+            now = utc_now()
+            cur = conn.execute(
+                _sql.INSERT_CONTEXT, (str(ctx), ctx.type, session_id, segment_id, row[1], now)
+            )
+            if cur.rowcount != 1:
+                raise ContextExists(f"context {ctx} already exists")
+            conn.execute(_sql.ATTACH_SESSION, (str(ctx), session_id))
+            conn.execute(_sql.ATTACH_COUNTS, (str(ctx),))
+        return PodMetadata(str(ctx), session_id, segment_id, row[1], now)
+
+    def detached_sessions(self) -> list[SessionId]:
+        """The sessions that belong to no context, oldest first."""
+        with self._pool.connection() as conn:
+            rows = conn.execute(_sql.DETACHED).fetchall()
+        return sorted(row[0] for row in rows)
+
     @contextmanager
     def lock_context(self, context: ContextId) -> Iterator[None]:
         """Hold the context's advisory lock, across threads, processes and machines.
@@ -376,9 +428,11 @@ class PostgresStore(ClosingStore):
             raise ConflictError(f"segment {segment_id} already exists")
         text = codec.encode(line).decode()
         conn.execute(_sql.INSERT_HEADER, (session_id, segment_id, line["kind"], ts, text))
-        search.insert_docs(
-            conn, [(session_id, segment_id, ts, type, doc) for doc in search.line_docs(0, line)]
-        )
+        if type:  # a detached session's items are indexed when a context adopts it
+            search.insert_docs(
+                conn,
+                [(session_id, segment_id, ts, type, doc) for doc in search.line_docs(0, line)],
+            )
         return base
 
     def _prefix_items(

@@ -158,7 +158,26 @@ INSERT_HEADER = (
     "INSERT INTO entries (session_id, segment_id, seq, kind, ts, line) "
     "VALUES (%s, %s, 0, %s, %s, %s)"
 )
-SESSION_TYPE = "SELECT split_part(context, ':', 1) FROM sessions WHERE session_id = %s"
+# A detached session's (context NULL, m005) is '': its segments' items are not indexed. The
+# key-share lock (which the segment's foreign key takes anyway) waits for an attach of the
+# session (SESSION_OWNER), so a new segment never gets the type it had before.
+SESSION_TYPE = (
+    "SELECT coalesce(split_part(context, ':', 1), '') FROM sessions WHERE session_id = %s "
+    "FOR KEY SHARE"
+)
+SESSION_OWNER = "SELECT context, created_at FROM sessions WHERE session_id = %s FOR UPDATE"
+ATTACH_SESSION = "UPDATE sessions SET context = %s WHERE session_id = %s"
+# The adopted session's segments are read again from their headers, under the context's type.
+ATTACH_SEGMENTS = (
+    "UPDATE segments SET type = %s, indexed_seq = -1, dirty = true WHERE session_id = %s"
+)
+ATTACH_COUNTS = (
+    "UPDATE contexts AS c SET message_count = g.base_items + g.items, last_active = g.last_ts "
+    "FROM segments AS g WHERE g.session_id = c.session_id AND g.segment_id = c.segment_id "
+    "AND c.context = %s"
+)
+# From the partial index sessions_detached (m005).
+DETACHED = "SELECT session_id FROM sessions WHERE context IS NULL"
 SEGMENT_COUNTS = (
     "SELECT base_items, items, next_seq FROM segments WHERE session_id = %s AND segment_id = %s"
 )

@@ -280,3 +280,11 @@ def m004_derived_state(conn: psycopg.Connection[Any]) -> None:
         "CREATE INDEX contexts_by_session ON contexts (session_id)",
     ):
         conn.execute(statement)
+
+
+@MIGRATIONS
+def m005_detached_sessions(conn: psycopg.Connection[Any]) -> None:
+    """A session may belong to no context yet (``sessions.context`` NULL), as the crate's
+    ``create_segment`` makes one; a partial index finds those."""
+    conn.execute("ALTER TABLE sessions ALTER COLUMN context DROP NOT NULL")
+    conn.execute("CREATE INDEX sessions_detached ON sessions (session_id) WHERE context IS NULL")

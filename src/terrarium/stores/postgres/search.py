@@ -195,7 +195,8 @@ def index_segments(
             except msgspec.DecodeError:
                 continue  # a damaged line holds nothing to find; reading it reports it
             ts = str(line.get("ts", "")) if isinstance(line, dict) else ""
-            docs += [(s, g, ts, types[s, g], doc) for doc in line_docs(seq, line)]
+            if types[s, g]:  # '': a detached session's, indexed once a context adopts it
+                docs += [(s, g, ts, types[s, g], doc) for doc in line_docs(seq, line)]
         # In time order, so that ``id`` follows arrival within the batch too.
         docs.sort(key=lambda doc: doc[2])
         insert_docs(conn, docs)

@@ -41,6 +41,7 @@ from terrarium.errors import (
     ContextExists,
     ContextNotFound,
     SegmentNotFound,
+    SessionAttached,
     StoreError,
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
@@ -64,6 +65,7 @@ from terrarium.stores.sqlite.migrations import MIGRATIONS, check_readable, migra
 from terrarium.stores.sqlite.search import (
     SEARCH_RECENT,
     catch_up,
+    index_session,
     indexed_hits,
     late_counts,
     late_hits,
@@ -491,6 +493,56 @@ class SqliteStore(ClosingStore):
             conn.execute(sql.DELETE_HEAD, (str(context),))
             conn.execute(sql.LOWER_WM)
         return True
+
+    def create_session(self, header: Mapping[str, Any]) -> None:
+        """Create a session that belongs to no context (``sessions.context`` NULL)."""
+        line = header_line(header)
+        s = str(uuid.UUID(str(line["session_id"])))
+        g = str(uuid.UUID(str(line["segment_id"])))
+        ts = str(line["ts"])
+        with self._write() as conn:
+            if conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
+                raise ConflictError(f"session {s} already exists")
+            conn.execute(sql.INSERT_SESSION, (s, None, ts))
+            conn.execute(sql.INSERT_SEGMENT, (s, g, ts))
+            conn.execute(sql.INSERT_ENTRY, (s, g, 0, line["kind"], ts, _text(line)))
+
+    def attach_context(
+        self, context: ContextId, session_id: SessionId, segment_id: SegmentId
+    ) -> PodMetadata:
+        """Make ``context`` a new context on a detached session's segment, in one transaction.
+
+        The derived state is caught up first (leaving the detached session's items out, as it
+        always does), then the head gets its listing counts and the session's items are
+        indexed under the context.
+        """
+        ctx = ContextId.parse(context)
+        s, g = str(session_id), str(segment_id)
+        with self._write() as conn:
+            if conn.execute(sql.CONTEXT_EXISTS, (str(ctx),)).fetchone():
+                raise ContextExists(f"context {ctx} already exists")
+            row = conn.execute(sql.SESSION_OWNER, (s,)).fetchone()
+            if row is None:
+                raise SegmentNotFound(f"session {session_id} does not exist")
+            if row[0] is not None:
+                raise SessionAttached(f"session {session_id} already belongs to context {row[0]}")
+            if not _segment_exists(conn, session_id, segment_id):
+                raise SegmentNotFound(
+                    f"segment {segment_id} of session {session_id} does not exist"
+                )
+            self._wm = _catch_up(conn)
+            now = utc_now()
+            conn.execute(sql.ATTACH_SESSION, (str(ctx), s))
+            conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, row[1], now))
+            count, last = segment_summary(conn, s, g)
+            conn.execute(sql.SET_COUNTS, (count, last, s))
+            index_session(conn, s, ctx.type, recent=SEARCH_RECENT)
+        return PodMetadata(str(ctx), session_id, segment_id, row[1], now)
+
+    def detached_sessions(self) -> list[SessionId]:
+        """The sessions that belong to no context, oldest first."""
+        with self._read() as conn:
+            return sorted(uuid.UUID(row[0]) for row in conn.execute(sql.DETACHED))
 
     def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
         """Hold the context's lock exclusively, across threads and processes (``flock``).

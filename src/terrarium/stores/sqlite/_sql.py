@@ -2,7 +2,7 @@
 
     contexts(context PK, type, session_id, segment_id, created_at, updated_at,
              message_count, last_active)              the heads, with their listing counts
-    sessions(session_id PK, context, created_at)
+    sessions(session_id PK, context, created_at)     context NULL: detached (m005)
     segments(session_id, segment_id, created_at)      PK (session_id, segment_id)
     entries(id PK, session_id, segment_id, seq, kind, ts, line)
                                                       UNIQUE (session_id, segment_id, seq)
@@ -78,6 +78,15 @@ LISTING = (
 
 SESSION_EXISTS = "SELECT 1 FROM sessions WHERE session_id = ?"
 INSERT_SESSION = "INSERT INTO sessions VALUES (?, ?, ?)"
+SESSION_OWNER = "SELECT context, created_at FROM sessions WHERE session_id = ?"
+ATTACH_SESSION = "UPDATE sessions SET context = ? WHERE session_id = ? AND context IS NULL"
+# From the partial index sessions_detached (m005).
+DETACHED = "SELECT session_id FROM sessions WHERE context IS NULL"
+# A session's entries that hold history items (its headers, its items), in arrival order.
+SESSION_DOC_ENTRIES = (
+    "SELECT segment_id, seq, kind, ts, line FROM entries WHERE session_id = ? "
+    f"AND (seq = 0 OR kind IN {HISTORY_KINDS_SQL}) ORDER BY id"
+)
 SEGMENT_EXISTS = "SELECT 1 FROM segments WHERE session_id = ? AND segment_id = ?"
 SEGMENT_IDS = "SELECT segment_id FROM segments WHERE session_id = ?"
 INSERT_SEGMENT = "INSERT INTO segments VALUES (?, ?, ?)"

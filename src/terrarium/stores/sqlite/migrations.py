@@ -230,3 +230,21 @@ def m004_derived_state(conn: sqlite3.Connection) -> None:
         conn.execute("UPDATE search_meta SET hw = ?", (top,))
     # Every entry there is was indexed when it was appended.
     conn.execute("UPDATE search_meta SET wm = (SELECT coalesce(max(id), 0) FROM entries)")
+
+
+@MIGRATIONS
+def m005_detached_sessions(conn: sqlite3.Connection) -> None:
+    """A session may belong to no context yet (``sessions.context`` NULL), as the crate's
+    ``create_segment`` makes one; a partial index finds those."""
+    for statement in (
+        """CREATE TABLE sessions_new (
+            session_id TEXT PRIMARY KEY,
+            context TEXT,
+            created_at TEXT NOT NULL
+        )""",
+        "INSERT INTO sessions_new SELECT session_id, context, created_at FROM sessions",
+        "DROP TABLE sessions",
+        "ALTER TABLE sessions_new RENAME TO sessions",
+        "CREATE INDEX sessions_detached ON sessions (session_id) WHERE context IS NULL",
+    ):
+        conn.execute(statement)

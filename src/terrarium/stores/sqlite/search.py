@@ -97,7 +97,9 @@ def catch_up(conn: sqlite3.Connection, *, counts: bool = True, recent: int = SEA
     Reads the entries above ``wm`` (in the caller's write transaction, so a rolled back entry
     is never read): adds their history items to ``search_docs`` and both FTS5 tables, and
     (with ``counts``) their history items and last time to the listing counts of the heads
-    they extend. ``recent``: see :func:`_add_docs`.
+    they extend. ``recent``: see :func:`_add_docs`. The items of a detached session (no
+    context) are left out: search shows contexts only, and :func:`index_session` adds them
+    when a context adopts the session.
     """
     wm, hw, floor = conn.execute(sql.META).fetchone()
     (top,) = conn.execute(sql.NEWEST_ENTRY).fetchone()
@@ -114,10 +116,12 @@ def catch_up(conn: sqlite3.Connection, *, counts: bool = True, recent: int = SEA
             line = codec.decode(text)
         except msgspec.DecodeError:
             continue  # a damaged line holds nothing to find; reading the segment reports it
+        if s not in types:
+            found = conn.execute(sql.SESSION_TYPE, (s,)).fetchone()
+            types[s] = None if found is None else found[0]
+        if types[s] is None:
+            continue  # detached: indexed when attached
         for doc_seq, role, doc_ts, body in line_docs(seq, line):
-            if s not in types:
-                found = conn.execute(sql.SESSION_TYPE, (s,)).fetchone()
-                types[s] = None if found is None else found[0]
             docs.append((s, g, doc_seq, role, doc_ts, body, doc_tags(s, role, types[s])))
     if counts:
         conn.executemany(
@@ -126,6 +130,25 @@ def catch_up(conn: sqlite3.Connection, *, counts: bool = True, recent: int = SEA
     hw, floor = _add_docs(conn, docs, hw, floor, recent)
     conn.execute(sql.SET_META, (top, hw, floor))
     return int(top)
+
+
+def index_session(
+    conn: sqlite3.Connection, session: str, type: str, *, recent: int = SEARCH_RECENT
+) -> None:
+    """Add every history item of a session that was detached to the search tables, now that a
+    context of ``type`` adopted it (in the caller's write transaction, after a catch-up, which
+    left them out)."""
+    docs: list[tuple[Any, ...]] = []
+    for g, seq, _, _, text in conn.execute(sql.SESSION_DOC_ENTRIES, (session,)):
+        try:
+            line = codec.decode(text)
+        except msgspec.DecodeError:
+            continue
+        for doc_seq, role, doc_ts, body in line_docs(seq, line):
+            docs.append((session, g, doc_seq, role, doc_ts, body, doc_tags(session, role, type)))
+    _, hw, floor = conn.execute(sql.META).fetchone()
+    hw, floor = _add_docs(conn, docs, hw, floor, recent)
+    conn.execute(sql.SET_WINDOWS, (hw, floor))
 
 
 def _tally(counts: Counts, s: str, g: str, seq: int, kind: str, ts: str) -> None:
