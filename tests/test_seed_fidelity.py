@@ -1078,6 +1078,40 @@ def test_persistence_is_free_functions_over_a_store() -> None:
         assert next(iter(inspect.signature(function).parameters)) == "store", name
 
 
+QUICK_START = quote(
+    CRATE_DOC,
+    '//! let store = FsStore::new("./sessions")?;',
+    "//! let (session_id, segment_id) = create_segment(&store, SegmentStartState {",
+    "//! system_prompt: None,",
+    "//! config: &config,",
+    "//! history: &[],",
+)
+
+
+def test_the_quick_start_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No context is needed: the session is replayed, extended by the crate's functions, and
+    a context can adopt it later (``attach_context``)."""
+    monkeypatch.chdir(tmp_path)
+    config = {"model": "m", "temperature": 0.2}
+    store = FsStore("./sessions")
+    session_id, segment_id = create_segment(
+        store, SegmentStartState(system_prompt=None, config=config, history=[])
+    )
+    with store:
+        ref = terrarium.PodActiveSegmentRef(session_id, segment_id)
+        terrarium.save_delta(store, ref, [{"role": "user", "content": "hello"}])
+        assert restore_by_segment(store, session_id, segment_id).config == config
+        assert store.list_contexts() == [] and terrarium.detached_sessions(store) == [session_id]
+        branch = fork(store, ref)
+        head = terrarium.attach_context(
+            store, "cli:main", terrarium.PodActiveSegmentRef(session_id, branch)
+        )
+        assert (head.session_id, head.segment_id) == (session_id, branch)
+        assert restore(store, "cli:main").history == [{"role": "user", "content": "hello"}]
+        assert [h.context for h in store.list_contexts()] == ["cli:main"]
+        assert terrarium.detached_sessions(store) == []
+
+
 TRACE = quote(
     CRATE_DOC,
     "//! Debug-mode [`TraceEntry`] records capture raw stream events in a separate",
