@@ -23,7 +23,13 @@ from terrarium.cli.app import (
     storage_option,
 )
 from terrarium.cli.output import Output, short_time
-from terrarium.errors import ContextExists, ContextNotFound, StoreError, TerrariumError
+from terrarium.errors import (
+    ContextExists,
+    ContextNotFound,
+    NothingToCompact,
+    StoreError,
+    TerrariumError,
+)
 from terrarium.model import ContextId, item_text
 from terrarium.stores.base import PodMetadata, Reindexable, Store
 from terrarium.stores.fs import FsStore
@@ -35,6 +41,30 @@ def _format_names() -> list[str]:
     except ImportError:  # pragma: no cover - exports not installed
         return ["jsonl"]
     return list(FORMATS)
+
+
+def _format_aliases() -> str:
+    try:
+        from terrarium.export import ALIASES
+    except ImportError:  # pragma: no cover - exports not installed
+        return "none"
+    return ", ".join(f"{alias}={name}" for alias, name in ALIASES.items())
+
+
+class FormatChoice(click.Choice):  # type: ignore[type-arg]  # generic from click 8.2
+    """An export format by name or by an alias users type (``md``, ``txt``, ``JSONL``)."""
+
+    def __init__(self) -> None:
+        super().__init__(_format_names())
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from terrarium.export import format_name
+
+        try:
+            name = format_name(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        return super().convert(name, param, ctx)
 
 
 # --------------------------------------------------------------------------- list
@@ -86,9 +116,20 @@ def print_sessions(state: CliState, type_: str | None, as_json: bool) -> None:
 @click.option(
     "--segments", is_flag=True, help="Also list the session's segments and the head's entries."
 )
+@click.option(
+    "--last",
+    "-n",
+    "last",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Only the last N messages (the header still counts them all).",
+)
 @storage_option
 @click.pass_context
-def show(ctx: click.Context, context: ContextId, as_json: bool, segments: bool) -> None:
+def show(
+    ctx: click.Context, context: ContextId, as_json: bool, segments: bool, last: int | None
+) -> None:
     """Show a session's messages (CONTEXT is type:name)."""
     from terrarium.formats.jsonl import load_transcript
 
@@ -97,6 +138,7 @@ def show(ctx: click.Context, context: ContextId, as_json: bool, segments: bool) 
     legacy = store is not state.store()
     transcript = load_transcript(store, context)
     restored = transcript.state
+    shown = transcript.items if last is None else transcript.items[len(transcript.items) - last :]
     info: dict[str, Any] = {
         "context_id": str(context),
         "type": context.type,
@@ -107,7 +149,7 @@ def show(ctx: click.Context, context: ContextId, as_json: bool, segments: bool) 
         "message_count": len(restored.history),
         "turns": restored.turns,
         "legacy": legacy,
-        "messages": [{"ts": t.ts, **t.item} for t in transcript.items],
+        "messages": [{"ts": t.ts, **t.item} for t in shown],
     }
     tree = _segments(store, transcript.head.session_id, transcript.head.segment_id)
     if segments:
@@ -124,7 +166,10 @@ def show(ctx: click.Context, context: ContextId, as_json: bool, segments: bool) 
     )
     if restored.system_prompt:
         out.line(f"system prompt: {restored.system_prompt}", style="dim")
-    for timed in transcript.items:
+    if len(shown) < len(transcript.items):
+        hidden = len(transcript.items) - len(shown)
+        out.line(f"({hidden} earlier message{'' if hidden == 1 else 's'} not shown)", style="dim")
+    for timed in shown:
         out.line()
         role = str(timed.item.get("role", "?"))
         out.line(f"[{role} {short_time(timed.ts)}]", style=_ROLE_STYLES.get(role, "bold"))
@@ -399,7 +444,11 @@ def compact(
     retries: int,
     timeout: float,
 ) -> None:
-    """Ask the model to summarise a session and continue from the summary."""
+    """Ask the model to summarise a session and continue from the summary.
+
+    A summary that would not make the session smaller is not written (a one-line
+    note says why, and the exit code is 0).
+    """
     state = state_of(ctx)
     catalog.resume(state, context)
     catalog.require(state, context)
@@ -407,12 +456,16 @@ def compact(
 
     async def run() -> str:
         try:
-            return await manager.compact_context(str(context))
+            return await manager.compact_context(str(context), only_if_smaller=True)
         finally:
             await state.aclose_client()
 
     before = len(manager.history(str(context)))
-    summary = asyncio.run(run())
+    try:
+        summary = asyncio.run(run())
+    except NothingToCompact as exc:
+        state.out.note(str(exc), style="yellow")
+        return
     after = len(manager.history(str(context)))
     state.out.note(f"compacted {context}: {before} messages -> {after}", style="green")
     state.out.line(summary)
@@ -427,10 +480,10 @@ def compact(
     "--format",
     "-f",
     "fmt",
-    type=click.Choice(_format_names()),
+    type=FormatChoice(),
     default="markdown",
     show_default=True,
-    help="Export format.",
+    help=f"Export format (also: {_format_aliases()}).",
 )
 @click.option(
     "--output",
