@@ -22,7 +22,7 @@ from terrarium.cli.app import (
     state_of,
     storage_option,
 )
-from terrarium.cli.output import Output, short_time
+from terrarium.cli.output import Output, counted, short_time
 from terrarium.errors import (
     ContextExists,
     ContextNotFound,
@@ -569,27 +569,61 @@ def export_session(state: CliState, context: ContextId, fmt: str) -> str | bytes
     default=None,
     help="Import under this context id instead of the file's (one file only).",
 )
+@click.option("--verbose", "-v", is_flag=True, help="Print one line per file, not a summary.")
 @storage_option
 @click.pass_context
-def import_cmd(ctx: click.Context, paths: tuple[Path, ...], as_context: ContextId | None) -> None:
-    """Import legacy JSON session files (or folders of them), or native .jsonl exports."""
+def import_cmd(
+    ctx: click.Context, paths: tuple[Path, ...], as_context: ContextId | None, verbose: bool
+) -> None:
+    """Import legacy JSON session files (or folders of them), or native .jsonl exports.
+
+    One file that is already in the store is an error; among many, such files are
+    skipped (a rerun imports only what is new). Prints one summary line; -v prints
+    one line per file.
+    """
     state = state_of(ctx)
     files = _expand(paths)
     if as_context is not None and len(files) != 1:
         raise click.UsageError("--as needs exactly one file")
-    failed = 0
+    imported: list[str] = []
+    present = failed = 0
     for path, root in files:
         try:
             context, count = import_file(state, path, as_context, root=root)
+        except ContextExists as exc:
+            if len(files) == 1:
+                raise
+            present += 1
+            if verbose:
+                state.out.note(f"skipped {path}: {exc}")
+            continue
         except (TerrariumError, ValueError, OSError) as exc:
             if len(files) == 1:
                 raise
             failed += 1
             state.out.error(f"{path}: {exc}")
             continue
-        state.out.note(f"imported {context} ({count} messages) from {path}", style="green")
+        imported.append(f"imported {context} ({counted(count, 'message')}) from {path}")
+        if verbose:
+            state.out.note(imported[-1], style="green")
+    if len(files) == 1 and imported and not verbose:
+        state.out.note(imported[0], style="green")
+    elif len(files) > 1:
+        state.out.note(_import_summary(len(imported), present, failed, state.shown_location))
     if failed:
         raise click.ClickException(f"{failed} of {len(files)} files could not be imported")
+
+
+def _import_summary(imported: int, present: int, failed: int, where: str) -> str:
+    """``import``'s one summary line; a rerun that finds everything imported says just that."""
+    if present and not imported and not failed:
+        return f"nothing to import: {counted(present, 'session')} already in {where}"
+    text = f"imported {counted(imported, 'session')} into {where}"
+    if present:
+        text += f"; {present} already there"
+    if failed:
+        text += f"; {failed} failed"
+    return text
 
 
 def _expand(paths: tuple[Path, ...]) -> list[tuple[Path, Path | None]]:
