@@ -310,7 +310,9 @@ async def interactive(chat: Chat, explicit: bool, default_type: str) -> None:
     if not explicit:
         from terrarium.cli.picker import pick_session
 
-        chosen = await pick_session(catalog.list_sessions(chat.state), default_type)
+        chosen = await pick_session(
+            catalog.list_sessions(chat.state), default_type, lambda c: preview(chat.state, c)
+        )
         if chosen is None:
             chat.out.note("no session chosen")
             return
@@ -361,6 +363,23 @@ async def interactive(chat: Chat, explicit: bool, default_type: str) -> None:
                 chat.out.error(str(exc))
     finally:
         loop.remove_signal_handler(signal.SIGINT)
+
+
+def preview(state: CliState, context: ContextId) -> tuple[str, str] | None:
+    """The picker's preview of a session: its first user message and its last reply.
+
+    None when the session cannot be read (the picker says so instead of failing).
+    """
+    from terrarium.model import item_text
+    from terrarium.sessions import restore
+
+    try:
+        history = restore(catalog.readable(state, context), context).history
+    except USER_ERRORS:
+        return None
+    first = next((item_text(i) for i in history if i.get("role") == "user"), "")
+    last = next((item_text(i) for i in reversed(history) if i.get("role") == "assistant"), "")
+    return first, last
 
 
 def read_prompt(prompt: str) -> str:
@@ -507,12 +526,6 @@ def chat(
     With no session named, a terminal gets a picker of sessions; piped input
     goes to cli:main, one message per line. -p sends one message and prints
     the reply; --last continues the session active last.
-
-    \b
-    Examples:
-      terrarium chat cli:demo
-      terrarium chat cli:demo -p 'Summarise our plan in one line'
-      cat question.txt | terrarium chat --last -p -
     """
     named = resolve_context(context, session_id, type_)
     if last and named is not None:
