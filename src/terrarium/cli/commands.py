@@ -138,7 +138,11 @@ def show(
     legacy = store is not state.store()
     transcript = load_transcript(store, context)
     restored = transcript.state
-    shown = transcript.items if last is None else transcript.items[len(transcript.items) - last :]
+    shown = (
+        transcript.items[max(0, len(transcript.items) - last) :]
+        if last is not None
+        else transcript.items
+    )
     info: dict[str, Any] = {
         "context_id": str(context),
         "type": context.type,
