@@ -10,6 +10,10 @@ next message (the manager sends the two as one).
 From a pipe, each line of stdin is one message (``/`` commands work too) and replies are
 printed plainly; the first failure ends the chat with a one-line error and exit code 1. A line
 that is not UTF-8 is such a failure, found before anything of that line is sent or logged.
+
+``-p TEXT`` sends one message and prints the reply (``-p -``: all of stdin is the message);
+``--last`` chats in the session active last. A chat that ends without an error says on stderr
+how to resume it (``resume with: terrarium chat cli:demo``), so stdout carries only replies.
 """
 
 from __future__ import annotations
