@@ -174,6 +174,7 @@ def test_picker_new_session_and_cancel(root: Path, fake_server: FakeServer, spaw
     child.sendcontrol("c")
     child.expect("no session chosen")
     child.expect(pexpect.EOF)
+    assert "resume with" not in child.before  # nothing was opened
     child.close()
     assert child.exitstatus == 0
 
@@ -281,6 +282,8 @@ def test_picker_previews_and_a_typed_name_that_exists(
     child.send("\r")
     child.expect("cli:main: 4 messages")
     child.expect("cli:main>")
+    child.sendcontrol("d")
+    child.expect(f"resume with: terrarium chat cli:main --storage-dir {root}")
     leave(child)
 
 
