@@ -43,14 +43,19 @@ def invoke(*args: str, input: str | None = None) -> Result:
 def add_context(root: Path, context: str, turns: list[tuple[str, str]]) -> None:
     with FsStore(root) as store:
         create_segment(store, SegmentStartState(), context=context)
+    for user, assistant in turns:
+        add_turn(root, context, user, assistant)
+
+
+def add_turn(root: Path, context: str, user: str, assistant: str) -> None:
+    with FsStore(root) as store:
         head = store.get_head(ContextId.parse(context))
         assert head is not None
-        for user, assistant in turns:
-            save_delta(
-                store,
-                head,
-                [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}],
-            )
+        save_delta(
+            store,
+            head,
+            [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}],
+        )
 
 
 def history(root: Path, context: str) -> list[str]:
@@ -142,8 +147,8 @@ def test_last_continues_the_most_recently_active_session(
     assert result.returncode == 0, result.stderr
     assert result.stdout == b"echo: and now?\n"
     assert history(root, "game:run1") == ["go", "went", "and now?", "echo: and now?"]
-    # cli:main becomes the last active; piped input continues it
-    run("chat", "cli:main", "-p", "me again", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    # a turn makes cli:main the last active; piped input continues it
+    add_turn(root, "cli:main", "me again", "echo: me again")
     result = run("chat", "--last", stdin="piped\n", cwd=tmp_path, TERRARIUM_BASE_URL=url)
     assert result.returncode == 0 and history(root, "cli:main")[-2:] == ["piped", "echo: piped"]
     assert result.stderr == b"resume with: terrarium chat cli:main\n"
@@ -153,8 +158,8 @@ def test_last_on_an_empty_store_fails_and_conflicts_with_a_name(tmp_path: Path) 
     empty = run("chat", "--last", "-p", "hi", cwd=tmp_path)
     assert empty.returncode == 1
     assert empty.stderr == b"Error: no session to continue in ./sessions\n"
-    both = run("chat", "cli:x", "--last", cwd=tmp_path)
-    assert both.returncode == 2 and b"--last" in both.stderr
+    both = invoke("chat", "cli:x", "--last", "--storage-dir", str(tmp_path / "s"), input="")
+    assert both.exit_code == 2 and "--last" in both.stderr
 
 
 # --------------------------------------------------------------------------- resume hint

@@ -56,7 +56,8 @@ def copy(
     finally:
         src.close()
     present = report.present
-    problems = [(c, reason) for c, reason in report.skipped if c not in set(present)]
+    already = set(present)
+    problems = [(c, reason) for c, reason in report.skipped if c not in already]
     if verbose:
         for context in report.copied:
             state.out.note(f"copied {context}")
