@@ -403,7 +403,7 @@ def read_prompt(prompt: str) -> str:
                 f"stdin is not valid UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}; "
                 "nothing was sent"
             ) from None
-        text = text.rstrip("\r\n")  # the file's final newline is not part of the message
+        text = text.rstrip("\r\n")  # a file's trailing newlines are not part of the message
     if not text.strip():
         raise click.UsageError("the prompt is empty: nothing was sent")
     return text
