@@ -174,6 +174,7 @@ def test_picker_new_session_and_cancel(root: Path, fake_server: FakeServer, spaw
     child.sendcontrol("c")
     child.expect("no session chosen")
     child.expect(pexpect.EOF)
+    assert "resume with" not in child.before  # nothing was opened
     child.close()
     assert child.exitstatus == 0
 
@@ -262,3 +263,64 @@ def test_seed_chat_py_on_a_terminal(root: Path, fake_server: FakeServer, spawn: 
     assert child.exitstatus == 0
     with FsStore(root) as store:
         assert store.list_contexts() == []
+
+
+def test_picker_previews_and_a_typed_name_that_exists(
+    root: Path, fake_server: FakeServer, spawn: Any
+) -> None:
+    """Each session shows its first user message and last reply; typing ``main`` selects
+    cli:main although the newer cli:mainframe matches the filter too."""
+    add_context(root, "cli:main", 2)
+    add_context(root, "cli:mainframe", 1)  # newer: listed first
+    child = spawn("chat", "--base-url", fake_server.base_url, "--storage-dir", str(root))
+    child.expect("Pick a session")
+    child.expect("question 0 -> answer 0")  # cli:mainframe's preview
+    child.expect("question 0 -> answer 1")  # cli:main's: first question, last answer
+    child.send("main")
+    child.expect("exists: Enter opens it")  # the new-session row no longer offers to create it
+    child.expect(r"> main +4 messages")  # selected, although cli:mainframe is newer
+    child.send("\r")
+    child.expect("cli:main: 4 messages")
+    child.expect("cli:main>")
+    child.sendcontrol("d")
+    child.expect(f"resume with: terrarium chat cli:main --storage-dir {root}")
+    leave(child)
+
+
+def test_picker_reads_previews_only_for_the_sessions_on_screen() -> None:
+    """A thousand sessions: one screenful of previews is read, and each only once."""
+    from prompt_toolkit.application import create_app_session
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+
+    from terrarium.cli.catalog import SessionInfo
+    from terrarium.cli.picker import Picker
+
+    rows = [
+        SessionInfo(ContextId("cli", f"s{n}"), "2025-11-06", "", f"2025-11-06T{n:06d}", 2)
+        for n in range(1000)
+    ]
+    read: list[ContextId] = []
+
+    def preview(context: ContextId) -> tuple[str, str]:
+        read.append(context)
+        return (f"first of {context.name} " + "word " * 40, "last reply")
+
+    with create_pipe_input() as keys, create_app_session(input=keys, output=DummyOutput()):
+        picker = Picker(rows, "cli", preview)
+        rows_on_screen = DummyOutput().get_size().rows
+        text = "".join(fragment[1] for fragment in picker.render())
+        assert 0 < len(read) < rows_on_screen
+        assert read == [r.context for r in rows[: len(read)]]
+        columns = DummyOutput().get_size().columns
+        assert all(len(line) <= columns for line in text.splitlines())
+        assert "first of s0 word" in text and "\u2026 -> last reply" in text
+        assert f"({1000 - len(read)} more below, 0 above)" in text
+        picker.render()
+        assert len(read) == len(set(read))  # a second draw reads nothing again
+        first_screen = len(read)
+        for _ in range(first_screen + 2):
+            picker._move(1)
+        picker.render()
+        assert rows[first_screen + 2].context in read  # scrolled: the selected row is shown
+        assert len(read) < 2 * rows_on_screen

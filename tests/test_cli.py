@@ -366,20 +366,55 @@ def test_fork_whole_and_at(seeded: Path) -> None:
 
 
 def test_compact_with_the_model(seeded: Path, fake_server: FakeServer) -> None:
+    long_turns = [(f"question {n} " + "words " * 40, f"answer {n} " + "x " * 40) for n in range(3)]
+    add_context(seeded, "cli:long", long_turns)
     fake_server.reply = "SUMMARY: greetings were exchanged"
     result = invoke(
-        "compact", "cli:main", "--base-url", fake_server.base_url, "--storage-dir", str(seeded)
+        "compact", "cli:long", "--base-url", fake_server.base_url, "--storage-dir", str(seeded)
     )
     assert result.exit_code == 0, result.output
     assert "SUMMARY: greetings were exchanged" in result.stdout
-    history = json.loads(invoke("show", "cli:main", "--json", "--storage-dir", str(seeded)).stdout)
+    assert "compacted cli:long: 6 messages -> 6" in result.stderr  # summary, ack, last 4
+    history = json.loads(invoke("show", "cli:long", "--json", "--storage-dir", str(seeded)).stdout)
     assert "SUMMARY" in history["messages"][0]["content"]
 
 
+def test_compact_refuses_when_the_summary_would_not_shrink(
+    seeded: Path, fake_server: FakeServer
+) -> None:
+    """Nothing older than the kept tail: refused before any model call; a summary longer
+    than what it replaces: refused after it, the log unchanged but for the call's usage."""
+    before = message_count(seeded, "cli:main")
+    url = ["--base-url", fake_server.base_url, "--storage-dir", str(seeded)]
+    result = invoke("compact", "cli:main", *url)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    assert result.stderr.strip() == (
+        "cli:main not compacted: all 4 of its messages are recent ones a compaction keeps as "
+        "they are, so there is nothing to summarise"
+    )
+    assert fake_server.requests == []
+
+    add_context(seeded, "cli:short", [("a", "b"), ("c", "d"), ("e", "f")])
+    fake_server.reply = "a summary far longer than the two one-letter messages it would replace"
+    result = invoke("compact", "cli:short", *url)
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cli:short not compacted: the summary (")
+    assert lines[0].endswith("would not be shorter than the 2 messages it replaces (2 characters)")
+    assert len(fake_server.requests) == 1
+    assert message_count(seeded, "cli:main") == before
+    shown = json.loads(invoke("show", "cli:short", "--json", "--storage-dir", str(seeded)).stdout)
+    assert [m["content"] for m in shown["messages"]] == ["a", "b", "c", "d", "e", "f"]
+    stats = json.loads(invoke("stats", "cli:short", "--json", "--storage-dir", str(seeded)).stdout)
+    assert stats["segments"] == 1 and stats["usage"]["calls"] == 1
+
+
 def test_compact_unreachable_server_is_one_line(seeded: Path) -> None:
+    add_context(seeded, "cli:six", [("a", "b"), ("c", "d"), ("e", "f")])
     result = invoke(
         "compact",
-        "cli:main",
+        "cli:six",
         "--base-url",
         "http://127.0.0.1:9/v1",
         "--retries",
@@ -437,8 +472,9 @@ def test_import_legacy_and_jsonl(seeded: Path, tmp_path: Path) -> None:
     )
     # a folder of legacy files
     add_legacy(legacy_dir, "other")
-    result = invoke("import", str(legacy_dir), "--storage-dir", str(tmp_path / "third"))
-    assert result.exit_code == 0 and result.stderr.count("imported") == 2
+    third = tmp_path / "third"
+    result = invoke("import", str(legacy_dir), "--storage-dir", str(third))
+    assert result.exit_code == 0 and result.stderr == f"imported 2 sessions into {third}\n"
 
 
 def test_import_errors_are_one_line(tmp_path: Path) -> None:

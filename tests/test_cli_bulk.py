@@ -30,10 +30,15 @@ def test_copy_between_stores_and_rerun(tmp_path: Path) -> None:
     runner = CliRunner()
     first = runner.invoke(cli, ["copy", str(tmp_path / "src"), dst])
     assert first.exit_code == 0, first.output
-    assert "copied 3 sessions" in first.output
+    assert first.output == f"copied 3 sessions (9 lines) to {dst}\n"  # one summary line
     again = runner.invoke(cli, ["copy", str(tmp_path / "src"), dst])
     assert again.exit_code == 0
-    assert "copied 0 sessions" in again.output and "skipped 3" in again.output
+    assert again.output == f"nothing to copy: 3 sessions already in {dst}\n"
+    verbose = runner.invoke(cli, ["copy", str(tmp_path / "src"), dst, "-v"])
+    assert verbose.exit_code == 0
+    assert verbose.output.splitlines()[:3] == [
+        f"skipped {c}: already in {dst}" for c in ("cli:main", "game:run1", "irc:#python")
+    ]
     with FsStore(tmp_path / "src") as src, SqliteStore(tmp_path / "dst.db") as copied:
         for head in src.list_contexts():
             assert restore(copied, head.context) == restore(src, head.context)

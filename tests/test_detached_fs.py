@@ -303,9 +303,10 @@ def test_terrarium_copy_of_a_whole_store_carries_detached_sessions(
     ref = _detached(store, "iguanas")
     dest, only = tmp_path / "dest", tmp_path / "only"
     create_segment(store, context="cli:a")
-    result = invoke("copy", str(root), str(dest))
+    result = invoke("copy", "-v", str(root), str(dest))
     assert result.exit_code == 0, result.output
-    assert f"session {ref.session_id}" in result.output
+    assert f"copied session {ref.session_id}" in result.output
+    assert "copied 2 sessions" in result.output
     with FsStore(dest) as copied:
         assert copied.detached_sessions() == [ref.session_id]
         state = restore_by_segment(copied, ref.session_id, ref.segment_id)

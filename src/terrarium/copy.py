@@ -31,6 +31,8 @@ class CopyReport:
     """Contexts copied (and detached sessions, as ``session {id}``)."""
     skipped: list[tuple[str, str]] = field(default_factory=list)
     """Contexts not copied, each with the reason."""
+    present: list[str] = field(default_factory=list)
+    """The skipped contexts that the destination already had (a rerun's, typically)."""
     entries: int = 0
     """Lines copied (headers included)."""
 
@@ -145,6 +147,8 @@ def copy_store(
             report.copied.append(str(ctx))
         except (ContextExists, ContextNotFound) as exc:
             report.skipped.append((str(ctx), str(exc)))
+            if isinstance(exc, ContextExists) and dst.get_head(ctx) is not None:
+                report.present.append(str(ctx))
         if progress is not None:
             progress(str(ctx))
     if detached if detached is not None else contexts is None:

@@ -6,6 +6,7 @@
     ├── InvalidContextId (also ValueError)
     ├── InvalidEntry (also ValueError)
     ├── InvalidQuery (also ValueError)
+    ├── NothingToCompact
     ├── StoreError
     │   ├── ContextNotFound (also KeyError)
     │   ├── ContextExists
@@ -43,6 +44,10 @@ class InvalidEntry(TerrariumError, ValueError):
 
 class InvalidQuery(TerrariumError, ValueError):
     """A search query has nothing to search for, or a filter that cannot be valid."""
+
+
+class NothingToCompact(TerrariumError):
+    """A compaction was not done: its summary would not make the context smaller."""
 
 
 class StoreError(TerrariumError):

@@ -120,19 +120,50 @@ FINETUNE_FILE = "finetune.jsonl"
 """The file name the ``finetune`` format uses inside a folder or an archive."""
 
 
+ALIASES: dict[str, str] = {
+    "md": "markdown",
+    "txt": "markdown",
+    "text": "markdown",
+    "htm": "html",
+    "ndjson": "jsonl",
+    "native": "jsonl",
+    "fine-tune": "finetune",
+    "legacy": "terrarium-json",
+}
+"""Other names users type for a format (file extensions, mostly), each to its format's name."""
+
+AMBIGUOUS: dict[str, tuple[str, ...]] = {"json": ("openai", "terrarium-json")}
+"""Names that could mean more than one format: refused with the candidates named."""
+
+
+def format_name(fmt: str) -> str:
+    """The format a user means by ``fmt``: a name or an alias, in any case (``MD`` -> markdown).
+
+    Raises:
+        ValueError: no format has that name, or it is ambiguous (the message lists the choices).
+    """
+    key = fmt.strip().lower()
+    if key in FORMATS:
+        return key
+    if key in ALIASES:
+        return ALIASES[key]
+    if key in AMBIGUOUS:
+        choices = " or ".join(AMBIGUOUS[key])
+        raise ValueError(f"export format {fmt!r} is ambiguous: use {choices}")
+    known = ", ".join(sorted(FORMATS))
+    aliases = ", ".join(f"{a} ({n})" for a, n in ALIASES.items())
+    raise ValueError(f"unknown export format {fmt!r}: use one of {known}; aliases: {aliases}")
+
+
 def get_format(fmt: str | Format) -> Format:
-    """Look a format up by name.
+    """Look a format up by name or alias (see :data:`ALIASES`).
 
     Raises:
         ValueError: no format has that name (the message lists the known ones).
     """
     if isinstance(fmt, Format):
         return fmt
-    try:
-        return FORMATS[fmt]
-    except KeyError:
-        known = ", ".join(sorted(FORMATS))
-        raise ValueError(f"unknown export format {fmt!r}: use one of {known}") from None
+    return FORMATS[format_name(fmt)]
 
 
 def export_context(store: Store, context: ContextId | str, fmt: str | Format) -> str | bytes:
@@ -314,6 +345,8 @@ def _tar_gz(files: dict[str, bytes]) -> bytes:
 
 
 __all__ = [
+    "ALIASES",
+    "AMBIGUOUS",
     "ARCHIVE_SUFFIXES",
     "FINETUNE_FILE",
     "FORMATS",
@@ -321,6 +354,7 @@ __all__ = [
     "Format",
     "export_context",
     "export_many",
+    "format_name",
     "get_format",
     "member_name",
 ]

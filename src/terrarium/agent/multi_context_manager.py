@@ -40,12 +40,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from terrarium import legacy, sessions
+from terrarium.agent import compaction
 from terrarium.errors import (
     ConflictError,
     ContextExists,
     ContextNotFound,
     IndexUnavailable,
     LLMError,
+    NothingToCompact,
     StoreError,
 )
 from terrarium.formats.openai import chat_messages
@@ -441,17 +443,21 @@ class MultiContextManager:
             sessions.fork_context(self.store, src, ContextId.parse(target), at_seq=at)
         return self.get_stats(target)
 
-    async def compact_context(self, context_id: str, **params: Any) -> str:
+    async def compact_context(
+        self, context_id: str, *, only_if_smaller: bool = False, **params: Any
+    ) -> str:
         """Ask the model to summarise the context and continue on a compacted segment.
 
-        Returns the summary.
+        With ``only_if_smaller``, a compaction that would not make the context smaller raises
+        :class:`NothingToCompact` and writes nothing but the call's usage (see
+        ``agent/compaction.py``). Returns the summary.
         """
         context = ContextId.parse(context_id)
         async with self._turn_lock(context):
             entry = self._fresh_or_legacy(context)
             if entry is None:
                 raise ContextNotFound(f"context {context} does not exist")
-            return await self._compact(entry, params)
+            return await self._compact(entry, params, refuse_growth=only_if_smaller)
 
     def set_autosave(self, context_id: str, enabled: bool) -> None:
         """Turn auto-save on or off for one context; turning it on saves what is pending."""
@@ -660,10 +666,15 @@ class MultiContextManager:
         self._forget(entry.context)
         return len(pending)
 
-    async def _compact(self, entry: _Context, params: Mapping[str, Any]) -> str:
+    async def _compact(
+        self, entry: _Context, params: Mapping[str, Any], refuse_growth: bool = False
+    ) -> str:
         self._flush(entry)
         history = entry.state.history
         keep = _tail_from_user(history, self.keep_after_compaction)
+        replaced = history[: len(history) - len(keep)]
+        if refuse_growth:  # a requested compaction must shrink the context (agent/compaction.py)
+            compaction.check_replaces(entry.context, replaced, len(keep))
         request = list(entry.wire)
         add_wire_message(request, {"role": "user", "content": COMPACTION_PROMPT})
         result = await self.client.chat(request, **params)
@@ -673,6 +684,13 @@ class MultiContextManager:
             {"role": "assistant", "content": "Understood. I will continue from this summary."},
             *keep,
         ]
+        if refuse_growth:
+            try:
+                compaction.check_shrinks(entry.context, replaced, compacted[:2])
+            except NothingToCompact:
+                if result.usage is not None:  # the call was made: its tokens still count
+                    sessions.save_usage(self.store, entry.state, result.usage)
+                raise
         sessions.create_compacted_segment(self.store, entry.state, compacted, context=entry.context)
         state = sessions.restore(self.store, entry.context)
         if result.usage is not None:

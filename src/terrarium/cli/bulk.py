@@ -7,6 +7,7 @@ from rich.progress import Progress
 from rich.text import Text
 
 from terrarium.cli.app import CONTEXT, cli, open_store, state_of, storage_option
+from terrarium.cli.output import counted
 from terrarium.model import ContextId
 
 
@@ -21,15 +22,21 @@ from terrarium.model import ContextId
     type=CONTEXT,
     help="Copy only this session (repeatable). Default: all.",
 )
+@click.option("--verbose", "-v", is_flag=True, help="Also print one line per session.")
 @storage_option
 @click.pass_context
 def copy(
-    ctx: click.Context, source: str, destination: str, contexts: tuple[ContextId, ...]
+    ctx: click.Context,
+    source: str,
+    destination: str,
+    contexts: tuple[ContextId, ...],
+    verbose: bool,
 ) -> None:
     """Copy sessions between two stores losslessly (folders or store URLs).
 
     Sessions the destination already has are skipped, so an interrupted copy can be rerun.
     Without --context, detached sessions (of no context yet) are copied too.
+    Prints one summary line (a progress bar on a terminal); -v adds a line per session.
     """
     from terrarium.copy import copy_store
 
@@ -39,7 +46,7 @@ def copy(
         dst = open_store(destination)
         try:
             wanted = list(contexts) or [ContextId.parse(h.context) for h in src.list_contexts()]
-            if state.out.err.is_terminal:
+            if state.out.err.is_terminal and not verbose:
                 with Progress(console=state.out.err, transient=True) as bar:
                     task = bar.add_task("copying", total=len(wanted))
                     report = copy_store(
@@ -50,20 +57,48 @@ def copy(
                         detached=not contexts,
                     )
             else:
-                report = copy_store(
-                    src, dst, wanted, progress=state.out.note, detached=not contexts
-                )
+                report = copy_store(src, dst, wanted, detached=not contexts)
         finally:
             dst.close()
     finally:
         src.close()
-    for context, reason in report.skipped:
+    present = report.present
+    already = set(present)
+    problems = [(c, reason) for c, reason in report.skipped if c not in already]
+    if verbose:
+        for context in report.copied:
+            state.out.note(f"copied {context}")
+        for context in present:
+            state.out.note(f"skipped {context}: already in {redact(destination)}")
+    for context, reason in problems:
         state.out.note(f"skipped {context}: {reason}", style="yellow")
-    state.out.note(
-        f"copied {len(report.copied)} sessions ({report.entries} lines), "
-        f"skipped {len(report.skipped)}",
-        style="green",
-    )
+    state.out.note(copy_summary(report.copied, report.entries, present, problems, destination))
+
+
+def copy_summary(
+    copied: list[str],
+    lines: int,
+    present: list[str],
+    problems: list[tuple[str, str]],
+    destination: str,
+) -> str:
+    """``copy``'s one summary line; a rerun that finds everything copied says just that."""
+    where = redact(destination)
+    if present and not copied and not problems:
+        return f"nothing to copy: {counted(len(present), 'session')} already in {where}"
+    text = f"copied {counted(len(copied), 'session')} ({counted(lines, 'line')}) to {where}"
+    if present:
+        text += f"; {len(present)} already there"
+    if problems:
+        text += f"; {len(problems)} not copied"
+    return text
+
+
+def redact(location: str) -> str:
+    """A store location with any password masked, for messages."""
+    from terrarium.stores.url import redact_url
+
+    return redact_url(location)
 
 
 @cli.command()

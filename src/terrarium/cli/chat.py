@@ -10,12 +10,18 @@ next message (the manager sends the two as one).
 From a pipe, each line of stdin is one message (``/`` commands work too) and replies are
 printed plainly; the first failure ends the chat with a one-line error and exit code 1. A line
 that is not UTF-8 is such a failure, found before anything of that line is sent or logged.
+
+``-p TEXT`` sends one message and prints the reply (``-p -``: all of stdin is the message);
+``--last`` chats in the session active last. A chat that ends without an error says on stderr
+how to resume it (``resume with: terrarium chat cli:demo``), so stdout carries only replies.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shlex
 import signal
 import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -27,6 +33,9 @@ import click
 
 from terrarium.cli import catalog
 from terrarium.cli.app import (
+    DEFAULT_STORAGE,
+    STORAGE_ENV,
+    STORE_ENV,
     USER_ERRORS,
     CliState,
     cli,
@@ -35,7 +44,7 @@ from terrarium.cli.app import (
     state_of,
     storage_option,
 )
-from terrarium.errors import ContextNotFound, LLMError
+from terrarium.errors import ContextNotFound, LLMError, NothingToCompact
 from terrarium.model import ContextId, encode_name
 
 T = TypeVar("T")
@@ -96,6 +105,8 @@ class Chat:
         )
         self._running: asyncio.Future[Any] | None = None
         self.done = False
+        self.opened = False
+        """Whether a session was opened (the picker may be cancelled before one is)."""
 
     # ------------------------------------------------------------------ sessions
 
@@ -104,6 +115,7 @@ class Chat:
         if catalog.resume(self.state, context):
             self.out.note(f"imported the legacy session {context} into the log")
         self.context = context
+        self.opened = True
 
     def message_count(self) -> int:
         try:
@@ -220,7 +232,13 @@ class Chat:
     async def cmd_compact(self, _arg: str) -> None:
         catalog.require(self.state, self.context)
         before = self.message_count()
-        await self.interruptible(self.manager.compact_context(str(self.context)))
+        try:
+            await self.interruptible(
+                self.manager.compact_context(str(self.context), only_if_smaller=True)
+            )
+        except NothingToCompact as exc:
+            self.out.note(str(exc), style="yellow")
+            return
         self.out.note(f"compacted {self.context}: {before} messages -> {self.message_count()}")
 
     async def cmd_clear(self, _arg: str) -> None:
@@ -296,7 +314,9 @@ async def interactive(chat: Chat, explicit: bool, default_type: str) -> None:
     if not explicit:
         from terrarium.cli.picker import pick_session
 
-        chosen = await pick_session(catalog.list_sessions(chat.state), default_type)
+        chosen = await pick_session(
+            catalog.list_sessions(chat.state), default_type, lambda c: preview(chat.state, c)
+        )
         if chosen is None:
             chat.out.note("no session chosen")
             return
@@ -349,15 +369,90 @@ async def interactive(chat: Chat, explicit: bool, default_type: str) -> None:
         loop.remove_signal_handler(signal.SIGINT)
 
 
+def preview(state: CliState, context: ContextId) -> tuple[str, str] | None:
+    """The picker's preview of a session: its first user message and its last reply.
+
+    None when the session cannot be read (the picker says so instead of failing).
+    """
+    from terrarium.model import item_text
+    from terrarium.sessions import restore
+
+    try:
+        history = restore(catalog.readable(state, context), context).history
+    except USER_ERRORS:
+        return None
+    first = next((item_text(i) for i in history if i.get("role") == "user"), "")
+    last = next((item_text(i) for i in reversed(history) if i.get("role") == "assistant"), "")
+    return first, last
+
+
+def read_prompt(prompt: str) -> str:
+    """The one message of ``chat -p``: ``prompt`` itself, or the whole of stdin for ``-``.
+
+    Raises:
+        click.ClickException: stdin is not UTF-8 (nothing is sent or logged).
+        click.UsageError: the message is empty.
+    """
+    text = prompt
+    if prompt == "-":
+        raw = sys.stdin.buffer.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise click.ClickException(
+                f"stdin is not valid UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}; "
+                "nothing was sent"
+            ) from None
+        text = text.rstrip("\r\n")  # a file's trailing newlines are not part of the message
+    if not text.strip():
+        raise click.UsageError("the prompt is empty: nothing was sent")
+    return text
+
+
+def most_recent(state: CliState) -> ContextId:
+    """The session active last, of any type (``chat --last``).
+
+    Raises:
+        click.ClickException: the store has no session to continue.
+    """
+    rows = catalog.list_sessions(state)
+    if not rows:
+        raise click.ClickException(f"no session to continue in {state.shown_location}")
+    return max(rows, key=lambda row: row.last_active).context
+
+
+def resume_command(state: CliState, context: ContextId) -> str:
+    """The command that resumes ``context``, quoted for a POSIX shell.
+
+    ``--storage-dir`` is included when the store was named on the command line and differs
+    from what the same command would open without it (the environment, else ./sessions).
+    """
+    command = f"terrarium chat {shlex.quote(str(context))}"
+    implied = os.environ.get(STORAGE_ENV) or os.environ.get(STORE_ENV) or DEFAULT_STORAGE
+    if state.storage is not None and state.storage != implied:
+        command += f" --storage-dir {shlex.quote(state.shown_location)}"
+    return command
+
+
 def run_chat(
     state: CliState,
     context: ContextId | None,
     default_type: str,
     options: ChatOptions,
+    prompt: str | None = None,
+    last: bool = False,
 ) -> None:
-    """Chat in ``context`` (or the one the picker gives) until input ends."""
-    is_terminal = sys.stdin.isatty() and sys.stdout.isatty()
+    """Chat in ``context`` (or the one the picker gives) until input ends.
+
+    With ``prompt`` (``chat -p``), send that one message, print the reply and return; with
+    ``last``, chat in the session active last. After a chat that ends without an error, a note
+    on stderr says how to resume the session.
+    """
+    message = read_prompt(prompt) if prompt is not None else None
+    is_terminal = message is None and sys.stdin.isatty() and sys.stdout.isatty()
     chat = Chat(state, context or ContextId(default_type, "main"), options, is_terminal)
+    if last:  # after Chat(): the manager must be built with the model options first
+        context = chat.context = most_recent(state)
 
     async def main() -> None:
         try:
@@ -367,11 +462,16 @@ def run_chat(
                 await interactive(chat, context is not None, default_type)
             else:
                 chat.open(chat.context)
-                await piped(chat)
+                if message is not None:
+                    await chat.send(message)
+                else:
+                    await piped(chat)
         finally:
             await state.aclose_client()
 
     asyncio.run(main())
+    if chat.opened and state.store().get_head(chat.context) is not None:
+        state.out.note(f"resume with: {resume_command(state, chat.context)}")
 
 
 def resolve_context(context: str | None, session_id: str | None, type_: str) -> ContextId | None:
@@ -396,6 +496,18 @@ def resolve_context(context: str | None, session_id: str | None, type_: str) -> 
     metavar="TYPE",
     help="Session type for --session-id, bare names and new sessions.",
 )
+@click.option(
+    "--prompt",
+    "-p",
+    default=None,
+    metavar="TEXT",
+    help="Send TEXT as one message, print the reply and exit; '-p -' sends all of stdin.",
+)
+@click.option(
+    "--last",
+    is_flag=True,
+    help="Continue the most recently active session (of any type).",
+)
 @click.option("--system-prompt", default=None, help="System prompt (logged when it changes).")
 @model_options
 @storage_option
@@ -405,6 +517,8 @@ def chat(
     context: str | None,
     session_id: str | None,
     type_: str,
+    prompt: str | None,
+    last: bool,
     system_prompt: str | None,
     base_url: str,
     model: str | None,
@@ -414,10 +528,14 @@ def chat(
     """Chat in a session (CONTEXT is type:name, or a name of --type).
 
     With no session named, a terminal gets a picker of sessions; piped input
-    goes to cli:main, one message per line.
+    goes to cli:main, one message per line. -p sends one message and prints
+    the reply; --last continues the session active last.
     """
+    named = resolve_context(context, session_id, type_)
+    if last and named is not None:
+        raise click.UsageError("--last continues the last session: do not name one too")
     options = ChatOptions(base_url, model, retries, timeout, system_prompt)
-    run_chat(state_of(ctx), resolve_context(context, session_id, type_), type_, options)
+    run_chat(state_of(ctx), named, type_, options, prompt, last)
 
 
 __all__ = ["COMMANDS", "Chat", "ChatOptions", "chat", "run_chat"]

@@ -22,8 +22,14 @@ from terrarium.cli.app import (
     state_of,
     storage_option,
 )
-from terrarium.cli.output import Output, short_time
-from terrarium.errors import ContextExists, ContextNotFound, StoreError, TerrariumError
+from terrarium.cli.output import Output, counted, short_time
+from terrarium.errors import (
+    ContextExists,
+    ContextNotFound,
+    NothingToCompact,
+    StoreError,
+    TerrariumError,
+)
 from terrarium.model import ContextId, item_text
 from terrarium.stores.base import PodMetadata, Reindexable, Store
 from terrarium.stores.fs import FsStore
@@ -35,6 +41,30 @@ def _format_names() -> list[str]:
     except ImportError:  # pragma: no cover - exports not installed
         return ["jsonl"]
     return list(FORMATS)
+
+
+def _format_aliases() -> str:
+    try:
+        from terrarium.export import ALIASES
+    except ImportError:  # pragma: no cover - exports not installed
+        return "none"
+    return ", ".join(f"{alias}={name}" for alias, name in ALIASES.items())
+
+
+class FormatChoice(click.Choice):  # type: ignore[type-arg]  # generic from click 8.2
+    """An export format by name or by an alias users type (``md``, ``txt``, ``JSONL``)."""
+
+    def __init__(self) -> None:
+        super().__init__(_format_names())
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from terrarium.export import format_name
+
+        try:
+            name = format_name(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        return super().convert(name, param, ctx)
 
 
 # --------------------------------------------------------------------------- list
@@ -86,9 +116,20 @@ def print_sessions(state: CliState, type_: str | None, as_json: bool) -> None:
 @click.option(
     "--segments", is_flag=True, help="Also list the session's segments and the head's entries."
 )
+@click.option(
+    "--last",
+    "-n",
+    "last",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Only the last N messages (the header still counts them all).",
+)
 @storage_option
 @click.pass_context
-def show(ctx: click.Context, context: ContextId, as_json: bool, segments: bool) -> None:
+def show(
+    ctx: click.Context, context: ContextId, as_json: bool, segments: bool, last: int | None
+) -> None:
     """Show a session's messages (CONTEXT is type:name)."""
     from terrarium.formats.jsonl import load_transcript
 
@@ -97,6 +138,11 @@ def show(ctx: click.Context, context: ContextId, as_json: bool, segments: bool) 
     legacy = store is not state.store()
     transcript = load_transcript(store, context)
     restored = transcript.state
+    shown = (
+        transcript.items[max(0, len(transcript.items) - last) :]
+        if last is not None
+        else transcript.items
+    )
     info: dict[str, Any] = {
         "context_id": str(context),
         "type": context.type,
@@ -107,7 +153,7 @@ def show(ctx: click.Context, context: ContextId, as_json: bool, segments: bool) 
         "message_count": len(restored.history),
         "turns": restored.turns,
         "legacy": legacy,
-        "messages": [{"ts": t.ts, **t.item} for t in transcript.items],
+        "messages": [{"ts": t.ts, **t.item} for t in shown],
     }
     tree = _segments(store, transcript.head.session_id, transcript.head.segment_id)
     if segments:
@@ -124,7 +170,10 @@ def show(ctx: click.Context, context: ContextId, as_json: bool, segments: bool) 
     )
     if restored.system_prompt:
         out.line(f"system prompt: {restored.system_prompt}", style="dim")
-    for timed in transcript.items:
+    if len(shown) < len(transcript.items):
+        hidden = len(transcript.items) - len(shown)
+        out.line(f"({hidden} earlier message{'' if hidden == 1 else 's'} not shown)", style="dim")
+    for timed in shown:
         out.line()
         role = str(timed.item.get("role", "?"))
         out.line(f"[{role} {short_time(timed.ts)}]", style=_ROLE_STYLES.get(role, "bold"))
@@ -399,7 +448,11 @@ def compact(
     retries: int,
     timeout: float,
 ) -> None:
-    """Ask the model to summarise a session and continue from the summary."""
+    """Ask the model to summarise a session and continue from the summary.
+
+    A summary that would not make the session smaller is not written (a one-line
+    note says why, and the exit code is 0).
+    """
     state = state_of(ctx)
     catalog.resume(state, context)
     catalog.require(state, context)
@@ -407,12 +460,16 @@ def compact(
 
     async def run() -> str:
         try:
-            return await manager.compact_context(str(context))
+            return await manager.compact_context(str(context), only_if_smaller=True)
         finally:
             await state.aclose_client()
 
     before = len(manager.history(str(context)))
-    summary = asyncio.run(run())
+    try:
+        summary = asyncio.run(run())
+    except NothingToCompact as exc:
+        state.out.note(str(exc), style="yellow")
+        return
     after = len(manager.history(str(context)))
     state.out.note(f"compacted {context}: {before} messages -> {after}", style="green")
     state.out.line(summary)
@@ -427,10 +484,10 @@ def compact(
     "--format",
     "-f",
     "fmt",
-    type=click.Choice(_format_names()),
+    type=FormatChoice(),
     default="markdown",
     show_default=True,
-    help="Export format.",
+    help=f"Export format (also: {_format_aliases()}).",
 )
 @click.option(
     "--output",
@@ -516,27 +573,61 @@ def export_session(state: CliState, context: ContextId, fmt: str) -> str | bytes
     default=None,
     help="Import under this context id instead of the file's (one file only).",
 )
+@click.option("--verbose", "-v", is_flag=True, help="Print one line per file, not a summary.")
 @storage_option
 @click.pass_context
-def import_cmd(ctx: click.Context, paths: tuple[Path, ...], as_context: ContextId | None) -> None:
-    """Import legacy JSON session files (or folders of them), or native .jsonl exports."""
+def import_cmd(
+    ctx: click.Context, paths: tuple[Path, ...], as_context: ContextId | None, verbose: bool
+) -> None:
+    """Import legacy JSON session files (or folders of them), or native .jsonl exports.
+
+    One file that is already in the store is an error; among many, such files are
+    skipped (a rerun imports only what is new). Prints one summary line; -v prints
+    one line per file.
+    """
     state = state_of(ctx)
     files = _expand(paths)
     if as_context is not None and len(files) != 1:
         raise click.UsageError("--as needs exactly one file")
-    failed = 0
+    imported: list[str] = []
+    present = failed = 0
     for path, root in files:
         try:
             context, count = import_file(state, path, as_context, root=root)
+        except ContextExists as exc:
+            if len(files) == 1:
+                raise
+            present += 1
+            if verbose:
+                state.out.note(f"skipped {path}: {exc}")
+            continue
         except (TerrariumError, ValueError, OSError) as exc:
             if len(files) == 1:
                 raise
             failed += 1
             state.out.error(f"{path}: {exc}")
             continue
-        state.out.note(f"imported {context} ({count} messages) from {path}", style="green")
+        imported.append(f"imported {context} ({counted(count, 'message')}) from {path}")
+        if verbose:
+            state.out.note(imported[-1], style="green")
+    if len(files) == 1 and imported and not verbose:
+        state.out.note(imported[0], style="green")
+    elif len(files) > 1:
+        state.out.note(_import_summary(len(imported), present, failed, state.shown_location))
     if failed:
         raise click.ClickException(f"{failed} of {len(files)} files could not be imported")
+
+
+def _import_summary(imported: int, present: int, failed: int, where: str) -> str:
+    """``import``'s one summary line; a rerun that finds everything imported says just that."""
+    if present and not imported and not failed:
+        return f"nothing to import: {counted(present, 'session')} already in {where}"
+    text = f"imported {counted(imported, 'session')} into {where}"
+    if present:
+        text += f"; {present} already there"
+    if failed:
+        text += f"; {failed} failed"
+    return text
 
 
 def _expand(paths: tuple[Path, ...]) -> list[tuple[Path, Path | None]]:

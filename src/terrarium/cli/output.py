@@ -100,6 +100,11 @@ def plain_table(
     return lines
 
 
+def counted(count: int, noun: str) -> str:
+    """``1 session``, ``2 sessions`` (nouns that take an s)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def one_line(text: str) -> str:
     """Collapse a message onto one line."""
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())

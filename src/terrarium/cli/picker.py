@@ -1,11 +1,17 @@
 """The session picker: a prompt_toolkit screen listing sessions, filtered as you type.
 
-Sessions are grouped by type, newest first, each with its message count and when it was last
-active. The first row starts a new session named by the filter text (``main`` or
-``irc:#python``). Up/Down (or Ctrl-P/Ctrl-N) move, Enter opens, Esc or Ctrl-C cancels.
+Sessions are grouped by type, newest first, each with its message count, when it was last
+active and, on the line below, a preview: its first user message and its last reply, cut to
+the terminal's width. Previews are read only for the sessions on screen (a store of thousands
+costs a screenful of reads), once each. The first row starts a new session named by the filter
+text (``main`` or ``irc:#python``); when that text names a session that exists (``main`` for
+``cli:main``, ``#python`` for the only session named so), that session is selected instead.
+Up/Down (or Ctrl-P/Ctrl-N) move, Enter opens, Esc or Ctrl-C cancels.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from prompt_toolkit.application import Application
 from prompt_toolkit.buffer import Buffer
@@ -34,15 +40,57 @@ _STYLE = Style.from_dict(
 
 _HELP = "type to filter  Up/Down move  Enter open  Esc cancel"
 
+Preview = tuple[str, str]
+"""A session's first user message and its last reply (either may be empty)."""
+
+PreviewFn = Callable[[ContextId], Preview | None]
+"""Reads a session's preview; None when it cannot be read."""
+
+_FIXED_LINES = 6
+"""Screen lines that are not session rows: title, filter, new-session row, "more", status, one
+spare (prompt_toolkit keeps the cursor line)."""
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` on one line, at most ``width`` characters (an ellipsis marks a cut)."""
+    flat = " ".join(text.split())
+    if len(flat) <= width:
+        return flat
+    return flat[: max(0, width - 1)] + "\u2026"
+
+
+def preview_line(preview: Preview | None, width: int) -> str:
+    """The dim line under a session: ``first user message -> last reply``, within ``width``."""
+    if preview is None:
+        return "    (preview unavailable)"
+    first, last = preview
+    if not first and not last:
+        return "    (no messages yet)"
+    room = max(20, width - 8)  # the indent, the arrow and a spare column
+    left = cut(first, room // 2 if last else room)
+    if not last:
+        return f"    {left}"
+    return f"    {left} -> {cut(last, room - len(left))}"
+
 
 class Picker:
     """The picker's state and its prompt_toolkit application."""
 
-    def __init__(self, rows: list[SessionInfo], default_type: str = "cli") -> None:
+    def __init__(
+        self,
+        rows: list[SessionInfo],
+        default_type: str = "cli",
+        preview: PreviewFn | None = None,
+    ) -> None:
         self.rows = rows
         self.default_type = default_type
+        self.read_preview = preview
+        self.previews: dict[ContextId, Preview | None] = {}
+        """Previews read so far (only sessions that were on screen)."""
         self.filter = Buffer(multiline=False, on_text_changed=self._changed)
         self.index = 1 if rows else 0  # 0 is "new session"
+        self.top = 0
+        """The first visible row on screen (the list scrolls to keep the selection shown)."""
         self.message = ""
         self.app: Application[ContextId | None] = self._application()
 
@@ -54,9 +102,32 @@ class Picker:
         needle = self.filter.text.strip().lower()
         return [r for r in self.rows if needle in str(r.context).lower()]
 
+    def exact(self) -> SessionInfo | None:
+        """The session the filter text names exactly: ``type:name``, a name of the default
+        type, or a name only one session of another type has."""
+        text = self.filter.text.strip()
+        if not text:
+            return None
+        try:
+            wanted = ContextId.parse(text) if ":" in text else ContextId(self.default_type, text)
+        except ValueError:
+            wanted = None
+        for info in self.rows:
+            if info.context == wanted:
+                return info
+        if ":" in text:
+            return None
+        named = [info for info in self.rows if info.context.name == text]
+        return named[0] if len(named) == 1 else None
+
     def _changed(self, _buffer: Buffer) -> None:
         self.message = ""
-        self.index = 1 if self.visible else 0
+        self.top = 0
+        exact = self.exact()
+        if exact is not None:
+            self.index = self.visible.index(exact) + 1
+        else:
+            self.index = 1 if self.visible else 0
 
     def _move(self, step: int) -> None:
         count = len(self.visible) + 1
@@ -66,6 +137,9 @@ class Picker:
         """What Enter on the current row opens; None (with a message) when nothing yet."""
         if self.index > 0:
             return self.visible[self.index - 1].context
+        exact = self.exact()
+        if exact is not None:
+            return exact.context
         text = self.filter.text.strip()
         if not text:
             self.message = "type the new session's name first (name or type:name)"
@@ -84,11 +158,54 @@ class Picker:
         text = self.filter.text.strip()
         if not text:
             return "+ new session (type its name)"
+        exact = self.exact()
+        if exact is not None:
+            return f"+ new session ({exact.context} exists: Enter opens it)"
         name = text if ":" in text else f"{self.default_type}:{text}"
         return f"+ new session {name}"
 
+    def _size(self) -> tuple[int, int]:
+        """The terminal's (rows, columns)."""
+        try:
+            size = self.app.output.get_size()
+        except AttributeError:  # before the application exists
+            return 24, 80
+        return size.rows, size.columns
+
+    def _lines(self, visible: list[SessionInfo], start: int, stop: int) -> int:
+        """Screen lines that rows ``start..stop`` of ``visible`` take (with group headings)."""
+        lines, group = 0, None
+        for info in visible[start:stop]:
+            if info.context.type != group:
+                group = info.context.type
+                lines += 1
+            lines += 2  # the row and its preview
+        return lines
+
+    def _window(self, visible: list[SessionInfo]) -> tuple[int, int]:
+        """The rows of ``visible`` on screen, ``start..stop``, the selected one among them."""
+        budget = max(3, self._size()[0] - _FIXED_LINES)
+        selected = self.index - 1
+        if selected >= 0:
+            self.top = min(self.top, selected)
+            while self.top < selected and self._lines(visible, self.top, selected + 1) > budget:
+                self.top += 1
+        self.top = min(self.top, max(0, len(visible) - 1))
+        stop = self.top
+        while stop < len(visible) and self._lines(visible, self.top, stop + 1) <= budget:
+            stop += 1
+        return self.top, max(stop, min(self.top + 1, len(visible)))
+
+    def preview(self, context: ContextId) -> Preview | None:
+        """The session's preview, read on first use."""
+        if self.read_preview is None:
+            return ("", "")
+        if context not in self.previews:
+            self.previews[context] = self.read_preview(context)
+        return self.previews[context]
+
     def render(self) -> StyleAndTextTuples:
-        """The list as formatted text, the selected row marked."""
+        """The rows on screen as formatted text, the selected row marked."""
         out: StyleAndTextTuples = []
 
         def row(index: int, text: str, style: str = "") -> None:
@@ -102,10 +219,12 @@ class Picker:
 
         row(0, self._new_label(), "class:new")
         visible = self.visible
-        width = max((len(r.context.name) for r in visible), default=10)
+        start, stop = self._window(visible)
+        columns = self._size()[1]
+        width = max((len(r.context.name) for r in visible[start:stop]), default=10)
         width = min(max(width, 10), 40)
         group = None
-        for number, info in enumerate(visible, start=1):
+        for number, info in enumerate(visible[start:stop], start=start + 1):
             if info.context.type != group:
                 group = info.context.type
                 out.append(("class:group", group))
@@ -116,6 +235,11 @@ class Picker:
                 f"{info.context.name:<{width}}  {info.message_count:>5} messages  "
                 f"{short_time(info.last_active)}{legacy}",
             )
+            out.append(("class:dim", preview_line(self.preview(info.context), columns)))
+            out.append(("", "\n"))
+        if stop < len(visible) or start > 0:
+            out.append(("class:dim", f"  ({len(visible) - stop} more below, {start} above)"))
+            out.append(("", "\n"))
         if not visible and self.rows:
             out.append(("class:dim", "  no session matches the filter\n"))
         if out and out[-1] == ("", "\n"):
@@ -128,9 +252,10 @@ class Picker:
         return [("class:dim", _HELP)]
 
     def _list_height(self) -> Dimension:
-        rows = self.app.output.get_size().rows if hasattr(self, "app") else 24
-        lines = len(self.visible) + len({r.context.type for r in self.visible}) + 1
-        return Dimension(min=1, max=max(3, rows - 4), preferred=lines)
+        rows = self._size()[0]
+        visible = self.visible
+        lines = self._lines(visible, 0, len(visible)) + 2  # the new-session and "more" rows
+        return Dimension(min=1, max=max(3, rows - 3), preferred=lines)
 
     def _application(self) -> Application[ContextId | None]:
         keys = KeyBindings()
@@ -193,7 +318,9 @@ class Picker:
         )
 
 
-async def pick_session(rows: list[SessionInfo], default_type: str = "cli") -> ContextId | None:
+async def pick_session(
+    rows: list[SessionInfo], default_type: str = "cli", preview: PreviewFn | None = None
+) -> ContextId | None:
     """Run the picker; the chosen (or new) context, or None when cancelled."""
-    picker = Picker(rows, default_type)
+    picker = Picker(rows, default_type, preview)
     return await picker.app.run_async(handle_sigint=False)

@@ -1,0 +1,64 @@
+"""The rule a requested compaction must pass: the summary makes the context smaller.
+
+A compaction replaces the older messages of a context with a summary (and the model's short
+acknowledgement), keeping the last few messages as they are. On a short context, or one that
+is mostly its kept tail, the summary can be as long as what it replaces or longer: writing it
+would grow what every later turn sends. :meth:`MultiContextManager.compact_context` with
+``only_if_smaller`` (what the command line asks for) refuses such a compaction with
+:class:`~terrarium.errors.NothingToCompact` and leaves the log as it was (but for the usage of
+the model call, when one was made). Automatic compactions (``token_budget``) do not ask.
+Sizes are characters of text (tool calls' arguments included), as in the token estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from terrarium.errors import NothingToCompact
+from terrarium.model import ContextId, item_text
+
+
+def size(items: Sequence[Mapping[str, Any]]) -> int:
+    """Characters of text in ``items``: their content and their tool calls' arguments."""
+    total = 0
+    for item in items:
+        total += len(item_text(item))
+        for call in item.get("tool_calls") or []:
+            total += len(str((call.get("function") or {}).get("arguments", "")))
+    return total
+
+
+def check_replaces(context: ContextId, replaced: Sequence[Mapping[str, Any]], kept: int) -> None:
+    """Refuse before asking the model when there is nothing older than the kept tail.
+
+    Raises:
+        NothingToCompact: ``replaced`` is empty.
+    """
+    if not replaced:
+        raise NothingToCompact(
+            f"{context} not compacted: all {kept} of its messages are recent ones a compaction "
+            "keeps as they are, so there is nothing to summarise"
+        )
+
+
+def check_shrinks(
+    context: ContextId,
+    replaced: Sequence[Mapping[str, Any]],
+    summary: Sequence[Mapping[str, Any]],
+) -> None:
+    """Refuse a summary that is not smaller than the messages it would replace.
+
+    Raises:
+        NothingToCompact: ``summary`` has at least as many characters as ``replaced``.
+    """
+    old, new = size(replaced), size(summary)
+    if new >= old:
+        count = len(replaced)
+        raise NothingToCompact(
+            f"{context} not compacted: the summary ({new} characters) would not be shorter than "
+            f"the {count} message{'' if count == 1 else 's'} it replaces ({old} characters)"
+        )
+
+
+__all__ = ["check_replaces", "check_shrinks", "size"]

@@ -1,0 +1,90 @@
+"""The ``Examples:`` block that ends every command's ``--help`` (as llm's commands do).
+
+The examples live here, in one table, rather than in each command's docstring: each is a real
+invocation, and ``tests/test_cli_examples.py`` parses every one against its command's options.
+"""
+
+from __future__ import annotations
+
+import click
+
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "chat": (
+        "terrarium chat cli:demo",
+        "terrarium chat cli:demo -p 'Summarise our plan in one line'",
+        "cat question.txt | terrarium chat --last -p -",
+    ),
+    "list": (
+        "terrarium list",
+        "terrarium list --type irc",
+        "terrarium list --json --storage-dir sqlite:///sessions.db",
+    ),
+    "show": (
+        "terrarium show cli:main",
+        "terrarium show 'irc:#python' -n 10",
+        "terrarium show cli:main --json --segments",
+    ),
+    "stats": (
+        "terrarium stats",
+        "terrarium stats cli:main --json",
+    ),
+    "search": (
+        "terrarium search decorator",
+        "terrarium search 'connection refused' --type irc --since 2025-11-01 -n 5",
+    ),
+    "delete": (
+        "terrarium delete cli:scratch",
+        "terrarium delete cli:scratch --yes",
+    ),
+    "clear": (
+        "terrarium clear cli:main",
+        "terrarium clear 'irc:#python' --storage-dir ./sessions",
+    ),
+    "fork": (
+        "terrarium fork cli:main cli:experiment",
+        "terrarium fork cli:main cli:retry --at 12",
+    ),
+    "compact": (
+        "terrarium compact cli:main",
+        "terrarium compact cli:main --base-url http://localhost:8000/v1 --model qwen",
+    ),
+    "export": (
+        "terrarium export cli:main -f md -o main.md",
+        "terrarium export --all -f jsonl -o backup.tar.gz",
+        "terrarium export --all --type irc --since 2025-11-01 -f html -o irc/",
+    ),
+    "import": (
+        "terrarium import old-sessions/",
+        "terrarium import main.jsonl --as cli:restored",
+        "terrarium import old-sessions/ -v --storage-dir sqlite:///sessions.db",
+    ),
+    "copy": (
+        "terrarium copy ./sessions sqlite:///sessions.db",
+        "terrarium copy ./sessions postgresql://localhost/terrarium -c cli:main -v",
+    ),
+    "migrate": (
+        "terrarium migrate --dry-run",
+        "terrarium migrate --to-log",
+    ),
+    "fsck": (
+        "terrarium fsck",
+        "terrarium fsck --repair --json",
+    ),
+    "reindex": (
+        "terrarium reindex",
+        "terrarium reindex --storage-dir sqlite:///sessions.db",
+    ),
+}
+"""Two or three invocations per command, by command name."""
+
+
+def add_examples(group: click.Group) -> None:
+    """End the ``--help`` of each of ``group``'s commands with its examples."""
+    for name, command in group.commands.items():
+        lines = EXAMPLES.get(name)
+        if lines:
+            # \b keeps click from re-wrapping the lines into one paragraph.
+            command.epilog = "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+__all__ = ["EXAMPLES", "add_examples"]

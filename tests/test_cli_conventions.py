@@ -1,0 +1,268 @@
+"""What users of llm, Claude Code and Codex expect of the command line (issue 16): one-shot
+prompts (``chat -p``), ``chat --last``, the resume hint, ``show -n``, format aliases, and
+``copy``/``import`` summaries. The chat behaviours run the console module in real
+subprocesses, with real pipes, against the fake model server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from fakeserver import FakeServer
+from terrarium import FsStore, SegmentStartState, create_segment, restore, save_delta
+from terrarium.cli import cli
+from terrarium.model import ContextId
+
+TERRARIUM = [sys.executable, "-m", "terrarium.cli"]
+
+
+def run(
+    *args: str, stdin: str | bytes = "", cwd: Path, **env: str
+) -> subprocess.CompletedProcess[bytes]:
+    """``terrarium ARGS`` in a subprocess, stdin and stdout pipes, no TERRARIUM_* variables
+    but those given."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TERRARIUM_")}
+    full_env.update(env)
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    return subprocess.run(
+        [*TERRARIUM, *args], input=data, capture_output=True, cwd=cwd, env=full_env, timeout=60
+    )
+
+
+def invoke(*args: str, input: str | None = None) -> Result:
+    return CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
+
+
+def add_context(root: Path, context: str, turns: list[tuple[str, str]]) -> None:
+    with FsStore(root) as store:
+        create_segment(store, SegmentStartState(), context=context)
+    for user, assistant in turns:
+        add_turn(root, context, user, assistant)
+
+
+def add_turn(root: Path, context: str, user: str, assistant: str) -> None:
+    with FsStore(root) as store:
+        head = store.get_head(ContextId.parse(context))
+        assert head is not None
+        save_delta(
+            store,
+            head,
+            [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}],
+        )
+
+
+def history(root: Path, context: str) -> list[str]:
+    with FsStore(root) as store:
+        return [str(m["content"]) for m in restore(store, context).history]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TERRARIUM_STORAGE_DIR", "TERRARIUM_STORE", "TERRARIUM_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+# --------------------------------------------------------------------------- chat -p
+
+
+def test_prompt_sends_one_turn_prints_the_reply_and_a_resume_hint(
+    tmp_path: Path, fake_server: FakeServer
+) -> None:
+    url = fake_server.base_url
+    result = run("chat", "cli:demo", "-p", "what is up?", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"echo: what is up?\n"  # the reply only
+    assert result.stderr == b"resume with: terrarium chat cli:demo\n"
+    assert history(tmp_path / "sessions", "cli:demo") == ["what is up?", "echo: what is up?"]
+    # no context named: cli:main, as a piped chat
+    result = run("chat", "--prompt", "hello", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert result.returncode == 0 and result.stdout == b"echo: hello\n"
+    assert history(tmp_path / "sessions", "cli:main") == ["hello", "echo: hello"]
+
+
+def test_prompt_dash_sends_all_of_stdin_as_one_turn(
+    tmp_path: Path, fake_server: FakeServer
+) -> None:
+    """``cat question.txt | terrarium chat cli:x -p -`` is one message, lines kept; without -p
+    the same input is one message per line."""
+    question = "first line\n\n  indented second line\nthird\n"
+    url = fake_server.base_url
+    result = run("chat", "cli:x", "-p", "-", stdin=question, cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert result.returncode == 0, result.stderr
+    sent = "first line\n\n  indented second line\nthird"  # the final newline is not sent
+    assert result.stdout == f"echo: {sent}\n".encode()
+    assert len(fake_server.requests) == 1
+    assert fake_server.last_request["messages"] == [{"role": "user", "content": sent}]
+    result = run("chat", "cli:y", stdin=question, cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert result.returncode == 0
+    assert len(fake_server.requests) == 4  # three non-empty lines, three turns
+    assert history(tmp_path / "sessions", "cli:y")[::2] == [
+        "first line",
+        "  indented second line",
+        "third",
+    ]
+
+
+def test_prompt_failure_is_one_line_and_keeps_the_input(tmp_path: Path) -> None:
+    result = run(
+        "chat", "cli:x", "-p", "are you there?", "--retries", "0",
+        cwd=tmp_path, TERRARIUM_BASE_URL="http://127.0.0.1:9/v1",
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stdout == b""
+    lines = result.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "http://127.0.0.1:9/v1" in lines[0]  # no resume hint either
+    stats = json.loads(run("stats", "cli:x", "--json", cwd=tmp_path).stdout)
+    assert stats["message_count"] == 1 and stats["last_run"] == "errored"
+
+
+def test_prompt_refuses_empty_or_undecodable_input(tmp_path: Path) -> None:
+    empty = run("chat", "-p", "-", stdin="\n", cwd=tmp_path)
+    assert empty.returncode == 2 and b"the prompt is empty" in empty.stderr
+    bad = run("chat", "cli:x", "-p", "-", stdin=b"caf\xe9\n", cwd=tmp_path)
+    assert bad.returncode == 1
+    assert b"not valid UTF-8: byte 0xe9 at offset 3" in bad.stderr
+    assert not (tmp_path / "sessions").exists()  # nothing sent, nothing logged
+
+
+# --------------------------------------------------------------------------- chat --last
+
+
+def test_last_continues_the_most_recently_active_session(
+    tmp_path: Path, fake_server: FakeServer
+) -> None:
+    root = tmp_path / "sessions"
+    add_context(root, "irc:#python", [("old", "older")])
+    add_context(root, "cli:main", [("hi", "hello")])
+    add_context(root, "game:run1", [("go", "went")])  # newest, and not of the default type
+    url = fake_server.base_url
+    result = run("chat", "--last", "-p", "and now?", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"echo: and now?\n"
+    assert history(root, "game:run1") == ["go", "went", "and now?", "echo: and now?"]
+    # a turn makes cli:main the last active; piped input continues it
+    add_turn(root, "cli:main", "me again", "echo: me again")
+    result = run("chat", "--last", stdin="piped\n", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert result.returncode == 0 and history(root, "cli:main")[-2:] == ["piped", "echo: piped"]
+    assert result.stderr == b"resume with: terrarium chat cli:main\n"
+
+
+def test_last_on_an_empty_store_fails_and_conflicts_with_a_name(tmp_path: Path) -> None:
+    empty = run("chat", "--last", "-p", "hi", cwd=tmp_path)
+    assert empty.returncode == 1
+    assert empty.stderr == b"Error: no session to continue in ./sessions\n"
+    both = invoke("chat", "cli:x", "--last", "--storage-dir", str(tmp_path / "s"), input="")
+    assert both.exit_code == 2 and "--last" in both.stderr
+
+
+# --------------------------------------------------------------------------- resume hint
+
+
+def test_resume_hint_quotes_for_the_shell_and_names_a_non_default_store(
+    tmp_path: Path, fake_server: FakeServer
+) -> None:
+    url = fake_server.base_url
+    store = tmp_path / "my sessions"
+    result = run(
+        "chat", "irc:#python", "-p", "hi", "--storage-dir", str(store),
+        cwd=tmp_path, TERRARIUM_BASE_URL=url,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.decode() == (
+        f"resume with: terrarium chat 'irc:#python' --storage-dir '{store}'\n"
+    )
+    # a store named by the environment is implied: the same command finds it again
+    result = run(
+        "chat", "cli:env", "-p", "hi", cwd=tmp_path, TERRARIUM_BASE_URL=url,
+        TERRARIUM_STORAGE_DIR=str(store),
+    )  # fmt: skip
+    assert result.stderr == b"resume with: terrarium chat cli:env\n"
+    # a chat that sent nothing leaves no session, so no hint
+    result = run("chat", "cli:nothing", stdin="/help\n", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert result.returncode == 0 and result.stderr == b""
+
+
+# --------------------------------------------------------------------------- show -n
+
+
+def test_show_last_n_messages(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    add_context(root, "cli:main", [("q1", "a1"), ("q2", "a2"), ("q3", "a3")])
+    text = invoke("show", "cli:main", "-n", "3", "--storage-dir", str(root)).stdout
+    assert "cli:main  6 messages" in text and "(3 earlier messages not shown)" in text
+    assert "q1" not in text and "a2" in text and "q3" in text and "a3" in text
+    one = invoke("show", "cli:main", "--last", "5", "--storage-dir", str(root)).stdout
+    assert "(1 earlier message not shown)" in one and "q1" not in one and "a1" in one
+    data = json.loads(
+        invoke("show", "cli:main", "-n", "2", "--json", "--storage-dir", str(root)).stdout
+    )
+    assert data["message_count"] == 6
+    assert [m["content"] for m in data["messages"]] == ["q3", "a3"]
+    everything = invoke("show", "cli:main", "-n", "10", "--storage-dir", str(root)).stdout
+    assert "earlier" not in everything and "q1" in everything
+    assert invoke("show", "cli:main", "-n", "-1", "--storage-dir", str(root)).exit_code == 2
+
+
+# --------------------------------------------------------------------------- format aliases
+
+
+def test_format_aliases_on_export_and_in_chat(tmp_path: Path, fake_server: FakeServer) -> None:
+    root = tmp_path / "s"
+    add_context(root, "cli:main", [("hi", "hello")])
+    markdown = invoke("export", "cli:main", "-f", "markdown", "--storage-dir", str(root)).stdout
+    for alias in ("md", "MD", "txt", "text"):
+        result = invoke("export", "cli:main", "-f", alias, "--storage-dir", str(root))
+        assert result.exit_code == 0 and result.stdout == markdown, alias
+    jsonl = invoke("export", "cli:main", "-f", "ndjson", "--storage-dir", str(root)).stdout
+    assert json.loads(jsonl.splitlines()[0])["kind"] == "header"
+    ambiguous = invoke("export", "cli:main", "-f", "json", "--storage-dir", str(root))
+    assert ambiguous.exit_code == 2
+    assert "'json' is ambiguous: use openai or terrarium-json" in ambiguous.stderr
+    unknown = invoke("export", "cli:main", "-f", "docx", "--storage-dir", str(root))
+    assert unknown.exit_code == 2 and "md (markdown)" in unknown.stderr
+    # inside the chat: /export md writes TYPE_NAME.md
+    result = run(
+        "chat", "cli:main", "--storage-dir", str(root), stdin="/export md\n/export txt -\n",
+        cwd=tmp_path, TERRARIUM_BASE_URL=fake_server.base_url,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "cli_main.md").read_text() == markdown
+    assert result.stdout.decode() == markdown
+
+
+# --------------------------------------------------------------------------- import summaries
+
+
+def test_import_prints_one_summary_line_and_a_rerun_says_it_skipped_everything(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "src"
+    for name in ("a", "b", "c"):
+        add_context(source, f"cli:{name}", [("hi", "hello")])
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    for name in ("a", "b", "c"):
+        invoke("export", f"cli:{name}", "-f", "jsonl", "-o", str(folder / f"{name}.jsonl"),
+               "--storage-dir", str(source))  # fmt: skip
+    target = tmp_path / "target"
+    files = [str(folder / f"{n}.jsonl") for n in ("a", "b")]
+    first = invoke("import", *files, "--storage-dir", str(target))
+    assert first.exit_code == 0, first.output
+    assert first.stderr == f"imported 2 sessions into {target}\n"
+    again = invoke("import", *files, "--storage-dir", str(target))
+    assert again.exit_code == 0
+    assert again.stderr == f"nothing to import: 2 sessions already in {target}\n"
+    verbose = invoke("import", *files, str(folder / "c.jsonl"), "-v", "--storage-dir", str(target))
+    assert verbose.exit_code == 0
+    lines = verbose.stderr.splitlines()
+    assert lines[0].startswith(f"skipped {files[0]}: ") and "already exists" in lines[0]
+    assert lines[2] == f"imported cli:c (2 messages) from {folder / 'c.jsonl'}"
+    assert lines[3] == f"imported 1 session into {target}; 2 already there"
+    assert len(lines) == 4

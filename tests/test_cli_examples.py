@@ -1,0 +1,63 @@
+"""Every command's ``--help`` ends with an ``Examples:`` block of real invocations that parse."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from terrarium.cli import cli
+from terrarium.cli.examples import EXAMPLES
+
+NAMES = sorted(cli.commands)
+
+# Paths the examples name that must exist for click.Path(exists=True) to accept them.
+EXISTING = ("old-sessions/", "main.jsonl")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_help_ends_with_two_or_three_examples(name: str) -> None:
+    result = CliRunner().invoke(cli, [name, "--help"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.rstrip().splitlines()
+    start = max(i for i, line in enumerate(lines) if line.strip() == "Examples:")
+    examples = [line.strip() for line in lines[start + 1 :]]
+    assert 2 <= len(examples) <= 3, examples
+    assert examples == list(EXAMPLES[name])
+
+
+def test_every_example_names_its_command_and_is_a_real_command() -> None:
+    assert set(EXAMPLES) == set(NAMES)
+    for name, examples in EXAMPLES.items():
+        for example in examples:
+            argv = shlex.split(example.rsplit("|", 1)[-1])
+            assert argv[:2] == ["terrarium", name], example
+
+
+@pytest.mark.parametrize(
+    "example", [e for name in NAMES for e in EXAMPLES[name]], ids=lambda e: e[:60]
+)
+def test_every_example_parses(
+    example: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each option and argument exists and its value converts (click's own parsing)."""
+    monkeypatch.chdir(tmp_path)
+    for path in EXISTING:
+        if path.endswith("/"):
+            (tmp_path / path).mkdir()
+        else:
+            (tmp_path / path).write_text("")
+    argv = shlex.split(example.rsplit("|", 1)[-1])
+    command = cli.commands[argv[1]]
+    with click.Context(cli, info_name="terrarium") as parent:
+        ctx = command.make_context(argv[1], argv[2:], parent=parent)
+        assert ctx.args == []
+
+
+def test_an_unknown_flag_in_an_example_would_fail() -> None:
+    """The parse above is strict: a misspelt option is refused."""
+    with click.Context(cli, info_name="terrarium") as parent, pytest.raises(click.NoSuchOption):
+        cli.commands["show"].make_context("show", ["cli:main", "--lats", "3"], parent=parent)
