@@ -257,7 +257,10 @@ class PersistentSession:
     @system_prompt.setter
     def system_prompt(self, prompt: str | None) -> None:
         with self._guard():
-            self._prepare()
+            if not self._refresh():
+                raise ContextNotFound(f"context {self.context} was deleted")
+            if not self._is_new:  # a new session's prompt goes into its header
+                self._prepare()
             self._set_system_prompt(prompt)
 
     @property
@@ -410,6 +413,11 @@ class PersistentSession:
             return self.store.lock_context(self.context)
         return nullcontext()
 
+    @property
+    def _is_new(self) -> bool:
+        """Not in the store, and not read from a legacy file: created by its first write."""
+        return self._source is not None and self._legacy_path is None
+
     def _refresh(self) -> bool:
         """Bring the state up to the store (cheap when nothing changed).
 
@@ -442,7 +450,7 @@ class PersistentSession:
         """Put an unsaved session into the store: import its legacy file, or create it
         (``system_prompt``, if given, replaces a new session's). Another writer's context of
         the same name, created meanwhile, is continued instead."""
-        if self._legacy_path is not None:
+        if not self._is_new:
             legacy.import_legacy(self.store, self.context)
         else:
             prompt = self.state.system_prompt if system_prompt is None else system_prompt
@@ -529,7 +537,7 @@ class PersistentSession:
     def _set_system_prompt(self, prompt: str | None) -> None:
         if prompt == self.state.system_prompt:
             return
-        if self._source is not None and self._legacy_path is None and not self._pending:
+        if self._is_new and not self._pending:
             self.state.system_prompt = prompt  # a new session: its header will hold it
             self._wire = chat_messages(self.state)
             return
