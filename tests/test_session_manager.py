@@ -637,3 +637,48 @@ def test_get_session_of_a_legacy_file_reads_it_in_place(
 
         asyncio.run(main())
         assert contents(store, "cli:main")[-2:] == ["again", "echo: again"]
+
+
+def test_messages_queued_before_a_new_contexts_first_turn_are_kept(
+    store: Store, fake_server: FakeServer
+) -> None:
+    """With auto-save off, messages added to a new context's session before its first turn
+    stay queued ahead of the turn's, and save() writes them all in order."""
+
+    async def main() -> None:
+        manager = make_manager(fake_server, store, autosave=False)
+        session = manager.get_session(CONTEXT)
+        session.add_message("user", "context first")
+        session.add_message("assistant", "ok")
+        await manager.process_with_context(CONTEXT, "then a turn")
+        assert session.unsaved_entries == 7
+        sent = fake_server.requests[-1]["messages"]
+        assert [m["content"] for m in sent] == ["context first", "ok", "then a turn"]
+        assert manager.save() == 7
+        await manager.aclose()
+
+    asyncio.run(main())
+    assert contents(store) == ["context first", "ok", "then a turn", "echo: then a turn"]
+    assert kinds(store)[:3] == ["header", "user_input", "item"]
+
+
+@pytest.mark.timeout(60)
+def test_a_context_in_a_turn_is_not_evicted_from_under_it(
+    store: Store, fake_server: FakeServer
+) -> None:
+    """More contexts in turns at once than the cache holds, auto-save off: the cache keeps
+    each session until its turn ends (evicting one in a turn would wait for the lock its own
+    turn holds), then evicts it with its entries saved."""
+    fake_server.delay = 0.05
+
+    async def main() -> None:
+        manager = make_manager(fake_server, store, cache_size=1, autosave=False)
+        await asyncio.gather(
+            *(manager.process_with_context(f"cli:c{n}", f"hi {n}") for n in range(3))
+        )
+        manager.close()
+        await manager.client.aclose()
+
+    asyncio.run(main())
+    for n in range(3):
+        assert contents(store, f"cli:c{n}") == [f"hi {n}", f"echo: hi {n}"]

@@ -34,7 +34,7 @@ import logging
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, aclosing, nullcontext
 from pathlib import Path
@@ -137,6 +137,8 @@ class MultiContextManager:
         self._cache: OrderedDict[ContextId, PersistentSession] = OrderedDict()
         self._cache_lock = threading.RLock()
         self._autosave_overrides: dict[ContextId, bool] = {}
+        self._busy: dict[ContextId, int] = {}
+        """Turns under way or waiting, per context: the cache does not evict those."""
         self._loop_locks: _LoopLocks = weakref.WeakKeyDictionary()
         self._semaphores: _LoopSemaphores = weakref.WeakKeyDictionary()
         self._lock_pool = ThreadPoolExecutor(
@@ -590,6 +592,7 @@ class MultiContextManager:
             sessions.save_usage(self.store, state, result.usage)
             state = sessions.restore(self.store, entry.context)
         entry._reset(state)
+        self._remember(entry)  # evicted during the model call? what the turn queues next is kept
         return summary
 
     def _estimate(self, entry: PersistentSession, message: str) -> int:
@@ -645,16 +648,38 @@ class MultiContextManager:
         return sessions.restore(self.store, context)
 
     def _remember(self, entry: PersistentSession) -> None:
-        evicted: list[PersistentSession] = []
         with self._cache_lock:
             self._cache[entry.context] = entry
             self._cache.move_to_end(entry.context)
-            while len(self._cache) > self.cache_size:
-                _, old = self._cache.popitem(last=False)
-                evicted.append(old)
+        self._trim()
+
+    def _trim(self) -> None:
+        """Evict the least recently used contexts past ``cache_size``, saving their queued
+        entries first. A context with a turn under way or waiting is kept until the turn
+        ends: saving it takes the context's lock, which its turn holds (or will)."""
+        evicted: list[PersistentSession] = []
+        with self._cache_lock:
+            excess = len(self._cache) - self.cache_size
+            for context in list(self._cache) if excess > 0 else ():
+                if excess == 0:
+                    break
+                if context not in self._busy:
+                    evicted.append(self._cache.pop(context))
+                    excess -= 1
         for old in evicted:
             if old.unsaved_entries:  # eviction never loses data
                 old.save()
+
+    def _enter_turn(self, context: ContextId) -> None:
+        with self._cache_lock:
+            self._busy[context] = self._busy.get(context, 0) + 1
+
+    def _leave_turn(self, context: ContextId) -> None:
+        with self._cache_lock:
+            left = self._busy.pop(context) - 1
+            if left:
+                self._busy[context] = left
+        self._trim()
 
     def _forget(self, context: ContextId) -> None:
         with self._cache_lock:
@@ -675,7 +700,13 @@ class MultiContextManager:
         lock = locks.get(context)
         if lock is None:
             lock = locks[context] = asyncio.Lock()
-        return _TurnLock(lock, self._locked(context), self._lock_pool)
+        return _TurnLock(
+            lock,
+            self._locked(context),
+            self._lock_pool,
+            lambda: self._enter_turn(context),
+            lambda: self._leave_turn(context),
+        )
 
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
@@ -689,19 +720,33 @@ class _TurnLock:
     """FIFO within the event loop (asyncio.Lock), then the store lock taken off the loop."""
 
     def __init__(
-        self, lock: asyncio.Lock, store_lock: AbstractContextManager[None], pool: ThreadPoolExecutor
+        self,
+        lock: asyncio.Lock,
+        store_lock: AbstractContextManager[None],
+        pool: ThreadPoolExecutor,
+        enter: Callable[[], None],
+        leave: Callable[[], None],
     ) -> None:
         self._lock = lock
         self._store_lock = store_lock
         self._pool = pool
+        self._enter = enter
+        """Marks the context busy (kept in the cache) from before the wait to the release."""
+        self._leave = leave
 
     async def __aenter__(self) -> None:
-        await self._lock.acquire()
+        self._enter()
+        try:
+            await self._lock.acquire()
+        except BaseException:
+            self._leave()
+            raise
         try:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._pool, self._store_lock.__enter__)
         except BaseException:
             self._lock.release()
+            self._leave()
             raise
 
     async def __aexit__(self, *exc: object) -> None:
@@ -709,6 +754,7 @@ class _TurnLock:
             self._store_lock.__exit__(None, None, None)
         finally:
             self._lock.release()
+            self._leave()
 
 
 def _user(text: str) -> LoggedItem:

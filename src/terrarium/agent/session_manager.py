@@ -449,7 +449,8 @@ class PersistentSession:
     def _materialise(self, system_prompt: str | None = None) -> None:
         """Put an unsaved session into the store: import its legacy file, or create it
         (``system_prompt``, if given, replaces a new session's). Another writer's context of
-        the same name, created meanwhile, is continued instead."""
+        the same name, created meanwhile, is continued instead. Queued entries stay queued,
+        now after the stored state."""
         if not self._is_new:
             legacy.import_legacy(self.store, self.context)
         else:
@@ -464,8 +465,11 @@ class PersistentSession:
                 )
             except ContextExists:
                 pass  # another writer created it first: continue theirs
-        self._source = None
         self._reload()
+        self._source = None
+        pending, self._pending = self._pending, []
+        for entry in pending:
+            self._queue(entry.kind, entry.data, entry.ts)
 
     def _reload(self) -> None:
         head = self.store.get_head(self.context)
@@ -479,11 +483,13 @@ class PersistentSession:
         if not self._autosave:
             ts = utc_now()
             for kind, data in entries:
-                entry = LogEntry(self.state.next_seq, kind, ts, data)
-                self._pending.append(entry)
-                self._apply(kind, data, entry.seq, ts)
+                self._queue(kind, data, ts)
             return
         self._append(entries)
+
+    def _queue(self, kind: str, data: Mapping[str, Any], ts: str) -> None:
+        self._pending.append(LogEntry(self.state.next_seq, kind, ts, data))
+        self._apply(kind, data, self.state.next_seq, ts)
 
     def _append(self, entries: _Entries) -> None:
         try:
@@ -503,16 +509,10 @@ class PersistentSession:
         """Save queued entries; fork if the stored segment moved on meanwhile."""
         if not self._pending:
             return 0
+        if self._source is not None:  # new, or a legacy file: into the store first
+            self._materialise()
         pending, self._pending = self._pending, []
         entries = [(entry.kind, dict(entry.data)) for entry in pending]
-        if self._source is not None:  # new, or a legacy file: into the store first
-            try:
-                self._materialise()
-            except BaseException:
-                self._pending = pending + self._pending
-                raise
-            self._append(entries)
-            return len(entries)
         saved_seq = pending[0].seq
         head = self.store.get_head(self.context)
         if head is None:  # deleted meanwhile: saved into a new session of the same ids
