@@ -445,6 +445,43 @@ def test_a_stale_session_sees_another_sessions_messages(store: Store) -> None:
     assert b.history == a.history
 
 
+@pytest.fixture(params=["fs", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def two_stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Store, Store]]:
+    """Two stores on the same data, as two processes would open them."""
+    first = _open(request.param, tmp_path, request)
+    if isinstance(first, FsStore):
+        second: Store = FsStore(first.root)
+    elif isinstance(first, terrarium.SqliteStore):
+        second = terrarium.SqliteStore(first.path)
+    else:
+        assert isinstance(first, terrarium.PostgresStore)
+        dsn = request.getfixturevalue("pg_database")
+        second = terrarium.PostgresStore(dsn, schema=first.schema)
+    try:
+        yield first, second
+    finally:
+        second.close()
+        first.close()
+
+
+def test_sessions_in_two_store_instances_interleave_without_loss(
+    two_stores: tuple[Store, Store],
+) -> None:
+    """Sessions of one context opened through two stores on the same data (two processes)
+    each see the other's messages before they write."""
+    one, two = two_stores
+    a = PersistentSession(one, CONTEXT)
+    b = PersistentSession(two, CONTEXT)  # opened before a's first message: new for it too
+    for n in range(3):
+        a.add_message("user", f"a{n}")
+        b.add_message("assistant", f"b{n}")
+    expected = [x for n in range(3) for x in (f"a{n}", f"b{n}")]
+    assert contents(one) == expected
+    a.refresh()
+    assert [m["content"] for m in a.history] == expected == [m["content"] for m in b.history]
+    assert a.message_count == b.message_count == 6
+
+
 def test_a_writer_that_bypasses_the_lock_is_detected_and_followed(store: Store) -> None:
     """A write that does not take the context lock makes the session's expected seq stale:
     the conflict is detected, the session re-reads and appends after it."""
