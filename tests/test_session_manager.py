@@ -719,3 +719,18 @@ def test_a_context_in_a_turn_is_not_evicted_from_under_it(
     asyncio.run(main())
     for n in range(3):
         assert contents(store, f"cli:c{n}") == [f"hi {n}", f"echo: hi {n}"]
+
+
+def test_an_unreadable_legacy_file_is_a_one_line_error(root: Path) -> None:
+    """A legacy file that is not a session raises its one-line error naming the file, and
+    nothing is written."""
+    path = root / "cli" / "2025-11-06" / "broken.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    for opener in (PersistentSession, PersistentSession.load):
+        with pytest.raises(tj.LegacyFormatError, match=r"broken\.json: not valid JSON") as info:
+            opener(str(root), "cli:broken")
+        assert "\n" not in str(info.value)
+    with FsStore(root) as store:
+        assert store.get_head(ContextId.parse("cli:broken")) is None
+    assert path.read_text() == "{not json"

@@ -99,8 +99,12 @@ class PersistentSession:
             LegacyFormatError, OSError: only a legacy file holds it, and it cannot be read.
         """
         self._setup(store, context_id, autosave)
-        if not self._find():
-            self._start(system_prompt)
+        try:
+            if not self._find():
+                self._start(system_prompt)
+        except BaseException:
+            self.close()  # a store opened here is not left open
+            raise
 
     @classmethod
     def load(
@@ -118,9 +122,12 @@ class PersistentSession:
         """
         self = cls.__new__(cls)
         self._setup(store, context_id, autosave)
-        if not self._find():
+        try:
+            if not self._find():
+                raise ContextNotFound(f"context {self.context} does not exist")
+        except BaseException:
             self.close()
-            raise ContextNotFound(f"context {self.context} does not exist")
+            raise
         return self
 
     # ------------------------------------------------------------------ building
