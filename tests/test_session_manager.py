@@ -734,3 +734,31 @@ def test_an_unreadable_legacy_file_is_a_one_line_error(root: Path) -> None:
     with FsStore(root) as store:
         assert store.get_head(ContextId.parse("cli:broken")) is None
     assert path.read_text() == "{not json"
+
+
+def test_an_eviction_whose_save_fails_keeps_the_entries_and_not_the_error(
+    store: Store, fake_server: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Evicting a context whose queued entries cannot be saved logs it and keeps the session
+    cached; the turn that caused the eviction is not failed, and close() saves them later."""
+
+    async def main() -> None:
+        manager = make_manager(fake_server, store, cache_size=1, autosave=False)
+        await manager.process_with_context("cli:a", "queued")
+        session = manager.get_session("cli:a")
+        real_save = session.save
+
+        def failing_save() -> int:
+            raise OSError("disk on fire")
+
+        session.save = failing_save  # type: ignore[method-assign]
+        assert await manager.process_with_context("cli:b", "hi") == "echo: hi"
+        assert "disk on fire" in caplog.text
+        assert manager.get_session("cli:a") is session
+        session.save = real_save  # type: ignore[method-assign]
+        manager.close()
+        await manager.client.aclose()
+
+    asyncio.run(main())
+    assert contents(store, "cli:a") == ["queued", "echo: queued"]
+    assert contents(store, "cli:b") == ["hi", "echo: hi"]

@@ -397,7 +397,9 @@ class MultiContextManager:
         ``add_message``, ``save`` and ``autosave`` act on what the manager holds (auto-save as
         :meth:`set_autosave` left it). A context that does not exist yet gives a new session,
         created by its first message from either side; one that only a legacy JSON file holds
-        reads the file in place until its first write. If the cache evicts it
+        reads the file in place until its first write. Its ``add_message`` and ``save`` take
+        the context's lock, so they wait for a turn under way on the context: do not call them
+        from the manager's event loop while one is. If the cache evicts it
         (``cache_size``), the object keeps working alone and the manager restores another on
         the context's next use.
 
@@ -656,7 +658,8 @@ class MultiContextManager:
     def _trim(self) -> None:
         """Evict the least recently used contexts past ``cache_size``, saving their queued
         entries first. A context with a turn under way or waiting is kept until the turn
-        ends: saving it takes the context's lock, which its turn holds (or will)."""
+        ends: saving it takes the context's lock, which its turn holds (or will). One whose
+        save fails stays cached (logged), so its entries are not lost."""
         evicted: list[PersistentSession] = []
         with self._cache_lock:
             excess = len(self._cache) - self.cache_size
@@ -667,8 +670,16 @@ class MultiContextManager:
                     evicted.append(self._cache.pop(context))
                     excess -= 1
         for old in evicted:
-            if old.unsaved_entries:  # eviction never loses data
-                old.save()
+            if not old.unsaved_entries:
+                continue
+            try:
+                old.save()  # eviction never loses data
+            except Exception as exc:  # not the failure of the turn that evicts it
+                log.warning("%s: unsaved entries kept in memory, not saved: %s", old.context, exc)
+                with self._cache_lock:  # saved by a later eviction, save() or close()
+                    if old.context not in self._cache:
+                        self._cache[old.context] = old
+                        self._cache.move_to_end(old.context, last=False)
 
     def _enter_turn(self, context: ContextId) -> None:
         with self._cache_lock:
