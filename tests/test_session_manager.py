@@ -762,3 +762,27 @@ def test_an_eviction_whose_save_fails_keeps_the_entries_and_not_the_error(
     asyncio.run(main())
     assert contents(store, "cli:a") == ["queued", "echo: queued"]
     assert contents(store, "cli:b") == ["hi", "echo: hi"]
+
+
+def test_a_failed_save_keeps_the_entries_queued(store: Store) -> None:
+    """A save that fails in the store loses nothing: the entries stay queued, and the next
+    save writes them."""
+    session = PersistentSession(store, CONTEXT)
+    session.add_message("user", "saved")
+    session.autosave = False
+    session.add_message("assistant", "queued")
+    real_append = store.append
+    calls = {"n": 0}
+
+    def failing_append(*args: Any, **kwargs: Any) -> int:
+        calls["n"] += 1
+        raise OSError("no space left on device")
+
+    store.append = failing_append  # type: ignore[method-assign]
+    with pytest.raises(OSError, match="no space left"):
+        session.save()
+    store.append = real_append  # type: ignore[method-assign]
+    assert calls["n"] == 1
+    assert session.unsaved_entries == 1
+    assert session.save() == 1
+    assert contents(store) == ["saved", "queued"]

@@ -518,9 +518,8 @@ class PersistentSession:
             return 0
         if self._source is not None:  # new, or a legacy file: into the store first
             self._materialise()
-        pending, self._pending = self._pending, []
-        entries = [(entry.kind, dict(entry.data)) for entry in pending]
-        saved_seq = pending[0].seq
+        entries = [(entry.kind, dict(entry.data)) for entry in self._pending]
+        saved_seq = self._pending[0].seq
         head = self.store.get_head(self.context)
         if head is None:  # deleted meanwhile: saved into a new session of the same ids
             sessions.create_segment_with_ids(
@@ -534,6 +533,7 @@ class PersistentSession:
         segment = sessions.ensure_head_or_fork(self.store, self.context, self.ref, saved_seq)
         ref = PodActiveSegmentRef(self.state.session_id, segment)
         written = sessions.append_entries(self.store, ref, entries)
+        self._pending = []  # only once written: a failed save keeps them queued
         if head is not None and segment == self.state.segment_id:
             self.state.next_seq = written[-1].seq + 1
             self.state.last_active = written[-1].ts
