@@ -255,11 +255,11 @@ def test_openai_messages_are_what_the_model_is_sent(store: Store) -> None:
 
 def test_openai_messages_match_the_runtime(store: Store) -> None:
     """The export and the manager's request builder agree, message for message."""
-    from terrarium.agent.multi_context_manager import _build
+    from terrarium.agent.session_manager import PersistentSession
 
     converse(store)
     state = restore(store, CONTEXT)
-    assert openai.chat_messages(state) == _build(ContextId.parse(CONTEXT), state, True).wire
+    assert openai.chat_messages(state) == PersistentSession.load(store, CONTEXT).chat_messages()
 
 
 def _dated(store: Store, context: str, day: str, *, reply: bool = True) -> None:

@@ -20,7 +20,14 @@ CRATE_NAMES = """
     Store StoreError FsStore TraceEntry
 """.split()
 
-OURS = ["MemoryStore", "SqliteStore", "PostgresStore", "MultiContextManager", "VLLMClient"]
+OURS = [
+    "MemoryStore",
+    "SqliteStore",
+    "PostgresStore",
+    "MultiContextManager",
+    "PersistentSession",
+    "VLLMClient",
+]
 
 
 def test_every_name_in_all_resolves() -> None:

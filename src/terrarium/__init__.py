@@ -108,6 +108,7 @@ from terrarium.stores.url import open_store
 
 if TYPE_CHECKING:
     from terrarium.agent.multi_context_manager import MultiContextManager
+    from terrarium.agent.session_manager import PersistentSession
     from terrarium.llm.vllm_client import VLLMClient
     from terrarium.stores.postgres import PostgresStore
 
@@ -121,6 +122,10 @@ def __getattr__(name: str) -> Any:
         from terrarium.agent.multi_context_manager import MultiContextManager
 
         return MultiContextManager
+    if name == "PersistentSession":
+        from terrarium.agent.session_manager import PersistentSession
+
+        return PersistentSession
     if name == "VLLMClient":
         from terrarium.llm.vllm_client import VLLMClient
 
@@ -160,6 +165,7 @@ __all__ = [
     "MemoryStore",
     "ModelNotFound",
     "MultiContextManager",
+    "PersistentSession",
     "PodActiveSegmentRef",
     "PodMetadata",
     "PodMetadataStore",

@@ -15,12 +15,14 @@ Concurrency, beyond the seed's "sequential only": turns on different contexts ru
 store's context lock, held for the whole turn. Every append names the seq the manager expects,
 so a writer that bypasses the lock is detected and the state re-read, never overwritten.
 
-The cache keeps up to ``cache_size`` restored contexts, each with the list of messages it
-sends, so a turn costs O(1) in history length: no re-reading or re-parsing of the log, and the
-messages sent on turn n+1 start with exactly the messages sent on turn n (vLLM's automatic
-prefix cache then reuses the whole history; after a failed turn only the last message, the
-folded input, differs). Before each turn the cached head and next seq are checked against the
-store (a head read and an ``fstat``), so entries another process appended are seen. Eviction
+The cache keeps up to ``cache_size`` restored contexts, each a ``PersistentSession``
+(:mod:`terrarium.agent.session_manager`; :meth:`MultiContextManager.get_session` returns it)
+holding the list of messages it sends, so a turn costs O(1) in history length: no re-reading
+or re-parsing of the log, and the messages sent on turn n+1 start with exactly the messages
+sent on turn n (vLLM's automatic prefix cache then reuses the whole history; after a failed
+turn only the last message, the folded input, differs). Before each turn the cached head and
+next seq are checked against the store (a head read and an ``fstat``), so entries another
+process appended are seen. Eviction
 saves unsaved entries first.
 """
 
@@ -32,42 +34,34 @@ import logging
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, aclosing, nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from terrarium import legacy, sessions
 from terrarium.agent import compaction
+from terrarium.agent.session_manager import PersistentSession
 from terrarium.errors import (
-    ConflictError,
-    ContextExists,
     ContextNotFound,
     IndexUnavailable,
     LLMError,
     NothingToCompact,
     StoreError,
 )
-from terrarium.formats.openai import chat_messages
 from terrarium.model import (
     ContextId,
     EntryKind,
     LoggedItem,
     RestoredState,
-    RunStatus,
-    SegmentStartState,
     TraceEntry,
     add_wire_message,
     check_text,
-    item_text,
-    utc_now,
 )
 from terrarium.stores.base import (
     ContextLocking,
     Listing,
-    PodActiveSegmentRef,
     SearchHit,
     SearchQuery,
     Store,
@@ -84,54 +78,6 @@ COMPACTION_PROMPT = (
 )
 
 
-@dataclass
-class _Context:
-    """A restored context in the cache."""
-
-    context: ContextId
-    state: RestoredState
-    wire: list[dict[str, Any]]
-    """Messages as sent to the server (system prompt first), kept in step with history by
-    ``model.add_wire_message``, which folds consecutive user messages into one."""
-    chars: int
-    """Characters of content in ``wire``, for the token estimate."""
-    autosave: bool = True
-    pending: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    """Entries not yet saved (``autosave=False``)."""
-
-    @property
-    def ref(self) -> PodActiveSegmentRef:
-        return PodActiveSegmentRef(self.state.session_id, self.state.segment_id)
-
-    def apply(self, kind: str, data: Mapping[str, Any], seq: int, ts: str) -> None:
-        """Fold one written entry into the cached state (mirrors sessions.collect_state)."""
-        state = self.state
-        if kind in (EntryKind.USER_INPUT, EntryKind.ITEM, EntryKind.SYSTEM_ITEM):
-            item = data["item"]
-            state.history.append(item)
-            add_wire_message(self.wire, item)
-            self.chars += len(item_text(item))
-        elif kind == EntryKind.USAGE:
-            u = state.usage
-            state.usage = type(u)(
-                u.prompt_tokens + data.get("prompt_tokens", 0),
-                u.completion_tokens + data.get("completion_tokens", 0),
-                u.cached_tokens + data.get("cached_tokens", 0),
-                u.calls + 1,
-            )
-        elif kind == EntryKind.TURN_END:
-            state.turns += 1
-        elif kind in (EntryKind.RUN_COMPLETED, EntryKind.RUN_ERRORED):
-            status = "completed" if kind == EntryKind.RUN_COMPLETED else "errored"
-            state.last_run = RunStatus(status, seq, data.get("error"))  # type: ignore[arg-type]
-        elif kind == EntryKind.CONFIG_CHANGED:
-            state.config = dict(data.get("config") or {})
-            if "system_prompt" in data:
-                state.system_prompt = data["system_prompt"]
-        state.next_seq = seq + 1
-        state.last_active = ts
-
-
 _Row = tuple[ContextId, str, str, int, str, bool, str | None]
 """A row of :meth:`MultiContextManager.list_all_contexts`: context, date, created, messages,
 last active, legacy, problem."""
@@ -140,12 +86,6 @@ _LoopLocks = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[ContextId
 """Each event loop's lock per context (an asyncio lock serves one loop)."""
 _LoopSemaphores = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]
 """Each event loop's semaphore bounding its model calls in flight."""
-
-
-def _build(context: ContextId, state: RestoredState, autosave: bool) -> _Context:
-    wire = chat_messages(state)
-    chars = sum(len(item_text(item)) for item in state.history)
-    return _Context(context, state, wire, chars, autosave)
 
 
 class MultiContextManager:
@@ -196,9 +136,11 @@ class MultiContextManager:
         self.keep_after_compaction = keep_after_compaction
         self.trace = trace
         self.default_system_prompt = default_system_prompt
-        self._cache: OrderedDict[ContextId, _Context] = OrderedDict()
+        self._cache: OrderedDict[ContextId, PersistentSession] = OrderedDict()
         self._cache_lock = threading.RLock()
         self._autosave_overrides: dict[ContextId, bool] = {}
+        self._busy: dict[ContextId, int] = {}
+        """Turns under way or waiting, per context: the cache does not evict those."""
         self._loop_locks: _LoopLocks = weakref.WeakKeyDictionary()
         self._semaphores: _LoopSemaphores = weakref.WeakKeyDictionary()
         self._lock_pool = ThreadPoolExecutor(
@@ -284,7 +226,7 @@ class MultiContextManager:
                 row = (info.context, info.date, info.created_at, info.message_count)
                 rows.append((*row, info.last_active, True, None))
         with self._cache_lock:
-            unsaved = {c: e.state for c, e in self._cache.items() if e.pending}
+            unsaved = {c: e.state for c, e in self._cache.items() if e.unsaved_entries}
         out: dict[str, list[dict[str, Any]]] = {}
         for context, date, created_at, count, last_active, is_legacy, problem in rows:
             if context in unsaved:  # entries not saved yet are newer than any index
@@ -350,8 +292,7 @@ class MultiContextManager:
         """
         context = ContextId.parse(context_id)
         head = self.store.get_head(context)
-        with self._cache_lock:
-            cached = self._cache.get(context)
+        cached = self._cached(context)
         if head is None and cached is None:
             copy = legacy.read(self.store, context)
             if copy is None:
@@ -369,7 +310,7 @@ class MultiContextManager:
         state: RestoredState,
         created: str,
         segments: int,
-        cached: _Context | None,
+        cached: PersistentSession | None,
         *,
         is_legacy: bool,
     ) -> dict[str, Any]:
@@ -397,7 +338,7 @@ class MultiContextManager:
             "segments": segments,
             "cached": cached is not None,
             "autosave": self._autosave_for(context),
-            "unsaved_entries": len(cached.pending) if cached is not None else 0,
+            "unsaved_entries": cached.unsaved_entries if cached is not None else 0,
             "legacy": is_legacy,
         }
 
@@ -408,12 +349,10 @@ class MultiContextManager:
         """
         context = ContextId.parse(context_id)
         with self._locked(context):
-            entry = self._fresh_or_legacy(context)
-            if entry is None:
-                raise ContextNotFound(f"context {context} does not exist")
-            self._flush(entry)
+            entry = self._existing(context)
+            entry._flush()
             sessions.clear_segment(self.store, entry.state, context=context)
-            self._forget(context)
+            entry._reload()
 
     def delete_context(self, context_id: str) -> bool:
         """Delete the context and all its files. Returns False if it did not exist.
@@ -439,7 +378,7 @@ class MultiContextManager:
         with self._locked(src):
             entry = self._fresh_or_legacy(src)
             if entry is not None:
-                self._flush(entry)
+                entry._flush()
             sessions.fork_context(self.store, src, ContextId.parse(target), at_seq=at)
         return self.get_stats(target)
 
@@ -454,10 +393,43 @@ class MultiContextManager:
         """
         context = ContextId.parse(context_id)
         async with self._turn_lock(context):
-            entry = self._fresh_or_legacy(context)
-            if entry is None:
-                raise ContextNotFound(f"context {context} does not exist")
-            return await self._compact(entry, params, refuse_growth=only_if_smaller)
+            return await self._compact(
+                self._existing(context), params, refuse_growth=only_if_smaller
+            )
+
+    def get_session(self, context_id: str) -> PersistentSession:
+        """The context's :class:`~terrarium.agent.session_manager.PersistentSession`: the
+        manager's own cache entry, the object its turns write through.
+
+        A turn on the context moves its ``message_count`` and ``last_active``; its
+        ``add_message``, ``save`` and ``autosave`` act on what the manager holds (auto-save as
+        :meth:`set_autosave` left it). A context that does not exist yet gives a new session,
+        created by its first message from either side; one that only a legacy JSON file holds
+        reads the file in place until its first write. Its ``add_message`` and ``save`` take
+        the context's lock, so they wait for a turn under way on the context: do not call them
+        from the manager's event loop while one is. If the cache evicts it
+        (``cache_size``), the object keeps working alone and the manager restores another on
+        the context's next use.
+
+        Raises:
+            InvalidContextId: ``context_id`` is not ``type:name``.
+            LegacyFormatError, OSError: only a legacy file holds it, and it cannot be read.
+        """
+        context = ContextId.parse(context_id)
+        entry = self._fresh(context)
+        if entry is None:
+            entry = PersistentSession(
+                self.store,
+                context,
+                system_prompt=self.default_system_prompt,
+                autosave=self._autosave_for(context),
+            )
+            with self._cache_lock:
+                cached = self._cache.get(context)  # a turn cached one meanwhile: theirs
+            if cached is not None:
+                return cached
+            self._remember(entry)
+        return entry
 
     def set_autosave(self, context_id: str, enabled: bool) -> None:
         """Turn auto-save on or off for one context; turning it on saves what is pending."""
@@ -466,10 +438,7 @@ class MultiContextManager:
         with self._cache_lock:
             entry = self._cache.get(context)
         if entry is not None:
-            entry.autosave = enabled
-            if enabled:
-                with self._locked(context):
-                    self._flush(entry)
+            entry.autosave = enabled  # turning it on saves what is pending, under the lock
 
     def save(self, context_id: str | None = None) -> int:
         """Save unsaved entries of one context (or all); return how many were written."""
@@ -479,11 +448,7 @@ class MultiContextManager:
                 for c, e in self._cache.items()
                 if context_id is None or c == ContextId.parse(context_id)
             ]
-        written = 0
-        for entry in entries:
-            with self._locked(entry.context):
-                written += self._flush(entry)
-        return written
+        return sum(entry.save() for entry in entries)
 
     def search(
         self,
@@ -514,8 +479,7 @@ class MultiContextManager:
     def history(self, context_id: str) -> list[LoggedItem]:
         """The context's history items (a copy), oldest first (a legacy file's, unimported)."""
         context = ContextId.parse(context_id)
-        with self._cache_lock:
-            cached = self._cache.get(context)
+        cached = self._cached(context)
         if cached is None and self.store.get_head(context) is None:
             copy = legacy.read(self.store, context)
             if copy is not None:
@@ -564,7 +528,9 @@ class MultiContextManager:
             partial: list[str] = []
             try:
                 if stream:
-                    async with aclosing(self.client.stream(list(entry.wire), **params)) as events:
+                    async with aclosing(
+                        self.client.stream(entry.chat_messages(), **params)
+                    ) as events:
                         async for event in events:
                             if event.delta:
                                 partial.append(event.delta)
@@ -572,20 +538,20 @@ class MultiContextManager:
                             if event.result is not None:
                                 result = event.result
                 else:
-                    result = await self.client.chat(list(entry.wire), **params)
+                    result = await self.client.chat(entry.chat_messages(), **params)
                     yield result.text
                 if result is None:
                     raise LLMError("the model stream ended without a result")
             except BaseException as exc:  # cancellation and GeneratorExit included
-                self._write(entry, [(EntryKind.RUN_ERRORED, _errored(exc, partial))])
+                entry._write([(EntryKind.RUN_ERRORED, _errored(exc, partial))])
                 raise
             finally:
                 self._trace_sink.reset(token)
                 if buffer:
                     sessions.save_trace(self.store, entry.ref, buffer)
-            self._write(entry, _reply_entries(result))
+            entry._write(_reply_entries(result))
 
-    async def _log_input(self, entry: _Context, text: str) -> None:
+    async def _log_input(self, entry: PersistentSession, text: str) -> None:
         """Log the user's input, compacting first when it would pass the token budget.
 
         A compaction that fails (or is cancelled) still logs the input, with the failure, so
@@ -597,11 +563,11 @@ class MultiContextManager:
                 await self._compact(entry, {})
         except BaseException as exc:
             entry = self._fresh(entry.context) or entry  # a flush before it may have moved on
-            self._write(entry, [logged, (EntryKind.RUN_ERRORED, _errored(exc, []))])
+            entry._write([logged, (EntryKind.RUN_ERRORED, _errored(exc, []))])
             raise
-        self._write(entry, [logged])
+        entry._write([logged])
 
-    def _open_context(self, context: ContextId, system_prompt: str | None) -> _Context:
+    def _open_context(self, context: ContextId, system_prompt: str | None) -> PersistentSession:
         """The cached, fresh context; created on first use; system prompt changes logged.
 
         A context that only a legacy JSON file holds is imported into the log first.
@@ -609,73 +575,24 @@ class MultiContextManager:
         entry = self._fresh_or_legacy(context)
         if entry is None:
             prompt = system_prompt if system_prompt is not None else self.default_system_prompt
-            try:
-                sessions.create_segment(
-                    self.store, SegmentStartState(system_prompt=prompt), context=context
-                )
-            except ContextExists:
-                pass  # another process created it first: use theirs
-            entry = self._fresh(context)
-            assert entry is not None
-        if system_prompt is not None and system_prompt != entry.state.system_prompt:
-            data = {"config": entry.state.config, "system_prompt": system_prompt}
-            self._write(entry, [(EntryKind.CONFIG_CHANGED, data)])
-            entry.wire = _build(context, entry.state, entry.autosave).wire
+            entry = PersistentSession._new(self.store, context, prompt, self._autosave_for(context))
+            self._remember(entry)
+        if not entry.in_store:  # created by its first message (another process's wins)
+            entry._materialise(system_prompt)
+        if system_prompt is not None:
+            entry._set_system_prompt(system_prompt)
         return entry
 
-    def _write(self, entry: _Context, entries: list[tuple[str, dict[str, Any]]]) -> None:
-        """Append entries (or queue them when auto-save is off) and fold them into the cache."""
-        if not entry.autosave:
-            ts = utc_now()
-            for kind, data in entries:
-                entry.pending.append((kind, data))
-                entry.apply(kind, data, entry.state.next_seq, ts)
-            return
-        try:
-            written = sessions.append_entries(
-                self.store, entry.ref, entries, expected_seq=entry.state.next_seq
-            )
-        except ConflictError:
-            # Someone wrote without the context lock: re-read, then append after them.
-            self._reload(entry)
-            written = sessions.append_entries(
-                self.store, entry.ref, entries, expected_seq=entry.state.next_seq
-            )
-        for log_entry in written:
-            entry.apply(log_entry.kind, log_entry.data, log_entry.seq, log_entry.ts)
-
-    def _flush(self, entry: _Context) -> int:
-        """Save pending entries; fork if the stored segment moved on meanwhile."""
-        if not entry.pending:
-            return 0
-        pending, entry.pending = entry.pending, []
-        saved_seq = entry.state.next_seq - len(pending)
-        head = self.store.get_head(entry.context)
-        if head is None:
-            sessions.create_segment_with_ids(
-                self.store,
-                entry.state.session_id,
-                entry.state.segment_id,
-                SegmentStartState(entry.state.system_prompt, entry.state.config),
-                context=entry.context,
-            )
-            saved_seq = 1
-        segment = sessions.ensure_head_or_fork(self.store, entry.context, entry.ref, saved_seq)
-        ref = PodActiveSegmentRef(entry.state.session_id, segment)
-        sessions.append_entries(self.store, ref, pending)
-        self._forget(entry.context)
-        return len(pending)
-
     async def _compact(
-        self, entry: _Context, params: Mapping[str, Any], refuse_growth: bool = False
+        self, entry: PersistentSession, params: Mapping[str, Any], refuse_growth: bool = False
     ) -> str:
-        self._flush(entry)
+        entry._flush()
         history = entry.state.history
         keep = _tail_from_user(history, self.keep_after_compaction)
         replaced = history[: len(history) - len(keep)]
         if refuse_growth:  # a requested compaction must shrink the context (agent/compaction.py)
             compaction.check_replaces(entry.context, replaced, len(keep))
-        request = list(entry.wire)
+        request = entry.chat_messages()
         add_wire_message(request, {"role": "user", "content": COMPACTION_PROMPT})
         result = await self.client.chat(request, **params)
         summary = result.text.strip()
@@ -690,84 +607,111 @@ class MultiContextManager:
             except NothingToCompact:
                 if result.usage is not None:  # the call was made: its tokens still count
                     sessions.save_usage(self.store, entry.state, result.usage)
+                    entry._reset(sessions.restore(self.store, entry.context))
                 raise
         sessions.create_compacted_segment(self.store, entry.state, compacted, context=entry.context)
         state = sessions.restore(self.store, entry.context)
         if result.usage is not None:
             sessions.save_usage(self.store, state, result.usage)
             state = sessions.restore(self.store, entry.context)
-        rebuilt = _build(entry.context, state, entry.autosave)
-        entry.state, entry.wire, entry.chars = rebuilt.state, rebuilt.wire, rebuilt.chars
-        self._remember(entry)  # _flush forgot it: what the turn queues next must be saved
+        entry._reset(state)
+        self._remember(entry)  # evicted during the model call? what the turn queues next is kept
         return summary
 
-    def _estimate(self, entry: _Context, message: str) -> int:
+    def _estimate(self, entry: PersistentSession, message: str) -> int:
         system = len(entry.state.system_prompt or "")
-        return (entry.chars + system + len(message)) // 4
+        return (entry._chars + system + len(message)) // 4
 
     # ------------------------------------------------------------------ cache and locks
 
-    def _fresh(self, context: ContextId) -> _Context | None:
-        """The cached context if it is still current in the store, else a fresh restore."""
+    def _fresh(self, context: ContextId) -> PersistentSession | None:
+        """The cached context, brought up to the store (a head read and an ``fstat``), else a
+        fresh restore; None if the log has no such context (and nothing new is cached)."""
         with self._cache_lock:
             entry = self._cache.get(context)
             if entry is not None:
                 self._cache.move_to_end(context)
-        if entry is not None and entry.pending:
-            return entry  # unsaved work is newer than the store by definition
-        head = self.store.get_head(context)
-        if head is None:
-            if entry is not None:
-                self._forget(context)
-            return None
-        if (
-            entry is not None
-            and head.segment_id == entry.state.segment_id
-            and self.store.next_seq(head.session_id, head.segment_id) == entry.state.next_seq
-        ):
-            return entry
-        state = sessions.restore_by_segment(self.store, head.session_id, head.segment_id)
-        entry = _build(context, state, self._autosave_for(context))
-        self._remember(entry)
+        if entry is not None:
+            if entry._refresh():
+                return entry
+            self._forget(context)  # deleted from under it
+        entry = PersistentSession._restored(self.store, context, self._autosave_for(context))
+        if entry is not None:
+            self._remember(entry)
         return entry
 
-    def _fresh_or_legacy(self, context: ContextId) -> _Context | None:
+    def _fresh_or_legacy(self, context: ContextId) -> PersistentSession | None:
         """:meth:`_fresh`, importing the context's legacy JSON file first if only it has it.
 
         The caller holds the context's lock, so processes racing here import it once.
         """
         entry = self._fresh(context)
-        if entry is None and legacy.import_legacy(self.store, context):
+        if (entry is None or not entry.in_store) and legacy.import_legacy(self.store, context):
             entry = self._fresh(context)
         return entry
 
-    def _reload(self, entry: _Context) -> None:
-        head = self.store.get_head(entry.context)
-        if head is None:
-            raise ContextNotFound(f"context {entry.context} was deleted")
-        state = sessions.restore_by_segment(self.store, head.session_id, head.segment_id)
-        rebuilt = _build(entry.context, state, entry.autosave)
-        entry.state, entry.wire, entry.chars = rebuilt.state, rebuilt.wire, rebuilt.chars
+    def _existing(self, context: ContextId) -> PersistentSession:
+        """:meth:`_fresh_or_legacy` of a context that must be in the log."""
+        entry = self._fresh_or_legacy(context)
+        if entry is None or not entry.in_store:
+            raise ContextNotFound(f"context {context} does not exist")
+        return entry
 
-    def _peek(self, context: ContextId) -> RestoredState:
+    def _cached(self, context: ContextId) -> PersistentSession | None:
+        """The cached session of a context in the log (not one that waits for its first
+        message)."""
         with self._cache_lock:
             entry = self._cache.get(context)
+        return entry if entry is not None and entry.in_store else None
+
+    def _peek(self, context: ContextId) -> RestoredState:
+        entry = self._cached(context)
         if entry is not None:
             return entry.state
         return sessions.restore(self.store, context)
 
-    def _remember(self, entry: _Context) -> None:
-        evicted: list[_Context] = []
+    def _remember(self, entry: PersistentSession) -> None:
         with self._cache_lock:
             self._cache[entry.context] = entry
             self._cache.move_to_end(entry.context)
-            while len(self._cache) > self.cache_size:
-                _, old = self._cache.popitem(last=False)
-                evicted.append(old)
+        self._trim()
+
+    def _trim(self) -> None:
+        """Evict the least recently used contexts past ``cache_size``, saving their queued
+        entries first. A context with a turn under way or waiting is kept until the turn
+        ends: saving it takes the context's lock, which its turn holds (or will). One whose
+        save fails stays cached (logged), so its entries are not lost."""
+        evicted: list[PersistentSession] = []
+        with self._cache_lock:
+            excess = len(self._cache) - self.cache_size
+            for context in list(self._cache) if excess > 0 else ():
+                if excess == 0:
+                    break
+                if context not in self._busy:
+                    evicted.append(self._cache.pop(context))
+                    excess -= 1
         for old in evicted:
-            if old.pending:  # eviction never loses data
-                with self._locked(old.context):
-                    self._flush(old)
+            if not old.unsaved_entries:
+                continue
+            try:
+                old.save()  # eviction never loses data
+            except Exception as exc:  # not the failure of the turn that evicts it
+                log.warning("%s: unsaved entries kept in memory, not saved: %s", old.context, exc)
+                with self._cache_lock:  # saved by a later eviction, save() or close()
+                    if old.context not in self._cache:
+                        self._cache[old.context] = old
+                        self._cache.move_to_end(old.context, last=False)
+
+    def _enter_turn(self, context: ContextId) -> None:
+        with self._cache_lock:
+            self._busy[context] = self._busy.get(context, 0) + 1
+
+    def _leave_turn(self, context: ContextId) -> None:
+        with self._cache_lock:
+            left = self._busy.pop(context) - 1
+            if left:
+                self._busy[context] = left
+        self._trim()
 
     def _forget(self, context: ContextId) -> None:
         with self._cache_lock:
@@ -788,7 +732,13 @@ class MultiContextManager:
         lock = locks.get(context)
         if lock is None:
             lock = locks[context] = asyncio.Lock()
-        return _TurnLock(lock, self._locked(context), self._lock_pool)
+        return _TurnLock(
+            lock,
+            self._locked(context),
+            self._lock_pool,
+            lambda: self._enter_turn(context),
+            lambda: self._leave_turn(context),
+        )
 
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
@@ -802,19 +752,33 @@ class _TurnLock:
     """FIFO within the event loop (asyncio.Lock), then the store lock taken off the loop."""
 
     def __init__(
-        self, lock: asyncio.Lock, store_lock: AbstractContextManager[None], pool: ThreadPoolExecutor
+        self,
+        lock: asyncio.Lock,
+        store_lock: AbstractContextManager[None],
+        pool: ThreadPoolExecutor,
+        enter: Callable[[], None],
+        leave: Callable[[], None],
     ) -> None:
         self._lock = lock
         self._store_lock = store_lock
         self._pool = pool
+        self._enter = enter
+        """Marks the context busy (kept in the cache) from before the wait to the release."""
+        self._leave = leave
 
     async def __aenter__(self) -> None:
-        await self._lock.acquire()
+        self._enter()
+        try:
+            await self._lock.acquire()
+        except BaseException:
+            self._leave()
+            raise
         try:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._pool, self._store_lock.__enter__)
         except BaseException:
             self._lock.release()
+            self._leave()
             raise
 
     async def __aexit__(self, *exc: object) -> None:
@@ -822,6 +786,7 @@ class _TurnLock:
             self._store_lock.__exit__(None, None, None)
         finally:
             self._lock.release()
+            self._leave()
 
 
 def _user(text: str) -> LoggedItem:

@@ -43,6 +43,7 @@ from terrarium.model import (
     TYPE_RE,
     ContextId,
     EntryKind,
+    LogEntry,
     LoggedItem,
     SegmentId,
     SegmentOrigin,
@@ -797,7 +798,9 @@ def _native_message(item: LoggedItem, ts: str) -> dict[str, Any] | None:
     return out
 
 
-def export_dict(store: Store, context: ContextId | str) -> dict[str, Any]:
+def export_dict(
+    store: Store, context: ContextId | str, *, pending: Sequence[LogEntry] = ()
+) -> dict[str, Any]:
     """Any native context as a legacy session dict, field for field (see :func:`dump`).
 
     Messages: the items an import brought keep their role, text, timestamp and unknown keys
@@ -814,6 +817,10 @@ def export_dict(store: Store, context: ContextId | str) -> dict[str, Any]:
     the import, ``last_active`` and ``message_count`` follow the log. For other contexts,
     all of it comes from the log (``session_date`` is the creation date, UTC).
 
+    ``pending`` are entries not saved yet (a
+    :class:`~terrarium.agent.session_manager.PersistentSession` with auto-save off), taken as
+    if they followed the head segment's last entry: the session file it would save.
+
     Raises:
         ContextNotFound: no such context.
     """
@@ -822,6 +829,7 @@ def export_dict(store: Store, context: ContextId | str) -> dict[str, Any]:
     if head is None:
         raise ContextNotFound(f"context {ctx} does not exist")
     lines = _lineage_lines(store, head.session_id, head.segment_id)
+    lines.extend(entry.to_dict() for entry in pending)
     state = sessions.collect_state(lines)
     root_id, root_header = _session_root(store, head.session_id, lines[0])
     record = _legacy_record(root_header)

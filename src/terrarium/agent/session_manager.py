@@ -1,0 +1,585 @@
+"""``PersistentSession``: one conversation (a context) kept in a store, as the seed names it.
+
+The Terrarium Agent's ``agent/session_manager.py`` held one conversation per JSON file and
+rewrote the file after every message. Here a session is a context of the log: each message is
+one appended entry (user messages as ``user_input``, assistant messages as ``item``, the
+kinds the manager writes for a turn), and :meth:`PersistentSession.to_dict` gives the seed's
+session file, field for field, through the same code as ``terrarium export -f
+terrarium-json`` (:func:`terrarium.formats.terrarium_json.export_dict`).
+
+The seed's lifecycle, here:
+
+1. **Creation** on the first message: ``PersistentSession(store, "cli:main")`` of a context
+   that does not exist writes nothing; the first :meth:`~PersistentSession.add_message` (or
+   :meth:`~PersistentSession.save`) creates it, dated that day.
+2. **Usage**: auto-save is on by default, each message written at once; ``autosave=False``
+   keeps entries in memory until :meth:`~PersistentSession.save`. ``last_active`` follows.
+3. **Resume**: the store finds the context whatever its date folder; a legacy JSON file
+   (:mod:`terrarium.legacy`) is read in place and imported into the log on the first write.
+
+Concurrency: the public methods take the store's context lock (every store here implements
+:class:`~terrarium.stores.base.ContextLocking`: ``flock`` for files, advisory locks in
+PostgreSQL), check the cached head and next seq against the store first, and append with the
+seq they expect, so a writer that bypasses the lock is detected (``ConflictError``), the
+session re-read and the entries appended after the other writer's. A thread lock per object
+makes one session safe to share between threads.
+
+:class:`~terrarium.agent.multi_context_manager.MultiContextManager` keeps its restored contexts
+as ``PersistentSession`` objects (``manager.get_session(context_id)``); it holds the context
+lock for a whole turn itself and calls the unlocked ``_`` methods. Usage::
+
+    session = PersistentSession(store, "irc:#python", system_prompt="Be concise.")
+    session.add_message("user", "What's a decorator?")
+    session.to_dict()["metadata"]["message_count"]  # 1
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+from terrarium import legacy, sessions
+from terrarium.errors import ConflictError, ContextExists, ContextNotFound
+from terrarium.formats import terrarium_json
+from terrarium.formats.openai import chat_messages
+from terrarium.model import (
+    ContextId,
+    EntryKind,
+    LogEntry,
+    LoggedItem,
+    RestoredState,
+    RunStatus,
+    SegmentStartState,
+    add_wire_message,
+    check_text,
+    item_text,
+    utc_now,
+)
+from terrarium.stores.base import ContextLocking, PodActiveSegmentRef, PodMetadata, Store
+from terrarium.stores.memory import MemoryStore
+
+MESSAGE_ROLES = ("user", "assistant")
+"""The roles :meth:`PersistentSession.add_message` takes (the seed's message roles)."""
+
+_Entries = list[tuple[str, dict[str, Any]]]
+
+
+class PersistentSession:
+    """One context's conversation over a store: load or create, add messages, save.
+
+    ``session_id`` is the context's *name* (``main`` in ``cli:main``), as in the seed's
+    format; the UUID of the log's session tree is ``state.session_id``.
+    """
+
+    def __init__(
+        self,
+        store: Store | str | os.PathLike[str],
+        context_id: str | ContextId,
+        *,
+        system_prompt: str | None = None,
+        autosave: bool = True,
+    ) -> None:
+        """Resume ``context_id``, or start it anew (created by its first message).
+
+        Args:
+            store: an open store, or a store URL or folder (opened here, closed by
+                :meth:`close`).
+            context_id: ``type:name``, as ``irc:#python``.
+            system_prompt: the system prompt of a *new* session; an existing one keeps its
+                own (set :attr:`system_prompt` to change it).
+            autosave: write each message at once (default); False keeps them until
+                :meth:`save`.
+
+        Raises:
+            InvalidContextId: ``context_id`` is not ``type:name``.
+            LegacyFormatError, OSError: only a legacy file holds it, and it cannot be read.
+        """
+        self._setup(store, context_id, autosave)
+        try:
+            if not self._find():
+                self._start(system_prompt)
+        except BaseException:
+            self.close()  # a store opened here is not left open
+            raise
+
+    @classmethod
+    def load(
+        cls,
+        store: Store | str | os.PathLike[str],
+        context_id: str | ContextId,
+        *,
+        autosave: bool = True,
+    ) -> PersistentSession:
+        """Resume an existing context (in the log, or a legacy file beside a folder store).
+
+        Raises:
+            ContextNotFound: no such context.
+            InvalidContextId: ``context_id`` is not ``type:name``.
+        """
+        self = cls.__new__(cls)
+        self._setup(store, context_id, autosave)
+        try:
+            if not self._find():
+                raise ContextNotFound(f"context {self.context} does not exist")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    # ------------------------------------------------------------------ building
+
+    def _setup(
+        self, store: Store | str | os.PathLike[str], context_id: str | ContextId, autosave: bool
+    ) -> None:
+        context = ContextId.parse(context_id)
+        if isinstance(store, Store):
+            self.store, self._owns_store = store, False
+        else:
+            from terrarium.stores.url import open_store
+
+            self.store, self._owns_store = open_store(store), True
+        self.context = context
+        self._autosave = autosave
+        self._lock = threading.RLock()
+        self._pending: list[LogEntry] = []
+        self._source: Store | None = None
+        """Where an unsaved session's state lives until its first write: a legacy file's
+        copy, or a scratch store holding a new session's header."""
+        self._legacy_path: Path | None = None
+
+    def _find(self) -> bool:
+        """Load the context from the log, else from its legacy file; False if neither has it."""
+        head = self.store.get_head(self.context)
+        if head is not None:
+            self._reset(sessions.restore_by_segment(self.store, head.session_id, head.segment_id))
+            self._set_head(head)
+            return True
+        copy = legacy.read(self.store, self.context)
+        if copy is None:
+            return False
+        self._unsaved(copy.store)
+        self._legacy_path = copy.path
+        return True
+
+    def _start(self, system_prompt: str | None) -> None:
+        """A new session: its header in a scratch store until the first write creates it."""
+        scratch = MemoryStore()
+        sessions.create_segment(scratch, SegmentStartState(system_prompt), context=self.context)
+        self._unsaved(scratch)
+
+    def _unsaved(self, source: Store) -> None:
+        head = source.get_head(self.context)
+        assert head is not None
+        self._reset(sessions.restore_by_segment(source, head.session_id, head.segment_id))
+        self._set_head(head)
+        self._source = source
+
+    @classmethod
+    def _restored(
+        cls, store: Store, context: ContextId, autosave: bool
+    ) -> PersistentSession | None:
+        """The context restored from the log (None if the log has no such context): the
+        manager's way in, which neither looks for legacy files nor opens a store."""
+        head = store.get_head(context)
+        if head is None:
+            return None
+        self = cls.__new__(cls)
+        self._setup(store, context, autosave)
+        self._reset(sessions.restore_by_segment(store, head.session_id, head.segment_id))
+        self._set_head(head)
+        return self
+
+    @classmethod
+    def _new(
+        cls, store: Store, context: ContextId, system_prompt: str | None, autosave: bool
+    ) -> PersistentSession:
+        """A new session, not yet in the store (the manager creates it at once)."""
+        self = cls.__new__(cls)
+        self._setup(store, context, autosave)
+        self._start(system_prompt)
+        return self
+
+    def _reset(self, state: RestoredState) -> None:
+        """Take ``state`` as the session's, with the messages it sends."""
+        self.state = state
+        self._wire = chat_messages(state)
+        self._chars = sum(len(item_text(item)) for item in state.history)
+
+    def _set_head(self, head: PodMetadata) -> None:
+        self._created = head.created_at
+        self._date = head.date
+
+    # ------------------------------------------------------------------ the seed's fields
+
+    def __repr__(self) -> str:
+        return f"PersistentSession({str(self.context)!r}, message_count={self.message_count})"
+
+    @property
+    def context_id(self) -> str:
+        """The context id, ``type:name``."""
+        return str(self.context)
+
+    @property
+    def session_id(self) -> str:
+        """The context's name (``main`` in ``cli:main``): the seed's ``session_id``."""
+        return self.context.name
+
+    @property
+    def context_type(self) -> str:
+        """The context's type (``cli``, ``irc``, ``game``, ``web``, ...)."""
+        return self.context.type
+
+    @property
+    def created_at(self) -> str:
+        """When the session was created, in the seed's form (``2025-11-06T14:30:00.123456``,
+        UTC); for a new session not saved yet, when this object was made."""
+        return terrarium_json.to_legacy_ts(self._created)
+
+    @property
+    def last_active(self) -> str:
+        """When the last entry was logged (or queued), in the seed's form."""
+        return terrarium_json.to_legacy_ts(self.state.last_active)
+
+    @property
+    def session_date(self) -> str:
+        """The creation date, ``YYYY-MM-DD`` (UTC): the date folder of the seed's layout."""
+        return self._date
+
+    @property
+    def message_count(self) -> int:
+        """Messages in the history: every item, as ``get_stats`` counts (tool calls and
+        results and runtime events too; ``metadata["message_count"]`` counts only the
+        seed's user and assistant messages)."""
+        return len(self.state.history)
+
+    @property
+    def system_prompt(self) -> str | None:
+        """The system prompt (None when there is none). Setting it logs a config change."""
+        return self.state.system_prompt
+
+    @system_prompt.setter
+    def system_prompt(self, prompt: str | None) -> None:
+        with self._guard():
+            if not self._refresh():
+                raise ContextNotFound(f"context {self.context} was deleted")
+            if not self._is_new:  # a new session's prompt goes into its header
+                self._prepare()
+            self._set_system_prompt(prompt)
+
+    @property
+    def autosave(self) -> bool:
+        """Whether each write goes to the store at once. Turning it on saves what is pending."""
+        return self._autosave
+
+    @autosave.setter
+    def autosave(self, enabled: bool) -> None:
+        with self._guard():
+            self._autosave = enabled
+            if enabled:
+                self._flush()
+
+    @property
+    def in_store(self) -> bool:
+        """Whether the context is in the store's log: False for a new session before its
+        first write, and for a legacy file not imported yet."""
+        return self._source is None
+
+    @property
+    def legacy_path(self) -> Path | None:
+        """The legacy JSON file this session is read from until its first write, if any."""
+        return self._legacy_path if self._source is not None else None
+
+    @property
+    def unsaved_entries(self) -> int:
+        """Entries queued by a session with auto-save off, not saved yet."""
+        return len(self._pending)
+
+    @property
+    def history(self) -> list[LoggedItem]:
+        """The history items (a copy), oldest first, as OpenAI chat messages."""
+        return list(self.state.history)
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The seed's ``messages``: ``{"role", "content", "timestamp"}``, oldest first (read
+        from the log, as :meth:`to_dict`)."""
+        messages: list[dict[str, Any]] = self.to_dict()["messages"]
+        return messages
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The seed's ``metadata``: ``created_at``, ``last_active``, ``message_count``,
+        ``session_id``, ``context_type``, ``session_date`` (as :meth:`to_dict` has it)."""
+        metadata: dict[str, Any] = self.to_dict()["metadata"]
+        return metadata
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The messages a model call on this session sends (a copy): the system prompt
+        first, then the history, consecutive user messages folded into one."""
+        return list(self._wire)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The seed's session file: ``session_id``, ``context_type``, ``system_prompt``,
+        ``messages`` and ``metadata``, as ``terrarium export -f terrarium-json`` writes it
+        (unsaved entries included). It reads the log: O(history).
+
+        Raises:
+            ContextNotFound: the context was deleted from the store.
+        """
+        with self._lock:
+            if not self._refresh():
+                raise ContextNotFound(f"context {self.context} was deleted")
+            source = self._source if self._source is not None else self.store
+            return terrarium_json.export_dict(source, self.context, pending=self._pending)
+
+    # ------------------------------------------------------------------ writing
+
+    def add_message(self, role: str, content: str) -> dict[str, Any]:
+        """Add a message: written at once (auto-save) or queued until :meth:`save`.
+
+        A new session is created by its first message; a legacy file's is imported first.
+
+        Returns:
+            The message as the seed writes it: ``{"role", "content", "timestamp"}``.
+
+        Raises:
+            ValueError: ``role`` is not ``user`` or ``assistant``, or the text cannot be
+                logged (not valid Unicode).
+            TypeError: ``content`` is not a string.
+            ContextNotFound: the context was deleted from the store.
+        """
+        if role not in MESSAGE_ROLES:
+            raise ValueError(f"role must be 'user' or 'assistant', not {role!r}")
+        if not isinstance(content, str):
+            raise TypeError(f"content must be a string, not {type(content).__name__}")
+        check_text(content, "content")
+        item: LoggedItem = {"role": role, "content": content}
+        kind = sessions.classify_history_item(item)
+        with self._guard():
+            self._prepare()
+            self._write([(kind, {"item": item})])
+            ts = self.state.last_active
+        return {"role": role, "content": content, "timestamp": terrarium_json.to_legacy_ts(ts)}
+
+    def save(self) -> int:
+        """Write the entries queued with auto-save off; return how many were written.
+
+        A new session is created, a legacy one imported, first. If another writer moved the
+        context on meanwhile, the queued entries go onto a fork of this session's view
+        (``ensure_head_or_fork``), never over the other's.
+        """
+        with self._guard():
+            return self._flush()
+
+    def refresh(self) -> None:
+        """See what other writers logged since: a head and next-seq check, and a re-read only
+        when the store moved on. Queued entries are kept (they are saved onto a fork).
+
+        Raises:
+            ContextNotFound: the context was deleted from the store.
+        """
+        with self._lock:
+            if not self._refresh():
+                raise ContextNotFound(f"context {self.context} was deleted")
+
+    def close(self) -> None:
+        """Save what is queued, and close the store if this session opened it."""
+        try:
+            if self._pending:
+                self.save()
+        finally:
+            if self._owns_store:
+                self.store.close()
+
+    def __enter__(self) -> PersistentSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ unlocked internals
+    # The caller holds the context lock (the manager does for a whole turn).
+
+    @property
+    def ref(self) -> PodActiveSegmentRef:
+        """The segment this session writes to."""
+        return PodActiveSegmentRef(self.state.session_id, self.state.segment_id)
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """This object's thread lock, then the store's lock on the context."""
+        with self._lock, self._store_lock():
+            yield
+
+    def _store_lock(self) -> AbstractContextManager[None]:
+        if isinstance(self.store, ContextLocking):
+            return self.store.lock_context(self.context)
+        return nullcontext()
+
+    @property
+    def _is_new(self) -> bool:
+        """Not in the store, and not read from a legacy file: created by its first write."""
+        return self._source is not None and self._legacy_path is None
+
+    def _refresh(self) -> bool:
+        """Bring the state up to the store (cheap when nothing changed).
+
+        Returns False when the context was deleted from under a saved session.
+        """
+        if self._pending:
+            return True  # unsaved work is newer than the store by definition
+        head = self.store.get_head(self.context)
+        if head is None:
+            return self._source is not None
+        if (
+            self._source is None
+            and head.segment_id == self.state.segment_id
+            and self.store.next_seq(head.session_id, head.segment_id) == self.state.next_seq
+        ):
+            return True
+        self._reset(sessions.restore_by_segment(self.store, head.session_id, head.segment_id))
+        self._set_head(head)
+        self._source = None  # another writer created or imported it meanwhile
+        return True
+
+    def _prepare(self) -> None:
+        """Before a write: fresh state, and (auto-save on) the context in the store."""
+        if not self._refresh():
+            raise ContextNotFound(f"context {self.context} was deleted")
+        if self._source is not None and self._autosave:
+            self._materialise()
+
+    def _materialise(self, system_prompt: str | None = None) -> None:
+        """Put an unsaved session into the store: import its legacy file, or create it
+        (``system_prompt``, if given, replaces a new session's). Another writer's context of
+        the same name, created meanwhile, is continued instead. Queued entries stay queued,
+        now after the stored state."""
+        if not self._is_new:
+            legacy.import_legacy(self.store, self.context)
+        else:
+            prompt = self.state.system_prompt if system_prompt is None else system_prompt
+            try:
+                sessions.create_segment_with_ids(
+                    self.store,
+                    self.state.session_id,
+                    self.state.segment_id,
+                    SegmentStartState(prompt, self.state.config),
+                    context=self.context,
+                )
+            except ContextExists:
+                pass  # another writer created it first: continue theirs
+        self._reload()
+        self._source = None
+        pending, self._pending = self._pending, []
+        for entry in pending:
+            self._queue(entry.kind, entry.data, entry.ts)
+
+    def _reload(self) -> None:
+        head = self.store.get_head(self.context)
+        if head is None:
+            raise ContextNotFound(f"context {self.context} was deleted")
+        self._reset(sessions.restore_by_segment(self.store, head.session_id, head.segment_id))
+        self._set_head(head)
+
+    def _write(self, entries: _Entries) -> None:
+        """Append entries (or queue them when auto-save is off) and fold them into the state."""
+        if not self._autosave:
+            ts = utc_now()
+            for kind, data in entries:
+                self._queue(kind, data, ts)
+            return
+        self._append(entries)
+
+    def _queue(self, kind: str, data: Mapping[str, Any], ts: str) -> None:
+        self._pending.append(LogEntry(self.state.next_seq, kind, ts, data))
+        self._apply(kind, data, self.state.next_seq, ts)
+
+    def _append(self, entries: _Entries) -> None:
+        try:
+            written = sessions.append_entries(
+                self.store, self.ref, entries, expected_seq=self.state.next_seq
+            )
+        except ConflictError:
+            # Someone wrote without the context lock: re-read, then append after them.
+            self._reload()
+            written = sessions.append_entries(
+                self.store, self.ref, entries, expected_seq=self.state.next_seq
+            )
+        for log_entry in written:
+            self._apply(log_entry.kind, log_entry.data, log_entry.seq, log_entry.ts)
+
+    def _flush(self) -> int:
+        """Save queued entries; fork if the stored segment moved on meanwhile."""
+        if not self._pending:
+            return 0
+        if self._source is not None:  # new, or a legacy file: into the store first
+            self._materialise()
+        entries = [(entry.kind, dict(entry.data)) for entry in self._pending]
+        saved_seq = self._pending[0].seq
+        head = self.store.get_head(self.context)
+        if head is None:  # deleted meanwhile: saved into a new session of the same ids
+            sessions.create_segment_with_ids(
+                self.store,
+                self.state.session_id,
+                self.state.segment_id,
+                SegmentStartState(self.state.system_prompt, self.state.config),
+                context=self.context,
+            )
+            saved_seq = 1
+        segment = sessions.ensure_head_or_fork(self.store, self.context, self.ref, saved_seq)
+        ref = PodActiveSegmentRef(self.state.session_id, segment)
+        written = sessions.append_entries(self.store, ref, entries)
+        self._pending = []  # only once written: a failed save keeps them queued
+        if head is not None and segment == self.state.segment_id:
+            self.state.next_seq = written[-1].seq + 1
+            self.state.last_active = written[-1].ts
+        else:
+            self._reload()  # onto a fork, or a new session: its state is the store's
+        return len(entries)
+
+    def _set_system_prompt(self, prompt: str | None) -> None:
+        if prompt == self.state.system_prompt:
+            return
+        if self._is_new and not self._pending:
+            self.state.system_prompt = prompt  # a new session: its header will hold it
+            self._wire = chat_messages(self.state)
+            return
+        self._write(
+            [(EntryKind.CONFIG_CHANGED, {"config": self.state.config, "system_prompt": prompt})]
+        )
+
+    def _apply(self, kind: str, data: Mapping[str, Any], seq: int, ts: str) -> None:
+        """Fold one written entry into the state (mirrors sessions.collect_state)."""
+        state = self.state
+        if kind in (EntryKind.USER_INPUT, EntryKind.ITEM, EntryKind.SYSTEM_ITEM):
+            item = data["item"]
+            state.history.append(item)
+            add_wire_message(self._wire, item)
+            self._chars += len(item_text(item))
+        elif kind == EntryKind.USAGE:
+            u = state.usage
+            state.usage = type(u)(
+                u.prompt_tokens + data.get("prompt_tokens", 0),
+                u.completion_tokens + data.get("completion_tokens", 0),
+                u.cached_tokens + data.get("cached_tokens", 0),
+                u.calls + 1,
+            )
+        elif kind == EntryKind.TURN_END:
+            state.turns += 1
+        elif kind in (EntryKind.RUN_COMPLETED, EntryKind.RUN_ERRORED):
+            status = "completed" if kind == EntryKind.RUN_COMPLETED else "errored"
+            state.last_run = RunStatus(status, seq, data.get("error"))  # type: ignore[arg-type]
+        elif kind == EntryKind.CONFIG_CHANGED:
+            state.config = dict(data.get("config") or {})
+            if "system_prompt" in data and data["system_prompt"] != state.system_prompt:
+                state.system_prompt = data["system_prompt"]
+                self._wire = chat_messages(state)  # the system message leads the request
+        state.next_seq = seq + 1
+        state.last_active = ts
+
+
+__all__ = ["MESSAGE_ROLES", "PersistentSession"]
