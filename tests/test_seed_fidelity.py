@@ -963,17 +963,46 @@ def test_autosave_is_on_by_default_and_off_per_session(
 
 SEE_ALSO = quote(
     TERRARIUM_DOC,
+    "- `agent/session_manager.py` - PersistentSession implementation",
     "- `agent/multi_context_manager.py` - MultiContextManager implementation",
     "- `scripts/migrate_sessions.py` - Migration utility",
 )
 
 
 def test_the_named_files_exist_where_the_document_puts_them() -> None:
-    from terrarium.agent import multi_context_manager
+    from terrarium.agent import multi_context_manager, session_manager
 
     assert multi_context_manager.MultiContextManager is MultiContextManager
+    assert session_manager.PersistentSession is terrarium.PersistentSession
     assert (REPO / "scripts" / "migrate_sessions.py").is_file()
     assert (REPO / "chat.py").is_file()
+
+
+def test_the_persistent_session_is_what_the_manager_manages(
+    manager: MultiContextManager, root: Path
+) -> None:
+    """One conversation: the manager's turns write through it, it adds and saves messages
+    itself, and ``to_dict()`` is the seed's session file."""
+    say(manager, "cli:main", "Hello!", system_prompt="You are a helpful AI assistant.")
+    session = manager.get_session("cli:main")
+    assert isinstance(session, terrarium.PersistentSession)
+    assert (session.context_type, session.session_id, session.message_count) == ("cli", "main", 2)
+    session.add_message("user", "And now?")  # auto-saved
+    say(manager, "cli:main", "Still there?")
+    assert session.message_count == 5
+    data = session.to_dict()
+    example = _document_example()
+    assert list(data) == list(example) and list(data["metadata"]) == list(example["metadata"])
+    assert [m["content"] for m in data["messages"]][2:4] == ["And now?", "Still there?"]
+    assert data["metadata"]["message_count"] == 5
+    with FsStore(root) as store:
+        assert len(restore(store, "cli:main").history) == 5
+    alone = terrarium.PersistentSession(root, "web:session_abc123", autosave=False)
+    alone.add_message("user", "hi")
+    assert not (root / "web").exists()  # created on the first save, not before
+    assert alone.save() == 1
+    alone.close()
+    assert [m["content"] for m in manager.history("web:session_abc123")] == ["hi"]
 
 
 # =============================================================================================
