@@ -20,9 +20,7 @@ from __future__ import annotations
 import importlib
 import io
 import os
-import tarfile
 import time
-import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -291,6 +289,8 @@ def export_many(
 
 
 def _zip(files: dict[str, bytes]) -> bytes:
+    import zipfile  # here, not at the top: every command line start imports this module
+
     buf = io.BytesIO()
     stamp = time.localtime()[:6]
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as archive:
@@ -303,6 +303,8 @@ def _zip(files: dict[str, bytes]) -> bytes:
 
 
 def _tar_gz(files: dict[str, bytes]) -> bytes:
+    import tarfile
+
     buf = io.BytesIO()
     now = int(time.time())
     with tarfile.open(fileobj=buf, mode="w:gz") as archive:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import click
-from rich.progress import Progress
-from rich.text import Text
 
-from terrarium.cli.app import CONTEXT, cli, open_store, state_of, storage_option
+from terrarium.cli.app import CONTEXT, cli, open_store, reads_store, state_of, storage_option
 from terrarium.model import ContextId
 
 
@@ -33,12 +31,14 @@ def copy(
     from terrarium.copy import copy_store
 
     state = state_of(ctx)
-    src = open_store(source)
+    src = open_store(source, create=False)
     try:
         dst = open_store(destination)
         try:
             wanted = list(contexts) or [ContextId.parse(h.context) for h in src.list_contexts()]
-            if state.out.err.is_terminal:
+            if state.out.err_rich:
+                from rich.progress import Progress
+
                 with Progress(console=state.out.err, transient=True) as bar:
                     task = bar.add_task("copying", total=len(wanted))
                     report = copy_store(src, dst, wanted, progress=lambda _c: bar.advance(task))
@@ -57,6 +57,7 @@ def copy(
     )
 
 
+@reads_store
 @cli.command()
 @click.argument("query")
 @click.option("--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...).")
@@ -119,6 +120,8 @@ def search(
     for hit in found:
         heading = f"{hit.context}  {hit.ts[:16].replace('T', ' ')}  {hit.role}  #{hit.seq}"
         if state.out.rich:
+            from rich.text import Text
+
             snippet = Text(hit.snippet)
             for start, end in hit.highlights:
                 snippet.stylize("bold yellow", start, end)
