@@ -11,9 +11,9 @@ client, ``psycopg`` or a store backend it does not open.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from terrarium._lazy import attach
+
+TYPE_CHECKING = False  # typing's costs more to import than this whole module
 
 if TYPE_CHECKING:
     from terrarium.agent.multi_context_manager import (

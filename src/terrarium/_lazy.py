@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from types import ModuleType
+
+TYPE_CHECKING = False  # not typing's: importing typing costs more than this whole module
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping
+    from typing import Any
 
 
 def attach(
@@ -41,3 +45,31 @@ def attach(
         return list(shown)
 
     return __getattr__, __dir__
+
+
+def lazy_module(name: str) -> ModuleType:
+    """Module ``name``, executed on first attribute access (:class:`importlib.util.LazyLoader`).
+
+    For modules that import a heavy module at the top but use it only in some functions: the
+    command line's modules define every command, and ``terrarium --help`` runs none of them.
+    Type checkers see the real module through an ``if TYPE_CHECKING:`` import beside it::
+
+        if TYPE_CHECKING:
+            from terrarium import contexts
+        else:
+            contexts = lazy_module("terrarium.contexts")
+    """
+    import importlib.util  # here: ``import terrarium`` alone never needs it
+
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module

@@ -23,10 +23,10 @@ import click
 
 from terrarium.cli.output import Output, one_line
 from terrarium.errors import TerrariumError
-from terrarium.model import ContextId
 
 if TYPE_CHECKING:
     from terrarium.agent.multi_context_manager import MultiContextManager
+    from terrarium.model import ContextId
     from terrarium.stores.base import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -295,6 +295,8 @@ def model_options(f: F) -> F:
 
 def parse_context(text: str, default_type: str | None = None) -> ContextId:
     """Parse ``type:name``; a bare name takes ``default_type`` when one is given."""
+    from terrarium.model import ContextId  # here: --help needs no model
+
     if default_type is not None and ":" not in text:
         return ContextId(default_type, text)
     return ContextId.parse(text)
@@ -306,6 +308,8 @@ class ContextParam(click.ParamType):  # type: ignore[type-arg]  # generic from c
     name = "type:name"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from terrarium.model import ContextId  # here: --help needs no model
+
         if isinstance(value, ContextId):
             return value
         # InvalidContextId (not self.fail): the boundary prints it as one line.

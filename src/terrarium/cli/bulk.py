@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from terrarium.cli.app import CONTEXT, cli, open_store, reads_store, state_of, storage_option
-from terrarium.model import ContextId
+
+if TYPE_CHECKING:
+    from terrarium.model import ContextId
 
 
 @cli.command()
@@ -29,6 +33,7 @@ def copy(
     Sessions the destination already has are skipped, so an interrupted copy can be rerun.
     """
     from terrarium.copy import copy_store
+    from terrarium.model import ContextId
 
     state = state_of(ctx)
     src = open_store(source, create=False)

@@ -8,12 +8,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from terrarium import contexts
-from terrarium.cli import catalog
+from terrarium._lazy import lazy_module
 from terrarium.cli.app import (
     CONTEXT,
     CliState,
@@ -25,8 +24,16 @@ from terrarium.cli.app import (
 )
 from terrarium.cli.output import Output, plural, short_time
 from terrarium.errors import StoreError, TerrariumError
-from terrarium.model import ContextId, item_text
-from terrarium.stores.base import PodMetadata, Reindexable, Store
+
+if TYPE_CHECKING:
+    from terrarium import contexts, model
+    from terrarium.cli import catalog
+    from terrarium.model import ContextId
+    from terrarium.stores.base import PodMetadata, Store
+else:  # loaded by the first command that uses them: --help uses none
+    contexts = lazy_module("terrarium.contexts")
+    catalog = lazy_module("terrarium.cli.catalog")
+    model = lazy_module("terrarium.model")
 
 
 def _format_names() -> list[str]:
@@ -190,7 +197,7 @@ _ROLE_STYLES = {"user": "bold cyan", "assistant": "bold green", "system": "bold 
 def render_item(item: Mapping[str, Any]) -> str:
     """An item's text for the terminal: its tool calls as ``-> name(args)``, a tool result
     marked with the call it answers."""
-    parts = [item_text(item)] if item_text(item) else []
+    parts = [model.item_text(item)] if model.item_text(item) else []
     for call in item.get("tool_calls") or []:
         function = call.get("function") or {}
         parts.append(f"-> {function.get('name', '?')}({function.get('arguments', '')})")
@@ -202,7 +209,7 @@ def render_item(item: Mapping[str, Any]) -> str:
 def _preview(line: dict[str, Any]) -> str:
     item = line.get("item")
     if isinstance(item, dict):
-        text = " ".join(item_text(item).split())
+        text = " ".join(model.item_text(item).split())
         return f"{item.get('role', '?')}: {text[:60]}"
     if line["kind"] == "run_errored":
         return str(line.get("error", ""))[:60]
@@ -593,7 +600,7 @@ def import_file(
             raise click.ClickException("legacy JSON support is not installed")
         root = root or _legacy_root_of(store, path)
         head = module.import_session(store, module.load(path, root=root), context=as_context)
-    context = ContextId.parse(head.context)
+    context = model.ContextId.parse(head.context)
     return str(context), len(sessions.restore(store, context).history)
 
 
@@ -672,6 +679,8 @@ def fsck(ctx: click.Context, repair: bool, salvage: bool, as_json: bool) -> None
 def reindex(ctx: click.Context) -> None:
     """Rebuild the store's derived indexes (search, listing) from its sessions."""
     state = state_of(ctx)
+    from terrarium.stores.base import Reindexable
+
     store = state.store()
     if not isinstance(store, Reindexable):
         raise StoreError(f"{state.shown_location}: this store keeps no index to rebuild")

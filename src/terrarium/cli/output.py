@@ -11,7 +11,6 @@ a plain ``terrarium list``): output into a pipe or a file never loads it.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -94,6 +93,8 @@ class Output:
 
     def json(self, data: Any) -> None:
         """Print ``data`` as indented JSON (UTF-8, keys in the order given)."""
+        import json
+
         click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
     def table(

@@ -6,9 +6,9 @@ import the others.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from terrarium._lazy import attach
+
+TYPE_CHECKING = False  # typing's costs more to import than this whole module
 
 if TYPE_CHECKING:
     from terrarium.stores.base import (
