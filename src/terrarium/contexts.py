@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 from terrarium import legacy, sessions
 from terrarium.errors import ContextExists, ContextNotFound, IndexUnavailable, StoreError
 from terrarium.model import ContextId, RestoredState, display_name
-from terrarium.stores.base import ContextLocking, Listing, Store
+from terrarium.stores.base import Listing, Store, context_lock
 
 log = logging.getLogger(__name__)
 
@@ -240,13 +239,6 @@ def stats_of(
 # --------------------------------------------------------------------------- writes
 
 
-def locked(store: Store, context: ContextId) -> AbstractContextManager[None]:
-    """The store's cross-process lock on one context (a no-op if it has none)."""
-    if isinstance(store, ContextLocking):
-        return store.lock_context(context)
-    return nullcontext()
-
-
 Current = Callable[[ContextId], RestoredState | None]
 """The context's state under its lock, its legacy file imported; None if it has none."""
 
@@ -267,7 +259,7 @@ def clear_context(store: Store, context: ContextId, *, current: Current | None =
     Raises:
         ContextNotFound: no such context.
     """
-    with locked(store, context):
+    with context_lock(store, context):
         state = (current or (lambda c: current_state(store, c)))(context)
         if state is None:
             raise not_found(context)
@@ -290,7 +282,7 @@ def fork_context(
     """
     if store.get_head(target) is not None or legacy.find(store, target) is not None:
         raise ContextExists(f"session '{target.display}' already exists")
-    with locked(store, source):
+    with context_lock(store, source):
         if (current or (lambda c: current_state(store, c)))(source) is None:
             raise not_found(source)
         sessions.fork_context(store, source, target, at_seq=at)
@@ -302,7 +294,7 @@ def delete_context(store: Store, context: ContextId) -> bool:
     Its legacy JSON file, if it has one, is not unlinked but moved into the store's
     ``.trash/legacy/`` (see :mod:`terrarium.legacy`): moving it back undoes that part.
     """
-    with locked(store, context):
+    with context_lock(store, context):
         deleted = store.delete_context(context)
         moved = legacy.trash(store, context)
         return deleted or bool(moved)
@@ -318,7 +310,6 @@ __all__ = [
     "fork_context",
     "get_stats",
     "list_contexts",
-    "locked",
     "not_found",
     "stats_of",
 ]

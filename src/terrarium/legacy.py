@@ -33,7 +33,6 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -42,7 +41,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from terrarium.errors import ContextExists, StoreError
 from terrarium.model import DATE_RE, ContextId, encode_name, printable
 from terrarium.stores._files import listdir, make_dirs
-from terrarium.stores.base import ContextLocking, Store
+from terrarium.stores.base import Store, context_lock
 
 if TYPE_CHECKING:
     from terrarium.formats import terrarium_json as tj
@@ -198,10 +197,7 @@ def import_legacy(store: Store, context: ContextId) -> bool:
 
 def resume(store: Store, context: ContextId) -> bool:
     """:func:`import_legacy` under the context's lock (for callers that do not hold it)."""
-    lock: AbstractContextManager[None] = (
-        store.lock_context(context) if isinstance(store, ContextLocking) else nullcontext()
-    )
-    with lock:
+    with context_lock(store, context):
         return import_legacy(store, context)
 
 

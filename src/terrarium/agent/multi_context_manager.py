@@ -65,6 +65,7 @@ from terrarium.stores.base import (
     SearchHit,
     SearchQuery,
     Store,
+    context_lock,
 )
 
 log = logging.getLogger(__name__)
@@ -668,7 +669,7 @@ class MultiContextManager:
 
     def _locked(self, context: ContextId) -> AbstractContextManager[None]:
         """The store's cross-process lock on one context (a no-op if it has none)."""
-        return contexts.locked(self.store, context)
+        return context_lock(self.store, context)
 
     def _turn_lock(self, context: ContextId) -> _TurnLock:
         loop = asyncio.get_running_loop()
