@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from terrarium import legacy, sessions
 from terrarium.errors import ContextExists, ContextNotFound, IndexUnavailable, StoreError
 from terrarium.model import ContextId, RestoredState, display_name
@@ -38,9 +40,12 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- records
 
 
-@dataclass(frozen=True, slots=True)
-class ContextRow:
-    """One context as a listing shows it (``terrarium list``, the picker)."""
+class ContextRow(msgspec.Struct, frozen=True, gc=False):
+    """One context as a listing shows it (``terrarium list``, the picker).
+
+    A Struct, as :class:`~terrarium.stores.base.ContextSummary`: made in C, 10k of them cost
+    a few milliseconds where frozen dataclasses cost tens.
+    """
 
     context_id: str
     """The context id, ``type:name``, as the store holds it."""

@@ -118,28 +118,24 @@ class Output:
                 table.add_row(*(Text(cell) for cell in row))
             self.console.print(table)
             return
-        if title:
-            click.echo(title)
-        for line in plain_table(columns, rows, justify):
-            click.echo(line)
+        lines = plain_table(columns, rows, justify)
+        click.echo("\n".join([title, *lines] if title else lines))  # one write, not one a row
 
 
 def plain_table(
     columns: Sequence[str], rows: Sequence[Sequence[str]], justify: Mapping[str, str]
 ) -> list[str]:
     """Columns separated by two spaces, each as wide as its widest cell; no trailing spaces."""
-    widths = [len(c) for c in columns]
-    for row in rows:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], len(cell))
-    lines = []
-    for row in [list(columns), *rows]:
-        cells = []
-        for i, cell in enumerate(row):
-            right = justify.get(columns[i]) == "right"
-            cells.append(cell.rjust(widths[i]) if right else cell.ljust(widths[i]))
-        lines.append("  ".join(cells).rstrip())
-    return lines
+    table = [columns, *rows]
+    widths = [max(map(len, cells)) for cells in zip(*table, strict=True)]
+    pads = [
+        (str.rjust if justify.get(column) == "right" else str.ljust, width)
+        for column, width in zip(columns, widths, strict=True)
+    ]
+    return [
+        "  ".join([pad(cell, width) for (pad, width), cell in zip(pads, row, strict=True)]).rstrip()
+        for row in table
+    ]
 
 
 def one_line(text: str) -> str:
