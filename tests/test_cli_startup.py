@@ -95,12 +95,33 @@ def loaded_by(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[s
         ["export", "cli:main", "-f", "jsonl"],
         ["fsck"],
         ["fork", "cli:main", "cli:copy"],
+        ["clear", "cli:main"],
+        ["delete", "cli:main", "--yes"],
+        ["reindex"],
+        ["migrate", "--dry-run"],
+        ["import", "{tmp}/main.jsonl", "--storage-dir", "{tmp}/other"],
+        ["copy", "{root}", "sqlite:///{tmp}/copy.db"],
+        ["--version"],
     ],
     ids=lambda args: args[0],
 )
 def test_commands_that_call_no_model_never_import_openai(seeded: Path, args: list[str]) -> None:
     """No manager, no model client, no openai: in a real process, as a user runs it."""
-    result, loaded = loaded_by([*args, "--storage-dir", str(seeded)], seeded.parent)
+    tmp = seeded.parent
+    assert (
+        invoke(
+            "export",
+            "cli:main",
+            "-f",
+            "jsonl",
+            "-o",
+            f"{tmp}/main.jsonl",
+            f"--storage-dir={seeded}",
+        ).exit_code
+        == 0
+    )
+    args = [a.format(tmp=tmp, root=seeded) for a in args]
+    result, loaded = loaded_by(["--storage-dir", str(seeded), *args], tmp)  # the command's wins
     assert result.returncode == 0, result.stderr
     assert loaded.isdisjoint({"openai", "terrarium.agent", "terrarium.llm"}), loaded
 

@@ -820,7 +820,7 @@ def export_dict(store: Store, context: ContextId | str) -> dict[str, Any]:
     ctx = ContextId.parse(context)
     head = store.get_head(ctx)
     if head is None:
-        raise ContextNotFound(f"context {ctx} does not exist")
+        raise ContextNotFound(f"no session '{ctx}'")
     lines = _lineage_lines(store, head.session_id, head.segment_id)
     state = sessions.collect_state(lines)
     root_id, root_header = _session_root(store, head.session_id, lines[0])
