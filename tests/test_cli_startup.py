@@ -263,6 +263,22 @@ def test_a_regular_file_is_not_a_store(tmp_path: Path, args: list[str]) -> None:
     assert readme.read_text() == "# hello\n"
 
 
+def test_chat_py_listing_and_deleting_create_no_store(tmp_path: Path) -> None:
+    """The seed's --list-sessions and --delete-session read: ./sessions is not created."""
+    for args in (["--list-sessions"], ["--delete-session", "main", "--yes"]):
+        result = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve().parents[1] / "chat.py"), *args],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env(),
+            timeout=60,
+        )
+        assert result.returncode == 1
+        assert result.stderr == "Error: no store at ./sessions\n"
+    assert os.listdir(tmp_path) == []
+
+
 def test_writers_create_the_store(tmp_path: Path, seeded: Path) -> None:
     exported = tmp_path / "main.jsonl"
     assert (

@@ -156,6 +156,8 @@ class CliState:
     def __init__(self) -> None:
         self.storage: str | None = None
         self.out = Output()
+        self.reads_only = False
+        """Set by a command that only reads (as :func:`reads_store` marks whole commands)."""
         self._store: Store | None = None
         self._manager: MultiContextManager | None = None
         self._client_closed = False
@@ -183,7 +185,7 @@ class CliState:
         """The store, opened on first use (created, unless the command only reads)."""
         if self._store is None:
             ctx = click.get_current_context(silent=True)
-            creates = ctx is None or ctx.command not in _READERS
+            creates = not self.reads_only and (ctx is None or ctx.command not in _READERS)
             self._store = open_store(self.location, create=creates)
         return self._store
 
