@@ -297,7 +297,7 @@ def test_picker_reads_previews_only_for_the_sessions_on_screen() -> None:
     from terrarium.cli.picker import Picker
 
     rows = [
-        SessionInfo(ContextId("cli", f"s{n}"), "2025-11-06", "", f"2025-11-06T{n:06d}", 2)
+        SessionInfo(f"cli:s{n}", "cli", "2025-11-06", "", f"2025-11-06T{n:06d}", 2)
         for n in range(1000)
     ]
     read: list[ContextId] = []

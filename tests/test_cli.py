@@ -214,6 +214,7 @@ def test_list_json_schema(seeded: Path) -> None:
 def test_list_by_type_and_empty(seeded: Path, tmp_path: Path) -> None:
     result = invoke("list", "--type", "irc", "--json", "--storage-dir", str(seeded))
     assert [r["context_id"] for r in json.loads(result.stdout)["contexts"]] == ["irc:#python"]
+    (tmp_path / "empty").mkdir()
     result = invoke("list", "--storage-dir", str(tmp_path / "empty"))
     assert result.exit_code == 0 and result.stdout == ""
     assert "no sessions" in result.stderr
@@ -269,14 +270,16 @@ def test_show_json_and_segments(seeded: Path) -> None:
 
 def test_show_errors(seeded: Path, tmp_path: Path) -> None:
     assert_one_line_error(
-        invoke("show", "cli:nope", "--storage-dir", str(seeded)), "cli:nope", "does not exist"
+        invoke("show", "cli:nope", "--storage-dir", str(seeded)), "no session 'cli:nope'"
     )
     assert_one_line_error(invoke("show", "nocolon", "--storage-dir", str(seeded)), "type:name")
     assert_one_line_error(invoke("show", "cli:..", "--storage-dir", str(seeded)), "'..'")
     assert_one_line_error(invoke("show", "BAD:x", "--storage-dir", str(seeded)), "context type")
     afile = tmp_path / "afile"
     afile.write_text("x")
-    assert_one_line_error(invoke("list", "--storage-dir", str(afile)))
+    assert_one_line_error(
+        invoke("list", "--storage-dir", str(afile)), "not a sessions folder or store URL"
+    )
 
 
 def test_legacy_session_lists_shows_exports(root: Path) -> None:
@@ -358,7 +361,8 @@ def test_fork_whole_and_at(seeded: Path) -> None:
     assert result.exit_code == 0, result.output
     assert message_count(seeded, "irc:half") == 2
     assert_one_line_error(
-        invoke("fork", "cli:main", "cli:copy", "--storage-dir", str(seeded)), "already exists"
+        invoke("fork", "cli:main", "cli:copy", "--storage-dir", str(seeded)),
+        "session 'cli:copy' already exists",
     )
     assert_one_line_error(
         invoke("fork", "cli:ghost", "cli:x", "--storage-dir", str(seeded)), "cli:ghost"
@@ -803,7 +807,7 @@ def test_chat_py_seed_commands(tmp_path: Path, fake_server: FakeServer) -> None:
     assert deleted.returncode == 0, deleted.stderr
     assert "cli:main" not in chat_py("--list-sessions", cwd=tmp_path).stdout
     missing = chat_py("--delete-session", "main", "--yes", cwd=tmp_path)
-    assert missing.returncode == 1 and "does not exist" in missing.stderr
+    assert missing.returncode == 1 and "no session 'cli:main'" in missing.stderr
 
 
 def test_console_script_and_module(tmp_path: Path) -> None:

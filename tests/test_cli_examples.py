@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from terrarium.cli import cli
 from terrarium.cli.examples import EXAMPLES
 
-NAMES = sorted(cli.commands)
+with click.Context(cli) as _listing:
+    NAMES = cli.list_commands(_listing)  # with those loaded on first use (chat)
 
 # Paths the examples name that must exist for click.Path(exists=True) to accept them.
 EXISTING = ("old-sessions/", "main.jsonl")
@@ -51,8 +52,9 @@ def test_every_example_parses(
         else:
             (tmp_path / path).write_text("")
     argv = shlex.split(example.rsplit("|", 1)[-1])
-    command = cli.commands[argv[1]]
     with click.Context(cli, info_name="terrarium") as parent:
+        command = cli.get_command(parent, argv[1])
+        assert command is not None, example
         ctx = command.make_context(argv[1], argv[2:], parent=parent)
         assert ctx.args == []
 

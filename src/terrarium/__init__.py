@@ -3,139 +3,235 @@
 The package re-exports its whole public API here; the names of the log layer are those of
 the Rust ``session_store`` crate the design comes from (functions in snake_case, types as
 they are), so a reader of that crate finds every piece.
+
+Every name is imported on first use (``terrarium._lazy``): ``import terrarium`` itself loads
+nothing but this table, so a command that only lists sessions never imports the ``openai``
+client, ``psycopg`` or a store backend it does not open.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from terrarium._lazy import attach
 
-from terrarium.errors import (
-    BadResponse,
-    ConflictError,
-    ContextExists,
-    ContextNotFound,
-    ContextTooLong,
-    CorruptLog,
-    FormatVersionError,
-    InvalidContextId,
-    InvalidEntry,
-    InvalidQuery,
-    LLMError,
-    ModelNotFound,
-    RateLimited,
-    SegmentNotFound,
-    ServerUnreachable,
-    SessionAttached,
-    StoreError,
-    StoreURLError,
-    TerrariumError,
-)
-from terrarium.model import (
-    FORMAT_VERSION,
-    POD_SCOPE_EXTENSION_DOMAIN,
-    ContentPart,
-    ContextId,
-    EntryKind,
-    ImagePart,
-    Item,
-    LogEntry,
-    LoggedContentPart,
-    LoggedItem,
-    LoggedRole,
-    PodScopeSnapshot,
-    ReasoningPart,
-    RestoredState,
-    Role,
-    RunStatus,
-    SegmentId,
-    SegmentOrigin,
-    SegmentStartState,
-    SessionId,
-    SystemItem,
-    TextPart,
-    ToolCallPart,
-    TornTail,
-    TraceEntry,
-    UsageRecord,
-    UsageTotals,
-    from_logged,
-    new_segment_id,
-    new_session_id,
-    render_pod_event,
-    to_logged,
-)
-from terrarium.sessions import (
-    append_entries,
-    append_entry,
-    append_system_item,
-    attach_context,
-    classify_history_item,
-    clear_segment,
-    collect_state,
-    create_compacted_segment,
-    create_segment,
-    create_segment_with_ids,
-    detached_sessions,
-    ensure_head_or_fork,
-    fork,
-    fork_at,
-    fork_context,
-    read_entries,
-    restore,
-    restore_by_segment,
-    save_config_changed,
-    save_delta,
-    save_extension,
-    save_pod_scope,
-    save_run_completed,
-    save_run_errored,
-    save_trace,
-    save_turn_end,
-    save_usage,
-    save_user_input,
-)
-from terrarium.stores.base import (
-    ContextLocking,
-    PodActiveSegmentRef,
-    PodMetadata,
-    PodMetadataStore,
-    Store,
-)
-from terrarium.stores.fs import FsStore
-from terrarium.stores.memory import MemoryStore
-from terrarium.stores.sqlite import SqliteStore
-from terrarium.stores.url import open_store
+TYPE_CHECKING = False  # typing's costs more to import than this whole module
 
 if TYPE_CHECKING:
-    from terrarium.agent.multi_context_manager import MultiContextManager
-    from terrarium.agent.session_manager import PersistentSession
-    from terrarium.llm.vllm_client import VLLMClient
-    from terrarium.stores.postgres import PostgresStore
+    from terrarium.agent.multi_context_manager import (
+        MultiContextManager,
+    )
+    from terrarium.agent.session_manager import (
+        PersistentSession,
+    )
+    from terrarium.errors import (
+        BadResponse,
+        ConflictError,
+        ContextExists,
+        ContextNotFound,
+        ContextTooLong,
+        CorruptLog,
+        FormatVersionError,
+        InvalidContextId,
+        InvalidEntry,
+        InvalidQuery,
+        LLMError,
+        ModelNotFound,
+        RateLimited,
+        SegmentNotFound,
+        ServerUnreachable,
+        SessionAttached,
+        StoreError,
+        StoreNotFound,
+        StoreURLError,
+        TerrariumError,
+    )
+    from terrarium.llm.vllm_client import (
+        VLLMClient,
+    )
+    from terrarium.model import (
+        FORMAT_VERSION,
+        POD_SCOPE_EXTENSION_DOMAIN,
+        ContentPart,
+        ContextId,
+        EntryKind,
+        ImagePart,
+        Item,
+        LogEntry,
+        LoggedContentPart,
+        LoggedItem,
+        LoggedRole,
+        PodScopeSnapshot,
+        ReasoningPart,
+        RestoredState,
+        Role,
+        RunStatus,
+        SegmentId,
+        SegmentOrigin,
+        SegmentStartState,
+        SessionId,
+        SystemItem,
+        TextPart,
+        ToolCallPart,
+        TornTail,
+        TraceEntry,
+        UsageRecord,
+        UsageTotals,
+        from_logged,
+        new_segment_id,
+        new_session_id,
+        render_pod_event,
+        to_logged,
+    )
+    from terrarium.sessions import (
+        append_entries,
+        append_entry,
+        append_system_item,
+        attach_context,
+        classify_history_item,
+        clear_segment,
+        collect_state,
+        create_compacted_segment,
+        create_segment,
+        create_segment_with_ids,
+        detached_sessions,
+        ensure_head_or_fork,
+        fork,
+        fork_at,
+        fork_context,
+        read_entries,
+        restore,
+        restore_by_segment,
+        save_config_changed,
+        save_delta,
+        save_extension,
+        save_pod_scope,
+        save_run_completed,
+        save_run_errored,
+        save_trace,
+        save_turn_end,
+        save_usage,
+        save_user_input,
+    )
+    from terrarium.stores.base import (
+        ContextLocking,
+        PodActiveSegmentRef,
+        PodMetadata,
+        PodMetadataStore,
+        Store,
+    )
+    from terrarium.stores.fs import (
+        FsStore,
+    )
+    from terrarium.stores.memory import (
+        MemoryStore,
+    )
+    from terrarium.stores.postgres import (
+        PostgresStore,
+    )
+    from terrarium.stores.sqlite import (
+        SqliteStore,
+    )
+    from terrarium.stores.url import (
+        open_store,
+    )
 
 __version__ = "0.1.0"
 
-
-def __getattr__(name: str) -> Any:
-    # The runtime pulls in the openai client, and psycopg is an optional extra: import each
-    # only when asked for.
-    if name == "MultiContextManager":
-        from terrarium.agent.multi_context_manager import MultiContextManager
-
-        return MultiContextManager
-    if name == "PersistentSession":
-        from terrarium.agent.session_manager import PersistentSession
-
-        return PersistentSession
-    if name == "VLLMClient":
-        from terrarium.llm.vllm_client import VLLMClient
-
-        return VLLMClient
-    if name == "PostgresStore":
-        from terrarium.stores.postgres import PostgresStore
-
-        return PostgresStore
-    raise AttributeError(f"module 'terrarium' has no attribute {name!r}")
-
+#: Each public name and the module that defines it.
+_NAMES = {
+    "MultiContextManager": "terrarium.agent.multi_context_manager",
+    "PersistentSession": "terrarium.agent.session_manager",
+    "BadResponse": "terrarium.errors",
+    "ConflictError": "terrarium.errors",
+    "ContextExists": "terrarium.errors",
+    "ContextNotFound": "terrarium.errors",
+    "ContextTooLong": "terrarium.errors",
+    "CorruptLog": "terrarium.errors",
+    "FormatVersionError": "terrarium.errors",
+    "InvalidContextId": "terrarium.errors",
+    "InvalidEntry": "terrarium.errors",
+    "InvalidQuery": "terrarium.errors",
+    "LLMError": "terrarium.errors",
+    "ModelNotFound": "terrarium.errors",
+    "RateLimited": "terrarium.errors",
+    "SegmentNotFound": "terrarium.errors",
+    "ServerUnreachable": "terrarium.errors",
+    "SessionAttached": "terrarium.errors",
+    "StoreError": "terrarium.errors",
+    "StoreNotFound": "terrarium.errors",
+    "StoreURLError": "terrarium.errors",
+    "TerrariumError": "terrarium.errors",
+    "VLLMClient": "terrarium.llm.vllm_client",
+    "ContentPart": "terrarium.model",
+    "ContextId": "terrarium.model",
+    "EntryKind": "terrarium.model",
+    "FORMAT_VERSION": "terrarium.model",
+    "ImagePart": "terrarium.model",
+    "Item": "terrarium.model",
+    "LogEntry": "terrarium.model",
+    "LoggedContentPart": "terrarium.model",
+    "LoggedItem": "terrarium.model",
+    "LoggedRole": "terrarium.model",
+    "POD_SCOPE_EXTENSION_DOMAIN": "terrarium.model",
+    "PodScopeSnapshot": "terrarium.model",
+    "ReasoningPart": "terrarium.model",
+    "RestoredState": "terrarium.model",
+    "Role": "terrarium.model",
+    "RunStatus": "terrarium.model",
+    "SegmentId": "terrarium.model",
+    "SegmentOrigin": "terrarium.model",
+    "SegmentStartState": "terrarium.model",
+    "SessionId": "terrarium.model",
+    "SystemItem": "terrarium.model",
+    "TextPart": "terrarium.model",
+    "ToolCallPart": "terrarium.model",
+    "TornTail": "terrarium.model",
+    "TraceEntry": "terrarium.model",
+    "UsageRecord": "terrarium.model",
+    "UsageTotals": "terrarium.model",
+    "from_logged": "terrarium.model",
+    "new_segment_id": "terrarium.model",
+    "new_session_id": "terrarium.model",
+    "render_pod_event": "terrarium.model",
+    "to_logged": "terrarium.model",
+    "append_entries": "terrarium.sessions",
+    "append_entry": "terrarium.sessions",
+    "append_system_item": "terrarium.sessions",
+    "attach_context": "terrarium.sessions",
+    "classify_history_item": "terrarium.sessions",
+    "clear_segment": "terrarium.sessions",
+    "collect_state": "terrarium.sessions",
+    "create_compacted_segment": "terrarium.sessions",
+    "create_segment": "terrarium.sessions",
+    "create_segment_with_ids": "terrarium.sessions",
+    "detached_sessions": "terrarium.sessions",
+    "ensure_head_or_fork": "terrarium.sessions",
+    "fork": "terrarium.sessions",
+    "fork_at": "terrarium.sessions",
+    "fork_context": "terrarium.sessions",
+    "read_entries": "terrarium.sessions",
+    "restore": "terrarium.sessions",
+    "restore_by_segment": "terrarium.sessions",
+    "save_config_changed": "terrarium.sessions",
+    "save_delta": "terrarium.sessions",
+    "save_extension": "terrarium.sessions",
+    "save_pod_scope": "terrarium.sessions",
+    "save_run_completed": "terrarium.sessions",
+    "save_run_errored": "terrarium.sessions",
+    "save_trace": "terrarium.sessions",
+    "save_turn_end": "terrarium.sessions",
+    "save_usage": "terrarium.sessions",
+    "save_user_input": "terrarium.sessions",
+    "ContextLocking": "terrarium.stores.base",
+    "PodActiveSegmentRef": "terrarium.stores.base",
+    "PodMetadata": "terrarium.stores.base",
+    "PodMetadataStore": "terrarium.stores.base",
+    "Store": "terrarium.stores.base",
+    "FsStore": "terrarium.stores.fs",
+    "MemoryStore": "terrarium.stores.memory",
+    "PostgresStore": "terrarium.stores.postgres",
+    "SqliteStore": "terrarium.stores.sqlite",
+    "open_store": "terrarium.stores.url",
+}
 
 __all__ = [
     "FORMAT_VERSION",
@@ -186,6 +282,7 @@ __all__ = [
     "SqliteStore",
     "Store",
     "StoreError",
+    "StoreNotFound",
     "StoreURLError",
     "SystemItem",
     "TerrariumError",
@@ -232,3 +329,6 @@ __all__ = [
     "save_user_input",
     "to_logged",
 ]
+
+__getattr__, __dir__ = attach(__name__, _NAMES, __all__)
+del annotations, TYPE_CHECKING, attach  # not part of the namespace

@@ -16,7 +16,8 @@
     │   ├── CorruptLog
     │   ├── FormatVersionError
     │   ├── IndexUnavailable
-    │   └── StoreURLError (also ValueError)
+    │   ├── StoreURLError (also ValueError)
+    │   └── StoreNotFound
     └── LLMError
         ├── ServerUnreachable
         ├── ModelNotFound
@@ -105,6 +106,10 @@ class IndexUnavailable(StoreError):
 
 class StoreURLError(StoreError, ValueError):
     """A store URL is malformed or names an unknown scheme."""
+
+
+class StoreNotFound(StoreError):
+    """No store at the location given, and the caller asked not to create one."""
 
 
 class LLMError(TerrariumError):

@@ -20,20 +20,22 @@ from __future__ import annotations
 import importlib
 import io
 import os
-import tarfile
 import time
-import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from terrarium.model import DATE_RE, ContextId, encode_name
+from terrarium._lazy import lazy_module
 from terrarium.stores._files import make_dirs, write_atomic
-from terrarium.stores.base import Store
 
 if TYPE_CHECKING:
+    from terrarium import model
     from terrarium.formats.openai import DateBound
+    from terrarium.model import ContextId
+    from terrarium.stores.base import Store
+else:  # the command line reads FORMATS at every start; the model is for exporting
+    model = lazy_module("terrarium.model")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +61,7 @@ class Format:
         """Export one context in this format."""
         module = importlib.import_module(self.module)
         exporter: Callable[[Store, ContextId], str | bytes] = getattr(module, self.function)
-        return exporter(store, ContextId.parse(context))
+        return exporter(store, model.ContextId.parse(context))
 
 
 FORMATS: dict[str, Format] = {
@@ -190,10 +192,10 @@ def member_name(context: ContextId | str, fmt: str | Format, date: str | None = 
     For a :attr:`Format.dated` format (``terrarium-json``) given the session's ``date``
     (``YYYY-MM-DD``): ``{type}/{date}/{encoded name}{extension}``, the seed's storage layout.
     """
-    ctx = ContextId.parse(context)
+    ctx = model.ContextId.parse(context)
     spec = get_format(fmt)
     folder = f"{ctx.type}/{date}" if spec.dated and date is not None else ctx.type
-    return f"{folder}/{encode_name(ctx.name)}{spec.extension}"
+    return f"{folder}/{model.encode_name(ctx.name)}{spec.extension}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +254,7 @@ def _member(spec: Format, store: Store, context: ContextId) -> tuple[str, bytes]
 
         data = terrarium_json.export_dict(store, context)
         date = data["metadata"].get("session_date")
-        if not isinstance(date, str) or not DATE_RE.fullmatch(date):  # a header edited by hand
+        if not isinstance(date, str) or not model.DATE_RE.fullmatch(date):  # a header edited
             head = store.get_head(context)
             date = head.date if head is not None else None
         content: str | bytes = terrarium_json.dumps(data)
@@ -322,6 +324,8 @@ def export_many(
 
 
 def _zip(files: dict[str, bytes]) -> bytes:
+    import zipfile  # here, not at the top: every command line start imports this module
+
     buf = io.BytesIO()
     stamp = time.localtime()[:6]
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as archive:
@@ -334,6 +338,8 @@ def _zip(files: dict[str, bytes]) -> bytes:
 
 
 def _tar_gz(files: dict[str, bytes]) -> bytes:
+    import tarfile
+
     buf = io.BytesIO()
     now = int(time.time())
     with tarfile.open(fileobj=buf, mode="w:gz") as archive:

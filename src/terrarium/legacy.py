@@ -27,24 +27,26 @@ The trade-off: files are used where they lie and never rewritten, for a cached s
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import uuid
 import weakref
 from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from terrarium.errors import ContextExists, StoreError
-from terrarium.formats import terrarium_json as tj
-from terrarium.formats.terrarium_json import LegacyFormatError
 from terrarium.model import DATE_RE, ContextId, encode_name, printable
 from terrarium.stores._files import listdir, make_dirs
-from terrarium.stores.base import ContextLocking, Store
-from terrarium.stores.fs import LEGACY_TRASH, FsStore
-from terrarium.stores.memory import MemoryStore
+from terrarium.stores.base import Store, context_lock
+
+if TYPE_CHECKING:
+    from terrarium.formats import terrarium_json as tj
+    from terrarium.stores.fs import FsStore
+    from terrarium.stores.memory import MemoryStore
 
 _RACY_NS = 2_000_000_000
 """A stamp this close to the time it was read may still change unseen (mtime granularity)."""
@@ -113,7 +115,23 @@ class LegacyCopy:
 
 def legacy_root(store: Store) -> Path | None:
     """The folder legacy files lie in: a filesystem store's root (no other store has one)."""
-    return store.root if isinstance(store, FsStore) else None
+    fs = _as_fs(store)
+    return fs.root if fs is not None else None
+
+
+def _as_fs(store: Store) -> FsStore | None:
+    """``store`` if it is an FsStore, else None."""
+    # A store is an FsStore only if its module was imported: a listing of an SQLite store
+    # need not import the filesystem backend to learn that it has no legacy files.
+    fs = sys.modules.get("terrarium.stores.fs")
+    return store if fs is not None and isinstance(store, fs.FsStore) else None
+
+
+def _tj() -> ModuleType:
+    # The legacy format's module is imported when a legacy file is read, not by every listing.
+    from terrarium.formats import terrarium_json
+
+    return terrarium_json
 
 
 def listing(store: Store) -> LegacyListing:
@@ -145,8 +163,10 @@ def read(store: Store, context: ContextId) -> LegacyCopy | None:
     found = _lookup(store, context)
     if found is None:
         return None
+    from terrarium.stores.memory import MemoryStore
+
     memory = MemoryStore()
-    tj.import_session(memory, _load(store, found.path), context=context)
+    _tj().import_session(memory, _load(store, found.path), context=context)
     return LegacyCopy(memory, found.path)
 
 
@@ -169,7 +189,7 @@ def import_legacy(store: Store, context: ContextId) -> bool:
         return False
     session = _load(store, found.path)
     try:
-        tj.import_session(store, session, context=context)
+        _tj().import_session(store, session, context=context)
     except ContextExists:  # a writer that does not take the lock created it meanwhile
         return False
     return True
@@ -177,10 +197,7 @@ def import_legacy(store: Store, context: ContextId) -> bool:
 
 def resume(store: Store, context: ContextId) -> bool:
     """:func:`import_legacy` under the context's lock (for callers that do not hold it)."""
-    lock: AbstractContextManager[None] = (
-        store.lock_context(context) if isinstance(store, ContextLocking) else nullcontext()
-    )
-    with lock:
+    with context_lock(store, context):
         return import_legacy(store, context)
 
 
@@ -196,6 +213,8 @@ def trash(store: Store, context: ContextId) -> list[Path]:
     Raises:
         StoreError: a file lies outside the store's folder (through a symbolic link).
     """
+    from terrarium.stores.fs import LEGACY_TRASH
+
     root = legacy_root(store)
     moved: list[Path] = []
     while root is not None and (found := _lookup(store, context)) is not None:
@@ -233,8 +252,9 @@ def _load(store: Store, path: Path) -> tj.LegacySession:
     root = legacy_root(store)
     assert root is not None
     if not _inside(path, root):
-        raise LegacyFormatError(str(LegacyProblem(path, _outside(root))))
-    return tj.load(path, root=root)
+        raise _tj().LegacyFormatError(str(LegacyProblem(path, _outside(root))))
+    loaded: tj.LegacySession = _tj().load(path, root=root)
+    return loaded
 
 
 def _outside(root: Path) -> str:
@@ -411,7 +431,7 @@ def _summarise(path: Path, root: Path) -> LegacyInfo | LegacyProblem:
     if not _inside(path, root):
         return LegacyProblem(path, _outside(root))
     try:
-        session = tj.load(path, root=root)
+        session = _tj().load(path, root=root)
         context = session.context
     except OSError as exc:
         return LegacyProblem(path, exc.strerror or str(exc))
@@ -452,12 +472,13 @@ _SCANNERS_LOCK = threading.Lock()
 
 
 def _scanner(store: Store) -> _Scanner | None:
-    if not isinstance(store, FsStore):
+    fs = _as_fs(store)
+    if fs is None:
         return None
     with _SCANNERS_LOCK:
-        scanner = _SCANNERS.get(store)
+        scanner = _SCANNERS.get(fs)
         if scanner is None:
-            scanner = _SCANNERS[store] = _Scanner(store.root)
+            scanner = _SCANNERS[fs] = _Scanner(fs.root)
         return scanner
 
 

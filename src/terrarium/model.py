@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, TypeAlias
 
-from uuid6 import uuid7
-
 from terrarium.errors import InvalidContextId, InvalidEntry
 
 #: Major version of the log format this code reads and writes. A newer major is refused.
@@ -40,11 +38,19 @@ SegmentId: TypeAlias = uuid.UUID
 
 def new_session_id() -> SessionId:
     """Return a new, time-ordered session id."""
-    return uuid7()
+    return _uuid7()
 
 
 def new_segment_id() -> SegmentId:
     """Return a new, time-ordered segment id."""
+    return _uuid7()
+
+
+def _uuid7() -> uuid.UUID:
+    # uuid6 reads its package metadata when imported (~0.1 s through importlib.metadata), so it
+    # is imported by the first id minted, not by every command that only reads (list, show).
+    from uuid6 import uuid7
+
     return uuid7()
 
 
@@ -142,6 +148,8 @@ def misleading_chars(name: str) -> list[int]:
         The indexes of those characters in ``name`` (empty for a name that shows as it is).
     """
     if name.isascii():
+        if name.isprintable():  # the common case, and the one a listing of 10k names meets
+            return []
         return [i for i, ch in enumerate(name) if unicodedata.category(ch) == "Cc"]
     found = []
     last = len(name) - 1

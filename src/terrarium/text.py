@@ -14,6 +14,7 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -36,9 +37,27 @@ _CJK = (
     "\u31a0-\u31bf\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\ua960-\ua97f\uac00-\ud7af"
     "\ud7b0-\ud7ff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
 )
-_CJK_RE = re.compile(f"([{_CJK}])")
-#: A word as the FTS5 tokenizer sees it (each CJK character is a word of its own).
-TOKEN_RE = re.compile(f"[{_CJK}]|(?:[^\\W_{_CJK}]|[\ue002-\uf8ff])+")
+
+
+@functools.cache
+def _cjk_re() -> re.Pattern[str]:
+    # Compiling the CJK classes takes ~15 ms each, a tenth of a command line start: done by
+    # the first text that needs them (most text is ASCII and never does).
+    return re.compile(f"([{_CJK}])")
+
+
+@functools.cache
+def token_re() -> re.Pattern[str]:
+    """A word as the FTS5 tokenizer sees it (each CJK character is a word of its own)."""
+    return re.compile(f"[{_CJK}]|(?:[^\\W_{_CJK}]|[\ue002-\uf8ff])+")
+
+
+def __getattr__(name: str) -> re.Pattern[str]:
+    if name == "TOKEN_RE":  # the name importers use, compiled on first use
+        return token_re()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 _CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
 _MARKERS = str.maketrans({HIGHLIGHT_OPEN: "\ufffd", HIGHLIGHT_CLOSE: "\ufffd"})
 _SNIPPET_SPLIT = re.compile(f"([{HIGHLIGHT_OPEN}{HIGHLIGHT_CLOSE}])")
@@ -51,7 +70,7 @@ def prepare_text(text: str) -> str:
     """The text as indexed: NFC, marker characters replaced, CJK characters set apart."""
     if not text.isascii():
         text = unicodedata.normalize("NFC", text).translate(_MARKERS)
-        text = _CJK_RE.sub(f"{SEPARATOR}\\1{SEPARATOR}", text)
+        text = _cjk_re().sub(f"{SEPARATOR}\\1{SEPARATOR}", text)
     return text
 
 
@@ -74,12 +93,12 @@ def tokenize(text: str) -> list[str]:
     Runs of letters and digits, lower-cased without accents; each CJK character is a token.
     SQLite's tokenizer uses older Unicode tables, so rare scripts and recent emoji can differ.
     """
-    return [fold(m.group()) for m in TOKEN_RE.finditer(text)]
+    return [fold(m.group()) for m in token_re().finditer(text)]
 
 
 def token_spans(text: str) -> list[tuple[str, int, int]]:
     """Each token of ``text`` with its ``(start, end)`` character span."""
-    return [(fold(m.group()), m.start(), m.end()) for m in TOKEN_RE.finditer(text)]
+    return [(fold(m.group()), m.start(), m.end()) for m in token_re().finditer(text)]
 
 
 def query_terms(text: str) -> list[str]:
@@ -93,7 +112,7 @@ def query_terms(text: str) -> list[str]:
     terms = []
     for raw in _CONTROL_RE.sub(" ", text).split():
         term = prepare_text(raw)
-        if TOKEN_RE.search(term):
+        if token_re().search(term):
             terms.append(term)
     if not terms:
         shown = text if len(text) <= 40 else text[:40] + "..."
@@ -164,7 +183,7 @@ def scan_snippet(
     begin = 0
     if len(text) > _SNIPPET_CHARS and merged:
         begin = max(0, merged[0][0] - _CONTEXT_CHARS)
-        begin = next((m.start() for m in TOKEN_RE.finditer(text) if m.start() >= begin), begin)
+        begin = next((m.start() for m in token_re().finditer(text) if m.start() >= begin), begin)
     end = min(len(text), begin + _SNIPPET_CHARS)
     prefix = ELLIPSIS if begin > 0 else ""
     suffix = ELLIPSIS if end < len(text) else ""

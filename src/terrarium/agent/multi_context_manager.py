@@ -36,19 +36,17 @@ import weakref
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, aclosing, nullcontext
+from contextlib import AbstractContextManager, aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from terrarium import legacy, sessions
+from terrarium import contexts, legacy, sessions
 from terrarium.agent import compaction
 from terrarium.agent.session_manager import PersistentSession
 from terrarium.errors import (
     ContextNotFound,
-    IndexUnavailable,
     LLMError,
     NothingToCompact,
-    StoreError,
 )
 from terrarium.model import (
     ContextId,
@@ -60,11 +58,10 @@ from terrarium.model import (
     check_text,
 )
 from terrarium.stores.base import (
-    ContextLocking,
-    Listing,
     SearchHit,
     SearchQuery,
     Store,
+    context_lock,
 )
 
 log = logging.getLogger(__name__)
@@ -77,10 +74,6 @@ COMPACTION_PROMPT = (
     "questions and the user's preferences. Be complete but concise. Reply with the summary only."
 )
 
-
-_Row = tuple[ContextId, str, str, int, str, bool, str | None]
-"""A row of :meth:`MultiContextManager.list_all_contexts`: context, date, created, messages,
-last active, legacy, problem."""
 
 _LoopLocks = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[ContextId, asyncio.Lock]]
 """Each event loop's lock per context (an asyncio lock serves one loop)."""
@@ -217,71 +210,33 @@ class MultiContextManager:
         wrote them) unless the log has their context; files that cannot be read are left out
         (:func:`terrarium.legacy.listing` names them). ``problem`` is None, or why some of a
         context's log cannot be read (one line naming the file); its counts then cover what
-        could be read.
+        could be read. (The rows: :func:`terrarium.contexts.list_contexts`.)
         """
-        rows = self._native_rows()
-        native = {row[0] for row in rows}
-        for info in legacy.listing(self.store).sessions:
-            if info.context not in native:
-                row = (info.context, info.date, info.created_at, info.message_count)
-                rows.append((*row, info.last_active, True, None))
+        listing = contexts.list_contexts(self.store, restore=self._peek)
         with self._cache_lock:
-            unsaved = {c: e.state for c, e in self._cache.items() if e.unsaved_entries}
+            unsaved = {str(c): e.state for c, e in self._cache.items() if e.unsaved_entries}
         out: dict[str, list[dict[str, Any]]] = {}
-        for context, date, created_at, count, last_active, is_legacy, problem in rows:
-            if context in unsaved:  # entries not saved yet are newer than any index
-                count, last_active = len(unsaved[context].history), unsaved[context].last_active
-            out.setdefault(context.type, []).append(
+        for row in listing.rows:
+            count, last_active = row.message_count, row.last_active
+            if row.context_id in unsaved:  # entries not saved yet are newer than any index
+                state = unsaved[row.context_id]
+                count, last_active = len(state.history), state.last_active
+            out.setdefault(row.type, []).append(
                 {
-                    "session_id": context.name,
-                    "context_id": str(context),
-                    "date": date,
+                    "session_id": row.name,
+                    "context_id": row.context_id,
+                    "date": row.date,
                     "message_count": count,
-                    "created_at": created_at,
+                    "created_at": row.created_at,
                     "last_active": last_active,
-                    "legacy": is_legacy,
-                    "problem": problem,
+                    "legacy": row.legacy_path is not None,
+                    "problem": row.problem,
                 }
             )
-        for items in out.values():
-            items.sort(key=lambda i: i["last_active"], reverse=True)
+        if unsaved:
+            for items in out.values():
+                items.sort(key=lambda i: i["last_active"], reverse=True)
         return out
-
-    def _native_rows(self) -> list[_Row]:
-        """The log's contexts for :meth:`list_all_contexts`: from the store's listing index if
-        it has a usable one, else by restoring each."""
-        if isinstance(self.store, Listing):  # counts from the store's index: nothing restored
-            try:
-                return [
-                    (
-                        ContextId.parse(s.context),
-                        s.date,
-                        s.created_at,
-                        s.message_count,
-                        s.last_active,
-                        False,
-                        s.problem,
-                    )
-                    for s in self.store.list_contexts_fast()
-                ]
-            except IndexUnavailable as exc:
-                log.warning("%s; listing from the session files instead", exc)
-        rows: list[_Row] = []
-        for head in self.store.list_contexts():
-            context = ContextId.parse(head.context)
-            try:
-                state = self._peek(context)
-            except ContextNotFound:
-                continue  # deleted meanwhile
-            except StoreError as exc:  # damaged: listed, with what is wrong
-                problem = " ".join(str(exc).split())
-                rows.append(
-                    (context, head.date, head.created_at, 0, head.updated_at, False, problem)
-                )
-                continue
-            row = (context, head.date, head.created_at, len(state.history))
-            rows.append((*row, state.last_active, False, None))
-        return rows
 
     def get_stats(self, context_id: str) -> dict[str, Any]:
         """Statistics of one context (of a legacy JSON file, read without importing it).
@@ -291,56 +246,14 @@ class MultiContextManager:
             LegacyFormatError, OSError: only a legacy file holds it, and it cannot be read.
         """
         context = ContextId.parse(context_id)
-        head = self.store.get_head(context)
         cached = self._cached(context)
-        if head is None and cached is None:
-            copy = legacy.read(self.store, context)
-            if copy is None:
-                raise ContextNotFound(f"context {context} does not exist")
-            state = sessions.restore(copy.store, context)
-            return self._stats(context, state, state.created_at, 1, None, is_legacy=True)
-        state = cached.state if cached is not None else self._peek(context)
-        created = head.created_at if head is not None else state.created_at
-        segments = len(self.store.list_segments(state.session_id)) if head else 1
-        return self._stats(context, state, created, segments, cached, is_legacy=False)
-
-    def _stats(
-        self,
-        context: ContextId,
-        state: RestoredState,
-        created: str,
-        segments: int,
-        cached: PersistentSession | None,
-        *,
-        is_legacy: bool,
-    ) -> dict[str, Any]:
-        """The dict :meth:`get_stats` returns, for a context in the log or a legacy file."""
-        return {
-            "context_id": str(context),
-            "session_id": context.name,
-            "context_type": context.type,
-            "message_count": len(state.history),
-            "turns": state.turns,
-            "created_at": created,
-            "last_active": state.last_active,
-            "session_date": created[:10],
-            "system_prompt": state.system_prompt,
-            "usage": {
-                "prompt_tokens": state.usage.prompt_tokens,
-                "completion_tokens": state.usage.completion_tokens,
-                "cached_tokens": state.usage.cached_tokens,
-                "calls": state.usage.calls,
-            },
-            "last_run": state.last_run.status if state.last_run else None,
-            "last_error": state.last_run.error if state.last_run else None,
-            "tree_session_id": str(state.session_id),
-            "segment_id": str(state.segment_id),
-            "segments": segments,
-            "cached": cached is not None,
-            "autosave": self._autosave_for(context),
-            "unsaved_entries": cached.unsaved_entries if cached is not None else 0,
-            "legacy": is_legacy,
-        }
+        data = contexts.get_stats(
+            self.store, context, state=cached.state if cached is not None else None
+        )
+        data["cached"] = cached is not None
+        data["autosave"] = self._autosave_for(context)
+        data["unsaved_entries"] = cached.unsaved_entries if cached is not None else 0
+        return data
 
     def clear_context(self, context_id: str) -> None:
         """Empty the context's history; the old history stays in its session tree.
@@ -348,11 +261,10 @@ class MultiContextManager:
         A context that only a legacy JSON file holds is imported into the log first.
         """
         context = ContextId.parse(context_id)
-        with self._locked(context):
-            entry = self._existing(context)
-            entry._flush()
-            sessions.clear_segment(self.store, entry.state, context=context)
-            entry._reload()
+        contexts.clear_context(self.store, context, current=self._saved_state)
+        entry = self._cached(context)
+        if entry is not None:
+            entry._reload()  # the object get_session handed out stays the context's
 
     def delete_context(self, context_id: str) -> bool:
         """Delete the context and all its files. Returns False if it did not exist.
@@ -361,11 +273,8 @@ class MultiContextManager:
         ``.trash/legacy/`` (see :mod:`terrarium.legacy`): moving it back undoes that part.
         """
         context = ContextId.parse(context_id)
-        with self._locked(context):
-            self._forget(context)
-            deleted = self.store.delete_context(context)
-            moved = legacy.trash(self.store, context)
-            return deleted or bool(moved)
+        self._forget(context)
+        return contexts.delete_context(self.store, context)
 
     # ------------------------------------------------------------------ beyond the seed
 
@@ -374,13 +283,17 @@ class MultiContextManager:
 
         Returns the new context's stats.
         """
-        src = ContextId.parse(source)
-        with self._locked(src):
-            entry = self._fresh_or_legacy(src)
-            if entry is not None:
-                entry._flush()
-            sessions.fork_context(self.store, src, ContextId.parse(target), at_seq=at)
+        src, dst = ContextId.parse(source), ContextId.parse(target)
+        contexts.fork_context(self.store, src, dst, at, current=self._saved_state)
         return self.get_stats(target)
+
+    def _saved_state(self, context: ContextId) -> RestoredState | None:
+        """The context's state with its queued entries saved (the caller holds its lock)."""
+        entry = self._fresh_or_legacy(context)
+        if entry is None:
+            return None
+        entry._flush()
+        return entry.state
 
     async def compact_context(
         self, context_id: str, *, only_if_smaller: bool = False, **params: Any
@@ -722,9 +635,7 @@ class MultiContextManager:
 
     def _locked(self, context: ContextId) -> AbstractContextManager[None]:
         """The store's cross-process lock on one context (a no-op if it has none)."""
-        if isinstance(self.store, ContextLocking):
-            return self.store.lock_context(context)
-        return nullcontext()
+        return context_lock(self.store, context)
 
     def _turn_lock(self, context: ContextId) -> _TurnLock:
         loop = asyncio.get_running_loop()

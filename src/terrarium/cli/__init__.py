@@ -10,13 +10,14 @@ export, import, migrate, fsck, reindex), ``bulk`` (copy, search), ``chat`` (the 
 from __future__ import annotations
 
 from terrarium.cli import bulk as _bulk
-from terrarium.cli import chat as _chat
 from terrarium.cli import commands as _commands
 from terrarium.cli.app import cli
-from terrarium.cli.examples import add_examples
 
-_ = (_bulk, _chat, _commands)  # imported for their commands
-add_examples(cli)
+_ = (_bulk, _commands)  # imported for their commands
+# Imported when it runs: it needs asyncio, which no other command does (see GuardedGroup).
+cli.add_lazy(
+    "chat", "terrarium.cli.chat", "Chat in a session (CONTEXT is type:name, or a name of --type)."
+)
 
 
 def main() -> None:

@@ -1,26 +1,33 @@
 """The ``terrarium`` command group: shared options, the store and manager, the error boundary.
 
 Every command takes ``--storage-dir`` (also accepted before the command name); the store is
-opened on first use and closed when the command ends. Errors a user can cause (an unknown
-context, a bad id, an unreadable file, an unreachable model server) end the command with one
-line on stderr and a non-zero exit code, never a traceback.
+opened on first use and closed when the command ends. A command marked :func:`reads_store`
+never creates one: a missing folder or SQLite file is the one-line error ``no store at ...``.
+Errors a user can cause (an unknown context, a bad id, an unreadable file, an unreachable
+model server) end the command with one line on stderr and a non-zero exit code, never a
+traceback; output to a closed pipe (``terrarium list | head -1``) ends it quietly with 141.
+
+Only commands that call a model build a :class:`MultiContextManager` (and so import the
+``openai`` client): the others go through :mod:`terrarium.contexts` and the store.
 """
 
 from __future__ import annotations
 
-import asyncio
+import importlib
 import os
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from terrarium.cli import examples
 from terrarium.cli.output import Output, one_line
 from terrarium.errors import TerrariumError
-from terrarium.model import ContextId
 
 if TYPE_CHECKING:
     from terrarium.agent.multi_context_manager import MultiContextManager
+    from terrarium.model import ContextId
     from terrarium.stores.base import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -53,9 +60,32 @@ def one_line_usage(exc: click.UsageError) -> click.ClickException:
     return UsageLine(f"{exc.format_message()}{hint}")
 
 
+#: The exit status of a command whose output pipe was closed: a shell's for SIGPIPE (128 + 13).
+BROKEN_PIPE_EXIT = 141
+
+
+def quiet_stdout() -> None:
+    """Point stdout at the null device, so that flushing what is buffered for a closed pipe
+    (now or at exit) raises nothing and prints nothing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError):  # no real file descriptor (a test runner's stream)
+        pass
+
+
 def _guarded(invoke: Callable[[click.Context], Any], ctx: click.Context) -> Any:
     try:
-        return invoke(ctx)
+        try:
+            return invoke(ctx)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here at the latest, not at exit
+    except BrokenPipeError:
+        quiet_stdout()
+        raise click.exceptions.Exit(BROKEN_PIPE_EXIT) from None
     except click.UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":
             raise
@@ -65,7 +95,46 @@ def _guarded(invoke: Callable[[click.Context], Any], ctx: click.Context) -> Any:
 
 
 class GuardedGroup(click.Group):
-    """A group that turns user errors raised by any subcommand into one-line messages."""
+    """A group that turns user errors raised by any subcommand into one-line messages.
+
+    It also loads commands lazily: a command registered with :meth:`add_lazy` is imported
+    only when it runs or shows its own help (``chat`` imports ``asyncio``, a fifth of the
+    start of ``terrarium list``); the group's ``--help`` shows the summary given instead.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy: dict[str, tuple[str, str]] = {}
+        """Each lazily loaded command's name: the module defining it, and its summary."""
+        self._listing = False
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        """Add a command; its ``--help`` ends with its examples (``cli/examples.py``)."""
+        super().add_command(cmd, name)
+        if cmd.epilog is None:
+            cmd.epilog = examples.epilog(name or cmd.name or "")
+
+    def add_lazy(self, name: str, module: str, summary: str) -> None:
+        """Register command ``name``, defined (``@cli.command``) in ``module``."""
+        self.lazy[name] = (module, summary)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            module, summary = self.lazy[cmd_name]
+            if self._listing:  # the group's --help: the summary is all it shows
+                return click.Command(cmd_name, short_help=summary)
+            importlib.import_module(module)
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._listing = True
+        try:
+            super().format_commands(ctx, formatter)
+        finally:
+            self._listing = False
 
     def invoke(self, ctx: click.Context) -> Any:
         return _guarded(super().invoke, ctx)
@@ -78,12 +147,24 @@ class GuardedCommand(click.Command):
         return _guarded(super().invoke, ctx)
 
 
+#: The commands marked by :func:`reads_store`.
+_READERS: set[click.Command] = set()
+
+
+def reads_store(command: click.Command) -> click.Command:
+    """Mark a command that never creates a store: a missing one is ``no store at ...``."""
+    _READERS.add(command)
+    return command
+
+
 class CliState:
     """What one invocation shares between the group and its command: store, manager, output."""
 
     def __init__(self) -> None:
         self.storage: str | None = None
         self.out = Output()
+        self.reads_only = False
+        """Set by a command that only reads (as :func:`reads_store` marks whole commands)."""
         self._store: Store | None = None
         self._manager: MultiContextManager | None = None
         self._client_closed = False
@@ -108,9 +189,11 @@ class CliState:
         return redact_url(self.location)
 
     def store(self) -> Store:
-        """The store, opened on first use."""
+        """The store, opened on first use (created, unless the command only reads)."""
         if self._store is None:
-            self._store = open_store(self.location)
+            ctx = click.get_current_context(silent=True)
+            creates = not self.reads_only and (ctx is None or ctx.command not in _READERS)
+            self._store = open_store(self.location, create=creates)
         return self._store
 
     def manager(
@@ -142,6 +225,8 @@ class CliState:
             if self._manager is not None:
                 self._manager.close()
                 if not self._client_closed:
+                    import asyncio
+
                     asyncio.run(self.aclose_client())
         finally:
             if self._store is not None:
@@ -149,15 +234,11 @@ class CliState:
             self._manager = self._store = None
 
 
-def open_store(location: str) -> Store:
-    """Open a store from a folder path or a store URL."""
-    try:
-        from terrarium.stores.url import open_store as open_url
-    except ImportError:  # pragma: no cover - before store URLs existed
-        from terrarium.stores.fs import FsStore
+def open_store(location: str, *, create: bool = True) -> Store:
+    """Open a store from a folder path or a store URL (:func:`terrarium.stores.url.open_store`)."""
+    from terrarium.stores.url import open_store as open_url
 
-        return FsStore(location)
-    return open_url(location)
+    return open_url(location, create=create)
 
 
 def state_of(ctx: click.Context) -> CliState:
@@ -223,6 +304,8 @@ def model_options(f: F) -> F:
 
 def parse_context(text: str, default_type: str | None = None) -> ContextId:
     """Parse ``type:name``; a bare name takes ``default_type`` when one is given."""
+    from terrarium.model import ContextId  # here: --help needs no model
+
     if default_type is not None and ":" not in text:
         return ContextId(default_type, text)
     return ContextId.parse(text)
@@ -234,6 +317,8 @@ class ContextParam(click.ParamType):  # type: ignore[type-arg]  # generic from c
     name = "type:name"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from terrarium.model import ContextId  # here: --help needs no model
+
         if isinstance(value, ContextId):
             return value
         # InvalidContextId (not self.fail): the boundary prints it as one line.

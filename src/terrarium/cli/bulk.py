@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import click
-from rich.progress import Progress
-from rich.text import Text
+from typing import TYPE_CHECKING
 
-from terrarium.cli.app import CONTEXT, cli, open_store, state_of, storage_option
-from terrarium.cli.output import counted
-from terrarium.model import ContextId
+import click
+
+from terrarium.cli.app import CONTEXT, cli, open_store, reads_store, state_of, storage_option
+from terrarium.cli.output import plural
+
+if TYPE_CHECKING:
+    from terrarium.model import ContextId
 
 
 @cli.command()
@@ -39,14 +41,17 @@ def copy(
     Prints one summary line (a progress bar on a terminal); -v adds a line per session.
     """
     from terrarium.copy import copy_store
+    from terrarium.model import ContextId
 
     state = state_of(ctx)
-    src = open_store(source)
+    src = open_store(source, create=False)
     try:
         dst = open_store(destination)
         try:
             wanted = list(contexts) or [ContextId.parse(h.context) for h in src.list_contexts()]
-            if state.out.err.is_terminal and not verbose:
+            if state.out.err_rich and not verbose:
+                from rich.progress import Progress
+
                 with Progress(console=state.out.err, transient=True) as bar:
                     task = bar.add_task("copying", total=len(wanted))
                     report = copy_store(
@@ -85,8 +90,8 @@ def copy_summary(
     """``copy``'s one summary line; a rerun that finds everything copied says just that."""
     where = redact(destination)
     if present and not copied and not problems:
-        return f"nothing to copy: {counted(len(present), 'session')} already in {where}"
-    text = f"copied {counted(len(copied), 'session')} ({counted(lines, 'line')}) to {where}"
+        return f"nothing to copy: {plural(len(present), 'session')} already in {where}"
+    text = f"copied {plural(len(copied), 'session')} ({plural(lines, 'line')}) to {where}"
     if present:
         text += f"; {len(present)} already there"
     if problems:
@@ -101,6 +106,7 @@ def redact(location: str) -> str:
     return redact_url(location)
 
 
+@reads_store
 @cli.command()
 @click.argument("query")
 @click.option("--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...).")
@@ -163,6 +169,8 @@ def search(
     for hit in found:
         heading = f"{hit.context}  {hit.ts[:16].replace('T', ' ')}  {hit.role}  #{hit.seq}"
         if state.out.rich:
+            from rich.text import Text
+
             snippet = Text(hit.snippet)
             for start, end in hit.highlights:
                 snippet.stylize("bold yellow", start, end)

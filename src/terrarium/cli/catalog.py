@@ -10,48 +10,22 @@ cannot use.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import types
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from terrarium import legacy
+from terrarium import contexts, legacy
 from terrarium.cli.app import CliState
 from terrarium.cli.output import one_line
+from terrarium.contexts import ContextRow
 from terrarium.errors import ContextNotFound
 from terrarium.model import ContextId
 from terrarium.stores.base import Store
 
-
-@dataclass(frozen=True, slots=True)
-class SessionInfo:
-    """One row of ``terrarium list`` and of the picker."""
-
-    context: ContextId
-    date: str
-    created_at: str
-    last_active: str
-    message_count: int
-    legacy_path: Path | None = None
-    """The legacy JSON file, for a session that is not in the log yet."""
-    problem: str | None = None
-    """Why some of its log cannot be read (one line naming the file), or None."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The stable ``--json`` form (see docs/cli.md)."""
-        return {
-            "context_id": str(self.context),
-            "type": self.context.type,
-            "name": self.context.name,
-            "date": self.date,
-            "created_at": self.created_at,
-            "last_active": self.last_active,
-            "message_count": self.message_count,
-            "legacy": self.legacy_path is not None,
-            "legacy_path": str(self.legacy_path) if self.legacy_path is not None else None,
-            "problem": self.problem,
-        }
+SessionInfo = ContextRow
+"""One row of ``terrarium list`` and of the picker (:class:`terrarium.contexts.ContextRow`)."""
 
 
 def legacy_module() -> types.ModuleType | None:
@@ -73,31 +47,10 @@ def list_sessions(state: CliState, type: str | None = None) -> list[SessionInfo]
     Legacy files that cannot be used are reported on stderr, one line each
     (``warning: <path>: <reason>``); the listing goes on without them.
     """
-    manager = state.manager()
-    found = legacy.listing(state.store())
-    for problem in found.problems:
+    listing = contexts.list_contexts(state.store(), type=type)
+    for problem in listing.problems:
         state.out.note(f"warning: {one_line(str(problem))}", style="yellow")
-    rows: list[SessionInfo] = []
-    for kind, items in manager.list_all_contexts().items():
-        if type is not None and kind != type:
-            continue
-        for item in items:
-            context = ContextId.parse(item["context_id"])
-            info = found.by_context.get(context) if item.get("legacy") else None
-            rows.append(
-                SessionInfo(
-                    context,
-                    item["date"],
-                    item["created_at"],
-                    item["last_active"],
-                    item["message_count"],
-                    legacy_path=info.path if info is not None else None,
-                    problem=item.get("problem"),
-                )
-            )
-    rows.sort(key=lambda r: r.last_active, reverse=True)
-    rows.sort(key=lambda r: r.context.type)
-    return rows
+    return listing.rows
 
 
 def find_legacy(state: CliState, context: ContextId) -> Path | None:
@@ -116,7 +69,7 @@ def readable(state: CliState, context: ContextId) -> Store:
         return store
     copy = legacy.read(store, context)
     if copy is None:
-        raise ContextNotFound(f"context {context} does not exist in {state.shown_location}")
+        raise contexts.not_found(context, state.shown_location)
     return copy.store
 
 
@@ -126,7 +79,7 @@ def require(state: CliState, context: ContextId) -> None:
         hint = ""
         if find_legacy(state, context) is not None:
             hint = " (it is a legacy file: run 'terrarium import' or chat in it first)"
-        raise ContextNotFound(f"context {context} does not exist in {state.shown_location}{hint}")
+        raise contexts.not_found(context, f"{state.shown_location}{hint}")
 
 
 def resume(state: CliState, context: ContextId) -> bool:
@@ -137,3 +90,12 @@ def resume(state: CliState, context: ContextId) -> bool:
 def exists(state: CliState, context: ContextId) -> bool:
     """Whether the log or a legacy file holds ``context``."""
     return state.store().get_head(context) is not None or find_legacy(state, context) is not None
+
+
+@contextlib.contextmanager
+def naming_store(state: CliState) -> Iterator[None]:
+    """Name the store in a ContextNotFound raised inside: ``no session 'cli:x' in ./sessions``."""
+    try:
+        yield
+    except ContextNotFound as exc:
+        raise ContextNotFound(f"{exc} in {state.shown_location}") from None

@@ -5,34 +5,35 @@ itself (``fsck`` reads segment files through :mod:`terrarium.codec`, see ``cli/f
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from terrarium.cli import catalog
+from terrarium._lazy import lazy_module
 from terrarium.cli.app import (
     CONTEXT,
     CliState,
     cli,
     model_options,
+    reads_store,
     state_of,
     storage_option,
 )
-from terrarium.cli.output import Output, counted, short_time
-from terrarium.errors import (
-    ContextExists,
-    ContextNotFound,
-    NothingToCompact,
-    StoreError,
-    TerrariumError,
-)
-from terrarium.model import ContextId, item_text
-from terrarium.stores.base import PodMetadata, Reindexable, Store
-from terrarium.stores.fs import FsStore
+from terrarium.cli.output import Output, plural, short_time
+from terrarium.errors import ContextExists, NothingToCompact, StoreError, TerrariumError
+
+if TYPE_CHECKING:
+    from terrarium import contexts, model
+    from terrarium.cli import catalog
+    from terrarium.model import ContextId
+    from terrarium.stores.base import PodMetadata, Store
+else:  # loaded by the first command that uses them: --help uses none
+    contexts = lazy_module("terrarium.contexts")
+    catalog = lazy_module("terrarium.cli.catalog")
+    model = lazy_module("terrarium.model")
 
 
 def _format_names() -> list[str]:
@@ -70,46 +71,66 @@ class FormatChoice(click.Choice):  # type: ignore[type-arg]  # generic from clic
 # --------------------------------------------------------------------------- list
 
 
+@reads_store
 @cli.command("list")
 @click.option("--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...).")
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Show at most N sessions (0: all). Default: all when piped, a screenful on a terminal.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
 @storage_option
 @click.pass_context
-def list_cmd(ctx: click.Context, type_: str | None, as_json: bool) -> None:
+def list_cmd(ctx: click.Context, type_: str | None, limit: int | None, as_json: bool) -> None:
     """List sessions, grouped by type, most recently active first."""
-    print_sessions(state_of(ctx), type_, as_json)
+    print_sessions(state_of(ctx), type_, as_json, limit)
 
 
-def print_sessions(state: CliState, type_: str | None, as_json: bool) -> None:
-    """The session list as a table, or as JSON."""
+def print_sessions(
+    state: CliState, type_: str | None, as_json: bool, limit: int | None = None
+) -> None:
+    """The session list as a table, or as JSON; past ``limit`` rows, how many more there are.
+
+    With no ``limit``, a terminal gets a screenful and a pipe (or ``--json``) gets every row.
+    """
     rows = catalog.list_sessions(state, type_)
     for problem in dict.fromkeys(r.problem for r in rows if r.problem):
         state.out.note(f"warning: {problem}", style="yellow")
+    if limit is None and not as_json and state.out.rich:
+        limit = max(1, state.out.height() - 5)  # header, rule, the "more" line, the prompt
+    shown = rows if not limit else rows[:limit]
     if as_json:
-        state.out.json({"contexts": [row.to_json() for row in rows]})
-        return
-    if not rows:
-        state.out.note(f"no sessions in {state.shown_location}")
-        return
-    state.out.table(
-        ["context", "messages", "last active", "created", "source"],
-        [
+        state.out.json({"contexts": [row.to_json() for row in shown]})
+    elif not rows:
+        kind = f" of type '{type_}'" if type_ is not None else ""
+        state.out.note(f"no sessions{kind} in {state.shown_location}")
+    else:
+        state.out.table(
+            ["context", "messages", "last active", "created", "source"],
             [
-                r.context.display,
-                "damaged" if r.problem else str(r.message_count),
-                short_time(r.last_active),
-                r.date,
-                "legacy" if r.legacy_path else "log",
-            ]
-            for r in rows
-        ],
-        justify={"messages": "right"},
-    )
+                [
+                    r.display,
+                    "damaged" if r.problem else str(r.message_count),
+                    short_time(r.last_active),
+                    r.date,
+                    "legacy" if r.legacy_path else "log",
+                ]
+                for r in shown
+            ],
+            justify={"messages": "right"},
+        )
+    if len(shown) < len(rows):
+        state.out.note(f"{len(rows) - len(shown)} more (--limit 0 shows all)")
 
 
 # --------------------------------------------------------------------------- show
 
 
+@reads_store
 @cli.command()
 @click.argument("context", type=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
@@ -163,7 +184,7 @@ def show(
         return
     out = state.out
     out.line(
-        f"{context}  {info['message_count']} messages, created "
+        f"{context}  {plural(info['message_count'], 'message')}, created "
         f"{short_time(info['created_at'])}, last active {short_time(info['last_active'])}"
         + ("  (legacy file)" if legacy else ""),
         style="bold",
@@ -219,7 +240,7 @@ _ROLE_STYLES = {"user": "bold cyan", "assistant": "bold green", "system": "bold 
 def render_item(item: Mapping[str, Any]) -> str:
     """An item's text for the terminal: its tool calls as ``-> name(args)``, a tool result
     marked with the call it answers."""
-    parts = [item_text(item)] if item_text(item) else []
+    parts = [model.item_text(item)] if model.item_text(item) else []
     for call in item.get("tool_calls") or []:
         function = call.get("function") or {}
         parts.append(f"-> {function.get('name', '?')}({function.get('arguments', '')})")
@@ -231,7 +252,7 @@ def render_item(item: Mapping[str, Any]) -> str:
 def _preview(line: dict[str, Any]) -> str:
     item = line.get("item")
     if isinstance(item, dict):
-        text = " ".join(item_text(item).split())
+        text = " ".join(model.item_text(item).split())
         return f"{item.get('role', '?')}: {text[:60]}"
     if line["kind"] == "run_errored":
         return str(line.get("error", ""))[:60]
@@ -264,6 +285,7 @@ def _segments(store: Store, session_id: Any, head_segment: Any) -> list[dict[str
 # --------------------------------------------------------------------------- stats
 
 
+@reads_store
 @cli.command()
 @click.argument("context", type=CONTEXT, required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
@@ -302,13 +324,14 @@ def stats(ctx: click.Context, context: ContextId | None, as_json: bool) -> None:
         state.out.json(totals)
         return
     state.out.line(
-        f"{totals['contexts']} sessions ({totals['legacy']} legacy), "
-        f"{totals['messages']} messages, {totals['turns']} turns in {state.shown_location}"
+        f"{plural(totals['contexts'], 'session')} ({totals['legacy']} legacy), "
+        f"{plural(totals['messages'], 'message')}, {plural(totals['turns'], 'turn')} "
+        f"in {state.shown_location}"
     )
     usage = totals["usage"]
     state.out.line(
         f"tokens: {usage['prompt_tokens']} prompt ({usage['cached_tokens']} cached), "
-        f"{usage['completion_tokens']} completion in {usage['calls']} calls"
+        f"{usage['completion_tokens']} completion in {plural(usage['calls'], 'call')}"
     )
     if totals["by_type"]:
         state.out.table(
@@ -319,22 +342,9 @@ def stats(ctx: click.Context, context: ContextId | None, as_json: bool) -> None:
 
 
 def context_stats(state: CliState, context: ContextId) -> dict[str, Any]:
-    """``MultiContextManager.get_stats`` of a context (a legacy one read in memory)."""
-    store = catalog.readable(state, context)
-    manager = state.manager()
-    if store is state.store():
-        data = manager.get_stats(str(context))
-        data["legacy"] = False
-        return data
-    from terrarium.agent.multi_context_manager import MultiContextManager
-
-    reader = MultiContextManager(manager.client, store=store)
-    try:
-        data = reader.get_stats(str(context))
-    finally:
-        reader.close()
-    data["legacy"] = True
-    return data
+    """The stats of a context (a legacy one read in memory): :func:`contexts.get_stats`."""
+    with catalog.naming_store(state):
+        return contexts.get_stats(state.store(), context)
 
 
 def print_stats(state: CliState, data: dict[str, Any]) -> None:
@@ -362,6 +372,7 @@ def print_stats(state: CliState, data: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- delete, clear
 
 
+@reads_store
 @cli.command()
 @click.argument("context", type=CONTEXT)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
@@ -375,17 +386,18 @@ def delete(ctx: click.Context, context: ContextId, yes: bool) -> None:
 def delete_session(state: CliState, context: ContextId, yes: bool) -> None:
     """Delete ``context`` from the log, and move its legacy file to the trash, once confirmed."""
     if not catalog.exists(state, context):
-        raise ContextNotFound(f"context {context} does not exist in {state.shown_location}")
+        raise contexts.not_found(context, state.shown_location)
     if not yes:
         if not sys.stdin.isatty():
             raise click.ClickException(
-                f"refusing to delete {context} without confirmation: pass --yes"
+                f"refusing to delete '{context.display}' without confirmation: pass --yes"
             )
-        click.confirm(f"Delete {context} and all its history?", abort=True)
-    state.manager().delete_context(str(context))
-    state.out.note(f"deleted {context}", style="green")
+        click.confirm(f"Delete {context.display} and all its history?", abort=True)
+    contexts.delete_context(state.store(), context)
+    state.out.note(f"deleted {context.display}", style="green")
 
 
+@reads_store
 @cli.command()
 @click.argument("context", type=CONTEXT)
 @storage_option
@@ -393,15 +405,15 @@ def delete_session(state: CliState, context: ContextId, yes: bool) -> None:
 def clear(ctx: click.Context, context: ContextId) -> None:
     """Empty a session's history (the old history stays in its session tree)."""
     state = state_of(ctx)
-    catalog.resume(state, context)
-    catalog.require(state, context)
-    state.manager().clear_context(str(context))
-    state.out.note(f"cleared {context}", style="green")
+    with catalog.naming_store(state):
+        contexts.clear_context(state.store(), context)
+    state.out.note(f"cleared {context.display}", style="green")
 
 
 # --------------------------------------------------------------------------- fork, compact
 
 
+@reads_store
 @cli.command()
 @click.argument("source", type=CONTEXT)
 @click.argument("target", type=CONTEXT)
@@ -424,17 +436,16 @@ def fork_session(
     state: CliState, source: ContextId, target: ContextId, at: int | None = None
 ) -> dict[str, Any]:
     """Fork ``source`` into ``target``; returns the new context's stats."""
-    if catalog.exists(state, target):
-        raise ContextExists(f"context {target} already exists")
-    catalog.resume(state, source)
-    catalog.require(state, source)
-    data = state.manager().fork_context(str(source), str(target), at)
-    state.out.note(
-        f"forked {source} into {target} ({data['message_count']} messages)", style="green"
-    )
+    store = state.store()
+    with catalog.naming_store(state):
+        contexts.fork_context(store, source, target, at)
+    data = contexts.get_stats(store, target)
+    shown = f"{source.display} into {target.display}"
+    state.out.note(f"forked {shown} ({plural(data['message_count'], 'message')})", style="green")
     return data
 
 
+@reads_store
 @cli.command()
 @click.argument("context", type=CONTEXT)
 @model_options
@@ -453,6 +464,8 @@ def compact(
     A summary that would not make the session smaller is not written (a one-line
     note says why, and the exit code is 0).
     """
+    import asyncio
+
     state = state_of(ctx)
     catalog.resume(state, context)
     catalog.require(state, context)
@@ -471,13 +484,14 @@ def compact(
         state.out.note(str(exc), style="yellow")
         return
     after = len(manager.history(str(context)))
-    state.out.note(f"compacted {context}: {before} messages -> {after}", style="green")
+    state.out.note(f"compacted {context}: {plural(before, 'message')} -> {after}", style="green")
     state.out.line(summary)
 
 
 # --------------------------------------------------------------------------- export, import
 
 
+@reads_store
 @cli.command()
 @click.argument("contexts", nargs=-1, type=CONTEXT)
 @click.option(
@@ -532,7 +546,8 @@ def export(
             until=until,
         )
         state.out.note(
-            f"exported {len(result.contexts)} sessions as {fmt} to {result.path}", style="green"
+            f"exported {plural(len(result.contexts), 'session')} as {fmt} to {result.path}",
+            style="green",
         )
         return
     (context,) = contexts
@@ -607,7 +622,7 @@ def import_cmd(
             failed += 1
             state.out.error(f"{path}: {exc}")
             continue
-        imported.append(f"imported {context} ({counted(count, 'message')}) from {path}")
+        imported.append(f"imported {context} ({plural(count, 'message')}) from {path}")
         if verbose:
             state.out.note(imported[-1], style="green")
     if len(files) == 1 and imported and not verbose:
@@ -621,8 +636,8 @@ def import_cmd(
 def _import_summary(imported: int, present: int, failed: int, where: str) -> str:
     """``import``'s one summary line; a rerun that finds everything imported says just that."""
     if present and not imported and not failed:
-        return f"nothing to import: {counted(present, 'session')} already in {where}"
-    text = f"imported {counted(imported, 'session')} into {where}"
+        return f"nothing to import: {plural(present, 'session')} already in {where}"
+    text = f"imported {plural(imported, 'session')} into {where}"
     if present:
         text += f"; {present} already there"
     if failed:
@@ -666,11 +681,19 @@ def import_file(
         module = catalog.legacy_module()
         if module is None:
             raise click.ClickException("legacy JSON support is not installed")
-        if root is None and isinstance(store, FsStore) and _inside(path, store.root):
-            root = store.root
+        root = root or _legacy_root_of(store, path)
         head = module.import_session(store, module.load(path, root=root), context=as_context)
-    context = ContextId.parse(head.context)
+    context = model.ContextId.parse(head.context)
     return str(context), len(sessions.restore(store, context).history)
+
+
+def _legacy_root_of(store: Store, path: Path) -> Path | None:
+    """The filesystem store's folder, when ``path`` lies inside it."""
+    from terrarium.stores.fs import FsStore
+
+    if isinstance(store, FsStore) and _inside(path, store.root):
+        return store.root
+    return None
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -710,6 +733,7 @@ def migrate(ctx: click.Context, dry_run: bool, to_log: bool, source: Path | None
 # --------------------------------------------------------------------------- fsck, reindex
 
 
+@reads_store
 @cli.command()
 @click.option(
     "--repair",
@@ -731,14 +755,17 @@ def fsck(ctx: click.Context, repair: bool, salvage: bool, as_json: bool) -> None
     run_fsck(state_of(ctx), repair=repair, salvage=salvage, as_json=as_json)
 
 
+@reads_store
 @cli.command()
 @storage_option
 @click.pass_context
 def reindex(ctx: click.Context) -> None:
     """Rebuild the store's derived indexes (search, listing) from its sessions."""
     state = state_of(ctx)
+    from terrarium.stores.base import Reindexable
+
     store = state.store()
     if not isinstance(store, Reindexable):
         raise StoreError(f"{state.shown_location}: this store keeps no index to rebuild")
     count = store.reindex()
-    state.out.note(f"reindexed {count} sessions in {state.shown_location}", style="green")
+    state.out.note(f"reindexed {plural(count, 'session')} in {state.shown_location}", style="green")

@@ -6,8 +6,6 @@ invocation, and ``tests/test_cli_examples.py`` parses every one against its comm
 
 from __future__ import annotations
 
-import click
-
 EXAMPLES: dict[str, tuple[str, ...]] = {
     "chat": (
         "terrarium chat cli:demo",
@@ -78,13 +76,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
 """Two or three invocations per command, by command name."""
 
 
-def add_examples(group: click.Group) -> None:
-    """End the ``--help`` of each of ``group``'s commands with its examples."""
-    for name, command in group.commands.items():
-        lines = EXAMPLES.get(name)
-        if lines:
-            # \b keeps click from re-wrapping the lines into one paragraph.
-            command.epilog = "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+def epilog(name: str) -> str | None:
+    """The end of command ``name``'s ``--help``: its examples, or None if it has none."""
+    lines = EXAMPLES.get(name)
+    if not lines:
+        return None
+    # \b keeps click from re-wrapping the lines into one paragraph.
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
-__all__ = ["EXAMPLES", "add_examples"]
+__all__ = ["EXAMPLES", "epilog"]

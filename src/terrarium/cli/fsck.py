@@ -29,6 +29,7 @@ import click
 from terrarium import codec
 from terrarium.cli import catalog
 from terrarium.cli.app import CliState
+from terrarium.cli.output import plural
 from terrarium.errors import CorruptLog, FormatVersionError, TerrariumError
 from terrarium.model import ContextId, SegmentId
 from terrarium.stores.base import PodMetadata, Reindexable, Store
@@ -118,16 +119,17 @@ def run_fsck(state: CliState, *, repair: bool, salvage: bool, as_json: bool) -> 
         for problem in report.problems:
             state.out.line(problem.show(), style="green" if problem.repaired else "red")
         state.out.note(
-            f"checked {report.contexts} sessions, {report.segments} segments, "
-            f"{report.entries} entries in {state.shown_location}: "
-            f"{len(report.problems)} problems, {len(report.unresolved)} unresolved",
+            f"checked {plural(report.contexts, 'session')}, "
+            f"{plural(report.segments, 'segment')}, "
+            f"{plural(report.entries, 'entry', 'entries')} in {state.shown_location}: "
+            f"{plural(len(report.problems), 'problem')}, {len(report.unresolved)} unresolved",
             style="green" if not report.unresolved else "yellow",
         )
     if report.unresolved:
         if as_json:
             raise click.exceptions.Exit(1)
         raise click.ClickException(
-            f"{len(report.unresolved)} problems found{_hint(report.unresolved, repair)}"
+            f"{plural(len(report.unresolved), 'problem')} found{_hint(report.unresolved, repair)}"
         )
 
 

@@ -52,6 +52,7 @@ def seed_chat(
 ) -> None:
     """Chat with the model in a persistent session (the seed's chat.py)."""
     state = state_of(ctx)
+    state.reads_only = list_sessions or delete_session is not None
     if list_sessions:
         commands.print_sessions(state, type_, as_json=False)
         return

@@ -109,7 +109,7 @@ def _head(store: Store, context: ContextId | str) -> tuple[ContextId, PodMetadat
     ctx = ContextId.parse(context)
     head = store.get_head(ctx)
     if head is None:
-        raise ContextNotFound(f"context {ctx} does not exist")
+        raise ContextNotFound(f"no session '{ctx}'")
     return ctx, head
 
 
@@ -307,7 +307,7 @@ def recreate_session(
     except ValueError:
         raise InvalidEntry(f"invalid session id {segments[0][0]['session_id']!r}") from None
     if store.get_head(context) is not None:
-        raise ContextExists(f"context {context} already exists")
+        raise ContextExists(f"session '{context}' already exists")
     try:
         store.list_segments(session_id)
     except SegmentNotFound:

@@ -827,7 +827,7 @@ def export_dict(
     ctx = ContextId.parse(context)
     head = store.get_head(ctx)
     if head is None:
-        raise ContextNotFound(f"context {ctx} does not exist")
+        raise ContextNotFound(f"no session '{ctx}'")
     lines = _lineage_lines(store, head.session_id, head.segment_id)
     lines.extend(entry.to_dict() for entry in pending)
     state = sessions.collect_state(lines)

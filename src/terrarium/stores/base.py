@@ -35,7 +35,7 @@ from __future__ import annotations
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol, Self, runtime_checkable
 
@@ -241,6 +241,13 @@ class ContextLocking(Protocol):
     def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
         """Hold an exclusive lock on the context for the duration of the ``with`` block."""
         ...
+
+
+def context_lock(store: Store, context: ContextId) -> AbstractContextManager[None]:
+    """The store's cross-process lock on one context (a no-op if it has none)."""
+    if isinstance(store, ContextLocking):
+        return store.lock_context(context)
+    return nullcontext()
 
 
 @runtime_checkable

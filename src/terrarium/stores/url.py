@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote
 
-from terrarium.errors import StoreURLError
+from terrarium.errors import StoreNotFound, StoreURLError
 
 if TYPE_CHECKING:
     from terrarium.stores.base import Store
@@ -70,23 +71,27 @@ def redact_url(url: str) -> str:
     return _QUERY_PASSWORD_RE.sub(r"\1***", url)
 
 
-def open_store(url: str | os.PathLike[str] | None = None) -> Store:
+def open_store(url: str | os.PathLike[str] | None = None, *, create: bool = True) -> Store:
     """Open the store that ``url`` names (see the module docstring for the forms).
 
     Args:
         url: a store URL or a folder path; None means ``$TERRARIUM_STORE``, else
             ``./sessions``.
+        create: create the folder or the SQLite file when it does not exist (default). With
+            False, a missing one raises :class:`StoreNotFound` and nothing is created: what
+            readers want, so a mistyped path is an error rather than an empty new store.
+            (A PostgreSQL database is never created.)
 
     Raises:
-        StoreURLError: the URL is malformed or names an unknown scheme.
+        StoreURLError: the URL is malformed, names an unknown scheme, or names a file that
+            is not a sessions folder or an SQLite database.
+        StoreNotFound: ``create`` is False and there is nothing at the location.
         ImportError: a PostgreSQL URL was given but psycopg is not installed.
     """
     if url is None:
         url = os.environ.get(ENV_VAR) or DEFAULT_STORE
     if isinstance(url, os.PathLike):
-        from terrarium.stores.fs import FsStore
-
-        return FsStore(os.fspath(url))
+        return _open_fs(os.fspath(url), os.fspath(url), create)
     if not isinstance(url, str):
         raise StoreURLError(f"a store URL must be a string or a path, not {type(url).__name__}")
     if not url.strip():
@@ -94,15 +99,13 @@ def open_store(url: str | os.PathLike[str] | None = None) -> Store:
     match = _SCHEME_RE.fullmatch(url)
     # A one-letter "scheme" is a Windows drive (C:\sessions): a path.
     if match is None or len(match.group(1)) == 1:
-        from terrarium.stores.fs import FsStore
-
-        return FsStore(url)
+        return _open_fs(url, url, create)
     scheme, rest = match.group(1).lower(), match.group(2)
     shown = redact_url(url)
     if scheme in ("postgresql", "postgres"):
         return _open_postgres(url, shown)
     if scheme in ("fs", "file"):
-        from terrarium.stores.fs import DURABILITIES, FsStore
+        from terrarium.stores.fs import DURABILITIES
 
         path, options = _split(rest, shown, scheme, allowed={"durability"})
         durability = options.get("durability", "flush")
@@ -111,7 +114,7 @@ def open_store(url: str | os.PathLike[str] | None = None) -> Store:
                 f"store URL {shown!r}: unknown durability {durability!r}; use one of "
                 f"{', '.join(DURABILITIES)}"
             )
-        return FsStore(path, durability=durability)  # type: ignore[arg-type]
+        return _open_fs(path, shown, create, durability=durability)
     if scheme == "sqlite":
         from terrarium.stores.sqlite import SYNCHRONOUS_MODES, SqliteStore
 
@@ -122,11 +125,35 @@ def open_store(url: str | os.PathLike[str] | None = None) -> Store:
                 f"store URL {shown!r}: unknown synchronous mode {synchronous!r}; use one of "
                 f"{', '.join(SYNCHRONOUS_MODES)}"
             )
+        _check_place(path, shown, create, folder=False)
         return SqliteStore(path, synchronous=synchronous)
     raise StoreURLError(
         f"store URL {shown!r} has unknown scheme {scheme!r}: use a folder path, fs:, file:, "
         "sqlite: or postgresql:"
     )
+
+
+def _open_fs(path: str, shown: str, create: bool, durability: str = "flush") -> Store:
+    _check_place(path, shown, create, folder=True)
+    from terrarium.stores.fs import FsStore
+
+    return FsStore(path, durability=durability)  # type: ignore[arg-type]
+
+
+def _check_place(path: str, shown: str, create: bool, *, folder: bool) -> None:
+    """Refuse a location of the wrong kind, and a missing one unless ``create``."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if not create:
+            raise StoreNotFound(f"no store at {shown}") from None
+        return
+    except OSError:
+        return  # the store's own open reports it, with its reason
+    if folder and not stat.S_ISDIR(st.st_mode):
+        raise StoreURLError(f"{shown} is not a sessions folder or store URL")
+    if not folder and stat.S_ISDIR(st.st_mode):
+        raise StoreURLError(f"store URL {shown!r} names a folder, not an SQLite database")
 
 
 def _split(rest: str, shown: str, scheme: str, *, allowed: set[str]) -> tuple[str, dict[str, str]]:

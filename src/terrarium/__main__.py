@@ -1,0 +1,5 @@
+"""``python -m terrarium``: the ``terrarium`` command line."""
+
+from terrarium.cli import main
+
+main()

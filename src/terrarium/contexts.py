@@ -1,0 +1,320 @@
+"""Whole contexts, in the log or only in a legacy file: list, stats, fork, clear, delete.
+
+What ``MultiContextManager`` and the command line both do to a context as a whole lives here,
+once, so that the command line does it without a manager (and without importing the ``openai``
+client the manager's runtime needs). The manager passes in what only it knows: its cached,
+possibly unsaved state of a context (``state``/``current``), which is newer than the log.
+
+* **Listing** reads the store's listing index (:class:`~terrarium.stores.base.Listing`, no
+  session restored) and the legacy scan (:func:`terrarium.legacy.listing`); rows keep the
+  context id as the string the store holds, so a listing of 10k contexts parses none of them.
+  A store without a usable index is listed by restoring each context.
+* **Writes** (clear, fork) take the context's lock, and import its legacy file first when
+  only that file holds it (:func:`terrarium.legacy.import_legacy`); delete moves the legacy
+  file to the trash.
+
+Usage::
+
+    listing = contexts.list_contexts(store, type="cli")
+    contexts.fork_context(store, ContextId.parse("cli:a"), ContextId.parse("cli:b"))
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from terrarium import legacy, sessions
+from terrarium.errors import ContextExists, ContextNotFound, IndexUnavailable, StoreError
+from terrarium.model import ContextId, RestoredState, display_name
+from terrarium.stores.base import Listing, Store, context_lock
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- records
+
+
+class ContextRow(msgspec.Struct, frozen=True, gc=False):
+    """One context as a listing shows it (``terrarium list``, the picker).
+
+    A Struct, as :class:`~terrarium.stores.base.ContextSummary`: made in C, 10k of them cost
+    a few milliseconds where frozen dataclasses cost tens.
+    """
+
+    context_id: str
+    """The context id, ``type:name``, as the store holds it."""
+    type: str
+    """Its type (``cli``)."""
+    date: str
+    """Its creation date, ``YYYY-MM-DD``."""
+    created_at: str
+    """When it was created."""
+    last_active: str
+    """When it was last written to."""
+    message_count: int
+    """History items of its head."""
+    legacy_path: Path | None = None
+    """The legacy JSON file, for a context that is not in the log yet."""
+    problem: str | None = None
+    """Why some of its log cannot be read (one line naming the file), or None."""
+
+    @property
+    def name(self) -> str:
+        """The context's name within its type."""
+        return self.context_id[len(self.type) + 1 :]
+
+    @property
+    def context(self) -> ContextId:
+        """The context id, parsed."""
+        return ContextId(self.type, self.name)
+
+    @property
+    def display(self) -> str:
+        """The id for a terminal, misleading characters escaped."""
+        return f"{self.type}:{display_name(self.name)}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON form (``terrarium list --json``, see docs/cli.md)."""
+        return {
+            "context_id": self.context_id,
+            "type": self.type,
+            "name": self.name,
+            "date": self.date,
+            "created_at": self.created_at,
+            "last_active": self.last_active,
+            "message_count": self.message_count,
+            "legacy": self.legacy_path is not None,
+            "legacy_path": str(self.legacy_path) if self.legacy_path is not None else None,
+            "problem": self.problem,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ContextListing:
+    """Every context of a store, and the legacy files that could not be used."""
+
+    rows: list[ContextRow]
+    """Grouped by type (alphabetical), most recently active first within a type."""
+    problems: tuple[legacy.LegacyProblem, ...] = ()
+    """Legacy files left out, each with the reason."""
+
+
+def not_found(context: ContextId | str, where: str | None = None) -> ContextNotFound:
+    """The error for a context that neither the log nor a legacy file holds."""
+    shown = context.display if isinstance(context, ContextId) else context
+    return ContextNotFound(f"no session '{shown}'" + (f" in {where}" if where else ""))
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def list_contexts(
+    store: Store,
+    *,
+    type: str | None = None,
+    restore: Callable[[ContextId], RestoredState] | None = None,
+) -> ContextListing:
+    """Every context of ``store`` (of one ``type``), legacy files beside it included.
+
+    Args:
+        restore: how to read a context when the store has no usable listing index (the
+            manager's cache); default :func:`terrarium.sessions.restore`.
+    """
+    rows = _native_rows(store, type, restore)
+    found = legacy.listing(store)
+    if found.sessions:
+        native = {row.context_id for row in rows}
+        for info in found.sessions:
+            context_id = str(info.context)
+            if context_id in native or (type is not None and info.context.type != type):
+                continue
+            row = (info.date, info.created_at, info.last_active, info.message_count)
+            rows.append(ContextRow(context_id, info.context.type, *row, legacy_path=info.path))
+    rows.sort(key=lambda r: r.last_active, reverse=True)
+    rows.sort(key=lambda r: r.type)
+    return ContextListing(rows, found.problems)
+
+
+def _native_rows(
+    store: Store, type: str | None, restore: Callable[[ContextId], RestoredState] | None
+) -> list[ContextRow]:
+    """The log's contexts: from the store's listing index if it has a usable one, else by
+    restoring each."""
+    if isinstance(store, Listing):
+        try:
+            return [
+                ContextRow(
+                    s.context,
+                    s.context.partition(":")[0],
+                    s.date,
+                    s.created_at,
+                    s.last_active,
+                    s.message_count,
+                    problem=s.problem,
+                )
+                for s in store.list_contexts_fast(type)
+            ]
+        except IndexUnavailable as exc:
+            log.warning("%s; listing from the session files instead", exc)
+    read = restore or (lambda context: sessions.restore(store, context))
+    rows: list[ContextRow] = []
+    for head in store.list_contexts():
+        context = ContextId.parse(head.context)
+        if type is not None and context.type != type:
+            continue
+        try:
+            state = read(context)
+        except ContextNotFound:
+            continue  # deleted meanwhile
+        except StoreError as exc:  # damaged: listed, with what is wrong
+            problem = " ".join(str(exc).split())
+            row = (head.date, head.created_at, head.updated_at, 0)
+            rows.append(ContextRow(head.context, context.type, *row, problem=problem))
+            continue
+        row = (head.date, head.created_at, state.last_active, len(state.history))
+        rows.append(ContextRow(head.context, context.type, *row))
+    return rows
+
+
+# --------------------------------------------------------------------------- stats
+
+
+def get_stats(
+    store: Store, context: ContextId, *, state: RestoredState | None = None
+) -> dict[str, Any]:
+    """Statistics of one context (of a legacy JSON file, read without importing it).
+
+    Args:
+        state: the context's state if the caller holds a newer one than the log (the
+            manager's cache); default: restored from the log.
+
+    Raises:
+        ContextNotFound: no such context.
+        LegacyFormatError, OSError: only a legacy file holds it, and it cannot be read.
+    """
+    head = store.get_head(context)
+    if head is None and state is None:
+        copy = legacy.read(store, context)
+        if copy is None:
+            raise not_found(context)
+        state = sessions.restore(copy.store, context)
+        return stats_of(context, state, state.created_at, 1, is_legacy=True)
+    if state is None:
+        state = sessions.restore(store, context)
+    created = head.created_at if head is not None else state.created_at
+    segments = len(store.list_segments(state.session_id)) if head is not None else 1
+    return stats_of(context, state, created, segments, is_legacy=False)
+
+
+def stats_of(
+    context: ContextId, state: RestoredState, created: str, segments: int, *, is_legacy: bool
+) -> dict[str, Any]:
+    """The dict :func:`get_stats` returns, for a restored state."""
+    return {
+        "context_id": str(context),
+        "session_id": context.name,
+        "context_type": context.type,
+        "message_count": len(state.history),
+        "turns": state.turns,
+        "created_at": created,
+        "last_active": state.last_active,
+        "session_date": created[:10],
+        "system_prompt": state.system_prompt,
+        "usage": {
+            "prompt_tokens": state.usage.prompt_tokens,
+            "completion_tokens": state.usage.completion_tokens,
+            "cached_tokens": state.usage.cached_tokens,
+            "calls": state.usage.calls,
+        },
+        "last_run": state.last_run.status if state.last_run else None,
+        "last_error": state.last_run.error if state.last_run else None,
+        "tree_session_id": str(state.session_id),
+        "segment_id": str(state.segment_id),
+        "segments": segments,
+        "legacy": is_legacy,
+    }
+
+
+# --------------------------------------------------------------------------- writes
+
+
+Current = Callable[[ContextId], RestoredState | None]
+"""The context's state under its lock, its legacy file imported; None if it has none."""
+
+
+def current_state(store: Store, context: ContextId) -> RestoredState | None:
+    """The default :data:`Current`: the log's state, after importing a legacy file."""
+    legacy.import_legacy(store, context)
+    if store.get_head(context) is None:
+        return None
+    return sessions.restore(store, context)
+
+
+def clear_context(store: Store, context: ContextId, *, current: Current | None = None) -> None:
+    """Empty the context's history; the old history stays in its session tree.
+
+    A context that only a legacy JSON file holds is imported into the log first.
+
+    Raises:
+        ContextNotFound: no such context.
+    """
+    with context_lock(store, context):
+        state = (current or (lambda c: current_state(store, c)))(context)
+        if state is None:
+            raise not_found(context)
+        sessions.clear_segment(store, state, context=context)
+
+
+def fork_context(
+    store: Store,
+    source: ContextId,
+    target: ContextId,
+    at: int | None = None,
+    *,
+    current: Current | None = None,
+) -> None:
+    """Create context ``target`` from ``source``'s history (up to entry ``at``).
+
+    Raises:
+        ContextNotFound: no context ``source``.
+        ContextExists: ``target`` exists, in the log or as a legacy file.
+    """
+    if store.get_head(target) is not None or legacy.find(store, target) is not None:
+        raise ContextExists(f"session '{target.display}' already exists")
+    with context_lock(store, source):
+        if (current or (lambda c: current_state(store, c)))(source) is None:
+            raise not_found(source)
+        sessions.fork_context(store, source, target, at_seq=at)
+
+
+def delete_context(store: Store, context: ContextId) -> bool:
+    """Delete the context and all its files. Returns False if it did not exist.
+
+    Its legacy JSON file, if it has one, is not unlinked but moved into the store's
+    ``.trash/legacy/`` (see :mod:`terrarium.legacy`): moving it back undoes that part.
+    """
+    with context_lock(store, context):
+        deleted = store.delete_context(context)
+        moved = legacy.trash(store, context)
+        return deleted or bool(moved)
+
+
+__all__ = [
+    "ContextListing",
+    "ContextRow",
+    "Current",
+    "clear_context",
+    "current_state",
+    "delete_context",
+    "fork_context",
+    "get_stats",
+    "list_contexts",
+    "not_found",
+    "stats_of",
+]
