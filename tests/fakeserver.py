@@ -15,8 +15,14 @@ Every chat request body is recorded, and faults can be queued per test::
         server.malformed_next()             # next reply is not valid JSON
         server.delay = 0.2                  # every reply waits 0.2 s before its first byte
         server.strict_roles = True          # refuse user/user or assistant/assistant (HTTP 400)
+        server.usage_in_replies = False     # plain replies carry no usage
+        server.usage_in_streams = False     # streams carry none, even when asked for
+        server.reject_stream_options = True # HTTP 400 naming stream_options, as old servers do
+        server.tokenizer = "vllm"           # serve POST /tokenize vLLM's way ("llamacpp": its way)
+        server.tokenizer_status = 500       # /tokenize answers that error status instead
         ...
         server.requests                     # the chat request bodies received, in order
+        server.tokenize_requests            # the /tokenize request bodies received, in order
 
 Run it by hand with ``python tests/fakeserver.py --port 8000`` (serves until Ctrl-C).
 """
@@ -39,11 +45,14 @@ from typing import Any, Literal
 __all__ = [
     "CONTEXT_LENGTH_MESSAGE",
     "ROLES_MESSAGE",
+    "STREAM_OPTIONS_MESSAGE",
     "FakeReply",
     "FakeServer",
     "FakeToolCall",
     "Fault",
     "count_tokens",
+    "tokenize_messages",
+    "tokenize_text",
 ]
 
 CONTEXT_LENGTH_MESSAGE = (
@@ -55,6 +64,11 @@ CONTEXT_LENGTH_MESSAGE = (
 
 ROLES_MESSAGE = "Conversation roles must alternate user/assistant/user/assistant/..."
 """What strict chat templates (Llama 2, Mistral, Gemma) raise; vLLM answers it with HTTP 400."""
+
+STREAM_OPTIONS_MESSAGE = "Unrecognized request argument supplied: stream_options"
+"""What a server that does not know ``stream_options`` answers (HTTP 400)."""
+
+TokenizerStyle = Literal["vllm", "llamacpp"]
 
 _DEFAULT_MESSAGES = {
     400: CONTEXT_LENGTH_MESSAGE,
@@ -135,6 +149,22 @@ def count_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
     return chars // 4 + len(messages)
 
 
+def tokenize_text(text: str) -> list[int]:
+    """The fake ``/tokenize``: one token per whitespace-separated word (its length as the id).
+
+    Deliberately unlike :func:`count_tokens` and a characters / 4 estimate, so a test can
+    tell which of them produced a count.
+    """
+    return [len(word) for word in text.split()]
+
+
+def tokenize_messages(messages: Sequence[Mapping[str, Any]]) -> int:
+    """The fake vLLM ``/tokenize`` of chat messages: their words, plus a chat template's 4
+    tokens per message and 3 for the generation prompt."""
+    words = sum(len(tokenize_text(_content_text(m.get("content")))) for m in messages)
+    return words + 4 * len(messages) + 3
+
+
 def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -179,6 +209,12 @@ class _State:
     chunk_delay: float
     chunks: int
     strict_roles: bool = False
+    usage_in_replies: bool = True
+    usage_in_streams: bool = True
+    reject_stream_options: bool = False
+    tokenizer: TokenizerStyle | None = None
+    tokenizer_status: int | None = None
+    tokenize_requests: list[Any] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     requests: list[dict[str, Any]] = field(default_factory=list)
     raw_requests: list[bytes] = field(default_factory=list)
@@ -290,9 +326,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(200, {"object": "list", "data": data})
 
     def do_POST(self) -> None:
-        """Serve ``/v1/chat/completions``."""
+        """Serve ``/v1/chat/completions``, and ``/tokenize`` (404 unless a tokenizer is set)."""
         state = self.server.state
         raw = self._read_body()
+        if self.path.rstrip("/") == "/tokenize":
+            self._tokenize(raw)
+            return
         if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
             self._send_error(404, f"no route {self.path}")
             return
@@ -314,6 +353,43 @@ class _Handler(BaseHTTPRequestHandler):
             with state.lock:
                 state.active -= 1
 
+    def _tokenize(self, raw: bytes) -> None:
+        """``POST /tokenize`` at the root, as vLLM or llama.cpp's server answer it."""
+        state = self.server.state
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        with state.lock:
+            state.tokenize_requests.append(body)
+        if state.tokenizer is None:
+            self._send_error(404, f"no route {self.path}")
+            return
+        if state.tokenizer_status is not None:
+            self._send_error(state.tokenizer_status, "tokenizer unavailable")
+            return
+        if not isinstance(body, dict):
+            self._send_error(400, "request body is not a JSON object")
+            return
+        if state.tokenizer == "llamacpp":
+            # llama.cpp tokenizes "content" and ignores the rest: no content, no tokens.
+            content = body.get("content")
+            self._send_json(
+                200, {"tokens": tokenize_text(content) if isinstance(content, str) else []}
+            )
+            return
+        if isinstance(body.get("messages"), list):
+            count = tokenize_messages(body["messages"])
+        elif isinstance(body.get("prompt"), str):
+            count = len(tokenize_text(body["prompt"])) + int(body.get("add_special_tokens", True))
+        else:
+            self._send_error(400, "1 validation error: 'prompt' or 'messages' is required")
+            return
+        if body.get("model") not in state.models:
+            self._send_error(404, f"The model `{body.get('model')}` does not exist.")
+            return
+        self._send_json(200, {"count": count, "max_model_len": 4096, "tokens": list(range(count))})
+
     def _chat(self, body: dict[str, Any], fault: Fault | None, delay: float) -> None:
         state = self.server.state
         model = body.get("model")
@@ -334,6 +410,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if state.strict_roles and not roles_alternate(messages):
             self._send_error(400, ROLES_MESSAGE, code=400)
+            return
+        if state.reject_stream_options and "stream_options" in body:
+            self._send_error(400, STREAM_OPTIONS_MESSAGE, code=None)
             return
         if fault is not None and fault.kind == "malformed" and not body.get("stream"):
             self._send_raw(200, b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "mess')
@@ -360,7 +439,7 @@ class _Handler(BaseHTTPRequestHandler):
         finish = reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
         completion_id = f"chatcmpl-fake-{serial}"
         if body.get("stream"):
-            options = body.get("stream_options") or {}
+            options = (body.get("stream_options") or {}) if state.usage_in_streams else {}
             self._stream(completion_id, str(model), reply, finish, usage, options, fault)
             return
         message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
@@ -377,19 +456,18 @@ class _Handler(BaseHTTPRequestHandler):
             ]
         elif message["content"] is None:
             message["content"] = ""
-        self._send_json(
-            200,
-            {
-                "id": completion_id,
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [
-                    {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
-                ],
-                "usage": usage,
-            },
-        )
+        answer = {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+            ],
+        }
+        if state.usage_in_replies:
+            answer["usage"] = usage
+        self._send_json(200, answer)
 
     def _stream(
         self,
@@ -478,8 +556,8 @@ class FakeServer:
     """An OpenAI-compatible chat server on 127.0.0.1, run in a background thread.
 
     Use it as a context manager (or call :meth:`start` and :meth:`stop`). Attributes ``delay``,
-    ``chunk_delay``, ``reply``, ``models``, ``chunks`` and ``strict_roles`` may be changed
-    while it runs.
+    ``chunk_delay``, ``reply``, ``models``, ``chunks``, ``strict_roles`` and the usage and
+    tokenizer settings may be changed while it runs.
     """
 
     def __init__(
@@ -492,6 +570,10 @@ class FakeServer:
         chunk_delay: float = 0.0,
         chunks: int = 3,
         strict_roles: bool = False,
+        usage_in_replies: bool = True,
+        usage_in_streams: bool = True,
+        reject_stream_options: bool = False,
+        tokenizer: TokenizerStyle | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -506,6 +588,15 @@ class FakeServer:
             chunks: How many pieces streamed text (and tool arguments) is split into.
             strict_roles: Refuse (HTTP 400, :data:`ROLES_MESSAGE`) a request with two user or
                 two assistant messages in a row, as strict chat templates do.
+            usage_in_replies: Plain replies carry ``usage`` (llama.cpp's and vLLM's do).
+            usage_in_streams: Streams end with a usage chunk when the request asks for it
+                (``stream_options.include_usage``); False never sends one.
+            reject_stream_options: Refuse any request with ``stream_options`` (HTTP 400,
+                :data:`STREAM_OPTIONS_MESSAGE`), as servers that do not know it do.
+            tokenizer: Serve ``POST /tokenize`` at the root like vLLM (``{"model", "prompt"}``
+                or ``{"model", "messages"}`` -> ``{"count", ...}``) or llama.cpp's server
+                (``{"content"}`` -> ``{"tokens"}``); None: no such route (404). Counts are
+                :func:`tokenize_text` and :func:`tokenize_messages`.
             host: Address to bind.
             port: Port to bind; 0 picks a free one.
         """
@@ -516,6 +607,10 @@ class FakeServer:
             chunk_delay=chunk_delay,
             chunks=chunks,
             strict_roles=strict_roles,
+            usage_in_replies=usage_in_replies,
+            usage_in_streams=usage_in_streams,
+            reject_stream_options=reject_stream_options,
+            tokenizer=tokenizer,
         )
         self._address = (host, port)
         self._server: _Server | None = None
@@ -641,6 +736,51 @@ class FakeServer:
     def strict_roles(self, value: bool) -> None:
         self._state.strict_roles = value
 
+    @property
+    def usage_in_replies(self) -> bool:
+        """Plain replies carry ``usage``."""
+        return self._state.usage_in_replies
+
+    @usage_in_replies.setter
+    def usage_in_replies(self, value: bool) -> None:
+        self._state.usage_in_replies = value
+
+    @property
+    def usage_in_streams(self) -> bool:
+        """Streams end with a usage chunk when asked for one."""
+        return self._state.usage_in_streams
+
+    @usage_in_streams.setter
+    def usage_in_streams(self, value: bool) -> None:
+        self._state.usage_in_streams = value
+
+    @property
+    def reject_stream_options(self) -> bool:
+        """Refuse requests with ``stream_options`` (HTTP 400)."""
+        return self._state.reject_stream_options
+
+    @reject_stream_options.setter
+    def reject_stream_options(self, value: bool) -> None:
+        self._state.reject_stream_options = value
+
+    @property
+    def tokenizer(self) -> TokenizerStyle | None:
+        """The ``/tokenize`` style served (``vllm``, ``llamacpp``), or None for no route."""
+        return self._state.tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: TokenizerStyle | None) -> None:
+        self._state.tokenizer = value
+
+    @property
+    def tokenizer_status(self) -> int | None:
+        """When set, ``/tokenize`` answers this HTTP error status instead of tokens."""
+        return self._state.tokenizer_status
+
+    @tokenizer_status.setter
+    def tokenizer_status(self, value: int | None) -> None:
+        self._state.tokenizer_status = value
+
     # ------------------------------------------------------------------ faults
 
     def fail_next(
@@ -714,6 +854,13 @@ class FakeServer:
         """The bodies of :attr:`requests` exactly as they came over the wire."""
         with self._state.lock:
             return list(self._state.raw_requests)
+
+    @property
+    def tokenize_requests(self) -> list[Any]:
+        """Every ``/tokenize`` request body received (served or not), oldest first (None: not
+        JSON)."""
+        with self._state.lock:
+            return list(self._state.tokenize_requests)
 
     @property
     def last_request(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ import msgspec
 
 from terrarium import legacy, sessions
 from terrarium.errors import ContextExists, ContextNotFound, IndexUnavailable, StoreError
-from terrarium.model import ContextId, RestoredState, display_name
+from terrarium.model import ContextId, RestoredState, UsageTotals, display_name
 from terrarium.stores.base import Listing, Store, context_lock
 
 log = logging.getLogger(__name__)
@@ -226,18 +226,32 @@ def stats_of(
         "last_active": state.last_active,
         "session_date": created[:10],
         "system_prompt": state.system_prompt,
-        "usage": {
-            "prompt_tokens": state.usage.prompt_tokens,
-            "completion_tokens": state.usage.completion_tokens,
-            "cached_tokens": state.usage.cached_tokens,
-            "calls": state.usage.calls,
-        },
+        "usage": usage_stats(state.usage),
         "last_run": state.last_run.status if state.last_run else None,
         "last_error": state.last_run.error if state.last_run else None,
         "tree_session_id": str(state.session_id),
         "segment_id": str(state.segment_id),
         "segments": segments,
         "legacy": is_legacy,
+    }
+
+
+def usage_stats(usage: UsageTotals) -> dict[str, int]:
+    """The ``usage`` of :func:`get_stats`: every call's counts, and the estimated part of them.
+
+    ``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` and ``calls`` count every call;
+    ``estimated_prompt_tokens``, ``estimated_completion_tokens`` and ``estimated_calls`` are
+    the part that was estimated because the server reported no usage (always present, 0 when
+    every count is the server's).
+    """
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "calls": usage.calls,
+        "estimated_prompt_tokens": usage.estimated_prompt_tokens,
+        "estimated_completion_tokens": usage.estimated_completion_tokens,
+        "estimated_calls": usage.estimated_calls,
     }
 
 

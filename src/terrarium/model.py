@@ -20,7 +20,7 @@ import time
 import unicodedata
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, Literal, TypeAlias
 
@@ -619,6 +619,9 @@ class UsageRecord:
     completion_tokens: int = 0
     cached_tokens: int = 0
     """Prompt tokens served from the server's prefix cache, when it reports them."""
+    estimated: str | None = None
+    """None when the server reported the counts; else how they were estimated:
+    ``tokenizer`` (the server's ``/tokenize`` endpoint) or ``chars`` (characters / 4)."""
 
     @property
     def total_tokens(self) -> int:
@@ -626,28 +629,81 @@ class UsageRecord:
         return self.prompt_tokens + self.completion_tokens
 
     def to_dict(self) -> dict[str, Any]:
-        """The record as a JSON-ready dict."""
-        return {
+        """The record as a JSON-ready dict (``estimated`` only when set)."""
+        data: dict[str, Any] = {
             "model": self.model,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
         }
+        if self.estimated is not None:
+            data["estimated"] = self.estimated
+        return data
 
 
 @dataclass(frozen=True, slots=True)
 class UsageTotals:
-    """Usage summed over a segment's lineage."""
+    """Usage summed over a segment's lineage.
+
+    The first four fields count every call, exact and estimated alike; the ``estimated_``
+    fields say how much of them was estimated (usage entries with an ``estimated`` key), so
+    the exact part is the difference.
+    """
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
     calls: int = 0
+    estimated_prompt_tokens: int = 0
+    """The part of ``prompt_tokens`` that was estimated."""
+    estimated_completion_tokens: int = 0
+    """The part of ``completion_tokens`` that was estimated."""
+    estimated_calls: int = 0
+    """Calls whose usage was estimated (the server reported none)."""
 
     @property
     def total_tokens(self) -> int:
         """Prompt plus completion tokens."""
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def is_estimated(self) -> bool:
+        """True when any of the counts is (partly) an estimate."""
+        return self.estimated_calls > 0
+
+    def add(self, entry: Mapping[str, Any]) -> UsageTotals:
+        """These totals plus one ``usage`` entry (or its data)."""
+        prompt = entry.get("prompt_tokens", 0)
+        completion = entry.get("completion_tokens", 0)
+        estimated = entry.get("estimated") is not None
+        return UsageTotals(
+            self.prompt_tokens + prompt,
+            self.completion_tokens + completion,
+            self.cached_tokens + entry.get("cached_tokens", 0),
+            self.calls + 1,
+            self.estimated_prompt_tokens + (prompt if estimated else 0),
+            self.estimated_completion_tokens + (completion if estimated else 0),
+            self.estimated_calls + int(estimated),
+        )
+
+    def to_dict(self) -> dict[str, int]:
+        """The totals as a header carries them (``estimated_*`` keys only when non-zero)."""
+        data = {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "calls": self.calls,
+        }
+        if self.estimated_calls:
+            data["estimated_prompt_tokens"] = self.estimated_prompt_tokens
+            data["estimated_completion_tokens"] = self.estimated_completion_tokens
+            data["estimated_calls"] = self.estimated_calls
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> UsageTotals:
+        """Totals a header carries (missing keys are 0)."""
+        return cls(*(int(data.get(f.name, 0) or 0) for f in fields(cls)))
 
 
 @dataclass(frozen=True, slots=True)

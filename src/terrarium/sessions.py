@@ -101,7 +101,7 @@ def _header(
         header["config"] = dict(start.config)
         header["history"] = [as_logged(item) for item in start.history]
         if carry is not None:
-            header["usage"] = _usage_dict(carry.usage)
+            header["usage"] = carry.usage.to_dict()
             header["turns"] = carry.turns
             header["extensions"] = dict(carry.extensions)
     for key, value in (extra or {}).items():
@@ -592,17 +592,14 @@ def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredSt
         raise InvalidEntry("a segment must start with its header")
     state = _from_header(first)
     history = state.history
-    prompt, completion, cached, calls, turns = _carried(first)
+    usage, turns = _carried(first)
     line: Mapping[str, Any] = first
     for line in lines:
         kind = line["kind"]
         if kind in HISTORY_KINDS:  # nearly every line: test it first
             history.append(line["item"])
         elif kind == "usage":
-            prompt += line.get("prompt_tokens", 0)
-            completion += line.get("completion_tokens", 0)
-            cached += line.get("cached_tokens", 0)
-            calls += 1
+            usage = usage.add(line)
         elif kind == "turn_end":
             turns += 1
         elif kind == "run_completed":
@@ -619,14 +616,14 @@ def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredSt
             if line.get("history") is not None:  # a fresh start (not a fork continuing)
                 state = _from_header(line)
                 history = state.history
-                prompt, completion, cached, calls, turns = _carried(line)
+                usage, turns = _carried(line)
             else:
                 _continue_fork(state, line)
         elif kind not in _KNOWN:
             state.unknown.append(dict(line))
     state.next_seq = line["seq"] + 1
     state.last_active = line["ts"]
-    state.usage = UsageTotals(prompt, completion, cached, calls)
+    state.usage = usage
     state.turns = turns
     return state
 
@@ -640,17 +637,9 @@ def _continue_fork(state: RestoredState, header: Mapping[str, Any]) -> None:
         state.context = header["context"]
 
 
-def _carried(header: Mapping[str, Any]) -> tuple[int, int, int, int, int]:
-    """The usage totals and turns a header carries over (compaction, clear): prompt,
-    completion and cached tokens, calls, turns."""
-    usage = header.get("usage") or {}
-    return (
-        usage.get("prompt_tokens", 0),
-        usage.get("completion_tokens", 0),
-        usage.get("cached_tokens", 0),
-        usage.get("calls", 0),
-        header.get("turns", 0),
-    )
+def _carried(header: Mapping[str, Any]) -> tuple[UsageTotals, int]:
+    """The usage totals and turns a header carries over (compaction, clear)."""
+    return UsageTotals.from_dict(header.get("usage") or {}), header.get("turns", 0)
 
 
 def _from_header(line: Mapping[str, Any]) -> RestoredState:
@@ -676,12 +665,3 @@ def read_entries(store: Store, ref: SegmentRef, *, stop_seq: int | None = None) 
     """The segment's own lines (header first) as :class:`LogEntry` values."""
     read = store.read_segment(ref.session_id, ref.segment_id, stop_seq=stop_seq)
     return [LogEntry.from_dict(line) for line in [read.header, *read.entries]]
-
-
-def _usage_dict(usage: UsageTotals) -> dict[str, int]:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "cached_tokens": usage.cached_tokens,
-        "calls": usage.calls,
-    }

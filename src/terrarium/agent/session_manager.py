@@ -561,13 +561,7 @@ class PersistentSession:
             add_wire_message(self._wire, item)
             self._chars += len(item_text(item))
         elif kind == EntryKind.USAGE:
-            u = state.usage
-            state.usage = type(u)(
-                u.prompt_tokens + data.get("prompt_tokens", 0),
-                u.completion_tokens + data.get("completion_tokens", 0),
-                u.cached_tokens + data.get("cached_tokens", 0),
-                u.calls + 1,
-            )
+            state.usage = state.usage.add(data)
         elif kind == EntryKind.TURN_END:
             state.turns += 1
         elif kind in (EntryKind.RUN_COMPLETED, EntryKind.RUN_ERRORED):

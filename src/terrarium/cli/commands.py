@@ -308,7 +308,7 @@ def stats(ctx: click.Context, context: ContextId | None, as_json: bool) -> None:
         "turns": 0,
         "legacy": 0,
         "by_type": {},
-        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "calls": 0},
+        "usage": contexts.usage_stats(model.UsageTotals()),
     }
     for row in rows:
         data = context_stats(state, row.context)
@@ -330,8 +330,9 @@ def stats(ctx: click.Context, context: ContextId | None, as_json: bool) -> None:
     )
     usage = totals["usage"]
     state.out.line(
-        f"tokens: {usage['prompt_tokens']} prompt ({usage['cached_tokens']} cached), "
-        f"{usage['completion_tokens']} completion in {plural(usage['calls'], 'call')}"
+        f"tokens: {_tokens(usage, 'prompt')} prompt ({usage['cached_tokens']} cached), "
+        f"{_tokens(usage, 'completion')} completion in {plural(usage['calls'], 'call')}"
+        + (f" ({usage['estimated_calls']} estimated)" if usage["estimated_calls"] else "")
     )
     if totals["by_type"]:
         state.out.table(
@@ -357,9 +358,9 @@ def print_stats(state: CliState, data: dict[str, Any]) -> None:
         ["created", short_time(data["created_at"])],
         ["last active", short_time(data["last_active"])],
         ["system prompt", data["system_prompt"] or "-"],
-        ["prompt tokens", f"{usage['prompt_tokens']} ({usage['cached_tokens']} cached)"],
-        ["completion tokens", str(usage["completion_tokens"])],
-        ["model calls", str(usage["calls"])],
+        ["prompt tokens", _tokens(usage, "prompt", detail=f"{usage['cached_tokens']} cached")],
+        ["completion tokens", _tokens(usage, "completion", detail="")],
+        ["model calls", _calls(usage)],
         ["last run", data["last_run"] or "-"],
         ["segments", str(data["segments"])],
         ["source", "legacy file" if data.get("legacy") else "log"],
@@ -367,6 +368,26 @@ def print_stats(state: CliState, data: dict[str, Any]) -> None:
     if data.get("last_error"):
         rows.insert(10, ["last error", data["last_error"]])
     state.out.table(["stat", "value"], rows)
+
+
+def _tokens(usage: dict[str, Any], kind: str, *, detail: str | None = None) -> str:
+    """A token count, ``~`` first when part of it is estimated (docs/cli.md, "stats").
+
+    With ``detail`` (a table cell), the parenthesis after it says how much was estimated:
+    ``~1234 (56 cached, 300 estimated)``.
+    """
+    count, estimated = usage[f"{kind}_tokens"], usage[f"estimated_{kind}_tokens"]
+    if detail is None:
+        return f"~{count}" if estimated else str(count)
+    notes = [note for note in (detail, f"{estimated} estimated" if estimated else "") if note]
+    shown = f"~{count}" if estimated else str(count)
+    return f"{shown} ({', '.join(notes)})" if notes else shown
+
+
+def _calls(usage: dict[str, Any]) -> str:
+    """The model calls, and how many of them had their usage estimated."""
+    calls, estimated = usage["calls"], usage["estimated_calls"]
+    return f"{calls} ({estimated} estimated)" if estimated else str(calls)
 
 
 # --------------------------------------------------------------------------- delete, clear

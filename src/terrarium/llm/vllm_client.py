@@ -13,6 +13,13 @@
   message (:class:`ServerUnreachable` naming the URL, :class:`ModelNotFound`,
   :class:`ContextTooLong`, :class:`RateLimited`, :class:`BadResponse`; see
   :meth:`VLLMClient._map_error`), the ``openai`` exception kept as ``__cause__``.
+* **Usage is never silently missing.** Streams ask for it (``stream_options.include_usage``);
+  a server that refuses that option (HTTP 400 naming it) is asked again at once without it,
+  and never again by this client. A reply that still comes without usage gets an estimated
+  :class:`~terrarium.model.UsageRecord` (``estimated="tokenizer"`` from the server's
+  ``/tokenize``, vLLM's or llama.cpp's, probed once per client; else ``estimated="chars"``,
+  :func:`chars_to_tokens`). A failing tokenizer never fails the turn (see
+  :meth:`VLLMClient._estimate_usage`).
 * **Optional tracing**: ``on_trace`` gets a :class:`~terrarium.model.TraceEntry` for each
   request, raw chunk, final response and error.
 
@@ -28,15 +35,18 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
+import logging
+import math
 import os
 import random
 import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import openai
 from openai.resources.chat.completions import AsyncCompletions
@@ -51,7 +61,9 @@ from terrarium.errors import (
 )
 from terrarium.model import TraceEntry, UsageRecord, utc_now
 
-__all__ = ["ChatResult", "StreamEvent", "VLLMClient"]
+__all__ = ["ChatResult", "StreamEvent", "VLLMClient", "chars_to_tokens"]
+
+_log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "http://localhost:8000"
 _DUMMY_API_KEY = "EMPTY"  # local vLLM wants no key, but the openai client insists on one
@@ -67,6 +79,13 @@ _CONTEXT_RE = re.compile(
 )
 _MAX_DETAIL = 300
 
+CHARS_PER_TOKEN = 4
+"""The ``chars`` estimate: a token is about four characters (English text with GPT-style and
+Llama tokenizers); :func:`chars_to_tokens`."""
+_TOKENIZE_TIMEOUT = 10.0  # seconds; a tokenizer slower than this is not worth waiting for
+_NOT_THIS_STYLE = frozenset({400, 404, 405, 422, 501})  # /tokenize absent or of another kind
+TokenizerKind = Literal["vllm", "llamacpp", "none"]
+
 _T = TypeVar("_T")
 
 
@@ -80,7 +99,8 @@ class ChatResult:
     text: str
     """The reply text (``""`` when the model only called tools)."""
     usage: UsageRecord | None
-    """Token usage, when the server reported it."""
+    """Token usage: the server's, else an estimate (``usage.estimated`` names how it was
+    made). :class:`VLLMClient` always fills it."""
     finish_reason: str | None
     """``stop``, ``length``, ``tool_calls``, ... as the server said."""
     model: str
@@ -150,6 +170,11 @@ class VLLMClient:
         self.backoff_max = backoff_max
         self._model = model
         self._model_was_picked = False
+        self.server_root = self.base_url.removesuffix("/v1")
+        """The server without ``/v1``: where vLLM and llama.cpp serve ``/tokenize``."""
+        self._ask_stream_usage = True  # False once the server refused stream_options
+        self._tokenizer: TokenizerKind | None = None  # None: not probed yet
+        self._probe_lock = asyncio.Lock()
         key = api_key or os.environ.get("OPENAI_API_KEY") or _DUMMY_API_KEY
         self._client = openai.AsyncOpenAI(
             base_url=self.base_url, api_key=key, timeout=timeout, max_retries=0
@@ -238,6 +263,8 @@ class VLLMClient:
 
         completion, result = await self._with_retries(one_try, name, model)
         self._trace("response", _dump(completion))
+        if result.usage is None:
+            result = replace(result, usage=await self._estimate_usage(name, messages, result))
         return result
 
     async def stream(
@@ -247,7 +274,8 @@ class VLLMClient:
 
         Yields :class:`StreamEvent` s with text (and reasoning) deltas as they arrive, then one
         last event whose ``result`` is the complete :class:`ChatResult` (tool calls assembled,
-        usage included: the request asks for ``stream_options.include_usage``).
+        usage included: the request asks for ``stream_options.include_usage`` unless the
+        server refused it, and usage the server did not send is estimated).
 
         A failure before the first delta is retried like :meth:`chat`; a failure after it is
         raised, never retried. If you stop iterating early, close the iterator
@@ -263,7 +291,6 @@ class VLLMClient:
         """
         name = model or await self.resolve_model()
         kwargs = self._build_kwargs(params)
-        kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}), "include_usage": True}
         opener = partial(self._open_stream, name, messages, kwargs)
         state, first = await self._with_retries(opener, name, model)
         try:
@@ -283,6 +310,8 @@ class VLLMClient:
             raise error from exc
         finally:
             await state.stream.close()
+        if result.usage is None:
+            result = replace(result, usage=await self._estimate_usage(name, messages, result))
         self._trace("response", state.trace_data(result))
         yield StreamEvent(result=result)
 
@@ -341,10 +370,25 @@ class VLLMClient:
         On failure the stream is closed before the exception leaves, so the connection is
         released before any backoff.
         """
-        self._trace("request", self._request_trace(name, messages, kwargs, True, attempt))
-        stream = await self._client.chat.completions.create(
-            model=name, stream=True, **_with_messages(kwargs, messages)
-        )
+        request = self._stream_kwargs(kwargs)
+        self._trace("request", self._request_trace(name, messages, request, True, attempt))
+        try:
+            stream = await self._client.chat.completions.create(
+                model=name, stream=True, **_with_messages(request, messages)
+            )
+        except openai.APIStatusError as exc:
+            if "stream_options" not in request or not _refuses_stream_options(exc):
+                raise
+            # The server does not know stream_options (older vLLM, llama.cpp, some proxies):
+            # ask again without it now, and never send it again from this client.
+            self._ask_stream_usage = False
+            error = self._map_error(exc, name, attempts=1)
+            self._trace("error", _error_trace(error, attempt, retrying=True))
+            request = self._stream_kwargs(kwargs)
+            self._trace("request", self._request_trace(name, messages, request, True, attempt))
+            stream = await self._client.chat.completions.create(
+                model=name, stream=True, **_with_messages(request, messages)
+            )
         state = _StreamState(name, attempt, stream)
         try:
             async for chunk in state.reader:
@@ -363,6 +407,125 @@ class VLLMClient:
         if delta or reasoning:
             return StreamEvent(delta=delta, reasoning_delta=reasoning)
         return None
+
+    def _stream_kwargs(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """A stream's request arguments: ``include_usage`` asked for, unless the server
+        refused ``stream_options`` before (then none are sent, the caller's too)."""
+        request = dict(kwargs)
+        if self._ask_stream_usage:
+            options = dict(request.get("stream_options") or {})
+            request["stream_options"] = {**options, "include_usage": True}
+        else:
+            request.pop("stream_options", None)
+        return request
+
+    # ------------------------------------------------------------------ usage estimates
+
+    async def _estimate_usage(
+        self, model: str, messages: Sequence[Mapping[str, Any]], result: ChatResult
+    ) -> UsageRecord:
+        """Usage for a reply the server sent none for: counted by its tokenizer, else by chars.
+
+        The tokenizer is the server's ``POST /tokenize`` at :attr:`server_root`, probed once
+        per client (:meth:`_tokenizer_kind`): vLLM's counts the prompt with the chat template
+        applied (``{"model", "messages"}``) and the reply as text; llama.cpp's tokenizes texts
+        (``{"content"}``), so its prompt count leaves out the template's tokens. Any failure of
+        the tokenizer (refused, unreachable, nonsense) falls back to :func:`chars_to_tokens`
+        for this call and is logged; it never fails the turn.
+        """
+        completion_text = _completion_text(result.message)
+        try:
+            kind = await self._tokenizer_kind(model)
+            if kind == "vllm":
+                prompt = _count_of(await self._tokenize({"model": model, "messages": messages}))
+                completion = await self._count_text(kind, model, completion_text)
+            elif kind == "llamacpp":
+                prompt = await self._count_text(kind, model, _prompt_text(messages))
+                completion = await self._count_text(kind, model, completion_text)
+            else:
+                prompt = completion = -1
+        except (openai.OpenAIError, ValueError) as exc:
+            _log.warning(
+                "the tokenizer at %s/tokenize failed (%s); usage estimated from characters",
+                self.server_root,
+                _one_line(str(exc)),
+            )
+            prompt = completion = -1
+        if prompt >= 0 and completion >= 0:
+            return UsageRecord(result.model, prompt, completion, estimated="tokenizer")
+        return UsageRecord(
+            result.model,
+            chars_to_tokens(_prompt_text(messages)),
+            chars_to_tokens(completion_text),
+            estimated="chars",
+        )
+
+    async def _tokenizer_kind(self, model: str) -> TokenizerKind:
+        """Which ``/tokenize`` the server has, probed on first use and remembered.
+
+        A probe that fails for a passing reason (connection, timeout, 5xx) raises and is tried
+        again next time; an answer that is neither vLLM's nor llama.cpp's is remembered as
+        ``none``.
+        """
+        async with self._probe_lock:
+            if self._tokenizer is None:
+                self._tokenizer = await self._probe_tokenizer(model)
+            return self._tokenizer
+
+    async def _probe_tokenizer(self, model: str) -> TokenizerKind:
+        try:
+            if isinstance(
+                (await self._tokenize({"model": model, "prompt": "Hi"})).get("count"), int
+            ):
+                return "vllm"
+        except openai.APIStatusError as exc:
+            if exc.status_code not in _NOT_THIS_STYLE:
+                raise
+        except ValueError:
+            pass  # not JSON, or not an object: not vLLM's
+        try:
+            if isinstance((await self._tokenize({"content": "Hi"})).get("tokens"), list):
+                return "llamacpp"
+        except openai.APIStatusError as exc:
+            if exc.status_code not in _NOT_THIS_STYLE:
+                raise
+        except ValueError:
+            pass
+        _log.info(
+            "%s has no /tokenize: usage it omits is estimated from characters", self.server_root
+        )
+        return "none"
+
+    async def _count_text(self, kind: TokenizerKind, model: str, text: str) -> int:
+        """Tokens in ``text`` by the server's tokenizer (no special tokens added)."""
+        if not text:
+            return 0
+        if kind == "vllm":
+            body = {"model": model, "prompt": text, "add_special_tokens": False}
+            return _count_of(await self._tokenize(body))
+        tokens = (await self._tokenize({"content": text})).get("tokens")
+        if not isinstance(tokens, list):
+            raise ValueError("the /tokenize answer has no 'tokens' list")
+        return len(tokens)
+
+    async def _tokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST ``body`` to the server's ``/tokenize``; the JSON object it answers.
+
+        Raises:
+            openai.APIStatusError: the server answered an error status.
+            openai.APIConnectionError: it could not be reached in time.
+            ValueError: the answer is not a JSON object.
+        """
+        text = await self._client.post(
+            f"{self.server_root}/tokenize",
+            cast_to=str,
+            body=dict(body),
+            options={"timeout": min(self.timeout, _TOKENIZE_TIMEOUT)},
+        )
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("the /tokenize answer is not a JSON object")
+        return data
 
     # ------------------------------------------------------------------ internals
 
@@ -535,6 +698,53 @@ def _with_messages(
     out["extra_body"] = {**(out.get("extra_body") or {}), "messages": list(messages)}
     out["messages"] = []
     return out
+
+
+def chars_to_tokens(text: str) -> int:
+    """The ``chars`` usage estimate: ``ceil(len(text) / 4)`` (:data:`CHARS_PER_TOKEN`)."""
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+def _message_text(message: Mapping[str, Any], *, reasoning: bool) -> str:
+    """What a message spends tokens on: its text (parts too), tool calls, and its reasoning
+    when ``reasoning``."""
+    content = message.get("content")
+    pieces: list[str] = []
+    if isinstance(content, str):
+        pieces.append(content)
+    elif isinstance(content, list):
+        pieces += [str(p["text"]) for p in content if isinstance(p, Mapping) and "text" in p]
+    if reasoning and isinstance(message.get("reasoning_content"), str):
+        pieces.append(message["reasoning_content"])
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            pieces += [str(function.get("name") or ""), str(function.get("arguments") or "")]
+    return "\n".join(piece for piece in pieces if piece)
+
+
+def _prompt_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The texts of a request's messages, one after another (no chat template)."""
+    return "\n".join(text for m in messages if (text := _message_text(m, reasoning=False)))
+
+
+def _completion_text(message: Mapping[str, Any]) -> str:
+    """What the model generated: its text, reasoning and tool calls."""
+    return _message_text(message, reasoning=True)
+
+
+def _count_of(answer: Mapping[str, Any]) -> int:
+    count = answer.get("count")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise ValueError("the /tokenize answer has no 'count'")
+    return count
+
+
+def _refuses_stream_options(exc: openai.APIStatusError) -> bool:
+    """True when a server refused a request because of ``stream_options`` (400 or 422)."""
+    if exc.status_code not in (400, 422):
+        return False
+    return "stream_options" in f"{_server_message(exc)} {exc.body}"
 
 
 def normalize_base_url(base_url: str) -> str:
