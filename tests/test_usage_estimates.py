@@ -8,12 +8,15 @@ or llama.cpp style) when it has one, else characters / 4.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from click.testing import CliRunner
 
 from fakeserver import (
     FakeReply,
@@ -23,6 +26,17 @@ from fakeserver import (
     tokenize_messages,
     tokenize_text,
 )
+from helpers.logs import segment_lines
+from terrarium import (
+    ContextId,
+    FsStore,
+    PodActiveSegmentRef,
+    contexts,
+    create_segment,
+    save_usage,
+)
+from terrarium.agent.multi_context_manager import MultiContextManager
+from terrarium.cli import cli
 from terrarium.llm import ChatResult, VLLMClient
 from terrarium.llm.vllm_client import chars_to_tokens
 from terrarium.model import TraceEntry, UsageRecord
@@ -225,3 +239,92 @@ def test_a_failing_tokenizer_never_fails_the_turn(
     ]
     assert sum(1 for r in asked if r.get("prompt") == "Hi") == 2  # one failed probe, one good
     assert "usage estimated from characters" in caplog.text
+
+
+# --------------------------------------------------------------------------- the log and stats
+
+
+def usage_lines(store_root: Path, context: str) -> list[dict[str, Any]]:
+    """The ``usage`` entries of a context's head segment on disk."""
+    return [line for line in segment_lines(store_root, context) if line["kind"] == "usage"]
+
+
+def test_turns_log_one_usage_entry_each_marked_when_estimated(tmp_path: Path) -> None:
+    """Each turn logs exactly one usage entry: the server's when it sent one, else an estimate
+    marked ``estimated``; stats count both and say how much was estimated, and the manager's
+    in-memory totals equal a fresh replay."""
+    root = tmp_path / "sessions"
+    with FakeServer(usage_in_replies=False) as server:
+
+        async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+            client = VLLMClient(server.root_url, max_retries=0)
+            manager = MultiContextManager(client, storage_dir=str(root))
+            await manager.process_with_context("cli:main", "Hello there, model!")
+            async for _ in manager.stream_with_context("cli:main", "again"):
+                pass  # streamed: the server reports usage when asked
+            cached = manager.get_stats("cli:main")
+            await manager.aclose()
+            with FsStore(root) as store:
+                return cached, contexts.get_stats(store, ContextId("cli", "main"))
+
+        cached, fresh = asyncio.run(main())
+    estimated, exact = usage_lines(root, "cli:main")
+    assert estimated["estimated"] == "chars"
+    assert "estimated" not in exact
+    assert fresh["usage"] == cached["usage"]
+    usage = fresh["usage"]
+    assert usage["calls"] == 2 and usage["estimated_calls"] == 1
+    assert usage["prompt_tokens"] == estimated["prompt_tokens"] + exact["prompt_tokens"]
+    assert usage["estimated_prompt_tokens"] == estimated["prompt_tokens"] > 0
+    assert usage["estimated_completion_tokens"] == estimated["completion_tokens"] > 0
+
+
+def _seed_usage(root: Path) -> None:
+    with FsStore(root) as store:
+        for name, records in (
+            ("cli:main", [EXACT_RECORD, ESTIMATED_RECORD]),
+            ("cli:exact", [EXACT_RECORD]),
+        ):
+            session_id, segment_id = create_segment(store, context=name)
+            for record in records:
+                save_usage(store, PodActiveSegmentRef(session_id, segment_id), record)
+
+
+EXACT_RECORD = UsageRecord("m", prompt_tokens=100, completion_tokens=20, cached_tokens=40)
+ESTIMATED_RECORD = UsageRecord("m", prompt_tokens=30, completion_tokens=7, estimated="tokenizer")
+
+
+def stats(*args: str) -> str:
+    result = CliRunner().invoke(cli, ["stats", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_stats_mark_estimated_figures(tmp_path: Path) -> None:
+    """``terrarium stats`` puts ``~`` before a figure that is partly estimated and says how
+    much; figures the server reported all of stay bare; ``--json`` has the estimated part."""
+    root = tmp_path / "sessions"
+    _seed_usage(root)
+    where = ("--storage-dir", str(root))
+    one = stats("cli:main", *where)
+    assert "~130 (40 cached, 30 estimated)" in one
+    assert "~27 (7 estimated)" in one
+    assert "2 (1 estimated)" in one
+    exact = stats("cli:exact", *where)
+    assert "~" not in exact and "estimated" not in exact
+    assert "100 (40 cached)" in exact
+
+    total = stats(*where)
+    assert "tokens: ~230 prompt (80 cached), ~47 completion in 3 calls (1 estimated)" in total
+    data = json.loads(stats("--json", *where))["usage"]
+    assert data == {
+        "prompt_tokens": 230,
+        "completion_tokens": 47,
+        "cached_tokens": 80,
+        "calls": 3,
+        "estimated_prompt_tokens": 30,
+        "estimated_completion_tokens": 7,
+        "estimated_calls": 1,
+    }
+    one_json = json.loads(stats("cli:main", "--json", *where))["usage"]
+    assert (one_json["estimated_calls"], one_json["estimated_prompt_tokens"]) == (1, 30)
