@@ -417,6 +417,30 @@ def clear(ctx: click.Context, context: ContextId) -> None:
     state.out.note(f"cleared {context.display}", style="green")
 
 
+@reads_store
+@cli.command()
+@click.argument("context", type=CONTEXT)
+@click.option(
+    "-n",
+    "count",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="How many history items to drop.",
+)
+@storage_option
+@click.pass_context
+def rewind(ctx: click.Context, context: ContextId, count: int) -> None:
+    """Drop the last N history items of a session (they stay in its session tree)."""
+    state = state_of(ctx)
+    with catalog.naming_store(state):
+        dropped = contexts.rewind_context(state.store(), context, count)
+    state.out.note(
+        f"rewound {context.display}: dropped {plural(len(dropped), 'item')}", style="green"
+    )
+
+
 # --------------------------------------------------------------------------- fork, compact
 
 

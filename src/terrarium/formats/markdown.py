@@ -106,7 +106,7 @@ def render_item(timed: TimedItem) -> str:
     """One history item as a Markdown section (or an italic line for a runtime event).
 
     A Responses item is rendered as its Chat view (``model.chat_view``), its kind named in the
-    heading (``Assistant (function_call)``); a kind with no view shows its keys as JSON.
+    heading (``Assistant (`function_call`)``); a kind with no view shows its keys as JSON.
     """
     item = timed.item
     if timed.kind == EntryKind.SYSTEM_ITEM:
@@ -116,11 +116,11 @@ def render_item(timed: TimedItem) -> str:
     label = item_label(item)
     if view is None:
         body = json.dumps(dict(item), indent=2, ensure_ascii=False, default=repr)
-        return f"### {escape(label)} · {when(timed.ts)}\n\n{fenced(body, 'json')}"
+        return f"### {code_span(label)} · {when(timed.ts)}\n\n{fenced(body, 'json')}"
     role = str(view.get("role", "?"))
     heading = _ROLE_TITLES.get(role, escape(role.title()))
     if label != role:
-        heading += f" ({escape(label)})"
+        heading += f" ({code_span(label)})"
     if view.get("name"):
         heading += f" ({escape(str(view['name']))})"
     if role == "tool" and view.get("tool_call_id"):
