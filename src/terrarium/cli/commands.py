@@ -1,5 +1,5 @@
-"""The commands that manage sessions: list, show, stats, delete, clear, fork, compact, export,
-import, migrate, fsck and reindex. Each one calls the library; nothing here touches storage
+"""The commands that manage sessions: list, show, stats, delete, clear, rewind, fork, compact,
+export, import, migrate, fsck and reindex. Each one calls the library; nothing here touches storage
 itself (``fsck`` reads segment files through :mod:`terrarium.codec`, see ``cli/fsck.py``).
 """
 
