@@ -335,3 +335,34 @@ def test_jsonl_round_trips_every_item_type(store: MemoryStore) -> None:
     import_context(other, text)
     assert restore(other, MAIN).history == [*TURN, *RESPONSES_ITEMS]
     assert str(export_context(other, MAIN, "jsonl")) == text
+
+
+def test_compaction_summarises_a_responses_history(fake_server: FakeServer, tmp_path: Path) -> None:
+    """The summary request carries the Chat form of the items; the compacted segment keeps
+    the recent tail (from a user message on) exactly as stored."""
+    root = tmp_path / "sessions"
+    _store_with(root, [*TURN, *TURN])
+
+    async def main() -> None:
+        client = VLLMClient(base_url=fake_server.root_url, max_retries=0, backoff_base=0.001)
+        async with MultiContextManager(
+            client, storage_dir=str(root), keep_after_compaction=len(TURN)
+        ) as manager:
+            await manager.compact_context(str(MAIN))
+
+    asyncio.run(main())
+    sent = fake_server.requests[-1]["messages"]
+    assert sent[: len(WIRE)] == WIRE
+    assert sent[-1]["role"] == "user" and "summar" in sent[-1]["content"].lower()
+    with FsStore(root) as store:
+        state = restore(store, MAIN)
+    assert state.origin.kind == "compaction"
+    assert state.history[2:] == TURN
+
+
+def test_compaction_size_counts_responses_calls_and_text() -> None:
+    """A requested compaction measures a function_call's arguments as it does Chat calls'."""
+    from terrarium.agent.compaction import size
+
+    assert size([TURN[3]]) == len('{"q": "Paris"}')
+    assert size([TURN[5], TURN[1]]) == len("sunny") + len("look")
