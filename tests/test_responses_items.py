@@ -101,6 +101,29 @@ def test_wire_messages_of_chat_messages_are_unchanged() -> None:
     ]
 
 
+def test_odd_responses_items_on_the_wire() -> None:
+    """An empty or non-text output still answers its call; an empty message, parts that are
+    not objects and a reasoning item with only encrypted content send nothing."""
+    history = [
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": {"not": "text"}},
+        {"type": "message", "role": "assistant", "content": [1, None, "x"]},
+        {"type": "reasoning", "encrypted_content": "zzz", "summary": []},
+        {"type": "message", "role": "robot", "content": "who?"},
+    ]
+    assert wire_messages(None, history) == [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": ""},
+    ]
+    assert [item_text(item) for item in history] == ["", "", "", "", "who?"]
+
+
 def test_developer_messages_are_sent_as_system_and_images_as_image_parts() -> None:
     """A developer message (typed or not) is a system message on the wire; an input_image
     is an image_url part."""

@@ -610,7 +610,7 @@ def chat_view(item: Mapping[str, Any]) -> Mapping[str, Any] | None:
         role = "system" if role == "developer" else role
         if not isinstance(role, str) or role not in ROLES:
             return None
-        return {"role": role, "content": chat_content(item.get("content"))}
+        return {"role": role, "content": _chat_parts(item.get("content"))}
     if kind == "function_call":
         call = {
             "id": str(item.get("call_id") or item.get("id") or ""),
@@ -643,6 +643,14 @@ def chat_content(content: Any) -> Any:
     if not isinstance(content, list) or not any(
         isinstance(p, Mapping) and p.get("type") in _RESPONSES_PARTS for p in content
     ):
+        return content
+    return _chat_parts(content)
+
+
+def _chat_parts(content: Any) -> Any:
+    """:func:`chat_content` of a Responses message's content: parts that are not objects
+    are left out."""
+    if not isinstance(content, list):
         return content
     parts: list[Any] = []
     for part in content:
@@ -735,11 +743,14 @@ def wire_message(item: Mapping[str, Any]) -> dict[str, Any] | None:
 
     A Responses item is sent as its :func:`chat_view`; one with nothing to send (reasoning,
     which Chat servers do not take back; kinds with no view; an empty message) is not sent
-    (None). Responses parts in a Chat message's content are made Chat parts.
+    (None). A tool result always is, even empty: its call must have an answer. Responses
+    parts in a Chat message's content are made Chat parts.
     """
     if is_responses_item(item):
         view = chat_view(item)
-        if view is None or not (view.get("content") or view.get("tool_calls")):
+        if view is None or not (
+            view.get("content") or view.get("tool_calls") or view.get("role") == "tool"
+        ):
             return None
         item = view
     message = {k: item[k] for k in WIRE_KEYS if k in item}
