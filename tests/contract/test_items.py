@@ -219,6 +219,9 @@ def test_rewind_into_a_compacted_history(store: Store, main: PodActiveSegmentRef
     assert state.history == summary[:1]
     assert state.usage.calls == 1 and state.context == str(MAIN)
     assert state.origin.parent == compacted
+    if isinstance(store, Listing):
+        (summary_row,) = store.list_contexts_fast()
+        assert summary_row.message_count == 1
 
 
 def test_rewind_checks_the_expected_seq(store: Store, main: PodActiveSegmentRef) -> None:
