@@ -247,3 +247,16 @@ def test_rewind_drops_responses_items_one_by_one(store: Store, main: PodActiveSe
     assert rewind(store, MAIN) == [RESPONSES_ITEMS[4]]
     assert rewind(store, MAIN) == [RESPONSES_ITEMS[3]]
     assert restore(store, MAIN).history == RESPONSES_ITEMS[:3]
+
+
+def test_an_item_nested_past_the_codec_limit_is_a_one_line_error(
+    store: Store, main: PodActiveSegmentRef
+) -> None:
+    """JSON nested more than 256 levels deep is refused whole, in one line."""
+    nested: dict[str, Any] = {"leaf": 1}
+    for _ in range(300):
+        nested = {"n": nested}
+    with pytest.raises(InvalidEntry, match="256 levels") as err:
+        save_delta(store, main, [RESPONSES_ITEMS[2], {"type": "deep", "tree": nested}])
+    assert "\n" not in str(err.value)
+    assert restore(store, MAIN).history == []
