@@ -746,7 +746,7 @@ def wire_message(item: Mapping[str, Any]) -> dict[str, Any] | None:
     (None). A tool result always is, even empty: its call must have an answer. Responses
     parts in a Chat message's content are made Chat parts.
     """
-    if is_responses_item(item):
+    if "type" in item or item.get("role") == "developer":  # is_responses_item, inlined
         view = chat_view(item)
         if view is None or not (
             view.get("content") or view.get("tool_calls") or view.get("role") == "tool"
@@ -796,14 +796,18 @@ def add_wire_message(messages: list[dict[str, Any]], item: Mapping[str, Any]) ->
     message = wire_message(item)
     if message is None:
         return
-    if messages and item.get("type") == "function_call" and messages[-1].get("role") == "assistant":
-        last = messages[-1]
-        calls = [*(last.get("tool_calls") or ()), *message["tool_calls"]]
-        messages[-1] = {**last, "tool_calls": calls}
-    elif messages and message.get("role") == "user" and messages[-1].get("role") == "user":
-        messages[-1] = _fold_user(messages[-1], message)
-    else:
-        messages.append(message)
+    if messages:
+        role, last = message.get("role"), messages[-1]
+        if role == "user":
+            if last.get("role") == "user":
+                messages[-1] = _fold_user(last, message)
+                return
+        elif role == "assistant" and item.get("type") == "function_call":
+            if last.get("role") == "assistant":
+                calls = [*(last.get("tool_calls") or ()), *message["tool_calls"]]
+                messages[-1] = {**last, "tool_calls": calls}
+                return
+    messages.append(message)
 
 
 def _fold_user(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
