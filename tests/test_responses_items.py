@@ -389,3 +389,22 @@ def test_compaction_size_counts_responses_calls_and_text() -> None:
 
     assert size([TURN[3]]) == len('{"q": "Paris"}')
     assert size([TURN[5], TURN[1]]) == len("sunny") + len("look")
+
+
+def test_chat_history_command_labels_responses_items(
+    fake_server: FakeServer, tmp_path: Path
+) -> None:
+    """/history in the chat shows each item under its role or kind, as show does."""
+    root = tmp_path / "sessions"
+    _store_with(root, TURN)
+    result = CliRunner().invoke(
+        cli,
+        ["chat", str(MAIN), "--base-url", fake_server.base_url, "--storage-dir", str(root)],
+        input="/history\n",
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "[reasoning]\nlook" in out
+    assert '[function_call]\n-> weather({"q": "Paris"})' in out
+    assert "[function_call_output]\n(result of c1)\nsunny" in out

@@ -21,6 +21,7 @@ from terrarium.model import ContextId, UsageRecord
 from terrarium.sessions import (
     create_compacted_segment,
     fork_at,
+    fork_context,
     restore,
     save_delta,
     save_turn_end,
@@ -50,7 +51,8 @@ def test_every_responses_item_restores_exactly(store: Store, main: PodActiveSegm
 def test_responses_items_survive_fork_and_compaction(
     store: Store, main: PodActiveSegmentRef
 ) -> None:
-    """A fork continues them and a compaction's header holds them, unchanged."""
+    """A fork continues them, a compaction's header holds them, and a fork into another
+    context copies them, unchanged."""
     _add(store, main, RESPONSES_ITEMS[:5])
     forked = fork_at(store, main, 3)
     assert restore(store, MAIN).history == RESPONSES_ITEMS[:5]
@@ -60,6 +62,8 @@ def test_responses_items_survive_fork_and_compaction(
     assert state.history == RESPONSES_ITEMS[:3]
     create_compacted_segment(store, main, RESPONSES_ITEMS[2:4], context=MAIN)
     assert restore(store, MAIN).history == RESPONSES_ITEMS[2:4]
+    fork_context(store, MAIN, "cli:copy")
+    assert restore(store, "cli:copy").history == RESPONSES_ITEMS[2:4]
 
 
 def test_the_listing_counts_responses_items_as_restore_does(
