@@ -408,3 +408,21 @@ def test_chat_history_command_labels_responses_items(
     assert "[reasoning]\nlook" in out
     assert '[function_call]\n-> weather({"q": "Paris"})' in out
     assert "[function_call_output]\n(result of c1)\nsunny" in out
+
+
+def test_rewind_command_imports_a_legacy_file_first(tmp_path: Path) -> None:
+    """A session only a legacy file holds is imported, then rewound; the file is untouched."""
+    root = tmp_path / "sessions"
+    path = root / "cli" / "2025-11-06" / "old.json"
+    path.parent.mkdir(parents=True)
+    messages = [
+        {"role": "user", "content": "Hello!", "timestamp": "2025-11-06T14:30:00.123456"},
+        {"role": "assistant", "content": "Hi!", "timestamp": "2025-11-06T14:30:03.456789"},
+    ]
+    path.write_text(json.dumps({"session_id": "old", "context_type": "cli", "messages": messages}))
+    before = path.read_bytes()
+    result = invoke("rewind", "cli:old", "--storage-dir", str(root))
+    assert result.exit_code == 0, result.output
+    with FsStore(root) as store:
+        assert [m["content"] for m in restore(store, "cli:old").history] == ["Hello!"]
+    assert path.read_bytes() == before

@@ -480,7 +480,9 @@ def append_entry(
 
 
 def classify_history_item(item: Item | Mapping[str, Any]) -> EntryKind:
-    """Which entry kind a history item is logged as: user messages are user input."""
+    """Which entry kind a history item is logged as: user messages (Chat messages, and
+    Responses ``message`` items, of role ``user``) are user input; every other item (other
+    roles, role-less Responses items) is an ``item``."""
     role = item.role if isinstance(item, Item) else item.get("role")
     return EntryKind.USER_INPUT if role == "user" else EntryKind.ITEM
 
