@@ -96,6 +96,7 @@ def loaded_by(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[s
         ["fsck"],
         ["fork", "cli:main", "cli:copy"],
         ["clear", "cli:main"],
+        ["rewind", "cli:main"],
         ["delete", "cli:main", "--yes"],
         ["reindex"],
         ["migrate", "--dry-run"],

@@ -85,7 +85,9 @@ tokens = st.integers(min_value=0, max_value=100_000)
 @st.composite
 def history_items(draw: st.DrawFn) -> dict[str, Any]:
     """A logged item of any role and shape the log must keep verbatim."""
-    shape = draw(st.sampled_from(["user", "assistant", "system", "call", "result", "parts"]))
+    shape = draw(
+        st.sampled_from(["user", "assistant", "system", "call", "result", "parts", "responses"])
+    )
     text = draw(texts)
     if shape == "call":
         call_id = draw(st.text("abc123", min_size=1, max_size=4))
@@ -98,6 +100,11 @@ def history_items(draw: st.DrawFn) -> dict[str, Any]:
         }
     elif shape == "result":
         item = {"role": "tool", "tool_call_id": "c", "content": text}
+    elif shape == "responses":  # a Responses API item, of a known type or not, any keys
+        kinds = ["message", "reasoning", "function_call", "function_call_output", "x_new"]
+        keys = st.text(max_size=6).filter(lambda key: key not in ("type", "role"))
+        item = {"type": draw(st.sampled_from(kinds)), "text": text}
+        item.update(draw(st.dictionaries(keys, json_values, max_size=3)))
     elif shape == "parts":
         item = {
             "role": draw(st.sampled_from(["user", "assistant"])),

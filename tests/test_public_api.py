@@ -27,6 +27,7 @@ OURS = [
     "MultiContextManager",
     "PersistentSession",
     "VLLMClient",
+    "rewind",
 ]
 
 

@@ -31,7 +31,7 @@ import msgspec
 
 from terrarium import legacy, sessions
 from terrarium.errors import ContextExists, ContextNotFound, IndexUnavailable, StoreError
-from terrarium.model import ContextId, RestoredState, UsageTotals, display_name
+from terrarium.model import ContextId, LoggedItem, RestoredState, UsageTotals, display_name
 from terrarium.stores.base import Listing, Store, context_lock
 
 log = logging.getLogger(__name__)
@@ -283,6 +283,26 @@ def clear_context(store: Store, context: ContextId, *, current: Current | None =
         if state is None:
             raise not_found(context)
         sessions.clear_segment(store, state, context=context)
+
+
+def rewind_context(
+    store: Store, context: ContextId, n: int = 1, *, current: Current | None = None
+) -> list[LoggedItem]:
+    """Drop the last ``n`` history items of the context (:func:`terrarium.sessions.rewind`).
+
+    A context that only a legacy JSON file holds is imported into the log first.
+
+    Returns:
+        The dropped items, oldest first.
+
+    Raises:
+        ContextNotFound: no such context.
+        InvalidEntry: ``n`` is larger than the history (nothing changed).
+    """
+    with context_lock(store, context):
+        if (current or (lambda c: current_state(store, c)))(context) is None:
+            raise not_found(context)
+    return sessions.rewind(store, context, n)
 
 
 def fork_context(

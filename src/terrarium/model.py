@@ -8,9 +8,13 @@ remaining keys belong to the kind. Order comes from ``seq`` only: clocks may go 
 
 History items are kept in their stable on-disk form, :data:`LoggedItem`: an OpenAI Chat
 Completions message (``{"role": "user", "content": "Hi"}``), the one message shape every
-OpenAI-compatible server and most tools already read. Items stay plain dicts on the hot path
-(restore, request building) so that unknown keys written by a newer terrarium survive untouched;
-:class:`Item` is the typed view for code that builds or inspects them.
+OpenAI-compatible server and most tools already read, or a Responses API item (a dict with a
+``type``: ``function_call``, ``reasoning``, a ``message`` of typed parts, and kinds this version
+does not know), stored exactly as given. :func:`chat_view` reads a Responses item as the Chat
+message it stands for, which display, export and the wire messages share.
+Items stay plain dicts on the hot path (restore, request building) so that unknown keys
+written by a newer terrarium survive untouched; :class:`Item` is the typed view for code that
+builds or inspects Chat messages.
 """
 
 from __future__ import annotations
@@ -277,9 +281,13 @@ LoggedContentPart: TypeAlias = dict[str, Any]
 """One content part on disk: ``{"type": "text", "text": ...}``, ``{"type": "image_url", ...}``."""
 
 LoggedItem: TypeAlias = dict[str, Any]
-"""A history item on disk: an OpenAI Chat Completions message dict."""
+"""A history item on disk: an OpenAI Chat Completions message dict, or a Responses API item
+(a dict with a ``type``: ``message``, ``function_call``, ``reasoning``, ...), kept as given."""
 
 ROLES: frozenset[str] = frozenset(("system", "user", "assistant", "tool"))
+# A message without a ``type`` may also be the Responses API's easy input message for the
+# developer (``{"role": "developer", "content": ...}``), which Chat has no role for.
+_MESSAGE_ROLES = ROLES | {"developer"}
 
 
 class Role(StrEnum):
@@ -430,8 +438,17 @@ _ITEM_KEYS = frozenset(
 
 
 def from_logged(logged: Mapping[str, Any]) -> Item:
-    """Convert an on-disk item back to an :class:`Item`; unknown keys land in ``extra``."""
+    """Convert an on-disk item back to an :class:`Item`; unknown keys land in ``extra``.
+
+    Raises:
+        InvalidEntry: ``logged`` is not a valid item, or is a Responses API item, which
+            :class:`Item` (a Chat Completions message) does not model: use the dict.
+    """
     check_item(logged)
+    if is_responses_item(logged):
+        raise InvalidEntry(
+            f"a Responses API item ({_short(logged['type'])}) has no Item form: use the dict"
+        )
     content = logged.get("content")
     parts: list[ContentPart] = []
     reasoning = logged.get("reasoning_content")
@@ -479,13 +496,30 @@ def from_logged(logged: Mapping[str, Any]) -> Item:
 
 
 def check_item(item: Mapping[str, Any]) -> None:
-    """Raise :class:`InvalidEntry` unless ``item`` is a well-formed logged item."""
+    """Raise :class:`InvalidEntry` unless ``item`` is a well-formed logged item.
+
+    An item with a ``type`` is a Responses API item (:func:`is_responses_item`): it needs only
+    a non-empty string ``type`` (and, when it has one, a string ``role``), so kinds this
+    version does not know are kept too. Any other item is a message: a Chat Completions one,
+    or the Responses API's ``developer`` message (role and content, no ``type``).
+    """
     if not isinstance(item, Mapping):
         raise InvalidEntry(f"a history item must be a dict, not {type(item).__name__}")
+    if "type" in item:
+        kind = item["type"]
+        if not isinstance(kind, str) or not kind:
+            raise InvalidEntry(
+                f"history item has invalid type {_short(kind)}: a Responses API item's "
+                "'type' is a non-empty string such as 'message' or 'function_call'"
+            )
+        if "role" in item and not isinstance(item["role"], str):
+            raise InvalidEntry(f"{kind} history item has invalid role {_short(item['role'])}")
+        return
     role = item.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in _MESSAGE_ROLES:
         raise InvalidEntry(
-            f"history item has invalid role {role!r}: expected one of {sorted(ROLES)}"
+            f"history item has invalid role {_short(role)}: expected one of "
+            f"{sorted(_MESSAGE_ROLES)}, or a 'type' (a Responses API item)"
         )
     content = item.get("content")
     if content is None:
@@ -498,6 +532,12 @@ def check_item(item: Mapping[str, Any]) -> None:
         isinstance(p, Mapping) and isinstance(p.get("type"), str) for p in content
     ):
         raise InvalidEntry(f"{role} history item content must be a string or a list of typed parts")
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` cut to one short line, for an error message."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def check_text(text: str, what: str) -> str:
@@ -529,13 +569,195 @@ def as_logged(item: Item | Mapping[str, Any]) -> LoggedItem:
     return dict(item)
 
 
+# --------------------------------------------------------------------------- Responses API items
+
+#: Part types whose ``text`` is text: Chat's ``text``, a Responses message's ``input_text`` and
+#: ``output_text``, a reasoning item's ``summary_text`` and ``reasoning_text``.
+TEXT_PART_TYPES: frozenset[str] = frozenset(
+    ("text", "input_text", "output_text", "summary_text", "reasoning_text")
+)
+# Part types that only the Responses API uses: a content list holding one is converted for Chat.
+_RESPONSES_PARTS = frozenset(
+    ("input_text", "output_text", "refusal", "input_image", "summary_text", "reasoning_text")
+)
+
+
+def is_responses_item(item: Mapping[str, Any]) -> bool:
+    """Whether a logged item is a Responses API item rather than a Chat Completions message.
+
+    It is when it has a ``type`` (Chat messages have none), or is a ``developer`` message
+    (the Responses API's easy input message, which has no ``type``).
+    """
+    return "type" in item or item.get("role") == "developer"
+
+
+def chat_view(item: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The Chat Completions message a logged item stands for, or None when it has none.
+
+    A Chat message is its own view. Of the Responses items: a ``message`` keeps its role
+    (``developer`` becomes ``system``) and its content, typed parts made Chat parts
+    (:func:`chat_content`); a ``function_call`` is an assistant message with one tool call
+    (``call_id``, ``name``, ``arguments``); a ``function_call_output`` a ``tool`` message
+    answering ``call_id``; a ``reasoning`` item an assistant message with only
+    ``reasoning_content`` (its summary and reasoning text). Every other kind
+    (``web_search_call``, ``item_reference``, kinds not known yet) has no view.
+    """
+    if not is_responses_item(item):
+        return item
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        role = "system" if role == "developer" else role
+        if not isinstance(role, str) or role not in ROLES:
+            return None
+        return {"role": role, "content": _chat_parts(item.get("content"))}
+    if kind == "function_call":
+        call = {
+            "id": str(item.get("call_id") or item.get("id") or ""),
+            "type": "function",
+            "function": {
+                "name": str(item.get("name") or ""),
+                "arguments": str(item.get("arguments") or ""),
+            },
+        }
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+    if kind == "function_call_output":
+        return {
+            "role": "tool",
+            "tool_call_id": str(item.get("call_id") or ""),
+            "content": _parts_text(item.get("output")),
+        }
+    if kind == "reasoning":
+        return {"role": "assistant", "content": None, "reasoning_content": item_text(item)}
+    return None
+
+
+def chat_content(content: Any) -> Any:
+    """``content`` with Responses parts made Chat parts (Chat content is returned as it is).
+
+    ``input_text``, ``output_text`` (and other text parts) become ``text`` parts, a
+    ``refusal`` the text of its refusal, an ``input_image`` with an ``image_url`` an
+    ``image_url`` part; other parts stay as they are. Content of text parts only becomes one
+    string, the texts a line apart (what every Chat server takes from an assistant).
+    """
+    if not isinstance(content, list) or not any(
+        isinstance(p, Mapping) and p.get("type") in _RESPONSES_PARTS for p in content
+    ):
+        return content
+    return _chat_parts(content)
+
+
+def _chat_parts(content: Any) -> Any:
+    """:func:`chat_content` of a Responses message's content: parts that are not objects
+    are left out."""
+    if not isinstance(content, list):
+        return content
+    parts: list[Any] = []
+    for part in content:
+        if not isinstance(part, Mapping):
+            continue
+        kind = part.get("type")
+        text = part.get("refusal") if kind == "refusal" else part.get("text")
+        if (kind in TEXT_PART_TYPES or kind == "refusal") and isinstance(text, str):
+            parts.append({"type": "text", "text": text})
+        elif kind == "input_image" and isinstance(part.get("image_url"), str):
+            image = {"url": part["image_url"]}
+            if isinstance(part.get("detail"), str):
+                image["detail"] = part["detail"]
+            parts.append({"type": "image_url", "image_url": image})
+        else:
+            parts.append(dict(part))
+    if all(p.get("type") == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    return parts
+
+
+def item_role(item: Mapping[str, Any]) -> str | None:
+    """The Chat role a logged item plays (:func:`chat_view`), or None (an item with no view)."""
+    view = chat_view(item)
+    role = view.get("role") if view is not None else None
+    return role if isinstance(role, str) and role in ROLES else None
+
+
+def item_label(item: Mapping[str, Any]) -> str:
+    """What display calls an item: its role (a Chat or a Responses message), else its
+    Responses ``type`` (``function_call``, ``reasoning``, ``web_search_call``, ...)."""
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        return role if isinstance(role, str) else "?"
+    return str(kind)
+
+
+def _parts_text(parts: Any, sep: str | None = None) -> str:
+    """The text of a content string or list of parts: text parts and refusals, joined by
+    ``sep``; by default Chat parts with nothing between them (as always), Responses parts
+    (:func:`chat_content`'s test) by a line break, so that two parts never make one word."""
+    if isinstance(parts, str):
+        return parts
+    if not isinstance(parts, list):
+        return ""
+    texts = []
+    responses = False
+    for part in parts:
+        if isinstance(part, Mapping):
+            kind = part.get("type")
+            responses = responses or kind in _RESPONSES_PARTS
+            text = part.get("refusal") if kind == "refusal" else part.get("text")
+            if (kind in TEXT_PART_TYPES or kind == "refusal") and isinstance(text, str):
+                texts.append(text)
+    if sep is None:
+        sep = "\n" if responses else ""
+    return sep.join(texts)
+
+
+def item_text(item: Mapping[str, Any]) -> str:
+    """The plain text of a logged item, for display, search, export and compaction.
+
+    A Chat message's content (its text parts joined); a Responses ``message``'s text parts
+    (``input_text``, ``output_text``) and refusals; a ``function_call_output``'s output; a
+    ``reasoning`` item's summary, then its reasoning text (paragraphs apart). Other items
+    (tool calls, ``web_search_call``, unknown kinds) have no text.
+    """
+    if "type" not in item:
+        return _parts_text(item.get("content"))
+    kind = item.get("type")
+    if kind == "message":
+        return _parts_text(item.get("content"))
+    if kind == "function_call_output":
+        return _parts_text(item.get("output"))
+    if kind == "reasoning":
+        texts = (_parts_text(item.get(key), "\n\n") for key in ("summary", "content"))
+        return "\n\n".join(text for text in texts if text)
+    return ""
+
+
+# --------------------------------------------------------------------------- wire messages
+
 #: Keys of a history item that are sent to the model server; others stay in the log only.
 WIRE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
 
 
-def wire_message(item: Mapping[str, Any]) -> dict[str, Any]:
-    """The message sent to the server for a logged item: the standard OpenAI keys only."""
-    return {k: item[k] for k in WIRE_KEYS if k in item}
+def wire_message(item: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The message sent to the server for a logged item: the standard OpenAI keys only.
+
+    A Responses item is sent as its :func:`chat_view`; one with nothing to send (reasoning,
+    which Chat servers do not take back; kinds with no view; an empty message) is not sent
+    (None). A tool result always is, even empty: its call must have an answer. Responses
+    parts in a Chat message's content are made Chat parts.
+    """
+    if "type" in item or item.get("role") == "developer":  # is_responses_item, inlined
+        view = chat_view(item)
+        if view is None or not (
+            view.get("content") or view.get("tool_calls") or view.get("role") == "tool"
+        ):
+            return None
+        item = view
+    message = {k: item[k] for k in WIRE_KEYS if k in item}
+    content = message.get("content")
+    if isinstance(content, list):
+        message["content"] = chat_content(content)
+    return message
 
 
 def wire_messages(
@@ -566,12 +788,26 @@ def add_wire_message(messages: list[dict[str, Any]], item: Mapping[str, Any]) ->
     The rule depends on the history alone, so a restore in another process sends the same
     messages, and it repairs logs written before it (or imported) too. Only the last message
     is looked at, and it is replaced, never changed in place (an earlier request may hold it).
+
+    A Responses ``function_call`` right after an assistant message joins it as one more tool
+    call, so a reply with text and calls (or parallel calls) is one Chat message; an item
+    with nothing to send (:func:`wire_message`) adds nothing.
     """
     message = wire_message(item)
-    if messages and message.get("role") == "user" and messages[-1].get("role") == "user":
-        messages[-1] = _fold_user(messages[-1], message)
-    else:
-        messages.append(message)
+    if message is None:
+        return
+    if messages:
+        role, last = message.get("role"), messages[-1]
+        if role == "user":
+            if last.get("role") == "user":
+                messages[-1] = _fold_user(last, message)
+                return
+        elif role == "assistant" and item.get("type") == "function_call":
+            if last.get("role") == "assistant":
+                calls = [*(last.get("tool_calls") or ()), *message["tool_calls"]]
+                messages[-1] = {**last, "tool_calls": calls}
+                return
+    messages.append(message)
 
 
 def _fold_user(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
@@ -595,16 +831,6 @@ def _parts(content: str | list[Any]) -> list[Any]:
     if isinstance(content, list):
         return list(content)
     return [{"type": "text", "text": content}] if content else []
-
-
-def item_text(item: Mapping[str, Any]) -> str:
-    """The plain text of a logged item (text parts joined), for display, search and export."""
-    content = item.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if p.get("type") == "text")
-    return ""
 
 
 # --------------------------------------------------------------------------- usage, events

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from terrarium.errors import IndexUnavailable, InvalidQuery
-from terrarium.model import HISTORY_KINDS, ContextId, item_text
+from terrarium.model import HISTORY_KINDS, ContextId, item_role, item_text
 from terrarium.stores.base import Searchable, SearchHit, SearchQuery, Store
 from terrarium.stores.fts import (
     TAG_TOKENS,
@@ -149,11 +149,10 @@ def scan(store: Store, query: SearchQuery | str) -> list[SearchHit]:
 
 def _doc(context: ContextId, head: Any, segment_id: Any, seq: int, item: Any, ts: str) -> _Doc:
     if isinstance(item, Mapping):
-        role = item.get("role")
         try:
-            text = item_text(item)
+            role, text = item_role(item), item_text(item)
         except (AttributeError, TypeError):
-            text = ""
+            role, text = None, ""
     else:
         role, text = None, ""
     text = text if isinstance(text, str) else ""

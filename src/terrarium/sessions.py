@@ -52,6 +52,7 @@ from terrarium.stores.base import (
     PodMetadata,
     SegmentRead,
     Store,
+    context_lock,
 )
 
 
@@ -356,6 +357,93 @@ def ensure_head_or_fork(
         return forked
 
 
+def rewind(
+    store: Store, context: ContextId | str, n: int = 1, *, expected_seq: int | None = None
+) -> list[LoggedItem]:
+    """Drop the last ``n`` history items of ``context`` by moving its head to a fork.
+
+    The head moves to a fork of the segment that logged the first dropped item, just before
+    that entry (crossing back through fork points and into ancestors as needed), so nothing
+    is copied and the dropped items stay in the session tree (``fork``/``show --segments``
+    reach them). Entries logged after the last kept item (its usage, turn end) go with the
+    dropped ones. When the cut falls inside a history that a header holds (a compaction's
+    summary, an import), the new segment's header holds the kept part of it, the one case
+    that copies. ``n=0`` changes nothing. Runs under the context's lock.
+
+    Args:
+        store: The store.
+        context: The context to rewind.
+        n: How many history items to drop.
+        expected_seq: If given, the next seq the writer expects the head segment to have;
+            a head that moved on raises ConflictError and nothing changes.
+
+    Returns:
+        The dropped items, oldest first.
+
+    Raises:
+        ContextNotFound: no such context.
+        InvalidEntry: ``n`` is not a count, or is larger than the history.
+        ConflictError: the head moved, or its next seq is not ``expected_seq``.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InvalidEntry(f"cannot rewind {n!r} items: n must be a count (0, 1, 2, ...)")
+    ctx = ContextId.parse(context)
+    with context_lock(store, ctx):
+        head = _require_head(store, ctx)
+        reads = lineage(store, head.session_id, head.segment_id)
+        next_seq = (reads[-1].entries[-1]["seq"] if reads[-1].entries else 0) + 1
+        if expected_seq is not None and next_seq != expected_seq:
+            raise ConflictError(
+                f"cannot rewind {ctx}: its head segment is at entry {next_seq}, "
+                f"not {expected_seq}; nothing changed"
+            )
+        places = _history_places(reads)
+        if n > len(places):
+            raise InvalidEntry(
+                f"cannot rewind {ctx} by {n} items: its history has only {len(places)}; "
+                "nothing changed"
+            )
+        if n == 0:
+            return []
+        read, seq, index, _ = places[len(places) - n]
+        ref = PodActiveSegmentRef(head.session_id, SegmentId(read.header["segment_id"]))
+        if index is None:
+            segment_id = fork_at(store, ref, seq - 1)
+        else:
+            segment_id = _fork_inside_header(store, ref, index)
+        store.set_head(ctx, segment_id, expected=head.segment_id)
+        return [item for _, _, _, item in places[len(places) - n :]]
+
+
+_Place = tuple[SegmentRead, int, int | None, LoggedItem]
+
+
+def _history_places(reads: Sequence[SegmentRead]) -> list[_Place]:
+    """Where each history item of a lineage was logged, with the item: (read, seq, index in
+    the header's history or None for an entry, item), following :func:`collect_state`."""
+    places: list[_Place] = []
+    for read in reads:
+        history = read.header.get("history")
+        if history is not None:  # a fresh start: earlier items are not in this history
+            places = [(read, 0, i, item) for i, item in enumerate(history)]
+        places.extend(
+            (read, e["seq"], None, e["item"]) for e in read.entries if e["kind"] in HISTORY_KINDS
+        )
+    return places
+
+
+def _fork_inside_header(store: Store, ref: SegmentRef, keep: int) -> SegmentId:
+    """A segment continuing ``ref``'s header with the first ``keep`` items of its history."""
+    state = restore_by_segment(store, ref.session_id, ref.segment_id, stop_seq=0)
+    segment_id = new_segment_id()
+    origin = SegmentOrigin("fork", parent=ref.segment_id, at_seq=0)
+    start = SegmentStartState(state.system_prompt, state.config, state.history[:keep])
+    header = _header(state.session_id, segment_id, origin, context=None, start=start, carry=state)
+    header["context"] = state.context
+    store.create_segment(state.session_id, header)
+    return segment_id
+
+
 # --------------------------------------------------------------------------- writing
 
 
@@ -392,7 +480,9 @@ def append_entry(
 
 
 def classify_history_item(item: Item | Mapping[str, Any]) -> EntryKind:
-    """Which entry kind a history item is logged as: user messages are user input."""
+    """Which entry kind a history item is logged as: user messages (Chat messages, and
+    Responses ``message`` items, of role ``user``) are user input; every other item (other
+    roles, role-less Responses items) is an ``item``."""
     role = item.role if isinstance(item, Item) else item.get("role")
     return EntryKind.USER_INPUT if role == "user" else EntryKind.ITEM
 

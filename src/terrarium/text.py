@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from terrarium.errors import InvalidQuery
-from terrarium.model import ROLES, item_text
+from terrarium.model import item_role, item_text
 
 #: The characters that mark a highlight in a snippet; text holding them is indexed with
 #: U+FFFD instead, so a marker is never confused with the text.
@@ -123,8 +123,8 @@ def query_terms(text: str) -> list[str]:
 
 
 def indexed_item(item: Any) -> tuple[str, str] | None:
-    """A history item's role (``other`` if unknown) and text as indexed, or None when it
-    has no text to find (not an item, or no text in it)."""
+    """A history item's role (:func:`~terrarium.model.item_role`, ``other`` if none) and text
+    as indexed, or None when it has no text to find (not an item, or no text in it)."""
     if not isinstance(item, Mapping):
         return None
     try:
@@ -133,8 +133,7 @@ def indexed_item(item: Any) -> tuple[str, str] | None:
         return None
     if not isinstance(text, str) or not text:
         return None
-    role = item.get("role")
-    return role if role in ROLES else "other", prepare_text(text)
+    return item_role(item) or "other", prepare_text(text)
 
 
 def phrase_count(tokens: Sequence[str], phrase: Sequence[str]) -> int:

@@ -8,6 +8,7 @@ is in that backend's own test file.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from helpers.history import (
     snippets,
     user_item,
 )
+from helpers.responses import RESPONSES_ITEMS
 from terrarium import FsStore, SqliteStore
 from terrarium.errors import InvalidContextId
 from terrarium.model import ContextId, Item
@@ -38,7 +40,14 @@ from terrarium.sessions import (
     save_delta,
     save_user_input,
 )
-from terrarium.stores.base import NewEntry, Searchable, SearchHit, SearchQuery, Store
+from terrarium.stores.base import (
+    NewEntry,
+    PodActiveSegmentRef,
+    Searchable,
+    SearchHit,
+    SearchQuery,
+    Store,
+)
 from terrarium.text import tokenize
 
 pytestmark = pytest.mark.ability.with_args(Searchable)
@@ -343,3 +352,26 @@ def _filters(query: SearchQuery) -> dict[str, Any]:
 
 def _full(hits: list[SearchHit]) -> list[tuple[Any, ...]]:
     return [(h.context, h.seq, round(h.score, 9), h.snippet, h.highlights) for h in hits]
+
+
+# --------------------------------------------------------------------------- Responses items
+
+
+@pytest.mark.parametrize(
+    ("word", "role"),
+    [
+        ("zebrafish", "user"),  # input_text
+        ("axolotl", "assistant"),  # output_text
+        ("platypus", "assistant"),  # refusal
+        ("quokkas", "assistant"),  # reasoning summary
+        ("narwhals", "tool"),  # function_call_output
+    ],
+)
+def test_search_finds_responses_text(
+    store: Store, main: PodActiveSegmentRef, word: str, role: str
+) -> None:
+    """The text parts of Responses items are searchable, with the role they play."""
+    save_delta(store, main, copy.deepcopy(RESPONSES_ITEMS))
+    hits = store.search(SearchQuery(word))
+    assert [(hit.context, hit.role) for hit in hits] == [("cli:main", role)]
+    assert word in hits[0].snippet.replace("\ue000", "").replace("\ue001", "")

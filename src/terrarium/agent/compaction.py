@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from terrarium.errors import NothingToCompact
-from terrarium.model import ContextId, item_text
+from terrarium.model import ContextId, chat_view, item_text
 
 
 def size(items: Sequence[Mapping[str, Any]]) -> int:
@@ -24,7 +24,8 @@ def size(items: Sequence[Mapping[str, Any]]) -> int:
     total = 0
     for item in items:
         total += len(item_text(item))
-        for call in item.get("tool_calls") or []:
+        view = chat_view(item) or {}  # a Responses function_call's arguments count too
+        for call in view.get("tool_calls") or []:
             total += len(str((call.get("function") or {}).get("arguments", "")))
     return total
 

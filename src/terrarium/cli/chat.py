@@ -191,6 +191,7 @@ class Chat:
 
     async def cmd_history(self, _arg: str) -> None:
         from terrarium.cli.commands import render_item
+        from terrarium.model import item_label
 
         try:
             items = self.manager.history(str(self.context))
@@ -199,8 +200,7 @@ class Chat:
         if not items:
             self.out.line(f"{self.context} has no messages yet", style="dim")
         for item in items:
-            role = str(item.get("role", "?"))
-            self.out.line(f"[{role}]", style="bold")
+            self.out.line(f"[{item_label(item)}]", style="bold")
             self.out.line(render_item(item))
 
     async def cmd_stats(self, _arg: str) -> None:

@@ -1,10 +1,11 @@
-"""The commands that manage sessions: list, show, stats, delete, clear, fork, compact, export,
-import, migrate, fsck and reindex. Each one calls the library; nothing here touches storage
+"""The commands that manage sessions: list, show, stats, delete, clear, rewind, fork, compact,
+export, import, migrate, fsck and reindex. Each one calls the library; nothing here touches storage
 itself (``fsck`` reads segment files through :mod:`terrarium.codec`, see ``cli/fsck.py``).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -196,7 +197,7 @@ def show(
         out.line(f"({hidden} earlier message{'' if hidden == 1 else 's'} not shown)", style="dim")
     for timed in shown:
         out.line()
-        role = str(timed.item.get("role", "?"))
+        role = model.item_label(timed.item)
         out.line(f"[{role} {short_time(timed.ts)}]", style=_ROLE_STYLES.get(role, "bold"))
         out.line(render_item(timed.item))
     if segments:
@@ -239,13 +240,19 @@ _ROLE_STYLES = {"user": "bold cyan", "assistant": "bold green", "system": "bold 
 
 def render_item(item: Mapping[str, Any]) -> str:
     """An item's text for the terminal: its tool calls as ``-> name(args)``, a tool result
-    marked with the call it answers."""
-    parts = [model.item_text(item)] if model.item_text(item) else []
-    for call in item.get("tool_calls") or []:
+    marked with the call it answers. Responses items are read through ``model.chat_view``; a
+    kind with no Chat form (``web_search_call``, kinds not known yet) shows its keys as JSON."""
+    view = model.chat_view(item)
+    if view is None:
+        rest = {k: v for k, v in item.items() if k != "type"}
+        return json.dumps(rest, ensure_ascii=False, default=repr)
+    text = model.item_text(item)
+    parts = [text] if text else []
+    for call in view.get("tool_calls") or []:
         function = call.get("function") or {}
         parts.append(f"-> {function.get('name', '?')}({function.get('arguments', '')})")
-    if item.get("role") == "tool" and item.get("tool_call_id"):
-        parts.insert(0, f"(result of {item['tool_call_id']})")
+    if view.get("role") == "tool" and view.get("tool_call_id"):
+        parts.insert(0, f"(result of {view['tool_call_id']})")
     return "\n".join(parts)
 
 
@@ -253,7 +260,7 @@ def _preview(line: dict[str, Any]) -> str:
     item = line.get("item")
     if isinstance(item, dict):
         text = " ".join(model.item_text(item).split())
-        return f"{item.get('role', '?')}: {text[:60]}"
+        return f"{model.item_label(item)}: {text[:60]}"
     if line["kind"] == "run_errored":
         return str(line.get("error", ""))[:60]
     return ""
@@ -429,6 +436,30 @@ def clear(ctx: click.Context, context: ContextId) -> None:
     with catalog.naming_store(state):
         contexts.clear_context(state.store(), context)
     state.out.note(f"cleared {context.display}", style="green")
+
+
+@reads_store
+@cli.command()
+@click.argument("context", type=CONTEXT)
+@click.option(
+    "-n",
+    "count",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="How many history items to drop.",
+)
+@storage_option
+@click.pass_context
+def rewind(ctx: click.Context, context: ContextId, count: int) -> None:
+    """Drop the last N history items of a session (they stay in its session tree)."""
+    state = state_of(ctx)
+    with catalog.naming_store(state):
+        dropped = contexts.rewind_context(state.store(), context, count)
+    state.out.note(
+        f"rewound {context.display}: dropped {plural(len(dropped), 'item')}", style="green"
+    )
 
 
 # --------------------------------------------------------------------------- fork, compact

@@ -38,6 +38,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "terrarium clear cli:main",
         "terrarium clear 'irc:#python' --storage-dir ./sessions",
     ),
+    "rewind": (
+        "terrarium rewind cli:main",
+        "terrarium rewind cli:main -n 3 --storage-dir sqlite:///sessions.db",
+    ),
     "fork": (
         "terrarium fork cli:main cli:experiment",
         "terrarium fork cli:main cli:retry --at 12",

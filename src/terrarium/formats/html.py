@@ -21,7 +21,7 @@ from typing import Any
 
 from terrarium.formats.jsonl import TimedItem, Transcript, load_transcript
 from terrarium.formats.markdown import pretty_json, when
-from terrarium.model import ContextId, EntryKind
+from terrarium.model import ContextId, EntryKind, chat_view, item_label
 from terrarium.stores.base import Store
 
 _CSS = """
@@ -116,30 +116,39 @@ def _tool_calls(item: Mapping[str, Any]) -> list[str]:
 
 
 def render_item(timed: TimedItem) -> str:
-    """One history item as an HTML block."""
+    """One history item as an HTML block (a Responses item through ``model.chat_view``, as
+    in Markdown; a kind with no view as its JSON)."""
     item = timed.item
-    role = str(item.get("role", "?"))
     stamp = f'<time datetime="{_e(timed.ts)}">{_e(when(timed.ts))}</time>'
     if timed.kind == EntryKind.SYSTEM_ITEM:
         text = item.get("content") or timed.event or "event"
         return f'<div class="event">{_e(text)} · {stamp}</div>'
+    view = chat_view(item)
+    label = item_label(item)
+    if view is None:
+        dump = json.dumps(dict(item), indent=2, ensure_ascii=False, default=repr)
+        who = f'<div class="who"><b>{_e(label)}</b> · {stamp}</div>'
+        return f'<div class="msg other">{who}{_pre(dump, "json")}</div>'
+    role = str(view.get("role", "?"))
     who = f"<b>{_e(role.title() if role != 'tool' else 'Tool result')}</b>"
-    if item.get("name"):
-        who += f" ({_e(item['name'])})"
-    if role == "tool" and item.get("tool_call_id"):
-        who += f" for {_e(item['tool_call_id'])}"
+    if label != role:
+        who += f" ({_e(label)})"
+    if view.get("name"):
+        who += f" ({_e(view['name'])})"
+    if role == "tool" and view.get("tool_call_id"):
+        who += f" for {_e(view['tool_call_id'])}"
     body = [f'<div class="who">{who} · {stamp}</div>']
-    if item.get("reasoning_content"):
+    if view.get("reasoning_content"):
         body.append(
             f'<details><summary>Reasoning</summary><div class="text">'
-            f"{_e(item['reasoning_content'])}</div></details>"
+            f"{_e(view['reasoning_content'])}</div></details>"
         )
-    content = _content(item, code=role == "tool")
+    content = _content(view, code=role == "tool")
     if role == "tool" and content:
         body.append(f"<details open><summary>Output</summary>{''.join(content)}</details>")
     else:
         body.extend(content)
-    body.extend(_tool_calls(item))
+    body.extend(_tool_calls(view))
     cls = role if role in ("user", "assistant", "tool", "system") else "other"
     return f'<div class="msg {cls}">{"".join(body)}</div>'
 

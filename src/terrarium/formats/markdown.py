@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from terrarium.formats.jsonl import TimedItem, Transcript, load_transcript, parse_ts
-from terrarium.model import ContextId, EntryKind
+from terrarium.model import ContextId, EntryKind, chat_view, item_label
 from terrarium.stores.base import Store
 
 _ROLE_TITLES = {"user": "User", "assistant": "Assistant", "tool": "Tool result", "system": "System"}
@@ -103,24 +103,35 @@ def _tool_calls(item: Mapping[str, Any]) -> list[str]:
 
 
 def render_item(timed: TimedItem) -> str:
-    """One history item as a Markdown section (or an italic line for a runtime event)."""
+    """One history item as a Markdown section (or an italic line for a runtime event).
+
+    A Responses item is rendered as its Chat view (``model.chat_view``), its kind named in the
+    heading (``Assistant (`function_call`)``); a kind with no view shows its keys as JSON.
+    """
     item = timed.item
-    role = str(item.get("role", "?"))
     if timed.kind == EntryKind.SYSTEM_ITEM:
         text = escape(str(item.get("content") or "")) or escape(timed.event or "event")
         return f"*{text}* — {when(timed.ts)}"
+    view = chat_view(item)
+    label = item_label(item)
+    if view is None:
+        body = json.dumps(dict(item), indent=2, ensure_ascii=False, default=repr)
+        return f"### {code_span(label)} · {when(timed.ts)}\n\n{fenced(body, 'json')}"
+    role = str(view.get("role", "?"))
     heading = _ROLE_TITLES.get(role, escape(role.title()))
-    if item.get("name"):
-        heading += f" ({escape(str(item['name']))})"
-    if role == "tool" and item.get("tool_call_id"):
-        heading += f" for {code_span(str(item['tool_call_id']))}"
+    if label != role:
+        heading += f" ({code_span(label)})"
+    if view.get("name"):
+        heading += f" ({escape(str(view['name']))})"
+    if role == "tool" and view.get("tool_call_id"):
+        heading += f" for {code_span(str(view['tool_call_id']))}"
     blocks = [f"### {heading} · {when(timed.ts)}"]
-    reasoning = item.get("reasoning_content")
+    reasoning = view.get("reasoning_content")
     if reasoning:
         quoted = "\n".join(f"> {line}" if line else ">" for line in str(reasoning).splitlines())
         blocks.append(f"> *Reasoning:*\n>\n{quoted}")
-    blocks.extend(_content(item, code=role == "tool"))
-    blocks.extend(_tool_calls(item))
+    blocks.extend(_content(view, code=role == "tool"))
+    blocks.extend(_tool_calls(view))
     return "\n\n".join(blocks)
 
 

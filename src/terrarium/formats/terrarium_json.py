@@ -49,6 +49,7 @@ from terrarium.model import (
     SegmentOrigin,
     SegmentStartState,
     SessionId,
+    chat_view,
     encode_name,
     item_text,
     new_segment_id,
@@ -786,15 +787,18 @@ def history_with_timestamps(
 
 
 def _native_message(item: LoggedItem, ts: str) -> dict[str, Any] | None:
-    role = item.get("role")
-    if role not in ("user", "assistant"):
+    """A user or assistant message with text as a legacy message (a Responses item through
+    its Chat view: its ``message`` items; tool calls, results and reasoning are left out)."""
+    view = chat_view(item)
+    role = view.get("role") if view is not None else None
+    if view is None or role not in ("user", "assistant"):
         return None
     text = item_text(item)
-    if item.get("content") is None or (item.get("tool_calls") and not text):
+    if view.get("content") is None or (view.get("tool_calls") and not text):
         return None
     out: dict[str, Any] = {"role": role, "content": text, "timestamp": to_legacy_ts(ts)}
-    if isinstance(item.get("name"), str):
-        out["name"] = item["name"]
+    if isinstance(view.get("name"), str):
+        out["name"] = view["name"]
     return out
 
 

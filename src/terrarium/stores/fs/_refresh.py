@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
-from terrarium.model import HISTORY_KINDS, ROLES, ContextId, item_text
+from terrarium.model import HISTORY_KINDS, ContextId, item_role, item_text
 from terrarium.stores.base import PodMetadata
 from terrarium.stores.fs import _sql as sql
 from terrarium.stores.fs._heads import head_of
@@ -494,14 +494,11 @@ def _doc(seq: int, item: Any, ts: str) -> tuple[int, str, str, str]:
     """(seq, role, ts, text as indexed) for one history item."""
     if not isinstance(item, Mapping):
         return seq, "other", ts, ""
-    role = item.get("role")
-    if role not in ROLES:
-        role = "other"
     try:
-        text = item_text(item)
+        role, text = item_role(item) or "other", item_text(item)
     except (AttributeError, TypeError):
-        text = ""
-    return seq, str(role), ts, prepare_text(text) if isinstance(text, str) else ""
+        role, text = "other", ""
+    return seq, role, ts, prepare_text(text) if isinstance(text, str) else ""
 
 
 def _read_from(path: Path, offset: int) -> tuple[bytes, int]:
