@@ -248,3 +248,101 @@ def m005_detached_sessions(conn: sqlite3.Connection) -> None:
         "CREATE INDEX sessions_detached ON sessions (session_id) WHERE context IS NULL",
     ):
         conn.execute(statement)
+
+
+@MIGRATIONS
+def m006_transcript_view(conn: sqlite3.Connection) -> None:
+    """Views for SQL users: ``transcript_lineage`` (the segments each context's restore reads)
+    and ``transcript`` (each context's history, in order, as ``restore`` gives it).
+
+    Each context's lineage is a correlated subquery (a recursive walk up its fork headers,
+    read by primary key), so ``WHERE context = ?`` reads that context's segments alone: SQLite
+    pushes the filter through the window into both arms (docs/format.md shows the plan).
+    SQLite's JSON functions end a text at U+0000, so a ``\\u0000`` escape reads as U+FFFD.
+    """
+    for statement in (
+        # depth 0 is the head; each continuing fork header (history null) names the parent
+        # segment it continues up to at_seq. UNION, not UNION ALL: a (corrupt) cycle of
+        # headers ends instead of looping.
+        """CREATE VIEW transcript_lineage AS
+        SELECT c.context, c.session_id, l.key AS depth,
+            json_extract(l.value, '$[0]') AS segment_id,
+            json_extract(l.value, '$[1]') AS stop_seq
+        FROM contexts AS c CROSS JOIN json_each((
+            WITH RECURSIVE chain(segment_id, stop_seq, header) AS (
+                SELECT c.segment_id, 2147483647, h.line FROM entries AS h
+                WHERE h.session_id = c.session_id AND h.segment_id = c.segment_id
+                    AND h.seq = 0
+                UNION
+                SELECT p.segment_id, json_extract(chain.header, '$.origin.at_seq'), p.line
+                FROM chain JOIN entries AS p ON p.session_id = c.session_id
+                    AND p.segment_id = json_extract(chain.header, '$.origin.parent')
+                    AND p.seq = 0
+                WHERE json_extract(chain.header, '$.origin.kind') = 'fork'
+                    AND coalesce(json_type(chain.header, '$.history'), 'null') = 'null'
+            )
+            SELECT json_group_array(json_array(segment_id, stop_seq)) FROM chain
+        )) AS l""",
+        # The oldest segment of a lineage may start with a history (a root, compaction, clear,
+        # import, fork into another context); then come the history entries of each segment,
+        # oldest segment first, up to the seq its child continues after.
+        f"""CREATE VIEW transcript_items AS
+        SELECT l.context, l.session_id, l.segment_id, l.depth, 0 AS seq, j.key AS n,
+            'header' AS kind, h.ts,
+            {_nul_safe("h.line")} -> j.fullkey AS item
+        FROM transcript_lineage AS l
+        CROSS JOIN entries AS h ON h.session_id = l.session_id AND h.segment_id = l.segment_id
+            AND h.seq = 0
+        CROSS JOIN json_each({_nul_safe("h.line")}, '$.history') AS j
+        WHERE json_type(h.line, '$.history') = 'array'
+        UNION ALL
+        SELECT l.context, l.session_id, l.segment_id, l.depth, e.seq, NULL, e.kind, e.ts,
+            {_nul_safe("e.line")} -> '$.item'
+        FROM transcript_lineage AS l
+        CROSS JOIN entries AS e ON e.session_id = l.session_id AND e.segment_id = l.segment_id
+            AND e.seq BETWEEN 1 AND l.stop_seq
+        WHERE e.kind IN ('item', 'system_item', 'user_input')""",
+        # text: string content; else the text (or refusal) of each content part; else a
+        # reasoning item's summary texts; else a top-level refusal; else ''.
+        """CREATE VIEW transcript AS
+        SELECT context,
+            row_number() OVER (PARTITION BY context ORDER BY depth DESC, seq, n) AS position,
+            json_extract(item, '$.role') AS role,
+            CASE json_type(item, '$.content')
+                WHEN 'text' THEN json_extract(item, '$.content')
+                WHEN 'array' THEN (SELECT coalesce(group_concat(t, ''), '') FROM (
+                    SELECT coalesce(
+                        CASE json_type(item, p.fullkey || '.text')
+                            WHEN 'text' THEN json_extract(item, p.fullkey || '.text') END,
+                        CASE json_type(item, p.fullkey || '.refusal')
+                            WHEN 'text' THEN json_extract(item, p.fullkey || '.refusal') END)
+                        AS t
+                    FROM json_each(item, '$.content') AS p ORDER BY p.id))
+                ELSE coalesce(
+                    CASE json_type(item, '$.summary') WHEN 'array' THEN (
+                        SELECT group_concat(json_extract(item, s.fullkey || '.text'), '')
+                        FROM (SELECT fullkey FROM json_each(item, '$.summary') AS s
+                            WHERE json_type(item, s.fullkey || '.text') = 'text'
+                            ORDER BY s.id) AS s) END,
+                    CASE json_type(item, '$.refusal')
+                        WHEN 'text' THEN json_extract(item, '$.refusal') END,
+                    '')
+            END AS text,
+            ts AS timestamp,
+            json_extract(item, '$.type') AS type,
+            kind, session_id, segment_id, seq, n, item
+        FROM transcript_items""",
+    ):
+        conn.execute(statement)
+
+
+def _nul_safe(line: str) -> str:
+    r"""SQL for ``line`` with each ``\u0000`` escape made ``\ufffd`` (m006).
+
+    Escaped backslashes are set aside as U+0001 first, which valid JSON never holds raw, so
+    ``\\u0000`` (a backslash, then "u0000") stays as it is; ``instr`` spares other lines.
+    """
+    return (
+        rf"CASE WHEN instr({line}, '\u0000') THEN replace(replace(replace({line}, '\\', "
+        rf"char(1)), '\u0000', '\ufffd'), char(1), '\\') ELSE {line} END"
+    )
