@@ -337,6 +337,8 @@ def test_every_context_of_a_busy_store_reads_as_its_restore(backend: Backend) ->
     assert sorted(everything) == sorted(expected)
 
 
+# Each item with the text ``model.item_text`` gives it once Responses items are first-class
+# (issue 14): Responses parts joined by line breaks, reasoning paragraphs apart.
 RESPONSES_ITEMS: list[tuple[dict[str, Any], str]] = [
     (
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
@@ -349,11 +351,11 @@ RESPONSES_ITEMS: list[tuple[dict[str, Any], str]] = [
             "id": "msg_1",
             "status": "completed",
             "content": [
-                {"type": "output_text", "text": "Hello, ", "annotations": []},
+                {"type": "output_text", "text": "Hello,", "annotations": []},
                 {"type": "output_text", "text": "wörld", "annotations": []},
             ],
         },
-        "Hello, wörld",
+        "Hello,\nwörld",
     ),
     (
         {
@@ -364,26 +366,47 @@ RESPONSES_ITEMS: list[tuple[dict[str, Any], str]] = [
         "I can't help with that.",
     ),
     ({"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"x": 1}'}, ""),
-    ({"type": "function_call_output", "call_id": "c1", "output": "42"}, ""),
+    ({"type": "function_call_output", "call_id": "c1", "output": "42"}, "42"),
+    (
+        {
+            "type": "function_call_output",
+            "call_id": "c2",
+            "output": [{"type": "input_text", "text": "a"}, {"type": "input_image"}],
+        },
+        "a",
+    ),
     (
         {
             "type": "reasoning",
             "id": "rs_1",
             "summary": [
-                {"type": "summary_text", "text": "Thinking "},
+                {"type": "summary_text", "text": "Thinking"},
                 {"type": "summary_text", "text": "aloud"},
             ],
+            "content": [{"type": "reasoning_text", "text": "deep"}],
         },
-        "Thinking aloud",
+        "Thinking\n\naloud\n\ndeep",
     ),
-    ({"role": "assistant", "content": None, "refusal": "No."}, "No."),
-    ({"type": "some_future_item", "payload": {"k": [1, 2]}}, ""),
+    ({"type": "reasoning", "id": "rs_2", "summary": []}, ""),
+    ({"role": "assistant", "content": None, "refusal": "No."}, ""),
+    (
+        {
+            "role": "user",
+            "content": [
+                "not a part",
+                {"type": "text", "text": "x"},
+                {"type": "input_text", "text": "y"},
+            ],
+        },
+        "x\ny",
+    ),
+    ({"type": "some_future_item", "content": "not read", "payload": {"k": [1, 2]}}, ""),
 ]
 
 
 def test_responses_items_show_their_text(backend: Backend) -> None:
     """Responses items keep their place: role NULL and ``type`` for items without a role;
-    text from ``input_text``/``output_text`` parts, refusals and reasoning summaries."""
+    text from ``input_text``/``output_text`` parts, refusals, tool outputs and reasoning."""
     head = start(backend, *turn("chat first"))
     for item, _ in RESPONSES_ITEMS:
         append_entry(backend.store, head, "item", {"item": item})

@@ -354,32 +354,62 @@ def m006_transcript_view(conn: psycopg.Connection[Any]) -> None:
         FROM transcript_lineage AS l JOIN entries AS e ON e.session_id = l.session_id
             AND e.segment_id = l.segment_id AND e.seq BETWEEN 1 AND l.stop_seq
         WHERE e.kind IN ('item', 'system_item', 'user_input')""",
-        # text: string content; else the text (or refusal) of each content part; else a
-        # reasoning item's summary texts; else a top-level refusal; else ''.
-        """CREATE VIEW transcript AS
+        # text: as model.item_text derives it (see _item_text)
+        f"""CREATE VIEW transcript AS
         SELECT context,
             row_number() OVER (PARTITION BY context ORDER BY depth DESC, seq, n) AS position,
             item ->> 'role' AS role,
-            CASE jsonb_typeof(item -> 'content')
-                WHEN 'string' THEN item ->> 'content'
-                WHEN 'array' THEN (
-                    SELECT coalesce(string_agg(coalesce(
-                        CASE WHEN jsonb_typeof(p -> 'text') = 'string' THEN p ->> 'text' END,
-                        CASE WHEN jsonb_typeof(p -> 'refusal') = 'string' THEN p ->> 'refusal'
-                        END), '' ORDER BY i), '')
-                    FROM jsonb_array_elements(item -> 'content') WITH ORDINALITY AS x(p, i))
-                ELSE coalesce(
-                    (SELECT string_agg(s ->> 'text', '' ORDER BY i)
-                    FROM jsonb_array_elements(CASE WHEN jsonb_typeof(item -> 'summary') = 'array'
-                        THEN item -> 'summary' END) WITH ORDINALITY AS x(s, i)
-                    WHERE jsonb_typeof(s -> 'text') = 'string'),
-                    CASE WHEN jsonb_typeof(item -> 'refusal') = 'string' THEN item ->> 'refusal'
-                    END,
-                    '')
-            END AS text,
+            {_item_text("item")} AS text,
             ts AS timestamp,
             item ->> 'type' AS type,
             kind, session_id, segment_id, seq, n, item
         FROM transcript_items""",
     ):
         conn.execute(statement)
+
+
+# The part types whose ``text`` is text, and those only the Responses API uses (a list holding
+# one joins its texts with line breaks), as ``terrarium.model`` counts them.
+_TEXT_PARTS = "('text', 'input_text', 'output_text', 'summary_text', 'reasoning_text')"
+_RESPONSES_PARTS = (
+    "('input_text', 'output_text', 'refusal', 'input_image', 'summary_text', 'reasoning_text')"
+)
+
+
+def _parts_text(value: str, sep: str | None = None) -> str:
+    """SQL for the text of the ``jsonb`` ``value`` (m006): a string as it is; a list's text
+    parts and refusals joined by ``sep`` (SQL), by default ``''`` for Chat parts and a line
+    break once a Responses part is among them; else ``''``."""
+    if sep is None:
+        sep = (
+            f"CASE WHEN EXISTS (SELECT 1 FROM jsonb_array_elements({value}) AS r(p) "
+            f"WHERE p ->> 'type' IN {_RESPONSES_PARTS}) THEN chr(10) ELSE '' END"
+        )
+    return (
+        f"CASE jsonb_typeof({value}) WHEN 'string' THEN {value} #>> '{{}}' "
+        f"WHEN 'array' THEN (SELECT coalesce(string_agg(t, {sep} ORDER BY i), '') FROM ("
+        f"SELECT i, CASE WHEN p ->> 'type' IN {_TEXT_PARTS} AND jsonb_typeof(p -> 'text') = "
+        "'string' THEN p ->> 'text' WHEN p ->> 'type' = 'refusal' AND "
+        "jsonb_typeof(p -> 'refusal') = 'string' THEN p ->> 'refusal' END AS t "
+        f"FROM jsonb_array_elements({value}) WITH ORDINALITY AS x(p, i)) AS q "
+        "WHERE t IS NOT NULL) "
+        "ELSE '' END"
+    )
+
+
+def _item_text(item: str) -> str:
+    """SQL for ``terrarium.model.item_text`` of the ``jsonb`` ``item`` (m006): a Chat
+    message's content; a Responses ``message``'s parts; a ``function_call_output``'s output;
+    a ``reasoning`` item's summary, then its content, paragraphs apart; else ``''``."""
+    paragraphs = "chr(10) || chr(10)"
+    summary = _parts_text(f"{item} -> 'summary'", paragraphs)
+    content = _parts_text(f"{item} -> 'content'", paragraphs)
+    return (
+        f"CASE WHEN NOT {item} ? 'type' OR {item} ->> 'type' = 'message' "
+        f"THEN {_parts_text(f'{item} -> {chr(39)}content{chr(39)}')} "
+        f"WHEN {item} ->> 'type' = 'function_call_output' "
+        f"THEN {_parts_text(f'{item} -> {chr(39)}output{chr(39)}')} "
+        f"WHEN {item} ->> 'type' = 'reasoning' THEN array_to_string(array_remove("
+        f"ARRAY[{summary}, {content}], ''), {paragraphs}) "
+        "ELSE '' END"
+    )

@@ -302,32 +302,12 @@ def m006_transcript_view(conn: sqlite3.Connection) -> None:
         CROSS JOIN entries AS e ON e.session_id = l.session_id AND e.segment_id = l.segment_id
             AND e.seq BETWEEN 1 AND l.stop_seq
         WHERE e.kind IN ('item', 'system_item', 'user_input')""",
-        # text: string content; else the text (or refusal) of each content part; else a
-        # reasoning item's summary texts; else a top-level refusal; else ''.
-        """CREATE VIEW transcript AS
+        # text: as model.item_text derives it (see _item_text)
+        f"""CREATE VIEW transcript AS
         SELECT context,
             row_number() OVER (PARTITION BY context ORDER BY depth DESC, seq, n) AS position,
             json_extract(item, '$.role') AS role,
-            CASE json_type(item, '$.content')
-                WHEN 'text' THEN json_extract(item, '$.content')
-                WHEN 'array' THEN (SELECT coalesce(group_concat(t, ''), '') FROM (
-                    SELECT coalesce(
-                        CASE json_type(item, p.fullkey || '.text')
-                            WHEN 'text' THEN json_extract(item, p.fullkey || '.text') END,
-                        CASE json_type(item, p.fullkey || '.refusal')
-                            WHEN 'text' THEN json_extract(item, p.fullkey || '.refusal') END)
-                        AS t
-                    FROM json_each(item, '$.content') AS p ORDER BY p.id))
-                ELSE coalesce(
-                    CASE json_type(item, '$.summary') WHEN 'array' THEN (
-                        SELECT group_concat(json_extract(item, s.fullkey || '.text'), '')
-                        FROM (SELECT fullkey FROM json_each(item, '$.summary') AS s
-                            WHERE json_type(item, s.fullkey || '.text') = 'text'
-                            ORDER BY s.id) AS s) END,
-                    CASE json_type(item, '$.refusal')
-                        WHEN 'text' THEN json_extract(item, '$.refusal') END,
-                    '')
-            END AS text,
+            {_item_text("item")} AS text,
             ts AS timestamp,
             json_extract(item, '$.type') AS type,
             kind, session_id, segment_id, seq, n, item
@@ -345,4 +325,54 @@ def _nul_safe(line: str) -> str:
     return (
         rf"CASE WHEN instr({line}, '\u0000') THEN replace(replace(replace({line}, '\\', "
         rf"char(1)), '\u0000', '\ufffd'), char(1), '\\') ELSE {line} END"
+    )
+
+
+# The part types whose ``text`` is text, and those only the Responses API uses (a list holding
+# one joins its texts with line breaks), as ``terrarium.model`` counts them.
+_TEXT_PARTS = "('text', 'input_text', 'output_text', 'summary_text', 'reasoning_text')"
+_RESPONSES_PARTS = (
+    "('input_text', 'output_text', 'refusal', 'input_image', 'summary_text', 'reasoning_text')"
+)
+
+
+def _parts_text(item: str, path: str, sep: str | None = None) -> str:
+    """SQL for the text at ``path`` of the JSON ``item`` (m006): a string as it is; a list's
+    text parts and refusals joined by ``sep`` (SQL), by default ``''`` for Chat parts and a
+    line break once a Responses part is among them; else ``''``."""
+    part = "json_extract({item}, p.fullkey || '.{key}')"
+    kind, text, refusal = (part.format(item=item, key=key) for key in ("type", "text", "refusal"))
+    if sep is None:
+        sep = (
+            f"CASE WHEN EXISTS (SELECT 1 FROM json_each({item}, '{path}') AS p "
+            f"WHERE {kind} IN {_RESPONSES_PARTS}) THEN char(10) ELSE '' END"
+        )
+    return (
+        f"CASE json_type({item}, '{path}') "
+        f"WHEN 'text' THEN json_extract({item}, '{path}') "
+        f"WHEN 'array' THEN (SELECT coalesce(group_concat(t, {sep}), '') FROM ("
+        f"SELECT CASE WHEN {kind} IN {_TEXT_PARTS} AND json_type({item}, p.fullkey || '.text') "
+        f"= 'text' THEN {text} WHEN {kind} = 'refusal' AND json_type({item}, p.fullkey || "
+        f"'.refusal') = 'text' THEN {refusal} END AS t "
+        f"FROM json_each({item}, '{path}') AS p ORDER BY p.id)) "
+        "ELSE '' END"
+    )
+
+
+def _item_text(item: str) -> str:
+    """SQL for ``terrarium.model.item_text`` of the JSON ``item`` (m006): a Chat message's
+    content; a Responses ``message``'s parts; a ``function_call_output``'s output; a
+    ``reasoning`` item's summary, then its content, paragraphs apart; else ``''``."""
+    paragraphs = "char(10, 10)"
+    summary = _parts_text(item, "$.summary", paragraphs)
+    content = _parts_text(item, "$.content", paragraphs)
+    return (
+        f"CASE WHEN json_type({item}, '$.type') IS NULL "
+        f"OR json_extract({item}, '$.type') = 'message' THEN {_parts_text(item, '$.content')} "
+        f"WHEN json_extract({item}, '$.type') = 'function_call_output' "
+        f"THEN {_parts_text(item, '$.output')} "
+        f"WHEN json_extract({item}, '$.type') = 'reasoning' THEN (SELECT CASE WHEN s <> '' "
+        f"AND c <> '' THEN s || {paragraphs} || c ELSE s || c END "
+        f"FROM (SELECT {summary} AS s, {content} AS c)) "
+        "ELSE '' END"
     )
