@@ -369,7 +369,8 @@ def m006_transcript_view(conn: psycopg.Connection[Any]) -> None:
 
 
 # The part types whose ``text`` is text, and those only the Responses API uses (a list holding
-# one joins its texts with line breaks), as ``terrarium.model`` counts them.
+# one joins its texts with line breaks), as ``terrarium.model`` counts them: copied, not
+# imported, since a released migration must not change when the model does.
 _TEXT_PARTS = "('text', 'input_text', 'output_text', 'summary_text', 'reasoning_text')"
 _RESPONSES_PARTS = (
     "('input_text', 'output_text', 'refusal', 'input_image', 'summary_text', 'reasoning_text')"
