@@ -435,9 +435,26 @@ def test_nul_characters_do_not_break_the_view(backend: Backend) -> None:
     assert rows[1]["item"] == {"role": "user", "content": "a\ufffdb\ufffd\ufffdc"}
 
 
-def test_reading_one_context_touches_only_its_segments(tmp_path: Path) -> None:
+# The sqlite_stat1 rows (search tables aside) that ANALYZE wrote for a store of 2,000
+# contexts and 500,000 entries (benchmarks/bench_transcript.py's), on which a join to a
+# parent's header made SQLite scan the whole entries table to build a Bloom filter.
+BIG_STORE_STATS = [
+    ("sessions", "sqlite_autoindex_sessions_1", "2000 1"),
+    ("migrations", "sqlite_autoindex_migrations_1", "6 1"),
+    ("segments", "sqlite_autoindex_segments_1", "2002 1 1"),
+    ("contexts", "contexts_listing", "2000 2000 1 1 1 1 1 1 1 1"),
+    ("contexts", "contexts_by_type", "2000 2000"),
+    ("contexts", "sqlite_autoindex_contexts_2", "2000 1"),
+    ("contexts", "sqlite_autoindex_contexts_1", "2000 1"),
+    ("entries", "sqlite_autoindex_entries_1", "502253 252 251 1"),
+]
+
+
+@pytest.mark.parametrize("stats", ["analysed", "big store"])
+def test_reading_one_context_touches_only_its_segments(tmp_path: Path, stats: str) -> None:
     """SQLite's plan for one context's transcript finds the context by its key and every
-    entry it reads by (session, segment, seq): no scan of the entries table."""
+    entry it reads by (session, segment, seq): no scan of the entries table, not even to
+    build a Bloom filter, with the statistics of this store or of a big one."""
     from terrarium.stores.sqlite import SqliteStore
 
     path = tmp_path / "plan.db"
@@ -446,6 +463,11 @@ def test_reading_one_context_touches_only_its_segments(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     try:
         conn.execute("ANALYZE")
+        if stats == "big store":
+            conn.execute("DELETE FROM sqlite_stat1")
+            conn.executemany("INSERT INTO sqlite_stat1 VALUES (?, ?, ?)", BIG_STORE_STATS)
+            conn.commit()
+            conn.execute("ANALYZE sqlite_schema")  # load the statistics just written
         plan = [
             row[3]
             for row in conn.execute(
@@ -454,15 +476,24 @@ def test_reading_one_context_touches_only_its_segments(tmp_path: Path) -> None:
         ]
     finally:
         conn.close()
-    # the tables' aliases: contexts c; entries h (headers), p (parents), e (entries)
+    # contexts is c; entries is h (the head's header), p (a parent's header), e (entries),
+    # and unnamed in the subqueries that read the lineage's headers
     tables = [
         step
         for step in plan
-        if re.match(r"(SCAN|SEARCH) [chpe] ", step) and "VIRTUAL TABLE" not in step
+        if re.match(r"(SCAN|SEARCH|BLOOM FILTER ON) (c|h|p|e|entries) ", step)
+        and "VIRTUAL TABLE" not in step
     ]
     assert "SEARCH c USING INDEX sqlite_autoindex_contexts_1 (context=?)" in tables, plan
-    entry_reads = [step for step in tables if not step.startswith("SEARCH c ")]
-    assert {step.split()[1] for step in entry_reads} == {"h", "p", "e"}, plan
+    # (a Bloom filter is only worth its scan on a small table: allowed on this one alone)
+    if stats == "big store":
+        assert not any("BLOOM" in step for step in plan), plan
+    entry_reads = [
+        step
+        for step in tables
+        if step.startswith(("SCAN", "SEARCH entries ", "SEARCH h ", "SEARCH p ", "SEARCH e "))
+    ]
+    assert {step.split()[1] for step in entry_reads} == {"h", "p", "e", "entries"}, plan
     for step in entry_reads:
         assert step.startswith("SEARCH") and "(session_id=? AND segment_id=? AND seq" in step
 

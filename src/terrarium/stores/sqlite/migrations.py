@@ -263,7 +263,9 @@ def m006_transcript_view(conn: sqlite3.Connection) -> None:
     for statement in (
         # depth 0 is the head; each continuing fork header (history null) names the parent
         # segment it continues up to at_seq. UNION, not UNION ALL: a (corrupt) cycle of
-        # headers ends instead of looping.
+        # headers ends instead of looping. Headers are read by scalar subqueries, not joins:
+        # on an analysed database SQLite would build a Bloom filter for such a join, by a scan
+        # of the whole entries table (300 ms at 500,000 entries, for a 1 ms read).
         """CREATE VIEW transcript_lineage AS
         SELECT c.context, c.session_id, l.key AS depth,
             json_extract(l.value, '$[0]') AS segment_id,
@@ -274,27 +276,29 @@ def m006_transcript_view(conn: sqlite3.Connection) -> None:
                 WHERE h.session_id = c.session_id AND h.segment_id = c.segment_id
                     AND h.seq = 0
                 UNION
-                SELECT p.segment_id, json_extract(chain.header, '$.origin.at_seq'), p.line
-                FROM chain JOIN entries AS p ON p.session_id = c.session_id
-                    AND p.segment_id = json_extract(chain.header, '$.origin.parent')
-                    AND p.seq = 0
+                SELECT json_extract(chain.header, '$.origin.parent'),
+                    json_extract(chain.header, '$.origin.at_seq'),
+                    (SELECT p.line FROM entries AS p WHERE p.session_id = c.session_id
+                        AND p.segment_id = json_extract(chain.header, '$.origin.parent')
+                        AND p.seq = 0)
+                FROM chain
                 WHERE json_extract(chain.header, '$.origin.kind') = 'fork'
                     AND coalesce(json_type(chain.header, '$.history'), 'null') = 'null'
             )
             SELECT json_group_array(json_array(segment_id, stop_seq)) FROM chain
+            WHERE header IS NOT NULL
         )) AS l""",
         # The oldest segment of a lineage may start with a history (a root, compaction, clear,
         # import, fork into another context); then come the history entries of each segment,
         # oldest segment first, up to the seq its child continues after.
         f"""CREATE VIEW transcript_items AS
         SELECT l.context, l.session_id, l.segment_id, l.depth, 0 AS seq, j.key AS n,
-            'header' AS kind, h.ts,
-            {_nul_safe("h.line")} -> j.fullkey AS item
+            'header' AS kind, ({_HEADER.format(column="ts")}) AS ts,
+            CASE WHEN j.type IN ('object', 'array') THEN j.value ELSE json_quote(j.value) END
+                AS item
         FROM transcript_lineage AS l
-        CROSS JOIN entries AS h ON h.session_id = l.session_id AND h.segment_id = l.segment_id
-            AND h.seq = 0
-        CROSS JOIN json_each({_nul_safe("h.line")}, '$.history') AS j
-        WHERE json_type(h.line, '$.history') = 'array'
+        CROSS JOIN json_each(({_HEADER.format(column=_nul_safe("line"))}), '$.history') AS j
+        WHERE typeof(j.key) = 'integer'
         UNION ALL
         SELECT l.context, l.session_id, l.segment_id, l.depth, e.seq, NULL, e.kind, e.ts,
             {_nul_safe("e.line")} -> '$.item'
@@ -314,6 +318,13 @@ def m006_transcript_view(conn: sqlite3.Connection) -> None:
         FROM transcript_items""",
     ):
         conn.execute(statement)
+
+
+# One lineage segment's header (its seq 0 entry), by primary key.
+_HEADER = (
+    "SELECT {column} FROM entries WHERE session_id = l.session_id "
+    "AND segment_id = l.segment_id AND seq = 0"
+)
 
 
 def _nul_safe(line: str) -> str:
