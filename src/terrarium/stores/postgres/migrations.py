@@ -288,3 +288,129 @@ def m005_detached_sessions(conn: psycopg.Connection[Any]) -> None:
     ``create_segment`` makes one; a partial index finds those."""
     conn.execute("ALTER TABLE sessions ALTER COLUMN context DROP NOT NULL")
     conn.execute("CREATE INDEX sessions_detached ON sessions (session_id) WHERE context IS NULL")
+
+
+@MIGRATIONS
+def m006_transcript_view(conn: psycopg.Connection[Any]) -> None:
+    """Views for SQL users: ``entries_json`` (each entry as ``jsonb``), ``transcript_lineage``
+    (the segments each context's restore reads) and ``transcript`` (each context's history, in
+    order, as ``restore`` gives it).
+
+    Lines stay ``text``, cast to ``jsonb`` as they are read (``line_jsonb``; the cost of a
+    stored ``jsonb`` copy is measured in ``benchmarks/bench_pg_jsonb.py``). ``jsonb`` cannot
+    hold U+0000, so ``line_jsonb`` reads a ``\\u0000`` escape as U+FFFD instead of failing.
+    Each context's lineage is a ``LATERAL`` recursive walk up its fork headers by primary key,
+    so ``WHERE context = ...`` reads that context's segments alone.
+    """
+    for statement in (
+        # Escaped backslashes are set aside as U+0001 (which valid JSON never holds raw), so
+        # that "\\u0000" (a backslash, then "u0000") stays; strpos spares the other lines.
+        # Cast when read, not stored: a generated jsonb column measured 1.34x the batched
+        # append's cost per row and 1.42x the disk, for reads 2.4x faster
+        # (benchmarks/bench_pg_jsonb.py, figures in benchmarks/README.md).
+        r"""CREATE FUNCTION line_jsonb(line text) RETURNS jsonb
+        LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+            SELECT (CASE WHEN strpos(line, '\u0000') = 0 THEN line
+                ELSE replace(replace(replace(line, '\\', chr(1)), '\u0000', '\ufffd'),
+                    chr(1), '\\') END)::jsonb
+        $$""",
+        """CREATE VIEW entries_json AS
+        SELECT session_id, segment_id, seq, kind, ts, line_jsonb(line) AS entry FROM entries""",
+        # depth 0 is the head; each continuing fork header (history null) names the parent
+        # segment it continues up to at_seq. ``path`` ends a (corrupt) cycle of headers.
+        """CREATE VIEW transcript_lineage AS
+        SELECT c.context, c.session_id, l.depth, l.segment_id, l.stop_seq, l.header
+        FROM contexts AS c CROSS JOIN LATERAL (
+            WITH RECURSIVE chain(depth, segment_id, stop_seq, header, path) AS (
+                SELECT 0, h.segment_id, 2147483647, line_jsonb(h.line), ARRAY[h.segment_id]
+                FROM entries AS h
+                WHERE h.session_id = c.session_id AND h.segment_id = c.segment_id
+                    AND h.seq = 0
+                UNION ALL
+                SELECT chain.depth + 1, p.segment_id,
+                    (chain.header -> 'origin' ->> 'at_seq')::integer, line_jsonb(p.line),
+                    chain.path || p.segment_id
+                FROM chain JOIN entries AS p ON p.session_id = c.session_id
+                    AND p.segment_id = (chain.header -> 'origin' ->> 'parent')::uuid
+                    AND p.seq = 0
+                WHERE chain.header -> 'origin' ->> 'kind' = 'fork'
+                    AND coalesce(jsonb_typeof(chain.header -> 'history'), 'null') = 'null'
+                    AND NOT p.segment_id = ANY (chain.path)
+            )
+            SELECT depth, segment_id, stop_seq, header FROM chain
+        ) AS l""",
+        # The oldest segment of a lineage may start with a history (a root, compaction, clear,
+        # import, fork into another context); then come the history entries of each segment,
+        # oldest segment first, up to the seq its child continues after.
+        """CREATE VIEW transcript_items AS
+        SELECT l.context, l.session_id, l.segment_id, l.depth, 0 AS seq,
+            (j.n - 1)::integer AS n, 'header' AS kind, l.header ->> 'ts' AS ts, j.item
+        FROM transcript_lineage AS l CROSS JOIN LATERAL jsonb_array_elements(
+            CASE WHEN jsonb_typeof(l.header -> 'history') = 'array' THEN l.header -> 'history'
+            END) WITH ORDINALITY AS j(item, n)
+        UNION ALL
+        SELECT l.context, l.session_id, l.segment_id, l.depth, e.seq, NULL, e.kind, e.ts,
+            line_jsonb(e.line) -> 'item'
+        FROM transcript_lineage AS l JOIN entries AS e ON e.session_id = l.session_id
+            AND e.segment_id = l.segment_id AND e.seq BETWEEN 1 AND l.stop_seq
+        WHERE e.kind IN ('item', 'system_item', 'user_input')""",
+        # text: as model.item_text derives it (see _item_text)
+        f"""CREATE VIEW transcript AS
+        SELECT context,
+            row_number() OVER (PARTITION BY context ORDER BY depth DESC, seq, n) AS position,
+            item ->> 'role' AS role,
+            {_item_text("item")} AS text,
+            ts AS timestamp,
+            item ->> 'type' AS type,
+            kind, session_id, segment_id, seq, n, item
+        FROM transcript_items""",
+    ):
+        conn.execute(statement)
+
+
+# The part types whose ``text`` is text, and those only the Responses API uses (a list holding
+# one joins its texts with line breaks), as ``terrarium.model`` counts them: copied, not
+# imported, since a released migration must not change when the model does.
+_TEXT_PARTS = "('text', 'input_text', 'output_text', 'summary_text', 'reasoning_text')"
+_RESPONSES_PARTS = (
+    "('input_text', 'output_text', 'refusal', 'input_image', 'summary_text', 'reasoning_text')"
+)
+
+
+def _parts_text(value: str, sep: str | None = None) -> str:
+    """SQL for the text of the ``jsonb`` ``value`` (m006): a string as it is; a list's text
+    parts and refusals joined by ``sep`` (SQL), by default ``''`` for Chat parts and a line
+    break once a Responses part is among them; else ``''``."""
+    if sep is None:
+        sep = (
+            f"CASE WHEN EXISTS (SELECT 1 FROM jsonb_array_elements({value}) AS r(p) "
+            f"WHERE p ->> 'type' IN {_RESPONSES_PARTS}) THEN chr(10) ELSE '' END"
+        )
+    return (
+        f"CASE jsonb_typeof({value}) WHEN 'string' THEN {value} #>> '{{}}' "
+        f"WHEN 'array' THEN (SELECT coalesce(string_agg(t, {sep} ORDER BY i), '') FROM ("
+        f"SELECT i, CASE WHEN p ->> 'type' IN {_TEXT_PARTS} AND jsonb_typeof(p -> 'text') = "
+        "'string' THEN p ->> 'text' WHEN p ->> 'type' = 'refusal' AND "
+        "jsonb_typeof(p -> 'refusal') = 'string' THEN p ->> 'refusal' END AS t "
+        f"FROM jsonb_array_elements({value}) WITH ORDINALITY AS x(p, i)) AS q "
+        "WHERE t IS NOT NULL) "
+        "ELSE '' END"
+    )
+
+
+def _item_text(item: str) -> str:
+    """SQL for ``terrarium.model.item_text`` of the ``jsonb`` ``item`` (m006): a Chat
+    message's content; a Responses ``message``'s parts; a ``function_call_output``'s output;
+    a ``reasoning`` item's summary, then its content, paragraphs apart; else ``''``."""
+    paragraphs = "chr(10) || chr(10)"
+    summary = _parts_text(f"{item} -> 'summary'", paragraphs)
+    content = _parts_text(f"{item} -> 'content'", paragraphs)
+    return (
+        f"CASE WHEN NOT {item} ? 'type' OR {item} ->> 'type' = 'message' "
+        f"THEN {_parts_text(f'{item} -> {chr(39)}content{chr(39)}')} "
+        f"WHEN {item} ->> 'type' = 'function_call_output' "
+        f"THEN {_parts_text(f'{item} -> {chr(39)}output{chr(39)}')} "
+        f"WHEN {item} ->> 'type' = 'reasoning' THEN array_to_string(array_remove("
+        f"ARRAY[{summary}, {content}], ''), {paragraphs}) "
+        "ELSE '' END"
+    )

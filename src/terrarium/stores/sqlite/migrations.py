@@ -248,3 +248,143 @@ def m005_detached_sessions(conn: sqlite3.Connection) -> None:
         "CREATE INDEX sessions_detached ON sessions (session_id) WHERE context IS NULL",
     ):
         conn.execute(statement)
+
+
+@MIGRATIONS
+def m006_transcript_view(conn: sqlite3.Connection) -> None:
+    """Views for SQL users: ``transcript_lineage`` (the segments each context's restore reads)
+    and ``transcript`` (each context's history, in order, as ``restore`` gives it).
+
+    Each context's lineage is a correlated subquery (a recursive walk up its fork headers,
+    read by primary key), so ``WHERE context = ?`` reads that context's segments alone: SQLite
+    pushes the filter through the window into both arms (docs/format.md shows the plan).
+    SQLite's JSON functions end a text at U+0000, so a ``\\u0000`` escape reads as U+FFFD.
+    """
+    for statement in (
+        # depth 0 is the head; each continuing fork header (history null) names the parent
+        # segment it continues up to at_seq. UNION, not UNION ALL: a (corrupt) cycle of
+        # headers ends instead of looping. Headers are read by scalar subqueries, not joins:
+        # on an analysed database SQLite would build a Bloom filter for such a join, by a scan
+        # of the whole entries table (300 ms at 500,000 entries, for a 1 ms read).
+        """CREATE VIEW transcript_lineage AS
+        SELECT c.context, c.session_id, l.key AS depth,
+            json_extract(l.value, '$[0]') AS segment_id,
+            json_extract(l.value, '$[1]') AS stop_seq
+        FROM contexts AS c CROSS JOIN json_each((
+            WITH RECURSIVE chain(segment_id, stop_seq, header) AS (
+                SELECT c.segment_id, 2147483647, h.line FROM entries AS h
+                WHERE h.session_id = c.session_id AND h.segment_id = c.segment_id
+                    AND h.seq = 0
+                UNION
+                SELECT json_extract(chain.header, '$.origin.parent'),
+                    json_extract(chain.header, '$.origin.at_seq'),
+                    (SELECT p.line FROM entries AS p WHERE p.session_id = c.session_id
+                        AND p.segment_id = json_extract(chain.header, '$.origin.parent')
+                        AND p.seq = 0)
+                FROM chain
+                WHERE json_extract(chain.header, '$.origin.kind') = 'fork'
+                    AND coalesce(json_type(chain.header, '$.history'), 'null') = 'null'
+            )
+            SELECT json_group_array(json_array(segment_id, stop_seq)) FROM chain
+            WHERE header IS NOT NULL
+        )) AS l""",
+        # The oldest segment of a lineage may start with a history (a root, compaction, clear,
+        # import, fork into another context); then come the history entries of each segment,
+        # oldest segment first, up to the seq its child continues after.
+        f"""CREATE VIEW transcript_items AS
+        SELECT l.context, l.session_id, l.segment_id, l.depth, 0 AS seq, j.key AS n,
+            'header' AS kind, ({_HEADER.format(column="ts")}) AS ts,
+            CASE WHEN j.type IN ('object', 'array') THEN j.value ELSE json_quote(j.value) END
+                AS item
+        FROM transcript_lineage AS l
+        CROSS JOIN json_each(({_HEADER.format(column=_nul_safe("line"))}), '$.history') AS j
+        WHERE typeof(j.key) = 'integer'
+        UNION ALL
+        SELECT l.context, l.session_id, l.segment_id, l.depth, e.seq, NULL, e.kind, e.ts,
+            {_nul_safe("e.line")} -> '$.item'
+        FROM transcript_lineage AS l
+        CROSS JOIN entries AS e ON e.session_id = l.session_id AND e.segment_id = l.segment_id
+            AND e.seq BETWEEN 1 AND l.stop_seq
+        WHERE e.kind IN ('item', 'system_item', 'user_input')""",
+        # text: as model.item_text derives it (see _item_text)
+        f"""CREATE VIEW transcript AS
+        SELECT context,
+            row_number() OVER (PARTITION BY context ORDER BY depth DESC, seq, n) AS position,
+            json_extract(item, '$.role') AS role,
+            {_item_text("item")} AS text,
+            ts AS timestamp,
+            json_extract(item, '$.type') AS type,
+            kind, session_id, segment_id, seq, n, item
+        FROM transcript_items""",
+    ):
+        conn.execute(statement)
+
+
+# One lineage segment's header (its seq 0 entry), by primary key.
+_HEADER = (
+    "SELECT {column} FROM entries WHERE session_id = l.session_id "
+    "AND segment_id = l.segment_id AND seq = 0"
+)
+
+
+def _nul_safe(line: str) -> str:
+    r"""SQL for ``line`` with each ``\u0000`` escape made ``\ufffd`` (m006).
+
+    Escaped backslashes are set aside as U+0001 first, which valid JSON never holds raw, so
+    ``\\u0000`` (a backslash, then "u0000") stays as it is; ``instr`` spares other lines.
+    """
+    return (
+        rf"CASE WHEN instr({line}, '\u0000') THEN replace(replace(replace({line}, '\\', "
+        rf"char(1)), '\u0000', '\ufffd'), char(1), '\\') ELSE {line} END"
+    )
+
+
+# The part types whose ``text`` is text, and those only the Responses API uses (a list holding
+# one joins its texts with line breaks), as ``terrarium.model`` counts them: copied, not
+# imported, since a released migration must not change when the model does.
+_TEXT_PARTS = "('text', 'input_text', 'output_text', 'summary_text', 'reasoning_text')"
+_RESPONSES_PARTS = (
+    "('input_text', 'output_text', 'refusal', 'input_image', 'summary_text', 'reasoning_text')"
+)
+
+
+def _parts_text(item: str, path: str, sep: str | None = None) -> str:
+    """SQL for the text at ``path`` of the JSON ``item`` (m006): a string as it is; a list's
+    text parts and refusals joined by ``sep`` (SQL), by default ``''`` for Chat parts and a
+    line break once a Responses part is among them; else ``''``."""
+    part = "json_extract({item}, p.fullkey || '.{key}')"
+    kind, text, refusal = (part.format(item=item, key=key) for key in ("type", "text", "refusal"))
+    if sep is None:
+        sep = (
+            f"CASE WHEN EXISTS (SELECT 1 FROM json_each({item}, '{path}') AS p "
+            f"WHERE {kind} IN {_RESPONSES_PARTS}) THEN char(10) ELSE '' END"
+        )
+    return (
+        f"CASE json_type({item}, '{path}') "
+        f"WHEN 'text' THEN json_extract({item}, '{path}') "
+        f"WHEN 'array' THEN (SELECT coalesce(group_concat(t, {sep}), '') FROM ("
+        f"SELECT CASE WHEN {kind} IN {_TEXT_PARTS} AND json_type({item}, p.fullkey || '.text') "
+        f"= 'text' THEN {text} WHEN {kind} = 'refusal' AND json_type({item}, p.fullkey || "
+        f"'.refusal') = 'text' THEN {refusal} END AS t "
+        f"FROM json_each({item}, '{path}') AS p ORDER BY p.id)) "
+        "ELSE '' END"
+    )
+
+
+def _item_text(item: str) -> str:
+    """SQL for ``terrarium.model.item_text`` of the JSON ``item`` (m006): a Chat message's
+    content; a Responses ``message``'s parts; a ``function_call_output``'s output; a
+    ``reasoning`` item's summary, then its content, paragraphs apart; else ``''``."""
+    paragraphs = "char(10, 10)"
+    summary = _parts_text(item, "$.summary", paragraphs)
+    content = _parts_text(item, "$.content", paragraphs)
+    return (
+        f"CASE WHEN json_type({item}, '$.type') IS NULL "
+        f"OR json_extract({item}, '$.type') = 'message' THEN {_parts_text(item, '$.content')} "
+        f"WHEN json_extract({item}, '$.type') = 'function_call_output' "
+        f"THEN {_parts_text(item, '$.output')} "
+        f"WHEN json_extract({item}, '$.type') = 'reasoning' THEN (SELECT CASE WHEN s <> '' "
+        f"AND c <> '' THEN s || {paragraphs} || c ELSE s || c END "
+        f"FROM (SELECT {summary} AS s, {content} AS c)) "
+        "ELSE '' END"
+    )
