@@ -15,6 +15,7 @@ def test_the_page_has_examples() -> None:
     """Each integration has at least one runnable example."""
     assert len(BLOCKS) >= 1
     assert any("TerrariumSession" in block for block in BLOCKS)
+    assert any("TerrariumSaver" in block for block in BLOCKS)
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
