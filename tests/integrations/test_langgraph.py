@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES
@@ -98,6 +98,40 @@ def test_a_graph_resumes_its_thread_and_logs_messages_as_items(store: Store) -> 
     state = graph.get_state(config)
     assert len(state.values["messages"]) == 4
     assert len(list(graph.get_state_history(config))) >= 4
+
+
+def test_tool_calls_and_results_are_logged_as_chat_messages(store: Store) -> None:
+    """An AI message's tool calls and the tool's answer become an assistant message with
+    ``tool_calls`` and a ``tool`` message, which search finds under the tool role."""
+
+    def act(state: MessagesState) -> dict[str, Any]:
+        call = {"name": "get_weather", "args": {"city": "Paris"}, "id": "call_7"}
+        return {
+            "messages": [
+                AIMessage("", tool_calls=[call]),
+                ToolMessage("sunny with quokkas", tool_call_id="call_7"),
+                AIMessage("It is sunny."),
+            ]
+        }
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("act", act)
+    builder.add_edge(START, "act")
+    graph = builder.compile(checkpointer=TerrariumSaver(store))
+    graph.invoke({"messages": [HumanMessage("weather?")]}, {"configurable": {"thread_id": "w"}})
+    history = restore(store, "langgraph:w").history
+    assert [item["role"] for item in history] == ["user", "assistant", "tool", "assistant"]
+    assert history[1]["tool_calls"] == [
+        {
+            "id": "call_7",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+        }
+    ]
+    assert history[2]["tool_call_id"] == "call_7"
+    assert history[2]["content"] == "sunny with quokkas"
+    hits = search(store, "quokkas")
+    assert [(hit.context, hit.role) for hit in hits] == [("langgraph:w", "tool")]
 
 
 def test_async_graph_and_isolated_threads(store: Store) -> None:

@@ -96,6 +96,7 @@ def test_limit_gives_the_latest_items_in_order(store: Store) -> None:
     assert run(session.get_items(limit=50)) == items
     assert run(session.get_items(limit=0)) == []
     assert run(session.get_items(limit=None)) == items
+    assert run(session.get_items(limit=-1)) == items
 
 
 def test_session_settings_limit_is_the_default(store: Store) -> None:
