@@ -1,0 +1,215 @@
+"""``TerrariumSession``: the OpenAI Agents SDK's ``Session`` over any terrarium store.
+
+One SDK session is one terrarium context (``agents:{session_id}`` unless ``context=`` names
+another), so what an agent said is kept, forkable and searchable like any conversation:
+``terrarium show agents:support-42`` prints it. Items are the SDK's Responses API input items,
+stored as given (docs/format.md §7a) and given back equal. The trade-offs against the SDK's
+``SQLiteSession``: ``pop_item`` is :func:`terrarium.sessions.rewind` (the head moves to a fork,
+copying nothing; the popped item stays in the session tree) and ``clear_session`` starts an
+empty segment (the old history stays in the tree, as every terrarium clear does); nothing is
+ever deleted. ``get_items`` replays the history, so it costs O(history), not O(limit).
+
+The store is synchronous; every method runs it in a worker thread (``asyncio.to_thread``) so a
+slow store (PostgreSQL across a network, an fsync) never blocks the event loop. Writes take
+the context's lock, so threads and processes sharing a session never lose an item and each
+``add_items`` call's items stay together.
+
+Needs the ``openai-agents`` extra (``pip install 'terrarium[openai-agents]'``).
+
+Usage::
+
+    from agents import Agent, Runner
+    from terrarium.integrations.openai_agents import TerrariumSession
+
+    with TerrariumSession("support-42", "sessions.db") as session:
+        result = Runner.run_sync(agent, "Hello!", session=session)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import Any, Self, TypeVar, cast
+
+from terrarium import codec, sessions
+from terrarium.errors import ContextExists, InvalidEntry
+from terrarium.model import ContextId, LoggedItem, SegmentStartState, as_logged
+from terrarium.stores.base import Store, context_lock
+from terrarium.stores.url import open_store
+
+try:
+    from agents.items import TResponseInputItem
+    from agents.memory.session_settings import (
+        SessionSettings,
+        coerce_session_settings,
+        resolve_session_limit,
+    )
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "terrarium.integrations.openai_agents needs the OpenAI Agents SDK: "
+        "pip install 'terrarium[openai-agents]'"
+    ) from exc
+
+__all__ = ["DEFAULT_CONTEXT_TYPE", "TerrariumSession"]
+
+DEFAULT_CONTEXT_TYPE = "agents"
+"""The context type of a session given no ``context=``: ``agents:{session_id}``."""
+
+_T = TypeVar("_T")
+
+
+class TerrariumSession:
+    """An Agents SDK session kept in a terrarium context.
+
+    It implements the SDK's ``Session`` protocol (``agents.memory.Session``): pass it as
+    ``Runner.run(..., session=...)``.
+    """
+
+    session_settings: SessionSettings | None
+    """The SDK's session settings; ``limit`` is the default of :meth:`get_items`."""
+
+    def __init__(
+        self,
+        session_id: str,
+        store: Store | str | os.PathLike[str],
+        *,
+        context: ContextId | str | None = None,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
+    ) -> None:
+        """Open the session.
+
+        Args:
+            session_id: The SDK's session id.
+            store: A store object (left open by :meth:`close`), or a store path or URL
+                (``sessions/``, ``sqlite:agents.db``, ``postgresql://...``), which this
+                session opens and :meth:`close` closes.
+            context: The context that holds the items; ``agents:{session_id}`` by default.
+            session_settings: The SDK's settings (``SessionSettings(limit=...)`` or a dict).
+
+        Raises:
+            InvalidContextId: the context id (or ``agents:{session_id}``) is not valid.
+            StoreURLError: ``store`` is a malformed URL.
+        """
+        if not isinstance(session_id, str):
+            raise TypeError(f"session_id must be a string, not {type(session_id).__name__}")
+        self.session_id = session_id
+        self.context = ContextId.parse(
+            context if context is not None else f"{DEFAULT_CONTEXT_TYPE}:{session_id}"
+        )
+        self.session_settings = (
+            SessionSettings()
+            if session_settings is None
+            else coerce_session_settings(session_settings)
+        )
+        self._owns_store = isinstance(store, str | os.PathLike)
+        self.store: Store = open_store(store) if isinstance(store, str | os.PathLike) else store
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"TerrariumSession({self.session_id!r}, context={str(self.context)!r})"
+
+    # ------------------------------------------------------------------------- the protocol
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        """The history, oldest first: the last ``limit`` items when a limit is given.
+
+        Args:
+            limit: How many of the latest items to return; None means
+                ``session_settings.limit``, and when that is None too, every item. 0 gives
+                none; a negative limit gives every item (as the SDK's SQLite session does).
+        """
+        limit = resolve_session_limit(limit, self.session_settings)
+        items = await self._run(self._history)
+        if limit is not None and limit >= 0:
+            items = items[len(items) - limit :] if limit else []
+        return cast("list[TResponseInputItem]", items)
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        """Append ``items`` after the history, in one atomic write (together or not at all).
+
+        Raises:
+            InvalidEntry: an item is neither a message nor a Responses API item, or holds
+                text that is not valid Unicode; nothing is written.
+        """
+        self._check_open()
+        if not items:
+            return
+        logged = [as_logged(cast("dict[str, Any]", item)) for item in items]
+        for item in logged:
+            codec.encode(item)  # refuse what cannot be stored before creating anything
+        await self._run(lambda: self._append(logged))
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        """Remove the latest item and return it; None when the session has no items.
+
+        The context's head moves back one item (:func:`terrarium.sessions.rewind`): nothing
+        is copied, and the popped item stays in the session tree.
+        """
+        return cast("TResponseInputItem | None", await self._run(self._pop))
+
+    async def clear_session(self) -> None:
+        """Empty the session; its old history stays in the context's session tree."""
+        await self._run(self._clear)
+
+    # ------------------------------------------------------------------------- lifetime
+
+    def close(self) -> None:
+        """Close the store if this session opened it; the session is unusable afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------- in the thread
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed")
+
+    async def _run(self, call: Callable[[], _T]) -> _T:
+        self._check_open()
+        return await asyncio.to_thread(call)
+
+    def _history(self) -> list[LoggedItem]:
+        if self.store.get_head(self.context) is None:
+            return []
+        return sessions.restore(self.store, self.context).history
+
+    def _append(self, items: list[LoggedItem]) -> None:
+        with context_lock(self.store, self.context):
+            head = self.store.get_head(self.context)
+            if head is None:
+                try:
+                    sessions.create_segment(self.store, SegmentStartState(), context=self.context)
+                except ContextExists:
+                    pass  # a store without context locks: another writer created it first
+                head = self.store.get_head(self.context)
+                assert head is not None
+            sessions.save_delta(self.store, head, items)
+
+    def _pop(self) -> LoggedItem | None:
+        if self.store.get_head(self.context) is None:
+            return None
+        try:
+            dropped = sessions.rewind(self.store, self.context, 1)
+        except InvalidEntry:
+            if not self._history():  # an empty session, not a bad request
+                return None
+            raise
+        return dropped[0]
+
+    def _clear(self) -> None:
+        with context_lock(self.store, self.context):
+            if self.store.get_head(self.context) is None:
+                return
+            state = sessions.restore(self.store, self.context)
+            if state.history:  # clearing an empty session starts no segment
+                sessions.clear_segment(self.store, state, context=self.context)
