@@ -127,3 +127,4 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServ
             process.kill()
             process.wait()
         pump.join(timeout=5)
+        process.stdout.close()
