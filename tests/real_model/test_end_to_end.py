@@ -22,7 +22,7 @@ import pytest
 
 from helpers.logs import segment_lines
 from terrarium.agent.multi_context_manager import MultiContextManager
-from terrarium.errors import ContextTooLong
+from terrarium.errors import BadResponse, ContextTooLong
 from terrarium.llm.vllm_client import VLLMClient, chars_to_tokens
 
 from .conftest import N_CTX, LlamaServer
@@ -235,3 +235,41 @@ def test_prompt_past_the_context_window(llama_server: LlamaServer, root: Path) -
             assert manager.history("cli:main") == [{"role": "user", "content": too_long}]
 
     run(main())
+
+
+def test_streamed_prompt_past_the_window_is_a_cut_stream(
+    llama_server: LlamaServer, root: Path
+) -> None:
+    """Streamed, the same prompt gets HTTP 200 and a stream that ends before any chunk (the
+    server raises after sending its headers): a BadResponse, not retried, logged as errored."""
+    too_long = " ".join(["word"] * (N_CTX + 100))
+
+    async def main() -> None:
+        client = VLLMClient(llama_server.root_url, max_retries=2, backoff_base=0.001)
+        async with MultiContextManager(client, storage_dir=str(root)) as manager:
+            with pytest.raises(BadResponse, match="ended after 0 chunks"):
+                _ = [d async for d in manager.stream_with_context("cli:main", too_long)]
+            data = manager.get_stats("cli:main")
+            assert data["last_run"] == "errored"
+            assert data["usage"]["calls"] == 0
+            reply = await manager.process_with_context("cli:other", "still serving", **PARAMS)
+            assert reply.strip()
+
+    run(main())
+
+
+def test_unknown_model_name_is_served_by_the_loaded_model(
+    llama_server: LlamaServer, root: Path
+) -> None:
+    """The server answers any model name with the model it has, echoing the name asked for,
+    so a wrong name is no ModelNotFound here: the turn succeeds under that name."""
+
+    async def main() -> None:
+        client = VLLMClient(llama_server.root_url, model="no-such-model", default_params=PARAMS)
+        async with MultiContextManager(client, storage_dir=str(root)) as manager:
+            assert (await manager.process_with_context("cli:main", "hi")).strip()
+
+    run(main())
+    (logged,) = entries(root, "cli:main", "usage")
+    assert logged["model"] == "no-such-model"
+    assert logged["completion_tokens"] == MAX_TOKENS
