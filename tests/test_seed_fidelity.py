@@ -32,6 +32,7 @@ import pytest
 
 import terrarium
 from fakeserver import FakeServer
+from helpers.seed_doc import SEED_FILE
 from terrarium import (
     ContextId,
     FsStore,
@@ -282,31 +283,7 @@ def _document_example() -> dict[str, Any]:
     return json.loads(SESSION_FILE_EXAMPLE)
 
 
-SESSION_FILE_EXAMPLE = """{
-  "session_id": "main",
-  "context_type": "cli",
-  "system_prompt": "You are a helpful AI assistant.",
-  "messages": [
-    {
-      "role": "user",
-      "content": "Hello!",
-      "timestamp": "2025-11-06T14:30:00.123456"
-    },
-    {
-      "role": "assistant",
-      "content": "Hi! How can I help you?",
-      "timestamp": "2025-11-06T14:30:03.456789"
-    }
-  ],
-  "metadata": {
-    "created_at": "2025-11-06T14:30:00.123456",
-    "last_active": "2025-11-06T14:35:12.987654",
-    "message_count": 10,
-    "session_id": "main",
-    "context_type": "cli",
-    "session_date": "2025-11-06"
-  }
-}"""
+SESSION_FILE_EXAMPLE = SEED_FILE.rstrip("\n")
 quote(TERRARIUM_DOC, SESSION_FILE_EXAMPLE)
 
 

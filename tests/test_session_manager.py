@@ -19,6 +19,7 @@ import pytest
 
 import terrarium
 from fakeserver import FakeServer
+from helpers.seed_doc import SEED_FILE
 from pg import fresh_schema, pg_database  # noqa: F401  (the postgres store's database)
 from terrarium import (
     ContextId,
@@ -45,35 +46,7 @@ from terrarium.sessions import append_entries
 CONTEXT = "irc:#python"
 PROMPT = "You are a helpful IRC bot. Be concise."
 
-# The "Session File Format" example of seeds/004, verbatim.
-SEED_FILE = """\
-{
-  "session_id": "main",
-  "context_type": "cli",
-  "system_prompt": "You are a helpful AI assistant.",
-  "messages": [
-    {
-      "role": "user",
-      "content": "Hello!",
-      "timestamp": "2025-11-06T14:30:00.123456"
-    },
-    {
-      "role": "assistant",
-      "content": "Hi! How can I help you?",
-      "timestamp": "2025-11-06T14:30:03.456789"
-    }
-  ],
-  "metadata": {
-    "created_at": "2025-11-06T14:30:00.123456",
-    "last_active": "2025-11-06T14:35:12.987654",
-    "message_count": 10,
-    "session_id": "main",
-    "context_type": "cli",
-    "session_date": "2025-11-06"
-  }
-}
-"""
-SEED = json.loads(SEED_FILE)
+SEED = json.loads(SEED_FILE)  # seeds/004's "Session File Format" example
 
 BACKENDS = ["memory", "fs", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
