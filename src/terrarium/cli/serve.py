@@ -86,4 +86,12 @@ def serve(
         click.echo(f"token: {token}")
     if open_browser:
         threading.Timer(0.5, webbrowser.open, (url,)).start()
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    # Live pages hold an event stream open: give them a second, not forever, on Ctrl-C.
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=1,
+    )

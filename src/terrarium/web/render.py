@@ -81,7 +81,7 @@ def bar_chart(days: list[dict[str, Any]], types: list[str]) -> Markup:
         return Markup('<p class="muted">No messages yet.</p>')
     width, height, top, bottom, left = 760, 220, 20, 30, 8
     slot = (width - 2 * left) / len(days)
-    bar = max(slot * 0.7, 1.0)
+    bar = min(max(slot * 0.7, 1.0), 48.0)
     peak = max(sum(d["by_type"].values()) for d in days) or 1
     scale = (height - top - bottom) / peak
     legend = 20 * ((len(types) + 3) // 4)
