@@ -397,3 +397,13 @@ def test_the_same_app_serves_sqlite(sqlite_store: Any) -> None:
     assert c.get("/api/stats").json()["totals"]["contexts"] == 3
     assert head(sqlite_store, "cli:main") is not None
     assert "What is a fork tree?" in c.get("/session?c=cli:main").text
+
+
+def test_bytes_on_disk_is_none_for_a_store_without_files(tmp_path: Path) -> None:
+    from terrarium.stores.memory import MemoryStore
+
+    memory = MemoryStore()
+    seed(memory)
+    totals = TestClient(create_app(memory), base_url=LOCAL).get("/api/stats").json()["totals"]
+    assert totals["bytes_on_disk"] is None
+    assert totals["contexts"] == 3

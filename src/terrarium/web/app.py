@@ -364,7 +364,7 @@ def overview_page(request: Request) -> HTMLResponse:
 def sessions_page(request: Request) -> HTMLResponse:
     args = _list_args(request)
     page = _dash(request).call(data.list_page, **args)
-    types = sorted({row.type for row in _dash(request).call(contexts.list_contexts).rows})
+    types = page["types"]
     nxt = None
     if page["next_cursor"]:
         kept = {k: v for k, v in request.query_params.items() if k != "cursor"}

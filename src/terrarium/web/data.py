@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
+import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -37,6 +40,10 @@ PAGE_SIZE = 50
 
 MESSAGES_PER_PAGE = 200
 """Messages per page of a transcript."""
+
+
+BYTES_EVERY = 60.0
+"""Seconds between two measures of the store's size on disk."""
 
 
 class BadRequest(ValueError):
@@ -110,9 +117,10 @@ def list_page(
         raise BadRequest("limit must be between 1 and 1000")
     since, until = _check_date(since, "since"), _check_date(until, "until")
     needle = text.casefold() if text else None
+    every = _rows(store)
     rows = [
         row
-        for row in _rows(store)
+        for row in every
         if (type is None or row.type == type)
         and (needle is None or needle in row.context_id.casefold())
         and (since is None or row.last_active[:10] >= since)
@@ -128,6 +136,7 @@ def list_page(
         "contexts": [row.to_json() for row in page],
         "next_cursor": encode_cursor(_key(page[-1], sort)) if more and page else None,
         "sort": sort,
+        "types": sorted({row.type for row in every}),
     }
 
 
@@ -176,6 +185,14 @@ class Activity:
     def __init__(self) -> None:
         self._tallies: dict[str, _Tally] = {}
         self._lock = threading.Lock()
+        self._bytes: tuple[float, int | None] | None = None
+
+    def disk_bytes(self, store: Store) -> int | None:
+        """:func:`disk_bytes`, measured at most once a minute (walking a big folder is slow)."""
+        now = time.monotonic()
+        if self._bytes is None or now - self._bytes[0] > BYTES_EVERY:
+            self._bytes = (now, disk_bytes(store))
+        return self._bytes[1]
 
     def tallies(self, store: Store, rows: Iterable[contexts.ContextRow]) -> dict[str, _Tally]:
         """The tally of every native context in ``rows`` (legacy files have none)."""
@@ -203,8 +220,14 @@ def disk_bytes(store: Store) -> int | None:
         extra = [path.with_name(path.name + s) for s in ("-wal", "-shm")]
         return sum(p.stat().st_size for p in (path, *extra) if p.exists())
     root = getattr(store, "root", None)
-    if isinstance(root, Path) and root.is_dir():
-        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    if not (isinstance(root, Path) and root.is_dir()):
+        return None
+    total = 0
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):  # removed meanwhile
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total
     return None
 
 
@@ -243,7 +266,7 @@ def overview(store: Store, activity: Activity, *, days: int = 30) -> dict[str, A
             "prompt_tokens": sum(m["prompt_tokens"] for m in models.values()),
             "completion_tokens": sum(m["completion_tokens"] for m in models.values()),
             "cached_tokens": sum(m["cached_tokens"] for m in models.values()),
-            "bytes_on_disk": disk_bytes(store),
+            "bytes_on_disk": activity.disk_bytes(store),
         },
         "per_type": dict(sorted(per_type.items())),
         "messages_per_day": [
@@ -345,8 +368,14 @@ def _message(
     }
 
 
-def _messages(reads: list[SegmentRead]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _messages(
+    reads: list[SegmentRead], offset: int, limit: int
+) -> tuple[int, list[dict[str, Any]]]:
+    """How many messages the lineage holds, and those of one page (each with the usage record
+    logged after it, if any). Only the page's messages are built."""
+    count = 0
+    page: list[dict[str, Any]] = []
+    end = offset + limit
     for read in reads:
         segment = str(read.header.get("segment_id", ""))
         history = read.header.get("history")
@@ -355,19 +384,25 @@ def _messages(reads: list[SegmentRead]) -> list[dict[str, Any]]:
             ts = str(read.header.get("ts", ""))
             for item in history:
                 if isinstance(item, Mapping):
-                    out.append(_message(item, 0, ts, segment, origin == "compaction"))
+                    if offset <= count < end:
+                        page.append(_message(item, 0, ts, segment, origin == "compaction"))
+                    count += 1
         for line in read.entries:
             kind = line.get("kind")
             if kind in HISTORY_KINDS and isinstance(line.get("item"), Mapping):
-                out.append(_message(line["item"], line["seq"], str(line["ts"]), segment, False))
-            elif kind == "usage" and out:
-                out[-1]["usage"] = {
+                if offset <= count < end:
+                    page.append(
+                        _message(line["item"], line["seq"], str(line["ts"]), segment, False)
+                    )
+                count += 1
+            elif kind == "usage" and page and offset < count <= end:
+                page[-1]["usage"] = {
                     "model": line.get("model"),
                     "prompt_tokens": line.get("prompt_tokens", 0),
                     "completion_tokens": line.get("completion_tokens", 0),
                     "cached_tokens": line.get("cached_tokens", 0),
                 }
-    return out
+    return count, page
 
 
 def transcript(
@@ -395,18 +430,25 @@ def transcript(
             raise SegmentNotFound(f"no segment '{segment[:80]}' in '{context.display}'")
         segment_id = SegmentId(segment)
     reads = sessions.lineage(store, head.session_id, segment_id)
-    messages = _messages(reads)
-    stats = contexts.get_stats(store, context)
+    total, messages = _messages(reads, offset, limit)
+    if segment_id == head.segment_id:  # the head's stats, from the reads already made
+        state = sessions.collect_state(
+            line for read in reads for line in (read.header, *read.entries)
+        )
+        segments = len(tree["segments"])
+        stats = contexts.stats_of(context, state, head.created_at, segments, is_legacy=False)
+    else:
+        stats = contexts.get_stats(store, context)
     return {
         "context_id": str(context),
         "segment_id": str(segment_id),
         "is_head": segment_id == head.segment_id,
         "stats": stats,
         "tree": tree,
-        "total_messages": len(messages),
+        "total_messages": total,
         "offset": offset,
         "limit": limit,
-        "messages": messages[offset : offset + limit],
+        "messages": messages,
     }
 
 
