@@ -13,6 +13,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from helpers.web import HOSTILE_NAME, HOSTILE_TEXTS, head, seed, seed_hostile, turn
+from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
 from terrarium import FsStore
 from terrarium.model import ContextId
 from terrarium.sessions import restore
@@ -407,3 +408,19 @@ def test_bytes_on_disk_is_none_for_a_store_without_files(tmp_path: Path) -> None
     totals = TestClient(create_app(memory), base_url=LOCAL).get("/api/stats").json()["totals"]
     assert totals["bytes_on_disk"] is None
     assert totals["contexts"] == 3
+
+
+@pytest.mark.postgres
+def test_the_same_app_serves_postgres(pg_database: str) -> None:  # noqa: F811
+    from terrarium.stores.postgres import PostgresStore
+
+    with PostgresStore(pg_database, schema=fresh_schema(), pool_size=2) as pg:
+        seed(pg)
+        c = TestClient(create_app(pg), base_url=LOCAL)
+        stats = c.get("/api/stats").json()
+        assert stats["totals"]["contexts"] == 3 and stats["totals"]["bytes_on_disk"] is None
+        assert "What is a fork tree?" in c.get("/session?c=cli:main").text
+        assert c.get("/api/search", params={"q": "decorator"}).json()["hits"]
+        before = signature(pg, None)
+        turn(pg, "cli:main", "one more", "sure")
+        assert signature(pg, None) != before
