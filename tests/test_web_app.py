@@ -424,3 +424,29 @@ def test_the_same_app_serves_postgres(pg_database: str) -> None:  # noqa: F811
         before = signature(pg, None)
         turn(pg, "cli:main", "one more", "sure")
         assert signature(pg, None) != before
+
+
+def test_the_overview_fills_in_within_its_time_budget(seeded: FsStore) -> None:
+    from terrarium.web.data import Activity, overview
+
+    activity = Activity()
+    first = overview(seeded, activity, budget=0.0)
+    assert first["activity_pending"] == 3  # nothing read yet: all pending, counts from listing
+    assert first["totals"]["turns"] == 0 and first["totals"]["messages"] > 0
+    full = overview(seeded, activity, budget=None)
+    assert full["activity_pending"] == 0 and full["totals"]["turns"] == 4
+    again = overview(seeded, activity, budget=0.0)  # nothing stale: nothing to read
+    assert again["activity_pending"] == 0 and again["totals"] == full["totals"]
+    turn(seeded, "irc:#python", "q", "a")
+    stale = overview(seeded, activity, budget=0.0)
+    assert stale["activity_pending"] == 1 and stale["totals"]["turns"] == 4  # the stale tally
+
+
+def test_a_partial_overview_says_so_and_reloads(seeded: FsStore, monkeypatch: Any) -> None:
+    from terrarium.web import data
+
+    monkeypatch.setattr(data, "ACTIVITY_BUDGET", 0.0)
+    page = client(seeded).get("/").text
+    assert 'id="pending"' in page and 'http-equiv="refresh"' in page
+    monkeypatch.setattr(data, "ACTIVITY_BUDGET", None)
+    assert 'http-equiv="refresh"' not in client(seeded).get("/").text

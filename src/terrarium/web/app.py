@@ -214,7 +214,14 @@ def _opt(request: Request, name: str) -> str | None:
 )
 def api_stats(request: Request) -> JSONResponse:
     dash = _dash(request)
-    return JSONResponse(dash.call(data.overview, dash.activity, days=_int(request, "days", 30)))
+    return JSONResponse(
+        dash.call(
+            data.overview,
+            dash.activity,
+            budget=data.ACTIVITY_BUDGET,
+            days=_int(request, "days", 30),
+        )
+    )
 
 
 def _list_args(request: Request) -> dict[str, Any]:
@@ -355,10 +362,13 @@ def api_openapi(request: Request) -> JSONResponse:
 def overview_page(request: Request) -> HTMLResponse:
     dash = _dash(request)
     days = _int(request, "days", 30)
-    stats = dash.call(data.overview, dash.activity, days=days)
+    stats = dash.call(data.overview, dash.activity, budget=data.ACTIVITY_BUDGET, days=days)
     types = sorted(stats["per_type"])
     chart = render.bar_chart(stats["messages_per_day"], types)
-    return _page(request, "overview.html", stats=stats, chart=chart, days=days, live="")
+    pending = stats["activity_pending"] > 0  # reload until every context has been read
+    return _page(
+        request, "overview.html", stats=stats, chart=chart, days=days, live="", refresh=pending
+    )
 
 
 def sessions_page(request: Request) -> HTMLResponse:

@@ -194,8 +194,19 @@ class Activity:
             self._bytes = (now, disk_bytes(store))
         return self._bytes[1]
 
-    def tallies(self, store: Store, rows: Iterable[contexts.ContextRow]) -> dict[str, _Tally]:
-        """The tally of every native context in ``rows`` (legacy files have none)."""
+    def tallies(
+        self, store: Store, rows: Iterable[contexts.ContextRow], budget: float | None = None
+    ) -> tuple[dict[str, _Tally], int]:
+        """The tally of every native context in ``rows`` (legacy files have none), and how
+        many contexts are still to be read.
+
+        Args:
+            budget: seconds to spend reading contexts whose tally is missing or stale; past
+                it the rest keep their stale tally (or none) and are counted as pending, to
+                be read by the next call. None reads them all.
+        """
+        deadline = None if budget is None else time.monotonic() + budget
+        pending = 0
         with self._lock:
             fresh: dict[str, _Tally] = {}
             for row in rows:
@@ -204,13 +215,18 @@ class Activity:
                 signature = (row.last_active, row.message_count)
                 known = self._tallies.get(row.context_id)
                 if known is None or known.signature != signature:
+                    if deadline is not None and time.monotonic() > deadline:
+                        pending += 1
+                        if known is not None:
+                            fresh[row.context_id] = known
+                        continue
                     try:
                         known = _tally(store, row.context, signature)
                     except StoreError:
                         continue  # damaged: the listing shows its problem
                 fresh[row.context_id] = known
             self._tallies = fresh
-            return fresh
+            return fresh, pending
 
 
 def disk_bytes(store: Store) -> int | None:
@@ -231,10 +247,21 @@ def disk_bytes(store: Store) -> int | None:
     return None
 
 
-def overview(store: Store, activity: Activity, *, days: int = 30) -> dict[str, Any]:
-    """Totals, per-type counts, messages per day by type, tokens per model, most active."""
+ACTIVITY_BUDGET = 0.3
+"""Seconds one overview spends reading contexts it has no fresh tally of (see
+:meth:`Activity.tallies`): the first overview of a big store fills in over several loads."""
+
+
+def overview(
+    store: Store, activity: Activity, *, days: int = 30, budget: float | None = ACTIVITY_BUDGET
+) -> dict[str, Any]:
+    """Totals, per-type counts, messages per day by type, tokens per model, most active.
+
+    Turns, tokens and messages per day cover the contexts read so far: ``activity_pending``
+    says how many are still to be read (0 once every context has been).
+    """
     rows = _rows(store)
-    tallies = activity.tallies(store, rows)
+    tallies, pending = activity.tallies(store, rows, budget)
     per_type: dict[str, dict[str, int]] = {}
     for row in rows:
         counts = per_type.setdefault(row.type, {"contexts": 0, "messages": 0})
@@ -268,6 +295,7 @@ def overview(store: Store, activity: Activity, *, days: int = 30) -> dict[str, A
             "cached_tokens": sum(m["cached_tokens"] for m in models.values()),
             "bytes_on_disk": activity.disk_bytes(store),
         },
+        "activity_pending": pending,
         "per_type": dict(sorted(per_type.items())),
         "messages_per_day": [
             {"date": d, "by_type": dict(sorted(by_day[d].items()))} for d in shown_days
