@@ -3,8 +3,9 @@ session's first page, on the filesystem store (its index), SQLite and PostgreSQL
 
 Each request goes through the whole ASGI app (Starlette's test client, no network), so the
 time is the server's: listing, aggregation and template rendering. The overview is measured
-cold (its activity cache empty: every context's head lineage is read once) and warm (only
-contexts whose listing row changed are re-read: the case of a dashboard left open).
+cold (its activity cache empty: it reads head lineages for at most 0.3 s and says how many
+contexts are still pending), then how many more loads it takes to cover every context, then
+warm (only contexts whose listing row changed are re-read: a dashboard left open).
 
     python benchmarks/bench_web.py --contexts 100000 --messages 10 --session 10000
     python benchmarks/bench_web.py --quick        # tiny sizes: the smoke test runs this
@@ -72,7 +73,12 @@ def measure(report: Report, label: str, store: Store, repeat: int) -> None:
         return call
 
     cold = timed(get("/"), 1)
-    report.row(f"{label} overview, cold cache", ms(cold))
+    report.row(f"{label} overview, cold cache", ms(cold), "<= 500 ms", cold <= 0.5)
+    start, loads = time.perf_counter(), 0
+    while client.get("/api/stats").json()["activity_pending"]:  # as the page's reloads do
+        loads += 1
+    filled = time.perf_counter() - start
+    report.row(f"{label} overview complete after", f"{loads} more loads, {filled:.1f} s")
     warm = timed(get("/"), repeat)
     report.row(f"{label} overview, warm", ms(warm), "<= 500 ms", warm <= 0.5)
     first = timed(get("/sessions"), repeat)
