@@ -450,3 +450,22 @@ def test_a_partial_overview_says_so_and_reloads(seeded: FsStore, monkeypatch: An
     assert 'id="pending"' in page and 'http-equiv="refresh"' in page
     monkeypatch.setattr(data, "ACTIVITY_BUDGET", None)
     assert 'http-equiv="refresh"' not in client(seeded).get("/").text
+
+
+def test_kept_sums_equal_a_fresh_count_after_writes_and_deletes(seeded: FsStore) -> None:
+    from terrarium.contexts import delete_context
+    from terrarium.web.data import Activity, overview
+
+    def without_size(stats: dict[str, Any]) -> dict[str, Any]:
+        return {**stats, "totals": {**stats["totals"], "bytes_on_disk": None}}
+
+    kept = Activity()
+    overview(seeded, kept, budget=None)
+    turn(seeded, "irc:#python", "q", "a", model="new-model")
+    turn(seeded, "cli:main", "q", "a")
+    delete_context(seeded, ContextId.parse("cli:compacted"))
+    again = without_size(overview(seeded, kept, budget=None))
+    assert again == without_size(overview(seeded, Activity(), budget=None))
+    assert again["tokens_per_model"]["new-model"]["calls"] == 1
+    delete_context(seeded, ContextId.parse("irc:#python"))
+    assert "new-model" not in overview(seeded, kept, budget=None)["tokens_per_model"]

@@ -180,12 +180,35 @@ def _tally(store: Store, context: ContextId, signature: tuple[str, int]) -> _Tal
 
 
 class Activity:
-    """Per-context tallies of the overview, re-read only for contexts whose head changed."""
+    """Per-context tallies of the overview, re-read only for contexts whose head changed, and
+    their sums, kept up to date as tallies come and go (so a warm overview adds nothing up)."""
 
     def __init__(self) -> None:
         self._tallies: dict[str, _Tally] = {}
         self._lock = threading.Lock()
         self._bytes: tuple[float, int | None] | None = None
+        self.by_day: dict[str, Counter[str]] = {}
+        """Messages per day, per context type, over the tallies held."""
+        self.models: dict[str, list[int]] = {}
+        """Per model: prompt, completion, cached tokens, calls, over the tallies held."""
+        self.turns = 0
+
+    def _count(self, context_id: str, tally: _Tally, sign: int) -> None:
+        kind = context_id.partition(":")[0]
+        for day, n in tally.per_day.items():
+            counts = self.by_day.setdefault(day, Counter())
+            counts[kind] += sign * n
+            if not counts[kind]:
+                del counts[kind]
+                if not counts:
+                    del self.by_day[day]
+        for model, numbers in tally.tokens.items():
+            sums = self.models.setdefault(model, [0, 0, 0, 0])
+            for i, n in enumerate(numbers):
+                sums[i] += sign * n
+            if not sums[3]:
+                del self.models[model]
+        self.turns += sign * tally.turns
 
     def disk_bytes(self, store: Store) -> int | None:
         """:func:`disk_bytes`, measured at most once a minute (walking a big folder is slow)."""
@@ -225,6 +248,12 @@ class Activity:
                     except StoreError:
                         continue  # damaged: the listing shows its problem
                 fresh[row.context_id] = known
+            for context_id, old in self._tallies.items():
+                if fresh.get(context_id) is not old:
+                    self._count(context_id, old, -1)
+            for context_id, new in fresh.items():
+                if self._tallies.get(context_id) is not new:
+                    self._count(context_id, new, +1)
             self._tallies = fresh
             return fresh, pending
 
@@ -261,28 +290,16 @@ def overview(
     says how many are still to be read (0 once every context has been).
     """
     rows = _rows(store)
-    tallies, pending = activity.tallies(store, rows, budget)
+    _, pending = activity.tallies(store, rows, budget)
     per_type: dict[str, dict[str, int]] = {}
     for row in rows:
         counts = per_type.setdefault(row.type, {"contexts": 0, "messages": 0})
         counts["contexts"] += 1
         counts["messages"] += row.message_count
-    by_day: dict[str, Counter[str]] = {}
-    models: dict[str, dict[str, int]] = {}
-    turns = 0
-    for context_id, tally in tallies.items():
-        kind = context_id.partition(":")[0]
-        for day, n in tally.per_day.items():
-            by_day.setdefault(day, Counter())[kind] += n
-        for model, (prompt, completion, cached, calls) in tally.tokens.items():
-            m = models.setdefault(
-                model, {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "calls": 0}
-            )
-            m["prompt_tokens"] += prompt
-            m["completion_tokens"] += completion
-            m["cached_tokens"] += cached
-            m["calls"] += calls
-        turns += tally.turns
+    by_day = activity.by_day
+    names = ("prompt_tokens", "completion_tokens", "cached_tokens", "calls")
+    models = {model: dict(zip(names, sums, strict=True)) for model, sums in activity.models.items()}
+    turns = activity.turns
     shown_days = sorted(by_day)[-days:] if days > 0 else sorted(by_day)
     active = sorted(rows, key=lambda r: (r.message_count, r.last_active), reverse=True)[:10]
     return {
