@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import heapq
 import json
 import os
 import threading
@@ -301,7 +302,7 @@ def overview(
     models = {model: dict(zip(names, sums, strict=True)) for model, sums in activity.models.items()}
     turns = activity.turns
     shown_days = sorted(by_day)[-days:] if days > 0 else sorted(by_day)
-    active = sorted(rows, key=lambda r: (r.message_count, r.last_active), reverse=True)[:10]
+    active = heapq.nlargest(10, rows, key=lambda r: (r.message_count, r.last_active))
     return {
         "totals": {
             "contexts": len(rows),
