@@ -127,12 +127,13 @@ def list_page(
         and (since is None or row.last_active[:10] >= since)
         and (until is None or row.last_active[:10] <= until)
     ]
-    rows.sort(key=lambda r: _key(r, sort), reverse=True)
     if cursor:
         after = decode_cursor(cursor)
         rows = [row for row in rows if _key(row, sort) < after]
-    page = rows[:limit]
-    more = len(rows) > limit
+    # One page of the largest keys: O(n), where sorting all 100k rows costs several times that.
+    found = heapq.nlargest(limit + 1, rows, key=lambda r: _key(r, sort))
+    page = found[:limit]
+    more = len(found) > limit
     return {
         "contexts": [row.to_json() for row in page],
         "next_cursor": encode_cursor(_key(page[-1], sort)) if more and page else None,
