@@ -29,6 +29,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
+	bash scripts/ensure_chromium.sh
 	$(BIN)/pytest
 
 test-real-model: $(STAMP)

@@ -11,7 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from terrarium import FsStore, SegmentStartState, create_segment
-from terrarium.cli import cli
+from terrarium.cli import (
+    cli,
+    serve,  # noqa: F401  # loaded lazily: load it so it is in cli.commands
+)
 from terrarium.cli.chat import COMMANDS
 from terrarium.cli.seed import seed_chat
 

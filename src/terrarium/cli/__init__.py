@@ -3,8 +3,9 @@
 ``cli`` is the Click group; :func:`main` is the console script. Modules: ``app`` (the group,
 shared options, error boundary), ``commands`` (list, show, stats, delete, clear, fork, compact,
 export, import, migrate, fsck, reindex), ``bulk`` (copy, search), ``chat`` (the chat loop),
-``picker`` (the session picker), ``examples`` (the examples that end each command's help),
-``seed`` (the old ``chat.py`` interface), ``output`` (terminal or plain output).
+``serve`` (the dashboard), ``picker`` (the session picker), ``examples`` (the examples that end
+each command's help), ``seed`` (the old ``chat.py`` interface), ``output`` (terminal or plain
+output).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ _ = (_bulk, _commands)  # imported for their commands
 cli.add_lazy(
     "chat", "terrarium.cli.chat", "Chat in a session (CONTEXT is type:name, or a name of --type)."
 )
+# Imported when it runs: it needs Starlette, uvicorn and Jinja2 (the 'web' extra).
+cli.add_lazy("serve", "terrarium.cli.serve", "Serve the statistics dashboard (a local web app).")
 
 
 def main() -> None:

@@ -72,6 +72,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "terrarium fsck",
         "terrarium fsck --repair --json",
     ),
+    "serve": (
+        "terrarium serve --open",
+        "terrarium serve --storage-dir sqlite:///sessions.db --port 9000",
+        "terrarium serve --host 0.0.0.0 --token s3cret --allow-writes",
+    ),
     "reindex": (
         "terrarium reindex",
         "terrarium reindex --storage-dir sqlite:///sessions.db",

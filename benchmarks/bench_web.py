@@ -1,0 +1,138 @@
+"""Dashboard server time: the overview and the first sessions page on a big store, and a long
+session's first page, on the filesystem store (its index), SQLite and PostgreSQL.
+
+Each request goes through the whole ASGI app (Starlette's test client, no network), so the
+time is the server's: listing, aggregation and template rendering. The overview is measured
+cold (its activity cache empty: it reads head lineages for at most 0.3 s and says how many
+contexts are still pending), then how many more loads it takes to cover every context, then
+warm (only contexts whose listing row changed are re-read: a dashboard left open).
+
+    python benchmarks/bench_web.py --contexts 100000 --messages 10 --session 10000
+    python benchmarks/bench_web.py --quick        # tiny sizes: the smoke test runs this
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_stores import Report, entry, ms, new_context, throwaway_database  # noqa: E402
+from terrarium import FsStore  # noqa: E402
+from terrarium.stores.base import Store  # noqa: E402
+from terrarium.stores.sqlite import SqliteStore  # noqa: E402
+
+BATCH = 500
+
+
+def fill(store: Store, contexts: int, messages: int, session: int) -> None:
+    """``contexts`` contexts of ``messages`` user messages each, and ``cli:long`` of
+    ``session`` messages."""
+    for i in range(contexts):
+        session_id, segment_id = new_context(store, f"c{i:07d}")
+        store.append(
+            session_id, segment_id, [entry(f"message {j} of {i}") for j in range(messages)]
+        )
+    session_id, segment_id = new_context(store, "long")
+    for start in range(0, session, BATCH):
+        size = min(BATCH, session - start)
+        store.append(session_id, segment_id, [entry(f"long {start + j}") for j in range(size)])
+
+
+def timed(call: Callable[[], Any], repeat: int) -> float:
+    """The median seconds of ``repeat`` calls."""
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def measure(report: Report, label: str, store: Store, repeat: int) -> None:
+    from starlette.testclient import TestClient
+
+    from terrarium.web import create_app
+
+    client = TestClient(create_app(store), base_url="http://127.0.0.1")
+
+    def get(url: str) -> Callable[[], Any]:
+        def call() -> None:
+            response = client.get(url)
+            assert response.status_code == 200, (url, response.text[:200])
+
+        return call
+
+    cold = timed(get("/"), 1)
+    report.row(f"{label} overview, cold cache", ms(cold), "<= 500 ms", cold <= 0.5)
+    start, loads = time.perf_counter(), 0
+    while client.get("/api/stats").json()["activity_pending"]:  # as the page's reloads do
+        loads += 1
+    filled = time.perf_counter() - start
+    report.row(f"{label} overview complete after", f"{loads} more loads, {filled:.1f} s")
+    warm = timed(get("/"), repeat)
+    report.row(f"{label} overview, warm", ms(warm), "<= 500 ms", warm <= 0.5)
+    first = timed(get("/sessions"), repeat)
+    report.row(f"{label} first sessions page", ms(first), "<= 500 ms", first <= 0.5)
+    api = timed(get("/api/contexts?sort=messages"), repeat)
+    report.row(f"{label} /api/contexts by messages", ms(api), "<= 500 ms", api <= 0.5)
+    long = timed(get("/session?c=cli:long"), repeat)
+    report.row(f"{label} long session, first page", ms(long), "<= 200 ms", long <= 0.2)
+
+
+def stores(base: Path, report: Report, which: set[str]) -> Iterator[tuple[str, Store]]:
+    if "fs" in which:
+        with FsStore(base / "fs") as fs:
+            yield "fs", fs
+    if "sqlite" in which:
+        with SqliteStore(base / "web.db") as sqlite:
+            yield "sqlite", sqlite
+    if "postgres" in which:
+        with throwaway_database(report) as dsn:
+            if dsn is not None:
+                from terrarium.stores.postgres import PostgresStore
+
+                with PostgresStore(dsn) as pg:
+                    yield "postgres", pg
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (the smoke test)")
+    parser.add_argument("--contexts", type=int, default=10_000, help="contexts in the store")
+    parser.add_argument("--messages", type=int, default=10, help="messages per context")
+    parser.add_argument("--session", type=int, default=10_000, help="messages of cli:long")
+    parser.add_argument("--repeat", type=int, default=5, help="timed requests per measure")
+    parser.add_argument(
+        "--stores", default="fs,sqlite,postgres", help="comma-separated: fs, sqlite, postgres"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.contexts, args.messages, args.session, args.repeat = 20, 3, 50, 2
+    which = set(args.stores.split(","))
+    report = Report()
+    total = args.contexts * args.messages + args.session
+    print(f"{args.contexts:,} contexts x {args.messages} messages, cli:long {args.session:,}")
+    with tempfile.TemporaryDirectory(prefix="bench-web-") as tmp:
+        for label, store in stores(Path(tmp), report, which):
+            start = time.perf_counter()
+            fill(store, args.contexts, args.messages, args.session)
+            report.note(
+                f"{label}: {total:,} messages written in {time.perf_counter() - start:.0f} s"
+            )
+            measure(report, label, store, args.repeat)
+    print("\nResults\n" + report.table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

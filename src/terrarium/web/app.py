@@ -1,0 +1,559 @@
+"""The dashboard's ASGI app: pages, the JSON API, live events, guarded writes.
+
+:func:`create_app` wraps one open store. Every handler is a plain function that Starlette runs
+in its thread pool; calls into the store are serialised by one lock (a store is not promised
+to be safe across threads). What a page shows comes from :mod:`terrarium.web.data`, which the
+JSON API returns as it is.
+
+Safety (see docs/dashboard.md): every response carries a Content-Security-Policy that allows
+scripts, styles and connections only from this origin; with a token, a request without it
+(``Authorization: Bearer``, or the cookie set by ``/?token=...``) is answered 401; without
+one, only a loopback ``Host`` is served (no DNS rebinding). Writes exist only with
+``allow_writes``, as POSTs carrying the page's CSRF token after a confirmation page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import secrets
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from http.cookies import SimpleCookie
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, urlencode
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from terrarium import contexts, export, search
+from terrarium.errors import (
+    ContextExists,
+    ContextNotFound,
+    InvalidContextId,
+    InvalidQuery,
+    SegmentNotFound,
+    StoreError,
+)
+from terrarium.model import ContextId, display_name
+from terrarium.stores.base import SearchQuery, Store
+from terrarium.web import data, render
+from terrarium.web.openapi import api, openapi_document
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).parent
+COOKIE = "terrarium_token"
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+LOOPBACK = frozenset(("127.0.0.1", "localhost", "::1", "[::1]"))
+POLL_SECONDS = 0.25
+"""How often the live view polls the store's derived state (a head and its next seq)."""
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class Guard:
+    """ASGI middleware: the token (or loopback ``Host``) check and the security headers."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope)
+        if isinstance(refusal, Response):
+            await refusal(scope, receive, send)
+            return
+
+        async def send_with_headers(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers += [
+                    (b"content-security-policy", CSP.encode()),
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"referrer-policy", b"no-referrer"),
+                    (b"x-frame-options", b"DENY"),
+                ]
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+    def _refusal(self, scope: Scope) -> Response | None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.token is None:
+            host = (
+                headers.get("host", "").rsplit(":", 1)[0]
+                if "]" not in headers.get("host", "")
+                else headers.get("host", "").rsplit("]", 1)[0] + "]"
+            )
+            if host not in LOOPBACK:
+                return PlainTextResponse("403: this dashboard answers only on loopback", 403)
+            return None
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        given = query.get("token", [None])[0]
+        if given is not None and hmac.compare_digest(given.encode(), self.token.encode()):
+            rest = {k: v for k, v in query.items() if k != "token"}
+            target = scope["path"] + ("?" + urlencode(rest, doseq=True) if rest else "")
+            response = RedirectResponse(target, 303)
+            response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
+            return response
+        auth = headers.get("authorization", "")
+        if auth.startswith("Bearer ") and hmac.compare_digest(
+            auth[7:].encode(), self.token.encode()
+        ):
+            return None
+        cookie = SimpleCookie()
+        try:
+            cookie.load(headers.get("cookie", ""))
+        except Exception:  # a malformed Cookie header is no token
+            cookie = SimpleCookie()
+        morsel = cookie.get(COOKIE)
+        if morsel is not None and hmac.compare_digest(morsel.value.encode(), self.token.encode()):
+            return None
+        return PlainTextResponse(
+            "401: token required (open the URL that terrarium serve printed)", 401
+        )
+
+
+class Dashboard:
+    """The app's state: the store, its lock, the activity cache, the CSRF token."""
+
+    def __init__(self, store: Store, *, allow_writes: bool, location: str) -> None:
+        self.store = store
+        self.lock = threading.Lock()
+        self.activity = data.Activity()
+        self.allow_writes = allow_writes
+        self.location = location
+        self.csrf = secrets.token_urlsafe(32)
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(store, ...)`` holding the store's lock."""
+        with self.lock:
+            return fn(self.store, *args, **kwargs)
+
+
+def _templates() -> Jinja2Templates:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["markdown"] = render.markdown
+    env.filters["code"] = render.code
+    env.filters["shown"] = display_name
+    env.filters["q"] = lambda value: quote(str(value), safe="")
+    return Jinja2Templates(env=env)
+
+
+TEMPLATES = _templates()
+
+
+def _dash(request: Request) -> Dashboard:
+    dash: Dashboard = request.app.state.dashboard
+    return dash
+
+
+def _page(request: Request, name: str, code: int = 200, **values: Any) -> HTMLResponse:
+    dash = _dash(request)
+    values.setdefault("title", "terrarium")
+    context = {
+        "request": request,
+        "location": dash.location,
+        "allow_writes": dash.allow_writes,
+        "csrf": dash.csrf,
+        **values,
+    }
+    return TEMPLATES.TemplateResponse(request, name, context, status_code=code)
+
+
+def _int(request: Request, name: str, default: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise data.BadRequest(f"{name} must be a whole number, not {raw[:40]!r}") from None
+
+
+def _opt(request: Request, name: str) -> str | None:
+    return request.query_params.get(name) or None
+
+
+# --------------------------------------------------------------------------- JSON API
+
+
+@api(
+    "Totals, per-type counts, messages per day, tokens per model, most active contexts.",
+    days="int: days of activity to return (default 30)",
+)
+def api_stats(request: Request) -> JSONResponse:
+    dash = _dash(request)
+    return JSONResponse(
+        dash.call(
+            data.overview,
+            dash.activity,
+            budget=data.ACTIVITY_BUDGET,
+            days=_int(request, "days", 30),
+        )
+    )
+
+
+def _list_args(request: Request) -> dict[str, Any]:
+    return {
+        "type": _opt(request, "type"),
+        "text": _opt(request, "q"),
+        "since": _opt(request, "since"),
+        "until": _opt(request, "until"),
+        "sort": request.query_params.get("sort") or "last_active",
+        "cursor": _opt(request, "cursor"),
+        "limit": _int(request, "limit", data.PAGE_SIZE),
+    }
+
+
+@api(
+    "One page of contexts, filtered and sorted, with the next page's cursor.",
+    type="str: only this type",
+    q="str: text in the context id",
+    since="str: last active on or after (YYYY-MM-DD)",
+    until="str: last active on or before (YYYY-MM-DD)",
+    sort="str: last_active, created or messages",
+    cursor="str: from next_cursor",
+    limit="int: rows per page (1-1000)",
+)
+def api_contexts(request: Request) -> JSONResponse:
+    return JSONResponse(_dash(request).call(data.list_page, **_list_args(request)))
+
+
+def _transcript(request: Request) -> dict[str, Any]:
+    context = data.parse_context(request.query_params.get("c"))
+    return dict(
+        _dash(request).call(
+            data.transcript,
+            context,
+            segment=_opt(request, "segment"),
+            offset=_int(request, "offset", 0),
+            limit=_int(request, "limit", data.MESSAGES_PER_PAGE),
+        )
+    )
+
+
+@api(
+    "One context: a page of its transcript, its stats and its fork tree.",
+    c="str: the context id, type:name (required)",
+    segment="str: a segment id (default head)",
+    offset="int: first message",
+    limit="int: messages per page (1-5000)",
+)
+def api_context(request: Request) -> JSONResponse:
+    return JSONResponse(_transcript(request))
+
+
+def _search(request: Request) -> list[dict[str, Any]]:
+    query = SearchQuery(
+        text=request.query_params.get("q", ""),
+        type=_opt(request, "type"),
+        role=_opt(request, "role"),
+        since=_opt(request, "since"),
+        limit=_int(request, "limit", 50),
+    )
+    hits = _dash(request).call(search.search, query)
+    return [
+        {
+            "context": hit.context,
+            "segment_id": str(hit.segment_id),
+            "seq": hit.seq,
+            "role": hit.role,
+            "ts": hit.ts,
+            "snippet": hit.snippet,
+            "highlights": [list(span) for span in hit.highlights],
+            "score": hit.score,
+        }
+        for hit in hits
+    ]
+
+
+@api(
+    "Search every context's history; snippets with the matched spans.",
+    q="str: words to find (required)",
+    type="str: only this context type",
+    role="str: only this role",
+    since="str: on or after this date",
+    limit="int: hits (1-...)",
+)
+def api_search(request: Request) -> JSONResponse:
+    return JSONResponse({"hits": _search(request)})
+
+
+@api(
+    "Download a context in one export format.",
+    c="str: the context id (required)",
+    format="str: " + ", ".join(export.FORMATS),
+)
+def api_export(request: Request) -> Response:
+    context = data.parse_context(request.query_params.get("c"))
+    spec = export.get_format(request.query_params.get("format") or "markdown")
+    body = _dash(request).call(export.export_context, context, spec)
+    filename = export.member_name(context, spec).rsplit("/", 1)[-1]
+    return Response(
+        body,
+        media_type=spec.media_type,
+        headers={"content-disposition": f"attachment; filename*=UTF-8''{quote(filename)}"},
+    )
+
+
+@api(
+    "Server-Sent Events: 'change' whenever the context (or, without c, any) is written to.",
+    c="str: a context id (default: the whole store)",
+)
+async def api_events(request: Request) -> StreamingResponse:
+    dash = _dash(request)
+    raw = request.query_params.get("c")
+    context = data.parse_context(raw) if raw else None
+
+    async def stream() -> AsyncIterator[str]:
+        last = await asyncio.to_thread(dash.call, data.signature, context)
+        yield "retry: 1000\n\n"
+        while not await request.is_disconnected():
+            await asyncio.sleep(POLL_SECONDS)
+            now = await asyncio.to_thread(dash.call, data.signature, context)
+            if now != last:
+                last = now
+                yield "event: change\ndata: {}\n\n"
+
+    return StreamingResponse(
+        stream(), media_type="text/event-stream", headers={"cache-control": "no-store"}
+    )
+
+
+@api("This document: the API's routes and parameters, generated from the route table.")
+def api_openapi(request: Request) -> JSONResponse:
+    return JSONResponse(openapi_document(request.app.routes))
+
+
+# --------------------------------------------------------------------------- pages
+
+
+def overview_page(request: Request) -> HTMLResponse:
+    dash = _dash(request)
+    days = _int(request, "days", 30)
+    stats = dash.call(data.overview, dash.activity, budget=data.ACTIVITY_BUDGET, days=days)
+    types = sorted(stats["per_type"])
+    chart = render.bar_chart(stats["messages_per_day"], types)
+    pending = stats["activity_pending"] > 0  # reload until every context has been read
+    return _page(
+        request, "overview.html", stats=stats, chart=chart, days=days, live="", refresh=pending
+    )
+
+
+def sessions_page(request: Request) -> HTMLResponse:
+    args = _list_args(request)
+    page = _dash(request).call(data.list_page, **args)
+    types = page["types"]
+    nxt = None
+    if page["next_cursor"]:
+        kept = {k: v for k, v in request.query_params.items() if k != "cursor"}
+        nxt = "/sessions?" + urlencode({**kept, "cursor": page["next_cursor"]})
+    return _page(
+        request,
+        "sessions.html",
+        title="sessions",
+        page=page,
+        args=args,
+        types=types,
+        sorts=data.SORTS,
+        next_url=nxt,
+    )
+
+
+def session_page(request: Request) -> HTMLResponse:
+    view = _transcript(request)
+    base = {"c": view["context_id"]}
+    if not view["is_head"]:
+        base["segment"] = view["segment_id"]
+    offset, limit, total = view["offset"], view["limit"], view["total_messages"]
+    prev_url = next_url = None
+    if offset > 0:
+        prev_url = "/session?" + urlencode({**base, "offset": max(0, offset - limit)})
+    if offset + limit < total:
+        next_url = "/session?" + urlencode({**base, "offset": offset + limit})
+    return _page(
+        request,
+        "session.html",
+        title=view["context_id"],
+        view=view,
+        formats=list(export.FORMATS),
+        prev_url=prev_url,
+        next_url=next_url,
+        live=view["context_id"] if view["is_head"] else None,
+    )
+
+
+def _marked(snippet: str, spans: list[list[int]]) -> list[tuple[str, bool]]:
+    """The snippet cut into (text, highlighted) pieces; the template escapes each."""
+    pieces: list[tuple[str, bool]] = []
+    at = 0
+    for start, end in sorted(spans):
+        if start < at:
+            continue
+        pieces.append((snippet[at:start], False))
+        pieces.append((snippet[start:end], True))
+        at = end
+    pieces.append((snippet[at:], False))
+    return [p for p in pieces if p[0]]
+
+
+def search_page(request: Request) -> HTMLResponse:
+    q = request.query_params.get("q", "")
+    hits = _search(request) if q.strip() else []
+    for hit in hits:
+        hit["pieces"] = _marked(hit["snippet"], hit["highlights"])
+    return _page(
+        request, "search.html", title="search", q=q, hits=hits, args=dict(request.query_params)
+    )
+
+
+ACTIONS = ("fork", "clear", "delete")
+
+
+def confirm_page(request: Request) -> HTMLResponse:
+    dash = _dash(request)
+    if not dash.allow_writes:
+        raise HTTPException(403, "writes are off: start terrarium serve with --allow-writes")
+    action = request.query_params.get("action", "")
+    if action not in ACTIONS:
+        raise data.BadRequest(f"action must be one of {', '.join(ACTIONS)}")
+    context = data.parse_context(request.query_params.get("c"))
+    if dash.call(lambda store: store.get_head(context)) is None:
+        raise contexts.not_found(context)
+    return _page(request, "confirm.html", title=f"{action}?", action=action, context=str(context))
+
+
+async def action(request: Request) -> Response:
+    dash = _dash(request)
+    if not dash.allow_writes:
+        raise HTTPException(403, "writes are off: start terrarium serve with --allow-writes")
+    form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()}
+    if not hmac.compare_digest(form.get("csrf", "").encode(), dash.csrf.encode()):
+        raise HTTPException(403, "missing or wrong CSRF token: reload the page and try again")
+    name = form.get("action", "")
+    context = data.parse_context(form.get("c"))
+    if name == "fork":
+        target = ContextId.parse(form.get("target", "")).check_new()
+        await asyncio.to_thread(dash.call, contexts.fork_context, context, target)
+        return RedirectResponse("/session?" + urlencode({"c": str(target)}), 303)
+    if name == "clear":
+        await asyncio.to_thread(dash.call, contexts.clear_context, context)
+        return RedirectResponse("/session?" + urlencode({"c": str(context)}), 303)
+    if name == "delete":
+        if not await asyncio.to_thread(dash.call, contexts.delete_context, context):
+            raise contexts.not_found(context)
+        return RedirectResponse("/sessions", 303)
+    raise data.BadRequest(f"action must be one of {', '.join(ACTIONS)}")
+
+
+def pygments_css(request: Request) -> Response:
+    return Response(render.pygments_css(), media_type="text/css")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _error(request: Request, status: int, message: str) -> Response:
+    if request.url.path.startswith("/api/"):
+        return JSONResponse({"error": message}, status)
+    return _page(request, "error.html", status, title=str(status), status=status, message=message)
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return _error(request, 404, str(exc).strip("'\""))
+
+
+async def _bad(request: Request, exc: Exception) -> Response:
+    return _error(request, 400, str(exc))
+
+
+async def _http(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = exc.detail if exc.status_code != 404 else "no such page"
+    return _error(request, exc.status_code, message)
+
+
+async def _conflict(request: Request, exc: Exception) -> Response:
+    return _error(request, 409, str(exc))
+
+
+async def _broken(request: Request, exc: Exception) -> Response:
+    log.exception("error serving %s", request.url.path)
+    return _error(request, 500, f"the store could not be read: {type(exc).__name__}")
+
+
+def create_app(
+    store: Store, *, token: str | None = None, allow_writes: bool = False, location: str = ""
+) -> Any:
+    """The dashboard over ``store`` as an ASGI app.
+
+    Args:
+        token: when given, every request must carry it (see :class:`Guard`); when None, only
+            requests to a loopback host name are answered.
+        allow_writes: serve the fork, clear and delete forms (POST, CSRF-checked).
+        location: the store's location as the user gave it (passwords masked), for the
+            page header.
+    """
+    routes = [
+        Route("/", overview_page),
+        Route("/sessions", sessions_page),
+        Route("/session", session_page),
+        Route("/search", search_page),
+        Route("/confirm", confirm_page),
+        Route("/action", action, methods=["POST"]),
+        Route("/static/pygments.css", pygments_css),
+        Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
+        Route("/api/stats", api_stats),
+        Route("/api/contexts", api_contexts),
+        Route("/api/context", api_context),
+        Route("/api/search", api_search),
+        Route("/api/export", api_export),
+        Route("/api/events", api_events),
+        Route("/api/openapi.json", api_openapi),
+    ]
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        ContextNotFound: _not_found,
+        SegmentNotFound: _not_found,
+        InvalidContextId: _bad,
+        InvalidQuery: _bad,
+        data.BadRequest: _bad,
+        ValueError: _bad,
+        ContextExists: _conflict,
+        HTTPException: _http,
+        StoreError: _broken,
+        Exception: _broken,
+    }
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    app.state.dashboard = Dashboard(store, allow_writes=allow_writes, location=location)
+    return Guard(app, token)

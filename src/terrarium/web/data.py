@@ -1,0 +1,520 @@
+"""What the dashboard shows, computed from the store, sessions and contexts layers.
+
+Plain functions returning JSON-ready dicts: the pages render them, the JSON API returns them as
+they are, so a page never shows something the API cannot give.
+
+* **Listing** (:func:`list_page`) reads :func:`terrarium.contexts.list_contexts`, which reads
+  the store's listing index (``Listing.list_contexts_fast``) and restores no session.
+* **Activity** (messages per day by type, tokens per model, turns) needs entry timestamps and
+  usage records, which no index holds: :class:`Activity` reads each context's head lineage
+  once and keeps the result keyed by the context's head and message count from the listing,
+  so a later overview re-reads only the contexts that changed since.
+* **A transcript** (:func:`transcript`) replays one segment's lineage, paged by message.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import heapq
+import json
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from terrarium import contexts, sessions
+from terrarium.errors import ContextNotFound, SegmentNotFound, StoreError
+from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, item_text
+from terrarium.stores.base import Listing, SegmentRead, Store
+
+SORTS = ("last_active", "created", "messages")
+"""The orders the sessions list offers, each newest or largest first."""
+
+PAGE_SIZE = 50
+"""Contexts per page of the sessions list."""
+
+MESSAGES_PER_PAGE = 200
+"""Messages per page of a transcript."""
+
+
+BYTES_EVERY = 60.0
+"""Seconds between two measures of the store's size on disk."""
+
+
+class BadRequest(ValueError):
+    """A query parameter that cannot be used (a bad cursor, sort or date)."""
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def _rows(store: Store) -> list[contexts.ContextRow]:
+    return contexts.list_contexts(store).rows
+
+
+def _key(row: contexts.ContextRow, sort: str) -> tuple[Any, str]:
+    if sort == "messages":
+        return (row.message_count, row.context_id)
+    if sort == "created":
+        return (row.created_at, row.context_id)
+    return (row.last_active, row.context_id)
+
+
+def encode_cursor(key: tuple[Any, str]) -> str:
+    """An opaque cursor for the row with sort key ``key``."""
+    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[Any, str]:
+    """The sort key a cursor names; BadRequest when it is not one of ours."""
+    try:
+        raw = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        value, context = raw
+        if not isinstance(context, str) or not isinstance(value, (str, int)):
+            raise TypeError
+        return (value, context)
+    except (ValueError, TypeError, binascii.Error):
+        raise BadRequest(f"invalid cursor {cursor[:40]!r}") from None
+
+
+def _check_date(value: str | None, what: str) -> str | None:
+    if not value:
+        return None
+    if (
+        len(value) != 10
+        or value[4] != "-"
+        or value[7] != "-"
+        or not value.replace("-", "").isdigit()
+    ):
+        raise BadRequest(f"{what} must be a date YYYY-MM-DD, not {value[:40]!r}")
+    return value
+
+
+def list_page(
+    store: Store,
+    *,
+    type: str | None = None,
+    text: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    sort: str = "last_active",
+    cursor: str | None = None,
+    limit: int = PAGE_SIZE,
+) -> dict[str, Any]:
+    """One page of contexts, filtered and sorted, and the cursor of the next page.
+
+    ``since``/``until`` bound the day the context was last active (inclusive); ``text`` is a
+    case-insensitive substring of the context id.
+    """
+    if sort not in SORTS:
+        raise BadRequest(f"sort must be one of {', '.join(SORTS)}, not {sort[:40]!r}")
+    if not 1 <= limit <= 1000:
+        raise BadRequest("limit must be between 1 and 1000")
+    since, until = _check_date(since, "since"), _check_date(until, "until")
+    needle = text.casefold() if text else None
+    every = _rows(store)
+    rows = [
+        row
+        for row in every
+        if (type is None or row.type == type)
+        and (needle is None or needle in row.context_id.casefold())
+        and (since is None or row.last_active[:10] >= since)
+        and (until is None or row.last_active[:10] <= until)
+    ]
+    if cursor:
+        after = decode_cursor(cursor)
+        rows = [row for row in rows if _key(row, sort) < after]
+    # One page of the largest keys: O(n), where sorting all 100k rows costs several times that.
+    found = heapq.nlargest(limit + 1, rows, key=lambda r: _key(r, sort))
+    page = found[:limit]
+    more = len(found) > limit
+    return {
+        "contexts": [row.to_json() for row in page],
+        "next_cursor": encode_cursor(_key(page[-1], sort)) if more and page else None,
+        "sort": sort,
+        "types": sorted({row.type for row in every}),
+    }
+
+
+# --------------------------------------------------------------------------- activity
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What one context's head lineage adds to the overview."""
+
+    signature: tuple[str, int]
+    per_day: Counter[str] = field(default_factory=Counter)
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    """Per model: prompt, completion, cached tokens, calls."""
+    turns: int = 0
+
+
+def _tally(store: Store, context: ContextId, signature: tuple[str, int]) -> _Tally:
+    tally = _Tally(signature)
+    head = store.get_head(context)
+    if head is None:
+        return tally
+    for read in sessions.lineage(store, head.session_id, head.segment_id):
+        history = read.header.get("history")
+        if isinstance(history, list):
+            tally.per_day[str(read.header.get("ts", ""))[:10]] += len(history)
+        for line in read.entries:
+            kind = line.get("kind")
+            if kind in HISTORY_KINDS:
+                tally.per_day[str(line.get("ts", ""))[:10]] += 1
+            elif kind == "usage":
+                model = str(line.get("model") or "unknown")
+                counts = tally.tokens.setdefault(model, [0, 0, 0, 0])
+                counts[0] += int(line.get("prompt_tokens") or 0)
+                counts[1] += int(line.get("completion_tokens") or 0)
+                counts[2] += int(line.get("cached_tokens") or 0)
+                counts[3] += 1
+            elif kind == "turn_end":
+                tally.turns += 1
+    return tally
+
+
+class Activity:
+    """Per-context tallies of the overview, re-read only for contexts whose head changed, and
+    their sums, kept up to date as tallies come and go (so a warm overview adds nothing up)."""
+
+    def __init__(self) -> None:
+        self._tallies: dict[str, _Tally] = {}
+        self._lock = threading.Lock()
+        self._bytes: tuple[float, int | None] | None = None
+        self.by_day: dict[str, Counter[str]] = {}
+        """Messages per day, per context type, over the tallies held."""
+        self.models: dict[str, list[int]] = {}
+        """Per model: prompt, completion, cached tokens, calls, over the tallies held."""
+        self.turns = 0
+
+    def _count(self, context_id: str, tally: _Tally, sign: int) -> None:
+        kind = context_id.partition(":")[0]
+        for day, n in tally.per_day.items():
+            counts = self.by_day.setdefault(day, Counter())
+            counts[kind] += sign * n
+            if not counts[kind]:
+                del counts[kind]
+                if not counts:
+                    del self.by_day[day]
+        for model, numbers in tally.tokens.items():
+            sums = self.models.setdefault(model, [0, 0, 0, 0])
+            for i, n in enumerate(numbers):
+                sums[i] += sign * n
+            if not sums[3]:
+                del self.models[model]
+        self.turns += sign * tally.turns
+
+    def disk_bytes(self, store: Store) -> int | None:
+        """:func:`disk_bytes`, measured at most once a minute (walking a big folder is slow)."""
+        now = time.monotonic()
+        if self._bytes is None or now - self._bytes[0] > BYTES_EVERY:
+            self._bytes = (now, disk_bytes(store))
+        return self._bytes[1]
+
+    def tallies(
+        self, store: Store, rows: Iterable[contexts.ContextRow], budget: float | None = None
+    ) -> tuple[dict[str, _Tally], int]:
+        """The tally of every native context in ``rows`` (legacy files have none), and how
+        many contexts are still to be read.
+
+        Args:
+            budget: seconds to spend reading contexts whose tally is missing or stale; past
+                it the rest keep their stale tally (or none) and are counted as pending, to
+                be read by the next call. None reads them all.
+        """
+        deadline = None if budget is None else time.monotonic() + budget
+        pending = 0
+        with self._lock:
+            fresh: dict[str, _Tally] = {}
+            for row in rows:
+                if row.legacy_path is not None:
+                    continue
+                signature = (row.last_active, row.message_count)
+                known = self._tallies.get(row.context_id)
+                if known is None or known.signature != signature:
+                    if deadline is not None and time.monotonic() > deadline:
+                        pending += 1
+                        if known is not None:
+                            fresh[row.context_id] = known
+                        continue
+                    try:
+                        known = _tally(store, row.context, signature)
+                    except StoreError:
+                        continue  # damaged: the listing shows its problem
+                fresh[row.context_id] = known
+            for context_id, old in self._tallies.items():
+                if fresh.get(context_id) is not old:
+                    self._count(context_id, old, -1)
+            for context_id, new in fresh.items():
+                if self._tallies.get(context_id) is not new:
+                    self._count(context_id, new, +1)
+            self._tallies = fresh
+            return fresh, pending
+
+
+def disk_bytes(store: Store) -> int | None:
+    """Bytes the store's files take, for a store of files (None for a database server)."""
+    path = getattr(store, "path", None)
+    if isinstance(path, Path) and path.is_file():
+        extra = [path.with_name(path.name + s) for s in ("-wal", "-shm")]
+        return sum(p.stat().st_size for p in (path, *extra) if p.exists())
+    root = getattr(store, "root", None)
+    if not (isinstance(root, Path) and root.is_dir()):
+        return None
+    total = 0
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):  # removed meanwhile
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total
+    return None
+
+
+ACTIVITY_BUDGET = 0.3
+"""Seconds one overview spends reading contexts it has no fresh tally of (see
+:meth:`Activity.tallies`): the first overview of a big store fills in over several loads."""
+
+
+def overview(
+    store: Store, activity: Activity, *, days: int = 30, budget: float | None = ACTIVITY_BUDGET
+) -> dict[str, Any]:
+    """Totals, per-type counts, messages per day by type, tokens per model, most active.
+
+    Turns, tokens and messages per day cover the contexts read so far: ``activity_pending``
+    says how many are still to be read (0 once every context has been).
+    """
+    rows = _rows(store)
+    _, pending = activity.tallies(store, rows, budget)
+    per_type: dict[str, dict[str, int]] = {}
+    for row in rows:
+        counts = per_type.setdefault(row.type, {"contexts": 0, "messages": 0})
+        counts["contexts"] += 1
+        counts["messages"] += row.message_count
+    by_day = activity.by_day
+    names = ("prompt_tokens", "completion_tokens", "cached_tokens", "calls")
+    models = {model: dict(zip(names, sums, strict=True)) for model, sums in activity.models.items()}
+    turns = activity.turns
+    shown_days = sorted(by_day)[-days:] if days > 0 else sorted(by_day)
+    active = heapq.nlargest(10, rows, key=lambda r: (r.message_count, r.last_active))
+    return {
+        "totals": {
+            "contexts": len(rows),
+            "messages": sum(row.message_count for row in rows),
+            "turns": turns,
+            "prompt_tokens": sum(m["prompt_tokens"] for m in models.values()),
+            "completion_tokens": sum(m["completion_tokens"] for m in models.values()),
+            "cached_tokens": sum(m["cached_tokens"] for m in models.values()),
+            "bytes_on_disk": activity.disk_bytes(store),
+        },
+        "activity_pending": pending,
+        "per_type": dict(sorted(per_type.items())),
+        "messages_per_day": [
+            {"date": d, "by_type": dict(sorted(by_day[d].items()))} for d in shown_days
+        ],
+        "tokens_per_model": dict(sorted(models.items())),
+        "most_active": [row.to_json() for row in active],
+    }
+
+
+# --------------------------------------------------------------------------- one context
+
+
+def parse_context(text: str | None) -> ContextId:
+    """The context a request names; ContextNotFound for a missing or malformed one."""
+    if not text:
+        raise ContextNotFound("no context given")
+    try:
+        return ContextId.parse(text)
+    except ValueError:
+        raise ContextNotFound(f"no session '{text[:80]}'") from None
+
+
+def fork_tree(store: Store, context: ContextId) -> dict[str, Any]:
+    """The context's segments (oldest first) with their origins, and its head."""
+    head = store.get_head(context)
+    if head is None:
+        raise contexts.not_found(context)
+    segments = []
+    for segment_id in store.list_segments(head.session_id):
+        header = store.read_segment(head.session_id, segment_id, stop_seq=0).header
+        origin = header.get("origin") or {"kind": "root"}
+        segments.append(
+            {
+                "segment_id": str(segment_id),
+                "created_at": header.get("ts"),
+                "origin": origin.get("kind", "root"),
+                "parent": origin.get("parent"),
+                "at_seq": origin.get("at_seq"),
+                "source": origin.get("source"),
+                "head": segment_id == head.segment_id,
+            }
+        )
+    return {
+        "session_id": str(head.session_id),
+        "head": str(head.segment_id),
+        "segments": _tree_order(segments),
+    }
+
+
+def _tree_order(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Segments in depth-first order, each with its ``depth`` below its root."""
+    known = {s["segment_id"] for s in segments}
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for s in segments:
+        parent = s["parent"] if s["parent"] in known else None
+        children.setdefault(parent, []).append(s)
+    ordered: list[dict[str, Any]] = []
+    stack = [(s, 0) for s in reversed(children.get(None, []))]
+    while stack:
+        s, depth = stack.pop()
+        ordered.append({**s, "depth": depth})
+        stack.extend((c, depth + 1) for c in reversed(children.get(s["segment_id"], [])))
+    return ordered
+
+
+def _message(
+    item: Mapping[str, Any], seq: int, ts: str, segment: str, summary: bool
+) -> dict[str, Any]:
+    calls = [
+        {
+            "id": str(c.get("id", "")),
+            "name": str((c.get("function") or {}).get("name", "")),
+            "arguments": str((c.get("function") or {}).get("arguments", "")),
+        }
+        for c in item.get("tool_calls") or ()
+        if isinstance(c, Mapping)
+    ]
+    try:
+        text = item_text(item)
+    except (AttributeError, TypeError):
+        text = ""
+    return {
+        "role": str(item.get("role", "other")),
+        "name": item.get("name") if isinstance(item.get("name"), str) else None,
+        "text": text,
+        "reasoning": item.get("reasoning_content")
+        if isinstance(item.get("reasoning_content"), str)
+        else None,
+        "tool_calls": calls,
+        "tool_call_id": item.get("tool_call_id")
+        if isinstance(item.get("tool_call_id"), str)
+        else None,
+        "seq": seq,
+        "ts": ts,
+        "segment_id": segment,
+        "summary": summary,
+        "usage": None,
+    }
+
+
+def _messages(
+    reads: list[SegmentRead], offset: int, limit: int
+) -> tuple[int, list[dict[str, Any]]]:
+    """How many messages the lineage holds, and those of one page (each with the usage record
+    logged after it, if any). Only the page's messages are built."""
+    count = 0
+    page: list[dict[str, Any]] = []
+    end = offset + limit
+    for read in reads:
+        segment = str(read.header.get("segment_id", ""))
+        history = read.header.get("history")
+        if isinstance(history, list):
+            origin = (read.header.get("origin") or {}).get("kind")
+            ts = str(read.header.get("ts", ""))
+            for item in history:
+                if isinstance(item, Mapping):
+                    if offset <= count < end:
+                        page.append(_message(item, 0, ts, segment, origin == "compaction"))
+                    count += 1
+        for line in read.entries:
+            kind = line.get("kind")
+            if kind in HISTORY_KINDS and isinstance(line.get("item"), Mapping):
+                if offset <= count < end:
+                    page.append(
+                        _message(line["item"], line["seq"], str(line["ts"]), segment, False)
+                    )
+                count += 1
+            elif kind == "usage" and page and offset < count <= end:
+                page[-1]["usage"] = {
+                    "model": line.get("model"),
+                    "prompt_tokens": line.get("prompt_tokens", 0),
+                    "completion_tokens": line.get("completion_tokens", 0),
+                    "cached_tokens": line.get("cached_tokens", 0),
+                }
+    return count, page
+
+
+def transcript(
+    store: Store,
+    context: ContextId,
+    *,
+    segment: str | None = None,
+    offset: int = 0,
+    limit: int = MESSAGES_PER_PAGE,
+) -> dict[str, Any]:
+    """One page of a context's transcript (its head, or another of its segments), its stats
+    and its fork tree.
+
+    Raises:
+        ContextNotFound: no such context. SegmentNotFound: the segment is not in its session.
+    """
+    if offset < 0 or not 1 <= limit <= 5000:
+        raise BadRequest("offset must be >= 0 and limit between 1 and 5000")
+    tree = fork_tree(store, context)
+    head = store.get_head(context)
+    assert head is not None  # fork_tree raised otherwise
+    segment_id = head.segment_id
+    if segment:
+        if segment not in {s["segment_id"] for s in tree["segments"]}:
+            raise SegmentNotFound(f"no segment '{segment[:80]}' in '{context.display}'")
+        segment_id = SegmentId(segment)
+    reads = sessions.lineage(store, head.session_id, segment_id)
+    total, messages = _messages(reads, offset, limit)
+    if segment_id == head.segment_id:  # the head's stats, from the reads already made
+        state = sessions.collect_state(
+            line for read in reads for line in (read.header, *read.entries)
+        )
+        segments = len(tree["segments"])
+        stats = contexts.stats_of(context, state, head.created_at, segments, is_legacy=False)
+    else:
+        stats = contexts.get_stats(store, context)
+    return {
+        "context_id": str(context),
+        "segment_id": str(segment_id),
+        "is_head": segment_id == head.segment_id,
+        "stats": stats,
+        "tree": tree,
+        "total_messages": total,
+        "offset": offset,
+        "limit": limit,
+        "messages": messages,
+    }
+
+
+def signature(store: Store, context: ContextId | None) -> str:
+    """A cheap fingerprint that changes when the context (or, with None, any context) is
+    written to: what the live view polls."""
+    if context is not None:
+        head = store.get_head(context)
+        if head is None:
+            return "gone"
+        return f"{head.segment_id}:{store.next_seq(head.session_id, head.segment_id)}"
+    if isinstance(store, Listing):
+        try:
+            rows = store.list_contexts_fast()
+            latest = max((r.last_active for r in rows), default="")
+            return f"{len(rows)}:{sum(r.message_count for r in rows)}:{latest}"
+        except StoreError:
+            pass
+    heads = store.list_contexts()
+    return f"{len(heads)}:{max((h.updated_at for h in heads), default='')}:" + ":".join(
+        str(store.next_seq(h.session_id, h.segment_id)) for h in heads
+    )

@@ -1,0 +1,75 @@
+"""The JSON API's OpenAPI document, generated from the app's route table.
+
+Each API handler is marked with :func:`api`, which records its summary and query parameters
+on the function; :func:`openapi_document` walks the routes and writes one operation per
+marked handler, so the document cannot drift from the routes (``tests/test_web_app.py``
+compares them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, TypeVar
+
+from starlette.routing import BaseRoute, Route
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_TYPES = {"str": "string", "int": "integer"}
+
+
+def api(summary: str, **params: str) -> Callable[[F], F]:
+    """Mark a handler as part of the JSON API; each keyword is ``"type: description"``."""
+
+    def mark(fn: F) -> F:
+        fn.__api__ = (summary, params)  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def _operation(summary: str, params: dict[str, str]) -> dict[str, Any]:
+    parameters = []
+    for name, spec in params.items():
+        kind, _, description = spec.partition(":")
+        parameters.append(
+            {
+                "name": name,
+                "in": "query",
+                "required": "(required)" in description,
+                "description": description.strip(),
+                "schema": {"type": _TYPES[kind.strip()]},
+            }
+        )
+    return {
+        "summary": summary,
+        "parameters": parameters,
+        "responses": {
+            "200": {"description": "OK"},
+            "400": {"description": 'a parameter cannot be used: {"error": ...}'},
+            "404": {"description": 'no such context or segment: {"error": ...}'},
+        },
+    }
+
+
+def openapi_document(routes: Iterable[BaseRoute]) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of every route whose handler is marked with :func:`api`."""
+    paths: dict[str, Any] = {}
+    for route in routes:
+        if not isinstance(route, Route):
+            continue
+        marked = getattr(route.endpoint, "__api__", None)
+        if marked is None:
+            continue
+        methods = sorted(m.lower() for m in (route.methods or {"GET"}) if m != "HEAD")
+        paths[route.path] = {m: _operation(*marked) for m in methods}
+    try:
+        release = version("terrarium")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        release = "0"
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "terrarium dashboard API", "version": release},
+        "paths": paths,
+    }

@@ -1,0 +1,127 @@
+"""Message text to safe HTML: Markdown without raw HTML, links only http(s)/mailto, code
+highlighted by Pygments on the server (class names only: the page's CSP allows no inline
+style), and the SVG chart of messages per day.
+
+Everything from the log is escaped by markdown-it or by :func:`html.escape`; bidirectional
+overrides in names are shown as ``\\u202e`` escapes (:func:`terrarium.model.display_name`),
+and message bodies are isolated with ``dir="auto"`` so one cannot reorder the page around it.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from markdown_it import MarkdownIt
+from markupsafe import Markup
+from pygments import highlight as _pygmentize
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import get_lexer_by_name
+from pygments.util import ClassNotFound
+
+MARKDOWN_LIMIT = 100_000
+"""Longer messages are shown as plain preformatted text: Markdown over megabytes is slow and
+helps nobody read."""
+
+_SAFE_SCHEMES = ("http://", "https://", "mailto:")
+_FORMATTER = HtmlFormatter(nowrap=True)
+
+
+def _highlight(code: str, lang: str, _attrs: Any) -> str:
+    if not lang:
+        return ""  # markdown-it escapes it
+    try:
+        lexer = get_lexer_by_name(lang.split()[0])
+    except ClassNotFound:
+        return ""
+    return str(_pygmentize(code, lexer, _FORMATTER))
+
+
+def _valid_link(url: str) -> bool:
+    return url.strip().lower().startswith(_SAFE_SCHEMES)
+
+
+def _markdown() -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": False, "highlight": _highlight}).enable("table")
+    md.validateLink = _valid_link  # type: ignore[method-assign]
+    return md
+
+
+_MD = _markdown()
+
+
+def markdown(text: str) -> Markup:
+    """``text`` as safe HTML: Markdown, or plain preformatted text when very long."""
+    if len(text) > MARKDOWN_LIMIT:
+        return Markup(f'<pre class="plain">{escape(text)}</pre>')
+    return Markup(_MD.render(text))
+
+
+def code(text: str, lang: str = "json") -> Markup:
+    """``text`` highlighted as ``lang`` (tool arguments and results), escaped."""
+    if len(text) <= MARKDOWN_LIMIT:
+        highlighted = _highlight(text, lang, None)
+        if highlighted:
+            return Markup(f"<pre><code>{highlighted}</code></pre>")
+    return Markup(f"<pre><code>{escape(text)}</code></pre>")
+
+
+def pygments_css() -> str:
+    """The style sheet of the highlighted code's class names."""
+    return str(HtmlFormatter(style="default").get_style_defs(".md pre, pre"))
+
+
+PALETTE = ("#2563eb", "#16a34a", "#d97706", "#9333ea", "#dc2626", "#0891b2", "#4b5563")
+
+
+def bar_chart(days: list[dict[str, Any]], types: list[str]) -> Markup:
+    """Messages per day stacked by type, as an SVG with its values written in (no hover
+    needed): a total above each bar, a legend, the first and last dates on the axis."""
+    if not days:
+        return Markup('<p class="muted">No messages yet.</p>')
+    width, height, top, bottom, left = 760, 220, 20, 30, 8
+    slot = (width - 2 * left) / len(days)
+    bar = min(max(slot * 0.7, 1.0), 48.0)
+    peak = max(sum(d["by_type"].values()) for d in days) or 1
+    scale = (height - top - bottom) / peak
+    legend = 20 * ((len(types) + 3) // 4)
+    parts = [
+        f'<svg class="chart" role="img" viewBox="0 0 {width} {height + legend}" '
+        'xmlns="http://www.w3.org/2000/svg" aria-label="messages per day, stacked by type">'
+    ]
+    for i, day in enumerate(days):
+        x = left + i * slot + (slot - bar) / 2
+        y = height - bottom
+        for t, kind in enumerate(types):
+            n = day["by_type"].get(kind, 0)
+            if not n:
+                continue
+            h = n * scale
+            y -= h
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" height="{h:.1f}" '
+                f'fill="{PALETTE[t % len(PALETTE)]}"><title>{escape(day["date"])} '
+                f"{escape(kind)}: {n}</title></rect>"
+            )
+        total = sum(day["by_type"].values())
+        if len(days) <= 40:
+            parts.append(
+                f'<text x="{x + bar / 2:.1f}" y="{y - 4:.1f}" font-size="11" '
+                f'text-anchor="middle" fill="currentColor">{total}</text>'
+            )
+    axis = height - bottom + 16
+    parts.append(
+        f'<text x="{left}" y="{axis}" font-size="11" fill="currentColor">'
+        f"{escape(days[0]['date'])}</text>"
+        f'<text x="{width - left}" y="{axis}" font-size="11" text-anchor="end" '
+        f'fill="currentColor">{escape(days[-1]["date"])}</text>'
+    )
+    for t, kind in enumerate(types):
+        lx, ly = left + (t % 4) * 180, height + 8 + (t // 4) * 20
+        parts.append(
+            f'<rect x="{lx}" y="{ly}" width="12" height="12" fill="{PALETTE[t % len(PALETTE)]}"/>'
+            f'<text x="{lx + 18}" y="{ly + 11}" font-size="12" fill="currentColor">'
+            f"{escape(kind)}</text>"
+        )
+    parts.append("</svg>")
+    return Markup("".join(parts))

@@ -1,0 +1,471 @@
+"""The dashboard app (terrarium.web) through Starlette's test client: API, pages, 404s, the
+OpenAPI document, the token guard, writes behind --allow-writes and CSRF, hostile content."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from helpers.web import HOSTILE_NAME, HOSTILE_TEXTS, head, seed, seed_hostile, turn
+from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
+from terrarium import FsStore
+from terrarium.model import ContextId
+from terrarium.sessions import restore
+from terrarium.web import create_app
+from terrarium.web.data import signature
+
+LOCAL = "http://127.0.0.1:8765"
+
+
+@pytest.fixture
+def seeded(store: FsStore) -> FsStore:
+    seed(store)
+    return store
+
+
+def client(store: FsStore, **options: Any) -> TestClient:
+    return TestClient(create_app(store, **options), base_url=LOCAL)
+
+
+class Tags(HTMLParser):
+    """Every start tag with its attributes, and the text of each <script>."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.scripts: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        self._in_script = tag == "script"
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in_script = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_script and data.strip():
+            self.scripts.append(data)
+
+
+def parse(html: str) -> Tags:
+    tags = Tags()
+    tags.feed(html)
+    return tags
+
+
+def assert_inert(html: str) -> None:
+    """No injected element, event handler, inline script or javascript: URL in ``html``."""
+    tags = parse(html)
+    assert not tags.scripts, tags.scripts[:1]
+    for tag, attrs in tags.tags:
+        chart = tag == "svg" and attrs.get("class") == "chart"
+        assert chart or tag not in ("img", "svg", "iframe", "textarea", "object"), (tag, attrs)
+        if tag == "script":
+            assert attrs.get("src") == "/static/live.js"
+        for name, value in attrs.items():
+            assert not name.startswith("on"), (tag, name)
+            if name in ("href", "src", "action"):
+                assert not (value or "").strip().lower().startswith("javascript:"), value
+
+
+# --------------------------------------------------------------------------- API
+
+
+def test_stats_count_what_the_store_holds(seeded: FsStore) -> None:
+    stats = client(seeded).get("/api/stats").json()
+    totals = stats["totals"]
+    expected = sum(
+        len(restore(seeded, ContextId.parse(h.context)).history) for h in seeded.list_contexts()
+    )
+    assert totals["contexts"] == 3
+    assert totals["messages"] == expected
+    assert totals["turns"] == 4
+    assert stats["per_type"] == {
+        "cli": {"contexts": 2, "messages": expected - 2},
+        "irc": {"contexts": 1, "messages": 2},
+    }
+    assert stats["tokens_per_model"]["llama"] == {
+        "prompt_tokens": 50,
+        "completion_tokens": 5,
+        "cached_tokens": 0,
+        "calls": 1,
+    }
+    assert stats["tokens_per_model"]["qwen"]["calls"] == 3
+    day = stats["messages_per_day"][-1]
+    assert sum(day["by_type"].values()) >= expected
+    assert stats["most_active"][0]["context_id"] == "cli:main"
+    assert totals["bytes_on_disk"] > 0
+
+
+def test_stats_follow_a_new_write(seeded: FsStore) -> None:
+    c = client(seeded)
+    before = c.get("/api/stats").json()["totals"]
+    turn(seeded, "irc:#python", "more", "answers")
+    after = c.get("/api/stats").json()["totals"]
+    assert after["messages"] == before["messages"] + 2
+    assert after["turns"] == before["turns"] + 1
+
+
+def test_contexts_filter_sort_and_cursor(seeded: FsStore) -> None:
+    c = client(seeded)
+    by_messages = c.get("/api/contexts", params={"sort": "messages"}).json()["contexts"]
+    counts = [row["message_count"] for row in by_messages]
+    assert counts == sorted(counts, reverse=True)
+    assert [r["type"] for r in c.get("/api/contexts?type=irc").json()["contexts"]] == ["irc"]
+    assert [r["name"] for r in c.get("/api/contexts?q=COMPACT").json()["contexts"]] == ["compacted"]
+    assert c.get("/api/contexts?since=2999-01-01").json()["contexts"] == []
+    seen, cursor = [], None
+    while True:
+        params = {"limit": "1", "sort": "created", **({"cursor": cursor} if cursor else {})}
+        page = c.get("/api/contexts", params=params).json()
+        seen += [row["context_id"] for row in page["contexts"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(h.context for h in seeded.list_contexts())
+    assert len(seen) == 3
+
+
+@pytest.mark.parametrize(
+    "query", ["sort=size", "cursor=%%%", "since=yesterday", "limit=0", "limit=x"]
+)
+def test_bad_list_parameters_are_400_with_one_line(seeded: FsStore, query: str) -> None:
+    response = client(seeded).get(f"/api/contexts?{query}")
+    assert response.status_code == 400
+    assert "\n" not in response.json()["error"]
+
+
+def test_one_context_pages_and_segments(seeded: FsStore) -> None:
+    c = client(seeded)
+    view = c.get("/api/context", params={"c": "cli:main"}).json()
+    texts = [m["text"] for m in view["messages"]]
+    assert texts[:2] == ["What is a fork tree?", "A tree of **segments**."]
+    assert view["total_messages"] == len(restore(seeded, ContextId.parse("cli:main")).history)
+    assert view["messages"][1]["usage"]["model"] == "qwen"
+    call = next(m for m in view["messages"] if m["tool_calls"])
+    assert call["tool_calls"][0]["name"] == "weather"
+    assert call["reasoning"] == "I should call the weather tool."
+    page = c.get("/api/context", params={"c": "cli:main", "offset": 1, "limit": 1}).json()
+    assert [m["text"] for m in page["messages"]] == ["A tree of **segments**."]
+    tree = view["tree"]["segments"]
+    assert [s["origin"] for s in tree] == ["root", "fork"]
+    assert tree[1]["at_seq"] == 3 and tree[1]["depth"] == 1
+    fork = c.get("/api/context", params={"c": "cli:main", "segment": tree[1]["segment_id"]})
+    assert [m["text"] for m in fork.json()["messages"]] == texts[:2]
+    compacted = c.get("/api/context", params={"c": "cli:compacted"}).json()
+    assert compacted["messages"][0]["summary"] is True
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/api/context?c=cli:nope",
+        "/api/context?c=not-an-id",
+        "/api/context",
+        "/api/context?c=cli:main&segment=0190aaaa-0000-7000-8000-000000000000",
+        "/api/context?c=cli:main&segment=garbage",
+        "/api/export?c=cli:nope",
+    ],
+)
+def test_unknown_context_or_segment_is_404_json(seeded: FsStore, url: str) -> None:
+    response = client(seeded).get(url)
+    assert response.status_code == 404
+    assert response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "url", ["/session?c=cli:nope", "/session?c=cli:main&segment=x", "/no/such/page"]
+)
+def test_unknown_pages_are_a_404_page_not_a_traceback(seeded: FsStore, url: str) -> None:
+    response = client(seeded).get(url)
+    assert response.status_code == 404
+    assert "<h1>404</h1>" in response.text
+    assert "Traceback" not in response.text
+
+
+def test_search_api_and_page_highlight(seeded: FsStore) -> None:
+    c = client(seeded)
+    hits = c.get("/api/search", params={"q": "decorator"}).json()["hits"]
+    assert [h["context"] for h in hits] == ["irc:#python"]
+    start, end = hits[0]["highlights"][0]
+    assert hits[0]["snippet"][start:end].lower().startswith("decorator")
+    assert c.get("/api/search", params={"q": "decorator", "type": "cli"}).json()["hits"] == []
+    assert c.get("/api/search", params={"q": "decorator", "role": "assistant"}).json()["hits"]
+    assert c.get("/api/search", params={"q": "decorator", "role": "user"}).json()["hits"] == []
+    assert c.get("/api/search", params={"q": "!!!"}).status_code == 400
+    page = c.get("/search", params={"q": "decorator"}).text
+    assert "<mark>" in page and "irc:#python" in page
+
+
+def test_export_downloads_every_format(seeded: FsStore) -> None:
+    from terrarium.export import FORMATS, export_context
+
+    c = client(seeded)
+    for name in FORMATS:
+        response = c.get("/api/export", params={"c": "cli:main", "format": name})
+        assert response.status_code == 200, name
+        assert response.headers["content-disposition"].startswith("attachment;")
+        expected = export_context(seeded, "cli:main", name)
+        body = expected.encode() if isinstance(expected, str) else expected
+        if name in ("html", "markdown"):  # they stamp the export time
+            assert len(response.content) > 0
+        else:
+            assert response.content == body, name
+
+
+def test_openapi_document_matches_the_routes(seeded: FsStore) -> None:
+    app = create_app(seeded)
+    doc = client(seeded).get("/api/openapi.json").json()
+    routes = {r.path for r in app.app.routes if isinstance(r, Route) and r.path.startswith("/api/")}
+    assert set(doc["paths"]) == routes
+    params = {p["name"] for p in doc["paths"]["/api/contexts"]["get"]["parameters"]}
+    assert params == {"type", "q", "since", "until", "sort", "cursor", "limit"}
+    assert doc["openapi"].startswith("3.")
+
+
+# --------------------------------------------------------------------------- pages
+
+
+def test_pages_render_what_the_store_holds(seeded: FsStore) -> None:
+    c = client(seeded)
+    overview = c.get("/").text
+    assert 'id="total-contexts">3<' in overview
+    assert "<svg" in overview and "qwen" in overview
+    listing = c.get("/sessions?type=cli").text
+    assert "cli:main" in listing and "irc:#python" not in listing
+    page = c.get("/session", params={"c": "cli:main"}).text
+    assert page.index("What is a fork tree?") < page.index("Show code")
+    assert '<span class="k">def</span>' in page or 'class="k"' in page  # highlighted
+    assert "<strong>segments</strong>" in page
+    assert '<details class="tool-call">' in page and '<details class="reasoning">' in page
+    assert '<details class="tool-result">' in page
+    assert "fork at entry 3" in page
+    assert page.count('download href="/api/export') == 6
+    assert "compaction summary" in c.get("/session", params={"c": "cli:compacted"}).text
+
+
+def test_every_response_carries_the_csp(seeded: FsStore) -> None:
+    c = client(seeded)
+    for url in ("/", "/api/stats", "/static/app.css", "/session?c=cli:nope"):
+        csp = c.get(url).headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+
+
+def test_static_assets_are_served_from_the_package(seeded: FsStore) -> None:
+    c = client(seeded)
+    for url in ("/static/app.css", "/static/live.js", "/static/pygments.css"):
+        assert c.get(url).status_code == 200, url
+    assert "http" not in "".join(
+        a.get("src") or a.get("href") or "" for _, a in parse(c.get("/").text).tags
+    )
+
+
+# --------------------------------------------------------------------------- hostile content
+
+
+@pytest.fixture
+def hostile(seeded: FsStore) -> FsStore:
+    seed_hostile(seeded)
+    return seeded
+
+
+def test_hostile_content_is_escaped_everywhere(hostile: FsStore) -> None:
+    c = client(hostile)
+    name = f"cli:{HOSTILE_NAME}"
+    pages = [
+        c.get("/").text,
+        c.get("/sessions").text,
+        c.get("/session", params={"c": name}).text,
+        c.get("/search", params={"q": "override"}).text,
+        c.get("/search", params={"q": "click"}).text,
+        c.get("/confirm", params={"action": "delete", "c": name}).text,  # 403 page, escaped too
+    ]
+    for html in pages:
+        assert_inert(html)
+    page = pages[2]
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert '<a href="https://example.org/ok">fine</a>' in page
+    assert "javascript:" not in page.split("<main", 1)[1].replace("[click me](javascript:", "")
+    assert "\u202e" not in page or 'dir="auto"' in page  # message bodies are isolated
+    assert '<pre class="plain">' in page  # the 1 MB message, shown as escaped text
+
+
+def test_hostile_name_in_api_is_data(hostile: FsStore) -> None:
+    rows = client(hostile).get("/api/contexts", params={"q": "onerror"}).json()["contexts"]
+    assert [row["name"] for row in rows] == [HOSTILE_NAME]
+    for text in HOSTILE_TEXTS:
+        assert text  # stored as given; only the HTML views transform them
+
+
+# --------------------------------------------------------------------------- token, host
+
+
+def test_token_is_required_on_every_request(seeded: FsStore) -> None:
+    c = TestClient(create_app(seeded, token="s3cret"), base_url="http://192.0.2.10:8765")
+    for url in ("/", "/api/stats", "/static/app.css", "/api/openapi.json", "/nope"):
+        assert c.get(url).status_code == 401, url
+    assert c.get("/?token=wrong").status_code == 401
+    assert c.get("/", headers={"authorization": "Bearer s3cret"}).status_code == 200
+    login = c.get("/sessions?token=s3cret&type=cli", follow_redirects=False)
+    assert login.status_code == 303 and login.headers["location"] == "/sessions?type=cli"
+    assert "httponly" in login.headers["set-cookie"].lower()
+    assert c.get("/api/stats").status_code == 200  # the cookie now
+
+
+def test_without_a_token_only_loopback_hosts_are_served(seeded: FsStore) -> None:
+    rebound = TestClient(create_app(seeded), base_url="http://evil.example:8765")
+    assert rebound.get("/api/stats").status_code == 403
+    assert client(seeded).get("/api/stats").status_code == 200
+    assert TestClient(create_app(seeded), base_url="http://localhost:1").get("/").is_success
+
+
+# --------------------------------------------------------------------------- writes
+
+
+def test_writes_are_refused_without_allow_writes(seeded: FsStore) -> None:
+    c = client(seeded)
+    assert c.get("/confirm", params={"action": "delete", "c": "cli:main"}).status_code == 403
+    csrf = create_app(seeded).app.state.dashboard.csrf
+    response = c.post("/action", data={"action": "delete", "c": "cli:main", "csrf": csrf})
+    assert response.status_code == 403
+    assert seeded.get_head(ContextId.parse("cli:main")) is not None
+    assert "/confirm" not in c.get("/session", params={"c": "cli:main"}).text
+
+
+def _csrf(c: TestClient, action: str, context: str) -> str:
+    form = parse(c.get("/confirm", params={"action": action, "c": context}).text)
+    return next(a["value"] or "" for t, a in form.tags if t == "input" and a["name"] == "csrf")
+
+
+def test_writes_need_the_csrf_token(seeded: FsStore) -> None:
+    c = client(seeded, allow_writes=True)
+    for token in ({}, {"csrf": "wrong"}):
+        response = c.post("/action", data={"action": "delete", "c": "cli:main", **token})
+        assert response.status_code == 403
+    assert seeded.get_head(ContextId.parse("cli:main")) is not None
+
+
+def test_fork_clear_and_delete_with_confirmation(seeded: FsStore) -> None:
+    c = client(seeded, allow_writes=True)
+    csrf = _csrf(c, "fork", "cli:main")
+    done = c.post(
+        "/action",
+        data={"action": "fork", "c": "cli:main", "target": "cli:copy", "csrf": csrf},
+        follow_redirects=False,
+    )
+    assert done.status_code == 303
+    copy = restore(seeded, ContextId.parse("cli:copy"))
+    assert len(copy.history) == len(restore(seeded, ContextId.parse("cli:main")).history)
+    c.post("/action", data={"action": "clear", "c": "cli:copy", "csrf": csrf})
+    assert restore(seeded, ContextId.parse("cli:copy")).history == []
+    c.post("/action", data={"action": "delete", "c": "cli:copy", "csrf": csrf})
+    assert seeded.get_head(ContextId.parse("cli:copy")) is None
+    again = c.post("/action", data={"action": "delete", "c": "cli:copy", "csrf": csrf})
+    assert again.status_code == 404
+
+
+# --------------------------------------------------------------------------- live
+
+
+def test_live_signature_changes_on_a_write(seeded: FsStore) -> None:
+    main = ContextId.parse("cli:main")
+    before, whole = signature(seeded, main), signature(seeded, None)
+    assert signature(seeded, main) == before  # reading changes nothing
+    turn(seeded, "cli:main", "again", "yes")
+    assert signature(seeded, main) != before
+    assert signature(seeded, None) != whole
+    assert signature(seeded, ContextId.parse("cli:gone")) == "gone"
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[Any]:
+    from terrarium.stores.url import open_store
+
+    with open_store(f"sqlite:///{tmp_path / 's.db'}") as s:
+        yield s
+
+
+def test_the_same_app_serves_sqlite(sqlite_store: Any) -> None:
+    seed(sqlite_store)
+    c = TestClient(create_app(sqlite_store), base_url=LOCAL)
+    assert c.get("/api/stats").json()["totals"]["contexts"] == 3
+    assert head(sqlite_store, "cli:main") is not None
+    assert "What is a fork tree?" in c.get("/session?c=cli:main").text
+
+
+def test_bytes_on_disk_is_none_for_a_store_without_files(tmp_path: Path) -> None:
+    from terrarium.stores.memory import MemoryStore
+
+    memory = MemoryStore()
+    seed(memory)
+    totals = TestClient(create_app(memory), base_url=LOCAL).get("/api/stats").json()["totals"]
+    assert totals["bytes_on_disk"] is None
+    assert totals["contexts"] == 3
+
+
+@pytest.mark.postgres
+def test_the_same_app_serves_postgres(pg_database: str) -> None:  # noqa: F811
+    from terrarium.stores.postgres import PostgresStore
+
+    with PostgresStore(pg_database, schema=fresh_schema(), pool_size=2) as pg:
+        seed(pg)
+        c = TestClient(create_app(pg), base_url=LOCAL)
+        stats = c.get("/api/stats").json()
+        assert stats["totals"]["contexts"] == 3 and stats["totals"]["bytes_on_disk"] is None
+        assert "What is a fork tree?" in c.get("/session?c=cli:main").text
+        assert c.get("/api/search", params={"q": "decorator"}).json()["hits"]
+        before = signature(pg, None)
+        turn(pg, "cli:main", "one more", "sure")
+        assert signature(pg, None) != before
+
+
+def test_the_overview_fills_in_within_its_time_budget(seeded: FsStore) -> None:
+    from terrarium.web.data import Activity, overview
+
+    activity = Activity()
+    first = overview(seeded, activity, budget=0.0)
+    assert first["activity_pending"] == 3  # nothing read yet: all pending, counts from listing
+    assert first["totals"]["turns"] == 0 and first["totals"]["messages"] > 0
+    full = overview(seeded, activity, budget=None)
+    assert full["activity_pending"] == 0 and full["totals"]["turns"] == 4
+    again = overview(seeded, activity, budget=0.0)  # nothing stale: nothing to read
+    assert again["activity_pending"] == 0 and again["totals"] == full["totals"]
+    turn(seeded, "irc:#python", "q", "a")
+    stale = overview(seeded, activity, budget=0.0)
+    assert stale["activity_pending"] == 1 and stale["totals"]["turns"] == 4  # the stale tally
+
+
+def test_a_partial_overview_says_so_and_reloads(seeded: FsStore, monkeypatch: Any) -> None:
+    from terrarium.web import data
+
+    monkeypatch.setattr(data, "ACTIVITY_BUDGET", 0.0)
+    page = client(seeded).get("/").text
+    assert 'id="pending"' in page and 'http-equiv="refresh"' in page
+    monkeypatch.setattr(data, "ACTIVITY_BUDGET", None)
+    assert 'http-equiv="refresh"' not in client(seeded).get("/").text
+
+
+def test_kept_sums_equal_a_fresh_count_after_writes_and_deletes(seeded: FsStore) -> None:
+    from terrarium.contexts import delete_context
+    from terrarium.web.data import Activity, overview
+
+    def without_size(stats: dict[str, Any]) -> dict[str, Any]:
+        return {**stats, "totals": {**stats["totals"], "bytes_on_disk": None}}
+
+    kept = Activity()
+    overview(seeded, kept, budget=None)
+    turn(seeded, "irc:#python", "q", "a", model="new-model")
+    turn(seeded, "cli:main", "q", "a")
+    delete_context(seeded, ContextId.parse("cli:compacted"))
+    again = without_size(overview(seeded, kept, budget=None))
+    assert again == without_size(overview(seeded, Activity(), budget=None))
+    assert again["tokens_per_model"]["new-model"]["calls"] == 1
+    delete_context(seeded, ContextId.parse("irc:#python"))
+    assert "new-model" not in overview(seeded, kept, budget=None)["tokens_per_model"]

@@ -1,0 +1,241 @@
+"""The dashboard in a real headless Chromium (Debian's ``chromium``, driven by Playwright's
+Python package with ``executable_path``; never a browser download).
+
+``make test`` installs chromium when it can (scripts/ensure_chromium.sh). Without it these
+tests skip with one line saying how to enable them; under ``CI=true`` they fail instead.
+Screenshots go to the test's tmp folder; set ``TERRARIUM_DASHBOARD_PNG=docs/dashboard.png`` to
+write the README's picture of the overview.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers.web import HOSTILE_NAME, seed, seed_hostile
+from terrarium import FsStore
+from terrarium.model import ContextId
+from terrarium.sessions import restore
+from terrarium.web import create_app
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ENABLE = "browser tests need Debian's chromium: run 'apt-get install -y chromium' as root"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"chromium is missing under CI=true; {ENABLE}")
+        pytest.skip(ENABLE)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        instance = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield instance
+        instance.close()
+
+
+def _listen() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)  # connections queue here until uvicorn accepts them: no wait needed
+    return sock
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, FsStore]]:
+    """A seeded store (hostile content included) served by uvicorn on a free port."""
+    import uvicorn
+
+    store = FsStore(tmp_path / "sessions")
+    seed(store)
+    seed_hostile(store)
+    sock = _listen()
+    config = uvicorn.Config(create_app(store), log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", store
+    finally:
+        server.should_exit = True
+        server.force_exit = True
+        thread.join(10)
+        sock.close()
+        store.close()
+
+
+@pytest.fixture
+def page(browser: Any, tmp_path: Path) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    tab.dialogs = []
+    tab.on("dialog", lambda d: (tab.dialogs.append(d.message), d.dismiss()))
+    yield tab
+    context.close()
+
+
+def test_overview_counts_match_the_store(
+    served: tuple[str, FsStore], page: Any, tmp_path: Path
+) -> None:
+    url, store = served
+    page.goto(url + "/")
+    heads = store.list_contexts()
+    messages = sum(len(restore(store, ContextId.parse(h.context)).history) for h in heads)
+    assert page.text_content("#total-contexts") == str(len(heads))
+    assert page.text_content("#total-messages") == str(messages)
+    assert page.locator("svg.chart rect").count() > 0
+    page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
+    target = os.environ.get("TERRARIUM_DASHBOARD_PNG")
+    if target:
+        page.screenshot(path=target)
+
+
+def test_a_transcript_shows_its_messages_in_order(
+    served: tuple[str, FsStore], page: Any, tmp_path: Path
+) -> None:
+    url, store = served
+    page.goto(url + "/session?c=cli:main")
+    history = restore(store, ContextId.parse("cli:main")).history
+    shown = [t.strip() for t in page.locator("#transcript .body").all_inner_texts()]
+    expected = [
+        item["content"]
+        for item in history
+        if isinstance(item.get("content"), str) and item["role"] != "tool"
+    ]
+    assert shown[0] == expected[0]
+    assert len(shown) == len(expected)
+    assert shown[1] == "A tree of segments."  # Markdown rendered, not shown raw
+    assert page.locator("details.tool-call").count() == 1
+    assert not page.locator("details.tool-call").get_attribute("open")
+    page.screenshot(path=str(tmp_path / "session.png"), full_page=True)
+
+
+def test_hostile_content_stays_inert(
+    served: tuple[str, FsStore], page: Any, tmp_path: Path
+) -> None:
+    url, _ = served
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    for path in ("/", "/sessions", "/search?q=click", "/search?q=override"):
+        page.goto(url + path)
+    page.goto(
+        url
+        + "/session?c="
+        + ContextId("cli", HOSTILE_NAME)
+        .__str__()
+        .replace("#", "%23")
+        .replace("&", "%26")
+        .replace('"', "%22")
+    )
+    assert page.locator("h1").inner_text().startswith("cli:<img src=x onerror=alert(1)>")
+    assert page.dialogs == []
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("#live img, #live iframe, #live textarea, #live svg[onload]").count() == 0
+    assert page.locator("a[href^='javascript']").count() == 0
+    assert page.locator("a[href='https://example.org/ok']").count() == 1
+    assert page.locator("pre.plain").count() == 1  # the 1 MB message, as text
+    page.screenshot(path=str(tmp_path / "hostile.png"))
+
+
+def test_search_finds_and_highlights(served: tuple[str, FsStore], page: Any) -> None:
+    url, _ = served
+    page.goto(url + "/search")
+    page.fill("input[name=q]", "decorator")
+    page.click("form.filters button")
+    page.wait_for_url(re.compile(r".*q=decorator.*"))
+    assert page.locator("mark").first.inner_text().lower().startswith("decorator")
+    assert "irc:#python" in page.locator(".hit a").first.inner_text()
+
+
+CHAT = """
+import sys
+from terrarium import FsStore
+from terrarium.model import ContextId, UsageRecord
+from terrarium.sessions import save_delta, save_turn_end, save_usage, save_user_input
+with FsStore(sys.argv[1]) as store:
+    head = store.get_head(ContextId.parse("cli:main"))
+    save_user_input(store, head, "a live question")
+    save_delta(store, head, [{"role": "assistant", "content": "a live answer"}])
+    save_usage(store, head, UsageRecord("qwen", 1, 1))
+    save_turn_end(store, head)
+"""
+
+
+def test_a_live_update_arrives(served: tuple[str, FsStore], page: Any, browser: Any) -> None:
+    from playwright.sync_api import expect
+
+    url, store = served
+    page.goto(url + "/session?c=cli:main")
+    overview = page.context.new_page()
+    overview.goto(url + "/")
+    before = int(overview.text_content("#total-messages") or "0")
+    page.wait_for_function("document.body.hasAttribute('data-live')")
+    subprocess.run([sys.executable, "-c", CHAT, str(store.root)], check=True, timeout=60)
+    expect(page.locator("#transcript .body").last).to_have_text("a live answer", timeout=5000)
+    expect(overview.locator("#total-messages")).to_have_text(str(before + 2), timeout=5000)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_token_is_enforced_off_loopback(tmp_path: Path, page: Any) -> None:
+    store = FsStore(tmp_path / "sessions")
+    seed(store)
+    store.close()
+    port = _free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "terrarium",
+        "serve",
+        "--storage-dir",
+        str(tmp_path / "sessions"),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+    ]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline()
+            token = proc.stdout.readline().strip().removeprefix("token: ")
+            assert "?token=" in first and token
+            base = f"http://127.0.0.1:{port}"
+            response = None
+            for _ in range(100):  # the server binds after printing: retry a refused connection
+                try:
+                    response = page.goto(base + "/")
+                    break
+                except Exception as exc:
+                    if "ERR_CONNECTION_REFUSED" not in str(exc):
+                        raise
+                    page.wait_for_timeout(100)
+            assert response is not None and response.status == 401
+            assert page.request.get(base + "/api/stats").status == 401
+            page.goto(f"{base}/?token={token}")
+            assert page.url == base + "/"
+            assert page.text_content("#total-contexts") == "3"
+            assert page.request.get(base + "/api/stats").status == 200  # the cookie
+        finally:
+            page.goto("about:blank")  # closes the live page's event stream
+            proc.terminate()
+            try:
+                assert proc.wait(20) in (0, -15)  # it stops on SIGTERM (uvicorn re-raises it)
+            finally:
+                proc.kill()

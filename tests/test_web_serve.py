@@ -1,0 +1,101 @@
+"""``terrarium serve``: refuses an unreadable store at start, needs a token off loopback, and
+enforces it (a real server process, driven with httpx)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from helpers.web import seed
+from terrarium import FsStore
+from terrarium.cli import cli
+from terrarium.cli.serve import is_loopback
+
+
+def test_a_missing_store_is_one_line_and_nothing_is_created(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    result = CliRunner().invoke(cli, ["serve", "--storage-dir", str(missing)])
+    assert result.exit_code == 1
+    assert "no store" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not missing.exists()
+
+
+def test_an_unreadable_sqlite_file_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"this is not a database" * 100)
+    result = CliRunner().invoke(cli, ["serve", "--storage-dir", f"sqlite:///{bad}"])
+    assert result.exit_code != 0
+    assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_an_empty_token_is_refused(tmp_path: Path) -> None:
+    FsStore(tmp_path / "s").close()
+    result = CliRunner().invoke(
+        cli, ["serve", "--storage-dir", str(tmp_path / "s"), "--token", " "]
+    )
+    assert result.exit_code == 2 and "token" in result.output
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("localhost", True),
+        ("::1", True),
+        ("127.0.0.2", True),
+        ("0.0.0.0", False),
+        ("192.168.1.5", False),
+        ("example.org", False),
+        ("::", False),
+    ],
+)
+def test_loopback_hosts(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_off_loopback_a_token_is_generated_and_enforced(tmp_path: Path) -> None:
+    with FsStore(tmp_path / "s") as store:
+        seed(store)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [
+        sys.executable,
+        "-m",
+        "terrarium",
+        "serve",
+        "--storage-dir",
+        str(tmp_path / "s"),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+    ]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            assert "?token=" in proc.stdout.readline()
+            token = proc.stdout.readline().strip().removeprefix("token: ")
+            assert len(token) >= 24
+            base = f"http://127.0.0.1:{port}"
+            transport = httpx.HTTPTransport(
+                retries=50
+            )  # retries refused connections while it binds
+            with httpx.Client(base_url=base, transport=transport) as http:
+                assert http.get("/api/stats").status_code == 401
+                assert http.get("/", headers={"authorization": "Bearer nope"}).status_code == 401
+                ok = http.get("/api/stats", headers={"authorization": f"Bearer {token}"})
+                assert ok.status_code == 200 and ok.json()["totals"]["contexts"] == 3
+        finally:
+            proc.terminate()
+            try:
+                assert proc.wait(20) in (0, -15)
+            finally:
+                proc.kill()
