@@ -15,8 +15,8 @@ from starlette.testclient import TestClient
 from helpers.web import HOSTILE_NAME, HOSTILE_TEXTS, head, seed, seed_hostile, turn
 from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
 from terrarium import FsStore
-from terrarium.model import ContextId
-from terrarium.sessions import restore
+from terrarium.model import ContextId, UsageRecord
+from terrarium.sessions import restore, save_delta, save_turn_end, save_usage, save_user_input
 from terrarium.web import create_app
 from terrarium.web.data import signature
 
@@ -96,6 +96,7 @@ def test_stats_count_what_the_store_holds(seeded: FsStore) -> None:
         "completion_tokens": 5,
         "cached_tokens": 0,
         "calls": 1,
+        "estimated_calls": 0,
     }
     assert stats["tokens_per_model"]["qwen"]["calls"] == 3
     day = stats["messages_per_day"][-1]
@@ -249,6 +250,64 @@ def test_pages_render_what_the_store_holds(seeded: FsStore) -> None:
     assert "fork at entry 3" in page
     assert page.count('download href="/api/export') == 6
     assert "compaction summary" in c.get("/session", params={"c": "cli:compacted"}).text
+
+
+def test_estimated_usage_is_shown_as_such(seeded: FsStore) -> None:
+    """Usage a server did not report (estimated by terrarium) is marked on every page."""
+    ref = head(seeded, "irc:#python")
+    save_user_input(seeded, ref, "streamed question")
+    save_delta(seeded, ref, [{"role": "assistant", "content": "streamed answer"}])
+    save_usage(seeded, ref, UsageRecord("qwen", 40, 9, 0, estimated="chars"))
+    save_turn_end(seeded, ref)
+    c = client(seeded)
+    stats = c.get("/api/stats").json()
+    assert stats["totals"]["estimated_calls"] == 1
+    assert stats["tokens_per_model"]["qwen"]["estimated_calls"] == 1
+    assert stats["tokens_per_model"]["llama"]["estimated_calls"] == 0
+    overview = c.get("/").text
+    assert 'id="estimated-calls">(1 of the calls estimated' in overview
+    assert "(1 estimated)" in overview
+    page = c.get("/session", params={"c": "irc:#python"}).text
+    assert "~9 completion" in page and "estimated (chars)" in page
+    assert "1 estimated)" in page  # the context's stats
+    assert "estimated" not in c.get("/session", params={"c": "cli:compacted"}).text
+
+
+def test_responses_items_show_as_their_chat_form(seeded: FsStore) -> None:
+    """A Responses history (typed parts, a function call and its output, reasoning, a kind
+    with no Chat form) renders as messages, tool calls, tool results and folded reasoning."""
+    ref = head(seeded, "irc:#python")
+    save_delta(
+        seeded,
+        ref,
+        [
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "typed question"}],
+            },
+            {
+                "type": "reasoning",
+                "id": "rs_1",
+                "summary": [{"type": "summary_text", "text": "thinking it over"}],
+            },
+            {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": '{"q": 1}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "looked up value"},
+            {"type": "web_search_call", "id": "ws_1", "status": "completed"},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "typed answer"}],
+            },
+        ],
+    )
+    page = client(seeded).get("/session", params={"c": "irc:#python"}).text
+    assert (
+        page.index("typed question") < page.index("tool result for c1") < page.index("typed answer")
+    )
+    assert '<details class="reasoning">' in page and "thinking it over" in page
+    assert "lookup" in page and '<details class="tool-result">' in page
+    assert "web_search_call" in page
 
 
 def test_every_response_carries_the_csp(seeded: FsStore) -> None:

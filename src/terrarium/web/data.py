@@ -30,7 +30,14 @@ from typing import Any
 
 from terrarium import contexts, sessions
 from terrarium.errors import ContextNotFound, SegmentNotFound, StoreError
-from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, item_text
+from terrarium.model import (
+    HISTORY_KINDS,
+    ContextId,
+    SegmentId,
+    chat_view,
+    item_label,
+    item_text,
+)
 from terrarium.stores.base import Listing, SegmentRead, Store
 
 SORTS = ("last_active", "created", "messages")
@@ -152,7 +159,7 @@ class _Tally:
     signature: tuple[str, int]
     per_day: Counter[str] = field(default_factory=Counter)
     tokens: dict[str, list[int]] = field(default_factory=dict)
-    """Per model: prompt, completion, cached tokens, calls."""
+    """Per model: prompt, completion, cached tokens, calls, calls whose usage was estimated."""
     turns: int = 0
 
 
@@ -171,11 +178,12 @@ def _tally(store: Store, context: ContextId, signature: tuple[str, int]) -> _Tal
                 tally.per_day[str(line.get("ts", ""))[:10]] += 1
             elif kind == "usage":
                 model = str(line.get("model") or "unknown")
-                counts = tally.tokens.setdefault(model, [0, 0, 0, 0])
+                counts = tally.tokens.setdefault(model, [0, 0, 0, 0, 0])
                 counts[0] += int(line.get("prompt_tokens") or 0)
                 counts[1] += int(line.get("completion_tokens") or 0)
                 counts[2] += int(line.get("cached_tokens") or 0)
                 counts[3] += 1
+                counts[4] += 1 if line.get("estimated") else 0
             elif kind == "turn_end":
                 tally.turns += 1
     return tally
@@ -192,7 +200,8 @@ class Activity:
         self.by_day: dict[str, Counter[str]] = {}
         """Messages per day, per context type, over the tallies held."""
         self.models: dict[str, list[int]] = {}
-        """Per model: prompt, completion, cached tokens, calls, over the tallies held."""
+        """Per model: prompt, completion, cached tokens, calls, estimated calls, over the
+        tallies held."""
         self.turns = 0
 
     def _count(self, context_id: str, tally: _Tally, sign: int) -> None:
@@ -205,7 +214,7 @@ class Activity:
                 if not counts:
                     del self.by_day[day]
         for model, numbers in tally.tokens.items():
-            sums = self.models.setdefault(model, [0, 0, 0, 0])
+            sums = self.models.setdefault(model, [0, 0, 0, 0, 0])
             for i, n in enumerate(numbers):
                 sums[i] += sign * n
             if not sums[3]:
@@ -299,7 +308,7 @@ def overview(
         counts["contexts"] += 1
         counts["messages"] += row.message_count
     by_day = activity.by_day
-    names = ("prompt_tokens", "completion_tokens", "cached_tokens", "calls")
+    names = ("prompt_tokens", "completion_tokens", "cached_tokens", "calls", "estimated_calls")
     models = {model: dict(zip(names, sums, strict=True)) for model, sums in activity.models.items()}
     turns = activity.turns
     shown_days = sorted(by_day)[-days:] if days > 0 else sorted(by_day)
@@ -312,6 +321,7 @@ def overview(
             "prompt_tokens": sum(m["prompt_tokens"] for m in models.values()),
             "completion_tokens": sum(m["completion_tokens"] for m in models.values()),
             "cached_tokens": sum(m["cached_tokens"] for m in models.values()),
+            "estimated_calls": sum(m["estimated_calls"] for m in models.values()),
             "bytes_on_disk": activity.disk_bytes(store),
         },
         "activity_pending": pending,
@@ -381,8 +391,12 @@ def _tree_order(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _message(
-    item: Mapping[str, Any], seq: int, ts: str, segment: str, summary: bool
+    logged: Mapping[str, Any], seq: int, ts: str, segment: str, summary: bool
 ) -> dict[str, Any]:
+    # A Responses item is shown as the Chat message it stands for (model.chat_view); a kind
+    # with no Chat form keeps its own fields, labelled by its type, with whatever text it has.
+    view = chat_view(logged)
+    item = view if view is not None else logged
     calls = [
         {
             "id": str(c.get("id", "")),
@@ -393,11 +407,11 @@ def _message(
         if isinstance(c, Mapping)
     ]
     try:
-        text = item_text(item)
+        text = item_text(item) if item.get("reasoning_content") is None else ""
     except (AttributeError, TypeError):
         text = ""
     return {
-        "role": str(item.get("role", "other")),
+        "role": str(item.get("role") or item_label(logged)),
         "name": item.get("name") if isinstance(item.get("name"), str) else None,
         "text": text,
         "reasoning": item.get("reasoning_content")
@@ -448,6 +462,7 @@ def _messages(
                     "prompt_tokens": line.get("prompt_tokens", 0),
                     "completion_tokens": line.get("completion_tokens", 0),
                     "cached_tokens": line.get("cached_tokens", 0),
+                    "estimated": line.get("estimated"),
                 }
     return count, page
 
