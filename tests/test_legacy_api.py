@@ -271,7 +271,7 @@ def test_get_stats_of_a_legacy_file_has_the_native_shape(
     assert old["session_id"] == "#python" and old["context_type"] == "irc"
     assert old["message_count"] == 4 and old["turns"] == 0
     assert old["system_prompt"] == "You are an IRC bot."
-    assert old["created_at"] == "2025-11-06T14:30:00.123456Z"
+    assert old["created_at"] == "2025-11-06T14:30:00.123456"  # as the file wrote it (as list)
     assert (old["legacy"], new["legacy"]) == (True, False)
     assert [m["content"] for m in manager.history("irc:#python")][-1] == "an immutable one"
     with pytest.raises(ContextNotFound):

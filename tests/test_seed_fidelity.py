@@ -298,6 +298,10 @@ def test_the_example_session_file_is_read(root: Path, manager: MultiContextManag
     stats = manager.get_stats("cli:main")
     assert stats["message_count"] == 2
     assert stats["system_prompt"] == "You are a helpful AI assistant."
+    assert (stats["created_at"], stats["last_active"]) == (  # as written, as list shows them
+        "2025-11-06T14:30:00.123456",
+        "2025-11-06T14:35:12.987654",
+    )
     assert stats["session_date"] == "2025-11-06"
 
 

@@ -204,7 +204,11 @@ def get_stats(
         if copy is None:
             raise not_found(context)
         state = sessions.restore(copy.store, context)
-        return stats_of(context, state, state.created_at, 1, is_legacy=True)
+        data = stats_of(context, state, state.created_at, 1, is_legacy=True)
+        info = legacy.listing(store).by_context.get(context)
+        if info is not None and info.path == copy.path:  # times as the file wrote them, as
+            data["created_at"], data["last_active"] = info.created_at, info.last_active  # list
+        return data
     if state is None:
         state = sessions.restore(store, context)
     created = head.created_at if head is not None else state.created_at
