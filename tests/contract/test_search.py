@@ -299,6 +299,21 @@ def test_adjacent_matches_are_highlighted_alike_by_every_backend_and_the_scan(
     assert (scanned.snippet, scanned.highlights) == ("東京大阪 と 京都", expected)
 
 
+def test_a_long_message_full_of_matches_gets_a_short_highlighted_snippet(store: Store) -> None:
+    """A message longer than FTS5's ``snippet()`` handles quickly (``fts.LONG_BODY``) that
+    holds the word thousands of times: one hit, a window at its start, each highlight on the
+    word, as the scan fallback cuts it."""
+    body = "intro words " + "alert " * 5000 + "the end"
+    add_context(store, "cli:big", body)
+    [hit] = _search(store, "alert")
+    assert len(hit.snippet) < 400 and hit.snippet.startswith("intro words alert")
+    assert len(hit.highlights) > 10
+    assert all(hit.snippet[a:b] == "alert" for a, b in hit.highlights)
+    [scanned] = scan(store, SearchQuery("alert"))
+    if type(store).__name__ != "PostgresStore":  # ts_headline picks its own window
+        assert (hit.snippet, hit.highlights) == (scanned.snippet, scanned.highlights)
+
+
 def test_odd_text_is_stored_and_found(store: Store) -> None:
     """NUL and separator characters, and the private-use marker characters, in a message."""
     head = add_context(store, "cli:a", "evil \ue000fake\ue001 marker and a real word")

@@ -227,6 +227,8 @@ TYPE_ID = "SELECT id FROM types WHERE name = ?"
 SNIPPETS = (
     "SELECT rowid, snippet(fts, 0, ?, ?, ?, ?) FROM fts WHERE fts MATCH ? AND rowid IN ({marks})"
 )
+# The hits whose body is too long for FTS5's snippet() (see fts.LONG_BODY).
+LONG_BODIES = "SELECT id, body FROM docs WHERE id IN ({marks}) AND length(body) > ?"
 HIT_ROWS = (
     "SELECT d.id, s.context, s.date, s.session_id, g.segment_id, d.seq, d.role, d.ts "
     "FROM docs d JOIN segments g ON g.id = d.segment "

@@ -45,12 +45,14 @@ from terrarium.stores.fs._layout import HEAD, INDEX, SEGMENT_SUFFIX, is_uuid, se
 from terrarium.stores.fs._refresh import IndexStats, IndexUpdate, scandir
 from terrarium.stores.fs._sql import SCHEMA_VERSION
 from terrarium.stores.fts import (
+    LONG_BODY,
     Fts5Tables,
     Ranker,
     assemble_hits,
     body_match,
     check_query,
     fts5_phrases,
+    long_snippet,
 )
 from terrarium.text import (
     ELLIPSIS,
@@ -580,12 +582,16 @@ class SearchIndex:
             return []
         marks = ",".join("?" * len(ranked))
         ids = [rowid for rowid, _ in ranked]
-        snippets = dict(
-            conn.execute(
-                sql.SNIPPETS.format(marks=marks),
-                (HIGHLIGHT_OPEN, HIGHLIGHT_CLOSE, ELLIPSIS, SNIPPET_TOKENS, match, *ids),
-            ).fetchall()
-        )
+        long = conn.execute(sql.LONG_BODIES.format(marks=marks), (*ids, LONG_BODY)).fetchall()
+        snippets = {rowid: long_snippet(body, q.text) for rowid, body in long}
+        short = [rowid for rowid in ids if rowid not in snippets]
+        if short:
+            snippets.update(
+                conn.execute(
+                    sql.SNIPPETS.format(marks=",".join("?" * len(short))),
+                    (HIGHLIGHT_OPEN, HIGHLIGHT_CLOSE, ELLIPSIS, SNIPPET_TOKENS, match, *short),
+                ).fetchall()
+            )
         meta = {row[0]: row[1:] for row in conn.execute(sql.HIT_ROWS.format(marks=marks), ids)}
         return assemble_hits(ranked, meta, snippets)
 

@@ -178,6 +178,11 @@ SNIPPETS = (
     "SELECT f.rowid, snippet({table}, 0, ?, ?, ?, ?) FROM json_each(?) AS j "
     "CROSS JOIN {table} AS f WHERE f.rowid = j.value AND {table} MATCH ?"
 )
+# The hits whose body is too long for FTS5's snippet() (see fts.LONG_BODY).
+LONG_BODIES = (
+    "SELECT id, body FROM search_docs WHERE id IN (SELECT value FROM json_each(?)) "
+    "AND length(body) > ?"
+)
 HIT_ROWS = (
     "SELECT d.id, c.context, c.created_at, d.session_id, d.segment_id, d.seq, d.role, "
     "d.ts FROM search_docs d JOIN contexts c ON c.session_id = d.session_id "

@@ -32,7 +32,16 @@ import msgspec
 from terrarium import codec
 from terrarium.model import HISTORY_KINDS
 from terrarium.stores.base import ContextSummary, SearchHit, SearchQuery
-from terrarium.stores.fts import TAG_TOKENS, Ranker, assemble_hits, bm25, body_match, fts5_totals
+from terrarium.stores.fts import (
+    LONG_BODY,
+    TAG_TOKENS,
+    Ranker,
+    assemble_hits,
+    bm25,
+    body_match,
+    fts5_totals,
+    long_snippet,
+)
 from terrarium.stores.sqlite import _sql as sql
 from terrarium.text import (
     ELLIPSIS,
@@ -377,19 +386,23 @@ def indexed_hits(
     if not ranked:
         return []
     ids = [rowid for rowid, _ in ranked]
-    snippets = dict(
-        conn.execute(
-            sql.SNIPPETS.format(table=table),
-            (
-                HIGHLIGHT_OPEN,
-                HIGHLIGHT_CLOSE,
-                ELLIPSIS,
-                SNIPPET_TOKENS,
-                json.dumps(ids),
-                body_match(phrases) + filters,
-            ),
+    long = conn.execute(sql.LONG_BODIES, (json.dumps(ids), LONG_BODY)).fetchall()
+    snippets = {rowid: long_snippet(body, q.text) for rowid, body in long}
+    short = [rowid for rowid in ids if rowid not in snippets]
+    if short:
+        snippets.update(
+            conn.execute(
+                sql.SNIPPETS.format(table=table),
+                (
+                    HIGHLIGHT_OPEN,
+                    HIGHLIGHT_CLOSE,
+                    ELLIPSIS,
+                    SNIPPET_TOKENS,
+                    json.dumps(short),
+                    body_match(phrases) + filters,
+                ),
+            )
         )
-    )
     meta = {
         row[0]: (row[1], row[2][:10], *row[3:])  # the date is the creation date
         for row in conn.execute(sql.HIT_ROWS.format(marks=",".join("?" * len(ids))), ids)

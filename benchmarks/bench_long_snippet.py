@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Search for a word that one long message holds many times: the snippet's cost.
+
+FTS5's ``snippet()`` scores each candidate window against every match in a row, so its time
+grows with the square of the matches; terrarium cuts the snippet of a body longer than
+``fts.LONG_BODY`` in Python instead (:func:`terrarium.stores.fts.long_snippet`). This times
+one search on the filesystem and SQLite stores, with and without that rule (``--fts-only``
+sets the limit past the body, as before the rule).
+
+    .venv/bin/python benchmarks/bench_long_snippet.py             # 35,000 matches in ~210 KB
+    .venv/bin/python benchmarks/bench_long_snippet.py --quick      # 2,000 matches
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from terrarium import ContextId, FsStore, SqliteStore, create_segment, save_user_input
+from terrarium.stores import fts
+from terrarium.stores.base import SearchQuery, Store
+from terrarium.stores.fs import search as fs_search
+from terrarium.stores.sqlite import search as sqlite_search
+
+
+def _store(kind: str, folder: Path, words: int) -> Store:
+    store: Store = FsStore(folder / "fs") if kind == "fs" else SqliteStore(folder / "s.db")
+    create_segment(store, context="cli:big")
+    head = store.get_head(ContextId("cli", "big"))
+    assert head is not None
+    save_user_input(store, head, "intro words " + "alert " * words + "the end")
+    return store
+
+
+def _time(store: Store, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        [hit] = store.search(SearchQuery("alert"))  # type: ignore[attr-defined]
+        times.append(time.perf_counter() - start)
+        assert hit.highlights
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2,000 matches, one run")
+    parser.add_argument("--words", type=int, default=35_000, help="matches in the message")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    words, runs = (2_000, 1) if args.quick else (args.words, args.runs)
+    print(f"one message of {words:,} matches ({len('alert ') * words:,} characters)")
+    for kind in ("fs", "sqlite"):
+        with tempfile.TemporaryDirectory() as tmp:
+            store = _store(kind, Path(tmp), words)
+            store.search(SearchQuery("alert"))  # type: ignore[attr-defined]  # build the index
+            now = _time(store, runs)
+            modules = (fs_search, sqlite_search)
+            for module in modules:  # as before the rule: FTS5's snippet() for every hit
+                module.LONG_BODY = 10**9  # type: ignore[attr-defined]
+            try:
+                before = _time(store, runs)
+            finally:
+                for module in modules:
+                    module.LONG_BODY = fts.LONG_BODY  # type: ignore[attr-defined]
+            store.close()
+        python_ms, fts_ms = now * 1000, before * 1000
+        print(f"{kind:7s} snippet cut in Python {python_ms:8.1f} ms   by FTS5 {fts_ms:9.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
