@@ -163,6 +163,20 @@ def test_markdown_transcript(store: Store) -> None:
     assert "future_kind" not in text and "x_future" not in text
 
 
+def test_transcripts_mark_estimated_usage(store: Store) -> None:
+    """Markdown and HTML show token totals as ``terrarium stats`` does: exact ones plain,
+    partly estimated ones marked ``~`` with the estimated calls counted."""
+    written = converse(store)
+    assert "- **Tokens:** 10 prompt, 5 completion in 1 call\n" in export_context(
+        store, CONTEXT, "markdown"
+    )
+    save_usage(store, written["ref"], UsageRecord("qwen", 7, 3, estimated="chars"))
+    text = export_context(store, CONTEXT, "markdown")
+    assert "- **Tokens:** ~17 prompt, ~8 completion in 2 calls (1 estimated)" in text
+    page = export_context(store, CONTEXT, "html")
+    assert "<th>Tokens</th><td>~17 prompt, ~8 completion in 2 calls (1 estimated)</td>" in page
+
+
 def test_markdown_fences_cannot_be_closed_by_content() -> None:
     assert markdown.fenced("a ```` b") == "`````\na ```` b\n`````"
     assert markdown.code_span("a`b") == "``a`b``"

@@ -897,6 +897,15 @@ class UsageTotals:
         """True when any of the counts is (partly) an estimate."""
         return self.estimated_calls > 0
 
+    def describe(self) -> str:
+        """``120 prompt, 30 completion in 3 calls``, for transcripts: figures that are partly
+        estimated marked ``~``, with the estimated calls counted (``(1 estimated)``)."""
+        mark = "~" if self.is_estimated else ""
+        calls = f"{self.calls} call{'' if self.calls == 1 else 's'}"
+        text = f"{mark}{self.prompt_tokens} prompt, {mark}{self.completion_tokens} completion in "
+        text += calls
+        return f"{text} ({self.estimated_calls} estimated)" if self.estimated_calls else text
+
     def add(self, entry: Mapping[str, Any]) -> UsageTotals:
         """These totals plus one ``usage`` entry (or its data)."""
         prompt = entry.get("prompt_tokens", 0)

@@ -168,13 +168,7 @@ def render(transcript: Transcript) -> str:
     meta.append(("Messages", str(len(transcript.items))))
     usage = state.usage
     if usage.calls:
-        meta.append(
-            (
-                "Tokens",
-                f"{usage.prompt_tokens} prompt, {usage.completion_tokens} completion "
-                f"in {usage.calls} call{'' if usage.calls == 1 else 's'}",
-            )
-        )
+        meta.append(("Tokens", _e(usage.describe())))
     rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in meta)
     parts = [
         "<!DOCTYPE html>",

@@ -152,10 +152,7 @@ def render(transcript: Transcript) -> str:
     lines.append(f"- **Messages:** {len(transcript.items)}")
     usage = state.usage
     if usage.calls:
-        lines.append(
-            f"- **Tokens:** {usage.prompt_tokens} prompt, {usage.completion_tokens} completion "
-            f"in {usage.calls} call{'' if usage.calls == 1 else 's'}"
-        )
+        lines.append(f"- **Tokens:** {usage.describe()}")
     out = ["\n".join(lines)]
     if state.system_prompt:
         out.append(f"## System prompt\n\n{fenced(state.system_prompt)}")
