@@ -77,6 +77,13 @@ class SegmentNotFound(StoreError, KeyError):
         return str(self.args[0]) if self.args else "segment not found"
 
 
+class NotInTrash(StoreError, KeyError):
+    """No trashed context with that trash id (or context id) is in the store's trash."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "not in the trash"
+
+
 class ConflictError(StoreError):
     """A writer's view is stale: the segment's tail or the context's head moved under it."""
 

@@ -12,7 +12,9 @@ TYPE_CHECKING = False  # typing's costs more to import than this whole module
 
 if TYPE_CHECKING:
     from terrarium.stores.base import (
+        ArchivedContext,
         ContextLocking,
+        Lifecycle,
         NewEntry,
         PodActiveSegmentRef,
         PodMetadata,
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
         SearchQuery,
         SegmentRead,
         Store,
+        TrashedContext,
     )
     from terrarium.stores.fs import FsStore
     from terrarium.stores.memory import MemoryStore
@@ -33,7 +36,9 @@ _BASE = "terrarium.stores.base"
 
 #: Each public name and the module that defines it.
 _NAMES = {
+    "ArchivedContext": _BASE,
     "ContextLocking": _BASE,
+    "Lifecycle": _BASE,
     "NewEntry": _BASE,
     "PodActiveSegmentRef": _BASE,
     "PodMetadata": _BASE,
@@ -44,6 +49,7 @@ _NAMES = {
     "Searchable": _BASE,
     "SegmentRead": _BASE,
     "Store": _BASE,
+    "TrashedContext": _BASE,
     "FsStore": "terrarium.stores.fs",
     "MemoryStore": "terrarium.stores.memory",
     "SqliteStore": "terrarium.stores.sqlite",
@@ -51,8 +57,10 @@ _NAMES = {
 }
 
 __all__ = [
+    "ArchivedContext",
     "ContextLocking",
     "FsStore",
+    "Lifecycle",
     "MemoryStore",
     "NewEntry",
     "PodActiveSegmentRef",
@@ -65,6 +73,7 @@ __all__ = [
     "SegmentRead",
     "SqliteStore",
     "Store",
+    "TrashedContext",
     "open_store",
 ]
 

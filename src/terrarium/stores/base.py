@@ -25,6 +25,11 @@ Invariants every backend keeps (``tests/contract/`` checks each one on every bac
   never show a detached session; :meth:`Store.detached_sessions` finds them. Nothing deletes
   a detached session.
 
+* **Lifecycle.** A context is hot, archived or trashed (:class:`Lifecycle`). Archived contexts
+  leave the hot listing but keep reading by reference and by :meth:`~PodMetadataStore.get_head`;
+  any write to one moves it back first. Deleted contexts wait in the trash until purged; only
+  :meth:`Lifecycle.purge_trashed` and :meth:`Lifecycle.purge_context` remove data for ever.
+
 Optional abilities are sub-protocols detected with ``isinstance`` (:class:`ContextLocking`,
 :class:`Reindexable`, :class:`Searchable`, :class:`Listing`), never stubs that raise
 ``NotImplementedError``.
@@ -353,6 +358,120 @@ class Listing(Protocol):
         Raises ``IndexUnavailable`` when the index it reads cannot be brought up to date:
         callers then list the heads and restore them.
         """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedContext:
+    """One archived context, as the archive lists it (nothing is decompressed to list it)."""
+
+    context: str
+    """The context id, ``type:name``."""
+    date: str
+    """The creation date, ``YYYY-MM-DD``."""
+    archived_at: str
+    """When it was archived (UTC, RFC 3339)."""
+    last_active: str
+    """Timestamp of the head segment's last entry when it was archived."""
+    message_count: int
+    """History items in the head segment's restored state when it was archived."""
+    hot_bytes: int
+    """Bytes its log took in the hot store."""
+    archived_bytes: int
+    """Bytes it takes in the archive (compressed)."""
+    pinned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TrashedContext:
+    """One deleted context waiting in the trash, newest first in listings."""
+
+    trash_id: str
+    """Names this trash entry (a context id can be deleted, recreated and deleted again)."""
+    context: str
+    """The context id it had."""
+    date: str
+    """Its creation date, ``YYYY-MM-DD``."""
+    deleted_at: str
+    """When it was deleted (UTC, RFC 3339)."""
+    archived: bool
+    """It was archived when deleted; a restore puts it back into the archive."""
+    message_count: int
+    bytes: int
+    """Bytes it takes in the trash."""
+    pinned: bool = False
+
+
+@runtime_checkable
+class Lifecycle(Protocol):
+    """A store whose contexts can be archived, trashed, restored, purged and pinned.
+
+    States: a context is *hot* (listed, written), *archived* (compressed, out of the hot
+    listing and hot tables, still readable) or *trashed* (gone from ``get_head`` and every
+    listing, restorable). Every change of state is crash-safe: a kill at any point leaves the
+    context in exactly one state, readable, and the next call (or ``fsck --repair``) finishes
+    or rolls the change back.
+
+    Archived contexts:
+
+    * :meth:`get_head` still returns the head; ``read_segment``, ``list_segments``,
+      ``next_seq`` and ``read_trace`` read from the archive; the hot ``list_contexts``,
+      ``list_contexts_fast`` and ``search`` leave them out.
+    * ``create_context`` of an archived id raises ``ContextExists``.
+    * Any write (``append``, ``create_segment``, ``set_head``, ``append_trace``) to an
+      archived context first unarchives it, under the context's lock, then writes.
+    * ``delete_context`` moves it to the trash still archived.
+
+    Trash: :meth:`Store.delete_context` moves a hot or archived context into the trash, where
+    it keeps its data and its pin. Its id is free again at once (``create_context`` works).
+    """
+
+    def archive_context(self, context: ContextId) -> ArchivedContext | None:
+        """Move a hot context into the archive; None if there is no hot context of that id.
+
+        Pins do not stop an explicit archive: policies skip pinned contexts themselves.
+        """
+        ...
+
+    def unarchive_context(self, context: ContextId) -> bool:
+        """Move an archived context back to the hot store; False if it is not archived."""
+        ...
+
+    def is_archived(self, context: ContextId) -> bool:
+        """Whether the context exists and is archived."""
+        ...
+
+    def archived_contexts(self, type: str | None = None) -> list[ArchivedContext]:
+        """Every archived context, optionally of one type, sorted by context id."""
+        ...
+
+    def trashed_contexts(self) -> list[TrashedContext]:
+        """Everything in the trash, most recently deleted first."""
+        ...
+
+    def restore_trashed(self, trash_id: str, *, as_context: ContextId | None = None) -> PodMetadata:
+        """Bring a trashed context back (as ``as_context`` if given) in the state it was in.
+
+        Raises:
+            NotInTrash: no trash entry of that id.
+            ContextExists: the id it would take is in use (hot or archived).
+        """
+        ...
+
+    def purge_trashed(self, trash_id: str) -> bool:
+        """Delete a trash entry for ever; False if there is none of that id."""
+        ...
+
+    def purge_context(self, context: ContextId) -> bool:
+        """Delete a hot or archived context for ever, bypassing the trash; False if absent."""
+        ...
+
+    def pin_context(self, context: ContextId, pinned: bool = True) -> bool:
+        """Pin (or unpin) a hot or archived context; False if there is no such context."""
+        ...
+
+    def pinned_contexts(self) -> frozenset[str]:
+        """The ids of the pinned contexts, hot or archived (not trashed ones)."""
         ...
 
 

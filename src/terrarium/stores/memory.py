@@ -5,27 +5,54 @@ property tests use it as the oracle that every other backend must agree with, an
 use it as a fast double. Entries are kept as the dicts a decoder would produce from the line,
 so what it returns is exactly what a persistent backend returns. It holds nothing across
 processes and never has torn tails.
+
+Lifecycle states are kept as plain sets and dicts beside the data: an archived context stays
+where it is (there is nothing to compress in memory) but leaves the hot listing; a trashed one
+moves, data and all, into ``_trash``.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from terrarium import codec
-from terrarium.errors import ConflictError, ContextExists, SegmentNotFound, SessionAttached
+from terrarium.errors import (
+    ConflictError,
+    ContextExists,
+    NotInTrash,
+    SegmentNotFound,
+    SessionAttached,
+)
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
-from terrarium.stores.base import NewEntry, PodMetadata, SegmentRead, header_line, iter_lines
+from terrarium.stores.base import (
+    ArchivedContext,
+    NewEntry,
+    PodMetadata,
+    SegmentRead,
+    TrashedContext,
+    header_line,
+    iter_lines,
+)
 
 
 @dataclass
 class _Segment:
     lines: list[dict[str, Any]]
     trace: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class _Trashed:
+    entry: TrashedContext
+    head: PodMetadata
+    segments: dict[SegmentId, _Segment]
+    archived: ArchivedContext | None
 
 
 class MemoryStore:
@@ -38,6 +65,9 @@ class MemoryStore:
         self._owners: dict[SessionId, str | None] = {}
         """Each session's context, None while it is detached."""
         self._context_locks: dict[str, threading.Lock] = {}
+        self._archived: dict[str, ArchivedContext] = {}
+        self._trash: dict[str, _Trashed] = {}
+        self._pins: set[str] = set()
 
     def __repr__(self) -> str:
         return "MemoryStore()"
@@ -55,6 +85,7 @@ class MemoryStore:
         """Move the head if it is ``expected`` now."""
         with self._lock:
             head = self._require_head(context)
+            self._wake(str(context))
             if head.segment_id != expected:
                 raise ConflictError(
                     f"head of {context} is {head.segment_id}, not {expected}: it moved"
@@ -67,7 +98,11 @@ class MemoryStore:
     def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
         """Every head record, sorted by context id."""
         with self._lock:
-            heads = [h for h in self._heads.values() if type is None or _type_of(h) == type]
+            heads = [
+                h
+                for h in self._heads.values()
+                if (type is None or _type_of(h) == type) and h.context not in self._archived
+            ]
         return sorted(heads, key=lambda h: ContextId.parse(h.context))
 
     # ---------------------------------------------------------------- contexts
@@ -87,14 +122,33 @@ class MemoryStore:
             return head
 
     def delete_context(self, context: ContextId) -> bool:
-        """Delete the context and its whole session."""
+        """Move the context, its whole session and its pin, into the trash."""
         with self._lock:
-            head = self._heads.pop(str(context), None)
+            head = self._heads.get(str(context))
             if head is None:
                 return False
-            self._sessions.pop(head.session_id, None)
-            self._owners.pop(head.session_id, None)
+            segments = self._sessions[head.session_id]
+            archived = self._archived.get(str(context))
+            entry = TrashedContext(
+                trash_id=str(uuid.uuid4()),
+                context=str(context),
+                date=head.date,
+                deleted_at=utc_now(),
+                archived=archived is not None,
+                message_count=_message_count(self, str(context)),
+                bytes=_size(segments),
+                pinned=str(context) in self._pins,
+            )
+            self._trash[entry.trash_id] = _Trashed(entry, head, segments, archived)
+            self._drop(str(context))
             return True
+
+    def _drop(self, context: str) -> None:
+        head = self._heads.pop(context)
+        self._sessions.pop(head.session_id, None)
+        self._owners.pop(head.session_id, None)
+        self._archived.pop(context, None)
+        self._pins.discard(context)
 
     def create_session(self, header: Mapping[str, Any]) -> None:
         """Create a session that belongs to no context, with ``header`` as its root."""
@@ -132,6 +186,111 @@ class MemoryStore:
         with self._lock:
             return sorted(s for s, owner in self._owners.items() if owner is None)
 
+    # ---------------------------------------------------------------- lifecycle
+
+    def archive_context(self, context: ContextId) -> ArchivedContext | None:
+        """Mark a hot context archived (nothing to compress in memory)."""
+        with self._lock:
+            key = str(context)
+            head = self._heads.get(key)
+            if head is None or key in self._archived:
+                return None
+            segments = self._sessions[head.session_id]
+            head_lines = segments[head.segment_id].lines
+            size = _size(segments)
+            archived = ArchivedContext(
+                context=key,
+                date=head.date,
+                archived_at=utc_now(),
+                last_active=str(head_lines[-1]["ts"]),
+                message_count=_message_count(self, key),
+                hot_bytes=size,
+                archived_bytes=size,
+                pinned=key in self._pins,
+            )
+            self._archived[key] = archived
+            return archived
+
+    def unarchive_context(self, context: ContextId) -> bool:
+        """Put an archived context back in the hot listing."""
+        with self._lock:
+            return self._archived.pop(str(context), None) is not None
+
+    def is_archived(self, context: ContextId) -> bool:
+        """Whether the context is archived."""
+        with self._lock:
+            return str(context) in self._archived
+
+    def archived_contexts(self, type: str | None = None) -> list[ArchivedContext]:
+        """Every archived context, sorted by context id."""
+        with self._lock:
+            found = [
+                replace(a, pinned=a.context in self._pins)
+                for a in self._archived.values()
+                if type is None or a.context.split(":", 1)[0] == type
+            ]
+        return sorted(found, key=lambda a: ContextId.parse(a.context))
+
+    def trashed_contexts(self) -> list[TrashedContext]:
+        """The trash, most recently deleted first."""
+        with self._lock:
+            entries = [t.entry for t in self._trash.values()]
+        return sorted(entries, key=lambda e: (e.deleted_at, e.trash_id), reverse=True)
+
+    def restore_trashed(self, trash_id: str, *, as_context: ContextId | None = None) -> PodMetadata:
+        """Bring a trashed context back in the state it was in."""
+        with self._lock:
+            trashed = self._trash.get(trash_id)
+            if trashed is None:
+                raise NotInTrash(f"nothing in the trash has the id {trash_id!r}")
+            key = str(as_context) if as_context is not None else trashed.entry.context
+            if key in self._heads:
+                raise ContextExists(f"context {key} already exists")
+            del self._trash[trash_id]
+            head = replace(trashed.head, context=key)
+            self._heads[key] = head
+            self._sessions[head.session_id] = trashed.segments
+            self._owners[head.session_id] = key
+            if trashed.archived is not None:
+                self._archived[key] = replace(trashed.archived, context=key)
+            if trashed.entry.pinned:
+                self._pins.add(key)
+            return head
+
+    def purge_trashed(self, trash_id: str) -> bool:
+        """Forget a trash entry for ever."""
+        with self._lock:
+            return self._trash.pop(trash_id, None) is not None
+
+    def purge_context(self, context: ContextId) -> bool:
+        """Delete a hot or archived context for ever."""
+        with self._lock:
+            if str(context) not in self._heads:
+                return False
+            self._drop(str(context))
+            return True
+
+    def pin_context(self, context: ContextId, pinned: bool = True) -> bool:
+        """Pin or unpin a hot or archived context."""
+        with self._lock:
+            if str(context) not in self._heads:
+                return False
+            if pinned:
+                self._pins.add(str(context))
+            else:
+                self._pins.discard(str(context))
+            return True
+
+    def pinned_contexts(self) -> frozenset[str]:
+        """The pinned contexts."""
+        with self._lock:
+            return frozenset(self._pins)
+
+    def _wake(self, context: str | None) -> None:
+        """Unarchive ``context`` before a write to it (the caller holds ``_lock``)."""
+        if context is not None:
+            self._archived.pop(context, None)
+
     @contextmanager
     def lock_context(self, context: ContextId) -> Iterator[None]:
         """Serialise work on one context across threads."""
@@ -148,6 +307,7 @@ class MemoryStore:
             segments = self._sessions.get(session_id)
             if segments is None:
                 raise SegmentNotFound(f"session {session_id} does not exist")
+            self._wake(self._owners.get(session_id))
             line = _header_line(header)
             segment_id = SegmentId(str(line["segment_id"]))
             if segment_id in segments:
@@ -165,6 +325,7 @@ class MemoryStore:
         """Append entries atomically; return the first one's seq."""
         with self._lock:
             segment = self._segment(session_id, segment_id)
+            self._wake(self._owners.get(session_id))
             first = len(segment.lines)
             if expected_seq is not None and expected_seq != first:
                 raise ConflictError.stale_seq(segment_id, first, expected_seq)
@@ -205,7 +366,9 @@ class MemoryStore:
     ) -> None:
         """Append to the segment's debug trace."""
         with self._lock:
-            self._segment(session_id, segment_id).trace.extend(e.to_dict() for e in entries)
+            segment = self._segment(session_id, segment_id)
+            self._wake(self._owners.get(session_id))
+            segment.trace.extend(e.to_dict() for e in entries)
 
     def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
         """The segment's debug trace."""
@@ -239,3 +402,15 @@ def _header_line(header: Mapping[str, Any]) -> dict[str, Any]:
 
 def _type_of(head: PodMetadata) -> str:
     return head.context.split(":", 1)[0]
+
+
+def _size(segments: Mapping[SegmentId, _Segment]) -> int:
+    """Bytes the session's segments would take as JSONL files."""
+    return sum(len(codec.encode(line)) + 1 for seg in segments.values() for line in seg.lines)
+
+
+def _message_count(store: MemoryStore, context: str) -> int:
+    """History items in the context's restored state (the store's lock is held)."""
+    from terrarium.sessions import restore  # the sessions layer sits above the stores
+
+    return len(restore(store, ContextId.parse(context)).history)
