@@ -46,8 +46,10 @@ from terrarium.errors import (
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores import _db
+from terrarium.stores._archive import archived_hits, merge_hits
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
+    ArchivedContext,
     ClosingStore,
     ContextSummary,
     NewEntry,
@@ -55,11 +57,13 @@ from terrarium.stores.base import (
     SearchHit,
     SearchQuery,
     SegmentRead,
+    TrashedContext,
     header_line,
     iter_lines,
 )
 from terrarium.stores.fts import Fts5Tables, Ranker, check_query, fts5_phrases
 from terrarium.stores.locks import file_lock
+from terrarium.stores.sqlite import _lifecycle as lifecycle
 from terrarium.stores.sqlite import _sql as sql
 from terrarium.stores.sqlite.migrations import MIGRATIONS, check_readable, migrate
 from terrarium.stores.sqlite.search import (
@@ -70,7 +74,6 @@ from terrarium.stores.sqlite.search import (
     late_counts,
     late_hits,
     segment_summary,
-    unindex_session,
     with_late,
 )
 from terrarium.text import query_terms
@@ -335,7 +338,9 @@ class SqliteStore(ClosingStore):
         """Return the context's head record, or None."""
         with self._read() as conn:
             row = conn.execute(sql.HEAD, (str(context),)).fetchone()
-        return None if row is None else _head(row)
+            if row is None:
+                return lifecycle.archived_head(conn, str(context))
+        return _head(row)
 
     def set_head(
         self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
@@ -343,6 +348,8 @@ class SqliteStore(ClosingStore):
         """Move the head if it is ``expected`` now (compare-and-set in one transaction)."""
         with self._write() as conn:
             row = conn.execute(sql.HEAD, (str(context),)).fetchone()
+            if row is None and self._wake_context(conn, str(context)):
+                row = conn.execute(sql.HEAD, (str(context),)).fetchone()
             if row is None:
                 raise ContextNotFound(f"context {context} does not exist")
             head = _head(row)
@@ -416,9 +423,21 @@ class SqliteStore(ClosingStore):
                 late = late_hits(conn, q, phrases)
             except sqlite3.OperationalError as exc:
                 raise self._error(exc, "search failed: ") from exc
-        if not late:
-            return hits
-        return sorted(hits + late, key=lambda hit: hit.score, reverse=True)[: q.limit]
+        hits = merge_hits(hits, late, q.limit)
+        if q.archived:
+            return merge_hits(hits, self._archived_hits(q), q.limit)
+        return hits
+
+    def _archived_hits(self, q: SearchQuery) -> list[SearchHit]:
+        """Hits among the archived contexts, found by reading them (see ``stores._archive``)."""
+        with self._read() as conn:
+            if q.context is not None:
+                found = lifecycle.archived_head(conn, q.context)
+                heads = [] if found is None else [found]
+            else:
+                names = [a.context for a in lifecycle.archived_list(conn, q.type)]
+                heads = lifecycle.archived_heads(conn, names)
+        return archived_hits(heads, self.list_segments, self.read_segment, q)
 
     def _try_catch_up(self) -> None:
         """Catch the derived state up before a read, where it can be written; else the read
@@ -469,7 +488,9 @@ class SqliteStore(ClosingStore):
         ts = str(line["ts"])
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            if conn.execute(sql.CONTEXT_EXISTS, (str(ctx),)).fetchone():
+            if conn.execute(sql.CONTEXT_EXISTS, (str(ctx),)).fetchone() or lifecycle.archived_head(
+                conn, str(ctx)
+            ):
                 raise ContextExists(f"context {ctx} already exists")
             if conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
                 raise ConflictError(f"session {session_id} already exists")
@@ -482,17 +503,11 @@ class SqliteStore(ClosingStore):
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
 
     def delete_context(self, context: ContextId) -> bool:
-        """Delete the context and its whole session in one transaction."""
+        """Move a hot or archived context into the trash, in one transaction (a hot one is
+        archived on the way: see ``._lifecycle``); its id is free at once."""
         with self._write() as conn:
-            row = conn.execute(sql.CONTEXT_SESSION, (str(context),)).fetchone()
-            if row is None:
-                return False
-            unindex_session(conn, row[0])
-            for statement in sql.DELETE_SESSION:
-                conn.execute(statement, row)
-            conn.execute(sql.DELETE_HEAD, (str(context),))
-            conn.execute(sql.LOWER_WM)
-        return True
+            self._wm = _catch_up(conn)
+            return lifecycle.trash(conn, str(context), utc_now())
 
     def create_session(self, header: Mapping[str, Any]) -> None:
         """Create a session that belongs to no context (``sessions.context`` NULL)."""
@@ -519,7 +534,9 @@ class SqliteStore(ClosingStore):
         ctx = ContextId.parse(context)
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            if conn.execute(sql.CONTEXT_EXISTS, (str(ctx),)).fetchone():
+            if conn.execute(sql.CONTEXT_EXISTS, (str(ctx),)).fetchone() or lifecycle.archived_head(
+                conn, str(ctx)
+            ):
                 raise ContextExists(f"context {ctx} already exists")
             row = conn.execute(sql.SESSION_OWNER, (s,)).fetchone()
             if row is None:
@@ -558,6 +575,89 @@ class SqliteStore(ClosingStore):
             self.path.with_name(f"{self.path.name}-locks") / ctx.type / ctx.encoded_name
         )
 
+    # ---------------------------------------------------------------- lifecycle
+    # The statements and the moves are in ._lifecycle; each call is one write transaction, so
+    # every change of state is atomic. Writes to an archived context wake it on their miss
+    # path (a hot write never looks at the archive).
+
+    def archive_context(self, context: ContextId) -> ArchivedContext | None:
+        """Move a hot context into the archive: compressed, out of the hot tables."""
+        with self._write() as conn:
+            self._wm = _catch_up(conn)  # the head's listing counts, exact
+            return lifecycle.archive(conn, str(context), utc_now())
+
+    def unarchive_context(self, context: ContextId) -> bool:
+        """Move an archived context back to the hot tables; False if it is not archived."""
+        with self._write() as conn:
+            return self._wake_context(conn, str(context))
+
+    def is_archived(self, context: ContextId) -> bool:
+        """Whether the context exists and is archived."""
+        with self._read() as conn:
+            return lifecycle.archived_head(conn, str(context)) is not None
+
+    def archived_contexts(self, type: str | None = None) -> list[ArchivedContext]:
+        """Every archived context, optionally of one type, sorted by context id."""
+        with self._read() as conn:
+            return lifecycle.archived_list(conn, type)
+
+    def trashed_contexts(self) -> list[TrashedContext]:
+        """Everything in the trash, most recently deleted first."""
+        with self._read() as conn:
+            return lifecycle.trashed_list(conn)
+
+    def restore_trashed(self, trash_id: str, *, as_context: ContextId | None = None) -> PodMetadata:
+        """Bring a trashed context back (as ``as_context`` if given) in the state it was in."""
+        with self._write() as conn:
+            target = None if as_context is None else str(as_context)
+            session, _, head = lifecycle.restore(conn, trash_id, target)
+            if head is None:
+                head, self._wm = lifecycle.unarchive(conn, session, recent=SEARCH_RECENT)
+            return head
+
+    def purge_trashed(self, trash_id: str) -> bool:
+        """Delete a trash entry for ever; False if there is none of that id."""
+        with self._write() as conn:
+            return lifecycle.purge_trashed(conn, trash_id)
+
+    def purge_context(self, context: ContextId) -> bool:
+        """Delete a hot or archived context for ever, bypassing the trash."""
+        with self._write() as conn:
+            return lifecycle.purge_context(conn, str(context))
+
+    def pin_context(self, context: ContextId, pinned: bool = True) -> bool:
+        """Pin (or unpin) a hot or archived context; False if there is no such context."""
+        with self._write() as conn:
+            return lifecycle.pin(conn, str(context), pinned, utc_now())
+
+    def pinned_contexts(self) -> frozenset[str]:
+        """The ids of the pinned hot and archived contexts."""
+        with self._read() as conn:
+            return lifecycle.pinned(conn)
+
+    def _wake(self, conn: sqlite3.Connection, session: str) -> bool:
+        """Unarchive the session's context if it is archived, in the caller's transaction."""
+        if not lifecycle.session_state(conn, session):
+            return False
+        _, self._wm = lifecycle.unarchive(conn, session, recent=SEARCH_RECENT)
+        return True
+
+    def _wake_context(self, conn: sqlite3.Connection, context: str) -> bool:
+        """Unarchive ``context`` if it is archived, in the caller's transaction."""
+        row = conn.execute(lifecycle.ARCHIVED_SESSION, (context,)).fetchone()
+        return row is not None and self._wake(conn, row[0])
+
+    def _next_seq_waking(self, conn: sqlite3.Connection, session: str, segment: str) -> int:
+        """:func:`_next_seq`, after unarchiving the segment's context if it is archived: the
+        miss path of an append, so a hot append never pays for it."""
+        try:
+            return _next_seq(conn, session, segment)
+        except SegmentNotFound:
+            with self._write() as writing:  # a savepoint in the caller's transaction, if any
+                if not self._wake(writing, session):
+                    raise
+            return _next_seq(conn, session, segment)
+
     # ---------------------------------------------------------------- segments
 
     def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
@@ -567,7 +667,10 @@ class SqliteStore(ClosingStore):
         ts = str(line["ts"])
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            if not conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
+            state = lifecycle.session_state(conn, s)  # the session's context is cold: wake it
+            if state:
+                self._wake(conn, s)
+            if state is False or not conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
                 raise SegmentNotFound(f"session {session_id} does not exist")
             if conn.execute(sql.SEGMENT_EXISTS, (s, g)).fetchone():
                 raise ConflictError(f"segment {segment_id} already exists")
@@ -616,7 +719,7 @@ class SqliteStore(ClosingStore):
                     cursor = conn.execute(sql.APPEND_ONE, row)
                     break
                 except sqlite3.IntegrityError:  # the seq is taken, or the one before missing
-                    at = _next_seq(conn, s, g)
+                    at = self._next_seq_waking(conn, s, g)
                 if expected_seq is not None:
                     raise ConflictError.stale_seq(segment_id, at, expected_seq)
                 proposal = at
@@ -643,7 +746,7 @@ class SqliteStore(ClosingStore):
         """Append several entries (or none) in one ``BEGIN IMMEDIATE`` transaction."""
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            first = _next_seq(conn, s, g)
+            first = self._next_seq_waking(conn, s, g)
             if expected_seq is not None and expected_seq != first:
                 raise ConflictError.stale_seq(segment_id, first, expected_seq)
             rows = [
@@ -669,6 +772,16 @@ class SqliteStore(ClosingStore):
         with self._read() as conn:
             found = conn.execute(sql.READ_SEGMENT, (str(session_id), str(segment_id), stop))
             rows = found.fetchall()
+            if not rows:
+                cold = lifecycle.read_segment(
+                    conn,
+                    str(session_id),
+                    str(segment_id),
+                    stop_seq,
+                    where=f"{self.path} archived segment {segment_id}",
+                )
+                if cold is not None:
+                    return cold
         if not rows:
             raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
         lines = codec.decode_lines(
@@ -683,7 +796,13 @@ class SqliteStore(ClosingStore):
         """The seq the next append gets."""
         s, g = str(session_id), str(segment_id)
         with self._read() as conn:
-            next_seq = _next_seq(conn, s, g)
+            try:
+                next_seq = _next_seq(conn, s, g)
+            except SegmentNotFound:
+                cold = lifecycle.next_seq(conn, s, g)
+                if cold is None:
+                    raise
+                return cold
         self._seen.remember((session_id, segment_id), next_seq, (s, g))
         return next_seq
 
@@ -693,6 +812,8 @@ class SqliteStore(ClosingStore):
             ids = sorted(
                 uuid.UUID(row[0]) for row in conn.execute(sql.SEGMENT_IDS, (str(session_id),))
             )
+            if not ids:
+                ids = sorted(lifecycle.segment_ids(conn, str(session_id)))
         if not ids:
             raise SegmentNotFound(f"session {session_id} does not exist")
         return ids
@@ -703,7 +824,11 @@ class SqliteStore(ClosingStore):
         """Append raw stream events to the segment's debug trace."""
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            if not _segment_exists(conn, session_id, segment_id):
+            if not _segment_exists(conn, session_id, segment_id) and not (
+                lifecycle.session_state(conn, s)
+                and self._wake(conn, s)
+                and _segment_exists(conn, session_id, segment_id)
+            ):
                 raise SegmentNotFound(
                     f"segment {segment_id} of session {session_id} does not exist"
                 )
@@ -714,9 +839,12 @@ class SqliteStore(ClosingStore):
         with self._read() as conn:
             rows = conn.execute(sql.READ_TRACE, (str(session_id), str(segment_id))).fetchall()
             if not rows and not _segment_exists(conn, session_id, segment_id):
-                raise SegmentNotFound(
-                    f"segment {segment_id} of session {session_id} does not exist"
-                )
+                cold = lifecycle.read_trace(conn, str(session_id), str(segment_id))
+                if cold is None:
+                    raise SegmentNotFound(
+                        f"segment {segment_id} of session {session_id} does not exist"
+                    )
+                return cold
         return [codec.decode(row[0]) for row in rows]
 
     def close(self) -> None:

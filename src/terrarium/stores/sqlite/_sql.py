@@ -11,6 +11,7 @@
     search_fts, search_recent                         FTS5 over search_docs (see ``search``)
     search_meta(hw, floor, wm)                        how far the derived tables have read
     migrations(name PK, applied_at)
+    archived_contexts, archived_segments, pins         archive, trash, pins (m007: ``._lifecycle``)
 
 Ids are UUID strings, times RFC 3339 strings. A segment's header is its entry with seq 0, so
 reading a segment is one indexed range scan. ``line`` is the entry's JSON exactly as
@@ -61,11 +62,6 @@ ADD_COUNTS = (
     "WHERE session_id = ? AND segment_id = ?"
 )
 DELETE_HEAD = "DELETE FROM contexts WHERE context = ?"
-# What else a session holds, deleted with its context.
-DELETE_SESSION = tuple(
-    f"DELETE FROM {table} WHERE session_id = ?"
-    for table in ("entries", "traces", "segments", "sessions")
-)
 # In (type, name) order, as ContextId orders, from the covering index contexts_listing.
 LISTING_ORDER = "type, substr(context, length(type) + 2)"
 LISTING = (

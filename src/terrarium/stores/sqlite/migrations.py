@@ -388,3 +388,41 @@ def _item_text(item: str) -> str:
         f"FROM (SELECT {summary} AS s, {content} AS c)) "
         "ELSE '' END"
     )
+
+
+@MIGRATIONS
+def m007_lifecycle(conn: sqlite3.Connection) -> None:
+    """Archived and trashed contexts out of the hot tables, and pins (see ``._lifecycle``):
+    a context row and one row per segment holding its lines (and trace) zstandard-compressed."""
+    for statement in (
+        """CREATE TABLE archived_contexts (
+            session_id TEXT PRIMARY KEY,
+            context TEXT NOT NULL,
+            type TEXT NOT NULL,
+            segment_id TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            archived_at TEXT NOT NULL,
+            last_active TEXT NOT NULL,
+            message_count INTEGER NOT NULL,
+            hot_bytes INTEGER NOT NULL,
+            archived_bytes INTEGER NOT NULL,
+            trash_id TEXT UNIQUE,
+            deleted_at TEXT,
+            deleted_from TEXT CHECK (deleted_from IN ('hot', 'archived'))
+        )""",
+        # An id names at most one archived context; trashed ones may share it.
+        "CREATE UNIQUE INDEX archived_contexts_live ON archived_contexts (context) "
+        "WHERE trash_id IS NULL",
+        """CREATE TABLE archived_segments (
+            session_id TEXT NOT NULL,
+            segment_id TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            next_seq INTEGER NOT NULL,
+            lines BLOB NOT NULL,
+            trace BLOB,
+            PRIMARY KEY (session_id, segment_id)
+        )""",
+        "CREATE TABLE pins (session_id TEXT PRIMARY KEY, pinned_at TEXT NOT NULL)",
+    ):
+        conn.execute(statement)
