@@ -296,8 +296,9 @@ def test_lock_files_live_beside_the_database(store: SqliteStore, db: Path) -> No
 
 
 def test_delete_racing_appends_leaves_no_orphans(store: SqliteStore, db: Path) -> None:
-    """Appends racing a delete_context either land before it (and go with it) or fail with
-    SegmentNotFound: no entry of the deleted session survives."""
+    """Appends racing a delete_context either land before it (and go with it into the trash)
+    or fail with SegmentNotFound: no entry of the deleted session stays in the hot tables, and
+    a purge leaves nothing of it (its ``sessions`` row waits in the trash until then)."""
     session_id, segment_id = create_segment(store, context=MAIN)
     started = threading.Event()
     outcome: list[BaseException] = []
@@ -321,7 +322,12 @@ def test_delete_racing_appends_leaves_no_orphans(store: SqliteStore, db: Path) -
     for writer in writers:
         writer.join()
     assert [type(exc) for exc in outcome] == [SegmentNotFound] * 3
-    for table in ("entries", "segments", "sessions", "traces"):
+    for table in ("entries", "segments", "traces"):
+        rows = _raw(db, f"SELECT count(*) FROM {table} WHERE session_id = ?", str(session_id))
+        assert rows == [(0,)], table
+    (trashed,) = store.trashed_contexts()
+    assert store.purge_trashed(trashed.trash_id)
+    for table in ("sessions", "archived_contexts", "archived_segments", "pins"):
         rows = _raw(db, f"SELECT count(*) FROM {table} WHERE session_id = ?", str(session_id))
         assert rows == [(0,)], table
 

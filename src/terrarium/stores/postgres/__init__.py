@@ -42,8 +42,10 @@ from terrarium.errors import (
     StoreError,
 )
 from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, TraceEntry, utc_now
+from terrarium.stores._archive import archived_hits, merge_hits
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
+    ArchivedContext,
     ClosingStore,
     ContextSummary,
     NewEntry,
@@ -51,6 +53,7 @@ from terrarium.stores.base import (
     SearchHit,
     SearchQuery,
     SegmentRead,
+    TrashedContext,
     header_line,
     iter_lines,
 )
@@ -67,7 +70,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "PostgresStore needs psycopg 3 and psycopg_pool: pip install 'terrarium[postgres]'"
     ) from exc
 
-from terrarium.stores.postgres import _sql, search
+from terrarium.stores.postgres import _lifecycle, _sql, search
 from terrarium.stores.postgres.migrations import MIGRATIONS, migrate
 from terrarium.stores.postgres.search import search_words
 
@@ -187,7 +190,9 @@ class PostgresStore(ClosingStore):
         """Return the context's head record, or None."""
         with self._pool.connection() as conn:
             row = conn.execute(_sql.HEAD, (str(context),)).fetchone()
-        return None if row is None else _head(row)
+            if row is None:
+                return _lifecycle.archived_head(conn, str(context))
+        return _head(row)
 
     def set_head(
         self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
@@ -196,6 +201,8 @@ class PostgresStore(ClosingStore):
         with self._pool.connection() as conn:
             while True:
                 row = conn.execute(_sql.HEAD, (str(context),)).fetchone()
+                if row is None and self._wake_context(conn, str(context)):
+                    continue
                 if row is None:
                     raise ContextNotFound(f"context {context} does not exist")
                 head = _head(row)
@@ -263,7 +270,17 @@ class PostgresStore(ClosingStore):
         q = check_query(query)
         self.catch_up()
         with self._pool.connection() as conn:
-            return search.find(conn, q, window=max(RANK_WINDOW, q.limit))
+            hits = search.find(conn, q, window=max(RANK_WINDOW, q.limit))
+            if not q.archived:
+                return hits
+            if q.context is not None:
+                found = _lifecycle.archived_head(conn, q.context)
+                heads = [] if found is None else [found]
+            else:
+                names = [a.context for a in _lifecycle.archived_list(conn, q.type)]
+                heads = _lifecycle.archived_heads(conn, names)
+        cold = archived_hits(heads, self.list_segments, self.read_segment, q)
+        return merge_hits(hits, cold, q.limit)
 
     # ---------------------------------------------------------------- contexts
 
@@ -275,6 +292,9 @@ class PostgresStore(ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         ts = str(line["ts"])
         with self._pool.connection() as conn, conn.transaction():
+            _lifecycle.lock_name(conn, self.schema, str(ctx))
+            if _lifecycle.name_taken(conn, str(ctx)):
+                raise ContextExists(f"context {ctx} already exists")
             cur = conn.execute(
                 _sql.INSERT_CONTEXT, (str(ctx), ctx.type, session_id, segment_id, ts, ts)
             )
@@ -288,16 +308,10 @@ class PostgresStore(ClosingStore):
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
 
     def delete_context(self, context: ContextId) -> bool:
-        """Delete the context and its whole session in one transaction."""
+        """Move a hot or archived context into the trash, in one transaction (a hot one is
+        archived on the way: see ``._lifecycle``); its id is free at once."""
         with self._pool.connection() as conn, conn.transaction():
-            row = conn.execute(_sql.CONTEXT_SESSION, (str(context),)).fetchone()
-            if row is None:
-                return False
-            params = {"session": row[0], "context": str(context)}
-            deleted = 0
-            for statement in _sql.DELETE_SESSION:
-                deleted += conn.execute(statement, params).rowcount
-        return deleted > 0
+            return _lifecycle.trash(conn, self.schema, str(context), utc_now())
 
     def create_session(self, header: Mapping[str, Any]) -> None:
         """Create a session that belongs to no context (``sessions.context`` NULL)."""
@@ -324,6 +338,9 @@ class PostgresStore(ClosingStore):
         """
         ctx = ContextId.parse(context)
         with self._pool.connection() as conn, conn.transaction():
+            _lifecycle.lock_name(conn, self.schema, str(ctx))
+            if _lifecycle.name_taken(conn, str(ctx)):
+                raise ContextExists(f"context {ctx} already exists")
             row = conn.execute(_sql.SESSION_OWNER, (session_id,)).fetchone()
             if row is None:
                 raise SegmentNotFound(f"session {session_id} does not exist")
@@ -393,17 +410,101 @@ class PostgresStore(ClosingStore):
                 return
         conn.close()
 
+    # ---------------------------------------------------------------- lifecycle
+    # The statements and the moves are in ._lifecycle; each call is one transaction, so every
+    # change of state is atomic. Writes to an archived context wake it on their miss path (a
+    # hot write never looks at the archive).
+
+    def archive_context(self, context: ContextId) -> ArchivedContext | None:
+        """Move a hot context into the archive: compressed, out of the hot tables."""
+        with self._pool.connection() as conn, conn.transaction():
+            return _lifecycle.archive(conn, self.schema, str(context), utc_now())
+
+    def unarchive_context(self, context: ContextId) -> bool:
+        """Move an archived context back to the hot tables; False if it is not archived."""
+        with self._pool.connection() as conn:
+            return self._wake_context(conn, str(context))
+
+    def is_archived(self, context: ContextId) -> bool:
+        """Whether the context exists and is archived."""
+        with self._pool.connection() as conn:
+            return _lifecycle.archived_head(conn, str(context)) is not None
+
+    def archived_contexts(self, type: str | None = None) -> list[ArchivedContext]:
+        """Every archived context, optionally of one type, sorted by context id."""
+        with self._pool.connection() as conn:
+            return _lifecycle.archived_list(conn, type)
+
+    def trashed_contexts(self) -> list[TrashedContext]:
+        """Everything in the trash, most recently deleted first."""
+        with self._pool.connection() as conn:
+            return _lifecycle.trashed_list(conn)
+
+    def restore_trashed(self, trash_id: str, *, as_context: ContextId | None = None) -> PodMetadata:
+        """Bring a trashed context back (as ``as_context`` if given) in the state it was in."""
+        target = None if as_context is None else str(as_context)
+        with self._pool.connection() as conn, conn.transaction():
+            return _lifecycle.restore(conn, self.schema, trash_id, target)
+
+    def purge_trashed(self, trash_id: str) -> bool:
+        """Delete a trash entry for ever; False if there is none of that id."""
+        with self._pool.connection() as conn, conn.transaction():
+            return _lifecycle.purge_trashed(conn, trash_id)
+
+    def purge_context(self, context: ContextId) -> bool:
+        """Delete a hot or archived context for ever, bypassing the trash."""
+        with self._pool.connection() as conn, conn.transaction():
+            return _lifecycle.purge_context(conn, str(context))
+
+    def pin_context(self, context: ContextId, pinned: bool = True) -> bool:
+        """Pin (or unpin) a hot or archived context; False if there is no such context."""
+        with self._pool.connection() as conn, conn.transaction():
+            return _lifecycle.pin(conn, str(context), pinned, utc_now())
+
+    def pinned_contexts(self) -> frozenset[str]:
+        """The ids of the pinned hot and archived contexts."""
+        with self._pool.connection() as conn:
+            return _lifecycle.pinned(conn)
+
+    def _wake(self, conn: psycopg.Connection[Any], session_id: SessionId) -> bool:
+        """Unarchive the session's context if it is archived, in one transaction on ``conn``
+        (the caller's own, idle: a pool of one connection must not wait for a second)."""
+        with conn.transaction():
+            return _lifecycle.unarchive(conn, session_id) is not None
+
+    def _wake_context(self, conn: psycopg.Connection[Any], context: str) -> bool:
+        """Unarchive ``context`` if it is archived."""
+        row = conn.execute(_lifecycle.ARCHIVED_SESSION, (context,)).fetchone()
+        return row is not None and self._wake(conn, row[0])
+
+    def _next_seq_waking(
+        self, conn: psycopg.Connection[Any], session_id: SessionId, segment_id: SegmentId
+    ) -> int:
+        """:meth:`_next_seq`, after unarchiving the segment's context if it is archived: the
+        miss path of an append, so a hot append never pays for it."""
+        try:
+            return self._next_seq(conn, session_id, segment_id)
+        except SegmentNotFound:
+            self._wake(conn, session_id)
+            return self._next_seq(conn, session_id, segment_id)
+
     # ---------------------------------------------------------------- segments
 
     def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
         """Add a segment, with its header as entry 0, to an existing session."""
         line = header_line(header)
         segment_id = uuid.UUID(str(line["segment_id"]))
-        with self._pool.connection() as conn, conn.transaction():
-            row = conn.execute(_sql.SESSION_TYPE, (session_id,)).fetchone()
-            if row is None:
-                raise SegmentNotFound(f"session {session_id} does not exist")
-            self._insert_segment(conn, session_id, segment_id, row[0], line)
+        with self._pool.connection() as conn:
+            while True:
+                with conn.transaction():
+                    row = conn.execute(_sql.SESSION_TYPE, (session_id,)).fetchone()
+                    state = None if row is None else _lifecycle.session_state(conn, session_id)
+                    if row is None or state is False:  # none, or trashed
+                        raise SegmentNotFound(f"session {session_id} does not exist")
+                    if state is None:
+                        self._insert_segment(conn, session_id, segment_id, row[0], line)
+                        break
+                self._wake(conn, session_id)  # archived: back to the hot tables first
         self._seen.remember((session_id, segment_id), 1, None)
 
     def _insert_segment(
@@ -485,12 +586,12 @@ class PostgresStore(ClosingStore):
         try:
             while True:
                 if proposal is None:
-                    proposal = self._next_seq(conn, session_id, segment_id)
+                    proposal = self._next_seq_waking(conn, session_id, segment_id)
                 sql, params = self._append_params(session_id, segment_id, entries, proposal)
                 if conn.execute(sql, params, prepare=True).fetchone() is not None:
                     break
                 # The segment is not at the proposed seq (or gone): read where it is.
-                at = self._next_seq(conn, session_id, segment_id)
+                at = self._next_seq_waking(conn, session_id, segment_id)
                 if expected_seq is not None:
                     raise ConflictError.stale_seq(segment_id, at, expected_seq)
                 proposal = at
@@ -584,6 +685,11 @@ class PostgresStore(ClosingStore):
         params = {"session": session_id, "segment": segment_id, "stop": stop}
         with self._pool.connection() as conn:
             rows = conn.execute(_sql.READ, params).fetchall()
+            if not rows:
+                where = f"{self._where} archived segment {segment_id}"
+                cold = _lifecycle.read_segment(conn, session_id, segment_id, stop_seq, where)
+                if cold is not None:
+                    return cold
         if not rows:
             raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
         lines = codec.decode_lines(
@@ -597,15 +703,23 @@ class PostgresStore(ClosingStore):
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
         """The seq the next append gets."""
         with self._pool.connection() as conn:
-            return self._next_seq(conn, session_id, segment_id)
+            try:
+                return self._next_seq(conn, session_id, segment_id)
+            except SegmentNotFound:
+                cold = _lifecycle.next_seq(conn, session_id, segment_id)
+                if cold is None:
+                    raise
+                return cold
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
         """The session's segment ids, oldest first (UUIDv7 order)."""
         with self._pool.connection() as conn:
-            rows = conn.execute(_sql.LIST_SEGMENTS, (session_id,)).fetchall()
-        if not rows:
+            ids = [row[0] for row in conn.execute(_sql.LIST_SEGMENTS, (session_id,))]
+            if not ids:
+                ids = _lifecycle.segment_ids(conn, session_id)
+        if not ids:
             raise SegmentNotFound(f"session {session_id} does not exist")
-        return sorted(row[0] for row in rows)
+        return sorted(ids)
 
     def append_trace(
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
@@ -616,12 +730,16 @@ class PostgresStore(ClosingStore):
             if not lines:
                 if conn.execute(_sql.SEGMENT_EXISTS, (session_id, segment_id)).fetchone():
                     return
+                if _lifecycle.next_seq(conn, session_id, segment_id) is not None:
+                    return  # archived: writing nothing wakes nothing
             else:
-                try:
-                    conn.execute(_sql.APPEND_TRACE, (session_id, segment_id, lines))
-                    return
-                except pg_errors.ForeignKeyViolation:
-                    pass
+                for woken in (False, True):
+                    try:
+                        conn.execute(_sql.APPEND_TRACE, (session_id, segment_id, lines))
+                        return
+                    except pg_errors.ForeignKeyViolation:
+                        if woken or not self._wake(conn, session_id):
+                            break
         raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
 
     def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
@@ -631,6 +749,9 @@ class PostgresStore(ClosingStore):
             if not rows:
                 exists = conn.execute(_sql.SEGMENT_EXISTS, (session_id, segment_id))
                 if exists.fetchone() is None:
+                    cold = _lifecycle.read_trace(conn, session_id, segment_id)
+                    if cold is not None:
+                        return cold
                     raise SegmentNotFound(
                         f"segment {segment_id} of session {session_id} does not exist"
                     )

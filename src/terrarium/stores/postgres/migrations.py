@@ -414,3 +414,46 @@ def _item_text(item: str) -> str:
         f"ARRAY[{summary}, {content}], ''), {paragraphs}) "
         "ELSE '' END"
     )
+
+
+@MIGRATIONS
+def m007_lifecycle(conn: psycopg.Connection[Any]) -> None:
+    """Archived and trashed contexts out of the hot tables, and pins (see ``._lifecycle``):
+    a context row and one row per segment holding its lines (and trace) zstandard-compressed,
+    with the segment's tail and counts."""
+    for statement in (
+        """CREATE TABLE archived_contexts (
+            session_id uuid PRIMARY KEY,
+            context text NOT NULL,
+            type text NOT NULL,
+            segment_id uuid NOT NULL,
+            created_at text NOT NULL,
+            updated_at text NOT NULL,
+            archived_at text NOT NULL,
+            last_active text NOT NULL,
+            message_count integer NOT NULL,
+            hot_bytes bigint NOT NULL,
+            archived_bytes bigint NOT NULL,
+            trash_id text UNIQUE,
+            deleted_at text,
+            deleted_from text CHECK (deleted_from IN ('hot', 'archived'))
+        )""",
+        # An id names at most one archived context; trashed ones may share it.
+        "CREATE UNIQUE INDEX archived_contexts_live ON archived_contexts (context) "
+        "WHERE trash_id IS NULL",
+        """CREATE TABLE archived_segments (
+            session_id uuid NOT NULL,
+            segment_id uuid NOT NULL,
+            created_at text NOT NULL,
+            type text NOT NULL,
+            next_seq integer NOT NULL,
+            items integer NOT NULL,
+            base_items integer NOT NULL,
+            last_ts text NOT NULL,
+            lines bytea NOT NULL,
+            trace bytea,
+            PRIMARY KEY (session_id, segment_id)
+        )""",
+        "CREATE TABLE pins (session_id uuid PRIMARY KEY, pinned_at text NOT NULL)",
+    ):
+        conn.execute(statement)

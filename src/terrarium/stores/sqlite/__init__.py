@@ -654,8 +654,7 @@ class SqliteStore(ClosingStore):
             return _next_seq(conn, session, segment)
         except SegmentNotFound:
             with self._write() as writing:  # a savepoint in the caller's transaction, if any
-                if not self._wake(writing, session):
-                    raise
+                self._wake(writing, session)
             return _next_seq(conn, session, segment)
 
     # ---------------------------------------------------------------- segments
