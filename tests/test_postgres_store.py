@@ -253,7 +253,17 @@ def test_schema_is_distributable_by_session(store: PostgresStore, sql: Any) -> N
         (store.schema,),
     ).fetchall()
     tables = {t for t, _ in columns} - {"migrations"}
-    assert tables == {"contexts", "sessions", "segments", "entries", "traces", "search_docs"}
+    assert tables == {
+        "contexts",
+        "sessions",
+        "segments",
+        "entries",
+        "traces",
+        "search_docs",
+        "archived_contexts",
+        "archived_segments",
+        "pins",
+    }
     assert all((t, "session_id") in columns for t in tables)
     keys = sql.execute(
         """SELECT c.conrelid::regclass::text, c.contype, a.attname
@@ -536,9 +546,11 @@ def test_eight_processes_share_twenty_contexts(
 def test_delete_racing_appends_leaves_no_orphans(
     store: PostgresStore, sql: Any, batch: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Appends racing a delete_context either land before it (and go with it) or fail with
-    SegmentNotFound: no entry of the deleted session survives. With a batch of 1 every
-    append also catches the index up, locking segments and heads as the delete does."""
+    """Appends racing a delete_context either land before it (and go with it into the trash)
+    or fail with SegmentNotFound: no entry of the deleted session stays in the hot tables, and
+    a purge leaves nothing (its ``sessions`` row waits in the trash until then). With a batch
+    of 1 every append also catches the index up, locking segments and heads as the delete
+    does."""
     from terrarium.stores import postgres
 
     monkeypatch.setattr(postgres, "SEARCH_BATCH", batch)
@@ -565,6 +577,11 @@ def test_delete_racing_appends_leaves_no_orphans(
     for writer in writers:
         writer.join()
     assert [type(exc) for exc in outcome] == [SegmentNotFound] * 3
-    for table in ("entries", "segments", "sessions", "traces", "search_docs", "contexts"):
+    for table in ("entries", "segments", "traces", "search_docs", "contexts"):
+        count = sql.execute(f"SELECT count(*) FROM {table} WHERE session_id = %s", (session_id,))
+        assert count.fetchone() == (0,), table
+    (trashed,) = store.trashed_contexts()
+    assert store.purge_trashed(trashed.trash_id)
+    for table in ("sessions", "archived_contexts", "archived_segments", "pins"):
         count = sql.execute(f"SELECT count(*) FROM {table} WHERE session_id = %s", (session_id,))
         assert count.fetchone() == (0,), table

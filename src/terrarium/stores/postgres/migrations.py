@@ -434,13 +434,16 @@ def m007_lifecycle(conn: psycopg.Connection[Any]) -> None:
             message_count integer NOT NULL,
             hot_bytes bigint NOT NULL,
             archived_bytes bigint NOT NULL,
-            trash_id text UNIQUE,
+            trash_id text,
             deleted_at text,
             deleted_from text CHECK (deleted_from IN ('hot', 'archived'))
         )""",
-        # An id names at most one archived context; trashed ones may share it.
+        # An id names at most one archived context; trashed ones may share it. Trash ids are
+        # random UUIDs: an index finds them (a unique key would not start with session_id).
         "CREATE UNIQUE INDEX archived_contexts_live ON archived_contexts (context) "
         "WHERE trash_id IS NULL",
+        "CREATE INDEX archived_contexts_trash ON archived_contexts (trash_id) "
+        "WHERE trash_id IS NOT NULL",
         """CREATE TABLE archived_segments (
             session_id uuid NOT NULL,
             segment_id uuid NOT NULL,
