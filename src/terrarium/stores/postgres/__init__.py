@@ -592,7 +592,7 @@ class PostgresStore(ClosingStore):
                     break
                 # The segment is not at the proposed seq (or gone): read where it is.
                 at = self._next_seq_waking(conn, session_id, segment_id)
-                if expected_seq is not None:
+                if expected_seq is not None and at != expected_seq:  # equal: it was woken
                     raise ConflictError.stale_seq(segment_id, at, expected_seq)
                 proposal = at
         finally:

@@ -711,7 +711,7 @@ class SqliteStore(ClosingStore):
         try:
             while True:
                 if proposal is None:
-                    proposal = _next_seq(conn, s, g)
+                    proposal = self._next_seq_waking(conn, s, g)
                 line = next(iter_lines(entries, proposal))
                 row = (s, g, proposal, line["kind"], line["ts"], _text(line))
                 try:
@@ -719,7 +719,7 @@ class SqliteStore(ClosingStore):
                     break
                 except sqlite3.IntegrityError:  # the seq is taken, or the one before missing
                     at = self._next_seq_waking(conn, s, g)
-                if expected_seq is not None:
+                if expected_seq is not None and at != expected_seq:  # equal: it was woken
                     raise ConflictError.stale_seq(segment_id, at, expected_seq)
                 proposal = at
         except sqlite3.OperationalError as exc:

@@ -1,0 +1,535 @@
+"""SqliteStore and PostgresStore as ``Lifecycle`` stores: what only the database backends have.
+
+The cross-backend contract is tests/contract/test_lifecycle.py; here: each database agrees
+with the MemoryStore oracle on a scripted history, archived and trashed contexts leave the hot
+tables (and come back whole), every write wakes an archived context, purges leave no row of the
+session, and on SQLite a process killed in the middle of archives, unarchives, deletes,
+restores and purges leaves every context in exactly one state, readable.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers.history import add_context
+from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
+from terrarium.errors import ContextExists, ContextNotFound, NotInTrash, SegmentNotFound
+from terrarium.model import ContextId, Item, TraceEntry
+from terrarium.sessions import (
+    create_compacted_segment,
+    fork_at,
+    restore,
+    save_delta,
+    save_user_input,
+)
+from terrarium.stores.base import (
+    Lifecycle,
+    Listing,
+    NewEntry,
+    SearchQuery,
+    Store,
+)
+from terrarium.stores.memory import MemoryStore
+from terrarium.stores.sqlite import SqliteStore
+
+MAIN = ContextId("cli", "main")
+TS = "2026-05-01T12:00:00.000000Z"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """A fresh SqliteStore or PostgresStore."""
+    if request.param == "sqlite":
+        instance: Any = SqliteStore(tmp_path / "terrarium.db")
+    else:
+        pytest.importorskip("psycopg")
+        from terrarium.stores.postgres import PostgresStore
+
+        instance = PostgresStore(request.getfixturevalue("pg_database"), schema=fresh_schema())
+    with instance:
+        yield instance
+
+
+def _rows(store: Any, table: str, session_id: Any) -> int:
+    """How many rows of ``table`` belong to the session, read with plain SQL."""
+    query = f"SELECT count(*) FROM {table} WHERE session_id = "
+    if isinstance(store, SqliteStore):
+        conn = sqlite3.connect(store.path)
+        try:
+            return int(conn.execute(query + "?", (str(session_id),)).fetchone()[0])
+        finally:
+            conn.close()
+    import psycopg
+
+    with psycopg.connect(store._dsn, autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {store.schema}")
+        row = conn.execute(query + "%s", (session_id,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+HOT = ("contexts", "segments", "entries", "traces", "search_docs")
+COLD = ("archived_contexts", "archived_segments")
+
+
+def _texts(store: Store, context: str) -> list[str]:
+    return [str(item.get("content")) for item in restore(store, context).history]
+
+
+def _history(store: Store) -> None:
+    """Contexts with forks, a compaction and a trace, the same in any store."""
+    head = add_context(store, "cli:main", "the capybara swims", "a quiet river")
+    save_delta(store, head, [Item.assistant("capybaras are calm")])
+    fork_at(store, head, 2)
+    state = restore(store, "cli:main")
+    create_compacted_segment(store, state, [Item.assistant("summary: capybaras")], context=None)
+    head = store.get_head(MAIN)
+    assert head is not None
+    store.append_trace(head.session_id, head.segment_id, [TraceEntry(TS, "delta", {"n": 1})])
+    add_context(store, "irc:#python", "capybara news", "nothing else")
+    add_context(store, "game:run", "no rodents here")
+
+
+def _observe(store: Any) -> dict[str, Any]:
+    """What a Lifecycle store shows, without ids that differ between stores."""
+    assert isinstance(store, Lifecycle)
+    hot = {h.context: _texts(store, h.context) for h in store.list_contexts()}
+    archived = {
+        a.context: (a.date, a.message_count, a.pinned, _texts(store, a.context))
+        for a in store.archived_contexts()
+    }
+    trash = [
+        (t.context, t.date, t.archived, t.message_count, t.pinned) for t in store.trashed_contexts()
+    ]
+    found = {
+        (hit.context, hit.seq)
+        for hit in _search(store, SearchQuery("capybara", archived=True, limit=100))
+    }
+    return {
+        "hot": hot,
+        "archived": archived,
+        "trash": trash,
+        "pinned": store.pinned_contexts(),
+        "heads": {c: store.get_head(ContextId.parse(c)) is not None for c in [*hot, *archived]},
+        "found": found,
+    }
+
+
+def _search(store: Any, query: SearchQuery) -> list[Any]:
+    if isinstance(store, MemoryStore):  # no index: scan the hot and the archived contexts
+        from terrarium.search import scan
+
+        hits = scan(store, query)
+        for a in store.archived_contexts():
+            hits += scan(_Only(store, a.context), query)
+        return hits
+    found: list[Any] = store.search(query)
+    return found
+
+
+class _Only:
+    """One context of a MemoryStore, listed whatever its state (for the oracle's scan)."""
+
+    def __init__(self, store: MemoryStore, context: str) -> None:
+        self._store = store
+        self._context = context
+
+    def list_contexts(self, type: str | None = None) -> list[Any]:
+        head = self._store.get_head(ContextId.parse(self._context))
+        return [head]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def _script(store: Any) -> list[dict[str, Any]]:
+    """A history of archives, writes, deletes, restores, pins and purges; what it showed."""
+    seen = []
+    _history(store)
+    assert store.pin_context(MAIN)
+    assert store.archive_context(MAIN) is not None
+    assert store.archive_context(ContextId.parse("game:run")) is not None
+    seen.append(_observe(store))
+    save_user_input(store, store.get_head(ContextId.parse("game:run")), "awake again")
+    assert store.delete_context(MAIN)
+    assert store.delete_context(ContextId.parse("irc:#python"))
+    seen.append(_observe(store))
+    add_context(store, "cli:main", "a new main")
+    trash = {t.context: t.trash_id for t in store.trashed_contexts()}
+    with pytest.raises(ContextExists):
+        store.restore_trashed(trash["cli:main"])
+    store.restore_trashed(trash["cli:main"], as_context=ContextId.parse("cli:old"))
+    store.restore_trashed(trash["irc:#python"])
+    seen.append(_observe(store))
+    assert store.purge_context(ContextId.parse("cli:old"))
+    assert store.delete_context(ContextId.parse("game:run"))
+    (entry,) = store.trashed_contexts()
+    assert store.purge_trashed(entry.trash_id)
+    seen.append(_observe(store))
+    return seen
+
+
+def test_agrees_with_the_memory_oracle(store: Any) -> None:
+    """A scripted history of archives, wakes, deletes, restores (under another id too), pins
+    and purges shows the same contexts, states, texts, counts, trash, pins and archived
+    search hits as on MemoryStore."""
+    assert _script(store) == _script(MemoryStore())
+
+
+def test_archived_context_leaves_the_hot_tables_and_comes_back_whole(store: Any) -> None:
+    """Archiving moves every row of the session out of the hot tables into one archived row
+    per segment (compressed: fewer bytes than hot); listing and search skip it, reads by
+    reference read it, and unarchiving puts back the same segments, entries, trace, counts
+    and search items."""
+    _history(store)
+    head = store.get_head(MAIN)
+    before = restore(store, "cli:main")
+    segments = store.list_segments(head.session_id)
+    reads = {g: store.read_segment(head.session_id, g) for g in segments}
+    trace = store.read_trace(head.session_id, head.segment_id)
+    summary = {s.context: s for s in store.list_contexts_fast()}["cli:main"]
+    hot = {table: _rows(store, table, head.session_id) for table in HOT}
+    archived = store.archive_context(MAIN)
+    assert archived is not None
+    assert (archived.context, archived.message_count) == ("cli:main", summary.message_count)
+    assert archived.last_active == summary.last_active
+    assert 0 < archived.archived_bytes < archived.hot_bytes
+    assert {table: _rows(store, table, head.session_id) for table in HOT} == dict.fromkeys(HOT, 0)
+    assert _rows(store, "archived_segments", head.session_id) == len(segments)
+    assert _rows(store, "sessions", head.session_id) == 1
+    assert [h.context for h in store.list_contexts()] == ["game:run", "irc:#python"]
+    assert [s.context for s in store.list_contexts_fast()] == ["game:run", "irc:#python"]
+    assert {h.context for h in store.search(SearchQuery("capybara"))} == {"irc:#python"}
+    assert store.get_head(MAIN) == head and store.is_archived(MAIN)
+    assert store.list_segments(head.session_id) == segments
+    for g in segments:
+        assert store.read_segment(head.session_id, g) == reads[g]
+        assert store.next_seq(head.session_id, g) == reads[g].next_seq
+        stop = store.read_segment(head.session_id, g, stop_seq=1)
+        assert stop.entries == reads[g].entries[:1]
+    assert store.read_trace(head.session_id, head.segment_id) == trace
+    assert restore(store, "cli:main").history == before.history
+    assert store.is_archived(MAIN), "a read must not unarchive"
+    assert store.unarchive_context(MAIN) and not store.unarchive_context(MAIN)
+    assert {s.context: s for s in store.list_contexts_fast()}["cli:main"] == summary
+    assert {table: _rows(store, table, head.session_id) for table in HOT} == hot
+    assert {table: _rows(store, table, head.session_id) for table in COLD} == dict.fromkeys(COLD, 0)
+    assert store.read_trace(head.session_id, head.segment_id) == trace
+    assert {h.context for h in store.search(SearchQuery("capybara"))} == {
+        "cli:main",
+        "irc:#python",
+    }
+
+
+def test_search_reads_the_archive_only_when_asked(store: Any) -> None:
+    """``SearchQuery.archived`` adds hits from archived contexts, with the usual filters;
+    without it they are left out."""
+    _history(store)
+    assert store.archive_context(MAIN) is not None
+    assert {h.context for h in store.search(SearchQuery("capybara"))} == {"irc:#python"}
+    both = store.search(SearchQuery("capybara", archived=True))
+    assert {h.context for h in both} == {"cli:main", "irc:#python"}
+    assert all(h.snippet for h in both)
+    only = store.search(SearchQuery("capybara", archived=True, context="cli:main"))
+    assert {h.context for h in only} == {"cli:main"}
+    typed = store.search(SearchQuery("capybara", archived=True, type="irc"))
+    assert {h.context for h in typed} == {"irc:#python"}
+    assert len(store.search(SearchQuery("capybara", archived=True, limit=1))) == 1
+
+
+@pytest.mark.parametrize("write", ["append", "append_many", "create_segment", "set_head", "trace"])
+def test_every_write_to_an_archived_context_unarchives_it_first(store: Any, write: str) -> None:
+    """append (one entry or several), create_segment, set_head and append_trace on an archived
+    context move it back to the hot store, then write: nothing is lost, and it is listed and
+    found again."""
+    head = add_context(store, "cli:main", "capybara one", "capybara two")
+    s, g = head.session_id, head.segment_id
+    assert store.archive_context(MAIN) is not None
+    entry = NewEntry("item", TS, {"item": Item.user("capybara three")})
+    if write == "append":
+        assert store.append(s, g, [entry], expected_seq=3) == 3
+    elif write == "append_many":
+        assert store.append(s, g, [entry, entry], expected_seq=3) == 3
+    elif write == "create_segment":
+        from uuid6 import uuid7
+
+        segment = uuid7()
+        store.create_segment(s, {"session_id": str(s), "segment_id": str(segment), "ts": TS})
+        assert segment in store.list_segments(s)
+    elif write == "set_head":
+        assert store.set_head(MAIN, g, expected=g).segment_id == g
+    else:
+        store.append_trace(s, g, [TraceEntry(TS, "delta", {"n": 1})])
+        assert len(store.read_trace(s, g)) == 1
+    assert not store.is_archived(MAIN)
+    assert [c.context for c in store.list_contexts()] == ["cli:main"]
+    assert _texts(store, "cli:main")[:2] == ["capybara one", "capybara two"]
+    assert len(store.search(SearchQuery("capybara"))) >= 2
+    assert _rows(store, "archived_segments", s) == 0
+
+
+def test_writes_to_a_trashed_context_fail_and_change_nothing(store: Any) -> None:
+    """A trashed session is gone for reads and writes by reference (SegmentNotFound), its id
+    is free, and its trash entry is untouched by the attempts."""
+    head = add_context(store, "cli:main", "capybara")
+    s, g = head.session_id, head.segment_id
+    assert store.delete_context(MAIN)
+    (before,) = store.trashed_contexts()
+    entry = NewEntry("item", TS, {"item": Item.user("x")})
+    for attempt in (
+        lambda: store.append(s, g, [entry]),
+        lambda: store.append(s, g, [entry, entry]),
+        lambda: store.read_segment(s, g),
+        lambda: store.list_segments(s),
+        lambda: store.next_seq(s, g),
+        lambda: store.read_trace(s, g),
+        lambda: store.append_trace(s, g, [TraceEntry(TS, "delta", {})]),
+        lambda: store.create_segment(s, {"session_id": str(s), "segment_id": str(g), "ts": TS}),
+    ):
+        with pytest.raises(SegmentNotFound):
+            attempt()
+    with pytest.raises(ContextNotFound):
+        store.set_head(MAIN, g, expected=g)
+    assert store.trashed_contexts() == [before]
+    assert store.get_head(MAIN) is None and not store.is_archived(MAIN)
+    add_context(store, "cli:main", "new")
+    assert _texts(store, "cli:main") == ["new"]
+
+
+def test_trash_keeps_state_and_pin_and_restore_checks_the_id(store: Any) -> None:
+    """An archived context goes to the trash still archived and pinned, comes back archived
+    and pinned (under another id if asked); restoring onto a used id (hot or archived) is
+    refused, an unknown trash id is NotInTrash."""
+    add_context(store, "cli:main", "capybara")
+    assert store.pin_context(MAIN)
+    assert store.archive_context(MAIN) is not None
+    with pytest.raises(ContextExists):
+        add_context(store, "cli:main", "taken while archived")
+    assert store.delete_context(MAIN)
+    assert store.pinned_contexts() == frozenset()
+    (trashed,) = store.trashed_contexts()
+    assert (trashed.context, trashed.archived, trashed.pinned) == ("cli:main", True, True)
+    add_context(store, "cli:other")
+    assert store.archive_context(ContextId.parse("cli:other")) is not None
+    with pytest.raises(ContextExists):
+        store.restore_trashed(trashed.trash_id, as_context=ContextId.parse("cli:other"))
+    with pytest.raises(NotInTrash):
+        store.restore_trashed("no-such-trash-id")
+    head = store.restore_trashed(trashed.trash_id, as_context=ContextId.parse("web:back"))
+    assert head.context == "web:back"
+    assert store.is_archived(ContextId.parse("web:back"))
+    assert store.pinned_contexts() == {"web:back"}
+    assert [a.context for a in store.archived_contexts(type="web")] == ["web:back"]
+    assert store.archived_contexts(type="web")[0].pinned
+    assert _texts(store, "web:back") == ["capybara"]
+    assert store.trashed_contexts() == []
+    assert not store.purge_trashed(trashed.trash_id)
+
+
+def test_purge_removes_every_row_of_the_session(store: Any) -> None:
+    """purge_context (hot or archived) and purge_trashed delete the session everywhere,
+    ``sessions`` row and pin included; trashed and archived sessions keep their row."""
+    sessions = []
+    for name in ("cli:hot", "cli:cold", "cli:bin"):
+        head = add_context(store, name, "capybara")
+        store.pin_context(ContextId.parse(name))
+        sessions.append(head.session_id)
+    assert store.archive_context(ContextId.parse("cli:cold")) is not None
+    assert store.delete_context(ContextId.parse("cli:bin"))
+    for session in sessions:
+        assert _rows(store, "sessions", session) == 1
+    assert store.purge_context(ContextId.parse("cli:hot"))
+    assert store.purge_context(ContextId.parse("cli:cold"))
+    assert not store.purge_context(ContextId.parse("cli:bin")), "a trashed id is free"
+    assert store.purge_trashed(store.trashed_contexts()[0].trash_id)
+    for session in sessions:
+        for table in (*HOT, *COLD, "pins", "sessions"):
+            assert _rows(store, table, session) == 0, table
+    assert store.list_contexts() == [] and store.archived_contexts() == []
+    assert store.pinned_contexts() == frozenset() and store.trashed_contexts() == []
+
+
+def test_state_survives_reopening(store: Any, request: pytest.FixtureRequest) -> None:
+    """Archive, trash and pins are in the database: another store on it sees them."""
+    add_context(store, "cli:main", "capybara")
+    add_context(store, "cli:gone", "capybara")
+    store.pin_context(MAIN)
+    store.archive_context(MAIN)
+    store.delete_context(ContextId.parse("cli:gone"))
+    if isinstance(store, SqliteStore):
+        other: Any = SqliteStore(store.path)
+    else:
+        from terrarium.stores.postgres import PostgresStore
+
+        other = PostgresStore(store._dsn, schema=store.schema)
+    with other:
+        assert other.is_archived(MAIN) and other.pinned_contexts() == {"cli:main"}
+        assert [t.context for t in other.trashed_contexts()] == ["cli:gone"]
+        assert _texts(other, "cli:main") == ["capybara"]
+
+
+def test_appends_racing_an_archive_lose_nothing(store: Any) -> None:
+    """Writers appending while the context is archived and unarchived again and again: every
+    acknowledged entry is in the context once, in order, at the end."""
+    head = add_context(store, "cli:main")
+    s, g = head.session_id, head.segment_id
+    acked: list[list[str]] = [[], []]
+    stop = threading.Event()
+
+    def write(n: int) -> None:
+        i = 0
+        while not stop.is_set() or i < 5:
+            tag = f"{n}.{i}"
+            store.append(s, g, [NewEntry("item", TS, {"item": Item.user(tag)})])
+            acked[n].append(tag)
+            i += 1
+
+    writers = [threading.Thread(target=write, args=(n,)) for n in range(2)]
+    for writer in writers:
+        writer.start()
+    try:
+        for _ in range(15):
+            store.archive_context(MAIN)
+            store.unarchive_context(MAIN)
+    finally:
+        stop.set()
+        for writer in writers:
+            writer.join()
+    texts = _texts(store, "cli:main")
+    assert len(texts) == len(set(texts)) == len(acked[0]) + len(acked[1])
+    for tags in acked:
+        assert [t for t in texts if t in set(tags)] == tags
+    if isinstance(store, Listing):
+        (summary,) = store.list_contexts_fast()
+        assert summary.message_count == len(texts)
+
+
+# --------------------------------------------------------------------------- SIGKILL (SQLite)
+
+_CHILD = r"""
+import json, random, sys
+from terrarium.model import ContextId, Item
+from terrarium.sessions import create_segment, save_delta
+from terrarium.stores.sqlite import SqliteStore
+
+path, seed, names, size = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
+rng = random.Random(seed)
+store = SqliteStore(path)
+while True:
+    name = rng.choice(names)
+    ctx = ContextId.parse(name)
+    trash = [t for t in store.trashed_contexts() if t.context == name]
+    if store.is_archived(ctx):
+        op = rng.choice(["unarchive", "delete", "purge", "append"])
+    elif store.get_head(ctx) is not None:
+        op = rng.choice(["archive", "archive", "delete", "purge", "append"])
+    elif trash and rng.random() < 0.7:
+        op = "restore"
+    else:
+        op = "create"
+    if op == "create":
+        create_segment(store, None, context=name)
+        head = store.get_head(ctx)
+        save_delta(store, head, [Item.user(f"{name} {i}") for i in range(size)])
+    elif op == "append":
+        save_delta(store, store.get_head(ctx), [Item.user(f"{name} more")])
+    elif op == "archive":
+        store.archive_context(ctx)
+    elif op == "unarchive":
+        store.unarchive_context(ctx)
+    elif op == "delete":
+        store.delete_context(ctx)
+    elif op == "purge":
+        store.purge_context(ctx)
+    else:
+        store.restore_trashed(trash[0].trash_id)
+    print(json.dumps({"op": op, "context": name}), flush=True)
+"""
+
+
+def _check_states(path: Path, names: list[str]) -> None:
+    """Every context is in exactly one state, readable; counts agree; no session is both hot
+    and archived; every trash entry restores."""
+    conn = sqlite3.connect(path)
+    try:
+        both = conn.execute(
+            "SELECT count(*) FROM archived_contexts AS a JOIN segments USING (session_id)"
+        ).fetchone()[0]
+        headless = conn.execute(
+            "SELECT count(*) FROM archived_contexts AS a WHERE NOT EXISTS (SELECT 1 FROM "
+            "archived_segments AS g WHERE g.session_id = a.session_id)"
+        ).fetchone()[0]
+    finally:
+        conn.close()
+    assert (both, headless) == (0, 0)
+    with SqliteStore(path) as store:
+        hot = {s.context: s.message_count for s in store.list_contexts_fast()}
+        cold = {a.context: a.message_count for a in store.archived_contexts()}
+        assert not set(hot) & set(cold), "a context is both hot and archived"
+        for name in names:
+            ctx = ContextId.parse(name)
+            state = restore(store, ctx) if store.get_head(ctx) is not None else None
+            if name in hot or name in cold:
+                assert state is not None
+                assert len(state.history) == {**hot, **cold}[name]
+                assert all(str(i["content"]).startswith(name) for i in state.history)
+            else:
+                assert state is None
+
+
+def _check_trash(path: Path) -> None:
+    """Every trash entry restores whole, in the state it was deleted in."""
+    with SqliteStore(path) as store:
+        for number, entry in enumerate(store.trashed_contexts()):
+            back = ContextId("trash", f"t{number}")
+            store.restore_trashed(entry.trash_id, as_context=back)
+            assert len(restore(store, back).history) == entry.message_count
+            assert store.is_archived(back) == entry.archived
+
+
+def _kill_rounds(tmp_path: Path, rounds: int) -> None:
+    path = tmp_path / "terrarium.db"
+    SqliteStore(path).close()
+    names = [f"cli:c{i}" for i in range(6)]
+    rng = random.Random(20261125)
+    for number in range(rounds):
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(path), str(number), json.dumps(names), "300"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert child.stdout is not None
+            for _ in range(rng.randint(2, 25)):
+                line = child.stdout.readline()
+                assert line, child.communicate()[1]
+        finally:
+            child.kill()
+            child.communicate()
+        assert child.returncode == -9
+        _check_states(path, names)
+    _check_trash(path)
+
+
+def test_sigkill_during_state_changes_leaves_one_readable_state(tmp_path: Path) -> None:
+    """A process killed at random points of archive, unarchive, delete, restore, purge and
+    wake-on-append over 6 contexts of 300 messages (a few rounds): each context is hot,
+    archived or gone, never two, and reads whole; trash entries restore whole."""
+    _kill_rounds(tmp_path, 4)
+
+
+@pytest.mark.slow
+def test_sigkill_during_state_changes_long(tmp_path: Path) -> None:
+    """The same, 20 rounds."""
+    _kill_rounds(tmp_path, 20)
