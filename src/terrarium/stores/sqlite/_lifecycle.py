@@ -87,6 +87,7 @@ ARCHIVED_SEGMENTS = (
     "SELECT segment_id, created_at, lines, trace FROM archived_segments WHERE session_id = ? "
     "ORDER BY segment_id"
 )
+SKIP_TO_NEWEST = "UPDATE search_meta SET wm = (SELECT coalesce(max(id), 0) FROM entries)"
 DROP_COLD = tuple(
     f"DELETE FROM {table} WHERE session_id = ?"
     for table in ("archived_segments", "archived_contexts")
@@ -190,10 +191,11 @@ def unarchive(conn: sqlite3.Connection, session: str, *, recent: int) -> tuple[P
     """Move an archived session back to the hot tables; return its head and the derived
     state's new watermark.
 
-    Like an attach: the entries go back (with new arrival ids), the derived state is caught
-    up while the session has no head (so it leaves them out), then the head gets its listing
-    counts and the session's items are indexed.
+    Like an attach: the derived state is caught up, the entries go back (with new arrival
+    ids, past the watermark, which moves over them: nothing else is written in this
+    transaction), then the head gets its listing counts and the session's items are indexed.
     """
+    catch_up(conn, recent=recent)
     context, type_, head, created, updated = conn.execute(UNARCHIVE_ROW, (session,)).fetchone()
     for g, seg_created, blob, trace in conn.execute(ARCHIVED_SEGMENTS, (session,)).fetchall():
         lines = unpack_lines(blob)
@@ -206,7 +208,8 @@ def unarchive(conn: sqlite3.Connection, session: str, *, recent: int) -> tuple[P
             ],
         )
         conn.executemany(sql.INSERT_TRACE, [(session, g, t) for t in unpack_lines(trace)])
-    wm = catch_up(conn, recent=recent)
+    conn.execute(SKIP_TO_NEWEST)
+    (wm,) = conn.execute(sql.NEWEST_ENTRY).fetchone()
     conn.execute(sql.INSERT_HEAD, (context, type_, session, head, created, updated))
     count, last = segment_summary(conn, session, head)
     conn.execute(sql.SET_COUNTS, (count, last, session))
