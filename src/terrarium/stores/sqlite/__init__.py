@@ -612,7 +612,7 @@ class SqliteStore(ClosingStore):
             target = None if as_context is None else str(as_context)
             session, _, head = lifecycle.restore(conn, trash_id, target)
             if head is None:
-                head, self._wm = lifecycle.unarchive(conn, session, recent=SEARCH_RECENT)
+                head, self._wm = lifecycle.unarchive(conn, session)
             return head
 
     def purge_trashed(self, trash_id: str) -> bool:
@@ -639,7 +639,9 @@ class SqliteStore(ClosingStore):
         """Unarchive the session's context if it is archived, in the caller's transaction."""
         if not lifecycle.session_state(conn, session):
             return False
-        _, self._wm = lifecycle.unarchive(conn, session, recent=SEARCH_RECENT)
+        # Its entries wait for the catch-up (see _lifecycle.unarchive), as they would in a
+        # store that had not appended them: they do not count toward this store's batch.
+        _, self._wm = lifecycle.unarchive(conn, session)
         return True
 
     def _wake_context(self, conn: sqlite3.Connection, context: str) -> bool:

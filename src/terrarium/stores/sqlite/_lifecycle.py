@@ -25,7 +25,7 @@ state is atomic: a crash leaves the old state or the new, never both or neither.
 Usage (in the store's write transaction, after a catch-up of the derived state)::
 
     archived = archive(conn, "cli:main", utc_now())
-    head, wm = unarchive(conn, session_id)
+    head, top = unarchive(conn, session_id)
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 
 from terrarium import codec
 from terrarium.errors import ContextExists, NotInTrash
-from terrarium.model import ContextId
+from terrarium.model import HISTORY_KINDS, ContextId
 from terrarium.stores._archive import (
     envelopes,
     jsonl_bytes,
@@ -49,7 +49,7 @@ from terrarium.stores._archive import (
 )
 from terrarium.stores.base import ArchivedContext, PodMetadata, SegmentRead, TrashedContext
 from terrarium.stores.sqlite import _sql as sql
-from terrarium.stores.sqlite.search import catch_up, index_session, segment_summary, unindex_session
+from terrarium.stores.sqlite.search import segment_summary, unindex_session
 
 # ---------------------------------------------------------------------------- statements
 
@@ -87,7 +87,6 @@ ARCHIVED_SEGMENTS = (
     "SELECT segment_id, created_at, lines, trace FROM archived_segments WHERE session_id = ? "
     "ORDER BY segment_id"
 )
-SKIP_TO_NEWEST = "UPDATE search_meta SET wm = (SELECT coalesce(max(id), 0) FROM entries)"
 DROP_COLD = tuple(
     f"DELETE FROM {table} WHERE session_id = ?"
     for table in ("archived_segments", "archived_contexts")
@@ -187,36 +186,39 @@ def _pack_session(conn: sqlite3.Connection, session: str) -> tuple[int, int]:
     return hot, packed
 
 
-def unarchive(conn: sqlite3.Connection, session: str, *, recent: int) -> tuple[PodMetadata, int]:
-    """Move an archived session back to the hot tables; return its head and the derived
-    state's new watermark.
+def unarchive(conn: sqlite3.Connection, session: str) -> tuple[PodMetadata, int]:
+    """Move an archived session back to the hot tables; return its head and the newest entry
+    id.
 
-    Like an attach: the derived state is caught up, the entries go back (with new arrival
-    ids, past the watermark, which moves over them: nothing else is written in this
-    transaction), then the head gets its listing counts and the session's items are indexed.
+    The entries go back with new arrival ids, past the derived state's watermark, so the next
+    catch-up (before any search, listing or head move, or once ``SEARCH_BATCH`` entries wait)
+    indexes their items and adds the head segment's to the head's listing count, as for
+    appended entries: a resume pays for the rows, not for the index. The head starts with
+    the items its header (or a fork's prefix) gives: a restore's count less its own items.
     """
-    catch_up(conn, recent=recent)
     context, type_, head, created, updated = conn.execute(UNARCHIVE_ROW, (session,)).fetchone()
+    own = 0
     for g, seg_created, blob, trace in conn.execute(ARCHIVED_SEGMENTS, (session,)).fetchall():
         lines = unpack_lines(blob)
+        found = envelopes(lines)
+        if g == head:
+            own = sum(1 for e in found if e.seq > 0 and e.kind in HISTORY_KINDS)
         conn.execute(sql.INSERT_SEGMENT, (session, g, seg_created))
         conn.executemany(
             sql.INSERT_ENTRY,
             [
                 (session, g, e.seq, e.kind, str(e.ts), line)
-                for e, line in zip(envelopes(lines), lines, strict=True)
+                for e, line in zip(found, lines, strict=True)
             ],
         )
         conn.executemany(sql.INSERT_TRACE, [(session, g, t) for t in unpack_lines(trace)])
-    conn.execute(SKIP_TO_NEWEST)
-    (wm,) = conn.execute(sql.NEWEST_ENTRY).fetchone()
     conn.execute(sql.INSERT_HEAD, (context, type_, session, head, created, updated))
-    count, last = segment_summary(conn, session, head)
-    conn.execute(sql.SET_COUNTS, (count, last, session))
-    index_session(conn, session, type_, recent=recent)
+    count, _ = segment_summary(conn, session, head)
+    conn.execute(sql.SET_COUNTS, (count - own, "", session))
     for statement in DROP_COLD:
         conn.execute(statement, (session,))
-    return PodMetadata(context, uuid.UUID(session), uuid.UUID(head), created, updated), wm
+    (top,) = conn.execute(sql.NEWEST_ENTRY).fetchone()
+    return PodMetadata(context, uuid.UUID(session), uuid.UUID(head), created, updated), int(top)
 
 
 def trash(conn: sqlite3.Connection, context: str, now: str) -> bool:
