@@ -533,3 +533,48 @@ def test_sigkill_during_state_changes_leaves_one_readable_state(tmp_path: Path) 
 def test_sigkill_during_state_changes_long(tmp_path: Path) -> None:
     """The same, 20 rounds."""
     _kill_rounds(tmp_path, 20)
+
+
+# --------------------------------------------------------------------------- PostgreSQL races
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("change", ["delete", "purge"])
+def test_delete_or_purge_waiting_on_a_wake_finds_the_context_hot(
+    pg_database: str,  # noqa: F811
+    change: str,
+) -> None:
+    """A delete (or purge) of an archived context that waits for a writer's unarchive to
+    commit finds the context hot then, and trashes (or purges) it: it never answers False
+    for a context that exists."""
+    psycopg = pytest.importorskip("psycopg")
+    from terrarium.stores.postgres import PostgresStore, _lifecycle
+
+    with PostgresStore(pg_database, schema=fresh_schema()) as store:
+        head = add_context(store, "cli:main", "capybara")
+        assert store.archive_context(MAIN) is not None
+        waker = psycopg.connect(pg_database, autocommit=True)
+        try:
+            waker.execute(f"SET search_path TO {store.schema}")
+            waker.execute("BEGIN")
+            assert _lifecycle.unarchive(waker, head.session_id) is not None
+            (pid,) = waker.execute("SELECT pg_backend_pid()").fetchone()
+            outcome: list[bool] = []
+            act = store.delete_context if change == "delete" else store.purge_context
+            thread = threading.Thread(target=lambda: outcome.append(act(MAIN)))
+            thread.start()
+            while not waker.execute(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid <> %s", (pid,)
+            ).fetchone()[0]:
+                thread.join(0.01)
+            waker.execute("COMMIT")
+            thread.join()
+        finally:
+            waker.close()
+        assert outcome == [True]
+        assert store.get_head(MAIN) is None and store.list_contexts() == []
+        trashed = store.trashed_contexts()
+        if change == "delete":
+            assert [(t.context, t.archived) for t in trashed] == [("cli:main", False)]
+        else:
+            assert trashed == [] and _rows(store, "sessions", head.session_id) == 0

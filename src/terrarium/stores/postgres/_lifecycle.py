@@ -165,6 +165,9 @@ PINNED = (
 
 Conn = psycopg.Connection[Any]
 
+#: Passes of a trash or purge that finds its context moving between hot and archived.
+_PASSES = 3
+
 # ---------------------------------------------------------------------------- state changes
 
 
@@ -277,14 +280,18 @@ def unarchive(conn: Conn, session: SessionId) -> PodMetadata | None:
 def trash(conn: Conn, schema: str, context: str, now: str) -> bool:
     """Move a hot or archived context into the trash; False if there is neither.
 
-    A hot one is archived first.
+    A hot one is archived first. An archived one that a writer wakes meanwhile is hot by the
+    time its row is locked: then it is archived on the next pass.
     """
-    came_from = "hot" if archive(conn, schema, context, now) is not None else "archived"
-    row = conn.execute(ARCHIVED_SESSION + " FOR UPDATE", (context,)).fetchone()
-    if row is None:
-        return False
-    conn.execute(TRASH, (new_trash_id(), now, came_from, row[0]))
-    return True
+    for _ in range(_PASSES):
+        came_from = "hot" if archive(conn, schema, context, now) is not None else "archived"
+        row = conn.execute(ARCHIVED_SESSION + " FOR UPDATE", (context,)).fetchone()
+        if row is not None:
+            conn.execute(TRASH, (new_trash_id(), now, came_from, row[0]))
+            return True
+        if conn.execute(HOT_SESSION, (context,)).fetchone() is None:
+            return False
+    return False
 
 
 def restore(conn: Conn, schema: str, trash_id: str, as_context: str | None) -> PodMetadata:
@@ -322,18 +329,23 @@ def purge_trashed(conn: Conn, trash_id: str) -> bool:
 
 
 def purge_context(conn: Conn, context: str) -> bool:
-    """Delete a hot or archived context for ever (its ``sessions`` row too)."""
-    row = conn.execute(HOT_SESSION, (context,)).fetchone()
-    if row is not None:
-        params = {"session": row[0], "context": context}
-        for statement in _sql.DELETE_SESSION:
-            conn.execute(statement, params)
-    else:
+    """Delete a hot or archived context for ever (its ``sessions`` row too); an archived
+    one that a writer wakes meanwhile is found hot on the next pass."""
+    for _ in range(_PASSES):
+        row = conn.execute(HOT_SESSION, (context,)).fetchone()
+        if row is not None:
+            params = {"session": row[0], "context": context}
+            for statement in _sql.DELETE_SESSION:
+                conn.execute(statement, params)
+            _purge(conn, row[0])
+            return True
         row = conn.execute(ARCHIVED_SESSION + " FOR UPDATE", (context,)).fetchone()
-        if row is None:
+        if row is not None:
+            _purge(conn, row[0])
+            return True
+        if conn.execute(HOT_SESSION, (context,)).fetchone() is None:
             return False
-    _purge(conn, row[0])
-    return True
+    return False
 
 
 def _purge(conn: Conn, session: SessionId) -> None:
