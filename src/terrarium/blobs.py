@@ -181,7 +181,13 @@ def offload_data(store: Store, kind: str, data: Mapping[str, Any]) -> Mapping[st
 
 
 def offload_line(store: Store, header: Mapping[str, Any]) -> dict[str, Any]:
-    """A header with the large strings of the history it holds moved into blobs."""
+    """A header with the large strings of the history it holds moved into blobs.
+
+    Raises:
+        InvalidEntry: ``header`` sets the reserved key ``_blobs``.
+    """
+    if BLOBS_KEY in header:
+        raise InvalidEntry(f"a header may not set the reserved key {BLOBS_KEY!r}")
     line = dict(header)
     history = line.get("history")
     if not history:
