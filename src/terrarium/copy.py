@@ -61,8 +61,7 @@ def _segments(store: Store, session_id: SessionId) -> list[list[dict[str, Any]]]
         pending.extend(sorted(children.get(segment_id, [])))
     # Blobs travel inline: the destination keeps them as its own threshold says.
     return [
-        [inline_line(line, store) for line in [reads[s].header, *reads[s].entries]]
-        for s in ordered
+        [inline_line(line, store) for line in [reads[s].header, *reads[s].entries]] for s in ordered
     ]
 
 

@@ -31,8 +31,8 @@ Invariants every backend keeps (``tests/contract/`` checks each one on every bac
   :meth:`Lifecycle.purge_trashed` and :meth:`Lifecycle.purge_context` remove data for ever.
 
 Optional abilities are sub-protocols detected with ``isinstance`` (:class:`ContextLocking`,
-:class:`Reindexable`, :class:`Searchable`, :class:`Listing`, :class:`BlobStore`), never stubs that raise
-``NotImplementedError``.
+:class:`Reindexable`, :class:`Searchable`, :class:`Listing`, :class:`BlobStore`), never stubs
+that raise ``NotImplementedError``.
 """
 
 from __future__ import annotations

@@ -23,16 +23,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from terrarium import codec
+from terrarium.blobs import DEFAULT_THRESHOLD, check_digest, digest_of, line_digests
 from terrarium.errors import (
     BlobNotFound,
     ConflictError,
-    CorruptBlob,
     ContextExists,
+    CorruptBlob,
     NotInTrash,
     SegmentNotFound,
     SessionAttached,
 )
-from terrarium.blobs import DEFAULT_THRESHOLD, check_digest, digest_of, line_digests
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores.base import (
     ArchivedContext,
