@@ -211,3 +211,14 @@ def _ids(store: t.Store) -> tuple[t.SessionId, t.SegmentId]:
     head = store.get_head(t.ContextId.parse("cli:big"))
     assert head is not None
     return head.session_id, head.segment_id
+
+
+def test_search_sees_the_preview(tmp_path: Path) -> None:
+    """The search index holds the preview: a word in the first characters is found, one only
+    past them is not (docs/format.md says so)."""
+    from terrarium.stores.base import SearchQuery
+
+    store = FsStore(tmp_path)
+    _with_output(store, content="zebraword " + BIG + " giraffeword")
+    assert [h.context for h in store.search(SearchQuery("zebraword"))] == ["cli:big"]
+    assert store.search(SearchQuery("giraffeword")) == []

@@ -50,6 +50,7 @@ __all__ = [
     "digest_of",
     "inline_line",
     "line_digests",
+    "materialize",
     "offload_data",
     "offload_line",
     "resolve_line",
@@ -197,6 +198,18 @@ def offload_line(store: Store, header: Mapping[str, Any]) -> dict[str, Any]:
     if found:
         line[BLOBS_KEY] = found
     return line
+
+
+def materialize(value: Any) -> Any:
+    """``value`` with every :class:`LazyBlob` in it read into its text (``value`` itself if
+    it holds none): what the write calls do with a lazily restored item written back."""
+    if not _has_lazy(value):
+        return value
+    if isinstance(value, LazyBlob):
+        return value.read()
+    if isinstance(value, Mapping):
+        return {k: materialize(v) for k, v in value.items()}
+    return [materialize(v) for v in value]
 
 
 def _has_lazy(value: Any) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, cast, overload
 
-from terrarium.blobs import BlobMode, offload_data, offload_line, resolve_line
+from terrarium.blobs import BlobMode, materialize, offload_data, offload_line, resolve_line
 from terrarium.errors import ConflictError, ContextNotFound, InvalidEntry
 from terrarium.model import (
     FORMAT_VERSION,
@@ -101,7 +101,7 @@ def _header(
     else:
         header["system_prompt"] = start.system_prompt
         header["config"] = dict(start.config)
-        header["history"] = [as_logged(item) for item in start.history]
+        header["history"] = [as_logged(materialize(item)) for item in start.history]
         if carry is not None:
             header["usage"] = carry.usage.to_dict()
             header["turns"] = carry.turns
@@ -502,7 +502,11 @@ def save_user_input(
     expected_seq: int | None = None,
 ) -> LogEntry:
     """Log what the user said (a string or a user item)."""
-    item = {"role": "user", "content": content} if isinstance(content, str) else as_logged(content)
+    item = (
+        {"role": "user", "content": content}
+        if isinstance(content, str)
+        else as_logged(materialize(content))
+    )
     if item["role"] != "user":
         raise InvalidEntry(f"user input must have role 'user', not {item['role']!r}")
     return append_entry(store, ref, EntryKind.USER_INPUT, {"item": item}, expected_seq=expected_seq)
@@ -516,7 +520,7 @@ def save_delta(
     expected_seq: int | None = None,
 ) -> list[LogEntry]:
     """Log the history items a step added, in one atomic write."""
-    logged = [as_logged(item) for item in items]
+    logged = [as_logged(materialize(item)) for item in items]
     entries = [(classify_history_item(item).value, {"item": item}) for item in logged]
     return append_entries(store, ref, entries, expected_seq=expected_seq)
 

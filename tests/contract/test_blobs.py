@@ -116,3 +116,15 @@ def test_reserved_key_is_refused(store: Store) -> None:
 def test_default_threshold() -> None:
     """The default threshold is 64 KiB."""
     assert DEFAULT_THRESHOLD == 65536
+
+
+def test_a_lazily_restored_history_can_be_written_back(store: Store) -> None:
+    """Items holding LazyBlob values write like the texts they stand for (compaction, forks)."""
+    assert isinstance(store, BlobStore)
+    head = _context(store)
+    t.save_delta(store, head, [_tool(BIG)])
+    state = t.restore(store, "cli:blobs", blobs="lazy")
+    t.create_compacted_segment(store, state, state.history, context="cli:blobs")
+    t.save_delta(store, t.restore(store, "cli:blobs"), state.history)
+    assert [i["content"] for i in t.restore(store, "cli:blobs").history] == [BIG, BIG]
+    assert len(store.blob_digests()) == 1
