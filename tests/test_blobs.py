@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import zstandard
 from click.testing import CliRunner
 
@@ -34,7 +35,7 @@ def _with_output(store: t.Store, name: str = "cli:big", content: str = BIG) -> t
     return head
 
 
-def _fsck(root: Path, *args: str) -> tuple[int, dict[str, object]]:
+def _fsck(root: Path | str, *args: str) -> tuple[int, dict[str, object]]:
     result = CliRunner().invoke(cli, ["fsck", "--json", *args, "--storage-dir", str(root)])
     return result.exit_code, json.loads(result.stdout)
 
@@ -88,9 +89,10 @@ def test_sigkill_during_a_blob_write_leaves_no_reference(tmp_path: Path) -> None
     assert list((tmp_path / BLOBS).rglob("*.tmp-*")) == [] and not leftovers[0].exists()
 
 
-def test_a_blob_written_before_a_failed_append_is_collected(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["fs", "sqlite"])
+def test_a_blob_written_before_a_failed_append_is_collected(tmp_path: Path, kind: str) -> None:
     """The blob goes first; if the append then fails, GC finds the blob unreferenced."""
-    store = FsStore(tmp_path)
+    store = FsStore(tmp_path) if kind == "fs" else SqliteStore(tmp_path / "s.db")
     head = _with_output(store)
     try:
         t.save_delta(
@@ -222,3 +224,16 @@ def test_search_sees_the_preview(tmp_path: Path) -> None:
     _with_output(store, content="zebraword " + BIG + " giraffeword")
     assert [h.context for h in store.search(SearchQuery("zebraword"))] == ["cli:big"]
     assert store.search(SearchQuery("giraffeword")) == []
+
+
+def test_fsck_on_sqlite_reports_a_missing_blob(tmp_path: Path) -> None:
+    """On SQLite, a blob_refs row whose blob is gone is a ``blob`` problem."""
+    path = tmp_path / "s.db"
+    with SqliteStore(path) as store:
+        _with_output(store)
+        with store.atomic(), store._write() as conn:
+            conn.execute("DELETE FROM blobs")
+    code, report = _fsck(f"sqlite:{path}")
+    problems = report["problems"]
+    assert code == 1 and isinstance(problems, list)
+    assert [p["kind"] for p in problems] == ["blob"] and "missing" in problems[0]["message"]
