@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from terrarium.codec import MAX_DEPTH
 from terrarium.errors import BlobNotFound, CorruptLog, InvalidEntry
 from terrarium.stores.base import BlobStore, Store
 
@@ -150,6 +151,8 @@ def _offload(
         return _preview(value, digest, len(data))
     if isinstance(value, LazyBlob):  # a lazily restored item written back
         return _offload(store, value.read(), path, threshold, found)
+    if len(path) > MAX_DEPTH:  # the codec refuses it, with its own error
+        return value
     if isinstance(value, Mapping):
         return {k: _offload(store, v, [*path, k], threshold, found) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -212,13 +215,15 @@ def materialize(value: Any) -> Any:
     return [materialize(v) for v in value]
 
 
-def _has_lazy(value: Any) -> bool:
+def _has_lazy(value: Any, depth: int = 0) -> bool:
     if isinstance(value, LazyBlob):
         return True
+    if depth > MAX_DEPTH:  # the codec refuses it, with its own error
+        return False
     if isinstance(value, Mapping):
-        return any(_has_lazy(v) for v in value.values())
+        return any(_has_lazy(v, depth + 1) for v in value.values())
     if isinstance(value, list | tuple):
-        return any(_has_lazy(v) for v in value)
+        return any(_has_lazy(v, depth + 1) for v in value)
     return False
 
 
