@@ -237,3 +237,18 @@ def test_fsck_on_sqlite_reports_a_missing_blob(tmp_path: Path) -> None:
     problems = report["problems"]
     assert code == 1 and isinstance(problems, list)
     assert [p["kind"] for p in problems] == ["blob"] and "missing" in problems[0]["message"]
+
+
+def test_a_malformed_reference_list_is_a_corrupt_log() -> None:
+    """A ``_blobs`` list that is not a list of references is CorruptLog, naming the entry."""
+    from terrarium.blobs import resolve_line
+
+    store = t.MemoryStore()
+    for refs in (
+        "x",
+        [{"path": [], "sha256": "0" * 64, "bytes": 1, "chars": 1}],
+        [{"path": ["a"]}],
+    ):
+        line = {"seq": 3, "kind": "item", "item": {"content": "p"}, BLOBS_KEY: refs}
+        with pytest.raises(t.CorruptLog, match="entry 3"):
+            resolve_line(line, store, "full")

@@ -252,8 +252,17 @@ def test_schema_is_distributable_by_session(store: PostgresStore, sql: Any) -> N
         "WHERE c.table_schema = %s AND t.table_type = 'BASE TABLE'",  # not the views (m006)
         (store.schema,),
     ).fetchall()
-    tables = {t for t, _ in columns} - {"migrations"}
-    assert tables == {"contexts", "sessions", "segments", "entries", "traces", "search_docs"}
+    # blobs are content-addressed and shared by sessions: a reference table under Citus.
+    tables = {t for t, _ in columns} - {"migrations", "blobs"}
+    assert tables == {
+        "contexts",
+        "sessions",
+        "segments",
+        "entries",
+        "traces",
+        "search_docs",
+        "blob_refs",
+    }
     assert all((t, "session_id") in columns for t in tables)
     keys = sql.execute(
         """SELECT c.conrelid::regclass::text, c.contype, a.attname
@@ -264,7 +273,7 @@ def test_schema_is_distributable_by_session(store: PostgresStore, sql: Any) -> N
     ).fetchall()
     for table, _, first_column in keys:
         name = table.rsplit(".", 1)[-1].strip('"')
-        if name not in ("contexts", "migrations"):
+        if name not in ("contexts", "migrations", "blobs"):
             assert first_column == "session_id", (table, first_column)
 
 

@@ -238,17 +238,19 @@ def line_digests(line: Mapping[str, Any]) -> list[str]:
 def _references(line: Mapping[str, Any]) -> list[tuple[list[str | int], str, int, int]]:
     """The line's references as (path, digest, bytes, chars); CorruptLog if malformed."""
     refs = line.get(BLOBS_KEY)
+    bad = CorruptLog(f"entry {line.get('seq')!r} has a malformed {BLOBS_KEY!r} list: {refs!r:.200}")
+    if not isinstance(refs, list):
+        raise bad
     out = []
-    try:
-        assert isinstance(refs, list)
-        for ref in refs:
+    for ref in refs:
+        try:
             path, digest = list(ref["path"]), check_digest(ref["sha256"])
-            assert path and all(isinstance(p, str | int) for p in path)
-            out.append((path, digest, int(ref["bytes"]), int(ref["chars"])))
-    except (AssertionError, KeyError, TypeError, ValueError):
-        raise CorruptLog(
-            f"entry {line.get('seq')!r} has a malformed {BLOBS_KEY!r} list: {refs!r:.200}"
-        ) from None
+            size, chars = int(ref["bytes"]), int(ref["chars"])
+        except (KeyError, TypeError, ValueError):
+            raise bad from None
+        if not path or not all(isinstance(p, str | int) for p in path):
+            raise bad
+        out.append((path, digest, size, chars))
     return out
 
 

@@ -28,9 +28,9 @@ CREATE_BLOBS = """CREATE TABLE blobs (
 CREATE_BLOB_REFS = """CREATE TABLE blob_refs (
     digest text NOT NULL,
     session_id uuid NOT NULL,
-    PRIMARY KEY (digest, session_id)
+    PRIMARY KEY (session_id, digest)
 )"""
-CREATE_BLOB_REFS_SESSION = "CREATE INDEX blob_refs_session ON blob_refs (session_id)"
+CREATE_BLOB_REFS_DIGEST = "CREATE INDEX blob_refs_digest ON blob_refs (digest)"
 
 PUT_BLOB = (
     "INSERT INTO blobs (digest, size, data, stored_at) VALUES (%s, %s, %s, %s) "

@@ -385,7 +385,7 @@ def m008_blobs(conn: psycopg.Connection[Any]) -> None:
     for statement in (
         blob_sql.CREATE_BLOBS,
         blob_sql.CREATE_BLOB_REFS,
-        blob_sql.CREATE_BLOB_REFS_SESSION,
+        blob_sql.CREATE_BLOB_REFS_DIGEST,
     ):
         conn.execute(statement)
 

@@ -26,9 +26,9 @@ CREATE_BLOBS = """CREATE TABLE blobs (
 CREATE_BLOB_REFS = """CREATE TABLE blob_refs (
     digest TEXT NOT NULL,
     session_id TEXT NOT NULL,
-    PRIMARY KEY (digest, session_id)
+    PRIMARY KEY (session_id, digest)
 ) WITHOUT ROWID"""
-CREATE_BLOB_REFS_SESSION = "CREATE INDEX blob_refs_session ON blob_refs (session_id)"
+CREATE_BLOB_REFS_DIGEST = "CREATE INDEX blob_refs_digest ON blob_refs (digest)"
 
 TOUCH_BLOB = "UPDATE blobs SET stored_at = ? WHERE digest = ?"
 INSERT_BLOB = "INSERT INTO blobs (digest, size, data, stored_at) VALUES (?, ?, ?, ?)"

@@ -335,7 +335,7 @@ def m008_blobs(conn: sqlite3.Connection) -> None:
     for statement in (
         blob_sql.CREATE_BLOBS,
         blob_sql.CREATE_BLOB_REFS,
-        blob_sql.CREATE_BLOB_REFS_SESSION,
+        blob_sql.CREATE_BLOB_REFS_DIGEST,
     ):
         conn.execute(statement)
 
