@@ -252,7 +252,8 @@ def test_schema_is_distributable_by_session(store: PostgresStore, sql: Any) -> N
         "WHERE c.table_schema = %s AND t.table_type = 'BASE TABLE'",  # not the views (m006)
         (store.schema,),
     ).fetchall()
-    tables = {t for t, _ in columns} - {"migrations"}
+    # blobs are content-addressed and shared by sessions: a reference table under Citus.
+    tables = {t for t, _ in columns} - {"migrations", "blobs"}
     assert tables == {
         "contexts",
         "sessions",
@@ -263,6 +264,7 @@ def test_schema_is_distributable_by_session(store: PostgresStore, sql: Any) -> N
         "archived_contexts",
         "archived_segments",
         "pins",
+        "blob_refs",
     }
     assert all((t, "session_id") in columns for t in tables)
     keys = sql.execute(
@@ -274,7 +276,7 @@ def test_schema_is_distributable_by_session(store: PostgresStore, sql: Any) -> N
     ).fetchall()
     for table, _, first_column in keys:
         name = table.rsplit(".", 1)[-1].strip('"')
-        if name not in ("contexts", "migrations"):
+        if name not in ("contexts", "migrations", "blobs"):
             assert first_column == "session_id", (table, first_column)
 
 

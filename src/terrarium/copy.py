@@ -1,7 +1,9 @@
 """Copy sessions between any two stores, losslessly.
 
 A context's whole session tree is copied (every segment, not only the head's lineage), each
-line as stored: session and segment ids, timestamps, seqs, unknown kinds and keys. Segments
+line as stored: session and segment ids, timestamps, seqs, unknown kinds and keys. Large outputs
+kept in blobs are read whole from the source and stored in the destination as its own
+``blob_threshold`` says (a blob there, or inline), so nothing is lost between stores. Segments
 are written parents first, the head is set last, and debug traces come along, so restoring
 any segment on either side gives the same state. A context that already exists in the
 destination is skipped and reported, which makes an interrupted copy safe to run again.
@@ -17,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from terrarium.blobs import inline_line, offload_data, offload_line
 from terrarium.errors import ContextExists, ContextNotFound, SegmentNotFound, SessionAttached
 from terrarium.formats.jsonl import _BATCH, _data, recreate_session
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
@@ -56,7 +59,10 @@ def _segments(store: Store, session_id: SessionId) -> list[list[dict[str, Any]]]
         segment_id = pending.pop(0)
         ordered.append(segment_id)
         pending.extend(sorted(children.get(segment_id, [])))
-    return [[reads[s].header, *reads[s].entries] for s in ordered]
+    # Blobs travel inline: the destination keeps them as its own threshold says.
+    return [
+        [inline_line(line, store) for line in [reads[s].header, *reads[s].entries]] for s in ordered
+    ]
 
 
 def copy_context(src: Store, dst: Store, context: ContextId | str) -> int:
@@ -100,7 +106,7 @@ def copy_detached(src: Store, dst: Store, session_id: SessionId) -> int:
     try:
         have = set(dst.list_segments(session_id))
     except SegmentNotFound:
-        dst.create_session(segments[0][0])
+        dst.create_session(offload_line(dst, segments[0][0]))
         have = {SegmentId(segments[0][0]["segment_id"])}
     else:
         if session_id not in dst.detached_sessions():
@@ -109,10 +115,13 @@ def copy_detached(src: Store, dst: Store, session_id: SessionId) -> int:
     for segment in segments:
         segment_id = SegmentId(segment[0]["segment_id"])
         if segment_id not in have:
-            dst.create_segment(session_id, segment[0])
+            dst.create_segment(session_id, offload_line(dst, segment[0]))
             copied += 1
         start = dst.next_seq(session_id, segment_id)
-        entries = [NewEntry(line["kind"], line["ts"], _data(line)) for line in segment[start:]]
+        entries = [
+            NewEntry(line["kind"], line["ts"], offload_data(dst, line["kind"], _data(line)))
+            for line in segment[start:]
+        ]
         for at in range(0, len(entries), _BATCH):
             batch = entries[at : at + _BATCH]
             dst.append(session_id, segment_id, batch, expected_seq=start + at)

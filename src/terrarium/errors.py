@@ -14,6 +14,8 @@
     │   ├── SegmentNotFound (also KeyError)
     │   ├── ConflictError
     │   ├── CorruptLog
+    │   ├── BlobNotFound (also KeyError)
+    │   ├── CorruptBlob
     │   ├── FormatVersionError
     │   ├── IndexUnavailable
     │   ├── StoreURLError (also ValueError)
@@ -100,6 +102,17 @@ class CorruptLog(StoreError):
     def seq_out_of_order(cls, where: str, seq: object, expected: int) -> CorruptLog:
         """The line at ``where`` (``file:line``) holds ``seq`` where ``expected`` belongs."""
         return cls(f"{where}: seq {seq} out of order (expected {expected})")
+
+
+class BlobNotFound(StoreError, KeyError):
+    """A log references a large output (a blob) that the store does not hold."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "blob not found"
+
+
+class CorruptBlob(StoreError):
+    """A stored blob's bytes do not match the sha256 digest that names them."""
 
 
 class FormatVersionError(StoreError):

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, cast, overload
 
+from terrarium.blobs import BlobMode, materialize, offload_data, offload_line, resolve_line
 from terrarium.errors import ConflictError, ContextNotFound, InvalidEntry
 from terrarium.model import (
     FORMAT_VERSION,
@@ -100,7 +101,7 @@ def _header(
     else:
         header["system_prompt"] = start.system_prompt
         header["config"] = dict(start.config)
-        header["history"] = [as_logged(item) for item in start.history]
+        header["history"] = [as_logged(materialize(item)) for item in start.history]
         if carry is not None:
             header["usage"] = carry.usage.to_dict()
             header["turns"] = carry.turns
@@ -199,6 +200,7 @@ def create_segment_with_ids(
         ts=ts,
         extra=header_extra,
     )
+    header = offload_line(store, header)
     if ctx is None:
         store.create_session(header)
         return PodActiveSegmentRef(session_id, segment_id)
@@ -282,7 +284,7 @@ def _restart(
     header = _header(state.session_id, segment_id, origin, context=ctx, start=start, carry=state)
     if ctx is None and state.context is not None:
         header["context"] = state.context
-    store.create_segment(state.session_id, header)
+    store.create_segment(state.session_id, offload_line(store, header))
     if ctx is not None:
         store.set_head(ctx, segment_id, expected=state.segment_id)
     return segment_id
@@ -328,7 +330,7 @@ def fork_context(
     session_id, segment_id = new_session_id(), new_segment_id()
     start = SegmentStartState(state.system_prompt, state.config, state.history)
     header = _header(session_id, segment_id, origin, context=dst, start=start, carry=state)
-    return store.create_context(dst, header)
+    return store.create_context(dst, offload_line(store, header))
 
 
 def ensure_head_or_fork(
@@ -440,7 +442,7 @@ def _fork_inside_header(store: Store, ref: SegmentRef, keep: int) -> SegmentId:
     start = SegmentStartState(state.system_prompt, state.config, state.history[:keep])
     header = _header(state.session_id, segment_id, origin, context=None, start=start, carry=state)
     header["context"] = state.context
-    store.create_segment(state.session_id, header)
+    store.create_segment(state.session_id, offload_line(store, header))
     return segment_id
 
 
@@ -454,9 +456,13 @@ def append_entries(
     *,
     expected_seq: int | None = None,
 ) -> list[LogEntry]:
-    """Append several ``(kind, data)`` entries in one atomic write."""
+    """Append several ``(kind, data)`` entries in one atomic write.
+
+    A history item's strings over the store's ``blob_threshold`` are written to blobs first
+    and the entry keeps a preview and a reference (:mod:`terrarium.blobs`).
+    """
     ts = utc_now()
-    drafts = [NewEntry(kind, ts, data) for kind, data in entries]
+    drafts = [NewEntry(kind, ts, offload_data(store, kind, data)) for kind, data in entries]
     first = store.append(ref.session_id, ref.segment_id, drafts, expected_seq=expected_seq)
     return [LogEntry(first + i, d.kind, ts, d.data) for i, d in enumerate(drafts)]
 
@@ -473,6 +479,7 @@ def append_entry(
     if not isinstance(kind, str) or not kind or kind == EntryKind.HEADER:
         raise InvalidEntry(f"invalid entry kind {kind!r}")
     ts = utc_now()
+    data = offload_data(store, kind, data)
     seq = store.append(
         ref.session_id, ref.segment_id, [NewEntry(kind, ts, data)], expected_seq=expected_seq
     )
@@ -495,7 +502,11 @@ def save_user_input(
     expected_seq: int | None = None,
 ) -> LogEntry:
     """Log what the user said (a string or a user item)."""
-    item = {"role": "user", "content": content} if isinstance(content, str) else as_logged(content)
+    item = (
+        {"role": "user", "content": content}
+        if isinstance(content, str)
+        else as_logged(materialize(content))
+    )
     if item["role"] != "user":
         raise InvalidEntry(f"user input must have role 'user', not {item['role']!r}")
     return append_entry(store, ref, EntryKind.USER_INPUT, {"item": item}, expected_seq=expected_seq)
@@ -509,7 +520,7 @@ def save_delta(
     expected_seq: int | None = None,
 ) -> list[LogEntry]:
     """Log the history items a step added, in one atomic write."""
-    logged = [as_logged(item) for item in items]
+    logged = [as_logged(materialize(item)) for item in items]
     entries = [(classify_history_item(item).value, {"item": item}) for item in logged]
     return append_entries(store, ref, entries, expected_seq=expected_seq)
 
@@ -615,8 +626,12 @@ def _require_head(store: Store, context: ContextId) -> PodMetadata:
     return head
 
 
-def restore(store: Store, context: ContextId | str) -> RestoredState:
+def restore(store: Store, context: ContextId | str, *, blobs: BlobMode = "full") -> RestoredState:
     """Replay the context's head segment (and the fork prefixes it continues).
+
+    Large outputs kept in blobs come back whole (``blobs="full"``, the default), as
+    :class:`~terrarium.blobs.LazyBlob` values that read the text when asked (``"lazy"``, for
+    callers that page), or as the previews the log holds (``"stored"``).
 
     Raises:
         ContextNotFound: no such context.
@@ -624,13 +639,23 @@ def restore(store: Store, context: ContextId | str) -> RestoredState:
         FormatVersionError: a log was written by a newer terrarium.
     """
     head = _require_head(store, ContextId.parse(context))
-    return restore_by_segment(store, head.session_id, head.segment_id)
+    return restore_by_segment(store, head.session_id, head.segment_id, blobs=blobs)
 
 
 def lineage(
-    store: Store, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
+    store: Store,
+    session_id: SessionId,
+    segment_id: SegmentId,
+    *,
+    stop_seq: int | None = None,
+    blobs: BlobMode = "full",
 ) -> list[SegmentRead]:
-    """The reads that replaying a segment needs, oldest first."""
+    """The reads that replaying a segment needs, oldest first.
+
+    Lines that refer to blobs are resolved as ``blobs`` says (:func:`terrarium.blobs.
+    resolve_line`): by default they hold the whole text, so every reader of a lineage
+    (restore, exports, transcripts) sees what was logged.
+    """
     reads: list[SegmentRead] = []
     current, stop = segment_id, stop_seq
     while True:
@@ -642,14 +667,30 @@ def lineage(
             continue
         break
     reads.reverse()
-    return reads
+    if blobs == "stored":
+        return reads
+    cache: dict[str, str] = {}
+    return [
+        SegmentRead(
+            resolve_line(read.header, store, blobs, cache),
+            [resolve_line(line, store, blobs, cache) for line in read.entries],
+            read.next_seq,
+            read.torn,
+        )
+        for read in reads
+    ]
 
 
 def restore_by_segment(
-    store: Store, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
+    store: Store,
+    session_id: SessionId,
+    segment_id: SegmentId,
+    *,
+    stop_seq: int | None = None,
+    blobs: BlobMode = "full",
 ) -> RestoredState:
-    """Replay one segment (up to ``stop_seq`` if given)."""
-    reads = lineage(store, session_id, segment_id, stop_seq=stop_seq)
+    """Replay one segment (up to ``stop_seq`` if given); ``blobs`` as in :func:`restore`."""
+    reads = lineage(store, session_id, segment_id, stop_seq=stop_seq, blobs=blobs)
     lines: list[dict[str, Any]] = []
     for read in reads:
         lines.append(read.header)

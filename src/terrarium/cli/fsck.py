@@ -14,6 +14,9 @@ empty header) into a new segment of the same session, sets the unreadable lines 
 it was, and later checks report it as salvaged.
 
 Other stores (SQLite, PostgreSQL) have no files to tear; their check replays every segment.
+
+On every store that keeps blobs, each blob a log refers to must exist and every blob must
+match its sha256 digest; ``--repair`` cannot recreate a blob's bytes and says so.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from terrarium.cli.app import CliState
 from terrarium.cli.output import plural
 from terrarium.errors import CorruptLog, FormatVersionError, TerrariumError
 from terrarium.model import ContextId, SegmentId
-from terrarium.stores.base import PodMetadata, Reindexable, Store
+from terrarium.stores.base import BlobStore, PodMetadata, Reindexable, Store
 from terrarium.stores.fs import ContextFolder, FsStore, salvaged_into, segment_chain
 
 #: Problems ``--repair`` fixes, and those only ``--salvage`` does.
@@ -50,8 +53,9 @@ class Problem:
     is not there), ``damaged`` (a context whose head cannot be rebuilt: no segment is
     intact), ``unindexed`` (a context the index does not know, or names wrongly),
     ``duplicate`` (a second folder holding a context), ``link`` (a symbolic link inside the
-    store, never followed), ``legacy`` (an unreadable legacy file), ``unreadable`` (any other
-    read error)."""
+    store, never followed), ``legacy`` (an unreadable legacy file), ``blob`` (a large output
+    that a log refers to is missing, or a blob's bytes do not match its digest: no repair can
+    recreate it), ``unreadable`` (any other read error)."""
     message: str
     context: str | None = None
     path: str | None = None
@@ -100,6 +104,7 @@ def run_fsck(state: CliState, *, repair: bool, salvage: bool, as_json: bool) -> 
         _check_fs(store, report)
     else:
         _check_generic(store, report)
+    _check_blobs(store, report)
     _check_legacy(state, report)
     if repair:
         _repair(store, report, salvage=salvage)
@@ -145,6 +150,11 @@ def _hint(unresolved: list[Problem], repair: bool) -> str:
         hints.append(
             "'terrarium fsck --repair --salvage' copies every readable entry of a damaged "
             "segment into a new one and sets the bad lines aside"
+        )
+    if "blob" in kinds:
+        hints.append(
+            "a missing or damaged blob cannot be recreated: put the file back from a backup "
+            "(or copy the context from a store that has it)"
         )
     if kinds & {"duplicate", "link", "legacy", "unreadable"}:
         hints.append("the others need a person: see each message")
@@ -356,6 +366,28 @@ def _check_generic(store: Store, report: Report) -> None:
                 report.entries += len(store.read_segment(session_id, segment_id).entries)
             except TerrariumError as exc:
                 report.problems.append(Problem("unreadable", str(exc), path=str(segment_id)))
+
+
+def _check_blobs(store: Store, report: Report) -> None:
+    """Every blob a log refers to is there, and every stored blob matches its digest."""
+    if not isinstance(store, BlobStore):
+        return
+    try:
+        referenced = store.blob_references()
+        stored = set(store.blob_digests())
+    except TerrariumError as exc:
+        report.problems.append(Problem("unreadable", str(exc)))
+        return
+    for digest, where in sorted(referenced.items()):
+        if digest not in stored:
+            report.problems.append(
+                Problem("blob", f"blob {digest} is missing (referred to by {where})", path=where)
+            )
+    for digest in sorted(stored):
+        try:
+            store.get_blob(digest)
+        except TerrariumError as exc:
+            report.problems.append(Problem("blob", str(exc)))
 
 
 def _read_all(store: Store, head: PodMetadata, report: Report) -> list[tuple[uuid.UUID, str]]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from terrarium import codec, sessions
+from terrarium.blobs import offload_data, offload_line
 from terrarium.errors import (
     ContextExists,
     ContextNotFound,
@@ -314,13 +315,16 @@ def recreate_session(
         pass
     else:
         raise ContextExists(f"session {session_id} is already in the store (as another context)")
-    first = store.create_context(context, segments[0][0])
+    first = store.create_context(context, offload_line(store, segments[0][0]))
     try:
         for index, segment in enumerate(segments):
             segment_id = SegmentId(segment[0]["segment_id"])
             if index:
-                store.create_segment(session_id, segment[0])
-            entries = [NewEntry(line["kind"], line["ts"], _data(line)) for line in segment[1:]]
+                store.create_segment(session_id, offload_line(store, segment[0]))
+            entries = [
+                NewEntry(line["kind"], line["ts"], offload_data(store, line["kind"], _data(line)))
+                for line in segment[1:]
+            ]
             for start in range(0, len(entries), _BATCH):
                 store.append(
                     session_id, segment_id, entries[start : start + _BATCH], expected_seq=start + 1

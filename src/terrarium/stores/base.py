@@ -31,8 +31,8 @@ Invariants every backend keeps (``tests/contract/`` checks each one on every bac
   :meth:`Lifecycle.purge_trashed` and :meth:`Lifecycle.purge_context` remove data for ever.
 
 Optional abilities are sub-protocols detected with ``isinstance`` (:class:`ContextLocking`,
-:class:`Reindexable`, :class:`Searchable`, :class:`Listing`), never stubs that raise
-``NotImplementedError``.
+:class:`Reindexable`, :class:`Searchable`, :class:`Listing`, :class:`BlobStore`), never stubs
+that raise ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -474,6 +474,55 @@ class Lifecycle(Protocol):
 
     def pinned_contexts(self) -> frozenset[str]:
         """The ids of the pinned contexts, hot or archived (not trashed ones)."""
+        ...
+
+
+@runtime_checkable
+class BlobStore(Protocol):
+    """A store that keeps large outputs out of its logs, as content-addressed blobs.
+
+    A blob is named by the sha256 hex digest of its bytes and stored once however often it
+    is put. Entries refer to blobs (:mod:`terrarium.blobs` draws the reference format); the
+    sessions layer writes a blob before the entry that names it, so a reference never points
+    at a blob that is missing or half written. Blobs no log refers to stay until
+    :func:`terrarium.blobs.collect_garbage` deletes them. Each backend has a
+    ``blob_threshold`` attribute (a constructor argument): strings of history items longer
+    than that many UTF-8 bytes go to blobs; None or 0 keeps every string inline.
+    """
+
+    def put_blob(self, data: bytes) -> str:
+        """Store ``data`` (once) and return its sha256 hex digest.
+
+        Putting a blob that exists changes nothing but its age: GC spares it again for
+        ``min_age``.
+        """
+        ...
+
+    def get_blob(self, digest: str) -> bytes:
+        """The blob's bytes, checked against ``digest``.
+
+        Raises:
+            BlobNotFound: no such blob.
+            CorruptBlob: the stored bytes do not match the digest.
+        """
+        ...
+
+    def has_blob(self, digest: str) -> bool:
+        """Whether the blob is stored."""
+        ...
+
+    def blob_digests(self) -> list[str]:
+        """Every stored blob's digest, sorted."""
+        ...
+
+    def blob_references(self) -> dict[str, str]:
+        """Every digest some log refers to (hot, archived or trashed), with where one
+        reference is (a file, or a session id)."""
+        ...
+
+    def delete_unreferenced_blobs(self, *, stored_before: float) -> int:
+        """Delete the blobs no log refers to and last put before ``stored_before`` (a POSIX
+        time); return how many were deleted."""
         ...
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -22,9 +23,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from terrarium import codec
+from terrarium.blobs import DEFAULT_THRESHOLD, check_digest, digest_of, line_digests
 from terrarium.errors import (
+    BlobNotFound,
     ConflictError,
     ContextExists,
+    CorruptBlob,
     NotInTrash,
     SegmentNotFound,
     SessionAttached,
@@ -55,10 +59,76 @@ class _Trashed:
     archived: ArchivedContext | None
 
 
-class MemoryStore:
+class _MemoryBlobs:
+    """:class:`~terrarium.stores.base.BlobStore` for :class:`MemoryStore`: a dict of bytes."""
+
+    _lock: threading.RLock
+    _blobs: dict[str, tuple[bytes, float]]
+    _sessions: dict[SessionId, dict[SegmentId, _Segment]]
+    _trash: dict[str, _Trashed]
+
+    def put_blob(self, data: bytes) -> str:
+        """Store ``data`` once; return its digest."""
+        digest = digest_of(bytes(data))
+        with self._lock:
+            self._blobs[digest] = (bytes(data), time.time())
+        return digest
+
+    def get_blob(self, digest: str) -> bytes:
+        """The blob's bytes, checked against ``digest``."""
+        with self._lock:
+            found = self._blobs.get(check_digest(digest))
+        if found is None:
+            raise BlobNotFound(f"blob {digest} is not in the store")
+        if digest_of(found[0]) != digest:
+            raise CorruptBlob(f"blob {digest} does not match its digest")
+        return found[0]
+
+    def has_blob(self, digest: str) -> bool:
+        """Whether the blob is stored."""
+        with self._lock:
+            return check_digest(digest) in self._blobs
+
+    def blob_digests(self) -> list[str]:
+        """Every stored blob's digest, sorted."""
+        with self._lock:
+            return sorted(self._blobs)
+
+    def blob_references(self) -> dict[str, str]:
+        """Every digest a hot, archived or trashed log refers to, with its session."""
+        found: dict[str, str] = {}
+        with self._lock:
+            groups = [*self._sessions.items()]
+            groups += [(t.head.session_id, t.segments) for t in self._trash.values()]
+            for session_id, segments in groups:
+                for segment in segments.values():
+                    for line in segment.lines:
+                        for digest in line_digests(line):
+                            found.setdefault(digest, f"session {session_id}")
+        return found
+
+    def delete_unreferenced_blobs(self, *, stored_before: float) -> int:
+        """Delete the blobs no log refers to, last put before ``stored_before``."""
+        with self._lock:
+            referenced = self.blob_references()
+            gone = [
+                d
+                for d, (_, at) in self._blobs.items()
+                if d not in referenced and at < stored_before
+            ]
+            for digest in gone:
+                del self._blobs[digest]
+        return len(gone)
+
+
+class MemoryStore(_MemoryBlobs):
     """A store in process memory: the oracle for tests and a fast double."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, blob_threshold: int | None = DEFAULT_THRESHOLD) -> None:
+        """An empty store; ``blob_threshold`` (bytes; None or 0: none) as in :class:`BlobStore`."""
+        self.blob_threshold = blob_threshold
+        self._blobs: dict[str, tuple[bytes, float]] = {}
+        """Each blob's bytes and when it was last put."""
         self._lock = threading.RLock()
         self._heads: dict[str, PodMetadata] = {}
         self._sessions: dict[SessionId, dict[SegmentId, _Segment]] = {}

@@ -12,7 +12,10 @@ URL                                         store
 
 With no URL, ``$TERRARIUM_STORE`` is used, then ``./sessions``. A PostgreSQL URL goes to
 libpq as it is (``sslmode`` and every other libpq parameter work, and so do several hosts).
-Errors name what is wrong and show the URL with its password masked.
+Errors name what is wrong and show the URL with its password masked. ``fs:`` and ``sqlite:``
+URLs also take ``?blob_threshold=BYTES`` (history strings longer than that go to blobs,
+:mod:`terrarium.blobs`; ``0`` keeps them inline); a PostgreSQL store takes it as the
+``PostgresStore(blob_threshold=...)`` argument.
 """
 
 from __future__ import annotations
@@ -107,18 +110,21 @@ def open_store(url: str | os.PathLike[str] | None = None, *, create: bool = True
     if scheme in ("fs", "file"):
         from terrarium.stores.fs import DURABILITIES
 
-        path, options = _split(rest, shown, scheme, allowed={"durability"})
+        path, options = _split(rest, shown, scheme, allowed={"durability", "blob_threshold"})
         durability = options.get("durability", "flush")
         if durability not in DURABILITIES:
             raise StoreURLError(
                 f"store URL {shown!r}: unknown durability {durability!r}; use one of "
                 f"{', '.join(DURABILITIES)}"
             )
-        return _open_fs(path, shown, create, durability=durability)
+        store = _open_fs(path, shown, create, durability=durability)
+        if "blob_threshold" in options:
+            store.blob_threshold = _threshold(options, shown)  # type: ignore[attr-defined]
+        return store
     if scheme == "sqlite":
         from terrarium.stores.sqlite import SYNCHRONOUS_MODES, SqliteStore
 
-        path, options = _split(rest, shown, scheme, allowed={"synchronous"})
+        path, options = _split(rest, shown, scheme, allowed={"synchronous", "blob_threshold"})
         synchronous = options.get("synchronous", "NORMAL")
         if synchronous.upper() not in SYNCHRONOUS_MODES:
             raise StoreURLError(
@@ -126,11 +132,25 @@ def open_store(url: str | os.PathLike[str] | None = None, *, create: bool = True
                 f"{', '.join(SYNCHRONOUS_MODES)}"
             )
         _check_place(path, shown, create, folder=False)
+        if "blob_threshold" in options:
+            threshold = _threshold(options, shown)
+            return SqliteStore(path, synchronous=synchronous, blob_threshold=threshold)
         return SqliteStore(path, synchronous=synchronous)
     raise StoreURLError(
         f"store URL {shown!r} has unknown scheme {scheme!r}: use a folder path, fs:, file:, "
         "sqlite: or postgresql:"
     )
+
+
+def _threshold(options: dict[str, str], shown: str) -> int:
+    """The ``blob_threshold`` option: bytes (0 keeps every output inline)."""
+    text = options["blob_threshold"]
+    if not text.isdigit():
+        raise StoreURLError(
+            f"store URL {shown!r}: blob_threshold must be a number of bytes (0: no blobs), "
+            f"not {text!r}"
+        )
+    return int(text)
 
 
 def _open_fs(path: str, shown: str, create: bool, durability: str = "flush") -> Store:

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from terrarium import codec
+from terrarium.blobs import DEFAULT_THRESHOLD
 from terrarium.errors import (
     ConflictError,
     ContextExists,
@@ -85,6 +86,7 @@ from terrarium.stores.base import (
     iter_lines,
 )
 from terrarium.stores.fs import search as fs_search
+from terrarium.stores.fs._blobs import FsBlobs
 from terrarium.stores.fs._heads import head_dict, head_from_segments, head_of, segment_chain
 from terrarium.stores.fs._layout import (
     DETACHED,
@@ -153,7 +155,7 @@ class _Open:
     """When an append last left the search index's dirty marker (monotonic seconds)."""
 
 
-class FsStore(Tree, ClosingStore):
+class FsStore(FsBlobs, Tree, ClosingStore):
     """A store of plain files under one root directory (see the module docstring)."""
 
     def __init__(
@@ -162,6 +164,7 @@ class FsStore(Tree, ClosingStore):
         *,
         durability: Durability = "flush",
         batch_interval: float = 0.05,
+        blob_threshold: int | None = DEFAULT_THRESHOLD,
     ) -> None:
         """Open (creating if needed) the store at ``root``.
 
@@ -179,6 +182,8 @@ class FsStore(Tree, ClosingStore):
             root: the sessions directory.
             durability: ``flush`` (default), ``fsync`` or ``batch``.
             batch_interval: seconds between background syncs when ``durability="batch"``.
+            blob_threshold: history strings over this many bytes go to ``.blobs/``
+                (:mod:`terrarium.blobs`); None or 0 keeps them inline.
         """
         if durability not in DURABILITIES:
             raise ValueError(f"unknown durability {durability!r}: use one of {DURABILITIES}")
@@ -187,6 +192,7 @@ class FsStore(Tree, ClosingStore):
         super().__init__(folder)
         self.durability = durability
         self.batch_interval = batch_interval
+        self.blob_threshold = blob_threshold
         self._lock = threading.RLock()
         self._open: OrderedDict[SegmentId, _Open] = OrderedDict()
         self._folders: dict[SessionId, Path] = {}

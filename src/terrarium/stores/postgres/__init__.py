@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from terrarium import codec
+from terrarium.blobs import DEFAULT_THRESHOLD, line_digests
 from terrarium.errors import (
     ConflictError,
     ContextExists,
@@ -71,6 +72,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from terrarium.stores.postgres import _lifecycle, _sql, search
+from terrarium.stores.postgres._blobs import PostgresBlobs, record_refs
 from terrarium.stores.postgres.migrations import MIGRATIONS, migrate
 from terrarium.stores.postgres.search import search_words
 
@@ -100,7 +102,7 @@ _SEEN_CACHE = 4096
 _IDLE_LOCK_CONNECTIONS = 4
 
 
-class PostgresStore(ClosingStore):
+class PostgresStore(PostgresBlobs, ClosingStore):
     """A store in a PostgreSQL database, shared by many processes on many machines."""
 
     def __init__(
@@ -110,6 +112,7 @@ class PostgresStore(ClosingStore):
         pool_size: int = 10,
         schema: str = DEFAULT_SCHEMA,
         connect_timeout: float = 30.0,
+        blob_threshold: int | None = DEFAULT_THRESHOLD,
     ) -> None:
         """Connect, create or migrate the schema, and open a connection pool.
 
@@ -118,6 +121,8 @@ class PostgresStore(ClosingStore):
             pool_size: the most connections the pool opens (context locks use their own).
             schema: the schema that holds terrarium's tables (created if missing).
             connect_timeout: seconds to wait for a pooled connection before failing.
+            blob_threshold: history strings over this many bytes go to the ``blobs`` table
+                (:mod:`terrarium.blobs`); None or 0 keeps them inline.
 
         Raises:
             StoreError: the server cannot be reached (the message never shows a password).
@@ -129,6 +134,7 @@ class PostgresStore(ClosingStore):
         self._dsn = dsn
         self.schema = schema
         self.pool_size = pool_size
+        self.blob_threshold = blob_threshold
         self._where = f"{redact_url(dsn)} (schema {schema})"
         self._lock = threading.Lock()
         self._seen: SeqGuesses[None] = SeqGuesses(_SEEN_CACHE)
@@ -529,6 +535,7 @@ class PostgresStore(ClosingStore):
             raise ConflictError(f"segment {segment_id} already exists")
         text = codec.encode(line).decode()
         conn.execute(_sql.INSERT_HEADER, (session_id, segment_id, line["kind"], ts, text))
+        record_refs(conn, session_id, [line])
         if type:  # a detached session's items are indexed when a context adopts it
             search.insert_docs(
                 conn,
@@ -582,13 +589,19 @@ class PostgresStore(ClosingStore):
         key = (session_id, segment_id)
         seen = self._seen.get(key)
         proposal = expected_seq if expected_seq is not None else seen[0] if seen else None
+        refs = any(line_digests(entry.data) for entry in entries)
         conn = self._pool.getconn()
         try:
             while True:
                 if proposal is None:
                     proposal = self._next_seq_waking(conn, session_id, segment_id)
                 sql, params = self._append_params(session_id, segment_id, entries, proposal)
-                if conn.execute(sql, params, prepare=True).fetchone() is not None:
+                if refs:  # the entries and their blob_refs rows commit together
+                    with conn.transaction():
+                        if conn.execute(sql, params, prepare=True).fetchone() is not None:
+                            record_refs(conn, session_id, [e.data for e in entries])
+                            break
+                elif conn.execute(sql, params, prepare=True).fetchone() is not None:
                     break
                 # The segment is not at the proposed seq (or gone): read where it is.
                 at = self._next_seq_waking(conn, session_id, segment_id)

@@ -25,6 +25,7 @@ from terrarium import codec
 from terrarium.model import SegmentId
 from terrarium.stores.base import HISTORY_KINDS_SQL
 from terrarium.stores.migrations import Migrations
+from terrarium.stores.postgres import _blobs as blob_sql
 from terrarium.stores.postgres import _sql
 from terrarium.stores.postgres.search import base_items, line_docs, search_words
 
@@ -375,6 +376,18 @@ _TEXT_PARTS = "('text', 'input_text', 'output_text', 'summary_text', 'reasoning_
 _RESPONSES_PARTS = (
     "('input_text', 'output_text', 'refusal', 'input_image', 'summary_text', 'reasoning_text')"
 )
+
+
+@MIGRATIONS
+def m008_blobs(conn: psycopg.Connection[Any]) -> None:
+    """Large outputs out of the log: ``blobs`` (each blob once, by sha256) and ``blob_refs``
+    (which session refers to which blob, written with the entry; GC reads it)."""
+    for statement in (
+        blob_sql.CREATE_BLOBS,
+        blob_sql.CREATE_BLOB_REFS,
+        blob_sql.CREATE_BLOB_REFS_DIGEST,
+    ):
+        conn.execute(statement)
 
 
 def _parts_text(value: str, sep: str | None = None) -> str:

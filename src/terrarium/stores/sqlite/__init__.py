@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from terrarium import codec
+from terrarium.blobs import DEFAULT_THRESHOLD, line_digests
 from terrarium.errors import (
     ConflictError,
     ContextExists,
@@ -65,6 +66,7 @@ from terrarium.stores.fts import Fts5Tables, Ranker, check_query, fts5_phrases
 from terrarium.stores.locks import file_lock
 from terrarium.stores.sqlite import _lifecycle as lifecycle
 from terrarium.stores.sqlite import _sql as sql
+from terrarium.stores.sqlite._blobs import SqliteBlobs, record_refs
 from terrarium.stores.sqlite.migrations import MIGRATIONS, check_readable, migrate
 from terrarium.stores.sqlite.search import (
     SEARCH_RECENT,
@@ -107,7 +109,7 @@ def _catch_up(conn: sqlite3.Connection, *, counts: bool = True) -> int:
     return catch_up(conn, counts=counts, recent=SEARCH_RECENT)
 
 
-class SqliteStore(ClosingStore):
+class SqliteStore(SqliteBlobs, ClosingStore):
     """A store in one SQLite database file (see the module docstring)."""
 
     def __init__(
@@ -116,6 +118,7 @@ class SqliteStore(ClosingStore):
         *,
         synchronous: str = "NORMAL",
         busy_timeout: float = 30.0,
+        blob_threshold: int | None = DEFAULT_THRESHOLD,
     ) -> None:
         """Open (creating and migrating if needed) the database at ``path``.
 
@@ -125,6 +128,8 @@ class SqliteStore(ClosingStore):
                 process crash, a power cut may lose the last transactions), ``FULL`` (survives
                 power loss), ``EXTRA`` or ``OFF``.
             busy_timeout: seconds to wait for another process's write lock.
+            blob_threshold: history strings over this many bytes go to the ``blobs`` table
+                (:mod:`terrarium.blobs`); None or 0 keeps them inline.
 
         A database that this process cannot write (its file or folder, a read-only mount) or
         that a full disk keeps from opening for writing is opened read-only: reads work, writes
@@ -148,6 +153,7 @@ class SqliteStore(ClosingStore):
         self.path = Path(path).absolute()
         self.synchronous = mode
         self.busy_timeout = busy_timeout
+        self.blob_threshold = blob_threshold
         self._lock = threading.Lock()
         self._idle: list[sqlite3.Connection] = []
         self._local = threading.local()
@@ -498,6 +504,7 @@ class SqliteStore(ClosingStore):
             conn.execute(sql.INSERT_SESSION, (s, str(ctx), ts))
             conn.execute(sql.INSERT_SEGMENT, (s, g, ts))
             conn.execute(sql.INSERT_ENTRY, (s, g, 0, line["kind"], ts, _text(line)))
+            record_refs(conn, s, [line])
             count, last = segment_summary(conn, s, g)
             conn.execute(sql.SET_COUNTS, (count, last, s))
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
@@ -521,6 +528,7 @@ class SqliteStore(ClosingStore):
             conn.execute(sql.INSERT_SESSION, (s, None, ts))
             conn.execute(sql.INSERT_SEGMENT, (s, g, ts))
             conn.execute(sql.INSERT_ENTRY, (s, g, 0, line["kind"], ts, _text(line)))
+            record_refs(conn, s, [line])
 
     def attach_context(
         self, context: ContextId, session_id: SessionId, segment_id: SegmentId
@@ -677,6 +685,7 @@ class SqliteStore(ClosingStore):
                 raise ConflictError(f"segment {segment_id} already exists")
             conn.execute(sql.INSERT_SEGMENT, (s, g, ts))
             conn.execute(sql.INSERT_ENTRY, (s, g, 0, line["kind"], ts, _text(line)))
+            record_refs(conn, s, [line])
 
     def append(
         self,
@@ -697,7 +706,7 @@ class SqliteStore(ClosingStore):
         the lock. The append that makes ``SEARCH_BATCH`` entries wait catches the derived
         tables up.
         """
-        if len(entries) != 1:
+        if len(entries) != 1 or line_digests(entries[0].data):  # blob_refs: one transaction
             return self._append_many(session_id, segment_id, entries, expected_seq)
         key = (session_id, segment_id)
         seen = self._seen.get(key)
@@ -755,6 +764,7 @@ class SqliteStore(ClosingStore):
                 for line in iter_lines(entries, first)
             ]
             conn.executemany(sql.INSERT_ENTRY, rows)
+            record_refs(conn, s, [entry.data for entry in entries])
             (top,) = conn.execute(sql.NEWEST_ENTRY).fetchone()
             if rows and top - self._wm >= SEARCH_BATCH:
                 self._wm = _catch_up(conn)

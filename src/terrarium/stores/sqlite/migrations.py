@@ -21,6 +21,7 @@ from terrarium.errors import StoreError
 from terrarium.model import utc_now
 from terrarium.stores import _db
 from terrarium.stores.migrations import Migrations
+from terrarium.stores.sqlite import _blobs as blob_sql
 from terrarium.stores.sqlite import _sql as sql
 from terrarium.stores.sqlite.search import SEARCH_RECENT, doc_tags, line_docs, segment_summary
 
@@ -325,6 +326,18 @@ _HEADER = (
     "SELECT {column} FROM entries WHERE session_id = l.session_id "
     "AND segment_id = l.segment_id AND seq = 0"
 )
+
+
+@MIGRATIONS
+def m008_blobs(conn: sqlite3.Connection) -> None:
+    """Large outputs out of the log: ``blobs`` (each blob once, by sha256) and ``blob_refs``
+    (which session refers to which blob, written with the entry; GC reads it)."""
+    for statement in (
+        blob_sql.CREATE_BLOBS,
+        blob_sql.CREATE_BLOB_REFS,
+        blob_sql.CREATE_BLOB_REFS_DIGEST,
+    ):
+        conn.execute(statement)
 
 
 def _nul_safe(line: str) -> str:

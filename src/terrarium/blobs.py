@@ -1,0 +1,351 @@
+"""Large outputs kept out of the log: content-addressed blobs and the references to them.
+
+A history item's string longer than the store's ``blob_threshold`` (UTF-8 bytes; 64 KiB by
+default) is written once to the store's blob store (:class:`~terrarium.stores.base.BlobStore`),
+named by the sha256 of its UTF-8 bytes, *before* the entry that refers to it; the entry keeps a
+preview in the string's place and lists its blobs under the reserved key ``"_blobs"``::
+
+    {"v": 1, "seq": 7, "ts": "...", "kind": "item",
+     "item": {"role": "tool", "tool_call_id": "c1", "content": "first 2,000 characters..."},
+     "_blobs": [{"path": ["item", "content"], "sha256": "9f86d0...", "bytes": 1048576,
+                 "chars": 1048576}]}
+
+``path`` leads from the line to the string (keys and list indexes); a header's history items
+are reached the same way (``["history", 3, "content"]``). A reader that does not know the key
+sees the preview: a shorter string, never a broken entry. Identical outputs share one blob,
+whichever context, fork or copy logged them.
+
+Reading (:func:`resolve_line`, used by :func:`terrarium.sessions.lineage` and so by
+``restore``, exports and transcripts): ``"full"`` puts the whole text back, ``"lazy"`` a
+:class:`LazyBlob` that reads it when asked, ``"stored"`` leaves the line as stored (what
+search indexes: the preview). :func:`collect_garbage` deletes the blobs no log refers to.
+
+Usage::
+
+    state = terrarium.restore(store, "cli:main", blobs="lazy")
+    output = state.history[-1]["content"]  # a LazyBlob: .preview, .size, .read()
+    removed = collect_garbage(store)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from terrarium.codec import MAX_DEPTH
+from terrarium.errors import BlobNotFound, CorruptLog, InvalidEntry
+from terrarium.stores.base import BlobStore, Store
+
+__all__ = [
+    "BLOBS_KEY",
+    "DEFAULT_THRESHOLD",
+    "GC_MIN_AGE",
+    "PREVIEW_CHARS",
+    "BlobMode",
+    "LazyBlob",
+    "collect_garbage",
+    "digest_of",
+    "inline_line",
+    "line_digests",
+    "materialize",
+    "offload_data",
+    "offload_line",
+    "resolve_line",
+    "scan_digests",
+]
+
+#: The reserved key of a line that lists its blob references.
+BLOBS_KEY = "_blobs"
+#: Strings longer than this many UTF-8 bytes go to a blob, unless the store says otherwise.
+DEFAULT_THRESHOLD = 64 * 1024
+#: How many characters of a blob's text its entry keeps in the string's place.
+PREVIEW_CHARS = 2000
+#: Seconds a blob is kept after its last write even when nothing refers to it yet: the
+#: window between writing a blob and appending the entry that refers to it.
+GC_MIN_AGE = 3600.0
+
+#: How :func:`resolve_line` treats references: the whole text, a :class:`LazyBlob`, or the
+#: line as stored (the preview in place, the ``_blobs`` list kept).
+BlobMode = Literal["full", "lazy", "stored"]
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+#: A reference's digest in stored JSON (any log file, compressed or not): GC's scan.
+_REFERENCE = re.compile(rb'"sha256"\s*:\s*"([0-9a-f]{64})"')
+
+
+def digest_of(data: bytes) -> str:
+    """The sha256 hex digest that names ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_digest(digest: str) -> str:
+    """``digest`` if it is a sha256 hex digest (64 lowercase hex digits); else InvalidEntry."""
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise InvalidEntry(f"invalid blob digest {digest!r}: expected 64 lowercase hex digits")
+    return digest
+
+
+@dataclass(frozen=True, slots=True)
+class LazyBlob:
+    """A large string left in its blob: what ``restore(..., blobs="lazy")`` puts in its place."""
+
+    digest: str
+    """The sha256 of the text's UTF-8 bytes."""
+    size: int
+    """The text's length in UTF-8 bytes."""
+    chars: int
+    """The text's length in characters."""
+    preview: str
+    """The string the entry holds: the text's first characters and a note of the rest."""
+    store: BlobStore = field(repr=False, compare=False)
+
+    def read(self) -> str:
+        """The whole text, read from the blob (checked against its digest).
+
+        Raises:
+            BlobNotFound: the store no longer holds the blob.
+            CorruptBlob: the blob's bytes do not match its digest.
+        """
+        return self.store.get_blob(self.digest).decode()
+
+    def __str__(self) -> str:
+        return self.preview
+
+
+def threshold_of(store: Store) -> int | None:
+    """The size above which ``store`` keeps strings in blobs; None when it keeps none."""
+    if not isinstance(store, BlobStore):
+        return None
+    threshold: int | None = getattr(store, "blob_threshold", DEFAULT_THRESHOLD)
+    return threshold if threshold else None
+
+
+def _preview(text: str, digest: str, size: int) -> str:
+    rest = len(text) - PREVIEW_CHARS
+    return f"{text[:PREVIEW_CHARS]}\n[... {rest} more characters ({size} bytes) in blob {digest}]"
+
+
+def _offload(
+    store: Store,
+    value: Any,
+    path: list[str | int],
+    threshold: int | None,
+    found: list[dict[str, Any]],
+) -> Any:
+    """``value`` with its large strings replaced by previews, their references in ``found``."""
+    if isinstance(value, str):
+        if threshold is None or 4 * len(value) <= threshold:
+            return value
+        data = value.encode()
+        if len(data) <= threshold:
+            return value
+        assert isinstance(store, BlobStore)
+        digest = store.put_blob(data)
+        found.append(
+            {"path": list(path), "sha256": digest, "bytes": len(data), "chars": len(value)}
+        )
+        return _preview(value, digest, len(data))
+    if isinstance(value, LazyBlob):  # a lazily restored item written back
+        return _offload(store, value.read(), path, threshold, found)
+    if len(path) > MAX_DEPTH:  # the codec refuses it, with its own error
+        return value
+    if isinstance(value, Mapping):
+        return {k: _offload(store, v, [*path, k], threshold, found) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_offload(store, v, [*path, i], threshold, found) for i, v in enumerate(value)]
+    return value
+
+
+def offload_data(store: Store, kind: str, data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An entry's data with its history item's large strings moved into blobs.
+
+    Only history items (``data["item"]``) are looked at; the blobs are written before this
+    returns, so the entry that refers to them can never be stored without them.
+
+    Raises:
+        InvalidEntry: ``data`` sets the reserved key ``_blobs``.
+    """
+    if BLOBS_KEY in data:
+        raise InvalidEntry(
+            f"entry data of kind {kind!r} may not set the reserved key {BLOBS_KEY!r}"
+        )
+    item = data.get("item")
+    if item is None or not isinstance(item, Mapping):
+        return data
+    found: list[dict[str, Any]] = []
+    threshold = threshold_of(store)
+    new_item = _offload(store, item, ["item"], threshold, found)
+    if not found:
+        return {**data, "item": new_item} if _has_lazy(item) else data
+    return {**data, "item": new_item, BLOBS_KEY: found}
+
+
+def offload_line(store: Store, header: Mapping[str, Any]) -> dict[str, Any]:
+    """A header with the large strings of the history it holds moved into blobs.
+
+    Raises:
+        InvalidEntry: ``header`` sets the reserved key ``_blobs``.
+    """
+    if BLOBS_KEY in header:
+        raise InvalidEntry(f"a header may not set the reserved key {BLOBS_KEY!r}")
+    line = dict(header)
+    history = line.get("history")
+    if not history:
+        return line
+    found: list[dict[str, Any]] = []
+    line["history"] = _offload(store, history, ["history"], threshold_of(store), found)
+    if found:
+        line[BLOBS_KEY] = found
+    return line
+
+
+def materialize(value: Any) -> Any:
+    """``value`` with every :class:`LazyBlob` in it read into its text (``value`` itself if
+    it holds none): what the write calls do with a lazily restored item written back."""
+    if not _has_lazy(value):
+        return value
+    if isinstance(value, LazyBlob):
+        return value.read()
+    if isinstance(value, Mapping):
+        return {k: materialize(v) for k, v in value.items()}
+    return [materialize(v) for v in value]
+
+
+def _has_lazy(value: Any, depth: int = 0) -> bool:
+    if isinstance(value, LazyBlob):
+        return True
+    if depth > MAX_DEPTH:  # the codec refuses it, with its own error
+        return False
+    if isinstance(value, Mapping):
+        return any(_has_lazy(v, depth + 1) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_lazy(v, depth + 1) for v in value)
+    return False
+
+
+def line_digests(line: Mapping[str, Any]) -> list[str]:
+    """The digests of the blobs a stored line (or an entry's data) refers to."""
+    refs = line.get(BLOBS_KEY)
+    if not isinstance(refs, list):
+        return []
+    return [ref["sha256"] for ref in refs if isinstance(ref, Mapping) and "sha256" in ref]
+
+
+def _references(line: Mapping[str, Any]) -> list[tuple[list[str | int], str, int, int]]:
+    """The line's references as (path, digest, bytes, chars); CorruptLog if malformed."""
+    refs = line.get(BLOBS_KEY)
+    bad = CorruptLog(f"entry {line.get('seq')!r} has a malformed {BLOBS_KEY!r} list: {refs!r:.200}")
+    if not isinstance(refs, list):
+        raise bad
+    out = []
+    for ref in refs:
+        try:
+            path, digest = list(ref["path"]), check_digest(ref["sha256"])
+            size, chars = int(ref["bytes"]), int(ref["chars"])
+        except (KeyError, TypeError, ValueError):
+            raise bad from None
+        if not path or not all(isinstance(p, str | int) for p in path):
+            raise bad
+        out.append((path, digest, size, chars))
+    return out
+
+
+def resolve_line(
+    line: dict[str, Any], store: Store, mode: BlobMode, cache: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``line`` with its references resolved as ``mode`` says (a copy; ``line`` is untouched).
+
+    ``"full"`` puts each blob's text in its place, ``"lazy"`` a :class:`LazyBlob`; both drop
+    the ``_blobs`` list. ``"stored"``, and a line without references, return ``line`` itself.
+    ``cache`` holds texts already read (one restore reads each blob once).
+
+    Raises:
+        BlobNotFound: ``"full"`` and the store does not hold a blob the line names.
+        CorruptBlob: a blob's bytes do not match its digest.
+        CorruptLog: the ``_blobs`` list or a path in it is malformed.
+    """
+    if mode == "stored" or BLOBS_KEY not in line:
+        return line
+    out = dict(line)
+    del out[BLOBS_KEY]
+    for path, digest, size, chars in _references(line):
+        value: str | LazyBlob
+        if mode == "lazy":
+            if not isinstance(store, BlobStore):
+                raise BlobNotFound(f"blob {digest} cannot be read: {store!r} holds no blobs")
+            value = LazyBlob(digest, size, chars, str(_get(line, path)), store)
+        else:
+            value = _read_text(store, digest, cache)
+        _put(out, path, value, line)
+    return out
+
+
+def _read_text(store: Store, digest: str, cache: dict[str, str] | None) -> str:
+    if cache is not None and digest in cache:
+        return cache[digest]
+    if not isinstance(store, BlobStore):
+        raise BlobNotFound(f"blob {digest} cannot be read: {store!r} holds no blobs")
+    text = store.get_blob(digest).decode()
+    if cache is not None:
+        cache[digest] = text
+    return text
+
+
+def _get(line: Mapping[str, Any], path: list[str | int]) -> Any:
+    node: Any = line
+    try:
+        for key in path:
+            node = node[key]
+    except (KeyError, IndexError, TypeError):
+        raise CorruptLog(
+            f"entry {line.get('seq')!r}: blob path {path!r} leads nowhere in the entry"
+        ) from None
+    return node
+
+
+def _put(out: dict[str, Any], path: list[str | int], value: Any, line: Mapping[str, Any]) -> None:
+    """Set ``out[path] = value``, copying every container on the way (``line`` stays as is)."""
+    _get(line, path)  # the path must lead somewhere in the stored line
+    node: Any = out
+    for key in path[:-1]:
+        child = node[key]
+        child = dict(child) if isinstance(child, Mapping) else list(child)
+        node[key] = child
+        node = child
+    node[path[-1]] = value
+
+
+def inline_line(line: dict[str, Any], store: Store) -> dict[str, Any]:
+    """``line`` with every blob's text back in place and no ``_blobs``: a self-contained line."""
+    return resolve_line(line, store, "full")
+
+
+def scan_digests(chunks: Iterable[bytes]) -> set[str]:
+    """Every blob digest that stored JSON refers to, read chunk by chunk.
+
+    Looks for ``"sha256": "<digest>"`` anywhere: a false match only keeps a blob alive.
+    """
+    found: set[str] = set()
+    tail = b""
+    for chunk in chunks:
+        data = tail + chunk
+        found.update(m.decode() for m in _REFERENCE.findall(data))
+        tail = data[-100:]
+    return found
+
+
+def collect_garbage(store: Store, *, min_age: float = GC_MIN_AGE) -> int:
+    """Delete the blobs no log of ``store`` refers to; return how many were deleted.
+
+    Every log counts, hot, archived or in the trash: a blob goes only once nothing that could
+    still be read or restored names it. A blob written less than ``min_age`` seconds ago
+    stays (an append may be about to refer to it); ``trash purge`` calls this after purging.
+    A store without blobs has nothing to collect (0).
+    """
+    if not isinstance(store, BlobStore):
+        return 0
+    return store.delete_unreferenced_blobs(stored_before=time.time() - min_age)

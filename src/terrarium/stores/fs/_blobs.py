@@ -1,0 +1,169 @@
+"""``FsStore``'s blobs: large outputs as files ``.blobs/{digest[:2]}/{digest[2:]}``.
+
+A blob file appears whole or not at all (written beside, then hard-linked into place), is
+``0600`` in ``0700`` folders, and is checked against its name when read. Nothing else lists
+blobs: the logs are the truth, and GC finds the references by scanning every log file under
+the root (hot, archived, trashed; plain or zstandard-compressed) for digests, skipping
+``.index``, ``.blobs`` and ``.locks``. Puts hold a shared ``flock`` on ``.locks/blobs`` and
+GC an exclusive one while it deletes, so a blob put again while GC runs is never lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+from terrarium.blobs import check_digest, digest_of, scan_digests
+from terrarium.errors import BlobNotFound, CorruptBlob, StoreError
+from terrarium.stores._files import listdir, make_dirs, open_private, write_new
+from terrarium.stores.fs._layout import INDEX, LOCKS
+
+#: The folder of the blobs, under the root.
+BLOBS = ".blobs"
+_SKIP = frozenset({INDEX, BLOBS, LOCKS})
+_CHUNK = 1 << 20
+
+
+@contextlib.contextmanager
+def _flock(path: Path, mode: int) -> Iterator[None]:
+    make_dirs(path.parent)
+    fd = open_private(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, mode)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _is_log(name: str) -> bool:
+    """A file that may hold log lines: segments, legacy files, their archived, torn and
+    salvaged forms (``.jsonl``, ``.json``, ``.jsonl.zst``, ``.jsonl.torn-1``, ...)."""
+    return ".json" in name and not name.startswith(".tmp-")
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    """The file's bytes, decompressed if it is a zstandard file, a chunk at a time."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if path.name.endswith(".zst"):
+            import zstandard
+
+            reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+            while chunk := reader.read(_CHUNK):
+                yield chunk
+            return
+        while chunk := f.read(_CHUNK):
+            yield chunk
+
+
+class FsBlobs:
+    """:class:`~terrarium.stores.base.BlobStore` for ``FsStore`` (see the module docstring)."""
+
+    root: Path
+    blob_threshold: int | None
+    durability: str
+
+    def _blob_path(self, digest: str) -> Path:
+        check_digest(digest)
+        return self.root / BLOBS / digest[:2] / digest[2:]
+
+    def _blob_lock(self, mode: int) -> contextlib.AbstractContextManager[None]:
+        return _flock(self.root / LOCKS / "blobs", mode)
+
+    def put_blob(self, data: bytes) -> str:
+        """Store ``data`` once (a new file appears whole); return its digest."""
+        digest = digest_of(data)
+        path = self._blob_path(digest)
+        if os.path.islink(self.root / BLOBS):
+            raise StoreError(f"{self.root / BLOBS} is a link: terrarium never follows one")
+        with self._blob_lock(fcntl.LOCK_SH):
+            try:
+                os.utime(path, follow_symlinks=False)  # there already: spared by GC again
+                return digest
+            except FileNotFoundError:
+                pass
+            make_dirs(path.parent)
+            with contextlib.suppress(FileExistsError):  # another writer put it meanwhile
+                write_new(path, data, sync=self.durability != "flush")
+        return digest
+
+    def get_blob(self, digest: str) -> bytes:
+        """The blob's bytes, checked against ``digest``."""
+        path = self._blob_path(digest)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise BlobNotFound(f"blob {digest} is missing ({path})") from None
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot read blob: {exc.strerror}") from None
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
+        if digest_of(data) != digest:
+            raise CorruptBlob(f"{path}: the blob's bytes do not match its digest {digest}")
+        return data
+
+    def has_blob(self, digest: str) -> bool:
+        """Whether the blob's file exists."""
+        return os.path.lexists(self._blob_path(digest))
+
+    def blob_digests(self) -> list[str]:
+        """Every stored blob's digest, sorted."""
+        found = []
+        for prefix in listdir(self.root / BLOBS):
+            for rest in listdir(self.root / BLOBS / prefix):
+                digest = prefix + rest
+                if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
+                    found.append(digest)
+        return sorted(found)
+
+    def blob_references(self) -> dict[str, str]:
+        """Every digest a log file under the root refers to, with one file that does."""
+        found: dict[str, str] = {}
+        for folder, dirs, files in os.walk(self.root):
+            if folder == str(self.root):
+                dirs[:] = [d for d in dirs if d not in _SKIP]
+            for name in files:
+                if not _is_log(name):
+                    continue
+                path = Path(folder, name)
+                try:
+                    digests = scan_digests(_chunks(path))
+                except FileNotFoundError:
+                    continue  # moved meanwhile (an archive, a trash): found where it went
+                except OSError as exc:
+                    if exc.errno == errno.ELOOP:  #: a link, never followed
+                        continue
+                    raise StoreError(f"{path}: cannot scan for blob references: {exc}") from exc
+                except Exception as exc:  # a damaged compressed file: keep every blob
+                    raise StoreError(f"{path}: cannot scan for blob references: {exc}") from exc
+                for digest in digests:
+                    found.setdefault(digest, str(path))
+        return found
+
+    def delete_unreferenced_blobs(self, *, stored_before: float) -> int:
+        """Delete blob files no log refers to whose last put was before ``stored_before``;
+        also leftover temporary files of writes a kill interrupted."""
+        referenced = self.blob_references()
+        deleted = 0
+        with self._blob_lock(fcntl.LOCK_EX):
+            for prefix in listdir(self.root / BLOBS):
+                folder = self.root / BLOBS / prefix
+                for name in listdir(folder):
+                    path = folder / name
+                    try:
+                        st = os.lstat(path)
+                    except FileNotFoundError:
+                        continue
+                    if not stat.S_ISREG(st.st_mode) or st.st_mtime >= stored_before:
+                        continue
+                    if name.startswith(".tmp-"):
+                        os.unlink(path)
+                    elif prefix + name not in referenced and len(prefix + name) == 64:
+                        os.unlink(path)
+                        deleted += 1
+        return deleted
