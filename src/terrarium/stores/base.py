@@ -279,6 +279,8 @@ class SearchQuery:
     role: str | None = None
     """Only items of this role (``user``, ``assistant``)."""
     limit: int = 20
+    archived: bool = False
+    """Also search archived contexts (:class:`Lifecycle`); by default only hot ones."""
 
 
 @dataclass(frozen=True, slots=True)
