@@ -464,9 +464,10 @@ class MaintenanceLog:
                 found = _MEMORY_LOGS[store] = cls(None)
             return found
 
-    def record(self, action: str, why: str, **details: Any) -> None:
-        """Append one line; a log that cannot be written is a warning, never a failure."""
-        line = json.dumps({"ts": utc_now(), "action": action, "why": why, **details})
+    def record(self, action: str, why: str, *, ts: str | None = None, **details: Any) -> None:
+        """Append one line (at ``ts``, default now); a log that cannot be written is a
+        warning, never a failure."""
+        line = json.dumps({"ts": ts or utc_now(), "action": action, "why": why, **details})
         if self.path is None:
             with self._lock:
                 self._lines.append(line)
@@ -690,7 +691,7 @@ class Maintenance:
         store: a store that implements :class:`Lifecycle`.
         policy: the policy; default :func:`load_policy` (read when a run starts).
         journal: the log; default the store's (:meth:`MaintenanceLog.of`).
-        clock: the current time (tests move it).
+        clock: the current time (tests move it); default the system's.
     """
 
     def __init__(
@@ -699,12 +700,16 @@ class Maintenance:
         *,
         policy: RetentionPolicy | None = None,
         journal: MaintenanceLog | None = None,
-        clock: Callable[[], datetime] = _now,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
         self.journal = journal or MaintenanceLog.of(store)
-        self.clock = clock
+        self._clock = clock
+
+    def clock(self) -> datetime:
+        """The current time (UTC), as the run sees it."""
+        return self._clock() if self._clock is not None else _now()
 
     def run(
         self, *, dry_run: bool = False, stop: Callable[[], bool] | None = None
@@ -727,7 +732,8 @@ class Maintenance:
         why = f"policy {policy.source}"
         archived = run_archive(self.store, plan, why=why, journal=self.journal, stop=stop)
         purged = run_trash_purge(self.store, trash, why=why, journal=self.journal, stop=stop)
-        self.journal.record("maintain", why, archived=len(archived), purged=len(purged))
+        stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        self.journal.record("maintain", why, ts=stamp, archived=len(archived), purged=len(purged))
         return MaintenanceReport(False, policy.source, plan, trash, archived, purged)
 
     def run_if_due(
@@ -739,8 +745,8 @@ class Maintenance:
             if not held:
                 return None
             last = self.journal.last_run()
-            if last is not None and self.clock() - last < interval:
-                return None
+            if last is not None and timedelta(0) <= self.clock() - last < interval:
+                return None  # (a stamp in the future, a clock set back, does not count)
             return self.run(stop=stop)
 
 
