@@ -236,9 +236,9 @@ def delete_session(
         raise contexts_api.not_found(context, state.shown_location)
     forever = purge or not isinstance(store, Lifecycle)
     if confirm if confirm is not None else forever:
-        what = "for ever" if forever else "(into the trash)"
+        what = " for ever" if purge else ""
         _confirm(
-            f"Delete {context.display} and all its history {what}?",
+            f"Delete {context.display} and all its history{what}?",
             yes,
             f"refusing to delete '{context.display}'",
         )
