@@ -339,3 +339,39 @@ def test_delete_purge_asks_on_a_terminal(tmp_path: Path) -> None:
     assert child.exitstatus == 0
     with FsStore(root) as fs:
         assert fs.get_head(ContextId.parse("cli:main")) is None
+
+
+def test_json_fields_are_documented(store: MemoryStore, later: None) -> None:
+    """Every key the lifecycle commands' --json prints appears in its section of docs/cli.md."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text(encoding="utf-8")
+
+    def section(command: str) -> str:
+        match = re.search(rf"^### terrarium {command}\n(.*?)(?=^##)", text, re.M | re.S)
+        assert match, command
+        return match.group(1)
+
+    def keys(value: object) -> set[str]:
+        if isinstance(value, dict):
+            return set(value) | {k for inner in value.values() for k in keys(inner)}
+        if isinstance(value, list):
+            return {k for inner in value for k in keys(inner)}
+        return set()
+
+    policy = config_path()
+    policy.parent.mkdir(parents=True)
+    policy.write_text('[retention]\narchive_after = "30d"\n')
+    runs = [
+        ("archive", ["archive", "--older-than", "30d", "--dry-run"]),
+        ("maintain", ["maintain", "--dry-run"]),
+        ("archive", ["archive", "cli:a"]),
+        ("maintain", ["maintain"]),
+    ]
+    ok("delete", "irc:c")
+    runs.append(("trash", ["trash", "list"]))
+    for command, args in runs:
+        # maintain's entries are documented as those of archive and trash list
+        shown = section(command) + (section("archive") + section("trash")) * (command == "maintain")
+        for key in keys(json.loads(ok(*args, "--json").stdout)):
+            assert f"`{key}`" in shown, f"{args}: {key} not documented"
