@@ -203,11 +203,10 @@ def plan_archive(
     moment = now or _now()
     pins = lifecycle.pinned_contexts()
     wanted = {str(n) for n in names}
-    rows = contexts.list_contexts(store, type=type).rows
-    hot = {row.context_id for row in rows if row.legacy_path is None}
     for name in names:
-        if str(name) not in hot and not lifecycle.is_archived(name):
+        if store.get_head(name) is None:
             raise contexts.not_found(name)
+    rows = contexts.list_contexts(store, type=type).rows
     plan = ArchivePlan([])
     for row in rows:
         if row.legacy_path is not None or (wanted and row.context_id not in wanted):
