@@ -375,3 +375,17 @@ def test_json_fields_are_documented(store: MemoryStore, later: None) -> None:
         shown = section(command) + (section("archive") + section("trash")) * (command == "maintain")
         for key in keys(json.loads(ok(*args, "--json").stdout)):
             assert f"`{key}`" in shown, f"{args}: {key} not documented"
+
+
+def test_a_progress_bar_only_when_stderr_is_a_terminal(
+    store: MemoryStore, later: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a terminal, archive draws click's progress bar (labelled) on stderr; elsewhere it
+    prints only its one summary line (see test_archive_by_age_and_type_then_list_shows_states)."""
+    from terrarium.cli.output import Output
+
+    monkeypatch.setattr(Output, "err_rich", property(lambda self: True))
+    monkeypatch.setattr(Output, "note", lambda self, text, style="": print(text, file=sys.stderr))
+    result = ok("archive", "--older-than", "30d")
+    assert result.stderr.startswith("archiving")
+    assert "archived 2 sessions" in result.stderr

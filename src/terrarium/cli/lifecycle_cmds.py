@@ -75,7 +75,7 @@ AGE_HELP = "Only sessions inactive for longer than AGE (30d, 12h, 2w); pinned on
 
 @reads_store
 @cli.command()
-@click.argument("contexts", nargs=-1, type=CONTEXT)
+@click.argument("contexts", nargs=-1, type=CONTEXT, metavar="[CONTEXT]...")
 @click.option("--older-than", "older_than", metavar="AGE", help=AGE_HELP)
 @click.option("--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...).")
 @click.option("--dry-run", is_flag=True, help="Only print what would move and the bytes saved.")
@@ -193,7 +193,7 @@ def archived_json(archived: ArchivedContext) -> dict[str, Any]:
 
 @reads_store
 @cli.command()
-@click.argument("contexts", nargs=-1, type=CONTEXT, required=True)
+@click.argument("contexts", nargs=-1, type=CONTEXT, required=True, metavar="CONTEXT...")
 @storage_option
 @click.pass_context
 def unarchive(ctx: click.Context, contexts: tuple[ContextId, ...]) -> None:
