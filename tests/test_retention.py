@@ -21,7 +21,7 @@ from fakeserver import FakeServer
 from helpers.history import add_context
 from terrarium import FsStore, MemoryStore
 from terrarium.agent.multi_context_manager import MultiContextManager
-from terrarium.errors import InvalidRetention
+from terrarium.errors import ContextNotFound, InvalidRetention
 from terrarium.lifecycle import (
     Maintenance,
     MaintenanceLog,
@@ -316,3 +316,30 @@ def test_maintain_true_without_a_policy_moves_nothing(fake_server: FakeServer) -
 
     asyncio.run(main())
     assert store.archived_contexts() == [] and len(store.trashed_contexts()) == 1
+
+
+def test_the_manager_delete_keeps_its_seed_meaning_and_goes_to_the_trash(
+    fake_server: FakeServer,
+) -> None:
+    """MultiContextManager.delete_context: gone from list_all_contexts and get_stats, but in
+    the trash (restorable), and logged with the manager as the why."""
+    store = old_store()
+
+    async def main() -> None:
+        client = VLLMClient(base_url=fake_server.root_url, max_retries=0)
+        manager = MultiContextManager(client, store=store)
+        try:
+            assert manager.delete_context("cli:a") is True
+            rows = [row for group in manager.list_all_contexts().values() for row in group]
+            assert rows and "cli:a" not in [row["context_id"] for row in rows]
+            with pytest.raises(ContextNotFound):
+                manager.get_stats("cli:a")
+        finally:
+            await manager.aclose()
+
+    asyncio.run(main())
+    entry = next(e for e in store.trashed_contexts() if e.context == "cli:a")
+    store.restore_trashed(entry.trash_id)
+    assert store.get_head(ContextId.parse("cli:a")) is not None
+    (record,) = [r for r in MaintenanceLog.of(store).records() if r.get("context") == "cli:a"]
+    assert record["why"] == "MultiContextManager.delete_context"
