@@ -29,3 +29,12 @@ def fake_server() -> Iterator[FakeServer]:
     """A fake OpenAI-compatible model server on 127.0.0.1 (see tests/fakeserver.py)."""
     with FakeServer() as server:
         yield server
+
+
+@pytest.fixture(autouse=True)
+def _private_xdg(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point ``XDG_CONFIG_HOME`` and ``XDG_STATE_HOME`` into a temporary folder: no test reads
+    the user's retention policy or writes a maintenance log into their home."""
+    base = tmp_path_factory.mktemp("xdg")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(base / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(base / "state"))

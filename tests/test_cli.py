@@ -202,6 +202,8 @@ def test_list_json_schema(seeded: Path) -> None:
             "legacy",
             "legacy_path",
             "problem",
+            "state",
+            "pinned",
         }
         assert row["problem"] is None
     old = rows[1]
@@ -322,11 +324,11 @@ def test_stats_one_and_all(seeded: Path) -> None:
 # --------------------------------------------------------------------------- delete, clear, fork
 
 
-def test_delete_needs_yes_without_a_terminal(seeded: Path) -> None:
-    result = invoke("delete", "cli:main", "--storage-dir", str(seeded))
+def test_delete_purge_needs_yes_without_a_terminal(seeded: Path) -> None:
+    result = invoke("delete", "cli:main", "--purge", "--storage-dir", str(seeded))
     assert_one_line_error(result, "--yes")
     assert message_count(seeded, "cli:main") == 4
-    result = invoke("delete", "cli:main", "--yes", "--storage-dir", str(seeded))
+    result = invoke("delete", "cli:main", "--purge", "--yes", "--storage-dir", str(seeded))
     assert result.exit_code == 0
     ids = [
         c["context_id"]

@@ -14,6 +14,13 @@ from terrarium.cli.examples import EXAMPLES
 
 with click.Context(cli) as _listing:
     NAMES = cli.list_commands(_listing)  # with those loaded on first use (chat)
+    # A group's subcommands have their own examples, as "trash list".
+    NAMES += [
+        f"{name} {sub}"
+        for name in list(NAMES)
+        if isinstance(group := cli.get_command(_listing, name), click.Group)
+        for sub in group.list_commands(_listing)
+    ]
 
 # Paths the examples name that must exist for click.Path(exists=True) to accept them.
 EXISTING = ("old-sessions/", "main.jsonl")
@@ -21,7 +28,7 @@ EXISTING = ("old-sessions/", "main.jsonl")
 
 @pytest.mark.parametrize("name", NAMES)
 def test_help_ends_with_two_or_three_examples(name: str) -> None:
-    result = CliRunner().invoke(cli, [name, "--help"])
+    result = CliRunner().invoke(cli, [*name.split(), "--help"])
     assert result.exit_code == 0, result.output
     lines = result.output.rstrip().splitlines()
     start = max(i for i, line in enumerate(lines) if line.strip() == "Examples:")
@@ -35,7 +42,7 @@ def test_every_example_names_its_command_and_is_a_real_command() -> None:
     for name, examples in EXAMPLES.items():
         for example in examples:
             argv = shlex.split(example.rsplit("|", 1)[-1])
-            assert argv[:2] == ["terrarium", name], example
+            assert argv[: 1 + len(name.split())] == ["terrarium", *name.split()], example
 
 
 @pytest.mark.parametrize(
@@ -55,7 +62,14 @@ def test_every_example_parses(
     with click.Context(cli, info_name="terrarium") as parent:
         command = cli.get_command(parent, argv[1])
         assert command is not None, example
-        ctx = command.make_context(argv[1], argv[2:], parent=parent)
+        args = argv[2:]
+        if isinstance(command, click.Group):  # down to the subcommand
+            parent = click.Context(command, info_name=argv[1], parent=parent)
+            command = command.get_command(parent, args[0])
+            assert command is not None, example
+            ctx = command.make_context(args[0], args[1:], parent=parent)
+        else:
+            ctx = command.make_context(argv[1], args, parent=parent)
         assert ctx.args == []
 
 

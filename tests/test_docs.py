@@ -56,6 +56,22 @@ def test_every_command_has_help_and_a_documented_section(name: str) -> None:
         assert long in text, f"docs/cli.md does not document terrarium {name} {long}"
 
 
+def test_every_subcommand_has_help_and_its_options_are_documented() -> None:
+    """A group's subcommands (``trash list``) are documented in the group's section."""
+    for name in COMMAND_NAMES:
+        group = cli.commands[name]
+        if not isinstance(group, click.Group):
+            continue
+        text = section(name)
+        for sub, command in group.commands.items():
+            assert command.help and command.help.strip(), f"terrarium {name} {sub}: no help"
+            assert f"terrarium {name} {sub}" in text, f"terrarium {name} {sub} is not documented"
+            for option in options(command):
+                assert option.help and option.help.strip(), (name, sub, option.opts)
+                if option.name != "storage_dir":
+                    assert max(option.opts, key=len) in text, (name, sub, option.opts)
+
+
 def test_every_section_is_a_command() -> None:
     documented = set(re.findall(r"^### terrarium (\S+)$", TEXT, re.M))
     assert documented == set(COMMAND_NAMES)

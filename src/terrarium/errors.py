@@ -6,6 +6,7 @@
     ├── InvalidContextId (also ValueError)
     ├── InvalidEntry (also ValueError)
     ├── InvalidQuery (also ValueError)
+    ├── InvalidRetention (also ValueError)
     ├── NothingToCompact
     ├── StoreError
     │   ├── ContextNotFound (also KeyError)
@@ -47,6 +48,10 @@ class InvalidEntry(TerrariumError, ValueError):
 
 class InvalidQuery(TerrariumError, ValueError):
     """A search query has nothing to search for, or a filter that cannot be valid."""
+
+
+class InvalidRetention(TerrariumError, ValueError):
+    """An age (``30d``) or a retention policy file is malformed; the message names the key."""
 
 
 class NothingToCompact(TerrariumError):

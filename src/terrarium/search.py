@@ -33,7 +33,14 @@ from typing import Any
 
 from terrarium.errors import IndexUnavailable, InvalidQuery
 from terrarium.model import HISTORY_KINDS, ContextId, item_role, item_text
-from terrarium.stores.base import Searchable, SearchHit, SearchQuery, Store
+from terrarium.stores.base import (
+    Lifecycle,
+    PodMetadata,
+    Searchable,
+    SearchHit,
+    SearchQuery,
+    Store,
+)
 from terrarium.stores.fts import (
     TAG_TOKENS,
     bm25,
@@ -98,7 +105,7 @@ def scan(store: Store, query: SearchQuery | str) -> list[SearchHit]:
     q = check_query(query)
     phrases = [tokenize(term) for term in query_terms(q.text)]
     docs: list[_Doc] = []
-    for head in store.list_contexts():
+    for head in _heads(store, archived=query.archived):
         context = ContextId.parse(head.context)
         for segment_id in store.list_segments(head.session_id):
             read = store.read_segment(head.session_id, segment_id)
@@ -145,6 +152,17 @@ def scan(store: Store, query: SearchQuery | str) -> list[SearchHit]:
             )
         )
     return hits
+
+
+def _heads(store: Store, *, archived: bool) -> list[PodMetadata]:
+    """The hot contexts' heads, and with ``archived`` the archived ones' too."""
+    heads = store.list_contexts()
+    if archived and isinstance(store, Lifecycle):
+        for entry in store.archived_contexts():
+            head = store.get_head(ContextId.parse(entry.context))
+            if head is not None:
+                heads.append(head)
+    return heads
 
 
 def _doc(context: ContextId, head: Any, segment_id: Any, seq: int, item: Any, ts: str) -> _Doc:

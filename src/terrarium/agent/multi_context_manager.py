@@ -67,6 +67,7 @@ from terrarium.stores.base import (
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the openai client costs ~0.5 s to import; only annotations need it
+    from terrarium.lifecycle import BackgroundMaintenance, Maintenance
     from terrarium.llm.vllm_client import ChatResult, VLLMClient
 
 COMPACTION_PROMPT = (
@@ -97,6 +98,7 @@ class MultiContextManager:
         keep_after_compaction: int = 4,
         trace: bool = False,
         default_system_prompt: str | None = None,
+        maintain: bool | Maintenance = False,
     ) -> None:
         """Create a manager.
 
@@ -114,6 +116,10 @@ class MultiContextManager:
             keep_after_compaction: recent messages kept verbatim after a compaction summary.
             trace: write raw stream events to each segment's debug trace.
             default_system_prompt: system prompt for new contexts when a call gives none.
+            maintain: apply the store's retention policy (:mod:`terrarium.lifecycle`) in a
+                background thread, at most once a day across every process using the store;
+                a :class:`~terrarium.lifecycle.Maintenance` to choose the policy. Nothing
+                happens without a policy, or on a store that cannot archive (a warning).
         """
         if cache_size < 1:
             raise ValueError("cache_size must be at least 1")
@@ -144,6 +150,7 @@ class MultiContextManager:
         )
         if trace:
             self._hook_client_trace()
+        self._maintenance = _start_maintenance(self.store, maintain)
 
     def __repr__(self) -> str:
         return f"MultiContextManager({self.client!r}, store={self.store!r})"
@@ -267,14 +274,18 @@ class MultiContextManager:
             entry._reload()  # the object get_session handed out stays the context's
 
     def delete_context(self, context_id: str) -> bool:
-        """Delete the context and all its files. Returns False if it did not exist.
+        """Delete the context: gone from listings and :meth:`get_stats`. Returns False if it
+        did not exist.
 
-        Its legacy JSON file, if it has one, is not unlinked but moved into the store's
-        ``.trash/legacy/`` (see :mod:`terrarium.legacy`): moving it back undoes that part.
+        A store with a trash keeps it there until purged (``terrarium trash restore`` brings
+        it back); see :func:`terrarium.contexts.delete_context`. Its legacy JSON file, if it
+        has one, is moved into the store's ``.trash/legacy/``.
         """
         context = ContextId.parse(context_id)
         self._forget(context)
-        return contexts.delete_context(self.store, context)
+        return contexts.delete_context(
+            self.store, context, why="MultiContextManager.delete_context"
+        )
 
     # ------------------------------------------------------------------ beyond the seed
 
@@ -401,7 +412,10 @@ class MultiContextManager:
         return list(state.history)
 
     def close(self) -> None:
-        """Save what is pending and release the store (if the manager opened it)."""
+        """Save what is pending, stop the background maintenance and release the store (if
+        the manager opened it)."""
+        if self._maintenance is not None:
+            self._maintenance.stop()
         self.save()
         self._lock_pool.shutdown(wait=False)
         if self._owns_store:
@@ -746,3 +760,20 @@ def _open_store(storage_dir: str | Path) -> Store:
 
 
 __all__ = ["MultiContextManager"]
+
+
+def _start_maintenance(store: Store, maintain: bool | Maintenance) -> BackgroundMaintenance | None:
+    """The manager's background maintenance thread, started; None if it has none."""
+    if maintain is False:
+        return None
+    from terrarium.lifecycle import BackgroundMaintenance, Maintenance
+    from terrarium.stores.base import Lifecycle
+
+    if not isinstance(store, Lifecycle):
+        log.warning("maintain=True: %r cannot archive or trash; no maintenance", store)
+        return None
+    worker = BackgroundMaintenance(
+        maintain if isinstance(maintain, Maintenance) else Maintenance(store)
+    )
+    worker.start()
+    return worker

@@ -2,7 +2,8 @@
 
 ``cli`` is the Click group; :func:`main` is the console script. Modules: ``app`` (the group,
 shared options, error boundary), ``commands`` (list, show, stats, delete, clear, fork, compact,
-export, import, migrate, fsck, reindex), ``bulk`` (copy, search), ``chat`` (the chat loop),
+export, import, migrate, fsck, reindex), ``bulk`` (copy, search), ``lifecycle_cmds``
+(archive, unarchive, trash, pin, unpin, maintain; delete's trash), ``chat`` (the chat loop),
 ``serve`` (the dashboard), ``picker`` (the session picker), ``examples`` (the examples that end
 each command's help), ``seed`` (the old ``chat.py`` interface), ``output`` (terminal or plain
 output).
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 from terrarium.cli import bulk as _bulk
 from terrarium.cli import commands as _commands
+from terrarium.cli import lifecycle_cmds as _lifecycle_cmds
 from terrarium.cli.app import cli
 
-_ = (_bulk, _commands)  # imported for their commands
+_ = (_bulk, _commands, _lifecycle_cmds)  # imported for their commands
 # Imported when it runs: it needs asyncio, which no other command does (see GuardedGroup).
 cli.add_lazy(
     "chat", "terrarium.cli.chat", "Chat in a session (CONTEXT is type:name, or a name of --type)."

@@ -121,6 +121,7 @@ def redact(location: str) -> str:
     "--limit", "-n", type=click.IntRange(1, 1000), default=20, show_default=True, help="Most hits."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
+@click.option("--archived", is_flag=True, help="Also search archived sessions.")
 @storage_option
 @click.pass_context
 def search(
@@ -132,6 +133,7 @@ def search(
     role: str | None,
     limit: int,
     as_json: bool,
+    archived: bool,
 ) -> None:
     """Search every session's messages; best matches first, with highlighted snippets."""
     from terrarium.search import SearchQuery
@@ -140,7 +142,9 @@ def search(
     state = state_of(ctx)
     found = run_search(
         state.store(),
-        SearchQuery(query, type_, str(context) if context else None, since, role, limit),
+        SearchQuery(
+            query, type_, str(context) if context else None, since, role, limit, archived=archived
+        ),
     )
     if as_json:
         state.out.json(

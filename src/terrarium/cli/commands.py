@@ -84,34 +84,66 @@ class FormatChoice(click.Choice):  # type: ignore[type-arg]  # generic from clic
     help="Show at most N sessions (0: all). Default: all when piped, a screenful on a terminal.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
+@click.option("--archived", is_flag=True, help="List only archived sessions.")
+@click.option("--all", "all_", is_flag=True, help="List hot and archived sessions.")
 @storage_option
 @click.pass_context
-def list_cmd(ctx: click.Context, type_: str | None, limit: int | None, as_json: bool) -> None:
+def list_cmd(
+    ctx: click.Context,
+    type_: str | None,
+    limit: int | None,
+    as_json: bool,
+    archived: bool,
+    all_: bool,
+) -> None:
     """List sessions, grouped by type, most recently active first."""
-    print_sessions(state_of(ctx), type_, as_json, limit)
+    scope = "all" if all_ else "archived" if archived else "hot"
+    print_sessions(state_of(ctx), type_, as_json, limit, scope=scope)
 
 
 def print_sessions(
-    state: CliState, type_: str | None, as_json: bool, limit: int | None = None
+    state: CliState,
+    type_: str | None,
+    as_json: bool,
+    limit: int | None = None,
+    *,
+    scope: str = "hot",
 ) -> None:
     """The session list as a table, or as JSON; past ``limit`` rows, how many more there are.
 
     With no ``limit``, a terminal gets a screenful and a pipe (or ``--json``) gets every row.
+    ``scope``: ``hot`` (the default), ``archived`` or ``all`` (a ``state`` column).
     """
-    rows = catalog.list_sessions(state, type_)
+    from terrarium.cli.lifecycle_cmds import lifecycle_rows
+
+    hot = catalog.list_sessions(state, type_) if scope != "archived" else []
+    rows, marks = lifecycle_rows(state, hot, type_, scope)
     for problem in dict.fromkeys(r.problem for r in rows if r.problem):
         state.out.note(f"warning: {problem}", style="yellow")
     if limit is None and not as_json and state.out.rich:
         limit = max(1, state.out.height() - 5)  # header, rule, the "more" line, the prompt
     shown = rows if not limit else rows[:limit]
     if as_json:
-        state.out.json({"contexts": [row.to_json() for row in shown]})
+        state.out.json(
+            {
+                "contexts": [
+                    {
+                        **row.to_json(),
+                        "state": marks.get(row.context_id, ("hot", False))[0],
+                        "pinned": marks.get(row.context_id, ("hot", False))[1],
+                    }
+                    for row in shown
+                ]
+            }
+        )
     elif not rows:
         kind = f" of type '{type_}'" if type_ is not None else ""
-        state.out.note(f"no sessions{kind} in {state.shown_location}")
+        which = "archived sessions" if scope == "archived" else "sessions"
+        state.out.note(f"no {which}{kind} in {state.shown_location}")
     else:
+        extra = ["state"] if scope != "hot" else []
         state.out.table(
-            ["context", "messages", "last active", "created", "source"],
+            ["context", "messages", "last active", "created", "source", *extra],
             [
                 [
                     r.display,
@@ -119,6 +151,7 @@ def print_sessions(
                     short_time(r.last_active),
                     r.date,
                     "legacy" if r.legacy_path else "log",
+                    *([_state_cell(marks, r.context_id)] if extra else []),
                 ]
                 for r in shown
             ],
@@ -126,6 +159,12 @@ def print_sessions(
         )
     if len(shown) < len(rows):
         state.out.note(f"{len(rows) - len(shown)} more (--limit 0 shows all)")
+
+
+def _state_cell(marks: Mapping[str, tuple[str, bool]], context_id: str) -> str:
+    """``hot``, ``archived``, ``hot, pinned``..."""
+    state, pinned = marks.get(context_id, ("hot", False))
+    return f"{state}, pinned" if pinned else state
 
 
 # --------------------------------------------------------------------------- show
@@ -403,26 +442,36 @@ def _calls(usage: dict[str, Any]) -> str:
 @reads_store
 @cli.command()
 @click.argument("context", type=CONTEXT)
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option(
+    "--purge",
+    is_flag=True,
+    help="Delete for ever, bypassing the trash (asks first on a terminal).",
+)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (of --purge).")
 @storage_option
 @click.pass_context
-def delete(ctx: click.Context, context: ContextId, yes: bool) -> None:
-    """Delete a session and all its history (asks first on a terminal)."""
-    delete_session(state_of(ctx), context, yes)
+def delete(ctx: click.Context, context: ContextId, purge: bool, yes: bool) -> None:
+    """Delete a session: into the trash ('terrarium trash restore' undoes it).
+
+    With --purge it is deleted for ever, after a question on a terminal (--yes in
+    scripts; without a terminal and without --yes it refuses). A store without a
+    trash always deletes for ever, so it always asks.
+    """
+    delete_session(state_of(ctx), context, yes, purge=purge)
 
 
-def delete_session(state: CliState, context: ContextId, yes: bool) -> None:
-    """Delete ``context`` from the log, and move its legacy file to the trash, once confirmed."""
-    if not catalog.exists(state, context):
-        raise contexts.not_found(context, state.shown_location)
-    if not yes:
-        if not sys.stdin.isatty():
-            raise click.ClickException(
-                f"refusing to delete '{context.display}' without confirmation: pass --yes"
-            )
-        click.confirm(f"Delete {context.display} and all its history?", abort=True)
-    contexts.delete_context(state.store(), context)
-    state.out.note(f"deleted {context.display}", style="green")
+def delete_session(
+    state: CliState,
+    context: ContextId,
+    yes: bool,
+    *,
+    purge: bool = False,
+    confirm: bool | None = None,
+) -> None:
+    """Delete ``context`` (:func:`terrarium.cli.lifecycle_cmds.delete_session`)."""
+    from terrarium.cli.lifecycle_cmds import delete_session as delete
+
+    delete(state, context, yes, purge=purge, confirm=confirm)
 
 
 @reads_store

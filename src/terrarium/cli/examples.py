@@ -15,7 +15,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "list": (
         "terrarium list",
         "terrarium list --type irc",
-        "terrarium list --json --storage-dir sqlite:///sessions.db",
+        "terrarium list --all --json --storage-dir sqlite:///sessions.db",
     ),
     "show": (
         "terrarium show cli:main",
@@ -29,10 +29,49 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "search": (
         "terrarium search decorator",
         "terrarium search 'connection refused' --type irc --since 2025-11-01 -n 5",
+        "terrarium search decorator --archived --json",
     ),
     "delete": (
         "terrarium delete cli:scratch",
-        "terrarium delete cli:scratch --yes",
+        "terrarium delete cli:scratch --purge --yes",
+    ),
+    "archive": (
+        "terrarium archive --older-than 30d --dry-run",
+        "terrarium archive --older-than 2w --type irc --json",
+        "terrarium archive cli:old-project 'irc:#python'",
+    ),
+    "unarchive": (
+        "terrarium unarchive cli:old-project",
+        "terrarium unarchive 'irc:#python' --storage-dir sqlite:///sessions.db",
+    ),
+    "trash": (
+        "terrarium trash list",
+        "terrarium trash restore cli:scratch --as cli:scratch-2",
+        "terrarium trash purge --older-than 30d --yes",
+    ),
+    "trash list": (
+        "terrarium trash list",
+        "terrarium trash list --json",
+    ),
+    "trash restore": (
+        "terrarium trash restore cli:scratch",
+        "terrarium trash restore cli:scratch --as cli:scratch-2",
+    ),
+    "trash purge": (
+        "terrarium trash purge --older-than 30d --dry-run",
+        "terrarium trash purge cli:scratch --yes",
+    ),
+    "pin": (
+        "terrarium pin cli:main",
+        "terrarium pin 'irc:#python' --storage-dir sqlite:///sessions.db",
+    ),
+    "unpin": (
+        "terrarium unpin cli:main",
+        "terrarium unpin 'irc:#python' --storage-dir sqlite:///sessions.db",
+    ),
+    "maintain": (
+        "terrarium maintain --dry-run",
+        "terrarium maintain --json --storage-dir sqlite:///sessions.db",
     ),
     "clear": (
         "terrarium clear cli:main",
@@ -82,7 +121,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "terrarium reindex --storage-dir sqlite:///sessions.db",
     ),
 }
-"""Two or three invocations per command, by command name."""
+"""Two or three invocations per command, by command name (a group's subcommand as
+``"trash list"``)."""
 
 
 def epilog(name: str) -> str | None:

@@ -58,7 +58,7 @@ def seed_chat(
         return
     kind = type_ or "cli"
     if delete_session is not None:
-        commands.delete_session(state, ContextId(kind, delete_session), yes)
+        commands.delete_session(state, ContextId(kind, delete_session), yes, confirm=True)
         return
     context = ContextId(kind, session_id) if session_id is not None else None
     options = ChatOptions(base_url, model, retries, timeout, system_prompt)

@@ -1,0 +1,542 @@
+"""The lifecycle commands: archive, unarchive, trash (list, restore, purge), pin, unpin and
+maintain; and the lifecycle parts of ``delete``, ``list --archived``/``--all``.
+
+Each one calls :mod:`terrarium.lifecycle` and the store's
+:class:`~terrarium.stores.base.Lifecycle` methods; a store without them is the one-line error
+``... this backend cannot archive, trash or pin sessions``. Results go to stdout, summaries to
+stderr (one line each); a progress bar is drawn on stderr only when it is a terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from terrarium.cli import examples
+from terrarium.cli.app import CONTEXT, CliState, cli, reads_store, state_of, storage_option
+from terrarium.cli.output import plural, short_time
+
+if TYPE_CHECKING:
+    from terrarium.contexts import ContextRow
+    from terrarium.lifecycle import ArchivePlan, MaintenanceReport
+    from terrarium.model import ContextId
+    from terrarium.stores.base import ArchivedContext, Lifecycle, TrashedContext
+
+
+def _lifecycle(state: CliState) -> Lifecycle:
+    from terrarium.lifecycle import require_lifecycle
+
+    return require_lifecycle(state.store(), state.shown_location)
+
+
+def human_bytes(count: int) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _age(value: str | None) -> Any:
+    from terrarium.lifecycle import parse_age
+
+    return None if value is None else parse_age(value)
+
+
+@contextmanager
+def _progress(state: CliState, total: int, label: str) -> Iterator[Callable[[str], None] | None]:
+    """A progress callback drawing a bar on stderr when it is a terminal, else None."""
+    if not state.out.err_rich or total < 2:
+        yield None
+        return
+    with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
+        yield lambda _item: bar.update(1)
+
+
+def _confirm(question: str, yes: bool, refusal: str) -> None:
+    """Ask on a terminal; without one, refuse (one line, exit 1) unless ``--yes``."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise click.ClickException(f"{refusal} without confirmation: pass --yes")
+    click.confirm(question, abort=True)
+
+
+AGE_HELP = "Only sessions inactive for longer than AGE (30d, 12h, 2w); pinned ones are skipped."
+
+# --------------------------------------------------------------------------- archive
+
+
+@reads_store
+@cli.command()
+@click.argument("contexts", nargs=-1, type=CONTEXT, metavar="[CONTEXT]...")
+@click.option("--older-than", "older_than", metavar="AGE", help=AGE_HELP)
+@click.option("--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...).")
+@click.option("--dry-run", is_flag=True, help="Only print what would move and the bytes saved.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
+@storage_option
+@click.pass_context
+def archive(
+    ctx: click.Context,
+    contexts: tuple[ContextId, ...],
+    older_than: str | None,
+    type_: str | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Move inactive sessions into the archive (compressed, out of the hot listing).
+
+    Archived sessions still show, export and search (--archived); chatting in one, or
+    any write, brings it back first. Sessions named as CONTEXT are archived even when
+    pinned; a selection by --older-than skips pinned ones.
+    """
+    from terrarium.lifecycle import plan_archive, run_archive
+
+    state = state_of(ctx)
+    _lifecycle(state)
+    plan = plan_archive(
+        state.store(), older_than=_age(older_than), type=type_, names=list(contexts)
+    )
+    if dry_run:
+        _print_plan(state, plan, as_json)
+        return
+    with _progress(state, len(plan.candidates), "archiving") as progress:
+        done = run_archive(state.store(), plan, why="command: terrarium archive", progress=progress)
+    saved = sum(a.hot_bytes - a.archived_bytes for a in done)
+    if as_json:
+        state.out.json(
+            {
+                "dry_run": False,
+                "contexts": [archived_json(a) for a in done],
+                "skipped_pinned": plan.skipped_pinned,
+                "bytes_saved": saved,
+            }
+        )
+    elif done:
+        hot = sum(a.hot_bytes for a in done)
+        state.out.note(
+            f"archived {plural(len(done), 'session')}: {human_bytes(hot)} -> "
+            f"{human_bytes(hot - saved)} (saved {human_bytes(saved)})",
+            style="green",
+        )
+    _note_pinned(state, plan, as_json, done_nothing=not done)
+
+
+def _print_plan(state: CliState, plan: ArchivePlan, as_json: bool) -> None:
+    """``archive --dry-run``: every session that would move, and the bytes it would free."""
+    if as_json:
+        state.out.json(
+            {
+                "dry_run": True,
+                "contexts": [c.to_json() for c in plan.candidates],
+                "skipped_pinned": plan.skipped_pinned,
+                "bytes_saved": plan.hot_bytes,
+            }
+        )
+        return
+    if plan.candidates:
+        state.out.table(
+            ["context", "messages", "last active", "size", "pinned"],
+            [
+                [
+                    c.context,
+                    str(c.message_count),
+                    short_time(c.last_active),
+                    human_bytes(c.hot_bytes),
+                    "pinned" if c.pinned else "",
+                ]
+                for c in plan.candidates
+            ],
+            justify={"messages": "right", "size": "right"},
+        )
+        state.out.note(
+            f"would archive {plural(len(plan.candidates), 'session')}, "
+            f"{human_bytes(plan.hot_bytes)} out of the hot store (before compression)"
+        )
+    _note_pinned(state, plan, False, done_nothing=not plan.candidates)
+
+
+def _note_pinned(state: CliState, plan: ArchivePlan, as_json: bool, *, done_nothing: bool) -> None:
+    if as_json:
+        return
+    if plan.skipped_pinned:
+        state.out.note(
+            f"skipped {plural(len(plan.skipped_pinned), 'pinned session')} "
+            "(name one to archive it anyway)"
+        )
+    elif done_nothing:
+        state.out.note("nothing to archive")
+
+
+def archived_json(archived: ArchivedContext) -> dict[str, Any]:
+    """An archived context as ``archive --json`` prints it (keys as ``list --json``)."""
+    type_, _, name = archived.context.partition(":")
+    return {
+        "context_id": archived.context,
+        "type": type_,
+        "name": name,
+        "date": archived.date,
+        "last_active": archived.last_active,
+        "message_count": archived.message_count,
+        "archived_at": archived.archived_at,
+        "hot_bytes": archived.hot_bytes,
+        "archived_bytes": archived.archived_bytes,
+        "pinned": archived.pinned,
+    }
+
+
+@reads_store
+@cli.command()
+@click.argument("contexts", nargs=-1, type=CONTEXT, required=True, metavar="CONTEXT...")
+@storage_option
+@click.pass_context
+def unarchive(ctx: click.Context, contexts: tuple[ContextId, ...]) -> None:
+    """Move archived sessions back to the hot store (a chat in one does it by itself)."""
+    from terrarium import contexts as contexts_api
+
+    state = state_of(ctx)
+    lifecycle = _lifecycle(state)
+    for context in contexts:
+        if lifecycle.unarchive_context(context):
+            state.out.note(f"unarchived {context.display}", style="green")
+        elif state.store().get_head(context) is not None:
+            state.out.note(f"{context.display} is not archived")
+        else:
+            raise contexts_api.not_found(context, state.shown_location)
+
+
+# --------------------------------------------------------------------------- delete
+
+
+def delete_session(
+    state: CliState,
+    context: ContextId,
+    yes: bool,
+    *,
+    purge: bool = False,
+    confirm: bool | None = None,
+) -> None:
+    """``delete``: into the trash (no question: it can be undone), or for ever with ``purge``
+    (asked first on a terminal, refused without one unless ``yes``). A store without a trash
+    deletes for ever, so it asks as ``purge`` does; ``confirm`` forces the question either way.
+    """
+    from terrarium import contexts as contexts_api
+    from terrarium import lifecycle
+    from terrarium.cli import catalog
+    from terrarium.stores.base import Lifecycle
+
+    store = state.store()
+    if not catalog.exists(state, context):
+        raise contexts_api.not_found(context, state.shown_location)
+    forever = purge or not isinstance(store, Lifecycle)
+    if confirm if confirm is not None else forever:
+        what = " for ever" if purge else ""
+        _confirm(
+            f"Delete {context.display} and all its history{what}?",
+            yes,
+            f"refusing to delete '{context.display}'",
+        )
+    if purge:
+        lifecycle.purge(store, context, why="command: terrarium delete --purge")
+        state.out.note(f"deleted {context.display} for ever", style="green")
+        return
+    entry = lifecycle.delete_to_trash(store, context, why="command: terrarium delete")
+    if entry is None:
+        state.out.note(f"deleted {context.display}", style="green")
+        return
+    state.out.note(
+        f"deleted {context.display} (moved to the trash; undo with: "
+        f"terrarium trash restore {entry.trash_id})",
+        style="green",
+    )
+
+
+# --------------------------------------------------------------------------- trash
+
+
+class TrashGroup(click.Group):
+    """``trash``: its subcommands' help ends with their examples, as every command's does."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        """Add a subcommand; its ``--help`` ends with ``examples["trash NAME"]``."""
+        super().add_command(cmd, name)
+        if cmd.epilog is None:
+            cmd.epilog = examples.epilog(f"trash {name or cmd.name}")
+
+
+@cli.group(cls=TrashGroup)
+@storage_option
+def trash() -> None:
+    """Deleted sessions: list them, restore one, or purge them for ever."""
+
+
+reads_store(trash)
+
+
+def trashed_json(entry: TrashedContext) -> dict[str, Any]:
+    """A trash entry as ``trash list --json`` prints it."""
+    type_, _, name = entry.context.partition(":")
+    return {
+        "trash_id": entry.trash_id,
+        "context_id": entry.context,
+        "type": type_,
+        "name": name,
+        "date": entry.date,
+        "deleted_at": entry.deleted_at,
+        "archived": entry.archived,
+        "message_count": entry.message_count,
+        "bytes": entry.bytes,
+        "pinned": entry.pinned,
+    }
+
+
+def _print_trash(state: CliState, entries: Sequence[TrashedContext]) -> None:
+    state.out.table(
+        ["trash id", "context", "deleted", "messages", "size", "state"],
+        [
+            [
+                e.trash_id,
+                e.context,
+                short_time(e.deleted_at),
+                str(e.message_count),
+                human_bytes(e.bytes),
+                ", ".join(s for s, on in (("archived", e.archived), ("pinned", e.pinned)) if on)
+                or "-",
+            ]
+            for e in entries
+        ],
+        justify={"messages": "right", "size": "right"},
+    )
+
+
+@reads_store
+@trash.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
+@storage_option
+@click.pass_context
+def trash_list(ctx: click.Context, as_json: bool) -> None:
+    """List the trash, most recently deleted first."""
+    state = state_of(ctx)
+    entries = _lifecycle(state).trashed_contexts()
+    if as_json:
+        state.out.json({"trash": [trashed_json(e) for e in entries]})
+    elif not entries:
+        state.out.note(f"the trash of {state.shown_location} is empty")
+    else:
+        _print_trash(state, entries)
+
+
+@reads_store
+@trash.command("restore")
+@click.argument("target", metavar="CONTEXT|TRASH_ID")
+@click.option(
+    "--as", "as_context", type=CONTEXT, default=None, help="Restore it under this context id."
+)
+@storage_option
+@click.pass_context
+def trash_restore(ctx: click.Context, target: str, as_context: ContextId | None) -> None:
+    """Bring a deleted session back, archived if it was; a context id picks its latest deletion."""
+    from terrarium.errors import ContextExists
+    from terrarium.lifecycle import find_trashed
+
+    state = state_of(ctx)
+    lifecycle = _lifecycle(state)
+    entry = find_trashed(state.store(), target)
+    try:
+        head = lifecycle.restore_trashed(entry.trash_id, as_context=as_context)
+    except ContextExists as exc:
+        raise ContextExists(f"{exc}: restore it under another id with --as") from None
+    where = " (archived)" if entry.archived else ""
+    state.out.note(f"restored {head.context}{where}", style="green")
+
+
+@reads_store
+@trash.command("purge")
+@click.argument("targets", nargs=-1, metavar="[CONTEXT|TRASH_ID]...")
+@click.option(
+    "--older-than",
+    "older_than",
+    metavar="AGE",
+    help="Only entries deleted longer ago than AGE (30d, 12h, 2w).",
+)
+@click.option("--dry-run", is_flag=True, help="Only print what would be purged.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@storage_option
+@click.pass_context
+def trash_purge(
+    ctx: click.Context, targets: tuple[str, ...], older_than: str | None, dry_run: bool, yes: bool
+) -> None:
+    """Delete trash entries for ever: those named, else those older than AGE, else all.
+
+    A context id names every trash entry of it. Without names, pinned entries are kept.
+    Asks first on a terminal; without one it refuses unless --yes.
+    """
+    from terrarium.lifecycle import plan_trash_purge, run_trash_purge
+
+    state = state_of(ctx)
+    _lifecycle(state)
+    entries = plan_trash_purge(state.store(), older_than=_age(older_than), targets=targets)
+    total = human_bytes(sum(e.bytes for e in entries))
+    if not entries:
+        state.out.note("nothing to purge")
+        return
+    if dry_run:
+        _print_trash(state, entries)
+        state.out.note(f"would purge {plural(len(entries), 'session')} ({total})")
+        return
+    _confirm(
+        f"Delete {plural(len(entries), 'session')} ({total}) for ever?",
+        yes,
+        "refusing to purge the trash",
+    )
+    with _progress(state, len(entries), "purging") as progress:
+        done = run_trash_purge(
+            state.store(), entries, why="command: terrarium trash purge", progress=progress
+        )
+    freed = human_bytes(sum(e.bytes for e in done))
+    state.out.note(f"purged {plural(len(done), 'session')} ({freed})", style="green")
+
+
+# --------------------------------------------------------------------------- pin
+
+
+def _pin(ctx: click.Context, context: ContextId, pinned: bool) -> None:
+    from terrarium import contexts as contexts_api
+
+    state = state_of(ctx)
+    if not _lifecycle(state).pin_context(context, pinned):
+        raise contexts_api.not_found(context, state.shown_location)
+    if pinned:
+        state.out.note(f"pinned {context.display}: no policy archives or purges it", style="green")
+    else:
+        state.out.note(f"unpinned {context.display}", style="green")
+
+
+@reads_store
+@cli.command()
+@click.argument("context", type=CONTEXT)
+@storage_option
+@click.pass_context
+def pin(ctx: click.Context, context: ContextId) -> None:
+    """Pin a session: no policy or age selection archives or purges it."""
+    _pin(ctx, context, True)
+
+
+@reads_store
+@cli.command()
+@click.argument("context", type=CONTEXT)
+@storage_option
+@click.pass_context
+def unpin(ctx: click.Context, context: ContextId) -> None:
+    """Unpin a session (policies may archive it again)."""
+    _pin(ctx, context, False)
+
+
+# --------------------------------------------------------------------------- maintain
+
+
+@reads_store
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Only print what the policy would do.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
+@storage_option
+@click.pass_context
+def maintain(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
+    """Apply the retention policy: archive inactive sessions, purge old trash.
+
+    For cron: silent unless something moved; exit code 0 on success, 1 on failure.
+    The policy is [retention] in terrarium.toml in the store's folder, else in
+    ~/.config/terrarium/config.toml; without one nothing happens.
+    """
+    from terrarium.lifecycle import Maintenance
+
+    state = state_of(ctx)
+    _lifecycle(state)
+    report = Maintenance(state.store()).run(dry_run=dry_run)
+    if as_json:
+        state.out.json(report_json(report))
+        return
+    if report.policy is None:
+        if state.out.err_rich or dry_run:
+            state.out.note("no retention policy: nothing to do (see docs/cli.md, maintain)")
+        return
+    if dry_run:
+        _print_plan(state, report.to_archive, False)
+        if report.to_purge:
+            _print_trash(state, report.to_purge)
+            state.out.note(f"would purge {plural(len(report.to_purge), 'session')} from the trash")
+        return
+    for archived in report.archived:
+        state.out.line(f"archived {archived.context}")
+    for entry in report.purged:
+        state.out.line(f"purged {entry.context} ({entry.trash_id}) from the trash")
+    if report.changed:
+        state.out.note(
+            f"maintain: archived {len(report.archived)}, purged {len(report.purged)}, "
+            f"saved {human_bytes(report.bytes_saved)} (policy {report.policy})"
+        )
+
+
+def report_json(report: MaintenanceReport) -> dict[str, Any]:
+    """``maintain --json``."""
+    if report.dry_run:
+        archive = [c.to_json() for c in report.to_archive.candidates]
+        purge = [trashed_json(e) for e in report.to_purge]
+    else:
+        archive = [archived_json(a) for a in report.archived]
+        purge = [trashed_json(e) for e in report.purged]
+    return {
+        "dry_run": report.dry_run,
+        "policy": report.policy,
+        "archived": archive,
+        "purged": purge,
+        "skipped_pinned": report.to_archive.skipped_pinned,
+        "bytes_saved": report.bytes_saved,
+    }
+
+
+# --------------------------------------------------------------------------- list
+
+
+def lifecycle_rows(
+    state: CliState, rows: list[ContextRow], type_: str | None, scope: str
+) -> tuple[list[ContextRow], dict[str, tuple[str, bool]]]:
+    """``list``'s rows for ``scope`` (``hot``, ``archived`` or ``all``), and each one's state
+    and pin, by context id. A store without a trash or archive has only hot rows, unpinned."""
+    from terrarium.contexts import ContextRow
+    from terrarium.model import ContextId
+    from terrarium.stores.base import Lifecycle
+
+    store = state.store()
+    if not isinstance(store, Lifecycle):
+        kept = rows if scope != "archived" else []
+        return kept, {r.context_id: ("hot", False) for r in kept}
+    pins = store.pinned_contexts()
+    marks = {r.context_id: ("hot", r.context_id in pins) for r in rows}
+    if scope == "hot":
+        return rows, marks
+    out = list(rows) if scope == "all" else []
+    for archived in store.archived_contexts(type_):
+        head = store.get_head(ContextId.parse(archived.context))
+        created = head.created_at if head is not None else archived.date
+        type_name = archived.context.partition(":")[0]
+        out.append(
+            ContextRow(
+                archived.context,
+                type_name,
+                archived.date,
+                created,
+                archived.last_active,
+                archived.message_count,
+            )
+        )
+        marks[archived.context] = ("archived", archived.pinned)
+    out.sort(key=lambda r: r.last_active, reverse=True)
+    out.sort(key=lambda r: r.type)
+    return out, marks

@@ -1,0 +1,819 @@
+"""Archive, trash and retention above the stores: what to move, why, and a log of every removal.
+
+The stores move contexts (:class:`~terrarium.stores.base.Lifecycle`); this module decides which
+ones, for every backend alike, through that protocol only:
+
+* **Ages** (``30d``, ``12h``, ``2w``) parse with :func:`parse_age`.
+* **Selection.** :func:`plan_archive` picks hot contexts inactive longer than an age (by
+  ``last_active``), of a type, or by name; :func:`plan_trash_purge` picks trash entries deleted
+  longer ago than an age, or by trash or context id. A selection by age (or a policy) skips
+  pinned contexts; a context named explicitly is taken even when pinned.
+* **Plans** say what would move and how many bytes the hot store would give up (the size of
+  each context's log as JSON lines, an estimate); running a plan reports the store's own
+  figures (:class:`~terrarium.stores.base.ArchivedContext`).
+* **Policy.** :func:`load_policy` reads ``[retention]`` from ``terrarium.toml`` in the store's
+  root (the filesystem store's folder, the folder holding a SQLite file) or, when there is
+  none, from ``$XDG_CONFIG_HOME/terrarium/config.toml`` (``~/.config``). Without a policy
+  nothing is archived or purged by :class:`Maintenance`.
+* **Log.** Every removal (archive, delete to the trash, trash purge, purge) is appended to the
+  store's :class:`MaintenanceLog` (JSON lines, ``0600``): what, when and why. A ``maintain``
+  record closes each policy run and is the stamp that keeps background runs to one a day.
+
+Usage::
+
+    plan = lifecycle.plan_archive(store, older_than=lifecycle.parse_age("30d"))
+    lifecycle.run_archive(store, plan, why="command: terrarium archive")
+    Maintenance(store).run()  # the policy, if one is configured
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import threading
+import tomllib
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from terrarium import codec, contexts
+from terrarium.errors import InvalidRetention, NotInTrash, StoreError
+from terrarium.model import ContextId, utc_now
+from terrarium.stores._files import make_dirs, open_private, write_all
+from terrarium.stores.base import ArchivedContext, Lifecycle, Store, TrashedContext
+
+log = logging.getLogger(__name__)
+
+#: The policy file in a store's root.
+POLICY_FILE = "terrarium.toml"
+#: The maintenance log beside a filesystem store (a SQLite file has ``{db}.maintenance.log``).
+LOG_NAME = "maintenance.log"
+#: A background maintenance runs the policy at most once per this interval.
+DAILY = timedelta(days=1)
+
+Progress = Callable[[str], None]
+"""Called with each context id (or trash id) once it has been handled."""
+
+# --------------------------------------------------------------------------- ages
+
+_AGE = re.compile(r"\s*(\d+)\s*([hdw])\s*", re.I)
+_UNITS = {"h": timedelta(hours=1), "d": timedelta(days=1), "w": timedelta(weeks=1)}
+
+
+def parse_age(text: str | int) -> timedelta:
+    """``30d``, ``12h``, ``2w`` (or a number of days) as a timedelta.
+
+    Raises:
+        InvalidRetention: anything else, or an age of zero.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        amount, unit = text, "d"
+    else:
+        match = _AGE.fullmatch(str(text))
+        if match is None:
+            raise InvalidRetention(
+                f"bad age {text!r}: use a number and a unit, h, d or w (30d, 12h, 2w)"
+            )
+        amount, unit = int(match.group(1)), match.group(2).lower()
+    if amount <= 0:
+        raise InvalidRetention(f"bad age {text!r}: it must be more than zero")
+    return amount * _UNITS[unit]
+
+
+def show_age(age: timedelta) -> str:
+    """An age as :func:`parse_age` reads it (``30d``, ``12h``, ``2w``)."""
+    hours = int(age.total_seconds() // 3600)
+    if hours % (24 * 7) == 0:
+        return f"{hours // (24 * 7)}w"
+    return f"{hours // 24}d" if hours % 24 == 0 else f"{hours}h"
+
+
+def _parse_time(ts: str) -> datetime | None:
+    try:
+        moment = datetime.fromisoformat(ts)
+    except (TypeError, ValueError):
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+# --------------------------------------------------------------------------- the protocol
+
+
+def require_lifecycle(store: Store, where: str | None = None) -> Lifecycle:
+    """``store`` as a :class:`Lifecycle`; StoreError in one line if its backend cannot archive."""
+    if isinstance(store, Lifecycle):
+        return store
+    shown = where or repr(store)
+    raise StoreError(f"{shown}: this backend cannot archive, trash or pin sessions")
+
+
+def hot_bytes(store: Store, context: ContextId) -> int:
+    """Bytes the context's log takes as JSON lines: the hot store's size of it, estimated."""
+    head = store.get_head(context)
+    if head is None:
+        return 0
+    total = 0
+    for segment_id in store.list_segments(head.session_id):
+        read = store.read_segment(head.session_id, segment_id)
+        total += sum(len(codec.encode(line)) + 1 for line in (read.header, *read.entries))
+    return total
+
+
+# --------------------------------------------------------------------------- archive
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A hot context a plan would archive."""
+
+    context: str
+    """The context id, ``type:name``."""
+    date: str
+    """Its creation date, ``YYYY-MM-DD``."""
+    last_active: str
+    message_count: int
+    hot_bytes: int
+    """Its log's size in the hot store (estimated: JSON lines)."""
+    pinned: bool
+    """Pinned: only a context named explicitly is archived so."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form (``archive --dry-run --json``), keys as ``list --json`` names them."""
+        type_, _, name = self.context.partition(":")
+        return {
+            "context_id": self.context,
+            "type": type_,
+            "name": name,
+            "date": self.date,
+            "last_active": self.last_active,
+            "message_count": self.message_count,
+            "hot_bytes": self.hot_bytes,
+            "pinned": self.pinned,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivePlan:
+    """What an archive would move."""
+
+    candidates: list[Candidate]
+    """The contexts to archive, in listing order."""
+    skipped_pinned: list[str] = field(default_factory=list)
+    """Contexts the age selected but their pin kept."""
+
+    @property
+    def hot_bytes(self) -> int:
+        """Bytes the hot store would give up (estimated)."""
+        return sum(c.hot_bytes for c in self.candidates)
+
+
+def plan_archive(
+    store: Store,
+    *,
+    older_than: timedelta | None = None,
+    type: str | None = None,
+    names: Sequence[ContextId] = (),
+    now: datetime | None = None,
+    rules: Callable[[str], timedelta | None] | None = None,
+) -> ArchivePlan:
+    """The hot contexts to archive: inactive longer than ``older_than``, of ``type``, named.
+
+    Named contexts are taken even when pinned (the other filters still apply); a selection
+    by age alone skips pinned ones. ``rules`` (a policy's) gives each type its own age
+    instead of ``older_than`` (None: that type is never archived).
+
+    Raises:
+        ContextNotFound: a named context is neither hot nor archived.
+        InvalidRetention: no names, no age and no rules (that would archive everything).
+    """
+    lifecycle = require_lifecycle(store)
+    if not names and older_than is None and rules is None:
+        raise InvalidRetention("name the sessions to archive, or give an age (--older-than 30d)")
+    moment = now or _now()
+    pins = lifecycle.pinned_contexts()
+    wanted = {str(n) for n in names}
+    for name in names:
+        if store.get_head(name) is None:
+            raise contexts.not_found(name)
+    rows = contexts.list_contexts(store, type=type).rows
+    plan = ArchivePlan([])
+    for row in rows:
+        if row.legacy_path is not None or (wanted and row.context_id not in wanted):
+            continue
+        age = rules(row.type) if rules is not None else older_than
+        if rules is not None and age is None:
+            continue
+        if age is not None and not _older(row.last_active or row.created_at, age, moment):
+            continue
+        if row.context_id in pins and row.context_id not in wanted:
+            plan.skipped_pinned.append(row.context_id)
+            continue
+        size = hot_bytes(store, row.context)
+        plan.candidates.append(
+            Candidate(
+                row.context_id,
+                row.date,
+                row.last_active,
+                row.message_count,
+                size,
+                row.context_id in pins,
+            )
+        )
+    return plan
+
+
+def _older(ts: str, age: timedelta, now: datetime) -> bool:
+    moment = _parse_time(ts)
+    return moment is not None and now - moment > age
+
+
+def run_archive(
+    store: Store,
+    plan: ArchivePlan,
+    *,
+    why: str,
+    journal: MaintenanceLog | None = None,
+    progress: Progress | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> list[ArchivedContext]:
+    """Archive every context of ``plan``; log each one with ``why``. Returns the store's
+    figures for each; a context written or archived meanwhile by another is skipped.
+    ``stop`` is asked between contexts (a closing manager)."""
+    lifecycle = require_lifecycle(store)
+    journal = journal or MaintenanceLog.of(store)
+    done: list[ArchivedContext] = []
+    for candidate in plan.candidates:
+        if stop is not None and stop():
+            break
+        archived = lifecycle.archive_context(ContextId.parse(candidate.context))
+        if archived is not None:
+            done.append(archived)
+            journal.record(
+                "archive",
+                why,
+                context=archived.context,
+                hot_bytes=archived.hot_bytes,
+                archived_bytes=archived.archived_bytes,
+            )
+        if progress is not None:
+            progress(candidate.context)
+    return done
+
+
+# --------------------------------------------------------------------------- trash
+
+
+def find_trashed(store: Store, target: str) -> TrashedContext:
+    """The trash entry ``target`` names: a trash id, or a context id (its latest deletion).
+
+    Raises:
+        NotInTrash: nothing in the trash has that id.
+    """
+    entries = require_lifecycle(store).trashed_contexts()  # most recently deleted first
+    for entry in entries:
+        if entry.trash_id == target:
+            return entry
+    for entry in entries:
+        if entry.context == target:
+            return entry
+    raise NotInTrash(f"nothing in the trash has the id {target!r}")
+
+
+def plan_trash_purge(
+    store: Store,
+    *,
+    older_than: timedelta | None = None,
+    targets: Sequence[str] = (),
+    now: datetime | None = None,
+    rules: Callable[[str], timedelta | None] | None = None,
+) -> list[TrashedContext]:
+    """Trash entries to purge: those named (a trash id, or a context id: all its entries),
+    else those deleted longer ago than ``older_than`` (or a policy's ``rules``, by type),
+    else all. A selection that names nothing skips pinned entries.
+
+    Raises:
+        NotInTrash: a target names nothing in the trash.
+    """
+    entries = require_lifecycle(store).trashed_contexts()
+    if targets:
+        chosen: dict[str, TrashedContext] = {}
+        for target in targets:
+            matched = [e for e in entries if target in (e.trash_id, e.context)]
+            if not matched:
+                raise NotInTrash(f"nothing in the trash has the id {target!r}")
+            chosen.update((e.trash_id, e) for e in matched)
+        picked = [e for e in entries if e.trash_id in chosen]
+        return [
+            e
+            for e in picked
+            if older_than is None or _older(e.deleted_at, older_than, now or _now())
+        ]
+    moment = now or _now()
+    out = []
+    for entry in entries:
+        age = rules(entry.context.partition(":")[0]) if rules is not None else older_than
+        if rules is not None and age is None:
+            continue
+        if entry.pinned or (age is not None and not _older(entry.deleted_at, age, moment)):
+            continue
+        out.append(entry)
+    return out
+
+
+def run_trash_purge(
+    store: Store,
+    entries: Sequence[TrashedContext],
+    *,
+    why: str,
+    journal: MaintenanceLog | None = None,
+    progress: Progress | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> list[TrashedContext]:
+    """Purge each trash entry for ever; log each with ``why``. Returns those purged."""
+    lifecycle = require_lifecycle(store)
+    journal = journal or MaintenanceLog.of(store)
+    done = []
+    for entry in entries:
+        if stop is not None and stop():
+            break
+        if lifecycle.purge_trashed(entry.trash_id):
+            done.append(entry)
+            journal.record(
+                "purge_trash",
+                why,
+                context=entry.context,
+                trash_id=entry.trash_id,
+                bytes=entry.bytes,
+            )
+        if progress is not None:
+            progress(entry.trash_id)
+    return done
+
+
+def delete_to_trash(store: Store, context: ContextId, *, why: str) -> TrashedContext | None:
+    """Move ``context`` to the trash (:func:`terrarium.contexts.delete_context`) and log it.
+
+    Returns its trash entry, or None if the store has no trash (it deleted for ever).
+
+    Raises:
+        ContextNotFound: no such context.
+    """
+    if not contexts.delete_context(store, context, why=why):
+        raise contexts.not_found(context)
+    if not isinstance(store, Lifecycle):
+        return None
+    for entry in store.trashed_contexts():
+        if entry.context == str(context):
+            return entry
+    return None
+
+
+def purge(store: Store, context: ContextId, *, why: str) -> None:
+    """Delete a hot or archived context for ever, bypassing the trash, and log it.
+
+    Raises:
+        ContextNotFound: no such context.
+    """
+    if isinstance(store, Lifecycle):
+        if not store.purge_context(context):
+            raise contexts.not_found(context)
+        MaintenanceLog.of(store).record("purge", why, context=str(context))
+        return
+    if not contexts.delete_context(store, context, why=why):
+        raise contexts.not_found(context)
+
+
+# --------------------------------------------------------------------------- the log
+
+
+def log_path(store: Store) -> Path | None:
+    """Where ``store``'s maintenance log lives (None: the store keeps it in memory).
+
+    * filesystem: ``{root}/maintenance.log``;
+    * SQLite: ``{db file}.maintenance.log`` beside the database (two databases in one folder
+      keep apart logs and stamps);
+    * PostgreSQL: ``$XDG_STATE_HOME/terrarium/maintenance-{dbname}[-{schema}].log``
+      (``~/.local/state``): the database has no folder of its own.
+    """
+    root = store_root(store)
+    if root is not None:
+        path = getattr(store, "path", None)
+        return Path(f"{path}.maintenance.log") if path is not None else root / LOG_NAME
+    schema = getattr(store, "schema", None)
+    dsn = getattr(store, "_dsn", None)
+    if isinstance(dsn, str):
+        from psycopg.conninfo import conninfo_to_dict
+
+        dbname = str(conninfo_to_dict(dsn).get("dbname") or "postgres")
+        suffix = f"-{schema}" if schema and schema != "public" else ""
+        state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        return Path(state) / "terrarium" / f"maintenance-{_slug(dbname)}{_slug(suffix)}.log"
+    return None
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)
+
+
+def store_root(store: Store) -> Path | None:
+    """The folder a policy file lies in: a filesystem store's root, a SQLite file's folder."""
+    root = getattr(store, "root", None)
+    if isinstance(root, Path):
+        return root
+    path = getattr(store, "path", None)
+    return path.parent if isinstance(path, Path) else None
+
+
+class MaintenanceLog:
+    """The JSON-lines log of every removal from one store, and the daily maintenance stamp.
+
+    Each line: ``{"ts", "action", "why", ...}``, ``action`` one of ``archive``, ``trash``,
+    ``delete`` (a store without a trash), ``purge_trash``, ``purge`` (with ``context`` and
+    figures) or ``maintain`` (a policy run's end: the stamp). A store without a folder (in
+    memory) keeps its lines in memory, with the store.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        """The log file, or None (lines kept in this object)."""
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._run = threading.Lock()
+
+    @classmethod
+    def of(cls, store: Store) -> MaintenanceLog:
+        """The maintenance log of ``store`` (:func:`log_path`; in memory, one per store)."""
+        path = log_path(store)
+        if path is not None:
+            return cls(path)
+        with _MEMORY_LOCK:
+            found = _MEMORY_LOGS.get(store)
+            if found is None:
+                found = _MEMORY_LOGS[store] = cls(None)
+            return found
+
+    def record(self, action: str, why: str, *, ts: str | None = None, **details: Any) -> None:
+        """Append one line (at ``ts``, default now); a log that cannot be written is a
+        warning, never a failure."""
+        line = json.dumps({"ts": ts or utc_now(), "action": action, "why": why, **details})
+        if self.path is None:
+            with self._lock:
+                self._lines.append(line)
+            return
+        try:
+            make_dirs(self.path.parent)
+            fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                write_all(fd, line.encode() + b"\n")
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning("cannot write the maintenance log %s: %s", self.path, exc)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every line, oldest first (unreadable lines left out)."""
+        if self.path is None:
+            with self._lock:
+                lines = list(self._lines)
+        else:
+            try:
+                lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
+            except FileNotFoundError:
+                return []
+        out = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                value = json.loads(line)
+                if isinstance(value, dict):
+                    out.append(value)
+        return out
+
+    def last_run(self) -> datetime | None:
+        """When the last policy run ended (its ``maintain`` line), or None."""
+        for record in reversed(self.records()):
+            if record.get("action") == "maintain":
+                return _parse_time(str(record.get("ts")))
+        return None
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[bool]:
+        """Try to hold the log for one policy run: True if held, False if another has it
+        (a thread, or another process: ``flock`` on the log file)."""
+        if not self._run.acquire(blocking=False):
+            yield False
+            return
+        try:
+            if self.path is None:
+                yield True
+                return
+            make_dirs(self.path.parent)
+            fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    yield False
+                    return
+                yield True
+            finally:
+                os.close(fd)  # releases the lock
+        finally:
+            self._run.release()
+
+
+_MEMORY_LOGS: weakref.WeakKeyDictionary[Store, MaintenanceLog] = weakref.WeakKeyDictionary()
+_MEMORY_LOCK = threading.Lock()
+
+
+# --------------------------------------------------------------------------- policy
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionRule:
+    """When to archive and when to purge from the trash (None: never)."""
+
+    archive_after: timedelta | None = None
+    """Archive hot contexts inactive for longer than this."""
+    purge_trash_after: timedelta | None = None
+    """Purge trash entries deleted longer ago than this."""
+
+
+_RULE_KEYS = ("archive_after", "purge_trash_after")
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicy:
+    """A retention policy: a default rule and per-type overrides."""
+
+    default: RetentionRule
+    types: Mapping[str, RetentionRule] = field(default_factory=dict)
+    """Rules of one type (``irc``); keys they leave out come from ``default``."""
+    source: str = "policy"
+    """Where it was read (a file path), for the log's ``why``."""
+
+    def archive_after(self, type: str) -> timedelta | None:
+        """The archive age of contexts of ``type``."""
+        return self.types.get(type, self.default).archive_after
+
+    def purge_trash_after(self, type: str) -> timedelta | None:
+        """The trash purge age of contexts of ``type``."""
+        return self.types.get(type, self.default).purge_trash_after
+
+    @property
+    def empty(self) -> bool:
+        """True when it neither archives nor purges anything."""
+        rules = [self.default, *self.types.values()]
+        return all(r.archive_after is None and r.purge_trash_after is None for r in rules)
+
+
+def config_path() -> Path:
+    """The user's config file: ``$XDG_CONFIG_HOME/terrarium/config.toml`` (``~/.config``)."""
+    home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(home) / "terrarium" / "config.toml"
+
+
+def load_policy(store: Store) -> RetentionPolicy | None:
+    """The retention policy for ``store``: ``terrarium.toml`` in its root if there is one
+    (it wins), else ``[retention]`` of the user's config file; None when neither has one.
+
+    Raises:
+        InvalidRetention: a file is not TOML, or has an unknown key or a bad value (the
+            message names the file and the key).
+    """
+    root = store_root(store)
+    if root is not None and (root / POLICY_FILE).is_file():
+        return read_policy(root / POLICY_FILE, whole_file=True)
+    user = config_path()
+    return read_policy(user) if user.is_file() else None
+
+
+def read_policy(path: Path, *, whole_file: bool = False) -> RetentionPolicy | None:
+    """The ``[retention]`` table of the TOML file ``path`` (None if it has none).
+
+    With ``whole_file`` (a store's ``terrarium.toml``), keys outside it are errors too.
+    """
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRetention(f"{path}: not valid TOML: {exc}") from None
+    if whole_file:
+        for key in data:
+            if key != "retention":
+                raise InvalidRetention(f"{path}: unknown key {key!r} (expected [retention])")
+    table = data.get("retention")
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise InvalidRetention(f"{path}: retention must be a table")
+    types = table.get("types", {})
+    if not isinstance(types, dict):
+        raise InvalidRetention(f"{path}: retention.types must be a table")
+    default = _rule(path, "retention", {k: v for k, v in table.items() if k != "types"}, None)
+    rules = {}
+    for name, body in types.items():
+        where = f"retention.types.{name}"
+        if not isinstance(body, dict):
+            raise InvalidRetention(f"{path}: {where} must be a table")
+        rules[name] = _rule(path, where, body, default)
+    return RetentionPolicy(default, rules, source=str(path))
+
+
+def _rule(
+    path: Path, where: str, table: Mapping[str, Any], base: RetentionRule | None
+) -> RetentionRule:
+    values: dict[str, timedelta | None] = {}
+    for key, value in table.items():
+        if key not in _RULE_KEYS:
+            raise InvalidRetention(
+                f"{path}: unknown key {where}.{key} (known: {', '.join(_RULE_KEYS)}, types)"
+            )
+        if value == "never":
+            values[key] = None
+            continue
+        if not isinstance(value, int | str) or isinstance(value, bool):
+            raise InvalidRetention(f"{path}: {where}.{key}: expected days or an age like '30d'")
+        try:
+            values[key] = parse_age(value)
+        except InvalidRetention as exc:
+            raise InvalidRetention(f"{path}: {where}.{key}: {exc}") from None
+    if base is None:
+        return RetentionRule(**values)
+    return replace(base, **values)
+
+
+# --------------------------------------------------------------------------- maintain
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceReport:
+    """What one policy run did (or, dry, would do)."""
+
+    dry_run: bool
+    policy: str | None
+    """The policy's file, or None when there is no policy (nothing was done)."""
+    to_archive: ArchivePlan = field(default_factory=lambda: ArchivePlan([]))
+    to_purge: list[TrashedContext] = field(default_factory=list)
+    archived: list[ArchivedContext] = field(default_factory=list)
+    purged: list[TrashedContext] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        """Whether anything moved (or, dry, would move)."""
+        if self.dry_run:
+            return bool(self.to_archive.candidates or self.to_purge)
+        return bool(self.archived or self.purged)
+
+    @property
+    def bytes_saved(self) -> int:
+        """Bytes freed: estimated before a run, the store's figures after."""
+        if self.dry_run:
+            return self.to_archive.hot_bytes + sum(e.bytes for e in self.to_purge)
+        archived = sum(a.hot_bytes - a.archived_bytes for a in self.archived)
+        return archived + sum(e.bytes for e in self.purged)
+
+
+class Maintenance:
+    """Applies a retention policy to one store, logging every removal.
+
+    Args:
+        store: a store that implements :class:`Lifecycle`.
+        policy: the policy; default :func:`load_policy` (read when a run starts).
+        journal: the log; default the store's (:meth:`MaintenanceLog.of`).
+        clock: the current time (tests move it); default the system's.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        policy: RetentionPolicy | None = None,
+        journal: MaintenanceLog | None = None,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.store = store
+        self.policy = policy
+        self.journal = journal or MaintenanceLog.of(store)
+        self._clock = clock
+
+    def clock(self) -> datetime:
+        """The current time (UTC), as the run sees it."""
+        return self._clock() if self._clock is not None else _now()
+
+    def run(
+        self, *, dry_run: bool = False, stop: Callable[[], bool] | None = None
+    ) -> MaintenanceReport:
+        """Apply the policy now (``dry_run``: only say what it would do).
+
+        Raises:
+            StoreError: the store cannot archive.
+            InvalidRetention: the policy file is malformed.
+        """
+        require_lifecycle(self.store)
+        policy = self.policy or load_policy(self.store)
+        if policy is None or policy.empty:
+            return MaintenanceReport(dry_run, None if policy is None else policy.source)
+        now = self.clock()
+        plan = plan_archive(self.store, rules=policy.archive_after, now=now)
+        trash = plan_trash_purge(self.store, rules=policy.purge_trash_after, now=now)
+        if dry_run:
+            return MaintenanceReport(True, policy.source, plan, trash)
+        why = f"policy {policy.source}"
+        archived = run_archive(self.store, plan, why=why, journal=self.journal, stop=stop)
+        purged = run_trash_purge(self.store, trash, why=why, journal=self.journal, stop=stop)
+        stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        self.journal.record("maintain", why, ts=stamp, archived=len(archived), purged=len(purged))
+        return MaintenanceReport(False, policy.source, plan, trash, archived, purged)
+
+    def run_if_due(
+        self, interval: timedelta = DAILY, *, stop: Callable[[], bool] | None = None
+    ) -> MaintenanceReport | None:
+        """Run unless a run ended less than ``interval`` ago or another process runs one now;
+        None when it did not run."""
+        with self.journal.exclusive() as held:
+            if not held:
+                return None
+            last = self.journal.last_run()
+            if last is not None and timedelta(0) <= self.clock() - last < interval:
+                return None  # (a stamp in the future, a clock set back, does not count)
+            return self.run(stop=stop)
+
+
+class BackgroundMaintenance:
+    """A daemon thread that runs a :class:`Maintenance` when due, checking every ``every``.
+
+    It never holds a context for long (each archive takes one context's lock for its move),
+    so turns are never blocked behind it; :meth:`stop` ends it between two contexts.
+    """
+
+    def __init__(self, maintenance: Maintenance, *, every: float = 3600.0) -> None:
+        self.maintenance = maintenance
+        self.every = every
+        self.runs = 0
+        """Policy runs that happened (not the checks that found none due)."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._loop, name="terrarium-maintenance", daemon=True
+        )
+
+    def start(self) -> None:
+        """Start checking (the first check is at once)."""
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.maintenance.run_if_due(stop=self._stop.is_set) is not None:
+                    self.runs += 1
+            except Exception as exc:  # a policy or store error must not kill the host
+                log.warning("background maintenance failed: %s", exc)
+            self._stop.wait(self.every)
+
+    def stop(self) -> None:
+        """Stop the thread and wait for it (at most one context's move)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the thread still runs."""
+        return self._thread.is_alive()
+
+
+__all__ = [
+    "ArchivePlan",
+    "BackgroundMaintenance",
+    "Candidate",
+    "Maintenance",
+    "MaintenanceLog",
+    "MaintenanceReport",
+    "RetentionPolicy",
+    "RetentionRule",
+    "config_path",
+    "delete_to_trash",
+    "find_trashed",
+    "hot_bytes",
+    "load_policy",
+    "log_path",
+    "parse_age",
+    "plan_archive",
+    "plan_trash_purge",
+    "purge",
+    "read_policy",
+    "require_lifecycle",
+    "run_archive",
+    "run_trash_purge",
+    "show_age",
+    "store_root",
+]

@@ -1,0 +1,391 @@
+"""The lifecycle commands (archive, unarchive, delete, trash, pin, unpin, maintain, list
+--archived/--all, search --archived) through the real command line, on a store with
+``Lifecycle`` (the reference store, put behind the command line's ``open_store``), on a store
+without it, and, for the question ``delete --purge`` asks, in a real terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+import terrarium.cli.app
+import terrarium.lifecycle
+from helpers.history import add_context
+from terrarium import FsStore, MemoryStore
+from terrarium.cli import cli
+from terrarium.lifecycle import MaintenanceLog, config_path
+from terrarium.model import ContextId
+from terrarium.stores.base import Lifecycle, Store
+
+LATER = datetime.now(UTC) + timedelta(days=40)
+
+
+class PlainStore:
+    """A store with only the ``Store`` protocol (no archive, trash or pins)."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+
+
+for _name in (
+    "get_head set_head list_contexts create_context delete_context create_session "
+    "attach_context detached_sessions create_segment append read_segment next_seq "
+    "list_segments append_trace read_trace close"
+).split():
+    setattr(PlainStore, _name, lambda self, *a, _n=_name, **k: getattr(self.inner, _n)(*a, **k))
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryStore]:
+    """cli:a (two messages), cli:b (pinned), irc:c; every command opens this store."""
+    memory = MemoryStore()
+    add_context(memory, "cli:a", "walrus one", "two")
+    add_context(memory, "cli:b", "walrus pinned")
+    add_context(memory, "irc:c", "three")
+    memory.pin_context(ContextId.parse("cli:b"))
+    monkeypatch.setattr(terrarium.cli.app, "open_store", lambda *a, **k: memory)
+    yield memory
+
+
+@pytest.fixture
+def later(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forty days from now: every context is inactive for longer than 30d."""
+    monkeypatch.setattr(terrarium.lifecycle, "_now", lambda: LATER)
+
+
+def invoke(*args: str, input: str | None = None) -> Result:
+    return CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
+
+
+def ok(*args: str) -> Result:
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def one_line_error(result: Result, needle: str, code: int = 1) -> None:
+    assert result.exit_code == code, result.output
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert needle in result.stderr, result.stderr
+
+
+def listed(*args: str) -> list[tuple[str, str, bool]]:
+    data = json.loads(ok("list", "--json", *args).stdout)
+    return [(c["context_id"], c["state"], c["pinned"]) for c in data["contexts"]]
+
+
+def archived(store: Lifecycle) -> list[str]:
+    return [a.context for a in store.archived_contexts()]
+
+
+# --------------------------------------------------------------------------- archive
+
+
+def test_archive_dry_run_prints_what_would_move_and_moves_nothing(
+    store: MemoryStore, later: None
+) -> None:
+    result = ok("archive", "--older-than", "30d", "--dry-run")
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["context", "messages", "last", "active", "size", "pinned"]
+    assert [line.split()[0] for line in lines[1:]] == ["cli:a", "irc:c"]
+    assert "would archive 2 sessions" in result.stderr
+    assert "skipped 1 pinned session" in result.stderr
+    assert archived(store) == []
+    data = json.loads(ok("archive", "--older-than", "30d", "--dry-run", "--json").stdout)
+    assert data["dry_run"] is True and data["skipped_pinned"] == ["cli:b"]
+    assert [c["context_id"] for c in data["contexts"]] == ["cli:a", "irc:c"]
+    assert data["bytes_saved"] == sum(c["hot_bytes"] for c in data["contexts"]) > 0
+    assert MaintenanceLog.of(store).records() == []
+
+
+def test_archive_by_age_and_type_then_list_shows_states(store: MemoryStore, later: None) -> None:
+    result = ok("archive", "--older-than", "30d", "--type", "cli")
+    assert result.stdout == ""
+    assert result.stderr.startswith("archived 1 session: ")  # one line, no progress bar
+    assert "skipped 1 pinned session" in result.stderr
+    assert archived(store) == ["cli:a"]
+    assert listed() == [("cli:b", "hot", True), ("irc:c", "hot", False)]
+    assert listed("--archived") == [("cli:a", "archived", False)]
+    assert sorted(listed("--all")) == [
+        ("cli:a", "archived", False),
+        ("cli:b", "hot", True),
+        ("irc:c", "hot", False),
+    ]
+    table = ok("list", "--all").stdout.splitlines()
+    assert table[0].split()[-1] == "state"
+    assert any(line.startswith("cli:b") and line.endswith("hot, pinned") for line in table)
+    (record,) = MaintenanceLog.of(store).records()
+    assert record["action"] == "archive" and record["why"] == "command: terrarium archive"
+
+
+def test_archive_named_takes_pinned_and_json_has_the_store_figures(store: MemoryStore) -> None:
+    data = json.loads(ok("archive", "cli:b", "--json").stdout)
+    (entry,) = data["contexts"]
+    assert entry["context_id"] == "cli:b" and entry["pinned"] is True
+    assert entry["hot_bytes"] > 0 and entry["archived_bytes"] > 0 and entry["archived_at"]
+    assert data["dry_run"] is False and data["bytes_saved"] == 0  # nothing compresses in memory
+    assert archived(store) == ["cli:b"]
+    assert ok("archive", "cli:b").stderr == "nothing to archive\n"
+
+
+def test_archive_refuses_bad_input_in_one_line(store: MemoryStore) -> None:
+    one_line_error(invoke("archive"), "name the sessions to archive, or give an age")
+    one_line_error(invoke("archive", "--older-than", "30 days"), "bad age '30 days'")
+    one_line_error(invoke("archive", "cli:nope"), "no session 'cli:nope'")
+    assert archived(store) == []
+
+
+def test_archived_sessions_show_export_and_search_by_reference(store: MemoryStore) -> None:
+    ok("archive", "cli:a")
+    assert "walrus one" in ok("show", "cli:a").stdout
+    assert "walrus one" in ok("export", "cli:a", "-f", "jsonl").stdout
+    hits = json.loads(ok("search", "walrus", "--json").stdout)["hits"]
+    assert {h["context_id"] for h in hits} == {"cli:b"}
+    hits = json.loads(ok("search", "walrus", "--archived", "--json").stdout)["hits"]
+    assert {h["context_id"] for h in hits} == {"cli:a", "cli:b"}
+    assert archived(store) == ["cli:a"]  # reading changed nothing
+
+
+def test_unarchive(store: MemoryStore) -> None:
+    ok("archive", "cli:a")
+    assert ok("unarchive", "cli:a").stderr == "unarchived cli:a\n"
+    assert archived(store) == []
+    assert ok("unarchive", "cli:a").stderr == "cli:a is not archived\n"
+    one_line_error(invoke("unarchive", "cli:nope"), "no session 'cli:nope'")
+
+
+# --------------------------------------------------------------------------- delete, trash
+
+
+def test_delete_moves_to_the_trash_and_says_how_to_restore(store: MemoryStore) -> None:
+    result = ok("delete", "cli:a")  # no question, no --yes: it can be undone
+    (entry,) = store.trashed_contexts()
+    assert result.stderr == (
+        f"deleted cli:a (moved to the trash; undo with: terrarium trash restore {entry.trash_id})\n"
+    )
+    assert [c for c, _, _ in listed()] == ["cli:b", "irc:c"]
+    trash = json.loads(ok("trash", "list", "--json").stdout)["trash"]
+    assert [(t["trash_id"], t["context_id"], t["archived"]) for t in trash] == [
+        (entry.trash_id, "cli:a", False)
+    ]
+    assert ok("trash", "list").stdout.splitlines()[1].startswith(entry.trash_id)
+    assert ok("trash", "restore", "cli:a").stderr == "restored cli:a\n"
+    assert store.trashed_contexts() == []
+    assert ok("show", "cli:a", "--json").stdout.count("walrus one") == 1
+    (record,) = MaintenanceLog.of(store).records()
+    assert (record["action"], record["why"]) == ("trash", "command: terrarium delete")
+
+
+def test_restore_into_a_taken_id_needs_as(store: MemoryStore) -> None:
+    ok("archive", "cli:a")
+    ok("delete", "cli:a")
+    add_context(store, "cli:a", "new life")
+    one_line_error(invoke("trash", "restore", "cli:a"), "--as")
+    (entry,) = store.trashed_contexts()
+    assert ok("trash", "restore", entry.trash_id, "--as", "cli:old").stderr == (
+        "restored cli:old (archived)\n"
+    )
+    assert archived(store) == ["cli:old"]
+    one_line_error(invoke("trash", "restore", "cli:zzz"), "nothing in the trash")
+
+
+def test_delete_purge_needs_yes_without_a_terminal(store: MemoryStore) -> None:
+    one_line_error(invoke("delete", "cli:a", "--purge"), "--yes")
+    assert store.get_head(ContextId.parse("cli:a")) is not None
+    assert ok("delete", "cli:a", "--purge", "--yes").stderr == "deleted cli:a for ever\n"
+    assert store.get_head(ContextId.parse("cli:a")) is None
+    assert store.trashed_contexts() == []
+    (record,) = MaintenanceLog.of(store).records()
+    assert (record["action"], record["context"]) == ("purge", "cli:a")
+    one_line_error(invoke("delete", "cli:a", "--purge", "--yes"), "no session 'cli:a'")
+
+
+def test_trash_purge_by_age_name_and_all(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("cli:a", "cli:b", "irc:c"):
+        ok("delete", name)
+    assert ok("trash", "purge", "--older-than", "30d").stderr == "nothing to purge\n"
+    monkeypatch.setattr(terrarium.lifecycle, "_now", lambda: LATER)
+    dry = ok("trash", "purge", "--older-than", "30d", "--dry-run")
+    assert "would purge 2 sessions" in dry.stderr  # not cli:b: pinned
+    one_line_error(invoke("trash", "purge", "--older-than", "30d"), "--yes")
+    assert len(store.trashed_contexts()) == 3
+    assert ok("trash", "purge", "irc:c", "--yes").stderr.startswith("purged 1 session")
+    assert ok("trash", "purge", "--yes").stderr.startswith("purged 1 session")  # cli:a
+    assert [e.context for e in store.trashed_contexts()] == ["cli:b"]
+    assert ok("trash", "purge", "cli:b", "--yes").stderr.startswith("purged 1 session")
+    assert ok("trash", "list").stderr.startswith("the trash of ")
+    actions = [r["action"] for r in MaintenanceLog.of(store).records()]
+    assert actions == ["trash"] * 3 + ["purge_trash"] * 3
+    one_line_error(invoke("trash", "purge", "cli:zzz", "--yes"), "nothing in the trash")
+
+
+# --------------------------------------------------------------------------- pin
+
+
+def test_pin_and_unpin(store: MemoryStore) -> None:
+    assert "pinned irc:c" in ok("pin", "irc:c").stderr
+    assert store.pinned_contexts() == {"cli:b", "irc:c"}
+    assert ok("unpin", "cli:b").stderr == "unpinned cli:b\n"
+    assert store.pinned_contexts() == {"irc:c"}
+    one_line_error(invoke("pin", "cli:nope"), "no session 'cli:nope'")
+
+
+# --------------------------------------------------------------------------- maintain
+
+
+def test_maintain_without_a_policy_is_silent(store: MemoryStore, later: None) -> None:
+    result = ok("maintain")
+    assert result.stdout == "" and result.stderr == ""
+    assert archived(store) == []
+
+
+def test_maintain_applies_the_user_policy_and_is_quiet_when_done(
+    store: MemoryStore, later: None
+) -> None:
+    policy = config_path()
+    policy.parent.mkdir(parents=True)
+    policy.write_text(
+        '[retention]\narchive_after = "30d"\npurge_trash_after = "30d"\n'
+        '[retention.types.irc]\narchive_after = "never"\n'
+    )
+    dry = json.loads(ok("maintain", "--dry-run", "--json").stdout)
+    assert dry["policy"] == str(policy) and dry["dry_run"] is True
+    assert [c["context_id"] for c in dry["archived"]] == ["cli:a"]
+    assert archived(store) == []
+    result = ok("maintain")
+    assert result.stdout == "archived cli:a\n"
+    assert result.stderr.startswith("maintain: archived 1, purged 0")
+    assert archived(store) == ["cli:a"]
+    again = ok("maintain")
+    assert again.stdout == "" and again.stderr == ""  # cron: nothing happened, nothing said
+    records = MaintenanceLog.of(store).records()
+    assert [r["action"] for r in records] == ["archive", "maintain", "maintain"]
+    assert records[0]["why"] == f"policy {policy}"
+
+
+def test_maintain_fails_on_a_bad_policy(store: MemoryStore) -> None:
+    policy = config_path()
+    policy.parent.mkdir(parents=True)
+    policy.write_text('[retention]\narchive_after = "soon"\n')
+    one_line_error(invoke("maintain"), f"{policy}: retention.archive_after")
+
+
+# --------------------------------------------------------------------------- without Lifecycle
+
+
+@pytest.fixture
+def plain(monkeypatch: pytest.MonkeyPatch) -> Store:
+    store: Any = PlainStore()
+    add_context(store, "cli:a", "one")
+    monkeypatch.setattr(terrarium.cli.app, "open_store", lambda *a, **k: store)
+    assert not isinstance(store, Lifecycle)
+    return store  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["archive", "cli:a"],
+        ["unarchive", "cli:a"],
+        ["trash", "list"],
+        ["trash", "restore", "cli:a"],
+        ["trash", "purge", "--yes"],
+        ["pin", "cli:a"],
+        ["unpin", "cli:a"],
+        ["maintain"],
+    ],
+)
+def test_a_store_without_lifecycle_says_it_cannot_archive(plain: Store, args: list[str]) -> None:
+    one_line_error(invoke(*args), "this backend cannot archive, trash or pin sessions")
+
+
+def test_a_store_without_a_trash_deletes_for_ever_so_it_asks(plain: Store) -> None:
+    one_line_error(invoke("delete", "cli:a"), "--yes")
+    assert ok("delete", "cli:a", "--yes").stderr == "deleted cli:a\n"
+    assert plain.get_head(ContextId.parse("cli:a")) is None
+    assert [c for c, _, _ in listed("--all")] == []
+    assert listed("--archived") == []
+
+
+# --------------------------------------------------------------------------- a terminal
+
+
+def test_delete_purge_asks_on_a_terminal(tmp_path: Path) -> None:
+    pexpect = pytest.importorskip("pexpect")
+    root = tmp_path / "sessions"
+    with FsStore(root) as fs:
+        add_context(fs, "cli:main", "hi")
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "terrarium.cli", "delete", "cli:main", "--purge", "--storage-dir", str(root)],
+        encoding="utf-8",
+        timeout=60,
+    )
+    child.expect(r"Delete cli:main and all its history for ever\? \[y/N\]")
+    child.send("y\r")
+    child.expect("deleted cli:main for ever")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    with FsStore(root) as fs:
+        assert fs.get_head(ContextId.parse("cli:main")) is None
+
+
+def test_json_fields_are_documented(store: MemoryStore, later: None) -> None:
+    """Every key the lifecycle commands' --json prints appears in its section of docs/cli.md."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text(encoding="utf-8")
+
+    def section(command: str) -> str:
+        match = re.search(rf"^### terrarium {command}\n(.*?)(?=^##)", text, re.M | re.S)
+        assert match, command
+        return match.group(1)
+
+    def keys(value: object) -> set[str]:
+        if isinstance(value, dict):
+            return set(value) | {k for inner in value.values() for k in keys(inner)}
+        if isinstance(value, list):
+            return {k for inner in value for k in keys(inner)}
+        return set()
+
+    policy = config_path()
+    policy.parent.mkdir(parents=True)
+    policy.write_text('[retention]\narchive_after = "30d"\n')
+    runs = [
+        ("archive", ["archive", "--older-than", "30d", "--dry-run"]),
+        ("maintain", ["maintain", "--dry-run"]),
+        ("archive", ["archive", "cli:a"]),
+        ("maintain", ["maintain"]),
+    ]
+    ok("delete", "irc:c")
+    runs.append(("trash", ["trash", "list"]))
+    for command, args in runs:
+        # maintain's entries are documented as those of archive and trash list
+        shown = section(command) + (section("archive") + section("trash")) * (command == "maintain")
+        for key in keys(json.loads(ok(*args, "--json").stdout)):
+            assert f"`{key}`" in shown, f"{args}: {key} not documented"
+
+
+def test_a_progress_bar_only_when_stderr_is_a_terminal(
+    store: MemoryStore, later: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a terminal, archive draws click's progress bar (labelled) on stderr; elsewhere it
+    prints only its one summary line (see test_archive_by_age_and_type_then_list_shows_states)."""
+    from terrarium.cli.output import Output
+
+    monkeypatch.setattr(Output, "err_rich", property(lambda self: True))
+    monkeypatch.setattr(Output, "note", lambda self, text, style="": print(text, file=sys.stderr))
+    result = ok("archive", "--older-than", "30d")
+    assert result.stderr.startswith("archiving")
+    assert "archived 2 sessions" in result.stderr
