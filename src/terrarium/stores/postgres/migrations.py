@@ -378,18 +378,6 @@ _RESPONSES_PARTS = (
 )
 
 
-@MIGRATIONS
-def m008_blobs(conn: psycopg.Connection[Any]) -> None:
-    """Large outputs out of the log: ``blobs`` (each blob once, by sha256) and ``blob_refs``
-    (which session refers to which blob, written with the entry; GC reads it)."""
-    for statement in (
-        blob_sql.CREATE_BLOBS,
-        blob_sql.CREATE_BLOB_REFS,
-        blob_sql.CREATE_BLOB_REFS_DIGEST,
-    ):
-        conn.execute(statement)
-
-
 def _parts_text(value: str, sep: str | None = None) -> str:
     """SQL for the text of the ``jsonb`` ``value`` (m006): a string as it is; a list's text
     parts and refusals joined by ``sep`` (SQL), by default ``''`` for Chat parts and a line
@@ -471,5 +459,17 @@ def m007_lifecycle(conn: psycopg.Connection[Any]) -> None:
             PRIMARY KEY (session_id, segment_id)
         )""",
         "CREATE TABLE pins (session_id uuid PRIMARY KEY, pinned_at text NOT NULL)",
+    ):
+        conn.execute(statement)
+
+
+@MIGRATIONS
+def m008_blobs(conn: psycopg.Connection[Any]) -> None:
+    """Large outputs out of the log: ``blobs`` (each blob once, by sha256) and ``blob_refs``
+    (which session refers to which blob, written with the entry; GC reads it)."""
+    for statement in (
+        blob_sql.CREATE_BLOBS,
+        blob_sql.CREATE_BLOB_REFS,
+        blob_sql.CREATE_BLOB_REFS_DIGEST,
     ):
         conn.execute(statement)

@@ -328,18 +328,6 @@ _HEADER = (
 )
 
 
-@MIGRATIONS
-def m008_blobs(conn: sqlite3.Connection) -> None:
-    """Large outputs out of the log: ``blobs`` (each blob once, by sha256) and ``blob_refs``
-    (which session refers to which blob, written with the entry; GC reads it)."""
-    for statement in (
-        blob_sql.CREATE_BLOBS,
-        blob_sql.CREATE_BLOB_REFS,
-        blob_sql.CREATE_BLOB_REFS_DIGEST,
-    ):
-        conn.execute(statement)
-
-
 def _nul_safe(line: str) -> str:
     r"""SQL for ``line`` with each ``\u0000`` escape made ``\ufffd`` (m006).
 
@@ -437,5 +425,17 @@ def m007_lifecycle(conn: sqlite3.Connection) -> None:
             PRIMARY KEY (session_id, segment_id)
         )""",
         "CREATE TABLE pins (session_id TEXT PRIMARY KEY, pinned_at TEXT NOT NULL)",
+    ):
+        conn.execute(statement)
+
+
+@MIGRATIONS
+def m008_blobs(conn: sqlite3.Connection) -> None:
+    """Large outputs out of the log: ``blobs`` (each blob once, by sha256) and ``blob_refs``
+    (which session refers to which blob, written with the entry; GC reads it)."""
+    for statement in (
+        blob_sql.CREATE_BLOBS,
+        blob_sql.CREATE_BLOB_REFS,
+        blob_sql.CREATE_BLOB_REFS_DIGEST,
     ):
         conn.execute(statement)
