@@ -44,6 +44,7 @@ import asyncio
 import datetime as dt
 import gc
 import itertools
+import json
 import math
 import os
 import platform
@@ -131,6 +132,8 @@ class System:
     name = ""
     group = "peer"
     version = ""
+    note = ""
+    """What a reader of the figures should know about this system, if anything."""
 
     def open(self, folder: Path, depth: int) -> None:
         raise NotImplementedError
@@ -354,7 +357,10 @@ class LangChainHistory(System):
         module = _require("langchain_community.chat_message_histories")
         core = _require("langchain_core.messages")
         self.human, self.ai = core.HumanMessage, core.AIMessage
+        self.to_dict = core.messages_to_dict
         self.kind = kind
+        if kind == "FileChatMessageHistory":
+            self.note = "rewrites the whole JSON file on every message, as the seed does"
         self.cls = getattr(module, kind)
         self.name = f"LangChain {kind}"
         self.version = _version("langchain-community")
@@ -368,8 +374,11 @@ class LangChainHistory(System):
             self.history = self.cls("bench", connection=f"sqlite:///{folder / 'chat.db'}")
         else:
             self.history = self.cls(str(folder / "chat.json"))
-        if self.kind == "FileChatMessageHistory":  # each call rewrites the file: one call
-            self.history.add_messages([self.message(i) for i in range(depth)])
+        if self.kind == "FileChatMessageHistory":
+            # Its add_messages calls add_message per message, and each rewrites the whole
+            # file: the file is written once, in the format add_message leaves it in.
+            messages = self.to_dict([self.message(i) for i in range(depth)])
+            (folder / "chat.json").write_text(json.dumps(messages), encoding="utf-8")
             return
         for first in range(0, depth, PREFILL_BATCH):
             batch = [self.message(i) for i in range(first, min(depth, first + PREFILL_BATCH))]
@@ -397,6 +406,11 @@ class LangGraphSaver(System):
     """
 
     name = "LangGraph SqliteSaver"
+    note = (
+        "pre-filled with one `update_state` of all the messages: one checkpoint where a "
+        "thread grown a message at a time holds one per message, so its bytes on disk are "
+        "a lower bound"
+    )
 
     def __init__(self) -> None:
         self.saver_cls = _require("langgraph.checkpoint.sqlite").SqliteSaver
@@ -570,6 +584,7 @@ class Results:
     cells: dict[str, dict[int, Cell]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    system_notes: dict[str, str] = field(default_factory=dict)
     machine: dict[str, str] = field(default_factory=dict)
 
     def cell(self, name: str, depth: int) -> Cell:
@@ -850,6 +865,7 @@ def write_markdown(results: Results, out: Path, plots: list[str], command: str) 
         "",
         *(notes or ["- every system had every sample"]),
         *(f"- {name}: not measured, {why}" for name, why in results.skipped.items()),
+        *(f"- {name}: {note}" for name, note in results.system_notes.items()),
         *(f"- {note}" for note in results.notes),
         "",
         "## Versions",
@@ -941,6 +957,7 @@ def main(argv: list[str] | None = None) -> int:
             {s.name: s.group for s in found},
             {s.name: s.version for s in found},
             skipped=skipped,
+            system_notes={s.name: s.note for s in found if s.note},
             notes=[n for n in pg.notes if not n.startswith("PostgreSQL skipped")],
         )
         if dsn is not None:
