@@ -9,10 +9,10 @@ Every system runs in this one process, each in its own folder of a temporary dir
 (removed afterwards), at each history depth N (messages already in the conversation):
 
 * **Floors**: one ``os.write`` of the pre-encoded log line to an ``O_APPEND`` file (append),
-  reading that file and ``msgspec.json.Decoder.decode_lines`` of it (restore), its size
-  (bytes); a bare autocommit ``INSERT`` of the same line into a WAL SQLite table shaped like
-  ``SqliteStore``'s entries (same ``synchronous``), restored by one ``SELECT`` and the same
-  decoding.
+  reading that file and ``msgspec.json.Decoder.decode_lines`` of it, the cyclic GC paused
+  as terrarium's codec does (restore), its size (bytes); a bare autocommit ``INSERT`` of the
+  same line into a WAL SQLite table shaped like ``SqliteStore``'s entries (same
+  ``synchronous``), restored by one ``SELECT`` and the same decoding.
 * **Terrarium**: ``FsStore``, ``SqliteStore`` and ``PostgresStore`` (when a server answers at
   ``TERRARIUM_TEST_POSTGRES_DSN`` or the default DSN: a throwaway database, dropped after),
   appended to through the runtime's own calls (``save_user_input`` and ``save_delta`` in
@@ -60,7 +60,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,19 @@ def entry_line(i: int, seq: int) -> bytes:
     kind = "user_input" if i % 2 == 0 else "item"
     draft = NewEntry(kind, utc_now(), {"item": {"role": role(i), "content": text(i)}})
     return codec.encode_line(next(iter_lines([draft], seq)))
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic GC off while decoding, as terrarium's codec does (decoded lines hold no
+    cycles): the floor is the best the decoder can do."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def folder_bytes(folder: Path) -> int:
@@ -173,7 +186,7 @@ class WriteFloor(System):
         os.write(self.fd, self.lines[i % len(self.lines)])
 
     def restore(self) -> int:
-        with open(self.path, "rb") as f:
+        with open(self.path, "rb") as f, gc_paused():
             return len(self.decoder.decode_lines(f.read()))
 
     def close(self) -> None:
@@ -221,7 +234,8 @@ class InsertFloor(System):
             "SELECT line FROM entries WHERE session_id = ? AND segment_id = ? ORDER BY seq",
             self.ids,
         ).fetchall()
-        return len(self.decoder.decode_lines("\n".join(r[0] for r in rows)))
+        with gc_paused():
+            return len(self.decoder.decode_lines("\n".join(r[0] for r in rows)))
 
     def close(self) -> None:
         self.conn.close()
@@ -407,9 +421,10 @@ class LangGraphSaver(System):
 
     name = "LangGraph SqliteSaver"
     note = (
-        "pre-filled with one `update_state` of all the messages: one checkpoint where a "
-        "thread grown a message at a time holds one per message, so its bytes on disk are "
-        "a lower bound"
+        "each append writes a checkpoint of the whole list, so its bytes grow with the "
+        "appends timed (at 1k, where most were, they dominate); pre-filled with one "
+        "`update_state` of all the messages, one checkpoint where a thread grown a message at "
+        "a time would hold one per message: at 10k and 100k its bytes are a lower bound"
     )
 
     def __init__(self) -> None:
@@ -831,8 +846,8 @@ def write_markdown(results: Results, out: Path, plots: list[str], command: str) 
         "process, interleaved in a new random order each turn; figures are medians. "
         "Ratios compare within this run only: **÷ floor** is to the floor row "
         "(`os.write` of the same line to an `O_APPEND` file; for restore, reading that file "
-        "and msgspec `decode_lines`; for bytes, the JSONL lines themselves), **÷ fs** to "
-        "terrarium's `FsStore`.",
+        "and msgspec `decode_lines`, GC paused; for bytes, the JSONL lines themselves), "
+        "**÷ fs** to terrarium's `FsStore`.",
         "",
         f"Run: {command}, {m.get('date', '')}, {m.get('duration', '')}.",
         f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, SQLite {m['sqlite']}"
