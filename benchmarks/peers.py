@@ -911,7 +911,8 @@ def plot(results: Results, out: Path, measure: str) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)
+    colors = iter(plt.get_cmap("tab20").colors)
     styles = {"floor": ":", "terrarium": "-", "peer": "--", "seed": "-."}
     for name in results.names:
         points = [
@@ -923,7 +924,8 @@ def plot(results: Results, out: Path, measure: str) -> str | None:
             continue
         xs, ys = zip(*points, strict=True)
         width = 2.4 if results.groups[name] == "terrarium" else 1.4
-        ax.plot(xs, ys, styles[results.groups[name]], marker="o", lw=width, label=name)
+        color = next(colors)
+        ax.plot(xs, ys, styles[results.groups[name]], marker="o", lw=width, label=name, c=color)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("history depth (messages already in the conversation)")
@@ -931,7 +933,7 @@ def plot(results: Results, out: Path, measure: str) -> str | None:
     what = "append one message" if measure == "append" else "restore the whole conversation"
     ax.set_title(f"{what}: latency against history depth (log-log, lower is better)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     name = f"benchmarks-{measure}.png"
     fig.savefig(out / name)
