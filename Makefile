@@ -12,7 +12,7 @@ LLAMA_CPP := llama-cpp-python[server]==$(LLAMA_CPP_VERSION)
 WHEELS := .cache/wheels
 CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: run test lint bench clean test-real-model
+.PHONY: run test lint bench bench-peers clean test-real-model
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,12 @@ test-real-model: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_log.py
+
+# Terrarium next to its peers (the `bench` extra: openai-agents, LangChain, LangGraph, llm,
+# matplotlib); writes docs/benchmarks.md and its plots.
+bench-peers: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/peers.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
