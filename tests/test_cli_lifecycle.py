@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
+import terrarium.blobs
 import terrarium.cli.app
 import terrarium.lifecycle
 from helpers.history import add_context
@@ -227,6 +230,25 @@ def test_trash_purge_by_age_name_and_all(
     actions = [r["action"] for r in MaintenanceLog.of(store).records()]
     assert actions == ["trash"] * 3 + ["purge_trash"] * 3
     one_line_error(invoke("trash", "purge", "cli:zzz", "--yes"), "nothing in the trash")
+
+
+def test_trash_purge_collects_the_large_outputs_nothing_refers_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    memory = MemoryStore(blob_threshold=8)  # every message below is a blob
+    add_context(memory, "cli:a", "a long shared message")
+    add_context(memory, "cli:b", "a long shared message", "a reply only cli:b has")
+    monkeypatch.setattr(terrarium.cli.app, "open_store", lambda *a, **k: memory)
+    assert len(memory.blob_digests()) == 2
+    ok("delete", "cli:b")
+    assert len(memory.blob_digests()) == 2  # in the trash, cli:b still refers to both
+    # An hour later (a blob put in the last hour may be about to be named by an append).
+    hour_later = time.time() + 3700
+    monkeypatch.setattr(terrarium.blobs, "time", SimpleNamespace(time=lambda: hour_later))
+    ok("trash", "purge", "--yes")
+    assert len(memory.blob_digests()) == 1  # cli:a's message stays
+    last = MaintenanceLog.of(memory).records()[-1]
+    assert (last["action"], last["blobs"]) == ("collect_blobs", 1)
 
 
 # --------------------------------------------------------------------------- pin

@@ -358,7 +358,23 @@ def run_trash_purge(
             )
         if progress is not None:
             progress(entry.trash_id)
+    if done:
+        collect_blobs(store, why=why, journal=journal)
     return done
+
+
+def collect_blobs(store: Store, *, why: str, journal: MaintenanceLog | None = None) -> int:
+    """Delete the blobs nothing refers to any more (after a purge) and log how many.
+
+    Blobs put in the last hour stay (an append may be about to name one): the next purge or
+    ``maintain`` collects those.
+    """
+    from terrarium.blobs import collect_garbage
+
+    collected = collect_garbage(store)
+    if collected:
+        (journal or MaintenanceLog.of(store)).record("collect_blobs", why, blobs=collected)
+    return collected
 
 
 def delete_to_trash(store: Store, context: ContextId, *, why: str) -> TrashedContext | None:
@@ -388,7 +404,9 @@ def purge(store: Store, context: ContextId, *, why: str) -> None:
     if isinstance(store, Lifecycle):
         if not store.purge_context(context):
             raise contexts.not_found(context)
-        MaintenanceLog.of(store).record("purge", why, context=str(context))
+        journal = MaintenanceLog.of(store)
+        journal.record("purge", why, context=str(context))
+        collect_blobs(store, why=why, journal=journal)
         return
     if not contexts.delete_context(store, context, why=why):
         raise contexts.not_found(context)
@@ -800,6 +818,7 @@ __all__ = [
     "MaintenanceReport",
     "RetentionPolicy",
     "RetentionRule",
+    "collect_blobs",
     "config_path",
     "delete_to_trash",
     "find_trashed",
