@@ -414,8 +414,8 @@ def _list_folder(path: Path, level: int) -> _Folder:
         return _Folder((), ())
     for entry in entries:
         name = entry.name
-        if level == 0 and name.startswith("."):
-            continue  # the store's own .index, .locks, .trash
+        if level == 0 and (name.startswith(".") or name == "archive"):
+            continue  # the store's own .index, .locks, .trash; the archive (archived already)
         if level == 2 and not name.endswith(".json"):
             continue  # context folders: skipped without a stat
         if entry.is_dir():

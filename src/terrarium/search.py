@@ -33,7 +33,7 @@ from typing import Any
 
 from terrarium.errors import IndexUnavailable, InvalidQuery
 from terrarium.model import HISTORY_KINDS, ContextId, item_role, item_text
-from terrarium.stores.base import Searchable, SearchHit, SearchQuery, Store
+from terrarium.stores.base import Lifecycle, Searchable, SearchHit, SearchQuery, Store
 from terrarium.stores.fts import (
     TAG_TOKENS,
     bm25,
@@ -98,7 +98,11 @@ def scan(store: Store, query: SearchQuery | str) -> list[SearchHit]:
     q = check_query(query)
     phrases = [tokenize(term) for term in query_terms(q.text)]
     docs: list[_Doc] = []
-    for head in store.list_contexts():
+    heads = store.list_contexts()
+    if q.archived and isinstance(store, Lifecycle):
+        archived = (store.get_head(ContextId.parse(a.context)) for a in store.archived_contexts())
+        heads += [head for head in archived if head is not None]
+    for head in heads:
         context = ContextId.parse(head.context)
         for segment_id in store.list_segments(head.session_id):
             read = store.read_segment(head.session_id, segment_id)

@@ -279,6 +279,8 @@ class SearchQuery:
     role: str | None = None
     """Only items of this role (``user``, ``assistant``)."""
     limit: int = 20
+    archived: bool = False
+    """Search archived contexts too (a :class:`Lifecycle` store's); hot ones only if False."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,7 +73,9 @@ def check_query(query: SearchQuery) -> SearchQuery:
         raise InvalidQuery(f"invalid role {query.role!r}: use one of {', '.join(sorted(ROLES))}")
     context = str(ContextId.parse(query.context)) if query.context is not None else None
     since = _normalise_since(query.since) if query.since is not None else None
-    return SearchQuery(query.text, query.type, context, since, query.role, query.limit)
+    return SearchQuery(
+        query.text, query.type, context, since, query.role, query.limit, query.archived
+    )
 
 
 def _normalise_since(since: str) -> str:
