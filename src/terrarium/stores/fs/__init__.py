@@ -1089,8 +1089,9 @@ class FsStore(Tree, ClosingStore):
                 old = index / part
                 if old.exists():
                     self._discard(old)
-                os.rename(fresh / part, old)
-        fresh.rmdir()
+                if (fresh / part).exists():  # the archive's and pins' only when not empty
+                    os.rename(fresh / part, old)
+        os.rmdir(fresh)
         self._folders.clear()
         if self._search is not None or (index / fs_search.DB_NAME).exists():
             self.search_index.rebuild()  # else the first search builds it

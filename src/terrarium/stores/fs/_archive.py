@@ -430,13 +430,13 @@ def rebuild_pointers(store: FsStore, fresh: Path) -> None:
     """Write ``.index/archive`` pointers of every archived session into ``fresh``."""
     from terrarium.stores.fs._tree import write_pointer
 
-    make_dirs(fresh)
     for context, folder in folders(store):
         try:
             head = manifest_head(read_manifest(folder))
         except CorruptLog:
             continue
         rel = folder.relative_to(store.root).as_posix()
+        make_dirs(fresh)
         write_pointer(fresh / str(head.session_id), pointer(context, rel))
 
 

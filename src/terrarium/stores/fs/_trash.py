@@ -50,6 +50,7 @@ from terrarium.stores.fs._layout import (
     STAGING,
     TRASH,
     real_dir,
+    segment_name,
 )
 from terrarium.stores.fs._segments import read_file
 
@@ -151,11 +152,25 @@ def trash(store: FsStore, context: ContextId, folder: Path) -> None:
     write_atomic(entry / TRASH_MANIFEST, codec.encode(record), sync=store._sync())
     if head is not None:
         store._mark(head.session_id)
-    os.rename(folder, entry / CONTENT)  # the commit
-    if store._sync():
-        fsync_dir(folder.parent)
-        fsync_dir(entry)
+    with _archive.segment_locks(folder):
+        os.rename(folder, entry / CONTENT)  # the commit
+        if store._sync():
+            fsync_dir(folder.parent)
+            fsync_dir(entry)
+        _fresh_inodes(entry / CONTENT, sync=store._sync())
     _forget_pointers(store, context, head)
+
+
+def _fresh_inodes(folder: Path, *, sync: bool) -> None:
+    """Replace each segment file of ``folder`` by a copy: a writer that had the old file open
+    (and waited on its lock) finds it deleted and fails, rather than write into the trash."""
+    for name in listdir(folder):
+        if segment_name(name) is not None:
+            copy = folder / f".{name}.copy"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(copy)  # a kill's leftover
+            _archive.put(copy, read_file(folder / name), sync=sync)
+            os.rename(copy, folder / name)
 
 
 def _forget_pointers(store: FsStore, context: ContextId, head: PodMetadata | None) -> None:
@@ -255,6 +270,9 @@ def restore(store: FsStore, entry: Path, record: dict[str, Any], target: Context
             write_atomic(content / _archive.MANIFEST, codec.encode(manifest), sync=store._sync())
         else:
             write_atomic(content / HEAD, codec.encode(head_dict(head)), sync=store._sync())
+    for name in listdir(content):
+        if name.startswith(".") and name.endswith(".copy"):  # a killed delete's leftover
+            os.unlink(content / name)
     if (content / PIN).exists():
         _mark_pin(store, target)  # before the commit: a pin entry without a marker is ignored
     make_dirs(place.parent)
@@ -345,7 +363,6 @@ def pinned(store: FsStore) -> frozenset[str]:
 
 def write_pins(fresh: Path, contexts: list[ContextId]) -> None:
     """Write the pin entries of ``contexts`` into ``fresh`` (a new ``.index/pins``)."""
-    make_dirs(fresh)
     for context in contexts:
         make_dirs(fresh / context.type)
         path = fresh / context.type / context.encoded_name
