@@ -36,7 +36,7 @@ from terrarium.stores.base import PodMetadata, Reindexable, Store
 from terrarium.stores.fs import ContextFolder, FsStore, salvaged_into, segment_chain
 
 #: Problems ``--repair`` fixes, and those only ``--salvage`` does.
-_REPAIRABLE = frozenset({"torn", "head", "missing", "unindexed"})
+_REPAIRABLE = frozenset({"torn", "head", "missing", "unindexed", "leftover"})
 _SALVAGEABLE = frozenset({"corrupt", "damaged"})
 
 
@@ -50,8 +50,9 @@ class Problem:
     is not there), ``damaged`` (a context whose head cannot be rebuilt: no segment is
     intact), ``unindexed`` (a context the index does not know, or names wrongly),
     ``duplicate`` (a second folder holding a context), ``link`` (a symbolic link inside the
-    store, never followed), ``legacy`` (an unreadable legacy file), ``unreadable`` (any other
-    read error)."""
+    store, never followed), ``legacy`` (an unreadable legacy file), ``leftover`` (what a
+    killed archive, unarchive, delete or purge left: a copy, never the visible state),
+    ``unreadable`` (any other read error)."""
     message: str
     context: str | None = None
     path: str | None = None
@@ -167,6 +168,13 @@ def _check_fs(store: FsStore, report: Report) -> None:
         report.contexts += 1
         _check_detached(session_id, folder, report)
     _check_links(store.root, report)
+    for path in store.unfinished_moves():
+        what = (
+            "a copy left by a killed archive or unarchive"
+            if "archive" in path.parts
+            else ("left by a killed archive, delete or purge")
+        )
+        report.problems.append(Problem("leftover", f"{path}: {what}", path=str(path)))
 
 
 def _check_detached(session_id: uuid.UUID, folder: Path, report: Report) -> None:
@@ -424,6 +432,8 @@ def _fixer(store: FsStore, problem: Problem, salvage: bool) -> Callable[[], str]
         return lambda: f"head is segment {store.rebuild_head(context).segment_id}"
     if problem.kind == "unindexed":
         return lambda: "indexed"  # the reindex that follows every repair does it
+    if problem.kind == "leftover":
+        return lambda: f"deleted ({store.finish_moves()} left over)"
     if problem.kind == "corrupt" and salvage and segment and problem.context:
         context = ContextId.parse(problem.context)
         return lambda: _salvage(store, context, segment)

@@ -628,9 +628,13 @@ class FsStore(Tree, ClosingStore):
         """The pinned contexts, hot or archived (reads ``.index/pins``)."""
         return _trash.pinned(self)
 
+    def unfinished_moves(self) -> list[Path]:
+        """What killed archive, unarchive, trash and purge moves left (``fsck`` reports it)."""
+        return _trash.leftovers(self, archived=True)
+
     def finish_moves(self) -> int:
-        """Delete what killed archive, trash and purge moves left (``fsck --repair``)."""
-        return _trash.clean(self)
+        """Delete what killed moves left (``fsck --repair``); the visible state is kept."""
+        return _trash.clean(self, archived=True)
 
     def _wake(self, context: ContextId) -> None:
         """Unarchive ``context`` before a write to it (nothing if it is not archived)."""

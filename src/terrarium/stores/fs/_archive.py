@@ -44,7 +44,7 @@ from terrarium.errors import ContextExists, CorruptLog, StoreError
 from terrarium.model import ContextId, SegmentId, SessionId, decode_name, utc_now
 from terrarium.stores._files import fsync_dir, listdir, make_dirs, open_private, write_all
 from terrarium.stores.base import ArchivedContext, PodMetadata
-from terrarium.stores.fs._heads import head_dict
+from terrarium.stores.fs._heads import head_dict, head_of
 from terrarium.stores.fs._layout import (
     ARCHIVE,
     DATE_RE,
@@ -188,6 +188,27 @@ def folders(store: FsStore, type: str | None = None) -> Iterator[tuple[ContextId
                 folder = base / kind / date / encoded
                 if context.encoded_name == encoded and real_dir(folder) and _live(store, folder):
                     yield context, folder
+
+
+def leftover_copies(store: FsStore) -> list[Path]:
+    """Archived folders left beside the hot folder of the same session (a killed archive or
+    unarchive): copies, safe to delete."""
+    base = store.root / ARCHIVE
+    found = []
+    for kind in listdir(base) if real_dir(base) else []:
+        for date in listdir(base / kind):
+            for encoded in listdir(base / kind / date):
+                folder = store._inside(base / kind / date / encoded)
+                if not real_dir(folder) or _live(store, folder):
+                    continue
+                try:
+                    hot = head_of(hot_twin(store, folder))[0]
+                    copy = manifest_head(read_manifest(folder))
+                except (OSError, StoreError, ValueError):
+                    continue  # damaged, or not a copy: fsck reports it, nothing deletes it
+                if hot.session_id == copy.session_id:
+                    found.append(folder)
+    return found
 
 
 def session_pointer(store: FsStore, session_id: SessionId) -> Path:

@@ -76,9 +76,9 @@ def moving(store: FsStore) -> Iterator[None]:
         os.close(fd)
 
 
-def clean(store: FsStore) -> int:
-    """Delete what killed moves left (``.staging/``, incomplete trash entries); return how
-    many. Does nothing while another move is under way."""
+def leftovers(store: FsStore, *, archived: bool = False) -> list[Path]:
+    """What killed moves left: ``.staging/`` entries, trash entries without ``context/`` and,
+    with ``archived``, archived copies of contexts that are hot (walks the archive)."""
     staging = store.root / STAGING
     trash = store.root / TRASH
     left = [staging / n for n in listdir(staging)]
@@ -87,6 +87,15 @@ def clean(store: FsStore) -> int:
         for n in listdir(trash)
         if _TRASH_ID.fullmatch(n) and real_dir(trash / n) and not real_dir(trash / n / CONTENT)
     ]
+    if archived:
+        left += _archive.leftover_copies(store)
+    return left
+
+
+def clean(store: FsStore, *, archived: bool = False) -> int:
+    """Delete what killed moves left (:func:`leftovers`); return how many. Does nothing while
+    another move is under way."""
+    left = leftovers(store, archived=archived)
     if not left:
         return 0
     fd = _lock_fd(store)
