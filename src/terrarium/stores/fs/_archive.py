@@ -406,6 +406,9 @@ def unarchive(store: FsStore, context: ContextId, folder: Path) -> PodMetadata:
         elif name.endswith(ZST):
             put(staged / name[: -len(ZST)], decompress(folder / name), sync=sync)
     put(staged / HEAD, codec.encode(head_dict(head)), sync=sync)
+    # The index entries first: until the commit they name a folder that is not there, which
+    # a lookup passes over (to the archive); after it, the context is listed at once.
+    store._write_index(context, head.session_id, hot.relative_to(store.root))
     make_dirs(hot.parent)
     with contextlib.suppress(FileNotFoundError):
         os.rmdir(hot)  # an empty folder left by a move
@@ -418,7 +421,6 @@ def unarchive(store: FsStore, context: ContextId, folder: Path) -> PodMetadata:
     store._folders[head.session_id] = hot
     discard(store, folder)
     session_pointer(store, head.session_id).unlink(missing_ok=True)
-    store._write_index(context, head.session_id, hot.relative_to(store.root))
     store._mark(head.session_id)
     return head
 

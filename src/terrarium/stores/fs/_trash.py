@@ -284,6 +284,12 @@ def restore(store: FsStore, entry: Path, record: dict[str, Any], target: Context
             os.unlink(content / name)
     if (content / PIN).exists():
         _mark_pin(store, target)  # before the commit: a pin entry without a marker is ignored
+    rel = place.relative_to(store.root)
+    if archived:  # before the commit, as an unarchive does (see _archive.unarchive)
+        data = _pointer_bytes(target, rel.as_posix())
+        _archive._write_pointer(store, _archive.session_pointer(store, head.session_id), data)
+    else:
+        store._write_index(target, head.session_id, rel)
     make_dirs(place.parent)
     with contextlib.suppress(FileNotFoundError):
         os.rmdir(place)
@@ -291,12 +297,6 @@ def restore(store: FsStore, entry: Path, record: dict[str, Any], target: Context
     if store._sync():
         fsync_dir(place.parent)
     shutil.rmtree(entry, ignore_errors=True)
-    rel = place.relative_to(store.root)
-    if archived:
-        data = _pointer_bytes(target, rel.as_posix())
-        _archive._write_pointer(store, _archive.session_pointer(store, head.session_id), data)
-    else:
-        store._write_index(target, head.session_id, rel)
     store._folders[head.session_id] = place
     store._mark(head.session_id)
     return head
