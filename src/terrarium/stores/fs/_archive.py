@@ -64,6 +64,8 @@ if TYPE_CHECKING:
     from terrarium.stores.fs import FsStore
 
 MANIFEST = "archive.json"
+SPARE = "spare-"
+"""An empty folder of ``.staging/`` kept for the next move (the clean-up keeps it)."""
 ZST = ".zst"
 LEVEL = 3
 """zstd level: JSONL compresses to ~1/6 at level 3; level 19 gains little for 10x the time."""
@@ -107,6 +109,31 @@ def staging_path(store: FsStore, what: str) -> Path:
     base = store._inside(store.root / STAGING)
     make_dirs(base)
     return base / f"{what}-{uuid.uuid4().hex}"
+
+
+def staging_folder(store: FsStore, what: str) -> Path:
+    """A new empty private folder in ``.staging/``: a spare one (:func:`spare`) if any.
+
+    Reusing the emptied folders of earlier moves saves an ``rmdir`` and a ``mkdir`` per
+    move: an ``rmdir`` costs ~3 ms on a file system mounted with ``discard``.
+    """
+    path = staging_path(store, what)
+    for name in listdir(path.parent):
+        if name.startswith(SPARE):
+            with contextlib.suppress(OSError):
+                os.rename(path.parent / name, path)
+                if not listdir(path):
+                    return path
+                shutil.rmtree(path, ignore_errors=True)
+    make_dirs(path)
+    return path
+
+
+def spare(store: FsStore, folder: Path, files: list[str]) -> None:
+    """Delete ``files`` from ``folder`` (in ``.staging/``) and keep it as a spare folder."""
+    for name in files:
+        os.unlink(folder / name)
+    os.rename(folder, folder.with_name(f"{SPARE}{uuid.uuid4().hex}"))
 
 
 def discard(store: FsStore, folder: Path) -> None:
@@ -345,8 +372,7 @@ def archive(store: FsStore, context: ContextId, hot: Path) -> ArchivedContext:
     sync = store._sync()
     with segment_locks(hot):
         before = file_sizes(hot)
-        staged = staging_path(store, "archive")
-        make_dirs(staged)
+        staged = staging_folder(store, "archive")
         packed_bytes = 0
         for name in before:
             if name == PIN:
@@ -362,7 +388,6 @@ def archive(store: FsStore, context: ContextId, hot: Path) -> ArchivedContext:
             "message_count": count,
             "hot_bytes": sum(before.values()),
             "archived_bytes": packed_bytes,
-            "files": before,
         }
         put(staged / MANIFEST, codec.encode(record), sync=sync)
         make_dirs(target.parent)
@@ -380,7 +405,7 @@ def archive(store: FsStore, context: ContextId, hot: Path) -> ArchivedContext:
             raise StoreError(f"{context} changed while it was archived: left hot; try again")
         for name in _segments(gone):
             os.unlink(gone / name)  # a waiting append now finds its file deleted
-    shutil.rmtree(gone, ignore_errors=True)
+    spare(store, gone, listdir(gone))
     store._folders[head.session_id] = target
     store._index_path(context).unlink(missing_ok=True)
     store._session_index_path(head.session_id).unlink(missing_ok=True)
@@ -398,8 +423,7 @@ def unarchive(store: FsStore, context: ContextId, folder: Path) -> PodMetadata:
     if real_dir(hot) and listdir(hot):
         raise ContextExists(f"context {context} would share {hot} with another")
     sync = store._sync()
-    staged = staging_path(store, "unarchive")
-    make_dirs(staged)
+    staged = staging_folder(store, "unarchive")
     for name in listdir(folder):
         if name == PIN:
             put(staged / PIN, b"", sync=sync)
@@ -419,7 +443,9 @@ def unarchive(store: FsStore, context: ContextId, folder: Path) -> PodMetadata:
     if sync:
         fsync_dir(hot.parent)
     store._folders[head.session_id] = hot
-    discard(store, folder)
+    gone = staging_path(store, "archived")
+    os.rename(folder, gone)
+    spare(store, gone, listdir(gone))
     session_pointer(store, head.session_id).unlink(missing_ok=True)
     store._mark(head.session_id)
     return head

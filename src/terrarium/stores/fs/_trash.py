@@ -81,7 +81,7 @@ def leftovers(store: FsStore, *, archived: bool = False) -> list[Path]:
     with ``archived``, archived copies of contexts that are hot (walks the archive)."""
     staging = store.root / STAGING
     trash = store.root / TRASH
-    left = [staging / n for n in listdir(staging)]
+    left = [staging / n for n in listdir(staging) if not _spare(staging / n)]
     left += [
         trash / n
         for n in listdir(trash)
@@ -90,6 +90,10 @@ def leftovers(store: FsStore, *, archived: bool = False) -> list[Path]:
     if archived:
         left += _archive.leftover_copies(store)
     return left
+
+
+def _spare(path: Path) -> bool:
+    return path.name.startswith(_archive.SPARE) and real_dir(path) and not listdir(path)
 
 
 def clean(store: FsStore, *, archived: bool = False) -> int:
