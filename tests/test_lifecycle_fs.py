@@ -8,7 +8,6 @@ The kill tests are in ``test_lifecycle_fs_kill.py``; the cross-backend contract 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
 import threading
@@ -54,12 +53,22 @@ def _create(store: Store, context: str, *texts: str) -> PodActiveSegmentRef:
 
 
 def _tree(root: Path) -> list[str]:
-    """Every path under ``root`` but the locks and the derived index."""
+    """Every path under ``root`` but the locks, the derived index and spare folders."""
     return sorted(
         p.relative_to(root).as_posix()
         for p in root.rglob("*")
-        if p.relative_to(root).parts[0] not in (".locks", ".index")
+        if p.relative_to(root).parts[0] not in (".locks", ".index") and "spare-" not in p.name
     )
+
+
+def _leftovers(root: Path) -> list[str]:
+    """What is in .staging but empty spare folders."""
+    staging = root / ".staging"
+    return [
+        p.name
+        for p in staging.iterdir()
+        if not (p.name.startswith("spare-") and not any(p.iterdir()))
+    ]
 
 
 def _history(store: Store, context: str) -> list[Any]:
@@ -106,7 +115,7 @@ def test_archive_compresses_every_file_into_the_archive_folder(store: FsStore, r
     assert [h.context for h in store.search(SearchQuery("fox", archived=True))] == ["cli:main"]
     assert _history(store, "cli:main") == history
     assert store.is_archived(MAIN)
-    assert _tree(root).count(".staging") <= 1 and not list((root / ".staging").iterdir())
+    assert _leftovers(root) == []
 
 
 def test_listing_the_archive_decompresses_nothing(
@@ -419,4 +428,78 @@ def test_archived_segments_read_as_the_hot_ones_did(store: FsStore) -> None:
     store.archive_context(MAIN)
     assert snapshot() == hot
     assert store.is_archived(MAIN)  # reads never unarchive
-    assert os.listdir(store.root / ".staging") == []
+    assert _leftovers(store.root) == []
+
+
+def _legacy_file(root: Path, context: str, date: str = "2024-03-05") -> Path:
+    """A legacy Terrarium JSON file holding ``context`` with one exchange."""
+    ctx = ContextId.parse(context)
+    stamp = f"{date}T14:00:00.123456"
+    messages = [
+        {"role": "user", "content": "old question", "timestamp": stamp},
+        {"role": "assistant", "content": "old answer", "timestamp": stamp},
+    ]
+    data = {
+        "session_id": ctx.name,
+        "context_type": ctx.type,
+        "system_prompt": "be brief",
+        "messages": messages,
+        "metadata": {
+            "created_at": stamp,
+            "last_active": stamp,
+            "message_count": 2,
+            "session_id": ctx.name,
+            "context_type": ctx.type,
+            "session_date": date,
+        },
+    }
+    path = root / ctx.type / date / f"{ctx.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    return path
+
+
+def test_a_legacy_file_is_archived_with_its_context_and_put_back(
+    store: FsStore, root: Path
+) -> None:
+    """Archiving a context only a legacy file holds imports it, then takes the file into the
+    archive (``legacy-1.json.zst``, its bytes exactly): neither the hot listing nor the legacy
+    scan shows it. Unarchiving puts the file back where it was."""
+    path = _legacy_file(root, "cli:old")
+    data = path.read_bytes()
+    archived = store.archive_context(ContextId("cli", "old"))
+    assert archived is not None and archived.message_count == 2
+    assert not path.exists()
+    folder = store.folder_of(ContextId("cli", "old"))
+    assert folder is not None
+    packed = (folder / "legacy-1.json.zst").read_bytes()
+    assert zstandard.ZstdDecompressor().decompress(packed) == data
+    assert listing(store).sessions == ()
+    out = invoke("list", "--json", "--storage-dir", str(root)).output
+    assert "cli:old" not in out
+    texts = [m["content"] for m in _history(store, "cli:old")]
+    assert texts == ["old question", "old answer"]
+    assert store.unarchive_context(ContextId("cli", "old"))
+    assert path.read_bytes() == data
+    assert "cli:old" in invoke("list", "--json", "--storage-dir", str(root)).output
+
+
+def test_an_imported_context_takes_its_legacy_file_into_the_archive(
+    store: FsStore, root: Path
+) -> None:
+    """A context imported from a legacy file long ago still has the file in place: archiving
+    the context moves it too, so the listing does not show the file as a context again."""
+    path = _legacy_file(root, "cli:old")
+    save_user_input(store, _imported(store, "cli:old"), "new question")
+    assert store.archive_context(ContextId("cli", "old")) is not None
+    assert not path.exists()
+    assert "cli:old" not in invoke("list", "--json", "--storage-dir", str(root)).output
+
+
+def _imported(store: FsStore, context: str) -> PodActiveSegmentRef:
+    from terrarium import legacy
+
+    assert legacy.resume(store, ContextId.parse(context))
+    head = store.get_head(ContextId.parse(context))
+    assert head is not None
+    return head.ref

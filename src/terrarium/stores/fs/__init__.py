@@ -529,6 +529,9 @@ class FsStore(Tree, ClosingStore):
     def archive_context(self, context: ContextId) -> ArchivedContext | None:
         """Compress a hot context into ``archive/{type}/{date}/{name}/``; None if not hot.
 
+        A context only a legacy JSON file holds is imported first (as a write would); the
+        context's legacy files go into the archive with it (see :mod:`terrarium.legacy`).
+
         Safe to kill at any point, and appends made meanwhile are kept (they wait, then
         unarchive it): see :mod:`terrarium.stores.fs._archive`.
 
@@ -536,14 +539,18 @@ class FsStore(Tree, ClosingStore):
             CorruptLog: the context's head can be neither read nor rebuilt.
             StoreError: a file changed under the archiver without a lock (rolled back).
         """
+        from terrarium import legacy  # the legacy layer sits above the stores
+
         _trash.clean(self)
+        legacy.resume(self, context)  # a context only a legacy file holds is imported first
         with self._head_lock(context), _trash.moving(self):
             found = self._locate(context)
             if found is None or self._archived(found.folder):
                 return None
             if found.head is None:
                 raise CorruptLog(found.problem or f"{found.folder}: damaged")
-            return _archive.archive(self, context, found.folder)
+            files = legacy.files(self, context)
+            return _archive.archive(self, context, found.folder, files)
 
     def unarchive_context(self, context: ContextId) -> bool:
         """Move an archived context back to the hot tree; False if it is not archived."""

@@ -64,6 +64,8 @@ if TYPE_CHECKING:
     from terrarium.stores.fs import FsStore
 
 MANIFEST = "archive.json"
+LEGACY = "legacy-"
+"""``legacy-{n}.json.zst``: a legacy JSON file of the context, archived with it."""
 SPARE = "spare-"
 """An empty folder of ``.staging/`` kept for the next move (the clean-up keeps it)."""
 ZST = ".zst"
@@ -359,8 +361,9 @@ def segment_locks(folder: Path) -> Iterator[None]:
             os.close(fd)
 
 
-def archive(store: FsStore, context: ContextId, hot: Path) -> ArchivedContext:
-    """Move the hot folder ``hot`` of ``context`` into the archive (hold its head lock)."""
+def archive(store: FsStore, context: ContextId, hot: Path, legacy: list[Path]) -> ArchivedContext:
+    """Move the hot folder ``hot`` of ``context`` into the archive (hold its head lock), with
+    its ``legacy`` JSON files (``legacy-{n}.json.zst``, removed from their places)."""
     head = store._persist_head(hot, context)
     for segment_id in [uuid.UUID(n[: -len(SEGMENT_SUFFIX)]) for n in _segments(hot)]:
         store.set_aside_torn_tail(head.session_id, segment_id)
@@ -381,6 +384,10 @@ def archive(store: FsStore, context: ContextId, hot: Path) -> ArchivedContext:
                 packed = compress(read_file(hot / name))
                 put(staged / f"{name}{ZST}", packed, sync=sync)
                 packed_bytes += len(packed)
+        kept = []
+        for n, path in enumerate(legacy, 1):
+            put(staged / f"{LEGACY}{n}.json{ZST}", compress(read_file(path)), sync=sync)
+            kept.append(path.relative_to(store.root).as_posix())
         record = {
             "head": head_dict(head),
             "archived_at": utc_now(),
@@ -388,6 +395,7 @@ def archive(store: FsStore, context: ContextId, hot: Path) -> ArchivedContext:
             "message_count": count,
             "hot_bytes": sum(before.values()),
             "archived_bytes": packed_bytes,
+            "legacy": kept,
         }
         put(staged / MANIFEST, codec.encode(record), sync=sync)
         make_dirs(target.parent)
@@ -406,6 +414,8 @@ def archive(store: FsStore, context: ContextId, hot: Path) -> ArchivedContext:
         for name in _segments(gone):
             os.unlink(gone / name)  # a waiting append now finds its file deleted
     spare(store, gone, listdir(gone))
+    for path in legacy:  # the log wins meanwhile: the context exists, archived
+        path.unlink(missing_ok=True)
     store._folders[head.session_id] = target
     store._index_path(context).unlink(missing_ok=True)
     store._session_index_path(head.session_id).unlink(missing_ok=True)
@@ -427,6 +437,8 @@ def unarchive(store: FsStore, context: ContextId, folder: Path) -> PodMetadata:
     for name in listdir(folder):
         if name == PIN:
             put(staged / PIN, b"", sync=sync)
+        elif name.startswith(LEGACY):
+            continue  # put back in their places after the commit
         elif name.endswith(ZST):
             put(staged / name[: -len(ZST)], decompress(folder / name), sync=sync)
     put(staged / HEAD, codec.encode(head_dict(head)), sync=sync)
@@ -443,12 +455,27 @@ def unarchive(store: FsStore, context: ContextId, folder: Path) -> PodMetadata:
     if sync:
         fsync_dir(hot.parent)
     store._folders[head.session_id] = hot
+    _put_back_legacy(store, folder, record)
     gone = staging_path(store, "archived")
     os.rename(folder, gone)
     spare(store, gone, listdir(gone))
     session_pointer(store, head.session_id).unlink(missing_ok=True)
     store._mark(head.session_id)
     return head
+
+
+def _put_back_legacy(store: FsStore, folder: Path, record: dict[str, Any]) -> None:
+    """Write the archived legacy files back where they were (unless a file is there now)."""
+    from terrarium.stores._files import write_new
+
+    for n, rel in enumerate(record.get("legacy") or [], 1):
+        parts = str(rel).split("/")
+        if not 1 <= len(parts) <= 3 or any(p in ("", ".", "..") for p in parts):
+            continue  # not a place a legacy file lies
+        place = store._inside(store.root.joinpath(*parts[:-1])) / parts[-1]
+        make_dirs(place.parent)
+        with contextlib.suppress(FileExistsError, FileNotFoundError):
+            write_new(place, decompress(folder / f"{LEGACY}{n}.json{ZST}"), sync=store._sync())
 
 
 def _segments(folder: Path) -> list[str]:
