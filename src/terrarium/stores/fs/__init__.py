@@ -326,8 +326,10 @@ class FsStore(Tree, ClosingStore):
             CorruptLog: the head cannot be read and no segment chain is intact to rebuild it.
         """
         found = self._locate(context)
-        if found is None:
-            return None
+        return self._found_head(found) if found is not None else None
+
+    def _found_head(self, found: ContextFolder) -> PodMetadata:
+        """The head of a located context (CorruptLog if it can be neither read nor rebuilt)."""
         if found.head is None:
             raise CorruptLog(found.problem or f"{found.folder}: damaged")
         if found.problem is not None:
@@ -385,6 +387,7 @@ class FsStore(Tree, ClosingStore):
             ContextNotFound: no folder holds the context.
             CorruptLog: no segment chain is intact to rebuild it from.
         """
+        self._wake(context)
         with self._head_lock(context):
             folder = self.folder_of(context)
             if folder is None:
@@ -412,14 +415,12 @@ class FsStore(Tree, ClosingStore):
                     found = self._locate(context)
                     if found is None or self._archived(found.folder):
                         continue  # archived (a stale index entry): not in the hot listing
-                    head = self.get_head(context)
+                    heads.append(self._found_head(found))
                 except ValueError:
                     continue
                 except (CorruptLog, StoreError) as exc:
                     log.warning("%s", exc)
                     continue
-                if head is not None:
-                    heads.append(head)
         return sorted(heads, key=lambda h: ContextId.parse(h.context))
 
     def _walked_heads(self, type: str | None) -> list[PodMetadata]:
@@ -950,6 +951,7 @@ class FsStore(Tree, ClosingStore):
             StoreError: the segment has nothing to salvage, or a fork of it is damaged too.
             FormatVersionError: a line is of a newer format (upgrade, do not salvage).
         """
+        self._wake(context)
         with self.lock_context(context), self._head_lock(context):
             folder = self.folder_of(context)
             if folder is None:
