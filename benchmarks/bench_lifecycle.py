@@ -278,6 +278,9 @@ def main() -> None:
     parser.add_argument("--archive", type=int, default=10_000, help="contexts archived")
     parser.add_argument("--contexts", type=int, default=100_000, help="contexts listed")
     parser.add_argument("--messages", type=int, default=10_000, help="messages resumed")
+    parser.add_argument(
+        "--only", default="archive,list,resume", help="the measures to run (comma-separated)"
+    )
     parser.add_argument("--text", choices=("docs", "zipf"), default="docs", help="archived text")
     args = parser.parse_args()
     if args.quick:
@@ -288,16 +291,15 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="bench-lifecycle-"))
     print(f"backend {args.backend}, in {workdir}", flush=True)
     try:
-        for step, run in enumerate(
-            (
-                lambda d: archive_size(args.backend, d, args.archive, text, out),
-                lambda d: hot_listing(args.backend, d, args.contexts, maker, out),
-                lambda d: resume(args.backend, d, args.messages, maker, out),
-            )
-        ):
-            folder = workdir / f"step-{step}"
+        steps = {
+            "archive": lambda d: archive_size(args.backend, d, args.archive, text, out),
+            "list": lambda d: hot_listing(args.backend, d, args.contexts, maker, out),
+            "resume": lambda d: resume(args.backend, d, args.messages, maker, out),
+        }
+        for name in args.only.split(","):
+            folder = workdir / name
             folder.mkdir()
-            run(folder)
+            steps[name](folder)
             shutil.rmtree(folder)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -503,3 +503,17 @@ def _imported(store: FsStore, context: str) -> PodActiveSegmentRef:
     head = store.get_head(ContextId.parse(context))
     assert head is not None
     return head.ref
+
+
+def test_the_scan_searches_archived_contexts_only_when_asked() -> None:
+    """terrarium.search.scan (what MemoryStore and an unavailable index use) leaves archived
+    contexts out unless SearchQuery.archived is set, as FsStore.search does."""
+    from terrarium.search import search
+
+    store = MemoryStore()
+    _create(store, "cli:hot", "apples and pears")
+    _create(store, "cli:cold", "apples and plums")
+    store.archive_context(ContextId("cli", "cold"))
+    assert [h.context for h in search(store, SearchQuery("apples"))] == ["cli:hot"]
+    found = {h.context for h in search(store, SearchQuery("apples", archived=True))}
+    assert found == {"cli:hot", "cli:cold"}

@@ -484,15 +484,15 @@ def _segments(folder: Path) -> list[str]:
 
 def _counts(store: FsStore, context: ContextId, head: PodMetadata) -> tuple[int, str]:
     """The head's message count and last entry's time (read before the archive moves it)."""
-    from terrarium.sessions import restore  # the sessions layer sits above the stores
+    from terrarium.sessions import restore_by_segment  # the sessions layer is above the stores
 
-    read = store.read_segment(head.session_id, head.segment_id)
-    last = read.entries[-1]["ts"] if read.entries else read.header.get("ts", head.updated_at)
     try:
-        count = len(restore(store, context).history)
-    except (StoreError, ValueError):
-        count = 0  # a damaged chain: archived as it is, listed without a count
-    return count, str(last)
+        state = restore_by_segment(store, head.session_id, head.segment_id)
+    except (StoreError, ValueError):  # a damaged chain: archived as it is, without a count
+        read = store.read_segment(head.session_id, head.segment_id)
+        last = read.entries[-1]["ts"] if read.entries else read.header.get("ts", head.updated_at)
+        return 0, str(last)
+    return len(state.history), state.last_active
 
 
 def _write_pointer(store: FsStore, path: Path, data: bytes) -> None:
