@@ -376,14 +376,7 @@ def archive(store: FsStore, context: ContextId, hot: Path, legacy: list[Path]) -
     with segment_locks(hot):
         before = file_sizes(hot)
         staged = staging_folder(store, "archive")
-        packed_bytes = 0
-        for name in before:
-            if name == PIN:
-                put(staged / PIN, b"", sync=sync)
-            elif name != HEAD:
-                packed = compress(read_file(hot / name))
-                put(staged / f"{name}{ZST}", packed, sync=sync)
-                packed_bytes += len(packed)
+        packed_bytes = _pack(hot, staged, before, sync=sync)
         kept = []
         for n, path in enumerate(legacy, 1):
             put(staged / f"{LEGACY}{n}.json{ZST}", compress(read_file(path)), sync=sync)
@@ -421,6 +414,19 @@ def archive(store: FsStore, context: ContextId, hot: Path, legacy: list[Path]) -
     store._session_index_path(head.session_id).unlink(missing_ok=True)
     store._mark(head.session_id)  # the search index drops it
     return summary(record, pinned=PIN in before)
+
+
+def _pack(hot: Path, staged: Path, files: dict[str, int], *, sync: bool) -> int:
+    """Compress the hot folder's ``files`` into ``staged``; return the compressed bytes."""
+    packed_bytes = 0
+    for name in files:
+        if name == PIN:
+            put(staged / PIN, b"", sync=sync)
+        elif name != HEAD:
+            packed = compress(read_file(hot / name))
+            put(staged / f"{name}{ZST}", packed, sync=sync)
+            packed_bytes += len(packed)
+    return packed_bytes
 
 
 def unarchive(store: FsStore, context: ContextId, folder: Path) -> PodMetadata:
