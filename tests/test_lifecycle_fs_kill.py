@@ -62,9 +62,7 @@ class Server:
         return answer
 
     def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+        self.proc.communicate(timeout=30)  # closes stdin, reads to the end, closes stdout
 
 
 @pytest.fixture(scope="module")
