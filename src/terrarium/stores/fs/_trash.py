@@ -276,7 +276,7 @@ def restore(store: FsStore, entry: Path, record: dict[str, Any], target: Context
         raise ContextExists(f"context {target} would share {place} with another")
     if head.context != str(target):  # restored under another id: its head says so
         head = PodMetadata(
-            str(target), head.session_id, head.segment_id, head.created_at, utc_now()
+            str(target), head.session_id, head.segment_id, head.created_at, head.updated_at
         )
         if archived:
             manifest["head"] = head_dict(head)
