@@ -551,10 +551,11 @@ def test_unknown_durability_is_a_value_error(root: Path) -> None:
 # --------------------------------------------------------------------------- delete
 
 
-def test_delete_context_removes_folder_and_index_and_leaves_no_trash(
+def test_delete_context_moves_the_folder_to_the_trash_and_frees_the_name(
     store: FsStore, root: Path
 ) -> None:
-    """After delete_context nothing of the context is left on disk, and its name is free."""
+    """After delete_context the context's folder and index entries are gone, its name is
+    free, and its files wait whole in one trash entry until purged."""
     ref = _create(store, "cli:main")
     save_user_input(store, ref, "bye")
     fork(store, ref)
@@ -562,12 +563,16 @@ def test_delete_context_removes_folder_and_index_and_leaves_no_trash(
     _create(store, "cli:other")
     folder = store.folder_of(ContextId("cli", "main"))
     assert folder is not None
+    files = sorted(p.name for p in folder.iterdir())
 
     assert store.delete_context(ContextId("cli", "main")) is True
     assert not folder.exists()
     assert not (root / ".index" / "contexts" / "cli" / "main").exists()
     assert not (root / ".index" / "sessions" / str(ref.session_id)).exists()
-    assert _trash(root) == []
+    (entry,) = store.trashed_contexts()
+    assert _trash(root) == [entry.trash_id]
+    kept = root / ".trash" / entry.trash_id / "context"
+    assert sorted(p.name for p in kept.iterdir()) == files
     assert store.get_head(ContextId("cli", "main")) is None
     assert [h.context for h in store.list_contexts()] == ["cli:other"]
     with pytest.raises(SegmentNotFound):
@@ -576,6 +581,8 @@ def test_delete_context_removes_folder_and_index_and_leaves_no_trash(
 
     again = _create(store, "cli:main")
     assert restore(store, "cli:main").session_id == again.session_id
+    assert store.purge_trashed(entry.trash_id) is True
+    assert _trash(root) == []
 
 
 def test_a_writer_in_another_store_cannot_append_to_a_deleted_context(root: Path) -> None:

@@ -15,6 +15,10 @@ through this module, under these rules:
   holds imports it into the log first (:func:`import_legacy`, under the context's lock, so
   racing processes import it once). The file stays as it was.
 * **Delete moves the file into the trash** (:func:`trash`); moving it back undoes the delete.
+* **Archive takes the file along**: ``FsStore.archive_context`` imports a context only a file
+  holds, then compresses its files (:func:`files`) into the archived folder and removes
+  them; unarchiving puts them back. Files under ``archive/`` (moved there by hand, as the
+  seed suggests) are archived already: the scan skips that folder.
 * **Problems are listed, not hidden.** :func:`listing` returns every file it could not use,
   with the reason; reading or resuming a context whose file is unreadable raises its error.
 
@@ -151,6 +155,23 @@ def find(store: Store, context: ContextId) -> Path | None:
     """
     found = _lookup(store, context)
     return found.path if found is not None else None
+
+
+def files(store: Store, context: ContextId) -> list[Path]:
+    """Every legacy file in ``context``'s places that holds it or cannot be read (the ones an
+    archive of the context takes along), in lookup order."""
+    scanner = _scanner(store)
+    if scanner is None:
+        return []
+    with scanner.lock:
+        now = time.time_ns()
+        found = [(path, scanner.parsed(path, now)) for path in _places(scanner.root, context)]
+    return [
+        path
+        for path, info in found
+        if isinstance(info, LegacyProblem)
+        or (isinstance(info, LegacyInfo) and info.context == context)
+    ]
 
 
 def read(store: Store, context: ContextId) -> LegacyCopy | None:
@@ -414,8 +435,8 @@ def _list_folder(path: Path, level: int) -> _Folder:
         return _Folder((), ())
     for entry in entries:
         name = entry.name
-        if level == 0 and name.startswith("."):
-            continue  # the store's own .index, .locks, .trash
+        if level == 0 and (name.startswith(".") or name == "archive"):
+            continue  # the store's own .index, .locks, .trash; the archive (archived already)
         if level == 2 and not name.endswith(".json"):
             continue  # context folders: skipped without a stat
         if entry.is_dir():
@@ -487,6 +508,7 @@ __all__ = [
     "LegacyInfo",
     "LegacyListing",
     "LegacyProblem",
+    "files",
     "find",
     "import_legacy",
     "legacy_root",

@@ -39,7 +39,7 @@ from terrarium.stores.base import BlobStore, PodMetadata, Reindexable, Store
 from terrarium.stores.fs import ContextFolder, FsStore, salvaged_into, segment_chain
 
 #: Problems ``--repair`` fixes, and those only ``--salvage`` does.
-_REPAIRABLE = frozenset({"torn", "head", "missing", "unindexed"})
+_REPAIRABLE = frozenset({"torn", "head", "missing", "unindexed", "leftover"})
 _SALVAGEABLE = frozenset({"corrupt", "damaged"})
 
 
@@ -55,7 +55,8 @@ class Problem:
     ``duplicate`` (a second folder holding a context), ``link`` (a symbolic link inside the
     store, never followed), ``legacy`` (an unreadable legacy file), ``blob`` (a large output
     that a log refers to is missing, or a blob's bytes do not match its digest: no repair can
-    recreate it), ``unreadable`` (any other read error)."""
+    recreate it), ``leftover`` (what a killed archive, unarchive, delete or purge left: a copy,
+    never the visible state), ``unreadable`` (any other read error)."""
     message: str
     context: str | None = None
     path: str | None = None
@@ -177,6 +178,13 @@ def _check_fs(store: FsStore, report: Report) -> None:
         report.contexts += 1
         _check_detached(session_id, folder, report)
     _check_links(store.root, report)
+    for path in store.unfinished_moves():
+        what = (
+            "a copy left by a killed archive or unarchive"
+            if "archive" in path.parts
+            else ("left by a killed archive, delete or purge")
+        )
+        report.problems.append(Problem("leftover", f"{path}: {what}", path=str(path)))
 
 
 def _check_detached(session_id: uuid.UUID, folder: Path, report: Report) -> None:
@@ -456,6 +464,8 @@ def _fixer(store: FsStore, problem: Problem, salvage: bool) -> Callable[[], str]
         return lambda: f"head is segment {store.rebuild_head(context).segment_id}"
     if problem.kind == "unindexed":
         return lambda: "indexed"  # the reindex that follows every repair does it
+    if problem.kind == "leftover":
+        return lambda: f"deleted ({store.finish_moves()} left over)"
     if problem.kind == "corrupt" and salvage and segment and problem.context:
         context = ContextId.parse(problem.context)
         return lambda: _salvage(store, context, segment)

@@ -13,7 +13,9 @@ surviving a power cut costs an ``fdatasync`` per append (``durability="fsync"``)
 SQLite index that writers only mark dirty (:mod:`terrarium.stores.fs.search`).
 
 Parts: ``_layout`` (names), ``_segments`` (files, torn tails), ``_heads``, ``_tree`` (finding
-folders), ``salvage``, ``search`` with ``_refresh`` and ``_sql`` (the derived index).
+folders), ``salvage``, ``search`` with ``_refresh`` and ``_sql`` (the derived index),
+``_archive`` (archived contexts, compressed) and ``_trash`` (trash, pins, interrupted moves):
+it implements :class:`~terrarium.stores.base.Lifecycle`.
 
 Usage::
 
@@ -33,7 +35,6 @@ import logging
 import math
 import mmap
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -51,6 +52,8 @@ from terrarium.errors import (
     ContextExists,
     ContextNotFound,
     CorruptLog,
+    InvalidContextId,
+    NotInTrash,
     SegmentNotFound,
     SessionAttached,
     StoreError,
@@ -75,6 +78,7 @@ from terrarium.stores._files import (
     write_new,
 )
 from terrarium.stores.base import (
+    ArchivedContext,
     ClosingStore,
     ContextSummary,
     NewEntry,
@@ -82,21 +86,25 @@ from terrarium.stores.base import (
     SearchHit,
     SearchQuery,
     SegmentRead,
+    TrashedContext,
     header_line,
     iter_lines,
 )
+from terrarium.stores.fs import _archive, _trash
 from terrarium.stores.fs import search as fs_search
 from terrarium.stores.fs._blobs import FsBlobs
 from terrarium.stores.fs._heads import head_dict, head_from_segments, head_of, segment_chain
 from terrarium.stores.fs._layout import (
+    ARCHIVE,
     DETACHED,
     HEAD,
     INDEX,
     LEGACY_TRASH,
     LOCKS,
+    PIN,
+    PINS,
     SEGMENT_SUFFIX,
     TRACE_SUFFIX,
-    TRASH,
     holds_context,
     real_dir,
     segment_ids,
@@ -140,6 +148,14 @@ Durability = Literal["flush", "fsync", "batch"]
 DURABILITIES: tuple[str, ...] = ("flush", "fsync", "batch")
 
 _MAX_OPEN = 256
+
+
+class _Asleep(Exception):
+    """A write found its session archived: it is woken (unarchived) and tried again."""
+
+    def __init__(self, session_id: SessionId) -> None:
+        super().__init__(str(session_id))
+        self.session_id = session_id
 
 
 @dataclass
@@ -237,7 +253,19 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         found = self._find_folder(context)
         if found is not None:
             self._index_best_effort(context, found.folder, found.head)
-        return found
+            return found
+        archived = _archive.find(self, context)
+        if archived is None:
+            return None
+        try:
+            head = _archive.manifest_head(_archive.read_manifest(archived))
+        except CorruptLog as exc:
+            return ContextFolder(context, archived, None, str(exc))
+        return ContextFolder(context, archived, head)
+
+    def _archived(self, folder: Path) -> bool:
+        """Whether ``folder`` is an archived context's (``archive/{type}/{date}/{name}``)."""
+        return _archive.is_archive(self, folder)
 
     def _index_best_effort(
         self, context: ContextId, folder: Path, head: PodMetadata | None
@@ -262,7 +290,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         may have attached the session (renamed its folder) since.
         """
         folder = self._folders.get(session_id)
-        if folder is not None and (folder.parent.name != DETACHED or real_dir(folder)):
+        if folder is not None and real_dir(folder):
             return folder
         try:
             folder = self._pointer_folder(self._session_index_path(session_id), None)
@@ -273,7 +301,9 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             if real_dir(detached) and segment_ids(detached):
                 folder = detached
             else:
-                folder = self._find_session(session_id)
+                folder = _archive.pointed_folder(self, session_id)
+                if folder is None:
+                    folder = self._find_session(session_id)
         self._folders[session_id] = folder
         return folder
 
@@ -283,6 +313,9 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             if entry.head is not None and entry.head.session_id == session_id:
                 self._index_best_effort(entry.context, entry.folder, entry.head)
                 return entry.folder
+        folder = _archive.find_session(self, session_id)
+        if folder is not None:
+            return folder
         raise SegmentNotFound(f"session {session_id} does not exist")
 
     def _segment_path(self, session_id: SessionId, segment_id: SegmentId) -> Path:
@@ -299,8 +332,10 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             CorruptLog: the head cannot be read and no segment chain is intact to rebuild it.
         """
         found = self._locate(context)
-        if found is None:
-            return None
+        return self._found_head(found) if found is not None else None
+
+    def _found_head(self, found: ContextFolder) -> PodMetadata:
+        """The head of a located context (CorruptLog if it can be neither read nor rebuilt)."""
         if found.head is None:
             raise CorruptLog(found.problem or f"{found.folder}: damaged")
         if found.problem is not None:
@@ -326,11 +361,17 @@ class FsStore(FsBlobs, Tree, ClosingStore):
     def set_head(
         self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
     ) -> PodMetadata:
-        """Move the head if it is ``expected`` now (compare-and-set under the context lock)."""
+        """Move the head if it is ``expected`` now (compare-and-set under the context lock).
+
+        An archived context is unarchived first.
+        """
+        self._wake(context)
         with self._head_lock(context):
             folder = self.folder_of(context)
             if folder is None:
                 raise ContextNotFound(f"context {context} does not exist")
+            if self._archived(folder):  # archived again meanwhile
+                return self.set_head(context, segment_id, expected=expected)
             head, problem = head_of(folder)
             if head.segment_id != expected:
                 raise ConflictError(
@@ -352,6 +393,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             ContextNotFound: no folder holds the context.
             CorruptLog: no segment chain is intact to rebuild it from.
         """
+        self._wake(context)
         with self._head_lock(context):
             folder = self.folder_of(context)
             if folder is None:
@@ -376,14 +418,15 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             for encoded in sorted(listdir(base / kind)):
                 try:
                     context = ContextId(kind, decode_name(encoded))
-                    head = self.get_head(context)
+                    found = self._locate(context)
+                    if found is None or self._archived(found.folder):
+                        continue  # archived (a stale index entry): not in the hot listing
+                    heads.append(self._found_head(found))
                 except ValueError:
                     continue
                 except (CorruptLog, StoreError) as exc:
                     log.warning("%s", exc)
                     continue
-                if head is not None:
-                    heads.append(head)
         return sorted(heads, key=lambda h: ContextId.parse(h.context))
 
     def _walked_heads(self, type: str | None) -> list[PodMetadata]:
@@ -435,8 +478,11 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         created = str(line["ts"])
         data = codec.encode_line(line)  # refuses a bad header before anything is made
+        _check_type(context)
         with self._head_lock(context):
             existing = self.folder_of(context)
+            if existing is not None and self._archived(existing):
+                raise ContextExists(f"context {context} already exists (archived, in {existing})")
             if existing is not None:
                 self._adopt(context, existing)
             rel = Path(context.type) / created[:10] / context.encoded_name
@@ -471,43 +517,182 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             write_atomic(path, data, sync=self._sync())
 
     def delete_context(self, context: ContextId) -> bool:
-        """Delete the context: its index entries first, then its folder via ``.trash``.
+        """Move the context (hot or archived, with its pin) into the trash; False if absent.
 
-        A context whose head cannot be read or rebuilt (a damaged folder) is deleted too. This
-        is the only thing that ever removes a folder holding segments.
+        A context whose head cannot be read or rebuilt (a damaged folder) is trashed too. Its
+        id is free again at once; :meth:`restore_trashed` brings it back, :meth:`purge_trashed`
+        deletes it for ever (see :mod:`terrarium.stores.fs._trash`).
         """
+        _trash.clean(self)
+        with self._head_lock(context), _trash.moving(self):
+            folder = self.folder_of(context)
+            if folder is None:
+                return False
+            _trash.trash(self, context, folder)
+            return True
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def archive_context(self, context: ContextId) -> ArchivedContext | None:
+        """Compress a hot context into ``archive/{type}/{date}/{name}/``; None if not hot.
+
+        A context only a legacy JSON file holds is imported first (as a write would); the
+        context's legacy files go into the archive with it (see :mod:`terrarium.legacy`).
+
+        Safe to kill at any point, and appends made meanwhile are kept (they wait, then
+        unarchive it): see :mod:`terrarium.stores.fs._archive`.
+
+        Raises:
+            CorruptLog: the context's head can be neither read nor rebuilt.
+            StoreError: a file changed under the archiver without a lock (rolled back).
+        """
+        from terrarium import legacy  # the legacy layer sits above the stores
+
+        _trash.clean(self)
+        legacy.resume(self, context)  # a context only a legacy file holds is imported first
+        with self._head_lock(context), _trash.moving(self):
+            found = self._locate(context)
+            if found is None or self._archived(found.folder):
+                return None
+            if found.head is None:
+                raise CorruptLog(found.problem or f"{found.folder}: damaged")
+            files = legacy.files(self, context)
+            return _archive.archive(self, context, found.folder, files)
+
+    def unarchive_context(self, context: ContextId) -> bool:
+        """Move an archived context back to the hot tree; False if it is not archived."""
+        _trash.clean(self)
+        with self._head_lock(context), _trash.moving(self):
+            found = self._locate(context)
+            if found is None or not self._archived(found.folder):
+                return False
+            _archive.unarchive(self, context, found.folder)
+            return True
+
+    def is_archived(self, context: ContextId) -> bool:
+        """Whether the context exists and is archived."""
+        found = self._locate(context)
+        return found is not None and self._archived(found.folder)
+
+    def archived_contexts(self, type: str | None = None) -> list[ArchivedContext]:
+        """Every archived context (of ``type``), sorted by id, read from the manifests."""
+        found = []
+        for context, folder in _archive.folders(self, type):
+            try:
+                record = _archive.read_manifest(folder)
+            except CorruptLog as exc:
+                log.warning("%s", exc)
+                continue
+            found.append(_archive.summary(record, pinned=(folder / PIN).exists()))
+            del context
+        return sorted(found, key=lambda a: ContextId.parse(a.context))
+
+    def trashed_contexts(self) -> list[TrashedContext]:
+        """Everything in ``.trash/``, most recently deleted first."""
+        return _trash.entries(self)
+
+    def restore_trashed(self, trash_id: str, *, as_context: ContextId | None = None) -> PodMetadata:
+        """Bring a trashed context back (as ``as_context`` if given), hot or archived as it was.
+
+        Raises:
+            NotInTrash: no trash entry of that id.
+            ContextExists: the id it would take is in use (hot or archived).
+        """
+        _trash.clean(self)
+        entry, record = _trash.entry_of(self, trash_id)
+        target = as_context if as_context is not None else ContextId.parse(record["context"])
+        _check_type(target)
+        with self._head_lock(target), _trash.moving(self):
+            entry, record = _trash.entry_of(self, trash_id)  # restored or purged meanwhile?
+            if self.folder_of(target) is not None:
+                raise ContextExists(f"context {target} already exists")
+            return _trash.restore(self, entry, record, target)
+
+    def purge_trashed(self, trash_id: str) -> bool:
+        """Delete a trash entry for ever; False if there is none of that id."""
+        _trash.clean(self)
+        with _trash.moving(self):
+            try:
+                entry, _ = _trash.entry_of(self, trash_id)
+                _trash.purge_entry(self, entry)
+            except (NotInTrash, FileNotFoundError):
+                return False
+            return True
+
+    def purge_context(self, context: ContextId) -> bool:
+        """Delete a hot or archived context for ever, bypassing the trash; False if absent."""
+        _trash.clean(self)
+        with self._head_lock(context), _trash.moving(self):
+            folder = self.folder_of(context)
+            if folder is None:
+                return False
+            _trash.purge_folder(self, context, folder)
+            return True
+
+    def pin_context(self, context: ContextId, pinned: bool = True) -> bool:
+        """Pin (or unpin) a hot or archived context; False if there is no such context."""
         with self._head_lock(context):
             folder = self.folder_of(context)
             if folder is None:
                 return False
-            try:
-                session_id: SessionId | None = head_of(folder)[0].session_id
-            except CorruptLog:
-                session_id = None
-            with self._lock:
-                for segment_id, handle in list(self._open.items()):
-                    if handle.session_id == session_id:
-                        self._forget(segment_id)
-                if session_id is not None:
-                    self._folders.pop(session_id, None)
-            self._index_path(context).unlink(missing_ok=True)
-            if session_id is not None:
-                self._session_index_path(session_id).unlink(missing_ok=True)
-            self._trash(folder)
-            if session_id is not None:
-                self._mark(session_id)
+            _trash.pin(self, context, folder, pinned)
             return True
 
-    def _trash(self, folder: Path) -> None:
-        trash_dir = self._inside(self.root / TRASH)
-        make_dirs(trash_dir)
-        self._inside(folder)
-        trash = trash_dir / uuid.uuid4().hex
-        os.rename(folder, trash)
-        # Also what a process killed mid-delete left (another deleter may share the work).
-        for leftover in listdir(trash_dir):
-            if leftover != LEGACY_TRASH.name:
-                shutil.rmtree(trash_dir / leftover, ignore_errors=True)
+    def pinned_contexts(self) -> frozenset[str]:
+        """The pinned contexts, hot or archived (reads ``.index/pins``)."""
+        return _trash.pinned(self)
+
+    def unfinished_moves(self) -> list[Path]:
+        """What killed archive, unarchive, trash and purge moves left (``fsck`` reports it)."""
+        return _trash.leftovers(self, archived=True)
+
+    def finish_moves(self) -> int:
+        """Delete what killed moves left (``fsck --repair``); the visible state is kept."""
+        return _trash.clean(self, archived=True)
+
+    def _wake(self, context: ContextId) -> None:
+        """Unarchive ``context`` before a write to it (nothing if it is not archived)."""
+        found = self._locate(context)
+        if found is not None and self._archived(found.folder):
+            self.unarchive_context(context)
+
+    def _wake_session(self, session_id: SessionId) -> None:
+        """Unarchive the context of ``session_id`` if it is archived."""
+        folder = self._session_folder(session_id)
+        if self._archived(folder):
+            head = _archive.manifest_head(_archive.read_manifest(folder))
+            self.unarchive_context(ContextId.parse(head.context))
+            self._folders.pop(session_id, None)
+
+    def _hot_session_folder(self, session_id: SessionId) -> Path:
+        """The session's folder for a write: unarchived first if it is archived."""
+        folder = self._session_folder(session_id)
+        if self._archived(folder):
+            self._wake_session(session_id)
+            folder = self._session_folder(session_id)
+        return folder
+
+    def _archived_lines(
+        self, folder: Path, session_id: SessionId, segment_id: SegmentId
+    ) -> list[dict[str, Any]]:
+        try:
+            return _archive.read_lines(folder, segment_id)
+        except FileNotFoundError:
+            raise SegmentNotFound(
+                f"segment {segment_id} of session {session_id} does not exist"
+            ) from None
+
+    def _forget_session(self, session_id: SessionId) -> None:
+        """Close the cached descriptors of a session whose folder moves."""
+        with self._lock:
+            for segment_id, handle in list(self._open.items()):
+                if handle.session_id == session_id:
+                    self._forget(segment_id)
+            self._folders.pop(session_id, None)
+
+    def _discard(self, folder: Path) -> None:
+        """Delete a folder of the store's own (an old index) through ``.staging``."""
+        _archive.discard(self, folder)
 
     # ---------------------------------------------------------------- detached sessions
 
@@ -542,6 +727,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         entries are written, with the search index's dirty marker before and after them. The
         date is the session's creation (its root segment's).
         """
+        _check_type(context)
         with self._head_lock(context), self._session_lock(session_id):
             if self.folder_of(context) is not None:
                 raise ContextExists(f"context {context} already exists")
@@ -582,6 +768,8 @@ class FsStore(FsBlobs, Tree, ClosingStore):
     def _owner(self, session_id: SessionId) -> str:
         """The context a session that is not detached belongs to (SegmentNotFound if none)."""
         folder = self._session_folder(session_id)
+        if self._archived(folder):
+            return _archive.manifest_head(_archive.read_manifest(folder)).context
         head, _ = head_of(folder)
         return head.context
 
@@ -601,7 +789,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         data = codec.encode_line(line)
         name = f"{uuid.UUID(str(line['segment_id']))}{SEGMENT_SUFFIX}"
         for attempt in (1, 2):
-            folder = self._session_folder(session_id)
+            folder = self._hot_session_folder(session_id)
             detached = folder.parent.name == DETACHED
             if not detached and not (folder / HEAD).exists():
                 with contextlib.suppress(CorruptLog, ValueError):
@@ -613,9 +801,9 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             except FileExistsError:
                 raise ConflictError(f"segment {line['segment_id']} already exists") from None
             except FileNotFoundError:
-                if not detached or attempt == 2:
+                if attempt == 2:
                     raise
-                self._folders.pop(session_id, None)  # attached meanwhile: look again
+                self._folders.pop(session_id, None)  # attached or archived meanwhile: again
                 continue
             break
         self._mark(session_id)
@@ -639,7 +827,25 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         size differs), it re-reads only the last line. Descriptors are cached (LRU), so an
         append costs a lock, an ``fstat`` and a ``write``; it leaves the search index's dirty
         marker at most every ``MARK_EVERY`` seconds (:mod:`terrarium.stores.fs.search`).
+
+        An archived session is unarchived first; a file found deleted (archived or trashed by
+        another process since it was opened) is looked up again, once.
         """
+        for attempt in (1, 2, 3):
+            try:
+                return self._append(session_id, segment_id, entries, expected_seq, attempt == 3)
+            except _Asleep:
+                self._wake_session(session_id)
+        raise AssertionError("unreachable")
+
+    def _append(
+        self,
+        session_id: SessionId,
+        segment_id: SegmentId,
+        entries: Sequence[NewEntry],
+        expected_seq: int | None,
+        last: bool,
+    ) -> int:
         with self._lock:
             handle = self._handle(session_id, segment_id)
             fd = handle.fd
@@ -647,6 +853,10 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             try:
                 st = os.fstat(fd)
                 if st.st_nlink == 0:
+                    if not last:
+                        self._forget(segment_id)
+                        self._folders.pop(session_id, None)
+                        raise _Asleep(session_id)
                     raise SegmentNotFound(f"segment {segment_id} was deleted")
                 if st.st_size != handle.size:
                     handle.size, handle.next_seq, _ = self._scan_tail(session_id, segment_id, fd)
@@ -690,7 +900,12 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         ``set_aside_to=None``) is skipped; the next append to the segment, or
         :meth:`set_aside_torn_tail` (``fsck --repair``), sets it aside.
         """
-        path = self._segment_path(session_id, segment_id)
+        folder = self._session_folder(session_id)
+        if self._archived(folder):
+            lines = self._archived_lines(folder, session_id, segment_id)
+            stop = len(lines) if stop_seq is None else min(stop_seq + 1, len(lines))
+            return SegmentRead(lines[0], lines[1:stop], next_seq=len(lines))
+        path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
         fd = open_segment(path, os.O_RDONLY, segment_id)
         try:
             buf, torn = read_complete(fd, path, segment_id)
@@ -713,7 +928,10 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             CorruptLog: the segment is damaged (its header line is incomplete): nothing moved.
         """
         with self._lock:
-            handle = self._handle(session_id, segment_id)
+            try:
+                handle = self._handle(session_id, segment_id)
+            except _Asleep:
+                return None  # archived: its tails were set aside before it was
             fcntl.flock(handle.fd, fcntl.LOCK_EX)
             try:
                 handle.size, handle.next_seq, torn = self._scan_tail(
@@ -739,6 +957,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             StoreError: the segment has nothing to salvage, or a fork of it is damaged too.
             FormatVersionError: a line is of a newer format (upgrade, do not salvage).
         """
+        self._wake(context)
         with self.lock_context(context), self._head_lock(context):
             folder = self.folder_of(context)
             if folder is None:
@@ -773,6 +992,9 @@ class FsStore(FsBlobs, Tree, ClosingStore):
 
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
         """The seq the next append gets (reads the file's last line only)."""
+        folder = self._session_folder(session_id)
+        if self._archived(folder):
+            return len(self._archived_lines(folder, session_id, segment_id))
         with self._lock:
             handle = self._handle(session_id, segment_id)
             fcntl.flock(handle.fd, fcntl.LOCK_EX)
@@ -787,13 +1009,19 @@ class FsStore(FsBlobs, Tree, ClosingStore):
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
         """The session's segment ids, oldest first (UUIDv7 order)."""
-        return segment_ids(self._session_folder(session_id))
+        folder = self._session_folder(session_id)
+        if self._archived(folder):
+            return _archive.segment_ids(folder)
+        return segment_ids(folder)
 
     def append_trace(
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
     ) -> None:
-        """Append to ``{segment}.trace.jsonl`` (one write, ``O_APPEND``); no entries, no file."""
-        folder = self._session_folder(session_id)
+        """Append to ``{segment}.trace.jsonl`` (one write, ``O_APPEND``); no entries, no file.
+
+        An archived session is unarchived first.
+        """
+        folder = self._hot_session_folder(session_id)
         if not (folder / f"{segment_id}{SEGMENT_SUFFIX}").exists():
             raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
         if not entries:
@@ -808,7 +1036,12 @@ class FsStore(FsBlobs, Tree, ClosingStore):
 
     def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
         """The segment's debug trace (a torn last line is skipped: traces are best effort)."""
-        path = self._session_folder(session_id) / f"{segment_id}{TRACE_SUFFIX}"
+        folder = self._session_folder(session_id)
+        if self._archived(folder):
+            if not (folder / f"{segment_id}{SEGMENT_SUFFIX}{_archive.ZST}").exists():
+                raise SegmentNotFound(f"segment {segment_id} of session {session_id} is not there")
+            return _archive.read_trace(folder, segment_id)
+        path = folder / f"{segment_id}{TRACE_SUFFIX}"
         try:
             complete, _ = codec.split_complete(read_file(path))
         except FileNotFoundError:
@@ -847,7 +1080,10 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         fresh = self._inside(self.root / INDEX) / f"new-{uuid.uuid4().hex}"
         make_dirs(fresh / "contexts")
         make_dirs(fresh / "sessions")
+        pinned = [(c, f) for c, f in _archive.folders(self) if (f / PIN).exists()]
         for entry in self.walk():
+            if (entry.folder / PIN).exists():
+                pinned.append((entry.context, entry.folder))
             head = self._repaired_head(entry) if write_heads else entry.head
             best = chosen.get(entry.context)
             if head is None:  # damaged: indexed, so that it is reported rather than hidden
@@ -864,14 +1100,17 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             write_pointer(
                 fresh / "contexts" / context.type / context.encoded_name, pointer(context, rel)
             )
+        _archive.rebuild_pointers(self, fresh / ARCHIVE)
+        _trash.write_pins(fresh / PINS, [context for context, _ in pinned])
         index = self.root / INDEX
         with file_lock(self._inside(self.root / LOCKS) / "index"):
-            for part in ("contexts", "sessions"):
+            for part in ("contexts", "sessions", ARCHIVE, PINS):
                 old = index / part
                 if old.exists():
-                    self._trash(old)
-                os.rename(fresh / part, old)
-        fresh.rmdir()
+                    self._discard(old)
+                if (fresh / part).exists():  # the archive's and pins' only when not empty
+                    os.rename(fresh / part, old)
+        os.rmdir(fresh)
         self._folders.clear()
         if self._search is not None or (index / fs_search.DB_NAME).exists():
             self.search_index.rebuild()  # else the first search builds it
@@ -912,13 +1151,20 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             return self._search
 
     def search(self, query: SearchQuery) -> list[SearchHit]:
-        """Ranked hits for ``query`` over every segment of every context (via the index).
+        """Ranked hits for ``query`` over every segment of every hot context (via the index).
+
+        With ``query.archived`` the archived contexts are searched too, by a scan of every
+        context (:func:`terrarium.search.scan`: the index holds hot contexts only).
 
         Raises:
             IndexUnavailable: the index cannot be brought up to date (read-only and behind,
                 disk full, locked for ``search.BUSY_TIMEOUT``): search the files instead,
                 as :func:`terrarium.search.search` does.
         """
+        if query.archived:
+            from terrarium.search import scan
+
+            return scan(self, query)
         return self.search_index.search(query)
 
     def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
@@ -943,7 +1189,10 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         if handle is not None:
             self._open.move_to_end(segment_id)
             return handle
-        path = self._segment_path(session_id, segment_id)
+        folder = self._session_folder(session_id)
+        if self._archived(folder):
+            raise _Asleep(session_id)
+        path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
         fd = open_segment(path, os.O_RDWR | os.O_APPEND, segment_id)
         handle = _Open(fd, session_id)
         self._open[segment_id] = handle
@@ -980,3 +1229,12 @@ class FsStore(FsBlobs, Tree, ClosingStore):
                             log.exception("background sync of %s failed", self.root)
                             continue
                         handle.dirty = False
+
+
+def _check_type(context: ContextId) -> None:
+    """Refuse the type ``archive``: its folder is the archive's on a filesystem store."""
+    if context.type == ARCHIVE:
+        raise InvalidContextId(
+            f"invalid context type {ARCHIVE!r} ({context}): a filesystem store keeps its "
+            "archive in the folder of that name"
+        )

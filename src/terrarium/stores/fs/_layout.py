@@ -16,8 +16,13 @@ Under the root (``./sessions`` by default)::
     .index/dirty/{session uuid}       "this session changed" markers for that index
     .locks/turn/cli/main              per-context lock for callers (a manager's turn)
     .locks/head/cli/main              per-context lock for create, delete, head moves
-    .trash/                           folders being deleted; the next delete clears leftovers
+    archive/cli/2026-11-22/main/      an archived context: each file zstd-compressed
+        019a5f...e1.jsonl.zst         (``{name}.zst``), and ``archive.json``, its manifest
+    .index/archive/{session uuid}     archived session -> folder
+    .index/pins/cli/main              "cli:main is pinned" (the ``pinned`` marker is the truth)
+    .trash/{trash id}/                a deleted context: ``trash.json`` and ``context/``
     .trash/legacy/                    deleted legacy JSON files (terrarium.legacy); kept
+    .staging/                         half-built moves of the lifecycle; leftovers are removed
 
 A detached session (``create_segment`` without a context) lives in ``.detached/{session}/``,
 a dot-folder, so nothing that walks the ``{type}`` folders takes it for a context. Attaching
@@ -26,6 +31,9 @@ renames the folder to ``{type}/{date}/{name}/`` (the date is the session's root 
 then writes the index entries: a kill at any step leaves it detached or attached, never both
 nor lost. A ``head.json`` in a folder still under ``.detached/`` is an attach that was killed
 before its rename: it means nothing, and the next attach replaces it.
+
+The type name ``archive`` is reserved: its folder holds the archive, never contexts
+(:mod:`terrarium.stores.fs._archive`; the trash and pins are :mod:`terrarium.stores.fs._trash`).
 
 Names are encoded with :func:`terrarium.model.encode_name`, so no context name can escape the
 root, and safe names (``#python``) stay readable.
@@ -48,6 +56,12 @@ LOCKS = ".locks"
 TRASH = ".trash"
 LEGACY_TRASH = Path(TRASH, "legacy")
 """Where deleted legacy JSON files wait (:func:`terrarium.legacy.trash`); never emptied."""
+ARCHIVE = "archive"
+"""The archive's top folder; no context may have this type on a filesystem store."""
+STAGING = ".staging"
+PINS = "pins"
+PIN = "pinned"
+"""The marker file of a pinned context, in its folder (hot, archived or trashed)."""
 HEAD = "head.json"
 SEGMENT_SUFFIX = ".jsonl"
 TRACE_SUFFIX = ".trace.jsonl"

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from terrarium.stores.fs._layout import ARCHIVE
 from terrarium.stores.fs._refresh import scandir
 
 RACY_NS = 2_000_000_000
@@ -69,8 +70,10 @@ def compare(root: Path, known: Shape | None, *, now_ns: int | None = None) -> Sh
     held = known or {}
     change = ShapeChange({}, changed=known is None)
     for entry in scandir(root):
-        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
-            continue  # the store's own .index, .locks, .trash; links are not followed
+        if entry.name.startswith(".") or entry.name == ARCHIVE:
+            continue  # the store's own .index, .locks, .trash, archive
+        if not entry.is_dir(follow_symlinks=False):
+            continue  # links are not followed
         try:
             st = entry.stat(follow_symlinks=False)
         except FileNotFoundError:

@@ -24,7 +24,7 @@ from terrarium.model import ContextId, SessionId, decode_name
 from terrarium.stores._files import listdir, open_private, write_all
 from terrarium.stores.base import PodMetadata
 from terrarium.stores.fs._heads import head_of
-from terrarium.stores.fs._layout import DATE_RE, DETACHED, INDEX, real_dir, segment_ids
+from terrarium.stores.fs._layout import ARCHIVE, DATE_RE, DETACHED, INDEX, real_dir, segment_ids
 from terrarium.stores.fs._segments import one_line, read_file
 
 _MAX_CHECKED = 65_536  # folders whose place inside the root is remembered (see _inside)
@@ -174,7 +174,7 @@ class Tree:
         What is not a context folder (legacy ``.json`` files, stray files) is skipped.
         """
         for kind in sorted(listdir(self.root)):
-            if kind.startswith(".") or not real_dir(self.root / kind):
+            if kind.startswith(".") or kind == ARCHIVE or not real_dir(self.root / kind):
                 continue
             for date in sorted(listdir(self.root / kind)):
                 if not DATE_RE.fullmatch(date) or not real_dir(self.root / kind / date):

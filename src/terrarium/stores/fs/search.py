@@ -41,7 +41,7 @@ from terrarium.stores._files import listdir, make_dirs, open_private
 from terrarium.stores.base import ContextSummary, SearchHit, SearchQuery
 from terrarium.stores.fs import _shape
 from terrarium.stores.fs import _sql as sql
-from terrarium.stores.fs._layout import HEAD, INDEX, SEGMENT_SUFFIX, is_uuid, segment_name
+from terrarium.stores.fs._layout import ARCHIVE, HEAD, INDEX, SEGMENT_SUFFIX, is_uuid, segment_name
 from terrarium.stores.fs._refresh import IndexStats, IndexUpdate, scandir
 from terrarium.stores.fs._sql import SCHEMA_VERSION
 from terrarium.stores.fts import (
@@ -482,7 +482,9 @@ class SearchIndex:
     def _date_folders(self) -> Iterator[str]:
         """Every date folder, as ``type/date``."""
         for kind in scandir(self.root):
-            if kind.name.startswith(".") or not kind.is_dir(follow_symlinks=False):
+            if kind.name.startswith(".") or kind.name == ARCHIVE:
+                continue  # the store's own folders; archived contexts are not searched here
+            if not kind.is_dir(follow_symlinks=False):
                 continue
             for date in scandir(kind.path):
                 if date.is_dir(follow_symlinks=False):

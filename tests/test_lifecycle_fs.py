@@ -1,0 +1,519 @@
+"""FsStore's lifecycle (archive, trash, pins) on disk: the layout, agreement with the
+MemoryStore oracle, writes that unarchive, writers in other stores, the index, fsck.
+
+The kill tests are in ``test_lifecycle_fs_kill.py``; the cross-backend contract in
+``tests/contract/test_lifecycle.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+from click.testing import CliRunner, Result
+
+from terrarium import (
+    ContextExists,
+    FsStore,
+    PodActiveSegmentRef,
+    create_segment,
+    fork,
+    restore,
+    save_user_input,
+)
+from terrarium.cli import cli
+from terrarium.errors import InvalidContextId, NotInTrash, StoreError
+from terrarium.legacy import listing
+from terrarium.model import ContextId, TraceEntry
+from terrarium.stores.base import Lifecycle, NewEntry, SearchQuery, Store
+from terrarium.stores.fs import _archive
+from terrarium.stores.memory import MemoryStore
+
+TS = "2026-05-01T12:00:00.000000Z"
+MAIN = ContextId("cli", "main")
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def _create(store: Store, context: str, *texts: str) -> PodActiveSegmentRef:
+    session_id, segment_id = create_segment(store, context=context)
+    ref = PodActiveSegmentRef(session_id, segment_id)
+    for text in texts:
+        save_user_input(store, ref, text)
+    return ref
+
+
+def _tree(root: Path) -> list[str]:
+    """Every path under ``root`` but the locks, the derived index and spare folders."""
+    return sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.relative_to(root).parts[0] not in (".locks", ".index") and "spare-" not in p.name
+    )
+
+
+def _leftovers(root: Path) -> list[str]:
+    """What is in .staging but empty spare folders."""
+    staging = root / ".staging"
+    return [
+        p.name
+        for p in staging.iterdir()
+        if not (p.name.startswith("spare-") and not any(p.iterdir()))
+    ]
+
+
+def _history(store: Store, context: str) -> list[Any]:
+    return restore(store, context).history
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def test_archive_compresses_every_file_into_the_archive_folder(store: FsStore, root: Path) -> None:
+    """The hot folder leaves; archive/{type}/{date}/{name}/ holds each file as one zstd frame
+    (decompressing to its bytes exactly), the pin marker, and archive.json; files 0600,
+    folders 0700; the hot listing, fast listing and search leave it out."""
+    ref = _create(store, "cli:main", "the quick brown fox " * 50)
+    store.append_trace(ref.session_id, ref.segment_id, [TraceEntry(TS, "chunk", {"n": 1})])
+    fork(store, ref)
+    store.pin_context(MAIN)
+    hot = store.folder_of(MAIN)
+    assert hot is not None
+    before = {p.name: p.read_bytes() for p in hot.iterdir() if p.name != "head.json"}
+    history = _history(store, "cli:main")
+    assert store.search(SearchQuery("fox"))
+
+    archived = store.archive_context(MAIN)
+
+    assert archived is not None and archived.pinned and archived.message_count == 1
+    assert archived.archived_bytes < archived.hot_bytes
+    assert not hot.exists()
+    folder = root / "archive" / "cli" / hot.parent.name / "main"
+    assert store.folder_of(MAIN) == folder
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == sorted(["archive.json", *(f"{n}.zst" if n != "pinned" else n for n in before)])
+    for name, data in before.items():
+        if name != "pinned":
+            packed = (folder / f"{name}.zst").read_bytes()
+            assert zstandard.ZstdDecompressor().decompress(packed) == data
+    for path in folder.rglob("*"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for path in [root / "archive", root / "archive" / "cli", folder.parent, folder]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    assert store.list_contexts() == []
+    assert store.list_contexts_fast() == []
+    assert store.search(SearchQuery("fox")) == []
+    assert [h.context for h in store.search(SearchQuery("fox", archived=True))] == ["cli:main"]
+    assert _history(store, "cli:main") == history
+    assert store.is_archived(MAIN)
+    assert _leftovers(root) == []
+
+
+def test_listing_the_archive_decompresses_nothing(
+    store: FsStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """archived_contexts reads the manifests only."""
+    _create(store, "cli:main", "hello")
+    _create(store, "irc:#pond", "hello")
+    store.archive_context(MAIN)
+    store.archive_context(ContextId.parse("irc:#pond"))
+
+    def refuse(path: Path) -> bytes:
+        raise AssertionError(f"decompressed {path}")
+
+    monkeypatch.setattr(_archive, "decompress", refuse)
+    assert [a.context for a in store.archived_contexts()] == ["cli:main", "irc:#pond"]
+    assert [a.context for a in store.archived_contexts("irc")] == ["irc:#pond"]
+    assert store.get_head(MAIN) is not None
+
+
+def test_the_type_archive_is_reserved(store: FsStore) -> None:
+    """A context of type ``archive`` would live in the archive's folder: refused, clearly."""
+    with pytest.raises(InvalidContextId, match="archive"):
+        create_segment(store, context="archive:old")
+    assert not (store.root / "archive").exists()
+
+
+def test_nothing_follows_a_link_out_of_the_root(store: FsStore, tmp_path: Path) -> None:
+    """An archive folder that is a link out of the root is refused, not written through."""
+    _create(store, "cli:main", "hello")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (store.root / "archive").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(StoreError, match="outside"):
+        store.archive_context(MAIN)
+    assert list(outside.iterdir()) == []
+    assert _history(store, "cli:main") == [{"role": "user", "content": "hello"}]
+
+
+# --------------------------------------------------------------------------- the oracle
+
+
+def _script(store: Store) -> list[Any]:
+    """A run of lifecycle calls; what each returned, without times, ids and byte counts."""
+    assert isinstance(store, Lifecycle)
+    seen: list[Any] = []
+    a = _create(store, "cli:a", "one", "two")
+    _create(store, "cli:b", "three")
+    _create(store, "irc:#c", "four")
+
+    def trash_view() -> list[Any]:
+        return store.trashed_contexts()
+
+    def state() -> None:
+        seen.append(
+            (
+                [h.context for h in store.list_contexts()],
+                [(x.context, x.message_count, x.pinned) for x in store.archived_contexts()],
+                [
+                    (t.context, t.archived, t.pinned, t.message_count)
+                    for t in store.trashed_contexts()
+                ],
+                sorted(store.pinned_contexts()),
+            )
+        )
+
+    seen.append(store.pin_context(ContextId.parse("cli:a")))
+    seen.append(store.archive_context(ContextId.parse("cli:a")) is not None)
+    seen.append(store.archive_context(ContextId.parse("cli:a")))
+    seen.append(store.archive_context(ContextId.parse("cli:zz")))
+    state()
+    with pytest.raises(ContextExists):
+        create_segment(store, context="cli:a")
+    save_user_input(store, a, "five")  # unarchives
+    state()
+    seen.append(store.archive_context(ContextId.parse("irc:#c")) is not None)
+    seen.append(store.delete_context(ContextId.parse("irc:#c")))
+    seen.append(store.delete_context(ContextId.parse("cli:b")))
+    state()
+    seen.append(store.get_head(ContextId.parse("irc:#c")))
+    _create(store, "irc:#c", "new")
+    trashed = {t.context: t.trash_id for t in store.trashed_contexts()}
+    with pytest.raises(ContextExists):
+        store.restore_trashed(trashed["irc:#c"])
+    store.restore_trashed(trashed["irc:#c"], as_context=ContextId.parse("irc:#old"))
+    seen.append(store.is_archived(ContextId.parse("irc:#old")))
+    seen.append(_history(store, "irc:#old"))
+    with pytest.raises(NotInTrash):
+        store.restore_trashed(trashed["irc:#c"])
+    seen.append(store.purge_trashed(trashed["cli:b"]))
+    seen.append(store.purge_trashed(trashed["cli:b"]))
+    seen.append(store.purge_context(ContextId.parse("irc:#old")))
+    seen.append(store.purge_context(ContextId.parse("irc:#old")))
+    seen.append(store.pin_context(ContextId.parse("cli:a"), False))
+    seen.append(store.pin_context(ContextId.parse("cli:gone")))
+    state()
+    seen.append(_history(store, "cli:a"))
+    return seen
+
+
+def test_fs_agrees_with_the_memory_oracle(store: FsStore) -> None:
+    """The same lifecycle run gives the same answers on FsStore as on MemoryStore."""
+    assert _script(store) == _script(MemoryStore())
+
+
+# --------------------------------------------------------------------------- writes wake it
+
+
+@pytest.mark.parametrize("write", ["append", "create_segment", "set_head", "append_trace"])
+def test_any_write_unarchives_the_context_first(store: FsStore, write: str) -> None:
+    """append, create_segment, set_head and append_trace each move an archived context back
+    to the hot tree with its full history, then write."""
+    ref = _create(store, "cli:main", "before")
+    new = fork(store, ref)
+    head = store.get_head(MAIN)
+    assert head is not None
+    store.archive_context(MAIN)
+    if write == "append":
+        store.append(ref.session_id, head.segment_id, [NewEntry("note", TS, {"n": 1})])
+    elif write == "create_segment":
+        fork(store, ref)
+    elif write == "set_head":
+        store.set_head(MAIN, new, expected=head.segment_id)
+    else:
+        store.append_trace(ref.session_id, ref.segment_id, [TraceEntry(TS, "chunk", {})])
+    assert not store.is_archived(MAIN)
+    assert [h.context for h in store.list_contexts()] == ["cli:main"]
+    assert _history(store, "cli:main") == [{"role": "user", "content": "before"}]
+    assert store.archived_contexts() == []
+    assert not (store.root / "archive" / "cli" / head.date / "main").exists()
+
+
+def test_a_writer_in_another_store_follows_the_context_into_the_archive(root: Path) -> None:
+    """A descriptor cached before an archive finds its file deleted, and its append unarchives
+    the context: nothing is written into a file that left."""
+    with FsStore(root) as archiver, FsStore(root) as writer:
+        ref = _create(archiver, "cli:main", "first")
+        save_user_input(writer, ref, "cached")  # the writer holds the file open
+        assert archiver.archive_context(MAIN) is not None
+        save_user_input(writer, ref, "after")
+        assert not archiver.is_archived(MAIN)
+        texts = [m["content"] for m in _history(archiver, "cli:main")]
+        assert texts == ["first", "cached", "after"]
+
+
+def test_appends_racing_an_archiver_lose_nothing(root: Path) -> None:
+    """A thread appends while another archives the context over and over: every acknowledged
+    entry is in the log, in order, once."""
+    with FsStore(root) as store, FsStore(root) as other:
+        ref = _create(store, "cli:main")
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def archive_loop() -> None:
+            try:
+                while not done.is_set():
+                    other.archive_context(MAIN)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=archive_loop)
+        thread.start()
+        try:
+            for n in range(150):
+                store.append(ref.session_id, ref.segment_id, [NewEntry("note", TS, {"n": n})])
+        finally:
+            done.set()
+            thread.join()
+        assert errors == []
+        entries = store.read_segment(ref.session_id, ref.segment_id).entries
+        assert [e["n"] for e in entries] == list(range(150))
+
+
+# --------------------------------------------------------------------------- trash, pins, index
+
+
+def test_trash_restore_and_purge_on_disk(store: FsStore, root: Path) -> None:
+    """A deleted archived context waits in .trash/{id}/ (trash.json and context/), comes back
+    archived under another name, and a purge leaves nothing of it."""
+    _create(store, "cli:main", "hello")
+    store.pin_context(MAIN)
+    store.archive_context(MAIN)
+    assert store.delete_context(MAIN)
+    (entry,) = store.trashed_contexts()
+    assert entry.archived and entry.pinned and entry.message_count == 1
+    folder = root / ".trash" / entry.trash_id
+    assert sorted(p.name for p in folder.iterdir()) == ["context", "trash.json"]
+    assert json.loads((folder / "trash.json").read_text())["context"] == "cli:main"
+    assert store.get_head(MAIN) is None and store.pinned_contexts() == frozenset()
+    other = ContextId("cli", "other")
+    head = store.restore_trashed(entry.trash_id, as_context=other)
+    assert head.context == "cli:other" and store.is_archived(other)
+    assert store.pinned_contexts() == {"cli:other"}
+    assert _history(store, "cli:other") == [{"role": "user", "content": "hello"}]
+    assert store.purge_context(other)
+    assert [p for p in _tree(root) if not p.startswith(("cli", "archive"))] == [
+        ".staging",
+        ".trash",
+    ]
+    assert [p for p in _tree(root) if p.count("/") >= 3] == []
+
+
+def test_a_lost_index_finds_archived_sessions_and_pins_again(store: FsStore, root: Path) -> None:
+    """With .index deleted, an archived session is read by its id, and pins are listed after
+    a reindex (the pin markers are the truth)."""
+    ref = _create(store, "cli:main", "hello")
+    _create(store, "cli:hot", "hi")
+    store.pin_context(MAIN)
+    store.pin_context(ContextId("cli", "hot"))
+    store.archive_context(MAIN)
+    shutil.rmtree(root / ".index")
+    with FsStore(root) as fresh:
+        assert fresh.read_segment(ref.session_id, ref.segment_id).entries[0]["item"] == {
+            "role": "user",
+            "content": "hello",
+        }
+        assert [h.context for h in fresh.list_contexts()] == ["cli:hot"]
+        fresh.reindex()
+        assert fresh.pinned_contexts() == {"cli:main", "cli:hot"}
+        assert (root / ".index" / "archive" / str(ref.session_id)).exists()
+
+
+def test_a_pin_entry_without_its_marker_is_not_a_pin(store: FsStore, root: Path) -> None:
+    """The marker in the context's folder is the truth; the index entry only finds it."""
+    _create(store, "cli:main", "hello")
+    store.pin_context(MAIN)
+    folder = store.folder_of(MAIN)
+    assert folder is not None
+    (folder / "pinned").unlink()
+    assert store.pinned_contexts() == frozenset()
+
+
+def test_an_archived_copy_beside_its_hot_folder_is_a_leftover(store: FsStore, root: Path) -> None:
+    """A kill between an archive's two renames leaves both folders: the hot one wins, fsck
+    reports the copy and --repair deletes it."""
+    _create(store, "cli:main", "hello")
+    hot = store.folder_of(MAIN)
+    assert hot is not None
+    keep = root.parent / "keep"
+    shutil.copytree(hot, keep)
+    store.archive_context(MAIN)
+    copy = store.folder_of(MAIN)
+    assert copy is not None
+    keep.rename(hot)
+    assert not store.is_archived(MAIN) and store.folder_of(MAIN) == hot
+    assert store.archived_contexts() == []
+    checked = json.loads(invoke("fsck", "--json", "--storage-dir", str(root)).output)
+    assert [p["kind"] for p in checked["problems"]] == ["leftover"]
+    assert invoke("fsck", "--repair", "--storage-dir", str(root)).exit_code == 0
+    assert not copy.exists()
+    assert invoke("fsck", "--storage-dir", str(root)).exit_code == 0
+
+
+def test_legacy_files_in_the_archive_folder_are_not_hot(store: FsStore, root: Path) -> None:
+    """Legacy JSON files moved under archive/ by hand (as the seed suggests) are archived:
+    the legacy listing leaves them out rather than reporting them as misplaced."""
+    folder = root / "archive" / "cli" / "2024-01-02"
+    folder.mkdir(parents=True)
+    (folder / "old.json").write_text("{}")
+    (root / "archive" / "stray.json").write_text("{}")
+    assert listing(store).problems == ()
+    assert listing(store).sessions == ()
+
+
+def test_archive_then_list_via_the_cli(store: FsStore, root: Path) -> None:
+    """The hot listing of the command line leaves an archived context out."""
+    _create(store, "cli:main", "hello")
+    _create(store, "cli:other", "hi")
+    store.archive_context(MAIN)
+    out = invoke("list", "--json", "--storage-dir", str(root)).output
+    assert "cli:main" not in out and "cli:other" in out
+
+
+def test_the_oracle_script_leaves_a_clean_fsck(store: FsStore, root: Path) -> None:
+    """After a run of every lifecycle call, fsck finds nothing wrong."""
+    _script(store)
+    result = invoke("fsck", "--storage-dir", str(root))
+    assert result.exit_code == 0, result.output
+
+
+def test_delete_of_a_damaged_context_still_trashes_it(store: FsStore, root: Path) -> None:
+    """A folder whose head cannot be rebuilt goes to the trash too (counted as 0 messages)."""
+    _create(store, "cli:main", "hello")
+    folder = store.folder_of(MAIN)
+    assert folder is not None
+    (folder / "head.json").write_text("not json")
+    for segment in folder.glob("*.jsonl"):
+        segment.write_bytes(b"garbage\n")
+    assert store.delete_context(MAIN)
+    (entry,) = store.trashed_contexts()
+    assert entry.message_count == 0 and not folder.exists()
+
+
+def test_archived_segments_read_as_the_hot_ones_did(store: FsStore) -> None:
+    """read_segment (with stop_seq), next_seq, list_segments and read_trace give the same
+    answers for an archived context as for the hot one."""
+    ref = _create(store, "cli:main", "a", "b", "c")
+    store.append_trace(ref.session_id, ref.segment_id, [TraceEntry(TS, "chunk", {"n": 2})])
+    segs = store.list_segments(ref.session_id)
+
+    def snapshot() -> Any:
+        return (
+            store.list_segments(ref.session_id),
+            [replace(store.read_segment(ref.session_id, s, stop_seq=2), torn=None) for s in segs],
+            [store.next_seq(ref.session_id, s) for s in segs],
+            [store.read_trace(ref.session_id, s) for s in segs],
+        )
+
+    hot = snapshot()
+    store.archive_context(MAIN)
+    assert snapshot() == hot
+    assert store.is_archived(MAIN)  # reads never unarchive
+    assert _leftovers(store.root) == []
+
+
+def _legacy_file(root: Path, context: str, date: str = "2024-03-05") -> Path:
+    """A legacy Terrarium JSON file holding ``context`` with one exchange."""
+    ctx = ContextId.parse(context)
+    stamp = f"{date}T14:00:00.123456"
+    messages = [
+        {"role": "user", "content": "old question", "timestamp": stamp},
+        {"role": "assistant", "content": "old answer", "timestamp": stamp},
+    ]
+    data = {
+        "session_id": ctx.name,
+        "context_type": ctx.type,
+        "system_prompt": "be brief",
+        "messages": messages,
+        "metadata": {
+            "created_at": stamp,
+            "last_active": stamp,
+            "message_count": 2,
+            "session_id": ctx.name,
+            "context_type": ctx.type,
+            "session_date": date,
+        },
+    }
+    path = root / ctx.type / date / f"{ctx.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    return path
+
+
+def test_a_legacy_file_is_archived_with_its_context_and_put_back(
+    store: FsStore, root: Path
+) -> None:
+    """Archiving a context only a legacy file holds imports it, then takes the file into the
+    archive (``legacy-1.json.zst``, its bytes exactly): neither the hot listing nor the legacy
+    scan shows it. Unarchiving puts the file back where it was."""
+    path = _legacy_file(root, "cli:old")
+    data = path.read_bytes()
+    archived = store.archive_context(ContextId("cli", "old"))
+    assert archived is not None and archived.message_count == 2
+    assert not path.exists()
+    folder = store.folder_of(ContextId("cli", "old"))
+    assert folder is not None
+    packed = (folder / "legacy-1.json.zst").read_bytes()
+    assert zstandard.ZstdDecompressor().decompress(packed) == data
+    assert listing(store).sessions == ()
+    out = invoke("list", "--json", "--storage-dir", str(root)).output
+    assert "cli:old" not in out
+    texts = [m["content"] for m in _history(store, "cli:old")]
+    assert texts == ["old question", "old answer"]
+    assert store.unarchive_context(ContextId("cli", "old"))
+    assert path.read_bytes() == data
+    assert "cli:old" in invoke("list", "--json", "--storage-dir", str(root)).output
+
+
+def test_an_imported_context_takes_its_legacy_file_into_the_archive(
+    store: FsStore, root: Path
+) -> None:
+    """A context imported from a legacy file long ago still has the file in place: archiving
+    the context moves it too, so the listing does not show the file as a context again."""
+    path = _legacy_file(root, "cli:old")
+    save_user_input(store, _imported(store, "cli:old"), "new question")
+    assert store.archive_context(ContextId("cli", "old")) is not None
+    assert not path.exists()
+    assert "cli:old" not in invoke("list", "--json", "--storage-dir", str(root)).output
+
+
+def _imported(store: FsStore, context: str) -> PodActiveSegmentRef:
+    from terrarium import legacy
+
+    assert legacy.resume(store, ContextId.parse(context))
+    head = store.get_head(ContextId.parse(context))
+    assert head is not None
+    return head.ref
+
+
+def test_the_scan_searches_archived_contexts_only_when_asked() -> None:
+    """terrarium.search.scan (what MemoryStore and an unavailable index use) leaves archived
+    contexts out unless SearchQuery.archived is set, as FsStore.search does."""
+    from terrarium.search import search
+
+    store = MemoryStore()
+    _create(store, "cli:hot", "apples and pears")
+    _create(store, "cli:cold", "apples and plums")
+    store.archive_context(ContextId("cli", "cold"))
+    assert [h.context for h in search(store, SearchQuery("apples"))] == ["cli:hot"]
+    found = {h.context for h in search(store, SearchQuery("apples", archived=True))}
+    assert found == {"cli:hot", "cli:cold"}
