@@ -261,6 +261,56 @@ def test_a_writer_in_another_store_follows_the_context_into_the_archive(root: Pa
         assert texts == ["first", "cached", "after"]
 
 
+class _Killed(BaseException):
+    """Stands for a SIGKILL: nothing of the archiver runs after it (no clean-up of ours)."""
+
+
+def test_an_archive_killed_after_its_commit_keeps_appends_out_of_the_left_copy(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The archiver dies after its commit (the hot folder renamed into .staging/) but before
+    it deletes the hot copies, as its locks go: a writer that held the file open must not
+    append into that copy, which the next clean-up deletes; the seal sends it to the archive."""
+    with FsStore(root) as archiver, FsStore(root) as writer:
+        ref = _create(archiver, "cli:main", "first")
+        save_user_input(writer, ref, "cached")  # the writer holds the file open
+        real_unlink = _archive.os.unlink
+
+        def die_at_the_first_hot_delete(path: Any, *args: Any, **kwargs: Any) -> None:
+            if ".staging" in str(path) and str(path).endswith(".jsonl"):
+                raise _Killed
+            real_unlink(path, *args, **kwargs)
+
+        monkeypatch.setattr(_archive.os, "unlink", die_at_the_first_hot_delete)
+        with pytest.raises(_Killed):
+            archiver.archive_context(MAIN)
+        monkeypatch.undo()
+        save_user_input(writer, ref, "after")  # acknowledged
+        archiver.finish_moves()  # deletes the left copy, if the unarchive has not
+        assert _leftovers(root) == []
+    with FsStore(root) as store:
+        texts = [m["content"] for m in _history(store, "cli:main")]
+        assert texts == ["first", "cached", "after"]
+        assert not store.is_archived(MAIN)
+
+
+def test_a_seal_left_in_a_hot_folder_is_lifted_by_the_next_write(root: Path) -> None:
+    """A move killed before its commit leaves the hot folder the context, its files sealed:
+    the next append unseals them (under the head lock) and writes."""
+    with FsStore(root) as store:
+        ref = _create(store, "cli:main", "first")
+        folder = store.folder_of(MAIN)
+        assert folder is not None
+        with _archive.segment_locks(folder):
+            pass  # sealed, then "killed"
+        segment = folder / f"{ref.segment_id}.jsonl"
+        assert stat.S_IMODE(segment.stat().st_mode) == 0o400
+    with FsStore(root) as store:
+        save_user_input(store, ref, "second")
+        assert stat.S_IMODE(segment.stat().st_mode) == 0o600
+        assert [m["content"] for m in _history(store, "cli:main")] == ["first", "second"]
+
+
 def test_appends_racing_an_archiver_lose_nothing(root: Path) -> None:
     """A thread appends while another archives the context over and over: every acknowledged
     entry is in the log, in order, once."""

@@ -657,12 +657,19 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             self.unarchive_context(context)
 
     def _wake_session(self, session_id: SessionId) -> None:
-        """Unarchive the context of ``session_id`` if it is archived."""
+        """Unarchive the context of ``session_id`` if it is archived; unseal its segment files
+        if a move that was killed or rolled back left them sealed in its hot folder."""
         folder = self._session_folder(session_id)
         if self._archived(folder):
             head = _archive.manifest_head(_archive.read_manifest(folder))
             self.unarchive_context(ContextId.parse(head.context))
             self._folders.pop(session_id, None)
+            return
+        context = ContextId.parse(head_of(folder)[0].context)
+        with self._head_lock(context):  # no move runs meanwhile
+            self._folders.pop(session_id, None)
+            if self._session_folder(session_id) == folder:
+                _archive.unseal(folder)
 
     def _hot_session_folder(self, session_id: SessionId) -> Path:
         """The session's folder for a write: unarchived first if it is archived."""
@@ -852,7 +859,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 st = os.fstat(fd)
-                if st.st_nlink == 0:
+                if st.st_nlink == 0 or _archive.sealed(st.st_mode):  # moved, or moving
                     if not last:
                         self._forget(segment_id)
                         self._folders.pop(session_id, None)
@@ -1193,7 +1200,10 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         if self._archived(folder):
             raise _Asleep(session_id)
         path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
-        fd = open_segment(path, os.O_RDWR | os.O_APPEND, segment_id)
+        try:
+            fd = open_segment(path, os.O_RDWR | os.O_APPEND, segment_id)
+        except PermissionError:  # sealed by a move (for a user other than root)
+            raise _Asleep(session_id) from None
         handle = _Open(fd, session_id)
         self._open[segment_id] = handle
         while len(self._open) > _MAX_OPEN:

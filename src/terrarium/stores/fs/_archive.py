@@ -19,8 +19,12 @@ one wins** and the archived one is a leftover (a copy that the next archive or
   then move the archived folder into ``.staging/`` and delete it.
 
 The archiver holds the context's head lock and an exclusive ``flock`` on every segment file
-from before it reads them until their hot copies are deleted: an append waits, finds its file
-deleted and goes through the store again, which unarchives the context first. A file that
+from before it reads them until their hot copies are deleted, and *seals* each file once it
+holds its lock (mode ``0400``): an append waits, then finds its file deleted or sealed and
+goes through the store again, which unarchives the context first. The seal is what keeps an
+append out of the copy an archiver killed between its commit and those deletes leaves in
+``.staging/``; a file sealed in a folder that stayed hot (a kill before the commit, a roll
+back) is unsealed by the next write, under the head lock (:func:`unseal`). A file that
 changed anyway (a trace written without a lock, a segment created meanwhile) is detected
 after the commit, and the archive is rolled back.
 """
@@ -70,6 +74,8 @@ SPARE = "spare-"
 """An empty folder of ``.staging/`` kept for the next move (the clean-up keeps it)."""
 ZST = ".zst"
 LEVEL = 3
+SEALED = 0o400
+"""The mode of a segment file a move holds: read-only, so appends that waited look again."""
 """zstd level: JSONL compresses to ~1/6 at level 3; level 19 gains little for 10x the time."""
 
 
@@ -347,7 +353,8 @@ def read_trace(folder: Path, segment_id: SegmentId) -> list[dict[str, Any]]:
 
 @contextlib.contextmanager
 def segment_locks(folder: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on every segment file of ``folder`` (appends wait)."""
+    """Hold an exclusive ``flock`` on every segment file of ``folder`` and seal each one
+    (``0400``): appends wait, then see the seal and look the segment up again."""
     fds: list[int] = []
     try:
         for name in sorted(listdir(folder)):
@@ -355,10 +362,32 @@ def segment_locks(folder: Path) -> Iterator[None]:
                 fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 fds.append(fd)
                 fcntl.flock(fd, fcntl.LOCK_EX)
+                os.fchmod(fd, SEALED)
         yield
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def sealed(mode: int) -> bool:
+    """Whether a segment file of this mode was sealed by a move (no write bit)."""
+    return not mode & stat.S_IWUSR
+
+
+def unseal(folder: Path) -> None:
+    """Make the sealed segment files of ``folder`` writable again (``0600``). The caller
+    holds the context's head lock, so no move is running: these seals were left by one that
+    was killed before its commit, or rolled back."""
+    for name in listdir(folder):
+        if segment_name(name) is None:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                if sealed(os.fstat(fd).st_mode):
+                    os.fchmod(fd, 0o600)
+            finally:
+                os.close(fd)
 
 
 def archive(store: FsStore, context: ContextId, hot: Path, legacy: list[Path]) -> ArchivedContext:
@@ -402,6 +431,7 @@ def archive(store: FsStore, context: ContextId, hot: Path, legacy: list[Path]) -
             fsync_dir(target.parent)
         if file_sizes(gone) != before:  # written without a lock meanwhile: roll back
             os.rename(gone, hot)
+            unseal(hot)
             discard(store, target)
             raise StoreError(f"{context} changed while it was archived: left hot; try again")
         for name in _segments(gone):
