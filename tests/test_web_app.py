@@ -227,7 +227,7 @@ def test_openapi_document_matches_the_routes(seeded: FsStore) -> None:
     routes = {r.path for r in app.app.routes if isinstance(r, Route) and r.path.startswith("/api/")}
     assert set(doc["paths"]) == routes
     params = {p["name"] for p in doc["paths"]["/api/contexts"]["get"]["parameters"]}
-    assert params == {"type", "q", "since", "until", "sort", "cursor", "limit"}
+    assert params == {"type", "q", "since", "until", "sort", "cursor", "limit", "state"}
     assert doc["openapi"].startswith("3.")
 
 

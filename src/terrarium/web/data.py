@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import datetime
 import heapq
 import json
 import os
@@ -38,10 +39,14 @@ from terrarium.model import (
     item_label,
     item_text,
 )
-from terrarium.stores.base import Listing, SegmentRead, Store
+from terrarium.stores.base import ArchivedContext, Lifecycle, Listing, SegmentRead, Store
 
-SORTS = ("last_active", "created", "messages")
+SORTS = ("last_active", "created", "messages", "tokens")
 """The orders the sessions list offers, each newest or largest first."""
+
+STATES = ("hot", "archived", "all")
+"""Which contexts the sessions list shows, on a store with lifecycle states (:class:`Lifecycle`):
+the hot ones (the default), the archived ones, or both."""
 
 PAGE_SIZE = 50
 """Contexts per page of the sessions list."""
@@ -65,12 +70,27 @@ def _rows(store: Store) -> list[contexts.ContextRow]:
     return contexts.list_contexts(store).rows
 
 
-def _key(row: contexts.ContextRow, sort: str) -> tuple[Any, str]:
+def _key(row: contexts.ContextRow, sort: str, tokens: Mapping[str, int]) -> tuple[Any, str]:
     if sort == "messages":
         return (row.message_count, row.context_id)
     if sort == "created":
         return (row.created_at, row.context_id)
+    if sort == "tokens":
+        return (tokens.get(row.context_id, 0), row.context_id)
     return (row.last_active, row.context_id)
+
+
+def _archived_row(archived: ArchivedContext) -> contexts.ContextRow:
+    """An archived context as a listing row (the archive keeps its date, not its time)."""
+    kind = archived.context.partition(":")[0]
+    return contexts.ContextRow(
+        archived.context,
+        kind,
+        archived.date,
+        archived.date,
+        archived.last_active,
+        archived.message_count,
+    )
 
 
 def encode_cursor(key: tuple[Any, str]) -> str:
@@ -113,22 +133,41 @@ def list_page(
     sort: str = "last_active",
     cursor: str | None = None,
     limit: int = PAGE_SIZE,
+    state: str = "hot",
+    activity: Activity | None = None,
+    budget: float | None = None,
 ) -> dict[str, Any]:
     """One page of contexts, filtered and sorted, and the cursor of the next page.
 
     ``since``/``until`` bound the day the context was last active (inclusive); ``text`` is a
-    case-insensitive substring of the context id.
+    case-insensitive substring of the context id; ``state`` picks hot, archived or all
+    contexts on a :class:`Lifecycle` store (others have only hot ones). Rows carry ``pinned``
+    and ``state``, and with ``activity`` their ``tokens`` (prompt + completion, from the
+    activity tallies: None until the context has been read, see :meth:`Activity.tallies`
+    and its ``budget``; archived contexts have none). Sorting by tokens puts contexts not
+    read yet last; ``tokens_pending`` says how many there are.
     """
     if sort not in SORTS:
         raise BadRequest(f"sort must be one of {', '.join(SORTS)}, not {sort[:40]!r}")
+    if state not in STATES:
+        raise BadRequest(f"state must be one of {', '.join(STATES)}, not {state[:40]!r}")
     if not 1 <= limit <= 1000:
         raise BadRequest("limit must be between 1 and 1000")
     since, until = _check_date(since, "since"), _check_date(until, "until")
     needle = text.casefold() if text else None
-    every = _rows(store)
+    hot = _rows(store)
+    life = store if isinstance(store, Lifecycle) else None
+    archived = [_archived_row(a) for a in life.archived_contexts()] if life else []
+    pinned = life.pinned_contexts() if life else frozenset()
+    pool = (hot if state != "archived" else []) + (archived if state != "hot" else [])
+    tokens: dict[str, int] = {}
+    pending = 0
+    if activity is not None:
+        tallies, pending = activity.tallies(store, hot, budget)
+        tokens = {context_id: t.total_tokens for context_id, t in tallies.items()}
     rows = [
         row
-        for row in every
+        for row in pool
         if (type is None or row.type == type)
         and (needle is None or needle in row.context_id.casefold())
         and (since is None or row.last_active[:10] >= since)
@@ -136,16 +175,27 @@ def list_page(
     ]
     if cursor:
         after = decode_cursor(cursor)
-        rows = [row for row in rows if _key(row, sort) < after]
+        rows = [row for row in rows if _key(row, sort, tokens) < after]
     # One page of the largest keys: O(n), where sorting all 100k rows costs several times that.
-    found = heapq.nlargest(limit + 1, rows, key=lambda r: _key(r, sort))
+    found = heapq.nlargest(limit + 1, rows, key=lambda r: _key(r, sort, tokens))
     page = found[:limit]
     more = len(found) > limit
+    archived_ids = {row.context_id for row in archived}
+    shown = []
+    for row in page:
+        item = row.to_json()
+        item["state"] = "archived" if row.context_id in archived_ids else "hot"
+        item["pinned"] = row.context_id in pinned
+        item["tokens"] = tokens.get(row.context_id) if activity is not None else None
+        shown.append(item)
     return {
-        "contexts": [row.to_json() for row in page],
-        "next_cursor": encode_cursor(_key(page[-1], sort)) if more and page else None,
+        "contexts": shown,
+        "next_cursor": encode_cursor(_key(page[-1], sort, tokens)) if more and page else None,
         "sort": sort,
-        "types": sorted({row.type for row in every}),
+        "state": state,
+        "types": sorted({row.type for row in hot} | {row.type for row in archived}),
+        "tokens_pending": pending,
+        "lifecycle": life is not None,
     }
 
 
@@ -161,6 +211,8 @@ class _Tally:
     tokens: dict[str, list[int]] = field(default_factory=dict)
     """Per model: prompt, completion, cached tokens, calls, calls whose usage was estimated."""
     turns: int = 0
+    total_tokens: int = 0
+    """Prompt plus completion tokens over every model."""
 
 
 def _tally(store: Store, context: ContextId, signature: tuple[str, int]) -> _Tally:
@@ -186,6 +238,7 @@ def _tally(store: Store, context: ContextId, signature: tuple[str, int]) -> _Tal
                 counts[4] += 1 if line.get("estimated") else 0
             elif kind == "turn_end":
                 tally.turns += 1
+    tally.total_tokens = sum(counts[0] + counts[1] for counts in tally.tokens.values())
     return tally
 
 
@@ -292,13 +345,95 @@ ACTIVITY_BUDGET = 0.3
 :meth:`Activity.tallies`): the first overview of a big store fills in over several loads."""
 
 
-def overview(
-    store: Store, activity: Activity, *, days: int = 30, budget: float | None = ACTIVITY_BUDGET
-) -> dict[str, Any]:
-    """Totals, per-type counts, messages per day by type, tokens per model, most active.
+RANGES = {"7d": 7, "30d": 30, "90d": 90, "all": None}
+"""The chart's ranges: the last N calendar days up to today (UTC), or every active day."""
 
-    Turns, tokens and messages per day cover the contexts read so far: ``activity_pending``
-    says how many are still to be read (0 once every context has been).
+FILL_DAYS = 400
+"""Longest span whose days without activity are drawn as empty bars (longer ones show only
+the active days)."""
+
+
+def _days(first: str, last: str) -> list[str]:
+    """Every date from ``first`` to ``last`` inclusive (both ``YYYY-MM-DD``)."""
+    day, end = datetime.date.fromisoformat(first), datetime.date.fromisoformat(last)
+    out = []
+    while day <= end:
+        out.append(day.isoformat())
+        day += datetime.timedelta(days=1)
+    return out
+
+
+def chart_range(
+    range: str | None, start: str | None, end: str | None, active: Iterable[str], today: str
+) -> dict[str, Any]:
+    """The days the chart shows: ``{"range", "from", "to", "days"}``.
+
+    ``start``/``end`` (``YYYY-MM-DD``, either may be missing) pick a custom range and win over
+    ``range`` (a key of :data:`RANGES`, default 30d); ``all`` spans the first to the last
+    active day. ``days`` lists every date in the span when it is at most :data:`FILL_DAYS`
+    long, else only the active ones.
+    """
+    start, end = _check_date(start, "from"), _check_date(end, "to")
+    dates = sorted(d for d in active if _check_date_ok(d))
+    if start or end:
+        name = "custom"
+        first = start or (dates[0] if dates else today)
+        last = end or today
+    else:
+        name = range or "30d"
+        if name not in RANGES:
+            raise BadRequest(f"range must be one of {', '.join(RANGES)}, not {name[:40]!r}")
+        span = RANGES[name]
+        if span is None:
+            first, last = (dates[0], dates[-1]) if dates else (today, today)
+        else:
+            first = (datetime.date.fromisoformat(today) - datetime.timedelta(span - 1)).isoformat()
+            last = today
+    if first > last:
+        raise BadRequest(f"from ({first}) is after to ({last})")
+    length = (datetime.date.fromisoformat(last) - datetime.date.fromisoformat(first)).days + 1
+    if length <= FILL_DAYS:
+        days = _days(first, last)
+    else:
+        days = [d for d in dates if first <= d <= last]
+    return {"range": name, "from": first, "to": last, "days": days}
+
+
+def _check_date_ok(value: str) -> bool:
+    try:
+        return _check_date(value, "date") is not None
+    except BadRequest:
+        return False
+
+
+def lifecycle_counts(store: Store) -> dict[str, int] | None:
+    """How many contexts are archived, in the trash and pinned; None for a store without
+    lifecycle states."""
+    if not isinstance(store, Lifecycle):
+        return None
+    return {
+        "archived": len(store.archived_contexts()),
+        "trashed": len(store.trashed_contexts()),
+        "pinned": len(store.pinned_contexts()),
+    }
+
+
+def overview(
+    store: Store,
+    activity: Activity,
+    *,
+    range: str | None = None,
+    start: str | None = None,
+    end: str | None = None,
+    budget: float | None = ACTIVITY_BUDGET,
+    today: str | None = None,
+) -> dict[str, Any]:
+    """Totals, per-type counts, messages per day by type, tokens per model, most active, and
+    the lifecycle counts.
+
+    Turns, tokens and messages per day cover the hot contexts read so far:
+    ``activity_pending`` says how many are still to be read (0 once every context has been).
+    The chart's days are picked by ``range``/``start``/``end`` (see :func:`chart_range`).
     """
     rows = _rows(store)
     _, pending = activity.tallies(store, rows, budget)
@@ -311,8 +446,10 @@ def overview(
     names = ("prompt_tokens", "completion_tokens", "cached_tokens", "calls", "estimated_calls")
     models = {model: dict(zip(names, sums, strict=True)) for model, sums in activity.models.items()}
     turns = activity.turns
-    shown_days = sorted(by_day)[-days:] if days > 0 else sorted(by_day)
+    today = today or datetime.datetime.now(datetime.UTC).date().isoformat()
+    chosen = chart_range(range, start, end, by_day, today)
     active = heapq.nlargest(10, rows, key=lambda r: (r.message_count, r.last_active))
+    empty: dict[str, int] = {}
     return {
         "totals": {
             "contexts": len(rows),
@@ -325,9 +462,12 @@ def overview(
             "bytes_on_disk": activity.disk_bytes(store),
         },
         "activity_pending": pending,
+        "lifecycle": lifecycle_counts(store),
         "per_type": dict(sorted(per_type.items())),
+        "range": {k: chosen[k] for k in ("range", "from", "to")},
         "messages_per_day": [
-            {"date": d, "by_type": dict(sorted(by_day[d].items()))} for d in shown_days
+            {"date": d, "by_type": dict(sorted(by_day.get(d, empty).items()))}
+            for d in chosen["days"]
         ],
         "tokens_per_model": dict(sorted(models.items())),
         "most_active": [row.to_json() for row in active],
@@ -505,6 +645,7 @@ def transcript(
         "context_id": str(context),
         "segment_id": str(segment_id),
         "is_head": segment_id == head.segment_id,
+        "lifecycle": context_state(store, context),
         "stats": stats,
         "tree": tree,
         "total_messages": total,
@@ -512,6 +653,78 @@ def transcript(
         "limit": limit,
         "messages": messages,
     }
+
+
+def context_state(store: Store, context: ContextId) -> dict[str, Any] | None:
+    """The context's lifecycle state (``hot`` or ``archived``) and whether it is pinned; None
+    for a store without lifecycle states."""
+    if not isinstance(store, Lifecycle):
+        return None
+    return {
+        "state": "archived" if store.is_archived(context) else "hot",
+        "pinned": str(context) in store.pinned_contexts(),
+    }
+
+
+def trash(store: Store) -> dict[str, Any]:
+    """The store's trash, most recently deleted first (empty for a store without one)."""
+    if not isinstance(store, Lifecycle):
+        return {"lifecycle": False, "trash": []}
+    return {
+        "lifecycle": True,
+        "trash": [
+            {
+                "trash_id": t.trash_id,
+                "context_id": t.context,
+                "date": t.date,
+                "deleted_at": t.deleted_at,
+                "archived": t.archived,
+                "message_count": t.message_count,
+                "bytes": t.bytes,
+                "pinned": t.pinned,
+            }
+            for t in store.trashed_contexts()
+        ],
+    }
+
+
+LIFECYCLE_ACTIONS = ("archive", "unarchive", "pin", "unpin")
+"""The writes that change a context's lifecycle state (on a :class:`Lifecycle` store)."""
+
+
+def change_state(store: Store, context: ContextId, action: str) -> None:
+    """Archive, unarchive, pin or unpin ``context`` through the store's :class:`Lifecycle`.
+
+    Raises:
+        BadRequest: an unknown action, or a store without lifecycle states.
+        ContextNotFound: no such context (or, for unarchive, none archived of that id).
+    """
+    if not isinstance(store, Lifecycle):
+        raise BadRequest("this store has no lifecycle states (archive, trash, pins)")
+    if action == "archive":
+        done = store.archive_context(context) is not None
+    elif action == "unarchive":
+        done = store.unarchive_context(context)
+    elif action in ("pin", "unpin"):
+        done = store.pin_context(context, action == "pin")
+    else:
+        raise BadRequest(f"action must be one of {', '.join(LIFECYCLE_ACTIONS)}")
+    if not done:
+        if action == "unarchive":
+            raise ContextNotFound(f"{context.display} is not archived")
+        raise ContextNotFound(f"no such context: {context.display}")
+
+
+def restore_trashed(store: Store, trash_id: str) -> ContextId:
+    """Bring a trash entry back in the state it was in; the context it is again.
+
+    Raises:
+        BadRequest: a store without a trash. NotInTrash: no such entry.
+        ContextExists: its id is in use again.
+    """
+    if not isinstance(store, Lifecycle):
+        raise BadRequest("this store has no trash")
+    return ContextId.parse(store.restore_trashed(trash_id).context)
 
 
 def signature(store: Store, context: ContextId | None) -> str:
