@@ -31,8 +31,8 @@ Invariants every backend keeps (``tests/contract/`` checks each one on every bac
   :meth:`Lifecycle.purge_trashed` and :meth:`Lifecycle.purge_context` remove data for ever.
 
 Optional abilities are sub-protocols detected with ``isinstance`` (:class:`ContextLocking`,
-:class:`Reindexable`, :class:`Searchable`, :class:`Listing`), never stubs that raise
-``NotImplementedError``.
+:class:`Reindexable`, :class:`Searchable`, :class:`Listing`, :class:`Notifying`), never stubs
+that raise ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -358,6 +358,29 @@ class Listing(Protocol):
         Raises ``IndexUnavailable`` when the index it reads cannot be brought up to date:
         callers then list the heads and restore them.
         """
+        ...
+
+
+class ChangeFeed(Protocol):
+    """Notifications of a store's committed writes, received on a connection of their own."""
+
+    def wait(self, timeout: float) -> str | None:
+        """A note naming what changed (``session:<id>`` or ``context:<id>``), or None when
+        nothing changed within ``timeout`` seconds."""
+        ...
+
+    def close(self) -> None:
+        """Stop listening and release the connection."""
+        ...
+
+
+@runtime_checkable
+class Notifying(Protocol):
+    """A store that pushes a note on every committed write (PostgreSQL's LISTEN/NOTIFY), so a
+    live view waits for one instead of polling."""
+
+    def change_feed(self) -> ChangeFeed:
+        """A new feed of this store's writes; close it when done."""
         ...
 
 

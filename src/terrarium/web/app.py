@@ -52,7 +52,7 @@ from terrarium.errors import (
     StoreError,
 )
 from terrarium.model import ContextId, display_name
-from terrarium.stores.base import SearchQuery, Store
+from terrarium.stores.base import Notifying, SearchQuery, Store
 from terrarium.web import data, render
 from terrarium.web.openapi import api, openapi_document
 
@@ -66,7 +66,11 @@ CSP = (
 )
 LOOPBACK = frozenset(("127.0.0.1", "localhost", "::1", "[::1]"))
 POLL_SECONDS = 0.25
-"""How often the live view polls the store's derived state (a head and its next seq)."""
+"""How often the live view polls the store's derived state (a head and its next seq), on a
+store that sends no change notes (files, SQLite)."""
+NOTE_WAIT = 1.0
+"""How long one wait for a change note lasts (PostgreSQL) before the stream checks that its
+client is still there."""
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -362,16 +366,30 @@ async def api_events(request: Request) -> StreamingResponse:
     dash = _dash(request)
     raw = request.query_params.get("c")
     context = data.parse_context(raw) if raw else None
+    store = dash.store
+    feed = await asyncio.to_thread(store.change_feed) if isinstance(store, Notifying) else None
+
+    async def changed() -> bool:
+        """Wait for a possible change: a store note (PostgreSQL), else the poll's interval."""
+        if feed is None:
+            await asyncio.sleep(POLL_SECONDS)
+            return True
+        return await asyncio.to_thread(feed.wait, NOTE_WAIT) is not None
 
     async def stream() -> AsyncIterator[str]:
-        last = await asyncio.to_thread(dash.call, data.signature, context)
-        yield "retry: 1000\n\n"
-        while not await request.is_disconnected():
-            await asyncio.sleep(POLL_SECONDS)
-            now = await asyncio.to_thread(dash.call, data.signature, context)
-            if now != last:
-                last = now
-                yield "event: change\ndata: {}\n\n"
+        try:
+            last = await asyncio.to_thread(dash.call, data.signature, context)
+            yield "retry: 1000\n\n"
+            while not await request.is_disconnected():
+                if not await changed():
+                    continue
+                now = await asyncio.to_thread(dash.call, data.signature, context)
+                if now != last:
+                    last = now
+                    yield "event: change\ndata: {}\n\n"
+        finally:
+            if feed is not None:  # off the event loop: a wait may hold the connection ~1 s
+                threading.Thread(target=feed.close, daemon=True).start()
 
     return StreamingResponse(
         stream(), media_type="text/event-stream", headers={"cache-control": "no-store"}
