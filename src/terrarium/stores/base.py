@@ -361,6 +361,28 @@ class Listing(Protocol):
         ...
 
 
+@runtime_checkable
+class IndexedListing(Listing, Protocol):
+    """A :class:`Listing` whose index catches up with the data when read (the filesystem
+    store's), so a listing may first wait for a long catch-up after a bulk load; it can also
+    be read as it stands while the catch-up runs elsewhere."""
+
+    def list_contexts_as_indexed(self, type: str | None = None) -> Sequence[ContextSummary]:
+        """The listing as the index holds it now, without catching up first.
+
+        Raises ``IndexUnavailable`` when the index cannot be read.
+        """
+        ...
+
+    def index_backlog(self) -> int:
+        """How many sessions the index has yet to read (0 when it is current); cheap."""
+        ...
+
+    def catch_up_index(self) -> None:
+        """Bring the index up to date (what :meth:`Listing.list_contexts_fast` does first)."""
+        ...
+
+
 class ChangeFeed(Protocol):
     """Notifications of a store's committed writes, received on a connection of their own."""
 

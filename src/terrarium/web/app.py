@@ -378,12 +378,12 @@ async def api_events(request: Request) -> StreamingResponse:
 
     async def stream() -> AsyncIterator[str]:
         try:
-            last = await asyncio.to_thread(dash.call, data.signature, context)
+            last = await asyncio.to_thread(dash.call, data.signature, context, dash.activity)
             yield "retry: 1000\n\n"
             while not await request.is_disconnected():
                 if not await changed():
                     continue
-                now = await asyncio.to_thread(dash.call, data.signature, context)
+                now = await asyncio.to_thread(dash.call, data.signature, context, dash.activity)
                 if now != last:
                     last = now
                     yield "event: change\ndata: {}\n\n"
@@ -408,7 +408,7 @@ def overview_page(request: Request) -> HTMLResponse:
     stats = _overview(request)
     types = sorted(stats["per_type"])
     chart = render.bar_chart(stats["messages_per_day"], types)
-    pending = stats["activity_pending"] > 0  # reload until every context has been read
+    pending = stats["activity_pending"] > 0 or stats["indexing"] > 0  # reload until complete
     return _page(
         request,
         "overview.html",
