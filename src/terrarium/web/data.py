@@ -126,10 +126,11 @@ class CatchUp:
         thread.join(CATCH_UP_WAIT)
         try:
             rows = contexts.list_contexts(store, as_indexed=True).rows
-            backlog = store.index_backlog() if thread.is_alive() else 0
         except IndexUnavailable:
+            if thread.is_alive():  # being built: nothing to read yet, and no waiting for it
+                return [], store.index_backlog()
             return contexts.list_contexts(store).rows, 0
-        return rows, backlog
+        return rows, store.index_backlog() if thread.is_alive() else 0
 
 
 def _rows(store: Store, activity: Activity | None = None) -> list[contexts.ContextRow]:
