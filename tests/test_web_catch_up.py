@@ -87,3 +87,17 @@ def test_the_sessions_list_reads_the_index_as_the_overview_does(store: FsStore, 
     c = TestClient(create_app(store), base_url=LOCAL)
     rows = c.get("/api/contexts", params={"sort": sort}).json()["contexts"]
     assert {r["context_id"] for r in rows} == {"cli:main", "irc:#python", "cli:compacted"}
+
+
+def test_contexts_left_pending_are_read_in_the_background(store: FsStore, monkeypatch: Any) -> None:
+    seed(store)
+    monkeypatch.setattr(data, "ACTIVITY_BUDGET", 0.0)  # a page reads nothing itself
+    c = TestClient(create_app(store), base_url=LOCAL)
+    first = c.get("/api/stats").json()
+    assert first["activity_pending"] == 3 and first["totals"]["turns"] == 0
+    fill_in = c.app.app.state.dashboard.fill_in  # type: ignore[attr-defined]
+    assert fill_in._thread is not None
+    fill_in._thread.join(60)
+    done = c.get("/api/stats").json()
+    assert done["activity_pending"] == 0
+    assert done["totals"]["turns"] == 4  # cli:main 3, irc:#python 1 (the compacted head 0)

@@ -152,6 +152,7 @@ class Dashboard:
         self.store = store
         self.lock = threading.Lock()
         self.activity = data.Activity()
+        self.fill_in = data.FillIn(store, self.activity, self.lock)
         self.allow_writes = allow_writes
         self.location = location
         self.csrf = secrets.token_urlsafe(32)
@@ -215,7 +216,7 @@ def _opt(request: Request, name: str) -> str | None:
 
 def _overview(request: Request) -> dict[str, Any]:
     dash = _dash(request)
-    return dict(
+    stats = dict(
         dash.call(
             data.overview,
             dash.activity,
@@ -225,6 +226,9 @@ def _overview(request: Request) -> dict[str, Any]:
             end=_opt(request, "to"),
         )
     )
+    if stats["activity_pending"]:
+        dash.fill_in.kick()
+    return stats
 
 
 @api(
@@ -258,7 +262,10 @@ def _list(request: Request, args: dict[str, Any]) -> dict[str, Any]:
     up to ``ACTIVITY_BUDGET`` (else it shows the tokens known so far)."""
     dash = _dash(request)
     budget = data.ACTIVITY_BUDGET if args["sort"] == "tokens" else 0.0
-    return dict(dash.call(data.list_page, **args, activity=dash.activity, budget=budget))
+    page = dict(dash.call(data.list_page, **args, activity=dash.activity, budget=budget))
+    if page["tokens_pending"] and args["sort"] == "tokens":
+        dash.fill_in.kick()
+    return page
 
 
 @api(

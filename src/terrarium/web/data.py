@@ -330,7 +330,7 @@ class Activity:
         """Sessions the store's index had still to read at the last listing (see
         :class:`CatchUp`)."""
         self._seen: list[contexts.ContextRow] | None = None
-        self._seen_pending = 0
+        self._todo: list[contexts.ContextRow] = []
         self._listed: tuple[list[contexts.ContextRow], dict[str, Any]] | None = None
 
     def rows(self, store: Store) -> tuple[list[contexts.ContextRow], int]:
@@ -394,13 +394,13 @@ class Activity:
                 be read by the next call. None reads them all.
         """
         deadline = None if budget is None else time.monotonic() + budget
-        pending = 0
         with self._lock:
-            # The same listing as last time, every context read: nothing to do. (Comparing
-            # two lists of Structs runs in C, some 50 times faster than the loop below.)
-            if self._seen_pending == 0 and self._seen is not None and self._seen == rows:
-                return self._tallies, 0
+            # The same listing as last time: only what is left to read. (Comparing two lists
+            # of Structs runs in C, some 50 times faster than the loop below.)
+            if self._seen is not None and self._seen == rows:
+                return self._tallies, self._fill(store, deadline)
             fresh: dict[str, _Tally] = {}
+            todo: list[contexts.ContextRow] = []
             for row in rows:
                 if row.legacy_path is not None:
                     continue
@@ -408,7 +408,7 @@ class Activity:
                 known = self._tallies.get(row.context_id)
                 if known is None or known.signature != signature:
                     if deadline is not None and time.monotonic() > deadline:
-                        pending += 1
+                        todo.append(row)
                         if known is not None:
                             fresh[row.context_id] = known
                         continue
@@ -425,8 +425,68 @@ class Activity:
                     self._count(context_id, new, +1)
             self._tallies = fresh
             self._seen = rows if isinstance(rows, list) else None
-            self._seen_pending = pending
-            return fresh, pending
+            self._todo = todo
+            return fresh, len(todo)
+
+    def fill(self, store: Store, budget: float) -> int:
+        """Read, for about ``budget`` seconds, the contexts the last :meth:`tallies` left
+        pending (what :class:`FillIn` does between page loads); return how many are left."""
+        with self._lock:
+            return self._fill(store, time.monotonic() + budget)
+
+    def _fill(self, store: Store, deadline: float | None) -> int:
+        todo = self._todo
+        while todo and (deadline is None or time.monotonic() <= deadline):
+            row = todo.pop()
+            signature = (row.last_active, row.message_count)
+            try:
+                new = _tally(store, row.context, signature)
+            except StoreError:
+                continue
+            old = self._tallies.get(row.context_id)
+            if old is not None:
+                self._count(row.context_id, old, -1)
+            self._tallies[row.context_id] = new
+            self._count(row.context_id, new, +1)
+        return len(todo)
+
+
+class FillIn:
+    """Reads the contexts an overview left pending (:meth:`Activity.tallies`) from a
+    background thread, in slices of :data:`FILL_SLICE` seconds under the caller's lock, so the
+    overview completes in seconds of reading rather than one budget per page load."""
+
+    def __init__(self, store: Store, activity: Activity, lock: threading.Lock) -> None:
+        self.store, self.activity, self.lock = store, activity, lock
+        self._thread: threading.Thread | None = None
+        self._guard = threading.Lock()
+
+    def kick(self) -> None:
+        """Start reading unless a thread already is."""
+        with self._guard:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="terrarium-fill-in", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        left = 1
+        while left:
+            try:
+                with self.lock:
+                    left = self.activity.fill(self.store, FILL_SLICE)
+            except Exception as exc:  # a closed or failing store: the pages say what is left
+                log.warning("reading the store's activity stopped: %s", exc)
+                return
+            time.sleep(FILL_PAUSE)  # let waiting pages take the lock
+
+
+FILL_SLICE = 0.1
+"""Seconds :class:`FillIn` holds the store's lock per slice (what a page may wait for it)."""
+
+FILL_PAUSE = 0.01
+"""Seconds :class:`FillIn` leaves the lock free between two slices."""
 
 
 def disk_bytes(store: Store) -> int | None:
