@@ -388,3 +388,12 @@ def _item_text(item: str) -> str:
         f"FROM (SELECT {summary} AS s, {content} AS c)) "
         "ELSE '' END"
     )
+
+
+@MIGRATIONS
+def m009_notify(conn: sqlite3.Connection) -> None:
+    """Nothing to change: PostgreSQL's ``m009_notify`` adds triggers that send change notes
+    (LISTEN/NOTIFY), which SQLite has no counterpart of (its live views poll the derived
+    state). Registered so that both backends' schemas keep the same steps in the same order
+    (``tests/test_migrations.py``)."""
+    del conn
