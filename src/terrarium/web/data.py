@@ -21,11 +21,12 @@ import datetime
 import heapq
 import json
 import logging
+import operator
 import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,13 @@ def _key(row: contexts.ContextRow, sort: str, tokens: Mapping[str, int]) -> tupl
     return (row.last_active, row.context_id)
 
 
+_ATTRS: dict[str, Callable[[contexts.ContextRow], tuple[Any, str]]] = {
+    "messages": operator.attrgetter("message_count", "context_id"),
+    "created": operator.attrgetter("created_at", "context_id"),
+    "last_active": operator.attrgetter("last_active", "context_id"),
+}
+
+
 def _archived_row(archived: ArchivedContext) -> contexts.ContextRow:
     """An archived context as a listing row (the archive keeps its date, not its time)."""
     kind = archived.context.partition(":")[0]
@@ -234,19 +242,25 @@ def list_page(
     if activity is not None:
         tallies, pending = activity.tallies(store, hot, budget)
         tokens = {context_id: t.total_tokens for context_id, t in tallies.items()}
-    rows = [
-        row
-        for row in pool
-        if (type is None or row.type == type)
-        and (needle is None or needle in row.context_id.casefold())
-        and (since is None or row.last_active[:10] >= since)
-        and (until is None or row.last_active[:10] <= until)
-    ]
+    rows = pool
+    if type is not None or needle is not None or since is not None or until is not None:
+        rows = [
+            row
+            for row in pool
+            if (type is None or row.type == type)
+            and (needle is None or needle in row.context_id.casefold())
+            and (since is None or row.last_active[:10] >= since)
+            and (until is None or row.last_active[:10] <= until)
+        ]
+    # The sort key in C (attrgetter) where it is two attributes; tokens come from the tallies.
+    key: Callable[[contexts.ContextRow], tuple[Any, str]] = (
+        (lambda r: _key(r, sort, tokens)) if sort == "tokens" else _ATTRS[sort]
+    )
     if cursor:
         after = decode_cursor(cursor)
-        rows = [row for row in rows if _key(row, sort, tokens) < after]
+        rows = [row for row in rows if key(row) < after]
     # One page of the largest keys: O(n), where sorting all 100k rows costs several times that.
-    found = heapq.nlargest(limit + 1, rows, key=lambda r: _key(r, sort, tokens))
+    found = heapq.nlargest(limit + 1, rows, key=key)
     page = found[:limit]
     more = len(found) > limit
     archived_ids = {row.context_id for row in archived}
@@ -262,7 +276,10 @@ def list_page(
         "next_cursor": encode_cursor(_key(page[-1], sort, tokens)) if more and page else None,
         "sort": sort,
         "state": state,
-        "types": sorted({row.type for row in hot} | {row.type for row in archived}),
+        "types": sorted(
+            (set(activity.listed(hot)["per_type"]) if activity else {row.type for row in hot})
+            | {row.type for row in archived}
+        ),
         "tokens_pending": pending,
         "lifecycle": life is not None,
     }
