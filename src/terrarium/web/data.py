@@ -393,11 +393,25 @@ class Activity:
         self.turns += sign * tally.turns
 
     def disk_bytes(self, store: Store) -> int | None:
-        """:func:`disk_bytes`, measured at most once a minute (walking a big folder is slow)."""
+        """:func:`disk_bytes` as last measured (None until the first measure ends), measured
+        again at most once a minute in a background thread: walking a folder of 100k
+        sessions takes seconds, which no page should wait for."""
         now = time.monotonic()
         if self._bytes is None or now - self._bytes[0] > BYTES_EVERY:
-            self._bytes = (now, disk_bytes(store))
+            known = self._bytes[1] if self._bytes is not None else None
+            self._bytes = (now, known)
+            threading.Thread(
+                target=self._measure, args=(store,), name="terrarium-bytes", daemon=True
+            ).start()
         return self._bytes[1]
+
+    def _measure(self, store: Store) -> None:
+        try:
+            found = disk_bytes(store)
+        except OSError as exc:
+            log.warning("could not measure the store's size: %s", exc)
+            return
+        self._bytes = (time.monotonic(), found)
 
     def tallies(
         self, store: Store, rows: Iterable[contexts.ContextRow], budget: float | None = None
