@@ -74,11 +74,18 @@ def measure(report: Report, label: str, store: Store, repeat: int) -> None:
 
     cold = timed(get("/"), 1)
     report.row(f"{label} overview, cold cache", ms(cold), "<= 500 ms", cold <= 0.5)
-    start, loads = time.perf_counter(), 0
-    while client.get("/api/stats").json()["activity_pending"]:  # as the page's reloads do
+    start, loads, slowest = time.perf_counter(), 0, 0.0
+    while True:  # as the page's reloads do, a second apart (reading goes on in between)
+        began = time.perf_counter()
+        stats = client.get("/api/stats").json()
+        slowest = max(slowest, time.perf_counter() - began)
+        if not (stats["activity_pending"] or stats["indexing"]):
+            break
         loads += 1
+        time.sleep(1.0)  # the page's <meta> refresh
     filled = time.perf_counter() - start
     report.row(f"{label} overview complete after", f"{loads} more loads, {filled:.1f} s")
+    report.row(f"{label} slowest of those loads", ms(slowest), "<= 500 ms", slowest <= 0.5)
     warm = timed(get("/"), repeat)
     report.row(f"{label} overview, warm", ms(warm), "<= 500 ms", warm <= 0.5)
     first = timed(get("/sessions"), repeat)

@@ -3,8 +3,11 @@ enforces it (a real server process, driven with httpx)."""
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -61,7 +64,6 @@ def test_loopback_hosts(host: str, loopback: bool) -> None:
 def test_off_loopback_a_token_is_generated_and_enforced(tmp_path: Path) -> None:
     with FsStore(tmp_path / "s") as store:
         seed(store)
-    import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,6 +95,52 @@ def test_off_loopback_a_token_is_generated_and_enforced(tmp_path: Path) -> None:
                 assert http.get("/", headers={"authorization": "Bearer nope"}).status_code == 401
                 ok = http.get("/api/stats", headers={"authorization": f"Bearer {token}"})
                 assert ok.status_code == 200 and ok.json()["totals"]["contexts"] == 3
+        finally:
+            proc.terminate()
+            try:
+                assert proc.wait(20) in (0, -15)
+            finally:
+                proc.kill()
+
+
+def test_open_starts_the_browser_on_the_dashboard_url(tmp_path: Path) -> None:
+    # webbrowser honours $BROWSER: point it at a script that records the URL it is given.
+    with FsStore(tmp_path / "s") as store:
+        seed(store)
+    record = tmp_path / "opened.txt"
+    fake = tmp_path / "fake-browser"
+    fake.write_text(f'#!/bin/sh\nprintf "%s" "$1" > {record}.part && mv {record}.part {record}\n')
+    fake.chmod(0o700)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [
+        sys.executable,
+        "-m",
+        "terrarium",
+        "serve",
+        "--storage-dir",
+        str(tmp_path / "s"),
+        "--port",
+        str(port),
+        "--open",
+    ]
+    env = {**os.environ, "BROWSER": str(fake), "DISPLAY": ""}
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            assert proc.stdout is not None
+            printed = proc.stdout.readline().split()[-1]
+            assert printed == f"http://127.0.0.1:{port}/"
+            # The browser is started half a second after the line; the server keeps running.
+            transport = httpx.HTTPTransport(retries=50)
+            with httpx.Client(base_url=printed, transport=transport) as http:
+                for _ in range(600):  # a guard against hanging, not a timing: 30 s
+                    if record.exists():
+                        break
+                    assert proc.poll() is None
+                    assert http.get("/api/stats").status_code == 200
+                    time.sleep(0.05)
+            assert record.read_text() == printed
         finally:
             proc.terminate()
             try:

@@ -32,7 +32,7 @@ import msgspec
 from terrarium import legacy, sessions
 from terrarium.errors import ContextExists, ContextNotFound, IndexUnavailable, StoreError
 from terrarium.model import ContextId, LoggedItem, RestoredState, UsageTotals, display_name
-from terrarium.stores.base import Lifecycle, Listing, Store, context_lock
+from terrarium.stores.base import IndexedListing, Lifecycle, Listing, Store, context_lock
 
 log = logging.getLogger(__name__)
 
@@ -119,14 +119,17 @@ def list_contexts(
     *,
     type: str | None = None,
     restore: Callable[[ContextId], RestoredState] | None = None,
+    as_indexed: bool = False,
 ) -> ContextListing:
     """Every context of ``store`` (of one ``type``), legacy files beside it included.
 
     Args:
         restore: how to read a context when the store has no usable listing index (the
             manager's cache); default :func:`terrarium.sessions.restore`.
+        as_indexed: on an ``IndexedListing`` store, list what its index holds now without
+            waiting for it to catch up (the dashboard catches up in the background).
     """
-    rows = _native_rows(store, type, restore)
+    rows = _native_rows(store, type, restore, as_indexed)
     found = legacy.listing(store)
     if found.sessions:
         native = {row.context_id for row in rows}
@@ -142,12 +145,20 @@ def list_contexts(
 
 
 def _native_rows(
-    store: Store, type: str | None, restore: Callable[[ContextId], RestoredState] | None
+    store: Store,
+    type: str | None,
+    restore: Callable[[ContextId], RestoredState] | None,
+    as_indexed: bool = False,
 ) -> list[ContextRow]:
     """The log's contexts: from the store's listing index if it has a usable one, else by
     restoring each."""
     if isinstance(store, Listing):
         try:
+            summaries = (
+                store.list_contexts_as_indexed(type)
+                if as_indexed and isinstance(store, IndexedListing)
+                else store.list_contexts_fast(type)
+            )
             return [
                 ContextRow(
                     s.context,
@@ -158,7 +169,7 @@ def _native_rows(
                     s.message_count,
                     problem=s.problem,
                 )
-                for s in store.list_contexts_fast(type)
+                for s in summaries
             ]
         except IndexUnavailable as exc:
             log.warning("%s; listing from the session files instead", exc)

@@ -31,7 +31,8 @@ Invariants every backend keeps (``tests/contract/`` checks each one on every bac
   :meth:`Lifecycle.purge_trashed` and :meth:`Lifecycle.purge_context` remove data for ever.
 
 Optional abilities are sub-protocols detected with ``isinstance`` (:class:`ContextLocking`,
-:class:`Reindexable`, :class:`Searchable`, :class:`Listing`, :class:`BlobStore`), never stubs
+:class:`Reindexable`, :class:`Searchable`, :class:`Listing`, :class:`BlobStore`,
+:class:`Notifying`, :class:`IndexedListing`), never stubs
 that raise ``NotImplementedError``.
 """
 
@@ -360,6 +361,51 @@ class Listing(Protocol):
         Raises ``IndexUnavailable`` when the index it reads cannot be brought up to date:
         callers then list the heads and restore them.
         """
+        ...
+
+
+@runtime_checkable
+class IndexedListing(Listing, Protocol):
+    """A :class:`Listing` whose index catches up with the data when read (the filesystem
+    store's), so a listing may first wait for a long catch-up after a bulk load; it can also
+    be read as it stands while the catch-up runs elsewhere."""
+
+    def list_contexts_as_indexed(self, type: str | None = None) -> Sequence[ContextSummary]:
+        """The listing as the index holds it now, without catching up first.
+
+        Raises ``IndexUnavailable`` when the index cannot be read.
+        """
+        ...
+
+    def index_backlog(self) -> int:
+        """How many sessions the index has yet to read (0 when it is current); cheap."""
+        ...
+
+    def catch_up_index(self) -> None:
+        """Bring the index up to date (what :meth:`Listing.list_contexts_fast` does first)."""
+        ...
+
+
+class ChangeFeed(Protocol):
+    """Notifications of a store's committed writes, received on a connection of their own."""
+
+    def wait(self, timeout: float) -> str | None:
+        """A note naming what changed (``session:<id>`` or ``context:<id>``), or None when
+        nothing changed within ``timeout`` seconds."""
+        ...
+
+    def close(self) -> None:
+        """Stop listening and release the connection."""
+        ...
+
+
+@runtime_checkable
+class Notifying(Protocol):
+    """A store that pushes a note on every committed write (PostgreSQL's LISTEN/NOTIFY), so a
+    live view waits for one instead of polling."""
+
+    def change_feed(self) -> ChangeFeed:
+        """A new feed of this store's writes; close it when done."""
         ...
 
 

@@ -47,11 +47,12 @@ from terrarium.errors import (
     ContextNotFound,
     InvalidContextId,
     InvalidQuery,
+    NotInTrash,
     SegmentNotFound,
     StoreError,
 )
 from terrarium.model import ContextId, display_name
-from terrarium.stores.base import SearchQuery, Store
+from terrarium.stores.base import Notifying, SearchQuery, Store
 from terrarium.web import data, render
 from terrarium.web.openapi import api, openapi_document
 
@@ -65,7 +66,11 @@ CSP = (
 )
 LOOPBACK = frozenset(("127.0.0.1", "localhost", "::1", "[::1]"))
 POLL_SECONDS = 0.25
-"""How often the live view polls the store's derived state (a head and its next seq)."""
+"""How often the live view polls the store's derived state (a head and its next seq), on a
+store that sends no change notes (files, SQLite)."""
+NOTE_WAIT = 1.0
+"""How long one wait for a change note lasts (PostgreSQL) before the stream checks that its
+client is still there."""
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -147,6 +152,7 @@ class Dashboard:
         self.store = store
         self.lock = threading.Lock()
         self.activity = data.Activity()
+        self.fill_in = data.FillIn(store, self.activity, self.lock)
         self.allow_writes = allow_writes
         self.location = location
         self.csrf = secrets.token_urlsafe(32)
@@ -208,20 +214,34 @@ def _opt(request: Request, name: str) -> str | None:
 # --------------------------------------------------------------------------- JSON API
 
 
-@api(
-    "Totals, per-type counts, messages per day, tokens per model, most active contexts.",
-    days="int: days of activity to return (default 30)",
-)
-def api_stats(request: Request) -> JSONResponse:
+def _overview(request: Request) -> dict[str, Any]:
     dash = _dash(request)
-    return JSONResponse(
+    stats = dict(
         dash.call(
             data.overview,
             dash.activity,
             budget=data.ACTIVITY_BUDGET,
-            days=_int(request, "days", 30),
+            range=_opt(request, "range"),
+            start=_opt(request, "from"),
+            end=_opt(request, "to"),
         )
     )
+    if stats["activity_pending"]:
+        dash.fill_in.kick()
+    return stats
+
+
+@api(
+    "Totals, per-type counts, messages per day, tokens per model, most active contexts, "
+    "archived/trashed/pinned counts.",
+    range="str: the chart's days: 7d, 30d (default), 90d or all",
+    **{
+        "from": "str: the chart's first day (YYYY-MM-DD; wins over range)",
+        "to": "str: the chart's last day (YYYY-MM-DD; default today)",
+    },
+)
+def api_stats(request: Request) -> JSONResponse:
+    return JSONResponse(_overview(request))
 
 
 def _list_args(request: Request) -> dict[str, Any]:
@@ -233,7 +253,19 @@ def _list_args(request: Request) -> dict[str, Any]:
         "sort": request.query_params.get("sort") or "last_active",
         "cursor": _opt(request, "cursor"),
         "limit": _int(request, "limit", data.PAGE_SIZE),
+        "state": request.query_params.get("state") or "hot",
     }
+
+
+def _list(request: Request, args: dict[str, Any]) -> dict[str, Any]:
+    """One page of the sessions list; sorted by tokens, it reads contexts not tallied yet for
+    up to ``ACTIVITY_BUDGET`` (else it shows the tokens known so far)."""
+    dash = _dash(request)
+    budget = data.ACTIVITY_BUDGET if args["sort"] == "tokens" else 0.0
+    page = dict(dash.call(data.list_page, **args, activity=dash.activity, budget=budget))
+    if page["tokens_pending"] and args["sort"] == "tokens":
+        dash.fill_in.kick()
+    return page
 
 
 @api(
@@ -242,12 +274,18 @@ def _list_args(request: Request) -> dict[str, Any]:
     q="str: text in the context id",
     since="str: last active on or after (YYYY-MM-DD)",
     until="str: last active on or before (YYYY-MM-DD)",
-    sort="str: last_active, created or messages",
+    sort="str: last_active, created, messages or tokens",
     cursor="str: from next_cursor",
     limit="int: rows per page (1-1000)",
+    state="str: hot (default), archived or all",
 )
 def api_contexts(request: Request) -> JSONResponse:
-    return JSONResponse(_dash(request).call(data.list_page, **_list_args(request)))
+    return JSONResponse(_list(request, _list_args(request)))
+
+
+@api("The trash: deleted contexts waiting to be restored or purged, newest first.")
+def api_trash(request: Request) -> JSONResponse:
+    return JSONResponse(_dash(request).call(data.trash))
 
 
 def _transcript(request: Request) -> dict[str, Any]:
@@ -335,16 +373,30 @@ async def api_events(request: Request) -> StreamingResponse:
     dash = _dash(request)
     raw = request.query_params.get("c")
     context = data.parse_context(raw) if raw else None
+    store = dash.store
+    feed = await asyncio.to_thread(store.change_feed) if isinstance(store, Notifying) else None
+
+    async def changed() -> bool:
+        """Wait for a possible change: a store note (PostgreSQL), else the poll's interval."""
+        if feed is None:
+            await asyncio.sleep(POLL_SECONDS)
+            return True
+        return await asyncio.to_thread(feed.wait, NOTE_WAIT) is not None
 
     async def stream() -> AsyncIterator[str]:
-        last = await asyncio.to_thread(dash.call, data.signature, context)
-        yield "retry: 1000\n\n"
-        while not await request.is_disconnected():
-            await asyncio.sleep(POLL_SECONDS)
-            now = await asyncio.to_thread(dash.call, data.signature, context)
-            if now != last:
-                last = now
-                yield "event: change\ndata: {}\n\n"
+        try:
+            last = await asyncio.to_thread(dash.call, data.signature, context, dash.activity)
+            yield "retry: 1000\n\n"
+            while not await request.is_disconnected():
+                if not await changed():
+                    continue
+                now = await asyncio.to_thread(dash.call, data.signature, context, dash.activity)
+                if now != last:
+                    last = now
+                    yield "event: change\ndata: {}\n\n"
+        finally:
+            if feed is not None:  # off the event loop: a wait may hold the connection ~1 s
+                threading.Thread(target=feed.close, daemon=True).start()
 
     return StreamingResponse(
         stream(), media_type="text/event-stream", headers={"cache-control": "no-store"}
@@ -360,20 +412,24 @@ def api_openapi(request: Request) -> JSONResponse:
 
 
 def overview_page(request: Request) -> HTMLResponse:
-    dash = _dash(request)
-    days = _int(request, "days", 30)
-    stats = dash.call(data.overview, dash.activity, budget=data.ACTIVITY_BUDGET, days=days)
+    stats = _overview(request)
     types = sorted(stats["per_type"])
     chart = render.bar_chart(stats["messages_per_day"], types)
-    pending = stats["activity_pending"] > 0  # reload until every context has been read
+    pending = stats["activity_pending"] > 0 or stats["indexing"] > 0  # reload until complete
     return _page(
-        request, "overview.html", stats=stats, chart=chart, days=days, live="", refresh=pending
+        request,
+        "overview.html",
+        stats=stats,
+        chart=chart,
+        ranges=list(data.RANGES),
+        live="",
+        refresh=pending,
     )
 
 
 def sessions_page(request: Request) -> HTMLResponse:
     args = _list_args(request)
-    page = _dash(request).call(data.list_page, **args)
+    page = _list(request, args)
     types = page["types"]
     nxt = None
     if page["next_cursor"]:
@@ -387,8 +443,15 @@ def sessions_page(request: Request) -> HTMLResponse:
         args=args,
         types=types,
         sorts=data.SORTS,
+        states=data.STATES,
         next_url=nxt,
+        refresh=args["sort"] == "tokens" and page["tokens_pending"] > 0,
     )
+
+
+def trash_page(request: Request) -> HTMLResponse:
+    found = _dash(request).call(data.trash)
+    return _page(request, "trash.html", title="trash", found=found)
 
 
 def session_page(request: Request) -> HTMLResponse:
@@ -438,30 +501,61 @@ def search_page(request: Request) -> HTMLResponse:
     )
 
 
-ACTIONS = ("fork", "clear", "delete")
+ACTIONS = ("fork", "clear", "delete", *data.LIFECYCLE_ACTIONS, "restore")
+"""The writes ``--allow-writes`` offers (the lifecycle ones on a :class:`Lifecycle` store)."""
+
+
+def _writes(dash: Dashboard) -> None:
+    if not dash.allow_writes:
+        raise HTTPException(403, "writes are off: start terrarium serve with --allow-writes")
 
 
 def confirm_page(request: Request) -> HTMLResponse:
     dash = _dash(request)
-    if not dash.allow_writes:
-        raise HTTPException(403, "writes are off: start terrarium serve with --allow-writes")
+    _writes(dash)
     action = request.query_params.get("action", "")
     if action not in ACTIONS:
         raise data.BadRequest(f"action must be one of {', '.join(ACTIONS)}")
+    lifecycle = dash.call(data.lifecycle_counts) is not None
+    if action == "restore":
+        trash_id = request.query_params.get("trash", "")
+        found = dash.call(data.trash)["trash"]
+        entry = next((t for t in found if t["trash_id"] == trash_id), None)
+        if entry is None:
+            raise NotInTrash(f"nothing in the trash has the id {trash_id[:80]!r}")
+        return _page(
+            request,
+            "confirm.html",
+            title="restore?",
+            action=action,
+            context=entry["context_id"],
+            trash_id=trash_id,
+            lifecycle=lifecycle,
+        )
     context = data.parse_context(request.query_params.get("c"))
     if dash.call(lambda store: store.get_head(context)) is None:
         raise contexts.not_found(context)
-    return _page(request, "confirm.html", title=f"{action}?", action=action, context=str(context))
+    return _page(
+        request,
+        "confirm.html",
+        title=f"{action}?",
+        action=action,
+        context=str(context),
+        trash_id="",
+        lifecycle=lifecycle,
+    )
 
 
 async def action(request: Request) -> Response:
     dash = _dash(request)
-    if not dash.allow_writes:
-        raise HTTPException(403, "writes are off: start terrarium serve with --allow-writes")
+    _writes(dash)
     form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()}
     if not hmac.compare_digest(form.get("csrf", "").encode(), dash.csrf.encode()):
         raise HTTPException(403, "missing or wrong CSRF token: reload the page and try again")
     name = form.get("action", "")
+    if name == "restore":
+        back = await asyncio.to_thread(dash.call, data.restore_trashed, form.get("trash", ""))
+        return RedirectResponse("/session?" + urlencode({"c": str(back)}), 303)
     context = data.parse_context(form.get("c"))
     if name == "fork":
         target = ContextId.parse(form.get("target", "")).check_new()
@@ -474,6 +568,9 @@ async def action(request: Request) -> Response:
         if not await asyncio.to_thread(dash.call, contexts.delete_context, context):
             raise contexts.not_found(context)
         return RedirectResponse("/sessions", 303)
+    if name in data.LIFECYCLE_ACTIONS:
+        await asyncio.to_thread(dash.call, data.change_state, context, name)
+        return RedirectResponse("/session?" + urlencode({"c": str(context)}), 303)
     raise data.BadRequest(f"action must be one of {', '.join(ACTIONS)}")
 
 
@@ -521,7 +618,9 @@ def create_app(
     Args:
         token: when given, every request must carry it (see :class:`Guard`); when None, only
             requests to a loopback host name are answered.
-        allow_writes: serve the fork, clear and delete forms (POST, CSRF-checked).
+        allow_writes: serve the fork, clear and delete forms, and on a store with lifecycle
+            states archive, unarchive, pin, unpin and restore from the trash (POST,
+            CSRF-checked).
         location: the store's location as the user gave it (passwords masked), for the
             page header.
     """
@@ -530,6 +629,7 @@ def create_app(
         Route("/sessions", sessions_page),
         Route("/session", session_page),
         Route("/search", search_page),
+        Route("/trash", trash_page),
         Route("/confirm", confirm_page),
         Route("/action", action, methods=["POST"]),
         Route("/static/pygments.css", pygments_css),
@@ -539,12 +639,14 @@ def create_app(
         Route("/api/context", api_context),
         Route("/api/search", api_search),
         Route("/api/export", api_export),
+        Route("/api/trash", api_trash),
         Route("/api/events", api_events),
         Route("/api/openapi.json", api_openapi),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         ContextNotFound: _not_found,
         SegmentNotFound: _not_found,
+        NotInTrash: _not_found,
         InvalidContextId: _bad,
         InvalidQuery: _bad,
         data.BadRequest: _bad,

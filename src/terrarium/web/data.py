@@ -17,19 +17,22 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import datetime
 import heapq
 import json
+import logging
+import operator
 import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from terrarium import contexts, sessions
-from terrarium.errors import ContextNotFound, SegmentNotFound, StoreError
+from terrarium.errors import ContextNotFound, IndexUnavailable, SegmentNotFound, StoreError
 from terrarium.model import (
     HISTORY_KINDS,
     ContextId,
@@ -38,10 +41,23 @@ from terrarium.model import (
     item_label,
     item_text,
 )
-from terrarium.stores.base import Listing, SegmentRead, Store
+from terrarium.stores.base import (
+    ArchivedContext,
+    IndexedListing,
+    Lifecycle,
+    Listing,
+    SegmentRead,
+    Store,
+)
 
-SORTS = ("last_active", "created", "messages")
+log = logging.getLogger(__name__)
+
+SORTS = ("last_active", "created", "messages", "tokens")
 """The orders the sessions list offers, each newest or largest first."""
+
+STATES = ("hot", "archived", "all")
+"""Which contexts the sessions list shows, on a store with lifecycle states (:class:`Lifecycle`):
+the hot ones (the default), the archived ones, or both."""
 
 PAGE_SIZE = 50
 """Contexts per page of the sessions list."""
@@ -61,16 +77,97 @@ class BadRequest(ValueError):
 # --------------------------------------------------------------------------- listing
 
 
-def _rows(store: Store) -> list[contexts.ContextRow]:
-    return contexts.list_contexts(store).rows
+CATCH_UP_WAIT = 0.2
+"""Seconds a page waits for the background catch-up of an ``IndexedListing`` store's index
+(see :class:`CatchUp`) before it reads the index as it stands."""
+
+SMALL_BACKLOG = 200
+"""A backlog a page catches up with itself before listing (a few hundred milliseconds at
+most); a larger one is caught up in the background."""
 
 
-def _key(row: contexts.ContextRow, sort: str) -> tuple[Any, str]:
+class CatchUp:
+    """Keeps an :class:`IndexedListing` store's index caught up from a background thread, so a
+    page never waits for a long catch-up (the first listing after a bulk load reads every
+    new session). A listing whose backlog is small (:data:`SMALL_BACKLOG`) catches up first,
+    as the store's own listing does; otherwise it starts one catch-up in the background
+    unless one is running, waits for it at most :data:`CATCH_UP_WAIT`, then reads what the
+    index holds and reports the backlog."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _kick(self, store: IndexedListing) -> threading.Thread:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, args=(store,), name="terrarium-catch-up", daemon=True
+                )
+                self._thread.start()
+            return self._thread
+
+    @staticmethod
+    def _run(store: IndexedListing) -> None:
+        try:
+            store.catch_up_index()
+        except Exception as exc:  # the listing reads what is there, or falls back
+            log.warning("the store's index could not catch up: %s", exc)
+
+    def rows(self, store: Store) -> tuple[list[contexts.ContextRow], int]:
+        """Every context (as :func:`terrarium.contexts.list_contexts`), and how many sessions
+        the index has still to read (0 when it is current or the store has no such index)."""
+        if not isinstance(store, IndexedListing):
+            return contexts.list_contexts(store).rows, 0
+        with self._lock:
+            running = self._thread is not None and self._thread.is_alive()
+        if not running and store.index_backlog() <= SMALL_BACKLOG:
+            return contexts.list_contexts(store).rows, 0
+        thread = self._kick(store)
+        thread.join(CATCH_UP_WAIT)
+        try:
+            rows = contexts.list_contexts(store, as_indexed=True).rows
+        except IndexUnavailable:
+            if thread.is_alive():  # being built: nothing to read yet, and no waiting for it
+                return [], store.index_backlog()
+            return contexts.list_contexts(store).rows, 0
+        return rows, store.index_backlog() if thread.is_alive() else 0
+
+
+def _rows(store: Store, activity: Activity | None = None) -> list[contexts.ContextRow]:
+    if activity is None:
+        return contexts.list_contexts(store).rows
+    return activity.rows(store)[0]
+
+
+def _key(row: contexts.ContextRow, sort: str, tokens: Mapping[str, int]) -> tuple[Any, str]:
     if sort == "messages":
         return (row.message_count, row.context_id)
     if sort == "created":
         return (row.created_at, row.context_id)
+    if sort == "tokens":
+        return (tokens.get(row.context_id, 0), row.context_id)
     return (row.last_active, row.context_id)
+
+
+_ATTRS: dict[str, Callable[[contexts.ContextRow], tuple[Any, str]]] = {
+    "messages": operator.attrgetter("message_count", "context_id"),
+    "created": operator.attrgetter("created_at", "context_id"),
+    "last_active": operator.attrgetter("last_active", "context_id"),
+}
+
+
+def _archived_row(archived: ArchivedContext) -> contexts.ContextRow:
+    """An archived context as a listing row (the archive keeps its date, not its time)."""
+    kind = archived.context.partition(":")[0]
+    return contexts.ContextRow(
+        archived.context,
+        kind,
+        archived.date,
+        archived.date,
+        archived.last_active,
+        archived.message_count,
+    )
 
 
 def encode_cursor(key: tuple[Any, str]) -> str:
@@ -113,39 +210,78 @@ def list_page(
     sort: str = "last_active",
     cursor: str | None = None,
     limit: int = PAGE_SIZE,
+    state: str = "hot",
+    activity: Activity | None = None,
+    budget: float | None = None,
 ) -> dict[str, Any]:
     """One page of contexts, filtered and sorted, and the cursor of the next page.
 
     ``since``/``until`` bound the day the context was last active (inclusive); ``text`` is a
-    case-insensitive substring of the context id.
+    case-insensitive substring of the context id; ``state`` picks hot, archived or all
+    contexts on a :class:`Lifecycle` store (others have only hot ones). Rows carry ``pinned``
+    and ``state``, and with ``activity`` their ``tokens`` (prompt + completion, from the
+    activity tallies: None until the context has been read, see :meth:`Activity.tallies`
+    and its ``budget``; archived contexts have none). Sorting by tokens puts contexts not
+    read yet last; ``tokens_pending`` says how many there are.
     """
     if sort not in SORTS:
         raise BadRequest(f"sort must be one of {', '.join(SORTS)}, not {sort[:40]!r}")
+    if state not in STATES:
+        raise BadRequest(f"state must be one of {', '.join(STATES)}, not {state[:40]!r}")
     if not 1 <= limit <= 1000:
         raise BadRequest("limit must be between 1 and 1000")
     since, until = _check_date(since, "since"), _check_date(until, "until")
     needle = text.casefold() if text else None
-    every = _rows(store)
-    rows = [
-        row
-        for row in every
-        if (type is None or row.type == type)
-        and (needle is None or needle in row.context_id.casefold())
-        and (since is None or row.last_active[:10] >= since)
-        and (until is None or row.last_active[:10] <= until)
-    ]
+    hot = _rows(store, activity)
+    life = store if isinstance(store, Lifecycle) else None
+    archived = [_archived_row(a) for a in life.archived_contexts()] if life else []
+    pinned = life.pinned_contexts() if life else frozenset()
+    pool = (hot if state != "archived" else []) + (archived if state != "hot" else [])
+    tokens: dict[str, int] = {}
+    pending = 0
+    if activity is not None:
+        tallies, pending = activity.tallies(store, hot, budget)
+        tokens = {context_id: t.total_tokens for context_id, t in tallies.items()}
+    rows = pool
+    if type is not None or needle is not None or since is not None or until is not None:
+        rows = [
+            row
+            for row in pool
+            if (type is None or row.type == type)
+            and (needle is None or needle in row.context_id.casefold())
+            and (since is None or row.last_active[:10] >= since)
+            and (until is None or row.last_active[:10] <= until)
+        ]
+    # The sort key in C (attrgetter) where it is two attributes; tokens come from the tallies.
+    key: Callable[[contexts.ContextRow], tuple[Any, str]] = (
+        (lambda r: _key(r, sort, tokens)) if sort == "tokens" else _ATTRS[sort]
+    )
     if cursor:
         after = decode_cursor(cursor)
-        rows = [row for row in rows if _key(row, sort) < after]
+        rows = [row for row in rows if key(row) < after]
     # One page of the largest keys: O(n), where sorting all 100k rows costs several times that.
-    found = heapq.nlargest(limit + 1, rows, key=lambda r: _key(r, sort))
+    found = heapq.nlargest(limit + 1, rows, key=key)
     page = found[:limit]
     more = len(found) > limit
+    archived_ids = {row.context_id for row in archived}
+    shown = []
+    for row in page:
+        item = row.to_json()
+        item["state"] = "archived" if row.context_id in archived_ids else "hot"
+        item["pinned"] = row.context_id in pinned
+        item["tokens"] = tokens.get(row.context_id) if activity is not None else None
+        shown.append(item)
     return {
-        "contexts": [row.to_json() for row in page],
-        "next_cursor": encode_cursor(_key(page[-1], sort)) if more and page else None,
+        "contexts": shown,
+        "next_cursor": encode_cursor(_key(page[-1], sort, tokens)) if more and page else None,
         "sort": sort,
-        "types": sorted({row.type for row in every}),
+        "state": state,
+        "types": sorted(
+            (set(activity.listed(hot)["per_type"]) if activity else {row.type for row in hot})
+            | {row.type for row in archived}
+        ),
+        "tokens_pending": pending,
+        "lifecycle": life is not None,
     }
 
 
@@ -161,6 +297,8 @@ class _Tally:
     tokens: dict[str, list[int]] = field(default_factory=dict)
     """Per model: prompt, completion, cached tokens, calls, calls whose usage was estimated."""
     turns: int = 0
+    total_tokens: int = 0
+    """Prompt plus completion tokens over every model."""
 
 
 def _tally(store: Store, context: ContextId, signature: tuple[str, int]) -> _Tally:
@@ -186,6 +324,7 @@ def _tally(store: Store, context: ContextId, signature: tuple[str, int]) -> _Tal
                 counts[4] += 1 if line.get("estimated") else 0
             elif kind == "turn_end":
                 tally.turns += 1
+    tally.total_tokens = sum(counts[0] + counts[1] for counts in tally.tokens.values())
     return tally
 
 
@@ -203,6 +342,38 @@ class Activity:
         """Per model: prompt, completion, cached tokens, calls, estimated calls, over the
         tallies held."""
         self.turns = 0
+        self.catch_up = CatchUp()
+        self.backlog = 0
+        """Sessions the store's index had still to read at the last listing (see
+        :class:`CatchUp`)."""
+        self._seen: list[contexts.ContextRow] | None = None
+        self._todo: list[contexts.ContextRow] = []
+        self._listed: tuple[list[contexts.ContextRow], dict[str, Any]] | None = None
+
+    def rows(self, store: Store) -> tuple[list[contexts.ContextRow], int]:
+        """Every context, and the index's backlog (see :class:`CatchUp`)."""
+        rows, self.backlog = self.catch_up.rows(store)
+        return rows, self.backlog
+
+    def listed(self, rows: list[contexts.ContextRow]) -> dict[str, Any]:
+        """What the overview sums from the listing alone (per type, totals, most active),
+        summed again only when the listing changed."""
+        if self._listed is not None and self._listed[0] == rows:
+            return self._listed[1]
+        per_type: dict[str, dict[str, int]] = {}
+        for row in rows:
+            counts = per_type.setdefault(row.type, {"contexts": 0, "messages": 0})
+            counts["contexts"] += 1
+            counts["messages"] += row.message_count
+        active = heapq.nlargest(10, rows, key=lambda r: (r.message_count, r.last_active))
+        found = {
+            "contexts": len(rows),
+            "messages": sum(c["messages"] for c in per_type.values()),
+            "per_type": dict(sorted(per_type.items())),
+            "most_active": [row.to_json() for row in active],
+        }
+        self._listed = (rows, found)
+        return found
 
     def _count(self, context_id: str, tally: _Tally, sign: int) -> None:
         kind = context_id.partition(":")[0]
@@ -222,11 +393,25 @@ class Activity:
         self.turns += sign * tally.turns
 
     def disk_bytes(self, store: Store) -> int | None:
-        """:func:`disk_bytes`, measured at most once a minute (walking a big folder is slow)."""
+        """:func:`disk_bytes` as last measured (None until the first measure ends), measured
+        again at most once a minute in a background thread: walking a folder of 100k
+        sessions takes seconds, which no page should wait for."""
         now = time.monotonic()
         if self._bytes is None or now - self._bytes[0] > BYTES_EVERY:
-            self._bytes = (now, disk_bytes(store))
+            known = self._bytes[1] if self._bytes is not None else None
+            self._bytes = (now, known)
+            threading.Thread(
+                target=self._measure, args=(store,), name="terrarium-bytes", daemon=True
+            ).start()
         return self._bytes[1]
+
+    def _measure(self, store: Store) -> None:
+        try:
+            found = disk_bytes(store)
+        except OSError as exc:
+            log.warning("could not measure the store's size: %s", exc)
+            return
+        self._bytes = (time.monotonic(), found)
 
     def tallies(
         self, store: Store, rows: Iterable[contexts.ContextRow], budget: float | None = None
@@ -240,9 +425,13 @@ class Activity:
                 be read by the next call. None reads them all.
         """
         deadline = None if budget is None else time.monotonic() + budget
-        pending = 0
         with self._lock:
+            # The same listing as last time: only what is left to read. (Comparing two lists
+            # of Structs runs in C, some 50 times faster than the loop below.)
+            if self._seen is not None and self._seen == rows:
+                return self._tallies, self._fill(store, deadline)
             fresh: dict[str, _Tally] = {}
+            todo: list[contexts.ContextRow] = []
             for row in rows:
                 if row.legacy_path is not None:
                     continue
@@ -250,7 +439,7 @@ class Activity:
                 known = self._tallies.get(row.context_id)
                 if known is None or known.signature != signature:
                     if deadline is not None and time.monotonic() > deadline:
-                        pending += 1
+                        todo.append(row)
                         if known is not None:
                             fresh[row.context_id] = known
                         continue
@@ -266,7 +455,69 @@ class Activity:
                 if self._tallies.get(context_id) is not new:
                     self._count(context_id, new, +1)
             self._tallies = fresh
-            return fresh, pending
+            self._seen = rows if isinstance(rows, list) else None
+            self._todo = todo
+            return fresh, len(todo)
+
+    def fill(self, store: Store, budget: float) -> int:
+        """Read, for about ``budget`` seconds, the contexts the last :meth:`tallies` left
+        pending (what :class:`FillIn` does between page loads); return how many are left."""
+        with self._lock:
+            return self._fill(store, time.monotonic() + budget)
+
+    def _fill(self, store: Store, deadline: float | None) -> int:
+        todo = self._todo
+        while todo and (deadline is None or time.monotonic() <= deadline):
+            row = todo.pop()
+            signature = (row.last_active, row.message_count)
+            try:
+                new = _tally(store, row.context, signature)
+            except StoreError:
+                continue
+            old = self._tallies.get(row.context_id)
+            if old is not None:
+                self._count(row.context_id, old, -1)
+            self._tallies[row.context_id] = new
+            self._count(row.context_id, new, +1)
+        return len(todo)
+
+
+class FillIn:
+    """Reads the contexts an overview left pending (:meth:`Activity.tallies`) from a
+    background thread, in slices of :data:`FILL_SLICE` seconds under the caller's lock, so the
+    overview completes in seconds of reading rather than one budget per page load."""
+
+    def __init__(self, store: Store, activity: Activity, lock: threading.Lock) -> None:
+        self.store, self.activity, self.lock = store, activity, lock
+        self._thread: threading.Thread | None = None
+        self._guard = threading.Lock()
+
+    def kick(self) -> None:
+        """Start reading unless a thread already is."""
+        with self._guard:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="terrarium-fill-in", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        left = 1
+        while left:
+            try:
+                with self.lock:
+                    left = self.activity.fill(self.store, FILL_SLICE)
+            except Exception as exc:  # a closed or failing store: the pages say what is left
+                log.warning("reading the store's activity stopped: %s", exc)
+                return
+            time.sleep(FILL_PAUSE)  # let waiting pages take the lock
+
+
+FILL_SLICE = 0.1
+"""Seconds :class:`FillIn` holds the store's lock per slice (what a page may wait for it)."""
+
+FILL_PAUSE = 0.01
+"""Seconds :class:`FillIn` leaves the lock free between two slices."""
 
 
 def disk_bytes(store: Store) -> int | None:
@@ -288,35 +539,121 @@ def disk_bytes(store: Store) -> int | None:
 
 
 ACTIVITY_BUDGET = 0.3
-"""Seconds one overview spends reading contexts it has no fresh tally of (see
-:meth:`Activity.tallies`): the first overview of a big store fills in over several loads."""
+"""Seconds one overview spends listing the store and then reading contexts it has no fresh
+tally of (see :meth:`Activity.tallies`): the first overview of a big store fills in over
+several loads."""
+
+MIN_READ = 0.05
+"""Seconds an overview reads contexts however long the listing took (so it always gains)."""
+
+
+RANGES = {"7d": 7, "30d": 30, "90d": 90, "all": None}
+"""The chart's ranges: the last N calendar days up to today (UTC), or every active day."""
+
+FILL_DAYS = 400
+"""Longest span whose days without activity are drawn as empty bars (longer ones show only
+the active days)."""
+
+
+def _days(first: str, last: str) -> list[str]:
+    """Every date from ``first`` to ``last`` inclusive (both ``YYYY-MM-DD``)."""
+    day, end = datetime.date.fromisoformat(first), datetime.date.fromisoformat(last)
+    out = []
+    while day <= end:
+        out.append(day.isoformat())
+        day += datetime.timedelta(days=1)
+    return out
+
+
+def chart_range(
+    range: str | None, start: str | None, end: str | None, active: Iterable[str], today: str
+) -> dict[str, Any]:
+    """The days the chart shows: ``{"range", "from", "to", "days"}``.
+
+    ``start``/``end`` (``YYYY-MM-DD``, either may be missing) pick a custom range and win over
+    ``range`` (a key of :data:`RANGES`, default 30d); ``all`` spans the first to the last
+    active day. ``days`` lists every date in the span when it is at most :data:`FILL_DAYS`
+    long, else only the active ones.
+    """
+    start, end = _check_date(start, "from"), _check_date(end, "to")
+    dates = sorted(d for d in active if _check_date_ok(d))
+    if start or end:
+        name = "custom"
+        first = start or (dates[0] if dates else today)
+        last = end or today
+    else:
+        name = range or "30d"
+        if name not in RANGES:
+            raise BadRequest(f"range must be one of {', '.join(RANGES)}, not {name[:40]!r}")
+        span = RANGES[name]
+        if span is None:
+            first, last = (dates[0], dates[-1]) if dates else (today, today)
+        else:
+            first = (datetime.date.fromisoformat(today) - datetime.timedelta(span - 1)).isoformat()
+            last = today
+    if first > last:
+        raise BadRequest(f"from ({first}) is after to ({last})")
+    length = (datetime.date.fromisoformat(last) - datetime.date.fromisoformat(first)).days + 1
+    if length <= FILL_DAYS:
+        days = _days(first, last)
+    else:
+        days = [d for d in dates if first <= d <= last]
+    return {"range": name, "from": first, "to": last, "days": days}
+
+
+def _check_date_ok(value: str) -> bool:
+    try:
+        return _check_date(value, "date") is not None
+    except BadRequest:
+        return False
+
+
+def lifecycle_counts(store: Store) -> dict[str, int] | None:
+    """How many contexts are archived, in the trash and pinned; None for a store without
+    lifecycle states."""
+    if not isinstance(store, Lifecycle):
+        return None
+    return {
+        "archived": len(store.archived_contexts()),
+        "trashed": len(store.trashed_contexts()),
+        "pinned": len(store.pinned_contexts()),
+    }
 
 
 def overview(
-    store: Store, activity: Activity, *, days: int = 30, budget: float | None = ACTIVITY_BUDGET
+    store: Store,
+    activity: Activity,
+    *,
+    range: str | None = None,
+    start: str | None = None,
+    end: str | None = None,
+    budget: float | None = ACTIVITY_BUDGET,
+    today: str | None = None,
 ) -> dict[str, Any]:
-    """Totals, per-type counts, messages per day by type, tokens per model, most active.
+    """Totals, per-type counts, messages per day by type, tokens per model, most active, and
+    the lifecycle counts.
 
-    Turns, tokens and messages per day cover the contexts read so far: ``activity_pending``
-    says how many are still to be read (0 once every context has been).
+    Turns, tokens and messages per day cover the hot contexts read so far:
+    ``activity_pending`` says how many are still to be read (0 once every context has been).
+    The chart's days are picked by ``range``/``start``/``end`` (see :func:`chart_range`).
     """
-    rows = _rows(store)
+    started = time.monotonic()
+    rows, backlog = activity.rows(store)
+    if budget is not None:  # what is left of it once the listing is read, and a little
+        budget = max(min(MIN_READ, budget), budget - (time.monotonic() - started))
     _, pending = activity.tallies(store, rows, budget)
-    per_type: dict[str, dict[str, int]] = {}
-    for row in rows:
-        counts = per_type.setdefault(row.type, {"contexts": 0, "messages": 0})
-        counts["contexts"] += 1
-        counts["messages"] += row.message_count
+    listed = activity.listed(rows)
     by_day = activity.by_day
     names = ("prompt_tokens", "completion_tokens", "cached_tokens", "calls", "estimated_calls")
     models = {model: dict(zip(names, sums, strict=True)) for model, sums in activity.models.items()}
     turns = activity.turns
-    shown_days = sorted(by_day)[-days:] if days > 0 else sorted(by_day)
-    active = heapq.nlargest(10, rows, key=lambda r: (r.message_count, r.last_active))
+    today = today or datetime.datetime.now(datetime.UTC).date().isoformat()
+    chosen = chart_range(range, start, end, by_day, today)
+    empty: dict[str, int] = {}
     return {
         "totals": {
-            "contexts": len(rows),
-            "messages": sum(row.message_count for row in rows),
+            "contexts": listed["contexts"],
+            "messages": listed["messages"],
             "turns": turns,
             "prompt_tokens": sum(m["prompt_tokens"] for m in models.values()),
             "completion_tokens": sum(m["completion_tokens"] for m in models.values()),
@@ -325,12 +662,16 @@ def overview(
             "bytes_on_disk": activity.disk_bytes(store),
         },
         "activity_pending": pending,
-        "per_type": dict(sorted(per_type.items())),
+        "indexing": backlog,
+        "lifecycle": lifecycle_counts(store),
+        "per_type": listed["per_type"],
+        "range": {k: chosen[k] for k in ("range", "from", "to")},
         "messages_per_day": [
-            {"date": d, "by_type": dict(sorted(by_day[d].items()))} for d in shown_days
+            {"date": d, "by_type": dict(sorted(by_day.get(d, empty).items()))}
+            for d in chosen["days"]
         ],
         "tokens_per_model": dict(sorted(models.items())),
-        "most_active": [row.to_json() for row in active],
+        "most_active": listed["most_active"],
     }
 
 
@@ -505,6 +846,7 @@ def transcript(
         "context_id": str(context),
         "segment_id": str(segment_id),
         "is_head": segment_id == head.segment_id,
+        "lifecycle": context_state(store, context),
         "stats": stats,
         "tree": tree,
         "total_messages": total,
@@ -514,14 +856,91 @@ def transcript(
     }
 
 
-def signature(store: Store, context: ContextId | None) -> str:
+def context_state(store: Store, context: ContextId) -> dict[str, Any] | None:
+    """The context's lifecycle state (``hot`` or ``archived``) and whether it is pinned; None
+    for a store without lifecycle states."""
+    if not isinstance(store, Lifecycle):
+        return None
+    return {
+        "state": "archived" if store.is_archived(context) else "hot",
+        "pinned": str(context) in store.pinned_contexts(),
+    }
+
+
+def trash(store: Store) -> dict[str, Any]:
+    """The store's trash, most recently deleted first (empty for a store without one)."""
+    if not isinstance(store, Lifecycle):
+        return {"lifecycle": False, "trash": []}
+    return {
+        "lifecycle": True,
+        "trash": [
+            {
+                "trash_id": t.trash_id,
+                "context_id": t.context,
+                "date": t.date,
+                "deleted_at": t.deleted_at,
+                "archived": t.archived,
+                "message_count": t.message_count,
+                "bytes": t.bytes,
+                "pinned": t.pinned,
+            }
+            for t in store.trashed_contexts()
+        ],
+    }
+
+
+LIFECYCLE_ACTIONS = ("archive", "unarchive", "pin", "unpin")
+"""The writes that change a context's lifecycle state (on a :class:`Lifecycle` store)."""
+
+
+def change_state(store: Store, context: ContextId, action: str) -> None:
+    """Archive, unarchive, pin or unpin ``context`` through the store's :class:`Lifecycle`.
+
+    Raises:
+        BadRequest: an unknown action, or a store without lifecycle states.
+        ContextNotFound: no such context (or, for unarchive, none archived of that id).
+    """
+    if not isinstance(store, Lifecycle):
+        raise BadRequest("this store has no lifecycle states (archive, trash, pins)")
+    if action == "archive":
+        done = store.archive_context(context) is not None
+    elif action == "unarchive":
+        done = store.unarchive_context(context)
+    elif action in ("pin", "unpin"):
+        done = store.pin_context(context, action == "pin")
+    else:
+        raise BadRequest(f"action must be one of {', '.join(LIFECYCLE_ACTIONS)}")
+    if not done:
+        if action == "unarchive":
+            raise ContextNotFound(f"{context.display} is not archived")
+        raise ContextNotFound(f"no such context: {context.display}")
+
+
+def restore_trashed(store: Store, trash_id: str) -> ContextId:
+    """Bring a trash entry back in the state it was in; the context it is again.
+
+    Raises:
+        BadRequest: a store without a trash. NotInTrash: no such entry.
+        ContextExists: its id is in use again.
+    """
+    if not isinstance(store, Lifecycle):
+        raise BadRequest("this store has no trash")
+    return ContextId.parse(store.restore_trashed(trash_id).context)
+
+
+def signature(store: Store, context: ContextId | None, activity: Activity | None = None) -> str:
     """A cheap fingerprint that changes when the context (or, with None, any context) is
-    written to: what the live view polls."""
+    written to: what the live view polls. With ``activity``, an ``IndexedListing`` store's
+    index is read as it stands while it catches up (see :class:`CatchUp`)."""
     if context is not None:
         head = store.get_head(context)
         if head is None:
             return "gone"
         return f"{head.segment_id}:{store.next_seq(head.session_id, head.segment_id)}"
+    if activity is not None and isinstance(store, IndexedListing):
+        listed, backlog = activity.rows(store)
+        latest = max((r.last_active for r in listed), default="")
+        return f"{len(listed)}:{sum(r.message_count for r in listed)}:{latest}:{backlog}"
     if isinstance(store, Listing):
         try:
             rows = store.list_contexts_fast()

@@ -76,7 +76,8 @@ PALETTE = ("#2563eb", "#16a34a", "#d97706", "#9333ea", "#dc2626", "#0891b2", "#4
 
 def bar_chart(days: list[dict[str, Any]], types: list[str]) -> Markup:
     """Messages per day stacked by type, as an SVG with its values written in (no hover
-    needed): a total above each bar, a legend, the first and last dates on the axis."""
+    needed): a total above each bar, a legend, the first and last dates on the axis. A day
+    without messages keeps its slot, empty."""
     if not days:
         return Markup('<p class="muted">No messages yet.</p>')
     width, height, top, bottom, left = 760, 220, 20, 30, 8
@@ -104,7 +105,7 @@ def bar_chart(days: list[dict[str, Any]], types: list[str]) -> Markup:
                 f"{escape(kind)}: {n}</title></rect>"
             )
         total = sum(day["by_type"].values())
-        if len(days) <= 40:
+        if len(days) <= 40 and total:
             parts.append(
                 f'<text x="{x + bar / 2:.1f}" y="{y - 4:.1f}" font-size="11" '
                 f'text-anchor="middle" fill="currentColor">{total}</text>'

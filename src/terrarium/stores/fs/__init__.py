@@ -1182,6 +1182,28 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         """
         return self.search_index.list_contexts(type)
 
+    def list_contexts_as_indexed(self, type: str | None = None) -> list[ContextSummary]:
+        """Every context's summary as the index holds it now, without catching up first
+        (``IndexedListing``; see :meth:`SearchIndex.list_contexts_as_indexed`).
+
+        Raises:
+            IndexUnavailable: the index cannot be read.
+        """
+        return self.search_index.list_contexts_as_indexed(type)
+
+    def index_backlog(self) -> int:
+        """Sessions written since the index last caught up (``IndexedListing``)."""
+        return self.search_index.backlog()
+
+    def catch_up_index(self) -> None:
+        """Bring the index up to date with the files (``IndexedListing``): what a listing or
+        a search does first.
+
+        Raises:
+            IndexUnavailable: it cannot be brought up to date.
+        """
+        self.search_index.refresh()
+
     def _mark(self, session_id: SessionId) -> None:
         """Leave the search index's dirty marker; never fails the write that calls it."""
         try:

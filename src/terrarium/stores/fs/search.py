@@ -135,6 +135,9 @@ class SearchIndex:
         """Why it was opened read-only (``read-only``, or a full disk), for messages."""
         self._warned: set[str] = set()
         self._ranker = Ranker(Fts5Tables(recent=sql.FTS_RECENT, docs="docs"))
+        self._reader_lock = threading.Lock()
+        self._read_conn: sqlite3.Connection | None = None
+        self._read_ino: int | None = None
 
     def __repr__(self) -> str:
         return f"SearchIndex({str(self.root)!r})"
@@ -256,6 +259,8 @@ class SearchIndex:
         """Close the database connection (the index can be reopened by using it again)."""
         with self._lock:
             self._close_connection()
+        with self._reader_lock:
+            self._close_reader()
 
     def __enter__(self) -> SearchIndex:
         return self
@@ -617,6 +622,61 @@ class SearchIndex:
 
         with self._lock:
             return self._guarded(lambda: self._read(read), retry=True)
+
+    def list_contexts_as_indexed(self, type: str | None = None) -> list[ContextSummary]:
+        """Every context's summary as the index holds it now, without bringing it up to date
+        first: a refresh running in another thread is not waited for (this reads its last
+        commit, on a read-only connection of its own). Empty before the index is first built.
+
+        Raises:
+            IndexUnavailable: the index exists but cannot be read.
+        """
+        with self._reader_lock:
+            if not self.path.exists():
+                return []
+            try:
+                conn = self._reader()
+                if type is None:
+                    rows = conn.execute(sql.LISTING).fetchall()
+                else:
+                    rows = conn.execute(sql.LISTING_OF_TYPE, (type,)).fetchall()
+            except (sqlite3.Error, OSError) as exc:
+                self._close_reader()
+                raise self._unavailable(exc) from exc
+        return [ContextSummary(*row) for row in rows]
+
+    def _reader(self) -> sqlite3.Connection:
+        """The read-only connection of :meth:`list_contexts_as_indexed`, reopened when the
+        file was replaced."""
+        ino = os.stat(self.path).st_ino
+        if self._read_conn is None or self._read_ino != ino:
+            self._close_reader()
+            self._read_conn = _db.connect(self.path, timeout=BUSY_TIMEOUT, readonly=True)
+            self._read_ino = ino
+        return self._read_conn
+
+    def _close_reader(self) -> None:
+        if self._read_conn is not None:
+            self._read_conn.close()
+            self._read_conn = None
+
+    def backlog(self) -> int:
+        """How many sessions the next refresh reads: those written since the index last
+        caught up (their dirty markers) and those it watches (see :meth:`_update`), or,
+        before it was ever built, every session folder. Cheap: a ``listdir`` and an indexed
+        count, and before the first build one ``scandir`` per date folder."""
+        built, watched = False, 0
+        with self._reader_lock:
+            if self.path.exists():
+                try:
+                    conn = self._reader()
+                    built = conn.execute(sql.BUILT).fetchone() is not None
+                    watched = len(conn.execute(sql.WATCHED_IDS).fetchall())
+                except (sqlite3.Error, OSError):
+                    self._close_reader()
+        if not built:
+            return sum(len(scandir(self.root / folder)) for folder in self._date_folders())
+        return len(listdir(dirty_dir(self.root))) + watched
 
     def offsets(self) -> dict[SegmentId, int]:
         """Per segment, the byte offset the index has read up to (for tests and ``check``)."""

@@ -74,6 +74,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from terrarium.stores.postgres import _lifecycle, _sql, search
 from terrarium.stores.postgres._blobs import PostgresBlobs, record_refs
 from terrarium.stores.postgres.migrations import MIGRATIONS, migrate
+from terrarium.stores.postgres.notify import ChangeFeed
 from terrarium.stores.postgres.search import search_words
 
 __all__ = [
@@ -189,6 +190,20 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         except psycopg.Error:
             password = None
         return text.replace(str(password), "***") if password else text
+
+    def change_feed(self) -> ChangeFeed:
+        """Notifications of this store's committed writes, from any process, on a connection
+        of their own (LISTEN/NOTIFY, see :mod:`terrarium.stores.postgres.notify`).
+
+        Raises:
+            StoreError: the server cannot be reached.
+        """
+        try:
+            return ChangeFeed(self._dsn, self.schema)
+        except psycopg.OperationalError as exc:
+            raise StoreError(
+                f"cannot listen to PostgreSQL store {self._where}: {self._scrub(exc)}"
+            ) from None
 
     # ---------------------------------------------------------------- heads
 

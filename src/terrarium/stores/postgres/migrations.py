@@ -473,3 +473,33 @@ def m008_blobs(conn: psycopg.Connection[Any]) -> None:
         blob_sql.CREATE_BLOB_REFS_DIGEST,
     ):
         conn.execute(statement)
+
+
+@MIGRATIONS
+def m009_notify(conn: psycopg.Connection[Any]) -> None:
+    """Change notifications for live views (LISTEN/NOTIFY): every append, new segment and
+    head change sends ``pg_notify`` on the channel ``terrarium.<schema>``
+    (:func:`terrarium.stores.postgres.notify.channel`), with ``session:<id>`` or
+    ``context:<id>`` as payload. A notification is sent when its transaction commits, once per
+    distinct payload; with no listener it costs the server next to nothing."""
+    for statement in (
+        """CREATE FUNCTION notify_segment() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM pg_notify('terrarium.' || TG_TABLE_SCHEMA, 'session:' || NEW.session_id);
+            RETURN NULL;
+        END $$""",
+        """CREATE FUNCTION notify_context() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_OP = 'DELETE' THEN
+                PERFORM pg_notify('terrarium.' || TG_TABLE_SCHEMA, 'context:' || OLD.context);
+            ELSE
+                PERFORM pg_notify('terrarium.' || TG_TABLE_SCHEMA, 'context:' || NEW.context);
+            END IF;
+            RETURN NULL;
+        END $$""",
+        """CREATE TRIGGER segments_notify AFTER INSERT OR UPDATE OF next_seq ON segments
+        FOR EACH ROW EXECUTE FUNCTION notify_segment()""",
+        """CREATE TRIGGER contexts_notify AFTER INSERT OR UPDATE OR DELETE ON contexts
+        FOR EACH ROW EXECUTE FUNCTION notify_context()""",
+    ):
+        conn.execute(statement)

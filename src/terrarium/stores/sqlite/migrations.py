@@ -439,3 +439,12 @@ def m008_blobs(conn: sqlite3.Connection) -> None:
         blob_sql.CREATE_BLOB_REFS_DIGEST,
     ):
         conn.execute(statement)
+
+
+@MIGRATIONS
+def m009_notify(conn: sqlite3.Connection) -> None:
+    """Nothing to change: PostgreSQL's ``m009_notify`` adds triggers that send change notes
+    (LISTEN/NOTIFY), which SQLite has no counterpart of (its live views poll the derived
+    state). Registered so that both backends' schemas keep the same steps in the same order
+    (``tests/test_migrations.py``)."""
+    del conn

@@ -1,0 +1,94 @@
+"""PostgreSQL's change notes (migration ``m009_notify``, ``PostgresStore.change_feed``) and
+the dashboard's live stream over them: a write from another connection wakes the listener,
+and the SSE endpoint sends ``change`` on the note (on PostgreSQL it never polls)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from helpers.web import head, seed, turn
+from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
+from terrarium.model import ContextId
+from terrarium.sessions import save_user_input
+from terrarium.stores.base import Notifying
+from terrarium.stores.postgres import PostgresStore
+from terrarium.web import create_app
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def two(pg_database: str) -> Iterator[tuple[PostgresStore, PostgresStore]]:  # noqa: F811
+    """Two stores on one schema: two processes' worth of connections."""
+    schema = fresh_schema()
+    with (
+        PostgresStore(pg_database, schema=schema, pool_size=2) as a,
+        PostgresStore(pg_database, schema=schema, pool_size=2) as b,
+    ):
+        yield a, b
+
+
+def test_a_write_from_another_connection_wakes_the_feed(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    watcher, writer = two
+    assert isinstance(watcher, Notifying)
+    seed(writer)
+    with watcher.change_feed() as feed:
+        assert feed.wait(0.05) is None  # nothing since it started listening
+        ref = head(writer, "cli:main")
+        save_user_input(writer, ref, "are you there?")
+        assert feed.wait(30) == f"session:{ref.session_id}"
+        writer.delete_context(ContextId.parse("irc:#python"))
+        assert feed.wait(30) == "context:irc:#python"
+
+
+def test_a_feed_sees_only_its_own_schema(pg_database: str) -> None:  # noqa: F811
+    with (
+        PostgresStore(pg_database, schema=fresh_schema(), pool_size=1) as mine,
+        PostgresStore(pg_database, schema=fresh_schema(), pool_size=1) as other,
+    ):
+        seed(mine)
+        with mine.change_feed() as feed:
+            seed(other)
+            assert feed.wait(0.2) is None
+            turn(mine, "cli:main", "q", "a")
+            assert (feed.wait(30) or "").startswith("session:")
+
+
+def test_the_live_stream_sends_change_on_a_note(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    import uvicorn
+
+    served, writer = two
+    seed(writer)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    server = uvicorn.Server(uvicorn.Config(create_app(served), log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        with (
+            httpx.Client(base_url=base, timeout=30) as http,
+            http.stream("GET", "/api/events", params={"c": "cli:main"}) as events,
+        ):
+            lines = events.iter_lines()
+            assert next(lines) == "retry: 1000"
+            turn(writer, "cli:main", "another process chats", "and is seen")
+            for line in lines:
+                if line.startswith("event:"):
+                    assert line == "event: change"
+                    break
+    finally:
+        server.should_exit = True
+        server.force_exit = True
+        thread.join(10)
+        sock.close()

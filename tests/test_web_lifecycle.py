@@ -1,0 +1,191 @@
+"""The dashboard over a store with lifecycle states (the ``Lifecycle`` protocol; MemoryStore
+is its reference implementation): counts on the overview, the archived filter and pin marks
+in the sessions list, a session's state, the archive/pin/trash writes behind confirmation and
+CSRF, and the trash page with its restore."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from helpers.web import seed
+from terrarium.model import ContextId
+from terrarium.sessions import create_segment
+from terrarium.stores.base import Lifecycle
+from terrarium.stores.memory import MemoryStore
+from terrarium.web import create_app
+from test_web_app import LOCAL, parse
+
+MAIN = ContextId.parse("cli:main")
+
+
+@pytest.fixture
+def memory() -> MemoryStore:
+    store = MemoryStore()
+    seed(store)
+    assert isinstance(store, Lifecycle)
+    return store
+
+
+def _client(store: Any, **options: Any) -> TestClient:
+    return TestClient(create_app(store, **options), base_url=LOCAL)
+
+
+def _csrf(client: TestClient, **params: str) -> str:
+    page = client.get("/confirm", params=params)
+    assert page.status_code == 200, page.text
+    form = parse(page.text)
+    return next(a["value"] or "" for t, a in form.tags if t == "input" and a["name"] == "csrf")
+
+
+def test_the_overview_counts_archived_trashed_and_pinned(memory: MemoryStore) -> None:
+    memory.archive_context(ContextId.parse("irc:#python"))
+    memory.pin_context(MAIN)
+    memory.delete_context(ContextId.parse("cli:compacted"))
+    c = _client(memory)
+    stats = c.get("/api/stats").json()
+    assert stats["lifecycle"] == {"archived": 1, "trashed": 1, "pinned": 1}
+    assert stats["totals"]["contexts"] == 1  # only cli:main is hot
+    page = parse(c.get("/").text)
+    ids = {a.get("id") for _, a in page.tags}
+    assert {"total-archived", "total-trashed", "total-pinned"} <= ids
+    html = c.get("/").text
+    assert '<span class="n" id="total-archived">1</span>' in html
+
+
+def test_a_store_without_lifecycle_shows_no_counts(store: Any) -> None:
+    seed(store)
+    if isinstance(store, Lifecycle):
+        pytest.skip("this backend has lifecycle states now")
+    c = _client(store)
+    assert c.get("/api/stats").json()["lifecycle"] is None
+    assert "total-archived" not in c.get("/").text
+    assert c.get("/api/trash").json() == {"lifecycle": False, "trash": []}
+
+
+def test_sessions_mark_pins_and_filter_archived(memory: MemoryStore) -> None:
+    memory.archive_context(ContextId.parse("irc:#python"))
+    memory.pin_context(MAIN)
+    c = _client(memory)
+    hot = c.get("/api/contexts").json()
+    shown = {r["context_id"]: (r["state"], r["pinned"]) for r in hot["contexts"]}
+    assert shown == {"cli:compacted": ("hot", False), "cli:main": ("hot", True)}
+    archived = c.get("/api/contexts", params={"state": "archived"}).json()["contexts"]
+    assert [(r["context_id"], r["state"]) for r in archived] == [("irc:#python", "archived")]
+    every = c.get("/api/contexts", params={"state": "all", "sort": "messages"}).json()
+    assert {r["context_id"] for r in every["contexts"]} == {
+        "cli:main",
+        "cli:compacted",
+        "irc:#python",
+    }
+    assert "irc" in every["types"]
+    page = c.get("/sessions", params={"state": "all"}).text
+    assert '<span class="tag pinned">pinned</span>' in page
+    assert '<span class="tag archived">archived</span>' in page
+    assert c.get("/api/contexts", params={"state": "frozen"}).status_code == 400
+
+
+def test_a_session_page_shows_its_state(memory: MemoryStore) -> None:
+    c = _client(memory)
+    assert c.get("/api/context", params={"c": "cli:main"}).json()["lifecycle"] == {
+        "state": "hot",
+        "pinned": False,
+    }
+    memory.archive_context(MAIN)
+    memory.pin_context(MAIN)
+    view = c.get("/api/context", params={"c": "cli:main"}).json()
+    assert view["lifecycle"] == {"state": "archived", "pinned": True}
+    assert view["total_messages"] > 0  # an archived context still reads
+    html = c.get("/session", params={"c": "cli:main"}).text
+    assert 'id="state">archived</span>' in html and 'id="pinned">pinned</span>' in html
+
+
+def test_archive_pin_and_back_behind_confirmation(memory: MemoryStore) -> None:
+    c = _client(memory, allow_writes=True)
+    links = c.get("/session", params={"c": "cli:main"}).text
+    assert "action=archive&amp;c=cli%3Amain" in links and "action=pin&amp;" in links
+    assert "delete to trash" in links
+    csrf = _csrf(c, action="archive", c="cli:main")
+    for action, check in (
+        ("archive", lambda: memory.is_archived(MAIN)),
+        ("pin", lambda: "cli:main" in memory.pinned_contexts()),
+        ("unpin", lambda: "cli:main" not in memory.pinned_contexts()),
+        ("unarchive", lambda: not memory.is_archived(MAIN)),
+    ):
+        done = c.post(
+            "/action",
+            data={"action": action, "c": "cli:main", "csrf": csrf},
+            follow_redirects=False,
+        )
+        assert done.status_code == 303 and done.headers["location"] == "/session?c=cli%3Amain"
+        assert check(), action
+    again = c.post("/action", data={"action": "unarchive", "c": "cli:main", "csrf": csrf})
+    assert again.status_code == 404 and "cli:main is not archived" in again.text
+
+
+def test_lifecycle_writes_need_allow_writes_and_csrf(memory: MemoryStore) -> None:
+    read_only = _client(memory)
+    assert "action=archive" not in read_only.get("/session", params={"c": "cli:main"}).text
+    csrf = create_app(memory).app.state.dashboard.csrf
+    refused = read_only.post("/action", data={"action": "archive", "c": "cli:main", "csrf": csrf})
+    assert refused.status_code == 403
+    writer = _client(memory, allow_writes=True)
+    for token in ({}, {"csrf": "wrong"}):
+        response = writer.post("/action", data={"action": "pin", "c": "cli:main", **token})
+        assert response.status_code == 403
+    assert not memory.is_archived(MAIN) and memory.pinned_contexts() == frozenset()
+
+
+def test_delete_to_trash_and_restore_from_the_trash_page(memory: MemoryStore) -> None:
+    memory.pin_context(MAIN)
+    c = _client(memory, allow_writes=True)
+    confirm = c.get("/confirm", params={"action": "delete", "c": "cli:main"}).text
+    assert "moves to the trash" in confirm
+    csrf = _csrf(c, action="delete", c="cli:main")
+    c.post("/action", data={"action": "delete", "c": "cli:main", "csrf": csrf})
+    assert memory.get_head(MAIN) is None
+    trash = c.get("/api/trash").json()["trash"]
+    assert [(t["context_id"], t["pinned"]) for t in trash] == [("cli:main", True)]
+    page = c.get("/trash").text
+    trash_id = trash[0]["trash_id"]
+    assert f"action=restore&amp;trash={trash_id}" in page
+    form = parse(c.get("/confirm", params={"action": "restore", "trash": trash_id}).text)
+    hidden = {a["name"]: a["value"] for t, a in form.tags if t == "input"}
+    assert hidden["trash"] == trash_id and hidden["csrf"] == csrf
+    done = c.post(
+        "/action",
+        data={"action": "restore", "trash": trash_id, "csrf": csrf},
+        follow_redirects=False,
+    )
+    assert done.status_code == 303 and done.headers["location"] == "/session?c=cli%3Amain"
+    assert memory.get_head(MAIN) is not None and "cli:main" in memory.pinned_contexts()
+    assert memory.trashed_contexts() == []
+    assert "The trash is empty." in c.get("/trash").text
+    gone = c.post("/action", data={"action": "restore", "trash": trash_id, "csrf": csrf})
+    assert gone.status_code == 404
+    assert c.get("/confirm", params={"action": "restore", "trash": "nope"}).status_code == 404
+
+
+def test_restore_onto_a_taken_id_is_a_conflict(memory: MemoryStore) -> None:
+    memory.delete_context(MAIN)
+    create_segment(memory, None, context="cli:main")  # the id is taken again
+    c = _client(memory, allow_writes=True)
+    trash_id = memory.trashed_contexts()[0].trash_id
+    csrf = _csrf(c, action="restore", trash=trash_id)
+    response = c.post("/action", data={"action": "restore", "trash": trash_id, "csrf": csrf})
+    assert response.status_code == 409
+    assert len(memory.trashed_contexts()) == 1
+
+
+def test_the_lifecycle_actions_on_a_store_without_them_are_400(store: Any) -> None:
+    seed(store)
+    if isinstance(store, Lifecycle):
+        pytest.skip("this backend has lifecycle states now")
+    c = _client(store, allow_writes=True)
+    csrf = _csrf(c, action="archive", c="cli:main")
+    response = c.post("/action", data={"action": "archive", "c": "cli:main", "csrf": csrf})
+    assert response.status_code == 400 and "no lifecycle states" in response.text
+    assert "delete to trash" not in c.get("/session", params={"c": "cli:main"}).text
+    assert "has no trash" in c.get("/trash").text
