@@ -11,6 +11,11 @@ destination is skipped and reported, which makes an interrupted copy safe to run
 Detached sessions (of no context yet) are copied with all contexts (:func:`copy_detached`):
 a copy of a whole store leaves nothing behind. One that the destination already holds in
 part (an interrupted copy) is completed, segment by segment, from each one's next seq.
+
+Archived contexts are copied too when copying all, and land archived; pins come along. Both
+stores need the lifecycle (:class:`~terrarium.stores.base.Lifecycle`) for that; a context
+archived in the source lands hot in a destination without one. The trash is not copied: its
+contexts were deleted (restore one first to take it along).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from terrarium.blobs import inline_line, offload_data, offload_line
 from terrarium.errors import ContextExists, ContextNotFound, SegmentNotFound, SessionAttached
 from terrarium.formats.jsonl import _BATCH, _data, recreate_session
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
-from terrarium.stores.base import NewEntry, PodMetadata, Store
+from terrarium.stores.base import Lifecycle, NewEntry, PodMetadata, Store
 
 
 @dataclass
@@ -65,8 +70,13 @@ def _segments(store: Store, session_id: SessionId) -> list[list[dict[str, Any]]]
     ]
 
 
-def copy_context(src: Store, dst: Store, context: ContextId | str) -> int:
+def copy_context(
+    src: Store, dst: Store, context: ContextId | str, *, pinned: frozenset[str] | None = None
+) -> int:
     """Copy one context's session from ``src`` to ``dst``; return the lines copied.
+
+    Where both stores have the lifecycle, the copy is archived if the source's is, and pinned
+    if it is among ``pinned`` (the source's pins, read here when not given).
 
     Raises:
         ContextNotFound: no such context in ``src``.
@@ -79,6 +89,11 @@ def copy_context(src: Store, dst: Store, context: ContextId | str) -> int:
     segments = session_segments(src, head)
     recreate_session(dst, ctx, segments, head=head.segment_id)
     _copy_traces(src, dst, head.session_id, segments)
+    if isinstance(src, Lifecycle) and isinstance(dst, Lifecycle):
+        if str(ctx) in (src.pinned_contexts() if pinned is None else pinned):
+            dst.pin_context(ctx)
+        if src.is_archived(ctx):
+            dst.archive_context(ctx)
     return sum(len(segment) for segment in segments)
 
 
@@ -144,15 +159,17 @@ def copy_store(
     or skipped). ``detached``: also copy every detached session (:func:`copy_detached`), reported as
     ``session {id}``; by default when copying all contexts.
     """
-    wanted = (
-        [ContextId.parse(c) for c in contexts]
-        if contexts is not None
-        else [ContextId.parse(h.context) for h in src.list_contexts()]
-    )
+    if contexts is not None:
+        wanted = [ContextId.parse(c) for c in contexts]
+    else:
+        wanted = [ContextId.parse(h.context) for h in src.list_contexts()]
+        if isinstance(src, Lifecycle):
+            wanted += [ContextId.parse(a.context) for a in src.archived_contexts()]
+    pinned = src.pinned_contexts() if isinstance(src, Lifecycle) else frozenset()
     report = CopyReport()
     for ctx in wanted:
         try:
-            report.entries += copy_context(src, dst, ctx)
+            report.entries += copy_context(src, dst, ctx, pinned=pinned)
             report.copied.append(str(ctx))
         except (ContextExists, ContextNotFound) as exc:
             report.skipped.append((str(ctx), str(exc)))

@@ -19,6 +19,7 @@ from terrarium import (
     create_segment,
     fork_at,
     fork_context,
+    restore,
     restore_by_segment,
     save_config_changed,
     save_delta,
@@ -28,7 +29,7 @@ from terrarium import (
 )
 from terrarium.copy import copy_store
 from terrarium.model import ContextId
-from terrarium.stores.base import Store
+from terrarium.stores.base import Lifecycle, Store
 
 
 def _source(root: Path) -> FsStore:
@@ -92,3 +93,21 @@ def test_copy_skips_contexts_the_destination_has(store: Store, tmp_path: Path) -
         assert again.copied == ["cli:copy-of-python", "irc:#python"]
         assert [c for c, _ in again.skipped] == ["cli:main"]
         assert copy_store(src, store).copied == []
+
+
+def test_archived_contexts_and_pins_are_copied_as_they_are(store: Store, tmp_path: Path) -> None:
+    """A copy of a whole store takes its archived contexts along, archived, and its pins;
+    not its trash."""
+    assert isinstance(store, Lifecycle)
+    with _source(tmp_path / "src") as src:
+        src.pin_context(ContextId.parse("cli:main"))
+        src.archive_context(ContextId.parse("irc:#python"))
+        src.delete_context(ContextId.parse("cli:copy-of-python"))
+        history = restore(src, "irc:#python").history
+        report = copy_store(src, store)
+        assert sorted(report.copied) == ["cli:main", "irc:#python"]
+        assert [a.context for a in store.archived_contexts()] == ["irc:#python"]
+        assert [h.context for h in store.list_contexts()] == ["cli:main"]
+        assert store.pinned_contexts() == frozenset({"cli:main"})
+        assert store.trashed_contexts() == []
+        assert restore(store, "irc:#python").history == history
