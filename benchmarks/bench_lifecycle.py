@@ -1,4 +1,4 @@
-"""Benchmark the lifecycle: archive size, the hot listing after archiving, resuming archived.
+"""Benchmark the lifecycle: archive size, hot listing after archiving, resuming, large outputs.
 
 Run: ``.venv/bin/python benchmarks/bench_lifecycle.py`` (``--quick`` for a smoke run of a few
 seconds; ``--backend sqlite`` or ``--backend postgres`` for another store, opened by
@@ -27,11 +27,17 @@ What is measured (the issue's targets):
   ``save_user_input``, as a turn does. Archived: the same on the archived context, whose
   append unarchives it first (median of 3; it is archived again, untimed, between runs).
   Target <= 3x.
+* **Blobs**: a context of ``--outputs`` tool outputs (100) of ``--mib`` MiB (1) each, distinct,
+  written with blobs (the default 64 KiB threshold) and with every output inline
+  (``blob_threshold=0``): ``restore(blobs="lazy")`` of the first against ``restore`` of the
+  second (median of 5), and the bytes of their logs (``bench_blobs.py`` has the same measure
+  on every backend at once). Targets: >= 10x faster, >= 50x smaller.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
@@ -271,6 +277,33 @@ def resume(backend: str, workdir: Path, messages: int, maker: TextMaker, out: Re
         out.row("resume archived / hot", f"{cold / hot:.2f}x", "<= 3x", cold / hot <= 3)
 
 
+def blobs(backend: str, workdir: Path, outputs: int, size: int, out: Report) -> None:
+    """A context of ``outputs`` distinct tool outputs of ``size`` bytes, written with blobs
+    (the default 64 KiB threshold) and with every output inline (``blob_threshold=0``):
+    ``restore(blobs="lazy")`` of the first against ``restore`` of the second, and their logs'
+    bytes (the measure of ``bench_blobs.py``, on this run's backend)."""
+    from bench_blobs import _fill, _log_bytes, _store
+
+    database = _pg_database() if backend == "postgres" else contextlib.nullcontext(None)
+    with database as dsn:
+        with_blobs = _store(backend, workdir / "blobs", 64 * 1024, dsn)
+        inline = _store(backend, workdir / "inline", 0, dsn)
+        try:
+            _fill(with_blobs, outputs, size)
+            _fill(inline, outputs, size)
+            lazy = median_of(5, lambda: restore(with_blobs, "cli:tools", blobs="lazy"))
+            whole = median_of(5, lambda: restore(inline, "cli:tools"))
+            smaller = _log_bytes(inline) / _log_bytes(with_blobs)
+        finally:
+            with_blobs.close()
+            inline.close()
+    what = f"{outputs} tool outputs of {size / 2**20:g} MiB"
+    out.row(f"restore, {what}, lazy blobs", ms(lazy))
+    out.row(f"restore, {what}, inline", ms(whole))
+    out.row("restore inline / lazy blobs", f"{whole / lazy:.1f}x", ">= 10x", whole / lazy >= 10)
+    out.row("log inline / log with blobs", f"{smaller:.0f}x", ">= 50x", smaller >= 50)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
@@ -278,13 +311,18 @@ def main() -> None:
     parser.add_argument("--archive", type=int, default=10_000, help="contexts archived")
     parser.add_argument("--contexts", type=int, default=100_000, help="contexts listed")
     parser.add_argument("--messages", type=int, default=10_000, help="messages resumed")
+    parser.add_argument("--outputs", type=int, default=100, help="large tool outputs")
+    parser.add_argument("--mib", type=float, default=1.0, help="size of each output")
     parser.add_argument(
-        "--only", default="archive,list,resume", help="the measures to run (comma-separated)"
+        "--only",
+        default="archive,list,resume,blobs",
+        help="the measures to run (comma-separated)",
     )
     parser.add_argument("--text", choices=("docs", "zipf"), default="docs", help="archived text")
     args = parser.parse_args()
     if args.quick:
         args.archive, args.contexts, args.messages = 30, 300, 500
+        args.outputs, args.mib = 10, 0.25
     maker = TextMaker(20_000, random.Random(7))
     text = DocsText(random.Random(7)) if args.text == "docs" else maker
     out = Report()
@@ -295,6 +333,7 @@ def main() -> None:
             "archive": lambda d: archive_size(args.backend, d, args.archive, text, out),
             "list": lambda d: hot_listing(args.backend, d, args.contexts, maker, out),
             "resume": lambda d: resume(args.backend, d, args.messages, maker, out),
+            "blobs": lambda d: blobs(args.backend, d, args.outputs, int(args.mib * 2**20), out),
         }
         for name in args.only.split(","):
             folder = workdir / name

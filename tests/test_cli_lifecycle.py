@@ -22,6 +22,7 @@ import terrarium.blobs
 import terrarium.cli.app
 import terrarium.lifecycle
 from helpers.history import add_context
+from helpers.plain_store import PlainStore
 from terrarium import FsStore, MemoryStore
 from terrarium.cli import cli
 from terrarium.lifecycle import MaintenanceLog, config_path
@@ -29,21 +30,6 @@ from terrarium.model import ContextId
 from terrarium.stores.base import Lifecycle, Store
 
 LATER = datetime.now(UTC) + timedelta(days=40)
-
-
-class PlainStore:
-    """A store with only the ``Store`` protocol (no archive, trash or pins)."""
-
-    def __init__(self) -> None:
-        self.inner = MemoryStore()
-
-
-for _name in (
-    "get_head set_head list_contexts create_context delete_context create_session "
-    "attach_context detached_sessions create_segment append read_segment next_seq "
-    "list_segments append_trace read_trace close"
-).split():
-    setattr(PlainStore, _name, lambda self, *a, _n=_name, **k: getattr(self.inner, _n)(*a, **k))
 
 
 @pytest.fixture
