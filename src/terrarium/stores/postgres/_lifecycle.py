@@ -38,11 +38,13 @@ import psycopg
 from terrarium import codec
 from terrarium.errors import ContextExists, NotInTrash
 from terrarium.model import ContextId, SegmentId, SessionId
+from terrarium.stores import _archive as shared
 from terrarium.stores._archive import (
     envelopes,
     jsonl_bytes,
     new_trash_id,
     pack,
+    pyformat,
     unpack,
     unpack_lines,
 )
@@ -62,33 +64,33 @@ LOCK_HEAD = (
     "SELECT segment_id, created_at, updated_at, type FROM contexts "
     "WHERE context = %s AND session_id = %s FOR UPDATE"
 )
-SESSION_LINES = (
-    "SELECT segment_id, seq, line FROM entries WHERE session_id = %s ORDER BY segment_id, seq"
-)
+# The statements both database stores run, in PostgreSQL's placeholders.
+ARCHIVED_SESSION = pyformat(shared.ARCHIVED_SESSION)
+ARCHIVED_HEAD = pyformat(shared.ARCHIVED_HEAD)
+SESSION_STATE = pyformat(shared.SESSION_STATE)
+SESSION_LINES = pyformat(shared.SESSION_LINES)
+INSERT_ARCHIVED = pyformat(shared.INSERT_ARCHIVED)
+DROP_COLD = tuple(map(pyformat, shared.DROP_COLD))
+PURGE = tuple(map(pyformat, shared.PURGE))
+ARCHIVED_SEGMENT = pyformat(shared.ARCHIVED_SEGMENT)
+ARCHIVED_SEGMENT_IDS = pyformat(shared.ARCHIVED_SEGMENT_IDS)
+ARCHIVED_LIST = pyformat(shared.ARCHIVED_LIST)
+TRASH_LIST = pyformat(shared.TRASH_LIST)
+TRASH = pyformat(shared.TRASH)
+UNTRASH = pyformat(shared.UNTRASH)
+RENAME_SESSION = pyformat(shared.RENAME_SESSION)
+UNPIN = pyformat(shared.UNPIN)
+PINNED = pyformat(shared.PINNED)
 SESSION_TRACES = "SELECT segment_id, line FROM traces WHERE session_id = %s ORDER BY segment_id, n"
 INSERT_ARCHIVED_SEGMENT = (
     "INSERT INTO archived_segments (session_id, segment_id, created_at, type, next_seq, items, "
     "base_items, last_ts, lines, trace) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-)
-INSERT_ARCHIVED = (
-    "INSERT INTO archived_contexts (session_id, context, type, segment_id, created_at, "
-    "updated_at, archived_at, last_active, message_count, hot_bytes, archived_bytes) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 # Traces go with their segments (foreign key, ON DELETE CASCADE).
 DROP_HOT = tuple(
     f"DELETE FROM {table} WHERE session_id = %s" for table in ("search_docs", "entries", "segments")
 )
 DROP_HEAD = "DELETE FROM contexts WHERE context = %s"
-ARCHIVED_SESSION = (
-    "SELECT session_id FROM archived_contexts WHERE context = %s AND trash_id IS NULL"
-)
-ARCHIVED_HEAD = (
-    "SELECT context, session_id, segment_id, created_at, updated_at FROM archived_contexts "
-    "WHERE context = %s AND trash_id IS NULL"
-)
-# NULL: not in the archive; true: archived; false: trashed.
-SESSION_STATE = "SELECT trash_id IS NULL FROM archived_contexts WHERE session_id = %s"
 UNARCHIVE_ROW = (
     "SELECT context, type, segment_id, created_at, updated_at FROM archived_contexts "
     "WHERE session_id = %s AND trash_id IS NULL FOR UPDATE"
@@ -113,55 +115,12 @@ REFILL_HEAD = (
     "g.base_items + g.items, g.last_ts FROM segments AS g "
     "WHERE g.session_id = %s AND g.segment_id = %s"
 )
-DROP_COLD = tuple(
-    f"DELETE FROM {table} WHERE session_id = %s"
-    for table in ("archived_segments", "archived_contexts")
-)
-PURGE = (
-    *DROP_COLD,
-    "DELETE FROM pins WHERE session_id = %s",
-    "DELETE FROM sessions WHERE session_id = %s",
-)
-ARCHIVED_SEGMENT = (
-    "SELECT {columns} FROM archived_segments AS g JOIN archived_contexts AS c "
-    "USING (session_id) WHERE g.session_id = %s AND g.segment_id = %s AND c.trash_id IS NULL"
-)
-ARCHIVED_SEGMENT_IDS = (
-    "SELECT g.segment_id FROM archived_segments AS g JOIN archived_contexts AS c "
-    "USING (session_id) WHERE g.session_id = %s AND c.trash_id IS NULL"
-)
-_PINNED = "EXISTS (SELECT 1 FROM pins AS p WHERE p.session_id = a.session_id)"
-ARCHIVED_LIST = (
-    "SELECT context, substr(created_at, 1, 10), archived_at, last_active, message_count, "
-    f"hot_bytes, archived_bytes, {_PINNED} FROM archived_contexts AS a "
-    "WHERE trash_id IS NULL {where}"
-)
-TRASH_LIST = (
-    "SELECT trash_id, context, substr(created_at, 1, 10), deleted_at, deleted_from = 'archived', "
-    f"message_count, archived_bytes, {_PINNED} FROM archived_contexts AS a "
-    "WHERE trash_id IS NOT NULL ORDER BY deleted_at DESC, trash_id DESC"
-)
-TRASH = (
-    "UPDATE archived_contexts SET trash_id = %s, deleted_at = %s, deleted_from = %s "
-    "WHERE session_id = %s"
-)
 TRASHED = (
     "SELECT session_id, context, deleted_from FROM archived_contexts WHERE trash_id = %s FOR UPDATE"
 )
-UNTRASH = (
-    "UPDATE archived_contexts SET trash_id = NULL, deleted_at = NULL, deleted_from = NULL, "
-    "context = %s, type = %s WHERE session_id = %s"
-)
-RENAME_SESSION = "UPDATE sessions SET context = %s WHERE session_id = %s"
 RETYPE_SEGMENTS = "UPDATE archived_segments SET type = %s WHERE session_id = %s"
 PIN = "INSERT INTO pins VALUES (%s, %s) ON CONFLICT DO NOTHING"
-UNPIN = "DELETE FROM pins WHERE session_id = %s"
 IS_PINNED = "SELECT 1 FROM pins WHERE session_id = %s"
-PINNED = (
-    "SELECT c.context FROM pins JOIN contexts AS c USING (session_id) UNION ALL "
-    "SELECT a.context FROM pins JOIN archived_contexts AS a USING (session_id) "
-    "WHERE a.trash_id IS NULL"
-)
 
 Conn = psycopg.Connection[Any]
 

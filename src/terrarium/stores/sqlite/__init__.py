@@ -47,7 +47,7 @@ from terrarium.errors import (
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores import _db
-from terrarium.stores._archive import archived_hits, merge_hits
+from terrarium.stores._archive import ARCHIVED_SESSION, archived_hits, merge_hits
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
     ArchivedContext,
@@ -654,7 +654,7 @@ class SqliteStore(SqliteBlobs, ClosingStore):
 
     def _wake_context(self, conn: sqlite3.Connection, context: str) -> bool:
         """Unarchive ``context`` if it is archived, in the caller's transaction."""
-        row = conn.execute(lifecycle.ARCHIVED_SESSION, (context,)).fetchone()
+        row = conn.execute(ARCHIVED_SESSION, (context,)).fetchone()
         return row is not None and self._wake(conn, row[0])
 
     def _next_seq_waking(self, conn: sqlite3.Connection, session: str, segment: str) -> int:

@@ -40,6 +40,22 @@ from terrarium import codec
 from terrarium.errors import ContextExists, NotInTrash
 from terrarium.model import HISTORY_KINDS, ContextId
 from terrarium.stores._archive import (
+    ARCHIVED_HEAD,
+    ARCHIVED_LIST,
+    ARCHIVED_SEGMENT,
+    ARCHIVED_SEGMENT_IDS,
+    ARCHIVED_SESSION,
+    DROP_COLD,
+    INSERT_ARCHIVED,
+    PINNED,
+    PURGE,
+    RENAME_SESSION,
+    SESSION_LINES,
+    SESSION_STATE,
+    TRASH,
+    TRASH_LIST,
+    UNPIN,
+    UNTRASH,
     envelopes,
     jsonl_bytes,
     new_trash_id,
@@ -57,25 +73,9 @@ HOT_HEAD = (
     "SELECT session_id, segment_id, created_at, updated_at, type, message_count, last_active "
     "FROM contexts WHERE context = ?"
 )
-# Archived (not trashed) contexts, by id (the partial unique index archived_contexts_live).
-ARCHIVED_SESSION = "SELECT session_id FROM archived_contexts WHERE context = ? AND trash_id IS NULL"
-ARCHIVED_HEAD = (
-    "SELECT context, session_id, segment_id, created_at, updated_at FROM archived_contexts "
-    "WHERE context = ? AND trash_id IS NULL"
-)
-# NULL: not in the archive; 1: archived; 0: trashed.
-SESSION_STATE = "SELECT trash_id IS NULL FROM archived_contexts WHERE session_id = ?"
-SESSION_LINES = (
-    "SELECT segment_id, seq, line FROM entries WHERE session_id = ? ORDER BY segment_id, seq"
-)
 SESSION_TRACES = "SELECT segment_id, line FROM traces WHERE session_id = ? ORDER BY segment_id, id"
 SESSION_SEGMENTS = "SELECT segment_id, created_at FROM segments WHERE session_id = ?"
 INSERT_ARCHIVED_SEGMENT = "INSERT INTO archived_segments VALUES (?, ?, ?, ?, ?, ?)"
-INSERT_ARCHIVED = (
-    "INSERT INTO archived_contexts (session_id, context, type, segment_id, created_at, "
-    "updated_at, archived_at, last_active, message_count, hot_bytes, archived_bytes) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
 DROP_HOT = tuple(
     f"DELETE FROM {table} WHERE session_id = ?" for table in ("entries", "traces", "segments")
 )
@@ -87,52 +87,8 @@ ARCHIVED_SEGMENTS = (
     "SELECT segment_id, created_at, lines, trace FROM archived_segments WHERE session_id = ? "
     "ORDER BY segment_id"
 )
-DROP_COLD = tuple(
-    f"DELETE FROM {table} WHERE session_id = ?"
-    for table in ("archived_segments", "archived_contexts")
-)
-PURGE = (
-    *DROP_COLD,
-    "DELETE FROM pins WHERE session_id = ?",
-    "DELETE FROM sessions WHERE session_id = ?",
-)
-# The archived (not trashed) segment's columns, read by reference.
-ARCHIVED_SEGMENT = (
-    "SELECT {columns} FROM archived_segments AS g JOIN archived_contexts AS c "
-    "USING (session_id) WHERE g.session_id = ? AND g.segment_id = ? AND c.trash_id IS NULL"
-)
-ARCHIVED_SEGMENT_IDS = (
-    "SELECT g.segment_id FROM archived_segments AS g JOIN archived_contexts AS c "
-    "USING (session_id) WHERE g.session_id = ? AND c.trash_id IS NULL"
-)
-_PINNED = "EXISTS (SELECT 1 FROM pins AS p WHERE p.session_id = a.session_id)"
-ARCHIVED_LIST = (
-    "SELECT context, substr(created_at, 1, 10), archived_at, last_active, message_count, "
-    f"hot_bytes, archived_bytes, {_PINNED} FROM archived_contexts AS a "
-    "WHERE trash_id IS NULL {where}"
-)
-TRASH_LIST = (
-    "SELECT trash_id, context, substr(created_at, 1, 10), deleted_at, deleted_from = 'archived', "
-    f"message_count, archived_bytes, {_PINNED} FROM archived_contexts AS a "
-    "WHERE trash_id IS NOT NULL ORDER BY deleted_at DESC, trash_id DESC"
-)
-TRASH = (
-    "UPDATE archived_contexts SET trash_id = ?, deleted_at = ?, deleted_from = ? "
-    "WHERE session_id = ?"
-)
 TRASHED = "SELECT session_id, context, deleted_from FROM archived_contexts WHERE trash_id = ?"
-UNTRASH = (
-    "UPDATE archived_contexts SET trash_id = NULL, deleted_at = NULL, deleted_from = NULL, "
-    "context = ?, type = ? WHERE session_id = ?"
-)
-RENAME_SESSION = "UPDATE sessions SET context = ? WHERE session_id = ?"
 PIN = "INSERT OR IGNORE INTO pins VALUES (?, ?)"
-UNPIN = "DELETE FROM pins WHERE session_id = ?"
-PINNED = (
-    "SELECT c.context FROM pins JOIN contexts AS c USING (session_id) UNION ALL "
-    "SELECT a.context FROM pins JOIN archived_contexts AS a USING (session_id) "
-    "WHERE a.trash_id IS NULL"
-)
 
 # ---------------------------------------------------------------------------- state changes
 
