@@ -9,11 +9,19 @@ warm (only contexts whose listing row changed are re-read: a dashboard left open
 
     python benchmarks/bench_web.py --contexts 100000 --messages 10 --session 10000
     python benchmarks/bench_web.py --quick        # tiny sizes: the smoke test runs this
+    python benchmarks/bench_web.py --contexts 100000 --keep /var/tmp/bench-web
+
+With ``--keep DIR`` the stores are filled once, in ``DIR`` (fs, SQLite) and in a PostgreSQL
+database named after it, and later runs with the same sizes measure them again without
+filling (a 1M-message PostgreSQL store takes some 25 minutes to load here).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
+import os
 import statistics
 import sys
 import tempfile
@@ -26,7 +34,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_stores import Report, entry, ms, new_context, throwaway_database  # noqa: E402
+from bench_stores import (
+    DEFAULT_DSN,
+    ENV_VAR,
+    Report,
+    entry,
+    ms,
+    new_context,
+    throwaway_database,
+)  # noqa: E402
 from terrarium import FsStore  # noqa: E402
 from terrarium.stores.base import Store  # noqa: E402
 from terrarium.stores.sqlite import SqliteStore  # noqa: E402
@@ -96,7 +112,9 @@ def measure(report: Report, label: str, store: Store, repeat: int) -> None:
     report.row(f"{label} long session, first page", ms(long), "<= 200 ms", long <= 0.2)
 
 
-def stores(base: Path, report: Report, which: set[str]) -> Iterator[tuple[str, Store]]:
+def stores(
+    base: Path, report: Report, which: set[str], keep: bool
+) -> Iterator[tuple[str, Store]]:
     if "fs" in which:
         with FsStore(base / "fs") as fs:
             yield "fs", fs
@@ -104,12 +122,49 @@ def stores(base: Path, report: Report, which: set[str]) -> Iterator[tuple[str, S
         with SqliteStore(base / "web.db") as sqlite:
             yield "sqlite", sqlite
     if "postgres" in which:
-        with throwaway_database(report) as dsn:
+        kept = kept_database(base, report) if keep else throwaway_database(report)
+        with kept as dsn:
             if dsn is not None:
                 from terrarium.stores.postgres import PostgresStore
 
                 with PostgresStore(dsn) as pg:
                     yield "postgres", pg
+
+
+@contextlib.contextmanager
+def kept_database(base: Path, report: Report) -> Iterator[str | None]:
+    """The DSN of a PostgreSQL database kept for ``--keep`` runs (created the first time and
+    named after the folder), or None when no server answers."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    admin = os.environ.get(ENV_VAR) or DEFAULT_DSN
+    name = "terrarium_bench_web_" + hashlib.sha256(str(base).encode()).hexdigest()[:10]
+    try:
+        with psycopg.connect(admin, autocommit=True, connect_timeout=2) as conn:
+            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+                report.note(f"PostgreSQL: kept database {name}")
+            else:
+                conn.execute(f'CREATE DATABASE "{name}"')
+                report.note(f"PostgreSQL: new kept database {name} (drop it when done)")
+    except psycopg.OperationalError as exc:
+        report.note(f"PostgreSQL skipped: {str(exc).strip().splitlines()[0]}")
+        yield None
+        return
+    yield make_conninfo(admin, dbname=name)
+
+
+def filled(base: Path, label: str, args: argparse.Namespace, mark: bool = False) -> bool:
+    """Whether a kept store was filled with these sizes already; with ``mark``, say it is."""
+    marker = base / f"{label}.filled"
+    sizes = f"{args.contexts} {args.messages} {args.session}\n"
+    if mark:
+        marker.write_text(sizes)
+    if not marker.exists():
+        return False
+    if marker.read_text() != sizes:
+        raise SystemExit(f"{base} holds a {label} store of other sizes: {marker.read_text()}")
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stores", default="fs,sqlite,postgres", help="comma-separated: fs, sqlite, postgres"
     )
+    parser.add_argument(
+        "--keep", type=Path, help="fill the stores in this folder once and reuse them"
+    )
+    parser.add_argument("--fill-only", action="store_true", help="fill (with --keep), no timing")
     args = parser.parse_args(argv)
     if args.quick:
         args.contexts, args.messages, args.session, args.repeat = 20, 3, 50, 2
@@ -129,15 +188,27 @@ def main(argv: list[str] | None = None) -> int:
     report = Report()
     total = args.contexts * args.messages + args.session
     print(f"{args.contexts:,} contexts x {args.messages} messages, cli:long {args.session:,}")
-    with tempfile.TemporaryDirectory(prefix="bench-web-") as tmp:
-        for label, store in stores(Path(tmp), report, which):
-            start = time.perf_counter()
-            fill(store, args.contexts, args.messages, args.session)
-            report.note(
-                f"{label}: {total:,} messages written in {time.perf_counter() - start:.0f} s"
-            )
-            measure(report, label, store, args.repeat)
-    print("\nResults\n" + report.table())
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            base = args.keep.resolve()
+            base.mkdir(parents=True, exist_ok=True)
+        else:
+            base = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-web-")))
+        for label, store in stores(base, report, which, args.keep is not None):
+            if args.keep and filled(base, label, args):
+                report.note(f"{label}: kept store, {total:,} messages")
+            else:
+                start = time.perf_counter()
+                fill(store, args.contexts, args.messages, args.session)
+                report.note(
+                    f"{label}: {total:,} messages written in {time.perf_counter() - start:.0f} s"
+                )
+                if args.keep:
+                    filled(base, label, args, mark=True)
+            if not args.fill_only:
+                measure(report, label, store, args.repeat)
+    if report.rows:
+        print("\nResults\n" + report.table())
     return 0
 
 

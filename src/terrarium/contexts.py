@@ -22,6 +22,7 @@ Usage::
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,14 @@ import msgspec
 from terrarium import legacy, sessions
 from terrarium.errors import ContextExists, ContextNotFound, IndexUnavailable, StoreError
 from terrarium.model import ContextId, LoggedItem, RestoredState, UsageTotals, display_name
-from terrarium.stores.base import IndexedListing, Lifecycle, Listing, Store, context_lock
+from terrarium.stores.base import (
+    ContextSummary,
+    IndexedListing,
+    Lifecycle,
+    Listing,
+    Store,
+    context_lock,
+)
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +128,7 @@ def list_contexts(
     type: str | None = None,
     restore: Callable[[ContextId], RestoredState] | None = None,
     as_indexed: bool = False,
+    ordered: bool = True,
 ) -> ContextListing:
     """Every context of ``store`` (of one ``type``), legacy files beside it included.
 
@@ -128,20 +137,47 @@ def list_contexts(
             manager's cache); default :func:`terrarium.sessions.restore`.
         as_indexed: on an ``IndexedListing`` store, list what its index holds now without
             waiting for it to catch up (the dashboard catches up in the background).
+        ordered: sort the rows as :attr:`ContextListing.rows` says; False leaves them in the
+            store's order, for callers that pick or sum (two sorts of 100k rows cost about
+            40 ms).
     """
     rows = _native_rows(store, type, restore, as_indexed)
     found = legacy.listing(store)
     if found.sessions:
         native = {row.context_id for row in rows}
-        for info in found.sessions:
-            context_id = str(info.context)
-            if context_id in native or (type is not None and info.context.type != type):
-                continue
-            row = (info.date, info.created_at, info.last_active, info.message_count)
-            rows.append(ContextRow(context_id, info.context.type, *row, legacy_path=info.path))
-    rows.sort(key=lambda r: r.last_active, reverse=True)
-    rows.sort(key=lambda r: r.type)
+        rows += legacy_rows(found, type, native.__contains__)
+    if ordered:
+        rows.sort(key=operator.attrgetter("last_active"), reverse=True)
+        rows.sort(key=operator.attrgetter("type"))
     return ContextListing(rows, found.problems)
+
+
+def legacy_rows(
+    found: legacy.LegacyListing, type: str | None, hidden: Callable[[str], bool]
+) -> list[ContextRow]:
+    """The rows of the legacy files ``found`` (of one ``type``) that the log does not hide:
+    ``hidden(context_id)`` says whether the log holds a context of that id."""
+    rows = []
+    for info in found.sessions:
+        context_id = str(info.context)
+        if (type is not None and info.context.type != type) or hidden(context_id):
+            continue
+        row = (info.date, info.created_at, info.last_active, info.message_count)
+        rows.append(ContextRow(context_id, info.context.type, *row, legacy_path=info.path))
+    return rows
+
+
+def summary_row(summary: ContextSummary) -> ContextRow:
+    """The listing row of a store's context summary."""
+    return ContextRow(
+        summary.context,
+        summary.context.partition(":")[0],
+        summary.date,
+        summary.created_at,
+        summary.last_active,
+        summary.message_count,
+        problem=summary.problem,
+    )
 
 
 def _native_rows(
@@ -159,18 +195,7 @@ def _native_rows(
                 if as_indexed and isinstance(store, IndexedListing)
                 else store.list_contexts_fast(type)
             )
-            return [
-                ContextRow(
-                    s.context,
-                    s.context.partition(":")[0],
-                    s.date,
-                    s.created_at,
-                    s.last_active,
-                    s.message_count,
-                    problem=s.problem,
-                )
-                for s in summaries
-            ]
+            return [summary_row(s) for s in summaries]
         except IndexUnavailable as exc:
             log.warning("%s; listing from the session files instead", exc)
     read = restore or (lambda context: sessions.restore(store, context))

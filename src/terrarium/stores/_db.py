@@ -121,9 +121,16 @@ def connect(path: Path, *, timeout: float, readonly: bool) -> sqlite3.Connection
     )
 
 
+def _casefold(value: str | None) -> str | None:
+    return value.casefold() if isinstance(value, str) else None
+
+
 def _checked(conn: sqlite3.Connection) -> sqlite3.Connection:
-    """``conn`` once it has read the schema (opening alone reads nothing), in autocommit mode."""
+    """``conn`` once it has read the schema (opening alone reads nothing), in autocommit mode,
+    with ``casefold(text)``: Python's case folding, which SQLite's ``lower`` (ASCII only) is
+    not (the listing's text filter, :mod:`terrarium.stores._listing`)."""
     conn.isolation_level = None
+    conn.create_function("casefold", 1, _casefold, deterministic=True)
     try:
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except BaseException:

@@ -32,7 +32,7 @@ Invariants every backend keeps (``tests/contract/`` checks each one on every bac
 
 Optional abilities are sub-protocols detected with ``isinstance`` (:class:`ContextLocking`,
 :class:`Reindexable`, :class:`Searchable`, :class:`Listing`, :class:`BlobStore`,
-:class:`Notifying`, :class:`IndexedListing`), never stubs
+:class:`Notifying`, :class:`IndexedListing`, :class:`PagedListing`), never stubs
 that raise ``NotImplementedError``.
 """
 
@@ -383,6 +383,53 @@ class IndexedListing(Listing, Protocol):
 
     def catch_up_index(self) -> None:
         """Bring the index up to date (what :meth:`Listing.list_contexts_fast` does first)."""
+        ...
+
+
+LISTING_SORTS = ("last_active", "created", "messages")
+"""The orders a :class:`PagedListing` pages in, each largest first, ties broken by context id
+(also largest first): by the last entry's timestamp, the creation time, the message count."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListingQuery:
+    """One page of a listing: which contexts, in which order, and after which row."""
+
+    sort: str = "last_active"
+    """One of :data:`LISTING_SORTS`."""
+    after: tuple[str | int, str] | None = None
+    """The sort key (value, context id) of the last row of the previous page: this page holds
+    the rows whose key is smaller. None: the first page."""
+    limit: int = 50
+    """Rows at most."""
+    type: str | None = None
+    """Only contexts of this type."""
+    text: str | None = None
+    """Only contexts whose id contains this, ignoring case."""
+    since: str | None = None
+    """Only contexts last active on or after this day (``YYYY-MM-DD``)."""
+    until: str | None = None
+    """Only contexts last active on or before this day (``YYYY-MM-DD``)."""
+    as_indexed: bool = False
+    """On an :class:`IndexedListing` store, read the index as it stands, without catching up
+    first (as :meth:`IndexedListing.list_contexts_as_indexed`)."""
+
+
+@runtime_checkable
+class PagedListing(Listing, Protocol):
+    """A :class:`Listing` that answers one page of contexts, filtered and sorted, from its index
+    (keyset pagination): a page costs about its own rows, whatever the size of the store."""
+
+    def list_contexts_page(self, query: ListingQuery) -> Sequence[ContextSummary]:
+        """The contexts of one page, in ``query.sort`` order (largest first), exactly those
+        ``list_contexts_fast`` would give, filtered and sorted the same way.
+
+        Raises ``IndexUnavailable`` as :meth:`Listing.list_contexts_fast` does.
+        """
+        ...
+
+    def context_types(self, *, as_indexed: bool = False) -> list[str]:
+        """Every type that has a context, sorted."""
         ...
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import dataclasses
 import datetime
 import heapq
 import json
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from terrarium import contexts, sessions
+from terrarium import contexts, legacy, sessions
 from terrarium.errors import ContextNotFound, IndexUnavailable, SegmentNotFound, StoreError
 from terrarium.model import (
     HISTORY_KINDS,
@@ -46,6 +47,8 @@ from terrarium.stores.base import (
     IndexedListing,
     Lifecycle,
     Listing,
+    ListingQuery,
+    PagedListing,
     SegmentRead,
     Store,
 )
@@ -114,29 +117,41 @@ class CatchUp:
         except Exception as exc:  # the listing reads what is there, or falls back
             log.warning("the store's index could not catch up: %s", exc)
 
+    def as_indexed(self, store: Store) -> bool:
+        """Whether listings should read the store's index as it stands: a catch-up too long to
+        wait for runs in the background (started here if it is not running yet), and has not
+        ended within :data:`CATCH_UP_WAIT`. False for a store without such an index, or one
+        whose backlog is small (the listing catches up with it first)."""
+        if not isinstance(store, IndexedListing):
+            return False
+        if not self.running() and store.index_backlog() <= SMALL_BACKLOG:
+            return False
+        self._kick(store).join(CATCH_UP_WAIT)
+        return self.running()
+
+    def running(self) -> bool:
+        """Whether the background catch-up is running."""
+        with self._lock:
+            return self._thread is not None and self._thread.is_alive()
+
     def rows(self, store: Store) -> tuple[list[contexts.ContextRow], int]:
         """Every context (as :func:`terrarium.contexts.list_contexts`), and how many sessions
         the index has still to read (0 when it is current or the store has no such index)."""
-        if not isinstance(store, IndexedListing):
-            return contexts.list_contexts(store).rows, 0
-        with self._lock:
-            running = self._thread is not None and self._thread.is_alive()
-        if not running and store.index_backlog() <= SMALL_BACKLOG:
-            return contexts.list_contexts(store).rows, 0
-        thread = self._kick(store)
-        thread.join(CATCH_UP_WAIT)
+        if not self.as_indexed(store):
+            return contexts.list_contexts(store, ordered=False).rows, 0
+        assert isinstance(store, IndexedListing)
         try:
-            rows = contexts.list_contexts(store, as_indexed=True).rows
+            rows = contexts.list_contexts(store, as_indexed=True, ordered=False).rows
         except IndexUnavailable:
-            if thread.is_alive():  # being built: nothing to read yet, and no waiting for it
+            if self.running():  # being built: nothing to read yet, and no waiting for it
                 return [], store.index_backlog()
-            return contexts.list_contexts(store).rows, 0
-        return rows, store.index_backlog() if thread.is_alive() else 0
+            return contexts.list_contexts(store, ordered=False).rows, 0
+        return rows, store.index_backlog() if self.running() else 0
 
 
 def _rows(store: Store, activity: Activity | None = None) -> list[contexts.ContextRow]:
     if activity is None:
-        return contexts.list_contexts(store).rows
+        return contexts.list_contexts(store, ordered=False).rows
     return activity.rows(store)[0]
 
 
@@ -223,6 +238,10 @@ def list_page(
     activity tallies: None until the context has been read, see :meth:`Activity.tallies`
     and its ``budget``; archived contexts have none). Sorting by tokens puts contexts not
     read yet last; ``tokens_pending`` says how many there are.
+
+    On a :class:`PagedListing` store the page comes from the store's index (a walk of about
+    ``limit`` rows, legacy files and archived contexts merged in); sorting by tokens, and
+    other stores, pick it from the whole listing.
     """
     if sort not in SORTS:
         raise BadRequest(f"sort must be one of {', '.join(SORTS)}, not {sort[:40]!r}")
@@ -230,40 +249,40 @@ def list_page(
         raise BadRequest(f"state must be one of {', '.join(STATES)}, not {state[:40]!r}")
     if not 1 <= limit <= 1000:
         raise BadRequest("limit must be between 1 and 1000")
-    since, until = _check_date(since, "since"), _check_date(until, "until")
-    needle = text.casefold() if text else None
-    hot = _rows(store, activity)
+    query = ListingQuery(
+        sort="last_active" if sort == "tokens" else sort,
+        after=decode_cursor(cursor) if cursor else None,
+        limit=limit + 1,
+        type=type,
+        text=text or None,
+        since=_check_date(since, "since"),
+        until=_check_date(until, "until"),
+    )
+    counted = int if sort in ("messages", "tokens") else str
+    if query.after is not None and not isinstance(query.after[0], counted):
+        raise BadRequest(f"the cursor does not belong to the {sort} order")
     life = store if isinstance(store, Lifecycle) else None
-    archived = [_archived_row(a) for a in life.archived_contexts()] if life else []
-    pinned = life.pinned_contexts() if life else frozenset()
-    pool = (hot if state != "archived" else []) + (archived if state != "hot" else [])
+    archived = (
+        [_archived_row(a) for a in life.archived_contexts()] if life and state != "hot" else []
+    )
     tokens: dict[str, int] = {}
     pending = 0
-    if activity is not None:
-        tallies, pending = activity.tallies(store, hot, budget)
-        tokens = {context_id: t.total_tokens for context_id, t in tallies.items()}
-    rows = pool
-    if type is not None or needle is not None or since is not None or until is not None:
-        rows = [
-            row
-            for row in pool
-            if (type is None or row.type == type)
-            and (needle is None or needle in row.context_id.casefold())
-            and (since is None or row.last_active[:10] >= since)
-            and (until is None or row.last_active[:10] <= until)
-        ]
-    # The sort key in C (attrgetter) where it is two attributes; tokens come from the tallies.
-    key: Callable[[contexts.ContextRow], tuple[Any, str]] = (
-        (lambda r: _key(r, sort, tokens)) if sort == "tokens" else _ATTRS[sort]
-    )
-    if cursor:
-        after = decode_cursor(cursor)
-        rows = [row for row in rows if key(row) < after]
-    # One page of the largest keys: O(n), where sorting all 100k rows costs several times that.
-    found = heapq.nlargest(limit + 1, rows, key=key)
-    page = found[:limit]
-    more = len(found) > limit
+    found: Paged | None = None
+    if sort != "tokens" and isinstance(store, PagedListing):
+        as_indexed = activity is not None and activity.catch_up.as_indexed(store)
+        found = _paged(store, query, state, archived, as_indexed)
+    if found is None:
+        hot = _rows(store, activity) if state != "archived" else []
+        if activity is not None:
+            tallies, pending = activity.tallies(store, hot, budget)
+            tokens = {context_id: t.total_tokens for context_id, t in tallies.items()}
+        found = _picked(hot + archived, query, sort, tokens), _types(hot)
+    rows, types = found
+    page, more = rows[:limit], len(rows) > limit
+    if activity is not None and not tokens:  # from the index: the tallies of this page only
+        tokens = activity.tokens_of(page)
     archived_ids = {row.context_id for row in archived}
+    pinned = life.pinned_contexts() if life else frozenset()
     shown = []
     for row in page:
         item = row.to_json()
@@ -276,13 +295,91 @@ def list_page(
         "next_cursor": encode_cursor(_key(page[-1], sort, tokens)) if more and page else None,
         "sort": sort,
         "state": state,
-        "types": sorted(
-            (set(activity.listed(hot)["per_type"]) if activity else {row.type for row in hot})
-            | {row.type for row in archived}
-        ),
+        "types": sorted(types | {row.type for row in archived}),
         "tokens_pending": pending,
         "lifecycle": life is not None,
     }
+
+
+def _legacy_candidates(
+    store: Store, found: legacy.LegacyListing, query: ListingQuery
+) -> list[contexts.ContextRow]:
+    """The legacy files that may be on the page ``query`` names, largest key first, each
+    checked against the log (a context in the log hides its legacy file) until ``query.limit``
+    are not hidden: one head lookup each, not a listing of the log."""
+    every = contexts.legacy_rows(found, query.type, lambda _: False)
+    ordered = _picked(every, dataclasses.replace(query, limit=len(every) or 1), query.sort, {})
+    shown: list[contexts.ContextRow] = []
+    for row in ordered:
+        if store.get_head(row.context) is None:
+            shown.append(row)
+            if len(shown) == query.limit:
+                break
+    return shown
+
+
+Paged = tuple[list[contexts.ContextRow], set[str]]
+"""A page's rows (one more than it shows, if there are more) and the types it may offer."""
+
+
+def _types(rows: list[contexts.ContextRow]) -> set[str]:
+    return {row.type for row in rows}
+
+
+def _picked(
+    rows: list[contexts.ContextRow], query: ListingQuery, sort: str, tokens: Mapping[str, int]
+) -> list[contexts.ContextRow]:
+    """The rows of the page ``query`` names (``query.limit`` at most), from ``rows``: those
+    that pass its filters, largest key first, after its cursor."""
+    needle = query.text.casefold() if query.text else None
+    since, until, after = query.since, query.until, query.after
+    # The sort key in C (attrgetter) where it is two attributes; tokens come from the tallies.
+    key: Callable[[contexts.ContextRow], tuple[Any, str]] = (
+        (lambda r: _key(r, sort, tokens)) if sort == "tokens" else _ATTRS[sort]
+    )
+    if query.type is not None or needle is not None or since is not None or until is not None:
+        rows = [
+            row
+            for row in rows
+            if (query.type is None or row.type == query.type)
+            and (needle is None or needle in row.context_id.casefold())
+            and (since is None or row.last_active[:10] >= since)
+            and (until is None or row.last_active[:10] <= until)
+        ]
+    if after is not None:
+        rows = [row for row in rows if key(row) < after]
+    # One page of the largest keys: O(n), where sorting all 100k rows costs several times that.
+    return heapq.nlargest(query.limit, rows, key=key)
+
+
+def _paged(
+    store: Store,
+    query: ListingQuery,
+    state: str,
+    archived: list[contexts.ContextRow],
+    as_indexed: bool,
+) -> Paged | None:
+    """The page from the store's index, with the legacy files beside it (hot) and ``archived``
+    merged in; None when the store has no such index or it cannot answer (the caller lists
+    everything instead)."""
+    if not isinstance(store, PagedListing):
+        return None
+    query = dataclasses.replace(query, as_indexed=as_indexed)
+    extra = list(archived)
+    try:
+        rows: list[contexts.ContextRow] = []
+        types: set[str] = set()
+        if state != "archived":
+            rows = [contexts.summary_row(s) for s in store.list_contexts_page(query)]
+            types = set(store.context_types(as_indexed=as_indexed))
+            found = legacy.listing(store)
+            if found.sessions:
+                types |= {info.context.type for info in found.sessions}
+                extra += _legacy_candidates(store, found, query)
+    except IndexUnavailable as exc:
+        log.warning("%s; listing every context instead", exc)
+        return None
+    return _picked(rows + extra, query, query.sort, {}), types
 
 
 # --------------------------------------------------------------------------- activity
@@ -391,6 +488,16 @@ class Activity:
             if not sums[3]:
                 del self.models[model]
         self.turns += sign * tally.turns
+
+    def tokens_of(self, rows: Iterable[contexts.ContextRow]) -> dict[str, int]:
+        """The tokens of those ``rows`` whose tally is current (read since the row last
+        changed); the others are not known yet."""
+        found = {}
+        for row in rows:
+            tally = self._tallies.get(row.context_id)
+            if tally is not None and tally.signature == (row.last_active, row.message_count):
+                found[row.context_id] = tally.total_tokens
+        return found
 
     def disk_bytes(self, store: Store) -> int | None:
         """:func:`disk_bytes` as last measured (None until the first measure ends), measured

@@ -81,6 +81,7 @@ from terrarium.stores.base import (
     ArchivedContext,
     ClosingStore,
     ContextSummary,
+    ListingQuery,
     NewEntry,
     PodMetadata,
     SearchHit,
@@ -1181,6 +1182,23 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             IndexUnavailable: as :meth:`search`; list the heads and restore them instead.
         """
         return self.search_index.list_contexts(type)
+
+    def list_contexts_page(self, query: ListingQuery) -> list[ContextSummary]:
+        """One page of the listing, filtered and sorted, from the index (``PagedListing``;
+        see :meth:`SearchIndex.list_contexts_page`).
+
+        Raises:
+            IndexUnavailable: as :meth:`search`. InvalidQuery: a query that cannot be run.
+        """
+        return self.search_index.list_contexts_page(query)
+
+    def context_types(self, *, as_indexed: bool = False) -> list[str]:
+        """Every type that has a context, sorted, from the index (``PagedListing``).
+
+        Raises:
+            IndexUnavailable: as :meth:`search`.
+        """
+        return self.search_index.context_types(as_indexed=as_indexed)
 
     def list_contexts_as_indexed(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary as the index holds it now, without catching up first

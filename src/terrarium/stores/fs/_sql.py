@@ -13,6 +13,19 @@ from collections.abc import Iterable
 #: Bump when the schema changes: an index of another version is dropped and rebuilt.
 SCHEMA_VERSION = 4
 
+# An index per order a listing page walks (``PagedListing``; ties by context id). Added in
+# version 4's lifetime: an index without them gets them when next opened for writing, rather
+# than being rebuilt from the files.
+LISTING_INDEXES = [
+    (name, f"CREATE INDEX IF NOT EXISTS {name} ON sessions({column}, context)")
+    for name, column in (
+        ("sessions_by_last_active", "last_active"),
+        ("sessions_by_created", "created_at"),
+        ("sessions_by_messages", "message_count"),
+    )
+]
+HAS_INDEX = "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?"
+
 # ---------------------------------------------------------------------------- schema
 
 SCHEMA = [
@@ -39,6 +52,7 @@ SCHEMA = [
     """CREATE INDEX sessions_by_context ON sessions(type, name, context, date, message_count,
         last_active, created_at, updated_at, session_id, head, problem)""",
     """CREATE INDEX sessions_watched ON sessions(watch_until) WHERE watch_until IS NOT NULL""",
+    *(statement for _, statement in LISTING_INDEXES),
     """CREATE TABLE segments(
         id INTEGER PRIMARY KEY,
         session INTEGER NOT NULL,
@@ -236,12 +250,13 @@ HIT_ROWS = (
     "WHERE d.id IN ({marks})"
 )
 # A ContextSummary's fields, in order, from the covering index sessions_by_context.
-_LISTING = (
+LISTING_SELECT = (
     "SELECT context, date, message_count, last_active, created_at, updated_at, session_id, "
     "head, problem FROM sessions"
 )
-LISTING = f"{_LISTING} ORDER BY type, name"
-LISTING_OF_TYPE = f"{_LISTING} WHERE type = ? ORDER BY name"
+LISTING = f"{LISTING_SELECT} ORDER BY type, name"
+CONTEXT_TYPES = "SELECT DISTINCT type FROM sessions ORDER BY type"
+LISTING_OF_TYPE = f"{LISTING_SELECT} WHERE type = ? ORDER BY name"
 
 # A search's filters are FTS5 conditions appended to its MATCH expression (a bound parameter):
 # each matches tokens of the ``tags`` column (``s<session row> r<role> t<type row>``, SCHEMA).

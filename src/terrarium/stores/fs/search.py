@@ -30,15 +30,15 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from terrarium.errors import IndexUnavailable
 from terrarium.model import ContextId, SegmentId, SessionId
-from terrarium.stores import _db
+from terrarium.stores import _db, _listing
 from terrarium.stores._files import listdir, make_dirs, open_private
-from terrarium.stores.base import ContextSummary, SearchHit, SearchQuery
+from terrarium.stores.base import ContextSummary, ListingQuery, SearchHit, SearchQuery
 from terrarium.stores.fs import _shape
 from terrarium.stores.fs import _sql as sql
 from terrarium.stores.fs._layout import ARCHIVE, HEAD, INDEX, SEGMENT_SUFFIX, is_uuid, segment_name
@@ -209,12 +209,22 @@ class SearchIndex:
                         f"version {version}, not {SCHEMA_VERSION}"
                     )
                 self._create_schema(conn, version)
+            elif not readonly:
+                self._add_indexes(conn)
             conn.execute(sql.PROBE).fetchone()
         except BaseException:
             conn.close()
             raise
         self.readonly = readonly
         return conn
+
+    @staticmethod
+    def _add_indexes(conn: sqlite3.Connection) -> None:
+        """Create the listing's page indexes an index of this version may lack (they came
+        later in its life: see ``sql.LISTING_INDEXES``); a no-op once they exist."""
+        for name, statement in sql.LISTING_INDEXES:
+            if conn.execute(sql.HAS_INDEX, (name,)).fetchone() is None:
+                conn.execute(statement)
 
     def _unavailable(self, exc: BaseException) -> IndexUnavailable:
         """The error that says why the index cannot serve now (``exc`` in one line)."""
@@ -612,16 +622,8 @@ class SearchIndex:
         Raises:
             IndexUnavailable: the index cannot be brought up to date (see "Failures").
         """
-
-        def read(conn: sqlite3.Connection) -> list[ContextSummary]:
-            if type is None:
-                rows = conn.execute(sql.LISTING)
-            else:
-                rows = conn.execute(sql.LISTING_OF_TYPE, (type,))
-            return [ContextSummary(*row) for row in rows]
-
-        with self._lock:
-            return self._guarded(lambda: self._read(read), retry=True)
+        statement, params = _listing_of(type)
+        return [ContextSummary(*row) for row in self._listing_read(statement, params, False)]
 
     def list_contexts_as_indexed(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary as the index holds it now, without bringing it up to date
@@ -631,19 +633,49 @@ class SearchIndex:
         Raises:
             IndexUnavailable: the index exists but cannot be read.
         """
+        statement, params = _listing_of(type)
+        return [ContextSummary(*row) for row in self._listing_read(statement, params, True)]
+
+    def list_contexts_page(self, query: ListingQuery) -> list[ContextSummary]:
+        """One page of the listing, filtered and sorted: an index walk of about
+        ``query.limit`` rows (see :mod:`terrarium.stores._listing`), once the index is up to
+        date, or as it stands with ``query.as_indexed`` (as :meth:`list_contexts_as_indexed`).
+
+        Raises:
+            IndexUnavailable: as :meth:`list_contexts` (or the index cannot be read).
+            InvalidQuery: a query that cannot be run.
+        """
+        statement, params = _listing.page_statement(sql.LISTING_SELECT, query, _listing.SQLITE)
+        found = self._listing_read(statement, params, query.as_indexed)
+        return [ContextSummary(*row) for row in found]
+
+    def context_types(self, *, as_indexed: bool = False) -> list[str]:
+        """Every type that has a context, sorted (as the index holds it with ``as_indexed``).
+
+        Raises:
+            IndexUnavailable: as :meth:`list_contexts`.
+        """
+        return [row[0] for row in self._listing_read(sql.CONTEXT_TYPES, [], as_indexed)]
+
+    def _listing_read(
+        self, statement: str, params: Sequence[Any], as_indexed: bool
+    ) -> list[tuple[Any, ...]]:
+        """``statement``'s rows, read once the index is up to date, or with ``as_indexed``
+        as the index stands, on the read-only connection (empty before it is first built)."""
+        if not as_indexed:
+            with self._lock:
+                return self._guarded(
+                    lambda: self._read(lambda conn: conn.execute(statement, params).fetchall()),
+                    retry=True,
+                )
         with self._reader_lock:
             if not self.path.exists():
                 return []
             try:
-                conn = self._reader()
-                if type is None:
-                    rows = conn.execute(sql.LISTING).fetchall()
-                else:
-                    rows = conn.execute(sql.LISTING_OF_TYPE, (type,)).fetchall()
+                return self._reader().execute(statement, params).fetchall()
             except (sqlite3.Error, OSError) as exc:
                 self._close_reader()
                 raise self._unavailable(exc) from exc
-        return [ContextSummary(*row) for row in rows]
 
     def _reader(self) -> sqlite3.Connection:
         """The read-only connection of :meth:`list_contexts_as_indexed`, reopened when the
@@ -691,3 +723,8 @@ class SearchIndex:
             conn = self._connection()
             rows = conn.execute(sql.WATCHED_IDS).fetchall()
         return [uuid.UUID(row[0]) for row in rows]
+
+
+def _listing_of(type: str | None) -> tuple[str, tuple[str, ...]]:
+    """The whole listing's statement and parameters, of one type or all."""
+    return (sql.LISTING, ()) if type is None else (sql.LISTING_OF_TYPE, (type,))

@@ -43,12 +43,14 @@ from terrarium.errors import (
     StoreError,
 )
 from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, TraceEntry, utc_now
+from terrarium.stores import _listing
 from terrarium.stores._archive import archived_hits, merge_hits
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
     ArchivedContext,
     ClosingStore,
     ContextSummary,
+    ListingQuery,
     NewEntry,
     PodMetadata,
     SearchHit,
@@ -269,6 +271,25 @@ class PostgresStore(PostgresBlobs, ClosingStore):
             conn.execute(_sql.LISTING_BY_INDEX)
             cursor = conn.cursor(row_factory=args_row(ContextSummary))
             return cursor.execute(query, params).fetchall()
+
+    def list_contexts_page(self, query: ListingQuery) -> list[ContextSummary]:
+        """One page of the listing, filtered and sorted (``PagedListing``): an index walk of
+        about ``query.limit`` rows (see :mod:`terrarium.stores._listing`). The text filter
+        folds case with the database's ``lower``.
+
+        Raises:
+            InvalidQuery: a query that cannot be run (see :func:`._listing.check`).
+        """
+        statement, params = _listing.page_statement(_sql.LISTING_SELECT, query, _listing.POSTGRES)
+        self.catch_up()
+        with self._pool.connection() as conn:
+            cursor = conn.cursor(row_factory=args_row(ContextSummary))
+            return cursor.execute(statement, params).fetchall()
+
+    def context_types(self, *, as_indexed: bool = False) -> list[str]:
+        """Every type that has a context, sorted (``PagedListing``)."""
+        with self._pool.connection() as conn:
+            return [row[0] for row in conn.execute(_sql.CONTEXT_TYPES)]
 
     # ---------------------------------------------------------------- search
 

@@ -117,16 +117,22 @@ LIST_HEADS_OF_TYPE = f"{LIST_HEADS} WHERE type = %s"
 # Every head with its counts, ids as text (a ContextSummary holds text), in (type, name) order
 # as ContextId orders (collation "C": code points), from the covering index contexts_listing
 # alone.
-_LISTING = (
+LISTING_SELECT = (
     "SELECT context, substr(created_at, 1, 10), message_count, last_active, "
-    "created_at, updated_at, session_id::text, segment_id::text FROM contexts "
-    '{where}ORDER BY type COLLATE "C", substr(context, length(type) + 2) COLLATE "C"'
+    "created_at, updated_at, session_id::text, segment_id::text FROM contexts"
+)
+_LISTING = (
+    LISTING_SELECT
+    + ' {where}ORDER BY type COLLATE "C", substr(context, length(type) + 2) COLLATE "C"'
 )
 LISTING = _LISTING.format(where="")
 LISTING_OF_TYPE = _LISTING.format(where="WHERE type = %s ")
 # The planner prices the wide covering index above a parallel scan and sort, which spills 100k
 # rows to disk and takes three times as long.
 LISTING_BY_INDEX = "SET LOCAL enable_sort = off"
+# A page of it is LISTING_SELECT completed by stores._listing.page_statement, from the indexes
+# contexts_by_{last_active,created,messages} (m010).
+CONTEXT_TYPES = 'SELECT DISTINCT type COLLATE "C" FROM contexts ORDER BY 1'
 MOVE_HEAD = (
     "UPDATE contexts AS c SET segment_id = g.segment_id, updated_at = %s, "
     "message_count = g.base_items + g.items, last_active = g.last_ts "

@@ -503,3 +503,18 @@ def m009_notify(conn: psycopg.Connection[Any]) -> None:
         FOR EACH ROW EXECUTE FUNCTION notify_context()""",
     ):
         conn.execute(statement)
+
+
+@MIGRATIONS
+def m010_listing_sorts(conn: psycopg.Connection[Any]) -> None:
+    """An index per order the dashboard's sessions list pages in (last active, created,
+    messages; ties by context id, in code point order), so a page is a walk of its own rows
+    (``PagedListing``)."""
+    for statement in (
+        'CREATE INDEX contexts_by_last_active ON contexts (last_active COLLATE "C", '
+        'context COLLATE "C")',
+        'CREATE INDEX contexts_by_created ON contexts (created_at COLLATE "C", '
+        'context COLLATE "C")',
+        'CREATE INDEX contexts_by_messages ON contexts (message_count, context COLLATE "C")',
+    ):
+        conn.execute(statement)

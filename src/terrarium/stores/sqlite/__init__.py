@@ -46,13 +46,14 @@ from terrarium.errors import (
     StoreError,
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
-from terrarium.stores import _db
+from terrarium.stores import _db, _listing
 from terrarium.stores._archive import ARCHIVED_SESSION, archived_hits, merge_hits
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
     ArchivedContext,
     ClosingStore,
     ContextSummary,
+    ListingQuery,
     NewEntry,
     PodMetadata,
     SearchHit,
@@ -404,6 +405,28 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         return [
             with_late(summary, late.get((summary.session, summary.head))) for summary in summaries
         ]
+
+    def list_contexts_page(self, query: ListingQuery) -> list[ContextSummary]:
+        """One page of the listing, filtered and sorted (``PagedListing``): an index walk of
+        about ``query.limit`` rows (see :mod:`terrarium.stores._listing`). Where entries wait
+        that the derived state could not read (see :meth:`list_contexts_fast`), the page is
+        picked from the whole listing instead, their counts included.
+
+        Raises:
+            InvalidQuery: a query that cannot be run (see :func:`._listing.check`).
+        """
+        statement, params = _listing.page_statement(sql.LISTING_SELECT, query, _listing.SQLITE)
+        self._try_catch_up()
+        with self._snapshot() as conn:
+            late = late_counts(conn)
+            if not late:
+                return [ContextSummary(*row) for row in conn.execute(statement, params)]
+        return _listing.page_of(self.list_contexts_fast(), query)
+
+    def context_types(self, *, as_indexed: bool = False) -> list[str]:
+        """Every type that has a context, sorted (``PagedListing``)."""
+        with self._read() as conn:
+            return [row[0] for row in conn.execute(sql.CONTEXT_TYPES)]
 
     # ---------------------------------------------------------------- search
 

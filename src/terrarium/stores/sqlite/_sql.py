@@ -64,11 +64,14 @@ ADD_COUNTS = (
 DELETE_HEAD = "DELETE FROM contexts WHERE context = ?"
 # In (type, name) order, as ContextId orders, from the covering index contexts_listing.
 LISTING_ORDER = "type, substr(context, length(type) + 2)"
-LISTING = (
+LISTING_SELECT = (
     "SELECT context, substr(created_at, 1, 10), message_count, last_active, created_at, "
-    "updated_at, session_id, segment_id FROM contexts {where} "
-    f"ORDER BY {LISTING_ORDER}"
+    "updated_at, session_id, segment_id FROM contexts"
 )
+LISTING = LISTING_SELECT + " {where} " + f"ORDER BY {LISTING_ORDER}"
+# A page of it is LISTING_SELECT completed by stores._listing.page_statement, from the indexes
+# contexts_by_{last_active,created,messages} (m010).
+CONTEXT_TYPES = "SELECT DISTINCT type FROM contexts ORDER BY type"
 
 # ---------------------------------------------------------------------------- sessions, segments
 

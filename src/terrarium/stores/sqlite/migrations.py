@@ -448,3 +448,15 @@ def m009_notify(conn: sqlite3.Connection) -> None:
     state). Registered so that both backends' schemas keep the same steps in the same order
     (``tests/test_migrations.py``)."""
     del conn
+
+
+@MIGRATIONS
+def m010_listing_sorts(conn: sqlite3.Connection) -> None:
+    """An index per order the dashboard's sessions list pages in (last active, created,
+    messages; ties by context id), so a page is a walk of its own rows (``PagedListing``)."""
+    for statement in (
+        "CREATE INDEX contexts_by_last_active ON contexts (last_active, context)",
+        "CREATE INDEX contexts_by_created ON contexts (created_at, context)",
+        "CREATE INDEX contexts_by_messages ON contexts (message_count, context)",
+    ):
+        conn.execute(statement)

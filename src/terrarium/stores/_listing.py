@@ -1,0 +1,129 @@
+"""Pages of a listing (:class:`~terrarium.stores.base.PagedListing`): the statement every
+database index runs, and the same page computed in Python.
+
+A page is keyset pagination over the sort column and the context id, largest first:
+``WHERE (col, context) < (:value, :context) ORDER BY col DESC, context DESC LIMIT :n``. Each
+backend keeps an index on ``(col, context)`` for each sort (SQLite and PostgreSQL
+``m010_listing_sorts``, the fs index's ``sessions_by_*``), so a page reads about ``n`` index
+entries wherever it starts. Filters that no index serves (text in the id, the days) are
+checked on the rows the index walk visits.
+
+:func:`page_of` is the reference: what a page holds, from a whole listing. The contract tests
+hold every backend to it, and a backend uses it where its index cannot answer alone (SQLite's
+counts of entries its derived state has not read yet).
+"""
+
+from __future__ import annotations
+
+import heapq
+import operator
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from terrarium.errors import InvalidQuery
+from terrarium.stores.base import LISTING_SORTS, ContextSummary, ListingQuery
+
+COLUMNS = {"last_active": "last_active", "created": "created_at", "messages": "message_count"}
+"""The column (and :class:`ContextSummary` field) each sort of :data:`LISTING_SORTS` reads."""
+
+MAX_LIMIT = 10_000
+"""Rows one page may ask for."""
+
+
+def check(query: ListingQuery) -> ListingQuery:
+    """``query`` if it can be run.
+
+    Raises:
+        InvalidQuery: an unknown sort, a limit out of range, a cursor whose value is not of
+            the sort's kind (a count for ``messages``, a timestamp otherwise), or a bad day.
+    """
+    if query.sort not in LISTING_SORTS:
+        raise InvalidQuery(f"sort must be one of {', '.join(LISTING_SORTS)}, not {query.sort!r}")
+    if not 1 <= query.limit <= MAX_LIMIT:
+        raise InvalidQuery(f"limit must be between 1 and {MAX_LIMIT}, not {query.limit}")
+    if query.after is not None:
+        value, context = query.after
+        want: type = int if query.sort == "messages" else str
+        if type(value) is not want or not isinstance(context, str):
+            raise InvalidQuery(f"the cursor does not belong to the {query.sort} order")
+    for day in (query.since, query.until):
+        if day is not None and not (len(day) == 10 and day[4] == day[7] == "-"):
+            raise InvalidQuery(f"a day must be YYYY-MM-DD, not {day[:40]!r}")
+    return query
+
+
+def sort_key(query: ListingQuery) -> Callable[[ContextSummary], tuple[Any, str]]:
+    """The key rows are ordered by (largest first): the sort's field, then the context id."""
+    return operator.attrgetter(COLUMNS[query.sort], "context")
+
+
+def page_of(rows: Iterable[ContextSummary], query: ListingQuery) -> list[ContextSummary]:
+    """The page ``query`` names, picked from a whole listing ``rows``."""
+    check(query)
+    key = sort_key(query)
+    needle = query.text.casefold() if query.text else None
+    since, until, after = query.since, query.until, query.after
+    picked = (
+        row
+        for row in rows
+        if (query.type is None or row.context.partition(":")[0] == query.type)
+        and (needle is None or needle in row.context.casefold())
+        and (since is None or row.last_active[:10] >= since)
+        and (until is None or row.last_active[:10] <= until)
+        and (after is None or key(row) < after)
+    )
+    return heapq.nlargest(query.limit, picked, key=key)
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """How one database spells the parts of a page's statement."""
+
+    mark: str
+    """The parameter placeholder."""
+    contains: str
+    """The condition "the context id contains the folded needle" (``{mark}`` for it)."""
+    fold: Callable[[str], str]
+    """How the needle is folded to match ``contains``."""
+    collate: str = ""
+    """The collation text columns compare in (code point order, as Python's)."""
+
+
+SQLITE = Dialect("?", "instr(casefold(context), ?) > 0", str.casefold)
+"""SQLite (the store and the fs index): ``casefold`` is registered on every connection
+(:func:`terrarium.stores._db.connect`), so the filter folds case as Python does."""
+
+POSTGRES = Dialect("%s", "strpos(lower(context), %s) > 0", str.lower, ' COLLATE "C"')
+"""PostgreSQL: ``lower`` folds case by the database's locale (close to Python's
+``str.lower``); ``COLLATE "C"`` orders text by code point, as Python and SQLite do."""
+
+
+def page_statement(select: str, query: ListingQuery, dialect: Dialect) -> tuple[str, list[Any]]:
+    """``select`` (``SELECT ... FROM table``, the listing's columns) completed into the page
+    ``query`` names, and its parameters."""
+    check(query)
+    m = dialect.mark
+    column = COLUMNS[query.sort]
+    value = column + (dialect.collate if column != "message_count" else "")
+    context = "context" + dialect.collate
+    conditions: list[str] = []
+    params: list[Any] = []
+    if query.type is not None:
+        conditions.append(f"type = {m}")
+        params.append(query.type)
+    if query.text:
+        conditions.append(dialect.contains)
+        params.append(dialect.fold(query.text))
+    if query.since is not None:
+        conditions.append(f"substr(last_active, 1, 10) >= {m}")
+        params.append(query.since)
+    if query.until is not None:
+        conditions.append(f"substr(last_active, 1, 10) <= {m}")
+        params.append(query.until)
+    if query.after is not None:
+        conditions.append(f"({value}, {context}) < ({m}, {m})")
+        params.extend(query.after)
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    statement = f"{select}{where} ORDER BY {value} DESC, {context} DESC LIMIT {m}"
+    return statement, [*params, query.limit]

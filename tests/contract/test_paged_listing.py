@@ -1,0 +1,194 @@
+"""Contract: pages of the listing, for every backend with the ``PagedListing`` ability.
+
+``list_contexts_page`` answers one page, filtered and sorted, from the backend's index; walking
+every page by its last row's key must give exactly what :func:`terrarium.stores._listing.page_of`
+picks from the whole ``list_contexts_fast`` listing, for every order and filter.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from terrarium.errors import InvalidQuery
+from terrarium.model import ContextId
+from terrarium.sessions import create_segment
+from terrarium.stores import _listing
+from terrarium.stores.base import (
+    LISTING_SORTS,
+    ContextSummary,
+    ListingQuery,
+    NewEntry,
+    PagedListing,
+    Store,
+)
+
+pytestmark = pytest.mark.ability.with_args(PagedListing)
+
+#: (context, messages, day of its last message): ties in every order, several types, names
+#: that differ only in case or by a character outside ASCII.
+CONTEXTS = [
+    ("cli:main", 3, "2026-11-01"),
+    ("cli:Main2", 3, "2026-11-01"),
+    ("cli:zeta", 0, ""),
+    ("irc:#python", 5, "2026-11-03"),
+    ("irc:#Über", 1, "2026-11-02"),
+    ("irc:#über-alles", 2, "2026-11-02"),
+    ("game:pokemon_run1", 5, "2026-11-03"),
+    ("game:chess", 1, "2026-10-30"),
+    ("web:session_abc", 2, "2026-11-01"),
+    ("web:SESSION_abd", 4, "2026-11-04"),
+]
+
+
+def _fill(store: Store) -> None:
+    for number, (context, messages, day) in enumerate(CONTEXTS):
+        create_segment(store, None, context=context)
+        head = store.get_head(ContextId.parse(context))
+        assert head is not None
+        entries = [
+            NewEntry(
+                "user_input",
+                f"{day}T10:{number:02d}:{i:02d}.000000Z",
+                {"item": {"role": "user", "content": f"{context} {i}"}},
+            )
+            for i in range(messages)
+        ]
+        if entries:
+            store.append(head.session_id, head.segment_id, entries)
+
+
+def _walk(store: PagedListing, query: ListingQuery) -> list[list[ContextSummary]]:
+    """Every page of ``query`` (of ``query.limit`` rows), each after the last one's key."""
+    pages = []
+    key = _listing.sort_key(query)
+    while True:
+        page = list(store.list_contexts_page(query))
+        assert len(page) <= query.limit
+        if not page:
+            return pages
+        pages.append(page)
+        query = ListingQuery(**{**_fields(query), "after": key(page[-1])})
+
+
+def _fields(query: ListingQuery) -> dict[str, object]:
+    return {name: getattr(query, name) for name in ListingQuery.__slots__}
+
+
+FILTERS = [
+    {},
+    {"type": "irc"},
+    {"type": "nope"},
+    {"text": "main"},
+    {"text": "ÜBER"},
+    {"text": "session_ab"},
+    {"since": "2026-11-02"},
+    {"until": "2026-11-01"},
+    {"since": "2026-11-01", "until": "2026-11-02", "type": "web"},
+]
+
+
+@pytest.mark.parametrize("limit", [1, 3, 50])
+def test_pages_walk_the_listing_in_each_order_and_filter(store: Store, limit: int) -> None:
+    """For every order and filter, the pages, each after the previous one's last key, are the
+    whole listing filtered and sorted (largest first, ties by context id), split in pages of
+    ``limit``: no row twice, none left out."""
+    assert isinstance(store, PagedListing)
+    _fill(store)
+    everything = store.list_contexts_fast()
+    assert len(everything) == len(CONTEXTS)
+    for sort, filters in itertools.product(LISTING_SORTS, FILTERS):
+        query = ListingQuery(sort=sort, limit=limit, **filters)  # type: ignore[arg-type]
+        expected = _listing.page_of(everything, ListingQuery(**{**_fields(query), "limit": 99}))
+        pages = _walk(store, query)
+        assert [row for page in pages for row in page] == expected, (sort, filters)
+        assert all(len(page) == limit for page in pages[:-1])
+
+
+def test_the_filters_pick_what_they_say(store: Store) -> None:
+    """The reference page itself: type, text in the id ignoring case (ASCII or not), and the
+    days of last activity, inclusive."""
+    assert isinstance(store, PagedListing)
+    _fill(store)
+
+    def ids(**filters: object) -> list[str]:
+        query = ListingQuery(**{"limit": 99, **filters})  # type: ignore[arg-type]
+        return [row.context for row in store.list_contexts_page(query)]
+
+    assert ids(type="irc") == ["irc:#python", "irc:#über-alles", "irc:#Über"]
+    assert ids(text="ÜBER") == ["irc:#über-alles", "irc:#Über"]
+    assert ids(text="session_ab") == ["web:SESSION_abd", "web:session_abc"]
+    assert ids(since="2026-11-03", until="2026-11-04") == [
+        "web:SESSION_abd",
+        "game:pokemon_run1",
+        "irc:#python",
+    ]
+    assert ids(until="2026-10-30") == ["game:chess"]
+    assert ids(type="cli", sort="messages") == ["cli:main", "cli:Main2", "cli:zeta"]
+    by_messages = store.list_contexts_page(ListingQuery(sort="messages", limit=3))
+    assert [(r.message_count, r.context) for r in by_messages] == [
+        (5, "irc:#python"),
+        (5, "game:pokemon_run1"),
+        (4, "web:SESSION_abd"),
+    ]
+
+
+def test_a_page_follows_writes(store: Store) -> None:
+    """A page reflects writes made since the last one: a new message moves its context to
+    the front of the last-active order, a deleted context leaves."""
+    assert isinstance(store, PagedListing)
+    _fill(store)
+    head = store.get_head(ContextId.parse("game:chess"))
+    assert head is not None
+    store.append(
+        head.session_id,
+        head.segment_id,
+        [
+            NewEntry(
+                "user_input",
+                "2099-01-01T00:00:00.000000Z",
+                {"item": {"role": "user", "content": "e4"}},
+            )
+        ],
+    )
+    assert store.delete_context(ContextId.parse("irc:#python"))
+    first = store.list_contexts_page(ListingQuery(limit=2))
+    assert [(r.context, r.message_count) for r in first] == [
+        ("game:chess", 2),
+        ("cli:zeta", 0),  # last active when it was created: today
+    ]
+    assert "irc:#python" not in {
+        r.context for r in store.list_contexts_page(ListingQuery(limit=99))
+    }
+
+
+def test_context_types_lists_each_type_once(store: Store) -> None:
+    """context_types names every type that has a context, sorted, and follows deletes."""
+    assert isinstance(store, PagedListing)
+    assert store.context_types() == []
+    _fill(store)
+    assert store.context_types() == ["cli", "game", "irc", "web"]
+    assert store.delete_context(ContextId.parse("game:chess"))
+    assert store.delete_context(ContextId.parse("game:pokemon_run1"))
+    assert store.context_types() == ["cli", "irc", "web"]
+
+
+@pytest.mark.parametrize(
+    ("query", "word"),
+    [
+        (ListingQuery(sort="size"), "sort"),
+        (ListingQuery(limit=0), "limit"),
+        (ListingQuery(sort="messages", after=("2026-11-01", "cli:main")), "cursor"),
+        (ListingQuery(sort="last_active", after=(3, "cli:main")), "cursor"),
+        (ListingQuery(since="yesterday"), "YYYY-MM-DD"),
+    ],
+)
+def test_a_query_that_cannot_run_is_refused_in_one_line(
+    store: Store, query: ListingQuery, word: str
+) -> None:
+    """A bad sort, limit, cursor or day is an InvalidQuery naming it, in one line."""
+    assert isinstance(store, PagedListing)
+    with pytest.raises(InvalidQuery, match=word) as caught:
+        store.list_contexts_page(query)
+    assert "\n" not in str(caught.value)
