@@ -24,11 +24,12 @@ from typing import Any
 import pytest
 
 from fakeserver import FakeServer
-from helpers.web import HOSTILE_NAME, seed, seed_hostile, turn
+from helpers.web import HOSTILE_NAME, long_turns, seed, seed_hostile
 from terrarium import FsStore
 from terrarium.model import ContextId
 from terrarium.sessions import restore
-from terrarium.web import ModelAccess, create_app
+from terrarium.web import create_app
+from test_web_compact import compacting_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ENABLE = "browser tests need Debian's chromium: run 'apt-get install -y chromium' as root"
@@ -311,15 +312,9 @@ def test_compact_from_the_browser(page: Any, tmp_path: Path, fake_server: FakeSe
     the head is a compaction segment whose summary is marked."""
     store = FsStore(tmp_path / "sessions")
     seed(store)
-    for n in range(3):  # long turns, so that the summary makes the context smaller
-        turn(store, "cli:compacted", f"long question {n} " * 20, f"long answer {n} " * 20)
+    long_turns(store, "cli:compacted")
     fake_server.reply = "SUMMARY: long questions, long answers"
-    app = create_app(
-        store,
-        allow_writes=True,
-        model=ModelAccess(fake_server.base_url, retries=0),
-        reopen=lambda: FsStore(store.root),
-    )
+    app = compacting_app(store, fake_server.base_url)
     try:
         with serving(app) as url, leaving(page):
             page.goto(url + "/session?c=cli:compacted")

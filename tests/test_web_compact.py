@@ -16,8 +16,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from fakeserver import FakeServer
-from helpers.web import seed, turn
+from helpers.web import long_turns, seed, turn
 from terrarium import FsStore
+from terrarium.contexts import get_stats
 from terrarium.model import ContextId
 from terrarium.sessions import create_segment, restore
 from terrarium.web import ModelAccess, create_app
@@ -33,8 +34,7 @@ def seeded(store: FsStore) -> FsStore:
     """The web tests' store, and ``cli:long``: three long turns, so a summary shrinks it."""
     seed(store)
     create_segment(store, None, context=str(LONG))
-    for n in range(3):
-        turn(store, str(LONG), f"question {n} " + "words " * 40, f"answer {n} " + "x " * 40)
+    long_turns(store, str(LONG))
     return store
 
 
@@ -46,13 +46,17 @@ def closed_port_url() -> str:
     return f"http://127.0.0.1:{port}/v1"
 
 
-def client(store: FsStore, url: str, **options: Any) -> TestClient:
-    """The app with a model at ``url`` (no retries) and a store of its own for compactions."""
+def compacting_app(store: Any, url: str, **options: Any) -> Any:
+    """The app with writes, a model at ``url`` (no retries) and, for compactions, another
+    instance of the store (an ``FsStore`` of its folder, unless ``reopen`` says otherwise)."""
     options.setdefault("allow_writes", True)
-    app = create_app(
-        store, model=ModelAccess(url, retries=0), reopen=lambda: FsStore(store.root), **options
-    )
-    return TestClient(app, base_url=LOCAL)
+    options.setdefault("reopen", lambda: FsStore(store.root))
+    return create_app(store, model=ModelAccess(url, retries=0), **options)
+
+
+def client(store: Any, url: str, **options: Any) -> TestClient:
+    """A test client of :func:`compacting_app`."""
+    return TestClient(compacting_app(store, url, **options), base_url=LOCAL)
 
 
 def csrf_of(c: TestClient, context: ContextId) -> str:
@@ -181,11 +185,10 @@ def test_a_summary_that_would_not_shrink_is_409_and_the_history_unchanged(
     assert len(fake_server.requests) == 1
     assert seeded.get_head(short) == head
     assert restore(seeded, short).history == history
+    assert get_stats(seeded, short)["usage"]["calls"] == 1 + 3  # the summary's call, logged
 
 
-def test_an_unreachable_model_server_is_502_naming_its_url(
-    seeded: FsStore, fake_server: FakeServer
-) -> None:
+def test_an_unreachable_model_server_is_502_naming_its_url(seeded: FsStore) -> None:
     url = closed_port_url()
     c = client(seeded, url)
     before = snapshot(seeded, LONG)
@@ -267,8 +270,7 @@ def sqlite_long(tmp_path: Path) -> Iterator[Any]:
 
     with SqliteStore(tmp_path / "s.db") as store:
         create_segment(store, None, context=str(LONG))
-        for n in range(3):
-            turn(store, str(LONG), f"question {n} " + "words " * 40, f"answer {n} " + "x " * 40)
+        long_turns(store, str(LONG))
         yield store
 
 
@@ -278,13 +280,7 @@ def test_a_sqlite_store_is_compacted_through_a_second_connection(
     from terrarium.stores.sqlite import SqliteStore
 
     fake_server.reply = SUMMARY
-    app = create_app(
-        sqlite_long,
-        allow_writes=True,
-        model=ModelAccess(fake_server.base_url, retries=0),
-        reopen=lambda: SqliteStore(sqlite_long.path),
-    )
-    c = TestClient(app, base_url=LOCAL)
+    c = client(sqlite_long, fake_server.base_url, reopen=lambda: SqliteStore(sqlite_long.path))
     assert post(c, LONG, csrf_of(c, LONG)).status_code == 303
     view = c.get("/api/context", params={"c": str(LONG)}).json()  # the app's own connection
     assert view["messages"][0]["text"].endswith(SUMMARY)

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 from fakeserver import FakeServer
-from helpers.web import seed, turn
+from helpers.web import long_turns, seed
 from terrarium import FsStore
 from terrarium.cli import cli
 from terrarium.cli.serve import is_loopback
@@ -200,8 +200,7 @@ def test_serve_compacts_through_the_store_it_was_given(
     """``TERRARIUM_BASE_URL`` names the server; the compaction opens the --storage-dir store."""
     with FsStore(tmp_path / "s") as store:
         seed(store)
-        for n in range(3):  # the oldest, replaced by the summary, longer than it
-            turn(store, "cli:compacted", f"long talk {n} " * 20, f"long answer {n} " * 20)
+        long_turns(store, "cli:compacted")
     fake_server.reply = "SUMMARY"
     monkeypatch.setenv("TERRARIUM_BASE_URL", fake_server.base_url)
     done: list[int] = []

@@ -662,6 +662,24 @@ async def _broken(request: Request, exc: Exception) -> Response:
     return _error(request, 500, f"the store could not be read: {type(exc).__name__}")
 
 
+ERROR_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+    ContextNotFound: _not_found,
+    SegmentNotFound: _not_found,
+    NotInTrash: _not_found,
+    InvalidContextId: _bad,
+    InvalidQuery: _bad,
+    data.BadRequest: _bad,
+    ValueError: _bad,
+    ContextExists: _conflict,
+    NothingToCompact: _conflict,
+    LLMError: _model_failed,
+    HTTPException: _http,
+    StoreError: _broken,
+    Exception: _broken,
+}
+"""Each error a handler may raise, and the page or JSON it becomes (the most specific wins)."""
+
+
 def create_app(
     store: Store,
     *,
@@ -710,22 +728,7 @@ def create_app(
         Route("/api/events", api_events),
         Route("/api/openapi.json", api_openapi),
     ]
-    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
-        ContextNotFound: _not_found,
-        SegmentNotFound: _not_found,
-        NotInTrash: _not_found,
-        InvalidContextId: _bad,
-        InvalidQuery: _bad,
-        data.BadRequest: _bad,
-        ValueError: _bad,
-        ContextExists: _conflict,
-        NothingToCompact: _conflict,
-        LLMError: _model_failed,
-        HTTPException: _http,
-        StoreError: _broken,
-        Exception: _broken,
-    }
-    app = Starlette(routes=routes, exception_handlers=handlers)
+    app = Starlette(routes=routes, exception_handlers=dict(ERROR_HANDLERS))
     app.state.dashboard = Dashboard(
         store, allow_writes=allow_writes, location=location, model=model, reopen=reopen
     )
