@@ -17,16 +17,19 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers.web import HOSTILE_NAME, seed, seed_hostile
+from fakeserver import FakeServer
+from helpers.web import HOSTILE_NAME, long_turns, seed, seed_hostile
 from terrarium import FsStore
 from terrarium.model import ContextId
 from terrarium.sessions import restore
 from terrarium.web import create_app
+from test_web_compact import compacting_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ENABLE = "browser tests need Debian's chromium: run 'apt-get install -y chromium' as root"
@@ -53,26 +56,43 @@ def _listen() -> socket.socket:
     return sock
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, FsStore]]:
-    """A seeded store (hostile content included) served by uvicorn on a free port."""
+@contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """``app`` served by uvicorn on a free port, in a thread; yields its URL."""
     import uvicorn
 
-    store = FsStore(tmp_path / "sessions")
-    seed(store)
-    seed_hostile(store)
     sock = _listen()
-    config = uvicorn.Config(create_app(store), log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", store
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         server.force_exit = True
         thread.join(10)
         sock.close()
+
+
+@contextmanager
+def leaving(page: Any) -> Iterator[None]:
+    """Leave for a blank page at the end, so the server stops with no live event stream."""
+    try:
+        yield
+    finally:
+        page.goto("about:blank")
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, FsStore]]:
+    """A seeded store (hostile content included) served by uvicorn on a free port."""
+    store = FsStore(tmp_path / "sessions")
+    seed(store)
+    seed_hostile(store)
+    try:
+        with serving(create_app(store)) as url:
+            yield url, store
+    finally:
         store.close()
 
 
@@ -263,19 +283,11 @@ def test_the_chart_range_is_picked_by_a_link(served: tuple[str, FsStore], page: 
 def test_archive_and_trash_from_the_browser(browser: Any, page: Any) -> None:
     """On a store with lifecycle states (MemoryStore): archive behind the confirmation, see
     the state, delete to the trash, restore from the trash page."""
-    import uvicorn
-
     from terrarium.stores.memory import MemoryStore
 
     store = MemoryStore()
     seed(store)
-    sock = _listen()
-    app = create_app(store, allow_writes=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    try:
+    with serving(create_app(store, allow_writes=True)) as url, leaving(page):
         page.goto(url + "/session?c=cli:main")
         page.click("text=archive…")
         page.click("#confirm")
@@ -293,9 +305,31 @@ def test_archive_and_trash_from_the_browser(browser: Any, page: Any) -> None:
         page.wait_for_url(re.compile(r".*/session\?c=cli%3Amain$"))
         assert page.locator("#state").inner_text() == "archived"  # restored as it was
         assert page.dialogs == []
+
+
+def test_compact_from_the_browser(page: Any, tmp_path: Path, fake_server: FakeServer) -> None:
+    """The compact link, its confirmation naming the model server, and the session page after:
+    the head is a compaction segment whose summary is marked."""
+    store = FsStore(tmp_path / "sessions")
+    seed(store)
+    long_turns(store, "cli:compacted")
+    fake_server.reply = "SUMMARY: long questions, long answers"
+    app = compacting_app(store, fake_server.base_url)
+    try:
+        with serving(app) as url, leaving(page):
+            page.goto(url + "/session?c=cli:compacted")
+            tree = page.locator("#tree li a").all_inner_texts()
+            page.click("a[href^='/confirm?action=compact']")
+            assert page.locator("form.confirm code").inner_text() == fake_server.base_url
+            page.click("#confirm")
+            page.wait_for_url(re.compile(r".*/session\?c=cli%3Acompacted$"))
+            first = page.locator("#transcript li").first
+            assert "compaction summary" in first.inner_text()
+            assert "SUMMARY: long questions" in first.inner_text()
+            origin = page.locator("#tree li.current .origin").inner_text()
+            assert origin.startswith("compaction at entry")
+            after = page.locator("#tree li a").all_inner_texts()
+            assert after[:-1] == tree and len(after) == len(tree) + 1  # the old ones stay
+            assert page.dialogs == []
     finally:
-        page.goto("about:blank")
-        server.should_exit = True
-        server.force_exit = True
-        thread.join(10)
-        sock.close()
+        store.close()

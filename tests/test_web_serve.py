@@ -1,5 +1,6 @@
 """``terrarium serve``: refuses an unreadable store at start, needs a token off loopback, and
-enforces it (a real server process, driven with httpx)."""
+enforces it (a real server process, driven with httpx); takes the model options, contacts no
+model at start, and compacts through the store it was given."""
 
 from __future__ import annotations
 
@@ -9,15 +10,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from click.testing import CliRunner
+from starlette.testclient import TestClient
 
-from helpers.web import seed
+from fakeserver import FakeServer
+from helpers.web import long_turns, seed
 from terrarium import FsStore
 from terrarium.cli import cli
 from terrarium.cli.serve import is_loopback
+from terrarium.model import ContextId
+from terrarium.sessions import restore
+from terrarium.web import ModelAccess
 
 
 def test_a_missing_store_is_one_line_and_nothing_is_created(tmp_path: Path) -> None:
@@ -147,3 +154,66 @@ def test_open_starts_the_browser_on_the_dashboard_url(tmp_path: Path) -> None:
                 assert proc.wait(20) in (0, -15)
             finally:
                 proc.kill()
+
+
+def _serve_once(monkeypatch: pytest.MonkeyPatch, args: list[str], use: Any) -> Any:
+    """Run ``terrarium serve ARGS`` with uvicorn.run replaced by ``use(app)``, which drives the
+    app while the command runs (its store closes when the command ends)."""
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: use(app))
+    return CliRunner().invoke(cli, ["serve", *args])
+
+
+def test_serve_takes_the_model_options_and_contacts_no_model_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with FsStore(tmp_path / "s") as store:
+        seed(store)
+    seen: dict[str, Any] = {}
+
+    def use(app: Any) -> None:
+        seen["model"] = app.app.state.dashboard.model
+        with TestClient(app, base_url="http://127.0.0.1:8765") as http:
+            seen["confirm"] = http.get("/confirm", params={"action": "compact", "c": "cli:main"})
+
+    # A model "server" that never accepts: a connection to it would wait in its backlog.
+    with socket.socket() as model:
+        model.bind(("127.0.0.1", 0))
+        model.listen(8)
+        url = f"http://127.0.0.1:{model.getsockname()[1]}/v1"
+        args = ["--storage-dir", str(tmp_path / "s"), "--allow-writes", "--model", "m"]
+        args += ["--base-url", url, "--retries", "0", "--timeout", "5"]
+        result = _serve_once(monkeypatch, args, use)
+        model.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            model.accept()  # nobody connected
+    assert result.exit_code == 0, result.output
+    assert seen["model"] == ModelAccess(url, model="m", retries=0, timeout=5.0)
+    assert seen["confirm"].status_code == 200
+    assert f"<code>{url}</code>" in seen["confirm"].text
+
+
+def test_serve_compacts_through_the_store_it_was_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_server: FakeServer
+) -> None:
+    """``TERRARIUM_BASE_URL`` names the server; the compaction opens the --storage-dir store."""
+    with FsStore(tmp_path / "s") as store:
+        seed(store)
+        long_turns(store, "cli:compacted")
+    fake_server.reply = "SUMMARY"
+    monkeypatch.setenv("TERRARIUM_BASE_URL", fake_server.base_url)
+    done: list[int] = []
+
+    def use(app: Any) -> None:
+        with TestClient(app, base_url="http://127.0.0.1:8765") as http:
+            csrf = app.app.state.dashboard.csrf
+            form = {"action": "compact", "c": "cli:compacted", "csrf": csrf}
+            done.append(http.post("/action", data=form, follow_redirects=False).status_code)
+
+    args = ["--storage-dir", str(tmp_path / "s"), "--allow-writes"]
+    assert _serve_once(monkeypatch, args, use).exit_code == 0
+    assert done == [303] and len(fake_server.requests) == 1
+    with FsStore(tmp_path / "s") as store:
+        history = restore(store, ContextId.parse("cli:compacted")).history
+    assert history[0]["content"].endswith("SUMMARY")

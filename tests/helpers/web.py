@@ -43,6 +43,13 @@ def turn(store: Store, context: str, question: str, answer: str, model: str = "q
     save_turn_end(store, ref)
 
 
+def long_turns(store: Store, context: str, count: int = 3) -> None:
+    """``count`` long turns on an existing context: a summary of the oldest is shorter than
+    they are, so a compaction that keeps the last four messages makes the context smaller."""
+    for n in range(count):
+        turn(store, context, f"question {n} " + "words " * 40, f"answer {n} " + "x " * 40)
+
+
 def seed(store: Store) -> None:
     """Three contexts of two types: turns, a tool call and result, reasoning, code, a fork and
     a compaction."""

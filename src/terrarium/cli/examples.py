@@ -113,8 +113,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "serve": (
         "terrarium serve --open",
-        "terrarium serve --storage-dir sqlite:///sessions.db --port 9000",
-        "terrarium serve --host 0.0.0.0 --token s3cret --allow-writes",
+        "terrarium serve --host 0.0.0.0 --token s3cret",
+        "terrarium serve --allow-writes --base-url http://gpu-box:8000/v1 --model qwen",
     ),
     "reindex": (
         "terrarium reindex",

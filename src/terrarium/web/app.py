@@ -9,7 +9,9 @@ Safety (see docs/dashboard.md): every response carries a Content-Security-Policy
 scripts, styles and connections only from this origin; with a token, a request without it
 (``Authorization: Bearer``, or the cookie set by ``/?token=...``) is answered 401; without
 one, only a loopback ``Host`` is served (no DNS rebinding). Writes exist only with
-``allow_writes``, as POSTs carrying the page's CSRF token after a confirmation page.
+``allow_writes``, as POSTs carrying the page's CSRF token after a confirmation page. A
+compaction asks the model server (:mod:`terrarium.web.compact`) on a store of its own, never
+holding the store lock across the model call.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ from terrarium.errors import (
     ContextNotFound,
     InvalidContextId,
     InvalidQuery,
+    LLMError,
+    NothingToCompact,
     NotInTrash,
     SegmentNotFound,
     StoreError,
@@ -54,6 +58,7 @@ from terrarium.errors import (
 from terrarium.model import ContextId, display_name
 from terrarium.stores.base import Notifying, SearchQuery, Store
 from terrarium.web import data, render
+from terrarium.web.compact import ModelAccess, compact
 from terrarium.web.openapi import api, openapi_document
 
 log = logging.getLogger(__name__)
@@ -146,9 +151,18 @@ class Guard:
 
 
 class Dashboard:
-    """The app's state: the store, its lock, the activity cache, the CSRF token."""
+    """The app's state: the store, its lock, the activity cache, the CSRF token, and how a
+    compaction reaches the model and a store of its own."""
 
-    def __init__(self, store: Store, *, allow_writes: bool, location: str) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        allow_writes: bool,
+        location: str,
+        model: ModelAccess | None = None,
+        reopen: Callable[[], Store] | None = None,
+    ) -> None:
         self.store = store
         self.lock = threading.Lock()
         self.activity = data.Activity()
@@ -156,6 +170,16 @@ class Dashboard:
         self.allow_writes = allow_writes
         self.location = location
         self.csrf = secrets.token_urlsafe(32)
+        self.model = model
+        self.reopen = reopen
+
+    @property
+    def model_url(self) -> str | None:
+        """The model server a compaction asks, when the compact action is offered (writes on,
+        a model and a store to open); else None."""
+        if not self.allow_writes or self.model is None or self.reopen is None:
+            return None
+        return self.model.base_url
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(store, ...)`` holding the store's lock."""
@@ -191,6 +215,7 @@ def _page(request: Request, name: str, code: int = 200, **values: Any) -> HTMLRe
         "request": request,
         "location": dash.location,
         "allow_writes": dash.allow_writes,
+        "model_url": dash.model_url,
         "csrf": dash.csrf,
         **values,
     }
@@ -501,13 +526,27 @@ def search_page(request: Request) -> HTMLResponse:
     )
 
 
-ACTIONS = ("fork", "clear", "delete", *data.LIFECYCLE_ACTIONS, "restore")
-"""The writes ``--allow-writes`` offers (the lifecycle ones on a :class:`Lifecycle` store)."""
+ACTIONS = ("fork", "clear", "compact", "delete", *data.LIFECYCLE_ACTIONS, "restore")
+"""The writes ``--allow-writes`` offers (the lifecycle ones on a :class:`Lifecycle` store,
+compact when the app knows a model server)."""
 
 
 def _writes(dash: Dashboard) -> None:
     if not dash.allow_writes:
         raise HTTPException(403, "writes are off: start terrarium serve with --allow-writes")
+
+
+def _compaction(dash: Dashboard) -> tuple[Callable[[], Store], ModelAccess]:
+    """How a compaction opens its store and reaches the model; 400 if the app was given none."""
+    if dash.reopen is None or dash.model is None:
+        raise data.BadRequest("compaction needs a model server: this dashboard was given none")
+    return dash.reopen, dash.model
+
+
+def _existing(dash: Dashboard, context: ContextId) -> None:
+    """Raise ContextNotFound unless the store has ``context`` (hot or archived)."""
+    if dash.call(lambda store: store.get_head(context)) is None:
+        raise contexts.not_found(context)
 
 
 def confirm_page(request: Request) -> HTMLResponse:
@@ -533,8 +572,9 @@ def confirm_page(request: Request) -> HTMLResponse:
             lifecycle=lifecycle,
         )
     context = data.parse_context(request.query_params.get("c"))
-    if dash.call(lambda store: store.get_head(context)) is None:
-        raise contexts.not_found(context)
+    if action == "compact":
+        _compaction(dash)
+    _existing(dash, context)
     return _page(
         request,
         "confirm.html",
@@ -563,6 +603,12 @@ async def action(request: Request) -> Response:
         return RedirectResponse("/session?" + urlencode({"c": str(target)}), 303)
     if name == "clear":
         await asyncio.to_thread(dash.call, contexts.clear_context, context)
+        return RedirectResponse("/session?" + urlencode({"c": str(context)}), 303)
+    if name == "compact":
+        reopen, model = _compaction(dash)
+        await asyncio.to_thread(_existing, dash, context)
+        # Not under dash.call: the model call takes seconds (see terrarium.web.compact).
+        await asyncio.to_thread(compact, reopen, model, context)
         return RedirectResponse("/session?" + urlencode({"c": str(context)}), 303)
     if name == "delete":
         if not await asyncio.to_thread(dash.call, contexts.delete_context, context):
@@ -605,13 +651,43 @@ async def _conflict(request: Request, exc: Exception) -> Response:
     return _error(request, 409, str(exc))
 
 
+async def _model_failed(request: Request, exc: Exception) -> Response:
+    # The model server's failure, not ours: 502, its one line (naming the URL), no traceback.
+    log.warning("%s: %s", request.url.path, exc)
+    return _error(request, 502, str(exc))
+
+
 async def _broken(request: Request, exc: Exception) -> Response:
     log.exception("error serving %s", request.url.path)
     return _error(request, 500, f"the store could not be read: {type(exc).__name__}")
 
 
+ERROR_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+    ContextNotFound: _not_found,
+    SegmentNotFound: _not_found,
+    NotInTrash: _not_found,
+    InvalidContextId: _bad,
+    InvalidQuery: _bad,
+    data.BadRequest: _bad,
+    ValueError: _bad,
+    ContextExists: _conflict,
+    NothingToCompact: _conflict,
+    LLMError: _model_failed,
+    HTTPException: _http,
+    StoreError: _broken,
+    Exception: _broken,
+}
+"""Each error a handler may raise, and the page or JSON it becomes (the most specific wins)."""
+
+
 def create_app(
-    store: Store, *, token: str | None = None, allow_writes: bool = False, location: str = ""
+    store: Store,
+    *,
+    token: str | None = None,
+    allow_writes: bool = False,
+    location: str = "",
+    model: ModelAccess | None = None,
+    reopen: Callable[[], Store] | None = None,
 ) -> Any:
     """The dashboard over ``store`` as an ASGI app.
 
@@ -620,10 +696,19 @@ def create_app(
             requests to a loopback host name are answered.
         allow_writes: serve the fork, clear and delete forms, and on a store with lifecycle
             states archive, unarchive, pin, unpin and restore from the trash (POST,
-            CSRF-checked).
+            CSRF-checked); with ``model`` and ``reopen``, compact too.
         location: the store's location as the user gave it (passwords masked), for the
             page header.
+        model: how to reach the model server for a compaction; nothing contacts it before
+            one is asked for.
+        reopen: opens another instance of ``store`` (same location) for each compaction,
+            which closes it after (see :mod:`terrarium.web.compact` for why).
+
+    Raises:
+        ValueError: only one of ``model`` and ``reopen`` is given.
     """
+    if (model is None) != (reopen is None):
+        raise ValueError("create_app: a compaction needs both model and reopen, or neither")
     routes = [
         Route("/", overview_page),
         Route("/sessions", sessions_page),
@@ -643,19 +728,8 @@ def create_app(
         Route("/api/events", api_events),
         Route("/api/openapi.json", api_openapi),
     ]
-    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
-        ContextNotFound: _not_found,
-        SegmentNotFound: _not_found,
-        NotInTrash: _not_found,
-        InvalidContextId: _bad,
-        InvalidQuery: _bad,
-        data.BadRequest: _bad,
-        ValueError: _bad,
-        ContextExists: _conflict,
-        HTTPException: _http,
-        StoreError: _broken,
-        Exception: _broken,
-    }
-    app = Starlette(routes=routes, exception_handlers=handlers)
-    app.state.dashboard = Dashboard(store, allow_writes=allow_writes, location=location)
+    app = Starlette(routes=routes, exception_handlers=dict(ERROR_HANDLERS))
+    app.state.dashboard = Dashboard(
+        store, allow_writes=allow_writes, location=location, model=model, reopen=reopen
+    )
     return Guard(app, token)

@@ -1,0 +1,84 @@
+"""The dashboard's compaction: how to reach the model, and one compaction run.
+
+A compaction asks the model server to summarise a context and continues the context from the
+summary (:meth:`MultiContextManager.compact_context`, ``only_if_smaller=True``): the web layer
+only builds the runtime's client and manager and hands them a store. Nothing here contacts the
+model server until a compaction is asked for, so a dashboard whose model is down still serves
+everything else.
+
+Why the run gets a store of its own (``reopen``) instead of the dashboard's: the manager holds
+the store's context lock for the whole compaction, model call included (seconds), as it does
+for a turn. Routing its store calls through the dashboard's lock (:meth:`Dashboard.call`)
+would deadlock: a dashboard write to the same context (clear, fork, delete) holds that lock
+while it waits for the context lock, which the compaction releases only after its next store
+call, which waits for the dashboard's lock. With a store of its own, the compaction never
+waits for the dashboard, the context lock (a file lock, an advisory lock: across instances
+as across processes) keeps the two writers apart, and the rest of the dashboard reads on.
+
+Usage::
+
+    access = ModelAccess("http://localhost:8000/v1")
+    summary = compact(lambda: open_store("./sessions", create=False), access, context)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from terrarium.errors import LLMError
+from terrarium.model import ContextId
+from terrarium.stores.base import Store
+
+
+@dataclass(frozen=True)
+class ModelAccess:
+    """How the dashboard reaches the model server (``terrarium serve``'s model options)."""
+
+    base_url: str
+    """The OpenAI-compatible server (``http://localhost:8000/v1``)."""
+    model: str | None = None
+    """The model to ask; None: the first one the server lists."""
+    retries: int = 2
+    """Retries of a failed request (connection errors, 429, 5xx)."""
+    timeout: float = 60.0
+    """Seconds to wait for the server to connect or send the next piece."""
+
+
+def compact(reopen: Callable[[], Store], access: ModelAccess, context: ContextId) -> str:
+    """Compact ``context`` on a store opened by ``reopen`` (closed after); returns the summary.
+
+    Blocking: it runs its own event loop, so call it from a worker thread.
+
+    Raises:
+        NothingToCompact: the summary would not make the context smaller (nothing written
+            but the call's usage, if the model was asked).
+        ContextNotFound: no such context.
+        LLMError: the model server could not be reached or failed; the message names its URL.
+    """
+    store = reopen()
+    try:
+        return asyncio.run(_compact(store, access, context))
+    finally:
+        store.close()
+
+
+async def _compact(store: Store, access: ModelAccess, context: ContextId) -> str:
+    # Imported here: the openai client costs ~0.5 s, and only a compaction needs it.
+    from terrarium.agent.multi_context_manager import MultiContextManager
+    from terrarium.llm.vllm_client import VLLMClient
+
+    client = VLLMClient(
+        access.base_url, model=access.model, max_retries=access.retries, timeout=access.timeout
+    )
+    manager = MultiContextManager(client, store=store)
+    try:
+        return await manager.compact_context(str(context), only_if_smaller=True)
+    except LLMError as exc:
+        if client.base_url in str(exc):
+            raise
+        # Some failures (a context too long for the model) name no server: the page must.
+        raise type(exc)(f"{exc} (model server {client.base_url})") from exc
+    finally:
+        await manager.aclose()
