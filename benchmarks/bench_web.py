@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_stores import (
+from bench_stores import (  # noqa: E402
     DEFAULT_DSN,
     ENV_VAR,
     Report,
@@ -42,7 +42,7 @@ from bench_stores import (
     ms,
     new_context,
     throwaway_database,
-)  # noqa: E402
+)
 from terrarium import FsStore  # noqa: E402
 from terrarium.stores.base import Store  # noqa: E402
 from terrarium.stores.sqlite import SqliteStore  # noqa: E402
@@ -112,9 +112,7 @@ def measure(report: Report, label: str, store: Store, repeat: int) -> None:
     report.row(f"{label} long session, first page", ms(long), "<= 200 ms", long <= 0.2)
 
 
-def stores(
-    base: Path, report: Report, which: set[str], keep: bool
-) -> Iterator[tuple[str, Store]]:
+def stores(base: Path, report: Report, which: set[str], keep: bool) -> Iterator[tuple[str, Store]]:
     if "fs" in which:
         with FsStore(base / "fs") as fs:
             yield "fs", fs

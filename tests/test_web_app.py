@@ -502,7 +502,9 @@ def test_the_overview_fills_in_within_its_time_budget(seeded: FsStore) -> None:
     full = overview(seeded, activity, budget=None)
     assert full["activity_pending"] == 0 and full["totals"]["turns"] == 4
     again = overview(seeded, activity, budget=0.0)  # nothing stale: nothing to read
-    assert again["activity_pending"] == 0 and again["totals"] == full["totals"]
+    assert again["activity_pending"] == 0
+    # (bytes on disk are measured by a thread of their own: one call may have them, one not)
+    assert {**again["totals"], "bytes_on_disk": 0} == {**full["totals"], "bytes_on_disk": 0}
     turn(seeded, "irc:#python", "q", "a")
     stale = overview(seeded, activity, budget=0.0)
     assert stale["activity_pending"] == 1 and stale["totals"]["turns"] == 4  # the stale tally

@@ -241,11 +241,14 @@ def _opt(request: Request, name: str) -> str | None:
 
 def _overview(request: Request) -> dict[str, Any]:
     dash = _dash(request)
+    # While the background reader fills the overview in, a page reads nothing itself: it would
+    # only take turns with it (and hold the store's lock for its budget).
+    budget = 0.0 if dash.fill_in.running() else data.ACTIVITY_BUDGET
     stats = dict(
         dash.call(
             data.overview,
             dash.activity,
-            budget=data.ACTIVITY_BUDGET,
+            budget=budget,
             range=_opt(request, "range"),
             start=_opt(request, "from"),
             end=_opt(request, "to"),

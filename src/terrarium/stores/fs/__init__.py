@@ -1200,6 +1200,14 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         """
         return self.search_index.context_types(as_indexed=as_indexed)
 
+    def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
+        """Every context's (id, last active, message count), from the index (``PagedListing``).
+
+        Raises:
+            IndexUnavailable: as :meth:`search`.
+        """
+        return self.search_index.context_signatures(as_indexed=as_indexed)
+
     def list_contexts_as_indexed(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary as the index holds it now, without catching up first
         (``IndexedListing``; see :meth:`SearchIndex.list_contexts_as_indexed`).

@@ -256,6 +256,7 @@ LISTING_SELECT = (
 )
 LISTING = f"{LISTING_SELECT} ORDER BY type, name"
 CONTEXT_TYPES = "SELECT DISTINCT type FROM sessions ORDER BY type"
+SIGNATURES = "SELECT context, last_active, message_count FROM sessions ORDER BY type, name"
 LISTING_OF_TYPE = f"{LISTING_SELECT} WHERE type = ? ORDER BY name"
 
 # A search's filters are FTS5 conditions appended to its MATCH expression (a bound parameter):

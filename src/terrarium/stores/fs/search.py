@@ -657,6 +657,15 @@ class SearchIndex:
         """
         return [row[0] for row in self._listing_read(sql.CONTEXT_TYPES, [], as_indexed)]
 
+    def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
+        """Every context's (id, last active, message count), in listing order, from the
+        covering index (as the index holds it with ``as_indexed``).
+
+        Raises:
+            IndexUnavailable: as :meth:`list_contexts`.
+        """
+        return self._listing_read(sql.SIGNATURES, [], as_indexed)
+
     def _listing_read(
         self, statement: str, params: Sequence[Any], as_indexed: bool
     ) -> list[tuple[Any, ...]]:

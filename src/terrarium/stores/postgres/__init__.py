@@ -291,6 +291,14 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         with self._pool.connection() as conn:
             return [row[0] for row in conn.execute(_sql.CONTEXT_TYPES)]
 
+    def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
+        """Every context's (id, last active, message count), in listing order, from the
+        covering index (``PagedListing``)."""
+        self.catch_up()
+        with self._pool.connection() as conn, conn.transaction():
+            conn.execute(_sql.LISTING_BY_INDEX)
+            return conn.execute(_sql.SIGNATURES).fetchall()
+
     # ---------------------------------------------------------------- search
 
     def search(self, query: SearchQuery) -> list[SearchHit]:

@@ -126,6 +126,10 @@ _LISTING = (
     + ' {where}ORDER BY type COLLATE "C", substr(context, length(type) + 2) COLLATE "C"'
 )
 LISTING = _LISTING.format(where="")
+SIGNATURES = (
+    "SELECT context, last_active, message_count FROM contexts "
+    'ORDER BY type COLLATE "C", substr(context, length(type) + 2) COLLATE "C"'
+)
 LISTING_OF_TYPE = _LISTING.format(where="WHERE type = %s ")
 # The planner prices the wide covering index above a parallel scan and sort, which spills 100k
 # rows to disk and takes three times as long.

@@ -428,6 +428,15 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         with self._read() as conn:
             return [row[0] for row in conn.execute(sql.CONTEXT_TYPES)]
 
+    def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
+        """Every context's (id, last active, message count), in listing order
+        (``PagedListing``), counted as :meth:`list_contexts_fast` counts."""
+        self._try_catch_up()
+        with self._snapshot() as conn:
+            if not late_counts(conn):
+                return conn.execute(sql.SIGNATURES).fetchall()
+        return [(s.context, s.last_active, s.message_count) for s in self.list_contexts_fast()]
+
     # ---------------------------------------------------------------- search
 
     def search(self, query: SearchQuery) -> list[SearchHit]:
