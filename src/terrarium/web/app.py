@@ -21,6 +21,7 @@ import hmac
 import logging
 import secrets
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from http.cookies import SimpleCookie
 from pathlib import Path
@@ -73,6 +74,10 @@ LOOPBACK = frozenset(("127.0.0.1", "localhost", "::1", "[::1]"))
 POLL_SECONDS = 0.25
 """How often the live view polls the store's derived state (a head and its next seq), on a
 store that sends no change notes (files, SQLite)."""
+CHECK_SHARE = 4.0
+"""A live stream waits at least this many times as long as its last check took before the
+next: the overview's check reads every context's signature (about 0.1 s at 100k contexts), and
+one open page should cost a fifth of a core at most, not a whole one."""
 NOTE_WAIT = 1.0
 """How long one wait for a change note lasts (PostgreSQL) before the stream checks that its
 client is still there."""
@@ -404,21 +409,32 @@ async def api_events(request: Request) -> StreamingResponse:
     store = dash.store
     feed = await asyncio.to_thread(store.change_feed) if isinstance(store, Notifying) else None
 
+    spent = 0.0  # how long the last check took
+
     async def changed() -> bool:
-        """Wait for a possible change: a store note (PostgreSQL), else the poll's interval."""
+        """Wait for a possible change: a store note (PostgreSQL), else the poll's interval;
+        and at least :data:`CHECK_SHARE` times what the last check took."""
         if feed is None:
-            await asyncio.sleep(POLL_SECONDS)
+            await asyncio.sleep(max(POLL_SECONDS, CHECK_SHARE * spent))
             return True
+        await asyncio.sleep(CHECK_SHARE * spent)
         return await asyncio.to_thread(feed.wait, NOTE_WAIT) is not None
+
+    async def check() -> str:
+        nonlocal spent
+        began = time.monotonic()
+        found: str = await asyncio.to_thread(dash.call, data.signature, context, dash.activity)
+        spent = time.monotonic() - began
+        return found
 
     async def stream() -> AsyncIterator[str]:
         try:
-            last = await asyncio.to_thread(dash.call, data.signature, context, dash.activity)
+            last = await check()
             yield "retry: 1000\n\n"
             while not await request.is_disconnected():
                 if not await changed():
                     continue
-                now = await asyncio.to_thread(dash.call, data.signature, context, dash.activity)
+                now = await check()
                 if now != last:
                     last = now
                     yield "event: change\ndata: {}\n\n"
