@@ -28,9 +28,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from terrarium import contexts, legacy, sessions
 from terrarium.errors import ContextNotFound, IndexUnavailable, SegmentNotFound, StoreError
@@ -450,13 +452,18 @@ def _paged(
 # --------------------------------------------------------------------------- activity
 
 
-@dataclass(slots=True)
-class _Tally:
-    """What one context's head lineage adds to the overview."""
+class _Tally(msgspec.Struct, frozen=True, gc=False):
+    """What one context's head lineage adds to the overview.
+
+    Immutable, of tuples, strings and numbers only, so the cyclic garbage collector does not
+    track it: a dashboard over 100k contexts holds 100k of them, and as dicts and lists they
+    made every full collection (set off by the reading itself) walk them all.
+    """
 
     signature: tuple[str, int]
-    per_day: Counter[str] = field(default_factory=Counter)
-    tokens: dict[str, list[int]] = field(default_factory=dict)
+    per_day: tuple[tuple[str, int], ...] = ()
+    """Messages per day."""
+    tokens: tuple[tuple[str, tuple[int, int, int, int, int]], ...] = ()
     """Per model: prompt, completion, cached tokens, calls, calls whose usage was estimated."""
     turns: int = 0
     total_tokens: int = 0
@@ -465,30 +472,37 @@ class _Tally:
 
 def _tally(store: Store, row: Signature) -> _Tally:
     context_id, last_active, count = row
-    tally = _Tally((last_active, count))
     head = store.get_head(ContextId.parse(context_id))
     if head is None:
-        return tally
+        return _Tally((last_active, count))
+    per_day: Counter[str] = Counter()
+    tokens: dict[str, list[int]] = {}
+    turns = 0
     for read in sessions.lineage(store, head.session_id, head.segment_id):
         history = read.header.get("history")
         if isinstance(history, list):
-            tally.per_day[str(read.header.get("ts", ""))[:10]] += len(history)
+            per_day[str(read.header.get("ts", ""))[:10]] += len(history)
         for line in read.entries:
             kind = line.get("kind")
             if kind in HISTORY_KINDS:
-                tally.per_day[str(line.get("ts", ""))[:10]] += 1
+                per_day[str(line.get("ts", ""))[:10]] += 1
             elif kind == "usage":
                 model = str(line.get("model") or "unknown")
-                counts = tally.tokens.setdefault(model, [0, 0, 0, 0, 0])
+                counts = tokens.setdefault(model, [0, 0, 0, 0, 0])
                 counts[0] += int(line.get("prompt_tokens") or 0)
                 counts[1] += int(line.get("completion_tokens") or 0)
                 counts[2] += int(line.get("cached_tokens") or 0)
                 counts[3] += 1
                 counts[4] += 1 if line.get("estimated") else 0
             elif kind == "turn_end":
-                tally.turns += 1
-    tally.total_tokens = sum(counts[0] + counts[1] for counts in tally.tokens.values())
-    return tally
+                turns += 1
+    return _Tally(
+        (last_active, count),
+        tuple(per_day.items()),
+        tuple((model, tuple(c)) for model, c in tokens.items()),  # type: ignore[misc]
+        turns,
+        sum(c[0] + c[1] for c in tokens.values()),
+    )
 
 
 class Activity:
@@ -553,14 +567,14 @@ class Activity:
 
     def _count(self, context_id: str, tally: _Tally, sign: int) -> None:
         kind = context_id.partition(":")[0]
-        for day, n in tally.per_day.items():
+        for day, n in tally.per_day:
             counts = self.by_day.setdefault(day, Counter())
             counts[kind] += sign * n
             if not counts[kind]:
                 del counts[kind]
                 if not counts:
                     del self.by_day[day]
-        for model, numbers in tally.tokens.items():
+        for model, numbers in tally.tokens:
             sums = self.models.setdefault(model, [0, 0, 0, 0, 0])
             for i, n in enumerate(numbers):
                 sums[i] += sign * n
