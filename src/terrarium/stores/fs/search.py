@@ -658,8 +658,9 @@ class SearchIndex:
         return [row[0] for row in self._listing_read(sql.CONTEXT_TYPES, [], as_indexed)]
 
     def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
-        """Every context's (id, last active, message count), in listing order, from the
-        covering index (as the index holds it with ``as_indexed``).
+        """Every context's (id, last active, message count), in last-active order, from the
+        covering index ``sessions_by_last_active`` (as the index holds it with
+        ``as_indexed``).
 
         Raises:
             IndexUnavailable: as :meth:`list_contexts`.

@@ -292,8 +292,8 @@ class PostgresStore(PostgresBlobs, ClosingStore):
             return [row[0] for row in conn.execute(_sql.CONTEXT_TYPES)]
 
     def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
-        """Every context's (id, last active, message count), in listing order, from the
-        covering index (``PagedListing``)."""
+        """Every context's (id, last active, message count), in last-active order, from the
+        index ``contexts_by_last_active`` (``PagedListing``)."""
         self.catch_up()
         with self._pool.connection() as conn, conn.transaction():
             conn.execute(_sql.LISTING_BY_INDEX)

@@ -128,7 +128,7 @@ _LISTING = (
 LISTING = _LISTING.format(where="")
 SIGNATURES = (
     "SELECT context, last_active, message_count FROM contexts "
-    'ORDER BY type COLLATE "C", substr(context, length(type) + 2) COLLATE "C"'
+    'ORDER BY last_active COLLATE "C", context COLLATE "C"'
 )
 LISTING_OF_TYPE = _LISTING.format(where="WHERE type = %s ")
 # The planner prices the wide covering index above a parallel scan and sort, which spills 100k

@@ -511,8 +511,9 @@ def m010_listing_sorts(conn: psycopg.Connection[Any]) -> None:
     messages; ties by context id, in code point order), so a page is a walk of its own rows
     (``PagedListing``)."""
     for statement in (
+        # Covers the signatures too (context_signatures): an index-only scan.
         'CREATE INDEX contexts_by_last_active ON contexts (last_active COLLATE "C", '
-        'context COLLATE "C")',
+        'context COLLATE "C") INCLUDE (message_count)',
         'CREATE INDEX contexts_by_created ON contexts (created_at COLLATE "C", '
         'context COLLATE "C")',
         'CREATE INDEX contexts_by_messages ON contexts (message_count, context COLLATE "C")',

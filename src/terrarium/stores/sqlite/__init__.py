@@ -429,8 +429,9 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             return [row[0] for row in conn.execute(sql.CONTEXT_TYPES)]
 
     def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
-        """Every context's (id, last active, message count), in listing order
-        (``PagedListing``), counted as :meth:`list_contexts_fast` counts."""
+        """Every context's (id, last active, message count), in last-active order, from the
+        index ``contexts_by_last_active`` (``PagedListing``), counted as
+        :meth:`list_contexts_fast` counts."""
         self._try_catch_up()
         with self._snapshot() as conn:
             if not late_counts(conn):

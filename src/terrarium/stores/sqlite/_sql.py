@@ -72,7 +72,9 @@ LISTING = LISTING_SELECT + " {where} " + f"ORDER BY {LISTING_ORDER}"
 # A page of it is LISTING_SELECT completed by stores._listing.page_statement, from the indexes
 # contexts_by_{last_active,created,messages} (m010).
 CONTEXT_TYPES = "SELECT DISTINCT type FROM contexts ORDER BY type"
-SIGNATURES = f"SELECT context, last_active, message_count FROM contexts ORDER BY {LISTING_ORDER}"
+SIGNATURES = (
+    "SELECT context, last_active, message_count FROM contexts ORDER BY last_active, context"
+)
 
 # ---------------------------------------------------------------------------- sessions, segments
 

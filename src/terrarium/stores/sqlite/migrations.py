@@ -455,7 +455,8 @@ def m010_listing_sorts(conn: sqlite3.Connection) -> None:
     """An index per order the dashboard's sessions list pages in (last active, created,
     messages; ties by context id), so a page is a walk of its own rows (``PagedListing``)."""
     for statement in (
-        "CREATE INDEX contexts_by_last_active ON contexts (last_active, context)",
+        # Covers the signatures too (context_signatures): three narrow columns.
+        "CREATE INDEX contexts_by_last_active ON contexts (last_active, context, message_count)",
         "CREATE INDEX contexts_by_created ON contexts (created_at, context)",
         "CREATE INDEX contexts_by_messages ON contexts (message_count, context)",
     ):
