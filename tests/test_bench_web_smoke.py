@@ -34,3 +34,29 @@ def test_bench_web_quick_run(tmp_path: Path) -> None:
     if "PostgreSQL skipped" not in result.stdout:
         assert "postgres overview, warm" in table
     assert not list(tmp_path.glob("bench-web-*")), "the temporary directory is left behind"
+
+
+def test_bench_web_keeps_its_stores_for_the_next_run(tmp_path: Path) -> None:
+    """With --keep the fs and SQLite stores are filled once; a second run measures them
+    without filling, and a run of other sizes is refused."""
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "bench_web.py"), *extra],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+
+    sizes = ("--messages", "2", "--session", "10", "--repeat", "1")
+    args = ("--keep", str(tmp_path / "kept"), "--stores", "fs,sqlite", *sizes)
+    first = run(*args, "--contexts", "5", "--fill-only")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "messages written" in first.stdout and "Results" not in first.stdout
+    second = run(*args, "--contexts", "5")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "fs: kept store" in second.stdout and "sqlite: kept store" in second.stdout
+    assert "messages written" not in second.stdout and "sqlite overview, warm" in second.stdout
+    other = run(*args, "--contexts", "7")
+    assert other.returncode != 0 and "other sizes" in other.stderr
