@@ -30,6 +30,9 @@ NATIVE = [
     ("cli:shadow", 1, "2026-11-05"),  # hides the legacy file of the same id
 ]
 
+#: Prompt + completion tokens of the usage records some contexts get (the others: none).
+TOKENS = {"cli:main": 30, "irc:#python": 30, "web:abc": 5, "game:chess": 100, "web:old": 7}
+
 
 def _legacy(root: Path, context: str, day: str, messages: int) -> None:
     ctx = ContextId.parse(context)
@@ -65,6 +68,9 @@ def _fill(store: Store) -> None:
             NewEntry("user_input", f"{day}T10:{number:02d}:{i:02d}.000000Z", line)
             for i in range(messages)
         ]
+        if context in TOKENS:
+            usage = {"model": "m", "prompt_tokens": TOKENS[context] - 1, "completion_tokens": 1}
+            entries.append(NewEntry("usage", f"{day}T11:00:00.000000Z", usage))
         store.append(head.session_id, head.segment_id, entries)
     store.archive_context(ContextId.parse("web:old"))  # type: ignore[attr-defined]
     if isinstance(store, FsStore):
@@ -100,7 +106,10 @@ def _expected(store: Store, sort: str, state: str, **filters: str) -> list[str]:
             rows.append(
                 (a.context, a.context.split(":")[0], a.last_active, a.date, a.message_count)
             )
-    value = {"last_active": 2, "created": 3, "messages": 4}[sort]
+    if sort == "tokens":  # archived contexts are not read: they count 0, as unread ones do
+        hot = {r[0] for r in rows if r[0] not in {a.context for a in store.archived_contexts()}}  # type: ignore[attr-defined]
+        rows = [(*r, TOKENS.get(r[0], 0) if r[0] in hot else 0) for r in rows]
+    value = {"last_active": 2, "created": 3, "messages": 4, "tokens": 5}[sort]
     picked = [
         r
         for r in rows
@@ -123,7 +132,7 @@ def _walk(client: TestClient, **params: str) -> list[str]:
             return seen
 
 
-@pytest.mark.parametrize("sort", ["last_active", "created", "messages"])
+@pytest.mark.parametrize("sort", ["last_active", "created", "messages", "tokens"])
 @pytest.mark.parametrize("state", ["hot", "archived", "all"])
 def test_the_pages_add_up_to_the_whole_listing_sorted(store: Store, sort: str, state: str) -> None:
     """Walking the pages (two rows each) gives every context once, in the order a sort of the

@@ -86,6 +86,9 @@ FILTERS = [
     {"since": "2026-11-02"},
     {"until": "2026-11-01"},
     {"since": "2026-11-01", "until": "2026-11-02", "type": "web"},
+    {"contexts": ("cli:main", "irc:#Über", "web:SESSION_abd", "nope")},
+    {"contexts": ("cli:main", "irc:#Über"), "type": "irc"},
+    {"contexts": ()},
 ]
 
 

@@ -47,6 +47,8 @@ def check(query: ListingQuery) -> ListingQuery:
         want: type = int if query.sort == "messages" else str
         if type(value) is not want or not isinstance(context, str):
             raise InvalidQuery(f"the cursor does not belong to the {query.sort} order")
+    if query.contexts is not None and len(query.contexts) > MAX_LIMIT:
+        raise InvalidQuery(f"at most {MAX_LIMIT} contexts may be named, not {len(query.contexts)}")
     for day in (query.since, query.until):
         if day is not None and not (len(day) == 10 and day[4] == day[7] == "-"):
             raise InvalidQuery(f"a day must be YYYY-MM-DD, not {day[:40]!r}")
@@ -64,10 +66,12 @@ def page_of(rows: Iterable[ContextSummary], query: ListingQuery) -> list[Context
     key = sort_key(query)
     needle = query.text.casefold() if query.text else None
     since, until, after = query.since, query.until, query.after
+    named = None if query.contexts is None else frozenset(query.contexts)
     picked = (
         row
         for row in rows
-        if (query.type is None or row.context.partition(":")[0] == query.type)
+        if (named is None or row.context in named)
+        and (query.type is None or row.context.partition(":")[0] == query.type)
         and (needle is None or needle in row.context.casefold())
         and (since is None or row.last_active[:10] >= since)
         and (until is None or row.last_active[:10] <= until)
@@ -88,13 +92,15 @@ class Dialect:
     """How the needle is folded to match ``contains``."""
     collate: str = ""
     """The collation text columns compare in (code point order, as Python's)."""
+    arrays: bool = False
+    """Whether a list binds as one parameter (``= ANY(%s)``) rather than one each (``IN``)."""
 
 
 SQLITE = Dialect("?", "instr(casefold(context), ?) > 0", str.casefold)
 """SQLite (the store and the fs index): ``casefold`` is registered on every connection
 (:func:`terrarium.stores._db.connect`), so the filter folds case as Python does."""
 
-POSTGRES = Dialect("%s", "strpos(lower(context), %s) > 0", str.lower, ' COLLATE "C"')
+POSTGRES = Dialect("%s", "strpos(lower(context), %s) > 0", str.lower, ' COLLATE "C"', True)
 """PostgreSQL: ``lower`` folds case by the database's locale (close to Python's
 ``str.lower``); ``COLLATE "C"`` orders text by code point, as Python and SQLite do."""
 
@@ -109,6 +115,13 @@ def page_statement(select: str, query: ListingQuery, dialect: Dialect) -> tuple[
     context = "context" + dialect.collate
     conditions: list[str] = []
     params: list[Any] = []
+    if query.contexts is not None:
+        if dialect.arrays:
+            conditions.append(f"context = ANY({m})")
+            params.append(list(query.contexts))
+        else:
+            conditions.append(f"context IN ({', '.join(m * len(query.contexts))})")
+            params.extend(query.contexts)
     if query.type is not None:
         conditions.append(f"type = {m}")
         params.append(query.type)

@@ -410,6 +410,8 @@ class ListingQuery:
     """Only contexts last active on or after this day (``YYYY-MM-DD``)."""
     until: str | None = None
     """Only contexts last active on or before this day (``YYYY-MM-DD``)."""
+    contexts: tuple[str, ...] | None = None
+    """Only these contexts (ids): the rows of contexts picked by another order."""
     as_indexed: bool = False
     """On an :class:`IndexedListing` store, read the index as it stands, without catching up
     first (as :meth:`IndexedListing.list_contexts_as_indexed`)."""

@@ -175,7 +175,7 @@ class CatchUp:
         backlog = 0
         if as_indexed and isinstance(store, IndexedListing) and self.running():
             backlog = store.index_backlog()
-        return Listed(native, old, _most_active(rows + old), backlog)
+        return Listed(native, old, _most_active(rows + old), backlog, as_indexed)
 
     def _from_rows(self, store: Store) -> Listed:
         rows, backlog = self.rows(store)
@@ -213,6 +213,8 @@ class Listed:
     """The :data:`MOST_ACTIVE` contexts with the most messages, legacy files included."""
     backlog: int
     """Sessions the store's index has still to read (see :class:`CatchUp`)."""
+    as_indexed: bool = False
+    """Whether it was read from the index as it stands (a catch-up runs meanwhile)."""
 
 
 def _rows(store: Store, activity: Activity | None = None) -> list[contexts.ContextRow]:
@@ -337,6 +339,8 @@ def list_page(
     if sort != "tokens" and isinstance(store, PagedListing):
         as_indexed = activity is not None and activity.catch_up.as_indexed(store)
         found = _paged(store, query, state, archived, as_indexed)
+    elif activity is not None and isinstance(store, PagedListing):
+        found, tokens, pending = _by_tokens(store, query, state, archived, activity, budget)
     if found is None:
         hot = _rows(store, activity) if state != "archived" else []
         if activity is not None:
@@ -398,25 +402,77 @@ def _picked(
 ) -> list[contexts.ContextRow]:
     """The rows of the page ``query`` names (``query.limit`` at most), from ``rows``: those
     that pass its filters, largest key first, after its cursor."""
-    needle = query.text.casefold() if query.text else None
-    since, until, after = query.since, query.until, query.after
+    after = query.after
     # The sort key in C (attrgetter) where it is two attributes; tokens come from the tallies.
     key: Callable[[contexts.ContextRow], tuple[Any, str]] = (
         (lambda r: _key(r, sort, tokens)) if sort == "tokens" else _ATTRS[sort]
     )
-    if query.type is not None or needle is not None or since is not None or until is not None:
-        rows = [
-            row
-            for row in rows
-            if (query.type is None or row.type == query.type)
-            and (needle is None or needle in row.context_id.casefold())
-            and (since is None or row.last_active[:10] >= since)
-            and (until is None or row.last_active[:10] <= until)
-        ]
+    matches = _matches(query)
+    if matches is not None:
+        rows = [row for row in rows if matches(row.context_id, row.last_active)]
     if after is not None:
         rows = [row for row in rows if key(row) < after]
     # One page of the largest keys: O(n), where sorting all 100k rows costs several times that.
     return heapq.nlargest(query.limit, rows, key=key)
+
+
+def _matches(query: ListingQuery) -> Callable[[str, str], bool] | None:
+    """Whether a context (its id, when last active) passes ``query``'s filters; None when
+    there are none."""
+    kind, since, until = query.type, query.since, query.until
+    needle = query.text.casefold() if query.text else None
+    if kind is None and needle is None and since is None and until is None:
+        return None
+    prefix = None if kind is None else kind + ":"
+
+    def matches(context_id: str, last_active: str) -> bool:
+        return (
+            (prefix is None or context_id.startswith(prefix))
+            and (needle is None or needle in context_id.casefold())
+            and (since is None or last_active[:10] >= since)
+            and (until is None or last_active[:10] <= until)
+        )
+
+    return matches
+
+
+def _by_tokens(
+    store: Store,
+    query: ListingQuery,
+    state: str,
+    archived: list[contexts.ContextRow],
+    activity: Activity,
+    budget: float | None,
+) -> tuple[Paged, dict[str, int], int]:
+    """The page in tokens order (prompt + completion, from the activity tallies; contexts
+    not read yet count 0), picked from the contexts' signatures, its rows read by id from
+    the index; the tokens known of the page's contexts; how many contexts are still to be
+    read."""
+    assert isinstance(store, PagedListing)
+    listed = activity.listing(store)
+    tallies, pending = activity.tallies(store, listed.native, budget)
+    matches = _matches(query) or (lambda _c, _l: True)
+    keys: list[tuple[int, str]] = []
+    others = list(archived)
+    if state != "archived":
+        for context_id, last_active, _ in listed.native:
+            if matches(context_id, last_active):
+                tally = tallies.get(context_id)
+                keys.append((tally.total_tokens if tally else 0, context_id))
+        others += listed.legacy
+    keys += [(0, r.context_id) for r in others if matches(r.context_id, r.last_active)]
+    if query.after is not None:
+        after = query.after
+        keys = [k for k in keys if k < after]
+    top = heapq.nlargest(query.limit, keys)
+    by_id = {row.context_id: row for row in others}
+    named = tuple(context_id for _, context_id in top if context_id not in by_id)
+    wanted = ListingQuery(contexts=named, limit=max(len(named), 1), as_indexed=listed.as_indexed)
+    by_id.update((s.context, contexts.summary_row(s)) for s in store.list_contexts_page(wanted))
+    rows = [by_id[context_id] for _, context_id in top if context_id in by_id]
+    types = set(store.context_types(as_indexed=listed.as_indexed)) | _types(listed.legacy)
+    tokens = {c: tallies[c].total_tokens for _, c in top if c in tallies}
+    return (rows, types), tokens, pending
 
 
 def _paged(
