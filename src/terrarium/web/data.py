@@ -308,27 +308,13 @@ def list_page(
     read yet last; ``tokens_pending`` says how many there are.
 
     On a :class:`PagedListing` store the page comes from the store's index (a walk of about
-    ``limit`` rows, legacy files and archived contexts merged in); sorting by tokens, and
-    other stores, pick it from the whole listing.
+    ``limit`` rows, legacy files and archived contexts merged in; by tokens, picked from the
+    contexts' signatures and tallies, its rows read by id); other stores pick it from the
+    whole listing.
     """
-    if sort not in SORTS:
-        raise BadRequest(f"sort must be one of {', '.join(SORTS)}, not {sort[:40]!r}")
     if state not in STATES:
         raise BadRequest(f"state must be one of {', '.join(STATES)}, not {state[:40]!r}")
-    if not 1 <= limit <= 1000:
-        raise BadRequest("limit must be between 1 and 1000")
-    query = ListingQuery(
-        sort="last_active" if sort == "tokens" else sort,
-        after=decode_cursor(cursor) if cursor else None,
-        limit=limit + 1,
-        type=type,
-        text=text or None,
-        since=_check_date(since, "since"),
-        until=_check_date(until, "until"),
-    )
-    counted = int if sort in ("messages", "tokens") else str
-    if query.after is not None and not isinstance(query.after[0], counted):
-        raise BadRequest(f"the cursor does not belong to the {sort} order")
+    query = _query(sort, cursor, limit, type, text, since, until)
     life = store if isinstance(store, Lifecycle) else None
     archived = (
         [_archived_row(a) for a in life.archived_contexts()] if life and state != "hot" else []
@@ -352,17 +338,9 @@ def list_page(
     page, more = rows[:limit], len(rows) > limit
     if activity is not None and not tokens:  # from the index: the tallies of this page only
         tokens = activity.tokens_of(page)
-    archived_ids = {row.context_id for row in archived}
     pinned = life.pinned_contexts() if life else frozenset()
-    shown = []
-    for row in page:
-        item = row.to_json()
-        item["state"] = "archived" if row.context_id in archived_ids else "hot"
-        item["pinned"] = row.context_id in pinned
-        item["tokens"] = tokens.get(row.context_id) if activity is not None else None
-        shown.append(item)
     return {
-        "contexts": shown,
+        "contexts": _shown(page, archived, pinned, tokens if activity is not None else None),
         "next_cursor": encode_cursor(_key(page[-1], sort, tokens)) if more and page else None,
         "sort": sort,
         "state": state,
@@ -370,6 +348,59 @@ def list_page(
         "tokens_pending": pending,
         "lifecycle": life is not None,
     }
+
+
+def _query(
+    sort: str,
+    cursor: str | None,
+    limit: int,
+    type: str | None,
+    text: str | None,
+    since: str | None,
+    until: str | None,
+) -> ListingQuery:
+    """The store query of a sessions-list request (one row more than the page, to know
+    whether another follows; the tokens order reads the last-active one).
+
+    Raises:
+        BadRequest: an unknown sort, a limit out of range, a bad cursor or day.
+    """
+    if sort not in SORTS:
+        raise BadRequest(f"sort must be one of {', '.join(SORTS)}, not {sort[:40]!r}")
+    if not 1 <= limit <= 1000:
+        raise BadRequest("limit must be between 1 and 1000")
+    after = decode_cursor(cursor) if cursor else None
+    counted = int if sort in ("messages", "tokens") else str
+    if after is not None and not isinstance(after[0], counted):
+        raise BadRequest(f"the cursor does not belong to the {sort} order")
+    return ListingQuery(
+        sort="last_active" if sort == "tokens" else sort,
+        after=after,
+        limit=limit + 1,
+        type=type,
+        text=text or None,
+        since=_check_date(since, "since"),
+        until=_check_date(until, "until"),
+    )
+
+
+def _shown(
+    page: list[contexts.ContextRow],
+    archived: list[contexts.ContextRow],
+    pinned: frozenset[str],
+    tokens: Mapping[str, int] | None,
+) -> list[dict[str, Any]]:
+    """The page's rows as the API gives them: with their state, pin and tokens (None: not
+    known, or no activity kept)."""
+    archived_ids = {row.context_id for row in archived}
+    shown = []
+    for row in page:
+        item = row.to_json()
+        item["state"] = "archived" if row.context_id in archived_ids else "hot"
+        item["pinned"] = row.context_id in pinned
+        item["tokens"] = tokens.get(row.context_id) if tokens is not None else None
+        shown.append(item)
+    return shown
 
 
 def _legacy_candidates(
