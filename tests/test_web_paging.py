@@ -179,3 +179,15 @@ def test_a_cursor_of_another_order_is_a_400(store: Store) -> None:
     response = client.get("/api/contexts", params={"sort": "messages", "cursor": cursor})
     assert response.status_code == 400
     assert "cursor" in response.json()["error"] and "\n" not in response.json()["error"]
+
+
+def test_a_page_shows_its_tokens_without_the_overview(store: Store) -> None:
+    """A fresh dashboard's sessions list reads the tallies of its own rows: their tokens show
+    before anyone opens the overview (legacy files have none)."""
+    client = TestClient(create_app(store), base_url="http://127.0.0.1")
+    page = client.get("/api/contexts", params={"sort": "messages", "limit": "50"}).json()
+    tokens = {row["context_id"]: row["tokens"] for row in page["contexts"]}
+    assert tokens["game:chess"] == 100 and tokens["cli:main"] == 30
+    assert tokens["cli:b"] == 0  # read: it has no usage
+    if isinstance(store, FsStore):
+        assert tokens["cli:legacy"] is None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import dataclasses
 import datetime
 import heapq
@@ -69,6 +70,10 @@ PAGE_SIZE = 50
 
 MESSAGES_PER_PAGE = 200
 """Messages per page of a transcript."""
+
+PAGE_READ = 0.1
+"""Seconds a page of the sessions list spends reading the tallies of its own contexts that
+the overview has not read yet (so their tokens show without a visit to the overview)."""
 
 
 BYTES_EVERY = 60.0
@@ -303,8 +308,9 @@ def list_page(
     case-insensitive substring of the context id; ``state`` picks hot, archived or all
     contexts on a :class:`Lifecycle` store (others have only hot ones). Rows carry ``pinned``
     and ``state``, and with ``activity`` their ``tokens`` (prompt + completion, from the
-    activity tallies: None until the context has been read, see :meth:`Activity.tallies`
-    and its ``budget``; archived contexts have none). Sorting by tokens puts contexts not
+    activity tallies, the page's own read for up to :data:`PAGE_READ`: None until the context
+    has been read, see :meth:`Activity.tallies` and its ``budget``; archived contexts have
+    none). Sorting by tokens puts contexts not
     read yet last; ``tokens_pending`` says how many there are.
 
     On a :class:`PagedListing` store the page comes from the store's index (a walk of about
@@ -337,7 +343,7 @@ def list_page(
     rows, types = found
     page, more = rows[:limit], len(rows) > limit
     if activity is not None and not tokens:  # from the index: the tallies of this page only
-        tokens = activity.tokens_of(page)
+        tokens = activity.tokens_of(store, page)
     pinned = life.pinned_contexts() if life else frozenset()
     return {
         "contexts": _shown(page, archived, pinned, tokens if activity is not None else None),
@@ -669,15 +675,37 @@ class Activity:
                 del self.models[model]
         self.turns += sign * tally.turns
 
-    def tokens_of(self, rows: Iterable[contexts.ContextRow]) -> dict[str, int]:
-        """The tokens of those ``rows`` whose tally is current (read since the row last
-        changed); the others are not known yet."""
+    def tokens_of(
+        self, store: Store, rows: Iterable[contexts.ContextRow], budget: float = PAGE_READ
+    ) -> dict[str, int]:
+        """The tokens of ``rows`` (a page of the sessions list), reading for up to ``budget``
+        seconds the tallies of those not read since they last changed (legacy files have
+        none); those left are not known yet."""
+        deadline = time.monotonic() + budget
         found = {}
-        for row in rows:
-            tally = self._tallies.get(row.context_id)
-            if tally is not None and tally.signature == (row.last_active, row.message_count):
+        with self._lock:
+            for row in rows:
+                signature = (row.context_id, row.last_active, row.message_count)
+                tally = self._tallies.get(row.context_id)
+                if tally is None or tally.signature != signature[1:]:
+                    if row.legacy_path is not None or time.monotonic() > deadline:
+                        continue
+                    try:
+                        tally = self._replace(store, signature)
+                    except StoreError:
+                        continue  # damaged: the row shows its problem
                 found[row.context_id] = tally.total_tokens
         return found
+
+    def _replace(self, store: Store, row: Signature) -> _Tally:
+        """Read ``row``'s context again and put its tally in place of the one held."""
+        new = _tally(store, row)
+        old = self._tallies.get(row[0])
+        if old is not None:
+            self._count(row[0], old, -1)
+        self._tallies[row[0]] = new
+        self._count(row[0], new, +1)
+        return new
 
     def disk_bytes(self, store: Store) -> int | None:
         """:func:`disk_bytes` as last measured (None until the first measure ends), measured
@@ -754,15 +782,8 @@ class Activity:
         todo = self._todo
         while todo and (deadline is None or time.monotonic() <= deadline):
             row = todo.pop()
-            try:
-                new = _tally(store, row)
-            except StoreError:
-                continue
-            old = self._tallies.get(row[0])
-            if old is not None:
-                self._count(row[0], old, -1)
-            self._tallies[row[0]] = new
-            self._count(row[0], new, +1)
+            with contextlib.suppress(StoreError):
+                self._replace(store, row)
         return len(todo)
 
 
