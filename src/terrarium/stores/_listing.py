@@ -63,18 +63,12 @@ def sort_key(query: ListingQuery) -> Callable[[ContextSummary], tuple[Any, str]]
 def page_of(rows: Iterable[ContextSummary], query: ListingQuery) -> list[ContextSummary]:
     """The page ``query`` names, picked from a whole listing ``rows``."""
     check(query)
-    key = sort_key(query)
-    needle = query.text.casefold() if query.text else None
-    since, until, after = query.since, query.until, query.after
-    named = None if query.contexts is None else frozenset(query.contexts)
+    key, after = sort_key(query), query.after
+    matches = query.matcher()
     picked = (
         row
         for row in rows
-        if (named is None or row.context in named)
-        and (query.type is None or row.context.partition(":")[0] == query.type)
-        and (needle is None or needle in row.context.casefold())
-        and (since is None or row.last_active[:10] >= since)
-        and (until is None or row.last_active[:10] <= until)
+        if (matches is None or matches(row.context, row.last_active))
         and (after is None or key(row) < after)
     )
     return heapq.nlargest(query.limit, picked, key=key)

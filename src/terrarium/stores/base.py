@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol, Self, runtime_checkable
@@ -415,6 +415,28 @@ class ListingQuery:
     as_indexed: bool = False
     """On an :class:`IndexedListing` store, read the index as it stands, without catching up
     first (as :meth:`IndexedListing.list_contexts_as_indexed`)."""
+
+    def matcher(self) -> Callable[[str, str], bool] | None:
+        """Whether a context (its id, when it was last active) passes the filters (type,
+        text, days, ids); None when there are none. The rule every backend's statement
+        follows, for what is filtered in Python."""
+        kind, since, until = self.type, self.since, self.until
+        needle = self.text.casefold() if self.text else None
+        named = None if self.contexts is None else frozenset(self.contexts)
+        if kind is None and needle is None and since is None and until is None and named is None:
+            return None
+        prefix = None if kind is None else kind + ":"
+
+        def matches(context_id: str, last_active: str) -> bool:
+            return (
+                (named is None or context_id in named)
+                and (prefix is None or context_id.startswith(prefix))
+                and (needle is None or needle in context_id.casefold())
+                and (since is None or last_active[:10] >= since)
+                and (until is None or last_active[:10] <= until)
+            )
+
+        return matches
 
 
 @runtime_checkable

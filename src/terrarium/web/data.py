@@ -444,33 +444,13 @@ def _picked(
     key: Callable[[contexts.ContextRow], tuple[Any, str]] = (
         (lambda r: _key(r, sort, tokens)) if sort == "tokens" else _ATTRS[sort]
     )
-    matches = _matches(query)
+    matches = query.matcher()
     if matches is not None:
         rows = [row for row in rows if matches(row.context_id, row.last_active)]
     if after is not None:
         rows = [row for row in rows if key(row) < after]
     # One page of the largest keys: O(n), where sorting all 100k rows costs several times that.
     return heapq.nlargest(query.limit, rows, key=key)
-
-
-def _matches(query: ListingQuery) -> Callable[[str, str], bool] | None:
-    """Whether a context (its id, when last active) passes ``query``'s filters; None when
-    there are none."""
-    kind, since, until = query.type, query.since, query.until
-    needle = query.text.casefold() if query.text else None
-    if kind is None and needle is None and since is None and until is None:
-        return None
-    prefix = None if kind is None else kind + ":"
-
-    def matches(context_id: str, last_active: str) -> bool:
-        return (
-            (prefix is None or context_id.startswith(prefix))
-            and (needle is None or needle in context_id.casefold())
-            and (since is None or last_active[:10] >= since)
-            and (until is None or last_active[:10] <= until)
-        )
-
-    return matches
 
 
 def _by_tokens(
@@ -488,7 +468,7 @@ def _by_tokens(
     assert isinstance(store, PagedListing)
     listed = activity.listing(store)
     tallies, pending = activity.tallies(store, listed.native, budget)
-    matches = _matches(query) or (lambda _c, _l: True)
+    matches = query.matcher() or (lambda _c, _l: True)
     keys: list[tuple[int, str]] = []
     others = list(archived)
     if state != "archived":

@@ -126,10 +126,6 @@ _LISTING = (
     + ' {where}ORDER BY type COLLATE "C", substr(context, length(type) + 2) COLLATE "C"'
 )
 LISTING = _LISTING.format(where="")
-SIGNATURES = (
-    "SELECT context, last_active, message_count FROM contexts "
-    'ORDER BY last_active COLLATE "C", context COLLATE "C"'
-)
 LISTING_OF_TYPE = _LISTING.format(where="WHERE type = %s ")
 # The planner prices the wide covering index above a parallel scan and sort, which spills 100k
 # rows to disk and takes three times as long.
@@ -137,6 +133,10 @@ LISTING_BY_INDEX = "SET LOCAL enable_sort = off"
 # A page of it is LISTING_SELECT completed by stores._listing.page_statement, from the indexes
 # contexts_by_{last_active,created,messages} (m010).
 CONTEXT_TYPES = 'SELECT DISTINCT type COLLATE "C" FROM contexts ORDER BY 1'
+SIGNATURES = (
+    "SELECT context, last_active, message_count FROM contexts "
+    'ORDER BY last_active COLLATE "C", context COLLATE "C"'
+)
 MOVE_HEAD = (
     "UPDATE contexts AS c SET segment_id = g.segment_id, updated_at = %s, "
     "message_count = g.base_items + g.items, last_active = g.last_ts "
