@@ -366,6 +366,50 @@ def test_a_read_only_sqlite_store_lists_and_searches(
     assert _counts(listed) == {"cli:main": 1 + len(expected), "irc:#python": 1}
 
 
+@pytest.mark.parametrize("read_only", ["ro mount"], indirect=True)
+@pytest.mark.parametrize("kind", ["fs current", "fs behind", "fs missing", "sqlite lagging"])
+def test_the_dashboard_pages_a_read_only_store(kind: str, read_only: Any, tmp_path: Path) -> None:
+    """On a store that cannot be written (a read-only mount: EROFS for root too), the
+    sessions list's pages and the overview count every context and message, whether the
+    index is current, behind the files, missing, or (SQLite) behind its entries: a page the
+    index cannot answer comes from the whole listing, read from the files."""
+    from starlette.testclient import TestClient
+
+    from terrarium.stores.url import open_store
+    from terrarium.web import create_app
+
+    folder = tmp_path / "store"
+    if kind.startswith("fs"):
+        with FsStore(folder) as store:
+            for n in range(5):
+                _add(store, f"cli:c{n}", *["a walrus"] * (n + 1))
+            if kind != "fs missing":
+                assert len(store.list_contexts_fast()) == 5  # the index built
+            if kind == "fs behind":
+                _add(store, "cli:c0", "late", "later")
+        if kind == "fs missing":
+            (folder / ".index" / fs_search.DB_NAME).unlink(missing_ok=True)
+        counts = {f"cli:c{n}": n + 1 for n in range(5)} | {"cli:c0": 1 + 2 * (kind == "fs behind")}
+    else:
+        _sqlite_store(folder / "terrarium.db", lag=True)
+        counts = {"cli:main": 3, "irc:#python": 1}
+    where, _ = read_only(folder)
+    url = str(where) if kind.startswith("fs") else f"sqlite://{where / 'terrarium.db'}"
+    with open_store(url, create=False) as store:
+        client = TestClient(create_app(store), base_url="http://127.0.0.1")
+        seen: dict[str, int] = {}
+        cursor = None
+        while True:
+            params = {"sort": "messages", "limit": "2", **({"cursor": cursor} if cursor else {})}
+            page = client.get("/api/contexts", params=params).json()
+            seen |= {row["context_id"]: row["message_count"] for row in page["contexts"]}
+            if (cursor := page["next_cursor"]) is None:
+                break
+        assert seen == counts
+        totals = client.get("/api/stats").json()["totals"]
+        assert (totals["contexts"], totals["messages"]) == (len(counts), sum(counts.values()))
+
+
 def test_a_read_only_sqlite_store_of_an_old_schema_says_so(read_only: Any, tmp_path: Path) -> None:
     """A read-only database that needs a migration is refused in one line, never migrated."""
     folder = tmp_path / "db"

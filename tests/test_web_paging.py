@@ -4,6 +4,8 @@ archived contexts merged in, and gives what a sort of the whole listing would.""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +193,37 @@ def test_a_page_shows_its_tokens_without_the_overview(store: Store) -> None:
     assert tokens["cli:b"] == 0  # read: it has no usage
     if isinstance(store, FsStore):
         assert tokens["cli:legacy"] is None
+
+
+WRITER = """
+import sys
+from terrarium.model import ContextId
+from terrarium.sessions import create_segment, save_user_input
+from terrarium.stores.url import open_store
+with open_store(sys.argv[1], create=False) as store:
+    save_user_input(store, store.get_head(ContextId.parse("game:chess")), "moves to the front")
+    create_segment(store, None, context="cli:new")
+"""
+
+
+def test_writes_by_another_process_between_pages_skip_or_repeat_no_other_row(
+    store: Store,
+) -> None:
+    """Keyset pages stay whole while another process writes: a context written between two
+    pages moves ahead of the cursor (the walk goes on without it) and a new one starts ahead
+    of it, but no other context is skipped and none is shown twice."""
+    url = str(store.root) if isinstance(store, FsStore) else f"sqlite://{store.path}"  # type: ignore[attr-defined]
+    client = TestClient(create_app(store), base_url="http://127.0.0.1")
+    first = client.get("/api/contexts", params={"limit": "2"}).json()
+    subprocess.run(
+        [sys.executable, "-c", WRITER, url], check=True, timeout=120, capture_output=True
+    )
+    seen = [row["context_id"] for row in first["contexts"]]
+    cursor = first["next_cursor"]
+    while cursor is not None:
+        page = client.get("/api/contexts", params={"limit": "2", "cursor": cursor}).json()
+        seen += [row["context_id"] for row in page["contexts"]]
+        cursor = page["next_cursor"]
+    assert len(seen) == len(set(seen))
+    untouched = set(_expected(store, "last_active", "hot")) - {"game:chess", "cli:new"}
+    assert untouched <= set(seen) and "cli:new" not in seen
