@@ -252,3 +252,54 @@ def test_a_malformed_reference_list_is_a_corrupt_log() -> None:
         line = {"seq": 3, "kind": "item", "item": {"content": "p"}, BLOBS_KEY: refs}
         with pytest.raises(t.CorruptLog, match="entry 3"):
             resolve_line(line, store, "full")
+
+
+class _Text(str):
+    """A str subclass: the write calls' quick check must not take it for something else."""
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"role": "tool", "content": [{"type": "text", "text": BIG}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": BIG}}]},
+        {"role": "tool", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": BIG}]},
+        {"role": "tool", "content": _Text(BIG)},
+        {"type": "function_call_output", "output": BIG, "n": 3, "ok": True, "x": 1.5},
+    ],
+)
+def test_a_large_string_anywhere_in_an_item_goes_to_a_blob(tmp_path: Path, item: dict) -> None:
+    """Every large string of an item is offloaded, however deep, in lists, tuples or as a str
+    subclass, so the quick check of ordinary items never lets one through."""
+    store = FsStore(tmp_path)
+    t.create_segment(store, t.SegmentStartState(), context="cli:big")
+    head = store.get_head(t.ContextId.parse("cli:big"))
+    assert head is not None
+    [entry] = t.save_delta(store, head, [item])
+    assert len(entry.data[BLOBS_KEY]) == 1
+    assert BIG not in json.dumps(entry.data)
+    assert BIG in json.dumps(t.restore(store, "cli:big").history[-1])
+
+
+def test_a_large_string_in_a_tuple_of_any_entry_goes_to_a_blob(tmp_path: Path) -> None:
+    """Entries of any kind are offloaded too, tuples included."""
+    store = FsStore(tmp_path)
+    t.create_segment(store, t.SegmentStartState(), context="cli:big")
+    head = store.get_head(t.ContextId.parse("cli:big"))
+    assert head is not None
+    entry = t.append_entry(store, head, "x_note", {"item": {"parts": ("a", (BIG,))}})
+    assert entry.data[BLOBS_KEY][0]["path"] == ["item", "parts", 1, 0]
+
+
+def test_an_ordinary_item_is_logged_as_given(tmp_path: Path) -> None:
+    """Below the threshold nothing is copied or marked: the entry holds the item itself."""
+    store = FsStore(tmp_path, blob_threshold=1024)
+    t.create_segment(store, t.SegmentStartState(), context="cli:small")
+    head = store.get_head(t.ContextId.parse("cli:small"))
+    assert head is not None
+    item = {"role": "assistant", "content": "x" * 256, "tool_calls": [{"id": "c", "n": 1}]}
+    [entry] = t.save_delta(store, head, [item])
+    assert BLOBS_KEY not in entry.data
+    assert entry.data["item"] == item
+    [bigger] = t.save_delta(store, head, [{"role": "assistant", "content": "y" * 1025}])
+    assert bigger.data[BLOBS_KEY][0]["bytes"] == 1025

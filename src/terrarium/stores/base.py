@@ -668,11 +668,10 @@ def iter_lines(entries: Sequence[NewEntry], first_seq: int) -> Iterator[dict[str
                 f"entry data of kind {entry.kind!r} may not set the envelope keys "
                 f"{sorted(_ENVELOPE.intersection(entry.data))}"
             )
-        line: dict[str, Any] = {
+        yield {
             "v": FORMAT_VERSION,
             "seq": first_seq + offset,
             "ts": entry.ts,
             "kind": entry.kind,
+            **entry.data,
         }
-        line.update(entry.data)
-        yield line

@@ -207,7 +207,9 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         folder = Path(root).absolute()
         make_dirs(folder)
         super().__init__(folder)
-        self.durability = durability
+        self.durability = durability  # fixed when opened: the append reads the two flags below
+        self._fsync_each = durability == "fsync"
+        self._batched = durability == "batch"
         self.batch_interval = batch_interval
         self.blob_threshold = blob_threshold
         self._lock = threading.RLock()
@@ -873,15 +875,16 @@ class FsStore(FsBlobs, Tree, ClosingStore):
                     raise ConflictError.stale_seq(segment_id, first, expected_seq)
                 data = codec.encode_lines(list(iter_lines(entries, first)))
                 self._write_all(fd, data, handle.size, segment_id)
-                if self.durability == "fsync":
+                if self._fsync_each:
                     os.fdatasync(fd)
-                elif self.durability == "batch":
+                elif self._batched:
                     handle.dirty = True
                 handle.size += len(data)
                 handle.next_seq = first + len(entries)
-                if time.monotonic() - handle.marked >= fs_search.MARK_EVERY:
+                now = time.monotonic()
+                if now - handle.marked >= fs_search.MARK_EVERY:
                     self._mark(session_id)
-                    handle.marked = time.monotonic()
+                    handle.marked = now
                 return first
             except SegmentNotFound:
                 self._forget(segment_id)  # closing the descriptor releases its lock
@@ -893,7 +896,9 @@ class FsStore(FsBlobs, Tree, ClosingStore):
     def _write_all(self, fd: int, data: bytes, size: int, segment_id: SegmentId) -> None:
         """Write ``data`` fully or roll the file back to ``size`` and raise."""
         try:
-            write_all(fd, data)
+            written = os.write(fd, data)
+            if written != len(data):  # short (a signal, a nearly full disk): the rest follows
+                write_all(fd, data[written:])
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, size)
