@@ -19,7 +19,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, cast, overload
 
-from terrarium.blobs import BlobMode, materialize, offload_data, offload_line, resolve_line
+from terrarium.blobs import (
+    BlobMode,
+    materialize,
+    offload_data,
+    offload_line,
+    resolve_line,
+    resolve_lines,
+)
 from terrarium.errors import ConflictError, ContextNotFound, InvalidEntry
 from terrarium.model import (
     FORMAT_VERSION,
@@ -673,7 +680,7 @@ def lineage(
     return [
         SegmentRead(
             resolve_line(read.header, store, blobs, cache),
-            [resolve_line(line, store, blobs, cache) for line in read.entries],
+            resolve_lines(read.entries, store, blobs, cache),
             read.next_seq,
             read.torn,
         )
