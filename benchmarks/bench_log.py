@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import fcntl
 import gc
 import json
 import math
@@ -116,6 +117,9 @@ APPEND_FLAT_MAX_RATIO = 1.5
 FSYNC_MAX_RATIO = 1.3
 RESTORE_100K_MAX_MS = 150.0
 COMPACTED_MAX_RATIO = 1.5
+# Issue 15: against the floors measured in the same run.
+STORE_APPEND_MAX_RATIO = 3.0
+RESTORE_FLOOR_MAX_RATIO = 1.3
 
 
 @dataclass
@@ -300,6 +304,45 @@ def bench_floor(folder: Path, line: bytes, count: int) -> list[float]:
         os.close(fd)
 
 
+def bench_locked_floor(folder: Path, line: bytes, count: int) -> list[float]:
+    """The system calls an FsStore append cannot do without, in µs: an exclusive ``flock``
+    (writers in other processes), an ``fstat`` (another writer's lines, a file archived or
+    deleted meanwhile), the ``os.write``, the unlock."""
+    fd = os.open(folder / "locked.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def append(_: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.fstat(fd)
+        os.write(fd, line)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+    try:
+        for i in range(100):
+            append(i)
+        return time_calls(append, count)
+    finally:
+        os.close(fd)
+
+
+def bench_restore_floor(store: FsStore, context: str, runs: int) -> list[float]:
+    """Reading the context's segment file and ``msgspec`` ``decode_lines`` of it, the cyclic
+    GC paused (as the codec does), in ms: the floor of a restore."""
+    folder = store.folder_of(ContextId.parse(context))
+    assert folder is not None
+    [path] = folder.glob("*.jsonl")
+    decoder = msgspec.json.Decoder()
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter_ns()
+        gc.disable()
+        try:
+            decoder.decode_lines(path.read_bytes())
+        finally:
+            gc.enable()
+        samples.append((time.perf_counter_ns() - start) / 1e6)
+    return samples
+
+
 @dataclass
 class Subject:
     """One pre-filled context in its own FsStore."""
@@ -317,8 +360,13 @@ def setup_fs(report: Report, folder: Path, size: int) -> Subject:
     store = FsStore(folder / "sessions", durability="flush")
     head = prefill(store, context, size)
     report.add(Measurement("bytes", size, "B", segment_bytes(store, context)))
-    samples = bench_restore(store, context, report.config.restore_runs)
-    report.add(Measurement("restore", size, "ms", *summarize(samples), n=len(samples)))
+    ours: list[float] = []
+    floor: list[float] = []
+    for _ in range(report.config.restore_runs):  # one for one, so load falls on both alike
+        ours += bench_restore(store, context, 1)
+        floor += bench_restore_floor(store, context, 1)
+    report.add(Measurement("restore", size, "ms", *summarize(ours), n=len(ours)))
+    report.add(Measurement("restore_floor", size, "ms", *summarize(floor), n=len(floor)))
     return Subject(size, folder / "sessions", context, head, store)
 
 
@@ -339,14 +387,20 @@ def run_appends(report: Report, subjects: list[Subject], line: bytes) -> None:
     for s in subjects:
         for i in range(cfg.warmup):
             append_message(s.store, s.head, i)
+    direct: dict[int, list[float]] = {s.size: [] for s in subjects}
+    drafts = [NewEntry(kind_of(message(i)), utc_now(), {"item": message(i)}) for i in (0, 1)]
     for r, count in enumerate(rounds(cfg.appends, cfg.rounds)):
         order = subjects if r % 2 == 0 else subjects[::-1]
         for s in order:
             gc.collect()
             flush[s.size] += time_calls(partial(append_message, s.store, s.head), count)
+            append = partial(s.store.append, s.head.session_id, s.head.segment_id)
+            direct[s.size] += time_calls(lambda i, f=append: f(drafts[i % 2 : i % 2 + 1]), count)
     for s in subjects:
         samples = flush[s.size]
         report.add(Measurement("append_flush", s.size, "µs", *summarize(samples), len(samples)))
+        samples = direct[s.size]
+        report.add(Measurement("store_append", s.size, "µs", *summarize(samples), len(samples)))
         s.store.close()
         s.store = FsStore(s.root, durability="fsync")
 
@@ -617,6 +671,28 @@ def evaluate(report: Report) -> None:
         r <= FSYNC_MAX_RATIO,
         f"worst {r:.2f}x at {label(s)}",
     )
+    worst_direct = max(
+        (
+            (r, s)
+            for s in sizes
+            if (r := ratio(report.get("store_append", s), report.get("raw_write")))
+        ),
+        default=None,
+    )
+    if worst_direct is not None:
+        locked = ratio(report.get("locked_write"), report.get("raw_write"))
+        add(
+            f"Store.append ≤ {STORE_APPEND_MAX_RATIO:g}x a raw os.write (issue 15)",
+            worst_direct[0] <= STORE_APPEND_MAX_RATIO,
+            f"worst {worst_direct[0]:.2f}x at {label(worst_direct[1])}; the locked floor "
+            f"alone is {locked or 0:.2f}x",
+        )
+    big_ratio = ratio(report.get("restore", 100000), report.get("restore_floor", 100000))
+    add(
+        f"restore of 100k entries ≤ {RESTORE_FLOOR_MAX_RATIO:g}x read + decode_lines (issue 15)",
+        None if big_ratio is None else big_ratio <= RESTORE_FLOOR_MAX_RATIO,
+        "not measured (100k not in --sizes)" if big_ratio is None else f"{big_ratio:.2f}x",
+    )
     big = report.get("restore", 100000)
     add(
         f"restore of 100k entries < {RESTORE_100K_MAX_MS:g} ms",
@@ -676,11 +752,22 @@ def render(report: Report) -> str:
     out.append("Append one message (save_user_input / save_delta)")
     row("  FsStore flush: median µs", series("append_flush"))
     row("  FsStore flush: p99 µs", series("append_flush", "p99"))
+    locked = report.get("locked_write")
     if floor is not None:
         row(
             f"    ÷ raw os.write ({floor.median:.2f} µs)",
             [fmt(ratio(report.get("append_flush", s), floor), "x") for s in sizes],
         )
+        row("  Store.append of a built entry: median µs", series("store_append"))
+        row(
+            "    ÷ raw os.write",
+            [fmt(ratio(report.get("store_append", s), floor), "x") for s in sizes],
+        )
+        if locked is not None:
+            out.append(
+                f"  floor of a locked append (flock, fstat, write, unlock): {locked.median:.2f}"
+                f" µs = {locked.median / floor.median:.2f}x a raw os.write"
+            )
     row("  FsStore fsync: median µs", series("append_fsync"))
     row("  FsStore fsync: p99 µs", series("append_fsync", "p99"))
     row("  raw write+fdatasync: median µs", series("raw_fdatasync"))
@@ -698,6 +785,8 @@ def render(report: Report) -> str:
     out.append("")
     out.append("Restore (warm page cache)")
     row("  terrarium.restore: median ms", series("restore"))
+    row("  floor (read + msgspec decode_lines): ms", series("restore_floor"))
+    row("    restore ÷ floor", ratios("restore", "restore_floor"))
     per_entry = []
     for s in sizes:
         m = report.get("restore", s)
@@ -771,6 +860,8 @@ def run(cfg: Config, *, progress: Callable[[str], None] | None = None) -> Report
         say("raw os.write floor")
         floor = bench_floor(folder, first, cfg.floor_writes)
         report.add(Measurement("raw_write", None, "µs", *summarize(floor), n=len(floor)))
+        locked = bench_locked_floor(folder, first, cfg.floor_writes)
+        report.add(Measurement("locked_write", None, "µs", *summarize(locked), n=len(locked)))
         subjects: list[Subject] = []
         try:
             for size in cfg.sizes:
