@@ -34,12 +34,21 @@ def test_bench_log_quick_run(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     results = json.loads(out.read_text())
     names = {(m["name"], m["size"]) for m in results["measurements"]}
     for size in (20, 50):
-        for name in ("append_flush", "append_fsync", "raw_fdatasync", "restore", "bytes"):
+        for name in (
+            "append_flush",
+            "store_append",
+            "append_fsync",
+            "raw_fdatasync",
+            "restore",
+            "restore_floor",
+            "bytes",
+        ):
             assert (name, size) in names
         assert ("naive_json_append", size) in names
     assert ("restore_compacted", 50) in names
     assert {t["verdict"] for t in results["targets"]} <= {"PASS", "FAIL", "SKIP"}
-    assert len(results["targets"]) == 5
+    assert ("locked_write", None) in names
+    assert len(results["targets"]) == 7
 
 
 def test_parse_sizes() -> None:
