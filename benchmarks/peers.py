@@ -60,7 +60,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,7 +86,7 @@ from terrarium import (  # noqa: E402
     save_user_input,
 )
 from terrarium.model import ContextId, utc_now  # noqa: E402
-from terrarium.stores.base import NewEntry, Store, iter_lines  # noqa: E402
+from terrarium.stores.base import NewEntry, SearchQuery, Store, iter_lines  # noqa: E402
 from terrarium.stores.sqlite import SqliteStore  # noqa: E402
 
 TEXTS = [message_text(i, 300) for i in range(101)]
@@ -162,6 +162,11 @@ class System:
 
     def disk_bytes(self) -> int:
         return folder_bytes(self.folder)
+
+    def search_bytes(self) -> int | None:
+        """The part of :meth:`disk_bytes` that is a search index, for a system that keeps
+        one (measured after ``close`` too); None for the others."""
+        return None
 
     folder: Path
 
@@ -283,7 +288,19 @@ class TerrariumSystem(System):
         return len(restore(self.store, self.context).history)
 
     def close(self) -> None:
+        # A search first brings the derived state (search index, counts) up to date, so that
+        # its bytes are counted whole, as a store that has served a search holds them.
+        self.store.search(SearchQuery("message"))
         self.store.close()
+
+    def search_bytes(self) -> int | None:
+        if isinstance(self.store, FsStore):
+            return folder_bytes(self.folder / "sessions" / ".index")
+        with closing(sqlite3.connect(self.folder / "t.db")) as conn:
+            row = conn.execute(
+                "SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name LIKE 'search%'"
+            ).fetchone()
+        return int(row[0])
 
 
 class PostgresSystem(TerrariumSystem):
@@ -299,14 +316,21 @@ class PostgresSystem(TerrariumSystem):
         self.dsn = dsn
 
     def disk_bytes(self) -> int:
+        return self._relations_bytes("")
+
+    def search_bytes(self) -> int | None:
+        return self._relations_bytes("search")
+
+    def _relations_bytes(self, prefix: str) -> int:
+        """Tables (with their indexes and TOAST) of the schema whose names start so."""
         import psycopg
 
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             row = conn.execute(
                 "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
                 "JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE n.nspname = %s AND c.relkind IN ('r', 'm')",
-                (f"peers_{self.depth}",),
+                "WHERE n.nspname = %s AND c.relkind IN ('r', 'm') AND c.relname LIKE %s",
+                (f"peers_{self.depth}", f"{prefix}%"),
             ).fetchone()
         return int(row[0]) if row else 0
 
@@ -583,8 +607,12 @@ class Cell:
     append_n: int = 0
     restore_ms: float | None = None
     restore_n: int = 0
+    append_p99_us: float | None = None
+    append_max_us: float | None = None
     bytes_per_message: float | None = None
     total_bytes: int | None = None
+    search_bytes: int | None = None
+    """The search index's part of ``total_bytes`` (terrarium's stores)."""
     note: str = ""
 
 
@@ -660,6 +688,7 @@ def measure_depth(
         total = system.disk_bytes()
         cell = results.cell(system.name, depth)
         cell.total_bytes = total
+        cell.search_bytes = system.search_bytes()
         cell.bytes_per_message = total / (depth + 1 + cell.append_n)
     shutil.rmtree(base / f"{depth}", ignore_errors=True)
 
@@ -685,6 +714,8 @@ def time_appends(
     for name, values in samples.items():
         cell = results.cell(name, depth)
         cell.append_us = statistics.median(values) * 1e6
+        cell.append_p99_us = sorted(values)[math.ceil(0.99 * len(values)) - 1] * 1e6
+        cell.append_max_us = max(values) * 1e6
         cell.append_n = len(values) + 1
         # For the next depth, whose append may cost in proportion to the history.
         previous[name] = (depth, statistics.median(values))
@@ -817,6 +848,67 @@ def sqlite_floor(results: Results) -> list[str]:
     return out
 
 
+def tails(results: Results) -> list[str]:
+    """terrarium's appends and the floors: the slowest 1 % and the slowest one, against the
+    median (a stall from a catch-up or a checkpoint shows here, not in the median)."""
+    depths = results.config.depths
+    head = "| system | " + " | ".join(f"{label(d)}: p99 ÷ median | max ÷ median" for d in depths)
+    lines = [head + " |", "| --- |" + " ---: | ---: |" * len(depths)]
+    for name in results.names:
+        if results.groups.get(name) not in ("floor", "terrarium"):
+            continue
+        row = [name]
+        for depth in depths:
+            cell = results.cells.get(name, {}).get(depth)
+            if cell is None or not cell.append_us or cell.append_p99_us is None:
+                row += ["-", "-"]
+                continue
+            assert cell.append_max_us is not None
+            worst = cell.append_max_us
+            row += [
+                fmt_ratio(cell.append_p99_us / cell.append_us),
+                f"{fmt_ratio(worst / cell.append_us)} ({fmt_time(worst / 1e6)})",
+            ]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def log_and_search(results: Results) -> list[str]:
+    """terrarium's bytes per message apart: the log (entries, heads, listing state) and the
+    search index, each against FsStore's."""
+    depths = results.config.depths
+    head = "| store | " + " | ".join(
+        f"{label(d)}: log | ÷ fs log | search index | total ÷ fs total" for d in depths
+    )
+    lines = [head + " |", "| --- |" + " ---: | ---: | ---: | ---: |" * len(depths)]
+
+    def parts(name: str, depth: int) -> tuple[float, float, float] | None:
+        cell = results.cells.get(name, {}).get(depth)
+        if cell is None or cell.total_bytes is None or cell.search_bytes is None:
+            return None
+        messages = cell.total_bytes / (cell.bytes_per_message or 1)
+        log = (cell.total_bytes - cell.search_bytes) / messages
+        return log, cell.search_bytes / messages, cell.total_bytes / messages
+
+    for name in results.names:
+        if not any(parts(name, d) for d in depths):
+            continue
+        row = [name]
+        for depth in depths:
+            ours, fs = parts(name, depth), parts(FS, depth)
+            if ours is None or fs is None:
+                row += ["-", "", "", ""]
+                continue
+            row += [
+                fmt_bytes(ours[0]),
+                fmt_ratio(ours[0] / fs[0]),
+                fmt_bytes(ours[1]),
+                fmt_ratio(ours[2] / fs[2]),
+            ]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def samples_note(results: Results) -> list[str]:
     """Which systems had fewer samples than the most, or were skipped, and where."""
     cfg = results.config
@@ -863,11 +955,25 @@ def write_markdown(results: Results, out: Path, plots: list[str], command: str) 
     for title, measure in (
         ("Append one message (latency)", "append"),
         ("Restore the whole conversation", "restore"),
-        ("Bytes on disk per message (every file written, after close)", "bytes"),
+        (
+            "Bytes on disk per message (every file written, after close; terrarium's "
+            "search index included)",
+            "bytes",
+        ),
     ):
         lines += [f"## {title}", "", *table(results, measure), ""]
         if measure == "append":
             lines += [*sqlite_floor(results), ""]
+            lines += ["Tails of the same appends:", "", *tails(results), ""]
+        if measure == "bytes":
+            lines += [
+                "terrarium's stores, the log and the search index apart (each store brought "
+                "its search index up to date with one search before closing; FsStore's is "
+                "`.index/`, SQLite's the `search*` tables, PostgreSQL's the `search*` relations):",
+                "",
+                *log_and_search(results),
+                "",
+            ]
     notes = samples_note(results)
     lines += [
         "## Samples and skips",

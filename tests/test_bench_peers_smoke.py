@@ -43,11 +43,12 @@ def run_quick(tmp_path: Path, hidden: bool) -> tuple[subprocess.CompletedProcess
     return result, out
 
 
-def rows(report: str, section: str) -> dict[str, list[str]]:
-    """The rows of one table in the report, by system name."""
+def rows(report: str, section: str, which: int = 0) -> dict[str, list[str]]:
+    """The rows of a section's first (or ``which``-th) table, by system name."""
     part = report.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
-    cells = [line.strip("|").split("|") for line in part.splitlines() if line.startswith("| ")]
-    return {c[0].strip(): [x.strip() for x in c[1:]] for c in cells[1:]}
+    tables = [t for t in part.split("\n\n") if t.startswith("| ")]
+    cells = [line.strip("|").split("|") for line in tables[which].splitlines()]
+    return {c[0].strip(): [x.strip() for x in c[1:]] for c in cells[2:]}
 
 
 def test_bench_peers_quick_without_the_bench_extra(tmp_path: Path) -> None:
@@ -68,6 +69,18 @@ def test_bench_peers_quick_without_the_bench_extra(tmp_path: Path) -> None:
             assert table[name][0] not in ("", "-", "skipped"), (section, name)
         assert table["terrarium FsStore"][2] == "1.00x"
         assert table["floor: os.write / read + decode_lines"][1] == "1.00x"
+    tails = rows(report, "Append one message", 1)
+    assert set(tails) == {
+        "floor: os.write / read + decode_lines",
+        "floor: SQLite INSERT / SELECT + decode",
+        "terrarium FsStore",
+        "terrarium SqliteStore",
+    } | ({"terrarium PostgresStore"} & set(tails))
+    apart = rows(report, "Bytes on disk", 1)
+    assert apart["terrarium FsStore"][1] == "1.00x"
+    assert {"terrarium FsStore", "terrarium SqliteStore"} <= set(apart)
+    for name, cells in apart.items():
+        assert cells[0].endswith("B") and cells[2].endswith("B"), name  # log, search index
         for peer in PEERS:
             assert peer not in table, peer
     for peer in PEERS:
