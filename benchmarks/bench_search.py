@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import itertools
+import json
 import os
 import random
 import shutil
@@ -172,6 +173,34 @@ def build_store(root: Path, sessions: int, per_session: int, maker: TextMaker) -
             path.write_bytes(pointer)
 
 
+def build_and_index(
+    root: Path, sessions: int, per_session: int, maker: TextMaker, info: list[str]
+) -> None:
+    """Write the store's files, index them, and check a few contexts against a restore."""
+    t0 = time.perf_counter()
+    build_store(root, sessions, per_session, maker)
+    build_s = time.perf_counter() - t0
+    messages = sessions * per_session
+    info.append(f"built {sessions:,} contexts / {messages:,} messages as files in {build_s:.1f} s")
+    with FsStore(root) as store:
+        index = store.search_index
+        t0 = time.perf_counter()
+        indexed = index.rebuild()
+        index_s = time.perf_counter() - t0
+        size = sum(os.path.getsize(p) for p in index.path.parent.glob("search.db*") if p.is_file())
+        info.append(
+            f"indexed {indexed:,} sessions / {index.stats.items:,} messages in "
+            f"{index_s:.1f} s ({index.stats.items / index_s:,.0f} messages/s); "
+            f"search.db {size / 1e6:.0f} MB"
+        )
+        assert indexed == sessions
+        summaries = {s.context: s for s in store.list_contexts_fast()}
+        for context in random.Random(5).sample(sorted(summaries), 5):
+            state = restore(store, context)
+            assert summaries[context].message_count == len(state.history) == per_session
+            assert summaries[context].last_active == state.last_active
+
+
 def timed(fn: Callable[[], Any], repeat: int) -> list[float]:
     """Seconds per call, for ``repeat`` calls."""
     out = []
@@ -208,7 +237,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
     parser.add_argument("--dir", type=Path, help="build the store here and keep it")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="with --dir: measure the store built there by an earlier run of the same size",
+    )
     args = parser.parse_args()
+    if args.reuse and args.dir is None:
+        parser.error("--reuse needs --dir")
     sessions, per_session, vocab, queries, lists = (
         (2_000, 10, 5_000, 30, 3) if args.quick else (100_000, 10, 50_000, 200, 15)
     )
@@ -216,37 +252,26 @@ def main() -> int:
     rng = random.Random(20261122)
     base = args.dir or Path(tempfile.mkdtemp(prefix="bench-search-"))
     root = base / "sessions"
-    if root.exists():
+    built = base / "built.json"
+    shape = {"sessions": sessions, "per_session": per_session, "vocab": vocab}
+    reuse = args.reuse and built.exists() and json.loads(built.read_text()) == shape
+    if root.exists() and not reuse:
         shutil.rmtree(root)
+        built.unlink(missing_ok=True)
     rows: list[tuple[str, str, str, str]] = []
     info: list[str] = []
     try:
         maker = TextMaker(vocab, rng)
-        t0 = time.perf_counter()
-        build_store(root, sessions, per_session, maker)
-        build_s = time.perf_counter() - t0
-        info.append(
-            f"built {sessions:,} contexts / {messages:,} messages as files in {build_s:.1f} s"
-        )
+        if reuse:
+            info.append(f"reused the store built in {base} by an earlier run")
+        else:
+            build_and_index(root, sessions, per_session, maker, info)
+            built.write_text(json.dumps(shape))
+        rng = random.Random(20261127)  # the queries: the same whether built now or reused
         with FsStore(root) as store:
             index = store.search_index
-            t0 = time.perf_counter()
-            indexed = index.rebuild()
-            index_s = time.perf_counter() - t0
-            size = sum(
-                os.path.getsize(p) for p in index.path.parent.glob("search.db*") if p.is_file()
-            )
-            info.append(
-                f"indexed {indexed:,} sessions / {index.stats.items:,} messages in "
-                f"{index_s:.1f} s ({index.stats.items / index_s:,.0f} messages/s); "
-                f"search.db {size / 1e6:.0f} MB"
-            )
-            assert indexed == sessions
             summaries = {s.context: s for s in store.list_contexts_fast()}
-            for context in rng.sample(sorted(summaries), 5):
-                state = restore(store, context)
-                assert summaries[context].message_count == len(state.history) == per_session
-                assert summaries[context].last_active == state.last_active
+            assert len(summaries) == sessions
 
             freqs = doc_freqs(index.path)
             total = messages
