@@ -663,15 +663,14 @@ _ENVELOPE = frozenset(ENVELOPE_KEYS)
 def iter_lines(entries: Sequence[NewEntry], first_seq: int) -> Iterator[dict[str, Any]]:
     """Yield the stored form of ``entries`` numbered from ``first_seq``."""
     for offset, entry in enumerate(entries):
-        if not _ENVELOPE.isdisjoint(entry.data):
-            raise InvalidEntry(
-                f"entry data of kind {entry.kind!r} may not set the envelope keys "
-                f"{sorted(_ENVELOPE.intersection(entry.data))}"
-            )
-        yield {
-            "v": FORMAT_VERSION,
-            "seq": first_seq + offset,
-            "ts": entry.ts,
-            "kind": entry.kind,
-            **entry.data,
-        }
+        yield entry_line(entry, first_seq + offset)
+
+
+def entry_line(entry: NewEntry, seq: int) -> dict[str, Any]:
+    """The stored form of one entry, numbered ``seq``."""
+    if not _ENVELOPE.isdisjoint(entry.data):
+        raise InvalidEntry(
+            f"entry data of kind {entry.kind!r} may not set the envelope keys "
+            f"{sorted(_ENVELOPE.intersection(entry.data))}"
+        )
+    return {"v": FORMAT_VERSION, "seq": seq, "ts": entry.ts, "kind": entry.kind, **entry.data}

@@ -88,6 +88,7 @@ from terrarium.stores.base import (
     SearchQuery,
     SegmentRead,
     TrashedContext,
+    entry_line,
     header_line,
     iter_lines,
 )
@@ -214,6 +215,8 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         self.blob_threshold = blob_threshold
         self._lock = threading.RLock()
         self._open: OrderedDict[SegmentId, _Open] = OrderedDict()
+        self._recent: _Open | None = None
+        """The handle last used, so the last in ``_open``'s order."""
         self._folders: dict[SessionId, Path] = {}
         self._closed = threading.Event()
         self._search: fs_search.SearchIndex | None = None
@@ -860,11 +863,13 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             handle = self._handle(session_id, segment_id)
             fd = handle.fd
             fcntl.flock(fd, fcntl.LOCK_EX)
+            held = True  # until the descriptor is closed, which releases the lock
             try:
                 st = os.fstat(fd)
                 if st.st_nlink == 0 or _archive.sealed(st.st_mode):  # moved, or moving
                     if not last:
                         self._forget(segment_id)
+                        held = False
                         self._folders.pop(session_id, None)
                         raise _Asleep(session_id)
                     raise SegmentNotFound(f"segment {segment_id} was deleted")
@@ -873,7 +878,10 @@ class FsStore(FsBlobs, Tree, ClosingStore):
                 first = handle.next_seq
                 if expected_seq is not None and expected_seq != first:
                     raise ConflictError.stale_seq(segment_id, first, expected_seq)
-                data = codec.encode_lines(list(iter_lines(entries, first)))
+                if len(entries) == 1:  # nearly every append: no generator
+                    data = codec.encode_line(entry_line(entries[0], first))
+                else:
+                    data = codec.encode_lines(list(iter_lines(entries, first)))
                 self._write_all(fd, data, handle.size, segment_id)
                 if self._fsync_each:
                     os.fdatasync(fd)
@@ -887,10 +895,11 @@ class FsStore(FsBlobs, Tree, ClosingStore):
                     handle.marked = now
                 return first
             except SegmentNotFound:
-                self._forget(segment_id)  # closing the descriptor releases its lock
+                self._forget(segment_id)
+                held = False
                 raise
             finally:
-                if segment_id in self._open:
+                if held:
                     fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _write_all(self, fd: int, data: bytes, size: int, segment_id: SegmentId) -> None:
@@ -1247,7 +1256,9 @@ class FsStore(FsBlobs, Tree, ClosingStore):
     def _handle(self, session_id: SessionId, segment_id: SegmentId) -> _Open:
         handle = self._open.get(segment_id)
         if handle is not None:
-            self._open.move_to_end(segment_id)
+            if handle is not self._recent:  # a run of appends to one segment skips the move
+                self._open.move_to_end(segment_id)
+                self._recent = handle
             return handle
         folder = self._session_folder(session_id)
         if self._archived(folder):
@@ -1259,6 +1270,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             raise _Asleep(session_id) from None
         handle = _Open(fd, session_id)
         self._open[segment_id] = handle
+        self._recent = handle
         while len(self._open) > _MAX_OPEN:
             _, old = self._open.popitem(last=False)
             if old.dirty:
