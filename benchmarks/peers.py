@@ -60,7 +60,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, closing, contextmanager
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,19 +107,6 @@ def entry_line(i: int, seq: int) -> bytes:
     kind = "user_input" if i % 2 == 0 else "item"
     draft = NewEntry(kind, utc_now(), {"item": {"role": role(i), "content": text(i)}})
     return codec.encode_line(next(iter_lines([draft], seq)))
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic GC off while decoding, as terrarium's codec does (decoded lines hold no
-    cycles): the floor is the best the decoder can do."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def folder_bytes(folder: Path) -> int:
@@ -191,7 +178,7 @@ class WriteFloor(System):
         os.write(self.fd, self.lines[i % len(self.lines)])
 
     def restore(self) -> int:
-        with open(self.path, "rb") as f, gc_paused():
+        with open(self.path, "rb") as f, codec.paused_gc():
             return len(self.decoder.decode_lines(f.read()))
 
     def close(self) -> None:
@@ -239,7 +226,7 @@ class InsertFloor(System):
             "SELECT line FROM entries WHERE session_id = ? AND segment_id = ? ORDER BY seq",
             self.ids,
         ).fetchall()
-        with gc_paused():
+        with codec.paused_gc():
             return len(self.decoder.decode_lines("\n".join(r[0] for r in rows)))
 
     def close(self) -> None:
