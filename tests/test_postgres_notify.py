@@ -155,3 +155,25 @@ def test_a_feed_that_dies_leaves_the_notes_on(
     with writer.change_feed():
         pass
     assert not _notes_on(writer)
+
+
+def test_a_feed_leaving_behind_a_long_transaction_leaves_the_notes_on(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """The last feed to leave gives up switching the notes off while a transaction holds the
+    appends' table (appends would queue behind it), and leaves them on."""
+    import psycopg
+
+    watcher, writer = two
+    seed(writer)
+    feed = watcher.change_feed()
+    with psycopg.connect(writer._dsn) as long:  # a transaction, as an archive's
+        long.execute(f'LOCK TABLE "{writer.schema}".segments IN ROW EXCLUSIVE MODE')
+        started = time.monotonic()
+        feed.close()
+        assert time.monotonic() - started < 20
+        long.rollback()
+    assert _notes_on(writer)
+    with writer.change_feed():
+        pass
+    assert not _notes_on(writer)
