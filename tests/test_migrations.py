@@ -535,3 +535,34 @@ def test_postgres_m011_keeps_search_rows_without_their_text(
         assert new.seq == 2 and new.snippet == "another kestrel"
         (last,) = conn.execute(f"SELECT max(id) FROM {q}.search_docs").fetchone() or (0,)
         assert last > before[-1][2]
+
+
+@pytest.mark.postgres
+def test_postgres_m012_switches_the_append_notes_off(
+    pg: tuple[Any, str],
+    pg_database: str,  # noqa: F811
+) -> None:
+    """A schema at m011, whose appends always notify, is upgraded: the appends' trigger is off
+    until a feed joins, and a joined feed hears an append."""
+    from terrarium.sessions import create_segment
+    from terrarium.stores import postgres
+
+    conn, schema = pg
+    postgres.migrate(conn, schema, where="old", stop_after="m011_search_rows_without_text")
+    state = (
+        "SELECT tgenabled FROM pg_trigger WHERE tgname = 'segments_notify' "
+        "AND tgrelid = %s::regclass"
+    )
+    where = (f'"{schema}".segments',)
+    assert conn.execute(state, where).fetchone() == ("O",)
+    with postgres.PostgresStore(pg_database, schema=schema) as store:
+        assert _pg_names(conn, schema) == postgres.MIGRATIONS.names
+        assert conn.execute(state, where).fetchone() == ("D",)
+        session_id, _ = create_segment(store, context="cli:old")
+        with store.change_feed() as feed:
+            assert conn.execute(state, where).fetchone() == ("O",)
+            head = store.get_head(ContextId("cli", "old"))
+            assert head is not None
+            save_user_input(store, head, "heard?")
+            assert feed.wait(30) == f"session:{session_id}"
+        assert conn.execute(state, where).fetchone() == ("D",)
