@@ -527,7 +527,7 @@ def m011_search_rows_without_text(conn: psycopg.Connection[Any]) -> None:
     """Search rows lose their two copies of the item's text (``body`` and ``words``, each as
     long as the item): a hit reads its text from its entry's line, which holds it anyway, and
     ``tsv`` becomes a plain column the catch-up fills. At 100k messages of one conversation
-    this took the search rows from 1,365 to about 700 bytes per message (benchmarks/README.md).
+    this took the search rows from 1,365 to 744 bytes per message (benchmarks/README.md).
 
     The table is copied rather than altered, so the space its text held is given back now, not
     by some later ``VACUUM FULL``: the rows keep their ``id`` (arrival order) and ``tsv``, and
@@ -570,7 +570,8 @@ def m012_notify_only_when_listened(conn: psycopg.Connection[Any]) -> None:
     ``feed_join`` / ``feed_leave`` (see :mod:`.notify`) turns it on and off.
 
     With no listener, ``pg_notify`` still queues each note and writes it to the notification
-    queue at commit: the trigger measured 1.2x an append's median (benchmarks/README.md).
+    queue at commit: the trigger measured 1.05x an append's median, 1.22x while other writers
+    appended (and notified) at once (benchmarks/README.md).
     Heads' notes (``contexts_notify``) are not on the append path and stay on. The functions
     run as their owner (the tables' owner, who alone may switch a trigger), with this schema
     and then ``pg_temp`` on their path. A feed of a terrarium from before this step does not

@@ -113,19 +113,19 @@ def find(conn: psycopg.Connection[Any], q: SearchQuery, *, window: int) -> list[
 
 def _hit_bodies(rows: Sequence[Sequence[Any]]) -> list[str | None]:
     """The indexed text of each hit's item, from its entry's line as the catch-up read it
-    (:func:`line_docs`): a search row keeps no copy of it (m011). None where the line no
-    longer holds it (it cannot change: lines are never rewritten)."""
-    decoded: dict[tuple[Any, Any, int], Any] = {}  # a header's items share its line
+    (:func:`line_docs`): a search row keeps no copy of it (m011). None if the line holds no
+    such item (lines are never rewritten: only a damaged line, which the catch-up skipped)."""
+    items: dict[tuple[Any, Any, int], dict[int, str]] = {}  # a header's hits share its line
     bodies: list[str | None] = []
     for session_id, segment_id, seq, n, *_, text in rows:
         key = (session_id, segment_id, seq)
-        if key not in decoded:
+        if key not in items:
             try:
-                decoded[key] = codec.decode(text)
+                line = codec.decode(text)
             except msgspec.DecodeError:
-                decoded[key] = None
-        docs = [doc for doc in line_docs(seq, decoded[key]) if doc[0] == n]
-        bodies.append(docs[0][3] if docs else None)
+                line = None
+            items[key] = {doc[0]: doc[3] for doc in line_docs(seq, line)}
+        bodies.append(items[key].get(n))
     return bodies
 
 
