@@ -478,3 +478,91 @@ def test_postgres_m005_lets_sessions_be_detached(pg: tuple[Any, str], pg_databas
         attach_context(store, "cli:new", PodActiveSegmentRef(session_id, segment_id))
         assert [h.context for h in store.list_contexts()] == ["cli:new", "cli:old"]
         assert detached_sessions(store) == []
+
+
+@pytest.mark.postgres
+def test_postgres_m011_keeps_search_rows_without_their_text(
+    pg: tuple[Any, str],
+    pg_database: str,  # noqa: F811
+) -> None:
+    """A schema at m010 whose search rows hold the items' texts is upgraded: the rows keep
+    their ids and ``tsv`` but no text, hits still show their snippets (read from the lines),
+    and new rows are numbered after the old ones."""
+    from terrarium.stores import postgres
+
+    conn, schema = pg
+    postgres.migrate(conn, schema, where="old", stop_after="m002_traces")
+    q = f'"{schema}"'
+    header = HEADER | {"history": [{"role": "user", "content": "a kestrel in the header"}]}
+    entry = ENTRY | {"item": {"role": "user", "content": "a Kestrel flew by"}}
+    conn.execute(
+        f"INSERT INTO {q}.contexts VALUES ('cli:old', 'cli', %s, %s, %s, %s)",
+        (SESSION, SEGMENT, TS, TS),
+    )
+    conn.execute(f"INSERT INTO {q}.sessions VALUES (%s, 'cli:old', %s)", (SESSION, TS))
+    conn.execute(f"INSERT INTO {q}.segments VALUES (%s, %s, %s)", (SESSION, SEGMENT, TS))
+    for line in (header, entry):
+        text = codec.encode(line).decode()
+        conn.execute(
+            f"INSERT INTO {q}.entries VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s)",
+            (SESSION, SEGMENT, line["seq"], line["kind"], TS, text, text),
+        )
+    postgres.migrate(conn, schema, where="old", stop_after="m010_listing_sorts")
+    rows = f"SELECT seq, n, id, type, role, ts, tsv::text FROM {q}.search_docs ORDER BY id"
+    before = conn.execute(rows).fetchall()
+    assert [(seq, n) for seq, n, *_ in before] == [(0, 0), (1, 0)]
+    with postgres.PostgresStore(pg_database, schema=schema) as store:
+        assert _pg_names(conn, schema) == postgres.MIGRATIONS.names
+        assert conn.execute(rows).fetchall() == before
+        columns = conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = 'search_docs'",
+            (schema,),
+        ).fetchall()
+        assert {c for (c,) in columns} == {
+            "session_id", "segment_id", "seq", "n", "id", "type", "role", "ts", "tsv"
+        }  # fmt: skip
+        hits = store.search(SearchQuery("kestrel"))
+        assert {(h.seq, h.snippet) for h in hits} == {
+            (0, "a kestrel in the header"),
+            (1, "a Kestrel flew by"),
+        }
+        assert all(h.snippet[a:b].lower() == "kestrel" for h in hits for a, b in h.highlights)
+        head = store.get_head(ContextId("cli", "old"))
+        assert head is not None
+        save_user_input(store, head, "another kestrel")
+        [new] = store.search(SearchQuery("another kestrel"))
+        assert new.seq == 2 and new.snippet == "another kestrel"
+        (last,) = conn.execute(f"SELECT max(id) FROM {q}.search_docs").fetchone() or (0,)
+        assert last > before[-1][2]
+
+
+@pytest.mark.postgres
+def test_postgres_m012_switches_the_append_notes_off(
+    pg: tuple[Any, str],
+    pg_database: str,  # noqa: F811
+) -> None:
+    """A schema at m011, whose appends always notify, is upgraded: the appends' trigger is off
+    until a feed joins, and a joined feed hears an append."""
+    from terrarium.sessions import create_segment
+    from terrarium.stores import postgres
+
+    conn, schema = pg
+    postgres.migrate(conn, schema, where="old", stop_after="m011_search_rows_without_text")
+    state = (
+        "SELECT tgenabled FROM pg_trigger WHERE tgname = 'segments_notify' "
+        "AND tgrelid = %s::regclass"
+    )
+    where = (f'"{schema}".segments',)
+    assert conn.execute(state, where).fetchone() == ("O",)
+    with postgres.PostgresStore(pg_database, schema=schema) as store:
+        assert _pg_names(conn, schema) == postgres.MIGRATIONS.names
+        assert conn.execute(state, where).fetchone() == ("D",)
+        session_id, _ = create_segment(store, context="cli:old")
+        with store.change_feed() as feed:
+            assert conn.execute(state, where).fetchone() == ("O",)
+            head = store.get_head(ContextId("cli", "old"))
+            assert head is not None
+            save_user_input(store, head, "heard?")
+            assert feed.wait(30) == f"session:{session_id}"
+        assert conn.execute(state, where).fetchone() == ("D",)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -92,3 +93,87 @@ def test_the_live_stream_sends_change_on_a_note(
         server.force_exit = True
         thread.join(10)
         sock.close()
+
+
+def _notes_on(store: PostgresStore) -> bool:
+    """Whether the appends' trigger (m012 switches it) is on."""
+    import psycopg
+
+    with psycopg.connect(store._dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT tgenabled FROM pg_trigger WHERE tgname = 'segments_notify' "
+            "AND tgrelid = %s::regclass",
+            (f'"{store.schema}".segments',),
+        ).fetchone()
+    assert row is not None
+    return bool(row[0] != "D")
+
+
+def test_appends_notify_only_while_a_feed_listens(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """No feed, no notes from appends; the first feed to join switches them on, the last one
+    to leave switches them off, and a feed that joins later hears the appends again."""
+    watcher, writer = two
+    seed(writer)
+    assert not _notes_on(writer)
+    first = watcher.change_feed()
+    second = writer.change_feed()
+    assert _notes_on(writer)
+    first.close()
+    assert _notes_on(writer)  # the second still listens
+    ref = head(writer, "cli:main")
+    save_user_input(writer, ref, "still heard?")
+    assert second.wait(30) == f"session:{ref.session_id}"
+    second.close()
+    second.close()  # twice is harmless
+    assert not _notes_on(writer)
+    with watcher.change_feed() as feed:
+        save_user_input(writer, ref, "heard again?")
+        assert feed.wait(30) == f"session:{ref.session_id}"
+
+
+def test_a_feed_that_dies_leaves_the_notes_on(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """A feed whose connection goes without leaving keeps the notes on (never a listener
+    short of one), until the next feed leaves."""
+    watcher, writer = two
+    seed(writer)
+    import psycopg
+
+    dead = watcher.change_feed()
+    pid = dead._conn.info.backend_pid
+    dead._conn.close()  # as a killed process's connection: its advisory lock goes with it
+    dead.close()
+    assert _notes_on(writer)
+    with psycopg.connect(writer._dsn, autocommit=True) as conn:
+        gone = "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)"
+        deadline = time.monotonic() + 30
+        while not conn.execute(gone, (pid,)).fetchone()[0] and time.monotonic() < deadline:
+            time.sleep(0.01)  # the server ends the backend (and drops its lock) soon after
+    with writer.change_feed():
+        pass
+    assert not _notes_on(writer)
+
+
+def test_a_feed_leaving_behind_a_long_transaction_leaves_the_notes_on(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """The last feed to leave gives up switching the notes off while a transaction holds the
+    appends' table (appends would queue behind it), and leaves them on."""
+    import psycopg
+
+    watcher, writer = two
+    seed(writer)
+    feed = watcher.change_feed()
+    with psycopg.connect(writer._dsn) as long:  # a transaction, as an archive's
+        long.execute(f'LOCK TABLE "{writer.schema}".segments IN ROW EXCLUSIVE MODE')
+        started = time.monotonic()
+        feed.close()
+        assert time.monotonic() - started < 20
+        long.rollback()
+    assert _notes_on(writer)
+    with writer.change_feed():
+        pass
+    assert not _notes_on(writer)

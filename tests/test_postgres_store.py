@@ -355,7 +355,10 @@ def test_concurrent_catch_ups_index_each_item_once(store: PostgresStore, sql: An
         thread.join()
     assert errors == []
     store.catch_up()
-    rows = sql.execute("SELECT body FROM search_docs").fetchall()
+    rows = sql.execute(
+        "SELECT e.line::jsonb #>> '{item,content}' FROM search_docs AS d "
+        "JOIN entries AS e USING (session_id, segment_id, seq)"
+    ).fetchall()
     assert sorted(row[0] for row in rows) == sorted(
         f"gamma w{w}x{i}" for w in range(4) for i in range(25)
     )

@@ -304,8 +304,9 @@ class PostgresStore(PostgresBlobs, ClosingStore):
     def search(self, query: SearchQuery) -> list[SearchHit]:
         """Ranked hits for ``query`` over every history item of every context.
 
-        One statement: the matches (GIN index), the most recent ``RANK_WINDOW`` of them
-        ranked by ``ts_rank``, and ``ts_headline`` snippets of the best ``query.limit``.
+        One statement for the matches (GIN index), the most recent ``RANK_WINDOW`` of them
+        ranked by ``ts_rank``, and the lines of the best ``query.limit``, whose items' texts
+        a second one cuts ``ts_headline`` snippets from.
 
         Args:
             query: the words to find (data, never syntax) and the filters.

@@ -229,11 +229,14 @@ UNREAD = (
     "AND e.segment_id = x.segment_id AND e.seq > x.low AND e.seq < x.high "
     f"AND (e.seq = 0 OR e.kind IN {HISTORY_KINDS_SQL})"
 )
+# A row holds the item's place, its filters and its ``tsvector``, not its text (m011): the
+# text is in the entry's line, which a hit reads again (see search.find).
 INSERT_DOCS = (
-    "INSERT INTO search_docs (session_id, segment_id, seq, n, type, role, ts, "
-    "body, words) SELECT * FROM unnest(%b::uuid[], %b::uuid[], %b::int[], %b::int[], "
-    "%b::text[], %b::text[], %b::text[], %b::text[], %b::text[]) "
-    "ON CONFLICT DO NOTHING"
+    "INSERT INTO search_docs (session_id, segment_id, seq, n, type, role, ts, tsv) "
+    "SELECT x.session_id, x.segment_id, x.seq, x.n, x.type, x.role, x.ts, "
+    "to_tsvector('simple'::regconfig, x.words) FROM unnest(%b::uuid[], %b::uuid[], "
+    "%b::int[], %b::int[], %b::text[], %b::text[], %b::text[], %b::text[]) "
+    "AS x(session_id, segment_id, seq, n, type, role, ts, words) ON CONFLICT DO NOTHING"
 )
 MARK_READ = (
     "UPDATE segments AS g SET indexed_seq = x.high - 1, "
@@ -257,23 +260,38 @@ CLEAR_INDEX = (
 )
 
 
+def _tsquery(terms: int) -> str:
+    """The query of ``terms`` terms: each a phrase of its words, all required. The user's
+    text only ever travels as parameters (``%(t0)s``...)."""
+    return " && ".join(f"phraseto_tsquery('simple', %(t{i})s)" for i in range(terms))
+
+
 def search(terms: int, filters: str) -> str:
     """The search statement for ``terms`` query terms and ``filters`` (conditions on d).
 
     The matches (GIN index), the most recent ``%(window)s`` of them ranked by ``ts_rank``
-    (normalised by length), and ``ts_headline`` snippets of the best ``%(limit)s``.
+    (normalised by length), and the entry lines of the best ``%(limit)s``, whose items'
+    texts the snippets are cut from (:func:`headlines`).
     """
-    # Each term is a phrase of its words; the user's text only ever travels as parameters.
-    tsquery = " && ".join(f"phraseto_tsquery('simple', %(t{i})s)" for i in range(terms))
+    tsquery = _tsquery(terms)
     return (
-        "WITH w AS (SELECT d.session_id, d.segment_id, d.seq, d.n, d.id, d.tsv "
+        "WITH w AS (SELECT d.session_id, d.segment_id, d.seq, d.n, d.id, d.role, d.ts, d.tsv "
         f"FROM search_docs AS d WHERE d.tsv @@ ({tsquery}){filters} "
         "ORDER BY d.id DESC LIMIT %(window)s), "
-        "top AS (SELECT w.session_id, w.segment_id, w.seq, w.n, w.id, "
+        "top AS (SELECT w.session_id, w.segment_id, w.seq, w.n, w.id, w.role, w.ts, "
         f"ts_rank(w.tsv, {tsquery}, 1) AS score FROM w "
         "ORDER BY score DESC, w.id DESC LIMIT %(limit)s) "
-        "SELECT t.session_id, t.segment_id, t.seq, t.score, ses.context, ses.created_at, "
-        f"d.role, d.ts, d.body, ts_headline('simple', d.words, {tsquery}, %(options)s) "
-        "FROM top AS t JOIN search_docs AS d USING (session_id, segment_id, seq, n) "
+        "SELECT t.session_id, t.segment_id, t.seq, t.n, t.score, ses.context, ses.created_at, "
+        "t.role, t.ts, e.line "
+        "FROM top AS t JOIN entries AS e USING (session_id, segment_id, seq) "
         "JOIN sessions AS ses USING (session_id) ORDER BY t.score DESC, t.id DESC"
+    )
+
+
+def headlines(terms: int) -> str:
+    """``ts_headline`` of each of ``%(words)s`` (the hits' folded texts) for the query of
+    ``terms`` terms, in order."""
+    return (
+        f"SELECT ts_headline('simple', x.words, {_tsquery(terms)}, %(options)s) "
+        "FROM unnest(%(words)s::text[]) WITH ORDINALITY AS x(words, i) ORDER BY x.i"
     )

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 import psycopg
+from psycopg import sql
 
 from terrarium import codec
 from terrarium.model import SegmentId
@@ -519,3 +520,98 @@ def m010_listing_sorts(conn: psycopg.Connection[Any]) -> None:
         'CREATE INDEX contexts_by_messages ON contexts (message_count, context COLLATE "C")',
     ):
         conn.execute(statement)
+
+
+@MIGRATIONS
+def m011_search_rows_without_text(conn: psycopg.Connection[Any]) -> None:
+    """Search rows lose their two copies of the item's text (``body`` and ``words``, each as
+    long as the item): a hit reads its text from its entry's line, which holds it anyway, and
+    ``tsv`` becomes a plain column the catch-up fills. At 100k messages of one conversation
+    this took the search rows from 1,365 to 744 bytes per message (benchmarks/README.md).
+
+    The table is copied rather than altered, so the space its text held is given back now, not
+    by some later ``VACUUM FULL``: the rows keep their ``id`` (arrival order) and ``tsv``, and
+    the indexes are built once, after the copy.
+    """
+    for statement in (
+        """CREATE TABLE search_docs_new (
+            session_id uuid NOT NULL,
+            segment_id uuid NOT NULL,
+            seq integer NOT NULL,
+            n integer NOT NULL,
+            id bigint GENERATED ALWAYS AS IDENTITY,
+            type text NOT NULL,
+            role text NOT NULL,
+            ts text NOT NULL,
+            tsv tsvector NOT NULL
+        )""",
+        "INSERT INTO search_docs_new (session_id, segment_id, seq, n, id, type, role, ts, tsv) "
+        "OVERRIDING SYSTEM VALUE SELECT session_id, segment_id, seq, n, id, type, role, ts, tsv "
+        "FROM search_docs ORDER BY id",
+        "DROP TABLE search_docs",
+        "ALTER TABLE search_docs_new RENAME TO search_docs",
+        "ALTER SEQUENCE search_docs_new_id_seq RENAME TO search_docs_id_seq",
+        "SELECT setval('search_docs_id_seq', coalesce(max(id), 0) + 1, false) FROM search_docs",
+        "ALTER TABLE search_docs ADD CONSTRAINT search_docs_pkey "
+        "PRIMARY KEY (session_id, segment_id, seq, n)",
+        "CREATE INDEX search_docs_tsv ON search_docs USING gin (tsv)",
+        "CREATE INDEX search_docs_recent ON search_docs (id)",
+        # A new table has no statistics: without them the planner reads a common word's
+        # matches from the GIN index (0.9 s at 1M messages) instead of newest first (10 ms).
+        "ANALYZE search_docs",
+    ):
+        conn.execute(statement)
+
+
+@MIGRATIONS
+def m012_notify_only_when_listened(conn: psycopg.Connection[Any]) -> None:
+    """The append path's notification (``segments_notify``) is on only while a
+    :class:`~terrarium.stores.postgres.notify.ChangeFeed` listens: a statement of
+    ``feed_join`` / ``feed_leave`` (see :mod:`.notify`) turns it on and off.
+
+    With no listener, ``pg_notify`` still queues each note and writes it to the notification
+    queue at commit: the trigger measured 1.05x an append's median, 1.22x while other writers
+    appended (and notified) at once (benchmarks/README.md).
+    Heads' notes (``contexts_notify``) are not on the append path and stay on. The functions
+    run as their owner (the tables' owner, who alone may switch a trigger), with this schema
+    and then ``pg_temp`` on their path. A feed of a terrarium from before this step does not
+    join: restart such listeners after upgrading.
+    """
+    (schema,) = conn.execute("SELECT current_schema()").fetchone() or ("",)
+    path = sql.SQL("SET search_path = {}, pg_temp").format(sql.Identifier(schema))
+    for body in (_FEED_JOIN, _FEED_LEAVE):
+        conn.execute(sql.SQL(body).format(path=path))
+    conn.execute("ALTER TABLE segments DISABLE TRIGGER segments_notify")
+
+
+# A feed holds the shared advisory lock ``listening`` for its connection's life (the server
+# drops it with the connection, a crash included); ``toggle``, taken for the transaction,
+# orders joins and leaves. A join turns the trigger on before its LISTEN commits, and a
+# ``DISABLE`` or ``ENABLE`` waits for the appends in flight (its lock conflicts with theirs),
+# so every append that commits after a feed has joined notifies it. The last feed to leave
+# (no one else holds ``listening``) turns it off, unless a long transaction holds the table
+# (then it stays on); one that died without leaving leaves it on, until the next feed leaves.
+_FEED_JOIN = """CREATE FUNCTION feed_join(toggle bigint, listening bigint) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER {path} AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(toggle);
+    PERFORM pg_advisory_lock_shared(listening);
+    IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'segments'::regclass
+            AND tgname = 'segments_notify' AND tgenabled = 'D') THEN
+        ALTER TABLE segments ENABLE TRIGGER segments_notify;
+    END IF;
+END $$"""
+_FEED_LEAVE = """CREATE FUNCTION feed_leave(toggle bigint, listening bigint) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER {path} AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(toggle);
+    PERFORM pg_advisory_unlock_shared(listening);
+    IF pg_try_advisory_xact_lock(listening) THEN
+        -- Appends queue behind the waiting ALTER: give up soon behind a long transaction
+        -- (an archive, a large catch-up) and leave the notes on.
+        SET LOCAL lock_timeout = '100ms';
+        ALTER TABLE segments DISABLE TRIGGER segments_notify;
+    END IF;
+EXCEPTION WHEN lock_not_available THEN
+    NULL;
+END $$"""

@@ -2,7 +2,10 @@
 
 Migration ``m009_notify`` makes every append, new segment and head change send a notification
 on :func:`channel`; :class:`ChangeFeed` listens on a dedicated connection (never a pooled
-one: a listening connection must stay open and idle between waits).
+one: a listening connection must stay open and idle between waits). Appends and new segments
+notify only while a feed listens (``m012_notify_only_when_listened``): a feed joins as it
+starts listening, which switches their trigger on, and the last one to leave switches it off,
+so that a store no one watches pays nothing for it.
 
 Usage::
 
@@ -17,6 +20,8 @@ from typing import Any, Self
 
 import psycopg
 from psycopg import sql
+
+from terrarium.stores.postgres._sql import lock_key
 
 
 def channel(schema: str) -> str:
@@ -35,8 +40,15 @@ class ChangeFeed:
                 turns it into a ``StoreError`` without the password).
         """
         self._conn: psycopg.Connection[Any] = psycopg.connect(dsn, autocommit=True)
+        self._leave = sql.SQL("SELECT {}.feed_leave(%s, %s)").format(sql.Identifier(schema))
+        self._keys = (lock_key(schema, "feed toggle"), lock_key(schema, "feed listening"))
         try:
-            self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel(schema))))
+            # Listening and joining commit together: the appends committed after this do
+            # notify, and this connection hears them.
+            with self._conn.transaction():
+                self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel(schema))))
+                join = sql.SQL("SELECT {}.feed_join(%s, %s)").format(sql.Identifier(schema))
+                self._conn.execute(join, self._keys)
         except BaseException:
             self._conn.close()
             raise
@@ -49,8 +61,18 @@ class ChangeFeed:
         return None
 
     def close(self) -> None:
-        """Close the connection (the server forgets the LISTEN)."""
-        self._conn.close()
+        """Leave (the last feed to leave switches the appends' notes off), then close the
+        connection (the server forgets the LISTEN)."""
+        if self._conn.closed:
+            return
+        try:
+            self._conn.execute(self._leave, self._keys)
+        except psycopg.Error:
+            # The connection is gone, and its lock with it: the notes stay on until the next
+            # feed leaves, which costs the appends, never a listener.
+            pass
+        finally:
+            self._conn.close()
 
     def __enter__(self) -> Self:
         return self

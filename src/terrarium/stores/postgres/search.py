@@ -4,7 +4,9 @@ Search finds what FsStore's index finds (:mod:`terrarium.stores.fs.search`): eve
 with text, a header's history with seq 0, the user's words as data, every term required, a
 term of several words as a phrase, case and accents folded, CJK characters found inside words.
 Each item is a ``search_docs`` row; ``tsv`` is ``to_tsvector('simple', words)`` under a GIN
-index, and a query is one ``phraseto_tsquery('simple', ...)`` per term, ANDed.
+index, and a query is one ``phraseto_tsquery('simple', ...)`` per term, ANDed. A row keeps no
+copy of the item's text (m011): a hit reads it from its entry's line, and ``ts_headline``
+runs on the folded text of the hits alone.
 
 Like the other stores' indexes it is brought up to the entries in batches: a segment's row
 records how far the index has read it (``indexed_seq``) and whether entries wait (``dirty``,
@@ -90,8 +92,15 @@ def find(conn: psycopg.Connection[Any], q: SearchQuery, *, window: int) -> list[
     # differs (GIN bitmap for rare words, newest-first scan for common ones).
     statement = _sql.search(len(prepared), filters)
     rows = conn.execute(statement, params, prepare=False).fetchall()
+    bodies = _hit_bodies(rows)
+    found = [(row, body) for row, body in zip(rows, bodies, strict=True) if body is not None]
+    if not found:
+        return []
+    params["words"] = [search_words(body) for _, body in found]
+    marks = conn.execute(_sql.headlines(len(prepared)), params, prepare=False).fetchall()
     hits = []
-    for session_id, segment_id, seq, score, context, created_at, role, ts, body, marked in rows:
+    for (row, body), (marked,) in zip(found, marks, strict=True):
+        session_id, segment_id, seq, _, score, context, created_at, role, ts, _ = row
         text, spans = _headline_spans(body, marked, phrases)
         date = created_at[:10]
         hits.append(
@@ -100,6 +109,24 @@ def find(conn: psycopg.Connection[Any], q: SearchQuery, *, window: int) -> list[
             )
         )
     return hits
+
+
+def _hit_bodies(rows: Sequence[Sequence[Any]]) -> list[str | None]:
+    """The indexed text of each hit's item, from its entry's line as the catch-up read it
+    (:func:`line_docs`): a search row keeps no copy of it (m011). None if the line holds no
+    such item (lines are never rewritten: only a damaged line, which the catch-up skipped)."""
+    items: dict[tuple[Any, Any, int], dict[int, str]] = {}  # a header's hits share its line
+    bodies: list[str | None] = []
+    for session_id, segment_id, seq, n, *_, text in rows:
+        key = (session_id, segment_id, seq)
+        if key not in items:
+            try:
+                line = codec.decode(text)
+            except msgspec.DecodeError:
+                line = None
+            items[key] = {doc[0]: doc[3] for doc in line_docs(seq, line)}
+        bodies.append(items[key].get(n))
+    return bodies
 
 
 class _FoldTable(dict[int, str]):
@@ -216,7 +243,6 @@ def insert_docs(conn: psycopg.Connection[Any], docs: Sequence[_PlacedDoc]) -> No
         [type for _, _, _, type, _ in docs],
         [doc[2] for _, _, _, _, doc in docs],
         [ts for _, _, ts, _, _ in docs],
-        [doc[3] for _, _, _, _, doc in docs],
         [search_words(doc[3]) for _, _, _, _, doc in docs],
     ]
     conn.execute(_sql.INSERT_DOCS, columns)
