@@ -142,7 +142,11 @@ async def throughput(contexts: int, turns: int, delay: float, root: Path) -> tup
             base_url=f"http://127.0.0.1:{port}/v1", max_retries=5, backoff_base=0.05
         )
         await _wait_until_up(client)
-        manager = MultiContextManager(client, storage_dir=str(root), max_concurrency=contexts)
+        # A cache that holds every context served: with the default 10 each of the 50
+        # contexts is evicted between its turns and restored from the log on the next.
+        manager = MultiContextManager(
+            client, storage_dir=str(root), max_concurrency=contexts, cache_size=contexts
+        )
 
         async def converse(n: int) -> None:
             for t in range(turns):

@@ -72,6 +72,8 @@ _HINT = "start it, or set --base-url / TERRARIUM_BASE_URL"
 # Parameters chat.completions.create() takes by name; anything else goes in extra_body.
 _KNOWN_PARAMS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {"self"}
 _RESERVED_PARAMS = frozenset({"messages", "model", "stream"})
+_REQUEST_OPTIONS = {"extra_headers": "headers", "extra_query": "params", "timeout": "timeout"}
+"""``create()`` arguments that are request options (``_chat_request``), by option name."""
 
 _CONTEXT_RE = re.compile(
     r"context[ _](length|size|window)|maximum context|too many tokens|prompt is too long",
@@ -175,6 +177,7 @@ class VLLMClient:
         self._ask_stream_usage = True  # False once the server refused stream_options
         self._tokenizer: TokenizerKind | None = None  # None: not probed yet
         self._probe_lock = asyncio.Lock()
+        self._model_lock = asyncio.Lock()
         key = api_key or os.environ.get("OPENAI_API_KEY") or _DUMMY_API_KEY
         self._client = openai.AsyncOpenAI(
             base_url=self.base_url, api_key=key, timeout=timeout, max_retries=0
@@ -228,12 +231,16 @@ class VLLMClient:
         """
         if self._model is not None:
             return self._model
-        models = await self.list_models()
-        if not models:
-            raise ModelNotFound(f"the model server at {self.base_url} serves no models")
-        self._model = models[0]
-        self._model_was_picked = True
-        return self._model
+        # Turns that start together (a manager serving 50 contexts) wait for one lookup
+        # instead of each sending its own GET /v1/models.
+        async with self._model_lock:
+            if self._model is None:
+                models = await self.list_models()
+                if not models:
+                    raise ModelNotFound(f"the model server at {self.base_url} serves no models")
+                self._model = models[0]
+                self._model_was_picked = True
+            return self._model
 
     # ------------------------------------------------------------------ chat
 
@@ -253,16 +260,18 @@ class VLLMClient:
         """
         name = model or await self.resolve_model()
         kwargs = self._build_kwargs(params)
+        body, options = _chat_request(name, messages, kwargs)
 
-        async def one_try(attempt: int) -> tuple[Any, ChatResult]:
+        async def one_try(attempt: int) -> tuple[dict[str, Any], ChatResult]:
             self._trace("request", self._request_trace(name, messages, kwargs, False, attempt))
-            completion = await self._client.chat.completions.create(
-                model=name, **_with_messages(kwargs, messages)
+            raw = await self._client.post(
+                "/chat/completions", cast_to=bytes, content=body, options=cast(Any, options)
             )
+            completion = json.loads(raw)
             return completion, self._result_from_completion(completion, name)
 
         completion, result = await self._with_retries(one_try, name, model)
-        self._trace("response", _dump(completion))
+        self._trace("response", completion)
         if result.usage is None:
             result = replace(result, usage=await self._estimate_usage(name, messages, result))
         return result
@@ -649,39 +658,81 @@ class VLLMClient:
         return type(error)(f"{error} (after {chunks} streamed chunks; not retried)")
 
     def _result_from_completion(self, completion: Any, requested: str) -> ChatResult:
+        """The answer in a chat completion, the JSON object the server sent."""
         url = self.base_url
-        choices = getattr(completion, "choices", None)
-        if not isinstance(choices, list) or not choices:
+        if not isinstance(completion, Mapping):
+            raise BadResponse(f"the answer from {url} is not a JSON object")
+        choices = completion.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
             raise BadResponse(f"the answer from {url} has no choices")
         choice = choices[0]
-        msg = getattr(choice, "message", None)
-        if msg is None:
+        msg = choice.get("message")
+        if not isinstance(msg, Mapping):
             raise BadResponse(f"the answer from {url} has no message")
-        text = getattr(msg, "content", None)
+        text = msg.get("content")
         if text is not None and not isinstance(text, str):
             raise BadResponse(f"the answer from {url} has non-text content")
         tool_calls: list[dict[str, Any]] = []
-        for call in getattr(msg, "tool_calls", None) or []:
-            function = getattr(call, "function", None)
+        for call in msg.get("tool_calls") or []:
+            call = call if isinstance(call, Mapping) else {}
+            function = call.get("function")
+            function = function if isinstance(function, Mapping) else {}
             tool_calls.append(
                 {
-                    "id": getattr(call, "id", None) or _new_call_id(),
-                    "type": getattr(call, "type", None) or "function",
+                    "id": call.get("id") or _new_call_id(),
+                    "type": call.get("type") or "function",
                     "function": {
-                        "name": str(getattr(function, "name", None) or ""),
-                        "arguments": str(getattr(function, "arguments", None) or ""),
+                        "name": str(function.get("name") or ""),
+                        "arguments": str(function.get("arguments") or ""),
                     },
                 }
             )
-        model = str(getattr(completion, "model", None) or requested)
+        model = str(completion.get("model") or requested)
         return _make_result(
             text=text or "",
             reasoning=_reasoning_of(msg),
             tool_calls=tool_calls,
-            finish_reason=getattr(choice, "finish_reason", None),
-            usage=_usage_of(getattr(completion, "usage", None), model),
+            finish_reason=choice.get("finish_reason"),
+            usage=_usage_of(completion.get("usage"), model),
             model=model,
         )
+
+
+def _chat_request(
+    model: str, messages: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]
+) -> tuple[bytes, dict[str, Any]]:
+    """The body of a plain chat request, encoded once for every try, and its request options.
+
+    ``chat.completions.create`` walks every argument through the package's TypedDict
+    transform and parses the answer into pydantic models: ~1 ms of CPU a request, a third of
+    a turn's CPU with 50 contexts in flight (benchmarks/bench_manager.py). The body is plain
+    JSON, so it is encoded here (as the package encodes it) and posted with the same client,
+    which keeps its headers, timeouts and status errors; the answer is read as plain JSON.
+    ``extra_headers``, ``extra_query`` and ``timeout`` are request options, not body keys.
+    """
+    body: dict[str, Any] = {"model": model}
+    options: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if isinstance(value, openai.NotGiven | openai.Omit) or key == "extra_body":
+            continue
+        if key in _REQUEST_OPTIONS:
+            options[_REQUEST_OPTIONS[key]] = value
+        else:
+            body[key] = value
+    body.update(kwargs.get("extra_body") or {})
+    body["messages"] = messages if isinstance(messages, list) else list(messages)
+    encoded = json.dumps(
+        body, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_jsonable
+    )
+    return encoded.encode(), options
+
+
+def _jsonable(value: Any) -> Any:
+    """What ``json.dumps`` cannot encode itself: pydantic models (the ``openai`` types)."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json", exclude_unset=True)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _with_messages(
@@ -875,11 +926,19 @@ def _make_result(
     )
 
 
+def _field(obj: Any, key: str) -> Any:
+    """``obj[key]`` of a JSON object (a plain reply), ``obj.key`` of an ``openai`` model (a
+    stream chunk); None when absent."""
+    if isinstance(obj, Mapping):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
 def _reasoning_of(obj: Any) -> str:
     """Reasoning text from a message or delta: vLLM's ``reasoning_content`` or ``reasoning``."""
     for key in ("reasoning_content", "reasoning"):
         # Undeclared keys live in the pydantic model's extras, which getattr also reads.
-        value = getattr(obj, key, None)
+        value = _field(obj, key)
         if isinstance(value, str) and value:
             return value
     return ""
@@ -888,12 +947,12 @@ def _reasoning_of(obj: Any) -> str:
 def _usage_of(usage: Any, model: str) -> UsageRecord | None:
     if usage is None:
         return None
-    details = getattr(usage, "prompt_tokens_details", None)
-    cached = getattr(details, "cached_tokens", None) if details is not None else None
+    details = _field(usage, "prompt_tokens_details")
+    cached = _field(details, "cached_tokens") if details is not None else None
     return UsageRecord(
         model=model,
-        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        prompt_tokens=int(_field(usage, "prompt_tokens") or 0),
+        completion_tokens=int(_field(usage, "completion_tokens") or 0),
         cached_tokens=int(cached or 0),
     )
 
