@@ -265,7 +265,7 @@ class VLLMClient:
         async def one_try(attempt: int) -> tuple[dict[str, Any], ChatResult]:
             self._trace("request", self._request_trace(name, messages, kwargs, False, attempt))
             raw = await self._client.post(
-                "/chat/completions", cast_to=bytes, content=body, options=cast(Any, options)
+                "/chat/completions", cast_to=str, body=body, options=cast(Any, options)
             )
             completion = json.loads(raw)
             return completion, self._result_from_completion(completion, name)
@@ -700,15 +700,16 @@ class VLLMClient:
 
 def _chat_request(
     model: str, messages: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]
-) -> tuple[bytes, dict[str, Any]]:
-    """The body of a plain chat request, encoded once for every try, and its request options.
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The body of a plain chat request and its request options, for ``AsyncOpenAI.post``.
 
     ``chat.completions.create`` walks every argument through the package's TypedDict
-    transform and parses the answer into pydantic models: ~1 ms of CPU a request, a third of
-    a turn's CPU with 50 contexts in flight (benchmarks/bench_manager.py). The body is plain
-    JSON, so it is encoded here (as the package encodes it) and posted with the same client,
-    which keeps its headers, timeouts and status errors; the answer is read as plain JSON.
-    ``extra_headers``, ``extra_query`` and ``timeout`` are request options, not body keys.
+    transform and parses the answer into pydantic models: ~1 ms of CPU a request, a quarter
+    of a turn's CPU with 50 contexts in flight (benchmarks/bench_manager.py). The body is
+    plain JSON already, so it is posted as it is with the same client (its headers,
+    timeouts, status errors, JSON encoding), and the answer read as plain JSON.
+    ``extra_headers``, ``extra_query`` and ``timeout`` are request options, not body keys;
+    ``extra_body`` is merged in, as ``create`` does; ``messages`` is the caller's list.
     """
     body: dict[str, Any] = {"model": model}
     options: dict[str, Any] = {}
@@ -720,19 +721,8 @@ def _chat_request(
         else:
             body[key] = value
     body.update(kwargs.get("extra_body") or {})
-    body["messages"] = messages if isinstance(messages, list) else list(messages)
-    encoded = json.dumps(
-        body, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_jsonable
-    )
-    return encoded.encode(), options
-
-
-def _jsonable(value: Any) -> Any:
-    """What ``json.dumps`` cannot encode itself: pydantic models (the ``openai`` types)."""
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump(mode="json", exclude_unset=True)
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+    body["messages"] = messages
+    return body, options
 
 
 def _with_messages(
