@@ -2,6 +2,11 @@
 
 :class:`VLLMClient` wraps the official ``openai.AsyncOpenAI`` client for a long-lived agent:
 
+* **One connection pool** (``openai.DefaultAsyncHttpxClient``, limits well above the
+  manager's concurrency) for every request. Plain chat requests are posted on it directly,
+  with the ``openai`` client's headers and errors (:meth:`VLLMClient._post_chat`): its
+  request pipeline cost more CPU than the rest of a turn (:func:`_chat_request`).
+
 * **Messages go out exactly as given** (nothing rewritten, reordered or stamped), so turn
   *n + 1*'s prompt starts with turn *n*'s bytes and vLLM's prefix cache reuses them. Parameters
   the ``openai`` package does not know (``top_k``, ...) go in ``extra_body``.
@@ -34,6 +39,7 @@ A client belongs to one event loop (its connection pool does). Usage::
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import json
 import logging
@@ -179,9 +185,22 @@ class VLLMClient:
         self._probe_lock = asyncio.Lock()
         self._model_lock = asyncio.Lock()
         key = api_key or os.environ.get("OPENAI_API_KEY") or _DUMMY_API_KEY
+        self._http = openai.DefaultAsyncHttpxClient(timeout=timeout)
+        """The one connection pool: the ``openai`` client's, and :meth:`_post_chat`'s."""
         self._client = openai.AsyncOpenAI(
-            base_url=self.base_url, api_key=key, timeout=timeout, max_retries=0
+            base_url=self.base_url,
+            api_key=key,
+            timeout=timeout,
+            max_retries=0,
+            http_client=self._http,
         )
+        self._headers = {
+            name: value
+            for name, value in {**self._client.default_headers, **self._client.auth_headers}.items()
+            if isinstance(value, str)
+        }
+        """What the ``openai`` client sends with every request (its key, its agent)."""
+        self._httpx = _httpx_package(self._http)
 
     def __repr__(self) -> str:
         return f"VLLMClient(base_url={self.base_url!r}, model={self._model!r})"
@@ -264,10 +283,7 @@ class VLLMClient:
 
         async def one_try(attempt: int) -> tuple[dict[str, Any], ChatResult]:
             self._trace("request", self._request_trace(name, messages, kwargs, False, attempt))
-            raw = await self._client.post(
-                "/chat/completions", cast_to=str, body=body, options=cast(Any, options)
-            )
-            completion = json.loads(raw)
+            completion = await self._post_chat(body, options)
             return completion, self._result_from_completion(completion, name)
 
         completion, result = await self._with_retries(one_try, name, model)
@@ -538,6 +554,38 @@ class VLLMClient:
 
     # ------------------------------------------------------------------ internals
 
+    async def _post_chat(self, body: bytes, options: Mapping[str, Any]) -> Any:
+        """POST a plain chat request on the ``openai`` client's pool; the answer as JSON.
+
+        Failures raise what the ``openai`` client raises for them (``APITimeoutError``,
+        ``APIConnectionError`` with the cause, ``APIStatusError`` with the server's error
+        object as ``body``), so :meth:`_with_retries` treats both paths alike. Why not
+        ``chat.completions.create``: see :func:`_chat_request`.
+        """
+        headers = dict(self._headers)
+        for name, value in (options.get("headers") or {}).items():
+            if isinstance(value, str):
+                headers[name] = value
+            else:
+                headers.pop(name, None)  # openai.Omit: leave the header out
+        request = self._http.build_request(
+            "POST",
+            f"{self.base_url}/chat/completions",
+            content=body,
+            headers=headers,
+            params=options.get("params"),
+            timeout=options.get("timeout", self.timeout),
+        )
+        try:
+            response = await self._http.send(request)
+        except self._httpx.TimeoutException as exc:
+            raise openai.APITimeoutError(request=request) from exc
+        except Exception as exc:
+            raise openai.APIConnectionError(request=request) from exc
+        if response.status_code >= 400:
+            raise _status_error(response)
+        return json.loads(response.content)
+
     def _build_kwargs(self, params: Mapping[str, Any]) -> dict[str, Any]:
         merged = {**self.default_params, **params}
         bad = _RESERVED_PARAMS.intersection(merged)
@@ -700,16 +748,17 @@ class VLLMClient:
 
 def _chat_request(
     model: str, messages: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The body of a plain chat request and its request options, for ``AsyncOpenAI.post``.
+) -> tuple[bytes, dict[str, Any]]:
+    """The body of a plain chat request, encoded once for every try, and its options.
 
     ``chat.completions.create`` walks every argument through the package's TypedDict
-    transform and parses the answer into pydantic models: ~1 ms of CPU a request, a quarter
-    of a turn's CPU with 50 contexts in flight (benchmarks/bench_manager.py). The body is
-    plain JSON already, so it is posted as it is with the same client (its headers,
-    timeouts, status errors, JSON encoding), and the answer read as plain JSON.
-    ``extra_headers``, ``extra_query`` and ``timeout`` are request options, not body keys;
-    ``extra_body`` is merged in, as ``create`` does; ``messages`` is the caller's list.
+    transform, builds request options as pydantic models and parses the answer into
+    others: ~1.5 ms of CPU a request, which with 50 contexts in flight on one event loop
+    was half a turn's CPU (benchmarks/bench_manager.py). The body is plain JSON already, so
+    :meth:`VLLMClient._post_chat` sends it on the same connection pool with the client's
+    headers and reads the answer as plain JSON. ``extra_headers``, ``extra_query`` and
+    ``timeout`` are request options, not body keys; ``extra_body`` is merged in, as
+    ``create`` does.
     """
     body: dict[str, Any] = {"model": model}
     options: dict[str, Any] = {}
@@ -721,8 +770,44 @@ def _chat_request(
         else:
             body[key] = value
     body.update(kwargs.get("extra_body") or {})
-    body["messages"] = messages
-    return body, options
+    body["messages"] = messages if isinstance(messages, list) else list(messages)
+    encoded = json.dumps(
+        body, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_jsonable
+    )
+    return encoded.encode(), options
+
+
+def _jsonable(value: Any) -> Any:
+    """What ``json.dumps`` cannot encode itself: pydantic models (the ``openai`` types)."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json", exclude_unset=True)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _status_error(response: Any) -> openai.APIStatusError:
+    """An error answer as the ``openai`` client raises it: the server's error object (or
+    text) as ``body``, the status in the message."""
+    text = response.text.strip()
+    try:
+        body: Any = json.loads(text)
+    except ValueError:
+        body = text or None
+    if isinstance(body, Mapping):
+        body = body.get("error", body)
+    message = f"Error code: {response.status_code} - {body}" if body else text
+    return openai.APIStatusError(
+        message or f"Error code: {response.status_code}", response=response, body=body
+    )
+
+
+def _httpx_package(client: Any) -> Any:
+    """The HTTP package under the ``openai`` one (``httpx``; newer releases ``httpx2``),
+    for its exception classes."""
+    for cls in type(client).__mro__:
+        if cls.__name__ == "AsyncClient":
+            return importlib.import_module(cls.__module__.partition(".")[0])
+    raise TypeError(f"{type(client).__name__} is not an httpx AsyncClient")
 
 
 def _with_messages(
