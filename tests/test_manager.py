@@ -21,6 +21,7 @@ from terrarium import FsStore, MemoryStore, restore
 from terrarium.agent.multi_context_manager import MultiContextManager
 from terrarium.errors import ContextNotFound, InvalidContextId, LLMError
 from terrarium.llm.vllm_client import VLLMClient
+from terrarium.model import ContextId
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -196,6 +197,35 @@ def test_cancellation_is_logged(fake_server: FakeServer, root: Path) -> None:
     errored = next(line for line in lines if line["kind"] == "run_errored")
     assert errored["error"] == "cancelled"
     assert lines[1]["item"]["content"] == "wait"
+
+
+def test_cancelled_while_waiting_for_the_store_lock(fake_server: FakeServer, root: Path) -> None:
+    """A turn cancelled while its worker thread waits for the context's store lock (another
+    process's turn) releases that lock once the thread gets it: the next turn runs."""
+
+    async def main() -> None:
+        manager = make_manager(fake_server, root)
+        await manager.process_with_context("cli:held", "first")
+        context = ContextId.parse("cli:held")
+        other = FsStore(root)  # another process's turn, holding the context's lock
+        holder = other.lock_context(context)
+        holder.__enter__()
+        task = asyncio.create_task(manager.process_with_context("cli:held", "dropped"))
+        await asyncio.sleep(0.2)  # the turn's thread is waiting in flock
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        holder.__exit__(None, None, None)  # now that thread gets the lock, then lets go
+        reply = await asyncio.wait_for(manager.process_with_context("cli:held", "next"), 10)
+        assert reply == "echo: next"
+        other.close()
+        await manager.aclose()
+
+    run(main())
+    with FsStore(root) as store:
+        history = restore(store, "cli:held").history
+    users = [m["content"] for m in history if m["role"] == "user"]
+    assert users == ["first", "next"]  # the cancelled turn wrote nothing
 
 
 def test_concurrent_contexts_and_same_context_ordering(fake_server: FakeServer) -> None:

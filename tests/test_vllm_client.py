@@ -112,6 +112,18 @@ def test_model_is_picked_from_the_server_once(fake_server: FakeServer) -> None:
     assert [r["model"] for r in fake_server.requests] == ["first-model", "first-model"]
 
 
+def test_calls_that_start_together_share_one_model_lookup(fake_server: FakeServer) -> None:
+    """Ten first calls at once (a manager serving many contexts) ask /v1/models once."""
+    fake_server.models = ["first-model"]
+
+    async def body(client: VLLMClient) -> list[ChatResult]:
+        return await asyncio.gather(*(client.chat(HELLO) for _ in range(10)))
+
+    results = run(fake_server, body)
+    assert fake_server.model_list_calls == 1
+    assert [r.model for r in results] == ["first-model"] * 10
+
+
 def test_explicit_model_skips_the_lookup(fake_server: FakeServer) -> None:
     """A model given to the client or the call is used as is."""
     fake_server.models = ["a", "b"]
@@ -374,6 +386,20 @@ def test_timeout_raises_server_unreachable(fake_server: FakeServer) -> None:
     with pytest.raises(ServerUnreachable, match=r"timed out after 0.05s .* after 2 attempts"):
         run(fake_server, lambda c: c.chat(HELLO), timeout=0.05, max_retries=1, model="m")
     assert len(fake_server.requests) == 2
+
+
+def test_a_call_s_timeout_is_a_request_option(fake_server: FakeServer) -> None:
+    """``timeout`` given to one call bounds that call (it is not sent in the body); the
+    client's own timeout is left for the others."""
+    fake_server.delay = 0.5
+
+    async def body(client: VLLMClient) -> str:
+        with pytest.raises(ServerUnreachable, match="timed out"):
+            await client.chat(HELLO, timeout=0.05)
+        return (await client.chat(HELLO)).text
+
+    assert run(fake_server, body, max_retries=0) == "echo: Hello!"
+    assert all("timeout" not in request for request in fake_server.requests)
 
 
 @pytest.mark.timeout(20)

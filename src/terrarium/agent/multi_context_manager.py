@@ -698,13 +698,27 @@ class _TurnLock:
         except BaseException:
             self._leave()
             raise
+        job = asyncio.get_running_loop().run_in_executor(self._pool, self._store_lock.__enter__)
         try:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._pool, self._store_lock.__enter__)
+            await asyncio.shield(job)
         except BaseException:
+            # Cancelled while the thread waits for the store lock: the thread goes on and may
+            # still take it, so it is released once taken (else the context stays locked
+            # for good and its next turn waits forever), and the loop's lock after it.
+            if job.done():
+                self._undo(job)
+            else:
+                job.add_done_callback(self._undo)
+            raise
+
+    def _undo(self, job: asyncio.Future[None]) -> None:
+        """Release a take whose turn will not run: the store lock if it holds it, then ours."""
+        try:
+            if not job.cancelled() and job.exception() is None:
+                self._store_lock.__exit__(None, None, None)
+        finally:
             self._lock.release()
             self._leave()
-            raise
 
     async def __aexit__(self, *exc: object) -> None:
         try:

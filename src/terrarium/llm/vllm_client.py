@@ -2,6 +2,11 @@
 
 :class:`VLLMClient` wraps the official ``openai.AsyncOpenAI`` client for a long-lived agent:
 
+* **One connection pool** (``openai.DefaultAsyncHttpxClient``, limits well above the
+  manager's concurrency) for every request. Plain chat requests are posted on it directly,
+  with the ``openai`` client's headers and errors (:meth:`VLLMClient._post_chat`): its
+  request pipeline cost more CPU than the rest of a turn (:func:`_chat_request`).
+
 * **Messages go out exactly as given** (nothing rewritten, reordered or stamped), so turn
   *n + 1*'s prompt starts with turn *n*'s bytes and vLLM's prefix cache reuses them. Parameters
   the ``openai`` package does not know (``top_k``, ...) go in ``extra_body``.
@@ -34,6 +39,7 @@ A client belongs to one event loop (its connection pool does). Usage::
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import json
 import logging
@@ -48,6 +54,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Literal, TypeVar, cast
 
+import msgspec
 import openai
 from openai.resources.chat.completions import AsyncCompletions
 
@@ -72,6 +79,8 @@ _HINT = "start it, or set --base-url / TERRARIUM_BASE_URL"
 # Parameters chat.completions.create() takes by name; anything else goes in extra_body.
 _KNOWN_PARAMS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {"self"}
 _RESERVED_PARAMS = frozenset({"messages", "model", "stream"})
+_REQUEST_OPTIONS = {"extra_headers": "headers", "extra_query": "params", "timeout": "timeout"}
+"""``create()`` arguments that are request options (``_chat_request``), by option name."""
 
 _CONTEXT_RE = re.compile(
     r"context[ _](length|size|window)|maximum context|too many tokens|prompt is too long",
@@ -175,10 +184,24 @@ class VLLMClient:
         self._ask_stream_usage = True  # False once the server refused stream_options
         self._tokenizer: TokenizerKind | None = None  # None: not probed yet
         self._probe_lock = asyncio.Lock()
+        self._model_lock = asyncio.Lock()
         key = api_key or os.environ.get("OPENAI_API_KEY") or _DUMMY_API_KEY
+        self._http = openai.DefaultAsyncHttpxClient(timeout=timeout)
+        """The one connection pool: the ``openai`` client's, and :meth:`_post_chat`'s."""
         self._client = openai.AsyncOpenAI(
-            base_url=self.base_url, api_key=key, timeout=timeout, max_retries=0
+            base_url=self.base_url,
+            api_key=key,
+            timeout=timeout,
+            max_retries=0,
+            http_client=self._http,
         )
+        self._headers = {
+            name: value
+            for name, value in {**self._client.default_headers, **self._client.auth_headers}.items()
+            if isinstance(value, str)
+        }
+        """What the ``openai`` client sends with every request (its key, its agent)."""
+        self._httpx = _httpx_package(self._http)
 
     def __repr__(self) -> str:
         return f"VLLMClient(base_url={self.base_url!r}, model={self._model!r})"
@@ -228,12 +251,16 @@ class VLLMClient:
         """
         if self._model is not None:
             return self._model
-        models = await self.list_models()
-        if not models:
-            raise ModelNotFound(f"the model server at {self.base_url} serves no models")
-        self._model = models[0]
-        self._model_was_picked = True
-        return self._model
+        # Turns that start together (a manager serving 50 contexts) wait for one lookup
+        # instead of each sending its own GET /v1/models.
+        async with self._model_lock:
+            if self._model is None:
+                models = await self.list_models()
+                if not models:
+                    raise ModelNotFound(f"the model server at {self.base_url} serves no models")
+                self._model = models[0]
+                self._model_was_picked = True
+            return self._model
 
     # ------------------------------------------------------------------ chat
 
@@ -253,16 +280,15 @@ class VLLMClient:
         """
         name = model or await self.resolve_model()
         kwargs = self._build_kwargs(params)
+        body, options = _chat_request(name, messages, kwargs)
 
-        async def one_try(attempt: int) -> tuple[Any, ChatResult]:
+        async def one_try(attempt: int) -> tuple[dict[str, Any], ChatResult]:
             self._trace("request", self._request_trace(name, messages, kwargs, False, attempt))
-            completion = await self._client.chat.completions.create(
-                model=name, **_with_messages(kwargs, messages)
-            )
+            completion = await self._post_chat(body, options)
             return completion, self._result_from_completion(completion, name)
 
         completion, result = await self._with_retries(one_try, name, model)
-        self._trace("response", _dump(completion))
+        self._trace("response", completion)
         if result.usage is None:
             result = replace(result, usage=await self._estimate_usage(name, messages, result))
         return result
@@ -529,6 +555,38 @@ class VLLMClient:
 
     # ------------------------------------------------------------------ internals
 
+    async def _post_chat(self, body: bytes, options: Mapping[str, Any]) -> Any:
+        """POST a plain chat request on the ``openai`` client's pool; the answer as JSON.
+
+        Failures raise what the ``openai`` client raises for them (``APITimeoutError``,
+        ``APIConnectionError`` with the cause, ``APIStatusError`` with the server's error
+        object as ``body``), so :meth:`_with_retries` treats both paths alike. Why not
+        ``chat.completions.create``: see :func:`_chat_request`.
+        """
+        headers = dict(self._headers)
+        for name, value in (options.get("headers") or {}).items():
+            if isinstance(value, str):
+                headers[name] = value
+            else:
+                headers.pop(name, None)  # openai.Omit: leave the header out
+        request = self._http.build_request(
+            "POST",
+            f"{self.base_url}/chat/completions",
+            content=body,
+            headers=headers,
+            params=options.get("params"),
+            timeout=options.get("timeout", self.timeout),
+        )
+        try:
+            response = await self._http.send(request)
+        except self._httpx.TimeoutException as exc:
+            raise openai.APITimeoutError(request=request) from exc
+        except Exception as exc:
+            raise openai.APIConnectionError(request=request) from exc
+        if response.status_code >= 400:
+            raise _status_error(response)
+        return json.loads(response.content)
+
     def _build_kwargs(self, params: Mapping[str, Any]) -> dict[str, Any]:
         merged = {**self.default_params, **params}
         bad = _RESERVED_PARAMS.intersection(merged)
@@ -649,39 +707,109 @@ class VLLMClient:
         return type(error)(f"{error} (after {chunks} streamed chunks; not retried)")
 
     def _result_from_completion(self, completion: Any, requested: str) -> ChatResult:
+        """The answer in a chat completion, the JSON object the server sent."""
         url = self.base_url
-        choices = getattr(completion, "choices", None)
-        if not isinstance(choices, list) or not choices:
+        if not isinstance(completion, Mapping):
+            raise BadResponse(f"the answer from {url} is not a JSON object")
+        choices = completion.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
             raise BadResponse(f"the answer from {url} has no choices")
         choice = choices[0]
-        msg = getattr(choice, "message", None)
-        if msg is None:
+        msg = choice.get("message")
+        if not isinstance(msg, Mapping):
             raise BadResponse(f"the answer from {url} has no message")
-        text = getattr(msg, "content", None)
+        text = msg.get("content")
         if text is not None and not isinstance(text, str):
             raise BadResponse(f"the answer from {url} has non-text content")
         tool_calls: list[dict[str, Any]] = []
-        for call in getattr(msg, "tool_calls", None) or []:
-            function = getattr(call, "function", None)
+        for call in msg.get("tool_calls") or []:
+            call = call if isinstance(call, Mapping) else {}
+            function = call.get("function")
+            function = function if isinstance(function, Mapping) else {}
             tool_calls.append(
                 {
-                    "id": getattr(call, "id", None) or _new_call_id(),
-                    "type": getattr(call, "type", None) or "function",
+                    "id": call.get("id") or _new_call_id(),
+                    "type": call.get("type") or "function",
                     "function": {
-                        "name": str(getattr(function, "name", None) or ""),
-                        "arguments": str(getattr(function, "arguments", None) or ""),
+                        "name": str(function.get("name") or ""),
+                        "arguments": str(function.get("arguments") or ""),
                     },
                 }
             )
-        model = str(getattr(completion, "model", None) or requested)
+        model = str(completion.get("model") or requested)
         return _make_result(
             text=text or "",
             reasoning=_reasoning_of(msg),
             tool_calls=tool_calls,
-            finish_reason=getattr(choice, "finish_reason", None),
-            usage=_usage_of(getattr(completion, "usage", None), model),
+            finish_reason=choice.get("finish_reason"),
+            usage=_usage_of(completion.get("usage"), model),
             model=model,
         )
+
+
+def _chat_request(
+    model: str, messages: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]
+) -> tuple[bytes, dict[str, Any]]:
+    """The body of a plain chat request, encoded once for every try, and its options.
+
+    ``chat.completions.create`` walks every argument through the package's TypedDict
+    transform, builds request options as pydantic models and parses the answer into
+    others: ~1.5 ms of CPU a request, which with 50 contexts in flight on one event loop
+    was half a turn's CPU (benchmarks/bench_manager.py). The body is plain JSON already, so
+    :meth:`VLLMClient._post_chat` sends it on the same connection pool with the client's
+    headers and reads the answer as plain JSON. ``extra_headers``, ``extra_query`` and
+    ``timeout`` are request options, not body keys; ``extra_body`` is merged in, as
+    ``create`` does.
+    """
+    body: dict[str, Any] = {"model": model}
+    options: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if isinstance(value, openai.NotGiven | openai.Omit) or key == "extra_body":
+            continue
+        if key in _REQUEST_OPTIONS:
+            options[_REQUEST_OPTIONS[key]] = value
+        else:
+            body[key] = value
+    body.update(kwargs.get("extra_body") or {})
+    body["messages"] = messages
+    # msgspec: 6 ms for 10k messages of history (3.7 MB) where json.dumps takes 30-35 ms.
+    return _ENCODER.encode(body), options
+
+
+def _jsonable(value: Any) -> Any:
+    """What msgspec cannot encode itself: pydantic models (the ``openai`` types)."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json", exclude_unset=True)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_jsonable)
+
+
+def _status_error(response: Any) -> openai.APIStatusError:
+    """An error answer as the ``openai`` client raises it: the server's error object (or
+    text) as ``body``, the status in the message."""
+    text = response.text.strip()
+    try:
+        body: Any = json.loads(text)
+    except ValueError:
+        body = text or None
+    if isinstance(body, Mapping):
+        body = body.get("error", body)
+    message = f"Error code: {response.status_code} - {body}" if body else text
+    return openai.APIStatusError(
+        message or f"Error code: {response.status_code}", response=response, body=body
+    )
+
+
+def _httpx_package(client: Any) -> Any:
+    """The HTTP package under the ``openai`` one (``httpx``; newer releases ``httpx2``),
+    for its exception classes."""
+    for cls in type(client).__mro__:
+        if cls.__name__ == "AsyncClient":
+            return importlib.import_module(cls.__module__.partition(".")[0])
+    raise TypeError(f"{type(client).__name__} is not an httpx AsyncClient")
 
 
 def _with_messages(
@@ -875,11 +1003,19 @@ def _make_result(
     )
 
 
+def _field(obj: Any, key: str) -> Any:
+    """``obj[key]`` of a JSON object (a plain reply), ``obj.key`` of an ``openai`` model (a
+    stream chunk); None when absent."""
+    if isinstance(obj, Mapping):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
 def _reasoning_of(obj: Any) -> str:
     """Reasoning text from a message or delta: vLLM's ``reasoning_content`` or ``reasoning``."""
     for key in ("reasoning_content", "reasoning"):
         # Undeclared keys live in the pydantic model's extras, which getattr also reads.
-        value = getattr(obj, key, None)
+        value = _field(obj, key)
         if isinstance(value, str) and value:
             return value
     return ""
@@ -888,12 +1024,12 @@ def _reasoning_of(obj: Any) -> str:
 def _usage_of(usage: Any, model: str) -> UsageRecord | None:
     if usage is None:
         return None
-    details = getattr(usage, "prompt_tokens_details", None)
-    cached = getattr(details, "cached_tokens", None) if details is not None else None
+    details = _field(usage, "prompt_tokens_details")
+    cached = _field(details, "cached_tokens") if details is not None else None
     return UsageRecord(
         model=model,
-        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        prompt_tokens=int(_field(usage, "prompt_tokens") or 0),
+        completion_tokens=int(_field(usage, "completion_tokens") or 0),
         cached_tokens=int(cached or 0),
     )
 
