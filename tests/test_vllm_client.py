@@ -534,3 +534,19 @@ def test_requests_are_served_concurrently(fake_server: FakeServer) -> None:
 
     assert run(fake_server, body, model="fake-model") == [f"echo: {i}" for i in range(n)]
     assert fake_server.peak_concurrency == n
+
+
+def test_a_release_that_takes_the_body_as_bytes_sends_the_same_request(
+    fake_server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On openai releases whose ``post`` has no ``content`` (1.99 to 2.x), the encoded body
+    goes as ``body`` (newer ones warn that it is deprecated): the server gets the same JSON,
+    extra parameters included, and the answer reads the same."""
+    from terrarium.llm import vllm_client
+
+    monkeypatch.setattr(vllm_client, "_POST_TAKES_CONTENT", False)
+    with pytest.warns(DeprecationWarning, match="content"):
+        result = run(fake_server, lambda c: c.chat(HELLO, top_k=3))
+    assert result.text == "echo: Hello!"
+    request = fake_server.requests[-1]
+    assert request["messages"] == HELLO and request["top_k"] == 3

@@ -2,10 +2,11 @@
 
 :class:`VLLMClient` wraps the official ``openai.AsyncOpenAI`` client for a long-lived agent:
 
-* **One connection pool** (``openai.DefaultAsyncHttpxClient``, limits well above the
-  manager's concurrency) for every request. Plain chat requests are posted on it directly,
-  with the ``openai`` client's headers and errors (:meth:`VLLMClient._post_chat`): its
-  request pipeline cost more CPU than the rest of a turn (:func:`_chat_request`).
+* **Plain chat requests skip the typed pipeline of ``chat.completions.create``**: the body is
+  encoded once with msgspec and posted with the client's own ``post`` (its custom-request
+  API: same pool, headers, timeouts and errors), the answer read as plain JSON
+  (:meth:`VLLMClient._post_chat`); ``create``'s argument transforms and pydantic models cost
+  more CPU than the rest of a turn (:func:`_chat_request`).
 
 * **Messages go out exactly as given** (nothing rewritten, reordered or stamped), so turn
   *n + 1*'s prompt starts with turn *n*'s bytes and vLLM's prefix cache reuses them. Parameters
@@ -39,7 +40,6 @@ A client belongs to one event loop (its connection pool does). Usage::
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import logging
@@ -79,6 +79,9 @@ _HINT = "start it, or set --base-url / TERRARIUM_BASE_URL"
 # Parameters chat.completions.create() takes by name; anything else goes in extra_body.
 _KNOWN_PARAMS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {"self"}
 _RESERVED_PARAMS = frozenset({"messages", "model", "stream"})
+# openai 1.99 to 2.x send a bytes ``body`` as it is; later releases take it as ``content``
+# (and deprecate the other).
+_POST_TAKES_CONTENT = "content" in inspect.signature(openai.AsyncOpenAI.post).parameters
 _REQUEST_OPTIONS = {"extra_headers": "headers", "extra_query": "params", "timeout": "timeout"}
 """``create()`` arguments that are request options (``_chat_request``), by option name."""
 
@@ -186,22 +189,9 @@ class VLLMClient:
         self._probe_lock = asyncio.Lock()
         self._model_lock = asyncio.Lock()
         key = api_key or os.environ.get("OPENAI_API_KEY") or _DUMMY_API_KEY
-        self._http = openai.DefaultAsyncHttpxClient(timeout=timeout)
-        """The one connection pool: the ``openai`` client's, and :meth:`_post_chat`'s."""
         self._client = openai.AsyncOpenAI(
-            base_url=self.base_url,
-            api_key=key,
-            timeout=timeout,
-            max_retries=0,
-            http_client=self._http,
+            base_url=self.base_url, api_key=key, timeout=timeout, max_retries=0
         )
-        self._headers = {
-            name: value
-            for name, value in {**self._client.default_headers, **self._client.auth_headers}.items()
-            if isinstance(value, str)
-        }
-        """What the ``openai`` client sends with every request (its key, its agent)."""
-        self._httpx = _httpx_package(self._http)
 
     def __repr__(self) -> str:
         return f"VLLMClient(base_url={self.base_url!r}, model={self._model!r})"
@@ -556,36 +546,14 @@ class VLLMClient:
     # ------------------------------------------------------------------ internals
 
     async def _post_chat(self, body: bytes, options: Mapping[str, Any]) -> Any:
-        """POST a plain chat request on the ``openai`` client's pool; the answer as JSON.
-
-        Failures raise what the ``openai`` client raises for them (``APITimeoutError``,
-        ``APIConnectionError`` with the cause, ``APIStatusError`` with the server's error
-        object as ``body``), so :meth:`_with_retries` treats both paths alike. Why not
+        """POST a plain chat request with the ``openai`` client's ``post`` (its documented
+        way to make custom requests: the same pool, headers, timeouts and errors as
+        ``create``) and return the answer as the server's JSON. Why not
         ``chat.completions.create``: see :func:`_chat_request`.
         """
-        headers = dict(self._headers)
-        for name, value in (options.get("headers") or {}).items():
-            if isinstance(value, str):
-                headers[name] = value
-            else:
-                headers.pop(name, None)  # openai.Omit: leave the header out
-        request = self._http.build_request(
-            "POST",
-            f"{self.base_url}/chat/completions",
-            content=body,
-            headers=headers,
-            params=options.get("params"),
-            timeout=options.get("timeout", self.timeout),
-        )
-        try:
-            response = await self._http.send(request)
-        except self._httpx.TimeoutException as exc:
-            raise openai.APITimeoutError(request=request) from exc
-        except Exception as exc:
-            raise openai.APIConnectionError(request=request) from exc
-        if response.status_code >= 400:
-            raise _status_error(response)
-        return json.loads(response.content)
+        post: Any = self._client.post  # typed for the installed release's keywords only
+        raw = {"content": body} if _POST_TAKES_CONTENT else {"body": body}
+        return await post("/chat/completions", cast_to=object, options=options, **raw)
 
     def _build_kwargs(self, params: Mapping[str, Any]) -> dict[str, Any]:
         merged = {**self.default_params, **params}
@@ -756,10 +724,10 @@ def _chat_request(
     transform, builds request options as pydantic models and parses the answer into
     others: ~1.5 ms of CPU a request, which with 50 contexts in flight on one event loop
     was half a turn's CPU (benchmarks/bench_manager.py). The body is plain JSON already, so
-    :meth:`VLLMClient._post_chat` sends it on the same connection pool with the client's
-    headers and reads the answer as plain JSON. ``extra_headers``, ``extra_query`` and
-    ``timeout`` are request options, not body keys; ``extra_body`` is merged in, as
-    ``create`` does.
+    :meth:`VLLMClient._post_chat` posts it as bytes with the client's ``post`` (openai 1.99
+    and later send a bytes body as it is) and reads the answer as plain JSON.
+    ``extra_headers``, ``extra_query`` and ``timeout`` are request options, not body keys;
+    ``extra_body`` is merged in, as ``create`` does.
     """
     body: dict[str, Any] = {"model": model}
     options: dict[str, Any] = {}
@@ -785,31 +753,6 @@ def _jsonable(value: Any) -> Any:
 
 
 _ENCODER = msgspec.json.Encoder(enc_hook=_jsonable)
-
-
-def _status_error(response: Any) -> openai.APIStatusError:
-    """An error answer as the ``openai`` client raises it: the server's error object (or
-    text) as ``body``, the status in the message."""
-    text = response.text.strip()
-    try:
-        body: Any = json.loads(text)
-    except ValueError:
-        body = text or None
-    if isinstance(body, Mapping):
-        body = body.get("error", body)
-    message = f"Error code: {response.status_code} - {body}" if body else text
-    return openai.APIStatusError(
-        message or f"Error code: {response.status_code}", response=response, body=body
-    )
-
-
-def _httpx_package(client: Any) -> Any:
-    """The HTTP package under the ``openai`` one (``httpx``; newer releases ``httpx2``),
-    for its exception classes."""
-    for cls in type(client).__mro__:
-        if cls.__name__ == "AsyncClient":
-            return importlib.import_module(cls.__module__.partition(".")[0])
-    raise TypeError(f"{type(client).__name__} is not an httpx AsyncClient")
 
 
 def _with_messages(
