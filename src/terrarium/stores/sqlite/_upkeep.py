@@ -1,0 +1,204 @@
+"""``SqliteStore``'s upkeep thread: WAL checkpoints and refills of ``search_recent``.
+
+Two chores used to stall an append now and then, for longer than a thousand appends take:
+a WAL checkpoint (SQLite's automatic one runs in the commit that passes 1000 pages: a copy of
+them into the database and an ``fsync``) and, once per ``SEARCH_RECENT`` history items, the
+``'rebuild'`` of ``search_recent`` (~0.9 s at 100k items, under the write lock). Both are
+SQL that runs in SQLite's C code with the GIL released, so one thread per store and process,
+with a connection of its own, does them off the append path without slowing the appending
+threads: the catch-up of the derived state, which is mostly Python, stays in the appends (in
+small slices, :data:`terrarium.stores.sqlite.SEARCH_BATCH`), where a thread would contend for
+the GIL with every append (measured: the median append 1.4x slower).
+
+Checkpoints are ``PASSIVE``: they copy what no reader still needs and never block a writer or
+a reader. A refill adds :data:`SLICE` items per write transaction (~0.5 ms of the lock); an
+append of this process waits for it on the store's ``gate`` (no busy-handler sleep of 1 ms or
+more), an append of another process in SQLite's busy handler.
+
+Nothing here is needed for correctness: ranking reads whatever ``search_recent`` holds, and a
+checkpoint happens anyway when the last connection closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from terrarium.stores import _db
+from terrarium.stores.sqlite import _sql as sql
+from terrarium.stores.sqlite.search import refill_recent
+
+log = logging.getLogger(__name__)
+
+# Every upkeep of this process, so that a forked child resets them (see Upkeep._forked).
+_LIVE: weakref.WeakSet[Upkeep] = weakref.WeakSet()
+
+#: Items added to ``search_recent`` per write transaction of a refill.
+SLICE = 64
+#: Pages of FTS5 merge per write transaction.
+MERGE_PAGES = 32
+#: Slices of one step per kick, at most (the next kick goes on).
+MOST_SLICES = 10_000
+#: Seconds between slices: the appending threads get the write lock.
+PAUSE = 0.0005
+
+
+class Upkeep:
+    """The upkeep thread of one store in this process, started when first kicked.
+
+    Args:
+        path: the database (for messages).
+        connect: opens a connection to it, as the store's own.
+        recent: reads ``SEARCH_RECENT`` (patched by tests) at each slice.
+    """
+
+    def __init__(
+        self, path: Path, connect: Callable[[], sqlite3.Connection], recent: Callable[[], int]
+    ) -> None:
+        self.path = path
+        self.gate = threading.Lock()
+        """Taken by the store's single-entry appends around their ``INSERT`` and by each
+        slice here: an append waits for a slice without a busy-handler sleep."""
+        self._connect = connect
+        self._recent = recent
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        _LIVE.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child: no thread runs, and the locks may have been held by one."""
+        self.gate = threading.Lock()
+        self._start_lock = threading.Lock()
+        self._thread = None
+
+    def kick(self) -> None:
+        """Have the thread refill ``search_recent`` if it needs it, then checkpoint (starting
+        the thread first if it is not running in this process: a forked child inherits none)."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            with self._start_lock:
+                if self._closing:
+                    return
+                thread = self._thread
+                if thread is None or not thread.is_alive():
+                    self._wake = threading.Event()
+                    self._idle = threading.Event()
+                    self._thread = threading.Thread(
+                        target=self._run, name=f"terrarium upkeep {self.path.name}", daemon=True
+                    )
+                    self._thread.start()
+        self._idle.clear()
+        self._wake.set()
+
+    def settle(self, timeout: float = 30.0) -> bool:
+        """Wait until the thread has done what it was kicked for; False if it has not within
+        ``timeout`` seconds (for tests and benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while self._idle.wait(max(0.0, deadline - time.monotonic())):
+            if not self._wake.is_set():  # not kicked again since it went idle
+                return True
+            time.sleep(0.001)
+        return False
+
+    def close(self) -> None:
+        """Stop the thread after its current slice."""
+        with self._start_lock:
+            self._closing = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None:
+            thread.join()
+
+    def _run(self) -> None:
+        wake, idle = self._wake, self._idle
+        try:
+            conn = self._connect()
+            conn.execute("PRAGMA busy_timeout = 0")  # busy: it waits outside the gate
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("%s: upkeep thread cannot connect: %s", self.path, exc)
+            idle.set()
+            return
+        try:
+            while not self._closing:
+                wake.wait()
+                wake.clear()
+                try:
+                    self._work(conn)
+                except (sqlite3.Error, OSError) as exc:  # tried again at the next kick
+                    log.warning("%s: checkpoint or search refill deferred: %s", self.path, exc)
+                if not wake.is_set():
+                    idle.set()
+        finally:
+            conn.close()
+            idle.set()
+
+    def _work(self, conn: sqlite3.Connection) -> None:
+        """Refill slices until ``search_recent`` is full, merge steps until no level of either
+        FTS5 table is crowded, then a passive checkpoint."""
+        recent = self._recent()
+        steps: list[Callable[[sqlite3.Connection], bool]] = [
+            lambda c: refill_recent(c, recent, SLICE),
+            *(partial(_merge, table=table) for table in sql.FTS_TABLES),
+        ]
+        for step in steps:
+            for _ in range(MOST_SLICES):  # a bound, should a step always find work
+                if self._closing or not self._slice(conn, step):
+                    break
+                time.sleep(PAUSE)
+        if not self._closing:
+            conn.execute(sql.CHECKPOINT).fetchone()
+
+    def _slice(self, conn: sqlite3.Connection, step: Callable[[sqlite3.Connection], bool]) -> bool:
+        """``step`` in one short write transaction; return whether it has work left."""
+        with self.gate:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if _db.kind(exc) != "busy":
+                    raise
+                busy = True
+            else:
+                busy = False
+                try:
+                    more = step(conn)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+        if busy:  # another process writes: let it, and try again
+            time.sleep(0.005)
+            return True
+        return more
+
+
+def _merge(conn: sqlite3.Connection, table: str) -> bool:
+    """A few pages of FTS5's incremental merge in ``table``; return whether it did any.
+
+    FTS5 merges as it writes (``automerge``), a little per commit, but the small commits of
+    the appends' catch-up slices leave levels crowded until one reaches ``crisismerge`` and
+    is merged whole, in a commit of the catch-up: measured, a 6-18 ms stall every ~1000
+    items at 100k items. Merging here, a few pages at a time, keeps every level below that.
+    """
+    before = conn.total_changes
+    conn.execute(sql.FTS_MERGE.format(table=table), (MERGE_PAGES,))
+    return conn.total_changes - before > 1  # the command itself counts as one change
+
+
+def _after_fork() -> None:
+    for upkeep in list(_LIVE):
+        upkeep._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork)
