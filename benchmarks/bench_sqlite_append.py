@@ -3,13 +3,17 @@
 Run: ``.venv/bin/python benchmarks/bench_sqlite_append.py`` (``--quick`` for a smoke run of a
 few seconds; ``--depths 1000,10000,100000`` and ``--appends 3000`` to choose).
 
-At each history depth (messages already in the conversation) two systems of
-``benchmarks/peers.py`` are pre-filled in a temporary directory: ``terrarium SqliteStore``,
-appended to through the runtime's calls (``save_user_input`` and ``save_delta`` in turn), and
-its floor, a bare autocommit ``INSERT`` of the same line into a WAL table shaped like
-``SqliteStore``'s entries (same ``synchronous``). Then their appends are timed one call at a
-time, each turn taking both in a new random order, so load from other processes falls on both
-alike. The tail is what the issue's target is about: an append must not stall on the
+At each history depth (messages already in the conversation) three systems are pre-filled in
+a temporary directory: ``store``, peers.py's ``terrarium SqliteStore``, appended to through
+the runtime's calls (``save_user_input`` and ``save_delta`` in turn); ``direct``, another
+``SqliteStore`` whose appends call ``SqliteStore.append`` with the entry the runtime would
+build (the store's own share); and ``floor``, peers.py's bare autocommit ``INSERT`` of the
+same line into a WAL table shaped like ``SqliteStore``'s entries (same ``synchronous``). Then
+their appends are timed one call at a time, each turn taking each in a new random order, so
+load from other processes falls on all alike. Each call's wall time and the CPU time of the
+calling thread are reported (the latter is not inflated by other processes' load, nor by
+waits for a lock or the disk). The tail is what the issue's target is about: an append must
+not stall on the
 derived-state catch-up (search tables, listing counts) or on a WAL checkpoint, so p99.9 is
 reported next to the median, with their ratio (target: p99.9 <= 20x the median; the median
 <= 1.3x the floor's).
@@ -30,8 +34,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from peers import InsertFloor, System, TerrariumSystem  # noqa: E402
+from peers import InsertFloor, System, TerrariumSystem, role, text  # noqa: E402
+from terrarium.model import utc_now  # noqa: E402
+from terrarium.stores.base import NewEntry  # noqa: E402
 from terrarium.stores.sqlite import SqliteStore  # noqa: E402
+
+
+class DirectSystem(TerrariumSystem):
+    """``SqliteStore.append`` called directly with the entry the runtime would build: the
+    store's own share of an append, without the runtime's (``terrarium.sessions``)."""
+
+    def append(self, i: int) -> None:
+        kind = "user_input" if i % 2 == 0 else "item"
+        entry = NewEntry(kind, utc_now(), {"item": {"role": role(i), "content": text(i)}})
+        self.store.append(self.head.session_id, self.head.segment_id, [entry])
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -75,6 +91,7 @@ def measure(depth: int, count: int, base: Path) -> None:
     folder = base / str(depth)
     systems: dict[str, System] = {
         "store": TerrariumSystem("store", lambda f, _: SqliteStore(f / "t.db")),
+        "direct": DirectSystem("direct", lambda f, _: SqliteStore(f / "t.db")),
         "floor": InsertFloor("NORMAL"),
     }
     for name, system in systems.items():
@@ -92,8 +109,10 @@ def measure(depth: int, count: int, base: Path) -> None:
         print(f" {what}:")
         for name, values in samples.items():
             print(row(name, values))
-        ratio = quantile(samples["store"], 0.5) / quantile(samples["floor"], 0.5)
-        print(f"  store / floor, median: {ratio:.2f}x (target <= 1.3x)", flush=True)
+        floor = quantile(samples["floor"], 0.5)
+        for name in ("store", "direct"):
+            ratio = quantile(samples[name], 0.5) / floor
+            print(f"  {name} / floor, median: {ratio:.2f}x (target <= 1.3x)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,11 +98,12 @@ log = logging.getLogger(__name__)
 _SEEN_CACHE = 4096
 
 #: The derived tables lag the entries by at most about this many: the append that makes this
-#: many wait catches them up, reading at most twice as many (so a backlog drains). Small
-#: slices, so that no append stalls for long: measured (``benchmarks/bench_sqlite_append.py``,
-#: see ``benchmarks/README.md``), a slice of 16 costs one append in 16 about 0.2 ms, where a
-#: batch of 256 cost one in 256 some 4 ms, and the median append is unchanged.
-SEARCH_BATCH = 16
+#: many wait catches them up, reading at most twice as many (so a backlog drains). Measured
+#: (``benchmarks/bench_sqlite_append.py``, CPU time of the appending thread, 1k history): a
+#: slice of 64 costs one append in 64 about 2-3 ms, max ~4 ms; slices of 16 cost ~0.7 ms, but
+#: with a max of 8-14 ms (FTS5 merges after many small commits); batches of 256 cost 8-10 ms,
+#: max 15-21 ms. The median append was the same for all three, within the noise.
+SEARCH_BATCH = 64
 #: Entries between two kicks of the upkeep thread (a WAL checkpoint: :mod:`._upkeep`); SQLite's
 #: own automatic checkpoint, at 1000 pages, would come after some 400 of our appends.
 CHECKPOINT_EVERY = 256
