@@ -79,12 +79,16 @@ class Upkeep:
         self._closing = False
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        # Held by the thread while it is in SQLite, and by a fork (see _before_fork): a child
+        # forked while the thread held one of SQLite's own mutexes would hang on it.
+        self._in_sqlite = threading.Lock()
         _LIVE.add(self)
 
     def _forked(self) -> None:
         """In a forked child: no thread runs, and the locks may have been held by one."""
         self.gate = threading.Lock()
         self._start_lock = threading.Lock()
+        self._in_sqlite = threading.Lock()
         self._thread = None
 
     def kick(self) -> None:
@@ -128,8 +132,9 @@ class Upkeep:
     def _run(self) -> None:
         wake, idle = self._wake, self._idle
         try:
-            conn = self._connect()
-            conn.execute("PRAGMA busy_timeout = 0")  # busy: it waits outside the gate
+            with self._in_sqlite:
+                conn = self._connect()
+                conn.execute("PRAGMA busy_timeout = 0")  # busy: it waits outside the gate
         except (sqlite3.Error, OSError) as exc:
             log.warning("%s: upkeep thread cannot connect: %s", self.path, exc)
             idle.set()
@@ -145,7 +150,8 @@ class Upkeep:
                 if not wake.is_set():
                     idle.set()
         finally:
-            conn.close()
+            with self._in_sqlite:
+                conn.close()
             idle.set()
 
     def _work(self, conn: sqlite3.Connection) -> None:
@@ -162,11 +168,12 @@ class Upkeep:
                     break
                 time.sleep(PAUSE)
         if not self._closing:
-            conn.execute(sql.CHECKPOINT).fetchone()
+            with self._in_sqlite:
+                conn.execute(sql.CHECKPOINT).fetchone()
 
     def _slice(self, conn: sqlite3.Connection, step: Callable[[sqlite3.Connection], bool]) -> bool:
         """``step`` in one short write transaction; return whether it has work left."""
-        with self.gate:
+        with self.gate, self._in_sqlite:  # in this order: a fork may hold the gate
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
@@ -201,9 +208,27 @@ def _merge(conn: sqlite3.Connection, table: str) -> bool:
     return conn.total_changes - before > 1  # the command itself counts as one change
 
 
-def _after_fork() -> None:
+def _before_fork() -> None:
+    """Wait until no upkeep thread is in SQLite, and keep them out until the fork is done."""
+    for upkeep in list(_LIVE):
+        upkeep._in_sqlite.acquire()
+        _FORKING.append(upkeep)
+
+
+def _after_fork_in_parent() -> None:
+    while _FORKING:
+        _FORKING.pop()._in_sqlite.release()
+
+
+def _after_fork_in_child() -> None:
+    _FORKING.clear()
     for upkeep in list(_LIVE):
         upkeep._forked()
 
 
-os.register_at_fork(after_in_child=_after_fork)
+_FORKING: list[Upkeep] = []
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)
