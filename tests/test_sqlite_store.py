@@ -510,6 +510,26 @@ def test_appends_never_checkpoint_the_upkeep_thread_does(
     _integrity(store)
 
 
+def test_the_upkeep_thread_stops_when_idle_and_starts_again(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store left open without appends holds no thread: it stops after IDLE_EXIT seconds
+    without a kick, and the next kick starts another."""
+    monkeypatch.setattr(_upkeep, "IDLE_EXIT", 0.5)
+    monkeypatch.setattr(sqlite_backend, "CHECKPOINT_EVERY", 1)
+    head = add_context(store, "cli:a")
+    save_user_input(store, head, "omicron one")
+    first = store._upkeep._thread  # started by that append's kick
+    assert first is not None
+    first.join(30)
+    assert not first.is_alive() and store._upkeep._thread is None
+    save_user_input(store, head, "omicron two")
+    assert store._upkeep.settle()
+    second = store._upkeep._thread
+    assert second is not None and second is not first
+    assert len(store.search(SearchQuery("omicron"))) == 2
+
+
 def test_a_forked_child_appends_and_starts_its_own_upkeep(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -51,6 +51,8 @@ MOST_SLICES = 10_000
 #: every ``SEARCH_BATCH`` entries, so a merge nearly always finds work. Measured (1k history,
 #: slices of 16 entries): p99.9 of the append 3.7-4.9 ms with these merges, 8.2 ms without.
 MERGE_SLICES = 4
+#: Seconds without a kick after which the thread stops (the next kick starts another).
+IDLE_EXIT = 60.0
 #: Seconds between slices: the appending threads get the write lock.
 PAUSE = 0.0005
 
@@ -86,29 +88,28 @@ class Upkeep:
 
     def _forked(self) -> None:
         """In a forked child: no thread runs, and the locks may have been held by one."""
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
         self.gate = threading.Lock()
         self._start_lock = threading.Lock()
         self._in_sqlite = threading.Lock()
         self._thread = None
 
     def kick(self) -> None:
-        """Have the thread refill ``search_recent`` if it needs it, then checkpoint (starting
-        the thread first if it is not running in this process: a forked child inherits none)."""
-        thread = self._thread
-        if thread is None or not thread.is_alive():
-            with self._start_lock:
-                if self._closing:
-                    return
-                thread = self._thread
-                if thread is None or not thread.is_alive():
-                    self._wake = threading.Event()
-                    self._idle = threading.Event()
-                    self._thread = threading.Thread(
-                        target=self._run, name=f"terrarium upkeep {self.path.name}", daemon=True
-                    )
-                    self._thread.start()
-        self._idle.clear()
-        self._wake.set()
+        """Have the thread refill ``search_recent`` if it needs it, merge, then checkpoint
+        (starting it first if it is not running: it stops after :data:`IDLE_EXIT` seconds
+        without a kick, and a forked child inherits none)."""
+        with self._start_lock:
+            if self._closing:
+                return
+            self._idle.clear()
+            self._wake.set()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name=f"terrarium upkeep {self.path.name}", daemon=True
+                )
+                self._thread.start()
 
     def settle(self, timeout: float = 30.0) -> bool:
         """Wait until the thread has done what it was kicked for; False if it has not within
@@ -137,11 +138,12 @@ class Upkeep:
                 conn.execute("PRAGMA busy_timeout = 0")  # busy: it waits outside the gate
         except (sqlite3.Error, OSError) as exc:
             log.warning("%s: upkeep thread cannot connect: %s", self.path, exc)
-            idle.set()
+            with self._start_lock:
+                self._thread = None
+                idle.set()
             return
         try:
-            while not self._closing:
-                wake.wait()
+            while not self._closing and self._wait(wake):
                 wake.clear()
                 try:
                     self._work(conn)
@@ -152,7 +154,18 @@ class Upkeep:
         finally:
             with self._in_sqlite:
                 conn.close()
-            idle.set()
+            if self._closing:
+                idle.set()
+
+    def _wait(self, wake: threading.Event) -> bool:
+        """Wait for a kick; False (the thread then stops) after ``IDLE_EXIT`` seconds of none,
+        so a store left open without use holds no thread nor connection."""
+        while not wake.wait(IDLE_EXIT):
+            with self._start_lock:  # a kick then starts a new thread
+                if not wake.is_set():
+                    self._thread = None
+                    return False
+        return True
 
     def _work(self, conn: sqlite3.Connection) -> None:
         """Refill slices until ``search_recent`` is full, merge steps until no level of either
