@@ -104,8 +104,8 @@ _SEEN_CACHE = 4096
 #: with a max of 8-14 ms (FTS5 merges after many small commits); batches of 256 cost 8-10 ms,
 #: max 15-21 ms. The median append was the same for all three, within the noise.
 SEARCH_BATCH = 64
-#: Entries between two kicks of the upkeep thread (a WAL checkpoint: :mod:`._upkeep`); SQLite's
-#: own automatic checkpoint, at 1000 pages, would come after some 400 of our appends.
+#: Entries between two kicks of the upkeep thread (a WAL checkpoint: :mod:`._upkeep`), well
+#: before SQLite's own automatic checkpoint at 1000 pages of WAL, which then finds them copied.
 CHECKPOINT_EVERY = 256
 #: The page cache of each connection, in KiB (SQLite's default is 2 MB).
 CACHE_KIB = 64 * 1024
@@ -252,8 +252,6 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             # SQLite's default page cache is 2 MB; ranking reads each match's row sizes, and
             # with the pages of a big index at hand a search is ~3x faster.
             conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
-            if not self.readonly:  # the upkeep thread checkpoints, off the append path
-                conn.execute("PRAGMA wal_autocheckpoint = 0")
         except BaseException:
             conn.close()
             raise

@@ -2,18 +2,24 @@
 
 Chores that used to stall an append now and then: a WAL checkpoint (SQLite's automatic one
 runs in the commit that passes 1000 pages: a copy of them into the database and an
-``fsync``, ~2-3 ms of the appending thread's CPU); once per ``SEARCH_RECENT`` history items,
-the ``'rebuild'`` of ``search_recent`` (~0.9 s at 100k items, under the write lock); and the
-merges FTS5 does when a level of an index holds too many segments. They are SQL that runs in
-SQLite's C code with the GIL released, so one thread per store and process, with a
-connection of its own, does them off the append path without slowing the appending threads.
-The catch-up of the derived state, which is mostly Python, stays in the appends (in slices:
+``fsync``, ~2-3 ms of the appending thread's CPU, most of which a checkpoint here has done
+before); once per ``SEARCH_RECENT`` history items, the ``'rebuild'`` of ``search_recent``
+(~0.9 s at 100k items, under the write lock); and the merges FTS5 does when a level of an
+index holds too many segments. They are SQL that runs in SQLite's C code with the GIL
+released, so one thread per store and process, with a connection of its own, does them off
+the append path without slowing the appending threads. The catch-up of the derived state,
+which is mostly Python, stays in the appends (in slices:
 :data:`terrarium.stores.sqlite.SEARCH_BATCH`): in a thread it contended for the GIL with
 every append (measured: the median append 1.2-1.4x slower).
 
 Checkpoints are ``PASSIVE``: they copy what no reader still needs and never block a writer or
-a reader. A refill adds :data:`SLICE` items, a merge step :data:`MERGE_PAGES` pages, per
-write transaction; an append of this process waits for one on the store's ``gate`` (no
+a reader. SQLite's automatic checkpoint stays on: run in a thread alone, a checkpoint rarely
+finds a moment when no append has just added frames, so the WAL would never start over and
+would grow without end (measured: the median append 1.13x slower for it); the automatic one
+in the append that passes 1000 pages now finds nearly all of them copied already.
+
+A refill adds :data:`SLICE` items, a merge step :data:`MERGE_PAGES` pages, per write
+transaction; an append of this process waits for one on the store's ``gate`` (no
 busy-handler sleep of 1 ms or more), an append of another process in SQLite's busy handler.
 
 Nothing here is needed for correctness: ranking reads whatever ``search_recent`` holds, and a
