@@ -463,7 +463,7 @@ def test_search_recent_is_emptied_then_refilled_newest_first(
     """Past twice SEARCH_RECENT items search_recent is emptied in the catch-up, not rebuilt
     under the write lock, and the upkeep thread refills it with the newest items, a slice at
     a time; at every step both FTS5 tables agree with their content and searches find what a
-    scan finds."""
+    scan finds. A read that finds it short (its writer stopped) has the thread refill it."""
     _small_windows(monkeypatch)
     monkeypatch.setattr(_upkeep, "SLICE", 3)
     kick = store._upkeep.kick
@@ -477,7 +477,8 @@ def test_search_recent_is_emptied_then_refilled_newest_first(
     for word in ("mu", "m0x1", "m4x4"):
         query = SearchQuery(word, limit=50)
         assert places(store.search(query)) == places(scan(store, query)), word
-    kick()
+    monkeypatch.setattr(store._upkeep, "kick", kick)
+    store.search(SearchQuery("mu"))  # nothing to catch up, search_recent short: a kick
     assert store._upkeep.settle()
     assert _raw(store.path, "SELECT hw, floor FROM search_meta") == [(25, 16)]
     (held,) = _raw(store.path, "SELECT count(*) FROM search_recent WHERE search_recent MATCH 'mu'")

@@ -503,14 +503,18 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             log.warning("%s; reading the entries that it has not indexed instead", exc)
 
     def _catch_up(self, at_least: int = 1) -> None:
-        """Bring the derived tables up to every entry if ``at_least`` entries wait for them."""
+        """Bring the derived tables up to every entry if ``at_least`` entries wait for them;
+        have the upkeep thread refill ``search_recent`` if it lacks some of the newest items
+        (a store that stopped writing in the middle of a refill)."""
         with self._read() as conn:
-            wm, top = conn.execute(sql.PENDING).fetchone()
+            wm, top, short = conn.execute(sql.PENDING_SHORT, (SEARCH_RECENT,)).fetchone()
         self._wm = wm
         if (top or 0) - wm >= at_least:
             with self._write() as conn:
                 self._wm = _catch_up(conn)
-            self._upkeep.kick()  # the rest of a refill of search_recent; a checkpoint
+            self._upkeep.kick()  # a refill of search_recent, if the catch-up emptied it
+        elif short:
+            self._upkeep.kick()
 
     def reindex(self) -> int:
         """Rebuild the derived tables (search index, listing counts) from the entries.

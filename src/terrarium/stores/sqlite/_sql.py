@@ -149,6 +149,10 @@ SEGMENT_PREFIX = (
 # ---------------------------------------------------------------------------- derived state
 
 PENDING = "SELECT wm, (SELECT max(id) FROM entries) FROM search_meta"
+# The same, and whether search_recent lacks some of the newest ?1 items (search.refill_recent).
+PENDING_SHORT = (
+    "SELECT wm, (SELECT max(id) FROM entries), floor > max(1, hw - ?1 + 1) FROM search_meta"
+)
 
 META = "SELECT wm, hw, floor FROM search_meta"
 FLOOR = "SELECT floor FROM search_meta"
