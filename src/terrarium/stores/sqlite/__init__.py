@@ -4,7 +4,8 @@ For one machine where a single file is handier than a folder tree (backups, copi
 with the ``sqlite3`` shell), and where a few processes share the store. It owns the heads,
 sessions, segments, entries and debug traces (the schema: :mod:`._sql`, built by
 :mod:`.migrations`), and what is derived from the entries: the search index and the listing
-counts (:mod:`.search`), brought up to the entries in batches, never in every append.
+counts (:mod:`.search`), brought up to the entries in slices, never in every append; WAL
+checkpoints and FTS5 upkeep run in a thread of their own (:mod:`._upkeep`).
 
 The trade-off: an append is one ``INSERT`` under SQLite's single write lock, so writers in
 every thread and process are serialised (waiting up to ``busy_timeout``) while readers, in WAL
@@ -118,6 +119,7 @@ def _catch_up(conn: sqlite3.Connection, *, counts: bool = True, limit: int | Non
 
 
 def _recent() -> int:
+    """This module's ``SEARCH_RECENT``, read at each call (tests patch it)."""
     return SEARCH_RECENT
 
 
