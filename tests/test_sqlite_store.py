@@ -528,6 +528,8 @@ def test_the_upkeep_thread_stops_when_idle_and_starts_again(
     assert len(store.search(SearchQuery("omicron"))) == 2
 
 
+# Python 3.12+ warns that a fork with threads alive may deadlock: the upkeep is why it does not.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_appends_and_starts_its_own_upkeep(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
