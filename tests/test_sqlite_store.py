@@ -30,7 +30,7 @@ from terrarium.stores import fts
 from terrarium.stores import sqlite as sqlite_backend
 from terrarium.stores.base import NewEntry, SearchQuery
 from terrarium.stores.memory import MemoryStore
-from terrarium.stores.sqlite import SqliteStore
+from terrarium.stores.sqlite import SqliteStore, _upkeep
 
 TS = "2026-05-01T12:00:00.000000Z"
 MAIN = ContextId("cli", "main")
@@ -454,6 +454,106 @@ def test_a_failed_catch_up_never_fails_the_append(
     monkeypatch.setattr(sqlite_backend, "_catch_up", real)
     assert [(h.seq, h.snippet) for h in store.search(SearchQuery("lambda"))] == [
         (entry.seq, "lambda kept")
+    ]
+
+
+def test_search_recent_is_emptied_then_refilled_newest_first(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past twice SEARCH_RECENT items search_recent is emptied in the catch-up, not rebuilt
+    under the write lock, and the upkeep thread refills it with the newest items, a slice at
+    a time; at every step both FTS5 tables agree with their content and searches find what a
+    scan finds. A read that finds it short (its writer stopped) has the thread refill it."""
+    _small_windows(monkeypatch)
+    monkeypatch.setattr(_upkeep, "SLICE", 3)
+    kick = store._upkeep.kick
+    monkeypatch.setattr(store._upkeep, "kick", lambda: None)  # no refill yet
+    for i in range(5):
+        add_context(store, f"cli:c{i}", *[f"mu item {i} {j} m{i}x{j}" for j in range(5)])
+    store.search(SearchQuery("mu"))  # reads every entry: 25 items, 2 x 10 passed
+    _integrity(store)
+    hw, floor = _raw(store.path, "SELECT hw, floor FROM search_meta")[0]
+    assert hw == 25 and floor > hw - 10 + 1  # emptied (up to hw), not yet refilled
+    for word in ("mu", "m0x1", "m4x4"):
+        query = SearchQuery(word, limit=50)
+        assert places(store.search(query)) == places(scan(store, query)), word
+    monkeypatch.setattr(store._upkeep, "kick", kick)
+    store.search(SearchQuery("mu"))  # nothing to catch up, search_recent short: a kick
+    assert store._upkeep.settle()
+    assert _raw(store.path, "SELECT hw, floor FROM search_meta") == [(25, 16)]
+    (held,) = _raw(store.path, "SELECT count(*) FROM search_recent WHERE search_recent MATCH 'mu'")
+    assert held == (10,)
+    _integrity(store)
+    assert places(store.search(SearchQuery("mu", limit=50))) == places(
+        scan(store, SearchQuery("mu", limit=50))
+    )
+
+
+def test_the_upkeep_thread_checkpoints_the_wal(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every CHECKPOINT_EVERY entries the upkeep thread copies the WAL back into the database
+    (before SQLite's automatic checkpoint at 1000 pages would, in an append)."""
+    monkeypatch.setattr(sqlite_backend, "CHECKPOINT_EVERY", 10**9)
+    head = add_context(store, "cli:a")
+    size = store.path.stat().st_size
+    for i in range(100):  # ~100 pages and the search tables': under 1000, in the WAL alone
+        save_user_input(store, head, f"nu {i} " + "x" * 2000)
+    assert store.path.stat().st_size == size
+    monkeypatch.setattr(sqlite_backend, "CHECKPOINT_EVERY", 1)
+    save_user_input(store, head, "nu last")
+    assert store._upkeep.settle()
+    assert store.path.stat().st_size > size + 100 * 2000
+    assert len(store.search(SearchQuery("nu", limit=500))) == 101
+    _integrity(store)
+
+
+def test_the_upkeep_thread_stops_when_idle_and_starts_again(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store left open without appends holds no thread: it stops after IDLE_EXIT seconds
+    without a kick, and the next kick starts another."""
+    monkeypatch.setattr(_upkeep, "IDLE_EXIT", 0.5)
+    monkeypatch.setattr(sqlite_backend, "CHECKPOINT_EVERY", 1)
+    head = add_context(store, "cli:a")
+    save_user_input(store, head, "omicron one")
+    first = store._upkeep._thread  # started by that append's kick
+    assert first is not None
+    first.join(30)
+    assert not first.is_alive() and store._upkeep._thread is None
+    save_user_input(store, head, "omicron two")
+    assert store._upkeep.settle()
+    second = store._upkeep._thread
+    assert second is not None and second is not first
+    assert len(store.search(SearchQuery("omicron"))) == 2
+
+
+# Python 3.12+ warns that a fork with threads alive may deadlock: the upkeep is why it does not.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_appends_and_starts_its_own_upkeep(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child forked while the parent's upkeep thread held the append gate still appends
+    (its gate is new) and kicks an upkeep thread of its own."""
+    head = add_context(store, "cli:a")
+    save_user_input(store, head, "xi parent")
+    store._upkeep.kick()
+    with store._upkeep.gate:  # forked while held
+        pid = os.fork()
+        if pid == 0:  # the child: no pytest here, only an exit status
+            code = 1
+            try:
+                store._idle = []  # SQLite connections must not cross a fork: new ones
+                sqlite_backend.CHECKPOINT_EVERY = 1
+                save_user_input(store, head, "xi child")
+                code = 0 if store._upkeep.settle(10) else 2
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sorted(h.snippet for h in store.search(SearchQuery("xi"))) == [
+        "xi child",
+        "xi parent",
     ]
 
 

@@ -4,7 +4,8 @@ For one machine where a single file is handier than a folder tree (backups, copi
 with the ``sqlite3`` shell), and where a few processes share the store. It owns the heads,
 sessions, segments, entries and debug traces (the schema: :mod:`._sql`, built by
 :mod:`.migrations`), and what is derived from the entries: the search index and the listing
-counts (:mod:`.search`), brought up to the entries in batches, never in every append.
+counts (:mod:`.search`), brought up to the entries in slices, never in every append; WAL
+checkpoints and FTS5 upkeep run in a thread of their own (:mod:`._upkeep`).
 
 The trade-off: an append is one ``INSERT`` under SQLite's single write lock, so writers in
 every thread and process are serialised (waiting up to ``busy_timeout``) while readers, in WAL
@@ -31,7 +32,7 @@ import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,7 @@ from terrarium.stores.locks import file_lock
 from terrarium.stores.sqlite import _lifecycle as lifecycle
 from terrarium.stores.sqlite import _sql as sql
 from terrarium.stores.sqlite._blobs import SqliteBlobs, record_refs
+from terrarium.stores.sqlite._upkeep import Upkeep
 from terrarium.stores.sqlite.migrations import MIGRATIONS, check_readable, migrate
 from terrarium.stores.sqlite.search import (
     SEARCH_RECENT,
@@ -96,18 +98,29 @@ log = logging.getLogger(__name__)
 
 _SEEN_CACHE = 4096
 
-#: The derived tables lag the entries by at most this many before an append catches them up.
-#: Measured (``benchmarks/bench_stores.py``, ``NORMAL``, see ``benchmarks/README.md``): an
-#: append of one history item costs about 1.2x a bare ``INSERT`` of the same row (median), the
-#: batch catch-up adding ~15 us per entry on average.
-SEARCH_BATCH = 256
+#: The derived tables lag the entries by at most about this many: the append that makes this
+#: many wait catches them up, reading at most twice as many (so a backlog drains). Measured
+#: (``benchmarks/bench_sqlite_append.py``, CPU time of the appending thread, 1k history): a
+#: slice of 64 costs one append in 64 about 2-3 ms, max ~4 ms; slices of 16 cost ~0.7 ms, but
+#: with a max of 8-14 ms (FTS5 merges after many small commits); batches of 256 cost 8-10 ms,
+#: max 15-21 ms. The median append stays 1.12-1.18x the bare INSERT, as with 256.
+SEARCH_BATCH = 64
+#: Entries between two kicks of the upkeep thread (a WAL checkpoint: :mod:`._upkeep`), well
+#: before SQLite's own automatic checkpoint at 1000 pages of WAL, which then finds them copied.
+CHECKPOINT_EVERY = 256
 #: The page cache of each connection, in KiB (SQLite's default is 2 MB).
 CACHE_KIB = 64 * 1024
 
 
-def _catch_up(conn: sqlite3.Connection, *, counts: bool = True) -> int:
-    """:func:`.search.catch_up` with this module's ``SEARCH_RECENT``, read at each call."""
-    return catch_up(conn, counts=counts, recent=SEARCH_RECENT)
+def _catch_up(conn: sqlite3.Connection, *, counts: bool = True, limit: int | None = None) -> int:
+    """:func:`.search.catch_up` with this module's ``SEARCH_RECENT``, read at each call; a
+    refill of ``search_recent`` is left to the upkeep thread."""
+    return catch_up(conn, counts=counts, recent=SEARCH_RECENT, limit=limit, refill=0)
+
+
+def _recent() -> int:
+    """This module's ``SEARCH_RECENT``, read at each call (tests patch it)."""
+    return SEARCH_RECENT
 
 
 class SqliteStore(SqliteBlobs, ClosingStore):
@@ -167,6 +180,8 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         self.readonly_reason: str | None = None
         """Why the database is opened read-only (see :meth:`_open`), or None."""
         self._idle.append(self._open())
+        self._upkeep = Upkeep(self.path, self._connect, _recent)
+        self._checkpointed = 0  # the newest entry id when this store last kicked it
 
     def _open(self) -> sqlite3.Connection:
         """The first connection, read-only where the database cannot be written.
@@ -490,13 +505,18 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             log.warning("%s; reading the entries that it has not indexed instead", exc)
 
     def _catch_up(self, at_least: int = 1) -> None:
-        """Bring the derived tables up to every entry if ``at_least`` entries wait for them."""
+        """Bring the derived tables up to every entry if ``at_least`` entries wait for them;
+        have the upkeep thread refill ``search_recent`` if it lacks some of the newest items
+        (a store that stopped writing in the middle of a refill)."""
         with self._read() as conn:
-            wm, top = conn.execute(sql.PENDING).fetchone()
+            wm, top, short = conn.execute(sql.PENDING_SHORT, (SEARCH_RECENT,)).fetchone()
         self._wm = wm
         if (top or 0) - wm >= at_least:
             with self._write() as conn:
                 self._wm = _catch_up(conn)
+            self._upkeep.kick()  # a refill of search_recent, if the catch-up emptied it
+        elif short:
+            self._upkeep.kick()
 
     def reindex(self) -> int:
         """Rebuild the derived tables (search index, listing counts) from the entries.
@@ -509,7 +529,7 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             for table in sql.FTS_TABLES:
                 conn.execute(sql.FTS_DELETE_ALL.format(table=table))
             conn.execute(sql.RESET_META)
-            _catch_up(conn, counts=False)
+            catch_up(conn, counts=False, recent=SEARCH_RECENT, refill=None)
             heads = conn.execute(sql.HEAD_SEGMENTS).fetchall()
             for s, g in heads:
                 count, last = segment_summary(conn, s, g)
@@ -736,8 +756,8 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         the next seq this store last saw the segment reach; when refused, the store reads the
         segment's tail and raises ConflictError (with ``expected_seq``) or retries there.
         Several entries go in one ``BEGIN IMMEDIATE`` transaction, which reads the tail under
-        the lock. The append that makes ``SEARCH_BATCH`` entries wait catches the derived
-        tables up.
+        the lock. The append that makes ``SEARCH_BATCH`` entries wait then catches the
+        derived tables up, and one in ``CHECKPOINT_EVERY`` kicks the upkeep thread.
         """
         if len(entries) != 1 or line_digests(entries[0].data):  # blob_refs: one transaction
             return self._append_many(session_id, segment_id, entries, expected_seq)
@@ -759,7 +779,11 @@ class SqliteStore(SqliteBlobs, ClosingStore):
                 line = next(iter_lines(entries, proposal))
                 row = (s, g, proposal, line["kind"], line["ts"], _text(line))
                 try:
-                    cursor = conn.execute(sql.APPEND_ONE, row)
+                    if held is None:
+                        with self._upkeep.gate:
+                            cursor = conn.execute(sql.APPEND_ONE, row)
+                    else:
+                        cursor = conn.execute(sql.APPEND_ONE, row)
                     break
                 except sqlite3.IntegrityError:  # the seq is taken, or the one before missing
                     at = self._next_seq_waking(conn, s, g)
@@ -772,11 +796,7 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             if held is None:
                 self._give_back(conn)
         self._seen.remember(key, proposal + 1, (s, g))
-        if (cursor.lastrowid or 0) - self._wm >= SEARCH_BATCH:
-            try:
-                self._catch_up(SEARCH_BATCH)
-            except (StoreError, sqlite3.Error) as exc:  # the entry is in; a read catches up
-                log.warning("%s: search and listing catch-up deferred: %s", self.path, exc)
+        self._after_append(cursor.lastrowid or 0)
         return proposal
 
     def _append_many(
@@ -800,9 +820,26 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             record_refs(conn, s, [entry.data for entry in entries])
             (top,) = conn.execute(sql.NEWEST_ENTRY).fetchone()
             if rows and top - self._wm >= SEARCH_BATCH:
-                self._wm = _catch_up(conn)
+                self._wm = _catch_up(conn, limit=len(rows) + 2 * SEARCH_BATCH)
         self._seen.remember((session_id, segment_id), first + len(rows), (s, g))
+        if top is not None and top - self._checkpointed >= CHECKPOINT_EVERY:
+            self._checkpointed = top
+            self._upkeep.kick()
         return first
+
+    def _after_append(self, rowid: int) -> None:
+        """After an entry ``rowid`` is in: a slice of catch-up if ``SEARCH_BATCH`` entries
+        wait, and a kick of the upkeep thread every ``CHECKPOINT_EVERY`` entries."""
+        if rowid - self._wm >= SEARCH_BATCH:
+            outermost = getattr(self._local, "conn", None) is None
+            try:
+                with self._upkeep.gate if outermost else nullcontext(), self._write() as conn:
+                    self._wm = _catch_up(conn, limit=2 * SEARCH_BATCH)
+            except (StoreError, sqlite3.Error) as exc:  # the entry is in; a read catches up
+                log.warning("%s: search and listing catch-up deferred: %s", self.path, exc)
+        if rowid - self._checkpointed >= CHECKPOINT_EVERY:
+            self._checkpointed = rowid
+            self._upkeep.kick()
 
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
@@ -893,6 +930,7 @@ class SqliteStore(SqliteBlobs, ClosingStore):
 
     def close(self) -> None:
         """Close every idle connection; connections in use close when their call returns."""
+        self._upkeep.close()
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []

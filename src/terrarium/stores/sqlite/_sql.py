@@ -119,6 +119,11 @@ READ_SEGMENT = (
 ENTRIES_AFTER = (
     "SELECT session_id, segment_id, seq, kind, ts, line FROM entries WHERE id > ? ORDER BY id"
 )
+# The same with their ids, all of them or the oldest ``?2``: the catch-up, in slices.
+ENTRIES_AFTER_IDS = (
+    "SELECT id, session_id, segment_id, seq, kind, ts, line FROM entries WHERE id > ? ORDER BY id"
+)
+ENTRIES_SLICE = f"{ENTRIES_AFTER_IDS} LIMIT ?"
 INSERT_TRACE = "INSERT INTO traces (session_id, segment_id, line) VALUES (?, ?, ?)"
 READ_TRACE = "SELECT line FROM traces WHERE session_id = ? AND segment_id = ? ORDER BY id"
 
@@ -144,6 +149,11 @@ SEGMENT_PREFIX = (
 # ---------------------------------------------------------------------------- derived state
 
 PENDING = "SELECT wm, (SELECT max(id) FROM entries) FROM search_meta"
+# The same, and whether search_recent lacks some of the newest ?1 items (search.refill_recent).
+PENDING_SHORT = (
+    "SELECT wm, (SELECT max(id) FROM entries), floor > max(1, hw - ?1 + 1) FROM search_meta"
+)
+
 META = "SELECT wm, hw, floor FROM search_meta"
 FLOOR = "SELECT floor FROM search_meta"
 SET_META = "UPDATE search_meta SET wm = ?, hw = ?, floor = ?"
@@ -162,7 +172,13 @@ FTS_TABLES = ("search_fts", "search_recent")
 FTS_ADD = (
     "INSERT INTO {table} (rowid, body, tags) SELECT id, body, tags FROM search_docs WHERE id >= ?"
 )
-FTS_REBUILD = "INSERT INTO {table} ({table}) VALUES ('rebuild')"
+FTS_ADD_RANGE = (
+    "INSERT INTO {table} (rowid, body, tags) SELECT id, body, tags FROM search_docs "
+    "WHERE id >= ? AND id < ?"
+)
+# Up to ? pages of FTS5's incremental merge, in levels that hold several segments.
+FTS_MERGE = "INSERT INTO {table} ({table}, rank) VALUES ('merge', ?)"
+CHECKPOINT = "PRAGMA wal_checkpoint(PASSIVE)"
 FTS_DELETE_ALL = "INSERT INTO {table} ({table}) VALUES ('delete-all')"
 # External content: FTS5 needs the old values to remove an item's tokens.
 FTS_DELETE_IN = (

@@ -99,25 +99,38 @@ def session_tag(session: str) -> str:
 # --------------------------------------------------------------------------- catch-up
 
 
-def catch_up(conn: sqlite3.Connection, *, counts: bool = True, recent: int = SEARCH_RECENT) -> int:
-    """Bring the derived tables up to every entry (in the caller's write transaction); return
-    the newest entry id, which they have now read.
+def catch_up(
+    conn: sqlite3.Connection,
+    *,
+    counts: bool = True,
+    recent: int = SEARCH_RECENT,
+    limit: int | None = None,
+    refill: int | None = 0,
+) -> int:
+    """Bring the derived tables up to every entry, or the oldest ``limit`` of those they have
+    not read (in the caller's write transaction); return the newest entry id they have now read.
 
     Reads the entries above ``wm`` (in the caller's write transaction, so a rolled back entry
     is never read): adds their history items to ``search_docs`` and both FTS5 tables, and
     (with ``counts``) their history items and last time to the listing counts of the heads
-    they extend. ``recent``: see :func:`_add_docs`. The items of a detached session (no
-    context) are left out: search shows contexts only, and :func:`index_session` adds them
-    when a context adopts the session.
+    they extend. ``recent`` and ``refill``: see :func:`_add_docs` and :func:`refill_recent`.
+    The items of a detached session (no context) are left out: search shows contexts only,
+    and :func:`index_session` adds them when a context adopts the session.
     """
     wm, hw, floor = conn.execute(sql.META).fetchone()
     (top,) = conn.execute(sql.NEWEST_ENTRY).fetchone()
     if top is None or top <= wm:
+        refill_recent(conn, recent, refill)
         return int(wm)
     segments: Counts = {}
     types: dict[str, str | None] = {}
     docs: list[tuple[Any, ...]] = []
-    for s, g, seq, kind, ts, text in conn.execute(sql.ENTRIES_AFTER, (wm,)):
+    if limit is not None:
+        rows = conn.execute(sql.ENTRIES_SLICE, (wm, limit)).fetchall()
+        top = rows[-1][0]
+    else:
+        rows = conn.execute(sql.ENTRIES_AFTER_IDS, (wm,)).fetchall()
+    for _, s, g, seq, kind, ts, text in rows:
         _tally(segments, s, g, seq, kind, ts)
         if kind not in HISTORY_KINDS and seq != 0:
             continue
@@ -138,6 +151,7 @@ def catch_up(conn: sqlite3.Connection, *, counts: bool = True, recent: int = SEA
         )
     hw, floor = _add_docs(conn, docs, hw, floor, recent)
     conn.execute(sql.SET_META, (top, hw, floor))
+    refill_recent(conn, recent, refill)
     return int(top)
 
 
@@ -176,9 +190,11 @@ def _add_docs(
     in both FTS5 tables; return the new ``hw`` and ``floor``.
 
     ``search_fts`` holds every item up to ``hw``, the newest; ``search_recent`` those from
-    ``floor`` on, ``recent`` to twice as many of them. Past that it is rebuilt over the newest
-    ``recent`` (~0.5 s at a time, once per ``recent`` items): letting items out one by one
-    would leave FTS5 delete markers in it, which made a common word twice as slow to rank.
+    ``floor`` on, up to about twice ``recent`` of them. Past that it is emptied and
+    :func:`refill_recent` fills it again with the newest ``recent``, newest first, a slice at
+    a time: letting items out one by one would leave FTS5 delete markers in it, which made a
+    common word twice as slow to rank, and a ``'rebuild'`` in one transaction held the write
+    lock, and so every append, for ~0.5-0.9 s.
     """
     if not docs:
         return hw, floor
@@ -187,13 +203,29 @@ def _add_docs(
     last = first + len(docs) - 1
     conn.execute(sql.FTS_ADD.format(table="search_fts"), (first,))
     if last - floor + 1 > 2 * recent:
-        new_floor = last - recent + 1
-        conn.execute(sql.SET_WINDOWS, (last, new_floor))
-        conn.execute(sql.FTS_REBUILD.format(table="search_recent"))
-    else:
-        new_floor = floor
-        conn.execute(sql.FTS_ADD.format(table="search_recent"), (first,))
-    return last, new_floor
+        conn.execute(sql.FTS_DELETE_ALL.format(table="search_recent"))
+        conn.execute(sql.SET_WINDOWS, (last, last + 1))
+        return last, last + 1
+    conn.execute(sql.FTS_ADD.format(table="search_recent"), (first,))
+    return last, floor
+
+
+def refill_recent(conn: sqlite3.Connection, recent: int, most: int | None = None) -> bool:
+    """Add up to ``most`` (None: all) of the items just under ``floor`` to ``search_recent``,
+    until it holds the newest ``recent`` (in the caller's write transaction); return whether
+    it still lacks some.
+
+    It is filled downwards, so that at every step it holds exactly the items from ``floor``
+    on, which is what its content view and the ranking read.
+    """
+    _, hw, floor = (int(value) for value in conn.execute(sql.META).fetchone())
+    target = max(1, hw - recent + 1)
+    if floor <= target or most == 0:
+        return floor > target
+    low = target if most is None else max(target, floor - most)
+    conn.execute(sql.FTS_ADD_RANGE.format(table="search_recent"), (low, floor))
+    conn.execute(sql.SET_WINDOWS, (hw, low))
+    return low > target
 
 
 def unindex_session(conn: sqlite3.Connection, session_id: str) -> None:
