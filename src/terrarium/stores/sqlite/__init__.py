@@ -515,7 +515,7 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             with self._write() as conn:
                 self._wm = _catch_up(conn)
             self._upkeep.kick()  # a refill of search_recent, if the catch-up emptied it
-        elif short:
+        elif short and not self.readonly:  # a read-only store has no writer to finish it
             self._upkeep.kick()
 
     def reindex(self) -> int:
