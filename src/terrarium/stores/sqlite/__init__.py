@@ -33,6 +33,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from itertools import starmap
 from pathlib import Path
 from typing import Any
 
@@ -411,10 +412,10 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         """
         self._try_catch_up()
         where, args = ("WHERE type = ?", (type,)) if type is not None else ("", ())
-        with self._snapshot() as conn:
+        with self._snapshot() as conn, codec.paused_gc():
             rows = conn.execute(sql.LISTING.format(where=where), args).fetchall()
             late = late_counts(conn)
-        summaries = [ContextSummary(*row) for row in rows]
+            summaries = list(starmap(ContextSummary, rows))
         if not late:
             return summaries
         return [
