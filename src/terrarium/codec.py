@@ -223,8 +223,10 @@ def complete_end(buf: bytes | mmap.mmap) -> int:
 
 @contextlib.contextmanager
 def paused_gc() -> Iterator[None]:
-    """The cyclic garbage collector off while a bulk read builds many objects that hold no
-    cycles (decoded lines, 100k listing rows): its passes over them are pure cost."""
+    """The cyclic garbage collector off while a bulk decode builds many containers that hold
+    no cycles (100k entry dicts): its passes over them are pure cost. Not for rows of
+    strings: a collection untracks such tuples as they come, and a listing of 100k rows
+    measured 10 % slower with it paused."""
     collecting = gc.isenabled()
     gc.disable()
     try:

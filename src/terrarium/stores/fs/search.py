@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from terrarium import codec
 from terrarium.errors import IndexUnavailable
 from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores import _db, _listing
@@ -624,9 +623,7 @@ class SearchIndex:
             IndexUnavailable: the index cannot be brought up to date (see "Failures").
         """
         statement, params = _listing_of(type)
-        rows = self._listing_read(statement, params, False)
-        with codec.paused_gc():
-            return [ContextSummary(*row) for row in rows]
+        return [ContextSummary(*row) for row in self._listing_read(statement, params, False)]
 
     def list_contexts_as_indexed(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary as the index holds it now, without bringing it up to date
@@ -678,14 +675,14 @@ class SearchIndex:
         if not as_indexed:
             with self._lock:
                 return self._guarded(
-                    lambda: self._read(lambda conn: _fetch(conn, statement, params)),
+                    lambda: self._read(lambda conn: conn.execute(statement, params).fetchall()),
                     retry=True,
                 )
         with self._reader_lock:
             if not self.path.exists():
                 return []
             try:
-                return _fetch(self._reader(), statement, params)
+                return self._reader().execute(statement, params).fetchall()
             except (sqlite3.Error, OSError) as exc:
                 self._close_reader()
                 raise self._unavailable(exc) from exc
@@ -736,12 +733,6 @@ class SearchIndex:
             conn = self._connection()
             rows = conn.execute(sql.WATCHED_IDS).fetchall()
         return [uuid.UUID(row[0]) for row in rows]
-
-
-def _fetch(conn: sqlite3.Connection, statement: str, params: Sequence[Any]) -> list[Any]:
-    """Every row of ``statement``; rows of strings and numbers hold no cycles."""
-    with codec.paused_gc():
-        return conn.execute(statement, params).fetchall()
 
 
 def _listing_of(type: str | None) -> tuple[str, tuple[str, ...]]:

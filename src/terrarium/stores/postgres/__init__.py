@@ -268,7 +268,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         """
         self.catch_up()
         query, params = (_sql.LISTING_OF_TYPE, (type,)) if type is not None else (_sql.LISTING, ())
-        with self._pool.connection() as conn, conn.transaction(), codec.paused_gc():
+        with self._pool.connection() as conn, conn.transaction():
             conn.execute(_sql.LISTING_BY_INDEX)
             rows = conn.execute(query, params).fetchall()
             # Tuples built in C, then the summaries: a tenth faster than a Python row factory.

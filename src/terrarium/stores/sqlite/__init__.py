@@ -412,7 +412,7 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         """
         self._try_catch_up()
         where, args = ("WHERE type = ?", (type,)) if type is not None else ("", ())
-        with self._snapshot() as conn, codec.paused_gc():
+        with self._snapshot() as conn:
             rows = conn.execute(sql.LISTING.format(where=where), args).fetchall()
             late = late_counts(conn)
             summaries = list(starmap(ContextSummary, rows))
