@@ -294,6 +294,23 @@ def test_postgres_migrates_blank(pg: tuple[Any, str], pg_database: str) -> None:
     assert _pg_names(conn, schema) == postgres.MIGRATIONS.names
 
 
+def _insert_m001_context(conn: Any, schema: str, lines: list[dict[str, Any]]) -> None:
+    """``cli:old`` written as the first schema's tables hold it (``lines``: header first)."""
+    q = f'"{schema}"'
+    conn.execute(
+        f"INSERT INTO {q}.contexts VALUES ('cli:old', 'cli', %s, %s, %s, %s)",
+        (SESSION, SEGMENT, TS, TS),
+    )
+    conn.execute(f"INSERT INTO {q}.sessions VALUES (%s, 'cli:old', %s)", (SESSION, TS))
+    conn.execute(f"INSERT INTO {q}.segments VALUES (%s, %s, %s)", (SESSION, SEGMENT, TS))
+    for line in lines:
+        text = codec.encode(line).decode()
+        conn.execute(
+            f"INSERT INTO {q}.entries VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s)",
+            (SESSION, SEGMENT, line["seq"], line["kind"], TS, text, text),
+        )
+
+
 @pytest.mark.postgres
 def test_postgres_migrates_from_oldest_schema(pg: tuple[Any, str], pg_database: str) -> None:  # noqa: F811
     """A schema at m001 with data in it is upgraded on open; its data reads back."""
@@ -303,19 +320,7 @@ def test_postgres_migrates_from_oldest_schema(pg: tuple[Any, str], pg_database: 
     assert postgres.migrate(conn, schema, where="old", stop_after="m001_initial") == [
         "m001_initial"
     ]
-    q = f'"{schema}"'
-    conn.execute(
-        f"INSERT INTO {q}.contexts VALUES ('cli:old', 'cli', %s, %s, %s, %s)",
-        (SESSION, SEGMENT, TS, TS),
-    )
-    conn.execute(f"INSERT INTO {q}.sessions VALUES (%s, 'cli:old', %s)", (SESSION, TS))
-    conn.execute(f"INSERT INTO {q}.segments VALUES (%s, %s, %s)", (SESSION, SEGMENT, TS))
-    for line in (HEADER, ENTRY):
-        text = codec.encode(line).decode()
-        conn.execute(
-            f"INSERT INTO {q}.entries VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s)",
-            (SESSION, SEGMENT, line["seq"], line["kind"], TS, text, text),
-        )
+    _insert_m001_context(conn, schema, [HEADER, ENTRY])
     assert _pg_names(conn, schema) == ["m001_initial"]
     with postgres.PostgresStore(pg_database, schema=schema) as store:
         assert _pg_names(conn, schema) == postgres.MIGRATIONS.names
@@ -492,21 +497,10 @@ def test_postgres_m011_keeps_search_rows_without_their_text(
 
     conn, schema = pg
     postgres.migrate(conn, schema, where="old", stop_after="m002_traces")
-    q = f'"{schema}"'
     header = HEADER | {"history": [{"role": "user", "content": "a kestrel in the header"}]}
     entry = ENTRY | {"item": {"role": "user", "content": "a Kestrel flew by"}}
-    conn.execute(
-        f"INSERT INTO {q}.contexts VALUES ('cli:old', 'cli', %s, %s, %s, %s)",
-        (SESSION, SEGMENT, TS, TS),
-    )
-    conn.execute(f"INSERT INTO {q}.sessions VALUES (%s, 'cli:old', %s)", (SESSION, TS))
-    conn.execute(f"INSERT INTO {q}.segments VALUES (%s, %s, %s)", (SESSION, SEGMENT, TS))
-    for line in (header, entry):
-        text = codec.encode(line).decode()
-        conn.execute(
-            f"INSERT INTO {q}.entries VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s)",
-            (SESSION, SEGMENT, line["seq"], line["kind"], TS, text, text),
-        )
+    _insert_m001_context(conn, schema, [header, entry])
+    q = f'"{schema}"'
     postgres.migrate(conn, schema, where="old", stop_after="m010_listing_sorts")
     rows = f"SELECT seq, n, id, type, role, ts, tsv::text FROM {q}.search_docs ORDER BY id"
     before = conn.execute(rows).fetchall()
