@@ -155,6 +155,11 @@ class System:
         one (measured after ``close`` too); None for the others."""
         return None
 
+    def free_bytes(self) -> int:
+        """The part of :meth:`disk_bytes` that is free space inside the system's files
+        (SQLite's free pages, reused by later writes): neither log nor search index."""
+        return 0
+
     folder: Path
 
 
@@ -288,6 +293,14 @@ class TerrariumSystem(System):
                 "SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name LIKE 'search%'"
             ).fetchone()
         return int(row[0])
+
+    def free_bytes(self) -> int:
+        if isinstance(self.store, FsStore):
+            return 0
+        with closing(sqlite3.connect(self.folder / "t.db")) as conn:
+            (pages,) = conn.execute("PRAGMA freelist_count").fetchone()
+            (size,) = conn.execute("PRAGMA page_size").fetchone()
+        return int(pages) * int(size)
 
 
 class PostgresSystem(TerrariumSystem):
@@ -600,6 +613,8 @@ class Cell:
     total_bytes: int | None = None
     search_bytes: int | None = None
     """The search index's part of ``total_bytes`` (terrarium's stores)."""
+    free_bytes: int = 0
+    """Free space inside the files, part of ``total_bytes`` (SQLite's free pages)."""
     note: str = ""
 
 
@@ -676,6 +691,7 @@ def measure_depth(
         cell = results.cell(system.name, depth)
         cell.total_bytes = total
         cell.search_bytes = system.search_bytes()
+        cell.free_bytes = system.free_bytes()
         cell.bytes_per_message = total / (depth + 1 + cell.append_n)
     shutil.rmtree(base / f"{depth}", ignore_errors=True)
 
@@ -874,7 +890,7 @@ def log_and_search(results: Results) -> list[str]:
         if cell is None or cell.total_bytes is None or cell.search_bytes is None:
             return None
         messages = cell.total_bytes / (cell.bytes_per_message or 1)
-        log = (cell.total_bytes - cell.search_bytes) / messages
+        log = (cell.total_bytes - cell.search_bytes - cell.free_bytes) / messages
         return log, cell.search_bytes / messages, cell.total_bytes / messages
 
     for name in results.names:
@@ -893,6 +909,18 @@ def log_and_search(results: Results) -> list[str]:
                 fmt_ratio(ours[2] / fs[2]),
             ]
         lines.append("| " + " | ".join(row) + " |")
+    for name in results.names:
+        free = [
+            f"{fmt_bytes(cell.free_bytes * cell.bytes_per_message / cell.total_bytes)} a "
+            f"message at {label(depth)}"
+            for depth, cell in sorted(results.cells.get(name, {}).items())
+            if cell.free_bytes and cell.total_bytes and cell.bytes_per_message
+        ]
+        if free:
+            lines += [
+                "",
+                f"{name}: free pages (in the totals, in neither column): " + ", ".join(free),
+            ]
     return lines
 
 
