@@ -32,7 +32,7 @@ import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager
 from itertools import starmap
 from pathlib import Path
 from typing import Any
@@ -180,9 +180,9 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         self._closed = False
         self.readonly_reason: str | None = None
         """Why the database is opened read-only (see :meth:`_open`), or None."""
-        self._idle.append(self._open())
         self._upkeep = Upkeep(self.path, self._connect, _recent)
         self._checkpointed = 0  # the newest entry id when this store last kicked it
+        self._idle.append(self._open())
 
     def _open(self) -> sqlite3.Connection:
         """The first connection, read-only where the database cannot be written.
@@ -323,7 +323,9 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         conn = self._borrow()
         local.conn, local.depth = conn, 0
         try:
-            with _db.immediate(conn):
+            # This process's writers wait for an upkeep slice on its gate, not in SQLite's
+            # busy handler (a sleep of 1 ms or more).
+            with self._upkeep.gate, _db.immediate(conn):
                 yield conn
         except sqlite3.OperationalError as exc:
             raise self._error(exc) from exc
@@ -823,21 +825,22 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             if rows and top - self._wm >= SEARCH_BATCH:
                 self._wm = _catch_up(conn, limit=len(rows) + 2 * SEARCH_BATCH)
         self._seen.remember((session_id, segment_id), first + len(rows), (s, g))
-        if top is not None and top - self._checkpointed >= CHECKPOINT_EVERY:
-            self._checkpointed = top
-            self._upkeep.kick()
+        self._kick_every(top or 0)
         return first
 
     def _after_append(self, rowid: int) -> None:
         """After an entry ``rowid`` is in: a slice of catch-up if ``SEARCH_BATCH`` entries
         wait, and a kick of the upkeep thread every ``CHECKPOINT_EVERY`` entries."""
         if rowid - self._wm >= SEARCH_BATCH:
-            outermost = getattr(self._local, "conn", None) is None
             try:
-                with self._upkeep.gate if outermost else nullcontext(), self._write() as conn:
+                with self._write() as conn:
                     self._wm = _catch_up(conn, limit=2 * SEARCH_BATCH)
             except (StoreError, sqlite3.Error) as exc:  # the entry is in; a read catches up
                 log.warning("%s: search and listing catch-up deferred: %s", self.path, exc)
+        self._kick_every(rowid)
+
+    def _kick_every(self, rowid: int) -> None:
+        """Kick the upkeep thread (a WAL checkpoint) once every ``CHECKPOINT_EVERY`` entries."""
         if rowid - self._checkpointed >= CHECKPOINT_EVERY:
             self._checkpointed = rowid
             self._upkeep.kick()

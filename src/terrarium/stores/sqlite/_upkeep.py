@@ -19,8 +19,8 @@ would grow without end (measured: the median append 1.13x slower for it); the au
 in the append that passes 1000 pages now finds nearly all of them copied already.
 
 A refill adds :data:`SLICE` items, a merge step :data:`MERGE_PAGES` pages, per write
-transaction; an append of this process waits for one on the store's ``gate`` (no
-busy-handler sleep of 1 ms or more), an append of another process in SQLite's busy handler.
+transaction; a writer of this process waits for one on the store's ``gate`` (no
+busy-handler sleep of 1 ms or more), a writer of another process in SQLite's busy handler.
 
 Nothing here is needed for correctness: ranking reads whatever ``search_recent`` holds, and a
 checkpoint happens anyway when the last connection closes.
@@ -77,8 +77,9 @@ class Upkeep:
     ) -> None:
         self.path = path
         self.gate = threading.Lock()
-        """Taken by the store's single-entry appends around their ``INSERT`` and by each
-        slice here: an append waits for a slice without a busy-handler sleep."""
+        """Taken by the store's write transactions (and its single-entry appends, around
+        their ``INSERT``) and by each slice here: a writer of this process waits for a slice
+        without a busy-handler sleep."""
         self._connect = connect
         self._recent = recent
         self._wake = threading.Event()
