@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.bench import run_bench
 
 
 def test_bench_lifecycle_quick_run(tmp_path: Path) -> None:
     """benchmarks/bench_lifecycle.py --quick runs to the end, prints every measure and leaves
     no temporary directory behind."""
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_lifecycle.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = run_bench("bench_lifecycle.py", "--quick", tmp=tmp_path)
     table = result.stdout.split("Results", 1)[-1]
     for measure in (
         "archived / hot bytes",

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.bench import run_bench
 
 
 def test_bench_long_snippet_quick_run() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_long_snippet.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = run_bench("bench_long_snippet.py", "--quick")
     assert "one message of 2,000 matches" in result.stdout
     for kind in ("fs", "sqlite"):
         assert f"{kind}" in result.stdout and "snippet cut in Python" in result.stdout

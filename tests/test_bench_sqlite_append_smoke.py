@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.bench import run_bench
 
 
 def test_bench_sqlite_append_quick_run() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_sqlite_append.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = run_bench("bench_sqlite_append.py", "--quick")
     assert "depth 100, 200 appends each" in result.stdout
     for name in ("store", "direct", "floor"):
         assert f"  {name} " in result.stdout and "p99.9" in result.stdout

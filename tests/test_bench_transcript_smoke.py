@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.bench import run_bench
 
 
 def test_bench_transcript_quick_run(tmp_path: Path) -> None:
     """benchmarks/bench_transcript.py --quick reads the view on each store it reaches and
     leaves no temporary directory behind."""
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_transcript.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = run_bench("bench_transcript.py", "--quick", tmp=tmp_path)
     assert "sqlite    one context (27 items): view " in result.stdout
     assert "view / restore" in result.stdout
     assert "postgres" in result.stdout  # measured, or skipped with the reason

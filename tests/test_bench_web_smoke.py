@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from helpers.bench import run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bench_web_quick_run(tmp_path: Path) -> None:
     """benchmarks/bench_web.py --quick fills each store, serves it and prints its table."""
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_web.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = run_bench("bench_web.py", "--quick", tmp=tmp_path)
     table = result.stdout.split("Results", 1)[-1]
     for label in ("fs", "sqlite"):
         for measure in (
