@@ -371,6 +371,31 @@ def test_a_full_disk_mid_write_leaves_no_half_line(
     assert state.torn == []
 
 
+def test_a_short_write_is_completed_into_one_whole_line(
+    store: FsStore, ref: PodActiveSegmentRef, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that takes only part of the line (a signal, a nearly full disk) is followed by
+    the rest, under the same lock: the append succeeds, its line whole, the next seq next."""
+    _append(store, ref, "a")
+    real_write = os.write
+    calls: list[int] = []
+
+    def half_first(fd: int, data: Any) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data)[: len(data) // 2])
+        return real_write(fd, data)
+
+    monkeypatch.setattr(fs_module.os, "write", half_first)
+    assert _append(store, ref, "b" * 1000) == 2
+    monkeypatch.undo()
+    assert len(calls) == 2 and calls[1] == calls[0] - calls[0] // 2
+    assert _append(store, ref, "c") == 3
+    state = restore(store, CONTEXT)
+    assert _contents(state) == ["a", "b" * 1000, "c"]
+    assert state.torn == []
+
+
 # --------------------------------------------------------------------------- SIGKILL
 
 
