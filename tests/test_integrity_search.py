@@ -27,6 +27,7 @@ import pytest
 
 from terrarium import ContextId, FsStore
 from terrarium.errors import StoreError
+from terrarium.search import scan as search_scan
 from terrarium.search import search
 from terrarium.sessions import create_segment, save_delta
 from terrarium.stores import sqlite as sqlite_backend
@@ -615,3 +616,36 @@ def test_list_without_its_index_still_shows_damaged_contexts(
     for name in ("corrupt", "torn", "empty", "notheader"):
         problem = rows[f"cli:{name}"]["problem"]
         assert problem is not None and str(damaged[name]) in problem, (name, problem)
+
+
+@pytest.mark.parametrize("read_only", ["ro mount"], indirect=True)
+def test_a_read_only_sqlite_store_left_mid_refill_starts_no_upkeep(
+    read_only: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store whose writer stopped before refilling ``search_recent`` (it holds fewer than
+    the newest items), opened on a read-only mount: searches find what a scan finds, the
+    file is unchanged, and no upkeep thread starts (nothing it could write)."""
+    from helpers.history import add_context, places
+    from terrarium.stores.base import SearchQuery
+
+    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 4)
+    monkeypatch.setattr(sqlite_backend, "SEARCH_RECENT", 10)
+    folder = tmp_path / "db"
+    folder.mkdir()
+    with SqliteStore(folder / "terrarium.db") as store:
+        monkeypatch.setattr(store._upkeep, "kick", lambda: None)  # the writer stops here
+        for i in range(5):
+            add_context(store, f"cli:c{i}", *[f"mu item {i} {j}" for j in range(5)])
+        store.search(SearchQuery("mu"))
+    conn = sqlite3.connect(folder / "terrarium.db")
+    hw, floor = conn.execute("SELECT hw, floor FROM search_meta").fetchone()
+    conn.close()
+    assert floor > max(1, hw - 10 + 1)  # search_recent short of the newest items
+    before = (folder / "terrarium.db").read_bytes()
+    where, _ = read_only(folder)
+    with SqliteStore(where / "terrarium.db") as store:
+        assert store.readonly
+        query = SearchQuery("mu", limit=50)
+        assert places(store.search(query)) == places(search_scan(store, query))
+        assert store._upkeep._thread is None
+    assert (folder / "terrarium.db").read_bytes() == before

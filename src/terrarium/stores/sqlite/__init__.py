@@ -518,7 +518,7 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             with self._write() as conn:
                 self._wm = _catch_up(conn)
             self._upkeep.kick()  # a refill of search_recent, if the catch-up emptied it
-        elif short and not self.readonly:  # a read-only store has no writer to finish it
+        elif short:
             self._upkeep.kick()
 
     def reindex(self) -> int:
