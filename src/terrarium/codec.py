@@ -78,8 +78,6 @@ def encode_lines(objs: Sequence[dict[str, Any]]) -> bytes:
     Raises:
         InvalidEntry: see :func:`encode`.
     """
-    if len(objs) == 1:
-        return encode_line(objs[0])
     if not objs:
         return b""
     try:
