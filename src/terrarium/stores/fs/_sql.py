@@ -18,14 +18,13 @@ SCHEMA_VERSION = 4
 # Added in version 4's lifetime: an index without them gets them when next opened for writing,
 # rather than being rebuilt from the files.
 LISTING_INDEXES = [
-    (name, f"CREATE INDEX IF NOT EXISTS {name} ON sessions({columns})")
+    f"CREATE INDEX IF NOT EXISTS {name} ON sessions({columns})"
     for name, columns in (
         ("sessions_by_last_active", "last_active, context, message_count"),
         ("sessions_by_created", "created_at, context"),
         ("sessions_by_messages", "message_count, context"),
     )
 ]
-HAS_INDEX = "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?"
 
 # ---------------------------------------------------------------------------- schema
 
@@ -53,7 +52,7 @@ SCHEMA = [
     """CREATE INDEX sessions_by_context ON sessions(type, name, context, date, message_count,
         last_active, created_at, updated_at, session_id, head, problem)""",
     """CREATE INDEX sessions_watched ON sessions(watch_until) WHERE watch_until IS NOT NULL""",
-    *(statement for _, statement in LISTING_INDEXES),
+    *LISTING_INDEXES,
     """CREATE TABLE segments(
         id INTEGER PRIMARY KEY,
         session INTEGER NOT NULL,

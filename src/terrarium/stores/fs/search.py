@@ -222,9 +222,8 @@ class SearchIndex:
     def _add_indexes(conn: sqlite3.Connection) -> None:
         """Create the listing's page indexes an index of this version may lack (they came
         later in its life: see ``sql.LISTING_INDEXES``); a no-op once they exist."""
-        for name, statement in sql.LISTING_INDEXES:
-            if conn.execute(sql.HAS_INDEX, (name,)).fetchone() is None:
-                conn.execute(statement)
+        for statement in sql.LISTING_INDEXES:
+            conn.execute(statement)  # IF NOT EXISTS: no lock taken when the index is there
 
     def _unavailable(self, exc: BaseException) -> IndexUnavailable:
         """The error that says why the index cannot serve now (``exc`` in one line)."""
