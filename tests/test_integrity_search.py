@@ -651,6 +651,44 @@ def test_a_read_only_sqlite_store_left_mid_refill_starts_no_upkeep(
     assert (folder / "terrarium.db").read_bytes() == before
 
 
+@pytest.mark.parametrize("read_only", ["ro mount"], indirect=True)
+def test_a_read_only_sqlite_store_with_staged_items_searches_like_a_scan(
+    read_only: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store whose writer stopped with items staged (in ``search_docs``, not yet in the
+    FTS5 tables: its upkeep thread never ran) and entries its derived state has not read,
+    opened on a read-only mount: searches and the listing find every item, the file is
+    unchanged."""
+    from helpers.history import add_context, places
+    from terrarium.stores.base import SearchQuery
+
+    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 4)
+    folder = tmp_path / "db"
+    folder.mkdir()
+    with SqliteStore(folder / "terrarium.db") as store:
+        add_context(store, "cli:early", "upsilon indexed")
+        store.search(SearchQuery("upsilon"))
+        monkeypatch.setattr(store._upkeep, "kick", lambda: None)  # the writer stops here
+        for i in range(3):
+            add_context(store, f"cli:c{i}", f"upsilon staged {i}", f"upsilon more {i}")
+    conn = sqlite3.connect(folder / "terrarium.db")
+    staged, unread = conn.execute(
+        "SELECT (SELECT count(*) FROM search_docs WHERE id > hw), "
+        "(SELECT max(id) FROM entries) - wm FROM search_meta"
+    ).fetchone()
+    conn.close()
+    assert staged > 0 and unread > 0
+    before = (folder / "terrarium.db").read_bytes()
+    where, _ = read_only(folder)
+    with SqliteStore(where / "terrarium.db") as store:
+        query = SearchQuery("upsilon", limit=50)
+        hits = store.search(query)
+        assert len(hits) == 7 and places(hits) == places(search_scan(store, query))
+        counts = {s.context: s.message_count for s in store.list_contexts_fast()}
+        assert counts == {"cli:early": 1, "cli:c0": 2, "cli:c1": 2, "cli:c2": 2}
+    assert (folder / "terrarium.db").read_bytes() == before
+
+
 def test_an_index_from_before_the_page_indexes_gets_them_and_keeps_its_rows(
     tmp_path: Path,
 ) -> None:

@@ -436,6 +436,78 @@ def test_appends_bring_the_index_up_every_batch(
     assert len(store.search(SearchQuery("kappa"))) == 3
 
 
+def _staged(store: SqliteStore) -> int:
+    """How many items wait in ``search_docs`` past ``hw``, in neither FTS5 table."""
+    sql = "SELECT count(*) FROM search_docs WHERE id > (SELECT hw FROM search_meta)"
+    return int(_raw(store.path, sql)[0][0])
+
+
+def test_appends_stage_items_and_the_upkeep_thread_indexes_them(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The append's catch-up adds the items to ``search_docs`` only; the upkeep thread adds
+    them to both FTS5 tables, a slice at a time, and a search finds them either way."""
+    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 4)
+    monkeypatch.setattr(_upkeep, "SLICE", 3)
+    kick = store._upkeep.kick
+    monkeypatch.setattr(store._upkeep, "kick", lambda: None)  # the thread does not run yet
+    head = add_context(store, "cli:a")
+    for i in range(12):  # entries 2-13 after the header: batches read up to 4, 8 and 12
+        save_user_input(store, head, f"rho {i}")
+    assert _meta(store) == (12, 13) and _staged(store) == 11
+    _integrity(store)  # staged items are in neither table's content view
+    monkeypatch.setattr(store._upkeep, "kick", kick)
+    for i in range(12, 15):  # the third makes a batch: read, staged, and a kick
+        save_user_input(store, head, f"rho {i}")
+    assert store._upkeep.settle()
+    assert _staged(store) == 0 and _meta(store) == (16, 16)
+    _integrity(store)
+    query = SearchQuery("rho", limit=20)
+    assert places(store.search(query)) == places(scan(store, query))
+    assert len(store.search(query)) == 15
+
+
+def test_a_search_indexes_staged_items_itself(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no upkeep thread (none was kicked), the next search indexes what is staged, so
+    what it ranks is the FTS5 tables' alone, and the tables stay sound."""
+    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 2)
+    monkeypatch.setattr(store._upkeep, "kick", lambda: None)
+    head = add_context(store, "cli:a")
+    for i in range(5):  # entries 2-6: batches read up to 2, 4 and 6, so none waits
+        save_user_input(store, head, f"sigma {i}")
+    assert _staged(store) == 5 and _meta(store) == (6, 6)
+    query = SearchQuery("sigma", limit=20)
+    assert places(store.search(query)) == places(scan(store, query))
+    assert _staged(store) == 0
+    _integrity(store)
+
+
+def test_purging_a_context_drops_its_staged_items(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A purge (which does not catch up first) removes the context's staged items from
+    ``search_docs`` and its indexed ones from both tables; the other context's staged items
+    are indexed later as usual."""
+    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 2)
+    monkeypatch.setattr(store._upkeep, "kick", lambda: None)
+    gone = add_context(store, "cli:gone", "tau gone 0")
+    store.search(SearchQuery("tau"))  # indexed
+    kept = add_context(store, "cli:kept")
+    for i in range(3):
+        save_user_input(store, gone, f"tau gone {i + 1}")
+        save_user_input(store, kept, f"tau kept {i}")
+    assert _staged(store) >= 4
+    assert store.purge_context(ContextId.parse("cli:gone"))
+    sql = "SELECT count(*) FROM search_docs WHERE session_id = ?"
+    assert _raw(store.path, sql, str(gone.session_id)) == [(0,)]
+    _integrity(store)
+    hits = store.search(SearchQuery("tau", limit=20))
+    assert sorted(h.snippet for h in hits) == [f"tau kept {i}" for i in range(3)]
+    _integrity(store)
+
+
 def test_a_failed_catch_up_never_fails_the_append(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -493,8 +565,10 @@ def test_the_upkeep_thread_checkpoints_the_wal(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every CHECKPOINT_EVERY entries the upkeep thread copies the WAL back into the database
-    (before SQLite's automatic checkpoint at 1000 pages would, in an append)."""
+    (before SQLite's automatic checkpoint would, in an append). Kicks for staged items are
+    kept out of the first part: they would checkpoint too."""
     monkeypatch.setattr(sqlite_backend, "CHECKPOINT_EVERY", 10**9)
+    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 10**9)
     head = add_context(store, "cli:a")
     size = store.path.stat().st_size
     for i in range(100):  # ~100 pages and the search tables': under 1000, in the WAL alone

@@ -105,7 +105,7 @@ _SEEN_CACHE = 4096
 #: slice of 64 costs one append in 64 about 2-3 ms, max ~4 ms; slices of 16 cost ~0.7 ms, but
 #: with a max of 8-14 ms (FTS5 merges after many small commits); batches of 256 cost 8-10 ms,
 #: max 15-21 ms. The median append stays 1.12-1.18x the bare INSERT, as with 256.
-SEARCH_BATCH = 64
+SEARCH_BATCH = 32
 #: Entries between two kicks of the upkeep thread (a WAL checkpoint: :mod:`._upkeep`), well
 #: before SQLite's own automatic checkpoint at 1000 pages of WAL, which then finds them copied.
 CHECKPOINT_EVERY = 256
@@ -113,10 +113,11 @@ CHECKPOINT_EVERY = 256
 CACHE_KIB = 64 * 1024
 
 
-def _catch_up(conn: sqlite3.Connection, *, counts: bool = True, limit: int | None = None) -> int:
+def _catch_up(conn: sqlite3.Connection, *, limit: int | None = None, index: bool = True) -> int:
     """:func:`.search.catch_up` with this module's ``SEARCH_RECENT``, read at each call; a
-    refill of ``search_recent`` is left to the upkeep thread."""
-    return catch_up(conn, counts=counts, recent=SEARCH_RECENT, limit=limit, refill=0)
+    refill of ``search_recent`` is left to the upkeep thread, and so, without ``index``, is
+    the indexing of the items staged."""
+    return catch_up(conn, recent=SEARCH_RECENT, limit=limit, refill=0, index=index)
 
 
 def _recent() -> int:
@@ -255,6 +256,7 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             # SQLite's default page cache is 2 MB; ranking reads each match's row sizes, and
             # with the pages of a big index at hand a search is ~3x faster.
             conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {sql.AUTOCHECKPOINT}")
         except BaseException:
             conn.close()
             raise
@@ -507,14 +509,14 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         except StoreError as exc:
             log.warning("%s; reading the entries that it has not indexed instead", exc)
 
-    def _catch_up(self, at_least: int = 1) -> None:
-        """Bring the derived tables up to every entry if ``at_least`` entries wait for them;
-        have the upkeep thread refill ``search_recent`` if it lacks some of the newest items
-        (a store that stopped writing in the middle of a refill)."""
+    def _catch_up(self) -> None:
+        """Bring the derived tables up to every entry, and index the items staged, if any
+        wait; have the upkeep thread refill ``search_recent`` if it lacks some of the newest
+        items (a store that stopped writing in the middle of a refill)."""
         with self._read() as conn:
-            wm, top, short = conn.execute(sql.PENDING_SHORT, (SEARCH_RECENT,)).fetchone()
+            wm, top, short, staged = conn.execute(sql.PENDING_WORK, (SEARCH_RECENT,)).fetchone()
         self._wm = wm
-        if (top or 0) - wm >= at_least:
+        if (top or 0) > wm or staged:
             with self._write() as conn:
                 self._wm = _catch_up(conn)
             self._upkeep.kick()  # a refill of search_recent, if the catch-up emptied it
@@ -715,13 +717,14 @@ class SqliteStore(SqliteBlobs, ClosingStore):
 
     def _next_seq_waking(self, conn: sqlite3.Connection, session: str, segment: str) -> int:
         """:func:`_next_seq`, after unarchiving the segment's context if it is archived: the
-        miss path of an append, so a hot append never pays for it."""
+        miss path of an append, so a hot append never pays for it. The wake and the read of
+        the tail are one transaction: an archive between them would hide the segment again."""
         try:
             return _next_seq(conn, session, segment)
         except SegmentNotFound:
             with self._write() as writing:  # a savepoint in the caller's transaction, if any
                 self._wake(writing, session)
-            return _next_seq(conn, session, segment)
+                return _next_seq(writing, session, segment)
 
     # ---------------------------------------------------------------- segments
 
@@ -822,27 +825,33 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             conn.executemany(sql.INSERT_ENTRY, rows)
             record_refs(conn, s, [entry.data for entry in entries])
             (top,) = conn.execute(sql.NEWEST_ENTRY).fetchone()
-            if rows and top - self._wm >= SEARCH_BATCH:
-                self._wm = _catch_up(conn, limit=len(rows) + 2 * SEARCH_BATCH)
+            staged = rows and top - self._wm >= SEARCH_BATCH
+            if staged:
+                self._wm = _catch_up(conn, limit=len(rows) + 2 * SEARCH_BATCH, index=False)
         self._seen.remember((session_id, segment_id), first + len(rows), (s, g))
-        self._kick_every(top or 0)
+        self._kick(top or 0, bool(staged))
         return first
 
     def _after_append(self, rowid: int) -> None:
-        """After an entry ``rowid`` is in: a slice of catch-up if ``SEARCH_BATCH`` entries
-        wait, and a kick of the upkeep thread every ``CHECKPOINT_EVERY`` entries."""
-        if rowid - self._wm >= SEARCH_BATCH:
+        """After an entry ``rowid`` is in: a slice of catch-up, its items left staged, if
+        ``SEARCH_BATCH`` entries wait (see :meth:`_kick`)."""
+        staged = rowid - self._wm >= SEARCH_BATCH
+        if staged:
             try:
                 with self._write() as conn:
-                    self._wm = _catch_up(conn, limit=2 * SEARCH_BATCH)
+                    self._wm = _catch_up(conn, limit=2 * SEARCH_BATCH, index=False)
             except (StoreError, sqlite3.Error) as exc:  # the entry is in; a read catches up
                 log.warning("%s: search and listing catch-up deferred: %s", self.path, exc)
-        self._kick_every(rowid)
+                staged = False
+        self._kick(rowid, staged)
 
-    def _kick_every(self, rowid: int) -> None:
-        """Kick the upkeep thread (a WAL checkpoint) once every ``CHECKPOINT_EVERY`` entries."""
+    def _kick(self, rowid: int, staged: bool) -> None:
+        """Kick the upkeep thread when items were staged (it indexes them) and once every
+        ``CHECKPOINT_EVERY`` entries (a WAL checkpoint)."""
         if rowid - self._checkpointed >= CHECKPOINT_EVERY:
             self._checkpointed = rowid
+            staged = True
+        if staged:
             self._upkeep.kick()
 
     def read_segment(

@@ -149,14 +149,17 @@ SEGMENT_PREFIX = (
 # ---------------------------------------------------------------------------- derived state
 
 PENDING = "SELECT wm, (SELECT max(id) FROM entries) FROM search_meta"
-# The same, and whether search_recent lacks some of the newest ?1 items (search.refill_recent).
-PENDING_SHORT = (
-    "SELECT wm, (SELECT max(id) FROM entries), floor > max(1, hw - ?1 + 1) FROM search_meta"
+# The same; whether search_recent lacks some of the newest ?1 items (search.refill_recent);
+# whether items are staged (search.index_staged).
+PENDING_WORK = (
+    "SELECT wm, (SELECT max(id) FROM entries), floor > max(1, hw - ?1 + 1), "
+    "coalesce((SELECT max(id) FROM search_docs), 0) > hw FROM search_meta"
 )
 
 META = "SELECT wm, hw, floor FROM search_meta"
+WM = "SELECT wm FROM search_meta"
+SET_WM = "UPDATE search_meta SET wm = ?"
 FLOOR = "SELECT floor FROM search_meta"
-SET_META = "UPDATE search_meta SET wm = ?, hw = ?, floor = ?"
 SET_WINDOWS = "UPDATE search_meta SET hw = ?, floor = ?"
 RESET_META = "UPDATE search_meta SET wm = 0, hw = 0, floor = 1"
 # After a delete: ids of the newest entries may be handed out again, so the derived tables
@@ -166,12 +169,19 @@ INSERT_DOC = (
     "INSERT INTO search_docs (id, session_id, segment_id, seq, role, ts, body, tags) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
+# Staged items: in search_docs past hw, in neither FTS5 table yet (search.index_staged).
+NEWEST_DOC = "SELECT max(id) FROM search_docs"
+NEXT_DOC = "SELECT max(hw, coalesce((SELECT max(id) FROM search_docs), 0)) + 1 FROM search_meta"
+STAGED_DOCS = (
+    "SELECT session_id, segment_id, seq, role, ts, body FROM search_docs "
+    "WHERE id > (SELECT hw FROM search_meta) ORDER BY id"
+)
+DELETE_STAGED_OF = (
+    "DELETE FROM search_docs WHERE id > (SELECT hw FROM search_meta) AND session_id = ?"
+)
 DELETE_DOCS = "DELETE FROM search_docs"
 DELETE_DOCS_IN = "DELETE FROM search_docs WHERE id IN (SELECT value FROM json_each(?))"
 FTS_TABLES = ("search_fts", "search_recent")
-FTS_ADD = (
-    "INSERT INTO {table} (rowid, body, tags) SELECT id, body, tags FROM search_docs WHERE id >= ?"
-)
 FTS_ADD_RANGE = (
     "INSERT INTO {table} (rowid, body, tags) SELECT id, body, tags FROM search_docs "
     "WHERE id >= ? AND id < ?"
@@ -179,6 +189,11 @@ FTS_ADD_RANGE = (
 # Up to ? pages of FTS5's incremental merge, in levels that hold several segments.
 FTS_MERGE = "INSERT INTO {table} ({table}, rank) VALUES ('merge', ?)"
 CHECKPOINT = "PRAGMA wal_checkpoint(PASSIVE)"
+# SQLite's automatic checkpoint runs in the commit that takes the WAL past this many pages.
+# The upkeep thread's connection keeps SQLite's 1000, so its commits run it; the store's own
+# connections, which append, only past 4000 (16 MB of WAL): a bound should the thread not run.
+AUTOCHECKPOINT = 4000
+AUTOCHECKPOINT_HERE = 1000
 FTS_DELETE_ALL = "INSERT INTO {table} ({table}) VALUES ('delete-all')"
 # External content: FTS5 needs the old values to remove an item's tokens.
 FTS_DELETE_IN = (

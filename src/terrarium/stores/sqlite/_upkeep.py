@@ -1,29 +1,34 @@
-"""``SqliteStore``'s upkeep thread: WAL checkpoints, refills of ``search_recent``, FTS5 merges.
+"""``SqliteStore``'s upkeep thread: indexing of staged items, refills of ``search_recent``,
+FTS5 merges, WAL checkpoints.
 
-Chores that used to stall an append now and then: a WAL checkpoint (SQLite's automatic one
-runs in the commit that passes 1000 pages: a copy of them into the database and an
-``fsync``, ~2-3 ms of the appending thread's CPU, most of which a checkpoint here has done
-before); once per ``SEARCH_RECENT`` history items, the ``'rebuild'`` of ``search_recent``
-(~0.9 s at 100k items, under the write lock); and the merges FTS5 does when a level of an
-index holds too many segments. They are SQL that runs in SQLite's C code with the GIL
-released, so one thread per store and process, with a connection of its own, does them off
-the append path without slowing the appending threads. The catch-up of the derived state,
-which is mostly Python, stays in the appends (in slices:
-:data:`terrarium.stores.sqlite.SEARCH_BATCH`): in a thread it contended for the GIL with
-every append (measured: the median append 1.2-1.4x slower).
+Chores that used to stall an append now and then: the FTS5 share of the derived-state
+catch-up (tokenizing each item into both FTS5 tables and flushing a segment of each, ~0.5 ms
+a slice of 64 items); a WAL checkpoint (SQLite's automatic one runs in the commit that
+passes 1000 pages: a copy of them into the database and an ``fsync``, ~1.5-2 ms of the
+committing thread's CPU); once per ``SEARCH_RECENT`` history items, the ``'rebuild'`` of
+``search_recent`` (~0.9 s at 100k items, under the write lock); and the merges FTS5 does when
+a level of an index holds too many segments. They are SQL that runs in SQLite's C code with
+the GIL released, so one thread per store and process, with a connection of its own, does
+them off the append path. The Python share of the catch-up (reading the lines, the listing
+counts, the items' text) stays in the appends, in slices of
+:data:`terrarium.stores.sqlite.SEARCH_BATCH`, which leave their items staged
+(:func:`.search.index_staged`): in a thread it contended for the GIL with every append
+(measured: the median append 1.2-1.4x slower).
 
 Checkpoints are ``PASSIVE``: they copy what no reader still needs and never block a writer or
-a reader. SQLite's automatic checkpoint stays on: run in a thread alone, a checkpoint rarely
-finds a moment when no append has just added frames, so the WAL would never start over and
-would grow without end (measured: the median append 1.13x slower for it); the automatic one
-in the append that passes 1000 pages now finds nearly all of them copied already.
+a reader. SQLite's automatic checkpoint stays on, at 1000 pages in this thread's connection
+and 4000 in the store's (``_sql.AUTOCHECKPOINT``), so it runs in this thread's commits: run
+alone, between appends, a checkpoint rarely finds a moment when no append has just added
+frames, so the WAL would never start over and would grow without end (measured: the median
+append 1.13x slower for it). The store's 4000 bounds the WAL should this thread not run.
 
-A refill adds :data:`SLICE` items, a merge step :data:`MERGE_PAGES` pages, per write
-transaction; a writer of this process waits for one on the store's ``gate`` (no
+Indexing and refills add :data:`SLICE` items, a merge step :data:`MERGE_PAGES` pages, per
+write transaction; a writer of this process waits for one on the store's ``gate`` (no
 busy-handler sleep of 1 ms or more), a writer of another process in SQLite's busy handler.
 
-Nothing here is needed for correctness: ranking reads whatever ``search_recent`` holds, and a
-checkpoint happens anyway when the last connection closes.
+Nothing here is needed for correctness: a read indexes what is staged first (or scans it,
+where it cannot write), ranking reads whatever ``search_recent`` holds, and a checkpoint
+happens anyway when the last connection closes.
 """
 
 from __future__ import annotations
@@ -40,14 +45,14 @@ from pathlib import Path
 
 from terrarium.stores import _db
 from terrarium.stores.sqlite import _sql as sql
-from terrarium.stores.sqlite.search import refill_recent
+from terrarium.stores.sqlite.search import index_staged, refill_recent
 
 log = logging.getLogger(__name__)
 
 # Every upkeep of this process, so that a forked child resets them (see Upkeep._forked).
 _LIVE: weakref.WeakSet[Upkeep] = weakref.WeakSet()
 
-#: Items added to ``search_recent`` per write transaction of a refill.
+#: Items added to the FTS5 tables per write transaction of indexing or of a refill.
 SLICE = 64
 #: Pages of FTS5 merge per write transaction.
 MERGE_PAGES = 32
@@ -104,9 +109,9 @@ class Upkeep:
         self._thread = None
 
     def kick(self) -> None:
-        """Have the thread refill ``search_recent`` if it needs it, merge, then checkpoint
-        (starting it first if it is not running: it stops after :data:`IDLE_EXIT` seconds
-        without a kick, and a forked child inherits none)."""
+        """Have the thread index the staged items, refill ``search_recent`` if it needs it,
+        merge, then checkpoint (starting it first if it is not running: it stops after
+        :data:`IDLE_EXIT` seconds without a kick, and a forked child inherits none)."""
         with self._start_lock:
             if self._closing:
                 return
@@ -143,6 +148,7 @@ class Upkeep:
             with self._in_sqlite:
                 conn = self._connect()
                 conn.execute("PRAGMA busy_timeout = 0")  # busy: it waits outside the gate
+                conn.execute(f"PRAGMA wal_autocheckpoint = {sql.AUTOCHECKPOINT_HERE}")
         except (sqlite3.Error, OSError) as exc:
             log.warning("%s: upkeep thread cannot connect: %s", self.path, exc)
             with self._start_lock:
@@ -175,10 +181,12 @@ class Upkeep:
         return True
 
     def _work(self, conn: sqlite3.Connection) -> None:
-        """Refill slices until ``search_recent`` is full, merge steps until no level of either
-        FTS5 table is crowded, then a passive checkpoint."""
+        """Indexing slices until no item is staged, refill slices until ``search_recent`` is
+        full, merge steps until no level of either FTS5 table is crowded, then a passive
+        checkpoint."""
         recent = self._recent()
         steps: list[tuple[Callable[[sqlite3.Connection], bool], int]] = [
+            (lambda c: index_staged(c, recent, SLICE), MOST_SLICES),
             (lambda c: refill_recent(c, recent, SLICE), MOST_SLICES),
             *((partial(_merge, table=table), MERGE_SLICES) for table in sql.FTS_TABLES),
         ]

@@ -477,3 +477,20 @@ def m012_notify_only_when_listened(conn: sqlite3.Connection) -> None:
     notes (``m009_notify``) on only while someone listens. Registered so that both backends'
     schemas keep the same steps in the same order (``tests/test_migrations.py``)."""
     del conn
+
+
+@MIGRATIONS
+def m014_staged_search_items(conn: sqlite3.Connection) -> None:
+    """``search_recent``'s content is its items from ``floor`` up to ``hw``, no further.
+
+    Items past ``hw`` are now staged in ``search_docs`` by the appends' catch-up and added to
+    both FTS5 tables later, by the upkeep thread or the next read
+    (:func:`.search.index_staged`). ``search_fts_content`` already ends at ``hw``; this view
+    ended nowhere, and would have offered staged items to FTS5's ``'rebuild'`` and
+    ``'integrity-check'`` as if ``search_recent`` held them.
+    """
+    conn.execute("DROP VIEW search_recent_content")
+    conn.execute(
+        """CREATE VIEW search_recent_content AS SELECT id, body, tags FROM search_docs
+            WHERE id >= (SELECT floor FROM search_meta) AND id <= (SELECT hw FROM search_meta)"""
+    )

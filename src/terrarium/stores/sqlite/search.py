@@ -3,9 +3,13 @@
 Both are derived from the entries and brought up to them in batches by :func:`catch_up`,
 never in the append of one entry: ``search_meta.wm`` is the newest entry id they have read.
 The store catches up when ``SEARCH_BATCH`` entries wait, and before every search, listing and
-head move, so an acknowledged entry is found by the next search. Where it cannot (a read-only
-database, a full disk, a lock held too long), :func:`late_hits` and :func:`late_counts` read
-the entries past ``wm`` instead, so nothing acknowledged is missed.
+head move, so an acknowledged entry is found by the next search. The appends' catch-ups do
+the Python share (reading the lines, the counts, the items' text) and leave the items
+*staged* in ``search_docs`` past ``search_meta.hw``; adding them to the FTS5 tables is SQL,
+which :func:`index_staged` runs in the upkeep thread (:mod:`._upkeep`) with the GIL released,
+or the next read's catch-up runs. Where a read cannot catch up (a read-only database, a full
+disk, a lock held too long), :func:`late_hits` and :func:`late_counts` read the staged items
+and the entries past ``wm`` instead, so nothing acknowledged is missed.
 
 Search has the semantics of FsStore's index (:mod:`terrarium.stores.fs.search`), whose
 helpers it shares: the same history items (every ``user_input``, ``item`` and ``system_item``
@@ -106,30 +110,52 @@ def catch_up(
     recent: int = SEARCH_RECENT,
     limit: int | None = None,
     refill: int | None = 0,
+    index: bool = True,
 ) -> int:
     """Bring the derived tables up to every entry, or the oldest ``limit`` of those they have
     not read (in the caller's write transaction); return the newest entry id they have now read.
 
     Reads the entries above ``wm`` (in the caller's write transaction, so a rolled back entry
-    is never read): adds their history items to ``search_docs`` and both FTS5 tables, and
-    (with ``counts``) their history items and last time to the listing counts of the heads
-    they extend. ``recent`` and ``refill``: see :func:`_add_docs` and :func:`refill_recent`.
-    The items of a detached session (no context) are left out: search shows contexts only,
-    and :func:`index_session` adds them when a context adopts the session.
+    is never read): adds their history items to ``search_docs`` and (with ``counts``) their
+    history items and last time to the listing counts of the heads they extend; then (with
+    ``index``) adds every item of ``search_docs`` not yet in them to both FTS5 tables
+    (:func:`index_staged`). Without it the new items stay staged for the upkeep thread:
+    FTS5's share of the work is SQL, which runs with the GIL released, off the append path.
+    ``recent`` and ``refill``: see :func:`index_staged` and :func:`refill_recent`. The items
+    of a detached session (no context) are left out: search shows contexts only, and
+    :func:`index_session` adds them when a context adopts the session.
     """
-    wm, hw, floor = conn.execute(sql.META).fetchone()
+    (wm,) = conn.execute(sql.WM).fetchone()
     (top,) = conn.execute(sql.NEWEST_ENTRY).fetchone()
-    if top is None or top <= wm:
-        refill_recent(conn, recent, refill)
-        return int(wm)
+    if top is not None and top > wm:
+        if limit is not None:
+            rows = conn.execute(sql.ENTRIES_SLICE, (wm, limit)).fetchall()
+            top = rows[-1][0]
+        else:
+            rows = conn.execute(sql.ENTRIES_AFTER_IDS, (wm,)).fetchall()
+        segments, docs = _read_entries(conn, rows)
+        if counts:
+            conn.executemany(
+                sql.ADD_COUNTS, [(items, last, s, g) for (s, g), (items, last) in segments.items()]
+            )
+        _stage(conn, docs)
+        conn.execute(sql.SET_WM, (top,))
+        wm = top
+    if index:
+        index_staged(conn, recent)
+    refill_recent(conn, recent, refill)
+    return int(wm)
+
+
+def _read_entries(
+    conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]
+) -> tuple[Counts, list[tuple[Any, ...]]]:
+    """What the entry ``rows`` (id, session, segment, seq, kind, ts, line) add: to the listing
+    counts (see :func:`_tally`), and the history items to index, as ``search_docs`` rows
+    without their ids."""
     segments: Counts = {}
     types: dict[str, str | None] = {}
     docs: list[tuple[Any, ...]] = []
-    if limit is not None:
-        rows = conn.execute(sql.ENTRIES_SLICE, (wm, limit)).fetchall()
-        top = rows[-1][0]
-    else:
-        rows = conn.execute(sql.ENTRIES_AFTER_IDS, (wm,)).fetchall()
     for _, s, g, seq, kind, ts, text in rows:
         _tally(segments, s, g, seq, kind, ts)
         if kind not in HISTORY_KINDS and seq != 0:
@@ -145,14 +171,7 @@ def catch_up(
             continue  # detached: indexed when attached
         for doc_seq, role, doc_ts, body in line_docs(seq, line):
             docs.append((s, g, doc_seq, role, doc_ts, body, doc_tags(s, role, types[s])))
-    if counts:
-        conn.executemany(
-            sql.ADD_COUNTS, [(items, last, s, g) for (s, g), (items, last) in segments.items()]
-        )
-    hw, floor = _add_docs(conn, docs, hw, floor, recent)
-    conn.execute(sql.SET_META, (top, hw, floor))
-    refill_recent(conn, recent, refill)
-    return int(top)
+    return segments, docs
 
 
 def index_session(
@@ -169,9 +188,8 @@ def index_session(
             continue
         for doc_seq, role, doc_ts, body in line_docs(seq, line):
             docs.append((session, g, doc_seq, role, doc_ts, body, doc_tags(session, role, type)))
-    _, hw, floor = conn.execute(sql.META).fetchone()
-    hw, floor = _add_docs(conn, docs, hw, floor, recent)
-    conn.execute(sql.SET_WINDOWS, (hw, floor))
+    _stage(conn, docs)
+    index_staged(conn, recent)
 
 
 def _tally(counts: Counts, s: str, g: str, seq: int, kind: str, ts: str) -> None:
@@ -183,31 +201,39 @@ def _tally(counts: Counts, s: str, g: str, seq: int, kind: str, ts: str) -> None
         counted[0] += 1
 
 
-def _add_docs(
-    conn: sqlite3.Connection, docs: Sequence[tuple[Any, ...]], hw: int, floor: int, recent: int
-) -> tuple[int, int]:
-    """Index ``docs`` (session, segment, seq, role, ts, body, tags) as items ``hw + 1``...
-    in both FTS5 tables; return the new ``hw`` and ``floor``.
+def _stage(conn: sqlite3.Connection, docs: Sequence[tuple[Any, ...]]) -> None:
+    """Add ``docs`` (session, segment, seq, role, ts, body, tags) to ``search_docs``, after
+    every item there is, staged for :func:`index_staged`."""
+    if docs:
+        (first,) = conn.execute(sql.NEXT_DOC).fetchone()
+        conn.executemany(sql.INSERT_DOC, [(first + i, *doc) for i, doc in enumerate(docs)])
 
-    ``search_fts`` holds every item up to ``hw``, the newest; ``search_recent`` those from
-    ``floor`` on, up to about twice ``recent`` of them. Past that it is emptied and
+
+def index_staged(conn: sqlite3.Connection, recent: int, most: int | None = None) -> bool:
+    """Add up to ``most`` (None: all) of the staged items (those of ``search_docs`` past
+    ``hw``, oldest first) to both FTS5 tables (in the caller's write transaction); return
+    whether some are still staged.
+
+    ``search_fts`` holds every item up to ``hw``; ``search_recent`` those from ``floor`` up
+    to ``hw``, about ``recent`` to twice as many. Past that it is emptied and
     :func:`refill_recent` fills it again with the newest ``recent``, newest first, a slice at
     a time: letting items out one by one would leave FTS5 delete markers in it, which made a
     common word twice as slow to rank, and a ``'rebuild'`` in one transaction held the write
-    lock, and so every append, for ~0.5-0.9 s.
+    lock, and so every append, for ~0.5-0.9 s. SQL only: the upkeep thread runs it in slices.
     """
-    if not docs:
-        return hw, floor
-    first = hw + 1
-    conn.executemany(sql.INSERT_DOC, [(first + i, *doc) for i, doc in enumerate(docs)])
-    last = first + len(docs) - 1
-    conn.execute(sql.FTS_ADD.format(table="search_fts"), (first,))
+    _, hw, floor = (int(value) for value in conn.execute(sql.META).fetchone())
+    (top,) = conn.execute(sql.NEWEST_DOC).fetchone()
+    if top is None or top <= hw:
+        return False
+    last = top if most is None else min(top, hw + most)
+    conn.execute(sql.FTS_ADD_RANGE.format(table="search_fts"), (hw + 1, last + 1))
     if last - floor + 1 > 2 * recent:
         conn.execute(sql.FTS_DELETE_ALL.format(table="search_recent"))
-        conn.execute(sql.SET_WINDOWS, (last, last + 1))
-        return last, last + 1
-    conn.execute(sql.FTS_ADD.format(table="search_recent"), (first,))
-    return last, floor
+        floor = last + 1
+    else:
+        conn.execute(sql.FTS_ADD_RANGE.format(table="search_recent"), (hw + 1, last + 1))
+    conn.execute(sql.SET_WINDOWS, (last, floor))
+    return bool(last < top)
 
 
 def refill_recent(conn: sqlite3.Connection, recent: int, most: int | None = None) -> bool:
@@ -231,10 +257,12 @@ def refill_recent(conn: sqlite3.Connection, recent: int, most: int | None = None
 def unindex_session(conn: sqlite3.Connection, session_id: str) -> None:
     """Remove a session's items from the search tables (in the caller's transaction).
 
-    The items are found through their session tag in ``search_fts``, which holds every
-    item; this spares ``search_docs`` an index on ``session_id`` that every item would pay
-    to update.
+    The indexed items are found through their session tag in ``search_fts``, which holds
+    every item up to ``hw``; this spares ``search_docs`` an index on ``session_id`` that every
+    item would pay to update. Staged items (past ``hw``, in no FTS5 table) are few, and
+    deleted from ``search_docs`` alone.
     """
+    conn.execute(sql.DELETE_STAGED_OF, (session_id,))
     match = f'tags : "{session_tag(session_id)}"'
     ids = [row[0] for row in conn.execute(sql.FTS_IDS, (match,))]
     if not ids:
@@ -314,17 +342,15 @@ def with_late(summary: ContextSummary, late: list[Any] | None) -> ContextSummary
 
 
 def late_hits(conn: sqlite3.Connection, q: SearchQuery, phrases: list[str]) -> list[SearchHit]:
-    """Hits among the history items of the entries past ``wm``, found by scanning them.
+    """Hits among the history items the FTS5 tables do not hold (see :func:`_late_docs`),
+    found by scanning them.
 
     Scored with bm25 as FTS5 would score them in ``search_fts`` with them added (its row and
     token totals, its "averages" record, and each phrase's rows, plus theirs); the indexed
     hits keep the scores FTS5 gave them without these items, a difference of a few rows in
     the statistics.
     """
-    wm, top = conn.execute(sql.PENDING).fetchone()
-    if top is None or top <= wm:
-        return []
-    docs = _late_docs(conn, wm)
+    docs = _late_docs(conn)
     if not docs:
         return []
     terms = [tokenize(term) for term in query_terms(q.text)]
@@ -363,21 +389,34 @@ def late_hits(conn: sqlite3.Connection, q: SearchQuery, phrases: list[str]) -> l
     return hits
 
 
-def _late_docs(conn: sqlite3.Connection, wm: int) -> list[tuple[Any, ...]]:
+def _late_docs(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
     """(context, created_at, session, segment, seq, role, ts, text, tokens) of every history
-    item with text in the entries past ``wm`` whose context exists."""
+    item with text whose context exists and that the FTS5 tables do not hold: the staged
+    items (see :func:`index_staged`), then those of the entries past ``wm``."""
     contexts: dict[str, tuple[str, str] | None] = {}
+
+    def context_of(s: str) -> tuple[str, str] | None:
+        if s not in contexts:
+            contexts[s] = conn.execute(sql.SESSION_CONTEXT, (s,)).fetchone()
+        return contexts[s]
+
     docs: list[tuple[Any, ...]] = []
+    for s, g, seq, role, ts, body in conn.execute(sql.STAGED_DOCS):
+        where = context_of(s)
+        if where is not None:
+            shown = shown_text(body)
+            docs.append((*where, s, g, seq, role, ts, shown, tokenize(shown)))
+    wm, top = conn.execute(sql.PENDING).fetchone()
+    if top is None or top <= wm:
+        return docs
     for s, g, seq, kind, _, text in conn.execute(sql.ENTRIES_AFTER, (wm,)):
         if kind not in HISTORY_KINDS and seq != 0:
             continue
-        if s not in contexts:
-            contexts[s] = conn.execute(sql.SESSION_CONTEXT, (s,)).fetchone()
-        where = contexts[s]
         try:
             line = codec.decode(text)
         except msgspec.DecodeError:
             continue  # as the catch-up skips it
+        where = context_of(s)
         if where is None:
             continue
         for doc_seq, role, ts, body in line_docs(seq, line):
