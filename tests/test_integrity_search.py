@@ -668,6 +668,7 @@ def test_a_read_only_sqlite_store_with_staged_items_searches_like_a_scan(
     with SqliteStore(folder / "terrarium.db") as store:
         add_context(store, "cli:early", "upsilon indexed")
         store.search(SearchQuery("upsilon"))
+        assert store._upkeep.settle()  # the thread that search kicked is idle, and stays so
         monkeypatch.setattr(store._upkeep, "kick", lambda: None)  # the writer stops here
         for i in range(3):
             add_context(store, f"cli:c{i}", f"upsilon staged {i}", f"upsilon more {i}")

@@ -100,12 +100,13 @@ log = logging.getLogger(__name__)
 _SEEN_CACHE = 4096
 
 #: The derived tables lag the entries by at most about this many: the append that makes this
-#: many wait catches them up, reading at most twice as many (so a backlog drains). Measured
-#: (``benchmarks/bench_sqlite_append.py``, CPU time of the appending thread, 1k history): a
-#: slice of 64 costs one append in 64 about 2-3 ms, max ~4 ms; slices of 16 cost ~0.7 ms, but
-#: with a max of 8-14 ms (FTS5 merges after many small commits); batches of 256 cost 8-10 ms,
-#: max 15-21 ms. The median append stays 1.12-1.18x the bare INSERT, as with 256.
-SEARCH_BATCH = 32
+#: many wait catches them up, reading at most twice as many (so a backlog drains), and leaves
+#: their items staged for the upkeep thread to index (:func:`.search.index_staged`). Measured
+#: (``benchmarks/bench_sqlite_append.py``, CPU time of the appending thread, 10k history,
+#: p99.9 of 6,000 appends through the runtime ÷ their median): 16-20x with 16, 19-24x with 24,
+#: 23-30x with 32 (one append in 16 pays ~120 µs of Python and a commit); before staging, a
+#: slice of 64 with its FTS5 work cost ~1-2 ms, 57-256x the median.
+SEARCH_BATCH = 16
 #: Entries between two kicks of the upkeep thread (a WAL checkpoint: :mod:`._upkeep`), well
 #: before SQLite's own automatic checkpoint at 1000 pages of WAL, which then finds them copied.
 CHECKPOINT_EVERY = 256
