@@ -561,6 +561,42 @@ def test_search_recent_is_emptied_then_refilled_newest_first(
     )
 
 
+def test_the_upkeep_thread_merges_between_its_slices(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While it indexes staged items, the upkeep thread runs a merge step of each FTS5 table
+    every round, not only once the items are in: a level left to gather ``crisismerge``
+    segments is merged whole inside one slice's commit."""
+    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 2)
+    monkeypatch.setattr(_upkeep, "SLICE", 2)
+    steps: list[str] = []
+    index, merge = _upkeep.index_staged, _upkeep._merge
+
+    def indexing(conn: sqlite3.Connection, recent: int, most: int | None = None) -> bool:
+        steps.append("index")
+        return index(conn, recent, most)
+
+    def merging(conn: sqlite3.Connection, table: str) -> bool:
+        steps.append(table)
+        return merge(conn, table)
+
+    monkeypatch.setattr(_upkeep, "index_staged", indexing)
+    monkeypatch.setattr(_upkeep, "_merge", merging)
+    kick = store._upkeep.kick
+    monkeypatch.setattr(store._upkeep, "kick", lambda: None)
+    head = add_context(store, "cli:a")
+    for i in range(12):
+        save_user_input(store, head, f"phi {i}")
+    assert _staged(store) >= 10
+    kick()
+    assert store._upkeep.settle()
+    assert steps.count("index") >= 6  # six slices of two items (and one that finds none)
+    assert steps[:3] == ["index", "search_fts", "search_recent"]
+    assert "index" in steps[3:]  # more slices after the merges: they are interleaved
+    assert _staged(store) == 0
+    _integrity(store)
+
+
 def test_the_upkeep_thread_checkpoints_the_wal(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
