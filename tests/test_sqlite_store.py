@@ -322,9 +322,11 @@ def test_delete_racing_appends_leaves_no_orphans(store: SqliteStore, db: Path) -
     for writer in writers:
         writer.join()
     assert [type(exc) for exc in outcome] == [SegmentNotFound] * 3
-    for table in ("entries", "segments", "traces"):
+    for table in ("segments", "traces"):
         rows = _raw(db, f"SELECT count(*) FROM {table} WHERE session_id = ?", str(session_id))
         assert rows == [(0,)], table
+    orphans = "SELECT count(*) FROM entries WHERE seg NOT IN (SELECT id FROM segments)"
+    assert _raw(db, orphans) == [(0,)]
     (trashed,) = store.trashed_contexts()
     assert store.purge_trashed(trashed.trash_id)
     for table in ("sessions", "archived_contexts", "archived_segments", "pins"):
@@ -568,7 +570,10 @@ def test_ids_a_delete_frees_are_read_again(store: SqliteStore) -> None:
     head = add_context(store, "cli:c", "rho fourth", "rho fifth", "rho sixth")
     conn = sqlite3.connect(store.path)
     try:
-        sql = "SELECT min(id) FROM entries WHERE session_id = ?"
+        sql = (
+            "SELECT min(e.id) FROM entries AS e JOIN segments AS g ON g.id = e.seg "
+            "WHERE g.session_id = ?"
+        )
         (first,) = conn.execute(sql, (str(head.session_id),)).fetchone()
     finally:
         conn.close()

@@ -173,9 +173,15 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         self._idle: list[sqlite3.Connection] = []
         self._local = threading.local()
         self._ranker = Ranker(Fts5Tables(recent="search_recent", docs="search_docs"))
-        # A next seq this store saw each recent segment reach (its guess for the next append),
-        # and how far it last saw the derived tables read (see the .search module).
-        self._seen: SeqGuesses[tuple[str, str]] = SeqGuesses(_SEEN_CACHE)
+        # A next seq this store saw each recent segment reach (its guess for the next append)
+        # with the segment's ids as text and its key (segments.id), and how far it last saw
+        # the derived tables read (see the .search module). A key is kept only once committed
+        # (None: look it up): keys are AUTOINCREMENT, so a committed one never names another
+        # segment, and an append with the key of a segment since deleted (purged, archived
+        # and woken with a new key, by any process) finds no entry before its seq, fails its
+        # check and looks the key up again. A key read inside a caller's transaction may be
+        # rolled back with it and handed out again, so it is not kept.
+        self._seen: SeqGuesses[tuple[str, str, int | None]] = SeqGuesses(_SEEN_CACHE)
         self._wm = 0
         self._closed = False
         self.readonly_reason: str | None = None
@@ -558,8 +564,8 @@ class SqliteStore(SqliteBlobs, ClosingStore):
                 raise ConflictError(f"session {session_id} already exists")
             conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, ts, ts))
             conn.execute(sql.INSERT_SESSION, (s, str(ctx), ts))
-            conn.execute(sql.INSERT_SEGMENT, (s, g, ts))
-            conn.execute(sql.INSERT_ENTRY, (s, g, 0, line["kind"], ts, _text(line)))
+            seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
+            conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
             record_refs(conn, s, [line])
             count, last = segment_summary(conn, s, g)
             conn.execute(sql.SET_COUNTS, (count, last, s))
@@ -582,8 +588,8 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             if conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
                 raise ConflictError(f"session {s} already exists")
             conn.execute(sql.INSERT_SESSION, (s, None, ts))
-            conn.execute(sql.INSERT_SEGMENT, (s, g, ts))
-            conn.execute(sql.INSERT_ENTRY, (s, g, 0, line["kind"], ts, _text(line)))
+            seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
+            conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
             record_refs(conn, s, [line])
 
     def attach_context(
@@ -713,15 +719,15 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         row = conn.execute(ARCHIVED_SESSION, (context,)).fetchone()
         return row is not None and self._wake(conn, row[0])
 
-    def _next_seq_waking(self, conn: sqlite3.Connection, session: str, segment: str) -> int:
-        """:func:`_next_seq`, after unarchiving the segment's context if it is archived: the
-        miss path of an append, so a hot append never pays for it."""
+    def _tail_waking(self, conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, int]:
+        """:func:`_tail`, after unarchiving the segment's context if it is archived: the miss
+        path of an append, so a hot append never pays for it."""
         try:
-            return _next_seq(conn, session, segment)
+            return _tail(conn, session, segment)
         except SegmentNotFound:
             with self._write() as writing:  # a savepoint in the caller's transaction, if any
                 self._wake(writing, session)
-            return _next_seq(conn, session, segment)
+            return _tail(conn, session, segment)
 
     # ---------------------------------------------------------------- segments
 
@@ -739,8 +745,8 @@ class SqliteStore(SqliteBlobs, ClosingStore):
                 raise SegmentNotFound(f"session {session_id} does not exist")
             if conn.execute(sql.SEGMENT_EXISTS, (s, g)).fetchone():
                 raise ConflictError(f"segment {segment_id} already exists")
-            conn.execute(sql.INSERT_SEGMENT, (s, g, ts))
-            conn.execute(sql.INSERT_ENTRY, (s, g, 0, line["kind"], ts, _text(line)))
+            seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
+            conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
             record_refs(conn, s, [line])
 
     def append(
@@ -768,19 +774,21 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         seen = self._seen.get(key)
         proposal: int | None
         if seen is None:
-            s, g, proposal = str(session_id), str(segment_id), None
+            s, g, seg, proposal = str(session_id), str(segment_id), None, None
         else:
-            proposal, (s, g) = seen
+            proposal, (s, g, seg) = seen
         if expected_seq is not None:
             proposal = expected_seq
         held: sqlite3.Connection | None = getattr(self._local, "conn", None)
         conn = held if held is not None else self._borrow()
+        looked = False  # whether this call read the segment's key (see _seen)
         try:
             while True:
-                if proposal is None:
-                    proposal = self._next_seq_waking(conn, s, g)
+                if seg is None or proposal is None:
+                    seg, at = self._tail_waking(conn, s, g)
+                    looked, proposal = True, at if expected_seq is None else expected_seq
                 line = next(iter_lines(entries, proposal))
-                row = (s, g, proposal, line["kind"], line["ts"], _text(line))
+                row = (seg, proposal, line["kind"], line["ts"], _text(line))
                 try:
                     if held is None:
                         with self._upkeep.gate:
@@ -788,9 +796,10 @@ class SqliteStore(SqliteBlobs, ClosingStore):
                     else:
                         cursor = conn.execute(sql.APPEND_ONE, row)
                     break
-                except sqlite3.IntegrityError:  # the seq is taken, or the one before missing
-                    at = self._next_seq_waking(conn, s, g)
-                if expected_seq is not None and at != expected_seq:  # equal: it was woken
+                except sqlite3.IntegrityError:  # the seq is taken, the one before missing,
+                    seg, at = self._tail_waking(conn, s, g)  # or the key is of a gone segment
+                    looked = True
+                if expected_seq is not None and at != expected_seq:  # equal: woken, new key
                     raise ConflictError.stale_seq(segment_id, at, expected_seq)
                 proposal = at
         except sqlite3.OperationalError as exc:
@@ -798,7 +807,7 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         finally:
             if held is None:
                 self._give_back(conn)
-        self._seen.remember(key, proposal + 1, (s, g))
+        self._seen.remember(key, proposal + 1, (s, g, None if looked and held is not None else seg))
         self._after_append(cursor.lastrowid or 0)
         return proposal
 
@@ -811,12 +820,13 @@ class SqliteStore(SqliteBlobs, ClosingStore):
     ) -> int:
         """Append several entries (or none) in one ``BEGIN IMMEDIATE`` transaction."""
         s, g = str(session_id), str(segment_id)
+        outermost = getattr(self._local, "conn", None) is None  # else seg may be rolled back
         with self._write() as conn:
-            first = self._next_seq_waking(conn, s, g)
+            seg, first = self._tail_waking(conn, s, g)
             if expected_seq is not None and expected_seq != first:
                 raise ConflictError.stale_seq(segment_id, first, expected_seq)
             rows = [
-                (s, g, line["seq"], line["kind"], line["ts"], _text(line))
+                (seg, line["seq"], line["kind"], line["ts"], _text(line))
                 for line in iter_lines(entries, first)
             ]
             conn.executemany(sql.INSERT_ENTRY, rows)
@@ -824,7 +834,9 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             (top,) = conn.execute(sql.NEWEST_ENTRY).fetchone()
             if rows and top - self._wm >= SEARCH_BATCH:
                 self._wm = _catch_up(conn, limit=len(rows) + 2 * SEARCH_BATCH)
-        self._seen.remember((session_id, segment_id), first + len(rows), (s, g))
+        self._seen.remember(
+            (session_id, segment_id), first + len(rows), (s, g, seg if outermost else None)
+        )
         self._kick_every(top or 0)
         return first
 
@@ -880,15 +892,16 @@ class SqliteStore(SqliteBlobs, ClosingStore):
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
         """The seq the next append gets."""
         s, g = str(session_id), str(segment_id)
+        held = getattr(self._local, "conn", None) is not None  # a key read there may roll back
         with self._read() as conn:
             try:
-                next_seq = _next_seq(conn, s, g)
+                seg, next_seq = _tail(conn, s, g)
             except SegmentNotFound:
                 cold = lifecycle.next_seq(conn, s, g)
                 if cold is None:
                     raise
                 return cold
-        self._seen.remember((session_id, segment_id), next_seq, (s, g))
+        self._seen.remember((session_id, segment_id), next_seq, (s, g, None if held else seg))
         return next_seq
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
@@ -947,12 +960,13 @@ def _text(line: Any) -> str:
     return codec.encode(line).decode()
 
 
-def _next_seq(conn: sqlite3.Connection, session: str, segment: str) -> int:
-    """The seq the segment's next entry gets; SegmentNotFound if there is no such segment."""
-    last = conn.execute(sql.LAST_SEQ, (session, segment)).fetchone()[0]
-    if last is None:
+def _tail(conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, int]:
+    """The segment's key and the seq its next entry gets; SegmentNotFound if there is no such
+    segment."""
+    row = conn.execute(sql.SEGMENT_TAIL, (session, segment)).fetchone()
+    if row is None or row[1] is None:
         raise SegmentNotFound(f"segment {segment} of session {session} does not exist")
-    return int(last) + 1
+    return int(row[0]), int(row[1]) + 1
 
 
 def _segment_exists(conn: sqlite3.Connection, session_id: SessionId, segment_id: SegmentId) -> bool:
