@@ -36,6 +36,7 @@ def downgrade(source: Path, target: Path, stop_after: str) -> None:
         ]
         conn.execute("BEGIN")
         for table in tables:
+            conn.execute(f"DELETE FROM main.{table}")  # search_meta's row from m003
             conn.execute(_COPY.get(table, f"INSERT INTO main.{table} SELECT * FROM src.{table}"))
         for fts in ("search_fts", "search_recent"):
             conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
