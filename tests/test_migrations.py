@@ -619,12 +619,14 @@ def test_sqlite_m013_keys_a_blank_database_by_segment(tmp_path: Path) -> None:
 
 def _m013_history(store: SqliteStore) -> None:
     """A store worth migrating: build_history's contexts (forks, a compaction, a clear, an
-    import, one in the trash), an archived context, a pin, a detached session, a trace, a
-    blob, and derived state read up to all but the last three entries."""
+    import, one in the trash), two archived contexts (one from the middle of the entry ids,
+    which leaves a gap in them), a pin, a detached session, a trace, a blob, and derived
+    state read up to all but the last three entries."""
     from helpers.history import add_context, build_history
     from terrarium.sessions import create_segment
 
     build_history(store)
+    assert store.archive_context(ContextId("game", "run-1")) is not None
     add_context(store, "cli:cold", "an archived walrus")
     assert store.archive_context(ContextId("cli", "cold")) is not None
     assert store.pin_context(ContextId("cli", "main"))
@@ -643,7 +645,7 @@ def _observed(store: SqliteStore) -> dict[str, Any]:
     """What the store gives back of the data of ``_m013_history``."""
     from terrarium.sessions import restore_by_segment
 
-    contexts = [h.context for h in store.list_contexts()] + ["cli:cold"]
+    contexts = [h.context for h in store.list_contexts()] + ["cli:cold", "game:run-1"]
     [detached] = store.detached_sessions()
     [segment] = store.list_segments(detached)
     main = store.get_head(ContextId("cli", "main"))
@@ -681,6 +683,7 @@ def test_sqlite_m013_upgrades_a_store_with_history(tmp_path: Path) -> None:
     views = [_sql_rows(path, statement) for statement in VIEW_ROWS]  # m006's, on the old keys
     meta = _sql_rows(path, "SELECT wm, hw, floor FROM search_meta")
     assert meta[0][0] == entries[-4][0]  # three entries wait for the catch-up
+    assert entries[-1][0] > len(entries)  # ids with a gap
     with SqliteStore(built) as store:
         expected = _observed(store)
     with SqliteStore(path) as store:

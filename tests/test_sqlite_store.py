@@ -373,10 +373,11 @@ def test_a_key_read_in_a_rolled_back_transaction_is_forgotten(
     with pytest.raises(Boom), store.atomic():
         head = add_context(store, "cli:undone", *texts)  # one append of len(texts) entries
         raise Boom
-    new = add_context(store, "cli:new", "x", "y", "z")
+    others = [text.upper() for text in texts]  # up to the seq before the one proposed next
+    new = add_context(store, "cli:new", *others)
     with pytest.raises(SegmentNotFound):
         store.append(head.session_id, head.segment_id, [_entry("late")])
-    assert _tokens(store, new) == ["x", "y", "z"]
+    assert _tokens(store, new) == others
 
 
 def test_an_append_follows_a_segment_woken_with_a_new_key(db: Path) -> None:
