@@ -619,14 +619,18 @@ def test_sqlite_m013_keys_a_blank_database_by_segment(tmp_path: Path) -> None:
 
 def _m013_history(store: SqliteStore) -> None:
     """A store worth migrating: build_history's contexts (forks, a compaction, a clear, an
-    import, one in the trash), two archived contexts (one from the middle of the entry ids,
+    import, one in the trash), a head that continues a fork, two archived contexts (one from the middle of the entry ids,
     which leaves a gap in them), a pin, a detached session, a trace, a blob, and derived
     state read up to all but the last three entries."""
     from helpers.history import add_context, build_history
-    from terrarium.sessions import create_segment
+    from terrarium.sessions import create_segment, fork_at
 
     build_history(store)
     assert store.archive_context(ContextId("game", "run-1")) is not None
+    head = store.get_head(ContextId("cli", "main"))
+    assert head is not None
+    fork = fork_at(store, head, 2)  # the head continues its parent up to seq 2 of 3
+    store.set_head(ContextId("cli", "main"), fork, expected=head.segment_id)
     add_context(store, "cli:cold", "an archived walrus")
     assert store.archive_context(ContextId("cli", "cold")) is not None
     assert store.pin_context(ContextId("cli", "main"))
