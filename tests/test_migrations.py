@@ -619,9 +619,9 @@ def test_sqlite_m013_keys_a_blank_database_by_segment(tmp_path: Path) -> None:
 
 def _m013_history(store: SqliteStore) -> None:
     """A store worth migrating: build_history's contexts (forks, a compaction, a clear, an
-    import, one in the trash), a head that continues a fork, two archived contexts (one from the middle of the entry ids,
-    which leaves a gap in them), a pin, a detached session, a trace, a blob, and derived
-    state read up to all but the last three entries."""
+    import, one in the trash), a head that continues a fork, two archived contexts (one from
+    the middle of the entry ids, which leaves a gap in them), a pin, a detached session, a
+    trace, a blob, and derived state read up to all but the last three entries."""
     from helpers.history import add_context, build_history
     from terrarium.sessions import create_segment, fork_at
 

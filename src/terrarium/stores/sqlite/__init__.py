@@ -97,6 +97,12 @@ SYNCHRONOUS_MODES: tuple[str, ...] = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 log = logging.getLogger(__name__)
 
+#: Segments whose next seq and key (``segments.id``) a store remembers. A key is kept only
+#: once committed (None: look it up): keys are ``AUTOINCREMENT``, so a committed one never
+#: names another segment, and an append with the key of a segment since deleted (purged, or
+#: archived and woken under a new key, by any process) finds no entry before its seq, fails
+#: its check and looks the key up again. A key read inside a caller's transaction may be
+#: rolled back with it and handed out again to another segment, so it is not kept.
 _SEEN_CACHE = 4096
 
 #: The derived tables lag the entries by at most about this many: the append that makes this
@@ -174,13 +180,8 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         self._local = threading.local()
         self._ranker = Ranker(Fts5Tables(recent="search_recent", docs="search_docs"))
         # A next seq this store saw each recent segment reach (its guess for the next append)
-        # with the segment's ids as text and its key (segments.id), and how far it last saw
-        # the derived tables read (see the .search module). A key is kept only once committed
-        # (None: look it up): keys are AUTOINCREMENT, so a committed one never names another
-        # segment, and an append with the key of a segment since deleted (purged, archived
-        # and woken with a new key, by any process) finds no entry before its seq, fails its
-        # check and looks the key up again. A key read inside a caller's transaction may be
-        # rolled back with it and handed out again, so it is not kept.
+        # with its ids as text and its key (see _SEEN_CACHE), and how far it last saw the
+        # derived tables read (see the .search module).
         self._seen: SeqGuesses[tuple[str, str, int | None]] = SeqGuesses(_SEEN_CACHE)
         self._wm = 0
         self._closed = False
@@ -762,26 +763,23 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         One entry is one ``INSERT`` in autocommit mode (:data:`._sql.APPEND_ONE`, the whole
         compare-and-append): SQLite takes its one write lock for the statement, so writers in
         every thread and process are serialised. The seq it proposes is ``expected_seq`` or
-        the next seq this store last saw the segment reach; when refused, the store reads the
-        segment's tail and raises ConflictError (with ``expected_seq``) or retries there.
-        Several entries go in one ``BEGIN IMMEDIATE`` transaction, which reads the tail under
-        the lock. The append that makes ``SEARCH_BATCH`` entries wait then catches the
-        derived tables up, and one in ``CHECKPOINT_EVERY`` kicks the upkeep thread.
+        the next seq this store last saw the segment reach, with the key it saw; when refused,
+        it reads the segment's key and tail and raises ConflictError (with ``expected_seq``)
+        or retries there. Several entries go in one ``BEGIN IMMEDIATE`` transaction, which
+        reads the tail under the lock. The append that makes ``SEARCH_BATCH`` entries wait
+        then catches the derived tables up, and one in ``CHECKPOINT_EVERY`` kicks the upkeep
+        thread.
         """
         if len(entries) != 1 or line_digests(entries[0].data):  # blob_refs: one transaction
             return self._append_many(session_id, segment_id, entries, expected_seq)
         key = (session_id, segment_id)
         seen = self._seen.get(key)
-        proposal: int | None
-        if seen is None:
-            s, g, seg, proposal = str(session_id), str(segment_id), None, None
-        else:
-            proposal, (s, g, seg) = seen
+        proposal, (s, g, seg) = seen or (None, (str(session_id), str(segment_id), None))
         if expected_seq is not None:
             proposal = expected_seq
         held: sqlite3.Connection | None = getattr(self._local, "conn", None)
         conn = held if held is not None else self._borrow()
-        looked = False  # whether this call read the segment's key (see _seen)
+        looked = False  # whether this call read the segment's key (see _SEEN_CACHE)
         try:
             while True:
                 if seg is None or proposal is None:
@@ -796,9 +794,8 @@ class SqliteStore(SqliteBlobs, ClosingStore):
                     else:
                         cursor = conn.execute(sql.APPEND_ONE, row)
                     break
-                except sqlite3.IntegrityError:  # the seq is taken, the one before missing,
-                    seg, at = self._tail_waking(conn, s, g)  # or the key is of a gone segment
-                    looked = True
+                except sqlite3.IntegrityError:  # seq taken, the one before missing, key gone
+                    looked, (seg, at) = True, self._tail_waking(conn, s, g)
                 if expected_seq is not None and at != expected_seq:  # equal: woken, new key
                     raise ConflictError.stale_seq(segment_id, at, expected_seq)
                 proposal = at
