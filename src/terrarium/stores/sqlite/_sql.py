@@ -116,10 +116,11 @@ APPEND_ONE = (
     "INSERT INTO entries (seg, seq, kind, ts, line) VALUES (?1, ?2, ?3, ?4, CASE WHEN EXISTS "
     "(SELECT 1 FROM entries WHERE seg = ?1 AND seq = ?2 - 1) THEN ?5 END)"
 )
+# The key of segment (?1, ?2), found once per statement (an uncorrelated subquery).
+_KEY = "(SELECT id FROM segments WHERE session_id = ?1 AND segment_id = ?2)"
 READ_SEGMENT = (
-    "SELECT e.line, (SELECT max(seq) FROM entries WHERE seg = g.id) FROM segments AS g "
-    "JOIN entries AS e ON e.seg = g.id WHERE g.session_id = ?1 AND g.segment_id = ?2 "
-    "AND e.seq <= ?3 ORDER BY e.seq"
+    f"SELECT line, (SELECT max(seq) FROM entries WHERE seg = {_KEY}) FROM entries "
+    f"WHERE seg = {_KEY} AND seq <= ?3 ORDER BY seq"
 )
 # The entries the derived tables have not read yet, in arrival order (by id: a GROUP BY would
 # have SQLite walk the whole (seg, seq) index instead), with their segments' ids.
