@@ -12,7 +12,8 @@ Every system runs in this one process, each in its own folder of a temporary dir
   reading that file and ``msgspec.json.Decoder.decode_lines`` of it, the cyclic GC paused
   as terrarium's codec does (restore), its size (bytes); a bare autocommit ``INSERT`` of the
   same line into a WAL SQLite table shaped like ``SqliteStore``'s entries (same
-  ``synchronous``), restored by one ``SELECT`` and the same decoding.
+  ``synchronous``; keyed by an integer segment key, as since ``m013_segment_keys``), restored
+  by one ``SELECT`` and the same decoding.
 * **Terrarium**: ``FsStore``, ``SqliteStore`` and ``PostgresStore`` (when a server answers at
   ``TERRARIUM_TEST_POSTGRES_DSN`` or the default DSN: a throwaway database, dropped after),
   appended to through the runtime's own calls (``save_user_input`` and ``save_delta`` in
@@ -192,7 +193,13 @@ class WriteFloor(System):
 
 class InsertFloor(System):
     """A bare autocommit ``INSERT`` of the line, as ``SqliteStore`` stores it; one ``SELECT``
-    and ``decode_lines`` to restore."""
+    and ``decode_lines`` to restore.
+
+    The table has the shape of ``SqliteStore``'s entries since ``m013_segment_keys`` (an
+    arrival id, the segment's integer key, ``UNIQUE (seg, seq)``), so the floor stays
+    like-for-like: the same row and index bytes, without the store's compare-and-append
+    check and the lookup of the segment's key.
+    """
 
     name = "floor: SQLite INSERT / SELECT + decode"
     group = "floor"
@@ -207,11 +214,11 @@ class InsertFloor(System):
         self.conn.execute("PRAGMA journal_mode = WAL")
         self.conn.execute(f"PRAGMA synchronous = {self.synchronous}")
         self.conn.execute(
-            "CREATE TABLE entries (session_id TEXT NOT NULL, segment_id TEXT NOT NULL, "
+            "CREATE TABLE entries (id INTEGER PRIMARY KEY, seg INTEGER NOT NULL, "
             "seq INTEGER NOT NULL, kind TEXT NOT NULL, ts TEXT NOT NULL, line TEXT NOT NULL, "
-            "PRIMARY KEY (session_id, segment_id, seq))"
+            "UNIQUE (seg, seq))"
         )
-        self.ids = (str(uuid.uuid4()), str(uuid.uuid4()))
+        self.seg = 1
         self.seq = itertools.count(1)
         with self.conn:
             self.conn.execute("BEGIN")
@@ -222,14 +229,13 @@ class InsertFloor(System):
         seq = next(self.seq)
         line = entry_line(i, seq)[:-1].decode()
         self.conn.execute(
-            "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?)",
-            (*self.ids, seq, "item", "2026-11-25T00:00:00.000000Z", line),
+            "INSERT INTO entries (seg, seq, kind, ts, line) VALUES (?, ?, ?, ?, ?)",
+            (self.seg, seq, "item", "2026-11-25T00:00:00.000000Z", line),
         )
 
     def restore(self) -> int:
         rows = self.conn.execute(
-            "SELECT line FROM entries WHERE session_id = ? AND segment_id = ? ORDER BY seq",
-            self.ids,
+            "SELECT line FROM entries WHERE seg = ? ORDER BY seq", (self.seg,)
         ).fetchall()
         with codec.paused_gc():
             return len(self.decoder.decode_lines("\n".join(r[0] for r in rows)))

@@ -560,3 +560,165 @@ def test_postgres_m012_switches_the_append_notes_off(
             save_user_input(store, head, "heard?")
             assert feed.wait(30) == f"session:{session_id}"
         assert conn.execute(state, where).fetchone() == ("D",)
+
+
+# --------------------------------------------------------------------------- SQLite: m013
+
+M012 = "m012_notify_only_when_listened"
+
+
+def _sql_rows(path: Path, statement: str) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(statement).fetchall()
+    finally:
+        conn.close()
+
+
+# Every entry with its segment's ids, on m013's keys and on the keys before them.
+ENTRY_ROWS = (
+    "SELECT e.id, g.session_id, g.segment_id, e.seq, e.kind, e.ts, e.line FROM entries AS e "
+    "JOIN segments AS g ON g.id = e.seg ORDER BY e.id"
+)
+OLD_ENTRY_ROWS = "SELECT id, session_id, segment_id, seq, kind, ts, line FROM entries ORDER BY id"
+VIEW_ROWS = (
+    "SELECT * FROM transcript ORDER BY context, position",
+    "SELECT * FROM transcript_lineage ORDER BY context, depth",
+    "SELECT * FROM transcript_items ORDER BY context, depth DESC, seq, n",
+)
+
+
+def test_sqlite_m013_keys_a_blank_database_by_segment(tmp_path: Path) -> None:
+    """A new database keys its segments by an AUTOINCREMENT integer and its entries by
+    (segment key, seq) alone, without the two text ids; the views read them."""
+    from terrarium.sessions import create_segment
+
+    path = tmp_path / "t.db"
+    with SqliteStore(path) as store:
+        create_segment(store, context="cli:new")
+        head = store.get_head(ContextId("cli", "new"))
+        assert head is not None
+        save_user_input(store, head, "hello keys")
+    columns = {
+        table: [row[1] for row in _sql_rows(path, f"PRAGMA table_info({table})")]
+        for table in ("segments", "entries")
+    }
+    assert columns == {
+        "segments": ["id", "session_id", "segment_id", "created_at"],
+        "entries": ["id", "seg", "seq", "kind", "ts", "line"],
+    }
+    [(schema,)] = _sql_rows(path, "SELECT sql FROM sqlite_schema WHERE name = 'segments'")
+    assert "AUTOINCREMENT" in schema
+    indexes = _sql_rows(path, "SELECT name FROM sqlite_schema WHERE tbl_name = 'entries'")
+    [(index,)] = [row for row in indexes if row[0] != "entries"]
+    assert [row[2] for row in _sql_rows(path, f"PRAGMA index_info({index})")] == ["seg", "seq"]
+    assert _sql_rows(path, "SELECT seq, text FROM transcript WHERE context = 'cli:new'") == [
+        (1, "hello keys")
+    ]
+
+
+def _m013_history(store: SqliteStore) -> None:
+    """A store worth migrating: build_history's contexts (forks, a compaction, a clear, an
+    import, one in the trash), a head that continues a fork, two archived contexts (one from
+    the middle of the entry ids, which leaves a gap in them), a pin, a detached session, a
+    trace, a blob, and derived state read up to all but the last three entries."""
+    from helpers.history import add_context, build_history
+    from terrarium.sessions import create_segment, fork_at
+
+    build_history(store)
+    assert store.archive_context(ContextId("game", "run-1")) is not None
+    head = store.get_head(ContextId("cli", "main"))
+    assert head is not None
+    fork = fork_at(store, head, 2)  # the head continues its parent up to seq 2 of 3
+    store.set_head(ContextId("cli", "main"), fork, expected=head.segment_id)
+    add_context(store, "cli:cold", "an archived walrus")
+    assert store.archive_context(ContextId("cli", "cold")) is not None
+    assert store.pin_context(ContextId("cli", "main"))
+    session_id, segment_id = create_segment(store)
+    save_user_input(store, PodActiveSegmentRef(session_id, segment_id), "a detached walrus")
+    head = store.get_head(ContextId("cli", "main"))
+    assert head is not None
+    store.append_trace(head.session_id, head.segment_id, [TraceEntry(TS, "chunk", {"n": 1})])
+    save_user_input(store, head, "a blob walrus " + "w" * 70_000)
+    store.search(SearchQuery("fox"))  # the derived state reads every entry
+    for text in ("a late walrus", "another late walrus", "the last late walrus"):
+        save_user_input(store, head, text)  # fewer than SEARCH_BATCH: left for the catch-up
+
+
+def _observed(store: SqliteStore) -> dict[str, Any]:
+    """What the store gives back of the data of ``_m013_history``."""
+    from terrarium.sessions import restore_by_segment
+
+    contexts = [h.context for h in store.list_contexts()] + ["cli:cold", "game:run-1"]
+    [detached] = store.detached_sessions()
+    [segment] = store.list_segments(detached)
+    main = store.get_head(ContextId("cli", "main"))
+    assert main is not None
+    return {
+        "restores": {context: restore(store, context) for context in contexts},
+        "detached": restore_by_segment(store, detached, segment),
+        "trace": store.read_trace(main.session_id, main.segment_id),
+        "hits": [
+            store.search(SearchQuery(word, limit=50))
+            for word in ("fox", "walrus", "late", "imported", "東京")
+        ],
+        "archived hits": store.search(SearchQuery("walrus", archived=True)),
+        "listing": store.list_contexts_fast(),
+        "archived": store.archived_contexts(),
+        "trash": [(t.context, t.message_count) for t in store.trashed_contexts()],
+        "pins": store.pinned_contexts(),
+    }
+
+
+def test_sqlite_m013_upgrades_a_store_with_history(tmp_path: Path) -> None:
+    """A database at m012 is upgraded: every entry keeps its id, seq, kind, ts and line under
+    its segment; the derived state's watermark still names the entries it read (the three
+    after it are found once caught up); restores, searches and listing are the ones before;
+    the views give the same rows as m006's; new entries and segments get ids above the old."""
+    from helpers.old_sqlite import downgrade
+    from terrarium.sessions import create_segment
+
+    built, path = tmp_path / "built.db", tmp_path / "m012.db"
+    with SqliteStore(built) as store:
+        _m013_history(store)
+    downgrade(built, path, M012)
+    entries = _sql_rows(built, ENTRY_ROWS)
+    assert _sql_rows(path, OLD_ENTRY_ROWS) == entries
+    views = [_sql_rows(path, statement) for statement in VIEW_ROWS]  # m006's, on the old keys
+    meta = _sql_rows(path, "SELECT wm, hw, floor FROM search_meta")
+    assert meta[0][0] == entries[-4][0]  # three entries wait for the catch-up
+    assert entries[-1][0] > len(entries)  # ids with a gap
+    with SqliteStore(built) as store:
+        expected = _observed(store)
+    with SqliteStore(path) as store:
+        assert _sqlite_names(path) == sqlite_backend.MIGRATIONS.names
+        assert _sql_rows(path, ENTRY_ROWS) == entries
+        assert _sql_rows(path, "SELECT wm, hw, floor FROM search_meta") == meta
+        assert [_sql_rows(path, statement) for statement in VIEW_ROWS] == views
+        assert _observed(store) == expected
+        assert len(expected["hits"][2]) == 3  # the late entries, found
+        keys = _sql_rows(path, "SELECT max(id) FROM segments")[0][0]
+        create_segment(store, context="cli:after")
+        head = store.get_head(ContextId("cli", "after"))
+        assert head is not None
+        save_user_input(store, head, "after the upgrade")
+    new = _sql_rows(path, ENTRY_ROWS)[len(entries) :]
+    assert [row[3] for row in new] == [0, 1] and new[0][0] > entries[-1][0]
+    assert _sql_rows(path, "SELECT max(id) FROM segments")[0][0] == keys + 1
+
+
+def test_sqlite_m013_keeps_entries_no_segment_names(tmp_path: Path) -> None:
+    """An entry whose segment has no ``segments`` row (written by hand: the store never does)
+    survives the upgrade, under a segment made for it, created at its first entry's time."""
+    path = tmp_path / "m012.db"
+    conn = _old_sqlite(path, "m003_search")
+    try:
+        sqlite_backend.migrate(conn, where="old", stop_after=M012)
+        conn.execute("DELETE FROM segments")
+        before = conn.execute(OLD_ENTRY_ROWS).fetchall()
+    finally:
+        conn.close()
+    with SqliteStore(path) as store:
+        assert _sql_rows(path, ENTRY_ROWS) == before
+        assert _sql_rows(path, "SELECT created_at FROM segments") == [(TS,)]
+        assert restore(store, "cli:old").history == [{"role": "user", "content": "hi"}]

@@ -834,8 +834,8 @@ def test_the_sqlite_backend_is_queryable(fake_server: FakeServer, tmp_path: Path
     with sqlite3.connect(db) as conn:  # the log's own tables answer plain SQL
         rows = conn.execute(
             "SELECT c.context, e.kind, json_extract(e.line, '$.item.content') FROM contexts c "
-            "JOIN entries e USING (session_id) WHERE e.kind IN ('user_input', 'item') "
-            "ORDER BY c.context, e.seq"
+            "JOIN segments g USING (session_id) JOIN entries e ON e.seg = g.id "
+            "WHERE e.kind IN ('user_input', 'item') ORDER BY c.context, e.seq"
         ).fetchall()
     assert rows == [
         ("cli:main", "user_input", "hello"),

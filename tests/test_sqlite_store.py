@@ -322,14 +322,78 @@ def test_delete_racing_appends_leaves_no_orphans(store: SqliteStore, db: Path) -
     for writer in writers:
         writer.join()
     assert [type(exc) for exc in outcome] == [SegmentNotFound] * 3
-    for table in ("entries", "segments", "traces"):
+    for table in ("segments", "traces"):
         rows = _raw(db, f"SELECT count(*) FROM {table} WHERE session_id = ?", str(session_id))
         assert rows == [(0,)], table
+    orphans = "SELECT count(*) FROM entries WHERE seg NOT IN (SELECT id FROM segments)"
+    assert _raw(db, orphans) == [(0,)]
     (trashed,) = store.trashed_contexts()
     assert store.purge_trashed(trashed.trash_id)
     for table in ("sessions", "archived_contexts", "archived_segments", "pins"):
         rows = _raw(db, f"SELECT count(*) FROM {table} WHERE session_id = ?", str(session_id))
         assert rows == [(0,)], table
+
+
+# --------------------------------------------------------------------------- segment keys
+# A store caches each segment's integer key (m013) with its seq guess; these would append to
+# the wrong segment if a cached key could name another one.
+
+
+def _tokens(store: SqliteStore, head: Any) -> list[str]:
+    """The ``token`` (or the item's text) of each entry of the head's segment."""
+    read = store.read_segment(head.session_id, head.segment_id)
+    return [e.get("token") or e["item"]["content"] for e in read.entries]
+
+
+def test_an_append_to_a_purged_segment_never_lands_in_a_new_one(db: Path) -> None:
+    """Another store (a process of its own) purges a context this store appended to, and
+    creates a segment whose entries reach the seq this store would propose next: this
+    store's append fails with SegmentNotFound, and the new segment is untouched (the purged
+    segment's key is never handed out again)."""
+    with SqliteStore(db) as mine, SqliteStore(db) as other:
+        head = add_context(mine, "cli:gone", "one")
+        mine.append(head.session_id, head.segment_id, [_entry("two")])  # next: seq 3
+        assert other.purge_context(ContextId("cli", "gone"))
+        new = add_context(other, "cli:new", "x", "y")  # seqs 0, 1, 2
+        with pytest.raises(SegmentNotFound):
+            mine.append(head.session_id, head.segment_id, [_entry("three")])
+        assert _tokens(other, new) == ["x", "y"]
+
+
+@pytest.mark.parametrize("texts", [("one",), ("one", "two")], ids=["one entry", "several"])
+def test_a_key_read_in_a_rolled_back_transaction_is_forgotten(
+    store: SqliteStore, texts: tuple[str, ...]
+) -> None:
+    """A segment created and appended to inside a transaction that rolls back leaves no key
+    behind: the next segment, which takes the same key, never gets this one's appends."""
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), store.atomic():
+        head = add_context(store, "cli:undone", *texts)  # one append of len(texts) entries
+        raise Boom
+    others = [text.upper() for text in texts]  # up to the seq before the one proposed next
+    new = add_context(store, "cli:new", *others)
+    with pytest.raises(SegmentNotFound):
+        store.append(head.session_id, head.segment_id, [_entry("late")])
+    assert _tokens(store, new) == others
+
+
+def test_an_append_follows_a_segment_woken_with_a_new_key(db: Path) -> None:
+    """Another store archives a context this store appended to, creates a segment, and
+    unarchives the context, whose segment gets a new key: this store's next appends land in
+    that segment, at the right seqs."""
+    with SqliteStore(db) as mine, SqliteStore(db) as other:
+        head = add_context(mine, "cli:main", "one")
+        mine.append(head.session_id, head.segment_id, [_entry("two")])
+        assert other.archive_context(MAIN) is not None
+        new = add_context(other, "cli:other", "x")
+        assert other.unarchive_context(MAIN)
+        assert mine.append(head.session_id, head.segment_id, [_entry("three")]) == 3
+        assert mine.append(head.session_id, head.segment_id, [_entry("four")], expected_seq=4)
+        assert _tokens(other, head) == ["one", "two", "three", "four"]
+        assert _tokens(other, new) == ["x"]
 
 
 # --------------------------------------------------------------------------- search tables
@@ -678,7 +742,10 @@ def test_ids_a_delete_frees_are_read_again(store: SqliteStore) -> None:
     head = add_context(store, "cli:c", "rho fourth", "rho fifth", "rho sixth")
     conn = sqlite3.connect(store.path)
     try:
-        sql = "SELECT min(id) FROM entries WHERE session_id = ?"
+        sql = (
+            "SELECT min(e.id) FROM entries AS e JOIN segments AS g ON g.id = e.seg "
+            "WHERE g.session_id = ?"
+        )
         (first,) = conn.execute(sql, (str(head.session_id),)).fetchone()
     finally:
         conn.close()

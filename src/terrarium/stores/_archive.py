@@ -53,6 +53,8 @@ ARCHIVED_HEAD = (
 )
 # NULL: not in the archive; 1 (true): archived; 0 (false): trashed.
 SESSION_STATE = "SELECT trash_id IS NULL FROM archived_contexts WHERE session_id = ?"
+# PostgreSQL's alone: SQLite's entries name their segment by its key (m013), so SQLite reads
+# them with a statement of its own (``sqlite/_lifecycle.SESSION_LINES``).
 SESSION_LINES = (
     "SELECT segment_id, seq, line FROM entries WHERE session_id = ? ORDER BY segment_id, seq"
 )

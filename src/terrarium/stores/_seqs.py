@@ -33,10 +33,11 @@ class SeqGuesses(Generic[T]):
 
     def remember(self, key: Key, next_seq: int, value: T) -> None:
         """Note that segment ``key`` reached ``next_seq`` (a guess only: a lower one is kept
-        out, since another thread may have appended further meanwhile)."""
+        out, since another thread may have appended further meanwhile, unless it comes with
+        another value, which replaces the one kept: SQLite's segment key, looked up again)."""
         with self._lock:
             known = self._seen.get(key)
-            if known is None or next_seq > known[0]:
+            if known is None or next_seq > known[0] or value != known[1]:
                 self._seen[key] = (next_seq, value)
             self._seen.move_to_end(key)
             if len(self._seen) > self._size:

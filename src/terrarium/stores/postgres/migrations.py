@@ -618,6 +618,16 @@ END $$"""
 
 
 @MIGRATIONS
+def m013_segment_keys(conn: psycopg.Connection[Any]) -> None:
+    """Nothing to change: SQLite's ``m013_segment_keys`` keys its entries by a small integer
+    segment key instead of two 36-character ids, to save bytes. PostgreSQL's entries keep
+    their ``uuid`` keys, 16 bytes each, and the session id that distributes every table by
+    session (Citus). Registered so that both backends' schemas keep the same steps in the same
+    order (``tests/test_migrations.py``)."""
+    del conn
+
+
+@MIGRATIONS
 def m014_staged_search_items(conn: psycopg.Connection[Any]) -> None:
     """Nothing to change: SQLite's ``m014_staged_search_items`` ends a view of its search
     tables at the items they index, now that its appends stage items for its upkeep thread.

@@ -97,6 +97,12 @@ SYNCHRONOUS_MODES: tuple[str, ...] = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 log = logging.getLogger(__name__)
 
+#: Segments whose next seq and key (``segments.id``) a store remembers. A key is kept only
+#: once committed (None: look it up): keys are ``AUTOINCREMENT``, so a committed one never
+#: names another segment, and an append with the key of a segment since deleted (purged, or
+#: archived and woken under a new key, by any process) finds no entry before its seq, fails
+#: its check and looks the key up again. A key read inside a caller's transaction may be
+#: rolled back with it and handed out again to another segment, so it is not kept.
 _SEEN_CACHE = 4096
 
 #: The derived tables lag the entries by at most about this many: the append that makes this
@@ -175,9 +181,10 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         self._idle: list[sqlite3.Connection] = []
         self._local = threading.local()
         self._ranker = Ranker(Fts5Tables(recent="search_recent", docs="search_docs"))
-        # A next seq this store saw each recent segment reach (its guess for the next append),
-        # and how far it last saw the derived tables read (see the .search module).
-        self._seen: SeqGuesses[tuple[str, str]] = SeqGuesses(_SEEN_CACHE)
+        # A next seq this store saw each recent segment reach (its guess for the next append)
+        # with its ids as text and its key (see _SEEN_CACHE), and how far it last saw the
+        # derived tables read (see the .search module).
+        self._seen: SeqGuesses[tuple[str, str, int | None]] = SeqGuesses(_SEEN_CACHE)
         self._wm = 0
         self._closed = False
         self.readonly_reason: str | None = None
@@ -561,8 +568,8 @@ class SqliteStore(SqliteBlobs, ClosingStore):
                 raise ConflictError(f"session {session_id} already exists")
             conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, ts, ts))
             conn.execute(sql.INSERT_SESSION, (s, str(ctx), ts))
-            conn.execute(sql.INSERT_SEGMENT, (s, g, ts))
-            conn.execute(sql.INSERT_ENTRY, (s, g, 0, line["kind"], ts, _text(line)))
+            seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
+            conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
             record_refs(conn, s, [line])
             count, last = segment_summary(conn, s, g)
             conn.execute(sql.SET_COUNTS, (count, last, s))
@@ -585,8 +592,8 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             if conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
                 raise ConflictError(f"session {s} already exists")
             conn.execute(sql.INSERT_SESSION, (s, None, ts))
-            conn.execute(sql.INSERT_SEGMENT, (s, g, ts))
-            conn.execute(sql.INSERT_ENTRY, (s, g, 0, line["kind"], ts, _text(line)))
+            seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
+            conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
             record_refs(conn, s, [line])
 
     def attach_context(
@@ -716,16 +723,16 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         row = conn.execute(ARCHIVED_SESSION, (context,)).fetchone()
         return row is not None and self._wake(conn, row[0])
 
-    def _next_seq_waking(self, conn: sqlite3.Connection, session: str, segment: str) -> int:
-        """:func:`_next_seq`, after unarchiving the segment's context if it is archived: the
-        miss path of an append, so a hot append never pays for it. The wake and the read of
-        the tail are one transaction: an archive between them would hide the segment again."""
+    def _tail_waking(self, conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, int]:
+        """:func:`_tail`, after unarchiving the segment's context if it is archived: the miss
+        path of an append, so a hot append never pays for it. The wake and the read of the
+        tail are one transaction: an archive between them would hide the segment again."""
         try:
-            return _next_seq(conn, session, segment)
+            return _tail(conn, session, segment)
         except SegmentNotFound:
             with self._write() as writing:  # a savepoint in the caller's transaction, if any
                 self._wake(writing, session)
-                return _next_seq(writing, session, segment)
+                return _tail(writing, session, segment)
 
     # ---------------------------------------------------------------- segments
 
@@ -743,8 +750,8 @@ class SqliteStore(SqliteBlobs, ClosingStore):
                 raise SegmentNotFound(f"session {session_id} does not exist")
             if conn.execute(sql.SEGMENT_EXISTS, (s, g)).fetchone():
                 raise ConflictError(f"segment {segment_id} already exists")
-            conn.execute(sql.INSERT_SEGMENT, (s, g, ts))
-            conn.execute(sql.INSERT_ENTRY, (s, g, 0, line["kind"], ts, _text(line)))
+            seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
+            conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
             record_refs(conn, s, [line])
 
     def append(
@@ -760,31 +767,30 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         One entry is one ``INSERT`` in autocommit mode (:data:`._sql.APPEND_ONE`, the whole
         compare-and-append): SQLite takes its one write lock for the statement, so writers in
         every thread and process are serialised. The seq it proposes is ``expected_seq`` or
-        the next seq this store last saw the segment reach; when refused, the store reads the
-        segment's tail and raises ConflictError (with ``expected_seq``) or retries there.
-        Several entries go in one ``BEGIN IMMEDIATE`` transaction, which reads the tail under
-        the lock. The append that makes ``SEARCH_BATCH`` entries wait then catches the
-        derived tables up, and one in ``CHECKPOINT_EVERY`` kicks the upkeep thread.
+        the next seq this store last saw the segment reach, with the key it saw; when refused,
+        it reads the segment's key and tail and raises ConflictError (with ``expected_seq``)
+        or retries there. Several entries go in one ``BEGIN IMMEDIATE`` transaction, which
+        reads the tail under the lock. The append that makes ``SEARCH_BATCH`` entries wait
+        then catches the derived tables up, and one in ``CHECKPOINT_EVERY`` kicks the upkeep
+        thread.
         """
         if len(entries) != 1 or line_digests(entries[0].data):  # blob_refs: one transaction
             return self._append_many(session_id, segment_id, entries, expected_seq)
         key = (session_id, segment_id)
         seen = self._seen.get(key)
-        proposal: int | None
-        if seen is None:
-            s, g, proposal = str(session_id), str(segment_id), None
-        else:
-            proposal, (s, g) = seen
+        proposal, (s, g, seg) = seen or (None, (str(session_id), str(segment_id), None))
         if expected_seq is not None:
             proposal = expected_seq
         held: sqlite3.Connection | None = getattr(self._local, "conn", None)
         conn = held if held is not None else self._borrow()
+        looked = False  # whether this call read the segment's key (see _SEEN_CACHE)
         try:
             while True:
-                if proposal is None:
-                    proposal = self._next_seq_waking(conn, s, g)
+                if seg is None or proposal is None:
+                    seg, at = self._tail_waking(conn, s, g)
+                    looked, proposal = True, at if expected_seq is None else expected_seq
                 line = next(iter_lines(entries, proposal))
-                row = (s, g, proposal, line["kind"], line["ts"], _text(line))
+                row = (seg, proposal, line["kind"], line["ts"], _text(line))
                 try:
                     if held is None:
                         with self._upkeep.gate:
@@ -792,9 +798,9 @@ class SqliteStore(SqliteBlobs, ClosingStore):
                     else:
                         cursor = conn.execute(sql.APPEND_ONE, row)
                     break
-                except sqlite3.IntegrityError:  # the seq is taken, or the one before missing
-                    at = self._next_seq_waking(conn, s, g)
-                if expected_seq is not None and at != expected_seq:  # equal: it was woken
+                except sqlite3.IntegrityError:  # seq taken, the one before missing, key gone
+                    looked, (seg, at) = True, self._tail_waking(conn, s, g)
+                if expected_seq is not None and at != expected_seq:  # equal: woken, new key
                     raise ConflictError.stale_seq(segment_id, at, expected_seq)
                 proposal = at
         except sqlite3.OperationalError as exc:
@@ -802,7 +808,7 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         finally:
             if held is None:
                 self._give_back(conn)
-        self._seen.remember(key, proposal + 1, (s, g))
+        self._seen.remember(key, proposal + 1, (s, g, None if looked and held is not None else seg))
         self._after_append(cursor.lastrowid or 0)
         return proposal
 
@@ -815,12 +821,13 @@ class SqliteStore(SqliteBlobs, ClosingStore):
     ) -> int:
         """Append several entries (or none) in one ``BEGIN IMMEDIATE`` transaction."""
         s, g = str(session_id), str(segment_id)
+        outermost = getattr(self._local, "conn", None) is None  # else seg may be rolled back
         with self._write() as conn:
-            first = self._next_seq_waking(conn, s, g)
+            seg, first = self._tail_waking(conn, s, g)
             if expected_seq is not None and expected_seq != first:
                 raise ConflictError.stale_seq(segment_id, first, expected_seq)
             rows = [
-                (s, g, line["seq"], line["kind"], line["ts"], _text(line))
+                (seg, line["seq"], line["kind"], line["ts"], _text(line))
                 for line in iter_lines(entries, first)
             ]
             conn.executemany(sql.INSERT_ENTRY, rows)
@@ -829,7 +836,9 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             staged = rows and top - self._wm >= SEARCH_BATCH
             if staged:
                 self._wm = _catch_up(conn, limit=len(rows) + 2 * SEARCH_BATCH, index=False)
-        self._seen.remember((session_id, segment_id), first + len(rows), (s, g))
+        self._seen.remember(
+            (session_id, segment_id), first + len(rows), (s, g, seg if outermost else None)
+        )
         self._kick(top or 0, bool(staged))
         return first
 
@@ -890,15 +899,16 @@ class SqliteStore(SqliteBlobs, ClosingStore):
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
         """The seq the next append gets."""
         s, g = str(session_id), str(segment_id)
+        held = getattr(self._local, "conn", None) is not None  # a key read there may roll back
         with self._read() as conn:
             try:
-                next_seq = _next_seq(conn, s, g)
+                seg, next_seq = _tail(conn, s, g)
             except SegmentNotFound:
                 cold = lifecycle.next_seq(conn, s, g)
                 if cold is None:
                     raise
                 return cold
-        self._seen.remember((session_id, segment_id), next_seq, (s, g))
+        self._seen.remember((session_id, segment_id), next_seq, (s, g, None if held else seg))
         return next_seq
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
@@ -957,12 +967,13 @@ def _text(line: Any) -> str:
     return codec.encode(line).decode()
 
 
-def _next_seq(conn: sqlite3.Connection, session: str, segment: str) -> int:
-    """The seq the segment's next entry gets; SegmentNotFound if there is no such segment."""
-    last = conn.execute(sql.LAST_SEQ, (session, segment)).fetchone()[0]
-    if last is None:
+def _tail(conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, int]:
+    """The segment's key and the seq its next entry gets; SegmentNotFound if there is no such
+    segment."""
+    row = conn.execute(sql.SEGMENT_TAIL, (session, segment)).fetchone()
+    if row is None or row[1] is None:
         raise SegmentNotFound(f"segment {segment} of session {session} does not exist")
-    return int(last) + 1
+    return int(row[0]), int(row[1]) + 1
 
 
 def _segment_exists(conn: sqlite3.Connection, session_id: SessionId, segment_id: SegmentId) -> bool:

@@ -50,7 +50,6 @@ from terrarium.stores._archive import (
     PINNED,
     PURGE,
     RENAME_SESSION,
-    SESSION_LINES,
     SESSION_STATE,
     TRASH,
     TRASH_LIST,
@@ -75,9 +74,17 @@ HOT_HEAD = (
 )
 SESSION_TRACES = "SELECT segment_id, line FROM traces WHERE session_id = ? ORDER BY segment_id, id"
 SESSION_SEGMENTS = "SELECT segment_id, created_at FROM segments WHERE session_id = ?"
+# The session's lines by segment, as ``stores._archive.SESSION_LINES`` reads PostgreSQL's:
+# SQLite's entries name their segment by its key (m013).
+SESSION_LINES = (
+    "SELECT g.segment_id, e.seq, e.line FROM segments AS g JOIN entries AS e ON e.seg = g.id "
+    "WHERE g.session_id = ? ORDER BY g.segment_id, e.seq"
+)
 INSERT_ARCHIVED_SEGMENT = "INSERT INTO archived_segments VALUES (?, ?, ?, ?, ?, ?)"
-DROP_HOT = tuple(
-    f"DELETE FROM {table} WHERE session_id = ?" for table in ("entries", "traces", "segments")
+DROP_HOT = (
+    "DELETE FROM entries WHERE seg IN (SELECT id FROM segments WHERE session_id = ?)",
+    "DELETE FROM traces WHERE session_id = ?",
+    "DELETE FROM segments WHERE session_id = ?",
 )
 UNARCHIVE_ROW = (
     "SELECT context, type, segment_id, created_at, updated_at FROM archived_contexts "
@@ -151,6 +158,8 @@ def unarchive(conn: sqlite3.Connection, session: str) -> tuple[PodMetadata, int]
     indexes their items and adds the head segment's to the head's listing count, as for
     appended entries: a resume pays for the rows, not for the index. The head starts with
     the items its header (or a fork's prefix) gives: a restore's count less its own items.
+    Its segments get new keys (``segments.id``): a key a store cached for one of them before
+    it was archived names no segment now, so an append by it fails its check and looks again.
     """
     context, type_, head, created, updated = conn.execute(UNARCHIVE_ROW, (session,)).fetchone()
     own = 0
@@ -159,13 +168,10 @@ def unarchive(conn: sqlite3.Connection, session: str) -> tuple[PodMetadata, int]
         found = envelopes(lines)
         if g == head:
             own = sum(1 for e in found if e.seq > 0 and e.kind in HISTORY_KINDS)
-        conn.execute(sql.INSERT_SEGMENT, (session, g, seg_created))
+        seg = conn.execute(sql.INSERT_SEGMENT, (session, g, seg_created)).lastrowid
         conn.executemany(
             sql.INSERT_ENTRY,
-            [
-                (session, g, e.seq, e.kind, str(e.ts), line)
-                for e, line in zip(found, lines, strict=True)
-            ],
+            [(seg, e.seq, e.kind, str(e.ts), line) for e, line in zip(found, lines, strict=True)],
         )
         conn.executemany(sql.INSERT_TRACE, [(session, g, t) for t in unpack_lines(trace)])
     conn.execute(sql.INSERT_HEAD, (context, type_, session, head, created, updated))

@@ -3,9 +3,9 @@
     contexts(context PK, type, session_id, segment_id, created_at, updated_at,
              message_count, last_active)              the heads, with their listing counts
     sessions(session_id PK, context, created_at)     context NULL: detached (m005)
-    segments(session_id, segment_id, created_at)      PK (session_id, segment_id)
-    entries(id PK, session_id, segment_id, seq, kind, ts, line)
-                                                      UNIQUE (session_id, segment_id, seq)
+    segments(id PK, session_id, segment_id, created_at)
+                                                      UNIQUE (session_id, segment_id)
+    entries(id PK, seg, seq, kind, ts, line)          UNIQUE (seg, seq); seg: segments.id
     traces(id, session_id, segment_id, line)          debug traces, oldest first by id
     search_docs(id PK, session_id, segment_id, seq, role, ts, body, tags)   history items
     search_fts, search_recent                         FTS5 over search_docs (see ``search``)
@@ -13,12 +13,14 @@
     migrations(name PK, applied_at)
     archived_contexts, archived_segments, pins         archive, trash, pins (m007: ``._lifecycle``)
 
-Ids are UUID strings, times RFC 3339 strings. A segment's header is its entry with seq 0, so
-reading a segment is one indexed range scan. ``line`` is the entry's JSON exactly as
-:func:`terrarium.codec.encode` wrote it (unknown keys and key order survive); ``kind`` and
-``ts`` are copies kept for queries. ``entries.id`` is the arrival order (an ``INTEGER PRIMARY
-KEY``, so a ``VACUUM`` keeps it). A few statements are templates: ``{where}`` a filter,
-``{table}`` one of the two FTS5 tables, ``{marks}`` one ``?`` per id.
+Ids are UUID strings, times RFC 3339 strings. An entry names its segment by the segment's
+integer key (``segments.id``, m013: a few bytes of row and index instead of two 36-character
+ids; ``AUTOINCREMENT``, so a key once committed never names another segment). A segment's
+header is its entry with seq 0, so reading a segment is one indexed range scan. ``line`` is
+the entry's JSON exactly as :func:`terrarium.codec.encode` wrote it (unknown keys and key
+order survive); ``kind`` and ``ts`` are copies kept for queries. ``entries.id`` is the arrival
+order (an ``INTEGER PRIMARY KEY``, so a ``VACUUM`` keeps it). A few statements are templates:
+``{where}`` a filter, ``{table}`` one of the two FTS5 tables, ``{marks}`` one ``?`` per id.
 """
 
 from __future__ import annotations
@@ -86,43 +88,49 @@ ATTACH_SESSION = "UPDATE sessions SET context = ? WHERE session_id = ? AND conte
 DETACHED = "SELECT session_id FROM sessions WHERE context IS NULL"
 # A session's entries that hold history items (its headers, its items), in arrival order.
 SESSION_DOC_ENTRIES = (
-    "SELECT segment_id, seq, kind, ts, line FROM entries WHERE session_id = ? "
-    f"AND (seq = 0 OR kind IN {HISTORY_KINDS_SQL}) ORDER BY id"
+    "SELECT g.segment_id, e.seq, e.kind, e.ts, e.line FROM segments AS g "
+    "JOIN entries AS e ON e.seg = g.id WHERE g.session_id = ? "
+    f"AND (e.seq = 0 OR e.kind IN {HISTORY_KINDS_SQL}) ORDER BY e.id"
 )
 SEGMENT_EXISTS = "SELECT 1 FROM segments WHERE session_id = ? AND segment_id = ?"
 SEGMENT_IDS = "SELECT segment_id FROM segments WHERE session_id = ?"
-INSERT_SEGMENT = "INSERT INTO segments VALUES (?, ?, ?)"
+# The new segment's key is the cursor's lastrowid.
+INSERT_SEGMENT = "INSERT INTO segments (session_id, segment_id, created_at) VALUES (?, ?, ?)"
 
 # ---------------------------------------------------------------------------- entries
 
-LAST_SEQ = "SELECT max(seq) FROM entries WHERE session_id = ? AND segment_id = ?"
+# A segment's key and its last seq (NULL without entries): an append's miss path, one query.
+SEGMENT_TAIL = (
+    "SELECT id, (SELECT max(seq) FROM entries WHERE seg = g.id) FROM segments AS g "
+    "WHERE session_id = ? AND segment_id = ?"
+)
 NEWEST_ENTRY = "SELECT max(id) FROM entries"
-INSERT_ENTRY = (
-    "INSERT INTO entries (session_id, segment_id, seq, kind, ts, line) VALUES (?, ?, ?, ?, ?, ?)"
-)
-# One entry at a proposed seq: the whole compare-and-append in one statement. The unique key
-# on (session, segment, seq) refuses a seq that is taken, and the line is NULL, which NOT NULL
-# refuses, unless the entry before exists (so no gap, and no entry for a deleted segment).
-# (VALUES with a subquery, not INSERT ... SELECT: that would copy the SELECT into a temporary
-# table first, because it reads the table it inserts into.)
+INSERT_ENTRY = "INSERT INTO entries (seg, seq, kind, ts, line) VALUES (?, ?, ?, ?, ?)"
+# One entry at a proposed seq of the segment keyed ?1: the whole compare-and-append in one
+# statement. The unique key on (seg, seq) refuses a seq that is taken, and the line is NULL,
+# which NOT NULL refuses, unless the entry before exists (so no gap, and no entry for a
+# deleted segment, whose key no other segment ever takes). (VALUES with a subquery, not INSERT
+# ... SELECT: that would copy the SELECT into a temporary table first, because it reads the
+# table it inserts into.)
 APPEND_ONE = (
-    "INSERT INTO entries (session_id, segment_id, seq, kind, ts, line) VALUES (?1, ?2, ?3, ?4, "
-    "?5, CASE WHEN EXISTS (SELECT 1 FROM entries WHERE session_id = ?1 AND segment_id = ?2 "
-    "AND seq = ?3 - 1) THEN ?6 END)"
+    "INSERT INTO entries (seg, seq, kind, ts, line) VALUES (?1, ?2, ?3, ?4, CASE WHEN EXISTS "
+    "(SELECT 1 FROM entries WHERE seg = ?1 AND seq = ?2 - 1) THEN ?5 END)"
 )
+# The key of segment (?1, ?2), found once per statement (an uncorrelated subquery).
+_KEY = "(SELECT id FROM segments WHERE session_id = ?1 AND segment_id = ?2)"
 READ_SEGMENT = (
-    "SELECT line, (SELECT max(seq) FROM entries WHERE session_id = ?1 AND segment_id = ?2) "
-    "FROM entries WHERE session_id = ?1 AND segment_id = ?2 AND seq <= ?3 ORDER BY seq"
+    f"SELECT line, (SELECT max(seq) FROM entries WHERE seg = {_KEY}) FROM entries "
+    f"WHERE seg = {_KEY} AND seq <= ?3 ORDER BY seq"
 )
 # The entries the derived tables have not read yet, in arrival order (by id: a GROUP BY would
-# have SQLite walk the whole (session, segment, seq) index instead).
-ENTRIES_AFTER = (
-    "SELECT session_id, segment_id, seq, kind, ts, line FROM entries WHERE id > ? ORDER BY id"
+# have SQLite walk the whole (seg, seq) index instead), with their segments' ids.
+_ENTRIES_AFTER = (
+    "{id}g.session_id, g.segment_id, e.seq, e.kind, e.ts, e.line FROM entries AS e "
+    "CROSS JOIN segments AS g ON g.id = e.seg WHERE e.id > ? ORDER BY e.id"
 )
+ENTRIES_AFTER = "SELECT " + _ENTRIES_AFTER.format(id="")
 # The same with their ids, all of them or the oldest ``?2``: the catch-up, in slices.
-ENTRIES_AFTER_IDS = (
-    "SELECT id, session_id, segment_id, seq, kind, ts, line FROM entries WHERE id > ? ORDER BY id"
-)
+ENTRIES_AFTER_IDS = "SELECT " + _ENTRIES_AFTER.format(id="e.id, ")
 ENTRIES_SLICE = f"{ENTRIES_AFTER_IDS} LIMIT ?"
 INSERT_TRACE = "INSERT INTO traces (session_id, segment_id, line) VALUES (?, ?, ?)"
 READ_TRACE = "SELECT line FROM traces WHERE session_id = ? AND segment_id = ? ORDER BY id"
@@ -139,11 +147,12 @@ _HEADER_FIELDS = (
 # Of one segment up to seq ?3: its history items among the entries, its last entry's time and
 # its header's history (see _HEADER_FIELDS).
 SEGMENT_PREFIX = (
-    "SELECT (SELECT count(*) FROM entries e WHERE e.session_id = ?1 AND e.segment_id = ?2 "
+    "SELECT (SELECT count(*) FROM entries e WHERE e.seg = g.id "
     f"AND e.seq BETWEEN 1 AND ?3 AND e.kind IN {HISTORY_KINDS_SQL}), "
-    "(SELECT e.ts FROM entries e WHERE e.session_id = ?1 AND e.segment_id = ?2 "
+    "(SELECT e.ts FROM entries e WHERE e.seg = g.id "
     f"AND e.seq <= ?3 ORDER BY e.seq DESC LIMIT 1), {_HEADER_FIELDS} "
-    "FROM entries h WHERE h.session_id = ?1 AND h.segment_id = ?2 AND h.seq = 0"
+    "FROM segments g JOIN entries h ON h.seg = g.id AND h.seq = 0 "
+    "WHERE g.session_id = ?1 AND g.segment_id = ?2"
 )
 
 # ---------------------------------------------------------------------------- derived state

@@ -212,7 +212,7 @@ def m004_derived_state(conn: sqlite3.Connection) -> None:
         "message_count, last_active, updated_at, session_id, segment_id)"
     )
     for s, g in conn.execute("SELECT session_id, segment_id FROM contexts").fetchall():
-        count, last = segment_summary(conn, s, g)
+        count, last = segment_summary(conn, s, g, prefix=_M004_SEGMENT_PREFIX)
         conn.execute(
             "UPDATE contexts SET message_count = ?, last_active = ? WHERE session_id = ?",
             (count, last, s),
@@ -231,6 +231,19 @@ def m004_derived_state(conn: sqlite3.Connection) -> None:
         conn.execute("UPDATE search_meta SET hw = ?", (top,))
     # Every entry there is was indexed when it was appended.
     conn.execute("UPDATE search_meta SET wm = (SELECT coalesce(max(id), 0) FROM entries)")
+
+
+# The statement m004 counts with: ``_sql.SEGMENT_PREFIX`` as it was then, on m001's keys
+# (m013 moved the live one to segment keys).
+_M004_SEGMENT_PREFIX = (
+    "SELECT (SELECT count(*) FROM entries e WHERE e.session_id = ?1 AND e.segment_id = ?2 "
+    "AND e.seq BETWEEN 1 AND ?3 AND e.kind IN ('item', 'system_item', 'user_input')), "
+    "(SELECT e.ts FROM entries e WHERE e.session_id = ?1 AND e.segment_id = ?2 "
+    "AND e.seq <= ?3 ORDER BY e.seq DESC LIMIT 1), json_array_length(h.line, '$.history'), "
+    "CASE WHEN json_type(h.line, '$.history') IS NOT 'array' THEN json_extract(h.line, "
+    "'$.history', '$.origin.kind', '$.origin.parent', '$.origin.at_seq') END "
+    "FROM entries h WHERE h.session_id = ?1 AND h.segment_id = ?2 AND h.seq = 0"
+)
 
 
 @MIGRATIONS
@@ -477,6 +490,121 @@ def m012_notify_only_when_listened(conn: sqlite3.Connection) -> None:
     notes (``m009_notify``) on only while someone listens. Registered so that both backends'
     schemas keep the same steps in the same order (``tests/test_migrations.py``)."""
     del conn
+
+
+@MIGRATIONS
+def m013_segment_keys(conn: sqlite3.Connection) -> None:
+    """Entries keyed by a small integer segment key instead of two 36-character ids.
+
+    ``segments`` gets ``id INTEGER PRIMARY KEY AUTOINCREMENT`` (its rowids, kept), and
+    ``entries`` becomes ``(id, seg, seq, kind, ts, line)``, ``UNIQUE (seg, seq)``: a message
+    takes 528 bytes (row and key) instead of 684 at 100k messages (``benchmarks/README.md``).
+    Entries keep their ids, so arrival order and ``search_meta.wm`` stay valid.
+    ``AUTOINCREMENT``: a key, once committed, never names another segment, so a store may
+    cache it (``SqliteStore.append``). The m006 views are made again on the new keys, with
+    the same rows. One ``INSERT ... SELECT`` per table, in the migration's transaction (0.7 s
+    for 100k entries); the old tables' pages stay in the file as free pages, which later
+    writes reuse (``VACUUM`` returns them to the file system).
+    """
+    for view in ("transcript", "transcript_items", "transcript_lineage"):
+        conn.execute(f"DROP VIEW {view}")  # else the renames below refuse their old columns
+    for statement in (
+        """CREATE TABLE segments_keyed (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            session_id TEXT NOT NULL,
+            segment_id TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            UNIQUE (session_id, segment_id)
+        )""",
+        "INSERT INTO segments_keyed (id, session_id, segment_id, created_at) "
+        "SELECT rowid, session_id, segment_id, created_at FROM segments ORDER BY rowid",
+        _M013_ORPHANS,
+        """CREATE TABLE entries_keyed (
+            id INTEGER PRIMARY KEY,
+            seg INTEGER NOT NULL,
+            seq INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            ts TEXT NOT NULL,
+            line TEXT NOT NULL,
+            UNIQUE (seg, seq)
+        )""",
+        # CROSS JOIN: the entries in id order, each finding its key by the unique index.
+        "INSERT INTO entries_keyed (id, seg, seq, kind, ts, line) "
+        "SELECT e.id, g.id, e.seq, e.kind, e.ts, e.line FROM entries AS e "
+        "CROSS JOIN segments_keyed AS g "
+        "ON g.session_id = e.session_id AND g.segment_id = e.segment_id ORDER BY e.id",
+        "DROP TABLE entries",
+        "DROP TABLE segments",
+        "ALTER TABLE segments_keyed RENAME TO segments",
+        "ALTER TABLE entries_keyed RENAME TO entries",
+        *_M013_VIEWS,
+    ):
+        conn.execute(statement)
+
+
+# Entries that no segment row names (the store never wrote such, but a hand-made row must not
+# be lost) get one, created at their first entry's time; found by a walk of the old key alone.
+_M013_ORPHANS = """INSERT INTO segments_keyed (session_id, segment_id, created_at)
+    SELECT o.session_id, o.segment_id, (SELECT h.ts FROM entries AS h
+        WHERE h.session_id = o.session_id AND h.segment_id = o.segment_id ORDER BY h.seq LIMIT 1)
+    FROM (SELECT DISTINCT session_id, segment_id FROM entries) AS o
+    WHERE NOT EXISTS (SELECT 1 FROM segments_keyed AS k
+        WHERE k.session_id = o.session_id AND k.segment_id = o.segment_id)"""
+
+# A segment's key by its ids (m013), as a scalar subquery: a join would let SQLite build a
+# Bloom filter on entries by scanning them all (see m006).
+_SEG = "(SELECT g.id FROM segments AS g WHERE g.session_id = {s} AND g.segment_id = {g})"
+_HEAD_SEG = _SEG.format(s="c.session_id", g="c.segment_id")
+_PARENT_SEG = _SEG.format(s="c.session_id", g="json_extract(chain.header, '$.origin.parent')")
+_LINEAGE_SEG = _SEG.format(s="l.session_id", g="l.segment_id")
+# One lineage segment's header (its seq 0 entry), by key (m013).
+_HEADER_BY_SEG = f"SELECT {{column}} FROM entries WHERE seg = {_LINEAGE_SEG} AND seq = 0"
+
+# m006's views, reading entries by m013's keys: the same columns and rows.
+_M013_VIEWS = (
+    f"""CREATE VIEW transcript_lineage AS
+    SELECT c.context, c.session_id, l.key AS depth,
+        json_extract(l.value, '$[0]') AS segment_id,
+        json_extract(l.value, '$[1]') AS stop_seq
+    FROM contexts AS c CROSS JOIN json_each((
+        WITH RECURSIVE chain(segment_id, stop_seq, header) AS (
+            SELECT c.segment_id, 2147483647, h.line FROM entries AS h
+            WHERE h.seg = {_HEAD_SEG} AND h.seq = 0
+            UNION
+            SELECT json_extract(chain.header, '$.origin.parent'),
+                json_extract(chain.header, '$.origin.at_seq'),
+                (SELECT p.line FROM entries AS p WHERE p.seg = {_PARENT_SEG} AND p.seq = 0)
+            FROM chain
+            WHERE json_extract(chain.header, '$.origin.kind') = 'fork'
+                AND coalesce(json_type(chain.header, '$.history'), 'null') = 'null'
+        )
+        SELECT json_group_array(json_array(segment_id, stop_seq)) FROM chain
+        WHERE header IS NOT NULL
+    )) AS l""",
+    f"""CREATE VIEW transcript_items AS
+    SELECT l.context, l.session_id, l.segment_id, l.depth, 0 AS seq, j.key AS n,
+        'header' AS kind, ({_HEADER_BY_SEG.format(column="ts")}) AS ts,
+        CASE WHEN j.type IN ('object', 'array') THEN j.value ELSE json_quote(j.value) END
+            AS item
+    FROM transcript_lineage AS l
+    CROSS JOIN json_each(({_HEADER_BY_SEG.format(column=_nul_safe("line"))}), '$.history') AS j
+    WHERE typeof(j.key) = 'integer'
+    UNION ALL
+    SELECT l.context, l.session_id, l.segment_id, l.depth, e.seq, NULL, e.kind, e.ts,
+        {_nul_safe("e.line")} -> '$.item'
+    FROM transcript_lineage AS l
+    CROSS JOIN entries AS e ON e.seg = {_LINEAGE_SEG} AND e.seq BETWEEN 1 AND l.stop_seq
+    WHERE e.kind IN ('item', 'system_item', 'user_input')""",
+    f"""CREATE VIEW transcript AS
+    SELECT context,
+        row_number() OVER (PARTITION BY context ORDER BY depth DESC, seq, n) AS position,
+        json_extract(item, '$.role') AS role,
+        {_item_text("item")} AS text,
+        ts AS timestamp,
+        json_extract(item, '$.type') AS type,
+        kind, session_id, segment_id, seq, n, item
+    FROM transcript_items""",
+)
 
 
 @MIGRATIONS
