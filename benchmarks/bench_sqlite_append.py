@@ -10,7 +10,7 @@ the runtime's calls (``save_user_input`` and ``save_delta`` in turn); ``direct``
 build (the store's own share); and ``floor``, peers.py's bare autocommit ``INSERT`` of the
 same line into a WAL table shaped like ``SqliteStore``'s entries (same ``synchronous``). Then
 their appends are timed one call at a time (the stores first brought up to date, their
-upkeep thread idle: see :func:`settle`), each turn taking each in a new random order, so
+upkeep thread idle: see ``peers.settle``), each turn taking each in a new random order, so
 load from other processes falls on all alike. Each call's wall time and the CPU time of the
 calling thread are reported (the latter is not inflated by other processes' load, nor by
 waits for a lock or the disk). The tail is what the issue's target is about: an append must
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from peers import InsertFloor, System, TerrariumSystem, role, text  # noqa: E402
 from terrarium.model import utc_now  # noqa: E402
-from terrarium.stores.base import NewEntry, Store  # noqa: E402
+from terrarium.stores.base import NewEntry  # noqa: E402
 from terrarium.stores.sqlite import SqliteStore  # noqa: E402
 
 
@@ -49,17 +49,6 @@ class DirectSystem(TerrariumSystem):
         kind = "user_input" if i % 2 == 0 else "item"
         entry = NewEntry(kind, utc_now(), {"item": {"role": role(i), "content": text(i)}})
         self.store.append(self.head.session_id, self.head.segment_id, [entry])
-
-
-def settle(store: Store) -> None:
-    """Bring the pre-filled store's derived state up to date and wait for its upkeep thread to
-    finish (indexing the items the pre-fill's catch-ups staged, refilling ``search_recent``,
-    merging): the steady state of a store that has served a search, which the timed appends
-    start from."""
-    assert isinstance(store, SqliteStore)
-    store.list_contexts_fast()
-    if not store._upkeep.settle(600):
-        raise RuntimeError(f"{store.path}: the upkeep thread did not settle within 600 s")
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -108,9 +97,7 @@ def measure(depth: int, count: int, base: Path) -> None:
     }
     for name, system in systems.items():
         (folder / name).mkdir(parents=True)
-        system.open(folder / name, depth)
-        if isinstance(system, TerrariumSystem):
-            settle(system.store)
+        system.open(folder / name, depth)  # a terrarium store settled (see peers.settle)
     try:
         for system in systems.values():  # one untimed append each: warm caches
             system.append(depth)

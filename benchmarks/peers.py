@@ -29,7 +29,9 @@ Every system runs in this one process, each in its own folder of a temporary dir
   file after every message.
 
 Messages are realistic ~300-byte chat turns, user and assistant in turn. At each depth every
-system is pre-filled (in batches; not timed), then its appends are timed one call at a time,
+system is pre-filled (in batches; not timed; a ``SqliteStore`` then settled: its upkeep
+thread's share of the pre-fill finished, see :func:`settle`), then its appends are timed one
+call at a time,
 each turn taking every system once in a new random order, so load from other processes and
 what the call before left behind fall on all of them alike. A system whose call is slow gets
 fewer samples, spread over the turns (said in the report), and is skipped at a depth where
@@ -244,6 +246,16 @@ class InsertFloor(System):
         self.conn.close()
 
 
+def settle(store: Store) -> None:
+    """Finish what a pre-fill left to a ``SqliteStore``'s upkeep thread (indexing the items
+    its catch-ups staged, refilling ``search_recent``, merging), so that timed appends start
+    from the steady state of a store that has served a search; other stores have none."""
+    if isinstance(store, SqliteStore):
+        store.list_contexts_fast()  # the derived state caught up, and the thread kicked
+        if not store._upkeep.settle(600):
+            raise RuntimeError(f"{store.path}: the upkeep thread did not settle within 600 s")
+
+
 class TerrariumSystem(System):
     """A terrarium store, written and read through the runtime's calls."""
 
@@ -275,6 +287,7 @@ class TerrariumSystem(System):
                 for i in range(first, min(depth, first + PREFILL_BATCH))
             ]
             self.store.append(head.session_id, head.segment_id, batch)
+        settle(self.store)
 
     def append(self, i: int) -> None:
         if i % 2 == 0:

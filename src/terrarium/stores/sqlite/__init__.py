@@ -111,7 +111,7 @@ _SEEN_CACHE = 4096
 #: (``benchmarks/bench_sqlite_append.py``, CPU time of the appending thread, 10k history,
 #: p99.9 of 6,000 appends through the runtime ÷ their median): 16-20x with 16, 19-24x with 24,
 #: 23-30x with 32 (one append in 16 pays ~120 µs of Python and a commit); before staging, a
-#: slice of 64 with its FTS5 work cost ~1-2 ms, 57-256x the median.
+#: slice of 64 with its FTS5 work cost ~1-2 ms: 64-859x the median at 1k-100k.
 SEARCH_BATCH = 16
 #: Entries between two kicks of the upkeep thread (a WAL checkpoint: :mod:`._upkeep`), well
 #: before SQLite's own automatic checkpoint at 1000 pages of WAL, which then finds them copied.
@@ -771,8 +771,8 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         it reads the segment's key and tail and raises ConflictError (with ``expected_seq``)
         or retries there. Several entries go in one ``BEGIN IMMEDIATE`` transaction, which
         reads the tail under the lock. The append that makes ``SEARCH_BATCH`` entries wait
-        then catches the derived tables up, and one in ``CHECKPOINT_EVERY`` kicks the upkeep
-        thread.
+        then catches the derived tables up, leaving their items staged, and kicks the upkeep
+        thread, which indexes them; so does one in ``CHECKPOINT_EVERY`` (a WAL checkpoint).
         """
         if len(entries) != 1 or line_digests(entries[0].data):  # blob_refs: one transaction
             return self._append_many(session_id, segment_id, entries, expected_seq)

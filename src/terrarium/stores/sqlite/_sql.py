@@ -166,7 +166,6 @@ PENDING_WORK = (
 )
 
 META = "SELECT wm, hw, floor FROM search_meta"
-WM = "SELECT wm FROM search_meta"
 SET_WM = "UPDATE search_meta SET wm = ?"
 FLOOR = "SELECT floor FROM search_meta"
 SET_WINDOWS = "UPDATE search_meta SET hw = ?, floor = ?"

@@ -125,8 +125,7 @@ def catch_up(
     of a detached session (no context) are left out: search shows contexts only, and
     :func:`index_session` adds them when a context adopts the session.
     """
-    (wm,) = conn.execute(sql.WM).fetchone()
-    (top,) = conn.execute(sql.NEWEST_ENTRY).fetchone()
+    wm, top = conn.execute(sql.PENDING).fetchone()
     if top is not None and top > wm:
         if limit is not None:
             rows = conn.execute(sql.ENTRIES_SLICE, (wm, limit)).fetchall()
@@ -143,7 +142,8 @@ def catch_up(
         wm = top
     if index:
         index_staged(conn, recent)
-    refill_recent(conn, recent, refill)
+    if refill != 0:
+        refill_recent(conn, recent, refill)
     return int(wm)
 
 
