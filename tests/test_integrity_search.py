@@ -633,7 +633,7 @@ def test_a_read_only_sqlite_store_left_mid_refill_starts_no_upkeep(
     folder = tmp_path / "db"
     folder.mkdir()
     with SqliteStore(folder / "terrarium.db") as store:
-        monkeypatch.setattr(store._upkeep, "kick", lambda: None)  # the writer stops here
+        monkeypatch.setattr(store._upkeep, "kick", lambda **_: None)  # the writer stops here
         for i in range(5):
             add_context(store, f"cli:c{i}", *[f"mu item {i} {j}" for j in range(5)])
         store.search(SearchQuery("mu"))
@@ -669,7 +669,7 @@ def test_a_read_only_sqlite_store_with_staged_items_searches_like_a_scan(
         add_context(store, "cli:early", "upsilon indexed")
         store.search(SearchQuery("upsilon"))
         assert store._upkeep.settle()  # the thread that search kicked is idle, and stays so
-        monkeypatch.setattr(store._upkeep, "kick", lambda: None)  # the writer stops here
+        monkeypatch.setattr(store._upkeep, "kick", lambda **_: None)  # the writer stops here
         for i in range(3):
             add_context(store, f"cli:c{i}", f"upsilon staged {i}", f"upsilon more {i}")
     conn = sqlite3.connect(folder / "terrarium.db")

@@ -512,9 +512,10 @@ def test_appends_stage_items_and_the_upkeep_thread_indexes_them(
     """The append's catch-up adds the items to ``search_docs`` only; the upkeep thread adds
     them to both FTS5 tables, a slice at a time, and a search finds them either way."""
     monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 4)
+    monkeypatch.setattr(sqlite_backend, "INDEX_EVERY", 4)
     monkeypatch.setattr(_upkeep, "SLICE", 3)
     kick = store._upkeep.kick
-    monkeypatch.setattr(store._upkeep, "kick", lambda: None)  # the thread does not run yet
+    monkeypatch.setattr(store._upkeep, "kick", lambda **_: None)  # the thread does not run yet
     head = add_context(store, "cli:a")
     for i in range(12):  # entries 2-13 after the header: batches read up to 4, 8 and 12
         save_user_input(store, head, f"rho {i}")
@@ -531,13 +532,33 @@ def test_appends_stage_items_and_the_upkeep_thread_indexes_them(
     assert len(store.search(query)) == 15
 
 
+def test_appends_kick_the_upkeep_thread_every_index_every_entries(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each kick costs the thread a slice of FTS5 work and merge steps, so the appends kick it
+    to index once INDEX_EVERY entries have come, not at every batch they stage; and ask for
+    a WAL checkpoint once every CHECKPOINT_EVERY entries only."""
+    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 2)
+    monkeypatch.setattr(sqlite_backend, "INDEX_EVERY", 6)
+    monkeypatch.setattr(sqlite_backend, "CHECKPOINT_EVERY", 12)
+    kicks: list[tuple[int, bool]] = []
+    head = add_context(store, "cli:a")  # entry 1
+    monkeypatch.setattr(
+        store._upkeep, "kick", lambda checkpoint=True: kicks.append((_meta(store)[1], checkpoint))
+    )
+    for i in range(24):  # entries 2-25; batches at every second one
+        save_user_input(store, head, f"chi {i}")
+    assert kicks == [(6, False), (12, True), (18, False), (24, True)]
+    assert _staged(store) == 23
+
+
 def test_a_search_indexes_staged_items_itself(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With no upkeep thread (none was kicked), the next search indexes what is staged, so
     what it ranks is the FTS5 tables' alone, and the tables stay sound."""
     monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 2)
-    monkeypatch.setattr(store._upkeep, "kick", lambda: None)
+    monkeypatch.setattr(store._upkeep, "kick", lambda **_: None)
     head = add_context(store, "cli:a")
     for i in range(5):  # entries 2-6: batches read up to 2, 4 and 6, so none waits
         save_user_input(store, head, f"sigma {i}")
@@ -555,7 +576,7 @@ def test_purging_a_context_drops_its_staged_items(
     ``search_docs`` and its indexed ones from both tables; the other context's staged items
     are indexed later as usual."""
     monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 2)
-    monkeypatch.setattr(store._upkeep, "kick", lambda: None)
+    monkeypatch.setattr(store._upkeep, "kick", lambda **_: None)
     gone = add_context(store, "cli:gone", "tau gone 0")
     store.search(SearchQuery("tau"))  # indexed
     kept = add_context(store, "cli:kept")
@@ -603,7 +624,7 @@ def test_search_recent_is_emptied_then_refilled_newest_first(
     _small_windows(monkeypatch)
     monkeypatch.setattr(_upkeep, "SLICE", 3)
     kick = store._upkeep.kick
-    monkeypatch.setattr(store._upkeep, "kick", lambda: None)  # no refill yet
+    monkeypatch.setattr(store._upkeep, "kick", lambda **_: None)  # no refill yet
     for i in range(5):
         add_context(store, f"cli:c{i}", *[f"mu item {i} {j} m{i}x{j}" for j in range(5)])
     store.search(SearchQuery("mu"))  # reads every entry: 25 items, 2 x 10 passed
@@ -647,7 +668,7 @@ def test_the_upkeep_thread_merges_between_its_slices(
     monkeypatch.setattr(_upkeep, "index_staged", indexing)
     monkeypatch.setattr(_upkeep, "_merge", merging)
     kick = store._upkeep.kick
-    monkeypatch.setattr(store._upkeep, "kick", lambda: None)
+    monkeypatch.setattr(store._upkeep, "kick", lambda **_: None)
     head = add_context(store, "cli:a")
     for i in range(12):
         save_user_input(store, head, f"phi {i}")

@@ -63,15 +63,12 @@ MOST_SLICES = 10_000
 MERGE_SLICES = 4
 #: Seconds without a kick after which the thread stops (the next kick starts another).
 IDLE_EXIT = 60.0
-#: Seconds between rounds of slices while items are staged: the appending threads get the
-#: write lock.
+#: Seconds between rounds of slices: the appending threads get the write lock. Measured
+#: with 3 ms between rounds that only refill ``search_recent`` (at 100k, where the timed
+#: appends cross its emptying): a tight loop of appends gained (median 28-31 -> 21-22 µs),
+#: appends interleaved with other work lost (peers.py: 1.97-2.05x -> 2.50-2.59x the bare
+#: INSERT), as the refill then lasted ~3.5 s instead of ~1 s.
 PAUSE = 0.0005
-#: Seconds between rounds that only refill ``search_recent`` (and merge), which no read
-#: waits for. Measured (``bench_sqlite_append.py`` at 100k, whose appends cross the emptying
-#: of ``search_recent``, two runs each): the median append 28-31 µs with 0.5 ms, 21-22 µs
-#: with 3 ms, as before the emptying; the wall-clock p99 5.5-7.4 ms against 1.3-2.1 ms. The
-#: refill of 50,000 items then takes ~3 s.
-REFILL_PAUSE = 0.003
 
 
 class Upkeep:
@@ -97,6 +94,7 @@ class Upkeep:
         self._idle = threading.Event()
         self._idle.set()
         self._closing = False
+        self._checkpoint = False  # a kick asked for a checkpoint the thread has not run
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         # Held by the thread while it is in SQLite, and by a fork (see _before_fork): a child
@@ -114,13 +112,15 @@ class Upkeep:
         self._in_sqlite = threading.Lock()
         self._thread = None
 
-    def kick(self) -> None:
+    def kick(self, *, checkpoint: bool = True) -> None:
         """Have the thread index the staged items, refill ``search_recent`` if it needs it,
-        merge, then checkpoint (starting it first if it is not running: it stops after
-        :data:`IDLE_EXIT` seconds without a kick, and a forked child inherits none)."""
+        merge, then (with ``checkpoint``) checkpoint the WAL (starting it first if it is not
+        running: it stops after :data:`IDLE_EXIT` seconds without a kick, and a forked child
+        inherits none)."""
         with self._start_lock:
             if self._closing:
                 return
+            self._checkpoint = self._checkpoint or checkpoint
             self._idle.clear()
             self._wake.set()
             if self._thread is None or not self._thread.is_alive():
@@ -190,7 +190,7 @@ class Upkeep:
         """Rounds of an indexing slice (while items are staged), a refill slice (while
         ``search_recent`` lacks some of the newest items) and a merge step of each FTS5 table,
         until the first two have nothing left; up to :data:`MERGE_SLICES` more merge steps;
-        then a passive checkpoint.
+        then a passive checkpoint, if a kick asked for one.
 
         Each round merges what its slices wrote, a few pages at a time, so that no level of
         an FTS5 index gathers ``crisismerge`` segments, which FTS5 would merge whole inside a
@@ -198,12 +198,8 @@ class Upkeep:
         waited for the end of the refill; 1.5 ms at most with a merge step every round).
         """
         recent = self._recent()
-
-        def indexing(c: sqlite3.Connection) -> bool:
-            return index_staged(c, recent, SLICE)
-
         work: list[Callable[[sqlite3.Connection], bool]] = [
-            indexing,
+            lambda c: index_staged(c, recent, SLICE),
             lambda c: refill_recent(c, recent, SLICE),
         ]
         merges = [partial(_merge, table=table) for table in sql.FTS_TABLES]
@@ -214,13 +210,15 @@ class Upkeep:
             merging = [step for step in merges if self._slice(conn, step)]
             if not work:
                 break
-            time.sleep(PAUSE if indexing in work else REFILL_PAUSE)
+            time.sleep(PAUSE)
         for _ in range(MERGE_SLICES):
             if self._closing or not merging:
                 break
             merging = [step for step in merging if self._slice(conn, step)]
             time.sleep(PAUSE)
-        if not self._closing:
+        with self._start_lock:
+            checkpoint, self._checkpoint = self._checkpoint, False
+        if checkpoint and not self._closing:
             with self._in_sqlite:
                 conn.execute(sql.CHECKPOINT).fetchone()
 
