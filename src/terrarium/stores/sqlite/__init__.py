@@ -111,7 +111,7 @@ _SEEN_CACHE = 4096
 #: (``benchmarks/bench_sqlite_append.py``, CPU time of the appending thread, 10k history,
 #: p99.9 of 6,000 appends through the runtime ÷ their median): 16-20x with 16, 19-24x with 24,
 #: 23-30x with 32 (one append in 16 pays ~120 µs of Python and a commit); before staging, a
-#: slice of 64 with its FTS5 work cost ~1-2 ms: 64-859x the median at 1k-100k.
+#: slice of 64 with its FTS5 work cost ~1-2 ms: 62-677x the median at 1k-100k.
 SEARCH_BATCH = 16
 #: Entries between two kicks of the upkeep thread that index the staged items: each kick
 #: costs it a slice of FTS5 work (a segment flushed per table), merge steps and a wake-up.
