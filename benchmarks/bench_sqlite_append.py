@@ -10,7 +10,7 @@ the runtime's calls (``save_user_input`` and ``save_delta`` in turn); ``direct``
 build (the store's own share); and ``floor``, peers.py's bare autocommit ``INSERT`` of the
 same line into a WAL table shaped like ``SqliteStore``'s entries (same ``synchronous``). Then
 their appends are timed one call at a time (the stores first brought up to date, their
-upkeep thread idle: see ``peers.settle``), each turn taking each in a new random order, so
+upkeep thread idle: see ``bench_stores.settle``), each turn taking each in a new random order, so
 load from other processes falls on all alike. Each call's wall time and the CPU time of the
 calling thread are reported (the latter is not inflated by other processes' load, nor by
 waits for a lock or the disk). The tail is what the issue's target is about: an append must
@@ -97,7 +97,7 @@ def measure(depth: int, count: int, base: Path) -> None:
     }
     for name, system in systems.items():
         (folder / name).mkdir(parents=True)
-        system.open(folder / name, depth)  # a terrarium store settled (see peers.settle)
+        system.open(folder / name, depth)  # a terrarium store settled (bench_stores.settle)
     try:
         for system in systems.values():  # one untimed append each: warm caches
             system.append(depth)

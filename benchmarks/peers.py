@@ -30,12 +30,12 @@ Every system runs in this one process, each in its own folder of a temporary dir
 
 Messages are realistic ~300-byte chat turns, user and assistant in turn. At each depth every
 system is pre-filled (in batches; not timed; a ``SqliteStore`` then settled: its upkeep
-thread's share of the pre-fill finished, see :func:`settle`), then its appends are timed one
-call at a time,
-each turn taking every system once in a new random order, so load from other processes and
-what the call before left behind fall on all of them alike. A system whose call is slow gets
-fewer samples, spread over the turns (said in the report), and is skipped at a depth where
-its calls would take minutes (extrapolated from the depth before). Restores are interleaved
+thread's share of the pre-fill finished, see ``bench_stores.settle``), then its appends are
+timed one call at a time, each turn taking every system once in a new random order, so load
+from other processes and what the call before left behind fall on all of them alike. A
+system whose call is slow gets fewer samples, spread over the turns (said in the report),
+and is skipped at a depth where its calls would take minutes (extrapolated from the depth
+before). Restores are interleaved
 the same way. Bytes on disk are every file the system wrote (for PostgreSQL its tables and
 indexes, search index included), measured after closing it, per message.
 """
@@ -77,7 +77,7 @@ import msgspec  # noqa: E402
 import terrarium  # noqa: E402
 from bench_log import NaiveSession, label, message_text  # noqa: E402
 from bench_stores import Report as PgNotes  # noqa: E402
-from bench_stores import throwaway_database  # noqa: E402
+from bench_stores import settle, throwaway_database  # noqa: E402
 from terrarium import (  # noqa: E402
     FsStore,
     PodMetadata,
@@ -244,16 +244,6 @@ class InsertFloor(System):
 
     def close(self) -> None:
         self.conn.close()
-
-
-def settle(store: Store) -> None:
-    """Finish what a pre-fill left to a ``SqliteStore``'s upkeep thread (indexing the items
-    its catch-ups staged, refilling ``search_recent``, merging), so that timed appends start
-    from the steady state of a store that has served a search; other stores have none."""
-    if isinstance(store, SqliteStore):
-        store.list_contexts_fast()  # the derived state caught up, and the thread kicked
-        if not store._upkeep.settle(600):
-            raise RuntimeError(f"{store.path}: the upkeep thread did not settle within 600 s")
 
 
 class TerrariumSystem(System):
