@@ -32,7 +32,7 @@ import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from itertools import starmap
 from pathlib import Path
 from typing import Any
@@ -792,6 +792,7 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             proposal = expected_seq
         held: sqlite3.Connection | None = getattr(self._local, "conn", None)
         conn = held if held is not None else self._borrow()
+        gate = self._upkeep.gate if held is None else nullcontext()
         looked = False  # whether this call read the segment's key (see _SEEN_CACHE)
         try:
             while True:
@@ -801,10 +802,7 @@ class SqliteStore(SqliteBlobs, ClosingStore):
                 line = next(iter_lines(entries, proposal))
                 row = (seg, proposal, line["kind"], line["ts"], _text(line))
                 try:
-                    if held is None:
-                        with self._upkeep.gate:
-                            cursor = conn.execute(sql.APPEND_ONE, row)
-                    else:
+                    with gate:  # inside a transaction, its outermost write holds the gate
                         cursor = conn.execute(sql.APPEND_ONE, row)
                     break
                 except sqlite3.IntegrityError:  # seq taken, the one before missing, key gone
@@ -868,14 +866,14 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         """Kick the upkeep thread when items were staged and ``INDEX_EVERY`` entries have
         come since it was last kicked to index them, and once every ``CHECKPOINT_EVERY``
         entries for a WAL checkpoint."""
+        index = staged and rowid - self._indexed >= INDEX_EVERY
         checkpoint = rowid - self._checkpointed >= CHECKPOINT_EVERY
+        if index:
+            self._indexed = rowid
         if checkpoint:
             self._checkpointed = rowid
-        if staged and rowid - self._indexed >= INDEX_EVERY:
-            self._indexed = rowid
-        elif not checkpoint:
-            return
-        self._upkeep.kick(checkpoint=checkpoint)
+        if index or checkpoint:
+            self._upkeep.kick(checkpoint=checkpoint)
 
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None

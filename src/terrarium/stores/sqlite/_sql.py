@@ -201,7 +201,7 @@ CHECKPOINT = "PRAGMA wal_checkpoint(PASSIVE)"
 # The upkeep thread's connection keeps SQLite's 1000, so its commits run it; the store's own
 # connections, which append, only past 4000 (16 MB of WAL): a bound should the thread not run.
 AUTOCHECKPOINT = 4000
-AUTOCHECKPOINT_HERE = 1000
+AUTOCHECKPOINT_UPKEEP = 1000
 FTS_DELETE_ALL = "INSERT INTO {table} ({table}) VALUES ('delete-all')"
 # External content: FTS5 needs the old values to remove an item's tokens.
 FTS_DELETE_IN = (

@@ -154,7 +154,7 @@ class Upkeep:
             with self._in_sqlite:
                 conn = self._connect()
                 conn.execute("PRAGMA busy_timeout = 0")  # busy: it waits outside the gate
-                conn.execute(f"PRAGMA wal_autocheckpoint = {sql.AUTOCHECKPOINT_HERE}")
+                conn.execute(f"PRAGMA wal_autocheckpoint = {sql.AUTOCHECKPOINT_UPKEEP}")
         except (sqlite3.Error, OSError) as exc:
             log.warning("%s: upkeep thread cannot connect: %s", self.path, exc)
             with self._start_lock:
@@ -167,7 +167,7 @@ class Upkeep:
                 try:
                     self._work(conn)
                 except (sqlite3.Error, OSError) as exc:  # tried again at the next kick
-                    log.warning("%s: checkpoint or search refill deferred: %s", self.path, exc)
+                    log.warning("%s: search index upkeep deferred: %s", self.path, exc)
                 if not wake.is_set():
                     idle.set()
         finally:
@@ -249,10 +249,11 @@ class Upkeep:
 def _merge(conn: sqlite3.Connection, table: str) -> bool:
     """A few pages of FTS5's incremental merge in ``table``; return whether it did any.
 
-    FTS5 merges as it writes (``automerge``), a little per commit, but the small commits of
-    the appends' catch-up slices leave levels crowded until one reaches ``crisismerge`` and
-    is merged whole, in a commit of the catch-up: measured, a 6-18 ms stall every ~1000
-    items at 100k items. Merging here, a few pages at a time, keeps every level below that.
+    FTS5 merges as it writes (``automerge``), a little per commit, but many small commits
+    (one per indexing slice) leave levels crowded until one reaches ``crisismerge`` and is
+    merged whole inside a commit: measured, a 6-18 ms stall every ~1000 items at 100k items
+    when the appends indexed their own slices. Merging a few pages at a time, every round
+    of slices, keeps every level below that.
     """
     before = conn.total_changes
     conn.execute(sql.FTS_MERGE.format(table=table), (MERGE_PAGES,))
