@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from helpers.history import add_context
+from helpers.history import add_context, places
 from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
 from terrarium.errors import ContextExists, ContextNotFound, NotInTrash, SegmentNotFound
 from terrarium.model import ContextId, Item, TraceEntry
+from terrarium.search import scan
 from terrarium.sessions import (
     create_compacted_segment,
     fork_at,
@@ -135,8 +136,6 @@ def _observe(store: Any) -> dict[str, Any]:
 
 def _search(store: Any, query: SearchQuery) -> list[Any]:
     if isinstance(store, MemoryStore):  # no index: scan the hot and the archived contexts
-        from terrarium.search import scan
-
         hits = scan(store, query)
         for a in store.archived_contexts():
             hits += scan(_Only(store, a.context), query)
@@ -467,7 +466,9 @@ while True:
 
 def _check_states(path: Path, names: list[str]) -> None:
     """Every context is in exactly one state, readable; counts agree; no session is both hot
-    and archived; every trash entry restores."""
+    and archived; every trash entry restores; both FTS5 tables agree with their content views
+    (a kill may fall in a slice of the upkeep thread or in items staged for it), and a
+    search finds what a scan finds."""
     conn = sqlite3.connect(path)
     try:
         both = conn.execute(
@@ -480,7 +481,11 @@ def _check_states(path: Path, names: list[str]) -> None:
     finally:
         conn.close()
     assert (both, headless) == (0, 0)
+    _fts_sound(path)  # as the kill left them, staged items and all
     with SqliteStore(path) as store:
+        query = SearchQuery("more", limit=1000)
+        assert places(store.search(query)) == places(scan(store, query))
+        _fts_sound(path)
         hot = {s.context: s.message_count for s in store.list_contexts_fast()}
         cold = {a.context: a.message_count for a in store.archived_contexts()}
         assert not set(hot) & set(cold), "a context is both hot and archived"
@@ -493,6 +498,16 @@ def _check_states(path: Path, names: list[str]) -> None:
                 assert all(str(i["content"]).startswith(name) for i in state.history)
             else:
                 assert state is None
+
+
+def _fts_sound(path: Path) -> None:
+    """FTS5's own check of both search tables against their content views."""
+    conn = sqlite3.connect(path)
+    try:
+        for table in ("search_fts", "search_recent"):
+            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES('integrity-check', 1)")
+    finally:
+        conn.close()
 
 
 def _check_trash(path: Path) -> None:

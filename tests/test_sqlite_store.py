@@ -552,6 +552,41 @@ def test_appends_kick_the_upkeep_thread_every_index_every_entries(
     assert _staged(store) == 23
 
 
+def test_a_failing_upkeep_slice_leaves_the_items_staged(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An indexing slice that fails (here a full disk) rolls back and is logged: the items
+    stay staged, both FTS5 tables sound; the thread's next kick, once the disk has room,
+    indexes them."""
+    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 2)
+    monkeypatch.setattr(sqlite_backend, "INDEX_EVERY", 2)
+    index = _upkeep.index_staged
+    full = [True]
+
+    def failing(conn: sqlite3.Connection, recent: int, most: int | None = None) -> bool:
+        if full[0]:
+            index(conn, recent, most)  # its writes are in the slice's transaction...
+            raise sqlite3.OperationalError("database or disk is full")  # ...rolled back
+        return index(conn, recent, most)
+
+    monkeypatch.setattr(_upkeep, "index_staged", failing)
+    head = add_context(store, "cli:a")
+    for i in range(5):
+        save_user_input(store, head, f"psi {i}")
+    assert store._upkeep.settle()
+    assert "search index upkeep deferred" in caplog.text and "disk is full" in caplog.text
+    assert _staged(store) == 5
+    _integrity(store)
+    full[0] = False
+    store._upkeep.kick()
+    assert store._upkeep.settle()
+    assert _staged(store) == 0
+    _integrity(store)
+    query = SearchQuery("psi", limit=20)
+    assert len(store.search(query)) == 5
+    assert places(store.search(query)) == places(scan(store, query))
+
+
 def test_a_search_indexes_staged_items_itself(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
