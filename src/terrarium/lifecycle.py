@@ -44,7 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from terrarium import codec, contexts
-from terrarium.errors import InvalidRetention, NotInTrash, StoreError
+from terrarium.errors import (
+    ContextNotFound,
+    InvalidRetention,
+    NotInTrash,
+    SegmentNotFound,
+    StoreError,
+)
 from terrarium.model import ContextId, utc_now
 from terrarium.stores._files import make_dirs, open_private, write_all
 from terrarium.stores.base import ArchivedContext, Lifecycle, Store, TrashedContext
@@ -118,15 +124,22 @@ def require_lifecycle(store: Store, where: str | None = None) -> Lifecycle:
     raise StoreError(f"{shown}: this backend cannot archive, trash or pin sessions")
 
 
-def hot_bytes(store: Store, context: ContextId) -> int:
-    """Bytes the context's log takes as JSON lines: the hot store's size of it, estimated."""
+def hot_bytes(store: Store, context: ContextId) -> int | None:
+    """Bytes the context's log takes as JSON lines: the hot store's size of it, estimated.
+
+    None when the context is gone, or its session moved (archived or deleted by another
+    process) while it was being read.
+    """
     head = store.get_head(context)
     if head is None:
-        return 0
+        return None
     total = 0
-    for segment_id in store.list_segments(head.session_id):
-        read = store.read_segment(head.session_id, segment_id)
-        total += sum(len(codec.encode(line)) + 1 for line in (read.header, *read.entries))
+    try:
+        for segment_id in store.list_segments(head.session_id):
+            read = store.read_segment(head.session_id, segment_id)
+            total += sum(len(codec.encode(line)) + 1 for line in (read.header, *read.entries))
+    except (SegmentNotFound, ContextNotFound):
+        return None
     return total
 
 
@@ -209,7 +222,7 @@ def plan_archive(
     rows = contexts.list_contexts(store, type=type).rows
     plan = ArchivePlan([])
     for row in rows:
-        if row.legacy_path is not None or (wanted and row.context_id not in wanted):
+        if wanted and row.context_id not in wanted:
             continue
         age = rules(row.type) if rules is not None else older_than
         if rules is not None and age is None:
@@ -219,7 +232,9 @@ def plan_archive(
         if row.context_id in pins and row.context_id not in wanted:
             plan.skipped_pinned.append(row.context_id)
             continue
-        size = hot_bytes(store, row.context)
+        size = _legacy_bytes(row.legacy_path) if row.legacy_path else hot_bytes(store, row.context)
+        if size is None:
+            continue  # archived or deleted meanwhile
         plan.candidates.append(
             Candidate(
                 row.context_id,
@@ -231,6 +246,14 @@ def plan_archive(
             )
         )
     return plan
+
+
+def _legacy_bytes(path: Path) -> int | None:
+    """The size of a legacy file (archiving imports it first), or None if it is gone."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
 
 
 def _older(ts: str, age: timedelta, now: datetime) -> bool:

@@ -21,6 +21,7 @@ match its sha256 digest; ``--repair`` cannot recreate a blob's bytes and says so
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Callable
@@ -101,14 +102,16 @@ def run_fsck(state: CliState, *, repair: bool, salvage: bool, as_json: bool) -> 
         raise click.UsageError("--salvage is a kind of repair: use it with --repair")
     store = state.store()
     report = Report()
-    if isinstance(store, FsStore):
-        _check_fs(store, report)
-    else:
-        _check_generic(store, report)
-    _check_blobs(store, report)
-    _check_legacy(state, report)
-    if repair:
-        _repair(store, report, salvage=salvage)
+    # On the filesystem no move runs while fsck looks: one half done would look like damage.
+    with store.quiesced() if isinstance(store, FsStore) else contextlib.nullcontext():
+        if isinstance(store, FsStore):
+            _check_fs(store, report)
+        else:
+            _check_generic(store, report)
+        _check_blobs(store, report)
+        _check_legacy(state, report)
+        if repair:
+            _repair(store, report, salvage=salvage)
     if as_json:
         state.out.json(
             {
@@ -362,7 +365,13 @@ def _after_location(message: str) -> str:
 def _check_generic(store: Store, report: Report) -> None:
     for head in store.list_contexts():
         report.contexts += 1
-        for segment_id, error in _read_all(store, head, report):
+        errors = _read_all(store, head, report)
+        if errors:  # damaged, or moved by another process while it was read?
+            now = store.get_head(ContextId.parse(head.context))
+            if now is None or now.session_id != head.session_id:
+                continue  # deleted (or replaced) meanwhile: nothing of it to check
+            errors = _read_all(store, now, Report())
+        for segment_id, error in errors:
             report.problems.append(
                 Problem("unreadable", error, context=head.context, path=str(segment_id))
             )

@@ -51,6 +51,14 @@ ARCHIVED_HEAD = (
     "SELECT context, session_id, segment_id, created_at, updated_at FROM archived_contexts "
     "WHERE context = ? AND trash_id IS NULL"
 )
+# A context's head, hot or archived, in one statement: one snapshot, so a context that an archive
+# or a wake moves between the two tables meanwhile is found in one of them (two statements
+# could miss it in both).
+HEAD_ANY = (
+    "SELECT context, session_id, segment_id, created_at, updated_at FROM contexts "
+    "WHERE context = ? UNION ALL SELECT context, session_id, segment_id, created_at, "
+    "updated_at FROM archived_contexts WHERE context = ? AND trash_id IS NULL"
+)
 # NULL: not in the archive; 1 (true): archived; 0 (false): trashed.
 SESSION_STATE = "SELECT trash_id IS NULL FROM archived_contexts WHERE session_id = ?"
 # PostgreSQL's alone: SQLite's entries name their segment by its key (m013), so SQLite reads

@@ -39,11 +39,11 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from terrarium import codec
 from terrarium.blobs import DEFAULT_THRESHOLD
@@ -145,6 +145,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 Durability = Literal["flush", "fsync", "batch"]
 DURABILITIES: tuple[str, ...] = ("flush", "fsync", "batch")
@@ -218,6 +219,8 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         self._recent: _Open | None = None
         """The handle last used, so the last in ``_open``'s order."""
         self._folders: dict[SessionId, Path] = {}
+        self._moves = threading.local()
+        """``depth``: how deeply this thread holds the lifecycle lock (``_trash.moving``)."""
         self._closed = threading.Event()
         self._search: fs_search.SearchIndex | None = None
         self._flusher: threading.Thread | None = None
@@ -337,8 +340,33 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         Raises:
             CorruptLog: the head cannot be read and no segment chain is intact to rebuild it.
         """
+        return self._settled(lambda: self._head_now(context), none_too=True)
+
+    def _head_now(self, context: ContextId) -> PodMetadata | None:
         found = self._locate(context)
         return self._found_head(found) if found is not None else None
+
+    def _settled(self, read: Callable[[], _T], *, none_too: bool = False) -> _T:
+        """``read()``; if it fails (or, with ``none_too``, finds nothing) as a move half done
+        can make it, ``read()`` again while no move runs.
+
+        Reads take no lock, so one may meet a folder between the renames of an archive, a
+        wake or a delete. Moves hold the lifecycle lock (``_trash.moving``); the second read
+        holds it shared, so what it still finds is the truth, damage included.
+        """
+        mine = bool(getattr(self._moves, "depth", 0))  # this thread's move: nothing else moves
+        try:
+            found = read()
+        except (CorruptLog, SegmentNotFound, FileNotFoundError):
+            if mine:
+                raise
+        else:
+            if found is not None or not none_too or mine:
+                return found
+        with _trash.settled(self):
+            with self._lock:
+                self._folders.clear()
+            return read()
 
     def _found_head(self, found: ContextFolder) -> PodMetadata:
         """The head of a located context (CorruptLog if it can be neither read nor rebuilt)."""
@@ -529,8 +557,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         id is free again at once; :meth:`restore_trashed` brings it back, :meth:`purge_trashed`
         deletes it for ever (see :mod:`terrarium.stores.fs._trash`).
         """
-        _trash.clean(self)
-        with self._head_lock(context), _trash.moving(self):
+        with _trash.moving(self), self._head_lock(context):
             folder = self.folder_of(context)
             if folder is None:
                 return False
@@ -554,9 +581,8 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         """
         from terrarium import legacy  # the legacy layer sits above the stores
 
-        _trash.clean(self)
         legacy.resume(self, context)  # a context only a legacy file holds is imported first
-        with self._head_lock(context), _trash.moving(self):
+        with _trash.moving(self), self._head_lock(context):
             found = self._locate(context)
             if found is None or self._archived(found.folder):
                 return None
@@ -567,8 +593,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
 
     def unarchive_context(self, context: ContextId) -> bool:
         """Move an archived context back to the hot tree; False if it is not archived."""
-        _trash.clean(self)
-        with self._head_lock(context), _trash.moving(self):
+        with _trash.moving(self), self._head_lock(context):
             found = self._locate(context)
             if found is None or not self._archived(found.folder):
                 return False
@@ -604,19 +629,17 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             NotInTrash: no trash entry of that id.
             ContextExists: the id it would take is in use (hot or archived).
         """
-        _trash.clean(self)
-        entry, record = _trash.entry_of(self, trash_id)
-        target = as_context if as_context is not None else ContextId.parse(record["context"])
-        _check_type(target)
-        with self._head_lock(target), _trash.moving(self):
-            entry, record = _trash.entry_of(self, trash_id)  # restored or purged meanwhile?
-            if self.folder_of(target) is not None:
-                raise ContextExists(f"context {target} already exists")
-            return _trash.restore(self, entry, record, target)
+        with _trash.moving(self):
+            entry, record = _trash.entry_of(self, trash_id)
+            target = as_context if as_context is not None else ContextId.parse(record["context"])
+            _check_type(target)
+            with self._head_lock(target):
+                if self.folder_of(target) is not None:
+                    raise ContextExists(f"context {target} already exists")
+                return _trash.restore(self, entry, record, target)
 
     def purge_trashed(self, trash_id: str) -> bool:
         """Delete a trash entry for ever; False if there is none of that id."""
-        _trash.clean(self)
         with _trash.moving(self):
             try:
                 entry, _ = _trash.entry_of(self, trash_id)
@@ -627,8 +650,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
 
     def purge_context(self, context: ContextId) -> bool:
         """Delete a hot or archived context for ever, bypassing the trash; False if absent."""
-        _trash.clean(self)
-        with self._head_lock(context), _trash.moving(self):
+        with _trash.moving(self), self._head_lock(context):
             folder = self.folder_of(context)
             if folder is None:
                 return False
@@ -842,14 +864,26 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         marker at most every ``MARK_EVERY`` seconds (:mod:`terrarium.stores.fs.search`).
 
         An archived session is unarchived first; a file found deleted (archived or trashed by
-        another process since it was opened) is looked up again, once.
+        another process since it was opened) is looked up again. A third try, after a context
+        archived and woken under the first two, runs while no move runs (the lifecycle lock).
         """
-        for attempt in (1, 2, 3):
+        for _ in (1, 2):
             try:
-                return self._append(session_id, segment_id, entries, expected_seq, attempt == 3)
+                return self._append(session_id, segment_id, entries, expected_seq, False)
             except _Asleep:
-                self._wake_session(session_id)
-        raise AssertionError("unreachable")
+                try:
+                    self._wake_session(session_id)
+                except (CorruptLog, SegmentNotFound, FileNotFoundError):
+                    break  # met a move half done: wait for it below
+            except SegmentNotFound:
+                break  # gone, or moved under its lookup: wait for any move below
+        with _trash.moving(self):  # moved again and again: once more while nothing moves
+            with self._lock:
+                self._forget(segment_id)
+                self._folders.pop(session_id, None)
+            if self._session_folder(session_id).parent.name != DETACHED:
+                self._wake_session(session_id)  # unarchived, or unsealed after a killed move
+            return self._append(session_id, segment_id, entries, expected_seq, True)
 
     def _append(
         self,
@@ -922,6 +956,11 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         ``set_aside_to=None``) is skipped; the next append to the segment, or
         :meth:`set_aside_torn_tail` (``fsck --repair``), sets it aside.
         """
+        return self._settled(lambda: self._read_segment(session_id, segment_id, stop_seq))
+
+    def _read_segment(
+        self, session_id: SessionId, segment_id: SegmentId, stop_seq: int | None
+    ) -> SegmentRead:
         folder = self._session_folder(session_id)
         if self._archived(folder):
             lines = self._archived_lines(folder, session_id, segment_id)
@@ -1014,6 +1053,9 @@ class FsStore(FsBlobs, Tree, ClosingStore):
 
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
         """The seq the next append gets (reads the file's last line only)."""
+        return self._settled(lambda: self._next_seq(session_id, segment_id))
+
+    def _next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
         folder = self._session_folder(session_id)
         if self._archived(folder):
             return len(self._archived_lines(folder, session_id, segment_id))
@@ -1031,6 +1073,9 @@ class FsStore(FsBlobs, Tree, ClosingStore):
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
         """The session's segment ids, oldest first (UUIDv7 order)."""
+        return self._settled(lambda: self._list_segments(session_id))
+
+    def _list_segments(self, session_id: SessionId) -> list[SegmentId]:
         folder = self._session_folder(session_id)
         if self._archived(folder):
             return _archive.segment_ids(folder)
@@ -1094,7 +1139,13 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         that lost its index) is indexed at its most recently active folder; ``fsck`` reports
         the other, whose session stays reachable by its id.
         """
-        return self._rebuild_index(write_heads=True)
+        with _trash.moving(self):  # a move meanwhile would leave the new index behind
+            return self._rebuild_index(write_heads=True)
+
+    def quiesced(self) -> AbstractContextManager[None]:
+        """Hold the lifecycle lock: no archive, unarchive, delete, restore or purge runs
+        meanwhile, in any process (``fsck`` checks and repairs under it)."""
+        return _trash.moving(self)
 
     def _rebuild_index(self, *, write_heads: bool) -> int:
         """Rebuild ``.index`` from the folders (and, with ``write_heads``, lost heads)."""

@@ -15,10 +15,10 @@ it (archive, trash, restore). ``.index/pins/{type}/{name}`` lists the pinned con
 ``pinned_contexts()`` reads one small folder; each entry is checked against the marker, and
 ``reindex`` rebuilds them from the markers.
 
-**Clean-up.** Every move works under a shared ``flock`` on ``.locks/lifecycle``; the clean-up
-(before each move, and in ``fsck --repair``) takes it exclusively without waiting, and then
-deletes what is in ``.staging/`` and entries of ``.trash/`` without ``context/``: what a
-killed move left, never a visible state.
+**Clean-up.** Every move holds an exclusive ``flock`` on ``.locks/lifecycle``, so moves run one
+at a time; holding it, a move first deletes what is in ``.staging/`` and entries of
+``.trash/`` without ``context/``: what a killed move left (its lock died with it), never a
+visible state and never a live move's. ``fsck --repair`` does the same under the lock.
 """
 
 from __future__ import annotations
@@ -67,7 +67,42 @@ _TRASH_ID = re.compile(r"[0-9a-f]{32}")
 
 @contextlib.contextmanager
 def moving(store: FsStore) -> Iterator[None]:
-    """Hold ``.locks/lifecycle`` shared for a move (the clean-up waits for none)."""
+    """Hold ``.locks/lifecycle`` for a move, after deleting what killed moves left.
+
+    The lock is exclusive: moves of one store run one at a time, in every process, so no move
+    sees another half done, and what ``.staging/`` holds while it is held is provably no live
+    move's (a killed process's ``flock`` is released by the kernel).
+    """
+    held = store._moves
+    if getattr(held, "depth", 0):  # this thread holds it already (fsck, a reindex in a move)
+        held.depth += 1
+        try:
+            yield
+        finally:
+            held.depth -= 1
+        return
+    fd = _lock_fd(store)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        held.depth = 1
+        try:
+            _delete(store, leftovers(store))
+            yield
+        finally:
+            held.depth = 0
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def settled(store: FsStore) -> Iterator[None]:
+    """Hold ``.locks/lifecycle`` shared: no move runs meanwhile (a read looks again under it).
+
+    A thread that holds it for a move already just goes on.
+    """
+    if getattr(store._moves, "depth", 0):
+        yield
+        return
     fd = _lock_fd(store)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
@@ -78,7 +113,9 @@ def moving(store: FsStore) -> Iterator[None]:
 
 def leftovers(store: FsStore, *, archived: bool = False) -> list[Path]:
     """What killed moves left: ``.staging/`` entries, trash entries without ``context/`` and,
-    with ``archived``, archived copies of contexts that are hot (walks the archive)."""
+    with ``archived``, archived copies of contexts that are hot (walks the archive). Only
+    what :func:`clean` lists under the lock is a leftover: outside it, a move may be under way.
+    """
     staging = store.root / STAGING
     trash = store.root / TRASH
     left = [staging / n for n in listdir(staging) if not _spare(staging / n)]
@@ -97,26 +134,21 @@ def _spare(path: Path) -> bool:
 
 
 def clean(store: FsStore, *, archived: bool = False) -> int:
-    """Delete what killed moves left (:func:`leftovers`); return how many. Does nothing while
-    another move is under way."""
-    left = leftovers(store, archived=archived)
-    if not left:
-        return 0
-    fd = _lock_fd(store)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return 0
-        for path in left:
-            if real_dir(path):
-                shutil.rmtree(store._inside(path), ignore_errors=True)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-        return len(left)
-    finally:
-        os.close(fd)
+    """Delete what killed moves left (:func:`leftovers`), waiting for a move under way to
+    end; return how many."""
+    with moving(store):
+        return _delete(store, leftovers(store, archived=archived))
+
+
+def _delete(store: FsStore, left: list[Path]) -> int:
+    """Delete the leftovers ``left`` (held under the lifecycle lock)."""
+    for path in left:
+        if real_dir(path):
+            shutil.rmtree(store._inside(path), ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    return len(left)
 
 
 def _lock_fd(store: FsStore) -> int:

@@ -213,10 +213,8 @@ class PostgresStore(PostgresBlobs, ClosingStore):
     def get_head(self, context: ContextId) -> PodMetadata | None:
         """Return the context's head record, or None."""
         with self._pool.connection() as conn:
-            row = conn.execute(_sql.HEAD, (str(context),)).fetchone()
-            if row is None:
-                return _lifecycle.archived_head(conn, str(context))
-        return _head(row)
+            row = conn.execute(_lifecycle.HEAD_ANY, (str(context), str(context))).fetchone()
+        return None if row is None else _head(row)
 
     def set_head(
         self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId

@@ -67,6 +67,7 @@ LOCK_HEAD = (
 # The statements both database stores run, in PostgreSQL's placeholders.
 ARCHIVED_SESSION = pyformat(shared.ARCHIVED_SESSION)
 ARCHIVED_HEAD = pyformat(shared.ARCHIVED_HEAD)
+HEAD_ANY = pyformat(shared.HEAD_ANY)
 SESSION_STATE = pyformat(shared.SESSION_STATE)
 SESSION_LINES = pyformat(shared.SESSION_LINES)
 INSERT_ARCHIVED = pyformat(shared.INSERT_ARCHIVED)

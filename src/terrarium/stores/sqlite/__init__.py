@@ -49,7 +49,7 @@ from terrarium.errors import (
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores import _db, _listing
-from terrarium.stores._archive import ARCHIVED_SESSION, archived_hits, merge_hits
+from terrarium.stores._archive import ARCHIVED_SESSION, HEAD_ANY, archived_hits, merge_hits
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
     ArchivedContext,
@@ -381,10 +381,8 @@ class SqliteStore(SqliteBlobs, ClosingStore):
     def get_head(self, context: ContextId) -> PodMetadata | None:
         """Return the context's head record, or None."""
         with self._read() as conn:
-            row = conn.execute(sql.HEAD, (str(context),)).fetchone()
-            if row is None:
-                return lifecycle.archived_head(conn, str(context))
-        return _head(row)
+            row = conn.execute(HEAD_ANY, (str(context), str(context))).fetchone()
+        return None if row is None else _head(row)
 
     def set_head(
         self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
