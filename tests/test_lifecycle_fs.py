@@ -25,6 +25,7 @@ from terrarium import (
     PodActiveSegmentRef,
     create_segment,
     fork,
+    lifecycle,
     restore,
     save_user_input,
 )
@@ -567,3 +568,16 @@ def test_the_scan_searches_archived_contexts_only_when_asked() -> None:
     assert [h.context for h in search(store, SearchQuery("apples"))] == ["cli:hot"]
     found = {h.context for h in search(store, SearchQuery("apples", archived=True))}
     assert found == {"cli:hot", "cli:cold"}
+
+
+def test_a_legacy_file_is_archived_by_age(store: FsStore, root: Path) -> None:
+    """``archive --older-than 30d`` takes an old context that only a legacy seed-format file
+    holds, as the seed advises for old sessions, beside the log contexts."""
+    path = _legacy_file(root, "cli:oldlegacy", date="2024-02-01")
+    plan = lifecycle.plan_archive(store, older_than=lifecycle.parse_age("30d"))
+    assert [c.context for c in plan.candidates] == ["cli:oldlegacy"]
+    assert plan.candidates[0].hot_bytes == path.stat().st_size
+    result = invoke("archive", "--older-than", "30d", "--storage-dir", str(root))
+    assert result.exit_code == 0, result.output
+    assert store.is_archived(ContextId("cli", "oldlegacy"))
+    assert not path.exists()
