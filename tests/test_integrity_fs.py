@@ -533,3 +533,58 @@ def test_fsck_repair_and_salvage_killed_at_any_step_lose_nothing(tmp_path: Path)
                 assert history(root, context) == texts, (point, context)
             result = invoke("fsck", "--storage-dir", str(root))
             assert result.exit_code == 0, (point, result.output)
+
+
+def test_a_salvaged_context_reads_everywhere(root: Path, store: FsStore) -> None:
+    """After ``fsck --repair --salvage`` says repaired, the context reads in every view: show
+    (the damaged segment, left as it was, shows which segment holds its entries), the
+    listing (no longer damaged), stats, and the dashboard's page and API."""
+    from starlette.testclient import TestClient
+
+    from terrarium.web import create_app
+
+    ref = make(store, "cli:main", "one", "two", "three", "four")
+    _corrupt_line(folder_of(root, "cli:main") / f"{ref.segment_id}.jsonl", 3)
+    assert invoke("fsck", "--repair", "--salvage", "--storage-dir", str(root)).exit_code == 0
+    result = invoke("show", "cli:main", "--storage-dir", str(root))
+    assert result.exit_code == 0, result.output
+    assert "three" in result.stdout and "two" not in result.stdout
+    shown = json.loads(
+        invoke("show", "cli:main", "--segments", "--json", "--storage-dir", str(root)).stdout
+    )
+    damaged = next(s for s in shown["segments"] if s["segment_id"] == str(ref.segment_id))
+    new = next(s for s in shown["segments"] if s["head"])
+    assert damaged["entries"] is None and damaged["salvaged_into"] == new["segment_id"]
+    listed = json.loads(invoke("list", "--json", "--storage-dir", str(root)).stdout)
+    assert [c["problem"] for c in listed["contexts"]] == [None]
+    assert invoke("stats", "cli:main", "--storage-dir", str(root)).exit_code == 0
+    with FsStore(root) as again:
+        web = TestClient(create_app(again), base_url="http://127.0.0.1:8765")
+        assert web.get("/session", params={"c": "cli:main"}).status_code == 200
+        assert web.get("/api/context", params={"c": "cli:main"}).status_code == 200
+
+
+def test_a_salvage_rerun_after_a_full_disk_sets_the_bad_lines_aside_once(
+    root: Path, store: FsStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A salvage that failed on a full disk after setting the bad lines aside, run again,
+    reuses that side file rather than writing the same lines a second time."""
+    from terrarium.stores.fs import salvage
+
+    ref = make(store, "cli:main", "one", "two", "three")
+    path = folder_of(root, "cli:main") / f"{ref.segment_id}.jsonl"
+    _corrupt_line(path, 2)
+
+    def full(*args: object, **kwargs: object) -> object:
+        raise StoreError("cannot write: the disk is full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr("terrarium.stores.fs.salvage_copy", full)
+        with pytest.raises(StoreError):
+            store.salvage_segment(ContextId("cli", "main"), ref.segment_id)
+    assert len(list(path.parent.glob(f"{path.name}.corrupt-*"))) == 1
+    store.salvage_segment(ContextId("cli", "main"), ref.segment_id)
+    assert [p.name for p in path.parent.glob(f"{path.name}.corrupt-*")] == [
+        f"{path.name}.corrupt-1"
+    ]
+    assert salvage.salvaged_into(path.parent)

@@ -27,7 +27,7 @@ from terrarium.blobs import (
     resolve_line,
     resolve_lines,
 )
-from terrarium.errors import ConflictError, ContextNotFound, InvalidEntry
+from terrarium.errors import ConflictError, ContextNotFound, CorruptLog, InvalidEntry
 from terrarium.model import (
     FORMAT_VERSION,
     HISTORY_KINDS,
@@ -686,6 +686,36 @@ def lineage(
         )
         for read in reads
     ]
+
+
+def tree_reads(
+    store: Store, session_id: SessionId
+) -> list[tuple[SegmentId, SegmentRead | None, SegmentId | None]]:
+    """Every segment of the session, oldest first: its header's read (``stop_seq=0``; its
+    ``next_seq`` counts the whole segment), and the segment salvaging it.
+
+    A damaged segment that ``fsck --repair --salvage`` replaced (another segment's header says
+    ``salvaged_from`` it) has no read: its readable entries are in that segment, and views of
+    the whole tree show it as salvaged rather than fail on it.
+
+    Raises:
+        CorruptLog: a damaged segment that no salvage replaced.
+    """
+    reads: dict[SegmentId, SegmentRead] = {}
+    damaged: dict[SegmentId, CorruptLog] = {}
+    order = store.list_segments(session_id)
+    for segment_id in order:
+        try:
+            reads[segment_id] = store.read_segment(session_id, segment_id, stop_seq=0)
+        except CorruptLog as exc:
+            damaged[segment_id] = exc
+    salvaged = {
+        str(read.header.get("salvaged_from")): segment_id for segment_id, read in reads.items()
+    }
+    for segment_id, error in damaged.items():
+        if str(segment_id) not in salvaged:
+            raise error
+    return [(s, reads.get(s), salvaged.get(str(s))) for s in order]
 
 
 def restore_by_segment(

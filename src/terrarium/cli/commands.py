@@ -27,7 +27,7 @@ from terrarium.cli.output import Output, plural, short_time
 from terrarium.errors import ContextExists, NothingToCompact, StoreError, TerrariumError
 
 if TYPE_CHECKING:
-    from terrarium import contexts, model
+    from terrarium import contexts, model, sessions
     from terrarium.cli import catalog
     from terrarium.model import ContextId
     from terrarium.stores.base import PodMetadata, Store
@@ -35,6 +35,7 @@ else:  # loaded by the first command that uses them: --help uses none
     contexts = lazy_module("terrarium.contexts")
     catalog = lazy_module("terrarium.cli.catalog")
     model = lazy_module("terrarium.model")
+    sessions = lazy_module("terrarium.sessions")
 
 
 def _format_names() -> list[str]:
@@ -216,7 +217,8 @@ def show(
         "legacy": legacy,
         "messages": [{"ts": t.ts, **t.item} for t in shown],
     }
-    tree = _segments(store, transcript.head.session_id, transcript.head.segment_id)
+    head = transcript.head
+    tree = _segments(store, head.session_id, head.segment_id) if segments else []
     if segments:
         info["segments"] = tree
     if as_json:
@@ -256,7 +258,7 @@ def _print_segments(
                 s["origin"]["kind"],
                 s["origin"].get("parent") or "-",
                 "-" if s["origin"].get("at_seq") is None else str(s["origin"]["at_seq"]),
-                str(s["entries"]),
+                str(s["entries"]) if s["entries"] is not None else f"-> {s['salvaged_into']}",
                 short_time(s["created_at"]),
                 "*" if s["head"] else "",
             ]
@@ -306,25 +308,27 @@ def _preview(line: dict[str, Any]) -> str:
 
 
 def _segments(store: Store, session_id: Any, head_segment: Any) -> list[dict[str, Any]]:
-    """The session's segments, oldest first, as in ``show --json --segments``."""
+    """The session's segments, oldest first, as in ``show --json --segments`` (a damaged one
+    that a salvage replaced says which segment holds its entries)."""
     out = []
-    for segment_id in store.list_segments(session_id):
-        read = store.read_segment(session_id, segment_id)
-        origin = dict(read.header.get("origin") or {"kind": "root"})
-        out.append(
-            {
-                "segment_id": str(segment_id),
-                "origin": {
-                    "kind": origin.get("kind", "root"),
-                    "parent": origin.get("parent"),
-                    "at_seq": origin.get("at_seq"),
-                    "source": origin.get("source"),
-                },
-                "created_at": read.header.get("ts"),
-                "entries": read.next_seq - 1,
-                "head": segment_id == head_segment,
-            }
-        )
+    for segment_id, read, salvaged_into in sessions.tree_reads(store, session_id):
+        header = read.header if read is not None else {}
+        origin = dict(header.get("origin") or {"kind": "root" if read else "salvaged"})
+        shown = {
+            "segment_id": str(segment_id),
+            "origin": {
+                "kind": origin.get("kind", "root"),
+                "parent": origin.get("parent"),
+                "at_seq": origin.get("at_seq"),
+                "source": origin.get("source"),
+            },
+            "created_at": header.get("ts"),
+            "entries": read.next_seq - 1 if read is not None else None,
+            "head": segment_id == head_segment,
+        }
+        if salvaged_into is not None:
+            shown["salvaged_into"] = str(salvaged_into)
+        out.append(shown)
     return out
 
 

@@ -103,7 +103,7 @@ def run_fsck(state: CliState, *, repair: bool, salvage: bool, as_json: bool) -> 
     store = state.store()
     report = Report()
     # On the filesystem no move runs while fsck looks: one half done would look like damage.
-    with store.quiesced() if isinstance(store, FsStore) else contextlib.nullcontext():
+    with store.quiesced(writing=repair) if isinstance(store, FsStore) else contextlib.nullcontext():
         if isinstance(store, FsStore):
             _check_fs(store, report)
         else:

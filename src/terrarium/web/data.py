@@ -1004,9 +1004,9 @@ def fork_tree(store: Store, context: ContextId) -> dict[str, Any]:
     if head is None:
         raise contexts.not_found(context)
     segments = []
-    for segment_id in store.list_segments(head.session_id):
-        header = store.read_segment(head.session_id, segment_id, stop_seq=0).header
-        origin = header.get("origin") or {"kind": "root"}
+    for segment_id, read, salvaged_into in sessions.tree_reads(store, head.session_id):
+        header = read.header if read is not None else {}
+        origin = header.get("origin") or {"kind": "root" if read is not None else "salvaged"}
         segments.append(
             {
                 "segment_id": str(segment_id),
@@ -1016,6 +1016,7 @@ def fork_tree(store: Store, context: ContextId) -> dict[str, Any]:
                 "at_seq": origin.get("at_seq"),
                 "source": origin.get("source"),
                 "head": segment_id == head.segment_id,
+                "salvaged_into": str(salvaged_into) if salvaged_into is not None else None,
             }
         )
     return {

@@ -119,7 +119,6 @@ from terrarium.stores.fs._segments import (
     read_header,
     scan_tail,
     set_aside,
-    write_side,
 )
 from terrarium.stores.fs._tree import ContextFolder, Tree, pointer, write_pointer
 from terrarium.stores.fs.salvage import (
@@ -129,6 +128,7 @@ from terrarium.stores.fs.salvage import (
     salvage_copy,
     salvaged_into,
     session_of,
+    set_aside_once,
 )
 from terrarium.stores.locks import file_lock
 
@@ -1032,7 +1032,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             side = None  # an interrupted salvage wrote it before its new segment
             if bad and segment_id not in done:
                 lost = b"".join(line + b"\n" for _, line in bad)
-                side = write_side(path, lost, lambda n: f"corrupt-{n}")
+                side = set_aside_once(path, lost)
             fallback = {"session_id": str(session_id), "context": str(context)}
             new_id, seqs = salvage_copy(folder, segment_id, header, entries, done, fallback)
             copies = copy_forks(folder, segment_id, new_id, seqs, done)
@@ -1142,10 +1142,11 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         with _trash.moving(self):  # a move meanwhile would leave the new index behind
             return self._rebuild_index(write_heads=True)
 
-    def quiesced(self) -> AbstractContextManager[None]:
+    def quiesced(self, *, writing: bool = True) -> AbstractContextManager[None]:
         """Hold the lifecycle lock: no archive, unarchive, delete, restore or purge runs
-        meanwhile, in any process (``fsck`` checks and repairs under it)."""
-        return _trash.moving(self)
+        meanwhile, in any process (``fsck`` checks and repairs under it). ``writing=False``
+        holds it shared and writes nothing (``fsck`` without ``--repair``)."""
+        return _trash.moving(self) if writing else _trash.settled(self)
 
     def _rebuild_index(self, *, write_heads: bool) -> int:
         """Rebuild ``.index`` from the folders (and, with ``write_heads``, lost heads)."""

@@ -28,6 +28,7 @@ from terrarium.stores.fs import _sql as sql
 from terrarium.stores.fs._heads import head_of
 from terrarium.stores.fs._layout import HEAD, INDEX, SEGMENT_SUFFIX, segment_name
 from terrarium.stores.fs._tree import read_pointer
+from terrarium.stores.fs.salvage import salvaged_into
 from terrarium.text import prepare_text
 
 if TYPE_CHECKING:
@@ -467,7 +468,10 @@ class IndexUpdate:
         head = session.segments.get(row[0])
         if head is None:
             problems.append(f"{self.root / row[1] / HEAD}: its segment {row[0]} does not exist")
-        problems += [session.segments[sid].problem or "" for sid in sorted(session.segments)]
+        damaged = [sid for sid in sorted(session.segments) if session.segments[sid].problem]
+        if damaged:  # rare: a damaged segment that a salvage replaced is no problem now
+            done = {str(s) for s in salvaged_into(self.root / row[1])}
+            problems += [session.segments[sid].problem or "" for sid in damaged if sid not in done]
         problem = next((p for p in problems if p), None)
         count = 0
         segment: SegmentRow | None = head

@@ -98,12 +98,18 @@ def moving(store: FsStore) -> Iterator[None]:
 def settled(store: FsStore) -> Iterator[None]:
     """Hold ``.locks/lifecycle`` shared: no move runs meanwhile (a read looks again under it).
 
-    A thread that holds it for a move already just goes on.
+    Reads write nothing: where the lock file is not there (no move ever ran) or cannot be
+    opened (a read-only store, where nothing moves), it goes on without. A thread that holds
+    it for a move already just goes on.
     """
     if getattr(store._moves, "depth", 0):
         yield
         return
-    fd = _lock_fd(store)
+    try:
+        fd = os.open(store._inside(store.root / LOCKS) / "lifecycle", os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        yield
+        return
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
         yield

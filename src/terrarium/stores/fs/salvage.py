@@ -24,7 +24,7 @@ from terrarium.model import SegmentId, SessionId, new_segment_id, new_session_id
 from terrarium.stores._files import write_new
 from terrarium.stores.fs._heads import read_head
 from terrarium.stores.fs._layout import HEAD, SEGMENT_SUFFIX, segment_ids
-from terrarium.stores.fs._segments import read_file, read_header
+from terrarium.stores.fs._segments import read_file, read_header, write_side
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +125,16 @@ def salvaged_into(folder: Path) -> dict[SegmentId, SegmentId]:
             if isinstance(source, str):
                 done[uuid.UUID(source)] = segment_id
     return done
+
+
+def set_aside_once(path: Path, lost: bytes) -> str:
+    """Copy a damaged segment's bad lines to ``{segment}.jsonl.corrupt-{n}``, unless a salvage
+    that failed before its new segment (a full disk) copied these very bytes already."""
+    for side in sorted(path.parent.glob(f"{path.name}.corrupt-*")):
+        with contextlib.suppress(OSError, StoreError):
+            if read_file(side) == lost:
+                return str(side)
+    return write_side(path, lost, lambda n: f"corrupt-{n}")
 
 
 def read_complete_bytes(path: Path) -> bytes:
