@@ -7,7 +7,9 @@ The kill tests are in ``test_lifecycle_fs_kill.py``; the cross-backend contract 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import stat
 import threading
@@ -581,3 +583,116 @@ def test_a_legacy_file_is_archived_by_age(store: FsStore, root: Path) -> None:
     assert result.exit_code == 0, result.output
     assert store.is_archived(ContextId("cli", "oldlegacy"))
     assert not path.exists()
+
+
+def test_delete_on_a_nearly_full_disk_reports_what_it_did(
+    store: FsStore, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills up as a delete moves a context into the trash: the delete happened, so
+    the command says so and exits 0, logs it, and its undo id restores it."""
+    ref = create_segment(store, context="cli:big")
+    head = store.get_head(ContextId.parse("cli:big"))
+    assert head is not None and ref
+    for n in range(20):
+        save_user_input(store, head, f"message {n} " + "x" * 100)
+    full = threading.Event()
+    rename, write = os.rename, os.write
+
+    def renaming(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        rename(src, dst, *args, **kwargs)
+        if str(dst).endswith("/context"):
+            full.set()  # from the commit on, only a few bytes fit
+
+    def writing(fd: int, data: Any) -> int:
+        if full.is_set() and len(data) > 400:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(fd, data)
+
+    monkeypatch.setattr(os, "rename", renaming)
+    monkeypatch.setattr(os, "write", writing)
+    result = invoke("delete", "cli:big", "--yes", "--storage-dir", str(root))
+    monkeypatch.undo()
+    assert result.exit_code == 0, result.output
+    [entry] = store.trashed_contexts()
+    assert entry.trash_id[:8] in result.output
+    assert any(r["action"] == "trash" for r in lifecycle.MaintenanceLog.of(store).records())
+    restored = invoke("trash", "restore", entry.trash_id, "--storage-dir", str(root))
+    assert restored.exit_code == 0, restored.output
+    head = store.get_head(ContextId.parse("cli:big"))
+    assert head is not None
+    save_user_input(store, head, "after the restore")  # a sealed file is unsealed by a write
+    assert len(restore(store, ContextId.parse("cli:big")).history) == 21
+
+
+def test_names_up_to_the_file_name_limit_archive_delete_fork_and_export(
+    store: FsStore, root: Path, tmp_path: Path
+) -> None:
+    """Context names of 251 to 255 encoded bytes are valid: archive, unarchive, delete,
+    restore, a fork into one, the first message of a PersistentSession and an export to a
+    folder all work (no legacy ``{name}.json`` can be that long, so none is looked for)."""
+    from terrarium.agent.session_manager import PersistentSession
+
+    for size in (251, 255):
+        name = f"cli:{'n' * size}"
+        create_segment(store, context=name)
+        for command in (
+            ["archive", name],
+            ["unarchive", name],
+            ["fork", name, f"cli:{'f' * size}"],
+        ):
+            result = invoke(*command, "--storage-dir", str(root))
+            assert result.exit_code == 0, (command, result.output)
+        out = tmp_path / f"export-{size}"
+        result = invoke(
+            "export",
+            name,
+            f"cli:{'f' * size}",
+            "-f",
+            "html",
+            "-o",
+            str(out),
+            "--storage-dir",
+            str(root),
+        )
+        assert result.exit_code == 0, result.output
+        assert len(list(out.rglob("*.html"))) == 2
+        result = invoke("delete", name, "--yes", "--storage-dir", str(root))
+        assert result.exit_code == 0, result.output
+        [entry] = [e for e in store.trashed_contexts() if e.context == name]
+        store.restore_trashed(entry.trash_id)
+        session = PersistentSession(store, ContextId.parse(f"cli:{'p' * size}"))
+        session.add_message("user", "hello")
+        session.save()
+
+
+def test_a_fork_on_a_full_disk_either_happens_or_leaves_nothing(
+    store: FsStore, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills up once a fork's segment is written: the fork exists, so the command
+    says so and exits 0 (its head and index entry, derived from the segment, follow); a
+    fork whose segment does not fit leaves nothing, and a retry then works."""
+    create_segment(store, context="cli:src")
+    head = store.get_head(ContextId.parse("cli:src"))
+    assert head is not None
+    save_user_input(store, head, "hello")
+    import terrarium.stores.fs as fs_module
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fs_module, "write_atomic", full)
+    result = invoke("fork", "cli:src", "cli:copy", "--storage-dir", str(root))
+    monkeypatch.undo()
+    assert result.exit_code == 0, result.output
+    with FsStore(root) as fresh:
+        assert [m["content"] for m in _history(fresh, "cli:copy")] == ["hello"]
+    again = invoke("fork", "cli:src", "cli:copy", "--storage-dir", str(root))
+    assert again.exit_code == 1 and "exists" in again.output
+
+    monkeypatch.setattr(fs_module, "write_new", full)
+    monkeypatch.setattr(FsStore, "_write_new", full)
+    result = invoke("fork", "cli:src", "cli:other", "--storage-dir", str(root))
+    monkeypatch.undo()
+    assert result.exit_code == 1 and "No space" in result.output
+    assert store.get_head(ContextId.parse("cli:other")) is None
+    assert invoke("fork", "cli:src", "cli:other", "--storage-dir", str(root)).exit_code == 0

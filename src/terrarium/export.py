@@ -17,6 +17,7 @@ so an interrupted export never leaves a half-written file where a good one is ex
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import io
 import os
@@ -195,7 +196,19 @@ def member_name(context: ContextId | str, fmt: str | Format, date: str | None = 
     ctx = model.ContextId.parse(context)
     spec = get_format(fmt)
     folder = f"{ctx.type}/{date}" if spec.dated and date is not None else ctx.type
-    return f"{folder}/{model.encode_name(ctx.name)}{spec.extension}"
+    return f"{folder}/{_file_name(model.encode_name(ctx.name), spec.extension)}"
+
+
+def _file_name(stem: str, extension: str) -> str:
+    """``{stem}{extension}``, or, when that is longer than a file name may be, a prefix of the
+    stem with ``~`` and a digest of the whole (so names that share the prefix stay apart)."""
+    name = f"{stem}{extension}"
+    if len(name.encode()) <= model.MAX_NAME_BYTES:
+        return name
+    digest = hashlib.sha256(stem.encode()).hexdigest()[:12]
+    room = model.MAX_NAME_BYTES - len(f"~{digest}{extension}".encode())
+    prefix = stem.encode()[:room].decode(errors="ignore")  # whole characters only
+    return f"{prefix}~{digest}{extension}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from terrarium.errors import ContextExists, StoreError
-from terrarium.model import DATE_RE, ContextId, encode_name, printable
+from terrarium.model import DATE_RE, ContextId, legacy_file_names, printable
 from terrarium.stores._files import listdir, make_dirs
 from terrarium.stores.base import Store, context_lock
 
@@ -294,10 +294,7 @@ def _places(root: Path, context: ContextId) -> Iterator[Path]:
 
 
 def _names(context: ContextId) -> list[str]:
-    names = [f"{context.name}.json"]
-    if encode_name(context.name) != context.name:
-        names.append(f"{encode_name(context.name)}.json")
-    return names
+    return legacy_file_names(context.name)
 
 
 def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:

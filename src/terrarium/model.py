@@ -116,6 +116,19 @@ def encode_name(name: str) -> str:
     return text
 
 
+def legacy_file_names(name: str) -> list[str]:
+    """The file names a legacy JSON file of a context named ``name`` may have, in lookup
+    order: ``{name}.json`` as the old tool wrote it, then the encoded name's when it differs.
+
+    A name too long for a file (over :data:`MAX_NAME_BYTES` with ``.json``) is left out: no
+    such file can exist, and looking for one fails with "File name too long".
+    """
+    names = [f"{name}.json"]
+    if encode_name(name) != name:
+        names.append(f"{encode_name(name)}.json")
+    return [n for n in names if len(n.encode()) <= MAX_NAME_BYTES]
+
+
 def decode_name(encoded: str) -> str:
     """Invert :func:`encode_name`."""
     raw = bytearray()

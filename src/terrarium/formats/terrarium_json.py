@@ -50,8 +50,8 @@ from terrarium.model import (
     SegmentStartState,
     SessionId,
     chat_view,
-    encode_name,
     item_text,
+    legacy_file_names,
     new_segment_id,
     new_session_id,
     printable,
@@ -615,9 +615,7 @@ def find_legacy_file(root: str | os.PathLike[str], context: ContextId | str) -> 
     encoded name (:func:`terrarium.model.encode_name`) when the raw name is not a safe file name.
     """
     ctx = ContextId.parse(context)
-    names = [f"{ctx.name}.json"]
-    if encode_name(ctx.name) != ctx.name:
-        names.append(f"{encode_name(ctx.name)}.json")
+    names = legacy_file_names(ctx.name)
     type_dir = Path(root) / ctx.type
     dates = [d for d in sorted(listdir(type_dir)) if DATE_RE.fullmatch(d)]
     for folder in [*(type_dir / d for d in reversed(dates)), type_dir]:

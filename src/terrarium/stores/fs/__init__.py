@@ -524,12 +524,15 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             if holds_context(folder):  # another context's: a case-insensitive disk
                 raise ContextExists(f"context {context} would share {folder} with another")
             make_dirs(folder)
-            self._write_new(folder / f"{segment_id}{SEGMENT_SUFFIX}", data)
+            self._write_new(folder / f"{segment_id}{SEGMENT_SUFFIX}", data)  # the commit
             head = PodMetadata(str(context), session_id, segment_id, created, created)
-            write_atomic(folder / HEAD, codec.encode(head_dict(head)), sync=self._sync())
-            self._write_index(context, session_id, rel)
             self._folders[session_id] = folder
-            self._mark(session_id)
+            try:  # both derived from the segment now: a full disk here is no failure
+                write_atomic(folder / HEAD, codec.encode(head_dict(head)), sync=self._sync())
+                self._write_index(context, session_id, rel)
+                self._mark(session_id)
+            except OSError as exc:
+                log.warning("%s: created; its head and index entry wait: %s", context, exc)
             return head
 
     def _adopt(self, context: ContextId, folder: Path) -> None:

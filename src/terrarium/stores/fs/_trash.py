@@ -50,7 +50,6 @@ from terrarium.stores.fs._layout import (
     STAGING,
     TRASH,
     real_dir,
-    segment_name,
 )
 from terrarium.stores.fs._segments import read_file
 
@@ -203,25 +202,15 @@ def trash(store: FsStore, context: ContextId, folder: Path) -> None:
     write_atomic(entry / TRASH_MANIFEST, codec.encode(record), sync=store._sync())
     if head is not None:
         store._mark(head.session_id)
+    # The segment files stay sealed in the trash: a writer that had one open (and waited on
+    # its lock) sees the seal, looks the session up again and finds it gone. Nothing is
+    # written after the commit, so a full disk cannot fail a delete that has happened.
     with _archive.segment_locks(folder):
         os.rename(folder, entry / CONTENT)  # the commit
         if store._sync():
             fsync_dir(folder.parent)
             fsync_dir(entry)
-        _fresh_inodes(entry / CONTENT, sync=store._sync())
     _forget_pointers(store, context, head)
-
-
-def _fresh_inodes(folder: Path, *, sync: bool) -> None:
-    """Replace each segment file of ``folder`` by a copy: a writer that had the old file open
-    (and waited on its lock) finds it deleted and fails, rather than write into the trash."""
-    for name in listdir(folder):
-        if segment_name(name) is not None:
-            copy = folder / f".{name}.copy"
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(copy)  # a kill's leftover
-            _archive.put(copy, read_file(folder / name), sync=sync)
-            os.rename(copy, folder / name)
 
 
 def _forget_pointers(store: FsStore, context: ContextId, head: PodMetadata | None) -> None:
