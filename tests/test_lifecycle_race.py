@@ -11,6 +11,7 @@ few hundred calls per backend; ``slow`` runs thousands.
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from collections import Counter
@@ -21,7 +22,7 @@ import pytest
 
 from helpers.race_child import open_spec
 from pg import fresh_schema, pg_database  # noqa: F401  (the postgres store's database)
-from terrarium import ContextId, Store, create_segment, sessions
+from terrarium import ContextId, Store, contexts, create_segment, sessions
 from terrarium.stores.base import Lifecycle
 
 CHILD = Path(__file__).with_name("helpers") / "race_child.py"
@@ -161,3 +162,70 @@ def test_deletes_at_once_keep_every_context_in_the_trash(
             store.restore_trashed(entry.trash_id)
         for name in names[0] + names[1]:
             assert store.get_head(ContextId.parse(name)) is not None, name
+
+
+def kill_rounds(spec: dict[str, Any], rounds: int) -> None:
+    """Kill a process changing states at random points, ``rounds`` times; check after each."""
+    names = [f"kill:c{i}" for i in range(5)]
+    rng = random.Random(20261128)
+    for number in range(rounds):
+        args = {**spec, "seed": number, "churn": names, "forever": True}
+        child = subprocess.Popen(
+            [sys.executable, str(CHILD), json.dumps(args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert child.stdout is not None
+            for _ in range(rng.randint(2, 25)):
+                assert child.stdout.readline(), child.communicate()[1]
+        finally:
+            child.kill()
+            child.communicate()
+        assert child.returncode == -9
+        with open_spec(spec) as store:
+            check_one_state(store, names)
+    with open_spec(spec) as store:
+        assert isinstance(store, Lifecycle)
+        for number, entry in enumerate(store.trashed_contexts()):
+            back = ContextId("restored", f"t{number}")
+            store.restore_trashed(entry.trash_id, as_context=back)
+            assert len(sessions.restore(store, back).history) == entry.message_count
+            assert store.is_archived(back) == entry.archived
+
+
+def check_one_state(store: Store, names: list[str]) -> None:
+    """Each context is hot, archived or gone (never two), reads whole, with the count its
+    listing shows."""
+    assert isinstance(store, Lifecycle)
+    hot = {c.context_id: c.message_count for c in contexts.list_contexts(store).rows}
+    cold = {a.context: a.message_count for a in store.archived_contexts()}
+    assert not set(hot) & set(cold), "a context is both hot and archived"
+    for name in names:
+        ctx = ContextId.parse(name)
+        if name in hot or name in cold:
+            state = sessions.restore(store, ctx)
+            assert len(state.history) == {**hot, **cold}[name]
+            assert all(str(i["content"]).startswith(name) for i in state.history)
+        else:
+            assert store.get_head(ctx) is None
+
+
+@pytest.mark.parametrize("kind", ["fs", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_sigkill_during_state_changes_leaves_one_readable_state(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A process killed at random points of create, archive, unarchive, delete, restore,
+    purge and wake-on-append (a few rounds; SQLite's own rounds are in test_lifecycle_sql):
+    every context is in one state and reads whole; every trash entry restores whole."""
+    kill_rounds(spec_of(kind, tmp_path, request), 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["fs", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_sigkill_during_state_changes_long(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The same, 20 rounds."""
+    kill_rounds(spec_of(kind, tmp_path, request), 20)

@@ -124,8 +124,43 @@ def step(
         fsck_repair(store)
 
 
+def churn_forever(store: Store, spec: dict[str, Any]) -> None:
+    """Random state changes and appends, each printed once done, until killed."""
+    from terrarium.model import Item
+
+    rng = random.Random(spec["seed"])
+    while True:
+        name = rng.choice(spec["churn"])
+        ctx = ContextId.parse(name)
+        trash = [t for t in store.trashed_contexts() if t.context == name]  # type: ignore[attr-defined]
+        head = store.get_head(ctx)
+        if head is None and not trash:
+            sessions.create_segment(store, None, context=name)
+            head = store.get_head(ctx)
+            assert head is not None
+            sessions.save_delta(store, head, [Item.user(f"{name} {i}") for i in range(50)])
+            op = "create"
+        elif head is None:
+            op = "restore"
+            store.restore_trashed(trash[0].trash_id)  # type: ignore[attr-defined]
+        else:
+            op = rng.choice(["archive", "unarchive", "delete", "purge", "append"])
+            if op == "append":
+                sessions.save_delta(store, head, [Item.user(f"{name} more")])
+            elif op == "purge":
+                store.purge_context(ctx)  # type: ignore[attr-defined]
+            elif op == "delete":
+                store.delete_context(ctx)
+            else:
+                getattr(store, f"{op}_context")(ctx)
+        print(json.dumps({"op": op, "context": name}), flush=True)
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
+    if spec.get("forever"):
+        with open_spec(spec) as store:
+            churn_forever(store, spec)
     if "delete" in spec:  # only delete these, in order
         with open_spec(spec) as store:
             for name in spec["delete"]:
