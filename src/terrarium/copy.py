@@ -275,8 +275,11 @@ def _write(dst: Store, source: SessionSource, plan: _Plan, name: str) -> int:
             if plan.new_session and number == 0:
                 try:
                     dst.create_session(header)  # detached: no context names it yet
-                except ConflictError as exc:  # there, but not where it can be read
-                    raise SessionConflict(f"{name}: {exc}") from None
+                except ConflictError:  # there, but not where it can be read
+                    raise SessionConflict(
+                        f"{name}: its session {session_id} is in the destination, not readable "
+                        "(in its trash?)"
+                    ) from None
             else:
                 dst.create_segment(session_id, header)
             written += 1

@@ -15,6 +15,7 @@ OpenAI formats render.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,6 @@ from terrarium.model import (
     LoggedItem,
     RestoredState,
     SegmentId,
-    SessionId,
 )
 from terrarium.stores.base import PodMetadata, Store
 
@@ -269,7 +269,6 @@ def import_context(
         for segment in segments:
             if segment[0].get("context"):
                 segment[0] = {**segment[0], "context": str(ctx)}
-    _check_session_id(segments[0][0])
     head = SegmentId(segments[-1][0]["segment_id"])
     complete_session(store, SessionSource(segments, ctx, head))
     found = store.get_head(ctx)
@@ -277,24 +276,19 @@ def import_context(
     return found
 
 
-def _check_session_id(header: Mapping[str, Any]) -> None:
-    try:
-        SessionId(header["session_id"])
-    except ValueError:
-        raise InvalidEntry(f"invalid session id {header['session_id']!r}") from None
-
-
 def _check_segments(segments: list[list[dict[str, Any]]]) -> None:
-    """Every header names its session and segment and has a time, and so has every entry."""
+    """Every header names its session and segment (UUIDs) and has a time, and so has every
+    entry."""
     for segment in segments:
         header = segment[0]
         for key in ("session_id", "segment_id", "ts"):
             if not isinstance(header.get(key), str):
                 raise InvalidEntry(f"segment header lacks a string {key!r}")
-        try:
-            SegmentId(header["segment_id"])
-        except ValueError:
-            raise InvalidEntry(f"invalid segment id {header['segment_id']!r}") from None
+        for key in ("session_id", "segment_id"):
+            try:
+                uuid.UUID(header[key])
+            except ValueError:
+                raise InvalidEntry(f"invalid {key.replace('_', ' ')} {header[key]!r}") from None
         if not all(isinstance(line.get("ts"), str) for line in segment):
             raise InvalidEntry(f"segment {header['segment_id']} has an entry without a 'ts'")
 
