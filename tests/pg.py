@@ -117,3 +117,32 @@ def as_url(dsn: str, **changes: str) -> str:
     netloc = f"{auth}{host}:{port}" if port else f"{auth}{host}"
     query = "&".join(f"{k}={quote(str(v), safe='')}" for k, v in params.items())
     return f"postgresql://{netloc}/{dbname}" + (f"?{query}" if query else "")
+
+
+def own_database(pg_dsn: str) -> Iterator[str]:
+    """A database of the caller's own next to ``pg_dsn`` (the :func:`pg_database` fixture's, so
+    the server was found or the test skipped), dropped at the end: for the command line, whose
+    PostgreSQL store is the default schema of the database its URL names. Wrap it in a
+    fixture: ``yield from own_database(pg_database)``."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    admin, _ = _server_dsn()
+    name = f"terrarium_own_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_conninfo(admin, dbname=name)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def empty_default_schema(dsn: str) -> str:
+    """Drop the default schema of the database ``dsn`` names (a store there starts empty);
+    its ``postgresql://`` URL."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS terrarium CASCADE")
+    return as_url(dsn)

@@ -5,13 +5,20 @@ from __future__ import annotations
 import json
 import tarfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
+from helpers.copies import fill, snapshot
+from pg import empty_default_schema, own_database, pg_database  # noqa: F401  (a fixture)
 from terrarium import FsStore, Item, SqliteStore, create_segment, restore, save_delta
 from terrarium.cli import cli
+from terrarium.formats import jsonl
 from terrarium.model import ContextId
+from terrarium.stores.url import open_store
 
 
 def _fill(root: Path) -> None:
@@ -58,6 +65,129 @@ def test_copy_one_context_and_bad_urls(tmp_path: Path) -> None:
     assert bad.exit_code != 0
     assert "s3cret" not in bad.output
     assert len(bad.output.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def pg_own(pg_database: str) -> Iterator[str]:  # noqa: F811
+    """A database of this module's own (the command line's store is its default schema)."""
+    yield from own_database(pg_database)
+
+
+DESTINATIONS = [
+    "fs",
+    "sqlite",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
+
+
+def _destination(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if kind == "fs":
+        return str(tmp_path / "dst")
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'dst.db'}"
+    return empty_default_schema(request.getfixturevalue("pg_own"))
+
+
+@pytest.mark.parametrize("kind", DESTINATIONS)
+def test_copy_of_a_whole_store_takes_archived_sessions_along_archived(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """36 sessions, 4 archived, some pinned: every destination gets all 36, the 4 archived
+    (read whole from its archive), the pins kept; a rerun finds all 36 (and the detached
+    session) there."""
+    with FsStore(tmp_path / "src") as src:
+        names = fill(src, 36, archived=4)
+        expected = snapshot(src)
+    dst = _destination(kind, tmp_path, request)
+    runner = CliRunner()
+    first = runner.invoke(cli, ["copy", str(tmp_path / "src"), dst])
+    assert first.exit_code == 0, first.output
+    assert first.output.startswith("copied 37 sessions (")
+    store = open_store(dst)
+    try:
+        assert sorted(a.context for a in store.archived_contexts()) == names[-4:]  # type: ignore[attr-defined]
+        assert store.pinned_contexts() == frozenset(names[::5])  # type: ignore[attr-defined]
+        assert snapshot(store) == expected
+    finally:
+        store.close()
+    again = runner.invoke(cli, ["copy", str(tmp_path / "src"), dst])
+    assert (again.exit_code, again.output) == (
+        0,
+        f"nothing to copy: 37 sessions already in {dst}\n",
+    )
+
+
+def test_copy_names_each_conflict_in_one_line_and_exits_1(tmp_path: Path) -> None:
+    """A session the destination holds otherwise than the source is named in one line, left
+    as it is, and the command exits 1; the rest is copied, and the summary counts both."""
+    _fill(tmp_path / "src")
+    runner = CliRunner()
+    dst = tmp_path / "dst"
+    assert runner.invoke(cli, ["copy", str(tmp_path / "src"), str(dst)]).exit_code == 0
+    with FsStore(dst) as store:
+        save_delta(store, _head(store, "cli:main"), [Item.user("only in the copy")])
+        before = restore(store, "cli:main")
+    with FsStore(tmp_path / "src") as src:
+        save_delta(src, _head(src, "cli:main"), [Item.user("only in the source")])
+        create_segment(src, context="cli:new")
+    result = runner.invoke(cli, ["copy", str(tmp_path / "src"), str(dst)])
+    assert result.exit_code == 1
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("error: conflict: cli:main: segment ")
+    assert lines[0].endswith(": line 3 differs from the source's; not copied")
+    assert lines[1] == f"copied 1 session (1 line) to {dst}; 2 already there; 1 in conflict"
+    assert len(lines) == 2
+    with FsStore(dst) as store:
+        assert restore(store, "cli:main") == before
+        assert store.get_head(ContextId.parse("cli:new")) is not None
+
+
+def test_import_completes_and_names_a_conflict(tmp_path: Path) -> None:
+    """`import` of .jsonl exports: a file the store holds in part is completed, one it holds
+    equal is already there, one it holds otherwise is named in one line and exits 1."""
+    _fill(tmp_path / "src")
+    runner = CliRunner()
+    files = []
+    for context in ("irc:#python", "cli:main", "game:run1"):
+        path = tmp_path / f"{context.split(':')[1]}.jsonl"
+        out = runner.invoke(
+            cli,
+            [
+                "export",
+                context,
+                "-f",
+                "jsonl",
+                "-o",
+                str(path),
+                "--storage-dir",
+                str(tmp_path / "src"),
+            ],
+        )
+        assert out.exit_code == 0, out.output
+        files.append(str(path))
+    dst = tmp_path / "dst"
+    lines = [json.loads(line) for line in Path(files[0]).read_text().splitlines()]
+    jsonl.import_context(FsStore(dst), lines[:2])  # an import cut short: two of its lines
+    with FsStore(dst) as store:
+        jsonl.import_context(store, Path(files[1]).read_text())
+        save_delta(store, _head(store, "cli:main"), [Item.user("more")])
+    result = runner.invoke(cli, ["import", *files, "--storage-dir", str(dst)])
+    assert result.exit_code == 1
+    segment = json.loads(Path(files[1]).read_text().splitlines()[0])["segment_id"]
+    assert result.stderr.splitlines() == [
+        f"error: {files[1]}: cli:main: segment {segment} has 1 more line in the destination "
+        "than the source",
+        f"imported 2 sessions into {dst}; 1 failed",
+        "Error: 1 of 3 files could not be imported",
+    ]
+    with FsStore(dst) as store:
+        assert jsonl.lineage_lines(store, "irc:#python") == lines
+
+
+def _head(store: FsStore, context: str) -> Any:
+    head = store.get_head(ContextId.parse(context))
+    assert head is not None
+    return head
 
 
 def test_export_many_to_folder_zip_and_tar(tmp_path: Path) -> None:

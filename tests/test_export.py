@@ -38,7 +38,7 @@ from terrarium import (
     save_usage,
     save_user_input,
 )
-from terrarium.errors import ContextExists, ContextNotFound, InvalidEntry
+from terrarium.errors import ContextExists, ContextNotFound, InvalidEntry, SessionConflict
 from terrarium.export import FORMATS, export_context, export_many, member_name
 from terrarium.formats import jsonl, markdown, openai
 from terrarium.model import RestoredState, new_segment_id, new_session_id
@@ -394,7 +394,7 @@ def test_jsonl_import_refuses_duplicates_and_can_rename(store: Store, other: Sto
     jsonl.import_context(other, text)
     with pytest.raises(ContextExists):
         jsonl.import_context(other, text)
-    with pytest.raises(ContextExists, match="session"):
+    with pytest.raises(SessionConflict, match="under another context"):
         jsonl.import_context(other, text, context="irc:#other")
     assert other.get_head(ContextId.parse("irc:#other")) is None
     fresh = MemoryStore()

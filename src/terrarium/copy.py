@@ -1,34 +1,48 @@
-"""Copy sessions between any two stores, losslessly.
+"""Copy sessions between any two stores, losslessly, and complete a copy that was cut short.
 
 A context's whole session tree is copied (every segment, not only the head's lineage), each
-line as stored: session and segment ids, timestamps, seqs, unknown kinds and keys. Large outputs
-kept in blobs are read whole from the source and stored in the destination as its own
-``blob_threshold`` says (a blob there, or inline), so nothing is lost between stores. Segments
-are written parents first, the head is set last, and debug traces come along, so restoring
-any segment on either side gives the same state. A context that already exists in the
-destination is skipped and reported, which makes an interrupted copy safe to run again.
+line as stored: session and segment ids, timestamps, seqs, unknown kinds and keys, debug
+traces. Large outputs kept in blobs are read whole from the source and stored in the
+destination as its own ``blob_threshold`` says, so nothing is lost between stores.
 
-Detached sessions (of no context yet) are copied with all contexts (:func:`copy_detached`):
-a copy of a whole store leaves nothing behind. One that the destination already holds in
-part (an interrupted copy) is completed, segment by segment, from each one's next seq.
+Every session is first compared with what the destination holds of it (:func:`complete_session`):
+each segment there must be a prefix of the source's (the same lines, as many or fewer), and no
+segment or session the source lacks may be there. Equal is "already there" (``ContextExists``);
+a prefix is completed: missing segments created (parents first), missing lines appended, the
+head set, the pin and the archived state given. Anything else is a :class:`SessionConflict`
+and nothing is written. The writes come in an order whose every prefix a rerun recognises: a
+new session is built detached (no context names it yet), and only once every line and trace
+is in does ``attach_context`` give it its context and head; the pin and the archive come last.
+So a killed copy, or one stopped by a full disk, leaves either nothing of a session, a
+detached part of it, or the whole of it, and running the copy again completes it from what
+both stores hold, never by guessing.
 
-Archived contexts are copied too when copying all, and land archived; pins come along. Both
-stores need the lifecycle (:class:`~terrarium.stores.base.Lifecycle`) for that; a context
-archived in the source lands hot in a destination without one. The trash is not copied: its
-contexts were deleted (restore one first to take it along).
+Archived contexts are copied when copying all and land archived, pinned ones pinned (both
+stores need the :class:`~terrarium.stores.base.Lifecycle`; a destination without one gets
+them hot). The trash is not copied: its contexts were deleted (restore one first). Detached
+sessions (of no context yet) are copied with all contexts (:func:`copy_detached`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from terrarium.blobs import inline_line, offload_data, offload_line
-from terrarium.errors import ContextExists, ContextNotFound, SegmentNotFound, SessionAttached
-from terrarium.formats.jsonl import _BATCH, _data, recreate_session
-from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
+from terrarium.errors import (
+    ConflictError,
+    ContextExists,
+    ContextNotFound,
+    SegmentNotFound,
+    SessionAttached,
+    SessionConflict,
+)
+from terrarium.model import ENVELOPE_KEYS, ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores.base import Lifecycle, NewEntry, PodMetadata, Store
+
+BATCH = 1000
+"""Entries per append: bounded memory and statement size on SQL stores."""
 
 
 @dataclass
@@ -36,13 +50,39 @@ class CopyReport:
     """What a copy did."""
 
     copied: list[str] = field(default_factory=list)
-    """Contexts copied (and detached sessions, as ``session {id}``)."""
+    """Contexts copied or completed (and detached sessions, as ``session {id}``)."""
     skipped: list[tuple[str, str]] = field(default_factory=list)
-    """Contexts not copied, each with the reason."""
+    """Contexts not copied, each with the reason (conflicts and those already there too)."""
     present: list[str] = field(default_factory=list)
-    """The skipped contexts that the destination already had (a rerun's, typically)."""
+    """The skipped contexts that the destination already had, equal to the source's."""
     entries: int = 0
     """Lines copied (headers included)."""
+    completed: list[str] = field(default_factory=list)
+    """The copied contexts that the destination held in part (an interrupted copy's)."""
+    conflicts: list[tuple[str, str]] = field(default_factory=list)
+    """The skipped contexts that the destination holds otherwise than the source, each with
+    what differs; nothing of them was written."""
+
+
+@dataclass(frozen=True)
+class SessionSource:
+    """One session as its source holds it: what a copy makes the destination hold."""
+
+    segments: list[list[dict[str, Any]]]
+    """Each segment's lines (header first, blobs inline), every parent before its children."""
+    context: ContextId | None = None
+    """The context it belongs to; None for a detached session."""
+    head: SegmentId | None = None
+    """The context's head segment (None for a detached session)."""
+    traces: Mapping[SegmentId, list[dict[str, Any]]] = field(default_factory=dict)
+    """The debug traces, by segment (segments without one left out)."""
+    archived: bool = False
+    pinned: bool = False
+
+    @property
+    def session_id(self) -> SessionId:
+        """The session's id (from its root header)."""
+        return SessionId(self.segments[0][0]["session_id"])
 
 
 def session_segments(store: Store, head: PodMetadata) -> list[list[dict[str, Any]]]:
@@ -70,79 +110,279 @@ def _segments(store: Store, session_id: SessionId) -> list[list[dict[str, Any]]]
     ]
 
 
+def read_source(
+    store: Store,
+    context: ContextId | str | None = None,
+    *,
+    session_id: SessionId | None = None,
+    pinned: frozenset[str] | None = None,
+) -> SessionSource:
+    """A context's session (or the detached session ``session_id``) as ``store`` holds it.
+
+    ``pinned``: the store's pins, read here when not given.
+
+    Raises:
+        ContextNotFound: no such context.
+        SegmentNotFound: no such session.
+    """
+    if context is None:
+        assert session_id is not None, "a context or a session id"
+        segments = _segments(store, session_id)
+        return SessionSource(segments, traces=_traces(store, session_id, segments))
+    ctx = ContextId.parse(context)
+    head = store.get_head(ctx)
+    if head is None:
+        raise ContextNotFound(f"context {ctx} does not exist in the source store")
+    segments = _segments(store, head.session_id)
+    archived = is_pinned = False
+    if isinstance(store, Lifecycle):
+        archived = store.is_archived(ctx)
+        is_pinned = str(ctx) in (store.pinned_contexts() if pinned is None else pinned)
+    traces = _traces(store, head.session_id, segments)
+    return SessionSource(segments, ctx, head.segment_id, traces, archived, is_pinned)
+
+
+def _traces(
+    store: Store, session_id: SessionId, segments: list[list[dict[str, Any]]]
+) -> dict[SegmentId, list[dict[str, Any]]]:
+    found = {}
+    for segment in segments:
+        segment_id = SegmentId(segment[0]["segment_id"])
+        trace = store.read_trace(session_id, segment_id)
+        if trace:
+            found[segment_id] = trace
+    return found
+
+
+@dataclass
+class _Plan:
+    """What the destination lacks of a session; empty when it holds it all."""
+
+    new_session: bool = False
+    """Nothing of the session is there: it is created (detached) first."""
+    lines_there: dict[SegmentId, int] = field(default_factory=dict)
+    """Lines (the header included) each segment already has; 0: create the segment."""
+    traces_there: dict[SegmentId, int] = field(default_factory=dict)
+    """Trace entries each segment already has, where the source has more."""
+    attach: bool = False
+    move_head: SegmentId | None = None
+    """The head to move from (to the source's)."""
+    pin: bool = False
+    archive: bool = False
+    partial: bool = False
+    """Something of the session was there already (an interrupted copy's)."""
+
+    def empty(self) -> bool:
+        """Whether there is nothing to write."""
+        return not (
+            self.new_session
+            or self.lines_there
+            or self.traces_there
+            or self.attach
+            or self.move_head
+            or self.pin
+            or self.archive
+        )
+
+
+def _plan(dst: Store, source: SessionSource, name: str) -> _Plan:
+    """Compare what ``dst`` holds of the session with its source: what to write.
+
+    Raises:
+        SessionConflict: ``dst`` holds something the source has not (see the module).
+        SessionAttached: a detached source's session belongs to a context in ``dst``.
+    """
+    session_id, ctx = source.session_id, source.context
+    head = dst.get_head(ctx) if ctx is not None else None
+    if head is not None and head.session_id != session_id:
+        raise SessionConflict(f"{name}: the destination holds another session under that id")
+    try:
+        have = dst.list_segments(session_id)
+    except SegmentNotFound:
+        plan = _Plan(new_session=True, attach=ctx is not None)
+        plan.lines_there = {SegmentId(lines[0]["segment_id"]): 0 for lines in source.segments}
+        plan.traces_there = dict.fromkeys(source.traces, 0)
+    else:
+        if head is None and session_id not in dst.detached_sessions():
+            if ctx is None:
+                raise SessionAttached(f"{name} belongs to a context in the destination")
+            raise SessionConflict(
+                f"{name}: its session {session_id} is in the destination under another context"
+            )
+        plan = _Plan(attach=ctx is not None and head is None, partial=True)
+        _compare_segments(dst, source, have, plan, name)
+        if head is not None and head.segment_id != source.head:
+            plan.move_head = head.segment_id
+    if ctx is not None and isinstance(dst, Lifecycle):
+        # A write to an archived context unarchives it first: it is archived again after.
+        writes = bool(plan.lines_there or plan.traces_there or plan.move_head)
+        plan.pin = source.pinned and (head is None or str(ctx) not in dst.pinned_contexts())
+        plan.archive = source.archived and (head is None or writes or not dst.is_archived(ctx))
+    return plan
+
+
+def _compare_segments(
+    dst: Store, source: SessionSource, have: list[SegmentId], plan: _Plan, name: str
+) -> None:
+    """Fill ``plan`` with what each segment (and trace) lacks in ``dst``; every one there must
+    be a prefix of the source's."""
+    session_id = source.session_id
+    ids = [SegmentId(lines[0]["segment_id"]) for lines in source.segments]
+    extra = sorted(set(have) - set(ids))
+    if extra:
+        raise SessionConflict(f"{name}: the destination has segment {extra[0]}, the source not")
+    for segment_id, lines in zip(ids, source.segments, strict=True):
+        want = source.traces.get(segment_id, [])
+        if segment_id not in have:
+            plan.lines_there[segment_id] = 0
+            if want:
+                plan.traces_there[segment_id] = 0
+            continue
+        read = dst.read_segment(session_id, segment_id)
+        there = [inline_line(line, dst) for line in [read.header, *read.entries]]
+        _check_prefix(there, lines, f"{name}: segment {segment_id}", "line")
+        if len(there) < len(lines):
+            plan.lines_there[segment_id] = len(there)
+        trace = dst.read_trace(session_id, segment_id)
+        _check_prefix(trace, want, f"{name}: the trace of segment {segment_id}", "entry")
+        if len(trace) < len(want):
+            plan.traces_there[segment_id] = len(trace)
+
+
+def _check_prefix(there: list[Any], want: list[Any], where: str, unit: str) -> None:
+    """``there`` (the destination's) must be ``want`` (the source's) or a prefix of it."""
+    if len(there) > len(want):
+        more = len(there) - len(want)
+        units = unit if more == 1 else f"{unit}s" if unit == "line" else "entries"
+        raise SessionConflict(f"{where} has {more} more {units} in the destination than the source")
+    for number, (found, expected) in enumerate(zip(there, want, strict=False)):
+        if found != expected:
+            raise SessionConflict(f"{where}: {unit} {number} differs from the source's")
+
+
+def _write(dst: Store, source: SessionSource, plan: _Plan, name: str) -> int:
+    """Write what ``plan`` says is missing, the context's head and state last; the lines
+    written."""
+    session_id, ctx = source.session_id, source.context
+    written = 0
+    for number, lines in enumerate(source.segments):
+        segment_id = SegmentId(lines[0]["segment_id"])
+        there = plan.lines_there.get(segment_id)
+        if there is None:
+            continue
+        if there == 0:
+            header = offload_line(dst, lines[0])
+            if plan.new_session and number == 0:
+                try:
+                    dst.create_session(header)  # detached: no context names it yet
+                except ConflictError:  # there, but not where it can be read
+                    raise SessionConflict(
+                        f"{name}: its session {session_id} is in the destination, not readable "
+                        "(in its trash?)"
+                    ) from None
+            else:
+                dst.create_segment(session_id, header)
+            written += 1
+            there = 1
+        written += _append(dst, session_id, segment_id, lines, there)
+    for segment_id, count in plan.traces_there.items():
+        trace = source.traces[segment_id][count:]
+        entries = [TraceEntry(t["ts"], t["event"], t.get("data") or {}) for t in trace]
+        dst.append_trace(session_id, segment_id, entries)
+    if ctx is not None and source.head is not None:
+        if plan.attach:
+            dst.attach_context(ctx, session_id, source.head)
+        elif plan.move_head is not None:
+            dst.set_head(ctx, source.head, expected=plan.move_head)
+        if isinstance(dst, Lifecycle) and plan.pin:
+            dst.pin_context(ctx)
+        if isinstance(dst, Lifecycle) and plan.archive:
+            dst.archive_context(ctx)
+    return written
+
+
+def _append(
+    dst: Store, session_id: SessionId, segment_id: SegmentId, lines: list[dict[str, Any]], at: int
+) -> int:
+    """Append ``lines[at:]`` to the segment, which holds ``at`` lines; how many."""
+    entries = [
+        NewEntry(line["kind"], line["ts"], offload_data(dst, line["kind"], entry_data(line)))
+        for line in lines[at:]
+    ]
+    for start in range(0, len(entries), BATCH):
+        batch = entries[start : start + BATCH]
+        dst.append(session_id, segment_id, batch, expected_seq=at + start)
+    return len(entries)
+
+
+def entry_data(line: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored line's data: every key but the envelope's (``v``, ``seq``, ``ts``, ``kind``)."""
+    return {k: v for k, v in line.items() if k not in ENVELOPE_KEYS}
+
+
+def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
+    """Make ``dst`` hold the session: (lines written, whether part of it was there), or None
+    when it held it all."""
+    name = str(source.context) if source.context is not None else f"session {source.session_id}"
+    plan = _plan(dst, source, name)
+    if plan.empty():
+        return None
+    return _write(dst, source, plan, name), plan.partial
+
+
+def complete_session(dst: Store, source: SessionSource) -> int:
+    """Make ``dst`` hold ``source``'s session: create it, or complete what a cut-short copy
+    left (see the module); return the lines written.
+
+    Raises:
+        ContextExists: ``dst`` holds it already, equal to the source: nothing to do.
+        SessionConflict: ``dst`` holds it otherwise (not a prefix); nothing was written.
+        SessionAttached: a detached source's session belongs to a context in ``dst``.
+    """
+    done = _complete(dst, source)
+    if done is None:
+        where = source.context if source.context is not None else source.session_id
+        raise ContextExists(f"{where} already exists, with the same lines")
+    return done[0]
+
+
 def copy_context(
     src: Store, dst: Store, context: ContextId | str, *, pinned: frozenset[str] | None = None
 ) -> int:
-    """Copy one context's session from ``src`` to ``dst``; return the lines copied.
+    """Copy (or complete the copy of) one context's session from ``src`` to ``dst``; return
+    the lines copied.
 
     Where both stores have the lifecycle, the copy is archived if the source's is, and pinned
     if it is among ``pinned`` (the source's pins, read here when not given).
 
     Raises:
         ContextNotFound: no such context in ``src``.
-        ContextExists: the context or its session is already in ``dst``.
+        ContextExists: ``dst`` holds the context already, equal to the source's.
+        SessionConflict: ``dst`` holds it otherwise; nothing was written.
     """
-    ctx = ContextId.parse(context)
-    head = src.get_head(ctx)
-    if head is None:
-        raise ContextNotFound(f"context {ctx} does not exist in the source store")
-    segments = session_segments(src, head)
-    recreate_session(dst, ctx, segments, head=head.segment_id)
-    _copy_traces(src, dst, head.session_id, segments)
-    if isinstance(src, Lifecycle) and isinstance(dst, Lifecycle):
-        if str(ctx) in (src.pinned_contexts() if pinned is None else pinned):
-            dst.pin_context(ctx)
-        if src.is_archived(ctx):
-            dst.archive_context(ctx)
-    return sum(len(segment) for segment in segments)
-
-
-def _copy_traces(
-    src: Store, dst: Store, session_id: SessionId, segments: list[list[dict[str, Any]]]
-) -> None:
-    """The debug traces of ``segments`` that ``dst`` has none of yet."""
-    for segment in segments:
-        segment_id = SegmentId(segment[0]["segment_id"])
-        trace = src.read_trace(session_id, segment_id)
-        if trace and not dst.read_trace(session_id, segment_id):
-            entries = [TraceEntry(t["ts"], t["event"], t.get("data") or {}) for t in trace]
-            dst.append_trace(session_id, segment_id, entries)
+    return complete_session(dst, read_source(src, context, pinned=pinned))
 
 
 def copy_detached(src: Store, dst: Store, session_id: SessionId) -> int:
     """Copy a detached session of ``src`` into ``dst`` (detached there too); return the
-    lines copied. What ``dst`` already holds of it (an interrupted copy) is completed.
+    lines copied. What ``dst`` already holds of it (an interrupted copy) is completed; 0 when
+    it holds it all.
 
     Raises:
         SessionAttached: ``dst`` holds the session in a context.
+        SessionConflict: ``dst`` holds it otherwise than ``src``.
         SegmentNotFound: ``src`` has no such session.
     """
-    segments = _segments(src, session_id)
-    try:
-        have = set(dst.list_segments(session_id))
-    except SegmentNotFound:
-        dst.create_session(offload_line(dst, segments[0][0]))
-        have = {SegmentId(segments[0][0]["segment_id"])}
-    else:
-        if session_id not in dst.detached_sessions():
-            raise SessionAttached(f"session {session_id} belongs to a context in the destination")
-    copied = 0
-    for segment in segments:
-        segment_id = SegmentId(segment[0]["segment_id"])
-        if segment_id not in have:
-            dst.create_segment(session_id, offload_line(dst, segment[0]))
-            copied += 1
-        start = dst.next_seq(session_id, segment_id)
-        entries = [
-            NewEntry(line["kind"], line["ts"], offload_data(dst, line["kind"], _data(line)))
-            for line in segment[start:]
-        ]
-        for at in range(0, len(entries), _BATCH):
-            batch = entries[at : at + _BATCH]
-            dst.append(session_id, segment_id, batch, expected_seq=start + at)
-        copied += len(entries)
-    _copy_traces(src, dst, session_id, segments)
-    return copied
+    done = _complete(dst, read_source(src, session_id=session_id))
+    return 0 if done is None else done[0]
+
+
+def source_contexts(src: Store) -> list[ContextId]:
+    """What a copy of all of ``src`` copies: its hot contexts, then its archived ones."""
+    wanted = [ContextId.parse(h.context) for h in src.list_contexts()]
+    if isinstance(src, Lifecycle):
+        wanted += [ContextId.parse(a.context) for a in src.archived_contexts()]
+    return wanted
 
 
 def copy_store(
@@ -153,41 +393,72 @@ def copy_store(
     progress: Callable[[str], None] | None = None,
     detached: bool | None = None,
 ) -> CopyReport:
-    """Copy the given contexts (all by default) from ``src`` to ``dst``.
+    """Copy the given contexts (all by default, :func:`source_contexts`) from ``src`` to
+    ``dst``, completing those an interrupted copy left in part.
 
     ``progress`` is called with each context id (or ``session {id}``) once it is done (copied
     or skipped). ``detached``: also copy every detached session (:func:`copy_detached`), reported as
     ``session {id}``; by default when copying all contexts.
     """
-    if contexts is not None:
-        wanted = [ContextId.parse(c) for c in contexts]
-    else:
-        wanted = [ContextId.parse(h.context) for h in src.list_contexts()]
-        if isinstance(src, Lifecycle):
-            wanted += [ContextId.parse(a.context) for a in src.archived_contexts()]
+    wanted = source_contexts(src) if contexts is None else [ContextId.parse(c) for c in contexts]
     pinned = src.pinned_contexts() if isinstance(src, Lifecycle) else frozenset()
     report = CopyReport()
     for ctx in wanted:
-        try:
-            report.entries += copy_context(src, dst, ctx, pinned=pinned)
-            report.copied.append(str(ctx))
-        except (ContextExists, ContextNotFound) as exc:
-            report.skipped.append((str(ctx), str(exc)))
-            if isinstance(exc, ContextExists) and dst.get_head(ctx) is not None:
-                report.present.append(str(ctx))
+        _copy_one(report, src, dst, ctx, pinned)
         if progress is not None:
             progress(str(ctx))
     if detached if detached is not None else contexts is None:
         for session_id in src.detached_sessions():
-            name = f"session {session_id}"
-            try:
-                report.entries += copy_detached(src, dst, session_id)
-                report.copied.append(name)
-            except SessionAttached as exc:
-                report.skipped.append((name, str(exc)))
+            _copy_one(report, src, dst, session_id, pinned)
             if progress is not None:
-                progress(name)
+                progress(f"session {session_id}")
     return report
 
 
-__all__ = ["CopyReport", "copy_context", "copy_detached", "copy_store", "session_segments"]
+def _copy_one(
+    report: CopyReport,
+    src: Store,
+    dst: Store,
+    what: ContextId | SessionId,
+    pinned: frozenset[str],
+) -> None:
+    """Copy one context (or detached session) into ``dst``; say in ``report`` what came of
+    it."""
+    detached = not isinstance(what, ContextId)
+    name = f"session {what}" if detached else str(what)
+    try:
+        if isinstance(what, ContextId):
+            source = read_source(src, what, pinned=pinned)
+        else:
+            source = read_source(src, session_id=what)
+        done = _complete(dst, source)
+    except (ContextNotFound, SessionAttached) as exc:
+        report.skipped.append((name, str(exc)))
+        return
+    except SessionConflict as exc:
+        report.skipped.append((name, str(exc)))
+        report.conflicts.append((name, str(exc)))
+        return
+    if done is None:
+        report.skipped.append((name, "already in the destination"))
+        report.present.append(name)
+        return
+    report.entries += done[0]
+    report.copied.append(name)
+    if done[1]:
+        report.completed.append(name)
+
+
+__all__ = [
+    "BATCH",
+    "CopyReport",
+    "SessionSource",
+    "complete_session",
+    "copy_context",
+    "copy_detached",
+    "copy_store",
+    "entry_data",
+    "read_source",
+    "session_segments",
+    "source_contexts",
+]

@@ -12,6 +12,7 @@
     │   ├── ContextNotFound (also KeyError)
     │   ├── ContextExists
     │   ├── SessionAttached
+    │   ├── SessionConflict
     │   ├── SegmentNotFound (also KeyError)
     │   ├── ConflictError
     │   ├── CorruptLog
@@ -75,6 +76,12 @@ class ContextExists(StoreError):
 
 class SessionAttached(StoreError):
     """The session already belongs to a context, so no other context can adopt it."""
+
+
+class SessionConflict(StoreError):
+    """A copy or an import found the session in the destination with content its source does
+    not have (a line that differs, more lines or segments, another session under the name):
+    the destination is not a prefix of the source, so nothing of it was written."""
 
 
 class SegmentNotFound(StoreError, KeyError):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from terrarium import (
     FsStore,
     Item,
@@ -27,8 +29,10 @@ from terrarium import (
     save_usage,
     save_user_input,
 )
-from terrarium.copy import copy_store
-from terrarium.model import ContextId
+from terrarium.blobs import inline_line, offload_line
+from terrarium.copy import copy_context, copy_store, session_segments
+from terrarium.errors import ContextExists, SessionConflict
+from terrarium.model import ContextId, SegmentId
 from terrarium.stores.base import Lifecycle, Store
 
 
@@ -111,3 +115,95 @@ def test_archived_contexts_and_pins_are_copied_as_they_are(store: Store, tmp_pat
         assert store.pinned_contexts() == frozenset({"cli:main"})
         assert store.trashed_contexts() == []
         assert restore(store, "irc:#python").history == history
+
+
+def _lines(store: Store, context: str) -> dict[str, list[dict[str, object]]]:
+    """Every segment's lines of the context's session, by segment id."""
+    head = store.get_head(ContextId.parse(context))
+    assert head is not None
+    return {
+        str(s): [
+            inline_line(line, store)
+            for line in (lambda r: [r.header, *r.entries])(store.read_segment(head.session_id, s))
+        ]
+        for s in store.list_segments(head.session_id)
+    }
+
+
+def test_a_copy_cut_short_is_completed_not_taken_for_done(store: Store, tmp_path: Path) -> None:
+    """What an older, interrupted copy left (the context made with its root header only, the
+    head on it; part of a segment; a detached part of a session) is completed by the next
+    copy: missing lines, segments and traces written, the head moved to the source's. A
+    third copy finds it all there."""
+    with _source(tmp_path / "src") as src:
+        python = src.get_head(ContextId.parse("irc:#python"))
+        assert python is not None
+        segments = session_segments(src, python)
+        root = SegmentId(segments[0][0]["segment_id"])
+        store.create_context(ContextId.parse("irc:#python"), offload_line(store, segments[0][0]))
+        assert store.get_head(ContextId.parse("irc:#python")).segment_id == root  # type: ignore[union-attr]
+        main = src.get_head(ContextId.parse("cli:main"))
+        assert main is not None
+        header = src.read_segment(main.session_id, main.segment_id).header
+        store.create_session(header)  # a detached part: the new copy's first step
+        report = copy_store(src, store)
+        assert sorted(report.completed) == ["cli:main", "irc:#python"]
+        assert report.present == [] and report.conflicts == []
+        for head in src.list_contexts():
+            copied = store.get_head(ContextId.parse(head.context))
+            assert copied is not None and copied.ref == head.ref, head.context
+            assert _lines(store, head.context) == _lines(src, head.context)
+            for segment in src.list_segments(head.session_id):
+                assert store.read_trace(head.session_id, segment) == src.read_trace(
+                    head.session_id, segment
+                )
+        assert store.detached_sessions() == src.detached_sessions()
+        again = copy_store(src, store)
+        assert again.copied == [] and len(again.present) == len(again.skipped) == 3
+
+
+def test_a_destination_that_differs_is_a_conflict_and_left_alone(
+    store: Store, tmp_path: Path
+) -> None:
+    """A session the destination holds otherwise than the source (a line that differs, lines
+    or a segment the source has not, another session under the id) is reported as a conflict
+    and not written to; the others are copied."""
+    with _source(tmp_path / "src") as src:
+        copy_store(src, store)
+        main = src.get_head(ContextId.parse("cli:main"))
+        assert main is not None
+        save_user_input(src, main.ref, "said in the source")
+        save_user_input(store, main.ref, "said in the destination")  # differs at that seq
+        python = src.get_head(ContextId.parse("irc:#python"))
+        assert python is not None
+        fork_at(store, python.ref, 0)  # a segment the source has not
+        store.delete_context(ContextId.parse("cli:copy-of-python"))
+        create_segment(store, context="cli:copy-of-python")  # another session under the id
+        before = {c: _lines(store, c) for c in ("cli:main", "irc:#python", "cli:copy-of-python")}
+        create_segment(src, context="cli:new")
+        report = copy_store(src, store)
+        assert report.copied == ["cli:new"]
+        conflicts = dict(report.conflicts)
+        assert sorted(conflicts) == ["cli:copy-of-python", "cli:main", "irc:#python"]
+        assert "line 1 differs" in conflicts["cli:main"]
+        assert "segment" in conflicts["irc:#python"]
+        assert "another session" in conflicts["cli:copy-of-python"]
+        assert all("\n" not in reason for reason in conflicts.values())
+        assert {c: _lines(store, c) for c in before} == before  # nothing overwritten
+        with pytest.raises(SessionConflict):
+            copy_context(src, store, "cli:main")
+
+
+def test_a_destination_ahead_of_the_source_is_a_conflict(store: Store, tmp_path: Path) -> None:
+    """Lines the destination has past the source's end are not "already there": the copy
+    there has moved on, and the copy says so instead of calling them equal."""
+    with _source(tmp_path / "src") as src:
+        copy_store(src, store, ["cli:main"])
+        head = store.get_head(ContextId.parse("cli:main"))
+        assert head is not None
+        save_user_input(store, head.ref, "only here")
+        with pytest.raises(SessionConflict, match="1 more line in the destination than the source"):
+            copy_context(src, store, "cli:main")
+        copy_store(src, store, ["irc:#python"])
+        with pytest.raises(ContextExists, match="same lines"):
+            copy_context(src, store, "irc:#python")

@@ -10,6 +10,8 @@ from terrarium.cli.app import CONTEXT, cli, open_store, reads_store, state_of, s
 from terrarium.cli.output import plural
 
 if TYPE_CHECKING:
+    from terrarium.cli.output import Output
+    from terrarium.copy import CopyReport
     from terrarium.model import ContextId
 
 
@@ -36,19 +38,20 @@ def copy(
 ) -> None:
     """Copy sessions between two stores losslessly (folders or store URLs).
 
-    Sessions the destination already has are skipped, so an interrupted copy can be rerun.
-    Without --context, detached sessions (of no context yet) are copied too.
+    Sessions the destination holds in part (an interrupted copy) are completed; those it holds
+    equal to the source are skipped, so an interrupted copy can be rerun. One that it holds
+    otherwise is a conflict: named, not touched, and the exit status is 1. Without --context,
+    archived and detached sessions (of no context yet) are copied too.
     Prints one summary line (a progress bar on a terminal); -v adds a line per session.
     """
-    from terrarium.copy import copy_store
-    from terrarium.model import ContextId
+    from terrarium.copy import copy_store, source_contexts
 
     state = state_of(ctx)
     src = open_store(source, create=False)
     try:
         dst = open_store(destination)
         try:
-            wanted = list(contexts) or [ContextId.parse(h.context) for h in src.list_contexts()]
+            wanted = list(contexts) or source_contexts(src)
             if state.out.err_rich and not verbose:
                 from rich.progress import Progress
 
@@ -67,35 +70,47 @@ def copy(
             dst.close()
     finally:
         src.close()
+    _report_copy(state.out, report, destination, verbose)
+
+
+def _report_copy(out: Output, report: CopyReport, destination: str, verbose: bool) -> None:
+    """``copy``'s lines: per session with -v, each problem, the summary; exit 1 on conflicts."""
     present = report.present
     already = set(present)
-    problems = [(c, reason) for c, reason in report.skipped if c not in already]
+    conflicts = {c for c, _ in report.conflicts}
+    problems = [(c, reason) for c, reason in report.skipped if c not in already | conflicts]
     if verbose:
+        completed = set(report.completed)
         for context in report.copied:
-            state.out.note(f"copied {context}")
+            out.note(f"{'completed' if context in completed else 'copied'} {context}")
         for context in present:
-            state.out.note(f"skipped {context}: already in {redact(destination)}")
+            out.note(f"skipped {context}: already in {redact(destination)}")
     for context, reason in problems:
-        state.out.note(f"skipped {context}: {reason}", style="yellow")
-    state.out.note(copy_summary(report.copied, report.entries, present, problems, destination))
+        out.note(f"skipped {context}: {reason}", style="yellow")
+    for _, reason in report.conflicts:
+        out.error(f"conflict: {reason}; not copied")
+    out.note(copy_summary(report, destination))
+    if report.conflicts:
+        raise click.exceptions.Exit(1)
 
 
-def copy_summary(
-    copied: list[str],
-    lines: int,
-    present: list[str],
-    problems: list[tuple[str, str]],
-    destination: str,
-) -> str:
+def copy_summary(report: CopyReport, destination: str) -> str:
     """``copy``'s one summary line; a rerun that finds everything copied says just that."""
     where = redact(destination)
-    if present and not copied and not problems:
+    copied, present, completed = report.copied, report.present, report.completed
+    conflicts = len(report.conflicts)
+    problems = len(report.skipped) - len(present) - conflicts
+    if present and not copied and not problems and not conflicts:
         return f"nothing to copy: {plural(len(present), 'session')} already in {where}"
-    text = f"copied {plural(len(copied), 'session')} ({plural(lines, 'line')}) to {where}"
+    text = f"copied {plural(len(copied), 'session')} ({plural(report.entries, 'line')}) to {where}"
+    if completed:
+        text += f" ({len(completed)} of them completed)"
     if present:
         text += f"; {len(present)} already there"
     if problems:
-        text += f"; {len(problems)} not copied"
+        text += f"; {problems} not copied"
+    if conflicts:
+        text += f"; {conflicts} in conflict"
     return text
 
 

@@ -701,9 +701,10 @@ def import_cmd(
 ) -> None:
     """Import legacy JSON session files (or folders of them), or native .jsonl exports.
 
-    One file that is already in the store is an error; among many, such files are
-    skipped (a rerun imports only what is new). Prints one summary line; -v prints
-    one line per file.
+    A .jsonl file the store holds in part (an interrupted import) is completed; one it holds
+    otherwise fails. One file that is already in the store, equal, is an error; among many,
+    such files are skipped (a rerun imports only what is new or unfinished). Prints one
+    summary line; -v prints one line per file.
     """
     state = state_of(ctx)
     files = _expand(paths)

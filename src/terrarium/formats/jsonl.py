@@ -15,29 +15,26 @@ OpenAI formats render.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from terrarium import codec, sessions
-from terrarium.blobs import offload_data, offload_line
+from terrarium.copy import SessionSource, complete_session
 from terrarium.errors import (
-    ContextExists,
     ContextNotFound,
     InvalidEntry,
-    SegmentNotFound,
 )
 from terrarium.model import (
-    ENVELOPE_KEYS,
     HISTORY_KINDS,
     ContextId,
     EntryKind,
     LoggedItem,
     RestoredState,
     SegmentId,
-    SessionId,
 )
-from terrarium.stores.base import NewEntry, PodMetadata, Store
+from terrarium.stores.base import PodMetadata, Store
 
 # --------------------------------------------------------------------------- reading
 
@@ -228,7 +225,8 @@ def import_context(
 
     The session and segment ids, timestamps, sequence numbers, unknown keys and unknown entry
     kinds are kept, so the imported context restores to the same state and exports the same
-    lines. The head ends on the last segment of the file.
+    lines. The head ends on the last segment of the file. What an interrupted import left of
+    it is completed (:func:`terrarium.copy.complete_session`).
 
     Args:
         store: where to create the context.
@@ -242,7 +240,9 @@ def import_context(
         The new context's head record.
 
     Raises:
-        ContextExists: the context, or the session it belongs to, is already in ``store``.
+        ContextExists: the context is already in ``store``, the same as the file.
+        SessionConflict: ``store`` holds the context, or its session, otherwise than the file
+            (more lines, other lines, another session); nothing was written.
         InvalidEntry: the lines are not a lineage (no header first, gaps in seqs, ...), or
             a line could not be logged (see :func:`terrarium.codec.encode`). Nothing is
             written then.
@@ -269,81 +269,28 @@ def import_context(
         for segment in segments:
             if segment[0].get("context"):
                 segment[0] = {**segment[0], "context": str(ctx)}
-    return recreate_session(store, ctx, segments)
+    head = SegmentId(segments[-1][0]["segment_id"])
+    complete_session(store, SessionSource(segments, ctx, head))
+    found = store.get_head(ctx)
+    assert found is not None, "complete_session attached it"
+    return found
 
 
 def _check_segments(segments: list[list[dict[str, Any]]]) -> None:
-    """Every header names its session and segment and has a time, and so has every entry."""
+    """Every header names its session and segment (UUIDs) and has a time, and so has every
+    entry."""
     for segment in segments:
         header = segment[0]
         for key in ("session_id", "segment_id", "ts"):
             if not isinstance(header.get(key), str):
                 raise InvalidEntry(f"segment header lacks a string {key!r}")
-        try:
-            SegmentId(header["segment_id"])
-        except ValueError:
-            raise InvalidEntry(f"invalid segment id {header['segment_id']!r}") from None
+        for key in ("session_id", "segment_id"):
+            try:
+                uuid.UUID(header[key])
+            except ValueError:
+                raise InvalidEntry(f"invalid {key.replace('_', ' ')} {header[key]!r}") from None
         if not all(isinstance(line.get("ts"), str) for line in segment):
             raise InvalidEntry(f"segment {header['segment_id']} has an entry without a 'ts'")
-
-
-def recreate_session(
-    store: Store,
-    context: ContextId,
-    segments: list[list[dict[str, Any]]],
-    *,
-    head: SegmentId | None = None,
-) -> PodMetadata:
-    """Create ``context`` in ``store`` from a session's segments, as stored, parents first.
-
-    Every line keeps its session and segment id, timestamp, seq, and every key and kind. The
-    head ends on ``head`` (by default the last segment). A failure leaves nothing behind.
-
-    Raises:
-        ContextExists: the context, or the session, is already in ``store``.
-        InvalidEntry: a session id is not a UUID.
-    """
-    try:
-        session_id = SessionId(segments[0][0]["session_id"])
-    except ValueError:
-        raise InvalidEntry(f"invalid session id {segments[0][0]['session_id']!r}") from None
-    if store.get_head(context) is not None:
-        raise ContextExists(f"session '{context}' already exists")
-    try:
-        store.list_segments(session_id)
-    except SegmentNotFound:
-        pass
-    else:
-        raise ContextExists(f"session {session_id} is already in the store (as another context)")
-    first = store.create_context(context, offload_line(store, segments[0][0]))
-    try:
-        for index, segment in enumerate(segments):
-            segment_id = SegmentId(segment[0]["segment_id"])
-            if index:
-                store.create_segment(session_id, offload_line(store, segment[0]))
-            entries = [
-                NewEntry(line["kind"], line["ts"], offload_data(store, line["kind"], _data(line)))
-                for line in segment[1:]
-            ]
-            for start in range(0, len(entries), _BATCH):
-                store.append(
-                    session_id, segment_id, entries[start : start + _BATCH], expected_seq=start + 1
-                )
-        target = head if head is not None else segment_id
-        if target != first.segment_id:
-            return store.set_head(context, target, expected=first.segment_id)
-    except BaseException:
-        store.delete_context(context)  # leave no half-made context behind
-        raise
-    return first
-
-
-_BATCH = 1000
-"""Entries per append when recreating: bounded memory and statement size on SQL stores."""
-
-
-def _data(line: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in line.items() if k not in ENVELOPE_KEYS}
 
 
 __all__ = [
@@ -355,6 +302,5 @@ __all__ = [
     "load_transcript",
     "parse_lines",
     "parse_ts",
-    "recreate_session",
     "timed_history",
 ]
