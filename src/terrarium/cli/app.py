@@ -43,6 +43,28 @@ MODEL_ENV = "TERRARIUM_MODEL"
 USER_ERRORS = (TerrariumError, ValueError, OSError)
 
 
+def program() -> str:
+    """This program as a shell should run it again: ``terrarium`` when ``PATH`` finds this
+    very script, else the path it was started by (``.venv/bin/terrarium`` from ``make run``),
+    quoted. Run otherwise (``python -m terrarium``, ``chat.py``), ``terrarium``.
+
+    For the commands a note tells the user to paste (``resume with: ...``): a bare name that
+    is not on ``PATH`` would answer "command not found".
+    """
+    import shlex
+    import shutil
+
+    started = sys.argv[0] if sys.argv else ""
+    if os.path.basename(started) != "terrarium":
+        return "terrarium"
+    found = shutil.which("terrarium")
+    try:
+        same = found is not None and os.path.samefile(found, started)
+    except OSError:
+        same = False
+    return "terrarium" if same else shlex.quote(started)
+
+
 def user_error(exc: BaseException) -> click.ClickException:
     """A one-line ClickException for ``exc``."""
     return click.ClickException(one_line(str(exc)) or type(exc).__name__)
