@@ -123,3 +123,54 @@ def test_resume_hint_names_the_program_as_run_when_path_has_no_terrarium(
     # With the venv on PATH (an activated venv), the bare name works and is what it says.
     stderr = chat_once(tmp_path, ".venv/bin/terrarium", f"{bin_dir}:{plain}", fake_server.base_url)
     assert stderr.splitlines()[-1] == "resume with: terrarium chat cli:demo"
+
+
+# --------------------------------------------------------------------------- the distribution
+
+#: Names on the package index that belong to other projects: ``pip install`` of one of them
+#: would install that project (``terrarium``: "Package and ship relocatable Python virtual
+#: environments", 2019).
+TAKEN = {"terrarium"}
+
+#: Where users read install commands: the docs, and the messages the code prints.
+DOC_FILES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "benchmarks/README.md",
+]
+PIP_INSTALL = re.compile(r"pip install\s+(?:-{1,2}[\w-]+\s+)*(['\"]?)([^\s'\"`)]+)\1")
+
+
+def install_commands(text: str) -> list[str]:
+    """What each ``pip install`` in ``text`` installs: ``NAME[extra]``, ``.[dev]``, ``.``."""
+    return [match.group(2) for match in PIP_INSTALL.finditer(text)]
+
+
+def test_install_commands_extract_what_they_install() -> None:
+    text = "run `pip install 'x-y[web]'`, pip install -e '.[bench]' or pip install foo[a,b])"
+    assert install_commands(text) == ["x-y[web]", ".[bench]", "foo[a,b]"]
+
+
+def test_the_distribution_name_is_ours_and_every_install_command_uses_it() -> None:
+    """Every ``pip install`` of this project in the docs and in the code's messages names the
+    distribution of pyproject.toml (not a name another project holds) and an extra it has."""
+    name = str(project()["name"])
+    assert name.lower() not in TAKEN
+    from terrarium.errors import DISTRIBUTION, install_hint
+
+    assert DISTRIBUTION == name and install_hint("web") == f"pip install '{name}[web]'"
+    extras = project()["optional-dependencies"]
+    assert isinstance(extras, dict)
+    sources = [*DOC_FILES, *sorted((ROOT / "src").rglob("*.py")), ROOT / "chat.py"]
+    seen = 0
+    for source in sources:
+        for requirement in install_commands(source.read_text(encoding="utf-8")):
+            target, _, extra = requirement.partition("[")
+            if not (target.startswith(".") or target.lower().startswith("terrarium")):
+                continue  # another project's package (llama-cpp-python, ...)
+            seen += 1
+            where = f"{source.relative_to(ROOT)}: pip install {requirement}"
+            assert target in (".", name), where
+            for wanted in filter(None, extra.rstrip("]").split(",")):
+                assert wanted in extras, f"{where}: no extra {wanted!r} in pyproject.toml"
+    assert seen >= 10  # the docs were read: README, cli.md, dashboard.md, integrations.md ...

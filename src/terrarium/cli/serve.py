@@ -25,6 +25,7 @@ from terrarium.cli.app import (
     state_of,
     storage_option,
 )
+from terrarium.errors import install_hint
 
 LOOPBACK_NAMES = frozenset(("localhost", "127.0.0.1", "::1"))
 
@@ -84,7 +85,7 @@ def serve(
         from terrarium.web import ModelAccess, create_app
     except ImportError as exc:
         raise click.ClickException(
-            f"terrarium serve needs the 'web' extra: pip install 'terrarium[web]' ({exc})"
+            f"terrarium serve needs the 'web' extra: {install_hint('web')} ({exc})"
         ) from exc
     state = state_of(ctx)
     store = state.store()
