@@ -23,7 +23,7 @@ import click
 
 from terrarium.cli import examples
 from terrarium.cli.output import Output, one_line
-from terrarium.errors import TerrariumError
+from terrarium.errors import DISTRIBUTION, TerrariumError
 
 if TYPE_CHECKING:
     from terrarium.agent.multi_context_manager import MultiContextManager
@@ -352,7 +352,7 @@ CONTEXT = ContextParam()
 
 @click.group(cls=GuardedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @storage_option
-@click.version_option(package_name="terrarium", prog_name="terrarium")
+@click.version_option(package_name=DISTRIBUTION, prog_name="terrarium")
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """Durable, forkable conversation sessions for LLM agents.
