@@ -116,6 +116,30 @@ def test_export_many_needs_a_destination(tmp_path: Path) -> None:
     assert "--all" in none.output
 
 
+def test_export_many_into_a_file_name_is_refused_in_one_line(tmp_path: Path) -> None:
+    """``-o single.md`` with several sessions is one line and exit 1, and makes nothing (not
+    a folder named single.md); a name ending in / is a folder, whatever its dots."""
+    _fill(tmp_path / "s")
+    runner = CliRunner()
+    base = ["--storage-dir", str(tmp_path / "s")]
+    for selection in (["cli:main", "irc:#python"], ["--all"], ["--all", "--type", "cli"]):
+        dest = tmp_path / "single.md"
+        result = runner.invoke(cli, ["export", *selection, "-o", str(dest), *base])
+        assert result.exit_code == 1, result.output
+        assert result.output == (
+            f"Error: {dest} is not a folder or an archive: many sessions go into a folder "
+            f"(write {dest}/ to make one), a .zip, a .tar.gz or a .tgz\n"
+        )
+        assert not dest.exists()
+    (tmp_path / "taken.md").write_text("mine", encoding="utf-8")
+    result = runner.invoke(cli, ["export", "--all", "-o", str(tmp_path / "taken.md"), *base])
+    assert result.exit_code == 1 and result.output.count("\n") == 1
+    assert (tmp_path / "taken.md").read_text(encoding="utf-8") == "mine"
+    dotted = runner.invoke(cli, ["export", "--all", "-o", f"{tmp_path / 'v1.2'}/", *base])
+    assert dotted.exit_code == 0, dotted.output
+    assert (tmp_path / "v1.2" / "cli" / "main.md").is_file()
+
+
 def test_search_command_plain_json_and_bad_queries(tmp_path: Path) -> None:
     """search prints hits with [highlights]; --json is structured; SQL and FTS syntax is data."""
     _fill(tmp_path / "s")

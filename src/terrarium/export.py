@@ -214,6 +214,25 @@ def _is_archive(dest: Path) -> bool:
     return dest.name.lower().endswith(ARCHIVE_SUFFIXES)
 
 
+def check_destination(dest: str | os.PathLike[str]) -> None:
+    """Refuse a many-file destination that names one file (``single.md``): an existing file,
+    or a path with an extension that is not an archive's. A folder is a folder that exists,
+    a name without an extension, or one ending in ``/`` (``v1.2/``).
+
+    Raises:
+        ValueError: one line naming the destination and what would do.
+    """
+    text = os.fspath(dest)
+    target = Path(text)
+    if _is_archive(target) or target.is_dir():
+        return
+    if target.exists() or (target.suffix and not text.endswith(("/", os.sep))):
+        raise ValueError(
+            f"{text} is not a folder or an archive: many sessions go into a folder "
+            f"(write {text}/ to make one), a .zip, a .tar.gz or a .tgz"
+        )
+
+
 def _select(
     store: Store,
     contexts: Iterable[ContextId | str] | None,
@@ -283,8 +302,9 @@ def export_many(
             files beside the store count as contexts (see :mod:`terrarium.legacy`).
         fmt: a name in :data:`FORMATS`, or a :class:`Format`.
         dest: a folder (created if needed; files in it are replaced), or a path ending in
-            ``.zip``, ``.tar.gz`` or ``.tgz`` for an archive. For ``finetune``: the JSONL file
-            to write, or a folder or archive to hold ``finetune.jsonl``.
+            ``.zip``, ``.tar.gz`` or ``.tgz`` for an archive; a file name is refused
+            (:func:`check_destination`). For ``finetune``: the JSONL file to write, or a
+            folder or archive to hold ``finetune.jsonl``.
         type: keep only contexts of this type.
         since, until: keep only contexts with a message logged in this window (a date, a
             datetime or ISO text; a date covers its whole UTC day; both ends inclusive).
@@ -293,12 +313,14 @@ def export_many(
         What was written.
 
     Raises:
-        ValueError: unknown format.
+        ValueError: unknown format, or ``dest`` names one file.
         ContextNotFound: a context named in ``contexts`` does not exist.
         LegacyFormatError, OSError: a context's legacy file cannot be read.
     """
     spec = get_format(fmt)
     target = Path(dest)
+    if spec.name != "finetune":  # one JSONL file is what finetune writes
+        check_destination(dest)
     chosen = _select(store, contexts, type, since, until)
     files: dict[str, bytes] = {}
     if spec.name == "finetune":  # one line per context (or none), in one file
@@ -358,6 +380,7 @@ __all__ = [
     "FORMATS",
     "ExportResult",
     "Format",
+    "check_destination",
     "export_context",
     "export_many",
     "format_name",
