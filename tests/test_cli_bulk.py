@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import shlex
 import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from terrarium import FsStore, Item, SqliteStore, create_segment, restore, save_delta
-from terrarium.cli import cli
+from terrarium.cli import cli, examples
 from terrarium.model import ContextId
 
 
@@ -100,7 +102,7 @@ def test_export_many_to_folder_zip_and_tar(tmp_path: Path) -> None:
     )
     assert tarred.exit_code == 0, tarred.output
     with tarfile.open(tmp_path / "x.tgz") as archive:
-        assert archive.getnames() == ["irc/#python.jsonl"]
+        assert archive.getnames() == ["terrarium-bundle.json", "irc/#python.jsonl"]
 
 
 def test_export_many_needs_a_destination(tmp_path: Path) -> None:
@@ -114,6 +116,72 @@ def test_export_many_needs_a_destination(tmp_path: Path) -> None:
     none = runner.invoke(cli, ["export", *base])
     assert none.exit_code == 2
     assert "--all" in none.output
+
+
+def test_the_helps_backup_example_imports_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``terrarium export --all -f jsonl -o backup.tar.gz``, as the help writes it, is read
+    back by ``import`` as it comes (archived and pinned sessions too); a rerun adds nothing."""
+    _fill(tmp_path / "s")
+    with FsStore(tmp_path / "s") as store:
+        store.pin_context(ContextId.parse("cli:main"))
+        store.archive_context(ContextId.parse("game:run1"))
+    monkeypatch.chdir(tmp_path)
+    example = shlex.split(examples.EXAMPLES["export"][1])
+    assert example == ["terrarium", "export", "--all", "-f", "jsonl", "-o", "backup.tar.gz"]
+    runner = CliRunner()
+    exported = runner.invoke(cli, [*example[1:], "--storage-dir", "s"])
+    assert exported.exit_code == 0, exported.output
+    dst = f"sqlite:///{tmp_path / 'restored.db'}"
+    imported = runner.invoke(cli, ["import", "backup.tar.gz", "--storage-dir", dst])
+    assert imported.exit_code == 0, imported.output
+    assert imported.output == f"imported 3 sessions into {dst}\n"
+    with FsStore(tmp_path / "s") as src, SqliteStore(tmp_path / "restored.db") as copied:
+        assert [h.context for h in copied.list_contexts()] == ["cli:main", "irc:#python"]
+        assert [a.context for a in copied.archived_contexts()] == ["game:run1"]
+        assert copied.pinned_contexts() == {"cli:main"}
+        for context in ("cli:main", "irc:#python", "game:run1"):
+            assert restore(copied, context) == restore(src, context)
+    again = runner.invoke(cli, ["import", "backup.tar.gz", "-v", "--storage-dir", dst])
+    assert again.exit_code == 0, again.output
+    assert again.output.splitlines()[-1] == f"nothing to import: 3 sessions already in {dst}"
+
+
+def test_import_refuses_what_is_no_bundle_and_names_a_bad_entry(tmp_path: Path) -> None:
+    """An archive without a manifest is one line; a bundle with one unreadable session
+    imports the others, names that one, and exits 1."""
+    _fill(tmp_path / "s")
+    runner = CliRunner()
+    base = ["--storage-dir", str(tmp_path / "s")]
+    assert (
+        runner.invoke(cli, ["export", "--all", "-o", str(tmp_path / "md.zip"), *base]).exit_code
+        == 0
+    )
+    dst = ["--storage-dir", str(tmp_path / "dst")]
+    plain = runner.invoke(cli, ["import", str(tmp_path / "md.zip"), *dst])
+    assert plain.exit_code == 1
+    assert plain.output == (
+        f"Error: {tmp_path / 'md.zip'} is not a terrarium bundle: it has no "
+        "terrarium-bundle.json (write one with: terrarium export --all -f jsonl -o "
+        "FILE.tar.gz)\n"
+    )
+    folder = tmp_path / "bundle"
+    assert (
+        runner.invoke(cli, ["export", "--all", "-f", "jsonl", "-o", str(folder), *base]).exit_code
+        == 0
+    )
+    (folder / "game" / "run1.jsonl").write_text("not json\n", encoding="utf-8")
+    result = runner.invoke(cli, ["import", str(folder), *dst])
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert lines[0].startswith(f"error: game:run1: {folder}:game/run1.jsonl:1: not valid JSON")
+    assert lines[1:] == [
+        f"imported 2 sessions into {tmp_path / 'dst'}; 1 failed",
+        "Error: 1 of 3 sessions and files could not be imported",
+    ]
+    with FsStore(tmp_path / "dst") as restored:
+        assert [h.context for h in restored.list_contexts()] == ["cli:main", "irc:#python"]
 
 
 def test_export_many_into_a_file_name_is_refused_in_one_line(tmp_path: Path) -> None:

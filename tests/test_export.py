@@ -491,7 +491,7 @@ def test_export_many_to_a_folder(store: Store, tmp_path: Path) -> None:
     only = export_many(store, None, "html", tmp_path / "web", type="web")
     assert only.members == ["web/what%3F%2A.html"]
     dated = export_many(store, ["cli:main", CONTEXT], "jsonl", tmp_path / "d", until="2025-06-01")
-    assert dated.members == ["cli/main.jsonl"]
+    assert dated.members == ["terrarium-bundle.json", "cli/main.jsonl"]  # jsonl: a bundle
 
 
 @pytest.mark.parametrize("suffix", [".zip", ".tar.gz"])
@@ -557,4 +557,4 @@ def test_archive_readers_see_utf8_names(tmp_path: Path) -> None:
         else:
             with tarfile.open(fileobj=data, mode="r:gz") as tar:
                 names = tar.getnames()
-        assert names == ["irc/#café.jsonl"]
+        assert names == ["terrarium-bundle.json", "irc/#café.jsonl"]  # jsonl: a bundle

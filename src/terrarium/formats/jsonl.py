@@ -217,6 +217,32 @@ def _split_segments(lines: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return segments
 
 
+def read_segments(
+    data: str | bytes | Iterable[Mapping[str, Any]], *, where: str = "<jsonl>"
+) -> list[list[dict[str, Any]]]:
+    """Decode a JSONL export (or its decoded lines) into its segments, header first in each,
+    checked as :func:`import_context` needs them: every line loggable, seqs 0, 1, 2, ... in
+    each segment, one session, ids and times in every header. Nothing is written.
+
+    Raises:
+        InvalidEntry: the lines are not segments of one session, or a line could not be
+            logged (the message names ``where`` and the line).
+        CorruptLog, FormatVersionError: see :func:`parse_lines`.
+    """
+    if isinstance(data, str | bytes):
+        lines = parse_lines(data, where=where)
+    else:
+        lines = [dict(line) for line in data]
+    for number, line in enumerate(lines, start=1):
+        try:
+            codec.encode(line)  # refused here, before anything is created
+        except InvalidEntry as exc:
+            raise InvalidEntry(f"{where}:{number}: {exc}") from None
+    segments = _split_segments(lines)
+    _check_segments(segments)
+    return segments
+
+
 def import_context(
     store: Store,
     data: str | bytes | Iterable[Mapping[str, Any]],
@@ -248,17 +274,7 @@ def import_context(
             written then.
         CorruptLog, FormatVersionError: see :func:`parse_lines`.
     """
-    if isinstance(data, str | bytes):
-        lines = parse_lines(data, where=where)
-    else:
-        lines = [dict(line) for line in data]
-    for number, line in enumerate(lines, start=1):
-        try:
-            codec.encode(line)  # refused here, before anything is created
-        except InvalidEntry as exc:
-            raise InvalidEntry(f"{where}:{number}: {exc}") from None
-    segments = _split_segments(lines)
-    _check_segments(segments)
+    segments = read_segments(data, where=where)
     named = next((s[0]["context"] for s in reversed(segments) if s[0].get("context")), None)
     target = context if context is not None else named
     if target is None:
@@ -303,39 +319,68 @@ def recreate_session(
         ContextExists: the context, or the session, is already in ``store``.
         InvalidEntry: a session id is not a UUID.
     """
-    try:
-        session_id = SessionId(segments[0][0]["session_id"])
-    except ValueError:
-        raise InvalidEntry(f"invalid session id {segments[0][0]['session_id']!r}") from None
     if store.get_head(context) is not None:
         raise ContextExists(f"session '{context}' already exists")
-    try:
-        store.list_segments(session_id)
-    except SegmentNotFound:
-        pass
-    else:
-        raise ContextExists(f"session {session_id} is already in the store (as another context)")
+    session_id = _new_session_id(store, segments)
     first = store.create_context(context, offload_line(store, segments[0][0]))
     try:
-        for index, segment in enumerate(segments):
-            segment_id = SegmentId(segment[0]["segment_id"])
-            if index:
-                store.create_segment(session_id, offload_line(store, segment[0]))
-            entries = [
-                NewEntry(line["kind"], line["ts"], offload_data(store, line["kind"], _data(line)))
-                for line in segment[1:]
-            ]
-            for start in range(0, len(entries), _BATCH):
-                store.append(
-                    session_id, segment_id, entries[start : start + _BATCH], expected_seq=start + 1
-                )
-        target = head if head is not None else segment_id
+        last = _fill(store, session_id, segments)
+        target = head if head is not None else last
         if target != first.segment_id:
             return store.set_head(context, target, expected=first.segment_id)
     except BaseException:
         store.delete_context(context)  # leave no half-made context behind
         raise
     return first
+
+
+def recreate_detached(store: Store, segments: list[list[dict[str, Any]]]) -> SessionId:
+    """Create a detached session (of no context) in ``store`` from its segments, as stored,
+    parents first, as :func:`recreate_session` does for a context; return its id.
+
+    A store cannot delete a detached session, so a failure while writing leaves the part
+    written, detached and unlisted (:func:`terrarium.copy.copy_detached` completes it).
+
+    Raises:
+        ContextExists: the session is already in ``store``.
+        InvalidEntry: a session id is not a UUID.
+    """
+    session_id = _new_session_id(store, segments)
+    store.create_session(offload_line(store, segments[0][0]))
+    _fill(store, session_id, segments)
+    return session_id
+
+
+def _new_session_id(store: Store, segments: list[list[dict[str, Any]]]) -> SessionId:
+    """The segments' session id, which ``store`` must not hold yet."""
+    try:
+        session_id = SessionId(segments[0][0]["session_id"])
+    except ValueError:
+        raise InvalidEntry(f"invalid session id {segments[0][0]['session_id']!r}") from None
+    try:
+        store.list_segments(session_id)
+    except SegmentNotFound:
+        return session_id
+    raise ContextExists(f"session {session_id} is already in the store (as another context)")
+
+
+def _fill(store: Store, session_id: SessionId, segments: list[list[dict[str, Any]]]) -> SegmentId:
+    """Write the segments' entries (and every segment after the first, which exists); return
+    the last segment's id."""
+    segment_id = SegmentId(segments[0][0]["segment_id"])
+    for index, segment in enumerate(segments):
+        segment_id = SegmentId(segment[0]["segment_id"])
+        if index:
+            store.create_segment(session_id, offload_line(store, segment[0]))
+        entries = [
+            NewEntry(line["kind"], line["ts"], offload_data(store, line["kind"], _data(line)))
+            for line in segment[1:]
+        ]
+        for start in range(0, len(entries), _BATCH):
+            store.append(
+                session_id, segment_id, entries[start : start + _BATCH], expected_seq=start + 1
+            )
+    return segment_id
 
 
 _BATCH = 1000
@@ -355,6 +400,8 @@ __all__ = [
     "load_transcript",
     "parse_lines",
     "parse_ts",
+    "read_segments",
+    "recreate_detached",
     "recreate_session",
     "timed_history",
 ]
