@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from terrarium import FsStore, Item, SqliteStore, create_segment, restore, save_delta
+from terrarium.bundle import MANIFEST
 from terrarium.cli import cli, examples
 from terrarium.model import ContextId
 
@@ -182,6 +183,62 @@ def test_import_refuses_what_is_no_bundle_and_names_a_bad_entry(tmp_path: Path) 
     ]
     with FsStore(tmp_path / "dst") as restored:
         assert [h.context for h in restored.list_contexts()] == ["cli:main", "irc:#python"]
+
+
+def test_a_bundle_is_never_read_outside_itself(tmp_path: Path) -> None:
+    """A manifest naming ``../x`` or a symbolic link out of a bundle folder is refused for
+    that session, with the reason; the file outside is not read."""
+    _fill(tmp_path / "s")
+    runner = CliRunner()
+    folder = tmp_path / "bundle"
+    args = [
+        "export",
+        "--all",
+        "-f",
+        "jsonl",
+        "-o",
+        str(folder),
+        "--storage-dir",
+        str(tmp_path / "s"),
+    ]
+    assert runner.invoke(cli, args).exit_code == 0
+    outside = tmp_path / "outside.jsonl"
+    outside.write_bytes((folder / "cli" / "main.jsonl").read_bytes())  # a good file, outside
+    manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    manifest["contexts"][0]["file"] = "../outside.jsonl"  # cli:main's
+    (folder / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    (folder / "irc" / "#python.jsonl").unlink()
+    (folder / "irc" / "#python.jsonl").symlink_to(outside)
+    result = runner.invoke(cli, ["import", str(folder), "--storage-dir", str(tmp_path / "dst")])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[:2] == [
+        f"error: cli:main: {folder}: the manifest names a file outside it: '../outside.jsonl'",
+        f"error: irc:#python: {folder}: irc/#python.jsonl is a link out of the bundle: not read",
+    ]
+    with FsStore(tmp_path / "dst") as restored:
+        assert [h.context for h in restored.list_contexts()] == ["game:run1"]
+
+
+def test_a_legacy_file_beside_the_store_goes_into_the_bundle(tmp_path: Path) -> None:
+    """``--all`` takes the sessions ``list`` shows, legacy files too: they come back in the
+    log."""
+    _fill(tmp_path / "s")
+    legacy = tmp_path / "s" / "cli" / "2025-11-06" / "old.json"
+    legacy.parent.mkdir(parents=True)
+    messages = [{"role": "user", "content": "from the seed", "timestamp": "2025-11-06T10:00:00"}]
+    legacy.write_text(
+        json.dumps({"session_id": "old", "context_type": "cli", "messages": messages})
+    )
+    runner = CliRunner()
+    args = ["export", "--all", "-f", "jsonl", "-o", str(tmp_path / "b.zip")]
+    assert runner.invoke(cli, [*args, "--storage-dir", str(tmp_path / "s")]).exit_code == 0
+    result = runner.invoke(
+        cli, ["import", str(tmp_path / "b.zip"), "--storage-dir", str(tmp_path / "dst")]
+    )
+    assert result.exit_code == 0, result.output
+    with FsStore(tmp_path / "dst") as restored:
+        assert "cli:old" in [h.context for h in restored.list_contexts()]
+        assert [m["content"] for m in restore(restored, "cli:old").history] == ["from the seed"]
 
 
 def test_export_many_into_a_file_name_is_refused_in_one_line(tmp_path: Path) -> None:

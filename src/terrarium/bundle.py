@@ -181,8 +181,9 @@ class _Members:
             handle = self._tar.extractfile(info) if info.isfile() else None
             return None if handle is None else handle.read()
         file = self.path.joinpath(*member.split("/"))
-        inside = file.resolve().is_relative_to(self.path.resolve())  # no link out of it
-        return file.read_bytes() if inside and file.is_file() else None
+        if not file.resolve().is_relative_to(self.path.resolve()):
+            raise InvalidEntry(f"{self.path}: {member} is a link out of the bundle: not read")
+        return file.read_bytes() if file.is_file() else None
 
 
 def _manifest(members: _Members) -> dict[str, Any]:
