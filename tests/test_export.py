@@ -274,6 +274,9 @@ def test_html_renders_markdown_as_the_dashboard_does(store: Store) -> None:
     assert "&lt;b&gt;raw&lt;/b&gt;" in page and 'href="javascript' not in page
     assert '<a href="https://example.org/">ok</a>' in page
     assert render.pygments_css() in page
+    # each token's style goes to its class only: ".md pre .k, pre .k", never all of ".md pre"
+    css = render.pygments_css()
+    assert ".md pre .k, pre .k {" in css and ".md pre, pre ." not in css
 
 
 def test_html_chat_layout(store: Store) -> None:

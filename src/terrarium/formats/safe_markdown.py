@@ -68,7 +68,9 @@ def code_html(text: str, lang: str = "json") -> str:
 
 def pygments_css() -> str:
     """The style sheet of the highlighted code's class names."""
-    return str(HtmlFormatter(style="default").get_style_defs(".md pre, pre"))
+    # A list, not ".md pre, pre": Pygments puts the text before each class as it is, and the
+    # bare ".md pre" of that string would get every token's style (a red border, italics).
+    return str(HtmlFormatter(style="default").get_style_defs([".md pre", "pre"]))
 
 
 __all__ = ["MARKDOWN_LIMIT", "code_html", "markdown_html", "pygments_css"]
