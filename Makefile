@@ -2,6 +2,10 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two installs: `run` needs the chat's dependencies only (the package, no extra); `test`,
+# `lint` and the benchmarks need the `dev` extra (linters, type checker, test tools, browser
+# driver, the integrations' libraries). A dev install also satisfies `run`.
+RUN_STAMP := $(VENV)/.run-stamp
 STAMP := $(VENV)/.installed-stamp
 
 # Opt-in, not part of `make test`: a real llama.cpp server (llama-cpp-python) on a tiny random
@@ -14,13 +18,18 @@ CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
 .PHONY: run test lint bench bench-peers clean test-real-model
 
+$(RUN_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e .
+	touch $(RUN_STAMP)
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/terrarium chat
 
 lint: $(STAMP)

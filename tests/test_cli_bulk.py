@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import tarfile
 import zipfile
 from collections.abc import Iterator
@@ -15,7 +16,8 @@ from click.testing import CliRunner
 from helpers.copies import fill, snapshot
 from pg import empty_default_schema, own_database, pg_database  # noqa: F401  (a fixture)
 from terrarium import FsStore, Item, SqliteStore, create_segment, restore, save_delta
-from terrarium.cli import cli
+from terrarium.bundle import MANIFEST
+from terrarium.cli import cli, examples
 from terrarium.formats import jsonl
 from terrarium.model import ContextId
 from terrarium.stores.url import open_store
@@ -230,7 +232,7 @@ def test_export_many_to_folder_zip_and_tar(tmp_path: Path) -> None:
     )
     assert tarred.exit_code == 0, tarred.output
     with tarfile.open(tmp_path / "x.tgz") as archive:
-        assert archive.getnames() == ["irc/#python.jsonl"]
+        assert archive.getnames() == ["terrarium-bundle.json", "irc/#python.jsonl"]
 
 
 def test_export_many_needs_a_destination(tmp_path: Path) -> None:
@@ -244,6 +246,152 @@ def test_export_many_needs_a_destination(tmp_path: Path) -> None:
     none = runner.invoke(cli, ["export", *base])
     assert none.exit_code == 2
     assert "--all" in none.output
+
+
+def test_the_helps_backup_example_imports_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``terrarium export --all -f jsonl -o backup.tar.gz``, as the help writes it, is read
+    back by ``import`` as it comes (archived and pinned sessions too); a rerun adds nothing."""
+    _fill(tmp_path / "s")
+    with FsStore(tmp_path / "s") as store:
+        store.pin_context(ContextId.parse("cli:main"))
+        store.archive_context(ContextId.parse("game:run1"))
+    monkeypatch.chdir(tmp_path)
+    example = shlex.split(examples.EXAMPLES["export"][1])
+    assert example == ["terrarium", "export", "--all", "-f", "jsonl", "-o", "backup.tar.gz"]
+    runner = CliRunner()
+    exported = runner.invoke(cli, [*example[1:], "--storage-dir", "s"])
+    assert exported.exit_code == 0, exported.output
+    dst = f"sqlite:///{tmp_path / 'restored.db'}"
+    imported = runner.invoke(cli, ["import", "backup.tar.gz", "--storage-dir", dst])
+    assert imported.exit_code == 0, imported.output
+    assert imported.output == f"imported 3 sessions into {dst}\n"
+    with FsStore(tmp_path / "s") as src, SqliteStore(tmp_path / "restored.db") as copied:
+        assert [h.context for h in copied.list_contexts()] == ["cli:main", "irc:#python"]
+        assert [a.context for a in copied.archived_contexts()] == ["game:run1"]
+        assert copied.pinned_contexts() == {"cli:main"}
+        for context in ("cli:main", "irc:#python", "game:run1"):
+            assert restore(copied, context) == restore(src, context)
+    again = runner.invoke(cli, ["import", "backup.tar.gz", "-v", "--storage-dir", dst])
+    assert again.exit_code == 0, again.output
+    assert again.output.splitlines()[-1] == f"nothing to import: 3 sessions already in {dst}"
+
+
+def test_import_refuses_what_is_no_bundle_and_names_a_bad_entry(tmp_path: Path) -> None:
+    """An archive without a manifest is one line; a bundle with one unreadable session
+    imports the others, names that one, and exits 1."""
+    _fill(tmp_path / "s")
+    runner = CliRunner()
+    base = ["--storage-dir", str(tmp_path / "s")]
+    assert (
+        runner.invoke(cli, ["export", "--all", "-o", str(tmp_path / "md.zip"), *base]).exit_code
+        == 0
+    )
+    dst = ["--storage-dir", str(tmp_path / "dst")]
+    plain = runner.invoke(cli, ["import", str(tmp_path / "md.zip"), *dst])
+    assert plain.exit_code == 1
+    assert plain.output == (
+        f"Error: {tmp_path / 'md.zip'} is not a terrarium bundle: it has no "
+        "terrarium-bundle.json (write one with: terrarium export --all -f jsonl -o "
+        "FILE.tar.gz)\n"
+    )
+    folder = tmp_path / "bundle"
+    assert (
+        runner.invoke(cli, ["export", "--all", "-f", "jsonl", "-o", str(folder), *base]).exit_code
+        == 0
+    )
+    (folder / "game" / "run1.jsonl").write_text("not json\n", encoding="utf-8")
+    result = runner.invoke(cli, ["import", str(folder), *dst])
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert lines[0].startswith(f"error: game:run1: {folder}:game/run1.jsonl:1: not valid JSON")
+    assert lines[1:] == [
+        f"imported 2 sessions into {tmp_path / 'dst'}; 1 failed",
+        "Error: 1 of 3 sessions and files could not be imported",
+    ]
+    with FsStore(tmp_path / "dst") as restored:
+        assert [h.context for h in restored.list_contexts()] == ["cli:main", "irc:#python"]
+
+
+def test_a_bundle_is_never_read_outside_itself(tmp_path: Path) -> None:
+    """A manifest naming ``../x`` or a symbolic link out of a bundle folder is refused for
+    that session, with the reason; the file outside is not read."""
+    _fill(tmp_path / "s")
+    runner = CliRunner()
+    folder = tmp_path / "bundle"
+    args = [
+        "export",
+        "--all",
+        "-f",
+        "jsonl",
+        "-o",
+        str(folder),
+        "--storage-dir",
+        str(tmp_path / "s"),
+    ]
+    assert runner.invoke(cli, args).exit_code == 0
+    outside = tmp_path / "outside.jsonl"
+    outside.write_bytes((folder / "cli" / "main.jsonl").read_bytes())  # a good file, outside
+    manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    manifest["contexts"][0]["file"] = "../outside.jsonl"  # cli:main's
+    (folder / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    (folder / "irc" / "#python.jsonl").unlink()
+    (folder / "irc" / "#python.jsonl").symlink_to(outside)
+    result = runner.invoke(cli, ["import", str(folder), "--storage-dir", str(tmp_path / "dst")])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[:2] == [
+        f"error: cli:main: {folder}: the manifest names a file outside it: '../outside.jsonl'",
+        f"error: irc:#python: {folder}: irc/#python.jsonl is a link out of the bundle: not read",
+    ]
+    with FsStore(tmp_path / "dst") as restored:
+        assert [h.context for h in restored.list_contexts()] == ["game:run1"]
+
+
+def test_a_legacy_file_beside_the_store_goes_into_the_bundle(tmp_path: Path) -> None:
+    """``--all`` takes the sessions ``list`` shows, legacy files too: they come back in the
+    log."""
+    _fill(tmp_path / "s")
+    legacy = tmp_path / "s" / "cli" / "2025-11-06" / "old.json"
+    legacy.parent.mkdir(parents=True)
+    messages = [{"role": "user", "content": "from the seed", "timestamp": "2025-11-06T10:00:00"}]
+    legacy.write_text(
+        json.dumps({"session_id": "old", "context_type": "cli", "messages": messages})
+    )
+    runner = CliRunner()
+    args = ["export", "--all", "-f", "jsonl", "-o", str(tmp_path / "b.zip")]
+    assert runner.invoke(cli, [*args, "--storage-dir", str(tmp_path / "s")]).exit_code == 0
+    result = runner.invoke(
+        cli, ["import", str(tmp_path / "b.zip"), "--storage-dir", str(tmp_path / "dst")]
+    )
+    assert result.exit_code == 0, result.output
+    with FsStore(tmp_path / "dst") as restored:
+        assert "cli:old" in [h.context for h in restored.list_contexts()]
+        assert [m["content"] for m in restore(restored, "cli:old").history] == ["from the seed"]
+
+
+def test_export_many_into_a_file_name_is_refused_in_one_line(tmp_path: Path) -> None:
+    """``-o single.md`` with several sessions is one line and exit 1, and makes nothing (not
+    a folder named single.md); a name ending in / is a folder, whatever its dots."""
+    _fill(tmp_path / "s")
+    runner = CliRunner()
+    base = ["--storage-dir", str(tmp_path / "s")]
+    for selection in (["cli:main", "irc:#python"], ["--all"], ["--all", "--type", "cli"]):
+        dest = tmp_path / "single.md"
+        result = runner.invoke(cli, ["export", *selection, "-o", str(dest), *base])
+        assert result.exit_code == 1, result.output
+        assert result.output == (
+            f"Error: {dest} is not a folder or an archive: many sessions go into a folder "
+            f"(write {dest}/ to make one), a .zip, a .tar.gz or a .tgz\n"
+        )
+        assert not dest.exists()
+    (tmp_path / "taken.md").write_text("mine", encoding="utf-8")
+    result = runner.invoke(cli, ["export", "--all", "-o", str(tmp_path / "taken.md"), *base])
+    assert result.exit_code == 1 and result.output.count("\n") == 1
+    assert (tmp_path / "taken.md").read_text(encoding="utf-8") == "mine"
+    dotted = runner.invoke(cli, ["export", "--all", "-o", f"{tmp_path / 'v1.2'}/", *base])
+    assert dotted.exit_code == 0, dotted.output
+    assert (tmp_path / "v1.2" / "cli" / "main.md").is_file()
 
 
 def test_search_command_plain_json_and_bad_queries(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ with click.Context(cli) as _listing:
     ]
 
 # Paths the examples name that must exist for click.Path(exists=True) to accept them.
-EXISTING = ("old-sessions/", "main.jsonl")
+EXISTING = ("old-sessions/", "main.jsonl", "backup.tar.gz")
 
 
 @pytest.mark.parametrize("name", NAMES)

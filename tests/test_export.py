@@ -205,6 +205,8 @@ ALLOWED_TAGS = {
     "html", "head", "meta", "title", "style", "body", "main", "header", "h1", "h2", "table",
     "tr", "th", "td", "section", "div", "b", "time", "details", "summary", "pre", "code",
     "span", "small", "i", "a",
+    # message text is Markdown: what markdown-it makes of it (raw HTML stays escaped)
+    "p", "strong", "em", "ul", "ol", "li", "blockquote", "hr", "br", "h3", "thead", "tbody",
 }  # fmt: skip
 
 
@@ -223,10 +225,8 @@ def test_html_page_is_self_contained_and_escaped(store: Store) -> None:
         names = {name for name, _ in parser.attrs}
         assert not {"src", "onerror", "onload", "onclick"} & names
         assert "<link" not in page and "<script" not in page and "<img" not in page
-        escaped = (
-            "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &quot;double&quot; &#x27;single&#x27;"
-        )
-        assert escaped in page
+        # in text a quote needs no escape (markdown-it leaves ' as it is); markup does
+        assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &quot;double&quot; 'single'" in page
         assert "naïve 日本語 🐍" in page
         text = "".join(parser.text)
         assert NASTY in text  # the escaped markup reads back as the original text
@@ -237,6 +237,46 @@ def test_html_page_is_self_contained_and_escaped(store: Store) -> None:
         assert "<style>" in page and "Content-Security-Policy" in page
     page = export_context(store, nasty_context, "html")
     assert "<title>web:&lt;img src=x onerror=alert(1)&gt;&amp;&quot;&#x27;</title>" in page
+
+
+MARKDOWN = """# Plan
+
+1. **bold**, *emphasis* and `code`
+
+```python
+print("hi")
+```
+
+| a | b |
+| - | - |
+| 1 | 2 |
+
+<b>raw</b> [bad](javascript:alert(1)) [ok](https://example.org/)"""
+
+
+def test_html_renders_markdown_as_the_dashboard_does(store: Store) -> None:
+    """Message text is Markdown rendered by the dashboard's renderer (raw HTML escaped, only
+    http(s) and mailto links, code highlighted with the page's Pygments styles inline)."""
+    from terrarium.web import render
+
+    session_id, segment_id = create_segment(store, context="cli:md")
+    ref = PodActiveSegmentRef(session_id, segment_id)
+    save_user_input(store, ref, "show me *the plan*")
+    save_delta(
+        store, ref, [{"role": "assistant", "content": MARKDOWN, "reasoning_content": "_why_"}]
+    )
+    page = export_context(store, "cli:md", "html")
+    assert isinstance(page, str)
+    for text in ("show me *the plan*", MARKDOWN, "_why_"):
+        assert str(render.markdown(text)) in page
+    assert "<strong>bold</strong>" in page and "<em>the plan</em>" in page
+    assert "<table>" in page and '<span class="nb">print</span>' in page
+    assert "&lt;b&gt;raw&lt;/b&gt;" in page and 'href="javascript' not in page
+    assert '<a href="https://example.org/">ok</a>' in page
+    assert render.pygments_css() in page
+    # each token's style goes to its class only: ".md pre .k, pre .k", never all of ".md pre"
+    css = render.pygments_css()
+    assert ".md pre .k, pre .k {" in css and ".md pre, pre ." not in css
 
 
 def test_html_chat_layout(store: Store) -> None:
@@ -454,7 +494,7 @@ def test_export_many_to_a_folder(store: Store, tmp_path: Path) -> None:
     only = export_many(store, None, "html", tmp_path / "web", type="web")
     assert only.members == ["web/what%3F%2A.html"]
     dated = export_many(store, ["cli:main", CONTEXT], "jsonl", tmp_path / "d", until="2025-06-01")
-    assert dated.members == ["cli/main.jsonl"]
+    assert dated.members == ["terrarium-bundle.json", "cli/main.jsonl"]  # jsonl: a bundle
 
 
 @pytest.mark.parametrize("suffix", [".zip", ".tar.gz"])
@@ -520,4 +560,4 @@ def test_archive_readers_see_utf8_names(tmp_path: Path) -> None:
         else:
             with tarfile.open(fileobj=data, mode="r:gz") as tar:
                 names = tar.getnames()
-        assert names == ["irc/#café.jsonl"]
+        assert names == ["terrarium-bundle.json", "irc/#café.jsonl"]  # jsonl: a bundle

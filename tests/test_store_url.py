@@ -197,7 +197,7 @@ def test_missing_psycopg_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_psycopg)
-    with pytest.raises(ImportError, match=r"pip install 'terrarium\[postgres\]'") as info:
+    with pytest.raises(ImportError, match=r"pip install 'terrarium-sessions\[postgres\]'") as info:
         open_store(f"postgres://admin:{SECRET}@db/x")
     assert SECRET not in str(info.value)
 

@@ -68,6 +68,51 @@ def test_loopback_hosts(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
 
 
+def test_a_port_in_use_is_one_line_before_any_banner(tmp_path: Path) -> None:
+    """Another server holds the port: ``serve`` says so in one line on stderr, prints no
+    dashboard URL, and exits 1 (a real process, a real listening socket)."""
+    FsStore(tmp_path / "s").close()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "terrarium", "serve", "--port", str(port)]
+        done = subprocess.run(
+            [*command, "--storage-dir", str(tmp_path / "s")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 1
+    assert done.stdout == ""  # no "terrarium dashboard on http://..." for a server never up
+    assert done.stderr == (
+        f"Error: cannot listen on 127.0.0.1:{port}: the port is in use (stop what listens "
+        "there, or pick another with --port)\n"
+    )
+
+
+def test_port_0_serves_on_a_free_port_and_prints_it(tmp_path: Path) -> None:
+    """The banner names the port the dashboard really listens on."""
+    with FsStore(tmp_path / "s") as store:
+        seed(store)
+    command = [sys.executable, "-m", "terrarium", "serve", "--storage-dir", str(tmp_path / "s")]
+    with subprocess.Popen([*command, "--port", "0"], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            url = proc.stdout.readline().split()[-1]
+            port = int(url.rsplit(":", 1)[1].strip("/"))
+            assert port != 0 and url == f"http://127.0.0.1:{port}/"
+            transport = httpx.HTTPTransport(retries=50)  # the socket listens before the line
+            with httpx.Client(base_url=url, transport=transport) as http:
+                assert http.get("/api/stats").status_code == 200
+        finally:
+            proc.terminate()
+            try:
+                assert proc.wait(20) in (0, -15)
+            finally:
+                proc.kill()
+
+
 def test_off_loopback_a_token_is_generated_and_enforced(tmp_path: Path) -> None:
     with FsStore(tmp_path / "s") as store:
         seed(store)
@@ -157,12 +202,12 @@ def test_open_starts_the_browser_on_the_dashboard_url(tmp_path: Path) -> None:
 
 
 def _serve_once(monkeypatch: pytest.MonkeyPatch, args: list[str], use: Any) -> Any:
-    """Run ``terrarium serve ARGS`` with uvicorn.run replaced by ``use(app)``, which drives the
-    app while the command runs (its store closes when the command ends)."""
-    import uvicorn
+    """Run ``terrarium serve ARGS`` with uvicorn's serving replaced by ``use(app)``, which
+    drives the app while the command runs (its store closes when the command ends)."""
+    from terrarium.cli import serve
 
-    monkeypatch.setattr(uvicorn, "run", lambda app, **options: use(app))
-    return CliRunner().invoke(cli, ["serve", *args])
+    monkeypatch.setattr(serve, "run_server", lambda app, sock: use(app))
+    return CliRunner().invoke(cli, ["serve", "--port", "0", *args])
 
 
 def test_serve_takes_the_model_options_and_contacts_no_model_at_start(

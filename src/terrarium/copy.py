@@ -85,9 +85,10 @@ class SessionSource:
         return SessionId(self.segments[0][0]["session_id"])
 
 
-def session_segments(store: Store, head: PodMetadata) -> list[list[dict[str, Any]]]:
-    """Every segment of the head's session as stored lines, each parent before its children."""
-    return _segments(store, head.session_id)
+def session_segments(store: Store, head: PodMetadata | SessionId) -> list[list[dict[str, Any]]]:
+    """Every segment of the head's session (or of the session ``head`` is the id of: a
+    detached one) as stored lines, each parent before its children."""
+    return _segments(store, head if isinstance(head, SessionId) else head.session_id)
 
 
 def _segments(store: Store, session_id: SessionId) -> list[list[dict[str, Any]]]:

@@ -29,10 +29,20 @@
         ├── RateLimited
         └── BadResponse
 
-Messages are one line, name the thing that is wrong, and never contain a password.
+Messages are one line, name the thing that is wrong, and never contain a password. One that
+asks for an optional extra says how to install it: :func:`install_hint`.
 """
 
 from __future__ import annotations
+
+DISTRIBUTION = "terrarium-sessions"
+"""The package's name on the package index, as ``pip install`` takes it. The import name and
+the command are ``terrarium``; the index's ``terrarium`` is an unrelated project."""
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs an optional extra: ``pip install 'terrarium-sessions[web]'``."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
 
 
 class TerrariumError(Exception):

@@ -10,9 +10,12 @@ the formats costs nothing.
 ``terrarium-json`` the seed's storage layout ``{type}/{date}/{encoded name}.json``
 (``irc/2025-11-06/#python.json``), so the folder is a sessions folder the old tool (and
 :mod:`terrarium.legacy`) reads in place. The ``finetune`` format is the exception: it is one
-JSONL file for all the contexts together. Legacy files beside the store are exported like
-native contexts. Files and archives are written to a temporary name and renamed into place,
-so an interrupted export never leaves a half-written file where a good one is expected.
+JSONL file for all the contexts together, and ``jsonl`` writes a bundle
+(:mod:`terrarium.bundle`: each context's whole session tree and a manifest, archived contexts
+and, for a whole store, detached sessions too), which ``terrarium import`` reads back. Legacy
+files beside the store are exported like native contexts. Files and archives are written to
+a temporary name and renamed into place, so an interrupted export never leaves a half-written
+file where a good one is expected.
 """
 
 from __future__ import annotations
@@ -227,25 +230,49 @@ def _is_archive(dest: Path) -> bool:
     return dest.name.lower().endswith(ARCHIVE_SUFFIXES)
 
 
+def check_destination(dest: str | os.PathLike[str]) -> None:
+    """Refuse a many-file destination that names one file (``single.md``): an existing file,
+    or a path with an extension that is not an archive's. A folder is a folder that exists,
+    a name without an extension, or one ending in ``/`` (``v1.2/``).
+
+    Raises:
+        ValueError: one line naming the destination and what would do.
+    """
+    text = os.fspath(dest)
+    target = Path(text)
+    if _is_archive(target) or target.is_dir():
+        return
+    if target.exists() or (target.suffix and not text.endswith(("/", os.sep))):
+        raise ValueError(
+            f"{text} is not a folder or an archive: many sessions go into a folder "
+            f"(write {text}/ to make one), a .zip, a .tar.gz or a .tgz"
+        )
+
+
 def _select(
     store: Store,
     contexts: Iterable[ContextId | str] | None,
     type: str | None,
     since: DateBound | None,
     until: DateBound | None,
+    *,
+    archived: bool = False,
 ) -> dict[ContextId, Store]:
     """The chosen contexts, sorted, each with the store to read it from.
 
     Legacy files beside the store count as sessions, as in ``terrarium list``: each is read
     into a throw-away store (:func:`terrarium.legacy.read`); the log hides a file of the same
-    context.
+    context. With ``archived``, all contexts include the archived ones.
     """
     from terrarium import legacy
     from terrarium.formats.jsonl import load_transcript
     from terrarium.formats.openai import select_contexts
+    from terrarium.stores.base import Lifecycle
 
     if contexts is None:
         contexts = [*select_contexts(store, type=type), *legacy.listing(store).by_context]
+        if archived and isinstance(store, Lifecycle):
+            contexts += [a.context for a in store.archived_contexts(type)]
     chosen: dict[ContextId, Store] = {}
     for context in select_contexts(store, contexts, type=type):
         copy = legacy.read(store, context) if store.get_head(context) is None else None
@@ -296,8 +323,9 @@ def export_many(
             files beside the store count as contexts (see :mod:`terrarium.legacy`).
         fmt: a name in :data:`FORMATS`, or a :class:`Format`.
         dest: a folder (created if needed; files in it are replaced), or a path ending in
-            ``.zip``, ``.tar.gz`` or ``.tgz`` for an archive. For ``finetune``: the JSONL file
-            to write, or a folder or archive to hold ``finetune.jsonl``.
+            ``.zip``, ``.tar.gz`` or ``.tgz`` for an archive; a file name is refused
+            (:func:`check_destination`). For ``finetune``: the JSONL file to write, or a
+            folder or archive to hold ``finetune.jsonl``.
         type: keep only contexts of this type.
         since, until: keep only contexts with a message logged in this window (a date, a
             datetime or ISO text; a date covers its whole UTC day; both ends inclusive).
@@ -306,15 +334,23 @@ def export_many(
         What was written.
 
     Raises:
-        ValueError: unknown format.
+        ValueError: unknown format, or ``dest`` names one file.
         ContextNotFound: a context named in ``contexts`` does not exist.
         LegacyFormatError, OSError: a context's legacy file cannot be read.
     """
     spec = get_format(fmt)
     target = Path(dest)
-    chosen = _select(store, contexts, type, since, until)
+    if spec.name != "finetune":  # one JSONL file is what finetune writes
+        check_destination(dest)
+    bundle = spec.name == "jsonl"
+    chosen = _select(store, contexts, type, since, until, archived=bundle)
     files: dict[str, bytes] = {}
-    if spec.name == "finetune":  # one line per context (or none), in one file
+    if bundle:  # the whole trees, and what a store is besides: terrarium.bundle
+        from terrarium.bundle import bundle_files
+
+        whole = contexts is None and type is None and since is None and until is None
+        files = bundle_files(store, chosen, detached=whole)
+    elif spec.name == "finetune":  # one line per context (or none), in one file
         data = b"".join(_member(spec, source, c)[1] for c, source in chosen.items())
         if not _is_archive(target) and not target.is_dir():
             write_atomic(target, data, sync=False)
@@ -324,16 +360,24 @@ def export_many(
         for context, source in chosen.items():
             member, data = _member(spec, source, context)
             files[member] = data
+    _write(target, files)
+    return ExportResult(target, list(files), list(chosen))
+
+
+def _write(target: Path, files: dict[str, bytes]) -> None:
+    """Write ``files`` into the archive or folder ``target``, each file atomically."""
     name = target.name.lower()
     if name.endswith(".zip"):
         write_atomic(target, _zip(files), sync=False)
     elif name.endswith((".tar.gz", ".tgz")):
         write_atomic(target, _tar_gz(files), sync=False)
     else:
-        for member, data in files.items():
-            write_atomic(target.joinpath(*member.split("/")), data, sync=False)
+        from terrarium.bundle import MANIFEST
+
+        # A bundle's manifest last: a folder an interrupted export left is no bundle.
+        for member in sorted(files, key=lambda member: member == MANIFEST):
+            write_atomic(target.joinpath(*member.split("/")), files[member], sync=False)
         make_dirs(target)
-    return ExportResult(target, list(files), list(chosen))
 
 
 def _zip(files: dict[str, bytes]) -> bytes:
@@ -371,6 +415,7 @@ __all__ = [
     "FORMATS",
     "ExportResult",
     "Format",
+    "check_destination",
     "export_context",
     "export_many",
     "format_name",

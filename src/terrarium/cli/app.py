@@ -23,7 +23,7 @@ import click
 
 from terrarium.cli import examples
 from terrarium.cli.output import Output, one_line
-from terrarium.errors import TerrariumError
+from terrarium.errors import DISTRIBUTION, TerrariumError
 
 if TYPE_CHECKING:
     from terrarium.agent.multi_context_manager import MultiContextManager
@@ -41,6 +41,28 @@ MODEL_ENV = "TERRARIUM_MODEL"
 
 #: The errors a user's input can cause; each becomes a one-line message and exit code 1.
 USER_ERRORS = (TerrariumError, ValueError, OSError)
+
+
+def program() -> str:
+    """This program as a shell should run it again: ``terrarium`` when ``PATH`` finds this
+    very script, else the path it was started by (``.venv/bin/terrarium`` from ``make run``),
+    quoted. Run otherwise (``python -m terrarium``, ``chat.py``), ``terrarium``.
+
+    For the commands a note tells the user to paste (``resume with: ...``): a bare name that
+    is not on ``PATH`` would answer "command not found".
+    """
+    import shlex
+    import shutil
+
+    started = sys.argv[0] if sys.argv else ""
+    if os.path.basename(started) != "terrarium":
+        return "terrarium"
+    found = shutil.which("terrarium")
+    try:
+        same = found is not None and os.path.samefile(found, started)
+    except OSError:
+        same = False
+    return "terrarium" if same else shlex.quote(started)
 
 
 def user_error(exc: BaseException) -> click.ClickException:
@@ -330,7 +352,7 @@ CONTEXT = ContextParam()
 
 @click.group(cls=GuardedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @storage_option
-@click.version_option(package_name="terrarium", prog_name="terrarium")
+@click.version_option(package_name=DISTRIBUTION, prog_name="terrarium")
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """Durable, forkable conversation sessions for LLM agents.

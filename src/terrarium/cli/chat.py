@@ -422,12 +422,15 @@ def most_recent(state: CliState) -> ContextId:
 
 
 def resume_command(state: CliState, context: ContextId) -> str:
-    """The command that resumes ``context``, quoted for a POSIX shell.
+    """The command that resumes ``context``, quoted for a POSIX shell, starting with the
+    program as the shell finds it (:func:`terrarium.cli.app.program`).
 
     ``--storage-dir`` is included when the store was named on the command line and differs
     from what the same command would open without it (the environment, else ./sessions).
     """
-    command = f"terrarium chat {shlex.quote(str(context))}"
+    from terrarium.cli.app import program
+
+    command = f"{program()} chat {shlex.quote(str(context))}"
     implied = os.environ.get(STORAGE_ENV) or os.environ.get(STORE_ENV) or DEFAULT_STORAGE
     if state.storage is not None and state.storage != implied:
         command += f" --storage-dir {shlex.quote(state.shown_location)}"

@@ -693,62 +693,100 @@ def export_session(state: CliState, context: ContextId, fmt: str) -> str | bytes
     default=None,
     help="Import under this context id instead of the file's (one file only).",
 )
-@click.option("--verbose", "-v", is_flag=True, help="Print one line per file, not a summary.")
+@click.option("--verbose", "-v", is_flag=True, help="Print one line per session, not a summary.")
 @storage_option
 @click.pass_context
 def import_cmd(
     ctx: click.Context, paths: tuple[Path, ...], as_context: ContextId | None, verbose: bool
 ) -> None:
-    """Import legacy JSON session files (or folders of them), or native .jsonl exports.
+    """Import bundles (export -f jsonl of many sessions: .tar.gz, .zip or a folder), native
+    .jsonl exports, and legacy JSON session files (or folders of them).
 
     A .jsonl file the store holds in part (an interrupted import) is completed; one it holds
     otherwise fails. One file that is already in the store, equal, is an error; among many,
-    such files are skipped (a rerun imports only what is new or unfinished). Prints one
-    summary line; -v prints one line per file.
+    and in a bundle, such sessions are skipped (a rerun imports only what is new or
+    unfinished). Prints one summary line; -v prints one line per session.
     """
+    from terrarium.bundle import is_bundle
+
     state = state_of(ctx)
-    files = _expand(paths)
-    if as_context is not None and len(files) != 1:
-        raise click.UsageError("--as needs exactly one file")
-    imported: list[str] = []
-    present = failed = 0
+    bundles = [path for path in paths if is_bundle(path)]
+    files = _expand(tuple(path for path in paths if path not in bundles))
+    if as_context is not None and (bundles or len(files) != 1):
+        raise click.UsageError("--as needs exactly one session file (not a bundle)")
+    tally = _Imports(state, verbose)
+    for path in bundles:
+        import_bundle(state, path, tally)
     for path, root in files:
         try:
             context, count = import_file(state, path, as_context, root=root)
-        except ContextExists as exc:
-            if len(files) == 1:
-                raise
-            present += 1
-            if verbose:
-                state.out.note(f"skipped {path}: {exc}")
-            continue
         except (TerrariumError, ValueError, OSError) as exc:
-            if len(files) == 1:
+            if len(files) == 1 and not bundles:
                 raise
-            failed += 1
-            state.out.error(f"{path}: {exc}")
+            tally.failed_one(str(path), exc)
             continue
-        imported.append(f"imported {context} ({plural(count, 'message')}) from {path}")
-        if verbose:
-            state.out.note(imported[-1], style="green")
-    if len(files) == 1 and imported and not verbose:
-        state.out.note(imported[0], style="green")
-    elif len(files) > 1:
-        state.out.note(_import_summary(len(imported), present, failed, state.shown_location))
-    if failed:
-        raise click.ClickException(f"{failed} of {len(files)} files could not be imported")
+        tally.imported_one(f"imported {context} ({plural(count, 'message')}) from {path}")
+    if len(files) == 1 and not bundles and tally.imported and not verbose:
+        state.out.note(tally.imported[0], style="green")
+    elif tally.total > 1 or bundles:
+        state.out.note(tally.summary(state.shown_location))
+    if tally.failed:
+        what = "files" if not bundles else "sessions and files"
+        raise click.ClickException(f"{tally.failed} of {tally.total} {what} could not be imported")
 
 
-def _import_summary(imported: int, present: int, failed: int, where: str) -> str:
-    """``import``'s one summary line; a rerun that finds everything imported says just that."""
-    if present and not imported and not failed:
-        return f"nothing to import: {plural(present, 'session')} already in {where}"
-    text = f"imported {plural(imported, 'session')} into {where}"
-    if present:
-        text += f"; {present} already there"
-    if failed:
-        text += f"; {failed} failed"
-    return text
+class _Imports:
+    """What an ``import`` run did so far, and its notes."""
+
+    def __init__(self, state: CliState, verbose: bool) -> None:
+        self.state, self.verbose = state, verbose
+        self.imported: list[str] = []
+        self.present = self.failed = 0
+
+    @property
+    def total(self) -> int:
+        return len(self.imported) + self.present + self.failed
+
+    def imported_one(self, line: str) -> None:
+        self.imported.append(line)
+        if self.verbose:
+            self.state.out.note(line, style="green")
+
+    def failed_one(self, what: str, exc: BaseException) -> None:
+        """A session or file not imported: already there (a note with -v), or an error."""
+        if isinstance(exc, ContextExists):
+            self.present += 1
+            if self.verbose:
+                self.state.out.note(f"skipped {what}: {exc}")
+            return
+        self.failed += 1
+        self.state.out.error(f"{what}: {exc}")
+
+    def summary(self, where: str) -> str:
+        """``import``'s one summary line; a rerun that finds everything imported says just that."""
+        if self.present and not self.imported and not self.failed:
+            return f"nothing to import: {plural(self.present, 'session')} already in {where}"
+        text = f"imported {plural(len(self.imported), 'session')} into {where}"
+        if self.present:
+            text += f"; {self.present} already there"
+        if self.failed:
+            text += f"; {self.failed} failed"
+        return text
+
+
+def import_bundle(state: CliState, path: Path, tally: _Imports) -> None:
+    """Import a bundle (:mod:`terrarium.bundle`) into the store, counting into ``tally``."""
+    from terrarium import bundle
+
+    report = bundle.import_bundle(state.store(), path)
+    present = set(report.present)
+    for name in report.copied:
+        tally.imported_one(f"imported {name} from {path}")
+    for name, reason in report.skipped:
+        if name in present:
+            tally.failed_one(f"{name} in {path}", ContextExists(reason))
+        else:  # the reason names the bundle's file (and line)
+            tally.failed_one(name, ValueError(reason))
 
 
 def _expand(paths: tuple[Path, ...]) -> list[tuple[Path, Path | None]]:
@@ -761,7 +799,10 @@ def _expand(paths: tuple[Path, ...]) -> list[tuple[Path, Path | None]]:
                 raise click.ClickException("legacy JSON support is not installed")
             found = sorted(module.iter_legacy_files(path))
             if not found:
-                raise click.ClickException(f"{path}: no legacy session files in this folder")
+                raise click.ClickException(
+                    f"{path}: no legacy session files in this folder, and no "
+                    "terrarium-bundle.json: it is not a bundle either"
+                )
             files.extend((file, path) for file in found)
         else:
             files.append((path, None))

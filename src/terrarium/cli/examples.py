@@ -97,7 +97,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "import": (
         "terrarium import old-sessions/",
         "terrarium import main.jsonl --as cli:restored",
-        "terrarium import old-sessions/ -v --storage-dir sqlite:///sessions.db",
+        "terrarium import backup.tar.gz -v --storage-dir sqlite:///sessions.db",
     ),
     "copy": (
         "terrarium copy ./sessions sqlite:///sessions.db",

@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from terrarium.cli import examples
-from terrarium.cli.app import CONTEXT, CliState, cli, reads_store, state_of, storage_option
+from terrarium.cli.app import (
+    CONTEXT,
+    CliState,
+    cli,
+    program,
+    reads_store,
+    state_of,
+    storage_option,
+)
 from terrarium.cli.output import plural, short_time
 
 if TYPE_CHECKING:
@@ -252,7 +260,7 @@ def delete_session(
         return
     state.out.note(
         f"deleted {context.display} (moved to the trash; undo with: "
-        f"terrarium trash restore {entry.trash_id})",
+        f"{program()} trash restore {entry.trash_id})",
         style="green",
     )
 

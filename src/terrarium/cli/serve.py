@@ -3,17 +3,22 @@
 Loaded lazily (``cli.add_lazy``): it imports Starlette, uvicorn and Jinja2, which no other
 command needs. The store is opened read-only-style (``create=False``): a store that does not
 exist or cannot be read ends the command with one line and a non-zero exit before anything
-listens. The model options only say where ``compact`` (with ``--allow-writes``) will ask: no
-model server is contacted at start.
+listens. The listening socket is bound here, before the URL is printed, and handed to uvicorn:
+a port in use is one line and exit 1, never a banner for a server that is not up, and
+``--port 0`` prints the port it got. The model options only say where ``compact`` (with
+``--allow-writes``) will ask: no model server is contacted at start.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import ipaddress
 import secrets
+import socket
 import threading
 import webbrowser
+from typing import Any
 
 import click
 
@@ -25,6 +30,7 @@ from terrarium.cli.app import (
     state_of,
     storage_option,
 )
+from terrarium.errors import install_hint
 
 LOOPBACK_NAMES = frozenset(("localhost", "127.0.0.1", "::1"))
 
@@ -37,6 +43,40 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (IPv6 when ``host`` has a colon, as uvicorn does).
+
+    Raises:
+        click.ClickException: it cannot listen there; one line, the port in use said plainly.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # As uvicorn: a restart may bind while the last run's connections are in TIME_WAIT
+        # (Linux still refuses a port another socket listens on).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            reason = "the port is in use (stop what listens there, or pick another with --port)"
+        else:
+            reason = exc.strerror or str(exc)
+        raise click.ClickException(f"cannot listen on {where}: {reason}") from None
+    return sock
+
+
+def run_server(app: Any, sock: socket.socket) -> None:
+    """Serve ``app`` on ``sock`` with uvicorn until interrupted."""
+    import uvicorn
+
+    # Live pages hold an event stream open: give them a second, not forever, on Ctrl-C.
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=1)
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 @reads_store
@@ -79,12 +119,12 @@ def serve(
     Compaction asks the model server at --base-url, only when a user confirms one.
     """
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401  (run_server's, checked before anything starts)
 
         from terrarium.web import ModelAccess, create_app
     except ImportError as exc:
         raise click.ClickException(
-            f"terrarium serve needs the 'web' extra: pip install 'terrarium[web]' ({exc})"
+            f"terrarium serve needs the 'web' extra: {install_hint('web')} ({exc})"
         ) from exc
     state = state_of(ctx)
     store = state.store()
@@ -102,19 +142,13 @@ def serve(
         # Each compaction opens the store again (see terrarium.web.compact), never creating it.
         reopen=functools.partial(open_store, state.location, create=False),
     )
-    shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
-    click.echo(f"terrarium dashboard on {url}" + (" (writes allowed)" if allow_writes else ""))
-    if token:
-        click.echo(f"token: {token}")
-    if open_browser:
-        threading.Timer(0.5, webbrowser.open, (url,)).start()
-    # Live pages hold an event stream open: give them a second, not forever, on Ctrl-C.
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=1,
-    )
+    sock = listen(host, port)
+    with sock:
+        shown = f"[{host}]" if ":" in host else host
+        url = f"http://{shown}:{sock.getsockname()[1]}/" + (f"?token={token}" if token else "")
+        click.echo(f"terrarium dashboard on {url}" + (" (writes allowed)" if allow_writes else ""))
+        if token:
+            click.echo(f"token: {token}")
+        if open_browser:
+            threading.Timer(0.5, webbrowser.open, (url,)).start()
+        run_server(app, sock)

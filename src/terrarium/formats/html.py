@@ -6,10 +6,14 @@ comes first, then the conversation as chat bubbles (user on the right, assistant
 tool calls and results as code blocks, runtime events as centred italic lines). Reasoning and
 tool results fold away in ``<details>``, which needs no JavaScript.
 
-Every piece of content from the log (text, names, ids, arguments, URLs, the context id itself)
-goes through :func:`html.escape` with quotes escaped, so a message can never inject markup; a
-Content-Security-Policy that allows inline styles only backs that up. Images are shown as
-links, never loaded. Export only.
+Message text and reasoning are Markdown, rendered as the dashboard renders them
+(:mod:`terrarium.formats.safe_markdown`: raw HTML escaped, links only http(s) and mailto, code
+highlighted into class names whose styles the page carries). Every other piece of content from
+the log (names, ids, arguments, tool output, URLs, the context id itself) goes through
+:func:`html.escape` with quotes escaped, so a message can never inject markup; a
+Content-Security-Policy that allows inline styles only backs that up (it also keeps an image a
+message's Markdown names from loading). Image parts are shown as links, never loaded. Export
+only.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 from terrarium.formats.jsonl import TimedItem, Transcript, load_transcript
 from terrarium.formats.markdown import pretty_json, when
+from terrarium.formats.safe_markdown import markdown_html, pygments_css
 from terrarium.model import ContextId, EntryKind, chat_view, item_label
 from terrarium.stores.base import Store
 
@@ -56,6 +61,15 @@ details summary { cursor: pointer; color: var(--muted); font-size: .85rem; }
 .event { text-align: center; font-style: italic; color: var(--muted); font-size: .85rem;
   margin: .75rem 0; }
 .prompt { white-space: pre-wrap; }
+.md { overflow-wrap: anywhere; }
+.md > :first-child { margin-top: 0; }
+.md > :last-child { margin-bottom: 0; }
+.md p, .md ul, .md ol, .md blockquote, .md table { margin: .4rem 0; }
+.md blockquote { border-left: 3px solid var(--border); padding-left: .75rem; color: var(--muted); }
+.md table { border-collapse: collapse; }
+.md th, .md td { border: 1px solid var(--border); padding: .2rem .5rem; }
+.md :not(pre) > code { background: var(--code); border-radius: .25rem; padding: 0 .25rem;
+  font: 13px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
 """
 
 
@@ -84,7 +98,7 @@ def _content(item: Mapping[str, Any], *, code: bool) -> list[str]:
             if code:
                 out.append(_pre(*pretty_json(text)))
             elif text:
-                out.append(f'<div class="text">{_e(text)}</div>')
+                out.append(f'<div class="md" dir="auto">{markdown_html(text)}</div>')
         elif kind == "image_url":
             url = str((part.get("image_url") or {}).get("url", ""))
             if url.startswith("data:"):
@@ -140,8 +154,8 @@ def render_item(timed: TimedItem) -> str:
     body = [f'<div class="who">{who} · {stamp}</div>']
     if view.get("reasoning_content"):
         body.append(
-            f'<details><summary>Reasoning</summary><div class="text">'
-            f"{_e(view['reasoning_content'])}</div></details>"
+            '<details><summary>Reasoning</summary><div class="md" dir="auto">'
+            f"{markdown_html(str(view['reasoning_content']))}</div></details>"
         )
     content = _content(view, code=role == "tool")
     if role == "tool" and content:
@@ -181,7 +195,7 @@ def render(transcript: Transcript) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         '<meta name="generator" content="terrarium">',
         f"<title>{title}</title>",
-        f"<style>{_CSS}</style>",
+        f"<style>{_CSS}{pygments_css()}</style>",
         "</head>",
         "<body><main>",
         f'<header><h1>{title}</h1><table class="meta">{rows}</table></header>',

@@ -214,6 +214,32 @@ def _split_segments(lines: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return segments
 
 
+def read_segments(
+    data: str | bytes | Iterable[Mapping[str, Any]], *, where: str = "<jsonl>"
+) -> list[list[dict[str, Any]]]:
+    """Decode a JSONL export (or its decoded lines) into its segments, header first in each,
+    checked as :func:`import_context` needs them: every line loggable, seqs 0, 1, 2, ... in
+    each segment, one session, ids and times in every header. Nothing is written.
+
+    Raises:
+        InvalidEntry: the lines are not segments of one session, or a line could not be
+            logged (the message names ``where`` and the line).
+        CorruptLog, FormatVersionError: see :func:`parse_lines`.
+    """
+    if isinstance(data, str | bytes):
+        lines = parse_lines(data, where=where)
+    else:
+        lines = [dict(line) for line in data]
+    for number, line in enumerate(lines, start=1):
+        try:
+            codec.encode(line)  # refused here, before anything is created
+        except InvalidEntry as exc:
+            raise InvalidEntry(f"{where}:{number}: {exc}") from None
+    segments = _split_segments(lines)
+    _check_segments(segments)
+    return segments
+
+
 def import_context(
     store: Store,
     data: str | bytes | Iterable[Mapping[str, Any]],
@@ -248,17 +274,7 @@ def import_context(
             written then.
         CorruptLog, FormatVersionError: see :func:`parse_lines`.
     """
-    if isinstance(data, str | bytes):
-        lines = parse_lines(data, where=where)
-    else:
-        lines = [dict(line) for line in data]
-    for number, line in enumerate(lines, start=1):
-        try:
-            codec.encode(line)  # refused here, before anything is created
-        except InvalidEntry as exc:
-            raise InvalidEntry(f"{where}:{number}: {exc}") from None
-    segments = _split_segments(lines)
-    _check_segments(segments)
+    segments = read_segments(data, where=where)
     named = next((s[0]["context"] for s in reversed(segments) if s[0].get("context")), None)
     target = context if context is not None else named
     if target is None:
@@ -302,5 +318,6 @@ __all__ = [
     "load_transcript",
     "parse_lines",
     "parse_ts",
+    "read_segments",
     "timed_history",
 ]

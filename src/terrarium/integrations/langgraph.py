@@ -20,7 +20,7 @@ small next to a context's history limits, and the log stays append-only and grep
 ``delete_thread`` deletes the context (an explicit delete, the one thing that removes data).
 Async methods run the synchronous store in a worker thread (``asyncio.to_thread``).
 
-Needs the ``langgraph`` extra (``pip install 'terrarium[langgraph]'``).
+Needs the ``langgraph`` extra (``pip install 'terrarium-sessions[langgraph]'``).
 
 Usage::
 
@@ -44,7 +44,7 @@ from typing import Any, Self
 
 from terrarium import sessions
 from terrarium.contexts import delete_context
-from terrarium.errors import ContextExists, TerrariumError
+from terrarium.errors import ContextExists, TerrariumError, install_hint
 from terrarium.model import HISTORY_KINDS, ContextId, EntryKind, SegmentStartState, as_logged
 from terrarium.stores.base import PodMetadata, Store, context_lock
 from terrarium.stores.url import open_store
@@ -66,8 +66,7 @@ try:
     from langgraph.checkpoint.serde.base import SerializerProtocol
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "terrarium.integrations.langgraph needs langgraph-checkpoint: "
-        "pip install 'terrarium[langgraph]'"
+        "terrarium.integrations.langgraph needs langgraph-checkpoint: " + install_hint("langgraph")
     ) from exc
 
 __all__ = ["CHECKPOINT_DOMAIN", "DEFAULT_CONTEXT_TYPE", "WRITES_DOMAIN", "TerrariumSaver"]

@@ -14,7 +14,7 @@ slow store (PostgreSQL across a network, an fsync) never blocks the event loop. 
 the context's lock, so threads and processes sharing a session never lose an item and each
 ``add_items`` call's items stay together.
 
-Needs the ``openai-agents`` extra (``pip install 'terrarium[openai-agents]'``).
+Needs the ``openai-agents`` extra (``pip install 'terrarium-sessions[openai-agents]'``).
 
 Usage::
 
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any, Self, TypeVar, cast
 
 from terrarium import codec, sessions
-from terrarium.errors import ContextExists, InvalidEntry
+from terrarium.errors import ContextExists, InvalidEntry, install_hint
 from terrarium.model import ContextId, LoggedItem, SegmentStartState, as_logged
 from terrarium.stores.base import Store, context_lock
 from terrarium.stores.url import open_store
@@ -48,7 +48,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "terrarium.integrations.openai_agents needs the OpenAI Agents SDK: "
-        "pip install 'terrarium[openai-agents]'"
+        + install_hint("openai-agents")
     ) from exc
 
 __all__ = ["DEFAULT_CONTEXT_TYPE", "TerrariumSession"]

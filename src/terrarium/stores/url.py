@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote
 
-from terrarium.errors import StoreNotFound, StoreURLError
+from terrarium.errors import StoreNotFound, StoreURLError, install_hint
 
 if TYPE_CHECKING:
     from terrarium.stores.base import Store
@@ -217,7 +217,7 @@ def _open_postgres(url: str, shown: str) -> Store:
         import psycopg_pool  # noqa: F401
     except ImportError as exc:
         raise ImportError(
-            f"store URL {shown!r} needs PostgreSQL support: pip install 'terrarium[postgres]'"
+            f"store URL {shown!r} needs PostgreSQL support: {install_hint('postgres')}"
         ) from exc
     from psycopg.conninfo import conninfo_to_dict
 

@@ -1,6 +1,6 @@
 """The statistics dashboard (``terrarium serve``): a local web app over any store.
 
-Needs the ``web`` extra (``pip install 'terrarium[web]'``). Modules: ``app`` (the ASGI app,
+Needs the ``web`` extra (``pip install 'terrarium-sessions[web]'``). Modules: ``app`` (the ASGI app,
 its routes, the token guard and CSP, writes), ``data`` (what the pages and the JSON API show,
 from the contexts, sessions, search and export layers), ``render`` (safe Markdown, highlighted
 code, the SVG chart), ``openapi`` (the API's document from the route table), ``compact`` (a
@@ -24,12 +24,14 @@ Usage::
 
 from __future__ import annotations
 
+from terrarium.errors import install_hint
+
 try:
     from terrarium.web.app import create_app
     from terrarium.web.compact import ModelAccess
 except ImportError as exc:  # pragma: no cover - depends on what is installed
     raise ImportError(
-        f"the dashboard needs the 'web' extra: pip install 'terrarium[web]' ({exc})"
+        f"the dashboard needs the 'web' extra: {install_hint('web')} ({exc})"
     ) from exc
 
 __all__ = ["ModelAccess", "create_app"]

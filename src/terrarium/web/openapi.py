@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 from starlette.routing import BaseRoute, Route
 
+from terrarium.errors import DISTRIBUTION
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 _TYPES = {"str": "string", "int": "integer"}
@@ -65,7 +67,7 @@ def openapi_document(routes: Iterable[BaseRoute]) -> dict[str, Any]:
         methods = sorted(m.lower() for m in (route.methods or {"GET"}) if m != "HEAD")
         paths[route.path] = {m: _operation(*marked) for m in methods}
     try:
-        release = version("terrarium")
+        release = version(DISTRIBUTION)
     except PackageNotFoundError:  # pragma: no cover - running from a source tree
         release = "0"
     return {

@@ -1,6 +1,9 @@
-"""Message text to safe HTML: Markdown without raw HTML, links only http(s)/mailto, code
-highlighted by Pygments on the server (class names only: the page's CSP allows no inline
-style), and the SVG chart of messages per day.
+"""Message text to safe HTML for the templates, and the SVG chart of messages per day.
+
+The Markdown and code renderer is :mod:`terrarium.formats.safe_markdown`, which the HTML
+export uses too (Markdown without raw HTML, links only http(s)/mailto, code highlighted by
+Pygments on the server into class names: the page's CSP allows no inline style); here its
+output is marked safe for Jinja2.
 
 Everything from the log is escaped by markdown-it or by :func:`html.escape`; bidirectional
 overrides in names are shown as ``\\u202e`` escapes (:func:`terrarium.model.display_name`),
@@ -12,63 +15,22 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from markdown_it import MarkdownIt
 from markupsafe import Markup
-from pygments import highlight as _pygmentize
-from pygments.formatters import HtmlFormatter
-from pygments.lexers import get_lexer_by_name
-from pygments.util import ClassNotFound
 
-MARKDOWN_LIMIT = 100_000
-"""Longer messages are shown as plain preformatted text: Markdown over megabytes is slow and
-helps nobody read."""
+from terrarium.formats import safe_markdown
+from terrarium.formats.safe_markdown import pygments_css
 
-_SAFE_SCHEMES = ("http://", "https://", "mailto:")
-_FORMATTER = HtmlFormatter(nowrap=True)
-
-
-def _highlight(code: str, lang: str, _attrs: Any) -> str:
-    if not lang:
-        return ""  # markdown-it escapes it
-    try:
-        lexer = get_lexer_by_name(lang.split()[0])
-    except ClassNotFound:
-        return ""
-    return str(_pygmentize(code, lexer, _FORMATTER))
-
-
-def _valid_link(url: str) -> bool:
-    return url.strip().lower().startswith(_SAFE_SCHEMES)
-
-
-def _markdown() -> MarkdownIt:
-    md = MarkdownIt("commonmark", {"html": False, "highlight": _highlight}).enable("table")
-    md.validateLink = _valid_link  # type: ignore[method-assign]
-    return md
-
-
-_MD = _markdown()
+__all__ = ["bar_chart", "code", "markdown", "pygments_css"]
 
 
 def markdown(text: str) -> Markup:
     """``text`` as safe HTML: Markdown, or plain preformatted text when very long."""
-    if len(text) > MARKDOWN_LIMIT:
-        return Markup(f'<pre class="plain">{escape(text)}</pre>')
-    return Markup(_MD.render(text))
+    return Markup(safe_markdown.markdown_html(text))
 
 
 def code(text: str, lang: str = "json") -> Markup:
     """``text`` highlighted as ``lang`` (tool arguments and results), escaped."""
-    if len(text) <= MARKDOWN_LIMIT:
-        highlighted = _highlight(text, lang, None)
-        if highlighted:
-            return Markup(f"<pre><code>{highlighted}</code></pre>")
-    return Markup(f"<pre><code>{escape(text)}</code></pre>")
-
-
-def pygments_css() -> str:
-    """The style sheet of the highlighted code's class names."""
-    return str(HtmlFormatter(style="default").get_style_defs(".md pre, pre"))
+    return Markup(safe_markdown.code_html(text, lang))
 
 
 PALETTE = ("#2563eb", "#16a34a", "#d97706", "#9333ea", "#dc2626", "#0891b2", "#4b5563")

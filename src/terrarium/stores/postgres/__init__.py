@@ -1,6 +1,6 @@
 """``PostgresStore``: the shared store for agents on many machines.
 
-Needs the ``postgres`` extra (``pip install 'terrarium[postgres]'``): psycopg 3 and its
+Needs the ``postgres`` extra (``pip install 'terrarium-sessions[postgres]'``): psycopg 3 and its
 connection pool. It owns one schema (``terrarium`` by default) of a PostgreSQL database, created
 and migrated on open like every other backend (:mod:`.migrations`): heads (``contexts``),
 ``sessions``, ``segments`` (each one's tail and counts), ``entries`` (each line exactly as
@@ -42,6 +42,7 @@ from terrarium.errors import (
     SegmentNotFound,
     SessionAttached,
     StoreError,
+    install_hint,
 )
 from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores import _listing
@@ -71,7 +72,7 @@ try:
     from psycopg_pool import ConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "PostgresStore needs psycopg 3 and psycopg_pool: pip install 'terrarium[postgres]'"
+        f"PostgresStore needs psycopg 3 and psycopg_pool: {install_hint('postgres')}"
     ) from exc
 
 from terrarium.stores.postgres import _lifecycle, _sql, search

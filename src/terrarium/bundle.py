@@ -1,0 +1,299 @@
+"""A whole store (or some of its contexts) as one bundle that ``terrarium import`` reads back.
+
+``export --all -f jsonl -o backup.tar.gz`` (a ``.zip``, ``.tgz`` or a folder too; the library's
+:func:`terrarium.export.export_many` with ``jsonl``) writes a bundle, and ``import
+backup.tar.gz`` (:func:`import_bundle`) recreates everything in it: every segment of every
+context's session tree (forks, rewound branches, compactions, clears) with its ids, times and
+seqs, each head, archived contexts (landing archived), pins, debug traces and, for a whole
+store, detached sessions. Members, the manifest first in an archive::
+
+    terrarium-bundle.json          {"format": "terrarium-bundle", "version": 1,
+                                    "contexts": [{"context", "file", "head", "archived",
+                                                  "pinned", "traces"}, ...],
+                                    "detached": [{"session_id", "file", "traces"}, ...]}
+    {type}/{encoded name}.jsonl    a context's session tree: each segment's header and
+                                   entries as stored, parents first, the head's segment last
+                                   when none grows from it (so the file alone is a jsonl
+                                   export that ``import`` takes), large outputs inline
+    _detached/{session id}.jsonl   a detached session's tree, the same way
+    _traces/{session id}.jsonl     debug traces: {"segment_id", "ts", "event", "data"} a line
+
+An import is a copy: each entry is read and checked into a :class:`MemoryStore` of its own,
+then :func:`terrarium.copy.copy_store` writes it, with copy's rules (a context the store has is
+skipped, so a rerun imports what is new; archived and pinned as in the bundle). A bad entry is
+reported and the others are still imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import tarfile
+import zipfile
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import fields
+from pathlib import Path, PurePosixPath
+from typing import Any, Self
+
+from terrarium import codec
+from terrarium.copy import CopyReport, SessionSource, complete_session, copy_store, session_segments
+from terrarium.errors import ContextNotFound, FormatVersionError, InvalidEntry, TerrariumError
+from terrarium.formats.jsonl import read_segments
+from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
+from terrarium.stores.base import Lifecycle, Store
+from terrarium.stores.memory import MemoryStore
+
+MANIFEST = "terrarium-bundle.json"
+"""The manifest's name: the bundle's first member (a folder holding it is a bundle)."""
+FORMAT = "terrarium-bundle"
+VERSION = 1
+ARCHIVES = (".zip", ".tar.gz", ".tgz")
+
+Files = dict[str, bytes]
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def bundle_files(store: Store, chosen: Mapping[ContextId, Store], *, detached: bool) -> Files:
+    """The members of a bundle of ``chosen`` (each context with the store to read it from: a
+    legacy file's is its own), plus ``store``'s detached sessions when ``detached``. The
+    manifest comes first."""
+    pinned = store.pinned_contexts() if isinstance(store, Lifecycle) else frozenset()
+    files: Files = {}
+    contexts: list[dict[str, Any]] = []
+    for context, source in chosen.items():
+        head = source.get_head(context)
+        if head is None:
+            raise ContextNotFound(f"no session '{context}'")
+        entry: dict[str, Any] = {"context": str(context), "head": str(head.segment_id)}
+        entry.update(_tree(files, source, head.session_id, head.segment_id, _member(context)))
+        if source is store and isinstance(store, Lifecycle) and store.is_archived(context):
+            entry["archived"] = True
+        if str(context) in pinned:
+            entry["pinned"] = True
+        contexts.append(entry)
+    sessions = store.detached_sessions() if detached else []
+    loose = [
+        {"session_id": str(s), **_tree(files, store, s, None, f"_detached/{s}.jsonl")}
+        for s in sessions
+    ]
+    manifest = {"format": FORMAT, "version": VERSION, "contexts": contexts, "detached": loose}
+    return {MANIFEST: json.dumps(manifest, indent=1, ensure_ascii=False).encode(), **files}
+
+
+def _member(context: ContextId) -> str:
+    from terrarium.export import member_name
+
+    return member_name(context, "jsonl")
+
+
+def _tree(
+    files: Files, store: Store, session_id: SessionId, head: SegmentId | None, member: str
+) -> dict[str, str]:
+    """Add the session's tree (and its traces, if any) to ``files``; their manifest keys."""
+    segments = session_segments(store, session_id)
+    grown = {(s[0].get("origin") or {}).get("parent") for s in segments}
+    if head is not None and str(head) not in grown:  # the head last: the file alone imports
+        segments.sort(key=lambda s: s[0]["segment_id"] == str(head))
+    files[member] = b"".join(codec.encode_line(line) for s in segments for line in s)
+    keys = {"file": member}
+    traces = [
+        {"segment_id": s[0]["segment_id"], **trace}
+        for s in segments
+        for trace in store.read_trace(session_id, SegmentId(s[0]["segment_id"]))
+    ]
+    if traces:
+        keys["traces"] = f"_traces/{session_id}.jsonl"
+        files[keys["traces"]] = "".join(
+            json.dumps(t, ensure_ascii=False, separators=(",", ":")) + "\n" for t in traces
+        ).encode()
+    return keys
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def is_bundle(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is to be read as a bundle: a folder holding a manifest, or a file
+    named as an archive (one without a manifest is refused by :func:`import_bundle`)."""
+    where = Path(path)
+    if where.is_dir():
+        return (where / MANIFEST).is_file()
+    return where.is_file() and where.name.lower().endswith(ARCHIVES)
+
+
+class _Members:
+    """A bundle's files by name, from a folder, a zip or a gzipped tar archive."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._zip: zipfile.ZipFile | None = None
+        self._tar: tarfile.TarFile | None = None
+        if path.is_dir():
+            return
+        try:
+            if path.name.lower().endswith(".zip"):
+                self._zip = zipfile.ZipFile(path)
+            else:
+                self._tar = tarfile.open(path, "r:gz")
+        except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error) as exc:
+            raise InvalidEntry(f"{path} is not a readable archive: {exc}") from None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for archive in (self._zip, self._tar):
+            if archive is not None:
+                archive.close()
+
+    def read(self, member: str) -> bytes:
+        """The member's bytes.
+
+        Raises:
+            InvalidEntry: no such member, a name that leaves the bundle, an unreadable one.
+        """
+        parts = PurePosixPath(member).parts
+        if not parts or member.startswith("/") or "\\" in member or ".." in parts:
+            raise InvalidEntry(f"{self.path}: the manifest names a file outside it: {member!r}")
+        try:
+            data = self._read(member)
+        except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error) as exc:
+            raise InvalidEntry(f"{self.path}: {member}: {exc}") from None
+        if data is None:
+            raise InvalidEntry(f"{self.path} has no {member}, which its manifest names")
+        return data
+
+    def _read(self, member: str) -> bytes | None:
+        if self._zip is not None:
+            try:
+                return self._zip.read(member)
+            except KeyError:
+                return None
+        if self._tar is not None:
+            try:
+                info = self._tar.getmember(member)
+            except KeyError:
+                return None
+            handle = self._tar.extractfile(info) if info.isfile() else None
+            return None if handle is None else handle.read()
+        file = self.path.joinpath(*member.split("/"))
+        if not file.resolve().is_relative_to(self.path.resolve()):
+            raise InvalidEntry(f"{self.path}: {member} is a link out of the bundle: not read")
+        return file.read_bytes() if file.is_file() else None
+
+
+def _manifest(members: _Members) -> dict[str, Any]:
+    """The bundle's manifest, checked."""
+    where = members.path
+    try:
+        raw = members.read(MANIFEST)
+    except InvalidEntry:
+        raise InvalidEntry(
+            f"{where} is not a terrarium bundle: it has no {MANIFEST} "
+            "(write one with: terrarium export --all -f jsonl -o FILE.tar.gz)"
+        ) from None
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidEntry(f"{where}: {MANIFEST} is not JSON: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise InvalidEntry(f"{where}: {MANIFEST} is not a terrarium bundle manifest")
+    version = manifest.get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise FormatVersionError(
+            f"{where}: bundle version {version!r} is newer than this terrarium"
+        )
+    for key, needed in (
+        ("contexts", ("context", "file", "head")),
+        ("detached", ("session_id", "file")),
+    ):
+        entries = manifest.get(key)
+        if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and all(isinstance(e.get(k), str) for k in needed) for e in entries
+        ):
+            raise InvalidEntry(f"{where}: {MANIFEST}: {key!r} must list objects with {needed}")
+    return manifest
+
+
+def import_bundle(store: Store, path: str | os.PathLike[str]) -> CopyReport:
+    """Recreate in ``store`` what the bundle at ``path`` holds (see the module docstring).
+
+    Returns:
+        What was imported: contexts by id, detached sessions as ``session {id}``; skipped
+        ones with the reason, those ``store`` already had also in ``present``.
+
+    Raises:
+        InvalidEntry, FormatVersionError: ``path`` is not a bundle this terrarium reads (an
+            entry that cannot be read is reported in ``skipped`` instead).
+    """
+    report = CopyReport()
+    with _Members(Path(path)) as members:
+        manifest = _manifest(members)
+        for entry in manifest["contexts"]:
+            stage = functools.partial(_stage, entry=entry, members=members)
+            _import_one(store, report, entry["context"], stage)
+        for entry in manifest["detached"]:
+            name = f"session {entry['session_id']}"
+            _import_one(
+                store, report, name, functools.partial(_stage, entry=entry, members=members)
+            )
+    return report
+
+
+def _import_one(
+    store: Store, report: CopyReport, name: str, stage: Callable[[MemoryStore], None]
+) -> None:
+    """Stage one entry in a store of its own, then copy it into ``store``."""
+    staged = MemoryStore(blob_threshold=None)  # large outputs stay inline until ``store``
+    try:
+        stage(staged)
+    except (TerrariumError, ValueError) as exc:
+        report.skipped.append((name, str(exc)))
+        return
+    part = copy_store(staged, store)
+    if part.copied and not part.entries:  # a detached session already there whole
+        part.skipped += [(copied, "already in the store") for copied in part.copied]
+        part.present += part.copied
+        part.copied = []
+    for item in fields(part):  # every field of a report adds up
+        setattr(report, item.name, getattr(report, item.name) + getattr(part, item.name))
+
+
+def _stage(staged: MemoryStore, entry: Mapping[str, Any], members: _Members) -> None:
+    """Write one manifest entry (a context, or a detached session) into ``staged``."""
+    where = f"{members.path}:{entry['file']}"
+    segments = read_segments(members.read(entry["file"]), where=where)
+    traces = _read_traces(members, entry["traces"]) if isinstance(entry.get("traces"), str) else {}
+    if "context" not in entry:
+        complete_session(staged, SessionSource(segments, traces=traces))
+        return
+    context = ContextId.parse(entry["context"])
+    try:
+        head = SegmentId(entry["head"])
+    except ValueError:
+        raise InvalidEntry(f"{where}: invalid head segment id {entry['head']!r}") from None
+    if not any(s[0]["segment_id"] == str(head) for s in segments):
+        raise InvalidEntry(f"{where}: the head {head} is not among its segments")
+    archived, pinned = entry.get("archived") is True, entry.get("pinned") is True
+    source = SessionSource(segments, context, head, traces, archived=archived, pinned=pinned)
+    complete_session(staged, source)  # the traces before the archive, the state last
+
+
+def _read_traces(members: _Members, name: str) -> dict[SegmentId, list[dict[str, Any]]]:
+    """A bundle's trace file, by segment, each line as a store reads it back."""
+    by_segment: dict[SegmentId, list[dict[str, Any]]] = {}
+    for number, text in enumerate(members.read(name).splitlines(), start=1):
+        try:
+            line = json.loads(text)
+            trace = TraceEntry(str(line["ts"]), str(line["event"]), line.get("data") or {})
+            by_segment.setdefault(SegmentId(line["segment_id"]), []).append(trace.to_dict())
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidEntry(f"{members.path}:{name}:{number}: not a trace line: {exc}") from None
+    return by_segment
+
+
+__all__ = ["MANIFEST", "bundle_files", "import_bundle", "is_bundle"]

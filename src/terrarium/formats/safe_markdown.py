@@ -1,0 +1,76 @@
+"""Message text to safe HTML, shared by the dashboard (:mod:`terrarium.web.render`) and the
+HTML export (:mod:`terrarium.formats.html`), so both show a message the same way.
+
+Markdown through markdown-it (CommonMark and tables) with raw HTML off, so any markup in a
+message is escaped; links only to http(s) and mailto; fenced code highlighted by Pygments into
+class names (no inline style, which the dashboard's CSP forbids), styled by
+:func:`pygments_css`. Messages past :data:`MARKDOWN_LIMIT` characters are plain preformatted
+text. markdown-it-py and Pygments are base dependencies (Rich needs them too).
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from markdown_it import MarkdownIt
+from pygments import highlight as _pygmentize
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import get_lexer_by_name
+from pygments.util import ClassNotFound
+
+MARKDOWN_LIMIT = 100_000
+"""Longer messages are shown as plain preformatted text: Markdown over megabytes is slow and
+helps nobody read."""
+
+_SAFE_SCHEMES = ("http://", "https://", "mailto:")
+_FORMATTER = HtmlFormatter(nowrap=True)
+
+
+def _highlight(code: str, lang: str, _attrs: Any) -> str:
+    if not lang:
+        return ""  # markdown-it escapes it
+    try:
+        lexer = get_lexer_by_name(lang.split()[0])
+    except ClassNotFound:
+        return ""
+    return str(_pygmentize(code, lexer, _FORMATTER))
+
+
+def _valid_link(url: str) -> bool:
+    return url.strip().lower().startswith(_SAFE_SCHEMES)
+
+
+def _markdown() -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": False, "highlight": _highlight}).enable("table")
+    md.validateLink = _valid_link  # type: ignore[method-assign]
+    return md
+
+
+_MD = _markdown()
+
+
+def markdown_html(text: str) -> str:
+    """``text`` as safe HTML: Markdown, or plain preformatted text when very long."""
+    if len(text) > MARKDOWN_LIMIT:
+        return f'<pre class="plain">{escape(text)}</pre>'
+    return str(_MD.render(text))
+
+
+def code_html(text: str, lang: str = "json") -> str:
+    """``text`` highlighted as ``lang`` (tool arguments and results), escaped."""
+    if len(text) <= MARKDOWN_LIMIT:
+        highlighted = _highlight(text, lang, None)
+        if highlighted:
+            return f"<pre><code>{highlighted}</code></pre>"
+    return f"<pre><code>{escape(text)}</code></pre>"
+
+
+def pygments_css() -> str:
+    """The style sheet of the highlighted code's class names."""
+    # A list, not ".md pre, pre": Pygments puts the text before each class as it is, and the
+    # bare ".md pre" of that string would get every token's style (a red border, italics).
+    return str(HtmlFormatter(style="default").get_style_defs([".md pre", "pre"]))
+
+
+__all__ = ["MARKDOWN_LIMIT", "code_html", "markdown_html", "pygments_css"]
