@@ -1068,7 +1068,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             complete, _ = codec.split_complete(read_file(path))
         except FileNotFoundError:
             return []
-        return [codec.decode(line) for line in complete.splitlines() if line.strip()]
+        return [codec.decode(line) for line in codec.split_lines(complete)]
 
     def close(self) -> None:
         """Sync what ``batch`` mode has pending and close every cached descriptor."""

@@ -41,11 +41,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import zstandard
-
 from terrarium import codec
 from terrarium.errors import ContextExists, CorruptLog, StoreError
 from terrarium.model import ContextId, SegmentId, SessionId, decode_name, utc_now
+from terrarium.stores._archive import compress, unpack
 from terrarium.stores._files import fsync_dir, listdir, make_dirs, open_private, write_all
 from terrarium.stores.base import ArchivedContext, PodMetadata
 from terrarium.stores.fs._heads import head_dict, head_of
@@ -73,18 +72,11 @@ LEGACY = "legacy-"
 SPARE = "spare-"
 """An empty folder of ``.staging/`` kept for the next move (the clean-up keeps it)."""
 ZST = ".zst"
-LEVEL = 3
 SEALED = 0o400
 """The mode of a segment file a move holds: read-only, so appends that waited look again."""
-"""zstd level: JSONL compresses to ~1/6 at level 3; level 19 gains little for 10x the time."""
 
 
 # --------------------------------------------------------------------------- files
-
-
-def compress(data: bytes) -> bytes:
-    """One zstd frame holding ``data`` (its size recorded in the frame)."""
-    return zstandard.ZstdCompressor(level=LEVEL).compress(data)
 
 
 def decompress(path: Path) -> bytes:
@@ -93,12 +85,7 @@ def decompress(path: Path) -> bytes:
     Raises:
         CorruptLog: the file is not a zstd frame (damaged).
     """
-    raw = read_file(path)
-    try:
-        out: bytes = zstandard.ZstdDecompressor().decompressobj().decompress(raw)
-    except zstandard.ZstdError as exc:
-        raise CorruptLog(f"{path}: not a readable zstd frame ({exc})") from None
-    return out
+    return unpack(read_file(path), where=str(path))
 
 
 def put(path: Path, data: bytes, *, sync: bool) -> None:
@@ -345,7 +332,7 @@ def read_trace(folder: Path, segment_id: SegmentId) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     complete, _ = codec.split_complete(data)
-    return [codec.decode(line) for line in complete.splitlines() if line.strip()]
+    return [codec.decode(line) for line in codec.split_lines(complete)]
 
 
 # --------------------------------------------------------------------------- moves
