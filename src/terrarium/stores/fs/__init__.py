@@ -1248,7 +1248,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         """Leave the search index's dirty marker; never fails the write that calls it."""
         try:
             fs_search.mark_dirty(self.root, session_id)
-        except OSError as exc:
+        except (OSError, StoreError) as exc:  # a full disk; a link out of the root
             log.warning("could not mark session %s for the search index: %s", session_id, exc)
 
     # ---------------------------------------------------------------- internals

@@ -235,7 +235,7 @@ def leftover_copies(store: FsStore) -> list[Path]:
 
 def session_pointer(store: FsStore, session_id: SessionId) -> Path:
     """``.index/archive/{session}``: where an archived session's folder is."""
-    return store.root / INDEX / ARCHIVE / str(session_id)
+    return store._inside(store.root / INDEX / ARCHIVE) / str(session_id)
 
 
 def pointed_folder(store: FsStore, session_id: SessionId) -> Path | None:
@@ -384,6 +384,8 @@ def archive(store: FsStore, context: ContextId, hot: Path, legacy: list[Path]) -
     for segment_id in [uuid.UUID(n[: -len(SEGMENT_SUFFIX)]) for n in _segments(hot)]:
         store.set_aside_torn_tail(head.session_id, segment_id)
     count, last_active = _counts(store, context, head)
+    # Checked before the commit, so a link out of the root stops the move before it starts.
+    hot_pointers = (store._index_path(context), store._session_index_path(head.session_id))
     target = store._inside(store.root / ARCHIVE / context.type / head.date / context.encoded_name)
     if real_dir(target):  # a leftover of an archive killed before its commit: a copy
         discard(store, target)
@@ -427,8 +429,8 @@ def archive(store: FsStore, context: ContextId, hot: Path, legacy: list[Path]) -
     for path in legacy:  # the log wins meanwhile: the context exists, archived
         path.unlink(missing_ok=True)
     store._folders[head.session_id] = target
-    store._index_path(context).unlink(missing_ok=True)
-    store._session_index_path(head.session_id).unlink(missing_ok=True)
+    for path in hot_pointers:
+        path.unlink(missing_ok=True)
     store._mark(head.session_id)  # the search index drops it
     return summary(record, pinned=PIN in before)
 
@@ -465,6 +467,7 @@ def unarchive(store: FsStore, context: ContextId, folder: Path) -> PodMetadata:
         elif name.endswith(ZST):
             put(staged / name[: -len(ZST)], decompress(folder / name), sync=sync)
     put(staged / HEAD, codec.encode(head_dict(head)), sync=sync)
+    archived_pointer = session_pointer(store, head.session_id)  # checked before the commit
     # The index entries first: until the commit they name a folder that is not there, which
     # a lookup passes over (to the archive); after it, the context is listed at once.
     store._write_index(context, head.session_id, hot.relative_to(store.root))
@@ -482,7 +485,7 @@ def unarchive(store: FsStore, context: ContextId, folder: Path) -> PodMetadata:
     gone = staging_path(store, "archived")
     os.rename(folder, gone)
     spare(store, gone, listdir(gone))
-    session_pointer(store, head.session_id).unlink(missing_ok=True)
+    archived_pointer.unlink(missing_ok=True)
     store._mark(head.session_id)
     return head
 
