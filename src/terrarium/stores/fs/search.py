@@ -730,11 +730,14 @@ class SearchIndex:
                     conn = self._reader()
                     built = conn.execute(sql.BUILT).fetchone() is not None
                     watched = len(conn.execute(sql.WATCHED_IDS).fetchall())
-                except (sqlite3.Error, OSError):
+                except (sqlite3.Error, OSError, IndexUnavailable):  # counted from the files
                     self._close_reader()
         if not built:
             return sum(len(scandir(self.root / folder)) for folder in self._date_folders())
-        return len(listdir(dirty_dir(self.root))) + watched
+        try:
+            return len(listdir(dirty_dir(self.root))) + watched
+        except IndexUnavailable:  # a link out of the root: the listing reads the files
+            return watched
 
     def offsets(self) -> dict[SegmentId, int]:
         """Per segment, the byte offset the index has read up to (for tests and ``check``)."""
