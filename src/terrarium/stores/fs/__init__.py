@@ -468,6 +468,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         return file_lock(folder / str(session_id))
 
     def _file_lock(self, kind: str, context: ContextId) -> AbstractContextManager[None]:
+        _check_type(context)  # no such context can exist here: make no lock file for it
         folder = self._inside(self.root / LOCKS / kind / context.type)
         make_dirs(folder)
         return file_lock(folder / context.encoded_name)
