@@ -22,6 +22,7 @@ from terrarium.blobs import check_digest, digest_of, scan_digests
 from terrarium.errors import BlobNotFound, CorruptBlob, StoreError
 from terrarium.stores._files import listdir, make_dirs, open_private, write_new
 from terrarium.stores.fs._layout import INDEX, LOCKS
+from terrarium.stores.fs._segments import os_reason
 
 #: The folder of the blobs, under the root.
 BLOBS = ".blobs"
@@ -83,15 +84,18 @@ class FsBlobs:
         path = self._blob_path(digest)
         if os.path.islink(self.root / BLOBS):
             raise StoreError(f"{self.root / BLOBS} is a link: terrarium never follows one")
-        with self._blob_lock(fcntl.LOCK_SH):
-            try:
-                os.utime(path, follow_symlinks=False)  # there already: spared by GC again
-                return digest
-            except FileNotFoundError:
-                pass
-            make_dirs(path.parent)
-            with contextlib.suppress(FileExistsError):  # another writer put it meanwhile
-                write_new(path, data, sync=self.durability != "flush")
+        try:
+            with self._blob_lock(fcntl.LOCK_SH):
+                try:
+                    os.utime(path, follow_symlinks=False)  # there already: spared by GC again
+                    return digest
+                except FileNotFoundError:
+                    pass
+                make_dirs(path.parent)
+                with contextlib.suppress(FileExistsError):  # another writer put it meanwhile
+                    write_new(path, data, sync=self.durability != "flush")
+        except OSError as exc:  # a full disk, say: nothing half written is left (write_new)
+            raise StoreError(f"cannot store blob {digest}: {os_reason(exc)}") from exc
         return digest
 
     def get_blob(self, digest: str) -> bytes:
