@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         SessionAttached,
         StoreError,
         StoreNotFound,
+        StoreUnavailable,
         StoreURLError,
         TerrariumError,
     )
@@ -159,6 +160,7 @@ _NAMES = {
     "SessionAttached": "terrarium.errors",
     "StoreError": "terrarium.errors",
     "StoreNotFound": "terrarium.errors",
+    "StoreUnavailable": "terrarium.errors",
     "StoreURLError": "terrarium.errors",
     "TerrariumError": "terrarium.errors",
     "VLLMClient": "terrarium.llm.vllm_client",
@@ -286,6 +288,7 @@ __all__ = [
     "StoreError",
     "StoreNotFound",
     "StoreURLError",
+    "StoreUnavailable",
     "SystemItem",
     "TerrariumError",
     "TextPart",
