@@ -518,8 +518,9 @@ def test_a_linked_folder_of_the_stores_own_state_is_never_written_through(
     store.delete_context(ContextId("irc", "#x"))
     make(store, "cli:marked", "a marker for the index")
     store.close()
-    for folder in (".staging", ".detached", ".index/dirty"):
-        (root / folder).mkdir(mode=0o700, exist_ok=True)
+    for folder in DERIVED:  # each there, as a store that ran a while has them
+        if not (root / folder).exists():
+            (root / folder).mkdir(mode=0o700, parents=True)
     outside = tmp_path / "outside"
     outside.mkdir()
     shutil.move(root / derived, outside / "target")
