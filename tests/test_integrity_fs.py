@@ -562,6 +562,8 @@ def test_every_file_is_private_whatever_the_umask(tmp_path: Path, umask: int) ->
     for path in seen:
         mode = stat.S_IMODE(path.lstat().st_mode)
         expected = 0o700 if path.is_dir() else 0o600
+        if ".trash" in path.parts and path.suffix == ".jsonl":
+            expected = 0o400  # sealed by the delete: a writer that held it looks again
         assert mode == expected, f"{path} is {oct(mode)}"
 
 
