@@ -163,8 +163,8 @@ def test_server_error_keeps_input_and_logs_error(fake_server: FakeServer, root: 
         stats = manager.get_stats("irc:#err")
         assert stats["last_run"] == "errored"
         assert stats["last_error"]
-        # the failed input goes again, folded into the next one (tests/test_failed_turns.py)
-        assert await manager.process_with_context("irc:#err", "second") == "echo: first\n\nsecond"
+        # the failed input stays, marked failed, and is not sent again (tests/test_failed_turns.py)
+        assert await manager.process_with_context("irc:#err", "second") == "echo: second"
         await manager.aclose()
 
     run(main())
@@ -173,7 +173,7 @@ def test_server_error_keeps_input_and_logs_error(fake_server: FakeServer, root: 
     assert kinds[-1] == "turn_end"
     with FsStore(root) as store:
         history = restore(store, "irc:#err").history
-    assert [m["content"] for m in history] == ["first", "second", "echo: first\n\nsecond"]
+    assert [m["content"] for m in history] == ["first", "second", "echo: second"]
 
 
 def test_cancellation_is_logged(fake_server: FakeServer, root: Path) -> None:
@@ -189,7 +189,7 @@ def test_cancellation_is_logged(fake_server: FakeServer, root: Path) -> None:
             await task
         release.set()
         fake_server.reply = lambda messages: f"echo: {messages[-1]['content']}"
-        assert await manager.process_with_context("cli:slow", "now") == "echo: wait\n\nnow"
+        assert await manager.process_with_context("cli:slow", "now") == "echo: now"
         await manager.aclose()
 
     run(main())

@@ -5,9 +5,11 @@ user input *before* the model is called (so a failed or cancelled call never los
 the reply, its usage, ``run_completed`` and ``turn_end`` in one atomic append; a failure appends
 ``run_errored`` with the reason (and any partial reply text) instead, also when the turn is
 cancelled or its stream closed early: that write is synchronous, so no second cancellation can
-skip it, and the cancellation still propagates. The failed input stays in the history with no
-reply; the next input is sent folded into it (``model.add_wire_message``), so no request ever
-holds two user messages in a row.
+skip it, and the cancellation still propagates. A failed turn never makes the next one fail:
+its input stays in the history, marked failed (``RestoredState.failed``), and is not sent
+again, so the next turn sends the history from before the failure and its own input
+(``RestoredState.model_history``). :meth:`MultiContextManager.retry_with_context` sends a
+failed input again, when asked.
 
 Concurrency, beyond the seed's "sequential only": turns on different contexts run at once
 (bounded by ``max_concurrency``); turns on one context are serialised in arrival order by an
@@ -19,8 +21,8 @@ The cache keeps up to ``cache_size`` restored contexts, each a ``PersistentSessi
 (:mod:`terrarium.agent.session_manager`; :meth:`MultiContextManager.get_session` returns it)
 holding the list of messages it sends, so a turn costs O(1) in history length: no re-reading
 or re-parsing of the log, and the messages sent on turn n+1 start with exactly the messages
-sent on turn n (vLLM's automatic prefix cache then reuses the whole history; after a failed
-turn only the last message, the folded input, differs). Before each turn the cached head and
+sent on turn n (vLLM's automatic prefix cache then reuses the whole history, after a failed
+turn too). Before each turn the cached head and
 next seq are checked against the store (a head read and an ``fstat``), so entries another
 process appended are seen. Eviction
 saves unsaved entries first.
@@ -47,6 +49,7 @@ from terrarium.errors import (
     ContextNotFound,
     LLMError,
     NothingToCompact,
+    NothingToRetry,
 )
 from terrarium.model import (
     ContextId,
@@ -56,6 +59,8 @@ from terrarium.model import (
     TraceEntry,
     add_wire_message,
     check_text,
+    item_role,
+    item_text,
 )
 from terrarium.stores.base import (
     SearchHit,
@@ -185,13 +190,44 @@ class MultiContextManager:
 
         Raises:
             InvalidContextId: ``context_id`` is not ``type:name``.
-            LLMError: the model call failed; the input and the error are in the log.
+            LLMError: the model call failed; the input and the error are in the log, the
+                input marked failed: later turns do not send it (:meth:`retry_with_context`
+                does).
         """
         chunks = [
             delta
             async for delta in self._turn(context_id, user_message, system_prompt, False, params)
         ]
         return "".join(chunks)
+
+    def failed_input(self, context_id: str) -> str | None:
+        """The input of the context's last turn if that turn failed (the texts of its user
+        messages, a blank line apart), else None: what :meth:`retry_with_context` sends.
+
+        Raises:
+            ContextNotFound: no such context in the log.
+        """
+        context = ContextId.parse(context_id)
+        with self._locked(context):
+            entry = self._existing(context)
+            return failed_input(entry.state)
+
+    async def retry_with_context(
+        self, context_id: str, system_prompt: str | None = None, **params: Any
+    ) -> str:
+        """Send the input of the context's last turn again, when that turn failed, and return
+        the reply: the one way a failed input reaches the model again. It is logged anew, as
+        a turn of its own; the failed one stays in the log, marked failed.
+
+        Raises:
+            ContextNotFound: no such context in the log.
+            NothingToRetry: the context's last turn did not fail.
+            LLMError: the model call failed again (logged as any failed turn is).
+        """
+        text = self.failed_input(context_id)
+        if text is None:
+            raise NothingToRetry(f"nothing to retry in {context_id}: its last turn did not fail")
+        return await self.process_with_context(context_id, text, system_prompt, **params)
 
     async def stream_with_context(
         self,
@@ -272,6 +308,21 @@ class MultiContextManager:
         entry = self._cached(context)
         if entry is not None:
             entry._reload()  # the object get_session handed out stays the context's
+
+    def rewind_context(self, context_id: str, n: int = 1) -> list[LoggedItem]:
+        """Drop the last ``n`` history items (:func:`terrarium.sessions.rewind`); they stay in
+        the session tree. Returns them, oldest first.
+
+        Raises:
+            ContextNotFound: no such context.
+            InvalidEntry: ``n`` is larger than the history (nothing changed).
+        """
+        context = ContextId.parse(context_id)
+        dropped = contexts.rewind_context(self.store, context, n, current=self._saved_state)
+        entry = self._cached(context)
+        if entry is not None:
+            entry._reload()  # the object get_session handed out stays the context's
+        return dropped
 
     def delete_context(self, context_id: str) -> bool:
         """Delete the context: gone from listings and :meth:`get_stats`. Returns False if it
@@ -514,7 +565,7 @@ class MultiContextManager:
         self, entry: PersistentSession, params: Mapping[str, Any], refuse_growth: bool = False
     ) -> str:
         entry._flush()
-        history = entry.state.history
+        history = entry.state.model_history  # failed runs are not summarised or kept
         keep = _tail_from_user(history, self.keep_after_compaction)
         replaced = history[: len(history) - len(keep)]
         if refuse_growth:  # a requested compaction must shrink the context (agent/compaction.py)
@@ -536,8 +587,12 @@ class MultiContextManager:
                     sessions.save_usage(self.store, entry.state, result.usage)
                     entry._reset(sessions.restore(self.store, entry.context))
                 raise
+        failed = _failed_run(entry.state)
         sessions.create_compacted_segment(self.store, entry.state, compacted, context=entry.context)
         state = sessions.restore(self.store, entry.context)
+        if failed:  # the last turn failed: still failed after, so a retry still finds it
+            sessions.append_entries(self.store, state, failed)
+            state = sessions.restore(self.store, entry.context)
         if result.usage is not None:
             sessions.save_usage(self.store, state, result.usage)
             state = sessions.restore(self.store, entry.context)
@@ -742,6 +797,41 @@ def _errored(exc: BaseException, partial: list[str]) -> dict[str, Any]:
     if partial:
         data["partial"] = "".join(partial)
     return data
+
+
+def _last_failed(state: RestoredState) -> list[int]:
+    """The history indices of the last run when it failed (nothing when it did not)."""
+    last = len(state.history) - 1
+    if last < 0 or last not in state.failed:
+        return []
+    errored = state.failed[last]
+    first = last
+    while first > 0 and state.failed.get(first - 1) is errored:
+        first -= 1
+    return list(range(first, last + 1))
+
+
+def failed_input(state: RestoredState) -> str | None:
+    """The text of the last run's user messages when that run failed, else None."""
+    items = [state.history[i] for i in _last_failed(state)]
+    texts = [item_text(item) for item in items if item_role(item) == "user"]
+    return "\n\n".join(texts) if texts else None
+
+
+def _failed_run(state: RestoredState) -> list[tuple[str, dict[str, Any]]]:
+    """The last run's entries when it failed, its items and its ``run_errored``, as they are
+    logged again after a compaction."""
+    indices = _last_failed(state)
+    if not indices:
+        return []
+    entries: list[tuple[str, dict[str, Any]]] = [
+        (sessions.classify_history_item(state.history[i]), {"item": state.history[i]})
+        for i in indices
+    ]
+    errored = state.failed[indices[0]]
+    data = {k: v for k, v in errored.items() if k not in ("v", "seq", "ts", "kind")}
+    entries.append((EntryKind.RUN_ERRORED, data))
+    return entries
 
 
 def _reply_entries(result: ChatResult) -> list[tuple[str, dict[str, Any]]]:

@@ -204,10 +204,10 @@ class PersistentSession:
         return self
 
     def _reset(self, state: RestoredState) -> None:
-        """Take ``state`` as the session's, with the messages it sends."""
+        """Take ``state`` as the session's, with the messages it sends (failed runs left out)."""
         self.state = state
         self._wire = chat_messages(state)
-        self._chars = sum(len(item_text(item)) for item in state.history)
+        self._chars = sum(len(item_text(item)) for item in state.model_history)
 
     def _set_head(self, head: PodMetadata) -> None:
         self._created = head.created_at
@@ -564,9 +564,14 @@ class PersistentSession:
             state.usage = state.usage.add(data)
         elif kind == EntryKind.TURN_END:
             state.turns += 1
-        elif kind in (EntryKind.RUN_COMPLETED, EntryKind.RUN_ERRORED):
-            status = "completed" if kind == EntryKind.RUN_COMPLETED else "errored"
-            state.last_run = RunStatus(status, seq, data.get("error"))  # type: ignore[arg-type]
+            state.end_run()
+        elif kind == EntryKind.RUN_COMPLETED:
+            state.last_run = RunStatus("completed", seq)
+            state.end_run()
+        elif kind == EntryKind.RUN_ERRORED:
+            state.last_run = RunStatus("errored", seq, data.get("error"))
+            if state.end_run(data):  # the failed run's items leave the messages sent
+                self._reset(state)
         elif kind == EntryKind.CONFIG_CHANGED:
             state.config = dict(data.get("config") or {})
             if "system_prompt" in data and data["system_prompt"] != state.system_prompt:

@@ -2,18 +2,21 @@
 
 On a terminal (stdin and stdout both), with no session named, a picker lists the sessions;
 the chat then reads input with prompt_toolkit: Enter sends, Esc+Enter (or Alt+Enter) starts a
-new line, Ctrl-C interrupts a reply (the session keeps what was said, and the manager logs the
-run as cancelled), Ctrl-D leaves. Lines starting with ``/`` are commands (``/help``). A message
-whose reply failed or was interrupted stays in the session and goes to the model again with the
-next message (the manager sends the two as one).
+new line, Ctrl-C interrupts a reply (the manager logs the run as cancelled, with the partial
+reply), Ctrl-D leaves. Lines starting with ``/`` are commands (``/help``). A message whose
+reply failed or was interrupted stays in the session, marked failed, and is not sent again
+unless asked (``/retry``, ``--retry``): the failure's note says so and what to do
+(:func:`advice`).
 
 From a pipe, each line of stdin is one message (``/`` commands work too) and replies are
 printed plainly; the first failure ends the chat with a one-line error and exit code 1. A line
 that is not UTF-8 is such a failure, found before anything of that line is sent or logged.
 
 ``-p TEXT`` sends one message and prints the reply (``-p -``: all of stdin is the message);
-``--last`` chats in the session active last. A chat that ends without an error says on stderr
-how to resume it (``resume with: terrarium chat cli:demo``), so stdout carries only replies.
+``--last`` chats in the session active last; ``--retry`` sends a session's failed message
+again. Ctrl-C there exits 130, the partial reply logged. A chat that ends without an error
+says on stderr how to resume it (``resume with: terrarium chat cli:demo``), so stdout carries
+only replies.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ from terrarium.cli.app import (
     state_of,
     storage_option,
 )
-from terrarium.errors import ContextNotFound, LLMError, NothingToCompact
+from terrarium.cli.output import one_line
+from terrarium.errors import ContextNotFound, ContextTooLong, LLMError, NothingToCompact
 from terrarium.model import ContextId, encode_name
 
 T = TypeVar("T")
@@ -56,12 +60,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fork": ("NAME", "copy this session into NAME (name or type:name) and switch to it"),
     "switch": ("CONTEXT", "switch to another session (a new one starts on its first message)"),
     "compact": ("", "summarise the history with the model and continue from the summary"),
+    "retry": ("", "send the last message again, when its reply failed"),
+    "rewind": ("[N]", "drop the last N messages, default 1 (they stay in the session tree)"),
     "clear": ("", "empty the history (the old one stays in the session tree)"),
     "export": ("FORMAT [FILE]", "export this session (default file TYPE_NAME.EXT; - = stdout)"),
     "quit": ("", "leave the chat (or Ctrl-D)"),
 }
 
-KEPT = "your message is kept and will be sent with your next one"
+KEPT = "your message is kept, marked failed, and is not sent with your next one"
+
+INTERRUPTED_EXIT = 130
+"""The exit status of ``chat -p`` (or a piped chat) stopped by Ctrl-C: 128 + SIGINT."""
 
 KEYS_HELP = "Enter sends, Esc+Enter or Alt+Enter adds a line, Ctrl-C interrupts, Ctrl-D leaves"
 
@@ -80,6 +89,57 @@ class ChatOptions:
 def is_message(line: str) -> bool:
     """Whether an input line is a message to send (``//text`` is), not a ``/command``."""
     return not line.startswith("/") or line.startswith("//")
+
+
+def sends_message(line: str) -> bool:
+    """Whether an input line sends a message: a message, or ``/retry``."""
+    return is_message(line) or line.split(" ", 1)[0] == "/retry"
+
+
+@dataclass(frozen=True)
+class Hints:
+    """How a note names the ways out of a failed turn: in-chat commands, or command lines."""
+
+    retry: str
+    compact: str
+    rewind: str
+
+    @classmethod
+    def in_chat(cls) -> Hints:
+        """The chat's own commands."""
+        return cls("/retry", "/compact", "/rewind N")
+
+    @classmethod
+    def commands(cls, state: CliState, context: ContextId) -> Hints:
+        """The commands to type after ``chat -p`` or a piped chat ended."""
+        name, store = shlex.quote(str(context)), storage_suffix(state)
+        return cls(
+            f"'{resume_command(state, context)} --retry'",
+            f"'terrarium compact {name}{store}'",
+            f"'terrarium rewind {name} -n N{store}'",
+        )
+
+
+def advice(exc: BaseException, hints: Hints) -> str:
+    """What the note after a failed turn says (docs/cli.md, "When a reply fails"): the message
+    is kept, marked failed, and not sent with the next one; a failure that would repeat says
+    why and what to do, a passing one offers the retry."""
+    if isinstance(exc, ContextTooLong):
+        return (
+            f"{KEPT}. It does not fit the model's context together with the history: shorten "
+            f"it, or make room with {hints.compact} or {hints.rewind}, then {hints.retry}"
+        )
+    if isinstance(exc, LLMError) and not exc.transient:
+        return f"{KEPT}. Sent as it is, it would fail again: fix the cause, then {hints.retry}"
+    return f"{KEPT}; {hints.retry} sends it again"
+
+
+def interrupted_note(hints: Hints) -> str:
+    """The note after Ctrl-C stopped a reply."""
+    return (
+        "interrupted: the partial reply is logged, marked interrupted, and your message is "
+        f"not sent with your next one; {hints.retry} sends it again"
+    )
 
 
 class Interrupted(Exception):
@@ -107,6 +167,13 @@ class Chat:
         self.done = False
         self.opened = False
         """Whether a session was opened (the picker may be cancelled before one is)."""
+        self.replying = False
+        """Whether a message was sent and its reply has not ended well (yet)."""
+
+    @property
+    def hints(self) -> Hints:
+        """How notes name the ways out of a failed turn here."""
+        return Hints.in_chat() if self.interactive else Hints.commands(self.state, self.context)
 
     # ------------------------------------------------------------------ sessions
 
@@ -145,8 +212,13 @@ class Chat:
             self._running.cancel()
 
     async def send(self, text: str) -> None:
-        """Send one message and stream the reply to stdout."""
+        """Send one message and stream the reply to stdout.
+
+        :attr:`replying` stays set when it fails, so the failure's note can say what became
+        of the message.
+        """
         wrote = False
+        self.replying = True
 
         async def consume() -> None:
             nonlocal wrote
@@ -166,6 +238,7 @@ class Chat:
         finally:
             if wrote:
                 self.out.write("\n")
+        self.replying = False
 
     # ------------------------------------------------------------------ commands
 
@@ -240,6 +313,34 @@ class Chat:
             self.out.note(str(exc), style="yellow")
             return
         self.out.note(f"compacted {self.context}: {before} messages -> {self.message_count()}")
+
+    async def cmd_retry(self, _arg: str) -> None:
+        try:
+            text = self.manager.failed_input(str(self.context))
+        except ContextNotFound:
+            text = None
+        if text is None:
+            raise click.ClickException(
+                f"nothing to retry in {self.context}: its last turn did not fail"
+            )
+        await self.send(text)
+
+    async def cmd_rewind(self, arg: str) -> None:
+        from terrarium.cli.output import plural
+
+        try:
+            count = int(arg or "1")
+        except ValueError:
+            count = -1
+        if count < 0:
+            raise click.ClickException("usage: /rewind [N], N a count of messages (default 1)")
+        catalog.require(self.state, self.context)
+        dropped = self.manager.rewind_context(str(self.context), count)
+        self.out.note(
+            f"rewound {self.context}: dropped {plural(len(dropped), 'message')}, "
+            f"{plural(self.message_count(), 'message')} left (the dropped ones stay in the "
+            "session tree)"
+        )
 
     async def cmd_clear(self, _arg: str) -> None:
         catalog.require(self.state, self.context)
@@ -355,12 +456,14 @@ async def interactive(chat: Chat, explicit: bool, default_type: str) -> None:
             try:
                 await chat.run_line(line)
             except Interrupted:
-                kept = KEPT if is_message(line) else "the session is kept"
-                chat.out.note(f"interrupted; {kept}", style="yellow")
+                kept = interrupted_note(chat.hints) if sends_message(line) else "interrupted"
+                chat.out.note(kept, style="yellow")
             except LLMError as exc:
                 chat.out.error(str(exc))
-                if is_message(line):
-                    chat.out.note(KEPT)
+                if sends_message(line):
+                    chat.out.note(advice(exc, chat.hints))
+                elif isinstance(exc, ContextTooLong):  # /compact of a history too long
+                    chat.out.note("/rewind N drops the last N messages, to make room")
             except click.ClickException as exc:
                 chat.out.error(exc.format_message())
             except USER_ERRORS as exc:
@@ -422,16 +525,19 @@ def most_recent(state: CliState) -> ContextId:
 
 
 def resume_command(state: CliState, context: ContextId) -> str:
-    """The command that resumes ``context``, quoted for a POSIX shell.
+    """The command that resumes ``context``, quoted for a POSIX shell (:func:`storage_suffix`
+    names the store when it must)."""
+    return f"terrarium chat {shlex.quote(str(context))}{storage_suffix(state)}"
 
-    ``--storage-dir`` is included when the store was named on the command line and differs
-    from what the same command would open without it (the environment, else ./sessions).
+
+def storage_suffix(state: CliState) -> str:
+    """`` --storage-dir DIR`` when the store was named on the command line and differs from
+    what the same command would open without it (the environment, else ./sessions); else ``""``.
     """
-    command = f"terrarium chat {shlex.quote(str(context))}"
     implied = os.environ.get(STORAGE_ENV) or os.environ.get(STORE_ENV) or DEFAULT_STORAGE
     if state.storage is not None and state.storage != implied:
-        command += f" --storage-dir {shlex.quote(state.shown_location)}"
-    return command
+        return f" --storage-dir {shlex.quote(state.shown_location)}"
+    return ""
 
 
 def run_chat(
@@ -441,15 +547,19 @@ def run_chat(
     options: ChatOptions,
     prompt: str | None = None,
     last: bool = False,
+    retry: bool = False,
 ) -> None:
     """Chat in ``context`` (or the one the picker gives) until input ends.
 
     With ``prompt`` (``chat -p``), send that one message, print the reply and return; with
-    ``last``, chat in the session active last. After a chat that ends without an error, a note
-    on stderr says how to resume the session.
+    ``retry``, the same with the session's failed message; with ``last``, chat in the session
+    active last. After a chat that ends without an error, a note on stderr says how to resume
+    the session. A failed reply ends it with one line that says what became of the message;
+    Ctrl-C with exit status 130.
     """
     message = read_prompt(prompt) if prompt is not None else None
-    is_terminal = message is None and sys.stdin.isatty() and sys.stdout.isatty()
+    one_shot = message is not None or retry
+    is_terminal = not one_shot and sys.stdin.isatty() and sys.stdout.isatty()
     chat = Chat(state, context or ContextId(default_type, "main"), options, is_terminal)
     if last:  # after Chat(): the manager must be built with the model options first
         context = chat.context = most_recent(state)
@@ -462,14 +572,25 @@ def run_chat(
                 await interactive(chat, context is not None, default_type)
             else:
                 chat.open(chat.context)
-                if message is not None:
+                if retry:
+                    await chat.cmd_retry("")
+                elif message is not None:
                     await chat.send(message)
                 else:
                     await piped(chat)
         finally:
             await state.aclose_client()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        note = interrupted_note(chat.hints) if chat.replying else "interrupted"
+        state.out.note(note, style="yellow")
+        raise click.exceptions.Exit(INTERRUPTED_EXIT) from None
+    except LLMError as exc:
+        if not chat.replying:
+            raise
+        raise click.ClickException(f"{one_line(str(exc))}; {advice(exc, chat.hints)}") from exc
     if chat.opened and state.store().get_head(chat.context) is not None:
         state.out.note(f"resume with: {resume_command(state, chat.context)}")
 
@@ -508,6 +629,11 @@ def resolve_context(context: str | None, session_id: str | None, type_: str) -> 
     is_flag=True,
     help="Continue the most recently active session (of any type).",
 )
+@click.option(
+    "--retry",
+    is_flag=True,
+    help="Send the session's last message again when its reply failed; print the reply.",
+)
 @click.option("--system-prompt", default=None, help="System prompt (logged when it changes).")
 @model_options
 @storage_option
@@ -519,6 +645,7 @@ def chat(
     type_: str,
     prompt: str | None,
     last: bool,
+    retry: bool,
     system_prompt: str | None,
     base_url: str,
     model: str | None,
@@ -529,13 +656,18 @@ def chat(
 
     With no session named, a terminal gets a picker of sessions; piped input
     goes to cli:main, one message per line. -p sends one message and prints
-    the reply; --last continues the session active last.
+    the reply; --last continues the session active last; --retry sends a
+    session's failed message again.
     """
     named = resolve_context(context, session_id, type_)
     if last and named is not None:
         raise click.UsageError("--last continues the last session: do not name one too")
+    if retry and prompt is not None:
+        raise click.UsageError("--retry sends the failed message again: do not give -p too")
+    if retry and named is None and not last:
+        raise click.UsageError("--retry needs a session: name it, or add --last")
     options = ChatOptions(base_url, model, retries, timeout, system_prompt)
-    run_chat(state_of(ctx), named, type_, options, prompt, last)
+    run_chat(state_of(ctx), named, type_, options, prompt, last, retry)
 
 
 __all__ = ["COMMANDS", "Chat", "ChatOptions", "chat", "run_chat"]

@@ -23,7 +23,7 @@ from terrarium.cli.app import (
     state_of,
     storage_option,
 )
-from terrarium.cli.output import Output, plural, short_time
+from terrarium.cli.output import Output, one_line, plural, short_time
 from terrarium.errors import ContextExists, NothingToCompact, StoreError, TerrariumError
 
 if TYPE_CHECKING:
@@ -199,11 +199,8 @@ def show(
     legacy = store is not state.store()
     transcript = load_transcript(store, context)
     restored = transcript.state
-    shown = (
-        transcript.items[max(0, len(transcript.items) - last) :]
-        if last is not None
-        else transcript.items
-    )
+    first = max(0, len(transcript.items) - last) if last is not None else 0
+    shown = transcript.items[first:]
     info: dict[str, Any] = {
         "context_id": str(context),
         "type": context.type,
@@ -214,7 +211,9 @@ def show(
         "message_count": len(restored.history),
         "turns": restored.turns,
         "legacy": legacy,
-        "messages": [{"ts": t.ts, **t.item} for t in shown],
+        "messages": [
+            _shown_message(t.ts, t.item, restored.failed, first + n) for n, t in enumerate(shown)
+        ],
     }
     tree = _segments(store, transcript.head.session_id, transcript.head.segment_id)
     if segments:
@@ -234,13 +233,45 @@ def show(
     if len(shown) < len(transcript.items):
         hidden = len(transcript.items) - len(shown)
         out.line(f"({hidden} earlier message{'' if hidden == 1 else 's'} not shown)", style="dim")
-    for timed in shown:
-        out.line()
-        role = model.item_label(timed.item)
-        out.line(f"[{role} {short_time(timed.ts)}]", style=_ROLE_STYLES.get(role, "bold"))
-        out.line(render_item(timed.item))
+    for message in info["messages"]:
+        _print_message(out, message)
     if segments:
         _print_segments(out, tree, store, transcript.head)
+
+
+def _shown_message(
+    ts: str, item: Mapping[str, Any], failed: Mapping[int, Mapping[str, Any]], index: int
+) -> dict[str, Any]:
+    """A message as ``show --json`` prints it: the item, ``ts``, and for an item of a failed
+    run ``failed`` (its ``error``, ``error_type``, and ``partial`` on the run's last item)."""
+    message = {"ts": ts, **item}
+    errored = failed.get(index)
+    if errored is not None:
+        mark = {"error": errored.get("error"), "error_type": errored.get("error_type")}
+        if failed.get(index + 1) is not errored and errored.get("partial"):
+            mark["partial"] = errored["partial"]
+        message["failed"] = mark
+    return message
+
+
+def _print_message(out: Output, message: Mapping[str, Any]) -> None:
+    """One message of ``show``: its label line, its text; a failed run's mark and partial."""
+    item = {k: v for k, v in message.items() if k not in ("ts", "failed")}
+    role = model.item_label(item)
+    failed = message.get("failed")
+    label = f"[{role} {short_time(message['ts'])}]"
+    out.line()
+    if failed is None:
+        out.line(label, style=_ROLE_STYLES.get(role, "bold"))
+        out.line(render_item(item))
+        return
+    error = one_line(str(failed.get("error") or failed.get("error_type") or "?"))
+    out.line(f"{label} failed, not sent to the model again: {error}", style="bold red")
+    out.line(render_item(item))
+    if failed.get("partial"):
+        out.line()
+        out.line("[assistant, interrupted: the partial reply]", style="bold red")
+        out.line(str(failed["partial"]))
 
 
 def _print_segments(
