@@ -271,6 +271,7 @@ def test_too_long_paste_then_short_message_retry_rewind_compact(
 
 
 def test_multiline_input_and_unreachable_server(root: Path, spawn: Any) -> None:
+    add_context(root, "cli:main", 1)
     child = spawn(
         "chat", "cli:main", "--base-url", "http://127.0.0.1:9/v1", "--retries", "0",
         "--storage-dir", str(root),
@@ -287,13 +288,24 @@ def test_multiline_input_and_unreachable_server(root: Path, spawn: Any) -> None:
     child.send("/clear\r")
     child.expect("cleared cli:main")
     child.expect("cli:main>")
+    child.send("/switch brand-new\r")
+    child.expect("cli:brand-new>")
+    child.send("first words\r")  # a new session whose first message gets no answer
+    child.expect("cannot reach the model server")
+    child.expect("nothing was kept: cli:brand-new begins with its first answered message")
+    child.expect("Up brings your message back")
+    child.expect("cli:brand-new>")
+    child.send("/history\r")
+    child.expect("cli:brand-new has no messages yet")
+    child.expect("cli:brand-new>")
     leave(child)
     with FsStore(root) as store:
         head = store.get_head(ContextId.parse("cli:main"))
         assert head is not None
         first = store.read_segment(head.session_id, store.list_segments(head.session_id)[0])
+        assert store.get_head(ContextId.parse("cli:brand-new")) is None
     sent = [e["item"]["content"] for e in first.entries if e["kind"] == "user_input"]
-    assert sent == ["line one\nline two"]
+    assert sent == ["question 0", "line one\nline two"]
 
 
 def test_seed_chat_py_on_a_terminal(root: Path, fake_server: FakeServer, spawn: Any) -> None:

@@ -245,9 +245,10 @@ def test_cli_sigint_mid_reply_from_a_pipe_is_logged(tmp_path: Path, strict: Fake
     """Ctrl-C (SIGINT) while a piped chat waits for a reply: the run is logged as cancelled,
     the exit status is 130, and the next message goes without the interrupted one."""
     root = tmp_path / "sessions"
+    args = ["chat", "cli:p", "--base-url", strict.base_url, "--storage-dir", str(root)]
+    assert cli(*args, stdin="hello\n", cwd=tmp_path).returncode == 0
     arrived, release = strict.hold_replies()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TERRARIUM_")}
-    args = ["chat", "cli:p", "--base-url", strict.base_url, "--storage-dir", str(root)]
     child = subprocess.Popen(
         [*TERRARIUM, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
@@ -272,7 +273,11 @@ def test_cli_sigint_mid_reply_from_a_pipe_is_logged(tmp_path: Path, strict: Fake
     strict.reply = lambda messages: "fine"
     result = cli(*args, stdin="again\n", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert strict.last_request["messages"] == [{"role": "user", "content": "again"}]
+    assert strict.last_request["messages"] == [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "echo: hello"},
+        {"role": "user", "content": "again"},
+    ]
 
 
 def test_cli_ctrl_c_in_one_shot_keeps_the_partial_reply(tmp_path: Path, strict: FakeServer) -> None:
@@ -403,7 +408,10 @@ def test_a_client_that_raises(root: Path, strict: FakeServer, stream: bool) -> N
 
     async def main() -> None:
         client = FlakyClient(base_url=strict.root_url, max_retries=0)
+        client.failures = 0
         async with MultiContextManager(client, storage_dir=str(root)) as manager:
+            assert await turn(manager, "zero") == "echo: zero"
+            client.failures = 1
             with pytest.raises(RuntimeError, match="client bug"):
                 await turn(manager, "first")
             assert manager.get_stats("irc:#c")["last_error"] == "client bug"
@@ -414,6 +422,8 @@ def test_a_client_that_raises(root: Path, strict: FakeServer, stream: bool) -> N
     [errored] = errored_lines(root, "irc:#c")
     assert (errored["error"], errored["error_type"]) == ("client bug", "RuntimeError")
     assert strict.last_request["messages"] == [
+        {"role": "user", "content": "zero"},
+        {"role": "assistant", "content": "echo: zero"},
         {"role": "user", "content": "second"},
         {"role": "assistant", "content": "echo: second"},
         {"role": "user", "content": "third"},
@@ -424,10 +434,11 @@ def test_a_cancelled_task_is_logged_and_the_next_turn_goes_alone(
     root: Path, strict: FakeServer
 ) -> None:
     """A task cancelled around ``stream_with_context`` logs ``cancelled``; cancellation goes on."""
-    arrived, release = strict.hold_replies()
 
     async def main() -> None:
         manager = make_manager(strict, root)
+        assert await manager.process_with_context("cli:slow", "hello") == "echo: hello"
+        arrived, release = strict.hold_replies()
 
         async def consume() -> None:
             async for _ in manager.stream_with_context("cli:slow", "wait"):
@@ -445,7 +456,8 @@ def test_a_cancelled_task_is_logged_and_the_next_turn_goes_alone(
         await manager.aclose()
 
     asyncio.run(main())
-    assert strict.last_request["messages"] == [{"role": "user", "content": "now"}]
+    assert strict.last_request["messages"][-1] == {"role": "user", "content": "now"}
+    assert "wait" not in json.dumps(strict.last_request)
 
 
 def test_a_stream_closed_early_is_logged_at_once(root: Path, strict: FakeServer) -> None:
@@ -619,18 +631,23 @@ def test_a_legacy_file_with_user_messages_in_a_row(tmp_path: Path, strict: FakeS
 
 def test_retrying_the_same_input_sends_it_once(root: Path, strict: FakeServer) -> None:
     """A caller that retries a failed input gets one user message, not its words twice."""
-    strict.fail_next(503)
 
     async def main() -> None:
         manager = make_manager(strict, root)
+        await manager.process_with_context("irc:#r", "hi")
+        strict.fail_next(503)
         with pytest.raises(LLMError):
             await manager.process_with_context("irc:#r", "ping?")
         assert await manager.process_with_context("irc:#r", "ping?") == "echo: ping?"
         await manager.aclose()
 
     asyncio.run(main())
-    assert strict.last_request["messages"] == [{"role": "user", "content": "ping?"}]
-    assert [m["content"] for m in history_of(root, "irc:#r")] == ["ping?", "ping?", "echo: ping?"]
+    assert strict.last_request["messages"][2:] == [{"role": "user", "content": "ping?"}]
+    assert [m["content"] for m in history_of(root, "irc:#r")][2:] == [
+        "ping?",
+        "ping?",
+        "echo: ping?",
+    ]
 
 
 # --------------------------------------------------------------------------- the rule itself

@@ -1,6 +1,8 @@
 """``MultiContextManager``: many isolated conversations over one OpenAI-compatible server.
 
-Each context (``irc:#python``, ``cli:main``) is a session in the store. A turn appends the
+Each context (``irc:#python``, ``cli:main``) is a session in the store, created by its first
+turn the model answers (until then the new session's entries wait in memory, and a first turn
+that gets no reply at all leaves nothing). A turn appends the
 user input *before* the model is called (so a failed or cancelled call never loses it), then
 the reply, its usage, ``run_completed`` and ``turn_end`` in one atomic append; a failure appends
 ``run_errored`` with the reason (and any partial reply text) instead, also when the turn is
@@ -185,7 +187,8 @@ class MultiContextManager:
     ) -> str:
         """Send ``user_message`` in ``context_id`` and return the reply text (auto-saved).
 
-        The context is created on its first message. ``params`` go to the model
+        The context is created by its first turn the model answers, in whole or in part: a
+        first turn that fails with no reply at all leaves no context. ``params`` go to the model
         (``temperature``, ``max_tokens``, ...).
 
         Raises:
@@ -499,35 +502,39 @@ class MultiContextManager:
         check_text(user_message, "user_message")  # before a new context is created for it
         async with self._turn_lock(context), self._semaphore():
             entry = self._open_context(context, system_prompt)
+            new = entry._hold_new()  # a new context is created by its first reply only
             await self._log_input(entry, user_message)
             buffer: list[TraceEntry] | None = [] if self.trace else None
             token = self._trace_sink.set(buffer)
             result: ChatResult | None = None
             partial: list[str] = []
             try:
-                if stream:
-                    async with aclosing(
-                        self.client.stream(entry.chat_messages(), **params)
-                    ) as events:
-                        async for event in events:
-                            if event.delta:
-                                partial.append(event.delta)
-                                yield event.delta
-                            if event.result is not None:
-                                result = event.result
-                else:
-                    result = await self.client.chat(entry.chat_messages(), **params)
-                    yield result.text
-                if result is None:
-                    raise LLMError("the model stream ended without a result")
-            except BaseException as exc:  # cancellation and GeneratorExit included
-                entry._write([(EntryKind.RUN_ERRORED, _errored(exc, partial))])
-                raise
+                try:
+                    if stream:
+                        async with aclosing(
+                            self.client.stream(entry.chat_messages(), **params)
+                        ) as events:
+                            async for event in events:
+                                if event.delta:
+                                    partial.append(event.delta)
+                                    yield event.delta
+                                if event.result is not None:
+                                    result = event.result
+                    else:
+                        result = await self.client.chat(entry.chat_messages(), **params)
+                        yield result.text
+                    if result is None:
+                        raise LLMError("the model stream ended without a result")
+                except BaseException as exc:  # cancellation and GeneratorExit included
+                    _log_failure(entry, new, exc, partial)
+                    raise
+                entry._write(_reply_entries(result))
+                if new:
+                    entry._release()
             finally:
                 self._trace_sink.reset(token)
-                if buffer:
+                if buffer and entry.in_store:
                     sessions.save_trace(self.store, entry.ref, buffer)
-            entry._write(_reply_entries(result))
 
     async def _log_input(self, entry: PersistentSession, text: str) -> None:
         """Log the user's input, compacting first when it would pass the token budget.
@@ -537,7 +544,11 @@ class MultiContextManager:
         """
         logged = (EntryKind.USER_INPUT, {"item": _user(text)})
         try:
-            if self.token_budget is not None and self._estimate(entry, text) > self.token_budget:
+            if (
+                self.token_budget is not None
+                and entry.state.model_history  # an empty history has nothing to compact
+                and self._estimate(entry, text) > self.token_budget
+            ):
                 await self._compact(entry, {})
         except BaseException as exc:
             entry = self._fresh(entry.context) or entry  # a flush before it may have moved on
@@ -546,7 +557,8 @@ class MultiContextManager:
         entry._write([logged])
 
     def _open_context(self, context: ContextId, system_prompt: str | None) -> PersistentSession:
-        """The cached, fresh context; created on first use; system prompt changes logged.
+        """The cached, fresh context, or a new one (not in the store until its first reply);
+        system prompt changes logged.
 
         A context that only a legacy JSON file holds is imported into the log first.
         """
@@ -555,8 +567,6 @@ class MultiContextManager:
             prompt = system_prompt if system_prompt is not None else self.default_system_prompt
             entry = PersistentSession._new(self.store, context, prompt, self._autosave_for(context))
             self._remember(entry)
-        if not entry.in_store:  # created by its first message (another process's wins)
-            entry._materialise(system_prompt)
         if system_prompt is not None:
             entry._set_system_prompt(system_prompt)
         return entry
@@ -785,6 +795,19 @@ class _TurnLock:
 
 def _user(text: str) -> LoggedItem:
     return {"role": "user", "content": text}
+
+
+def _log_failure(
+    entry: PersistentSession, new: bool, exc: BaseException, partial: list[str]
+) -> None:
+    """Log a failed turn's ``run_errored``. The first turn of a new context (``new``, its
+    writes held) that got no reply at all leaves nothing: the context is not created."""
+    if new and not partial:
+        entry._discard()
+        return
+    entry._write([(EntryKind.RUN_ERRORED, _errored(exc, partial))])
+    if new:
+        entry._release()
 
 
 def _errored(exc: BaseException, partial: list[str]) -> dict[str, Any]:

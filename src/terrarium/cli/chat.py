@@ -100,30 +100,46 @@ def sends_message(line: str) -> bool:
 class Hints:
     """How a note names the ways out of a failed turn: in-chat commands, or command lines."""
 
+    context: ContextId
     retry: str
     compact: str
     rewind: str
+    again: str
+    """How to send a message that was not kept once more."""
 
     @classmethod
-    def in_chat(cls) -> Hints:
+    def in_chat(cls, context: ContextId) -> Hints:
         """The chat's own commands."""
-        return cls("/retry", "/compact", "/rewind N")
+        return cls(context, "/retry", "/compact", "/rewind N", "Up brings your message back")
 
     @classmethod
     def commands(cls, state: CliState, context: ContextId) -> Hints:
         """The commands to type after ``chat -p`` or a piped chat ended."""
         name, store = shlex.quote(str(context)), storage_suffix(state)
         return cls(
+            context,
             f"'{resume_command(state, context)} --retry'",
             f"'terrarium compact {name}{store}'",
             f"'terrarium rewind {name} -n N{store}'",
+            "run the command again",
         )
 
 
-def advice(exc: BaseException, hints: Hints) -> str:
+def advice(exc: BaseException, hints: Hints, kept: bool = True) -> str:
     """What the note after a failed turn says (docs/cli.md, "When a reply fails"): the message
     is kept, marked failed, and not sent with the next one; a failure that would repeat says
-    why and what to do, a passing one offers the retry."""
+    why and what to do, a passing one offers the retry. The first message of a new session
+    that got no reply is not ``kept``: the session is not created."""
+    if not kept:
+        why = (
+            " It does not fit the model's context: shorten it."
+            if isinstance(exc, ContextTooLong)
+            else ""
+        )
+        return (
+            f"nothing was kept: {hints.context} begins with its first answered message.{why} "
+            f"{hints.again[0].upper()}{hints.again[1:]}"
+        )
     if isinstance(exc, ContextTooLong):
         return (
             f"{KEPT}. It does not fit the model's context together with the history: shorten "
@@ -134,8 +150,13 @@ def advice(exc: BaseException, hints: Hints) -> str:
     return f"{KEPT}; {hints.retry} sends it again"
 
 
-def interrupted_note(hints: Hints) -> str:
-    """The note after Ctrl-C stopped a reply."""
+def interrupted_note(hints: Hints, kept: bool = True) -> str:
+    """The note after Ctrl-C stopped a reply (``kept``: see :func:`advice`)."""
+    if not kept:
+        return (
+            f"interrupted before any reply: nothing was kept ({hints.context} begins with its "
+            "first answered message)"
+        )
     return (
         "interrupted: the partial reply is logged, marked interrupted, and your message is "
         f"not sent with your next one; {hints.retry} sends it again"
@@ -173,7 +194,19 @@ class Chat:
     @property
     def hints(self) -> Hints:
         """How notes name the ways out of a failed turn here."""
-        return Hints.in_chat() if self.interactive else Hints.commands(self.state, self.context)
+        if self.interactive:
+            return Hints.in_chat(self.context)
+        return Hints.commands(self.state, self.context)
+
+    def kept(self) -> bool:
+        """Whether the session is in the store: after a failed first message it is not."""
+        return self.state.store().get_head(self.context) is not None
+
+    def failure_note(self, exc: BaseException) -> str:
+        """The note after the reply to a message failed (or Ctrl-C stopped it)."""
+        if isinstance(exc, Interrupted | KeyboardInterrupt):
+            return interrupted_note(self.hints, self.kept())
+        return advice(exc, self.hints, self.kept())
 
     # ------------------------------------------------------------------ sessions
 
@@ -455,13 +488,13 @@ async def interactive(chat: Chat, explicit: bool, default_type: str) -> None:
                 continue
             try:
                 await chat.run_line(line)
-            except Interrupted:
-                kept = interrupted_note(chat.hints) if sends_message(line) else "interrupted"
-                chat.out.note(kept, style="yellow")
+            except Interrupted as exc:
+                note = chat.failure_note(exc) if sends_message(line) else "interrupted"
+                chat.out.note(note, style="yellow")
             except LLMError as exc:
                 chat.out.error(str(exc))
                 if sends_message(line):
-                    chat.out.note(advice(exc, chat.hints))
+                    chat.out.note(chat.failure_note(exc))
                 elif isinstance(exc, ContextTooLong):  # /compact of a history too long
                     chat.out.note("/rewind N drops the last N messages, to make room")
             except click.ClickException as exc:
@@ -583,14 +616,13 @@ def run_chat(
 
     try:
         asyncio.run(main())
-    except KeyboardInterrupt:
-        note = interrupted_note(chat.hints) if chat.replying else "interrupted"
-        state.out.note(note, style="yellow")
+    except KeyboardInterrupt as exc:
+        state.out.note(chat.failure_note(exc) if chat.replying else "interrupted", style="yellow")
         raise click.exceptions.Exit(INTERRUPTED_EXIT) from None
     except LLMError as exc:
         if not chat.replying:
             raise
-        raise click.ClickException(f"{one_line(str(exc))}; {advice(exc, chat.hints)}") from exc
+        raise click.ClickException(f"{one_line(str(exc))}; {chat.failure_note(exc)}") from exc
     if chat.opened and state.store().get_head(chat.context) is not None:
         state.out.note(f"resume with: {resume_command(state, chat.context)}")
 
