@@ -111,6 +111,9 @@ def test_prompt_dash_sends_all_of_stdin_as_one_turn(
 
 
 def test_prompt_failure_is_one_line_and_keeps_the_input(tmp_path: Path) -> None:
+    """In a session that exists the failed message is kept (marked failed); a new session's
+    unanswered first message leaves nothing (tests/test_cli.py has more)."""
+    add_context(tmp_path / "sessions", "cli:x", [("hi", "hello")])
     result = run(
         "chat", "cli:x", "-p", "are you there?", "--retries", "0",
         cwd=tmp_path, TERRARIUM_BASE_URL="http://127.0.0.1:9/v1",
@@ -120,7 +123,7 @@ def test_prompt_failure_is_one_line_and_keeps_the_input(tmp_path: Path) -> None:
     lines = result.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "http://127.0.0.1:9/v1" in lines[0]  # no resume hint either
     stats = json.loads(run("stats", "cli:x", "--json", cwd=tmp_path).stdout)
-    assert stats["message_count"] == 1 and stats["last_run"] == "errored"
+    assert stats["message_count"] == 3 and stats["last_run"] == "errored"
 
 
 def test_prompt_refuses_empty_or_undecodable_input(tmp_path: Path) -> None:
