@@ -179,6 +179,29 @@ def test_picker_new_session_and_cancel(root: Path, fake_server: FakeServer, spaw
     assert child.exitstatus == 0
 
 
+def test_picker_new_session_without_a_name_gets_one(
+    root: Path, fake_server: FakeServer, spawn: Any
+) -> None:
+    """Enter on "+ new session" with no name typed starts a session named by the time."""
+    add_context(root, "cli:main", 1)
+    child = spawn("chat", "--base-url", fake_server.base_url, "--storage-dir", str(root))
+    child.expect("Pick a session")
+    child.expect(r"\+ new session \(type its name, or Enter for a new one named by the time\)")
+    child.expect("2 messages")
+    child.sendcontrol("p")  # up, to the new-session row
+    child.send("\r")
+    child.expect(r"(cli:\d{8}-\d{6}-[0-9a-f]{4})>")
+    name = child.match.group(1)
+    child.send("first words\r")
+    child.expect("echo: first words")
+    child.expect(f"{name}>")
+    leave(child)
+    assert history(root, name) == [
+        {"role": "user", "content": "first words"},
+        {"role": "assistant", "content": "echo: first words"},
+    ]
+
+
 def test_ctrl_c_interrupts_a_reply_and_the_chat_goes_on(
     root: Path, fake_server: FakeServer, spawn: Any
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,10 +82,42 @@ def test_prompt_sends_one_turn_prints_the_reply_and_a_resume_hint(
     assert result.stdout == b"echo: what is up?\n"  # the reply only
     assert result.stderr == b"resume with: terrarium chat cli:demo\n"
     assert history(tmp_path / "sessions", "cli:demo") == ["what is up?", "echo: what is up?"]
-    # no context named: cli:main, as a piped chat
-    result = run("chat", "--prompt", "hello", cwd=tmp_path, TERRARIUM_BASE_URL=url)
-    assert result.returncode == 0 and result.stdout == b"echo: hello\n"
-    assert history(tmp_path / "sessions", "cli:main") == ["hello", "echo: hello"]
+
+
+def test_prompt_without_a_session_starts_a_new_one_and_last_continues_it(
+    tmp_path: Path, fake_server: FakeServer
+) -> None:
+    """``chat -p`` with no session named starts a new one each time, named ``cli:`` and a
+    time-ordered id, and says on stderr how to resume it; ``--last`` (``-c``) continues the
+    one active last, of ``--type`` when given."""
+    url, root = fake_server.base_url, tmp_path / "sessions"
+    made = []
+    for text in ("hello", "again"):
+        result = run("chat", "--prompt", text, cwd=tmp_path, TERRARIUM_BASE_URL=url)
+        assert result.returncode == 0 and result.stdout == f"echo: {text}\n".encode()
+        hint = result.stderr.decode()
+        assert re.fullmatch(r"resume with: terrarium chat cli:\d{8}-\d{6}-[0-9a-f]{4}\n", hint)
+        made.append(hint.split()[-1])
+    assert made[0] != made[1] and made[0][:19] <= made[1][:19]  # time-ordered
+    assert [history(root, c) for c in made] == [["hello", "echo: hello"], ["again", "echo: again"]]
+    with FsStore(root) as store:
+        assert sorted(str(h.context) for h in store.list_contexts()) == sorted(made)
+
+    result = run("chat", "-c", "-p", "more", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert result.returncode == 0, result.stderr
+    assert history(root, made[1])[-2:] == ["more", "echo: more"]
+    irc = run("chat", "--type", "irc", "-p", "in irc", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert irc.stderr.decode().startswith("resume with: terrarium chat irc:")
+    add_turn(root, made[0], "newest", "echo: newest")  # cli is now active last
+    result = run("chat", "--last", "--type", "irc", "-p", "irc again", cwd=tmp_path,
+                 TERRARIUM_BASE_URL=url)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    irc_name = irc.stderr.decode().split()[-1]
+    assert result.stderr.decode() == f"resume with: terrarium chat {irc_name}\n"
+    assert history(root, irc_name)[-2:] == ["irc again", "echo: irc again"]
+    none = run("chat", "--last", "--type", "game", "-p", "x", cwd=tmp_path)
+    assert none.returncode == 1
+    assert none.stderr == b"Error: no session of type 'game' to continue in ./sessions\n"
 
 
 def test_prompt_dash_sends_all_of_stdin_as_one_turn(

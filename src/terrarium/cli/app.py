@@ -311,6 +311,19 @@ def parse_context(text: str, default_type: str | None = None) -> ContextId:
     return ContextId.parse(text)
 
 
+def generated_context(type_: str) -> ContextId:
+    """A new session's name when none was given (``chat -p``, the picker's empty new row):
+    ``type:`` and a short time-ordered id, the UTC time to the second and 4 random hex digits
+    (``cli:20261128-140501-3f2a``)."""
+    import datetime as dt
+    import secrets
+
+    from terrarium.model import ContextId
+
+    now = dt.datetime.now(dt.UTC)
+    return ContextId(type_, f"{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}")
+
+
 class ContextParam(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2
     """A context id ``type:name`` on the command line."""
 

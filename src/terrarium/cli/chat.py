@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import click
+from click.core import ParameterSource
 
 from terrarium.cli import catalog
 from terrarium.cli.app import (
@@ -42,6 +43,7 @@ from terrarium.cli.app import (
     USER_ERRORS,
     CliState,
     cli,
+    generated_context,
     model_options,
     parse_context,
     state_of,
@@ -545,15 +547,16 @@ def read_prompt(prompt: str) -> str:
     return text
 
 
-def most_recent(state: CliState) -> ContextId:
-    """The session active last, of any type (``chat --last``).
+def most_recent(state: CliState, type_: str | None = None) -> ContextId:
+    """The session active last, of any type or of ``type_`` (``chat --last [--type T]``).
 
     Raises:
         click.ClickException: the store has no session to continue.
     """
-    rows = catalog.list_sessions(state)
+    rows = catalog.list_sessions(state, type=type_)
     if not rows:
-        raise click.ClickException(f"no session to continue in {state.shown_location}")
+        of = f" of type '{type_}'" if type_ is not None else ""
+        raise click.ClickException(f"no session{of} to continue in {state.shown_location}")
     return max(rows, key=lambda row: row.last_active).context
 
 
@@ -579,23 +582,29 @@ def run_chat(
     default_type: str,
     options: ChatOptions,
     prompt: str | None = None,
-    last: bool = False,
+    last: bool | str = False,
     retry: bool = False,
 ) -> None:
     """Chat in ``context`` (or the one the picker gives) until input ends.
 
-    With ``prompt`` (``chat -p``), send that one message, print the reply and return; with
+    With ``prompt`` (``chat -p``), send that one message, print the reply and return (with no
+    session named, in a new one, :func:`~terrarium.cli.app.generated_context`); with
     ``retry``, the same with the session's failed message; with ``last``, chat in the session
-    active last. After a chat that ends without an error, a note on stderr says how to resume
-    the session. A failed reply ends it with one line that says what became of the message;
-    Ctrl-C with exit status 130.
+    active last (a string: of that type). After a chat that ends without an error, a note on
+    stderr says how to resume the session. A failed reply ends it with one line that says
+    what became of the message; Ctrl-C with exit status 130.
     """
     message = read_prompt(prompt) if prompt is not None else None
     one_shot = message is not None or retry
     is_terminal = not one_shot and sys.stdin.isatty() and sys.stdout.isatty()
+    if context is None and message is not None and not last:
+        context = generated_context(default_type)  # -p starts afresh, as claude -p does
+        while state.store().get_head(context) is not None:  # the same second and digits
+            context = generated_context(default_type)
     chat = Chat(state, context or ContextId(default_type, "main"), options, is_terminal)
     if last:  # after Chat(): the manager must be built with the model options first
-        context = chat.context = most_recent(state)
+        of_type = last if isinstance(last, str) else None
+        context = chat.context = most_recent(state, of_type)
 
     async def main() -> None:
         try:
@@ -658,8 +667,10 @@ def resolve_context(context: str | None, session_id: str | None, type_: str) -> 
 )
 @click.option(
     "--last",
+    "-c",
+    "last",
     is_flag=True,
-    help="Continue the most recently active session (of any type).",
+    help="Continue the most recently active session (of --type, when given).",
 )
 @click.option(
     "--retry",
@@ -687,9 +698,9 @@ def chat(
     """Chat in a session (CONTEXT is type:name, or a name of --type).
 
     With no session named, a terminal gets a picker of sessions; piped input
-    goes to cli:main, one message per line. -p sends one message and prints
-    the reply; --last continues the session active last; --retry sends a
-    session's failed message again.
+    goes to cli:main, one message per line; -p starts a new session. -p sends
+    one message and prints the reply; --last (-c) continues the session active
+    last; --retry sends a session's failed message again.
     """
     named = resolve_context(context, session_id, type_)
     if last and named is not None:
@@ -699,7 +710,9 @@ def chat(
     if retry and named is None and not last:
         raise click.UsageError("--retry needs a session: name it, or add --last")
     options = ChatOptions(base_url, model, retries, timeout, system_prompt)
-    run_chat(state_of(ctx), named, type_, options, prompt, last, retry)
+    typed = ctx.get_parameter_source("type_") is not ParameterSource.DEFAULT
+    which: bool | str = (type_ if typed else True) if last else False
+    run_chat(state_of(ctx), named, type_, options, prompt, which, retry)
 
 
 __all__ = ["COMMANDS", "Chat", "ChatOptions", "chat", "run_chat"]
