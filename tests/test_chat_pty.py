@@ -179,6 +179,21 @@ def test_picker_new_session_and_cancel(root: Path, fake_server: FakeServer, spaw
     assert child.exitstatus == 0
 
 
+def test_prompt_on_a_terminal_does_not_wait_for_stdin(
+    root: Path, fake_server: FakeServer, spawn: Any
+) -> None:
+    """``chat -p TEXT`` on a terminal sends TEXT alone and exits: a terminal's stdin is not
+    read (only a pipe's is added to the prompt)."""
+    child = spawn("chat", "cli:t", "-p", "hi there", "--base-url", fake_server.base_url,
+                  "--storage-dir", str(root))  # fmt: skip
+    child.expect("echo: hi there")
+    child.expect("resume with: terrarium chat cli:t")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert fake_server.last_request["messages"] == [{"role": "user", "content": "hi there"}]
+
+
 def test_picker_new_session_without_a_name_gets_one(
     root: Path, fake_server: FakeServer, spawn: Any
 ) -> None:

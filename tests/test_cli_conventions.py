@@ -143,6 +143,28 @@ def test_prompt_dash_sends_all_of_stdin_as_one_turn(
     ]
 
 
+def test_prompt_with_piped_stdin_sends_both_as_one_message(
+    tmp_path: Path, fake_server: FakeServer
+) -> None:
+    """``printf 'file' | terrarium chat cli:x -p "summarise this"``: the prompt, a blank line,
+    then stdin, as one message; empty stdin adds nothing; stdin that is not UTF-8 sends
+    nothing."""
+    url = fake_server.base_url
+    result = run("chat", "cli:x", "-p", "summarise this", stdin="line one\nline two\n",
+                 cwd=tmp_path, TERRARIUM_BASE_URL=url)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    sent = "summarise this\n\nline one\nline two"
+    assert fake_server.last_request["messages"] == [{"role": "user", "content": sent}]
+    assert result.stdout == f"echo: {sent}\n".encode()
+    result = run("chat", "cli:y", "-p", "just this", stdin="", cwd=tmp_path,
+                 TERRARIUM_BASE_URL=url)  # fmt: skip
+    assert fake_server.last_request["messages"] == [{"role": "user", "content": "just this"}]
+    bad = run("chat", "cli:z", "-p", "summarise", stdin=b"caf\xe9\n", cwd=tmp_path,
+              TERRARIUM_BASE_URL=url)  # fmt: skip
+    assert bad.returncode == 1 and b"not valid UTF-8: byte 0xe9 at offset 3" in bad.stderr
+    assert len(fake_server.requests) == 2  # nothing sent
+
+
 def test_prompt_failure_is_one_line_and_keeps_the_input(tmp_path: Path) -> None:
     """In a session that exists the failed message is kept (marked failed); a new session's
     unanswered first message leaves nothing (tests/test_cli.py has more)."""

@@ -525,26 +525,49 @@ def preview(state: CliState, context: ContextId) -> tuple[str, str] | None:
 
 
 def read_prompt(prompt: str) -> str:
-    """The one message of ``chat -p``: ``prompt`` itself, or the whole of stdin for ``-``.
+    """The one message of ``chat -p``: ``prompt`` itself, the whole of stdin for ``-``, or,
+    when stdin is piped (not a terminal), ``prompt``, a blank line, then stdin (``cat f |
+    terrarium chat -p 'summarise this'``, as ``llm`` and ``claude -p`` read it).
 
     Raises:
         click.ClickException: stdin is not UTF-8 (nothing is sent or logged).
         click.UsageError: the message is empty.
     """
-    text = prompt
     if prompt == "-":
-        raw = sys.stdin.buffer.read()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise click.ClickException(
-                f"stdin is not valid UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}; "
-                "nothing was sent"
-            ) from None
-        text = text.rstrip("\r\n")  # a file's trailing newlines are not part of the message
+        text = read_stdin()
+    elif stdin_is_piped():
+        text = "\n\n".join(part for part in (prompt, read_stdin()) if part.strip())
+    else:
+        text = prompt
     if not text.strip():
         raise click.UsageError("the prompt is empty: nothing was sent")
     return text
+
+
+def stdin_is_piped() -> bool:
+    """Whether stdin is a pipe or a file to read (not a terminal, and open)."""
+    try:
+        return not sys.stdin.isatty()
+    except (AttributeError, ValueError):  # no stdin, or a closed one
+        return False
+
+
+def read_stdin() -> str:
+    """All of stdin as UTF-8 text, the newlines at its very end dropped (a file's last newline
+    is not part of a message).
+
+    Raises:
+        click.ClickException: stdin is not UTF-8 (nothing is sent or logged).
+    """
+    raw = sys.stdin.buffer.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise click.ClickException(
+            f"stdin is not valid UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}; "
+            "nothing was sent"
+        ) from None
+    return text.rstrip("\r\n")
 
 
 def most_recent(state: CliState, type_: str | None = None) -> ContextId:
