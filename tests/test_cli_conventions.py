@@ -165,6 +165,39 @@ def test_prompt_with_piped_stdin_sends_both_as_one_message(
     assert len(fake_server.requests) == 2  # nothing sent
 
 
+def test_prompt_json_prints_one_object(tmp_path: Path, fake_server: FakeServer) -> None:
+    """``chat -p --json``: stdout is one JSON object (the reply, the session, the finish
+    reason, the model and the usage), the resume hint on stderr; --json alone is refused."""
+    url = fake_server.base_url
+    result = run("chat", "-p", "hi", "--json", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    sent = fake_server.last_request["messages"]  # the fake counts characters // 4 + 1 each
+    assert data == {
+        "context_id": data["context_id"],
+        "reply": "echo: hi",
+        "finish_reason": "stop",
+        "model": "fake-model",
+        "usage": {
+            "prompt_tokens": len(sent[0]["content"]) // 4 + 1,
+            "completion_tokens": len("echo: hi") // 4 + 1,
+            "cached_tokens": 0,
+            "estimated": None,
+        },
+    }
+    assert data["context_id"].startswith("cli:")
+    assert result.stderr.decode() == f"resume with: terrarium chat {data['context_id']}\n"
+    fake_server.fail_next(503)
+    failed = run("chat", data["context_id"], "-p", "again", "--json", "--retries", "0",
+                 cwd=tmp_path, TERRARIUM_BASE_URL=url)  # fmt: skip
+    assert failed.returncode == 1 and failed.stdout == b""
+    retried = run("chat", "-c", "--retry", "--json", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert retried.returncode == 0, retried.stderr
+    assert json.loads(retried.stdout)["reply"] == "echo: again"
+    alone = run("chat", "cli:x", "--json", cwd=tmp_path)
+    assert alone.returncode == 2 and b"--json prints the reply of -p or --retry" in alone.stderr
+
+
 def test_prompt_failure_is_one_line_and_keeps_the_input(tmp_path: Path) -> None:
     """In a session that exists the failed message is kept (marked failed); a new session's
     unanswered first message leaves nothing (tests/test_cli.py has more)."""

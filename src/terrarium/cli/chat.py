@@ -192,6 +192,10 @@ class Chat:
         """Whether a session was opened (the picker may be cancelled before one is)."""
         self.replying = False
         """Whether a message was sent and its reply has not ended well (yet)."""
+        self.as_json = False
+        """``chat -p --json``: replies are not streamed to stdout (:func:`turn_json` prints)."""
+        self.reply = ""
+        """The last reply's text."""
 
     @property
     def hints(self) -> Hints:
@@ -254,6 +258,7 @@ class Chat:
         """
         wrote = False
         self.replying = True
+        parts: list[str] = []
 
         async def consume() -> None:
             nonlocal wrote
@@ -265,8 +270,10 @@ class Chat:
             )
             async with contextlib.aclosing(stream):
                 async for delta in stream:
-                    wrote = True
-                    self.out.write(delta)
+                    parts.append(delta)
+                    if not self.as_json:  # --json prints the whole reply at the end
+                        wrote = True
+                        self.out.write(delta)
 
         try:
             await self.interruptible(consume())
@@ -274,6 +281,7 @@ class Chat:
             if wrote:
                 self.out.write("\n")
         self.replying = False
+        self.reply = "".join(parts)
 
     # ------------------------------------------------------------------ commands
 
@@ -570,6 +578,38 @@ def read_stdin() -> str:
     return text.rstrip("\r\n")
 
 
+def turn_json(state: CliState, context: ContextId, reply: str) -> dict[str, Any]:
+    """What ``chat -p --json`` prints: the reply, the session, and the turn's finish reason,
+    model and usage as the log holds them (the last ``usage`` and ``run_completed`` entries
+    of the head segment)."""
+    store = state.store()
+    head = store.get_head(context)
+    entries = store.read_segment(head.session_id, head.segment_id).entries if head else []
+    usage = finish = None
+    for line in reversed(entries):
+        if line["kind"] == "run_completed" and finish is None:
+            finish = line
+        elif line["kind"] == "usage" and finish is not None:
+            usage = line
+            break
+        elif line["kind"] == "user_input":
+            break  # the turn's own entries only
+    return {
+        "context_id": str(context),
+        "reply": reply,
+        "finish_reason": finish.get("finish_reason") if finish else None,
+        "model": usage.get("model") if usage else None,
+        "usage": None
+        if usage is None
+        else {
+            "prompt_tokens": usage.get("prompt_tokens", 0),
+            "completion_tokens": usage.get("completion_tokens", 0),
+            "cached_tokens": usage.get("cached_tokens", 0),
+            "estimated": usage.get("estimated"),
+        },
+    }
+
+
 def most_recent(state: CliState, type_: str | None = None) -> ContextId:
     """The session active last, of any type or of ``type_`` (``chat --last [--type T]``).
 
@@ -607,13 +647,15 @@ def run_chat(
     prompt: str | None = None,
     last: bool | str = False,
     retry: bool = False,
+    as_json: bool = False,
 ) -> None:
     """Chat in ``context`` (or the one the picker gives) until input ends.
 
     With ``prompt`` (``chat -p``), send that one message, print the reply and return (with no
     session named, in a new one, :func:`~terrarium.cli.app.generated_context`); with
     ``retry``, the same with the session's failed message; with ``last``, chat in the session
-    active last (a string: of that type). After a chat that ends without an error, a note on
+    active last (a string: of that type); with ``as_json``, print the reply of ``prompt`` or
+    ``retry`` as :func:`turn_json`. After a chat that ends without an error, a note on
     stderr says how to resume the session. A failed reply ends it with one line that says
     what became of the message; Ctrl-C with exit status 130.
     """
@@ -625,6 +667,7 @@ def run_chat(
         while state.store().get_head(context) is not None:  # the same second and digits
             context = generated_context(default_type)
     chat = Chat(state, context or ContextId(default_type, "main"), options, is_terminal)
+    chat.as_json = as_json
     if last:  # after Chat(): the manager must be built with the model options first
         of_type = last if isinstance(last, str) else None
         context = chat.context = most_recent(state, of_type)
@@ -655,6 +698,8 @@ def run_chat(
         if not chat.replying:
             raise
         raise click.ClickException(f"{one_line(str(exc))}; {chat.failure_note(exc)}") from exc
+    if as_json:
+        state.out.json(turn_json(state, chat.context, chat.reply))
     if chat.opened and state.store().get_head(chat.context) is not None:
         state.out.note(f"resume with: {resume_command(state, chat.context)}")
 
@@ -700,6 +745,12 @@ def resolve_context(context: str | None, session_id: str | None, type_: str) -> 
     is_flag=True,
     help="Send the session's last message again when its reply failed; print the reply.",
 )
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="With -p or --retry: print one JSON object, the reply and its usage (docs/cli.md).",
+)
 @click.option("--system-prompt", default=None, help="System prompt (logged when it changes).")
 @model_options
 @storage_option
@@ -712,6 +763,7 @@ def chat(
     prompt: str | None,
     last: bool,
     retry: bool,
+    as_json: bool,
     system_prompt: str | None,
     base_url: str,
     model: str | None,
@@ -732,10 +784,12 @@ def chat(
         raise click.UsageError("--retry sends the failed message again: do not give -p too")
     if retry and named is None and not last:
         raise click.UsageError("--retry needs a session: name it, or add --last")
+    if as_json and prompt is None and not retry:
+        raise click.UsageError("--json prints the reply of -p or --retry: give one of them")
     options = ChatOptions(base_url, model, retries, timeout, system_prompt)
     typed = ctx.get_parameter_source("type_") is not ParameterSource.DEFAULT
     which: bool | str = (type_ if typed else True) if last else False
-    run_chat(state_of(ctx), named, type_, options, prompt, which, retry)
+    run_chat(state_of(ctx), named, type_, options, prompt, which, retry, as_json)
 
 
 __all__ = ["COMMANDS", "Chat", "ChatOptions", "chat", "run_chat"]
