@@ -274,7 +274,9 @@ def test_show_errors(seeded: Path, tmp_path: Path) -> None:
     assert_one_line_error(
         invoke("show", "cli:nope", "--storage-dir", str(seeded)), "no session 'cli:nope'"
     )
-    assert_one_line_error(invoke("show", "nocolon", "--storage-dir", str(seeded)), "type:name")
+    # a bare name is cli:'s, as for chat (tests/test_cli_conventions.py)
+    bare = invoke("show", "nocolon", "--storage-dir", str(seeded))
+    assert_one_line_error(bare, "no session 'cli:nocolon'")
     assert_one_line_error(invoke("show", "cli:..", "--storage-dir", str(seeded)), "'..'")
     assert_one_line_error(invoke("show", "BAD:x", "--storage-dir", str(seeded)), "context type")
     afile = tmp_path / "afile"

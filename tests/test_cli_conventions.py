@@ -357,3 +357,99 @@ def test_import_prints_one_summary_line_and_a_rerun_says_it_skipped_everything(
     assert lines[2] == f"imported cli:c (2 messages) from {folder / 'c.jsonl'}"
     assert lines[3] == f"imported 1 session into {target}; 2 already there"
     assert len(lines) == 4
+
+
+# --------------------------------------------------------------------------- issue 26, item 10
+
+
+def test_search_with_no_hit_exits_1_as_grep_does(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    add_context(root, "cli:main", [("parsing dates", "use fromisoformat")])
+    found = invoke("search", "dates", "--storage-dir", str(root))
+    assert found.exit_code == 0 and "cli:main" in found.stdout
+    for extra in ([], ["--json"]):
+        none = invoke("search", "zebra", *extra, "--storage-dir", str(root))
+        assert none.exit_code == 1, none.output
+    assert json.loads(invoke("search", "zebra", "--json", "--storage-dir", str(root)).stdout) == {
+        "query": "zebra",
+        "hits": [],
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "value", "why"),
+    [
+        (["search", "x", "--since", "2026-13-45"], "--since", "2026-13-45", "month must be"),
+        (["export", "--all", "-o", "out", "--since", "2026-13-45"], "--since", "2026-13-45",
+         "month"),
+        (["export", "--all", "-o", "out", "--until", "2026-11-01T25:00"], "--until",
+         "2026-11-01T25:00", "hour must be"),
+        (["search", "x", "--since", "yesterday"], "--since", "yesterday", "Invalid isoformat"),
+    ],
+)  # fmt: skip
+def test_a_bad_date_names_the_option_and_the_value(
+    tmp_path: Path, args: list[str], option: str, value: str, why: str
+) -> None:
+    root = tmp_path / "s"
+    add_context(root, "cli:main", [("q", "a")])
+    result = invoke(*args, "--storage-dir", str(root))
+    assert result.exit_code == 2
+    [line] = result.stderr.strip().splitlines()
+    assert f"Invalid value for '{option}': '{value}' is not a date" in line and why in line
+    assert "2026-11-01T12:00:00Z" in line
+
+
+def test_show_fork_delete_take_a_bare_name_as_chat_does(tmp_path: Path) -> None:
+    """``main`` is ``cli:main`` for every command that takes a session, as for ``chat``."""
+    root = tmp_path / "s"
+    add_context(root, "cli:main", [("q", "a")])
+    store = ["--storage-dir", str(root)]
+    assert "cli:main  2 messages" in invoke("show", "main", *store).stdout
+    assert invoke("stats", "main", "--json", *store).exit_code == 0
+    forked = invoke("fork", "main", "copy", *store)
+    assert forked.exit_code == 0 and "forked cli:main into cli:copy" in forked.stderr
+    deleted = invoke("delete", "copy", *store)
+    assert deleted.exit_code == 0 and "deleted cli:copy" in deleted.stderr
+    assert [
+        c["context_id"] for c in json.loads(invoke("list", "--json", *store).stdout)["contexts"]
+    ] == ["cli:main"]
+
+
+def test_a_mistyped_session_gets_a_did_you_mean(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    add_context(root, "cli:main", [("q", "a")])
+    add_context(root, "irc:#python", [("q", "a")])
+    store = ["--storage-dir", str(root)]
+    for args, wanted in [
+        (["show", "cli:maim"], "did you mean cli:main?"),
+        (["show", "python"], "did you mean 'irc:#python'?"),
+        (["stats", "irc:#pyhton"], "did you mean 'irc:#python'?"),
+        (["fork", "cli:mian", "x"], "did you mean cli:main?"),
+        (["delete", "mainn"], "did you mean cli:main?"),
+        (["clear", "irc:main"], "did you mean cli:main?"),
+    ]:
+        result = invoke(*args, *store)
+        assert result.exit_code == 1
+        assert result.stderr.strip().endswith(wanted), (args, result.stderr)
+    nothing = invoke("show", "cli:zzzzzz", *store)
+    assert nothing.stderr.strip() == f"Error: no session 'cli:zzzzzz' in {root}"
+
+
+def test_one_message_is_not_messages(tmp_path: Path, fake_server: FakeServer) -> None:
+    """Counts of one read '1 message' (and so on) wherever the chat counts."""
+    root = tmp_path / "sessions"
+    add_context(root, "cli:one", [])
+    with FsStore(root) as store:
+        head = store.get_head(ContextId.parse("cli:one"))
+        assert head is not None
+        save_delta(store, head, [{"role": "user", "content": "only this"}])
+    url = fake_server.base_url
+    result = run("chat", "cli:other", stdin="/switch one\n", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert result.returncode == 0, result.stderr
+    assert "now in cli:one (1 message)" in result.stderr.decode()
+    rewound = run("rewind", "cli:one", "-n", "2", cwd=tmp_path)
+    assert rewound.returncode == 1
+    assert b"cannot rewind cli:one by 2 items: its history has only 1;" in rewound.stderr
+    add_context(root, "cli:empty", [])
+    rewound = run("rewind", "cli:empty", cwd=tmp_path)
+    assert b"cannot rewind cli:empty by 1 item: its history has only 0;" in rewound.stderr

@@ -410,8 +410,8 @@ def rewind(
         places = _history_places(reads)
         if n > len(places):
             raise InvalidEntry(
-                f"cannot rewind {ctx} by {n} items: its history has only {len(places)}; "
-                "nothing changed"
+                f"cannot rewind {ctx} by {n} item{'' if n == 1 else 's'}: its history has only "
+                f"{len(places)}; nothing changed"
             )
         if n == 0:
             return []

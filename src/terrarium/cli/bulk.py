@@ -6,7 +6,15 @@ from typing import TYPE_CHECKING
 
 import click
 
-from terrarium.cli.app import CONTEXT, cli, open_store, reads_store, state_of, storage_option
+from terrarium.cli.app import (
+    CONTEXT,
+    DATE,
+    cli,
+    open_store,
+    reads_store,
+    state_of,
+    storage_option,
+)
 from terrarium.cli.output import plural
 
 if TYPE_CHECKING:
@@ -111,7 +119,7 @@ def redact(location: str) -> str:
 @click.argument("query")
 @click.option("--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...).")
 @click.option("--context", "-c", type=CONTEXT, help="Only this session.")
-@click.option("--since", metavar="DATE", help="Only messages on or after DATE (UTC).")
+@click.option("--since", type=DATE, metavar="DATE", help="Only messages on or after DATE (UTC).")
 @click.option(
     "--role",
     type=click.Choice(["user", "assistant", "system", "tool"]),
@@ -135,7 +143,10 @@ def search(
     as_json: bool,
     archived: bool,
 ) -> None:
-    """Search every session's messages; best matches first, with highlighted snippets."""
+    """Search every session's messages; best matches first, with highlighted snippets.
+
+    The exit code is 1 when nothing matches, as grep's is.
+    """
     from terrarium.search import SearchQuery
     from terrarium.search import search as run_search
 
@@ -166,9 +177,11 @@ def search(
                 ],
             }
         )
-        return
-    if not found:
+    elif not found:
         state.out.note(f"no messages match {query!r}")
+    if not found:
+        ctx.exit(1)  # grep's convention: 1 when nothing matched, for scripts
+    if as_json:
         return
     for hit in found:
         heading = f"{hit.context}  {hit.ts[:16].replace('T', ' ')}  {hit.role}  #{hit.seq}"

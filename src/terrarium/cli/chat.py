@@ -38,6 +38,7 @@ from click.core import ParameterSource
 from terrarium.cli import catalog
 from terrarium.cli.app import (
     DEFAULT_STORAGE,
+    DEFAULT_TYPE,
     STORAGE_ENV,
     STORE_ENV,
     USER_ERRORS,
@@ -49,7 +50,7 @@ from terrarium.cli.app import (
     state_of,
     storage_option,
 )
-from terrarium.cli.output import one_line
+from terrarium.cli.output import one_line, plural
 from terrarium.errors import ContextNotFound, ContextTooLong, LLMError, NothingToCompact
 from terrarium.model import ContextId, encode_name
 
@@ -343,7 +344,7 @@ class Chat:
         if not arg:
             raise click.ClickException("usage: /switch CONTEXT")
         self.open(parse_context(arg, self.context.type))
-        self.out.note(f"now in {self.context} ({self.message_count()} messages)")
+        self.out.note(f"now in {self.context} ({plural(self.message_count(), 'message')})")
 
     async def cmd_compact(self, _arg: str) -> None:
         catalog.require(self.state, self.context)
@@ -355,7 +356,8 @@ class Chat:
         except NothingToCompact as exc:
             self.out.note(str(exc), style="yellow")
             return
-        self.out.note(f"compacted {self.context}: {before} messages -> {self.message_count()}")
+        after = self.message_count()
+        self.out.note(f"compacted {self.context}: {plural(before, 'message')} -> {after}")
 
     async def cmd_retry(self, _arg: str) -> None:
         try:
@@ -369,8 +371,6 @@ class Chat:
         await self.send(text)
 
     async def cmd_rewind(self, arg: str) -> None:
-        from terrarium.cli.output import plural
-
         try:
             count = int(arg or "1")
         except ValueError:
@@ -481,7 +481,8 @@ async def interactive(chat: Chat, explicit: bool, default_type: str) -> None:
         prompt_continuation=lambda width, *_: "." * (width - 1) + " ",
     )
     chat.out.line(
-        f"{chat.context}: {chat.message_count()} messages. {KEYS_HELP}; /help lists commands.",
+        f"{chat.context}: {plural(chat.message_count(), 'message')}. {KEYS_HELP}; /help lists "
+        "commands.",
         style="dim",
     )
     loop = asyncio.get_running_loop()
@@ -721,7 +722,7 @@ def resolve_context(context: str | None, session_id: str | None, type_: str) -> 
 @click.option(
     "--type",
     "type_",
-    default="cli",
+    default=DEFAULT_TYPE,
     show_default=True,
     metavar="TYPE",
     help="Session type for --session-id, bare names and new sessions.",

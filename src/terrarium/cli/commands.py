@@ -16,6 +16,7 @@ import click
 from terrarium._lazy import lazy_module
 from terrarium.cli.app import (
     CONTEXT,
+    DATE,
     CliState,
     cli,
     model_options,
@@ -421,7 +422,7 @@ def stats(ctx: click.Context, context: ContextId | None, as_json: bool) -> None:
 
 def context_stats(state: CliState, context: ContextId) -> dict[str, Any]:
     """The stats of a context (a legacy one read in memory): :func:`contexts.get_stats`."""
-    with catalog.naming_store(state):
+    with catalog.naming_store(state, context):
         return contexts.get_stats(state.store(), context)
 
 
@@ -513,7 +514,7 @@ def delete_session(
 def clear(ctx: click.Context, context: ContextId) -> None:
     """Empty a session's history (the old history stays in its session tree)."""
     state = state_of(ctx)
-    with catalog.naming_store(state):
+    with catalog.naming_store(state, context):
         contexts.clear_context(state.store(), context)
     state.out.note(f"cleared {context.display}", style="green")
 
@@ -535,7 +536,7 @@ def clear(ctx: click.Context, context: ContextId) -> None:
 def rewind(ctx: click.Context, context: ContextId, count: int) -> None:
     """Drop the last N history items of a session (they stay in its session tree)."""
     state = state_of(ctx)
-    with catalog.naming_store(state):
+    with catalog.naming_store(state, context):
         dropped = contexts.rewind_context(state.store(), context, count)
     state.out.note(
         f"rewound {context.display}: dropped {plural(len(dropped), 'item')}", style="green"
@@ -569,7 +570,7 @@ def fork_session(
 ) -> dict[str, Any]:
     """Fork ``source`` into ``target``; returns the new context's stats."""
     store = state.store()
-    with catalog.naming_store(state):
+    with catalog.naming_store(state, source):
         contexts.fork_context(store, source, target, at)
     data = contexts.get_stats(store, target)
     shown = f"{source.display} into {target.display}"
@@ -644,8 +645,12 @@ def compact(
 )
 @click.option("--all", "all_", is_flag=True, help="Export every session (into -o).")
 @click.option("--type", "type_", metavar="TYPE", help="With --all: only sessions of this type.")
-@click.option("--since", metavar="DATE", help="Only sessions active on or after DATE (UTC).")
-@click.option("--until", metavar="DATE", help="Only sessions active on or before DATE (UTC).")
+@click.option(
+    "--since", type=DATE, metavar="DATE", help="Only sessions active on or after DATE (UTC)."
+)
+@click.option(
+    "--until", type=DATE, metavar="DATE", help="Only sessions active on or before DATE (UTC)."
+)
 @storage_option
 @click.pass_context
 def export(

@@ -27,7 +27,7 @@ from prompt_toolkit.styles import Style
 
 from terrarium.cli.app import generated_context
 from terrarium.cli.catalog import SessionInfo
-from terrarium.cli.output import short_time
+from terrarium.cli.output import plural, short_time
 from terrarium.model import ContextId
 
 _STYLE = Style.from_dict(
@@ -234,7 +234,7 @@ class Picker:
             legacy = "  (legacy)" if info.legacy_path else ""
             row(
                 number,
-                f"{info.context.name:<{width}}  {info.message_count:>5} messages  "
+                f"{info.context.name:<{width}}  {plural(info.message_count, 'message'):>14}  "
                 f"{short_time(info.last_active)}{legacy}",
             )
             out.append(("class:dim", preview_line(self.preview(info.context), columns)))
