@@ -1,17 +1,14 @@
 """``MultiContextManager``: many isolated conversations over one OpenAI-compatible server.
 
 Each context (``irc:#python``, ``cli:main``) is a session in the store, created by its first
-turn the model answers (until then the new session's entries wait in memory, and a first turn
-that gets no reply at all leaves nothing). A turn appends the
+turn the model answers (a first turn with no reply at all leaves nothing). A turn appends the
 user input *before* the model is called (so a failed or cancelled call never loses it), then
 the reply, its usage, ``run_completed`` and ``turn_end`` in one atomic append; a failure appends
 ``run_errored`` with the reason (and any partial reply text) instead, also when the turn is
 cancelled or its stream closed early: that write is synchronous, so no second cancellation can
 skip it, and the cancellation still propagates. A failed turn never makes the next one fail:
-its input stays in the history, marked failed (``RestoredState.failed``), and is not sent
-again, so the next turn sends the history from before the failure and its own input
-(``RestoredState.model_history``). :meth:`MultiContextManager.retry_with_context` sends a
-failed input again, when asked.
+its input stays in the history, marked failed, and is not sent again
+(``RestoredState.model_history``) unless :meth:`MultiContextManager.retry_with_context` asks.
 
 Concurrency, beyond the seed's "sequential only": turns on different contexts run at once
 (bounded by ``max_concurrency``); turns on one context are serialised in arrival order by an
@@ -20,14 +17,11 @@ store's context lock, held for the whole turn. Every append names the seq the ma
 so a writer that bypasses the lock is detected and the state re-read, never overwritten.
 
 The cache keeps up to ``cache_size`` restored contexts, each a ``PersistentSession``
-(:mod:`terrarium.agent.session_manager`; :meth:`MultiContextManager.get_session` returns it)
-holding the list of messages it sends, so a turn costs O(1) in history length: no re-reading
-or re-parsing of the log, and the messages sent on turn n+1 start with exactly the messages
-sent on turn n (vLLM's automatic prefix cache then reuses the whole history, after a failed
-turn too). Before each turn the cached head and
-next seq are checked against the store (a head read and an ``fstat``), so entries another
-process appended are seen. Eviction
-saves unsaved entries first.
+(:meth:`MultiContextManager.get_session` returns it) holding the messages it sends, so a turn
+costs O(1) in history length, and the messages of turn n+1 start with those of turn n (vLLM's
+prefix cache reuses the whole history). Before each turn the cached head and next seq are
+checked against the store (a head read and an ``fstat``), so entries another process appended
+are seen. Eviction saves unsaved entries first.
 """
 
 from __future__ import annotations

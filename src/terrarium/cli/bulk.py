@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -19,6 +19,7 @@ from terrarium.cli.output import plural
 
 if TYPE_CHECKING:
     from terrarium.model import ContextId
+    from terrarium.stores.base import SearchHit
 
 
 @cli.command()
@@ -158,25 +159,7 @@ def search(
         ),
     )
     if as_json:
-        state.out.json(
-            {
-                "query": query,
-                "hits": [
-                    {
-                        "context_id": hit.context,
-                        "date": hit.date,
-                        "segment_id": str(hit.segment_id),
-                        "seq": hit.seq,
-                        "role": hit.role,
-                        "ts": hit.ts,
-                        "snippet": hit.snippet,
-                        "highlights": [list(span) for span in hit.highlights],
-                        "score": hit.score,
-                    }
-                    for hit in found
-                ],
-            }
-        )
+        state.out.json({"query": query, "hits": [hit_json(hit) for hit in found]})
     elif not found:
         state.out.note(f"no messages match {query!r}")
     if not found:
@@ -196,6 +179,21 @@ def search(
         else:
             state.out.line(heading)
             state.out.line(f"  {_marked(hit.snippet, hit.highlights)}")
+
+
+def hit_json(hit: SearchHit) -> dict[str, Any]:
+    """One hit as ``search --json`` prints it (docs/cli.md)."""
+    return {
+        "context_id": hit.context,
+        "date": hit.date,
+        "segment_id": str(hit.segment_id),
+        "seq": hit.seq,
+        "role": hit.role,
+        "ts": hit.ts,
+        "snippet": hit.snippet,
+        "highlights": [list(span) for span in hit.highlights],
+        "score": hit.score,
+    }
 
 
 def _marked(snippet: str, spans: tuple[tuple[int, int], ...]) -> str:

@@ -27,7 +27,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -495,25 +495,29 @@ async def interactive(chat: Chat, explicit: bool, default_type: str) -> None:
                 continue  # Ctrl-C at the prompt clears the line
             except EOFError:
                 break
-            if not line.strip():
-                continue
-            try:
-                await chat.run_line(line)
-            except Interrupted as exc:
-                note = chat.failure_note(exc) if sends_message(line) else "interrupted"
-                chat.out.note(note, style="yellow")
-            except LLMError as exc:
-                chat.out.error(str(exc))
-                if sends_message(line):
-                    chat.out.note(chat.failure_note(exc))
-                elif isinstance(exc, ContextTooLong):  # /compact of a history too long
-                    chat.out.note("/rewind N drops the last N messages, to make room")
-            except click.ClickException as exc:
-                chat.out.error(exc.format_message())
-            except USER_ERRORS as exc:
-                chat.out.error(str(exc))
+            if line.strip():
+                await handle_line(chat, line)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
+
+
+async def handle_line(chat: Chat, line: str) -> None:
+    """One line typed in the terminal chat; a failure is a note, and the chat goes on."""
+    try:
+        await chat.run_line(line)
+    except Interrupted as exc:
+        note = chat.failure_note(exc) if sends_message(line) else "interrupted"
+        chat.out.note(note, style="yellow")
+    except LLMError as exc:
+        chat.out.error(str(exc))
+        if sends_message(line):
+            chat.out.note(chat.failure_note(exc))
+        elif isinstance(exc, ContextTooLong):  # /compact of a history too long
+            chat.out.note("/rewind N drops the last N messages, to make room")
+    except click.ClickException as exc:
+        chat.out.error(exc.format_message())
+    except USER_ERRORS as exc:
+        chat.out.error(str(exc))
 
 
 def preview(state: CliState, context: ContextId) -> tuple[str, str] | None:
@@ -690,19 +694,25 @@ def run_chat(
         finally:
             await state.aclose_client()
 
+    run_loop(chat, main())
+    if as_json:
+        state.out.json(turn_json(state, chat.context, chat.reply))
+    if chat.opened and state.store().get_head(chat.context) is not None:
+        state.out.note(f"resume with: {resume_command(state, chat.context)}")
+
+
+def run_loop(chat: Chat, main: Coroutine[Any, Any, None]) -> None:
+    """Run the chat's event loop. Ctrl-C ends it with exit status 130 and a note; a failed
+    reply with one line, the error and what became of the message."""
     try:
-        asyncio.run(main())
+        asyncio.run(main)
     except KeyboardInterrupt as exc:
-        state.out.note(chat.failure_note(exc) if chat.replying else "interrupted", style="yellow")
+        chat.out.note(chat.failure_note(exc) if chat.replying else "interrupted", style="yellow")
         raise click.exceptions.Exit(INTERRUPTED_EXIT) from None
     except LLMError as exc:
         if not chat.replying:
             raise
         raise click.ClickException(f"{one_line(str(exc))}; {chat.failure_note(exc)}") from exc
-    if as_json:
-        state.out.json(turn_json(state, chat.context, chat.reply))
-    if chat.opened and state.store().get_head(chat.context) is not None:
-        state.out.note(f"resume with: {resume_command(state, chat.context)}")
 
 
 def resolve_context(context: str | None, session_id: str | None, type_: str) -> ContextId | None:
