@@ -20,6 +20,8 @@ Every chat request body is recorded, and faults can be queued per test::
         server.reject_stream_options = True # HTTP 400 naming stream_options, as old servers do
         server.tokenizer = "vllm"           # serve POST /tokenize vLLM's way ("llamacpp": its way)
         server.tokenizer_status = 500       # /tokenize answers that error status instead
+        server.context_window = 200         # HTTP 400, vLLM's "maximum context length is 200
+                                            # tokens ...", for prompts of more tokens
         ...
         server.requests                     # the chat request bodies received, in order
         server.tokenize_requests            # the /tokenize request bodies received, in order
@@ -50,10 +52,21 @@ __all__ = [
     "FakeServer",
     "FakeToolCall",
     "Fault",
+    "context_length_message",
     "count_tokens",
     "tokenize_messages",
     "tokenize_text",
 ]
+
+
+def context_length_message(window: int, prompt_tokens: int) -> str:
+    """vLLM's HTTP 400 for a prompt of ``prompt_tokens`` that does not fit ``window``."""
+    return (
+        f"This model's maximum context length is {window} tokens. However, you requested "
+        f"{prompt_tokens} tokens ({prompt_tokens} in the messages, 0 in the completion). "
+        "Please reduce the length of the messages or completion."
+    )
+
 
 CONTEXT_LENGTH_MESSAGE = (
     "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens "
@@ -214,6 +227,7 @@ class _State:
     reject_stream_options: bool = False
     tokenizer: TokenizerStyle | None = None
     tokenizer_status: int | None = None
+    context_window: int | None = None
     tokenize_requests: list[Any] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -411,6 +425,10 @@ class _Handler(BaseHTTPRequestHandler):
         if state.strict_roles and not roles_alternate(messages):
             self._send_error(400, ROLES_MESSAGE, code=400)
             return
+        window = state.context_window
+        if window is not None and count_tokens(messages) > window:
+            self._send_error(400, context_length_message(window, count_tokens(messages)), 400)
+            return
         if state.reject_stream_options and "stream_options" in body:
             self._send_error(400, STREAM_OPTIONS_MESSAGE, code=None)
             return
@@ -556,8 +574,8 @@ class FakeServer:
     """An OpenAI-compatible chat server on 127.0.0.1, run in a background thread.
 
     Use it as a context manager (or call :meth:`start` and :meth:`stop`). Attributes ``delay``,
-    ``chunk_delay``, ``reply``, ``models``, ``chunks``, ``strict_roles`` and the usage and
-    tokenizer settings may be changed while it runs.
+    ``chunk_delay``, ``reply``, ``models``, ``chunks``, ``strict_roles``, ``context_window``
+    and the usage and tokenizer settings may be changed while it runs.
     """
 
     def __init__(
@@ -574,6 +592,7 @@ class FakeServer:
         usage_in_streams: bool = True,
         reject_stream_options: bool = False,
         tokenizer: TokenizerStyle | None = None,
+        context_window: int | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -597,6 +616,9 @@ class FakeServer:
                 or ``{"model", "messages"}`` -> ``{"count", ...}``) or llama.cpp's server
                 (``{"content"}`` -> ``{"tokens"}``); None: no such route (404). Counts are
                 :func:`tokenize_text` and :func:`tokenize_messages`.
+            context_window: Refuse (HTTP 400, vLLM's words from
+                :func:`context_length_message`) a request whose messages count more tokens
+                (:func:`count_tokens`) than this; None: no limit.
             host: Address to bind.
             port: Port to bind; 0 picks a free one.
         """
@@ -611,6 +633,7 @@ class FakeServer:
             usage_in_streams=usage_in_streams,
             reject_stream_options=reject_stream_options,
             tokenizer=tokenizer,
+            context_window=context_window,
         )
         self._address = (host, port)
         self._server: _Server | None = None
@@ -781,6 +804,15 @@ class FakeServer:
     def tokenizer_status(self, value: int | None) -> None:
         self._state.tokenizer_status = value
 
+    @property
+    def context_window(self) -> int | None:
+        """Requests of more tokens than this get vLLM's HTTP 400 (None: no limit)."""
+        return self._state.context_window
+
+    @context_window.setter
+    def context_window(self, value: int | None) -> None:
+        self._state.context_window = value
+
     # ------------------------------------------------------------------ faults
 
     def fail_next(
@@ -892,12 +924,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--strict-roles", action="store_true", help="refuse user/user or assistant/assistant"
     )
+    parser.add_argument(
+        "--context-window", type=int, default=None, help="refuse prompts of more tokens (400)"
+    )
     args = parser.parse_args(argv)
     server = FakeServer(
         model=args.model,
         delay=args.delay,
         chunk_delay=args.chunk_delay,
         strict_roles=args.strict_roles,
+        context_window=args.context_window,
         host=args.host,
         port=args.port,
     )

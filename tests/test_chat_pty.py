@@ -179,6 +179,44 @@ def test_picker_new_session_and_cancel(root: Path, fake_server: FakeServer, spaw
     assert child.exitstatus == 0
 
 
+def test_prompt_on_a_terminal_does_not_wait_for_stdin(
+    root: Path, fake_server: FakeServer, spawn: Any
+) -> None:
+    """``chat -p TEXT`` on a terminal sends TEXT alone and exits: a terminal's stdin is not
+    read (only a pipe's is added to the prompt)."""
+    child = spawn("chat", "cli:t", "-p", "hi there", "--base-url", fake_server.base_url,
+                  "--storage-dir", str(root))  # fmt: skip
+    child.expect("echo: hi there")
+    child.expect("resume with: terrarium chat cli:t")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert fake_server.last_request["messages"] == [{"role": "user", "content": "hi there"}]
+
+
+def test_picker_new_session_without_a_name_gets_one(
+    root: Path, fake_server: FakeServer, spawn: Any
+) -> None:
+    """Enter on "+ new session" with no name typed starts a session named by the time."""
+    add_context(root, "cli:main", 1)
+    child = spawn("chat", "--base-url", fake_server.base_url, "--storage-dir", str(root))
+    child.expect("Pick a session")
+    child.expect(r"\+ new session \(type its name, or Enter for a new one named by the time\)")
+    child.expect("2 messages")
+    child.sendcontrol("p")  # up, to the new-session row
+    child.send("\r")
+    child.expect(r"(cli:\d{8}-\d{6}-[0-9a-f]{4})>")
+    name = child.match.group(1)
+    child.send("first words\r")
+    child.expect("echo: first words")
+    child.expect(f"{name}>")
+    leave(child)
+    assert history(root, name) == [
+        {"role": "user", "content": "first words"},
+        {"role": "assistant", "content": "echo: first words"},
+    ]
+
+
 def test_ctrl_c_interrupts_a_reply_and_the_chat_goes_on(
     root: Path, fake_server: FakeServer, spawn: Any
 ) -> None:
@@ -192,22 +230,21 @@ def test_ctrl_c_interrupts_a_reply_and_the_chat_goes_on(
     child.send("tell me a long story please\r")
     child.expect("ech")  # the first piece of the reply has arrived: a reply is streaming
     child.sendcontrol("c")
-    child.expect("interrupted; your message is kept and will be sent with your next one")
+    child.expect("interrupted: the partial reply is logged, marked interrupted")
+    child.expect("/retry sends it again")
     child.expect("cli:main>")
 
     fake_server.chunk_delay = 0
     child.send("again\r")
-    child.expect("echo: tell me a long story please")  # the interrupted words go with "again"
+    child.expect("echo: again")  # the interrupted words do not go with "again"
     child.expect("cli:main>")
     leave(child)
 
-    assert fake_server.last_request["messages"] == [
-        {"role": "user", "content": "tell me a long story please\n\nagain"}
-    ]
+    assert fake_server.last_request["messages"] == [{"role": "user", "content": "again"}]
     assert [m["content"] for m in history(root, "cli:main")] == [
         "tell me a long story please",
         "again",
-        "echo: tell me a long story please\n\nagain",
+        "echo: again",
     ]
     kinds = [line["kind"] for line in segment_lines(root, "cli:main")]
     assert kinds.count("run_errored") == 1 and kinds[-2:] == ["run_completed", "turn_end"]
@@ -218,7 +255,61 @@ def test_ctrl_c_interrupts_a_reply_and_the_chat_goes_on(
     assert errored["partial"].startswith("ech")
 
 
+def test_too_long_paste_then_short_message_retry_rewind_compact(
+    root: Path, fake_server: FakeServer, spawn: Any
+) -> None:
+    """The issue's case on a terminal: a paste over the model's window fails with a note saying
+    why and what to do; the next message goes without it; /compact works; /retry sends the
+    paste again; /rewind drops messages."""
+    with FsStore(root) as store:
+        create_segment(store, SegmentStartState(), context="cli:ctx")
+        head = store.get_head(ContextId.parse("cli:ctx"))
+        assert head is not None
+        for n in range(4):  # long enough that a summary of them is shorter
+            save_delta(store, head, [
+                {"role": "user", "content": f"question {n}: " + "why " * 20},
+                {"role": "assistant", "content": f"answer {n}: " + "because " * 10},
+            ])  # fmt: skip
+    fake_server.context_window = 400
+    paste = "word " * 400  # 2,000 characters: 500 tokens
+    child = spawn("chat", "cli:ctx", "--base-url", fake_server.base_url, "--retries", "0",
+                  "--storage-dir", str(root))  # fmt: skip
+    child.expect("cli:ctx>")
+    child.send(paste.strip() + "\r")
+    child.expect("maximum context length is 400 tokens")
+    child.expect("shorten it, or make room with /compact or /rewind N, then /retry")
+    child.expect("cli:ctx>")
+    child.send("short\r")
+    child.expect("echo: short")
+    child.expect("cli:ctx>")
+    assert "word word" not in json.dumps(fake_server.last_request)
+    child.send("/retry\r")
+    child.expect("nothing to retry in cli:ctx: its last turn did not fail")
+    child.expect("cli:ctx>")
+    child.send(paste.strip() + "\r")
+    child.expect("maximum context length is 400 tokens")
+    child.expect("cli:ctx>")
+    child.send("/compact\r")
+    child.expect(r"compacted cli:ctx: 12 messages -> 7")  # the failed paste carried along
+    child.expect("cli:ctx>")
+    fake_server.context_window = 1000
+    child.send("/retry\r")
+    child.expect("echo: word word")
+    child.expect("cli:ctx>")
+    child.send("/rewind 2\r")
+    child.expect(r"rewound cli:ctx: dropped 2 messages, 7 messages left")
+    child.expect("cli:ctx>")
+    leave(child)
+    contents = [m["content"] for m in history(root, "cli:ctx")]
+    assert contents[0].startswith("[Summary of the conversation so far]")
+    assert contents[-1] == paste.strip()  # the failed paste, still marked failed
+    with FsStore(root) as store:
+        state = restore(store, "cli:ctx")
+    assert sorted(state.failed) == [len(contents) - 1]
+
+
 def test_multiline_input_and_unreachable_server(root: Path, spawn: Any) -> None:
+    add_context(root, "cli:main", 1)
     child = spawn(
         "chat", "cli:main", "--base-url", "http://127.0.0.1:9/v1", "--retries", "0",
         "--storage-dir", str(root),
@@ -229,18 +320,30 @@ def test_multiline_input_and_unreachable_server(root: Path, spawn: Any) -> None:
     child.send("line two\r")
     child.expect("cannot reach the model server at http://127.0.0.1:9/v1")
     child.expect("--base-url")
-    child.expect("your message is kept and will be sent with your next one")
+    child.expect("your message is kept, marked failed, and is not sent with your next one")
+    child.expect("/retry sends it again")
     child.expect("cli:main>")  # still in the chat
     child.send("/clear\r")
     child.expect("cleared cli:main")
     child.expect("cli:main>")
+    child.send("/switch brand-new\r")
+    child.expect("cli:brand-new>")
+    child.send("first words\r")  # a new session whose first message gets no answer
+    child.expect("cannot reach the model server")
+    child.expect("nothing was kept: cli:brand-new begins with its first answered message")
+    child.expect("Up brings your message back")
+    child.expect("cli:brand-new>")
+    child.send("/history\r")
+    child.expect("cli:brand-new has no messages yet")
+    child.expect("cli:brand-new>")
     leave(child)
     with FsStore(root) as store:
         head = store.get_head(ContextId.parse("cli:main"))
         assert head is not None
         first = store.read_segment(head.session_id, store.list_segments(head.session_id)[0])
+        assert store.get_head(ContextId.parse("cli:brand-new")) is None
     sent = [e["item"]["content"] for e in first.entries if e["kind"] == "user_input"]
-    assert sent == ["line one\nline two"]
+    assert sent == ["question 0", "line one\nline two"]
 
 
 def test_seed_chat_py_on_a_terminal(root: Path, fake_server: FakeServer, spawn: Any) -> None:

@@ -274,7 +274,9 @@ def test_show_errors(seeded: Path, tmp_path: Path) -> None:
     assert_one_line_error(
         invoke("show", "cli:nope", "--storage-dir", str(seeded)), "no session 'cli:nope'"
     )
-    assert_one_line_error(invoke("show", "nocolon", "--storage-dir", str(seeded)), "type:name")
+    # a bare name is cli:'s, as for chat (tests/test_cli_conventions.py)
+    bare = invoke("show", "nocolon", "--storage-dir", str(seeded))
+    assert_one_line_error(bare, "no session 'cli:nocolon'")
     assert_one_line_error(invoke("show", "cli:..", "--storage-dir", str(seeded)), "'..'")
     assert_one_line_error(invoke("show", "BAD:x", "--storage-dir", str(seeded)), "context type")
     afile = tmp_path / "afile"
@@ -763,9 +765,39 @@ def test_chat_unreachable_server_one_line_nonzero(tmp_path: Path) -> None:
     assert len(lines) == 1, result.stderr
     assert "http://127.0.0.1:9/v1" in lines[0] and "--base-url" in lines[0]
     assert "TERRARIUM_BASE_URL" in lines[0]
-    # the input was kept and the failed run logged
-    data = json.loads(run_pipe([*TERRARIUM, "stats", "cli:main", "--json"], "", tmp_path).stdout)
-    assert data["message_count"] == 1 and data["last_run"] == "errored"
+    # the first message of a new session that got no answer leaves nothing, and says so
+    assert "nothing was kept: cli:main begins with its first answered message" in lines[0]
+    listed = json.loads(run_pipe([*TERRARIUM, "list", "--json"], "", tmp_path).stdout)
+    assert listed["contexts"] == []
+
+
+@pytest.mark.parametrize(
+    "option",
+    [["--base-url", "http://127.0.0.1:9/v1"], ["--model", "no-such-model"], ["--base-url", "x"]],
+)
+def test_a_failed_one_shot_leaves_no_new_session(
+    tmp_path: Path, fake_server: FakeServer, option: list[str]
+) -> None:
+    """A mistyped --base-url, a wrong model, a bad URL: ``chat -p`` fails in one line saying
+    nothing was kept, and no session is left behind; the same in an existing session keeps
+    the message, marked failed."""
+    base = ["--base-url", fake_server.base_url, "--retries", "0"]
+    failed = run_pipe([*TERRARIUM, "chat", "cli:badurl", "-p", "hi", *base, *option], "", tmp_path)
+    assert failed.returncode == 1
+    [line] = failed.stderr.strip().splitlines()
+    assert "nothing was kept: cli:badurl begins with its first answered message" in line
+    assert "Run the command again" in line
+    listed = json.loads(run_pipe([*TERRARIUM, "list", "--json"], "", tmp_path).stdout)
+    assert listed["contexts"] == []
+    shown = run_pipe([*TERRARIUM, "show", "cli:badurl"], "", tmp_path)
+    assert shown.returncode == 1 and "no session 'cli:badurl'" in shown.stderr
+
+    assert run_pipe([*TERRARIUM, "chat", "cli:ok", "-p", "hi", *base], "", tmp_path).returncode == 0
+    failed = run_pipe([*TERRARIUM, "chat", "cli:ok", "-p", "again", *base, *option], "", tmp_path)
+    assert failed.returncode == 1
+    assert "your message is kept, marked failed" in failed.stderr
+    data = json.loads(run_pipe([*TERRARIUM, "stats", "cli:ok", "--json"], "", tmp_path).stdout)
+    assert data["message_count"] == 3 and data["last_run"] == "errored"
 
 
 # --------------------------------------------------------------------------- chat.py

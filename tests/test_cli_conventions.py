@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,10 +82,42 @@ def test_prompt_sends_one_turn_prints_the_reply_and_a_resume_hint(
     assert result.stdout == b"echo: what is up?\n"  # the reply only
     assert result.stderr == b"resume with: terrarium chat cli:demo\n"
     assert history(tmp_path / "sessions", "cli:demo") == ["what is up?", "echo: what is up?"]
-    # no context named: cli:main, as a piped chat
-    result = run("chat", "--prompt", "hello", cwd=tmp_path, TERRARIUM_BASE_URL=url)
-    assert result.returncode == 0 and result.stdout == b"echo: hello\n"
-    assert history(tmp_path / "sessions", "cli:main") == ["hello", "echo: hello"]
+
+
+def test_prompt_without_a_session_starts_a_new_one_and_last_continues_it(
+    tmp_path: Path, fake_server: FakeServer
+) -> None:
+    """``chat -p`` with no session named starts a new one each time, named ``cli:`` and a
+    time-ordered id, and says on stderr how to resume it; ``--last`` (``-c``) continues the
+    one active last, of ``--type`` when given."""
+    url, root = fake_server.base_url, tmp_path / "sessions"
+    made = []
+    for text in ("hello", "again"):
+        result = run("chat", "--prompt", text, cwd=tmp_path, TERRARIUM_BASE_URL=url)
+        assert result.returncode == 0 and result.stdout == f"echo: {text}\n".encode()
+        hint = result.stderr.decode()
+        assert re.fullmatch(r"resume with: terrarium chat cli:\d{8}-\d{6}-[0-9a-f]{4}\n", hint)
+        made.append(hint.split()[-1])
+    assert made[0] != made[1] and made[0][:19] <= made[1][:19]  # time-ordered
+    assert [history(root, c) for c in made] == [["hello", "echo: hello"], ["again", "echo: again"]]
+    with FsStore(root) as store:
+        assert sorted(str(h.context) for h in store.list_contexts()) == sorted(made)
+
+    result = run("chat", "-c", "-p", "more", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert result.returncode == 0, result.stderr
+    assert history(root, made[1])[-2:] == ["more", "echo: more"]
+    irc = run("chat", "--type", "irc", "-p", "in irc", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert irc.stderr.decode().startswith("resume with: terrarium chat irc:")
+    add_turn(root, made[0], "newest", "echo: newest")  # cli is now active last
+    result = run("chat", "--last", "--type", "irc", "-p", "irc again", cwd=tmp_path,
+                 TERRARIUM_BASE_URL=url)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    irc_name = irc.stderr.decode().split()[-1]
+    assert result.stderr.decode() == f"resume with: terrarium chat {irc_name}\n"
+    assert history(root, irc_name)[-2:] == ["irc again", "echo: irc again"]
+    none = run("chat", "--last", "--type", "game", "-p", "x", cwd=tmp_path)
+    assert none.returncode == 1
+    assert none.stderr == b"Error: no session of type 'game' to continue in ./sessions\n"
 
 
 def test_prompt_dash_sends_all_of_stdin_as_one_turn(
@@ -110,7 +143,65 @@ def test_prompt_dash_sends_all_of_stdin_as_one_turn(
     ]
 
 
+def test_prompt_with_piped_stdin_sends_both_as_one_message(
+    tmp_path: Path, fake_server: FakeServer
+) -> None:
+    """``printf 'file' | terrarium chat cli:x -p "summarise this"``: the prompt, a blank line,
+    then stdin, as one message; empty stdin adds nothing; stdin that is not UTF-8 sends
+    nothing."""
+    url = fake_server.base_url
+    result = run("chat", "cli:x", "-p", "summarise this", stdin="line one\nline two\n",
+                 cwd=tmp_path, TERRARIUM_BASE_URL=url)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    sent = "summarise this\n\nline one\nline two"
+    assert fake_server.last_request["messages"] == [{"role": "user", "content": sent}]
+    assert result.stdout == f"echo: {sent}\n".encode()
+    result = run("chat", "cli:y", "-p", "just this", stdin="", cwd=tmp_path,
+                 TERRARIUM_BASE_URL=url)  # fmt: skip
+    assert fake_server.last_request["messages"] == [{"role": "user", "content": "just this"}]
+    bad = run("chat", "cli:z", "-p", "summarise", stdin=b"caf\xe9\n", cwd=tmp_path,
+              TERRARIUM_BASE_URL=url)  # fmt: skip
+    assert bad.returncode == 1 and b"not valid UTF-8: byte 0xe9 at offset 3" in bad.stderr
+    assert len(fake_server.requests) == 2  # nothing sent
+
+
+def test_prompt_json_prints_one_object(tmp_path: Path, fake_server: FakeServer) -> None:
+    """``chat -p --json``: stdout is one JSON object (the reply, the session, the finish
+    reason, the model and the usage), the resume hint on stderr; --json alone is refused."""
+    url = fake_server.base_url
+    result = run("chat", "-p", "hi", "--json", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    sent = fake_server.last_request["messages"]  # the fake counts characters // 4 + 1 each
+    assert data == {
+        "context_id": data["context_id"],
+        "reply": "echo: hi",
+        "finish_reason": "stop",
+        "model": "fake-model",
+        "usage": {
+            "prompt_tokens": len(sent[0]["content"]) // 4 + 1,
+            "completion_tokens": len("echo: hi") // 4 + 1,
+            "cached_tokens": 0,
+            "estimated": None,
+        },
+    }
+    assert data["context_id"].startswith("cli:")
+    assert result.stderr.decode() == f"resume with: terrarium chat {data['context_id']}\n"
+    fake_server.fail_next(503)
+    failed = run("chat", data["context_id"], "-p", "again", "--json", "--retries", "0",
+                 cwd=tmp_path, TERRARIUM_BASE_URL=url)  # fmt: skip
+    assert failed.returncode == 1 and failed.stdout == b""
+    retried = run("chat", "-c", "--retry", "--json", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert retried.returncode == 0, retried.stderr
+    assert json.loads(retried.stdout)["reply"] == "echo: again"
+    alone = run("chat", "cli:x", "--json", cwd=tmp_path)
+    assert alone.returncode == 2 and b"--json prints the reply of -p or --retry" in alone.stderr
+
+
 def test_prompt_failure_is_one_line_and_keeps_the_input(tmp_path: Path) -> None:
+    """In a session that exists the failed message is kept (marked failed); a new session's
+    unanswered first message leaves nothing (tests/test_cli.py has more)."""
+    add_context(tmp_path / "sessions", "cli:x", [("hi", "hello")])
     result = run(
         "chat", "cli:x", "-p", "are you there?", "--retries", "0",
         cwd=tmp_path, TERRARIUM_BASE_URL="http://127.0.0.1:9/v1",
@@ -120,7 +211,7 @@ def test_prompt_failure_is_one_line_and_keeps_the_input(tmp_path: Path) -> None:
     lines = result.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "http://127.0.0.1:9/v1" in lines[0]  # no resume hint either
     stats = json.loads(run("stats", "cli:x", "--json", cwd=tmp_path).stdout)
-    assert stats["message_count"] == 1 and stats["last_run"] == "errored"
+    assert stats["message_count"] == 3 and stats["last_run"] == "errored"
 
 
 def test_prompt_refuses_empty_or_undecodable_input(tmp_path: Path) -> None:
@@ -266,3 +357,99 @@ def test_import_prints_one_summary_line_and_a_rerun_says_it_skipped_everything(
     assert lines[2] == f"imported cli:c (2 messages) from {folder / 'c.jsonl'}"
     assert lines[3] == f"imported 1 session into {target}; 2 already there"
     assert len(lines) == 4
+
+
+# --------------------------------------------------------------------------- issue 26, item 10
+
+
+def test_search_with_no_hit_exits_1_as_grep_does(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    add_context(root, "cli:main", [("parsing dates", "use fromisoformat")])
+    found = invoke("search", "dates", "--storage-dir", str(root))
+    assert found.exit_code == 0 and "cli:main" in found.stdout
+    for extra in ([], ["--json"]):
+        none = invoke("search", "zebra", *extra, "--storage-dir", str(root))
+        assert none.exit_code == 1, none.output
+    assert json.loads(invoke("search", "zebra", "--json", "--storage-dir", str(root)).stdout) == {
+        "query": "zebra",
+        "hits": [],
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "value", "why"),
+    [
+        (["search", "x", "--since", "2026-13-45"], "--since", "2026-13-45", "month must be"),
+        (["export", "--all", "-o", "out", "--since", "2026-13-45"], "--since", "2026-13-45",
+         "month"),
+        (["export", "--all", "-o", "out", "--until", "2026-11-01T25:00"], "--until",
+         "2026-11-01T25:00", "hour must be"),
+        (["search", "x", "--since", "yesterday"], "--since", "yesterday", "Invalid isoformat"),
+    ],
+)  # fmt: skip
+def test_a_bad_date_names_the_option_and_the_value(
+    tmp_path: Path, args: list[str], option: str, value: str, why: str
+) -> None:
+    root = tmp_path / "s"
+    add_context(root, "cli:main", [("q", "a")])
+    result = invoke(*args, "--storage-dir", str(root))
+    assert result.exit_code == 2
+    [line] = result.stderr.strip().splitlines()
+    assert f"Invalid value for '{option}': '{value}' is not a date" in line and why in line
+    assert "2026-11-01T12:00:00Z" in line
+
+
+def test_show_fork_delete_take_a_bare_name_as_chat_does(tmp_path: Path) -> None:
+    """``main`` is ``cli:main`` for every command that takes a session, as for ``chat``."""
+    root = tmp_path / "s"
+    add_context(root, "cli:main", [("q", "a")])
+    store = ["--storage-dir", str(root)]
+    assert "cli:main  2 messages" in invoke("show", "main", *store).stdout
+    assert invoke("stats", "main", "--json", *store).exit_code == 0
+    forked = invoke("fork", "main", "copy", *store)
+    assert forked.exit_code == 0 and "forked cli:main into cli:copy" in forked.stderr
+    deleted = invoke("delete", "copy", *store)
+    assert deleted.exit_code == 0 and "deleted cli:copy" in deleted.stderr
+    assert [
+        c["context_id"] for c in json.loads(invoke("list", "--json", *store).stdout)["contexts"]
+    ] == ["cli:main"]
+
+
+def test_a_mistyped_session_gets_a_did_you_mean(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    add_context(root, "cli:main", [("q", "a")])
+    add_context(root, "irc:#python", [("q", "a")])
+    store = ["--storage-dir", str(root)]
+    for args, wanted in [
+        (["show", "cli:maim"], "did you mean cli:main?"),
+        (["show", "python"], "did you mean 'irc:#python'?"),
+        (["stats", "irc:#pyhton"], "did you mean 'irc:#python'?"),
+        (["fork", "cli:mian", "x"], "did you mean cli:main?"),
+        (["delete", "mainn"], "did you mean cli:main?"),
+        (["clear", "irc:main"], "did you mean cli:main?"),
+    ]:
+        result = invoke(*args, *store)
+        assert result.exit_code == 1
+        assert result.stderr.strip().endswith(wanted), (args, result.stderr)
+    nothing = invoke("show", "cli:zzzzzz", *store)
+    assert nothing.stderr.strip() == f"Error: no session 'cli:zzzzzz' in {root}"
+
+
+def test_one_message_is_not_messages(tmp_path: Path, fake_server: FakeServer) -> None:
+    """Counts of one read '1 message' (and so on) wherever the chat counts."""
+    root = tmp_path / "sessions"
+    add_context(root, "cli:one", [])
+    with FsStore(root) as store:
+        head = store.get_head(ContextId.parse("cli:one"))
+        assert head is not None
+        save_delta(store, head, [{"role": "user", "content": "only this"}])
+    url = fake_server.base_url
+    result = run("chat", "cli:other", stdin="/switch one\n", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    assert result.returncode == 0, result.stderr
+    assert "now in cli:one (1 message)" in result.stderr.decode()
+    rewound = run("rewind", "cli:one", "-n", "2", cwd=tmp_path)
+    assert rewound.returncode == 1
+    assert b"cannot rewind cli:one by 2 items: its history has only 1;" in rewound.stderr
+    add_context(root, "cli:empty", [])
+    rewound = run("rewind", "cli:empty", cwd=tmp_path)
+    assert b"cannot rewind cli:empty by 1 item: its history has only 0;" in rewound.stderr

@@ -1,13 +1,16 @@
-"""A failed or interrupted turn keeps the user's words and never breaks the next request.
+"""A failed turn never makes the next turn fail (docs/cli.md, "When a reply fails").
 
-A turn logs the user's input before the model is called. When the call fails (server down,
-stream dropped, client raising, cancellation, Ctrl-C) the input stays in the log with a
-``run_errored`` entry after it and no reply, so the next input follows a user message. The
-runtime sends such a run of user messages as one (texts joined by a blank line), because strict
-chat templates refuse two in a row; the log itself keeps every message as written.
+A turn logs the user's input before the model is called. When the call fails (a 4xx such as
+vLLM's "maximum context length", a 5xx, the server down, a stream dropped, a client raising,
+cancellation, Ctrl-C) the input stays in the log with a ``run_errored`` entry after it, which
+marks the run failed. The next turn is sent with the history from before the failure and its
+own input only; the failed input is sent again only when asked (``/retry``, ``chat --retry``,
+``MultiContextManager.retry_with_context``). Logs with user messages in a row for another
+reason (written by hand, imported) are still sent folded, as strict chat templates want.
 
-Every test here talks to the fake server (``strict_roles``: it answers HTTP 400 to a request with
-two user messages in a row, as vLLM does for such templates) through the real ``openai`` client.
+Every test here talks to the fake server through the real ``openai`` client over HTTP:
+``strict_roles`` answers HTTP 400 to two user messages in a row, ``context_window`` answers
+vLLM's 400 to a prompt over that many tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,13 +32,24 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fakeserver import ROLES_MESSAGE, FakeServer
+from fakeserver import ROLES_MESSAGE, FakeServer, context_length_message
 from helpers.logs import segment_lines as lines_of
-from terrarium import ContextId, FsStore, SegmentStartState, create_segment, restore, save_delta
+from terrarium import (
+    ContextId,
+    FsStore,
+    MemoryStore,
+    SegmentStartState,
+    create_segment,
+    restore,
+    save_delta,
+)
 from terrarium.agent.multi_context_manager import MultiContextManager
-from terrarium.errors import LLMError
+from terrarium.agent.session_manager import PersistentSession
+from terrarium.errors import ContextTooLong, LLMError, NothingToRetry
+from terrarium.formats.openai import chat_messages
 from terrarium.llm.vllm_client import ChatResult, StreamEvent, VLLMClient
 from terrarium.model import add_wire_message, wire_messages
+from terrarium.sessions import collect_state
 
 TERRARIUM = [sys.executable, "-m", "terrarium.cli"]
 
@@ -104,46 +119,136 @@ def test_strict_fake_server_refuses_consecutive_user_messages(strict: FakeServer
     assert ROLES_MESSAGE.startswith("Conversation roles must alternate")
 
 
+def test_context_window_mode_refuses_long_prompts(strict: FakeServer) -> None:
+    """The test double can fail: over the window, vLLM's 400 (a ContextTooLong); under, a reply."""
+    strict.context_window = 50
+
+    async def main() -> None:
+        client = VLLMClient(base_url=strict.root_url, max_retries=0)
+        try:
+            with pytest.raises(ContextTooLong, match="maximum context length is 50 tokens"):
+                await client.chat([{"role": "user", "content": "x" * 400}])
+            assert (await client.chat([{"role": "user", "content": "short"}])).text == "echo: short"
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+    assert context_length_message(50, 101).startswith("This model's maximum context length is 50")
+
+
 # --------------------------------------------------------------------------- the command line
 
+PASTE = "".join(f"line {n} of a long paste. " for n in range(150))  # 3,000+ characters
+TURN = "a question of about a hundred characters, long enough that a summary of it is shorter"
 
-def test_cli_server_down_then_up_sends_the_kept_words(tmp_path: Path) -> None:
-    """``echo hi | terrarium chat`` with the server down, then up: one user message, both texts."""
+
+def chat_cli(root: Path, server: FakeServer, *args: str, stdin: str = "") -> Any:
+    return cli("chat", *args, "--base-url", server.base_url, "--retries", "0", "--storage-dir",
+               str(root), stdin=stdin, cwd=root.parent)  # fmt: skip
+
+
+def test_cli_too_long_then_the_next_message_goes_through(root: Path, strict: FakeServer) -> None:
+    """The issue's case: a paste over the window fails (exit 1, one line saying what to do);
+    the next message, -p or piped, is sent without it and succeeds; compact works; the paste
+    is shown marked failed and goes again only with --retry."""
+    for n in range(4):
+        assert chat_cli(root, strict, "cli:ctx", "-p", f"{TURN} {n}").returncode == 0
+    strict.context_window = 400
+    failed = chat_cli(root, strict, "cli:ctx", "-p", "-", stdin=PASTE)
+    assert failed.returncode == 1
+    [line] = failed.stderr.strip().splitlines()
+    assert "maximum context length is 400 tokens" in line
+    assert "marked failed" in line and "--retry" in line
+    assert "terrarium compact cli:ctx" in line and "terrarium rewind cli:ctx -n N" in line
+    assert "Traceback" not in failed.stderr
+
+    shown = cli("show", "cli:ctx", "--json", "--storage-dir", str(root), stdin="", cwd=root.parent)
+    marked = [m for m in json.loads(shown.stdout)["messages"] if "failed" in m]
+    assert [m["content"] for m in marked] == [PASTE]
+    assert "maximum context length" in marked[0]["failed"]["error"]
+    plain = cli("show", "cli:ctx", "--storage-dir", str(root), stdin="", cwd=root.parent).stdout
+    assert "failed, not sent to the model again: the request does not fit" in plain
+    again = chat_cli(root, strict, "cli:ctx", "--retry")
+    assert again.returncode == 1 and "maximum context length" in again.stderr
+    assert PASTE in json.dumps(strict.last_request)  # asked for: sent again, and refused again
+
+    short = chat_cli(root, strict, "cli:ctx", "-p", "short")
+    assert (short.returncode, short.stdout) == (0, "echo: short\n"), short.stderr
+    assert PASTE not in json.dumps(strict.last_request)
+    typed = chat_cli(root, strict, "cli:ctx", stdin="typed\n")
+    assert (typed.returncode, typed.stdout) == (0, "echo: typed\n"), typed.stderr
+    assert PASTE not in json.dumps(strict.last_request)
+    nothing = chat_cli(root, strict, "cli:ctx", "--retry")
+    assert nothing.returncode == 1
+    error = "Error: nothing to retry in cli:ctx: its last turn did not fail"
+    assert nothing.stderr.strip() == error
+
+    assert chat_cli(root, strict, "cli:ctx", "-p", "-", stdin=PASTE).returncode == 1
+    compacted = cli("compact", "cli:ctx", "--base-url", strict.base_url, "--storage-dir",
+                    str(root), stdin="", cwd=root.parent)  # fmt: skip
+    assert compacted.returncode == 0, compacted.stderr
+    assert PASTE not in json.dumps(strict.last_request)
+    strict.context_window = None
+    again = chat_cli(root, strict, "cli:ctx", "--retry")  # the failed paste outlived compaction
+    assert (again.returncode, again.stdout) == (0, f"echo: {PASTE}\n"), again.stderr
+
+
+def test_cli_server_down_then_up(tmp_path: Path) -> None:
+    """``echo hi | terrarium chat`` with the server down, then up: the next message goes alone;
+    ``--retry`` sends the failed one."""
     root = tmp_path / "sessions"
     with FakeServer(strict_roles=True) as probe:
         port = probe.port  # a port that is free again once the probe stops
+        assert chat_cli(root, probe, "cli:x", "-p", "first").returncode == 0
     down = f"http://127.0.0.1:{port}/v1"
     result = cli("chat", "cli:x", "--base-url", down, "--retries", "0", "--storage-dir",
                  str(root), stdin="hi\n", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 1
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert "cannot reach the model server" in line
+    assert f"'terrarium chat cli:x --storage-dir {root} --retry' sends it again" in line
     [errored] = errored_lines(root, "cli:x")
     assert errored["error"] and errored["error_type"]
 
     with FakeServer(strict_roles=True, port=port) as server:
-        result = cli("chat", "cli:x", "--base-url", server.base_url, "--storage-dir", str(root),
-                     stdin="there\n", cwd=tmp_path)  # fmt: skip
+        result = chat_cli(root, server, "cli:x", stdin="there\n")
         assert result.returncode == 0, result.stderr
-        assert server.last_request["messages"] == [{"role": "user", "content": "hi\n\nthere"}]
-        result = cli("chat", "cli:x", "--base-url", server.base_url, "--storage-dir", str(root),
-                     stdin="and on\n", cwd=tmp_path)  # fmt: skip
-        assert result.returncode == 0, result.stderr
-        assert result.stdout == "echo: and on\n"
+        assert server.last_request["messages"][-1] == {"role": "user", "content": "there"}
+        assert "hi" not in json.dumps(server.last_request)
+        strict_down = cli("chat", "cli:x", "-p", "again", "--base-url", down, "--retries", "0",
+                          "--storage-dir", str(root), stdin="", cwd=tmp_path)  # fmt: skip
+        assert strict_down.returncode == 0  # the server is up again on that port
+        server.fail_next(503)
+        assert chat_cli(root, server, "cli:x", "-p", "hi again").returncode == 1
+        result = chat_cli(root, server, "cli:x", "--retry")
+        assert (result.returncode, result.stdout) == (0, "echo: hi again\n"), result.stderr
+        assert server.last_request["messages"][-3:] == [
+            {"role": "user", "content": "again"},
+            {"role": "assistant", "content": "echo: again"},
+            {"role": "user", "content": "hi again"},
+        ]
     assert [m["content"] for m in history_of(root, "cli:x")] == [
-        "hi",
+        "first",
+        "echo: first",
+        "hi",  # failed, kept, never sent again
         "there",
-        "echo: hi\n\nthere",
-        "and on",
-        "echo: and on",
+        "echo: there",
+        "again",
+        "echo: again",
+        "hi again",  # failed (503)
+        "hi again",  # sent again with --retry
+        "echo: hi again",
     ]
 
 
 def test_cli_sigint_mid_reply_from_a_pipe_is_logged(tmp_path: Path, strict: FakeServer) -> None:
-    """Ctrl-C (SIGINT) while a piped chat waits for a reply: the run is logged as cancelled."""
+    """Ctrl-C (SIGINT) while a piped chat waits for a reply: the run is logged as cancelled,
+    the exit status is 130, and the next message goes without the interrupted one."""
     root = tmp_path / "sessions"
+    args = ["chat", "cli:p", "--base-url", strict.base_url, "--storage-dir", str(root)]
+    assert cli(*args, stdin="hello\n", cwd=tmp_path).returncode == 0
     arrived, release = strict.hold_replies()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TERRARIUM_")}
-    args = ["chat", "cli:p", "--base-url", strict.base_url, "--storage-dir", str(root)]
     child = subprocess.Popen(
         [*TERRARIUM, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
@@ -154,26 +259,105 @@ def test_cli_sigint_mid_reply_from_a_pipe_is_logged(tmp_path: Path, strict: Fake
         child.stdin.flush()
         assert arrived.wait(30)
         child.send_signal(signal.SIGINT)
-        child.communicate(timeout=30)
+        _, stderr = child.communicate(timeout=30)
     finally:
         release.set()
         if child.poll() is None:
             child.kill()
             child.wait()
-    assert child.returncode != 0
+    assert child.returncode == 130
+    assert "Aborted" not in stderr and "Traceback" not in stderr
+    assert "interrupted" in stderr and "--retry" in stderr
     [errored] = errored_lines(root, "cli:p")
     assert errored["error"] == "cancelled"
     strict.reply = lambda messages: "fine"
     result = cli(*args, stdin="again\n", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert strict.last_request["messages"] == [{"role": "user", "content": "wait for it\n\nagain"}]
+    assert strict.last_request["messages"] == [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "echo: hello"},
+        {"role": "user", "content": "again"},
+    ]
+
+
+def test_cli_ctrl_c_in_one_shot_keeps_the_partial_reply(tmp_path: Path, strict: FakeServer) -> None:
+    """Ctrl-C during ``chat -p``'s reply: the partial reply printed and logged (marked
+    interrupted), exit status 130 and one note, not click's "Aborted!" and 1."""
+    root = tmp_path / "sessions"
+    assert chat_cli(root, strict, "cli:i", "-p", "hello").returncode == 0
+    strict.chunks = 20
+    strict.chunk_delay = 1.0  # 20 pieces a second apart: the signal lands long before the end
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TERRARIUM_")}
+    child = subprocess.Popen(
+        [*TERRARIUM, "chat", "cli:i", "-p", "tell me a long story", "--base-url",
+         strict.base_url, "--storage-dir", str(root)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+        env=env,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None
+        first = child.stdout.read(3)  # the first piece of the reply: a reply is streaming
+        child.send_signal(signal.SIGINT)
+        rest, stderr = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert first == b"ech"
+    assert child.returncode == 130
+    note = stderr.decode()
+    assert "Aborted" not in note and "Traceback" not in note
+    assert "interrupted: the partial reply is logged" in note
+    errored = errored_lines(root, "cli:i")[-1]
+    assert errored["error"] == "cancelled"
+    # What was printed is what was logged, up to the piece the signal caught on its way out.
+    assert errored["partial"].startswith((first + rest).decode().strip())
+    shown = cli("show", "cli:i", "--storage-dir", str(root), stdin="", cwd=tmp_path).stdout
+    assert "[assistant, interrupted: the partial reply]" in shown
 
 
 # --------------------------------------------------------------------------- the manager
 
 
+def test_manager_too_long_then_a_short_turn(root: Path, strict: FakeServer) -> None:
+    """Through process_with_context: after a ContextTooLong the next short message succeeds;
+    the failed input is kept and marked, compaction works, and only retry_with_context sends
+    it again (NothingToRetry once the last turn did not fail)."""
+    strict.context_window = 400
+
+    async def main() -> None:
+        manager = make_manager(strict, root)
+        for n in range(4):
+            await manager.process_with_context("game:r", f"{TURN} {n}")
+        with pytest.raises(ContextTooLong):
+            await manager.process_with_context("game:r", PASTE)
+        assert manager.failed_input("game:r") == PASTE
+        assert await manager.process_with_context("game:r", "short") == "echo: short"
+        assert PASTE not in json.dumps(strict.last_request)
+        assert manager.failed_input("game:r") is None
+        with pytest.raises(NothingToRetry):
+            await manager.retry_with_context("game:r")
+        with pytest.raises(ContextTooLong):
+            await manager.process_with_context("game:r", PASTE)
+        await manager.compact_context("game:r")  # the failed paste is not summarised
+        assert PASTE not in json.dumps(strict.last_request)
+        assert manager.failed_input("game:r") == PASTE  # still there to retry
+        strict.context_window = None
+        assert await manager.retry_with_context("game:r") == f"echo: {PASTE}"
+        state = manager.get_session("game:r").state
+        assert [state.history[i]["content"] for i in sorted(state.failed)] == [PASTE]
+        await manager.aclose()
+
+    asyncio.run(main())
+    with FsStore(root) as store:
+        state = restore(store, "game:r")
+    assert [state.history[i]["content"] for i in sorted(state.failed)] == [PASTE]
+    assert user_runs(wire_messages(None, state.model_history)) == 0
+
+
 def test_stream_dropped_mid_reply_then_the_next_turn(root: Path, strict: FakeServer) -> None:
-    """A dropped stream keeps the partial text in ``run_errored`` only; the next turn folds."""
+    """A dropped stream keeps the partial text in ``run_errored`` only; the next turn goes
+    without the failed input."""
     strict.chunks = 5
     strict.drop_next(after_chunks=3)
 
@@ -183,15 +367,14 @@ def test_stream_dropped_mid_reply_then_the_next_turn(root: Path, strict: FakeSer
         with pytest.raises(LLMError):
             async for delta in manager.stream_with_context("game:r", "go on"):
                 got.append(delta)
-        assert await manager.process_with_context("game:r", "again") == "echo: go on\n\nagain"
+        assert await manager.process_with_context("game:r", "again") == "echo: again"
         await manager.aclose()
         return got
 
     got = asyncio.run(main())
     [errored] = errored_lines(root, "game:r")
     assert got and errored["partial"] == "".join(got)
-    sent = strict.last_request["messages"]
-    assert sent == [{"role": "user", "content": "go on\n\nagain"}]
+    assert strict.last_request["messages"] == [{"role": "user", "content": "again"}]
     assert [m["role"] for m in history_of(root, "game:r")] == ["user", "user", "assistant"]
 
 
@@ -216,7 +399,7 @@ class FlakyClient(VLLMClient):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_raises(root: Path, strict: FakeServer, stream: bool) -> None:
-    """Whatever the client raises is logged with its reason; the next request has both texts."""
+    """Whatever the client raises is logged with its reason; the next request goes without it."""
 
     async def turn(manager: MultiContextManager, text: str) -> str:
         if stream:
@@ -225,29 +408,37 @@ def test_a_client_that_raises(root: Path, strict: FakeServer, stream: bool) -> N
 
     async def main() -> None:
         client = FlakyClient(base_url=strict.root_url, max_retries=0)
+        client.failures = 0
         async with MultiContextManager(client, storage_dir=str(root)) as manager:
+            assert await turn(manager, "zero") == "echo: zero"
+            client.failures = 1
             with pytest.raises(RuntimeError, match="client bug"):
                 await turn(manager, "first")
             assert manager.get_stats("irc:#c")["last_error"] == "client bug"
-            assert await turn(manager, "second") == "echo: first\n\nsecond"
+            assert await turn(manager, "second") == "echo: second"
             assert await turn(manager, "third") == "echo: third"
 
     asyncio.run(main())
     [errored] = errored_lines(root, "irc:#c")
     assert (errored["error"], errored["error_type"]) == ("client bug", "RuntimeError")
     assert strict.last_request["messages"] == [
-        {"role": "user", "content": "first\n\nsecond"},
-        {"role": "assistant", "content": "echo: first\n\nsecond"},
+        {"role": "user", "content": "zero"},
+        {"role": "assistant", "content": "echo: zero"},
+        {"role": "user", "content": "second"},
+        {"role": "assistant", "content": "echo: second"},
         {"role": "user", "content": "third"},
     ]
 
 
-def test_a_cancelled_task_is_logged_and_the_next_turn_folds(root: Path, strict: FakeServer) -> None:
+def test_a_cancelled_task_is_logged_and_the_next_turn_goes_alone(
+    root: Path, strict: FakeServer
+) -> None:
     """A task cancelled around ``stream_with_context`` logs ``cancelled``; cancellation goes on."""
-    arrived, release = strict.hold_replies()
 
     async def main() -> None:
         manager = make_manager(strict, root)
+        assert await manager.process_with_context("cli:slow", "hello") == "echo: hello"
+        arrived, release = strict.hold_replies()
 
         async def consume() -> None:
             async for _ in manager.stream_with_context("cli:slow", "wait"):
@@ -265,7 +456,8 @@ def test_a_cancelled_task_is_logged_and_the_next_turn_folds(root: Path, strict: 
         await manager.aclose()
 
     asyncio.run(main())
-    assert strict.last_request["messages"] == [{"role": "user", "content": "wait\n\nnow"}]
+    assert strict.last_request["messages"][-1] == {"role": "user", "content": "now"}
+    assert "wait" not in json.dumps(strict.last_request)
 
 
 def test_a_stream_closed_early_is_logged_at_once(root: Path, strict: FakeServer) -> None:
@@ -280,14 +472,15 @@ def test_a_stream_closed_early_is_logged_at_once(root: Path, strict: FakeServer)
                 break
         [errored] = errored_lines(root, "cli:b")
         assert errored["error"] == "cancelled" and errored["partial"]
-        assert await manager.process_with_context("cli:b", "short") == "echo: tell me all\n\nshort"
+        assert await manager.process_with_context("cli:b", "short") == "echo: short"
         await manager.aclose()
 
     asyncio.run(main())
 
 
 def test_a_failed_compaction_keeps_the_input(root: Path, strict: FakeServer) -> None:
-    """The automatic compaction before a turn fails: the input is still logged, with the error."""
+    """The automatic compaction before a turn fails: the input is still logged, with the error,
+    and the next turn goes without it."""
 
     async def main() -> None:
         manager = make_manager(strict, root, token_budget=30, keep_after_compaction=2)
@@ -296,11 +489,12 @@ def test_a_failed_compaction_keeps_the_input(root: Path, strict: FakeServer) -> 
         with pytest.raises(LLMError):
             await manager.process_with_context("cli:c", "the words to keep")
         assert manager.history("cli:c")[-1]["content"] == "the words to keep"
+        assert manager.failed_input("cli:c") == "the words to keep"
         await manager.process_with_context("cli:c", "next")
         await manager.aclose()
 
     asyncio.run(main())
-    assert "the words to keep" in json.dumps(strict.requests)
+    assert "the words to keep" not in json.dumps(strict.last_request)
     assert user_runs(strict.last_request["messages"]) == 0
 
 
@@ -329,10 +523,12 @@ def test_autosave_off_keeps_a_turn_after_compaction(root: Path, strict: FakeServ
 
 
 def test_a_fresh_process_sends_the_same_messages(root: Path, strict: FakeServer) -> None:
-    """The cached manager and a restore in another process send the same folded messages."""
+    """The cached manager and a restore in another process send the same messages: failed
+    turns left out of both."""
 
     async def main() -> None:
         manager = make_manager(strict, root, default_system_prompt="Be brief.")
+        await manager.process_with_context("cli:f", "zero")
         strict.fail_next(503)
         with pytest.raises(LLMError):
             await manager.process_with_context("cli:f", "one")
@@ -344,23 +540,25 @@ def test_a_fresh_process_sends_the_same_messages(root: Path, strict: FakeServer)
         await manager.aclose()
 
     asyncio.run(main())
-    third = strict.requests[-1]["messages"]
-    assert third == [
+    fourth = strict.requests[-1]["messages"]
+    assert fourth == [
         {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "one\n\ntwo\n\nthree"},
-        {"role": "assistant", "content": "echo: one\n\ntwo\n\nthree"},
+        {"role": "user", "content": "zero"},
+        {"role": "assistant", "content": "echo: zero"},
+        {"role": "user", "content": "three"},
+        {"role": "assistant", "content": "echo: three"},
         {"role": "user", "content": "four"},
     ]
     written = [line["item"] for line in lines_of(root, "cli:f") if "item" in line]
-    assert history_of(root, "cli:f") == written  # restore gives back the log, unfolded
-    assert [m["content"] for m in written[:3]] == ["one", "two", "three"]
+    assert history_of(root, "cli:f") == written  # restore gives back the log, every item
+    assert [m["content"] for m in written[:5]] == ["zero", "echo: zero", "one", "two", "three"]
 
     result = cli("chat", "cli:f", "--base-url", strict.base_url, "--storage-dir", str(root),
                  stdin="five\n", cwd=root.parent)  # fmt: skip
     assert result.returncode == 0, result.stderr
     fifth = strict.last_request["messages"]
-    assert fifth[: len(third)] == third
-    assert fifth[len(third) :] == [
+    assert fifth[: len(fourth)] == fourth
+    assert fifth[len(fourth) :] == [
         {"role": "assistant", "content": "echo: four"},
         {"role": "user", "content": "five"},
     ]
@@ -433,18 +631,23 @@ def test_a_legacy_file_with_user_messages_in_a_row(tmp_path: Path, strict: FakeS
 
 def test_retrying_the_same_input_sends_it_once(root: Path, strict: FakeServer) -> None:
     """A caller that retries a failed input gets one user message, not its words twice."""
-    strict.fail_next(503)
 
     async def main() -> None:
         manager = make_manager(strict, root)
+        await manager.process_with_context("irc:#r", "hi")
+        strict.fail_next(503)
         with pytest.raises(LLMError):
             await manager.process_with_context("irc:#r", "ping?")
         assert await manager.process_with_context("irc:#r", "ping?") == "echo: ping?"
         await manager.aclose()
 
     asyncio.run(main())
-    assert strict.last_request["messages"] == [{"role": "user", "content": "ping?"}]
-    assert [m["content"] for m in history_of(root, "irc:#r")] == ["ping?", "ping?", "echo: ping?"]
+    assert strict.last_request["messages"][2:] == [{"role": "user", "content": "ping?"}]
+    assert [m["content"] for m in history_of(root, "irc:#r")][2:] == [
+        "ping?",
+        "ping?",
+        "echo: ping?",
+    ]
 
 
 # --------------------------------------------------------------------------- the rule itself
@@ -510,3 +713,79 @@ def test_folding_is_incremental_and_keeps_every_word(
             assert item["content"] in users
     sent = built[1:] if prompt else built
     assert [m for m in sent if m["role"] != "user"] == [i for i in history if i["role"] != "user"]
+
+
+def _lines(*entries: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    header = {"v": 1, "seq": 0, "ts": "t", "kind": "header", "session_id": str(uuid.uuid4()),
+              "segment_id": str(uuid.uuid4()), "context": "cli:r", "history": None}  # fmt: skip
+    return [header] + [
+        {"v": 1, "seq": n, "ts": "t", "kind": kind, **data}
+        for n, (kind, data) in enumerate(entries, start=1)
+    ]
+
+
+def _user(text: str) -> tuple[str, dict[str, Any]]:
+    return ("user_input", {"item": {"role": "user", "content": text}})
+
+
+def _item(role: str, text: str) -> tuple[str, dict[str, Any]]:
+    return ("item", {"item": {"role": role, "content": text}})
+
+
+ERRORED = ("run_errored", {"error": "boom", "error_type": "BadResponse"})
+
+
+def test_a_failed_run_is_its_last_user_inputs_and_what_follows() -> None:
+    """run_errored fails the run's last block of user inputs and the items after it (a tool
+    call, its result), never what an earlier run logged, nor anything when the run logged no
+    input; a compaction's header starts afresh."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    lines = _lines(
+        _user("a"),
+        _item("assistant", "b"),  # no run markers: written by hand, as add_message does
+        _user("c"),
+        _user("c2"),
+        ("item", {"item": {"role": "assistant", "content": None, "tool_calls": [call]}}),
+        ("item", {"item": {"role": "tool", "tool_call_id": "c1", "content": "1"}}),
+        ERRORED,
+        ERRORED,  # a second failure with no input of its own fails nothing more
+        _user("d"),
+        _item("assistant", "e"),
+        ("run_completed", {"finish_reason": "stop"}),
+        _item("system", "[event]"),
+        ERRORED,  # a run that logged no user input
+    )
+    state = collect_state(lines)
+    assert sorted(state.failed) == [2, 3, 4, 5]
+    assert state.failed[2]["error"] == "boom"
+    assert [m.get("content") for m in state.model_history] == ["a", "b", "d", "e", "[event]"]
+    assert len(state.history) == 9  # every item stays in the history
+
+
+_ENTRIES = st.lists(
+    st.one_of(
+        st.builds(_user, st.sampled_from(["u", "v"])),
+        st.builds(_item, st.sampled_from(["assistant", "system"]), st.just("r")),
+        st.just(("run_completed", {"finish_reason": "stop"})),
+        st.just(("turn_end", {})),
+        st.just(ERRORED),
+    ),
+    max_size=25,
+)
+
+
+@given(_ENTRIES)
+def test_the_runtime_marks_what_a_restore_marks(entries: list[tuple[str, dict[str, Any]]]) -> None:
+    """Entry by entry (PersistentSession, the manager's cache) equals a restore of the log: the
+    same failed items and the same messages sent."""
+    store = MemoryStore()
+    session = PersistentSession(store, "cli:r")
+    with session._guard():
+        session._prepare()
+        session._materialise()
+        for kind, data in entries:
+            session._write([(kind, dict(data))])
+    restored = restore(store, "cli:r")
+    assert sorted(session.state.failed) == sorted(restored.failed)
+    assert session.chat_messages() == chat_messages(restored)
+    assert session.state.model_history == restored.model_history

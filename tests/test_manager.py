@@ -154,34 +154,82 @@ def test_prefix_cache_friendly_requests(fake_server: FakeServer, root: Path) -> 
 
 def test_server_error_keeps_input_and_logs_error(fake_server: FakeServer, root: Path) -> None:
     """A failed call leaves the input and an errored run in the log; the next call works."""
-    fake_server.fail_next(500)
 
     async def main() -> None:
         manager = make_manager(fake_server, root)
+        await manager.process_with_context("irc:#err", "zero")
+        fake_server.fail_next(500)
         with pytest.raises(LLMError):
             await manager.process_with_context("irc:#err", "first")
         stats = manager.get_stats("irc:#err")
         assert stats["last_run"] == "errored"
         assert stats["last_error"]
-        # the failed input goes again, folded into the next one (tests/test_failed_turns.py)
-        assert await manager.process_with_context("irc:#err", "second") == "echo: first\n\nsecond"
+        # the failed input stays, marked failed, and is not sent again (tests/test_failed_turns.py)
+        assert await manager.process_with_context("irc:#err", "second") == "echo: second"
         await manager.aclose()
 
     run(main())
     kinds = [line["kind"] for line in segment_lines(root, "irc:#err")]
-    assert kinds[:3] == ["header", "user_input", "run_errored"]
+    assert kinds[6:8] == ["user_input", "run_errored"]
     assert kinds[-1] == "turn_end"
     with FsStore(root) as store:
         history = restore(store, "irc:#err").history
-    assert [m["content"] for m in history] == ["first", "second", "echo: first\n\nsecond"]
+    assert [m["content"] for m in history][2:] == ["first", "second", "echo: second"]
+
+
+@pytest.mark.parametrize("autosave", [True, False])
+def test_a_new_context_begins_with_its_first_answered_turn(
+    fake_server: FakeServer, root: Path, autosave: bool
+) -> None:
+    """A first turn the model did not answer at all (an error, a cancellation before any
+    text) leaves no context; one with a reply, or part of one, creates it."""
+    arrived, release = fake_server.hold_replies("late")
+
+    async def main() -> None:
+        manager = make_manager(fake_server, root, autosave=autosave)
+        fake_server.fail_next(500)
+        with pytest.raises(LLMError):
+            await manager.process_with_context("cli:new", "lost in the void")
+        task = asyncio.create_task(manager.process_with_context("cli:new", "cancelled too"))
+        await asyncio.to_thread(arrived.wait, 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        for context in ("cli:new", "cli:other"):
+            with pytest.raises(ContextNotFound):
+                manager.get_stats(context)
+        assert manager.list_all_contexts() == {}
+        fake_server.reply = lambda messages: "hello back"
+        assert await manager.process_with_context("cli:new", "hello") == "hello back"
+        assert manager.get_stats("cli:new")["message_count"] == 2
+        fake_server.chunks = 4
+        fake_server.drop_next(after_chunks=2)  # one piece of the reply, then the stream ends
+        with pytest.raises(LLMError):
+            async for _ in manager.stream_with_context("cli:cut", "tell me"):
+                pass
+        manager.save()
+        await manager.aclose()
+
+    run(main())
+    with FsStore(root) as store:
+        assert [m["content"] for m in restore(store, "cli:new").history] == [
+            "hello",
+            "hello back",
+        ]
+        cut = restore(store, "cli:cut")
+    assert [m["content"] for m in cut.history] == ["tell me"]  # kept, with its partial reply
+    errored = [line for line in segment_lines(root, "cli:cut") if line["kind"] == "run_errored"]
+    assert errored[0]["partial"] == "hel"
 
 
 def test_cancellation_is_logged(fake_server: FakeServer, root: Path) -> None:
     """A cancelled call keeps the input, logs the run as errored 'cancelled', and recovers."""
-    arrived, release = fake_server.hold_replies()
 
     async def main() -> None:
         manager = make_manager(fake_server, root)
+        await manager.process_with_context("cli:slow", "hello")
+        arrived, release = fake_server.hold_replies()
         task = asyncio.create_task(manager.process_with_context("cli:slow", "wait"))
         await asyncio.to_thread(arrived.wait, 30)
         task.cancel()
@@ -189,14 +237,14 @@ def test_cancellation_is_logged(fake_server: FakeServer, root: Path) -> None:
             await task
         release.set()
         fake_server.reply = lambda messages: f"echo: {messages[-1]['content']}"
-        assert await manager.process_with_context("cli:slow", "now") == "echo: wait\n\nnow"
+        assert await manager.process_with_context("cli:slow", "now") == "echo: now"
         await manager.aclose()
 
     run(main())
     lines = segment_lines(root, "cli:slow")
     errored = next(line for line in lines if line["kind"] == "run_errored")
     assert errored["error"] == "cancelled"
-    assert lines[1]["item"]["content"] == "wait"
+    assert [line["item"]["content"] for line in lines if "item" in line][2] == "wait"
 
 
 def test_cancelled_while_waiting_for_the_store_lock(fake_server: FakeServer, root: Path) -> None:

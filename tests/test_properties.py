@@ -59,6 +59,7 @@ from terrarium import (
     save_usage,
     save_user_input,
 )
+from terrarium.model import item_role
 from terrarium.stores.base import Listing
 
 # --------------------------------------------------------------------------- strategies
@@ -135,6 +136,24 @@ class Snap:
     turns: int = 0
     extensions: dict[str, Any] = field(default_factory=dict)
     last_run: tuple[Literal["completed", "errored"], int, str | None] | None = None
+    failed: frozenset[int] = frozenset()
+    """History indices of failed runs (docs/format.md §6)."""
+    run_start: int = 0
+    """Where the run under way began: the history's length at the last run's end."""
+
+    def ended(self, errored: bool) -> dict[str, Any]:
+        """The changes a run's end makes: ``run_errored`` fails the run's last block of user
+        inputs and what follows it (found scanning forward, unlike the code's backward walk)."""
+        failed = set(self.failed)
+        if errored:
+            block = None
+            for i in range(self.run_start, len(self.history)):
+                user = item_role(self.history[i]) == "user"
+                if user and (block is None or item_role(self.history[i - 1]) != "user"):
+                    block = i
+            if block is not None:
+                failed.update(range(block, len(self.history)))
+        return {"failed": frozenset(failed), "run_start": len(self.history)}
 
 
 @dataclass
@@ -223,6 +242,7 @@ class LogMachine(RuleBasedStateMachine):
         for name in self.stores:
             got = self.restored(name, index)
             assert got.history == want.history
+            assert set(got.failed) == want.failed
             assert got.system_prompt == want.system_prompt
             assert got.config == want.config
             assert got.usage == UsageTotals(*want.usage)
@@ -258,6 +278,7 @@ class LogMachine(RuleBasedStateMachine):
                     want.extensions,
                 )
                 assert got.last_run == (RunStatus(*want.last_run) if want.last_run else None)
+                assert set(got.failed) == want.failed
                 assert got.next_seq == seq + 1
 
     def check_tree(self) -> None:
@@ -327,17 +348,17 @@ class LogMachine(RuleBasedStateMachine):
     @rule()
     def turn_end(self) -> None:
         self.write(save_turn_end)
-        self.seg.push(turns=self.seg.last.turns + 1)
+        self.seg.push(turns=self.seg.last.turns + 1, **self.seg.last.ended(False))
 
     @rule(reason=st.none() | st.sampled_from(["stop", "length"]))
     def run_completed(self, reason: str | None) -> None:
         self.write(lambda store, ref: save_run_completed(store, ref, finish_reason=reason))
-        self.seg.push(last_run=("completed", self.seg.next_seq, None))
+        self.seg.push(last_run=("completed", self.seg.next_seq, None), **self.seg.last.ended(False))
 
     @rule(error=texts)
     def run_errored(self, error: str) -> None:
         self.write(lambda store, ref: save_run_errored(store, ref, error))
-        self.seg.push(last_run=("errored", self.seg.next_seq, error))
+        self.seg.push(last_run=("errored", self.seg.next_seq, error), **self.seg.last.ended(True))
 
     # Envelope keys are left out of the data: tests/contract/test_append.py's
     # test_envelope_keys_in_data_cannot_rewrite_the_envelope checks they are refused.
@@ -449,8 +470,8 @@ class LogMachine(RuleBasedStateMachine):
         self.copies += 1
         target = f"web:copy{self.copies}"
         last = head.last
-        snap = Snap(
-            history=copy.deepcopy(last.history),
+        snap = Snap(  # failed runs are not copied
+            history=[copy.deepcopy(h) for i, h in enumerate(last.history) if i not in last.failed],
             system_prompt=last.system_prompt,
             config=copy.deepcopy(last.config),
             usage=last.usage,

@@ -16,9 +16,16 @@ from starlette.testclient import TestClient
 
 from helpers.web import HOSTILE_NAME, HOSTILE_TEXTS, head, seed, seed_hostile, turn
 from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
-from terrarium import FsStore
+from terrarium import FsStore, SegmentStartState, create_segment
 from terrarium.model import ContextId, UsageRecord
-from terrarium.sessions import restore, save_delta, save_turn_end, save_usage, save_user_input
+from terrarium.sessions import (
+    append_entry,
+    restore,
+    save_delta,
+    save_turn_end,
+    save_usage,
+    save_user_input,
+)
 from terrarium.web import create_app
 from terrarium.web.data import signature
 
@@ -170,6 +177,28 @@ def test_one_context_pages_and_segments(seeded: FsStore) -> None:
     assert [m["text"] for m in fork.json()["messages"]] == texts[:2]
     compacted = c.get("/api/context", params={"c": "cli:compacted"}).json()
     assert compacted["messages"][0]["summary"] is True
+
+
+def test_a_failed_turn_is_marked_in_the_transcript(store: FsStore) -> None:
+    """The failed turn's message is marked with its error in the API and on the page, the
+    partial reply of an interrupted one shown after it; the others are not marked."""
+    create_segment(store, SegmentStartState(), context="cli:f")
+    turn(store, "cli:f", "first question", "first answer")
+    ref = head(store, "cli:f")
+    save_user_input(store, ref, "too long a paste")
+    errored = {"error": "the request does not fit", "error_type": None, "partial": "Once up"}
+    append_entry(store, head(store, "cli:f"), "run_errored", errored)
+    turn(store, "cli:f", "short one", "short answer")
+    c = client(store)
+    view = c.get("/api/context", params={"c": "cli:f"}).json()
+    marks = [(m["text"], m["failed"]) for m in view["messages"]]
+    mark = {"error": "the request does not fit", "partial": "Once up"}
+    assert marks[2] == ("too long a paste", mark)
+    assert [failed for text, failed in marks if text != "too long a paste"] == [None] * 4
+    page = c.get("/session", params={"c": "cli:f"}).text
+    assert "failed: the request does not fit · not sent again" in page
+    assert "interrupted reply" in page and "Once up" in page
+    assert page.count("tag bad") == 1
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@
     ├── InvalidQuery (also ValueError)
     ├── InvalidRetention (also ValueError)
     ├── NothingToCompact
+    ├── NothingToRetry
     ├── StoreError
     │   ├── ContextNotFound (also KeyError)
     │   ├── ContextExists
@@ -68,6 +69,10 @@ class InvalidRetention(TerrariumError, ValueError):
 
 class NothingToCompact(TerrariumError):
     """A compaction was not done: its summary would not make the context smaller."""
+
+
+class NothingToRetry(TerrariumError):
+    """A retry was asked for, but the context's last turn did not fail."""
 
 
 class StoreError(TerrariumError):
@@ -162,6 +167,20 @@ class StoreNotFound(StoreError):
 class LLMError(TerrariumError):
     """The model server call failed."""
 
+    @property
+    def status(self) -> int | None:
+        """The HTTP status the server answered, if it answered one (read from the ``openai``
+        error the client keeps as ``__cause__``)."""
+        code = getattr(self.__cause__, "status_code", None)
+        return code if isinstance(code, int) else None
+
+    @property
+    def transient(self) -> bool:
+        """Whether the same request may succeed later: no answer (unreachable, a timeout, a
+        stream cut off), 408, 429 or 5xx. A 4xx will fail the same way again."""
+        status = self.status
+        return status is None or status in (408, 429) or status >= 500
+
 
 class ServerUnreachable(LLMError):
     """The model server could not be reached (connection refused, DNS, timeout)."""
@@ -170,9 +189,19 @@ class ServerUnreachable(LLMError):
 class ModelNotFound(LLMError):
     """The server does not serve the requested model, or serves none."""
 
+    @property
+    def transient(self) -> bool:
+        """Never: the same model stays missing."""
+        return False
+
 
 class ContextTooLong(LLMError):
     """The request exceeds the model's context window."""
+
+    @property
+    def transient(self) -> bool:
+        """Never: the same request stays too long."""
+        return False
 
 
 class RateLimited(LLMError):

@@ -1167,6 +1167,44 @@ class RestoredState:
     """Entries of kinds this version does not know, as stored."""
     torn: list[TornTail] = field(default_factory=list)
     """Torn tails that were detected and set aside during the restore."""
+    failed: dict[int, Mapping[str, Any]] = field(default_factory=dict)
+    """The history items of failed runs, by index in :attr:`history`, each with the
+    ``run_errored`` entry that failed it (``error``, ``error_type``, ``partial``). They stay
+    in the history (``show`` marks them) but are not sent to the model (:attr:`model_history`)."""
+    run_start: int = 0
+    """Where in :attr:`history` the run under way began: the items past the last run's end."""
+
+    def end_run(self, errored: Mapping[str, Any] | None = None) -> bool:
+        """A run ended here: ``run_completed`` or ``turn_end``, or ``run_errored`` given as
+        ``errored``. Returns whether that marked items failed.
+
+        The failed-turn rule (docs/format.md §6): a ``run_errored`` fails the run's last block
+        of user inputs and every item after it, as long as they follow the previous run's end.
+        A run that logged no user input fails nothing.
+        """
+        history, start = self.history, self.run_start
+        self.run_start = len(history)
+        if errored is None:
+            return False
+        first = len(history)
+        while first > start and item_role(history[first - 1]) != "user":
+            first -= 1  # the run's own items after its input: its tool calls and results
+        if first == start:
+            return False
+        while first - 1 > start and item_role(history[first - 2]) == "user":
+            first -= 1  # inputs logged together (or one after another) are one run's
+        for index in range(first - 1, len(history)):
+            self.failed[index] = errored
+        return True
+
+    @property
+    def model_history(self) -> list[LoggedItem]:
+        """The history the model is sent: every item but those of failed runs (the history
+        list itself when none failed: read it, do not change it)."""
+        if not self.failed:
+            return self.history
+        failed = self.failed
+        return [item for index, item in enumerate(self.history) if index not in failed]
 
     @property
     def pod_scope(self) -> PodScopeSnapshot | None:

@@ -341,7 +341,8 @@ def fork_context(
     """Create context ``target`` as a copy of ``source``'s head (up to ``at_seq``).
 
     The target is a new session: its root header holds the copied history and its origin
-    names the source segment, so the two contexts stay isolated.
+    names the source segment, so the two contexts stay isolated. Items of failed runs are not
+    copied (``RestoredState.model_history``): no header can mark them failed.
     """
     src, dst = ContextId.parse(source), ContextId.parse(target).check_new()
     head = _require_head(store, src)
@@ -350,7 +351,7 @@ def fork_context(
         "fork", parent=head.segment_id, at_seq=state.next_seq - 1, source=str(src)
     )
     session_id, segment_id = new_session_id(), new_segment_id()
-    start = SegmentStartState(state.system_prompt, state.config, state.history)
+    start = SegmentStartState(state.system_prompt, state.config, state.model_history)
     header = _header(session_id, segment_id, origin, context=dst, start=start, carry=state)
     return store.create_context(dst, offload_line(store, header))
 
@@ -424,8 +425,8 @@ def rewind(
         places = _history_places(reads)
         if n > len(places):
             raise InvalidEntry(
-                f"cannot rewind {ctx} by {n} items: its history has only {len(places)}; "
-                "nothing changed"
+                f"cannot rewind {ctx} by {n} item{'' if n == 1 else 's'}: its history has only "
+                f"{len(places)}; nothing changed"
             )
         if n == 0:
             return []
@@ -785,10 +786,13 @@ def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredSt
             usage = usage.add(line)
         elif kind == "turn_end":
             turns += 1
+            state.end_run()
         elif kind == "run_completed":
             state.last_run = RunStatus("completed", line["seq"])
+            state.end_run()
         elif kind == "run_errored":
             state.last_run = RunStatus("errored", line["seq"], line.get("error"))
+            state.end_run(line)
         elif kind == "config_changed":
             state.config = dict(line.get("config") or {})
             if "system_prompt" in line:

@@ -99,6 +99,22 @@ def test_limit_gives_the_latest_items_in_order(store: Store) -> None:
     assert run(session.get_items(limit=-1)) == items
 
 
+def test_every_limit_agrees_with_the_sdks_own_session(store: Store) -> None:
+    """For every limit from 0 to twice the history, get_items equals the SDK's SQLiteSession
+    holding the same items (the last N, all of them once N reaches the length)."""
+    from agents import SQLiteSession
+
+    items = numbered(6)
+    ours = TerrariumSession("s1", store)
+    theirs = SQLiteSession("s1")
+    run(ours.add_items(items))
+    run(theirs.add_items(items))
+    for limit in range(13):
+        expected = run(theirs.get_items(limit=limit))
+        assert run(ours.get_items(limit=limit)) == expected, limit
+        assert expected == (items[-limit:] if limit else [])
+
+
 def test_session_settings_limit_is_the_default(store: Store) -> None:
     """session_settings.limit applies when no limit is passed; an explicit limit wins."""
     session = TerrariumSession("s1", store, session_settings=SessionSettings(limit=2))

@@ -37,9 +37,14 @@ def check_replaces(context: ContextId, replaced: Sequence[Mapping[str, Any]], ke
         NothingToCompact: ``replaced`` is empty.
     """
     if not replaced:
+        held = (
+            f"all {kept} of its messages are recent ones"
+            if kept != 1
+            else ("its one message is a recent one")
+        )
         raise NothingToCompact(
-            f"{context} not compacted: all {kept} of its messages are recent ones a compaction "
-            "keeps as they are, so there is nothing to summarise"
+            f"{context} not compacted: {held} a compaction keeps as they are, so there is "
+            "nothing to summarise"
         )
 
 

@@ -1,13 +1,14 @@
 """``MultiContextManager``: many isolated conversations over one OpenAI-compatible server.
 
-Each context (``irc:#python``, ``cli:main``) is a session in the store. A turn appends the
+Each context (``irc:#python``, ``cli:main``) is a session in the store, created by its first
+turn the model answers (a first turn with no reply at all leaves nothing). A turn appends the
 user input *before* the model is called (so a failed or cancelled call never loses it), then
 the reply, its usage, ``run_completed`` and ``turn_end`` in one atomic append; a failure appends
 ``run_errored`` with the reason (and any partial reply text) instead, also when the turn is
 cancelled or its stream closed early: that write is synchronous, so no second cancellation can
-skip it, and the cancellation still propagates. The failed input stays in the history with no
-reply; the next input is sent folded into it (``model.add_wire_message``), so no request ever
-holds two user messages in a row.
+skip it, and the cancellation still propagates. A failed turn never makes the next one fail:
+its input stays in the history, marked failed, and is not sent again
+(``RestoredState.model_history``) unless :meth:`MultiContextManager.retry_with_context` asks.
 
 Concurrency, beyond the seed's "sequential only": turns on different contexts run at once
 (bounded by ``max_concurrency``); turns on one context are serialised in arrival order by an
@@ -16,14 +17,11 @@ store's context lock, held for the whole turn. Every append names the seq the ma
 so a writer that bypasses the lock is detected and the state re-read, never overwritten.
 
 The cache keeps up to ``cache_size`` restored contexts, each a ``PersistentSession``
-(:mod:`terrarium.agent.session_manager`; :meth:`MultiContextManager.get_session` returns it)
-holding the list of messages it sends, so a turn costs O(1) in history length: no re-reading
-or re-parsing of the log, and the messages sent on turn n+1 start with exactly the messages
-sent on turn n (vLLM's automatic prefix cache then reuses the whole history; after a failed
-turn only the last message, the folded input, differs). Before each turn the cached head and
-next seq are checked against the store (a head read and an ``fstat``), so entries another
-process appended are seen. Eviction
-saves unsaved entries first.
+(:meth:`MultiContextManager.get_session` returns it) holding the messages it sends, so a turn
+costs O(1) in history length, and the messages of turn n+1 start with those of turn n (vLLM's
+prefix cache reuses the whole history). Before each turn the cached head and next seq are
+checked against the store (a head read and an ``fstat``), so entries another process appended
+are seen. Eviction saves unsaved entries first.
 """
 
 from __future__ import annotations
@@ -47,6 +45,7 @@ from terrarium.errors import (
     ContextNotFound,
     LLMError,
     NothingToCompact,
+    NothingToRetry,
 )
 from terrarium.model import (
     ContextId,
@@ -56,6 +55,8 @@ from terrarium.model import (
     TraceEntry,
     add_wire_message,
     check_text,
+    item_role,
+    item_text,
 )
 from terrarium.stores.base import (
     SearchHit,
@@ -180,18 +181,50 @@ class MultiContextManager:
     ) -> str:
         """Send ``user_message`` in ``context_id`` and return the reply text (auto-saved).
 
-        The context is created on its first message. ``params`` go to the model
+        The context is created by its first turn the model answers, in whole or in part: a
+        first turn that fails with no reply at all leaves no context. ``params`` go to the model
         (``temperature``, ``max_tokens``, ...).
 
         Raises:
             InvalidContextId: ``context_id`` is not ``type:name``.
-            LLMError: the model call failed; the input and the error are in the log.
+            LLMError: the model call failed; the input and the error are in the log, the
+                input marked failed: later turns do not send it (:meth:`retry_with_context`
+                does).
         """
         chunks = [
             delta
             async for delta in self._turn(context_id, user_message, system_prompt, False, params)
         ]
         return "".join(chunks)
+
+    def failed_input(self, context_id: str) -> str | None:
+        """The input of the context's last turn if that turn failed (the texts of its user
+        messages, a blank line apart), else None: what :meth:`retry_with_context` sends.
+
+        Raises:
+            ContextNotFound: no such context in the log.
+        """
+        context = ContextId.parse(context_id)
+        with self._locked(context):
+            entry = self._existing(context)
+            return failed_input(entry.state)
+
+    async def retry_with_context(
+        self, context_id: str, system_prompt: str | None = None, **params: Any
+    ) -> str:
+        """Send the input of the context's last turn again, when that turn failed, and return
+        the reply: the one way a failed input reaches the model again. It is logged anew, as
+        a turn of its own; the failed one stays in the log, marked failed.
+
+        Raises:
+            ContextNotFound: no such context in the log.
+            NothingToRetry: the context's last turn did not fail.
+            LLMError: the model call failed again (logged as any failed turn is).
+        """
+        text = self.failed_input(context_id)
+        if text is None:
+            raise NothingToRetry(f"nothing to retry in {context_id}: its last turn did not fail")
+        return await self.process_with_context(context_id, text, system_prompt, **params)
 
     async def stream_with_context(
         self,
@@ -272,6 +305,21 @@ class MultiContextManager:
         entry = self._cached(context)
         if entry is not None:
             entry._reload()  # the object get_session handed out stays the context's
+
+    def rewind_context(self, context_id: str, n: int = 1) -> list[LoggedItem]:
+        """Drop the last ``n`` history items (:func:`terrarium.sessions.rewind`); they stay in
+        the session tree. Returns them, oldest first.
+
+        Raises:
+            ContextNotFound: no such context.
+            InvalidEntry: ``n`` is larger than the history (nothing changed).
+        """
+        context = ContextId.parse(context_id)
+        dropped = contexts.rewind_context(self.store, context, n, current=self._saved_state)
+        entry = self._cached(context)
+        if entry is not None:
+            entry._reload()  # the object get_session handed out stays the context's
+        return dropped
 
     def delete_context(self, context_id: str) -> bool:
         """Delete the context: gone from listings and :meth:`get_stats`. Returns False if it
@@ -449,35 +497,39 @@ class MultiContextManager:
         sessions.check_new_name(self.store, context)  # before its lock file is made
         async with self._turn_lock(context), self._semaphore():
             entry = self._open_context(context, system_prompt)
+            new = entry._hold_new()  # a new context is created by its first reply only
             await self._log_input(entry, user_message)
             buffer: list[TraceEntry] | None = [] if self.trace else None
             token = self._trace_sink.set(buffer)
             result: ChatResult | None = None
             partial: list[str] = []
             try:
-                if stream:
-                    async with aclosing(
-                        self.client.stream(entry.chat_messages(), **params)
-                    ) as events:
-                        async for event in events:
-                            if event.delta:
-                                partial.append(event.delta)
-                                yield event.delta
-                            if event.result is not None:
-                                result = event.result
-                else:
-                    result = await self.client.chat(entry.chat_messages(), **params)
-                    yield result.text
-                if result is None:
-                    raise LLMError("the model stream ended without a result")
-            except BaseException as exc:  # cancellation and GeneratorExit included
-                entry._write([(EntryKind.RUN_ERRORED, _errored(exc, partial))])
-                raise
+                try:
+                    if stream:
+                        async with aclosing(
+                            self.client.stream(entry.chat_messages(), **params)
+                        ) as events:
+                            async for event in events:
+                                if event.delta:
+                                    partial.append(event.delta)
+                                    yield event.delta
+                                if event.result is not None:
+                                    result = event.result
+                    else:
+                        result = await self.client.chat(entry.chat_messages(), **params)
+                        yield result.text
+                    if result is None:
+                        raise LLMError("the model stream ended without a result")
+                except BaseException as exc:  # cancellation and GeneratorExit included
+                    _log_failure(entry, new, exc, partial)
+                    raise
+                entry._write(_reply_entries(result))
+                if new:
+                    entry._release()
             finally:
                 self._trace_sink.reset(token)
-                if buffer:
+                if buffer and entry.in_store:
                     sessions.save_trace(self.store, entry.ref, buffer)
-            entry._write(_reply_entries(result))
 
     async def _log_input(self, entry: PersistentSession, text: str) -> None:
         """Log the user's input, compacting first when it would pass the token budget.
@@ -487,7 +539,11 @@ class MultiContextManager:
         """
         logged = (EntryKind.USER_INPUT, {"item": _user(text)})
         try:
-            if self.token_budget is not None and self._estimate(entry, text) > self.token_budget:
+            if (
+                self.token_budget is not None
+                and entry.state.model_history  # an empty history has nothing to compact
+                and self._estimate(entry, text) > self.token_budget
+            ):
                 await self._compact(entry, {})
         except BaseException as exc:
             entry = self._fresh(entry.context) or entry  # a flush before it may have moved on
@@ -496,7 +552,8 @@ class MultiContextManager:
         entry._write([logged])
 
     def _open_context(self, context: ContextId, system_prompt: str | None) -> PersistentSession:
-        """The cached, fresh context; created on first use; system prompt changes logged.
+        """The cached, fresh context, or a new one (not in the store until its first reply);
+        system prompt changes logged.
 
         A context that only a legacy JSON file holds is imported into the log first.
         """
@@ -505,8 +562,6 @@ class MultiContextManager:
             prompt = system_prompt if system_prompt is not None else self.default_system_prompt
             entry = PersistentSession._new(self.store, context, prompt, self._autosave_for(context))
             self._remember(entry)
-        if not entry.in_store:  # created by its first message (another process's wins)
-            entry._materialise(system_prompt)
         if system_prompt is not None:
             entry._set_system_prompt(system_prompt)
         return entry
@@ -515,7 +570,7 @@ class MultiContextManager:
         self, entry: PersistentSession, params: Mapping[str, Any], refuse_growth: bool = False
     ) -> str:
         entry._flush()
-        history = entry.state.history
+        history = entry.state.model_history  # failed runs are not summarised or kept
         keep = _tail_from_user(history, self.keep_after_compaction)
         replaced = history[: len(history) - len(keep)]
         if refuse_growth:  # a requested compaction must shrink the context (agent/compaction.py)
@@ -537,8 +592,12 @@ class MultiContextManager:
                     sessions.save_usage(self.store, entry.state, result.usage)
                     entry._reset(sessions.restore(self.store, entry.context))
                 raise
+        failed = _failed_run(entry.state)
         sessions.create_compacted_segment(self.store, entry.state, compacted, context=entry.context)
         state = sessions.restore(self.store, entry.context)
+        if failed:  # the last turn failed: still failed after, so a retry still finds it
+            sessions.append_entries(self.store, state, failed)
+            state = sessions.restore(self.store, entry.context)
         if result.usage is not None:
             sessions.save_usage(self.store, state, result.usage)
             state = sessions.restore(self.store, entry.context)
@@ -733,6 +792,19 @@ def _user(text: str) -> LoggedItem:
     return {"role": "user", "content": text}
 
 
+def _log_failure(
+    entry: PersistentSession, new: bool, exc: BaseException, partial: list[str]
+) -> None:
+    """Log a failed turn's ``run_errored``. The first turn of a new context (``new``, its
+    writes held) that got no reply at all leaves nothing: the context is not created."""
+    if new and not partial:
+        entry._discard()
+        return
+    entry._write([(EntryKind.RUN_ERRORED, _errored(exc, partial))])
+    if new:
+        entry._release()
+
+
 def _errored(exc: BaseException, partial: list[str]) -> dict[str, Any]:
     """The ``run_errored`` entry for a failure: its reason, its type, any partial reply text."""
     reason = exc if isinstance(exc, Exception) else "cancelled"
@@ -743,6 +815,41 @@ def _errored(exc: BaseException, partial: list[str]) -> dict[str, Any]:
     if partial:
         data["partial"] = "".join(partial)
     return data
+
+
+def _last_failed(state: RestoredState) -> list[int]:
+    """The history indices of the last run when it failed (nothing when it did not)."""
+    last = len(state.history) - 1
+    if last < 0 or last not in state.failed:
+        return []
+    errored = state.failed[last]
+    first = last
+    while first > 0 and state.failed.get(first - 1) is errored:
+        first -= 1
+    return list(range(first, last + 1))
+
+
+def failed_input(state: RestoredState) -> str | None:
+    """The text of the last run's user messages when that run failed, else None."""
+    items = [state.history[i] for i in _last_failed(state)]
+    texts = [item_text(item) for item in items if item_role(item) == "user"]
+    return "\n\n".join(texts) if texts else None
+
+
+def _failed_run(state: RestoredState) -> list[tuple[str, dict[str, Any]]]:
+    """The last run's entries when it failed, its items and its ``run_errored``, as they are
+    logged again after a compaction."""
+    indices = _last_failed(state)
+    if not indices:
+        return []
+    entries: list[tuple[str, dict[str, Any]]] = [
+        (sessions.classify_history_item(state.history[i]), {"item": state.history[i]})
+        for i in indices
+    ]
+    errored = state.failed[indices[0]]
+    data = {k: v for k, v in errored.items() if k not in ("v", "seq", "ts", "kind")}
+    entries.append((EntryKind.RUN_ERRORED, data))
+    return entries
 
 
 def _reply_entries(result: ChatResult) -> list[tuple[str, dict[str, Any]]]:

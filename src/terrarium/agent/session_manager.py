@@ -146,6 +146,8 @@ class PersistentSession:
         self._autosave = autosave
         self._lock = threading.RLock()
         self._pending: list[LogEntry] = []
+        self._held = False
+        """Writes are queued until the first turn is answered (:meth:`_hold_new`)."""
         self._source: Store | None = None
         """Where an unsaved session's state lives until its first write: a legacy file's
         copy, or a scratch store holding a new session's header."""
@@ -204,10 +206,10 @@ class PersistentSession:
         return self
 
     def _reset(self, state: RestoredState) -> None:
-        """Take ``state`` as the session's, with the messages it sends."""
+        """Take ``state`` as the session's, with the messages it sends (failed runs left out)."""
         self.state = state
         self._wire = chat_messages(state)
-        self._chars = sum(len(item_text(item)) for item in state.history)
+        self._chars = sum(len(item_text(item)) for item in state.model_history)
 
     def _set_head(self, head: PodMetadata) -> None:
         self._created = head.created_at
@@ -485,9 +487,34 @@ class PersistentSession:
         self._reset(sessions.restore_by_segment(self.store, head.session_id, head.segment_id))
         self._set_head(head)
 
+    def _hold_new(self) -> bool:
+        """Queue a new session's writes until :meth:`_release` (or :meth:`_discard`): the
+        manager creates a context only when the model answers its first turn. Returns False,
+        holding nothing, for a session that is in the store or has entries queued already."""
+        if not self._is_new or self._pending:
+            return False
+        self._held = True
+        return True
+
+    def _release(self) -> None:
+        """Stop holding: create the context, and write what was held (with auto-save off,
+        it stays queued until :meth:`save`)."""
+        self._held = False
+        if self._autosave:
+            self._flush()
+        elif self._source is not None:
+            self._materialise()
+
+    def _discard(self) -> None:
+        """Drop what was held: the session is new again, nothing of it in the store."""
+        self._held = False
+        self._pending = []
+        self._start(self.state.system_prompt)
+
     def _write(self, entries: _Entries) -> None:
-        """Append entries (or queue them when auto-save is off) and fold them into the state."""
-        if not self._autosave:
+        """Append entries (or queue them when auto-save is off, or while a new session's
+        first turn is held) and fold them into the state."""
+        if not self._autosave or self._held:
             ts = utc_now()
             for kind, data in entries:
                 self._queue(kind, data, ts)
@@ -564,9 +591,14 @@ class PersistentSession:
             state.usage = state.usage.add(data)
         elif kind == EntryKind.TURN_END:
             state.turns += 1
-        elif kind in (EntryKind.RUN_COMPLETED, EntryKind.RUN_ERRORED):
-            status = "completed" if kind == EntryKind.RUN_COMPLETED else "errored"
-            state.last_run = RunStatus(status, seq, data.get("error"))  # type: ignore[arg-type]
+            state.end_run()
+        elif kind == EntryKind.RUN_COMPLETED:
+            state.last_run = RunStatus("completed", seq)
+            state.end_run()
+        elif kind == EntryKind.RUN_ERRORED:
+            state.last_run = RunStatus("errored", seq, data.get("error"))
+            if state.end_run(data):  # the failed run's items leave the messages sent
+                self._reset(state)
         elif kind == EntryKind.CONFIG_CHANGED:
             state.config = dict(data.get("config") or {})
             if "system_prompt" in data and data["system_prompt"] != state.system_prompt:

@@ -337,8 +337,26 @@ def parse_context(text: str, default_type: str | None = None) -> ContextId:
     return ContextId.parse(text)
 
 
+def generated_context(type_: str) -> ContextId:
+    """A new session's name when none was given (``chat -p``, the picker's empty new row):
+    ``type:`` and a short time-ordered id, the UTC time to the second and 4 random hex digits
+    (``cli:20261128-140501-3f2a``)."""
+    import datetime as dt
+    import secrets
+
+    from terrarium.model import ContextId
+
+    now = dt.datetime.now(dt.UTC)
+    return ContextId(type_, f"{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}")
+
+
+DEFAULT_TYPE = "cli"
+"""The type of a session named without one (``main`` is ``cli:main``), as ``chat`` takes it."""
+
+
 class ContextParam(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2
-    """A context id ``type:name`` on the command line."""
+    """A context id ``type:name`` on the command line, or a bare name of the default type, the
+    one rule ``chat`` follows too (:func:`parse_context`)."""
 
     name = "type:name"
 
@@ -348,10 +366,41 @@ class ContextParam(click.ParamType):  # type: ignore[type-arg]  # generic from c
         if isinstance(value, ContextId):
             return value
         # InvalidContextId (not self.fail): the boundary prints it as one line.
-        return ContextId.parse(str(value))
+        return parse_context(str(value), DEFAULT_TYPE)
 
 
 CONTEXT = ContextParam()
+
+
+class DateParam(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2
+    """A date (``2026-11-01``, a whole UTC day) or an ISO 8601 time (``2026-11-01T12:00Z``) on
+    the command line, checked here so that a bad one is refused with the option and the value
+    named (``Invalid value for '--since': '2026-13-45' is not a date: month must be in
+    1..12``). The value goes on as given: the library reads it as before."""
+
+    name = "date"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import datetime as dt
+
+        text = str(value).strip()
+        try:
+            if len(text) == 10:
+                dt.date.fromisoformat(text)
+            else:
+                dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError as exc:
+            what = "date" if len(text) == 10 else "date or time"
+            self.fail(
+                f"{text!r} is not a {what}: {exc}; use a date or time such as 2026-11-01 or "
+                "2026-11-01T12:00:00Z",
+                param,
+                ctx,
+            )
+        return text
+
+
+DATE = DateParam()
 
 
 @click.group(cls=GuardedGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from terrarium.cli.app import CONTEXT, cli, open_store, reads_store, state_of, storage_option
+from terrarium.cli.app import (
+    CONTEXT,
+    DATE,
+    cli,
+    open_store,
+    reads_store,
+    state_of,
+    storage_option,
+)
 from terrarium.cli.output import plural
 
 if TYPE_CHECKING:
     from terrarium.cli.output import Output
     from terrarium.copy import CopyReport
     from terrarium.model import ContextId
+    from terrarium.stores.base import SearchHit
 
 
 @cli.command()
@@ -126,7 +135,7 @@ def redact(location: str) -> str:
 @click.argument("query")
 @click.option("--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...).")
 @click.option("--context", "-c", type=CONTEXT, help="Only this session.")
-@click.option("--since", metavar="DATE", help="Only messages on or after DATE (UTC).")
+@click.option("--since", type=DATE, metavar="DATE", help="Only messages on or after DATE (UTC).")
 @click.option(
     "--role",
     type=click.Choice(["user", "assistant", "system", "tool"]),
@@ -150,7 +159,10 @@ def search(
     as_json: bool,
     archived: bool,
 ) -> None:
-    """Search every session's messages; best matches first, with highlighted snippets."""
+    """Search every session's messages; best matches first, with highlighted snippets.
+
+    The exit code is 1 when nothing matches, as grep's is.
+    """
     from terrarium.search import SearchQuery
     from terrarium.search import search as run_search
 
@@ -162,28 +174,12 @@ def search(
         ),
     )
     if as_json:
-        state.out.json(
-            {
-                "query": query,
-                "hits": [
-                    {
-                        "context_id": hit.context,
-                        "date": hit.date,
-                        "segment_id": str(hit.segment_id),
-                        "seq": hit.seq,
-                        "role": hit.role,
-                        "ts": hit.ts,
-                        "snippet": hit.snippet,
-                        "highlights": [list(span) for span in hit.highlights],
-                        "score": hit.score,
-                    }
-                    for hit in found
-                ],
-            }
-        )
-        return
-    if not found:
+        state.out.json({"query": query, "hits": [hit_json(hit) for hit in found]})
+    elif not found:
         state.out.note(f"no messages match {query!r}")
+    if not found:
+        ctx.exit(1)  # grep's convention: 1 when nothing matched, for scripts
+    if as_json:
         return
     for hit in found:
         heading = f"{hit.context}  {hit.ts[:16].replace('T', ' ')}  {hit.role}  #{hit.seq}"
@@ -198,6 +194,21 @@ def search(
         else:
             state.out.line(heading)
             state.out.line(f"  {_marked(hit.snippet, hit.highlights)}")
+
+
+def hit_json(hit: SearchHit) -> dict[str, Any]:
+    """One hit as ``search --json`` prints it (docs/cli.md)."""
+    return {
+        "context_id": hit.context,
+        "date": hit.date,
+        "segment_id": str(hit.segment_id),
+        "seq": hit.seq,
+        "role": hit.role,
+        "ts": hit.ts,
+        "snippet": hit.snippet,
+        "highlights": [list(span) for span in hit.highlights],
+        "score": hit.score,
+    }
 
 
 def _marked(snippet: str, spans: tuple[tuple[int, int], ...]) -> str:

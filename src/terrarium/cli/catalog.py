@@ -11,7 +11,9 @@ cannot use.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
+import shlex
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +22,7 @@ from terrarium import contexts, legacy
 from terrarium.cli.app import CliState
 from terrarium.cli.output import one_line
 from terrarium.contexts import ContextRow
-from terrarium.errors import ContextNotFound
+from terrarium.errors import ContextNotFound, TerrariumError
 from terrarium.model import ContextId
 from terrarium.stores.base import Store
 
@@ -69,17 +71,49 @@ def readable(state: CliState, context: ContextId) -> Store:
         return store
     copy = legacy.read(store, context)
     if copy is None:
-        raise contexts.not_found(context, state.shown_location)
+        raise missing(state, context)
     return copy.store
 
 
 def require(state: CliState, context: ContextId) -> None:
     """Raise ContextNotFound unless ``context`` is in the log (legacy files do not count)."""
     if state.store().get_head(context) is None:
-        hint = ""
         if find_legacy(state, context) is not None:
             hint = " (it is a legacy file: run 'terrarium import' or chat in it first)"
-        raise contexts.not_found(context, f"{state.shown_location}{hint}")
+            raise contexts.not_found(context, f"{state.shown_location}{hint}")
+        raise missing(state, context)
+
+
+def missing(state: CliState, context: ContextId) -> ContextNotFound:
+    """The error for a session the store does not have, with the sessions whose ids are
+    close to it: ``no session 'cli:maim' in ./sessions; did you mean cli:main?``."""
+    error = contexts.not_found(context, state.shown_location)
+    try:
+        rows = contexts.list_contexts(state.store()).rows
+    except (TerrariumError, OSError):  # no suggestion beats a second error
+        return error
+    close = similar(context, [row.context_id for row in rows])
+    if not close:
+        return error
+    shown = " or ".join(shlex.quote(candidate) for candidate in close)
+    return ContextNotFound(f"{error}; did you mean {shown}?")
+
+
+def similar(context: ContextId, candidates: list[str]) -> list[str]:
+    """Up to three of ``candidates`` close to ``context``: the same name under another type
+    first, then names ``difflib`` finds alike (names, not ids: a shared ``cli:`` would make
+    any two ids look alike), those of the same type first."""
+    by_name: dict[str, list[str]] = {}
+    for candidate in candidates:
+        by_name.setdefault(candidate.partition(":")[2], []).append(candidate)
+    names = difflib.get_close_matches(context.name, list(by_name), n=3, cutoff=0.6)
+    if context.name in by_name and context.name not in names:
+        names.insert(0, context.name)
+    found = [c for name in names for c in by_name[name] if c != str(context)]
+    found.sort(
+        key=lambda c: (c.partition(":")[2] != context.name, not c.startswith(f"{context.type}:"))
+    )
+    return found[:3]
 
 
 def resume(state: CliState, context: ContextId) -> bool:
@@ -93,9 +127,12 @@ def exists(state: CliState, context: ContextId) -> bool:
 
 
 @contextlib.contextmanager
-def naming_store(state: CliState) -> Iterator[None]:
-    """Name the store in a ContextNotFound raised inside: ``no session 'cli:x' in ./sessions``."""
+def naming_store(state: CliState, context: ContextId | None = None) -> Iterator[None]:
+    """Name the store in a ContextNotFound raised inside: ``no session 'cli:x' in ./sessions``
+    (with :func:`missing`'s suggestions when it is about ``context``)."""
     try:
         yield
     except ContextNotFound as exc:
+        if context is not None and str(exc) == str(contexts.not_found(context)):
+            raise missing(state, context) from None
         raise ContextNotFound(f"{exc} in {state.shown_location}") from None

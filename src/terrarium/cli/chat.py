@@ -2,18 +2,21 @@
 
 On a terminal (stdin and stdout both), with no session named, a picker lists the sessions;
 the chat then reads input with prompt_toolkit: Enter sends, Esc+Enter (or Alt+Enter) starts a
-new line, Ctrl-C interrupts a reply (the session keeps what was said, and the manager logs the
-run as cancelled), Ctrl-D leaves. Lines starting with ``/`` are commands (``/help``). A message
-whose reply failed or was interrupted stays in the session and goes to the model again with the
-next message (the manager sends the two as one).
+new line, Ctrl-C interrupts a reply (the manager logs the run as cancelled, with the partial
+reply), Ctrl-D leaves. Lines starting with ``/`` are commands (``/help``). A message whose
+reply failed or was interrupted stays in the session, marked failed, and is not sent again
+unless asked (``/retry``, ``--retry``): the failure's note says so and what to do
+(:func:`advice`).
 
 From a pipe, each line of stdin is one message (``/`` commands work too) and replies are
 printed plainly; the first failure ends the chat with a one-line error and exit code 1. A line
 that is not UTF-8 is such a failure, found before anything of that line is sent or logged.
 
 ``-p TEXT`` sends one message and prints the reply (``-p -``: all of stdin is the message);
-``--last`` chats in the session active last. A chat that ends without an error says on stderr
-how to resume it (``resume with: terrarium chat cli:demo``), so stdout carries only replies.
+``--last`` chats in the session active last; ``--retry`` sends a session's failed message
+again. Ctrl-C there exits 130, the partial reply logged. A chat that ends without an error
+says on stderr how to resume it (``resume with: terrarium chat cli:demo``), so stdout carries
+only replies.
 """
 
 from __future__ import annotations
@@ -24,27 +27,31 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import click
+from click.core import ParameterSource
 
 from terrarium.cli import catalog
 from terrarium.cli.app import (
     DEFAULT_STORAGE,
+    DEFAULT_TYPE,
     STORAGE_ENV,
     STORE_ENV,
     USER_ERRORS,
     CliState,
     cli,
+    generated_context,
     model_options,
     parse_context,
     state_of,
     storage_option,
 )
-from terrarium.errors import ContextNotFound, LLMError, NothingToCompact
+from terrarium.cli.output import one_line, plural
+from terrarium.errors import ContextNotFound, ContextTooLong, LLMError, NothingToCompact
 from terrarium.model import ContextId, encode_name
 
 T = TypeVar("T")
@@ -56,12 +63,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fork": ("NAME", "copy this session into NAME (name or type:name) and switch to it"),
     "switch": ("CONTEXT", "switch to another session (a new one starts on its first message)"),
     "compact": ("", "summarise the history with the model and continue from the summary"),
+    "retry": ("", "send the last message again, when its reply failed"),
+    "rewind": ("[N]", "drop the last N messages, default 1 (they stay in the session tree)"),
     "clear": ("", "empty the history (the old one stays in the session tree)"),
     "export": ("FORMAT [FILE]", "export this session (default file TYPE_NAME.EXT; - = stdout)"),
     "quit": ("", "leave the chat (or Ctrl-D)"),
 }
 
-KEPT = "your message is kept and will be sent with your next one"
+KEPT = "your message is kept, marked failed, and is not sent with your next one"
+
+INTERRUPTED_EXIT = 130
+"""The exit status of ``chat -p`` (or a piped chat) stopped by Ctrl-C: 128 + SIGINT."""
 
 KEYS_HELP = "Enter sends, Esc+Enter or Alt+Enter adds a line, Ctrl-C interrupts, Ctrl-D leaves"
 
@@ -80,6 +92,78 @@ class ChatOptions:
 def is_message(line: str) -> bool:
     """Whether an input line is a message to send (``//text`` is), not a ``/command``."""
     return not line.startswith("/") or line.startswith("//")
+
+
+def sends_message(line: str) -> bool:
+    """Whether an input line sends a message: a message, or ``/retry``."""
+    return is_message(line) or line.split(" ", 1)[0] == "/retry"
+
+
+@dataclass(frozen=True)
+class Hints:
+    """How a note names the ways out of a failed turn: in-chat commands, or command lines."""
+
+    context: ContextId
+    retry: str
+    compact: str
+    rewind: str
+    again: str
+    """How to send a message that was not kept once more."""
+
+    @classmethod
+    def in_chat(cls, context: ContextId) -> Hints:
+        """The chat's own commands."""
+        return cls(context, "/retry", "/compact", "/rewind N", "Up brings your message back")
+
+    @classmethod
+    def commands(cls, state: CliState, context: ContextId) -> Hints:
+        """The commands to type after ``chat -p`` or a piped chat ended."""
+        name, store = shlex.quote(str(context)), storage_suffix(state)
+        return cls(
+            context,
+            f"'{resume_command(state, context)} --retry'",
+            f"'terrarium compact {name}{store}'",
+            f"'terrarium rewind {name} -n N{store}'",
+            "run the command again",
+        )
+
+
+def advice(exc: BaseException, hints: Hints, kept: bool = True) -> str:
+    """What the note after a failed turn says (docs/cli.md, "When a reply fails"): the message
+    is kept, marked failed, and not sent with the next one; a failure that would repeat says
+    why and what to do, a passing one offers the retry. The first message of a new session
+    that got no reply is not ``kept``: the session is not created."""
+    if not kept:
+        why = (
+            " It does not fit the model's context: shorten it."
+            if isinstance(exc, ContextTooLong)
+            else ""
+        )
+        return (
+            f"nothing was kept: {hints.context} begins with its first answered message.{why} "
+            f"{hints.again[0].upper()}{hints.again[1:]}"
+        )
+    if isinstance(exc, ContextTooLong):
+        return (
+            f"{KEPT}. It does not fit the model's context together with the history: shorten "
+            f"it, or make room with {hints.compact} or {hints.rewind}, then {hints.retry}"
+        )
+    if isinstance(exc, LLMError) and not exc.transient:
+        return f"{KEPT}. Sent as it is, it would fail again: fix the cause, then {hints.retry}"
+    return f"{KEPT}; {hints.retry} sends it again"
+
+
+def interrupted_note(hints: Hints, kept: bool = True) -> str:
+    """The note after Ctrl-C stopped a reply (``kept``: see :func:`advice`)."""
+    if not kept:
+        return (
+            f"interrupted before any reply: nothing was kept ({hints.context} begins with its "
+            "first answered message)"
+        )
+    return (
+        "interrupted: the partial reply is logged, marked interrupted, and your message is "
+        f"not sent with your next one; {hints.retry} sends it again"
+    )
 
 
 class Interrupted(Exception):
@@ -107,6 +191,29 @@ class Chat:
         self.done = False
         self.opened = False
         """Whether a session was opened (the picker may be cancelled before one is)."""
+        self.replying = False
+        """Whether a message was sent and its reply has not ended well (yet)."""
+        self.as_json = False
+        """``chat -p --json``: replies are not streamed to stdout (:func:`turn_json` prints)."""
+        self.reply = ""
+        """The last reply's text."""
+
+    @property
+    def hints(self) -> Hints:
+        """How notes name the ways out of a failed turn here."""
+        if self.interactive:
+            return Hints.in_chat(self.context)
+        return Hints.commands(self.state, self.context)
+
+    def kept(self) -> bool:
+        """Whether the session is in the store: after a failed first message it is not."""
+        return self.state.store().get_head(self.context) is not None
+
+    def failure_note(self, exc: BaseException) -> str:
+        """The note after the reply to a message failed (or Ctrl-C stopped it)."""
+        if isinstance(exc, Interrupted | KeyboardInterrupt):
+            return interrupted_note(self.hints, self.kept())
+        return advice(exc, self.hints, self.kept())
 
     # ------------------------------------------------------------------ sessions
 
@@ -145,8 +252,14 @@ class Chat:
             self._running.cancel()
 
     async def send(self, text: str) -> None:
-        """Send one message and stream the reply to stdout."""
+        """Send one message and stream the reply to stdout.
+
+        :attr:`replying` stays set when it fails, so the failure's note can say what became
+        of the message.
+        """
         wrote = False
+        self.replying = True
+        parts: list[str] = []
 
         async def consume() -> None:
             nonlocal wrote
@@ -158,14 +271,18 @@ class Chat:
             )
             async with contextlib.aclosing(stream):
                 async for delta in stream:
-                    wrote = True
-                    self.out.write(delta)
+                    parts.append(delta)
+                    if not self.as_json:  # --json prints the whole reply at the end
+                        wrote = True
+                        self.out.write(delta)
 
         try:
             await self.interruptible(consume())
         finally:
             if wrote:
                 self.out.write("\n")
+        self.replying = False
+        self.reply = "".join(parts)
 
     # ------------------------------------------------------------------ commands
 
@@ -227,7 +344,7 @@ class Chat:
         if not arg:
             raise click.ClickException("usage: /switch CONTEXT")
         self.open(parse_context(arg, self.context.type))
-        self.out.note(f"now in {self.context} ({self.message_count()} messages)")
+        self.out.note(f"now in {self.context} ({plural(self.message_count(), 'message')})")
 
     async def cmd_compact(self, _arg: str) -> None:
         catalog.require(self.state, self.context)
@@ -239,7 +356,34 @@ class Chat:
         except NothingToCompact as exc:
             self.out.note(str(exc), style="yellow")
             return
-        self.out.note(f"compacted {self.context}: {before} messages -> {self.message_count()}")
+        after = self.message_count()
+        self.out.note(f"compacted {self.context}: {plural(before, 'message')} -> {after}")
+
+    async def cmd_retry(self, _arg: str) -> None:
+        try:
+            text = self.manager.failed_input(str(self.context))
+        except ContextNotFound:
+            text = None
+        if text is None:
+            raise click.ClickException(
+                f"nothing to retry in {self.context}: its last turn did not fail"
+            )
+        await self.send(text)
+
+    async def cmd_rewind(self, arg: str) -> None:
+        try:
+            count = int(arg or "1")
+        except ValueError:
+            count = -1
+        if count < 0:
+            raise click.ClickException("usage: /rewind [N], N a count of messages (default 1)")
+        catalog.require(self.state, self.context)
+        dropped = self.manager.rewind_context(str(self.context), count)
+        self.out.note(
+            f"rewound {self.context}: dropped {plural(len(dropped), 'message')}, "
+            f"{plural(self.message_count(), 'message')} left (the dropped ones stay in the "
+            "session tree)"
+        )
 
     async def cmd_clear(self, _arg: str) -> None:
         catalog.require(self.state, self.context)
@@ -337,7 +481,8 @@ async def interactive(chat: Chat, explicit: bool, default_type: str) -> None:
         prompt_continuation=lambda width, *_: "." * (width - 1) + " ",
     )
     chat.out.line(
-        f"{chat.context}: {chat.message_count()} messages. {KEYS_HELP}; /help lists commands.",
+        f"{chat.context}: {plural(chat.message_count(), 'message')}. {KEYS_HELP}; /help lists "
+        "commands.",
         style="dim",
     )
     loop = asyncio.get_running_loop()
@@ -350,23 +495,29 @@ async def interactive(chat: Chat, explicit: bool, default_type: str) -> None:
                 continue  # Ctrl-C at the prompt clears the line
             except EOFError:
                 break
-            if not line.strip():
-                continue
-            try:
-                await chat.run_line(line)
-            except Interrupted:
-                kept = KEPT if is_message(line) else "the session is kept"
-                chat.out.note(f"interrupted; {kept}", style="yellow")
-            except LLMError as exc:
-                chat.out.error(str(exc))
-                if is_message(line):
-                    chat.out.note(KEPT)
-            except click.ClickException as exc:
-                chat.out.error(exc.format_message())
-            except USER_ERRORS as exc:
-                chat.out.error(str(exc))
+            if line.strip():
+                await handle_line(chat, line)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
+
+
+async def handle_line(chat: Chat, line: str) -> None:
+    """One line typed in the terminal chat; a failure is a note, and the chat goes on."""
+    try:
+        await chat.run_line(line)
+    except Interrupted as exc:
+        note = chat.failure_note(exc) if sends_message(line) else "interrupted"
+        chat.out.note(note, style="yellow")
+    except LLMError as exc:
+        chat.out.error(str(exc))
+        if sends_message(line):
+            chat.out.note(chat.failure_note(exc))
+        elif isinstance(exc, ContextTooLong):  # /compact of a history too long
+            chat.out.note("/rewind N drops the last N messages, to make room")
+    except click.ClickException as exc:
+        chat.out.error(exc.format_message())
+    except USER_ERRORS as exc:
+        chat.out.error(str(exc))
 
 
 def preview(state: CliState, context: ContextId) -> tuple[str, str] | None:
@@ -387,54 +538,113 @@ def preview(state: CliState, context: ContextId) -> tuple[str, str] | None:
 
 
 def read_prompt(prompt: str) -> str:
-    """The one message of ``chat -p``: ``prompt`` itself, or the whole of stdin for ``-``.
+    """The one message of ``chat -p``: ``prompt`` itself, the whole of stdin for ``-``, or,
+    when stdin is piped (not a terminal), ``prompt``, a blank line, then stdin (``cat f |
+    terrarium chat -p 'summarise this'``, as ``llm`` and ``claude -p`` read it).
 
     Raises:
         click.ClickException: stdin is not UTF-8 (nothing is sent or logged).
         click.UsageError: the message is empty.
     """
-    text = prompt
     if prompt == "-":
-        raw = sys.stdin.buffer.read()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise click.ClickException(
-                f"stdin is not valid UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}; "
-                "nothing was sent"
-            ) from None
-        text = text.rstrip("\r\n")  # a file's trailing newlines are not part of the message
+        text = read_stdin()
+    elif stdin_is_piped():
+        text = "\n\n".join(part for part in (prompt, read_stdin()) if part.strip())
+    else:
+        text = prompt
     if not text.strip():
         raise click.UsageError("the prompt is empty: nothing was sent")
     return text
 
 
-def most_recent(state: CliState) -> ContextId:
-    """The session active last, of any type (``chat --last``).
+def stdin_is_piped() -> bool:
+    """Whether stdin is a pipe or a file to read (not a terminal, and open)."""
+    try:
+        return not sys.stdin.isatty()
+    except (AttributeError, ValueError):  # no stdin, or a closed one
+        return False
+
+
+def read_stdin() -> str:
+    """All of stdin as UTF-8 text, the newlines at its very end dropped (a file's last newline
+    is not part of a message).
+
+    Raises:
+        click.ClickException: stdin is not UTF-8 (nothing is sent or logged).
+    """
+    raw = sys.stdin.buffer.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise click.ClickException(
+            f"stdin is not valid UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}; "
+            "nothing was sent"
+        ) from None
+    return text.rstrip("\r\n")
+
+
+def turn_json(state: CliState, context: ContextId, reply: str) -> dict[str, Any]:
+    """What ``chat -p --json`` prints: the reply, the session, and the turn's finish reason,
+    model and usage as the log holds them (the last ``usage`` and ``run_completed`` entries
+    of the head segment)."""
+    store = state.store()
+    head = store.get_head(context)
+    entries = store.read_segment(head.session_id, head.segment_id).entries if head else []
+    usage = finish = None
+    for line in reversed(entries):
+        if line["kind"] == "run_completed" and finish is None:
+            finish = line
+        elif line["kind"] == "usage" and finish is not None:
+            usage = line
+            break
+        elif line["kind"] == "user_input":
+            break  # the turn's own entries only
+    return {
+        "context_id": str(context),
+        "reply": reply,
+        "finish_reason": finish.get("finish_reason") if finish else None,
+        "model": usage.get("model") if usage else None,
+        "usage": None
+        if usage is None
+        else {
+            "prompt_tokens": usage.get("prompt_tokens", 0),
+            "completion_tokens": usage.get("completion_tokens", 0),
+            "cached_tokens": usage.get("cached_tokens", 0),
+            "estimated": usage.get("estimated"),
+        },
+    }
+
+
+def most_recent(state: CliState, type_: str | None = None) -> ContextId:
+    """The session active last, of any type or of ``type_`` (``chat --last [--type T]``).
 
     Raises:
         click.ClickException: the store has no session to continue.
     """
-    rows = catalog.list_sessions(state)
+    rows = catalog.list_sessions(state, type=type_)
     if not rows:
-        raise click.ClickException(f"no session to continue in {state.shown_location}")
+        of = f" of type '{type_}'" if type_ is not None else ""
+        raise click.ClickException(f"no session{of} to continue in {state.shown_location}")
     return max(rows, key=lambda row: row.last_active).context
 
 
 def resume_command(state: CliState, context: ContextId) -> str:
     """The command that resumes ``context``, quoted for a POSIX shell, starting with the
-    program as the shell finds it (:func:`terrarium.cli.app.program`).
-
-    ``--storage-dir`` is included when the store was named on the command line and differs
-    from what the same command would open without it (the environment, else ./sessions).
-    """
+    program as the shell finds it (:func:`terrarium.cli.app.program`; :func:`storage_suffix`
+    names the store when it must)."""
     from terrarium.cli.app import program
 
-    command = f"{program()} chat {shlex.quote(str(context))}"
+    return f"{program()} chat {shlex.quote(str(context))}{storage_suffix(state)}"
+
+
+def storage_suffix(state: CliState) -> str:
+    """`` --storage-dir DIR`` when the store was named on the command line and differs from
+    what the same command would open without it (the environment, else ./sessions); else ``""``.
+    """
     implied = os.environ.get(STORAGE_ENV) or os.environ.get(STORE_ENV) or DEFAULT_STORAGE
     if state.storage is not None and state.storage != implied:
-        command += f" --storage-dir {shlex.quote(state.shown_location)}"
-    return command
+        return f" --storage-dir {shlex.quote(state.shown_location)}"
+    return ""
 
 
 def run_chat(
@@ -443,19 +653,32 @@ def run_chat(
     default_type: str,
     options: ChatOptions,
     prompt: str | None = None,
-    last: bool = False,
+    last: bool | str = False,
+    retry: bool = False,
+    as_json: bool = False,
 ) -> None:
     """Chat in ``context`` (or the one the picker gives) until input ends.
 
-    With ``prompt`` (``chat -p``), send that one message, print the reply and return; with
-    ``last``, chat in the session active last. After a chat that ends without an error, a note
-    on stderr says how to resume the session.
+    With ``prompt`` (``chat -p``), send that one message, print the reply and return (with no
+    session named, in a new one, :func:`~terrarium.cli.app.generated_context`); with
+    ``retry``, the same with the session's failed message; with ``last``, chat in the session
+    active last (a string: of that type); with ``as_json``, print the reply of ``prompt`` or
+    ``retry`` as :func:`turn_json`. After a chat that ends without an error, a note on
+    stderr says how to resume the session. A failed reply ends it with one line that says
+    what became of the message; Ctrl-C with exit status 130.
     """
     message = read_prompt(prompt) if prompt is not None else None
-    is_terminal = message is None and sys.stdin.isatty() and sys.stdout.isatty()
+    one_shot = message is not None or retry
+    is_terminal = not one_shot and sys.stdin.isatty() and sys.stdout.isatty()
+    if context is None and message is not None and not last:
+        context = generated_context(default_type)  # -p starts afresh, as claude -p does
+        while state.store().get_head(context) is not None:  # the same second and digits
+            context = generated_context(default_type)
     chat = Chat(state, context or ContextId(default_type, "main"), options, is_terminal)
+    chat.as_json = as_json
     if last:  # after Chat(): the manager must be built with the model options first
-        context = chat.context = most_recent(state)
+        of_type = last if isinstance(last, str) else None
+        context = chat.context = most_recent(state, of_type)
 
     async def main() -> None:
         try:
@@ -465,16 +688,34 @@ def run_chat(
                 await interactive(chat, context is not None, default_type)
             else:
                 chat.open(chat.context)
-                if message is not None:
+                if retry:
+                    await chat.cmd_retry("")
+                elif message is not None:
                     await chat.send(message)
                 else:
                     await piped(chat)
         finally:
             await state.aclose_client()
 
-    asyncio.run(main())
+    run_loop(chat, main())
+    if as_json:
+        state.out.json(turn_json(state, chat.context, chat.reply))
     if chat.opened and state.store().get_head(chat.context) is not None:
         state.out.note(f"resume with: {resume_command(state, chat.context)}")
+
+
+def run_loop(chat: Chat, main: Coroutine[Any, Any, None]) -> None:
+    """Run the chat's event loop. Ctrl-C ends it with exit status 130 and a note; a failed
+    reply with one line, the error and what became of the message."""
+    try:
+        asyncio.run(main)
+    except KeyboardInterrupt as exc:
+        chat.out.note(chat.failure_note(exc) if chat.replying else "interrupted", style="yellow")
+        raise click.exceptions.Exit(INTERRUPTED_EXIT) from None
+    except LLMError as exc:
+        if not chat.replying:
+            raise
+        raise click.ClickException(f"{one_line(str(exc))}; {chat.failure_note(exc)}") from exc
 
 
 def resolve_context(context: str | None, session_id: str | None, type_: str) -> ContextId | None:
@@ -494,7 +735,7 @@ def resolve_context(context: str | None, session_id: str | None, type_: str) -> 
 @click.option(
     "--type",
     "type_",
-    default="cli",
+    default=DEFAULT_TYPE,
     show_default=True,
     metavar="TYPE",
     help="Session type for --session-id, bare names and new sessions.",
@@ -508,8 +749,21 @@ def resolve_context(context: str | None, session_id: str | None, type_: str) -> 
 )
 @click.option(
     "--last",
+    "-c",
+    "last",
     is_flag=True,
-    help="Continue the most recently active session (of any type).",
+    help="Continue the most recently active session (of --type, when given).",
+)
+@click.option(
+    "--retry",
+    is_flag=True,
+    help="Send the session's last message again when its reply failed; print the reply.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="With -p or --retry: print one JSON object, the reply and its usage (docs/cli.md).",
 )
 @click.option("--system-prompt", default=None, help="System prompt (logged when it changes).")
 @model_options
@@ -522,6 +776,8 @@ def chat(
     type_: str,
     prompt: str | None,
     last: bool,
+    retry: bool,
+    as_json: bool,
     system_prompt: str | None,
     base_url: str,
     model: str | None,
@@ -531,14 +787,23 @@ def chat(
     """Chat in a session (CONTEXT is type:name, or a name of --type).
 
     With no session named, a terminal gets a picker of sessions; piped input
-    goes to cli:main, one message per line. -p sends one message and prints
-    the reply; --last continues the session active last.
+    goes to cli:main, one message per line; -p starts a new session. -p sends
+    one message and prints the reply; --last (-c) continues the session active
+    last; --retry sends a session's failed message again.
     """
     named = resolve_context(context, session_id, type_)
     if last and named is not None:
         raise click.UsageError("--last continues the last session: do not name one too")
+    if retry and prompt is not None:
+        raise click.UsageError("--retry sends the failed message again: do not give -p too")
+    if retry and named is None and not last:
+        raise click.UsageError("--retry needs a session: name it, or add --last")
+    if as_json and prompt is None and not retry:
+        raise click.UsageError("--json prints the reply of -p or --retry: give one of them")
     options = ChatOptions(base_url, model, retries, timeout, system_prompt)
-    run_chat(state_of(ctx), named, type_, options, prompt, last)
+    typed = ctx.get_parameter_source("type_") is not ParameterSource.DEFAULT
+    which: bool | str = (type_ if typed else True) if last else False
+    run_chat(state_of(ctx), named, type_, options, prompt, which, retry, as_json)
 
 
 __all__ = ["COMMANDS", "Chat", "ChatOptions", "chat", "run_chat"]

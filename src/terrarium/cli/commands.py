@@ -16,6 +16,7 @@ import click
 from terrarium._lazy import lazy_module
 from terrarium.cli.app import (
     CONTEXT,
+    DATE,
     CliState,
     cli,
     model_options,
@@ -23,7 +24,7 @@ from terrarium.cli.app import (
     state_of,
     storage_option,
 )
-from terrarium.cli.output import Output, plural, short_time
+from terrarium.cli.output import Output, one_line, plural, short_time
 from terrarium.errors import ContextExists, NothingToCompact, StoreError, TerrariumError
 
 if TYPE_CHECKING:
@@ -200,11 +201,8 @@ def show(
     legacy = store is not state.store()
     transcript = load_transcript(store, context)
     restored = transcript.state
-    shown = (
-        transcript.items[max(0, len(transcript.items) - last) :]
-        if last is not None
-        else transcript.items
-    )
+    first = max(0, len(transcript.items) - last) if last is not None else 0
+    shown = transcript.items[first:]
     info: dict[str, Any] = {
         "context_id": str(context),
         "type": context.type,
@@ -215,7 +213,9 @@ def show(
         "message_count": len(restored.history),
         "turns": restored.turns,
         "legacy": legacy,
-        "messages": [{"ts": t.ts, **t.item} for t in shown],
+        "messages": [
+            _shown_message(t.ts, t.item, restored.failed, first + n) for n, t in enumerate(shown)
+        ],
     }
     head = transcript.head
     tree = _segments(store, head.session_id, head.segment_id) if segments else []
@@ -236,13 +236,45 @@ def show(
     if len(shown) < len(transcript.items):
         hidden = len(transcript.items) - len(shown)
         out.line(f"({hidden} earlier message{'' if hidden == 1 else 's'} not shown)", style="dim")
-    for timed in shown:
-        out.line()
-        role = model.item_label(timed.item)
-        out.line(f"[{role} {short_time(timed.ts)}]", style=_ROLE_STYLES.get(role, "bold"))
-        out.line(render_item(timed.item))
+    for message in info["messages"]:
+        _print_message(out, message)
     if segments:
         _print_segments(out, tree, store, transcript.head)
+
+
+def _shown_message(
+    ts: str, item: Mapping[str, Any], failed: Mapping[int, Mapping[str, Any]], index: int
+) -> dict[str, Any]:
+    """A message as ``show --json`` prints it: the item, ``ts``, and for an item of a failed
+    run ``failed`` (its ``error``, ``error_type``, and ``partial`` on the run's last item)."""
+    message = {"ts": ts, **item}
+    errored = failed.get(index)
+    if errored is not None:
+        mark = {"error": errored.get("error"), "error_type": errored.get("error_type")}
+        if failed.get(index + 1) is not errored and errored.get("partial"):
+            mark["partial"] = errored["partial"]
+        message["failed"] = mark
+    return message
+
+
+def _print_message(out: Output, message: Mapping[str, Any]) -> None:
+    """One message of ``show``: its label line, its text; a failed run's mark and partial."""
+    item = {k: v for k, v in message.items() if k not in ("ts", "failed")}
+    role = model.item_label(item)
+    failed = message.get("failed")
+    label = f"[{role} {short_time(message['ts'])}]"
+    out.line()
+    if failed is None:
+        out.line(label, style=_ROLE_STYLES.get(role, "bold"))
+        out.line(render_item(item))
+        return
+    error = one_line(str(failed.get("error") or failed.get("error_type") or "?"))
+    out.line(f"{label} failed, not sent to the model again: {error}", style="bold red")
+    out.line(render_item(item))
+    if failed.get("partial"):
+        out.line()
+        out.line("[assistant, interrupted: the partial reply]", style="bold red")
+        out.line(str(failed["partial"]))
 
 
 def _print_segments(
@@ -394,7 +426,7 @@ def stats(ctx: click.Context, context: ContextId | None, as_json: bool) -> None:
 
 def context_stats(state: CliState, context: ContextId) -> dict[str, Any]:
     """The stats of a context (a legacy one read in memory): :func:`contexts.get_stats`."""
-    with catalog.naming_store(state):
+    with catalog.naming_store(state, context):
         return contexts.get_stats(state.store(), context)
 
 
@@ -486,7 +518,7 @@ def delete_session(
 def clear(ctx: click.Context, context: ContextId) -> None:
     """Empty a session's history (the old history stays in its session tree)."""
     state = state_of(ctx)
-    with catalog.naming_store(state):
+    with catalog.naming_store(state, context):
         contexts.clear_context(state.store(), context)
     state.out.note(f"cleared {context.display}", style="green")
 
@@ -508,7 +540,7 @@ def clear(ctx: click.Context, context: ContextId) -> None:
 def rewind(ctx: click.Context, context: ContextId, count: int) -> None:
     """Drop the last N history items of a session (they stay in its session tree)."""
     state = state_of(ctx)
-    with catalog.naming_store(state):
+    with catalog.naming_store(state, context):
         dropped = contexts.rewind_context(state.store(), context, count)
     state.out.note(
         f"rewound {context.display}: dropped {plural(len(dropped), 'item')}", style="green"
@@ -542,7 +574,7 @@ def fork_session(
 ) -> dict[str, Any]:
     """Fork ``source`` into ``target``; returns the new context's stats."""
     store = state.store()
-    with catalog.naming_store(state):
+    with catalog.naming_store(state, source):
         contexts.fork_context(store, source, target, at)
     data = contexts.get_stats(store, target)
     shown = f"{source.display} into {target.display}"
@@ -617,8 +649,12 @@ def compact(
 )
 @click.option("--all", "all_", is_flag=True, help="Export every session (into -o).")
 @click.option("--type", "type_", metavar="TYPE", help="With --all: only sessions of this type.")
-@click.option("--since", metavar="DATE", help="Only sessions active on or after DATE (UTC).")
-@click.option("--until", metavar="DATE", help="Only sessions active on or before DATE (UTC).")
+@click.option(
+    "--since", type=DATE, metavar="DATE", help="Only sessions active on or after DATE (UTC)."
+)
+@click.option(
+    "--until", type=DATE, metavar="DATE", help="Only sessions active on or before DATE (UTC)."
+)
 @storage_option
 @click.pass_context
 def export(

@@ -9,8 +9,8 @@ from __future__ import annotations
 EXAMPLES: dict[str, tuple[str, ...]] = {
     "chat": (
         "terrarium chat cli:demo",
-        "terrarium chat cli:demo -p 'Summarise our plan in one line'",
-        "cat question.txt | terrarium chat --last -p -",
+        "terrarium chat -p 'Summarise our plan in one line'",
+        "cat question.txt | terrarium chat -c -p -",
     ),
     "list": (
         "terrarium list",

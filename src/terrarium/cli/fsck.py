@@ -490,7 +490,7 @@ def _set_aside_torn(store: FsStore, session: uuid.UUID, segment: uuid.UUID) -> s
 
 def _salvage(store: FsStore, context: ContextId, segment: uuid.UUID) -> str:
     done = store.salvage_segment(context, segment)
-    parts = [f"kept {done.kept} entries in new segment {done.new_segment_id}"]
+    parts = [f"kept {plural(done.kept, 'entry', 'entries')} in new segment {done.new_segment_id}"]
     if done.side_file is not None:
         lines = ", ".join(map(str, done.set_aside))
         parts.append(f"set line(s) {lines} aside to {Path(done.side_file).name}")

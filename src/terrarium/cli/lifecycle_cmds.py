@@ -206,7 +206,7 @@ def archived_json(archived: ArchivedContext) -> dict[str, Any]:
 @click.pass_context
 def unarchive(ctx: click.Context, contexts: tuple[ContextId, ...]) -> None:
     """Move archived sessions back to the hot store (a chat in one does it by itself)."""
-    from terrarium import contexts as contexts_api
+    from terrarium.cli import catalog
 
     state = state_of(ctx)
     lifecycle = _lifecycle(state)
@@ -216,7 +216,7 @@ def unarchive(ctx: click.Context, contexts: tuple[ContextId, ...]) -> None:
         elif state.store().get_head(context) is not None:
             state.out.note(f"{context.display} is not archived")
         else:
-            raise contexts_api.not_found(context, state.shown_location)
+            raise catalog.missing(state, context)
 
 
 # --------------------------------------------------------------------------- delete
@@ -234,14 +234,13 @@ def delete_session(
     (asked first on a terminal, refused without one unless ``yes``). A store without a trash
     deletes for ever, so it asks as ``purge`` does; ``confirm`` forces the question either way.
     """
-    from terrarium import contexts as contexts_api
     from terrarium import lifecycle
     from terrarium.cli import catalog
     from terrarium.stores.base import Lifecycle
 
     store = state.store()
     if not catalog.exists(state, context):
-        raise contexts_api.not_found(context, state.shown_location)
+        raise catalog.missing(state, context)
     forever = purge or not isinstance(store, Lifecycle)
     if confirm if confirm is not None else forever:
         what = " for ever" if purge else ""
@@ -415,11 +414,11 @@ def trash_purge(
 
 
 def _pin(ctx: click.Context, context: ContextId, pinned: bool) -> None:
-    from terrarium import contexts as contexts_api
+    from terrarium.cli import catalog
 
     state = state_of(ctx)
     if not _lifecycle(state).pin_context(context, pinned):
-        raise contexts_api.not_found(context, state.shown_location)
+        raise catalog.missing(state, context)
     if pinned:
         state.out.note(f"pinned {context.display}: no policy archives or purges it", style="green")
     else:

@@ -9,6 +9,7 @@ import click
 
 from terrarium.cli import catalog
 from terrarium.cli.app import CliState
+from terrarium.cli.output import plural
 
 
 def run_migrate(state: CliState, *, dry_run: bool, to_log: bool, source: Path | None) -> None:
@@ -36,5 +37,5 @@ def run_migrate(state: CliState, *, dry_run: bool, to_log: bool, source: Path | 
     )
     if report.failed:
         raise click.ClickException(
-            f"{report.failed} of {len(report.steps)} legacy files could not be migrated"
+            f"{report.failed} of {plural(len(report.steps), 'legacy file')} could not be migrated"
         )

@@ -4,8 +4,10 @@ Sessions are grouped by type, newest first, each with its message count, when it
 active and, on the line below, a preview: its first user message and its last reply, cut to
 the terminal's width. Previews are read only for the sessions on screen (a store of thousands
 costs a screenful of reads), once each. The first row starts a new session named by the filter
-text (``main`` or ``irc:#python``); when that text names a session that exists (``main`` for
-``cli:main``, ``#python`` for the only session named so), that session is selected instead.
+text (``main`` or ``irc:#python``), or with no text one named by the time
+(:func:`~terrarium.cli.app.generated_context`); when that text names a session that exists
+(``main`` for ``cli:main``, ``#python`` for the only session named so), that session is
+selected instead.
 Up/Down (or Ctrl-P/Ctrl-N) move, Enter opens, Esc or Ctrl-C cancels.
 """
 
@@ -23,8 +25,9 @@ from prompt_toolkit.layout.dimension import Dimension
 from prompt_toolkit.layout.processors import BeforeInput
 from prompt_toolkit.styles import Style
 
+from terrarium.cli.app import generated_context
 from terrarium.cli.catalog import SessionInfo
-from terrarium.cli.output import short_time
+from terrarium.cli.output import plural, short_time
 from terrarium.model import ContextId
 
 _STYLE = Style.from_dict(
@@ -142,8 +145,7 @@ class Picker:
             return exact.context
         text = self.filter.text.strip()
         if not text:
-            self.message = "type the new session's name first (name or type:name)"
-            return None
+            return generated_context(self.default_type)
         try:
             if ":" in text:
                 return ContextId.parse(text)
@@ -157,7 +159,7 @@ class Picker:
     def _new_label(self) -> str:
         text = self.filter.text.strip()
         if not text:
-            return "+ new session (type its name)"
+            return "+ new session (type its name, or Enter for a new one named by the time)"
         exact = self.exact()
         if exact is not None:
             return f"+ new session ({exact.context} exists: Enter opens it)"
@@ -232,7 +234,7 @@ class Picker:
             legacy = "  (legacy)" if info.legacy_path else ""
             row(
                 number,
-                f"{info.context.name:<{width}}  {info.message_count:>5} messages  "
+                f"{info.context.name:<{width}}  {plural(info.message_count, 'message'):>14}  "
                 f"{short_time(info.last_active)}{legacy}",
             )
             out.append(("class:dim", preview_line(self.preview(info.context), columns)))

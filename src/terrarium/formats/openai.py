@@ -1,10 +1,11 @@
 """A context as OpenAI chat messages, and many contexts as an OpenAI fine-tuning file.
 
 :func:`chat_messages` gives the exact messages the model is sent for a context: the system
-prompt first (when there is one), then every history item with the standard keys only, built
-by :func:`terrarium.model.wire_messages`, the function the runtime itself
-sends with (consecutive user messages, left by a failed turn, go as one). Keys that live in
-the log only (``reasoning_content``, keys a newer terrarium wrote) are left out.
+prompt first (when there is one), then every history item but those of failed runs
+(``RestoredState.model_history``) with the standard keys only, built by
+:func:`terrarium.model.wire_messages`, the function the runtime itself sends with
+(consecutive user messages go as one). Keys that live in the log only
+(``reasoning_content``, keys a newer terrarium wrote) are left out.
 
 :func:`finetune_lines` writes the chat fine-tuning format: one JSON object per line,
 ``{"messages": [...]}``, one conversation per context. Tool calls and tool results stay in
@@ -30,8 +31,9 @@ DateBound: TypeAlias = dt.date | dt.datetime | str
 
 
 def chat_messages(state: RestoredState) -> list[dict[str, Any]]:
-    """The messages the model is sent for ``state``: system prompt first, standard keys only."""
-    return wire_messages(state.system_prompt, state.history)
+    """The messages the model is sent for ``state``: system prompt first, standard keys only,
+    failed runs left out."""
+    return wire_messages(state.system_prompt, state.model_history)
 
 
 def export_context(store: Store, context: ContextId | str) -> str:

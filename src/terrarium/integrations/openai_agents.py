@@ -117,12 +117,14 @@ class TerrariumSession:
         Args:
             limit: How many of the latest items to return; None means
                 ``session_settings.limit``, and when that is None too, every item. 0 gives
-                none; a negative limit gives every item (as the SDK's SQLite session does).
+                none, and a limit of the length or more gives every item, as does a negative
+                one (as the SDK's SQLite session does).
         """
         limit = resolve_session_limit(limit, self.session_settings)
         items = await self._run(self._history)
         if limit is not None and limit >= 0:
-            items = items[len(items) - limit :] if limit else []
+            # items[-limit:], not items[len - limit:]: a limit past the length gives them all
+            items = items[-limit:] if limit else []
         return cast("list[TResponseInputItem]", items)
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:

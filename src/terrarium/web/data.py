@@ -1082,10 +1082,11 @@ def _message(
 
 
 def _messages(
-    reads: list[SegmentRead], offset: int, limit: int
+    reads: list[SegmentRead], offset: int, limit: int, failed: Mapping[int, Mapping[str, Any]]
 ) -> tuple[int, list[dict[str, Any]]]:
     """How many messages the lineage holds, and those of one page (each with the usage record
-    logged after it, if any). Only the page's messages are built."""
+    logged after it, if any, and whether a failed run holds it: ``failed``, the restored
+    state's). Only the page's messages are built."""
     count = 0
     page: list[dict[str, Any]] = []
     end = offset + limit
@@ -1099,6 +1100,7 @@ def _messages(
                 if isinstance(item, Mapping):
                     if offset <= count < end:
                         page.append(_message(item, 0, ts, segment, origin == "compaction"))
+                        page[-1]["failed"] = _failed(failed, count)
                     count += 1
         for line in read.entries:
             kind = line.get("kind")
@@ -1107,6 +1109,7 @@ def _messages(
                     page.append(
                         _message(line["item"], line["seq"], str(line["ts"]), segment, False)
                     )
+                    page[-1]["failed"] = _failed(failed, count)
                 count += 1
             elif kind == "usage" and page and offset < count <= end:
                 page[-1]["usage"] = {
@@ -1117,6 +1120,20 @@ def _messages(
                     "estimated": line.get("estimated"),
                 }
     return count, page
+
+
+def _failed(failed: Mapping[int, Mapping[str, Any]], index: int) -> dict[str, Any] | None:
+    """What a message of a failed run shows: the run's error, and its partial reply on the
+    run's last message; None for a message of no failed run."""
+    errored = failed.get(index)
+    if errored is None:
+        return None
+    last = failed.get(index + 1) is not errored
+    partial = errored.get("partial") if last else None
+    return {
+        "error": str(errored.get("error") or ""),
+        "partial": partial if isinstance(partial, str) else None,
+    }
 
 
 def transcript(
@@ -1144,11 +1161,9 @@ def transcript(
             raise SegmentNotFound(f"no segment '{segment[:80]}' in '{context.display}'")
         segment_id = SegmentId(segment)
     reads = sessions.lineage(store, head.session_id, segment_id)
-    total, messages = _messages(reads, offset, limit)
+    state = sessions.collect_state(line for read in reads for line in (read.header, *read.entries))
+    total, messages = _messages(reads, offset, limit, state.failed)
     if segment_id == head.segment_id:  # the head's stats, from the reads already made
-        state = sessions.collect_state(
-            line for read in reads for line in (read.header, *read.entries)
-        )
         segments = len(tree["segments"])
         stats = contexts.stats_of(context, state, head.created_at, segments, is_legacy=False)
     else:
