@@ -325,6 +325,11 @@ def test_compact_from_the_browser(page: Any, tmp_path: Path, fake_server: FakeSe
             page.wait_for_url(re.compile(r".*/session\?c=cli%3Acompacted$"))
             first = page.locator("#transcript li").first
             assert "compaction summary" in first.inner_text()
+            tagged = [
+                "compaction summary" in text
+                for text in page.locator("#transcript li").all_inner_texts()
+            ]
+            assert tagged == [True, True] + [False] * (len(tagged) - 2) and len(tagged) > 2
             assert "SUMMARY: long questions" in first.inner_text()
             origin = page.locator("#tree li.current .origin").inner_text()
             assert origin.startswith("compaction at entry")

@@ -1081,6 +1081,16 @@ def _message(
     }
 
 
+def _summary_items(header: Mapping[str, Any]) -> int:
+    """How many leading items of a header's history a compaction wrote as its summary: its
+    ``summary_items`` (the rest are the turns it kept); a compaction written before that key
+    counts all; any other header none."""
+    if (header.get("origin") or {}).get("kind") != "compaction":
+        return 0
+    count = header.get("summary_items")
+    return count if type(count) is int else len(header.get("history") or ())
+
+
 def _messages(
     reads: list[SegmentRead], offset: int, limit: int
 ) -> tuple[int, list[dict[str, Any]]]:
@@ -1093,12 +1103,12 @@ def _messages(
         segment = str(read.header.get("segment_id", ""))
         history = read.header.get("history")
         if isinstance(history, list):
-            origin = (read.header.get("origin") or {}).get("kind")
+            summary = _summary_items(read.header)
             ts = str(read.header.get("ts", ""))
-            for item in history:
+            for index, item in enumerate(history):
                 if isinstance(item, Mapping):
                     if offset <= count < end:
-                        page.append(_message(item, 0, ts, segment, origin == "compaction"))
+                        page.append(_message(item, 0, ts, segment, index < summary))
                     count += 1
         for line in read.entries:
             kind = line.get("kind")
