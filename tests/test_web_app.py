@@ -17,7 +17,15 @@ from helpers.web import HOSTILE_NAME, HOSTILE_TEXTS, head, seed, seed_hostile, t
 from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
 from terrarium import FsStore
 from terrarium.model import ContextId, UsageRecord
-from terrarium.sessions import restore, save_delta, save_turn_end, save_usage, save_user_input
+from terrarium.sessions import (
+    create_compacted_segment,
+    fork_context,
+    restore,
+    save_delta,
+    save_turn_end,
+    save_usage,
+    save_user_input,
+)
 from terrarium.web import create_app
 from terrarium.web.data import signature
 
@@ -537,3 +545,30 @@ def test_kept_sums_equal_a_fresh_count_after_writes_and_deletes(seeded: FsStore)
     assert again["tokens_per_model"]["new-model"]["calls"] == 1
     delete_context(seeded, ContextId.parse("irc:#python"))
     assert "new-model" not in overview(seeded, kept, budget=None)["tokens_per_model"]
+
+
+def test_forks_into_other_contexts_are_listed_on_the_source(seeded: FsStore) -> None:
+    """``fork_context`` makes another session: the source's page lists it (also once the fork
+    is compacted, its lineage no longer starting at the root), and the fork's origin links
+    back to the source."""
+    fork_context(seeded, "cli:main", "cli:main-experiment")
+    fork_context(seeded, "cli:main", "cli:main-retry")
+    fork_context(seeded, "irc:#python", "irc:#python-2")
+    retry = restore(seeded, ContextId.parse("cli:main-retry"))
+    create_compacted_segment(
+        seeded, retry, [{"role": "user", "content": "Summary"}], context="cli:main-retry"
+    )
+    c = client(seeded)
+    forks = c.get("/api/context", params={"c": "cli:main"}).json()["tree"]["forks"]
+    assert forks == {"contexts": ["cli:main-experiment", "cli:main-retry"], "pending": 0}
+    assert c.get("/api/context", params={"c": "cli:main-retry"}).json()["tree"]["forks"] == {
+        "contexts": [],
+        "pending": 0,
+    }
+    links = [a.get("href") for tag, a in parse(c.get("/session?c=cli:main").text).tags]
+    assert "/session?c=cli%3Amain-experiment" in links
+    assert "/session?c=cli%3Amain-retry" in links
+    assert "/session?c=irc%3A%23python-2" not in links
+    fork_page = parse(c.get("/session?c=cli:main-experiment").text)
+    sources = [a for tag, a in fork_page.tags if tag == "a" and a.get("class") == "source"]
+    assert [a["href"] for a in sources] == ["/session?c=cli%3Amain"]

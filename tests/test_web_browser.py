@@ -27,7 +27,7 @@ from fakeserver import FakeServer
 from helpers.web import HOSTILE_NAME, long_turns, seed, seed_hostile
 from terrarium import FsStore
 from terrarium.model import ContextId
-from terrarium.sessions import restore
+from terrarium.sessions import fork_context, restore
 from terrarium.web import create_app
 from test_web_compact import compacting_app
 
@@ -338,3 +338,19 @@ def test_compact_from_the_browser(page: Any, tmp_path: Path, fake_server: FakeSe
             assert page.dialogs == []
     finally:
         store.close()
+
+
+def test_forks_into_other_contexts_link_both_ways(served: tuple[str, FsStore], page: Any) -> None:
+    """The source's page lists its fork into another context; following it, the fork's
+    "from cli:main" leads back."""
+    url, store = served
+    fork_context(store, "cli:main", "cli:main-experiment")
+    with leaving(page):
+        page.goto(url + "/session?c=cli:main")
+        assert page.locator("#forks li").all_inner_texts() == ["cli:main-experiment"]
+        page.click("#forks a")
+        page.wait_for_url(re.compile(r".*/session\?c=cli%3Amain-experiment$"))
+        origin = page.locator("#tree li .origin").first.inner_text()
+        assert origin.endswith("from cli:main")
+        page.click("#tree a.source")
+        page.wait_for_url(re.compile(r".*/session\?c=cli%3Amain$"))

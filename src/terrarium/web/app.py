@@ -330,6 +330,7 @@ def _transcript(request: Request) -> dict[str, Any]:
             segment=_opt(request, "segment"),
             offset=_int(request, "offset", 0),
             limit=_int(request, "limit", data.MESSAGES_PER_PAGE),
+            activity=_dash(request).activity,
         )
     )
 

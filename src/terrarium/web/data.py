@@ -41,6 +41,7 @@ from terrarium.model import (
     HISTORY_KINDS,
     ContextId,
     SegmentId,
+    SessionId,
     chat_view,
     item_label,
     item_text,
@@ -541,6 +542,8 @@ class _Tally(msgspec.Struct, frozen=True, gc=False):
     turns: int = 0
     total_tokens: int = 0
     """Prompt plus completion tokens over every model."""
+    source: str = ""
+    """The context this one was forked from (``fork_context``), or empty."""
 
 
 def _tally(store: Store, row: Signature) -> _Tally:
@@ -551,7 +554,8 @@ def _tally(store: Store, row: Signature) -> _Tally:
     per_day: Counter[str] = Counter()
     tokens: dict[str, list[int]] = {}
     turns = 0
-    for read in sessions.lineage(store, head.session_id, head.segment_id):
+    reads = sessions.lineage(store, head.session_id, head.segment_id)
+    for read in reads:
         history = read.header.get("history")
         if isinstance(history, list):
             per_day[str(read.header.get("ts", ""))[:10]] += len(history)
@@ -575,7 +579,23 @@ def _tally(store: Store, row: Signature) -> _Tally:
         tuple((model, tuple(c)) for model, c in tokens.items()),  # type: ignore[misc]
         turns,
         sum(c[0] + c[1] for c in tokens.values()),
+        _fork_source(store, head.session_id, reads[0].header if reads else {}),
     )
+
+
+def _fork_source(store: Store, session_id: SessionId, first: Mapping[str, Any]) -> str:
+    """The context a session was forked from: its root header's ``origin.source`` when that
+    is a ``fork`` (``fork_context``). ``first`` is the head lineage's first header, the root
+    unless a compaction or clear started the lineage afresh; then the root's header is read
+    (the oldest segment: segment ids are time-ordered)."""
+    origin = first.get("origin") or {}
+    if origin.get("kind") not in ("root", "fork", "import"):
+        root = min(store.list_segments(session_id), default=None)
+        if root is None:
+            return ""
+        origin = store.read_segment(session_id, root, stop_seq=0).header.get("origin") or {}
+    source = origin.get("source")
+    return source if origin.get("kind") == "fork" and isinstance(source, str) else ""
 
 
 class Activity:
@@ -592,6 +612,8 @@ class Activity:
         """Per model: prompt, completion, cached tokens, calls, estimated calls, over the
         tallies held."""
         self.turns = 0
+        self.forks: dict[str, set[str]] = {}
+        """Per context, the contexts forked from it (``fork_context``), over the tallies held."""
         self.catch_up = CatchUp()
         self.backlog = 0
         """Sessions the store's index had still to read at the last listing (see
@@ -654,6 +676,20 @@ class Activity:
             if not sums[3]:
                 del self.models[model]
         self.turns += sign * tally.turns
+        if tally.source and sign > 0:
+            self.forks.setdefault(tally.source, set()).add(context_id)
+        elif tally.source:
+            self.forks.get(tally.source, set()).discard(context_id)
+
+    def forks_of(
+        self, store: Store, context: ContextId, budget: float = PAGE_READ
+    ) -> dict[str, Any]:
+        """The hot contexts forked from ``context`` into other contexts, from the tallies
+        (each read once per change of its context), brought up to date for up to ``budget``
+        seconds; ``pending`` counts the contexts not read yet (their forks are not shown)."""
+        found = self.listing(store)
+        _, pending = self.tallies(store, found.native, budget)
+        return {"contexts": sorted(self.forks.get(str(context), ())), "pending": pending}
 
     def tokens_of(
         self, store: Store, rows: Iterable[contexts.ContextRow], budget: float = PAGE_READ
@@ -1136,9 +1172,10 @@ def transcript(
     segment: str | None = None,
     offset: int = 0,
     limit: int = MESSAGES_PER_PAGE,
+    activity: Activity | None = None,
 ) -> dict[str, Any]:
     """One page of a context's transcript (its head, or another of its segments), its stats
-    and its fork tree.
+    and its fork tree (with ``activity``, its forks into other contexts too).
 
     Raises:
         ContextNotFound: no such context. SegmentNotFound: the segment is not in its session.
@@ -1148,6 +1185,8 @@ def transcript(
     tree = fork_tree(store, context)
     head = store.get_head(context)
     assert head is not None  # fork_tree raised otherwise
+    if activity is not None:
+        tree["forks"] = activity.forks_of(store, context)
     segment_id = head.segment_id
     if segment:
         if segment not in {s["segment_id"] for s in tree["segments"]}:
