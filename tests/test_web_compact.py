@@ -83,7 +83,7 @@ def snapshot(store: FsStore, context: ContextId) -> tuple[Any, ...]:
 
 def error_line(page: str) -> str:
     """The one line of an error page."""
-    found = re.findall(r'<p class="error">(.*?)</p>', page, re.S)
+    found = re.findall(r'<p class="error"[^>]*>(.*?)</p>', page, re.S)
     assert len(found) == 1, page
     return html.unescape(found[0])
 

@@ -23,7 +23,8 @@ from terrarium.cli.app import (
     state_of,
     storage_option,
 )
-from terrarium.cli.output import Output, plural, short_time
+from terrarium.cli.output import Output, plural
+from terrarium.display import short_time
 from terrarium.errors import ContextExists, NothingToCompact, StoreError, TerrariumError
 
 if TYPE_CHECKING:

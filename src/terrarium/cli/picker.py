@@ -24,7 +24,7 @@ from prompt_toolkit.layout.processors import BeforeInput
 from prompt_toolkit.styles import Style
 
 from terrarium.cli.catalog import SessionInfo
-from terrarium.cli.output import short_time
+from terrarium.display import short_time
 from terrarium.model import ContextId
 
 _STYLE = Style.from_dict(

@@ -36,7 +36,13 @@ from typing import Any
 import msgspec
 
 from terrarium import contexts, legacy, sessions
-from terrarium.errors import ContextNotFound, IndexUnavailable, SegmentNotFound, StoreError
+from terrarium.errors import (
+    ContextNotFound,
+    IndexUnavailable,
+    InvalidContextId,
+    SegmentNotFound,
+    StoreError,
+)
 from terrarium.model import (
     HISTORY_KINDS,
     ContextId,
@@ -1025,13 +1031,19 @@ def overview(
 
 
 def parse_context(text: str | None) -> ContextId:
-    """The context a request names; ContextNotFound for a missing or malformed one."""
+    """The context a request names.
+
+    Raises:
+        BadRequest: none given. InvalidContextId: not a valid id (``invalid session id ...``,
+            the reason as the CLI gives it).
+    """
     if not text:
-        raise ContextNotFound("no context given")
+        raise BadRequest("c, the session id (type:name), is required")
     try:
         return ContextId.parse(text)
-    except ValueError:
-        raise ContextNotFound(f"no session '{text[:80]}'") from None
+    except InvalidContextId as exc:
+        reason = str(exc).removeprefix("invalid context id ")
+        raise InvalidContextId(f"invalid session id {reason}") from None
 
 
 def fork_tree(store: Store, context: ContextId) -> dict[str, Any]:
