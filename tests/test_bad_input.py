@@ -40,6 +40,7 @@ from terrarium.cli import cli
 from terrarium.export import export_context
 from terrarium.formats import jsonl
 from terrarium.formats import terrarium_json as tj
+from terrarium.integrations.openai_agents import TerrariumSession
 from terrarium.llm.vllm_client import VLLMClient
 from terrarium.model import (
     EntryKind,
@@ -509,6 +510,42 @@ def test_cli_refuses_a_misleading_new_name(tmp_path: Path) -> None:
     result = invoke("fork", "cli:src", "cli:x\u2067y", "--storage-dir", str(root))
     assert_one_line_error(result, "'x\\u2067y'", "U+2067 (RIGHT-TO-LEFT ISOLATE)")
     assert [h.context for h in FsStore(root).list_contexts()] == ["cli:src"]
+
+
+def _lock_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in (root / ".locks").rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("name", ["cli:x\u202ey", "archive:x"])
+def test_a_name_refused_for_a_new_context_leaves_no_lock_behind(
+    fake_server: FakeServer, tmp_path: Path, name: str
+) -> None:
+    """A chat (piped), a manager turn and an Agents SDK session on a new context whose name
+    is refused are one-line errors that make nothing for it: no lock file either."""
+    root = tmp_path / "sessions"
+    with FsStore(root) as store:
+        create_segment(store, context="cli:src")
+    before = _lock_files(root)
+    result = chat_pipe(tmp_path, fake_server.base_url, b"hi\n", name)
+    assert result.returncode == 1
+    (line,) = result.stderr.decode().strip().splitlines()
+    assert line.startswith("Error: invalid context ")
+    client = VLLMClient(base_url=fake_server.root_url, max_retries=0, backoff_base=0.001)
+    manager = MultiContextManager(client, storage_dir=str(root))
+
+    async def main() -> None:
+        with pytest.raises(InvalidContextId):
+            await manager.process_with_context(name, "hi")
+        await manager.aclose()
+        session = TerrariumSession("x", str(root), context=name)
+        with pytest.raises(InvalidContextId):
+            await session.add_items([{"role": "user", "content": "hi"}])
+        session.close()
+
+    asyncio.run(main())
+    assert _lock_files(root) == before
+    assert [h.context for h in FsStore(root).list_contexts()] == ["cli:src"]
+    assert fake_server.requests == []
 
 
 def test_terminal_chat_refuses_bytes_that_are_not_utf8(

@@ -30,6 +30,7 @@ from terrarium import (
     new_segment_id,
     new_session_id,
     restore,
+    save_user_input,
 )
 from terrarium.stores import fs as fs_module
 from terrarium.stores.base import NewEntry
@@ -369,6 +370,37 @@ def test_a_full_disk_mid_write_leaves_no_half_line(
     state = restore(store, CONTEXT)
     assert _contents(state) == ["a", "d"]
     assert state.torn == []
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_blob_write_on_a_full_disk_is_a_store_error(
+    store: FsStore, ref: PodActiveSegmentRef, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """A blob that cannot be written (the disk full half way) is a one-line StoreError naming
+    the blob and the full disk, from ``put_blob`` and from an append that offloads a large
+    string; nothing half written is left, and the same put succeeds once there is room."""
+    data = b"large output " * 20_000  # over the default blob threshold
+    real_write = os.write
+
+    def full(fd: int, chunk: Any) -> int:
+        real_write(fd, bytes(chunk)[: len(chunk) // 2])
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fs_module.os, "write", full)
+    for attempt in (
+        lambda: store.put_blob(data),
+        lambda: save_user_input(store, ref, data.decode()),
+    ):
+        with pytest.raises(StoreError) as caught:
+            attempt()
+        message = str(caught.value)
+        assert type(caught.value) is StoreError and not isinstance(caught.value, OSError)
+        assert "the disk is full" in message and "blob" in message and "\n" not in message
+    monkeypatch.undo()
+    assert [p.name for p in (store.root / ".blobs").rglob("*") if p.is_file()] == []
+    assert restore(store, CONTEXT).history == []
+    digest = store.put_blob(data)
+    assert store.get_blob(digest) == data
 
 
 def test_a_short_write_is_completed_into_one_whole_line(

@@ -32,10 +32,13 @@ from terrarium import (
     restore,
     save_user_input,
 )
+from terrarium.blobs import collect_garbage
 from terrarium.cli import cli
 from terrarium.errors import CorruptLog
 from terrarium.model import ContextId
+from terrarium.search import search
 from terrarium.stores import fs as fs_module
+from terrarium.stores.base import SearchQuery
 from terrarium.stores.fs._heads import read_head
 
 
@@ -431,6 +434,108 @@ def test_a_linked_type_folder_or_segment_is_refused(
     assert links == {str(root / "irc"), str(segment)}
 
 
+#: Every folder (and the one file) of an FsStore's own state besides the contexts' folders.
+DERIVED = [
+    ".index",
+    ".index/dirty",
+    ".index/contexts",
+    ".index/sessions",
+    ".index/archive",
+    ".index/pins",
+    ".index/search.db",
+    ".locks",
+    ".locks/turn",
+    ".locks/head",
+    ".staging",
+    ".blobs",
+    ".trash",
+    ".detached",
+]
+
+
+def _tree_of(path: Path) -> dict[str, bytes | None]:
+    """Every file (with its bytes) and folder under ``path``, links not followed."""
+    found: dict[str, bytes | None] = {}
+    for folder, dirs, files in os.walk(path):
+        for name in dirs:
+            found[os.path.relpath(os.path.join(folder, name), path)] = None
+        for name in files:
+            file = Path(folder, name)
+            found[os.path.relpath(file, path)] = file.read_bytes()
+    return found
+
+
+def _every_kind_of_write(store: FsStore) -> list[str]:
+    """Write, move, index and collect in every way a store does; the StoreErrors raised."""
+    main = ContextId("cli", "main")
+
+    def main_ref() -> PodActiveSegmentRef:
+        head = store.get_head(main)
+        assert head is not None
+        return head.ref
+
+    calls = [
+        lambda: make(store, "cli:new", "fresh walrus"),
+        lambda: save_user_input(store, main_ref(), "more walrus"),
+        lambda: fork_at(store, main_ref(), 1),
+        lambda: search(store, SearchQuery("walrus", archived=True)),
+        lambda: store.archive_context(main),
+        lambda: store.unarchive_context(main),
+        lambda: store.unarchive_context(ContextId("cli", "old")),
+        lambda: store.pin_context(main, False),
+        lambda: store.put_blob(b"new blob " * 600),
+        lambda: store.delete_context(ContextId("cli", "new")),
+        lambda: [
+            store.restore_trashed(entry.trash_id, as_context=ContextId("cli", f"back{n}"))
+            for n, entry in enumerate(store.trashed_contexts())
+        ],
+        lambda: collect_garbage(store, min_age=0),
+        store.reindex,
+    ]
+    refused = []
+    for call in calls:
+        try:
+            call()
+        except StoreError as exc:
+            refused.append(str(exc))
+    return refused
+
+
+@pytest.mark.parametrize("derived", DERIVED)
+def test_a_linked_folder_of_the_stores_own_state_is_never_written_through(
+    root: Path, store: FsStore, tmp_path: Path, derived: str
+) -> None:
+    """A folder of the store's own state (or its search database) that is a link out of the
+    root is refused, never written, moved or deleted through: whatever the store does, and
+    ``fsck --repair``, the link's target stays exactly as it was."""
+    make(store, "cli:main", "walrus one", "two")
+    make(store, "irc:#x", "walrus three")
+    make(store, "cli:old", "four")
+    store.archive_context(ContextId("cli", "old"))
+    store.pin_context(ContextId("cli", "main"))
+    store.put_blob(b"old blob " * 600)
+    search(store, SearchQuery("walrus"))
+    store.delete_context(ContextId("irc", "#x"))
+    make(store, "cli:marked", "a marker for the index")
+    store.close()
+    for folder in DERIVED:  # each there, as a store that ran a while has them
+        if not (root / folder).exists():
+            (root / folder).mkdir(mode=0o700, parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.move(root / derived, outside / "target")
+    (root / derived).symlink_to(outside / "target")
+    before = _tree_of(outside)
+    with FsStore(root) as linked:
+        refused = _every_kind_of_write(linked)
+        assert linked.index_backlog() >= 0  # what the dashboard asks: an answer, not an error
+    repair = invoke("fsck", "--repair", "--storage-dir", str(root))
+    assert _tree_of(outside) == before
+    assert all("\n" not in message for message in refused)
+    assert repair.exit_code == 1 and "Traceback" not in repair.output
+    assert str(root / derived) in repair.output
+
+
 # --------------------------------------------------------------------------- 13: modes
 
 
@@ -457,6 +562,8 @@ def test_every_file_is_private_whatever_the_umask(tmp_path: Path, umask: int) ->
     for path in seen:
         mode = stat.S_IMODE(path.lstat().st_mode)
         expected = 0o700 if path.is_dir() else 0o600
+        if ".trash" in path.parts and path.suffix == ".jsonl":
+            expected = 0o400  # sealed by the delete: a writer that held it looks again
         assert mode == expected, f"{path} is {oct(mode)}"
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 import pytest
 from starlette.routing import Route
@@ -390,6 +391,23 @@ def test_token_is_required_on_every_request(seeded: FsStore) -> None:
     assert login.status_code == 303 and login.headers["location"] == "/sessions?type=cli"
     assert "httponly" in login.headers["set-cookie"].lower()
     assert c.get("/api/stats").status_code == 200  # the cookie now
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["//evil.example/x", "///evil.example/x", "/\\evil.example/x", "/%2F%2Fevil.example/x"],
+)
+def test_the_token_redirect_never_leaves_the_site(seeded: FsStore, path: str) -> None:
+    """The login redirect names a path on this site: never a scheme-relative ``//host``
+    (nor ``/\\host``, which browsers read alike), whatever the request's path."""
+    site = "http://192.0.2.10:8765"
+    c = TestClient(create_app(seeded, token="s3cret"), base_url=site)
+    login = c.get(f"{site}{path}?token=s3cret&a=1", follow_redirects=False)
+    assert login.status_code == 303
+    location = login.headers["location"]
+    assert location.startswith("/") and location[1:2] not in ("/", "\\"), location
+    assert urlsplit(urljoin(site + "/", location)).netloc == "192.0.2.10:8765"
+    assert location.endswith("evil.example/x?a=1")
 
 
 def test_without_a_token_only_loopback_hosts_are_served(seeded: FsStore) -> None:

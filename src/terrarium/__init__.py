@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         SessionConflict,
         StoreError,
         StoreNotFound,
+        StoreUnavailable,
         StoreURLError,
         TerrariumError,
     )
@@ -161,6 +162,7 @@ _NAMES = {
     "SessionConflict": "terrarium.errors",
     "StoreError": "terrarium.errors",
     "StoreNotFound": "terrarium.errors",
+    "StoreUnavailable": "terrarium.errors",
     "StoreURLError": "terrarium.errors",
     "TerrariumError": "terrarium.errors",
     "VLLMClient": "terrarium.llm.vllm_client",
@@ -289,6 +291,7 @@ __all__ = [
     "StoreError",
     "StoreNotFound",
     "StoreURLError",
+    "StoreUnavailable",
     "SystemItem",
     "TerrariumError",
     "TextPart",

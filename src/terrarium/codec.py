@@ -207,6 +207,15 @@ def split_complete(buf: bytes) -> tuple[bytes, bytes]:
     return buf[:end], buf[end:]
 
 
+def split_lines(data: bytes) -> list[bytes]:
+    """The non-blank lines of JSONL ``data``, split at the byte ``\\n`` alone.
+
+    Never ``str.splitlines``: it also breaks at U+0085, U+2028 and U+2029, which JSON keeps
+    raw inside strings, so it would tear such a line in two.
+    """
+    return [line for line in data.split(b"\n") if line.strip()]
+
+
 def complete_end(buf: bytes | mmap.mmap) -> int:
     """The offset just past the last complete append in ``buf`` (0 if there is none).
 

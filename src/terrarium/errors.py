@@ -20,6 +20,7 @@
     │   ├── CorruptBlob
     │   ├── FormatVersionError
     │   ├── IndexUnavailable
+    │   ├── StoreUnavailable
     │   ├── StoreURLError (also ValueError)
     │   └── StoreNotFound
     └── LLMError
@@ -144,6 +145,10 @@ class FormatVersionError(StoreError):
 class IndexUnavailable(StoreError):
     """A derived index cannot be read or brought up to date (read-only, disk full, locked);
     the log is intact, and callers answer from it instead."""
+
+
+class StoreUnavailable(StoreError):
+    """The store's server could not be reached, or the connection to it was lost mid-call."""
 
 
 class StoreURLError(StoreError, ValueError):

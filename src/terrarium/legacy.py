@@ -217,7 +217,13 @@ def import_legacy(store: Store, context: ContextId) -> bool:
 
 
 def resume(store: Store, context: ContextId) -> bool:
-    """:func:`import_legacy` under the context's lock (for callers that do not hold it)."""
+    """:func:`import_legacy` under the context's lock (for callers that do not hold it).
+
+    Only a context that a legacy file holds and the log does not is locked: any other (a new
+    one, whose name may yet be refused) gets no lock file for nothing.
+    """
+    if store.get_head(context) is not None or _lookup(store, context) is None:
+        return False
     with context_lock(store, context):
         return import_legacy(store, context)
 

@@ -14,6 +14,7 @@ Only commands that call a model build a :class:`MultiContextManager` (and so imp
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -260,6 +261,9 @@ def open_store(location: str, *, create: bool = True) -> Store:
     """Open a store from a folder path or a store URL (:func:`terrarium.stores.url.open_store`)."""
     from terrarium.stores.url import open_store as open_url
 
+    # The PostgreSQL pool's notes on the connections it drops and retries (a server that went
+    # away) are for logs: a command says in its one line what failed.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     return open_url(location, create=create)
 
 

@@ -331,6 +331,7 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
         domain: str = CHECKPOINT_DOMAIN,
     ) -> None:
         context = self.context_of(thread_id)
+        sessions.check_new_name(self.store, context)  # before its lock file is made
         with context_lock(self.store, context):
             head = self.store.get_head(context)
             if head is None:

@@ -184,6 +184,7 @@ class TerrariumSession:
         return sessions.restore(self.store, self.context).history
 
     def _append(self, items: list[LoggedItem]) -> None:
+        sessions.check_new_name(self.store, self.context)  # before its lock file is made
         with context_lock(self.store, self.context):
             head = self.store.get_head(self.context)
             if head is None:

@@ -1,11 +1,13 @@
-"""What ``SqliteStore`` and ``PostgresStore`` share to keep archived and trashed contexts out
-of their hot tables: the compressed form of a segment, and search over the archive.
+"""The archive codec of every backend, and what ``SqliteStore`` and ``PostgresStore`` share to
+keep archived and trashed contexts out of their hot tables.
 
 A segment leaves the hot tables as one zstandard frame of its JSONL (each ``line`` as stored,
-``\\n`` after each, header first): the same bytes an FsStore ``.jsonl.zst`` holds, so a blob
-copied out of the database decompresses with ``zstd -d``. Its debug trace, if it has one, is a
-second frame of the same form. Nothing is decoded to archive; unarchiving decodes each line's
-envelope only (:func:`envelopes`) to refill the hot columns ``seq``, ``kind`` and ``ts``.
+``\\n`` after each, header first): the same bytes an FsStore ``.jsonl.zst`` holds, made by the
+same :func:`compress`, so a blob copied out of the database decompresses with ``zstd -d``. A
+frame splits into lines at the byte ``\\n`` alone (:func:`terrarium.codec.split_lines`). Its
+debug trace, if it has one, is a second frame of the same form. Nothing is decoded to archive;
+unarchiving decodes each line's envelope only (:func:`envelopes`) to refill the hot columns
+``seq``, ``kind`` and ``ts``.
 
 ``search`` over the archive (``SearchQuery.archived``) reads it: :func:`archived_hits` runs
 :func:`terrarium.search.scan` over the archived contexts, which a database store then merges
@@ -28,6 +30,8 @@ from typing import Any, cast
 import msgspec
 import zstandard
 
+from terrarium.codec import split_lines
+from terrarium.errors import CorruptLog
 from terrarium.model import SegmentId, SessionId
 from terrarium.stores.base import PodMetadata, SearchHit, SearchQuery, SegmentRead, Store
 
@@ -117,22 +121,34 @@ PINNED = (
 )
 
 
-def pack(lines: Iterable[str]) -> bytes:
-    """``lines`` (JSON texts) as one compressed JSONL frame."""
-    data = "".join(f"{line}\n" for line in lines).encode()
+def compress(data: bytes) -> bytes:
+    """One zstandard frame holding ``data`` (its size recorded in the frame)."""
     return zstandard.ZstdCompressor(level=LEVEL).compress(data)
 
 
-def unpack(blob: bytes) -> bytes:
-    """The JSONL bytes of a frame made by :func:`pack`."""
-    return zstandard.ZstdDecompressor().decompress(bytes(blob))
+def pack(lines: Iterable[str]) -> bytes:
+    """``lines`` (JSON texts) as one compressed JSONL frame."""
+    return compress("".join(f"{line}\n" for line in lines).encode())
+
+
+def unpack(blob: bytes, *, where: str = "an archived segment") -> bytes:
+    """The bytes of a frame made by :func:`compress` or :func:`pack`.
+
+    Raises:
+        CorruptLog: ``blob`` is not a zstandard frame (damaged); the message names ``where``.
+    """
+    try:
+        out: bytes = zstandard.ZstdDecompressor().decompressobj().decompress(bytes(blob))
+    except zstandard.ZstdError as exc:
+        raise CorruptLog(f"{where}: not a readable zstd frame ({exc})") from None
+    return out
 
 
 def unpack_lines(blob: bytes | None) -> list[str]:
     """The JSON texts of a frame made by :func:`pack` (none for None)."""
     if blob is None:
         return []
-    return unpack(blob).decode().splitlines()
+    return [line.decode() for line in split_lines(unpack(blob))]
 
 
 class Envelope(msgspec.Struct, frozen=True):

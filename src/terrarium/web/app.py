@@ -89,6 +89,12 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+def _local_path(path: str) -> str:
+    """``path`` as a redirect target on this site: one leading ``/``, since ``//host/x`` (or
+    ``/\\host/x``, which browsers read alike) would send the browser to another host."""
+    return "/" + path.lstrip("/\\")
+
+
 class Guard:
     """ASGI middleware: the token (or loopback ``Host``) check and the security headers."""
 
@@ -134,7 +140,9 @@ class Guard:
         given = query.get("token", [None])[0]
         if given is not None and hmac.compare_digest(given.encode(), self.token.encode()):
             rest = {k: v for k, v in query.items() if k != "token"}
-            target = scope["path"] + ("?" + urlencode(rest, doseq=True) if rest else "")
+            target = _local_path(scope["path"]) + (
+                "?" + urlencode(rest, doseq=True) if rest else ""
+            )
             response = RedirectResponse(target, 303)
             response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
             return response

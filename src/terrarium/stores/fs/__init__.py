@@ -496,6 +496,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         return file_lock(folder / str(session_id))
 
     def _file_lock(self, kind: str, context: ContextId) -> AbstractContextManager[None]:
+        _check_type(context)  # no such context can exist here: make no lock file for it
         folder = self._inside(self.root / LOCKS / kind / context.type)
         make_dirs(folder)
         return file_lock(folder / context.encoded_name)
@@ -1116,7 +1117,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             complete, _ = codec.split_complete(read_file(path))
         except FileNotFoundError:
             return []
-        return [codec.decode(line) for line in complete.splitlines() if line.strip()]
+        return [codec.decode(line) for line in codec.split_lines(complete)]
 
     def close(self) -> None:
         """Sync what ``batch`` mode has pending and close every cached descriptor."""
@@ -1303,7 +1304,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         """Leave the search index's dirty marker; never fails the write that calls it."""
         try:
             fs_search.mark_dirty(self.root, session_id)
-        except OSError as exc:
+        except (OSError, StoreError) as exc:  # a full disk; a link out of the root
             log.warning("could not mark session %s for the search index: %s", session_id, exc)
 
     # ---------------------------------------------------------------- internals

@@ -41,11 +41,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import zstandard
-
 from terrarium import codec
 from terrarium.errors import ContextExists, CorruptLog, StoreError
 from terrarium.model import ContextId, SegmentId, SessionId, decode_name, utc_now
+from terrarium.stores._archive import compress, unpack
 from terrarium.stores._files import fsync_dir, listdir, make_dirs, open_private, write_all
 from terrarium.stores.base import ArchivedContext, PodMetadata
 from terrarium.stores.fs._heads import head_dict, head_of
@@ -73,18 +72,11 @@ LEGACY = "legacy-"
 SPARE = "spare-"
 """An empty folder of ``.staging/`` kept for the next move (the clean-up keeps it)."""
 ZST = ".zst"
-LEVEL = 3
 SEALED = 0o400
 """The mode of a segment file a move holds: read-only, so appends that waited look again."""
-"""zstd level: JSONL compresses to ~1/6 at level 3; level 19 gains little for 10x the time."""
 
 
 # --------------------------------------------------------------------------- files
-
-
-def compress(data: bytes) -> bytes:
-    """One zstd frame holding ``data`` (its size recorded in the frame)."""
-    return zstandard.ZstdCompressor(level=LEVEL).compress(data)
 
 
 def decompress(path: Path) -> bytes:
@@ -93,12 +85,7 @@ def decompress(path: Path) -> bytes:
     Raises:
         CorruptLog: the file is not a zstd frame (damaged).
     """
-    raw = read_file(path)
-    try:
-        out: bytes = zstandard.ZstdDecompressor().decompressobj().decompress(raw)
-    except zstandard.ZstdError as exc:
-        raise CorruptLog(f"{path}: not a readable zstd frame ({exc})") from None
-    return out
+    return unpack(read_file(path), where=str(path))
 
 
 def put(path: Path, data: bytes, *, sync: bool) -> None:
@@ -248,7 +235,7 @@ def leftover_copies(store: FsStore) -> list[Path]:
 
 def session_pointer(store: FsStore, session_id: SessionId) -> Path:
     """``.index/archive/{session}``: where an archived session's folder is."""
-    return store.root / INDEX / ARCHIVE / str(session_id)
+    return store._inside(store.root / INDEX / ARCHIVE) / str(session_id)
 
 
 def pointed_folder(store: FsStore, session_id: SessionId) -> Path | None:
@@ -345,7 +332,7 @@ def read_trace(folder: Path, segment_id: SegmentId) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     complete, _ = codec.split_complete(data)
-    return [codec.decode(line) for line in complete.splitlines() if line.strip()]
+    return [codec.decode(line) for line in codec.split_lines(complete)]
 
 
 # --------------------------------------------------------------------------- moves
@@ -397,6 +384,8 @@ def archive(store: FsStore, context: ContextId, hot: Path, legacy: list[Path]) -
     for segment_id in [uuid.UUID(n[: -len(SEGMENT_SUFFIX)]) for n in _segments(hot)]:
         store.set_aside_torn_tail(head.session_id, segment_id)
     count, last_active = _counts(store, context, head)
+    # Checked before the commit, so a link out of the root stops the move before it starts.
+    hot_pointers = (store._index_path(context), store._session_index_path(head.session_id))
     target = store._inside(store.root / ARCHIVE / context.type / head.date / context.encoded_name)
     if real_dir(target):  # a leftover of an archive killed before its commit: a copy
         discard(store, target)
@@ -440,8 +429,8 @@ def archive(store: FsStore, context: ContextId, hot: Path, legacy: list[Path]) -
     for path in legacy:  # the log wins meanwhile: the context exists, archived
         path.unlink(missing_ok=True)
     store._folders[head.session_id] = target
-    store._index_path(context).unlink(missing_ok=True)
-    store._session_index_path(head.session_id).unlink(missing_ok=True)
+    for path in hot_pointers:
+        path.unlink(missing_ok=True)
     store._mark(head.session_id)  # the search index drops it
     return summary(record, pinned=PIN in before)
 
@@ -478,6 +467,7 @@ def unarchive(store: FsStore, context: ContextId, folder: Path) -> PodMetadata:
         elif name.endswith(ZST):
             put(staged / name[: -len(ZST)], decompress(folder / name), sync=sync)
     put(staged / HEAD, codec.encode(head_dict(head)), sync=sync)
+    archived_pointer = session_pointer(store, head.session_id)  # checked before the commit
     # The index entries first: until the commit they name a folder that is not there, which
     # a lookup passes over (to the archive); after it, the context is listed at once.
     store._write_index(context, head.session_id, hot.relative_to(store.root))
@@ -495,7 +485,7 @@ def unarchive(store: FsStore, context: ContextId, folder: Path) -> PodMetadata:
     gone = staging_path(store, "archived")
     os.rename(folder, gone)
     spare(store, gone, listdir(gone))
-    session_pointer(store, head.session_id).unlink(missing_ok=True)
+    archived_pointer.unlink(missing_ok=True)
     store._mark(head.session_id)
     return head
 

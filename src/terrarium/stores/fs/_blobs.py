@@ -15,13 +15,14 @@ import errno
 import fcntl
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from terrarium.blobs import check_digest, digest_of, scan_digests
 from terrarium.errors import BlobNotFound, CorruptBlob, StoreError
 from terrarium.stores._files import listdir, make_dirs, open_private, write_new
 from terrarium.stores.fs._layout import INDEX, LOCKS
+from terrarium.stores.fs._segments import os_reason
 
 #: The folder of the blobs, under the root.
 BLOBS = ".blobs"
@@ -67,13 +68,15 @@ class FsBlobs:
     root: Path
     blob_threshold: int | None
     durability: str
+    _inside: Callable[[Path], Path]
+    """``Tree._inside``: a folder, refused if it leads out of the root."""
 
     def _blob_path(self, digest: str) -> Path:
         check_digest(digest)
-        return self.root / BLOBS / digest[:2] / digest[2:]
+        return self._inside(self.root / BLOBS / digest[:2]) / digest[2:]
 
     def _blob_lock(self, mode: int) -> contextlib.AbstractContextManager[None]:
-        return _flock(self.root / LOCKS / "blobs", mode)
+        return _flock(self._inside(self.root / LOCKS) / "blobs", mode)
 
     def put_blob(self, data: bytes) -> str:
         """Store ``data`` once (a new file appears whole); return its digest."""
@@ -81,15 +84,18 @@ class FsBlobs:
         path = self._blob_path(digest)
         if os.path.islink(self.root / BLOBS):
             raise StoreError(f"{self.root / BLOBS} is a link: terrarium never follows one")
-        with self._blob_lock(fcntl.LOCK_SH):
-            try:
-                os.utime(path, follow_symlinks=False)  # there already: spared by GC again
-                return digest
-            except FileNotFoundError:
-                pass
-            make_dirs(path.parent)
-            with contextlib.suppress(FileExistsError):  # another writer put it meanwhile
-                write_new(path, data, sync=self.durability != "flush")
+        try:
+            with self._blob_lock(fcntl.LOCK_SH):
+                try:
+                    os.utime(path, follow_symlinks=False)  # there already: spared by GC again
+                    return digest
+                except FileNotFoundError:
+                    pass
+                make_dirs(path.parent)
+                with contextlib.suppress(FileExistsError):  # another writer put it meanwhile
+                    write_new(path, data, sync=self.durability != "flush")
+        except OSError as exc:  # a full disk, say: nothing half written is left (write_new)
+            raise StoreError(f"cannot store blob {digest}: {os_reason(exc)}") from exc
         return digest
 
     def get_blob(self, digest: str) -> bytes:
@@ -114,8 +120,8 @@ class FsBlobs:
     def blob_digests(self) -> list[str]:
         """Every stored blob's digest, sorted."""
         found = []
-        for prefix in listdir(self.root / BLOBS):
-            for rest in listdir(self.root / BLOBS / prefix):
+        for prefix in listdir(self._inside(self.root / BLOBS)):
+            for rest in listdir(self._inside(self.root / BLOBS / prefix)):
                 digest = prefix + rest
                 if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
                     found.append(digest)
@@ -151,8 +157,8 @@ class FsBlobs:
         referenced = self.blob_references()
         deleted = 0
         with self._blob_lock(fcntl.LOCK_EX):
-            for prefix in listdir(self.root / BLOBS):
-                folder = self.root / BLOBS / prefix
+            for prefix in listdir(self._inside(self.root / BLOBS)):
+                folder = self._inside(self.root / BLOBS / prefix)
                 for name in listdir(folder):
                     path = folder / name
                     try:

@@ -47,6 +47,7 @@ import stat
 import uuid
 from pathlib import Path
 
+from terrarium.errors import StoreError
 from terrarium.model import SegmentId
 from terrarium.stores._files import listdir
 
@@ -81,6 +82,19 @@ def segment_ids(folder: Path) -> list[SegmentId]:
         for name in listdir(folder)
         if (segment_id := segment_name(name)) is not None
     )
+
+
+def check_inside(real_root: str, path: Path, error: type[StoreError] = StoreError) -> Path:
+    """Return ``path`` if it resolves inside the root whose real path is ``real_root`` (links
+    and all, a link not yet made through included); else raise ``error`` saying where it
+    leads. The one rule by which nothing of a store is read or written out of its root."""
+    real = os.path.realpath(path)
+    if real != real_root and not real.startswith(real_root + os.sep):
+        raise error(
+            f"{path} leads outside the store (to {real}): terrarium never follows a link out "
+            "of its root"
+        )
+    return path
 
 
 def real_dir(path: Path) -> bool:

@@ -186,6 +186,7 @@ def trash(store: FsStore, context: ContextId, folder: Path) -> None:
             count = _message_count(store, context)
     if head is not None:
         store._forget_session(head.session_id)
+    _pointers(store, context, head)  # a link out of the root stops the move before it starts
     trash_id = uuid.uuid4().hex
     entry = store._inside(store.root / TRASH / trash_id)
     make_dirs(entry)
@@ -213,13 +214,22 @@ def trash(store: FsStore, context: ContextId, folder: Path) -> None:
     _forget_pointers(store, context, head)
 
 
+def _pointers(store: FsStore, context: ContextId, head: PodMetadata | None) -> list[Path]:
+    """The index entries of a context (each folder checked to be inside the root)."""
+    found = [store._index_path(context), pin_path(store, context)]
+    if head is not None:
+        found += [
+            store._session_index_path(head.session_id),
+            _archive.session_pointer(store, head.session_id),
+        ]
+    return found
+
+
 def _forget_pointers(store: FsStore, context: ContextId, head: PodMetadata | None) -> None:
     """Remove the index entries of a context that left (trash, purge)."""
-    store._index_path(context).unlink(missing_ok=True)
-    pin_path(store, context).unlink(missing_ok=True)
+    for path in _pointers(store, context, head):
+        path.unlink(missing_ok=True)
     if head is not None:
-        store._session_index_path(head.session_id).unlink(missing_ok=True)
-        _archive.session_pointer(store, head.session_id).unlink(missing_ok=True)
         store._folders.pop(head.session_id, None)
         store._mark(head.session_id)
 
@@ -364,8 +374,8 @@ def purge_folder(store: FsStore, context: ContextId, folder: Path) -> None:
 
 
 def pin_path(store: FsStore, context: ContextId) -> Path:
-    """``.index/pins/{type}/{name}``."""
-    return store.root / INDEX / PINS / context.type / context.encoded_name
+    """``.index/pins/{type}/{name}``, its folder checked to be inside the root."""
+    return store._inside(store.root / INDEX / PINS / context.type) / context.encoded_name
 
 
 def _mark_pin(store: FsStore, context: ContextId) -> None:
@@ -387,10 +397,10 @@ def pin(store: FsStore, context: ContextId, folder: Path, pinned: bool) -> None:
 
 def pinned(store: FsStore) -> frozenset[str]:
     """The pinned contexts: the pin entries whose context has its marker."""
-    base = store.root / INDEX / PINS
+    base = store._inside(store.root / INDEX / PINS)
     found = set()
     for kind in listdir(base):
-        for encoded in listdir(base / kind):
+        for encoded in listdir(store._inside(base / kind)):
             try:
                 context = ContextId(kind, decode_name(encoded))
             except ValueError:

@@ -24,7 +24,15 @@ from terrarium.model import ContextId, SessionId, decode_name
 from terrarium.stores._files import listdir, open_private, write_all
 from terrarium.stores.base import PodMetadata
 from terrarium.stores.fs._heads import head_of
-from terrarium.stores.fs._layout import ARCHIVE, DATE_RE, DETACHED, INDEX, real_dir, segment_ids
+from terrarium.stores.fs._layout import (
+    ARCHIVE,
+    DATE_RE,
+    DETACHED,
+    INDEX,
+    check_inside,
+    real_dir,
+    segment_ids,
+)
 from terrarium.stores.fs._segments import one_line, read_file
 
 _MAX_CHECKED = 65_536  # folders whose place inside the root is remembered (see _inside)
@@ -52,10 +60,12 @@ class Tree:
         self._inside_cache: set[Path] = set()
 
     def _index_path(self, context: ContextId) -> Path:
-        return self.root / INDEX / "contexts" / context.type / context.encoded_name
+        """``.index/contexts/{type}/{name}``, its folder checked to be inside the root."""
+        return self._inside(self.root / INDEX / "contexts" / context.type) / context.encoded_name
 
     def _session_index_path(self, session_id: SessionId) -> Path:
-        return self.root / INDEX / "sessions" / str(session_id)
+        """``.index/sessions/{session}``, its folder checked to be inside the root."""
+        return self._inside(self.root / INDEX / "sessions") / str(session_id)
 
     def detached_folder(self, session_id: SessionId) -> Path:
         """Where the detached session ``session_id`` lives (whether or not it is there)."""
@@ -86,12 +96,7 @@ class Tree:
         """
         if folder in self._inside_cache:
             return folder
-        real = os.path.realpath(folder)
-        if real != self._real_root and not real.startswith(self._real_root + os.sep):
-            raise StoreError(
-                f"{folder} leads outside the store (to {real}): terrarium never follows a "
-                "link out of its root"
-            )
+        check_inside(self._real_root, folder)
         if len(self._inside_cache) >= _MAX_CHECKED:
             self._inside_cache.clear()
         self._inside_cache.add(folder)

@@ -41,7 +41,15 @@ from terrarium.stores._files import listdir, make_dirs, open_private
 from terrarium.stores.base import ContextSummary, ListingQuery, SearchHit, SearchQuery
 from terrarium.stores.fs import _shape
 from terrarium.stores.fs import _sql as sql
-from terrarium.stores.fs._layout import ARCHIVE, HEAD, INDEX, SEGMENT_SUFFIX, is_uuid, segment_name
+from terrarium.stores.fs._layout import (
+    ARCHIVE,
+    HEAD,
+    INDEX,
+    SEGMENT_SUFFIX,
+    check_inside,
+    is_uuid,
+    segment_name,
+)
 from terrarium.stores.fs._refresh import IndexStats, IndexUpdate, scandir
 from terrarium.stores.fs._sql import SCHEMA_VERSION
 from terrarium.stores.fts import (
@@ -84,8 +92,12 @@ _T = TypeVar("_T")
 
 
 def dirty_dir(root: Path) -> Path:
-    """Where writers leave dirty markers."""
-    return root / INDEX / _DIRTY
+    """Where writers leave dirty markers.
+
+    Raises:
+        IndexUnavailable: it leads out of the root (a link): the callers answer from the files.
+    """
+    return check_inside(os.path.realpath(root), root / INDEX / _DIRTY, IndexUnavailable)
 
 
 def mark_dirty(root: Path, session_id: SessionId) -> None:
@@ -192,6 +204,7 @@ class SearchIndex:
 
     def _open(self, *, readonly: bool) -> sqlite3.Connection:
         """Open the index, creating it (``0600``) and its schema if it is writable."""
+        self._checked_path()
         if not readonly:
             _db.create_private(self.path)
         conn = _db.connect(self.path, timeout=BUSY_TIMEOUT, readonly=readonly)
@@ -217,6 +230,10 @@ class SearchIndex:
             raise
         self.readonly = readonly
         return conn
+
+    def _checked_path(self) -> Path:
+        """The database's path, refused (IndexUnavailable) if it leads out of the root."""
+        return check_inside(os.path.realpath(self.root), self.path, IndexUnavailable)
 
     @staticmethod
     def _add_indexes(conn: sqlite3.Connection) -> None:
@@ -692,7 +709,7 @@ class SearchIndex:
         ino = os.stat(self.path).st_ino
         if self._read_conn is None or self._read_ino != ino:
             self._close_reader()
-            self._read_conn = _db.connect(self.path, timeout=BUSY_TIMEOUT, readonly=True)
+            self._read_conn = _db.connect(self._checked_path(), timeout=BUSY_TIMEOUT, readonly=True)
             self._read_ino = ino
         return self._read_conn
 
@@ -713,11 +730,14 @@ class SearchIndex:
                     conn = self._reader()
                     built = conn.execute(sql.BUILT).fetchone() is not None
                     watched = len(conn.execute(sql.WATCHED_IDS).fetchall())
-                except (sqlite3.Error, OSError):
+                except (sqlite3.Error, OSError, IndexUnavailable):  # counted from the files
                     self._close_reader()
         if not built:
             return sum(len(scandir(self.root / folder)) for folder in self._date_folders())
-        return len(listdir(dirty_dir(self.root))) + watched
+        try:
+            return len(listdir(dirty_dir(self.root))) + watched
+        except IndexUnavailable:  # a link out of the root: the listing reads the files
+            return watched
 
     def offsets(self) -> dict[SegmentId, int]:
         """Per segment, the byte offset the index has read up to (for tests and ``check``)."""

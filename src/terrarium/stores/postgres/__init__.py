@@ -42,6 +42,7 @@ from terrarium.errors import (
     SegmentNotFound,
     SessionAttached,
     StoreError,
+    StoreUnavailable,
     install_hint,
 )
 from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, TraceEntry, utc_now
@@ -69,7 +70,7 @@ try:
     import psycopg
     from psycopg import errors as pg_errors
     from psycopg.rows import args_row
-    from psycopg_pool import ConnectionPool, PoolTimeout
+    from psycopg_pool import PoolTimeout
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         f"PostgresStore needs psycopg 3 and psycopg_pool: {install_hint('postgres')}"
@@ -77,6 +78,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from terrarium.stores.postgres import _lifecycle, _sql, search
 from terrarium.stores.postgres._blobs import PostgresBlobs, record_refs
+from terrarium.stores.postgres._pool import CONNECTION_ERRORS, Pool, alive, retried
 from terrarium.stores.postgres.migrations import MIGRATIONS, migrate
 from terrarium.stores.postgres.notify import ChangeFeed
 from terrarium.stores.postgres.search import search_words
@@ -125,7 +127,8 @@ class PostgresStore(PostgresBlobs, ClosingStore):
             dsn: a libpq connection string or ``postgresql://`` URL.
             pool_size: the most connections the pool opens (context locks use their own).
             schema: the schema that holds terrarium's tables (created if missing).
-            connect_timeout: seconds to wait for a pooled connection before failing.
+            connect_timeout: seconds to wait for a pooled connection before failing (and for
+                which the pool retries a server that went away before it starts afresh).
             blob_threshold: history strings over this many bytes go to the ``blobs`` table
                 (:mod:`terrarium.blobs`); None or 0 keeps them inline.
 
@@ -150,20 +153,26 @@ class PostgresStore(PostgresBlobs, ClosingStore):
             with psycopg.connect(dsn, autocommit=True) as conn:
                 migrate(conn, schema, where=self._where)
         except psycopg.OperationalError as exc:
-            raise StoreError(
+            raise StoreUnavailable(
                 f"cannot open PostgreSQL store {self._where}: {self._scrub(exc)}"
             ) from None
         self._pool = self._open_pool(connect_timeout)
 
-    def _open_pool(self, timeout: float) -> ConnectionPool[psycopg.Connection[Any]]:
-        """The connection pool, its first connection ready, each with the schema on its path."""
-        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+    def _open_pool(self, timeout: float) -> Pool:
+        """The connection pool, its first connection ready, each with the schema on its path:
+        every connection of the store but its lock and feed connections (``_pool.py``)."""
+        pool = Pool(
             self._dsn,
+            where=self._where,
+            scrub=self._scrub,
             min_size=1,
             max_size=self.pool_size,
             kwargs={"autocommit": True},
             configure=_sql.set_search_path(self.schema),
             timeout=timeout,
+            # A server gone away is tried with growing pauses for this long, and then afresh
+            # at the next call: a call after a restart never waits out a long pause.
+            reconnect_timeout=timeout,
             open=True,
             name=f"terrarium-{self.schema}",
         )
@@ -174,7 +183,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
             pool.wait(timeout=timeout)
         except PoolTimeout:
             pool.close()
-            raise StoreError(
+            raise StoreUnavailable(
                 f"cannot open PostgreSQL store {self._where}: no pooled connection "
                 f"within {timeout:g} s"
             ) from None
@@ -205,12 +214,13 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         try:
             return ChangeFeed(self._dsn, self.schema)
         except psycopg.OperationalError as exc:
-            raise StoreError(
+            raise StoreUnavailable(
                 f"cannot listen to PostgreSQL store {self._where}: {self._scrub(exc)}"
             ) from None
 
     # ---------------------------------------------------------------- heads
 
+    @retried
     def get_head(self, context: ContextId) -> PodMetadata | None:
         """Return the context's head record, or None."""
         with self._pool.connection() as conn:
@@ -247,6 +257,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
                 # The head moved or the context went between the read and the update: the
                 # next pass reports which.
 
+    @retried
     def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
         """Every head record, optionally of one type, sorted by context id."""
         query, params = (
@@ -257,6 +268,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         # (type, name), as ContextId orders, without parsing and validating every id again.
         return sorted(map(_head, rows), key=lambda h: h.context.partition(":")[::2])
 
+    @retried
     def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary (message count, last activity), without restoring any.
 
@@ -273,6 +285,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
             # Tuples built in C, then the summaries: a tenth faster than a Python row factory.
             return list(starmap(ContextSummary, rows))
 
+    @retried
     def list_contexts_page(self, query: ListingQuery) -> list[ContextSummary]:
         """One page of the listing, filtered and sorted (``PagedListing``): an index walk of
         about ``query.limit`` rows (see :mod:`terrarium.stores._listing`). The text filter
@@ -287,11 +300,13 @@ class PostgresStore(PostgresBlobs, ClosingStore):
             cursor = conn.cursor(row_factory=args_row(ContextSummary))
             return cursor.execute(statement, params).fetchall()
 
+    @retried
     def context_types(self, *, as_indexed: bool = False) -> list[str]:
         """Every type that has a context, sorted (``PagedListing``)."""
         with self._pool.connection() as conn:
             return [row[0] for row in conn.execute(_sql.CONTEXT_TYPES)]
 
+    @retried
     def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
         """Every context's (id, last active, message count), in last-active order, from the
         index ``contexts_by_last_active`` (``PagedListing``)."""
@@ -302,6 +317,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
 
     # ---------------------------------------------------------------- search
 
+    @retried
     def search(self, query: SearchQuery) -> list[SearchHit]:
         """Ranked hits for ``query`` over every history item of every context.
 
@@ -413,6 +429,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
             conn.execute(_sql.ATTACH_COUNTS, (str(ctx),))
         return PodMetadata(str(ctx), session_id, segment_id, row[1], now)
 
+    @retried
     def detached_sessions(self) -> list[SessionId]:
         """The sessions that belong to no context, oldest first."""
         with self._pool.connection() as conn:
@@ -431,6 +448,10 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         conn = self._lock_connection()
         try:
             conn.execute(_sql.LOCK, (key,))
+        except CONNECTION_ERRORS as exc:
+            failure = self._pool.failure(exc, conn)
+            conn.close()
+            raise failure from exc
         except BaseException:
             conn.close()
             raise
@@ -439,21 +460,33 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         finally:
             try:
                 conn.execute(_sql.UNLOCK, (key,))
+            except CONNECTION_ERRORS as exc:  # the server dropped the lock with the connection
+                failure = self._pool.failure(exc, conn)
+                conn.close()
+                raise failure from exc
             except BaseException:
                 conn.close()  # the server drops the lock with the connection
                 raise
             self._release_lock_connection(conn)
 
     def _lock_connection(self) -> psycopg.Connection[Any]:
-        with self._lock:
-            if self._closed:
-                raise StoreError(f"{self!r} is closed")
-            if self._idle_locks:
-                return self._idle_locks.pop()
+        """An idle lock connection that is alive (see ``_pool.py``), else a new one."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise StoreError(f"{self!r} is closed")
+                idle = self._idle_locks.pop() if self._idle_locks else None
+            if idle is None:
+                break
+            if alive(idle):
+                return idle
+            idle.close()  # the server dropped it
         try:
             return psycopg.connect(self._dsn, autocommit=True)
         except psycopg.OperationalError as exc:
-            raise StoreError(f"cannot connect to {self._where}: {self._scrub(exc)}") from None
+            raise StoreUnavailable(
+                f"cannot connect to PostgreSQL store {self._where}: {self._scrub(exc)}"
+            ) from None
 
     def _release_lock_connection(self, conn: psycopg.Connection[Any]) -> None:
         with self._lock:
@@ -654,6 +687,8 @@ class PostgresStore(PostgresBlobs, ClosingStore):
                 if expected_seq is not None and at != expected_seq:  # equal: it was woken
                     raise ConflictError.stale_seq(segment_id, at, expected_seq)
                 proposal = at
+        except CONNECTION_ERRORS as exc:  # not retried: the entries may be in
+            raise self._pool.failure(exc, conn) from exc
         finally:
             self._pool.putconn(conn)
         self._seen.remember(key, proposal + len(entries), None)
@@ -663,7 +698,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         if due:
             try:
                 self.catch_up()
-            except psycopg.Error as exc:  # the entries are in; the next search catches up
+            except (psycopg.Error, StoreError) as exc:  # the entries are in; a search catches up
                 log.warning("%s: search index catch-up deferred: %s", self._where, self._scrub(exc))
         return proposal
 
@@ -706,6 +741,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
 
     # ---------------------------------------------------------------- the search index
 
+    @retried
     def catch_up(self) -> int:
         """Index every entry the search index has not read yet; return how many segments
         had such entries. Searches call it first; it is public for tools and tests."""
@@ -722,6 +758,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         with self._pool.connection() as conn:
             search.index_segments(conn, segments)
 
+    @retried
     def reindex(self) -> int:
         """Rebuild the search index from the entries; return the number of contexts."""
         with self._pool.connection() as conn:
@@ -732,6 +769,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         self.catch_up()
         return int(count)
 
+    @retried
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
     ) -> SegmentRead:
@@ -759,6 +797,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         entries = lines[1:] if stop_seq is None or stop_seq >= 0 else []
         return SegmentRead(header=lines[0], entries=entries, next_seq=int(rows[0][1]) + 1)
 
+    @retried
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
         """The seq the next append gets."""
         with self._pool.connection() as conn:
@@ -770,6 +809,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
                     raise
                 return cold
 
+    @retried
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
         """The session's segment ids, oldest first (UUIDv7 order)."""
         with self._pool.connection() as conn:
@@ -801,6 +841,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
                             break
         raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
 
+    @retried
     def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
         """The segment's debug trace, oldest first."""
         with self._pool.connection() as conn:

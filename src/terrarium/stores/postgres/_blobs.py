@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psycopg
-from psycopg_pool import ConnectionPool
 
 from terrarium.blobs import check_digest, digest_of, line_digests
 from terrarium.errors import BlobNotFound, CorruptBlob
 from terrarium.model import SessionId
+from terrarium.stores.postgres._pool import Pool, retried
 
 CREATE_BLOBS = """CREATE TABLE blobs (
     digest text PRIMARY KEY,
@@ -71,8 +71,9 @@ class PostgresBlobs:
     """:class:`~terrarium.stores.base.BlobStore` for ``PostgresStore``."""
 
     blob_threshold: int | None
-    _pool: ConnectionPool[psycopg.Connection[Any]]
+    _pool: Pool
 
+    @retried
     def put_blob(self, data: bytes) -> str:
         """Store ``data`` once; return its digest."""
         data = bytes(data)
@@ -83,6 +84,7 @@ class PostgresBlobs:
                 conn.execute(PUT_BLOB, (digest, len(data), data, now))
         return digest
 
+    @retried
     def get_blob(self, digest: str) -> bytes:
         """The blob's bytes, checked against ``digest``."""
         with self._pool.connection() as conn:
@@ -94,21 +96,25 @@ class PostgresBlobs:
             raise CorruptBlob(f"blob {digest} in the database does not match its digest")
         return data
 
+    @retried
     def has_blob(self, digest: str) -> bool:
         """Whether the blob is stored."""
         with self._pool.connection() as conn:
             return conn.execute(HAS_BLOB, (check_digest(digest),)).fetchone() is not None
 
+    @retried
     def blob_digests(self) -> list[str]:
         """Every stored blob's digest, sorted."""
         with self._pool.connection() as conn:
             return [row[0] for row in conn.execute(ALL_BLOBS)]
 
+    @retried
     def blob_references(self) -> dict[str, str]:
         """Every digest an existing session refers to, with one such session."""
         with self._pool.connection() as conn:
             return {row[0]: f"session {row[1]}" for row in conn.execute(LIVE_REFS)}
 
+    @retried
     def delete_unreferenced_blobs(self, *, stored_before: float) -> int:
         """Drop the references of purged sessions, then the blobs nothing refers to."""
         with self._pool.connection() as conn, conn.transaction():

@@ -21,6 +21,7 @@ from typing import Any, Self
 import psycopg
 from psycopg import sql
 
+from terrarium.errors import StoreUnavailable
 from terrarium.stores.postgres._sql import lock_key
 
 
@@ -55,9 +56,18 @@ class ChangeFeed:
 
     def wait(self, timeout: float) -> str | None:
         """The payload of the next notification (``session:<id>`` or ``context:<id>``), or
-        None when none came within ``timeout`` seconds."""
-        for note in self._conn.notifies(timeout=timeout, stop_after=1):
-            return note.payload
+        None when none came within ``timeout`` seconds.
+
+        Raises:
+            StoreUnavailable: the connection was lost (open a new feed).
+        """
+        try:
+            for note in self._conn.notifies(timeout=timeout, stop_after=1):
+                return note.payload
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            raise StoreUnavailable(
+                f"lost the change feed's connection to PostgreSQL: {' '.join(str(exc).split())}"
+            ) from exc
         return None
 
     def close(self) -> None:
