@@ -596,10 +596,11 @@ def _fork_source(store: Store, session_id: SessionId, first: Mapping[str, Any]) 
     (the oldest segment: segment ids are time-ordered)."""
     origin = first.get("origin") or {}
     if origin.get("kind") not in ("root", "fork", "import"):
-        root = min(store.list_segments(session_id), default=None)
-        if root is None:
+        try:
+            root = min(store.list_segments(session_id))
+            origin = store.read_segment(session_id, root, stop_seq=0).header.get("origin") or {}
+        except (StoreError, ValueError):  # a damaged root: the head's tally still counts
             return ""
-        origin = store.read_segment(session_id, root, stop_seq=0).header.get("origin") or {}
     source = origin.get("source")
     return source if origin.get("kind") == "fork" and isinstance(source, str) else ""
 
