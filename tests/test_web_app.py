@@ -3,6 +3,7 @@ OpenAPI document, the token guard, writes behind --allow-writes and CSRF, hostil
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from html.parser import HTMLParser
@@ -20,6 +21,8 @@ from terrarium import FsStore, SegmentStartState, create_segment
 from terrarium.model import ContextId, UsageRecord
 from terrarium.sessions import (
     append_entry,
+    create_compacted_segment,
+    fork_context,
     restore,
     save_delta,
     save_turn_end,
@@ -205,8 +208,6 @@ def test_a_failed_turn_is_marked_in_the_transcript(store: FsStore) -> None:
     "url",
     [
         "/api/context?c=cli:nope",
-        "/api/context?c=not-an-id",
-        "/api/context",
         "/api/context?c=cli:main&segment=0190aaaa-0000-7000-8000-000000000000",
         "/api/context?c=cli:main&segment=garbage",
         "/api/export?c=cli:nope",
@@ -584,3 +585,103 @@ def test_kept_sums_equal_a_fresh_count_after_writes_and_deletes(seeded: FsStore)
     assert again["tokens_per_model"]["new-model"]["calls"] == 1
     delete_context(seeded, ContextId.parse("irc:#python"))
     assert "new-model" not in overview(seeded, kept, budget=None)["tokens_per_model"]
+
+
+def test_forks_into_other_contexts_are_listed_on_the_source(seeded: FsStore) -> None:
+    """``fork_context`` makes another session: the source's page lists it (also once the fork
+    is compacted, its lineage no longer starting at the root), and the fork's origin links
+    back to the source."""
+    fork_context(seeded, "cli:main", "cli:main-experiment")
+    fork_context(seeded, "cli:main", "cli:main-retry")
+    fork_context(seeded, "irc:#python", "irc:#python-2")
+    retry = restore(seeded, ContextId.parse("cli:main-retry"))
+    create_compacted_segment(
+        seeded, retry, [{"role": "user", "content": "Summary"}], context="cli:main-retry"
+    )
+    c = client(seeded)
+    forks = c.get("/api/context", params={"c": "cli:main"}).json()["tree"]["forks"]
+    assert forks == {"contexts": ["cli:main-experiment", "cli:main-retry"], "pending": 0}
+    assert c.get("/api/context", params={"c": "cli:main-retry"}).json()["tree"]["forks"] == {
+        "contexts": [],
+        "pending": 0,
+    }
+    links = [a.get("href") for tag, a in parse(c.get("/session?c=cli:main").text).tags]
+    assert "/session?c=cli%3Amain-experiment" in links
+    assert "/session?c=cli%3Amain-retry" in links
+    assert "/session?c=irc%3A%23python-2" not in links
+    fork_page = parse(c.get("/session?c=cli:main-experiment").text)
+    sources = [a for tag, a in fork_page.tags if tag == "a" and a.get("class") == "source"]
+    assert [a["href"] for a in sources] == ["/session?c=cli%3Amain"]
+
+
+def damage(store: FsStore, text: str) -> Path:
+    """Make the third line of the segment file holding ``text`` unreadable; return the file."""
+    (path,) = [p for p in store.root.rglob("*.jsonl") if text in p.read_text()]
+    lines = path.read_text().splitlines(keepends=True)
+    lines[2] = "{not json\n"
+    path.write_text("".join(lines))
+    return path
+
+
+def test_missing_invalid_and_damaged_sessions_say_which(seeded: FsStore) -> None:
+    """A missing id is named whole (404), an invalid one is called invalid (400), a damaged
+    session names its file and line and suggests fsck, as a page and in JSON."""
+    c = client(seeded)
+    missing = c.get("/api/context", params={"c": "cli:nope"})
+    assert (missing.status_code, missing.json()["error"]) == (404, "no session 'cli:nope'")
+    page = c.get("/session", params={"c": "cli:nope"})
+    assert page.status_code == 404 and "no session &#39;cli:nope&#39;</p>" in page.text
+    invalid = c.get("/api/context", params={"c": "not-an-id"})
+    assert invalid.status_code == 400
+    assert invalid.json()["error"].startswith("invalid session id 'not-an-id': expected")
+    assert c.get("/session", params={"c": "cli:"}).status_code == 400
+    assert "invalid session id cli:: the name is empty" in c.get("/session?c=cli:").text
+    assert c.get("/api/context").json() == {"error": "c, the session id (type:name), is required"}
+
+    path = damage(seeded, "Show code")
+    broken = c.get("/api/context", params={"c": "cli:main"})
+    assert broken.status_code == 500
+    assert broken.json()["error"].startswith(f"damaged session: {path}:3: not valid JSON")
+    assert "terrarium fsck" in broken.json()["hint"]
+    shown = c.get("/session", params={"c": "cli:main"})
+    assert shown.status_code == 500 and f"{path}:3: not valid JSON" in shown.text
+    assert "terrarium fsck --repair --salvage" in shown.text and "CorruptLog" not in shown.text
+
+
+def test_times_figures_sizes_and_titles_read_as_the_cli_writes_them(seeded: FsStore) -> None:
+    ref = head(seeded, "cli:main")
+    save_usage(seeded, ref, UsageRecord("big", 19794, 1234567, 0))
+    c = client(seeded)
+    overview = c.get("/").text
+    assert "<title>terrarium</title>" in overview
+    totals = c.get("/api/stats").json()["totals"]
+    assert totals["completion_tokens"] > 1_000_000
+    assert f'<span class="n">{totals["prompt_tokens"]:,}</span> prompt tokens' in overview
+    assert f'<span class="n">{totals["completion_tokens"]:,}</span> completion' in overview
+    page = c.get("/session", params={"c": "cli:main"}).text
+    assert "<title>cli:main · terrarium</title>" in page
+    usage = c.get("/api/context", params={"c": "cli:main"}).json()["stats"]["usage"]
+    assert usage["completion_tokens"] > 1_000_000
+    assert f"{usage['prompt_tokens']:,} prompt · {usage['completion_tokens']:,} completion" in page
+    stamps = re.findall(r"<time>([^<]*)</time>", page)
+    assert stamps and all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", t) for t in stamps)
+    created = c.get("/api/context", params={"c": "cli:main"}).json()["stats"]["created_at"]
+    assert f"<td>{created[:10]} {created[11:16]} UTC</td>" in page
+    listed = c.get("/sessions").text
+    assert not re.search(r"\d\d:\d\d:\d\d", listed)  # no ISO seconds left
+    c = client(seeded, allow_writes=True)
+    csrf = _csrf(c, "delete", "irc:#python")
+    c.post("/action", data={"action": "delete", "c": "irc:#python", "csrf": csrf})
+    trash = c.get("/trash").text
+    assert re.search(r'<td class="num">(\d+ B|\d+\.\d KiB)</td>', trash), trash
+
+
+def test_the_search_type_filter_is_the_sessions_list(seeded: FsStore) -> None:
+    c = client(seeded)
+    pick = re.compile(r'<select name="type">.*?</select>', re.S)
+    sessions = pick.search(c.get("/sessions").text)
+    search = pick.search(c.get("/search", params={"q": "decorator", "type": "irc"}).text)
+    assert sessions is not None and search is not None
+    assert "<option selected>irc</option>" in search[0]
+    assert search[0].replace(" selected", "") == sessions[0]
+    assert sessions[0].count("<option") == 3  # any, cli, irc

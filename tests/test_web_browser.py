@@ -24,11 +24,12 @@ from typing import Any
 import pytest
 
 from fakeserver import FakeServer
-from helpers.web import HOSTILE_NAME, long_turns, seed, seed_hostile
+from helpers.web import HOSTILE_NAME, head, long_turns, seed, seed_hostile
 from terrarium import FsStore
-from terrarium.model import ContextId
-from terrarium.sessions import restore
+from terrarium.model import ContextId, UsageRecord
+from terrarium.sessions import fork_context, restore, save_usage
 from terrarium.web import create_app
+from test_web_app import damage
 from test_web_compact import compacting_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -325,6 +326,11 @@ def test_compact_from_the_browser(page: Any, tmp_path: Path, fake_server: FakeSe
             page.wait_for_url(re.compile(r".*/session\?c=cli%3Acompacted$"))
             first = page.locator("#transcript li").first
             assert "compaction summary" in first.inner_text()
+            tagged = [
+                "compaction summary" in text
+                for text in page.locator("#transcript li").all_inner_texts()
+            ]
+            assert tagged == [True, True] + [False] * (len(tagged) - 2) and len(tagged) > 2
             assert "SUMMARY: long questions" in first.inner_text()
             origin = page.locator("#tree li.current .origin").inner_text()
             assert origin.startswith("compaction at entry")
@@ -333,3 +339,50 @@ def test_compact_from_the_browser(page: Any, tmp_path: Path, fake_server: FakeSe
             assert page.dialogs == []
     finally:
         store.close()
+
+
+def test_forks_into_other_contexts_link_both_ways(served: tuple[str, FsStore], page: Any) -> None:
+    """The source's page lists its fork into another context; following it, the fork's
+    "from cli:main" leads back."""
+    url, store = served
+    fork_context(store, "cli:main", "cli:main-experiment")
+    with leaving(page):
+        page.goto(url + "/session?c=cli:main")
+        assert page.locator("#forks li").all_inner_texts() == ["cli:main-experiment"]
+        page.click("#forks a")
+        page.wait_for_url(re.compile(r".*/session\?c=cli%3Amain-experiment$"))
+        origin = page.locator("#tree li .origin").first.inner_text()
+        assert origin.endswith("from cli:main")
+        page.click("#tree a.source")
+        page.wait_for_url(re.compile(r".*/session\?c=cli%3Amain$"))
+
+
+def test_the_polish_a_user_sees(served: tuple[str, FsStore], page: Any) -> None:
+    """Titles, times as the CLI writes them (in UTC), figures with separators, whole 404
+    text, an invalid id called invalid, a damaged session's page, the search type list."""
+    url, store = served
+    save_usage(store, head(store, "cli:main"), UsageRecord("big", 19794, 1234567, 0))
+    with leaving(page):
+        page.goto(url + "/")
+        assert page.title() == "terrarium"
+        assert re.fullmatch(r"\d{1,3}(,\d{3})+", page.locator(".card .n").nth(4).inner_text())
+        page.goto(url + "/session?c=cli:main")
+        assert page.title() == "cli:main · terrarium"
+        stamps = page.locator("#transcript time").all_inner_texts()
+        assert stamps and all(re.fullmatch(r"\S+ \d\d:\d\d UTC", t) for t in stamps)
+        assert "1,234,567 completion" in page.locator("#transcript").inner_text()
+        assert page.goto(url + "/session?c=cli:nope").status == 404
+        assert page.locator("#error").inner_text() == "no session 'cli:nope'"
+        assert page.goto(url + "/session?c=nope").status == 400
+        assert page.locator("#error").inner_text().startswith("invalid session id 'nope'")
+        page.goto(url + "/search?q=decorator")
+        sessions_types = ["any", "cli", "irc"]
+        assert page.locator("select[name=type] option").all_inner_texts() == sessions_types
+        page.select_option("select[name=type]", "cli")
+        page.click("form.filters button")
+        page.wait_for_url(re.compile(r".*type=cli.*"))
+        assert page.locator("ol.hits li").count() == 0  # the decorator talk is irc's
+        path = damage(store, "Show code")
+        assert page.goto(url + "/session?c=cli:main").status == 500
+        assert page.locator("#error").inner_text().startswith(f"damaged session: {path}:3:")
+        assert "terrarium fsck" in page.locator("#hint").inner_text()

@@ -282,6 +282,15 @@ def fork_at(store: Store, ref: SegmentRef, at_seq: int) -> SegmentId:
     return segment_id
 
 
+def _summary_items(history: Sequence[LoggedItem], source: Sequence[LoggedItem]) -> int:
+    """How many leading items of a compaction's ``history`` are its summary: those before the
+    longest tail it shares with the ``source`` history (the items the compaction kept)."""
+    kept = 0
+    while kept < min(len(history), len(source)) and history[-1 - kept] == source[-1 - kept]:
+        kept += 1
+    return len(history) - kept
+
+
 def _restart(
     store: Store,
     source: RestoredState | SegmentRef,
@@ -304,6 +313,8 @@ def _restart(
     )
     ctx = ContextId.parse(context) if context is not None else None
     header = _header(state.session_id, segment_id, origin, context=ctx, start=start, carry=state)
+    if kind == "compaction":
+        header["summary_items"] = _summary_items(header["history"], state.history)
     if ctx is None and state.context is not None:
         header["context"] = state.context
     store.create_segment(state.session_id, offload_line(store, header))

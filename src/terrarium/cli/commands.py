@@ -24,7 +24,8 @@ from terrarium.cli.app import (
     state_of,
     storage_option,
 )
-from terrarium.cli.output import Output, one_line, plural, short_time
+from terrarium.cli.output import Output, one_line, plural
+from terrarium.display import short_time
 from terrarium.errors import ContextExists, NothingToCompact, StoreError, TerrariumError
 
 if TYPE_CHECKING:

@@ -26,7 +26,8 @@ from terrarium.cli.app import (
     state_of,
     storage_option,
 )
-from terrarium.cli.output import plural, short_time
+from terrarium.cli.output import plural
+from terrarium.display import human_bytes, short_time
 
 if TYPE_CHECKING:
     from terrarium.contexts import ContextRow
@@ -39,16 +40,6 @@ def _lifecycle(state: CliState) -> Lifecycle:
     from terrarium.lifecycle import require_lifecycle
 
     return require_lifecycle(state.store(), state.shown_location)
-
-
-def human_bytes(count: int) -> str:
-    """``1536`` -> ``1.5 KiB``."""
-    size = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(size) < 1024 or unit == "GiB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 def _age(value: str | None) -> Any:

@@ -143,13 +143,6 @@ def one_line(text: str) -> str:
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
-def short_time(ts: str | None) -> str:
-    """``2025-11-06T14:35:12.98Z`` -> ``2025-11-06 14:35`` (as stored, no time zone maths)."""
-    if not ts:
-        return "-"
-    return ts[:16].replace("T", " ")
-
-
 def plural(count: int, noun: str, nouns: str | None = None) -> str:
     """``1 message``, ``2 messages`` (``nouns`` for an irregular plural: ``1 entry``)."""
     return f"{count} {noun if count == 1 else (nouns or noun + 's')}"

@@ -27,7 +27,8 @@ from prompt_toolkit.styles import Style
 
 from terrarium.cli.app import generated_context
 from terrarium.cli.catalog import SessionInfo
-from terrarium.cli.output import plural, short_time
+from terrarium.cli.output import plural
+from terrarium.display import short_time
 from terrarium.model import ContextId
 
 _STYLE = Style.from_dict(

@@ -48,6 +48,7 @@ from terrarium import contexts, export, search
 from terrarium.errors import (
     ContextExists,
     ContextNotFound,
+    CorruptLog,
     InvalidContextId,
     InvalidQuery,
     LLMError,
@@ -208,6 +209,9 @@ def _templates() -> Jinja2Templates:
     )
     env.filters["markdown"] = render.markdown
     env.filters["code"] = render.code
+    env.filters["when"] = render.when
+    env.filters["n"] = render.figure
+    env.filters["size"] = render.human_bytes
     env.filters["shown"] = display_name
     env.filters["q"] = lambda value: quote(str(value), safe="")
     return Jinja2Templates(env=env)
@@ -223,7 +227,7 @@ def _dash(request: Request) -> Dashboard:
 
 def _page(request: Request, name: str, code: int = 200, **values: Any) -> HTMLResponse:
     dash = _dash(request)
-    values.setdefault("title", "terrarium")
+    values.setdefault("title", "")  # base.html adds "terrarium" after a page's own
     context = {
         "request": request,
         "location": dash.location,
@@ -338,6 +342,7 @@ def _transcript(request: Request) -> dict[str, Any]:
             segment=_opt(request, "segment"),
             offset=_int(request, "offset", 0),
             limit=_int(request, "limit", data.MESSAGES_PER_PAGE),
+            activity=_dash(request).activity,
         )
     )
 
@@ -548,8 +553,16 @@ def search_page(request: Request) -> HTMLResponse:
     hits = _search(request) if q.strip() else []
     for hit in hits:
         hit["pieces"] = _marked(hit["snippet"], hit["highlights"])
+    # The type list is the sessions page's: the types of one page of its listing.
+    types = _dash(request).call(data.list_page, limit=1)["types"]
     return _page(
-        request, "search.html", title="search", q=q, hits=hits, args=dict(request.query_params)
+        request,
+        "search.html",
+        title="search",
+        q=q,
+        hits=hits,
+        args=dict(request.query_params),
+        types=types,
     )
 
 
@@ -654,14 +667,29 @@ def pygments_css(request: Request) -> Response:
 # --------------------------------------------------------------------------- errors
 
 
-def _error(request: Request, status: int, message: str) -> Response:
+def _error(request: Request, status: int, message: str, hint: str = "") -> Response:
     if request.url.path.startswith("/api/"):
-        return JSONResponse({"error": message}, status)
-    return _page(request, "error.html", status, title=str(status), status=status, message=message)
+        return JSONResponse({"error": message, **({"hint": hint} if hint else {})}, status)
+    return _page(
+        request, "error.html", status, title=str(status), status=status, message=message, hint=hint
+    )
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
-    return _error(request, 404, str(exc).strip("'\""))
+    return _error(request, 404, str(exc))  # the errors' own __str__: no repr() quotes
+
+
+FSCK_HINT = (
+    "Run 'terrarium fsck' to check every session file; 'terrarium fsck --repair --salvage' "
+    "copies every readable entry of a damaged segment into a new one (the damaged lines are "
+    "kept aside)."
+)
+
+
+async def _damaged(request: Request, exc: Exception) -> Response:
+    # The log is damaged, not the server: its one line names the file and line, as the CLI's.
+    log.warning("%s: %s", request.url.path, exc)
+    return _error(request, 500, f"damaged session: {exc}", FSCK_HINT)
 
 
 async def _bad(request: Request, exc: Exception) -> Response:
@@ -701,6 +729,7 @@ ERROR_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] =
     NothingToCompact: _conflict,
     LLMError: _model_failed,
     HTTPException: _http,
+    CorruptLog: _damaged,
     StoreError: _broken,
     Exception: _broken,
 }

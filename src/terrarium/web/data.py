@@ -36,11 +36,18 @@ from typing import Any
 import msgspec
 
 from terrarium import contexts, legacy, sessions
-from terrarium.errors import ContextNotFound, IndexUnavailable, SegmentNotFound, StoreError
+from terrarium.errors import (
+    ContextNotFound,
+    IndexUnavailable,
+    InvalidContextId,
+    SegmentNotFound,
+    StoreError,
+)
 from terrarium.model import (
     HISTORY_KINDS,
     ContextId,
     SegmentId,
+    SessionId,
     chat_view,
     item_label,
     item_text,
@@ -541,6 +548,8 @@ class _Tally(msgspec.Struct, frozen=True, gc=False):
     turns: int = 0
     total_tokens: int = 0
     """Prompt plus completion tokens over every model."""
+    source: str = ""
+    """The context this one was forked from (``fork_context``), or empty."""
 
 
 def _tally(store: Store, row: Signature) -> _Tally:
@@ -551,7 +560,8 @@ def _tally(store: Store, row: Signature) -> _Tally:
     per_day: Counter[str] = Counter()
     tokens: dict[str, list[int]] = {}
     turns = 0
-    for read in sessions.lineage(store, head.session_id, head.segment_id):
+    reads = sessions.lineage(store, head.session_id, head.segment_id)
+    for read in reads:
         history = read.header.get("history")
         if isinstance(history, list):
             per_day[str(read.header.get("ts", ""))[:10]] += len(history)
@@ -575,7 +585,24 @@ def _tally(store: Store, row: Signature) -> _Tally:
         tuple((model, tuple(c)) for model, c in tokens.items()),  # type: ignore[misc]
         turns,
         sum(c[0] + c[1] for c in tokens.values()),
+        _fork_source(store, head.session_id, reads[0].header if reads else {}),
     )
+
+
+def _fork_source(store: Store, session_id: SessionId, first: Mapping[str, Any]) -> str:
+    """The context a session was forked from: its root header's ``origin.source`` when that
+    is a ``fork`` (``fork_context``). ``first`` is the head lineage's first header, the root
+    unless a compaction or clear started the lineage afresh; then the root's header is read
+    (the oldest segment: segment ids are time-ordered)."""
+    origin = first.get("origin") or {}
+    if origin.get("kind") not in ("root", "fork", "import"):
+        try:
+            root = min(store.list_segments(session_id))
+            origin = store.read_segment(session_id, root, stop_seq=0).header.get("origin") or {}
+        except (StoreError, ValueError):  # a damaged root: the head's tally still counts
+            return ""
+    source = origin.get("source")
+    return source if origin.get("kind") == "fork" and isinstance(source, str) else ""
 
 
 class Activity:
@@ -592,6 +619,8 @@ class Activity:
         """Per model: prompt, completion, cached tokens, calls, estimated calls, over the
         tallies held."""
         self.turns = 0
+        self.forks: dict[str, set[str]] = {}
+        """Per context, the contexts forked from it (``fork_context``), over the tallies held."""
         self.catch_up = CatchUp()
         self.backlog = 0
         """Sessions the store's index had still to read at the last listing (see
@@ -654,6 +683,20 @@ class Activity:
             if not sums[3]:
                 del self.models[model]
         self.turns += sign * tally.turns
+        if tally.source and sign > 0:
+            self.forks.setdefault(tally.source, set()).add(context_id)
+        elif tally.source:
+            self.forks.get(tally.source, set()).discard(context_id)
+
+    def forks_of(
+        self, store: Store, context: ContextId, budget: float = PAGE_READ
+    ) -> dict[str, Any]:
+        """The hot contexts forked from ``context`` into other contexts, from the tallies
+        (each read once per change of its context), brought up to date for up to ``budget``
+        seconds; ``pending`` counts the contexts not read yet (their forks are not shown)."""
+        found = self.listing(store)
+        _, pending = self.tallies(store, found.native, budget)
+        return {"contexts": sorted(self.forks.get(str(context), ())), "pending": pending}
 
     def tokens_of(
         self, store: Store, rows: Iterable[contexts.ContextRow], budget: float = PAGE_READ
@@ -989,13 +1032,19 @@ def overview(
 
 
 def parse_context(text: str | None) -> ContextId:
-    """The context a request names; ContextNotFound for a missing or malformed one."""
+    """The context a request names.
+
+    Raises:
+        BadRequest: none given. InvalidContextId: not a valid id (``invalid session id ...``,
+            the reason as the CLI gives it).
+    """
     if not text:
-        raise ContextNotFound("no context given")
+        raise BadRequest("c, the session id (type:name), is required")
     try:
         return ContextId.parse(text)
-    except ValueError:
-        raise ContextNotFound(f"no session '{text[:80]}'") from None
+    except InvalidContextId as exc:
+        reason = str(exc).removeprefix("invalid context id ")
+        raise InvalidContextId(f"invalid session id {reason}") from None
 
 
 def fork_tree(store: Store, context: ContextId) -> dict[str, Any]:
@@ -1081,6 +1130,16 @@ def _message(
     }
 
 
+def _summary_items(header: Mapping[str, Any]) -> int:
+    """How many leading items of a header's history a compaction wrote as its summary: its
+    ``summary_items`` (the rest are the turns it kept); a compaction written before that key
+    counts all; any other header none."""
+    if (header.get("origin") or {}).get("kind") != "compaction":
+        return 0
+    count = header.get("summary_items")
+    return count if type(count) is int else len(header.get("history") or ())
+
+
 def _messages(
     reads: list[SegmentRead], offset: int, limit: int, failed: Mapping[int, Mapping[str, Any]]
 ) -> tuple[int, list[dict[str, Any]]]:
@@ -1094,12 +1153,12 @@ def _messages(
         segment = str(read.header.get("segment_id", ""))
         history = read.header.get("history")
         if isinstance(history, list):
-            origin = (read.header.get("origin") or {}).get("kind")
+            summary = _summary_items(read.header)
             ts = str(read.header.get("ts", ""))
-            for item in history:
+            for index, item in enumerate(history):
                 if isinstance(item, Mapping):
                     if offset <= count < end:
-                        page.append(_message(item, 0, ts, segment, origin == "compaction"))
+                        page.append(_message(item, 0, ts, segment, index < summary))
                         page[-1]["failed"] = _failed(failed, count)
                     count += 1
         for line in read.entries:
@@ -1143,9 +1202,10 @@ def transcript(
     segment: str | None = None,
     offset: int = 0,
     limit: int = MESSAGES_PER_PAGE,
+    activity: Activity | None = None,
 ) -> dict[str, Any]:
     """One page of a context's transcript (its head, or another of its segments), its stats
-    and its fork tree.
+    and its fork tree (with ``activity``, its forks into other contexts too).
 
     Raises:
         ContextNotFound: no such context. SegmentNotFound: the segment is not in its session.
@@ -1155,6 +1215,8 @@ def transcript(
     tree = fork_tree(store, context)
     head = store.get_head(context)
     assert head is not None  # fork_tree raised otherwise
+    if activity is not None:
+        tree["forks"] = activity.forks_of(store, context)
     segment_id = head.segment_id
     if segment:
         if segment not in {s["segment_id"] for s in tree["segments"]}:

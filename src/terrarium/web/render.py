@@ -17,10 +17,23 @@ from typing import Any
 
 from markupsafe import Markup
 
+from terrarium.display import human_bytes, short_time
 from terrarium.formats import safe_markdown
 from terrarium.formats.safe_markdown import pygments_css
 
-__all__ = ["bar_chart", "code", "markdown", "pygments_css"]
+__all__ = ["bar_chart", "code", "figure", "human_bytes", "markdown", "pygments_css", "when"]
+
+
+def when(ts: str | None) -> str:
+    """A log timestamp as the CLI writes it, ``2026-11-28 02:28``, with ``UTC`` after it when
+    the timestamp is in UTC (the log's are: ``...Z``); another is shown without a zone."""
+    shown = short_time(ts)
+    return f"{shown} UTC" if ts and ts.endswith(("Z", "+00:00")) else shown
+
+
+def figure(count: int | None) -> str:
+    """A count with thousands separators, ``19,794``."""
+    return "" if count is None else f"{count:,}"
 
 
 def markdown(text: str) -> Markup:
