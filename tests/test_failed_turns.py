@@ -54,6 +54,13 @@ from terrarium.sessions import collect_state
 TERRARIUM = [sys.executable, "-m", "terrarium.cli"]
 
 
+def interruptible() -> None:
+    """In the child, before it runs: SIGINT as a terminal sends it, even when this test runs
+    in the background of a shell that ignores it (a child inherits SIG_IGN, and Python then
+    installs no KeyboardInterrupt handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def strict() -> Iterator[FakeServer]:
     """A fake model server that refuses two user (or assistant) messages in a row."""
@@ -251,7 +258,7 @@ def test_cli_sigint_mid_reply_from_a_pipe_is_logged(tmp_path: Path, strict: Fake
     env = {k: v for k, v in os.environ.items() if not k.startswith("TERRARIUM_")}
     child = subprocess.Popen(
         [*TERRARIUM, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
+        stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env, preexec_fn=interruptible,
     )  # fmt: skip
     try:
         assert child.stdin is not None
@@ -292,7 +299,7 @@ def test_cli_ctrl_c_in_one_shot_keeps_the_partial_reply(tmp_path: Path, strict: 
         [*TERRARIUM, "chat", "cli:i", "-p", "tell me a long story", "--base-url",
          strict.base_url, "--storage-dir", str(root)],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
-        env=env,
+        env=env, preexec_fn=interruptible,
     )  # fmt: skip
     try:
         assert child.stdout is not None

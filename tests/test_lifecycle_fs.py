@@ -669,7 +669,7 @@ def test_a_fork_on_a_full_disk_either_happens_or_leaves_nothing(
     store: FsStore, root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The disk fills up once a fork's segment is written: the fork exists, so the command
-    says so and exits 0 (its head and index entry, derived from the segment, follow); a
+    says so and exits 0 (its head.json, derived from the segment, follows); a
     fork whose segment does not fit leaves nothing, and a retry then works."""
     create_segment(store, context="cli:src")
     head = store.get_head(ContextId.parse("cli:src"))
@@ -680,7 +680,20 @@ def test_a_fork_on_a_full_disk_either_happens_or_leaves_nothing(
     def full(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(fs_module, "write_atomic", full)
+    committed = threading.Event()
+    write_new, write_atomic = FsStore._write_new, fs_module.write_atomic
+
+    def segment(self: FsStore, path: Path, data: bytes, **kwargs: Any) -> None:
+        write_new(self, path, data, **kwargs)
+        committed.set()  # from here on, the disk is full
+
+    def head_file(*args: Any, **kwargs: Any) -> None:
+        if committed.is_set():
+            full()
+        write_atomic(*args, **kwargs)
+
+    monkeypatch.setattr(FsStore, "_write_new", segment)
+    monkeypatch.setattr(fs_module, "write_atomic", head_file)
     result = invoke("fork", "cli:src", "cli:copy", "--storage-dir", str(root))
     monkeypatch.undo()
     assert result.exit_code == 0, result.output

@@ -525,15 +525,19 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             if holds_context(folder):  # another context's: a case-insensitive disk
                 raise ContextExists(f"context {context} would share {folder} with another")
             make_dirs(folder)
+            # The index entries and the listing's dirty marker first: until the commit they
+            # name a folder with no segment, which lookups pass over; killed after it, the
+            # context is listed, not found only by a walk.
+            self._write_index(context, session_id, rel)
+            self._mark(session_id)
             self._write_new(folder / f"{segment_id}{SEGMENT_SUFFIX}", data)  # the commit
             head = PodMetadata(str(context), session_id, segment_id, created, created)
             self._folders[session_id] = folder
-            try:  # both derived from the segment now: a full disk here is no failure
+            try:  # derived from the segment now: a full disk here is no failure
                 write_atomic(folder / HEAD, codec.encode(head_dict(head)), sync=self._sync())
-                self._write_index(context, session_id, rel)
                 self._mark(session_id)
             except OSError as exc:
-                log.warning("%s: created; its head and index entry wait: %s", context, exc)
+                log.warning("%s: created; its head.json waits: %s", context, exc)
             return head
 
     def _adopt(self, context: ContextId, folder: Path) -> None:
