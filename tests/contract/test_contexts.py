@@ -23,7 +23,7 @@ from terrarium import (
     save_delta,
     save_user_input,
 )
-from terrarium.stores.base import NewEntry
+from terrarium.stores.base import Lifecycle, NewEntry
 
 CLI_MAIN = ContextId("cli", "main")
 
@@ -197,8 +197,10 @@ def test_list_contexts_reports_the_current_head(store: Store) -> None:
     assert listed["cli:main"].segment_id == branch
 
 
-def test_delete_context_removes_its_whole_session(store: Store) -> None:
-    """delete_context removes the head and every segment; a second delete returns False."""
+def test_delete_context_takes_its_whole_session_out_of_reach(store: Store) -> None:
+    """delete_context removes the head; the session waits in the trash, where nothing writes
+    to it by reference (SegmentNotFound); once purged, nothing reads it either. A second
+    delete returns False."""
     session_id, root = create_segment(store, context=CLI_MAIN)
     ref = PodActiveSegmentRef(session_id, root)
     save_user_input(store, ref, "secret")
@@ -208,14 +210,17 @@ def test_delete_context_removes_its_whole_session(store: Store) -> None:
     assert store.list_contexts() == []
     with pytest.raises(ContextNotFound):
         restore(store, CLI_MAIN)
+    with pytest.raises(SegmentNotFound):
+        store.append(session_id, root, [NewEntry("turn_end", "2026-01-01T00:00:00Z", {})])
+    assert store.delete_context(CLI_MAIN) is False
+    if isinstance(store, Lifecycle):
+        (entry,) = store.trashed_contexts()
+        assert store.purge_trashed(entry.trash_id)
     for segment_id in (root, branch):
         with pytest.raises(SegmentNotFound):
             store.read_segment(session_id, segment_id)
     with pytest.raises(SegmentNotFound):
         store.list_segments(session_id)
-    with pytest.raises(SegmentNotFound):
-        store.append(session_id, root, [NewEntry("turn_end", "2026-01-01T00:00:00Z", {})])
-    assert store.delete_context(CLI_MAIN) is False
 
 
 def test_delete_unknown_context_returns_false(store: Store) -> None:
@@ -246,8 +251,8 @@ def test_deleted_context_can_be_recreated_fresh(store: Store) -> None:
     assert store.list_segments(new_session) == [new_root]
     save_user_input(store, PodActiveSegmentRef(new_session, new_root), "new")
     assert _texts(store, CLI_MAIN) == ["new"]
-    with pytest.raises(SegmentNotFound):
-        store.read_segment(old_session, old_root)
+    with pytest.raises(SegmentNotFound):  # the old session is in the trash: not written
+        save_user_input(store, PodActiveSegmentRef(old_session, old_root), "stale")
 
 
 def test_contexts_never_see_each_others_entries(store: Store) -> None:

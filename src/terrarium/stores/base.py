@@ -600,6 +600,98 @@ class Lifecycle(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """One session with a non-empty state record, as :meth:`SessionStates.session_records`
+    lists it."""
+
+    session_id: SessionId
+    owner: str | None
+    """The context it belongs to, None while detached."""
+    state: dict[str, Any]
+
+
+@runtime_checkable
+class SessionStates(Protocol):
+    """The narrow primitives that lifecycle (:mod:`terrarium.stores.lifecycle`) is written on.
+
+    Each session has a *state record*, a small JSON object (``{}`` until something is set),
+    changed only by compare-and-set: every call that changes it takes the record it expects
+    and raises :class:`~terrarium.errors.ConflictError` (changing nothing) if the record is
+    not that one now. The physical moves change the record in the same atomic step, so a
+    kill leaves the record and the bytes agreeing. What the keys mean is the lifecycle's
+    business (``archived``, ``pinned``, ``trashed``, ``purging``); a store only keeps them,
+    except ``cold``, which marks a *frozen* session: one that :meth:`freeze_session` moved to
+    its cold form. A frozen session reads as before (``read_segment``, ``list_segments``,
+    ``next_seq``, ``read_trace``, and ``get_head`` of its context) but leaves the hot listing
+    and search; any write to it (``append``, ``create_segment``, ``set_head``,
+    ``append_trace``) first calls ``self.wake_session(session_id)``, which thaws it or raises.
+    """
+
+    def session_state(self, session_id: SessionId) -> dict[str, Any]:
+        """The session's state record (``{}`` if none). Raises SegmentNotFound if no session."""
+        ...
+
+    def set_session_state(
+        self, session_id: SessionId, state: Mapping[str, Any], *, expected: Mapping[str, Any]
+    ) -> None:
+        """Replace the record if it is ``expected`` now (ConflictError if not)."""
+        ...
+
+    def session_records(self) -> list[SessionRecord]:
+        """Every session whose state record is not empty, with its owner."""
+        ...
+
+    def session_owner(self, session_id: SessionId) -> str | None:
+        """The context the session belongs to, None if detached; SegmentNotFound if none."""
+        ...
+
+    def unowned_sessions(self) -> list[SessionId]:
+        """Every session that belongs to no context, whatever its record says, oldest first."""
+        ...
+
+    def freeze_session(
+        self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Move the session to its cold form and set its record to ``state``, atomically.
+
+        The store adds the key ``cold``, ``{"hot_bytes": ..., "cold_bytes": ...}`` (what the
+        session took before, what it takes now), and returns the record it stored. ``cold`` is
+        the store's own key: in the record exactly while the session is frozen.
+        """
+        ...
+
+    def thaw_session(
+        self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
+    ) -> None:
+        """Move a frozen session back to its hot form and set its record (``state`` without
+        its ``cold`` key), atomically."""
+        ...
+
+    def detach_context(
+        self,
+        context: ContextId,
+        session_id: SessionId,
+        *,
+        expected: Mapping[str, Any],
+        state: Mapping[str, Any],
+    ) -> None:
+        """Unbind ``context`` from ``session_id`` (which stays, detached, hot or frozen) and
+        set the session's record, atomically; the id is free at once.
+
+        Raises ContextNotFound if ``context`` is not on that session, ConflictError if the
+        record is not ``expected``.
+        """
+        ...
+
+    def delete_session(self, session_id: SessionId) -> bool:
+        """Delete a detached session, its record and its bytes, for ever; False if absent.
+
+        Raises SessionAttached if it belongs to a context.
+        """
+        ...
+
+
 @runtime_checkable
 class BlobStore(Protocol):
     """A store that keeps large outputs out of its logs, as content-addressed blobs.

@@ -6,9 +6,9 @@ use it as a fast double. Entries are kept as the dicts a decoder would produce f
 so what it returns is exactly what a persistent backend returns. It holds nothing across
 processes and never has torn tails.
 
-Lifecycle states are kept as plain sets and dicts beside the data: an archived context stays
-where it is (there is nothing to compress in memory) but leaves the hot listing; a trashed one
-moves, data and all, into ``_trash``.
+Lifecycle is :class:`~terrarium.stores.lifecycle.LifecycleOps` over the state primitives: the
+records are a dict, and a frozen session stays where it is (there is nothing to compress in
+memory) but leaves the hot listing.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -28,21 +27,21 @@ from terrarium.errors import (
     BlobNotFound,
     ConflictError,
     ContextExists,
+    ContextNotFound,
     CorruptBlob,
-    NotInTrash,
     SegmentNotFound,
     SessionAttached,
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores.base import (
-    ArchivedContext,
     NewEntry,
     PodMetadata,
     SegmentRead,
-    TrashedContext,
+    SessionRecord,
     header_line,
     iter_lines,
 )
+from terrarium.stores.lifecycle import LifecycleOps
 
 
 @dataclass
@@ -51,21 +50,12 @@ class _Segment:
     trace: list[dict[str, Any]] = field(default_factory=list)
 
 
-@dataclass
-class _Trashed:
-    entry: TrashedContext
-    head: PodMetadata
-    segments: dict[SegmentId, _Segment]
-    archived: ArchivedContext | None
-
-
 class _MemoryBlobs:
     """:class:`~terrarium.stores.base.BlobStore` for :class:`MemoryStore`: a dict of bytes."""
 
     _lock: threading.RLock
     _blobs: dict[str, tuple[bytes, float]]
     _sessions: dict[SessionId, dict[SegmentId, _Segment]]
-    _trash: dict[str, _Trashed]
 
     def put_blob(self, data: bytes) -> str:
         """Store ``data`` once; return its digest."""
@@ -98,9 +88,7 @@ class _MemoryBlobs:
         """Every digest a hot, archived or trashed log refers to, with its session."""
         found: dict[str, str] = {}
         with self._lock:
-            groups = [*self._sessions.items()]
-            groups += [(t.head.session_id, t.segments) for t in self._trash.values()]
-            for session_id, segments in groups:
+            for session_id, segments in self._sessions.items():
                 for segment in segments.values():
                     for line in segment.lines:
                         for digest in line_digests(line):
@@ -121,7 +109,7 @@ class _MemoryBlobs:
         return len(gone)
 
 
-class MemoryStore(_MemoryBlobs):
+class MemoryStore(LifecycleOps, _MemoryBlobs):
     """A store in process memory: the oracle for tests and a fast double."""
 
     def __init__(self, *, blob_threshold: int | None = DEFAULT_THRESHOLD) -> None:
@@ -135,9 +123,8 @@ class MemoryStore(_MemoryBlobs):
         self._owners: dict[SessionId, str | None] = {}
         """Each session's context, None while it is detached."""
         self._context_locks: dict[str, threading.Lock] = {}
-        self._archived: dict[str, ArchivedContext] = {}
-        self._trash: dict[str, _Trashed] = {}
-        self._pins: set[str] = set()
+        self._states: dict[SessionId, dict[str, Any]] = {}
+        self._frozen: set[SessionId] = set()
 
     def __repr__(self) -> str:
         return "MemoryStore()"
@@ -155,7 +142,7 @@ class MemoryStore(_MemoryBlobs):
         """Move the head if it is ``expected`` now."""
         with self._lock:
             head = self._require_head(context)
-            self._wake(str(context))
+            self._wake(head.session_id)
             if head.segment_id != expected:
                 raise ConflictError(
                     f"head of {context} is {head.segment_id}, not {expected}: it moved"
@@ -171,7 +158,7 @@ class MemoryStore(_MemoryBlobs):
             heads = [
                 h
                 for h in self._heads.values()
-                if (type is None or _type_of(h) == type) and h.context not in self._archived
+                if (type is None or _type_of(h) == type) and h.session_id not in self._frozen
             ]
         return sorted(heads, key=lambda h: ContextId.parse(h.context))
 
@@ -190,35 +177,6 @@ class MemoryStore(_MemoryBlobs):
             head = PodMetadata(str(context), session_id, segment_id, line["ts"], line["ts"])
             self._heads[str(context)] = head
             return head
-
-    def delete_context(self, context: ContextId) -> bool:
-        """Move the context, its whole session and its pin, into the trash."""
-        with self._lock:
-            head = self._heads.get(str(context))
-            if head is None:
-                return False
-            segments = self._sessions[head.session_id]
-            archived = self._archived.get(str(context))
-            entry = TrashedContext(
-                trash_id=str(uuid.uuid4()),
-                context=str(context),
-                date=head.date,
-                deleted_at=utc_now(),
-                archived=archived is not None,
-                message_count=_message_count(self, str(context)),
-                bytes=_size(segments),
-                pinned=str(context) in self._pins,
-            )
-            self._trash[entry.trash_id] = _Trashed(entry, head, segments, archived)
-            self._drop(str(context))
-            return True
-
-    def _drop(self, context: str) -> None:
-        head = self._heads.pop(context)
-        self._sessions.pop(head.session_id, None)
-        self._owners.pop(head.session_id, None)
-        self._archived.pop(context, None)
-        self._pins.discard(context)
 
     def create_session(self, header: Mapping[str, Any]) -> None:
         """Create a session that belongs to no context, with ``header`` as its root."""
@@ -251,115 +209,108 @@ class MemoryStore(_MemoryBlobs):
             self._owners[session_id] = str(context)
             return head
 
-    def detached_sessions(self) -> list[SessionId]:
+    # ---------------------------------------------------------------- state primitives
+    # (the lifecycle itself is LifecycleOps, written once for every backend)
+
+    def session_state(self, session_id: SessionId) -> dict[str, Any]:
+        """The session's state record."""
+        with self._lock:
+            if session_id not in self._sessions:
+                raise SegmentNotFound(f"session {session_id} does not exist")
+            return copy.deepcopy(self._states.get(session_id, {}))
+
+    def set_session_state(
+        self, session_id: SessionId, state: Mapping[str, Any], *, expected: Mapping[str, Any]
+    ) -> None:
+        """Replace the record if it is ``expected``."""
+        with self._lock:
+            self._check_state(session_id, expected)
+            self._states[session_id] = codec.decode(codec.encode(dict(state)))
+
+    def session_records(self) -> list[SessionRecord]:
+        """Every session with a non-empty record."""
+        with self._lock:
+            return [
+                SessionRecord(s, self._owners.get(s), copy.deepcopy(state))
+                for s, state in self._states.items()
+                if state
+            ]
+
+    def session_owner(self, session_id: SessionId) -> str | None:
+        """The session's context, None if detached."""
+        with self._lock:
+            if session_id not in self._sessions:
+                raise SegmentNotFound(f"session {session_id} does not exist")
+            return self._owners.get(session_id)
+
+    def unowned_sessions(self) -> list[SessionId]:
         """The sessions that belong to no context, oldest first."""
         with self._lock:
             return sorted(s for s, owner in self._owners.items() if owner is None)
 
-    # ---------------------------------------------------------------- lifecycle
-
-    def archive_context(self, context: ContextId) -> ArchivedContext | None:
-        """Mark a hot context archived (nothing to compress in memory)."""
+    def freeze_session(
+        self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Mark the session frozen (nothing to compress in memory) and set its record."""
         with self._lock:
-            key = str(context)
-            head = self._heads.get(key)
-            if head is None or key in self._archived:
-                return None
-            segments = self._sessions[head.session_id]
-            head_lines = segments[head.segment_id].lines
-            size = _size(segments)
-            archived = ArchivedContext(
-                context=key,
-                date=head.date,
-                archived_at=utc_now(),
-                last_active=str(head_lines[-1]["ts"]),
-                message_count=_message_count(self, key),
-                hot_bytes=size,
-                archived_bytes=size,
-                pinned=key in self._pins,
-            )
-            self._archived[key] = archived
-            return archived
+            self._check_state(session_id, expected)
+            size = _size(self._sessions[session_id])
+            stored = codec.decode(codec.encode(dict(state)))
+            stored["cold"] = {"hot_bytes": size, "cold_bytes": size}
+            self._states[session_id] = stored
+            self._frozen.add(session_id)
+            return copy.deepcopy(stored)
 
-    def unarchive_context(self, context: ContextId) -> bool:
-        """Put an archived context back in the hot listing."""
+    def thaw_session(
+        self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
+    ) -> None:
+        """Mark the session hot and set its record."""
         with self._lock:
-            return self._archived.pop(str(context), None) is not None
+            hot = {k: v for k, v in state.items() if k != "cold"}
+            self.set_session_state(session_id, hot, expected=expected)
+            self._frozen.discard(session_id)
 
-    def is_archived(self, context: ContextId) -> bool:
-        """Whether the context is archived."""
+    def detach_context(
+        self,
+        context: ContextId,
+        session_id: SessionId,
+        *,
+        expected: Mapping[str, Any],
+        state: Mapping[str, Any],
+    ) -> None:
+        """Unbind the context from its session and set the session's record."""
         with self._lock:
-            return str(context) in self._archived
+            head = self._heads.get(str(context))
+            if head is None or head.session_id != session_id:
+                raise ContextNotFound(f"context {context} is not on session {session_id}")
+            self.set_session_state(session_id, state, expected=expected)
+            del self._heads[str(context)]
+            self._owners[session_id] = None
 
-    def archived_contexts(self, type: str | None = None) -> list[ArchivedContext]:
-        """Every archived context, sorted by context id."""
+    def delete_session(self, session_id: SessionId) -> bool:
+        """Forget a detached session for ever."""
         with self._lock:
-            found = [
-                replace(a, pinned=a.context in self._pins)
-                for a in self._archived.values()
-                if type is None or a.context.split(":", 1)[0] == type
-            ]
-        return sorted(found, key=lambda a: ContextId.parse(a.context))
-
-    def trashed_contexts(self) -> list[TrashedContext]:
-        """The trash, most recently deleted first."""
-        with self._lock:
-            entries = [t.entry for t in self._trash.values()]
-        return sorted(entries, key=lambda e: (e.deleted_at, e.trash_id), reverse=True)
-
-    def restore_trashed(self, trash_id: str, *, as_context: ContextId | None = None) -> PodMetadata:
-        """Bring a trashed context back in the state it was in."""
-        with self._lock:
-            trashed = self._trash.get(trash_id)
-            if trashed is None:
-                raise NotInTrash(f"nothing in the trash has the id {trash_id!r}")
-            key = str(as_context) if as_context is not None else trashed.entry.context
-            if key in self._heads:
-                raise ContextExists(f"context {key} already exists")
-            del self._trash[trash_id]
-            head = replace(trashed.head, context=key)
-            self._heads[key] = head
-            self._sessions[head.session_id] = trashed.segments
-            self._owners[head.session_id] = key
-            if trashed.archived is not None:
-                self._archived[key] = replace(trashed.archived, context=key)
-            if trashed.entry.pinned:
-                self._pins.add(key)
-            return head
-
-    def purge_trashed(self, trash_id: str) -> bool:
-        """Forget a trash entry for ever."""
-        with self._lock:
-            return self._trash.pop(trash_id, None) is not None
-
-    def purge_context(self, context: ContextId) -> bool:
-        """Delete a hot or archived context for ever."""
-        with self._lock:
-            if str(context) not in self._heads:
+            if session_id not in self._sessions:
                 return False
-            self._drop(str(context))
+            owner = self._owners.get(session_id)
+            if owner is not None:
+                raise SessionAttached(f"session {session_id} belongs to context {owner}")
+            for table in (self._sessions, self._owners, self._states):
+                table.pop(session_id, None)
+            self._frozen.discard(session_id)
             return True
 
-    def pin_context(self, context: ContextId, pinned: bool = True) -> bool:
-        """Pin or unpin a hot or archived context."""
-        with self._lock:
-            if str(context) not in self._heads:
-                return False
-            if pinned:
-                self._pins.add(str(context))
-            else:
-                self._pins.discard(str(context))
-            return True
+    def _check_state(self, session_id: SessionId, expected: Mapping[str, Any]) -> None:
+        if session_id not in self._sessions:
+            raise SegmentNotFound(f"session {session_id} does not exist")
+        now = self._states.get(session_id, {})
+        if now != dict(expected):
+            raise ConflictError(f"the state of session {session_id} changed meanwhile")
 
-    def pinned_contexts(self) -> frozenset[str]:
-        """The pinned contexts."""
-        with self._lock:
-            return frozenset(self._pins)
-
-    def _wake(self, context: str | None) -> None:
-        """Unarchive ``context`` before a write to it (the caller holds ``_lock``)."""
-        if context is not None:
-            self._archived.pop(context, None)
+    def _wake(self, session_id: SessionId) -> None:
+        """Thaw the session before a write to it (the caller holds ``_lock``)."""
+        if session_id in self._frozen:
+            self.wake_session(session_id)
 
     @contextmanager
     def lock_context(self, context: ContextId) -> Iterator[None]:
@@ -377,7 +328,7 @@ class MemoryStore(_MemoryBlobs):
             segments = self._sessions.get(session_id)
             if segments is None:
                 raise SegmentNotFound(f"session {session_id} does not exist")
-            self._wake(self._owners.get(session_id))
+            self._wake(session_id)
             line = _header_line(header)
             segment_id = SegmentId(str(line["segment_id"]))
             if segment_id in segments:
@@ -395,7 +346,7 @@ class MemoryStore(_MemoryBlobs):
         """Append entries atomically; return the first one's seq."""
         with self._lock:
             segment = self._segment(session_id, segment_id)
-            self._wake(self._owners.get(session_id))
+            self._wake(session_id)
             first = len(segment.lines)
             if expected_seq is not None and expected_seq != first:
                 raise ConflictError.stale_seq(segment_id, first, expected_seq)
@@ -437,7 +388,7 @@ class MemoryStore(_MemoryBlobs):
         """Append to the segment's debug trace."""
         with self._lock:
             segment = self._segment(session_id, segment_id)
-            self._wake(self._owners.get(session_id))
+            self._wake(session_id)
             segment.trace.extend(e.to_dict() for e in entries)
 
     def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
@@ -459,8 +410,6 @@ class MemoryStore(_MemoryBlobs):
     def _require_head(self, context: ContextId) -> PodMetadata:
         head = self._heads.get(str(context))
         if head is None:
-            from terrarium.errors import ContextNotFound
-
             raise ContextNotFound(f"context {context} does not exist")
         return head
 
@@ -477,10 +426,3 @@ def _type_of(head: PodMetadata) -> str:
 def _size(segments: Mapping[SegmentId, _Segment]) -> int:
     """Bytes the session's segments would take as JSONL files."""
     return sum(len(codec.encode(line)) + 1 for seg in segments.values() for line in seg.lines)
-
-
-def _message_count(store: MemoryStore, context: str) -> int:
-    """History items in the context's restored state (the store's lock is held)."""
-    from terrarium.sessions import restore  # the sessions layer sits above the stores
-
-    return len(restore(store, ContextId.parse(context)).history)

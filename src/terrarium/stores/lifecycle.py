@@ -1,0 +1,395 @@
+"""Archive, trash, purge, pins and wake-on-write: written once, over :class:`SessionStates`.
+
+A store class inherits :class:`LifecycleOps` (first, so that its ``delete_context`` and
+``detached_sessions`` are these) and implements the narrow primitives of
+:class:`~terrarium.stores.base.SessionStates`; it then is a
+:class:`~terrarium.stores.base.Lifecycle`. No backend has archive, trash or pin logic of its own.
+
+Everything a context's lifecycle knows is its session's *state record*, changed only by
+compare-and-set, in the same atomic step as the physical move that goes with it:
+
+* ``archived``: the session is frozen (cold, out of the hot listing); the value is the summary
+  :meth:`archived_contexts` lists. :meth:`archive_context` is one ``freeze_session``;
+  :meth:`unarchive_context`, and any write to a frozen session (``wake_session``), one
+  ``thaw_session``.
+* ``pinned``: ``true`` while pinned. It belongs to the session, so it follows the context
+  into the trash and back.
+* ``trashed``: the trash entry. :meth:`delete_context` is one ``detach_context``: the session
+  stays, detached, with its bytes and its other keys; the id is free at once.
+  :meth:`restore_trashed` attaches it again, then drops the key.
+* ``purging``: a purge under way; ``delete_session`` follows.
+
+The one two-step move is restore (attach, then drop ``trashed``); a purge is two steps too
+(mark, then delete). :meth:`finish_lifecycle` (run by ``fsck --repair``) completes both from
+the record: a ``trashed`` key on an attached session is a restore that was killed, a
+``purging`` key on a detached one a purge. Nothing else is ever deleted by a clean-up.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from terrarium import codec
+from terrarium.errors import (
+    ConflictError,
+    ContextNotFound,
+    NotInTrash,
+    SegmentNotFound,
+    SessionAttached,
+)
+from terrarium.model import ContextId, SessionId, new_segment_id, utc_now
+from terrarium.stores.base import (
+    ArchivedContext,
+    PodMetadata,
+    SessionRecord,
+    SessionStates,
+    Store,
+    TrashedContext,
+)
+
+#: Compare-and-set retries before a move gives up with the ConflictError: each retry follows
+#: another process's change of the same record, so more than a few means a livelock.
+ATTEMPTS = 50
+
+
+class _Backend(Store, SessionStates, Protocol):
+    """What :class:`LifecycleOps` needs of the class it is mixed into."""
+
+
+class LifecycleOps:
+    """The :class:`~terrarium.stores.base.Lifecycle` methods, over the state primitives."""
+
+    # ------------------------------------------------------------------ archive
+
+    def archive_context(self: _Backend, context: ContextId) -> ArchivedContext | None:
+        """Freeze a hot context's session; None if there is no hot context of that id."""
+        for _ in range(ATTEMPTS):
+            head = self.get_head(context)
+            if head is None:
+                return None
+            state = self.session_state(head.session_id)
+            if "archived" in state:
+                return None
+            summary = {**_summary(self, head), "archived_at": utc_now()}
+            try:
+                stored = self.freeze_session(
+                    head.session_id, expected=state, state={**state, "archived": summary}
+                )
+            except (ConflictError, ContextNotFound):
+                continue
+            return _archived(str(context), stored)
+        raise ConflictError(f"{context} kept changing while it was being archived")
+
+    def unarchive_context(self: _Backend, context: ContextId) -> bool:
+        """Thaw an archived context's session; False if it is not archived."""
+        head = self.get_head(context)
+        if head is None or "archived" not in self.session_state(head.session_id):
+            return False
+        return LifecycleOps.wake_session(self, head.session_id)
+
+    def wake_session(self: _Backend, session_id: SessionId) -> bool:
+        """Thaw a frozen session before a write to it; whether it was frozen.
+
+        Raises SegmentNotFound for a session in the trash: the trash is not written.
+        """
+        for _ in range(ATTEMPTS):
+            state = self.session_state(session_id)
+            if "cold" not in state:
+                return False
+            if _lifecycle_keys(state) and self.session_owner(session_id) is None:
+                raise SegmentNotFound(f"session {session_id} is in the trash")
+            rest = _without(state, "archived", "cold")
+            try:
+                self.thaw_session(session_id, expected=state, state=rest)
+            except ConflictError:
+                continue
+            return True
+        raise ConflictError(f"session {session_id} kept changing while it was being woken")
+
+    def is_archived(self: _Backend, context: ContextId) -> bool:
+        """Whether the context exists and is archived."""
+        head = self.get_head(context)
+        return head is not None and "archived" in self.session_state(head.session_id)
+
+    def archived_contexts(self: _Backend, type: str | None = None) -> list[ArchivedContext]:
+        """Every archived context, optionally of one type, sorted by context id."""
+        found = [
+            _archived(r.owner, r.state)
+            for r in self.session_records()
+            if r.owner is not None and "archived" in r.state
+            if type is None or r.owner.split(":", 1)[0] == type
+        ]
+        return sorted(found, key=lambda a: ContextId.parse(a.context))
+
+    # ------------------------------------------------------------------ trash
+
+    def delete_context(self: _Backend, context: ContextId) -> bool:
+        """Move the context to the trash (its session detached, with its record); False if
+        there is no such context."""
+        for _ in range(ATTEMPTS):
+            head = self.get_head(context)
+            if head is None:
+                return False
+            state = self.session_state(head.session_id)
+            entry = {
+                "trash_id": str(new_segment_id()),  # a UUIDv7: time-ordered
+                "context": str(context),
+                "date": head.date,
+                "deleted_at": utc_now(),
+                "segment_id": str(head.segment_id),
+                "message_count": _message_count(self, head),
+                "bytes": _bytes(self, head.session_id, state),
+            }
+            trashed = {**state, "trashed": entry}
+            try:
+                self.detach_context(context, head.session_id, expected=state, state=trashed)
+            except (ConflictError, ContextNotFound):
+                continue
+            _seal(self, head.session_id, trashed)
+            return True
+        raise ConflictError(f"{context} kept changing while it was being deleted")
+
+    def trashed_contexts(self: _Backend) -> list[TrashedContext]:
+        """Everything in the trash, most recently deleted first."""
+        entries = [_trashed(r.state) for r in self.session_records() if _in_trash(r)]
+        return sorted(entries, key=lambda e: (e.deleted_at, e.trash_id), reverse=True)
+
+    def restore_trashed(
+        self: _Backend, trash_id: str, *, as_context: ContextId | None = None
+    ) -> PodMetadata:
+        """Attach a trashed session again (as ``as_context`` if given), in its state.
+
+        Raises:
+            NotInTrash: no trash entry of that id.
+            ContextExists: the id it would take is in use.
+        """
+        record = _find_trashed(self, trash_id)
+        entry = record.state["trashed"]
+        target = ContextId.parse(as_context if as_context is not None else entry["context"])
+        try:
+            segment_id = uuid.UUID(entry["segment_id"])
+            head = self.attach_context(target, record.session_id, segment_id)
+        except SessionAttached:
+            raise NotInTrash(f"nothing in the trash has the id {trash_id!r}") from None
+        _reopen(self, record.session_id)
+        return head
+
+    def purge_trashed(self: _Backend, trash_id: str) -> bool:
+        """Delete a trash entry for ever; False if there is none of that id."""
+        try:
+            record = _find_trashed(self, trash_id)
+        except NotInTrash:
+            return False
+        try:
+            self.set_session_state(
+                record.session_id, {**record.state, "purging": True}, expected=record.state
+            )
+        except ConflictError:
+            return LifecycleOps.purge_trashed(self, trash_id)  # changed meanwhile: look again
+        return self.delete_session(record.session_id)
+
+    def purge_context(self: _Backend, context: ContextId) -> bool:
+        """Delete a hot or archived context for ever, bypassing the trash; False if absent."""
+        for _ in range(ATTEMPTS):
+            head = self.get_head(context)
+            if head is None:
+                return False
+            state = self.session_state(head.session_id)
+            try:
+                self.detach_context(
+                    context, head.session_id, expected=state, state={**state, "purging": True}
+                )
+            except (ConflictError, ContextNotFound):
+                continue
+            self.delete_session(head.session_id)
+            return True
+        raise ConflictError(f"{context} kept changing while it was being purged")
+
+    def detached_sessions(self: _Backend) -> list[SessionId]:
+        """The sessions that belong to no context and are not in the trash, oldest first."""
+        held = {r.session_id for r in self.session_records() if r.owner is None}
+        held = {s for s in held if _lifecycle_keys(self.session_state(s))}
+        return [s for s in self.unowned_sessions() if s not in held]
+
+    # ------------------------------------------------------------------ pins
+
+    def pin_context(self: _Backend, context: ContextId, pinned: bool = True) -> bool:
+        """Pin (or unpin) a hot or archived context; False if there is no such context."""
+        head = self.get_head(context)
+        if head is None:
+            return False
+        if pinned:
+            _set_key(self, head.session_id, "pinned", True)
+        else:
+            _drop_key(self, head.session_id, "pinned")
+        return True
+
+    def pinned_contexts(self: _Backend) -> frozenset[str]:
+        """The ids of the pinned contexts, hot or archived (not trashed ones)."""
+        return frozenset(
+            r.owner for r in self.session_records() if r.owner and r.state.get("pinned")
+        )
+
+    # ------------------------------------------------------------------ repair
+
+    def unfinished_lifecycle(self: _Backend) -> list[SessionRecord]:
+        """The records of deletes, restores and purges that were killed half way."""
+        return [r for r in self.session_records() if _unfinished(r)]
+
+    def finish_lifecycle(self: _Backend) -> int:
+        """Complete every delete, restore and purge that was killed half way; how many."""
+        done = 0
+        for record in LifecycleOps.unfinished_lifecycle(self):
+            if record.owner is not None:  # a restore: attached, still marked trashed
+                _reopen(self, record.session_id)
+            elif record.state.get("purging"):  # a purge: detached and marked
+                self.delete_session(record.session_id)
+            else:  # a delete: detached, not yet frozen
+                _seal(self, record.session_id, record.state)
+            done += 1
+        return done
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _lifecycle_keys(state: Mapping[str, Any]) -> bool:
+    return "trashed" in state or "purging" in state
+
+
+def _in_trash(record: SessionRecord) -> bool:
+    return record.owner is None and "trashed" in record.state and "purging" not in record.state
+
+
+def _unfinished(record: SessionRecord) -> bool:
+    if record.owner is not None:
+        return _lifecycle_keys(record.state)
+    return bool(record.state.get("purging")) or (
+        "trashed" in record.state and "cold" not in record.state
+    )
+
+
+def _without(state: Mapping[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k not in keys}
+
+
+def _seal(store: _Backend, session_id: SessionId, state: dict[str, Any]) -> None:
+    """Freeze a session just moved to the trash (so that no stale writer adds to it)."""
+    if "cold" not in state:
+        try:
+            store.freeze_session(session_id, expected=state, state=state)
+        except ConflictError:
+            pass  # restored or purged meanwhile: that move has the last word
+
+
+def _reopen(store: _Backend, session_id: SessionId) -> None:
+    """Finish a restore: drop ``trashed``; thaw the session unless it was archived."""
+    for _ in range(ATTEMPTS):
+        state = store.session_state(session_id)
+        if "trashed" not in state and ("cold" not in state or "archived" in state):
+            return
+        rest = _without(state, "trashed", "purging")
+        try:
+            if "cold" in state and "archived" not in state:
+                store.thaw_session(session_id, expected=state, state=_without(rest, "cold"))
+            else:
+                store.set_session_state(session_id, rest, expected=state)
+        except ConflictError:
+            continue
+        return
+    raise ConflictError(f"session {session_id} kept changing while it was being restored")
+
+
+def _find_trashed(store: _Backend, trash_id: str) -> SessionRecord:
+    for record in store.session_records():
+        if _in_trash(record) and record.state["trashed"].get("trash_id") == trash_id:
+            return record
+    raise NotInTrash(f"nothing in the trash has the id {trash_id!r}")
+
+
+def _set_key(store: _Backend, session_id: SessionId, key: str, value: Any) -> None:
+    for _ in range(ATTEMPTS):
+        state = store.session_state(session_id)
+        if state.get(key) == value:
+            return
+        try:
+            store.set_session_state(session_id, {**state, key: value}, expected=state)
+        except ConflictError:
+            continue
+        return
+    raise ConflictError(f"session {session_id} kept changing while {key!r} was being set")
+
+
+def _drop_key(store: _Backend, session_id: SessionId, key: str) -> None:
+    for _ in range(ATTEMPTS):
+        state = store.session_state(session_id)
+        if key not in state:
+            return
+        rest = {k: v for k, v in state.items() if k != key}
+        try:
+            store.set_session_state(session_id, rest, expected=state)
+        except ConflictError:
+            continue
+        return
+    raise ConflictError(f"session {session_id} kept changing while {key!r} was being dropped")
+
+
+def _summary(store: _Backend, head: PodMetadata) -> dict[str, Any]:
+    """What the archive lists of a context, taken before it is frozen."""
+    read = store.read_segment(head.session_id, head.segment_id)
+    last = read.entries[-1] if read.entries else read.header
+    return {
+        "date": head.date,
+        "last_active": str(last.get("ts", head.updated_at)),
+        "message_count": _message_count(store, head),
+    }
+
+
+def _archived(context: str, state: Mapping[str, Any]) -> ArchivedContext:
+    a = state["archived"]
+    return ArchivedContext(
+        context=context,
+        date=a["date"],
+        archived_at=a["archived_at"],
+        last_active=a["last_active"],
+        message_count=a["message_count"],
+        hot_bytes=state.get("cold", {}).get("hot_bytes", 0),
+        archived_bytes=state.get("cold", {}).get("cold_bytes", 0),
+        pinned=bool(state.get("pinned")),
+    )
+
+
+def _trashed(state: Mapping[str, Any]) -> TrashedContext:
+    t = state["trashed"]
+    return TrashedContext(
+        trash_id=t["trash_id"],
+        context=t["context"],
+        date=t["date"],
+        deleted_at=t["deleted_at"],
+        archived="archived" in state,
+        message_count=t["message_count"],
+        bytes=t["bytes"],
+        pinned=bool(state.get("pinned")),
+    )
+
+
+def _message_count(store: Store, head: PodMetadata) -> int:
+    """History items in the head segment's restored state."""
+    from terrarium.sessions import restore_by_segment  # the replay rule sits above the stores
+
+    state = restore_by_segment(store, head.session_id, head.segment_id, blobs="stored")
+    return len(state.history)
+
+
+def _bytes(store: Store, session_id: SessionId, state: Mapping[str, Any]) -> int:
+    """Bytes the session takes: its frozen size, or its log's as JSONL."""
+    if "cold" in state:
+        return int(state["cold"]["cold_bytes"])
+    return sum(
+        len(codec.encode(line)) + 1
+        for segment_id in store.list_segments(session_id)
+        for read in [store.read_segment(session_id, segment_id)]
+        for line in [read.header, *read.entries]
+    )
