@@ -39,7 +39,7 @@ from terrarium.errors import (
     SessionConflict,
 )
 from terrarium.model import ENVELOPE_KEYS, ContextId, SegmentId, SessionId, TraceEntry
-from terrarium.stores.base import Lifecycle, NewEntry, PodMetadata, Store
+from terrarium.stores.base import Lifecycle, NewEntry, PodMetadata, SessionStates, Store
 
 BATCH = 1000
 """Entries per append: bounded memory and statement size on SQL stores."""
@@ -205,6 +205,11 @@ def _plan(dst: Store, source: SessionSource, name: str) -> _Plan:
         plan.traces_there = dict.fromkeys(source.traces, 0)
     else:
         if head is None and session_id not in dst.detached_sessions():
+            if isinstance(dst, SessionStates) and "trashed" in dst.session_state(session_id):
+                raise SessionConflict(
+                    f"{name}: its session {session_id} is in the destination's trash "
+                    "(restore or purge it there first)"
+                )
             if ctx is None:
                 raise SessionAttached(f"{name} belongs to a context in the destination")
             raise SessionConflict(

@@ -117,6 +117,23 @@ def test_archived_contexts_and_pins_are_copied_as_they_are(store: Store, tmp_pat
         assert restore(store, "irc:#python").history == history
 
 
+def test_a_session_in_the_destinations_trash_is_a_conflict_not_a_second_copy(
+    store: Store, tmp_path: Path
+) -> None:
+    """Copied, then deleted in the destination: a second copy names the trash and writes
+    nothing (the session would be live and trashed at once); restored there, it is equal."""
+    assert isinstance(store, Lifecycle)
+    with _source(tmp_path / "src") as src:
+        copy_context(src, store, "cli:main")
+        assert store.delete_context(ContextId.parse("cli:main"))
+        with pytest.raises(SessionConflict, match="trash"):
+            copy_context(src, store, "cli:main")
+        assert store.get_head(ContextId.parse("cli:main")) is None
+        (entry,) = store.trashed_contexts()
+        store.restore_trashed(entry.trash_id)
+        assert copy_store(src, store, ["cli:main"]).copied == []
+
+
 def _lines(store: Store, context: str) -> dict[str, list[dict[str, object]]]:
     """Every segment's lines of the context's session, by segment id."""
     head = store.get_head(ContextId.parse(context))

@@ -36,8 +36,9 @@ from terrarium.cli.app import CliState
 from terrarium.cli.output import plural
 from terrarium.errors import CorruptLog, FormatVersionError, TerrariumError
 from terrarium.model import ContextId, SegmentId
-from terrarium.stores.base import BlobStore, PodMetadata, Reindexable, Store
+from terrarium.stores.base import BlobStore, PodMetadata, Reindexable, SessionStates, Store
 from terrarium.stores.fs import ContextFolder, FsStore, salvaged_into, segment_chain
+from terrarium.stores.lifecycle import LifecycleOps
 
 #: Problems ``--repair`` fixes, and those only ``--salvage`` does.
 _REPAIRABLE = frozenset({"torn", "head", "missing", "unindexed", "leftover"})
@@ -57,7 +58,9 @@ class Problem:
     store, never followed), ``legacy`` (an unreadable legacy file), ``blob`` (a large output
     that a log refers to is missing, or a blob's bytes do not match its digest: no repair can
     recreate it), ``leftover`` (what a killed archive, unarchive, delete or purge left: a copy,
-    never the visible state), ``unreadable`` (any other read error)."""
+    never the visible state), ``unfinished`` (a delete, restore or purge killed between its
+    steps, which its state record names: the repair completes it), ``unreadable`` (any other
+    read error)."""
     message: str
     context: str | None = None
     path: str | None = None
@@ -108,6 +111,7 @@ def run_fsck(state: CliState, *, repair: bool, salvage: bool, as_json: bool) -> 
             _check_fs(store, report)
         else:
             _check_generic(store, report)
+        _check_lifecycle(store, report)
         _check_blobs(store, report)
         _check_legacy(state, report)
         if repair:
@@ -385,6 +389,23 @@ def _check_generic(store: Store, report: Report) -> None:
                 report.problems.append(Problem("unreadable", str(exc), path=str(segment_id)))
 
 
+def _check_lifecycle(store: Store, report: Report) -> None:
+    """The moves that a kill left between their steps (their state records say which)."""
+    if not isinstance(store, SessionStates):
+        return
+    for record in LifecycleOps.unfinished_lifecycle(store):
+        what = "purge" if record.state.get("purging") else "delete or restore"
+        name = record.state.get("trashed", {}).get("context") or record.owner or "a context"
+        report.problems.append(
+            Problem(
+                "unfinished",
+                f"session {record.session_id}: a {what} of {name} was killed half way",
+                context=record.owner,
+                session_id=str(record.session_id),
+            )
+        )
+
+
 def _check_blobs(store: Store, report: Report) -> None:
     """Every blob a log refers to is there, and every stored blob matches its digest."""
     if not isinstance(store, BlobStore):
@@ -440,6 +461,12 @@ def _check_legacy(state: CliState, report: Report) -> None:
 
 def _repair(store: Store, report: Report, *, salvage: bool) -> None:
     """Fix what can be fixed, one problem at a time; a failure is noted and the rest go on."""
+    unfinished = [p for p in report.problems if p.kind == "unfinished"]
+    if unfinished and isinstance(store, SessionStates):
+        done = LifecycleOps.finish_lifecycle(store)
+        for problem in unfinished:
+            problem.repaired = True
+            problem.message += f"; completed ({done} in all)"
     if not isinstance(store, FsStore):
         if any(p.kind == "unindexed" for p in report.problems) and isinstance(store, Reindexable):
             store.reindex()

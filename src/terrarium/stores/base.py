@@ -3,8 +3,8 @@
 Invariants every backend keeps (``tests/contract/`` checks each one on every backend):
 
 * **Append-only.** A segment is a header (seq 0) followed by entries with seq 1, 2, ...
-  without gaps. Entries are never rewritten or removed, except by an explicit
-  :meth:`Store.delete_context`, which removes a context's whole session.
+  without gaps. Entries are never rewritten or removed, except by an explicit purge, which
+  removes a whole session.
 * **Atomic appends.** One :meth:`Store.append` call writes all of its entries or none; a reader
   never sees half an entry. A crash leaves at most a torn tail, which reads detect, set aside
   and report (:class:`~terrarium.model.TornTail`), never drop silently.
@@ -19,16 +19,17 @@ Invariants every backend keeps (``tests/contract/`` checks each one on every bac
 * **Detached sessions.** :meth:`Store.create_session` starts a session that belongs to no
   context (the crate's ``create_segment`` needs none); the whole log API works on it by
   reference. :meth:`Store.attach_context` makes a new context whose head is one of its
-  segments, once: a session belongs to at most one context, and never stops belonging to it
-  (only :meth:`Store.delete_context` removes it). Headers written while detached keep
-  ``"context": null`` (the log is append-only); the head names the context. Listing and search
-  never show a detached session; :meth:`Store.detached_sessions` finds them. Nothing deletes
-  a detached session.
+  segments, once. Headers written while detached keep ``"context": null`` (the log is
+  append-only); the head names the context. Listing and search never show a detached
+  session; :meth:`Store.detached_sessions` finds them. Nothing deletes a detached session
+  but a purge of the trash, which keeps deleted contexts' sessions detached.
 
-* **Lifecycle.** A context is hot, archived or trashed (:class:`Lifecycle`). Archived contexts
-  leave the hot listing but keep reading by reference and by :meth:`~PodMetadataStore.get_head`;
-  any write to one moves it back first. Deleted contexts wait in the trash until purged; only
-  :meth:`Lifecycle.purge_trashed` and :meth:`Lifecycle.purge_context` remove data for ever.
+* **Lifecycle.** A context is hot, archived or trashed (:class:`Lifecycle`, written once in
+  :mod:`terrarium.stores.lifecycle` over the :class:`SessionStates` primitives). Archived
+  contexts leave the hot listing but keep reading by reference and by
+  :meth:`~PodMetadataStore.get_head`; any write to one moves it back first. Deleted contexts
+  wait in the trash until purged; only :meth:`Lifecycle.purge_trashed` and
+  :meth:`Lifecycle.purge_context` remove data for ever.
 
 Optional abilities are sub-protocols detected with ``isinstance`` (:class:`ContextLocking`,
 :class:`Reindexable`, :class:`Searchable`, :class:`Listing`, :class:`BlobStore`,
@@ -165,7 +166,8 @@ class Store(PodMetadataStore, Protocol):
         ...
 
     def delete_context(self, context: ContextId) -> bool:
-        """Delete the context, its session and every segment; False if it did not exist."""
+        """Take the context away, its session and every segment (to the trash, on a
+        :class:`Lifecycle` store); False if it did not exist."""
         ...
 
     def create_session(self, header: Mapping[str, Any]) -> None:

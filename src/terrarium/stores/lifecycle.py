@@ -209,8 +209,8 @@ class LifecycleOps:
 
     def detached_sessions(self: _Backend) -> list[SessionId]:
         """The sessions that belong to no context and are not in the trash, oldest first."""
-        held = {r.session_id for r in self.session_records() if r.owner is None}
-        held = {s for s in held if _lifecycle_keys(self.session_state(s))}
+        records = self.session_records()
+        held = {r.session_id for r in records if r.owner is None and _lifecycle_keys(r.state)}
         return [s for s in self.unowned_sessions() if s not in held]
 
     # ------------------------------------------------------------------ pins

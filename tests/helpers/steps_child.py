@@ -1,0 +1,111 @@
+"""Child process of ``tests/test_lifecycle_steps_kill.py``: one lifecycle call per request,
+SIGKILLed at one of its steps.
+
+Run as ``python tests/helpers/steps_child.py``. For each JSON line on stdin (the store spec of
+``race_child.open_spec`` plus ``op``, ``context``, ``trash_id``, ``kill``) it forks a process
+that opens the store, runs the call and is SIGKILLed at step ``kill``: step ``2k - 1`` is just
+before the ``k``-th call of a primitive that changes something (the steps of
+:class:`terrarium.stores.lifecycle.LifecycleOps`), step ``2k`` just after it returns; 0 never.
+It answers ``{"killed", "steps", "error"}`` on stdout (``steps``: primitive calls made).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from race_child import open_spec
+
+from terrarium import sessions
+from terrarium.model import ContextId
+from terrarium.stores.base import Store
+
+#: The primitives by which LifecycleOps changes a store.
+STEPS = (
+    "set_session_state",
+    "freeze_session",
+    "thaw_session",
+    "detach_context",
+    "attach_context",
+    "delete_session",
+)
+
+
+def instrument(store: Store, kill: int) -> list[int]:
+    """Wrap the store's primitives so the process dies at step ``kill``; the call count."""
+    count = [0]
+
+    def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
+        def step(*args: Any, **kwargs: Any) -> Any:
+            count[0] += 1
+            if 2 * count[0] - 1 == kill:
+                os.kill(os.getpid(), signal.SIGKILL)
+            result = method(*args, **kwargs)
+            if 2 * count[0] == kill:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return result
+
+        return step
+
+    for name in STEPS:
+        setattr(store, name, wrap(getattr(store, name)))
+    return count
+
+
+def run(store: Any, request: dict[str, Any]) -> None:
+    """The call ``request["op"]`` names."""
+    context = ContextId.parse(request["context"])
+    op = request["op"]
+    if op == "archive":
+        store.archive_context(context)
+    elif op == "unarchive":
+        store.unarchive_context(context)
+    elif op == "wake":
+        head = store.get_head(context)
+        sessions.save_user_input(store, head, f"{context} woken")
+    elif op == "delete":
+        store.delete_context(context)
+    elif op == "restore":
+        store.restore_trashed(request["trash_id"])
+    elif op == "purge_trashed":
+        store.purge_trashed(request["trash_id"])
+    elif op == "purge_context":
+        store.purge_context(context)
+    elif op == "pin":
+        store.pin_context(context)
+    else:
+        raise ValueError(f"unknown op {op!r}")
+
+
+def main() -> None:
+    for line in sys.stdin:
+        request = json.loads(line)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the process that may be killed
+            os.close(read)
+            error = ""
+            with open_spec(request) as store:
+                count = instrument(store, request["kill"])
+                try:
+                    run(store, request)
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+            os.write(write, json.dumps([count[0], error]).encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            done = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        steps, error = json.loads(done) if done else (None, None)
+        sys.stdout.write(json.dumps({"killed": killed, "steps": steps, "error": error}) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
