@@ -470,12 +470,10 @@ class LogMachine(RuleBasedStateMachine):
         self.copies += 1
         target = f"web:copy{self.copies}"
         last = head.last
-        snap = Snap(  # failed runs are not copied
+        snap = Snap(  # failed runs are not copied; figures start afresh (counted once)
             history=[copy.deepcopy(h) for i, h in enumerate(last.history) if i not in last.failed],
             system_prompt=last.system_prompt,
             config=copy.deepcopy(last.config),
-            usage=last.usage,
-            turns=last.turns,
             extensions=copy.deepcopy(last.extensions),
         )
         seg = Seg(target, ("fork_context", self.heads[source], head.next_seq - 1), [snap])

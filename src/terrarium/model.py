@@ -1173,6 +1173,8 @@ class RestoredState:
     in the history (``show`` marks them) but are not sent to the model (:attr:`model_history`)."""
     run_start: int = 0
     """Where in :attr:`history` the run under way began: the items past the last run's end."""
+    usage_by_model: dict[str, UsageTotals] = field(default_factory=dict)
+    """:attr:`usage` per model (a usage record without a model under ``unknown``)."""
 
     def end_run(self, errored: Mapping[str, Any] | None = None) -> bool:
         """A run ended here: ``run_completed`` or ``turn_end``, or ``run_errored`` given as

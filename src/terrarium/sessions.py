@@ -17,6 +17,7 @@ the compacted segment alone.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, cast, overload
 
 from terrarium.blobs import (
@@ -86,10 +87,14 @@ def _header(
     context: ContextId | None,
     start: SegmentStartState | None,
     carry: RestoredState | None = None,
+    figures: bool = True,
     ts: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build a header line. ``start=None`` makes a fork header that continues its parent.
+
+    ``carry``: the state whose extensions (and, with ``figures``, usage and turns: the same
+    context's, as a compaction or clear carries them on) the new history starts with.
 
     ``extra`` adds keys of the caller's own (an import's provenance); it may not replace a key
     the header already has.
@@ -111,11 +116,13 @@ def _header(
         header["config"] = dict(start.config)
         header["history"] = [as_logged(materialize(item)) for item in start.history]
         if carry is not None:
-            header["usage"] = carry.usage.to_dict()
-            header["turns"] = carry.turns
             header["extensions"] = dict(carry.extensions)
+        if carry is not None and figures:  # the same context's: its figures go on
+            header["usage"] = carry.usage.to_dict()
+            header["usage_by_model"] = {m: u.to_dict() for m, u in carry.usage_by_model.items()}
+            header["turns"] = carry.turns
     for key, value in (extra or {}).items():
-        if key in header or key in ("usage", "turns", "extensions"):
+        if key in header or key in ("usage", "usage_by_model", "turns", "extensions"):
             raise InvalidEntry(f"header key {key!r} is reserved")
         header[key] = value
     return header
@@ -291,6 +298,16 @@ def _summary_items(history: Sequence[LoggedItem], source: Sequence[LoggedItem]) 
     return len(history) - kept
 
 
+def _kept(store: Store, state: RestoredState, header: Mapping[str, Any]) -> list[Message | None]:
+    """The compaction's history as messages: None for its summary, then the source's
+    messages it kept (none if the log holds another history than ``state``)."""
+    summary, history = header["summary_items"], header["history"]
+    found = messages(lineage(store, state.session_id, state.segment_id, blobs="stored"))
+    if len(found) != len(state.history):
+        return []
+    return [None] * summary + list(found[len(found) - (len(history) - summary) :])
+
+
 def _restart(
     store: Store,
     source: RestoredState | SegmentRef,
@@ -315,6 +332,7 @@ def _restart(
     header = _header(state.session_id, segment_id, origin, context=ctx, start=start, carry=state)
     if kind == "compaction":
         header["summary_items"] = _summary_items(header["history"], state.history)
+        _keep_provenance(header, _kept(store, state, header), state.session_id)
     if ctx is None and state.context is not None:
         header["context"] = state.context
     store.create_segment(state.session_id, offload_line(store, header))
@@ -357,14 +375,28 @@ def fork_context(
     """
     src, dst = ContextId.parse(source), ContextId.parse(target).check_new()
     head = _require_head(store, src)
-    state = restore_by_segment(store, head.session_id, head.segment_id, stop_seq=at_seq)
+    reads = lineage(store, head.session_id, head.segment_id, stop_seq=at_seq)
+    state = collect_state(line for read in reads for line in (read.header, *read.entries))
     origin = SegmentOrigin(
         "fork", parent=head.segment_id, at_seq=state.next_seq - 1, source=str(src)
     )
     session_id, segment_id = new_session_id(), new_segment_id()
     start = SegmentStartState(state.system_prompt, state.config, state.model_history)
-    header = _header(session_id, segment_id, origin, context=dst, start=start, carry=state)
+    header = _header(
+        session_id, segment_id, origin, context=dst, start=start, carry=state, figures=False
+    )
+    kept = [m for i, m in enumerate(messages(reads)) if i not in state.failed]
+    _keep_provenance(header, kept, head.session_id)
     return store.create_context(dst, offload_line(store, header))
+
+
+def _keep_provenance(
+    header: dict[str, Any], copied: Sequence[Message | None], session_id: SessionId
+) -> None:
+    """Name in ``header["history_from"]`` where each item of its history comes from (None for
+    an item it writes itself), so that a copy keeps its time, usage and identity."""
+    if any(m is not None for m in copied):
+        header["history_from"] = [m.provenance(session_id) if m else None for m in copied]
 
 
 def ensure_head_or_fork(
@@ -433,48 +465,144 @@ def rewind(
                 f"cannot rewind {ctx}: its head segment is at entry {next_seq}, "
                 f"not {expected_seq}; nothing changed"
             )
-        places = _history_places(reads)
-        if n > len(places):
+        found = messages(reads)
+        if n > len(found):
             raise InvalidEntry(
                 f"cannot rewind {ctx} by {n} item{'' if n == 1 else 's'}: its history has only "
-                f"{len(places)}; nothing changed"
+                f"{len(found)}; nothing changed"
             )
         if n == 0:
             return []
-        read, seq, index, _ = places[len(places) - n]
-        ref = PodActiveSegmentRef(head.session_id, SegmentId(read.header["segment_id"]))
-        if index is None:
-            segment_id = fork_at(store, ref, seq - 1)
+        cut = found[len(found) - n]
+        ref = PodActiveSegmentRef(head.session_id, SegmentId(cut.segment_id))
+        if cut.index is None:
+            segment_id = fork_at(store, ref, cut.seq - 1)
         else:
-            segment_id = _fork_inside_header(store, ref, index)
+            segment_id = _fork_inside_header(store, ref, cut.index)
         store.set_head(ctx, segment_id, expected=head.segment_id)
-        return [item for _, _, _, item in places[len(places) - n :]]
+        return [message.item for message in found[len(found) - n :]]
 
 
-_Place = tuple[SegmentRead, int, int | None, LoggedItem]
+@dataclass(slots=True)
+class Message:
+    """One history item of a conversation, where it is and where it comes from: what every
+    view shows of a message (:func:`messages`)."""
+
+    item: LoggedItem
+    ts: str
+    """When it was logged first: a copy (a fork into another context, the turns a compaction
+    kept) keeps its original's time."""
+    segment_id: str
+    """The segment of this lineage that holds it."""
+    seq: int
+    """Its entry's seq; 0 for an item of a header's history."""
+    index: int | None = None
+    """Its place in that header's history, or None for an entry."""
+    usage: dict[str, Any] | None = None
+    """The usage record logged after it (the model call that produced it), if any."""
+    source: dict[str, Any] | None = None
+    """A copy's origin as its header's ``history_from`` names it (``ts``, ``session_id``,
+    ``segment_id``, ``seq``, ``usage``), or None."""
+    summary: bool = False
+    """Written by a compaction as its summary (not a turn it kept)."""
+
+    def provenance(self, session_id: SessionId) -> dict[str, Any]:
+        """Where a copy of this message comes from, for a new header's ``history_from``."""
+        if self.source is not None:
+            return dict(self.source)
+        found: dict[str, Any] = {"ts": self.ts, "session_id": str(session_id)}
+        found.update(segment_id=self.segment_id, seq=self.seq)
+        if self.index is not None:
+            found["index"] = self.index
+        if self.usage is not None:
+            found["usage"] = self.usage
+        return found
+
+    def copied_from_elsewhere(self, session_id: SessionId) -> bool:
+        """A copy from another session (a fork into another context): counted there."""
+        return self.source is not None and self.source.get("session_id") != str(session_id)
 
 
-def _history_places(reads: Sequence[SegmentRead]) -> list[_Place]:
-    """Where each history item of a lineage was logged, with the item: (read, seq, index in
-    the header's history or None for an entry, item), following :func:`collect_state`."""
-    places: list[_Place] = []
+def messages(reads: Sequence[SegmentRead]) -> list[Message]:
+    """The conversation a lineage's reads hold, one :class:`Message` per history item, by the
+    rule of :func:`fold` (a header with a history starts afresh): ``restore(...).history[i]``
+    is ``messages(...)[i].item``. A usage record belongs to the item logged before it."""
+    found: list[Message] = []
     for read in reads:
-        history = read.header.get("history")
+        header = read.header
+        segment = str(header.get("segment_id", ""))
+        history = header.get("history")
         if history is not None:  # a fresh start: earlier items are not in this history
-            places = [(read, 0, i, item) for i, item in enumerate(history)]
-        places.extend(
-            (read, e["seq"], None, e["item"]) for e in read.entries if e["kind"] in HISTORY_KINDS
+            found = _header_messages(header, segment)
+        for line in read.entries:
+            kind = line["kind"]
+            if kind in HISTORY_KINDS:
+                found.append(Message(line["item"], str(line["ts"]), segment, line["seq"]))
+            elif kind == "usage" and found and found[-1].usage is None:
+                found[-1].usage = {k: line[k] for k in _USAGE_KEYS if k in line}
+    return found
+
+
+_USAGE_KEYS = ("model", "prompt_tokens", "completion_tokens", "cached_tokens", "estimated")
+
+
+def _header_messages(header: Mapping[str, Any], segment: str) -> list[Message]:
+    summary = summary_items(header)
+    found = []
+    for index, (item, ts, source) in enumerate(header_history(header)):
+        usage = source.get("usage") if source is not None else None
+        found.append(
+            Message(
+                item,
+                ts,
+                segment,
+                0,
+                index,
+                dict(usage) if isinstance(usage, Mapping) else None,
+                dict(source) if source is not None else None,
+                index < summary,
+            )
         )
-    return places
+    return found
+
+
+def header_history(
+    header: Mapping[str, Any],
+) -> list[tuple[LoggedItem, str, Mapping[str, Any] | None]]:
+    """A header's history: each item with the time it was first logged (its
+    ``history_from`` entry's, else the header's) and that entry."""
+    ts = str(header.get("ts", ""))
+    sources = header.get("history_from")
+    sources = sources if isinstance(sources, list) else []
+    found: list[tuple[LoggedItem, str, Mapping[str, Any] | None]] = []
+    for index, item in enumerate(header.get("history") or ()):
+        source = sources[index] if index < len(sources) else None
+        if isinstance(source, Mapping):
+            found.append((item, str(source.get("ts", ts)), source))
+        else:
+            found.append((item, ts, None))
+    return found
+
+
+def summary_items(header: Mapping[str, Any]) -> int:
+    """How many leading items of a header's history a compaction wrote as its summary: its
+    ``summary_items`` (the rest are the turns it kept); a compaction written before that key
+    counts all; any other header none."""
+    if (header.get("origin") or {}).get("kind") != "compaction":
+        return 0
+    count = header.get("summary_items")
+    return count if type(count) is int else len(header.get("history") or ())
 
 
 def _fork_inside_header(store: Store, ref: SegmentRef, keep: int) -> SegmentId:
     """A segment continuing ``ref``'s header with the first ``keep`` items of its history."""
-    state = restore_by_segment(store, ref.session_id, ref.segment_id, stop_seq=0)
+    reads = lineage(store, ref.session_id, ref.segment_id, stop_seq=0)
+    state = collect_state([reads[0].header])
     segment_id = new_segment_id()
     origin = SegmentOrigin("fork", parent=ref.segment_id, at_seq=0)
     start = SegmentStartState(state.system_prompt, state.config, state.history[:keep])
     header = _header(state.session_id, segment_id, origin, context=None, start=start, carry=state)
+    _keep_provenance(header, messages(reads)[:keep], state.session_id)
     header["context"] = state.context
     store.create_segment(state.session_id, offload_line(store, header))
     return segment_id
@@ -765,6 +893,9 @@ def restore_by_segment(
 
 
 _KNOWN = frozenset(EntryKind)
+_NO_USAGE = UsageTotals()
+#: The model a usage record without one is counted under.
+UNKNOWN_MODEL = "unknown"
 
 
 def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredState:
@@ -785,16 +916,27 @@ def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredSt
         first, lines = head, cast(Iterator[Mapping[str, Any]], given)
     if first["kind"] != "header":
         raise InvalidEntry("a segment must start with its header")
-    state = _from_header(first)
+    return fold(_from_header(first), lines, first)
+
+
+def fold(
+    state: RestoredState, lines: Iterable[Mapping[str, Any]], last: Mapping[str, Any]
+) -> RestoredState:
+    """The replay rule: fold log lines into ``state``, in place unless a header starts the
+    history afresh (then the state it starts is returned). ``last`` is the line folded last
+    (the header, for a fresh state). Every view of a conversation goes through here: restore,
+    the live session (:class:`~terrarium.agent.PersistentSession`), the dashboard's figures."""
     history = state.history
-    usage, turns = _carried(first)
-    line: Mapping[str, Any] = first
+    usage, turns, by_model = state.usage, state.turns, state.usage_by_model
+    line: Mapping[str, Any] = last
     for line in lines:
         kind = line["kind"]
         if kind in HISTORY_KINDS:  # nearly every line: test it first
             history.append(line["item"])
         elif kind == "usage":
             usage = usage.add(line)
+            model = str(line.get("model") or UNKNOWN_MODEL)
+            by_model[model] = by_model.get(model, _NO_USAGE).add(line)
         elif kind == "turn_end":
             turns += 1
             state.end_run()
@@ -814,7 +956,7 @@ def collect_state(entries: Iterable[LogEntry | Mapping[str, Any]]) -> RestoredSt
             if line.get("history") is not None:  # a fresh start (not a fork continuing)
                 state = _from_header(line)
                 history = state.history
-                usage, turns = _carried(line)
+                usage, turns, by_model = state.usage, state.turns, state.usage_by_model
             else:
                 _continue_fork(state, line)
         elif kind not in _KNOWN:
@@ -835,13 +977,19 @@ def _continue_fork(state: RestoredState, header: Mapping[str, Any]) -> None:
         state.context = header["context"]
 
 
-def _carried(header: Mapping[str, Any]) -> tuple[UsageTotals, int]:
-    """The usage totals and turns a header carries over (compaction, clear)."""
-    return UsageTotals.from_dict(header.get("usage") or {}), header.get("turns", 0)
+def _carried(header: Mapping[str, Any]) -> tuple[UsageTotals, dict[str, UsageTotals]]:
+    """The usage a header carries over (compaction, clear): in all and per model. A header
+    written before ``usage_by_model`` has its totals under :data:`UNKNOWN_MODEL`."""
+    usage = UsageTotals.from_dict(header.get("usage") or {})
+    by_model = header.get("usage_by_model")
+    if isinstance(by_model, Mapping):
+        return usage, {str(m): UsageTotals.from_dict(u) for m, u in by_model.items()}
+    return usage, ({UNKNOWN_MODEL: usage} if usage.calls else {})
 
 
 def _from_header(line: Mapping[str, Any]) -> RestoredState:
     """The state a header that carries its history starts with."""
+    usage, by_model = _carried(line)
     return RestoredState(
         session_id=SessionId(line["session_id"]),
         segment_id=SegmentId(line["segment_id"]),
@@ -850,12 +998,14 @@ def _from_header(line: Mapping[str, Any]) -> RestoredState:
         system_prompt=line.get("system_prompt"),
         config=dict(line.get("config") or {}),
         history=list(line.get("history") or ()),
-        usage=UsageTotals(),
+        usage=usage,
         extensions=dict(line.get("extensions") or {}),
         last_run=None,
         next_seq=1,
         created_at=line["ts"],
         last_active=line["ts"],
+        turns=line.get("turns", 0),
+        usage_by_model=by_model,
     )
 
 

@@ -37,6 +37,7 @@ from terrarium import (
     save_usage,
     save_user_input,
 )
+from terrarium.model import UsageTotals
 from terrarium.stores.base import SegmentRead
 
 CLI_MAIN = ContextId("cli", "main")
@@ -228,6 +229,7 @@ def test_restore_after_compaction_equals_the_compacted_state(store: Store) -> No
     ]
     assert (state.system_prompt, state.config) == (old.system_prompt, old.config)
     assert state.usage == old.usage
+    assert state.usage_by_model == old.usage_by_model == {"m1": old.usage}
     assert state.turns == 150
     assert state.extensions == old.extensions
     assert state.pod_scope == PodScopeSnapshot("/w", ("/w",), ("sh",))
@@ -349,12 +351,16 @@ def test_fork_context_copies_into_an_isolated_context(store: Store) -> None:
 
 
 def test_fork_context_at_a_past_entry(store: Store) -> None:
-    """fork_context(at_seq=N) copies the source's state after entry N only."""
+    """fork_context(at_seq=N) copies the source's history after entry N only; its figures
+    (turns, usage) start afresh: they were spent, and are counted, in the source."""
     root = _new(store)
     _say(store, root, "a", "b")
+    save_usage(store, root, UsageRecord("m1", 10, 5))
     fork_context(store, CLI_MAIN, "web:copy", at_seq=3)
-    assert _texts(restore(store, "web:copy")) == _said("a")
-    assert restore(store, "web:copy").turns == 1
+    copy = restore(store, "web:copy")
+    assert _texts(copy) == _said("a")
+    assert (copy.turns, copy.usage, copy.usage_by_model) == (0, UsageTotals(), {})
+    assert restore(store, CLI_MAIN).turns == 2
 
 
 def test_fork_context_survives_deleting_the_source(store: Store) -> None:

@@ -69,8 +69,9 @@ def test_exact_usage_only_is_not_estimated(store: Store, main: PodActiveSegmentR
 def test_estimated_totals_survive_fork_compaction_and_clear(
     store: Store, main: PodActiveSegmentRef
 ) -> None:
-    """A fork replays its parent's prefix; compaction, clear and a fork into another context
-    carry the totals in their headers: the estimated part is carried with them."""
+    """A fork replays its parent's prefix; compaction and clear carry the totals in their
+    headers, per model too: the estimated part is carried with them. A fork into another
+    context starts its own figures (the source's tokens are counted once, in the source)."""
     save_usage(store, main, EXACT)
     save_usage(store, main, ESTIMATED)
     at = store.next_seq(main.session_id, main.segment_id) - 1
@@ -86,11 +87,12 @@ def test_estimated_totals_survive_fork_compaction_and_clear(
     cleared = clear_segment(store, restore(store, CLI_MAIN), context=CLI_MAIN)
     assert restore(store, CLI_MAIN).segment_id == cleared
     assert restore(store, CLI_MAIN).usage == state.usage
+    assert restore(store, CLI_MAIN).usage_by_model == state.usage_by_model
+    assert sum(u.estimated_calls for u in state.usage_by_model.values()) == 2
 
     other = ContextId("cli", "other")
     fork_context(store, CLI_MAIN, other)
-    assert restore(store, other).usage == state.usage
-    assert restore(store, other).usage.estimated_calls == 2
+    assert restore(store, other).usage == UsageTotals()
 
 
 def test_carried_exact_totals_write_no_estimated_keys(

@@ -52,7 +52,6 @@ from terrarium.model import (
     LogEntry,
     LoggedItem,
     RestoredState,
-    RunStatus,
     SegmentStartState,
     add_wire_message,
     check_text,
@@ -580,32 +579,17 @@ class PersistentSession:
         )
 
     def _apply(self, kind: str, data: Mapping[str, Any], seq: int, ts: str) -> None:
-        """Fold one written entry into the state (mirrors sessions.collect_state)."""
+        """Fold one written entry into the state (:func:`sessions.fold`, the one replay
+        rule), and the messages sent along with it."""
         state = self.state
-        if kind in (EntryKind.USER_INPUT, EntryKind.ITEM, EntryKind.SYSTEM_ITEM):
-            item = data["item"]
-            state.history.append(item)
+        items, failed, prompt = len(state.history), len(state.failed), state.system_prompt
+        sessions.fold(state, [{**data, "kind": kind, "seq": seq, "ts": ts}], {})
+        if len(state.failed) != failed or state.system_prompt != prompt:
+            self._reset(state)  # a failed run's items leave the messages; a new system one
+            return
+        for item in state.history[items:]:
             add_wire_message(self._wire, item)
             self._chars += len(item_text(item))
-        elif kind == EntryKind.USAGE:
-            state.usage = state.usage.add(data)
-        elif kind == EntryKind.TURN_END:
-            state.turns += 1
-            state.end_run()
-        elif kind == EntryKind.RUN_COMPLETED:
-            state.last_run = RunStatus("completed", seq)
-            state.end_run()
-        elif kind == EntryKind.RUN_ERRORED:
-            state.last_run = RunStatus("errored", seq, data.get("error"))
-            if state.end_run(data):  # the failed run's items leave the messages sent
-                self._reset(state)
-        elif kind == EntryKind.CONFIG_CHANGED:
-            state.config = dict(data.get("config") or {})
-            if "system_prompt" in data and data["system_prompt"] != state.system_prompt:
-                state.system_prompt = data["system_prompt"]
-                self._wire = chat_messages(state)  # the system message leads the request
-        state.next_seq = seq + 1
-        state.last_active = ts
 
 
 __all__ = ["MESSAGE_ROLES", "PersistentSession"]

@@ -133,7 +133,8 @@ def timed_history(lines: Iterable[Mapping[str, Any]]) -> list[TimedItem]:
     """The history that replaying ``lines`` yields, each item with the time it was logged.
 
     Follows :func:`terrarium.sessions.collect_state`: a header that holds ``history`` (or the
-    first header) starts the history afresh from it, stamped with the header's ``ts``.
+    first header) starts the history afresh from it, each item stamped with the time it was
+    first logged (``sessions.header_history``).
     """
     items: list[TimedItem] = []
     first = True
@@ -143,9 +144,8 @@ def timed_history(lines: Iterable[Mapping[str, Any]]) -> list[TimedItem]:
             event = line.get("event") if kind == EntryKind.SYSTEM_ITEM else None
             items.append(TimedItem(line["item"], line["ts"], kind, event))
         elif kind == EntryKind.HEADER:
-            fresh = line.get("history")
-            if first or fresh is not None:
-                items = [TimedItem(item, line["ts"], kind) for item in fresh or ()]
+            if first or line.get("history") is not None:
+                items = [TimedItem(i, ts, kind) for i, ts, _ in sessions.header_history(line)]
             first = False
     return items
 

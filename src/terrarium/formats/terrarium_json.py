@@ -755,7 +755,7 @@ def _timed_history(lines: Sequence[Mapping[str, Any]]) -> list[_Timed]:
                 history = list(fresh or ())
                 stamps = _item_ts(_legacy_record(line), len(history))
                 if stamps is None:
-                    items = [_Timed(item, line["ts"], None) for item in history]
+                    items = [_Timed(i, ts, None) for i, ts, _ in sessions.header_history(line)]
                 else:
                     items = [_Timed(it, stamps[i], i) for i, it in enumerate(history)]
             first = False

@@ -44,7 +44,6 @@ from terrarium.errors import (
     StoreError,
 )
 from terrarium.model import (
-    HISTORY_KINDS,
     ContextId,
     SegmentId,
     SessionId,
@@ -553,38 +552,29 @@ class _Tally(msgspec.Struct, frozen=True, gc=False):
 
 
 def _tally(store: Store, row: Signature) -> _Tally:
+    """One context's figures, by the one replay rule (:func:`sessions.fold`, the figures
+    ``stats`` gives): tokens per model and turns, carried over compactions and clears; and
+    its messages per day, each at the time it was first logged, a fork's copies left to the
+    context they were copied from (:func:`sessions.messages`), so every message counts once."""
     context_id, last_active, count = row
     head = store.get_head(ContextId.parse(context_id))
     if head is None:
         return _Tally((last_active, count))
-    per_day: Counter[str] = Counter()
-    tokens: dict[str, list[int]] = {}
-    turns = 0
-    reads = sessions.lineage(store, head.session_id, head.segment_id)
-    for read in reads:
-        history = read.header.get("history")
-        if isinstance(history, list):
-            per_day[str(read.header.get("ts", ""))[:10]] += len(history)
-        for line in read.entries:
-            kind = line.get("kind")
-            if kind in HISTORY_KINDS:
-                per_day[str(line.get("ts", ""))[:10]] += 1
-            elif kind == "usage":
-                model = str(line.get("model") or "unknown")
-                counts = tokens.setdefault(model, [0, 0, 0, 0, 0])
-                counts[0] += int(line.get("prompt_tokens") or 0)
-                counts[1] += int(line.get("completion_tokens") or 0)
-                counts[2] += int(line.get("cached_tokens") or 0)
-                counts[3] += 1
-                counts[4] += 1 if line.get("estimated") else 0
-            elif kind == "turn_end":
-                turns += 1
+    reads = sessions.lineage(store, head.session_id, head.segment_id, blobs="stored")
+    state = sessions.collect_state(line for read in reads for line in (read.header, *read.entries))
+    per_day = Counter(
+        m.ts[:10] for m in sessions.messages(reads) if not m.copied_from_elsewhere(head.session_id)
+    )
+    tokens = {
+        model: (u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.calls, u.estimated_calls)
+        for model, u in state.usage_by_model.items()
+    }
     return _Tally(
         (last_active, count),
         tuple(per_day.items()),
-        tuple((model, tuple(c)) for model, c in tokens.items()),  # type: ignore[misc]
-        turns,
-        sum(c[0] + c[1] for c in tokens.values()),
+        tuple(tokens.items()),
+        state.turns,
+        state.usage.total_tokens,
         _fork_source(store, head.session_id, reads[0].header if reads else {}),
     )
 
@@ -1130,55 +1120,31 @@ def _message(
     }
 
 
-def _summary_items(header: Mapping[str, Any]) -> int:
-    """How many leading items of a header's history a compaction wrote as its summary: its
-    ``summary_items`` (the rest are the turns it kept); a compaction written before that key
-    counts all; any other header none."""
-    if (header.get("origin") or {}).get("kind") != "compaction":
-        return 0
-    count = header.get("summary_items")
-    return count if type(count) is int else len(header.get("history") or ())
-
-
 def _messages(
     reads: list[SegmentRead], offset: int, limit: int, failed: Mapping[int, Mapping[str, Any]]
 ) -> tuple[int, list[dict[str, Any]]]:
-    """How many messages the lineage holds, and those of one page (each with the usage record
-    logged after it, if any, and whether a failed run holds it: ``failed``, the restored
-    state's). Only the page's messages are built."""
-    count = 0
+    """How many messages the lineage holds (:func:`sessions.messages`, the one rule), and
+    those of one page: each with the usage record logged after it, if any, and whether a
+    failed run holds it (``failed``, the restored state's)."""
+    found = sessions.messages(reads)
     page: list[dict[str, Any]] = []
-    end = offset + limit
-    for read in reads:
-        segment = str(read.header.get("segment_id", ""))
-        history = read.header.get("history")
-        if isinstance(history, list):
-            summary = _summary_items(read.header)
-            ts = str(read.header.get("ts", ""))
-            for index, item in enumerate(history):
-                if isinstance(item, Mapping):
-                    if offset <= count < end:
-                        page.append(_message(item, 0, ts, segment, index < summary))
-                        page[-1]["failed"] = _failed(failed, count)
-                    count += 1
-        for line in read.entries:
-            kind = line.get("kind")
-            if kind in HISTORY_KINDS and isinstance(line.get("item"), Mapping):
-                if offset <= count < end:
-                    page.append(
-                        _message(line["item"], line["seq"], str(line["ts"]), segment, False)
-                    )
-                    page[-1]["failed"] = _failed(failed, count)
-                count += 1
-            elif kind == "usage" and page and offset < count <= end:
-                page[-1]["usage"] = {
-                    "model": line.get("model"),
-                    "prompt_tokens": line.get("prompt_tokens", 0),
-                    "completion_tokens": line.get("completion_tokens", 0),
-                    "cached_tokens": line.get("cached_tokens", 0),
-                    "estimated": line.get("estimated"),
-                }
-    return count, page
+    for index in range(offset, min(offset + limit, len(found))):
+        message = found[index]
+        if not isinstance(message.item, Mapping):
+            continue
+        row = _message(message.item, message.seq, message.ts, message.segment_id, message.summary)
+        row["failed"] = _failed(failed, index)
+        if message.usage is not None:
+            usage = message.usage
+            row["usage"] = {
+                "model": usage.get("model"),
+                "prompt_tokens": usage.get("prompt_tokens", 0),
+                "completion_tokens": usage.get("completion_tokens", 0),
+                "cached_tokens": usage.get("cached_tokens", 0),
+                "estimated": usage.get("estimated"),
+            }
+        page.append(row)
+    return len(found), page
 
 
 def _failed(failed: Mapping[int, Mapping[str, Any]], index: int) -> dict[str, Any] | None:
