@@ -173,7 +173,7 @@ class LifecycleOps:
             head = self.attach_context(target, record.session_id, segment_id)
         except SessionAttached:
             raise NotInTrash(f"nothing in the trash has the id {trash_id!r}") from None
-        _reopen(self, record.session_id)
+        _reopen(self, record.session_id, entry["trash_id"])
         return head
 
     def purge_trashed(self: _Backend, trash_id: str) -> bool:
@@ -188,7 +188,11 @@ class LifecycleOps:
             )
         except ConflictError:
             return LifecycleOps.purge_trashed(self, trash_id)  # changed meanwhile: look again
-        return self.delete_session(record.session_id)
+        try:
+            self.delete_session(record.session_id)  # False: a repair finished it meanwhile
+        except SessionAttached:  # restored meanwhile: the restore has the last word
+            return False
+        return True
 
     def purge_context(self: _Backend, context: ContextId) -> bool:
         """Delete a hot or archived context for ever, bypassing the trash; False if absent."""
@@ -242,8 +246,11 @@ class LifecycleOps:
         """Complete every delete, restore and purge that was killed half way; how many."""
         done = 0
         for record in LifecycleOps.unfinished_lifecycle(self):
-            if record.owner is not None:  # a restore: attached, still marked trashed
-                _reopen(self, record.session_id)
+            trashed = record.state.get("trashed") or {}
+            if record.owner is not None and trashed:  # a restore: attached, still trashed
+                _reopen(self, record.session_id, trashed["trash_id"])
+            elif record.owner is not None:  # a purge that a restore overtook
+                _drop_key(self, record.session_id, "purging")
             elif record.state.get("purging"):  # a purge: detached and marked
                 self.delete_session(record.session_id)
             else:  # a delete: detached, not yet frozen
@@ -284,11 +291,15 @@ def _seal(store: _Backend, session_id: SessionId, state: dict[str, Any]) -> None
             pass  # restored or purged meanwhile: that move has the last word
 
 
-def _reopen(store: _Backend, session_id: SessionId) -> None:
-    """Finish a restore: drop ``trashed``; thaw the session unless it was archived."""
+def _reopen(store: _Backend, session_id: SessionId, trash_id: str) -> None:
+    """Finish the restore of trash entry ``trash_id``: drop ``trashed`` (and a ``purging``
+    that lost the race to it); thaw the session unless it was archived. Nothing is done once
+    the session is detached again (deleted anew meanwhile: that entry is another's)."""
     for _ in range(ATTEMPTS):
         state = store.session_state(session_id)
-        if "trashed" not in state and ("cold" not in state or "archived" in state):
+        if (state.get("trashed") or {}).get("trash_id") != trash_id:
+            return
+        if store.session_owner(session_id) is None:
             return
         rest = _without(state, "trashed", "purging")
         try:

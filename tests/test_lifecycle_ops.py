@@ -1,0 +1,85 @@
+"""The lifecycle written once (:mod:`terrarium.stores.lifecycle`): moves that another process
+overtakes between their steps end in one state.
+
+Each test interleaves a second move at one step of the first (on the reference store, which
+runs the same ``LifecycleOps`` as every backend); the multi-process race and kill tests run
+them for real on the persistent backends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from terrarium import ContextId, MemoryStore, create_segment, restore, sessions
+from terrarium.model import SegmentId, SessionId
+
+MAIN = ContextId("cli", "main")
+
+
+class Interleaved(MemoryStore):
+    """A store that runs ``between`` once, just after its ``after`` primitive returns."""
+
+    def __init__(self, after: str, between: Any) -> None:
+        super().__init__()
+        self.after, self.between = after, between
+
+    def _step(self, name: str) -> None:
+        if name == self.after and self.between is not None:
+            between, self.between = self.between, None
+            between(self)
+
+    def attach_context(
+        self, context: ContextId, session_id: SessionId, segment_id: SegmentId
+    ) -> Any:
+        head = super().attach_context(context, session_id, segment_id)
+        self._step("attach_context")
+        return head
+
+    def set_session_state(self, session_id: SessionId, state: Any, *, expected: Any) -> None:
+        super().set_session_state(session_id, state, expected=expected)
+        self._step("set_session_state")
+
+
+def seeded(store: MemoryStore) -> None:
+    create_segment(store, context=MAIN)
+    head = store.get_head(MAIN)
+    assert head is not None
+    sessions.save_user_input(store, head, "kept")
+
+
+def test_a_delete_between_a_restores_two_steps_keeps_its_own_trash_entry() -> None:
+    """Restored, then deleted again by another process before the restore dropped its mark:
+    the new trash entry stays, sealed; the restore does not undo it."""
+    store = Interleaved("attach_context", lambda s: s.delete_context(MAIN))
+    seeded(store)
+    store.delete_context(MAIN)
+    (first,) = store.trashed_contexts()
+    store.restore_trashed(first.trash_id)
+    (second,) = store.trashed_contexts()
+    assert second.trash_id != first.trash_id and store.get_head(MAIN) is None
+    assert store.unfinished_lifecycle() == []
+    store.restore_trashed(second.trash_id)
+    assert [m["content"] for m in restore(store, MAIN).history] == ["kept"]
+
+
+def test_a_restore_between_a_purges_two_steps_wins() -> None:
+    """A purge that marked its entry, overtaken by a restore of it: nothing is deleted, the
+    purge says False, and the restored context carries no mark."""
+    calls: list[bool] = []
+    store = Interleaved("set_session_state", None)
+    seeded(store)
+    store.delete_context(MAIN)
+    (entry,) = store.trashed_contexts()
+
+    def overtake(s: MemoryStore) -> None:
+        calls.append(True)
+        record = next(r for r in s.session_records() if r.state.get("purging"))
+        s.attach_context(MAIN, record.session_id, SegmentId(record.state["trashed"]["segment_id"]))
+
+    store.between = overtake
+    assert store.purge_trashed(entry.trash_id) is False
+    assert calls == [True]
+    assert store.get_head(MAIN) is not None
+    assert store.finish_lifecycle() == 1  # the restore's second step, as fsck --repair runs it
+    assert store.unfinished_lifecycle() == [] and store.trashed_contexts() == []
+    assert [m["content"] for m in restore(store, MAIN).history] == ["kept"]
