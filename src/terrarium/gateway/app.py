@@ -23,7 +23,15 @@ from starlette.routing import Route
 
 from terrarium.gateway import conversations
 from terrarium.gateway.chat import chat_completions
-from terrarium.gateway.http import MAX_BODY, Guard, endpoint, page, read_json, sse
+from terrarium.gateway.http import (
+    MAX_BODY,
+    Guard,
+    endpoint,
+    error_response,
+    page,
+    read_json,
+    sse,
+)
 from terrarium.gateway.ids import (
     THREAD_TYPE,
     conversation_context,
@@ -280,6 +288,13 @@ def create_app(
         yield
         await gw.close()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    async def no_route(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 404)
+        message = f"{request.method} {request.url.path} is not served by terrarium gateway"
+        return error_response(GatewayError(status, message, code="unknown_route"))
+
+    app = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={404: no_route, 405: no_route}
+    )
     app.state.gateway = gw
     return Guard(app, token)

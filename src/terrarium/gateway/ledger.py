@@ -81,8 +81,10 @@ class Snapshot:
     """Items in the whole history."""
     extensions: dict[str, Any] = field(default_factory=dict)
 
-    def extended(self, items: Sequence[LoggedItem]) -> Snapshot:
-        """The snapshot after a completed turn logged ``items``."""
+    def extended(
+        self, items: Sequence[LoggedItem], extensions: Mapping[str, Any] | None = None
+    ) -> Snapshot:
+        """The snapshot after a completed turn logged ``items`` (and ``extensions``)."""
         messages = list(self.messages)
         for item in items:
             add_wire_message(messages, item)
@@ -92,7 +94,7 @@ class Snapshot:
             [*self.items, *items],
             [*self.kept, *range(start, start + len(items))],
             start + len(items),
-            self.extensions,
+            {**self.extensions, **extensions} if extensions else self.extensions,
         )
 
 
@@ -341,7 +343,12 @@ class Ledger:
             base = self._snapshots.get((target.segment_id, after))
         if base is not None and not failed:
             items = [dict(e.data)["item"] for e in logged if e.kind in HISTORY_KINDS]
-            self._remember((point.segment_id, point.seq), base.extended(items))
+            extensions = {
+                e.data["domain"]: e.data.get("data")
+                for e in logged
+                if e.kind == EntryKind.EXTENSION
+            }
+            self._remember((point.segment_id, point.seq), base.extended(items, extensions))
         return point
 
     # ------------------------------------------------------------------ conversations

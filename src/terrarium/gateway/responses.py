@@ -247,7 +247,7 @@ def usage_of(usage: Any) -> dict[str, Any] | None:
     cached = int(details.get("cached_tokens") or 0) if isinstance(details, Mapping) else 0
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,

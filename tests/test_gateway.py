@@ -1,0 +1,411 @@
+"""``terrarium gateway`` over real HTTP, driven by the official ``openai`` client, with the
+fake model server as its upstream. Every body is validated with the client's own types."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai.types.chat import ChatCompletion
+from openai.types.conversations import (
+    Conversation,
+    ConversationDeletedResource,
+    ConversationItem,
+    ConversationItemList,
+)
+from openai.types.responses import Response, ResponseItemList, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from fakeserver import FakeReply, FakeServer, FakeToolCall
+from helpers.gateway import GatewayProcess
+from terrarium.model import ContextId
+from terrarium.sessions import restore
+from terrarium.stores.url import open_store
+
+MODEL = "fake-model"
+EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+ITEM: TypeAdapter[Any] = TypeAdapter(ConversationItem)
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeServer]:
+    with FakeServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gateway") / "sessions"
+
+
+@pytest.fixture(scope="module")
+def gateway(fake: FakeServer, storage: Path) -> Iterator[GatewayProcess]:
+    with GatewayProcess(storage, fake.base_url) as process:
+        yield process
+
+
+@pytest.fixture
+def client(gateway: GatewayProcess, fake: FakeServer) -> Iterator[openai.OpenAI]:
+    fake.clear_faults()
+    fake.reply = lambda messages: _echo(messages)
+    with openai.OpenAI(base_url=gateway.url, api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def _echo(messages: list[dict[str, Any]]) -> str:
+    last = next(m for m in reversed(messages) if m.get("role") == "user")
+    content = last.get("content")
+    return f"echo: {content if isinstance(content, str) else content[0]['text']}"
+
+
+def created(client: openai.OpenAI, **params: Any) -> dict[str, Any]:
+    """``responses.create`` as raw JSON, validated as a ``Response``."""
+    raw = client.responses.with_raw_response.create(model=MODEL, **params)
+    body: dict[str, Any] = json.loads(raw.text)
+    Response.model_validate(body)
+    return body
+
+
+def retrieved(client: openai.OpenAI, response_id: str) -> dict[str, Any]:
+    raw = client.responses.with_raw_response.retrieve(response_id)
+    body: dict[str, Any] = json.loads(raw.text)
+    Response.model_validate(body)
+    return body
+
+
+def text_of(body: dict[str, Any]) -> str:
+    return "".join(
+        part["text"]
+        for item in body["output"]
+        if item["type"] == "message"
+        for part in item["content"]
+    )
+
+
+def state_of(storage: Path, context: str) -> Any:
+    with open_store(str(storage), create=False) as store:
+        return restore(store, ContextId.parse(context))
+
+
+def test_a_chain_of_responses_is_kept_and_sent_whole(
+    client: openai.OpenAI, fake: FakeServer
+) -> None:
+    """A response continuing the newest one appends; the upstream gets the whole history."""
+    first = created(client, input="hello", instructions="be brief", metadata={"k": "v"})
+    assert first["status"] == "completed" and text_of(first) == "echo: hello"
+    assert first["id"].startswith("resp_") and len(first["id"]) > 40
+    second = created(client, input="again", previous_response_id=first["id"])
+    assert fake.last_request["messages"] == [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "echo: hello"},
+        {"role": "user", "content": "again"},
+    ]  # instructions are not carried over, as OpenAI does
+    again = retrieved(client, first["id"])
+    assert again["output"] == first["output"] and again["metadata"] == {"k": "v"}
+    assert again["instructions"] == "be brief" and again["usage"]["total_tokens"] > 0
+    raw = client.responses.input_items.with_raw_response.list(second["id"])
+    items = ResponseItemList.model_validate(json.loads(raw.text))
+    assert [item.type for item in items.data] == ["message"]
+    assert items.data[0].content[0].text == "again"  # type: ignore[union-attr]
+    assert retrieved(client, second["id"])["previous_response_id"] == first["id"]
+
+
+def test_continuing_an_older_response_forks_and_keeps_both_branches(
+    client: openai.OpenAI, fake: FakeServer, storage: Path
+) -> None:
+    """Two answers to one response are two branches: neither clobbers the other."""
+    root = created(client, input="start")
+    left = created(client, input="left", previous_response_id=root["id"])
+    right = created(client, input="right", previous_response_id=root["id"])
+    assert [m["content"] for m in fake.last_request["messages"]] == [
+        "start",
+        "echo: start",
+        "right",
+    ]
+    deeper = created(client, input="deeper", previous_response_id=left["id"])
+    assert [m["content"] for m in fake.last_request["messages"]][-2:] == ["echo: left", "deeper"]
+    for body in (root, left, right, deeper):
+        assert text_of(retrieved(client, body["id"])) == text_of(body)
+    context = f"resp:{root['id'][6:32]}"
+    with open_store(str(storage), create=False) as store:
+        head = store.get_head(ContextId.parse(context))
+        assert head is not None
+        assert len(store.list_segments(head.session_id)) == 2  # the fork; deeper appended
+    state = state_of(storage, context)
+    assert [item["content"][0]["text"] for item in state.history][-2:] == ["deeper", "echo: deeper"]
+
+
+def test_a_stream_is_the_documented_event_sequence(client: openai.OpenAI) -> None:
+    """Events validate as the client's types, numbered from 0, one id, then stored."""
+    with client.responses.with_streaming_response.create(
+        model=MODEL, input="stream me", stream=True
+    ) as raw:
+        lines = [line for line in raw.iter_lines() if line.startswith("data: ")]
+    events = [json.loads(line[6:]) for line in lines]
+    for event in events:
+        EVENTS.validate_python(event)
+    kinds = [event["type"] for event in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    ids = {event["response"]["id"] for event in events if "response" in event}
+    assert len(ids) == 1
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert deltas == "echo: stream me"
+    final = events[-1]["response"]
+    assert retrieved(client, final["id"])["output"] == final["output"]
+
+
+def test_store_false_keeps_nothing(client: openai.OpenAI, storage: Path) -> None:
+    with open_store(str(storage)) as store:
+        before = {c.context for c in store.list_contexts()}
+    body = created(client, input="forget me", store=False)
+    assert text_of(body) == "echo: forget me" and body["store"] is False
+    with open_store(str(storage)) as store:
+        assert {c.context for c in store.list_contexts()} == before
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(body["id"])
+
+
+def test_a_deleted_response_is_gone_and_its_chain_stays(client: openai.OpenAI) -> None:
+    first = created(client, input="one")
+    second = created(client, input="two", previous_response_id=first["id"])
+    client.responses.delete(first["id"])
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.responses.retrieve(first["id"])
+    assert missing.value.body == {  # type: ignore[comparison-overlap]
+        "message": f"Response with id '{first['id']}' not found.",
+        "type": "not_found_error",
+        "param": None,
+        "code": "not_found",
+    }
+    with pytest.raises(openai.NotFoundError):
+        created(client, input="x", previous_response_id=first["id"])
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(first["id"])
+    third = created(client, input="three", previous_response_id=second["id"])
+    assert text_of(retrieved(client, third["id"])) == "echo: three"
+
+
+def test_function_calls_round_trip(client: openai.OpenAI, fake: FakeServer) -> None:
+    """A function call goes out as a tool, comes back as an item, its output goes up."""
+    fake.reply = FakeReply(tool_calls=[FakeToolCall("weather", '{"city": "Oslo"}', "call_7")])
+    tool = {
+        "type": "function",
+        "name": "weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    first = created(client, input="weather?", tools=[tool])
+    assert fake.last_request["tools"][0]["function"]["name"] == "weather"
+    call = first["output"][-1]
+    assert call["type"] == "function_call" and call["call_id"] == "call_7"
+    assert json.loads(call["arguments"]) == {"city": "Oslo"}
+    fake.reply = "It is sunny."
+    output = {"type": "function_call_output", "call_id": "call_7", "output": "sunny"}
+    second = created(client, input=[output], previous_response_id=first["id"], tools=[tool])
+    assert text_of(second) == "It is sunny."
+    sent = fake.last_request["messages"]
+    assert sent[-2]["tool_calls"][0]["id"] == "call_7"
+    assert sent[-1] == {"role": "tool", "tool_call_id": "call_7", "content": "sunny"}
+
+
+def test_conversations_hold_items_and_responses(client: openai.OpenAI, fake: FakeServer) -> None:
+    raw = client.conversations.with_raw_response.create(
+        items=[{"role": "user", "content": "remember 42"}], metadata={"topic": "numbers"}
+    )
+    conv = Conversation.model_validate(json.loads(raw.text))
+    assert conv.metadata == {"topic": "numbers"} and conv.id.startswith("conv_")
+    reply = created(client, input="what number?", conversation=conv.id)
+    assert [m["content"] for m in fake.last_request["messages"]] == [
+        "remember 42\n\nwhat number?"
+    ]  # two user items in a row go up as one message
+    assert reply["conversation"] == {"id": conv.id}
+    added = client.conversations.items.with_raw_response.create(
+        conv.id, items=[{"type": "message", "role": "user", "content": "noted"}]
+    )
+    ConversationItemList.model_validate(json.loads(added.text))
+    listed = client.conversations.items.with_raw_response.list(conv.id, order="asc")
+    items = ConversationItemList.model_validate(json.loads(listed.text)).data
+    texts = [item.content[0].text for item in items]  # type: ignore[union-attr]
+    assert texts == ["remember 42", "what number?", "echo: remember 42\n\nwhat number?", "noted"]
+    page = client.conversations.items.list(conv.id, limit=2, order="asc", after=items[0].id)
+    assert [i.id for i in page.data] == [items[1].id, items[2].id] and page.has_more
+    one = client.conversations.items.with_raw_response.retrieve(
+        items[1].id, conversation_id=conv.id
+    )
+    ITEM.validate_python(json.loads(one.text))
+    client.conversations.items.delete(items[3].id, conversation_id=conv.id)  # the last: rewind
+    client.conversations.items.delete(items[0].id, conversation_id=conv.id)  # one inside
+    left = [i.id for i in client.conversations.items.list(conv.id, order="asc")]
+    assert left == [items[1].id, items[2].id]
+    updated = client.conversations.update(conv.id, metadata={"topic": "other"})
+    assert client.conversations.retrieve(conv.id).metadata == {"topic": "other"} == updated.metadata
+    deleted = client.conversations.with_raw_response.delete(conv.id)
+    ConversationDeletedResource.model_validate(json.loads(deleted.text))
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.retrieve(conv.id)
+    with pytest.raises(openai.NotFoundError):
+        created(client, input="x", conversation=conv.id)
+
+
+def test_chat_completions_pass_through_and_record_sessions(
+    client: openai.OpenAI, fake: FakeServer, storage: Path
+) -> None:
+    """A named session is kept; an edited earlier turn is a fork, the old branch stays."""
+    headers = {"X-Session-Id": "ui-1"}
+    history = [{"role": "system", "content": "sys"}, {"role": "user", "content": "a"}]
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=history,
+        extra_headers=headers,  # type: ignore[arg-type]
+    )
+    answer = ChatCompletion.model_validate(json.loads(raw.text))
+    history += [{"role": "assistant", "content": answer.choices[0].message.content or ""}]
+    history += [{"role": "user", "content": "b"}]
+    client.chat.completions.create(model=MODEL, messages=history, extra_headers=headers)  # type: ignore[arg-type]
+    state = state_of(storage, "chat:ui-1")
+    assert [m["content"] for m in state.history] == ["sys", "a", "echo: a", "b", "echo: b"]
+    edited = [*history[:1], {"role": "user", "content": "A!"}]
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=edited,
+        stream=True,
+        extra_headers=headers,  # type: ignore[arg-type]
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "echo: A!"
+    state = state_of(storage, "chat:ui-1")
+    assert [m["content"] for m in state.history] == ["sys", "A!", "echo: A!"]
+    with open_store(str(storage), create=False) as store:
+        assert len(store.list_segments(state.session_id)) == 2
+    client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "meta"}],
+        metadata={"session_id": "ui-2"},
+    )
+    assert "metadata" not in fake.last_request
+    assert [m["content"] for m in state_of(storage, "chat:ui-2").history] == ["meta", "echo: meta"]
+
+
+def test_an_upstream_failure_is_an_openai_error_and_a_failed_turn(
+    client: openai.OpenAI, fake: FakeServer, storage: Path
+) -> None:
+    """The client gets OpenAI's error shape; the turn is kept, failed; the next one works."""
+    conv = client.conversations.create()
+    fake.fail_next(503)
+    with pytest.raises(openai.APIStatusError) as failed:
+        created(client, input="lost?", conversation=conv.id)
+    assert failed.value.status_code == 502
+    assert set(failed.value.body) == {"message", "type", "param", "code"}  # type: ignore[arg-type]
+    state = state_of(storage, f"conv:{conv.id}")
+    assert state.failed and state.history[-1]["content"][0]["text"] == "lost?"
+    after = created(client, input="retry", conversation=conv.id)
+    assert text_of(after) == "echo: retry"
+    assert [m["content"] for m in fake.last_request["messages"]] == ["retry"]
+    fake.drop_next(after_chunks=2)
+    with client.responses.create(model=MODEL, input="drop", stream=True, conversation=conv.id) as s:
+        kinds = [event.type for event in s]
+    assert kinds[-1] == "response.failed"
+    assert text_of(created(client, input="fine", conversation=conv.id)) == "echo: fine"
+
+
+def test_an_unreachable_upstream_is_a_502(tmp_path: Path) -> None:
+    with (
+        socket_closed_port() as port,
+        GatewayProcess(tmp_path / "s", f"http://127.0.0.1:{port}/v1") as gw,
+    ):
+        with openai.OpenAI(base_url=gw.url, api_key="x", max_retries=0) as c:
+            with pytest.raises(openai.APIStatusError) as failed:
+                c.responses.create(model=MODEL, input="hi")
+    assert failed.value.status_code == 502
+    assert "cannot reach the model server" in failed.value.message
+
+
+def socket_closed_port() -> Any:
+    import contextlib
+    import socket
+
+    @contextlib.contextmanager
+    def port() -> Iterator[int]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            yield sock.getsockname()[1]  # bound, not listening: connections are refused
+
+    return port()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (b"{not json", 400, None),
+        (b"[]", 400, None),
+        (b'{"input": "x"}', 400, "model"),
+        (b'{"model": "m", "input": 5}', 400, "input"),
+        (b'{"model": "m", "input": "x", "tools": [{"type": "web_search"}]}', 400, "tools"),
+        (b'{"model": "m", "input": "x", "background": true}', 400, "background"),
+        (
+            b'{"model": "m", "input": "x", "previous_response_id": "resp_nope"}',
+            404,
+            "previous_response_id",
+        ),
+        (b'{"model": "m", "input": "x", "conversation": "conv_nope"}', 404, "conversation"),
+    ],
+)
+def test_bad_requests_get_openai_errors(
+    gateway: GatewayProcess, body: bytes, status: int, param: str | None
+) -> None:
+    answer = httpx.post(f"{gateway.url}/responses", content=body)
+    assert answer.status_code == status
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
+    assert "Traceback" not in answer.text
+
+
+def test_unknown_routes_and_large_bodies(gateway: GatewayProcess) -> None:
+    missing = httpx.get(f"{gateway.url}/nothing")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_route"
+    big = httpx.post(f"{gateway.url}/responses", content=b" " * (33 * 1024 * 1024))
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+
+
+def test_without_a_token_only_loopback_hosts_are_answered(gateway: GatewayProcess) -> None:
+    refused = httpx.get(f"{gateway.url}/models", headers={"Host": "evil.example"})
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+    assert httpx.get(f"{gateway.url}/models").json()["data"][0]["id"] == MODEL
+
+
+def test_a_token_is_required_on_every_route(tmp_path: Path, fake: FakeServer) -> None:
+    with GatewayProcess(tmp_path / "s", fake.base_url, "--token", "s3cret") as gw:
+        for method, path in [("GET", "/models"), ("POST", "/responses"), ("GET", "/x")]:
+            answer = httpx.request(method, gw.url + path)
+            assert answer.status_code == 401, path
+        with openai.OpenAI(base_url=gw.url, api_key="s3cret") as c:
+            assert c.responses.create(model=MODEL, input="ok").output_text == "echo: ok"
+        with openai.OpenAI(base_url=gw.url, api_key="wrong", max_retries=0) as c:
+            with pytest.raises(openai.AuthenticationError):
+                c.models.list()
+
+
+def test_another_host_gets_a_generated_token(tmp_path: Path, fake: FakeServer) -> None:
+    with GatewayProcess(tmp_path / "s", fake.base_url, "--host", "0.0.0.0") as gw:
+        line = gw.token_line()
+        assert line.startswith("token: ") and len(line.split()[1]) >= 24
+        url = gw.url.replace("0.0.0.0", "127.0.0.1")
+        assert httpx.get(f"{url}/models").status_code == 401
+        headers = {"Authorization": f"Bearer {line.split()[1]}"}
+        assert httpx.get(f"{url}/models", headers=headers).status_code == 200
