@@ -409,3 +409,33 @@ def test_another_host_gets_a_generated_token(tmp_path: Path, fake: FakeServer) -
         assert httpx.get(f"{url}/models").status_code == 401
         headers = {"Authorization": f"Bearer {line.split()[1]}"}
         assert httpx.get(f"{url}/models", headers=headers).status_code == 200
+
+
+def test_many_clients_on_one_conversation_keep_its_order(
+    client: openai.OpenAI, gateway: GatewayProcess, storage: Path
+) -> None:
+    """Twenty clients at once: every turn is kept whole (its input, then its output)."""
+    import threading
+
+    conv = client.conversations.create()
+    errors: list[BaseException] = []
+
+    def one(n: int) -> None:
+        try:
+            with openai.OpenAI(base_url=gateway.url, api_key="x", max_retries=0) as c:
+                c.responses.create(model=MODEL, input=f"client {n}", conversation=conv.id)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    texts = [item["content"][0]["text"] for item in state_of(storage, f"conv:{conv.id}").history]
+    assert len(texts) == 40
+    inputs = texts[0::2]
+    assert sorted(inputs) == sorted(f"client {n}" for n in range(20))
+    for asked, answered in zip(texts[0::2], texts[1::2], strict=True):
+        assert answered.startswith("echo: ") and answered.endswith(asked)
