@@ -108,7 +108,7 @@ def test_runner_keeps_a_conversation_by_id(
         conversation = await client.conversations.create()
         agent = agent_for(client, fake)
         for question in ("Weather in Paris?", "And tomorrow?"):
-            result = await Runner.run(
+            await Runner.run(
                 agent, question, conversation_id=conversation.id, run_config=NO_TRACING
             )
         items = [i async for i in client.conversations.items.list(conversation.id, order="asc")]

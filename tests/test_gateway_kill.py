@@ -69,7 +69,7 @@ def test_a_kill_mid_stream_loses_no_completed_response(fake: FakeServer, storage
             completed[first.id] = first.output_text
             fake.chunk_delay = 0.3
             seen: list[str] = []
-            with pytest.raises(openai.APIError):  # noqa: PT012 (the stream is cut by the kill)
+            with pytest.raises(openai.APIError):  # the stream is cut by the kill
                 with client.responses.create(
                     model=MODEL, input="cut", previous_response_id=first.id, stream=True
                 ) as stream:
