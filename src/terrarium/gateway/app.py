@@ -18,12 +18,13 @@ from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from terrarium.gateway import conversations
 from terrarium.gateway.chat import chat_completions
 from terrarium.gateway.http import (
+    JSON,
     MAX_BODY,
     Guard,
     endpoint,
@@ -168,7 +169,7 @@ async def create_response(gw: Gateway, request: Request) -> Response:
     record["finish_reason"] = choice.get("finish_reason")
     if req.store:
         await gw.run(gw.commit, req, target, record, output)
-    return JSONResponse(response_object(record, output))
+    return JSON(response_object(record, output))
 
 
 def _errored(exc: GatewayError, partial: str) -> dict[str, Any]:
@@ -228,13 +229,13 @@ def _retrieve(gw: Gateway, response_id: str) -> tuple[dict[str, Any], list[Logge
 async def get_response(gw: Gateway, request: Request) -> Response:
     """``GET /v1/responses/{id}``."""
     obj, _ = await gw.run(_retrieve, gw, request.path_params["response_id"])
-    return JSONResponse(obj)
+    return JSON(obj)
 
 
 async def input_items(gw: Gateway, request: Request) -> Response:
     """``GET /v1/responses/{id}/input_items``."""
     _, inputs = await gw.run(_retrieve, gw, request.path_params["response_id"])
-    return JSONResponse(page(inputs, request.query_params))
+    return JSON(page(inputs, request.query_params))
 
 
 async def delete_response(gw: Gateway, request: Request) -> Response:
@@ -244,12 +245,12 @@ async def delete_response(gw: Gateway, request: Request) -> Response:
     deleted = ctx is not None and await gw.run(gw.ledger.delete_response, rid, ctx)
     if not deleted:
         raise not_found(f"Response with id '{rid}' not found.")
-    return JSONResponse({"id": rid, "object": "response.deleted", "deleted": True})
+    return JSON({"id": rid, "object": "response.deleted", "deleted": True})
 
 
 async def list_models(gw: Gateway, request: Request) -> Response:
     """``GET /v1/models``, the upstream's."""
-    return JSONResponse(await gw.upstream.models())
+    return JSON(await gw.upstream.models())
 
 
 def create_app(

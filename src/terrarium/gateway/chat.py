@@ -8,14 +8,13 @@ and a request that diverges (an edited or regenerated turn) forks where it diver
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
-from terrarium.gateway.http import headers_of, read_json
+from terrarium.gateway.http import JSON, encode, headers_of, read_json
 from terrarium.gateway.ids import CHAT_TYPE
 from terrarium.gateway.ledger import turn_entries
 from terrarium.gateway.upstream import GatewayError, bad_request
@@ -150,7 +149,7 @@ async def chat_completions(gw: Gateway, request: Request) -> Response:
         choice = (answer.get("choices") or [{}])[0]
         reply = _message(choice.get("message") or {})
         await _record(gw, ctx, body, reply, answer.get("usage"), choice.get("finish_reason"))
-    return JSONResponse(answer)
+    return JSON(answer)
 
 
 async def _stream(gw: Gateway, ctx: ContextId | None, body: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -159,7 +158,7 @@ async def _stream(gw: Gateway, ctx: ContextId | None, body: dict[str, Any]) -> A
     try:
         async for chunk in gw.upstream.stream(body):
             reply.feed(chunk)
-            yield b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
+            yield b"data: " + encode(chunk) + b"\n\n"
         if reply.finish is None:
             raise GatewayError(
                 502,
@@ -170,7 +169,7 @@ async def _stream(gw: Gateway, ctx: ContextId | None, body: dict[str, Any]) -> A
     except GatewayError as exc:
         if ctx is not None:
             await _record(gw, ctx, body, None, None, None, exc)
-        yield b"data: " + json.dumps(exc.body()).encode() + b"\n\n"
+        yield b"data: " + encode(exc.body()) + b"\n\n"
         return
     if ctx is not None:
         await _record(gw, ctx, body, reply.message(), reply.usage, reply.finish)

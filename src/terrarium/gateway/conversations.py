@@ -7,10 +7,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from terrarium import contexts
-from terrarium.gateway.http import page, read_json
+from terrarium.gateway.http import JSON, page, read_json
 from terrarium.gateway.ids import conversation_context, new_conversation_id
 from terrarium.gateway.ledger import CONVERSATION_DOMAIN
 from terrarium.gateway.responses import check_metadata, normalize_items
@@ -67,13 +67,13 @@ async def create(gw: Gateway, request: Request) -> Response:
     ctx = conversation_context(conversation_id)
     assert ctx is not None
     await gw.run(gw.ledger.create_conversation, ctx, record, items)
-    return JSONResponse(_object(conversation_id, record))
+    return JSON(_object(conversation_id, record))
 
 
 async def retrieve(gw: Gateway, request: Request) -> Response:
     """``GET /v1/conversations/{id}``."""
     conversation_id, record, _ = await gw.run(_state, gw, request)
-    return JSONResponse(_object(conversation_id, record))
+    return JSON(_object(conversation_id, record))
 
 
 async def update(gw: Gateway, request: Request) -> Response:
@@ -85,7 +85,7 @@ async def update(gw: Gateway, request: Request) -> Response:
     conversation_id, record, _ = await gw.run(_state, gw, request)
     record["metadata"] = metadata
     await gw.run(gw.ledger.set_conversation, _context(request)[1], record)
-    return JSONResponse(_object(conversation_id, record))
+    return JSON(_object(conversation_id, record))
 
 
 async def delete(gw: Gateway, request: Request) -> Response:
@@ -93,7 +93,7 @@ async def delete(gw: Gateway, request: Request) -> Response:
     conversation_id, ctx = _context(request)
     if not await gw.run(contexts.delete_context, gw.ledger.store, ctx, why="gateway"):
         raise not_found(f"Conversation with id '{conversation_id}' not found.")
-    return JSONResponse({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
+    return JSON({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
 async def add_items(gw: Gateway, request: Request) -> Response:
@@ -103,13 +103,13 @@ async def add_items(gw: Gateway, request: Request) -> Response:
     _, ctx = _context(request)
     await gw.run(_state, gw, request)  # a missing conversation is a 404
     await gw.run(gw.ledger.add_items, ctx, items)
-    return JSONResponse(page(items, {"order": "asc", "limit": "100"}, default_order="asc"))
+    return JSON(page(items, {"order": "asc", "limit": "100"}, default_order="asc"))
 
 
 async def list_items(gw: Gateway, request: Request) -> Response:
     """``GET /v1/conversations/{id}/items``."""
     _, _, items = await gw.run(_state, gw, request)
-    return JSONResponse(page(items, request.query_params))
+    return JSON(page(items, request.query_params))
 
 
 async def get_item(gw: Gateway, request: Request) -> Response:
@@ -119,7 +119,7 @@ async def get_item(gw: Gateway, request: Request) -> Response:
     found = next((item for item in items if item.get("id") == item_id), None)
     if found is None:
         raise not_found(f"Item with id '{item_id}' not found.")
-    return JSONResponse(found)
+    return JSON(found)
 
 
 async def delete_item(gw: Gateway, request: Request) -> Response:
@@ -129,7 +129,7 @@ async def delete_item(gw: Gateway, request: Request) -> Response:
     if not await gw.run(gw.ledger.delete_item, ctx, item_id):
         raise not_found(f"Item with id '{item_id}' not found.")
     _, record, _ = await gw.run(_state, gw, request)
-    return JSONResponse(_object(conversation_id, record))
+    return JSON(_object(conversation_id, record))
 
 
 ROUTES = [

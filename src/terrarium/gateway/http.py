@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from functools import wraps
 from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -25,11 +25,25 @@ MAX_BODY = 32 * 1024 * 1024
 keep it themselves do)."""
 
 _LOOPBACK = frozenset(("localhost", "127.0.0.1", "::1", "[::1]"))
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder()
+
+
+def encode(value: Any) -> bytes:
+    """``value`` as JSON bytes."""
+    return _ENCODER.encode(value)
+
+
+class JSON(JSONResponse):
+    """A JSON response encoded by msgspec (several times faster than the json module)."""
+
+    def render(self, content: Any) -> bytes:
+        return _ENCODER.encode(content)
 
 
 def error_response(error: GatewayError) -> JSONResponse:
     """The error as OpenAI's JSON, with its status."""
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSON(error.body(), status_code=error.status)
 
 
 def _is_loopback(host: str) -> bool:
@@ -88,8 +102,8 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
             raise _too_large(limit)
         chunks.append(chunk)
     try:
-        body = json.loads(b"".join(chunks))
-    except (ValueError, UnicodeDecodeError):
+        body = _DECODER.decode(b"".join(chunks))
+    except (msgspec.DecodeError, ValueError, UnicodeDecodeError):
         raise bad_request("the request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
@@ -157,8 +171,7 @@ def page(
 
 def sse(event: Mapping[str, Any]) -> bytes:
     """One server-sent event: its ``type`` as the event name, the event as its data."""
-    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {event['type']}\ndata: {data}\n\n".encode()
+    return b"event: %s\ndata: %s\n\n" % (event["type"].encode(), _ENCODER.encode(event))
 
 
 def headers_of(scope: MutableMapping[str, Any]) -> dict[str, str]:

@@ -10,9 +10,11 @@ turn that failed is logged as failed once.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import msgspec
 import openai
 
 _STATUS_TYPES = {
@@ -119,6 +121,18 @@ def _code(body: object) -> str | None:
     return None
 
 
+# openai 1.99 to 2.x send a bytes ``body`` as it is; later releases take it as ``content``.
+_POST_TAKES_CONTENT = "content" in inspect.signature(openai.AsyncOpenAI.post).parameters
+# msgspec encodes a long history several times faster than the json module the client uses.
+_ENCODER = msgspec.json.Encoder()
+
+
+def _encoded(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``post`` keyword that sends ``body`` as JSON bytes, encoded once here."""
+    data = _ENCODER.encode(body)
+    return {"content": data} if _POST_TAKES_CONTENT else {"body": data}
+
+
 class Upstream:
     """An OpenAI-compatible server (vLLM, llama.cpp, ...), reached at ``base_url``."""
 
@@ -131,7 +145,8 @@ class Upstream:
     async def chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """One Chat Completions call; the server's JSON answer."""
         try:
-            answer = await self.client.post("/chat/completions", cast_to=object, body=dict(body))
+            post: Any = self.client.post  # typed for the installed release's keywords only
+            answer = await post("/chat/completions", cast_to=object, **_encoded(body))
         except Exception as exc:
             raise upstream_error(exc, self.url) from exc
         if not isinstance(answer, dict):
@@ -141,12 +156,13 @@ class Upstream:
     async def stream(self, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """A streamed Chat Completions call: each chunk as the server's JSON."""
         try:
-            chunks = await self.client.post(
+            post: Any = self.client.post
+            chunks = await post(
                 "/chat/completions",
                 cast_to=object,
-                body={**body, "stream": True},
                 stream=True,
                 stream_cls=openai.AsyncStream[object],
+                **_encoded({**body, "stream": True}),
             )
             async with chunks:
                 async for chunk in chunks:
