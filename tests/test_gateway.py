@@ -439,3 +439,44 @@ def test_many_clients_on_one_conversation_keep_its_order(
     assert sorted(inputs) == sorted(f"client {n}" for n in range(20))
     for asked, answered in zip(texts[0::2], texts[1::2], strict=True):
         assert answered.startswith("echo: ") and answered.endswith(asked)
+
+
+def test_structured_output_is_sent_as_response_format(
+    client: openai.OpenAI, fake: FakeServer
+) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    fake.reply = '{"n": 7}'
+    body = created(
+        client,
+        input="a number",
+        text={"format": {"type": "json_schema", "name": "number", "schema": schema}},
+    )
+    assert fake.last_request["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "number", "schema": schema},
+    }
+    assert body["text"]["format"]["name"] == "number" and text_of(body) == '{"n": 7}'
+    assert retrieved(client, body["id"])["text"] == body["text"]
+
+
+def test_a_dropped_chat_stream_is_an_error_line_and_a_failed_turn(
+    client: openai.OpenAI, fake: FakeServer, storage: Path
+) -> None:
+    fake.drop_next(after_chunks=2)
+    messages = [{"role": "user", "content": "will drop"}]
+    headers = {"X-Session-Id": "dropped"}
+    with pytest.raises(openai.APIError):
+        for _ in client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            stream=True,
+            extra_headers=headers,  # type: ignore[arg-type]
+        ):
+            pass
+    state = state_of(storage, "chat:dropped")
+    assert state.failed and [m["content"] for m in state.history] == ["will drop"]
+    again = client.chat.completions.create(model=MODEL, messages=messages, extra_headers=headers)  # type: ignore[arg-type]
+    assert again.choices[0].message.content == "echo: will drop"
+    assert [m["content"] for m in state_of(storage, "chat:dropped").model_history][-1] == (
+        "echo: will drop"
+    )

@@ -45,6 +45,8 @@ class ResponseRequest:
     tool_choice: Any = None
     params: dict[str, Any] = field(default_factory=dict)
     """``temperature``, ``top_p``, ``parallel_tool_calls``, ``max_output_tokens`` as given."""
+    response_format: dict[str, Any] | None = None
+    """``text.format`` made Chat's ``response_format``."""
 
 
 def parse_request(body: Mapping[str, Any]) -> ResponseRequest:
@@ -74,7 +76,21 @@ def parse_request(body: Mapping[str, Any]) -> ResponseRequest:
     req.tools = _tools(body.get("tools"))
     req.tool_choice = body.get("tool_choice")
     req.params = {k: body[k] for k in (*_PASSED, "max_output_tokens") if body.get(k) is not None}
+    req.response_format = _response_format(body.get("text"))
     return req
+
+
+def _response_format(text: Any) -> dict[str, Any] | None:
+    """``text.format`` as Chat's ``response_format`` (structured outputs), or None."""
+    shape = text.get("format") if isinstance(text, Mapping) else None
+    if not isinstance(shape, Mapping) or shape.get("type") in (None, "text"):
+        return None
+    if shape.get("type") == "json_object":
+        return {"type": "json_object"}
+    if shape.get("type") == "json_schema":
+        keys = ("name", "schema", "strict", "description")
+        return {"type": "json_schema", "json_schema": {k: shape[k] for k in keys if k in shape}}
+    raise bad_request(f"text format {shape.get('type')!r} is not implemented", "text")
 
 
 def _optional(body: Mapping[str, Any], key: str, kind: type) -> Any:
@@ -184,6 +200,8 @@ def chat_body(req: ResponseRequest, messages: list[dict[str, Any]]) -> dict[str,
             body["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
         elif choice in ("auto", "none", "required"):
             body["tool_choice"] = choice
+    if req.response_format is not None:
+        body["response_format"] = req.response_format
     if req.stream:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -269,6 +287,15 @@ def usage_entry(model: str, usage: Mapping[str, Any] | None) -> dict[str, Any] |
 # --------------------------------------------------------------------------- objects
 
 
+def _text_format(response_format: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The response's ``text.format`` for a request's ``response_format``."""
+    if response_format is None:
+        return {"type": "text"}
+    if response_format["type"] == "json_schema":
+        return {"type": "json_schema", **response_format["json_schema"]}
+    return {"type": "json_object"}
+
+
 def new_record(req: ResponseRequest, response_id: str) -> dict[str, Any]:
     """What a stored response records about itself (all but its items)."""
     return {
@@ -283,6 +310,7 @@ def new_record(req: ResponseRequest, response_id: str) -> dict[str, Any]:
         "tools": req.tools,
         "tool_choice": req.tool_choice,
         "store": req.store,
+        "text": {"format": _text_format(req.response_format)},
         "inputs": len(req.inputs),
         **req.params,
         "usage": None,
@@ -329,7 +357,7 @@ def response_object(record: Mapping[str, Any], output: Sequence[LoggedItem]) -> 
         "conversation": {"id": conversation} if conversation else None,
         "store": record.get("store", True),
         "temperature": record.get("temperature"),
-        "text": {"format": {"type": "text"}},
+        "text": record.get("text") or {"format": {"type": "text"}},
         "tool_choice": choice if choice is not None else "auto",
         "tools": [{"strict": None, **tool} for tool in record.get("tools") or []],
         "top_p": record.get("top_p"),
