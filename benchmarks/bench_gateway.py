@@ -157,6 +157,25 @@ async def _chain(client: httpx.AsyncClient, url: str, name: int, turns: int) -> 
     return ids
 
 
+async def _direct_chain(client: httpx.AsyncClient, url: str, name: int, turns: int) -> None:
+    messages: list[dict[str, Any]] = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"c{name} t{turn}"})
+        answer = await client.post(
+            f"{url}/chat/completions", json={"model": MODEL, "messages": messages}
+        )
+        answer.raise_for_status()
+        messages.append(answer.json()["choices"][0]["message"])
+
+
+async def _direct(url: str, conversations: int, turns: int) -> float:
+    limits = httpx.Limits(max_connections=conversations)
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(_direct_chain(client, url, n, turns) for n in range(conversations)))
+        return time.perf_counter() - start
+
+
 async def _concurrent(url: str, conversations: int, turns: int) -> tuple[float, list[list[str]]]:
     limits = httpx.Limits(max_connections=conversations)
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
@@ -167,12 +186,19 @@ async def _concurrent(url: str, conversations: int, turns: int) -> tuple[float, 
         return time.perf_counter() - start, list(chains)
 
 
-def throughput(report: Report, url: str, storage: str, conversations: int, turns: int) -> None:
-    """Requests per second with many conversations at once; then every chain checked."""
+def throughput(
+    report: Report, url: str, fake: FakeServer, storage: str, conversations: int, turns: int
+) -> None:
+    """Requests per second with many conversations at once, through the gateway and
+    straight; then every chain checked."""
+    direct = asyncio.run(_direct(fake.base_url, conversations, turns))
     elapsed, chains = asyncio.run(_concurrent(url, conversations, turns))
+    requests = conversations * turns
     report.row(
-        f"{conversations} concurrent conversations: requests/s",
-        f"{conversations * turns / elapsed:.0f}",
+        f"{conversations} concurrent conversations: direct requests/s", f"{requests / direct:.0f}"
+    )
+    report.row(
+        f"{conversations} concurrent conversations: gateway requests/s", f"{requests / elapsed:.0f}"
     )
     wrong = 0
     with open_store(storage, create=False) as store:
@@ -202,7 +228,7 @@ def main() -> None:
                 for size in sizes:
                     added_latency(report, client, url, fake, size, repeat)
                 first_token(report, client, url, fake, repeat)
-            throughput(report, url, storage, conversations, turns)
+            throughput(report, url, fake, storage, conversations, turns)
     print("\nResults\n")
     print(report.table())
 

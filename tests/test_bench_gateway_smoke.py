@@ -15,7 +15,7 @@ def test_bench_gateway_quick_run(tmp_path: Path) -> None:
         "10 messages: added median",
         "10 messages: added p99",
         "first streamed token: gateway median",
-        "concurrent conversations: requests/s",
+        "concurrent conversations: gateway requests/s",
     ):
         assert measure in table, measure
     assert "| lost or misordered turns" in table and "PASS" in table.split("misordered")[1]
