@@ -480,3 +480,64 @@ def test_a_dropped_chat_stream_is_an_error_line_and_a_failed_turn(
     assert [m["content"] for m in state_of(storage, "chat:dropped").model_history][-1] == (
         "echo: will drop"
     )
+
+
+def test_continuing_a_conversations_response_outside_it_leaves_it_alone(
+    client: openai.OpenAI,
+) -> None:
+    """``previous_response_id`` of a response made in a conversation branches off it: the
+    conversation keeps only what was sent to it."""
+    conv = client.conversations.create()
+    inside = created(client, input="inside", conversation=conv.id)
+    outside = created(client, input="outside", previous_response_id=inside["id"])
+    further = created(client, input="further", previous_response_id=outside["id"])
+    assert text_of(retrieved(client, further["id"])) == "echo: further"
+    texts = [i.content[0].text for i in client.conversations.items.list(conv.id, order="asc")]  # type: ignore[union-attr]
+    assert texts == ["inside", "echo: inside"]
+    assert retrieved(client, outside["id"])["conversation"] is None
+
+
+def _wait_for(check: Any, seconds: float = 10) -> Any:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return check()
+        except (AssertionError, KeyError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_a_client_that_goes_away_mid_stream_leaves_a_failed_turn(
+    gateway: GatewayProcess, fake: FakeServer, storage: Path, client: openai.OpenAI
+) -> None:
+    """As Ctrl-C in the chat loop: the input is kept, marked failed, and never sent again."""
+    conv = client.conversations.create()
+    fake.chunk_delay = 0.2
+    try:
+        body = {"model": MODEL, "input": "gone", "stream": True, "conversation": conv.id}
+        with httpx.stream("POST", f"{gateway.url}/responses", json=body) as answer:
+            for line in answer.iter_lines():
+                if "output_text.delta" in line:
+                    break
+        chat = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "bye"}]}
+        headers = {"X-Session-Id": "gone"}
+        with httpx.stream(
+            "POST", f"{gateway.url}/chat/completions", json=chat, headers=headers
+        ) as answer:
+            for line in answer.iter_lines():
+                if "content" in line:
+                    break
+    finally:
+        fake.chunk_delay = 0.0
+
+    def failed(context: str, text: str) -> None:
+        state = state_of(storage, context)
+        assert state.failed and text in str(state.history[-1])
+
+    _wait_for(lambda: failed(f"conv:{conv.id}", "gone"))
+    _wait_for(lambda: failed("chat:gone", "bye"))
+    assert text_of(created(client, input="back", conversation=conv.id)) == "echo: back"
+    assert [m["content"] for m in fake.last_request["messages"]] == ["back"]

@@ -87,6 +87,10 @@ class Gateway:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue ``fn`` in the store's worker thread without waiting for it."""
+        self._pool.submit(fn, *args)
+
     async def close(self) -> None:
         """Finish the store calls under way, close the upstream client."""
         await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
@@ -179,11 +183,34 @@ def _errored(exc: GatewayError, partial: str) -> dict[str, Any]:
     return data
 
 
+GONE = "the client went away before the response completed"
+
+
 async def _stream_response(
     gw: Gateway, req: ResponseRequest, target: Target, record: dict[str, Any], body: Any
 ) -> AsyncIterator[bytes]:
-    """The stream of events; the turn is stored before ``response.completed`` is sent."""
+    """The stream of events. A client that goes away before the end (the stream closed or
+    cancelled) leaves a failed turn, as Ctrl-C does in the chat loop; it is handed to the
+    store's worker without waiting, as nothing may be awaited once a task is cancelled."""
     builder = StreamBuilder(record)
+    try:
+        async for piece in _events(gw, req, target, builder, body):
+            yield piece
+    except (asyncio.CancelledError, GeneratorExit):
+        if req.store and record["status"] == "in_progress":
+            fail(record, GONE)
+            error = {"error": GONE, "error_type": "client_disconnected"}
+            if builder.partial_text():
+                error["partial"] = builder.partial_text()
+            gw.submit(gw.commit, req, target, record, [], error)
+        raise
+
+
+async def _events(
+    gw: Gateway, req: ResponseRequest, target: Target, builder: StreamBuilder, body: Any
+) -> AsyncIterator[bytes]:
+    """The events of a stream; the turn is stored before ``response.completed`` is sent."""
+    record = builder.record
     for event in builder.start():
         yield sse(event)
     try:

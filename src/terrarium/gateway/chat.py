@@ -52,6 +52,8 @@ class _Reply:
         self.calls: dict[int, dict[str, Any]] = {}
         self.finish: Any = None
         self.usage: Any = None
+        self.recorded = False
+        """Whether the turn was handed to the store (done or failed)."""
 
     def feed(self, chunk: Mapping[str, Any]) -> None:
         if chunk.get("usage"):
@@ -153,8 +155,33 @@ async def chat_completions(gw: Gateway, request: Request) -> Response:
 
 
 async def _stream(gw: Gateway, ctx: ContextId | None, body: dict[str, Any]) -> AsyncIterator[bytes]:
-    """The upstream's chunks as they come; the turn is recorded before ``[DONE]``."""
+    """The upstream's chunks as they come; the turn is recorded before ``[DONE]``. A client
+    that goes away first leaves a failed turn (handed to the store's worker, not awaited)."""
     reply = _Reply()
+    done = False
+    try:
+        async for piece in _chunks(gw, ctx, body, reply):
+            yield piece
+        done = True
+    finally:
+        if not done and ctx is not None and not reply.recorded:
+            tail = turn_entries(
+                [],
+                [],
+                usage=None,
+                finish=None,
+                error={"error": GONE, "error_type": "client_disconnected"},
+                record=None,
+            )
+            gw.submit(gw.ledger.record_chat, ctx, body["messages"], tail)
+
+
+GONE = "the client went away before the reply completed"
+
+
+async def _chunks(
+    gw: Gateway, ctx: ContextId | None, body: dict[str, Any], reply: _Reply
+) -> AsyncIterator[bytes]:
     try:
         async for chunk in gw.upstream.stream(body):
             reply.feed(chunk)
@@ -168,9 +195,11 @@ async def _stream(gw: Gateway, ctx: ContextId | None, body: dict[str, Any]) -> A
             )
     except GatewayError as exc:
         if ctx is not None:
+            reply.recorded = True
             await _record(gw, ctx, body, None, None, None, exc)
         yield b"data: " + encode(exc.body()) + b"\n\n"
         return
     if ctx is not None:
+        reply.recorded = True
         await _record(gw, ctx, body, reply.message(), reply.usage, reply.finish)
     yield b"data: [DONE]\n\n"

@@ -274,10 +274,16 @@ class Ledger:
     ) -> Point:
         """Write a turn after ``point``: appended when nothing but tombstones follows it in
         its segment, else in a fork made there. With ``move_head`` the context's head moves
-        to the segment written (a thread's head is its newest response)."""
+        to the segment written (a thread's head is its newest response); without it (a
+        conversation's response continued outside the conversation) the turn never goes into
+        the head's segment, so the conversation holds only what was sent to it."""
         while True:
             nxt = self.store.next_seq(point.session_id, point.segment_id)
-            if nxt == point.seq + 1 or self._only_tombstones_after(point):
+            tail = nxt == point.seq + 1 or self._only_tombstones_after(point)
+            if tail and not move_head:
+                head = self.store.get_head(point.context)
+                tail = head is None or head.segment_id != point.segment_id
+            if tail:
                 target, expected = point, nxt
             else:
                 forked = sessions.fork_at(self.store, point.ref, point.seq)
