@@ -541,3 +541,25 @@ def test_a_client_that_goes_away_mid_stream_leaves_a_failed_turn(
     _wait_for(lambda: failed("chat:gone", "bye"))
     assert text_of(created(client, input="back", conversation=conv.id)) == "echo: back"
     assert [m["content"] for m in fake.last_request["messages"]] == ["back"]
+
+
+def test_what_the_gateway_keeps_is_an_ordinary_context(
+    client: openai.OpenAI, storage: Path
+) -> None:
+    """``list``, ``search`` and ``show --segments`` read it like any other."""
+    from click.testing import CliRunner
+
+    from terrarium.cli import cli
+
+    root = created(client, input="quokka facts")
+    created(client, input="left", previous_response_id=root["id"])
+    created(client, input="right", previous_response_id=root["id"])
+    context = f"resp:{root['id'][6:32]}"
+    runner = CliRunner()
+    where = ["--storage-dir", str(storage)]
+    listed = runner.invoke(cli, ["list", *where], catch_exceptions=False)
+    assert context in listed.output
+    found = runner.invoke(cli, ["search", "quokka", *where], catch_exceptions=False)
+    assert context in found.output
+    shown = runner.invoke(cli, ["show", "--segments", context, *where], catch_exceptions=False)
+    assert shown.exit_code == 0 and "fork" in shown.output
