@@ -563,3 +563,37 @@ def test_what_the_gateway_keeps_is_an_ordinary_context(
     assert context in found.output
     shown = runner.invoke(cli, ["show", "--segments", context, *where], catch_exceptions=False)
     assert shown.exit_code == 0 and "fork" in shown.output
+
+
+def test_a_stream_with_reasoning_text_and_calls_validates_and_is_stored(
+    client: openai.OpenAI, fake: FakeServer
+) -> None:
+    fake.reply = FakeReply(
+        content="Let me look.",
+        reasoning="The user wants weather.",
+        tool_calls=[FakeToolCall("weather", '{"city": "Oslo"}', "call_9")],
+    )
+    tool = {"type": "function", "name": "weather", "parameters": {"type": "object"}}
+    with client.responses.with_streaming_response.create(
+        model=MODEL,
+        input="weather?",
+        tools=[tool],
+        stream=True,  # type: ignore[list-item]
+    ) as raw:
+        events = [json.loads(line[6:]) for line in raw.iter_lines() if line.startswith("data: ")]
+    for event in events:
+        EVENTS.validate_python(event)
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.completed"
+    assert [item["type"] for item in final["output"]] == ["reasoning", "message", "function_call"]
+    args = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert json.loads(args[0]["arguments"]) == {"city": "Oslo"}
+    added = [e["output_index"] for e in events if e["type"] == "response.output_item.added"]
+    assert added == [0, 1, 2]
+    assert retrieved(client, final["id"])["output"] == final["output"]
+    fake.reply = "done"
+    output = {"type": "function_call_output", "call_id": "call_9", "output": "rain"}
+    created(client, input=[output], previous_response_id=final["id"])
+    sent = fake.last_request["messages"]
+    assert sent[-2]["content"] == "Let me look." and sent[-2]["tool_calls"][0]["id"] == "call_9"

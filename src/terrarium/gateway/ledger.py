@@ -75,8 +75,9 @@ class Snapshot:
     """The Chat messages sent upstream for the model history (failed runs left out)."""
     items: list[LoggedItem]
     """The model history's items."""
-    kept: list[int]
-    """For each of :attr:`items`, its index in the whole history (failed items included)."""
+    kept: Sequence[int]
+    """For each of :attr:`items`, its index in the whole history (failed items included):
+    a ``range`` while no item failed, so a long history costs no list of indices."""
     history_len: int
     """Items in the whole history."""
     extensions: dict[str, Any] = field(default_factory=dict)
@@ -92,13 +93,15 @@ class Snapshot:
         return Snapshot(
             messages,
             [*self.items, *items],
-            [*self.kept, *range(start, start + len(items))],
+            range(start + len(items))
+            if isinstance(self.kept, range)
+            else [*self.kept, *range(start, start + len(items))],
             start + len(items),
             {**self.extensions, **extensions} if extensions else self.extensions,
         )
 
 
-EMPTY = Snapshot([], [], [], 0)
+EMPTY = Snapshot([], [], range(0), 0)
 
 
 @dataclass(slots=True)
@@ -145,7 +148,7 @@ class Ledger:
     """The gateway's reads and writes over one store. Not thread-safe: the app calls it
     from one worker thread."""
 
-    def __init__(self, store: Store, *, cache: int = 1024) -> None:
+    def __init__(self, store: Store, *, cache: int = 256) -> None:
         self.store = store
         self._snapshots: OrderedDict[tuple[SegmentId, int], Snapshot] = OrderedDict()
         self._indexes: OrderedDict[ContextId, _Index] = OrderedDict()
@@ -164,10 +167,10 @@ class Ledger:
             self.store, point.session_id, point.segment_id, stop_seq=point.seq
         )
         items = state.model_history
-        kept = (
+        kept: Sequence[int] = (
             [i for i in range(len(state.history)) if i not in state.failed]
             if state.failed
-            else list(range(len(items)))
+            else range(len(items))
         )
         snap = Snapshot(
             wire_messages(None, items), list(items), kept, len(state.history), state.extensions
