@@ -597,3 +597,63 @@ def test_a_stream_with_reasoning_text_and_calls_validates_and_is_stored(
     created(client, input=[output], previous_response_id=final["id"])
     sent = fake.last_request["messages"]
     assert sent[-2]["content"] == "Let me look." and sent[-2]["tool_calls"][0]["id"] == "call_9"
+
+
+def test_clients_continuing_one_response_at_once_each_get_a_branch(
+    client: openai.OpenAI, gateway: GatewayProcess, fake: FakeServer, storage: Path
+) -> None:
+    """Ten retries of one turn at the same time: ten branches, none clobbered."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = created(client, input="root")
+
+    def branch(n: int) -> dict[str, Any]:
+        with openai.OpenAI(base_url=gateway.url, api_key="x", max_retries=0) as c:
+            return created(c, input=f"branch {n}", previous_response_id=root["id"])
+
+    with ThreadPoolExecutor(10) as pool:
+        branches = list(pool.map(branch, range(10)))
+    for n, body in enumerate(branches):
+        again = retrieved(client, body["id"])
+        assert text_of(again) == f"echo: branch {n}"
+        more = created(client, input="more", previous_response_id=body["id"])
+        sent = [m["content"] for m in fake.last_request["messages"]]
+        assert sent == ["root", "echo: root", f"branch {n}", f"echo: branch {n}", "more"]
+        assert text_of(more) == "echo: more"
+    with open_store(str(storage), create=False) as store:
+        head = store.get_head(ContextId("resp", root["id"][6:32]))
+        assert head is not None
+        assert len(store.list_segments(head.session_id)) == 10  # one appended, nine forks
+
+
+def test_a_slow_upstream_is_a_504_and_a_failed_turn(tmp_path: Path) -> None:
+    with (
+        FakeServer(delay=3) as slow,
+        GatewayProcess(tmp_path / "s", slow.base_url, "--timeout", "0.5") as gw,
+    ):
+        with openai.OpenAI(base_url=gw.url, api_key="x", max_retries=0) as c:
+            conv = c.conversations.create()
+            with pytest.raises(openai.APIStatusError) as failed:
+                c.responses.create(model=MODEL, input="slow", conversation=conv.id)
+    assert failed.value.status_code == 504
+    assert failed.value.body["code"] == "timeout"  # type: ignore[index]
+    state = state_of(tmp_path / "s", f"conv:{conv.id}")
+    assert state.failed and state.last_run is not None and state.last_run.status == "errored"
+
+
+def test_sampling_parameters_go_upstream_and_input_items_page(
+    client: openai.OpenAI, fake: FakeServer
+) -> None:
+    items = [{"role": "user", "content": f"part {n}"} for n in range(5)]
+    body = created(client, input=items, temperature=0.25, top_p=0.5, max_output_tokens=64)
+    sent = fake.last_request
+    assert (sent["temperature"], sent["top_p"], sent["max_tokens"]) == (0.25, 0.5, 64)
+    again = retrieved(client, body["id"])
+    assert (again["temperature"], again["top_p"], again["max_output_tokens"]) == (0.25, 0.5, 64)
+    first = client.responses.input_items.list(body["id"], limit=2, order="asc")
+    texts = [item.content[0].text for item in first.data]  # type: ignore[union-attr]
+    assert texts == ["part 0", "part 1"] and first.has_more
+    rest = client.responses.input_items.list(body["id"], after=first.data[-1].id, order="asc")
+    assert [i.content[0].text for i in rest.data] == ["part 2", "part 3", "part 4"]  # type: ignore[union-attr]
+    newest = client.responses.input_items.list(body["id"], limit=1)
+    assert newest.data[0].content[0].text == "part 4"  # type: ignore[union-attr]

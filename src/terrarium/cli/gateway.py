@@ -41,6 +41,14 @@ UPSTREAM_KEY_ENV = "TERRARIUM_UPSTREAM_API_KEY"
     help="Require this token as the API key (one is generated when --host is not loopback).",
 )
 @click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds to wait for the upstream to connect or send the next piece (then 504).",
+)
+@click.option(
     "--max-body",
     type=click.IntRange(1024),
     default=32 * 1024 * 1024,
@@ -49,7 +57,13 @@ UPSTREAM_KEY_ENV = "TERRARIUM_UPSTREAM_API_KEY"
 )
 @click.pass_context
 def gateway(
-    ctx: click.Context, upstream: str, host: str, port: int, token: str | None, max_body: int
+    ctx: click.Context,
+    upstream: str,
+    host: str,
+    port: int,
+    token: str | None,
+    timeout: float,
+    max_body: int,
 ) -> None:
     """Serve the OpenAI Responses, Conversations and Chat Completions APIs in front of a model
     server, keeping every conversation in the store (forkable, searchable, durable).
@@ -75,7 +89,7 @@ def gateway(
     store = state_of(ctx).store()
     app = create_app(
         store,
-        Upstream(upstream, api_key=os.environ.get(UPSTREAM_KEY_ENV)),
+        Upstream(upstream, api_key=os.environ.get(UPSTREAM_KEY_ENV), timeout=timeout),
         token=token,
         max_body=max_body,
     )
