@@ -657,3 +657,30 @@ def test_sampling_parameters_go_upstream_and_input_items_page(
     assert [i.content[0].text for i in rest.data] == ["part 2", "part 3", "part 4"]  # type: ignore[union-attr]
     newest = client.responses.input_items.list(body["id"], limit=1)
     assert newest.data[0].content[0].text == "part 4"  # type: ignore[union-attr]
+
+
+def test_the_command_refuses_bad_options_in_one_line(tmp_path: Path) -> None:
+    import socket
+
+    from click.testing import CliRunner
+
+    from terrarium.cli import cli
+
+    runner = CliRunner()
+    where = ["--storage-dir", str(tmp_path / "s")]
+    missing = runner.invoke(cli, ["gateway", *where])
+    assert missing.exit_code == 2 and "Missing option '--upstream'" in missing.output
+    bad = runner.invoke(cli, ["gateway", *where, "--upstream", "localhost:8000"])
+    assert bad.exit_code == 2 and "use an http:// or https:// URL" in bad.output
+    empty = runner.invoke(cli, ["gateway", *where, "--upstream", "http://x/v1", "--token", " "])
+    assert empty.exit_code == 2 and "the token may not be empty" in empty.output
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = str(taken.getsockname()[1])
+        busy = runner.invoke(cli, ["gateway", *where, "--upstream", "http://x/v1", "--port", port])
+    assert busy.exit_code == 1
+    assert busy.output.strip().endswith(
+        "the port is in use (stop what listens there, or pick another with --port)"
+    )
+    assert "Traceback" not in busy.output
