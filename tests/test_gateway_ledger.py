@@ -91,3 +91,16 @@ def test_a_response_is_found_after_a_restart_and_not_after_its_delete() -> None:
     assert inputs == [user("q1")] and outputs[0]["content"][0]["text"] == "a1"
     assert fresh.delete_response("r1", thread)
     assert Ledger(store).find("r1", thread) is None and ledger.find("r2", thread) is not None
+
+
+def test_a_delete_by_another_process_is_seen() -> None:
+    """Two ledgers on one store (two gateways): a response one deletes is gone for the other,
+    even after the other found it, and even once it has been continued."""
+    store = MemoryStore()
+    one, two = Ledger(store), Ledger(store)
+    thread = ContextId("resp", "t")
+    first = one.start_thread(thread, turn(1))
+    one.continue_from(first, turn(2), move_head=True, base=None)
+    assert two.find("r1", thread) is not None and two.find("r2", thread) is not None
+    assert one.delete_response("r1", thread) and one.delete_response("r2", thread)
+    assert two.find("r1", thread) is None and two.find("r2", thread) is None

@@ -16,7 +16,8 @@ response's items stay in the tree until the context itself is deleted. Two cache
 safe because a point's state never changes (the log is append-only): the state at a point
 (:class:`Snapshot`, the messages sent upstream), and per context the responses found in its
 tree, rebuilt by one walk of the tree when an id is not in it (after a restart, or a write
-by another process).
+by another process); a tombstone written by another process is looked for after the
+response itself, unless it is its segment's tail.
 """
 
 from __future__ import annotations
@@ -209,7 +210,26 @@ class Ledger:
         if found is None or response_id in index.deleted:
             return None
         segment_id, seq, record = found
-        return Point(context, head.session_id, segment_id, seq), record
+        point = Point(context, head.session_id, segment_id, seq)
+        if self._deleted_since(point, response_id):
+            index.deleted.add(response_id)
+            return None
+        return point, record
+
+    def _deleted_since(self, point: Point, response_id: str) -> bool:
+        """Whether a tombstone follows the response in its segment (written by another
+        process since this one looked). A response at its segment's tail has none: the
+        common case, continuing the newest response, costs one ``next_seq``."""
+        if self.store.next_seq(point.session_id, point.segment_id) == point.seq + 1:
+            return False
+        read = self.store.read_segment(point.session_id, point.segment_id)
+        return any(
+            e["seq"] > point.seq
+            and e["kind"] == EntryKind.EXTENSION
+            and e.get("domain") == DELETED_DOMAIN
+            and (e.get("data") or {}).get("id") == response_id
+            for e in read.entries
+        )
 
     def _walk(self, context: ContextId, session_id: SessionId) -> _Index:
         """Find every response and tombstone in the context's tree."""
