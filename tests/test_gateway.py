@@ -321,7 +321,17 @@ def test_an_upstream_failure_is_an_openai_error_and_a_failed_turn(
     with client.responses.create(model=MODEL, input="drop", stream=True, conversation=conv.id) as s:
         kinds = [event.type for event in s]
     assert kinds[-1] == "response.failed"
+    fake.malformed_next()
+    with pytest.raises(openai.APIStatusError) as garbled:
+        created(client, input="garbled", conversation=conv.id)
+    assert garbled.value.status_code == 502
+    assert garbled.value.body["code"] == "bad_upstream_reply"  # type: ignore[index]
     assert text_of(created(client, input="fine", conversation=conv.id)) == "echo: fine"
+    assert [m["content"] for m in fake.last_request["messages"]] == [
+        "retry",
+        "echo: retry",
+        "fine",
+    ]  # no failed turn is sent again
 
 
 def test_an_unreachable_upstream_is_a_502(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ from terrarium.gateway.responses import (
     usage_of,
 )
 from terrarium.gateway.streaming import StreamBuilder
-from terrarium.gateway.upstream import GatewayError, Upstream, not_found
+from terrarium.gateway.upstream import GatewayError, Upstream, first_choice, not_found
 from terrarium.model import ContextId, LoggedItem, add_wire_message
 from terrarium.stores.base import Store
 
@@ -162,8 +162,8 @@ async def create_response(gw: Gateway, request: Request) -> Response:
         return StreamingResponse(events, media_type="text/event-stream")
     try:
         answer = await gw.upstream.chat(body)
-        choice = (answer.get("choices") or [{}])[0]
-        output = output_items(choice.get("message") or {})
+        choice = first_choice(answer, gw.upstream.url)
+        output = output_items(choice["message"])
     except GatewayError as exc:
         fail(record, exc.message)
         if req.store:

@@ -17,7 +17,7 @@ from starlette.responses import Response, StreamingResponse
 from terrarium.gateway.http import JSON, encode, headers_of, read_json
 from terrarium.gateway.ids import CHAT_TYPE
 from terrarium.gateway.ledger import turn_entries
-from terrarium.gateway.upstream import GatewayError, bad_request
+from terrarium.gateway.upstream import GatewayError, bad_request, first_choice
 from terrarium.model import ContextId, LoggedItem
 
 if TYPE_CHECKING:
@@ -148,8 +148,8 @@ async def chat_completions(gw: Gateway, request: Request) -> Response:
             await _record(gw, ctx, body, None, None, None, exc)
         raise
     if ctx is not None:
-        choice = (answer.get("choices") or [{}])[0]
-        reply = _message(choice.get("message") or {})
+        choice = first_choice(answer, gw.upstream.url)
+        reply = _message(choice["message"])
         await _record(gw, ctx, body, reply, answer.get("usage"), choice.get("finish_reason"))
     return JSON(answer)
 

@@ -103,6 +103,15 @@ def upstream_error(exc: BaseException, url: str) -> GatewayError:
     )
 
 
+def first_choice(answer: Mapping[str, Any], url: str) -> dict[str, Any]:
+    """The first choice of a Chat answer, with a ``message`` object; a 502 when it has none."""
+    choices = answer.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+        raise upstream_error(ValueError("the answer has no choice with a message"), url)
+    return choice
+
+
 def _message(body: object) -> str | None:
     if isinstance(body, Mapping):
         inner = body.get("error", body)
