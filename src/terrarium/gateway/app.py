@@ -138,7 +138,7 @@ class Gateway:
         if target.point is None:
             self.ledger.start_thread(target.context, entries)
         elif target.conversation:
-            self.ledger.append_to_head(target.context, entries, base=target.point)
+            self.ledger.append_to_head(target.context, entries)
         else:
             self.ledger.continue_from(
                 target.point,

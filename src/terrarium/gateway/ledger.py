@@ -333,20 +333,15 @@ class Ledger:
             if e["seq"] > point.seq
         )
 
-    def append_to_head(
-        self, context: ContextId, entries: Entries, *, base: Point | None = None
-    ) -> Point:
+    def append_to_head(self, context: ContextId, entries: Entries) -> Point:
         """Append ``entries`` at the tail of the context's head, after whatever other writers
-        appended since ``base`` (the state the caller worked from): a conversation's order."""
+        appended meanwhile: a conversation's order."""
         while True:
             head = self.head(context)
             if head is None:
                 raise ContextNotFound(f"context {context} does not exist")
-            snap = self._snapshots.get((head.segment_id, head.seq))
-            if base is not None and (head.segment_id, head.seq) != (base.segment_id, base.seq):
-                snap = None
             try:
-                return self._append(head, entries, head.seq + 1, base=snap, after=head.seq)
+                return self._append(head, entries, head.seq + 1, base=None, after=head.seq)
             except ConflictError:
                 continue
 
