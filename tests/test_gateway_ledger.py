@@ -1,17 +1,31 @@
-"""The gateway's ledger on the reference store: what its caches hold is what a replay gives,
-after random turns, forks, conversation edits and chat divergences."""
+"""The gateway's ledger on every backend: what its caches hold is what a replay gives, after
+random turns, forks, conversation edits and chat divergences; responses are found again by a
+fresh ledger (a restart) and a delete through another one (a second gateway) is seen."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from contract.conftest import BACKEND_MARKS, BACKENDS
+from pg import pg_database  # noqa: F401  (the "postgres" backend's database)
+from terrarium import Store
 from terrarium.gateway.ledger import Ledger, Point, turn_entries
 from terrarium.gateway.responses import message_item
 from terrarium.model import ContextId
 from terrarium.sessions import restore
-from terrarium.stores.memory import MemoryStore
+
+
+@pytest.fixture(params=[pytest.param(name, marks=BACKEND_MARKS.get(name, [])) for name in BACKENDS])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    instance = BACKENDS[request.param](tmp_path, request)
+    try:
+        yield instance
+    finally:
+        instance.close()
 
 
 def user(text: str) -> dict[str, object]:
@@ -29,10 +43,9 @@ def turn(n: int, failed: bool = False) -> list[tuple[str, dict[str, object]]]:
     )
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_cached_snapshots_equal_a_replay(seed: int) -> None:
+@pytest.mark.parametrize("seed", range(3))
+def test_cached_snapshots_equal_a_replay(seed: int, store: Store) -> None:
     rng = random.Random(seed)
-    store = MemoryStore()
     ledger = Ledger(store)
     thread = ContextId("resp", "t")
     conv = ContextId("conv", "conv_c")
@@ -78,8 +91,7 @@ def test_cached_snapshots_equal_a_replay(seed: int) -> None:
     assert ledger.snapshot(head).items == state.model_history
 
 
-def test_a_response_is_found_after_a_restart_and_not_after_its_delete() -> None:
-    store = MemoryStore()
+def test_a_response_is_found_after_a_restart_and_not_after_its_delete(store: Store) -> None:
     ledger = Ledger(store)
     thread = ContextId("resp", "t")
     first = ledger.start_thread(thread, turn(1))
@@ -93,10 +105,9 @@ def test_a_response_is_found_after_a_restart_and_not_after_its_delete() -> None:
     assert Ledger(store).find("r1", thread) is None and ledger.find("r2", thread) is not None
 
 
-def test_a_delete_by_another_process_is_seen() -> None:
+def test_a_delete_by_another_process_is_seen(store: Store) -> None:
     """Two ledgers on one store (two gateways): a response one deletes is gone for the other,
     even after the other found it, and even once it has been continued."""
-    store = MemoryStore()
     one, two = Ledger(store), Ledger(store)
     thread = ContextId("resp", "t")
     first = one.start_thread(thread, turn(1))
