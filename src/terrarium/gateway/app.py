@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from terrarium import Store
 from terrarium.gateway import conversations
 from terrarium.gateway.chat import chat_completions
 from terrarium.gateway.http import (
@@ -57,7 +58,6 @@ from terrarium.gateway.responses import (
 from terrarium.gateway.streaming import StreamBuilder
 from terrarium.gateway.upstream import GatewayError, Upstream, first_choice, not_found
 from terrarium.model import ContextId, LoggedItem, add_wire_message
-from terrarium.stores.base import Store
 
 T = TypeVar("T")
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from terrarium import sessions
+from terrarium import PodActiveSegmentRef, Store, sessions
 from terrarium.errors import ConflictError, ContextExists, ContextNotFound
 from terrarium.model import (
     HISTORY_KINDS,
@@ -41,7 +41,6 @@ from terrarium.model import (
     wire_message,
     wire_messages,
 )
-from terrarium.stores.base import PodActiveSegmentRef, Store
 
 RESPONSE_DOMAIN = "terrarium.gateway.response"
 """The extension entry that records a response: its point in the tree."""
