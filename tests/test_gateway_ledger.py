@@ -115,3 +115,29 @@ def test_a_delete_by_another_process_is_seen(store: Store) -> None:
     assert two.find("r1", thread) is not None and two.find("r2", thread) is not None
     assert one.delete_response("r1", thread) and one.delete_response("r2", thread)
     assert two.find("r1", thread) is None and two.find("r2", thread) is None
+
+
+def test_a_chat_ui_sending_an_answer_back_trimmed_makes_no_branch() -> None:
+    from terrarium.stores.memory import MemoryStore
+
+    store = MemoryStore()
+    ledger = Ledger(store)
+    chat = ContextId("chat", "ui")
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    reply = {"role": "assistant", "content": "Sure.\n", "tool_calls": [call]}
+    tail = turn_entries([], [reply], usage=None, finish="stop", error=None, record=None)
+    first = [{"role": "user", "content": "hi"}]
+    ledger.record_chat(chat, first, tail)
+    trimmed = {
+        "role": "assistant",
+        "content": "Sure.",
+        "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}],
+    }
+    second = [*first, trimmed, {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    ledger.record_chat(chat, second, tail)
+    head = store.get_head(chat)
+    assert head is not None and len(store.list_segments(head.session_id)) == 1
+    assert len(restore(store, chat).history) == 4
+    edited = [{"role": "user", "content": "hello"}]
+    ledger.record_chat(chat, edited, tail)
+    assert len(store.list_segments(head.session_id)) == 2  # an edit is a branch

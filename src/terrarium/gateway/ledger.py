@@ -459,13 +459,38 @@ class Ledger:
 
 
 def _common_prefix(items: Sequence[LoggedItem], messages: Sequence[Mapping[str, Any]]) -> int:
-    """How many leading messages are the stored items (compared as sent upstream)."""
+    """How many leading messages are the stored items (compared as :func:`_key` says)."""
     same = 0
     for item, message in zip(items, messages, strict=False):
-        if wire_message(item) != wire_message(message):
+        if _key(item) != _key(message):
             break
         same += 1
     return same
+
+
+def _key(item: Mapping[str, Any]) -> Any:
+    """What a message is compared by: its wire form (``model.wire_message``), text content
+    stripped and tool calls reduced to id, name and arguments, since chat UIs send back an
+    answer trimmed, or its calls without their ``type``; a reply is not a new branch for it."""
+    message = wire_message(item) or {}
+    content = message.get("content")
+    calls = tuple(
+        (
+            c.get("id"),
+            (c.get("function") or {}).get("name"),
+            (c.get("function") or {}).get("arguments"),
+        )
+        for c in message.get("tool_calls") or ()
+        if isinstance(c, Mapping)
+    )
+    text = content.strip() if isinstance(content, str) else content
+    return (
+        message.get("role"),
+        text or None,
+        message.get("name"),
+        message.get("tool_call_id"),
+        calls,
+    )
 
 
 __all__ = [
