@@ -143,3 +143,25 @@ def test_openai_conversations_session(gateway: GatewayProcess, fake: FakeServer)
     assert items[0]["content"][0]["text"] == "Weather in Paris?"
     assert popped is not None and popped["id"] == items[-1]["id"]
     assert [i["id"] for i in after] == [i["id"] for i in items[:-1]]
+
+
+def test_runner_run_streamed_through_the_gateway(gateway: GatewayProcess, fake: FakeServer) -> None:
+    """The SDK's streamed run reads the gateway's events: the tool call and the answer."""
+
+    async def streamed() -> tuple[Any, list[str]]:
+        client = client_for(gateway)
+        agent = agent_for(client, fake)
+        result = Runner.run_streamed(agent, "Weather in Paris?", run_config=NO_TRACING)
+        kinds = [event.type async for event in result.stream_events()]
+        again = await Runner.run(
+            agent,
+            "And tomorrow?",
+            previous_response_id=result.last_response_id,
+            run_config=NO_TRACING,
+        )
+        await client.close()
+        return (result.final_output, again.final_output), kinds
+
+    (first, second), kinds = run(streamed())
+    assert first == second == "Forecast: sunny in Paris."
+    assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
