@@ -1,6 +1,6 @@
 """Chat Completions passed through to the upstream, and recorded when the request names a
-session: the ``X-Session-Id`` header (aliases: ``X-Conversation-Id``, Open WebUI's
-``X-OpenWebUI-Chat-Id``), or ``metadata.session_id`` in the body (taken out before the body
+session: the ``X-Session-Id`` header (aliases: ``X-Conversation-Id``, ``X-Chat-Id``, Open
+WebUI's ``X-OpenWebUI-Chat-Id``), or ``metadata.session_id`` in the body (taken out before the body
 goes upstream). The session is the context ``chat:{name}``; the request's messages are
 matched against its history (``Ledger.record_chat``): new ones are appended with the reply,
 and a request that diverges (an edited or regenerated turn) forks where it diverges.
@@ -23,7 +23,7 @@ from terrarium.model import ContextId, LoggedItem
 if TYPE_CHECKING:
     from terrarium.gateway.app import Gateway
 
-SESSION_HEADERS = ("x-session-id", "x-conversation-id", "x-openwebui-chat-id")
+SESSION_HEADERS = ("x-session-id", "x-conversation-id", "x-chat-id", "x-openwebui-chat-id")
 """The request headers that name a session, in order of preference."""
 
 
