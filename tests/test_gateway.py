@@ -694,3 +694,29 @@ def test_the_command_refuses_bad_options_in_one_line(tmp_path: Path) -> None:
         "the port is in use (stop what listens there, or pick another with --port)"
     )
     assert "Traceback" not in busy.output
+
+
+@pytest.mark.parametrize(
+    "header", ["X-Session-Id", "X-Conversation-Id", "X-Chat-Id", "X-OpenWebUI-Chat-Id"]
+)
+def test_every_session_header_names_a_session(
+    client: openai.OpenAI, storage: Path, header: str
+) -> None:
+    name = f"h-{header.lower()}"
+    client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "x"}], extra_headers={header: name}
+    )
+    assert len(state_of(storage, f"chat:{name}").history) == 2
+
+
+def test_a_chat_without_a_session_is_not_kept(
+    client: openai.OpenAI, fake: FakeServer, storage: Path
+) -> None:
+    with open_store(str(storage)) as store:
+        before = {c.context for c in store.list_contexts()}
+    answer = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "unkept"}]
+    )
+    assert answer.choices[0].message.content == "echo: unkept"
+    with open_store(str(storage)) as store:
+        assert {c.context for c in store.list_contexts()} == before
