@@ -1,5 +1,6 @@
-"""SIGKILL of ``terrarium gateway`` between requests, mid-stream and under load; after a
-restart every response a client saw completed is retrievable and can be continued."""
+"""SIGKILL of ``terrarium gateway`` between requests, mid-stream and under load, on the
+filesystem, SQLite and PostgreSQL; after a restart every response a client saw completed is
+retrievable and can be continued."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from fakeserver import FakeServer
 from helpers.gateway import GatewayProcess
+from pg import empty_default_schema, own_database, pg_database  # noqa: F401  (a fixture)
 
 MODEL = "fake-model"
 
@@ -23,10 +25,18 @@ def fake() -> Iterator[FakeServer]:
         yield server
 
 
-@pytest.fixture(params=["fs", "sqlite"])
+@pytest.fixture(scope="module")
+def pg_own(pg_database: str) -> Iterator[str]:  # noqa: F811
+    """A database of this module's own (the command line's store is its default schema)."""
+    yield from own_database(pg_database)
+
+
+@pytest.fixture(params=["fs", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'gateway.db'}"
+    if request.param == "postgres":
+        return empty_default_schema(request.getfixturevalue("pg_own"))
     return str(tmp_path / "sessions")
 
 
