@@ -129,3 +129,23 @@ def test_a_kill_under_load_keeps_every_acknowledged_response(
             thread.join(30)
     with GatewayProcess(storage, fake.base_url) as gw:
         check_all(gw, completed)
+
+
+def test_a_copied_store_serves_the_same_ids(fake: FakeServer, tmp_path: Path) -> None:
+    """Ids live in the log: ``terrarium copy`` to another backend takes them along."""
+    from click.testing import CliRunner
+
+    from terrarium.cli import cli
+
+    source, copy = str(tmp_path / "sessions"), f"sqlite:///{tmp_path / 'copy.db'}"
+    with GatewayProcess(source, fake.base_url) as gw:
+        with openai.OpenAI(base_url=gw.url, api_key="x", max_retries=0) as client:
+            first = client.responses.create(model=MODEL, input="copy me")
+            completed = {first.id: first.output_text}
+            conv = client.conversations.create(items=[{"role": "user", "content": "kept"}])
+    copied = CliRunner().invoke(cli, ["copy", source, copy], catch_exceptions=False)
+    assert copied.exit_code == 0, copied.output
+    with GatewayProcess(copy, fake.base_url) as gw:
+        check_all(gw, completed)
+        with openai.OpenAI(base_url=gw.url, api_key="x") as client:
+            assert client.conversations.retrieve(conv.id).id == conv.id
