@@ -151,7 +151,10 @@ class Gateway:
 async def create_response(gw: Gateway, request: Request) -> Response:
     """``POST /v1/responses``."""
     req = parse_request(await read_json(request, gw.max_body))
-    target = await gw.run(gw.target, req)
+    if req.conversation or req.previous_response_id:
+        target = await gw.run(gw.target, req)
+    else:  # a new thread: nothing to read from the store
+        target = gw.target(req)
     messages = list(target.snapshot.messages)
     for item in req.inputs:
         add_wire_message(messages, item)
