@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from terrarium import FsStore, SegmentStartState, create_segment
 from terrarium.cli import (
     cli,
+    gateway,  # noqa: F401  # loaded lazily: load it so it is in cli.commands
     serve,  # noqa: F401  # loaded lazily: load it so it is in cli.commands
 )
 from terrarium.cli.chat import COMMANDS

@@ -262,3 +262,32 @@ def test_serve_compacts_through_the_store_it_was_given(
     with FsStore(tmp_path / "s") as store:
         history = restore(store, ContextId.parse("cli:compacted")).history
     assert history[0]["content"].endswith("SUMMARY")
+
+
+def test_served_connections_do_not_wait_on_nagle() -> None:
+    """The connections ``listen``'s socket accepts get TCP_NODELAY from asyncio (it sets it
+    only on sockets whose protocol says TCP): an answer written in two pieces, headers then
+    body, otherwise waits 40 ms for the client's delayed ACK."""
+    import asyncio
+
+    from terrarium.cli.serve import listen
+
+    async def accepted_nodelay() -> int:
+        seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conn = writer.get_extra_info("socket")
+            seen.set_result(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(connected, sock=listen("127.0.0.1", 0))
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            return await asyncio.wait_for(seen, 10)
+        finally:
+            writer.close()
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(accepted_nodelay()) != 0

@@ -4,9 +4,9 @@
 shared options, error boundary), ``commands`` (list, show, stats, delete, clear, fork, compact,
 export, import, migrate, fsck, reindex), ``bulk`` (copy, search), ``lifecycle_cmds``
 (archive, unarchive, trash, pin, unpin, maintain; delete's trash), ``chat`` (the chat loop),
-``serve`` (the dashboard), ``picker`` (the session picker), ``examples`` (the examples that end
-each command's help), ``seed`` (the old ``chat.py`` interface), ``output`` (terminal or plain
-output).
+``serve`` (the dashboard), ``gateway`` (the OpenAI-compatible gateway), ``picker`` (the
+session picker), ``examples`` (the examples that end each command's help), ``seed`` (the old
+``chat.py`` interface), ``output`` (terminal or plain output).
 """
 
 from __future__ import annotations
@@ -23,6 +23,12 @@ cli.add_lazy(
 )
 # Imported when it runs: it needs Starlette, uvicorn and Jinja2 (the 'web' extra).
 cli.add_lazy("serve", "terrarium.cli.serve", "Serve the statistics dashboard (a local web app).")
+# Imported when it runs: it needs Starlette and uvicorn (the 'web' extra).
+cli.add_lazy(
+    "gateway",
+    "terrarium.cli.gateway",
+    "Serve OpenAI's APIs in front of a model server, keeping every conversation.",
+)
 
 
 def main() -> None:

@@ -116,6 +116,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "terrarium serve --host 0.0.0.0 --token s3cret",
         "terrarium serve --allow-writes --base-url http://gpu-box:8000/v1 --model qwen",
     ),
+    "gateway": (
+        "terrarium gateway --upstream http://localhost:8000/v1",
+        "terrarium gateway --upstream http://gpu-box:8000/v1 --storage-dir sqlite:///chats.db",
+        "terrarium gateway --upstream http://localhost:8000/v1 --host 0.0.0.0 --token s3cret",
+    ),
     "reindex": (
         "terrarium reindex",
         "terrarium reindex --storage-dir sqlite:///sessions.db",

@@ -52,7 +52,10 @@ def listen(host: str, port: int) -> socket.socket:
         click.ClickException: it cannot listen there; one line, the port in use said plainly.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose
+    # protocol says TCP, and accepted sockets carry the listener's. With 0, every answer
+    # written in two pieces (headers, body) waited 40 ms for the client's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         # As uvicorn: a restart may bind while the last run's connections are in TIME_WAIT
         # (Linux still refuses a port another socket listens on).

@@ -1,0 +1,102 @@
+"""``terrarium gateway``: an OpenAI-compatible server in front of the model server that keeps
+every conversation in the store (see docs/gateway.md).
+
+Loaded lazily (``cli.add_lazy``): it imports Starlette and uvicorn, which no other command
+but ``serve`` needs. The store is opened as every writing command opens it (created when
+missing); the token and listening rules are ``serve``'s: 127.0.0.1 by default, any other
+host needs a token (one is generated and printed when none is given), and the socket is bound
+before the URL is printed. No model server is contacted at start.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import click
+
+from terrarium.cli.app import cli, state_of, storage_option
+from terrarium.cli.serve import is_loopback, listen
+from terrarium.errors import install_hint
+
+UPSTREAM_KEY_ENV = "TERRARIUM_UPSTREAM_API_KEY"
+
+
+@cli.command("gateway")
+@storage_option
+@click.option(
+    "--upstream",
+    required=True,
+    metavar="URL",
+    help="The OpenAI-compatible model server (vLLM, llama.cpp, ...), e.g. http://localhost:8000/v1.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8100, show_default=True, help="TCP port."
+)
+@click.option(
+    "--token",
+    default=None,
+    metavar="T",
+    help="Require this token as the API key (one is generated when --host is not loopback).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds to wait for the upstream to connect or send the next piece (then 504).",
+)
+@click.option(
+    "--max-body",
+    type=click.IntRange(1024),
+    default=32 * 1024 * 1024,
+    show_default=True,
+    help="The largest request body taken, in bytes.",
+)
+@click.pass_context
+def gateway(
+    ctx: click.Context,
+    upstream: str,
+    host: str,
+    port: int,
+    token: str | None,
+    timeout: float,
+    max_body: int,
+) -> None:
+    """Serve the OpenAI Responses, Conversations and Chat Completions APIs in front of a model
+    server, keeping every conversation in the store (forkable, searchable, durable).
+
+    Clients point their base URL at http://HOST:PORT/v1. Binds 127.0.0.1 by default; any
+    other host needs a token (--token, or one generated and printed here), which clients send
+    as their API key. The upstream's own key, if it needs one, comes from
+    $TERRARIUM_UPSTREAM_API_KEY.
+    """
+    try:
+        from terrarium.cli.serve import run_server
+        from terrarium.gateway import Upstream, create_app
+    except ImportError as exc:
+        raise click.ClickException(
+            f"terrarium gateway needs the 'web' extra: {install_hint('web')} ({exc})"
+        ) from exc
+    if not upstream.startswith(("http://", "https://")):
+        raise click.BadParameter("use an http:// or https:// URL", param_hint="--upstream")
+    if token is not None and not token.strip():
+        raise click.BadParameter("the token may not be empty", param_hint="--token")
+    if token is None and not is_loopback(host):
+        token = secrets.token_urlsafe(24)
+    store = state_of(ctx).store()
+    app = create_app(
+        store,
+        Upstream(upstream, api_key=os.environ.get(UPSTREAM_KEY_ENV), timeout=timeout),
+        token=token,
+        max_body=max_body,
+    )
+    sock = listen(host, port)
+    with sock:
+        shown = f"[{host}]" if ":" in host else host
+        click.echo(f"terrarium gateway on http://{shown}:{sock.getsockname()[1]}/v1 -> {upstream}")
+        if token:
+            click.echo(f"token: {token}")
+        run_server(app, sock)

@@ -1,0 +1,205 @@
+"""Chat Completions passed through to the upstream, and recorded when the request names a
+session: the ``X-Session-Id`` header (aliases: ``X-Conversation-Id``, ``X-Chat-Id``, Open
+WebUI's ``X-OpenWebUI-Chat-Id``), or ``metadata.session_id`` in the body (taken out before the body
+goes upstream). The session is the context ``chat:{name}``; the request's messages are
+matched against its history (``Ledger.record_chat``): new ones are appended with the reply,
+and a request that diverges (an edited or regenerated turn) forks where it diverges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from terrarium.gateway.http import JSON, encode, headers_of, read_json
+from terrarium.gateway.ids import CHAT_TYPE
+from terrarium.gateway.ledger import turn_entries
+from terrarium.gateway.upstream import GatewayError, bad_request, first_choice
+from terrarium.model import ContextId, LoggedItem
+
+if TYPE_CHECKING:
+    from terrarium.gateway.app import Gateway
+
+SESSION_HEADERS = ("x-session-id", "x-conversation-id", "x-chat-id", "x-openwebui-chat-id")
+"""The request headers that name a session, in order of preference."""
+
+
+def session_of(request: Request, body: dict[str, Any]) -> ContextId | None:
+    """The context a request names, if any; ``metadata.session_id`` is removed from
+    ``body`` (the upstream does not know it)."""
+    headers = headers_of(request.scope)
+    name = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None)
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict) and "session_id" in metadata:
+        given = metadata.pop("session_id")
+        if not metadata:
+            body.pop("metadata")
+        name = name or (given if isinstance(given, str) else None)
+    if not name:
+        return None
+    return ContextId(CHAT_TYPE, name).check_new()
+
+
+class _Reply:
+    """A streamed answer put back together."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish: Any = None
+        self.usage: Any = None
+        self.recorded = False
+        """Whether the turn was handed to the store (done or failed)."""
+
+    def feed(self, chunk: Mapping[str, Any]) -> None:
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                self.text.append(delta["content"])
+            if isinstance(delta.get("reasoning_content"), str):
+                self.reasoning.append(delta["reasoning_content"])
+            for call in delta.get("tool_calls") or ():
+                slot = self.calls.setdefault(
+                    int(call.get("index") or 0),
+                    {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                slot["id"] = call.get("id") or slot["id"]
+                function = call.get("function") or {}
+                slot["function"]["name"] += function.get("name") or ""
+                slot["function"]["arguments"] += function.get("arguments") or ""
+            self.finish = choice.get("finish_reason") or self.finish
+
+    def message(self) -> dict[str, Any]:
+        return _message(
+            {
+                "content": "".join(self.text),
+                "reasoning_content": "".join(self.reasoning),
+                "tool_calls": [self.calls[i] for i in sorted(self.calls)],
+            }
+        )
+
+
+def _message(answer: Mapping[str, Any]) -> LoggedItem:
+    """The assistant message to log (and to match the client's next request against)."""
+    message: dict[str, Any] = {"role": "assistant", "content": answer.get("content") or ""}
+    if answer.get("tool_calls"):
+        message["tool_calls"] = list(answer["tool_calls"])
+        message["content"] = answer.get("content") or None
+    if answer.get("reasoning_content"):
+        message["reasoning_content"] = answer["reasoning_content"]
+    return message
+
+
+def _usage(model: str, usage: Any) -> dict[str, Any] | None:
+    if not isinstance(usage, Mapping):
+        return None
+    details = usage.get("prompt_tokens_details")
+    return {
+        "model": model,
+        "prompt_tokens": int(usage.get("prompt_tokens") or 0),
+        "completion_tokens": int(usage.get("completion_tokens") or 0),
+        "cached_tokens": int((details or {}).get("cached_tokens") or 0)
+        if isinstance(details, Mapping)
+        else 0,
+    }
+
+
+async def _record(
+    gw: Gateway,
+    ctx: ContextId,
+    body: Mapping[str, Any],
+    reply: LoggedItem | None,
+    usage: Any,
+    finish: Any,
+    error: GatewayError | None = None,
+) -> None:
+    tail = turn_entries(
+        [],
+        [reply] if reply is not None else [],
+        usage=_usage(str(body.get("model")), usage),
+        finish=finish,
+        error=None if error is None else {"error": error.message, "error_type": error.code},
+        record=None,
+    )
+    await gw.run(gw.ledger.record_chat, ctx, body["messages"], tail)
+
+
+async def chat_completions(gw: Gateway, request: Request) -> Response:
+    """``POST /v1/chat/completions``."""
+    body = await read_json(request, gw.max_body)
+    ctx = session_of(request, body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise bad_request("'messages' must be a list of message objects", "messages")
+    if body.get("stream"):
+        return StreamingResponse(_stream(gw, ctx, body), media_type="text/event-stream")
+    try:
+        answer = await gw.upstream.chat(body)
+    except GatewayError as exc:
+        if ctx is not None:
+            await _record(gw, ctx, body, None, None, None, exc)
+        raise
+    if ctx is not None:
+        choice = first_choice(answer, gw.upstream.url)
+        reply = _message(choice["message"])
+        await _record(gw, ctx, body, reply, answer.get("usage"), choice.get("finish_reason"))
+    return JSON(answer)
+
+
+async def _stream(gw: Gateway, ctx: ContextId | None, body: dict[str, Any]) -> AsyncIterator[bytes]:
+    """The upstream's chunks as they come; the turn is recorded before ``[DONE]``. A client
+    that goes away first leaves a failed turn (handed to the store's worker, not awaited)."""
+    reply = _Reply()
+    done = False
+    try:
+        async for piece in _chunks(gw, ctx, body, reply):
+            yield piece
+        done = True
+    finally:
+        if not done and ctx is not None and not reply.recorded:
+            tail = turn_entries(
+                [],
+                [],
+                usage=None,
+                finish=None,
+                error={"error": GONE, "error_type": "client_disconnected"},
+                record=None,
+            )
+            gw.submit(gw.ledger.record_chat, ctx, body["messages"], tail)
+
+
+GONE = "the client went away before the reply completed"
+
+
+async def _chunks(
+    gw: Gateway, ctx: ContextId | None, body: dict[str, Any], reply: _Reply
+) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in gw.upstream.stream(body):
+            reply.feed(chunk)
+            yield b"data: " + encode(chunk) + b"\n\n"
+        if reply.finish is None:
+            raise GatewayError(
+                502,
+                "the model server's stream ended before its last chunk",
+                type="upstream_error",
+                code="upstream_dropped",
+            )
+    except GatewayError as exc:
+        if ctx is not None:
+            reply.recorded = True
+            await _record(gw, ctx, body, None, None, None, exc)
+        yield b"data: " + encode(exc.body()) + b"\n\n"
+        return
+    if ctx is not None:
+        reply.recorded = True
+        await _record(gw, ctx, body, reply.message(), reply.usage, reply.finish)
+    yield b"data: [DONE]\n\n"

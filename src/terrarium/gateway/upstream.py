@@ -1,0 +1,192 @@
+"""The model server behind the gateway, through the official ``openai`` client, and the
+errors the gateway answers with, shaped as OpenAI shapes them.
+
+Requests go out with the client's ``post`` (its documented way to make custom requests:
+the same connection pool, timeouts and exceptions as ``create``) so that a Chat Completions
+body passes through with every key the client sent, known to the ``openai`` package or not.
+The client never retries (``max_retries=0``): a retry is the gateway client's call, and a
+turn that failed is logged as failed once.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import msgspec
+import openai
+
+_STATUS_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+class GatewayError(Exception):
+    """An error the gateway answers with: an HTTP status and OpenAI's error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or _STATUS_TYPES.get(status, "server_error")
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """``{"error": {"message", "type", "param", "code"}}``."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def bad_request(message: str, param: str | None = None) -> GatewayError:
+    """HTTP 400 naming the parameter at fault."""
+    return GatewayError(400, message, param=param, code="invalid_value" if param else None)
+
+
+def not_found(message: str, param: str | None = None) -> GatewayError:
+    """HTTP 404."""
+    return GatewayError(404, message, param=param, code="not_found")
+
+
+def upstream_error(exc: BaseException, url: str) -> GatewayError:
+    """What the client is told when the model server failed: its own 4xx as it said it;
+    its 5xx, a refused connection or a bad reply as 502; a timeout as 504."""
+    if isinstance(exc, GatewayError):
+        return exc
+    if isinstance(exc, openai.APIStatusError):
+        message = _message(exc.body) or str(exc)
+        if 400 <= exc.status_code < 500:
+            return GatewayError(exc.status_code, message, code=_code(exc.body))
+        return GatewayError(
+            502,
+            f"the model server answered HTTP {exc.status_code}: {message}",
+            type="upstream_error",
+            code="upstream_error",
+        )
+    if isinstance(exc, openai.APITimeoutError):
+        return GatewayError(
+            504, f"the model server at {url} timed out", type="upstream_error", code="timeout"
+        )
+    if isinstance(exc, openai.APIConnectionError):
+        return GatewayError(
+            502,
+            f"cannot reach the model server at {url}: {exc.__cause__ or exc}",
+            type="upstream_error",
+            code="upstream_unreachable",
+        )
+    return GatewayError(
+        502,
+        f"the model server at {url} sent a reply that could not be read: "
+        f"{type(exc).__name__}: {exc}",
+        type="upstream_error",
+        code="bad_upstream_reply",
+    )
+
+
+def first_choice(answer: Mapping[str, Any], url: str) -> dict[str, Any]:
+    """The first choice of a Chat answer, with a ``message`` object; a 502 when it has none."""
+    choices = answer.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+        raise upstream_error(ValueError("the answer has no choice with a message"), url)
+    return choice
+
+
+def _message(body: object) -> str | None:
+    if isinstance(body, Mapping):
+        inner = body.get("error", body)
+        if isinstance(inner, Mapping) and isinstance(inner.get("message"), str):
+            return str(inner["message"])
+        if isinstance(body.get("message"), str):
+            return str(body["message"])
+    return None
+
+
+def _code(body: object) -> str | None:
+    if isinstance(body, Mapping):
+        inner = body.get("error", body)
+        if isinstance(inner, Mapping) and inner.get("code") is not None:
+            return str(inner["code"])
+    return None
+
+
+# openai 1.99 to 2.x send a bytes ``body`` as it is; later releases take it as ``content``.
+_POST_TAKES_CONTENT = "content" in inspect.signature(openai.AsyncOpenAI.post).parameters
+# msgspec encodes a long history several times faster than the json module the client uses.
+_ENCODER = msgspec.json.Encoder()
+
+
+def _encoded(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``post`` keyword that sends ``body`` as JSON bytes, encoded once here."""
+    data = _ENCODER.encode(body)
+    return {"content": data} if _POST_TAKES_CONTENT else {"body": data}
+
+
+class Upstream:
+    """An OpenAI-compatible server (vLLM, llama.cpp, ...), reached at ``base_url``."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 600.0):
+        self.url = base_url
+        self.client = openai.AsyncOpenAI(
+            base_url=base_url, api_key=api_key or "EMPTY", max_retries=0, timeout=timeout
+        )
+
+    async def chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """One Chat Completions call; the server's JSON answer."""
+        try:
+            post: Any = self.client.post  # typed for the installed release's keywords only
+            answer = await post("/chat/completions", cast_to=object, **_encoded(body))
+        except Exception as exc:
+            raise upstream_error(exc, self.url) from exc
+        if not isinstance(answer, dict):
+            raise upstream_error(ValueError("the answer is not a JSON object"), self.url)
+        return answer
+
+    async def stream(self, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """A streamed Chat Completions call: each chunk as the server's JSON."""
+        try:
+            post: Any = self.client.post
+            chunks = await post(
+                "/chat/completions",
+                cast_to=object,
+                stream=True,
+                stream_cls=openai.AsyncStream[object],
+                **_encoded({**body, "stream": True}),
+            )
+            async with chunks:
+                async for chunk in chunks:
+                    if isinstance(chunk, dict):
+                        yield chunk
+        except Exception as exc:
+            raise upstream_error(exc, self.url) from exc
+
+    async def models(self) -> Any:
+        """The server's ``GET /models`` answer."""
+        try:
+            return await self.client.get("/models", cast_to=object)
+        except Exception as exc:
+            raise upstream_error(exc, self.url) from exc
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        await self.client.close()
