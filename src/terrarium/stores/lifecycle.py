@@ -16,7 +16,7 @@ compare-and-set, in the same atomic step as the physical move that goes with it:
   into the trash and back.
 * ``trashed``: the trash entry. :meth:`delete_context` is one ``detach_context``: the session
   stays, detached, with its bytes and its other keys; the id is free at once.
-  :meth:`restore_trashed` attaches it again, then drops the key.
+  :meth:`restore_trashed` thaws it (unless it was archived), attaches it, then drops the key.
 * ``purging``: a purge under way; ``delete_session`` follows.
 
 The one two-step move is restore (attach, then drop ``trashed``); a purge is two steps too
@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from terrarium import codec
 from terrarium.errors import (
     ConflictError,
+    ContextExists,
     ContextNotFound,
     NotInTrash,
     SegmentNotFound,
@@ -166,14 +167,23 @@ class LifecycleOps:
             ContextExists: the id it would take is in use.
         """
         record = _find_trashed(self, trash_id)
-        entry = record.state["trashed"]
+        session_id, state, entry = record.session_id, record.state, record.state["trashed"]
         target = ContextId.parse(as_context if as_context is not None else entry["context"])
+        if "cold" in state and "archived" not in state:
+            # Hot before its delete: thawed first, so that no kill leaves it attached but
+            # frozen (out of every listing); a thawed entry still in the trash is resealed.
+            try:
+                self.thaw_session(session_id, expected=state, state=_without(state, "cold"))
+            except ConflictError:  # restored or purged meanwhile: look again
+                return LifecycleOps.restore_trashed(self, trash_id, as_context=as_context)
         try:
-            segment_id = uuid.UUID(entry["segment_id"])
-            head = self.attach_context(target, record.session_id, segment_id)
+            head = self.attach_context(target, session_id, uuid.UUID(entry["segment_id"]))
         except SessionAttached:
             raise NotInTrash(f"nothing in the trash has the id {trash_id!r}") from None
-        _reopen(self, record.session_id, entry["trash_id"])
+        except ContextExists:
+            _seal(self, session_id, self.session_state(session_id))
+            raise
+        _reopen(self, session_id, entry["trash_id"])
         return head
 
     def purge_trashed(self: _Backend, trash_id: str) -> bool:
