@@ -38,6 +38,8 @@ from terrarium.errors import CorruptLog, FormatVersionError, TerrariumError
 from terrarium.model import ContextId, SegmentId
 from terrarium.stores.base import BlobStore, PodMetadata, Reindexable, Store
 from terrarium.stores.fs import ContextFolder, FsStore, salvaged_into, segment_chain
+from terrarium.stores.fs._states import frozen
+from terrarium.stores.lifecycle import LifecycleOps
 
 #: Problems ``--repair`` fixes, and those only ``--salvage`` does.
 _REPAIRABLE = frozenset({"torn", "head", "missing", "unindexed", "leftover"})
@@ -56,7 +58,7 @@ class Problem:
     ``duplicate`` (a second folder holding a context), ``link`` (a symbolic link inside the
     store, never followed), ``legacy`` (an unreadable legacy file), ``blob`` (a large output
     that a log refers to is missing, or a blob's bytes do not match its digest: no repair can
-    recreate it), ``leftover`` (what a killed archive, unarchive, delete or purge left: a copy,
+    recreate it), ``leftover`` (what a killed freeze, thaw, detach, delete or purge left,
     never the visible state), ``unreadable`` (any other read error)."""
     message: str
     context: str | None = None
@@ -182,12 +184,13 @@ def _check_fs(store: FsStore, report: Report) -> None:
         _check_detached(session_id, folder, report)
     _check_links(store.root, report)
     for path in store.unfinished_moves():
-        what = (
-            "a copy left by a killed archive or unarchive"
-            if "archive" in path.parts
-            else ("left by a killed archive, delete or purge")
-        )
+        what = "left by a killed freeze, thaw, detach or delete"
         report.problems.append(Problem("leftover", f"{path}: {what}", path=str(path)))
+    for record in store.unfinished_lifecycle():
+        what = "a delete, restore or purge that was killed half way"
+        report.problems.append(
+            Problem("leftover", f"session {record.session_id}: {what}", record.owner)
+        )
 
 
 def _check_detached(session_id: uuid.UUID, folder: Path, report: Report) -> None:
@@ -222,6 +225,8 @@ def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None
     salvaged = salvaged_into(folder)
     # A salvage is done once the head no longer replays the damaged segment.
     in_use = set(segment_chain(folder, entry.head.segment_id)) if entry.head else set()
+    if entry.head is not None and frozen(store.root, entry.head.session_id):
+        return  # archived: its plain files, if any, are leftovers (reported as such)
     for path in _segment_files(folder):
         report.segments += 1
         found: list[Problem] = []
@@ -440,6 +445,8 @@ def _check_legacy(state: CliState, report: Report) -> None:
 
 def _repair(store: Store, report: Report, *, salvage: bool) -> None:
     """Fix what can be fixed, one problem at a time; a failure is noted and the rest go on."""
+    if isinstance(store, LifecycleOps):
+        store.finish_lifecycle()  # deletes, restores and purges killed half way
     if not isinstance(store, FsStore):
         if any(p.kind == "unindexed" for p in report.problems) and isinstance(store, Reindexable):
             store.reindex()
@@ -474,7 +481,10 @@ def _fixer(store: FsStore, problem: Problem, salvage: bool) -> Callable[[], str]
     if problem.kind == "unindexed":
         return lambda: "indexed"  # the reindex that follows every repair does it
     if problem.kind == "leftover":
-        return lambda: f"deleted ({store.finish_moves()} left over)"
+        return lambda: (
+            f"deleted ({store.finish_moves()} left over), "
+            f"{store.finish_lifecycle()} lifecycle moves finished"
+        )
     if problem.kind == "corrupt" and salvage and segment and problem.context:
         context = ContextId.parse(problem.context)
         return lambda: _salvage(store, context, segment)
