@@ -1,12 +1,18 @@
-"""SIGKILL during archive, unarchive, delete (trash), restore and purge on FsStore.
+"""SIGKILL during archive, unarchive, delete (trash), restore and purge on FsStore: at every
+step of its primitives, ``freeze_session`` (archive; delete's seal), ``thaw_session``
+(unarchive; restore), ``detach_context`` (delete, purge_context), ``attach_context`` (restore)
+and ``delete_session`` (purges).
 
 Each call runs in a forked child killed just before its n-th file change (``write``,
 ``rename``, ``unlink``, ``mkdir``, ...; ``tests/helpers/lifecycle_child.py``), for n = 1, 2, ...
 up to the number of changes the call makes. After every kill the context must be in exactly
 one state (hot, archived, trashed, or gone after a purge), the state before or the state after
 the call, readable with its whole history; ``fsck`` may find only leftovers, which
-``fsck --repair`` deletes; and the same call run again finishes the job. The default run kills
-at a sample of the points; the ``slow`` run at every one.
+``fsck --repair`` deletes; and the same call run again finishes the job. A restore is two
+moves (attach, then drop ``trashed`` and thaw): killed between them, the context is attached
+but neither hot nor archived until ``fsck --repair`` (``finish_lifecycle``) finishes it, so its
+state is checked after the repair. The default run kills at a sample of the points; the
+``slow`` run at every one.
 """
 
 from __future__ import annotations
@@ -147,6 +153,8 @@ def _kill_everywhere(
         shutil.copytree(pristine, root)
         answer = server.run(root=str(root), kill=point, **request)
         assert answer["killed"], (point, answer)
+        if op == "restore":  # attached, still marked trashed: the repair finishes it
+            _fsck(root)
         state = _state(root, history)
         seen.add(state)
         assert state in (start, end), (point, state)
