@@ -8,11 +8,9 @@ Each call runs in a forked child killed just before its n-th file change (``writ
 up to the number of changes the call makes. After every kill the context must be in exactly
 one state (hot, archived, trashed, or gone after a purge), the state before or the state after
 the call, readable with its whole history; ``fsck`` may find only leftovers, which
-``fsck --repair`` deletes; and the same call run again finishes the job. A restore is two
-moves (attach, then drop ``trashed`` and thaw): killed between them, the context is attached
-but neither hot nor archived until ``fsck --repair`` (``finish_lifecycle``) finishes it, so its
-state is checked after the repair. The default run kills at a sample of the points; the
-``slow`` run at every one.
+``fsck --repair`` deletes (``finish_lifecycle`` finishing a restore killed after its attach
+changes nothing visible); and the same call run again finishes the job. The default run kills
+at a sample of the points; the ``slow`` run at every one.
 """
 
 from __future__ import annotations
@@ -153,8 +151,6 @@ def _kill_everywhere(
         shutil.copytree(pristine, root)
         answer = server.run(root=str(root), kill=point, **request)
         assert answer["killed"], (point, answer)
-        if op == "restore":  # attached, still marked trashed: the repair finishes it
-            _fsck(root)
         state = _state(root, history)
         seen.add(state)
         assert state in (start, end), (point, state)

@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +54,7 @@ from terrarium.errors import (
     ContextNotFound,
     CorruptLog,
     InvalidContextId,
+    NotInTrash,
     SegmentNotFound,
     SessionAttached,
     StoreError,
@@ -318,8 +319,14 @@ class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
         Raises:
             CorruptLog: the head cannot be read and no segment chain is intact to rebuild it.
         """
-        found = self._locate(context)
-        return self._found_head(found) if found is not None else None
+        for attempt in (1, 2, 3):  # a freeze or thaw meanwhile can hide the head segment
+            try:
+                found = self._locate(context)
+                return self._found_head(found) if found is not None else None
+            except CorruptLog:
+                if attempt == 3:
+                    raise
+        raise AssertionError("unreachable")
 
     def _reading(self, session_id: SessionId, read: Callable[[], _T]) -> _T:
         """``read()``; if its file went (a freeze, thaw or detach meanwhile: reads take no
@@ -483,8 +490,20 @@ class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
         """
         return self._file_lock("turn", context)
 
-    def _head_lock(self, context: ContextId) -> AbstractContextManager[None]:
-        return self._file_lock("head", context)
+    @contextlib.contextmanager
+    def _head_lock(self, context: ContextId) -> Iterator[None]:
+        """The context's head lock; re-entrant in a thread (a restore holds it around its
+        attach)."""
+        held: set[str] = self._quiet_depth.__dict__.setdefault("heads", set())
+        if str(context) in held:
+            yield
+            return
+        with self._file_lock("head", context):
+            held.add(str(context))
+            try:
+                yield
+            finally:
+                held.discard(str(context))
 
     def _file_lock(self, kind: str, context: ContextId) -> AbstractContextManager[None]:
         _check_type(context)  # no such context can exist here: make no lock file for it
@@ -558,6 +577,46 @@ class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
         legacy.resume(self, context)
         return LifecycleOps.archive_context(self, context)
 
+    def restore_trashed(
+        self, trash_id: str, *, as_context: ContextId | None = None
+    ) -> PodMetadata:
+        """:meth:`LifecycleOps.restore_trashed` holding the target's head lock (a delete of
+        the context waits until the restore has dropped its ``trashed`` key), the session
+        thawed first unless it was archived (killed after its attach, the context is hot, not
+        attached and frozen but not archived, which only ``finish_lifecycle`` would repair).
+
+        Work-arounds of LifecycleOps's two-move restore (see docs/architecture.md).
+        """
+        with self._quiet():
+            found = [
+                r
+                for r in self.session_records()
+                if r.owner is None and r.state.get("trashed", {}).get("trash_id") == trash_id
+            ]
+            if not found or "purging" in found[0].state:
+                raise NotInTrash(f"nothing in the trash has the id {trash_id!r}")
+            record = found[0]
+            target = as_context or ContextId.parse(record.state["trashed"]["context"])
+            with self._head_lock(target):
+                if "cold" in record.state and "archived" not in record.state:
+                    with contextlib.suppress(ConflictError):  # changed: LifecycleOps decides
+                        self.thaw_session(
+                            record.session_id, expected=record.state, state=record.state
+                        )
+                return LifecycleOps.restore_trashed(self, trash_id, as_context=as_context)
+
+    def purge_trashed(self, trash_id: str) -> bool:
+        """:meth:`LifecycleOps.purge_trashed` holding ``.locks/lifecycle`` shared, so that
+        ``fsck --repair`` never finishes it half way (it would return False); False if a
+        restore attached the session between the purge's mark and its delete (the restore
+        wins and drops the mark). Work-arounds of LifecycleOps (see docs/architecture.md).
+        """
+        with self._quiet():
+            try:
+                return LifecycleOps.purge_trashed(self, trash_id)
+            except SessionAttached:
+                return False
+
     def _forget_session(self, session_id: SessionId) -> None:
         """Close the cached descriptors of a session whose folder moves."""
         with self._lock:
@@ -601,22 +660,21 @@ class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
 
         Under the context's head lock and the session's lock, three steps, each safe to kill:
         ``head.json`` is written into ``.detached/{session}/`` (a head there means nothing),
-        the folder is renamed to ``{type}/{date}/{name}/`` (from then on the context exists:
-        a lookup finds it in its date folder if the index does not know it yet), and the index
-        entries are written, with the search index's dirty marker before and after them. The
-        date is the session's creation (its root segment's).
+        the index entries and the search index's dirty marker (naming a folder not there yet,
+        which lookups pass over), and the rename of the folder to ``{type}/{date}/{name}/``:
+        the commit. The date is the session's creation (its root segment's).
         """
         _check_type(context)
         with self._quiet(), self._head_lock(context), self._session_lock(session_id):
             self._settle(session_id)
-            if self.folder_of(context) is not None:
-                raise ContextExists(f"context {context} already exists")
             source = self.detached_folder(session_id)
             segments = self._ids(session_id, source) if real_dir(source) else []
             if not segments:
                 self._folders.pop(session_id, None)
                 owner = self.session_owner(session_id)  # SegmentNotFound if there is none
                 raise SessionAttached(f"session {session_id} already belongs to context {owner}")
+            if self.folder_of(context) is not None:
+                raise ContextExists(f"context {context} already exists")
             if segment_id not in segments:
                 raise SegmentNotFound(
                     f"segment {segment_id} of session {session_id} does not exist"
@@ -632,9 +690,13 @@ class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
                 raise ContextExists(f"context {context} would share {target} with another")
             head = PodMetadata(str(context), session_id, segment_id, created, utc_now())
             self._write_head(source / HEAD, head, unreadable=False)
+            # The index entries and the dirty marker first: until the rename they name a
+            # folder that is not there, which lookups pass over; after it, it is listed.
+            self._mark(session_id)
+            self._write_index(context, session_id, rel)
             make_dirs(target.parent)
             try:
-                os.rename(source, target)
+                os.rename(source, target)  # the commit
             except OSError as exc:
                 (source / HEAD).unlink(missing_ok=True)
                 raise StoreError(f"cannot move {source} to {target}: {os_reason(exc)}") from exc
@@ -642,10 +704,6 @@ class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
                 fsync_dir(target.parent)
                 fsync_dir(source.parent)
             self._folders[session_id] = target
-            # Marked before the index entries too: killed between the two, a refresh that
-            # meets the marker once they are rebuilt (fsck --repair reindexes) indexes it.
-            self._mark(session_id)
-            self._write_index(context, session_id, rel)
             self._mark(session_id)
             return head
 

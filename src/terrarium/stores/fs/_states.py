@@ -438,13 +438,16 @@ class FsStates(Tree):
 
     @contextlib.contextmanager
     def _quiet(self, *, exclusive: bool = False, create: bool = True) -> Iterator[None]:
-        """Hold ``.locks/lifecycle``: shared for a move, exclusive to keep every move out."""
-        if getattr(self._quiet_depth, "depth", 0):  # this thread holds it already
+        """Hold ``.locks/lifecycle``: shared for a move, exclusive to keep every move out.
+
+        Held once per thread: a move inside a call that holds it (a restore, a purge,
+        ``fsck``) just goes on."""
+        if getattr(self._quiet_depth, "depth", 0):
             yield
             return
         kind = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
         with _flock(self._inside(self.root / LOCKS) / "lifecycle", kind, create=create):
-            self._quiet_depth.depth = 1 if exclusive else 0
+            self._quiet_depth.depth = 1
             try:
                 yield
             finally:
