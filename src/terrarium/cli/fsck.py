@@ -39,7 +39,6 @@ from terrarium.model import ContextId, SegmentId
 from terrarium.stores.base import BlobStore, PodMetadata, Reindexable, Store
 from terrarium.stores.fs import ContextFolder, FsStore, salvaged_into, segment_chain
 from terrarium.stores.fs._states import frozen
-from terrarium.stores.lifecycle import LifecycleOps
 
 #: Problems ``--repair`` fixes, and those only ``--salvage`` does.
 _REPAIRABLE = frozenset({"torn", "head", "missing", "unindexed", "leftover"})
@@ -445,8 +444,9 @@ def _check_legacy(state: CliState, report: Report) -> None:
 
 def _repair(store: Store, report: Report, *, salvage: bool) -> None:
     """Fix what can be fixed, one problem at a time; a failure is noted and the rest go on."""
-    if isinstance(store, LifecycleOps):
-        store.finish_lifecycle()  # deletes, restores and purges killed half way
+    finish = getattr(store, "finish_lifecycle", None)  # LifecycleOps's, any backend
+    if finish is not None:
+        finish()  # deletes, restores and purges killed half way
     if not isinstance(store, FsStore):
         if any(p.kind == "unindexed" for p in report.problems) and isinstance(store, Reindexable):
             store.reindex()

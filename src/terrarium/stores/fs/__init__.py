@@ -577,9 +577,7 @@ class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
         legacy.resume(self, context)
         return LifecycleOps.archive_context(self, context)
 
-    def restore_trashed(
-        self, trash_id: str, *, as_context: ContextId | None = None
-    ) -> PodMetadata:
+    def restore_trashed(self, trash_id: str, *, as_context: ContextId | None = None) -> PodMetadata:
         """:meth:`LifecycleOps.restore_trashed` holding the target's head lock (a delete of
         the context waits until the restore has dropped its ``trashed`` key), the session
         thawed first unless it was archived (killed after its attach, the context is hot, not
