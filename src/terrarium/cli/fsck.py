@@ -180,7 +180,8 @@ def _check_fs(store: FsStore, report: Report) -> None:
         _check_index(store, context, entries, report)
     for session_id, folder in store.detached():
         report.contexts += 1
-        _check_detached(session_id, folder, report)
+        if not frozen(store.root, session_id):  # a frozen one's plain files are leftovers
+            _check_detached(session_id, folder, report)
     _check_links(store.root, report)
     for path in store.unfinished_moves():
         what = "left by a killed freeze, thaw, detach or delete"
