@@ -432,17 +432,22 @@ def _plant_zst_copies(folder: Path) -> list[Path]:
 
 
 def test_what_a_killed_freeze_or_thaw_left_is_a_leftover(store: FsStore, root: Path) -> None:
-    """``.zst`` files in a hot folder (a freeze killed before its commit) and plain files in
-    a frozen one (killed after it, or a thaw killed before its own) are provably leftovers:
-    reads ignore them, fsck reports them, --repair deletes them and nothing else."""
+    """A ``.zst`` beside its plain file in a hot folder (a freeze killed before its commit)
+    and a plain file beside its ``.zst`` in a frozen one (killed after it, or a thaw killed
+    before its own) are provably leftovers: reads ignore them, fsck reports them, --repair
+    deletes them and nothing else (a file without its twin stays)."""
     ref = _create(store, "cli:main", "hello")
     _create(store, "cli:cold", "brr")
     store.archive_context(ContextId("cli", "cold"))
     hot, cold = store.folder_of(MAIN), store.folder_of(ContextId("cli", "cold"))
     assert hot is not None and cold is not None
     planted = _plant_zst_copies(hot)
-    plain = cold / f"{ref.segment_id}.jsonl"  # a plain file beside the frozen ones
+    (frozen,) = cold.glob("*.jsonl.zst")
+    plain = frozen.with_name(frozen.name.removesuffix(".zst"))  # its twin, left by a thaw
     plain.write_bytes(b"junk\n")
+    alone = hot / f"{ref.session_id}.jsonl.zst"  # no twin: not provably a leftover
+    kept = zstandard.ZstdCompressor().compress(b"")
+    alone.write_bytes(kept)
     assert _history(store, "cli:main") == [{"role": "user", "content": "hello"}]
     checked = json.loads(invoke("fsck", "--json", "--storage-dir", str(root)).output)
     assert sorted(p["path"] for p in checked["problems"] if p["kind"] == "leftover") == sorted(
@@ -450,6 +455,7 @@ def test_what_a_killed_freeze_or_thaw_left_is_a_leftover(store: FsStore, root: P
     )
     assert invoke("fsck", "--repair", "--storage-dir", str(root)).exit_code == 0
     assert not plain.exists() and not any(p.exists() for p in planted)
+    assert alone.read_bytes() == kept
     assert invoke("fsck", "--storage-dir", str(root)).exit_code == 0
     assert _history(store, "cli:main") == [{"role": "user", "content": "hello"}]
     assert _history(store, "cli:cold") == [{"role": "user", "content": "brr"}]
@@ -746,3 +752,23 @@ def test_a_fork_on_a_full_disk_either_happens_or_leaves_nothing(
     assert result.exit_code == 1 and "No space" in result.output
     assert store.get_head(ContextId.parse("cli:other")) is None
     assert invoke("fork", "cli:src", "cli:other", "--storage-dir", str(root)).exit_code == 0
+
+
+def test_a_store_in_the_unreleased_old_layout_opens(root: Path) -> None:
+    """The lifecycle's first layout (``archive/``, ``.trash/{id}/``, ``.index/pins``) was never
+    released: it is not read, but a store holding it opens, lists, archives and checks."""
+    with FsStore(root) as store:
+        _create(store, "cli:main", "hello")
+    old = root / "archive" / "cli" / "2026-01-01" / "gone"
+    old.mkdir(parents=True)
+    (old / "archive.json").write_text("{}")
+    (root / ".trash" / ("a" * 32) / "context").mkdir(parents=True)
+    (root / ".index" / "pins" / "cli").mkdir(parents=True)
+    (root / ".index" / "pins" / "cli" / "main").write_text("")
+    with FsStore(root) as store:
+        assert [h.context for h in store.list_contexts()] == ["cli:main"]
+        assert store.archived_contexts() == [] and store.trashed_contexts() == []
+        assert store.pinned_contexts() == frozenset()
+        assert store.archive_context(MAIN) is not None
+        assert [a.context for a in store.archived_contexts()] == ["cli:main"]
+    assert invoke("fsck", "--storage-dir", str(root)).exit_code == 0

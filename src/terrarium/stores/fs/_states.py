@@ -362,8 +362,8 @@ class FsStates(Tree):
             for n, rel in enumerate(places, 1):
                 self._put_back(folder / f"legacy-{n}.json{ZST}", str(rel))
             self._write_record(session_id, hot)  # the commit
-            for name in listdir(folder):
-                if cold_file(name):
+            for name in sorted(listdir(folder), key=lambda n: not _LEGACY.fullmatch(n)):
+                if cold_file(name):  # the legacy files' first: see _leftovers_in
                     os.unlink(folder / name)
             self._mark(session_id)
 
@@ -467,18 +467,6 @@ class FsStates(Tree):
             self._settle(session_id)
             yield
 
-    @contextlib.contextmanager
-    def _writing(self, session_id: SessionId) -> Iterator[None]:
-        """Wake the session if it is frozen, then hold its lock shared while it is hot."""
-        for _ in range(50):
-            if frozen(self.root, session_id):
-                self.wake_session(session_id)
-            with self._session_lock(session_id, shared=True):
-                if not frozen(self.root, session_id):
-                    yield
-                    return
-        raise ConflictError(f"session {session_id} kept being frozen before a write")
-
     # ----------------------------------------------------------------------- clean-up
 
     def _settle(self, session_id: SessionId) -> int:
@@ -506,13 +494,19 @@ class FsStates(Tree):
         return len(left)
 
     def _leftovers_in(self, folder: Path, cold: bool) -> list[Path]:
-        """The files of a killed freeze or thaw in ``folder``: plain log files of a frozen
-        session, frozen ones of a hot session, and unfinished temporary files."""
-        return [
-            folder / name
-            for name in sorted(listdir(folder))
-            if (log_file(name) if cold else cold_file(name)) or name.startswith(".tmp-")
-        ]
+        """The files of a killed freeze or thaw in ``folder``: a plain log file beside its
+        ``.zst`` in a frozen session's folder, a ``.zst`` beside its plain file in a hot
+        one's (and then its legacy ``.zst`` files: a thaw unlinks those first), and
+        unfinished temporary files. A file without its twin is never one: a lost record
+        must not cost a frozen session its files."""
+        names = set(listdir(folder))
+        if cold:
+            left = {n for n in names if log_file(n) and f"{n}{ZST}" in names}
+        else:
+            left = {n for n in names if cold_file(n) and n[: -len(ZST)] in names}
+            left |= {n for n in names if left and _LEGACY.fullmatch(n)}
+        left |= {n for n in names if n.startswith(".tmp-")}
+        return [folder / name for name in sorted(left)]
 
     def unfinished_moves(self) -> list[Path]:
         """What killed moves left (``fsck`` reports it; :meth:`finish_moves` removes it)."""
