@@ -642,7 +642,7 @@ class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         data = codec.encode_line(line)
         folder = self.detached_folder(session_id)
-        if segment_ids(folder) or self._session_index_path(session_id).exists():
+        if has_segments(folder) or self._session_index_path(session_id).exists():
             raise ConflictError(f"session {session_id} already exists")
         make_dirs(folder)
         try:

@@ -299,6 +299,7 @@ class FsStates(Tree):
             try:
                 with _segment_locks(folder):
                     stored["cold"] = self._pack(folder, legacy)
+                    self._mark(session_id)  # before and after: a kill between still marks
                     self._write_record(session_id, stored)  # the commit
                     for name in listdir(folder):
                         if log_file(name):
@@ -361,6 +362,7 @@ class FsStates(Tree):
             places = current.get("cold", {}).get("legacy") or []
             for n, rel in enumerate(places, 1):
                 self._put_back(folder / f"legacy-{n}.json{ZST}", str(rel))
+            self._mark(session_id)
             self._write_record(session_id, hot)  # the commit
             for name in sorted(listdir(folder), key=lambda n: not _LEGACY.fullmatch(n)):
                 if cold_file(name):  # the legacy files' first: see _leftovers_in
