@@ -211,8 +211,8 @@ def archive_size(
         ratio = packed / hot
         out.row("archived / hot bytes", f"{ratio:.3f}x", "<= 0.3x", ratio <= 0.3)
         if backend == "fs":
-            whole = apparent_bytes(workdir / "sessions" / "archive") / hot_tree
-            out.row("fs archive/ folder / hot folders", f"{whole:.3f}x", "<= 0.3x", whole <= 0.3)
+            whole = apparent_bytes(workdir / "sessions" / "cli") / hot_tree  # frozen in place
+            out.row("fs frozen folders / hot folders", f"{whole:.3f}x", "<= 0.3x", whole <= 0.3)
 
 
 def hot_listing(backend: str, workdir: Path, count: int, maker: TextMaker, out: Report) -> None:

@@ -14,7 +14,7 @@ def test_bench_lifecycle_quick_run(tmp_path: Path) -> None:
     table = result.stdout.split("Results", 1)[-1]
     for measure in (
         "archived / hot bytes",
-        "fs archive/ folder / hot folders",
+        "fs frozen folders / hot folders",
         "list_contexts_fast after / before",
         "list_contexts after / before",
         "resume archived / hot",

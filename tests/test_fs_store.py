@@ -555,7 +555,8 @@ def test_delete_context_moves_the_folder_to_the_trash_and_frees_the_name(
     store: FsStore, root: Path
 ) -> None:
     """After delete_context the context's folder and index entries are gone, its name is
-    free, and its files wait whole in one trash entry until purged."""
+    free, and its session waits detached and frozen (each file compressed) in
+    ``.detached/{session}/``, its record in ``.states/``, until purged."""
     ref = _create(store, "cli:main")
     save_user_input(store, ref, "bye")
     fork(store, ref)
@@ -563,26 +564,30 @@ def test_delete_context_moves_the_folder_to_the_trash_and_frees_the_name(
     _create(store, "cli:other")
     folder = store.folder_of(ContextId("cli", "main"))
     assert folder is not None
-    files = sorted(p.name for p in folder.iterdir())
+    files = sorted(p.name for p in folder.iterdir() if p.name != "head.json")
 
     assert store.delete_context(ContextId("cli", "main")) is True
     assert not folder.exists()
     assert not (root / ".index" / "contexts" / "cli" / "main").exists()
     assert not (root / ".index" / "sessions" / str(ref.session_id)).exists()
     (entry,) = store.trashed_contexts()
-    assert _trash(root) == [entry.trash_id]
-    kept = root / ".trash" / entry.trash_id / "context"
-    assert sorted(p.name for p in kept.iterdir()) == files
+    kept = root / ".detached" / str(ref.session_id)
+    assert sorted(p.name for p in kept.iterdir() if p.name != "head.json") == [
+        f"{name}.zst" for name in files
+    ]
+    record = json.loads((root / ".states" / f"{ref.session_id}.json").read_text())
+    assert record["trashed"]["trash_id"] == entry.trash_id and "cold" in record
     assert store.get_head(ContextId("cli", "main")) is None
     assert [h.context for h in store.list_contexts()] == ["cli:other"]
     with pytest.raises(SegmentNotFound):
-        store.read_segment(ref.session_id, ref.segment_id)
+        save_user_input(store, ref, "to the trash?")
     assert store.delete_context(ContextId("cli", "main")) is False
 
     again = _create(store, "cli:main")
     assert restore(store, "cli:main").session_id == again.session_id
     assert store.purge_trashed(entry.trash_id) is True
-    assert _trash(root) == []
+    assert not kept.exists() and not (root / ".states" / f"{ref.session_id}.json").exists()
+    assert os.listdir(root / ".staging") == []
 
 
 def test_a_writer_in_another_store_cannot_append_to_a_deleted_context(root: Path) -> None:

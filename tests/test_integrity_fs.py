@@ -380,11 +380,25 @@ def outside(tmp_path: Path) -> Iterator[Path]:
     assert (path / "victim" / "file").read_text() == "precious"
 
 
-def test_delete_never_follows_a_linked_trash_out_of_the_root(
-    root: Path, store: FsStore, outside: Path
+@pytest.mark.parametrize("linked", [".detached", ".states", ".staging"])
+def test_delete_never_follows_a_linked_folder_out_of_the_root(
+    root: Path, store: FsStore, outside: Path, linked: str
 ) -> None:
+    """The folders a delete writes in (detached sessions, state records, what is being
+    deleted for ever) are checked to be inside the root before anything moves."""
     make(store, "cli:main", "x")
-    (root / ".trash").symlink_to(outside, target_is_directory=True)
+    (root / linked).symlink_to(outside, target_is_directory=True)
+    if linked == ".staging":
+        assert store.delete_context(ContextId("cli", "main"))
+        (entry,) = store.trashed_contexts()
+        with pytest.raises(StoreError, match="outside the store"):
+            store.purge_trashed(entry.trash_id)
+        assert sorted(p.name for p in outside.iterdir()) == ["victim"]
+        (record,) = store.unfinished_lifecycle()  # marked purging, its bytes untouched
+        assert (root / ".detached" / str(record.session_id)).is_dir()
+        (root / linked).unlink()
+        assert store.finish_lifecycle() == 1 and store.session_records() == []
+        return
     with pytest.raises(StoreError, match="outside the store"):
         store.delete_context(ContextId("cli", "main"))
     assert sorted(p.name for p in outside.iterdir()) == ["victim"]

@@ -1,5 +1,6 @@
-"""FsStore's lifecycle (archive, trash, pins) on disk: the layout, agreement with the
-MemoryStore oracle, writes that unarchive, writers in other stores, the index, fsck.
+"""FsStore's lifecycle (archive, trash, pins) on disk: the layout (frozen in place, state
+records, detached sessions), agreement with the MemoryStore oracle, writes that unarchive,
+writers in other stores, leftovers of killed moves, the index, fsck.
 
 The kill tests are in ``test_lifecycle_fs_kill.py``; the cross-backend contract in
 ``tests/contract/test_lifecycle.py``.
@@ -32,11 +33,11 @@ from terrarium import (
     save_user_input,
 )
 from terrarium.cli import cli
-from terrarium.errors import InvalidContextId, NotInTrash, StoreError
+from terrarium.errors import CorruptLog, InvalidContextId, NotInTrash, StoreError
 from terrarium.legacy import listing
 from terrarium.model import ContextId, TraceEntry
 from terrarium.stores.base import Lifecycle, NewEntry, SearchQuery, Store
-from terrarium.stores.fs import _archive
+from terrarium.stores.fs import _states
 from terrarium.stores.memory import MemoryStore
 
 TS = "2026-05-01T12:00:00.000000Z"
@@ -65,13 +66,9 @@ def _tree(root: Path) -> list[str]:
 
 
 def _leftovers(root: Path) -> list[str]:
-    """What is in .staging but empty spare folders."""
-    staging = root / ".staging"
-    return [
-        p.name
-        for p in staging.iterdir()
-        if not (p.name.startswith("spare-") and not any(p.iterdir()))
-    ]
+    """What killed moves left, as fsck lists it."""
+    with FsStore(root) as store:
+        return [str(p) for p in store.unfinished_moves()]
 
 
 def _history(store: Store, context: str) -> list[Any]:
@@ -81,17 +78,18 @@ def _history(store: Store, context: str) -> list[Any]:
 # --------------------------------------------------------------------------- layout
 
 
-def test_archive_compresses_every_file_into_the_archive_folder(store: FsStore, root: Path) -> None:
-    """The hot folder leaves; archive/{type}/{date}/{name}/ holds each file as one zstd frame
-    (decompressing to its bytes exactly), the pin marker, and archive.json; files 0600,
-    folders 0700; the hot listing, fast listing and search leave it out."""
+def test_archive_freezes_every_file_in_place(store: FsStore, root: Path) -> None:
+    """The folder stays; each log file becomes ``{name}.zst``, one zstd frame decompressing to
+    its bytes exactly, beside ``head.json``; the record in ``.states/`` says archived, pinned
+    and cold; files 0600, folders 0700; the hot listing, fast listing and search leave it
+    out; a search of the archive finds it."""
     ref = _create(store, "cli:main", "the quick brown fox " * 50)
     store.append_trace(ref.session_id, ref.segment_id, [TraceEntry(TS, "chunk", {"n": 1})])
     fork(store, ref)
     store.pin_context(MAIN)
-    hot = store.folder_of(MAIN)
-    assert hot is not None
-    before = {p.name: p.read_bytes() for p in hot.iterdir() if p.name != "head.json"}
+    folder = store.folder_of(MAIN)
+    assert folder is not None
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "head.json"}
     history = _history(store, "cli:main")
     assert store.search(SearchQuery("fox"))
 
@@ -99,18 +97,18 @@ def test_archive_compresses_every_file_into_the_archive_folder(store: FsStore, r
 
     assert archived is not None and archived.pinned and archived.message_count == 1
     assert archived.archived_bytes < archived.hot_bytes
-    assert not hot.exists()
-    folder = root / "archive" / "cli" / hot.parent.name / "main"
+    assert archived.hot_bytes == sum(len(data) for data in before.values())
     assert store.folder_of(MAIN) == folder
     names = sorted(p.name for p in folder.iterdir())
-    assert names == sorted(["archive.json", *(f"{n}.zst" if n != "pinned" else n for n in before)])
+    assert names == sorted(["head.json", *(f"{n}.zst" for n in before)])
     for name, data in before.items():
-        if name != "pinned":
-            packed = (folder / f"{name}.zst").read_bytes()
-            assert zstandard.ZstdDecompressor().decompress(packed) == data
-    for path in folder.rglob("*"):
+        packed = (folder / f"{name}.zst").read_bytes()
+        assert zstandard.ZstdDecompressor().decompress(packed) == data
+    record = json.loads((root / ".states" / f"{ref.session_id}.json").read_text())
+    assert set(record) == {"archived", "pinned", "cold"}
+    for path in [*folder.iterdir(), *(root / ".states").iterdir()]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    for path in [root / "archive", root / "archive" / "cli", folder.parent, folder]:
+    for path in [folder, root / ".states"]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o700
     assert store.list_contexts() == []
     assert store.list_contexts_fast() == []
@@ -118,22 +116,26 @@ def test_archive_compresses_every_file_into_the_archive_folder(store: FsStore, r
     assert [h.context for h in store.search(SearchQuery("fox", archived=True))] == ["cli:main"]
     assert _history(store, "cli:main") == history
     assert store.is_archived(MAIN)
+    assert store.unarchive_context(MAIN)
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "head.json"} == before
+    assert not (root / ".states" / f"{ref.session_id}.json").read_text().count("cold")
+    assert [h.context for h in store.search(SearchQuery("fox"))] == ["cli:main"]
     assert _leftovers(root) == []
 
 
 def test_listing_the_archive_decompresses_nothing(
     store: FsStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """archived_contexts reads the manifests only."""
+    """archived_contexts reads the state records only."""
     _create(store, "cli:main", "hello")
     _create(store, "irc:#pond", "hello")
     store.archive_context(MAIN)
     store.archive_context(ContextId.parse("irc:#pond"))
 
-    def refuse(path: Path) -> bytes:
-        raise AssertionError(f"decompressed {path}")
+    def refuse(blob: bytes, *, where: str = "") -> bytes:
+        raise AssertionError(f"decompressed {where}")
 
-    monkeypatch.setattr(_archive, "decompress", refuse)
+    monkeypatch.setattr(_states, "unpack", refuse)
     assert [a.context for a in store.archived_contexts()] == ["cli:main", "irc:#pond"]
     assert [a.context for a in store.archived_contexts("irc")] == ["irc:#pond"]
     assert store.get_head(MAIN) is not None
@@ -147,11 +149,11 @@ def test_the_type_archive_is_reserved(store: FsStore) -> None:
 
 
 def test_nothing_follows_a_link_out_of_the_root(store: FsStore, tmp_path: Path) -> None:
-    """An archive folder that is a link out of the root is refused, not written through."""
+    """A ``.states`` folder that is a link out of the root is refused, not written through."""
     _create(store, "cli:main", "hello")
     outside = tmp_path / "outside"
     outside.mkdir()
-    (store.root / "archive").symlink_to(outside, target_is_directory=True)
+    (store.root / ".states").symlink_to(outside, target_is_directory=True)
     with pytest.raises(StoreError, match="outside"):
         store.archive_context(MAIN)
     assert list(outside.iterdir()) == []
@@ -268,29 +270,30 @@ class _Killed(BaseException):
     """Stands for a SIGKILL: nothing of the archiver runs after it (no clean-up of ours)."""
 
 
-def test_an_archive_killed_after_its_commit_keeps_appends_out_of_the_left_copy(
+def test_a_freeze_killed_after_its_commit_keeps_appends_out_of_the_left_files(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The archiver dies after its commit (the hot folder renamed into .staging/) but before
-    it deletes the hot copies, as its locks go: a writer that held the file open must not
-    append into that copy, which the next clean-up deletes; the seal sends it to the archive."""
+    """The freezer dies after its commit (the record says cold) but before it deletes the
+    plain files, as its locks go: a writer that held the file open must not append into
+    that leftover, which the next move deletes; the seal sends it through a wake."""
     with FsStore(root) as archiver, FsStore(root) as writer:
         ref = _create(archiver, "cli:main", "first")
         save_user_input(writer, ref, "cached")  # the writer holds the file open
-        real_unlink = _archive.os.unlink
+        real_unlink = _states.os.unlink
 
-        def die_at_the_first_hot_delete(path: Any, *args: Any, **kwargs: Any) -> None:
-            if ".staging" in str(path) and str(path).endswith(".jsonl"):
+        def die_at_the_first_plain_delete(path: Any, *args: Any, **kwargs: Any) -> None:
+            if str(path).endswith(".jsonl"):
                 raise _Killed
             real_unlink(path, *args, **kwargs)
 
-        monkeypatch.setattr(_archive.os, "unlink", die_at_the_first_hot_delete)
+        monkeypatch.setattr(_states.os, "unlink", die_at_the_first_plain_delete)
         with pytest.raises(_Killed):
             archiver.archive_context(MAIN)
         monkeypatch.undo()
-        save_user_input(writer, ref, "after")  # acknowledged
-        archiver.finish_moves()  # deletes the left copy, if the unarchive has not
-        assert _leftovers(root) == []
+        assert archiver.is_archived(MAIN)  # committed
+        assert archiver.unfinished_moves() != []
+        save_user_input(writer, ref, "after")  # acknowledged: it woke the context
+        assert archiver.unfinished_moves() == []
     with FsStore(root) as store:
         texts = [m["content"] for m in _history(store, "cli:main")]
         assert texts == ["first", "cached", "after"]
@@ -298,13 +301,13 @@ def test_an_archive_killed_after_its_commit_keeps_appends_out_of_the_left_copy(
 
 
 def test_a_seal_left_in_a_hot_folder_is_lifted_by_the_next_write(root: Path) -> None:
-    """A move killed before its commit leaves the hot folder the context, its files sealed:
-    the next append unseals them (under the head lock) and writes."""
+    """A freeze killed before its commit leaves the folder hot, its files sealed: the next
+    append unseals them (under the session's lock) and writes."""
     with FsStore(root) as store:
         ref = _create(store, "cli:main", "first")
         folder = store.folder_of(MAIN)
         assert folder is not None
-        with _archive.segment_locks(folder):
+        with _states._segment_locks(folder):
             pass  # sealed, then "killed"
         segment = folder / f"{ref.segment_id}.jsonl"
         assert stat.S_IMODE(segment.stat().st_mode) == 0o400
@@ -346,17 +349,21 @@ def test_appends_racing_an_archiver_lose_nothing(root: Path) -> None:
 
 
 def test_trash_restore_and_purge_on_disk(store: FsStore, root: Path) -> None:
-    """A deleted archived context waits in .trash/{id}/ (trash.json and context/), comes back
-    archived under another name, and a purge leaves nothing of it."""
-    _create(store, "cli:main", "hello")
+    """A deleted archived context waits detached and frozen in .detached/{session}/ (its
+    record says trashed), comes back archived under another name, and a purge leaves
+    nothing of it."""
+    ref = _create(store, "cli:main", "hello")
     store.pin_context(MAIN)
     store.archive_context(MAIN)
     assert store.delete_context(MAIN)
     (entry,) = store.trashed_contexts()
     assert entry.archived and entry.pinned and entry.message_count == 1
-    folder = root / ".trash" / entry.trash_id
-    assert sorted(p.name for p in folder.iterdir()) == ["context", "trash.json"]
-    assert json.loads((folder / "trash.json").read_text())["context"] == "cli:main"
+    folder = root / ".detached" / str(ref.session_id)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["head.json", f"{ref.segment_id}.jsonl.zst"]
+    )
+    record = json.loads((root / ".states" / f"{ref.session_id}.json").read_text())
+    assert record["trashed"]["context"] == "cli:main"
     assert store.get_head(MAIN) is None and store.pinned_contexts() == frozenset()
     other = ContextId("cli", "other")
     head = store.restore_trashed(entry.trash_id, as_context=other)
@@ -364,16 +371,17 @@ def test_trash_restore_and_purge_on_disk(store: FsStore, root: Path) -> None:
     assert store.pinned_contexts() == {"cli:other"}
     assert _history(store, "cli:other") == [{"role": "user", "content": "hello"}]
     assert store.purge_context(other)
-    assert [p for p in _tree(root) if not p.startswith(("cli", "archive"))] == [
+    assert [p for p in _tree(root) if not p.startswith("cli")] == [
+        ".detached",
         ".staging",
-        ".trash",
+        ".states",
     ]
     assert [p for p in _tree(root) if p.count("/") >= 3] == []
 
 
 def test_a_lost_index_finds_archived_sessions_and_pins_again(store: FsStore, root: Path) -> None:
-    """With .index deleted, an archived session is read by its id, and pins are listed after
-    a reindex (the pin markers are the truth)."""
+    """With .index deleted, an archived session is read by its id, stays out of the hot
+    listing, and pins are listed (the records are the truth), before and after a reindex."""
     ref = _create(store, "cli:main", "hello")
     _create(store, "cli:hot", "hi")
     store.pin_context(MAIN)
@@ -386,40 +394,72 @@ def test_a_lost_index_finds_archived_sessions_and_pins_again(store: FsStore, roo
             "content": "hello",
         }
         assert [h.context for h in fresh.list_contexts()] == ["cli:hot"]
-        fresh.reindex()
         assert fresh.pinned_contexts() == {"cli:main", "cli:hot"}
-        assert (root / ".index" / "archive" / str(ref.session_id)).exists()
+        fresh.reindex()
+        assert [h.context for h in fresh.list_contexts()] == ["cli:hot"]
+        assert fresh.pinned_contexts() == {"cli:main", "cli:hot"}
+        assert [a.context for a in fresh.archived_contexts()] == ["cli:main"]
 
 
-def test_a_pin_entry_without_its_marker_is_not_a_pin(store: FsStore, root: Path) -> None:
-    """The marker in the context's folder is the truth; the index entry only finds it."""
-    _create(store, "cli:main", "hello")
-    store.pin_context(MAIN)
+def test_a_pin_is_a_key_of_the_session_record(store: FsStore, root: Path) -> None:
+    """Pinning writes ``pinned`` into the session's record (nothing in its folder); it
+    follows the session into the trash and back; unpinning leaves no record behind."""
+    ref = _create(store, "cli:main", "hello")
     folder = store.folder_of(MAIN)
     assert folder is not None
-    (folder / "pinned").unlink()
+    store.pin_context(MAIN)
+    path = root / ".states" / f"{ref.session_id}.json"
+    assert json.loads(path.read_text()) == {"pinned": True}
+    assert "pinned" not in {p.name for p in folder.iterdir()}
+    store.delete_context(MAIN)
     assert store.pinned_contexts() == frozenset()
+    (entry,) = store.trashed_contexts()
+    assert entry.pinned
+    store.restore_trashed(entry.trash_id)
+    assert store.pinned_contexts() == {"cli:main"}
+    store.pin_context(MAIN, False)
+    assert not path.exists() and store.pinned_contexts() == frozenset()
 
 
-def test_an_archived_copy_beside_its_hot_folder_is_a_leftover(store: FsStore, root: Path) -> None:
-    """A kill between an archive's two renames leaves both folders: the hot one wins, fsck
-    reports the copy and --repair deletes it."""
-    _create(store, "cli:main", "hello")
-    hot = store.folder_of(MAIN)
-    assert hot is not None
-    keep = root.parent / "keep"
-    shutil.copytree(hot, keep)
-    store.archive_context(MAIN)
-    copy = store.folder_of(MAIN)
-    assert copy is not None
-    keep.rename(hot)
-    assert not store.is_archived(MAIN) and store.folder_of(MAIN) == hot
-    assert store.archived_contexts() == []
+def _plant_zst_copies(folder: Path) -> list[Path]:
+    """What a freeze killed before its commit leaves: a compressed copy of each log file."""
+    planted = []
+    for path in folder.glob("*.jsonl"):
+        copy = path.with_name(f"{path.name}.zst")
+        copy.write_bytes(zstandard.ZstdCompressor().compress(path.read_bytes()))
+        planted.append(copy)
+    return planted
+
+
+def test_what_a_killed_freeze_or_thaw_left_is_a_leftover(store: FsStore, root: Path) -> None:
+    """A ``.zst`` beside its plain file in a hot folder (a freeze killed before its commit)
+    and a plain file beside its ``.zst`` in a frozen one (killed after it, or a thaw killed
+    before its own) are provably leftovers: reads ignore them, fsck reports them, --repair
+    deletes them and nothing else (a file without its twin stays)."""
+    ref = _create(store, "cli:main", "hello")
+    _create(store, "cli:cold", "brr")
+    store.archive_context(ContextId("cli", "cold"))
+    hot, cold = store.folder_of(MAIN), store.folder_of(ContextId("cli", "cold"))
+    assert hot is not None and cold is not None
+    planted = _plant_zst_copies(hot)
+    (frozen,) = cold.glob("*.jsonl.zst")
+    plain = frozen.with_name(frozen.name.removesuffix(".zst"))  # its twin, left by a thaw
+    plain.write_bytes(b"junk\n")
+    alone = hot / f"{ref.session_id}.jsonl.zst"  # no twin: not provably a leftover
+    kept = zstandard.ZstdCompressor().compress(b"")
+    alone.write_bytes(kept)
+    assert _history(store, "cli:main") == [{"role": "user", "content": "hello"}]
     checked = json.loads(invoke("fsck", "--json", "--storage-dir", str(root)).output)
-    assert [p["kind"] for p in checked["problems"]] == ["leftover"]
+    assert sorted(p["path"] for p in checked["problems"] if p["kind"] == "leftover") == sorted(
+        str(p) for p in [*planted, plain]
+    )
     assert invoke("fsck", "--repair", "--storage-dir", str(root)).exit_code == 0
-    assert not copy.exists()
+    assert not plain.exists() and not any(p.exists() for p in planted)
+    assert alone.read_bytes() == kept
     assert invoke("fsck", "--storage-dir", str(root)).exit_code == 0
+    assert _history(store, "cli:main") == [{"role": "user", "content": "hello"}]
+    assert _history(store, "cli:cold") == [{"role": "user", "content": "brr"}]
+    assert store.is_archived(ContextId("cli", "cold"))
 
 
 def test_legacy_files_in_the_archive_folder_are_not_hot(store: FsStore, root: Path) -> None:
@@ -449,17 +489,20 @@ def test_the_oracle_script_leaves_a_clean_fsck(store: FsStore, root: Path) -> No
     assert result.exit_code == 0, result.output
 
 
-def test_delete_of_a_damaged_context_still_trashes_it(store: FsStore, root: Path) -> None:
-    """A folder whose head cannot be rebuilt goes to the trash too (counted as 0 messages)."""
+def test_delete_of_a_damaged_context_says_what_is_wrong(store: FsStore, root: Path) -> None:
+    """A folder whose head cannot be rebuilt cannot be trashed (the trash entry is made from
+    its head): the delete names the damage and moves nothing; fsck reports it."""
     _create(store, "cli:main", "hello")
     folder = store.folder_of(MAIN)
     assert folder is not None
     (folder / "head.json").write_text("not json")
     for segment in folder.glob("*.jsonl"):
         segment.write_bytes(b"garbage\n")
-    assert store.delete_context(MAIN)
-    (entry,) = store.trashed_contexts()
-    assert entry.message_count == 0 and not folder.exists()
+    with pytest.raises(CorruptLog):
+        store.delete_context(MAIN)
+    assert folder.exists() and store.trashed_contexts() == []
+    checked = json.loads(invoke("fsck", "--json", "--storage-dir", str(root)).output)
+    assert "damaged" in {p["kind"] for p in checked["problems"]}
 
 
 def test_archived_segments_read_as_the_hot_ones_did(store: FsStore) -> None:
@@ -709,3 +752,23 @@ def test_a_fork_on_a_full_disk_either_happens_or_leaves_nothing(
     assert result.exit_code == 1 and "No space" in result.output
     assert store.get_head(ContextId.parse("cli:other")) is None
     assert invoke("fork", "cli:src", "cli:other", "--storage-dir", str(root)).exit_code == 0
+
+
+def test_a_store_in_the_unreleased_old_layout_opens(root: Path) -> None:
+    """The lifecycle's first layout (``archive/``, ``.trash/{id}/``, ``.index/pins``) was never
+    released: it is not read, but a store holding it opens, lists, archives and checks."""
+    with FsStore(root) as store:
+        _create(store, "cli:main", "hello")
+    old = root / "archive" / "cli" / "2026-01-01" / "gone"
+    old.mkdir(parents=True)
+    (old / "archive.json").write_text("{}")
+    (root / ".trash" / ("a" * 32) / "context").mkdir(parents=True)
+    (root / ".index" / "pins" / "cli").mkdir(parents=True)
+    (root / ".index" / "pins" / "cli" / "main").write_text("")
+    with FsStore(root) as store:
+        assert [h.context for h in store.list_contexts()] == ["cli:main"]
+        assert store.archived_contexts() == [] and store.trashed_contexts() == []
+        assert store.pinned_contexts() == frozenset()
+        assert store.archive_context(MAIN) is not None
+        assert [a.context for a in store.archived_contexts()] == ["cli:main"]
+    assert invoke("fsck", "--storage-dir", str(root)).exit_code == 0

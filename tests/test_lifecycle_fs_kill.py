@@ -1,11 +1,15 @@
-"""SIGKILL during archive, unarchive, delete (trash), restore and purge on FsStore.
+"""SIGKILL during archive, unarchive, delete (trash), restore and purge on FsStore: at every
+step of its primitives, ``freeze_session`` (archive; delete's seal), ``thaw_session``
+(unarchive; restore), ``detach_context`` (delete, purge_context), ``attach_context`` (restore)
+and ``delete_session`` (purges).
 
 Each call runs in a forked child killed just before its n-th file change (``write``,
 ``rename``, ``unlink``, ``mkdir``, ...; ``tests/helpers/lifecycle_child.py``), for n = 1, 2, ...
 up to the number of changes the call makes. After every kill the context must be in exactly
 one state (hot, archived, trashed, or gone after a purge), the state before or the state after
 the call, readable with its whole history; ``fsck`` may find only leftovers, which
-``fsck --repair`` deletes; and the same call run again finishes the job. The default run kills
+``fsck --repair`` deletes (``finish_lifecycle`` finishing a restore killed after its attach
+changes nothing visible); and the same call run again finishes the job. The default run kills
 at a sample of the points; the ``slow`` run at every one.
 """
 

@@ -38,10 +38,11 @@ from terrarium.errors import CorruptLog, FormatVersionError, TerrariumError
 from terrarium.model import ContextId, SegmentId
 from terrarium.stores.base import BlobStore, PodMetadata, Reindexable, SessionStates, Store
 from terrarium.stores.fs import ContextFolder, FsStore, salvaged_into, segment_chain
+from terrarium.stores.fs._states import frozen
 from terrarium.stores.lifecycle import LifecycleOps
 
 #: Problems ``--repair`` fixes, and those only ``--salvage`` does.
-_REPAIRABLE = frozenset({"torn", "head", "missing", "unindexed", "leftover"})
+_REPAIRABLE = frozenset({"torn", "head", "missing", "unindexed", "leftover", "unfinished"})
 _SALVAGEABLE = frozenset({"corrupt", "damaged"})
 
 
@@ -57,7 +58,7 @@ class Problem:
     ``duplicate`` (a second folder holding a context), ``link`` (a symbolic link inside the
     store, never followed), ``legacy`` (an unreadable legacy file), ``blob`` (a large output
     that a log refers to is missing, or a blob's bytes do not match its digest: no repair can
-    recreate it), ``leftover`` (what a killed archive, unarchive, delete or purge left: a copy,
+    recreate it), ``leftover`` (what a killed freeze, thaw, detach, delete or purge left,
     never the visible state), ``unfinished`` (a delete, restore or purge killed between its
     steps, which its state record names: the repair completes it), ``unreadable`` (any other
     read error)."""
@@ -183,14 +184,11 @@ def _check_fs(store: FsStore, report: Report) -> None:
         _check_index(store, context, entries, report)
     for session_id, folder in store.detached():
         report.contexts += 1
-        _check_detached(session_id, folder, report)
+        if not frozen(store.root, session_id):  # a frozen one's plain files are leftovers
+            _check_detached(session_id, folder, report)
     _check_links(store.root, report)
     for path in store.unfinished_moves():
-        what = (
-            "a copy left by a killed archive or unarchive"
-            if "archive" in path.parts
-            else ("left by a killed archive, delete or purge")
-        )
+        what = "left by a killed freeze, thaw, detach or delete"
         report.problems.append(Problem("leftover", f"{path}: {what}", path=str(path)))
 
 
@@ -226,6 +224,8 @@ def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None
     salvaged = salvaged_into(folder)
     # A salvage is done once the head no longer replays the damaged segment.
     in_use = set(segment_chain(folder, entry.head.segment_id)) if entry.head else set()
+    if entry.head is not None and frozen(store.root, entry.head.session_id):
+        return  # archived: its plain files, if any, are leftovers (reported as such)
     for path in _segment_files(folder):
         report.segments += 1
         found: list[Problem] = []

@@ -13,9 +13,9 @@ surviving a power cut costs an ``fdatasync`` per append (``durability="fsync"``)
 SQLite index that writers only mark dirty (:mod:`terrarium.stores.fs.search`).
 
 Parts: ``_layout`` (names), ``_segments`` (files, torn tails), ``_heads``, ``_tree`` (finding
-folders), ``salvage``, ``search`` with ``_refresh`` and ``_sql`` (the derived index),
-``_archive`` (archived contexts, compressed) and ``_trash`` (trash, pins, interrupted moves):
-it implements :class:`~terrarium.stores.base.Lifecycle`.
+folders), ``salvage``, ``search`` with ``_refresh`` and ``_sql`` (the derived index), and
+``_states`` (state records; freeze, thaw, detach, delete): lifecycle itself is
+:class:`~terrarium.stores.lifecycle.LifecycleOps`, over those primitives.
 
 Usage::
 
@@ -35,11 +35,12 @@ import logging
 import math
 import mmap
 import os
+import shutil
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +54,6 @@ from terrarium.errors import (
     ContextNotFound,
     CorruptLog,
     InvalidContextId,
-    NotInTrash,
     SegmentNotFound,
     SessionAttached,
     StoreError,
@@ -87,12 +87,10 @@ from terrarium.stores.base import (
     SearchHit,
     SearchQuery,
     SegmentRead,
-    TrashedContext,
     entry_line,
     header_line,
     iter_lines,
 )
-from terrarium.stores.fs import _archive, _trash
 from terrarium.stores.fs import search as fs_search
 from terrarium.stores.fs._blobs import FsBlobs
 from terrarium.stores.fs._heads import head_dict, head_from_segments, head_of, segment_chain
@@ -103,13 +101,15 @@ from terrarium.stores.fs._layout import (
     INDEX,
     LEGACY_TRASH,
     LOCKS,
-    PIN,
-    PINS,
     SEGMENT_SUFFIX,
+    STAGING,
     TRACE_SUFFIX,
+    ZST,
+    has_segments,
     holds_context,
     real_dir,
     segment_ids,
+    segment_name,
 )
 from terrarium.stores.fs._segments import (
     open_segment,
@@ -120,7 +120,8 @@ from terrarium.stores.fs._segments import (
     scan_tail,
     set_aside,
 )
-from terrarium.stores.fs._tree import ContextFolder, Tree, pointer, write_pointer
+from terrarium.stores.fs._states import FsStates, cold_lines, frozen, sealed
+from terrarium.stores.fs._tree import ContextFolder, pointer, write_pointer
 from terrarium.stores.fs.salvage import (
     Salvage,
     copy_forks,
@@ -130,6 +131,7 @@ from terrarium.stores.fs.salvage import (
     session_of,
     set_aside_once,
 )
+from terrarium.stores.lifecycle import ATTEMPTS, LifecycleOps
 from terrarium.stores.locks import file_lock
 
 __all__ = [
@@ -153,12 +155,8 @@ DURABILITIES: tuple[str, ...] = ("flush", "fsync", "batch")
 _MAX_OPEN = 256
 
 
-class _Asleep(Exception):
-    """A write found its session archived: it is woken (unarchived) and tried again."""
-
-    def __init__(self, session_id: SessionId) -> None:
-        super().__init__(str(session_id))
-        self.session_id = session_id
+class _Moved(Exception):
+    """An append found its file deleted or sealed by a freeze: it looks the session up again."""
 
 
 @dataclass
@@ -174,7 +172,7 @@ class _Open:
     """When an append last left the search index's dirty marker (monotonic seconds)."""
 
 
-class FsStore(FsBlobs, Tree, ClosingStore):
+class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
     """A store of plain files under one root directory (see the module docstring)."""
 
     def __init__(
@@ -219,8 +217,8 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         self._recent: _Open | None = None
         """The handle last used, so the last in ``_open``'s order."""
         self._folders: dict[SessionId, Path] = {}
-        self._moves = threading.local()
-        """``depth``: how deeply this thread holds the lifecycle lock (``_trash.moving``)."""
+        self._quiet_depth = threading.local()
+        """``depth``: 1 while this thread holds ``.locks/lifecycle`` exclusively."""
         self._closed = threading.Event()
         self._search: fs_search.SearchIndex | None = None
         self._flusher: threading.Thread | None = None
@@ -262,19 +260,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         found = self._find_folder(context)
         if found is not None:
             self._index_best_effort(context, found.folder, found.head)
-            return found
-        archived = _archive.find(self, context)
-        if archived is None:
-            return None
-        try:
-            head = _archive.manifest_head(_archive.read_manifest(archived))
-        except CorruptLog as exc:
-            return ContextFolder(context, archived, None, str(exc))
-        return ContextFolder(context, archived, head)
-
-    def _archived(self, folder: Path) -> bool:
-        """Whether ``folder`` is an archived context's (``archive/{type}/{date}/{name}``)."""
-        return _archive.is_archive(self, folder)
+        return found
 
     def _index_best_effort(
         self, context: ContextId, folder: Path, head: PodMetadata | None
@@ -307,12 +293,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             folder = None
         if folder is None or not holds_context(folder):
             detached = self.detached_folder(session_id)
-            if real_dir(detached) and segment_ids(detached):
-                folder = detached
-            else:
-                folder = _archive.pointed_folder(self, session_id)
-                if folder is None:
-                    folder = self._find_session(session_id)
+            folder = detached if has_segments(detached) else self._find_session(session_id)
         self._folders[session_id] = folder
         return folder
 
@@ -322,9 +303,6 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             if entry.head is not None and entry.head.session_id == session_id:
                 self._index_best_effort(entry.context, entry.folder, entry.head)
                 return entry.folder
-        folder = _archive.find_session(self, session_id)
-        if folder is not None:
-            return folder
         raise SegmentNotFound(f"session {session_id} does not exist")
 
     def _segment_path(self, session_id: SessionId, segment_id: SegmentId) -> Path:
@@ -340,33 +318,30 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         Raises:
             CorruptLog: the head cannot be read and no segment chain is intact to rebuild it.
         """
-        return self._settled(lambda: self._head_now(context), none_too=True)
+        for attempt in (1, 2, 3):  # a freeze or thaw meanwhile can hide the head segment
+            try:
+                found = self._locate(context)
+                return self._found_head(found) if found is not None else None
+            except CorruptLog:
+                if attempt == 3:
+                    raise
+        raise AssertionError("unreachable")
 
-    def _head_now(self, context: ContextId) -> PodMetadata | None:
-        found = self._locate(context)
-        return self._found_head(found) if found is not None else None
-
-    def _settled(self, read: Callable[[], _T], *, none_too: bool = False) -> _T:
-        """``read()``; if it fails (or, with ``none_too``, finds nothing) as a move half done
-        can make it, ``read()`` again while no move runs.
-
-        Reads take no lock, so one may meet a folder between the renames of an archive, a
-        wake or a delete. Moves hold the lifecycle lock (``_trash.moving``); the second read
-        holds it shared, so what it still finds is the truth, damage included.
-        """
-        mine = bool(getattr(self._moves, "depth", 0))  # this thread's move: nothing else moves
-        try:
-            found = read()
-        except (CorruptLog, SegmentNotFound, FileNotFoundError):
-            if mine:
-                raise
-        else:
-            if found is not None or not none_too or mine:
-                return found
-        with _trash.settled(self):
-            with self._lock:
-                self._folders.clear()
-            return read()
+    def _reading(self, session_id: SessionId, read: Callable[[], _T]) -> _T:
+        """``read()``; if its file went (a freeze, thaw or detach meanwhile: reads take no
+        lock), again, and a third time holding the session's lock shared: no move runs."""
+        for attempt in (1, 2, 3):
+            try:
+                if attempt < 3:
+                    return read()
+                with self._session_lock(session_id, shared=True, create=False):
+                    return read()
+            except (SegmentNotFound, FileNotFoundError):
+                if attempt == 3:
+                    raise
+                with self._lock:
+                    self._folders.pop(session_id, None)
+        raise AssertionError("unreachable")
 
     def _found_head(self, found: ContextFolder) -> PodMetadata:
         """The head of a located context (CorruptLog if it can be neither read nor rebuilt)."""
@@ -377,7 +352,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         self._folders.setdefault(found.head.session_id, found.folder)
         return found.head
 
-    def _persist_head(self, folder: Path, context: ContextId) -> PodMetadata:
+    def _persist_head(self, folder: Path) -> PodMetadata:
         """Read the head, writing it back if it had to be rebuilt. Hold the head lock."""
         head, problem = head_of(folder)
         path = folder / HEAD
@@ -397,15 +372,16 @@ class FsStore(FsBlobs, Tree, ClosingStore):
     ) -> PodMetadata:
         """Move the head if it is ``expected`` now (compare-and-set under the context lock).
 
-        An archived context is unarchived first.
+        A frozen (archived) context is woken first.
         """
-        self._wake(context)
+        session_id = self._require_head(context).session_id
+        return self._while_hot(session_id, lambda: self._set_head(context, segment_id, expected))
+
+    def _set_head(
+        self, context: ContextId, segment_id: SegmentId, expected: SegmentId
+    ) -> PodMetadata:
         with self._head_lock(context):
-            folder = self.folder_of(context)
-            if folder is None:
-                raise ContextNotFound(f"context {context} does not exist")
-            if self._archived(folder):  # archived again meanwhile
-                return self.set_head(context, segment_id, expected=expected)
+            folder = self._require_folder(context)
             head, problem = head_of(folder)
             if head.segment_id != expected:
                 raise ConflictError(
@@ -418,6 +394,29 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             self._mark(head.session_id)
             return new
 
+    def _require_head(self, context: ContextId) -> PodMetadata:
+        head = self.get_head(context)
+        if head is None:
+            raise ContextNotFound(f"context {context} does not exist")
+        return head
+
+    def _require_folder(self, context: ContextId) -> Path:
+        folder = self.folder_of(context)
+        if folder is None:
+            raise ContextNotFound(f"context {context} does not exist")
+        return folder
+
+    def _while_hot(self, session_id: SessionId, write: Callable[[], _T]) -> _T:
+        """``write()`` holding the session's lock shared (no move runs), the session hot: a
+        frozen one is woken first (outside every lock: a wake is a move)."""
+        for _ in range(ATTEMPTS):
+            if frozen(self.root, session_id):
+                self.wake_session(session_id)
+            with self._session_lock(session_id, shared=True):
+                if not frozen(self.root, session_id):
+                    return write()
+        raise ConflictError(f"session {session_id} kept being frozen before a write to it")
+
     def rebuild_head(self, context: ContextId) -> PodMetadata:
         """Write the context's ``head.json`` from its segments if it is missing or unreadable.
 
@@ -427,12 +426,12 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             ContextNotFound: no folder holds the context.
             CorruptLog: no segment chain is intact to rebuild it from.
         """
-        self._wake(context)
+        session_id = self._require_head(context).session_id
+        return self._while_hot(session_id, lambda: self._rebuild_head(context))
+
+    def _rebuild_head(self, context: ContextId) -> PodMetadata:
         with self._head_lock(context):
-            folder = self.folder_of(context)
-            if folder is None:
-                raise ContextNotFound(f"context {context} does not exist")
-            return self._persist_head(folder, context)
+            return self._persist_head(self._require_folder(context))
 
     def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
         """Every head record, sorted by context id (reads the index, walks no date folders).
@@ -453,9 +452,11 @@ class FsStore(FsBlobs, Tree, ClosingStore):
                 try:
                     context = ContextId(kind, decode_name(encoded))
                     found = self._locate(context)
-                    if found is None or self._archived(found.folder):
-                        continue  # archived (a stale index entry): not in the hot listing
-                    heads.append(self._found_head(found))
+                    if found is None:
+                        continue  # a stale index entry
+                    head = self._found_head(found)
+                    if not frozen(self.root, head.session_id):  # archived: not listed here
+                        heads.append(head)
                 except ValueError:
                     continue
                 except (CorruptLog, StoreError) as exc:
@@ -470,6 +471,8 @@ class FsStore(FsBlobs, Tree, ClosingStore):
                 continue
             if entry.head is None:
                 log.warning("%s", entry.problem)
+            elif frozen(self.root, entry.head.session_id):
+                continue
             elif entry.context not in heads or heads[entry.context].updated_at < (
                 entry.head.updated_at
             ):
@@ -486,14 +489,20 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         """
         return self._file_lock("turn", context)
 
-    def _head_lock(self, context: ContextId) -> AbstractContextManager[None]:
-        return self._file_lock("head", context)
-
-    def _session_lock(self, session_id: SessionId) -> AbstractContextManager[None]:
-        """``.locks/session/{id}``: attaches of one session take turns."""
-        folder = self._inside(self.root / LOCKS / "session")
-        make_dirs(folder)
-        return file_lock(folder / str(session_id))
+    @contextlib.contextmanager
+    def _head_lock(self, context: ContextId) -> Iterator[None]:
+        """The context's head lock; re-entrant in a thread (a restore holds it around its
+        attach)."""
+        held: set[str] = self._quiet_depth.__dict__.setdefault("heads", set())
+        if str(context) in held:
+            yield
+            return
+        with self._file_lock("head", context):
+            held.add(str(context))
+            try:
+                yield
+            finally:
+                held.discard(str(context))
 
     def _file_lock(self, kind: str, context: ContextId) -> AbstractContextManager[None]:
         _check_type(context)  # no such context can exist here: make no lock file for it
@@ -516,8 +525,6 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         _check_type(context)
         with self._head_lock(context):
             existing = self.folder_of(context)
-            if existing is not None and self._archived(existing):
-                raise ContextExists(f"context {context} already exists (archived, in {existing})")
             if existing is not None:
                 self._adopt(context, existing)
             rel = Path(context.type) / created[:10] / context.encoded_name
@@ -543,7 +550,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
     def _adopt(self, context: ContextId, folder: Path) -> None:
         """A create found the context's folder: write its head if lost, index it, refuse."""
         try:
-            head = self._persist_head(folder, context)
+            head = self._persist_head(folder)
         except CorruptLog as exc:
             raise ContextExists(
                 f"context {context} already exists but is damaged ({exc}); "
@@ -558,172 +565,16 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             make_dirs(self._inside(path.parent))
             write_atomic(path, data, sync=self._sync())
 
-    def delete_context(self, context: ContextId) -> bool:
-        """Move the context (hot or archived, with its pin) into the trash; False if absent.
-
-        A context whose head cannot be read or rebuilt (a damaged folder) is trashed too. Its
-        id is free again at once; :meth:`restore_trashed` brings it back, :meth:`purge_trashed`
-        deletes it for ever (see :mod:`terrarium.stores.fs._trash`).
-        """
-        with _trash.moving(self), self._head_lock(context):
-            folder = self.folder_of(context)
-            if folder is None:
-                return False
-            _trash.trash(self, context, folder)
-            return True
-
     # ---------------------------------------------------------------- lifecycle
+    # LifecycleOps is the lifecycle, over the primitives of FsStates (``_states``).
 
     def archive_context(self, context: ContextId) -> ArchivedContext | None:
-        """Compress a hot context into ``archive/{type}/{date}/{name}/``; None if not hot.
-
-        A context only a legacy JSON file holds is imported first (as a write would); the
-        context's legacy files go into the archive with it (see :mod:`terrarium.legacy`).
-
-        Safe to kill at any point, and appends made meanwhile are kept (they wait, then
-        unarchive it): see :mod:`terrarium.stores.fs._archive`.
-
-        Raises:
-            CorruptLog: the context's head can be neither read nor rebuilt.
-            StoreError: a file changed under the archiver without a lock (rolled back).
-        """
+        """:meth:`LifecycleOps.archive_context`, after importing a context only a legacy JSON
+        file holds (as a write would): the freeze then takes its legacy files along."""
         from terrarium import legacy  # the legacy layer sits above the stores
 
-        legacy.resume(self, context)  # a context only a legacy file holds is imported first
-        with _trash.moving(self), self._head_lock(context):
-            found = self._locate(context)
-            if found is None or self._archived(found.folder):
-                return None
-            if found.head is None:
-                raise CorruptLog(found.problem or f"{found.folder}: damaged")
-            files = legacy.files(self, context)
-            return _archive.archive(self, context, found.folder, files)
-
-    def unarchive_context(self, context: ContextId) -> bool:
-        """Move an archived context back to the hot tree; False if it is not archived."""
-        with _trash.moving(self), self._head_lock(context):
-            found = self._locate(context)
-            if found is None or not self._archived(found.folder):
-                return False
-            _archive.unarchive(self, context, found.folder)
-            return True
-
-    def is_archived(self, context: ContextId) -> bool:
-        """Whether the context exists and is archived."""
-        found = self._locate(context)
-        return found is not None and self._archived(found.folder)
-
-    def archived_contexts(self, type: str | None = None) -> list[ArchivedContext]:
-        """Every archived context (of ``type``), sorted by id, read from the manifests."""
-        found = []
-        for context, folder in _archive.folders(self, type):
-            try:
-                record = _archive.read_manifest(folder)
-            except CorruptLog as exc:
-                log.warning("%s", exc)
-                continue
-            found.append(_archive.summary(record, pinned=(folder / PIN).exists()))
-            del context
-        return sorted(found, key=lambda a: ContextId.parse(a.context))
-
-    def trashed_contexts(self) -> list[TrashedContext]:
-        """Everything in ``.trash/``, most recently deleted first."""
-        return _trash.entries(self)
-
-    def restore_trashed(self, trash_id: str, *, as_context: ContextId | None = None) -> PodMetadata:
-        """Bring a trashed context back (as ``as_context`` if given), hot or archived as it was.
-
-        Raises:
-            NotInTrash: no trash entry of that id.
-            ContextExists: the id it would take is in use (hot or archived).
-        """
-        with _trash.moving(self):
-            entry, record = _trash.entry_of(self, trash_id)
-            target = as_context if as_context is not None else ContextId.parse(record["context"])
-            _check_type(target)
-            with self._head_lock(target):
-                if self.folder_of(target) is not None:
-                    raise ContextExists(f"context {target} already exists")
-                return _trash.restore(self, entry, record, target)
-
-    def purge_trashed(self, trash_id: str) -> bool:
-        """Delete a trash entry for ever; False if there is none of that id."""
-        with _trash.moving(self):
-            try:
-                entry, _ = _trash.entry_of(self, trash_id)
-                _trash.purge_entry(self, entry)
-            except (NotInTrash, FileNotFoundError):
-                return False
-            return True
-
-    def purge_context(self, context: ContextId) -> bool:
-        """Delete a hot or archived context for ever, bypassing the trash; False if absent."""
-        with _trash.moving(self), self._head_lock(context):
-            folder = self.folder_of(context)
-            if folder is None:
-                return False
-            _trash.purge_folder(self, context, folder)
-            return True
-
-    def pin_context(self, context: ContextId, pinned: bool = True) -> bool:
-        """Pin (or unpin) a hot or archived context; False if there is no such context."""
-        with self._head_lock(context):
-            folder = self.folder_of(context)
-            if folder is None:
-                return False
-            _trash.pin(self, context, folder, pinned)
-            return True
-
-    def pinned_contexts(self) -> frozenset[str]:
-        """The pinned contexts, hot or archived (reads ``.index/pins``)."""
-        return _trash.pinned(self)
-
-    def unfinished_moves(self) -> list[Path]:
-        """What killed archive, unarchive, trash and purge moves left (``fsck`` reports it)."""
-        return _trash.leftovers(self, archived=True)
-
-    def finish_moves(self) -> int:
-        """Delete what killed moves left (``fsck --repair``); the visible state is kept."""
-        return _trash.clean(self, archived=True)
-
-    def _wake(self, context: ContextId) -> None:
-        """Unarchive ``context`` before a write to it (nothing if it is not archived)."""
-        found = self._locate(context)
-        if found is not None and self._archived(found.folder):
-            self.unarchive_context(context)
-
-    def _wake_session(self, session_id: SessionId) -> None:
-        """Unarchive the context of ``session_id`` if it is archived; unseal its segment files
-        if a move that was killed or rolled back left them sealed in its hot folder."""
-        folder = self._session_folder(session_id)
-        if self._archived(folder):
-            head = _archive.manifest_head(_archive.read_manifest(folder))
-            self.unarchive_context(ContextId.parse(head.context))
-            self._folders.pop(session_id, None)
-            return
-        context = ContextId.parse(head_of(folder)[0].context)
-        with self._head_lock(context):  # no move runs meanwhile
-            self._folders.pop(session_id, None)
-            if self._session_folder(session_id) == folder:
-                _archive.unseal(folder)
-
-    def _hot_session_folder(self, session_id: SessionId) -> Path:
-        """The session's folder for a write: unarchived first if it is archived."""
-        folder = self._session_folder(session_id)
-        if self._archived(folder):
-            self._wake_session(session_id)
-            folder = self._session_folder(session_id)
-        return folder
-
-    def _archived_lines(
-        self, folder: Path, session_id: SessionId, segment_id: SegmentId
-    ) -> list[dict[str, Any]]:
-        try:
-            return _archive.read_lines(folder, segment_id)
-        except FileNotFoundError:
-            raise SegmentNotFound(
-                f"segment {segment_id} of session {session_id} does not exist"
-            ) from None
+        legacy.resume(self, context)
+        return LifecycleOps.archive_context(self, context)
 
     def _forget_session(self, session_id: SessionId) -> None:
         """Close the cached descriptors of a session whose folder moves."""
@@ -735,7 +586,10 @@ class FsStore(FsBlobs, Tree, ClosingStore):
 
     def _discard(self, folder: Path) -> None:
         """Delete a folder of the store's own (an old index) through ``.staging``."""
-        _archive.discard(self, folder)
+        gone = self._inside(self.root / STAGING) / f"index-{uuid.uuid4().hex}"
+        make_dirs(gone.parent)
+        os.rename(self._inside(folder), gone)
+        shutil.rmtree(gone, ignore_errors=True)
 
     # ---------------------------------------------------------------- detached sessions
 
@@ -749,7 +603,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         data = codec.encode_line(line)
         folder = self.detached_folder(session_id)
-        if segment_ids(folder) or self._session_index_path(session_id).exists():
+        if has_segments(folder) or self._session_index_path(session_id).exists():
             raise ConflictError(f"session {session_id} already exists")
         make_dirs(folder)
         try:
@@ -765,35 +619,43 @@ class FsStore(FsBlobs, Tree, ClosingStore):
 
         Under the context's head lock and the session's lock, three steps, each safe to kill:
         ``head.json`` is written into ``.detached/{session}/`` (a head there means nothing),
-        the folder is renamed to ``{type}/{date}/{name}/`` (from then on the context exists:
-        a lookup finds it in its date folder if the index does not know it yet), and the index
-        entries are written, with the search index's dirty marker before and after them. The
-        date is the session's creation (its root segment's).
+        the index entries and the search index's dirty marker (naming a folder not there yet,
+        which lookups pass over), and the rename of the folder to ``{type}/{date}/{name}/``:
+        the commit. The date is the session's creation (its root segment's).
         """
         _check_type(context)
-        with self._head_lock(context), self._session_lock(session_id):
-            if self.folder_of(context) is not None:
-                raise ContextExists(f"context {context} already exists")
+        with self._quiet(), self._head_lock(context), self._session_lock(session_id):
+            self._settle(session_id)
             source = self.detached_folder(session_id)
-            segments = segment_ids(source) if real_dir(source) else []
+            segments = self._ids(session_id, source) if real_dir(source) else []
             if not segments:
                 self._folders.pop(session_id, None)
-                owner = self._owner(session_id)  # SegmentNotFound if there is no such session
+                owner = self.session_owner(session_id)  # SegmentNotFound if there is none
                 raise SessionAttached(f"session {session_id} already belongs to context {owner}")
+            if self.folder_of(context) is not None:
+                raise ContextExists(f"context {context} already exists")
             if segment_id not in segments:
                 raise SegmentNotFound(
                     f"segment {segment_id} of session {session_id} does not exist"
                 )
-            created = str(read_header(source / f"{segments[0]}{SEGMENT_SUFFIX}")["ts"])
+            if frozen(self.root, session_id):
+                root = self._lines(session_id, source, segments[0], 1)[0]
+            else:
+                root = read_header(source / f"{segments[0]}{SEGMENT_SUFFIX}")
+            created = str(root["ts"])
             rel = Path(context.type) / created[:10] / context.encoded_name
             target = self._inside(self.root / rel)
             if real_dir(target) and listdir(target):  # another context's: case-insensitive
                 raise ContextExists(f"context {context} would share {target} with another")
             head = PodMetadata(str(context), session_id, segment_id, created, utc_now())
             self._write_head(source / HEAD, head, unreadable=False)
+            # The index entries and the dirty marker first: until the rename they name a
+            # folder that is not there, which lookups pass over; after it, it is listed.
+            self._mark(session_id)
+            self._write_index(context, session_id, rel)
             make_dirs(target.parent)
             try:
-                os.rename(source, target)
+                os.rename(source, target)  # the commit
             except OSError as exc:
                 (source / HEAD).unlink(missing_ok=True)
                 raise StoreError(f"cannot move {source} to {target}: {os_reason(exc)}") from exc
@@ -801,24 +663,31 @@ class FsStore(FsBlobs, Tree, ClosingStore):
                 fsync_dir(target.parent)
                 fsync_dir(source.parent)
             self._folders[session_id] = target
-            # Marked before the index entries too: killed between the two, a refresh that
-            # meets the marker once they are rebuilt (fsck --repair reindexes) indexes it.
-            self._mark(session_id)
-            self._write_index(context, session_id, rel)
             self._mark(session_id)
             return head
 
-    def _owner(self, session_id: SessionId) -> str:
-        """The context a session that is not detached belongs to (SegmentNotFound if none)."""
-        folder = self._session_folder(session_id)
-        if self._archived(folder):
-            return _archive.manifest_head(_archive.read_manifest(folder)).context
-        head, _ = head_of(folder)
-        return head.context
+    def _ids(self, session_id: SessionId, folder: Path) -> list[SegmentId]:
+        """The segment ids in ``folder``, oldest first, plain or (frozen session) ``.zst``."""
+        if not frozen(self.root, session_id):
+            return segment_ids(folder)
+        names = [segment_name(n.removesuffix(ZST)) for n in listdir(folder) if n.endswith(ZST)]
+        return sorted(uuid.UUID(n) for n in names if n is not None)
 
-    def detached_sessions(self) -> list[SessionId]:
-        """The sessions that belong to no context, oldest first (``.detached/``)."""
-        return [session_id for session_id, _ in self.detached()]
+    def _lines(
+        self, session_id: SessionId, folder: Path, segment_id: SegmentId, stop: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The first ``stop`` (all) decoded lines of a segment of a frozen session."""
+        try:
+            raw = cold_lines(folder, f"{segment_id}{SEGMENT_SUFFIX}")
+        except FileNotFoundError:
+            raise SegmentNotFound(
+                f"segment {segment_id} of session {session_id} does not exist"
+            ) from None
+        where = f"{folder / str(segment_id)}{SEGMENT_SUFFIX}{ZST}"
+        lines = [codec.decode(line) for line in raw[:stop]]
+        if not lines or lines[0].get("kind") != "header":
+            raise CorruptLog(f"{where}:1: the first line is not a segment header")
+        return lines
 
     # ---------------------------------------------------------------- segments
 
@@ -831,25 +700,28 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         line = header_line(header)
         data = codec.encode_line(line)
         name = f"{uuid.UUID(str(line['segment_id']))}{SEGMENT_SUFFIX}"
+        folder = self._session_folder(session_id)
+        if folder.parent.name != DETACHED and not (folder / HEAD).exists():
+            with contextlib.suppress(CorruptLog, ValueError, FileNotFoundError):
+                context = ContextId.parse(head_from_segments(folder).context)
+                with self._head_lock(context):
+                    self._persist_head(folder)
+        self._while_hot(session_id, lambda: self._create_segment(session_id, name, data))
+        self._mark(session_id)
+
+    def _create_segment(self, session_id: SessionId, name: str, data: bytes) -> None:
         for attempt in (1, 2):
-            folder = self._hot_session_folder(session_id)
-            detached = folder.parent.name == DETACHED
-            if not detached and not (folder / HEAD).exists():
-                with contextlib.suppress(CorruptLog, ValueError):
-                    context = ContextId.parse(head_from_segments(folder).context)
-                    with self._head_lock(context):
-                        self._persist_head(folder, context)
             try:
-                self._write_new(folder / name, data)
+                self._write_new(self._session_folder(session_id) / name, data)
             except FileExistsError:
-                raise ConflictError(f"segment {line['segment_id']} already exists") from None
+                raise ConflictError(f"segment {name[:36]} already exists") from None
             except FileNotFoundError:
                 if attempt == 2:
                     raise
-                self._folders.pop(session_id, None)  # attached or archived meanwhile: again
+                with self._lock:  # the folder moved before this thread's lock: look again
+                    self._folders.pop(session_id, None)
                 continue
-            break
-        self._mark(session_id)
+            return
 
     def append(
         self,
@@ -871,27 +743,25 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         append costs a lock, an ``fstat`` and a ``write``; it leaves the search index's dirty
         marker at most every ``MARK_EVERY`` seconds (:mod:`terrarium.stores.fs.search`).
 
-        An archived session is unarchived first; a file found deleted (archived or trashed by
-        another process since it was opened) is looked up again. A third try, after a context
-        archived and woken under the first two, runs while no move runs (the lifecycle lock).
+        A frozen session is woken first: a file found deleted or sealed (by a freeze since it
+        was opened) or missing sends the append through the store again, which wakes the
+        session, or settles a freeze that was killed before its commit (it unseals the file).
         """
-        for _ in (1, 2):
+        for attempt in range(3):
             try:
-                return self._append(session_id, segment_id, entries, expected_seq, False)
-            except _Asleep:
-                try:
-                    self._wake_session(session_id)
-                except (CorruptLog, SegmentNotFound, FileNotFoundError):
-                    break  # met a move half done: wait for it below
-            except SegmentNotFound:
-                break  # gone, or moved under its lookup: wait for any move below
-        with _trash.moving(self):  # moved again and again: once more while nothing moves
-            with self._lock:
-                self._forget(segment_id)
-                self._folders.pop(session_id, None)
-            if self._session_folder(session_id).parent.name != DETACHED:
-                self._wake_session(session_id)  # unarchived, or unsealed after a killed move
-            return self._append(session_id, segment_id, entries, expected_seq, True)
+                return self._append(session_id, segment_id, entries, expected_seq)
+            except (_Moved, SegmentNotFound) as exc:
+                if attempt == 2:
+                    raise SegmentNotFound(f"segment {segment_id} was deleted") from exc
+                with self._lock:
+                    self._forget(segment_id)
+                    self._folders.pop(session_id, None)
+                if frozen(self.root, session_id):
+                    self.wake_session(session_id)  # SegmentNotFound for a session in the trash
+                elif isinstance(exc, _Moved):
+                    with self._moving(session_id):
+                        pass  # a move settles what a killed one left first
+        raise AssertionError("unreachable")
 
     def _append(
         self,
@@ -899,7 +769,6 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         segment_id: SegmentId,
         entries: Sequence[NewEntry],
         expected_seq: int | None,
-        last: bool,
     ) -> int:
         with self._lock:
             handle = self._handle(session_id, segment_id)
@@ -908,13 +777,10 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             held = True  # until the descriptor is closed, which releases the lock
             try:
                 st = os.fstat(fd)
-                if st.st_nlink == 0 or _archive.sealed(st.st_mode):  # moved, or moving
-                    if not last:
-                        self._forget(segment_id)
-                        held = False
-                        self._folders.pop(session_id, None)
-                        raise _Asleep(session_id)
-                    raise SegmentNotFound(f"segment {segment_id} was deleted")
+                if st.st_nlink == 0 or sealed(st.st_mode):  # frozen or deleted, or freezing
+                    self._forget(segment_id)
+                    held = False
+                    raise _Moved(str(segment_id))
                 if st.st_size != handle.size:
                     handle.size, handle.next_seq, _ = self._scan_tail(session_id, segment_id, fd)
                 first = handle.next_seq
@@ -964,14 +830,16 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         ``set_aside_to=None``) is skipped; the next append to the segment, or
         :meth:`set_aside_torn_tail` (``fsck --repair``), sets it aside.
         """
-        return self._settled(lambda: self._read_segment(session_id, segment_id, stop_seq))
+        return self._reading(
+            session_id, lambda: self._read_segment(session_id, segment_id, stop_seq)
+        )
 
     def _read_segment(
         self, session_id: SessionId, segment_id: SegmentId, stop_seq: int | None
     ) -> SegmentRead:
         folder = self._session_folder(session_id)
-        if self._archived(folder):
-            lines = self._archived_lines(folder, session_id, segment_id)
+        if frozen(self.root, session_id):
+            lines = self._lines(session_id, folder, segment_id)
             stop = len(lines) if stop_seq is None else min(stop_seq + 1, len(lines))
             return SegmentRead(lines[0], lines[1:stop], next_seq=len(lines))
         path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
@@ -999,8 +867,10 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         with self._lock:
             try:
                 handle = self._handle(session_id, segment_id)
-            except _Asleep:
-                return None  # archived: its tails were set aside before it was
+            except SegmentNotFound:
+                if frozen(self.root, session_id):
+                    return None  # its torn tails are frozen with it
+                raise
             fcntl.flock(handle.fd, fcntl.LOCK_EX)
             try:
                 handle.size, handle.next_seq, torn = self._scan_tail(
@@ -1026,11 +896,15 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             StoreError: the segment has nothing to salvage, or a fork of it is damaged too.
             FormatVersionError: a line is of a newer format (upgrade, do not salvage).
         """
-        self._wake(context)
-        with self.lock_context(context), self._head_lock(context):
-            folder = self.folder_of(context)
-            if folder is None:
-                raise ContextNotFound(f"context {context} does not exist")
+        head = self._require_head(context)
+        if frozen(self.root, head.session_id):
+            self.wake_session(head.session_id)
+        with (
+            self.lock_context(context),
+            self._head_lock(context),
+            self._session_lock(head.session_id, shared=True),
+        ):
+            folder = self._require_folder(context)
             session_id = session_of(folder)
             path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
             header, entries, bad = readable_lines(read_file(path), str(path))
@@ -1061,12 +935,12 @@ class FsStore(FsBlobs, Tree, ClosingStore):
 
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
         """The seq the next append gets (reads the file's last line only)."""
-        return self._settled(lambda: self._next_seq(session_id, segment_id))
+        return self._reading(session_id, lambda: self._next_seq(session_id, segment_id))
 
     def _next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
         folder = self._session_folder(session_id)
-        if self._archived(folder):
-            return len(self._archived_lines(folder, session_id, segment_id))
+        if frozen(self.root, session_id):
+            return len(self._lines(session_id, folder, segment_id))
         with self._lock:
             handle = self._handle(session_id, segment_id)
             fcntl.flock(handle.fd, fcntl.LOCK_EX)
@@ -1081,22 +955,24 @@ class FsStore(FsBlobs, Tree, ClosingStore):
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
         """The session's segment ids, oldest first (UUIDv7 order)."""
-        return self._settled(lambda: self._list_segments(session_id))
+        return self._reading(session_id, lambda: self._list_segments(session_id))
 
     def _list_segments(self, session_id: SessionId) -> list[SegmentId]:
-        folder = self._session_folder(session_id)
-        if self._archived(folder):
-            return _archive.segment_ids(folder)
-        return segment_ids(folder)
+        return self._ids(session_id, self._session_folder(session_id))
 
     def append_trace(
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
     ) -> None:
         """Append to ``{segment}.trace.jsonl`` (one write, ``O_APPEND``); no entries, no file.
 
-        An archived session is unarchived first.
+        A frozen session is woken first.
         """
-        folder = self._hot_session_folder(session_id)
+        self._while_hot(session_id, lambda: self._append_trace(session_id, segment_id, entries))
+
+    def _append_trace(
+        self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
+    ) -> None:
+        folder = self._session_folder(session_id)
         if not (folder / f"{segment_id}{SEGMENT_SUFFIX}").exists():
             raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
         if not entries:
@@ -1111,17 +987,26 @@ class FsStore(FsBlobs, Tree, ClosingStore):
 
     def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
         """The segment's debug trace (a torn last line is skipped: traces are best effort)."""
+        return self._reading(session_id, lambda: self._read_trace(session_id, segment_id))
+
+    def _read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
         folder = self._session_folder(session_id)
-        if self._archived(folder):
-            if not (folder / f"{segment_id}{SEGMENT_SUFFIX}{_archive.ZST}").exists():
+        if frozen(self.root, session_id):
+            if not (folder / f"{segment_id}{SEGMENT_SUFFIX}{ZST}").exists():
                 raise SegmentNotFound(f"segment {segment_id} of session {session_id} is not there")
-            return _archive.read_trace(folder, segment_id)
-        path = folder / f"{segment_id}{TRACE_SUFFIX}"
-        try:
-            complete, _ = codec.split_complete(read_file(path))
-        except FileNotFoundError:
-            return []
-        return [codec.decode(line) for line in codec.split_lines(complete)]
+            try:
+                lines = cold_lines(folder, f"{segment_id}{TRACE_SUFFIX}")
+            except FileNotFoundError:
+                return []
+        else:
+            try:
+                complete, _ = codec.split_complete(
+                    read_file(folder / f"{segment_id}{TRACE_SUFFIX}")
+                )
+            except FileNotFoundError:
+                return []
+            lines = codec.split_lines(complete)
+        return [codec.decode(line) for line in lines]
 
     def close(self) -> None:
         """Sync what ``batch`` mode has pending and close every cached descriptor."""
@@ -1147,14 +1032,14 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         that lost its index) is indexed at its most recently active folder; ``fsck`` reports
         the other, whose session stays reachable by its id.
         """
-        with _trash.moving(self):  # a move meanwhile would leave the new index behind
+        with self._quiet(exclusive=True):  # a move meanwhile would leave the new index behind
             return self._rebuild_index(write_heads=True)
 
     def quiesced(self, *, writing: bool = True) -> AbstractContextManager[None]:
-        """Hold the lifecycle lock: no archive, unarchive, delete, restore or purge runs
-        meanwhile, in any process (``fsck`` checks and repairs under it). ``writing=False``
-        holds it shared and writes nothing (``fsck`` without ``--repair``)."""
-        return _trash.moving(self) if writing else _trash.settled(self)
+        """Hold ``.locks/lifecycle`` exclusively: no freeze, thaw, detach, attach or delete
+        runs meanwhile, in any process (``fsck`` checks and repairs under it). With
+        ``writing=False`` no lock file is made if there is none (a read-only store)."""
+        return self._quiet(exclusive=True, create=writing)
 
     def _rebuild_index(self, *, write_heads: bool) -> int:
         """Rebuild ``.index`` from the folders (and, with ``write_heads``, lost heads)."""
@@ -1162,10 +1047,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
         fresh = self._inside(self.root / INDEX) / f"new-{uuid.uuid4().hex}"
         make_dirs(fresh / "contexts")
         make_dirs(fresh / "sessions")
-        pinned = [(c, f) for c, f in _archive.folders(self) if (f / PIN).exists()]
         for entry in self.walk():
-            if (entry.folder / PIN).exists():
-                pinned.append((entry.context, entry.folder))
             head = self._repaired_head(entry) if write_heads else entry.head
             best = chosen.get(entry.context)
             if head is None:  # damaged: indexed, so that it is reported rather than hidden
@@ -1182,16 +1064,13 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             write_pointer(
                 fresh / "contexts" / context.type / context.encoded_name, pointer(context, rel)
             )
-        _archive.rebuild_pointers(self, fresh / ARCHIVE)
-        _trash.write_pins(fresh / PINS, [context for context, _ in pinned])
         index = self.root / INDEX
         with file_lock(self._inside(self.root / LOCKS) / "index"):
-            for part in ("contexts", "sessions", ARCHIVE, PINS):
+            for part in ("contexts", "sessions"):
                 old = index / part
                 if old.exists():
                     self._discard(old)
-                if (fresh / part).exists():  # the archive's and pins' only when not empty
-                    os.rename(fresh / part, old)
+                os.rename(fresh / part, old)
         os.rmdir(fresh)
         self._folders.clear()
         if self._search is not None or (index / fs_search.DB_NAME).exists():
@@ -1204,7 +1083,7 @@ class FsStore(FsBlobs, Tree, ClosingStore):
             return None
         try:
             with self._head_lock(entry.context):
-                return self._persist_head(entry.folder, entry.context)
+                return self._persist_head(entry.folder)
         except CorruptLog:  # damaged since the walk read it
             return None
 
@@ -1320,14 +1199,11 @@ class FsStore(FsBlobs, Tree, ClosingStore):
                 self._open.move_to_end(segment_id)
                 self._recent = handle
             return handle
-        folder = self._session_folder(session_id)
-        if self._archived(folder):
-            raise _Asleep(session_id)
-        path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
+        path = self._session_folder(session_id) / f"{segment_id}{SEGMENT_SUFFIX}"
         try:
             fd = open_segment(path, os.O_RDWR | os.O_APPEND, segment_id)
-        except PermissionError:  # sealed by a move (for a user other than root)
-            raise _Asleep(session_id) from None
+        except PermissionError:  # sealed by a freeze (for a user other than root)
+            raise _Moved(str(segment_id)) from None
         handle = _Open(fd, session_id)
         self._open[segment_id] = handle
         self._recent = handle

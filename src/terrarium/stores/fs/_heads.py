@@ -39,7 +39,8 @@ def head_of(folder: Path, *, read_errors: bool = False) -> tuple[PodMetadata, st
     path = folder / HEAD
     try:
         head = read_head(path)
-        if (folder / f"{head.segment_id}{SEGMENT_SUFFIX}").exists():
+        name = f"{head.segment_id}{SEGMENT_SUFFIX}"
+        if (folder / name).exists() or (folder / f"{name}.zst").exists():  # hot, or frozen
             return head, None
         problem = f"{path}: names segment {head.segment_id}, which is not there"
     except (FileNotFoundError, NotADirectoryError):

@@ -8,32 +8,31 @@ Under the root (``./sessions`` by default)::
         019a60...7c.trace.jsonl       optional debug trace of raw stream events
         019a60...7c.jsonl.torn-4096   a torn tail, set aside (offset in the name)
         head.json                     which segment the context is on; replaced atomically
-    .detached/{session uuid}/         a session that belongs to no context yet (its segments,
-                                      as in a context's folder; see below)
+        019a5f...e1.jsonl.zst         a frozen (archived) context: each log file compressed
+        legacy-1.json.zst             in place, and its legacy JSON files taken along
+    .states/{session uuid}.json       the session's state record (archived, pinned, trashed,
+                                      cold): only sessions that have one
+    .detached/{session uuid}/         a session of no context: created detached, or deleted
+                                      (in the trash); its files as in a context's folder
     .index/contexts/cli/main          context -> folder: resolving a context walks no dates
     .index/sessions/{session uuid}    session -> folder
     .index/search.db                  full-text search and listing index (derived)
     .index/dirty/{session uuid}       "this session changed" markers for that index
     .locks/turn/cli/main              per-context lock for callers (a manager's turn)
     .locks/head/cli/main              per-context lock for create, delete, head moves
-    archive/cli/2026-11-22/main/      an archived context: each file zstd-compressed
-        019a5f...e1.jsonl.zst         (``{name}.zst``), and ``archive.json``, its manifest
-    .index/archive/{session uuid}     archived session -> folder
-    .index/pins/cli/main              "cli:main is pinned" (the ``pinned`` marker is the truth)
-    .trash/{trash id}/                a deleted context: ``trash.json`` and ``context/``
+    .locks/session/{session uuid}     per-session lock: moves exclusive, writers shared
+    .staging/                         sessions being deleted for ever
     .trash/legacy/                    deleted legacy JSON files (terrarium.legacy); kept
-    .staging/                         half-built moves of the lifecycle; leftovers are removed
 
-A detached session (``create_segment`` without a context) lives in ``.detached/{session}/``,
-a dot-folder, so nothing that walks the ``{type}`` folders takes it for a context. Attaching
-it to a context (``FsStore.attach_context``) writes ``head.json`` into that folder, then
-renames the folder to ``{type}/{date}/{name}/`` (the date is the session's root segment's),
-then writes the index entries: a kill at any step leaves it detached or attached, never both
-nor lost. A ``head.json`` in a folder still under ``.detached/`` is an attach that was killed
-before its rename: it means nothing, and the next attach replaces it.
+A detached session lives in ``.detached/{session}/``, a dot-folder, so nothing that walks the
+``{type}`` folders takes it for a context. Attaching it to a context
+(``FsStore.attach_context``) writes ``head.json`` into that folder, then renames the folder to
+``{type}/{date}/{name}/`` (the date is the session's root segment's), then writes the index
+entries: a kill at any step leaves it detached or attached, never both nor lost. A
+``head.json`` in a folder under ``.detached/`` means nothing; the next attach replaces it.
+Freezing, thawing, detaching and deleting are :mod:`terrarium.stores.fs._states`.
 
-The type name ``archive`` is reserved: its folder holds the archive, never contexts
-(:mod:`terrarium.stores.fs._archive`; the trash and pins are :mod:`terrarium.stores.fs._trash`).
+The type name ``archive`` is reserved (older stores kept an ``archive/`` folder there).
 
 Names are encoded with :func:`terrarium.model.encode_name`, so no context name can escape the
 root, and safe names (``#python``) stay readable.
@@ -54,15 +53,13 @@ from terrarium.stores._files import listdir
 INDEX = ".index"
 DETACHED = ".detached"
 LOCKS = ".locks"
-TRASH = ".trash"
-LEGACY_TRASH = Path(TRASH, "legacy")
+LEGACY_TRASH = Path(".trash", "legacy")
 """Where deleted legacy JSON files wait (:func:`terrarium.legacy.trash`); never emptied."""
 ARCHIVE = "archive"
-"""The archive's top folder; no context may have this type on a filesystem store."""
+"""A reserved type: no context may have it on a filesystem store."""
 STAGING = ".staging"
-PINS = "pins"
-PIN = "pinned"
-"""The marker file of a pinned context, in its folder (hot, archived or trashed)."""
+STATES = ".states"
+ZST = ".zst"
 HEAD = "head.json"
 SEGMENT_SUFFIX = ".jsonl"
 TRACE_SUFFIX = ".trace.jsonl"
@@ -82,6 +79,11 @@ def segment_ids(folder: Path) -> list[SegmentId]:
         for name in listdir(folder)
         if (segment_id := segment_name(name)) is not None
     )
+
+
+def has_segments(folder: Path) -> bool:
+    """Whether ``folder`` holds a segment file, plain or frozen (``.jsonl.zst``)."""
+    return any(segment_name(name.removesuffix(ZST)) is not None for name in listdir(folder))
 
 
 def check_inside(real_root: str, path: Path, error: type[StoreError] = StoreError) -> Path:

@@ -27,6 +27,7 @@ from terrarium.stores.base import PodMetadata
 from terrarium.stores.fs import _sql as sql
 from terrarium.stores.fs._heads import head_of
 from terrarium.stores.fs._layout import HEAD, INDEX, SEGMENT_SUFFIX, segment_name
+from terrarium.stores.fs._states import frozen
 from terrarium.stores.fs._tree import read_pointer
 from terrarium.stores.fs.salvage import salvaged_into
 from terrarium.text import prepare_text
@@ -199,6 +200,9 @@ class IndexUpdate:
         if head is None:
             if problem is not None:
                 self.index.warn_once(folder, "search index: skipping %s", problem)
+            return None
+        if frozen(self.root, head.session_id):  # archived: out of the index
+            self.drop_session(str(head.session_id))
             return None
         if problem is not None:
             log.info("search index: %s", problem)  # ``list`` reports it (ContextSummary)

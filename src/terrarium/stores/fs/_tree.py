@@ -30,8 +30,8 @@ from terrarium.stores.fs._layout import (
     DETACHED,
     INDEX,
     check_inside,
+    has_segments,
     real_dir,
-    segment_ids,
 )
 from terrarium.stores.fs._segments import one_line, read_file
 
@@ -86,7 +86,7 @@ class Tree:
             except ValueError:
                 continue
             folder = base / name
-            if str(session_id) == name and real_dir(folder) and segment_ids(folder):
+            if str(session_id) == name and real_dir(folder) and has_segments(folder):
                 yield session_id, folder
 
     def _inside(self, folder: Path) -> Path:

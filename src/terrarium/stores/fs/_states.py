@@ -1,0 +1,552 @@
+"""The state records of an ``FsStore`` and its physical lifecycle moves: freeze, thaw, detach
+and delete, the primitives of :class:`~terrarium.stores.base.SessionStates` that
+:class:`~terrarium.stores.lifecycle.LifecycleOps` drives (it holds every lifecycle rule).
+
+* **Records.** ``.states/{session}.json``, one small JSON object per session that has one,
+  replaced atomically (write, fsync, rename) under the session's lock ``.locks/session/{id}``;
+  a compare-and-set compares under that lock. It stays put when the session's folder moves.
+* **Freeze in place.** Each log file of the folder (segments, traces, set-aside tails) becomes
+  ``{name}.zst``; ``head.json`` stays. The record (with ``cold``) is the commit: before it, the
+  ``.zst`` files are a killed freeze's leftovers; after it, the plain ones are. A thaw is the
+  reverse, under the same rule. The freezer holds every segment's ``flock`` and seals each
+  (``0400``), so an append that waited finds its file deleted or sealed and looks again.
+* **Detach** renames ``{type}/{date}/{name}/`` to ``.detached/{session}/``. The new record is
+  written to ``{session}.detach.json`` first; the folder's rename decides: beside a detached
+  folder that file is the record, beside an attached one a leftover.
+* **Delete** renames ``.detached/{session}/`` into ``.staging/`` (what is there is only ever
+  being deleted), then removes the record, then the folder.
+
+Moves hold the session's lock exclusively and ``.locks/lifecycle`` shared (``fsck`` and
+``reindex`` hold it exclusively: no move runs meanwhile); writers hold the session's lock
+shared. Holding it, a move first settles what a killed one left (:meth:`FsStates._settle`):
+only those provable leftovers are ever deleted. Lock order: lifecycle, head, session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import stat
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from terrarium import codec
+from terrarium.errors import (
+    ConflictError,
+    ContextNotFound,
+    CorruptLog,
+    SegmentNotFound,
+    SessionAttached,
+)
+from terrarium.model import ContextId, SessionId
+from terrarium.stores._archive import compress, unpack
+from terrarium.stores._files import (
+    fsync_dir,
+    listdir,
+    make_dirs,
+    open_private,
+    write_atomic,
+    write_new,
+)
+from terrarium.stores.base import PodMetadata, SessionRecord
+from terrarium.stores.fs._heads import head_of
+from terrarium.stores.fs._layout import (
+    DETACHED,
+    LOCKS,
+    SEGMENT_SUFFIX,
+    STAGING,
+    STATES,
+    TRACE_SUFFIX,
+    ZST,
+    has_segments,
+    is_uuid,
+    real_dir,
+)
+from terrarium.stores.fs._segments import read_file
+from terrarium.stores.fs._tree import Tree
+
+if TYPE_CHECKING:
+    from terrarium.stores.fs import FsStore
+
+PENDING = ".detach.json"
+SEALED = 0o400
+_LEGACY = re.compile(r"legacy-\d+\.json\.zst")
+"""A legacy JSON file of a frozen context, taken along (its place is in ``cold.legacy``)."""
+
+
+# --------------------------------------------------------------------------- files
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """The record in ``path``; None if there is none. CorruptLog if it is not one."""
+    try:
+        record = codec.decode(read_file(path))
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise CorruptLog(f"{path}: not a readable state record ({exc})") from None
+    if not isinstance(record, dict):
+        raise CorruptLog(f"{path}: not a readable state record")
+    return record
+
+
+def frozen(root: Path, session_id: SessionId | str) -> bool:
+    """Whether the session is frozen (its record has ``cold``); one ``open`` if it has none."""
+    try:
+        return "cold" in (read_record(root / STATES / f"{session_id}.json") or {})
+    except CorruptLog:
+        return False
+
+
+def log_file(name: str) -> bool:
+    """Whether ``name`` is a plain log file: a segment, its trace or a side file of either."""
+    return (
+        len(name) > 36
+        and name[36:].startswith((SEGMENT_SUFFIX, TRACE_SUFFIX))
+        and not name.endswith(ZST)
+        and is_uuid(name[:36])
+    )
+
+
+def cold_file(name: str) -> bool:
+    """Whether ``name`` is a frozen file: a log file's ``.zst``, or a legacy file's."""
+    return name.endswith(ZST) and (log_file(name[: -len(ZST)]) or bool(_LEGACY.fullmatch(name)))
+
+
+def sealed(mode: int) -> bool:
+    """Whether a segment file of this mode was sealed by a freeze (no write bit)."""
+    return not mode & stat.S_IWUSR
+
+
+def cold_lines(folder: Path, name: str) -> list[bytes]:
+    """The complete lines of the frozen file ``{name}.zst`` (FileNotFoundError if none)."""
+    path = folder / f"{name}{ZST}"
+    complete, _ = codec.split_complete(unpack(read_file(path), where=str(path)))
+    return codec.split_lines(complete)
+
+
+@contextlib.contextmanager
+def _flock(path: Path, kind: int, *, create: bool = True) -> Iterator[None]:
+    """Hold ``flock`` ``kind`` on ``path``; without ``create``, go on without a lock if the
+    file cannot be opened (a read-only store, where nothing moves)."""
+    try:
+        if create:
+            make_dirs(path.parent)
+            fd = open_private(path, os.O_RDWR | os.O_CREAT)
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        if create:
+            raise
+        yield
+        return
+    try:
+        fcntl.flock(fd, kind)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _segment_locks(folder: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on every segment file of ``folder`` and seal each one."""
+    fds: list[int] = []
+    try:
+        for name in sorted(listdir(folder)):
+            if log_file(name) and name.endswith(SEGMENT_SUFFIX):
+                fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fds.append(fd)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                os.fchmod(fd, SEALED)
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _keep_cold(state: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """``state`` with the ``cold`` key as it is now: only a freeze or a thaw changes it."""
+    kept = {k: v for k, v in codec.decode(codec.encode(dict(state))).items() if k != "cold"}
+    if "cold" in current:
+        kept["cold"] = current["cold"]
+    return kept
+
+
+# --------------------------------------------------------------------------- primitives
+
+
+class FsStates(Tree):
+    """The :class:`~terrarium.stores.base.SessionStates` primitives of ``FsStore``."""
+
+    _quiet_depth: threading.local
+    _lock: threading.RLock
+    _folders: dict[SessionId, Path]
+    if TYPE_CHECKING:  # FsStore's, which this class is a part of
+
+        def _sync(self) -> bool: ...
+        def _mark(self, session_id: SessionId) -> None: ...
+        def _forget_session(self, session_id: SessionId) -> None: ...
+        def _persist_head(self, folder: Path) -> PodMetadata: ...
+        def _head_lock(self, context: ContextId) -> contextlib.AbstractContextManager[None]: ...
+        def _session_folder(self, session_id: SessionId) -> Path: ...
+        def folder_of(self, context: ContextId) -> Path | None: ...
+        def wake_session(self, session_id: SessionId) -> bool: ...
+
+    def _state_path(self, session_id: SessionId, suffix: str = ".json") -> Path:
+        return self._inside(self.root / STATES) / f"{session_id}{suffix}"
+
+    def _record(self, session_id: SessionId) -> dict[str, Any] | None:
+        """The record as it stands (a pending detach's once its folder has moved)."""
+        pending = read_record(self._state_path(session_id, PENDING))
+        if pending is not None and has_segments(self.detached_folder(session_id)):
+            return pending
+        return read_record(self._state_path(session_id))
+
+    def _write_record(self, session_id: SessionId, state: Mapping[str, Any]) -> None:
+        path = self._state_path(session_id)
+        if state:
+            write_atomic(path, codec.encode(dict(state)), sync=self._sync())
+        else:
+            path.unlink(missing_ok=True)
+
+    def _current(self, session_id: SessionId, expected: Mapping[str, Any]) -> dict[str, Any]:
+        """The record (hold the session's lock); ConflictError unless it is ``expected``."""
+        now = self._record(session_id)
+        if now is None:
+            self._session_folder(session_id)  # SegmentNotFound if there is no such session
+            now = {}
+        if now != dict(expected):
+            raise ConflictError(f"the state of session {session_id} changed meanwhile")
+        return now
+
+    def session_state(self, session_id: SessionId) -> dict[str, Any]:
+        """The session's state record (``{}`` if none); SegmentNotFound if no session."""
+        record = self._record(session_id)
+        if record is None:
+            self._session_folder(session_id)
+            return {}
+        return record
+
+    def set_session_state(
+        self,
+        session_id: SessionId,
+        state: Mapping[str, Any],
+        *,
+        expected: Mapping[str, Any],
+    ) -> None:
+        """Replace the record if it is ``expected`` (its ``cold`` key stays as it is)."""
+        with self._moving(session_id):
+            current = self._current(session_id, expected)
+            self._write_record(session_id, _keep_cold(state, current))
+
+    def session_records(self) -> list[SessionRecord]:
+        """Every session with a non-empty record (``.states/``), with its owner."""
+        found = []
+        for name in sorted(listdir(self.root / STATES)):
+            stem = name.removesuffix(".json")
+            if not name.endswith(".json") or name.endswith(PENDING) or not is_uuid(stem):
+                continue
+            session_id = uuid.UUID(stem)
+            try:
+                state = self._record(session_id)
+            except CorruptLog:
+                continue
+            if state:
+                found.append(SessionRecord(session_id, self._owner_or_none(session_id), state))
+        return found
+
+    def _owner_or_none(self, session_id: SessionId) -> str | None:
+        try:
+            return self.session_owner(session_id)
+        except SegmentNotFound:
+            return None  # a record whose session is gone: a delete that was killed
+
+    def session_owner(self, session_id: SessionId) -> str | None:
+        """The session's context; None if it is detached. SegmentNotFound if no session."""
+        if has_segments(self.detached_folder(session_id)):
+            return None
+        with self._lock:
+            self._folders.pop(session_id, None)
+        return head_of(self._session_folder(session_id))[0].context
+
+    def unowned_sessions(self) -> list[SessionId]:
+        """Every session in ``.detached/``, oldest first."""
+        return [session_id for session_id, _ in self.detached()]
+
+    def freeze_session(
+        self,
+        session_id: SessionId,
+        *,
+        expected: Mapping[str, Any],
+        state: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """Compress the session's log files in place; the record (with ``cold``) commits."""
+        with self._moving(session_id):
+            current = self._current(session_id, expected)
+            stored = _keep_cold(state, current)
+            if "cold" in current:
+                self._write_record(session_id, stored)
+                return stored
+            folder = self._session_folder(session_id)
+            legacy = self._legacy_of(folder)
+            self._forget_session(session_id)
+            try:
+                with _segment_locks(folder):
+                    stored["cold"] = self._pack(folder, legacy)
+                    self._mark(session_id)  # before and after: a kill between still marks
+                    self._write_record(session_id, stored)  # the commit
+                    for name in listdir(folder):
+                        if log_file(name):
+                            os.unlink(folder / name)
+            except BaseException:
+                if not frozen(self.root, session_id):
+                    self._settle(session_id)  # roll back: unseal, drop the copies
+                raise
+            for path in legacy:
+                path.unlink(missing_ok=True)
+            self._mark(session_id)  # the search index drops it
+            return stored
+
+    def _legacy_of(self, folder: Path) -> list[Path]:
+        """The legacy JSON files of the context whose folder is ``folder`` (a freeze takes
+        them along: :mod:`terrarium.legacy`); none for a detached session."""
+        from terrarium import legacy  # the legacy layer sits above the stores
+
+        if folder.parent.name == DETACHED:
+            return []
+        head = self._persist_head(folder)
+        return legacy.files(cast("FsStore", self), ContextId.parse(head.context))
+
+    def _pack(self, folder: Path, legacy: list[Path]) -> dict[str, Any]:
+        """Write ``{name}.zst`` of every log file (and legacy file); the ``cold`` value."""
+        hot = packed = 0
+        sync = self._sync()
+        for name in sorted(listdir(folder)):
+            if log_file(name):
+                data = read_file(folder / name)
+                small = compress(data)
+                write_atomic(folder / f"{name}{ZST}", small, sync=sync)
+                hot, packed = hot + len(data), packed + len(small)
+        places = []
+        for n, path in enumerate(legacy, 1):
+            write_atomic(folder / f"legacy-{n}.json{ZST}", compress(read_file(path)), sync=sync)
+            places.append(path.relative_to(self.root).as_posix())
+        cold: dict[str, Any] = {"hot_bytes": hot, "cold_bytes": packed}
+        if places:
+            cold["legacy"] = places
+        return cold
+
+    def thaw_session(
+        self,
+        session_id: SessionId,
+        *,
+        expected: Mapping[str, Any],
+        state: Mapping[str, Any],
+    ) -> None:
+        """Decompress the session's files in place; the record (without ``cold``) commits."""
+        with self._moving(session_id):
+            current = self._current(session_id, expected)
+            hot = {k: v for k, v in _keep_cold(state, current).items() if k != "cold"}
+            folder = self._session_folder(session_id)
+            sync = self._sync()
+            for name in sorted(listdir(folder)):
+                if cold_file(name) and not _LEGACY.fullmatch(name):
+                    data = unpack(read_file(folder / name), where=str(folder / name))
+                    write_atomic(folder / name[: -len(ZST)], data, sync=sync)
+            places = current.get("cold", {}).get("legacy") or []
+            for n, rel in enumerate(places, 1):
+                self._put_back(folder / f"legacy-{n}.json{ZST}", str(rel))
+            self._mark(session_id)
+            self._write_record(session_id, hot)  # the commit
+            for name in sorted(listdir(folder), key=lambda n: not _LEGACY.fullmatch(n)):
+                if cold_file(name):  # the legacy files' first: see _leftovers_in
+                    os.unlink(folder / name)
+            self._mark(session_id)
+
+    def _put_back(self, packed: Path, rel: str) -> None:
+        """Write a legacy file back where it lay (unless a file is there now)."""
+        parts = rel.split("/")
+        if not 1 <= len(parts) <= 3 or any(p in ("", ".", "..") for p in parts):
+            return  # not a place a legacy file lies
+        place = self._inside(self.root.joinpath(*parts[:-1])) / parts[-1]
+        make_dirs(place.parent)
+        with contextlib.suppress(FileExistsError, FileNotFoundError):
+            write_new(place, unpack(read_file(packed), where=str(packed)), sync=self._sync())
+
+    def detach_context(
+        self,
+        context: ContextId,
+        session_id: SessionId,
+        *,
+        expected: Mapping[str, Any],
+        state: Mapping[str, Any],
+    ) -> None:
+        """Rename the context's folder to ``.detached/{session}/``: the commit of the record
+        written beside the old one (``{session}.detach.json``); then drop its index entries."""
+        with self._quiet(), self._head_lock(context), self._session_lock(session_id):
+            self._settle(session_id)
+            current = self._current(session_id, expected)
+            folder = self.folder_of(context)
+            if folder is None or head_of(folder)[0].session_id != session_id:
+                raise ContextNotFound(f"context {context} is not on session {session_id}")
+            pending = self._state_path(session_id, PENDING)
+            write_atomic(pending, codec.encode(_keep_cold(state, current)), sync=self._sync())
+            self._mark(session_id)  # the search index drops it
+            self._forget_session(session_id)
+            target = self.detached_folder(session_id)
+            make_dirs(target.parent)
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(target)  # an empty folder: a create_session killed before its segment
+            os.rename(folder, target)  # the commit
+            if self._sync():
+                fsync_dir(folder.parent)
+                fsync_dir(target.parent)
+            os.replace(pending, self._state_path(session_id))
+            for path in (self._index_path(context), self._session_index_path(session_id)):
+                path.unlink(missing_ok=True)
+            self._folders[session_id] = target
+
+    def delete_session(self, session_id: SessionId) -> bool:
+        """Delete a detached session: its folder renamed into ``.staging/``, its record
+        removed, then the folder. False if there is no such session."""
+        with self._moving(session_id):
+            folder = self.detached_folder(session_id)
+            record = self._state_path(session_id)
+            if not has_segments(folder):
+                owner = self._owner_or_none(session_id)
+                if owner is not None:
+                    raise SessionAttached(f"session {session_id} belongs to context {owner}")
+                if not record.exists():
+                    return False
+                record.unlink()  # a delete killed after its folder went: finished
+                return True
+            staged = self._inside(self.root / STAGING) / f"{session_id}-{uuid.uuid4().hex}"
+            make_dirs(staged.parent)
+            self._forget_session(session_id)
+            os.rename(folder, staged)
+            if self._sync():
+                fsync_dir(folder.parent)
+            record.unlink(missing_ok=True)
+            shutil.rmtree(staged, ignore_errors=True)
+            return True
+
+    # ----------------------------------------------------------------------- locks
+
+    @contextlib.contextmanager
+    def _quiet(self, *, exclusive: bool = False, create: bool = True) -> Iterator[None]:
+        """Hold ``.locks/lifecycle``: shared for a move, exclusive to keep every move out.
+
+        Held once per thread: a move inside a call that holds it (a restore, a purge,
+        ``fsck``) just goes on."""
+        if getattr(self._quiet_depth, "depth", 0):
+            yield
+            return
+        kind = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        with _flock(self._inside(self.root / LOCKS) / "lifecycle", kind, create=create):
+            self._quiet_depth.depth = 1
+            try:
+                yield
+            finally:
+                self._quiet_depth.depth = 0
+
+    def _session_lock(
+        self, session_id: SessionId, *, shared: bool = False, create: bool = True
+    ) -> contextlib.AbstractContextManager[None]:
+        """``.locks/session/{id}``: moves hold it exclusively, writers shared."""
+        path = self._inside(self.root / LOCKS) / "session" / str(session_id)
+        return _flock(path, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, create=create)
+
+    @contextlib.contextmanager
+    def _moving(self, session_id: SessionId) -> Iterator[None]:
+        """Hold what a move of the session holds, and settle what a killed one left."""
+        with self._quiet(), self._session_lock(session_id):
+            self._settle(session_id)
+            yield
+
+    # ----------------------------------------------------------------------- clean-up
+
+    def _settle(self, session_id: SessionId) -> int:
+        """Finish or undo what a killed move of the session left (hold its lock
+        exclusively); how many leftovers it removed."""
+        pending = self._state_path(session_id, PENDING)
+        if pending.exists():
+            if has_segments(self.detached_folder(session_id)):
+                os.replace(pending, self._state_path(session_id))
+            else:
+                pending.unlink()
+        try:
+            with self._lock:
+                self._folders.pop(session_id, None)
+            folder = self._session_folder(session_id)
+        except SegmentNotFound:
+            return 0
+        left = self._leftovers_in(folder, frozen(self.root, session_id))
+        for path in left:
+            path.unlink(missing_ok=True)
+        if not frozen(self.root, session_id):
+            for name in listdir(folder):
+                if log_file(name) and sealed(os.lstat(folder / name).st_mode):
+                    os.chmod(folder / name, 0o600)  # sealed by a freeze that did not commit
+        return len(left)
+
+    def _leftovers_in(self, folder: Path, cold: bool) -> list[Path]:
+        """The files of a killed freeze or thaw in ``folder``: a plain log file beside its
+        ``.zst`` in a frozen session's folder, a ``.zst`` beside its plain file in a hot
+        one's (and then its legacy ``.zst`` files: a thaw unlinks those first), and
+        unfinished temporary files. A file without its twin is never one: a lost record
+        must not cost a frozen session its files."""
+        names = set(listdir(folder))
+        if cold:
+            left = {n for n in names if log_file(n) and f"{n}{ZST}" in names}
+        else:
+            left = {n for n in names if cold_file(n) and n[: -len(ZST)] in names}
+            left |= {n for n in names if left and _LEGACY.fullmatch(n)}
+        left |= {n for n in names if n.startswith(".tmp-")}
+        return [folder / name for name in sorted(left)]
+
+    def unfinished_moves(self) -> list[Path]:
+        """What killed moves left (``fsck`` reports it; :meth:`finish_moves` removes it)."""
+        return [path for _, path in self._leftovers()]
+
+    def _leftovers(self) -> list[tuple[SessionId | None, Path]]:
+        """Each leftover with the session whose lock guards it (None: ``.staging/``)."""
+        left: list[tuple[SessionId | None, Path]] = [
+            (None, self.root / STAGING / n) for n in sorted(listdir(self.root / STAGING))
+        ]
+        for name in sorted(listdir(self.root / STATES)):
+            if name.endswith(PENDING) and is_uuid(name.removesuffix(PENDING)):
+                left.append((uuid.UUID(name.removesuffix(PENDING)), self.root / STATES / name))
+            elif name.startswith(".tmp-"):
+                left.append((None, self.root / STATES / name))
+        folders = [(e.head.session_id, e.folder) for e in self.walk() if e.head is not None]
+        for session_id, folder in [*folders, *self.detached()]:
+            cold = frozen(self.root, session_id)
+            found = self._leftovers_in(folder, cold)
+            if not cold:
+                found += [
+                    folder / n
+                    for n in sorted(listdir(folder))
+                    if log_file(n) and sealed(os.lstat(folder / n).st_mode)
+                ]
+            left += [(session_id, path) for path in found]
+        return left
+
+    def finish_moves(self) -> int:
+        """Remove what killed moves left (``fsck --repair``), each session's under its lock;
+        how many leftovers there were."""
+        left = self._leftovers()
+        for session_id, path in left:
+            if session_id is None and real_dir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif session_id is None:
+                path.unlink(missing_ok=True)
+        for session_id in sorted({s for s, _ in left if s is not None}):
+            with self._moving(session_id):
+                pass  # a move settles what a killed one left first
+        return len(left)
