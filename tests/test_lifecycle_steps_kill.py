@@ -144,9 +144,7 @@ def child() -> Iterator[subprocess.Popen[str]]:
         [sys.executable, str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     yield proc
-    assert proc.stdin is not None
-    proc.stdin.close()
-    proc.wait(timeout=60)
+    proc.communicate(timeout=60)  # closes stdin, reads to the end, closes stdout
 
 
 def ask(proc: subprocess.Popen[str], request: dict[str, Any]) -> dict[str, Any]:
