@@ -30,6 +30,7 @@ Usage (inside ``with conn.transaction():``)::
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -38,11 +39,9 @@ import psycopg
 from terrarium import codec
 from terrarium.errors import ContextExists, NotInTrash
 from terrarium.model import ContextId, SegmentId, SessionId
-from terrarium.stores import _archive as shared
 from terrarium.stores._archive import (
     envelopes,
     jsonl_bytes,
-    new_trash_id,
     pack,
     pyformat,
     unpack,
@@ -50,6 +49,87 @@ from terrarium.stores._archive import (
 )
 from terrarium.stores.base import ArchivedContext, PodMetadata, SegmentRead, TrashedContext
 from terrarium.stores.postgres import _sql
+
+
+class shared:
+    # Archived (not trashed) contexts, by id (the partial unique index archived_contexts_live).
+    ARCHIVED_SESSION = (
+        "SELECT session_id FROM archived_contexts WHERE context = ? AND trash_id IS NULL"
+    )
+    ARCHIVED_HEAD = (
+        "SELECT context, session_id, segment_id, created_at, updated_at FROM archived_contexts "
+        "WHERE context = ? AND trash_id IS NULL"
+    )
+    # One snapshot: a context an archive
+    # or a wake moves between the two tables meanwhile is found in one of them (two statements
+    # could miss it in both).
+    HEAD_ANY = (
+        "SELECT context, session_id, segment_id, created_at, updated_at FROM contexts "
+        "WHERE context = ? UNION ALL SELECT context, session_id, segment_id, created_at, "
+        "updated_at FROM archived_contexts WHERE context = ? AND trash_id IS NULL"
+    )
+    # NULL: not in the archive; 1 (true): archived; 0 (false): trashed.
+    SESSION_STATE = "SELECT trash_id IS NULL FROM archived_contexts WHERE session_id = ?"
+    # PostgreSQL's alone: SQLite's entries name their segment by its key (m013), so SQLite reads
+    # them with a statement of its own (``sqlite/_lifecycle.SESSION_LINES``).
+    SESSION_LINES = (
+        "SELECT segment_id, seq, line FROM entries WHERE session_id = ? ORDER BY segment_id, seq"
+    )
+    INSERT_ARCHIVED = (
+        "INSERT INTO archived_contexts (session_id, context, type, segment_id, created_at, "
+        "updated_at, archived_at, last_active, message_count, hot_bytes, archived_bytes) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    )
+    DROP_COLD = tuple(
+        f"DELETE FROM {table} WHERE session_id = ?"
+        for table in ("archived_segments", "archived_contexts")
+    )
+    PURGE = (
+        *DROP_COLD,
+        "DELETE FROM pins WHERE session_id = ?",
+        "DELETE FROM sessions WHERE session_id = ?",
+    )
+    # The archived (not trashed) segment's columns, read by reference.
+    ARCHIVED_SEGMENT = (
+        "SELECT {columns} FROM archived_segments AS g JOIN archived_contexts AS c "
+        "USING (session_id) WHERE g.session_id = ? AND g.segment_id = ? AND c.trash_id IS NULL"
+    )
+    ARCHIVED_SEGMENT_IDS = (
+        "SELECT g.segment_id FROM archived_segments AS g JOIN archived_contexts AS c "
+        "USING (session_id) WHERE g.session_id = ? AND c.trash_id IS NULL"
+    )
+    PINNED_COLUMN = "EXISTS (SELECT 1 FROM pins AS p WHERE p.session_id = a.session_id)"
+    ARCHIVED_LIST = (
+        "SELECT context, substr(created_at, 1, 10), archived_at, last_active, message_count, "
+        f"hot_bytes, archived_bytes, {PINNED_COLUMN} FROM archived_contexts AS a "
+        "WHERE trash_id IS NULL {where}"
+    )
+    TRASH_LIST = (
+        "SELECT trash_id, context, substr(created_at, 1, 10), deleted_at, "
+        "deleted_from = 'archived', "
+        f"message_count, archived_bytes, {PINNED_COLUMN} FROM archived_contexts AS a "
+        "WHERE trash_id IS NOT NULL ORDER BY deleted_at DESC, trash_id DESC"
+    )
+    TRASH = (
+        "UPDATE archived_contexts SET trash_id = ?, deleted_at = ?, deleted_from = ? "
+        "WHERE session_id = ?"
+    )
+    UNTRASH = (
+        "UPDATE archived_contexts SET trash_id = NULL, deleted_at = NULL, deleted_from = NULL, "
+        "context = ?, type = ? WHERE session_id = ?"
+    )
+    RENAME_SESSION = "UPDATE sessions SET context = ? WHERE session_id = ?"
+    UNPIN = "DELETE FROM pins WHERE session_id = ?"
+    PINNED = (
+        "SELECT c.context FROM pins JOIN contexts AS c USING (session_id) UNION ALL "
+        "SELECT a.context FROM pins JOIN archived_contexts AS a USING (session_id) "
+        "WHERE a.trash_id IS NULL"
+    )
+
+
+def new_trash_id() -> str:
+    return str(uuid.uuid4())
+
 
 # ---------------------------------------------------------------------------- statements
 
