@@ -581,9 +581,9 @@ def test_delete_or_purge_waiting_on_a_wake_finds_the_context_hot(
     pg_database: str,  # noqa: F811
     change: str,
 ) -> None:
-    """A delete (or purge) of an archived context that waits for a writer's unarchive to
-    commit finds the context hot then, and trashes (or purges) it: it never answers False
-    for a context that exists."""
+    """A delete (or purge) of an archived context that waits for a writer's wake to commit
+    finds the record changed, looks again, finds the context hot, and trashes (or purges)
+    it: it never answers False for a context that exists."""
     psycopg = pytest.importorskip("psycopg")
     from terrarium.stores.postgres import PostgresStore, _lifecycle
 
@@ -593,8 +593,11 @@ def test_delete_or_purge_waiting_on_a_wake_finds_the_context_hot(
         waker = psycopg.connect(pg_database, autocommit=True)
         try:
             waker.execute(f"SET search_path TO {store.schema}")
-            waker.execute("BEGIN")
-            assert _lifecycle.unarchive(waker, head.session_id) is not None
+            waker.execute("BEGIN")  # a wake: the record's row locked, the rows thawed
+            s = head.session_id
+            waker.execute("SELECT 1 FROM sessions WHERE session_id = %s FOR UPDATE", (s,))
+            _lifecycle.thaw(waker, s)
+            waker.execute("UPDATE sessions SET state = NULL WHERE session_id = %s", (s,))
             (pid,) = waker.execute("SELECT pg_backend_pid()").fetchone()
             outcome: list[bool] = []
             act = store.delete_context if change == "delete" else store.purge_context

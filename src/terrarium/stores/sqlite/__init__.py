@@ -679,6 +679,15 @@ class SqliteStore(LifecycleOps, SqlStates, SqliteBlobs, ClosingStore):
     def _drop_rows(self, conn: sqlite3.Connection, session: str) -> None:
         lifecycle.drop_hot(conn, session)
 
+    def purge_trashed(self, trash_id: str) -> bool:
+        """:meth:`LifecycleOps.purge_trashed`, but False when a restore takes the entry
+        between its look and its delete (it raises SessionAttached; the restore then drops
+        the ``purging`` mark with ``trashed``)."""
+        try:
+            return LifecycleOps.purge_trashed(self, trash_id)
+        except SessionAttached:
+            return False
+
     def _woke(self, conn: sqlite3.Connection, session: str) -> bool:
         """Wake the session if it is frozen (SegmentNotFound in the trash); whether it was."""
         session_id = uuid.UUID(session)
