@@ -32,7 +32,7 @@ from typing import Any, cast
 import msgspec
 import zstandard
 
-from terrarium.codec import decode, encode, split_lines
+from terrarium.codec import decode, decode_lines, encode, split_lines
 from terrarium.errors import (
     ConflictError,
     ContextNotFound,
@@ -49,6 +49,7 @@ from terrarium.stores.base import (
     SessionRecord,
     Store,
 )
+from terrarium.stores.lifecycle import LifecycleOps
 
 #: zstandard's level for archived segments: its default, ~4x smaller JSONL at ~300 MB/s.
 LEVEL = 3
@@ -191,9 +192,10 @@ def merge_hits(hot: list[SearchHit], cold: list[SearchHit], limit: int) -> list[
     return sorted(hot + cold, key=lambda hit: hit.score, reverse=True)[:limit]
 
 
-class SqlStates(ABC):
+class SqlStates(LifecycleOps, ABC):
     """:class:`~terrarium.stores.base.SessionStates` over ``sessions.state`` (JSON text, NULL
-    for ``{}``): what both database stores share.
+    for ``{}``), under :class:`~terrarium.stores.lifecycle.LifecycleOps`: what both database
+    stores share (each inherits it first).
 
     Each primitive is one write transaction: the record is read (its row locked), compared
     with the one expected, and written together with the physical move, which the store
@@ -210,9 +212,9 @@ class SqlStates(ABC):
         """``statement`` in this database's placeholders."""
         return statement
 
-    def _sid(self, session_id: SessionId) -> Any:
-        """A session id as this database's ``session_id`` column holds it."""
-        return str(session_id)
+    def _sid(self, id: uuid.UUID) -> Any:
+        """A session or segment id as this database's id columns hold it."""
+        return str(id)
 
     @abstractmethod
     def _read(self) -> AbstractContextManager[Any]:
@@ -237,6 +239,15 @@ class SqlStates(ABC):
     @abstractmethod
     def _drop_rows(self, conn: Any, session: Any) -> None:
         """Delete a detached session's hot rows (its frozen ones go with its record)."""
+
+    def purge_trashed(self, trash_id: str) -> bool:
+        """:meth:`LifecycleOps.purge_trashed`, but False when a restore takes the entry
+        between its look and its delete (that raises SessionAttached; the restore drops the
+        ``purging`` mark with ``trashed``)."""
+        try:
+            return LifecycleOps.purge_trashed(cast(Any, self), trash_id)
+        except SessionAttached:
+            return False
 
     def session_state(self, session_id: SessionId) -> dict[str, Any]:
         """The session's state record (``{}`` if none)."""
@@ -341,6 +352,53 @@ class SqlStates(ABC):
 
     def _put(self, conn: Any, session_id: SessionId, state: Mapping[str, Any]) -> None:
         conn.execute(self._q(SET_STATE), (_text(state), self._sid(session_id)))
+
+    def _cold(self, conn: Any, column: str, session_id: SessionId, segment_id: SegmentId) -> Any:
+        """One column of a frozen segment's row (``lines``, ``next_seq``, ``trace``), or None
+        if there is no such row (``trace`` may be NULL: look at ``next_seq`` first)."""
+        ids = (self._sid(session_id), self._sid(segment_id))
+        row = conn.execute(self._q(COLD_SEGMENT.format(columns=column)), ids).fetchone()
+        return None if row is None else row[0]
+
+    def _cold_read(
+        self, conn: Any, session_id: SessionId, segment_id: SegmentId, stop_seq: int | None
+    ) -> SegmentRead | None:
+        """Read a frozen segment (decompressing it), or None if there is none."""
+        blob = self._cold(conn, "lines", session_id, segment_id)
+        if blob is None:
+            return None
+        where = f"{self!r} frozen segment {segment_id}"
+        lines = decode_lines(unpack(blob, where=where), where=where, first_line=0)
+        stop = len(lines) if stop_seq is None else max(stop_seq, 0) + 1
+        return SegmentRead(header=lines[0], entries=lines[1:stop], next_seq=len(lines))
+
+    def _cold_ids(self, conn: Any, session_id: SessionId) -> list[SegmentId]:
+        """The segments of a frozen session, oldest first (none if it is not frozen)."""
+        rows = conn.execute(self._q(COLD_SEGMENT_IDS), (self._sid(session_id),))
+        return sorted(uuid.UUID(str(row[0])) for row in rows)
+
+    def _cold_trace(
+        self, conn: Any, session_id: SessionId, segment_id: SegmentId
+    ) -> list[dict[str, Any]] | None:
+        """A frozen segment's trace, or None if there is no such segment."""
+        if self._cold(conn, "next_seq", session_id, segment_id) is None:
+            return None
+        trace = self._cold(conn, "trace", session_id, segment_id)
+        return [decode(line) for line in unpack_lines(trace)]
+
+    def _archived_heads(self, q: SearchQuery) -> list[PodMetadata]:
+        """The heads of the archived contexts a search of the archive reads."""
+        where, args = (
+            ("WHERE context = ?", (q.context,))
+            if q.context is not None
+            else ("WHERE type = ?", (q.type,))
+            if q.type is not None
+            else ("", ())
+        )
+        with self._read() as conn:
+            rows = conn.execute(self._q(ARCHIVED_HEADS.format(where=where)), args).fetchall()
+        heads = [PodMetadata(c, uuid.UUID(str(s)), uuid.UUID(str(g)), *t) for c, s, g, *t in rows]
+        return sorted(heads, key=lambda h: h.context.partition(":")[::2])
 
     def _frozen(self, conn: Any, session_id: SessionId) -> bool:
         """Whether the session exists and is frozen: the miss path of a write."""

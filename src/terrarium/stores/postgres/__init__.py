@@ -49,14 +49,11 @@ from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, Trac
 from terrarium.stores import _listing
 from terrarium.stores._archive import (
     ARCHIVED_HEAD,
-    ARCHIVED_HEADS,
-    COLD_SEGMENT_IDS,
     HEAD_ANY,
     SqlStates,
     archived_hits,
     merge_hits,
     pyformat,
-    unpack_lines,
 )
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
@@ -72,7 +69,6 @@ from terrarium.stores.base import (
     iter_lines,
 )
 from terrarium.stores.fts import check_query
-from terrarium.stores.lifecycle import LifecycleOps
 from terrarium.stores.url import redact_url
 
 try:
@@ -118,7 +114,7 @@ _SEEN_CACHE = 4096
 _IDLE_LOCK_CONNECTIONS = 4
 
 
-class PostgresStore(LifecycleOps, SqlStates, PostgresBlobs, ClosingStore):
+class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
     """A store in a PostgreSQL database, shared by many processes on many machines."""
 
     def __init__(
@@ -351,17 +347,9 @@ class PostgresStore(LifecycleOps, SqlStates, PostgresBlobs, ClosingStore):
         self.catch_up()
         with self._pool.connection() as conn:
             hits = search.find(conn, q, window=max(RANK_WINDOW, q.limit))
-            if not q.archived:
-                return hits
-            if q.context is not None:
-                rows = conn.execute(_ARCHIVED_HEAD, (q.context,)).fetchall()
-            elif q.type is not None:
-                where = pyformat(ARCHIVED_HEADS.format(where="WHERE type = ?"))
-                rows = conn.execute(where, (q.type,)).fetchall()
-            else:
-                rows = conn.execute(pyformat(ARCHIVED_HEADS.format(where=""))).fetchall()
-            heads = sorted(map(_head, rows), key=lambda h: h.context.partition(":")[::2])
-        cold = archived_hits(heads, self.list_segments, self.read_segment, q)
+        if not q.archived:
+            return hits
+        cold = archived_hits(self._archived_heads(q), self.list_segments, self.read_segment, q)
         return merge_hits(hits, cold, q.limit)
 
     # ---------------------------------------------------------------- contexts
@@ -426,7 +414,7 @@ class PostgresStore(LifecycleOps, SqlStates, PostgresBlobs, ClosingStore):
                 raise ContextExists(f"context {ctx} already exists")
             frozen = row[2] is not None and "cold" in codec.decode(row[2])
             if not (
-                _lifecycle.cold_column(conn, "next_seq", session_id, segment_id)
+                self._cold(conn, "next_seq", session_id, segment_id)
                 if frozen
                 else conn.execute(_sql.SEGMENT_EXISTS, (session_id, segment_id)).fetchone()
             ):
@@ -516,8 +504,8 @@ class PostgresStore(LifecycleOps, SqlStates, PostgresBlobs, ClosingStore):
     def _q(self, statement: str) -> str:
         return pyformat(statement)
 
-    def _sid(self, session_id: SessionId) -> Any:
-        return session_id
+    def _sid(self, id: uuid.UUID) -> Any:
+        return id
 
     @contextmanager
     def _read(self) -> Iterator[psycopg.Connection[Any]]:
@@ -547,15 +535,6 @@ class PostgresStore(LifecycleOps, SqlStates, PostgresBlobs, ClosingStore):
 
     def _drop_rows(self, conn: psycopg.Connection[Any], session: Any) -> None:
         _lifecycle.drop_hot(conn, session)
-
-    def purge_trashed(self, trash_id: str) -> bool:
-        """:meth:`LifecycleOps.purge_trashed`, but False when a restore takes the entry
-        between its look and its delete (it raises SessionAttached; the restore then drops
-        the ``purging`` mark with ``trashed``)."""
-        try:
-            return LifecycleOps.purge_trashed(self, trash_id)
-        except SessionAttached:
-            return False
 
     def _wake_on(self, conn: psycopg.Connection[Any], session_id: SessionId) -> bool:
         """``wake_session`` on the caller's own connection, idle (a pool of one connection
@@ -787,8 +766,7 @@ class PostgresStore(LifecycleOps, SqlStates, PostgresBlobs, ClosingStore):
         with self._pool.connection() as conn:
             rows = conn.execute(_sql.READ, params).fetchall()
             if not rows:
-                where = f"{self._where} archived segment {segment_id}"
-                cold = _lifecycle.read_segment(conn, session_id, segment_id, stop_seq, where)
+                cold = self._cold_read(conn, session_id, segment_id, stop_seq)
                 if cold is not None:
                     return cold
         if not rows:
@@ -808,7 +786,7 @@ class PostgresStore(LifecycleOps, SqlStates, PostgresBlobs, ClosingStore):
             try:
                 return self._next_seq(conn, session_id, segment_id)
             except SegmentNotFound:
-                cold = _lifecycle.cold_column(conn, "next_seq", session_id, segment_id)
+                cold = self._cold(conn, "next_seq", session_id, segment_id)
                 if cold is None:
                     raise
                 return int(cold)
@@ -819,7 +797,7 @@ class PostgresStore(LifecycleOps, SqlStates, PostgresBlobs, ClosingStore):
         with self._pool.connection() as conn:
             ids = [row[0] for row in conn.execute(_sql.LIST_SEGMENTS, (session_id,))]
             if not ids:
-                ids = [row[0] for row in conn.execute(_COLD_SEGMENT_IDS, (session_id,))]
+                ids = self._cold_ids(conn, session_id)
         if not ids:
             raise SegmentNotFound(f"session {session_id} does not exist")
         return sorted(ids)
@@ -833,7 +811,7 @@ class PostgresStore(LifecycleOps, SqlStates, PostgresBlobs, ClosingStore):
             if not lines:
                 if conn.execute(_sql.SEGMENT_EXISTS, (session_id, segment_id)).fetchone():
                     return
-                if _lifecycle.cold_column(conn, "next_seq", session_id, segment_id) is not None:
+                if self._cold(conn, "next_seq", session_id, segment_id) is not None:
                     return  # frozen: writing nothing wakes nothing
             else:
                 for woken in (False, True):
@@ -853,12 +831,12 @@ class PostgresStore(LifecycleOps, SqlStates, PostgresBlobs, ClosingStore):
             if not rows:
                 exists = conn.execute(_sql.SEGMENT_EXISTS, (session_id, segment_id))
                 if exists.fetchone() is None:
-                    if _lifecycle.cold_column(conn, "next_seq", session_id, segment_id) is None:
+                    cold = self._cold_trace(conn, session_id, segment_id)
+                    if cold is None:
                         raise SegmentNotFound(
                             f"segment {segment_id} of session {session_id} does not exist"
                         )
-                    trace = _lifecycle.cold_column(conn, "trace", session_id, segment_id)
-                    rows = [(line,) for line in unpack_lines(trace)]
+                    return cold
         return [codec.decode(row[0]) for row in rows]
 
     def close(self) -> None:
@@ -878,7 +856,6 @@ class PostgresStore(LifecycleOps, SqlStates, PostgresBlobs, ClosingStore):
 
 _HEAD_ANY = pyformat(HEAD_ANY)
 _ARCHIVED_HEAD = pyformat(ARCHIVED_HEAD)
-_COLD_SEGMENT_IDS = pyformat(COLD_SEGMENT_IDS)
 
 
 def _head(row: Sequence[Any]) -> PodMetadata:

@@ -30,18 +30,13 @@ from typing import Any
 
 import psycopg
 
-from terrarium import codec
 from terrarium.model import SegmentId, SessionId
 from terrarium.stores._archive import (
-    COLD_SEGMENT,
     envelopes,
     jsonl_bytes,
     pack,
-    pyformat,
-    unpack,
     unpack_lines,
 )
-from terrarium.stores.base import SegmentRead
 from terrarium.stores.postgres import _sql
 
 Conn = psycopg.Connection[Any]
@@ -204,27 +199,3 @@ def detach(conn: Conn, context: str, session: SessionId) -> bool:
     for statement in UNTYPE:
         conn.execute(statement, (session,))
     return True
-
-
-# ---------------------------------------------------------------------------- reads
-
-
-def read_segment(
-    conn: Conn, session: SessionId, segment: SegmentId, stop_seq: int | None, where: str
-) -> SegmentRead | None:
-    """Read a frozen segment (decompressing it), or None if there is none."""
-    row = conn.execute(pyformat(COLD_SEGMENT.format(columns="lines")), (session, segment))
-    found = row.fetchone()
-    if found is None:
-        return None
-    lines = codec.decode_lines(unpack(found[0]), where=where, first_line=0)
-    stop = len(lines) if stop_seq is None else max(stop_seq, 0) + 1
-    return SegmentRead(header=lines[0], entries=lines[1:stop], next_seq=len(lines))
-
-
-def cold_column(conn: Conn, column: str, session: SessionId, segment: SegmentId) -> Any:
-    """One column of a frozen segment's row (``next_seq``, ``trace``), or None if there is
-    no such row (a frozen segment's ``trace`` may be NULL: look at ``next_seq`` first)."""
-    statement = pyformat(COLD_SEGMENT.format(columns=column))
-    row = conn.execute(statement, (session, segment)).fetchone()
-    return None if row is None else row[0]

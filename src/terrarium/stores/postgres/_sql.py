@@ -193,16 +193,6 @@ COUNT_ITEMS = (
     "SELECT count(*) FROM entries WHERE session_id = %s AND segment_id = %s "
     f"AND seq BETWEEN 1 AND %s AND kind IN {HISTORY_KINDS_SQL}"
 )
-# The session's row first: its cascade deletes the segments' rows, waiting for the appends and
-# catch-ups that hold them (a catch-up locks segments, then heads: so does a delete); then the
-# head, and the entries and items those appends committed.
-DELETE_SESSION = (
-    "DELETE FROM sessions WHERE session_id = %(session)s",
-    "DELETE FROM contexts WHERE context = %(context)s AND session_id = %(session)s",
-    "DELETE FROM entries WHERE session_id = %(session)s",
-    "DELETE FROM search_docs WHERE session_id = %(session)s",
-)
-
 # --------------------------------------------------------------------------- context locks
 
 LOCK = "SELECT pg_advisory_lock(%s)"

@@ -51,13 +51,10 @@ from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores import _db, _listing
 from terrarium.stores._archive import (
     ARCHIVED_HEAD,
-    ARCHIVED_HEADS,
-    COLD_SEGMENT_IDS,
     HEAD_ANY,
     SqlStates,
     archived_hits,
     merge_hits,
-    unpack_lines,
 )
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
@@ -73,7 +70,6 @@ from terrarium.stores.base import (
     iter_lines,
 )
 from terrarium.stores.fts import Fts5Tables, Ranker, check_query, fts5_phrases
-from terrarium.stores.lifecycle import LifecycleOps
 from terrarium.stores.locks import file_lock
 from terrarium.stores.sqlite import _lifecycle as lifecycle
 from terrarium.stores.sqlite import _sql as sql
@@ -147,7 +143,7 @@ def _recent() -> int:
     return SEARCH_RECENT
 
 
-class SqliteStore(LifecycleOps, SqlStates, SqliteBlobs, ClosingStore):
+class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
     """A store in one SQLite database file (see the module docstring)."""
 
     def __init__(
@@ -508,21 +504,9 @@ class SqliteStore(LifecycleOps, SqlStates, SqliteBlobs, ClosingStore):
                 raise self._error(exc, "search failed: ") from exc
         hits = merge_hits(hits, late, q.limit)
         if q.archived:
-            return merge_hits(hits, self._archived_hits(q), q.limit)
+            cold = archived_hits(self._archived_heads(q), self.list_segments, self.read_segment, q)
+            return merge_hits(hits, cold, q.limit)
         return hits
-
-    def _archived_hits(self, q: SearchQuery) -> list[SearchHit]:
-        """Hits among the archived contexts, found by reading them (see ``stores._archive``)."""
-        with self._read() as conn:
-            if q.context is not None:
-                rows = conn.execute(ARCHIVED_HEAD, (q.context,)).fetchall()
-            elif q.type is not None:
-                where = ARCHIVED_HEADS.format(where="WHERE type = ?")
-                rows = conn.execute(where, (q.type,)).fetchall()
-            else:
-                rows = conn.execute(ARCHIVED_HEADS.format(where="")).fetchall()
-            heads = sorted(map(_head, rows), key=lambda h: h.context.partition(":")[::2])
-        return archived_hits(heads, self.list_segments, self.read_segment, q)
 
     def _try_catch_up(self) -> None:
         """Catch the derived state up before a read, where it can be written; else the read
@@ -626,7 +610,7 @@ class SqliteStore(LifecycleOps, SqlStates, SqliteBlobs, ClosingStore):
                 raise ContextExists(f"context {ctx} already exists")
             frozen = self._frozen(conn, session_id)
             if not (
-                lifecycle.cold_column(conn, "next_seq", s, g)
+                self._cold(conn, "next_seq", session_id, segment_id)
                 if frozen
                 else _segment_exists(conn, session_id, segment_id)
             ):
@@ -678,15 +662,6 @@ class SqliteStore(LifecycleOps, SqlStates, SqliteBlobs, ClosingStore):
 
     def _drop_rows(self, conn: sqlite3.Connection, session: str) -> None:
         lifecycle.drop_hot(conn, session)
-
-    def purge_trashed(self, trash_id: str) -> bool:
-        """:meth:`LifecycleOps.purge_trashed`, but False when a restore takes the entry
-        between its look and its delete (it raises SessionAttached; the restore then drops
-        the ``purging`` mark with ``trashed``)."""
-        try:
-            return LifecycleOps.purge_trashed(self, trash_id)
-        except SessionAttached:
-            return False
 
     def _woke(self, conn: sqlite3.Connection, session: str) -> bool:
         """Wake the session if it is frozen (SegmentNotFound in the trash); whether it was."""
@@ -851,10 +826,7 @@ class SqliteStore(LifecycleOps, SqlStates, SqliteBlobs, ClosingStore):
             found = conn.execute(sql.READ_SEGMENT, (str(session_id), str(segment_id), stop))
             rows = found.fetchall()
             if not rows:
-                where = f"{self.path} archived segment {segment_id}"
-                cold = lifecycle.read_segment(
-                    conn, str(session_id), str(segment_id), stop_seq, where
-                )
+                cold = self._cold_read(conn, session_id, segment_id, stop_seq)
                 if cold is not None:
                     return cold
         if not rows:
@@ -875,7 +847,7 @@ class SqliteStore(LifecycleOps, SqlStates, SqliteBlobs, ClosingStore):
             try:
                 seg, next_seq = _tail(conn, s, g)
             except SegmentNotFound:
-                cold = lifecycle.cold_column(conn, "next_seq", s, g)
+                cold = self._cold(conn, "next_seq", session_id, segment_id)
                 if cold is None:
                     raise
                 return int(cold)
@@ -889,8 +861,7 @@ class SqliteStore(LifecycleOps, SqlStates, SqliteBlobs, ClosingStore):
                 uuid.UUID(row[0]) for row in conn.execute(sql.SEGMENT_IDS, (str(session_id),))
             )
             if not ids:
-                rows = conn.execute(COLD_SEGMENT_IDS, (str(session_id),))
-                ids = sorted(uuid.UUID(row[0]) for row in rows)
+                ids = self._cold_ids(conn, session_id)
         if not ids:
             raise SegmentNotFound(f"session {session_id} does not exist")
         return ids
@@ -914,14 +885,12 @@ class SqliteStore(LifecycleOps, SqlStates, SqliteBlobs, ClosingStore):
         with self._read() as conn:
             rows = conn.execute(sql.READ_TRACE, (str(session_id), str(segment_id))).fetchall()
             if not rows and not _segment_exists(conn, session_id, segment_id):
-                s, g = str(session_id), str(segment_id)
-                if lifecycle.cold_column(conn, "next_seq", s, g) is None:
+                cold = self._cold_trace(conn, session_id, segment_id)
+                if cold is None:
                     raise SegmentNotFound(
                         f"segment {segment_id} of session {session_id} does not exist"
                     )
-                rows = [
-                    (line,) for line in unpack_lines(lifecycle.cold_column(conn, "trace", s, g))
-                ]
+                return cold
         return [codec.decode(row[0]) for row in rows]
 
     def close(self) -> None:

@@ -27,17 +27,13 @@ import itertools
 import sqlite3
 from typing import Any
 
-from terrarium import codec
 from terrarium.model import HISTORY_KINDS
 from terrarium.stores._archive import (
-    COLD_SEGMENT,
     envelopes,
     jsonl_bytes,
     pack,
-    unpack,
     unpack_lines,
 )
-from terrarium.stores.base import SegmentRead
 from terrarium.stores.sqlite import _sql as sql
 from terrarium.stores.sqlite.search import segment_summary, unindex_session
 
@@ -166,25 +162,3 @@ def detach(conn: sqlite3.Connection, context: str, session: str) -> bool:
         unindex_session(conn, session)
         return True
     return bool(conn.execute(DETACH[1], (context, session)).rowcount)
-
-
-# ---------------------------------------------------------------------------- reads
-
-
-def read_segment(
-    conn: sqlite3.Connection, session: str, segment: str, stop_seq: int | None, where: str
-) -> SegmentRead | None:
-    """Read a frozen segment (decompressing it), or None if there is none."""
-    row = conn.execute(COLD_SEGMENT.format(columns="lines"), (session, segment)).fetchone()
-    if row is None:
-        return None
-    lines = codec.decode_lines(unpack(row[0]), where=where, first_line=0)
-    stop = len(lines) if stop_seq is None else max(stop_seq, 0) + 1
-    return SegmentRead(header=lines[0], entries=lines[1:stop], next_seq=len(lines))
-
-
-def cold_column(conn: sqlite3.Connection, column: str, session: str, segment: str) -> Any:
-    """One column of a frozen segment's row (``next_seq``, ``trace``), or None if there is
-    no such row (a frozen segment's ``trace`` may be NULL: look at ``next_seq`` first)."""
-    row = conn.execute(COLD_SEGMENT.format(columns=column), (session, segment)).fetchone()
-    return None if row is None else row[0]

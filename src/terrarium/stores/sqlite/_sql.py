@@ -48,7 +48,6 @@ HEAD = (
 HEADS = "SELECT context, session_id, segment_id, created_at, updated_at FROM contexts"
 HEADS_OF_TYPE = f"{HEADS} WHERE type = ?"
 HEAD_SEGMENTS = "SELECT session_id, segment_id FROM contexts"
-CONTEXT_EXISTS = "SELECT 1 FROM contexts WHERE context = ?"
 CONTEXT_SESSION = "SELECT session_id FROM contexts WHERE context = ?"
 SESSION_CONTEXT = "SELECT context, created_at FROM contexts WHERE session_id = ?"
 SESSION_TYPE = "SELECT type FROM contexts WHERE session_id = ?"
@@ -65,7 +64,6 @@ ADD_COUNTS = (
     "UPDATE contexts SET message_count = message_count + ?, last_active = ? "
     "WHERE session_id = ? AND segment_id = ?"
 )
-DELETE_HEAD = "DELETE FROM contexts WHERE context = ?"
 # In (type, name) order, as ContextId orders, from the covering index contexts_listing.
 LISTING_ORDER = "type, substr(context, length(type) + 2)"
 LISTING_SELECT = (
