@@ -255,7 +255,7 @@ class SqlStates(LifecycleOps, ABC):
             row = conn.execute(self._q(STATE), (self._sid(session_id),)).fetchone()
         if row is None:
             raise SegmentNotFound(f"session {session_id} does not exist")
-        return _record(row[0])
+        return state_record(row[0])
 
     def set_session_state(
         self, session_id: SessionId, state: Mapping[str, Any], *, expected: Mapping[str, Any]
@@ -269,7 +269,9 @@ class SqlStates(LifecycleOps, ABC):
         """Every session whose record is not empty, with its owner."""
         with self._read() as conn:
             rows = conn.execute(self._q(RECORDS)).fetchall()
-        found = [SessionRecord(uuid.UUID(str(s)), owner, _record(text)) for s, owner, text in rows]
+        found = [
+            SessionRecord(uuid.UUID(str(s)), owner, state_record(text)) for s, owner, text in rows
+        ]
         return [record for record in found if record.state]
 
     def session_owner(self, session_id: SessionId) -> str | None:
@@ -296,7 +298,7 @@ class SqlStates(LifecycleOps, ABC):
             else:
                 hot, packed = self._freeze_rows(conn, self._sid(session_id))
                 cold = {"hot_bytes": hot, "cold_bytes": packed}
-            stored = _record(encode({**state, "cold": cold}).decode())
+            stored = state_record(encode({**state, "cold": cold}).decode())
             self._put(conn, session_id, stored)
         return stored
 
@@ -345,7 +347,7 @@ class SqlStates(LifecycleOps, ABC):
         row = conn.execute(self._q(STATE + self._FOR_UPDATE), (self._sid(session_id),)).fetchone()
         if row is None:
             raise SegmentNotFound(f"session {session_id} does not exist")
-        now = _record(row[0])
+        now = state_record(row[0])
         if now != dict(expected):
             raise ConflictError(f"the state of session {session_id} changed meanwhile")
         return now
@@ -403,10 +405,10 @@ class SqlStates(LifecycleOps, ABC):
     def _frozen(self, conn: Any, session_id: SessionId) -> bool:
         """Whether the session exists and is frozen: the miss path of a write."""
         row = conn.execute(self._q(STATE), (self._sid(session_id),)).fetchone()
-        return row is not None and "cold" in _record(row[0])
+        return row is not None and "cold" in state_record(row[0])
 
 
-def _record(text: str | None) -> dict[str, Any]:
+def state_record(text: str | None) -> dict[str, Any]:
     """A ``state`` column's record (NULL: ``{}``)."""
     if text is None:
         return {}

@@ -54,6 +54,7 @@ from terrarium.stores._archive import (
     archived_hits,
     merge_hits,
     pyformat,
+    state_record,
 )
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
@@ -412,7 +413,7 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
             _lifecycle.lock_name(conn, self.schema, str(ctx))
             if conn.execute(_HEAD_ANY, (str(ctx), str(ctx))).fetchone() is not None:
                 raise ContextExists(f"context {ctx} already exists")
-            frozen = row[2] is not None and "cold" in codec.decode(row[2])
+            frozen = "cold" in state_record(row[2])
             if not (
                 self._cold(conn, "next_seq", session_id, segment_id)
                 if frozen
@@ -569,7 +570,7 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
                     row = conn.execute(_sql.SESSION_TYPE, (session_id,)).fetchone()
                     if row is None:
                         raise SegmentNotFound(f"session {session_id} does not exist")
-                    if row[1] is None or "cold" not in codec.decode(row[1]):
+                    if "cold" not in state_record(row[1]):
                         self._insert_segment(conn, session_id, segment_id, row[0], line)
                         break
                 self._wake_on(conn, session_id)  # frozen: back to the hot tables first

@@ -52,9 +52,11 @@ from terrarium.stores import _db, _listing
 from terrarium.stores._archive import (
     ARCHIVED_HEAD,
     HEAD_ANY,
+    STATE,
     SqlStates,
     archived_hits,
     merge_hits,
+    state_record,
 )
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
@@ -692,9 +694,11 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
         ts = str(line["ts"])
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            if not conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
+            row = conn.execute(STATE, (s,)).fetchone()
+            if row is None:
                 raise SegmentNotFound(f"session {session_id} does not exist")
-            self._woke(conn, s)
+            if "cold" in state_record(row[0]):  # frozen: back to the hot tables first
+                self.wake_session(session_id)
             if conn.execute(sql.SEGMENT_EXISTS, (s, g)).fetchone():
                 raise ConflictError(f"segment {segment_id} already exists")
             seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
@@ -822,13 +826,15 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
         :class:`~terrarium.stores.memory.MemoryStore`.
         """
         stop = sql.MAX_SEQ if stop_seq is None else max(stop_seq, 0)
+        args = (str(session_id), str(segment_id), stop)
         with self._read() as conn:
-            found = conn.execute(sql.READ_SEGMENT, (str(session_id), str(segment_id), stop))
-            rows = found.fetchall()
-            if not rows:
-                cold = self._cold_read(conn, session_id, segment_id, stop_seq)
-                if cold is not None:
-                    return cold
+            rows = conn.execute(sql.READ_SEGMENT, args).fetchall()
+        if not rows:  # frozen, or moving: the hot and the frozen rows from one snapshot
+            with self._snapshot() as conn:
+                rows = conn.execute(sql.READ_SEGMENT, args).fetchall()
+                cold = None if rows else self._cold_read(conn, session_id, segment_id, stop_seq)
+            if cold is not None:
+                return cold
         if not rows:
             raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
         lines = codec.decode_lines(
