@@ -26,7 +26,9 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, cast
 
 import msgspec
@@ -144,6 +146,32 @@ def envelopes(lines: Sequence[str]) -> list[Envelope]:
 def jsonl_bytes(lines: Iterable[str]) -> int:
     """Bytes ``lines`` take as a JSONL file (what a hot log's size is measured in)."""
     return sum(len(line.encode()) + 1 for line in lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Frozen:
+    """A session's segments packed for ``archived_segments``, and its size hot and packed."""
+
+    segments: dict[Any, tuple[int, bytes, bytes | None]]
+    """Each segment's next seq, its lines' frame and its trace's frame (None: no trace)."""
+    hot_bytes: int
+    cold_bytes: int
+
+
+def pack_session(lines: Iterable[Sequence[Any]], traces: Iterable[Sequence[Any]]) -> Frozen:
+    """Pack a session's ``(segment, seq, line)`` rows and ``(segment, line)`` trace rows,
+    each in segment order (then seq, then arrival)."""
+    traced = {g: [row[1] for row in rows] for g, rows in groupby(traces, key=itemgetter(0))}
+    segments: dict[Any, tuple[int, bytes, bytes | None]] = {}
+    hot = cold = 0
+    for g, found in groupby(lines, key=itemgetter(0)):
+        rows = list(found)
+        texts = [row[2] for row in rows]
+        blob, trace = pack(texts), pack(traced[g]) if g in traced else None
+        hot += jsonl_bytes(texts)
+        cold += len(blob) + len(trace or b"")
+        segments[g] = (rows[-1][1] + 1, blob, trace)
+    return Frozen(segments, hot, cold)
 
 
 class _ArchiveView:

@@ -25,7 +25,6 @@ path, which wakes the session). Locks are taken in that order: session row, then
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import psycopg
@@ -33,8 +32,7 @@ import psycopg
 from terrarium.model import SegmentId, SessionId
 from terrarium.stores._archive import (
     envelopes,
-    jsonl_bytes,
-    pack,
+    pack_session,
     unpack_lines,
 )
 from terrarium.stores.postgres import _sql
@@ -137,32 +135,19 @@ def drop_hot(conn: Conn, session: SessionId) -> None:
 def _pack_session(
     conn: Conn, session: SessionId, segments: dict[SegmentId, tuple[Any, ...]]
 ) -> tuple[int, int]:
-    """Write an ``archived_segments`` row for each of the session's segments; return the
-    bytes its log takes hot (as JSONL) and frozen."""
-    traces = {
-        g: [row[1] for row in rows]
-        for g, rows in itertools.groupby(
-            conn.execute(SESSION_TRACES, (session,)).fetchall(), key=lambda row: row[0]
-        )
-    }
-    lines_of = {
-        g: [row[2] for row in rows]
-        for g, rows in itertools.groupby(
-            conn.execute(SESSION_LINES, (session,)).fetchall(), key=lambda row: row[0]
-        )
-    }
-    hot = packed = 0
-    rows: list[tuple[Any, ...]] = []
-    for g, (_, created, type_, next_seq, items, base, last) in segments.items():
-        lines = lines_of.get(g, [])
-        blob = pack(lines)
-        trace = pack(traces[g]) if g in traces else None
-        hot += jsonl_bytes(lines)
-        packed += len(blob) + (len(trace) if trace is not None else 0)
-        rows.append((session, g, created, type_, next_seq, items, base, last, blob, trace))
+    """Write an ``archived_segments`` row for each of the session's segments (locked, as
+    ``segments`` holds them); return the bytes its log takes hot (as JSONL) and frozen."""
+    frozen = pack_session(
+        conn.execute(SESSION_LINES, (session,)).fetchall(),
+        conn.execute(SESSION_TRACES, (session,)).fetchall(),
+    )
+    rows = [
+        (session, g, created, type_, next_seq, items, base, last, *frozen.segments[g][1:])
+        for g, (_, created, type_, next_seq, items, base, last) in segments.items()
+    ]
     with conn.cursor() as cursor:
         cursor.executemany(INSERT_ARCHIVED_SEGMENT, rows)
-    return hot, packed
+    return frozen.hot_bytes, frozen.cold_bytes
 
 
 def thaw(conn: Conn, session: SessionId) -> None:

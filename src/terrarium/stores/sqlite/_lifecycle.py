@@ -23,15 +23,12 @@ Usage (in the store's write transaction)::
 
 from __future__ import annotations
 
-import itertools
 import sqlite3
-from typing import Any
 
 from terrarium.model import HISTORY_KINDS
 from terrarium.stores._archive import (
     envelopes,
-    jsonl_bytes,
-    pack,
+    pack_session,
     unpack_lines,
 )
 from terrarium.stores.sqlite import _sql as sql
@@ -52,7 +49,10 @@ SESSION_LINES = (
     "SELECT g.segment_id, e.seq, e.line FROM segments AS g JOIN entries AS e ON e.seg = g.id "
     "WHERE g.session_id = ? ORDER BY g.segment_id, e.seq"
 )
-INSERT_ARCHIVED_SEGMENT = "INSERT INTO archived_segments VALUES (?, ?, ?, ?, ?, ?)"
+INSERT_ARCHIVED_SEGMENT = (
+    "INSERT INTO archived_segments (session_id, segment_id, created_at, next_seq, lines, "
+    "trace) VALUES (?, ?, ?, ?, ?, ?)"
+)
 DROP_HOT = (
     "DELETE FROM entries WHERE seg IN (SELECT id FROM segments WHERE session_id = ?)",
     "DELETE FROM traces WHERE session_id = ?",
@@ -94,28 +94,16 @@ def drop_hot(conn: sqlite3.Connection, session: str) -> None:
 
 def _pack_session(conn: sqlite3.Connection, session: str) -> tuple[int, int]:
     """Write an ``archived_segments`` row for each of the session's segments; return the
-    bytes its log takes hot (as JSONL) and archived."""
+    bytes its log takes hot (as JSONL) and frozen."""
     created = dict(conn.execute(SESSION_SEGMENTS, (session,)).fetchall())
-    traces = {
-        g: [row[1] for row in rows]
-        for g, rows in itertools.groupby(
-            conn.execute(SESSION_TRACES, (session,)), key=lambda row: row[0]
-        )
-    }
-    hot = packed = 0
-    rows: list[tuple[Any, ...]] = []
-    for g, found in itertools.groupby(
-        conn.execute(SESSION_LINES, (session,)), key=lambda row: row[0]
-    ):
-        entries = list(found)
-        lines = [row[2] for row in entries]
-        blob = pack(lines)
-        trace = pack(traces[g]) if g in traces else None
-        hot += jsonl_bytes(lines)
-        packed += len(blob) + (len(trace) if trace is not None else 0)
-        rows.append((session, g, created.get(g, ""), entries[-1][1] + 1, blob, trace))
-    conn.executemany(INSERT_ARCHIVED_SEGMENT, rows)
-    return hot, packed
+    frozen = pack_session(
+        conn.execute(SESSION_LINES, (session,)), conn.execute(SESSION_TRACES, (session,))
+    )
+    conn.executemany(
+        INSERT_ARCHIVED_SEGMENT,
+        [(session, g, created[g], *packed) for g, packed in frozen.segments.items()],
+    )
+    return frozen.hot_bytes, frozen.cold_bytes
 
 
 def thaw(conn: sqlite3.Connection, session: str) -> int:
