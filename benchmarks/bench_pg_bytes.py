@@ -10,7 +10,7 @@ then PostgreSQL's ``catch_up()`` indexes them for search. Each relation of the s
 is measured with ``pg_relation_size`` (its main fork; a table's TOAST separately; indexes
 apart), and summed into the log's relations (heads, sessions, segments, entries, traces and
 their indexes and TOAST), the search index's (``search_docs``, its GIN and B-tree indexes)
-and the rest (empty tables: archive, pins, blobs, the migrations). Each sum is divided by
+and the rest (empty tables: archive, blobs, the migrations). Each sum is divided by
 FsStore's bytes on disk (every file it wrote: the segment logs, its heads).
 """
 

@@ -286,20 +286,20 @@ def test_every_write_to_an_archived_context_unarchives_it_first(store: Any, writ
 
 
 def test_writes_to_a_trashed_context_fail_and_change_nothing(store: Any) -> None:
-    """A trashed session is gone for reads and writes by reference (SegmentNotFound), its id
-    is free, and its trash entry is untouched by the attempts."""
+    """A trashed session is detached and frozen: every write by reference fails
+    (SegmentNotFound) and wakes nothing, reads by reference still read it whole, its id is
+    free, and its trash entry is untouched by the attempts."""
     head = add_context(store, "cli:main", "capybara")
     s, g = head.session_id, head.segment_id
+    before_read = store.read_segment(s, g)
     assert store.delete_context(MAIN)
     (before,) = store.trashed_contexts()
+    record = store.session_state(s)
+    assert "cold" in record and store.session_owner(s) is None
     entry = NewEntry("item", TS, {"item": Item.user("x")})
     for attempt in (
         lambda: store.append(s, g, [entry]),
         lambda: store.append(s, g, [entry, entry]),
-        lambda: store.read_segment(s, g),
-        lambda: store.list_segments(s),
-        lambda: store.next_seq(s, g),
-        lambda: store.read_trace(s, g),
         lambda: store.append_trace(s, g, [TraceEntry(TS, "delta", {})]),
         lambda: store.create_segment(s, {"session_id": str(s), "segment_id": str(g), "ts": TS}),
     ):
@@ -307,7 +307,11 @@ def test_writes_to_a_trashed_context_fail_and_change_nothing(store: Any) -> None
             attempt()
     with pytest.raises(ContextNotFound):
         store.set_head(MAIN, g, expected=g)
-    assert store.trashed_contexts() == [before]
+    assert store.read_segment(s, g) == before_read
+    assert store.list_segments(s) == [g] and store.next_seq(s, g) == before_read.next_seq
+    assert store.read_trace(s, g) == []
+    assert store.trashed_contexts() == [before] and store.session_state(s) == record
+    assert _rows(store, "archived_segments", s) == 1 and _rows(store, "segments", s) == 0
     assert store.get_head(MAIN) is None and not store.is_archived(MAIN)
     add_context(store, "cli:main", "new")
     assert _texts(store, "cli:main") == ["new"]
@@ -345,7 +349,8 @@ def test_trash_keeps_state_and_pin_and_restore_checks_the_id(store: Any) -> None
 
 def test_purge_removes_every_row_of_the_session(store: Any) -> None:
     """purge_context (hot or archived) and purge_trashed delete the session everywhere,
-    ``sessions`` row and pin included; trashed and archived sessions keep their row."""
+    ``sessions`` row (and so its record, pin included) too; trashed and archived sessions
+    keep their row."""
     sessions = []
     for name in ("cli:hot", "cli:cold", "cli:bin"):
         head = add_context(store, name, "capybara")
@@ -355,12 +360,13 @@ def test_purge_removes_every_row_of_the_session(store: Any) -> None:
     assert store.delete_context(ContextId.parse("cli:bin"))
     for session in sessions:
         assert _rows(store, "sessions", session) == 1
+        assert store.session_state(session)["pinned"] is True
     assert store.purge_context(ContextId.parse("cli:hot"))
     assert store.purge_context(ContextId.parse("cli:cold"))
     assert not store.purge_context(ContextId.parse("cli:bin")), "a trashed id is free"
     assert store.purge_trashed(store.trashed_contexts()[0].trash_id)
     for session in sessions:
-        for table in (*HOT, *COLD, "pins", "sessions"):
+        for table in (*HOT, *COLD, "sessions"):
             assert _rows(store, table, session) == 0, table
     assert store.list_contexts() == [] and store.archived_contexts() == []
     assert store.pinned_contexts() == frozenset() and store.trashed_contexts() == []
@@ -437,9 +443,9 @@ while True:
     ctx = ContextId.parse(name)
     trash = [t for t in store.trashed_contexts() if t.context == name]
     if store.is_archived(ctx):
-        op = rng.choice(["unarchive", "delete", "purge", "append"])
+        op = rng.choice(["unarchive", "delete", "purge", "append", "pin"])
     elif store.get_head(ctx) is not None:
-        op = rng.choice(["archive", "archive", "delete", "purge", "append"])
+        op = rng.choice(["archive", "archive", "delete", "purge", "append", "pin"])
     elif trash and rng.random() < 0.7:
         op = "restore"
     else:
@@ -458,6 +464,8 @@ while True:
         store.delete_context(ctx)
     elif op == "purge":
         store.purge_context(ctx)
+    elif op == "pin":
+        store.pin_context(ctx, rng.random() < 0.5)
     else:
         store.restore_trashed(trash[0].trash_id)
     print(json.dumps({"op": op, "context": name}), flush=True)
@@ -465,10 +473,12 @@ while True:
 
 
 def _check_states(path: Path, names: list[str]) -> None:
-    """Every context is in exactly one state, readable; counts agree; no session is both hot
-    and archived; every trash entry restores; both FTS5 tables agree with their content views
-    (a kill may fall in a slice of the upkeep thread or in items staged for it), and a
-    search finds what a scan finds."""
+    """Every context is in exactly one state, readable, once the store has finished what a
+    kill cut in two (a restore attached but still marked trashed, a purge marked but not yet
+    deleted: ``finish_lifecycle``, as ``fsck --repair`` runs it); counts agree; no session is
+    both hot and frozen, nor frozen without its segments; both FTS5 tables agree with their
+    content views (a kill may fall in a slice of the upkeep thread or in items staged for
+    it), and a search finds what a scan finds."""
     conn = sqlite3.connect(path)
     try:
         both = conn.execute(
@@ -483,12 +493,16 @@ def _check_states(path: Path, names: list[str]) -> None:
     assert (both, headless) == (0, 0)
     _fts_sound(path)  # as the kill left them, staged items and all
     with SqliteStore(path) as store:
+        unfinished = store.unfinished_lifecycle()
+        assert store.finish_lifecycle() == len(unfinished)
+        assert store.unfinished_lifecycle() == []
         query = SearchQuery("more", limit=1000)
         assert places(store.search(query)) == places(scan(store, query))
         _fts_sound(path)
         hot = {s.context: s.message_count for s in store.list_contexts_fast()}
         cold = {a.context: a.message_count for a in store.archived_contexts()}
         assert not set(hot) & set(cold), "a context is both hot and archived"
+        assert store.pinned_contexts() <= set(hot) | set(cold)
         for name in names:
             ctx = ContextId.parse(name)
             state = restore(store, ctx) if store.get_head(ctx) is not None else None
@@ -567,9 +581,9 @@ def test_delete_or_purge_waiting_on_a_wake_finds_the_context_hot(
     pg_database: str,  # noqa: F811
     change: str,
 ) -> None:
-    """A delete (or purge) of an archived context that waits for a writer's unarchive to
-    commit finds the context hot then, and trashes (or purges) it: it never answers False
-    for a context that exists."""
+    """A delete (or purge) of an archived context that waits for a writer's wake to commit
+    finds the record changed, looks again, finds the context hot, and trashes (or purges)
+    it: it never answers False for a context that exists."""
     psycopg = pytest.importorskip("psycopg")
     from terrarium.stores.postgres import PostgresStore, _lifecycle
 
@@ -579,8 +593,11 @@ def test_delete_or_purge_waiting_on_a_wake_finds_the_context_hot(
         waker = psycopg.connect(pg_database, autocommit=True)
         try:
             waker.execute(f"SET search_path TO {store.schema}")
-            waker.execute("BEGIN")
-            assert _lifecycle.unarchive(waker, head.session_id) is not None
+            waker.execute("BEGIN")  # a wake: the record's row locked, the rows thawed
+            s = head.session_id
+            waker.execute("SELECT 1 FROM sessions WHERE session_id = %s FOR UPDATE", (s,))
+            _lifecycle.thaw(waker, s)
+            waker.execute("UPDATE sessions SET state = NULL WHERE session_id = %s", (s,))
             (pid,) = waker.execute("SELECT pg_backend_pid()").fetchone()
             outcome: list[bool] = []
             act = store.delete_context if change == "delete" else store.purge_context

@@ -722,3 +722,142 @@ def test_sqlite_m013_keeps_entries_no_segment_names(tmp_path: Path) -> None:
         assert _sql_rows(path, ENTRY_ROWS) == before
         assert _sql_rows(path, "SELECT created_at FROM segments") == [(TS,)]
         assert restore(store, "cli:old").history == [{"role": "user", "content": "hi"}]
+
+
+# --------------------------------------------------------------------------- m015 (SQLite)
+
+
+def _m015_history(store: Any) -> None:
+    """Contexts in every lifecycle state m007's rows could hold: hot and pinned, archived and
+    pinned, trashed from hot (pinned), trashed from the archive, and plain hot."""
+    from helpers.history import add_context
+
+    for name in ("cli:pinned", "cli:cold", "cli:bin", "cli:cold-bin", "cli:plain"):
+        add_context(store, name, f"{name} walrus", "more")
+    for name in ("cli:pinned", "cli:cold", "cli:bin"):
+        assert store.pin_context(ContextId.parse(name))
+    for name in ("cli:cold", "cli:cold-bin"):
+        assert store.archive_context(ContextId.parse(name)) is not None
+    for name in ("cli:bin", "cli:cold-bin"):
+        assert store.delete_context(ContextId.parse(name))
+
+
+def _m015_observed(store: Any) -> dict[str, Any]:
+    contexts = ["cli:pinned", "cli:cold", "cli:plain"]
+    return {
+        "restores": {context: restore(store, context) for context in contexts},
+        "listing": store.list_contexts_fast(),
+        "archived": store.archived_contexts(),
+        "trash": store.trashed_contexts(),
+        "pins": store.pinned_contexts(),
+        "hits": store.search(SearchQuery("walrus", archived=True)),
+        "detached": store.detached_sessions(),
+    }
+
+
+def test_sqlite_m015_carries_archive_trash_and_pins_into_state_records(tmp_path: Path) -> None:
+    """A database at m014 whose archived, trashed and pinned contexts are m007's rows is
+    upgraded: each becomes its session's state record (a trashed session detached), pins and
+    the old archive columns go, and the store shows the same archive, trash, pins, listing,
+    restores and hits; every trash entry then restores in its state, pin included, and a
+    write wakes an archived context."""
+    from helpers.old_sqlite import downgrade
+
+    built, path = tmp_path / "built.db", tmp_path / "m014.db"
+    with SqliteStore(built) as store:
+        _m015_history(store)
+        expected = _m015_observed(store)
+    downgrade(built, path, "m014_staged_search_items")
+    assert _sql_rows(path, "SELECT count(*) FROM pins") == [(3,)]
+    assert _sql_rows(path, "SELECT count(trash_id), count(*) FROM archived_contexts") == [(2, 3)]
+    with SqliteStore(path) as store:
+        assert _sqlite_names(path) == sqlite_backend.MIGRATIONS.names
+        assert _m015_observed(store) == expected
+        tables = {row[0] for row in _sql_rows(path, "SELECT name FROM sqlite_schema")}
+        assert "pins" not in tables
+        columns = [row[1] for row in _sql_rows(path, "PRAGMA table_info(archived_contexts)")]
+        assert columns == [
+            "session_id",
+            "context",
+            "type",
+            "segment_id",
+            "created_at",
+            "updated_at",
+        ]
+        for entry in store.trashed_contexts():
+            back = ContextId("back", entry.context.split(":")[1])
+            store.restore_trashed(entry.trash_id, as_context=back)
+            assert store.is_archived(back) == entry.archived
+            assert (str(back) in store.pinned_contexts()) == entry.pinned
+            assert len(restore(store, back).history) == entry.message_count
+        head = store.get_head(ContextId("cli", "cold"))
+        assert head is not None
+        save_user_input(store, head, "awake")
+        assert not store.is_archived(ContextId("cli", "cold"))
+        assert store.pinned_contexts() == {"cli:pinned", "cli:cold", "back:bin"}
+
+
+# A PostgreSQL schema of this version taken back to m014: the records become m007's rows.
+_PG_TO_M014 = (
+    "CREATE TABLE pins (session_id uuid PRIMARY KEY, pinned_at text NOT NULL)",
+    "INSERT INTO pins SELECT session_id, created_at FROM sessions "
+    "WHERE (state::jsonb ->> 'pinned')::boolean",
+    """CREATE TABLE m007_archived (session_id uuid PRIMARY KEY, context text NOT NULL,
+        type text NOT NULL, segment_id uuid NOT NULL, created_at text NOT NULL,
+        updated_at text NOT NULL, archived_at text NOT NULL, last_active text NOT NULL,
+        message_count integer NOT NULL, hot_bytes bigint NOT NULL,
+        archived_bytes bigint NOT NULL, trash_id text, deleted_at text, deleted_from text)""",
+    """INSERT INTO m007_archived SELECT a.session_id, a.context, a.type, a.segment_id,
+        a.created_at, a.updated_at, r #>> '{archived,archived_at}',
+        r #>> '{archived,last_active}', (r #>> '{archived,message_count}')::int,
+        (r #>> '{cold,hot_bytes}')::bigint, (r #>> '{cold,cold_bytes}')::bigint, NULL, NULL, NULL
+        FROM archived_contexts AS a JOIN (SELECT session_id, state::jsonb AS r FROM sessions)
+        AS s USING (session_id)""",
+    """INSERT INTO m007_archived SELECT session_id, t ->> 'context',
+        split_part(t ->> 'context', ':', 1), (t ->> 'segment_id')::uuid, created_at,
+        t ->> 'deleted_at', coalesce(r #>> '{archived,archived_at}', t ->> 'deleted_at'),
+        coalesce(r #>> '{archived,last_active}', ''), (t ->> 'message_count')::int,
+        (r #>> '{cold,hot_bytes}')::bigint, (t ->> 'bytes')::bigint, t ->> 'trash_id',
+        t ->> 'deleted_at', CASE WHEN r ? 'archived' THEN 'archived' ELSE 'hot' END
+        FROM (SELECT *, state::jsonb AS r, state::jsonb -> 'trashed' AS t FROM sessions) AS s
+        WHERE t IS NOT NULL""",
+    "UPDATE sessions SET context = state::jsonb #>> '{trashed,context}' "
+    "WHERE state::jsonb ? 'trashed'",
+    "DROP TABLE archived_contexts",
+    "ALTER TABLE m007_archived RENAME TO archived_contexts",
+    "ALTER TABLE sessions DROP COLUMN state",
+    "DELETE FROM migrations WHERE name = 'm015_session_states'",
+)
+
+
+@pytest.mark.postgres
+def test_postgres_m015_carries_archive_trash_and_pins_into_state_records(
+    pg: tuple[Any, str],
+    pg_database: str,  # noqa: F811
+) -> None:
+    """A schema at m014 whose archived, trashed and pinned contexts are m007's rows is
+    upgraded: the store shows the same archive, trash, pins, listing, restores and hits, and
+    every trash entry restores in its state, pin included."""
+    from terrarium.stores import postgres
+
+    conn, schema = pg
+    with postgres.PostgresStore(pg_database, schema=schema) as store:
+        _m015_history(store)
+        expected = _m015_observed(store)
+    with conn.transaction():
+        conn.execute(f"SET LOCAL search_path TO {schema}")
+        for statement in _PG_TO_M014:
+            conn.execute(statement)
+        assert conn.execute(
+            "SELECT count(trash_id), count(*) FROM archived_contexts"
+        ).fetchone() == (2, 3)
+    with postgres.PostgresStore(pg_database, schema=schema) as store:
+        assert _pg_names(conn, schema) == postgres.MIGRATIONS.names
+        assert _m015_observed(store) == expected
+        for entry in store.trashed_contexts():
+            back = ContextId("back", entry.context.split(":")[1])
+            store.restore_trashed(entry.trash_id, as_context=back)
+            assert store.is_archived(back) == entry.archived
+            assert (str(back) in store.pinned_contexts()) == entry.pinned
+            assert len(restore(store, back).history) == entry.message_count
+        assert store.pinned_contexts() == {"cli:pinned", "cli:cold", "back:bin"}

@@ -263,7 +263,6 @@ def test_schema_is_distributable_by_session(store: PostgresStore, sql: Any) -> N
         "search_docs",
         "archived_contexts",
         "archived_segments",
-        "pins",
         "blob_refs",
     }
     assert all((t, "session_id") in columns for t in tables)
@@ -587,6 +586,6 @@ def test_delete_racing_appends_leaves_no_orphans(
         assert count.fetchone() == (0,), table
     (trashed,) = store.trashed_contexts()
     assert store.purge_trashed(trashed.trash_id)
-    for table in ("sessions", "archived_contexts", "archived_segments", "pins"):
+    for table in ("sessions", "archived_contexts", "archived_segments"):
         count = sql.execute(f"SELECT count(*) FROM {table} WHERE session_id = %s", (session_id,))
         assert count.fetchone() == (0,), table

@@ -337,7 +337,7 @@ def test_delete_racing_appends_leaves_no_orphans(store: SqliteStore, db: Path) -
     assert _raw(db, orphans) == [(0,)]
     (trashed,) = store.trashed_contexts()
     assert store.purge_trashed(trashed.trash_id)
-    for table in ("sessions", "archived_contexts", "archived_segments", "pins"):
+    for table in ("sessions", "archived_contexts", "archived_segments"):
         rows = _raw(db, f"SELECT count(*) FROM {table} WHERE session_id = ?", str(session_id))
         assert rows == [(0,)], table
 

@@ -17,13 +17,16 @@ _NOT_COPIED = ("migrations", "sqlite_", "search_fts", "search_recent")
 
 
 def downgrade(source: Path, target: Path, stop_after: str) -> None:
-    """Write ``target``, a database migrated up to ``stop_after`` (``m005`` to ``m012``), with
+    """Write ``target``, a database migrated up to ``stop_after`` (``m007`` to ``m014``), with
     the rows of ``source`` (a database of this version) in every table both have.
 
     Entries and segments go back to their keys before ``m013_segment_keys``: each entry names
     its session and segment by their ids, and the segments' rowids are numbered in descending
-    id order, so that they differ from the keys ``source`` gave them. The FTS5 tables are
-    rebuilt from the copied ``search_docs`` and ``search_meta``.
+    id order, so that they differ from the keys ``source`` gave them. The state records
+    (``sessions.state``, ``m015_session_states``) go back to m007's rows: an archived or
+    trashed context's ``archived_contexts`` row, a pin's ``pins`` row; a trashed session's
+    ``sessions.context`` is the id it had. The FTS5 tables are rebuilt from the copied
+    ``search_docs`` and ``search_meta``.
     """
     conn = sqlite3.connect(target, isolation_level=None)
     try:
@@ -37,7 +40,10 @@ def downgrade(source: Path, target: Path, stop_after: str) -> None:
         conn.execute("BEGIN")
         for table in tables:
             conn.execute(f"DELETE FROM main.{table}")  # search_meta's row from m003
-            conn.execute(_COPY.get(table, f"INSERT INTO main.{table} SELECT * FROM src.{table}"))
+            copy = _COPY.get(table, f"INSERT INTO main.{table} SELECT * FROM src.{table}")
+            if table in ("segments", "entries") and stop_after >= "m013":
+                copy = f"INSERT INTO main.{table} SELECT * FROM src.{table}"  # the same keys
+            conn.execute(copy)
         for fts in ("search_fts", "search_recent"):
             conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
         conn.execute("COMMIT")
@@ -50,6 +56,22 @@ _COPY = {
     "segments": "INSERT INTO main.segments (session_id, segment_id, created_at) "
     "SELECT session_id, segment_id, created_at FROM src.segments "
     "ORDER BY session_id DESC, segment_id DESC",
+    "sessions": "INSERT INTO main.sessions SELECT session_id, "
+    "coalesce(context, state ->> '$.trashed.context'), created_at FROM src.sessions",
+    "pins": "INSERT INTO main.pins SELECT session_id, created_at FROM src.sessions "
+    "WHERE state ->> '$.pinned'",
+    "archived_contexts": "INSERT INTO main.archived_contexts SELECT a.session_id, a.context, "
+    "a.type, a.segment_id, a.created_at, a.updated_at, s.state ->> '$.archived.archived_at', "
+    "s.state ->> '$.archived.last_active', s.state ->> '$.archived.message_count', "
+    "s.state ->> '$.cold.hot_bytes', s.state ->> '$.cold.cold_bytes', NULL, NULL, NULL "
+    "FROM src.archived_contexts AS a JOIN src.sessions AS s USING (session_id) "
+    "UNION ALL SELECT session_id, t ->> '$.context', substr(t ->> '$.context', 1, "
+    "instr(t ->> '$.context', ':') - 1), t ->> '$.segment_id', created_at, t ->> '$.deleted_at', "
+    "coalesce(state ->> '$.archived.archived_at', t ->> '$.deleted_at'), "
+    "coalesce(state ->> '$.archived.last_active', ''), t ->> '$.message_count', "
+    "state ->> '$.cold.hot_bytes', t ->> '$.bytes', t ->> '$.trash_id', t ->> '$.deleted_at', "
+    "iif(state ->> '$.archived' IS NULL, 'hot', 'archived') "
+    "FROM (SELECT *, state -> '$.trashed' AS t FROM src.sessions) WHERE t IS NOT NULL",
     "entries": "INSERT INTO main.entries (id, session_id, segment_id, seq, kind, ts, line) "
     "SELECT e.id, g.session_id, g.segment_id, e.seq, e.kind, e.ts, e.line "
     "FROM src.entries AS e JOIN src.segments AS g ON g.id = e.seg ORDER BY e.id",

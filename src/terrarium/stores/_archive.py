@@ -1,13 +1,13 @@
 """The archive codec of every backend, and what ``SqliteStore`` and ``PostgresStore`` share to
-keep archived and trashed contexts out of their hot tables.
+keep their lifecycle: :class:`SqlStates`, the state primitives over ``sessions.state``.
 
-A segment leaves the hot tables as one zstandard frame of its JSONL (each ``line`` as stored,
-``\\n`` after each, header first): the same bytes an FsStore ``.jsonl.zst`` holds, made by the
-same :func:`compress`, so a blob copied out of the database decompresses with ``zstd -d``. A
-frame splits into lines at the byte ``\\n`` alone (:func:`terrarium.codec.split_lines`). Its
-debug trace, if it has one, is a second frame of the same form. Nothing is decoded to archive;
-unarchiving decodes each line's envelope only (:func:`envelopes`) to refill the hot columns
-``seq``, ``kind`` and ``ts``.
+A frozen segment leaves the hot tables as one zstandard frame of its JSONL (each ``line`` as
+stored, ``\n`` after each, header first): the same bytes an FsStore ``.jsonl.zst`` holds, made
+by the same :func:`compress`, so a blob copied out of the database decompresses with
+``zstd -d``. A frame splits into lines at the byte ``\n`` alone
+(:func:`terrarium.codec.split_lines`). Its debug trace, if it has one, is a second frame of the
+same form. Nothing is decoded to freeze; thawing decodes each line's envelope only
+(:func:`envelopes`) to refill the hot columns ``seq``, ``kind`` and ``ts``.
 
 ``search`` over the archive (``SearchQuery.archived``) reads it: :func:`archived_hits` runs
 :func:`terrarium.search.scan` over the archived contexts, which a database store then merges
@@ -23,25 +23,46 @@ Usage::
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, cast
 
 import msgspec
 import zstandard
 
-from terrarium.codec import split_lines
-from terrarium.errors import CorruptLog
-from terrarium.model import SegmentId, SessionId
-from terrarium.stores.base import PodMetadata, SearchHit, SearchQuery, SegmentRead, Store
+from terrarium.codec import decode, decode_lines, encode, split_lines
+from terrarium.errors import (
+    ConflictError,
+    ContextNotFound,
+    CorruptLog,
+    SegmentNotFound,
+    SessionAttached,
+)
+from terrarium.model import ContextId, SegmentId, SessionId
+from terrarium.stores.base import (
+    PodMetadata,
+    SearchHit,
+    SearchQuery,
+    SegmentRead,
+    SessionRecord,
+    Store,
+)
+from terrarium.stores.lifecycle import LifecycleOps
 
 #: zstandard's level for archived segments: its default, ~4x smaller JSONL at ~300 MB/s.
 LEVEL = 3
 
 
 # --------------------------------------------------------------------------- statements
-# What both database stores run, in SQLite's placeholders (``?``); PostgreSQL's module turns
-# them into its own with :func:`pyformat`. The tables are ``m007_lifecycle``'s.
+# What both database stores run, in SQLite's placeholders (``?``); PostgreSQL's store turns
+# them into its own (:func:`pyformat`, through :meth:`SqlStates._q`). The tables: ``sessions``
+# with its ``state`` column, ``archived_contexts`` (the heads of frozen attached sessions) and
+# ``archived_segments`` (the frozen segments), as the ``m015_session_states`` migrations leave
+# them.
 
 
 def pyformat(statement: str) -> str:
@@ -49,75 +70,30 @@ def pyformat(statement: str) -> str:
     return statement.replace("?", "%s")
 
 
-# Archived (not trashed) contexts, by id (the partial unique index archived_contexts_live).
-ARCHIVED_SESSION = "SELECT session_id FROM archived_contexts WHERE context = ? AND trash_id IS NULL"
-ARCHIVED_HEAD = (
-    "SELECT context, session_id, segment_id, created_at, updated_at FROM archived_contexts "
-    "WHERE context = ? AND trash_id IS NULL"
-)
-# A context's head, hot or archived, in one statement: one snapshot, so a context that an archive
-# or a wake moves between the two tables meanwhile is found in one of them (two statements
-# could miss it in both).
+_HEAD_COLUMNS = "context, session_id, segment_id, created_at, updated_at"
+#: The head of an archived context (its session frozen), by id.
+ARCHIVED_HEAD = f"SELECT {_HEAD_COLUMNS} FROM archived_contexts WHERE context = ?"
+ARCHIVED_HEADS = f"SELECT {_HEAD_COLUMNS} FROM archived_contexts {{where}}"
+#: A context's head, hot or archived, in one statement: one snapshot, so a context that a
+#: freeze or a thaw moves between the two tables meanwhile is found in one of them (two
+#: statements could miss it in both).
 HEAD_ANY = (
-    "SELECT context, session_id, segment_id, created_at, updated_at FROM contexts "
-    "WHERE context = ? UNION ALL SELECT context, session_id, segment_id, created_at, "
-    "updated_at FROM archived_contexts WHERE context = ? AND trash_id IS NULL"
+    f"SELECT {_HEAD_COLUMNS} FROM contexts WHERE context = ? "
+    f"UNION ALL SELECT {_HEAD_COLUMNS} FROM archived_contexts WHERE context = ?"
 )
-# NULL: not in the archive; 1 (true): archived; 0 (false): trashed.
-SESSION_STATE = "SELECT trash_id IS NULL FROM archived_contexts WHERE session_id = ?"
-# PostgreSQL's alone: SQLite's entries name their segment by its key (m013), so SQLite reads
-# them with a statement of its own (``sqlite/_lifecycle.SESSION_LINES``).
-SESSION_LINES = (
-    "SELECT segment_id, seq, line FROM entries WHERE session_id = ? ORDER BY segment_id, seq"
-)
-INSERT_ARCHIVED = (
-    "INSERT INTO archived_contexts (session_id, context, type, segment_id, created_at, "
-    "updated_at, archived_at, last_active, message_count, hot_bytes, archived_bytes) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-DROP_COLD = tuple(
-    f"DELETE FROM {table} WHERE session_id = ?"
-    for table in ("archived_segments", "archived_contexts")
-)
-PURGE = (
-    *DROP_COLD,
-    "DELETE FROM pins WHERE session_id = ?",
+#: A frozen segment's columns, read by reference.
+COLD_SEGMENT = "SELECT {columns} FROM archived_segments WHERE session_id = ? AND segment_id = ?"
+COLD_SEGMENT_IDS = "SELECT segment_id FROM archived_segments WHERE session_id = ?"
+STATE = "SELECT state, context FROM sessions WHERE session_id = ?"
+SET_STATE = "UPDATE sessions SET state = ? WHERE session_id = ?"
+DETACH_SESSION = "UPDATE sessions SET context = NULL, state = ? WHERE session_id = ?"
+#: From the partial index ``sessions_stated``.
+RECORDS = "SELECT session_id, context, state FROM sessions WHERE state IS NOT NULL"
+#: From the partial index ``sessions_detached``.
+UNOWNED = "SELECT session_id FROM sessions WHERE context IS NULL"
+DROP_SESSION = (
+    "DELETE FROM archived_segments WHERE session_id = ?",
     "DELETE FROM sessions WHERE session_id = ?",
-)
-# The archived (not trashed) segment's columns, read by reference.
-ARCHIVED_SEGMENT = (
-    "SELECT {columns} FROM archived_segments AS g JOIN archived_contexts AS c "
-    "USING (session_id) WHERE g.session_id = ? AND g.segment_id = ? AND c.trash_id IS NULL"
-)
-ARCHIVED_SEGMENT_IDS = (
-    "SELECT g.segment_id FROM archived_segments AS g JOIN archived_contexts AS c "
-    "USING (session_id) WHERE g.session_id = ? AND c.trash_id IS NULL"
-)
-PINNED_COLUMN = "EXISTS (SELECT 1 FROM pins AS p WHERE p.session_id = a.session_id)"
-ARCHIVED_LIST = (
-    "SELECT context, substr(created_at, 1, 10), archived_at, last_active, message_count, "
-    f"hot_bytes, archived_bytes, {PINNED_COLUMN} FROM archived_contexts AS a "
-    "WHERE trash_id IS NULL {where}"
-)
-TRASH_LIST = (
-    "SELECT trash_id, context, substr(created_at, 1, 10), deleted_at, deleted_from = 'archived', "
-    f"message_count, archived_bytes, {PINNED_COLUMN} FROM archived_contexts AS a "
-    "WHERE trash_id IS NOT NULL ORDER BY deleted_at DESC, trash_id DESC"
-)
-TRASH = (
-    "UPDATE archived_contexts SET trash_id = ?, deleted_at = ?, deleted_from = ? "
-    "WHERE session_id = ?"
-)
-UNTRASH = (
-    "UPDATE archived_contexts SET trash_id = NULL, deleted_at = NULL, deleted_from = NULL, "
-    "context = ?, type = ? WHERE session_id = ?"
-)
-RENAME_SESSION = "UPDATE sessions SET context = ? WHERE session_id = ?"
-UNPIN = "DELETE FROM pins WHERE session_id = ?"
-PINNED = (
-    "SELECT c.context FROM pins JOIN contexts AS c USING (session_id) UNION ALL "
-    "SELECT a.context FROM pins JOIN archived_contexts AS a USING (session_id) "
-    "WHERE a.trash_id IS NULL"
 )
 
 
@@ -172,9 +148,30 @@ def jsonl_bytes(lines: Iterable[str]) -> int:
     return sum(len(line.encode()) + 1 for line in lines)
 
 
-def new_trash_id() -> str:
-    """A fresh trash entry id."""
-    return str(uuid.uuid4())
+@dataclass(frozen=True, slots=True)
+class Frozen:
+    """A session's segments packed for ``archived_segments``, and its size hot and packed."""
+
+    segments: dict[Any, tuple[int, bytes, bytes | None]]
+    """Each segment's next seq, its lines' frame and its trace's frame (None: no trace)."""
+    hot_bytes: int
+    cold_bytes: int
+
+
+def pack_session(lines: Iterable[Sequence[Any]], traces: Iterable[Sequence[Any]]) -> Frozen:
+    """Pack a session's ``(segment, seq, line)`` rows and ``(segment, line)`` trace rows,
+    each in segment order (then seq, then arrival)."""
+    traced = {g: [row[1] for row in rows] for g, rows in groupby(traces, key=itemgetter(0))}
+    segments: dict[Any, tuple[int, bytes, bytes | None]] = {}
+    hot = cold = 0
+    for g, found in groupby(lines, key=itemgetter(0)):
+        rows = list(found)
+        texts = [row[2] for row in rows]
+        blob, trace = pack(texts), pack(traced[g]) if g in traced else None
+        hot += jsonl_bytes(texts)
+        cold += len(blob) + len(trace or b"")
+        segments[g] = (rows[-1][1] + 1, blob, trace)
+    return Frozen(segments, hot, cold)
 
 
 class _ArchiveView:
@@ -221,3 +218,232 @@ def merge_hits(hot: list[SearchHit], cold: list[SearchHit], limit: int) -> list[
     if not cold:
         return hot
     return sorted(hot + cold, key=lambda hit: hit.score, reverse=True)[:limit]
+
+
+class SqlStates(LifecycleOps, ABC):
+    """:class:`~terrarium.stores.base.SessionStates` over ``sessions.state`` (JSON text, NULL
+    for ``{}``), under :class:`~terrarium.stores.lifecycle.LifecycleOps`: what both database
+    stores share (each inherits it first).
+
+    Each primitive is one write transaction: the record is read (its row locked), compared
+    with the one expected, and written together with the physical move, which the store
+    supplies (:meth:`_freeze_rows`, :meth:`_thaw_rows`, :meth:`_detach_rows`,
+    :meth:`_drop_rows`). A frozen session's segments are ``archived_segments`` rows, one
+    zstandard frame each, and its head, while attached, an ``archived_contexts`` row.
+    """
+
+    #: Appended to the read of a record that is to change: locks its row (PostgreSQL). A
+    #: SQLite write transaction holds the database's one write lock already.
+    _FOR_UPDATE = ""
+
+    def _q(self, statement: str) -> str:
+        """``statement`` in this database's placeholders."""
+        return statement
+
+    def _sid(self, id: uuid.UUID) -> Any:
+        """A session or segment id as this database's id columns hold it."""
+        return str(id)
+
+    @abstractmethod
+    def _read(self) -> AbstractContextManager[Any]:
+        """A connection for reads."""
+
+    @abstractmethod
+    def _write(self) -> AbstractContextManager[Any]:
+        """A connection in one write transaction."""
+
+    @abstractmethod
+    def _freeze_rows(self, conn: Any, session: Any) -> tuple[int, int]:
+        """Move a hot session's rows to their frozen form; return its bytes hot and frozen."""
+
+    @abstractmethod
+    def _thaw_rows(self, conn: Any, session: Any) -> None:
+        """Move a frozen session's rows back to the hot tables."""
+
+    @abstractmethod
+    def _detach_rows(self, conn: Any, context: str, session: Any) -> bool:
+        """Drop the head of ``context`` if it is on ``session``; whether it was."""
+
+    @abstractmethod
+    def _drop_rows(self, conn: Any, session: Any) -> None:
+        """Delete a detached session's hot rows (its frozen ones go with its record)."""
+
+    def purge_trashed(self, trash_id: str) -> bool:
+        """:meth:`LifecycleOps.purge_trashed`, but False when a restore takes the entry
+        between its look and its delete (that raises SessionAttached; the restore drops the
+        ``purging`` mark with ``trashed``)."""
+        try:
+            return LifecycleOps.purge_trashed(cast(Any, self), trash_id)
+        except SessionAttached:
+            return False
+
+    def session_state(self, session_id: SessionId) -> dict[str, Any]:
+        """The session's state record (``{}`` if none)."""
+        with self._read() as conn:
+            row = conn.execute(self._q(STATE), (self._sid(session_id),)).fetchone()
+        if row is None:
+            raise SegmentNotFound(f"session {session_id} does not exist")
+        return state_record(row[0])
+
+    def set_session_state(
+        self, session_id: SessionId, state: Mapping[str, Any], *, expected: Mapping[str, Any]
+    ) -> None:
+        """Replace the record if it is ``expected`` now."""
+        with self._write() as conn:
+            self._check(conn, session_id, expected)
+            self._put(conn, session_id, state)
+
+    def session_records(self) -> list[SessionRecord]:
+        """Every session whose record is not empty, with its owner."""
+        with self._read() as conn:
+            rows = conn.execute(self._q(RECORDS)).fetchall()
+        found = [
+            SessionRecord(uuid.UUID(str(s)), owner, state_record(text)) for s, owner, text in rows
+        ]
+        return [record for record in found if record.state]
+
+    def session_owner(self, session_id: SessionId) -> str | None:
+        """The context the session belongs to, None if detached."""
+        with self._read() as conn:
+            row = conn.execute(self._q(STATE), (self._sid(session_id),)).fetchone()
+        if row is None:
+            raise SegmentNotFound(f"session {session_id} does not exist")
+        return None if row[1] is None else str(row[1])
+
+    def unowned_sessions(self) -> list[SessionId]:
+        """Every session that belongs to no context, oldest first (UUIDv7 order)."""
+        with self._read() as conn:
+            return sorted(uuid.UUID(str(row[0])) for row in conn.execute(self._q(UNOWNED)))
+
+    def freeze_session(
+        self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Move the session to its frozen form and set its record, in one transaction."""
+        with self._write() as conn:
+            now = self._check(conn, session_id, expected)
+            if "cold" in now:  # frozen already: the record changes, the rows stay
+                cold = now["cold"]
+            else:
+                hot, packed = self._freeze_rows(conn, self._sid(session_id))
+                cold = {"hot_bytes": hot, "cold_bytes": packed}
+            stored = state_record(encode({**state, "cold": cold}).decode())
+            self._put(conn, session_id, stored)
+        return stored
+
+    def thaw_session(
+        self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
+    ) -> None:
+        """Move a frozen session back to the hot tables and set its record."""
+        with self._write() as conn:
+            if "cold" in self._check(conn, session_id, expected):
+                self._thaw_rows(conn, self._sid(session_id))
+            self._put(conn, session_id, {k: v for k, v in state.items() if k != "cold"})
+
+    def detach_context(
+        self,
+        context: ContextId,
+        session_id: SessionId,
+        *,
+        expected: Mapping[str, Any],
+        state: Mapping[str, Any],
+    ) -> None:
+        """Drop the context's head, leave its session detached and set its record."""
+        with self._write() as conn:
+            self._check(conn, session_id, expected)
+            if not self._detach_rows(conn, str(context), self._sid(session_id)):
+                raise ContextNotFound(f"context {context} is not on session {session_id}")
+            conn.execute(self._q(DETACH_SESSION), (_text(state), self._sid(session_id)))
+
+    def delete_session(self, session_id: SessionId) -> bool:
+        """Delete a detached session, its record and its rows, for ever."""
+        sid = self._sid(session_id)
+        with self._write() as conn:
+            row = conn.execute(self._q(STATE + self._FOR_UPDATE), (sid,)).fetchone()
+            if row is None:
+                return False
+            if row[1] is not None:
+                raise SessionAttached(f"session {session_id} belongs to context {row[1]}")
+            self._drop_rows(conn, sid)
+            for statement in DROP_SESSION:
+                conn.execute(self._q(statement), (sid,))
+        return True
+
+    def _check(
+        self, conn: Any, session_id: SessionId, expected: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The session's record, locked; ConflictError unless it is ``expected``."""
+        row = conn.execute(self._q(STATE + self._FOR_UPDATE), (self._sid(session_id),)).fetchone()
+        if row is None:
+            raise SegmentNotFound(f"session {session_id} does not exist")
+        now = state_record(row[0])
+        if now != dict(expected):
+            raise ConflictError(f"the state of session {session_id} changed meanwhile")
+        return now
+
+    def _put(self, conn: Any, session_id: SessionId, state: Mapping[str, Any]) -> None:
+        conn.execute(self._q(SET_STATE), (_text(state), self._sid(session_id)))
+
+    def _cold(self, conn: Any, column: str, session_id: SessionId, segment_id: SegmentId) -> Any:
+        """One column of a frozen segment's row (``lines``, ``next_seq``, ``trace``), or None
+        if there is no such row (``trace`` may be NULL: look at ``next_seq`` first)."""
+        ids = (self._sid(session_id), self._sid(segment_id))
+        row = conn.execute(self._q(COLD_SEGMENT.format(columns=column)), ids).fetchone()
+        return None if row is None else row[0]
+
+    def _cold_read(
+        self, conn: Any, session_id: SessionId, segment_id: SegmentId, stop_seq: int | None
+    ) -> SegmentRead | None:
+        """Read a frozen segment (decompressing it), or None if there is none."""
+        blob = self._cold(conn, "lines", session_id, segment_id)
+        if blob is None:
+            return None
+        where = f"{self!r} frozen segment {segment_id}"
+        lines = decode_lines(unpack(blob, where=where), where=where, first_line=0)
+        stop = len(lines) if stop_seq is None else max(stop_seq, 0) + 1
+        return SegmentRead(header=lines[0], entries=lines[1:stop], next_seq=len(lines))
+
+    def _cold_ids(self, conn: Any, session_id: SessionId) -> list[SegmentId]:
+        """The segments of a frozen session, oldest first (none if it is not frozen)."""
+        rows = conn.execute(self._q(COLD_SEGMENT_IDS), (self._sid(session_id),))
+        return sorted(uuid.UUID(str(row[0])) for row in rows)
+
+    def _cold_trace(
+        self, conn: Any, session_id: SessionId, segment_id: SegmentId
+    ) -> list[dict[str, Any]] | None:
+        """A frozen segment's trace, or None if there is no such segment."""
+        if self._cold(conn, "next_seq", session_id, segment_id) is None:
+            return None
+        trace = self._cold(conn, "trace", session_id, segment_id)
+        return [decode(line) for line in unpack_lines(trace)]
+
+    def _archived_heads(self, q: SearchQuery) -> list[PodMetadata]:
+        """The heads of the archived contexts a search of the archive reads."""
+        where, args = (
+            ("WHERE context = ?", (q.context,))
+            if q.context is not None
+            else ("WHERE type = ?", (q.type,))
+            if q.type is not None
+            else ("", ())
+        )
+        with self._read() as conn:
+            rows = conn.execute(self._q(ARCHIVED_HEADS.format(where=where)), args).fetchall()
+        heads = [PodMetadata(c, uuid.UUID(str(s)), uuid.UUID(str(g)), *t) for c, s, g, *t in rows]
+        return sorted(heads, key=lambda h: h.context.partition(":")[::2])
+
+    def _frozen(self, conn: Any, session_id: SessionId) -> bool:
+        """Whether the session exists and is frozen: the miss path of a write."""
+        row = conn.execute(self._q(STATE), (self._sid(session_id),)).fetchone()
+        return row is not None and "cold" in state_record(row[0])
+
+
+def state_record(text: str | None) -> dict[str, Any]:
+    """A ``state`` column's record (NULL: ``{}``)."""
+    if text is None:
+        return {}
+    found: dict[str, Any] = decode(text)
+    return found
+
+
+def _text(state: Mapping[str, Any]) -> str | None:
+    """A record as the ``state`` column holds it (``{}``: NULL)."""
+    return encode(dict(state)).decode() if state else None

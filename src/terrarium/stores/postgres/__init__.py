@@ -47,10 +47,17 @@ from terrarium.errors import (
 )
 from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores import _listing
-from terrarium.stores._archive import archived_hits, merge_hits
+from terrarium.stores._archive import (
+    ARCHIVED_HEAD,
+    HEAD_ANY,
+    SqlStates,
+    archived_hits,
+    merge_hits,
+    pyformat,
+    state_record,
+)
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
-    ArchivedContext,
     ClosingStore,
     ContextSummary,
     ListingQuery,
@@ -59,7 +66,6 @@ from terrarium.stores.base import (
     SearchHit,
     SearchQuery,
     SegmentRead,
-    TrashedContext,
     header_line,
     iter_lines,
 )
@@ -109,7 +115,7 @@ _SEEN_CACHE = 4096
 _IDLE_LOCK_CONNECTIONS = 4
 
 
-class PostgresStore(PostgresBlobs, ClosingStore):
+class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
     """A store in a PostgreSQL database, shared by many processes on many machines."""
 
     def __init__(
@@ -145,6 +151,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         self.blob_threshold = blob_threshold
         self._where = f"{redact_url(dsn)} (schema {schema})"
         self._lock = threading.Lock()
+        self._local = threading.local()  # .conn: a connection lent to lifecycle calls
         self._seen: SeqGuesses[None] = SeqGuesses(_SEEN_CACHE)
         self._unindexed = 0  # entries this store appended since it last caught the index up
         self._idle_locks: list[psycopg.Connection[Any]] = []
@@ -224,7 +231,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
     def get_head(self, context: ContextId) -> PodMetadata | None:
         """Return the context's head record, or None."""
         with self._pool.connection() as conn:
-            row = conn.execute(_lifecycle.HEAD_ANY, (str(context), str(context))).fetchone()
+            row = conn.execute(_HEAD_ANY, (str(context), str(context))).fetchone()
         return None if row is None else _head(row)
 
     def set_head(
@@ -234,8 +241,10 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         with self._pool.connection() as conn:
             while True:
                 row = conn.execute(_sql.HEAD, (str(context),)).fetchone()
-                if row is None and self._wake_context(conn, str(context)):
-                    continue
+                if row is None and (cold := conn.execute(_ARCHIVED_HEAD, (str(context),))):
+                    if (found := cold.fetchone()) is not None:
+                        self._wake_on(conn, found[1])
+                        continue
                 if row is None:
                     raise ContextNotFound(f"context {context} does not exist")
                 head = _head(row)
@@ -339,15 +348,9 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         self.catch_up()
         with self._pool.connection() as conn:
             hits = search.find(conn, q, window=max(RANK_WINDOW, q.limit))
-            if not q.archived:
-                return hits
-            if q.context is not None:
-                found = _lifecycle.archived_head(conn, q.context)
-                heads = [] if found is None else [found]
-            else:
-                names = [a.context for a in _lifecycle.archived_list(conn, q.type)]
-                heads = _lifecycle.archived_heads(conn, names)
-        cold = archived_hits(heads, self.list_segments, self.read_segment, q)
+        if not q.archived:
+            return hits
+        cold = archived_hits(self._archived_heads(q), self.list_segments, self.read_segment, q)
         return merge_hits(hits, cold, q.limit)
 
     # ---------------------------------------------------------------- contexts
@@ -361,7 +364,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         ts = str(line["ts"])
         with self._pool.connection() as conn, conn.transaction():
             _lifecycle.lock_name(conn, self.schema, str(ctx))
-            if _lifecycle.name_taken(conn, str(ctx)):
+            if conn.execute(_ARCHIVED_HEAD, (str(ctx),)).fetchone() is not None:
                 raise ContextExists(f"context {ctx} already exists")
             cur = conn.execute(
                 _sql.INSERT_CONTEXT, (str(ctx), ctx.type, session_id, segment_id, ts, ts)
@@ -374,12 +377,6 @@ class PostgresStore(PostgresBlobs, ClosingStore):
             base = self._insert_segment(conn, session_id, segment_id, ctx.type, line)
             conn.execute(_sql.SET_COUNTS, (base, ts, str(ctx)))
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
-
-    def delete_context(self, context: ContextId) -> bool:
-        """Move a hot or archived context into the trash, in one transaction (a hot one is
-        archived on the way: see ``._lifecycle``); its id is free at once."""
-        with self._pool.connection() as conn, conn.transaction():
-            return _lifecycle.trash(conn, self.schema, str(context), utc_now())
 
     def create_session(self, header: Mapping[str, Any]) -> None:
         """Create a session that belongs to no context (``sessions.context`` NULL)."""
@@ -400,41 +397,44 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         """Make ``context`` a new context on a detached session's segment, in one transaction.
 
         The session's row is locked (two attaches of one session take turns; the second finds
-        it attached); its segments are marked unread under the context's type, so the next
-        catch-up indexes their items, which were left out while it was detached. Segments
-        are updated before the head is inserted: the order a catch-up locks them in.
+        it attached), then the id (:func:`._lifecycle.lock_name`). A hot session's segments are
+        marked unread under the context's type, so the next catch-up indexes their items,
+        which were left out while it was detached; segments are updated before the head is
+        inserted: the order a catch-up locks them in. A frozen session's head goes to
+        ``archived_contexts``, its frozen segments take the type.
         """
         ctx = ContextId.parse(context)
         with self._pool.connection() as conn, conn.transaction():
-            _lifecycle.lock_name(conn, self.schema, str(ctx))
-            if _lifecycle.name_taken(conn, str(ctx)):
-                raise ContextExists(f"context {ctx} already exists")
             row = conn.execute(_sql.SESSION_OWNER, (session_id,)).fetchone()
             if row is None:
                 raise SegmentNotFound(f"session {session_id} does not exist")
-            if row[0] is not None:
+            if row[0] is not None:  # first: a restore that lost a race to another is NotInTrash
                 raise SessionAttached(f"session {session_id} already belongs to context {row[0]}")
-            if conn.execute(_sql.SEGMENT_EXISTS, (session_id, segment_id)).fetchone() is None:
+            _lifecycle.lock_name(conn, self.schema, str(ctx))
+            if conn.execute(_HEAD_ANY, (str(ctx), str(ctx))).fetchone() is not None:
+                raise ContextExists(f"context {ctx} already exists")
+            frozen = "cold" in state_record(row[2])
+            if not (
+                self._cold(conn, "next_seq", session_id, segment_id)
+                if frozen
+                else conn.execute(_sql.SEGMENT_EXISTS, (session_id, segment_id)).fetchone()
+            ):
                 raise SegmentNotFound(
                     f"segment {segment_id} of session {session_id} does not exist"
                 )
-            conn.execute(_sql.ATTACH_SEGMENTS, (ctx.type, session_id))
             now = utc_now()
-            cur = conn.execute(
-                _sql.INSERT_CONTEXT, (str(ctx), ctx.type, session_id, segment_id, row[1], now)
-            )
-            if cur.rowcount != 1:
-                raise ContextExists(f"context {ctx} already exists")
+            head = (str(ctx), ctx.type, session_id, segment_id, row[1], now)
+            if frozen:
+                conn.execute(_lifecycle.RETYPE_COLD, (ctx.type, session_id))
+                conn.execute(_lifecycle.INSERT_COLD_HEAD, (session_id, *head[:2], *head[3:]))
+            else:
+                conn.execute(_sql.ATTACH_SEGMENTS, (ctx.type, session_id))
+                if conn.execute(_sql.INSERT_CONTEXT, head).rowcount != 1:
+                    raise ContextExists(f"context {ctx} already exists")
             conn.execute(_sql.ATTACH_SESSION, (str(ctx), session_id))
-            conn.execute(_sql.ATTACH_COUNTS, (str(ctx),))
+            if not frozen:
+                conn.execute(_sql.ATTACH_COUNTS, (str(ctx),))
         return PodMetadata(str(ctx), session_id, segment_id, row[1], now)
-
-    @retried
-    def detached_sessions(self) -> list[SessionId]:
-        """The sessions that belong to no context, oldest first."""
-        with self._pool.connection() as conn:
-            rows = conn.execute(_sql.DETACHED).fetchall()
-        return sorted(row[0] for row in rows)
 
     @contextmanager
     def lock_context(self, context: ContextId) -> Iterator[None]:
@@ -495,82 +495,67 @@ class PostgresStore(PostgresBlobs, ClosingStore):
                 return
         conn.close()
 
-    # ---------------------------------------------------------------- lifecycle
-    # The statements and the moves are in ._lifecycle; each call is one transaction, so every
-    # change of state is atomic. Writes to an archived context wake it on their miss path (a
-    # hot write never looks at the archive).
+    # ---------------------------------------------------------------- frozen sessions
+    # Lifecycle is LifecycleOps over SqlStates' records; here are the rows each move takes
+    # (._lifecycle). A write finds a frozen session on its miss path only, wakes it
+    # (wake_session, on the writer's own connection) and tries again.
 
-    def archive_context(self, context: ContextId) -> ArchivedContext | None:
-        """Move a hot context into the archive: compressed, out of the hot tables."""
-        with self._pool.connection() as conn, conn.transaction():
-            return _lifecycle.archive(conn, self.schema, str(context), utc_now())
+    _FOR_UPDATE = " FOR UPDATE"
 
-    def unarchive_context(self, context: ContextId) -> bool:
-        """Move an archived context back to the hot tables; False if it is not archived."""
+    def _q(self, statement: str) -> str:
+        return pyformat(statement)
+
+    def _sid(self, id: uuid.UUID) -> Any:
+        return id
+
+    @contextmanager
+    def _read(self) -> Iterator[psycopg.Connection[Any]]:
+        """The connection lent to this thread's lifecycle call (see :meth:`_wake_on`), or a
+        pooled one."""
+        held: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if held is not None:
+            yield held
+            return
         with self._pool.connection() as conn:
-            return self._wake_context(conn, str(context))
+            yield conn
 
-    def is_archived(self, context: ContextId) -> bool:
-        """Whether the context exists and is archived."""
-        with self._pool.connection() as conn:
-            return _lifecycle.archived_head(conn, str(context)) is not None
+    @contextmanager
+    def _write(self) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction (a savepoint inside one) on the connection :meth:`_read` gives."""
+        with self._read() as conn, conn.transaction():
+            yield conn
 
-    def archived_contexts(self, type: str | None = None) -> list[ArchivedContext]:
-        """Every archived context, optionally of one type, sorted by context id."""
-        with self._pool.connection() as conn:
-            return _lifecycle.archived_list(conn, type)
+    def _freeze_rows(self, conn: psycopg.Connection[Any], session: Any) -> tuple[int, int]:
+        return _lifecycle.freeze(conn, self.schema, session)
 
-    def trashed_contexts(self) -> list[TrashedContext]:
-        """Everything in the trash, most recently deleted first."""
-        with self._pool.connection() as conn:
-            return _lifecycle.trashed_list(conn)
+    def _thaw_rows(self, conn: psycopg.Connection[Any], session: Any) -> None:
+        _lifecycle.thaw(conn, session)
 
-    def restore_trashed(self, trash_id: str, *, as_context: ContextId | None = None) -> PodMetadata:
-        """Bring a trashed context back (as ``as_context`` if given) in the state it was in."""
-        target = None if as_context is None else str(as_context)
-        with self._pool.connection() as conn, conn.transaction():
-            return _lifecycle.restore(conn, self.schema, trash_id, target)
+    def _detach_rows(self, conn: psycopg.Connection[Any], context: str, session: Any) -> bool:
+        return _lifecycle.detach(conn, context, session)
 
-    def purge_trashed(self, trash_id: str) -> bool:
-        """Delete a trash entry for ever; False if there is none of that id."""
-        with self._pool.connection() as conn, conn.transaction():
-            return _lifecycle.purge_trashed(conn, trash_id)
+    def _drop_rows(self, conn: psycopg.Connection[Any], session: Any) -> None:
+        _lifecycle.drop_hot(conn, session)
 
-    def purge_context(self, context: ContextId) -> bool:
-        """Delete a hot or archived context for ever, bypassing the trash."""
-        with self._pool.connection() as conn, conn.transaction():
-            return _lifecycle.purge_context(conn, str(context))
-
-    def pin_context(self, context: ContextId, pinned: bool = True) -> bool:
-        """Pin (or unpin) a hot or archived context; False if there is no such context."""
-        with self._pool.connection() as conn, conn.transaction():
-            return _lifecycle.pin(conn, str(context), pinned, utc_now())
-
-    def pinned_contexts(self) -> frozenset[str]:
-        """The ids of the pinned hot and archived contexts."""
-        with self._pool.connection() as conn:
-            return _lifecycle.pinned(conn)
-
-    def _wake(self, conn: psycopg.Connection[Any], session_id: SessionId) -> bool:
-        """Unarchive the session's context if it is archived, in one transaction on ``conn``
-        (the caller's own, idle: a pool of one connection must not wait for a second)."""
-        with conn.transaction():
-            return _lifecycle.unarchive(conn, session_id) is not None
-
-    def _wake_context(self, conn: psycopg.Connection[Any], context: str) -> bool:
-        """Unarchive ``context`` if it is archived."""
-        row = conn.execute(_lifecycle.ARCHIVED_SESSION, (context,)).fetchone()
-        return row is not None and self._wake(conn, row[0])
+    def _wake_on(self, conn: psycopg.Connection[Any], session_id: SessionId) -> bool:
+        """``wake_session`` on the caller's own connection, idle (a pool of one connection
+        must not wait for a second); whether the session was frozen."""
+        self._local.conn = conn
+        try:
+            return self.wake_session(session_id)
+        finally:
+            self._local.conn = None
 
     def _next_seq_waking(
         self, conn: psycopg.Connection[Any], session_id: SessionId, segment_id: SegmentId
     ) -> int:
-        """:meth:`_next_seq`, after unarchiving the segment's context if it is archived: the
-        miss path of an append, so a hot append never pays for it."""
+        """:meth:`_next_seq`, after waking the segment's session if it is frozen: the miss
+        path of an append, so a hot append never pays for it. (Not woken: it may have been
+        thawed since the miss, so it is read once more.)"""
         try:
             return self._next_seq(conn, session_id, segment_id)
         except SegmentNotFound:
-            self._wake(conn, session_id)
+            self._wake_on(conn, session_id)
             return self._next_seq(conn, session_id, segment_id)
 
     # ---------------------------------------------------------------- segments
@@ -583,13 +568,12 @@ class PostgresStore(PostgresBlobs, ClosingStore):
             while True:
                 with conn.transaction():
                     row = conn.execute(_sql.SESSION_TYPE, (session_id,)).fetchone()
-                    state = None if row is None else _lifecycle.session_state(conn, session_id)
-                    if row is None or state is False:  # none, or trashed
+                    if row is None:
                         raise SegmentNotFound(f"session {session_id} does not exist")
-                    if state is None:
+                    if "cold" not in state_record(row[1]):
                         self._insert_segment(conn, session_id, segment_id, row[0], line)
                         break
-                self._wake(conn, session_id)  # archived: back to the hot tables first
+                self._wake_on(conn, session_id)  # frozen: back to the hot tables first
         self._seen.remember((session_id, segment_id), 1, None)
 
     def _insert_segment(
@@ -783,8 +767,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         with self._pool.connection() as conn:
             rows = conn.execute(_sql.READ, params).fetchall()
             if not rows:
-                where = f"{self._where} archived segment {segment_id}"
-                cold = _lifecycle.read_segment(conn, session_id, segment_id, stop_seq, where)
+                cold = self._cold_read(conn, session_id, segment_id, stop_seq)
                 if cold is not None:
                     return cold
         if not rows:
@@ -804,10 +787,10 @@ class PostgresStore(PostgresBlobs, ClosingStore):
             try:
                 return self._next_seq(conn, session_id, segment_id)
             except SegmentNotFound:
-                cold = _lifecycle.next_seq(conn, session_id, segment_id)
+                cold = self._cold(conn, "next_seq", session_id, segment_id)
                 if cold is None:
                     raise
-                return cold
+                return int(cold)
 
     @retried
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
@@ -815,7 +798,7 @@ class PostgresStore(PostgresBlobs, ClosingStore):
         with self._pool.connection() as conn:
             ids = [row[0] for row in conn.execute(_sql.LIST_SEGMENTS, (session_id,))]
             if not ids:
-                ids = _lifecycle.segment_ids(conn, session_id)
+                ids = self._cold_ids(conn, session_id)
         if not ids:
             raise SegmentNotFound(f"session {session_id} does not exist")
         return sorted(ids)
@@ -829,15 +812,15 @@ class PostgresStore(PostgresBlobs, ClosingStore):
             if not lines:
                 if conn.execute(_sql.SEGMENT_EXISTS, (session_id, segment_id)).fetchone():
                     return
-                if _lifecycle.next_seq(conn, session_id, segment_id) is not None:
-                    return  # archived: writing nothing wakes nothing
+                if self._cold(conn, "next_seq", session_id, segment_id) is not None:
+                    return  # frozen: writing nothing wakes nothing
             else:
                 for woken in (False, True):
                     try:
                         conn.execute(_sql.APPEND_TRACE, (session_id, segment_id, lines))
                         return
                     except pg_errors.ForeignKeyViolation:
-                        if woken or not self._wake(conn, session_id):
+                        if woken or not self._wake_on(conn, session_id):
                             break
         raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
 
@@ -849,12 +832,12 @@ class PostgresStore(PostgresBlobs, ClosingStore):
             if not rows:
                 exists = conn.execute(_sql.SEGMENT_EXISTS, (session_id, segment_id))
                 if exists.fetchone() is None:
-                    cold = _lifecycle.read_trace(conn, session_id, segment_id)
-                    if cold is not None:
-                        return cold
-                    raise SegmentNotFound(
-                        f"segment {segment_id} of session {session_id} does not exist"
-                    )
+                    cold = self._cold_trace(conn, session_id, segment_id)
+                    if cold is None:
+                        raise SegmentNotFound(
+                            f"segment {segment_id} of session {session_id} does not exist"
+                        )
+                    return cold
         return [codec.decode(row[0]) for row in rows]
 
     def close(self) -> None:
@@ -870,6 +853,10 @@ class PostgresStore(PostgresBlobs, ClosingStore):
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+_HEAD_ANY = pyformat(HEAD_ANY)
+_ARCHIVED_HEAD = pyformat(ARCHIVED_HEAD)
 
 
 def _head(row: Sequence[Any]) -> PodMetadata:

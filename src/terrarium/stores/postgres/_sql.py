@@ -172,10 +172,10 @@ INSERT_HEADER = (
 # key-share lock (which the segment's foreign key takes anyway) waits for an attach of the
 # session (SESSION_OWNER), so a new segment never gets the type it had before.
 SESSION_TYPE = (
-    "SELECT coalesce(split_part(context, ':', 1), '') FROM sessions WHERE session_id = %s "
-    "FOR KEY SHARE"
+    "SELECT coalesce(split_part(context, ':', 1), ''), state FROM sessions "
+    "WHERE session_id = %s FOR KEY SHARE"
 )
-SESSION_OWNER = "SELECT context, created_at FROM sessions WHERE session_id = %s FOR UPDATE"
+SESSION_OWNER = "SELECT context, created_at, state FROM sessions WHERE session_id = %s FOR UPDATE"
 ATTACH_SESSION = "UPDATE sessions SET context = %s WHERE session_id = %s"
 # The adopted session's segments are read again from their headers, under the context's type.
 ATTACH_SEGMENTS = (
@@ -186,8 +186,6 @@ ATTACH_COUNTS = (
     "FROM segments AS g WHERE g.session_id = c.session_id AND g.segment_id = c.segment_id "
     "AND c.context = %s"
 )
-# From the partial index sessions_detached (m005).
-DETACHED = "SELECT session_id FROM sessions WHERE context IS NULL"
 SEGMENT_COUNTS = (
     "SELECT base_items, items, next_seq FROM segments WHERE session_id = %s AND segment_id = %s"
 )
@@ -195,16 +193,6 @@ COUNT_ITEMS = (
     "SELECT count(*) FROM entries WHERE session_id = %s AND segment_id = %s "
     f"AND seq BETWEEN 1 AND %s AND kind IN {HISTORY_KINDS_SQL}"
 )
-# The session's row first: its cascade deletes the segments' rows, waiting for the appends and
-# catch-ups that hold them (a catch-up locks segments, then heads: so does a delete); then the
-# head, and the entries and items those appends committed.
-DELETE_SESSION = (
-    "DELETE FROM sessions WHERE session_id = %(session)s",
-    "DELETE FROM contexts WHERE context = %(context)s AND session_id = %(session)s",
-    "DELETE FROM entries WHERE session_id = %(session)s",
-    "DELETE FROM search_docs WHERE session_id = %(session)s",
-)
-
 # --------------------------------------------------------------------------- context locks
 
 LOCK = "SELECT pg_advisory_lock(%s)"

@@ -634,3 +634,53 @@ def m014_staged_search_items(conn: psycopg.Connection[Any]) -> None:
     Registered so that both backends' schemas keep the same steps in the same order
     (``tests/test_migrations.py``)."""
     del conn
+
+
+@MIGRATIONS
+def m015_session_states(conn: psycopg.Connection[Any]) -> None:
+    """Lifecycle is one state record per session (``sessions.state``, JSON text, NULL for
+    ``{}``: :mod:`terrarium.stores.lifecycle`): the archive, trash and pin rows of m007 become
+    keys of it. ``archived_contexts`` keeps only the heads of frozen attached sessions (a
+    trashed session is detached: ``sessions.context`` NULL, no head); ``pins`` goes."""
+    for statement in (
+        "ALTER TABLE sessions ADD COLUMN state text",
+        "CREATE INDEX sessions_stated ON sessions (session_id) WHERE state IS NOT NULL",
+        M015_CARRY,
+        "UPDATE sessions SET state = '{\"pinned\": true}' WHERE session_id IN (SELECT "
+        "session_id FROM pins) AND session_id NOT IN (SELECT session_id FROM archived_contexts)",
+        """CREATE TABLE archived_heads (
+            session_id uuid PRIMARY KEY,
+            context text NOT NULL,
+            type text NOT NULL,
+            segment_id uuid NOT NULL,
+            created_at text NOT NULL,
+            updated_at text NOT NULL
+        )""",
+        "INSERT INTO archived_heads SELECT session_id, context, type, segment_id, created_at, "
+        "updated_at FROM archived_contexts WHERE trash_id IS NULL",
+        "DROP TABLE archived_contexts",
+        "ALTER TABLE archived_heads RENAME TO archived_contexts",
+        "ALTER INDEX archived_heads_pkey RENAME TO archived_contexts_pkey",
+        # An index, not a unique key: a unique key would not start with session_id (Citus).
+        "CREATE UNIQUE INDEX archived_contexts_context ON archived_contexts (context)",
+        "DROP TABLE pins",
+    ):
+        conn.execute(statement)
+
+
+# m007's archived and trashed rows as records (SQLite's m015 builds the same in Python).
+M015_CARRY = """UPDATE sessions AS s SET
+    context = CASE WHEN a.trash_id IS NULL THEN a.context END,
+    state = jsonb_strip_nulls(jsonb_build_object(
+        'cold', jsonb_build_object('hot_bytes', a.hot_bytes, 'cold_bytes', a.archived_bytes),
+        'archived', CASE WHEN a.trash_id IS NULL OR a.deleted_from = 'archived' THEN
+            jsonb_build_object('date', left(a.created_at, 10), 'last_active', a.last_active,
+                'message_count', a.message_count, 'archived_at', a.archived_at) END,
+        'trashed', CASE WHEN a.trash_id IS NOT NULL THEN
+            jsonb_build_object('trash_id', a.trash_id, 'context', a.context,
+                'date', left(a.created_at, 10), 'deleted_at', a.deleted_at,
+                'segment_id', a.segment_id::text, 'message_count', a.message_count,
+                'bytes', a.archived_bytes) END,
+        'pinned', CASE WHEN p.session_id IS NOT NULL THEN true END))::text
+    FROM archived_contexts AS a LEFT JOIN pins AS p USING (session_id)
+    WHERE s.session_id = a.session_id"""

@@ -49,10 +49,17 @@ from terrarium.errors import (
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores import _db, _listing
-from terrarium.stores._archive import ARCHIVED_SESSION, HEAD_ANY, archived_hits, merge_hits
+from terrarium.stores._archive import (
+    ARCHIVED_HEAD,
+    HEAD_ANY,
+    STATE,
+    SqlStates,
+    archived_hits,
+    merge_hits,
+    state_record,
+)
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
-    ArchivedContext,
     ClosingStore,
     ContextSummary,
     ListingQuery,
@@ -61,7 +68,6 @@ from terrarium.stores.base import (
     SearchHit,
     SearchQuery,
     SegmentRead,
-    TrashedContext,
     header_line,
     iter_lines,
 )
@@ -139,7 +145,7 @@ def _recent() -> int:
     return SEARCH_RECENT
 
 
-class SqliteStore(SqliteBlobs, ClosingStore):
+class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
     """A store in one SQLite database file (see the module docstring)."""
 
     def __init__(
@@ -390,7 +396,8 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         """Move the head if it is ``expected`` now (compare-and-set in one transaction)."""
         with self._write() as conn:
             row = conn.execute(sql.HEAD, (str(context),)).fetchone()
-            if row is None and self._wake_context(conn, str(context)):
+            while row is None and (cold := conn.execute(ARCHIVED_HEAD, (str(context),)).fetchone()):
+                self.wake_session(uuid.UUID(cold[1]))
                 row = conn.execute(sql.HEAD, (str(context),)).fetchone()
             if row is None:
                 raise ContextNotFound(f"context {context} does not exist")
@@ -499,19 +506,9 @@ class SqliteStore(SqliteBlobs, ClosingStore):
                 raise self._error(exc, "search failed: ") from exc
         hits = merge_hits(hits, late, q.limit)
         if q.archived:
-            return merge_hits(hits, self._archived_hits(q), q.limit)
+            cold = archived_hits(self._archived_heads(q), self.list_segments, self.read_segment, q)
+            return merge_hits(hits, cold, q.limit)
         return hits
-
-    def _archived_hits(self, q: SearchQuery) -> list[SearchHit]:
-        """Hits among the archived contexts, found by reading them (see ``stores._archive``)."""
-        with self._read() as conn:
-            if q.context is not None:
-                found = lifecycle.archived_head(conn, q.context)
-                heads = [] if found is None else [found]
-            else:
-                names = [a.context for a in lifecycle.archived_list(conn, q.type)]
-                heads = lifecycle.archived_heads(conn, names)
-        return archived_hits(heads, self.list_segments, self.read_segment, q)
 
     def _try_catch_up(self) -> None:
         """Catch the derived state up before a read, where it can be written; else the read
@@ -567,9 +564,7 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         ts = str(line["ts"])
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            if conn.execute(sql.CONTEXT_EXISTS, (str(ctx),)).fetchone() or lifecycle.archived_head(
-                conn, str(ctx)
-            ):
+            if conn.execute(HEAD_ANY, (str(ctx), str(ctx))).fetchone():
                 raise ContextExists(f"context {ctx} already exists")
             if conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
                 raise ConflictError(f"session {session_id} already exists")
@@ -581,13 +576,6 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             count, last = segment_summary(conn, s, g)
             conn.execute(sql.SET_COUNTS, (count, last, s))
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
-
-    def delete_context(self, context: ContextId) -> bool:
-        """Move a hot or archived context into the trash, in one transaction (a hot one is
-        archived on the way: see ``._lifecycle``); its id is free at once."""
-        with self._write() as conn:
-            self._wm = _catch_up(conn)
-            return lifecycle.trash(conn, str(context), utc_now())
 
     def create_session(self, header: Mapping[str, Any]) -> None:
         """Create a session that belongs to no context (``sessions.context`` NULL)."""
@@ -610,37 +598,39 @@ class SqliteStore(SqliteBlobs, ClosingStore):
 
         The derived state is caught up first (leaving the detached session's items out, as it
         always does), then the head gets its listing counts and the session's items are
-        indexed under the context.
+        indexed under the context. A frozen session's head goes to ``archived_contexts``.
         """
         ctx = ContextId.parse(context)
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            if conn.execute(sql.CONTEXT_EXISTS, (str(ctx),)).fetchone() or lifecycle.archived_head(
-                conn, str(ctx)
-            ):
-                raise ContextExists(f"context {ctx} already exists")
             row = conn.execute(sql.SESSION_OWNER, (s,)).fetchone()
             if row is None:
                 raise SegmentNotFound(f"session {session_id} does not exist")
-            if row[0] is not None:
+            if row[0] is not None:  # first: a restore that lost a race to another is NotInTrash
                 raise SessionAttached(f"session {session_id} already belongs to context {row[0]}")
-            if not _segment_exists(conn, session_id, segment_id):
+            if conn.execute(HEAD_ANY, (str(ctx), str(ctx))).fetchone():
+                raise ContextExists(f"context {ctx} already exists")
+            frozen = self._frozen(conn, session_id)
+            if not (
+                self._cold(conn, "next_seq", session_id, segment_id)
+                if frozen
+                else _segment_exists(conn, session_id, segment_id)
+            ):
                 raise SegmentNotFound(
                     f"segment {segment_id} of session {session_id} does not exist"
                 )
-            self._wm = _catch_up(conn)
             now = utc_now()
             conn.execute(sql.ATTACH_SESSION, (str(ctx), s))
-            conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, row[1], now))
-            count, last = segment_summary(conn, s, g)
-            conn.execute(sql.SET_COUNTS, (count, last, s))
-            index_session(conn, s, ctx.type, recent=SEARCH_RECENT)
+            if frozen:
+                cold = (s, str(ctx), ctx.type, g, row[1], now)
+                conn.execute(lifecycle.INSERT_COLD_HEAD, cold)
+            else:
+                self._wm = _catch_up(conn)
+                conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, row[1], now))
+                count, last = segment_summary(conn, s, g)
+                conn.execute(sql.SET_COUNTS, (count, last, s))
+                index_session(conn, s, ctx.type, recent=SEARCH_RECENT)
         return PodMetadata(str(ctx), session_id, segment_id, row[1], now)
-
-    def detached_sessions(self) -> list[SessionId]:
-        """The sessions that belong to no context, oldest first."""
-        with self._read() as conn:
-            return sorted(uuid.UUID(row[0]) for row in conn.execute(sql.DETACHED))
 
     def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
         """Hold the context's lock exclusively, across threads and processes (``flock``).
@@ -656,90 +646,44 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             self.path.with_name(f"{self.path.name}-locks") / ctx.type / ctx.encoded_name
         )
 
-    # ---------------------------------------------------------------- lifecycle
-    # The statements and the moves are in ._lifecycle; each call is one write transaction, so
-    # every change of state is atomic. Writes to an archived context wake it on their miss
-    # path (a hot write never looks at the archive).
+    # ---------------------------------------------------------------- frozen sessions
+    # Lifecycle is LifecycleOps over SqlStates' records; here are the rows each move takes
+    # (._lifecycle). A write finds a frozen session on its miss path only, wakes it
+    # (wake_session) and tries again: a hot write never looks at the archive.
 
-    def archive_context(self, context: ContextId) -> ArchivedContext | None:
-        """Move a hot context into the archive: compressed, out of the hot tables."""
-        with self._write() as conn:
-            self._wm = _catch_up(conn)  # the head's listing counts, exact
-            return lifecycle.archive(conn, str(context), utc_now())
+    def _freeze_rows(self, conn: sqlite3.Connection, session: str) -> tuple[int, int]:
+        return lifecycle.freeze(conn, session)
 
-    def unarchive_context(self, context: ContextId) -> bool:
-        """Move an archived context back to the hot tables; False if it is not archived."""
-        with self._write() as conn:
-            return self._wake_context(conn, str(context))
+    def _thaw_rows(self, conn: sqlite3.Connection, session: str) -> None:
+        # Its entries wait for the catch-up (see _lifecycle.thaw), as they would in a store
+        # that had not appended them: they do not count toward this store's batch.
+        self._wm = lifecycle.thaw(conn, session)
 
-    def is_archived(self, context: ContextId) -> bool:
-        """Whether the context exists and is archived."""
-        with self._read() as conn:
-            return lifecycle.archived_head(conn, str(context)) is not None
+    def _detach_rows(self, conn: sqlite3.Connection, context: str, session: str) -> bool:
+        return lifecycle.detach(conn, context, session)
 
-    def archived_contexts(self, type: str | None = None) -> list[ArchivedContext]:
-        """Every archived context, optionally of one type, sorted by context id."""
-        with self._read() as conn:
-            return lifecycle.archived_list(conn, type)
+    def _drop_rows(self, conn: sqlite3.Connection, session: str) -> None:
+        lifecycle.drop_hot(conn, session)
 
-    def trashed_contexts(self) -> list[TrashedContext]:
-        """Everything in the trash, most recently deleted first."""
-        with self._read() as conn:
-            return lifecycle.trashed_list(conn)
-
-    def restore_trashed(self, trash_id: str, *, as_context: ContextId | None = None) -> PodMetadata:
-        """Bring a trashed context back (as ``as_context`` if given) in the state it was in."""
-        with self._write() as conn:
-            target = None if as_context is None else str(as_context)
-            session, _, head = lifecycle.restore(conn, trash_id, target)
-            if head is None:
-                head, self._wm = lifecycle.unarchive(conn, session)
-            return head
-
-    def purge_trashed(self, trash_id: str) -> bool:
-        """Delete a trash entry for ever; False if there is none of that id."""
-        with self._write() as conn:
-            return lifecycle.purge_trashed(conn, trash_id)
-
-    def purge_context(self, context: ContextId) -> bool:
-        """Delete a hot or archived context for ever, bypassing the trash."""
-        with self._write() as conn:
-            return lifecycle.purge_context(conn, str(context))
-
-    def pin_context(self, context: ContextId, pinned: bool = True) -> bool:
-        """Pin (or unpin) a hot or archived context; False if there is no such context."""
-        with self._write() as conn:
-            return lifecycle.pin(conn, str(context), pinned, utc_now())
-
-    def pinned_contexts(self) -> frozenset[str]:
-        """The ids of the pinned hot and archived contexts."""
-        with self._read() as conn:
-            return lifecycle.pinned(conn)
-
-    def _wake(self, conn: sqlite3.Connection, session: str) -> bool:
-        """Unarchive the session's context if it is archived, in the caller's transaction."""
-        if not lifecycle.session_state(conn, session):
-            return False
-        # Its entries wait for the catch-up (see _lifecycle.unarchive), as they would in a
-        # store that had not appended them: they do not count toward this store's batch.
-        _, self._wm = lifecycle.unarchive(conn, session)
-        return True
-
-    def _wake_context(self, conn: sqlite3.Connection, context: str) -> bool:
-        """Unarchive ``context`` if it is archived, in the caller's transaction."""
-        row = conn.execute(ARCHIVED_SESSION, (context,)).fetchone()
-        return row is not None and self._wake(conn, row[0])
+    def _woke(self, conn: sqlite3.Connection, session: str) -> bool:
+        """Wake the session if it is frozen (SegmentNotFound in the trash); whether it was."""
+        session_id = uuid.UUID(session)
+        return self._frozen(conn, session_id) and self.wake_session(session_id)
 
     def _tail_waking(self, conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, int]:
-        """:func:`_tail`, after unarchiving the segment's context if it is archived: the miss
-        path of an append, so a hot append never pays for it. The wake and the read of the
-        tail are one transaction: an archive between them would hide the segment again."""
+        """:func:`_tail`, after waking the segment's session if it is frozen: the miss path of
+        an append, so a hot append never pays for it. The look at the record and the read of
+        the tail are one transaction: a freeze or a thaw between them would mislead it."""
         try:
             return _tail(conn, session, segment)
         except SegmentNotFound:
             with self._write() as writing:  # a savepoint in the caller's transaction, if any
-                self._wake(writing, session)
-                return _tail(writing, session, segment)
+                while True:
+                    try:
+                        return _tail(writing, session, segment)
+                    except SegmentNotFound:
+                        if not self._woke(writing, session):
+                            raise
 
     # ---------------------------------------------------------------- segments
 
@@ -750,11 +694,11 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         ts = str(line["ts"])
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            state = lifecycle.session_state(conn, s)  # the session's context is cold: wake it
-            if state:
-                self._wake(conn, s)
-            if state is False or not conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
+            row = conn.execute(STATE, (s,)).fetchone()
+            if row is None:
                 raise SegmentNotFound(f"session {session_id} does not exist")
+            if "cold" in state_record(row[0]):  # frozen: back to the hot tables first
+                self.wake_session(session_id)
             if conn.execute(sql.SEGMENT_EXISTS, (s, g)).fetchone():
                 raise ConflictError(f"segment {segment_id} already exists")
             seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
@@ -882,19 +826,15 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         :class:`~terrarium.stores.memory.MemoryStore`.
         """
         stop = sql.MAX_SEQ if stop_seq is None else max(stop_seq, 0)
+        args = (str(session_id), str(segment_id), stop)
         with self._read() as conn:
-            found = conn.execute(sql.READ_SEGMENT, (str(session_id), str(segment_id), stop))
-            rows = found.fetchall()
-            if not rows:
-                cold = lifecycle.read_segment(
-                    conn,
-                    str(session_id),
-                    str(segment_id),
-                    stop_seq,
-                    where=f"{self.path} archived segment {segment_id}",
-                )
-                if cold is not None:
-                    return cold
+            rows = conn.execute(sql.READ_SEGMENT, args).fetchall()
+        if not rows:  # frozen, or moving: the hot and the frozen rows from one snapshot
+            with self._snapshot() as conn:
+                rows = conn.execute(sql.READ_SEGMENT, args).fetchall()
+                cold = None if rows else self._cold_read(conn, session_id, segment_id, stop_seq)
+            if cold is not None:
+                return cold
         if not rows:
             raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
         lines = codec.decode_lines(
@@ -913,10 +853,10 @@ class SqliteStore(SqliteBlobs, ClosingStore):
             try:
                 seg, next_seq = _tail(conn, s, g)
             except SegmentNotFound:
-                cold = lifecycle.next_seq(conn, s, g)
+                cold = self._cold(conn, "next_seq", session_id, segment_id)
                 if cold is None:
                     raise
-                return cold
+                return int(cold)
         self._seen.remember((session_id, segment_id), next_seq, (s, g, None if held else seg))
         return next_seq
 
@@ -927,7 +867,7 @@ class SqliteStore(SqliteBlobs, ClosingStore):
                 uuid.UUID(row[0]) for row in conn.execute(sql.SEGMENT_IDS, (str(session_id),))
             )
             if not ids:
-                ids = sorted(lifecycle.segment_ids(conn, str(session_id)))
+                ids = self._cold_ids(conn, session_id)
         if not ids:
             raise SegmentNotFound(f"session {session_id} does not exist")
         return ids
@@ -938,11 +878,9 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         """Append raw stream events to the segment's debug trace."""
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            if not _segment_exists(conn, session_id, segment_id) and not (
-                lifecycle.session_state(conn, s)
-                and self._wake(conn, s)
-                and _segment_exists(conn, session_id, segment_id)
-            ):
+            while not _segment_exists(conn, session_id, segment_id):
+                if self._woke(conn, s):
+                    continue
                 raise SegmentNotFound(
                     f"segment {segment_id} of session {session_id} does not exist"
                 )
@@ -953,7 +891,7 @@ class SqliteStore(SqliteBlobs, ClosingStore):
         with self._read() as conn:
             rows = conn.execute(sql.READ_TRACE, (str(session_id), str(segment_id))).fetchall()
             if not rows and not _segment_exists(conn, session_id, segment_id):
-                cold = lifecycle.read_trace(conn, str(session_id), str(segment_id))
+                cold = self._cold_trace(conn, session_id, segment_id)
                 if cold is None:
                     raise SegmentNotFound(
                         f"segment {segment_id} of session {session_id} does not exist"

@@ -2,7 +2,9 @@
 
     contexts(context PK, type, session_id, segment_id, created_at, updated_at,
              message_count, last_active)              the heads, with their listing counts
-    sessions(session_id PK, context, created_at)     context NULL: detached (m005)
+    sessions(session_id PK, context, created_at, state)
+                                                      context NULL: detached (m005); state:
+                                                      the lifecycle's record (m015)
     segments(id PK, session_id, segment_id, created_at)
                                                       UNIQUE (session_id, segment_id)
     entries(id PK, seg, seq, kind, ts, line)          UNIQUE (seg, seq); seg: segments.id
@@ -11,7 +13,7 @@
     search_fts, search_recent                         FTS5 over search_docs (see ``search``)
     search_meta(hw, floor, wm)                        how far the derived tables have read
     migrations(name PK, applied_at)
-    archived_contexts, archived_segments, pins         archive, trash, pins (m007: ``._lifecycle``)
+    archived_contexts, archived_segments              frozen sessions (m015: ``._lifecycle``)
 
 Ids are UUID strings, times RFC 3339 strings. An entry names its segment by the segment's
 integer key (``segments.id``, m013: a few bytes of row and index instead of two 36-character
@@ -46,7 +48,6 @@ HEAD = (
 HEADS = "SELECT context, session_id, segment_id, created_at, updated_at FROM contexts"
 HEADS_OF_TYPE = f"{HEADS} WHERE type = ?"
 HEAD_SEGMENTS = "SELECT session_id, segment_id FROM contexts"
-CONTEXT_EXISTS = "SELECT 1 FROM contexts WHERE context = ?"
 CONTEXT_SESSION = "SELECT session_id FROM contexts WHERE context = ?"
 SESSION_CONTEXT = "SELECT context, created_at FROM contexts WHERE session_id = ?"
 SESSION_TYPE = "SELECT type FROM contexts WHERE session_id = ?"
@@ -63,7 +64,6 @@ ADD_COUNTS = (
     "UPDATE contexts SET message_count = message_count + ?, last_active = ? "
     "WHERE session_id = ? AND segment_id = ?"
 )
-DELETE_HEAD = "DELETE FROM contexts WHERE context = ?"
 # In (type, name) order, as ContextId orders, from the covering index contexts_listing.
 LISTING_ORDER = "type, substr(context, length(type) + 2)"
 LISTING_SELECT = (
@@ -81,11 +81,9 @@ SIGNATURES = (
 # ---------------------------------------------------------------------------- sessions, segments
 
 SESSION_EXISTS = "SELECT 1 FROM sessions WHERE session_id = ?"
-INSERT_SESSION = "INSERT INTO sessions VALUES (?, ?, ?)"
+INSERT_SESSION = "INSERT INTO sessions (session_id, context, created_at) VALUES (?, ?, ?)"
 SESSION_OWNER = "SELECT context, created_at FROM sessions WHERE session_id = ?"
 ATTACH_SESSION = "UPDATE sessions SET context = ? WHERE session_id = ? AND context IS NULL"
-# From the partial index sessions_detached (m005).
-DETACHED = "SELECT session_id FROM sessions WHERE context IS NULL"
 # A session's entries that hold history items (its headers, its items), in arrival order.
 SESSION_DOC_ENTRIES = (
     "SELECT g.segment_id, e.seq, e.kind, e.ts, e.line FROM segments AS g "

@@ -622,3 +622,85 @@ def m014_staged_search_items(conn: sqlite3.Connection) -> None:
         """CREATE VIEW search_recent_content AS SELECT id, body, tags FROM search_docs
             WHERE id >= (SELECT floor FROM search_meta) AND id <= (SELECT hw FROM search_meta)"""
     )
+
+
+@MIGRATIONS
+def m015_session_states(conn: sqlite3.Connection) -> None:
+    """Lifecycle is one state record per session (``sessions.state``, JSON, NULL for ``{}``:
+    :mod:`terrarium.stores.lifecycle`): the archive, trash and pin rows of m007 become keys of
+    it. ``archived_contexts`` keeps only the heads of frozen attached sessions (a trashed
+    session is detached: ``sessions.context`` NULL, no head); ``pins`` goes."""
+    conn.execute("ALTER TABLE sessions ADD COLUMN state TEXT")
+    conn.execute("CREATE INDEX sessions_stated ON sessions (session_id) WHERE state IS NOT NULL")
+    pins = {row[0] for row in conn.execute("SELECT session_id FROM pins")}
+    for session, context, state in _m015_states(conn, pins):
+        conn.execute(
+            "UPDATE sessions SET state = ?, context = ? WHERE session_id = ?",
+            (codec.encode(state).decode(), context, session),
+        )
+    for statement in (
+        """CREATE TABLE archived_heads (
+            session_id TEXT PRIMARY KEY,
+            context TEXT NOT NULL UNIQUE,
+            type TEXT NOT NULL,
+            segment_id TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        )""",
+        "INSERT INTO archived_heads SELECT session_id, context, type, segment_id, created_at, "
+        "updated_at FROM archived_contexts WHERE trash_id IS NULL",
+        "DROP TABLE archived_contexts",
+        "ALTER TABLE archived_heads RENAME TO archived_contexts",
+        "DROP TABLE pins",
+    ):
+        conn.execute(statement)
+
+
+def _m015_states(conn: sqlite3.Connection, pins: set[str]) -> list[tuple[str, Any, Any]]:
+    """(session, context or NULL, record) for each session m007's tables say something of."""
+    rows = conn.execute(
+        "SELECT session_id, context, segment_id, created_at, archived_at, last_active, "
+        "message_count, hot_bytes, archived_bytes, trash_id, deleted_at, deleted_from "
+        "FROM archived_contexts"
+    ).fetchall()
+    found: list[tuple[str, Any, Any]] = []
+    for (
+        s,
+        context,
+        g,
+        created,
+        archived_at,
+        last,
+        count,
+        hot,
+        cold,
+        trash_id,
+        deleted_at,
+        was,
+    ) in rows:
+        state: dict[str, Any] = {"cold": {"hot_bytes": hot, "cold_bytes": cold}}
+        if trash_id is None or was == "archived":
+            state["archived"] = {
+                "date": created[:10],
+                "last_active": last,
+                "message_count": count,
+                "archived_at": archived_at,
+            }
+        if trash_id is not None:
+            state["trashed"] = {
+                "trash_id": trash_id,
+                "context": context,
+                "date": created[:10],
+                "deleted_at": deleted_at,
+                "segment_id": g,
+                "message_count": count,
+                "bytes": cold,
+            }
+        if s in pins:
+            state["pinned"] = True
+        found.append((s, context if trash_id is None else None, state))
+    hot_pins = conn.execute(
+        "SELECT session_id, context FROM sessions WHERE session_id IN (SELECT session_id FROM "
+        "pins) AND session_id NOT IN (SELECT session_id FROM archived_contexts)"
+    ).fetchall()
+    return found + [(s, c, {"pinned": True}) for s, c in hot_pins]
