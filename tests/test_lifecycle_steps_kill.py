@@ -155,22 +155,9 @@ def ask(proc: subprocess.Popen[str], request: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
-def _on_lifecycle_ops() -> list[Any]:
-    # Interim, while the backends move onto LifecycleOps one by one.
-    from terrarium.stores.fs import FsStore
-    from terrarium.stores.lifecycle import LifecycleOps
-    from terrarium.stores.postgres import PostgresStore
-    from terrarium.stores.sqlite import SqliteStore
-
-    kinds = {"fs": FsStore, "sqlite": SqliteStore, "postgres": PostgresStore}
-    return [
-        pytest.param(k, marks=[pytest.mark.postgres] if k == "postgres" else [])
-        for k, cls in kinds.items()
-        if issubclass(cls, LifecycleOps)
-    ]
-
-
-@pytest.mark.parametrize("kind", _on_lifecycle_ops())
+@pytest.mark.parametrize(
+    "kind", ["fs", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
 @pytest.mark.parametrize("move", sorted(MOVES))
 def test_a_move_killed_at_any_step_is_completed_by_repair_and_a_rerun(
     kind: str,

@@ -122,10 +122,7 @@ def test_a_session_in_the_destinations_trash_is_a_conflict_not_a_second_copy(
 ) -> None:
     """Copied, then deleted in the destination: a second copy names the trash and writes
     nothing (the session would be live and trashed at once); restored there, it is equal."""
-    from terrarium.stores.lifecycle import LifecycleOps
-
-    if not isinstance(store, LifecycleOps):  # interim, while the backends move onto it
-        pytest.skip("the store keeps a trash of its own")
+    assert isinstance(store, Lifecycle)
     with _source(tmp_path / "src") as src:
         copy_context(src, store, "cli:main")
         assert store.delete_context(ContextId.parse("cli:main"))

@@ -268,15 +268,6 @@ class SqlStates(LifecycleOps, ABC):
     def _drop_rows(self, conn: Any, session: Any) -> None:
         """Delete a detached session's hot rows (its frozen ones go with its record)."""
 
-    def purge_trashed(self, trash_id: str) -> bool:
-        """:meth:`LifecycleOps.purge_trashed`, but False when a restore takes the entry
-        between its look and its delete (that raises SessionAttached; the restore drops the
-        ``purging`` mark with ``trashed``)."""
-        try:
-            return LifecycleOps.purge_trashed(cast(Any, self), trash_id)
-        except SessionAttached:
-            return False
-
     def session_state(self, session_id: SessionId) -> dict[str, Any]:
         """The session's state record (``{}`` if none)."""
         with self._read() as conn:

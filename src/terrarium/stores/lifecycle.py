@@ -181,6 +181,8 @@ class LifecycleOps:
         except SessionAttached:
             raise NotInTrash(f"nothing in the trash has the id {trash_id!r}") from None
         except ContextExists:
+            if self.session_owner(session_id) is not None:  # another restore took it first
+                raise NotInTrash(f"nothing in the trash has the id {trash_id!r}") from None
             _seal(self, session_id, self.session_state(session_id))
             raise
         _reopen(self, session_id, entry["trash_id"])
