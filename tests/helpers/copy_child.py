@@ -21,9 +21,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from forked import run_forked
 from fs_child import _count_mutations
-
-REAL_WRITE = os.write
 
 #: The store methods that write: everything a copy or an import may call to change a store.
 WRITES = (
@@ -107,22 +106,8 @@ def main() -> None:
 
     for line in sys.stdin:
         request = json.loads(line)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the process that may be killed
-            os.close(read)
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
-            writes, code = run(request)
-            REAL_WRITE(write, json.dumps([writes, code]).encode())
-            os._exit(0)
-        os.close(write)
-        with os.fdopen(read) as pipe:
-            done = pipe.read()
-        _, status = os.waitpid(pid, 0)
-        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-        writes, code = json.loads(done) if done else (None, None)
+        killed, done = run_forked(lambda request=request: list(run(request)), quiet=True)
+        writes, code = done if done else (None, None)
         sys.stdout.write(json.dumps({"killed": killed, "writes": writes, "exit": code}) + "\n")
         sys.stdout.flush()
 

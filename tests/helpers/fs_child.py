@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from forked import run_forked
+
 from terrarium import (
     ConflictError,
     ContextExists,
@@ -168,27 +170,18 @@ def repair_server(args: dict[str, Any]) -> None:
 
     for line in sys.stdin:
         request = json.loads(line)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the repairing process
-            os.close(read)
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
+
+        def work(request: dict[str, Any] = request) -> int:
             count = _count_mutations(request["kill"])
             argv = ["fsck", "--repair", "--salvage", "--storage-dir", request["root"]]
             try:
                 cli.main(argv, standalone_mode=False)
             except BaseException:
                 pass
-            os.write(write, str(count[0]).encode())
-            os._exit(0)
-        os.close(write)
-        with os.fdopen(read) as pipe:
-            done = pipe.read()
-        _, status = os.waitpid(pid, 0)
-        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-        say(killed=killed, mutations=int(done) if done else None)
+            return count[0]
+
+        killed, mutations = run_forked(work, quiet=True)
+        say(killed=killed, mutations=mutations)
 
 
 def attach_server(args: dict[str, Any]) -> None:
@@ -199,10 +192,8 @@ def attach_server(args: dict[str, Any]) -> None:
 
     for line in sys.stdin:
         request = json.loads(line)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the attaching process
-            os.close(read)
+
+        def work(request: dict[str, Any] = request) -> list[Any]:
             count = _count_mutations(request["kill"])
             ref = PodActiveSegmentRef(uuid.UUID(request["session"]), uuid.UUID(request["segment"]))
             error = ""
@@ -211,14 +202,10 @@ def attach_server(args: dict[str, Any]) -> None:
                     attach_context(store, request["context"], ref)
             except Exception as exc:
                 error = type(exc).__name__
-            os.write(write, json.dumps([count[0], error]).encode())
-            os._exit(0)
-        os.close(write)
-        with os.fdopen(read) as pipe:
-            done = pipe.read()
-        _, status = os.waitpid(pid, 0)
-        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-        mutations, error = json.loads(done) if done else (None, None)
+            return [count[0], error]
+
+        killed, done = run_forked(work)
+        mutations, error = done if done else (None, None)
         say(killed=killed, mutations=mutations, error=error)
 
 

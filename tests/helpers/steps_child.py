@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from forked import run_forked
 from race_child import open_spec
 
 from terrarium import sessions
@@ -70,7 +71,8 @@ def run(store: Any, request: dict[str, Any]) -> None:
     elif op == "delete":
         store.delete_context(context)
     elif op == "restore":
-        store.restore_trashed(request["trash_id"])
+        target = ContextId.parse(request["as"]) if request.get("as") else None
+        store.restore_trashed(request["trash_id"], as_context=target)
     elif op == "purge_trashed":
         store.purge_trashed(request["trash_id"])
     elif op == "purge_context":
@@ -84,10 +86,8 @@ def run(store: Any, request: dict[str, Any]) -> None:
 def main() -> None:
     for line in sys.stdin:
         request = json.loads(line)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the process that may be killed
-            os.close(read)
+
+        def work(request: dict[str, Any] = request) -> list[Any]:
             error = ""
             with open_spec(request) as store:
                 count = instrument(store, request["kill"])
@@ -95,14 +95,10 @@ def main() -> None:
                     run(store, request)
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
-            os.write(write, json.dumps([count[0], error]).encode())
-            os._exit(0)
-        os.close(write)
-        with os.fdopen(read) as pipe:
-            done = pipe.read()
-        _, status = os.waitpid(pid, 0)
-        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-        steps, error = json.loads(done) if done else (None, None)
+            return [count[0], error]
+
+        killed, done = run_forked(work)
+        steps, error = done if done else (None, None)
         sys.stdout.write(json.dumps({"killed": killed, "steps": steps, "error": error}) + "\n")
         sys.stdout.flush()
 
