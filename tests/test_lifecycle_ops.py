@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from terrarium import ContextId, MemoryStore, create_segment, restore, sessions
 from terrarium.model import SegmentId, SessionId
 
@@ -83,3 +85,41 @@ def test_a_restore_between_a_purges_two_steps_wins() -> None:
     assert store.finish_lifecycle() == 1  # the restore's second step, as fsck --repair runs it
     assert store.unfinished_lifecycle() == [] and store.trashed_contexts() == []
     assert [m["content"] for m in restore(store, MAIN).history] == ["kept"]
+
+
+class PurgedAfterLookup(MemoryStore):
+    """A store whose context is purged by another process just after its head is read."""
+
+    armed = False
+
+    def get_head(self, context: ContextId) -> Any:
+        head = super().get_head(context)
+        if self.armed and head is not None:
+            self.armed = False
+            self.purge_context(context)
+        return head
+
+
+@pytest.mark.parametrize(
+    ("move", "answer"),
+    [
+        (lambda s: s.archive_context(MAIN), None),
+        (lambda s: s.unarchive_context(MAIN), False),
+        (lambda s: s.is_archived(MAIN), False),
+        (lambda s: s.delete_context(MAIN), False),
+        (lambda s: s.purge_context(MAIN), False),
+        (lambda s: s.pin_context(MAIN), False),
+    ],
+    ids=["archive", "unarchive", "is_archived", "delete", "purge", "pin"],
+)
+def test_a_context_purged_between_its_head_and_its_record_is_simply_gone(
+    move: Any, answer: Any
+) -> None:
+    """A policy run (``maintain``) met a context another process purged between the reads of
+    its head and of its session's record: no error, the context is gone (the race test found
+    ``SegmentNotFound`` escaping from archive)."""
+    store = PurgedAfterLookup()
+    seeded(store)
+    store.armed = True
+    assert move(store) == answer
+    assert store.get_head(MAIN) is None and store.trashed_contexts() == []

@@ -67,28 +67,26 @@ class LifecycleOps:
     def archive_context(self: _Backend, context: ContextId) -> ArchivedContext | None:
         """Freeze a hot context's session; None if there is no hot context of that id."""
         for _ in range(ATTEMPTS):
-            head = self.get_head(context)
-            if head is None:
+            found = _head_state(self, context)
+            if found is None or "archived" in found[1]:
                 return None
-            state = self.session_state(head.session_id)
-            if "archived" in state:
-                return None
-            summary = {**_summary(self, head), "archived_at": utc_now()}
+            head, state = found
             try:
+                summary = {**_summary(self, head), "archived_at": utc_now()}
                 stored = self.freeze_session(
                     head.session_id, expected=state, state={**state, "archived": summary}
                 )
-            except (ConflictError, ContextNotFound):
+            except (ConflictError, ContextNotFound, SegmentNotFound):  # changed meanwhile
                 continue
             return _archived(str(context), stored)
         raise ConflictError(f"{context} kept changing while it was being archived")
 
     def unarchive_context(self: _Backend, context: ContextId) -> bool:
         """Thaw an archived context's session; False if it is not archived."""
-        head = self.get_head(context)
-        if head is None or "archived" not in self.session_state(head.session_id):
+        found = _head_state(self, context)
+        if found is None or "archived" not in found[1]:
             return False
-        return LifecycleOps.wake_session(self, head.session_id)
+        return LifecycleOps.wake_session(self, found[0].session_id)
 
     def wake_session(self: _Backend, session_id: SessionId) -> bool:
         """Thaw a frozen session before a write to it; whether it was frozen.
@@ -111,8 +109,8 @@ class LifecycleOps:
 
     def is_archived(self: _Backend, context: ContextId) -> bool:
         """Whether the context exists and is archived."""
-        head = self.get_head(context)
-        return head is not None and "archived" in self.session_state(head.session_id)
+        found = _head_state(self, context)
+        return found is not None and "archived" in found[1]
 
     def archived_contexts(self: _Backend, type: str | None = None) -> list[ArchivedContext]:
         """Every archived context, optionally of one type, sorted by context id."""
@@ -130,18 +128,22 @@ class LifecycleOps:
         """Move the context to the trash (its session detached, with its record); False if
         there is no such context."""
         for _ in range(ATTEMPTS):
-            head = self.get_head(context)
-            if head is None:
+            found = _head_state(self, context)
+            if found is None:
                 return False
-            state = self.session_state(head.session_id)
+            head, state = found
+            try:
+                counted = _message_count(self, head), _bytes(self, head.session_id, state)
+            except SegmentNotFound:  # purged meanwhile
+                continue
             entry = {
                 "trash_id": str(new_segment_id()),  # a UUIDv7: time-ordered
                 "context": str(context),
                 "date": head.date,
                 "deleted_at": utc_now(),
                 "segment_id": str(head.segment_id),
-                "message_count": _message_count(self, head),
-                "bytes": _bytes(self, head.session_id, state),
+                "message_count": counted[0],
+                "bytes": counted[1],
             }
             trashed = {**state, "trashed": entry}
             try:
@@ -209,10 +211,10 @@ class LifecycleOps:
     def purge_context(self: _Backend, context: ContextId) -> bool:
         """Delete a hot or archived context for ever, bypassing the trash; False if absent."""
         for _ in range(ATTEMPTS):
-            head = self.get_head(context)
-            if head is None:
+            found = _head_state(self, context)
+            if found is None:
                 return False
-            state = self.session_state(head.session_id)
+            head, state = found
             try:
                 self.detach_context(
                     context, head.session_id, expected=state, state={**state, "purging": True}
@@ -233,13 +235,16 @@ class LifecycleOps:
 
     def pin_context(self: _Backend, context: ContextId, pinned: bool = True) -> bool:
         """Pin (or unpin) a hot or archived context; False if there is no such context."""
-        head = self.get_head(context)
-        if head is None:
+        found = _head_state(self, context)
+        if found is None:
             return False
-        if pinned:
-            _set_key(self, head.session_id, "pinned", True)
-        else:
-            _drop_key(self, head.session_id, "pinned")
+        try:
+            if pinned:
+                _set_key(self, found[0].session_id, "pinned", True)
+            else:
+                _drop_key(self, found[0].session_id, "pinned")
+        except SegmentNotFound:  # purged meanwhile
+            return False
         return True
 
     def pinned_contexts(self: _Backend) -> frozenset[str]:
@@ -259,19 +264,36 @@ class LifecycleOps:
         done = 0
         for record in LifecycleOps.unfinished_lifecycle(self):
             trashed = record.state.get("trashed") or {}
-            if record.owner is not None and trashed:  # a restore: attached, still trashed
-                _reopen(self, record.session_id, trashed["trash_id"])
-            elif record.owner is not None:  # a purge that a restore overtook
-                _drop_key(self, record.session_id, "purging")
-            elif record.state.get("purging"):  # a purge: detached and marked
-                self.delete_session(record.session_id)
-            else:  # a delete: detached, not yet frozen
-                _seal(self, record.session_id, record.state)
+            try:
+                if record.owner is not None and trashed:  # a restore: attached, still trashed
+                    _reopen(self, record.session_id, trashed["trash_id"])
+                elif record.owner is not None:  # a purge that a restore overtook
+                    _drop_key(self, record.session_id, "purging")
+                elif record.state.get("purging"):  # a purge: detached and marked
+                    self.delete_session(record.session_id)
+                else:  # a delete: detached, not yet frozen
+                    _seal(self, record.session_id, record.state)
+            except SegmentNotFound:  # purged meanwhile: nothing left to finish
+                continue
             done += 1
         return done
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _head_state(store: _Backend, context: ContextId) -> tuple[PodMetadata, dict[str, Any]] | None:
+    """The context's head and its session's record, read together; None if there is no such
+    context (a session purged between the two reads is looked up again)."""
+    for _ in range(ATTEMPTS):
+        head = store.get_head(context)
+        if head is None:
+            return None
+        try:
+            return head, store.session_state(head.session_id)
+        except SegmentNotFound:
+            continue
+    raise ConflictError(f"{context} kept changing while it was being read")
 
 
 def _lifecycle_keys(state: Mapping[str, Any]) -> bool:
@@ -299,7 +321,7 @@ def _seal(store: _Backend, session_id: SessionId, state: dict[str, Any]) -> None
     if "cold" not in state:
         try:
             store.freeze_session(session_id, expected=state, state=state)
-        except ConflictError:
+        except (ConflictError, SegmentNotFound):
             pass  # restored or purged meanwhile: that move has the last word
 
 
