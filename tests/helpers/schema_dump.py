@@ -70,8 +70,7 @@ _PG_QUERIES = (
     ),
     (
         "view",
-        "SELECT viewname, definition FROM pg_views WHERE schemaname = %(ns)s "
-        "ORDER BY viewname",
+        "SELECT viewname, definition FROM pg_views WHERE schemaname = %(ns)s ORDER BY viewname",
     ),
     (
         "function",
@@ -94,5 +93,6 @@ def postgres_schema(conn: Any, schema: str) -> str:
     lines: list[str] = []
     for what, query in _PG_QUERIES:
         for row in conn.execute(query, {"ns": schema}):
-            lines.append(f"{what}: " + " | ".join(_norm(None if v is None else str(v)) for v in row))
+            values = (_norm(None if value is None else str(value)) for value in row)
+            lines.append(f"{what}: " + " | ".join(values))
     return "\n".join(lines).replace(schema, "<schema>") + "\n"

@@ -62,6 +62,7 @@ APPLIED = sql.SQL("SELECT name FROM {schema}.migrations")
 # Migrations write unqualified names: they land in this schema.
 MIGRATE_IN = sql.SQL("SET LOCAL search_path TO {schema}")
 RECORD_MIGRATION = sql.SQL("INSERT INTO {schema}.migrations (name) VALUES (%s)")
+FORGET_MIGRATIONS = sql.SQL("DELETE FROM {schema}.migrations WHERE name = ANY (%s)")
 
 # --------------------------------------------------------------------------- appends
 

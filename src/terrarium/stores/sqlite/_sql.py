@@ -39,6 +39,7 @@ CREATE_MIGRATIONS = (
 )
 APPLIED = "SELECT name FROM migrations"
 RECORD_MIGRATION = "INSERT INTO migrations VALUES (?, ?)"
+FORGET_MIGRATION = "DELETE FROM migrations WHERE name = ?"
 
 # ---------------------------------------------------------------------------- heads
 
