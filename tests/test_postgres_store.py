@@ -1,5 +1,5 @@
 """PostgresStore specifics: exact lines, concurrency across processes, advisory locks, batched
-appends, the search index (catch-ups, word folding, ranking window, the migration that fills it)
+appends, the search index (catch-ups, word folding, ranking window)
 and a schema that can be distributed by session.
 
 The Store contract itself is checked by tests/contract/ on every backend. Every test here

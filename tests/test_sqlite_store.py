@@ -1,5 +1,5 @@
 """SqliteStore specifics: WAL, durability setting, threads and processes, atomic(), locks, and
-its search tables (two FTS5 tables, batched catch-ups, reindex, the migration that fills them).
+its search tables (two FTS5 tables, batched catch-ups, reindex).
 
 The Store contract itself is checked by tests/contract/ on every backend; these tests cover
 what only this backend has.

@@ -1,13 +1,8 @@
 """Schema migrations shared by the database backends (SQLite and PostgreSQL).
 
 A backend keeps one :class:`Migrations` registry and adds each schema change to it with the
-registry as a decorator::
-
-    MIGRATIONS = Migrations("sqlite")
-
-    @MIGRATIONS
-    def m001_initial(conn: sqlite3.Connection) -> None:
-        conn.execute("CREATE TABLE ...")
+registry as a decorator (``MIGRATIONS = Migrations("sqlite")``, then ``@MIGRATIONS`` over
+``def m001_initial(conn): ...``).
 
 Rules (the same for every backend):
 
