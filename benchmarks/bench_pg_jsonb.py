@@ -13,7 +13,7 @@ conversation (user messages of 50-400 characters, assistant replies of 200-2,000
 run and turn-end entries):
 
 * ``cast``: ``line text`` alone, what the store keeps; views cast with ``line_jsonb(line)``
-  (migration ``m006_transcript_view``), paying the parse on every read;
+  (migration ``m001_initial``), paying the parse on every read;
 * ``stored``: ``line text`` plus ``body jsonb GENERATED ALWAYS AS (line_jsonb(line)) STORED``,
   paying the parse and a second copy on every append;
 * ``jsonb``: ``line jsonb`` instead of text, for reference only: it cannot keep a line as

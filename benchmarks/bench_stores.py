@@ -217,8 +217,8 @@ def restore_cost(store: Store, name: str, size: int, repeat: int = 5) -> float:
 
 
 def bare_sqlite(path: Path, synchronous: str) -> tuple[Callable[[], Any], Callable[[], None]]:
-    """A bare autocommit INSERT of an entry line into a table shaped like ``entries`` (since
-    ``m013_segment_keys``: an arrival id, the segment's integer key, ``UNIQUE (seg, seq)``)."""
+    """A bare autocommit INSERT of an entry line into a table shaped like ``entries`` (an
+    arrival id, the segment's integer key, ``UNIQUE (seg, seq)``)."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute(f"PRAGMA synchronous = {synchronous}")

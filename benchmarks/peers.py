@@ -12,7 +12,7 @@ Every system runs in this one process, each in its own folder of a temporary dir
   reading that file and ``msgspec.json.Decoder.decode_lines`` of it, the cyclic GC paused
   as terrarium's codec does (restore), its size (bytes); a bare autocommit ``INSERT`` of the
   same line into a WAL SQLite table shaped like ``SqliteStore``'s entries (same
-  ``synchronous``; keyed by an integer segment key, as since ``m013_segment_keys``), restored
+  ``synchronous``; keyed by an integer segment key, as the store's are), restored
   by one ``SELECT`` and the same decoding.
 * **Terrarium**: ``FsStore``, ``SqliteStore`` and ``PostgresStore`` (when a server answers at
   ``TERRARIUM_TEST_POSTGRES_DSN`` or the default DSN: a throwaway database, dropped after),
@@ -197,7 +197,7 @@ class InsertFloor(System):
     """A bare autocommit ``INSERT`` of the line, as ``SqliteStore`` stores it; one ``SELECT``
     and ``decode_lines`` to restore.
 
-    The table has the shape of ``SqliteStore``'s entries since ``m013_segment_keys`` (an
+    The table has the shape of ``SqliteStore``'s entries (an
     arrival id, the segment's integer key, ``UNIQUE (seg, seq)``), so the floor stays
     like-for-like: the same row and index bytes, without the store's compare-and-append
     check and the lookup of the segment's key.

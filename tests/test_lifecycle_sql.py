@@ -66,7 +66,7 @@ def _rows(store: Any, table: str, session_id: Any) -> int:
     entries that no segment owns count as the session's too)."""
     query = f"SELECT count(*) FROM {table} WHERE session_id = "
     if isinstance(store, SqliteStore):
-        if table == "entries":  # they name their segment by its key (m013)
+        if table == "entries":  # they name their segment by its key (segments.id)
             query = (
                 "SELECT count(*) FROM entries WHERE seg NOT IN (SELECT id FROM segments) "
                 "OR seg IN (SELECT id FROM segments WHERE session_id = ?)"

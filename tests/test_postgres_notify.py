@@ -1,4 +1,4 @@
-"""PostgreSQL's change notes (migration ``m009_notify``, ``PostgresStore.change_feed``) and
+"""PostgreSQL's change notes (triggers ``*_notify``, ``PostgresStore.change_feed``) and
 the dashboard's live stream over them: a write from another connection wakes the listener,
 and the SSE endpoint sends ``change`` on the note (on PostgreSQL it never polls)."""
 
@@ -96,7 +96,7 @@ def test_the_live_stream_sends_change_on_a_note(
 
 
 def _notes_on(store: PostgresStore) -> bool:
-    """Whether the appends' trigger (m012 switches it) is on."""
+    """Whether the appends' trigger (feeds switch it) is on."""
     import psycopg
 
     with psycopg.connect(store._dsn, autocommit=True) as conn:

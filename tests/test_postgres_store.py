@@ -1,5 +1,5 @@
 """PostgresStore specifics: exact lines, concurrency across processes, advisory locks, batched
-appends, the search index (catch-ups, word folding, ranking window, the migration that fills it)
+appends, the search index (catch-ups, word folding, ranking window)
 and a schema that can be distributed by session.
 
 The Store contract itself is checked by tests/contract/ on every backend. Every test here
@@ -23,7 +23,7 @@ from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
 
 psycopg = pytest.importorskip("psycopg")
 
-from helpers.history import add_context, places, user_item  # noqa: E402
+from helpers.history import add_context, places  # noqa: E402
 from terrarium import codec  # noqa: E402
 from terrarium.errors import ConflictError, SegmentNotFound, StoreError  # noqa: E402
 from terrarium.model import ContextId, SegmentOrigin  # noqa: E402
@@ -249,7 +249,7 @@ def test_schema_is_distributable_by_session(store: PostgresStore, sql: Any) -> N
     columns = sql.execute(
         "SELECT c.table_name, c.column_name FROM information_schema.columns AS c "
         "JOIN information_schema.tables AS t USING (table_schema, table_name) "
-        "WHERE c.table_schema = %s AND t.table_type = 'BASE TABLE'",  # not the views (m006)
+        "WHERE c.table_schema = %s AND t.table_type = 'BASE TABLE'",  # not the views
         (store.schema,),
     ).fetchall()
     # blobs are content-addressed and shared by sessions: a reference table under Citus.
@@ -401,40 +401,6 @@ def test_search_words_keep_the_length_and_the_words(text: str) -> None:
     assert all(c == " " or tokenize(c) for c in words)
     if text.isascii():
         assert words.split() == tokenize(text)
-
-
-def test_migration_indexes_existing_history(pg_database: str) -> None:  # noqa: F811
-    """A schema from before search (m002) gets its history indexed on open."""
-    import psycopg
-
-    from terrarium.stores import postgres
-
-    schema = fresh_schema()
-    s, g = uuid.UUID(int=1), uuid.UUID(int=2)
-    header = {"v": 1, "seq": 0, "ts": TS, "kind": "header", "session_id": str(s)}
-    header |= {"segment_id": str(g), "history": [user_item("xi from the header")]}
-    entry = {"v": 1, "seq": 1, "ts": TS, "kind": "item", "item": user_item("xi from an entry")}
-    with psycopg.connect(pg_database, autocommit=True) as conn:
-        postgres.migrate(conn, schema, where="old", stop_after="m002_traces")
-        q = f'"{schema}"'
-        conn.execute(
-            f"INSERT INTO {q}.contexts VALUES ('irc:#old', 'irc', %s, %s, %s, %s)", (s, g, TS, TS)
-        )
-        conn.execute(f"INSERT INTO {q}.sessions VALUES (%s, 'irc:#old', %s)", (s, TS))
-        conn.execute(f"INSERT INTO {q}.segments VALUES (%s, %s, %s)", (s, g, TS))
-        for line in (header, entry):
-            text = codec.encode(line).decode()
-            conn.execute(
-                f"INSERT INTO {q}.entries VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s)",
-                (s, g, line["seq"], line["kind"], TS, text, text),
-            )
-    with postgres.PostgresStore(pg_database, schema=schema) as store:
-        hits = store.search(SearchQuery("xi", type="irc"))
-        assert {(h.seq, h.snippet) for h in hits} == {
-            (0, "xi from the header"),
-            (1, "xi from an entry"),
-        }
-        assert json.dumps([h.context for h in hits]) == '["irc:#old", "irc:#old"]'
 
 
 def test_common_words_are_ranked_among_recent_matches(

@@ -1,5 +1,5 @@
 """SqliteStore specifics: WAL, durability setting, threads and processes, atomic(), locks, and
-its search tables (two FTS5 tables, batched catch-ups, reindex, the migration that fills them).
+its search tables (two FTS5 tables, batched catch-ups, reindex).
 
 The Store contract itself is checked by tests/contract/ on every backend; these tests cover
 what only this backend has.
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from helpers.history import add_context, build_history, places, snippets, user_item
+from helpers.history import add_context, build_history, places, snippets
 from terrarium import codec
 from terrarium.errors import ConflictError, SegmentNotFound, StoreError
 from terrarium.model import ContextId
@@ -343,7 +343,7 @@ def test_delete_racing_appends_leaves_no_orphans(store: SqliteStore, db: Path) -
 
 
 # --------------------------------------------------------------------------- segment keys
-# A store caches each segment's integer key (m013) with its seq guess; these would append to
+# A store caches each segment's integer key (segments.id) with its seq guess; these would append to
 # the wrong segment if a cached key could name another one.
 
 
@@ -857,52 +857,3 @@ def test_a_rolled_back_append_leaves_nothing_to_find(store: SqliteStore) -> None
         raise Boom
     assert snippets(store.search(SearchQuery("mu"))) == ["mu kept"]
     _integrity(store)
-
-
-def test_migration_indexes_existing_history(tmp_path: Path) -> None:
-    """A database from before search (m002) gets its history indexed on open."""
-    path = tmp_path / "old.store"
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        sqlite_backend.migrate(conn, where="old", stop_after="m002_traces")
-        s, g = str(uuid.UUID(int=1)), str(uuid.UUID(int=2))
-        conn.execute("INSERT INTO contexts VALUES ('irc:#old', 'irc', ?, ?, ?, ?)", (s, g, TS, TS))
-        conn.execute("INSERT INTO sessions VALUES (?, 'irc:#old', ?)", (s, TS))
-        conn.execute("INSERT INTO segments VALUES (?, ?, ?)", (s, g, TS))
-        lines = [
-            {
-                "v": 1,
-                "seq": 0,
-                "ts": TS,
-                "kind": "header",
-                "session_id": s,
-                "segment_id": g,
-                "history": [user_item("nu from the header")],
-            },
-            {
-                "v": 1,
-                "seq": 1,
-                "ts": TS,
-                "kind": "user_input",
-                "item": user_item("nu from an entry"),
-            },
-            {"v": 1, "seq": 2, "ts": TS, "kind": "usage", "model": "nu"},
-        ]
-        for line in lines:
-            conn.execute(
-                "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?)",
-                (s, g, line["seq"], line["kind"], TS, codec.encode(line).decode()),
-            )
-    finally:
-        conn.close()
-    with SqliteStore(path) as store:
-        hits = store.search(SearchQuery("nu", type="irc"))
-        assert {(h.seq, h.snippet) for h in hits} == {
-            (0, "nu from the header"),
-            (1, "nu from an entry"),
-        }
-        head = store.get_head(ContextId("irc", "#old"))
-        assert head is not None
-        save_user_input(store, head, "nu appended")
-        assert len(store.search(SearchQuery("nu"))) == 3
-        _integrity(store)

@@ -1,4 +1,4 @@
-"""The ``transcript`` view of SqliteStore and PostgresStore (migration ``m006_transcript_view``).
+"""The ``transcript`` view of SqliteStore and PostgresStore (made by ``m001_initial``).
 
 For every context, the view's rows are exactly ``restore(store, context).history``, in order,
 numbered 1..n, whatever forks, compactions, clears, imports and attaches made the lineage;
@@ -438,7 +438,7 @@ def test_nul_characters_do_not_break_the_view(backend: Backend) -> None:
 # The sqlite_stat1 rows (search tables aside) that ANALYZE wrote for a store of 2,000
 # contexts and 500,000 entries (benchmarks/bench_transcript.py's), on which a join to a
 # parent's header made SQLite scan the whole entries table to build a Bloom filter; the
-# entries' row is for m013's key (seg, seq): 502,253 entries in 2,002 segments.
+# entries' row is for its key (seg, seq): 502,253 entries in 2,002 segments.
 BIG_STORE_STATS = [
     ("sessions", "sqlite_autoindex_sessions_1", "2000 1"),
     ("migrations", "sqlite_autoindex_migrations_1", "6 1"),
@@ -613,64 +613,3 @@ def test_psql_reads_the_view(pg_database: str) -> None:  # noqa: F811
         "4|assistant|re: naïve ☕",
         "naïve ☕",
     ]
-
-
-def test_sqlite_m006_upgrades_a_store_with_history(tmp_path: Path) -> None:
-    """A database at m005 holding conversations gets the views on open, and they read the
-    history written before them."""
-    from helpers.old_sqlite import downgrade
-    from terrarium.stores import sqlite as sqlite_backend
-    from terrarium.stores.sqlite import SqliteStore
-
-    built, path = tmp_path / "built.db", tmp_path / "m005.db"
-    with SqliteStore(built) as store:
-        build_history(store)
-        expected = {
-            str(h.context): restore(store, h.context).history for h in store.list_contexts()
-        }
-    downgrade(built, path, "m005_detached_sessions")
-    with SqliteStore(path):
-        pass
-    conn = sqlite3.connect(path)
-    try:
-        names = [row[0] for row in conn.execute("SELECT name FROM migrations ORDER BY name")]
-        assert names == sqlite_backend.MIGRATIONS.names
-        for context, history in expected.items():
-            items = conn.execute(
-                "SELECT item FROM transcript WHERE context = ? ORDER BY position", (context,)
-            ).fetchall()
-            assert [json.loads(item) for (item,) in items] == history
-    finally:
-        conn.close()
-
-
-@pytest.mark.postgres
-def test_postgres_m006_upgrades_a_store_with_history(pg_database: str) -> None:  # noqa: F811
-    """A schema at m005 holding conversations gets the views on open, and they read the
-    history written before them."""
-    import psycopg
-
-    from terrarium.stores import postgres
-    from terrarium.stores.postgres import PostgresStore
-
-    schema = fresh_schema()
-    with PostgresStore(pg_database, schema=schema) as store:
-        build_history(store)
-        expected = {
-            str(h.context): restore(store, h.context).history for h in store.list_contexts()
-        }
-    with psycopg.connect(pg_database, autocommit=True) as conn:
-        conn.execute(f'SET search_path TO "{schema}"')
-        for view in ("transcript", "transcript_items", "transcript_lineage", "entries_json"):
-            conn.execute(f"DROP VIEW {view}")
-        conn.execute("DROP FUNCTION line_jsonb(text)")
-        conn.execute("DELETE FROM migrations WHERE name = 'm006_transcript_view'")
-        with PostgresStore(pg_database, schema=schema):
-            pass
-        names = [row[0] for row in conn.execute("SELECT name FROM migrations ORDER BY name")]
-        assert names == postgres.MIGRATIONS.names
-        for context, history in expected.items():
-            items = conn.execute(
-                "SELECT item FROM transcript WHERE context = %s ORDER BY position", (context,)
-            ).fetchall()
-            assert [item for (item,) in items] == history

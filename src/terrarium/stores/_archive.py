@@ -61,7 +61,7 @@ LEVEL = 3
 # What both database stores run, in SQLite's placeholders (``?``); PostgreSQL's store turns
 # them into its own (:func:`pyformat`, through :meth:`SqlStates._q`). The tables: ``sessions``
 # with its ``state`` column, ``archived_contexts`` (the heads of frozen attached sessions) and
-# ``archived_segments`` (the frozen segments), as the ``m015_session_states`` migrations leave
+# ``archived_segments`` (the frozen segments), as each backend's ``m001_initial`` makes
 # them.
 
 

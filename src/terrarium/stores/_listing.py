@@ -4,7 +4,7 @@ database index runs, and the same page computed in Python.
 A page is keyset pagination over the sort column and the context id, largest first:
 ``WHERE (col, context) < (:value, :context) ORDER BY col DESC, context DESC LIMIT :n``. Each
 backend keeps an index on ``(col, context)`` for each sort (SQLite and PostgreSQL
-``m010_listing_sorts``, the fs index's ``sessions_by_*``), so a page reads about ``n`` index
+``contexts_by_*``, the fs index's ``sessions_by_*``), so a page reads about ``n`` index
 entries wherever it starts. Filters that no index serves (text in the id, the days) are
 checked on the rows the index walk visits.
 

@@ -1,13 +1,8 @@
 """Schema migrations shared by the database backends (SQLite and PostgreSQL).
 
 A backend keeps one :class:`Migrations` registry and adds each schema change to it with the
-registry as a decorator::
-
-    MIGRATIONS = Migrations("sqlite")
-
-    @MIGRATIONS
-    def m001_initial(conn: sqlite3.Connection) -> None:
-        conn.execute("CREATE TABLE ...")
+registry as a decorator (``MIGRATIONS = Migrations("sqlite")``, then ``@MIGRATIONS`` over
+``def m001_initial(conn): ...``).
 
 Rules (the same for every backend):
 
@@ -20,6 +15,10 @@ Rules (the same for every backend):
   version does not know was written by a newer terrarium: it is refused
   (:class:`~terrarium.errors.FormatVersionError`) rather than written in a schema we do not know.
 * Never edit a migration once it has been released: add a new one.
+* Before the first release the steps were squashed: each backend registers ``m001_initial``,
+  which builds what its 15 earlier steps built (:data:`PRE_SQUASH`). A database recording
+  exactly those 15 names is a database at ``m001_initial``: :meth:`Migrations.squashed` names
+  the records the backend forgets, in one transaction, when it opens it.
 
 It holds only the bookkeeping: transactions and concurrent openers are each backend's business.
 """
@@ -36,6 +35,34 @@ from terrarium.errors import FormatVersionError
 C = TypeVar("C")
 
 _NAME_RE = re.compile(r"m(\d{3,})_[a-z0-9_]+")
+
+PRE_SQUASH = (
+    "m001_initial",
+    "m002_traces",
+    "m003_search",
+    "m004_derived_state",
+    "m005_detached_sessions",
+    "m006_transcript_view",
+    "m007_lifecycle",
+    "m008_blobs",
+    "m009_notify",
+    "m010_listing_sorts",
+    "m011_search_rows_without_text",
+    "m012_notify_only_when_listened",
+    "m013_segment_keys",
+    "m014_staged_search_items",
+    "m015_session_states",
+)
+"""The steps both backends registered before the squash, whose schema ``m001_initial`` builds."""
+
+# The part types whose ``text`` is text, and those only the Responses API uses (a list holding
+# one joins its texts with line breaks), as ``terrarium.model`` counts them, for the backends'
+# ``transcript`` views: copied, not imported, since a released step must not change when the
+# model does.
+TEXT_PARTS_SQL = "('text', 'input_text', 'output_text', 'summary_text', 'reasoning_text')"
+RESPONSES_PARTS_SQL = (
+    "('input_text', 'output_text', 'refusal', 'input_image', 'summary_text', 'reasoning_text')"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +82,10 @@ class Migrations(Generic[C]):
     from applying the same step twice, is each backend's business.
     """
 
-    def __init__(self, backend: str) -> None:
+    def __init__(self, backend: str, *, squashed: Collection[str] = ()) -> None:
         self.backend = backend
+        self._squashed = frozenset(squashed)
+        """Names that, recorded all together and alone, mean the first step (the squash)."""
         self._steps: list[Migration[C]] = []
         self._last_number = 0
 
@@ -89,8 +118,15 @@ class Migrations(Generic[C]):
         """Every registered name, in order."""
         return [step.name for step in self._steps]
 
+    def squashed(self, applied: Collection[str]) -> list[str]:
+        """The records to forget if ``applied`` is exactly the squashed list (all of it, and
+        nothing else): all but the first step's name, which stays; else ``[]``."""
+        if not self._squashed or set(applied) != self._squashed or not self._steps:
+            return []
+        return sorted(name for name in applied if name != self._steps[0].name)
+
     def pending(self, applied: Collection[str], *, where: str) -> list[Migration[C]]:
-        """The migrations not in ``applied``, in order.
+        """The migrations not in ``applied``, in order (the squashed list counts as the first).
 
         Args:
             applied: the names recorded in the database's ``migrations`` table.
@@ -99,6 +135,8 @@ class Migrations(Generic[C]):
         Raises:
             FormatVersionError: ``applied`` names a migration this version does not know.
         """
+        if self.squashed(applied):
+            applied = [self._steps[0].name]
         known = set(self.names)
         unknown = sorted(name for name in applied if name not in known)
         if unknown:

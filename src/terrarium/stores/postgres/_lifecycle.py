@@ -3,7 +3,7 @@
 Lifecycle itself is :class:`~terrarium.stores.lifecycle.LifecycleOps`, over the state record
 ``sessions.state`` (:class:`~terrarium.stores._archive.SqlStates`); here are the rows a
 freeze, a thaw, a detach and a delete move, in the caller's transaction. The tables (migration
-``m015_session_states``) are SQLite's (:mod:`terrarium.stores.sqlite._lifecycle`) with
+``m001_initial``) are SQLite's (:mod:`terrarium.stores.sqlite._lifecycle`) with
 PostgreSQL types, keyed by ``session_id`` first like every other table::
 
     archived_contexts(session_id PK, context UNIQUE, type, segment_id, created_at, updated_at)

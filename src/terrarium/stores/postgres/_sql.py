@@ -62,6 +62,7 @@ APPLIED = sql.SQL("SELECT name FROM {schema}.migrations")
 # Migrations write unqualified names: they land in this schema.
 MIGRATE_IN = sql.SQL("SET LOCAL search_path TO {schema}")
 RECORD_MIGRATION = sql.SQL("INSERT INTO {schema}.migrations (name) VALUES (%s)")
+FORGET_MIGRATIONS = sql.SQL("DELETE FROM {schema}.migrations WHERE name = ANY (%s)")
 
 # --------------------------------------------------------------------------- appends
 
@@ -131,7 +132,7 @@ LISTING_OF_TYPE = _LISTING.format(where="WHERE type = %s ")
 # rows to disk and takes three times as long.
 LISTING_BY_INDEX = "SET LOCAL enable_sort = off"
 # A page of it is LISTING_SELECT completed by stores._listing.page_statement, from the indexes
-# contexts_by_{last_active,created,messages} (m010).
+# contexts_by_{last_active,created,messages}.
 CONTEXT_TYPES = 'SELECT DISTINCT type COLLATE "C" FROM contexts ORDER BY 1'
 SIGNATURES = (
     "SELECT context, last_active, message_count FROM contexts "
@@ -168,7 +169,7 @@ INSERT_HEADER = (
     "INSERT INTO entries (session_id, segment_id, seq, kind, ts, line) "
     "VALUES (%s, %s, 0, %s, %s, %s)"
 )
-# A detached session's (context NULL, m005) is '': its segments' items are not indexed. The
+# A detached session's (context NULL) is '': its segments' items are not indexed. The
 # key-share lock (which the segment's foreign key takes anyway) waits for an attach of the
 # session (SESSION_OWNER), so a new segment never gets the type it had before.
 SESSION_TYPE = (
@@ -217,7 +218,7 @@ UNREAD = (
     "AND e.segment_id = x.segment_id AND e.seq > x.low AND e.seq < x.high "
     f"AND (e.seq = 0 OR e.kind IN {HISTORY_KINDS_SQL})"
 )
-# A row holds the item's place, its filters and its ``tsvector``, not its text (m011): the
+# A row holds the item's place, its filters and its ``tsvector``, not its text: the
 # text is in the entry's line, which a hit reads again (see search.find).
 INSERT_DOCS = (
     "INSERT INTO search_docs (session_id, segment_id, seq, n, type, role, ts, tsv) "

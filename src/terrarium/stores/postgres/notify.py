@@ -1,9 +1,9 @@
 """Change notifications of ``PostgresStore`` (LISTEN/NOTIFY), for live views.
 
-Migration ``m009_notify`` makes every append, new segment and head change send a notification
+The schema (``m001_initial``) makes every append, new segment and head change send a notification
 on :func:`channel`; :class:`ChangeFeed` listens on a dedicated connection (never a pooled
 one: a listening connection must stay open and idle between waits). Appends and new segments
-notify only while a feed listens (``m012_notify_only_when_listened``): a feed joins as it
+notify only while a feed listens (``feed_join``, ``feed_leave``): a feed joins as it
 starts listening, which switches their trigger on, and the last one to leave switches it off,
 so that a store no one watches pays nothing for it.
 

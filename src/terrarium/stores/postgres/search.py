@@ -5,7 +5,7 @@ with text, a header's history with seq 0, the user's words as data, every term r
 term of several words as a phrase, case and accents folded, CJK characters found inside words.
 Each item is a ``search_docs`` row; ``tsv`` is ``to_tsvector('simple', words)`` under a GIN
 index, and a query is one ``phraseto_tsquery('simple', ...)`` per term, ANDed. A row keeps no
-copy of the item's text (m011): a hit reads it from its entry's line, and ``ts_headline``
+copy of the item's text: a hit reads it from its entry's line, and ``ts_headline``
 runs on the folded text of the hits alone.
 
 Like the other stores' indexes it is brought up to the entries in batches: a segment's row
@@ -113,7 +113,7 @@ def find(conn: psycopg.Connection[Any], q: SearchQuery, *, window: int) -> list[
 
 def _hit_bodies(rows: Sequence[Sequence[Any]]) -> list[str | None]:
     """The indexed text of each hit's item, from its entry's line as the catch-up read it
-    (:func:`line_docs`): a search row keeps no copy of it (m011). None if the line holds no
+    (:func:`line_docs`): a search row keeps no copy of it. None if the line holds no
     such item (lines are never rewritten: only a damaged line, which the catch-up skipped)."""
     items: dict[tuple[Any, Any, int], dict[int, str]] = {}  # a header's hits share its line
     bodies: list[str | None] = []

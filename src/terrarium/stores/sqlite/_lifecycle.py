@@ -3,7 +3,7 @@
 Lifecycle itself is :class:`~terrarium.stores.lifecycle.LifecycleOps`, over the state record
 ``sessions.state`` (:class:`~terrarium.stores._archive.SqlStates`); here are the rows a
 freeze, a thaw, a detach and a delete move, in the caller's write transaction. The tables
-(migration ``m015_session_states``)::
+(migration ``m001_initial``)::
 
     archived_contexts(session_id PK, context UNIQUE, type, segment_id, created_at, updated_at)
     archived_segments(session_id, segment_id, created_at, next_seq, lines, trace)
@@ -44,7 +44,7 @@ COLD_HEAD = (
 INSERT_COLD_HEAD = "INSERT INTO archived_contexts VALUES (?, ?, ?, ?, ?, ?)"
 SESSION_TRACES = "SELECT segment_id, line FROM traces WHERE session_id = ? ORDER BY segment_id, id"
 SESSION_SEGMENTS = "SELECT segment_id, created_at FROM segments WHERE session_id = ?"
-# SQLite's entries name their segment by its key (m013).
+# SQLite's entries name their segment by its key (``segments.id``).
 SESSION_LINES = (
     "SELECT g.segment_id, e.seq, e.line FROM segments AS g JOIN entries AS e ON e.seg = g.id "
     "WHERE g.session_id = ? ORDER BY g.segment_id, e.seq"

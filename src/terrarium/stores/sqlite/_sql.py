@@ -3,8 +3,8 @@
     contexts(context PK, type, session_id, segment_id, created_at, updated_at,
              message_count, last_active)              the heads, with their listing counts
     sessions(session_id PK, context, created_at, state)
-                                                      context NULL: detached (m005); state:
-                                                      the lifecycle's record (m015)
+                                                      context NULL: detached; state: the
+                                                      lifecycle's record
     segments(id PK, session_id, segment_id, created_at)
                                                       UNIQUE (session_id, segment_id)
     entries(id PK, seg, seq, kind, ts, line)          UNIQUE (seg, seq); seg: segments.id
@@ -13,10 +13,10 @@
     search_fts, search_recent                         FTS5 over search_docs (see ``search``)
     search_meta(hw, floor, wm)                        how far the derived tables have read
     migrations(name PK, applied_at)
-    archived_contexts, archived_segments              frozen sessions (m015: ``._lifecycle``)
+    archived_contexts, archived_segments              frozen sessions (``._lifecycle``)
 
 Ids are UUID strings, times RFC 3339 strings. An entry names its segment by the segment's
-integer key (``segments.id``, m013: a few bytes of row and index instead of two 36-character
+integer key (``segments.id``: a few bytes of row and index instead of two 36-character
 ids; ``AUTOINCREMENT``, so a key once committed never names another segment). A segment's
 header is its entry with seq 0, so reading a segment is one indexed range scan. ``line`` is
 the entry's JSON exactly as :func:`terrarium.codec.encode` wrote it (unknown keys and key
@@ -39,6 +39,7 @@ CREATE_MIGRATIONS = (
 )
 APPLIED = "SELECT name FROM migrations"
 RECORD_MIGRATION = "INSERT INTO migrations VALUES (?, ?)"
+FORGET_MIGRATION = "DELETE FROM migrations WHERE name = ?"
 
 # ---------------------------------------------------------------------------- heads
 
@@ -72,7 +73,7 @@ LISTING_SELECT = (
 )
 LISTING = LISTING_SELECT + " {where} " + f"ORDER BY {LISTING_ORDER}"
 # A page of it is LISTING_SELECT completed by stores._listing.page_statement, from the indexes
-# contexts_by_{last_active,created,messages} (m010).
+# contexts_by_{last_active,created,messages}.
 CONTEXT_TYPES = "SELECT DISTINCT type FROM contexts ORDER BY type"
 SIGNATURES = (
     "SELECT context, last_active, message_count FROM contexts ORDER BY last_active, context"

@@ -277,27 +277,22 @@ def unindex_session(conn: sqlite3.Connection, session_id: str) -> None:
 # --------------------------------------------------------------------------- listing counts
 
 
-def segment_summary(
-    conn: sqlite3.Connection, session: str, segment: str, *, prefix: str = sql.SEGMENT_PREFIX
-) -> tuple[int, str]:
+def segment_summary(conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, str]:
     """A segment's history items, as a restore would count them, and its last entry's time.
 
     A head move counts its new segment this way (its header's history, or a fork's prefix of
     its parent, and its entries); the catch-up then adds each entry it reads to the counts of
     the head it extends. O(entries of the segment): for heads that are set, never on the
-    append path. ``prefix``: the statement that reads a segment's part (see
-    :data:`._sql.SEGMENT_PREFIX`), for a migration that ran before the schema changed.
+    append path.
     """
-    row = conn.execute(prefix, (session, segment, sql.MAX_SEQ)).fetchone()
+    row = conn.execute(sql.SEGMENT_PREFIX, (session, segment, sql.MAX_SEQ)).fetchone()
     if row is None:  # no header: the segment is damaged; count nothing rather than fail
         return 0, ""
     items, last, *header = row
-    return items + _header_items(conn, session, header, prefix), last or ""
+    return items + _header_items(conn, session, header), last or ""
 
 
-def _header_items(
-    conn: sqlite3.Connection, session: str, header: Sequence[Any], prefix: str
-) -> int:
+def _header_items(conn: sqlite3.Connection, session: str, header: Sequence[Any]) -> int:
     """The history items a segment starts with: its header's history, or, for a fork that
     continues its parent, the parent's items up to the fork point (as restore replays)."""
     count = 0
@@ -313,7 +308,7 @@ def _header_items(
         except ValueError:
             return count
         stop = sql.MAX_SEQ if at_seq is None else int(at_seq)  # None: the whole parent
-        row = conn.execute(prefix, (session, parent, stop)).fetchone()
+        row = conn.execute(sql.SEGMENT_PREFIX, (session, parent, stop)).fetchone()
         if row is None:
             return count
         count += row[0]
