@@ -558,13 +558,15 @@ def _legacy_file(root: Path, context: str, date: str = "2024-03-05") -> Path:
 def test_a_legacy_file_is_archived_with_its_context_and_put_back(
     store: FsStore, root: Path
 ) -> None:
-    """Archiving a context only a legacy file holds imports it, then takes the file into the
-    archive (``legacy-1.json.zst``, its bytes exactly): neither the hot listing nor the legacy
-    scan shows it. Unarchiving puts the file back where it was."""
+    """Archiving a context only a legacy file holds (``terrarium archive``, a policy) imports
+    it, then takes the file into the archive (``legacy-1.json.zst``, its bytes exactly):
+    neither the hot listing nor the legacy scan shows it. Unarchiving puts the file back where
+    it was."""
     path = _legacy_file(root, "cli:old")
     data = path.read_bytes()
-    archived = store.archive_context(ContextId("cli", "old"))
-    assert archived is not None and archived.message_count == 2
+    plan = lifecycle.plan_archive(store, names=[ContextId("cli", "old")])
+    (archived,) = lifecycle.run_archive(store, plan, why="test")
+    assert archived.message_count == 2
     assert not path.exists()
     folder = store.folder_of(ContextId("cli", "old"))
     assert folder is not None
@@ -772,3 +774,16 @@ def test_a_store_in_the_unreleased_old_layout_opens(root: Path) -> None:
         assert store.archive_context(MAIN) is not None
         assert [a.context for a in store.archived_contexts()] == ["cli:main"]
     assert invoke("fsck", "--storage-dir", str(root)).exit_code == 0
+
+
+def test_terrarium_archive_names_a_context_only_a_legacy_file_holds(
+    store: FsStore, root: Path
+) -> None:
+    """``terrarium archive cli:old`` takes a legacy-only context by name (imported, then
+    archived), as an archive by age does; an unknown name is still refused."""
+    path = _legacy_file(root, "cli:old")
+    result = invoke("archive", "cli:old", "--storage-dir", str(root))
+    assert result.exit_code == 0, result.output
+    assert not path.exists() and store.is_archived(ContextId("cli", "old"))
+    refused = CliRunner().invoke(cli, ["archive", "cli:never", "--storage-dir", str(root)])
+    assert refused.exit_code == 1 and "cli:never" in refused.output

@@ -43,7 +43,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from terrarium import codec, contexts
+from terrarium import codec, contexts, legacy
 from terrarium.errors import (
     ContextNotFound,
     InvalidRetention,
@@ -207,7 +207,7 @@ def plan_archive(
     instead of ``older_than`` (None: that type is never archived).
 
     Raises:
-        ContextNotFound: a named context is neither hot nor archived.
+        ContextNotFound: a named context is neither hot, archived nor a legacy file.
         InvalidRetention: no names, no age and no rules (that would archive everything).
     """
     lifecycle = require_lifecycle(store)
@@ -217,7 +217,7 @@ def plan_archive(
     pins = lifecycle.pinned_contexts()
     wanted = {str(n) for n in names}
     for name in names:
-        if store.get_head(name) is None:
+        if store.get_head(name) is None and legacy.find(store, name) is None:
             raise contexts.not_found(name)
     rows = contexts.list_contexts(store, type=type).rows
     plan = ArchivePlan([])
@@ -279,7 +279,9 @@ def run_archive(
     for candidate in plan.candidates:
         if stop is not None and stop():
             break
-        archived = lifecycle.archive_context(ContextId.parse(candidate.context))
+        context = ContextId.parse(candidate.context)
+        legacy.resume(store, context)  # a context only a legacy file holds: into the log first
+        archived = lifecycle.archive_context(context)
         if archived is not None:
             done.append(archived)
             journal.record(

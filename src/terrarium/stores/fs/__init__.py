@@ -78,7 +78,6 @@ from terrarium.stores._files import (
     write_new,
 )
 from terrarium.stores.base import (
-    ArchivedContext,
     ClosingStore,
     ContextSummary,
     ListingQuery,
@@ -567,14 +566,6 @@ class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
 
     # ---------------------------------------------------------------- lifecycle
     # LifecycleOps is the lifecycle, over the primitives of FsStates (``_states``).
-
-    def archive_context(self, context: ContextId) -> ArchivedContext | None:
-        """:meth:`LifecycleOps.archive_context`, after importing a context only a legacy JSON
-        file holds (as a write would): the freeze then takes its legacy files along."""
-        from terrarium import legacy  # the legacy layer sits above the stores
-
-        legacy.resume(self, context)
-        return LifecycleOps.archive_context(self, context)
 
     def _forget_session(self, session_id: SessionId) -> None:
         """Close the cached descriptors of a session whose folder moves."""
