@@ -499,7 +499,7 @@ class Message:
     index: int | None = None
     """Its place in that header's history, or None for an entry."""
     usage: dict[str, Any] | None = None
-    """The usage record logged after it (the model call that produced it), if any."""
+    """The (last) usage record logged after it (the model call that produced it), if any."""
     source: dict[str, Any] | None = None
     """A copy's origin as its header's ``history_from`` names it (``ts``, ``session_id``,
     ``segment_id``, ``seq``, ``usage``), or None."""
@@ -526,7 +526,8 @@ class Message:
 def messages(reads: Sequence[SegmentRead]) -> list[Message]:
     """The conversation a lineage's reads hold, one :class:`Message` per history item, by the
     rule of :func:`fold` (a header with a history starts afresh): ``restore(...).history[i]``
-    is ``messages(...)[i].item``. A usage record belongs to the item logged before it."""
+    is ``messages(...)[i].item``. A usage record belongs to the item logged before it (the
+    last record, when several follow one item)."""
     found: list[Message] = []
     for read in reads:
         header = read.header
@@ -538,7 +539,7 @@ def messages(reads: Sequence[SegmentRead]) -> list[Message]:
             kind = line["kind"]
             if kind in HISTORY_KINDS:
                 found.append(Message(line["item"], str(line["ts"]), segment, line["seq"]))
-            elif kind == "usage" and found and found[-1].usage is None:
+            elif kind == "usage" and found:
                 found[-1].usage = {k: line[k] for k in _USAGE_KEYS if k in line}
     return found
 
