@@ -28,11 +28,19 @@ import heapq
 import logging
 import unicodedata
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from terrarium import sessions
 from terrarium.errors import IndexUnavailable, InvalidQuery
-from terrarium.model import HISTORY_KINDS, ContextId, item_role, item_text
+from terrarium.model import (
+    HISTORY_KINDS,
+    ContextId,
+    SegmentId,
+    SessionId,
+    item_role,
+    item_text,
+)
 from terrarium.stores.base import (
     Lifecycle,
     PodMetadata,
@@ -42,11 +50,13 @@ from terrarium.stores.base import (
     Store,
 )
 from terrarium.stores.fts import (
+    MAX_LIMIT,
     TAG_TOKENS,
     bm25,
     check_query,
 )
 from terrarium.text import (
+    ELLIPSIS,
     phrase_count,
     query_terms,
     scan_snippet,
@@ -59,7 +69,12 @@ log = logging.getLogger(__name__)
 
 
 def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
-    """Ranked hits for ``query`` in ``store``: its own index if it has one, else a scan.
+    """Ranked hits for ``query`` in ``store``, each message once, placed in its conversation.
+
+    The store's own index answers if it has one, else a scan. Each hit then gets its place in
+    its context's conversation (:attr:`SearchHit.message`); a hit that is no longer in it is
+    ``branch="off"`` and is left out unless ``query.all_branches``; a copy of a message that
+    is among the hits in its own conversation (a fork's copy) is left out.
 
     Args:
         store: any store.
@@ -72,6 +87,18 @@ def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
     """
     if isinstance(query, str):
         query = SearchQuery(query)
+    # Copies and other branches are dropped after the store answers: ask for more.
+    wide = replace(query, limit=min(MAX_LIMIT, query.limit * 4 + 10))
+    if isinstance(query.limit, int) and 1 <= query.limit <= MAX_LIMIT:
+        hits = _search_store(store, wide)
+    else:
+        hits = _search_store(store, query)  # the store names the bad limit
+    phrases = [tokenize(term) for term in query_terms(query.text)]
+    return _Places(store, phrases).place(hits, all_branches=query.all_branches)[: query.limit]
+
+
+def _search_store(store: Store, query: SearchQuery) -> list[SearchHit]:
+    """The store's hits, from its index or, without a usable one, a scan."""
     if isinstance(store, Searchable):
         try:
             return store.search(query)
@@ -166,6 +193,12 @@ def _heads(store: Store, *, archived: bool) -> list[PodMetadata]:
 
 
 def _doc(context: ContextId, head: Any, segment_id: Any, seq: int, item: Any, ts: str) -> _Doc:
+    role, text = _role_text(item)
+    return _Doc(context, head.date, head, segment_id, seq, role, ts, text, tokenize(text))
+
+
+def _role_text(item: Any) -> tuple[str, str]:
+    """An item's role (``other`` for none) and its text as the indexes hold it."""
     if isinstance(item, Mapping):
         try:
             role, text = item_role(item), item_text(item)
@@ -176,8 +209,7 @@ def _doc(context: ContextId, head: Any, segment_id: Any, seq: int, item: Any, ts
     text = text if isinstance(text, str) else ""
     if not text.isascii():
         text = unicodedata.normalize("NFC", text)  # as the index stores it
-    role = role if isinstance(role, str) else "other"
-    return _Doc(context, head.date, head, segment_id, seq, role, ts, text, tokenize(text))
+    return (role if isinstance(role, str) else "other"), text
 
 
 def _wanted(doc: _Doc, q: SearchQuery) -> bool:
@@ -188,3 +220,130 @@ def _wanted(doc: _Doc, q: SearchQuery) -> bool:
     if q.role is not None and doc.role != q.role:
         return False
     return q.since is None or doc.ts >= q.since
+
+
+# ---- placing hits in their conversation ----------------------------------------------------
+# The indexes hold every history item of every segment; what a user opens is a context's
+# conversation, its head's lineage (sessions.messages, the one rule). Placing reads that
+# lineage once per context a query's hits are in, headers as stored (blobs are not read).
+
+_Key = tuple[str, str, int, int | None]
+"""A message's identity: (session, segment, seq, place in a header's history or None)."""
+
+
+@dataclass(slots=True)
+class _Placed:
+    hit: SearchHit
+    key: _Key
+    """The original's identity: the hit's own place, or where its copy comes from."""
+    own: bool
+    """The hit is the original, not a copy (a fork's or a compaction's)."""
+
+
+class _Places:
+    """Places a query's hits, reading each context's conversation and each header once."""
+
+    def __init__(self, store: Store, phrases: list[list[str]]) -> None:
+        self.store = store
+        self.phrases = phrases
+        self.conversations: dict[str, tuple[str, dict[tuple[str, int, int | None], int]]] = {}
+        self.headers: dict[tuple[str, str], Mapping[str, Any]] = {}
+        self.used: dict[tuple[str, str], set[int]] = {}
+
+    def place(self, hits: list[SearchHit], *, all_branches: bool) -> list[SearchHit]:
+        """``hits`` placed, each message once, without those off the head unless asked."""
+        placed = [self._one(hit) for hit in hits]
+        keep = _representatives(placed, all_branches=all_branches)
+        return [p.hit for i, p in enumerate(placed) if i in keep]
+
+    def _one(self, hit: SearchHit) -> _Placed:
+        session, segment = str(hit.session_id), str(hit.segment_id)
+        index = self._header_index(hit) if hit.seq == 0 else None
+        own: _Key = (session, segment, hit.seq, index)
+        key = own
+        if index is not None:
+            sources = self._header(session, segment).get("history_from")
+            source = sources[index] if isinstance(sources, list) and index < len(sources) else None
+            if isinstance(source, Mapping):
+                at = source.get("index")
+                key = (
+                    str(source.get("session_id")),
+                    str(source.get("segment_id")),
+                    int(source.get("seq") or 0),
+                    at if isinstance(at, int) else None,
+                )
+        head_session, positions = self._conversation(hit.context)
+        message = positions.get((segment, hit.seq, index)) if session == head_session else None
+        branch = "off" if message is None else "head"
+        return _Placed(replace(hit, message=message, branch=branch), key, key == own)
+
+    def _conversation(self, context: str) -> tuple[str, dict[tuple[str, int, int | None], int]]:
+        """The context's head session and the place of each message of its conversation."""
+        found = self.conversations.get(context)
+        if found is None:
+            head = self.store.get_head(ContextId.parse(context))
+            found = ("", {})
+            if head is not None:
+                session = head.session_id
+                reads = sessions.lineage(self.store, session, head.segment_id, blobs="stored")
+                for read in reads:
+                    segment = str(read.header.get("segment_id", ""))
+                    self.headers[(str(session), segment)] = read.header
+                conversation = sessions.messages(reads)
+                places = {(m.segment_id, m.seq, m.index): i for i, m in enumerate(conversation)}
+                found = (str(session), places)
+            self.conversations[context] = found
+        return found
+
+    def _header(self, session: str, segment: str) -> Mapping[str, Any]:
+        header = self.headers.get((session, segment))
+        if header is None:
+            read = self.store.read_segment(SessionId(session), SegmentId(segment), stop_seq=0)
+            header = self.headers[(session, segment)] = read.header
+        return header
+
+    def _header_index(self, hit: SearchHit) -> int | None:
+        """Which item of its segment's header a seq-0 hit is (the indexes keep no place):
+        the unclaimed item that holds the query's words and the hit's snippet."""
+        session, segment = str(hit.session_id), str(hit.segment_id)
+        history = self._header(session, segment).get("history")
+        if not isinstance(history, list):
+            return None
+        used = self.used.setdefault((session, segment), set())
+        core = hit.snippet.strip(ELLIPSIS + " \n")
+        best: tuple[int, int, int] | None = None
+        for index, item in enumerate(history):
+            if index in used:
+                continue
+            role, text = _role_text(item)
+            if role != hit.role:
+                continue
+            tokens = tokenize(text)
+            terms = sum(1 for phrase in self.phrases if phrase_count(tokens, phrase))
+            rank = (int(core in text), terms, -index)
+            best = rank if best is None or rank > best else best
+        if best is None:
+            return None
+        used.add(-best[2])
+        return -best[2]
+
+
+def _representatives(placed: list[_Placed], *, all_branches: bool) -> set[int]:
+    """Which hits stay: for each message, its original where the conversation holds it; else
+    its copies there (the one in the original's session if any: a compaction's kept turn);
+    else, with ``all_branches``, its best hit off the head."""
+    groups: dict[_Key, list[int]] = {}
+    for i, p in enumerate(placed):
+        groups.setdefault(p.key, []).append(i)
+    keep: set[int] = set()
+    for key, members in groups.items():
+        head = [i for i in members if placed[i].hit.branch == "head"]
+        original = [i for i in head if placed[i].own]
+        same_session = [i for i in head if str(placed[i].hit.session_id) == key[0]]
+        if original or same_session:
+            keep.add((original or same_session)[0])
+        elif head:
+            keep.update(head)
+        elif all_branches:
+            keep.add(min(members, key=lambda i: (not placed[i].own, i)))
+    return keep
