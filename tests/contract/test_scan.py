@@ -8,7 +8,6 @@ indexes refuse, folds Unicode as they do, and ranks by FTS5's bm25 as FsStore's 
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 from typing import Any
 
