@@ -4,22 +4,21 @@
 :class:`~terrarium.stores.base.Searchable` (``FsStore`` through its derived FTS5 index;
 ``SqliteStore`` and ``PostgresStore`` through their own), and otherwise falls back to
 :func:`scan`, which reads every segment of every context, as a store without an index
-(``MemoryStore``) must. It scans too when the store's index is unavailable
-(:class:`~terrarium.errors.IndexUnavailable`: a read-only ``FsStore`` whose index is behind
-its files, a full disk, an index locked by another process for too long), so a search never
-misses an acknowledged entry; it logs the reason once per call.
+(``MemoryStore``) must; it scans too when the index is unavailable
+(:class:`~terrarium.errors.IndexUnavailable`), so a search never misses an acknowledged entry.
 
-Both paths agree on what is searched and how (``tests/contract/test_scan.py`` checks it):
+Both paths search every history item of every segment, a header's too (seq 0), and agree
+on how (``tests/contract/test_scan.py``): a hit holds every term of the query, which is words,
+never syntax; matching ignores case and accents; bm25 ranks (``FsStore``'s index ranks very
+common queries among recent matches: :mod:`terrarium.stores.fs.search`). A query with no
+letter or digit raises :class:`InvalidQuery`.
 
-* every history item of every segment, including the history that a header carries (a
-  compaction's summary, an import's messages; those hits have seq 0), so history that a clear
-  or compaction left behind stays findable;
-* the query is words, never syntax: a hit contains every term; a term of several tokens
-  (``don't``, a CJK word) must appear as that sequence. Matching ignores case and accents.
-  A query with no letter or digit raises :class:`InvalidQuery`;
-* hits are ranked by bm25 (as SQLite FTS5 computes it), best first. (``FsStore``'s index
-  ranks queries with very many matches among their most recent ones, and ignores words that
-  are in most messages when rarer ones are given: see :mod:`terrarium.stores.fs.search`.)
+:func:`search` then finds each message once, in the conversation a user would open: each hit
+gets its place in its context's conversation (``SearchHit.message``, by
+:func:`terrarium.sessions.messages`, the one rule); a hit that a clear, compaction or rewind
+left off it is ``branch="off"`` and kept only with ``SearchQuery.all_branches``; a copy (a
+fork into another context, a compaction's kept turn) is dropped when its original is a hit on
+its own context's head. It asks the store for more hits than the limit to make up for those.
 """
 
 from __future__ import annotations
