@@ -86,14 +86,18 @@ def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
     """
     if isinstance(query, str):
         query = SearchQuery(query)
-    # Copies and other branches are dropped after the store answers: ask for more.
-    wide = replace(query, limit=min(MAX_LIMIT, query.limit * 4 + 10))
-    if isinstance(query.limit, int) and 1 <= query.limit <= MAX_LIMIT:
-        hits = _search_store(store, wide)
-    else:
-        hits = _search_store(store, query)  # the store names the bad limit
-    phrases = [tokenize(term) for term in query_terms(query.text)]
-    return _Places(store, phrases).place(hits, all_branches=query.all_branches)[: query.limit]
+    if not (isinstance(query.limit, int) and 1 <= query.limit <= MAX_LIMIT):
+        return _search_store(store, query)  # the store names the bad limit
+    places = _Places(store, [tokenize(term) for term in query_terms(query.text)])
+    # Hits off the head and copies are left out after the store answers, so it is asked for
+    # a few more than the limit, and again for more when those were not enough.
+    asked = min(MAX_LIMIT, query.limit + 10)
+    while True:
+        hits = _search_store(store, replace(query, limit=asked))
+        found, complete = places.place(hits, limit=query.limit, all_branches=query.all_branches)
+        if complete or len(hits) < asked or asked == MAX_LIMIT:
+            return found
+        asked = min(MAX_LIMIT, asked * 4 + 10)
 
 
 def _search_store(store: Store, query: SearchQuery) -> list[SearchHit]:
@@ -249,11 +253,27 @@ class _Places:
         self.headers: dict[tuple[str, str], Mapping[str, Any]] = {}
         self.used: dict[tuple[str, str], set[int]] = {}
 
-    def place(self, hits: list[SearchHit], *, all_branches: bool) -> list[SearchHit]:
-        """``hits`` placed, each message once, without those off the head unless asked."""
-        placed = [self._one(hit) for hit in hits]
+    def place(
+        self, hits: list[SearchHit], *, limit: int, all_branches: bool
+    ) -> tuple[list[SearchHit], bool]:
+        """The best ``limit`` of ``hits`` placed, each message once, without those off the
+        head unless asked; and whether they are complete (found before ``hits`` ran out).
+
+        Hits are placed best first until ``limit`` are kept, and then through the hits that
+        score the same as the last: a copy has its original's text, so its score, and they
+        are decided together. The hits after are never placed (their contexts never read).
+        """
+        self.used.clear()  # which header items hits took: afresh for each list of hits
+        placed: list[_Placed] = []
+        complete = False
+        for i, hit in enumerate(hits):
+            if i >= limit and hit.score != hits[i - 1].score:
+                if len(_representatives(placed, all_branches=all_branches)) >= limit:
+                    complete = True
+                    break
+            placed.append(self._one(hit))
         keep = _representatives(placed, all_branches=all_branches)
-        return [p.hit for i, p in enumerate(placed) if i in keep]
+        return [p.hit for i, p in enumerate(placed) if i in keep][:limit], complete
 
     def _one(self, hit: SearchHit) -> _Placed:
         session, segment = str(hit.session_id), str(hit.segment_id)

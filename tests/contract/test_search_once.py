@@ -79,6 +79,7 @@ def test_a_message_copied_by_forks_is_found_once_in_its_source(store: Store) -> 
     hits = search(store, "walrus")
     assert _texts(store, hits) == [("cli:src", "head", "the walrus speaks")]
     assert hits[0].message == 1
+    assert search(store, SearchQuery("walrus", limit=1)) == hits  # copies score as the original
     clear_segment(store, restore(store, "cli:src"), context="cli:src")
     copies = [(c, "head", "the walrus speaks") for c in ("cli:f1", "cli:f2", "cli:f3")]
     assert _texts(store, search(store, "walrus")) == copies
