@@ -330,21 +330,19 @@ class _Places:
             return None
         used = self.used.setdefault((session, segment), set())
         core = hit.snippet.strip(ELLIPSIS + " \n")
-        best: tuple[int, int, int] | None = None
+        best: tuple[int, int, int, int] | None = None
         for index, item in enumerate(history):
             if index in used:
                 continue
             role, text = _role_text(item)
-            if role != hit.role:
-                continue
             tokens = tokenize(text)
             terms = sum(1 for phrase in self.phrases if phrase_count(tokens, phrase))
-            rank = (int(core in text), terms, -index)
+            rank = (int(role == hit.role), int(core in text), terms, -index)
             best = rank if best is None or rank > best else best
         if best is None:
             return None
-        used.add(-best[2])
-        return -best[2]
+        used.add(-best[3])
+        return -best[3]
 
 
 def _representatives(placed: list[_Placed], *, all_branches: bool) -> set[int]:

@@ -10,11 +10,12 @@ when the message is found where it was first written.
 from __future__ import annotations
 
 from helpers.history import add_context
-from terrarium.model import ContextId, Item
+from terrarium.model import ContextId, Item, SegmentStartState
 from terrarium.search import search
 from terrarium.sessions import (
     clear_segment,
     create_compacted_segment,
+    create_segment,
     fork_context,
     restore,
     rewind,
@@ -107,11 +108,15 @@ def test_hits_name_their_place_in_the_conversation(store: Store) -> None:
     """Each hit's ``message`` is its item's index in the restored history, not its seq."""
     add_context(store, "cli:a", *[f"line {n} of many" for n in range(6)], "the walrus line")
     add_context(store, "cli:b", "walrus first", "then more", "walrus again")
-    hits = search(store, SearchQuery("walrus", limit=5))
+    imported = [Item.user("ok"), Item.user("a walrus in a header"), Item.user("more walrus")]
+    create_segment(store, SegmentStartState(history=imported), context="web:imported")
+    hits = search(store, SearchQuery("walrus", limit=10))
     assert sorted((h.context, h.message) for h in hits) == [
         ("cli:a", 6),
         ("cli:b", 0),
         ("cli:b", 2),
+        ("web:imported", 1),
+        ("web:imported", 2),
     ]
     _texts(store, hits)
 
