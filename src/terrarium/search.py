@@ -251,6 +251,8 @@ class _Places:
         self.phrases = phrases
         self.conversations: dict[str, tuple[str, dict[tuple[str, int, int | None], int]]] = {}
         self.headers: dict[tuple[str, str], Mapping[str, Any]] = {}
+        self.items: dict[tuple[str, str], list[tuple[str, str, list[str]]]] = {}
+        """Each header's items: role, text and tokens."""
         self.used: dict[tuple[str, str], set[int]] = {}
 
     def place(
@@ -325,17 +327,17 @@ class _Places:
         """Which item of its segment's header a seq-0 hit is (the indexes keep no place):
         the unclaimed item that holds the query's words and the hit's snippet."""
         session, segment = str(hit.session_id), str(hit.segment_id)
-        history = self._header(session, segment).get("history")
-        if not isinstance(history, list):
-            return None
+        items = self.items.get((session, segment))
+        if items is None:
+            history = self._header(session, segment).get("history")
+            texts = [_role_text(item) for item in history] if isinstance(history, list) else []
+            items = self.items[(session, segment)] = [(r, t, tokenize(t)) for r, t in texts]
         used = self.used.setdefault((session, segment), set())
         core = hit.snippet.strip(ELLIPSIS + " \n")
         best: tuple[int, int, int, int] | None = None
-        for index, item in enumerate(history):
+        for index, (role, text, tokens) in enumerate(items):
             if index in used:
                 continue
-            role, text = _role_text(item)
-            tokens = tokenize(text)
             terms = sum(1 for phrase in self.phrases if phrase_count(tokens, phrase))
             rank = (int(role == hit.role), int(core in text), terms, -index)
             best = rank if best is None or rank > best else best
