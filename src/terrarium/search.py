@@ -94,8 +94,8 @@ def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
     asked = min(MAX_LIMIT, query.limit + 10)
     while True:
         hits = _search_store(store, replace(query, limit=asked))
-        found, complete = places.place(hits, limit=query.limit, all_branches=query.all_branches)
-        if complete or len(hits) < asked or asked == MAX_LIMIT:
+        found, decided = places.place(hits, limit=query.limit, all_branches=query.all_branches)
+        if decided or len(hits) < asked or asked == MAX_LIMIT:
             return found
         asked = min(MAX_LIMIT, asked * 4 + 10)
 
@@ -259,23 +259,28 @@ class _Places:
         self, hits: list[SearchHit], *, limit: int, all_branches: bool
     ) -> tuple[list[SearchHit], bool]:
         """The best ``limit`` of ``hits`` placed, each message once, without those off the
-        head unless asked; and whether they are complete (found before ``hits`` ran out).
+        head unless asked; and whether they are decided (``hits`` did not end too soon).
 
-        Hits are placed best first until ``limit`` are kept, and then through the hits that
-        score the same as the last: a copy has its original's text, so its score, and they
-        are decided together. The hits after are never placed (their contexts never read).
+        Hits are placed best first until ``limit`` are kept. Then only the hits that tie
+        with the last one and have the snippet of one placed are: a copy has its original's
+        text, so its score and snippet. The others are never placed (their contexts never
+        read): ties are common (bm25 scores equal for texts of equal length).
         """
         self.used.clear()  # which header items hits took: afresh for each list of hits
         placed: list[_Placed] = []
-        complete = False
+        snippets: set[str] = set()
         for i, hit in enumerate(hits):
-            if i >= limit and hit.score != hits[i - 1].score:
-                if len(_representatives(placed, all_branches=all_branches)) >= limit:
-                    complete = True
-                    break
+            if len(placed) >= limit and len(_representatives(placed, all_branches)) >= limit:
+                if hit.score != hits[i - 1].score:
+                    return _kept(placed, limit, all_branches), True
+                if hit.snippet not in snippets:
+                    continue
             placed.append(self._one(hit))
-        keep = _representatives(placed, all_branches=all_branches)
-        return [p.hit for i, p in enumerate(placed) if i in keep][:limit], complete
+            snippets.add(hit.snippet)
+        keep = _representatives(placed, all_branches)
+        # The hits ran out: more may be needed, or a copy's original may come after them.
+        decided = len(keep) >= limit and all(placed[i].own for i in keep)
+        return _kept(placed, limit, all_branches), decided
 
     def _one(self, hit: SearchHit) -> _Placed:
         session, segment = str(hit.session_id), str(hit.segment_id)
@@ -347,7 +352,12 @@ class _Places:
         return -best[3]
 
 
-def _representatives(placed: list[_Placed], *, all_branches: bool) -> set[int]:
+def _kept(placed: list[_Placed], limit: int, all_branches: bool) -> list[SearchHit]:
+    keep = _representatives(placed, all_branches)
+    return [p.hit for i, p in enumerate(placed) if i in keep][:limit]
+
+
+def _representatives(placed: list[_Placed], all_branches: bool) -> set[int]:
     """Which hits stay: for each message, its original where the conversation holds it; else
     its copies there (the one in the original's session if any: a compaction's kept turn);
     else, with ``all_branches``, its best hit off the head."""
