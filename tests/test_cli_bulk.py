@@ -423,3 +423,36 @@ def test_search_command_plain_json_and_bad_queries(tmp_path: Path) -> None:
     assert len(empty.output.strip().splitlines()) == 1
     with FsStore(tmp_path / "s") as store:
         assert len(restore(store, "irc:#python").history) == 2  # nothing was dropped
+
+
+def test_search_numbers_hits_by_message_and_marks_other_branches(tmp_path: Path) -> None:
+    """A hit is numbered by its place in the conversation (not its entry's seq); a cleared
+    message is found only with --all-branches, marked off; --json has message and branch."""
+    from terrarium.sessions import clear_segment
+
+    with FsStore(tmp_path / "s") as store:
+        for context, items in [
+            ("cli:a", [Item.user("hello"), Item.assistant("a walrus"), Item.user("x")]),
+            ("cli:b", [Item.user("first"), Item.user("second walrus")]),
+        ]:
+            create_segment(store, context=context)
+            head = store.get_head(ContextId.parse(context))
+            assert head is not None
+            save_delta(store, head, items)
+        clear_segment(store, restore(store, "cli:a"), context="cli:a")
+    runner = CliRunner()
+    base = ["--storage-dir", str(tmp_path / "s")]
+    plain = runner.invoke(cli, ["search", "walrus", *base])
+    assert plain.exit_code == 0, plain.output
+    assert plain.output.splitlines()[0].endswith("user  #1")
+    assert "cli:a" not in plain.output
+    every = runner.invoke(cli, ["search", "walrus", "--all-branches", *base])
+    lines = [line for line in every.output.splitlines() if line.startswith("cli:a")]
+    assert len(lines) == 1 and "(not on the current branch: segment " in lines[0], every.output
+    data = json.loads(
+        runner.invoke(cli, ["search", "walrus", "--all-branches", "--json", *base]).output
+    )
+    assert sorted((h["context_id"], h["message"], h["branch"]) for h in data["hits"]) == [
+        ("cli:a", None, "off"),
+        ("cli:b", 1, "head"),
+    ]

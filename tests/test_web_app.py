@@ -21,6 +21,7 @@ from terrarium import FsStore, SegmentStartState, create_segment
 from terrarium.model import ContextId, UsageRecord
 from terrarium.sessions import (
     append_entry,
+    clear_segment,
     create_compacted_segment,
     fork_context,
     restore,
@@ -243,6 +244,38 @@ def test_search_api_and_page_highlight(seeded: FsStore) -> None:
     assert c.get("/api/search", params={"q": "!!!"}).status_code == 400
     page = c.get("/search", params={"q": "decorator"}).text
     assert "<mark>" in page and "irc:#python" in page
+
+
+def test_search_hits_link_to_their_message_anchor(store: FsStore) -> None:
+    """Each transcript message has an anchor ``m{place}``; a hit links to the page holding
+    it, at that anchor; a cleared message is found only with all_branches, linking to its
+    segment."""
+    create_segment(store, context="cli:long")
+    for n in range(205):  # more than one transcript page (200 messages)
+        save_user_input(
+            store, head(store, "cli:long"), f"line {n}" + (" walrus" if n == 203 else "")
+        )
+    create_segment(store, context="cli:gone")
+    save_user_input(store, head(store, "cli:gone"), "an old walrus")
+    clear_segment(store, restore(store, "cli:gone"), context="cli:gone")
+    c = client(store)
+    hits = c.get("/api/search", params={"q": "walrus"}).json()["hits"]
+    assert [(h["context"], h["message"], h["branch"]) for h in hits] == [("cli:long", 203, "head")]
+    assert hits[0]["url"] == "/session?c=cli%3Along&offset=200#m203"
+    page = c.get(hits[0]["url"].split("#")[0]).text
+    assert re.search(r'<li id="m203" class="msg[^>]*>(?:(?!</li>).)*line 203 walrus', page, re.S)
+    assert 'id="m0"' in c.get("/session", params={"c": "cli:long"}).text
+    found = c.get("/search", params={"q": "walrus", "all_branches": "1"}).text
+    assert 'href="/session?c=cli%3Along&amp;offset=200#m203"' in found
+    off = [
+        h
+        for h in c.get("/api/search", params={"q": "walrus", "all_branches": "1"}).json()["hits"]
+        if h["branch"] == "off"
+    ]
+    assert (
+        len(off) == 1 and off[0]["url"] == f"/session?c=cli%3Agone&segment={off[0]['segment_id']}"
+    )
+    assert "not on the current branch" in found
 
 
 def test_export_downloads_every_format(seeded: FsStore) -> None:

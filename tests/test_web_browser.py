@@ -183,6 +183,9 @@ def test_search_finds_and_highlights(served: tuple[str, FsStore], page: Any) -> 
     page.wait_for_url(re.compile(r".*q=decorator.*"))
     assert page.locator("mark").first.inner_text().lower().startswith("decorator")
     assert "irc:#python" in page.locator(".hit a").first.inner_text()
+    page.locator(".hit a").first.click()  # to the message itself, on its transcript page
+    page.wait_for_url(re.compile(r".*/session\?c=irc.*#m\d+$"))
+    assert "decorator" in page.locator("li.msg:target").inner_text().lower()
 
 
 CHAT = """

@@ -4,22 +4,21 @@
 :class:`~terrarium.stores.base.Searchable` (``FsStore`` through its derived FTS5 index;
 ``SqliteStore`` and ``PostgresStore`` through their own), and otherwise falls back to
 :func:`scan`, which reads every segment of every context, as a store without an index
-(``MemoryStore``) must. It scans too when the store's index is unavailable
-(:class:`~terrarium.errors.IndexUnavailable`: a read-only ``FsStore`` whose index is behind
-its files, a full disk, an index locked by another process for too long), so a search never
-misses an acknowledged entry; it logs the reason once per call.
+(``MemoryStore``) must; it scans too when the index is unavailable
+(:class:`~terrarium.errors.IndexUnavailable`), so a search never misses an acknowledged entry.
 
-Both paths agree on what is searched and how (``tests/contract/test_scan.py`` checks it):
+Both paths search every history item of every segment, a header's too (seq 0), and agree
+on how (``tests/contract/test_scan.py``): a hit holds every term of the query, which is words,
+never syntax; matching ignores case and accents; bm25 ranks (``FsStore``'s index ranks very
+common queries among recent matches: :mod:`terrarium.stores.fs.search`). A query with no
+letter or digit raises :class:`InvalidQuery`.
 
-* every history item of every segment, including the history that a header carries (a
-  compaction's summary, an import's messages; those hits have seq 0), so history that a clear
-  or compaction left behind stays findable;
-* the query is words, never syntax: a hit contains every term; a term of several tokens
-  (``don't``, a CJK word) must appear as that sequence. Matching ignores case and accents.
-  A query with no letter or digit raises :class:`InvalidQuery`;
-* hits are ranked by bm25 (as SQLite FTS5 computes it), best first. (``FsStore``'s index
-  ranks queries with very many matches among their most recent ones, and ignores words that
-  are in most messages when rarer ones are given: see :mod:`terrarium.stores.fs.search`.)
+:func:`search` then finds each message once, in the conversation a user would open: each hit
+gets its place in its context's conversation (``SearchHit.message``, by
+:func:`terrarium.sessions.messages`, the one rule); a hit that a clear, compaction or rewind
+left off it is ``branch="off"`` and kept only with ``SearchQuery.all_branches``; a copy (a
+fork into another context, a compaction's kept turn) is dropped when its original is a hit on
+its own context's head. It asks the store for more hits than the limit to make up for those.
 """
 
 from __future__ import annotations
@@ -28,11 +27,19 @@ import heapq
 import logging
 import unicodedata
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from terrarium import sessions
 from terrarium.errors import IndexUnavailable, InvalidQuery
-from terrarium.model import HISTORY_KINDS, ContextId, item_role, item_text
+from terrarium.model import (
+    HISTORY_KINDS,
+    ContextId,
+    SegmentId,
+    SessionId,
+    item_role,
+    item_text,
+)
 from terrarium.stores.base import (
     Lifecycle,
     PodMetadata,
@@ -42,11 +49,13 @@ from terrarium.stores.base import (
     Store,
 )
 from terrarium.stores.fts import (
+    MAX_LIMIT,
     TAG_TOKENS,
     bm25,
     check_query,
 )
 from terrarium.text import (
+    ELLIPSIS,
     phrase_count,
     query_terms,
     scan_snippet,
@@ -59,7 +68,12 @@ log = logging.getLogger(__name__)
 
 
 def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
-    """Ranked hits for ``query`` in ``store``: its own index if it has one, else a scan.
+    """Ranked hits for ``query`` in ``store``, each message once, placed in its conversation.
+
+    The store's own index answers if it has one, else a scan. Each hit then gets its place in
+    its context's conversation (:attr:`SearchHit.message`); a hit that is no longer in it is
+    ``branch="off"`` and is left out unless ``query.all_branches``; a copy of a message that
+    is among the hits in its own conversation (a fork's copy) is left out.
 
     Args:
         store: any store.
@@ -72,6 +86,22 @@ def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
     """
     if isinstance(query, str):
         query = SearchQuery(query)
+    if not (isinstance(query.limit, int) and 1 <= query.limit <= MAX_LIMIT):
+        return _search_store(store, query)  # the store names the bad limit
+    places = _Places(store, [tokenize(term) for term in query_terms(query.text)])
+    # Hits off the head and copies are left out after the store answers, so it is asked for
+    # a few more than the limit, and again for more when those were not enough.
+    asked = min(MAX_LIMIT, query.limit + 10)
+    while True:
+        hits = _search_store(store, replace(query, limit=asked))
+        found, decided = places.place(hits, limit=query.limit, all_branches=query.all_branches)
+        if decided or len(hits) < asked or asked == MAX_LIMIT:
+            return found
+        asked = min(MAX_LIMIT, asked * 4 + 10)
+
+
+def _search_store(store: Store, query: SearchQuery) -> list[SearchHit]:
+    """The store's hits, from its index or, without a usable one, a scan."""
     if isinstance(store, Searchable):
         try:
             return store.search(query)
@@ -166,6 +196,12 @@ def _heads(store: Store, *, archived: bool) -> list[PodMetadata]:
 
 
 def _doc(context: ContextId, head: Any, segment_id: Any, seq: int, item: Any, ts: str) -> _Doc:
+    role, text = _role_text(item)
+    return _Doc(context, head.date, head, segment_id, seq, role, ts, text, tokenize(text))
+
+
+def _role_text(item: Any) -> tuple[str, str]:
+    """An item's role (``other`` for none) and its text as the indexes hold it."""
     if isinstance(item, Mapping):
         try:
             role, text = item_role(item), item_text(item)
@@ -176,8 +212,7 @@ def _doc(context: ContextId, head: Any, segment_id: Any, seq: int, item: Any, ts
     text = text if isinstance(text, str) else ""
     if not text.isascii():
         text = unicodedata.normalize("NFC", text)  # as the index stores it
-    role = role if isinstance(role, str) else "other"
-    return _Doc(context, head.date, head, segment_id, seq, role, ts, text, tokenize(text))
+    return (role if isinstance(role, str) else "other"), text
 
 
 def _wanted(doc: _Doc, q: SearchQuery) -> bool:
@@ -188,3 +223,156 @@ def _wanted(doc: _Doc, q: SearchQuery) -> bool:
     if q.role is not None and doc.role != q.role:
         return False
     return q.since is None or doc.ts >= q.since
+
+
+# ---- placing hits in their conversation ----------------------------------------------------
+# The indexes hold every history item of every segment; what a user opens is a context's
+# conversation, its head's lineage (sessions.messages, the one rule). Placing reads that
+# lineage once per context a query's hits are in, headers as stored (blobs are not read).
+
+_Key = tuple[str, str, int, int | None]
+"""A message's identity: (session, segment, seq, place in a header's history or None)."""
+
+
+@dataclass(slots=True)
+class _Placed:
+    hit: SearchHit
+    key: _Key
+    """The original's identity: the hit's own place, or where its copy comes from."""
+    own: bool
+    """The hit is the original, not a copy (a fork's or a compaction's)."""
+
+
+class _Places:
+    """Places a query's hits, reading each context's conversation and each header once."""
+
+    def __init__(self, store: Store, phrases: list[list[str]]) -> None:
+        self.store = store
+        self.phrases = phrases
+        self.conversations: dict[str, tuple[str, dict[tuple[str, int, int | None], int]]] = {}
+        self.headers: dict[tuple[str, str], Mapping[str, Any]] = {}
+        self.items: dict[tuple[str, str], list[tuple[str, str, list[str]]]] = {}
+        """Each header's items: role, text and tokens."""
+        self.used: dict[tuple[str, str], set[int]] = {}
+
+    def place(
+        self, hits: list[SearchHit], *, limit: int, all_branches: bool
+    ) -> tuple[list[SearchHit], bool]:
+        """The best ``limit`` of ``hits`` placed, each message once, without those off the
+        head unless asked; and whether they are decided (``hits`` did not end too soon).
+
+        Hits are placed best first until ``limit`` are kept. Then only the hits that tie
+        with the last one and have the snippet of one placed are: a copy has its original's
+        text, so its score and snippet. The others are never placed (their contexts never
+        read): ties are common (bm25 scores equal for texts of equal length).
+        """
+        self.used.clear()  # which header items hits took: afresh for each list of hits
+        placed: list[_Placed] = []
+        snippets: set[str] = set()
+        for i, hit in enumerate(hits):
+            if len(placed) >= limit and len(_representatives(placed, all_branches)) >= limit:
+                if hit.score != hits[i - 1].score:
+                    return _kept(placed, limit, all_branches), True
+                if hit.snippet not in snippets:
+                    continue
+            placed.append(self._one(hit))
+            snippets.add(hit.snippet)
+        keep = _representatives(placed, all_branches)
+        # The hits ran out: more may be needed, or a copy's original may come after them.
+        decided = len(keep) >= limit and all(placed[i].own for i in keep)
+        return _kept(placed, limit, all_branches), decided
+
+    def _one(self, hit: SearchHit) -> _Placed:
+        session, segment = str(hit.session_id), str(hit.segment_id)
+        index = self._header_index(hit) if hit.seq == 0 else None
+        own: _Key = (session, segment, hit.seq, index)
+        key = own
+        if index is not None:
+            sources = self._header(session, segment).get("history_from")
+            source = sources[index] if isinstance(sources, list) and index < len(sources) else None
+            if isinstance(source, Mapping):
+                at = source.get("index")
+                key = (
+                    str(source.get("session_id")),
+                    str(source.get("segment_id")),
+                    int(source.get("seq") or 0),
+                    at if isinstance(at, int) else None,
+                )
+        head_session, positions = self._conversation(hit.context)
+        message = positions.get((segment, hit.seq, index)) if session == head_session else None
+        branch = "off" if message is None else "head"
+        return _Placed(replace(hit, message=message, branch=branch), key, key == own)
+
+    def _conversation(self, context: str) -> tuple[str, dict[tuple[str, int, int | None], int]]:
+        """The context's head session and the place of each message of its conversation."""
+        found = self.conversations.get(context)
+        if found is None:
+            head = self.store.get_head(ContextId.parse(context))
+            found = ("", {})
+            if head is not None:
+                session = head.session_id
+                reads = sessions.lineage(self.store, session, head.segment_id, blobs="stored")
+                for read in reads:
+                    segment = str(read.header.get("segment_id", ""))
+                    self.headers[(str(session), segment)] = read.header
+                conversation = sessions.messages(reads)
+                places = {(m.segment_id, m.seq, m.index): i for i, m in enumerate(conversation)}
+                found = (str(session), places)
+            self.conversations[context] = found
+        return found
+
+    def _header(self, session: str, segment: str) -> Mapping[str, Any]:
+        header = self.headers.get((session, segment))
+        if header is None:
+            read = self.store.read_segment(SessionId(session), SegmentId(segment), stop_seq=0)
+            header = self.headers[(session, segment)] = read.header
+        return header
+
+    def _header_index(self, hit: SearchHit) -> int | None:
+        """Which item of its segment's header a seq-0 hit is (the indexes keep no place):
+        the unclaimed item that holds the query's words and the hit's snippet."""
+        session, segment = str(hit.session_id), str(hit.segment_id)
+        items = self.items.get((session, segment))
+        if items is None:
+            history = self._header(session, segment).get("history")
+            texts = [_role_text(item) for item in history] if isinstance(history, list) else []
+            items = self.items[(session, segment)] = [(r, t, tokenize(t)) for r, t in texts]
+        used = self.used.setdefault((session, segment), set())
+        core = hit.snippet.strip(ELLIPSIS + " \n")
+        best: tuple[int, int, int, int] | None = None
+        for index, (role, text, tokens) in enumerate(items):
+            if index in used:
+                continue
+            terms = sum(1 for phrase in self.phrases if phrase_count(tokens, phrase))
+            rank = (int(role == hit.role), int(core in text), terms, -index)
+            best = rank if best is None or rank > best else best
+        if best is None:
+            return None
+        used.add(-best[3])
+        return -best[3]
+
+
+def _kept(placed: list[_Placed], limit: int, all_branches: bool) -> list[SearchHit]:
+    keep = _representatives(placed, all_branches)
+    return [p.hit for i, p in enumerate(placed) if i in keep][:limit]
+
+
+def _representatives(placed: list[_Placed], all_branches: bool) -> set[int]:
+    """Which hits stay: for each message, its original where the conversation holds it; else
+    its copies there (the one in the original's session if any: a compaction's kept turn);
+    else, with ``all_branches``, its best hit off the head."""
+    groups: dict[_Key, list[int]] = {}
+    for i, p in enumerate(placed):
+        groups.setdefault(p.key, []).append(i)
+    keep: set[int] = set()
+    for key, members in groups.items():
+        head = [i for i in members if placed[i].hit.branch == "head"]
+        original = [i for i in head if placed[i].own]
+        same_session = [i for i in head if str(placed[i].hit.session_id) == key[0]]
+        if original or same_session:
+            keep.add((original or same_session)[0])
+        elif head:
+            keep.update(head)
+        elif all_branches:
+            keep.add(min(members, key=lambda i: (not placed[i].own, i)))
+    return keep

@@ -153,6 +153,21 @@ def test_pop_item_removes_the_latest_and_keeps_it_in_the_tree(store: Store) -> N
     assert run(session.get_items()) == [USER, REPLY]
 
 
+def test_a_popped_item_is_not_found_by_search(store: Store) -> None:
+    """Search finds what get_items returns: a popped item only with ``all_branches``, marked
+    off; a kept one at its place in the items."""
+    from terrarium.stores.base import SearchQuery
+
+    session = TerrariumSession("s1", store)
+    run(session.add_items([USER, REPLY, {"role": "user", "content": "Paris again?"}]))
+    run(session.pop_item())
+    hits = search(store, "Paris")
+    assert [(hit.message, hit.branch) for hit in hits] == [(0, "head")]
+    every = search(store, SearchQuery("Paris", all_branches=True))
+    assert sorted((hit.branch, hit.message) for hit in every) == [("head", 0), ("off", None)]
+    assert "again" in next(hit.snippet for hit in every if hit.branch == "off")
+
+
 def test_clear_session_empties_it_and_keeps_history_in_the_tree(store: Store) -> None:
     """clear_session leaves no items; the session works on; the old items stay in the log."""
     session = TerrariumSession("s1", store)

@@ -146,6 +146,11 @@ def redact(location: str) -> str:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
 @click.option("--archived", is_flag=True, help="Also search archived sessions.")
+@click.option(
+    "--all-branches",
+    is_flag=True,
+    help="Also find messages no longer in their session (cleared, compacted away, rewound).",
+)
 @storage_option
 @click.pass_context
 def search(
@@ -158,9 +163,13 @@ def search(
     limit: int,
     as_json: bool,
     archived: bool,
+    all_branches: bool,
 ) -> None:
     """Search every session's messages; best matches first, with highlighted snippets.
 
+    Each message is found once, in the conversation its session shows, and numbered by its
+    place there (#0 is the first message). A message that a clear, a compaction or a rewind
+    took out of it is found only with --all-branches, marked "not on the current branch".
     The exit code is 1 when nothing matches, as grep's is.
     """
     from terrarium.search import SearchQuery
@@ -170,7 +179,14 @@ def search(
     found = run_search(
         state.store(),
         SearchQuery(
-            query, type_, str(context) if context else None, since, role, limit, archived=archived
+            query,
+            type_,
+            str(context) if context else None,
+            since,
+            role,
+            limit,
+            archived=archived,
+            all_branches=all_branches,
         ),
     )
     if as_json:
@@ -182,7 +198,7 @@ def search(
     if as_json:
         return
     for hit in found:
-        heading = f"{hit.context}  {hit.ts[:16].replace('T', ' ')}  {hit.role}  #{hit.seq}"
+        heading = f"{hit.context}  {hit.ts[:16].replace('T', ' ')}  {hit.role}  {_where(hit)}"
         if state.out.rich:
             from rich.text import Text
 
@@ -208,7 +224,16 @@ def hit_json(hit: SearchHit) -> dict[str, Any]:
         "snippet": hit.snippet,
         "highlights": [list(span) for span in hit.highlights],
         "score": hit.score,
+        "message": hit.message,
+        "branch": hit.branch,
     }
+
+
+def _where(hit: SearchHit) -> str:
+    """A hit's number in its session's conversation, or where it is off it."""
+    if hit.message is not None:
+        return f"#{hit.message}"
+    return f"(not on the current branch: segment {str(hit.segment_id)[:8]}, entry {hit.seq})"
 
 
 def _marked(snippet: str, spans: tuple[tuple[int, int], ...]) -> str:

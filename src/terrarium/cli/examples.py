@@ -29,7 +29,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "search": (
         "terrarium search decorator",
         "terrarium search 'connection refused' --type irc --since 2025-11-01 -n 5",
-        "terrarium search decorator --archived --json",
+        "terrarium search decorator --archived --all-branches --json",
     ),
     "delete": (
         "terrarium delete cli:scratch",

@@ -284,6 +284,9 @@ class SearchQuery:
     limit: int = 20
     archived: bool = False
     """Search archived contexts too (a :class:`Lifecycle` store reads its archive for them)."""
+    all_branches: bool = False
+    """Also find what is no longer in a context's conversation (a cleared, compacted or
+    rewound branch); :func:`terrarium.search.search` marks such hits ``branch="off"``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +307,13 @@ class SearchHit:
     """``(start, end)`` character spans of the matched words within ``snippet``."""
     score: float
     """Relevance; higher is better. Comparable within one result list only."""
+    message: int | None = None
+    """The hit's place in its context's conversation (``restore(...).history[message]``),
+    or None off it. A store's own ``search`` leaves it None: :func:`terrarium.search.search`
+    places its hits."""
+    branch: str = "head"
+    """``head``: in the conversation a user opens; ``off``: on a branch that is no longer it
+    (cleared, compacted away, rewound)."""
 
 
 @runtime_checkable

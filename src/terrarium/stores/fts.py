@@ -22,6 +22,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import math
 import sqlite3
@@ -73,9 +74,7 @@ def check_query(query: SearchQuery) -> SearchQuery:
         raise InvalidQuery(f"invalid role {query.role!r}: use one of {', '.join(sorted(ROLES))}")
     context = str(ContextId.parse(query.context)) if query.context is not None else None
     since = _normalise_since(query.since) if query.since is not None else None
-    return SearchQuery(
-        query.text, query.type, context, since, query.role, query.limit, query.archived
-    )
+    return dataclasses.replace(query, context=context, since=since)
 
 
 def _normalise_since(since: str) -> str:

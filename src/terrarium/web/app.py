@@ -365,6 +365,7 @@ def _search(request: Request) -> list[dict[str, Any]]:
         role=_opt(request, "role"),
         since=_opt(request, "since"),
         limit=_int(request, "limit", 50),
+        all_branches=_opt(request, "all_branches") not in (None, "0", "false"),
     )
     hits = _dash(request).call(search.search, query)
     return [
@@ -377,9 +378,22 @@ def _search(request: Request) -> list[dict[str, Any]]:
             "snippet": hit.snippet,
             "highlights": [list(span) for span in hit.highlights],
             "score": hit.score,
+            "message": hit.message,
+            "branch": hit.branch,
+            "url": _hit_url(hit.context, hit.message, str(hit.segment_id)),
         }
         for hit in hits
     ]
+
+
+def _hit_url(context: str, message: int | None, segment: str) -> str:
+    """The transcript page that shows a hit, at its message's anchor; for a hit off the
+    conversation, its segment's transcript."""
+    if message is None:
+        return "/session?" + urlencode({"c": context, "segment": segment})
+    offset = message - message % data.MESSAGES_PER_PAGE
+    args = {"c": context, **({"offset": offset} if offset else {})}
+    return f"/session?{urlencode(args)}#m{message}"
 
 
 @api(
@@ -389,6 +403,7 @@ def _search(request: Request) -> list[dict[str, Any]]:
     role="str: only this role",
     since="str: on or after this date",
     limit="int: hits (1-...)",
+    all_branches="str: 1 to find hits off their context's conversation too",
 )
 def api_search(request: Request) -> JSONResponse:
     return JSONResponse({"hits": _search(request)})

@@ -1133,6 +1133,7 @@ def _messages(
         if not isinstance(message.item, Mapping):
             continue
         row = _message(message.item, message.seq, message.ts, message.segment_id, message.summary)
+        row["position"] = index  # the page's anchor #m{position}, search hits' ``message``
         row["failed"] = _failed(failed, index)
         if message.usage is not None:
             usage = message.usage
