@@ -787,3 +787,30 @@ def test_terrarium_archive_names_a_context_only_a_legacy_file_holds(
     assert not path.exists() and store.is_archived(ContextId("cli", "old"))
     refused = CliRunner().invoke(cli, ["archive", "cli:never", "--storage-dir", str(root)])
     assert refused.exit_code == 1 and "cli:never" in refused.output
+
+
+def test_an_append_overtaken_by_archives_again_and_again_still_lands(root: Path) -> None:
+    """Another process archives the context again right after each wake, five times: the
+    append still lands, once (it used to give up after three tries: 'was deleted'; the
+    4-process race found it)."""
+
+    class Rearchived(FsStore):
+        times = 5
+
+        def wake_session(self, session_id: Any) -> bool:
+            woken = super().wake_session(session_id)
+            if self.times:
+                self.times -= 1
+                with FsStore(root) as other:
+                    assert other.archive_context(MAIN) is not None
+            return woken
+
+    with FsStore(root) as setup:
+        create_segment(setup, context=MAIN)
+    with Rearchived(root) as store:
+        head = store.get_head(MAIN)
+        assert head is not None
+        assert store.archive_context(MAIN) is not None
+        save_user_input(store, head, "landed")
+        assert store.times == 0 and not store.is_archived(MAIN)
+        assert [m["content"] for m in restore(store, MAIN).history] == ["landed"]

@@ -738,21 +738,26 @@ class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
         was opened) or missing sends the append through the store again, which wakes the
         session, or settles a freeze that was killed before its commit (it unseals the file).
         """
-        for attempt in range(3):
+        try:
+            return self._append(session_id, segment_id, entries, expected_seq)  # the hot path
+        except (_Moved, SegmentNotFound) as exc:
+            moved = isinstance(exc, _Moved)
+        with self._lock:
+            self._forget(segment_id)
+            self._folders.pop(session_id, None)
+        if moved and not frozen(self.root, session_id):
+            with self._moving(session_id):
+                pass  # a move settles what a killed one left first (a seal)
+
+        def locked() -> int:  # under the session's lock, shared: no freeze runs meanwhile
             try:
                 return self._append(session_id, segment_id, entries, expected_seq)
-            except (_Moved, SegmentNotFound) as exc:
-                if attempt == 2:
-                    raise SegmentNotFound(f"segment {segment_id} was deleted") from exc
-                with self._lock:
-                    self._forget(segment_id)
-                    self._folders.pop(session_id, None)
-                if frozen(self.root, session_id):
-                    self.wake_session(session_id)  # SegmentNotFound for a session in the trash
-                elif isinstance(exc, _Moved):
-                    with self._moving(session_id):
-                        pass  # a move settles what a killed one left first
-        raise AssertionError("unreachable")
+            except _Moved:
+                raise SegmentNotFound(f"segment {segment_id} was deleted") from None
+
+        # Woken (SegmentNotFound for a session in the trash), then written while hot: however
+        # often other processes archive it meanwhile, an acknowledged write is never lost.
+        return self._while_hot(session_id, locked)
 
     def _append(
         self,

@@ -70,6 +70,7 @@ from terrarium.stores.base import (
     iter_lines,
 )
 from terrarium.stores.fts import check_query
+from terrarium.stores.lifecycle import ATTEMPTS
 from terrarium.stores.url import redact_url
 
 try:
@@ -552,11 +553,17 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
         """:meth:`_next_seq`, after waking the segment's session if it is frozen: the miss
         path of an append, so a hot append never pays for it. (Not woken: it may have been
         thawed since the miss, so it is read once more.)"""
-        try:
-            return self._next_seq(conn, session_id, segment_id)
-        except SegmentNotFound:
-            self._wake_on(conn, session_id)
-            return self._next_seq(conn, session_id, segment_id)
+        missed = False
+        for _ in range(ATTEMPTS):  # archived again after each wake by others: read again
+            try:
+                return self._next_seq(conn, session_id, segment_id)
+            except SegmentNotFound:
+                if self._wake_on(conn, session_id):
+                    continue
+                if missed:
+                    raise
+                missed = True
+        raise ConflictError(f"session {session_id} kept being frozen before a write to it")
 
     # ---------------------------------------------------------------- segments
 
