@@ -814,3 +814,20 @@ def test_an_append_overtaken_by_archives_again_and_again_still_lands(root: Path)
         save_user_input(store, head, "landed")
         assert store.times == 0 and not store.is_archived(MAIN)
         assert [m["content"] for m in restore(store, MAIN).history] == ["landed"]
+
+
+def test_a_sessions_owner_is_its_folder_whatever_a_move_does_to_its_files(root: Path) -> None:
+    """The owner of a session is the context its folder names: read while a freeze or thaw
+    swaps the files (here, the head segment's file gone for a moment), it is still the
+    context, not a damaged one (the 4-process race met ``CorruptLog`` from a purge)."""
+    with FsStore(root) as store:
+        session_id, segment_id = create_segment(store, context=MAIN)
+        folder = store.folder_of(MAIN)
+        assert folder is not None
+        segment = folder / f"{segment_id}.jsonl"
+        aside = folder.parent / "aside.jsonl"
+        segment.rename(aside)
+        try:
+            assert store.session_owner(session_id) == str(MAIN)
+        finally:
+            aside.rename(segment)

@@ -81,7 +81,7 @@ def head_from_segments(folder: Path) -> PodMetadata:
         raise CorruptLog(f"{folder}: no segment with a readable header to rebuild the head from")
     root = headers[min(headers)]
     session = root.get("session_id")
-    place = _folder_context(folder)
+    place = folder_context(folder)
     for segment_id in sorted(headers, reverse=True):
         header = headers[segment_id]
         context = header.get("context") or root.get("context") or place
@@ -96,7 +96,7 @@ def head_from_segments(folder: Path) -> PodMetadata:
     raise CorruptLog(f"{folder}: no segment with an intact chain to rebuild the head from")
 
 
-def _folder_context(folder: Path) -> str | None:
+def folder_context(folder: Path) -> str | None:
     """The context a ``{type}/{date}/{name}`` folder is the folder of, or None.
 
     The head of a session that began detached (its headers say ``"context": null``) is

@@ -55,7 +55,7 @@ from terrarium.stores._files import (
     write_new,
 )
 from terrarium.stores.base import PodMetadata, SessionRecord
-from terrarium.stores.fs._heads import head_of
+from terrarium.stores.fs._heads import folder_context, head_of
 from terrarium.stores.fs._layout import (
     DETACHED,
     LOCKS,
@@ -273,7 +273,10 @@ class FsStates(Tree):
             return None
         with self._lock:
             self._folders.pop(session_id, None)
-        return head_of(self._session_folder(session_id))[0].context
+        folder = self._session_folder(session_id)
+        # The folder names its context ({type}/{date}/{name}): no head or segment is read, so
+        # a freeze or thaw swapping the files meanwhile cannot make it look damaged.
+        return folder_context(folder) or head_of(folder)[0].context
 
     def unowned_sessions(self) -> list[SessionId]:
         """Every session in ``.detached/``, oldest first."""
