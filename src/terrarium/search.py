@@ -62,7 +62,7 @@ from terrarium.text import (
     tokenize,
 )
 
-__all__ = ["InvalidQuery", "SearchHit", "SearchQuery", "scan", "search"]
+__all__ = ["InvalidQuery", "SearchHit", "SearchQuery", "hit_json", "scan", "search"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,24 @@ def _search_store(store: Store, query: SearchQuery) -> list[SearchHit]:
             check_query(query)  # a bad query is the caller's error, whatever the index
             log.warning("%s; searching the session files instead", exc)
     return scan(store, query)
+
+
+def hit_json(hit: SearchHit) -> dict[str, Any]:
+    """One hit as JSON: what ``search --json`` prints (docs/cli.md) and, with its link, the
+    dashboard's ``/api/search`` gives."""
+    return {
+        "context_id": hit.context,
+        "date": hit.date,
+        "segment_id": str(hit.segment_id),
+        "seq": hit.seq,
+        "role": hit.role,
+        "ts": hit.ts,
+        "snippet": hit.snippet,
+        "highlights": [list(span) for span in hit.highlights],
+        "score": hit.score,
+        "message": hit.message,
+        "branch": hit.branch,
+    }
 
 
 @dataclass(slots=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -172,7 +172,7 @@ def search(
     took out of it is found only with --all-branches, marked "not on the current branch".
     The exit code is 1 when nothing matches, as grep's is.
     """
-    from terrarium.search import SearchQuery
+    from terrarium.search import SearchQuery, hit_json
     from terrarium.search import search as run_search
 
     state = state_of(ctx)
@@ -210,23 +210,6 @@ def search(
         else:
             state.out.line(heading)
             state.out.line(f"  {_marked(hit.snippet, hit.highlights)}")
-
-
-def hit_json(hit: SearchHit) -> dict[str, Any]:
-    """One hit as ``search --json`` prints it (docs/cli.md)."""
-    return {
-        "context_id": hit.context,
-        "date": hit.date,
-        "segment_id": str(hit.segment_id),
-        "seq": hit.seq,
-        "role": hit.role,
-        "ts": hit.ts,
-        "snippet": hit.snippet,
-        "highlights": [list(span) for span in hit.highlights],
-        "score": hit.score,
-        "message": hit.message,
-        "branch": hit.branch,
-    }
 
 
 def _where(hit: SearchHit) -> str:

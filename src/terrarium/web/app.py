@@ -371,15 +371,7 @@ def _search(request: Request) -> list[dict[str, Any]]:
     return [
         {
             "context": hit.context,
-            "segment_id": str(hit.segment_id),
-            "seq": hit.seq,
-            "role": hit.role,
-            "ts": hit.ts,
-            "snippet": hit.snippet,
-            "highlights": [list(span) for span in hit.highlights],
-            "score": hit.score,
-            "message": hit.message,
-            "branch": hit.branch,
+            **search.hit_json(hit),
             "url": _hit_url(hit.context, hit.message, str(hit.segment_id)),
         }
         for hit in hits
