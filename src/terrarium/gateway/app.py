@@ -1,17 +1,12 @@
 """The gateway's ASGI app: the Responses and Conversations APIs kept in a store, and Chat
-Completions passed through (recorded when the request names a session).
-
-Store calls run in one worker thread, in the order they are made (the store is synchronous;
-one thread keeps the event loop free and this process's writes in order); model calls run on
-the event loop and hold nothing, so a slow answer never holds another conversation up.
+Completions passed through (recorded when the request names a session). Store calls run in
+one worker thread (:mod:`terrarium.gateway.core`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -24,6 +19,7 @@ from starlette.routing import Route
 from terrarium import Store
 from terrarium.gateway import conversations
 from terrarium.gateway.chat import chat_completions
+from terrarium.gateway.core import Core
 from terrarium.gateway.http import (
     JSON,
     MAX_BODY,
@@ -42,7 +38,7 @@ from terrarium.gateway.ids import (
     response_context,
     thread_context,
 )
-from terrarium.gateway.ledger import EMPTY, Ledger, Point, Snapshot, turn_entries
+from terrarium.gateway.ledger import EMPTY, Point, Snapshot, turn_entries
 from terrarium.gateway.responses import (
     ResponseRequest,
     chat_body,
@@ -73,28 +69,8 @@ class Target:
     conversation: bool
 
 
-class Gateway:
-    """The state the routes share: the ledger, its worker thread, the upstream."""
-
-    def __init__(self, store: Store, upstream: Upstream, *, max_body: int = MAX_BODY) -> None:
-        self.ledger = Ledger(store)
-        self.upstream = upstream
-        self.max_body = max_body
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="terrarium-gateway-store")
-
-    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Call ``fn`` in the store's worker thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Queue ``fn`` in the store's worker thread without waiting for it."""
-        self._pool.submit(fn, *args)
-
-    async def close(self) -> None:
-        """Finish the store calls under way, close the upstream client."""
-        await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
-        await self.upstream.close()
+class Gateway(Core):
+    """The shared state (:class:`~terrarium.gateway.core.Core`) and the Responses API."""
 
     # ------------------------------------------------------------------ responses
 

@@ -9,19 +9,17 @@ and a request that diverges (an edited or regenerated turn) forks where it diver
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from terrarium.gateway.core import Core
 from terrarium.gateway.http import JSON, encode, headers_of, read_json
 from terrarium.gateway.ids import CHAT_TYPE
 from terrarium.gateway.ledger import turn_entries
 from terrarium.gateway.upstream import GatewayError, bad_request, first_choice
 from terrarium.model import ContextId, LoggedItem
-
-if TYPE_CHECKING:
-    from terrarium.gateway.app import Gateway
 
 SESSION_HEADERS = ("x-session-id", "x-conversation-id", "x-chat-id", "x-openwebui-chat-id")
 """The request headers that name a session, in order of preference."""
@@ -113,7 +111,7 @@ def _usage(model: str, usage: Any) -> dict[str, Any] | None:
 
 
 async def _record(
-    gw: Gateway,
+    gw: Core,
     ctx: ContextId,
     body: Mapping[str, Any],
     reply: LoggedItem | None,
@@ -132,7 +130,7 @@ async def _record(
     await gw.run(gw.ledger.record_chat, ctx, body["messages"], tail)
 
 
-async def chat_completions(gw: Gateway, request: Request) -> Response:
+async def chat_completions(gw: Core, request: Request) -> Response:
     """``POST /v1/chat/completions``."""
     body = await read_json(request, gw.max_body)
     ctx = session_of(request, body)
@@ -154,7 +152,7 @@ async def chat_completions(gw: Gateway, request: Request) -> Response:
     return JSON(answer)
 
 
-async def _stream(gw: Gateway, ctx: ContextId | None, body: dict[str, Any]) -> AsyncIterator[bytes]:
+async def _stream(gw: Core, ctx: ContextId | None, body: dict[str, Any]) -> AsyncIterator[bytes]:
     """The upstream's chunks as they come; the turn is recorded before ``[DONE]``. A client
     that goes away first leaves a failed turn (handed to the store's worker, not awaited)."""
     reply = _Reply()
@@ -180,7 +178,7 @@ GONE = "the client went away before the reply completed"
 
 
 async def _chunks(
-    gw: Gateway, ctx: ContextId | None, body: dict[str, Any], reply: _Reply
+    gw: Core, ctx: ContextId | None, body: dict[str, Any], reply: _Reply
 ) -> AsyncIterator[bytes]:
     try:
         async for chunk in gw.upstream.stream(body):

@@ -4,21 +4,19 @@ model history of its head, its record (creation time, metadata) an extension ent
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from terrarium import contexts
+from terrarium.gateway.core import Core
 from terrarium.gateway.http import JSON, page, read_json
 from terrarium.gateway.ids import conversation_context, new_conversation_id
 from terrarium.gateway.ledger import CONVERSATION_DOMAIN
 from terrarium.gateway.responses import check_metadata, normalize_items
 from terrarium.gateway.upstream import bad_request, not_found
 from terrarium.model import ContextId, LoggedItem
-
-if TYPE_CHECKING:
-    from terrarium.gateway.app import Gateway
 
 MAX_ITEMS = 20
 """Items one request may add, as OpenAI allows."""
@@ -48,7 +46,7 @@ def _context(request: Request) -> tuple[str, ContextId]:
     return conversation_id, ctx
 
 
-def _state(gw: Gateway, request: Request) -> tuple[str, dict[str, Any], list[LoggedItem]]:
+def _state(gw: Core, request: Request) -> tuple[str, dict[str, Any], list[LoggedItem]]:
     """The conversation's id, record and items (runs in the worker)."""
     conversation_id, ctx = _context(request)
     found = gw.ledger.conversation(ctx)
@@ -58,7 +56,7 @@ def _state(gw: Gateway, request: Request) -> tuple[str, dict[str, Any], list[Log
     return conversation_id, dict(snap.extensions.get(CONVERSATION_DOMAIN) or {}), snap.items
 
 
-async def create(gw: Gateway, request: Request) -> Response:
+async def create(gw: Core, request: Request) -> Response:
     """``POST /v1/conversations``."""
     body = await read_json(request, gw.max_body)
     record = {"created_at": int(time.time()), "metadata": check_metadata(body.get("metadata"))}
@@ -70,13 +68,13 @@ async def create(gw: Gateway, request: Request) -> Response:
     return JSON(_object(conversation_id, record))
 
 
-async def retrieve(gw: Gateway, request: Request) -> Response:
+async def retrieve(gw: Core, request: Request) -> Response:
     """``GET /v1/conversations/{id}``."""
     conversation_id, record, _ = await gw.run(_state, gw, request)
     return JSON(_object(conversation_id, record))
 
 
-async def update(gw: Gateway, request: Request) -> Response:
+async def update(gw: Core, request: Request) -> Response:
     """``POST /v1/conversations/{id}``: new metadata."""
     body = await read_json(request, gw.max_body)
     if "metadata" not in body:
@@ -88,7 +86,7 @@ async def update(gw: Gateway, request: Request) -> Response:
     return JSON(_object(conversation_id, record))
 
 
-async def delete(gw: Gateway, request: Request) -> Response:
+async def delete(gw: Core, request: Request) -> Response:
     """``DELETE /v1/conversations/{id}``: the context goes to the store's trash."""
     conversation_id, ctx = _context(request)
     if not await gw.run(contexts.delete_context, gw.ledger.store, ctx, why="gateway"):
@@ -96,7 +94,7 @@ async def delete(gw: Gateway, request: Request) -> Response:
     return JSON({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
-async def add_items(gw: Gateway, request: Request) -> Response:
+async def add_items(gw: Core, request: Request) -> Response:
     """``POST /v1/conversations/{id}/items``."""
     body = await read_json(request, gw.max_body)
     items = _items(body)
@@ -106,13 +104,13 @@ async def add_items(gw: Gateway, request: Request) -> Response:
     return JSON(page(items, {"order": "asc", "limit": "100"}, default_order="asc"))
 
 
-async def list_items(gw: Gateway, request: Request) -> Response:
+async def list_items(gw: Core, request: Request) -> Response:
     """``GET /v1/conversations/{id}/items``."""
     _, _, items = await gw.run(_state, gw, request)
     return JSON(page(items, request.query_params))
 
 
-async def get_item(gw: Gateway, request: Request) -> Response:
+async def get_item(gw: Core, request: Request) -> Response:
     """``GET /v1/conversations/{id}/items/{item_id}``."""
     _, _, items = await gw.run(_state, gw, request)
     item_id = request.path_params["item_id"]
@@ -122,7 +120,7 @@ async def get_item(gw: Gateway, request: Request) -> Response:
     return JSON(found)
 
 
-async def delete_item(gw: Gateway, request: Request) -> Response:
+async def delete_item(gw: Core, request: Request) -> Response:
     """``DELETE /v1/conversations/{id}/items/{item_id}``: the conversation is returned."""
     conversation_id, ctx = _context(request)
     item_id = request.path_params["item_id"]
