@@ -41,7 +41,7 @@ from terrarium import codec
 from terrarium.copy import CopyReport, SessionSource, complete_session, copy_store, session_segments
 from terrarium.errors import ContextNotFound, FormatVersionError, InvalidEntry, TerrariumError
 from terrarium.formats.jsonl import read_segments
-from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
+from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, context_file
 from terrarium.stores.base import Lifecycle, Store
 from terrarium.stores.memory import MemoryStore
 
@@ -69,7 +69,8 @@ def bundle_files(store: Store, chosen: Mapping[ContextId, Store], *, detached: b
         if head is None:
             raise ContextNotFound(f"no session '{context}'")
         entry: dict[str, Any] = {"context": str(context), "head": str(head.segment_id)}
-        entry.update(_tree(files, source, head.session_id, head.segment_id, _member(context)))
+        member = context_file(context, ".jsonl")
+        entry.update(_tree(files, source, head.session_id, head.segment_id, member))
         if source is store and isinstance(store, Lifecycle) and store.is_archived(context):
             entry["archived"] = True
         if str(context) in pinned:
@@ -82,12 +83,6 @@ def bundle_files(store: Store, chosen: Mapping[ContextId, Store], *, detached: b
     ]
     manifest = {"format": FORMAT, "version": VERSION, "contexts": contexts, "detached": loose}
     return {MANIFEST: json.dumps(manifest, indent=1, ensure_ascii=False).encode(), **files}
-
-
-def _member(context: ContextId) -> str:
-    from terrarium.export import member_name
-
-    return member_name(context, "jsonl")
 
 
 def _tree(
