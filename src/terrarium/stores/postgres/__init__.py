@@ -56,6 +56,7 @@ from terrarium.stores._archive import (
     pyformat,
     state_record,
 )
+from terrarium.stores._redact import redact_url
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
     ClosingStore,
@@ -71,7 +72,6 @@ from terrarium.stores.base import (
 )
 from terrarium.stores.fts import check_query
 from terrarium.stores.lifecycle import ATTEMPTS
-from terrarium.stores.url import redact_url
 
 try:
     import psycopg
