@@ -45,6 +45,7 @@ from terrarium.model import (
     EntryKind,
     LogEntry,
     LoggedItem,
+    RestoredState,
     SegmentId,
     SegmentOrigin,
     SegmentStartState,
@@ -836,24 +837,9 @@ def export_dict(
     root_id, root_header = _session_root(store, head.session_id, lines[0])
     record = _legacy_record(root_header)
     messages = _export_messages(lines, record)
-    extra_top: Mapping[str, Any] = {}
-    if record is None:
-        metadata = {
-            "created_at": to_legacy_ts(head.created_at),
-            "last_active": to_legacy_ts(state.last_active),
-            "message_count": len(messages),
-            "session_id": ctx.name,
-            "context_type": ctx.type,
-            "session_date": head.date,
-        }
-    else:
-        metadata = dict(record.get("metadata") or {})
-        if (record.get("session_id"), record.get("context_type")) != (ctx.name, ctx.type):
-            metadata.update(session_id=ctx.name, context_type=ctx.type)  # imported as another
-        if head.segment_id != root_id or state.next_seq != 1:  # logged to since the import
-            metadata["last_active"] = to_legacy_ts(state.last_active)
-            metadata["message_count"] = len(messages)
-        extra_top = record.get("extra") or {}
+    logged = head.segment_id != root_id or state.next_seq != 1  # since an import, if any
+    metadata = _export_metadata(ctx, head, state, record, len(messages), logged=logged)
+    extra_top: Mapping[str, Any] = record.get("extra") or {} if record is not None else {}
     out: dict[str, Any] = {
         "session_id": ctx.name,
         "context_type": ctx.type,
@@ -864,6 +850,35 @@ def export_dict(
     for key, value in extra_top.items():
         out.setdefault(key, value)
     return out
+
+
+def _export_metadata(
+    ctx: ContextId,
+    head: PodMetadata,
+    state: RestoredState,
+    record: Mapping[str, Any] | None,
+    count: int,
+    *,
+    logged: bool,
+) -> dict[str, Any]:
+    """The legacy ``metadata`` of :func:`export_dict`: an imported file's, updated when the
+    context was ``logged`` to since; otherwise all of it from the log."""
+    if record is None:
+        return {
+            "created_at": to_legacy_ts(head.created_at),
+            "last_active": to_legacy_ts(state.last_active),
+            "message_count": count,
+            "session_id": ctx.name,
+            "context_type": ctx.type,
+            "session_date": head.date,
+        }
+    metadata = dict(record.get("metadata") or {})
+    if (record.get("session_id"), record.get("context_type")) != (ctx.name, ctx.type):
+        metadata.update(session_id=ctx.name, context_type=ctx.type)  # imported as another
+    if logged:
+        metadata["last_active"] = to_legacy_ts(state.last_active)
+        metadata["message_count"] = count
+    return metadata
 
 
 def _session_root(

@@ -75,38 +75,48 @@ def open_store(url: str | os.PathLike[str] | None = None, *, create: bool = True
     if scheme in ("postgresql", "postgres"):
         return _open_postgres(url, shown)
     if scheme in ("fs", "file"):
-        from terrarium.stores.fs import DURABILITIES
-
-        path, options = _split(rest, shown, scheme, allowed={"durability", "blob_threshold"})
-        durability = options.get("durability", "flush")
-        if durability not in DURABILITIES:
-            raise StoreURLError(
-                f"store URL {shown!r}: unknown durability {durability!r}; use one of "
-                f"{', '.join(DURABILITIES)}"
-            )
-        store = _open_fs(path, shown, create, durability=durability)
-        if "blob_threshold" in options:
-            store.blob_threshold = _threshold(options, shown)  # type: ignore[attr-defined]
-        return store
+        return _open_fs_url(rest, shown, scheme, create)
     if scheme == "sqlite":
-        from terrarium.stores.sqlite import SYNCHRONOUS_MODES, SqliteStore
-
-        path, options = _split(rest, shown, scheme, allowed={"synchronous", "blob_threshold"})
-        synchronous = options.get("synchronous", "NORMAL")
-        if synchronous.upper() not in SYNCHRONOUS_MODES:
-            raise StoreURLError(
-                f"store URL {shown!r}: unknown synchronous mode {synchronous!r}; use one of "
-                f"{', '.join(SYNCHRONOUS_MODES)}"
-            )
-        _check_place(path, shown, create, folder=False)
-        if "blob_threshold" in options:
-            threshold = _threshold(options, shown)
-            return SqliteStore(path, synchronous=synchronous, blob_threshold=threshold)
-        return SqliteStore(path, synchronous=synchronous)
+        return _open_sqlite_url(rest, shown, create)
     raise StoreURLError(
         f"store URL {shown!r} has unknown scheme {scheme!r}: use a folder path, fs:, file:, "
         "sqlite: or postgresql:"
     )
+
+
+def _open_fs_url(rest: str, shown: str, scheme: str, create: bool) -> Store:
+    """An ``fs:`` or ``file:`` URL's store."""
+    from terrarium.stores.fs import DURABILITIES
+
+    path, options = _split(rest, shown, scheme, allowed={"durability", "blob_threshold"})
+    durability = options.get("durability", "flush")
+    if durability not in DURABILITIES:
+        raise StoreURLError(
+            f"store URL {shown!r}: unknown durability {durability!r}; use one of "
+            f"{', '.join(DURABILITIES)}"
+        )
+    store = _open_fs(path, shown, create, durability=durability)
+    if "blob_threshold" in options:
+        store.blob_threshold = _threshold(options, shown)  # type: ignore[attr-defined]
+    return store
+
+
+def _open_sqlite_url(rest: str, shown: str, create: bool) -> Store:
+    """A ``sqlite:`` URL's store."""
+    from terrarium.stores.sqlite import SYNCHRONOUS_MODES, SqliteStore
+
+    path, options = _split(rest, shown, "sqlite", allowed={"synchronous", "blob_threshold"})
+    synchronous = options.get("synchronous", "NORMAL")
+    if synchronous.upper() not in SYNCHRONOUS_MODES:
+        raise StoreURLError(
+            f"store URL {shown!r}: unknown synchronous mode {synchronous!r}; use one of "
+            f"{', '.join(SYNCHRONOUS_MODES)}"
+        )
+    _check_place(path, shown, create, folder=False)
+    if "blob_threshold" in options:
+        threshold = _threshold(options, shown)
+        return SqliteStore(path, synchronous=synchronous, blob_threshold=threshold)
+    return SqliteStore(path, synchronous=synchronous)
 
 
 def _threshold(options: dict[str, str], shown: str) -> int:

@@ -683,15 +683,19 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
         finally:
             self._pool.putconn(conn)
         self._seen.remember(key, proposal + len(entries), None)
+        self._note_unindexed(len(entries))
+        return proposal
+
+    def _note_unindexed(self, count: int) -> None:
+        """Count entries the search index lacks; index them once a batch has gathered."""
         with self._lock:
-            self._unindexed += len(entries)
+            self._unindexed += count
             due = self._unindexed >= SEARCH_BATCH
         if due:
             try:
                 self.catch_up()
             except (psycopg.Error, StoreError) as exc:  # the entries are in; a search catches up
                 log.warning("%s: search index catch-up deferred: %s", self._where, self._scrub(exc))
-        return proposal
 
     def _append_params(
         self,
