@@ -9,21 +9,17 @@ through this module, under these rules:
 * **Which context.** A file holds the context its content names, found where the old tool
   named it (:func:`_rank`); a file not found that way is listed as a problem.
 * **The log wins.** A context in the log hides its legacy file.
-* **Read in place, never changed.** Reading copies the file into a throw-away
-  :class:`~terrarium.stores.memory.MemoryStore` (:func:`read`).
+* **Read in place, never changed**, through a throw-away ``MemoryStore`` (:func:`read`).
 * **First use imports.** A turn, clear, fork or compaction on a context that only a legacy file
   holds imports it into the log first (:func:`import_legacy`, under the context's lock, so
   racing processes import it once). The file stays as it was.
 * **Delete moves the file into the trash** (:func:`trash`); moving it back undoes the delete.
-* **Archive takes the file along**: ``FsStore.archive_context`` imports a context only a file
-  holds, then compresses its files (:func:`files`) into the archived folder and removes
-  them; unarchiving puts them back. Files under ``archive/`` (moved there by hand, as the
-  seed suggests) are archived already: the scan skips that folder.
+* **Archive takes the file along** (:func:`files`); unarchiving puts it back. The scan skips
+  ``archive/``, where the seed suggests moving old files by hand.
 * **Problems are listed, not hidden.** :func:`listing` returns every file it could not use,
   with the reason; reading or resuming a context whose file is unreadable raises its error.
 
-The trade-off: files are used where they lie and never rewritten, for a cached scan per store
-(:class:`_Scanner`). Usage::
+Trade-off: files are used where they lie, for a cached scan per store. Usage::
 
     legacy.resume(store, context)  # imports its legacy file, if only that file holds it
 """
@@ -158,8 +154,10 @@ def find(store: Store, context: ContextId) -> Path | None:
 
 
 def files(store: Store, context: ContextId) -> list[Path]:
-    """Every legacy file in ``context``'s places that holds it or cannot be read (the ones an
-    archive of the context takes along), in lookup order."""
+    """Every legacy file in ``context``'s places that holds it or cannot be read, in lookup
+    order: the ones an archive of the context takes along. ``FsStore.archive_context`` imports
+    a context only a file holds, then compresses these into the archived folder and removes
+    them."""
     scanner = _scanner(store)
     if scanner is None:
         return []

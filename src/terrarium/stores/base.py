@@ -2,39 +2,25 @@
 
 Invariants every backend keeps (``tests/contract/`` checks each one on every backend):
 
-* **Append-only.** A segment is a header (seq 0) followed by entries with seq 1, 2, ...
-  without gaps. Entries are never rewritten or removed, except by an explicit purge, which
-  removes a whole session.
-* **Atomic appends.** One :meth:`Store.append` call writes all of its entries or none; a reader
-  never sees half an entry. A crash leaves at most a torn tail, which reads detect, set aside
-  and report (:class:`~terrarium.model.TornTail`), never drop silently.
-* **Optimistic concurrency.** ``append(..., expected_seq=N)`` fails with
-  :class:`~terrarium.errors.ConflictError` unless N is the segment's next seq;
-  ``set_head(..., expected=S)`` fails unless the head is S. Writers never clobber each other.
+* **Append-only.** A segment is a header (seq 0), then entries with seq 1, 2, ... without
+  gaps. Entries are never rewritten or removed, except by a purge of a whole session.
+* **Atomic appends.** One :meth:`Store.append` writes all of its entries or none. A crash
+  leaves at most a torn tail, which reads detect and report (:class:`~terrarium.model.TornTail`).
+* **Optimistic concurrency.** ``append(..., expected_seq=N)`` and ``set_head(..., expected=S)``
+  raise :class:`~terrarium.errors.ConflictError` when the log moved on: no clobbering.
 * **Heads are the only mutable records.** Clear, compaction and fork start new segments; a head
   names the segment a context is on now.
 * **Forks copy nothing.** A fork's header names its parent segment and entry; restore replays
   the parent's prefix. Only a fork into another context copies history into its header.
 * **Isolation.** Contexts never see each other's entries. Every hot-path call names one session.
-* **Detached sessions.** :meth:`Store.create_session` starts a session that belongs to no
-  context (the crate's ``create_segment`` needs none); the whole log API works on it by
-  reference. :meth:`Store.attach_context` makes a new context whose head is one of its
-  segments, once. Headers written while detached keep ``"context": null`` (the log is
-  append-only); the head names the context. Listing and search never show a detached
-  session; :meth:`Store.detached_sessions` finds them. Nothing deletes a detached session
-  but a purge of the trash, which keeps deleted contexts' sessions detached.
+* **Detached sessions.** :meth:`Store.create_session` starts a session of no context;
+  :meth:`Store.attach_context` gives it one, once. Listing and search never show it, and only
+  a purge of the trash deletes it.
+* **Lifecycle.** A context is hot, archived or trashed (:class:`Lifecycle`). Archived contexts
+  keep reading; a write moves one back first. Only the purges remove data for ever.
 
-* **Lifecycle.** A context is hot, archived or trashed (:class:`Lifecycle`, written once in
-  :mod:`terrarium.stores.lifecycle` over the :class:`SessionStates` primitives). Archived
-  contexts leave the hot listing but keep reading by reference and by
-  :meth:`~PodMetadataStore.get_head`; any write to one moves it back first. Deleted contexts
-  wait in the trash until purged; only :meth:`Lifecycle.purge_trashed` and
-  :meth:`Lifecycle.purge_context` remove data for ever.
-
-Optional abilities are sub-protocols detected with ``isinstance`` (:class:`ContextLocking`,
-:class:`Reindexable`, :class:`Searchable`, :class:`Listing`, :class:`BlobStore`,
-:class:`Notifying`, :class:`IndexedListing`, :class:`PagedListing`), never stubs
-that raise ``NotImplementedError``.
+Optional abilities are sub-protocols detected with ``isinstance`` (:class:`Searchable`,
+:class:`BlobStore`, :class:`Notifying`, ...), never stubs that raise ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -172,6 +158,10 @@ class Store(PodMetadataStore, Protocol):
 
     def create_session(self, header: Mapping[str, Any]) -> None:
         """Create a session that belongs to no context, with ``header`` as its root segment.
+
+        The crate's ``create_segment`` needs no context; the whole log API works on such a
+        session by reference. Headers written while detached keep ``"context": null`` (the
+        log is append-only): after :meth:`attach_context` the head names the context.
 
         Raises ConflictError if the session exists.
         """
