@@ -39,9 +39,10 @@ from typing import Any, Self
 
 from terrarium import codec
 from terrarium.copy import CopyReport, SessionSource, complete_session, copy_store, session_segments
-from terrarium.errors import ContextNotFound, FormatVersionError, InvalidEntry, TerrariumError
+from terrarium.errors import FormatVersionError, InvalidEntry, TerrariumError
 from terrarium.formats.jsonl import read_segments
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, context_file
+from terrarium.sessions import require_head
 from terrarium.stores.base import Lifecycle, Store
 from terrarium.stores.memory import MemoryStore
 
@@ -65,9 +66,7 @@ def bundle_files(store: Store, chosen: Mapping[ContextId, Store], *, detached: b
     files: Files = {}
     contexts: list[dict[str, Any]] = []
     for context, source in chosen.items():
-        head = source.get_head(context)
-        if head is None:
-            raise ContextNotFound(f"no session '{context}'")
+        head = require_head(source, context)
         entry: dict[str, Any] = {"context": str(context), "head": str(head.segment_id)}
         member = context_file(context, ".jsonl")
         entry.update(_tree(files, source, head.session_id, head.segment_id, member))

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from terrarium import codec, sessions
-from terrarium.errors import ContextNotFound, InvalidEntry
+from terrarium.errors import InvalidEntry
 from terrarium.model import (
     DATE_RE,
     HISTORY_KINDS,
@@ -763,16 +763,6 @@ def _timed_history(lines: Sequence[Mapping[str, Any]]) -> list[_Timed]:
     return items
 
 
-def _lineage_lines(
-    store: Store, session_id: SessionId, segment_id: SegmentId
-) -> list[dict[str, Any]]:
-    lines: list[dict[str, Any]] = []
-    for read in sessions.lineage(store, session_id, segment_id):
-        lines.append(read.header)
-        lines.extend(read.entries)
-    return lines
-
-
 def history_with_timestamps(
     store: Store, session_id: SessionId, segment_id: SegmentId
 ) -> list[tuple[LoggedItem, str]]:
@@ -781,7 +771,7 @@ def history_with_timestamps(
     Items an import header holds get the legacy file's timestamps exactly as written; every
     other item gets the ``ts`` of the entry that logged it (or of the header that holds it).
     """
-    timed = _timed_history(_lineage_lines(store, session_id, segment_id))
+    timed = _timed_history(sessions.lines_of(sessions.lineage(store, session_id, segment_id)))
     return [(t.item, t.ts) for t in timed]
 
 
@@ -828,10 +818,8 @@ def export_dict(
         ContextNotFound: no such context.
     """
     ctx = ContextId.parse(context)
-    head = store.get_head(ctx)
-    if head is None:
-        raise ContextNotFound(f"no session '{ctx}'")
-    lines = _lineage_lines(store, head.session_id, head.segment_id)
+    head = sessions.require_head(store, ctx)
+    lines = sessions.lines_of(sessions.lineage(store, head.session_id, head.segment_id))
     lines.extend(entry.to_dict() for entry in pending)
     state = sessions.collect_state(lines)
     root_id, root_header = _session_root(store, head.session_id, lines[0])
