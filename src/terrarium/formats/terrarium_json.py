@@ -37,9 +37,9 @@ from typing import Any
 
 from terrarium import codec, sessions
 from terrarium.errors import InvalidEntry
+from terrarium.formats.jsonl import timed_history
 from terrarium.model import (
     DATE_RE,
-    HISTORY_KINDS,
     TYPE_RE,
     ContextId,
     EntryKind,
@@ -743,24 +743,17 @@ def _item_ts(record: Mapping[str, Any] | None, count: int) -> list[str] | None:
 
 
 def _timed_history(lines: Sequence[Mapping[str, Any]]) -> list[_Timed]:
-    """Replay ``lines`` like :func:`terrarium.sessions.collect_state`, keeping times."""
-    items: list[_Timed] = []
-    first = True
-    for line in lines:
-        kind = line["kind"]
-        if kind in HISTORY_KINDS:
-            items.append(_Timed(line["item"], line["ts"], None))
-        elif kind == EntryKind.HEADER:
-            fresh = line.get("history")
-            if first or fresh is not None:
-                history = list(fresh or ())
-                stamps = _item_ts(_legacy_record(line), len(history))
-                if stamps is None:
-                    items = [_Timed(i, ts, None) for i, ts, _ in sessions.header_history(line)]
-                else:
-                    items = [_Timed(it, stamps[i], i) for i, it in enumerate(history)]
-            first = False
-    return items
+    """The replayed history with times (:func:`~terrarium.formats.jsonl.timed_history`); the
+    items of an import header keep the legacy file's timestamps and their index in it."""
+    timed = [_Timed(t.item, t.ts, None) for t in timed_history(lines)]
+    headers = [line for line in lines if line["kind"] == EntryKind.HEADER]
+    # The history starts at the last header that holds one (or the first header).
+    start = next((h for h in reversed(headers) if h.get("history") is not None), headers[0])
+    history = list(start.get("history") or ())
+    stamps = _item_ts(_legacy_record(start), len(history))
+    if stamps is not None:
+        timed[: len(history)] = [_Timed(it, stamps[i], i) for i, it in enumerate(history)]
+    return timed
 
 
 def history_with_timestamps(
