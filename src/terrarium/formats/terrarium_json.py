@@ -820,7 +820,7 @@ def export_dict(
     messages = _export_messages(lines, record)
     logged = head.segment_id != root_id or state.next_seq != 1  # since an import, if any
     metadata = _export_metadata(ctx, head, state, record, len(messages), logged=logged)
-    extra_top: Mapping[str, Any] = record.get("extra") or {} if record is not None else {}
+    extra_top: Mapping[str, Any] = (record.get("extra") or {}) if record is not None else {}
     out: dict[str, Any] = {
         "session_id": ctx.name,
         "context_type": ctx.type,
