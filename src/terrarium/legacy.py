@@ -288,17 +288,13 @@ def _outside(root: Path) -> str:
 
 def _places(root: Path, context: ContextId) -> Iterator[Path]:
     """The existing files where ``context`` is looked up, in :func:`_rank` order."""
-    names = _names(context)
+    names = legacy_file_names(context.name)
     type_dir = root / context.type
     dates = sorted((d for d in listdir(type_dir) if DATE_RE.fullmatch(d)), reverse=True)
     for folder in [*(type_dir / d for d in dates), type_dir, root]:
         for name in names:
             if (folder / name).is_file():
                 yield folder / name
-
-
-def _names(context: ContextId) -> list[str]:
-    return legacy_file_names(context.name)
 
 
 def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
@@ -309,7 +305,7 @@ def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
     The first place that holds the context is its file; a file not found that way (another
     name inside, or an older copy) is listed as a problem.
     """
-    names = _names(context)
+    names = legacy_file_names(context.name)
     parts = path.relative_to(root).parts
     if not parts or parts[-1] not in names:
         return None
@@ -473,7 +469,8 @@ def _sort_out(root: Path, parsed: list[LegacyInfo | LegacyProblem]) -> LegacyLis
     for info in (p for p in parsed if isinstance(p, LegacyInfo)):
         rank = _rank(root, info.path, info.context)
         if rank is None:
-            reason = f"holds {info.context}, which is looked up as {_names(info.context)[-1]}"
+            looked_up = legacy_file_names(info.context.name)[-1]
+            reason = f"holds {info.context}, which is looked up as {looked_up}"
             problems.append(LegacyProblem(info.path, reason))
             continue
         if info.context not in best or rank < best[info.context][0]:
