@@ -141,3 +141,35 @@ def test_a_chat_ui_sending_an_answer_back_trimmed_makes_no_branch() -> None:
     edited = [{"role": "user", "content": "hello"}]
     ledger.record_chat(chat, edited, tail)
     assert len(store.list_segments(head.session_id)) == 2  # an edit is a branch
+
+
+QUICK = {"memory": True, "fs": True, "sqlite": True, "postgres": False}
+
+
+def test_store_calls_run_on_the_loop_for_a_quick_store_else_in_one_thread(
+    store: Store, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A store that answers in microseconds is called on the event loop (a thread's hand-overs
+    cost more than its calls); PostgreSQL and a sync per write keep the worker thread."""
+    import asyncio
+    import threading
+
+    from terrarium.gateway.core import Core, quick_store
+    from terrarium.gateway.upstream import Upstream
+    from terrarium.stores.fs import FsStore
+
+    backend = request.node.callspec.params["store"]
+    assert quick_store(store) is QUICK[backend]
+    with FsStore(tmp_path / "synced", durability="fsync") as synced:
+        assert not quick_store(synced)
+
+    async def threads(core: Core) -> tuple[int, int]:
+        ran = await core.run(threading.get_ident)
+        await core.close()
+        return threading.get_ident(), ran
+
+    for forced in (None, True, False):
+        core = Core(store, Upstream("http://127.0.0.1:9/v1"), store_thread=forced)
+        loop_thread, ran = asyncio.run(threads(core))
+        on_loop = QUICK[backend] if forced is None else not forced
+        assert (ran == loop_thread) is on_loop

@@ -1,15 +1,19 @@
-"""What every route of the gateway shares: the store's ledger and its one worker thread, the
+"""What every route of the gateway shares: the store's ledger and where its calls run, the
 upstream model server, the body limit (:class:`Core`; ``app.Gateway`` adds the Responses API).
 
-Store calls run in one worker thread, in the order they are made (the store is synchronous;
-one thread keeps the event loop free and this process's writes in order); model calls run on
-the event loop and hold nothing, so a slow answer never holds another conversation up.
+Store calls run one at a time, in the order they are made (the store is synchronous and the
+ledger not thread-safe). Where they run depends on the store (:func:`quick_store`): a store
+that answers in microseconds (memory, local files or SQLite without a sync per write) is
+called on the event loop; any other (PostgreSQL, a sync per write) in one worker thread, so
+a slow call never stalls the other requests. Model calls run on the event loop and hold
+nothing, so a slow answer never holds another conversation up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -18,29 +22,76 @@ from terrarium import Store
 from terrarium.gateway.http import MAX_BODY
 from terrarium.gateway.ledger import Ledger
 from terrarium.gateway.upstream import Upstream
+from terrarium.stores.fs import FsStore
+from terrarium.stores.memory import MemoryStore
+from terrarium.stores.sqlite import SqliteStore
 
 T = TypeVar("T")
+log = logging.getLogger("terrarium.gateway")
+
+
+def quick_store(store: Store) -> bool:
+    """Whether ``store``'s calls finish in microseconds: in memory, or on local disk without
+    a sync per write (``FsStore`` but ``durability="fsync"``, ``SqliteStore`` with
+    ``synchronous`` OFF or NORMAL). Unknown stores are taken as slow."""
+    if isinstance(store, MemoryStore):
+        return True
+    if isinstance(store, FsStore):
+        return store.durability != "fsync"
+    if isinstance(store, SqliteStore):
+        return store.synchronous in ("OFF", "NORMAL")
+    return False
 
 
 class Core:
-    """The state the routes share: the ledger, its worker thread, the upstream."""
+    """The state the routes share: the ledger, where its calls run, the upstream."""
 
-    def __init__(self, store: Store, upstream: Upstream, *, max_body: int = MAX_BODY) -> None:
+    def __init__(
+        self,
+        store: Store,
+        upstream: Upstream,
+        *,
+        max_body: int = MAX_BODY,
+        store_thread: bool | None = None,
+    ) -> None:
+        """``store_thread``: call the store in a worker thread (True) or on the event loop
+        (False); by default, in a thread unless :func:`quick_store` says it is quick."""
         self.ledger = Ledger(store)
         self.upstream = upstream
         self.max_body = max_body
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="terrarium-gateway-store")
+        # Measured (benchmarks/README.md): a thread's two hand-overs per call cost more than
+        # a quick store's call itself, twice per turn, and far more on a busy machine.
+        threaded = not quick_store(store) if store_thread is None else store_thread
+        self._pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="terrarium-gateway-store")
+            if threaded
+            else None
+        )
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Call ``fn`` in the store's worker thread."""
+        """Call ``fn`` where store calls run, and wait for it."""
+        if self._pool is None:
+            return fn(*args, **kwargs)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Queue ``fn`` in the store's worker thread without waiting for it."""
-        self._pool.submit(fn, *args)
+        """Call ``fn`` where store calls run, without waiting for it (a cancelled task may
+        await nothing): its failure is logged, as nobody is left to answer."""
+        if self._pool is not None:
+            self._pool.submit(_logged, fn, *args)
+        else:
+            _logged(fn, *args)
 
     async def close(self) -> None:
         """Finish the store calls under way, close the upstream client."""
-        await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
+        if self._pool is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
         await self.upstream.close()
+
+
+def _logged(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("gateway: a store call nobody waited for failed")
