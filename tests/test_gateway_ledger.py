@@ -149,12 +149,14 @@ QUICK = {"memory": True, "fs": True, "sqlite": True, "postgres": False}
 def test_store_calls_run_on_the_loop_for_a_quick_store_else_in_one_thread(
     store: Store, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    """A store that answers in microseconds is called on the event loop (a thread's hand-overs
-    cost more than its calls); PostgreSQL and a sync per write keep the worker thread."""
+    """``terrarium gateway`` calls a store that answers in microseconds on the event loop (a
+    thread's hand-overs cost more than its calls); PostgreSQL and a sync per write keep the
+    worker thread, as a library caller gets by default."""
     import asyncio
     import threading
 
-    from terrarium.gateway.core import Core, quick_store
+    from terrarium.cli.gateway import quick_store
+    from terrarium.gateway.core import Core
     from terrarium.gateway.upstream import Upstream
     from terrarium.stores.fs import FsStore
 
@@ -168,8 +170,8 @@ def test_store_calls_run_on_the_loop_for_a_quick_store_else_in_one_thread(
         await core.close()
         return threading.get_ident(), ran
 
-    for forced in (None, True, False):
-        core = Core(store, Upstream("http://127.0.0.1:9/v1"), store_thread=forced)
+    for store_thread in (None, True, False):
+        kept = {} if store_thread is None else {"store_thread": store_thread}
+        core = Core(store, Upstream("http://127.0.0.1:9/v1"), **kept)
         loop_thread, ran = asyncio.run(threads(core))
-        on_loop = QUICK[backend] if forced is None else not forced
-        assert (ran == loop_thread) is on_loop
+        assert (ran == loop_thread) is (store_thread is False)

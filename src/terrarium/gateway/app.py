@@ -265,11 +265,11 @@ def create_app(
     *,
     token: str | None = None,
     max_body: int = MAX_BODY,
-    store_thread: bool | None = None,
+    store_thread: bool = True,
 ) -> Any:
     """The gateway as an ASGI app over ``store``, forwarding to ``upstream`` (a base URL such
     as ``http://localhost:8000/v1``, or an :class:`Upstream`); ``store_thread`` as
-    :class:`~terrarium.gateway.core.Core` takes it (by default, decided by the store)."""
+    :class:`~terrarium.gateway.core.Core` takes it."""
     gw = Gateway(
         store,
         Upstream(upstream) if isinstance(upstream, str) else upstream,

@@ -2,11 +2,11 @@
 upstream model server, the body limit (:class:`Core`; ``app.Gateway`` adds the Responses API).
 
 Store calls run one at a time, in the order they are made (the store is synchronous and the
-ledger not thread-safe). Where they run depends on the store (:func:`quick_store`): a store
-that answers in microseconds (memory, local files or SQLite without a sync per write) is
-called on the event loop; any other (PostgreSQL, a sync per write) in one worker thread, so
-a slow call never stalls the other requests. Model calls run on the event loop and hold
-nothing, so a slow answer never holds another conversation up.
+ledger not thread-safe): in one worker thread, so that a slow call never stalls the other
+requests, or on the event loop when the caller knows the store answers in microseconds
+(``cli/gateway.py`` decides by the store it opened), which saves a thread's two hand-overs
+per call. Model calls run on the event loop and hold nothing, so a slow answer never holds
+another conversation up.
 """
 
 from __future__ import annotations
@@ -22,25 +22,9 @@ from terrarium import Store
 from terrarium.gateway.http import MAX_BODY
 from terrarium.gateway.ledger import Ledger
 from terrarium.gateway.upstream import Upstream
-from terrarium.stores.fs import FsStore
-from terrarium.stores.memory import MemoryStore
-from terrarium.stores.sqlite import SqliteStore
 
 T = TypeVar("T")
 log = logging.getLogger("terrarium.gateway")
-
-
-def quick_store(store: Store) -> bool:
-    """Whether ``store``'s calls finish in microseconds: in memory, or on local disk without
-    a sync per write (``FsStore`` but ``durability="fsync"``, ``SqliteStore`` with
-    ``synchronous`` OFF or NORMAL). Unknown stores are taken as slow."""
-    if isinstance(store, MemoryStore):
-        return True
-    if isinstance(store, FsStore):
-        return store.durability != "fsync"
-    if isinstance(store, SqliteStore):
-        return store.synchronous in ("OFF", "NORMAL")
-    return False
 
 
 class Core:
@@ -52,19 +36,16 @@ class Core:
         upstream: Upstream,
         *,
         max_body: int = MAX_BODY,
-        store_thread: bool | None = None,
+        store_thread: bool = True,
     ) -> None:
-        """``store_thread``: call the store in a worker thread (True) or on the event loop
-        (False); by default, in a thread unless :func:`quick_store` says it is quick."""
+        """``store_thread``: call the store in a worker thread (True), or on the event loop
+        (False: only for a store whose every call takes microseconds)."""
         self.ledger = Ledger(store)
         self.upstream = upstream
         self.max_body = max_body
-        # Measured (benchmarks/README.md): a thread's two hand-overs per call cost more than
-        # a quick store's call itself, twice per turn, and far more on a busy machine.
-        threaded = not quick_store(store) if store_thread is None else store_thread
         self._pool = (
             ThreadPoolExecutor(1, thread_name_prefix="terrarium-gateway-store")
-            if threaded
+            if store_thread
             else None
         )
 
