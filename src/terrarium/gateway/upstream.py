@@ -167,18 +167,17 @@ class Upstream:
         self.client = openai.AsyncOpenAI(
             base_url=base_url, api_key=key, max_retries=0, timeout=timeout, http_client=self.http
         )
-        self._chat_url = f"{str(self.client.base_url).rstrip('/')}/chat/completions"
+        # Parsed once: a URL or headers given as text are parsed again on every request.
+        self._chat_url = _HTTP.URL(f"{str(self.client.base_url).rstrip('/')}/chat/completions")
         # The client's own headers (user agent, platform), minus those it leaves out, and its
-        # key, which openai 3 adds apart from them.
+        # key, which openai 3 adds apart from them; the client's requests set them too.
         headers = {k: v for k, v in self.client.default_headers.items() if isinstance(v, str)}
-        self._headers = {**headers, "Authorization": f"Bearer {key}"}
+        self.http.headers.update({**headers, "Authorization": f"Bearer {key}"})
 
     async def chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """One Chat Completions call; the server's JSON answer."""
         try:
-            reply = await self.http.post(
-                self._chat_url, content=_ENCODER.encode(body), headers=self._headers
-            )
+            reply = await self.http.post(self._chat_url, content=_ENCODER.encode(body))
             data = reply.content
         except Exception as exc:
             raise upstream_error(exc, self.url) from exc
