@@ -24,6 +24,7 @@ Every chat request body is recorded, and faults can be queued per test::
                                             # tokens ...", for prompts of more tokens
         ...
         server.requests                     # the chat request bodies received, in order
+        server.request_headers              # their headers, names lowercased
         server.tokenize_requests            # the /tokenize request bodies received, in order
 
 Run it by hand with ``python tests/fakeserver.py --port 8000`` (serves until Ctrl-C).
@@ -232,6 +233,7 @@ class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
     requests: list[dict[str, Any]] = field(default_factory=list)
     raw_requests: list[bytes] = field(default_factory=list)
+    request_headers: list[dict[str, str]] = field(default_factory=list)
     faults: deque[Fault] = field(default_factory=deque)
     previous: list[Any] = field(default_factory=list)
     served: int = 0
@@ -357,6 +359,7 @@ class _Handler(BaseHTTPRequestHandler):
         with state.lock:
             state.requests.append(body)
             state.raw_requests.append(raw)
+            state.request_headers.append({k.lower(): v for k, v in self.headers.items()})
             fault = state.faults.popleft() if state.faults else None
             state.active += 1
             state.peak = max(state.peak, state.active)
@@ -880,6 +883,12 @@ class FakeServer:
         """Every chat request body received (faulted ones too), oldest first, as decoded JSON."""
         with self._state.lock:
             return list(self._state.requests)
+
+    @property
+    def request_headers(self) -> list[dict[str, str]]:
+        """The headers of every chat request received (names lowercased), oldest first."""
+        with self._state.lock:
+            return list(self._state.request_headers)
 
     @property
     def raw_requests(self) -> list[bytes]:

@@ -334,6 +334,47 @@ def test_an_upstream_failure_is_an_openai_error_and_a_failed_turn(
     ]  # no failed turn is sent again
 
 
+def test_an_upstream_4xx_is_passed_on_as_the_server_said_it(
+    client: openai.OpenAI, fake: FakeServer
+) -> None:
+    """The model server's own 4xx (here vLLM's context-length error) reaches the client with
+    its status, message and code; a reply that is not JSON at all is a 502."""
+    fake.fail_next(400, message="too long for this model", code="context_length_exceeded")
+    with pytest.raises(openai.BadRequestError) as refused:
+        created(client, input="long")
+    assert refused.value.body == {
+        "message": "too long for this model",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "context_length_exceeded",
+    }
+    fake.fail_next(500)
+    with pytest.raises(openai.APIStatusError) as failed:
+        created(client, input="broken")
+    assert failed.value.status_code == 502
+    assert failed.value.body["message"] == (  # type: ignore[index]
+        "the model server answered HTTP 500: Internal server error"
+    )
+
+
+def test_the_upstream_key_and_client_headers_go_with_every_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain call and a stream both carry $TERRARIUM_UPSTREAM_API_KEY and the openai
+    client's own headers, though each is sent its own way (``gateway/upstream.py``)."""
+    monkeypatch.setenv("TERRARIUM_UPSTREAM_API_KEY", "upstream-key")
+    with FakeServer() as upstream, GatewayProcess(tmp_path / "s", upstream.base_url) as gw:
+        with openai.OpenAI(base_url=gw.url, api_key="x", max_retries=0) as c:
+            created(c, input="plain")
+            with c.responses.create(model=MODEL, input="streamed", stream=True) as s:
+                list(s)
+        assert len(upstream.request_headers) == 2
+        for headers in upstream.request_headers:
+            assert headers["authorization"] == "Bearer upstream-key"
+            assert headers["content-type"] == "application/json"
+            assert headers["user-agent"].startswith("AsyncOpenAI/Python")
+
+
 def test_an_unreachable_upstream_is_a_502(tmp_path: Path) -> None:
     with (
         socket_closed_port() as port,

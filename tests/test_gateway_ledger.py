@@ -141,3 +141,37 @@ def test_a_chat_ui_sending_an_answer_back_trimmed_makes_no_branch() -> None:
     edited = [{"role": "user", "content": "hello"}]
     ledger.record_chat(chat, edited, tail)
     assert len(store.list_segments(head.session_id)) == 2  # an edit is a branch
+
+
+QUICK = {"memory": True, "fs": True, "sqlite": True, "postgres": False}
+
+
+def test_store_calls_run_on_the_loop_for_a_quick_store_else_in_one_thread(
+    store: Store, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """``terrarium gateway`` calls a store that answers in microseconds on the event loop (a
+    thread's hand-overs cost more than its calls); PostgreSQL and a sync per write keep the
+    worker thread, as a library caller gets by default."""
+    import asyncio
+    import threading
+
+    from terrarium.cli.gateway import quick_store
+    from terrarium.gateway.core import Core
+    from terrarium.gateway.upstream import Upstream
+    from terrarium.stores.fs import FsStore
+
+    backend = request.node.callspec.params["store"]
+    assert quick_store(store) is QUICK[backend]
+    with FsStore(tmp_path / "synced", durability="fsync") as synced:
+        assert not quick_store(synced)
+
+    async def threads(core: Core) -> tuple[int, int]:
+        ran = await core.run(threading.get_ident)
+        await core.close()
+        return threading.get_ident(), ran
+
+    for store_thread in (None, True, False):
+        kept = {} if store_thread is None else {"store_thread": store_thread}
+        core = Core(store, Upstream("http://127.0.0.1:9/v1"), **kept)
+        loop_thread, ran = asyncio.run(threads(core))
+        assert (ran == loop_thread) is (store_thread is False)

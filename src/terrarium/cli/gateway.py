@@ -5,7 +5,8 @@ Loaded lazily (``cli.add_lazy``): it imports Starlette and uvicorn, which no oth
 but ``serve`` needs. The store is opened as every writing command opens it (created when
 missing); the token and listening rules are ``serve``'s: 127.0.0.1 by default, any other
 host needs a token (one is generated and printed when none is given), and the socket is bound
-before the URL is printed. No model server is contacted at start.
+before the URL is printed. No model server is contacted at start. A store that answers in
+microseconds is called on the event loop (:func:`quick_store`), any other in a worker thread.
 """
 
 from __future__ import annotations
@@ -15,11 +16,33 @@ import secrets
 
 import click
 
+from terrarium import Store
 from terrarium.cli.app import cli, state_of, storage_option
 from terrarium.cli.serve import is_loopback, listen
 from terrarium.errors import install_hint
+from terrarium.stores.fs import FsStore
+from terrarium.stores.memory import MemoryStore
+from terrarium.stores.sqlite import SqliteStore
 
 UPSTREAM_KEY_ENV = "TERRARIUM_UPSTREAM_API_KEY"
+
+
+def quick_store(store: Store) -> bool:
+    """Whether ``store``'s calls take microseconds: in memory, or on local disk without a
+    sync per write (``FsStore`` but ``durability="fsync"``, ``SqliteStore`` with
+    ``synchronous`` OFF or NORMAL). Any other store (PostgreSQL) is taken as slow.
+
+    Measured (benchmarks/README.md, ``bench_gateway.py``): handing each call to a worker
+    thread and back costs more than a quick store's call itself, twice per turn, and far more
+    on a busy machine, where each hand-over waits for a core.
+    """
+    if isinstance(store, MemoryStore):
+        return True
+    if isinstance(store, FsStore):
+        return store.durability != "fsync"
+    if isinstance(store, SqliteStore):
+        return store.synchronous in ("OFF", "NORMAL")
+    return False
 
 
 @cli.command("gateway")
@@ -92,6 +115,7 @@ def gateway(
         Upstream(upstream, api_key=os.environ.get(UPSTREAM_KEY_ENV), timeout=timeout),
         token=token,
         max_body=max_body,
+        store_thread=not quick_store(store),
     )
     sock = listen(host, port)
     with sock:

@@ -1,6 +1,6 @@
 """The gateway's ASGI app: the Responses and Conversations APIs kept in a store, and Chat
-Completions passed through (recorded when the request names a session). Store calls run in
-one worker thread (:mod:`terrarium.gateway.core`).
+Completions passed through (recorded when the request names a session). Store calls run one
+at a time, on the event loop or in a worker thread (:mod:`terrarium.gateway.core`).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class Gateway(Core):
     # ------------------------------------------------------------------ responses
 
     def target(self, req: ResponseRequest) -> Target:
-        """Where ``req`` continues from (runs in the worker)."""
+        """Where ``req`` continues from (a store call: ``Core.run``)."""
         if req.conversation:
             ctx = conversation_context(req.conversation)
             head = self.ledger.head(ctx) if ctx is not None else None
@@ -102,7 +102,7 @@ class Gateway(Core):
         output: list[LoggedItem],
         error: dict[str, Any] | None = None,
     ) -> None:
-        """Store a turn (runs in the worker)."""
+        """Store a turn (a store call: ``Core.run``)."""
         entries = turn_entries(
             req.inputs,
             output,
@@ -170,7 +170,7 @@ async def _stream_response(
 ) -> AsyncIterator[bytes]:
     """The stream of events. A client that goes away before the end (the stream closed or
     cancelled) leaves a failed turn, as Ctrl-C does in the chat loop; it is handed to the
-    store's worker without waiting, as nothing may be awaited once a task is cancelled."""
+    store without waiting (``Core.submit``), as nothing may be awaited once a task is cancelled."""
     builder = StreamBuilder(record)
     try:
         async for piece in _events(gw, req, target, builder, body):
@@ -265,11 +265,16 @@ def create_app(
     *,
     token: str | None = None,
     max_body: int = MAX_BODY,
+    store_thread: bool = True,
 ) -> Any:
     """The gateway as an ASGI app over ``store``, forwarding to ``upstream`` (a base URL such
-    as ``http://localhost:8000/v1``, or an :class:`Upstream`)."""
+    as ``http://localhost:8000/v1``, or an :class:`Upstream`); ``store_thread`` as
+    :class:`~terrarium.gateway.core.Core` takes it."""
     gw = Gateway(
-        store, Upstream(upstream) if isinstance(upstream, str) else upstream, max_body=max_body
+        store,
+        Upstream(upstream) if isinstance(upstream, str) else upstream,
+        max_body=max_body,
+        store_thread=store_thread,
     )
 
     def bind(handler: Callable[[Gateway, Request], Any]) -> Any:

@@ -154,7 +154,7 @@ async def chat_completions(gw: Core, request: Request) -> Response:
 
 async def _stream(gw: Core, ctx: ContextId | None, body: dict[str, Any]) -> AsyncIterator[bytes]:
     """The upstream's chunks as they come; the turn is recorded before ``[DONE]``. A client
-    that goes away first leaves a failed turn (handed to the store's worker, not awaited)."""
+    that goes away first leaves a failed turn (handed to ``Core.submit``, not awaited)."""
     reply = _Reply()
     done = False
     try:

@@ -47,7 +47,7 @@ def _context(request: Request) -> tuple[str, ContextId]:
 
 
 def _state(gw: Core, request: Request) -> tuple[str, dict[str, Any], list[LoggedItem]]:
-    """The conversation's id, record and items (runs in the worker)."""
+    """The conversation's id, record and items (a store call: ``Core.run``)."""
     conversation_id, ctx = _context(request)
     found = gw.ledger.conversation(ctx)
     if found is None:

@@ -146,7 +146,7 @@ def turn_entries(
 
 class Ledger:
     """The gateway's reads and writes over one store. Not thread-safe: the app calls it
-    from one worker thread."""
+    from one thread at a time (``gateway/core.py``)."""
 
     def __init__(self, store: Store, *, cache: int = 256) -> None:
         self.store = store

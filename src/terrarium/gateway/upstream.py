@@ -1,15 +1,18 @@
 """The model server behind the gateway, through the official ``openai`` client, and the
 errors the gateway answers with, shaped as OpenAI shapes them.
 
-Requests go out with the client's ``post`` (its documented way to make custom requests:
-the same connection pool, timeouts and exceptions as ``create``) so that a Chat Completions
-body passes through with every key the client sent, known to the ``openai`` package or not.
-The client never retries (``max_retries=0``): a retry is the gateway client's call, and a
-turn that failed is logged as failed once.
+Streams and ``/models`` go out with the client's ``post`` and ``get`` (its documented way to
+make custom requests), so a Chat Completions body passes through with every key the client
+sent, known to the ``openai`` package or not. A plain Chat call, the gateway's hot path, is
+posted on the client's own HTTP client (``http_client``: one connection pool, the same
+timeout, the client's headers and key) and its answer read by msgspec: the client's request
+machinery cost more than the rest of the gateway's own work (``docs/architecture.md``). No
+call is retried: a retry is the gateway client's call, and a failed turn is logged once.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -74,20 +77,12 @@ def upstream_error(exc: BaseException, url: str) -> GatewayError:
     if isinstance(exc, GatewayError):
         return exc
     if isinstance(exc, openai.APIStatusError):
-        message = _message(exc.body) or str(exc)
-        if 400 <= exc.status_code < 500:
-            return GatewayError(exc.status_code, message, code=_code(exc.body))
-        return GatewayError(
-            502,
-            f"the model server answered HTTP {exc.status_code}: {message}",
-            type="upstream_error",
-            code="upstream_error",
-        )
-    if isinstance(exc, openai.APITimeoutError):
+        return status_error(exc.status_code, exc.body, str(exc))
+    if isinstance(exc, openai.APITimeoutError | _HTTP.TimeoutException):
         return GatewayError(
             504, f"the model server at {url} timed out", type="upstream_error", code="timeout"
         )
-    if isinstance(exc, openai.APIConnectionError):
+    if isinstance(exc, openai.APIConnectionError | _HTTP.TransportError):
         return GatewayError(
             502,
             f"cannot reach the model server at {url}: {exc.__cause__ or exc}",
@@ -100,6 +95,19 @@ def upstream_error(exc: BaseException, url: str) -> GatewayError:
         f"{type(exc).__name__}: {exc}",
         type="upstream_error",
         code="bad_upstream_reply",
+    )
+
+
+def status_error(status: int, body: object, fallback: str) -> GatewayError:
+    """The model server's error answer: its 4xx passed on as it said it, its 5xx as 502."""
+    message = _message(body) or fallback
+    if 400 <= status < 500:
+        return GatewayError(status, message, code=_code(body))
+    return GatewayError(
+        502,
+        f"the model server answered HTTP {status}: {message}",
+        type="upstream_error",
+        code="upstream_error",
     )
 
 
@@ -134,6 +142,12 @@ def _code(body: object) -> str | None:
 _POST_TAKES_CONTENT = "content" in inspect.signature(openai.AsyncOpenAI.post).parameters
 # msgspec encodes a long history several times faster than the json module the client uses.
 _ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder()
+# openai 3 sends through httpx2, earlier releases through httpx: the transport errors are
+# those of the package its default HTTP client is built on.
+_HTTP: Any = importlib.import_module(
+    openai.DefaultAsyncHttpxClient.__mro__[1].__module__.partition(".")[0]
+)
 
 
 def _encoded(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -147,17 +161,34 @@ class Upstream:
 
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 600.0):
         self.url = base_url
+        key = api_key or "EMPTY"
+        self.http = openai.DefaultAsyncHttpxClient(timeout=timeout)
+        """The client's HTTP client: the connection pool every call shares."""
         self.client = openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key or "EMPTY", max_retries=0, timeout=timeout
+            base_url=base_url, api_key=key, max_retries=0, timeout=timeout, http_client=self.http
         )
+        # Parsed once: a URL or headers given as text are parsed again on every request.
+        self._chat_url = _HTTP.URL(f"{str(self.client.base_url).rstrip('/')}/chat/completions")
+        # The client's own headers (user agent, platform), minus those it leaves out, and its
+        # key, which openai 3 adds apart from them; the client's requests set them too.
+        headers = {k: v for k, v in self.client.default_headers.items() if isinstance(v, str)}
+        self.http.headers.update({**headers, "Authorization": f"Bearer {key}"})
 
     async def chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """One Chat Completions call; the server's JSON answer."""
         try:
-            post: Any = self.client.post  # typed for the installed release's keywords only
-            answer = await post("/chat/completions", cast_to=object, **_encoded(body))
+            reply = await self.http.post(self._chat_url, content=_ENCODER.encode(body))
+            data = reply.content
         except Exception as exc:
             raise upstream_error(exc, self.url) from exc
+        try:
+            answer = _DECODER.decode(data)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            answer = data.decode("utf-8", "replace")
+            if reply.status_code < 400:
+                raise upstream_error(ValueError("the answer is not JSON"), self.url) from None
+        if reply.status_code >= 400:
+            raise status_error(reply.status_code, answer, f"HTTP {reply.status_code}: {answer}")
         if not isinstance(answer, dict):
             raise upstream_error(ValueError("the answer is not a JSON object"), self.url)
         return answer
