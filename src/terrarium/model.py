@@ -19,7 +19,6 @@ builds or inspects Chat messages.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 import time
@@ -95,7 +94,6 @@ _WINDOWS_RESERVED = frozenset(
 )
 
 
-@functools.lru_cache(maxsize=4096)  # every path to a context's files encodes its name
 def encode_name(name: str) -> str:
     """Return ``name`` as a file name that is safe on Linux, macOS and Windows.
 
