@@ -351,9 +351,9 @@ def table(rows: list[Row]) -> str:
     head = ("target", "size", "floor", "floor fig.", "figure", "ratio / limit", "result")
     lines = [head]
     for r in rows:
-        measured = f"{r.measured:.2f}x" if r.compare == "ratio" else shown(r.measured)
+        measured = f"{r.measured:.2f}x" if r.compare == "ratio" else shown(abs(r.measured))
         if r.compare == "minus":
-            measured = "+" + measured
+            measured = ("+" if r.measured >= 0 else "-") + measured
         cells = (r.target, r.size, r.floor, shown(r.floor_value), shown(r.figure))
         lines.append((*cells, f"{measured} / {r.limit}", r.verdict))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
