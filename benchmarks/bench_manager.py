@@ -38,7 +38,7 @@ from terrarium.errors import LLMError  # noqa: E402
 from terrarium.llm.vllm_client import ChatResult, StreamEvent, VLLMClient  # noqa: E402
 from terrarium.model import ContextId, UsageRecord, utc_now  # noqa: E402
 from terrarium.sessions import create_segment  # noqa: E402
-from terrarium.stores.base import NewEntry  # noqa: E402
+from terrarium.stores.base import NewEntry, Store  # noqa: E402
 
 
 class InstantClient:
@@ -67,7 +67,7 @@ class InstantClient:
         return None
 
 
-def prefill(store: FsStore, context: str, messages: int) -> None:
+def prefill(store: Store, context: str, messages: int) -> None:
     """Give ``context`` a history of ``messages`` realistic messages (~370-byte lines)."""
     create_segment(store, None, context=context)
     head = store.get_head(ContextId.parse(context))
@@ -85,9 +85,12 @@ def prefill(store: FsStore, context: str, messages: int) -> None:
         store.append(head.session_id, head.segment_id, batch)
 
 
-async def manager_work(history: int, turns: int, root: Path) -> list[float]:
-    """Per-turn wall time (µs) of the manager with an instant in-process model."""
-    store = FsStore(root)
+async def manager_work(
+    history: int, turns: int, root: Path, store: Store | None = None
+) -> list[float]:
+    """Per-turn wall time (µs) of the manager with an instant in-process model, on ``store``
+    (closed afterwards; default a filesystem store in ``root``)."""
+    store = store if store is not None else FsStore(root)
     context = f"cli:h{history}"
     prefill(store, context, history)
     manager = MultiContextManager(InstantClient(), store=store)  # type: ignore[arg-type]

@@ -28,7 +28,8 @@ from terrarium.cli import main
 try:
     main()
 finally:
-    watched = ("openai", "terrarium.agent", "terrarium.llm", "asyncio", "rich", "uuid6")
+    watched = ("openai", "terrarium.agent", "terrarium.llm", "asyncio", "rich", "uuid6",
+               "terrarium.export", "hashlib")
     loaded = sorted({m.split(".")[0] if m.startswith(("openai", "rich")) else m
                      for m in sys.modules if m.startswith(watched)})
     print("LOADED", *loaded, file=sys.stderr)
@@ -128,7 +129,9 @@ def test_commands_that_call_no_model_never_import_openai(seeded: Path, args: lis
 
 
 def test_list_into_a_pipe_imports_neither_asyncio_nor_rich_nor_uuid6(seeded: Path) -> None:
-    """The plain listing needs no event loop, no terminal library and mints no id."""
+    """The plain listing needs no event loop, no terminal library, mints no id and exports
+    nothing (``export --format``'s names are read when asked: ``terrarium.export`` imports
+    ``hashlib``, ~10 % of a bare interpreter's start)."""
     result, loaded = loaded_by(["list", "--storage-dir", str(seeded)], seeded.parent)
     assert result.returncode == 0 and "cli:main" in result.stdout
     assert loaded == set(), loaded

@@ -24,7 +24,7 @@ from terrarium import (
     restore,
     sessions,
 )
-from terrarium.contexts import get_stats
+from terrarium.contexts import clear_context, delete_context, get_stats
 from terrarium.stores.base import NewEntry
 from terrarium.web import create_app
 
@@ -127,3 +127,27 @@ def test_stats_and_the_dashboard_give_the_same_figures(store: FsStore) -> None:
     assert (tokens["cli:slow"], tokens["cli:f2"], tokens["cli:packed"]) == (600, 0, 600)
     assert totals["turns"] == turns == 6
     assert totals["prompt_tokens"] == 1200
+
+
+@pytest.mark.parametrize("fate", ["compacted away", "cleared", "deleted", "archived"])
+def test_a_fork_copy_counts_once_its_source_no_longer_holds_it(tmp_path: Path, fate: str) -> None:
+    """A fork's copies are counted in the source while its conversation holds them; once the
+    source no longer does (compacted away, cleared, deleted, archived), in the fork, once,
+    however many forks hold them (found by tests/contract/test_figures_agree.py)."""
+    fs = FsStore(tmp_path / "sessions")
+    create_segment(fs, context="cli:b")
+    _old_turn(fs, "cli:b", 0)
+    fork_context(fs, "cli:b", "cli:a")
+    fork_context(fs, "cli:b", "cli:a2")
+    source = ContextId.parse("cli:b")
+    if fate == "compacted away":
+        state = restore(fs, "cli:b")
+        create_compacted_segment(fs, state, [{"role": "system", "content": "s"}], context=source)
+    elif fate == "cleared":
+        clear_context(fs, source)
+    elif fate == "deleted":
+        delete_context(fs, source)
+    else:
+        assert fs.archive_context(source) is not None
+    (day,) = _api(fs, f"/api/stats?from={OLD}&to={OLD}")["messages_per_day"]
+    assert day == {"date": OLD, "by_type": {"cli": 2}}

@@ -24,7 +24,6 @@ Usage::
 
 from __future__ import annotations
 
-import hashlib
 import operator
 import re
 import sys
@@ -78,6 +77,10 @@ _REFERENCE = re.compile(rb'"sha256"\s*:\s*"([0-9a-f]{64})"')
 
 def digest_of(data: bytes) -> str:
     """The sha256 hex digest that names ``data``."""
+    # Imported here: hashlib loads OpenSSL (~10 % of a bare interpreter's start), which
+    # commands that write no blob (`terrarium list`) need not wait for.
+    import hashlib
+
     return hashlib.sha256(data).hexdigest()
 
 

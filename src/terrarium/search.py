@@ -377,8 +377,9 @@ def _kept(placed: list[_Placed], limit: int, all_branches: bool) -> list[SearchH
 
 def _representatives(placed: list[_Placed], all_branches: bool) -> set[int]:
     """Which hits stay: for each message, its original where the conversation holds it; else
-    its copies there (the one in the original's session if any: a compaction's kept turn);
-    else, with ``all_branches``, its best hit off the head."""
+    one copy there (the one in the original's session if any: a compaction's kept turn; else
+    the best ranked of the forks' copies, or with ``all_branches`` each of them); else, with
+    ``all_branches``, its best hit off the head. So by default each message is found once."""
     groups: dict[_Key, list[int]] = {}
     for i, p in enumerate(placed):
         groups.setdefault(p.key, []).append(i)
@@ -390,7 +391,7 @@ def _representatives(placed: list[_Placed], all_branches: bool) -> set[int]:
         if original or same_session:
             keep.add((original or same_session)[0])
         elif head:
-            keep.update(head)
+            keep.update(head if all_branches else head[:1])
         elif all_branches:
             keep.add(min(members, key=lambda i: (not placed[i].own, i)))
     return keep

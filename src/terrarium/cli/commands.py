@@ -58,10 +58,24 @@ def _format_aliases() -> str:
 
 
 class FormatChoice(click.Choice):  # type: ignore[type-arg]  # generic from click 8.2
-    """An export format by name or by an alias users type (``md``, ``txt``, ``JSONL``)."""
+    """An export format by name or by an alias users type (``md``, ``txt``, ``JSONL``).
+
+    The names are read from :mod:`terrarium.export` when click first asks for them (help,
+    completion, a value to check), not when the command is declared: every command's start
+    would otherwise import it (its format table and ``hashlib``).
+    """
 
     def __init__(self) -> None:
-        super().__init__(_format_names())
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The export formats' names."""
+        return tuple(_format_names())
+
+    @choices.setter
+    def choices(self, _value: Any) -> None:
+        """click.Choice's ``__init__`` sets them; :attr:`choices` reads them when asked."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         from terrarium.export import format_name
@@ -71,6 +85,15 @@ class FormatChoice(click.Choice):  # type: ignore[type-arg]  # generic from clic
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
         return super().convert(name, param, ctx)
+
+
+class FormatOption(click.Option):
+    """``export --format``: its help names the aliases, read when the help is shown."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        """The help line, the aliases of :mod:`terrarium.export` in it."""
+        self.help = f"Export format (also: {_format_aliases()})."
+        return super().get_help_record(ctx)
 
 
 # --------------------------------------------------------------------------- list
@@ -622,10 +645,11 @@ def compact(
     "--format",
     "-f",
     "fmt",
+    cls=FormatOption,
     type=FormatChoice(),
     default="markdown",
     show_default=True,
-    help=f"Export format (also: {_format_aliases()}).",
+    help="Export format.",
 )
 @click.option(
     "--output",

@@ -547,6 +547,11 @@ def _paged(
 # --------------------------------------------------------------------------- activity
 
 
+Identity = tuple[str, str, int, int]
+"""A message's original: session id, segment id, seq, place in that header's history (-1
+for an entry)."""
+
+
 class _Tally(msgspec.Struct, frozen=True, gc=False):
     """What one context's head lineage adds to the overview.
 
@@ -565,22 +570,60 @@ class _Tally(msgspec.Struct, frozen=True, gc=False):
     """Prompt plus completion tokens over every model."""
     source: str = ""
     """The context this one was forked from (``fork_context``), or empty."""
+    session: str = ""
+    """The session id of its head."""
+    copies: tuple[tuple[Identity, str], ...] = ()
+    """Its copies from another session (a fork into another context): each original's
+    identity and day. Counted here only when no hot context holds the original."""
+    ranges: tuple[tuple[str, int, int], ...] = ()
+    """The entries its conversation holds: per segment, the first and last seq."""
+    held: tuple[Identity, ...] = ()
+    """The identities of the items its conversation holds from a header (a compaction's)."""
+
+    def holds(self, identity: Identity) -> bool:
+        """Whether this context's conversation holds the message ``identity`` names."""
+        if identity in self.held:
+            return True
+        _, segment, seq, index = identity
+        return index < 0 and any(s == segment and lo <= seq <= hi for s, lo, hi in self.ranges)
+
+
+def _identity(message: sessions.Message, session_id: SessionId) -> Identity:
+    found = message.provenance(session_id)
+    index = found.get("index")
+    return (
+        str(found.get("session_id")),
+        str(found.get("segment_id")),
+        int(found.get("seq", 0)),
+        index if type(index) is int else -1,
+    )
 
 
 def _tally(store: Store, row: Signature) -> _Tally:
     """One context's figures, by the one replay rule (:func:`sessions.fold`, the figures
     ``stats`` gives): tokens per model and turns, carried over compactions and clears; and
-    its messages per day, each at the time it was first logged, a fork's copies left to the
-    context they were copied from (:func:`sessions.messages`), so every message counts once."""
+    its messages per day, each at the time it was first logged (:func:`sessions.messages`),
+    a fork's copies apart (:meth:`Activity.messages_per_day` counts each once)."""
     context_id, last_active, count = row
     head = store.get_head(ContextId.parse(context_id))
     if head is None:
         return _Tally((last_active, count))
     reads = sessions.lineage(store, head.session_id, head.segment_id, blobs="stored")
     state = sessions.collect_state(line for read in reads for line in (read.header, *read.entries))
-    per_day = Counter(
-        m.ts[:10] for m in sessions.messages(reads) if not m.copied_from_elsewhere(head.session_id)
-    )
+    per_day: Counter[str] = Counter()
+    copies: list[tuple[Identity, str]] = []
+    held: list[Identity] = []
+    ranges: dict[str, tuple[int, int]] = {}
+    for m in sessions.messages(reads):
+        if m.copied_from_elsewhere(head.session_id):
+            copies.append((_identity(m, head.session_id), m.ts[:10]))
+            continue
+        per_day[m.ts[:10]] += 1
+        if m.index is not None or m.source is not None:
+            held.append(_identity(m, head.session_id))
+        else:
+            lo, _ = ranges.get(m.segment_id, (m.seq, m.seq))
+            ranges[m.segment_id] = (lo, m.seq)
     tokens = {
         model: (u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.calls, u.estimated_calls)
         for model, u in state.usage_by_model.items()
@@ -592,6 +635,10 @@ def _tally(store: Store, row: Signature) -> _Tally:
         state.turns,
         state.usage.total_tokens,
         _fork_source(store, head.session_id, reads[0].header if reads else {}),
+        str(head.session_id),
+        tuple(copies),
+        tuple((segment, lo, hi) for segment, (lo, hi) in ranges.items()),
+        tuple(held),
     )
 
 
@@ -620,7 +667,12 @@ class Activity:
         self._lock = threading.Lock()
         self._bytes: tuple[float, int | None] | None = None
         self.by_day: dict[str, Counter[str]] = {}
-        """Messages per day, per context type, over the tallies held."""
+        """Messages per day, per context type, over the tallies held, fork copies apart."""
+        self.copies: dict[Identity, tuple[str, Counter[str]]] = {}
+        """The fork copies of the tallies held: per original, its day and how many contexts
+        of each type hold a copy."""
+        self.sessions: dict[str, _Tally] = {}
+        """The tallies held, by session id."""
         self.models: dict[str, list[int]] = {}
         """Per model: prompt, completion, cached tokens, calls, estimated calls, over the
         tallies held."""
@@ -689,10 +741,39 @@ class Activity:
             if not sums[3]:
                 del self.models[model]
         self.turns += sign * tally.turns
+        self._count_copies(kind, tally, sign)
         if tally.source and sign > 0:
             self.forks.setdefault(tally.source, set()).add(context_id)
         elif tally.source:
             self.forks.get(tally.source, set()).discard(context_id)
+
+    def _count_copies(self, kind: str, tally: _Tally, sign: int) -> None:
+        if tally.session and sign > 0:
+            self.sessions[tally.session] = tally
+        elif self.sessions.get(tally.session) is tally:
+            del self.sessions[tally.session]
+        for identity, day in tally.copies:
+            _, kinds = self.copies.setdefault(identity, (day, Counter()))
+            kinds[kind] += sign
+            if kinds[kind] <= 0:
+                del kinds[kind]
+                if not kinds:
+                    del self.copies[identity]
+
+    def messages_per_day(self) -> dict[str, Counter[str]]:
+        """Messages per day, per context type, over the tallies held: each message once, on
+        the day it was first logged. A fork's copy counts in the context it was copied from
+        while that context's conversation holds the original (its session's tally says); when
+        it no longer does (compacted away, cleared, deleted, archived), in the fork, once
+        however many forks hold it, under the first of their types."""
+        if not self.copies:
+            return self.by_day
+        found = {day: Counter(counts) for day, counts in self.by_day.items()}
+        for identity, (day, kinds) in self.copies.items():
+            source = self.sessions.get(identity[0])
+            if source is None or not source.holds(identity):
+                found.setdefault(day, Counter())[min(kinds)] += 1
+        return found
 
     def forks_of(
         self, store: Store, context: ContextId, budget: float = PAGE_READ
@@ -1002,7 +1083,7 @@ def overview(
     _, pending = activity.tallies(store, found.native, budget)
     listed = activity.listed(found)
     backlog = found.backlog
-    by_day = activity.by_day
+    by_day = activity.messages_per_day()
     names = ("prompt_tokens", "completion_tokens", "cached_tokens", "calls", "estimated_calls")
     models = {model: dict(zip(names, sums, strict=True)) for model, sums in activity.models.items()}
     turns = activity.turns
