@@ -8,13 +8,11 @@ alike, and logs each removal (:func:`delete_context` is the one delete to the tr
   ``last_active``), of a type, or by name; :func:`plan_trash_purge` picks trash entries deleted
   longer ago than an age, or by trash or context id. A selection by age (or a policy) skips
   pinned contexts; a context named explicitly is taken even when pinned.
-* **Plans** say what would move and how many bytes the hot store would give up (the size of
-  each context's log as JSON lines, an estimate); running a plan reports the store's own
-  figures (:class:`~terrarium.stores.base.ArchivedContext`).
+* **Plans** say what would move and the bytes the hot store would give up (its log as JSON
+  lines, an estimate); a run reports the store's (:class:`~terrarium.states.ArchivedContext`).
 * **Policy.** :func:`load_policy` reads ``[retention]`` from ``terrarium.toml`` in the store's
-  root (the filesystem store's folder, the folder holding a SQLite file) or, when there is
-  none, from ``$XDG_CONFIG_HOME/terrarium/config.toml`` (``~/.config``). Without a policy
-  nothing is archived or purged by :class:`Maintenance`.
+  root (a filesystem store's folder, a SQLite file's folder), else from
+  ``$XDG_CONFIG_HOME/terrarium/config.toml``. Without one :class:`Maintenance` moves nothing.
 * **Log.** Every removal (archive, delete to the trash, trash purge, purge) is appended to the
   store's :class:`MaintenanceLog` (JSON lines, ``0600``): what, when and why. A ``maintain``
   record closes each policy run and is the stamp that keeps background runs to one a day.

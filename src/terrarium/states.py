@@ -4,20 +4,18 @@ over the :class:`~terrarium.stores.base.SessionStates` primitives every backend 
 Everything a context's state is lives in its session's *state record*, changed only by
 compare-and-set, in the same atomic step as the physical move that goes with it:
 
-* ``archived``: the session is frozen (cold, out of the hot listing); the value is the summary
+* ``archived``: the session is frozen (out of the hot listing); the value is the summary
   :func:`archived_contexts` lists. :func:`archive_context` is one ``freeze_session``;
-  :func:`unarchive_context`, and any write to a frozen session
-  (:func:`~terrarium.stores.base.wake_session`), one ``thaw_session``.
-* ``pinned``: ``true`` while pinned. It belongs to the session, so it follows the context
-  into the trash and back.
+  :func:`unarchive_context` (and a write's :func:`~terrarium.stores.base.wake_session`) a thaw.
+* ``pinned``: ``true`` while pinned; it follows the context into the trash and back.
 * ``trashed``: the trash entry. :func:`delete_context` is one ``detach_context``: the session
   stays, detached, with its bytes and its other keys; the id is free at once.
   :func:`restore_trashed` thaws it (unless it was archived), attaches it, then drops the key.
 * ``purging``: a purge under way; ``delete_session`` follows.
 
-Restore is two steps (attach, then drop ``trashed``), and so is a purge (mark, then delete).
-:func:`finish_lifecycle` (run by ``fsck --repair``) completes both from the record. Nothing
-else is ever deleted by a clean-up. :mod:`terrarium.lifecycle` decides what to move and logs it.
+Restore is two steps (attach, then drop ``trashed``), and so is a purge (mark, then delete):
+:func:`finish_lifecycle` (``fsck --repair``) completes both from the record. Nothing else is
+deleted by a clean-up. :mod:`terrarium.lifecycle` decides what to move and logs it.
 
 Usage::
 

@@ -2,38 +2,26 @@
 
 Invariants every backend keeps (``tests/contract/`` checks each one on every backend):
 
-* **Append-only.** A segment is a header (seq 0) followed by entries with seq 1, 2, ...
-  without gaps. Entries are never rewritten or removed, except by an explicit purge, which
-  removes a whole session.
-* **Atomic appends.** One :meth:`Store.append` call writes all of its entries or none; a reader
-  never sees half an entry. A crash leaves at most a torn tail, which reads detect, set aside
-  and report (:class:`~terrarium.model.TornTail`), never drop silently.
-* **Optimistic concurrency.** ``append(..., expected_seq=N)`` fails with
-  :class:`~terrarium.errors.ConflictError` unless N is the segment's next seq;
-  ``set_head(..., expected=S)`` fails unless the head is S. Writers never clobber each other.
+* **Append-only.** A segment is a header (seq 0), then entries with seq 1, 2, ... without
+  gaps. Entries are never rewritten or removed, except by a purge of a whole session.
+* **Atomic appends.** One :meth:`Store.append` writes all of its entries or none. A crash
+  leaves at most a torn tail, which reads detect and report (:class:`~terrarium.model.TornTail`).
+* **Optimistic concurrency.** ``append(..., expected_seq=N)`` and ``set_head(..., expected=S)``
+  raise :class:`~terrarium.errors.ConflictError` when the log moved on: no clobbering.
 * **Heads are the only mutable records.** Clear, compaction and fork start new segments; a head
   names the segment a context is on now.
 * **Forks copy nothing.** A fork's header names its parent segment and entry; restore replays
   the parent's prefix. Only a fork into another context copies history into its header.
 * **Isolation.** Contexts never see each other's entries. Every hot-path call names one session.
-* **Detached sessions.** :meth:`Store.create_session` starts a session that belongs to no
-  context (the crate's ``create_segment`` needs none); the whole log API works on it by
-  reference. :meth:`Store.attach_context` makes a new context whose head is one of its
-  segments, once. Headers written while detached keep ``"context": null`` (the log is
-  append-only); the head names the context. Listing and search never show a detached
-  session; :func:`terrarium.sessions.detached_sessions` finds them. Nothing deletes a detached
-  session but a purge of the trash, which keeps deleted contexts' sessions detached.
+* **Detached sessions.** :meth:`Store.create_session` starts a session of no context;
+  :meth:`Store.attach_context` gives it one, once. Listing and search never show it, and only
+  a purge of the trash deletes it.
+* **States.** A context is hot, archived or trashed: :mod:`terrarium.states` moves it over
+  the :class:`SessionStates` primitives. A frozen session keeps reading; a write thaws it
+  first (:func:`wake_session`). Only :meth:`~SessionStates.delete_session` removes data.
 
-* **States.** A context is hot, archived or trashed: :mod:`terrarium.states` moves it, once
-  for every backend, over the :class:`SessionStates` primitives. A frozen (archived) session
-  leaves the hot listing but keeps reading by reference and by
-  :meth:`~PodMetadataStore.get_head`; any write to one thaws it first (:func:`wake_session`).
-  Only :meth:`SessionStates.delete_session` removes data for ever.
-
-Optional abilities are sub-protocols detected with ``isinstance`` (:class:`ContextLocking`,
-:class:`Reindexable`, :class:`Searchable`, :class:`Listing`, :class:`BlobStore`,
-:class:`Notifying`, :class:`IndexedListing`, :class:`PagedListing`), never stubs
-that raise ``NotImplementedError``.
+Optional abilities are sub-protocols detected with ``isinstance`` (:class:`Searchable`,
+:class:`BlobStore`, :class:`Notifying`, ...), never stubs that raise ``NotImplementedError``.
 """
 
 from __future__ import annotations
