@@ -710,3 +710,19 @@ def test_a_salvage_rerun_after_a_full_disk_sets_the_bad_lines_aside_once(
         f"{path.name}.corrupt-1"
     ]
     assert salvage.salvaged_into(path.parent)
+
+
+def test_a_context_folder_made_a_link_after_its_date_folder_was_checked_is_refused(
+    root: Path, store: FsStore, outside: Path
+) -> None:
+    """A folder is checked part by part, each part once a process: a context folder that
+    becomes a link out of the root under a date folder already checked is still refused."""
+    make(store, "cli:main", "x")
+    make(store, "cli:other", "y")
+    with FsStore(root) as fresh:
+        assert fresh.get_head(ContextId("cli", "main")) is not None  # its date folder checked
+        folder = folder_of(root, "cli:other")
+        shutil.move(folder, outside / "other")
+        folder.symlink_to(outside / "other", target_is_directory=True)
+        with pytest.raises(StoreError, match="outside the store"):
+            fresh.get_head(ContextId("cli", "other"))

@@ -200,7 +200,8 @@ def test_create_segment_with_ids_uses_the_given_ids_origin_and_time(store: Memor
 
 
 def test_restore_of_unknown_or_invalid_context(store: MemoryStore) -> None:
-    with pytest.raises(ContextNotFound, match="cli:nothing"):
+    # The same words as every other "no such context" (sessions.require_head, one rule).
+    with pytest.raises(ContextNotFound, match=r"^no session 'cli:nothing'$"):
         restore(store, "cli:nothing")
     with pytest.raises(InvalidContextId):
         restore(store, "nothing")

@@ -10,15 +10,10 @@ preview in the string's place and lists its blobs under the reserved key ``"_blo
      "_blobs": [{"path": ["item", "content"], "sha256": "9f86d0...", "bytes": 1048576,
                  "chars": 1048576}]}
 
-``path`` leads from the line to the string (keys and list indexes); a header's history items
-are reached the same way (``["history", 3, "content"]``). A reader that does not know the key
-sees the preview: a shorter string, never a broken entry. Identical outputs share one blob,
-whichever context, fork or copy logged them.
-
-Reading (:func:`resolve_line`, used by :func:`terrarium.sessions.lineage` and so by
-``restore``, exports and transcripts): ``"full"`` puts the whole text back, ``"lazy"`` a
-:class:`LazyBlob` that reads it when asked, ``"stored"`` leaves the line as stored (what
-search indexes: the preview). :func:`collect_garbage` deletes the blobs no log refers to.
+``path`` leads from the line to the string (``["history", 3, "content"]`` in a header). A
+reader that does not know the key sees the preview, never a broken entry. Identical outputs
+share one blob. :func:`resolve_line` puts the text back (``"full"``), as a :class:`LazyBlob`
+(``"lazy"``) or not (``"stored"``); :func:`collect_garbage` deletes unreferenced blobs.
 
 Usage::
 

@@ -39,10 +39,10 @@ from typing import Any, Self
 
 from terrarium import codec, states
 from terrarium.copy import CopyReport, SessionSource, complete_session, copy_store, session_segments
-from terrarium.errors import ContextNotFound, FormatVersionError, InvalidEntry, TerrariumError
+from terrarium.errors import FormatVersionError, InvalidEntry, TerrariumError
 from terrarium.formats.jsonl import read_segments
-from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
-from terrarium.sessions import detached_sessions
+from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, context_file
+from terrarium.sessions import detached_sessions, require_head
 from terrarium.stores.base import Lifecycle, Store
 from terrarium.stores.memory import MemoryStore
 
@@ -66,11 +66,10 @@ def bundle_files(store: Store, chosen: Mapping[ContextId, Store], *, detached: b
     files: Files = {}
     contexts: list[dict[str, Any]] = []
     for context, source in chosen.items():
-        head = source.get_head(context)
-        if head is None:
-            raise ContextNotFound(f"no session '{context}'")
+        head = require_head(source, context)
         entry: dict[str, Any] = {"context": str(context), "head": str(head.segment_id)}
-        entry.update(_tree(files, source, head.session_id, head.segment_id, _member(context)))
+        member = context_file(context, ".jsonl")
+        entry.update(_tree(files, source, head.session_id, head.segment_id, member))
         if source is store and isinstance(store, Lifecycle) and states.is_archived(store, context):
             entry["archived"] = True
         if str(context) in pinned:
@@ -83,12 +82,6 @@ def bundle_files(store: Store, chosen: Mapping[ContextId, Store], *, detached: b
     ]
     manifest = {"format": FORMAT, "version": VERSION, "contexts": contexts, "detached": loose}
     return {MANIFEST: json.dumps(manifest, indent=1, ensure_ascii=False).encode(), **files}
-
-
-def _member(context: ContextId) -> str:
-    from terrarium.export import member_name
-
-    return member_name(context, "jsonl")
 
 
 def _tree(

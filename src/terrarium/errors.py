@@ -3,33 +3,16 @@
 ::
 
     TerrariumError
-    ├── InvalidContextId (also ValueError)
-    ├── InvalidEntry (also ValueError)
-    ├── InvalidQuery (also ValueError)
-    ├── InvalidRetention (also ValueError)
-    ├── NothingToCompact
-    ├── NothingToRetry
+    ├── InvalidContextId, InvalidEntry, InvalidQuery, InvalidRetention (also ValueError)
+    ├── NothingToCompact, NothingToRetry
     ├── StoreError
-    │   ├── ContextNotFound (also KeyError)
-    │   ├── ContextExists
-    │   ├── SessionAttached
-    │   ├── SessionConflict
-    │   ├── SegmentNotFound (also KeyError)
-    │   ├── ConflictError
-    │   ├── CorruptLog
-    │   ├── BlobNotFound (also KeyError)
-    │   ├── CorruptBlob
-    │   ├── FormatVersionError
-    │   ├── IndexUnavailable
-    │   ├── StoreUnavailable
-    │   ├── StoreURLError (also ValueError)
-    │   └── StoreNotFound
+    │   ├── ContextNotFound, SegmentNotFound, NotInTrash, BlobNotFound (also KeyError)
+    │   ├── ContextExists, SessionAttached, SessionConflict, ConflictError
+    │   ├── CorruptLog, CorruptBlob, FormatVersionError
+    │   ├── IndexUnavailable, StoreUnavailable, StoreNotFound
+    │   └── StoreURLError (also ValueError)
     └── LLMError
-        ├── ServerUnreachable
-        ├── ModelNotFound
-        ├── ContextTooLong
-        ├── RateLimited
-        └── BadResponse
+        └── ServerUnreachable, ModelNotFound, ContextTooLong, RateLimited, BadResponse
 
 Messages are one line, name the thing that is wrong, and never contain a password. One that
 asks for an optional extra says how to install it: :func:`install_hint`.

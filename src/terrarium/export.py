@@ -20,7 +20,6 @@ file where a good one is expected.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import io
 import os
@@ -196,22 +195,8 @@ def member_name(context: ContextId | str, fmt: str | Format, date: str | None = 
     For a :attr:`Format.dated` format (``terrarium-json``) given the session's ``date``
     (``YYYY-MM-DD``): ``{type}/{date}/{encoded name}{extension}``, the seed's storage layout.
     """
-    ctx = model.ContextId.parse(context)
     spec = get_format(fmt)
-    folder = f"{ctx.type}/{date}" if spec.dated and date is not None else ctx.type
-    return f"{folder}/{_file_name(model.encode_name(ctx.name), spec.extension)}"
-
-
-def _file_name(stem: str, extension: str) -> str:
-    """``{stem}{extension}``, or, when that is longer than a file name may be, a prefix of the
-    stem with ``~`` and a digest of the whole (so names that share the prefix stay apart)."""
-    name = f"{stem}{extension}"
-    if len(name.encode()) <= model.MAX_NAME_BYTES:
-        return name
-    digest = hashlib.sha256(stem.encode()).hexdigest()[:12]
-    room = model.MAX_NAME_BYTES - len(f"~{digest}{extension}".encode())
-    prefix = stem.encode()[:room].decode(errors="ignore")  # whole characters only
-    return f"{prefix}~{digest}{extension}"
+    return model.context_file(context, spec.extension, date if spec.dated else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,21 +9,17 @@ through this module, under these rules:
 * **Which context.** A file holds the context its content names, found where the old tool
   named it (:func:`_rank`); a file not found that way is listed as a problem.
 * **The log wins.** A context in the log hides its legacy file.
-* **Read in place, never changed.** Reading copies the file into a throw-away
-  :class:`~terrarium.stores.memory.MemoryStore` (:func:`read`).
+* **Read in place, never changed**, through a throw-away ``MemoryStore`` (:func:`read`).
 * **First use imports.** A turn, clear, fork or compaction on a context that only a legacy file
   holds imports it into the log first (:func:`import_legacy`, under the context's lock, so
   racing processes import it once). The file stays as it was.
 * **Delete moves the file into the trash** (:func:`trash`); moving it back undoes the delete.
-* **Archive takes the file along**: ``FsStore.archive_context`` imports a context only a file
-  holds, then compresses its files (:func:`files`) into the archived folder and removes
-  them; unarchiving puts them back. Files under ``archive/`` (moved there by hand, as the
-  seed suggests) are archived already: the scan skips that folder.
+* **Archive takes the file along** (:func:`files`); unarchiving puts it back. The scan skips
+  ``archive/``, where the seed suggests moving old files by hand.
 * **Problems are listed, not hidden.** :func:`listing` returns every file it could not use,
   with the reason; reading or resuming a context whose file is unreadable raises its error.
 
-The trade-off: files are used where they lie and never rewritten, for a cached scan per store
-(:class:`_Scanner`). Usage::
+Trade-off: files are used where they lie, for a cached scan per store. Usage::
 
     legacy.resume(store, context)  # imports its legacy file, if only that file holds it
 """
@@ -158,8 +154,10 @@ def find(store: Store, context: ContextId) -> Path | None:
 
 
 def files(store: Store, context: ContextId) -> list[Path]:
-    """Every legacy file in ``context``'s places that holds it or cannot be read (the ones an
-    archive of the context takes along), in lookup order."""
+    """Every legacy file in ``context``'s places that holds it or cannot be read, in lookup
+    order: the ones an archive of the context takes along. ``FsStore.archive_context`` imports
+    a context only a file holds, then compresses these into the archived folder and removes
+    them."""
     scanner = _scanner(store)
     if scanner is None:
         return []
@@ -290,17 +288,13 @@ def _outside(root: Path) -> str:
 
 def _places(root: Path, context: ContextId) -> Iterator[Path]:
     """The existing files where ``context`` is looked up, in :func:`_rank` order."""
-    names = _names(context)
+    names = legacy_file_names(context.name)
     type_dir = root / context.type
     dates = sorted((d for d in listdir(type_dir) if DATE_RE.fullmatch(d)), reverse=True)
     for folder in [*(type_dir / d for d in dates), type_dir, root]:
         for name in names:
             if (folder / name).is_file():
                 yield folder / name
-
-
-def _names(context: ContextId) -> list[str]:
-    return legacy_file_names(context.name)
 
 
 def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
@@ -311,7 +305,7 @@ def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
     The first place that holds the context is its file; a file not found that way (another
     name inside, or an older copy) is listed as a problem.
     """
-    names = _names(context)
+    names = legacy_file_names(context.name)
     parts = path.relative_to(root).parts
     if not parts or parts[-1] not in names:
         return None
@@ -475,7 +469,8 @@ def _sort_out(root: Path, parsed: list[LegacyInfo | LegacyProblem]) -> LegacyLis
     for info in (p for p in parsed if isinstance(p, LegacyInfo)):
         rank = _rank(root, info.path, info.context)
         if rank is None:
-            reason = f"holds {info.context}, which is looked up as {_names(info.context)[-1]}"
+            looked_up = legacy_file_names(info.context.name)[-1]
+            reason = f"holds {info.context}, which is looked up as {looked_up}"
             problems.append(LegacyProblem(info.path, reason))
             continue
         if info.context not in best or rank < best[info.context][0]:

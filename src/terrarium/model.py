@@ -19,6 +19,8 @@ builds or inspects Chat messages.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
 import time
 import unicodedata
@@ -93,6 +95,7 @@ _WINDOWS_RESERVED = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=4096)  # every path to a context's files encodes its name
 def encode_name(name: str) -> str:
     """Return ``name`` as a file name that is safe on Linux, macOS and Windows.
 
@@ -145,6 +148,25 @@ def decode_name(encoded: str) -> str:
 
 def _is_hex(text: str) -> bool:
     return len(text) == 2 and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+def context_file(context: ContextId | str, extension: str, date: str | None = None) -> str:
+    """The relative file name of a file about one context: ``{type}/{encoded name}{extension}``,
+    or ``{type}/{date}/{encoded name}{extension}`` given a date (the seed's storage layout).
+
+    A name longer than a file name may be keeps a prefix of the encoded name, then ``~`` and a
+    digest of the whole, so names that share the prefix stay apart.
+    """
+    ctx = ContextId.parse(context)
+    folder = f"{ctx.type}/{date}" if date is not None else ctx.type
+    stem = encode_name(ctx.name)
+    name = f"{stem}{extension}"
+    if len(name.encode()) > MAX_NAME_BYTES:
+        digest = hashlib.sha256(stem.encode()).hexdigest()[:12]
+        room = MAX_NAME_BYTES - len(f"~{digest}{extension}".encode())
+        prefix = stem.encode()[:room].decode(errors="ignore")  # whole characters only
+        name = f"{prefix}~{digest}{extension}"
+    return f"{folder}/{name}"
 
 
 # Zero-width non-joiner and joiner: emoji sequences (👩‍💻) and Persian and Indic spellings

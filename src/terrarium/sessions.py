@@ -383,9 +383,9 @@ def fork_context(
     copied (``RestoredState.model_history``): no header can mark them failed.
     """
     src, dst = ContextId.parse(source), ContextId.parse(target).check_new()
-    head = _require_head(store, src)
+    head = require_head(store, src)
     reads = lineage(store, head.session_id, head.segment_id, stop_seq=at_seq)
-    state = collect_state(line for read in reads for line in (read.header, *read.entries))
+    state = collect_state(lines_of(reads))
     origin = SegmentOrigin(
         "fork", parent=head.segment_id, at_seq=state.next_seq - 1, source=str(src)
     )
@@ -420,7 +420,7 @@ def ensure_head_or_fork(
     """
     ctx = ContextId.parse(context)
     while True:
-        head = _require_head(store, ctx)
+        head = require_head(store, ctx)
         if (
             head.segment_id == ref.segment_id
             and store.next_seq(ref.session_id, ref.segment_id) == expected_seq
@@ -466,7 +466,7 @@ def rewind(
         raise InvalidEntry(f"cannot rewind {n!r} items: n must be a count (0, 1, 2, ...)")
     ctx = ContextId.parse(context)
     with context_lock(store, ctx):
-        head = _require_head(store, ctx)
+        head = require_head(store, ctx)
         reads = lineage(store, head.session_id, head.segment_id)
         next_seq = (reads[-1].entries[-1]["seq"] if reads[-1].entries else 0) + 1
         if expected_seq is not None and next_seq != expected_seq:
@@ -791,10 +791,11 @@ def save_trace(store: Store, ref: SegmentRef, entries: Sequence[TraceEntry]) -> 
 # --------------------------------------------------------------------------- reading
 
 
-def _require_head(store: Store, context: ContextId) -> PodMetadata:
-    head = store.get_head(context)
+def require_head(store: Store, context: ContextId | str) -> PodMetadata:
+    """The context's head; raise :class:`ContextNotFound` (``no session 'cli:x'``) if none."""
+    head = store.get_head(ContextId.parse(context))
     if head is None:
-        raise ContextNotFound(f"context {context} does not exist")
+        raise ContextNotFound(f"no session '{context}'")
     return head
 
 
@@ -810,7 +811,7 @@ def restore(store: Store, context: ContextId | str, *, blobs: BlobMode = "full")
         CorruptLog: a line in the middle of a log is not a valid entry (file and line named).
         FormatVersionError: a log was written by a newer terrarium.
     """
-    head = _require_head(store, ContextId.parse(context))
+    head = require_head(store, context)
     return restore_by_segment(store, head.session_id, head.segment_id, blobs=blobs)
 
 
@@ -853,6 +854,11 @@ def lineage(
     ]
 
 
+def lines_of(reads: Iterable[SegmentRead]) -> list[dict[str, Any]]:
+    """The lines of ``reads`` in replay order: each segment's header, then its entries."""
+    return [line for read in reads for line in (read.header, *read.entries)]
+
+
 def tree_reads(
     store: Store, session_id: SessionId
 ) -> list[tuple[SegmentId, SegmentRead | None, SegmentId | None]]:
@@ -893,11 +899,7 @@ def restore_by_segment(
 ) -> RestoredState:
     """Replay one segment (up to ``stop_seq`` if given); ``blobs`` as in :func:`restore`."""
     reads = lineage(store, session_id, segment_id, stop_seq=stop_seq, blobs=blobs)
-    lines: list[dict[str, Any]] = []
-    for read in reads:
-        lines.append(read.header)
-        lines.extend(read.entries)
-    state = collect_state(lines)
+    state = collect_state(lines_of(reads))
     state.torn = [read.torn for read in reads if read.torn is not None]
     return state
 

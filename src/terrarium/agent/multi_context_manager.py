@@ -136,6 +136,13 @@ class MultiContextManager:
         self.keep_after_compaction = keep_after_compaction
         self.trace = trace
         self.default_system_prompt = default_system_prompt
+        self._init_turn_state()
+        if trace:
+            self._hook_client_trace()
+        self._maintenance = _start_maintenance(self.store, maintain)
+
+    def _init_turn_state(self) -> None:
+        """The cache, locks and per-turn buffers that concurrent turns share."""
         self._cache: OrderedDict[ContextId, PersistentSession] = OrderedDict()
         self._cache_lock = threading.RLock()
         self._autosave_overrides: dict[ContextId, bool] = {}
@@ -144,14 +151,11 @@ class MultiContextManager:
         self._loop_locks: _LoopLocks = weakref.WeakKeyDictionary()
         self._semaphores: _LoopSemaphores = weakref.WeakKeyDictionary()
         self._lock_pool = ThreadPoolExecutor(
-            max_workers=max_concurrency, thread_name_prefix="terrarium-lock"
+            max_workers=self.max_concurrency, thread_name_prefix="terrarium-lock"
         )
         self._trace_sink: contextvars.ContextVar[list[TraceEntry] | None] = contextvars.ContextVar(
             "terrarium_trace_sink", default=None
         )
-        if trace:
-            self._hook_client_trace()
-        self._maintenance = _start_maintenance(self.store, maintain)
 
     def __repr__(self) -> str:
         return f"MultiContextManager({self.client!r}, store={self.store!r})"

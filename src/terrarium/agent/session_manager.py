@@ -1,32 +1,22 @@
 """``PersistentSession``: one conversation (a context) kept in a store, as the seed names it.
 
-The Terrarium Agent's ``agent/session_manager.py`` held one conversation per JSON file and
-rewrote the file after every message. Here a session is a context of the log: each message is
-one appended entry (user messages as ``user_input``, assistant messages as ``item``, the
-kinds the manager writes for a turn), and :meth:`PersistentSession.to_dict` gives the seed's
-session file, field for field, through the same code as ``terrarium export -f
-terrarium-json`` (:func:`terrarium.formats.terrarium_json.export_dict`).
+The seed's ``agent/session_manager.py`` rewrote one JSON file per conversation after every
+message. Here each message is one appended entry (``user_input`` or ``item``, as a manager's
+turn writes them), and :meth:`PersistentSession.to_dict` gives the seed's session file through
+:func:`terrarium.formats.terrarium_json.export_dict`, as ``terrarium export`` does.
 
 The seed's lifecycle, here:
 
-1. **Creation** on the first message: ``PersistentSession(store, "cli:main")`` of a context
-   that does not exist writes nothing; the first :meth:`~PersistentSession.add_message` (or
-   :meth:`~PersistentSession.save`) creates it, dated that day.
-2. **Usage**: auto-save is on by default, each message written at once; ``autosave=False``
-   keeps entries in memory until :meth:`~PersistentSession.save`. ``last_active`` follows.
+1. **Creation** on the first message: a new ``PersistentSession(store, "cli:main")`` writes
+   nothing until :meth:`~PersistentSession.add_message` or ``save``, dated that day.
+2. **Usage**: each message is written at once; ``autosave=False`` keeps entries in memory
+   until :meth:`~PersistentSession.save`.
 3. **Resume**: the store finds the context whatever its date folder; a legacy JSON file
    (:mod:`terrarium.legacy`) is read in place and imported into the log on the first write.
 
-Concurrency: the public methods take the store's context lock (every store here implements
-:class:`~terrarium.stores.base.ContextLocking`: ``flock`` for files, advisory locks in
-PostgreSQL), check the cached head and next seq against the store first, and append with the
-seq they expect, so a writer that bypasses the lock is detected (``ConflictError``), the
-session re-read and the entries appended after the other writer's. A thread lock per object
-makes one session safe to share between threads.
-
-:class:`~terrarium.agent.multi_context_manager.MultiContextManager` keeps its restored contexts
-as ``PersistentSession`` objects (``manager.get_session(context_id)``); it holds the context
-lock for a whole turn itself and calls the unlocked ``_`` methods. Usage::
+Writes take the store's context lock (see :class:`PersistentSession`). A
+:class:`~terrarium.agent.multi_context_manager.MultiContextManager` holds that lock for a
+whole turn itself and calls the unlocked ``_`` methods. Usage::
 
     session = PersistentSession(store, "irc:#python", system_prompt="Be concise.")
     session.add_message("user", "What's a decorator?")
@@ -72,6 +62,13 @@ class PersistentSession:
 
     ``session_id`` is the context's *name* (``main`` in ``cli:main``), as in the seed's
     format; the UUID of the log's session tree is ``state.session_id``.
+
+    The public methods take the store's context lock (every store here implements
+    :class:`~terrarium.stores.base.ContextLocking`: ``flock`` for files, advisory locks in
+    PostgreSQL), check the cached head and next seq against the store first, and append with
+    the seq they expect. So a writer that bypasses the lock is detected (``ConflictError``),
+    the session re-read and the entries appended after the other writer's. A thread lock per
+    object makes one session safe to share between threads.
     """
 
     def __init__(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from terrarium._lazy import lazy_module
+from terrarium.cli import lifecycle_cmds
 from terrarium.cli.app import (
     CONTEXT,
     DATE,
@@ -117,10 +118,9 @@ def print_sessions(
     With no ``limit``, a terminal gets a screenful and a pipe (or ``--json``) gets every row.
     ``scope``: ``hot`` (the default), ``archived`` or ``all`` (a ``state`` column).
     """
-    from terrarium.cli.lifecycle_cmds import lifecycle_rows
 
     hot = catalog.list_sessions(state, type_) if scope != "archived" else []
-    rows, marks = lifecycle_rows(state, hot, type_, scope)
+    rows, marks = lifecycle_cmds.lifecycle_rows(state, hot, type_, scope)
     for problem in dict.fromkeys(r.problem for r in rows if r.problem):
         state.out.note(f"warning: {problem}", style="yellow")
     if limit is None and not as_json and state.out.rich:
@@ -494,21 +494,7 @@ def delete(ctx: click.Context, context: ContextId, purge: bool, yes: bool) -> No
     scripts; without a terminal and without --yes it refuses). A store without a
     trash always deletes for ever, so it always asks.
     """
-    delete_session(state_of(ctx), context, yes, purge=purge)
-
-
-def delete_session(
-    state: CliState,
-    context: ContextId,
-    yes: bool,
-    *,
-    purge: bool = False,
-    confirm: bool | None = None,
-) -> None:
-    """Delete ``context`` (:func:`terrarium.cli.lifecycle_cmds.delete_session`)."""
-    from terrarium.cli.lifecycle_cmds import delete_session as delete
-
-    delete(state, context, yes, purge=purge, confirm=confirm)
+    lifecycle_cmds.delete_session(state_of(ctx), context, yes, purge=purge)
 
 
 @reads_store

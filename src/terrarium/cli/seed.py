@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import click
 
-from terrarium.cli import commands
+from terrarium.cli import commands, lifecycle_cmds
 from terrarium.cli.app import GuardedCommand, model_options, state_of, storage_option
 from terrarium.cli.chat import ChatOptions, run_chat
 from terrarium.model import ContextId
@@ -58,7 +58,7 @@ def seed_chat(
         return
     kind = type_ or "cli"
     if delete_session is not None:
-        commands.delete_session(state, ContextId(kind, delete_session), yes, confirm=True)
+        lifecycle_cmds.delete_session(state, ContextId(kind, delete_session), yes, confirm=True)
         return
     context = ContextId(kind, session_id) if session_id is not None else None
     options = ChatOptions(base_url, model, retries, timeout, system_prompt)

@@ -23,7 +23,6 @@ from typing import Any
 from terrarium import codec, sessions
 from terrarium.copy import SessionSource, complete_session
 from terrarium.errors import (
-    ContextNotFound,
     InvalidEntry,
 )
 from terrarium.model import (
@@ -103,30 +102,14 @@ def _bound(value: dt.date | dt.datetime | str, *, end: bool) -> dt.datetime:
     return day + dt.timedelta(days=1, microseconds=-1) if end else day
 
 
-def _head(store: Store, context: ContextId | str) -> tuple[ContextId, PodMetadata]:
-    ctx = ContextId.parse(context)
-    head = store.get_head(ctx)
-    if head is None:
-        raise ContextNotFound(f"no session '{ctx}'")
-    return ctx, head
-
-
 def lineage_lines(store: Store, context: ContextId | str) -> list[dict[str, Any]]:
     """Every line that replaying the context's head reads, as stored, oldest first.
 
     Raises:
         ContextNotFound: no such context.
     """
-    _, head = _head(store, context)
-    return _lines(store, head)
-
-
-def _lines(store: Store, head: PodMetadata) -> list[dict[str, Any]]:
-    lines: list[dict[str, Any]] = []
-    for read in sessions.lineage(store, head.session_id, head.segment_id):
-        lines.append(read.header)
-        lines.extend(read.entries)
-    return lines
+    head = sessions.require_head(store, context)
+    return sessions.lines_of(sessions.lineage(store, head.session_id, head.segment_id))
 
 
 def timed_history(lines: Iterable[Mapping[str, Any]]) -> list[TimedItem]:
@@ -156,10 +139,10 @@ def load_transcript(store: Store, context: ContextId | str) -> Transcript:
     Raises:
         ContextNotFound: no such context.
     """
-    ctx, head = _head(store, context)
-    lines = _lines(store, head)
-    state = sessions.collect_state(lines)
-    return Transcript(ctx, head, lines, state, timed_history(lines))
+    ctx = ContextId.parse(context)
+    head = sessions.require_head(store, ctx)
+    lines = sessions.lines_of(sessions.lineage(store, head.session_id, head.segment_id))
+    return Transcript(ctx, head, lines, sessions.collect_state(lines), timed_history(lines))
 
 
 # --------------------------------------------------------------------------- export

@@ -36,15 +36,16 @@ from pathlib import Path
 from typing import Any
 
 from terrarium import codec, sessions
-from terrarium.errors import ContextNotFound, InvalidEntry
+from terrarium.errors import InvalidEntry
+from terrarium.formats.jsonl import timed_history
 from terrarium.model import (
     DATE_RE,
-    HISTORY_KINDS,
     TYPE_RE,
     ContextId,
     EntryKind,
     LogEntry,
     LoggedItem,
+    RestoredState,
     SegmentId,
     SegmentOrigin,
     SegmentStartState,
@@ -742,34 +743,17 @@ def _item_ts(record: Mapping[str, Any] | None, count: int) -> list[str] | None:
 
 
 def _timed_history(lines: Sequence[Mapping[str, Any]]) -> list[_Timed]:
-    """Replay ``lines`` like :func:`terrarium.sessions.collect_state`, keeping times."""
-    items: list[_Timed] = []
-    first = True
-    for line in lines:
-        kind = line["kind"]
-        if kind in HISTORY_KINDS:
-            items.append(_Timed(line["item"], line["ts"], None))
-        elif kind == EntryKind.HEADER:
-            fresh = line.get("history")
-            if first or fresh is not None:
-                history = list(fresh or ())
-                stamps = _item_ts(_legacy_record(line), len(history))
-                if stamps is None:
-                    items = [_Timed(i, ts, None) for i, ts, _ in sessions.header_history(line)]
-                else:
-                    items = [_Timed(it, stamps[i], i) for i, it in enumerate(history)]
-            first = False
-    return items
-
-
-def _lineage_lines(
-    store: Store, session_id: SessionId, segment_id: SegmentId
-) -> list[dict[str, Any]]:
-    lines: list[dict[str, Any]] = []
-    for read in sessions.lineage(store, session_id, segment_id):
-        lines.append(read.header)
-        lines.extend(read.entries)
-    return lines
+    """The replayed history with times (:func:`~terrarium.formats.jsonl.timed_history`); the
+    items of an import header keep the legacy file's timestamps and their index in it."""
+    timed = [_Timed(t.item, t.ts, None) for t in timed_history(lines)]
+    headers = [line for line in lines if line["kind"] == EntryKind.HEADER]
+    # The history starts at the last header that holds one (or the first header).
+    start = next((h for h in reversed(headers) if h.get("history") is not None), headers[0])
+    history = list(start.get("history") or ())
+    stamps = _item_ts(_legacy_record(start), len(history))
+    if stamps is not None:
+        timed[: len(history)] = [_Timed(it, stamps[i], i) for i, it in enumerate(history)]
+    return timed
 
 
 def history_with_timestamps(
@@ -780,7 +764,7 @@ def history_with_timestamps(
     Items an import header holds get the legacy file's timestamps exactly as written; every
     other item gets the ``ts`` of the entry that logged it (or of the header that holds it).
     """
-    timed = _timed_history(_lineage_lines(store, session_id, segment_id))
+    timed = _timed_history(sessions.lines_of(sessions.lineage(store, session_id, segment_id)))
     return [(t.item, t.ts) for t in timed]
 
 
@@ -827,33 +811,16 @@ def export_dict(
         ContextNotFound: no such context.
     """
     ctx = ContextId.parse(context)
-    head = store.get_head(ctx)
-    if head is None:
-        raise ContextNotFound(f"no session '{ctx}'")
-    lines = _lineage_lines(store, head.session_id, head.segment_id)
+    head = sessions.require_head(store, ctx)
+    lines = sessions.lines_of(sessions.lineage(store, head.session_id, head.segment_id))
     lines.extend(entry.to_dict() for entry in pending)
     state = sessions.collect_state(lines)
     root_id, root_header = _session_root(store, head.session_id, lines[0])
     record = _legacy_record(root_header)
     messages = _export_messages(lines, record)
-    extra_top: Mapping[str, Any] = {}
-    if record is None:
-        metadata = {
-            "created_at": to_legacy_ts(head.created_at),
-            "last_active": to_legacy_ts(state.last_active),
-            "message_count": len(messages),
-            "session_id": ctx.name,
-            "context_type": ctx.type,
-            "session_date": head.date,
-        }
-    else:
-        metadata = dict(record.get("metadata") or {})
-        if (record.get("session_id"), record.get("context_type")) != (ctx.name, ctx.type):
-            metadata.update(session_id=ctx.name, context_type=ctx.type)  # imported as another
-        if head.segment_id != root_id or state.next_seq != 1:  # logged to since the import
-            metadata["last_active"] = to_legacy_ts(state.last_active)
-            metadata["message_count"] = len(messages)
-        extra_top = record.get("extra") or {}
+    logged = head.segment_id != root_id or state.next_seq != 1  # since an import, if any
+    metadata = _export_metadata(ctx, head, state, record, len(messages), logged=logged)
+    extra_top: Mapping[str, Any] = (record.get("extra") or {}) if record is not None else {}
     out: dict[str, Any] = {
         "session_id": ctx.name,
         "context_type": ctx.type,
@@ -864,6 +831,35 @@ def export_dict(
     for key, value in extra_top.items():
         out.setdefault(key, value)
     return out
+
+
+def _export_metadata(
+    ctx: ContextId,
+    head: PodMetadata,
+    state: RestoredState,
+    record: Mapping[str, Any] | None,
+    count: int,
+    *,
+    logged: bool,
+) -> dict[str, Any]:
+    """The legacy ``metadata`` of :func:`export_dict`: an imported file's, updated when the
+    context was ``logged`` to since; otherwise all of it from the log."""
+    if record is None:
+        return {
+            "created_at": to_legacy_ts(head.created_at),
+            "last_active": to_legacy_ts(state.last_active),
+            "message_count": count,
+            "session_id": ctx.name,
+            "context_type": ctx.type,
+            "session_date": head.date,
+        }
+    metadata = dict(record.get("metadata") or {})
+    if (record.get("session_id"), record.get("context_type")) != (ctx.name, ctx.type):
+        metadata.update(session_id=ctx.name, context_type=ctx.type)  # imported as another
+    if logged:
+        metadata["last_active"] = to_legacy_ts(state.last_active)
+        metadata["message_count"] = count
+    return metadata
 
 
 def _session_root(

@@ -1,24 +1,13 @@
 """``TerrariumSaver``: a LangGraph checkpointer (sync and async) over any terrarium store.
 
 One LangGraph thread is one terrarium context, ``langgraph:{thread_id}``. Each ``put`` appends
-one ``extension`` entry (domain ``langgraph.checkpoint``) holding the checkpoint, its metadata,
-its parent's id and the values of the channels it changed; each ``put_writes`` one entry of
-domain ``langgraph.writes``. Values go through the saver's serializer (LangGraph's
-``JsonPlusSerializer`` unless given another) and are kept base64-encoded, so anything the graph
-holds round-trips. Nothing is rewritten: a channel value is stored once, at the version that
-changed it, and a checkpoint's values are gathered from those versions as LangGraph's own
-savers do.
+one ``extension`` entry (domain ``langgraph.checkpoint``: the checkpoint, its metadata, its
+parent and the channels it changed, serialized by the saver's ``serde``, base64-encoded), each
+``put_writes`` one of domain ``langgraph.writes``. A root graph's new ``messages`` are also
+logged as history items in the same write, so ``terrarium show``, search and export see them.
 
-Where the root graph's state has a ``messages`` channel, the messages a checkpoint adds are
-also logged as history items of the same context, in the same atomic write as the checkpoint
-(Chat Completions messages, via ``langchain_core``'s ``convert_to_openai_messages``, each
-keeping its message ``id``), so ``terrarium show``, search and export see the conversation, not
-opaque blobs. Messages are matched by id: one a ``RemoveMessage`` drops stays in the log.
-
-The trade-off: a read replays the thread's entries (O(entries in the thread)); threads are
-small next to a context's history limits, and the log stays append-only and greppable.
-``delete_thread`` deletes the context (an explicit delete, the one thing that removes data).
-Async methods run the synchronous store in a worker thread (``asyncio.to_thread``).
+The trade-off: a read replays the thread's entries (O(entries in the thread)), and the log
+stays append-only and greppable. Async methods run the store in a worker thread.
 
 Needs the ``langgraph`` extra (``pip install 'terrarium-sessions[langgraph]'``).
 
@@ -280,6 +269,8 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
         ns = configurable.get("checkpoint_ns", "")
         values = checkpoint["channel_values"]
         bare = {key: value for key, value in checkpoint.items() if key != "channel_values"}
+        # Only the channels this checkpoint changed are stored; _tuple gathers the others from
+        # the versions that changed them, as LangGraph's own savers do.
         data = {
             "ns": ns,
             "id": checkpoint["id"],
@@ -436,7 +427,11 @@ def _replay_writes(thread: _Thread, data: dict[str, Any]) -> None:
 
 
 def _new_message_entries(messages: Any, logged: set[str]) -> list[tuple[str, dict[str, Any]]]:
-    """History entries for the messages of ``messages`` not yet logged (by message id)."""
+    """History entries for the messages of ``messages`` not yet logged (by message id).
+
+    Matching by id means a message that a ``RemoveMessage`` dropped stays in the log, as
+    everything logged does.
+    """
     if not isinstance(messages, list):
         return []
     entries: list[tuple[str, dict[str, Any]]] = []

@@ -9,10 +9,8 @@ copying nothing; the popped item stays in the session tree) and ``clear_session`
 empty segment (the old history stays in the tree, as every terrarium clear does); nothing is
 ever deleted. ``get_items`` replays the history, so it costs O(history), not O(limit).
 
-The store is synchronous; every method runs it in a worker thread (``asyncio.to_thread``) so a
-slow store (PostgreSQL across a network, an fsync) never blocks the event loop. Writes take
-the context's lock, so threads and processes sharing a session never lose an item and each
-``add_items`` call's items stay together.
+Every method runs the synchronous store in a worker thread (``asyncio.to_thread``), so a slow
+store never blocks the event loop. Writes take the context's lock: sharers never lose an item.
 
 Needs the ``openai-agents`` extra (``pip install 'terrarium-sessions[openai-agents]'``).
 

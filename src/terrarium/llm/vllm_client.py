@@ -2,30 +2,16 @@
 
 :class:`VLLMClient` wraps the official ``openai.AsyncOpenAI`` client for a long-lived agent:
 
-* **Plain chat requests skip the typed pipeline of ``chat.completions.create``**: the body is
-  encoded once with msgspec and posted with the client's own ``post`` (its custom-request
-  API: same pool, headers, timeouts and errors), the answer read as plain JSON
-  (:meth:`VLLMClient._post_chat`); ``create``'s argument transforms and pydantic models cost
-  more CPU than the rest of a turn (:func:`_chat_request`).
-
-* **Messages go out exactly as given** (nothing rewritten, reordered or stamped), so turn
-  *n + 1*'s prompt starts with turn *n*'s bytes and vLLM's prefix cache reuses them. Parameters
-  the ``openai`` package does not know (``top_k``, ...) go in ``extra_body``.
-* **One retry loop for every call** (:meth:`VLLMClient._with_retries`) instead of the
-  ``openai`` client's, which ends at the response headers: a stream that fails before its first
-  delta is retried too. Once a delta was yielded a failure raises, so the caller logs an
-  errored run instead of showing a second, different reply.
-* **Errors are terrarium's**: an :class:`~terrarium.errors.LLMError` subclass with a one-line
-  message (:class:`ServerUnreachable` naming the URL, :class:`ModelNotFound`,
-  :class:`ContextTooLong`, :class:`RateLimited`, :class:`BadResponse`; see
-  :meth:`VLLMClient._map_error`), the ``openai`` exception kept as ``__cause__``.
-* **Usage is never silently missing.** Streams ask for it (``stream_options.include_usage``);
-  a server that refuses that option (HTTP 400 naming it) is asked again at once without it,
-  and never again by this client. A reply that still comes without usage gets an estimated
-  :class:`~terrarium.model.UsageRecord` (``estimated="tokenizer"`` from the server's
-  ``/tokenize``, vLLM's or llama.cpp's, probed once per client; else ``estimated="chars"``,
-  :func:`chars_to_tokens`). A failing tokenizer never fails the turn (see
-  :meth:`VLLMClient._estimate_usage`).
+* **Plain chat requests skip the typed pipeline** of ``chat.completions.create``, whose
+  transforms cost more CPU than the rest of a turn (:func:`_chat_request`).
+* **Messages go out exactly as given**, so turn *n + 1*'s prompt starts with turn *n*'s bytes
+  and vLLM's prefix cache reuses them. Unknown parameters (``top_k``) go in ``extra_body``.
+* **One retry loop for every call** (:meth:`VLLMClient._with_retries`), which also retries a
+  stream that failed before its first delta.
+* **Errors are terrarium's**: :class:`~terrarium.errors.LLMError` subclasses with one-line
+  messages (:meth:`VLLMClient._map_error`), the ``openai`` exception kept as ``__cause__``.
+* **Usage is never silently missing**: a reply without it gets an estimated
+  :class:`~terrarium.model.UsageRecord` (:meth:`VLLMClient._estimate_usage`).
 * **Optional tracing**: ``on_trace`` gets a :class:`~terrarium.model.TraceEntry` for each
   request, raw chunk, final response and error.
 

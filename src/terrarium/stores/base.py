@@ -155,6 +155,10 @@ class Store(PodMetadataStore, Protocol):
     def create_session(self, header: Mapping[str, Any]) -> None:
         """Create a session that belongs to no context, with ``header`` as its root segment.
 
+        The crate's ``create_segment`` needs no context; the whole log API works on such a
+        session by reference. Headers written while detached keep ``"context": null`` (the
+        log is append-only): after :meth:`attach_context` the head names the context.
+
         Raises ConflictError if the session exists.
         """
         ...

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote
 
 from terrarium.errors import StoreNotFound, StoreURLError, install_hint
+from terrarium.stores._redact import password_of, redact_url
 
 if TYPE_CHECKING:
     from terrarium.stores.base import Store
@@ -38,40 +39,6 @@ ENV_VAR = "TERRARIUM_STORE"
 DEFAULT_STORE = "./sessions"
 
 _SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(.*)", re.DOTALL)
-_KV_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)", re.IGNORECASE)
-_QUERY_PASSWORD_RE = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
-
-
-def _userinfo(url: str) -> tuple[str, str, str] | None:
-    """Split ``scheme://userinfo@rest`` into its three parts; None when there is no user info.
-
-    The user info ends at the last ``@`` before any ``?`` or ``#``, so a password holding an
-    unescaped ``/`` or ``@`` is still taken whole: masking errs on the side of too much.
-    """
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return None
-    end = len(rest)
-    for mark in "?#":
-        found = rest.find(mark)
-        if found >= 0:
-            end = min(end, found)
-    at = rest.rfind("@", 0, end)
-    if at < 0:
-        return None
-    return f"{scheme}://", rest[:at], rest[at:]
-
-
-def redact_url(url: str) -> str:
-    """Return ``url`` (or a libpq ``key=value`` string) with any password replaced by ``***``."""
-    if "://" not in url:
-        return _QUERY_PASSWORD_RE.sub(r"\1***", _KV_PASSWORD_RE.sub(r"\1***", url))
-    parts = _userinfo(url)
-    if parts is not None:
-        prefix, userinfo, rest = parts
-        user, colon, _ = userinfo.partition(":")
-        url = f"{prefix}{user}:***{rest}" if colon else url
-    return _QUERY_PASSWORD_RE.sub(r"\1***", url)
 
 
 def open_store(url: str | os.PathLike[str] | None = None, *, create: bool = True) -> Store:
@@ -108,38 +75,48 @@ def open_store(url: str | os.PathLike[str] | None = None, *, create: bool = True
     if scheme in ("postgresql", "postgres"):
         return _open_postgres(url, shown)
     if scheme in ("fs", "file"):
-        from terrarium.stores.fs import DURABILITIES
-
-        path, options = _split(rest, shown, scheme, allowed={"durability", "blob_threshold"})
-        durability = options.get("durability", "flush")
-        if durability not in DURABILITIES:
-            raise StoreURLError(
-                f"store URL {shown!r}: unknown durability {durability!r}; use one of "
-                f"{', '.join(DURABILITIES)}"
-            )
-        store = _open_fs(path, shown, create, durability=durability)
-        if "blob_threshold" in options:
-            store.blob_threshold = _threshold(options, shown)  # type: ignore[attr-defined]
-        return store
+        return _open_fs_url(rest, shown, scheme, create)
     if scheme == "sqlite":
-        from terrarium.stores.sqlite import SYNCHRONOUS_MODES, SqliteStore
-
-        path, options = _split(rest, shown, scheme, allowed={"synchronous", "blob_threshold"})
-        synchronous = options.get("synchronous", "NORMAL")
-        if synchronous.upper() not in SYNCHRONOUS_MODES:
-            raise StoreURLError(
-                f"store URL {shown!r}: unknown synchronous mode {synchronous!r}; use one of "
-                f"{', '.join(SYNCHRONOUS_MODES)}"
-            )
-        _check_place(path, shown, create, folder=False)
-        if "blob_threshold" in options:
-            threshold = _threshold(options, shown)
-            return SqliteStore(path, synchronous=synchronous, blob_threshold=threshold)
-        return SqliteStore(path, synchronous=synchronous)
+        return _open_sqlite_url(rest, shown, create)
     raise StoreURLError(
         f"store URL {shown!r} has unknown scheme {scheme!r}: use a folder path, fs:, file:, "
         "sqlite: or postgresql:"
     )
+
+
+def _open_fs_url(rest: str, shown: str, scheme: str, create: bool) -> Store:
+    """An ``fs:`` or ``file:`` URL's store."""
+    from terrarium.stores.fs import DURABILITIES
+
+    path, options = _split(rest, shown, scheme, allowed={"durability", "blob_threshold"})
+    durability = options.get("durability", "flush")
+    if durability not in DURABILITIES:
+        raise StoreURLError(
+            f"store URL {shown!r}: unknown durability {durability!r}; use one of "
+            f"{', '.join(DURABILITIES)}"
+        )
+    store = _open_fs(path, shown, create, durability=durability)
+    if "blob_threshold" in options:
+        store.blob_threshold = _threshold(options, shown)  # type: ignore[attr-defined]
+    return store
+
+
+def _open_sqlite_url(rest: str, shown: str, create: bool) -> Store:
+    """A ``sqlite:`` URL's store."""
+    from terrarium.stores.sqlite import SYNCHRONOUS_MODES, SqliteStore
+
+    path, options = _split(rest, shown, "sqlite", allowed={"synchronous", "blob_threshold"})
+    synchronous = options.get("synchronous", "NORMAL")
+    if synchronous.upper() not in SYNCHRONOUS_MODES:
+        raise StoreURLError(
+            f"store URL {shown!r}: unknown synchronous mode {synchronous!r}; use one of "
+            f"{', '.join(SYNCHRONOUS_MODES)}"
+        )
+    _check_place(path, shown, create, folder=False)
+    if "blob_threshold" in options:
+        threshold = _threshold(options, shown)
+        return SqliteStore(path, synchronous=synchronous, blob_threshold=threshold)
+    return SqliteStore(path, synchronous=synchronous)
 
 
 def _threshold(options: dict[str, str], shown: str) -> int:
@@ -224,17 +201,9 @@ def _open_postgres(url: str, shown: str) -> Store:
     try:
         conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
-        password = _password_of(url)
+        password = password_of(url)
         reason = str(exc).replace(password, "***") if password else str(exc)
         raise StoreURLError(f"store URL {shown!r} is malformed: {reason}") from None
     from terrarium.stores.postgres import PostgresStore
 
     return PostgresStore(url)
-
-
-def _password_of(url: str) -> str:
-    """The password in a URL's user info, unquoted ('' if none): to scrub it from messages."""
-    parts = _userinfo(url)
-    if parts is None or ":" not in parts[1]:
-        return ""
-    return unquote(parts[1].split(":", 1)[1])

@@ -333,6 +333,35 @@ def list_page(
         if life and state != "hot"
         else []
     )
+    (rows, types), tokens, pending = _page_rows(
+        store, query, sort, state, archived, activity, budget
+    )
+    page, more = rows[:limit], len(rows) > limit
+    if activity is not None and not tokens:  # from the index: the tallies of this page only
+        tokens = activity.tokens_of(store, page)
+    pinned = states.pinned_contexts(life) if life else frozenset()
+    return {
+        "contexts": _shown(page, archived, pinned, tokens if activity is not None else None),
+        "next_cursor": encode_cursor(_key(page[-1], sort, tokens)) if more and page else None,
+        "sort": sort,
+        "state": state,
+        "types": sorted(types | {row.type for row in archived}),
+        "tokens_pending": pending,
+        "lifecycle": life is not None,
+    }
+
+
+def _page_rows(
+    store: Store,
+    query: ListingQuery,
+    sort: str,
+    state: str,
+    archived: list[contexts.ContextRow],
+    activity: Activity | None,
+    budget: float | None,
+) -> tuple[Paged, dict[str, int], int]:
+    """The page's rows (from the store's index where it has one, else picked from the whole
+    listing), the tokens known of them, and how many contexts are still to be read."""
     tokens: dict[str, int] = {}
     pending = 0
     found: Paged | None = None
@@ -348,20 +377,7 @@ def list_page(
             tallies, pending = activity.tallies(store, native, budget)
             tokens = {context_id: t.total_tokens for context_id, t in tallies.items()}
         found = _picked(hot + archived, query, sort, tokens), _types(hot)
-    rows, types = found
-    page, more = rows[:limit], len(rows) > limit
-    if activity is not None and not tokens:  # from the index: the tallies of this page only
-        tokens = activity.tokens_of(store, page)
-    pinned = states.pinned_contexts(life) if life else frozenset()
-    return {
-        "contexts": _shown(page, archived, pinned, tokens if activity is not None else None),
-        "next_cursor": encode_cursor(_key(page[-1], sort, tokens)) if more and page else None,
-        "sort": sort,
-        "state": state,
-        "types": sorted(types | {row.type for row in archived}),
-        "tokens_pending": pending,
-        "lifecycle": life is not None,
-    }
+    return found, tokens, pending
 
 
 def _query(

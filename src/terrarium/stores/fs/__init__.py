@@ -2,20 +2,17 @@
 
 Each context is a folder under the root (``{type}/{date}/{name}/``) holding its append-only
 segment files and a ``head.json`` naming the segment it is on; ``.index/`` holds derived
-pointers and the search index (:mod:`terrarium.stores.fs._layout` draws the tree); a session
-of no context yet lives in ``.detached/{session}/`` until a context adopts it. Every file is
-``0600``, every folder ``0700``. The segments are the truth: every other file is rebuilt
-from them when lost, reads never write, and nothing leads outside the root.
+pointers and the search index (:mod:`terrarium.stores.fs._layout` draws the tree). Files are
+``0600``, folders ``0700``. The segments are the truth: every other file is rebuilt from them
+when lost, reads never write, and nothing leads outside the root.
 
 Trade-off: an append is one ``write(2)`` under a ``flock`` (~3 µs) and survives ``kill -9``;
 surviving a power cut costs an ``fdatasync`` per append (``durability="fsync"``) or a window
 (``"batch"``). There is no server and no schema to migrate; search and listing read a derived
 SQLite index that writers only mark dirty (:mod:`terrarium.stores.fs.search`).
 
-Parts: ``_layout`` (names), ``_segments`` (files, torn tails), ``_heads``, ``_tree`` (finding
-folders), ``salvage``, ``search`` with ``_refresh`` and ``_sql`` (the derived index), and
-``_states`` (state records; freeze, thaw, detach, delete: the primitives that
-:mod:`terrarium.states` moves contexts with).
+Parts: ``_layout`` (names), ``_segments``, ``_heads``, ``_tree``, ``salvage``, ``search`` with
+``_refresh`` and ``_sql`` (the derived index), ``_states`` (freeze, thaw, detach, delete).
 
 Usage::
 

@@ -8,34 +8,20 @@ Under the root (``./sessions`` by default)::
         019a60...7c.trace.jsonl       optional debug trace of raw stream events
         019a60...7c.jsonl.torn-4096   a torn tail, set aside (offset in the name)
         head.json                     which segment the context is on; replaced atomically
-        019a5f...e1.jsonl.zst         a frozen (archived) context: each log file compressed
-        legacy-1.json.zst             in place, and its legacy JSON files taken along
-    .states/{session uuid}.json       the session's state record (archived, pinned, trashed,
-                                      cold): only sessions that have one
-    .detached/{session uuid}/         a session of no context: created detached, or deleted
-                                      (in the trash); its files as in a context's folder
+        019a5f...e1.jsonl.zst         archived: each file (legacy JSON too) compressed in place
+    .states/{session uuid}.json       a session's state record (archived, pinned, trashed, cold)
+    .detached/{session uuid}/         a session of no context, laid out as a context's folder
     .index/contexts/cli/main          context -> folder: resolving a context walks no dates
     .index/sessions/{session uuid}    session -> folder
     .index/search.db                  full-text search and listing index (derived)
     .index/dirty/{session uuid}       "this session changed" markers for that index
-    .locks/turn/cli/main              per-context lock for callers (a manager's turn)
-    .locks/head/cli/main              per-context lock for create, delete, head moves
+    .locks/{turn,head}/cli/main       per-context locks: a caller's turn; create, delete, heads
     .locks/session/{session uuid}     per-session lock: moves exclusive, writers shared
     .staging/                         sessions being deleted for ever
     .trash/legacy/                    deleted legacy JSON files (terrarium.legacy); kept
 
-A detached session lives in ``.detached/{session}/``, a dot-folder, so nothing that walks the
-``{type}`` folders takes it for a context. Attaching it to a context
-(``FsStore.attach_context``) writes ``head.json`` into that folder, then renames the folder to
-``{type}/{date}/{name}/`` (the date is the session's root segment's), then writes the index
-entries: a kill at any step leaves it detached or attached, never both nor lost. A
-``head.json`` in a folder under ``.detached/`` means nothing; the next attach replaces it.
-Freezing, thawing, detaching and deleting are :mod:`terrarium.stores.fs._states`.
-
-The type name ``archive`` is reserved (older stores kept an ``archive/`` folder there).
-
-Names are encoded with :func:`terrarium.model.encode_name`, so no context name can escape the
-root, and safe names (``#python``) stay readable.
+Names are encoded with :func:`terrarium.model.encode_name`: none escapes the root, and safe
+names (``#python``) stay readable.
 """
 
 from __future__ import annotations
@@ -51,6 +37,8 @@ from terrarium.model import SegmentId
 from terrarium.stores._files import listdir
 
 INDEX = ".index"
+# A dot-folder, so nothing that walks the ``{type}`` folders takes a detached session for a
+# context; a ``head.json`` in one means nothing (FsStore.attach_context writes it first).
 DETACHED = ".detached"
 LOCKS = ".locks"
 LEGACY_TRASH = Path(".trash", "legacy")

@@ -13,6 +13,7 @@ own context: a link or a forged pointer never leads terrarium out of its root.
 from __future__ import annotations
 
 import os
+import stat
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,7 +58,8 @@ class Tree:
         """Read the tree at ``root`` (an absolute path to an existing folder)."""
         self.root = root
         self._real_root = os.path.realpath(root)
-        self._inside_cache: set[Path] = set()
+        self._inside_cache: set[Path] = {root}
+        self._prefix = str(root)
 
     def _index_path(self, context: ContextId) -> Path:
         """``.index/contexts/{type}/{name}``, its folder checked to be inside the root."""
@@ -96,7 +98,21 @@ class Tree:
         """
         if folder in self._inside_cache:
             return folder
+        parent = folder.parent
+        if folder.name not in ("", ".", "..") and str(parent).startswith(self._prefix):
+            # Under a folder found inside, only a link can lead out: one lstat for each part
+            # not checked yet, where realpath takes one for every part of the path.
+            self._inside(parent)
+            try:
+                link = stat.S_ISLNK(os.lstat(folder).st_mode)
+            except FileNotFoundError:
+                link = False  # what is made there later is made inside
+            if not link:
+                return self._remember(folder)
         check_inside(self._real_root, folder)
+        return self._remember(folder)
+
+    def _remember(self, folder: Path) -> Path:
         if len(self._inside_cache) >= _MAX_CHECKED:
             self._inside_cache.clear()
         self._inside_cache.add(folder)

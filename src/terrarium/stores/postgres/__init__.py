@@ -54,6 +54,7 @@ from terrarium.stores._archive import (
     pyformat,
     state_record,
 )
+from terrarium.stores._redact import redact_url
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
     ATTEMPTS,
@@ -70,7 +71,6 @@ from terrarium.stores.base import (
     wake_session,
 )
 from terrarium.stores.fts import check_query
-from terrarium.stores.url import redact_url
 
 try:
     import psycopg
@@ -678,15 +678,19 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
         finally:
             self._pool.putconn(conn)
         self._seen.remember(key, proposal + len(entries), None)
+        self._note_unindexed(len(entries))
+        return proposal
+
+    def _note_unindexed(self, count: int) -> None:
+        """Count entries the search index lacks; index them once a batch has gathered."""
         with self._lock:
-            self._unindexed += len(entries)
+            self._unindexed += count
             due = self._unindexed >= SEARCH_BATCH
         if due:
             try:
                 self.catch_up()
             except (psycopg.Error, StoreError) as exc:  # the entries are in; a search catches up
                 log.warning("%s: search index catch-up deferred: %s", self._where, self._scrub(exc))
-        return proposal
 
     def _append_params(
         self,

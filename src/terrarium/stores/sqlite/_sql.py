@@ -2,11 +2,8 @@
 
     contexts(context PK, type, session_id, segment_id, created_at, updated_at,
              message_count, last_active)              the heads, with their listing counts
-    sessions(session_id PK, context, created_at, state)
-                                                      context NULL: detached; state: the
-                                                      lifecycle's record
-    segments(id PK, session_id, segment_id, created_at)
-                                                      UNIQUE (session_id, segment_id)
+    sessions(session_id PK, context, created_at, state)  context NULL: detached; state: lifecycle's
+    segments(id PK, session_id, segment_id, created_at)  UNIQUE (session_id, segment_id)
     entries(id PK, seg, seq, kind, ts, line)          UNIQUE (seg, seq); seg: segments.id
     traces(id, session_id, segment_id, line)          debug traces, oldest first by id
     search_docs(id PK, session_id, segment_id, seq, role, ts, body, tags)   history items
