@@ -51,8 +51,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from terrarium import states
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -64,6 +62,7 @@ from terrarium import (  # noqa: E402
     create_segment,
     restore,
     save_user_input,
+    states,
 )
 from terrarium.model import utc_now  # noqa: E402
 from terrarium.stores.base import Lifecycle, Listing, NewEntry, Store  # noqa: E402
