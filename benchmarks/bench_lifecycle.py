@@ -62,6 +62,7 @@ from terrarium import (  # noqa: E402
     create_segment,
     restore,
     save_user_input,
+    states,
 )
 from terrarium.model import utc_now  # noqa: E402
 from terrarium.stores.base import Lifecycle, Listing, NewEntry, Store  # noqa: E402
@@ -203,7 +204,7 @@ def archive_size(
             fill(store, name, [maker.message(8, 60) for _ in range(rng.randint(40, 200))])
         hot_tree = apparent_bytes(workdir / "sessions" / "cli") if backend == "fs" else 0
         start = time.perf_counter()
-        done = [life.archive_context(ContextId.parse(name)) for name in names]
+        done = [states.archive_context(life, ContextId.parse(name)) for name in names]
         took = time.perf_counter() - start
         hot = sum(a.hot_bytes for a in done if a is not None)
         packed = sum(a.archived_bytes for a in done if a is not None)
@@ -233,7 +234,7 @@ def hot_listing(backend: str, workdir: Path, count: int, maker: TextMaker, out: 
         start = time.perf_counter()
         for n, name in enumerate(names):
             if n % 10:
-                life.archive_context(ContextId.parse(name))
+                states.archive_context(life, ContextId.parse(name))
         each = (time.perf_counter() - start) / (count - (count + 9) // 10)
         out.row(f"archive 90% of {count:,} contexts, each", ms(each))
         if fast is not None:
@@ -266,11 +267,11 @@ def resume(backend: str, workdir: Path, messages: int, maker: TextMaker, out: Re
         hot = median_of(3, turn)
         samples = []
         for _ in range(3):
-            life.archive_context(context)
+            states.archive_context(life, context)
             start = time.perf_counter()
             turn()
             samples.append(time.perf_counter() - start)
-            assert not life.is_archived(context)
+            assert not states.is_archived(life, context)
         cold = statistics.median(samples)
         out.row(f"hot restore + append, {messages:,} messages", ms(hot))
         out.row("archived: unarchive + restore + append", ms(cold))

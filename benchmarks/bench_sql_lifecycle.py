@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from terrarium import ContextId, Item, SqliteStore, create_segment, restore, save_delta
+from terrarium import ContextId, Item, SqliteStore, create_segment, restore, save_delta, states
 
 MAIN = ContextId("cli", "main")
 
@@ -60,10 +60,12 @@ def _measure(name: str, store: Any, messages: int, runs: int) -> None:
     store.list_contexts_fast()  # the derived state caught up, as a running store keeps it
     hot = _median(runs, lambda: None, lambda: _resume(store))
     archive = _median(
-        runs, lambda: store.unarchive_context(MAIN), lambda: store.archive_context(MAIN)
+        runs,
+        lambda: states.unarchive_context(store, MAIN),
+        lambda: states.archive_context(store, MAIN),
     )
-    cold = _median(runs, lambda: store.archive_context(MAIN), lambda: _resume(store))
-    archived = store.archive_context(MAIN)
+    cold = _median(runs, lambda: states.archive_context(store, MAIN), lambda: _resume(store))
+    archived = states.archive_context(store, MAIN)
     ratio = archived.archived_bytes / archived.hot_bytes
     print(
         f"{name}: {messages:,} messages: hot resume (append + restore) {hot * 1000:.1f} ms, "

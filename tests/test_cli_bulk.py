@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from helpers.copies import fill, snapshot
 from pg import empty_default_schema, own_database, pg_database  # noqa: F401  (a fixture)
-from terrarium import FsStore, Item, SqliteStore, create_segment, restore, save_delta
+from terrarium import FsStore, Item, SqliteStore, create_segment, restore, save_delta, states
 from terrarium.bundle import MANIFEST
 from terrarium.cli import cli, examples
 from terrarium.formats import jsonl
@@ -107,8 +107,8 @@ def test_copy_of_a_whole_store_takes_archived_sessions_along_archived(
     assert first.output.startswith("copied 37 sessions (")
     store = open_store(dst)
     try:
-        assert sorted(a.context for a in store.archived_contexts()) == names[-4:]  # type: ignore[attr-defined]
-        assert store.pinned_contexts() == frozenset(names[::5])  # type: ignore[attr-defined]
+        assert sorted(a.context for a in states.archived_contexts(store)) == names[-4:]
+        assert states.pinned_contexts(store) == frozenset(names[::5])
         assert snapshot(store) == expected
     finally:
         store.close()
@@ -255,8 +255,8 @@ def test_the_helps_backup_example_imports_back(
     back by ``import`` as it comes (archived and pinned sessions too); a rerun adds nothing."""
     _fill(tmp_path / "s")
     with FsStore(tmp_path / "s") as store:
-        store.pin_context(ContextId.parse("cli:main"))
-        store.archive_context(ContextId.parse("game:run1"))
+        states.pin_context(store, ContextId.parse("cli:main"))
+        states.archive_context(store, ContextId.parse("game:run1"))
     monkeypatch.chdir(tmp_path)
     example = shlex.split(examples.EXAMPLES["export"][1])
     assert example == ["terrarium", "export", "--all", "-f", "jsonl", "-o", "backup.tar.gz"]
@@ -269,8 +269,8 @@ def test_the_helps_backup_example_imports_back(
     assert imported.output == f"imported 3 sessions into {dst}\n"
     with FsStore(tmp_path / "s") as src, SqliteStore(tmp_path / "restored.db") as copied:
         assert [h.context for h in copied.list_contexts()] == ["cli:main", "irc:#python"]
-        assert [a.context for a in copied.archived_contexts()] == ["game:run1"]
-        assert copied.pinned_contexts() == {"cli:main"}
+        assert [a.context for a in states.archived_contexts(copied)] == ["game:run1"]
+        assert states.pinned_contexts(copied) == {"cli:main"}
         for context in ("cli:main", "irc:#python", "game:run1"):
             assert restore(copied, context) == restore(src, context)
     again = runner.invoke(cli, ["import", "backup.tar.gz", "-v", "--storage-dir", dst])

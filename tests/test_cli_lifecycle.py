@@ -23,7 +23,7 @@ import terrarium.cli.app
 import terrarium.lifecycle
 from helpers.history import add_context
 from helpers.plain_store import PlainStore
-from terrarium import FsStore, MemoryStore
+from terrarium import FsStore, MemoryStore, states
 from terrarium.cli import cli
 from terrarium.lifecycle import MaintenanceLog, config_path
 from terrarium.model import ContextId
@@ -39,7 +39,7 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryStore]:
     add_context(memory, "cli:a", "walrus one", "two")
     add_context(memory, "cli:b", "walrus pinned")
     add_context(memory, "irc:c", "three")
-    memory.pin_context(ContextId.parse("cli:b"))
+    states.pin_context(memory, ContextId.parse("cli:b"))
     monkeypatch.setattr(terrarium.cli.app, "open_store", lambda *a, **k: memory)
     yield memory
 
@@ -72,7 +72,7 @@ def listed(*args: str) -> list[tuple[str, str, bool]]:
 
 
 def archived(store: Lifecycle) -> list[str]:
-    return [a.context for a in store.archived_contexts()]
+    return [a.context for a in states.archived_contexts(store)]
 
 
 # --------------------------------------------------------------------------- archive
@@ -156,7 +156,7 @@ def test_unarchive(store: MemoryStore) -> None:
 
 def test_delete_moves_to_the_trash_and_says_how_to_restore(store: MemoryStore) -> None:
     result = ok("delete", "cli:a")  # no question, no --yes: it can be undone
-    (entry,) = store.trashed_contexts()
+    (entry,) = states.trashed_contexts(store)
     assert result.stderr == (
         f"deleted cli:a (moved to the trash; undo with: terrarium trash restore {entry.trash_id})\n"
     )
@@ -167,7 +167,7 @@ def test_delete_moves_to_the_trash_and_says_how_to_restore(store: MemoryStore) -
     ]
     assert ok("trash", "list").stdout.splitlines()[1].startswith(entry.trash_id)
     assert ok("trash", "restore", "cli:a").stderr == "restored cli:a\n"
-    assert store.trashed_contexts() == []
+    assert states.trashed_contexts(store) == []
     assert ok("show", "cli:a", "--json").stdout.count("walrus one") == 1
     (record,) = MaintenanceLog.of(store).records()
     assert (record["action"], record["why"]) == ("trash", "command: terrarium delete")
@@ -178,7 +178,7 @@ def test_restore_into_a_taken_id_needs_as(store: MemoryStore) -> None:
     ok("delete", "cli:a")
     add_context(store, "cli:a", "new life")
     one_line_error(invoke("trash", "restore", "cli:a"), "--as")
-    (entry,) = store.trashed_contexts()
+    (entry,) = states.trashed_contexts(store)
     assert ok("trash", "restore", entry.trash_id, "--as", "cli:old").stderr == (
         "restored cli:old (archived)\n"
     )
@@ -191,7 +191,7 @@ def test_delete_purge_needs_yes_without_a_terminal(store: MemoryStore) -> None:
     assert store.get_head(ContextId.parse("cli:a")) is not None
     assert ok("delete", "cli:a", "--purge", "--yes").stderr == "deleted cli:a for ever\n"
     assert store.get_head(ContextId.parse("cli:a")) is None
-    assert store.trashed_contexts() == []
+    assert states.trashed_contexts(store) == []
     (record,) = MaintenanceLog.of(store).records()
     assert (record["action"], record["context"]) == ("purge", "cli:a")
     one_line_error(invoke("delete", "cli:a", "--purge", "--yes"), "no session 'cli:a'")
@@ -207,10 +207,10 @@ def test_trash_purge_by_age_name_and_all(
     dry = ok("trash", "purge", "--older-than", "30d", "--dry-run")
     assert "would purge 2 sessions" in dry.stderr  # not cli:b: pinned
     one_line_error(invoke("trash", "purge", "--older-than", "30d"), "--yes")
-    assert len(store.trashed_contexts()) == 3
+    assert len(states.trashed_contexts(store)) == 3
     assert ok("trash", "purge", "irc:c", "--yes").stderr.startswith("purged 1 session")
     assert ok("trash", "purge", "--yes").stderr.startswith("purged 1 session")  # cli:a
-    assert [e.context for e in store.trashed_contexts()] == ["cli:b"]
+    assert [e.context for e in states.trashed_contexts(store)] == ["cli:b"]
     assert ok("trash", "purge", "cli:b", "--yes").stderr.startswith("purged 1 session")
     assert ok("trash", "list").stderr.startswith("the trash of ")
     actions = [r["action"] for r in MaintenanceLog.of(store).records()]
@@ -242,9 +242,9 @@ def test_trash_purge_collects_the_large_outputs_nothing_refers_to(
 
 def test_pin_and_unpin(store: MemoryStore) -> None:
     assert "pinned irc:c" in ok("pin", "irc:c").stderr
-    assert store.pinned_contexts() == {"cli:b", "irc:c"}
+    assert states.pinned_contexts(store) == {"cli:b", "irc:c"}
     assert ok("unpin", "cli:b").stderr == "unpinned cli:b\n"
-    assert store.pinned_contexts() == {"irc:c"}
+    assert states.pinned_contexts(store) == {"irc:c"}
     one_line_error(invoke("pin", "cli:nope"), "no session 'cli:nope'")
 
 
@@ -311,18 +311,15 @@ def plain(monkeypatch: pytest.MonkeyPatch) -> Store:
         ["pin", "cli:a"],
         ["unpin", "cli:a"],
         ["maintain"],
+        ["delete", "cli:a"],
+        ["delete", "cli:a", "--purge", "--yes"],
     ],
 )
 def test_a_store_without_lifecycle_says_it_cannot_archive(plain: Store, args: list[str]) -> None:
+    """Without the state primitives there is no trash, archive or pin, and no delete: every
+    delete goes through the trash (or its purge)."""
     one_line_error(invoke(*args), "this backend cannot archive, trash or pin sessions")
-
-
-def test_a_store_without_a_trash_deletes_for_ever_so_it_asks(plain: Store) -> None:
-    one_line_error(invoke("delete", "cli:a"), "--yes")
-    assert ok("delete", "cli:a", "--yes").stderr == "deleted cli:a\n"
-    assert plain.get_head(ContextId.parse("cli:a")) is None
-    assert [c for c, _, _ in listed("--all")] == []
-    assert listed("--archived") == []
+    assert plain.get_head(ContextId.parse("cli:a")) is not None
 
 
 # --------------------------------------------------------------------------- a terminal

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 from helpers.copies import fill, snapshot
 from pg import empty_default_schema, own_database, pg_database  # noqa: F401  (a fixture)
-from terrarium import FsStore, SqliteStore
+from terrarium import FsStore, SqliteStore, states
 from terrarium.cli import cli
 from terrarium.errors import StoreNotFound
 from terrarium.formats import jsonl
@@ -98,7 +98,7 @@ def exports(
         folder = tmp_path_factory.mktemp(f"exports-{size}")
         store = open_store(sources[size, "sqlite"], create=False)
         try:
-            archived = [a.context for a in store.archived_contexts()]
+            archived = [a.context for a in states.archived_contexts(store)]
             for number, ctx in enumerate([*(h.context for h in store.list_contexts()), *archived]):
                 path = folder / f"{number:02}.jsonl"
                 path.write_text(jsonl.export_context(store, ctx), encoding="utf-8")

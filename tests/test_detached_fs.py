@@ -79,7 +79,7 @@ def test_a_detached_session_lives_in_a_private_dot_folder_nothing_walks(
     assert store.reindex() == 0 and store.list_contexts_fast() == []
     assert list(iter_legacy_files(root)) == []
     assert listing(store).sessions == () and listing(store).problems == ()
-    assert folder.is_dir() and store.detached_sessions() == [ref.session_id]
+    assert folder.is_dir() and detached_sessions(store) == [ref.session_id]
     listed = invoke("list", "--json", "--storage-dir", str(root))
     assert listed.exit_code == 0 and json.loads(listed.output) == {"contexts": []}
     checked = invoke("fsck", "--json", "--storage-dir", str(root))
@@ -114,7 +114,7 @@ def test_attach_moves_the_folder_into_its_date_and_keeps_it_private(
         assert restore(fresh, "irc:#pond") == restore_by_segment(
             fresh, ref.session_id, ref.segment_id
         )
-        assert fresh.detached_sessions() == []
+        assert detached_sessions(fresh) == []
 
 
 def test_a_lost_head_of_an_attached_session_is_rebuilt_with_its_folders_context(
@@ -251,7 +251,7 @@ def test_attach_killed_at_any_step_leaves_the_session_detached_or_attached(
             outcomes.add(attached)
             with FsStore(root) as store:
                 assert restore_by_segment(store, ref.session_id, ref.segment_id) == expected
-                assert store.detached_sessions() == ([] if attached else [ref.session_id])
+                assert detached_sessions(store) == ([] if attached else [ref.session_id])
                 head = store.get_head(ContextId.parse("irc:#pond"))
                 if attached:
                     assert head is not None and head.segment_id == ref.segment_id, point
@@ -278,7 +278,7 @@ def test_attach_killed_at_any_step_leaves_the_session_detached_or_attached(
             with FsStore(root) as store:
                 assert [h.context for h in store.list_contexts()] == ["cli:other", "irc:#pond"]
                 assert restore(store, "irc:#pond") == expected
-                assert store.detached_sessions() == []
+                assert detached_sessions(store) == []
                 assert {h.context for h in store.search(SearchQuery("larvae"))} == {"irc:#pond"}
             assert _where(root, session) == [_where(counted, session)[0]]
         assert outcomes == {False}  # every change precedes the commit
@@ -314,9 +314,9 @@ def test_terrarium_copy_of_a_whole_store_carries_detached_sessions(
     assert f"copied session {ref.session_id}" in result.output
     assert "copied 2 sessions" in result.output
     with FsStore(dest) as copied:
-        assert copied.detached_sessions() == [ref.session_id]
+        assert detached_sessions(copied) == [ref.session_id]
         state = restore_by_segment(copied, ref.session_id, ref.segment_id)
         assert state == restore_by_segment(store, ref.session_id, ref.segment_id)
     assert invoke("copy", str(root), str(only), "--context", "cli:a").exit_code == 0
     with FsStore(only) as copied:
-        assert copied.detached_sessions() == []
+        assert detached_sessions(copied) == []

@@ -38,6 +38,7 @@ from terrarium import (
     restore,
     save_trace,
     save_user_input,
+    states,
 )
 from terrarium.stores import fs as fs_module
 from terrarium.stores.base import NewEntry
@@ -566,11 +567,11 @@ def test_delete_context_moves_the_folder_to_the_trash_and_frees_the_name(
     assert folder is not None
     files = sorted(p.name for p in folder.iterdir() if p.name != "head.json")
 
-    assert store.delete_context(ContextId("cli", "main")) is True
+    assert states.delete_context(store, ContextId("cli", "main")) is True
     assert not folder.exists()
     assert not (root / ".index" / "contexts" / "cli" / "main").exists()
     assert not (root / ".index" / "sessions" / str(ref.session_id)).exists()
-    (entry,) = store.trashed_contexts()
+    (entry,) = states.trashed_contexts(store)
     kept = root / ".detached" / str(ref.session_id)
     assert sorted(p.name for p in kept.iterdir() if p.name != "head.json") == [
         f"{name}.zst" for name in files
@@ -581,11 +582,11 @@ def test_delete_context_moves_the_folder_to_the_trash_and_frees_the_name(
     assert [h.context for h in store.list_contexts()] == ["cli:other"]
     with pytest.raises(SegmentNotFound):
         save_user_input(store, ref, "to the trash?")
-    assert store.delete_context(ContextId("cli", "main")) is False
+    assert states.delete_context(store, ContextId("cli", "main")) is False
 
     again = _create(store, "cli:main")
     assert restore(store, "cli:main").session_id == again.session_id
-    assert store.purge_trashed(entry.trash_id) is True
+    assert states.purge_trashed(store, entry.trash_id) is True
     assert not kept.exists() and not (root / ".states" / f"{ref.session_id}.json").exists()
     assert os.listdir(root / ".staging") == []
 
@@ -595,7 +596,7 @@ def test_a_writer_in_another_store_cannot_append_to_a_deleted_context(root: Path
     with FsStore(root) as deleter, FsStore(root) as writer:
         ref = _create(deleter, "cli:main")
         save_user_input(writer, ref, "cached")  # the writer now holds the file open
-        assert deleter.delete_context(ContextId("cli", "main"))
+        assert states.delete_context(deleter, ContextId("cli", "main"))
         with pytest.raises(SegmentNotFound):
             save_user_input(writer, ref, "lost?")
 

@@ -31,6 +31,7 @@ from terrarium import (
     fork_at,
     restore,
     save_user_input,
+    states,
 )
 from terrarium.blobs import collect_garbage
 from terrarium.cli import cli
@@ -389,18 +390,18 @@ def test_delete_never_follows_a_linked_folder_out_of_the_root(
     make(store, "cli:main", "x")
     (root / linked).symlink_to(outside, target_is_directory=True)
     if linked == ".staging":
-        assert store.delete_context(ContextId("cli", "main"))
-        (entry,) = store.trashed_contexts()
+        assert states.delete_context(store, ContextId("cli", "main"))
+        (entry,) = states.trashed_contexts(store)
         with pytest.raises(StoreError, match="outside the store"):
-            store.purge_trashed(entry.trash_id)
+            states.purge_trashed(store, entry.trash_id)
         assert sorted(p.name for p in outside.iterdir()) == ["victim"]
-        (record,) = store.unfinished_lifecycle()  # marked purging, its bytes untouched
+        (record,) = states.unfinished_lifecycle(store)  # marked purging, its bytes untouched
         assert (root / ".detached" / str(record.session_id)).is_dir()
         (root / linked).unlink()
-        assert store.finish_lifecycle() == 1 and store.session_records() == []
+        assert states.finish_lifecycle(store) == 1 and store.session_records() == []
         return
     with pytest.raises(StoreError, match="outside the store"):
-        store.delete_context(ContextId("cli", "main"))
+        states.delete_context(store, ContextId("cli", "main"))
     assert sorted(p.name for p in outside.iterdir()) == ["victim"]
     assert history(root, "cli:main") == ["x"]
 
@@ -420,7 +421,7 @@ def test_an_index_entry_naming_another_folder_is_never_followed(
         head = fresh.get_head(ContextId("cli", "main"))
         assert head is not None
         save_user_input(fresh, head.ref, "appended")
-        assert fresh.delete_context(ContextId("cli", "main")) is True
+        assert states.delete_context(fresh, ContextId("cli", "main")) is True
     assert "not a folder of cli:main" in caplog.text
     assert sorted(p.name for p in (outside / "victim").iterdir()) == ["file"]
 
@@ -493,15 +494,15 @@ def _every_kind_of_write(store: FsStore) -> list[str]:
         lambda: save_user_input(store, main_ref(), "more walrus"),
         lambda: fork_at(store, main_ref(), 1),
         lambda: search(store, SearchQuery("walrus", archived=True)),
-        lambda: store.archive_context(main),
-        lambda: store.unarchive_context(main),
-        lambda: store.unarchive_context(ContextId("cli", "old")),
-        lambda: store.pin_context(main, False),
+        lambda: states.archive_context(store, main),
+        lambda: states.unarchive_context(store, main),
+        lambda: states.unarchive_context(store, ContextId("cli", "old")),
+        lambda: states.pin_context(store, main, False),
         lambda: store.put_blob(b"new blob " * 600),
-        lambda: store.delete_context(ContextId("cli", "new")),
+        lambda: states.delete_context(store, ContextId("cli", "new")),
         lambda: [
-            store.restore_trashed(entry.trash_id, as_context=ContextId("cli", f"back{n}"))
-            for n, entry in enumerate(store.trashed_contexts())
+            states.restore_trashed(store, entry.trash_id, as_context=ContextId("cli", f"back{n}"))
+            for n, entry in enumerate(states.trashed_contexts(store))
         ],
         lambda: collect_garbage(store, min_age=0),
         store.reindex,
@@ -525,11 +526,11 @@ def test_a_linked_folder_of_the_stores_own_state_is_never_written_through(
     make(store, "cli:main", "walrus one", "two")
     make(store, "irc:#x", "walrus three")
     make(store, "cli:old", "four")
-    store.archive_context(ContextId("cli", "old"))
-    store.pin_context(ContextId("cli", "main"))
+    states.archive_context(store, ContextId("cli", "old"))
+    states.pin_context(store, ContextId("cli", "main"))
     store.put_blob(b"old blob " * 600)
     search(store, SearchQuery("walrus"))
-    store.delete_context(ContextId("irc", "#x"))
+    states.delete_context(store, ContextId("irc", "#x"))
     make(store, "cli:marked", "a marker for the index")
     store.close()
     for folder in DERIVED:  # each there, as a store that ran a while has them
@@ -563,7 +564,7 @@ def test_every_file_is_private_whatever_the_umask(tmp_path: Path, umask: int) ->
             store.append_trace(ref.session_id, ref.segment_id, [])
             fork_at(store, ref, 1)
             make(store, "irc:#python", "also secret")
-            store.delete_context(ContextId("irc", "#python"))
+            states.delete_context(store, ContextId("irc", "#python"))
             path = folder_of(root, "cli:main") / f"{ref.segment_id}.jsonl"
             with path.open("ab") as out:
                 out.write(b"{torn")

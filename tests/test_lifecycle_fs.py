@@ -31,11 +31,13 @@ from terrarium import (
     lifecycle,
     restore,
     save_user_input,
+    states,
 )
 from terrarium.cli import cli
 from terrarium.errors import CorruptLog, InvalidContextId, NotInTrash, StoreError
 from terrarium.legacy import listing
 from terrarium.model import ContextId, TraceEntry
+from terrarium.search import search
 from terrarium.stores.base import Lifecycle, NewEntry, SearchQuery, Store
 from terrarium.stores.fs import _states
 from terrarium.stores.memory import MemoryStore
@@ -86,14 +88,14 @@ def test_archive_freezes_every_file_in_place(store: FsStore, root: Path) -> None
     ref = _create(store, "cli:main", "the quick brown fox " * 50)
     store.append_trace(ref.session_id, ref.segment_id, [TraceEntry(TS, "chunk", {"n": 1})])
     fork(store, ref)
-    store.pin_context(MAIN)
+    states.pin_context(store, MAIN)
     folder = store.folder_of(MAIN)
     assert folder is not None
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "head.json"}
     history = _history(store, "cli:main")
     assert store.search(SearchQuery("fox"))
 
-    archived = store.archive_context(MAIN)
+    archived = states.archive_context(store, MAIN)
 
     assert archived is not None and archived.pinned and archived.message_count == 1
     assert archived.archived_bytes < archived.hot_bytes
@@ -113,10 +115,10 @@ def test_archive_freezes_every_file_in_place(store: FsStore, root: Path) -> None
     assert store.list_contexts() == []
     assert store.list_contexts_fast() == []
     assert store.search(SearchQuery("fox")) == []
-    assert [h.context for h in store.search(SearchQuery("fox", archived=True))] == ["cli:main"]
+    assert [h.context for h in search(store, SearchQuery("fox", archived=True))] == ["cli:main"]
     assert _history(store, "cli:main") == history
-    assert store.is_archived(MAIN)
-    assert store.unarchive_context(MAIN)
+    assert states.is_archived(store, MAIN)
+    assert states.unarchive_context(store, MAIN)
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "head.json"} == before
     assert not (root / ".states" / f"{ref.session_id}.json").read_text().count("cold")
     assert [h.context for h in store.search(SearchQuery("fox"))] == ["cli:main"]
@@ -129,15 +131,15 @@ def test_listing_the_archive_decompresses_nothing(
     """archived_contexts reads the state records only."""
     _create(store, "cli:main", "hello")
     _create(store, "irc:#pond", "hello")
-    store.archive_context(MAIN)
-    store.archive_context(ContextId.parse("irc:#pond"))
+    states.archive_context(store, MAIN)
+    states.archive_context(store, ContextId.parse("irc:#pond"))
 
     def refuse(blob: bytes, *, where: str = "") -> bytes:
         raise AssertionError(f"decompressed {where}")
 
     monkeypatch.setattr(_states, "unpack", refuse)
-    assert [a.context for a in store.archived_contexts()] == ["cli:main", "irc:#pond"]
-    assert [a.context for a in store.archived_contexts("irc")] == ["irc:#pond"]
+    assert [a.context for a in states.archived_contexts(store)] == ["cli:main", "irc:#pond"]
+    assert [a.context for a in states.archived_contexts(store, "irc")] == ["irc:#pond"]
     assert store.get_head(MAIN) is not None
 
 
@@ -155,7 +157,7 @@ def test_nothing_follows_a_link_out_of_the_root(store: FsStore, tmp_path: Path) 
     outside.mkdir()
     (store.root / ".states").symlink_to(outside, target_is_directory=True)
     with pytest.raises(StoreError, match="outside"):
-        store.archive_context(MAIN)
+        states.archive_context(store, MAIN)
     assert list(outside.iterdir()) == []
     assert _history(store, "cli:main") == [{"role": "user", "content": "hello"}]
 
@@ -172,50 +174,50 @@ def _script(store: Store) -> list[Any]:
     _create(store, "irc:#c", "four")
 
     def trash_view() -> list[Any]:
-        return store.trashed_contexts()
+        return states.trashed_contexts(store)
 
     def state() -> None:
         seen.append(
             (
                 [h.context for h in store.list_contexts()],
-                [(x.context, x.message_count, x.pinned) for x in store.archived_contexts()],
+                [(x.context, x.message_count, x.pinned) for x in states.archived_contexts(store)],
                 [
                     (t.context, t.archived, t.pinned, t.message_count)
-                    for t in store.trashed_contexts()
+                    for t in states.trashed_contexts(store)
                 ],
-                sorted(store.pinned_contexts()),
+                sorted(states.pinned_contexts(store)),
             )
         )
 
-    seen.append(store.pin_context(ContextId.parse("cli:a")))
-    seen.append(store.archive_context(ContextId.parse("cli:a")) is not None)
-    seen.append(store.archive_context(ContextId.parse("cli:a")))
-    seen.append(store.archive_context(ContextId.parse("cli:zz")))
+    seen.append(states.pin_context(store, ContextId.parse("cli:a")))
+    seen.append(states.archive_context(store, ContextId.parse("cli:a")) is not None)
+    seen.append(states.archive_context(store, ContextId.parse("cli:a")))
+    seen.append(states.archive_context(store, ContextId.parse("cli:zz")))
     state()
     with pytest.raises(ContextExists):
         create_segment(store, context="cli:a")
     save_user_input(store, a, "five")  # unarchives
     state()
-    seen.append(store.archive_context(ContextId.parse("irc:#c")) is not None)
-    seen.append(store.delete_context(ContextId.parse("irc:#c")))
-    seen.append(store.delete_context(ContextId.parse("cli:b")))
+    seen.append(states.archive_context(store, ContextId.parse("irc:#c")) is not None)
+    seen.append(states.delete_context(store, ContextId.parse("irc:#c")))
+    seen.append(states.delete_context(store, ContextId.parse("cli:b")))
     state()
     seen.append(store.get_head(ContextId.parse("irc:#c")))
     _create(store, "irc:#c", "new")
-    trashed = {t.context: t.trash_id for t in store.trashed_contexts()}
+    trashed = {t.context: t.trash_id for t in states.trashed_contexts(store)}
     with pytest.raises(ContextExists):
-        store.restore_trashed(trashed["irc:#c"])
-    store.restore_trashed(trashed["irc:#c"], as_context=ContextId.parse("irc:#old"))
-    seen.append(store.is_archived(ContextId.parse("irc:#old")))
+        states.restore_trashed(store, trashed["irc:#c"])
+    states.restore_trashed(store, trashed["irc:#c"], as_context=ContextId.parse("irc:#old"))
+    seen.append(states.is_archived(store, ContextId.parse("irc:#old")))
     seen.append(_history(store, "irc:#old"))
     with pytest.raises(NotInTrash):
-        store.restore_trashed(trashed["irc:#c"])
-    seen.append(store.purge_trashed(trashed["cli:b"]))
-    seen.append(store.purge_trashed(trashed["cli:b"]))
-    seen.append(store.purge_context(ContextId.parse("irc:#old")))
-    seen.append(store.purge_context(ContextId.parse("irc:#old")))
-    seen.append(store.pin_context(ContextId.parse("cli:a"), False))
-    seen.append(store.pin_context(ContextId.parse("cli:gone")))
+        states.restore_trashed(store, trashed["irc:#c"])
+    seen.append(states.purge_trashed(store, trashed["cli:b"]))
+    seen.append(states.purge_trashed(store, trashed["cli:b"]))
+    seen.append(states.purge_context(store, ContextId.parse("irc:#old")))
+    seen.append(states.purge_context(store, ContextId.parse("irc:#old")))
+    seen.append(states.pin_context(store, ContextId.parse("cli:a"), False))
+    seen.append(states.pin_context(store, ContextId.parse("cli:gone")))
     state()
     seen.append(_history(store, "cli:a"))
     return seen
@@ -237,7 +239,7 @@ def test_any_write_unarchives_the_context_first(store: FsStore, write: str) -> N
     new = fork(store, ref)
     head = store.get_head(MAIN)
     assert head is not None
-    store.archive_context(MAIN)
+    states.archive_context(store, MAIN)
     if write == "append":
         store.append(ref.session_id, head.segment_id, [NewEntry("note", TS, {"n": 1})])
     elif write == "create_segment":
@@ -246,10 +248,10 @@ def test_any_write_unarchives_the_context_first(store: FsStore, write: str) -> N
         store.set_head(MAIN, new, expected=head.segment_id)
     else:
         store.append_trace(ref.session_id, ref.segment_id, [TraceEntry(TS, "chunk", {})])
-    assert not store.is_archived(MAIN)
+    assert not states.is_archived(store, MAIN)
     assert [h.context for h in store.list_contexts()] == ["cli:main"]
     assert _history(store, "cli:main") == [{"role": "user", "content": "before"}]
-    assert store.archived_contexts() == []
+    assert states.archived_contexts(store) == []
     assert not (store.root / "archive" / "cli" / head.date / "main").exists()
 
 
@@ -259,9 +261,9 @@ def test_a_writer_in_another_store_follows_the_context_into_the_archive(root: Pa
     with FsStore(root) as archiver, FsStore(root) as writer:
         ref = _create(archiver, "cli:main", "first")
         save_user_input(writer, ref, "cached")  # the writer holds the file open
-        assert archiver.archive_context(MAIN) is not None
+        assert states.archive_context(archiver, MAIN) is not None
         save_user_input(writer, ref, "after")
-        assert not archiver.is_archived(MAIN)
+        assert not states.is_archived(archiver, MAIN)
         texts = [m["content"] for m in _history(archiver, "cli:main")]
         assert texts == ["first", "cached", "after"]
 
@@ -288,16 +290,16 @@ def test_a_freeze_killed_after_its_commit_keeps_appends_out_of_the_left_files(
 
         monkeypatch.setattr(_states.os, "unlink", die_at_the_first_plain_delete)
         with pytest.raises(_Killed):
-            archiver.archive_context(MAIN)
+            states.archive_context(archiver, MAIN)
         monkeypatch.undo()
-        assert archiver.is_archived(MAIN)  # committed
+        assert states.is_archived(archiver, MAIN)  # committed
         assert archiver.unfinished_moves() != []
         save_user_input(writer, ref, "after")  # acknowledged: it woke the context
         assert archiver.unfinished_moves() == []
     with FsStore(root) as store:
         texts = [m["content"] for m in _history(store, "cli:main")]
         assert texts == ["first", "cached", "after"]
-        assert not store.is_archived(MAIN)
+        assert not states.is_archived(store, MAIN)
 
 
 def test_a_seal_left_in_a_hot_folder_is_lifted_by_the_next_write(root: Path) -> None:
@@ -328,7 +330,7 @@ def test_appends_racing_an_archiver_lose_nothing(root: Path) -> None:
         def archive_loop() -> None:
             try:
                 while not done.is_set():
-                    other.archive_context(MAIN)
+                    states.archive_context(other, MAIN)
             except BaseException as exc:  # reported below
                 errors.append(exc)
 
@@ -353,10 +355,10 @@ def test_trash_restore_and_purge_on_disk(store: FsStore, root: Path) -> None:
     record says trashed), comes back archived under another name, and a purge leaves
     nothing of it."""
     ref = _create(store, "cli:main", "hello")
-    store.pin_context(MAIN)
-    store.archive_context(MAIN)
-    assert store.delete_context(MAIN)
-    (entry,) = store.trashed_contexts()
+    states.pin_context(store, MAIN)
+    states.archive_context(store, MAIN)
+    assert states.delete_context(store, MAIN)
+    (entry,) = states.trashed_contexts(store)
     assert entry.archived and entry.pinned and entry.message_count == 1
     folder = root / ".detached" / str(ref.session_id)
     assert sorted(p.name for p in folder.iterdir()) == sorted(
@@ -364,13 +366,13 @@ def test_trash_restore_and_purge_on_disk(store: FsStore, root: Path) -> None:
     )
     record = json.loads((root / ".states" / f"{ref.session_id}.json").read_text())
     assert record["trashed"]["context"] == "cli:main"
-    assert store.get_head(MAIN) is None and store.pinned_contexts() == frozenset()
+    assert store.get_head(MAIN) is None and states.pinned_contexts(store) == frozenset()
     other = ContextId("cli", "other")
-    head = store.restore_trashed(entry.trash_id, as_context=other)
-    assert head.context == "cli:other" and store.is_archived(other)
-    assert store.pinned_contexts() == {"cli:other"}
+    head = states.restore_trashed(store, entry.trash_id, as_context=other)
+    assert head.context == "cli:other" and states.is_archived(store, other)
+    assert states.pinned_contexts(store) == {"cli:other"}
     assert _history(store, "cli:other") == [{"role": "user", "content": "hello"}]
-    assert store.purge_context(other)
+    assert states.purge_context(store, other)
     assert [p for p in _tree(root) if not p.startswith("cli")] == [
         ".detached",
         ".staging",
@@ -384,9 +386,9 @@ def test_a_lost_index_finds_archived_sessions_and_pins_again(store: FsStore, roo
     listing, and pins are listed (the records are the truth), before and after a reindex."""
     ref = _create(store, "cli:main", "hello")
     _create(store, "cli:hot", "hi")
-    store.pin_context(MAIN)
-    store.pin_context(ContextId("cli", "hot"))
-    store.archive_context(MAIN)
+    states.pin_context(store, MAIN)
+    states.pin_context(store, ContextId("cli", "hot"))
+    states.archive_context(store, MAIN)
     shutil.rmtree(root / ".index")
     with FsStore(root) as fresh:
         assert fresh.read_segment(ref.session_id, ref.segment_id).entries[0]["item"] == {
@@ -394,11 +396,11 @@ def test_a_lost_index_finds_archived_sessions_and_pins_again(store: FsStore, roo
             "content": "hello",
         }
         assert [h.context for h in fresh.list_contexts()] == ["cli:hot"]
-        assert fresh.pinned_contexts() == {"cli:main", "cli:hot"}
+        assert states.pinned_contexts(fresh) == {"cli:main", "cli:hot"}
         fresh.reindex()
         assert [h.context for h in fresh.list_contexts()] == ["cli:hot"]
-        assert fresh.pinned_contexts() == {"cli:main", "cli:hot"}
-        assert [a.context for a in fresh.archived_contexts()] == ["cli:main"]
+        assert states.pinned_contexts(fresh) == {"cli:main", "cli:hot"}
+        assert [a.context for a in states.archived_contexts(fresh)] == ["cli:main"]
 
 
 def test_a_pin_is_a_key_of_the_session_record(store: FsStore, root: Path) -> None:
@@ -407,18 +409,18 @@ def test_a_pin_is_a_key_of_the_session_record(store: FsStore, root: Path) -> Non
     ref = _create(store, "cli:main", "hello")
     folder = store.folder_of(MAIN)
     assert folder is not None
-    store.pin_context(MAIN)
+    states.pin_context(store, MAIN)
     path = root / ".states" / f"{ref.session_id}.json"
     assert json.loads(path.read_text()) == {"pinned": True}
     assert "pinned" not in {p.name for p in folder.iterdir()}
-    store.delete_context(MAIN)
-    assert store.pinned_contexts() == frozenset()
-    (entry,) = store.trashed_contexts()
+    states.delete_context(store, MAIN)
+    assert states.pinned_contexts(store) == frozenset()
+    (entry,) = states.trashed_contexts(store)
     assert entry.pinned
-    store.restore_trashed(entry.trash_id)
-    assert store.pinned_contexts() == {"cli:main"}
-    store.pin_context(MAIN, False)
-    assert not path.exists() and store.pinned_contexts() == frozenset()
+    states.restore_trashed(store, entry.trash_id)
+    assert states.pinned_contexts(store) == {"cli:main"}
+    states.pin_context(store, MAIN, False)
+    assert not path.exists() and states.pinned_contexts(store) == frozenset()
 
 
 def _plant_zst_copies(folder: Path) -> list[Path]:
@@ -438,7 +440,7 @@ def test_what_a_killed_freeze_or_thaw_left_is_a_leftover(store: FsStore, root: P
     deletes them and nothing else (a file without its twin stays)."""
     ref = _create(store, "cli:main", "hello")
     _create(store, "cli:cold", "brr")
-    store.archive_context(ContextId("cli", "cold"))
+    states.archive_context(store, ContextId("cli", "cold"))
     hot, cold = store.folder_of(MAIN), store.folder_of(ContextId("cli", "cold"))
     assert hot is not None and cold is not None
     planted = _plant_zst_copies(hot)
@@ -459,7 +461,7 @@ def test_what_a_killed_freeze_or_thaw_left_is_a_leftover(store: FsStore, root: P
     assert invoke("fsck", "--storage-dir", str(root)).exit_code == 0
     assert _history(store, "cli:main") == [{"role": "user", "content": "hello"}]
     assert _history(store, "cli:cold") == [{"role": "user", "content": "brr"}]
-    assert store.is_archived(ContextId("cli", "cold"))
+    assert states.is_archived(store, ContextId("cli", "cold"))
 
 
 def test_legacy_files_in_the_archive_folder_are_not_hot(store: FsStore, root: Path) -> None:
@@ -477,7 +479,7 @@ def test_archive_then_list_via_the_cli(store: FsStore, root: Path) -> None:
     """The hot listing of the command line leaves an archived context out."""
     _create(store, "cli:main", "hello")
     _create(store, "cli:other", "hi")
-    store.archive_context(MAIN)
+    states.archive_context(store, MAIN)
     out = invoke("list", "--json", "--storage-dir", str(root)).output
     assert "cli:main" not in out and "cli:other" in out
 
@@ -499,8 +501,8 @@ def test_delete_of_a_damaged_context_says_what_is_wrong(store: FsStore, root: Pa
     for segment in folder.glob("*.jsonl"):
         segment.write_bytes(b"garbage\n")
     with pytest.raises(CorruptLog):
-        store.delete_context(MAIN)
-    assert folder.exists() and store.trashed_contexts() == []
+        states.delete_context(store, MAIN)
+    assert folder.exists() and states.trashed_contexts(store) == []
     checked = json.loads(invoke("fsck", "--json", "--storage-dir", str(root)).output)
     assert "damaged" in {p["kind"] for p in checked["problems"]}
 
@@ -521,9 +523,9 @@ def test_archived_segments_read_as_the_hot_ones_did(store: FsStore) -> None:
         )
 
     hot = snapshot()
-    store.archive_context(MAIN)
+    states.archive_context(store, MAIN)
     assert snapshot() == hot
-    assert store.is_archived(MAIN)  # reads never unarchive
+    assert states.is_archived(store, MAIN)  # reads never unarchive
     assert _leftovers(store.root) == []
 
 
@@ -577,7 +579,7 @@ def test_a_legacy_file_is_archived_with_its_context_and_put_back(
     assert "cli:old" not in out
     texts = [m["content"] for m in _history(store, "cli:old")]
     assert texts == ["old question", "old answer"]
-    assert store.unarchive_context(ContextId("cli", "old"))
+    assert states.unarchive_context(store, ContextId("cli", "old"))
     assert path.read_bytes() == data
     assert "cli:old" in invoke("list", "--json", "--storage-dir", str(root)).output
 
@@ -589,7 +591,7 @@ def test_an_imported_context_takes_its_legacy_file_into_the_archive(
     the context moves it too, so the listing does not show the file as a context again."""
     path = _legacy_file(root, "cli:old")
     save_user_input(store, _imported(store, "cli:old"), "new question")
-    assert store.archive_context(ContextId("cli", "old")) is not None
+    assert states.archive_context(store, ContextId("cli", "old")) is not None
     assert not path.exists()
     assert "cli:old" not in invoke("list", "--json", "--storage-dir", str(root)).output
 
@@ -606,12 +608,11 @@ def _imported(store: FsStore, context: str) -> PodActiveSegmentRef:
 def test_the_scan_searches_archived_contexts_only_when_asked() -> None:
     """terrarium.search.scan (what MemoryStore and an unavailable index use) leaves archived
     contexts out unless SearchQuery.archived is set, as FsStore.search does."""
-    from terrarium.search import search
 
     store = MemoryStore()
     _create(store, "cli:hot", "apples and pears")
     _create(store, "cli:cold", "apples and plums")
-    store.archive_context(ContextId("cli", "cold"))
+    states.archive_context(store, ContextId("cli", "cold"))
     assert [h.context for h in search(store, SearchQuery("apples"))] == ["cli:hot"]
     found = {h.context for h in search(store, SearchQuery("apples", archived=True))}
     assert found == {"cli:hot", "cli:cold"}
@@ -626,7 +627,7 @@ def test_a_legacy_file_is_archived_by_age(store: FsStore, root: Path) -> None:
     assert plan.candidates[0].hot_bytes == path.stat().st_size
     result = invoke("archive", "--older-than", "30d", "--storage-dir", str(root))
     assert result.exit_code == 0, result.output
-    assert store.is_archived(ContextId("cli", "oldlegacy"))
+    assert states.is_archived(store, ContextId("cli", "oldlegacy"))
     assert not path.exists()
 
 
@@ -658,7 +659,7 @@ def test_delete_on_a_nearly_full_disk_reports_what_it_did(
     result = invoke("delete", "cli:big", "--yes", "--storage-dir", str(root))
     monkeypatch.undo()
     assert result.exit_code == 0, result.output
-    [entry] = store.trashed_contexts()
+    [entry] = states.trashed_contexts(store)
     assert entry.trash_id[:8] in result.output
     assert any(r["action"] == "trash" for r in lifecycle.MaintenanceLog.of(store).records())
     restored = invoke("trash", "restore", entry.trash_id, "--storage-dir", str(root))
@@ -703,8 +704,8 @@ def test_names_up_to_the_file_name_limit_archive_delete_fork_and_export(
         assert len(list(out.rglob("*.html"))) == 2
         result = invoke("delete", name, "--yes", "--storage-dir", str(root))
         assert result.exit_code == 0, result.output
-        [entry] = [e for e in store.trashed_contexts() if e.context == name]
-        store.restore_trashed(entry.trash_id)
+        [entry] = [e for e in states.trashed_contexts(store) if e.context == name]
+        states.restore_trashed(store, entry.trash_id)
         session = PersistentSession(store, ContextId.parse(f"cli:{'p' * size}"))
         session.add_message("user", "hello")
         session.save()
@@ -769,10 +770,10 @@ def test_a_store_in_the_unreleased_old_layout_opens(root: Path) -> None:
     (root / ".index" / "pins" / "cli" / "main").write_text("")
     with FsStore(root) as store:
         assert [h.context for h in store.list_contexts()] == ["cli:main"]
-        assert store.archived_contexts() == [] and store.trashed_contexts() == []
-        assert store.pinned_contexts() == frozenset()
-        assert store.archive_context(MAIN) is not None
-        assert [a.context for a in store.archived_contexts()] == ["cli:main"]
+        assert states.archived_contexts(store) == [] and states.trashed_contexts(store) == []
+        assert states.pinned_contexts(store) == frozenset()
+        assert states.archive_context(store, MAIN) is not None
+        assert [a.context for a in states.archived_contexts(store)] == ["cli:main"]
     assert invoke("fsck", "--storage-dir", str(root)).exit_code == 0
 
 
@@ -784,7 +785,7 @@ def test_terrarium_archive_names_a_context_only_a_legacy_file_holds(
     path = _legacy_file(root, "cli:old")
     result = invoke("archive", "cli:old", "--storage-dir", str(root))
     assert result.exit_code == 0, result.output
-    assert not path.exists() and store.is_archived(ContextId("cli", "old"))
+    assert not path.exists() and states.is_archived(store, ContextId("cli", "old"))
     refused = CliRunner().invoke(cli, ["archive", "cli:never", "--storage-dir", str(root)])
     assert refused.exit_code == 1 and "cli:never" in refused.output
 
@@ -797,22 +798,21 @@ def test_an_append_overtaken_by_archives_again_and_again_still_lands(root: Path)
     class Rearchived(FsStore):
         times = 5
 
-        def wake_session(self, session_id: Any) -> bool:
-            woken = super().wake_session(session_id)
+        def thaw_session(self, session_id: Any, **change: Any) -> None:
+            super().thaw_session(session_id, **change)  # the wake of a write
             if self.times:
                 self.times -= 1
                 with FsStore(root) as other:
-                    assert other.archive_context(MAIN) is not None
-            return woken
+                    assert states.archive_context(other, MAIN) is not None
 
     with FsStore(root) as setup:
         create_segment(setup, context=MAIN)
     with Rearchived(root) as store:
         head = store.get_head(MAIN)
         assert head is not None
-        assert store.archive_context(MAIN) is not None
+        assert states.archive_context(store, MAIN) is not None
         save_user_input(store, head, "landed")
-        assert store.times == 0 and not store.is_archived(MAIN)
+        assert store.times == 0 and not states.is_archived(store, MAIN)
         assert [m["content"] for m in restore(store, MAIN).history] == ["landed"]
 
 

@@ -26,7 +26,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from terrarium import FsStore, PodActiveSegmentRef, create_segment, fork, restore, save_user_input
+from terrarium import (
+    FsStore,
+    PodActiveSegmentRef,
+    create_segment,
+    fork,
+    restore,
+    save_user_input,
+    states,
+)
 from terrarium.cli import cli
 from terrarium.model import ContextId, TraceEntry
 
@@ -88,14 +96,14 @@ def _pristine(root: Path, start: str) -> tuple[list[Any], str]:
             save_user_input(store, ref, f"message {n} " * 20)
         store.append_trace(session_id, segment_id, [TraceEntry(TS, "chunk", {"n": 1})])
         fork(store, ref)
-        store.pin_context(MAIN)
+        states.pin_context(store, MAIN)
         create_segment(store, context="cli:other")
         history = restore(store, "cli:main").history
         if start in ("archived", "trashed-archived"):
-            store.archive_context(MAIN)
+            states.archive_context(store, MAIN)
         if start.startswith("trashed"):
-            store.delete_context(MAIN)
-            return history, store.trashed_contexts()[0].trash_id
+            states.delete_context(store, MAIN)
+            return history, states.trashed_contexts(store)[0].trash_id
     return history, ""
 
 
@@ -103,16 +111,16 @@ def _state(root: Path, history: list[Any]) -> str:
     """Where cli:main is (checking it is in one place only, readable whole)."""
     with FsStore(root) as store:
         hot = MAIN in {ContextId.parse(h.context) for h in store.list_contexts()}
-        archived = "cli:main" in {a.context for a in store.archived_contexts()}
-        trashed = [t for t in store.trashed_contexts() if t.context == "cli:main"]
+        archived = "cli:main" in {a.context for a in states.archived_contexts(store)}
+        trashed = [t for t in states.trashed_contexts(store) if t.context == "cli:main"]
         assert hot + archived + len(trashed) <= 1, (hot, archived, trashed)
-        assert store.is_archived(MAIN) == archived
+        assert states.is_archived(store, MAIN) == archived
         assert [h.context for h in store.list_contexts() if h.context != "cli:main"] == [
             "cli:other"
         ]
         if hot or archived:
             assert restore(store, "cli:main").history == history
-            assert store.pinned_contexts() == {"cli:main"}
+            assert states.pinned_contexts(store) == {"cli:main"}
             return "hot" if hot else "archived"
         assert store.get_head(MAIN) is None
         if trashed:

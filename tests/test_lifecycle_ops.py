@@ -1,9 +1,9 @@
-"""The lifecycle written once (:mod:`terrarium.stores.lifecycle`): moves that another process
+"""The lifecycle written once (:mod:`terrarium.states`): moves that another process
 overtakes between their steps end in one state.
 
-Each test interleaves a second move at one step of the first (on the reference store, which
-runs the same ``LifecycleOps`` as every backend); the multi-process race and kill tests run
-them for real on the persistent backends.
+Each test interleaves a second move at one step of the first (on the reference store: the
+moves are the same on every backend); the multi-process race and kill tests run them for real
+on the persistent backends.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from terrarium import ContextId, MemoryStore, create_segment, restore, sessions
+from terrarium import ContextId, MemoryStore, create_segment, restore, sessions, states
 from terrarium.model import SegmentId, SessionId
 
 MAIN = ContextId("cli", "main")
@@ -52,15 +52,15 @@ def seeded(store: MemoryStore) -> None:
 def test_a_delete_between_a_restores_two_steps_keeps_its_own_trash_entry() -> None:
     """Restored, then deleted again by another process before the restore dropped its mark:
     the new trash entry stays, sealed; the restore does not undo it."""
-    store = Interleaved("attach_context", lambda s: s.delete_context(MAIN))
+    store = Interleaved("attach_context", lambda s: states.delete_context(s, MAIN))
     seeded(store)
-    store.delete_context(MAIN)
-    (first,) = store.trashed_contexts()
-    store.restore_trashed(first.trash_id)
-    (second,) = store.trashed_contexts()
+    states.delete_context(store, MAIN)
+    (first,) = states.trashed_contexts(store)
+    states.restore_trashed(store, first.trash_id)
+    (second,) = states.trashed_contexts(store)
     assert second.trash_id != first.trash_id and store.get_head(MAIN) is None
-    assert store.unfinished_lifecycle() == []
-    store.restore_trashed(second.trash_id)
+    assert states.unfinished_lifecycle(store) == []
+    states.restore_trashed(store, second.trash_id)
     assert [m["content"] for m in restore(store, MAIN).history] == ["kept"]
 
 
@@ -70,8 +70,8 @@ def test_a_restore_between_a_purges_two_steps_wins() -> None:
     calls: list[bool] = []
     store = Interleaved("set_session_state", None)
     seeded(store)
-    store.delete_context(MAIN)
-    (entry,) = store.trashed_contexts()
+    states.delete_context(store, MAIN)
+    (entry,) = states.trashed_contexts(store)
 
     def overtake(s: MemoryStore) -> None:
         calls.append(True)
@@ -79,11 +79,13 @@ def test_a_restore_between_a_purges_two_steps_wins() -> None:
         s.attach_context(MAIN, record.session_id, SegmentId(record.state["trashed"]["segment_id"]))
 
     store.between = overtake
-    assert store.purge_trashed(entry.trash_id) is False
+    assert states.purge_trashed(store, entry.trash_id) is False
     assert calls == [True]
     assert store.get_head(MAIN) is not None
-    assert store.finish_lifecycle() == 1  # the restore's second step, as fsck --repair runs it
-    assert store.unfinished_lifecycle() == [] and store.trashed_contexts() == []
+    assert (
+        states.finish_lifecycle(store) == 1
+    )  # the restore's second step, as fsck --repair runs it
+    assert states.unfinished_lifecycle(store) == [] and states.trashed_contexts(store) == []
     assert [m["content"] for m in restore(store, MAIN).history] == ["kept"]
 
 
@@ -96,19 +98,19 @@ class PurgedAfterLookup(MemoryStore):
         head = super().get_head(context)
         if self.armed and head is not None:
             self.armed = False
-            self.purge_context(context)
+            states.purge_context(self, context)
         return head
 
 
 @pytest.mark.parametrize(
     ("move", "answer"),
     [
-        (lambda s: s.archive_context(MAIN), None),
-        (lambda s: s.unarchive_context(MAIN), False),
-        (lambda s: s.is_archived(MAIN), False),
-        (lambda s: s.delete_context(MAIN), False),
-        (lambda s: s.purge_context(MAIN), False),
-        (lambda s: s.pin_context(MAIN), False),
+        (lambda s: states.archive_context(s, MAIN), None),
+        (lambda s: states.unarchive_context(s, MAIN), False),
+        (lambda s: states.is_archived(s, MAIN), False),
+        (lambda s: states.delete_context(s, MAIN), False),
+        (lambda s: states.purge_context(s, MAIN), False),
+        (lambda s: states.pin_context(s, MAIN), False),
     ],
     ids=["archive", "unarchive", "is_archived", "delete", "purge", "pin"],
 )
@@ -122,4 +124,4 @@ def test_a_context_purged_between_its_head_and_its_record_is_simply_gone(
     seeded(store)
     store.armed = True
     assert move(store) == answer
-    assert store.get_head(MAIN) is None and store.trashed_contexts() == []
+    assert store.get_head(MAIN) is None and states.trashed_contexts(store) == []

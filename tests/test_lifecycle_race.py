@@ -22,9 +22,8 @@ import pytest
 
 from helpers.race_child import open_spec
 from pg import fresh_schema, pg_database  # noqa: F401  (the postgres store's database)
-from terrarium import ContextId, Store, contexts, create_segment, sessions
+from terrarium import ContextId, Store, contexts, create_segment, sessions, states
 from terrarium.stores.base import Lifecycle
-from terrarium.stores.lifecycle import LifecycleOps
 
 CHILD = Path(__file__).with_name("helpers") / "race_child.py"
 WORKERS = 4
@@ -94,12 +93,12 @@ def check(store: Store, records: list[dict[str, Any]]) -> None:
     ]
     assert errors == [], "\n".join(errors)
     purged = {r["purged"] for r in records if r.get("purged")}
-    trashed = Counter(e.context for e in store.trashed_contexts())
+    trashed = Counter(e.context for e in states.trashed_contexts(store))
     for name in STEADY + CHURN:
         live = store.get_head(ContextId.parse(name)) is not None
         assert live + trashed[name] <= 1, f"{name}: live {live}, {trashed[name]} trash entries"
-    for entry in store.trashed_contexts():  # every removal can be undone
-        store.restore_trashed(entry.trash_id)
+    for entry in states.trashed_contexts(store):  # every removal can be undone
+        states.restore_trashed(store, entry.trash_id)
     sent = {r["text"]: r["context"] for r in records if r["ok"] and r["op"] == "append"}
     for name in STEADY + CHURN:
         if store.get_head(ContextId.parse(name)) is None:
@@ -156,11 +155,11 @@ def test_deletes_at_once_keep_every_context_in_the_trash(
     assert [proc.wait(timeout=300) for proc in procs] == [0, 0]
     with open_spec(race_spec) as store:
         assert isinstance(store, Lifecycle)
-        trashed = Counter(e.context for e in store.trashed_contexts())
+        trashed = Counter(e.context for e in states.trashed_contexts(store))
         assert sorted(trashed) == sorted(names[0] + names[1])
         assert set(trashed.values()) == {1}
-        for entry in store.trashed_contexts():
-            store.restore_trashed(entry.trash_id)
+        for entry in states.trashed_contexts(store):
+            states.restore_trashed(store, entry.trash_id)
         for name in names[0] + names[1]:
             assert store.get_head(ContextId.parse(name)) is not None, name
 
@@ -189,11 +188,11 @@ def kill_rounds(spec: dict[str, Any], rounds: int) -> None:
             check_one_state(store, names)
     with open_spec(spec) as store:
         assert isinstance(store, Lifecycle)
-        for number, entry in enumerate(store.trashed_contexts()):
+        for number, entry in enumerate(states.trashed_contexts(store)):
             back = ContextId("restored", f"t{number}")
-            store.restore_trashed(entry.trash_id, as_context=back)
+            states.restore_trashed(store, entry.trash_id, as_context=back)
             assert len(sessions.restore(store, back).history) == entry.message_count
-            assert store.is_archived(back) == entry.archived
+            assert states.is_archived(store, back) == entry.archived
 
 
 def check_one_state(store: Store, names: list[str]) -> None:
@@ -201,11 +200,10 @@ def check_one_state(store: Store, names: list[str]) -> None:
     listing shows, once a store on the shared lifecycle has finished what a kill cut in two
     (a restore or a purge: ``finish_lifecycle``, as ``fsck --repair`` runs it)."""
     assert isinstance(store, Lifecycle)
-    if isinstance(store, LifecycleOps):
-        store.finish_lifecycle()
-        assert store.unfinished_lifecycle() == []
+    states.finish_lifecycle(store)
+    assert states.unfinished_lifecycle(store) == []
     hot = {c.context_id: c.message_count for c in contexts.list_contexts(store).rows}
-    cold = {a.context: a.message_count for a in store.archived_contexts()}
+    cold = {a.context: a.message_count for a in states.archived_contexts(store)}
     assert not set(hot) & set(cold), "a context is both hot and archived"
     for name in names:
         ctx = ContextId.parse(name)

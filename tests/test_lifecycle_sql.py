@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,10 @@ import pytest
 
 from helpers.history import add_context, places
 from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
+from terrarium import states
 from terrarium.errors import ContextExists, ContextNotFound, NotInTrash, SegmentNotFound
 from terrarium.model import ContextId, Item, TraceEntry
-from terrarium.search import scan
+from terrarium.search import scan, search
 from terrarium.sessions import (
     create_compacted_segment,
     fork_at,
@@ -115,10 +117,11 @@ def _observe(store: Any) -> dict[str, Any]:
     hot = {h.context: _texts(store, h.context) for h in store.list_contexts()}
     archived = {
         a.context: (a.date, a.message_count, a.pinned, _texts(store, a.context))
-        for a in store.archived_contexts()
+        for a in states.archived_contexts(store)
     }
     trash = [
-        (t.context, t.date, t.archived, t.message_count, t.pinned) for t in store.trashed_contexts()
+        (t.context, t.date, t.archived, t.message_count, t.pinned)
+        for t in states.trashed_contexts(store)
     ]
     found = {
         (hit.context, hit.seq)
@@ -128,60 +131,41 @@ def _observe(store: Any) -> dict[str, Any]:
         "hot": hot,
         "archived": archived,
         "trash": trash,
-        "pinned": store.pinned_contexts(),
+        "pinned": states.pinned_contexts(store),
         "heads": {c: store.get_head(ContextId.parse(c)) is not None for c in [*hot, *archived]},
         "found": found,
     }
 
 
 def _search(store: Any, query: SearchQuery) -> list[Any]:
-    if isinstance(store, MemoryStore):  # no index: scan the hot and the archived contexts
-        hits = scan(store, query)
-        for a in store.archived_contexts():
-            hits += scan(_Only(store, a.context), query)
-        return hits
-    found: list[Any] = store.search(query)
-    return found
-
-
-class _Only:
-    """One context of a MemoryStore, listed whatever its state (for the oracle's scan)."""
-
-    def __init__(self, store: MemoryStore, context: str) -> None:
-        self._store = store
-        self._context = context
-
-    def list_contexts(self, type: str | None = None) -> list[Any]:
-        head = self._store.get_head(ContextId.parse(self._context))
-        return [head]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
+    """Every hit, on every branch, hot and archived: the store's index and the archive's scan
+    (the MemoryStore oracle has no index: it scans both)."""
+    return search(store, replace(query, all_branches=True))
 
 
 def _script(store: Any) -> list[dict[str, Any]]:
     """A history of archives, writes, deletes, restores, pins and purges; what it showed."""
     seen = []
     _history(store)
-    assert store.pin_context(MAIN)
-    assert store.archive_context(MAIN) is not None
-    assert store.archive_context(ContextId.parse("game:run")) is not None
+    assert states.pin_context(store, MAIN)
+    assert states.archive_context(store, MAIN) is not None
+    assert states.archive_context(store, ContextId.parse("game:run")) is not None
     seen.append(_observe(store))
     save_user_input(store, store.get_head(ContextId.parse("game:run")), "awake again")
-    assert store.delete_context(MAIN)
-    assert store.delete_context(ContextId.parse("irc:#python"))
+    assert states.delete_context(store, MAIN)
+    assert states.delete_context(store, ContextId.parse("irc:#python"))
     seen.append(_observe(store))
     add_context(store, "cli:main", "a new main")
-    trash = {t.context: t.trash_id for t in store.trashed_contexts()}
+    trash = {t.context: t.trash_id for t in states.trashed_contexts(store)}
     with pytest.raises(ContextExists):
-        store.restore_trashed(trash["cli:main"])
-    store.restore_trashed(trash["cli:main"], as_context=ContextId.parse("cli:old"))
-    store.restore_trashed(trash["irc:#python"])
+        states.restore_trashed(store, trash["cli:main"])
+    states.restore_trashed(store, trash["cli:main"], as_context=ContextId.parse("cli:old"))
+    states.restore_trashed(store, trash["irc:#python"])
     seen.append(_observe(store))
-    assert store.purge_context(ContextId.parse("cli:old"))
-    assert store.delete_context(ContextId.parse("game:run"))
-    (entry,) = store.trashed_contexts()
-    assert store.purge_trashed(entry.trash_id)
+    assert states.purge_context(store, ContextId.parse("cli:old"))
+    assert states.delete_context(store, ContextId.parse("game:run"))
+    (entry,) = states.trashed_contexts(store)
+    assert states.purge_trashed(store, entry.trash_id)
     seen.append(_observe(store))
     return seen
 
@@ -206,7 +190,7 @@ def test_archived_context_leaves_the_hot_tables_and_comes_back_whole(store: Any)
     trace = store.read_trace(head.session_id, head.segment_id)
     summary = {s.context: s for s in store.list_contexts_fast()}["cli:main"]
     hot = {table: _rows(store, table, head.session_id) for table in HOT}
-    archived = store.archive_context(MAIN)
+    archived = states.archive_context(store, MAIN)
     assert archived is not None
     assert (archived.context, archived.message_count) == ("cli:main", summary.message_count)
     assert archived.last_active == summary.last_active
@@ -217,7 +201,7 @@ def test_archived_context_leaves_the_hot_tables_and_comes_back_whole(store: Any)
     assert [h.context for h in store.list_contexts()] == ["game:run", "irc:#python"]
     assert [s.context for s in store.list_contexts_fast()] == ["game:run", "irc:#python"]
     assert {h.context for h in store.search(SearchQuery("capybara"))} == {"irc:#python"}
-    assert store.get_head(MAIN) == head and store.is_archived(MAIN)
+    assert store.get_head(MAIN) == head and states.is_archived(store, MAIN)
     assert store.list_segments(head.session_id) == segments
     for g in segments:
         assert store.read_segment(head.session_id, g) == reads[g]
@@ -226,8 +210,8 @@ def test_archived_context_leaves_the_hot_tables_and_comes_back_whole(store: Any)
         assert stop.entries == reads[g].entries[:1]
     assert store.read_trace(head.session_id, head.segment_id) == trace
     assert restore(store, "cli:main").history == before.history
-    assert store.is_archived(MAIN), "a read must not unarchive"
-    assert store.unarchive_context(MAIN) and not store.unarchive_context(MAIN)
+    assert states.is_archived(store, MAIN), "a read must not unarchive"
+    assert states.unarchive_context(store, MAIN) and not states.unarchive_context(store, MAIN)
     assert {s.context: s for s in store.list_contexts_fast()}["cli:main"] == summary
     assert {table: _rows(store, table, head.session_id) for table in HOT} == hot
     assert {table: _rows(store, table, head.session_id) for table in COLD} == dict.fromkeys(COLD, 0)
@@ -239,19 +223,20 @@ def test_archived_context_leaves_the_hot_tables_and_comes_back_whole(store: Any)
 
 
 def test_search_reads_the_archive_only_when_asked(store: Any) -> None:
-    """``SearchQuery.archived`` adds hits from archived contexts, with the usual filters;
-    without it they are left out."""
+    """``SearchQuery.archived`` adds hits from archived contexts (:func:`terrarium.search.search`
+    scans them beside the store's index), with the usual filters; without it they are left
+    out."""
     _history(store)
-    assert store.archive_context(MAIN) is not None
-    assert {h.context for h in store.search(SearchQuery("capybara"))} == {"irc:#python"}
-    both = store.search(SearchQuery("capybara", archived=True))
+    assert states.archive_context(store, MAIN) is not None
+    assert {h.context for h in search(store, SearchQuery("capybara"))} == {"irc:#python"}
+    both = search(store, SearchQuery("capybara", archived=True))
     assert {h.context for h in both} == {"cli:main", "irc:#python"}
     assert all(h.snippet for h in both)
-    only = store.search(SearchQuery("capybara", archived=True, context="cli:main"))
+    only = search(store, SearchQuery("capybara", archived=True, context="cli:main"))
     assert {h.context for h in only} == {"cli:main"}
-    typed = store.search(SearchQuery("capybara", archived=True, type="irc"))
+    typed = search(store, SearchQuery("capybara", archived=True, type="irc"))
     assert {h.context for h in typed} == {"irc:#python"}
-    assert len(store.search(SearchQuery("capybara", archived=True, limit=1))) == 1
+    assert len(search(store, SearchQuery("capybara", archived=True, limit=1))) == 1
 
 
 @pytest.mark.parametrize("write", ["append", "append_many", "create_segment", "set_head", "trace"])
@@ -261,7 +246,7 @@ def test_every_write_to_an_archived_context_unarchives_it_first(store: Any, writ
     found again."""
     head = add_context(store, "cli:main", "capybara one", "capybara two")
     s, g = head.session_id, head.segment_id
-    assert store.archive_context(MAIN) is not None
+    assert states.archive_context(store, MAIN) is not None
     entry = NewEntry("item", TS, {"item": Item.user("capybara three")})
     if write == "append":
         assert store.append(s, g, [entry], expected_seq=3) == 3
@@ -278,7 +263,7 @@ def test_every_write_to_an_archived_context_unarchives_it_first(store: Any, writ
     else:
         store.append_trace(s, g, [TraceEntry(TS, "delta", {"n": 1})])
         assert len(store.read_trace(s, g)) == 1
-    assert not store.is_archived(MAIN)
+    assert not states.is_archived(store, MAIN)
     assert [c.context for c in store.list_contexts()] == ["cli:main"]
     assert _texts(store, "cli:main")[:2] == ["capybara one", "capybara two"]
     assert len(store.search(SearchQuery("capybara"))) >= 2
@@ -292,8 +277,8 @@ def test_writes_to_a_trashed_context_fail_and_change_nothing(store: Any) -> None
     head = add_context(store, "cli:main", "capybara")
     s, g = head.session_id, head.segment_id
     before_read = store.read_segment(s, g)
-    assert store.delete_context(MAIN)
-    (before,) = store.trashed_contexts()
+    assert states.delete_context(store, MAIN)
+    (before,) = states.trashed_contexts(store)
     record = store.session_state(s)
     assert "cold" in record and store.session_owner(s) is None
     entry = NewEntry("item", TS, {"item": Item.user("x")})
@@ -310,9 +295,9 @@ def test_writes_to_a_trashed_context_fail_and_change_nothing(store: Any) -> None
     assert store.read_segment(s, g) == before_read
     assert store.list_segments(s) == [g] and store.next_seq(s, g) == before_read.next_seq
     assert store.read_trace(s, g) == []
-    assert store.trashed_contexts() == [before] and store.session_state(s) == record
+    assert states.trashed_contexts(store) == [before] and store.session_state(s) == record
     assert _rows(store, "archived_segments", s) == 1 and _rows(store, "segments", s) == 0
-    assert store.get_head(MAIN) is None and not store.is_archived(MAIN)
+    assert store.get_head(MAIN) is None and not states.is_archived(store, MAIN)
     add_context(store, "cli:main", "new")
     assert _texts(store, "cli:main") == ["new"]
 
@@ -322,29 +307,29 @@ def test_trash_keeps_state_and_pin_and_restore_checks_the_id(store: Any) -> None
     and pinned (under another id if asked); restoring onto a used id (hot or archived) is
     refused, an unknown trash id is NotInTrash."""
     add_context(store, "cli:main", "capybara")
-    assert store.pin_context(MAIN)
-    assert store.archive_context(MAIN) is not None
+    assert states.pin_context(store, MAIN)
+    assert states.archive_context(store, MAIN) is not None
     with pytest.raises(ContextExists):
         add_context(store, "cli:main", "taken while archived")
-    assert store.delete_context(MAIN)
-    assert store.pinned_contexts() == frozenset()
-    (trashed,) = store.trashed_contexts()
+    assert states.delete_context(store, MAIN)
+    assert states.pinned_contexts(store) == frozenset()
+    (trashed,) = states.trashed_contexts(store)
     assert (trashed.context, trashed.archived, trashed.pinned) == ("cli:main", True, True)
     add_context(store, "cli:other")
-    assert store.archive_context(ContextId.parse("cli:other")) is not None
+    assert states.archive_context(store, ContextId.parse("cli:other")) is not None
     with pytest.raises(ContextExists):
-        store.restore_trashed(trashed.trash_id, as_context=ContextId.parse("cli:other"))
+        states.restore_trashed(store, trashed.trash_id, as_context=ContextId.parse("cli:other"))
     with pytest.raises(NotInTrash):
-        store.restore_trashed("no-such-trash-id")
-    head = store.restore_trashed(trashed.trash_id, as_context=ContextId.parse("web:back"))
+        states.restore_trashed(store, "no-such-trash-id")
+    head = states.restore_trashed(store, trashed.trash_id, as_context=ContextId.parse("web:back"))
     assert head.context == "web:back"
-    assert store.is_archived(ContextId.parse("web:back"))
-    assert store.pinned_contexts() == {"web:back"}
-    assert [a.context for a in store.archived_contexts(type="web")] == ["web:back"]
-    assert store.archived_contexts(type="web")[0].pinned
+    assert states.is_archived(store, ContextId.parse("web:back"))
+    assert states.pinned_contexts(store) == {"web:back"}
+    assert [a.context for a in states.archived_contexts(store, type="web")] == ["web:back"]
+    assert states.archived_contexts(store, type="web")[0].pinned
     assert _texts(store, "web:back") == ["capybara"]
-    assert store.trashed_contexts() == []
-    assert not store.purge_trashed(trashed.trash_id)
+    assert states.trashed_contexts(store) == []
+    assert not states.purge_trashed(store, trashed.trash_id)
 
 
 def test_purge_removes_every_row_of_the_session(store: Any) -> None:
@@ -354,31 +339,31 @@ def test_purge_removes_every_row_of_the_session(store: Any) -> None:
     sessions = []
     for name in ("cli:hot", "cli:cold", "cli:bin"):
         head = add_context(store, name, "capybara")
-        store.pin_context(ContextId.parse(name))
+        states.pin_context(store, ContextId.parse(name))
         sessions.append(head.session_id)
-    assert store.archive_context(ContextId.parse("cli:cold")) is not None
-    assert store.delete_context(ContextId.parse("cli:bin"))
+    assert states.archive_context(store, ContextId.parse("cli:cold")) is not None
+    assert states.delete_context(store, ContextId.parse("cli:bin"))
     for session in sessions:
         assert _rows(store, "sessions", session) == 1
         assert store.session_state(session)["pinned"] is True
-    assert store.purge_context(ContextId.parse("cli:hot"))
-    assert store.purge_context(ContextId.parse("cli:cold"))
-    assert not store.purge_context(ContextId.parse("cli:bin")), "a trashed id is free"
-    assert store.purge_trashed(store.trashed_contexts()[0].trash_id)
+    assert states.purge_context(store, ContextId.parse("cli:hot"))
+    assert states.purge_context(store, ContextId.parse("cli:cold"))
+    assert not states.purge_context(store, ContextId.parse("cli:bin")), "a trashed id is free"
+    assert states.purge_trashed(store, states.trashed_contexts(store)[0].trash_id)
     for session in sessions:
         for table in (*HOT, *COLD, "sessions"):
             assert _rows(store, table, session) == 0, table
-    assert store.list_contexts() == [] and store.archived_contexts() == []
-    assert store.pinned_contexts() == frozenset() and store.trashed_contexts() == []
+    assert store.list_contexts() == [] and states.archived_contexts(store) == []
+    assert states.pinned_contexts(store) == frozenset() and states.trashed_contexts(store) == []
 
 
 def test_state_survives_reopening(store: Any, request: pytest.FixtureRequest) -> None:
     """Archive, trash and pins are in the database: another store on it sees them."""
     add_context(store, "cli:main", "capybara")
     add_context(store, "cli:gone", "capybara")
-    store.pin_context(MAIN)
-    store.archive_context(MAIN)
-    store.delete_context(ContextId.parse("cli:gone"))
+    states.pin_context(store, MAIN)
+    states.archive_context(store, MAIN)
+    states.delete_context(store, ContextId.parse("cli:gone"))
     if isinstance(store, SqliteStore):
         other: Any = SqliteStore(store.path)
     else:
@@ -386,8 +371,8 @@ def test_state_survives_reopening(store: Any, request: pytest.FixtureRequest) ->
 
         other = PostgresStore(store._dsn, schema=store.schema)
     with other:
-        assert other.is_archived(MAIN) and other.pinned_contexts() == {"cli:main"}
-        assert [t.context for t in other.trashed_contexts()] == ["cli:gone"]
+        assert states.is_archived(other, MAIN) and states.pinned_contexts(other) == {"cli:main"}
+        assert [t.context for t in states.trashed_contexts(other)] == ["cli:gone"]
         assert _texts(other, "cli:main") == ["capybara"]
 
 
@@ -412,8 +397,8 @@ def test_appends_racing_an_archive_lose_nothing(store: Any) -> None:
         writer.start()
     try:
         for _ in range(15):
-            store.archive_context(MAIN)
-            store.unarchive_context(MAIN)
+            states.archive_context(store, MAIN)
+            states.unarchive_context(store, MAIN)
     finally:
         stop.set()
         for writer in writers:
@@ -431,6 +416,7 @@ def test_appends_racing_an_archive_lose_nothing(store: Any) -> None:
 
 _CHILD = r"""
 import json, random, sys
+from terrarium import states
 from terrarium.model import ContextId, Item
 from terrarium.sessions import create_segment, save_delta
 from terrarium.stores.sqlite import SqliteStore
@@ -441,8 +427,8 @@ store = SqliteStore(path)
 while True:
     name = rng.choice(names)
     ctx = ContextId.parse(name)
-    trash = [t for t in store.trashed_contexts() if t.context == name]
-    if store.is_archived(ctx):
+    trash = [t for t in states.trashed_contexts(store) if t.context == name]
+    if states.is_archived(store, ctx):
         op = rng.choice(["unarchive", "delete", "purge", "append", "pin"])
     elif store.get_head(ctx) is not None:
         op = rng.choice(["archive", "archive", "delete", "purge", "append", "pin"])
@@ -457,17 +443,17 @@ while True:
     elif op == "append":
         save_delta(store, store.get_head(ctx), [Item.user(f"{name} more")])
     elif op == "archive":
-        store.archive_context(ctx)
+        states.archive_context(store, ctx)
     elif op == "unarchive":
-        store.unarchive_context(ctx)
+        states.unarchive_context(store, ctx)
     elif op == "delete":
-        store.delete_context(ctx)
+        states.delete_context(store, ctx)
     elif op == "purge":
-        store.purge_context(ctx)
+        states.purge_context(store, ctx)
     elif op == "pin":
-        store.pin_context(ctx, rng.random() < 0.5)
+        states.pin_context(store, ctx, rng.random() < 0.5)
     else:
-        store.restore_trashed(trash[0].trash_id)
+        states.restore_trashed(store, trash[0].trash_id)
     print(json.dumps({"op": op, "context": name}), flush=True)
 """
 
@@ -493,16 +479,16 @@ def _check_states(path: Path, names: list[str]) -> None:
     assert (both, headless) == (0, 0)
     _fts_sound(path)  # as the kill left them, staged items and all
     with SqliteStore(path) as store:
-        unfinished = store.unfinished_lifecycle()
-        assert store.finish_lifecycle() == len(unfinished)
-        assert store.unfinished_lifecycle() == []
+        unfinished = states.unfinished_lifecycle(store)
+        assert states.finish_lifecycle(store) == len(unfinished)
+        assert states.unfinished_lifecycle(store) == []
         query = SearchQuery("more", limit=1000)
         assert places(store.search(query)) == places(scan(store, query))
         _fts_sound(path)
         hot = {s.context: s.message_count for s in store.list_contexts_fast()}
-        cold = {a.context: a.message_count for a in store.archived_contexts()}
+        cold = {a.context: a.message_count for a in states.archived_contexts(store)}
         assert not set(hot) & set(cold), "a context is both hot and archived"
-        assert store.pinned_contexts() <= set(hot) | set(cold)
+        assert states.pinned_contexts(store) <= set(hot) | set(cold)
         for name in names:
             ctx = ContextId.parse(name)
             state = restore(store, ctx) if store.get_head(ctx) is not None else None
@@ -527,11 +513,11 @@ def _fts_sound(path: Path) -> None:
 def _check_trash(path: Path) -> None:
     """Every trash entry restores whole, in the state it was deleted in."""
     with SqliteStore(path) as store:
-        for number, entry in enumerate(store.trashed_contexts()):
+        for number, entry in enumerate(states.trashed_contexts(store)):
             back = ContextId("trash", f"t{number}")
-            store.restore_trashed(entry.trash_id, as_context=back)
+            states.restore_trashed(store, entry.trash_id, as_context=back)
             assert len(restore(store, back).history) == entry.message_count
-            assert store.is_archived(back) == entry.archived
+            assert states.is_archived(store, back) == entry.archived
 
 
 def _kill_rounds(tmp_path: Path, rounds: int) -> None:
@@ -589,7 +575,7 @@ def test_delete_or_purge_waiting_on_a_wake_finds_the_context_hot(
 
     with PostgresStore(pg_database, schema=fresh_schema()) as store:
         head = add_context(store, "cli:main", "capybara")
-        assert store.archive_context(MAIN) is not None
+        assert states.archive_context(store, MAIN) is not None
         waker = psycopg.connect(pg_database, autocommit=True)
         try:
             waker.execute(f"SET search_path TO {store.schema}")
@@ -600,8 +586,8 @@ def test_delete_or_purge_waiting_on_a_wake_finds_the_context_hot(
             waker.execute("UPDATE sessions SET state = NULL WHERE session_id = %s", (s,))
             (pid,) = waker.execute("SELECT pg_backend_pid()").fetchone()
             outcome: list[bool] = []
-            act = store.delete_context if change == "delete" else store.purge_context
-            thread = threading.Thread(target=lambda: outcome.append(act(MAIN)))
+            act = states.delete_context if change == "delete" else states.purge_context
+            thread = threading.Thread(target=lambda: outcome.append(act(store, MAIN)))
             thread.start()
             while not waker.execute(
                 "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid <> %s", (pid,)
@@ -613,7 +599,7 @@ def test_delete_or_purge_waiting_on_a_wake_finds_the_context_hot(
             waker.close()
         assert outcome == [True]
         assert store.get_head(MAIN) is None and store.list_contexts() == []
-        trashed = store.trashed_contexts()
+        trashed = states.trashed_contexts(store)
         if change == "delete":
             assert [(t.context, t.archived) for t in trashed] == [("cli:main", False)]
         else:

@@ -1,6 +1,6 @@
 """SIGKILL at every step of every lifecycle move, on every persistent backend.
 
-Lifecycle is written once (:class:`terrarium.stores.lifecycle.LifecycleOps`) as a few calls of
+Lifecycle is written once (:mod:`terrarium.states`) as a few calls of
 the stores' primitives, each atomic. A process is killed just before and just after each of
 those calls in turn (``tests/helpers/steps_child.py``), for archive, unarchive, a write that
 wakes an archived context, delete (hot and archived), restore (into the hot store and into the
@@ -23,7 +23,7 @@ import pytest
 
 from helpers.race_child import open_spec
 from pg import fresh_schema, pg_database  # noqa: F401  (the postgres store's database)
-from terrarium import ContextId, create_segment, sessions
+from terrarium import ContextId, create_segment, sessions, states
 from terrarium.stores.base import Lifecycle, Store
 
 CHILD = Path(__file__).with_name("helpers") / "steps_child.py"
@@ -60,18 +60,18 @@ def prepare(store: Any, name: str, start: str) -> str | None:
     for text in TEXTS:
         head = store.get_head(ctx)
         sessions.save_user_input(store, head, f"{name} {text}")
-    store.pin_context(ctx)
+    states.pin_context(store, ctx)
     if start in ("archived", "trash_archived"):
-        assert store.archive_context(ctx) is not None
+        assert states.archive_context(store, ctx) is not None
     if start.startswith("trash"):
-        assert store.delete_context(ctx)
+        assert states.delete_context(store, ctx)
         return str(entry_of(store, name).trash_id)
     return None
 
 
 def entry_of(store: Any, name: str) -> Any:
     """The context's one trash entry, or None (two is a failure)."""
-    entries = [e for e in store.trashed_contexts() if e.context == name]
+    entries = [e for e in states.trashed_contexts(store) if e.context == name]
     assert len(entries) <= 1, f"{name} is in the trash {len(entries)} times"
     return entries[0] if entries else None
 
@@ -81,7 +81,7 @@ def place_of(store: Any, name: str) -> str:
     ctx = ContextId.parse(name)
     live = store.get_head(ctx) is not None
     listed = name in {h.context for h in store.list_contexts()}
-    archived = name in {a.context for a in store.archived_contexts()}
+    archived = name in {a.context for a in states.archived_contexts(store)}
     entry = entry_of(store, name)
     assert not (live and entry), f"{name} is live and in the trash"
     assert listed != archived or not live, f"{name}: listed {listed}, archived {archived}"
@@ -103,21 +103,21 @@ def finish(store: Any, move: str, name: str, trash_id: str | None) -> None:
     ctx = ContextId.parse(name)
     place = place_of(store, name)
     if move == "archive" and place == "hot":
-        store.archive_context(ctx)
+        states.archive_context(store, ctx)
     elif move == "unarchive" and place == "archived":
-        store.unarchive_context(ctx)
+        states.unarchive_context(store, ctx)
     elif move == "wake" and len(texts(store, name)) == 3:
         sessions.save_user_input(store, store.get_head(ctx), f"{ctx} woken")
     elif move.startswith("delete") and place in ("hot", "archived"):
-        store.delete_context(ctx)
+        states.delete_context(store, ctx)
     elif move.startswith("restore") and place.startswith("trash"):
-        store.restore_trashed(entry_of(store, name).trash_id)
+        states.restore_trashed(store, entry_of(store, name).trash_id)
     elif move == "purge_trashed" and place.startswith("trash"):
-        store.purge_trashed(trash_id)
+        states.purge_trashed(store, trash_id)
     elif move == "purge_context" and place != "gone":
-        store.purge_context(ctx)
+        states.purge_context(store, ctx)
     elif move == "pin":
-        store.pin_context(ctx)
+        states.pin_context(store, ctx)
 
 
 def check_end(store: Any, move: str, name: str) -> None:
@@ -135,7 +135,7 @@ def check_end(store: Any, move: str, name: str) -> None:
     if move == "wake":
         expected.append(f"{name} woken")
     assert texts(store, name) == expected
-    assert name in store.pinned_contexts()
+    assert name in states.pinned_contexts(store)
 
 
 @pytest.fixture
@@ -179,11 +179,11 @@ def test_a_move_killed_at_any_step_is_completed_by_repair_and_a_rerun(
         answer = ask(child, {**spec, "op": op, "context": name, "trash_id": trash_id, "kill": kill})
         with open_spec(spec) as store:
             assert answer["killed"] or answer["error"] == "", answer
-            store.finish_lifecycle()  # type: ignore[attr-defined]
+            states.finish_lifecycle(store)
             place_of(store, name)
             finish(store, move, name, trash_id)
             check_end(store, move, name)
-            assert store.unfinished_lifecycle() == []  # type: ignore[attr-defined]
+            assert states.unfinished_lifecycle(store) == []
         if not answer["killed"]:
             assert answer["steps"] * 2 == kill - 1, answer
             break

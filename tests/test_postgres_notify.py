@@ -14,6 +14,7 @@ import pytest
 
 from helpers.web import head, seed, turn
 from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
+from terrarium import states
 from terrarium.model import ContextId
 from terrarium.sessions import save_user_input
 from terrarium.stores.base import Notifying
@@ -45,7 +46,7 @@ def test_a_write_from_another_connection_wakes_the_feed(
         ref = head(writer, "cli:main")
         save_user_input(writer, ref, "are you there?")
         assert feed.wait(30) == f"session:{ref.session_id}"
-        writer.delete_context(ContextId.parse("irc:#python"))
+        states.delete_context(writer, ContextId.parse("irc:#python"))
         assert feed.wait(30) == "context:irc:#python"
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
+from terrarium import states
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -543,15 +544,15 @@ def test_delete_racing_appends_leaves_no_orphans(
     for writer in writers:
         writer.start()
     started.wait()
-    assert store.delete_context(MAIN)
+    assert states.delete_context(store, MAIN)
     for writer in writers:
         writer.join()
     assert [type(exc) for exc in outcome] == [SegmentNotFound] * 3
     for table in ("entries", "segments", "traces", "search_docs", "contexts"):
         count = sql.execute(f"SELECT count(*) FROM {table} WHERE session_id = %s", (session_id,))
         assert count.fetchone() == (0,), table
-    (trashed,) = store.trashed_contexts()
-    assert store.purge_trashed(trashed.trash_id)
+    (trashed,) = states.trashed_contexts(store)
+    assert states.purge_trashed(store, trashed.trash_id)
     for table in ("sessions", "archived_contexts", "archived_segments"):
         count = sql.execute(f"SELECT count(*) FROM {table} WHERE session_id = %s", (session_id,))
         assert count.fetchone() == (0,), table

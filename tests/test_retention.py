@@ -19,7 +19,7 @@ import pytest
 
 from fakeserver import FakeServer
 from helpers.history import add_context
-from terrarium import FsStore, MemoryStore
+from terrarium import FsStore, MemoryStore, states
 from terrarium.agent.multi_context_manager import MultiContextManager
 from terrarium.errors import ContextNotFound, InvalidRetention
 from terrarium.lifecycle import (
@@ -175,8 +175,8 @@ def old_store() -> MemoryStore:
     store = MemoryStore()
     for name in ("cli:a", "cli:b", "irc:c", "cli:gone"):
         add_context(store, name, f"hello from {name}")
-    store.pin_context(ContextId.parse("cli:b"))
-    store.delete_context(ContextId.parse("cli:gone"))
+    states.pin_context(store, ContextId.parse("cli:b"))
+    states.delete_context(store, ContextId.parse("cli:gone"))
     return store
 
 
@@ -191,7 +191,7 @@ def test_without_a_policy_nothing_moves() -> None:
     store = old_store()
     report = Maintenance(store, clock=clock(LATER)).run()
     assert report.policy is None and not report.changed
-    assert store.archived_contexts() == [] and len(store.trashed_contexts()) == 1
+    assert states.archived_contexts(store) == [] and len(states.trashed_contexts(store)) == 1
     assert MaintenanceLog.of(store).records() == []
 
 
@@ -202,7 +202,7 @@ def test_a_dry_run_says_what_would_move_and_moves_nothing() -> None:
     assert report.to_archive.skipped_pinned == ["cli:b"]
     assert [e.context for e in report.to_purge] == ["cli:gone"]
     assert report.changed and report.bytes_saved > 0
-    assert store.archived_contexts() == [] and len(store.trashed_contexts()) == 1
+    assert states.archived_contexts(store) == [] and len(states.trashed_contexts(store)) == 1
     assert MaintenanceLog.of(store).records() == []
 
 
@@ -213,8 +213,8 @@ def test_a_run_applies_the_policy_per_type_and_logs_every_removal() -> None:
     report = Maintenance(store, policy=POLICY, clock=clock(LATER)).run()
     assert [a.context for a in report.archived] == ["cli:a"]
     assert [e.context for e in report.purged] == ["cli:gone"]
-    assert [a.context for a in store.archived_contexts()] == ["cli:a"]
-    assert store.trashed_contexts() == []
+    assert [a.context for a in states.archived_contexts(store)] == ["cli:a"]
+    assert states.trashed_contexts(store) == []
     records = MaintenanceLog.of(store).records()
     assert [(r["action"], r.get("context")) for r in records] == [
         ("archive", "cli:a"),
@@ -227,13 +227,13 @@ def test_a_run_applies_the_policy_per_type_and_logs_every_removal() -> None:
 def test_a_young_context_and_a_pinned_trash_entry_stay() -> None:
     store = old_store()
     add_context(store, "cli:pinned-trash", "x")
-    store.pin_context(ContextId.parse("cli:pinned-trash"))
-    store.delete_context(ContextId.parse("cli:pinned-trash"))
+    states.pin_context(store, ContextId.parse("cli:pinned-trash"))
+    states.delete_context(store, ContextId.parse("cli:pinned-trash"))
     report = Maintenance(store, policy=POLICY).run()  # now: everything is young
     assert report.archived == [] and report.purged == []
     purged = Maintenance(store, policy=POLICY, clock=clock(LATER)).run().purged
     assert [e.context for e in purged] == ["cli:gone"]
-    assert [e.context for e in store.trashed_contexts()] == ["cli:pinned-trash"]
+    assert [e.context for e in states.trashed_contexts(store)] == ["cli:pinned-trash"]
     named = plan_trash_purge(store, targets=["cli:pinned-trash"])
     assert [e.context for e in named] == ["cli:pinned-trash"]
 
@@ -291,9 +291,9 @@ def test_the_manager_maintains_in_the_background_and_stops_on_close(
             reply = await manager.process_with_context("cli:new", "hi")
             assert reply == "echo: hi"
             assert await asyncio.to_thread(ran.wait, 60)
-            assert store.is_archived(ContextId.parse("cli:a"))
+            assert states.is_archived(store, ContextId.parse("cli:a"))
             assert (await manager.process_with_context("cli:a", "back?")).endswith("back?")
-            assert not store.is_archived(ContextId.parse("cli:a"))
+            assert not states.is_archived(store, ContextId.parse("cli:a"))
             worker = manager._maintenance
             assert worker is not None and worker.runs == 1
         finally:
@@ -315,7 +315,7 @@ def test_maintain_true_without_a_policy_moves_nothing(fake_server: FakeServer) -
         assert not worker.alive
 
     asyncio.run(main())
-    assert store.archived_contexts() == [] and len(store.trashed_contexts()) == 1
+    assert states.archived_contexts(store) == [] and len(states.trashed_contexts(store)) == 1
 
 
 def test_the_manager_delete_keeps_its_seed_meaning_and_goes_to_the_trash(
@@ -338,8 +338,8 @@ def test_the_manager_delete_keeps_its_seed_meaning_and_goes_to_the_trash(
             await manager.aclose()
 
     asyncio.run(main())
-    entry = next(e for e in store.trashed_contexts() if e.context == "cli:a")
-    store.restore_trashed(entry.trash_id)
+    entry = next(e for e in states.trashed_contexts(store) if e.context == "cli:a")
+    states.restore_trashed(store, entry.trash_id)
     assert store.get_head(ContextId.parse("cli:a")) is not None
     (record,) = [r for r in MaintenanceLog.of(store).records() if r.get("context") == "cli:a"]
     assert record["why"] == "MultiContextManager.delete_context"

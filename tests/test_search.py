@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers.history import QUERY_SYNTAX, add_context, snippets, user_item
-from terrarium import FsStore, codec
+from terrarium import FsStore, codec, states
 from terrarium import text as text_module
 from terrarium.model import ContextId, new_segment_id, new_session_id
 from terrarium.sessions import create_segment_with_ids, save_user_input
@@ -262,7 +262,7 @@ def test_deleting_a_context_leaves_the_fts5_tables_sound(store: FsStore) -> None
     add_context(store, "cli:a", "zeta kept")
     add_context(store, "cli:b", "zeta gone", "zeta gone too")
     store.search(SearchQuery("zeta"))  # indexes both
-    store.delete_context(ContextId("cli", "b"))
+    states.delete_context(store, ContextId("cli", "b"))
     add_context(store, "cli:b", "zeta reborn")  # same folder name, a new session
     store.search(SearchQuery("zeta"))
     _integrity(store)
@@ -331,7 +331,7 @@ def test_common_words_are_ranked_among_recent_matches(
         assert int(recent[0]) <= 2 * 8
     finally:
         conn.close()
-    store.delete_context(ContextId("cli", "c5"))
+    states.delete_context(store, ContextId("cli", "c5"))
     assert len(store.search(SearchQuery("lambda", limit=30))) == 25
     _integrity(store)
 

@@ -33,6 +33,7 @@ from terrarium import (
     new_session_id,
     read_entries,
     restore,
+    states,
 )
 from terrarium.agent import MultiContextManager
 from terrarium.agent import PersistentSession as AgentPersistentSession
@@ -513,7 +514,7 @@ def test_a_deleted_context_is_an_error_not_a_silent_recreate(store: Store) -> No
     """A saved session whose context was deleted refuses further messages."""
     session = PersistentSession(store, CONTEXT)
     session.add_message("user", "x")
-    store.delete_context(ContextId.parse(CONTEXT))
+    states.delete_context(store, ContextId.parse(CONTEXT))
     with pytest.raises(ContextNotFound, match="was deleted"):
         session.add_message("user", "y")
     assert store.get_head(ContextId.parse(CONTEXT)) is None

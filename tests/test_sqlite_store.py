@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from helpers.history import add_context, build_history, places, snippets
-from terrarium import codec
+from terrarium import codec, states
 from terrarium.errors import ConflictError, SegmentNotFound, StoreError
 from terrarium.model import ContextId
 from terrarium.search import scan
@@ -326,7 +326,7 @@ def test_delete_racing_appends_leaves_no_orphans(store: SqliteStore, db: Path) -
     for writer in writers:
         writer.start()
     started.wait()
-    assert store.delete_context(MAIN)
+    assert states.delete_context(store, MAIN)
     for writer in writers:
         writer.join()
     assert [type(exc) for exc in outcome] == [SegmentNotFound] * 3
@@ -335,8 +335,8 @@ def test_delete_racing_appends_leaves_no_orphans(store: SqliteStore, db: Path) -
         assert rows == [(0,)], table
     orphans = "SELECT count(*) FROM entries WHERE seg NOT IN (SELECT id FROM segments)"
     assert _raw(db, orphans) == [(0,)]
-    (trashed,) = store.trashed_contexts()
-    assert store.purge_trashed(trashed.trash_id)
+    (trashed,) = states.trashed_contexts(store)
+    assert states.purge_trashed(store, trashed.trash_id)
     for table in ("sessions", "archived_contexts", "archived_segments"):
         rows = _raw(db, f"SELECT count(*) FROM {table} WHERE session_id = ?", str(session_id))
         assert rows == [(0,)], table
@@ -361,7 +361,7 @@ def test_an_append_to_a_purged_segment_never_lands_in_a_new_one(db: Path) -> Non
     with SqliteStore(db) as mine, SqliteStore(db) as other:
         head = add_context(mine, "cli:gone", "one")
         mine.append(head.session_id, head.segment_id, [_entry("two")])  # next: seq 3
-        assert other.purge_context(ContextId("cli", "gone"))
+        assert states.purge_context(other, ContextId("cli", "gone"))
         new = add_context(other, "cli:new", "x", "y")  # seqs 0, 1, 2
         with pytest.raises(SegmentNotFound):
             mine.append(head.session_id, head.segment_id, [_entry("three")])
@@ -395,9 +395,9 @@ def test_an_append_follows_a_segment_woken_with_a_new_key(db: Path) -> None:
     with SqliteStore(db) as mine, SqliteStore(db) as other:
         head = add_context(mine, "cli:main", "one")
         mine.append(head.session_id, head.segment_id, [_entry("two")])
-        assert other.archive_context(MAIN) is not None
+        assert states.archive_context(other, MAIN) is not None
         new = add_context(other, "cli:other", "x")
-        assert other.unarchive_context(MAIN)
+        assert states.unarchive_context(other, MAIN)
         assert mine.append(head.session_id, head.segment_id, [_entry("three")]) == 3
         assert mine.append(head.session_id, head.segment_id, [_entry("four")], expected_seq=4)
         assert _tokens(other, head) == ["one", "two", "three", "four"]
@@ -475,7 +475,7 @@ def test_recent_and_full_tables_stay_consistent(
     assert len(store.search(SearchQuery("lambda", context="cli:c0", limit=20))) == 5
     assert len(store.search(SearchQuery("lambda", since="2000-01-01", limit=60))) == 60
     for context in ("cli:c0", "cli:bulk", "cli:c7"):
-        assert store.delete_context(ContextId.parse(context))
+        assert states.delete_context(store, ContextId.parse(context))
         _integrity(store)
     assert len(store.search(SearchQuery("lambda", limit=100))) == 32
     add_context(store, "cli:after", "lambda after the deletes")
@@ -627,7 +627,7 @@ def test_purging_a_context_drops_its_staged_items(
         save_user_input(store, gone, f"tau gone {i + 1}")
         save_user_input(store, kept, f"tau kept {i}")
     assert _staged(store) >= 4
-    assert store.purge_context(ContextId.parse("cli:gone"))
+    assert states.purge_context(store, ContextId.parse("cli:gone"))
     sql = "SELECT count(*) FROM search_docs WHERE session_id = ?"
     assert _raw(store.path, sql, str(gone.session_id)) == [(0,)]
     _integrity(store)
@@ -802,7 +802,7 @@ def test_ids_a_delete_frees_are_read_again(store: SqliteStore) -> None:
     add_context(store, "cli:b", "rho second", "rho third")
     assert len(store.search(SearchQuery("rho"))) == 3  # everything read
     before = _meta(store)
-    assert store.delete_context(ContextId("cli", "b"))
+    assert states.delete_context(store, ContextId("cli", "b"))
     head = add_context(store, "cli:c", "rho fourth", "rho fifth", "rho sixth")
     conn = sqlite3.connect(store.path)
     try:

@@ -23,6 +23,7 @@ import pytest
 
 from helpers.history import build_history
 from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
+from terrarium import states
 from terrarium.model import ContextId, SegmentOrigin, SegmentStartState, UsageRecord, item_text
 from terrarium.sessions import (
     append_entry,
@@ -315,7 +316,7 @@ def test_a_deleted_context_leaves_the_view(backend: Backend) -> None:
     """Deleting a context removes its rows; other contexts keep theirs."""
     start(backend, *turn("gone soon"))
     create_segment(backend.store, SegmentStartState(history=turn("stays")), context="cli:other")
-    assert backend.store.delete_context(MAIN)
+    assert states.delete_context(backend.store, MAIN)
     assert backend.rows(MAIN) == []
     assert backend.query("SELECT DISTINCT context FROM transcript") == [("cli:other",)]
     assert len(assert_view_is_restore(backend, "cli:other")) == 2

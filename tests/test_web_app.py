@@ -604,7 +604,7 @@ def test_a_partial_overview_says_so_and_reloads(seeded: FsStore, monkeypatch: An
 
 
 def test_kept_sums_equal_a_fresh_count_after_writes_and_deletes(seeded: FsStore) -> None:
-    from terrarium.contexts import delete_context
+    from terrarium.lifecycle import delete_context
     from terrarium.web.data import Activity, overview
 
     def without_size(stats: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import pytest
 
 from fakeserver import FakeServer
 from helpers.web import HOSTILE_NAME, head, long_turns, seed, seed_hostile
-from terrarium import FsStore
+from terrarium import FsStore, states
 from terrarium.model import ContextId, UsageRecord
 from terrarium.sessions import fork_context, restore, save_usage
 from terrarium.web import create_app
@@ -297,7 +297,7 @@ def test_archive_and_trash_from_the_browser(browser: Any, page: Any) -> None:
         page.click("#confirm")
         page.wait_for_url(re.compile(r".*/session\?c=cli%3Amain$"))
         assert page.locator("#state").inner_text() == "archived"
-        assert store.is_archived(ContextId.parse("cli:main"))
+        assert states.is_archived(store, ContextId.parse("cli:main"))
         page.click("text=delete to trash…")
         page.click("#confirm")
         page.wait_for_url(re.compile(r".*/sessions$"))

@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 
 from fakeserver import FakeServer
 from helpers.web import long_turns, seed, turn
-from terrarium import FsStore
+from terrarium import FsStore, states
 from terrarium.contexts import get_stats
 from terrarium.model import ContextId
 from terrarium.sessions import create_segment, restore
@@ -138,12 +138,12 @@ def test_an_archived_context_is_compacted_and_woken(
     seeded: FsStore, fake_server: FakeServer
 ) -> None:
     fake_server.reply = SUMMARY
-    assert seeded.archive_context(LONG) is not None
+    assert states.archive_context(seeded, LONG) is not None
     c = client(seeded, fake_server.base_url)
     assert compact_links(c.get("/session", params={"c": str(LONG)}).text)
     assert post(c, LONG, csrf_of(c, LONG)).status_code == 303
     assert restore(seeded, LONG).history[0]["content"].endswith(SUMMARY)
-    assert not seeded.is_archived(LONG)  # a write brings an archived context back
+    assert not states.is_archived(seeded, LONG)  # a write brings an archived context back
 
 
 # --------------------------------------------------------------------------- refusals

@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 
 from helpers.plain_store import PlainStore
 from helpers.web import seed
+from terrarium import states
 from terrarium.model import ContextId
 from terrarium.sessions import create_segment
 from terrarium.stores.base import Lifecycle
@@ -42,9 +43,9 @@ def _csrf(client: TestClient, **params: str) -> str:
 
 
 def test_the_overview_counts_archived_trashed_and_pinned(memory: MemoryStore) -> None:
-    memory.archive_context(ContextId.parse("irc:#python"))
-    memory.pin_context(MAIN)
-    memory.delete_context(ContextId.parse("cli:compacted"))
+    states.archive_context(memory, ContextId.parse("irc:#python"))
+    states.pin_context(memory, MAIN)
+    states.delete_context(memory, ContextId.parse("cli:compacted"))
     c = _client(memory)
     stats = c.get("/api/stats").json()
     assert stats["lifecycle"] == {"archived": 1, "trashed": 1, "pinned": 1}
@@ -67,8 +68,8 @@ def test_a_store_without_lifecycle_shows_no_counts() -> None:
 
 
 def test_sessions_mark_pins_and_filter_archived(memory: MemoryStore) -> None:
-    memory.archive_context(ContextId.parse("irc:#python"))
-    memory.pin_context(MAIN)
+    states.archive_context(memory, ContextId.parse("irc:#python"))
+    states.pin_context(memory, MAIN)
     c = _client(memory)
     hot = c.get("/api/contexts").json()
     shown = {r["context_id"]: (r["state"], r["pinned"]) for r in hot["contexts"]}
@@ -94,8 +95,8 @@ def test_a_session_page_shows_its_state(memory: MemoryStore) -> None:
         "state": "hot",
         "pinned": False,
     }
-    memory.archive_context(MAIN)
-    memory.pin_context(MAIN)
+    states.archive_context(memory, MAIN)
+    states.pin_context(memory, MAIN)
     view = c.get("/api/context", params={"c": "cli:main"}).json()
     assert view["lifecycle"] == {"state": "archived", "pinned": True}
     assert view["total_messages"] > 0  # an archived context still reads
@@ -110,10 +111,10 @@ def test_archive_pin_and_back_behind_confirmation(memory: MemoryStore) -> None:
     assert "delete to trash" in links
     csrf = _csrf(c, action="archive", c="cli:main")
     for action, check in (
-        ("archive", lambda: memory.is_archived(MAIN)),
-        ("pin", lambda: "cli:main" in memory.pinned_contexts()),
-        ("unpin", lambda: "cli:main" not in memory.pinned_contexts()),
-        ("unarchive", lambda: not memory.is_archived(MAIN)),
+        ("archive", lambda: states.is_archived(memory, MAIN)),
+        ("pin", lambda: "cli:main" in states.pinned_contexts(memory)),
+        ("unpin", lambda: "cli:main" not in states.pinned_contexts(memory)),
+        ("unarchive", lambda: not states.is_archived(memory, MAIN)),
     ):
         done = c.post(
             "/action",
@@ -136,11 +137,11 @@ def test_lifecycle_writes_need_allow_writes_and_csrf(memory: MemoryStore) -> Non
     for token in ({}, {"csrf": "wrong"}):
         response = writer.post("/action", data={"action": "pin", "c": "cli:main", **token})
         assert response.status_code == 403
-    assert not memory.is_archived(MAIN) and memory.pinned_contexts() == frozenset()
+    assert not states.is_archived(memory, MAIN) and states.pinned_contexts(memory) == frozenset()
 
 
 def test_delete_to_trash_and_restore_from_the_trash_page(memory: MemoryStore) -> None:
-    memory.pin_context(MAIN)
+    states.pin_context(memory, MAIN)
     c = _client(memory, allow_writes=True)
     confirm = c.get("/confirm", params={"action": "delete", "c": "cli:main"}).text
     assert "moves to the trash" in confirm
@@ -161,8 +162,8 @@ def test_delete_to_trash_and_restore_from_the_trash_page(memory: MemoryStore) ->
         follow_redirects=False,
     )
     assert done.status_code == 303 and done.headers["location"] == "/session?c=cli%3Amain"
-    assert memory.get_head(MAIN) is not None and "cli:main" in memory.pinned_contexts()
-    assert memory.trashed_contexts() == []
+    assert memory.get_head(MAIN) is not None and "cli:main" in states.pinned_contexts(memory)
+    assert states.trashed_contexts(memory) == []
     assert "The trash is empty." in c.get("/trash").text
     gone = c.post("/action", data={"action": "restore", "trash": trash_id, "csrf": csrf})
     assert gone.status_code == 404
@@ -170,14 +171,14 @@ def test_delete_to_trash_and_restore_from_the_trash_page(memory: MemoryStore) ->
 
 
 def test_restore_onto_a_taken_id_is_a_conflict(memory: MemoryStore) -> None:
-    memory.delete_context(MAIN)
+    states.delete_context(memory, MAIN)
     create_segment(memory, None, context="cli:main")  # the id is taken again
     c = _client(memory, allow_writes=True)
-    trash_id = memory.trashed_contexts()[0].trash_id
+    trash_id = states.trashed_contexts(memory)[0].trash_id
     csrf = _csrf(c, action="restore", trash=trash_id)
     response = c.post("/action", data={"action": "restore", "trash": trash_id, "csrf": csrf})
     assert response.status_code == 409
-    assert len(memory.trashed_contexts()) == 1
+    assert len(states.trashed_contexts(memory)) == 1
 
 
 def test_the_lifecycle_actions_on_a_store_without_them_are_400() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from terrarium import FsStore, contexts
+from terrarium import FsStore, contexts, states
 from terrarium.model import ContextId
 from terrarium.sessions import create_segment
 from terrarium.stores.base import NewEntry, Store
@@ -74,7 +74,7 @@ def _fill(store: Store) -> None:
             usage = {"model": "m", "prompt_tokens": TOKENS[context] - 1, "completion_tokens": 1}
             entries.append(NewEntry("usage", f"{day}T11:00:00.000000Z", usage))
         store.append(head.session_id, head.segment_id, entries)
-    store.archive_context(ContextId.parse("web:old"))  # type: ignore[attr-defined]
+    states.archive_context(store, ContextId.parse("web:old"))
     if isinstance(store, FsStore):
         _legacy(store.root, "cli:legacy", "2026-11-02", 7)
         _legacy(store.root, "cli:shadow", "2025-01-01", 9)
@@ -104,12 +104,14 @@ def _expected(store: Store, sort: str, state: str, **filters: str) -> list[str]:
         else []
     )
     if state != "hot":
-        for a in store.archived_contexts():  # type: ignore[attr-defined]
+        for a in states.archived_contexts(store):
             rows.append(
                 (a.context, a.context.split(":")[0], a.last_active, a.date, a.message_count)
             )
     if sort == "tokens":  # archived contexts are not read: they count 0, as unread ones do
-        hot = {r[0] for r in rows if r[0] not in {a.context for a in store.archived_contexts()}}  # type: ignore[attr-defined]
+        hot = {
+            r[0] for r in rows if r[0] not in {a.context for a in states.archived_contexts(store)}
+        }  # type: ignore[attr-defined]
         rows = [(*r, TOKENS.get(r[0], 0) if r[0] in hot else 0) for r in rows]
     value = {"last_active": 2, "created": 3, "messages": 4, "tokens": 5}[sort]
     picked = [

@@ -37,12 +37,12 @@ from dataclasses import fields
 from pathlib import Path, PurePosixPath
 from typing import Any, Self
 
-from terrarium import codec
+from terrarium import codec, states
 from terrarium.copy import CopyReport, SessionSource, complete_session, copy_store, session_segments
 from terrarium.errors import FormatVersionError, InvalidEntry, TerrariumError
 from terrarium.formats.jsonl import read_segments
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, context_file
-from terrarium.sessions import require_head
+from terrarium.sessions import detached_sessions, require_head
 from terrarium.stores.base import Lifecycle, Store
 from terrarium.stores.memory import MemoryStore
 
@@ -62,7 +62,7 @@ def bundle_files(store: Store, chosen: Mapping[ContextId, Store], *, detached: b
     """The members of a bundle of ``chosen`` (each context with the store to read it from: a
     legacy file's is its own), plus ``store``'s detached sessions when ``detached``. The
     manifest comes first."""
-    pinned = store.pinned_contexts() if isinstance(store, Lifecycle) else frozenset()
+    pinned = states.pinned_contexts(store) if isinstance(store, Lifecycle) else frozenset()
     files: Files = {}
     contexts: list[dict[str, Any]] = []
     for context, source in chosen.items():
@@ -70,12 +70,12 @@ def bundle_files(store: Store, chosen: Mapping[ContextId, Store], *, detached: b
         entry: dict[str, Any] = {"context": str(context), "head": str(head.segment_id)}
         member = context_file(context, ".jsonl")
         entry.update(_tree(files, source, head.session_id, head.segment_id, member))
-        if source is store and isinstance(store, Lifecycle) and store.is_archived(context):
+        if source is store and isinstance(store, Lifecycle) and states.is_archived(store, context):
             entry["archived"] = True
         if str(context) in pinned:
             entry["pinned"] = True
         contexts.append(entry)
-    sessions = store.detached_sessions() if detached else []
+    sessions = detached_sessions(store) if detached else []
     loose = [
         {"session_id": str(s), **_tree(files, store, s, None, f"_detached/{s}.jsonl")}
         for s in sessions

@@ -36,7 +36,6 @@ from terrarium.model import ContextId, LoggedItem, RestoredState, UsageTotals, d
 from terrarium.stores.base import (
     ContextSummary,
     IndexedListing,
-    Lifecycle,
     Listing,
     Store,
     context_lock,
@@ -367,40 +366,12 @@ def fork_context(
         sessions.fork_context(store, source, target, at_seq=at)
 
 
-def delete_context(store: Store, context: ContextId, *, why: str = "delete_context") -> bool:
-    """Delete the context: it is gone from listings and :func:`get_stats` at once. Returns
-    False if it did not exist.
-
-    A store with a trash (:class:`~terrarium.stores.base.Lifecycle`) keeps it there until it
-    is purged (``terrarium trash restore`` brings it back); a store without one deletes it for
-    ever. Its legacy JSON file, if it has one, is not unlinked but moved into the store's
-    ``.trash/legacy/`` (see :mod:`terrarium.legacy`). The removal is logged, with ``why``, to
-    the store's maintenance log (:class:`terrarium.lifecycle.MaintenanceLog`).
-    """
-    with context_lock(store, context):
-        deleted = store.delete_context(context)
-        moved = legacy.trash(store, context)
-    if deleted or moved:
-        from terrarium.lifecycle import MaintenanceLog  # it lists through this module
-
-        details: dict[str, Any] = {"context": str(context)}
-        if isinstance(store, Lifecycle):
-            entry = next((e for e in store.trashed_contexts() if e.context == str(context)), None)
-            details["trash_id"] = entry.trash_id if entry is not None else None
-        if moved:
-            details["legacy_files"] = [str(path) for path in moved]
-        action = "trash" if isinstance(store, Lifecycle) or not deleted else "delete"
-        MaintenanceLog.of(store).record(action, why, **details)
-    return deleted or bool(moved)
-
-
 __all__ = [
     "ContextListing",
     "ContextRow",
     "Current",
     "clear_context",
     "current_state",
-    "delete_context",
     "fork_context",
     "get_stats",
     "list_contexts",

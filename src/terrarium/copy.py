@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from terrarium import states
 from terrarium.blobs import inline_line, offload_data, offload_line
 from terrarium.errors import (
     ConflictError,
@@ -39,6 +40,7 @@ from terrarium.errors import (
     SessionConflict,
 )
 from terrarium.model import ENVELOPE_KEYS, ContextId, SegmentId, SessionId, TraceEntry
+from terrarium.sessions import detached_sessions
 from terrarium.stores.base import Lifecycle, NewEntry, PodMetadata, SessionStates, Store
 
 BATCH = 1000
@@ -137,8 +139,8 @@ def read_source(
     segments = _segments(store, head.session_id)
     archived = is_pinned = False
     if isinstance(store, Lifecycle):
-        archived = store.is_archived(ctx)
-        is_pinned = str(ctx) in (store.pinned_contexts() if pinned is None else pinned)
+        archived = states.is_archived(store, ctx)
+        is_pinned = str(ctx) in (states.pinned_contexts(store) if pinned is None else pinned)
     traces = _traces(store, head.session_id, segments)
     return SessionSource(segments, ctx, head.segment_id, traces, archived, is_pinned)
 
@@ -204,7 +206,7 @@ def _plan(dst: Store, source: SessionSource, name: str) -> _Plan:
         plan.lines_there = {SegmentId(lines[0]["segment_id"]): 0 for lines in source.segments}
         plan.traces_there = dict.fromkeys(source.traces, 0)
     else:
-        if head is None and session_id not in dst.detached_sessions():
+        if head is None and session_id not in detached_sessions(dst):
             if isinstance(dst, SessionStates) and "trashed" in dst.session_state(session_id):
                 raise SessionConflict(
                     f"{name}: its session {session_id} is in the destination's trash "
@@ -222,8 +224,10 @@ def _plan(dst: Store, source: SessionSource, name: str) -> _Plan:
     if ctx is not None and isinstance(dst, Lifecycle):
         # A write to an archived context unarchives it first: it is archived again after.
         writes = bool(plan.lines_there or plan.traces_there or plan.move_head)
-        plan.pin = source.pinned and (head is None or str(ctx) not in dst.pinned_contexts())
-        plan.archive = source.archived and (head is None or writes or not dst.is_archived(ctx))
+        plan.pin = source.pinned and (head is None or str(ctx) not in states.pinned_contexts(dst))
+        plan.archive = source.archived and (
+            head is None or writes or not states.is_archived(dst, ctx)
+        )
     return plan
 
 
@@ -301,9 +305,9 @@ def _write(dst: Store, source: SessionSource, plan: _Plan, name: str) -> int:
         elif plan.move_head is not None:
             dst.set_head(ctx, source.head, expected=plan.move_head)
         if isinstance(dst, Lifecycle) and plan.pin:
-            dst.pin_context(ctx)
+            states.pin_context(dst, ctx)
         if isinstance(dst, Lifecycle) and plan.archive:
-            dst.archive_context(ctx)
+            states.archive_context(dst, ctx)
     return written
 
 
@@ -387,7 +391,7 @@ def source_contexts(src: Store) -> list[ContextId]:
     """What a copy of all of ``src`` copies: its hot contexts, then its archived ones."""
     wanted = [ContextId.parse(h.context) for h in src.list_contexts()]
     if isinstance(src, Lifecycle):
-        wanted += [ContextId.parse(a.context) for a in src.archived_contexts()]
+        wanted += [ContextId.parse(a.context) for a in states.archived_contexts(src)]
     return wanted
 
 
@@ -407,14 +411,14 @@ def copy_store(
     ``session {id}``; by default when copying all contexts.
     """
     wanted = source_contexts(src) if contexts is None else [ContextId.parse(c) for c in contexts]
-    pinned = src.pinned_contexts() if isinstance(src, Lifecycle) else frozenset()
+    pinned = states.pinned_contexts(src) if isinstance(src, Lifecycle) else frozenset()
     report = CopyReport()
     for ctx in wanted:
         _copy_one(report, src, dst, ctx, pinned)
         if progress is not None:
             progress(str(ctx))
     if detached if detached is not None else contexts is None:
-        for session_id in src.detached_sessions():
+        for session_id in detached_sessions(src):
             _copy_one(report, src, dst, session_id, pinned)
             if progress is not None:
                 progress(f"session {session_id}")

@@ -249,7 +249,7 @@ def _select(
     into a throw-away store (:func:`terrarium.legacy.read`); the log hides a file of the same
     context. With ``archived``, all contexts include the archived ones.
     """
-    from terrarium import legacy
+    from terrarium import legacy, states
     from terrarium.formats.jsonl import load_transcript
     from terrarium.formats.openai import select_contexts
     from terrarium.stores.base import Lifecycle
@@ -257,7 +257,7 @@ def _select(
     if contexts is None:
         contexts = [*select_contexts(store, type=type), *legacy.listing(store).by_context]
         if archived and isinstance(store, Lifecycle):
-            contexts += [a.context for a in store.archived_contexts(type)]
+            contexts += [a.context for a in states.archived_contexts(store, type)]
     chosen: dict[ContextId, Store] = {}
     for context in select_contexts(store, contexts, type=type):
         copy = legacy.read(store, context) if store.get_head(context) is None else None

@@ -1,20 +1,18 @@
 """Archive, trash and retention above the stores: what to move, why, and a log of every removal.
 
-The stores move contexts (:class:`~terrarium.stores.base.Lifecycle`); this module decides which
-ones, for every backend alike, through that protocol only:
+:mod:`terrarium.states` moves contexts; this module decides which ones, for every backend
+alike, and logs each removal (:func:`delete_context` is the one delete to the trash):
 
 * **Ages** (``30d``, ``12h``, ``2w``) parse with :func:`parse_age`.
 * **Selection.** :func:`plan_archive` picks hot contexts inactive longer than an age (by
   ``last_active``), of a type, or by name; :func:`plan_trash_purge` picks trash entries deleted
   longer ago than an age, or by trash or context id. A selection by age (or a policy) skips
   pinned contexts; a context named explicitly is taken even when pinned.
-* **Plans** say what would move and how many bytes the hot store would give up (the size of
-  each context's log as JSON lines, an estimate); running a plan reports the store's own
-  figures (:class:`~terrarium.stores.base.ArchivedContext`).
+* **Plans** say what would move and the bytes the hot store would give up (its log as JSON
+  lines, an estimate); a run reports the store's (:class:`~terrarium.states.ArchivedContext`).
 * **Policy.** :func:`load_policy` reads ``[retention]`` from ``terrarium.toml`` in the store's
-  root (the filesystem store's folder, the folder holding a SQLite file) or, when there is
-  none, from ``$XDG_CONFIG_HOME/terrarium/config.toml`` (``~/.config``). Without a policy
-  nothing is archived or purged by :class:`Maintenance`.
+  root (a filesystem store's folder, a SQLite file's folder), else from
+  ``$XDG_CONFIG_HOME/terrarium/config.toml``. Without one :class:`Maintenance` moves nothing.
 * **Log.** Every removal (archive, delete to the trash, trash purge, purge) is appended to the
   store's :class:`MaintenanceLog` (JSON lines, ``0600``): what, when and why. A ``maintain``
   record closes each policy run and is the stamp that keeps background runs to one a day.
@@ -43,7 +41,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from terrarium import codec, contexts, legacy
+from terrarium import codec, contexts, legacy, states
 from terrarium.errors import (
     ContextNotFound,
     InvalidRetention,
@@ -52,8 +50,9 @@ from terrarium.errors import (
     StoreError,
 )
 from terrarium.model import ContextId, utc_now
+from terrarium.states import ArchivedContext, TrashedContext
 from terrarium.stores._files import make_dirs, open_private, write_all
-from terrarium.stores.base import ArchivedContext, Lifecycle, Store, TrashedContext
+from terrarium.stores.base import Lifecycle, Store, context_lock
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +213,7 @@ def plan_archive(
     if not names and older_than is None and rules is None:
         raise InvalidRetention("name the sessions to archive, or give an age (--older-than 30d)")
     moment = now or _now()
-    pins = lifecycle.pinned_contexts()
+    pins = states.pinned_contexts(lifecycle)
     wanted = {str(n) for n in names}
     for name in names:
         if store.get_head(name) is None and legacy.find(store, name) is None:
@@ -281,7 +280,7 @@ def run_archive(
             break
         context = ContextId.parse(candidate.context)
         legacy.resume(store, context)  # a context only a legacy file holds: into the log first
-        archived = lifecycle.archive_context(context)
+        archived = states.archive_context(lifecycle, context)
         if archived is not None:
             done.append(archived)
             journal.record(
@@ -305,7 +304,7 @@ def find_trashed(store: Store, target: str) -> TrashedContext:
     Raises:
         NotInTrash: nothing in the trash has that id.
     """
-    entries = require_lifecycle(store).trashed_contexts()  # most recently deleted first
+    entries = states.trashed_contexts(require_lifecycle(store))  # most recently deleted first
     for entry in entries:
         if entry.trash_id == target:
             return entry
@@ -330,7 +329,7 @@ def plan_trash_purge(
     Raises:
         NotInTrash: a target names nothing in the trash.
     """
-    entries = require_lifecycle(store).trashed_contexts()
+    entries = states.trashed_contexts(require_lifecycle(store))
     if targets:
         chosen: dict[str, TrashedContext] = {}
         for target in targets:
@@ -372,7 +371,7 @@ def run_trash_purge(
     for entry in entries:
         if stop is not None and stop():
             break
-        if lifecycle.purge_trashed(entry.trash_id):
+        if states.purge_trashed(lifecycle, entry.trash_id):
             done.append(entry)
             journal.record(
                 "purge_trash",
@@ -402,19 +401,44 @@ def collect_blobs(store: Store, *, why: str, journal: MaintenanceLog | None = No
     return collected
 
 
-def delete_to_trash(store: Store, context: ContextId, *, why: str) -> TrashedContext | None:
-    """Move ``context`` to the trash (:func:`terrarium.contexts.delete_context`) and log it.
+def delete_context(store: Store, context: ContextId, *, why: str = "delete_context") -> bool:
+    """Move the context to the trash: it is gone from listings and
+    :func:`~terrarium.contexts.get_stats` at once (``terrarium trash restore`` brings it back).
+    Returns False if it did not exist.
 
-    Returns its trash entry, or None if the store has no trash (it deleted for ever).
+    Its legacy JSON file, if it has one, is not unlinked but moved into the store's
+    ``.trash/legacy/`` (see :mod:`terrarium.legacy`). The move is logged, with ``why``, to the
+    store's :class:`MaintenanceLog`.
+
+    Raises:
+        StoreError: the store has no trash (no state primitives).
+    """
+    lifecycle = require_lifecycle(store)
+    with context_lock(store, context):
+        deleted = states.delete_context(lifecycle, context)
+        moved = legacy.trash(store, context)
+    if deleted or moved:
+        entry = next(
+            (e for e in states.trashed_contexts(lifecycle) if e.context == str(context)), None
+        )
+        details: dict[str, Any] = {"context": str(context)}
+        details["trash_id"] = entry.trash_id if entry is not None else None
+        if moved:
+            details["legacy_files"] = [str(path) for path in moved]
+        MaintenanceLog.of(store).record("trash", why, **details)
+    return deleted or bool(moved)
+
+
+def delete_to_trash(store: Store, context: ContextId, *, why: str) -> TrashedContext | None:
+    """Move ``context`` to the trash (:func:`delete_context`); its trash entry (None for a
+    context only a legacy file held).
 
     Raises:
         ContextNotFound: no such context.
     """
-    if not contexts.delete_context(store, context, why=why):
+    if not delete_context(store, context, why=why):
         raise contexts.not_found(context)
-    if not isinstance(store, Lifecycle):
-        return None
-    for entry in store.trashed_contexts():
+    for entry in states.trashed_contexts(require_lifecycle(store)):
         if entry.context == str(context):
             return entry
     return None
@@ -425,16 +449,13 @@ def purge(store: Store, context: ContextId, *, why: str) -> None:
 
     Raises:
         ContextNotFound: no such context.
+        StoreError: the store has no state primitives.
     """
-    if isinstance(store, Lifecycle):
-        if not store.purge_context(context):
-            raise contexts.not_found(context)
-        journal = MaintenanceLog.of(store)
-        journal.record("purge", why, context=str(context))
-        collect_blobs(store, why=why, journal=journal)
-        return
-    if not contexts.delete_context(store, context, why=why):
+    if not states.purge_context(require_lifecycle(store), context):
         raise contexts.not_found(context)
+    journal = MaintenanceLog.of(store)
+    journal.record("purge", why, context=str(context))
+    collect_blobs(store, why=why, journal=journal)
 
 
 # --------------------------------------------------------------------------- the log
@@ -482,9 +503,9 @@ class MaintenanceLog:
     """The JSON-lines log of every removal from one store, and the daily maintenance stamp.
 
     Each line: ``{"ts", "action", "why", ...}``, ``action`` one of ``archive``, ``trash``,
-    ``delete`` (a store without a trash), ``purge_trash``, ``purge`` (with ``context`` and
-    figures) or ``maintain`` (a policy run's end: the stamp). A store without a folder (in
-    memory) keeps its lines in memory, with the store.
+    ``purge_trash``, ``purge`` (with ``context`` and figures) or ``maintain`` (a policy run's
+    end: the stamp). A store without a folder (in memory) keeps its lines in memory, with the
+    store.
     """
 
     def __init__(self, path: Path | None) -> None:

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from terrarium import sessions
+from terrarium import sessions, states
 from terrarium.errors import IndexUnavailable, InvalidQuery
 from terrarium.model import (
     HISTORY_KINDS,
@@ -53,6 +53,7 @@ from terrarium.stores.fts import (
     TAG_TOKENS,
     bm25,
     check_query,
+    merge_hits,
 )
 from terrarium.text import (
     ELLIPSIS,
@@ -101,13 +102,24 @@ def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
 
 
 def _search_store(store: Store, query: SearchQuery) -> list[SearchHit]:
-    """The store's hits, from its index or, without a usable one, a scan."""
+    """The store's hits, from its index or, without a usable one, a scan.
+
+    An index holds hot contexts only: with ``query.archived`` the archived ones are scanned
+    and their hits merged by score (bm25 over the archive's items alone, so of the same
+    measure as the index's scores, not the same statistics). The archive has no index, so hot
+    appends and hot searches never pay for it.
+    """
     if isinstance(store, Searchable):
         try:
-            return store.search(query)
+            hits = store.search(query)
         except IndexUnavailable as exc:
             check_query(query)  # a bad query is the caller's error, whatever the index
             log.warning("%s; searching the session files instead", exc)
+        else:
+            if not query.archived:
+                return hits
+            cold = _scan(store, check_query(query), _archived_heads(store, query))
+            return merge_hits(hits, cold, query.limit)
     return scan(store, query)
 
 
@@ -150,10 +162,17 @@ def scan(store: Store, query: SearchQuery | str) -> list[SearchHit]:
     """
     if isinstance(query, str):
         query = SearchQuery(query)
-    q = check_query(query)
+    heads = store.list_contexts()
+    if query.archived:
+        heads += _archived_heads(store, query)
+    return _scan(store, check_query(query), heads)
+
+
+def _scan(store: Store, q: SearchQuery, heads: list[PodMetadata]) -> list[SearchHit]:
+    """:func:`scan` over the contexts of ``heads``."""
     phrases = [tokenize(term) for term in query_terms(q.text)]
     docs: list[_Doc] = []
-    for head in _heads(store, archived=query.archived):
+    for head in heads:
         context = ContextId.parse(head.context)
         for segment_id in store.list_segments(head.session_id):
             read = store.read_segment(head.session_id, segment_id)
@@ -202,11 +221,13 @@ def scan(store: Store, query: SearchQuery | str) -> list[SearchHit]:
     return hits
 
 
-def _heads(store: Store, *, archived: bool) -> list[PodMetadata]:
-    """The hot contexts' heads, and with ``archived`` the archived ones' too."""
-    heads = store.list_contexts()
-    if archived and isinstance(store, Lifecycle):
-        for entry in store.archived_contexts():
+def _archived_heads(store: Store, q: SearchQuery) -> list[PodMetadata]:
+    """The heads of the archived contexts (of the query's type or context) a search reads."""
+    if not isinstance(store, Lifecycle):
+        return []
+    heads = []
+    for entry in states.archived_contexts(store, q.type):
+        if q.context is None or entry.context == q.context:
             head = store.get_head(ContextId.parse(entry.context))
             if head is not None:
                 heads.append(head)

@@ -28,7 +28,7 @@ from terrarium.blobs import (
     resolve_line,
     resolve_lines,
 )
-from terrarium.errors import ConflictError, ContextNotFound, CorruptLog, InvalidEntry
+from terrarium.errors import ConflictError, ContextNotFound, CorruptLog, InvalidEntry, StoreError
 from terrarium.model import (
     FORMAT_VERSION,
     HISTORY_KINDS,
@@ -57,6 +57,7 @@ from terrarium.model import (
     utc_now,
 )
 from terrarium.stores.base import (
+    Lifecycle,
     NewEntry,
     PodActiveSegmentRef,
     PodMetadata,
@@ -261,9 +262,17 @@ def detached_sessions(store: Store) -> list[SessionId]:
     """The sessions of ``store`` that belong to no context yet, oldest first.
 
     They are data like any other: nothing deletes them; :func:`attach_context` adopts one.
-    Each one's segments are ``store.list_segments(session_id)``.
+    Each one's segments are ``store.list_segments(session_id)``. A detached session with a
+    state record is not one of them: it is a deleted context's, in the trash or being purged
+    (:mod:`terrarium.states` sets a record on every session it detaches).
+
+    Raises:
+        StoreError: the store has no state primitives to list its sessions with.
     """
-    return store.detached_sessions()
+    if not isinstance(store, Lifecycle):
+        raise StoreError(f"{store!r} cannot list the sessions of no context")
+    held = {r.session_id for r in store.session_records() if r.owner is None}
+    return [s for s in store.unowned_sessions() if s not in held]
 
 
 def fork(store: Store, ref: SegmentRef) -> SegmentId:

@@ -28,6 +28,7 @@ from terrarium import (
     save_delta,
     save_user_input,
     sessions,
+    states,
 )
 from terrarium.model import new_segment_id, new_session_id
 
@@ -175,5 +176,5 @@ def test_existing_context_with_misleading_name_stays_usable(store: Store) -> Non
     save_user_input(store, PodActiveSegmentRef(head.session_id, head.segment_id), "again")
     assert [i["content"] for i in restore(store, old).history] == ["hello", "again"]
     sessions.fork_context(store, old, CTX)
-    assert store.delete_context(old)
+    assert states.delete_context(store, old)
     assert [h.context for h in store.list_contexts()] == [str(CTX)]

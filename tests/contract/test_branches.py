@@ -36,6 +36,7 @@ from terrarium import (
     save_turn_end,
     save_usage,
     save_user_input,
+    states,
 )
 from terrarium.model import UsageTotals
 from terrarium.stores.base import SegmentRead
@@ -368,7 +369,7 @@ def test_fork_context_survives_deleting_the_source(store: Store) -> None:
     root = _new(store)
     _say(store, root, "a")
     fork_context(store, CLI_MAIN, "cli:copy")
-    store.delete_context(CLI_MAIN)
+    states.delete_context(store, CLI_MAIN)
     assert _texts(restore(store, "cli:copy")) == _said("a")
 
 

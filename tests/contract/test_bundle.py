@@ -35,11 +35,13 @@ from terrarium import (
     save_trace,
     save_usage,
     save_user_input,
+    states,
 )
 from terrarium.blobs import inline_line
 from terrarium.bundle import import_bundle
 from terrarium.export import export_many
 from terrarium.model import ContextId
+from terrarium.sessions import detached_sessions
 from terrarium.stores.base import Lifecycle, Store
 
 BIG = "x" * (200 * 1024)  # over any store's blob threshold: kept as a blob where it has them
@@ -75,19 +77,19 @@ def populate(store: Store) -> None:
     save_user_input(store, loose, "nobody's")
     save_user_input(store, PodActiveSegmentRef(loose_id, fork_at(store, loose, 0)), "fork")
     assert isinstance(store, Lifecycle)
-    store.pin_context(ContextId.parse("cli:main"))
-    store.pin_context(ContextId.parse("cli:old"))
-    store.archive_context(ContextId.parse("cli:old"))
-    store.delete_context(ContextId.parse("cli:gone"))
+    states.pin_context(store, ContextId.parse("cli:main"))
+    states.pin_context(store, ContextId.parse("cli:old"))
+    states.archive_context(store, ContextId.parse("cli:old"))
+    states.delete_context(store, ContextId.parse("cli:gone"))
 
 
 def snapshot(store: Store) -> dict[str, Any]:
     """Everything a lossless round trip keeps, in a form two stores can be compared by."""
     assert isinstance(store, Lifecycle)
     heads = [*store.list_contexts(), *(store.get_head(ContextId.parse(a.context))
-                                       for a in store.archived_contexts())]  # fmt: skip
+                                       for a in states.archived_contexts(store))]  # fmt: skip
     sessions = {h.session_id: h.context for h in heads if h is not None}
-    sessions.update((s, None) for s in store.detached_sessions())
+    sessions.update((s, None) for s in detached_sessions(store))
     trees = {}
     for session_id, context in sessions.items():
         segments = {}
@@ -100,9 +102,9 @@ def snapshot(store: Store) -> dict[str, Any]:
     return {
         "heads": sorted((h.context, h.ref, h.created_at) for h in heads if h is not None),
         "hot": [h.context for h in store.list_contexts()],
-        "archived": [a.context for a in store.archived_contexts()],
-        "pinned": store.pinned_contexts(),
-        "detached": store.detached_sessions(),
+        "archived": [a.context for a in states.archived_contexts(store)],
+        "pinned": states.pinned_contexts(store),
+        "detached": detached_sessions(store),
         "trees": trees,
     }
 

@@ -22,6 +22,7 @@ from terrarium import (
     restore_by_segment,
     save_delta,
     save_user_input,
+    states,
 )
 from terrarium.stores.base import Lifecycle, NewEntry
 
@@ -205,17 +206,17 @@ def test_delete_context_takes_its_whole_session_out_of_reach(store: Store) -> No
     ref = PodActiveSegmentRef(session_id, root)
     save_user_input(store, ref, "secret")
     branch = fork(store, ref)
-    assert store.delete_context(CLI_MAIN) is True
+    assert states.delete_context(store, CLI_MAIN) is True
     assert store.get_head(CLI_MAIN) is None
     assert store.list_contexts() == []
     with pytest.raises(ContextNotFound):
         restore(store, CLI_MAIN)
     with pytest.raises(SegmentNotFound):
         store.append(session_id, root, [NewEntry("turn_end", "2026-01-01T00:00:00Z", {})])
-    assert store.delete_context(CLI_MAIN) is False
+    assert states.delete_context(store, CLI_MAIN) is False
     if isinstance(store, Lifecycle):
-        (entry,) = store.trashed_contexts()
-        assert store.purge_trashed(entry.trash_id)
+        (entry,) = states.trashed_contexts(store)
+        assert states.purge_trashed(store, entry.trash_id)
     for segment_id in (root, branch):
         with pytest.raises(SegmentNotFound):
             store.read_segment(session_id, segment_id)
@@ -226,7 +227,7 @@ def test_delete_context_takes_its_whole_session_out_of_reach(store: Store) -> No
 def test_delete_unknown_context_returns_false(store: Store) -> None:
     """delete_context of a context that never existed returns False and changes nothing."""
     create_segment(store, context="cli:other")
-    assert store.delete_context(CLI_MAIN) is False
+    assert states.delete_context(store, CLI_MAIN) is False
     assert [h.context for h in store.list_contexts()] == ["cli:other"]
 
 
@@ -235,7 +236,7 @@ def test_delete_leaves_other_contexts_untouched(store: Store) -> None:
     for name in ("irc:python", "irc:#python"):
         session_id, segment_id = create_segment(store, context=name)
         save_user_input(store, PodActiveSegmentRef(session_id, segment_id), f"in {name}")
-    assert store.delete_context(ContextId("irc", "python")) is True
+    assert states.delete_context(store, ContextId("irc", "python")) is True
     assert [h.context for h in store.list_contexts()] == ["irc:#python"]
     assert _texts(store, "irc:#python") == ["in irc:#python"]
 
@@ -244,7 +245,7 @@ def test_deleted_context_can_be_recreated_fresh(store: Store) -> None:
     """A deleted context can be created again: a new session with none of the old entries."""
     old_session, old_root = create_segment(store, context=CLI_MAIN)
     save_user_input(store, PodActiveSegmentRef(old_session, old_root), "old")
-    store.delete_context(CLI_MAIN)
+    states.delete_context(store, CLI_MAIN)
     new_session, new_root = create_segment(store, context=CLI_MAIN)
     assert new_session != old_session
     assert restore(store, CLI_MAIN).history == []
@@ -314,7 +315,7 @@ def test_any_valid_context_name_is_stored_and_listed_as_is(store: Store, name: s
     save_user_input(store, PodActiveSegmentRef(session_id, segment_id), name)
     assert [h.context for h in store.list_contexts()] == [f"irc:{name}"]
     assert restore(store, context).history == [{"role": "user", "content": name}]
-    assert store.delete_context(context) is True
+    assert states.delete_context(store, context) is True
     assert store.list_contexts() == []
 
 

@@ -28,11 +28,13 @@ from terrarium import (
     save_trace,
     save_usage,
     save_user_input,
+    states,
 )
 from terrarium.blobs import inline_line, offload_line
 from terrarium.copy import copy_context, copy_store, session_segments
 from terrarium.errors import ContextExists, SessionConflict
 from terrarium.model import ContextId, SegmentId
+from terrarium.sessions import detached_sessions
 from terrarium.stores.base import Lifecycle, Store
 
 
@@ -104,16 +106,16 @@ def test_archived_contexts_and_pins_are_copied_as_they_are(store: Store, tmp_pat
     not its trash."""
     assert isinstance(store, Lifecycle)
     with _source(tmp_path / "src") as src:
-        src.pin_context(ContextId.parse("cli:main"))
-        src.archive_context(ContextId.parse("irc:#python"))
-        src.delete_context(ContextId.parse("cli:copy-of-python"))
+        states.pin_context(src, ContextId.parse("cli:main"))
+        states.archive_context(src, ContextId.parse("irc:#python"))
+        states.delete_context(src, ContextId.parse("cli:copy-of-python"))
         history = restore(src, "irc:#python").history
         report = copy_store(src, store)
         assert sorted(report.copied) == ["cli:main", "irc:#python"]
-        assert [a.context for a in store.archived_contexts()] == ["irc:#python"]
+        assert [a.context for a in states.archived_contexts(store)] == ["irc:#python"]
         assert [h.context for h in store.list_contexts()] == ["cli:main"]
-        assert store.pinned_contexts() == frozenset({"cli:main"})
-        assert store.trashed_contexts() == []
+        assert states.pinned_contexts(store) == frozenset({"cli:main"})
+        assert states.trashed_contexts(store) == []
         assert restore(store, "irc:#python").history == history
 
 
@@ -125,12 +127,12 @@ def test_a_session_in_the_destinations_trash_is_a_conflict_not_a_second_copy(
     assert isinstance(store, Lifecycle)
     with _source(tmp_path / "src") as src:
         copy_context(src, store, "cli:main")
-        assert store.delete_context(ContextId.parse("cli:main"))
+        assert states.delete_context(store, ContextId.parse("cli:main"))
         with pytest.raises(SessionConflict, match="trash"):
             copy_context(src, store, "cli:main")
         assert store.get_head(ContextId.parse("cli:main")) is None
-        (entry,) = store.trashed_contexts()
-        store.restore_trashed(entry.trash_id)
+        (entry,) = states.trashed_contexts(store)
+        states.restore_trashed(store, entry.trash_id)
         assert copy_store(src, store, ["cli:main"]).copied == []
 
 
@@ -174,7 +176,7 @@ def test_a_copy_cut_short_is_completed_not_taken_for_done(store: Store, tmp_path
                 assert store.read_trace(head.session_id, segment) == src.read_trace(
                     head.session_id, segment
                 )
-        assert store.detached_sessions() == src.detached_sessions()
+        assert detached_sessions(store) == detached_sessions(src)
         again = copy_store(src, store)
         assert again.copied == [] and len(again.present) == len(again.skipped) == 3
 
@@ -194,7 +196,7 @@ def test_a_destination_that_differs_is_a_conflict_and_left_alone(
         python = src.get_head(ContextId.parse("irc:#python"))
         assert python is not None
         fork_at(store, python.ref, 0)  # a segment the source has not
-        store.delete_context(ContextId.parse("cli:copy-of-python"))
+        states.delete_context(store, ContextId.parse("cli:copy-of-python"))
         create_segment(store, context="cli:copy-of-python")  # another session under the id
         before = {c: _lines(store, c) for c in ("cli:main", "irc:#python", "cli:copy-of-python")}
         create_segment(src, context="cli:new")

@@ -48,6 +48,7 @@ from terrarium import (
     save_turn_end,
     save_usage,
     save_user_input,
+    states,
 )
 from terrarium.model import ContextId
 from terrarium.search import scan
@@ -254,8 +255,8 @@ def test_detached_sessions_are_found_oldest_first_and_never_deleted(store: Store
     add_context(store, "cli:x", "hi")
     attach_context(store, "cli:y", refs[1])
     assert detached_sessions(store) == [refs[0].session_id, refs[2].session_id]
-    store.delete_context(ContextId.parse("cli:x"))
-    store.delete_context(ContextId.parse("cli:y"))
+    states.delete_context(store, ContextId.parse("cli:x"))
+    states.delete_context(store, ContextId.parse("cli:y"))
     assert detached_sessions(store) == [refs[0].session_id, refs[2].session_id]
     for ref in (refs[0], refs[2]):
         assert restore_by_segment(store, ref.session_id, ref.segment_id).next_seq == 1
@@ -324,7 +325,7 @@ def test_attach_seen_by_another_store_on_the_same_data(store: Store, other: Stor
     ]
     with pytest.raises(SessionAttached):
         attach_context(other, "cli:again", ref)
-    assert other.detached_sessions() == []
+    assert detached_sessions(other) == []
 
 
 def test_the_manager_and_exports_see_the_attached_context(store: Store) -> None:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from helpers.history import add_context
-from terrarium import contexts, lifecycle
+from terrarium import contexts, lifecycle, states
 from terrarium.errors import ContextExists, ContextNotFound, NotInTrash
 from terrarium.model import ContextId, TraceEntry
 from terrarium.search import search
@@ -52,40 +52,40 @@ def test_an_archived_context_leaves_the_hot_listing_and_still_reads(store: Store
     """archive_context returns the store's figures; the context leaves list_contexts (and
     list_contexts_fast) but get_head, restore and archived_contexts still see it."""
     lc = seeded(store)
-    archived = lc.archive_context(MAIN)
+    archived = states.archive_context(lc, MAIN)
     assert archived is not None
     assert archived.context == str(MAIN)
     assert archived.message_count == 3
     assert archived.hot_bytes > 0 and archived.archived_bytes > 0
     assert not archived.pinned
-    assert lc.is_archived(MAIN) and not lc.is_archived(OTHER)
+    assert states.is_archived(lc, MAIN) and not states.is_archived(lc, OTHER)
     assert listed(store) == [str(OTHER)]
     if isinstance(store, Listing):
         assert [s.context for s in store.list_contexts_fast()] == [str(OTHER)]
     assert store.get_head(MAIN) is not None
     assert history(store, MAIN) == ["alpha walrus", "beta", "gamma"]
-    assert [a.context for a in lc.archived_contexts()] == [str(MAIN)]
-    assert lc.archived_contexts("irc") == []
-    assert [a.context for a in lc.archived_contexts("cli")] == [str(MAIN)]
+    assert [a.context for a in states.archived_contexts(lc)] == [str(MAIN)]
+    assert states.archived_contexts(lc, "irc") == []
+    assert [a.context for a in states.archived_contexts(lc, "cli")] == [str(MAIN)]
 
 
 def test_archive_of_a_missing_or_archived_context_is_none(store: Store) -> None:
     """Only a hot context can be archived; anything else returns None and changes nothing."""
     lc = seeded(store)
-    assert lc.archive_context(ContextId("cli", "nope")) is None
-    assert lc.archive_context(MAIN) is not None
-    assert lc.archive_context(MAIN) is None
-    assert lc.is_archived(MAIN)
+    assert states.archive_context(lc, ContextId("cli", "nope")) is None
+    assert states.archive_context(lc, MAIN) is not None
+    assert states.archive_context(lc, MAIN) is None
+    assert states.is_archived(lc, MAIN)
 
 
 def test_unarchive_puts_it_back_with_its_whole_history(store: Store) -> None:
     """unarchive_context returns True once, then False; the context is hot and complete."""
     lc = seeded(store)
-    lc.archive_context(MAIN)
-    assert lc.unarchive_context(MAIN) is True
-    assert lc.unarchive_context(MAIN) is False
-    assert lc.unarchive_context(ContextId("cli", "nope")) is False
-    assert not lc.is_archived(MAIN)
+    states.archive_context(lc, MAIN)
+    assert states.unarchive_context(lc, MAIN) is True
+    assert states.unarchive_context(lc, MAIN) is False
+    assert states.unarchive_context(lc, ContextId("cli", "nope")) is False
+    assert not states.is_archived(lc, MAIN)
     assert listed(store) == [str(MAIN), str(OTHER)]
     assert history(store, MAIN) == ["alpha walrus", "beta", "gamma"]
 
@@ -93,11 +93,11 @@ def test_unarchive_puts_it_back_with_its_whole_history(store: Store) -> None:
 def test_a_write_to_an_archived_context_unarchives_it_first(store: Store) -> None:
     """An append to an archived context brings it back hot, history and new entry both kept."""
     lc = seeded(store)
-    lc.archive_context(MAIN)
+    states.archive_context(lc, MAIN)
     head = store.get_head(MAIN)
     assert head is not None
     save_delta(store, head, [{"role": "user", "content": "delta"}])
-    assert not lc.is_archived(MAIN)
+    assert not states.is_archived(lc, MAIN)
     assert str(MAIN) in listed(store)
     assert history(store, MAIN) == ["alpha walrus", "beta", "gamma", "delta"]
 
@@ -120,13 +120,13 @@ def test_line_breaks_inside_text_survive_archive_and_unarchive(store: Store, brk
     event = TraceEntry("2026-01-01T00:00:01.000000Z", "chunk", {"delta": f"a{brk}b"})
     store.append_trace(head.session_id, head.segment_id, [event])
     for _ in range(2):
-        assert lc.archive_context(MAIN) is not None
+        assert states.archive_context(lc, MAIN) is not None
         assert history(store, MAIN) == texts
         assert store.read_trace(head.session_id, head.segment_id) == [event.to_dict()]
-        assert lc.unarchive_context(MAIN) is True
+        assert states.unarchive_context(lc, MAIN) is True
         assert history(store, MAIN) == texts
         assert store.read_trace(head.session_id, head.segment_id) == [event.to_dict()]
-    lc.archive_context(MAIN)
+    states.archive_context(lc, MAIN)
     now = store.get_head(MAIN)
     assert now is not None
     save_delta(store, now, [{"role": "user", "content": f"more{brk}"}])
@@ -137,7 +137,7 @@ def test_line_breaks_inside_text_survive_archive_and_unarchive(store: Store, brk
 def test_create_of_an_archived_id_is_refused(store: Store) -> None:
     """An archived context's id is taken: creating it again raises ContextExists."""
     lc = seeded(store)
-    lc.archive_context(MAIN)
+    states.archive_context(lc, MAIN)
     with pytest.raises(ContextExists):
         add_context(store, str(MAIN), "again")
     assert history(store, MAIN) == ["alpha walrus", "beta", "gamma"]
@@ -150,35 +150,35 @@ def test_delete_moves_to_the_trash_and_frees_the_id(store: Store) -> None:
     """delete_context empties get_head and the listing; the trash holds the context; the id
     can be created again at once."""
     lc = seeded(store)
-    assert store.delete_context(MAIN) is True
+    assert states.delete_context(store, MAIN) is True
     assert store.get_head(MAIN) is None
     assert listed(store) == [str(OTHER)]
-    (entry,) = lc.trashed_contexts()
+    (entry,) = states.trashed_contexts(lc)
     assert entry.context == str(MAIN)
     assert not entry.archived and entry.message_count == 3 and entry.bytes > 0
     add_context(store, str(MAIN), "fresh")
     assert history(store, MAIN) == ["fresh"]
-    assert store.delete_context(ContextId("cli", "nope")) is False
+    assert states.delete_context(store, ContextId("cli", "nope")) is False
 
 
 def test_restore_brings_it_back_in_its_state_or_under_another_id(store: Store) -> None:
     """restore_trashed refuses an id in use (ContextExists) and keeps the entry; with
     as_context it restores there, whole; an unknown trash id raises NotInTrash."""
     lc = seeded(store)
-    store.delete_context(MAIN)
-    (entry,) = lc.trashed_contexts()
+    states.delete_context(store, MAIN)
+    (entry,) = states.trashed_contexts(lc)
     add_context(store, str(MAIN), "fresh")
     with pytest.raises(ContextExists):
-        lc.restore_trashed(entry.trash_id)
-    assert [e.trash_id for e in lc.trashed_contexts()] == [entry.trash_id]
+        states.restore_trashed(lc, entry.trash_id)
+    assert [e.trash_id for e in states.trashed_contexts(lc)] == [entry.trash_id]
     back = ContextId("cli", "back")
-    head = lc.restore_trashed(entry.trash_id, as_context=back)
+    head = states.restore_trashed(lc, entry.trash_id, as_context=back)
     assert head.context == str(back)
     assert history(store, back) == ["alpha walrus", "beta", "gamma"]
     assert history(store, MAIN) == ["fresh"]
-    assert lc.trashed_contexts() == []
+    assert states.trashed_contexts(lc) == []
     with pytest.raises(NotInTrash):
-        lc.restore_trashed(entry.trash_id)
+        states.restore_trashed(lc, entry.trash_id)
 
 
 def test_an_archived_context_goes_to_the_trash_archived_and_comes_back_archived(
@@ -186,14 +186,14 @@ def test_an_archived_context_goes_to_the_trash_archived_and_comes_back_archived(
 ) -> None:
     """The trash keeps the archived state; a restore puts the context back into the archive."""
     lc = seeded(store)
-    lc.archive_context(MAIN)
-    assert store.delete_context(MAIN) is True
-    assert not lc.is_archived(MAIN)
-    assert lc.archived_contexts() == []
-    (entry,) = lc.trashed_contexts()
+    states.archive_context(lc, MAIN)
+    assert states.delete_context(store, MAIN) is True
+    assert not states.is_archived(lc, MAIN)
+    assert states.archived_contexts(lc) == []
+    (entry,) = states.trashed_contexts(lc)
     assert entry.archived
-    lc.restore_trashed(entry.trash_id)
-    assert lc.is_archived(MAIN)
+    states.restore_trashed(lc, entry.trash_id)
+    assert states.is_archived(lc, MAIN)
     assert str(MAIN) not in listed(store)
     assert history(store, MAIN) == ["alpha walrus", "beta", "gamma"]
 
@@ -201,11 +201,11 @@ def test_an_archived_context_goes_to_the_trash_archived_and_comes_back_archived(
 def test_the_trash_lists_the_latest_deletion_first(store: Store) -> None:
     """trashed_contexts is most recently deleted first, each deletion its own entry."""
     lc = seeded(store)
-    store.delete_context(MAIN)
+    states.delete_context(store, MAIN)
     add_context(store, str(MAIN), "second life")
-    store.delete_context(MAIN)
-    store.delete_context(OTHER)
-    entries = lc.trashed_contexts()
+    states.delete_context(store, MAIN)
+    states.delete_context(store, OTHER)
+    entries = states.trashed_contexts(lc)
     assert [e.context for e in entries] == [str(OTHER), str(MAIN), str(MAIN)]
     assert [e.message_count for e in entries] == [1, 1, 3]
     assert len({e.trash_id for e in entries}) == 3
@@ -216,17 +216,17 @@ def test_purge_deletes_for_ever(store: Store) -> None:
     """purge_trashed empties a trash entry (True once, then False); purge_context deletes a
     hot or archived context without the trash; neither can be restored."""
     lc = seeded(store)
-    store.delete_context(MAIN)
-    (entry,) = lc.trashed_contexts()
-    assert lc.purge_trashed(entry.trash_id) is True
-    assert lc.purge_trashed(entry.trash_id) is False
+    states.delete_context(store, MAIN)
+    (entry,) = states.trashed_contexts(lc)
+    assert states.purge_trashed(lc, entry.trash_id) is True
+    assert states.purge_trashed(lc, entry.trash_id) is False
     with pytest.raises(NotInTrash):
-        lc.restore_trashed(entry.trash_id)
-    lc.archive_context(OTHER)
-    assert lc.purge_context(OTHER) is True
-    assert lc.purge_context(OTHER) is False
-    assert store.get_head(OTHER) is None and lc.archived_contexts() == []
-    assert lc.trashed_contexts() == []
+        states.restore_trashed(lc, entry.trash_id)
+    states.archive_context(lc, OTHER)
+    assert states.purge_context(lc, OTHER) is True
+    assert states.purge_context(lc, OTHER) is False
+    assert store.get_head(OTHER) is None and states.archived_contexts(lc) == []
+    assert states.trashed_contexts(lc) == []
     assert listed(store) == []
 
 
@@ -237,21 +237,21 @@ def test_a_pin_stays_with_the_context_through_archive_trash_and_restore(store: S
     """pinned_contexts shows hot and archived pins, not trashed ones; the trash entry and the
     restored context keep the pin; unpin removes it; a missing context cannot be pinned."""
     lc = seeded(store)
-    assert lc.pin_context(MAIN) is True
-    assert lc.pinned_contexts() == {str(MAIN)}
-    archived = lc.archive_context(MAIN)
+    assert states.pin_context(lc, MAIN) is True
+    assert states.pinned_contexts(lc) == {str(MAIN)}
+    archived = states.archive_context(lc, MAIN)
     assert archived is not None and archived.pinned
-    assert lc.pinned_contexts() == {str(MAIN)}
-    assert [a.pinned for a in lc.archived_contexts()] == [True]
-    store.delete_context(MAIN)
-    assert lc.pinned_contexts() == frozenset()
-    (entry,) = lc.trashed_contexts()
+    assert states.pinned_contexts(lc) == {str(MAIN)}
+    assert [a.pinned for a in states.archived_contexts(lc)] == [True]
+    states.delete_context(store, MAIN)
+    assert states.pinned_contexts(lc) == frozenset()
+    (entry,) = states.trashed_contexts(lc)
     assert entry.pinned
-    lc.restore_trashed(entry.trash_id)
-    assert lc.pinned_contexts() == {str(MAIN)} and lc.is_archived(MAIN)
-    assert lc.pin_context(MAIN, False) is True
-    assert lc.pinned_contexts() == frozenset()
-    assert lc.pin_context(ContextId("cli", "nope")) is False
+    states.restore_trashed(lc, entry.trash_id)
+    assert states.pinned_contexts(lc) == {str(MAIN)} and states.is_archived(lc, MAIN)
+    assert states.pin_context(lc, MAIN, False) is True
+    assert states.pinned_contexts(lc) == frozenset()
+    assert states.pin_context(lc, ContextId("cli", "nope")) is False
 
 
 # --------------------------------------------------------------------------- above the store
@@ -261,25 +261,25 @@ def test_search_leaves_archived_contexts_out_unless_asked(store: Store) -> None:
     """search (the store's index or a scan) finds an archived context's messages only with
     ``archived=True``, and finds them again once it is unarchived."""
     lc = seeded(store)
-    lc.archive_context(MAIN)
+    states.archive_context(lc, MAIN)
     hot = {hit.context for hit in search(store, SearchQuery("walrus"))}
     assert hot == {str(OTHER)}
     both = {hit.context for hit in search(store, SearchQuery("walrus", archived=True))}
     assert both == {str(MAIN), str(OTHER)}
-    lc.unarchive_context(MAIN)
+    states.unarchive_context(lc, MAIN)
     assert {hit.context for hit in search(store, SearchQuery("walrus"))} == both
 
 
 def test_the_python_delete_keeps_its_seed_meaning_and_is_undoable(store: Store) -> None:
-    """contexts.delete_context: gone from list and get_stats, but in the trash, restorable;
+    """lifecycle.delete_context: gone from list and get_stats, but in the trash, restorable;
     the removal is in the maintenance log."""
     lc = seeded(store)
-    assert contexts.delete_context(store, MAIN) is True
+    assert lifecycle.delete_context(store, MAIN) is True
     assert [r.context_id for r in contexts.list_contexts(store).rows] == [str(OTHER)]
     with pytest.raises(ContextNotFound):
         contexts.get_stats(store, MAIN)
-    (entry,) = lc.trashed_contexts()
-    lc.restore_trashed(entry.trash_id)
+    (entry,) = states.trashed_contexts(lc)
+    states.restore_trashed(lc, entry.trash_id)
     assert contexts.get_stats(store, MAIN)["message_count"] == 3
     (record,) = lifecycle.MaintenanceLog.of(store).records()
     assert record["action"] == "trash" and record["context"] == str(MAIN)
@@ -290,7 +290,7 @@ def test_a_plan_by_age_skips_pins_and_names_take_them(store: Store) -> None:
     """plan_archive by age selects inactive hot contexts but not pinned ones; a named pinned
     context is selected; run_archive archives and logs each with the store's figures."""
     lc = seeded(store)
-    lc.pin_context(OTHER)
+    states.pin_context(lc, OTHER)
     later = datetime.now(UTC) + timedelta(days=40)
     plan = lifecycle.plan_archive(store, older_than=timedelta(days=30), now=later)
     assert [c.context for c in plan.candidates] == [str(MAIN)]
@@ -300,7 +300,7 @@ def test_a_plan_by_age_skips_pins_and_names_take_them(store: Store) -> None:
     named = lifecycle.plan_archive(store, names=[OTHER])
     assert [(c.context, c.pinned) for c in named.candidates] == [(str(OTHER), True)]
     done = lifecycle.run_archive(store, plan, why="test")
-    assert [a.context for a in done] == [str(MAIN)] and lc.is_archived(MAIN)
+    assert [a.context for a in done] == [str(MAIN)] and states.is_archived(lc, MAIN)
     records = lifecycle.MaintenanceLog.of(store).records()
     assert [(r["action"], r["context"], r["why"]) for r in records] == [
         ("archive", str(MAIN), "test")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.history import add_context, build_history
+from terrarium import states
 from terrarium.model import ContextId
 from terrarium.sessions import fork_at, restore, save_user_input
 from terrarium.stores.base import Listing, PodActiveSegmentRef, PodMetadata, Store
@@ -73,5 +74,5 @@ def test_a_deleted_context_leaves_the_fast_listing(store: Store) -> None:
     add_context(store, "cli:a", "kept")
     add_context(store, "cli:b", "gone", "gone too")
     assert [s.context for s in store.list_contexts_fast()] == ["cli:a", "cli:b"]
-    assert store.delete_context(ContextId("cli", "b"))
+    assert states.delete_context(store, ContextId("cli", "b"))
     assert [s.context for s in store.list_contexts_fast()] == ["cli:a"]

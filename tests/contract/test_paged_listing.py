@@ -11,6 +11,7 @@ import itertools
 
 import pytest
 
+from terrarium import states
 from terrarium.errors import InvalidQuery
 from terrarium.model import ContextId
 from terrarium.sessions import create_segment
@@ -155,7 +156,7 @@ def test_a_page_follows_writes(store: Store) -> None:
             )
         ],
     )
-    assert store.delete_context(ContextId.parse("irc:#python"))
+    assert states.delete_context(store, ContextId.parse("irc:#python"))
     first = store.list_contexts_page(ListingQuery(limit=2))
     assert [(r.context, r.message_count) for r in first] == [
         ("game:chess", 2),
@@ -172,8 +173,8 @@ def test_context_types_lists_each_type_once(store: Store) -> None:
     assert store.context_types() == []
     _fill(store)
     assert store.context_types() == ["cli", "game", "irc", "web"]
-    assert store.delete_context(ContextId.parse("game:chess"))
-    assert store.delete_context(ContextId.parse("game:pokemon_run1"))
+    assert states.delete_context(store, ContextId.parse("game:chess"))
+    assert states.delete_context(store, ContextId.parse("game:pokemon_run1"))
     assert store.context_types() == ["cli", "irc", "web"]
 
 

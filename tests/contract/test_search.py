@@ -29,7 +29,7 @@ from helpers.history import (
     user_item,
 )
 from helpers.responses import RESPONSES_ITEMS
-from terrarium import FsStore, SqliteStore
+from terrarium import FsStore, SqliteStore, states
 from terrarium.errors import InvalidContextId
 from terrarium.model import ContextId, Item
 from terrarium.search import InvalidQuery, scan
@@ -203,7 +203,7 @@ def test_a_deleted_context_disappears(store: Store) -> None:
     add_context(store, "cli:a", "zeta kept")
     add_context(store, "cli:b", "zeta gone", "zeta gone too")
     assert len(_search(store, "zeta")) == 3
-    assert store.delete_context(ContextId("cli", "b"))
+    assert states.delete_context(store, ContextId("cli", "b"))
     assert snippets(_search(store, "zeta")) == ["zeta kept"]
     assert _search(store, "zeta", context="cli:b") == []
     add_context(store, "cli:b", "zeta reborn")

@@ -17,9 +17,11 @@ from terrarium import (
     save_delta,
     save_trace,
     save_user_input,
+    states,
 )
 from terrarium.blobs import inline_line
 from terrarium.model import ContextId, SessionId
+from terrarium.sessions import detached_sessions
 from terrarium.stores.base import Lifecycle, Store
 
 TS = "2026-05-01T12:00:00.000000Z"
@@ -56,9 +58,9 @@ def fill(
     _detached(store)
     if isinstance(store, Lifecycle):
         for name in names[::5]:
-            store.pin_context(ContextId.parse(name))
+            states.pin_context(store, ContextId.parse(name))
         for name in names[len(names) - archived :] if archived else ():
-            store.archive_context(ContextId.parse(name))
+            states.archive_context(store, ContextId.parse(name))
     return names
 
 
@@ -104,14 +106,14 @@ def snapshot(store: Store) -> dict[str, Any]:
     contexts = [h.context for h in store.list_contexts()]
     pinned: frozenset[str] = frozenset()
     if isinstance(store, Lifecycle):
-        contexts += [a.context for a in store.archived_contexts()]
-        pinned = store.pinned_contexts()
+        contexts += [a.context for a in states.archived_contexts(store)]
+        pinned = states.pinned_contexts(store)
     found: dict[str, Any] = {}
     for context in contexts:
         ctx = ContextId.parse(context)
         head = store.get_head(ctx)
         assert head is not None, context
-        archived = isinstance(store, Lifecycle) and store.is_archived(ctx)
+        archived = isinstance(store, Lifecycle) and states.is_archived(store, ctx)
         found[context] = (
             str(head.session_id),
             str(head.segment_id),
@@ -120,6 +122,6 @@ def snapshot(store: Store) -> dict[str, Any]:
             context in pinned,
             _session(store, head.session_id),
         )
-    for session_id in store.detached_sessions():
+    for session_id in detached_sessions(store):
         found[f"session {session_id}"] = _session(store, session_id)
     return found

@@ -33,11 +33,12 @@ WRITES = (
     "append",
     "set_head",
     "append_trace",
-    "archive_context",
-    "unarchive_context",
-    "pin_context",
+    "set_session_state",  # a pin (terrarium.states writes through these primitives)
+    "freeze_session",  # an archive
+    "thaw_session",
+    "detach_context",
+    "delete_session",
     "put_blob",
-    "delete_context",
 )
 
 

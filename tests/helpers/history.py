@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from terrarium import states
 from terrarium.errors import InvalidQuery
 from terrarium.model import ContextId, Item, SegmentStartState
 from terrarium.sessions import (
@@ -72,7 +73,7 @@ def build_history(store: Store) -> None:
         context="web:imported",
     )
     add_context(store, "cli:gone", "a fox that is deleted")
-    store.delete_context(ContextId("cli", "gone"))
+    states.delete_context(store, ContextId("cli", "gone"))
 
 
 # ---- queries shared by the search and scan contracts (tests/contract/) ------------------------

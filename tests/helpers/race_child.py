@@ -18,7 +18,7 @@ import traceback
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from terrarium import ContextId, FsStore, Store, contexts, lifecycle, sessions
+from terrarium import ContextId, FsStore, Store, lifecycle, sessions, states
 from terrarium.errors import ContextNotFound, NotInTrash, SegmentNotFound
 
 #: Errors a call may meet when another worker deleted or restored its context meanwhile.
@@ -74,20 +74,20 @@ def fsck_repair(store: Store) -> None:
 
 def purge_one(store: Store, rng: random.Random, churn: list[str]) -> str | None:
     """Purge a trash entry of the churn pool; the context it held, or None."""
-    entries = [e for e in store.trashed_contexts() if e.context in churn]  # type: ignore[attr-defined]
+    entries = [e for e in states.trashed_contexts(store) if e.context in churn]
     if not entries:
         return None
     entry = rng.choice(entries)
-    return entry.context if store.purge_trashed(entry.trash_id) else None  # type: ignore[attr-defined]
+    return entry.context if states.purge_trashed(store, entry.trash_id) else None
 
 
 def restore_one(store: Store, rng: random.Random, churn: list[str]) -> str | None:
     """Restore a trash entry of the churn pool; the context it held, or None."""
-    entries = [e for e in store.trashed_contexts() if e.context in churn]  # type: ignore[attr-defined]
+    entries = [e for e in states.trashed_contexts(store) if e.context in churn]
     if not entries:
         return None
     entry = rng.choice(entries)
-    store.restore_trashed(entry.trash_id)  # type: ignore[attr-defined]
+    states.restore_trashed(store, entry.trash_id)
     return entry.context
 
 
@@ -106,12 +106,12 @@ def step(
         record["text"] = f"w{spec['seed']}-{n}"
         append(store, context, record["text"])
     elif op == "archive":
-        store.archive_context(ContextId.parse(context))  # type: ignore[attr-defined]
+        states.archive_context(store, ContextId.parse(context))
     elif op == "unarchive":
-        store.unarchive_context(ContextId.parse(context))  # type: ignore[attr-defined]
+        states.unarchive_context(store, ContextId.parse(context))
     elif op == "delete":
         context = record["context"] = rng.choice(churn)
-        contexts.delete_context(store, ContextId.parse(context), why="race")
+        lifecycle.delete_context(store, ContextId.parse(context), why="race")
     elif op == "restore":
         record["context"] = None
         record["context"] = restore_one(store, rng, churn)
@@ -132,7 +132,7 @@ def churn_forever(store: Store, spec: dict[str, Any]) -> None:
     while True:
         name = rng.choice(spec["churn"])
         ctx = ContextId.parse(name)
-        trash = [t for t in store.trashed_contexts() if t.context == name]  # type: ignore[attr-defined]
+        trash = [t for t in states.trashed_contexts(store) if t.context == name]
         head = store.get_head(ctx)
         if head is None and not trash:
             sessions.create_segment(store, None, context=name)
@@ -142,17 +142,17 @@ def churn_forever(store: Store, spec: dict[str, Any]) -> None:
             op = "create"
         elif head is None:
             op = "restore"
-            store.restore_trashed(trash[0].trash_id)  # type: ignore[attr-defined]
+            states.restore_trashed(store, trash[0].trash_id)
         else:
             op = rng.choice(["archive", "unarchive", "delete", "purge", "append"])
             if op == "append":
                 sessions.save_delta(store, head, [Item.user(f"{name} more")])
             elif op == "purge":
-                store.purge_context(ctx)  # type: ignore[attr-defined]
+                states.purge_context(store, ctx)
             elif op == "delete":
-                store.delete_context(ctx)
+                states.delete_context(store, ctx)
             else:
-                getattr(store, f"{op}_context")(ctx)
+                getattr(states, f"{op}_context")(store, ctx)
         print(json.dumps({"op": op, "context": name}), flush=True)
 
 
@@ -164,7 +164,7 @@ def main() -> None:
     if "delete" in spec:  # only delete these, in order
         with open_spec(spec) as store:
             for name in spec["delete"]:
-                assert contexts.delete_context(store, ContextId.parse(name), why="race"), name
+                assert lifecycle.delete_context(store, ContextId.parse(name), why="race"), name
         return
     rng = random.Random(spec["seed"])
     with open_spec(spec) as store, open(spec["out"], "w") as out:

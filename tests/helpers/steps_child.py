@@ -5,7 +5,7 @@ Run as ``python tests/helpers/steps_child.py``. For each JSON line on stdin (the
 ``race_child.open_spec`` plus ``op``, ``context``, ``trash_id``, ``kill``) it forks a process
 that opens the store, runs the call and is SIGKILLed at step ``kill``: step ``2k - 1`` is just
 before the ``k``-th call of a primitive that changes something (the steps of
-:class:`terrarium.stores.lifecycle.LifecycleOps`), step ``2k`` just after it returns; 0 never.
+:mod:`terrarium.states`), step ``2k`` just after it returns; 0 never.
 It answers ``{"killed", "steps", "error"}`` on stdout (``steps``: primitive calls made).
 """
 
@@ -21,11 +21,11 @@ from typing import Any
 from forked import run_forked
 from race_child import open_spec
 
-from terrarium import sessions
+from terrarium import sessions, states
 from terrarium.model import ContextId
 from terrarium.stores.base import Store
 
-#: The primitives by which LifecycleOps changes a store.
+#: The primitives by which terrarium.states changes a store.
 STEPS = (
     "set_session_state",
     "freeze_session",
@@ -62,23 +62,23 @@ def run(store: Any, request: dict[str, Any]) -> None:
     context = ContextId.parse(request["context"])
     op = request["op"]
     if op == "archive":
-        store.archive_context(context)
+        states.archive_context(store, context)
     elif op == "unarchive":
-        store.unarchive_context(context)
+        states.unarchive_context(store, context)
     elif op == "wake":
         head = store.get_head(context)
         sessions.save_user_input(store, head, f"{context} woken")
     elif op == "delete":
-        store.delete_context(context)
+        states.delete_context(store, context)
     elif op == "restore":
         target = ContextId.parse(request["as"]) if request.get("as") else None
-        store.restore_trashed(request["trash_id"], as_context=target)
+        states.restore_trashed(store, request["trash_id"], as_context=target)
     elif op == "purge_trashed":
-        store.purge_trashed(request["trash_id"])
+        states.purge_trashed(store, request["trash_id"])
     elif op == "purge_context":
-        store.purge_context(context)
+        states.purge_context(store, context)
     elif op == "pin":
-        store.pin_context(context)
+        states.pin_context(store, context)
     else:
         raise ValueError(f"unknown op {op!r}")
 

@@ -330,14 +330,14 @@ class MultiContextManager:
         did not exist.
 
         A store with a trash keeps it there until purged (``terrarium trash restore`` brings
-        it back); see :func:`terrarium.contexts.delete_context`. Its legacy JSON file, if it
+        it back); see :func:`terrarium.lifecycle.delete_context`. Its legacy JSON file, if it
         has one, is moved into the store's ``.trash/legacy/``.
         """
+        from terrarium.lifecycle import delete_context  # the retention policy's module: lazily
+
         context = ContextId.parse(context_id)
         self._forget(context)
-        return contexts.delete_context(
-            self.store, context, why="MultiContextManager.delete_context"
-        )
+        return delete_context(self.store, context, why="MultiContextManager.delete_context")
 
     # ------------------------------------------------------------------ beyond the seed
 

@@ -30,16 +30,16 @@ from pathlib import Path
 
 import click
 
-from terrarium import codec
+from terrarium import codec, states
 from terrarium.cli import catalog
 from terrarium.cli.app import CliState
 from terrarium.cli.output import plural
 from terrarium.errors import CorruptLog, FormatVersionError, TerrariumError
 from terrarium.model import ContextId, SegmentId
+from terrarium.sessions import detached_sessions
 from terrarium.stores.base import BlobStore, PodMetadata, Reindexable, SessionStates, Store
 from terrarium.stores.fs import ContextFolder, FsStore, salvaged_into, segment_chain
 from terrarium.stores.fs._states import frozen
-from terrarium.stores.lifecycle import LifecycleOps
 
 #: Problems ``--repair`` fixes, and those only ``--salvage`` does.
 _REPAIRABLE = frozenset({"torn", "head", "missing", "unindexed", "leftover", "unfinished"})
@@ -379,7 +379,7 @@ def _check_generic(store: Store, report: Report) -> None:
             report.problems.append(
                 Problem("unreadable", error, context=head.context, path=str(segment_id))
             )
-    for session_id in store.detached_sessions():  # no head: every segment is read
+    for session_id in detached_sessions(store):  # no head: every segment is read
         report.contexts += 1
         for segment_id in store.list_segments(session_id):
             report.segments += 1
@@ -393,7 +393,7 @@ def _check_lifecycle(store: Store, report: Report) -> None:
     """The moves that a kill left between their steps (their state records say which)."""
     if not isinstance(store, SessionStates):
         return
-    for record in LifecycleOps.unfinished_lifecycle(store):
+    for record in states.unfinished_lifecycle(store):
         what = "purge" if record.state.get("purging") else "delete or restore"
         name = record.state.get("trashed", {}).get("context") or record.owner or "a context"
         report.problems.append(
@@ -463,7 +463,7 @@ def _repair(store: Store, report: Report, *, salvage: bool) -> None:
     """Fix what can be fixed, one problem at a time; a failure is noted and the rest go on."""
     unfinished = [p for p in report.problems if p.kind == "unfinished"]
     if unfinished and isinstance(store, SessionStates):
-        done = LifecycleOps.finish_lifecycle(store)
+        done = states.finish_lifecycle(store)
         for problem in unfinished:
             problem.repaired = True
             problem.message += f"; completed ({done} in all)"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from terrarium._lazy import lazy_module
 from terrarium.cli import examples
 from terrarium.cli.app import (
     CONTEXT,
@@ -30,10 +31,14 @@ from terrarium.cli.output import plural
 from terrarium.display import human_bytes, short_time
 
 if TYPE_CHECKING:
+    from terrarium import states
     from terrarium.contexts import ContextRow
     from terrarium.lifecycle import ArchivePlan, MaintenanceReport
     from terrarium.model import ContextId
-    from terrarium.stores.base import ArchivedContext, Lifecycle, TrashedContext
+    from terrarium.states import ArchivedContext, TrashedContext
+    from terrarium.stores.base import Lifecycle
+else:
+    states = lazy_module("terrarium.states")
 
 
 def _lifecycle(state: CliState) -> Lifecycle:
@@ -202,7 +207,7 @@ def unarchive(ctx: click.Context, contexts: tuple[ContextId, ...]) -> None:
     state = state_of(ctx)
     lifecycle = _lifecycle(state)
     for context in contexts:
-        if lifecycle.unarchive_context(context):
+        if states.unarchive_context(lifecycle, context):
             state.out.note(f"unarchived {context.display}", style="green")
         elif state.store().get_head(context) is not None:
             state.out.note(f"{context.display} is not archived")
@@ -222,18 +227,16 @@ def delete_session(
     confirm: bool | None = None,
 ) -> None:
     """``delete``: into the trash (no question: it can be undone), or for ever with ``purge``
-    (asked first on a terminal, refused without one unless ``yes``). A store without a trash
-    deletes for ever, so it asks as ``purge`` does; ``confirm`` forces the question either way.
+    (asked first on a terminal, refused without one unless ``yes``); ``confirm`` forces the
+    question either way.
     """
     from terrarium import lifecycle
     from terrarium.cli import catalog
-    from terrarium.stores.base import Lifecycle
 
     store = state.store()
     if not catalog.exists(state, context):
         raise catalog.missing(state, context)
-    forever = purge or not isinstance(store, Lifecycle)
-    if confirm if confirm is not None else forever:
+    if confirm if confirm is not None else purge:
         what = " for ever" if purge else ""
         _confirm(
             f"Delete {context.display} and all its history{what}?",
@@ -245,7 +248,7 @@ def delete_session(
         state.out.note(f"deleted {context.display} for ever", style="green")
         return
     entry = lifecycle.delete_to_trash(store, context, why="command: terrarium delete")
-    if entry is None:
+    if entry is None:  # only a legacy file held it: the file is in .trash/legacy/
         state.out.note(f"deleted {context.display}", style="green")
         return
     state.out.note(
@@ -321,7 +324,7 @@ def _print_trash(state: CliState, entries: Sequence[TrashedContext]) -> None:
 def trash_list(ctx: click.Context, as_json: bool) -> None:
     """List the trash, most recently deleted first."""
     state = state_of(ctx)
-    entries = _lifecycle(state).trashed_contexts()
+    entries = states.trashed_contexts(_lifecycle(state))
     if as_json:
         state.out.json({"trash": [trashed_json(e) for e in entries]})
     elif not entries:
@@ -347,7 +350,7 @@ def trash_restore(ctx: click.Context, target: str, as_context: ContextId | None)
     lifecycle = _lifecycle(state)
     entry = find_trashed(state.store(), target)
     try:
-        head = lifecycle.restore_trashed(entry.trash_id, as_context=as_context)
+        head = states.restore_trashed(lifecycle, entry.trash_id, as_context=as_context)
     except ContextExists as exc:
         raise ContextExists(f"{exc}: restore it under another id with --as") from None
     where = " (archived)" if entry.archived else ""
@@ -408,7 +411,7 @@ def _pin(ctx: click.Context, context: ContextId, pinned: bool) -> None:
     from terrarium.cli import catalog
 
     state = state_of(ctx)
-    if not _lifecycle(state).pin_context(context, pinned):
+    if not states.pin_context(_lifecycle(state), context, pinned):
         raise catalog.missing(state, context)
     if pinned:
         state.out.note(f"pinned {context.display}: no policy archives or purges it", style="green")
@@ -515,12 +518,12 @@ def lifecycle_rows(
     if not isinstance(store, Lifecycle):
         kept = rows if scope != "archived" else []
         return kept, {r.context_id: ("hot", False) for r in kept}
-    pins = store.pinned_contexts()
+    pins = states.pinned_contexts(store)
     marks = {r.context_id: ("hot", r.context_id in pins) for r in rows}
     if scope == "hot":
         return rows, marks
     out = list(rows) if scope == "all" else []
-    for archived in store.archived_contexts(type_):
+    for archived in states.archived_contexts(store, type_):
         head = store.get_head(ContextId.parse(archived.context))
         created = head.created_at if head is not None else archived.date
         type_name = archived.context.partition(":")[0]

@@ -9,7 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from terrarium import contexts
+from terrarium import lifecycle
 from terrarium.gateway.core import Core
 from terrarium.gateway.http import JSON, page, read_json
 from terrarium.gateway.ids import conversation_context, new_conversation_id
@@ -89,7 +89,7 @@ async def update(gw: Core, request: Request) -> Response:
 async def delete(gw: Core, request: Request) -> Response:
     """``DELETE /v1/conversations/{id}``: the context goes to the store's trash."""
     conversation_id, ctx = _context(request)
-    if not await gw.run(contexts.delete_context, gw.ledger.store, ctx, why="gateway"):
+    if not await gw.run(lifecycle.delete_context, gw.ledger.store, ctx, why="gateway"):
         raise not_found(f"Conversation with id '{conversation_id}' not found.")
     return JSON({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from terrarium import sessions
-from terrarium.contexts import delete_context
 from terrarium.errors import ContextExists, TerrariumError, install_hint
+from terrarium.lifecycle import delete_context
 from terrarium.model import HISTORY_KINDS, ContextId, EntryKind, SegmentStartState, as_logged
 from terrarium.stores.base import PodMetadata, Store, context_lock
 from terrarium.stores.url import open_store

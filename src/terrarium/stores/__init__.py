@@ -12,7 +12,6 @@ TYPE_CHECKING = False  # typing's costs more to import than this whole module
 
 if TYPE_CHECKING:
     from terrarium.stores.base import (
-        ArchivedContext,
         ContextLocking,
         Lifecycle,
         NewEntry,
@@ -25,7 +24,6 @@ if TYPE_CHECKING:
         SearchQuery,
         SegmentRead,
         Store,
-        TrashedContext,
     )
     from terrarium.stores.fs import FsStore
     from terrarium.stores.memory import MemoryStore
@@ -36,7 +34,6 @@ _BASE = "terrarium.stores.base"
 
 #: Each public name and the module that defines it.
 _NAMES = {
-    "ArchivedContext": _BASE,
     "ContextLocking": _BASE,
     "Lifecycle": _BASE,
     "NewEntry": _BASE,
@@ -49,7 +46,6 @@ _NAMES = {
     "Searchable": _BASE,
     "SegmentRead": _BASE,
     "Store": _BASE,
-    "TrashedContext": _BASE,
     "FsStore": "terrarium.stores.fs",
     "MemoryStore": "terrarium.stores.memory",
     "SqliteStore": "terrarium.stores.sqlite",
@@ -57,7 +53,6 @@ _NAMES = {
 }
 
 __all__ = [
-    "ArchivedContext",
     "ContextLocking",
     "FsStore",
     "Lifecycle",
@@ -73,7 +68,6 @@ __all__ = [
     "SegmentRead",
     "SqliteStore",
     "Store",
-    "TrashedContext",
     "open_store",
 ]
 

@@ -9,10 +9,8 @@ by the same :func:`compress`, so a blob copied out of the database decompresses 
 same form. Nothing is decoded to freeze; thawing decodes each line's envelope only
 (:func:`envelopes`) to refill the hot columns ``seq``, ``kind`` and ``ts``.
 
-``search`` over the archive (``SearchQuery.archived``) reads it: :func:`archived_hits` runs
-:func:`terrarium.search.scan` over the archived contexts, which a database store then merges
-with its index's hits by score. The archive has no index of its own, so hot appends and hot
-searches never pay for it; a search that asks for the archive decompresses all of it.
+The archive has no search index of its own, so hot appends and hot searches never pay for
+it; :func:`terrarium.search.search` reads the archived contexts when a query asks for them.
 
 Usage::
 
@@ -24,12 +22,12 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import groupby
 from operator import itemgetter
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 import zstandard
@@ -44,14 +42,9 @@ from terrarium.errors import (
 )
 from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores.base import (
-    PodMetadata,
-    SearchHit,
-    SearchQuery,
     SegmentRead,
     SessionRecord,
-    Store,
 )
-from terrarium.stores.lifecycle import LifecycleOps
 
 #: zstandard's level for archived segments: its default, ~4x smaller JSONL at ~300 MB/s.
 LEVEL = 3
@@ -73,7 +66,6 @@ def pyformat(statement: str) -> str:
 _HEAD_COLUMNS = "context, session_id, segment_id, created_at, updated_at"
 #: The head of an archived context (its session frozen), by id.
 ARCHIVED_HEAD = f"SELECT {_HEAD_COLUMNS} FROM archived_contexts WHERE context = ?"
-ARCHIVED_HEADS = f"SELECT {_HEAD_COLUMNS} FROM archived_contexts {{where}}"
 #: A context's head, hot or archived, in one statement: one snapshot, so a context that a
 #: freeze or a thaw moves between the two tables meanwhile is found in one of them (two
 #: statements could miss it in both).
@@ -174,56 +166,10 @@ def pack_session(lines: Iterable[Sequence[Any]], traces: Iterable[Sequence[Any]]
     return Frozen(segments, hot, cold)
 
 
-class _ArchiveView:
-    """The archived contexts of a store, as :func:`terrarium.search.scan` reads a store."""
-
-    def __init__(
-        self,
-        heads: list[PodMetadata],
-        list_segments: Callable[[SessionId], list[SegmentId]],
-        read_segment: Callable[[SessionId, SegmentId], SegmentRead],
-    ) -> None:
-        self._heads = heads
-        self.list_segments = list_segments
-        self._read = read_segment
-
-    def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
-        return self._heads
-
-    def read_segment(
-        self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
-    ) -> SegmentRead:
-        return self._read(session_id, segment_id)
-
-
-def archived_hits(
-    heads: list[PodMetadata],
-    list_segments: Callable[[SessionId], list[SegmentId]],
-    read_segment: Callable[[SessionId, SegmentId], SegmentRead],
-    query: SearchQuery,
-) -> list[SearchHit]:
-    """Hits for ``query`` among the archived contexts ``heads``, by reading each one.
-
-    Ranked by bm25 over the archive's items alone, so their scores are of the same measure
-    as an index's, not the same statistics.
-    """
-    from terrarium.search import scan  # the search layer sits above the stores
-
-    view = _ArchiveView(heads, list_segments, read_segment)
-    return scan(cast(Store, view), replace(query, archived=False))
-
-
-def merge_hits(hot: list[SearchHit], cold: list[SearchHit], limit: int) -> list[SearchHit]:
-    """The best ``limit`` of two ranked lists of hits, best first."""
-    if not cold:
-        return hot
-    return sorted(hot + cold, key=lambda hit: hit.score, reverse=True)[:limit]
-
-
-class SqlStates(LifecycleOps, ABC):
+class SqlStates(ABC):
     """:class:`~terrarium.stores.base.SessionStates` over ``sessions.state`` (JSON text, NULL
-    for ``{}``), under :class:`~terrarium.stores.lifecycle.LifecycleOps`: what both database
-    stores share (each inherits it first).
+    for ``{}``), which :mod:`terrarium.states` moves contexts with: what both database stores
+    share (each inherits it first).
 
     Each primitive is one write transaction: the record is read (its row locked), compared
     with the one expected, and written together with the physical move, which the store
@@ -406,20 +352,6 @@ class SqlStates(LifecycleOps, ABC):
             return None
         trace = self._cold(conn, "trace", session_id, segment_id)
         return [decode(line) for line in unpack_lines(trace)]
-
-    def _archived_heads(self, q: SearchQuery) -> list[PodMetadata]:
-        """The heads of the archived contexts a search of the archive reads."""
-        where, args = (
-            ("WHERE context = ?", (q.context,))
-            if q.context is not None
-            else ("WHERE type = ?", (q.type,))
-            if q.type is not None
-            else ("", ())
-        )
-        with self._read() as conn:
-            rows = conn.execute(self._q(ARCHIVED_HEADS.format(where=where)), args).fetchall()
-        heads = [PodMetadata(c, uuid.UUID(str(s)), uuid.UUID(str(g)), *t) for c, s, g, *t in rows]
-        return sorted(heads, key=lambda h: h.context.partition(":")[::2])
 
     def _frozen(self, conn: Any, session_id: SessionId) -> bool:
         """Whether the session exists and is frozen: the miss path of a write."""

@@ -16,8 +16,9 @@ Invariants every backend keeps (``tests/contract/`` checks each one on every bac
 * **Detached sessions.** :meth:`Store.create_session` starts a session of no context;
   :meth:`Store.attach_context` gives it one, once. Listing and search never show it, and only
   a purge of the trash deletes it.
-* **Lifecycle.** A context is hot, archived or trashed (:class:`Lifecycle`). Archived contexts
-  keep reading; a write moves one back first. Only the purges remove data for ever.
+* **States.** A context is hot, archived or trashed: :mod:`terrarium.states` moves it over
+  the :class:`SessionStates` primitives. A frozen session keeps reading; a write thaws it
+  first (:func:`wake_session`). Only :meth:`~SessionStates.delete_session` removes data.
 
 Optional abilities are sub-protocols detected with ``isinstance`` (:class:`Searchable`,
 :class:`BlobStore`, :class:`Notifying`, ...), never stubs that raise ``NotImplementedError``.
@@ -34,7 +35,7 @@ from typing import Any, Protocol, Self, runtime_checkable
 
 import msgspec
 
-from terrarium.errors import InvalidEntry
+from terrarium.errors import ConflictError, InvalidEntry, SegmentNotFound
 from terrarium.model import (
     ENVELOPE_KEYS,
     FORMAT_VERSION,
@@ -151,11 +152,6 @@ class Store(PodMetadataStore, Protocol):
         """
         ...
 
-    def delete_context(self, context: ContextId) -> bool:
-        """Take the context away, its session and every segment (to the trash, on a
-        :class:`Lifecycle` store); False if it did not exist."""
-        ...
-
     def create_session(self, header: Mapping[str, Any]) -> None:
         """Create a session that belongs to no context, with ``header`` as its root segment.
 
@@ -179,10 +175,6 @@ class Store(PodMetadataStore, Protocol):
             SessionAttached: the session already belongs to a context.
             SegmentNotFound: no such session, or no such segment in it.
         """
-        ...
-
-    def detached_sessions(self) -> list[SessionId]:
-        """The sessions that belong to no context, oldest first."""
         ...
 
     def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
@@ -273,7 +265,8 @@ class SearchQuery:
     """Only items of this role (``user``, ``assistant``)."""
     limit: int = 20
     archived: bool = False
-    """Search archived contexts too (a :class:`Lifecycle` store reads its archive for them)."""
+    """Search archived contexts too (:func:`terrarium.search.search` reads them; a store's
+    own ``search`` leaves this to it)."""
     all_branches: bool = False
     """Also find what is no longer in a context's conversation (a cleared, compacted or
     rewound branch); :func:`terrarium.search.search` marks such hits ``branch="off"``."""
@@ -489,120 +482,6 @@ class Notifying(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class ArchivedContext:
-    """One archived context, as the archive lists it (nothing is decompressed to list it)."""
-
-    context: str
-    """The context id, ``type:name``."""
-    date: str
-    """The creation date, ``YYYY-MM-DD``."""
-    archived_at: str
-    """When it was archived (UTC, RFC 3339)."""
-    last_active: str
-    """Timestamp of the head segment's last entry when it was archived."""
-    message_count: int
-    """History items in the head segment's restored state when it was archived."""
-    hot_bytes: int
-    """Bytes its log took in the hot store."""
-    archived_bytes: int
-    """Bytes it takes in the archive (compressed)."""
-    pinned: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class TrashedContext:
-    """One deleted context waiting in the trash, newest first in listings."""
-
-    trash_id: str
-    """Names this trash entry (a context id can be deleted, recreated and deleted again)."""
-    context: str
-    """The context id it had."""
-    date: str
-    """Its creation date, ``YYYY-MM-DD``."""
-    deleted_at: str
-    """When it was deleted (UTC, RFC 3339)."""
-    archived: bool
-    """It was archived when deleted; a restore puts it back into the archive."""
-    message_count: int
-    bytes: int
-    """Bytes it takes in the trash."""
-    pinned: bool = False
-
-
-@runtime_checkable
-class Lifecycle(Protocol):
-    """A store whose contexts can be archived, trashed, restored, purged and pinned.
-
-    States: a context is *hot* (listed, written), *archived* (compressed, out of the hot
-    listing and hot tables, still readable) or *trashed* (gone from ``get_head`` and every
-    listing, restorable). Every change of state is crash-safe: a kill at any point leaves the
-    context in exactly one state, readable, and the next call (or ``fsck --repair``) finishes
-    or rolls the change back.
-
-    Archived contexts:
-
-    * :meth:`get_head` still returns the head; ``read_segment``, ``list_segments``,
-      ``next_seq`` and ``read_trace`` read from the archive; the hot ``list_contexts``,
-      ``list_contexts_fast`` and ``search`` leave them out.
-    * ``create_context`` of an archived id raises ``ContextExists``.
-    * Any write (``append``, ``create_segment``, ``set_head``, ``append_trace``) to an
-      archived context first unarchives it, under the context's lock, then writes.
-    * ``delete_context`` moves it to the trash still archived.
-
-    Trash: :meth:`Store.delete_context` moves a hot or archived context into the trash, where
-    it keeps its data and its pin. Its id is free again at once (``create_context`` works).
-    """
-
-    def archive_context(self, context: ContextId) -> ArchivedContext | None:
-        """Move a hot context into the archive; None if there is no hot context of that id.
-
-        Pins do not stop an explicit archive: policies skip pinned contexts themselves.
-        """
-        ...
-
-    def unarchive_context(self, context: ContextId) -> bool:
-        """Move an archived context back to the hot store; False if it is not archived."""
-        ...
-
-    def is_archived(self, context: ContextId) -> bool:
-        """Whether the context exists and is archived."""
-        ...
-
-    def archived_contexts(self, type: str | None = None) -> list[ArchivedContext]:
-        """Every archived context, optionally of one type, sorted by context id."""
-        ...
-
-    def trashed_contexts(self) -> list[TrashedContext]:
-        """Everything in the trash, most recently deleted first."""
-        ...
-
-    def restore_trashed(self, trash_id: str, *, as_context: ContextId | None = None) -> PodMetadata:
-        """Bring a trashed context back (as ``as_context`` if given) in the state it was in.
-
-        Raises:
-            NotInTrash: no trash entry of that id.
-            ContextExists: the id it would take is in use (hot or archived).
-        """
-        ...
-
-    def purge_trashed(self, trash_id: str) -> bool:
-        """Delete a trash entry for ever; False if there is none of that id."""
-        ...
-
-    def purge_context(self, context: ContextId) -> bool:
-        """Delete a hot or archived context for ever, bypassing the trash; False if absent."""
-        ...
-
-    def pin_context(self, context: ContextId, pinned: bool = True) -> bool:
-        """Pin (or unpin) a hot or archived context; False if there is no such context."""
-        ...
-
-    def pinned_contexts(self) -> frozenset[str]:
-        """The ids of the pinned contexts, hot or archived (not trashed ones)."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
 class SessionRecord:
     """One session with a non-empty state record, as :meth:`SessionStates.session_records`
     lists it."""
@@ -615,7 +494,7 @@ class SessionRecord:
 
 @runtime_checkable
 class SessionStates(Protocol):
-    """The narrow primitives that lifecycle (:mod:`terrarium.stores.lifecycle`) is written on.
+    """The narrow primitives that the states feature (:mod:`terrarium.states`) is written on.
 
     Each session has a *state record*, a small JSON object (``{}`` until something is set),
     changed only by compare-and-set: every call that changes it takes the record it expects
@@ -627,7 +506,7 @@ class SessionStates(Protocol):
     its cold form. A frozen session reads as before (``read_segment``, ``list_segments``,
     ``next_seq``, ``read_trace``, and ``get_head`` of its context) but leaves the hot listing
     and search; any write to it (``append``, ``create_segment``, ``set_head``,
-    ``append_trace``) first calls ``self.wake_session(session_id)``, which thaws it or raises.
+    ``append_trace``) first calls :func:`wake_session`, which thaws it or raises.
     """
 
     def session_state(self, session_id: SessionId) -> dict[str, Any]:
@@ -692,6 +571,41 @@ class SessionStates(Protocol):
         Raises SessionAttached if it belongs to a context.
         """
         ...
+
+
+@runtime_checkable
+class Lifecycle(Store, SessionStates, Protocol):
+    """A store with the state primitives, which :mod:`terrarium.states` archives, trashes,
+    restores, purges and pins (every backend here is one)."""
+
+
+#: Compare-and-set retries before a move gives up with the ConflictError: each retry follows
+#: another process's change of the same record, so more than a few means a livelock.
+ATTEMPTS = 50
+
+
+def wake_session(store: SessionStates, session_id: SessionId) -> bool:
+    """Thaw a frozen session before a write to it; whether it was frozen.
+
+    The write path of every backend calls it. The thaw drops ``archived`` with ``cold``: a
+    written context is hot again.
+
+    Raises SegmentNotFound for a frozen session that is detached: it is in the trash (or
+    being purged), and the trash is not written.
+    """
+    for _ in range(ATTEMPTS):
+        state = store.session_state(session_id)
+        if "cold" not in state:
+            return False
+        if store.session_owner(session_id) is None:
+            raise SegmentNotFound(f"session {session_id} is in the trash")
+        rest = {k: v for k, v in state.items() if k not in ("archived", "cold")}
+        try:
+            store.thaw_session(session_id, expected=state, state=rest)
+        except ConflictError:
+            continue
+        return True
+    raise ConflictError(f"session {session_id} kept changing while it was being woken")
 
 
 @runtime_checkable

@@ -363,3 +363,10 @@ class Ranker:
         args.append(q.limit)
         rows = conn.execute(f"{sql}{where} ORDER BY r, {table}.rowid DESC LIMIT ?", args)
         return [(rowid, -rank) for rowid, rank in rows]
+
+
+def merge_hits(hot: list[SearchHit], cold: list[SearchHit], limit: int) -> list[SearchHit]:
+    """The best ``limit`` of two ranked lists of hits, best first."""
+    if not cold:
+        return hot
+    return sorted(hot + cold, key=lambda hit: hit.score, reverse=True)[:limit]

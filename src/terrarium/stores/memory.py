@@ -6,9 +6,9 @@ use it as a fast double. Entries are kept as the dicts a decoder would produce f
 so what it returns is exactly what a persistent backend returns. It holds nothing across
 processes and never has torn tails.
 
-Lifecycle is :class:`~terrarium.stores.lifecycle.LifecycleOps` over the state primitives: the
-records are a dict, and a frozen session stays where it is (there is nothing to compress in
-memory) but leaves the hot listing.
+The state primitives (:class:`~terrarium.stores.base.SessionStates`, which
+:mod:`terrarium.states` moves contexts with) keep the records in a dict; a frozen session
+stays where it is (there is nothing to compress in memory) but leaves the hot listing.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from terrarium.stores.base import (
     SessionRecord,
     header_line,
     iter_lines,
+    wake_session,
 )
-from terrarium.stores.lifecycle import LifecycleOps
 
 
 @dataclass
@@ -109,7 +109,7 @@ class _MemoryBlobs:
         return len(gone)
 
 
-class MemoryStore(LifecycleOps, _MemoryBlobs):
+class MemoryStore(_MemoryBlobs):
     """A store in process memory: the oracle for tests and a fast double."""
 
     def __init__(self, *, blob_threshold: int | None = DEFAULT_THRESHOLD) -> None:
@@ -210,7 +210,6 @@ class MemoryStore(LifecycleOps, _MemoryBlobs):
             return head
 
     # ---------------------------------------------------------------- state primitives
-    # (the lifecycle itself is LifecycleOps, written once for every backend)
 
     def session_state(self, session_id: SessionId) -> dict[str, Any]:
         """The session's state record."""
@@ -310,7 +309,7 @@ class MemoryStore(LifecycleOps, _MemoryBlobs):
     def _wake(self, session_id: SessionId) -> None:
         """Thaw the session before a write to it (the caller holds ``_lock``)."""
         if session_id in self._frozen:
-            self.wake_session(session_id)
+            wake_session(self, session_id)
 
     @contextmanager
     def lock_context(self, context: ContextId) -> Iterator[None]:

@@ -44,7 +44,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from terrarium import contexts, export, search
+from terrarium import contexts, export, lifecycle, search
 from terrarium.errors import (
     ContextExists,
     ContextNotFound,
@@ -658,7 +658,7 @@ async def action(request: Request) -> Response:
         await asyncio.to_thread(compact, reopen, model, context)
         return RedirectResponse("/session?" + urlencode({"c": str(context)}), 303)
     if name == "delete":
-        if not await asyncio.to_thread(dash.call, contexts.delete_context, context):
+        if not await asyncio.to_thread(dash.call, lifecycle.delete_context, context):
             raise contexts.not_found(context)
         return RedirectResponse("/sessions", 303)
     if name in data.LIFECYCLE_ACTIONS:

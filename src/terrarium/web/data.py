@@ -35,7 +35,7 @@ from typing import Any
 
 import msgspec
 
-from terrarium import contexts, legacy, sessions
+from terrarium import contexts, legacy, sessions, states
 from terrarium.errors import (
     ContextNotFound,
     IndexUnavailable,
@@ -51,8 +51,8 @@ from terrarium.model import (
     item_label,
     item_text,
 )
+from terrarium.states import ArchivedContext
 from terrarium.stores.base import (
-    ArchivedContext,
     IndexedListing,
     Lifecycle,
     Listing,
@@ -329,7 +329,9 @@ def list_page(
     query = _query(sort, cursor, limit, type, text, since, until)
     life = store if isinstance(store, Lifecycle) else None
     archived = (
-        [_archived_row(a) for a in life.archived_contexts()] if life and state != "hot" else []
+        [_archived_row(a) for a in states.archived_contexts(life)]
+        if life and state != "hot"
+        else []
     )
     (rows, types), tokens, pending = _page_rows(
         store, query, sort, state, archived, activity, budget
@@ -337,7 +339,7 @@ def list_page(
     page, more = rows[:limit], len(rows) > limit
     if activity is not None and not tokens:  # from the index: the tallies of this page only
         tokens = activity.tokens_of(store, page)
-    pinned = life.pinned_contexts() if life else frozenset()
+    pinned = states.pinned_contexts(life) if life else frozenset()
     return {
         "contexts": _shown(page, archived, pinned, tokens if activity is not None else None),
         "next_cursor": encode_cursor(_key(page[-1], sort, tokens)) if more and page else None,
@@ -1053,9 +1055,9 @@ def lifecycle_counts(store: Store) -> dict[str, int] | None:
     if not isinstance(store, Lifecycle):
         return None
     return {
-        "archived": len(store.archived_contexts()),
-        "trashed": len(store.trashed_contexts()),
-        "pinned": len(store.pinned_contexts()),
+        "archived": len(states.archived_contexts(store)),
+        "trashed": len(states.trashed_contexts(store)),
+        "pinned": len(states.pinned_contexts(store)),
     }
 
 
@@ -1314,8 +1316,8 @@ def context_state(store: Store, context: ContextId) -> dict[str, Any] | None:
     if not isinstance(store, Lifecycle):
         return None
     return {
-        "state": "archived" if store.is_archived(context) else "hot",
-        "pinned": str(context) in store.pinned_contexts(),
+        "state": "archived" if states.is_archived(store, context) else "hot",
+        "pinned": str(context) in states.pinned_contexts(store),
     }
 
 
@@ -1336,7 +1338,7 @@ def trash(store: Store) -> dict[str, Any]:
                 "bytes": t.bytes,
                 "pinned": t.pinned,
             }
-            for t in store.trashed_contexts()
+            for t in states.trashed_contexts(store)
         ],
     }
 
@@ -1355,11 +1357,11 @@ def change_state(store: Store, context: ContextId, action: str) -> None:
     if not isinstance(store, Lifecycle):
         raise BadRequest("this store has no lifecycle states (archive, trash, pins)")
     if action == "archive":
-        done = store.archive_context(context) is not None
+        done = states.archive_context(store, context) is not None
     elif action == "unarchive":
-        done = store.unarchive_context(context)
+        done = states.unarchive_context(store, context)
     elif action in ("pin", "unpin"):
-        done = store.pin_context(context, action == "pin")
+        done = states.pin_context(store, context, action == "pin")
     else:
         raise BadRequest(f"action must be one of {', '.join(LIFECYCLE_ACTIONS)}")
     if not done:
@@ -1377,7 +1379,7 @@ def restore_trashed(store: Store, trash_id: str) -> ContextId:
     """
     if not isinstance(store, Lifecycle):
         raise BadRequest("this store has no trash")
-    return ContextId.parse(store.restore_trashed(trash_id).context)
+    return ContextId.parse(states.restore_trashed(store, trash_id).context)
 
 
 def signature(store: Store, context: ContextId | None, activity: Activity | None = None) -> str:

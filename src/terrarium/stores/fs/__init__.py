@@ -75,6 +75,7 @@ from terrarium.stores._files import (
     write_new,
 )
 from terrarium.stores.base import (
+    ATTEMPTS,
     ClosingStore,
     ContextSummary,
     ListingQuery,
@@ -86,6 +87,7 @@ from terrarium.stores.base import (
     entry_line,
     header_line,
     iter_lines,
+    wake_session,
 )
 from terrarium.stores.fs import search as fs_search
 from terrarium.stores.fs._blobs import FsBlobs
@@ -127,7 +129,6 @@ from terrarium.stores.fs.salvage import (
     session_of,
     set_aside_once,
 )
-from terrarium.stores.lifecycle import ATTEMPTS, LifecycleOps
 from terrarium.stores.locks import file_lock
 
 __all__ = [
@@ -168,7 +169,7 @@ class _Open:
     """When an append last left the search index's dirty marker (monotonic seconds)."""
 
 
-class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
+class FsStore(FsStates, FsBlobs, ClosingStore):
     """A store of plain files under one root directory (see the module docstring)."""
 
     def __init__(
@@ -407,7 +408,7 @@ class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
         frozen one is woken first (outside every lock: a wake is a move)."""
         for _ in range(ATTEMPTS):
             if frozen(self.root, session_id):
-                self.wake_session(session_id)
+                wake_session(self, session_id)
             with self._session_lock(session_id, shared=True):
                 if not frozen(self.root, session_id):
                     return write()
@@ -561,8 +562,8 @@ class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
             make_dirs(self._inside(path.parent))
             write_atomic(path, data, sync=self._sync())
 
-    # ---------------------------------------------------------------- lifecycle
-    # LifecycleOps is the lifecycle, over the primitives of FsStates (``_states``).
+    # ---------------------------------------------------------------- state primitives
+    # FsStates (``_states``) has them; here is what they ask of the rest of the store.
 
     def _forget_session(self, session_id: SessionId) -> None:
         """Close the cached descriptors of a session whose folder moves."""
@@ -891,7 +892,7 @@ class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
         """
         head = self._require_head(context)
         if frozen(self.root, head.session_id):
-            self.wake_session(head.session_id)
+            wake_session(self, head.session_id)
         with (
             self.lock_context(context),
             self._head_lock(context),
@@ -1107,18 +1108,11 @@ class FsStore(LifecycleOps, FsStates, FsBlobs, ClosingStore):
     def search(self, query: SearchQuery) -> list[SearchHit]:
         """Ranked hits for ``query`` over every segment of every hot context (via the index).
 
-        With ``query.archived`` the archived contexts are searched too, by a scan of every
-        context (:func:`terrarium.search.scan`: the index holds hot contexts only).
-
         Raises:
             IndexUnavailable: the index cannot be brought up to date (read-only and behind,
                 disk full, locked for ``search.BUSY_TIMEOUT``): search the files instead,
                 as :func:`terrarium.search.search` does.
         """
-        if query.archived:
-            from terrarium.search import scan
-
-            return scan(self, query)
         return self.search_index.search(query)
 
     def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:

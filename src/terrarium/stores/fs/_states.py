@@ -1,6 +1,6 @@
 """The state records of an ``FsStore`` and its physical lifecycle moves: freeze, thaw, detach
 and delete, the primitives of :class:`~terrarium.stores.base.SessionStates` that
-:class:`~terrarium.stores.lifecycle.LifecycleOps` drives (it holds every lifecycle rule).
+:mod:`terrarium.states` drives (it holds every lifecycle rule).
 
 * **Records.** ``.states/{session}.json``, one small JSON object per session that has one,
   replaced atomically (write, fsync, rename) under the session's lock ``.locks/session/{id}``;
@@ -196,7 +196,6 @@ class FsStates(Tree):
         def _head_lock(self, context: ContextId) -> contextlib.AbstractContextManager[None]: ...
         def _session_folder(self, session_id: SessionId) -> Path: ...
         def folder_of(self, context: ContextId) -> Path | None: ...
-        def wake_session(self, session_id: SessionId) -> bool: ...
 
     def _state_path(self, session_id: SessionId, suffix: str = ".json") -> Path:
         return self._inside(self.root / STATES) / f"{session_id}{suffix}"

@@ -51,14 +51,13 @@ from terrarium.stores._archive import (
     ARCHIVED_HEAD,
     HEAD_ANY,
     SqlStates,
-    archived_hits,
-    merge_hits,
     pyformat,
     state_record,
 )
 from terrarium.stores._redact import redact_url
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
+    ATTEMPTS,
     ClosingStore,
     ContextSummary,
     ListingQuery,
@@ -69,9 +68,9 @@ from terrarium.stores.base import (
     SegmentRead,
     header_line,
     iter_lines,
+    wake_session,
 )
 from terrarium.stores.fts import check_query
-from terrarium.stores.lifecycle import ATTEMPTS
 
 try:
     import psycopg
@@ -348,11 +347,7 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
         q = check_query(query)
         self.catch_up()
         with self._pool.connection() as conn:
-            hits = search.find(conn, q, window=max(RANK_WINDOW, q.limit))
-        if not q.archived:
-            return hits
-        cold = archived_hits(self._archived_heads(q), self.list_segments, self.read_segment, q)
-        return merge_hits(hits, cold, q.limit)
+            return search.find(conn, q, window=max(RANK_WINDOW, q.limit))
 
     # ---------------------------------------------------------------- contexts
 
@@ -497,7 +492,7 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
         conn.close()
 
     # ---------------------------------------------------------------- frozen sessions
-    # Lifecycle is LifecycleOps over SqlStates' records; here are the rows each move takes
+    # SqlStates keeps the records; here are the rows each move takes
     # (._lifecycle). A write finds a frozen session on its miss path only, wakes it
     # (wake_session, on the writer's own connection) and tries again.
 
@@ -543,7 +538,7 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
         must not wait for a second); whether the session was frozen."""
         self._local.conn = conn
         try:
-            return self.wake_session(session_id)
+            return wake_session(self, session_id)
         finally:
             self._local.conn = None
 

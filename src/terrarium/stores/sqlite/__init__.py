@@ -54,8 +54,6 @@ from terrarium.stores._archive import (
     HEAD_ANY,
     STATE,
     SqlStates,
-    archived_hits,
-    merge_hits,
     state_record,
 )
 from terrarium.stores._seqs import SeqGuesses
@@ -70,8 +68,9 @@ from terrarium.stores.base import (
     SegmentRead,
     header_line,
     iter_lines,
+    wake_session,
 )
-from terrarium.stores.fts import Fts5Tables, Ranker, check_query, fts5_phrases
+from terrarium.stores.fts import Fts5Tables, Ranker, check_query, fts5_phrases, merge_hits
 from terrarium.stores.locks import file_lock
 from terrarium.stores.sqlite import _lifecycle as lifecycle
 from terrarium.stores.sqlite import _sql as sql
@@ -397,7 +396,7 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
         with self._write() as conn:
             row = conn.execute(sql.HEAD, (str(context),)).fetchone()
             while row is None and (cold := conn.execute(ARCHIVED_HEAD, (str(context),)).fetchone()):
-                self.wake_session(uuid.UUID(cold[1]))
+                wake_session(self, uuid.UUID(cold[1]))
                 row = conn.execute(sql.HEAD, (str(context),)).fetchone()
             if row is None:
                 raise ContextNotFound(f"context {context} does not exist")
@@ -504,11 +503,7 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
                 late = late_hits(conn, q, phrases)
             except sqlite3.OperationalError as exc:
                 raise self._error(exc, "search failed: ") from exc
-        hits = merge_hits(hits, late, q.limit)
-        if q.archived:
-            cold = archived_hits(self._archived_heads(q), self.list_segments, self.read_segment, q)
-            return merge_hits(hits, cold, q.limit)
-        return hits
+        return merge_hits(hits, late, q.limit)
 
     def _try_catch_up(self) -> None:
         """Catch the derived state up before a read, where it can be written; else the read
@@ -647,9 +642,9 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
         )
 
     # ---------------------------------------------------------------- frozen sessions
-    # Lifecycle is LifecycleOps over SqlStates' records; here are the rows each move takes
-    # (._lifecycle). A write finds a frozen session on its miss path only, wakes it
-    # (wake_session) and tries again: a hot write never looks at the archive.
+    # SqlStates keeps the records; here are the rows each move takes (._lifecycle). A write
+    # finds a frozen session on its miss path only, wakes it (wake_session) and tries again:
+    # a hot write never looks at the archive.
 
     def _freeze_rows(self, conn: sqlite3.Connection, session: str) -> tuple[int, int]:
         return lifecycle.freeze(conn, session)
@@ -668,7 +663,7 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
     def _woke(self, conn: sqlite3.Connection, session: str) -> bool:
         """Wake the session if it is frozen (SegmentNotFound in the trash); whether it was."""
         session_id = uuid.UUID(session)
-        return self._frozen(conn, session_id) and self.wake_session(session_id)
+        return self._frozen(conn, session_id) and wake_session(self, session_id)
 
     def _tail_waking(self, conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, int]:
         """:func:`_tail`, after waking the segment's session if it is frozen: the miss path of
@@ -698,7 +693,7 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
             if row is None:
                 raise SegmentNotFound(f"session {session_id} does not exist")
             if "cold" in state_record(row[0]):  # frozen: back to the hot tables first
-                self.wake_session(session_id)
+                wake_session(self, session_id)
             if conn.execute(sql.SEGMENT_EXISTS, (s, g)).fetchone():
                 raise ConflictError(f"segment {segment_id} already exists")
             seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid

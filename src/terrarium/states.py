@@ -1,0 +1,476 @@
+"""A context's states (hot, archived, trashed, pinned) and the moves between them, written once
+over the :class:`~terrarium.stores.base.SessionStates` primitives every backend has.
+
+Everything a context's state is lives in its session's *state record*, changed only by
+compare-and-set, in the same atomic step as the physical move that goes with it:
+
+* ``archived``: the session is frozen (out of the hot listing); the value is the summary
+  :func:`archived_contexts` lists. :func:`archive_context` is one ``freeze_session``;
+  :func:`unarchive_context` (and a write's :func:`~terrarium.stores.base.wake_session`) a thaw.
+* ``pinned``: ``true`` while pinned; it follows the context into the trash and back.
+* ``trashed``: the trash entry. :func:`delete_context` is one ``detach_context``: the session
+  stays, detached, with its bytes and its other keys; the id is free at once.
+  :func:`restore_trashed` thaws it (unless it was archived), attaches it, then drops the key.
+* ``purging``: a purge under way; ``delete_session`` follows.
+
+Restore is two steps (attach, then drop ``trashed``), and so is a purge (mark, then delete):
+:func:`finish_lifecycle` (``fsck --repair``) completes both from the record. Nothing else is
+deleted by a clean-up. :mod:`terrarium.lifecycle` decides what to move and logs it.
+
+Usage::
+
+    states.archive_context(store, ContextId.parse("cli:old"))
+    entry = states.trashed_contexts(store)[0]
+    states.restore_trashed(store, entry.trash_id)
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from terrarium import codec
+from terrarium.errors import (
+    ConflictError,
+    ContextExists,
+    ContextNotFound,
+    NotInTrash,
+    SegmentNotFound,
+    SessionAttached,
+)
+from terrarium.model import ContextId, SessionId, new_segment_id, utc_now
+from terrarium.sessions import restore_by_segment
+from terrarium.stores.base import (
+    ATTEMPTS,
+    Lifecycle,
+    PodMetadata,
+    SessionRecord,
+    Store,
+    wake_session,
+)
+
+__all__ = [
+    "ArchivedContext",
+    "TrashedContext",
+    "archive_context",
+    "archived_contexts",
+    "delete_context",
+    "finish_lifecycle",
+    "is_archived",
+    "pin_context",
+    "pinned_contexts",
+    "purge_context",
+    "purge_trashed",
+    "restore_trashed",
+    "trashed_contexts",
+    "unarchive_context",
+    "unfinished_lifecycle",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedContext:
+    """One archived context, as the archive lists it (nothing is decompressed to list it)."""
+
+    context: str
+    """The context id, ``type:name``."""
+    date: str
+    """The creation date, ``YYYY-MM-DD``."""
+    archived_at: str
+    """When it was archived (UTC, RFC 3339)."""
+    last_active: str
+    """Timestamp of the head segment's last entry when it was archived."""
+    message_count: int
+    """History items in the head segment's restored state when it was archived."""
+    hot_bytes: int
+    """Bytes its log took in the hot store."""
+    archived_bytes: int
+    """Bytes it takes in the archive (compressed)."""
+    pinned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TrashedContext:
+    """One deleted context waiting in the trash, newest first in listings."""
+
+    trash_id: str
+    """Names this trash entry (a context id can be deleted, recreated and deleted again)."""
+    context: str
+    """The context id it had."""
+    date: str
+    """Its creation date, ``YYYY-MM-DD``."""
+    deleted_at: str
+    """When it was deleted (UTC, RFC 3339)."""
+    archived: bool
+    """It was archived when deleted; a restore puts it back into the archive."""
+    message_count: int
+    bytes: int
+    """Bytes it takes in the trash."""
+    pinned: bool = False
+
+
+# ------------------------------------------------------------------ archive
+
+
+def archive_context(store: Lifecycle, context: ContextId) -> ArchivedContext | None:
+    """Freeze a hot context's session; None if there is no hot context of that id."""
+    for _ in range(ATTEMPTS):
+        found = _head_state(store, context)
+        if found is None or "archived" in found[1]:
+            return None
+        head, state = found
+        try:
+            summary = {**_summary(store, head), "archived_at": utc_now()}
+            stored = store.freeze_session(
+                head.session_id, expected=state, state={**state, "archived": summary}
+            )
+        except (ConflictError, ContextNotFound, SegmentNotFound):  # changed meanwhile
+            continue
+        return _archived(str(context), stored)
+    raise ConflictError(f"{context} kept changing while it was being archived")
+
+
+def unarchive_context(store: Lifecycle, context: ContextId) -> bool:
+    """Thaw an archived context's session; False if it is not archived."""
+    found = _head_state(store, context)
+    if found is None or "archived" not in found[1]:
+        return False
+    return wake_session(store, found[0].session_id)
+
+
+def is_archived(store: Lifecycle, context: ContextId) -> bool:
+    """Whether the context exists and is archived."""
+    found = _head_state(store, context)
+    return found is not None and "archived" in found[1]
+
+
+def archived_contexts(store: Lifecycle, type: str | None = None) -> list[ArchivedContext]:
+    """Every archived context, optionally of one type, sorted by context id."""
+    found = [
+        _archived(r.owner, r.state)
+        for r in store.session_records()
+        if r.owner is not None and "archived" in r.state
+        if type is None or r.owner.split(":", 1)[0] == type
+    ]
+    return sorted(found, key=lambda a: ContextId.parse(a.context))
+
+
+# ------------------------------------------------------------------ trash
+
+
+def delete_context(store: Lifecycle, context: ContextId) -> bool:
+    """Move the context to the trash (its session detached, with its record); False if
+    there is no such context."""
+    for _ in range(ATTEMPTS):
+        found = _head_state(store, context)
+        if found is None:
+            return False
+        head, state = found
+        try:
+            counted = _message_count(store, head), _bytes(store, head.session_id, state)
+        except SegmentNotFound:  # purged meanwhile
+            continue
+        entry = {
+            "trash_id": str(new_segment_id()),  # a UUIDv7: time-ordered
+            "context": str(context),
+            "date": head.date,
+            "deleted_at": utc_now(),
+            "segment_id": str(head.segment_id),
+            "message_count": counted[0],
+            "bytes": counted[1],
+        }
+        trashed = {**state, "trashed": entry}
+        try:
+            store.detach_context(context, head.session_id, expected=state, state=trashed)
+        except (ConflictError, ContextNotFound):
+            continue
+        _seal(store, head.session_id, trashed)
+        return True
+    raise ConflictError(f"{context} kept changing while it was being deleted")
+
+
+def trashed_contexts(store: Lifecycle) -> list[TrashedContext]:
+    """Everything in the trash, most recently deleted first."""
+    entries = [_trashed(r.state) for r in store.session_records() if _in_trash(r)]
+    return sorted(entries, key=lambda e: (e.deleted_at, e.trash_id), reverse=True)
+
+
+def restore_trashed(
+    store: Lifecycle, trash_id: str, *, as_context: ContextId | None = None
+) -> PodMetadata:
+    """Attach a trashed session again (as ``as_context`` if given), in its state.
+
+    Raises:
+        NotInTrash: no trash entry of that id.
+        ContextExists: the id it would take is in use.
+    """
+    record = _find_trashed(store, trash_id)
+    session_id, state, entry = record.session_id, record.state, record.state["trashed"]
+    target = ContextId.parse(as_context if as_context is not None else entry["context"])
+    if "cold" in state and "archived" not in state:
+        # Hot before its delete: thawed first, so that no kill leaves it attached but
+        # frozen (out of every listing); a thawed entry still in the trash is resealed.
+        try:
+            store.thaw_session(session_id, expected=state, state=_without(state, "cold"))
+        except ConflictError:  # restored or purged meanwhile: look again
+            return restore_trashed(store, trash_id, as_context=as_context)
+    try:
+        head = store.attach_context(target, session_id, uuid.UUID(entry["segment_id"]))
+    except SessionAttached:
+        raise NotInTrash(f"nothing in the trash has the id {trash_id!r}") from None
+    except ContextExists:
+        if store.session_owner(session_id) is not None:  # another restore took it first
+            raise NotInTrash(f"nothing in the trash has the id {trash_id!r}") from None
+        _seal(store, session_id, store.session_state(session_id))
+        raise
+    _reopen(store, session_id, entry["trash_id"])
+    return head
+
+
+def purge_trashed(store: Lifecycle, trash_id: str) -> bool:
+    """Delete a trash entry for ever; False if there is none of that id."""
+    try:
+        record = _find_trashed(store, trash_id)
+    except NotInTrash:
+        return False
+    try:
+        store.set_session_state(
+            record.session_id, {**record.state, "purging": True}, expected=record.state
+        )
+    except ConflictError:
+        return purge_trashed(store, trash_id)  # changed meanwhile: look again
+    try:
+        store.delete_session(record.session_id)  # False: a repair finished it meanwhile
+    except SessionAttached:  # restored meanwhile: the restore has the last word
+        return False
+    return True
+
+
+def purge_context(store: Lifecycle, context: ContextId) -> bool:
+    """Delete a hot or archived context for ever, bypassing the trash; False if absent."""
+    for _ in range(ATTEMPTS):
+        found = _head_state(store, context)
+        if found is None:
+            return False
+        head, state = found
+        try:
+            store.detach_context(
+                context, head.session_id, expected=state, state={**state, "purging": True}
+            )
+        except (ConflictError, ContextNotFound):
+            continue
+        store.delete_session(head.session_id)
+        return True
+    raise ConflictError(f"{context} kept changing while it was being purged")
+
+
+# ------------------------------------------------------------------ pins
+
+
+def pin_context(store: Lifecycle, context: ContextId, pinned: bool = True) -> bool:
+    """Pin (or unpin) a hot or archived context; False if there is no such context."""
+    found = _head_state(store, context)
+    if found is None:
+        return False
+    try:
+        if pinned:
+            _set_key(store, found[0].session_id, "pinned", True)
+        else:
+            _drop_key(store, found[0].session_id, "pinned")
+    except SegmentNotFound:  # purged meanwhile
+        return False
+    return True
+
+
+def pinned_contexts(store: Lifecycle) -> frozenset[str]:
+    """The ids of the pinned contexts, hot or archived (not trashed ones)."""
+    return frozenset(r.owner for r in store.session_records() if r.owner and r.state.get("pinned"))
+
+
+# ------------------------------------------------------------------ repair
+
+
+def unfinished_lifecycle(store: Lifecycle) -> list[SessionRecord]:
+    """The records of deletes, restores and purges that were killed half way."""
+    return [r for r in store.session_records() if _unfinished(r)]
+
+
+def finish_lifecycle(store: Lifecycle) -> int:
+    """Complete every delete, restore and purge that was killed half way; how many."""
+    done = 0
+    for record in unfinished_lifecycle(store):
+        trashed = record.state.get("trashed") or {}
+        try:
+            if record.owner is not None and trashed:  # a restore: attached, still trashed
+                _reopen(store, record.session_id, trashed["trash_id"])
+            elif record.owner is not None:  # a purge that a restore overtook
+                _drop_key(store, record.session_id, "purging")
+            elif record.state.get("purging"):  # a purge: detached and marked
+                store.delete_session(record.session_id)
+            else:  # a delete: detached, not yet frozen
+                _seal(store, record.session_id, record.state)
+        except SegmentNotFound:  # purged meanwhile: nothing left to finish
+            continue
+        done += 1
+    return done
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _head_state(store: Lifecycle, context: ContextId) -> tuple[PodMetadata, dict[str, Any]] | None:
+    """The context's head and its session's record, read together; None if there is no such
+    context (a session purged between the two reads is looked up again)."""
+    for _ in range(ATTEMPTS):
+        head = store.get_head(context)
+        if head is None:
+            return None
+        try:
+            return head, store.session_state(head.session_id)
+        except SegmentNotFound:
+            continue
+    raise ConflictError(f"{context} kept changing while it was being read")
+
+
+def _lifecycle_keys(state: Mapping[str, Any]) -> bool:
+    return "trashed" in state or "purging" in state
+
+
+def _in_trash(record: SessionRecord) -> bool:
+    return record.owner is None and "trashed" in record.state and "purging" not in record.state
+
+
+def _unfinished(record: SessionRecord) -> bool:
+    if record.owner is not None:
+        return _lifecycle_keys(record.state)
+    return bool(record.state.get("purging")) or (
+        "trashed" in record.state and "cold" not in record.state
+    )
+
+
+def _without(state: Mapping[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k not in keys}
+
+
+def _seal(store: Lifecycle, session_id: SessionId, state: dict[str, Any]) -> None:
+    """Freeze a session just moved to the trash (so that no stale writer adds to it)."""
+    if "cold" not in state:
+        try:
+            store.freeze_session(session_id, expected=state, state=state)
+        except (ConflictError, SegmentNotFound):
+            pass  # restored or purged meanwhile: that move has the last word
+
+
+def _reopen(store: Lifecycle, session_id: SessionId, trash_id: str) -> None:
+    """Finish the restore of trash entry ``trash_id``: drop ``trashed`` (and a ``purging``
+    that lost the race to it); thaw the session unless it was archived. Nothing is done once
+    the session is detached again (deleted anew meanwhile: that entry is another's)."""
+    for _ in range(ATTEMPTS):
+        state = store.session_state(session_id)
+        if (state.get("trashed") or {}).get("trash_id") != trash_id:
+            return
+        if store.session_owner(session_id) is None:
+            return
+        rest = _without(state, "trashed", "purging")
+        try:
+            if "cold" in state and "archived" not in state:
+                store.thaw_session(session_id, expected=state, state=_without(rest, "cold"))
+            else:
+                store.set_session_state(session_id, rest, expected=state)
+        except ConflictError:
+            continue
+        return
+    raise ConflictError(f"session {session_id} kept changing while it was being restored")
+
+
+def _find_trashed(store: Lifecycle, trash_id: str) -> SessionRecord:
+    for record in store.session_records():
+        if _in_trash(record) and record.state["trashed"].get("trash_id") == trash_id:
+            return record
+    raise NotInTrash(f"nothing in the trash has the id {trash_id!r}")
+
+
+def _set_key(store: Lifecycle, session_id: SessionId, key: str, value: Any) -> None:
+    for _ in range(ATTEMPTS):
+        state = store.session_state(session_id)
+        if state.get(key) == value:
+            return
+        try:
+            store.set_session_state(session_id, {**state, key: value}, expected=state)
+        except ConflictError:
+            continue
+        return
+    raise ConflictError(f"session {session_id} kept changing while {key!r} was being set")
+
+
+def _drop_key(store: Lifecycle, session_id: SessionId, key: str) -> None:
+    for _ in range(ATTEMPTS):
+        state = store.session_state(session_id)
+        if key not in state:
+            return
+        rest = {k: v for k, v in state.items() if k != key}
+        try:
+            store.set_session_state(session_id, rest, expected=state)
+        except ConflictError:
+            continue
+        return
+    raise ConflictError(f"session {session_id} kept changing while {key!r} was being dropped")
+
+
+def _summary(store: Lifecycle, head: PodMetadata) -> dict[str, Any]:
+    """What the archive lists of a context, taken before it is frozen."""
+    read = store.read_segment(head.session_id, head.segment_id)
+    last = read.entries[-1] if read.entries else read.header
+    return {
+        "date": head.date,
+        "last_active": str(last.get("ts", head.updated_at)),
+        "message_count": _message_count(store, head),
+    }
+
+
+def _archived(context: str, state: Mapping[str, Any]) -> ArchivedContext:
+    a = state["archived"]
+    return ArchivedContext(
+        context=context,
+        date=a["date"],
+        archived_at=a["archived_at"],
+        last_active=a["last_active"],
+        message_count=a["message_count"],
+        hot_bytes=state.get("cold", {}).get("hot_bytes", 0),
+        archived_bytes=state.get("cold", {}).get("cold_bytes", 0),
+        pinned=bool(state.get("pinned")),
+    )
+
+
+def _trashed(state: Mapping[str, Any]) -> TrashedContext:
+    t = state["trashed"]
+    return TrashedContext(
+        trash_id=t["trash_id"],
+        context=t["context"],
+        date=t["date"],
+        deleted_at=t["deleted_at"],
+        archived="archived" in state,
+        message_count=t["message_count"],
+        bytes=t["bytes"],
+        pinned=bool(state.get("pinned")),
+    )
+
+
+def _message_count(store: Store, head: PodMetadata) -> int:
+    """History items in the head segment's restored state."""
+    state = restore_by_segment(store, head.session_id, head.segment_id, blobs="stored")
+    return len(state.history)
+
+
+def _bytes(store: Store, session_id: SessionId, state: Mapping[str, Any]) -> int:
+    """Bytes the session takes: its frozen size, or its log's as JSONL."""
+    if "cold" in state:
+        return int(state["cold"]["cold_bytes"])
+    return sum(
+        len(codec.encode(line)) + 1
+        for segment_id in store.list_segments(session_id)
+        for read in [store.read_segment(session_id, segment_id)]
+        for line in [read.header, *read.entries]
+    )

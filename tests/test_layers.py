@@ -1,0 +1,87 @@
+"""Dependencies point one way (DESIGN.md, Layers): a store never imports upward, and the
+lifecycle feature (``terrarium.states``, ``terrarium.lifecycle``) is in no import circle.
+
+Imports are read from each module's syntax tree, those inside functions too, so a deferred
+``from terrarium.search import scan`` counts as much as one at the top.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "src" / "terrarium"
+
+#: What a store may import from the package: itself and the layers below it.
+BELOW_STORES = frozenset({"stores", "model", "codec", "errors", "text", "blobs", "_lazy"})
+#: Upward imports that other work of issue 27 removes (the legacy<->stores/fs circle: a freeze
+#: takes a context's legacy files along). Empty this as that work lands.
+KNOWN_UPWARD = frozenset({"terrarium.stores.fs._states -> terrarium.legacy"})
+#: Imports of the session log's layer upward, which the same work removes (``restore`` reads
+#: a context only a legacy file holds); a circle through them is that work's, not this one's.
+KNOWN_UPWARD_SESSIONS = frozenset({("terrarium.sessions", "terrarium.legacy")})
+
+
+def _module(path: Path) -> str:
+    parts = ["terrarium", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _typing_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+
+
+def _imports(path: Path) -> set[str]:
+    """The ``terrarium`` modules ``path`` imports, anywhere in it but ``if TYPE_CHECKING:``."""
+    found: set[str] = set()
+    todo: list[ast.AST] = [ast.parse(path.read_text(encoding="utf-8"))]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("terrarium"))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("terrarium"):
+            base = node.module or ""
+            for alias in node.names:  # a submodule, or a name of the module ``base``
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
+        todo.extend(child for child in ast.iter_child_nodes(node) if not _typing_only(child))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    return {
+        name: {
+            target
+            for target in _imports(path) & MODULES.keys() - {name}
+            if (name, target) not in KNOWN_UPWARD_SESSIONS
+        }
+        for name, path in MODULES.items()
+    }
+
+
+def test_no_store_module_imports_a_layer_above_the_stores() -> None:
+    """Every ``terrarium`` import under ``stores/`` names the stores or a layer below them."""
+    upward = {
+        f"{_module(path)} -> {name}"
+        for path in (PACKAGE / "stores").rglob("*.py")
+        for name in _imports(path)
+        if name != "terrarium" and name.split(".")[1] not in BELOW_STORES
+    }
+    assert upward == KNOWN_UPWARD
+
+
+def test_the_lifecycle_feature_is_in_no_import_circle() -> None:
+    """Nothing that ``terrarium.states`` or ``terrarium.lifecycle`` imports, directly or not,
+    imports either of them back (``contexts`` and ``lifecycle`` imported each other)."""
+    graph = _graph()
+    for start in ("terrarium.states", "terrarium.lifecycle"):
+        seen: set[str] = set()
+        todo = list(graph[start])
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(graph.get(name, ()))
+        assert start not in seen, f"{start} imports itself through its imports"
