@@ -23,8 +23,10 @@ from terrarium import (
     fork_context,
     restore,
     sessions,
+    states,
 )
-from terrarium.contexts import clear_context, delete_context, get_stats
+from terrarium.contexts import clear_context, get_stats
+from terrarium.lifecycle import delete_context
 from terrarium.stores.base import NewEntry
 from terrarium.web import create_app
 
@@ -148,6 +150,6 @@ def test_a_fork_copy_counts_once_its_source_no_longer_holds_it(tmp_path: Path, f
     elif fate == "deleted":
         delete_context(fs, source)
     else:
-        assert fs.archive_context(source) is not None
+        assert states.archive_context(fs, source) is not None
     (day,) = _api(fs, f"/api/stats?from={OLD}&to={OLD}")["messages_per_day"]
     assert day == {"date": OLD, "by_type": {"cli": 2}}

@@ -17,9 +17,6 @@ BELOW_STORES = frozenset({"stores", "model", "codec", "errors", "text", "blobs",
 #: Upward imports that other work of issue 27 removes (the legacy<->stores/fs circle: a freeze
 #: takes a context's legacy files along). Empty this as that work lands.
 KNOWN_UPWARD = frozenset({"terrarium.stores.fs._states -> terrarium.legacy"})
-#: Imports of the session log's layer upward, which the same work removes (``restore`` reads
-#: a context only a legacy file holds); a circle through them is that work's, not this one's.
-KNOWN_UPWARD_SESSIONS = frozenset({("terrarium.sessions", "terrarium.legacy")})
 
 
 def _module(path: Path) -> str:
@@ -51,14 +48,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
-    return {
-        name: {
-            target
-            for target in _imports(path) & MODULES.keys() - {name}
-            if (name, target) not in KNOWN_UPWARD_SESSIONS
-        }
-        for name, path in MODULES.items()
-    }
+    return {name: _imports(path) & MODULES.keys() - {name} for name, path in MODULES.items()}
 
 
 def test_no_store_module_imports_a_layer_above_the_stores() -> None:
@@ -85,3 +75,14 @@ def test_the_lifecycle_feature_is_in_no_import_circle() -> None:
                 seen.add(name)
                 todo.extend(graph.get(name, ()))
         assert start not in seen, f"{start} imports itself through its imports"
+
+
+def test_the_session_log_imports_no_layer_above_it() -> None:
+    """``terrarium.sessions`` (the log's API and its replay rule) imports only the stores and
+    the layers below them: legacy files are read above it (``contexts.check_new_name``)."""
+    above = {
+        name
+        for name in _imports(MODULES["terrarium.sessions"])
+        if name != "terrarium" and name.split(".")[1] not in {*BELOW_STORES, "sessions"}
+    }
+    assert above == set()

@@ -32,7 +32,14 @@ import msgspec
 
 from terrarium import legacy, sessions
 from terrarium.errors import ContextExists, ContextNotFound, IndexUnavailable, StoreError
-from terrarium.model import ContextId, LoggedItem, RestoredState, UsageTotals, display_name
+from terrarium.model import (
+    ContextId,
+    LoggedItem,
+    RestoredState,
+    UsageTotals,
+    display_name,
+    misleading_chars,
+)
 from terrarium.stores.base import (
     ContextSummary,
     IndexedListing,
@@ -110,6 +117,18 @@ class ContextListing:
     """Grouped by type (alphabetical), most recently active first within a type."""
     problems: tuple[legacy.LegacyProblem, ...] = ()
     """Legacy files left out, each with the reason."""
+
+
+def check_new_name(store: Store, context: ContextId) -> None:
+    """Refuse a name no new context may take (:meth:`ContextId.check_new`) unless ``store``
+    already holds the context (in its log or a legacy file).
+
+    A caller that creates a context on first use calls it before it takes the context's lock,
+    so that a refused name leaves nothing behind, not even a lock file.
+    """
+    if misleading_chars(context.name) and store.get_head(context) is None:
+        if legacy.find(store, context) is None:
+            context.check_new()
 
 
 def not_found(context: ContextId | str, where: str | None = None) -> ContextNotFound:

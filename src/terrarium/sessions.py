@@ -50,7 +50,6 @@ from terrarium.model import (
     UsageRecord,
     UsageTotals,
     as_logged,
-    misleading_chars,
     new_segment_id,
     new_session_id,
     render_pod_event,
@@ -221,20 +220,6 @@ def create_segment_with_ids(
         store.create_session(header)
         return PodActiveSegmentRef(session_id, segment_id)
     return store.create_context(ctx, header)
-
-
-def check_new_name(store: Store, context: ContextId) -> None:
-    """Refuse a name no new context may take (:meth:`ContextId.check_new`) unless ``store``
-    already holds the context (in its log or a legacy file).
-
-    A caller that creates a context on first use calls it before it takes the context's lock,
-    so that a refused name leaves nothing behind, not even a lock file.
-    """
-    if misleading_chars(context.name) and store.get_head(context) is None:
-        from terrarium import legacy  # legacy files are read above the log
-
-        if legacy.find(store, context) is None:
-            context.check_new()
 
 
 def attach_context(store: Store, context: ContextId | str, ref: SegmentRef) -> PodMetadata:

@@ -36,7 +36,15 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from contract.conftest import BACKENDS
-from terrarium import ContextId, FsStore, contexts, create_compacted_segment, create_segment
+from terrarium import (
+    ContextId,
+    FsStore,
+    contexts,
+    create_compacted_segment,
+    create_segment,
+    lifecycle,
+    states,
+)
 from terrarium import restore as restore_context
 from terrarium.cli import cli
 from terrarium.search import search
@@ -112,13 +120,13 @@ def run(world: World, op: Op) -> None:
         contexts.rewind_context(store, context, op[2])
         del world.hot[name][-op[2] :]
     elif kind == "archive" and name in world.hot and isinstance(store, Lifecycle):
-        assert store.archive_context(context) is not None
+        assert states.archive_context(store, context) is not None
         world.archived[name] = world.hot.pop(name)
     elif kind == "unarchive" and name in world.archived and isinstance(store, Lifecycle):
-        assert store.unarchive_context(context)
+        assert states.unarchive_context(store, context)
         world.hot[name] = world.archived.pop(name)
     elif kind == "delete" and name in world.hot:
-        assert contexts.delete_context(store, context)
+        assert lifecycle.delete_context(store, context)
         del world.hot[name]
 
 

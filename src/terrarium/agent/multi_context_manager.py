@@ -498,7 +498,7 @@ class MultiContextManager:
         if not isinstance(user_message, str):
             raise TypeError(f"user_message must be a string, not {type(user_message).__name__}")
         check_text(user_message, "user_message")  # before a new context is created for it
-        sessions.check_new_name(self.store, context)  # before its lock file is made
+        contexts.check_new_name(self.store, context)  # before its lock file is made
         async with self._turn_lock(context), self._semaphore():
             entry = self._open_context(context, system_prompt)
             new = entry._hold_new()  # a new context is created by its first reply only

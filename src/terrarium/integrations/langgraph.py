@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from terrarium import sessions
+from terrarium import contexts, sessions
 from terrarium.errors import ContextExists, TerrariumError, install_hint
 from terrarium.lifecycle import delete_context
 from terrarium.model import HISTORY_KINDS, ContextId, EntryKind, SegmentStartState, as_logged
@@ -322,7 +322,7 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
         domain: str = CHECKPOINT_DOMAIN,
     ) -> None:
         context = self.context_of(thread_id)
-        sessions.check_new_name(self.store, context)  # before its lock file is made
+        contexts.check_new_name(self.store, context)  # before its lock file is made
         with context_lock(self.store, context):
             head = self.store.get_head(context)
             if head is None:

@@ -30,7 +30,7 @@ import os
 from collections.abc import Callable
 from typing import Any, Self, TypeVar, cast
 
-from terrarium import codec, sessions
+from terrarium import codec, contexts, sessions
 from terrarium.errors import ContextExists, InvalidEntry, install_hint
 from terrarium.model import ContextId, LoggedItem, SegmentStartState, as_logged
 from terrarium.stores.base import Store, context_lock
@@ -184,7 +184,7 @@ class TerrariumSession:
         return sessions.restore(self.store, self.context).history
 
     def _append(self, items: list[LoggedItem]) -> None:
-        sessions.check_new_name(self.store, self.context)  # before its lock file is made
+        contexts.check_new_name(self.store, self.context)  # before its lock file is made
         with context_lock(self.store, self.context):
             head = self.store.get_head(self.context)
             if head is None:
