@@ -19,7 +19,6 @@ builds or inspects Chat messages.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 import unicodedata
@@ -164,6 +163,8 @@ def context_file(context: ContextId | str, extension: str, date: str | None = No
     stem = encode_name(ctx.name)
     name = f"{stem}{extension}"
     if len(name.encode()) > MAX_NAME_BYTES:
+        import hashlib  # loads OpenSSL: not at import, which `terrarium list` waits for
+
         digest = hashlib.sha256(stem.encode()).hexdigest()[:12]
         room = MAX_NAME_BYTES - len(f"~{digest}{extension}".encode())
         prefix = stem.encode()[:room].decode(errors="ignore")  # whole characters only
