@@ -3,30 +3,26 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.bench import run_bench
 
 
 def test_bench_cli_quick_run(tmp_path: Path) -> None:
     """benchmarks/bench_cli.py with 2 and 3 sessions measures every command it reports."""
     out = tmp_path / "results.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "bench_cli.py"),
-            *("--small", "2", "--large", "3", "--repeat", "1", "--json", str(out)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        check=False,
+    result = run_bench(
+        "bench_cli.py",
+        "--small",
+        "2",
+        "--large",
+        "3",
+        "--repeat",
+        "1",
+        "--json",
+        str(out),
+        tmp=tmp_path,
     )
-    assert result.returncode == 0, result.stderr[-2000:]
     assert "bare interpreter (python -c pass)" in result.stdout
     data = json.loads(out.read_text())
     assert [m["name"] for m in data["measurements"]] == [

@@ -4,30 +4,24 @@ its job."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.bench import run_bench
 
 
 def test_bench_targets_quick_run(tmp_path: Path) -> None:
     """benchmarks/bench_targets.py --quick prints a row for each target and backend."""
     out = tmp_path / "rows.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "bench_targets.py"),
-            *("--quick", "--sizes", "50", "--no-postgres", "--json", str(out)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        check=False,
+    result = run_bench(
+        "bench_targets.py",
+        "--quick",
+        "--sizes",
+        "50",
+        "--no-postgres",
+        "--json",
+        str(out),
+        tmp=tmp_path,
     )
-    assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads(out.read_text())
     assert [r["target"] for r in rows] == [
         "turn store overhead (fs)",

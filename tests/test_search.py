@@ -6,16 +6,14 @@ What every searchable or listing backend does, FsStore included, is in tests/con
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from helpers.bench import run_bench
 from helpers.history import QUERY_SYNTAX, add_context, snippets, user_item
 from terrarium import FsStore, codec, states
 from terrarium import text as text_module
@@ -30,8 +28,6 @@ from terrarium.stores.base import (
 )
 from terrarium.stores.fs import search as fs_search
 from terrarium.stores.fs.search import SearchIndex, mark_dirty
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -372,13 +368,5 @@ def test_listing_does_not_open_session_files(store: FsStore) -> None:
 
 def test_the_search_benchmark_runs(tmp_path: Path) -> None:
     """benchmarks/bench_search.py --quick runs to the end (no timing is asserted)."""
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_search.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = run_bench("bench_search.py", "--quick", tmp=tmp_path)
     assert "search p50" in result.stdout
