@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from terrarium.stores.fs._changes import scandir
 from terrarium.stores.fs._layout import ARCHIVE
-from terrarium.stores.fs._refresh import scandir
 
 RACY_NS = 2_000_000_000
 """A type folder stamp younger than this is listed again at the next refresh."""

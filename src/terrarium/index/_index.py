@@ -1,24 +1,24 @@
-"""Full-text search and fast listing for ``FsStore``: a derived SQLite FTS5 index.
+"""The derived index: full-text search and fast listing for the stores without native ones.
 
 The index lives beside the sessions in ``.index/search.db`` (WAL, ``0600`` like its ``-wal``
 and ``-shm``). It owns nothing: delete it and the next search rebuilds it from the segment
-files; ``FsStore.reindex()`` (``terrarium reindex``) rebuilds it in place. Every history item
-of every segment is a row (:mod:`terrarium.stores.fs._refresh`), one session a row of
+files; :func:`terrarium.index.reindex` (``terrarium reindex``) rebuilds it in place. Every
+history item of every segment is a row (:mod:`terrarium.index._refresh`), one session a row of
 ``sessions`` with its message count and last activity, so a listing reads no file.
 
 Trade-off: writers never touch the database; they leave a dirty marker per changed session
-(:func:`mark_dirty`), and a search or listing first brings the index up to date
-(:meth:`SearchIndex.refresh`): an idle refresh costs a ``scandir`` of an empty folder and one
-indexed query (~10 µs), a marked session with one new message ~0.5 ms, where a walk that
+(:mod:`terrarium.stores.fs._changes`), and a search or listing first brings the index up to
+date (:meth:`SearchIndex.refresh`): an idle refresh costs a ``scandir`` of an empty folder and
+one indexed query (~10 µs), a marked session with one new message ~0.5 ms, where a walk that
 ``stat``\\s every session folder costs 3.5 s at 100k sessions. When the index cannot be brought
 up to date (busy, disk full, read-only and behind) it raises
-:class:`~terrarium.errors.IndexUnavailable` and the callers answer from the files.
+:class:`~terrarium.errors.IndexUnavailable` and the callers answer from the store.
 
 Usage::
 
-    index = SearchIndex(root)  # what FsStore.search_index opens
+    index = terrarium.index.of(store)  # the store's SearchIndex, or None
     hits = index.search(SearchQuery("deploy", role="user"))
-    contexts = index.list_contexts("cli")
+    contexts = index.list_contexts_fast("cli")
 """
 
 from __future__ import annotations
@@ -35,12 +35,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from terrarium.errors import IndexUnavailable
+from terrarium.index import _sql as sql
+from terrarium.index._refresh import IndexStats, IndexUpdate
+from terrarium.index._sql import SCHEMA_VERSION
 from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores import _db, _listing
-from terrarium.stores._files import listdir, make_dirs, open_private
+from terrarium.stores._files import listdir
 from terrarium.stores.base import ContextSummary, ListingQuery, SearchHit, SearchQuery
 from terrarium.stores.fs import _shape
-from terrarium.stores.fs import _sql as sql
+from terrarium.stores.fs._changes import dirty_dir, scandir
 from terrarium.stores.fs._layout import (
     ARCHIVE,
     HEAD,
@@ -50,8 +53,6 @@ from terrarium.stores.fs._layout import (
     is_uuid,
     segment_name,
 )
-from terrarium.stores.fs._refresh import IndexStats, IndexUpdate, scandir
-from terrarium.stores.fs._sql import SCHEMA_VERSION
 from terrarium.stores.fts import (
     LONG_BODY,
     Fts5Tables,
@@ -70,12 +71,10 @@ from terrarium.text import (
     query_terms,
 )
 
-__all__ = ["DB_NAME", "IndexStats", "SearchIndex", "dirty_dir", "mark_dirty"]
+__all__ = ["DB_NAME", "IndexStats", "SearchIndex"]
 
 log = logging.getLogger(__name__)
 
-#: An append marks its session at most this often per open segment (seconds).
-MARK_EVERY = 5.0
 #: How long a claimed session stays watched (seconds). Must exceed 2 x ``MARK_EVERY``.
 WATCH_SECONDS = 15.0
 #: How many of the most recent items ``fts_recent`` holds (it is rebuilt at twice that).
@@ -86,42 +85,8 @@ BUSY_TIMEOUT = 30.0
 _OPTIMIZE_AFTER = 20_000
 
 DB_NAME = "search.db"
-_DIRTY = "dirty"
 _CLAIMED = ".claimed-"
 _T = TypeVar("_T")
-
-
-def dirty_dir(root: Path) -> Path:
-    """Where writers leave dirty markers.
-
-    Raises:
-        IndexUnavailable: it leads out of the root (a link): the callers answer from the files.
-    """
-    return check_inside(os.path.realpath(root), root / INDEX / _DIRTY, IndexUnavailable)
-
-
-def mark_dirty(root: Path, session_id: SessionId) -> None:
-    """Tell the search index that ``session_id`` changed: an empty file named after it.
-
-    Creating a context or segment, moving a head and deleting a context always mark the
-    session; an append marks it at most once per ``MARK_EVERY`` seconds per open segment (a
-    ``stat``, and an ``open`` when the marker is missing), so the append path stays a lock, an
-    ``fstat`` and a ``write``. The mark follows the write, so it never precedes data it
-    announces; a process killed between the two leaves a write that ``refresh(full=True)`` or
-    ``reindex()`` finds, as they find writes that bypass ``FsStore`` (a restored backup).
-    """
-    path = dirty_dir(root) / str(session_id)
-    try:
-        os.stat(path)
-        return
-    except FileNotFoundError:
-        pass
-    try:
-        fd = open_private(path, os.O_WRONLY | os.O_CREAT)
-    except FileNotFoundError:
-        make_dirs(path.parent)
-        fd = open_private(path, os.O_WRONLY | os.O_CREAT)
-    os.close(fd)
 
 
 class SearchIndex:
@@ -307,6 +272,14 @@ class SearchIndex:
         """
         with self._lock:
             return self._guarded(lambda: self._refresh(full=full))
+
+    def catch_up_index(self) -> None:
+        """Bring the index up to date (``IndexedListing``): what a listing or search does first.
+
+        Raises:
+            IndexUnavailable: it cannot be brought up to date (see "Failures").
+        """
+        self.refresh()
 
     def rebuild(self) -> int:
         """Drop everything and index every session afresh; return the sessions indexed.
@@ -628,7 +601,7 @@ class SearchIndex:
         meta = {row[0]: row[1:] for row in conn.execute(sql.HIT_ROWS.format(marks=marks), ids)}
         return assemble_hits(ranked, meta, snippets)
 
-    def list_contexts(self, type: str | None = None) -> list[ContextSummary]:
+    def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary, optionally of one type, sorted by context id.
 
         ``sessions`` holds one row per session with its context, date, head, message count and
@@ -718,7 +691,7 @@ class SearchIndex:
             self._read_conn.close()
             self._read_conn = None
 
-    def backlog(self) -> int:
+    def index_backlog(self) -> int:
         """How many sessions the next refresh reads: those written since the index last
         caught up (their dirty markers) and those it watches (see :meth:`_update`), or,
         before it was ever built, every session folder. Cheap: a ``listdir`` and an indexed

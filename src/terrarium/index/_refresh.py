@@ -1,4 +1,4 @@
-"""One refresh of ``FsStore``'s search index: what changed in the files, applied in SQL.
+"""One refresh of the derived index: what changed in a filesystem store, applied in SQL.
 
 :class:`IndexUpdate` works inside the caller's write transaction: it reads each changed
 session's head (as FsStore reads it: :func:`folder_head`), the new bytes of its segment files,
@@ -11,7 +11,6 @@ cover what could be read.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import sqlite3
@@ -22,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
+from terrarium.index import _sql as sql
 from terrarium.model import HISTORY_KINDS, ContextId, item_role, item_text
 from terrarium.stores.base import PodMetadata
-from terrarium.stores.fs import _sql as sql
-from terrarium.stores.fs._heads import head_of
+from terrarium.stores.fs._changes import folder_head, read_from, scandir
 from terrarium.stores.fs._layout import HEAD, INDEX, SEGMENT_SUFFIX, segment_name
 from terrarium.stores.fs._states import frozen
 from terrarium.stores.fs._tree import read_pointer
@@ -33,7 +32,7 @@ from terrarium.stores.fs.salvage import salvaged_into
 from terrarium.text import prepare_text
 
 if TYPE_CHECKING:
-    from terrarium.stores.fs.search import SearchIndex
+    from terrarium.index._index import SearchIndex
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +341,7 @@ class IndexUpdate:
             return False
         path = self.root / folder / f"{segment_id}{SEGMENT_SUFFIX}"
         try:
-            data, size = _read_from(path, segment.offset)
+            data, size = read_from(path, segment.offset)
         except FileNotFoundError:
             return False
         except OSError as exc:
@@ -507,46 +506,3 @@ def _doc(seq: int, item: Any, ts: str) -> tuple[int, str, str, str]:
     except (AttributeError, TypeError):
         role, text = "other", ""
     return seq, role, ts, prepare_text(text) if isinstance(text, str) else ""
-
-
-def _read_from(path: Path, offset: int) -> tuple[bytes, int]:
-    """The bytes of ``path`` from ``offset`` on, and its size, read under a shared lock."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)  # never read a write in progress
-        size = os.fstat(fd).st_size
-        chunks = []
-        position = offset
-        while position < size:
-            chunk = os.pread(fd, size - position, position)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            position += len(chunk)
-        return b"".join(chunks), size
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-def folder_head(folder: Path) -> tuple[PodMetadata | None, str | None]:
-    """The head record of a session folder, as FsStore reads it, and what is wrong with it.
-
-    A missing ``head.json`` is rebuilt from the segments (no problem: the head is derived);
-    an unreadable or invalid one, or one naming a segment that is not there, is rebuilt too,
-    and the problem names it. Returns (None, problem) when no head can be found or rebuilt,
-    the problem None when the folder holds no segment either (a context being deleted).
-    """
-    try:
-        return head_of(folder, read_errors=True)
-    except FileNotFoundError:
-        return None, None
-    except (StoreError, OSError) as exc:
-        return None, " ".join(str(exc).split())
-
-
-def scandir(path: str | Path) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(path) as it:
-            return list(it)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
