@@ -370,7 +370,7 @@ def main() -> int:
             info.append(
                 f"append + refresh (one marked session, new bytes only): p50 {ms(pct(after, 0.5))}"
             )
-            walk = timed(lambda: sum(1 for _ in index._walk()), 1)[0]
+            walk = timed(lambda: sum(1 for _ in index.source.walk()), 1)[0]
             info.append(
                 f"stat walk (scandir + stat of every session folder, the alternative to dirty "
                 f"markers, per refresh): {ms(walk)} = {walk / pct(idle, 0.5):,.0f}x an idle refresh"

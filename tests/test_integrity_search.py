@@ -35,6 +35,7 @@ from terrarium.search import scan as search_scan
 from terrarium.search import search
 from terrarium.sessions import create_segment, save_delta
 from terrarium.stores import sqlite as sqlite_backend
+from terrarium.stores.fs._changes import dirty_dir
 from terrarium.stores.sqlite import SqliteStore
 
 # --------------------------------------------------------------------------- helpers
@@ -510,7 +511,7 @@ def test_the_fs_search_index_is_private(umask: int, tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     with FsStore(root) as store:
         _add(store, "cli:main", "a walrus")
-        marker = fs_search.dirty_dir(root)
+        marker = dirty_dir(root)
         assert _mode(marker) == 0o700
         assert [_mode(p) for p in marker.iterdir()] == [0o600]
         assert len(search(store, "walrus")) == 1  # the index, with its connection open

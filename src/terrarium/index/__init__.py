@@ -40,7 +40,7 @@ def of(store: Store) -> SearchIndex | None:
         if isinstance(found, SearchIndex):
             return found
         store.restore_lost_index(DB_NAME)
-        index = SearchIndex(store.root)
+        index = SearchIndex(store.changes)
         store.derived = index
         return index
 

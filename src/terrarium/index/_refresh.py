@@ -24,11 +24,6 @@ from terrarium.errors import CorruptLog, StoreError
 from terrarium.index import _sql as sql
 from terrarium.model import HISTORY_KINDS, ContextId, item_role, item_text
 from terrarium.stores.base import PodMetadata
-from terrarium.stores.fs._changes import folder_head, read_from, scandir
-from terrarium.stores.fs._layout import HEAD, INDEX, SEGMENT_SUFFIX, segment_name
-from terrarium.stores.fs._states import frozen
-from terrarium.stores.fs._tree import read_pointer
-from terrarium.stores.fs.salvage import salvaged_into
 from terrarium.text import prepare_text
 
 if TYPE_CHECKING:
@@ -127,7 +122,7 @@ class IndexUpdate:
         # A full pass rebuilds fts_recent at the end instead of feeding it item by item.
         self.defer_recent = defer_recent
         self.recent_size = recent_size  # read by the caller, where tests can set it
-        self.root = index.root
+        self.source = index.source
         self.conn = conn
         self.stats = index.stats
         self.types: dict[str, int] = {name: tid for tid, name in conn.execute(sql.TYPES)}
@@ -172,35 +167,27 @@ class IndexUpdate:
     def index_session(self, sid: str, *, watched_only: bool = False) -> None:
         """Bring one session up to date (after a marker, or while it is watched)."""
         session = self._load(sid)
-        folder = session.folder if session is not None else self._pointer(sid)
+        folder = session.folder if session is not None else self.source.pointer(sid)
         if folder is None:
             return  # deleted before it was ever indexed
         if watched_only and session is not None:
             self._index_known_segments(session, folder)
             return
-        entries = scandir(self.root / folder)
-        self.index_folder(folder, entries, hint=sid)
-
-    def _pointer(self, sid: str) -> str | None:
-        """The session's folder per FsStore's ``.index/sessions`` pointer."""
-        try:
-            return read_pointer(self.root / INDEX / "sessions" / sid)[0]
-        except (OSError, StoreError):  # lost, or damaged: reindex rebuilds it
-            return None
+        self.index_folder(folder, self.source.entries(folder), hint=sid)
 
     def index_folder(
         self, folder: str, entries: list[os.DirEntry[str]], *, hint: str | None
     ) -> str | None:
         """Index the session whose folder is ``folder``; return its session id, or None."""
         self.stats.sessions += 1
-        head, problem = folder_head(self.root / folder)
+        head, problem = self.source.head(folder)
         if hint is not None and (head is None or str(head.session_id) != hint):
             self.drop_session(hint)  # deleted (its folder is gone or holds a newer session)
         if head is None:
             if problem is not None:
                 self.index.warn_once(folder, "search index: skipping %s", problem)
             return None
-        if frozen(self.root, head.session_id):  # archived: out of the index
+        if self.source.frozen(head.session_id):  # archived: out of the index
             self.drop_session(str(head.session_id))
             return None
         if problem is not None:
@@ -259,7 +246,7 @@ class IndexUpdate:
         changed = False
         on_disk: dict[str, os.DirEntry[str]] = {}
         for entry in entries:
-            segment_id = segment_name(entry.name)
+            segment_id = self.source.segment_of(entry.name)
             if segment_id is not None:
                 on_disk[segment_id] = entry
         for segment_id in list(session.segments):
@@ -276,17 +263,16 @@ class IndexUpdate:
 
     def _index_known_segments(self, session: SessionRow, folder: str) -> None:
         for segment in list(session.segments.values()):
-            try:
-                st = os.stat(self.root / folder / f"{segment.segment_id}{SEGMENT_SUFFIX}")
-            except FileNotFoundError:
-                self.index_folder(folder, scandir(self.root / folder), hint=session.session_id)
+            st = self.source.stat_segment(folder, segment.segment_id)
+            if st is None:
+                self.index_folder(folder, self.source.entries(folder), hint=session.session_id)
                 return
             if self._index_segment(session, folder, segment.segment_id, st):
                 self.changed[session.id] = session
 
     def _check_stale(self, sid: str) -> None:
         row = self.conn.execute(sql.SESSION_FOLDER, (sid,)).fetchone()
-        head = folder_head(self.root / row[0])[0] if row is not None else None
+        head = self.source.head(row[0])[0] if row is not None else None
         if head is None or str(head.session_id) != sid:
             self.drop_session(sid)
 
@@ -339,9 +325,9 @@ class IndexUpdate:
         segment = self._segment_row(session, segment_id, st)
         if st.st_size == segment.size_seen and segment.size_seen:
             return False
-        path = self.root / folder / f"{segment_id}{SEGMENT_SUFFIX}"
+        path = self.source.segment_path(folder, segment_id)
         try:
-            data, size = read_from(path, segment.offset)
+            data, size = self.source.read(folder, segment_id, segment.offset)
         except FileNotFoundError:
             return False
         except OSError as exc:
@@ -470,10 +456,10 @@ class IndexUpdate:
         problems = [session.head_problem or ""]
         head = session.segments.get(row[0])
         if head is None:
-            problems.append(f"{self.root / row[1] / HEAD}: its segment {row[0]} does not exist")
+            problems.append(f"{self.source.head_path(row[1])}: its segment {row[0]} does not exist")
         damaged = [sid for sid in sorted(session.segments) if session.segments[sid].problem]
         if damaged:  # rare: a damaged segment that a salvage replaced is no problem now
-            done = {str(s) for s in salvaged_into(self.root / row[1])}
+            done = self.source.salvaged(row[1])
             problems += [session.segments[sid].problem or "" for sid in damaged if sid not in done]
         problem = next((p for p in problems if p), None)
         count = 0

@@ -87,7 +87,7 @@ from terrarium.stores.base import (
     wake_session,
 )
 from terrarium.stores.fs._blobs import FsBlobs
-from terrarium.stores.fs._changes import MARK_EVERY, mark_dirty
+from terrarium.stores.fs._changes import MARK_EVERY, FsChanges, mark_dirty
 from terrarium.stores.fs._heads import head_dict, head_from_segments, head_of, segment_chain
 from terrarium.stores.fs._layout import (
     ARCHIVE,
@@ -1079,6 +1079,11 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             return None
 
     # ---------------------------------------------------------------- derived index
+
+    @property
+    def changes(self) -> FsChanges:
+        """What the derived index reads of this store's files (see :mod:`._changes`)."""
+        return FsChanges(self.root)
 
     def restore_lost_index(self, keep: str) -> None:
         """Rebuild the context pointers if the whole ``.index`` folder was lost (no pointers,
