@@ -4,7 +4,8 @@ A layer above :mod:`terrarium.stores` and below :mod:`terrarium.contexts`, :mod:
 and the dashboard. It derives from a store's logs what listing and search need (a row per
 session with its counts and last activity, an FTS5 row per history item) and is rebuilt from
 them when lost. SQLite and PostgreSQL keep their native search and listing: :func:`of` gives
-None for them, and the surfaces ask the store itself (:func:`listing`).
+None for them, and the surfaces ask the store itself (:func:`listing`). Importing this package
+imports neither the filesystem backend nor SQLite: a listing of another store pays for neither.
 
 Usage::
 
@@ -18,12 +19,16 @@ Usage::
 
 from __future__ import annotations
 
+import sys
 import threading
+from typing import TYPE_CHECKING
 
+from terrarium._lazy import attach
 from terrarium.errors import StoreError
-from terrarium.index._index import DB_NAME, IndexStats, SearchIndex
 from terrarium.stores.base import Reindexable, Store
-from terrarium.stores.fs import FsStore
+
+if TYPE_CHECKING:
+    from terrarium.index._index import DB_NAME, IndexStats, SearchIndex
 
 __all__ = ["DB_NAME", "IndexStats", "SearchIndex", "listing", "of", "reindex"]
 
@@ -33,8 +38,12 @@ _lock = threading.Lock()
 def of(store: Store) -> SearchIndex | None:
     """The derived index of ``store`` (opened on first use, closed with the store), or None
     for a store that keeps its own search and listing."""
-    if not isinstance(store, FsStore):
+    # A store is an FsStore only if its module was imported (as legacy.py tells).
+    fs = sys.modules.get("terrarium.stores.fs")
+    if fs is None or not isinstance(store, fs.FsStore):
         return None
+    from terrarium.index._index import DB_NAME, SearchIndex
+
     with _lock:
         found = store.derived
         if isinstance(found, SearchIndex):
@@ -68,3 +77,10 @@ def reindex(store: Store) -> int:
     if count is None:
         raise StoreError("this store keeps no index to rebuild")
     return count
+
+
+__getattr__, __dir__ = attach(
+    __name__,
+    dict.fromkeys(("DB_NAME", "IndexStats", "SearchIndex"), "terrarium.index._index"),
+    __all__,
+)
