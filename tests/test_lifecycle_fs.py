@@ -14,10 +14,10 @@ import os
 import shutil
 import stat
 import threading
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import zstandard
 from click.testing import CliRunner, Result
@@ -517,7 +517,12 @@ def test_archived_segments_read_as_the_hot_ones_did(store: FsStore) -> None:
     def snapshot() -> Any:
         return (
             store.list_segments(ref.session_id),
-            [replace(store.read_segment(ref.session_id, s, stop_seq=2), torn=None) for s in segs],
+            [
+                msgspec.structs.replace(
+                    store.read_segment(ref.session_id, s, stop_seq=2), torn=None
+                )
+                for s in segs
+            ],
             [store.next_seq(ref.session_id, s) for s in segs],
             [store.read_trace(ref.session_id, s) for s in segs],
         )

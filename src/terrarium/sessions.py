@@ -17,8 +17,9 @@ the compacted segment alone.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, cast, overload
+
+import msgspec
 
 from terrarium.blobs import (
     BlobMode,
@@ -477,8 +478,7 @@ def rewind(
         return [message.item for message in found[len(found) - n :]]
 
 
-@dataclass(slots=True)
-class Message:
+class Message(msgspec.Struct):
     """One history item of a conversation, where it is and where it comes from: what every
     view shows of a message (:func:`messages`)."""
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from terrarium import codec
 from terrarium.errors import (
@@ -70,8 +71,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class ArchivedContext:
+class ArchivedContext(msgspec.Struct, frozen=True):
     """One archived context, as the archive lists it (nothing is decompressed to list it)."""
 
     context: str
@@ -91,8 +91,7 @@ class ArchivedContext:
     pinned: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class TrashedContext:
+class TrashedContext(msgspec.Struct, frozen=True):
     """One deleted context waiting in the trash, newest first in listings."""
 
     trash_id: str

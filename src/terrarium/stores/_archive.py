@@ -24,13 +24,11 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
 import msgspec
-import zstandard
 
 from terrarium.codec import decode, decode_lines, encode, split_lines
 from terrarium.errors import (
@@ -91,6 +89,8 @@ DROP_SESSION = (
 
 def compress(data: bytes) -> bytes:
     """One zstandard frame holding ``data`` (its size recorded in the frame)."""
+    import zstandard  # not at import: 10-20 ms that `terrarium list` would wait for
+
     return zstandard.ZstdCompressor(level=LEVEL).compress(data)
 
 
@@ -105,6 +105,8 @@ def unpack(blob: bytes, *, where: str = "an archived segment") -> bytes:
     Raises:
         CorruptLog: ``blob`` is not a zstandard frame (damaged); the message names ``where``.
     """
+    import zstandard
+
     try:
         out: bytes = zstandard.ZstdDecompressor().decompressobj().decompress(bytes(blob))
     except zstandard.ZstdError as exc:
@@ -140,8 +142,7 @@ def jsonl_bytes(lines: Iterable[str]) -> int:
     return sum(len(line.encode()) + 1 for line in lines)
 
 
-@dataclass(frozen=True, slots=True)
-class Frozen:
+class Frozen(msgspec.Struct, frozen=True):
     """A session's segments packed for ``archived_segments``, and its size hot and packed."""
 
     segments: dict[Any, tuple[int, bytes, bytes | None]]

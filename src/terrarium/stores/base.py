@@ -30,7 +30,6 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Any, Protocol, Self, runtime_checkable
 
 import msgspec
@@ -51,16 +50,14 @@ from terrarium.model import (
 HISTORY_KINDS_SQL = "(" + ", ".join(f"'{kind}'" for kind in sorted(HISTORY_KINDS)) + ")"
 
 
-@dataclass(frozen=True, slots=True)
-class PodActiveSegmentRef:
+class PodActiveSegmentRef(msgspec.Struct, frozen=True):
     """A pointer to one segment: the session and the segment within it."""
 
     session_id: SessionId
     segment_id: SegmentId
 
 
-@dataclass(frozen=True, slots=True)
-class PodMetadata:
+class PodMetadata(msgspec.Struct, frozen=True):
     """A context's head record: which session it is and which segment it is on now."""
 
     context: str
@@ -84,8 +81,7 @@ class PodMetadata:
         return self.created_at[:10]
 
 
-@dataclass(frozen=True, slots=True)
-class NewEntry:
+class NewEntry(msgspec.Struct, frozen=True):
     """An entry to append; the store assigns its seq."""
 
     kind: str
@@ -93,8 +89,7 @@ class NewEntry:
     data: Mapping[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class SegmentRead:
+class SegmentRead(msgspec.Struct, frozen=True):
     """The result of reading one segment."""
 
     header: dict[str, Any]
@@ -249,8 +244,7 @@ class Reindexable(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class SearchQuery:
+class SearchQuery(msgspec.Struct, frozen=True):
     """What to search for, and where."""
 
     text: str
@@ -272,8 +266,7 @@ class SearchQuery:
     rewound branch); :func:`terrarium.search.search` marks such hits ``branch="off"``."""
 
 
-@dataclass(frozen=True, slots=True)
-class SearchHit:
+class SearchHit(msgspec.Struct, frozen=True):
     """One matching history item, best first."""
 
     context: str
@@ -386,8 +379,7 @@ LISTING_SORTS = ("last_active", "created", "messages")
 (also largest first): by the last entry's timestamp, the creation time, the message count."""
 
 
-@dataclass(frozen=True, slots=True)
-class ListingQuery:
+class ListingQuery(msgspec.Struct, frozen=True):
     """One page of a listing: which contexts, in which order, and after which row."""
 
     sort: str = "last_active"
@@ -481,8 +473,7 @@ class Notifying(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class SessionRecord:
+class SessionRecord(msgspec.Struct, frozen=True):
     """One session with a non-empty state record, as :meth:`SessionStates.session_records`
     lists it."""
 

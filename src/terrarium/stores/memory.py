@@ -18,8 +18,10 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from terrarium import codec
 from terrarium.blobs import DEFAULT_THRESHOLD, check_digest, digest_of, line_digests
@@ -148,7 +150,7 @@ class MemoryStore(_MemoryBlobs):
                     f"head of {context} is {head.segment_id}, not {expected}: it moved"
                 )
             self._segment(head.session_id, segment_id)
-            head = replace(head, segment_id=segment_id, updated_at=utc_now())
+            head = msgspec.structs.replace(head, segment_id=segment_id, updated_at=utc_now())
             self._heads[str(context)] = head
             return head
 

@@ -28,7 +28,6 @@ import contextlib
 import fcntl
 import os
 import re
-import shutil
 import stat
 import threading
 import uuid
@@ -435,6 +434,8 @@ class FsStates(Tree):
             if self._sync():
                 fsync_dir(folder.parent)
             record.unlink(missing_ok=True)
+            import shutil  # not at import: it loads bz2, lzma and zlib
+
             shutil.rmtree(staged, ignore_errors=True)
             return True
 
@@ -545,6 +546,8 @@ class FsStates(Tree):
         left = self._leftovers()
         for session_id, path in left:
             if session_id is None and real_dir(path):
+                import shutil  # not at import: it loads bz2, lzma and zlib
+
                 shutil.rmtree(path, ignore_errors=True)
             elif session_id is None:
                 path.unlink(missing_ok=True)
