@@ -32,7 +32,7 @@ from typing import Any
 
 import msgspec
 
-from terrarium import codec
+from terrarium import codec, legacy
 from terrarium.errors import (
     ConflictError,
     ContextExists,
@@ -123,7 +123,10 @@ def archive_context(store: Lifecycle, context: ContextId) -> ArchivedContext | N
         try:
             summary = {**_summary(store, head), "archived_at": utc_now()}
             stored = store.freeze_session(
-                head.session_id, expected=state, state={**state, "archived": summary}
+                head.session_id,
+                expected=state,
+                state={**state, "archived": summary},
+                along=legacy.files(store, context),  # the context's legacy files go with it
             )
         except (ConflictError, ContextNotFound, SegmentNotFound):  # changed meanwhile
             continue

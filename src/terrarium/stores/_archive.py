@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from itertools import groupby
 from operator import itemgetter
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -42,6 +43,7 @@ from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores.base import (
     SegmentRead,
     SessionRecord,
+    refuse_files,
 )
 
 #: zstandard's level for archived segments: its default, ~4x smaller JSONL at ~300 MB/s.
@@ -254,9 +256,15 @@ class SqlStates(ABC):
             return sorted(uuid.UUID(str(row[0])) for row in conn.execute(self._q(UNOWNED)))
 
     def freeze_session(
-        self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
+        self,
+        session_id: SessionId,
+        *,
+        expected: Mapping[str, Any],
+        state: Mapping[str, Any],
+        along: Sequence[Path] = (),
     ) -> dict[str, Any]:
         """Move the session to its frozen form and set its record, in one transaction."""
+        refuse_files(along)
         with self._write() as conn:
             now = self._check(conn, session_id, expected)
             if "cold" in now:  # frozen already: the record changes, the rows stay

@@ -30,11 +30,11 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 import msgspec
 
-from terrarium.errors import ConflictError, InvalidEntry, SegmentNotFound
+from terrarium.errors import ConflictError, InvalidEntry, SegmentNotFound, StoreError
 from terrarium.model import (
     ENVELOPE_KEYS,
     FORMAT_VERSION,
@@ -45,6 +45,9 @@ from terrarium.model import (
     TornTail,
     TraceEntry,
 )
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 #: ``HISTORY_KINDS`` as an SQL list, for ``kind IN ...`` (the kinds are fixed slugs).
 HISTORY_KINDS_SQL = "(" + ", ".join(f"'{kind}'" for kind in sorted(HISTORY_KINDS)) + ")"
@@ -523,13 +526,21 @@ class SessionStates(Protocol):
         ...
 
     def freeze_session(
-        self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
+        self,
+        session_id: SessionId,
+        *,
+        expected: Mapping[str, Any],
+        state: Mapping[str, Any],
+        along: Sequence[Path] = (),
     ) -> dict[str, Any]:
         """Move the session to its cold form and set its record to ``state``, atomically.
 
         The store adds the key ``cold``, ``{"hot_bytes": ..., "cold_bytes": ...}`` (what the
         session took before, what it takes now), and returns the record it stored. ``cold`` is
-        the store's own key: in the record exactly while the session is frozen.
+        the store's own key: in the record exactly while the session is frozen. ``along``:
+        files under the store's root that go into the cold form with it and come back with
+        the thaw (a context's legacy files, :func:`terrarium.legacy.files`); a store that
+        keeps no files refuses any.
         """
         ...
 
@@ -597,6 +608,12 @@ def wake_session(store: SessionStates, session_id: SessionId) -> bool:
             continue
         return True
     raise ConflictError(f"session {session_id} kept changing while it was being woken")
+
+
+def refuse_files(along: Sequence[Path]) -> None:
+    """What ``freeze_session`` does with ``along`` in a store that keeps no files."""
+    if along:
+        raise StoreError(f"this store keeps no files, so it cannot take {along[0]} along")
 
 
 @runtime_checkable

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -42,6 +43,7 @@ from terrarium.stores.base import (
     SessionRecord,
     header_line,
     iter_lines,
+    refuse_files,
     wake_session,
 )
 
@@ -250,9 +252,15 @@ class MemoryStore(_MemoryBlobs):
             return sorted(s for s, owner in self._owners.items() if owner is None)
 
     def freeze_session(
-        self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
+        self,
+        session_id: SessionId,
+        *,
+        expected: Mapping[str, Any],
+        state: Mapping[str, Any],
+        along: Sequence[Path] = (),
     ) -> dict[str, Any]:
         """Mark the session frozen (nothing to compress in memory) and set its record."""
+        refuse_files(along)
         with self._lock:
             self._check_state(session_id, expected)
             size = _size(self._sessions[session_id])
