@@ -162,6 +162,28 @@ def test_nothing_follows_a_link_out_of_the_root(store: FsStore, tmp_path: Path) 
     assert _history(store, "cli:main") == [{"role": "user", "content": "hello"}]
 
 
+def test_a_freeze_takes_nothing_along_from_outside_the_root(store: FsStore, tmp_path: Path) -> None:
+    """``freeze_session(along=...)`` refuses a file whose folder leads out of the root, before
+    anything moves; a store that keeps no files refuses any."""
+    ref = _create(store, "cli:main", "hello")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x.json").write_text("{}")
+    (store.root / "cli" / "link").symlink_to(outside, target_is_directory=True)
+    state = store.session_state(ref.session_id)
+    with pytest.raises(StoreError, match="outside"):
+        store.freeze_session(
+            ref.session_id, expected=state, state=state, along=[store.root / "cli/link/x.json"]
+        )
+    assert (outside / "x.json").read_text() == "{}"
+    assert "cold" not in store.session_state(ref.session_id)
+    assert _history(store, "cli:main") == [{"role": "user", "content": "hello"}]
+    memory = MemoryStore()
+    ref = _create(memory, "cli:main", "hello")
+    with pytest.raises(StoreError, match="keeps no files"):
+        memory.freeze_session(ref.session_id, expected={}, state={}, along=[Path("x.json")])
+
+
 # --------------------------------------------------------------------------- the oracle
 
 
