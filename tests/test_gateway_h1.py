@@ -147,3 +147,19 @@ def test_a_proxy_in_the_environment_leaves_the_call_to_the_openai_client(
     assert Upstream("http://10.1.2.3:8000/v1").pool is None
     monkeypatch.setenv("no_proxy", "10.1.2.3")
     assert not proxied("http://10.1.2.3:8000/v1/chat/completions")
+
+
+def test_an_upstream_key_with_a_line_break_is_refused_in_one_line(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from terrarium.cli import cli
+
+    monkeypatch.setenv("TERRARIUM_UPSTREAM_API_KEY", "key\r\nX-Injected: 1")
+    where = ["--storage-dir", str(tmp_path / "s"), "--upstream", "http://127.0.0.1:9/v1"]
+    result = CliRunner().invoke(cli, ["gateway", *where])
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        "Error: an upstream header (or the upstream key) holds a line break"
+    )

@@ -36,6 +36,8 @@ class UpstreamClosed(ConnectionError):
 
 MAX_IDLE = 100
 """Idle connections kept for reuse, as the openai client's pool keeps them."""
+MAX_CONNECTIONS = 1000
+"""Connections open at once, as the openai client's pool allows; more requests wait."""
 
 
 class _Connection(asyncio.Protocol):
@@ -156,15 +158,21 @@ class Pool:
         self.timeout = timeout
         self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         sent = {k: v for k, v in headers.items() if k.lower() not in _OWN_HEADERS}
+        if any(c in k + v for k, v in sent.items() for c in "\r\n"):
+            raise ValueError("an upstream header (or the upstream key) holds a line break")
         host = f"[{self.host}]" if ":" in self.host else self.host
         lines = [f"POST {self.path} HTTP/1.1", f"Host: {host}:{self.port}"]
         lines += [f"{k}: {v}" for k, v in sent.items()]
         self._head = ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1")
         self._idle: list[_Connection] = []
+        self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
 
     async def post(self, body: bytes) -> tuple[int, bytes]:
         """POST ``body`` (JSON) to the URL's path; the answer's status and body."""
-        head = self._head + b"%d\r\n\r\n" % len(body)
+        async with self._slots:
+            return await self._post(self._head + b"%d\r\n\r\n" % len(body), body)
+
+    async def _post(self, head: bytes, body: bytes) -> tuple[int, bytes]:
         while self._idle:
             conn = self._idle.pop()
             if conn.closed or conn.transport is None or conn.transport.is_closing():
