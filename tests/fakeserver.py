@@ -26,6 +26,7 @@ Every chat request body is recorded, and faults can be queued per test::
         server.requests                     # the chat request bodies received, in order
         server.request_headers              # their headers, names lowercased
         server.tokenize_requests            # the /tokenize request bodies received, in order
+        server.chat_times                   # seconds each chat request took the server itself
 
 Run it by hand with ``python tests/fakeserver.py --port 8000`` (serves until Ctrl-C).
 """
@@ -234,6 +235,7 @@ class _State:
     requests: list[dict[str, Any]] = field(default_factory=list)
     raw_requests: list[bytes] = field(default_factory=list)
     request_headers: list[dict[str, str]] = field(default_factory=list)
+    chat_times: list[float] = field(default_factory=list)
     faults: deque[Fault] = field(default_factory=deque)
     previous: list[Any] = field(default_factory=list)
     served: int = 0
@@ -344,6 +346,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         """Serve ``/v1/chat/completions``, and ``/tokenize`` (404 unless a tokenizer is set)."""
         state = self.server.state
+        started = time.perf_counter()
         raw = self._read_body()
         if self.path.rstrip("/") == "/tokenize":
             self._tokenize(raw)
@@ -369,6 +372,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             with state.lock:
                 state.active -= 1
+                state.chat_times.append(time.perf_counter() - started)
 
     def _tokenize(self, raw: bytes) -> None:
         """``POST /tokenize`` at the root, as vLLM or llama.cpp's server answer it."""
@@ -902,6 +906,14 @@ class FakeServer:
         JSON)."""
         with self._state.lock:
             return list(self._state.tokenize_requests)
+
+    @property
+    def chat_times(self) -> list[float]:
+        """Seconds each chat request took the server itself, oldest first: from its headers
+        read to its answer written (streams included), the part of a client's wait that is
+        neither the network nor the client."""
+        with self._state.lock:
+            return list(self._state.chat_times)
 
     @property
     def last_request(self) -> dict[str, Any]:

@@ -13,6 +13,8 @@ def test_bench_gateway_quick_run(tmp_path: Path) -> None:
     table = result.stdout.split("Results", 1)[-1]
     for measure in (
         "10 messages: added median",
+        "10 messages: test server's own time median",
+        "10 messages: added median / server's own",
         "10 messages: added p99",
         "first streamed token: gateway median",
         "concurrent conversations: gateway requests/s",

@@ -761,3 +761,31 @@ def test_a_chat_without_a_session_is_not_kept(
     assert answer.choices[0].message.content == "echo: unkept"
     with open_store(str(storage)) as store:
         assert {c.context for c in store.list_contexts()} == before
+
+
+def test_the_server_keeps_idle_connections_longer_than_the_openai_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """uvicorn closes an idle connection after ``KEEP_ALIVE`` s, the openai client (httpx)
+    reuses one for ``keepalive_expiry`` s: were the server's the shorter, a client could send a
+    request on a connection the server was closing, and get a reset (``httpx.ReadError``)."""
+    import socket
+
+    import uvicorn
+
+    from terrarium.cli import serve
+
+    configs: list[Any] = []
+
+    class Server:
+        def __init__(self, config: Any) -> None:
+            configs.append(config)
+
+        def run(self, sockets: Any) -> None:
+            pass
+
+    monkeypatch.setattr(uvicorn, "Server", Server)
+    with socket.socket() as sock:
+        serve.run_server(object(), sock)
+    expiry = openai.DEFAULT_CONNECTION_LIMITS.keepalive_expiry
+    assert expiry is not None and configs[0].timeout_keep_alive == serve.KEEP_ALIVE > 2 * expiry

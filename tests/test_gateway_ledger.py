@@ -8,6 +8,7 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from contract.conftest import BACKEND_MARKS, BACKENDS
@@ -85,6 +86,8 @@ def test_cached_snapshots_equal_a_replay(seed: int, store: Store) -> None:
         if point is None:
             continue
         assert ledger.snapshot(point) == fresh.snapshot(point)
+        snap = ledger.snapshot(point)  # each message encoded once, folds included: as sent
+        assert [msgspec.json.decode(raw) for raw in snap.wire] == snap.messages
     head = ledger.head(conv)
     assert head is not None
     state = restore(store, conv)

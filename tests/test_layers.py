@@ -15,9 +15,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "src" / "terrarium"
 
 #: What a store may import from the package: itself and the layers below it.
 BELOW_STORES = frozenset({"stores", "model", "codec", "errors", "text", "blobs", "_lazy"})
-#: Upward imports that other work of issue 27 removes (the legacy<->stores/fs circle: a freeze
-#: takes a context's legacy files along). Empty this as that work lands.
-KNOWN_UPWARD = frozenset({"terrarium.stores.fs._states -> terrarium.legacy"})
 
 
 def _module(path: Path) -> str:
@@ -60,7 +57,7 @@ def test_no_store_module_imports_a_layer_above_the_stores() -> None:
         for name in _imports(path)
         if name != "terrarium" and name.split(".")[1] not in BELOW_STORES
     }
-    assert upward == KNOWN_UPWARD
+    assert upward == set()
 
 
 def test_the_lifecycle_feature_is_in_no_import_circle() -> None:
@@ -105,3 +102,23 @@ def test_the_derived_index_sits_between_the_stores_and_the_surfaces() -> None:
         for path in (PACKAGE / "stores").rglob("*.py")
         for name in _imports(path)
     )
+
+
+def test_the_package_has_no_import_circle() -> None:
+    """No module of ``terrarium`` imports, directly or not, a module that imports it back
+    (imports inside functions count; ``if TYPE_CHECKING:`` ones do not)."""
+    graph = _graph()
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            circle = [*path[path.index(name) :], name]
+            raise AssertionError("import circle: " + " -> ".join(circle))
+        if name in done:
+            return
+        for imported in sorted(graph[name]):
+            visit(imported, [*path, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])

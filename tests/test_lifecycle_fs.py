@@ -14,10 +14,10 @@ import os
 import shutil
 import stat
 import threading
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import zstandard
 from click.testing import CliRunner, Result
@@ -161,6 +161,28 @@ def test_nothing_follows_a_link_out_of_the_root(store: FsStore, tmp_path: Path) 
         states.archive_context(store, MAIN)
     assert list(outside.iterdir()) == []
     assert _history(store, "cli:main") == [{"role": "user", "content": "hello"}]
+
+
+def test_a_freeze_takes_nothing_along_from_outside_the_root(store: FsStore, tmp_path: Path) -> None:
+    """``freeze_session(along=...)`` refuses a file whose folder leads out of the root, before
+    anything moves; a store that keeps no files refuses any."""
+    ref = _create(store, "cli:main", "hello")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x.json").write_text("{}")
+    (store.root / "cli" / "link").symlink_to(outside, target_is_directory=True)
+    state = store.session_state(ref.session_id)
+    with pytest.raises(StoreError, match="outside"):
+        store.freeze_session(
+            ref.session_id, expected=state, state=state, along=[store.root / "cli/link/x.json"]
+        )
+    assert (outside / "x.json").read_text() == "{}"
+    assert "cold" not in store.session_state(ref.session_id)
+    assert _history(store, "cli:main") == [{"role": "user", "content": "hello"}]
+    memory = MemoryStore()
+    ref = _create(memory, "cli:main", "hello")
+    with pytest.raises(StoreError, match="keeps no files"):
+        memory.freeze_session(ref.session_id, expected={}, state={}, along=[Path("x.json")])
 
 
 # --------------------------------------------------------------------------- the oracle
@@ -518,7 +540,12 @@ def test_archived_segments_read_as_the_hot_ones_did(store: FsStore) -> None:
     def snapshot() -> Any:
         return (
             store.list_segments(ref.session_id),
-            [replace(store.read_segment(ref.session_id, s, stop_seq=2), torn=None) for s in segs],
+            [
+                msgspec.structs.replace(
+                    store.read_segment(ref.session_id, s, stop_seq=2), torn=None
+                )
+                for s in segs
+            ],
             [store.next_seq(ref.session_id, s) for s in segs],
             [store.read_trace(ref.session_id, s) for s in segs],
         )

@@ -16,10 +16,10 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from helpers.history import add_context, places
@@ -140,7 +140,7 @@ def _observe(store: Any) -> dict[str, Any]:
 def _search(store: Any, query: SearchQuery) -> list[Any]:
     """Every hit, on every branch, hot and archived: the store's index and the archive's scan
     (the MemoryStore oracle has no index: it scans both)."""
-    return search(store, replace(query, all_branches=True))
+    return search(store, msgspec.structs.replace(query, all_branches=True))
 
 
 def _script(store: Any) -> list[dict[str, Any]]:

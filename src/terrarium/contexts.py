@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +108,7 @@ class ContextRow(msgspec.Struct, frozen=True, gc=False):
         }
 
 
-@dataclass(frozen=True, slots=True)
-class ContextListing:
+class ContextListing(msgspec.Struct, frozen=True):
     """Every context of a store, and the legacy files that could not be used."""
 
     rows: list[ContextRow]

@@ -33,10 +33,11 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Generic, TypeVar
+
+import msgspec
 
 from terrarium.errors import ContextExists, StoreError
 from terrarium.model import DATE_RE, ContextId, legacy_file_names, printable
@@ -57,8 +58,7 @@ T = TypeVar("T")
 # --------------------------------------------------------------------------- records
 
 
-@dataclass(frozen=True, slots=True)
-class LegacyInfo:
+class LegacyInfo(msgspec.Struct, frozen=True):
     """One legacy session as a listing shows it (from the file's metadata)."""
 
     context: ContextId
@@ -75,8 +75,7 @@ class LegacyInfo:
     """Number of messages in the file."""
 
 
-@dataclass(frozen=True, slots=True)
-class LegacyProblem:
+class LegacyProblem(msgspec.Struct, frozen=True):
     """A legacy file that could not be used, and why."""
 
     path: Path
@@ -88,20 +87,18 @@ class LegacyProblem:
         return f"{printable(str(self.path))}: {self.reason}"
 
 
-@dataclass(frozen=True, slots=True)
-class LegacyListing:
+class LegacyListing(msgspec.Struct, frozen=True):
     """Every legacy session beside a store, and the files that could not be used."""
 
     sessions: tuple[LegacyInfo, ...] = ()
     """One per context, in path order."""
     problems: tuple[LegacyProblem, ...] = ()
     """Unreadable, misnamed or shadowed files, in path order."""
-    by_context: Mapping[ContextId, LegacyInfo] = field(default_factory=dict)
+    by_context: Mapping[ContextId, LegacyInfo] = msgspec.field(default_factory=dict)
     """The sessions by context."""
 
 
-@dataclass(frozen=True, slots=True)
-class LegacyCopy:
+class LegacyCopy(msgspec.Struct, frozen=True):
     """A legacy context read into memory."""
 
     store: MemoryStore
@@ -327,8 +324,7 @@ def _inside(path: Path, root: Path) -> bool:
 # --------------------------------------------------------------------------- the cache
 
 
-@dataclass(frozen=True, slots=True)
-class _Seen(Generic[T]):
+class _Seen(msgspec.Struct, Generic[T], frozen=True):
     """What a folder or file held when it had ``stamp``."""
 
     stamp: tuple[int, ...]
@@ -337,8 +333,7 @@ class _Seen(Generic[T]):
     value: T
 
 
-@dataclass(frozen=True, slots=True)
-class _Folder:
+class _Folder(msgspec.Struct, frozen=True):
     files: tuple[str, ...]
     """Legacy file names in it."""
     folders: tuple[str, ...]

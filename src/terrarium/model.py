@@ -24,9 +24,10 @@ import time
 import unicodedata
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, Literal, TypeAlias
+
+import msgspec
 
 from terrarium.errors import InvalidContextId, InvalidEntry
 
@@ -223,8 +224,7 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class ContextId:
+class ContextId(msgspec.Struct, frozen=True, order=True):
     """A context identifier ``type:name`` such as ``irc:#python``."""
 
     type: str
@@ -337,42 +337,37 @@ class Role(StrEnum):
     TOOL = "tool"
 
 
-@dataclass(frozen=True, slots=True)
-class TextPart:
+class TextPart(msgspec.Struct, frozen=True):
     """Plain text."""
 
     text: str
 
 
-@dataclass(frozen=True, slots=True)
-class ImagePart:
+class ImagePart(msgspec.Struct, frozen=True):
     """A reference to an image (URL or ``data:`` URI); the bytes are not in the log."""
 
     url: str
     detail: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCallPart:
+class ToolCallPart(msgspec.Struct, frozen=True):
     """A tool call made by the assistant."""
 
     id: str
     name: str
     arguments: str
     """The arguments as the model produced them (a JSON string)."""
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = msgspec.field(default_factory=dict)
     """Keys of the call this version does not model (``function_extra``: of its function)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ReasoningPart:
+class ReasoningPart(msgspec.Struct, frozen=True):
     """The model's reasoning text (``reasoning_content`` on vLLM)."""
 
     text: str
 
 
-@dataclass(frozen=True, slots=True)
-class UnknownPart:
+class UnknownPart(msgspec.Struct, frozen=True):
     """A content part of a type this version does not know, kept verbatim."""
 
     data: Mapping[str, Any]
@@ -382,8 +377,7 @@ ContentPart: TypeAlias = TextPart | ImagePart | ToolCallPart | ReasoningPart | U
 """One piece of an item's content."""
 
 
-@dataclass(frozen=True, slots=True)
-class Item:
+class Item(msgspec.Struct, frozen=True):
     """A history item: a message of some role whose content is text or parts.
 
     A tool result is an item of role ``tool`` with ``tool_call_id`` set.
@@ -395,7 +389,7 @@ class Item:
     """Optional participant name (an IRC nick, say)."""
     tool_call_id: str | None = None
     """For a tool result: the id of the call it answers."""
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = msgspec.field(default_factory=dict)
     """Keys this version does not model, carried through untouched."""
 
     @classmethod
@@ -874,8 +868,7 @@ def _parts(content: str | list[Any]) -> list[Any]:
 # --------------------------------------------------------------------------- usage, events
 
 
-@dataclass(frozen=True, slots=True)
-class UsageRecord:
+class UsageRecord(msgspec.Struct, frozen=True):
     """Token usage of one model call."""
 
     model: str
@@ -905,8 +898,7 @@ class UsageRecord:
         return data
 
 
-@dataclass(frozen=True, slots=True)
-class UsageTotals:
+class UsageTotals(msgspec.Struct, frozen=True):
     """Usage summed over a segment's lineage.
 
     The first four fields count every call, exact and estimated alike; the ``estimated_``
@@ -976,16 +968,15 @@ class UsageTotals:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> UsageTotals:
         """Totals a header carries (missing keys are 0)."""
-        return cls(*(int(data.get(f.name, 0) or 0) for f in fields(cls)))
+        return cls(*(int(data.get(f, 0) or 0) for f in cls.__struct_fields__))
 
 
-@dataclass(frozen=True, slots=True)
-class SystemItem:
+class SystemItem(msgspec.Struct, frozen=True):
     """A runtime event (a pod event in the crate) that is rendered into history as a message."""
 
     event: str
     """What happened: ``config_changed``, ``context_switched``, ``tool_denied``, ..."""
-    detail: Mapping[str, Any] = field(default_factory=dict)
+    detail: Mapping[str, Any] = msgspec.field(default_factory=dict)
     """Event data, kept in the log next to the rendering."""
 
 
@@ -999,8 +990,7 @@ POD_SCOPE_EXTENSION_DOMAIN = "terrarium.pod_scope"
 """The extension domain under which :class:`PodScopeSnapshot` records are saved."""
 
 
-@dataclass(frozen=True, slots=True)
-class PodScopeSnapshot:
+class PodScopeSnapshot(msgspec.Struct, frozen=True):
     """What the agent was allowed to touch when the snapshot was taken."""
 
     working_dir: str | None = None
@@ -1053,8 +1043,7 @@ indexes, what listings count."""
 ENVELOPE_KEYS = ("v", "seq", "ts", "kind")
 
 
-@dataclass(frozen=True, slots=True)
-class LogEntry:
+class LogEntry(msgspec.Struct, frozen=True):
     """One line of a segment log.
 
     ``data`` holds the kind's own keys exactly as stored, including keys (and whole kinds)
@@ -1090,8 +1079,7 @@ class LogEntry:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class SegmentOrigin:
+class SegmentOrigin(msgspec.Struct, frozen=True):
     """Where a segment comes from. Written in its header."""
 
     kind: Literal["root", "fork", "compaction", "clear", "import"]
@@ -1130,19 +1118,17 @@ class SegmentOrigin:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class SegmentStartState:
+class SegmentStartState(msgspec.Struct, frozen=True):
     """What a new segment starts with."""
 
     system_prompt: str | None = None
-    config: Mapping[str, Any] = field(default_factory=dict)
+    config: Mapping[str, Any] = msgspec.field(default_factory=dict)
     """Runtime settings (model, temperature, ...), replaced wholesale by config changes."""
     history: Sequence[Item | LoggedItem] = ()
     """Items the segment starts with (a compaction's summary, an import's messages)."""
 
 
-@dataclass(frozen=True, slots=True)
-class RunStatus:
+class RunStatus(msgspec.Struct, frozen=True):
     """How the last run of a segment ended."""
 
     status: Literal["completed", "errored"]
@@ -1150,8 +1136,7 @@ class RunStatus:
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TornTail:
+class TornTail(msgspec.Struct, frozen=True):
     """Bytes at the end of a segment that were not a complete entry (a writer died mid-line)."""
 
     segment_id: SegmentId
@@ -1162,8 +1147,7 @@ class TornTail:
     """Where the bytes were moved (a side file), or None where the store keeps no bytes."""
 
 
-@dataclass(slots=True)
-class RestoredState:
+class RestoredState(msgspec.Struct):
     """What replaying a segment (and the ancestors it continues) yields."""
 
     session_id: SessionId
@@ -1188,17 +1172,17 @@ class RestoredState:
     """Timestamp of the segment's last entry."""
     turns: int = 0
     """Turn ends in this segment's lineage."""
-    unknown: list[dict[str, Any]] = field(default_factory=list)
+    unknown: list[dict[str, Any]] = msgspec.field(default_factory=list)
     """Entries of kinds this version does not know, as stored."""
-    torn: list[TornTail] = field(default_factory=list)
+    torn: list[TornTail] = msgspec.field(default_factory=list)
     """Torn tails that were detected and set aside during the restore."""
-    failed: dict[int, Mapping[str, Any]] = field(default_factory=dict)
+    failed: dict[int, Mapping[str, Any]] = msgspec.field(default_factory=dict)
     """The history items of failed runs, by index in :attr:`history`, each with the
     ``run_errored`` entry that failed it (``error``, ``error_type``, ``partial``). They stay
     in the history (``show`` marks them) but are not sent to the model (:attr:`model_history`)."""
     run_start: int = 0
     """Where in :attr:`history` the run under way began: the items past the last run's end."""
-    usage_by_model: dict[str, UsageTotals] = field(default_factory=dict)
+    usage_by_model: dict[str, UsageTotals] = msgspec.field(default_factory=dict)
     """:attr:`usage` per model (a usage record without a model under ``unknown``)."""
 
     def end_run(self, errored: Mapping[str, Any] | None = None) -> bool:
@@ -1245,8 +1229,7 @@ class RestoredState:
         return len(self.history)
 
 
-@dataclass(frozen=True, slots=True)
-class TraceEntry:
+class TraceEntry(msgspec.Struct, frozen=True):
     """A raw stream event, written to ``{segment}.trace.jsonl`` when tracing is on."""
 
     ts: str

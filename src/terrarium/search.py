@@ -27,8 +27,10 @@ import heapq
 import logging
 import unicodedata
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from terrarium import index as derived
 from terrarium import sessions, states
@@ -95,7 +97,7 @@ def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
     # a few more than the limit, and again for more when those were not enough.
     asked = min(MAX_LIMIT, query.limit + 10)
     while True:
-        hits = _search_store(store, replace(query, limit=asked))
+        hits = _search_store(store, msgspec.structs.replace(query, limit=asked))
         found, decided = places.place(hits, limit=query.limit, all_branches=query.all_branches)
         if decided or len(hits) < asked or asked == MAX_LIMIT:
             return found
@@ -342,7 +344,9 @@ class _Places:
         head_session, positions = self._conversation(hit.context)
         message = positions.get((segment, hit.seq, index)) if session == head_session else None
         branch = "off" if message is None else "head"
-        return _Placed(replace(hit, message=message, branch=branch), key, key == own)
+        return _Placed(
+            msgspec.structs.replace(hit, message=message, branch=branch), key, key == own
+        )
 
     def _conversation(self, context: str) -> tuple[str, dict[tuple[str, int, int | None], int]]:
         """The context's head session and the place of each message of its conversation."""

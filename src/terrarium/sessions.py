@@ -17,8 +17,9 @@ the compacted segment alone.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, cast, overload
+
+import msgspec
 
 from terrarium.blobs import (
     BlobMode,
@@ -477,8 +478,7 @@ def rewind(
         return [message.item for message in found[len(found) - n :]]
 
 
-@dataclass(slots=True)
-class Message:
+class Message(msgspec.Struct):
     """One history item of a conversation, where it is and where it comes from: what every
     view shows of a message (:func:`messages`)."""
 
@@ -1010,3 +1010,37 @@ def read_entries(store: Store, ref: SegmentRef, *, stop_seq: int | None = None) 
     """The segment's own lines (header first) as :class:`LogEntry` values."""
     read = store.read_segment(ref.session_id, ref.segment_id, stop_seq=stop_seq)
     return [LogEntry.from_dict(line) for line in [read.header, *read.entries]]
+
+
+class TimedItem(msgspec.Struct, frozen=True):
+    """A history item with the time it was logged."""
+
+    item: LoggedItem
+    """The item in on-disk form (an OpenAI message dict)."""
+    ts: str
+    """The ``ts`` of the entry that logged it; for items a header holds, the header's ``ts``."""
+    kind: str
+    """The entry kind that logged it (``user_input``, ``item``, ``system_item``, ``header``)."""
+    event: str | None = None
+    """For a ``system_item``: the runtime event's name."""
+
+
+def timed_history(lines: Iterable[Mapping[str, Any]]) -> list[TimedItem]:
+    """The history that replaying ``lines`` yields, each item with the time it was logged.
+
+    Follows :func:`collect_state`: a header that holds ``history`` (or the
+    first header) starts the history afresh from it, each item stamped with the time it was
+    first logged (``sessions.header_history``).
+    """
+    items: list[TimedItem] = []
+    first = True
+    for line in lines:
+        kind = line["kind"]
+        if kind in HISTORY_KINDS:
+            event = line.get("event") if kind == EntryKind.SYSTEM_ITEM else None
+            items.append(TimedItem(line["item"], line["ts"], kind, event))
+        elif kind == EntryKind.HEADER:
+            if first or line.get("history") is not None:
+                items = [TimedItem(i, ts, kind) for i, ts, _ in header_history(line)]
+            first = False
+    return items

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from terrarium import codec
+import msgspec
+
+from terrarium import codec, legacy
 from terrarium.errors import (
     ConflictError,
     ContextExists,
@@ -70,8 +71,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class ArchivedContext:
+class ArchivedContext(msgspec.Struct, frozen=True):
     """One archived context, as the archive lists it (nothing is decompressed to list it)."""
 
     context: str
@@ -91,8 +91,7 @@ class ArchivedContext:
     pinned: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class TrashedContext:
+class TrashedContext(msgspec.Struct, frozen=True):
     """One deleted context waiting in the trash, newest first in listings."""
 
     trash_id: str
@@ -124,7 +123,10 @@ def archive_context(store: Lifecycle, context: ContextId) -> ArchivedContext | N
         try:
             summary = {**_summary(store, head), "archived_at": utc_now()}
             stored = store.freeze_session(
-                head.session_id, expected=state, state={**state, "archived": summary}
+                head.session_id,
+                expected=state,
+                state={**state, "archived": summary},
+                along=legacy.files(store, context),  # the context's legacy files go with it
             )
         except (ConflictError, ContextNotFound, SegmentNotFound):  # changed meanwhile
             continue

@@ -52,12 +52,6 @@ def token_re() -> re.Pattern[str]:
     return re.compile(f"[{_CJK}]|(?:[^\\W_{_CJK}]|[\ue002-\uf8ff])+")
 
 
-def __getattr__(name: str) -> re.Pattern[str]:
-    if name == "TOKEN_RE":  # the name importers use, compiled on first use
-        return token_re()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 _CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
 _MARKERS = str.maketrans({HIGHLIGHT_OPEN: "\ufffd", HIGHLIGHT_CLOSE: "\ufffd"})
 _SNIPPET_SPLIT = re.compile(f"([{HIGHLIGHT_OPEN}{HIGHLIGHT_CLOSE}])")

@@ -7,10 +7,10 @@ indexes refuse, folds Unicode as they do, and ranks by FTS5's bm25 as FsStore's 
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from helpers.history import (
@@ -38,14 +38,14 @@ def test_a_store_without_an_index_is_searched_by_the_scan(store: Store, backend:
         assert not isinstance(lister(store), Searchable)
     build_history(store)
     for query in PARITY_QUERIES:
-        wide = dataclasses.replace(query, limit=100)
+        wide = msgspec.structs.replace(query, limit=100)
         own = (
             lister(store).search(wide)
             if isinstance(lister(store), Searchable)
             else scan(store, wide)
         )
-        found = search(store, dataclasses.replace(wide, all_branches=True))
-        unplaced = [dataclasses.replace(hit, message=None, branch="head") for hit in found]
+        found = search(store, msgspec.structs.replace(wide, all_branches=True))
+        unplaced = [msgspec.structs.replace(hit, message=None, branch="head") for hit in found]
         assert unplaced == [hit for hit in own if hit in unplaced], query
         assert bool(found) == bool(own), query
 

@@ -109,10 +109,14 @@ def gateway(
         raise click.BadParameter("the token may not be empty", param_hint="--token")
     if token is None and not is_loopback(host):
         token = secrets.token_urlsafe(24)
+    try:
+        model_server = Upstream(upstream, api_key=os.environ.get(UPSTREAM_KEY_ENV), timeout=timeout)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     store = state_of(ctx).store()
     app = create_app(
         store,
-        Upstream(upstream, api_key=os.environ.get(UPSTREAM_KEY_ENV), timeout=timeout),
+        model_server,
         token=token,
         max_body=max_body,
         store_thread=not quick_store(store),

@@ -73,12 +73,26 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+KEEP_ALIVE = 75
+"""Seconds an idle connection is kept open. uvicorn's own 5 s equals the keep-alive expiry
+of httpx (and so of the openai client): a client reusing a connection just under 5 s idle by
+its clock sent its request as the server, which counts from its last write, closed it, and
+got a reset (``httpx.ReadError``: the gateway benchmark's concurrent part, 2 runs in 4). A
+server must keep connections longer than its clients do; 75 s is nginx's default."""
+
+
 def run_server(app: Any, sock: socket.socket) -> None:
     """Serve ``app`` on ``sock`` with uvicorn until interrupted."""
     import uvicorn
 
     # Live pages hold an event stream open: give them a second, not forever, on Ctrl-C.
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=1)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=1,
+        timeout_keep_alive=KEEP_ALIVE,
+    )
     uvicorn.Server(config).run(sockets=[sock])
 
 

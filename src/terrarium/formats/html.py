@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from terrarium.formats.jsonl import TimedItem, Transcript, load_transcript
+from terrarium import sessions
+from terrarium.formats.jsonl import Transcript, load_transcript
 from terrarium.formats.markdown import pretty_json, when
 from terrarium.formats.safe_markdown import markdown_html, pygments_css
 from terrarium.model import ContextId, EntryKind, chat_view, item_label
@@ -129,7 +130,7 @@ def _tool_calls(item: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def render_item(timed: TimedItem) -> str:
+def render_item(timed: sessions.TimedItem) -> str:
     """One history item as an HTML block (a Responses item through ``model.chat_view``, as
     in Markdown; a kind with no view as its JSON)."""
     item = timed.item

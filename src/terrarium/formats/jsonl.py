@@ -26,30 +26,14 @@ from terrarium.errors import (
     InvalidEntry,
 )
 from terrarium.model import (
-    HISTORY_KINDS,
     ContextId,
     EntryKind,
-    LoggedItem,
     RestoredState,
     SegmentId,
 )
 from terrarium.stores.base import PodMetadata, Store
 
 # --------------------------------------------------------------------------- reading
-
-
-@dataclass(frozen=True, slots=True)
-class TimedItem:
-    """A history item with the time it was logged."""
-
-    item: LoggedItem
-    """The item in on-disk form (an OpenAI message dict)."""
-    ts: str
-    """The ``ts`` of the entry that logged it; for items a header holds, the header's ``ts``."""
-    kind: str
-    """The entry kind that logged it (``user_input``, ``item``, ``system_item``, ``header``)."""
-    event: str | None = None
-    """For a ``system_item``: the runtime event's name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +47,7 @@ class Transcript:
     """Every line of the lineage as stored, oldest first (see the module docstring)."""
     state: RestoredState
     """What replaying ``lines`` yields."""
-    items: list[TimedItem]
+    items: list[sessions.TimedItem]
     """``state.history`` item by item, with the time each was logged."""
 
     def active_between(
@@ -112,27 +96,6 @@ def lineage_lines(store: Store, context: ContextId | str) -> list[dict[str, Any]
     return sessions.lines_of(sessions.lineage(store, head.session_id, head.segment_id))
 
 
-def timed_history(lines: Iterable[Mapping[str, Any]]) -> list[TimedItem]:
-    """The history that replaying ``lines`` yields, each item with the time it was logged.
-
-    Follows :func:`terrarium.sessions.collect_state`: a header that holds ``history`` (or the
-    first header) starts the history afresh from it, each item stamped with the time it was
-    first logged (``sessions.header_history``).
-    """
-    items: list[TimedItem] = []
-    first = True
-    for line in lines:
-        kind = line["kind"]
-        if kind in HISTORY_KINDS:
-            event = line.get("event") if kind == EntryKind.SYSTEM_ITEM else None
-            items.append(TimedItem(line["item"], line["ts"], kind, event))
-        elif kind == EntryKind.HEADER:
-            if first or line.get("history") is not None:
-                items = [TimedItem(i, ts, kind) for i, ts, _ in sessions.header_history(line)]
-            first = False
-    return items
-
-
 def load_transcript(store: Store, context: ContextId | str) -> Transcript:
     """Read the context's lineage once into a :class:`Transcript`.
 
@@ -142,7 +105,9 @@ def load_transcript(store: Store, context: ContextId | str) -> Transcript:
     ctx = ContextId.parse(context)
     head = sessions.require_head(store, ctx)
     lines = sessions.lines_of(sessions.lineage(store, head.session_id, head.segment_id))
-    return Transcript(ctx, head, lines, sessions.collect_state(lines), timed_history(lines))
+    return Transcript(
+        ctx, head, lines, sessions.collect_state(lines), sessions.timed_history(lines)
+    )
 
 
 # --------------------------------------------------------------------------- export
@@ -293,7 +258,6 @@ def _check_segments(segments: list[list[dict[str, Any]]]) -> None:
 
 
 __all__ = [
-    "TimedItem",
     "Transcript",
     "export_context",
     "import_context",
@@ -302,5 +266,4 @@ __all__ = [
     "parse_lines",
     "parse_ts",
     "read_segments",
-    "timed_history",
 ]

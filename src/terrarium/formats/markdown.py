@@ -15,7 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from terrarium.formats.jsonl import TimedItem, Transcript, load_transcript, parse_ts
+from terrarium import sessions
+from terrarium.formats.jsonl import Transcript, load_transcript, parse_ts
 from terrarium.model import ContextId, EntryKind, chat_view, item_label
 from terrarium.stores.base import Store
 
@@ -102,7 +103,7 @@ def _tool_calls(item: Mapping[str, Any]) -> list[str]:
     return blocks
 
 
-def render_item(timed: TimedItem) -> str:
+def render_item(timed: sessions.TimedItem) -> str:
     """One history item as a Markdown section (or an italic line for a runtime event).
 
     A Responses item is rendered as its Chat view (``model.chat_view``), its kind named in the

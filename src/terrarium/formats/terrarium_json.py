@@ -37,7 +37,6 @@ from typing import Any
 
 from terrarium import codec, sessions
 from terrarium.errors import InvalidEntry
-from terrarium.formats.jsonl import timed_history
 from terrarium.model import (
     DATE_RE,
     TYPE_RE,
@@ -743,9 +742,9 @@ def _item_ts(record: Mapping[str, Any] | None, count: int) -> list[str] | None:
 
 
 def _timed_history(lines: Sequence[Mapping[str, Any]]) -> list[_Timed]:
-    """The replayed history with times (:func:`~terrarium.formats.jsonl.timed_history`); the
+    """The replayed history with times (:func:`~terrarium.sessions.timed_history`); the
     items of an import header keep the legacy file's timestamps and their index in it."""
-    timed = [_Timed(t.item, t.ts, None) for t in timed_history(lines)]
+    timed = [_Timed(t.item, t.ts, None) for t in sessions.timed_history(lines)]
     headers = [line for line in lines if line["kind"] == EntryKind.HEADER]
     # The history starts at the last header that holds one (or the first header).
     start = next((h for h in reversed(headers) if h.get("history") is not None), headers[0])

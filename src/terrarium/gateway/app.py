@@ -38,7 +38,7 @@ from terrarium.gateway.ids import (
     response_context,
     thread_context,
 )
-from terrarium.gateway.ledger import EMPTY, Point, Snapshot, turn_entries
+from terrarium.gateway.ledger import EMPTY, Point, Snapshot, encoded_messages, turn_entries
 from terrarium.gateway.responses import (
     ResponseRequest,
     chat_body,
@@ -134,7 +134,7 @@ async def create_response(gw: Gateway, request: Request) -> Response:
     messages = list(target.snapshot.messages)
     for item in req.inputs:
         add_wire_message(messages, item)
-    body = chat_body(req, messages)
+    body = chat_body(req, encoded_messages(messages, target.snapshot))
     record = new_record(req, new_response_id(target.context if req.store else None))
     if req.stream:
         events = _stream_response(gw, req, target, record, body)

@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from terrarium import PodActiveSegmentRef, Store, sessions
 from terrarium.errors import ConflictError, ContextExists, ContextNotFound
 from terrarium.model import (
@@ -73,6 +75,8 @@ class Snapshot:
 
     messages: list[dict[str, Any]]
     """The Chat messages sent upstream for the model history (failed runs left out)."""
+    wire: list[msgspec.Raw]
+    """:attr:`messages` as JSON, each encoded once (:func:`encoded_messages`)."""
     items: list[LoggedItem]
     """The model history's items."""
     kept: Sequence[int]
@@ -92,6 +96,7 @@ class Snapshot:
         start = self.history_len
         return Snapshot(
             messages,
+            encoded_messages(messages, self),
             [*self.items, *items],
             range(start + len(items))
             if isinstance(self.kept, range)
@@ -101,7 +106,20 @@ class Snapshot:
         )
 
 
-EMPTY = Snapshot([], [], range(0), 0)
+EMPTY = Snapshot([], [], [], range(0), 0)
+
+_ENCODER = msgspec.json.Encoder()
+
+
+def encoded_messages(messages: list[dict[str, Any]], base: Snapshot) -> list[msgspec.Raw]:
+    """``messages`` as JSON, one ``msgspec.Raw`` each: ``base.messages`` with more added by
+    ``model.add_wire_message``, so only the added ones and a replaced last one (a fold) are
+    encoded; the rest are ``base.wire``'s. An upstream body that holds these is encoded
+    without encoding the history again (at 1,000 messages: 0.12 ms, not 0.42)."""
+    keep = min(len(base.messages), len(messages))
+    if keep and messages[keep - 1] is not base.messages[keep - 1]:
+        keep -= 1  # add_wire_message replaces the last message, never changes it in place
+    return [*base.wire[:keep], *(msgspec.Raw(_ENCODER.encode(m)) for m in messages[keep:])]
 
 
 @dataclass(slots=True)
@@ -172,8 +190,14 @@ class Ledger:
             if state.failed
             else range(len(items))
         )
+        messages = wire_messages(None, items)
         snap = Snapshot(
-            wire_messages(None, items), list(items), kept, len(state.history), state.extensions
+            messages,
+            encoded_messages(messages, EMPTY),
+            list(items),
+            kept,
+            len(state.history),
+            state.extensions,
         )
         self._remember(key, snap)
         return snap

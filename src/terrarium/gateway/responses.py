@@ -177,8 +177,9 @@ def _text_part(kind: str, text: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- upstream
 
 
-def chat_body(req: ResponseRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """The Chat Completions request for ``req`` over ``messages``."""
+def chat_body(req: ResponseRequest, messages: list[Any]) -> dict[str, Any]:
+    """The Chat Completions request for ``req`` over ``messages`` (dicts, or each already
+    encoded as a ``msgspec.Raw``)."""
     if req.instructions:
         messages = [{"role": "system", "content": req.instructions}, *messages]
     body: dict[str, Any] = {"model": req.model, "messages": messages}

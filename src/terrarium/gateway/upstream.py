@@ -4,21 +4,31 @@ errors the gateway answers with, shaped as OpenAI shapes them.
 Streams and ``/models`` go out with the client's ``post`` and ``get`` (its documented way to
 make custom requests), so a Chat Completions body passes through with every key the client
 sent, known to the ``openai`` package or not. A plain Chat call, the gateway's hot path, is
-posted on the client's own HTTP client (``http_client``: one connection pool, the same
-timeout, the client's headers and key) and its answer read by msgspec: the client's request
-machinery cost more than the rest of the gateway's own work (``docs/architecture.md``). No
-call is retried: a retry is the gateway client's call, and a failed turn is logged once.
+posted by :class:`~terrarium.gateway.h1.Pool` with the client's headers, key and timeout, and
+its answer read by msgspec: the client's request machinery cost more than the rest of the
+gateway's own work (``docs/architecture.md``). With a proxy in the environment for the
+upstream (or without httptools), the plain call goes out on the client's own HTTP client. No
+call is retried (but a request the server never read: ``gateway/h1.py``): a retry is the
+gateway client's call, and a failed turn is logged once.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 import openai
+
+try:
+    from terrarium.gateway.h1 import Pool, UpstreamTimeout
+except ImportError:  # httptools missing (an install older than the 'web' extra's list)
+    Pool = None  # type: ignore[assignment,misc]
+    UpstreamTimeout = TimeoutError  # type: ignore[assignment,misc]
 
 _STATUS_TYPES = {
     400: "invalid_request_error",
@@ -78,11 +88,11 @@ def upstream_error(exc: BaseException, url: str) -> GatewayError:
         return exc
     if isinstance(exc, openai.APIStatusError):
         return status_error(exc.status_code, exc.body, str(exc))
-    if isinstance(exc, openai.APITimeoutError | _HTTP.TimeoutException):
+    if isinstance(exc, openai.APITimeoutError | _HTTP.TimeoutException | UpstreamTimeout):
         return GatewayError(
             504, f"the model server at {url} timed out", type="upstream_error", code="timeout"
         )
-    if isinstance(exc, openai.APIConnectionError | _HTTP.TransportError):
+    if isinstance(exc, openai.APIConnectionError | _HTTP.TransportError | OSError):
         return GatewayError(
             502,
             f"cannot reach the model server at {url}: {exc.__cause__ or exc}",
@@ -173,22 +183,32 @@ class Upstream:
         # key, which openai 3 adds apart from them; the client's requests set them too.
         headers = {k: v for k, v in self.client.default_headers.items() if isinstance(v, str)}
         self.http.headers.update({**headers, "Authorization": f"Bearer {key}"})
+        self.pool: Pool | None = None
+        """The plain Chat call's connections; None with a proxy for the upstream, or
+        without httptools (then the call goes on :attr:`http`)."""
+        if Pool is not None and not proxied(str(self._chat_url)):
+            https = self.url.startswith("https:")
+            ssl_context = _HTTP.create_ssl_context() if https else None
+            self.pool = Pool(str(self._chat_url), self.http.headers, timeout, ssl_context)
 
     async def chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """One Chat Completions call; the server's JSON answer."""
         try:
-            reply = await self.http.post(self._chat_url, content=_ENCODER.encode(body))
-            data = reply.content
+            if self.pool is not None:
+                status, data = await self.pool.post(_ENCODER.encode(body))
+            else:
+                reply = await self.http.post(self._chat_url, content=_ENCODER.encode(body))
+                status, data = reply.status_code, reply.content
         except Exception as exc:
             raise upstream_error(exc, self.url) from exc
         try:
             answer = _DECODER.decode(data)
         except (msgspec.DecodeError, UnicodeDecodeError):
             answer = data.decode("utf-8", "replace")
-            if reply.status_code < 400:
+            if status < 400:
                 raise upstream_error(ValueError("the answer is not JSON"), self.url) from None
-        if reply.status_code >= 400:
-            raise status_error(reply.status_code, answer, f"HTTP {reply.status_code}: {answer}")
+        if status >= 400:
+            raise status_error(status, answer, f"HTTP {status}: {answer}")
         if not isinstance(answer, dict):
             raise upstream_error(ValueError("the answer is not a JSON object"), self.url)
         return answer
@@ -219,5 +239,16 @@ class Upstream:
             raise upstream_error(exc, self.url) from exc
 
     async def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pools."""
+        if self.pool is not None:
+            self.pool.close()
         await self.client.close()
+
+
+def proxied(url: str) -> bool:
+    """Whether the environment names a proxy for ``url`` (``http_proxy``, ``no_proxy``...)."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    if not (proxies.get(parts.scheme) or proxies.get("all")):
+        return False
+    return not urllib.request.proxy_bypass(parts.hostname or "")

@@ -24,13 +24,12 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from itertools import groupby
 from operator import itemgetter
+from pathlib import Path
 from typing import Any
 
 import msgspec
-import zstandard
 
 from terrarium.codec import decode, decode_lines, encode, split_lines
 from terrarium.errors import (
@@ -44,6 +43,7 @@ from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores.base import (
     SegmentRead,
     SessionRecord,
+    refuse_files,
 )
 
 #: zstandard's level for archived segments: its default, ~4x smaller JSONL at ~300 MB/s.
@@ -91,6 +91,8 @@ DROP_SESSION = (
 
 def compress(data: bytes) -> bytes:
     """One zstandard frame holding ``data`` (its size recorded in the frame)."""
+    import zstandard  # not at import: 10-20 ms that `terrarium list` would wait for
+
     return zstandard.ZstdCompressor(level=LEVEL).compress(data)
 
 
@@ -105,6 +107,8 @@ def unpack(blob: bytes, *, where: str = "an archived segment") -> bytes:
     Raises:
         CorruptLog: ``blob`` is not a zstandard frame (damaged); the message names ``where``.
     """
+    import zstandard
+
     try:
         out: bytes = zstandard.ZstdDecompressor().decompressobj().decompress(bytes(blob))
     except zstandard.ZstdError as exc:
@@ -140,8 +144,7 @@ def jsonl_bytes(lines: Iterable[str]) -> int:
     return sum(len(line.encode()) + 1 for line in lines)
 
 
-@dataclass(frozen=True, slots=True)
-class Frozen:
+class Frozen(msgspec.Struct, frozen=True):
     """A session's segments packed for ``archived_segments``, and its size hot and packed."""
 
     segments: dict[Any, tuple[int, bytes, bytes | None]]
@@ -253,9 +256,15 @@ class SqlStates(ABC):
             return sorted(uuid.UUID(str(row[0])) for row in conn.execute(self._q(UNOWNED)))
 
     def freeze_session(
-        self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
+        self,
+        session_id: SessionId,
+        *,
+        expected: Mapping[str, Any],
+        state: Mapping[str, Any],
+        along: Sequence[Path] = (),
     ) -> dict[str, Any]:
         """Move the session to its frozen form and set its record, in one transaction."""
+        refuse_files(along)
         with self._write() as conn:
             now = self._check(conn, session_id, expected)
             if "cold" in now:  # frozen already: the record changes, the rows stay

@@ -30,12 +30,11 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 import msgspec
 
-from terrarium.errors import ConflictError, InvalidEntry, SegmentNotFound
+from terrarium.errors import ConflictError, InvalidEntry, SegmentNotFound, StoreError
 from terrarium.model import (
     ENVELOPE_KEYS,
     FORMAT_VERSION,
@@ -47,20 +46,21 @@ from terrarium.model import (
     TraceEntry,
 )
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
 #: ``HISTORY_KINDS`` as an SQL list, for ``kind IN ...`` (the kinds are fixed slugs).
 HISTORY_KINDS_SQL = "(" + ", ".join(f"'{kind}'" for kind in sorted(HISTORY_KINDS)) + ")"
 
 
-@dataclass(frozen=True, slots=True)
-class PodActiveSegmentRef:
+class PodActiveSegmentRef(msgspec.Struct, frozen=True):
     """A pointer to one segment: the session and the segment within it."""
 
     session_id: SessionId
     segment_id: SegmentId
 
 
-@dataclass(frozen=True, slots=True)
-class PodMetadata:
+class PodMetadata(msgspec.Struct, frozen=True):
     """A context's head record: which session it is and which segment it is on now."""
 
     context: str
@@ -84,8 +84,7 @@ class PodMetadata:
         return self.created_at[:10]
 
 
-@dataclass(frozen=True, slots=True)
-class NewEntry:
+class NewEntry(msgspec.Struct, frozen=True):
     """An entry to append; the store assigns its seq."""
 
     kind: str
@@ -93,8 +92,7 @@ class NewEntry:
     data: Mapping[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class SegmentRead:
+class SegmentRead(msgspec.Struct, frozen=True):
     """The result of reading one segment."""
 
     header: dict[str, Any]
@@ -257,8 +255,7 @@ class Reindexable(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class SearchQuery:
+class SearchQuery(msgspec.Struct, frozen=True):
     """What to search for, and where."""
 
     text: str
@@ -280,8 +277,7 @@ class SearchQuery:
     rewound branch); :func:`terrarium.search.search` marks such hits ``branch="off"``."""
 
 
-@dataclass(frozen=True, slots=True)
-class SearchHit:
+class SearchHit(msgspec.Struct, frozen=True):
     """One matching history item, best first."""
 
     context: str
@@ -394,8 +390,7 @@ LISTING_SORTS = ("last_active", "created", "messages")
 (also largest first): by the last entry's timestamp, the creation time, the message count."""
 
 
-@dataclass(frozen=True, slots=True)
-class ListingQuery:
+class ListingQuery(msgspec.Struct, frozen=True):
     """One page of a listing: which contexts, in which order, and after which row."""
 
     sort: str = "last_active"
@@ -489,8 +484,7 @@ class Notifying(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class SessionRecord:
+class SessionRecord(msgspec.Struct, frozen=True):
     """One session with a non-empty state record, as :meth:`SessionStates.session_records`
     lists it."""
 
@@ -540,13 +534,21 @@ class SessionStates(Protocol):
         ...
 
     def freeze_session(
-        self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
+        self,
+        session_id: SessionId,
+        *,
+        expected: Mapping[str, Any],
+        state: Mapping[str, Any],
+        along: Sequence[Path] = (),
     ) -> dict[str, Any]:
         """Move the session to its cold form and set its record to ``state``, atomically.
 
         The store adds the key ``cold``, ``{"hot_bytes": ..., "cold_bytes": ...}`` (what the
         session took before, what it takes now), and returns the record it stored. ``cold`` is
-        the store's own key: in the record exactly while the session is frozen.
+        the store's own key: in the record exactly while the session is frozen. ``along``:
+        files under the store's root that go into the cold form with it and come back with
+        the thaw (a context's legacy files, :func:`terrarium.legacy.files`); a store that
+        keeps no files refuses any.
         """
         ...
 
@@ -614,6 +616,12 @@ def wake_session(store: SessionStates, session_id: SessionId) -> bool:
             continue
         return True
     raise ConflictError(f"session {session_id} kept changing while it was being woken")
+
+
+def refuse_files(along: Sequence[Path]) -> None:
+    """What ``freeze_session`` does with ``along`` in a store that keeps no files."""
+    if along:
+        raise StoreError(f"this store keeps no files, so it cannot take {along[0]} along")
 
 
 @runtime_checkable

@@ -22,7 +22,6 @@ Usage::
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import math
 import sqlite3
@@ -30,6 +29,8 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from terrarium.errors import InvalidQuery
 from terrarium.model import DATE_RE, ROLES, ContextId
@@ -74,7 +75,7 @@ def check_query(query: SearchQuery) -> SearchQuery:
         raise InvalidQuery(f"invalid role {query.role!r}: use one of {', '.join(sorted(ROLES))}")
     context = str(ContextId.parse(query.context)) if query.context is not None else None
     since = _normalise_since(query.since) if query.since is not None else None
-    return dataclasses.replace(query, context=context, since=since)
+    return msgspec.structs.replace(query, context=context, since=since)
 
 
 def _normalise_since(since: str) -> str:

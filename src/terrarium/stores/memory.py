@@ -18,8 +18,11 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from terrarium import codec
 from terrarium.blobs import DEFAULT_THRESHOLD, check_digest, digest_of, line_digests
@@ -40,6 +43,7 @@ from terrarium.stores.base import (
     SessionRecord,
     header_line,
     iter_lines,
+    refuse_files,
     wake_session,
 )
 
@@ -148,7 +152,7 @@ class MemoryStore(_MemoryBlobs):
                     f"head of {context} is {head.segment_id}, not {expected}: it moved"
                 )
             self._segment(head.session_id, segment_id)
-            head = replace(head, segment_id=segment_id, updated_at=utc_now())
+            head = msgspec.structs.replace(head, segment_id=segment_id, updated_at=utc_now())
             self._heads[str(context)] = head
             return head
 
@@ -248,9 +252,15 @@ class MemoryStore(_MemoryBlobs):
             return sorted(s for s, owner in self._owners.items() if owner is None)
 
     def freeze_session(
-        self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
+        self,
+        session_id: SessionId,
+        *,
+        expected: Mapping[str, Any],
+        state: Mapping[str, Any],
+        along: Sequence[Path] = (),
     ) -> dict[str, Any]:
         """Mark the session frozen (nothing to compress in memory) and set its record."""
+        refuse_files(along)
         with self._lock:
             self._check_state(session_id, expected)
             size = _size(self._sessions[session_id])

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import dataclasses
 import datetime
 import heapq
 import json
@@ -445,7 +444,7 @@ def _legacy_candidates(
     checked against the log (a context in the log hides its legacy file) until ``query.limit``
     are not hidden: one head lookup each, not a listing of the log."""
     every = contexts.legacy_rows(found, query.type, lambda _: False)
-    ordered = _picked(every, dataclasses.replace(query, limit=len(every) or 1), query.sort, {})
+    ordered = _picked(every, msgspec.structs.replace(query, limit=len(every) or 1), query.sort, {})
     shown: list[contexts.ContextRow] = []
     for row in ordered:
         if store.get_head(row.context) is None:
@@ -535,7 +534,7 @@ def _paged(
     source = derived.listing(store)
     if not isinstance(source, PagedListing):
         return None
-    query = dataclasses.replace(query, as_indexed=as_indexed)
+    query = msgspec.structs.replace(query, as_indexed=as_indexed)
     extra = list(archived)
     try:
         rows: list[contexts.ContextRow] = []

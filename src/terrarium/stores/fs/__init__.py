@@ -32,7 +32,6 @@ import logging
 import math
 import mmap
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -577,6 +576,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         gone = self._inside(self.root / STAGING) / f"index-{uuid.uuid4().hex}"
         make_dirs(gone.parent)
         os.rename(self._inside(folder), gone)
+        import shutil  # not at import: it loads bz2, lzma and zlib
+
         shutil.rmtree(gone, ignore_errors=True)
 
     # ---------------------------------------------------------------- detached sessions

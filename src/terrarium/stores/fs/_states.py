@@ -28,13 +28,12 @@ import contextlib
 import fcntl
 import os
 import re
-import shutil
 import stat
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from terrarium import codec
 from terrarium.errors import (
@@ -57,7 +56,6 @@ from terrarium.stores._files import (
 from terrarium.stores.base import PodMetadata, SessionRecord
 from terrarium.stores.fs._heads import folder_context, head_of
 from terrarium.stores.fs._layout import (
-    DETACHED,
     LOCKS,
     SEGMENT_SUFFIX,
     STAGING,
@@ -72,7 +70,7 @@ from terrarium.stores.fs._segments import read_file
 from terrarium.stores.fs._tree import Tree
 
 if TYPE_CHECKING:
-    from terrarium.stores.fs import FsStore
+    pass
 
 PENDING = ".detach.json"
 SEALED = 0o400
@@ -287,6 +285,7 @@ class FsStates(Tree):
         *,
         expected: Mapping[str, Any],
         state: Mapping[str, Any],
+        along: Sequence[Path] = (),
     ) -> dict[str, Any]:
         """Compress the session's log files in place; the record (with ``cold``) commits."""
         with self._moving(session_id):
@@ -296,7 +295,7 @@ class FsStates(Tree):
                 self._write_record(session_id, stored)
                 return stored
             folder = self._session_folder(session_id)
-            legacy = self._legacy_of(folder)
+            legacy = [self._inside(path.parent) / path.name for path in along]
             self._forget_session(session_id)
             try:
                 with _segment_locks(folder):
@@ -314,16 +313,6 @@ class FsStates(Tree):
                 path.unlink(missing_ok=True)
             self._mark(session_id)  # the search index drops it
             return stored
-
-    def _legacy_of(self, folder: Path) -> list[Path]:
-        """The legacy JSON files of the context whose folder is ``folder`` (a freeze takes
-        them along: :mod:`terrarium.legacy`); none for a detached session."""
-        from terrarium import legacy  # the legacy layer sits above the stores
-
-        if folder.parent.name == DETACHED:
-            return []
-        head = self._persist_head(folder)
-        return legacy.files(cast("FsStore", self), ContextId.parse(head.context))
 
     def _pack(self, folder: Path, legacy: list[Path]) -> dict[str, Any]:
         """Write ``{name}.zst`` of every log file (and legacy file); the ``cold`` value."""
@@ -435,6 +424,8 @@ class FsStates(Tree):
             if self._sync():
                 fsync_dir(folder.parent)
             record.unlink(missing_ok=True)
+            import shutil  # not at import: it loads bz2, lzma and zlib
+
             shutil.rmtree(staged, ignore_errors=True)
             return True
 
@@ -545,6 +536,8 @@ class FsStates(Tree):
         left = self._leftovers()
         for session_id, path in left:
             if session_id is None and real_dir(path):
+                import shutil  # not at import: it loads bz2, lzma and zlib
+
                 shutil.rmtree(path, ignore_errors=True)
             elif session_id is None:
                 path.unlink(missing_ok=True)

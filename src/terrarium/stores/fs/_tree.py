@@ -16,8 +16,9 @@ import os
 import stat
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
@@ -39,8 +40,7 @@ from terrarium.stores.fs._segments import one_line, read_file
 _MAX_CHECKED = 65_536  # folders whose place inside the root is remembered (see _inside)
 
 
-@dataclass(frozen=True, slots=True)
-class ContextFolder:
+class ContextFolder(msgspec.Struct, frozen=True):
     """A folder of the tree that holds a context's files, as a walk of the tree finds it."""
 
     context: ContextId

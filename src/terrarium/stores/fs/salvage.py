@@ -14,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
@@ -27,8 +28,7 @@ from terrarium.stores.fs._layout import HEAD, SEGMENT_SUFFIX, segment_ids
 from terrarium.stores.fs._segments import read_file, read_header, write_side
 
 
-@dataclass(frozen=True, slots=True)
-class Salvage:
+class Salvage(msgspec.Struct, frozen=True):
     """What :meth:`FsStore.salvage_segment` did."""
 
     segment_id: SegmentId

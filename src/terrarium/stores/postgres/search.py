@@ -40,12 +40,12 @@ from terrarium.text import (
     HIGHLIGHT_OPEN,
     SEPARATOR,
     SNIPPET_TOKENS,
-    TOKEN_RE,
     fold,
     indexed_item,
     match_spans,
     query_terms,
     snippet_spans,
+    token_re,
     tokenize,
 )
 
@@ -137,7 +137,7 @@ class _FoldTable(dict[int, str]):
 
     def __missing__(self, code: int) -> str:
         char = chr(code)
-        if not TOKEN_RE.fullmatch(char):
+        if not token_re().fullmatch(char):
             folded = " "
         else:
             folded = fold(char)
