@@ -64,6 +64,7 @@ from terrarium import (  # noqa: E402
     save_user_input,
     states,
 )
+from terrarium.index import listing as lister  # noqa: E402
 from terrarium.model import utc_now  # noqa: E402
 from terrarium.stores.base import Lifecycle, Listing, NewEntry, Store  # noqa: E402
 from terrarium.stores.url import open_store  # noqa: E402
@@ -226,7 +227,7 @@ def hot_listing(backend: str, workdir: Path, count: int, maker: TextMaker, out: 
                 fill(store, f"irc:#chan-{n}", ["hello there", "hi, how can I help?"])
         names = [head.context for head in store.list_contexts()]
         assert len(names) == count
-        fast = store.list_contexts_fast if isinstance(store, Listing) else None
+        fast = lister(store).list_contexts_fast if isinstance(lister(store), Listing) else None
         if fast is not None:
             fast()  # brings the derived index up to date
         before_fast = median_of(5, fast) if fast is not None else 0.0

@@ -14,11 +14,12 @@ How the data is built:
   year of dates, written directly as files in the ``FsStore`` layout (segment JSONL, head.json,
   the ``.index`` pointers) -- what ``FsStore`` itself writes, minus its per-append locking, so
   building takes seconds instead of minutes. The build is timed.
-* **Index.** Built from those files by ``SearchIndex.rebuild()`` (what ``terrarium reindex``
-  does), timed. Then a few contexts are restored through ``FsStore`` and compared with the
-  index's listing, to check the generated files are what ``FsStore`` reads.
+* **Index.** Built from those files by ``SearchIndex.rebuild()`` (:mod:`terrarium.index`;
+  what ``terrarium reindex`` does), timed. Then a few contexts are restored through
+  ``FsStore`` and compared with the index's listing, to check the generated files are what
+  ``FsStore`` reads.
 
-What is measured (each search: top 20, with snippets, through ``FsStore.search``, which first
+What is measured (each search: top 20, with snippets, through the index's ``search``, which first
 checks for changes; and "placed", through ``terrarium.search.search``, which also reads each
 hit's context to place it in its conversation): mid-frequency words (found in 0.05% to 0.5%
 of messages), the ten most common words (found in 8% to 85% of messages), two-word queries (a
@@ -53,11 +54,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from terrarium import FsStore, codec, restore  # noqa: E402
+from terrarium.index import of  # noqa: E402
 from terrarium.model import ContextId  # noqa: E402
 from terrarium.search import search  # noqa: E402
 from terrarium.sessions import save_user_input  # noqa: E402
 from terrarium.stores.base import SearchQuery  # noqa: E402
-from terrarium.stores.fs.search import mark_dirty  # noqa: E402
+from terrarium.stores.fs._changes import mark_dirty  # noqa: E402
 
 TYPES = [("cli", 0.2), ("irc", 0.4), ("web", 0.3), ("game", 0.1)]
 SYLLABLES = (
@@ -186,7 +188,8 @@ def build_and_index(
     messages = sessions * per_session
     info.append(f"built {sessions:,} contexts / {messages:,} messages as files in {build_s:.1f} s")
     with FsStore(root) as store:
-        index = store.search_index
+        index = of(store)
+        assert index is not None
         t0 = time.perf_counter()
         indexed = index.rebuild()
         index_s = time.perf_counter() - t0
@@ -197,7 +200,7 @@ def build_and_index(
             f"search.db {size / 1e6:.0f} MB"
         )
         assert indexed == sessions
-        summaries = {s.context: s for s in store.list_contexts_fast()}
+        summaries = {s.context: s for s in index.list_contexts_fast()}
         for context in random.Random(5).sample(sorted(summaries), 5):
             state = restore(store, context)
             assert summaries[context].message_count == len(state.history) == per_session
@@ -284,8 +287,9 @@ def main() -> int:
             built.write_text(json.dumps(shape))
         rng = random.Random(20261127)  # the queries: the same whether built now or reused
         with FsStore(root) as store:
-            index = store.search_index
-            summaries = {s.context: s for s in store.list_contexts_fast()}
+            index = of(store)
+            assert index is not None
+            summaries = {s.context: s for s in index.list_contexts_fast()}
             assert len(summaries) == sessions
 
             freqs = doc_freqs(index.path)
@@ -306,14 +310,14 @@ def main() -> int:
             }
             for words in classes.values():  # warm the page cache and the connection
                 for text in words[:5]:
-                    store.search(SearchQuery(text))
+                    index.search(SearchQuery(text))
             all_samples: list[float] = []
             for label, words in classes.items():
                 samples = []
                 found = 0
                 for text in words:
                     t0 = time.perf_counter()
-                    hits = store.search(SearchQuery(text, limit=20))
+                    hits = index.search(SearchQuery(text, limit=20))
                     samples.append(time.perf_counter() - t0)
                     found += len(hits)
                     assert all(h.highlights for h in hits)
@@ -333,7 +337,7 @@ def main() -> int:
                 f"{naive / statistics.median(all_samples):,.0f}x the index's median"
             )
 
-            listing = timed(store.list_contexts_fast, lists)
+            listing = timed(index.list_contexts_fast, lists)
             p50 = pct(listing, 0.5)
             rows.append((f"list {sessions:,} contexts p50", ms(p50), "< 300 ms", _ok(p50 < 0.300)))
             rows.append(
@@ -366,7 +370,7 @@ def main() -> int:
             info.append(
                 f"append + refresh (one marked session, new bytes only): p50 {ms(pct(after, 0.5))}"
             )
-            walk = timed(lambda: sum(1 for _ in index._walk()), 1)[0]
+            walk = timed(lambda: sum(1 for _ in index.source.walk()), 1)[0]
             info.append(
                 f"stat walk (scandir + stat of every session folder, the alternative to dirty "
                 f"markers, per refresh): {ms(walk)} = {walk / pct(idle, 0.5):,.0f}x an idle refresh"

@@ -68,6 +68,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_search import TYPES, TextMaker, pct  # noqa: E402
 from terrarium import ContextId, FsStore, codec, restore  # noqa: E402
+from terrarium.index import listing as lister  # noqa: E402
 from terrarium.stores.base import NewEntry, SearchQuery, Store, iter_lines  # noqa: E402
 from terrarium.stores.sqlite import SqliteStore  # noqa: E402
 
@@ -395,13 +396,13 @@ def search_latency(
 ) -> None:
     for words in classes.values():  # warm the caches and the connections
         for text in words[:5]:
-            store.search(SearchQuery(text, limit=20))
+            lister(store).search(SearchQuery(text, limit=20))
     for name, words in classes.items():
         samples = []
         found = 0
         for text in words:
             t0 = time.perf_counter()
-            hits = store.search(SearchQuery(text, limit=20))
+            hits = lister(store).search(SearchQuery(text, limit=20))
             samples.append(time.perf_counter() - t0)
             found += len(hits)
             assert all(hit.highlights for hit in hits), text
@@ -427,7 +428,7 @@ def listing(store: Any, report: Report, label: str, contexts: int) -> None:
     samples = []
     for _ in range(5):
         t0 = time.perf_counter()
-        found = store.list_contexts_fast()
+        found = lister(store).list_contexts_fast()
         samples.append(time.perf_counter() - t0)
         assert len(found) == contexts
     p50 = statistics.median(samples)
@@ -592,7 +593,7 @@ def settle(store: Store) -> None:
     that has served a search, which timed appends and searches start from. Other stores have
     none."""
     if isinstance(store, SqliteStore):
-        store.list_contexts_fast()  # the derived state caught up, and the thread kicked
+        lister(store).list_contexts_fast()  # the derived state caught up, and the thread kicked
         if not store._upkeep.settle(600):
             raise RuntimeError(f"{store.path}: the upkeep thread did not settle within 600 s")
 

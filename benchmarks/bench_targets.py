@@ -54,6 +54,7 @@ import bench_stores  # noqa: E402
 from bench_search import TextMaker  # noqa: E402
 from peers import InsertFloor, System, TerrariumSystem  # noqa: E402
 from terrarium import FsStore, MemoryStore  # noqa: E402
+from terrarium.index import listing as lister  # noqa: E402
 from terrarium.stores.base import SearchQuery, Store  # noqa: E402
 from terrarium.stores.sqlite import SqliteStore  # noqa: E402
 
@@ -239,7 +240,7 @@ def listing(path: Path, contexts: int, repeat: int) -> Iterator[Row]:
     """``list_contexts_fast`` (what ``terrarium list`` reads) against a bare SELECT."""
     floor = median_of(bare_rows(path, "SELECT * FROM contexts"), repeat)
     with SqliteStore(path) as store:
-        ours = median_of(store.list_contexts_fast, repeat)
+        ours = median_of(lister(store).list_contexts_fast, repeat)
     yield Row(
         "list contexts (SQLite)",
         label(contexts),
@@ -264,7 +265,7 @@ def search(path: Path, contexts: int, queries: int) -> Iterator[Row]:
             ours, floor = [], []
             for text in words:  # one of each in turn
                 t0 = time.perf_counter()
-                store.search(SearchQuery(text, limit=20))
+                lister(store).search(SearchQuery(text, limit=20))
                 t1 = time.perf_counter()
                 match = " ".join(f'"{w}"' for w in text.split())
                 conn.execute(
@@ -296,7 +297,7 @@ def web(path: Path, contexts: int, repeat: int) -> Iterator[Row]:
     from terrarium.web import create_app
 
     with SqliteStore(path) as store:
-        floor = median_of(store.list_contexts_fast, repeat)
+        floor = median_of(lister(store).list_contexts_fast, repeat)
         client = TestClient(create_app(store), base_url="http://127.0.0.1")
         while True:  # as the page's reloads do, until every context is read
             stats = client.get("/api/stats").json()

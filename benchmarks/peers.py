@@ -88,6 +88,7 @@ from terrarium import (  # noqa: E402
     save_delta,
     save_user_input,
 )
+from terrarium.index import listing as lister  # noqa: E402
 from terrarium.model import ContextId, utc_now  # noqa: E402
 from terrarium.stores.base import NewEntry, SearchQuery, Store, iter_lines  # noqa: E402
 from terrarium.stores.sqlite import SqliteStore  # noqa: E402
@@ -291,7 +292,7 @@ class TerrariumSystem(System):
     def close(self) -> None:
         # A search first brings the derived state (search index, counts) up to date, so that
         # its bytes are counted whole, as a store that has served a search holds them.
-        self.store.search(SearchQuery("message"))
+        lister(self.store).search(SearchQuery("message"))
         self.store.close()
 
     def search_bytes(self) -> int | None:

@@ -19,6 +19,7 @@ from terrarium.blobs import BLOBS_KEY, collect_garbage
 from terrarium.cli.app import cli
 from terrarium.copy import copy_store
 from terrarium.export import export_context
+from terrarium.index import listing as lister
 from terrarium.stores.fs import FsStore
 from terrarium.stores.fs._blobs import BLOBS
 from terrarium.stores.sqlite import SqliteStore
@@ -56,6 +57,7 @@ import os, signal, sys
 import terrarium as t
 from terrarium.stores import _files
 from terrarium.stores.fs import FsStore
+from terrarium.index import listing as lister
 
 store = FsStore(sys.argv[1])
 t.create_segment(store, t.SegmentStartState(), context="cli:big")
@@ -222,8 +224,8 @@ def test_search_sees_the_preview(tmp_path: Path) -> None:
 
     store = FsStore(tmp_path)
     _with_output(store, content="zebraword " + BIG + " giraffeword")
-    assert [h.context for h in store.search(SearchQuery("zebraword"))] == ["cli:big"]
-    assert store.search(SearchQuery("giraffeword")) == []
+    assert [h.context for h in lister(store).search(SearchQuery("zebraword"))] == ["cli:big"]
+    assert lister(store).search(SearchQuery("giraffeword")) == []
 
 
 def test_fsck_on_sqlite_reports_a_missing_blob(tmp_path: Path) -> None:

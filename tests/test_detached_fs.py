@@ -35,6 +35,7 @@ from terrarium import (
 )
 from terrarium.cli import cli
 from terrarium.formats.terrarium_json import iter_legacy_files
+from terrarium.index import listing as lister
 from terrarium.legacy import listing
 from terrarium.model import ContextId
 from terrarium.stores.base import SearchQuery
@@ -76,7 +77,7 @@ def test_a_detached_session_lives_in_a_private_dot_folder_nothing_walks(
     assert sorted(p.name for p in folder.iterdir()) == [f"{ref.segment_id}.jsonl"]
     assert _modes(root) <= {("dir", 0o700), ("file", 0o600)}
     assert list(store.walk()) == [] and store.list_contexts() == []
-    assert store.reindex() == 0 and store.list_contexts_fast() == []
+    assert store.reindex() == 0 and lister(store).list_contexts_fast() == []
     assert list(iter_legacy_files(root)) == []
     assert listing(store).sessions == () and listing(store).problems == ()
     assert folder.is_dir() and detached_sessions(store) == [ref.session_id]
@@ -181,7 +182,7 @@ def test_the_cli_works_on_an_attached_context(root: Path, store: FsStore) -> Non
     assert shown.exit_code == 0 and "where do newts live?" in shown.output
     found = invoke("search", "newts", "--json", "--storage-dir", str(root))
     assert found.exit_code == 0 and "cli:newts" in found.output
-    assert [h.context for h in store.search(SearchQuery("newts"))] == ["cli:newts"]
+    assert [h.context for h in lister(store).search(SearchQuery("newts"))] == ["cli:newts"]
 
 
 # --------------------------------------------------------------------------- crash safety
@@ -213,7 +214,7 @@ def test_attach_killed_at_any_step_leaves_the_session_detached_or_attached(
         save_user_input(store, PodActiveSegmentRef(ref.session_id, newer), "elsewhere")
         create_segment(store, context="cli:other")
         expected = restore_by_segment(store, ref.session_id, ref.segment_id)
-        assert store.search(SearchQuery("larvae")) == []  # the search index is built
+        assert lister(store).search(SearchQuery("larvae")) == []  # the search index is built
     session = str(ref.session_id)
     request: dict[str, Any] = {
         "context": "irc:#pond",
@@ -265,7 +266,7 @@ def test_attach_killed_at_any_step_leaves_the_session_detached_or_attached(
             assert invoke("fsck", "--repair", "--storage-dir", str(root)).exit_code == 0
             assert invoke("fsck", "--storage-dir", str(root)).exit_code == 0, point
             with FsStore(root) as store:
-                found = {h.context for h in store.search(SearchQuery("larvae"))}
+                found = {h.context for h in lister(store).search(SearchQuery("larvae"))}
                 assert found == ({"irc:#pond"} if attached else set()), point
             elsewhere = run(root, 0, "cli:elsewhere")  # refused once attached
             assert elsewhere["error"] == ("SessionAttached" if attached else ""), point
@@ -279,7 +280,9 @@ def test_attach_killed_at_any_step_leaves_the_session_detached_or_attached(
                 assert [h.context for h in store.list_contexts()] == ["cli:other", "irc:#pond"]
                 assert restore(store, "irc:#pond") == expected
                 assert detached_sessions(store) == []
-                assert {h.context for h in store.search(SearchQuery("larvae"))} == {"irc:#pond"}
+                assert {h.context for h in lister(store).search(SearchQuery("larvae"))} == {
+                    "irc:#pond"
+                }
             assert _where(root, session) == [_where(counted, session)[0]]
         assert outcomes == {False}  # every change precedes the commit
 

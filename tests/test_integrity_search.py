@@ -27,11 +27,15 @@ import pytest
 
 from terrarium import ContextId, FsStore
 from terrarium.errors import StoreError
+from terrarium.index import _index as fs_search
+from terrarium.index import listing as lister
+from terrarium.index import of
+from terrarium.index._index import SearchIndex
 from terrarium.search import scan as search_scan
 from terrarium.search import search
 from terrarium.sessions import create_segment, save_delta
 from terrarium.stores import sqlite as sqlite_backend
-from terrarium.stores.fs import search as fs_search
+from terrarium.stores.fs._changes import dirty_dir
 from terrarium.stores.sqlite import SqliteStore
 
 # --------------------------------------------------------------------------- helpers
@@ -224,7 +228,7 @@ def test_an_index_locked_by_another_process_is_waited_for_never_deleted(tmp_path
             [
                 sys.executable,
                 "-c",
-                "import sys; from terrarium.stores.fs import search as fs_search; "
+                "import sys; from terrarium.index import _index as fs_search; "
                 "fs_search.BUSY_TIMEOUT = 0.5; from terrarium.cli import cli; "
                 "cli(sys.argv[1:])",
                 "search",
@@ -242,7 +246,7 @@ def test_an_index_locked_by_another_process_is_waited_for_never_deleted(tmp_path
         assert "busy" in searcher.stderr and "corrupt" not in searcher.stderr
         assert db.stat().st_ino == ino
     with FsStore(root) as store:  # the same file serves again, and catches up
-        assert {hit.snippet for hit in store.search_index.search(_query("walrus"))} == {
+        assert {hit.snippet for hit in of(store).search(_query("walrus"))} == {
             "an early walrus",
             "a late walrus",
         }
@@ -277,7 +281,7 @@ def test_a_wal_switch_that_meets_a_reader_is_retried_never_deleted(
         assert [hit.snippet for hit in search(store, "walrus")] == ["a walrus"]
         assert db.stat().st_ino == ino
     with FsStore(root) as store:  # the reader gone, the same file becomes the index
-        assert [hit.snippet for hit in store.search_index.search(_query("walrus"))] == ["a walrus"]
+        assert [hit.snippet for hit in of(store).search(_query("walrus"))] == ["a walrus"]
     assert db.stat().st_ino == ino
 
 
@@ -385,7 +389,7 @@ def test_the_dashboard_pages_a_read_only_store(kind: str, read_only: Any, tmp_pa
             for n in range(5):
                 _add(store, f"cli:c{n}", *["a walrus"] * (n + 1))
             if kind != "fs missing":
-                assert len(store.list_contexts_fast()) == 5  # the index built
+                assert len(lister(store).list_contexts_fast()) == 5  # the index built
             if kind == "fs behind":
                 _add(store, "cli:c0", "late", "later")
         if kind == "fs missing":
@@ -460,7 +464,7 @@ def test_a_full_disk_is_named_and_the_fs_index_kept(tmpfs: Path) -> None:
         from terrarium.errors import IndexUnavailable
 
         with pytest.raises(IndexUnavailable, match="disk full"):
-            store.list_contexts_fast()  # the manager then restores each context
+            lister(store).list_contexts_fast()  # the manager then restores each context
     assert db.stat().st_ino == ino
 
 
@@ -507,7 +511,7 @@ def test_the_fs_search_index_is_private(umask: int, tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     with FsStore(root) as store:
         _add(store, "cli:main", "a walrus")
-        marker = fs_search.dirty_dir(root)
+        marker = dirty_dir(root)
         assert _mode(marker) == 0o700
         assert [_mode(p) for p in marker.iterdir()] == [0o600]
         assert len(search(store, "walrus")) == 1  # the index, with its connection open
@@ -606,7 +610,7 @@ def test_list_without_its_index_still_shows_damaged_contexts(
     def unavailable(*args: Any, **kwargs: Any) -> Any:
         raise IndexUnavailable("search.db: busy")
 
-    monkeypatch.setattr(FsStore, "list_contexts_fast", unavailable)
+    monkeypatch.setattr(SearchIndex, "list_contexts_fast", unavailable)
     with FsStore(root) as store:
         rows = {
             r["context_id"]: r
@@ -637,7 +641,7 @@ def test_a_read_only_sqlite_store_left_mid_refill_starts_no_upkeep(
         monkeypatch.setattr(store._upkeep, "kick", lambda **_: None)  # the writer stops here
         for i in range(5):
             add_context(store, f"cli:c{i}", *[f"mu item {i} {j}" for j in range(5)])
-        store.search(SearchQuery("mu"))
+        lister(store).search(SearchQuery("mu"))
     conn = sqlite3.connect(folder / "terrarium.db")
     hw, floor = conn.execute("SELECT hw, floor FROM search_meta").fetchone()
     conn.close()
@@ -647,7 +651,7 @@ def test_a_read_only_sqlite_store_left_mid_refill_starts_no_upkeep(
     with SqliteStore(where / "terrarium.db") as store:
         assert store.readonly
         query = SearchQuery("mu", limit=50)
-        assert places(store.search(query)) == places(search_scan(store, query))
+        assert places(lister(store).search(query)) == places(search_scan(store, query))
         assert store._upkeep._thread is None
     assert (folder / "terrarium.db").read_bytes() == before
 
@@ -668,7 +672,7 @@ def test_a_read_only_sqlite_store_with_staged_items_searches_like_a_scan(
     folder.mkdir()
     with SqliteStore(folder / "terrarium.db") as store:
         add_context(store, "cli:early", "upsilon indexed")
-        store.search(SearchQuery("upsilon"))
+        lister(store).search(SearchQuery("upsilon"))
         assert store._upkeep.settle()  # the thread that search kicked is idle, and stays so
         monkeypatch.setattr(store._upkeep, "kick", lambda **_: None)  # the writer stops here
         for i in range(3):
@@ -684,9 +688,9 @@ def test_a_read_only_sqlite_store_with_staged_items_searches_like_a_scan(
     where, _ = read_only(folder)
     with SqliteStore(where / "terrarium.db") as store:
         query = SearchQuery("upsilon", limit=50)
-        hits = store.search(query)
+        hits = lister(store).search(query)
         assert len(hits) == 7 and places(hits) == places(search_scan(store, query))
-        counts = {s.context: s.message_count for s in store.list_contexts_fast()}
+        counts = {s.context: s.message_count for s in lister(store).list_contexts_fast()}
         assert counts == {"cli:early": 1, "cli:c0": 2, "cli:c1": 2, "cli:c2": 2}
     assert (folder / "terrarium.db").read_bytes() == before
 
@@ -702,7 +706,7 @@ def test_an_index_from_before_the_page_indexes_gets_them_and_keeps_its_rows(
     with FsStore(root) as store:
         for name in ("a", "b", "c"):
             _add(store, f"cli:{name}", f"hello {name}")
-        store.list_contexts_fast()
+        lister(store).list_contexts_fast()
     db = root / ".index" / fs_search.DB_NAME
     names = "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'sessions_by_%'"
     conn = sqlite3.connect(db)
@@ -712,7 +716,7 @@ def test_an_index_from_before_the_page_indexes_gets_them_and_keeps_its_rows(
     conn.commit()
     conn.close()
     with FsStore(root) as store:
-        page = store.list_contexts_page(ListingQuery(sort="last_active", limit=2))
+        page = lister(store).list_contexts_page(ListingQuery(sort="last_active", limit=2))
         assert [s.context for s in page] == ["cli:c", "cli:b"]
     conn = sqlite3.connect(db)
     assert sorted(row[0] for row in conn.execute(names)) == [

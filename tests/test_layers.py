@@ -1,4 +1,5 @@
-"""Dependencies point one way (DESIGN.md, Layers): a store never imports upward, and the
+"""Dependencies point one way (DESIGN.md, Layers): a store never imports upward, the derived
+index (``terrarium.index``) sits between the stores and the surfaces, and the
 lifecycle feature (``terrarium.states``, ``terrarium.lifecycle``) is in no import circle.
 
 Imports are read from each module's syntax tree, those inside functions too, so a deferred
@@ -83,6 +84,24 @@ def test_the_session_log_imports_no_layer_above_it() -> None:
         if name != "terrarium" and name.split(".")[1] not in {*BELOW_STORES, "sessions"}
     }
     assert above == set()
+
+
+def test_the_derived_index_sits_between_the_stores_and_the_surfaces() -> None:
+    """``terrarium.index`` imports only the stores and the layers below them (the surfaces
+    above ask it for a store's index), and no store imports it."""
+    index_modules = {name for name in MODULES if name.split(".")[:2] == ["terrarium", "index"]}
+    above = {
+        f"{module} -> {name}"
+        for module in index_modules
+        for name in _imports(MODULES[module])
+        if name != "terrarium" and name.split(".")[1] not in {*BELOW_STORES, "index"}
+    }
+    assert index_modules and above == set()
+    assert not any(
+        name.startswith("terrarium.index")
+        for path in (PACKAGE / "stores").rglob("*.py")
+        for name in _imports(path)
+    )
 
 
 def test_the_package_has_no_import_circle() -> None:

@@ -35,6 +35,7 @@ from terrarium import (
 )
 from terrarium.cli import cli
 from terrarium.errors import CorruptLog, InvalidContextId, NotInTrash, StoreError
+from terrarium.index import listing as lister
 from terrarium.legacy import listing
 from terrarium.model import ContextId, TraceEntry
 from terrarium.search import search
@@ -93,7 +94,7 @@ def test_archive_freezes_every_file_in_place(store: FsStore, root: Path) -> None
     assert folder is not None
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "head.json"}
     history = _history(store, "cli:main")
-    assert store.search(SearchQuery("fox"))
+    assert lister(store).search(SearchQuery("fox"))
 
     archived = states.archive_context(store, MAIN)
 
@@ -113,15 +114,15 @@ def test_archive_freezes_every_file_in_place(store: FsStore, root: Path) -> None
     for path in [folder, root / ".states"]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o700
     assert store.list_contexts() == []
-    assert store.list_contexts_fast() == []
-    assert store.search(SearchQuery("fox")) == []
+    assert lister(store).list_contexts_fast() == []
+    assert lister(store).search(SearchQuery("fox")) == []
     assert [h.context for h in search(store, SearchQuery("fox", archived=True))] == ["cli:main"]
     assert _history(store, "cli:main") == history
     assert states.is_archived(store, MAIN)
     assert states.unarchive_context(store, MAIN)
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "head.json"} == before
     assert not (root / ".states" / f"{ref.session_id}.json").read_text().count("cold")
-    assert [h.context for h in store.search(SearchQuery("fox"))] == ["cli:main"]
+    assert [h.context for h in lister(store).search(SearchQuery("fox"))] == ["cli:main"]
     assert _leftovers(root) == []
 
 

@@ -19,6 +19,7 @@ import pytest
 from helpers.history import add_context
 from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
 from terrarium.errors import FormatVersionError
+from terrarium.index import listing as lister
 from terrarium.model import ContextId
 from terrarium.sessions import restore, save_user_input
 from terrarium.stores.base import SearchQuery
@@ -114,8 +115,8 @@ def _check_context(store: Any) -> None:
     head = store.get_head(ContextId("cli", "old"))
     assert head is not None
     save_user_input(store, head, "and a late reply")
-    assert store.list_contexts_fast()[0].message_count == 2
-    assert [hit.seq for hit in store.search(SearchQuery("late"))] == [2]
+    assert lister(store).list_contexts_fast()[0].message_count == 2
+    assert [hit.seq for hit in lister(store).search(SearchQuery("late"))] == [2]
 
 
 # --------------------------------------------------------------------------- SQLite

@@ -59,6 +59,7 @@ from terrarium import (
     save_usage,
     save_user_input,
 )
+from terrarium.index import listing as lister
 from terrarium.model import item_role
 from terrarium.stores.base import Listing
 
@@ -502,9 +503,9 @@ class LogMachine(RuleBasedStateMachine):
         """A rule, not an invariant: the derived indexes must also be right after they have
         fallen several steps behind the log."""
         for name, store in self.stores.items():
-            if not isinstance(store, Listing):
+            if not isinstance(lister(store), Listing):
                 continue
-            listed = {summary.context: summary for summary in store.list_contexts_fast()}
+            listed = {summary.context: summary for summary in lister(store).list_contexts_fast()}
             assert listed.keys() == self.heads.keys()
             for context, index in self.heads.items():
                 summary = listed[context]

@@ -17,6 +17,10 @@ from helpers.bench import run_bench
 from helpers.history import QUERY_SYNTAX, add_context, snippets, user_item
 from terrarium import FsStore, codec, states
 from terrarium import text as text_module
+from terrarium.index import _index as fs_search
+from terrarium.index import listing as lister
+from terrarium.index import of
+from terrarium.index._index import SearchIndex
 from terrarium.model import ContextId, new_segment_id, new_session_id
 from terrarium.sessions import create_segment_with_ids, save_user_input
 from terrarium.stores import fts
@@ -26,8 +30,7 @@ from terrarium.stores.base import (
     SearchQuery,
     iter_lines,
 )
-from terrarium.stores.fs import search as fs_search
-from terrarium.stores.fs.search import SearchIndex, mark_dirty
+from terrarium.stores.fs._changes import mark_dirty
 
 
 @pytest.fixture
@@ -38,7 +41,7 @@ def store(tmp_path: Path) -> Iterator[FsStore]:
 
 def _integrity(store: FsStore) -> None:
     """Both FTS5 tables agree with their content table (a wrong 'delete' breaks this)."""
-    conn = sqlite3.connect(store.search_index.path)
+    conn = sqlite3.connect(of(store).path)
     try:
         for table in ("fts", "fts_recent"):
             conn.execute(f"INSERT INTO {table}({table}, rank) VALUES('integrity-check', 1)")
@@ -54,7 +57,7 @@ def test_the_rarer_term_weighs_more(store: FsStore) -> None:
     common = [f"apple pie number {i}" for i in range(30)]
     add_context(store, "cli:a", *common)
     add_context(store, "cli:b", "apple quince quince", "apple apple quince")
-    hits = store.search(SearchQuery("apple quince"))
+    hits = lister(store).search(SearchQuery("apple quince"))
     assert snippets(hits) == ["apple quince quince", "apple apple quince"]
 
 
@@ -64,7 +67,7 @@ def test_query_syntax_leaves_the_fts5_tables_sound(store: FsStore) -> None:
     add_context(store, "cli:a", *[f"the message says {text} literally" for text in QUERY_SYNTAX])
     for text in QUERY_SYNTAX:
         if text_module.tokenize(text):
-            store.search(SearchQuery(text))
+            lister(store).search(SearchQuery(text))
     _integrity(store)
 
 
@@ -74,16 +77,16 @@ def test_query_syntax_leaves_the_fts5_tables_sound(store: FsStore) -> None:
 def test_an_append_after_a_search_is_found_reading_only_the_new_bytes(store: FsStore) -> None:
     """The index records per segment the offset it read to, and reads only what follows."""
     head = add_context(store, "cli:a", "alpha one")
-    assert snippets(store.search(SearchQuery("alpha"))) == ["alpha one"]
+    assert snippets(lister(store).search(SearchQuery("alpha"))) == ["alpha one"]
     path = store.folder_of(ContextId("cli", "a"))
     assert path is not None
     segment_file = path / f"{head.segment_id}.jsonl"
-    index = store.search_index
+    index = of(store)
     assert index.offsets()[head.segment_id] == segment_file.stat().st_size
     before_size, before_read = segment_file.stat().st_size, index.stats.bytes_read
 
     save_user_input(store, head, "alpha two")
-    assert set(snippets(store.search(SearchQuery("alpha")))) == {"alpha one", "alpha two"}
+    assert set(snippets(lister(store).search(SearchQuery("alpha")))) == {"alpha one", "alpha two"}
     after_size = segment_file.stat().st_size
     assert index.offsets()[head.segment_id] == after_size
     assert index.stats.bytes_read - before_read == after_size - before_size
@@ -200,7 +203,7 @@ def test_date_folders_moved_out_and_back_by_hand_are_noticed(
     index = SearchIndex(store.root, clock=clock)
 
     def listed() -> set[str]:
-        return {s.context for s in index.list_contexts()}
+        return {s.context for s in index.list_contexts_fast()}
 
     def found() -> set[str]:
         return {str(h.context) for h in index.search(SearchQuery("zeta"))}
@@ -233,7 +236,7 @@ def _append_raw(path: Path, seq: int, text: str) -> None:
 def test_a_torn_tail_is_indexed_only_once_complete(store: FsStore) -> None:
     """Bytes after the last newline are not indexed; the offset stays at the newline."""
     head = add_context(store, "cli:a", "epsilon one")
-    store.search(SearchQuery("epsilon"))
+    lister(store).search(SearchQuery("epsilon"))
     folder = store.folder_of(ContextId("cli", "a"))
     assert folder is not None
     segment_file = folder / f"{head.segment_id}.jsonl"
@@ -244,12 +247,12 @@ def test_a_torn_tail_is_indexed_only_once_complete(store: FsStore) -> None:
     complete_size = segment_file.stat().st_size
     with open(segment_file, "ab") as out:
         out.write(line[:30])
-    assert snippets(store.search(SearchQuery("epsilon"))) == ["epsilon one"]
-    assert store.search_index.offsets()[head.segment_id] == complete_size
+    assert snippets(lister(store).search(SearchQuery("epsilon"))) == ["epsilon one"]
+    assert of(store).offsets()[head.segment_id] == complete_size
     with open(segment_file, "ab") as out:
         out.write(line[30:])
-    assert len(store.search(SearchQuery("epsilon"))) == 2
-    assert store.search_index.offsets()[head.segment_id] == segment_file.stat().st_size
+    assert len(lister(store).search(SearchQuery("epsilon"))) == 2
+    assert of(store).offsets()[head.segment_id] == segment_file.stat().st_size
 
 
 def test_deleting_a_context_leaves_the_fts5_tables_sound(store: FsStore) -> None:
@@ -257,53 +260,53 @@ def test_deleting_a_context_leaves_the_fts5_tables_sound(store: FsStore) -> None
     sound (what search and listing show: tests/contract/)."""
     add_context(store, "cli:a", "zeta kept")
     add_context(store, "cli:b", "zeta gone", "zeta gone too")
-    store.search(SearchQuery("zeta"))  # indexes both
+    lister(store).search(SearchQuery("zeta"))  # indexes both
     states.delete_context(store, ContextId("cli", "b"))
     add_context(store, "cli:b", "zeta reborn")  # same folder name, a new session
-    store.search(SearchQuery("zeta"))
+    lister(store).search(SearchQuery("zeta"))
     _integrity(store)
 
 
 def test_a_deleted_index_is_rebuilt_transparently(store: FsStore) -> None:
     """Deleting search.db (even while open) loses nothing: the next search rebuilds it."""
     add_context(store, "cli:a", "theta one")
-    assert len(store.search(SearchQuery("theta"))) == 1
+    assert len(lister(store).search(SearchQuery("theta"))) == 1
     for suffix in ("", "-wal", "-shm"):
-        Path(f"{store.search_index.path}{suffix}").unlink(missing_ok=True)
+        Path(f"{of(store).path}{suffix}").unlink(missing_ok=True)
     add_context(store, "cli:b", "theta two")
-    assert len(store.search(SearchQuery("theta"))) == 2
-    assert store.search_index.path.exists()
+    assert len(lister(store).search(SearchQuery("theta"))) == 2
+    assert of(store).path.exists()
 
 
 def test_a_corrupt_or_foreign_index_is_rebuilt(store: FsStore) -> None:
     """A file that is not our database, or of another schema version, is replaced."""
     add_context(store, "cli:a", "iota one")
-    path = store.search_index.path
-    store.search_index.close()
+    path = of(store).path
+    of(store).close()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"this is not a database" * 100)
     for suffix in ("-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     with FsStore(store.root) as other:
-        assert len(other.search(SearchQuery("iota"))) == 1
+        assert len(lister(other).search(SearchQuery("iota"))) == 1
     conn = sqlite3.connect(path)
     try:
         conn.execute("PRAGMA user_version = 999")
     finally:
         conn.close()
     with FsStore(store.root) as other:
-        assert len(other.search(SearchQuery("iota"))) == 1
+        assert len(lister(other).search(SearchQuery("iota"))) == 1
 
 
 def test_reindex_rebuilds_the_search_index(store: FsStore) -> None:
     """FsStore.reindex() rebuilds the search index too (and finds unmarked writes)."""
     head = add_context(store, "cli:a", "kappa one")
-    assert len(store.search(SearchQuery("kappa"))) == 1
+    assert len(lister(store).search(SearchQuery("kappa"))) == 1
     folder = store.folder_of(ContextId("cli", "a"))
     assert folder is not None
     _append_raw(folder / f"{head.segment_id}.jsonl", 2, "kappa two")
     assert store.reindex() == 1
-    assert len(store.search(SearchQuery("kappa"))) == 2
+    assert len(lister(store).search(SearchQuery("kappa"))) == 2
     _integrity(store)
 
 
@@ -315,20 +318,20 @@ def test_common_words_are_ranked_among_recent_matches(
     monkeypatch.setattr(fs_search, "RECENT_SIZE", 8)
     for i in range(6):
         add_context(store, f"cli:c{i}", *[f"lambda item {i} {j}" for j in range(5)])
-    hits = store.search(SearchQuery("lambda", limit=7))
+    hits = lister(store).search(SearchQuery("lambda", limit=7))
     assert len(hits) == 7 and all("lambda" in h.snippet for h in hits)
-    rare = store.search(SearchQuery("lambda", context="cli:c0", limit=20))
+    rare = lister(store).search(SearchQuery("lambda", context="cli:c0", limit=20))
     assert len(rare) == 5  # few matches: ranked in full
-    old = store.search(SearchQuery("lambda", since="2000-01-01", limit=20))
+    old = lister(store).search(SearchQuery("lambda", since="2000-01-01", limit=20))
     assert len(old) == 20
-    conn = sqlite3.connect(store.search_index.path)
+    conn = sqlite3.connect(of(store).path)
     try:
         recent = conn.execute("SELECT value FROM meta WHERE key = 'recent_count'").fetchone()
         assert int(recent[0]) <= 2 * 8
     finally:
         conn.close()
     states.delete_context(store, ContextId("cli", "c5"))
-    assert len(store.search(SearchQuery("lambda", limit=30))) == 25
+    assert len(lister(store).search(SearchQuery("lambda", limit=30))) == 25
     _integrity(store)
 
 
@@ -339,9 +342,9 @@ def test_among_few_matches_a_very_common_term_only_filters(
     monkeypatch.setattr(fts, "RANK_WINDOW", 3)
     add_context(store, "cli:a", *[f"mu filler {i}" for i in range(40)])
     add_context(store, "cli:b", "mu nu nu", "nu alone", "mu nu")
-    hits = store.search(SearchQuery("mu nu"))
+    hits = lister(store).search(SearchQuery("mu nu"))
     assert snippets(hits) == ["mu nu nu", "mu nu"]
-    only_nu = store.search(SearchQuery("nu"))
+    only_nu = lister(store).search(SearchQuery("nu"))
     assert {h.snippet: round(h.score, 9) for h in hits} == {
         h.snippet: round(h.score, 9) for h in only_nu if h.snippet != "nu alone"
     }
@@ -355,12 +358,12 @@ def test_listing_does_not_open_session_files(store: FsStore) -> None:
     """Once indexed, listing reads the database only."""
     for i in range(5):
         add_context(store, f"cli:c{i}", "hello")
-    store.list_contexts_fast()
-    store.search_index.clock = lambda: 1e12  # every watch ended: one last pass...
-    store.list_contexts_fast()
-    reads = store.search_index.stats.segments_read
-    assert len(store.list_contexts_fast()) == 5  # ...and now nothing to read
-    assert store.search_index.stats.segments_read == reads
+    lister(store).list_contexts_fast()
+    of(store).clock = lambda: 1e12  # every watch ended: one last pass...
+    lister(store).list_contexts_fast()
+    reads = of(store).stats.segments_read
+    assert len(lister(store).list_contexts_fast()) == 5  # ...and now nothing to read
+    assert of(store).stats.segments_read == reads
 
 
 # --------------------------------------------------------------------------- benchmark

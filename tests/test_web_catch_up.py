@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 
 from helpers.web import seed
 from terrarium import FsStore
+from terrarium.index import listing as lister
 from terrarium.model import SegmentStartState
 from terrarium.sessions import create_segment
 from terrarium.stores.base import IndexedListing
@@ -20,35 +21,35 @@ from test_web_app import LOCAL
 
 
 def test_the_index_read_as_it_stands_and_its_backlog(store: FsStore) -> None:
-    assert isinstance(store, IndexedListing)
+    assert isinstance(lister(store), IndexedListing)
     seed(store)
-    assert store.list_contexts_as_indexed() == []  # never built: nothing read yet
-    assert store.index_backlog() == 3  # every session folder
-    store.catch_up_index()
-    assert [s.context for s in store.list_contexts_as_indexed()] == [
-        s.context for s in store.list_contexts_fast()
+    assert lister(store).list_contexts_as_indexed() == []  # never built: nothing read yet
+    assert lister(store).index_backlog() == 3  # every session folder
+    lister(store).catch_up_index()
+    assert [s.context for s in lister(store).list_contexts_as_indexed()] == [
+        s.context for s in lister(store).list_contexts_fast()
     ]
     create_segment(store, SegmentStartState(), context="cli:late")
-    assert "cli:late" not in {s.context for s in store.list_contexts_as_indexed()}
-    assert store.index_backlog() >= 1  # its marker (and the sessions still watched)
-    assert "cli:late" in {s.context for s in store.list_contexts_fast()}
-    assert "cli:late" in {s.context for s in store.list_contexts_as_indexed("cli")}
+    assert "cli:late" not in {s.context for s in lister(store).list_contexts_as_indexed()}
+    assert lister(store).index_backlog() >= 1  # its marker (and the sessions still watched)
+    assert "cli:late" in {s.context for s in lister(store).list_contexts_fast()}
+    assert "cli:late" in {s.context for s in lister(store).list_contexts_as_indexed("cli")}
 
 
 def test_a_big_backlog_is_caught_up_in_the_background(store: FsStore, monkeypatch: Any) -> None:
     seed(store)
-    store.catch_up_index()
+    lister(store).catch_up_index()
     for i in range(4):
         create_segment(store, SegmentStartState(), context=f"cli:bulk{i}")
     monkeypatch.setattr(data, "SMALL_BACKLOG", 0)  # any backlog counts as big
     release = threading.Event()
-    real = store.catch_up_index
+    real = lister(store).catch_up_index
 
     def slow_catch_up() -> None:
         release.wait(60)
         real()
 
-    monkeypatch.setattr(store, "catch_up_index", slow_catch_up)
+    monkeypatch.setattr(lister(store), "catch_up_index", slow_catch_up)
     c = TestClient(create_app(store), base_url=LOCAL)
     stats = c.get("/api/stats").json()
     assert stats["totals"]["contexts"] == 3  # what the index holds: not the 4 new ones yet
@@ -76,7 +77,7 @@ def test_an_unreadable_index_falls_back_to_the_store_listing(
     def broken(type: str | None = None) -> list[Any]:
         raise IndexUnavailable("index unreadable")
 
-    monkeypatch.setattr(store, "list_contexts_as_indexed", broken)
+    monkeypatch.setattr(lister(store), "list_contexts_as_indexed", broken)
     rows, backlog = data.CatchUp().rows(store)
     assert len(rows) == 3 and backlog == 0
 

@@ -13,6 +13,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from terrarium import FsStore, contexts, states
+from terrarium.index import listing as lister
 from terrarium.model import ContextId
 from terrarium.sessions import create_segment
 from terrarium.stores.base import NewEntry, Store
@@ -170,7 +171,7 @@ def test_a_page_does_not_list_every_context(store: Store, monkeypatch: Any) -> N
         raise AssertionError("listed every context")
 
     monkeypatch.setattr(contexts, "list_contexts", refuse)
-    monkeypatch.setattr(type(store), "list_contexts_fast", refuse)
+    monkeypatch.setattr(type(lister(store)), "list_contexts_fast", refuse)
     client = TestClient(create_app(store), base_url="http://127.0.0.1")
     for url in ("/api/contexts?sort=messages", "/sessions?state=all&q=b", "/", "/api/stats"):
         assert client.get(url).status_code == 200, url

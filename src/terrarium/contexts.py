@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-from terrarium import legacy, sessions
+from terrarium import index, legacy, sessions
 from terrarium.errors import ContextExists, ContextNotFound, IndexUnavailable, StoreError
 from terrarium.model import (
     ContextId,
@@ -204,12 +204,13 @@ def _native_rows(
 ) -> list[ContextRow]:
     """The log's contexts: from the store's listing index if it has a usable one, else by
     restoring each."""
-    if isinstance(store, Listing):
+    source = index.listing(store)
+    if isinstance(source, Listing):
         try:
             summaries = (
-                store.list_contexts_as_indexed(type)
-                if as_indexed and isinstance(store, IndexedListing)
-                else store.list_contexts_fast(type)
+                source.list_contexts_as_indexed(type)
+                if as_indexed and isinstance(source, IndexedListing)
+                else source.list_contexts_fast(type)
             )
             return [summary_row(s) for s in summaries]
         except IndexUnavailable as exc:

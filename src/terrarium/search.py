@@ -10,7 +10,7 @@
 Both paths search every history item of every segment, a header's too (seq 0), and agree
 on how (``tests/contract/test_scan.py``): a hit holds every term of the query, which is words,
 never syntax; matching ignores case and accents; bm25 ranks (``FsStore``'s index ranks very
-common queries among recent matches: :mod:`terrarium.stores.fs.search`). A query with no
+common queries among recent matches: :mod:`terrarium.index`). A query with no
 letter or digit raises :class:`InvalidQuery`.
 
 :func:`search` then finds each message once, in the conversation a user would open: each hit
@@ -32,6 +32,7 @@ from typing import Any
 
 import msgspec
 
+from terrarium import index as derived
 from terrarium import sessions, states
 from terrarium.errors import IndexUnavailable, InvalidQuery
 from terrarium.model import (
@@ -111,9 +112,10 @@ def _search_store(store: Store, query: SearchQuery) -> list[SearchHit]:
     measure as the index's scores, not the same statistics). The archive has no index, so hot
     appends and hot searches never pay for it.
     """
-    if isinstance(store, Searchable):
+    source = derived.listing(store)
+    if isinstance(source, Searchable):
         try:
-            hits = store.search(query)
+            hits = source.search(query)
         except IndexUnavailable as exc:
             check_query(query)  # a bad query is the caller's error, whatever the index
             log.warning("%s; searching the session files instead", exc)

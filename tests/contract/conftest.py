@@ -25,6 +25,7 @@ import pytest
 import terrarium
 from pg import fresh_schema, pg_database  # noqa: F401  (the "postgres" backend's database)
 from terrarium import ContextId, FsStore, MemoryStore, PodActiveSegmentRef, Store, create_segment
+from terrarium.index import SearchIndex, listing
 
 StoreFactory = Callable[[Path, pytest.FixtureRequest], Store]
 
@@ -98,6 +99,10 @@ REOPEN: dict[str, Callable[[Store, pytest.FixtureRequest], Store]] = {
     "postgres": reopen_postgres,
 }
 
+#: The backends whose listing and search the derived index answers (``terrarium.index.of``):
+#: they have its abilities (the tests reach them through ``terrarium.index.listing``).
+INDEXED = frozenset({"fs"})
+
 #: Marks applied to a backend's parametrisation, e.g. ``{"postgres": [pytest.mark.postgres]}``.
 BACKEND_MARKS: dict[str, list[pytest.MarkDecorator]] = {"postgres": [pytest.mark.postgres]}
 
@@ -112,7 +117,7 @@ def has_ability(backend: str, ability: type) -> bool:
         cls = getattr(terrarium, STORE_CLASSES[backend])
     except ImportError:
         return True
-    return issubclass(cls, ability)
+    return issubclass(cls, ability) or (backend in INDEXED and issubclass(SearchIndex, ability))
 
 
 def _abilities(node: pytest.Item | pytest.Function) -> list[type]:
@@ -142,7 +147,8 @@ def store(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Itera
     instance = BACKENDS[backend](tmp_path, request)
     try:
         for ability in _abilities(request.node):
-            assert isinstance(instance, ability), f"{backend}: not {ability.__name__}"
+            found = isinstance(instance, ability) or isinstance(listing(instance), ability)
+            assert found, f"{backend}: not {ability.__name__}"
         yield instance
     finally:
         instance.close()

@@ -50,6 +50,7 @@ from terrarium import (
     save_user_input,
     states,
 )
+from terrarium.index import listing as lister
 from terrarium.model import ContextId
 from terrarium.search import scan
 from terrarium.search import search as search_any
@@ -89,8 +90,8 @@ def test_the_crate_quick_start_runs_as_written(store: Store) -> None:
     assert store.next_seq(ref.session_id, ref.segment_id) == 1
     assert detached_sessions(store) == [ref.session_id]
     assert store.list_contexts() == []
-    if isinstance(store, Listing):
-        assert store.list_contexts_fast() == []
+    if isinstance(lister(store), Listing):
+        assert lister(store).list_contexts_fast() == []
     state = restore_by_segment(store, ref.session_id, ref.segment_id)
     assert state.context is None and state.history == [] and state.next_seq == 1
 
@@ -273,8 +274,8 @@ def test_listing_and_search_see_the_attached_context(store: Store) -> None:
     save_user_input(store, PodActiveSegmentRef(ref.session_id, forked), "capybaras swim")
     assert search_any(store, "capybaras") == []
     assert scan(store, "capybaras") == []
-    if isinstance(store, Listing):
-        assert [s.context for s in store.list_contexts_fast()] == ["cli:main"]
+    if isinstance(lister(store), Listing):
+        assert [s.context for s in lister(store).list_contexts_fast()] == ["cli:main"]
 
     attach_context(store, "irc:#rodents", PodActiveSegmentRef(ref.session_id, forked))
     hits = search_any(store, "capybaras")
@@ -291,8 +292,8 @@ def test_listing_and_search_see_the_attached_context(store: Store) -> None:
     in_context = search_any(store, SearchQuery("capybaras", context="irc:#rodents"))
     assert len(in_context) == len(hits)
     assert {h.context for h in scan(store, "capybaras")} == {"irc:#rodents"}
-    if isinstance(store, Listing):
-        summaries = {s.context: s for s in store.list_contexts_fast()}
+    if isinstance(lister(store), Listing):
+        summaries = {s.context: s for s in lister(store).list_contexts_fast()}
         state = restore(store, "irc:#rodents")
         assert summaries["irc:#rodents"].message_count == len(state.history) == 3
         assert summaries["irc:#rodents"].last_active == state.last_active
@@ -302,8 +303,8 @@ def test_listing_and_search_see_the_attached_context(store: Store) -> None:
     assert head is not None
     save_user_input(store, head, "capybaras again")
     assert len(search_any(store, SearchQuery("again", context="irc:#rodents"))) == 1
-    if isinstance(store, Listing):
-        summaries = {s.context: s for s in store.list_contexts_fast()}
+    if isinstance(lister(store), Listing):
+        summaries = {s.context: s for s in lister(store).list_contexts_fast()}
         assert summaries["irc:#rodents"].message_count == 4
 
 

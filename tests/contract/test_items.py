@@ -17,6 +17,7 @@ import pytest
 from helpers.responses import RESPONSES_ITEMS
 from terrarium import rewind
 from terrarium.errors import ConflictError, ContextNotFound, InvalidEntry
+from terrarium.index import listing as lister
 from terrarium.model import ContextId, UsageRecord
 from terrarium.sessions import (
     create_compacted_segment,
@@ -73,8 +74,8 @@ def test_the_listing_counts_responses_items_as_restore_does(
     _add(store, main, RESPONSES_ITEMS)
     count = len(restore(store, MAIN).history)
     assert count == len(RESPONSES_ITEMS)
-    if isinstance(store, Listing):
-        (summary,) = store.list_contexts_fast()
+    if isinstance(lister(store), Listing):
+        (summary,) = lister(store).list_contexts_fast()
         assert summary.message_count == count
 
 
@@ -156,8 +157,8 @@ def test_rewind_drops_the_last_items_and_keeps_them_in_the_tree(
     assert state.usage.calls == 1  # the dropped answer's usage went with it
     rewind(store, MAIN, 2)
     assert _texts(store) == ["question 1"]
-    if isinstance(store, Listing):
-        (summary,) = store.list_contexts_fast()
+    if isinstance(lister(store), Listing):
+        (summary,) = lister(store).list_contexts_fast()
         assert summary.message_count == 1
 
 
@@ -223,8 +224,8 @@ def test_rewind_into_a_compacted_history(store: Store, main: PodActiveSegmentRef
     assert state.history == summary[:1]
     assert state.usage.calls == 1 and state.context == str(MAIN)
     assert state.origin.parent == compacted
-    if isinstance(store, Listing):
-        (summary_row,) = store.list_contexts_fast()
+    if isinstance(lister(store), Listing):
+        (summary_row,) = lister(store).list_contexts_fast()
         assert summary_row.message_count == 1
 
 

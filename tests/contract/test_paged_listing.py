@@ -13,6 +13,7 @@ import pytest
 
 from terrarium import states
 from terrarium.errors import InvalidQuery
+from terrarium.index import listing as lister
 from terrarium.model import ContextId
 from terrarium.sessions import create_segment
 from terrarium.stores import _listing
@@ -65,7 +66,7 @@ def _walk(store: PagedListing, query: ListingQuery) -> list[list[ContextSummary]
     pages = []
     key = _listing.sort_key(query)
     while True:
-        page = list(store.list_contexts_page(query))
+        page = list(lister(store).list_contexts_page(query))
         assert len(page) <= query.limit
         if not page:
             return pages
@@ -98,9 +99,9 @@ def test_pages_walk_the_listing_in_each_order_and_filter(store: Store, limit: in
     """For every order and filter, the pages, each after the previous one's last key, are the
     whole listing filtered and sorted (largest first, ties by context id), split in pages of
     ``limit``: no row twice, none left out."""
-    assert isinstance(store, PagedListing)
+    assert isinstance(lister(store), PagedListing)
     _fill(store)
-    everything = store.list_contexts_fast()
+    everything = lister(store).list_contexts_fast()
     assert len(everything) == len(CONTEXTS)
     for sort, filters in itertools.product(LISTING_SORTS, FILTERS):
         query = ListingQuery(sort=sort, limit=limit, **filters)  # type: ignore[arg-type]
@@ -113,12 +114,12 @@ def test_pages_walk_the_listing_in_each_order_and_filter(store: Store, limit: in
 def test_the_filters_pick_what_they_say(store: Store) -> None:
     """The reference page itself: type, text in the id ignoring case (ASCII or not), and the
     days of last activity, inclusive."""
-    assert isinstance(store, PagedListing)
+    assert isinstance(lister(store), PagedListing)
     _fill(store)
 
     def ids(**filters: object) -> list[str]:
         query = ListingQuery(**{"limit": 99, **filters})  # type: ignore[arg-type]
-        return [row.context for row in store.list_contexts_page(query)]
+        return [row.context for row in lister(store).list_contexts_page(query)]
 
     assert ids(type="irc") == ["irc:#python", "irc:#über-alles", "irc:#Über"]
     assert ids(text="ÜBER") == ["irc:#über-alles", "irc:#Über"]
@@ -130,7 +131,7 @@ def test_the_filters_pick_what_they_say(store: Store) -> None:
     ]
     assert ids(until="2026-10-30") == ["game:chess"]
     assert ids(type="cli", sort="messages") == ["cli:main", "cli:Main2", "cli:zeta"]
-    by_messages = store.list_contexts_page(ListingQuery(sort="messages", limit=3))
+    by_messages = lister(store).list_contexts_page(ListingQuery(sort="messages", limit=3))
     assert [(r.message_count, r.context) for r in by_messages] == [
         (5, "irc:#python"),
         (5, "game:pokemon_run1"),
@@ -141,7 +142,7 @@ def test_the_filters_pick_what_they_say(store: Store) -> None:
 def test_a_page_follows_writes(store: Store) -> None:
     """A page reflects writes made since the last one: a new message moves its context to
     the front of the last-active order, a deleted context leaves."""
-    assert isinstance(store, PagedListing)
+    assert isinstance(lister(store), PagedListing)
     _fill(store)
     head = store.get_head(ContextId.parse("game:chess"))
     assert head is not None
@@ -157,25 +158,25 @@ def test_a_page_follows_writes(store: Store) -> None:
         ],
     )
     assert states.delete_context(store, ContextId.parse("irc:#python"))
-    first = store.list_contexts_page(ListingQuery(limit=2))
+    first = lister(store).list_contexts_page(ListingQuery(limit=2))
     assert [(r.context, r.message_count) for r in first] == [
         ("game:chess", 2),
         ("cli:zeta", 0),  # last active when it was created: today
     ]
     assert "irc:#python" not in {
-        r.context for r in store.list_contexts_page(ListingQuery(limit=99))
+        r.context for r in lister(store).list_contexts_page(ListingQuery(limit=99))
     }
 
 
 def test_context_types_lists_each_type_once(store: Store) -> None:
     """context_types names every type that has a context, sorted, and follows deletes."""
-    assert isinstance(store, PagedListing)
-    assert store.context_types() == []
+    assert isinstance(lister(store), PagedListing)
+    assert lister(store).context_types() == []
     _fill(store)
-    assert store.context_types() == ["cli", "game", "irc", "web"]
+    assert lister(store).context_types() == ["cli", "game", "irc", "web"]
     assert states.delete_context(store, ContextId.parse("game:chess"))
     assert states.delete_context(store, ContextId.parse("game:pokemon_run1"))
-    assert store.context_types() == ["cli", "irc", "web"]
+    assert lister(store).context_types() == ["cli", "irc", "web"]
 
 
 @pytest.mark.parametrize(
@@ -192,9 +193,9 @@ def test_a_query_that_cannot_run_is_refused_in_one_line(
     store: Store, query: ListingQuery, word: str
 ) -> None:
     """A bad sort, limit, cursor or day is an InvalidQuery naming it, in one line."""
-    assert isinstance(store, PagedListing)
+    assert isinstance(lister(store), PagedListing)
     with pytest.raises(InvalidQuery, match=word) as caught:
-        store.list_contexts_page(query)
+        lister(store).list_contexts_page(query)
     assert "\n" not in str(caught.value)
 
 
@@ -202,13 +203,15 @@ def test_signatures_are_the_listing_in_three_columns(store: Store) -> None:
     """context_signatures gives each context's (id, last active, message count) as
     list_contexts_fast does, and the same list again while nothing is written; a write
     changes its context's signature."""
-    assert isinstance(store, PagedListing)
-    assert store.context_signatures() == []
+    assert isinstance(lister(store), PagedListing)
+    assert lister(store).context_signatures() == []
     _fill(store)
-    everything = {(s.context, s.last_active, s.message_count) for s in store.list_contexts_fast()}
-    first = store.context_signatures()
+    everything = {
+        (s.context, s.last_active, s.message_count) for s in lister(store).list_contexts_fast()
+    }
+    first = lister(store).context_signatures()
     assert sorted(first) == sorted(everything) and len(first) == len(CONTEXTS)
-    assert store.context_signatures() == first
+    assert lister(store).context_signatures() == first
     head = store.get_head(ContextId.parse("irc:#Über"))
     assert head is not None
     line = {"item": {"role": "user", "content": "again"}}
@@ -217,5 +220,5 @@ def test_signatures_are_the_listing_in_three_columns(store: Store) -> None:
         head.segment_id,
         [NewEntry("user_input", "2099-01-01T00:00:00.000000Z", line)],
     )
-    changed = set(store.context_signatures()) - set(first)
+    changed = set(lister(store).context_signatures()) - set(first)
     assert changed == {("irc:#Über", "2099-01-01T00:00:00.000000Z", 2)}

@@ -31,6 +31,7 @@ from helpers.history import (
 from helpers.responses import RESPONSES_ITEMS
 from terrarium import FsStore, SqliteStore, states
 from terrarium.errors import InvalidContextId
+from terrarium.index import listing as lister
 from terrarium.model import ContextId, Item
 from terrarium.search import InvalidQuery, scan
 from terrarium.sessions import (
@@ -56,8 +57,8 @@ TS = "2026-01-01T00:00:00.000000Z"
 
 
 def _search(store: Store, text: str, **filters: Any) -> list[SearchHit]:
-    assert isinstance(store, Searchable)
-    return store.search(SearchQuery(text, **filters))
+    assert isinstance(lister(store), Searchable)
+    return lister(store).search(SearchQuery(text, **filters))
 
 
 # --------------------------------------------------------------------------- ranking
@@ -65,7 +66,7 @@ def _search(store: Store, text: str, **filters: Any) -> list[SearchHit]:
 
 def test_database_stores_are_searchable(store: Store) -> None:
     """Every backend here answers searches itself, not through the scan fallback."""
-    assert isinstance(store, Searchable)
+    assert isinstance(lister(store), Searchable)
 
 
 def test_more_occurrences_rank_higher(store: Store) -> None:
@@ -163,11 +164,11 @@ def test_since_filters_by_entry_time(store: Store) -> None:
 @pytest.mark.parametrize(("query", "message"), INVALID_FILTERS)
 def test_invalid_filters_are_refused(store: Store, query: SearchQuery, message: str) -> None:
     """A filter that cannot be valid is an InvalidQuery naming it."""
-    assert isinstance(store, Searchable)
+    assert isinstance(lister(store), Searchable)
     with pytest.raises(InvalidQuery, match=message):
-        store.search(query)
+        lister(store).search(query)
     with pytest.raises(InvalidContextId):
-        store.search(SearchQuery("x", context="no-colon"))
+        lister(store).search(SearchQuery("x", context="no-colon"))
 
 
 # --------------------------------------------------------------------------- freshness, deletes
@@ -346,7 +347,7 @@ def test_the_same_data_gives_the_same_hits_on_every_backend(
         build_history(reference)
         for query in PARITY_QUERIES:
             got = _search(store, query.text, **_filters(query))
-            want = reference.search(query)
+            want = lister(reference).search(query)
             assert want, f"the parity data should match {query}"
             assert places(got) == places(want) == places(scan(store, query)), query
             assert [h.score for h in got] == sorted((h.score for h in got), reverse=True)
@@ -387,6 +388,6 @@ def test_search_finds_responses_text(
 ) -> None:
     """The text parts of Responses items are searchable, with the role they play."""
     save_delta(store, main, copy.deepcopy(RESPONSES_ITEMS))
-    hits = store.search(SearchQuery(word))
+    hits = lister(store).search(SearchQuery(word))
     assert [(hit.context, hit.role) for hit in hits] == [("cli:main", role)]
     assert word in hits[0].snippet.replace("\ue000", "").replace("\ue001", "")

@@ -956,10 +956,11 @@ def fsck(ctx: click.Context, repair: bool, salvage: bool, as_json: bool) -> None
 def reindex(ctx: click.Context) -> None:
     """Rebuild the store's derived indexes (search, listing) from its sessions."""
     state = state_of(ctx)
-    from terrarium.stores.base import Reindexable
+    from terrarium import index
 
     store = state.store()
-    if not isinstance(store, Reindexable):
-        raise StoreError(f"{state.shown_location}: this store keeps no index to rebuild")
-    count = store.reindex()
+    try:
+        count = index.reindex(store)
+    except StoreError as exc:
+        raise StoreError(f"{state.shown_location}: {exc}") from None
     state.out.note(f"reindexed {plural(count, 'session')} in {state.shown_location}", style="green")

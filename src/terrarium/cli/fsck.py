@@ -30,7 +30,7 @@ from pathlib import Path
 
 import click
 
-from terrarium import codec, states
+from terrarium import codec, index, states
 from terrarium.cli import catalog
 from terrarium.cli.app import CliState
 from terrarium.cli.output import plural
@@ -469,7 +469,7 @@ def _repair(store: Store, report: Report, *, salvage: bool) -> None:
             problem.message += f"; completed ({done} in all)"
     if not isinstance(store, FsStore):
         if any(p.kind == "unindexed" for p in report.problems) and isinstance(store, Reindexable):
-            store.reindex()
+            index.reindex(store)
         return
     for problem in report.problems:
         if problem.repaired:
@@ -486,7 +486,7 @@ def _repair(store: Store, report: Report, *, salvage: bool) -> None:
         if note:
             problem.message += f"; {note}"
     if any(p.kind in ("unindexed", "head", "missing") for p in report.problems):
-        store.reindex()  # after the salvages and head rebuilds, so it indexes what they made
+        index.reindex(store)  # after the salvages and head rebuilds, so it indexes what they made
 
 
 def _fixer(store: FsStore, problem: Problem, salvage: bool) -> Callable[[], str] | None:

@@ -157,3 +157,12 @@ def listdir(path: Path) -> list[str]:
         return os.listdir(path)
     except (FileNotFoundError, NotADirectoryError):
         return []
+
+
+def scandir(path: str | Path) -> list[os.DirEntry[str]]:
+    """The entries of ``path``; none if it is missing or not a folder."""
+    try:
+        with os.scandir(path) as it:
+            return list(it)
+    except (FileNotFoundError, NotADirectoryError):
+        return []

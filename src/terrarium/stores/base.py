@@ -222,6 +222,14 @@ class Store(PodMetadataStore, Protocol):
         ...
 
 
+class Derived(Protocol):
+    """State a layer above derives from a store and keeps beside it, closed with the store
+    (the derived index of :mod:`terrarium.index`)."""
+
+    def close(self) -> None:
+        """Release what it holds (database connections)."""
+
+
 @runtime_checkable
 class ContextLocking(Protocol):
     """A store that can serialise work on one context across threads and processes."""

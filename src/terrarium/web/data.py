@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 
 from terrarium import contexts, legacy, sessions, states
+from terrarium import index as derived
 from terrarium.errors import (
     ContextNotFound,
     IndexUnavailable,
@@ -134,11 +135,12 @@ class CatchUp:
         wait for runs in the background (started here if it is not running yet), and has not
         ended within :data:`CATCH_UP_WAIT`. False for a store without such an index, or one
         whose backlog is small (the listing catches up with it first)."""
-        if not isinstance(store, IndexedListing):
+        source = derived.listing(store)
+        if not isinstance(source, IndexedListing):
             return False
-        if not self.running() and store.index_backlog() <= SMALL_BACKLOG:
+        if not self.running() and source.index_backlog() <= SMALL_BACKLOG:
             return False
-        self._kick(store).join(CATCH_UP_WAIT)
+        self._kick(source).join(CATCH_UP_WAIT)
         return self.running()
 
     def running(self) -> bool:
@@ -151,30 +153,32 @@ class CatchUp:
         the index has still to read (0 when it is current or the store has no such index)."""
         if not self.as_indexed(store):
             return contexts.list_contexts(store, ordered=False).rows, 0
-        assert isinstance(store, IndexedListing)
+        source = derived.listing(store)
+        assert isinstance(source, IndexedListing)
         try:
             rows = contexts.list_contexts(store, as_indexed=True, ordered=False).rows
         except IndexUnavailable:
             if self.running():  # being built: nothing to read yet, and no waiting for it
-                return [], store.index_backlog()
+                return [], source.index_backlog()
             return contexts.list_contexts(store, ordered=False).rows, 0
-        return rows, store.index_backlog() if self.running() else 0
+        return rows, source.index_backlog() if self.running() else 0
 
     def listing(self, store: Store) -> Listed:
         """What the overview follows (see :class:`Listed`): from a :class:`PagedListing`
         store's signatures and its most active page, else from the whole listing."""
-        if not isinstance(store, PagedListing):
+        source = derived.listing(store)
+        if not isinstance(source, PagedListing):
             return self._from_rows(store)
         as_indexed = self.as_indexed(store)
         try:
-            native = store.context_signatures(as_indexed=as_indexed)
-            top = store.list_contexts_page(
+            native = source.context_signatures(as_indexed=as_indexed)
+            top = source.list_contexts_page(
                 ListingQuery(sort="messages", limit=MOST_ACTIVE, as_indexed=as_indexed)
             )
         except IndexUnavailable as exc:
             if as_indexed and self.running():  # being built: nothing to read yet
-                assert isinstance(store, IndexedListing)
-                return Listed([], [], [], store.index_backlog())
+                assert isinstance(source, IndexedListing)
+                return Listed([], [], [], source.index_backlog())
             log.warning("%s; listing every context instead", exc)
             return self._from_rows(store)
         found = legacy.listing(store)
@@ -183,8 +187,8 @@ class CatchUp:
             old = contexts.legacy_rows(found, None, {s[0] for s in native}.__contains__)
         rows = [contexts.summary_row(s) for s in top]
         backlog = 0
-        if as_indexed and isinstance(store, IndexedListing) and self.running():
-            backlog = store.index_backlog()
+        if as_indexed and isinstance(source, IndexedListing) and self.running():
+            backlog = source.index_backlog()
         return Listed(native, old, _most_active(rows + old), backlog, as_indexed)
 
     def _from_rows(self, store: Store) -> Listed:
@@ -364,10 +368,11 @@ def _page_rows(
     tokens: dict[str, int] = {}
     pending = 0
     found: Paged | None = None
-    if sort != "tokens" and isinstance(store, PagedListing):
+    paged = isinstance(derived.listing(store), PagedListing)
+    if sort != "tokens" and paged:
         as_indexed = activity is not None and activity.catch_up.as_indexed(store)
         found = _paged(store, query, state, archived, as_indexed)
-    elif activity is not None and isinstance(store, PagedListing):
+    elif activity is not None and paged:
         found, tokens, pending = _by_tokens(store, query, state, archived, activity, budget)
     if found is None:
         hot = _rows(store, activity) if state != "archived" else []
@@ -488,7 +493,8 @@ def _by_tokens(
     not read yet count 0), picked from the contexts' signatures, its rows read by id from
     the index; the tokens known of the page's contexts; how many contexts are still to be
     read."""
-    assert isinstance(store, PagedListing)
+    source = derived.listing(store)
+    assert isinstance(source, PagedListing)
     listed = activity.listing(store)
     tallies, pending = activity.tallies(store, listed.native, budget)
     matches = query.matcher() or (lambda _c, _l: True)
@@ -508,9 +514,9 @@ def _by_tokens(
     by_id = {row.context_id: row for row in others}
     named = tuple(context_id for _, context_id in top if context_id not in by_id)
     wanted = ListingQuery(contexts=named, limit=max(len(named), 1), as_indexed=listed.as_indexed)
-    by_id.update((s.context, contexts.summary_row(s)) for s in store.list_contexts_page(wanted))
+    by_id.update((s.context, contexts.summary_row(s)) for s in source.list_contexts_page(wanted))
     rows = [by_id[context_id] for _, context_id in top if context_id in by_id]
-    types = set(store.context_types(as_indexed=listed.as_indexed)) | _types(listed.legacy)
+    types = set(source.context_types(as_indexed=listed.as_indexed)) | _types(listed.legacy)
     tokens = {c: tallies[c].total_tokens for _, c in top if c in tallies}
     return (rows, types), tokens, pending
 
@@ -525,7 +531,8 @@ def _paged(
     """The page from the store's index, with the legacy files beside it (hot) and ``archived``
     merged in; None when the store has no such index or it cannot answer (the caller lists
     everything instead)."""
-    if not isinstance(store, PagedListing):
+    source = derived.listing(store)
+    if not isinstance(source, PagedListing):
         return None
     query = msgspec.structs.replace(query, as_indexed=as_indexed)
     extra = list(archived)
@@ -533,8 +540,8 @@ def _paged(
         rows: list[contexts.ContextRow] = []
         types: set[str] = set()
         if state != "archived":
-            rows = [contexts.summary_row(s) for s in store.list_contexts_page(query)]
-            types = set(store.context_types(as_indexed=as_indexed))
+            rows = [contexts.summary_row(s) for s in source.list_contexts_page(query)]
+            types = set(source.context_types(as_indexed=as_indexed))
             found = legacy.listing(store)
             if found.sessions:
                 types |= {info.context.type for info in found.sessions}
@@ -1390,13 +1397,14 @@ def signature(store: Store, context: ContextId | None, activity: Activity | None
         if head is None:
             return "gone"
         return f"{head.segment_id}:{store.next_seq(head.session_id, head.segment_id)}"
-    if activity is not None and isinstance(store, (IndexedListing, PagedListing)):
+    source = derived.listing(store)
+    if activity is not None and isinstance(source, (IndexedListing, PagedListing)):
         found = activity.listing(store)
         legacy = tuple(map(signature_of, found.legacy))
         return f"{hash(tuple(found.native))}:{hash(legacy)}:{found.backlog}"
-    if isinstance(store, Listing):
+    if isinstance(source, Listing):
         try:
-            rows = store.list_contexts_fast()
+            rows = source.list_contexts_fast()
             latest = max((r.last_active for r in rows), default="")
             return f"{len(rows)}:{sum(r.message_count for r in rows)}:{latest}"
         except StoreError:

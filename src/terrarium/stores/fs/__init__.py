@@ -8,11 +8,11 @@ when lost, reads never write, and nothing leads outside the root.
 
 Trade-off: an append is one ``write(2)`` under a ``flock`` (~3 µs) and survives ``kill -9``;
 surviving a power cut costs an ``fdatasync`` per append (``durability="fsync"``) or a window
-(``"batch"``). There is no server and no schema to migrate; search and listing read a derived
-SQLite index that writers only mark dirty (:mod:`terrarium.stores.fs.search`).
+(``"batch"``). There is no server and no schema to migrate; search and listing read the derived
+index of :mod:`terrarium.index`, which writers only mark dirty (:mod:`._changes`).
 
-Parts: ``_layout`` (names), ``_segments``, ``_heads``, ``_tree``, ``salvage``, ``search`` with
-``_refresh`` and ``_sql`` (the derived index), ``_states`` (freeze, thaw, detach, delete).
+Parts: ``_layout`` (names), ``_segments``, ``_heads``, ``_tree``, ``salvage``, ``_changes`` and
+``_shape`` (what the derived index reads), ``_states`` (freeze, thaw, detach, delete).
 
 Usage::
 
@@ -76,20 +76,17 @@ from terrarium.stores._files import (
 from terrarium.stores.base import (
     ATTEMPTS,
     ClosingStore,
-    ContextSummary,
-    ListingQuery,
+    Derived,
     NewEntry,
     PodMetadata,
-    SearchHit,
-    SearchQuery,
     SegmentRead,
     entry_line,
     header_line,
     iter_lines,
     wake_session,
 )
-from terrarium.stores.fs import search as fs_search
 from terrarium.stores.fs._blobs import FsBlobs
+from terrarium.stores.fs._changes import MARK_EVERY, FsChanges, mark_dirty
 from terrarium.stores.fs._heads import head_dict, head_from_segments, head_of, segment_chain
 from terrarium.stores.fs._layout import (
     ARCHIVE,
@@ -216,7 +213,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         self._quiet_depth = threading.local()
         """``depth``: 1 while this thread holds ``.locks/lifecycle`` exclusively."""
         self._closed = threading.Event()
-        self._search: fs_search.SearchIndex | None = None
+        self.derived: Derived | None = None
+        """The derived index a layer above keeps beside the store (:func:`terrarium.index.of`);
+        closed with it."""
         self._flusher: threading.Thread | None = None
         if durability == "batch":
             self._flusher = threading.Thread(target=self._flush_loop, daemon=True)
@@ -731,7 +730,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         size and next seq from its last append; when another process has appended since (the
         size differs), it re-reads only the last line. Descriptors are cached (LRU), so an
         append costs a lock, an ``fstat`` and a ``write``; it leaves the search index's dirty
-        marker at most every ``MARK_EVERY`` seconds (:mod:`terrarium.stores.fs.search`).
+        marker at most every ``MARK_EVERY`` seconds (:mod:`._changes`).
 
         A frozen session is woken first: a file found deleted or sealed (by a freeze since it
         was opened) or missing sends the append through the store again, which wakes the
@@ -793,7 +792,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                 handle.size += len(data)
                 handle.next_seq = first + len(entries)
                 now = time.monotonic()
-                if now - handle.marked >= fs_search.MARK_EVERY:
+                if now - handle.marked >= MARK_EVERY:
                     self._mark(session_id)
                     handle.marked = now
                 return first
@@ -1015,8 +1014,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                         os.fdatasync(handle.fd)
                 os.close(handle.fd)
             self._open.clear()
-            if self._search is not None:
-                self._search.close()
+            if self.derived is not None:
+                self.derived.close()
 
     # ---------------------------------------------------------------- index
 
@@ -1068,8 +1067,6 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                 os.rename(fresh / part, old)
         os.rmdir(fresh)
         self._folders.clear()
-        if self._search is not None or (index / fs_search.DB_NAME).exists():
-            self.search_index.rebuild()  # else the first search builds it
         return len(chosen)
 
     def _repaired_head(self, entry: ContextFolder) -> PodMetadata | None:
@@ -1082,99 +1079,32 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         except CorruptLog:  # damaged since the walk read it
             return None
 
-    # ---------------------------------------------------------------- search
+    # ---------------------------------------------------------------- derived index
 
     @property
-    def search_index(self) -> fs_search.SearchIndex:
-        """The derived full-text search and listing index (opened on first use).
+    def changes(self) -> FsChanges:
+        """What the derived index reads of this store's files (see :mod:`._changes`)."""
+        return FsChanges(self.root)
 
-        Writers only leave a dirty marker per changed session; searches and listings bring the
-        index up to date on use (see :mod:`terrarium.stores.fs.search`).
-        """
-        with self._lock:
-            if self._search is None:
-                index = self.root / INDEX
-                if not (index / "contexts").exists() and not (index / fs_search.DB_NAME).exists():
-                    # The whole index was lost: rebuild the context pointers too, so that what
-                    # listing and search show can also be resolved and opened.
-                    try:
-                        self.reindex()
-                    except OSError as exc:  # a read-only store or a full disk: readers scan
-                        if _db.kind(exc) not in ("readonly", "full"):
-                            raise
-                        log.warning("cannot rebuild the index of %s: %s", self.root, exc)
-                self._search = fs_search.SearchIndex(self.root)
-            return self._search
-
-    def search(self, query: SearchQuery) -> list[SearchHit]:
-        """Ranked hits for ``query`` over every segment of every hot context (via the index).
-
-        Raises:
-            IndexUnavailable: the index cannot be brought up to date (read-only and behind,
-                disk full, locked for ``search.BUSY_TIMEOUT``): search the files instead,
-                as :func:`terrarium.search.search` does.
-        """
-        return self.search_index.search(query)
-
-    def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
-        """Every context's summary (message count, last activity), read from the index.
-
-        Raises:
-            IndexUnavailable: as :meth:`search`; list the heads and restore them instead.
-        """
-        return self.search_index.list_contexts(type)
-
-    def list_contexts_page(self, query: ListingQuery) -> list[ContextSummary]:
-        """One page of the listing, filtered and sorted, from the index (``PagedListing``;
-        see :meth:`SearchIndex.list_contexts_page`).
-
-        Raises:
-            IndexUnavailable: as :meth:`search`. InvalidQuery: a query that cannot be run.
-        """
-        return self.search_index.list_contexts_page(query)
-
-    def context_types(self, *, as_indexed: bool = False) -> list[str]:
-        """Every type that has a context, sorted, from the index (``PagedListing``).
-
-        Raises:
-            IndexUnavailable: as :meth:`search`.
-        """
-        return self.search_index.context_types(as_indexed=as_indexed)
-
-    def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
-        """Every context's (id, last active, message count), from the index (``PagedListing``).
-
-        Raises:
-            IndexUnavailable: as :meth:`search`.
-        """
-        return self.search_index.context_signatures(as_indexed=as_indexed)
-
-    def list_contexts_as_indexed(self, type: str | None = None) -> list[ContextSummary]:
-        """Every context's summary as the index holds it now, without catching up first
-        (``IndexedListing``; see :meth:`SearchIndex.list_contexts_as_indexed`).
-
-        Raises:
-            IndexUnavailable: the index cannot be read.
-        """
-        return self.search_index.list_contexts_as_indexed(type)
-
-    def index_backlog(self) -> int:
-        """Sessions written since the index last caught up (``IndexedListing``)."""
-        return self.search_index.backlog()
-
-    def catch_up_index(self) -> None:
-        """Bring the index up to date with the files (``IndexedListing``): what a listing or
-        a search does first.
-
-        Raises:
-            IndexUnavailable: it cannot be brought up to date.
-        """
-        self.search_index.refresh()
+    def restore_lost_index(self, keep: str) -> None:
+        """Rebuild the context pointers if the whole ``.index`` folder was lost (no pointers,
+        and no ``keep``, the derived index's database there), so that what listing and search
+        show can also be resolved and opened. A read-only store or a full disk is left as it
+        is: the readers then answer from the folders."""
+        index = self.root / INDEX
+        if (index / "contexts").exists() or (index / keep).exists():
+            return
+        try:
+            self.reindex()
+        except OSError as exc:
+            if _db.kind(exc) not in ("readonly", "full"):
+                raise
+            log.warning("cannot rebuild the index of %s: %s", self.root, exc)
 
     def _mark(self, session_id: SessionId) -> None:
         """Leave the search index's dirty marker; never fails the write that calls it."""
         try:
-            fs_search.mark_dirty(self.root, session_id)
+            mark_dirty(self.root, session_id)
         except (OSError, StoreError) as exc:  # a full disk; a link out of the root
             log.warning("could not mark session %s for the search index: %s", session_id, exc)
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from terrarium.stores._files import scandir
 from terrarium.stores.fs._layout import ARCHIVE
-from terrarium.stores.fs._refresh import scandir
 
 RACY_NS = 2_000_000_000
 """A type folder stamp younger than this is listed again at the next refresh."""
@@ -42,6 +42,11 @@ class ShapeChange:
     """Date folders (``type/date``) that appeared, to walk."""
     removed: list[str] = field(default_factory=list)
     """Date folders (``type/date``) that vanished: their sessions are looked at again."""
+
+    @property
+    def text(self) -> str:
+        """``shape`` as stored (:func:`dump`)."""
+        return dump(self.shape)
 
     @property
     def moved(self) -> bool:

@@ -1,6 +1,6 @@
 """``PostgresStore``'s derived state: the search index and the counts the listing reads.
 
-Search finds what FsStore's index finds (:mod:`terrarium.stores.fs.search`): every history item
+Search finds what FsStore's index finds (:mod:`terrarium.index`): every history item
 with text, a header's history with seq 0, the user's words as data, every term required, a
 term of several words as a phrase, case and accents folded, CJK characters found inside words.
 Each item is a ``search_docs`` row; ``tsv`` is ``to_tsvector('simple', words)`` under a GIN

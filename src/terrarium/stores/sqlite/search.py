@@ -11,7 +11,7 @@ or the next read's catch-up runs. Where a read cannot catch up (a read-only data
 disk, a lock held too long), :func:`late_hits` and :func:`late_counts` read the staged items
 and the entries past ``wm`` instead, so nothing acknowledged is missed.
 
-Search has the semantics of FsStore's index (:mod:`terrarium.stores.fs.search`), whose
+Search has the semantics of FsStore's index (:mod:`terrarium.index`), whose
 helpers it shares: the same history items (every ``user_input``, ``item`` and ``system_item``
 entry with text, and the history a header carries, with seq 0), text preparation, FTS5
 tokenizer, quoting of the user's words as data, filter tokens (:func:`doc_tags`), bm25 ranking

@@ -1,24 +1,24 @@
-"""Full-text search and fast listing for ``FsStore``: a derived SQLite FTS5 index.
+"""The derived index: full-text search and fast listing for the stores without native ones.
 
 The index lives beside the sessions in ``.index/search.db`` (WAL, ``0600`` like its ``-wal``
 and ``-shm``). It owns nothing: delete it and the next search rebuilds it from the segment
-files; ``FsStore.reindex()`` (``terrarium reindex``) rebuilds it in place. Every history item
-of every segment is a row (:mod:`terrarium.stores.fs._refresh`), one session a row of
+files; :func:`terrarium.index.reindex` (``terrarium reindex``) rebuilds it in place. Every
+history item of every segment is a row (:mod:`terrarium.index._refresh`), one session a row of
 ``sessions`` with its message count and last activity, so a listing reads no file.
 
 Trade-off: writers never touch the database; they leave a dirty marker per changed session
-(:func:`mark_dirty`), and a search or listing first brings the index up to date
-(:meth:`SearchIndex.refresh`): an idle refresh costs a ``scandir`` of an empty folder and one
-indexed query (~10 µs), a marked session with one new message ~0.5 ms, where a walk that
+(:mod:`terrarium.stores.fs._changes`), and a search or listing first brings the index up to
+date (:meth:`SearchIndex.refresh`): an idle refresh costs a ``scandir`` of an empty folder and
+one indexed query (~10 µs), a marked session with one new message ~0.5 ms, where a walk that
 ``stat``\\s every session folder costs 3.5 s at 100k sessions. When the index cannot be brought
 up to date (busy, disk full, read-only and behind) it raises
-:class:`~terrarium.errors.IndexUnavailable` and the callers answer from the files.
+:class:`~terrarium.errors.IndexUnavailable` and the callers answer from the store.
 
 Usage::
 
-    index = SearchIndex(root)  # what FsStore.search_index opens
+    index = terrarium.index.of(store)  # the store's SearchIndex, or None
     hits = index.search(SearchQuery("deploy", role="user"))
-    contexts = index.list_contexts("cli")
+    contexts = index.list_contexts_fast("cli")
 """
 
 from __future__ import annotations
@@ -30,28 +30,19 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from terrarium.errors import IndexUnavailable
+from terrarium.index import _sql as sql
+from terrarium.index._refresh import IndexStats, IndexUpdate
+from terrarium.index._sql import SCHEMA_VERSION
 from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores import _db, _listing
-from terrarium.stores._files import listdir, make_dirs, open_private
 from terrarium.stores.base import ContextSummary, ListingQuery, SearchHit, SearchQuery
-from terrarium.stores.fs import _shape
-from terrarium.stores.fs import _sql as sql
-from terrarium.stores.fs._layout import (
-    ARCHIVE,
-    HEAD,
-    INDEX,
-    SEGMENT_SUFFIX,
-    check_inside,
-    is_uuid,
-    segment_name,
-)
-from terrarium.stores.fs._refresh import IndexStats, IndexUpdate, scandir
-from terrarium.stores.fs._sql import SCHEMA_VERSION
+from terrarium.stores.fs._changes import FsChanges
+from terrarium.stores.fs._shape import ShapeChange
 from terrarium.stores.fts import (
     LONG_BODY,
     Fts5Tables,
@@ -70,12 +61,10 @@ from terrarium.text import (
     query_terms,
 )
 
-__all__ = ["DB_NAME", "IndexStats", "SearchIndex", "dirty_dir", "mark_dirty"]
+__all__ = ["DB_NAME", "IndexStats", "SearchIndex"]
 
 log = logging.getLogger(__name__)
 
-#: An append marks its session at most this often per open segment (seconds).
-MARK_EVERY = 5.0
 #: How long a claimed session stays watched (seconds). Must exceed 2 x ``MARK_EVERY``.
 WATCH_SECONDS = 15.0
 #: How many of the most recent items ``fts_recent`` holds (it is rebuilt at twice that).
@@ -86,56 +75,29 @@ BUSY_TIMEOUT = 30.0
 _OPTIMIZE_AFTER = 20_000
 
 DB_NAME = "search.db"
-_DIRTY = "dirty"
-_CLAIMED = ".claimed-"
 _T = TypeVar("_T")
-
-
-def dirty_dir(root: Path) -> Path:
-    """Where writers leave dirty markers.
-
-    Raises:
-        IndexUnavailable: it leads out of the root (a link): the callers answer from the files.
-    """
-    return check_inside(os.path.realpath(root), root / INDEX / _DIRTY, IndexUnavailable)
-
-
-def mark_dirty(root: Path, session_id: SessionId) -> None:
-    """Tell the search index that ``session_id`` changed: an empty file named after it.
-
-    Creating a context or segment, moving a head and deleting a context always mark the
-    session; an append marks it at most once per ``MARK_EVERY`` seconds per open segment (a
-    ``stat``, and an ``open`` when the marker is missing), so the append path stays a lock, an
-    ``fstat`` and a ``write``. The mark follows the write, so it never precedes data it
-    announces; a process killed between the two leaves a write that ``refresh(full=True)`` or
-    ``reindex()`` finds, as they find writes that bypass ``FsStore`` (a restored backup).
-    """
-    path = dirty_dir(root) / str(session_id)
-    try:
-        os.stat(path)
-        return
-    except FileNotFoundError:
-        pass
-    try:
-        fd = open_private(path, os.O_WRONLY | os.O_CREAT)
-    except FileNotFoundError:
-        make_dirs(path.parent)
-        fd = open_private(path, os.O_WRONLY | os.O_CREAT)
-    os.close(fd)
 
 
 class SearchIndex:
     """The derived search and listing index of one ``FsStore`` root (module docstring)."""
 
-    def __init__(self, root: str | os.PathLike[str], *, clock: Callable[[], float] = time.time):
-        """Open the index of the sessions under ``root`` (it is created on first use).
+    def __init__(
+        self,
+        source: FsChanges | str | os.PathLike[str],
+        *,
+        clock: Callable[[], float] = time.time,
+    ):
+        """Open the index of a store's sessions (it is created on first use).
 
         Args:
-            root: the ``FsStore`` root.
+            source: what it reads of the store (``FsStore.changes``), or an ``FsStore`` root.
             clock: wall-clock seconds, for the watch window (tests pass a fake).
         """
-        self.root = Path(root).absolute()
-        self.path = self.root / INDEX / DB_NAME
+        if not isinstance(source, FsChanges):
+            source = FsChanges(Path(source).absolute())
+        self.source = source
+        self.root = source.root
+        self.path = source.index_dir / DB_NAME
         self.clock = clock
         self.stats = IndexStats()
         self._lock = threading.RLock()
@@ -233,7 +195,7 @@ class SearchIndex:
 
     def _checked_path(self) -> Path:
         """The database's path, refused (IndexUnavailable) if it leads out of the root."""
-        return check_inside(os.path.realpath(self.root), self.path, IndexUnavailable)
+        return self.source.index_file(DB_NAME)
 
     @staticmethod
     def _add_indexes(conn: sqlite3.Connection) -> None:
@@ -308,6 +270,14 @@ class SearchIndex:
         with self._lock:
             return self._guarded(lambda: self._refresh(full=full))
 
+    def catch_up_index(self) -> None:
+        """Bring the index up to date (``IndexedListing``): what a listing or search does first.
+
+        Raises:
+            IndexUnavailable: it cannot be brought up to date (see "Failures").
+        """
+        self.refresh()
+
     def rebuild(self) -> int:
         """Drop everything and index every session afresh; return the sessions indexed.
 
@@ -351,18 +321,16 @@ class SearchIndex:
             return False
         built = conn.execute(sql.BUILT).fetchone()
         full = full or built is None
-        markers = listdir(dirty_dir(self.root))
+        markers = self.source.markers()
         now = self.clock()
-        shape = None if full else _shape.compare(self.root, self._stored_shape(conn))
+        shape = None if full else self.source.shape(self._stored_shape(conn))
         moved = shape is not None and shape.changed
         if not (full or markers or moved or self._watch_needs_work(conn, now)):
             return False
         items = self.stats.items
         with _db.immediate(conn):  # the others wait for it, then find little left to do
             claimed = self._update(conn, full=full, now=now, shape=shape)
-        for path in claimed:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        self.source.release(claimed)
         if self.stats.items - items >= _OPTIMIZE_AFTER:
             self._optimize(conn)
         return True
@@ -371,15 +339,15 @@ class SearchIndex:
         """Why the index may miss something the files hold, or None if it holds it all."""
         if conn.execute(sql.BUILT).fetchone() is None:
             return "never built"
-        if listdir(dirty_dir(self.root)) or self._watch_needs_work(conn, None):
+        if self.source.markers() or self._watch_needs_work(conn, None):
             return "behind the session files (sessions changed since it was last updated)"
-        if _shape.compare(self.root, self._stored_shape(conn)).moved:
+        if self.source.shape(self._stored_shape(conn)).moved:
             return "behind the session files (date folders were moved in or out)"
         return None
 
-    def _stored_shape(self, conn: sqlite3.Connection) -> _shape.Shape | None:
+    def _stored_shape(self, conn: sqlite3.Connection) -> str | None:
         row = conn.execute(sql.SHAPE).fetchone()
-        return _shape.load(row[0] if row is not None else None)
+        return row[0] if row is not None else None
 
     def _rebuild(self) -> int:
         conn = self._connection()
@@ -390,9 +358,7 @@ class SearchIndex:
                 conn.execute(statement)
             conn.execute(sql.RESET_RECENT_FLOOR)
             claimed = self._update(conn, full=True, now=self.clock())
-        for path in claimed:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        self.source.release(claimed)
         self._optimize(conn)
         return int(conn.execute(sql.COUNT_SESSIONS).fetchone()[0])
 
@@ -411,9 +377,8 @@ class SearchIndex:
                 return True
             if segment_id is None:
                 continue
-            try:
-                st = os.stat(self.root / folder / f"{segment_id}{SEGMENT_SUFFIX}")
-            except FileNotFoundError:
+            st = self.source.stat_segment(folder, segment_id)
+            if st is None:
                 return True
             if st.st_ino != ino or st.st_size != size:
                 return True
@@ -425,7 +390,7 @@ class SearchIndex:
         *,
         full: bool,
         now: float,
-        shape: _shape.ShapeChange | None = None,
+        shape: ShapeChange | None = None,
     ) -> list[Path]:
         """Inside a write transaction: claim markers, index what changed; return the claims.
 
@@ -443,13 +408,13 @@ class SearchIndex:
         """
         self.stats.refreshes += 1
         work = IndexUpdate(self, conn, defer_recent=full, recent_size=RECENT_SIZE)
-        claimed = self._claim_markers()
+        claimed = self.source.claim()
         claimed_ids = {sid for sid, _ in claimed}
         until = now + WATCH_SECONDS
         if full:
-            shape = _shape.compare(self.root, None)
+            shape = self.source.shape(None)
             seen: set[str] = set()
-            for folder, entries in self._walk():
+            for folder, entries in self.source.walk():
                 sid = work.index_folder(folder, entries, hint=None)
                 if sid is not None:
                     seen.add(sid)
@@ -469,86 +434,23 @@ class SearchIndex:
             if shape is not None and shape.moved:
                 self._moved(work, conn, shape)
         if shape is not None and shape.changed:
-            conn.execute(sql.SET_SHAPE, (_shape.dump(shape.shape),))
+            conn.execute(sql.SET_SHAPE, (shape.text,))
         conn.executemany(sql.WATCH, [(until, sid) for sid in claimed_ids])
         work.finish()
         if full:
             conn.execute(sql.SET_BUILT, (str(now),))
         return [path for _, path in claimed]
 
-    def _moved(
-        self, work: IndexUpdate, conn: sqlite3.Connection, shape: _shape.ShapeChange
-    ) -> None:
+    def _moved(self, work: IndexUpdate, conn: sqlite3.Connection, shape: ShapeChange) -> None:
         """Index the sessions of date folders that appeared; look again at those of date
         folders that vanished (a session whose folder is gone is dropped)."""
-        for folder, entries in self._walk(shape.added):
+        for folder, entries in self.source.walk(shape.added):
             work.index_folder(folder, entries, hint=None)
         gone = set(shape.removed)
         if gone:
             for sid, folder in conn.execute(sql.SESSION_FOLDERS).fetchall():
                 if folder.rsplit("/", 1)[0] in gone:
                     work.index_session(sid)
-
-    def _claim_markers(self) -> list[tuple[str, Path]]:
-        """Rename every marker to a claimed name; return (session id, claimed path) pairs."""
-        folder = dirty_dir(self.root)
-        out = []
-        for name in listdir(folder):
-            sid, _, claim = name.partition(_CLAIMED)
-            path = folder / name
-            if not is_uuid(sid):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                continue
-            if not claim:  # a crashed or just-finished refresh may have left claimed ones
-                claimed = folder / f"{sid}{_CLAIMED}{uuid.uuid4().hex}"
-                try:
-                    os.rename(path, claimed)
-                except FileNotFoundError:
-                    continue
-                path = claimed
-            out.append((str(uuid.UUID(sid)), path))
-        return out
-
-    def _date_folders(self) -> Iterator[str]:
-        """Every date folder, as ``type/date``."""
-        for kind in scandir(self.root):
-            if kind.name.startswith(".") or kind.name == ARCHIVE:
-                continue  # the store's own folders; archived contexts are not searched here
-            if not kind.is_dir(follow_symlinks=False):
-                continue
-            for date in scandir(kind.path):
-                if date.is_dir(follow_symlinks=False):
-                    yield f"{kind.name}/{date.name}"
-
-    def _walk(
-        self, date_folders: Iterable[str] | None = None
-    ) -> Iterator[tuple[str, list[os.DirEntry[str]]]]:
-        """Every session folder (relative path) with its entries, least recently written first
-        (of ``date_folders``, ``type/date`` each, if given)."""
-        found: list[tuple[float, str, list[os.DirEntry[str]]]] = []
-        for date_folder in self._date_folders() if date_folders is None else date_folders:
-            path = self.root / date_folder
-            if os.path.islink(path):
-                continue  # never followed out of the root
-            for session in scandir(path):
-                if not session.is_dir(follow_symlinks=False):
-                    continue
-                entries = scandir(session.path)
-                newest = 0.0
-                found_any = False  # a head, or segments to rebuild it from
-                for entry in entries:
-                    if entry.name == HEAD:
-                        found_any = True
-                    elif segment_name(entry.name) is not None:
-                        found_any = True
-                        with contextlib.suppress(FileNotFoundError):
-                            newest = max(newest, entry.stat().st_mtime)
-                if found_any:
-                    found.append((newest, f"{date_folder}/{session.name}", entries))
-        found.sort(key=lambda item: (item[0], item[1]))
-        for _, rel, entries in found:
-            yield rel, entries
 
     def warn_once(self, key: str, message: str, *args: object) -> None:
         """Log a warning once per key and process (a corrupt file is seen on every refresh)."""
@@ -628,7 +530,7 @@ class SearchIndex:
         meta = {row[0]: row[1:] for row in conn.execute(sql.HIT_ROWS.format(marks=marks), ids)}
         return assemble_hits(ranked, meta, snippets)
 
-    def list_contexts(self, type: str | None = None) -> list[ContextSummary]:
+    def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary, optionally of one type, sorted by context id.
 
         ``sessions`` holds one row per session with its context, date, head, message count and
@@ -718,7 +620,7 @@ class SearchIndex:
             self._read_conn.close()
             self._read_conn = None
 
-    def backlog(self) -> int:
+    def index_backlog(self) -> int:
         """How many sessions the next refresh reads: those written since the index last
         caught up (their dirty markers) and those it watches (see :meth:`_update`), or,
         before it was ever built, every session folder. Cheap: a ``listdir`` and an indexed
@@ -733,9 +635,9 @@ class SearchIndex:
                 except (sqlite3.Error, OSError, IndexUnavailable):  # counted from the files
                     self._close_reader()
         if not built:
-            return sum(len(scandir(self.root / folder)) for folder in self._date_folders())
+            return self.source.count_sessions()
         try:
-            return len(listdir(dirty_dir(self.root))) + watched
+            return len(self.source.markers()) + watched
         except IndexUnavailable:  # a link out of the root: the listing reads the files
             return watched
 

@@ -1,4 +1,4 @@
-"""One refresh of ``FsStore``'s search index: what changed in the files, applied in SQL.
+"""One refresh of the derived index: what changed in a filesystem store, applied in SQL.
 
 :class:`IndexUpdate` works inside the caller's write transaction: it reads each changed
 session's head (as FsStore reads it: :func:`folder_head`), the new bytes of its segment files,
@@ -11,7 +11,6 @@ cover what could be read.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import sqlite3
@@ -22,18 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
+from terrarium.index import _sql as sql
 from terrarium.model import HISTORY_KINDS, ContextId, item_role, item_text
 from terrarium.stores.base import PodMetadata
-from terrarium.stores.fs import _sql as sql
-from terrarium.stores.fs._heads import head_of
-from terrarium.stores.fs._layout import HEAD, INDEX, SEGMENT_SUFFIX, segment_name
-from terrarium.stores.fs._states import frozen
-from terrarium.stores.fs._tree import read_pointer
-from terrarium.stores.fs.salvage import salvaged_into
 from terrarium.text import prepare_text
 
 if TYPE_CHECKING:
-    from terrarium.stores.fs.search import SearchIndex
+    from terrarium.index._index import SearchIndex
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +122,7 @@ class IndexUpdate:
         # A full pass rebuilds fts_recent at the end instead of feeding it item by item.
         self.defer_recent = defer_recent
         self.recent_size = recent_size  # read by the caller, where tests can set it
-        self.root = index.root
+        self.source = index.source
         self.conn = conn
         self.stats = index.stats
         self.types: dict[str, int] = {name: tid for tid, name in conn.execute(sql.TYPES)}
@@ -173,35 +167,27 @@ class IndexUpdate:
     def index_session(self, sid: str, *, watched_only: bool = False) -> None:
         """Bring one session up to date (after a marker, or while it is watched)."""
         session = self._load(sid)
-        folder = session.folder if session is not None else self._pointer(sid)
+        folder = session.folder if session is not None else self.source.pointer(sid)
         if folder is None:
             return  # deleted before it was ever indexed
         if watched_only and session is not None:
             self._index_known_segments(session, folder)
             return
-        entries = scandir(self.root / folder)
-        self.index_folder(folder, entries, hint=sid)
-
-    def _pointer(self, sid: str) -> str | None:
-        """The session's folder per FsStore's ``.index/sessions`` pointer."""
-        try:
-            return read_pointer(self.root / INDEX / "sessions" / sid)[0]
-        except (OSError, StoreError):  # lost, or damaged: reindex rebuilds it
-            return None
+        self.index_folder(folder, self.source.entries(folder), hint=sid)
 
     def index_folder(
         self, folder: str, entries: list[os.DirEntry[str]], *, hint: str | None
     ) -> str | None:
         """Index the session whose folder is ``folder``; return its session id, or None."""
         self.stats.sessions += 1
-        head, problem = folder_head(self.root / folder)
+        head, problem = self.source.head(folder)
         if hint is not None and (head is None or str(head.session_id) != hint):
             self.drop_session(hint)  # deleted (its folder is gone or holds a newer session)
         if head is None:
             if problem is not None:
                 self.index.warn_once(folder, "search index: skipping %s", problem)
             return None
-        if frozen(self.root, head.session_id):  # archived: out of the index
+        if self.source.frozen(head.session_id):  # archived: out of the index
             self.drop_session(str(head.session_id))
             return None
         if problem is not None:
@@ -260,7 +246,7 @@ class IndexUpdate:
         changed = False
         on_disk: dict[str, os.DirEntry[str]] = {}
         for entry in entries:
-            segment_id = segment_name(entry.name)
+            segment_id = self.source.segment_of(entry.name)
             if segment_id is not None:
                 on_disk[segment_id] = entry
         for segment_id in list(session.segments):
@@ -277,17 +263,16 @@ class IndexUpdate:
 
     def _index_known_segments(self, session: SessionRow, folder: str) -> None:
         for segment in list(session.segments.values()):
-            try:
-                st = os.stat(self.root / folder / f"{segment.segment_id}{SEGMENT_SUFFIX}")
-            except FileNotFoundError:
-                self.index_folder(folder, scandir(self.root / folder), hint=session.session_id)
+            st = self.source.stat_segment(folder, segment.segment_id)
+            if st is None:
+                self.index_folder(folder, self.source.entries(folder), hint=session.session_id)
                 return
             if self._index_segment(session, folder, segment.segment_id, st):
                 self.changed[session.id] = session
 
     def _check_stale(self, sid: str) -> None:
         row = self.conn.execute(sql.SESSION_FOLDER, (sid,)).fetchone()
-        head = folder_head(self.root / row[0])[0] if row is not None else None
+        head = self.source.head(row[0])[0] if row is not None else None
         if head is None or str(head.session_id) != sid:
             self.drop_session(sid)
 
@@ -340,9 +325,9 @@ class IndexUpdate:
         segment = self._segment_row(session, segment_id, st)
         if st.st_size == segment.size_seen and segment.size_seen:
             return False
-        path = self.root / folder / f"{segment_id}{SEGMENT_SUFFIX}"
+        path = self.source.segment_path(folder, segment_id)
         try:
-            data, size = _read_from(path, segment.offset)
+            data, size = self.source.read(folder, segment_id, segment.offset)
         except FileNotFoundError:
             return False
         except OSError as exc:
@@ -471,10 +456,10 @@ class IndexUpdate:
         problems = [session.head_problem or ""]
         head = session.segments.get(row[0])
         if head is None:
-            problems.append(f"{self.root / row[1] / HEAD}: its segment {row[0]} does not exist")
+            problems.append(f"{self.source.head_path(row[1])}: its segment {row[0]} does not exist")
         damaged = [sid for sid in sorted(session.segments) if session.segments[sid].problem]
         if damaged:  # rare: a damaged segment that a salvage replaced is no problem now
-            done = {str(s) for s in salvaged_into(self.root / row[1])}
+            done = self.source.salvaged(row[1])
             problems += [session.segments[sid].problem or "" for sid in damaged if sid not in done]
         problem = next((p for p in problems if p), None)
         count = 0
@@ -507,46 +492,3 @@ def _doc(seq: int, item: Any, ts: str) -> tuple[int, str, str, str]:
     except (AttributeError, TypeError):
         role, text = "other", ""
     return seq, role, ts, prepare_text(text) if isinstance(text, str) else ""
-
-
-def _read_from(path: Path, offset: int) -> tuple[bytes, int]:
-    """The bytes of ``path`` from ``offset`` on, and its size, read under a shared lock."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)  # never read a write in progress
-        size = os.fstat(fd).st_size
-        chunks = []
-        position = offset
-        while position < size:
-            chunk = os.pread(fd, size - position, position)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            position += len(chunk)
-        return b"".join(chunks), size
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-def folder_head(folder: Path) -> tuple[PodMetadata | None, str | None]:
-    """The head record of a session folder, as FsStore reads it, and what is wrong with it.
-
-    A missing ``head.json`` is rebuilt from the segments (no problem: the head is derived);
-    an unreadable or invalid one, or one naming a segment that is not there, is rebuilt too,
-    and the problem names it. Returns (None, problem) when no head can be found or rebuilt,
-    the problem None when the folder holds no segment either (a context being deleted).
-    """
-    try:
-        return head_of(folder, read_errors=True)
-    except FileNotFoundError:
-        return None, None
-    except (StoreError, OSError) as exc:
-        return None, " ".join(str(exc).split())
-
-
-def scandir(path: str | Path) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(path) as it:
-            return list(it)
-    except (FileNotFoundError, NotADirectoryError):
-        return []

@@ -1,0 +1,86 @@
+"""The derived index: one listing and search index above the stores that have none of their own.
+
+A layer above :mod:`terrarium.stores` and below :mod:`terrarium.contexts`, :mod:`terrarium.search`
+and the dashboard. It derives from a store's logs what listing and search need (a row per
+session with its counts and last activity, an FTS5 row per history item) and is rebuilt from
+them when lost. SQLite and PostgreSQL keep their native search and listing: :func:`of` gives
+None for them, and the surfaces ask the store itself (:func:`listing`). Importing this package
+imports neither the filesystem backend nor SQLite: a listing of another store pays for neither.
+
+Usage::
+
+    from terrarium import index
+
+    found = index.of(store)  # a SearchIndex, or None
+    if found is not None:
+        hits = found.search(SearchQuery("deploy"))
+    rows = index.listing(store).list_contexts_fast()  # the index, else the store
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+from terrarium._lazy import attach
+from terrarium.errors import StoreError
+from terrarium.stores.base import Reindexable, Store
+
+if TYPE_CHECKING:
+    from terrarium.index._index import DB_NAME, IndexStats, SearchIndex
+
+__all__ = ["DB_NAME", "IndexStats", "SearchIndex", "listing", "of", "reindex"]
+
+_lock = threading.Lock()
+
+
+def of(store: Store) -> SearchIndex | None:
+    """The derived index of ``store`` (opened on first use, closed with the store), or None
+    for a store that keeps its own search and listing."""
+    # A store is an FsStore only if its module was imported (as legacy.py tells).
+    fs = sys.modules.get("terrarium.stores.fs")
+    if fs is None or not isinstance(store, fs.FsStore):
+        return None
+    from terrarium.index._index import DB_NAME, SearchIndex
+
+    with _lock:
+        found = store.derived
+        if isinstance(found, SearchIndex):
+            return found
+        store.restore_lost_index(DB_NAME)
+        index = SearchIndex(store.changes)
+        store.derived = index
+        return index
+
+
+def listing(store: Store) -> SearchIndex | Store:
+    """What answers listing and search for ``store``: its derived index, else the store (which
+    then has the ``Listing``/``Searchable`` abilities of its own, or none)."""
+    found = of(store)
+    return store if found is None else found
+
+
+def reindex(store: Store) -> int:
+    """Rebuild what is derived of ``store`` (``terrarium reindex``): the store's own indexes,
+    then the derived index; return the contexts the store indexed (the sessions the derived
+    index holds, for a store with no index of its own).
+
+    Raises:
+        StoreError: the store keeps no index to rebuild.
+    """
+    count = store.reindex() if isinstance(store, Reindexable) else None
+    found = of(store)
+    if found is not None:
+        indexed = found.rebuild()
+        return indexed if count is None else count
+    if count is None:
+        raise StoreError("this store keeps no index to rebuild")
+    return count
+
+
+__getattr__, __dir__ = attach(
+    __name__,
+    dict.fromkeys(("DB_NAME", "IndexStats", "SearchIndex"), "terrarium.index._index"),
+    __all__,
+)

@@ -1,0 +1,278 @@
+"""What ``FsStore``'s derived index (:mod:`terrarium.index`) reads of the files, kept in the store.
+
+Writers leave a *dirty marker* per changed session (:func:`mark_dirty`): an empty file named
+after it in ``.index/dirty``. The index claims the markers, reads each changed session's head
+(:func:`folder_head`) and the bytes its segments gained (:func:`read_from`, from a byte offset,
+so a refresh after one append reads one line), and walks the date folders (:func:`scandir`)
+when it rebuilds or when a date folder was moved by hand (:mod:`._shape`).
+
+Appends mark at most once per ``MARK_EVERY`` seconds per open segment, so the append path stays
+a lock, an ``fstat`` and a ``write``; the index watches a claimed session for longer than that.
+:class:`FsChanges` is all the index reads of a root: it opens no file of the store itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from terrarium.errors import IndexUnavailable, StoreError
+from terrarium.model import SessionId
+from terrarium.stores._files import listdir, make_dirs, open_private, scandir
+from terrarium.stores.base import PodMetadata
+from terrarium.stores.fs import _shape
+from terrarium.stores.fs._heads import head_of
+from terrarium.stores.fs._layout import (
+    ARCHIVE,
+    HEAD,
+    INDEX,
+    SEGMENT_SUFFIX,
+    check_inside,
+    is_uuid,
+    segment_name,
+)
+from terrarium.stores.fs._states import frozen
+from terrarium.stores.fs._tree import read_pointer
+from terrarium.stores.fs.salvage import salvaged_into
+
+__all__ = ["MARK_EVERY", "FsChanges", "dirty_dir", "folder_head", "mark_dirty", "read_from"]
+
+#: An append marks its session at most this often per open segment (seconds).
+MARK_EVERY = 5.0
+_DIRTY = "dirty"
+_CLAIMED = ".claimed-"
+
+
+def dirty_dir(root: Path) -> Path:
+    """Where writers leave dirty markers.
+
+    Raises:
+        IndexUnavailable: it leads out of the root (a link): the callers answer from the files.
+    """
+    return check_inside(os.path.realpath(root), root / INDEX / _DIRTY, IndexUnavailable)
+
+
+def mark_dirty(root: Path, session_id: SessionId) -> None:
+    """Tell the search index that ``session_id`` changed: an empty file named after it.
+
+    Creating a context or segment, moving a head and deleting a context always mark the
+    session; an append marks it at most once per ``MARK_EVERY`` seconds per open segment (a
+    ``stat``, and an ``open`` when the marker is missing), so the append path stays a lock, an
+    ``fstat`` and a ``write``. The mark follows the write, so it never precedes data it
+    announces; a process killed between the two leaves a write that ``refresh(full=True)`` or
+    ``reindex()`` finds, as they find writes that bypass ``FsStore`` (a restored backup).
+    """
+    path = dirty_dir(root) / str(session_id)
+    try:
+        os.stat(path)
+        return
+    except FileNotFoundError:
+        pass
+    try:
+        fd = open_private(path, os.O_WRONLY | os.O_CREAT)
+    except FileNotFoundError:
+        make_dirs(path.parent)
+        fd = open_private(path, os.O_WRONLY | os.O_CREAT)
+    os.close(fd)
+
+
+def read_from(path: Path, offset: int) -> tuple[bytes, int]:
+    """The bytes of ``path`` from ``offset`` on, and its size, read under a shared lock."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # never read a write in progress
+        size = os.fstat(fd).st_size
+        chunks = []
+        position = offset
+        while position < size:
+            chunk = os.pread(fd, size - position, position)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            position += len(chunk)
+        return b"".join(chunks), size
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def folder_head(folder: Path) -> tuple[PodMetadata | None, str | None]:
+    """The head record of a session folder, as FsStore reads it, and what is wrong with it.
+
+    A missing ``head.json`` is rebuilt from the segments (no problem: the head is derived);
+    an unreadable or invalid one, or one naming a segment that is not there, is rebuilt too,
+    and the problem names it. Returns (None, problem) when no head can be found or rebuilt,
+    the problem None when the folder holds no segment either (a context being deleted).
+    """
+    try:
+        return head_of(folder, read_errors=True)
+    except FileNotFoundError:
+        return None, None
+    except (StoreError, OSError) as exc:
+        return None, " ".join(str(exc).split())
+
+
+class FsChanges:
+    """The derived index's view of one root's files: its change markers, the tree's shape,
+    the session folders and their heads, and a segment's bytes from an offset.
+
+    Every path it takes or gives is a folder relative to the root (``type/date/name``); it
+    never follows a link out of the root. :attr:`FsStore.changes` gives one.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def __repr__(self) -> str:
+        return f"FsChanges({str(self.root)!r})"
+
+    @property
+    def index_dir(self) -> Path:
+        """The store's ``.index`` folder, where the derived index keeps its database."""
+        return self.root / INDEX
+
+    @staticmethod
+    def segment_of(name: str) -> str | None:
+        """The segment id a file name of a session folder names, or None."""
+        return segment_name(name)
+
+    def index_file(self, name: str) -> Path:
+        """The path of ``name`` in ``.index``, refused (IndexUnavailable) out of the root."""
+        return check_inside(os.path.realpath(self.root), self.root / INDEX / name, IndexUnavailable)
+
+    # ---------------------------------------------------------------- markers
+
+    def markers(self) -> list[str]:
+        """The markers waiting, claimed ones too (IndexUnavailable: a link out of the root)."""
+        return listdir(dirty_dir(self.root))
+
+    def claim(self) -> list[tuple[str, Path]]:
+        """Rename every marker to a claimed name; return (session id, claimed path) pairs.
+
+        The rename is atomic: a writer marking meanwhile creates a fresh marker. Claims a
+        crashed or just-finished refresh left are taken as they are.
+        """
+        folder = dirty_dir(self.root)
+        out = []
+        for name in listdir(folder):
+            sid, _, claim = name.partition(_CLAIMED)
+            path = folder / name
+            if not is_uuid(sid):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                continue
+            if not claim:
+                claimed = folder / f"{sid}{_CLAIMED}{uuid.uuid4().hex}"
+                try:
+                    os.rename(path, claimed)
+                except FileNotFoundError:
+                    continue
+                path = claimed
+            out.append((str(uuid.UUID(sid)), path))
+        return out
+
+    @staticmethod
+    def release(claimed: Iterable[Path]) -> None:
+        """Delete claimed markers once what they announced is committed to the index."""
+        for path in claimed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    # ---------------------------------------------------------------- the tree
+
+    def shape(self, known: str | None) -> _shape.ShapeChange:
+        """The date folders moved in or out since ``known`` (a shape :func:`_shape.dump`
+        wrote; None: all of them are new)."""
+        return _shape.compare(self.root, _shape.load(known) if known is not None else None)
+
+    def date_folders(self) -> Iterator[str]:
+        """Every date folder, as ``type/date``."""
+        for kind in scandir(self.root):
+            if kind.name.startswith(".") or kind.name == ARCHIVE:
+                continue  # the store's own folders; archived contexts are not searched here
+            if not kind.is_dir(follow_symlinks=False):
+                continue
+            for date in scandir(kind.path):
+                if date.is_dir(follow_symlinks=False):
+                    yield f"{kind.name}/{date.name}"
+
+    def count_sessions(self) -> int:
+        """How many session folders the date folders hold (one ``scandir`` each)."""
+        return sum(len(scandir(self.root / folder)) for folder in self.date_folders())
+
+    def walk(
+        self, date_folders: Iterable[str] | None = None
+    ) -> Iterator[tuple[str, list[os.DirEntry[str]]]]:
+        """Every session folder with its entries, least recently written first (of
+        ``date_folders``, ``type/date`` each, if given)."""
+        found: list[tuple[float, str, list[os.DirEntry[str]]]] = []
+        for date_folder in self.date_folders() if date_folders is None else date_folders:
+            path = self.root / date_folder
+            if os.path.islink(path):
+                continue  # never followed out of the root
+            for session in scandir(path):
+                if not session.is_dir(follow_symlinks=False):
+                    continue
+                entries = scandir(session.path)
+                newest = 0.0
+                found_any = False  # a head, or segments to rebuild it from
+                for entry in entries:
+                    if entry.name == HEAD:
+                        found_any = True
+                    elif segment_name(entry.name) is not None:
+                        found_any = True
+                        with contextlib.suppress(FileNotFoundError):
+                            newest = max(newest, entry.stat().st_mtime)
+                if found_any:
+                    found.append((newest, f"{date_folder}/{session.name}", entries))
+        found.sort(key=lambda item: (item[0], item[1]))
+        for _, rel, entries in found:
+            yield rel, entries
+
+    # ---------------------------------------------------------------- one session
+
+    def pointer(self, session_id: str) -> str | None:
+        """The session's folder per the ``.index/sessions`` pointer; None if lost or damaged
+        (``reindex`` rebuilds it)."""
+        try:
+            return read_pointer(self.root / INDEX / "sessions" / session_id)[0]
+        except (OSError, StoreError):
+            return None
+
+    def entries(self, folder: str) -> list[os.DirEntry[str]]:
+        """The entries of a session folder (none if it is gone)."""
+        return scandir(self.root / folder)
+
+    def head(self, folder: str) -> tuple[PodMetadata | None, str | None]:
+        """The folder's head and what is wrong with it (see :func:`folder_head`)."""
+        return folder_head(self.root / folder)
+
+    def frozen(self, session_id: str | SessionId) -> bool:
+        """Whether the session is archived (frozen): out of the index."""
+        return frozen(self.root, session_id)
+
+    def salvaged(self, folder: str) -> set[str]:
+        """The damaged segments of ``folder`` that a salvage replaced already."""
+        return {str(s) for s in salvaged_into(self.root / folder)}
+
+    def segment_path(self, folder: str, segment_id: str) -> Path:
+        """A segment file's path (for reads and the problems that name it)."""
+        return self.root / folder / f"{segment_id}{SEGMENT_SUFFIX}"
+
+    def head_path(self, folder: str) -> Path:
+        """A session's ``head.json`` (for the problems that name it)."""
+        return self.root / folder / HEAD
+
+    def stat_segment(self, folder: str, segment_id: str) -> os.stat_result | None:
+        """The segment file's ``stat``, or None if it is gone."""
+        try:
+            return os.stat(self.segment_path(folder, segment_id))
+        except FileNotFoundError:
+            return None
+
+    def read(self, folder: str, segment_id: str, offset: int) -> tuple[bytes, int]:
+        """The segment's bytes from byte ``offset`` on, and its size (see :func:`read_from`)."""
+        return read_from(self.segment_path(folder, segment_id), offset)
