@@ -17,7 +17,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
@@ -27,7 +27,7 @@ from terrarium.stores.base import PodMetadata
 from terrarium.text import prepare_text
 
 if TYPE_CHECKING:
-    from terrarium.index._index import SearchIndex
+    from terrarium.stores.fs._changes import FsChanges
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +107,21 @@ class SessionRow:
         return self.values[-1] if self.values else None
 
 
+class _Owner(Protocol):
+    """What a refresh uses of its index (:class:`terrarium.index.SearchIndex`)."""
+
+    source: FsChanges
+    stats: IndexStats
+
+    def warn_once(self, key: str, message: str, *args: object) -> None: ...
+
+
 class IndexUpdate:
     """The changes of one refresh, applied in the caller's transaction."""
 
     def __init__(
         self,
-        index: SearchIndex,
+        index: _Owner,
         conn: sqlite3.Connection,
         *,
         defer_recent: bool,
