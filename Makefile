@@ -16,7 +16,7 @@ LLAMA_CPP := llama-cpp-python[server]==$(LLAMA_CPP_VERSION)
 WHEELS := .cache/wheels
 CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: run test lint bench bench-peers clean test-real-model
+.PHONY: run test test-slow lint bench bench-peers clean test-real-model
 
 $(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ lint: $(STAMP)
 test: lint
 	bash scripts/ensure_chromium.sh
 	$(BIN)/pytest
+
+# Opt-in, not part of `make test`: the long versions of the fault-injection, race and property
+# runs (`-m slow` replaces addopts' `-m`); `make test` runs a bounded version of each.
+test-slow: $(STAMP)
+	$(BIN)/pytest -m slow
 
 test-real-model: $(STAMP)
 	mkdir -p $(WHEELS)

@@ -776,27 +776,28 @@ def test_chat_unreachable_server_one_line_nonzero(tmp_path: Path) -> None:
     [["--base-url", "http://127.0.0.1:9/v1"], ["--model", "no-such-model"], ["--base-url", "x"]],
 )
 def test_a_failed_one_shot_leaves_no_new_session(
-    tmp_path: Path, fake_server: FakeServer, option: list[str]
+    tmp_path: Path, fake_server: FakeServer, option: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A mistyped --base-url, a wrong model, a bad URL: ``chat -p`` fails in one line saying
     nothing was kept, and no session is left behind; the same in an existing session keeps
-    the message, marked failed."""
+    the message, marked failed. In-process, in the default ./sessions."""
+    monkeypatch.chdir(tmp_path)
     base = ["--base-url", fake_server.base_url, "--retries", "0"]
-    failed = run_pipe([*TERRARIUM, "chat", "cli:badurl", "-p", "hi", *base, *option], "", tmp_path)
-    assert failed.returncode == 1
+    failed = invoke("chat", "cli:badurl", "-p", "hi", *base, *option, input="")
+    assert failed.exit_code == 1
     [line] = failed.stderr.strip().splitlines()
     assert "nothing was kept: cli:badurl begins with its first answered message" in line
     assert "Run the command again" in line
-    listed = json.loads(run_pipe([*TERRARIUM, "list", "--json"], "", tmp_path).stdout)
+    listed = json.loads(invoke("list", "--json", input="").stdout)
     assert listed["contexts"] == []
-    shown = run_pipe([*TERRARIUM, "show", "cli:badurl"], "", tmp_path)
-    assert shown.returncode == 1 and "no session 'cli:badurl'" in shown.stderr
+    shown = invoke("show", "cli:badurl", input="")
+    assert shown.exit_code == 1 and "no session 'cli:badurl'" in shown.stderr
 
-    assert run_pipe([*TERRARIUM, "chat", "cli:ok", "-p", "hi", *base], "", tmp_path).returncode == 0
-    failed = run_pipe([*TERRARIUM, "chat", "cli:ok", "-p", "again", *base, *option], "", tmp_path)
-    assert failed.returncode == 1
+    assert invoke("chat", "cli:ok", "-p", "hi", *base, input="").exit_code == 0
+    failed = invoke("chat", "cli:ok", "-p", "again", *base, *option, input="")
+    assert failed.exit_code == 1
     assert "your message is kept, marked failed" in failed.stderr
-    data = json.loads(run_pipe([*TERRARIUM, "stats", "cli:ok", "--json"], "", tmp_path).stdout)
+    data = json.loads(invoke("stats", "cli:ok", "--json", input="").stdout)
     assert data["message_count"] == 3 and data["last_run"] == "errored"
 
 

@@ -1,7 +1,8 @@
 """What users of llm, Claude Code and Codex expect of the command line (issue 16): one-shot
 prompts (``chat -p``), ``chat --last``, the resume hint, ``show -n``, format aliases, and
-``copy``/``import`` summaries. The chat behaviours run the console module in real
-subprocesses, with real pipes, against the fake model server.
+``copy``/``import`` summaries. The chat behaviours run against the fake model server, in
+this process through click's runner (stdin and stdout are then not terminals, as with pipes);
+a one-shot prompt also runs the console module in a real subprocess with real pipes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from terrarium.model import ContextId
 TERRARIUM = [sys.executable, "-m", "terrarium.cli"]
 
 
-def run(
+def run_process(
     *args: str, stdin: str | bytes = "", cwd: Path, **env: str
 ) -> subprocess.CompletedProcess[bytes]:
     """``terrarium ARGS`` in a subprocess, stdin and stdout pipes, no TERRARIUM_* variables
@@ -34,6 +35,26 @@ def run(
     data = stdin.encode() if isinstance(stdin, str) else stdin
     return subprocess.run(
         [*TERRARIUM, *args], input=data, capture_output=True, cwd=cwd, env=full_env, timeout=60
+    )
+
+
+def run(
+    *args: str, stdin: str | bytes = "", cwd: Path, **env: str
+) -> subprocess.CompletedProcess[bytes]:
+    """``terrarium ARGS`` as :func:`run_process` runs it, in this process (click's runner, in
+    ``cwd``): what the command prints and exits with, without an interpreter's start-up."""
+    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("TERRARIUM_")}
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(cli, list(args), input=data, env={**unset, **env})
+    finally:
+        os.chdir(here)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(
+        [*TERRARIUM, *args], result.exit_code, result.stdout_bytes, result.stderr_bytes
     )
 
 
@@ -77,7 +98,9 @@ def test_prompt_sends_one_turn_prints_the_reply_and_a_resume_hint(
     tmp_path: Path, fake_server: FakeServer
 ) -> None:
     url = fake_server.base_url
-    result = run("chat", "cli:demo", "-p", "what is up?", cwd=tmp_path, TERRARIUM_BASE_URL=url)
+    result = run_process(
+        "chat", "cli:demo", "-p", "what is up?", cwd=tmp_path, TERRARIUM_BASE_URL=url
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == b"echo: what is up?\n"  # the reply only
     assert result.stderr == b"resume with: terrarium chat cli:demo\n"

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -45,6 +46,7 @@ from terrarium import (
 )
 from terrarium.agent.multi_context_manager import MultiContextManager
 from terrarium.agent.session_manager import PersistentSession
+from terrarium.cli import cli as terrarium_cli
 from terrarium.errors import ContextTooLong, LLMError, NothingToRetry
 from terrarium.formats.openai import chat_messages
 from terrarium.llm.vllm_client import ChatResult, StreamEvent, VLLMClient
@@ -154,63 +156,79 @@ def chat_cli(root: Path, server: FakeServer, *args: str, stdin: str = "") -> Any
                str(root), stdin=stdin, cwd=root.parent)  # fmt: skip
 
 
+def here(*args: str, input: str = "") -> Result:
+    """``terrarium *args`` in this process (click's runner): what the command does, without
+    an interpreter's start-up for each of a test's many commands."""
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("TERRARIUM_")}
+    return CliRunner().invoke(
+        terrarium_cli, list(args), input=input, env=env, catch_exceptions=False
+    )
+
+
+def chat_here(root: Path, server: FakeServer, *args: str, input: str = "") -> Result:
+    return here("chat", *args, "--base-url", server.base_url, "--retries", "0", "--storage-dir",
+                str(root), input=input)  # fmt: skip
+
+
 def test_cli_too_long_then_the_next_message_goes_through(root: Path, strict: FakeServer) -> None:
     """The issue's case: a paste over the window fails (exit 1, one line saying what to do);
     the next message, -p or piped, is sent without it and succeeds; compact works; the paste
-    is shown marked failed and goes again only with --retry."""
+    is shown marked failed and goes again only with --retry. In-process (fifteen commands:
+    the real pipes and processes are the other tests' subject)."""
     for n in range(4):
-        assert chat_cli(root, strict, "cli:ctx", "-p", f"{TURN} {n}").returncode == 0
+        assert chat_here(root, strict, "cli:ctx", "-p", f"{TURN} {n}").exit_code == 0
     strict.context_window = 400
-    failed = chat_cli(root, strict, "cli:ctx", "-p", "-", stdin=PASTE)
-    assert failed.returncode == 1
+    failed = chat_here(root, strict, "cli:ctx", "-p", "-", input=PASTE)
+    assert failed.exit_code == 1
     [line] = failed.stderr.strip().splitlines()
     assert "maximum context length is 400 tokens" in line
     assert "marked failed" in line and "--retry" in line
     assert "terrarium compact cli:ctx" in line and "terrarium rewind cli:ctx -n N" in line
     assert "Traceback" not in failed.stderr
 
-    shown = cli("show", "cli:ctx", "--json", "--storage-dir", str(root), stdin="", cwd=root.parent)
+    shown = here("show", "cli:ctx", "--json", "--storage-dir", str(root))
     marked = [m for m in json.loads(shown.stdout)["messages"] if "failed" in m]
     assert [m["content"] for m in marked] == [PASTE]
     assert "maximum context length" in marked[0]["failed"]["error"]
-    plain = cli("show", "cli:ctx", "--storage-dir", str(root), stdin="", cwd=root.parent).stdout
+    plain = here("show", "cli:ctx", "--storage-dir", str(root)).stdout
     assert "failed, not sent to the model again: the request does not fit" in plain
-    again = chat_cli(root, strict, "cli:ctx", "--retry")
-    assert again.returncode == 1 and "maximum context length" in again.stderr
+    again = chat_here(root, strict, "cli:ctx", "--retry")
+    assert again.exit_code == 1 and "maximum context length" in again.stderr
     assert PASTE in json.dumps(strict.last_request)  # asked for: sent again, and refused again
 
-    short = chat_cli(root, strict, "cli:ctx", "-p", "short")
-    assert (short.returncode, short.stdout) == (0, "echo: short\n"), short.stderr
+    short = chat_here(root, strict, "cli:ctx", "-p", "short")
+    assert (short.exit_code, short.stdout) == (0, "echo: short\n"), short.stderr
     assert PASTE not in json.dumps(strict.last_request)
-    typed = chat_cli(root, strict, "cli:ctx", stdin="typed\n")
-    assert (typed.returncode, typed.stdout) == (0, "echo: typed\n"), typed.stderr
+    typed = chat_here(root, strict, "cli:ctx", input="typed\n")
+    assert (typed.exit_code, typed.stdout) == (0, "echo: typed\n"), typed.stderr
     assert PASTE not in json.dumps(strict.last_request)
-    nothing = chat_cli(root, strict, "cli:ctx", "--retry")
-    assert nothing.returncode == 1
+    nothing = chat_here(root, strict, "cli:ctx", "--retry")
+    assert nothing.exit_code == 1
     error = "Error: nothing to retry in cli:ctx: its last turn did not fail"
     assert nothing.stderr.strip() == error
 
-    assert chat_cli(root, strict, "cli:ctx", "-p", "-", stdin=PASTE).returncode == 1
-    compacted = cli("compact", "cli:ctx", "--base-url", strict.base_url, "--storage-dir",
-                    str(root), stdin="", cwd=root.parent)  # fmt: skip
-    assert compacted.returncode == 0, compacted.stderr
+    assert chat_here(root, strict, "cli:ctx", "-p", "-", input=PASTE).exit_code == 1
+    compacted = here(
+        "compact", "cli:ctx", "--base-url", strict.base_url, "--storage-dir", str(root)
+    )
+    assert compacted.exit_code == 0, compacted.stderr
     assert PASTE not in json.dumps(strict.last_request)
     strict.context_window = None
-    again = chat_cli(root, strict, "cli:ctx", "--retry")  # the failed paste outlived compaction
-    assert (again.returncode, again.stdout) == (0, f"echo: {PASTE}\n"), again.stderr
+    again = chat_here(root, strict, "cli:ctx", "--retry")  # the failed paste outlived compaction
+    assert (again.exit_code, again.stdout) == (0, f"echo: {PASTE}\n"), again.stderr
 
 
 def test_cli_server_down_then_up(tmp_path: Path) -> None:
     """``echo hi | terrarium chat`` with the server down, then up: the next message goes alone;
-    ``--retry`` sends the failed one."""
+    ``--retry`` sends the failed one. In-process, as above."""
     root = tmp_path / "sessions"
     with FakeServer(strict_roles=True) as probe:
         port = probe.port  # a port that is free again once the probe stops
-        assert chat_cli(root, probe, "cli:x", "-p", "first").returncode == 0
+        assert chat_here(root, probe, "cli:x", "-p", "first").exit_code == 0
     down = f"http://127.0.0.1:{port}/v1"
-    result = cli("chat", "cli:x", "--base-url", down, "--retries", "0", "--storage-dir",
-                 str(root), stdin="hi\n", cwd=tmp_path)  # fmt: skip
-    assert result.returncode == 1
+    result = here("chat", "cli:x", "--base-url", down, "--retries", "0", "--storage-dir",
+                  str(root), input="hi\n")  # fmt: skip
+    assert result.exit_code == 1
     [line] = result.stderr.strip().splitlines()
     assert "cannot reach the model server" in line
     assert f"'terrarium chat cli:x --storage-dir {root} --retry' sends it again" in line
@@ -218,17 +236,17 @@ def test_cli_server_down_then_up(tmp_path: Path) -> None:
     assert errored["error"] and errored["error_type"]
 
     with FakeServer(strict_roles=True, port=port) as server:
-        result = chat_cli(root, server, "cli:x", stdin="there\n")
-        assert result.returncode == 0, result.stderr
+        result = chat_here(root, server, "cli:x", input="there\n")
+        assert result.exit_code == 0, result.stderr
         assert server.last_request["messages"][-1] == {"role": "user", "content": "there"}
         assert "hi" not in json.dumps(server.last_request)
-        strict_down = cli("chat", "cli:x", "-p", "again", "--base-url", down, "--retries", "0",
-                          "--storage-dir", str(root), stdin="", cwd=tmp_path)  # fmt: skip
-        assert strict_down.returncode == 0  # the server is up again on that port
+        strict_down = here("chat", "cli:x", "-p", "again", "--base-url", down, "--retries", "0",
+                           "--storage-dir", str(root))  # fmt: skip
+        assert strict_down.exit_code == 0  # the server is up again on that port
         server.fail_next(503)
-        assert chat_cli(root, server, "cli:x", "-p", "hi again").returncode == 1
-        result = chat_cli(root, server, "cli:x", "--retry")
-        assert (result.returncode, result.stdout) == (0, "echo: hi again\n"), result.stderr
+        assert chat_here(root, server, "cli:x", "-p", "hi again").exit_code == 1
+        result = chat_here(root, server, "cli:x", "--retry")
+        assert (result.exit_code, result.stdout) == (0, "echo: hi again\n"), result.stderr
         assert server.last_request["messages"][-3:] == [
             {"role": "user", "content": "again"},
             {"role": "assistant", "content": "echo: again"},

@@ -276,33 +276,46 @@ def test_cancelled_while_waiting_for_the_store_lock(fake_server: FakeServer, roo
     assert users == ["first", "next"]  # the cancelled turn wrote nothing
 
 
-def test_concurrent_contexts_and_same_context_ordering(fake_server: FakeServer) -> None:
-    """50 contexts x 20 turns at once, plus interleaved calls on one context: all kept, in order."""
+def _concurrent_turns(server: FakeServer, contexts: int, turns: int) -> None:
+    """``contexts`` contexts x ``turns`` turns at once on a cache of 10, plus 40 interleaved
+    calls on one context: all kept, in order."""
     store = MemoryStore()
 
     async def main() -> None:
-        client = VLLMClient(base_url=fake_server.root_url, max_retries=0)
+        client = VLLMClient(base_url=server.root_url, max_retries=0)
         manager = MultiContextManager(client, store=store, cache_size=10)
 
         async def converse(n: int) -> None:
-            for turn in range(20):
+            for turn in range(turns):
                 reply = await manager.process_with_context(f"web:c{n}", f"c{n} t{turn}")
                 assert reply == f"echo: c{n} t{turn}"
 
         shared = [manager.process_with_context("web:shared", f"s{i}") for i in range(40)]
-        await asyncio.gather(*(converse(n) for n in range(50)), *shared)
+        await asyncio.gather(*(converse(n) for n in range(contexts)), *shared)
         await manager.aclose()
 
     run(main())
-    for n in range(50):
+    for n in range(contexts):
         history = restore(store, f"web:c{n}").history
         expected: list[str] = []
-        for turn in range(20):
+        for turn in range(turns):
             expected += [f"c{n} t{turn}", f"echo: c{n} t{turn}"]
         assert [m["content"] for m in history] == expected
     shared_history = [m["content"] for m in restore(store, "web:shared").history]
     # Arrival order is creation order of the coroutines: s0, s1, ... each followed by its echo.
     assert shared_history == [x for i in range(40) for x in (f"s{i}", f"echo: s{i}")]
+
+
+def test_concurrent_contexts_and_same_context_ordering(fake_server: FakeServer) -> None:
+    """25 contexts x 6 turns at once (more contexts than the cache holds), plus interleaved
+    calls on one context: all kept, in order."""
+    _concurrent_turns(fake_server, 25, 6)
+
+
+@pytest.mark.slow
+def test_concurrent_contexts_and_same_context_ordering_long(fake_server: FakeServer) -> None:
+    """The same, 50 contexts x 20 turns."""
+    _concurrent_turns(fake_server, 50, 20)
 
 
 def test_cache_eviction_and_external_writes(fake_server: FakeServer, root: Path) -> None:

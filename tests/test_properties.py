@@ -19,6 +19,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -515,5 +516,13 @@ class LogMachine(RuleBasedStateMachine):
                 assert summary.head == str(self.segs[index].ids[name][1])
 
 
-LogMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)
+# 15 runs of 50 steps call each of the ~20 rules about 35 times; the long run is opt-in.
+LogMachine.TestCase.settings = settings(max_examples=15, stateful_step_count=50, deadline=None)
 TestLog = LogMachine.TestCase
+
+
+@pytest.mark.slow
+class TestLogLong(LogMachine.TestCase):
+    """The same machine, 60 runs of 50 steps."""
+
+    settings = settings(max_examples=60, stateful_step_count=50, deadline=None)

@@ -333,16 +333,8 @@ def cli_module_open_store() -> Any:
     return app.open_store
 
 
-@settings(
-    max_examples=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(sequence=ops)
-def test_every_surface_gives_the_recount(fresh: Any, sequence: list[Op]) -> None:
-    """After any sequence of turns, forks, compactions, clears, rewinds, archives and deletes,
-    ``stats``, ``list --json``, ``/api/stats`` and ``/api/contexts`` give the figures a recount
-    from ``restore`` gives, and search finds each live message exactly once."""
+def check_every_surface(fresh: Any, sequence: list[Op]) -> None:
+    """Run ``sequence`` on a fresh store; every surface must give the recount."""
     world = World(fresh())
     if location(world.store) == INJECTED:  # the command line must not close it
         world.store.close = lambda: None  # type: ignore[method-assign]
@@ -352,3 +344,27 @@ def test_every_surface_gives_the_recount(fresh: Any, sequence: list[Op]) -> None
     check_cli(world, want)
     check_dashboard(world, want)
     check_search(world)
+
+
+EXAMPLES = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+}
+
+
+@settings(max_examples=8, **EXAMPLES)
+@given(sequence=ops)
+def test_every_surface_gives_the_recount(fresh: Any, sequence: list[Op]) -> None:
+    """After any sequence of turns, forks, compactions, clears, rewinds, archives and deletes,
+    ``stats``, ``list --json``, ``/api/stats`` and ``/api/contexts`` give the figures a recount
+    from ``restore`` gives, and search finds each live message exactly once (8 sequences a
+    backend; the long run is opt-in)."""
+    check_every_surface(fresh, sequence)
+
+
+@pytest.mark.slow
+@settings(max_examples=25, **EXAMPLES)
+@given(sequence=ops)
+def test_every_surface_gives_the_recount_long(fresh: Any, sequence: list[Op]) -> None:
+    """The same, 25 sequences a backend."""
+    check_every_surface(fresh, sequence)

@@ -65,20 +65,37 @@ def head_ref(store: FsStore, context: str) -> PodActiveSegmentRef:
 _MUTATIONS = ("write", "ftruncate", "link", "unlink", "rename", "replace", "mkdir", "rmdir")
 
 
-def _count_mutations(kill_at: int) -> list[int]:
-    """Count this process's file changes; SIGKILL it just before change number ``kill_at``."""
+def _count_mutations(kill_at: int, kinds: list[str] | None = None) -> list[int]:
+    """Count this process's file changes; SIGKILL it just before change number ``kill_at``.
+    ``kinds``, if given, gets each change's kind in turn: the call and the terrarium functions
+    on the stack (``"rename in write_atomic < _write_head < ..."``, innermost first)."""
     count = [0]
     for name in _MUTATIONS:
         real = getattr(os, name)
 
-        def counted(*args: Any, _real: Callable[..., Any] = real, **kwargs: Any) -> Any:
+        def counted(
+            *args: Any, _real: Callable[..., Any] = real, _name: str = name, **kwargs: Any
+        ) -> Any:
             count[0] += 1
             if count[0] == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if kinds is not None:
+                kinds.append(f"{_name} in {_caller()}")
             return _real(*args, **kwargs)
 
         setattr(os, name, counted)
     return count
+
+
+def _caller() -> str:
+    """The terrarium functions on the caller's stack, innermost first."""
+    names = []
+    frame = sys._getframe(2)
+    while frame is not None:
+        if f"{os.sep}terrarium{os.sep}" in frame.f_code.co_filename:
+            names.append(frame.f_code.co_name)
+        frame = frame.f_back  # type: ignore[assignment]
+    return " < ".join(names)
 
 
 # ------------------------------------------------------------------------------- commands
@@ -164,24 +181,27 @@ def fsize(args: dict[str, Any]) -> None:
 def repair_server(args: dict[str, Any]) -> None:
     """For each ``{"root", "kill"}`` line on stdin, run ``fsck --repair --salvage`` on root in
     a forked process SIGKILLed before its ``kill``-th file change (0: never); report
-    ``{"killed", "mutations"}``. Forking from one warm process keeps each run to milliseconds.
+    ``{"killed", "mutations", "kinds"}`` (the kind of each change, on a run not killed).
+    Forking from one warm process keeps each run to milliseconds.
     """
     from terrarium.cli import cli
 
     for line in sys.stdin:
         request = json.loads(line)
 
-        def work(request: dict[str, Any] = request) -> int:
-            count = _count_mutations(request["kill"])
+        def work(request: dict[str, Any] = request) -> list[Any]:
+            kinds: list[str] = []
+            count = _count_mutations(request["kill"], kinds if request["kill"] == 0 else None)
             argv = ["fsck", "--repair", "--salvage", "--storage-dir", request["root"]]
             try:
                 cli.main(argv, standalone_mode=False)
             except BaseException:
                 pass
-            return count[0]
+            return [count[0], kinds]
 
-        killed, mutations = run_forked(work, quiet=True)
-        say(killed=killed, mutations=mutations)
+        killed, done = run_forked(work, quiet=True)
+        mutations, kinds = done if done is not None else (None, None)
+        say(killed=killed, mutations=mutations, kinds=kinds)
 
 
 def attach_server(args: dict[str, Any]) -> None:
