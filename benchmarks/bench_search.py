@@ -264,7 +264,7 @@ def main() -> int:
     if args.reuse and args.dir is None:
         parser.error("--reuse needs --dir")
     sessions, per_session, vocab, queries, lists = (
-        (2_000, 10, 5_000, 30, 3) if args.quick else (100_000, 10, 50_000, 200, 15)
+        (500, 10, 2_000, 20, 3) if args.quick else (100_000, 10, 50_000, 200, 15)
     )
     messages = sessions * per_session
     rng = random.Random(20261122)

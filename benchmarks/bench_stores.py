@@ -456,8 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     appends = 300 if quick else 4000
     sizes = (100, 1000) if quick else (1000, 10_000)
     batches = 2 if quick else 20
-    messages = args.corpus or (20_000 if quick else 1_000_000)
-    pg_messages = min(messages, args.pg_corpus or (5_000 if quick else 1_000_000))
+    messages = args.corpus or (5_000 if quick else 1_000_000)
+    pg_messages = min(messages, args.pg_corpus or (2_000 if quick else 1_000_000))
     queries = 20 if quick else 200
     per_context = 10
     report = Report()
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             # The search corpora, loaded through the store API; the texts are then let go
             # before anything is timed, as a process that searches would not hold them.
             rng = random.Random(20261122)
-            maker = TextMaker(5_000 if quick else 50_000, rng)
+            maker = TextMaker(2_000 if quick else 50_000, rng)
             t0 = time.perf_counter()
             texts = list(corpus(maker, messages // per_context, per_context))
             report.note(f"generated {messages:,} messages in {time.perf_counter() - t0:.1f} s")

@@ -431,10 +431,12 @@ def test_a_short_write_is_completed_into_one_whole_line(
 # --------------------------------------------------------------------------- SIGKILL
 
 
+@pytest.mark.parametrize("rounds", [12, pytest.param(30, marks=pytest.mark.slow)])
 def test_acknowledged_appends_survive_repeated_sigkills(
-    store: FsStore, ref: PodActiveSegmentRef
+    store: FsStore, ref: PodActiveSegmentRef, rounds: int
 ) -> None:
-    """Kill a writer at random points, 30 times: every acked entry is there once, in order.
+    """Kill a writer at random points, ``rounds`` times: every acked entry is there once, in
+    order.
 
     Each round starts a new writer process on the same context; it acknowledges each append on
     a pipe, and the parent kills it after a random number of acks. A torn tail left by a kill
@@ -446,7 +448,7 @@ def test_acknowledged_appends_survive_repeated_sigkills(
     acked: list[str] = []
     observed: list[tuple[int, bytes]] = []  # torn tails seen after a kill: (end, bytes)
     reported: list[TornTail] = []
-    for round_number in range(30):
+    for round_number in range(rounds):
         with Child(
             "appender", root=str(store.root), context=CONTEXT, round=round_number, seed=round_number
         ) as child:
