@@ -22,7 +22,7 @@ import pytest
 
 from helpers.logs import segment_lines
 from terrarium.agent.multi_context_manager import MultiContextManager
-from terrarium.errors import BadResponse, ContextTooLong
+from terrarium.errors import BadResponse, ContextNotFound, ContextTooLong
 from terrarium.llm.vllm_client import VLLMClient, chars_to_tokens
 
 from .conftest import N_CTX, LlamaServer
@@ -156,7 +156,8 @@ def test_fork_then_compaction(llama_server: LlamaServer, root: Path) -> None:
                 {"role": "assistant", "content": reply},
             ]
             assert manager.get_stats("cli:main")["usage"]["calls"] == 5
-            assert manager.get_stats("cli:branch")["usage"]["calls"] == 4
+            # a fork's figures are its own: the parent's calls stay the parent's
+            assert manager.get_stats("cli:branch")["usage"]["calls"] == 1
 
     run(main())
 
@@ -222,17 +223,28 @@ def test_resume_in_a_fresh_process(llama_server: LlamaServer, root: Path) -> Non
 
 def test_prompt_past_the_context_window(llama_server: LlamaServer, root: Path) -> None:
     """A prompt longer than the server's window fails as ContextTooLong (the server words it as
-    OpenAI does); the input stays logged, with an errored run naming the limit."""
+    OpenAI does). As a new context's first turn it leaves nothing; after an answered turn the
+    input stays logged, marked failed, with an errored run naming the limit."""
     too_long = " ".join(["word"] * (N_CTX + 100))  # one token per "▁word"
 
     async def main() -> None:
         async with manager_for(llama_server, root) as manager:
             with pytest.raises(ContextTooLong):
-                await manager.process_with_context("cli:main", too_long, SYSTEM)
+                await manager.process_with_context("cli:new", too_long, SYSTEM)
+            with pytest.raises(ContextNotFound):
+                manager.get_stats("cli:new")
+            reply = await manager.process_with_context("cli:main", "hello", SYSTEM)
+            with pytest.raises(ContextTooLong):
+                await manager.process_with_context("cli:main", too_long)
             data = manager.get_stats("cli:main")
             assert data["last_run"] == "errored"
             assert "maximum context length" in data["last_error"]
-            assert manager.history("cli:main") == [{"role": "user", "content": too_long}]
+            assert manager.failed_input("cli:main") == too_long
+            assert manager.history("cli:main") == [
+                {"role": "user", "content": "hello"},
+                {"role": "assistant", "content": reply},
+                {"role": "user", "content": too_long},
+            ]
 
     run(main())
 
@@ -247,11 +259,12 @@ def test_streamed_prompt_past_the_window_is_a_cut_stream(
     async def main() -> None:
         client = VLLMClient(llama_server.root_url, max_retries=2, backoff_base=0.001)
         async with MultiContextManager(client, storage_dir=str(root)) as manager:
+            assert (await manager.process_with_context("cli:main", "hello", **PARAMS)).strip()
             with pytest.raises(BadResponse, match="ended after 0 chunks"):
                 _ = [d async for d in manager.stream_with_context("cli:main", too_long)]
             data = manager.get_stats("cli:main")
             assert data["last_run"] == "errored"
-            assert data["usage"]["calls"] == 0
+            assert data["usage"]["calls"] == 1  # the answered turn only
             reply = await manager.process_with_context("cli:other", "still serving", **PARAMS)
             assert reply.strip()
 
