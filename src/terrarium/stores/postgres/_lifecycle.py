@@ -30,11 +30,9 @@ from typing import Any
 import psycopg
 
 from terrarium.model import SegmentId, SessionId
-from terrarium.stores._archive import (
-    envelopes,
-    pack_session,
-    unpack_lines,
-)
+from terrarium.stores import _sqlbase
+from terrarium.stores._archive import envelopes, pack_session, unpack_lines
+from terrarium.stores._sqlbase import pyformat
 from terrarium.stores.postgres import _sql
 
 Conn = psycopg.Connection[Any]
@@ -44,15 +42,9 @@ LOCK_SEGMENTS = (
     "SELECT segment_id, created_at, type, next_seq, items, base_items, last_ts FROM segments "
     "WHERE session_id = %s ORDER BY session_id, segment_id FOR UPDATE"
 )
-LOCK_HEAD = (
-    "SELECT context, type, segment_id, created_at, updated_at FROM contexts "
-    "WHERE session_id = %s FOR UPDATE"
-)
-COLD_HEAD = (
-    "SELECT context, type, segment_id, created_at, updated_at FROM archived_contexts "
-    "WHERE session_id = %s"
-)
-INSERT_COLD_HEAD = "INSERT INTO archived_contexts VALUES (%s, %s, %s, %s, %s, %s)"
+LOCK_HEAD = pyformat(_sqlbase.HOT_HEAD) + " FOR UPDATE"
+COLD_HEAD = pyformat(_sqlbase.COLD_HEAD)
+INSERT_COLD_HEAD = pyformat(_sqlbase.INSERT_COLD_HEAD)
 RETYPE_COLD = "UPDATE archived_segments SET type = %s WHERE session_id = %s"
 SESSION_TRACES = "SELECT segment_id, line FROM traces WHERE session_id = %s ORDER BY segment_id, n"
 SESSION_LINES = (
@@ -87,15 +79,9 @@ REFILL_HEAD = (
     "g.base_items + g.items, g.last_ts FROM segments AS g "
     "WHERE g.session_id = %s AND g.segment_id = %s"
 )
-DROP_COLD = (
-    "DELETE FROM archived_contexts WHERE session_id = %s",
-    "DELETE FROM archived_segments WHERE session_id = %s",
-)
+DROP_COLD = tuple(map(pyformat, _sqlbase.DROP_COLD))
+DETACH = tuple(map(pyformat, _sqlbase.DETACH))
 # A detached session's items leave the index; its segments, hot or frozen, get no type.
-DETACH = (
-    "DELETE FROM contexts WHERE context = %s AND session_id = %s",
-    "DELETE FROM archived_contexts WHERE context = %s AND session_id = %s",
-)
 UNTYPE = (
     "DELETE FROM search_docs WHERE session_id = %s",
     "UPDATE segments SET type = '' WHERE session_id = %s",

@@ -98,8 +98,6 @@ READ = (
     "FROM entries WHERE session_id = %(session)s AND segment_id = %(segment)s "
     "AND seq <= %(stop)s ORDER BY seq"
 )
-SEGMENT_EXISTS = "SELECT 1 FROM segments WHERE session_id = %s AND segment_id = %s"
-LIST_SEGMENTS = "SELECT segment_id FROM segments WHERE session_id = %s"
 APPEND_TRACE = (
     "INSERT INTO traces (session_id, segment_id, line) "
     "SELECT %s, %s, t.line FROM unnest(%s::text[]) WITH ORDINALITY AS t(line, n) "
@@ -109,12 +107,6 @@ READ_TRACE = "SELECT line FROM traces WHERE session_id = %s AND segment_id = %s 
 
 # --------------------------------------------------------------------------- heads
 
-HEAD = (
-    "SELECT context, session_id, segment_id, created_at, updated_at "
-    "FROM contexts WHERE context = %s"
-)
-LIST_HEADS = "SELECT context, session_id, segment_id, created_at, updated_at FROM contexts"
-LIST_HEADS_OF_TYPE = f"{LIST_HEADS} WHERE type = %s"
 # Every head with its counts, ids as text (a ContextSummary holds text), in (type, name) order
 # as ContextId orders (collation "C": code points), from the covering index contexts_listing
 # alone.
