@@ -39,6 +39,7 @@ from terrarium.codec import decode, decode_lines, encode
 from terrarium.errors import (
     BlobNotFound,
     ConflictError,
+    ContextExists,
     ContextNotFound,
     CorruptBlob,
     SegmentNotFound,
@@ -83,6 +84,7 @@ SEGMENT_IDS = "SELECT segment_id FROM segments WHERE session_id = ?"
 COLD_SEGMENT = "SELECT {columns} FROM archived_segments WHERE session_id = ? AND segment_id = ?"
 COLD_SEGMENT_IDS = "SELECT segment_id FROM archived_segments WHERE session_id = ?"
 STATE = "SELECT state, context FROM sessions WHERE session_id = ?"
+SESSION_OWNER = "SELECT context, created_at, state FROM sessions WHERE session_id = ?"
 SET_STATE = "UPDATE sessions SET state = ? WHERE session_id = ?"
 DETACH_SESSION = "UPDATE sessions SET context = NULL, state = ? WHERE session_id = ?"
 #: From the partial index ``sessions_stated``.
@@ -187,6 +189,10 @@ class SqlStore(ClosingStore):
     def _wake_on(self, conn: Any, session_id: SessionId) -> bool:
         """Wake the session for a write on ``conn`` if it is frozen; whether it was."""
 
+    def _hold_name(self, conn: Any, context: str) -> None:
+        """Hold the id ``context`` until the transaction ends, where a create could take it
+        meanwhile (PostgreSQL); SQLite's write transaction holds its one write lock."""
+
     @abstractmethod
     def _freeze_rows(self, conn: Any, session: Any) -> tuple[int, int]:
         """Move a hot session's rows to their frozen form; return its bytes hot and frozen."""
@@ -239,6 +245,29 @@ class SqlStore(ClosingStore):
                 f"segment {segment_id} of session {head.session_id} does not exist"
             )
         return head
+
+    def _attachable(
+        self, conn: Any, ctx: ContextId, session_id: SessionId, segment_id: SegmentId
+    ) -> tuple[str, bool]:
+        """Check that ``ctx`` may be made on the detached session's segment, the session's
+        row locked, then the id; return the session's creation time and whether it is frozen."""
+        owner = self._q(SESSION_OWNER + self._FOR_UPDATE)
+        row = conn.execute(owner, (self._sid(session_id),)).fetchone()
+        if row is None:
+            raise SegmentNotFound(f"session {session_id} does not exist")
+        if row[0] is not None:  # first: a restore that lost a race to another is NotInTrash
+            raise SessionAttached(f"session {session_id} already belongs to context {row[0]}")
+        self._hold_name(conn, str(ctx))
+        if conn.execute(self._q(HEAD_ANY), (str(ctx), str(ctx))).fetchone() is not None:
+            raise ContextExists(f"context {ctx} already exists")
+        frozen = "cold" in state_record(row[2])
+        if not (
+            self._cold(conn, "next_seq", session_id, segment_id)
+            if frozen
+            else self._segment_exists(conn, session_id, segment_id)
+        ):
+            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+        return str(row[1]), frozen
 
     def _head(self, row: Sequence[Any]) -> PodMetadata:
         return PodMetadata(row[0], self._uuid(row[1]), self._uuid(row[2]), row[3], row[4])

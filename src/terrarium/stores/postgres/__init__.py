@@ -39,7 +39,6 @@ from terrarium.errors import (
     ConflictError,
     ContextExists,
     SegmentNotFound,
-    SessionAttached,
     StoreError,
     StoreUnavailable,
     install_hint,
@@ -378,25 +377,9 @@ class PostgresStore(SqlStore):
         """
         ctx = ContextId.parse(context)
         with self._pool.connection() as conn, conn.transaction():
-            row = conn.execute(_sql.SESSION_OWNER, (session_id,)).fetchone()
-            if row is None:
-                raise SegmentNotFound(f"session {session_id} does not exist")
-            if row[0] is not None:  # first: a restore that lost a race to another is NotInTrash
-                raise SessionAttached(f"session {session_id} already belongs to context {row[0]}")
-            _lifecycle.lock_name(conn, self.schema, str(ctx))
-            if conn.execute(_HEAD_ANY, (str(ctx), str(ctx))).fetchone() is not None:
-                raise ContextExists(f"context {ctx} already exists")
-            frozen = "cold" in state_record(row[2])
-            if not (
-                self._cold(conn, "next_seq", session_id, segment_id)
-                if frozen
-                else self._segment_exists(conn, session_id, segment_id)
-            ):
-                raise SegmentNotFound(
-                    f"segment {segment_id} of session {session_id} does not exist"
-                )
+            created, frozen = self._attachable(conn, ctx, session_id, segment_id)
             now = utc_now()
-            head = (str(ctx), ctx.type, session_id, segment_id, row[1], now)
+            head = (str(ctx), ctx.type, session_id, segment_id, created, now)
             if frozen:
                 conn.execute(_lifecycle.RETYPE_COLD, (ctx.type, session_id))
                 conn.execute(_lifecycle.INSERT_COLD_HEAD, (session_id, *head[:2], *head[3:]))
@@ -407,7 +390,7 @@ class PostgresStore(SqlStore):
             conn.execute(_sql.ATTACH_SESSION, (str(ctx), session_id))
             if not frozen:
                 conn.execute(_sql.ATTACH_COUNTS, (str(ctx),))
-        return PodMetadata(str(ctx), session_id, segment_id, row[1], now)
+        return PodMetadata(str(ctx), session_id, segment_id, created, now)
 
     @contextmanager
     def lock_context(self, context: ContextId) -> Iterator[None]:
@@ -501,6 +484,9 @@ class PostgresStore(SqlStore):
         """A transaction (a savepoint inside one) on the connection :meth:`_read` gives."""
         with self._read() as conn, conn.transaction():
             yield conn
+
+    def _hold_name(self, conn: psycopg.Connection[Any], context: str) -> None:
+        _lifecycle.lock_name(conn, self.schema, context)
 
     def _freeze_rows(self, conn: psycopg.Connection[Any], session: Any) -> tuple[int, int]:
         return _lifecycle.freeze(conn, self.schema, session)

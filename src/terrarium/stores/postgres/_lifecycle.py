@@ -42,6 +42,7 @@ LOCK_SEGMENTS = (
     "SELECT segment_id, created_at, type, next_seq, items, base_items, last_ts FROM segments "
     "WHERE session_id = %s ORDER BY session_id, segment_id FOR UPDATE"
 )
+OWNER = pyformat(_sqlbase.SESSION_OWNER) + " FOR UPDATE"
 LOCK_HEAD = pyformat(_sqlbase.HOT_HEAD) + " FOR UPDATE"
 COLD_HEAD = pyformat(_sqlbase.COLD_HEAD)
 INSERT_COLD_HEAD = pyformat(_sqlbase.INSERT_COLD_HEAD)
@@ -100,7 +101,7 @@ def lock_name(conn: Conn, schema: str, context: str) -> None:
 def freeze(conn: Conn, schema: str, session: SessionId) -> tuple[int, int]:
     """Move a hot session out of the hot tables (its head, if any, to ``archived_contexts``);
     return the bytes its log took hot (as JSONL) and takes frozen."""
-    named = conn.execute(_sql.SESSION_OWNER, (session,)).fetchone()
+    named = conn.execute(OWNER, (session,)).fetchone()
     if named is not None and named[0] is not None:
         lock_name(conn, schema, named[0])
     segments = {row[0]: row for row in conn.execute(LOCK_SEGMENTS, (session,)).fetchall()}

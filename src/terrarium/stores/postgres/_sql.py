@@ -163,12 +163,11 @@ INSERT_HEADER = (
 )
 # A detached session's (context NULL) is '': its segments' items are not indexed. The
 # key-share lock (which the segment's foreign key takes anyway) waits for an attach of the
-# session (SESSION_OWNER), so a new segment never gets the type it had before.
+# session (its row locked FOR UPDATE), so a new segment never gets the type it had before.
 SESSION_TYPE = (
     "SELECT coalesce(split_part(context, ':', 1), ''), state FROM sessions "
     "WHERE session_id = %s FOR KEY SHARE"
 )
-SESSION_OWNER = "SELECT context, created_at, state FROM sessions WHERE session_id = %s FOR UPDATE"
 ATTACH_SESSION = "UPDATE sessions SET context = %s WHERE session_id = %s"
 # The adopted session's segments are read again from their headers, under the context's type.
 ATTACH_SEGMENTS = (

@@ -43,7 +43,6 @@ from terrarium.errors import (
     ConflictError,
     ContextExists,
     SegmentNotFound,
-    SessionAttached,
     StoreError,
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
@@ -568,34 +567,19 @@ class SqliteStore(SqlStore):
         ctx = ContextId.parse(context)
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            row = conn.execute(sql.SESSION_OWNER, (s,)).fetchone()
-            if row is None:
-                raise SegmentNotFound(f"session {session_id} does not exist")
-            if row[0] is not None:  # first: a restore that lost a race to another is NotInTrash
-                raise SessionAttached(f"session {session_id} already belongs to context {row[0]}")
-            if conn.execute(HEAD_ANY, (str(ctx), str(ctx))).fetchone():
-                raise ContextExists(f"context {ctx} already exists")
-            frozen = self._frozen(conn, session_id)
-            if not (
-                self._cold(conn, "next_seq", session_id, segment_id)
-                if frozen
-                else self._segment_exists(conn, session_id, segment_id)
-            ):
-                raise SegmentNotFound(
-                    f"segment {segment_id} of session {session_id} does not exist"
-                )
+            created, frozen = self._attachable(conn, ctx, session_id, segment_id)
             now = utc_now()
             conn.execute(sql.ATTACH_SESSION, (str(ctx), s))
             if frozen:
-                cold = (s, str(ctx), ctx.type, g, row[1], now)
+                cold = (s, str(ctx), ctx.type, g, created, now)
                 conn.execute(INSERT_COLD_HEAD, cold)
             else:
                 self._wm = _catch_up(conn)
-                conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, row[1], now))
+                conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, created, now))
                 count, last = segment_summary(conn, s, g)
                 conn.execute(sql.SET_COUNTS, (count, last, s))
                 index_session(conn, s, ctx.type, recent=SEARCH_RECENT)
-        return PodMetadata(str(ctx), session_id, segment_id, row[1], now)
+        return PodMetadata(str(ctx), session_id, segment_id, created, now)
 
     def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
         """Hold the context's lock exclusively, across threads and processes (``flock``).
