@@ -452,7 +452,7 @@ class PostgresStore(SqlStore):
         conn.close()
 
     # ---------------------------------------------------------------- frozen sessions
-    # SqlStates keeps the records; here are the rows each move takes
+    # SqlStore keeps the records; here are the rows each move takes
     # (._lifecycle). A write finds a frozen session on its miss path only, wakes it
     # (wake_session, on the writer's own connection) and tries again.
 

@@ -1,7 +1,7 @@
 """``PostgresStore``'s frozen sessions: the physical moves under the shared lifecycle.
 
 Lifecycle itself is :mod:`terrarium.states`, over the state record
-``sessions.state`` (:class:`~terrarium.stores._archive.SqlStates`); here are the rows a
+``sessions.state`` (:class:`~terrarium.stores._sqlbase.SqlStore`); here are the rows a
 freeze, a thaw, a detach and a delete move, in the caller's transaction. The tables (migration
 ``m001_initial``) are SQLite's (:mod:`terrarium.stores.sqlite._lifecycle`) with
 PostgreSQL types, keyed by ``session_id`` first like every other table::
@@ -15,7 +15,7 @@ marked unread from its header on: the next catch-up (before any search or listin
 its items again, under the type the row holds ('' while detached: none).
 
 Concurrency: every move first locks the session's row (``FOR UPDATE``, in
-:class:`~terrarium.stores._archive.SqlStates`; a ``create_segment`` holds it ``FOR KEY
+:class:`~terrarium.stores._sqlbase.SqlStore`; a ``create_segment`` holds it ``FOR KEY
 SHARE``). A freeze then holds the transaction-level advisory lock on its context's id
 (:func:`lock_name`), as a create and an attach do, so that a create never slips between its
 delete of the head and its insert of the frozen one; then it locks the segments' rows in key

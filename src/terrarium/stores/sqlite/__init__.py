@@ -534,9 +534,7 @@ class SqliteStore(SqlStore):
                 raise ConflictError(f"session {session_id} already exists")
             conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, ts, ts))
             conn.execute(sql.INSERT_SESSION, (s, str(ctx), ts))
-            seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
-            conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
-            self._record_refs(conn, s, [line])
+            self._insert_segment(conn, s, g, line)
             count, last = segment_summary(conn, s, g)
             conn.execute(sql.SET_COUNTS, (count, last, s))
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
@@ -551,9 +549,7 @@ class SqliteStore(SqlStore):
             if conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
                 raise ConflictError(f"session {s} already exists")
             conn.execute(sql.INSERT_SESSION, (s, None, ts))
-            seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
-            conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
-            self._record_refs(conn, s, [line])
+            self._insert_segment(conn, s, g, line)
 
     def attach_context(
         self, context: ContextId, session_id: SessionId, segment_id: SegmentId
@@ -596,7 +592,7 @@ class SqliteStore(SqlStore):
         )
 
     # ---------------------------------------------------------------- frozen sessions
-    # SqlStates keeps the records; here are the rows each move takes (._lifecycle). A write
+    # SqlStore keeps the records; here are the rows each move takes (._lifecycle). A write
     # finds a frozen session on its miss path only, wakes it (wake_session) and tries again:
     # a hot write never looks at the archive.
 
@@ -643,7 +639,6 @@ class SqliteStore(SqlStore):
         """Add a segment, with its header as entry 0, to an existing session."""
         line = header_line(header)
         segment_id = uuid.UUID(str(line["segment_id"]))
-        ts = str(line["ts"])
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
             row = conn.execute(STATE, (s,)).fetchone()
@@ -653,9 +648,14 @@ class SqliteStore(SqlStore):
                 wake_session(self, session_id)
             if self._segment_exists(conn, session_id, segment_id):
                 raise ConflictError(f"segment {segment_id} already exists")
-            seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
-            conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
-            self._record_refs(conn, s, [line])
+            self._insert_segment(conn, s, g, line)
+
+    def _insert_segment(self, conn: sqlite3.Connection, s: str, g: str, line: Any) -> None:
+        """A segment's row and its header (entry 0), in the caller's transaction."""
+        ts = str(line["ts"])
+        seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
+        conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
+        self._record_refs(conn, s, [line])
 
     def append(
         self,

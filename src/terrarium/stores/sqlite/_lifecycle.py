@@ -1,7 +1,7 @@
 """``SqliteStore``'s frozen sessions: the physical moves under the shared lifecycle.
 
 Lifecycle itself is :mod:`terrarium.states`, over the state record
-``sessions.state`` (:class:`~terrarium.stores._archive.SqlStates`); here are the rows a
+``sessions.state`` (:class:`~terrarium.stores._sqlbase.SqlStore`); here are the rows a
 freeze, a thaw, a detach and a delete move, in the caller's write transaction. The tables
 (migration ``m001_initial``)::
 
