@@ -4,11 +4,12 @@ Both databases hold the same tables (each backend's ``m001_initial``): ``context
 heads), ``sessions`` (with the lifecycle's ``state`` record, JSON text, NULL for ``{}``),
 ``segments``, ``entries``, ``traces``, ``blobs`` and ``blob_refs``, ``archived_contexts`` and
 ``archived_segments`` (frozen sessions, :mod:`._archive`'s frames). :class:`SqlStore` reads
-them the same way on both: heads, segments and traces (hot, else frozen), blobs, and the
-:class:`~terrarium.stores.base.SessionStates` primitives. A store supplies its connections
-(``_read``, ``_write``, ``_snapshot``), its dialect (``_q``, ``_sid``, ``_uuid``), the two
-statements whose text differs (``_READ_SEGMENT``, ``_READ_TRACE``), its tail read
-(``_next_seq``) and the rows each lifecycle move takes (``_freeze_rows``...).
+them the same way on both: heads (and the checks of a head move and of an attach), segments
+and traces (hot, else frozen), blobs, and the :class:`~terrarium.stores.base.SessionStates`
+primitives. A store supplies its connections (``_read``, ``_write``, ``_snapshot``), its
+dialect (``_q``, ``_sid``, ``_uuid``), the two statements whose text differs
+(``_READ_SEGMENT``, ``_READ_TRACE``), its tail read (``_next_seq``), its wake (``_wake_on``)
+and the rows each lifecycle move takes (``_freeze_rows``...).
 
 Statements here use SQLite's placeholders (``?``); PostgreSQL's store turns them into its own
 (:func:`pyformat`, through :meth:`SqlStore._q`). Blobs: each blob's bytes once under its
@@ -52,6 +53,7 @@ from terrarium.stores.base import (
     PodMetadata,
     SegmentRead,
     SessionRecord,
+    header_line,
     refuse_files,
 )
 
@@ -84,6 +86,10 @@ SEGMENT_IDS = "SELECT segment_id FROM segments WHERE session_id = ?"
 COLD_SEGMENT = "SELECT {columns} FROM archived_segments WHERE session_id = ? AND segment_id = ?"
 COLD_SEGMENT_IDS = "SELECT segment_id FROM archived_segments WHERE session_id = ?"
 STATE = "SELECT state, context FROM sessions WHERE session_id = ?"
+INSERT_SESSION = (
+    "INSERT INTO sessions (session_id, context, created_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (session_id) DO NOTHING"
+)
 SESSION_OWNER = "SELECT context, created_at, state FROM sessions WHERE session_id = ?"
 SET_STATE = "UPDATE sessions SET state = ? WHERE session_id = ?"
 DETACH_SESSION = "UPDATE sessions SET context = NULL, state = ? WHERE session_id = ?"
@@ -186,6 +192,19 @@ class SqlStore(ClosingStore):
         """The hot segment's next seq, remembered for appends; SegmentNotFound if none."""
 
     @abstractmethod
+    def _insert_segment(
+        self,
+        conn: Any,
+        session_id: SessionId,
+        segment_id: SegmentId,
+        type: str,
+        line: Mapping[str, Any],
+    ) -> int | None:
+        """A segment's row and header (entry 0) with their blob refs, in the caller's
+        transaction; ``type`` is its context's ('' detached), where the store indexes the
+        header's items at once."""
+
+    @abstractmethod
     def _wake_on(self, conn: Any, session_id: SessionId) -> bool:
         """Wake the session for a write on ``conn`` if it is frozen; whether it was."""
 
@@ -272,7 +291,17 @@ class SqlStore(ClosingStore):
     def _head(self, row: Sequence[Any]) -> PodMetadata:
         return PodMetadata(row[0], self._uuid(row[1]), self._uuid(row[2]), row[3], row[4])
 
-    # ---------------------------------------------------------------- segments
+    # ---------------------------------------------------------------- sessions, segments
+
+    def create_session(self, header: Mapping[str, Any]) -> None:
+        """Create a session that belongs to no context (``sessions.context`` NULL)."""
+        line = header_line(header)
+        session_id = uuid.UUID(str(line["session_id"]))
+        with self._write() as conn:
+            created = (self._sid(session_id), None, str(line["ts"]))
+            if conn.execute(self._q(INSERT_SESSION), created).rowcount != 1:
+                raise ConflictError(f"session {session_id} already exists")
+            self._insert_segment(conn, session_id, uuid.UUID(str(line["segment_id"])), "", line)
 
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None

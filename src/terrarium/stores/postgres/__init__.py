@@ -49,7 +49,7 @@ from terrarium.stores._redact import redact_url
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores._sqlbase import (
     ARCHIVED_HEAD,
-    HEAD_ANY,
+    INSERT_SESSION,
     SqlStore,
     pyformat,
     state_record,
@@ -335,33 +335,20 @@ class PostgresStore(SqlStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         ts = str(line["ts"])
         with self._pool.connection() as conn, conn.transaction():
-            _lifecycle.lock_name(conn, self.schema, str(ctx))
-            if conn.execute(_ARCHIVED_HEAD, (str(ctx),)).fetchone() is not None:
+            self._hold_name(conn, str(ctx))
+            if conn.execute(self._q(ARCHIVED_HEAD), (str(ctx),)).fetchone() is not None:
                 raise ContextExists(f"context {ctx} already exists")
             cur = conn.execute(
                 _sql.INSERT_CONTEXT, (str(ctx), ctx.type, session_id, segment_id, ts, ts)
             )
             if cur.rowcount != 1:
                 raise ContextExists(f"context {ctx} already exists")
-            cur = conn.execute(_sql.INSERT_SESSION, (session_id, str(ctx), ts))
+            cur = conn.execute(self._q(INSERT_SESSION), (session_id, str(ctx), ts))
             if cur.rowcount != 1:
                 raise ConflictError(f"session {session_id} already exists")
             base = self._insert_segment(conn, session_id, segment_id, ctx.type, line)
             conn.execute(_sql.SET_COUNTS, (base, ts, str(ctx)))
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
-
-    def create_session(self, header: Mapping[str, Any]) -> None:
-        """Create a session that belongs to no context (``sessions.context`` NULL)."""
-        line = header_line(header)
-        session_id = uuid.UUID(str(line["session_id"]))
-        segment_id = uuid.UUID(str(line["segment_id"]))
-        ts = str(line["ts"])
-        with self._pool.connection() as conn, conn.transaction():
-            cur = conn.execute(_sql.INSERT_SESSION, (session_id, None, ts))
-            if cur.rowcount != 1:
-                raise ConflictError(f"session {session_id} already exists")
-            self._insert_segment(conn, session_id, segment_id, "", line)
-        self._seen.remember((session_id, segment_id), 1, None)
 
     def attach_context(
         self, context: ContextId, session_id: SessionId, segment_id: SegmentId
@@ -543,7 +530,6 @@ class PostgresStore(SqlStore):
                         self._insert_segment(conn, session_id, segment_id, row[0], line)
                         break
                 self._wake_on(conn, session_id)  # frozen: back to the hot tables first
-        self._seen.remember((session_id, segment_id), 1, None)
 
     def _insert_segment(
         self,
@@ -573,6 +559,7 @@ class PostgresStore(SqlStore):
                 conn,
                 [(session_id, segment_id, ts, type, doc) for doc in search.line_docs(0, line)],
             )
+        self._seen.remember((session_id, segment_id), 1, None)  # a guess: appends check it
         return base
 
     def _prefix_items(
@@ -757,10 +744,3 @@ class PostgresStore(SqlStore):
         for conn in idle:
             conn.close()
         self._pool.close()
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-_HEAD_ANY = pyformat(HEAD_ANY)
-_ARCHIVED_HEAD = pyformat(ARCHIVED_HEAD)

@@ -146,10 +146,6 @@ INSERT_CONTEXT = (
     "INSERT INTO contexts (context, type, session_id, segment_id, created_at, "
     "updated_at) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (context) DO NOTHING"
 )
-INSERT_SESSION = (
-    "INSERT INTO sessions (session_id, context, created_at) VALUES (%s, %s, %s) "
-    "ON CONFLICT (session_id) DO NOTHING"
-)
 # A new segment: its header (seq 0) is indexed with it, and it starts with ``base_items``
 # history items (see search.base_items).
 INSERT_SEGMENT = (

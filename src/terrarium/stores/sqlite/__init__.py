@@ -51,6 +51,7 @@ from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores._sqlbase import (
     HEAD_ANY,
     INSERT_COLD_HEAD,
+    INSERT_SESSION,
     STATE,
     SqlStore,
     state_record,
@@ -533,23 +534,11 @@ class SqliteStore(SqlStore):
             if conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
                 raise ConflictError(f"session {session_id} already exists")
             conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, ts, ts))
-            conn.execute(sql.INSERT_SESSION, (s, str(ctx), ts))
-            self._insert_segment(conn, s, g, line)
+            conn.execute(INSERT_SESSION, (s, str(ctx), ts))
+            self._insert_segment(conn, session_id, segment_id, ctx.type, line)
             count, last = segment_summary(conn, s, g)
             conn.execute(sql.SET_COUNTS, (count, last, s))
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
-
-    def create_session(self, header: Mapping[str, Any]) -> None:
-        """Create a session that belongs to no context (``sessions.context`` NULL)."""
-        line = header_line(header)
-        s = str(uuid.UUID(str(line["session_id"])))
-        g = str(uuid.UUID(str(line["segment_id"])))
-        ts = str(line["ts"])
-        with self._write() as conn:
-            if conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
-                raise ConflictError(f"session {s} already exists")
-            conn.execute(sql.INSERT_SESSION, (s, None, ts))
-            self._insert_segment(conn, s, g, line)
 
     def attach_context(
         self, context: ContextId, session_id: SessionId, segment_id: SegmentId
@@ -639,20 +628,26 @@ class SqliteStore(SqlStore):
         """Add a segment, with its header as entry 0, to an existing session."""
         line = header_line(header)
         segment_id = uuid.UUID(str(line["segment_id"]))
-        s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            row = conn.execute(STATE, (s,)).fetchone()
+            row = conn.execute(STATE, (str(session_id),)).fetchone()
             if row is None:
                 raise SegmentNotFound(f"session {session_id} does not exist")
             if "cold" in state_record(row[0]):  # frozen: back to the hot tables first
                 wake_session(self, session_id)
             if self._segment_exists(conn, session_id, segment_id):
                 raise ConflictError(f"segment {segment_id} already exists")
-            self._insert_segment(conn, s, g, line)
+            self._insert_segment(conn, session_id, segment_id, "", line)
 
-    def _insert_segment(self, conn: sqlite3.Connection, s: str, g: str, line: Any) -> None:
-        """A segment's row and its header (entry 0), in the caller's transaction."""
-        ts = str(line["ts"])
+    def _insert_segment(
+        self,
+        conn: sqlite3.Connection,
+        session_id: SessionId,
+        segment_id: SegmentId,
+        type: str,
+        line: Mapping[str, Any],
+    ) -> None:
+        # The catch-up indexes its items (see the .search module), whatever type.
+        s, g, ts = str(session_id), str(segment_id), str(line["ts"])
         seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
         conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
         self._record_refs(conn, s, [line])

@@ -74,7 +74,6 @@ SIGNATURES = (
 # ---------------------------------------------------------------------------- sessions, segments
 
 SESSION_EXISTS = "SELECT 1 FROM sessions WHERE session_id = ?"
-INSERT_SESSION = "INSERT INTO sessions (session_id, context, created_at) VALUES (?, ?, ?)"
 ATTACH_SESSION = "UPDATE sessions SET context = ? WHERE session_id = ? AND context IS NULL"
 # A session's entries that hold history items (its headers, its items), in arrival order.
 SESSION_DOC_ENTRIES = (
