@@ -646,7 +646,7 @@ class SqliteStore(SqlStore):
         type: str,
         line: Mapping[str, Any],
     ) -> None:
-        # The catch-up indexes its items (see the .search module), whatever type.
+        # SQLite indexes no item as it writes it: the type goes unused.
         s, g, ts = str(session_id), str(segment_id), str(line["ts"])
         seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
         conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
