@@ -31,41 +31,37 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from itertools import starmap
-from typing import Any
+from typing import Any, cast
 
 from terrarium import codec
 from terrarium.blobs import DEFAULT_THRESHOLD, line_digests
 from terrarium.errors import (
     ConflictError,
     ContextExists,
-    ContextNotFound,
     SegmentNotFound,
-    SessionAttached,
     StoreError,
     StoreUnavailable,
     install_hint,
 )
 from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores import _listing
-from terrarium.stores._archive import (
+from terrarium.stores._redact import redact_url
+from terrarium.stores._seqs import SeqGuesses
+from terrarium.stores._sqlbase import (
     ARCHIVED_HEAD,
-    HEAD_ANY,
-    SqlStates,
+    INSERT_SESSION,
+    SqlStore,
     pyformat,
     state_record,
 )
-from terrarium.stores._redact import redact_url
-from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
     ATTEMPTS,
-    ClosingStore,
     ContextSummary,
     ListingQuery,
     NewEntry,
     PodMetadata,
     SearchHit,
     SearchQuery,
-    SegmentRead,
     header_line,
     iter_lines,
     wake_session,
@@ -83,7 +79,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from terrarium.stores.postgres import _lifecycle, _sql, search
-from terrarium.stores.postgres._blobs import PostgresBlobs, record_refs
 from terrarium.stores.postgres._pool import CONNECTION_ERRORS, Pool, alive, retried
 from terrarium.stores.postgres.migrations import MIGRATIONS, migrate
 from terrarium.stores.postgres.notify import ChangeFeed
@@ -110,13 +105,28 @@ RANK_WINDOW = 5000
 #: the backlog a search finds to about that many per writing process.
 SEARCH_BATCH = 256
 _CATCH_UP_SEGMENTS = 500
-_MAX_SEQ = 2**31 - 1
 _SEEN_CACHE = 4096
 _IDLE_LOCK_CONNECTIONS = 4
 
 
-class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
+class PostgresStore(SqlStore):
     """A store in a PostgreSQL database, shared by many processes on many machines."""
+
+    _READ_SEGMENT = _sql.READ
+    _READ_TRACE = _sql.READ_TRACE
+    # What SqlStore reads, run once more on a connection lost under it (see _pool.retried).
+    get_head = retried(SqlStore.get_head)
+    list_contexts = retried(SqlStore.list_contexts)
+    read_segment = retried(SqlStore.read_segment)
+    next_seq = retried(SqlStore.next_seq)
+    list_segments = retried(SqlStore.list_segments)
+    read_trace = retried(SqlStore.read_trace)
+    put_blob = retried(SqlStore.put_blob)  # safe to repeat, as is the delete
+    get_blob = retried(SqlStore.get_blob)
+    has_blob = retried(SqlStore.has_blob)
+    blob_digests = retried(SqlStore.blob_digests)
+    blob_references = retried(SqlStore.blob_references)
+    delete_unreferenced_blobs = retried(SqlStore.delete_unreferenced_blobs)
 
     def __init__(
         self,
@@ -227,36 +237,13 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
 
     # ---------------------------------------------------------------- heads
 
-    @retried
-    def get_head(self, context: ContextId) -> PodMetadata | None:
-        """Return the context's head record, or None."""
-        with self._pool.connection() as conn:
-            row = conn.execute(_HEAD_ANY, (str(context), str(context))).fetchone()
-        return None if row is None else _head(row)
-
     def set_head(
         self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
     ) -> PodMetadata:
         """Move the head if it is ``expected`` now (a conditional ``UPDATE``)."""
         with self._pool.connection() as conn:
             while True:
-                row = conn.execute(_sql.HEAD, (str(context),)).fetchone()
-                if row is None and (cold := conn.execute(_ARCHIVED_HEAD, (str(context),))):
-                    if (found := cold.fetchone()) is not None:
-                        self._wake_on(conn, found[1])
-                        continue
-                if row is None:
-                    raise ContextNotFound(f"context {context} does not exist")
-                head = _head(row)
-                if head.segment_id != expected:
-                    raise ConflictError(
-                        f"head of {context} is {head.segment_id}, not {expected}: it moved"
-                    )
-                exists = conn.execute(_sql.SEGMENT_EXISTS, (head.session_id, segment_id))
-                if exists.fetchone() is None:
-                    raise SegmentNotFound(
-                        f"segment {segment_id} of session {head.session_id} does not exist"
-                    )
+                head = self._head_to_move(conn, context, segment_id, expected)
                 now = utc_now()
                 cur = conn.execute(_sql.MOVE_HEAD, (now, segment_id, str(context), expected))
                 if cur.rowcount == 1:
@@ -265,17 +252,6 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
                     )
                 # The head moved or the context went between the read and the update: the
                 # next pass reports which.
-
-    @retried
-    def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
-        """Every head record, optionally of one type, sorted by context id."""
-        query, params = (
-            (_sql.LIST_HEADS_OF_TYPE, (type,)) if type is not None else (_sql.LIST_HEADS, ())
-        )
-        with self._pool.connection() as conn:
-            rows = conn.execute(query, params).fetchall()
-        # (type, name), as ContextId orders, without parsing and validating every id again.
-        return sorted(map(_head, rows), key=lambda h: h.context.partition(":")[::2])
 
     @retried
     def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
@@ -359,33 +335,20 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         ts = str(line["ts"])
         with self._pool.connection() as conn, conn.transaction():
-            _lifecycle.lock_name(conn, self.schema, str(ctx))
-            if conn.execute(_ARCHIVED_HEAD, (str(ctx),)).fetchone() is not None:
+            self._hold_name(conn, str(ctx))
+            if conn.execute(self._q(ARCHIVED_HEAD), (str(ctx),)).fetchone() is not None:
                 raise ContextExists(f"context {ctx} already exists")
             cur = conn.execute(
                 _sql.INSERT_CONTEXT, (str(ctx), ctx.type, session_id, segment_id, ts, ts)
             )
             if cur.rowcount != 1:
                 raise ContextExists(f"context {ctx} already exists")
-            cur = conn.execute(_sql.INSERT_SESSION, (session_id, str(ctx), ts))
+            cur = conn.execute(self._q(INSERT_SESSION), (session_id, str(ctx), ts))
             if cur.rowcount != 1:
                 raise ConflictError(f"session {session_id} already exists")
             base = self._insert_segment(conn, session_id, segment_id, ctx.type, line)
             conn.execute(_sql.SET_COUNTS, (base, ts, str(ctx)))
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
-
-    def create_session(self, header: Mapping[str, Any]) -> None:
-        """Create a session that belongs to no context (``sessions.context`` NULL)."""
-        line = header_line(header)
-        session_id = uuid.UUID(str(line["session_id"]))
-        segment_id = uuid.UUID(str(line["segment_id"]))
-        ts = str(line["ts"])
-        with self._pool.connection() as conn, conn.transaction():
-            cur = conn.execute(_sql.INSERT_SESSION, (session_id, None, ts))
-            if cur.rowcount != 1:
-                raise ConflictError(f"session {session_id} already exists")
-            self._insert_segment(conn, session_id, segment_id, "", line)
-        self._seen.remember((session_id, segment_id), 1, None)
 
     def attach_context(
         self, context: ContextId, session_id: SessionId, segment_id: SegmentId
@@ -401,25 +364,9 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
         """
         ctx = ContextId.parse(context)
         with self._pool.connection() as conn, conn.transaction():
-            row = conn.execute(_sql.SESSION_OWNER, (session_id,)).fetchone()
-            if row is None:
-                raise SegmentNotFound(f"session {session_id} does not exist")
-            if row[0] is not None:  # first: a restore that lost a race to another is NotInTrash
-                raise SessionAttached(f"session {session_id} already belongs to context {row[0]}")
-            _lifecycle.lock_name(conn, self.schema, str(ctx))
-            if conn.execute(_HEAD_ANY, (str(ctx), str(ctx))).fetchone() is not None:
-                raise ContextExists(f"context {ctx} already exists")
-            frozen = "cold" in state_record(row[2])
-            if not (
-                self._cold(conn, "next_seq", session_id, segment_id)
-                if frozen
-                else conn.execute(_sql.SEGMENT_EXISTS, (session_id, segment_id)).fetchone()
-            ):
-                raise SegmentNotFound(
-                    f"segment {segment_id} of session {session_id} does not exist"
-                )
+            created, frozen = self._attachable(conn, ctx, session_id, segment_id)
             now = utc_now()
-            head = (str(ctx), ctx.type, session_id, segment_id, row[1], now)
+            head = (str(ctx), ctx.type, session_id, segment_id, created, now)
             if frozen:
                 conn.execute(_lifecycle.RETYPE_COLD, (ctx.type, session_id))
                 conn.execute(_lifecycle.INSERT_COLD_HEAD, (session_id, *head[:2], *head[3:]))
@@ -430,7 +377,7 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
             conn.execute(_sql.ATTACH_SESSION, (str(ctx), session_id))
             if not frozen:
                 conn.execute(_sql.ATTACH_COUNTS, (str(ctx),))
-        return PodMetadata(str(ctx), session_id, segment_id, row[1], now)
+        return PodMetadata(str(ctx), session_id, segment_id, created, now)
 
     @contextmanager
     def lock_context(self, context: ContextId) -> Iterator[None]:
@@ -492,7 +439,7 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
         conn.close()
 
     # ---------------------------------------------------------------- frozen sessions
-    # SqlStates keeps the records; here are the rows each move takes
+    # SqlStore keeps the records; here are the rows each move takes
     # (._lifecycle). A write finds a frozen session on its miss path only, wakes it
     # (wake_session, on the writer's own connection) and tries again.
 
@@ -503,6 +450,10 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
 
     def _sid(self, id: uuid.UUID) -> Any:
         return id
+
+    @staticmethod
+    def _uuid(value: Any) -> uuid.UUID:
+        return cast(uuid.UUID, value)  # psycopg reads uuid columns as UUIDs
 
     @contextmanager
     def _read(self) -> Iterator[psycopg.Connection[Any]]:
@@ -520,6 +471,9 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
         """A transaction (a savepoint inside one) on the connection :meth:`_read` gives."""
         with self._read() as conn, conn.transaction():
             yield conn
+
+    def _hold_name(self, conn: psycopg.Connection[Any], context: str) -> None:
+        _lifecycle.lock_name(conn, self.schema, context)
 
     def _freeze_rows(self, conn: psycopg.Connection[Any], session: Any) -> tuple[int, int]:
         return _lifecycle.freeze(conn, self.schema, session)
@@ -576,7 +530,6 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
                         self._insert_segment(conn, session_id, segment_id, row[0], line)
                         break
                 self._wake_on(conn, session_id)  # frozen: back to the hot tables first
-        self._seen.remember((session_id, segment_id), 1, None)
 
     def _insert_segment(
         self,
@@ -600,12 +553,13 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
             raise ConflictError(f"segment {segment_id} already exists")
         text = codec.encode(line).decode()
         conn.execute(_sql.INSERT_HEADER, (session_id, segment_id, line["kind"], ts, text))
-        record_refs(conn, session_id, [line])
+        self._record_refs(conn, session_id, [line])
         if type:  # a detached session's items are indexed when a context adopts it
             search.insert_docs(
                 conn,
                 [(session_id, segment_id, ts, type, doc) for doc in search.line_docs(0, line)],
             )
+        self._seen.remember((session_id, segment_id), 1, None)  # a guess: appends check it
         return base
 
     def _prefix_items(
@@ -664,7 +618,7 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
                 if refs:  # the entries and their blob_refs rows commit together
                     with conn.transaction():
                         if conn.execute(sql, params, prepare=True).fetchone() is not None:
-                            record_refs(conn, session_id, [e.data for e in entries])
+                            self._record_refs(conn, session_id, [e.data for e in entries])
                             break
                 elif conn.execute(sql, params, prepare=True).fetchone() is not None:
                     break
@@ -759,56 +713,6 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
         self.catch_up()
         return int(count)
 
-    @retried
-    def read_segment(
-        self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
-    ) -> SegmentRead:
-        """Read a segment's header and entries up to and including ``stop_seq``.
-
-        Each ``line`` is the entry's JSON exactly as written, so a restore gives the same dicts
-        as ``MemoryStore``, key order and unknown keys intact.
-        """
-        stop = _MAX_SEQ if stop_seq is None else max(stop_seq, 0)
-        params = {"session": session_id, "segment": segment_id, "stop": stop}
-        with self._pool.connection() as conn:
-            rows = conn.execute(_sql.READ, params).fetchall()
-            if not rows:
-                cold = self._cold_read(conn, session_id, segment_id, stop_seq)
-                if cold is not None:
-                    return cold
-        if not rows:
-            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
-        lines = codec.decode_lines(
-            ("\n".join([row[0] for row in rows]) + "\n").encode(),
-            where=f"{self._where} segment {segment_id}",
-            first_line=0,
-        )
-        entries = lines[1:] if stop_seq is None or stop_seq >= 0 else []
-        return SegmentRead(header=lines[0], entries=entries, next_seq=int(rows[0][1]) + 1)
-
-    @retried
-    def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
-        """The seq the next append gets."""
-        with self._pool.connection() as conn:
-            try:
-                return self._next_seq(conn, session_id, segment_id)
-            except SegmentNotFound:
-                cold = self._cold(conn, "next_seq", session_id, segment_id)
-                if cold is None:
-                    raise
-                return int(cold)
-
-    @retried
-    def list_segments(self, session_id: SessionId) -> list[SegmentId]:
-        """The session's segment ids, oldest first (UUIDv7 order)."""
-        with self._pool.connection() as conn:
-            ids = [row[0] for row in conn.execute(_sql.LIST_SEGMENTS, (session_id,))]
-            if not ids:
-                ids = self._cold_ids(conn, session_id)
-        if not ids:
-            raise SegmentNotFound(f"session {session_id} does not exist")
-        return sorted(ids)
-
     def append_trace(
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
     ) -> None:
@@ -816,7 +720,7 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
         lines = [codec.encode(e.to_dict()).decode() for e in entries]
         with self._pool.connection() as conn:
             if not lines:
-                if conn.execute(_sql.SEGMENT_EXISTS, (session_id, segment_id)).fetchone():
+                if self._segment_exists(conn, session_id, segment_id):
                     return
                 if self._cold(conn, "next_seq", session_id, segment_id) is not None:
                     return  # frozen: writing nothing wakes nothing
@@ -830,22 +734,6 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
                             break
         raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
 
-    @retried
-    def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
-        """The segment's debug trace, oldest first."""
-        with self._pool.connection() as conn:
-            rows = conn.execute(_sql.READ_TRACE, (session_id, segment_id)).fetchall()
-            if not rows:
-                exists = conn.execute(_sql.SEGMENT_EXISTS, (session_id, segment_id))
-                if exists.fetchone() is None:
-                    cold = self._cold_trace(conn, session_id, segment_id)
-                    if cold is None:
-                        raise SegmentNotFound(
-                            f"segment {segment_id} of session {session_id} does not exist"
-                        )
-                    return cold
-        return [codec.decode(row[0]) for row in rows]
-
     def close(self) -> None:
         """Close the pool and the idle lock connections (held locks close on release)."""
         with self._lock:
@@ -856,14 +744,3 @@ class PostgresStore(SqlStates, PostgresBlobs, ClosingStore):
         for conn in idle:
             conn.close()
         self._pool.close()
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-_HEAD_ANY = pyformat(HEAD_ANY)
-_ARCHIVED_HEAD = pyformat(ARCHIVED_HEAD)
-
-
-def _head(row: Sequence[Any]) -> PodMetadata:
-    return PodMetadata(row[0], row[1], row[2], row[3], row[4])

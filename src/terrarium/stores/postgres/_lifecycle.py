@@ -1,7 +1,7 @@
 """``PostgresStore``'s frozen sessions: the physical moves under the shared lifecycle.
 
 Lifecycle itself is :mod:`terrarium.states`, over the state record
-``sessions.state`` (:class:`~terrarium.stores._archive.SqlStates`); here are the rows a
+``sessions.state`` (:class:`~terrarium.stores._sqlbase.SqlStore`); here are the rows a
 freeze, a thaw, a detach and a delete move, in the caller's transaction. The tables (migration
 ``m001_initial``) are SQLite's (:mod:`terrarium.stores.sqlite._lifecycle`) with
 PostgreSQL types, keyed by ``session_id`` first like every other table::
@@ -15,7 +15,7 @@ marked unread from its header on: the next catch-up (before any search or listin
 its items again, under the type the row holds ('' while detached: none).
 
 Concurrency: every move first locks the session's row (``FOR UPDATE``, in
-:class:`~terrarium.stores._archive.SqlStates`; a ``create_segment`` holds it ``FOR KEY
+:class:`~terrarium.stores._sqlbase.SqlStore`; a ``create_segment`` holds it ``FOR KEY
 SHARE``). A freeze then holds the transaction-level advisory lock on its context's id
 (:func:`lock_name`), as a create and an attach do, so that a create never slips between its
 delete of the head and its insert of the frozen one; then it locks the segments' rows in key
@@ -30,11 +30,9 @@ from typing import Any
 import psycopg
 
 from terrarium.model import SegmentId, SessionId
-from terrarium.stores._archive import (
-    envelopes,
-    pack_session,
-    unpack_lines,
-)
+from terrarium.stores import _sqlbase
+from terrarium.stores._archive import envelopes, pack_session, unpack_lines
+from terrarium.stores._sqlbase import pyformat
 from terrarium.stores.postgres import _sql
 
 Conn = psycopg.Connection[Any]
@@ -44,15 +42,10 @@ LOCK_SEGMENTS = (
     "SELECT segment_id, created_at, type, next_seq, items, base_items, last_ts FROM segments "
     "WHERE session_id = %s ORDER BY session_id, segment_id FOR UPDATE"
 )
-LOCK_HEAD = (
-    "SELECT context, type, segment_id, created_at, updated_at FROM contexts "
-    "WHERE session_id = %s FOR UPDATE"
-)
-COLD_HEAD = (
-    "SELECT context, type, segment_id, created_at, updated_at FROM archived_contexts "
-    "WHERE session_id = %s"
-)
-INSERT_COLD_HEAD = "INSERT INTO archived_contexts VALUES (%s, %s, %s, %s, %s, %s)"
+OWNER = pyformat(_sqlbase.SESSION_OWNER) + " FOR UPDATE"
+LOCK_HEAD = pyformat(_sqlbase.HOT_HEAD) + " FOR UPDATE"
+COLD_HEAD = pyformat(_sqlbase.COLD_HEAD)
+INSERT_COLD_HEAD = pyformat(_sqlbase.INSERT_COLD_HEAD)
 RETYPE_COLD = "UPDATE archived_segments SET type = %s WHERE session_id = %s"
 SESSION_TRACES = "SELECT segment_id, line FROM traces WHERE session_id = %s ORDER BY segment_id, n"
 SESSION_LINES = (
@@ -87,15 +80,9 @@ REFILL_HEAD = (
     "g.base_items + g.items, g.last_ts FROM segments AS g "
     "WHERE g.session_id = %s AND g.segment_id = %s"
 )
-DROP_COLD = (
-    "DELETE FROM archived_contexts WHERE session_id = %s",
-    "DELETE FROM archived_segments WHERE session_id = %s",
-)
+DROP_COLD = tuple(map(pyformat, _sqlbase.DROP_COLD))
+DETACH = tuple(map(pyformat, _sqlbase.DETACH))
 # A detached session's items leave the index; its segments, hot or frozen, get no type.
-DETACH = (
-    "DELETE FROM contexts WHERE context = %s AND session_id = %s",
-    "DELETE FROM archived_contexts WHERE context = %s AND session_id = %s",
-)
 UNTYPE = (
     "DELETE FROM search_docs WHERE session_id = %s",
     "UPDATE segments SET type = '' WHERE session_id = %s",
@@ -114,7 +101,7 @@ def lock_name(conn: Conn, schema: str, context: str) -> None:
 def freeze(conn: Conn, schema: str, session: SessionId) -> tuple[int, int]:
     """Move a hot session out of the hot tables (its head, if any, to ``archived_contexts``);
     return the bytes its log took hot (as JSONL) and takes frozen."""
-    named = conn.execute(_sql.SESSION_OWNER, (session,)).fetchone()
+    named = conn.execute(OWNER, (session,)).fetchone()
     if named is not None and named[0] is not None:
         lock_name(conn, schema, named[0])
     segments = {row[0]: row for row in conn.execute(LOCK_SEGMENTS, (session,)).fetchall()}

@@ -98,8 +98,6 @@ READ = (
     "FROM entries WHERE session_id = %(session)s AND segment_id = %(segment)s "
     "AND seq <= %(stop)s ORDER BY seq"
 )
-SEGMENT_EXISTS = "SELECT 1 FROM segments WHERE session_id = %s AND segment_id = %s"
-LIST_SEGMENTS = "SELECT segment_id FROM segments WHERE session_id = %s"
 APPEND_TRACE = (
     "INSERT INTO traces (session_id, segment_id, line) "
     "SELECT %s, %s, t.line FROM unnest(%s::text[]) WITH ORDINALITY AS t(line, n) "
@@ -109,12 +107,6 @@ READ_TRACE = "SELECT line FROM traces WHERE session_id = %s AND segment_id = %s 
 
 # --------------------------------------------------------------------------- heads
 
-HEAD = (
-    "SELECT context, session_id, segment_id, created_at, updated_at "
-    "FROM contexts WHERE context = %s"
-)
-LIST_HEADS = "SELECT context, session_id, segment_id, created_at, updated_at FROM contexts"
-LIST_HEADS_OF_TYPE = f"{LIST_HEADS} WHERE type = %s"
 # Every head with its counts, ids as text (a ContextSummary holds text), in (type, name) order
 # as ContextId orders (collation "C": code points), from the covering index contexts_listing
 # alone.
@@ -154,10 +146,6 @@ INSERT_CONTEXT = (
     "INSERT INTO contexts (context, type, session_id, segment_id, created_at, "
     "updated_at) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (context) DO NOTHING"
 )
-INSERT_SESSION = (
-    "INSERT INTO sessions (session_id, context, created_at) VALUES (%s, %s, %s) "
-    "ON CONFLICT (session_id) DO NOTHING"
-)
 # A new segment: its header (seq 0) is indexed with it, and it starts with ``base_items``
 # history items (see search.base_items).
 INSERT_SEGMENT = (
@@ -171,12 +159,11 @@ INSERT_HEADER = (
 )
 # A detached session's (context NULL) is '': its segments' items are not indexed. The
 # key-share lock (which the segment's foreign key takes anyway) waits for an attach of the
-# session (SESSION_OWNER), so a new segment never gets the type it had before.
+# session (its row locked FOR UPDATE), so a new segment never gets the type it had before.
 SESSION_TYPE = (
     "SELECT coalesce(split_part(context, ':', 1), ''), state FROM sessions "
     "WHERE session_id = %s FOR KEY SHARE"
 )
-SESSION_OWNER = "SELECT context, created_at, state FROM sessions WHERE session_id = %s FOR UPDATE"
 ATTACH_SESSION = "UPDATE sessions SET context = %s WHERE session_id = %s"
 # The adopted session's segments are read again from their headers, under the context's type.
 ATTACH_SEGMENTS = (

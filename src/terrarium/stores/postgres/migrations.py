@@ -28,7 +28,6 @@ from terrarium.stores.migrations import (
     TEXT_PARTS_SQL,
     Migrations,
 )
-from terrarium.stores.postgres import _blobs as blob_sql
 from terrarium.stores.postgres import _sql
 
 MIGRATIONS: Migrations[psycopg.Connection[Any]] = Migrations("postgres", squashed=PRE_SQUASH)
@@ -191,9 +190,18 @@ _TABLES = (
         trace bytea,
         PRIMARY KEY (session_id, segment_id)
     )""",
-    blob_sql.CREATE_BLOBS,
-    blob_sql.CREATE_BLOB_REFS,
-    blob_sql.CREATE_BLOB_REFS_DIGEST,
+    """CREATE TABLE blobs (
+        digest text PRIMARY KEY,
+        size bigint NOT NULL,
+        data bytea NOT NULL,
+        stored_at double precision NOT NULL
+    )""",
+    """CREATE TABLE blob_refs (
+        digest text NOT NULL,
+        session_id uuid NOT NULL,
+        PRIMARY KEY (session_id, digest)
+    )""",
+    "CREATE INDEX blob_refs_digest ON blob_refs (digest)",
 )
 
 # Change notes for live views (LISTEN/NOTIFY, :mod:`.notify`): every append, new segment and

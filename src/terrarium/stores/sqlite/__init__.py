@@ -42,30 +42,27 @@ from terrarium.blobs import DEFAULT_THRESHOLD, line_digests
 from terrarium.errors import (
     ConflictError,
     ContextExists,
-    ContextNotFound,
     SegmentNotFound,
-    SessionAttached,
     StoreError,
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
 from terrarium.stores import _db, _listing
-from terrarium.stores._archive import (
-    ARCHIVED_HEAD,
+from terrarium.stores._seqs import SeqGuesses
+from terrarium.stores._sqlbase import (
     HEAD_ANY,
+    INSERT_COLD_HEAD,
+    INSERT_SESSION,
     STATE,
-    SqlStates,
+    SqlStore,
     state_record,
 )
-from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores.base import (
-    ClosingStore,
     ContextSummary,
     ListingQuery,
     NewEntry,
     PodMetadata,
     SearchHit,
     SearchQuery,
-    SegmentRead,
     header_line,
     iter_lines,
     wake_session,
@@ -74,7 +71,6 @@ from terrarium.stores.fts import Fts5Tables, Ranker, check_query, fts5_phrases, 
 from terrarium.stores.locks import file_lock
 from terrarium.stores.sqlite import _lifecycle as lifecycle
 from terrarium.stores.sqlite import _sql as sql
-from terrarium.stores.sqlite._blobs import SqliteBlobs, record_refs
 from terrarium.stores.sqlite._upkeep import Upkeep
 from terrarium.stores.sqlite.migrations import MIGRATIONS, check_readable, migrate
 from terrarium.stores.sqlite.search import (
@@ -144,8 +140,11 @@ def _recent() -> int:
     return SEARCH_RECENT
 
 
-class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
+class SqliteStore(SqlStore):
     """A store in one SQLite database file (see the module docstring)."""
+
+    _READ_SEGMENT = sql.READ_SEGMENT
+    _READ_TRACE = sql.READ_TRACE
 
     def __init__(
         self,
@@ -186,6 +185,7 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
                 f"unknown synchronous mode {synchronous!r}: use one of {SYNCHRONOUS_MODES}"
             )
         self.path = Path(path).absolute()
+        self._where = str(self.path)
         self.synchronous = mode
         self.busy_timeout = busy_timeout
         self.blob_threshold = blob_threshold
@@ -383,32 +383,12 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
 
     # ---------------------------------------------------------------- heads
 
-    def get_head(self, context: ContextId) -> PodMetadata | None:
-        """Return the context's head record, or None."""
-        with self._read() as conn:
-            row = conn.execute(HEAD_ANY, (str(context), str(context))).fetchone()
-        return None if row is None else _head(row)
-
     def set_head(
         self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
     ) -> PodMetadata:
         """Move the head if it is ``expected`` now (compare-and-set in one transaction)."""
         with self._write() as conn:
-            row = conn.execute(sql.HEAD, (str(context),)).fetchone()
-            while row is None and (cold := conn.execute(ARCHIVED_HEAD, (str(context),)).fetchone()):
-                wake_session(self, uuid.UUID(cold[1]))
-                row = conn.execute(sql.HEAD, (str(context),)).fetchone()
-            if row is None:
-                raise ContextNotFound(f"context {context} does not exist")
-            head = _head(row)
-            if head.segment_id != expected:
-                raise ConflictError(
-                    f"head of {context} is {head.segment_id}, not {expected}: it moved"
-                )
-            if not _segment_exists(conn, head.session_id, segment_id):
-                raise SegmentNotFound(
-                    f"segment {segment_id} of session {head.session_id} does not exist"
-                )
+            head = self._head_to_move(conn, context, segment_id, expected)
             now = utc_now()
             # The listing counts of the new head are computed over the entries the derived
             # tables have read, so those must be every entry.
@@ -416,16 +396,6 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
             count, last = segment_summary(conn, str(head.session_id), str(segment_id))
             conn.execute(sql.MOVE_HEAD, (str(segment_id), now, count, last, str(context)))
         return PodMetadata(head.context, head.session_id, segment_id, head.created_at, now)
-
-    def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
-        """Every head record, optionally of one type, sorted by context id."""
-        with self._read() as conn:
-            if type is None:
-                rows = conn.execute(sql.HEADS).fetchall()
-            else:
-                rows = conn.execute(sql.HEADS_OF_TYPE, (type,)).fetchall()
-        # (type, name), as ContextId orders, without parsing and validating every id again.
-        return sorted(map(_head, rows), key=lambda h: h.context.partition(":")[::2])
 
     def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary (message count, last activity), without restoring any.
@@ -564,27 +534,11 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
             if conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
                 raise ConflictError(f"session {session_id} already exists")
             conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, ts, ts))
-            conn.execute(sql.INSERT_SESSION, (s, str(ctx), ts))
-            seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
-            conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
-            record_refs(conn, s, [line])
+            conn.execute(INSERT_SESSION, (s, str(ctx), ts))
+            self._insert_segment(conn, session_id, segment_id, ctx.type, line)
             count, last = segment_summary(conn, s, g)
             conn.execute(sql.SET_COUNTS, (count, last, s))
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
-
-    def create_session(self, header: Mapping[str, Any]) -> None:
-        """Create a session that belongs to no context (``sessions.context`` NULL)."""
-        line = header_line(header)
-        s = str(uuid.UUID(str(line["session_id"])))
-        g = str(uuid.UUID(str(line["segment_id"])))
-        ts = str(line["ts"])
-        with self._write() as conn:
-            if conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
-                raise ConflictError(f"session {s} already exists")
-            conn.execute(sql.INSERT_SESSION, (s, None, ts))
-            seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
-            conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
-            record_refs(conn, s, [line])
 
     def attach_context(
         self, context: ContextId, session_id: SessionId, segment_id: SegmentId
@@ -598,34 +552,19 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
         ctx = ContextId.parse(context)
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            row = conn.execute(sql.SESSION_OWNER, (s,)).fetchone()
-            if row is None:
-                raise SegmentNotFound(f"session {session_id} does not exist")
-            if row[0] is not None:  # first: a restore that lost a race to another is NotInTrash
-                raise SessionAttached(f"session {session_id} already belongs to context {row[0]}")
-            if conn.execute(HEAD_ANY, (str(ctx), str(ctx))).fetchone():
-                raise ContextExists(f"context {ctx} already exists")
-            frozen = self._frozen(conn, session_id)
-            if not (
-                self._cold(conn, "next_seq", session_id, segment_id)
-                if frozen
-                else _segment_exists(conn, session_id, segment_id)
-            ):
-                raise SegmentNotFound(
-                    f"segment {segment_id} of session {session_id} does not exist"
-                )
+            created, frozen = self._attachable(conn, ctx, session_id, segment_id)
             now = utc_now()
             conn.execute(sql.ATTACH_SESSION, (str(ctx), s))
             if frozen:
-                cold = (s, str(ctx), ctx.type, g, row[1], now)
-                conn.execute(lifecycle.INSERT_COLD_HEAD, cold)
+                cold = (s, str(ctx), ctx.type, g, created, now)
+                conn.execute(INSERT_COLD_HEAD, cold)
             else:
                 self._wm = _catch_up(conn)
-                conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, row[1], now))
+                conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, created, now))
                 count, last = segment_summary(conn, s, g)
                 conn.execute(sql.SET_COUNTS, (count, last, s))
                 index_session(conn, s, ctx.type, recent=SEARCH_RECENT)
-        return PodMetadata(str(ctx), session_id, segment_id, row[1], now)
+        return PodMetadata(str(ctx), session_id, segment_id, created, now)
 
     def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
         """Hold the context's lock exclusively, across threads and processes (``flock``).
@@ -642,7 +581,7 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
         )
 
     # ---------------------------------------------------------------- frozen sessions
-    # SqlStates keeps the records; here are the rows each move takes (._lifecycle). A write
+    # SqlStore keeps the records; here are the rows each move takes (._lifecycle). A write
     # finds a frozen session on its miss path only, wakes it (wake_session) and tries again:
     # a hot write never looks at the archive.
 
@@ -659,6 +598,9 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
 
     def _drop_rows(self, conn: sqlite3.Connection, session: str) -> None:
         lifecycle.drop_hot(conn, session)
+
+    def _wake_on(self, conn: sqlite3.Connection, session_id: SessionId) -> bool:
+        return wake_session(self, session_id)  # on conn: this thread's transaction
 
     def _woke(self, conn: sqlite3.Connection, session: str) -> bool:
         """Wake the session if it is frozen (SegmentNotFound in the trash); whether it was."""
@@ -686,19 +628,29 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
         """Add a segment, with its header as entry 0, to an existing session."""
         line = header_line(header)
         segment_id = uuid.UUID(str(line["segment_id"]))
-        ts = str(line["ts"])
-        s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            row = conn.execute(STATE, (s,)).fetchone()
+            row = conn.execute(STATE, (str(session_id),)).fetchone()
             if row is None:
                 raise SegmentNotFound(f"session {session_id} does not exist")
             if "cold" in state_record(row[0]):  # frozen: back to the hot tables first
                 wake_session(self, session_id)
-            if conn.execute(sql.SEGMENT_EXISTS, (s, g)).fetchone():
+            if self._segment_exists(conn, session_id, segment_id):
                 raise ConflictError(f"segment {segment_id} already exists")
-            seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
-            conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
-            record_refs(conn, s, [line])
+            self._insert_segment(conn, session_id, segment_id, "", line)
+
+    def _insert_segment(
+        self,
+        conn: sqlite3.Connection,
+        session_id: SessionId,
+        segment_id: SegmentId,
+        type: str,
+        line: Mapping[str, Any],
+    ) -> None:
+        # SQLite indexes no item as it writes it: the type goes unused.
+        s, g, ts = str(session_id), str(segment_id), str(line["ts"])
+        seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
+        conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
+        self._record_refs(conn, s, [line])
 
     def append(
         self,
@@ -775,7 +727,7 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
                 for line in iter_lines(entries, first)
             ]
             conn.executemany(sql.INSERT_ENTRY, rows)
-            record_refs(conn, s, [entry.data for entry in entries])
+            self._record_refs(conn, s, [entry.data for entry in entries])
             (top,) = conn.execute(sql.NEWEST_ENTRY).fetchone()
             staged = rows and top - self._wm >= SEARCH_BATCH
             if staged:
@@ -812,60 +764,14 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
         if index or checkpoint:
             self._upkeep.kick(checkpoint=checkpoint)
 
-    def read_segment(
-        self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
-    ) -> SegmentRead:
-        """Read a segment's header and entries up to and including ``stop_seq``.
-
-        The lines come back as they were written, so a read returns the same dicts as
-        :class:`~terrarium.stores.memory.MemoryStore`.
-        """
-        stop = sql.MAX_SEQ if stop_seq is None else max(stop_seq, 0)
-        args = (str(session_id), str(segment_id), stop)
-        with self._read() as conn:
-            rows = conn.execute(sql.READ_SEGMENT, args).fetchall()
-        if not rows:  # frozen, or moving: the hot and the frozen rows from one snapshot
-            with self._snapshot() as conn:
-                rows = conn.execute(sql.READ_SEGMENT, args).fetchall()
-                cold = None if rows else self._cold_read(conn, session_id, segment_id, stop_seq)
-            if cold is not None:
-                return cold
-        if not rows:
-            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
-        lines = codec.decode_lines(
-            ("\n".join([row[0] for row in rows]) + "\n").encode(),
-            where=f"{self.path} segment {segment_id}",
-            first_line=0,
-        )
-        entries = lines[1:] if stop_seq is None or stop_seq >= 0 else []
-        return SegmentRead(header=lines[0], entries=entries, next_seq=rows[0][1] + 1)
-
-    def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
-        """The seq the next append gets."""
+    def _next_seq(
+        self, conn: sqlite3.Connection, session_id: SessionId, segment_id: SegmentId
+    ) -> int:
         s, g = str(session_id), str(segment_id)
+        seg, next_seq = _tail(conn, s, g)
         held = getattr(self._local, "conn", None) is not None  # a key read there may roll back
-        with self._read() as conn:
-            try:
-                seg, next_seq = _tail(conn, s, g)
-            except SegmentNotFound:
-                cold = self._cold(conn, "next_seq", session_id, segment_id)
-                if cold is None:
-                    raise
-                return int(cold)
         self._seen.remember((session_id, segment_id), next_seq, (s, g, None if held else seg))
         return next_seq
-
-    def list_segments(self, session_id: SessionId) -> list[SegmentId]:
-        """The session's segment ids, oldest first (UUIDv7 order)."""
-        with self._read() as conn:
-            ids = sorted(
-                uuid.UUID(row[0]) for row in conn.execute(sql.SEGMENT_IDS, (str(session_id),))
-            )
-            if not ids:
-                ids = self._cold_ids(conn, session_id)
-        if not ids:
-            raise SegmentNotFound(f"session {session_id} does not exist")
-        return ids
 
     def append_trace(
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
@@ -873,26 +779,13 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
         """Append raw stream events to the segment's debug trace."""
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            while not _segment_exists(conn, session_id, segment_id):
+            while not self._segment_exists(conn, session_id, segment_id):
                 if self._woke(conn, s):
                     continue
                 raise SegmentNotFound(
                     f"segment {segment_id} of session {session_id} does not exist"
                 )
             conn.executemany(sql.INSERT_TRACE, [(s, g, _text(e.to_dict())) for e in entries])
-
-    def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
-        """The segment's debug trace, oldest first."""
-        with self._read() as conn:
-            rows = conn.execute(sql.READ_TRACE, (str(session_id), str(segment_id))).fetchall()
-            if not rows and not _segment_exists(conn, session_id, segment_id):
-                cold = self._cold_trace(conn, session_id, segment_id)
-                if cold is None:
-                    raise SegmentNotFound(
-                        f"segment {segment_id} of session {session_id} does not exist"
-                    )
-                return cold
-        return [codec.decode(row[0]) for row in rows]
 
     def close(self) -> None:
         """Close every idle connection; connections in use close when their call returns."""
@@ -916,13 +809,3 @@ def _tail(conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, in
     if row is None or row[1] is None:
         raise SegmentNotFound(f"segment {segment} of session {session} does not exist")
     return int(row[0]), int(row[1]) + 1
-
-
-def _segment_exists(conn: sqlite3.Connection, session_id: SessionId, segment_id: SegmentId) -> bool:
-    return (
-        conn.execute(sql.SEGMENT_EXISTS, (str(session_id), str(segment_id))).fetchone() is not None
-    )
-
-
-def _head(row: Sequence[Any]) -> PodMetadata:
-    return PodMetadata(row[0], uuid.UUID(row[1]), uuid.UUID(row[2]), row[3], row[4])

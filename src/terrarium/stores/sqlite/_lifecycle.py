@@ -1,7 +1,7 @@
 """``SqliteStore``'s frozen sessions: the physical moves under the shared lifecycle.
 
 Lifecycle itself is :mod:`terrarium.states`, over the state record
-``sessions.state`` (:class:`~terrarium.stores._archive.SqlStates`); here are the rows a
+``sessions.state`` (:class:`~terrarium.stores._sqlbase.SqlStore`); here are the rows a
 freeze, a thaw, a detach and a delete move, in the caller's write transaction. The tables
 (migration ``m001_initial``)::
 
@@ -26,22 +26,11 @@ from __future__ import annotations
 import sqlite3
 
 from terrarium.model import HISTORY_KINDS
-from terrarium.stores._archive import (
-    envelopes,
-    pack_session,
-    unpack_lines,
-)
+from terrarium.stores._archive import envelopes, pack_session, unpack_lines
+from terrarium.stores._sqlbase import COLD_HEAD, DETACH, DROP_COLD, HOT_HEAD, INSERT_COLD_HEAD
 from terrarium.stores.sqlite import _sql as sql
 from terrarium.stores.sqlite.search import segment_summary, unindex_session
 
-HOT_HEAD = (
-    "SELECT context, type, segment_id, created_at, updated_at FROM contexts WHERE session_id = ?"
-)
-COLD_HEAD = (
-    "SELECT context, type, segment_id, created_at, updated_at FROM archived_contexts "
-    "WHERE session_id = ?"
-)
-INSERT_COLD_HEAD = "INSERT INTO archived_contexts VALUES (?, ?, ?, ?, ?, ?)"
 SESSION_TRACES = "SELECT segment_id, line FROM traces WHERE session_id = ? ORDER BY segment_id, id"
 SESSION_SEGMENTS = "SELECT segment_id, created_at FROM segments WHERE session_id = ?"
 # SQLite's entries name their segment by its key (``segments.id``).
@@ -62,14 +51,6 @@ DROP_HOT = (
 ARCHIVED_SEGMENTS = (
     "SELECT segment_id, created_at, lines, trace FROM archived_segments WHERE session_id = ? "
     "ORDER BY segment_id"
-)
-DROP_COLD = (
-    "DELETE FROM archived_contexts WHERE session_id = ?",
-    "DELETE FROM archived_segments WHERE session_id = ?",
-)
-DETACH = (
-    "DELETE FROM contexts WHERE context = ? AND session_id = ?",
-    "DELETE FROM archived_contexts WHERE context = ? AND session_id = ?",
 )
 
 

@@ -24,10 +24,10 @@ order (an ``INTEGER PRIMARY KEY``, so a ``VACUUM`` keeps it). A few statements a
 
 from __future__ import annotations
 
+from terrarium.stores._sqlbase import MAX_SEQ
 from terrarium.stores.base import HISTORY_KINDS_SQL
 
-#: The highest seq there can be, for ranges that run to a segment's end.
-MAX_SEQ = 2**31 - 1
+__all__ = ["MAX_SEQ"]
 
 # ---------------------------------------------------------------------------- migrations
 
@@ -40,11 +40,6 @@ FORGET_MIGRATION = "DELETE FROM migrations WHERE name = ?"
 
 # ---------------------------------------------------------------------------- heads
 
-HEAD = (
-    "SELECT context, session_id, segment_id, created_at, updated_at FROM contexts WHERE context = ?"
-)
-HEADS = "SELECT context, session_id, segment_id, created_at, updated_at FROM contexts"
-HEADS_OF_TYPE = f"{HEADS} WHERE type = ?"
 HEAD_SEGMENTS = "SELECT session_id, segment_id FROM contexts"
 CONTEXT_SESSION = "SELECT session_id FROM contexts WHERE context = ?"
 SESSION_CONTEXT = "SELECT context, created_at FROM contexts WHERE session_id = ?"
@@ -79,8 +74,6 @@ SIGNATURES = (
 # ---------------------------------------------------------------------------- sessions, segments
 
 SESSION_EXISTS = "SELECT 1 FROM sessions WHERE session_id = ?"
-INSERT_SESSION = "INSERT INTO sessions (session_id, context, created_at) VALUES (?, ?, ?)"
-SESSION_OWNER = "SELECT context, created_at FROM sessions WHERE session_id = ?"
 ATTACH_SESSION = "UPDATE sessions SET context = ? WHERE session_id = ? AND context IS NULL"
 # A session's entries that hold history items (its headers, its items), in arrival order.
 SESSION_DOC_ENTRIES = (
@@ -88,8 +81,6 @@ SESSION_DOC_ENTRIES = (
     "JOIN entries AS e ON e.seg = g.id WHERE g.session_id = ? "
     f"AND (e.seq = 0 OR e.kind IN {HISTORY_KINDS_SQL}) ORDER BY e.id"
 )
-SEGMENT_EXISTS = "SELECT 1 FROM segments WHERE session_id = ? AND segment_id = ?"
-SEGMENT_IDS = "SELECT segment_id FROM segments WHERE session_id = ?"
 # The new segment's key is the cursor's lastrowid.
 INSERT_SEGMENT = "INSERT INTO segments (session_id, segment_id, created_at) VALUES (?, ?, ?)"
 
@@ -112,11 +103,11 @@ APPEND_ONE = (
     "INSERT INTO entries (seg, seq, kind, ts, line) VALUES (?1, ?2, ?3, ?4, CASE WHEN EXISTS "
     "(SELECT 1 FROM entries WHERE seg = ?1 AND seq = ?2 - 1) THEN ?5 END)"
 )
-# The key of segment (?1, ?2), found once per statement (an uncorrelated subquery).
-_KEY = "(SELECT id FROM segments WHERE session_id = ?1 AND segment_id = ?2)"
+# The key of the segment, found once per statement (an uncorrelated subquery).
+_KEY = "(SELECT id FROM segments WHERE session_id = :session AND segment_id = :segment)"
 READ_SEGMENT = (
     f"SELECT line, (SELECT max(seq) FROM entries WHERE seg = {_KEY}) FROM entries "
-    f"WHERE seg = {_KEY} AND seq <= ?3 ORDER BY seq"
+    f"WHERE seg = {_KEY} AND seq <= :stop ORDER BY seq"
 )
 # The entries the derived tables have not read yet, in arrival order (by id: a GROUP BY would
 # have SQLite walk the whole (seg, seq) index instead), with their segments' ids.

@@ -27,7 +27,6 @@ from terrarium.stores.migrations import (
     TEXT_PARTS_SQL,
     Migrations,
 )
-from terrarium.stores.sqlite import _blobs as blob_sql
 from terrarium.stores.sqlite import _sql as sql
 
 __all__ = ["MIGRATIONS", "check_readable", "migrate"]
@@ -168,9 +167,18 @@ _TABLES = (
         trace BLOB,
         PRIMARY KEY (session_id, segment_id)
     )""",
-    blob_sql.CREATE_BLOBS,
-    blob_sql.CREATE_BLOB_REFS,
-    blob_sql.CREATE_BLOB_REFS_DIGEST,
+    """CREATE TABLE blobs (
+        digest TEXT PRIMARY KEY,
+        size INTEGER NOT NULL,
+        data BLOB NOT NULL,
+        stored_at REAL NOT NULL
+    )""",
+    """CREATE TABLE blob_refs (
+        digest TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        PRIMARY KEY (session_id, digest)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX blob_refs_digest ON blob_refs (digest)",
 )
 
 _SEARCH = (

@@ -1,0 +1,586 @@
+"""``SqlStore``: what ``SqliteStore`` and ``PostgresStore`` share, written once.
+
+Both databases hold the same tables (each backend's ``m001_initial``): ``contexts`` (the
+heads), ``sessions`` (with the lifecycle's ``state`` record, JSON text, NULL for ``{}``),
+``segments``, ``entries``, ``traces``, ``blobs`` and ``blob_refs``, ``archived_contexts`` and
+``archived_segments`` (frozen sessions, :mod:`._archive`'s frames). :class:`SqlStore` reads
+them the same way on both: heads (and the checks of a head move and of an attach), segments
+and traces (hot, else frozen), blobs, and the :class:`~terrarium.stores.base.SessionStates`
+primitives. A store supplies its connections (``_read``, ``_write``, ``_snapshot``), its
+dialect (``_q``, ``_sid``, ``_uuid``), the two statements whose text differs
+(``_READ_SEGMENT``, ``_READ_TRACE``), its tail read (``_next_seq``), its wake (``_wake_on``)
+and the rows each lifecycle move takes (``_freeze_rows``...).
+
+Statements here use SQLite's placeholders (``?``); PostgreSQL's store turns them into its own
+(:func:`pyformat`, through :meth:`SqlStore._q`). Blobs: each blob's bytes once under its
+digest, and a ``blob_refs(digest, session_id)`` row for each blob an entry refers to, written
+in the entry's transaction (:meth:`SqlStore._record_refs`); GC deletes the rows of sessions
+that no longer exist (purged), then the blobs no row names.
+
+Usage::
+
+    class SqliteStore(SqlStore):
+        _READ_SEGMENT = "SELECT line, ... WHERE ... AND seq <= :stop ORDER BY seq"
+        def _read(self) -> AbstractContextManager[sqlite3.Connection]: ...
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from abc import abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from terrarium.blobs import check_digest, digest_of, line_digests
+from terrarium.codec import decode, decode_lines, encode
+from terrarium.errors import (
+    BlobNotFound,
+    ConflictError,
+    ContextExists,
+    ContextNotFound,
+    CorruptBlob,
+    SegmentNotFound,
+    SessionAttached,
+)
+from terrarium.model import ContextId, SegmentId, SessionId
+from terrarium.stores._archive import unpack, unpack_lines
+from terrarium.stores.base import (
+    ClosingStore,
+    PodMetadata,
+    SegmentRead,
+    SessionRecord,
+    header_line,
+    refuse_files,
+)
+
+#: The highest seq there can be, for ranges that run to a segment's end.
+MAX_SEQ = 2**31 - 1
+
+
+@functools.cache  # a statement is a constant: each is rewritten once
+def pyformat(statement: str) -> str:
+    """``statement`` with psycopg's placeholders (``%s``) for SQLite's (``?``)."""
+    return statement.replace("?", "%s")
+
+
+_HEAD_COLUMNS = "context, session_id, segment_id, created_at, updated_at"
+HEAD = f"SELECT {_HEAD_COLUMNS} FROM contexts WHERE context = ?"
+#: The head of an archived context (its session frozen), by id.
+ARCHIVED_HEAD = f"SELECT {_HEAD_COLUMNS} FROM archived_contexts WHERE context = ?"
+#: A context's head, hot or archived, in one statement: one snapshot, so a context that a
+#: freeze or a thaw moves between the two tables meanwhile is found in one of them (two
+#: statements could miss it in both).
+HEAD_ANY = (
+    f"SELECT {_HEAD_COLUMNS} FROM contexts WHERE context = ? "
+    f"UNION ALL SELECT {_HEAD_COLUMNS} FROM archived_contexts WHERE context = ?"
+)
+HEADS = f"SELECT {_HEAD_COLUMNS} FROM contexts"
+HEADS_OF_TYPE = f"{HEADS} WHERE type = ?"
+SEGMENT_EXISTS = "SELECT 1 FROM segments WHERE session_id = ? AND segment_id = ?"
+SEGMENT_IDS = "SELECT segment_id FROM segments WHERE session_id = ?"
+#: A frozen segment's columns, read by reference.
+COLD_SEGMENT = "SELECT {columns} FROM archived_segments WHERE session_id = ? AND segment_id = ?"
+COLD_SEGMENT_IDS = "SELECT segment_id FROM archived_segments WHERE session_id = ?"
+STATE = "SELECT state, context FROM sessions WHERE session_id = ?"
+INSERT_SESSION = (
+    "INSERT INTO sessions (session_id, context, created_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (session_id) DO NOTHING"
+)
+SESSION_OWNER = "SELECT context, created_at, state FROM sessions WHERE session_id = ?"
+SET_STATE = "UPDATE sessions SET state = ? WHERE session_id = ?"
+DETACH_SESSION = "UPDATE sessions SET context = NULL, state = ? WHERE session_id = ?"
+#: From the partial index ``sessions_stated``.
+RECORDS = "SELECT session_id, context, state FROM sessions WHERE state IS NOT NULL"
+#: From the partial index ``sessions_detached``.
+UNOWNED = "SELECT session_id FROM sessions WHERE context IS NULL"
+#: A session's head: hot (then ``FOR UPDATE`` on PostgreSQL) or frozen; a frozen one's insert.
+_SESSION_HEAD = "SELECT context, type, segment_id, created_at, updated_at FROM {table} "
+HOT_HEAD = _SESSION_HEAD.format(table="contexts") + "WHERE session_id = ?"
+COLD_HEAD = _SESSION_HEAD.format(table="archived_contexts") + "WHERE session_id = ?"
+INSERT_COLD_HEAD = "INSERT INTO archived_contexts VALUES (?, ?, ?, ?, ?, ?)"
+DROP_COLD = (
+    "DELETE FROM archived_contexts WHERE session_id = ?",
+    "DELETE FROM archived_segments WHERE session_id = ?",
+)
+#: A context's head, hot or frozen, if it is on the session.
+DETACH = (
+    "DELETE FROM contexts WHERE context = ? AND session_id = ?",
+    "DELETE FROM archived_contexts WHERE context = ? AND session_id = ?",
+)
+DROP_SESSION = (
+    "DELETE FROM archived_segments WHERE session_id = ?",
+    "DELETE FROM sessions WHERE session_id = ?",
+)
+
+TOUCH_BLOB = "UPDATE blobs SET stored_at = ? WHERE digest = ?"
+# Two writers of one new blob: the second touches the first one's row.
+PUT_BLOB = (
+    "INSERT INTO blobs (digest, size, data, stored_at) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (digest) DO UPDATE SET stored_at = excluded.stored_at"
+)
+GET_BLOB = "SELECT data FROM blobs WHERE digest = ?"
+HAS_BLOB = "SELECT 1 FROM blobs WHERE digest = ?"
+ALL_BLOBS = "SELECT digest FROM blobs ORDER BY digest"
+INSERT_BLOB_REF = "INSERT INTO blob_refs (digest, session_id) VALUES (?, ?) ON CONFLICT DO NOTHING"
+LIVE_REFS = (
+    "SELECT digest, min(CAST(session_id AS text)) FROM blob_refs r "
+    "WHERE EXISTS (SELECT 1 FROM sessions s WHERE s.session_id = r.session_id) GROUP BY digest"
+)
+DROP_DEAD_REFS = (
+    "DELETE FROM blob_refs WHERE NOT EXISTS "
+    "(SELECT 1 FROM sessions s WHERE s.session_id = blob_refs.session_id)"
+)
+DELETE_UNREFERENCED = (
+    "DELETE FROM blobs WHERE stored_at < ? AND NOT EXISTS "
+    "(SELECT 1 FROM blob_refs r WHERE r.digest = blobs.digest)"
+)
+
+
+class SqlStore(ClosingStore):
+    """A store over the tables both databases hold (see the module docstring).
+
+    Each lifecycle primitive is one write transaction: the record is read (its row locked),
+    compared with the one expected, and written together with the physical move, which the
+    store supplies (:meth:`_freeze_rows`, :meth:`_thaw_rows`, :meth:`_detach_rows`,
+    :meth:`_drop_rows`). A frozen session's segments are ``archived_segments`` rows, one
+    zstandard frame each, and its head, while attached, an ``archived_contexts`` row.
+    """
+
+    blob_threshold: int | None
+    #: Appended to the read of a record that is to change: locks its row (PostgreSQL). A
+    #: SQLite write transaction holds the database's one write lock already.
+    _FOR_UPDATE = ""
+    #: A segment's lines up to seq ``stop``, each with the segment's last seq (named
+    #: parameters ``session``, ``segment``, ``stop``).
+    _READ_SEGMENT: str
+    #: A segment's trace lines, oldest first (parameters: session, segment).
+    _READ_TRACE: str
+    _where: str
+    """The database, as error messages name it (never with a password)."""
+
+    def _q(self, statement: str) -> str:
+        """``statement`` in this database's placeholders."""
+        return statement
+
+    def _sid(self, id: uuid.UUID) -> Any:
+        """A session or segment id as this database's id columns hold it."""
+        return str(id)
+
+    @staticmethod
+    def _uuid(value: Any) -> uuid.UUID:
+        """An id column's value as a UUID."""
+        return uuid.UUID(value)
+
+    @abstractmethod
+    def _read(self) -> AbstractContextManager[Any]:
+        """A connection for reads."""
+
+    @abstractmethod
+    def _write(self) -> AbstractContextManager[Any]:
+        """A connection in one write transaction."""
+
+    def _snapshot(self) -> AbstractContextManager[Any]:
+        """A connection whose statements read one snapshot, where the database gives one."""
+        return self._read()
+
+    @abstractmethod
+    def _next_seq(self, conn: Any, session_id: SessionId, segment_id: SegmentId) -> int:
+        """The hot segment's next seq, remembered for appends; SegmentNotFound if none."""
+
+    @abstractmethod
+    def _insert_segment(
+        self,
+        conn: Any,
+        session_id: SessionId,
+        segment_id: SegmentId,
+        type: str,
+        line: Mapping[str, Any],
+    ) -> int | None:
+        """A segment's row and header (entry 0) with their blob refs, in the caller's
+        transaction; ``type`` is its context's ('' detached), where the store indexes the
+        header's items at once."""
+
+    @abstractmethod
+    def _wake_on(self, conn: Any, session_id: SessionId) -> bool:
+        """Wake the session for a write on ``conn`` if it is frozen; whether it was."""
+
+    def _hold_name(self, conn: Any, context: str) -> None:
+        """Hold the id ``context`` until the transaction ends, where a create could take it
+        meanwhile (PostgreSQL); SQLite's write transaction holds its one write lock."""
+
+    @abstractmethod
+    def _freeze_rows(self, conn: Any, session: Any) -> tuple[int, int]:
+        """Move a hot session's rows to their frozen form; return its bytes hot and frozen."""
+
+    @abstractmethod
+    def _thaw_rows(self, conn: Any, session: Any) -> None:
+        """Move a frozen session's rows back to the hot tables."""
+
+    @abstractmethod
+    def _detach_rows(self, conn: Any, context: str, session: Any) -> bool:
+        """Drop the head of ``context`` if it is on ``session``; whether it was."""
+
+    @abstractmethod
+    def _drop_rows(self, conn: Any, session: Any) -> None:
+        """Delete a detached session's hot rows (its frozen ones go with its record)."""
+
+    # ---------------------------------------------------------------- heads
+
+    def get_head(self, context: ContextId) -> PodMetadata | None:
+        """Return the context's head record, or None."""
+        with self._read() as conn:
+            row = conn.execute(self._q(HEAD_ANY), (str(context), str(context))).fetchone()
+        return None if row is None else self._head(row)
+
+    def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
+        """Every head record, optionally of one type, sorted by context id."""
+        with self._read() as conn:
+            if type is None:
+                rows = conn.execute(self._q(HEADS)).fetchall()
+            else:
+                rows = conn.execute(self._q(HEADS_OF_TYPE), (type,)).fetchall()
+        # (type, name), as ContextId orders, without parsing and validating every id again.
+        return sorted(map(self._head, rows), key=lambda h: h.context.partition(":")[::2])
+
+    def _head_to_move(
+        self, conn: Any, context: ContextId, segment_id: SegmentId, expected: SegmentId
+    ) -> PodMetadata:
+        """The context's head before a move to ``segment_id``, woken if frozen: ConflictError
+        unless it is on ``expected``, SegmentNotFound unless the segment exists."""
+        while (row := conn.execute(self._q(HEAD), (str(context),)).fetchone()) is None:
+            cold = conn.execute(self._q(ARCHIVED_HEAD), (str(context),)).fetchone()
+            if cold is None:
+                raise ContextNotFound(f"context {context} does not exist")
+            self._wake_on(conn, self._uuid(cold[1]))
+        head = self._head(row)
+        if head.segment_id != expected:
+            raise ConflictError(f"head of {context} is {head.segment_id}, not {expected}: it moved")
+        if not self._segment_exists(conn, head.session_id, segment_id):
+            raise SegmentNotFound(
+                f"segment {segment_id} of session {head.session_id} does not exist"
+            )
+        return head
+
+    def _attachable(
+        self, conn: Any, ctx: ContextId, session_id: SessionId, segment_id: SegmentId
+    ) -> tuple[str, bool]:
+        """Check that ``ctx`` may be made on the detached session's segment, the session's
+        row locked, then the id; return the session's creation time and whether it is frozen."""
+        owner = self._q(SESSION_OWNER + self._FOR_UPDATE)
+        row = conn.execute(owner, (self._sid(session_id),)).fetchone()
+        if row is None:
+            raise SegmentNotFound(f"session {session_id} does not exist")
+        if row[0] is not None:  # first: a restore that lost a race to another is NotInTrash
+            raise SessionAttached(f"session {session_id} already belongs to context {row[0]}")
+        self._hold_name(conn, str(ctx))
+        if conn.execute(self._q(HEAD_ANY), (str(ctx), str(ctx))).fetchone() is not None:
+            raise ContextExists(f"context {ctx} already exists")
+        frozen = "cold" in state_record(row[2])
+        if not (
+            self._cold(conn, "next_seq", session_id, segment_id)
+            if frozen
+            else self._segment_exists(conn, session_id, segment_id)
+        ):
+            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+        return str(row[1]), frozen
+
+    def _head(self, row: Sequence[Any]) -> PodMetadata:
+        return PodMetadata(row[0], self._uuid(row[1]), self._uuid(row[2]), row[3], row[4])
+
+    # ---------------------------------------------------------------- sessions, segments
+
+    def create_session(self, header: Mapping[str, Any]) -> None:
+        """Create a session that belongs to no context (``sessions.context`` NULL)."""
+        line = header_line(header)
+        session_id = uuid.UUID(str(line["session_id"]))
+        with self._write() as conn:
+            created = (self._sid(session_id), None, str(line["ts"]))
+            if conn.execute(self._q(INSERT_SESSION), created).rowcount != 1:
+                raise ConflictError(f"session {session_id} already exists")
+            self._insert_segment(conn, session_id, uuid.UUID(str(line["segment_id"])), "", line)
+
+    def read_segment(
+        self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
+    ) -> SegmentRead:
+        """Read a segment's header and entries up to and including ``stop_seq``.
+
+        Each ``line`` is the entry's JSON exactly as written, so a read returns the same dicts
+        as :class:`~terrarium.stores.memory.MemoryStore`, key order and unknown keys intact.
+        """
+        stop = MAX_SEQ if stop_seq is None else max(stop_seq, 0)
+        args = {"session": self._sid(session_id), "segment": self._sid(segment_id), "stop": stop}
+        with self._read() as conn:
+            rows = conn.execute(self._READ_SEGMENT, args).fetchall()
+        if not rows:  # frozen, or moving: the hot and the frozen rows from one snapshot
+            with self._snapshot() as conn:
+                rows = conn.execute(self._READ_SEGMENT, args).fetchall()
+                cold = None if rows else self._cold_read(conn, session_id, segment_id, stop_seq)
+            if cold is not None:
+                return cold
+        if not rows:
+            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+        lines = decode_lines(
+            ("\n".join([row[0] for row in rows]) + "\n").encode(),
+            where=f"{self._where} segment {segment_id}",
+            first_line=0,
+        )
+        entries = lines[1:] if stop_seq is None or stop_seq >= 0 else []
+        return SegmentRead(header=lines[0], entries=entries, next_seq=int(rows[0][1]) + 1)
+
+    def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
+        """The seq the next append gets."""
+        with self._read() as conn:
+            try:
+                return self._next_seq(conn, session_id, segment_id)
+            except SegmentNotFound:
+                cold = self._cold(conn, "next_seq", session_id, segment_id)
+                if cold is None:
+                    raise
+                return int(cold)
+
+    def list_segments(self, session_id: SessionId) -> list[SegmentId]:
+        """The session's segment ids, oldest first (UUIDv7 order)."""
+        with self._read() as conn:
+            rows = conn.execute(self._q(SEGMENT_IDS), (self._sid(session_id),))
+            ids = [self._uuid(row[0]) for row in rows]
+            if not ids:
+                ids = self._cold_ids(conn, session_id)
+        if not ids:
+            raise SegmentNotFound(f"session {session_id} does not exist")
+        return sorted(ids)
+
+    def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
+        """The segment's debug trace, oldest first."""
+        with self._read() as conn:
+            ids = (self._sid(session_id), self._sid(segment_id))
+            rows = conn.execute(self._READ_TRACE, ids).fetchall()
+            if not rows and not self._segment_exists(conn, session_id, segment_id):
+                cold = self._cold_trace(conn, session_id, segment_id)
+                if cold is None:
+                    raise SegmentNotFound(
+                        f"segment {segment_id} of session {session_id} does not exist"
+                    )
+                return cold
+        return [decode(row[0]) for row in rows]
+
+    def _segment_exists(self, conn: Any, session_id: SessionId, segment_id: SegmentId) -> bool:
+        ids = (self._sid(session_id), self._sid(segment_id))
+        return conn.execute(self._q(SEGMENT_EXISTS), ids).fetchone() is not None
+
+    # ---------------------------------------------------------------- blobs
+
+    def put_blob(self, data: bytes) -> str:
+        """Store ``data`` once; return its digest."""
+        data = bytes(data)
+        digest = digest_of(data)
+        now = time.time()
+        with self._write() as conn:
+            if conn.execute(self._q(TOUCH_BLOB), (now, digest)).rowcount == 0:
+                conn.execute(self._q(PUT_BLOB), (digest, len(data), data, now))
+        return digest
+
+    def get_blob(self, digest: str) -> bytes:
+        """The blob's bytes, checked against ``digest``."""
+        with self._read() as conn:
+            row = conn.execute(self._q(GET_BLOB), (check_digest(digest),)).fetchone()
+        if row is None:
+            raise BlobNotFound(f"blob {digest} is not in the database")
+        data = bytes(row[0])
+        if digest_of(data) != digest:
+            raise CorruptBlob(f"blob {digest} in the database does not match its digest")
+        return data
+
+    def has_blob(self, digest: str) -> bool:
+        """Whether the blob is stored."""
+        with self._read() as conn:
+            return conn.execute(self._q(HAS_BLOB), (check_digest(digest),)).fetchone() is not None
+
+    def blob_digests(self) -> list[str]:
+        """Every stored blob's digest, sorted."""
+        with self._read() as conn:
+            return [row[0] for row in conn.execute(self._q(ALL_BLOBS))]
+
+    def blob_references(self) -> dict[str, str]:
+        """Every digest an existing session refers to, with one such session."""
+        with self._read() as conn:
+            return {row[0]: f"session {row[1]}" for row in conn.execute(self._q(LIVE_REFS))}
+
+    def delete_unreferenced_blobs(self, *, stored_before: float) -> int:
+        """Drop the references of purged sessions, then the blobs nothing refers to."""
+        with self._write() as conn:
+            conn.execute(self._q(DROP_DEAD_REFS))
+            return int(conn.execute(self._q(DELETE_UNREFERENCED), (stored_before,)).rowcount)
+
+    def _record_refs(self, conn: Any, session: Any, lines: Iterable[Mapping[str, Any]]) -> None:
+        """Add the ``blob_refs`` rows of the blobs ``lines`` refer to, in the caller's
+        transaction (``session`` as the id columns hold it)."""
+        rows = sorted({(digest, session) for line in lines for digest in line_digests(line)})
+        if rows:
+            conn.cursor().executemany(self._q(INSERT_BLOB_REF), rows)
+
+    # ---------------------------------------------------------------- session states
+
+    def session_state(self, session_id: SessionId) -> dict[str, Any]:
+        """The session's state record (``{}`` if none)."""
+        with self._read() as conn:
+            row = conn.execute(self._q(STATE), (self._sid(session_id),)).fetchone()
+        if row is None:
+            raise SegmentNotFound(f"session {session_id} does not exist")
+        return state_record(row[0])
+
+    def set_session_state(
+        self, session_id: SessionId, state: Mapping[str, Any], *, expected: Mapping[str, Any]
+    ) -> None:
+        """Replace the record if it is ``expected`` now."""
+        with self._write() as conn:
+            self._check(conn, session_id, expected)
+            self._put(conn, session_id, state)
+
+    def session_records(self) -> list[SessionRecord]:
+        """Every session whose record is not empty, with its owner."""
+        with self._read() as conn:
+            rows = conn.execute(self._q(RECORDS)).fetchall()
+        found = [SessionRecord(self._uuid(s), owner, state_record(text)) for s, owner, text in rows]
+        return [record for record in found if record.state]
+
+    def session_owner(self, session_id: SessionId) -> str | None:
+        """The context the session belongs to, None if detached."""
+        with self._read() as conn:
+            row = conn.execute(self._q(STATE), (self._sid(session_id),)).fetchone()
+        if row is None:
+            raise SegmentNotFound(f"session {session_id} does not exist")
+        return None if row[1] is None else str(row[1])
+
+    def unowned_sessions(self) -> list[SessionId]:
+        """Every session that belongs to no context, oldest first (UUIDv7 order)."""
+        with self._read() as conn:
+            return sorted(self._uuid(row[0]) for row in conn.execute(self._q(UNOWNED)))
+
+    def freeze_session(
+        self,
+        session_id: SessionId,
+        *,
+        expected: Mapping[str, Any],
+        state: Mapping[str, Any],
+        along: Sequence[Path] = (),
+    ) -> dict[str, Any]:
+        """Move the session to its frozen form and set its record, in one transaction."""
+        refuse_files(along)
+        with self._write() as conn:
+            now = self._check(conn, session_id, expected)
+            if "cold" in now:  # frozen already: the record changes, the rows stay
+                cold = now["cold"]
+            else:
+                hot, packed = self._freeze_rows(conn, self._sid(session_id))
+                cold = {"hot_bytes": hot, "cold_bytes": packed}
+            stored = state_record(encode({**state, "cold": cold}).decode())
+            self._put(conn, session_id, stored)
+        return stored
+
+    def thaw_session(
+        self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
+    ) -> None:
+        """Move a frozen session back to the hot tables and set its record."""
+        with self._write() as conn:
+            if "cold" in self._check(conn, session_id, expected):
+                self._thaw_rows(conn, self._sid(session_id))
+            self._put(conn, session_id, {k: v for k, v in state.items() if k != "cold"})
+
+    def detach_context(
+        self,
+        context: ContextId,
+        session_id: SessionId,
+        *,
+        expected: Mapping[str, Any],
+        state: Mapping[str, Any],
+    ) -> None:
+        """Drop the context's head, leave its session detached and set its record."""
+        with self._write() as conn:
+            self._check(conn, session_id, expected)
+            if not self._detach_rows(conn, str(context), self._sid(session_id)):
+                raise ContextNotFound(f"context {context} is not on session {session_id}")
+            conn.execute(self._q(DETACH_SESSION), (_text(state), self._sid(session_id)))
+
+    def delete_session(self, session_id: SessionId) -> bool:
+        """Delete a detached session, its record and its rows, for ever."""
+        sid = self._sid(session_id)
+        with self._write() as conn:
+            row = conn.execute(self._q(STATE + self._FOR_UPDATE), (sid,)).fetchone()
+            if row is None:
+                return False
+            if row[1] is not None:
+                raise SessionAttached(f"session {session_id} belongs to context {row[1]}")
+            self._drop_rows(conn, sid)
+            for statement in DROP_SESSION:
+                conn.execute(self._q(statement), (sid,))
+        return True
+
+    def _check(
+        self, conn: Any, session_id: SessionId, expected: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The session's record, locked; ConflictError unless it is ``expected``."""
+        row = conn.execute(self._q(STATE + self._FOR_UPDATE), (self._sid(session_id),)).fetchone()
+        if row is None:
+            raise SegmentNotFound(f"session {session_id} does not exist")
+        now = state_record(row[0])
+        if now != dict(expected):
+            raise ConflictError(f"the state of session {session_id} changed meanwhile")
+        return now
+
+    def _put(self, conn: Any, session_id: SessionId, state: Mapping[str, Any]) -> None:
+        conn.execute(self._q(SET_STATE), (_text(state), self._sid(session_id)))
+
+    def _cold(self, conn: Any, column: str, session_id: SessionId, segment_id: SegmentId) -> Any:
+        """One column of a frozen segment's row (``lines``, ``next_seq``, ``trace``), or None
+        if there is no such row (``trace`` may be NULL: look at ``next_seq`` first)."""
+        ids = (self._sid(session_id), self._sid(segment_id))
+        row = conn.execute(self._q(COLD_SEGMENT.format(columns=column)), ids).fetchone()
+        return None if row is None else row[0]
+
+    def _cold_read(
+        self, conn: Any, session_id: SessionId, segment_id: SegmentId, stop_seq: int | None
+    ) -> SegmentRead | None:
+        """Read a frozen segment (decompressing it), or None if there is none."""
+        blob = self._cold(conn, "lines", session_id, segment_id)
+        if blob is None:
+            return None
+        where = f"{self!r} frozen segment {segment_id}"
+        lines = decode_lines(unpack(blob, where=where), where=where, first_line=0)
+        stop = len(lines) if stop_seq is None else max(stop_seq, 0) + 1
+        return SegmentRead(header=lines[0], entries=lines[1:stop], next_seq=len(lines))
+
+    def _cold_ids(self, conn: Any, session_id: SessionId) -> list[SegmentId]:
+        """The segments of a frozen session, oldest first (none if it is not frozen)."""
+        rows = conn.execute(self._q(COLD_SEGMENT_IDS), (self._sid(session_id),))
+        return sorted(self._uuid(row[0]) for row in rows)
+
+    def _cold_trace(
+        self, conn: Any, session_id: SessionId, segment_id: SegmentId
+    ) -> list[dict[str, Any]] | None:
+        """A frozen segment's trace, or None if there is no such segment."""
+        if self._cold(conn, "next_seq", session_id, segment_id) is None:
+            return None
+        trace = self._cold(conn, "trace", session_id, segment_id)
+        return [decode(line) for line in unpack_lines(trace)]
+
+    def _frozen(self, conn: Any, session_id: SessionId) -> bool:
+        """Whether the session exists and is frozen: the miss path of a write."""
+        row = conn.execute(self._q(STATE), (self._sid(session_id),)).fetchone()
+        return row is not None and "cold" in state_record(row[0])
+
+
+def state_record(text: str | None) -> dict[str, Any]:
+    """A ``state`` column's record (NULL: ``{}``)."""
+    if text is None:
+        return {}
+    found: dict[str, Any] = decode(text)
+    return found
+
+
+def _text(state: Mapping[str, Any]) -> str | None:
+    """A record as the ``state`` column holds it (``{}``: NULL)."""
+    return encode(dict(state)).decode() if state else None
