@@ -498,29 +498,6 @@ def test_import_into_another_context_renames_it() -> None:
     assert (out["session_id"], out["metadata"]["session_id"]) == ("a-b", "a-b")
 
 
-def test_history_with_timestamps_pairs_items_with_times(tmp_path: Path) -> None:
-    store = FsStore(tmp_path)
-    data = {
-        "session_id": "main",
-        "context_type": "cli",
-        "messages": [{"role": "user", "content": "a", "timestamp": "2025-01-01T10:00:00+02:00"}],
-    }
-    head = tj.import_session(store, tj.from_dict(data))
-    entry = sessions.save_user_input(store, head, "b")
-    fork = sessions.fork(store, head)
-    later = sessions.save_user_input(store, PodActiveSegmentRef(head.session_id, fork), "c")
-    got = tj.history_with_timestamps(store, head.session_id, fork)
-    assert got == [
-        ({"role": "user", "content": "a"}, "2025-01-01T10:00:00+02:00"),
-        ({"role": "user", "content": "b"}, entry.ts),
-        ({"role": "user", "content": "c"}, later.ts),
-    ]
-    header = store.read_segment(head.session_id, head.segment_id).header
-    assert header["origin"]["kind"] == "import"
-    assert header[tj.LEGACY_HEADER_KEY]["item_ts"] == ["2025-01-01T10:00:00+02:00"]
-    store.close()
-
-
 def test_export_of_a_missing_context_raises() -> None:
     with pytest.raises(ContextNotFound):
         tj.export_context(MemoryStore(), "cli:nope")

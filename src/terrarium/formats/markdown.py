@@ -1,11 +1,10 @@
 """A context as a readable Markdown transcript.
 
-The title is the context id; then the dates, the model and token totals, the system prompt,
-and every history item under a heading with its role and the time it was logged. Message text
-is kept as written (models write Markdown); tool calls, tool results, the system prompt and
-content parts that are not text go in fenced blocks whose fence is longer than any run of
-backticks inside, so nothing can break out of them. Runtime events (``system_item`` entries)
-are one italic line each. Export only: a transcript loses the log's structure.
+The title is the context id; then dates, model, token totals, the system prompt, and every
+history item under a heading with its role and time. Message text is kept as written (models
+write Markdown). Tool calls, tool results, the system prompt and non-text parts go in fenced
+blocks whose fence is longer than any backtick run inside, so nothing breaks out. Runtime
+events are one italic line each.
 """
 
 from __future__ import annotations
@@ -104,11 +103,7 @@ def _tool_calls(item: Mapping[str, Any]) -> list[str]:
 
 
 def render_item(timed: sessions.TimedItem) -> str:
-    """One history item as a Markdown section (or an italic line for a runtime event).
-
-    A Responses item is rendered as its Chat view (``model.chat_view``), its kind named in the
-    heading (``Assistant (`function_call`)``); a kind with no view shows its keys as JSON.
-    """
+    """One history item as a Markdown section; a Responses item as its Chat view, its kind named."""
     item = timed.item
     if timed.kind == EntryKind.SYSTEM_ITEM:
         text = escape(str(item.get("content") or "")) or escape(timed.event or "event")
@@ -165,11 +160,7 @@ def render(transcript: Transcript) -> str:
 
 
 def export_context(store: Store, context: ContextId | str) -> str:
-    """The context as a Markdown transcript.
-
-    Raises:
-        ContextNotFound: no such context.
-    """
+    """The context as a Markdown transcript (ContextNotFound if there is none)."""
     return render(load_transcript(store, context))
 
 

@@ -1,18 +1,13 @@
 """A context as OpenAI chat messages, and many contexts as an OpenAI fine-tuning file.
 
-:func:`chat_messages` gives the exact messages the model is sent for a context: the system
-prompt first (when there is one), then every history item but those of failed runs
-(``RestoredState.model_history``) with the standard keys only, built by
-:func:`terrarium.model.wire_messages`, the function the runtime itself sends with
-(consecutive user messages go as one). Keys that live in the log only
-(``reasoning_content``, keys a newer terrarium wrote) are left out.
+:func:`chat_messages` gives the exact messages the model is sent, built by
+:func:`terrarium.model.wire_messages` as the runtime builds them: the system prompt, then every
+item but those of failed runs, with the standard keys only (no ``reasoning_content``).
 
-:func:`finetune_lines` writes the chat fine-tuning format: one JSON object per line,
-``{"messages": [...]}``, one conversation per context. Tool calls and tool results stay in
-OpenAI form. A context whose config holds a ``tools`` list (function definitions) carries it
-as the record's ``tools``. Conversations without an assistant message teach nothing and are
-skipped. Contexts are chosen by type, by id, and by a date window: a context is kept whole
-when any of its messages was logged in the window.
+:func:`finetune_lines` writes the chat fine-tuning format, one ``{"messages": [...]}`` line per
+context, with a config's ``tools`` list as the record's ``tools``. Conversations without an
+assistant message teach nothing and are skipped. A context is kept whole when any of its
+messages was logged in the date window.
 """
 
 from __future__ import annotations
@@ -37,11 +32,7 @@ def chat_messages(state: RestoredState) -> list[dict[str, Any]]:
 
 
 def export_context(store: Store, context: ContextId | str) -> str:
-    """The context's chat messages as a JSON array (indented, UTF-8 text).
-
-    Raises:
-        ContextNotFound: no such context.
-    """
+    """The context's chat messages as an indented JSON array (ContextNotFound if there is none)."""
     messages = chat_messages(load_transcript(store, context).state)
     return json.dumps(messages, indent=2, ensure_ascii=False) + "\n"
 
@@ -87,10 +78,9 @@ def finetune_lines(
     Args:
         store: where the contexts live.
         contexts: the contexts to consider; every context in the store by default.
-        type: keep only contexts of this type (``cli``, ``irc``, ...).
-        since: keep only contexts with a message logged at or after this time.
-        until: keep only contexts with a message logged at or before this time (a date
-            covers its whole day).
+        type: keep only contexts of this type.
+        since, until: keep only contexts with a message logged in this window (a date covers
+            its whole day).
 
     Raises:
         ContextNotFound: a context named in ``contexts`` does not exist.
@@ -105,11 +95,7 @@ def finetune_lines(
 
 
 def export_finetune_context(store: Store, context: ContextId | str) -> str:
-    """The fine-tuning JSONL of one context: one line, or nothing without an assistant message.
-
-    Raises:
-        ContextNotFound: no such context.
-    """
+    """One context's fine-tuning JSONL: one line, or nothing without an assistant message."""
     return export_finetune(store, [context])
 
 
