@@ -592,11 +592,7 @@ _RESPONSES_PARTS = frozenset(
 
 
 def is_responses_item(item: Mapping[str, Any]) -> bool:
-    """Whether a logged item is a Responses API item rather than a Chat Completions message.
-
-    It is when it has a ``type`` (Chat messages have none), or is a ``developer`` message
-    (the Responses API's easy input message, which has no ``type``).
-    """
+    """Whether a logged item is a Responses API item: it has a ``type``, or is a developer one."""
     return "type" in item or item.get("role") == "developer"
 
 
