@@ -1,11 +1,9 @@
 """What the commands see as "the sessions": native contexts and legacy JSON files, together.
 
-Legacy files (``sessions/{type}/{date}/{name}.json``, the old Terrarium format) are read in
-place by :mod:`terrarium.legacy`, which holds the rules (the manager follows the same): they
-list, show and export like native contexts (read through a throw-away in-memory store), and a
-chat on one imports it into the log first. The legacy file is never changed. A context that
-exists in the log hides any legacy file of the same name. ``list`` warns about legacy files it
-cannot use.
+Legacy files are read in place by :mod:`terrarium.legacy`, which holds the rules: they list,
+show and export like native contexts (through a throw-away in-memory store), and a chat on one
+imports it into the log first; the file is never changed. A context in the log hides a legacy
+file of the same name.
 """
 
 from __future__ import annotations
@@ -44,11 +42,7 @@ def legacy_root(state: CliState) -> Path | None:
 
 
 def list_sessions(state: CliState, type: str | None = None) -> list[SessionInfo]:
-    """Every session, grouped by type (alphabetical), newest first within a type.
-
-    Legacy files that cannot be used are reported on stderr, one line each
-    (``warning: <path>: <reason>``); the listing goes on without them.
-    """
+    """Every session, grouped by type, newest first; unusable legacy files warned of on stderr."""
     listing = contexts.list_contexts(state.store(), type=type)
     for problem in listing.problems:
         state.out.note(f"warning: {one_line(str(problem))}", style="yellow")
@@ -100,9 +94,10 @@ def missing(state: CliState, context: ContextId) -> ContextNotFound:
 
 
 def similar(context: ContextId, candidates: list[str]) -> list[str]:
-    """Up to three of ``candidates`` close to ``context``: the same name under another type
-    first, then names ``difflib`` finds alike (names, not ids: a shared ``cli:`` would make
-    any two ids look alike), those of the same type first."""
+    """Up to three of ``candidates`` close to ``context``: the same name under another type first.
+
+    Then names ``difflib`` finds alike (names, not ids: a shared ``cli:`` makes ids look alike).
+    """
     by_name: dict[str, list[str]] = {}
     for candidate in candidates:
         by_name.setdefault(candidate.partition(":")[2], []).append(candidate)

@@ -1,6 +1,5 @@
 """The commands that manage sessions: list, show, stats, delete, clear, rewind, fork, compact,
-export, import, migrate, fsck and reindex. Each one calls the library; nothing here touches storage
-itself (``fsck`` reads segment files through :mod:`terrarium.codec`, see ``cli/fsck.py``).
+export, import, migrate, fsck and reindex. Each one calls the library.
 """
 
 from __future__ import annotations
@@ -58,11 +57,9 @@ def _format_aliases() -> str:
 
 
 class FormatChoice(click.Choice):  # type: ignore[type-arg]  # generic from click 8.2
-    """An export format by name or by an alias users type (``md``, ``txt``, ``JSONL``).
+    """An export format by name or alias (``md``, ``txt``, ``JSONL``), read when click asks.
 
-    The names are read from :mod:`terrarium.export` when click first asks for them (help,
-    completion, a value to check), not when the command is declared: every command's start
-    would otherwise import it (its format table and ``hashlib``).
+    Reading them at declaration would import :mod:`terrarium.export` on every command's start.
     """
 
     def __init__(self) -> None:
@@ -136,10 +133,10 @@ def print_sessions(
     *,
     scope: str = "hot",
 ) -> None:
-    """The session list as a table, or as JSON; past ``limit`` rows, how many more there are.
+    """The session list as a table or JSON; past ``limit`` rows, how many more there are.
 
-    With no ``limit``, a terminal gets a screenful and a pipe (or ``--json``) gets every row.
-    ``scope``: ``hot`` (the default), ``archived`` or ``all`` (a ``state`` column).
+    With no ``limit``, a terminal gets a screenful and a pipe every row. ``scope`` is ``hot``,
+    ``archived`` or ``all`` (a ``state`` column).
     """
 
     hot = catalog.list_sessions(state, type_) if scope != "archived" else []
@@ -336,9 +333,9 @@ _ROLE_STYLES = {"user": "bold cyan", "assistant": "bold green", "system": "bold 
 
 
 def render_item(item: Mapping[str, Any]) -> str:
-    """An item's text for the terminal: its tool calls as ``-> name(args)``, a tool result
-    marked with the call it answers. Responses items are read through ``model.chat_view``; a
-    kind with no Chat form (``web_search_call``, kinds not known yet) shows its keys as JSON."""
+    """An item's text for the terminal: tool calls as ``-> name(args)``, a kind with no view as
+    JSON.
+    """
     view = model.chat_view(item)
     if view is None:
         rest = {k: v for k, v in item.items() if k != "type"}
@@ -477,10 +474,8 @@ def print_stats(state: CliState, data: dict[str, Any]) -> None:
 
 
 def _tokens(usage: dict[str, Any], kind: str, *, detail: str | None = None) -> str:
-    """A token count, ``~`` first when part of it is estimated (docs/cli.md, "stats").
-
-    With ``detail`` (a table cell), the parenthesis after it says how much was estimated:
-    ``~1234 (56 cached, 300 estimated)``.
+    """A token count, ``~`` first when partly estimated; ``detail``: ``~1234 (56 cached, 3
+    estimated)``.
     """
     count, estimated = usage[f"{kind}_tokens"], usage[f"estimated_{kind}_tokens"]
     if detail is None:
@@ -859,11 +854,7 @@ def _expand(paths: tuple[Path, ...]) -> list[tuple[Path, Path | None]]:
 def import_file(
     state: CliState, path: Path, as_context: ContextId | None, *, root: Path | None = None
 ) -> tuple[str, int]:
-    """Import one file into the store; returns the context and its message count.
-
-    ``root`` is the legacy sessions folder the file lies in (it tells the session type of a
-    top-level file); by default the filesystem store's folder, when the file is inside it.
-    """
+    """Import one file; its context and message count (``root``: the legacy folder it lies in)."""
     from terrarium import sessions
 
     store = state.store()

@@ -1,12 +1,8 @@
-"""``terrarium gateway``: an OpenAI-compatible server in front of the model server that keeps
-every conversation in the store (see docs/gateway.md).
+"""``terrarium gateway``: an OpenAI-compatible server that keeps every conversation in the store.
 
-Loaded lazily (``cli.add_lazy``): it imports Starlette and uvicorn, which no other command
-but ``serve`` needs. The store is opened as every writing command opens it (created when
-missing); the token and listening rules are ``serve``'s: 127.0.0.1 by default, any other
-host needs a token (one is generated and printed when none is given), and the socket is bound
-before the URL is printed. No model server is contacted at start. A store that answers in
-microseconds is called on the event loop (:func:`quick_store`), any other in a worker thread.
+Loaded lazily: it imports Starlette and uvicorn. The host and token rules are ``serve``'s, and
+the socket is bound before the URL is printed. No model server is contacted at start. A quick
+store is called on the event loop (:func:`quick_store`), any other in a worker thread.
 """
 
 from __future__ import annotations
@@ -28,13 +24,10 @@ UPSTREAM_KEY_ENV = "TERRARIUM_UPSTREAM_API_KEY"
 
 
 def quick_store(store: Store) -> bool:
-    """Whether ``store``'s calls take microseconds: in memory, or on local disk without a
-    sync per write (``FsStore`` but ``durability="fsync"``, ``SqliteStore`` with
-    ``synchronous`` OFF or NORMAL). Any other store (PostgreSQL) is taken as slow.
+    """Whether ``store``'s calls take microseconds: in memory, or local disk with no sync per write.
 
-    Measured (benchmarks/README.md, ``bench_gateway.py``): handing each call to a worker
-    thread and back costs more than a quick store's call itself, twice per turn, and far more
-    on a busy machine, where each hand-over waits for a core.
+    Measured (``bench_gateway.py``): a hand-over to a worker thread and back costs more than such
+    a store's call, twice per turn, and far more on a busy machine.
     """
     if isinstance(store, MemoryStore):
         return True

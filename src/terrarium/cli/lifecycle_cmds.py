@@ -1,10 +1,8 @@
-"""The lifecycle commands: archive, unarchive, trash (list, restore, purge), pin, unpin and
-maintain; and the lifecycle parts of ``delete``, ``list --archived``/``--all``.
+"""The lifecycle commands: archive, unarchive, trash, pin, unpin and maintain; delete's trash.
 
-Each one calls :mod:`terrarium.lifecycle` and the store's
-:class:`~terrarium.stores.base.Lifecycle` methods; a store without them is the one-line error
-``... this backend cannot archive, trash or pin sessions``. Results go to stdout, summaries to
-stderr (one line each); a progress bar is drawn on stderr only when it is a terminal.
+A store without :class:`~terrarium.stores.base.Lifecycle` is the one-line error ``... this
+backend cannot archive, trash or pin sessions``. Results go to stdout, summaries to stderr; a
+progress bar is drawn only on a terminal.
 """
 
 from __future__ import annotations

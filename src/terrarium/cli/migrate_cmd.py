@@ -13,13 +13,9 @@ from terrarium.cli.output import plural
 
 
 def run_migrate(state: CliState, *, dry_run: bool, to_log: bool, source: Path | None) -> None:
-    """Plan (and unless ``dry_run``, apply) the migration of the legacy files.
+    """Plan (and unless ``dry_run``, apply) the migration of the legacy files from ``source``.
 
-    Args:
-        state: the invocation (its store receives the imports with ``to_log``).
-        dry_run: print the plan, change nothing.
-        to_log: also import every session into the store.
-        source: the legacy folder; by default the filesystem store's own folder.
+    ``to_log`` also imports every session into the store.
     """
     from terrarium.migrate import migrate
 

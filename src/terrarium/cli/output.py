@@ -1,12 +1,8 @@
 """Output helpers: Rich tables and colours on a terminal, plain lines everywhere else.
 
-Rich already drops ANSI codes when stdout is not a terminal (and honours ``NO_COLOR``), but it
-still draws table boxes and wraps long lines at 80 columns. When stdout is not a terminal the
-helpers here print plain, unwrapped, space-aligned lines instead, so output piped into ``grep``,
-``cut`` or a file is stable.
-
-Rich is imported only when a stream may be a terminal (it costs ~40 ms to import, a third of
-a plain ``terrarium list``): output into a pipe or a file never loads it.
+Rich would still draw boxes and wrap at 80 columns into a pipe; plain, space-aligned lines
+keep piped output stable. Rich is imported only for a terminal (~40 ms, a third of a plain
+``terrarium list``).
 """
 
 from __future__ import annotations
