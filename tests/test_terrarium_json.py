@@ -24,7 +24,6 @@ from terrarium.model import (
     Item,
     SegmentStartState,
     SystemItem,
-    encode_name,
     new_segment_id,
     new_session_id,
 )
@@ -348,32 +347,6 @@ def test_broken_files_raise_one_line_naming_the_file(tmp_path: Path, name: str) 
 
 
 # --------------------------------------------------------------------------- finding files
-
-
-def test_find_legacy_file_prefers_the_newest_date(tmp_path: Path) -> None:
-    for day in ("2025-11-05", "2025-11-07", "2025-11-06"):
-        (tmp_path / "irc" / day).mkdir(parents=True)
-        (tmp_path / "irc" / day / "#python.json").write_text("{}")
-    (tmp_path / "irc" / "#python.json").write_text("{}")
-    found = tj.find_legacy_file(tmp_path, "irc:#python")
-    assert found == tmp_path / "irc" / "2025-11-07" / "#python.json"
-    (tmp_path / "cli").mkdir()
-    (tmp_path / "cli" / "flat.json").write_text("{}")
-    assert tj.find_legacy_file(tmp_path, ContextId("cli", "flat")) == tmp_path / "cli/flat.json"
-    assert tj.find_legacy_file(tmp_path, "cli:none") is None
-    assert tj.find_legacy_file(tmp_path, "web:none") is None
-
-
-def test_find_legacy_file_tries_the_encoded_name(tmp_path: Path) -> None:
-    name = 'a:b?"c'
-    folder = tmp_path / "web" / "2025-11-06"
-    folder.mkdir(parents=True)
-    (folder / f"{encode_name(name)}.json").write_text("{}")
-    assert tj.find_legacy_file(tmp_path, ContextId("web", name)) == (
-        folder / f"{encode_name(name)}.json"
-    )
-    (folder / f"{name}.json").write_text("{}")  # the raw name, as the old tool wrote it
-    assert tj.find_legacy_file(tmp_path, ContextId("web", name)) == folder / f"{name}.json"
 
 
 def test_iter_legacy_files_skips_the_native_store(tmp_path: Path) -> None:

@@ -80,14 +80,6 @@ def parse_age(text: str | int) -> timedelta:
     return amount * _UNITS[unit]
 
 
-def show_age(age: timedelta) -> str:
-    """An age as :func:`parse_age` reads it (``30d``, ``12h``, ``2w``)."""
-    hours = int(age.total_seconds() // 3600)
-    if hours % (24 * 7) == 0:
-        return f"{hours // (24 * 7)}w"
-    return f"{hours // 24}d" if hours % 24 == 0 else f"{hours}h"
-
-
 def _parse_time(ts: str) -> datetime | None:
     try:
         moment = datetime.fromisoformat(ts)
@@ -833,6 +825,5 @@ __all__ = [
     "require_lifecycle",
     "run_archive",
     "run_trash_purge",
-    "show_age",
     "store_root",
 ]

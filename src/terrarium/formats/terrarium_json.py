@@ -44,7 +44,6 @@ from terrarium.model import (
     SessionId,
     chat_view,
     item_text,
-    legacy_file_names,
     new_segment_id,
     new_session_id,
     printable,
@@ -576,20 +575,6 @@ def _is_legacy_file(path: Path) -> bool:
     return path.name.endswith(".json") and path.is_file()
 
 
-def find_legacy_file(root: str | os.PathLike[str], context: ContextId | str) -> Path | None:
-    """``context``'s legacy file under ``root`` (date folders newest first, then flat), or None."""
-    ctx = ContextId.parse(context)
-    names = legacy_file_names(ctx.name)
-    type_dir = Path(root) / ctx.type
-    dates = [d for d in sorted(listdir(type_dir)) if DATE_RE.fullmatch(d)]
-    for folder in [*(type_dir / d for d in reversed(dates)), type_dir]:
-        for name in names:
-            candidate = folder / name
-            if candidate.is_file():
-                return candidate
-    return None
-
-
 def iter_legacy_files(root: str | os.PathLike[str]) -> Iterator[Path]:
     """Every legacy session file under ``root``, sorted: dated and flat, never the store's own
     files.
@@ -837,7 +822,6 @@ __all__ = [
     "dumps",
     "export_context",
     "export_dict",
-    "find_legacy_file",
     "from_dict",
     "fsync_dir",
     "import_session",
