@@ -192,9 +192,7 @@ def split_lines(data: bytes) -> list[bytes]:
 
 
 def complete_end(buf: bytes | mmap.mmap) -> int:
-    """The offset past the last complete append in ``buf`` (0 if none; for a tail, below 2 is
-    unsure).
-    """
+    """The offset past the last complete append in ``buf`` (0: none; in a tail, under 2: unsure)."""
     end = buf.rfind(b"\n") + 1
     while end >= 2 and buf[end - 2] == 0x20:  # a line continued by the next in its batch
         end = buf.rfind(b"\n", 0, end - 1) + 1

@@ -263,8 +263,7 @@ def _check_prefix(there: list[Any], want: list[Any], where: str, unit: str) -> N
 
 
 def _write(dst: Store, source: SessionSource, plan: _Plan, name: str) -> int:
-    """Write what ``plan`` says is missing, the context's head and state last; the lines
-    written."""
+    """Write what ``plan`` says is missing, the head and state last; the lines written."""
     session_id, ctx = source.session_id, source.context
     written = 0
     for number, lines in enumerate(source.segments):
@@ -417,8 +416,7 @@ def _copy_one(
     what: ContextId | SessionId,
     pinned: frozenset[str],
 ) -> None:
-    """Copy one context (or detached session) into ``dst``; say in ``report`` what came of
-    it."""
+    """Copy one context (or detached session) into ``dst``; ``report`` says what came of it."""
     detached = not isinstance(what, ContextId)
     name = f"session {what}" if detached else str(what)
     try:

@@ -143,9 +143,7 @@ def find(store: Store, context: ContextId) -> Path | None:
 
 
 def files(store: Store, context: ContextId) -> list[Path]:
-    """The legacy files in ``context``'s places that hold it or cannot be read: what an archive
-    takes.
-    """
+    """The legacy files in ``context``'s places that hold it or are unreadable (archive's load)."""
     scanner = _scanner(store)
     if scanner is None:
         return []

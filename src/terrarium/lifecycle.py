@@ -372,11 +372,8 @@ def collect_blobs(store: Store, *, why: str, journal: MaintenanceLog | None = No
 def delete_context(store: Store, context: ContextId, *, why: str = "delete_context") -> bool:
     """Move the context to the trash, logged with ``why``; False if it did not exist.
 
-    It leaves listings at once (``terrarium trash restore`` brings it back). Its legacy JSON file
-    is moved into ``.trash/legacy/``.
-
-    Raises:
-        StoreError: the store has no trash.
+    It leaves listings at once (``terrarium trash restore`` brings it back); its legacy JSON file
+    moves into ``.trash/legacy/``. StoreError if the store has no trash.
     """
     lifecycle = require_lifecycle(store)
     with context_lock(store, context):
@@ -395,9 +392,7 @@ def delete_context(store: Store, context: ContextId, *, why: str = "delete_conte
 
 
 def delete_to_trash(store: Store, context: ContextId, *, why: str) -> TrashedContext | None:
-    """Move ``context`` to the trash; its trash entry (None for a legacy file only;
-    ContextNotFound).
-    """
+    """Move ``context`` to the trash; its trash entry (None for a legacy file; ContextNotFound)."""
     if not delete_context(store, context, why=why):
         raise contexts.not_found(context)
     for entry in states.trashed_contexts(require_lifecycle(store)):

@@ -648,8 +648,7 @@ def chat_content(content: Any) -> Any:
 
 
 def _chat_parts(content: Any) -> Any:
-    """:func:`chat_content` of a Responses message's content: parts that are not objects
-    are left out."""
+    """:func:`chat_content` of a Responses message's content; parts not objects are left out."""
     if not isinstance(content, list):
         return content
     parts: list[Any] = []

@@ -190,9 +190,7 @@ class MultiContextManager:
         return "".join(chunks)
 
     def failed_input(self, context_id: str) -> str | None:
-        """The texts of the last turn's user messages if that turn failed, else None
-        (ContextNotFound).
-        """
+        """The last turn's user texts if it failed, else None (ContextNotFound: no context)."""
         context = ContextId.parse(context_id)
         with self._locked(context):
             entry = self._existing(context)
@@ -423,8 +421,7 @@ class MultiContextManager:
         return list(state.history)
 
     def close(self) -> None:
-        """Save what is pending, stop the background maintenance and release the store (if
-        the manager opened it)."""
+        """Save what is pending, stop maintenance, and close a store the manager opened."""
         if self._maintenance is not None:
             self._maintenance.stop()
         self.save()
@@ -511,7 +508,7 @@ class MultiContextManager:
         entry._write([logged])
 
     def _open_context(self, context: ContextId, system_prompt: str | None) -> PersistentSession:
-        """The cached, fresh context, or a new one (stored at its first reply); a legacy file
+        """The cached fresh context, or a new one (stored at its first reply); legacy files
         imported.
         """
         entry = self._fresh_or_legacy(context)
@@ -585,9 +582,7 @@ class MultiContextManager:
         return entry
 
     def _fresh_or_legacy(self, context: ContextId) -> PersistentSession | None:
-        """:meth:`_fresh`, importing a legacy file first; the caller holds the lock, so it imports
-        once.
-        """
+        """:meth:`_fresh`, importing a legacy file first (once: the caller holds the lock)."""
         entry = self._fresh(context)
         if (entry is None or not entry.in_store) and legacy.import_legacy(self.store, context):
             entry = self._fresh(context)
@@ -601,8 +596,7 @@ class MultiContextManager:
         return entry
 
     def _cached(self, context: ContextId) -> PersistentSession | None:
-        """The cached session of a context in the log (not one that waits for its first
-        message)."""
+        """The cached session of a context in the log (not one waiting for its first message)."""
         with self._cache_lock:
             entry = self._cache.get(context)
         return entry if entry is not None and entry.in_store else None

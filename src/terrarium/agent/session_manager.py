@@ -295,9 +295,7 @@ class PersistentSession:
         return list(self._wire)
 
     def to_dict(self) -> dict[str, Any]:
-        """The seed's session file, as ``export -f terrarium-json`` writes it, unsaved entries
-        included.
-        """
+        """The seed's session file as ``export -f terrarium-json`` writes it, unsaved entries in."""
         with self._lock:
             if not self._refresh():
                 raise ContextNotFound(f"context {self.context} was deleted")
@@ -438,9 +436,7 @@ class PersistentSession:
         self._set_head(head)
 
     def _hold_new(self) -> bool:
-        """Queue a new session's writes until :meth:`_release`: false if it is stored or has a
-        queue.
-        """
+        """Queue a new session's writes until :meth:`_release`; False if stored or queued."""
         if not self._is_new or self._pending:
             return False
         self._held = True

@@ -333,9 +333,7 @@ _ROLE_STYLES = {"user": "bold cyan", "assistant": "bold green", "system": "bold 
 
 
 def render_item(item: Mapping[str, Any]) -> str:
-    """An item's text for the terminal: tool calls as ``-> name(args)``, a kind with no view as
-    JSON.
-    """
+    """An item's text for the terminal: calls as ``-> name(args)``; a kind with no view as JSON."""
     view = model.chat_view(item)
     if view is None:
         rest = {k: v for k, v in item.items() if k != "type"}
@@ -474,7 +472,7 @@ def print_stats(state: CliState, data: dict[str, Any]) -> None:
 
 
 def _tokens(usage: dict[str, Any], kind: str, *, detail: str | None = None) -> str:
-    """A token count, ``~`` first when partly estimated; ``detail``: ``~1234 (56 cached, 3
+    """A token count, ``~`` first when partly estimated; ``detail`` adds ``(56 cached, 3
     estimated)``.
     """
     count, estimated = usage[f"{kind}_tokens"], usage[f"estimated_{kind}_tokens"]

@@ -226,8 +226,7 @@ def delete_session(
 ) -> None:
     """``delete``: into the trash (no question: it can be undone), or for ever with ``purge``
     (asked first on a terminal, refused without one unless ``yes``); ``confirm`` forces the
-    question either way.
-    """
+    question either way."""
     from terrarium import lifecycle
     from terrarium.cli import catalog
 

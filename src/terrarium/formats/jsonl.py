@@ -49,9 +49,7 @@ class Transcript:
     def active_between(
         self, since: dt.date | dt.datetime | str | None, until: dt.date | dt.datetime | str | None
     ) -> bool:
-        """Whether an item was logged in the window: bounds inclusive, None open, a date its whole
-        day.
-        """
+        """Whether an item was logged in the window (inclusive; None open; a date its whole day)."""
         low = None if since is None else _bound(since, end=False)
         high = None if until is None else _bound(until, end=True)
         for timed in self.items:
@@ -213,8 +211,7 @@ def import_context(
 
 
 def _check_segments(segments: list[list[dict[str, Any]]]) -> None:
-    """Every header names its session and segment (UUIDs) and has a time, and so has every
-    entry."""
+    """Every header names its session and segment and has a time, as every entry does."""
     for segment in segments:
         header = segment[0]
         for key in ("session_id", "segment_id", "ts"):

@@ -576,9 +576,7 @@ def _is_legacy_file(path: Path) -> bool:
 
 
 def iter_legacy_files(root: str | os.PathLike[str]) -> Iterator[Path]:
-    """Every legacy session file under ``root``, sorted: dated and flat, never the store's own
-    files.
-    """
+    """Every legacy session file under ``root``, sorted, dated and flat; never the store's own."""
     base = Path(root)
     for top in sorted(listdir(base)):
         path = base / top

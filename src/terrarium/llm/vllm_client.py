@@ -372,9 +372,7 @@ class VLLMClient:
         return None
 
     def _stream_kwargs(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """A stream's arguments: ``include_usage`` asked for unless the server refused
-        ``stream_options``.
-        """
+        """A stream's arguments, asking ``include_usage`` unless ``stream_options`` was refused."""
         request = dict(kwargs)
         if self._ask_stream_usage:
             options = dict(request.get("stream_options") or {})
@@ -422,9 +420,7 @@ class VLLMClient:
         )
 
     async def _tokenizer_kind(self, model: str) -> TokenizerKind:
-        """Which ``/tokenize`` the server has, probed once; a passing failure raises and is probed
-        again.
-        """
+        """Which ``/tokenize`` the server has, probed once (a passing failure: probed again)."""
         async with self._probe_lock:
             if self._tokenizer is None:
                 self._tokenizer = await self._probe_tokenizer(model)
@@ -462,9 +458,7 @@ class VLLMClient:
         return len(tokens)
 
     async def _tokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """POST ``body`` to the server's ``/tokenize``; the JSON object it answers (else
-        ValueError).
-        """
+        """POST ``body`` to the server's ``/tokenize``; its JSON object answer, else ValueError."""
         text = await self._client.post(
             f"{self.server_root}/tokenize",
             cast_to=str,
@@ -479,9 +473,7 @@ class VLLMClient:
     # ------------------------------------------------------------------ internals
 
     async def _post_chat(self, body: bytes, options: Mapping[str, Any]) -> Any:
-        """POST a prebuilt chat request through the client's own ``post`` (same pool, headers,
-        errors).
-        """
+        """POST a prebuilt chat request with the client's ``post`` (same pool, headers, errors)."""
         post: Any = self._client.post  # typed for the installed release's keywords only
         raw = {"content": body} if _POST_TAKES_CONTENT else {"body": body}
         return await post("/chat/completions", cast_to=object, options=options, **raw)
