@@ -78,9 +78,7 @@ class SessionAttached(StoreError):
 
 
 class SessionConflict(StoreError):
-    """A copy or an import found the session in the destination with content its source does
-    not have (a line that differs, more lines or segments, another session under the name):
-    the destination is not a prefix of the source, so nothing of it was written."""
+    """The destination holds the session otherwise than the source; nothing of it was written."""
 
 
 class SegmentNotFound(StoreError, KeyError):

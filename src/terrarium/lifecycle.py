@@ -244,9 +244,10 @@ def run_archive(
     progress: Progress | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> list[ArchivedContext]:
-    """Archive every context of ``plan``; log each one with ``why``. Returns the store's
-    figures for each; a context written or archived meanwhile by another is skipped.
-    ``stop`` is asked between contexts (a closing manager)."""
+    """Archive and log each context of ``plan`` (skipping any moved meanwhile); their figures.
+
+    ``stop`` is asked between contexts (a closing manager).
+    """
     lifecycle = require_lifecycle(store)
     journal = journal or MaintenanceLog.of(store)
     done: list[ArchivedContext] = []
@@ -600,8 +601,7 @@ def config_path() -> Path:
 
 
 def load_policy(store: Store) -> RetentionPolicy | None:
-    """The retention policy: the store's ``terrarium.toml``, else the user's config; None if
-    neither.
+    """The retention policy: the store's ``terrarium.toml``, else the user's config, else None.
 
     Raises:
         InvalidRetention: a file is not TOML, or has an unknown key or a bad value.

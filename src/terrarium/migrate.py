@@ -194,8 +194,7 @@ class _Conflict(Exception):
 
 
 def _move(step: Step) -> None:
-    """Write the destination (if it is not there yet) through a temporary file, then remove the
-    source.
+    """Write the destination (unless there) through a temporary file, then remove the source.
 
     A rerun that finds the destination holding what the move would write removes the source; one
     holding something else is a conflict, never overwritten. Run one migration at a time.

@@ -146,8 +146,7 @@ def _is_hex(text: str) -> bool:
 
 
 def context_file(context: ContextId | str, extension: str, date: str | None = None) -> str:
-    """``{type}/[{date}/]{encoded name}{extension}``: the relative file name of a file about a
-    context.
+    """``{type}/[{date}/]{encoded name}{extension}``: a file about a context, relative.
 
     A name too long for a file keeps a prefix, then ``~`` and a digest of the whole.
     """
@@ -251,7 +250,7 @@ class ContextId(msgspec.Struct, frozen=True, order=True):
             )
 
     def check_new(self) -> ContextId:
-        """This id, if a *new* context may take its name: none of :func:`misleading_chars`.
+        """This id, if a *new* context may take its name (no :func:`misleading_chars`).
 
         Raises InvalidContextId if not. Existing contexts keep their names, shown escaped.
         """
@@ -1131,8 +1130,7 @@ class RestoredState(msgspec.Struct):
         """A run ended (``errored``: by ``run_errored``); whether that marked items failed.
 
         The failed-turn rule (docs/format.md §6): a ``run_errored`` fails the run's last block of
-        user
-        inputs and every item after it, when they follow the previous run's end.
+        user inputs and every item after it, when they follow the previous run's end.
         """
         history, start = self.history, self.run_start
         self.run_start = len(history)

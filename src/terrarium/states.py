@@ -157,8 +157,7 @@ def archived_contexts(store: Lifecycle, type: str | None = None) -> list[Archive
 
 
 def delete_context(store: Lifecycle, context: ContextId) -> bool:
-    """Move the context to the trash (its session detached, with its record); False if
-    there is no such context."""
+    """Move the context to the trash (its session detached, with its record); False if none."""
     for _ in range(ATTEMPTS):
         found = _head_state(store, context)
         if found is None:
@@ -360,10 +359,9 @@ def _seal(store: Lifecycle, session_id: SessionId, state: dict[str, Any]) -> Non
 
 
 def _reopen(store: Lifecycle, session_id: SessionId, trash_id: str) -> None:
-    """Finish restoring ``trash_id``: drop ``trashed`` (and a stale ``purging``), thaw if not
-    archived.
+    """Finish restoring ``trash_id``: drop ``trashed`` (and a stale ``purging``), thaw it.
 
-    Nothing is done once the session is detached again (that entry is another's).
+    An archived session stays frozen. Nothing is done once the session is detached again.
     """
     for _ in range(ATTEMPTS):
         state = store.session_state(session_id)

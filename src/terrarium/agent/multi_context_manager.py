@@ -508,9 +508,7 @@ class MultiContextManager:
         entry._write([logged])
 
     def _open_context(self, context: ContextId, system_prompt: str | None) -> PersistentSession:
-        """The cached fresh context, or a new one (stored at its first reply); legacy files
-        imported.
-        """
+        """The cached fresh context, or a new one (stored at its first reply); legacy imported."""
         entry = self._fresh_or_legacy(context)
         if entry is None:
             prompt = system_prompt if system_prompt is not None else self.default_system_prompt

@@ -472,9 +472,7 @@ def print_stats(state: CliState, data: dict[str, Any]) -> None:
 
 
 def _tokens(usage: dict[str, Any], kind: str, *, detail: str | None = None) -> str:
-    """A token count, ``~`` first when partly estimated; ``detail`` adds ``(56 cached, 3
-    estimated)``.
-    """
+    """A token count, ``~`` first when partly estimated; ``detail``: ``(5 cached, 3 estimated)``."""
     count, estimated = usage[f"{kind}_tokens"], usage[f"estimated_{kind}_tokens"]
     if detail is None:
         return f"~{count}" if estimated else str(count)
