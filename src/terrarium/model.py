@@ -459,7 +459,7 @@ def from_logged(logged: Mapping[str, Any]) -> Item:
     check_item(logged)
     if is_responses_item(logged):
         raise InvalidEntry(
-            f"a Responses API item ({_short(logged['type'])}) has no Item form: use the dict"
+            f"a Responses API item ({short_repr(logged['type'])}) has no Item form: use the dict"
         )
     content = logged.get("content")
     parts: list[ContentPart] = []
@@ -519,16 +519,16 @@ def check_item(item: Mapping[str, Any]) -> None:
         kind = item["type"]
         if not isinstance(kind, str) or not kind:
             raise InvalidEntry(
-                f"history item has invalid type {_short(kind)}: a Responses API item's "
+                f"history item has invalid type {short_repr(kind)}: a Responses API item's "
                 "'type' is a non-empty string such as 'message' or 'function_call'"
             )
         if "role" in item and not isinstance(item["role"], str):
-            raise InvalidEntry(f"{kind} history item has invalid role {_short(item['role'])}")
+            raise InvalidEntry(f"{kind} history item has invalid role {short_repr(item['role'])}")
         return
     role = item.get("role")
     if not isinstance(role, str) or role not in _MESSAGE_ROLES:
         raise InvalidEntry(
-            f"history item has invalid role {_short(role)}: expected one of "
+            f"history item has invalid role {short_repr(role)}: expected one of "
             f"{sorted(_MESSAGE_ROLES)}, or a 'type' (a Responses API item)"
         )
     content = item.get("content")
@@ -544,7 +544,7 @@ def check_item(item: Mapping[str, Any]) -> None:
         raise InvalidEntry(f"{role} history item content must be a string or a list of typed parts")
 
 
-def _short(value: Any) -> str:
+def short_repr(value: Any) -> str:
     """``repr(value)`` cut to one short line, for an error message."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -47,6 +47,7 @@ from terrarium.model import (
     new_segment_id,
     new_session_id,
     printable,
+    short_repr,
 )
 from terrarium.stores._files import fsync_dir, listdir, open_private, write_all
 from terrarium.stores.base import PodMetadata, Store
@@ -165,11 +166,6 @@ def _mtime_ts(path: Path) -> str:
 # --------------------------------------------------------------------------- reading
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 class _Checker:
     """Type checks that raise one-line errors naming the file."""
 
@@ -191,7 +187,7 @@ class _Checker:
         try:
             to_log_ts(text)
         except (ValueError, OverflowError):
-            raise self.fail(f"{what} {_short(text)} is not an ISO 8601 time") from None
+            raise self.fail(f"{what} {short_repr(text)} is not an ISO 8601 time") from None
         return text
 
     def date(self, value: Any, what: str) -> str:
@@ -201,7 +197,7 @@ class _Checker:
                 raise ValueError
             dt.date.fromisoformat(text)
         except ValueError:
-            raise self.fail(f"{what} {_short(text)} is not a YYYY-MM-DD date") from None
+            raise self.fail(f"{what} {short_repr(text)} is not a YYYY-MM-DD date") from None
         return text
 
 
@@ -364,7 +360,9 @@ def _names(
         if not ctype:
             raise check.fail("it names no context_type and no type folder holds it")
         if not TYPE_RE.fullmatch(ctype):
-            raise check.fail(f"it names no context_type and its folder {_short(ctype)} is no type")
+            raise check.fail(
+                f"it names no context_type and its folder {short_repr(ctype)} is no type"
+            )
     if meta_session_id is None:
         derived.add("metadata.session_id")
     if meta_type is None:
@@ -381,7 +379,7 @@ def _parse_messages(raw_messages: list[Any], check: _Checker) -> list[_Parsed]:
             raise check.fail(f"{what} must be an object, not {_json_type(message)}")
         role = check.string(message.get("role"), f"{what} 'role'")
         if role not in MESSAGE_ROLES:
-            raise check.fail(f"{what} has role {_short(role)}: expected user or assistant")
+            raise check.fail(f"{what} has role {short_repr(role)}: expected user or assistant")
         content = check.string(message.get("content"), f"{what} 'content'")
         stamp = message.get("timestamp")
         if stamp is not None:
@@ -433,7 +431,7 @@ def _metadata(
         derived.add("metadata.message_count")
         count = len(messages)
     elif not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise check.fail(f"'metadata.message_count' must be a count, not {_short(count)}")
+        raise check.fail(f"'metadata.message_count' must be a count, not {short_repr(count)}")
     date = meta_raw.get("session_date")
     if date is not None:
         date = check.date(date, "'metadata.session_date'")
