@@ -8,13 +8,12 @@ store is called on the event loop (:func:`quick_store`), any other in a worker t
 from __future__ import annotations
 
 import os
-import secrets
 
 import click
 
 from terrarium import Store
 from terrarium.cli.app import cli, state_of, storage_option
-from terrarium.cli.serve import is_loopback, listen
+from terrarium.cli.serve import listen, required_token, run_server
 from terrarium.errors import install_hint
 from terrarium.stores.fs import FsStore
 from terrarium.stores.memory import MemoryStore
@@ -90,7 +89,6 @@ def gateway(
     $TERRARIUM_UPSTREAM_API_KEY.
     """
     try:
-        from terrarium.cli.serve import run_server
         from terrarium.gateway import Upstream, create_app
     except ImportError as exc:
         raise click.ClickException(
@@ -98,10 +96,7 @@ def gateway(
         ) from exc
     if not upstream.startswith(("http://", "https://")):
         raise click.BadParameter("use an http:// or https:// URL", param_hint="--upstream")
-    if token is not None and not token.strip():
-        raise click.BadParameter("the token may not be empty", param_hint="--token")
-    if token is None and not is_loopback(host):
-        token = secrets.token_urlsafe(24)
+    token = required_token(token, host)
     try:
         model_server = Upstream(upstream, api_key=os.environ.get(UPSTREAM_KEY_ENV), timeout=timeout)
     except ValueError as exc:

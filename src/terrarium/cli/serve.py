@@ -73,6 +73,13 @@ got a reset (``httpx.ReadError``: the gateway benchmark's concurrent part, 2 run
 server must keep connections longer than its clients do; 75 s is nginx's default."""
 
 
+def required_token(token: str | None, host: str) -> str | None:
+    """The token every request needs: ``--token``, else a new one off loopback, else None."""
+    if token is not None and not token.strip():
+        raise click.BadParameter("the token may not be empty", param_hint="--token")
+    return secrets.token_urlsafe(24) if token is None and not is_loopback(host) else token
+
+
 def run_server(app: Any, sock: socket.socket) -> None:
     """Serve ``app`` on ``sock`` with uvicorn until interrupted."""
     import uvicorn
@@ -138,10 +145,7 @@ def serve(
     state = state_of(ctx)
     store = state.store()
     store.list_contexts()  # an unreadable store fails here, with one line, before listening
-    if token is not None and not token.strip():
-        raise click.BadParameter("the token may not be empty", param_hint="--token")
-    if token is None and not is_loopback(host):
-        token = secrets.token_urlsafe(24)
+    token = required_token(token, host)
     app = create_app(
         store,
         token=token,
