@@ -229,8 +229,7 @@ def offload_line(store: Store, header: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def materialize(value: Any) -> Any:
-    """``value`` with every :class:`LazyBlob` in it read into its text (``value`` itself if
-    it holds none): what the write calls do with a lazily restored item written back."""
+    """``value`` with every :class:`LazyBlob` read into its text (``value`` itself if none)."""
     if _plain(value) or not _has_lazy(value):
         return value
     if isinstance(value, LazyBlob):

@@ -105,8 +105,7 @@ def _tree(
 
 
 def is_bundle(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is to be read as a bundle: a folder holding a manifest, or a file
-    named as an archive (one without a manifest is refused by :func:`import_bundle`)."""
+    """Whether ``path`` is read as a bundle: a folder with a manifest, or an archive's name."""
     where = Path(path)
     if where.is_dir():
         return (where / MANIFEST).is_file()

@@ -82,8 +82,7 @@ class SessionSource:
 
 
 def session_segments(store: Store, head: PodMetadata | SessionId) -> list[list[dict[str, Any]]]:
-    """Every segment of the head's session (or of the session ``head`` is the id of: a
-    detached one) as stored lines, each parent before its children."""
+    """Every segment of the session (of ``head``, or the detached one it names), parents first."""
     return _segments(store, head if isinstance(head, SessionId) else head.session_id)
 
 
@@ -226,8 +225,7 @@ def _plan(dst: Store, source: SessionSource, name: str) -> _Plan:
 def _compare_segments(
     dst: Store, source: SessionSource, have: list[SegmentId], plan: _Plan, name: str
 ) -> None:
-    """Fill ``plan`` with what each segment (and trace) lacks in ``dst``; every one there must
-    be a prefix of the source's."""
+    """Fill ``plan`` with what each segment and trace lacks in ``dst`` (each a prefix there)."""
     session_id = source.session_id
     ids = [SegmentId(lines[0]["segment_id"]) for lines in source.segments]
     extra = sorted(set(have) - set(ids))
@@ -322,8 +320,7 @@ def entry_data(line: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
-    """Make ``dst`` hold the session: (lines written, whether part of it was there), or None
-    when it held it all."""
+    """Make ``dst`` hold the session: (lines written, part there?), or None if it had it all."""
     name = str(source.context) if source.context is not None else f"session {source.session_id}"
     plan = _plan(dst, source, name)
     if plan.empty():

@@ -481,8 +481,7 @@ class MaintenanceLog:
             return found
 
     def record(self, action: str, why: str, *, ts: str | None = None, **details: Any) -> None:
-        """Append one line (at ``ts``, default now); a log that cannot be written is a
-        warning, never a failure."""
+        """Append one line (at ``ts``, default now); a write failure is a warning only."""
         line = json.dumps({"ts": ts or utc_now(), "action": action, "why": why, **details})
         if self.path is None:
             with self._lock:
@@ -525,8 +524,7 @@ class MaintenanceLog:
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[bool]:
-        """Try to hold the log for one policy run: True if held, False if another has it
-        (a thread, or another process: ``flock`` on the log file)."""
+        """Hold the log for one policy run (``flock``): False if another thread or process does."""
         if not self._run.acquire(blocking=False):
             yield False
             return
@@ -743,8 +741,7 @@ class Maintenance:
     def run_if_due(
         self, interval: timedelta = DAILY, *, stop: Callable[[], bool] | None = None
     ) -> MaintenanceReport | None:
-        """Run unless a run ended less than ``interval`` ago or another process runs one now;
-        None when it did not run."""
+        """Run unless one ended within ``interval`` or runs elsewhere now (then None)."""
         with self.journal.exclusive() as held:
             if not held:
                 return None

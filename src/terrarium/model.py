@@ -678,8 +678,7 @@ def item_role(item: Mapping[str, Any]) -> str | None:
 
 
 def item_label(item: Mapping[str, Any]) -> str:
-    """What display calls an item: its role (a Chat or a Responses message), else its
-    Responses ``type`` (``function_call``, ``reasoning``, ``web_search_call``, ...)."""
+    """What display calls an item: its role, else its Responses ``type``."""
     kind = item.get("type", "message")
     if kind == "message":
         role = item.get("role")
@@ -873,8 +872,7 @@ class UsageTotals(msgspec.Struct, frozen=True):
         return self.estimated_calls > 0
 
     def describe(self) -> str:
-        """``120 prompt, 30 completion in 3 calls``, for transcripts: figures that are partly
-        estimated marked ``~``, with the estimated calls counted (``(1 estimated)``)."""
+        """``120 prompt, 30 completion in 3 calls``, estimates marked ``~`` and counted."""
         mark = "~" if self.is_estimated else ""
         calls = f"{self.calls} call{'' if self.calls == 1 else 's'}"
         text = f"{mark}{self.prompt_tokens} prompt, {mark}{self.completion_tokens} completion in "
@@ -1149,8 +1147,9 @@ class RestoredState(msgspec.Struct):
 
     @property
     def model_history(self) -> list[LoggedItem]:
-        """The history the model is sent: every item but those of failed runs (the history
-        list itself when none failed: read it, do not change it)."""
+        """The history the model is sent, failed runs left out (``history`` itself if none: read
+        only).
+        """
         if not self.failed:
             return self.history
         failed = self.failed

@@ -108,8 +108,7 @@ def _search_store(store: Store, query: SearchQuery) -> list[SearchHit]:
 
 
 def hit_json(hit: SearchHit) -> dict[str, Any]:
-    """One hit as JSON: what ``search --json`` prints (docs/cli.md) and, with its link, the
-    dashboard's ``/api/search`` gives."""
+    """One hit as ``search --json`` prints it and the dashboard's ``/api/search`` gives it."""
     return {
         "context_id": hit.context,
         "date": hit.date,
@@ -348,8 +347,7 @@ class _Places:
         return header
 
     def _header_index(self, hit: SearchHit) -> int | None:
-        """Which item of its segment's header a seq-0 hit is (the indexes keep no place):
-        the unclaimed item that holds the query's words and the hit's snippet."""
+        """Which header item a seq-0 hit is: the unclaimed one with the words and snippet."""
         session, segment = str(hit.session_id), str(hit.segment_id)
         items = self.items.get((session, segment))
         if items is None:

@@ -316,8 +316,7 @@ def finish_lifecycle(store: Lifecycle) -> int:
 
 
 def _head_state(store: Lifecycle, context: ContextId) -> tuple[PodMetadata, dict[str, Any]] | None:
-    """The context's head and its session's record, read together; None if there is no such
-    context (a session purged between the two reads is looked up again)."""
+    """The context's head and its session's record, read together; None if no such context."""
     for _ in range(ATTEMPTS):
         head = store.get_head(context)
         if head is None:

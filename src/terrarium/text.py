@@ -109,8 +109,7 @@ def query_terms(text: str) -> list[str]:
 
 
 def indexed_item(item: Any) -> tuple[str, str] | None:
-    """A history item's role (:func:`~terrarium.model.item_role`, ``other`` if none) and text
-    as indexed, or None when it has no text to find (not an item, or no text in it)."""
+    """A history item's role and text as indexed, or None when it has no text to find."""
     if not isinstance(item, Mapping):
         return None
     try:
@@ -160,8 +159,7 @@ def match_spans(text: str, phrases: Sequence[Sequence[str]]) -> list[tuple[int, 
 def scan_snippet(
     text: str, phrases: Sequence[Sequence[str]]
 ) -> tuple[str, tuple[tuple[int, int], ...]]:
-    """A window of ``text`` around the first match, with every match in it highlighted
-    (the snippet of a hit found by scanning, where FTS5's ``snippet()`` is not at hand)."""
+    """A window of ``text`` around the first match, every match in it highlighted."""
     merged = match_spans(text, phrases)
     begin = 0
     if len(text) > _SNIPPET_CHARS and merged:

@@ -152,8 +152,7 @@ class MultiContextManager:
         return f"MultiContextManager({self.client!r}, store={self.store!r})"
 
     def _hook_client_trace(self) -> None:
-        """Send the client's trace entries to the buffer of the turn that made them (a context
-        variable, so concurrent turns keep theirs apart), then to any hook it had."""
+        """Route the client's trace entries to the turn that made them (a context variable)."""
         previous = self.client.on_trace
 
         def sink(entry: TraceEntry) -> None:
@@ -564,8 +563,7 @@ class MultiContextManager:
     # ------------------------------------------------------------------ cache and locks
 
     def _fresh(self, context: ContextId) -> PersistentSession | None:
-        """The cached context, brought up to the store (a head read and an ``fstat``), else a
-        fresh restore; None if the log has no such context (and nothing new is cached)."""
+        """The cached context brought up to the store, else restored; None if not in the log."""
         with self._cache_lock:
             entry = self._cache.get(context)
             if entry is not None:
@@ -744,8 +742,7 @@ def _user(text: str) -> LoggedItem:
 def _log_failure(
     entry: PersistentSession, new: bool, exc: BaseException, partial: list[str]
 ) -> None:
-    """Log a failed turn's ``run_errored``. The first turn of a new context (``new``, its
-    writes held) that got no reply at all leaves nothing: the context is not created."""
+    """Log a failed turn; a new context's first turn with no reply at all leaves nothing."""
     if new and not partial:
         entry._discard()
         return
@@ -786,8 +783,7 @@ def failed_input(state: RestoredState) -> str | None:
 
 
 def _failed_run(state: RestoredState) -> list[tuple[str, dict[str, Any]]]:
-    """The last run's entries when it failed, its items and its ``run_errored``, as they are
-    logged again after a compaction."""
+    """The last run's items and ``run_errored`` if it failed, to log again after a compaction."""
     indices = _last_failed(state)
     if not indices:
         return []

@@ -156,8 +156,7 @@ class PersistentSession:
     def _restored(
         cls, store: Store, context: ContextId, autosave: bool
     ) -> PersistentSession | None:
-        """The context restored from the log (None if the log has no such context): the
-        manager's way in, which neither looks for legacy files nor opens a store."""
+        """The context restored from the log, or None (no legacy lookup, no store opened)."""
         head = store.get_head(context)
         if head is None:
             return None
@@ -209,8 +208,7 @@ class PersistentSession:
 
     @property
     def created_at(self) -> str:
-        """When the session was created, in the seed's form (``2025-11-06T14:30:00.123456``,
-        UTC); for a new session not saved yet, when this object was made."""
+        """Creation time in the seed's form (naive UTC); for an unsaved session, this object's."""
         return terrarium_json.to_legacy_ts(self._created)
 
     @property
@@ -256,8 +254,7 @@ class PersistentSession:
 
     @property
     def in_store(self) -> bool:
-        """Whether the context is in the store's log: False for a new session before its
-        first write, and for a legacy file not imported yet."""
+        """Whether the log holds the context (not before a first write or a legacy import)."""
         return self._source is None
 
     @property
@@ -277,21 +274,18 @@ class PersistentSession:
 
     @property
     def messages(self) -> list[dict[str, Any]]:
-        """The seed's ``messages``: ``{"role", "content", "timestamp"}``, oldest first (read
-        from the log, as :meth:`to_dict`)."""
+        """The seed's ``messages``, ``{"role", "content", "timestamp"}``, as :meth:`to_dict`."""
         messages: list[dict[str, Any]] = self.to_dict()["messages"]
         return messages
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """The seed's ``metadata``: ``created_at``, ``last_active``, ``message_count``,
-        ``session_id``, ``context_type``, ``session_date`` (as :meth:`to_dict` has it)."""
+        """The seed's ``metadata``, as :meth:`to_dict` has it."""
         metadata: dict[str, Any] = self.to_dict()["metadata"]
         return metadata
 
     def chat_messages(self) -> list[dict[str, Any]]:
-        """The messages a model call on this session sends (a copy): the system prompt
-        first, then the history, consecutive user messages folded into one."""
+        """A copy of the messages a model call sends: system prompt, then history, users folded."""
         return list(self._wire)
 
     def to_dict(self) -> dict[str, Any]:
@@ -443,8 +437,7 @@ class PersistentSession:
         return True
 
     def _release(self) -> None:
-        """Stop holding: create the context, and write what was held (with auto-save off,
-        it stays queued until :meth:`save`)."""
+        """Stop holding: create the context and write what was held (queued if auto-save is off)."""
         self._held = False
         if self._autosave:
             self._flush()
@@ -458,8 +451,7 @@ class PersistentSession:
         self._start(self.state.system_prompt)
 
     def _write(self, entries: _Entries) -> None:
-        """Append entries (or queue them when auto-save is off, or while a new session's
-        first turn is held) and fold them into the state."""
+        """Append entries (or queue them: auto-save off, or a held first turn) and fold them in."""
         if not self._autosave or self._held:
             ts = utc_now()
             for kind, data in entries:
@@ -526,8 +518,7 @@ class PersistentSession:
         )
 
     def _apply(self, kind: str, data: Mapping[str, Any], seq: int, ts: str) -> None:
-        """Fold one written entry into the state (:func:`sessions.fold`, the one replay
-        rule), and the messages sent along with it."""
+        """Fold one written entry into the state (:func:`sessions.fold`) and the sent messages."""
         state = self.state
         items, failed, prompt = len(state.history), len(state.failed), state.system_prompt
         sessions.fold(state, [{**data, "kind": kind, "seq": seq, "ts": ts}], {})

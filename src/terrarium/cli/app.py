@@ -82,8 +82,7 @@ BROKEN_PIPE_EXIT = 141
 
 
 def quiet_stdout() -> None:
-    """Point stdout at the null device, so that flushing what is buffered for a closed pipe
-    (now or at exit) raises nothing and prints nothing."""
+    """Point stdout at the null device, so flushing into a closed pipe raises and prints nothing."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         try:
@@ -346,8 +345,7 @@ DEFAULT_TYPE = "cli"
 
 
 class ContextParam(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2
-    """A context id ``type:name`` on the command line, or a bare name of the default type, the
-    one rule ``chat`` follows too (:func:`parse_context`)."""
+    """A context id ``type:name``, or a bare name of the default type (:func:`parse_context`)."""
 
     name = "type:name"
 

@@ -79,8 +79,7 @@ def require(state: CliState, context: ContextId) -> None:
 
 
 def missing(state: CliState, context: ContextId) -> ContextNotFound:
-    """The error for a session the store does not have, with the sessions whose ids are
-    close to it: ``no session 'cli:maim' in ./sessions; did you mean cli:main?``."""
+    """The error for a missing session, naming close ones (``did you mean cli:main?``)."""
     error = contexts.not_found(context, state.shown_location)
     try:
         rows = contexts.list_contexts(state.store()).rows
@@ -123,8 +122,7 @@ def exists(state: CliState, context: ContextId) -> bool:
 
 @contextlib.contextmanager
 def naming_store(state: CliState, context: ContextId | None = None) -> Iterator[None]:
-    """Name the store in a ContextNotFound raised inside: ``no session 'cli:x' in ./sessions``
-    (with :func:`missing`'s suggestions when it is about ``context``)."""
+    """Name the store in a ContextNotFound raised inside (suggestions when it is ``context``)."""
     try:
         yield
     except ContextNotFound as exc:

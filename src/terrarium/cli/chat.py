@@ -670,8 +670,7 @@ def run_chat(
 
 
 def run_loop(chat: Chat, main: Coroutine[Any, Any, None]) -> None:
-    """Run the chat's event loop. Ctrl-C ends it with exit status 130 and a note; a failed
-    reply with one line, the error and what became of the message."""
+    """Run the chat's event loop; Ctrl-C ends it with status 130, a failed reply with one line."""
     try:
         asyncio.run(main)
     except KeyboardInterrupt as exc:

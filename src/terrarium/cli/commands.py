@@ -266,8 +266,7 @@ def show(
 def _shown_message(
     ts: str, item: Mapping[str, Any], failed: Mapping[int, Mapping[str, Any]], index: int
 ) -> dict[str, Any]:
-    """A message as ``show --json`` prints it: the item, ``ts``, and for an item of a failed
-    run ``failed`` (its ``error``, ``error_type``, and ``partial`` on the run's last item)."""
+    """A message as ``show --json`` prints it, ``failed`` marking an item of a failed run."""
     message = {"ts": ts, **item}
     errored = failed.get(index)
     if errored is not None:
@@ -359,8 +358,7 @@ def _preview(line: dict[str, Any]) -> str:
 
 
 def _segments(store: Store, session_id: Any, head_segment: Any) -> list[dict[str, Any]]:
-    """The session's segments, oldest first, as in ``show --json --segments`` (a damaged one
-    that a salvage replaced says which segment holds its entries)."""
+    """The session's segments, oldest first, as ``show --json --segments`` prints them."""
     out = []
     for segment_id, read, salvaged_into in sessions.tree_reads(store, session_id):
         header = read.header if read is not None else {}

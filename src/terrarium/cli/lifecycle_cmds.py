@@ -505,8 +505,7 @@ def report_json(report: MaintenanceReport) -> dict[str, Any]:
 def lifecycle_rows(
     state: CliState, rows: list[ContextRow], type_: str | None, scope: str
 ) -> tuple[list[ContextRow], dict[str, tuple[str, bool]]]:
-    """``list``'s rows for ``scope`` (``hot``, ``archived`` or ``all``), and each one's state
-    and pin, by context id. A store without a trash or archive has only hot rows, unpinned."""
+    """``list``'s rows for ``scope``, with each one's state and pin by context id."""
     from terrarium.contexts import ContextRow
     from terrarium.model import ContextId
     from terrarium.stores.base import Lifecycle

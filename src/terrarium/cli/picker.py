@@ -102,8 +102,7 @@ class Picker:
         return [r for r in self.rows if needle in str(r.context).lower()]
 
     def exact(self) -> SessionInfo | None:
-        """The session the filter text names exactly: ``type:name``, a name of the default
-        type, or a name only one session of another type has."""
+        """The session the filter text names exactly (a bare name: of one type only)."""
         text = self.filter.text.strip()
         if not text:
             return None

@@ -126,8 +126,7 @@ def _tool_calls(item: Mapping[str, Any]) -> list[str]:
 
 
 def render_item(timed: sessions.TimedItem) -> str:
-    """One history item as an HTML block (a Responses item through ``model.chat_view``, as
-    in Markdown; a kind with no view as its JSON)."""
+    """One history item as an HTML block (a kind with no Chat view as its JSON)."""
     item = timed.item
     stamp = f'<time datetime="{_e(timed.ts)}">{_e(when(timed.ts))}</time>'
     if timed.kind == EntryKind.SYSTEM_ITEM:

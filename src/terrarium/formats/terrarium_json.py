@@ -456,8 +456,7 @@ _TOO_DEEP = f"arrays and objects nest more than {_MAX_DEPTH} levels deep"
 
 
 def _check_loggable(data: dict[str, Any], check: _Checker) -> None:
-    """Refuse, naming the file, what an import could not log: lone surrogates (which a JSON
-    ``\\ud800`` escape gives), values nested too deeply."""
+    """Refuse, naming the file, what an import could not log: lone surrogates, deep nesting."""
     try:
         codec.encode(data)
     except InvalidEntry as exc:
@@ -673,8 +672,7 @@ def _item_ts(record: Mapping[str, Any] | None, count: int) -> list[str] | None:
 
 
 def _timed_history(lines: Sequence[Mapping[str, Any]]) -> list[_Timed]:
-    """The replayed history with times (:func:`~terrarium.sessions.timed_history`); the
-    items of an import header keep the legacy file's timestamps and their index in it."""
+    """The replayed history with times; an import header's items keep the file's timestamps."""
     timed = [_Timed(t.item, t.ts, None) for t in sessions.timed_history(lines)]
     headers = [line for line in lines if line["kind"] == EntryKind.HEADER]
     # The history starts at the last header that holds one (or the first header).
@@ -687,8 +685,7 @@ def _timed_history(lines: Sequence[Mapping[str, Any]]) -> list[_Timed]:
 
 
 def _native_message(item: LoggedItem, ts: str) -> dict[str, Any] | None:
-    """A user or assistant message with text as a legacy message (a Responses item through
-    its Chat view: its ``message`` items; tool calls, results and reasoning are left out)."""
+    """A user or assistant message with text as a legacy message, else None."""
     view = chat_view(item)
     role = view.get("role") if view is not None else None
     if view is None or role not in ("user", "assistant"):
@@ -749,8 +746,7 @@ def _export_metadata(
     *,
     logged: bool,
 ) -> dict[str, Any]:
-    """The legacy ``metadata`` of :func:`export_dict`: an imported file's, updated when the
-    context was ``logged`` to since; otherwise all of it from the log."""
+    """:func:`export_dict`'s ``metadata``: an imported file's, updated once ``logged`` to."""
     if record is None:
         return {
             "created_at": to_legacy_ts(head.created_at),

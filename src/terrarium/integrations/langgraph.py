@@ -203,8 +203,7 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        """Checkpoints newest first, of one thread (or every thread when ``config`` is None),
-        matching the namespace and id in ``config``, ``filter`` on metadata, and ``before``."""
+        """Checkpoints newest first, of ``config``'s thread (or all), matching every filter."""
         if config is not None:
             thread_ids = [str(config["configurable"]["thread_id"])]
             wanted_ns = config["configurable"].get("checkpoint_ns")
@@ -386,8 +385,7 @@ def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
 
 
 def _version_key(version: Any) -> str:
-    """A channel version as a dict key: versions are str, int or float, kept as JSON gives
-    them back (an int stays an int)."""
+    """A channel version as a dict key (an int version stays distinct from its string)."""
     return repr(version)
 
 
