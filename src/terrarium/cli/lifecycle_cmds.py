@@ -8,8 +8,7 @@ progress bar is drawn only on a terminal.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -49,16 +48,6 @@ def _age(value: str | None) -> Any:
     from terrarium.lifecycle import parse_age
 
     return None if value is None else parse_age(value)
-
-
-@contextmanager
-def _progress(state: CliState, total: int, label: str) -> Iterator[Callable[[str], None] | None]:
-    """A progress callback drawing a bar on stderr when it is a terminal, else None."""
-    if not state.out.err_rich or total < 2:
-        yield None
-        return
-    with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
-        yield lambda _item: bar.update(1)
 
 
 def _confirm(question: str, yes: bool, refusal: str) -> None:
@@ -108,7 +97,7 @@ def archive(
     if dry_run:
         _print_plan(state, plan, as_json)
         return
-    with _progress(state, len(plan.candidates), "archiving") as progress:
+    with state.out.progress(len(plan.candidates), "archiving") as progress:
         done = run_archive(state.store(), plan, why="command: terrarium archive", progress=progress)
     saved = sum(a.hot_bytes - a.archived_bytes for a in done)
     if as_json:
@@ -393,7 +382,7 @@ def trash_purge(
         yes,
         "refusing to purge the trash",
     )
-    with _progress(state, len(entries), "purging") as progress:
+    with state.out.progress(len(entries), "purging") as progress:
         done = run_trash_purge(
             state.store(), entries, why="command: terrarium trash purge", progress=progress
         )

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from functools import cached_property
 from typing import IO, TYPE_CHECKING, Any
 
@@ -92,6 +93,15 @@ class Output:
         import json
 
         click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+    @contextmanager
+    def progress(self, total: int, label: str) -> Iterator[Callable[[Any], None] | None]:
+        """A progress callback drawing a bar on stderr when it is a terminal, else None."""
+        if not self.err_rich or total < 2:
+            yield None
+            return
+        with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
+            yield lambda _item: bar.update(1)
 
     def table(
         self,
