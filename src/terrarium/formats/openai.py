@@ -4,17 +4,16 @@
 :func:`terrarium.model.wire_messages` as the runtime builds them: the system prompt, then every
 item but those of failed runs, with the standard keys only (no ``reasoning_content``).
 
-:func:`finetune_lines` writes the chat fine-tuning format, one ``{"messages": [...]}`` line per
-context, with a config's ``tools`` list as the record's ``tools``. Conversations without an
-assistant message teach nothing and are skipped. A context is kept whole when any of its
-messages was logged in the date window.
+:func:`finetune_record` is a context's line of the chat fine-tuning format,
+``{"messages": [...]}``, with a config's ``tools`` list as its ``tools``. Conversations without
+an assistant message teach nothing and are skipped.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, TypeAlias
 
 from terrarium.formats.jsonl import Transcript, load_transcript
@@ -65,59 +64,22 @@ def select_contexts(
     return sorted(set(chosen))
 
 
-def finetune_lines(
-    store: Store,
-    contexts: Iterable[ContextId | str] | None = None,
-    *,
-    type: str | None = None,
-    since: DateBound | None = None,
-    until: DateBound | None = None,
-) -> Iterator[str]:
-    """Yield one fine-tuning JSONL line (with its newline) per chosen conversation.
-
-    Args:
-        store: where the contexts live.
-        contexts: the contexts to consider; every context in the store by default.
-        type: keep only contexts of this type.
-        since, until: keep only contexts with a message logged in this window (a date covers
-            its whole day).
-
-    Raises:
-        ContextNotFound: a context named in ``contexts`` does not exist.
-    """
-    for context in select_contexts(store, contexts, type=type):
-        transcript = load_transcript(store, context)
-        if (since is not None or until is not None) and not transcript.active_between(since, until):
-            continue
-        record = finetune_record(transcript)
-        if record is not None:
-            yield json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
-
-
 def export_finetune_context(store: Store, context: ContextId | str) -> str:
-    """One context's fine-tuning JSONL: one line, or nothing without an assistant message."""
-    return export_finetune(store, [context])
+    """One context's fine-tuning JSONL line, or "" without an assistant message.
 
-
-def export_finetune(
-    store: Store,
-    contexts: Iterable[ContextId | str] | None = None,
-    *,
-    type: str | None = None,
-    since: DateBound | None = None,
-    until: DateBound | None = None,
-) -> str:
-    """The fine-tuning JSONL file for the chosen contexts (see :func:`finetune_lines`)."""
-    return "".join(finetune_lines(store, contexts, type=type, since=since, until=until))
+    Many contexts, filtered by type and date, go through :func:`terrarium.export.export_many`.
+    """
+    record = finetune_record(load_transcript(store, context))
+    if record is None:
+        return ""
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
 __all__ = [
     "DateBound",
     "chat_messages",
     "export_context",
-    "export_finetune",
     "export_finetune_context",
-    "finetune_lines",
     "finetune_record",
     "select_contexts",
 ]
