@@ -25,7 +25,7 @@ from terrarium.stores._files import make_dirs, write_atomic
 
 if TYPE_CHECKING:
     from terrarium import model
-    from terrarium.formats.openai import DateBound
+    from terrarium.formats.jsonl import DateBound
     from terrarium.model import ContextId
     from terrarium.stores.base import Store
 else:  # the command line reads FORMATS at every start; the model is for exporting
@@ -214,15 +214,16 @@ def _select(
     """The chosen contexts, sorted, each with its store (a legacy file's throw-away one)."""
     from terrarium import legacy, states
     from terrarium.formats.jsonl import load_transcript
-    from terrarium.formats.openai import select_contexts
     from terrarium.stores.base import Lifecycle
 
     if contexts is None:
-        contexts = [*select_contexts(store, type=type), *legacy.listing(store).by_context]
+        contexts = [h.context for h in store.list_contexts(type)]
+        contexts += legacy.listing(store).by_context
         if archived and isinstance(store, Lifecycle):
             contexts += [a.context for a in states.archived_contexts(store, type)]
+    wanted = {model.ContextId.parse(c) for c in contexts}
     chosen: dict[ContextId, Store] = {}
-    for context in select_contexts(store, contexts, type=type):
+    for context in sorted(c for c in wanted if type is None or c.type == type):
         copy = legacy.read(store, context) if store.get_head(context) is None else None
         chosen[context] = store if copy is None else copy.store
     if since is None and until is None:

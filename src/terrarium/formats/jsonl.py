@@ -14,7 +14,7 @@ import datetime as dt
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from terrarium import codec, sessions
 from terrarium.copy import SessionSource, complete_session
@@ -32,6 +32,10 @@ from terrarium.stores.base import PodMetadata, Store
 # --------------------------------------------------------------------------- reading
 
 
+DateBound: TypeAlias = dt.date | dt.datetime | str
+"""A date filter bound: a date (a whole UTC day), a datetime (naive = UTC), or ISO text."""
+
+
 @dataclass(frozen=True, slots=True)
 class Transcript:
     """A context's lineage read once: its raw lines, its restored state, its timed history."""
@@ -46,9 +50,7 @@ class Transcript:
     items: list[sessions.TimedItem]
     """``state.history`` item by item, with the time each was logged."""
 
-    def active_between(
-        self, since: dt.date | dt.datetime | str | None, until: dt.date | dt.datetime | str | None
-    ) -> bool:
+    def active_between(self, since: DateBound | None, until: DateBound | None) -> bool:
         """Whether an item was logged in the window (inclusive; None open; a date its whole day)."""
         low = None if since is None else _bound(since, end=False)
         high = None if until is None else _bound(until, end=True)

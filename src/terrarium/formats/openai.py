@@ -11,17 +11,12 @@ an assistant message teach nothing and are skipped.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-from collections.abc import Iterable
-from typing import Any, TypeAlias
+from typing import Any
 
 from terrarium.formats.jsonl import Transcript, load_transcript
 from terrarium.model import ContextId, RestoredState, wire_messages
 from terrarium.stores.base import Store
-
-DateBound: TypeAlias = dt.date | dt.datetime | str
-"""A date filter bound: a date (a whole UTC day), a datetime (naive = UTC), or ISO text."""
 
 
 def chat_messages(state: RestoredState) -> list[dict[str, Any]]:
@@ -48,22 +43,6 @@ def finetune_record(transcript: Transcript) -> dict[str, Any] | None:
     return record
 
 
-def select_contexts(
-    store: Store,
-    contexts: Iterable[ContextId | str] | None = None,
-    *,
-    type: str | None = None,
-) -> list[ContextId]:
-    """The contexts to export: ``contexts`` (or every context), of ``type`` if given, sorted."""
-    if contexts is None:
-        chosen = [ContextId.parse(head.context) for head in store.list_contexts(type)]
-    else:
-        chosen = [ContextId.parse(c) for c in contexts]
-        if type is not None:
-            chosen = [c for c in chosen if c.type == type]
-    return sorted(set(chosen))
-
-
 def export_finetune_context(store: Store, context: ContextId | str) -> str:
     """One context's fine-tuning JSONL line, or "" without an assistant message.
 
@@ -76,10 +55,8 @@ def export_finetune_context(store: Store, context: ContextId | str) -> str:
 
 
 __all__ = [
-    "DateBound",
     "chat_messages",
     "export_context",
     "export_finetune_context",
     "finetune_record",
-    "select_contexts",
 ]
