@@ -817,12 +817,8 @@ def _tail_from_user(history: list[LoggedItem], keep: int) -> list[LoggedItem]:
 
 
 def _open_store(storage_dir: str | Path) -> Store:
-    try:
-        from terrarium.stores.url import open_store
-    except ImportError:  # pragma: no cover - url support lands with the SQL stores
-        from terrarium.stores.fs import FsStore
+    from terrarium.stores.url import open_store
 
-        return FsStore(storage_dir)
     return open_store(storage_dir)
 
 

@@ -197,10 +197,8 @@ class CliState:
     @property
     def shown_location(self) -> str:
         """The location with any password masked, for messages."""
-        try:
-            from terrarium.stores.url import redact_url
-        except ImportError:  # pragma: no cover - store URLs not available
-            return self.location
+        from terrarium.stores.url import redact_url
+
         return redact_url(self.location)
 
     def store(self) -> Store:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import importlib
 import shlex
-import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,14 +24,6 @@ from terrarium.stores.base import Store
 
 SessionInfo = ContextRow
 """One row of ``terrarium list`` and of the picker (:class:`terrarium.contexts.ContextRow`)."""
-
-
-def legacy_module() -> types.ModuleType | None:
-    """:mod:`terrarium.formats.terrarium_json`, or None before it exists."""
-    try:
-        return importlib.import_module("terrarium.formats.terrarium_json")
-    except ImportError:  # pragma: no cover - legacy support not installed
-        return None
 
 
 def legacy_root(state: CliState) -> Path | None:

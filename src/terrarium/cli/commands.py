@@ -40,19 +40,9 @@ else:  # loaded by the first command that uses them: --help uses none
     sessions = lazy_module("terrarium.sessions")
 
 
-def _format_names() -> list[str]:
-    try:
-        from terrarium.export import FORMATS
-    except ImportError:  # pragma: no cover - exports not installed
-        return ["jsonl"]
-    return list(FORMATS)
-
-
 def _format_aliases() -> str:
-    try:
-        from terrarium.export import ALIASES
-    except ImportError:  # pragma: no cover - exports not installed
-        return "none"
+    from terrarium.export import ALIASES
+
     return ", ".join(f"{alias}={name}" for alias, name in ALIASES.items())
 
 
@@ -68,7 +58,9 @@ class FormatChoice(click.Choice):  # type: ignore[type-arg]  # generic from clic
     @property
     def choices(self) -> tuple[str, ...]:
         """The export formats' names."""
-        return tuple(_format_names())
+        from terrarium.export import FORMATS
+
+        return tuple(FORMATS)
 
     @choices.setter
     def choices(self, _value: Any) -> None:
@@ -830,10 +822,9 @@ def _expand(paths: tuple[Path, ...]) -> list[tuple[Path, Path | None]]:
     files: list[tuple[Path, Path | None]] = []
     for path in paths:
         if path.is_dir():
-            module = catalog.legacy_module()
-            if module is None:
-                raise click.ClickException("legacy JSON support is not installed")
-            found = sorted(module.iter_legacy_files(path))
+            from terrarium.formats.terrarium_json import iter_legacy_files
+
+            found = sorted(iter_legacy_files(path))
             if not found:
                 raise click.ClickException(
                     f"{path}: no legacy session files in this folder, and no "
@@ -857,11 +848,10 @@ def import_file(
 
         head = import_context(store, path.read_bytes(), context=as_context, where=str(path))
     else:
-        module = catalog.legacy_module()
-        if module is None:
-            raise click.ClickException("legacy JSON support is not installed")
+        from terrarium.formats import terrarium_json as tj
+
         root = root or _legacy_root_of(store, path)
-        head = module.import_session(store, module.load(path, root=root), context=as_context)
+        head = tj.import_session(store, tj.load(path, root=root), context=as_context)
     context = model.ContextId.parse(head.context)
     return str(context), len(sessions.restore(store, context).history)
 

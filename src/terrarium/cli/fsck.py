@@ -437,12 +437,14 @@ def _read_all(store: Store, head: PodMetadata, report: Report) -> list[tuple[uui
 
 
 def _check_legacy(state: CliState, report: Report) -> None:
-    module, root = catalog.legacy_module(), catalog.legacy_root(state)
-    if module is None or root is None:
+    from terrarium.formats import terrarium_json as tj
+
+    root = catalog.legacy_root(state)
+    if root is None:
         return
-    for path in module.iter_legacy_files(root):
+    for path in tj.iter_legacy_files(root):
         try:
-            module.load(path, root=root)
+            tj.load(path, root=root)
         except (ValueError, OSError) as exc:
             report.problems.append(Problem("legacy", str(exc), path=str(path)))
 
