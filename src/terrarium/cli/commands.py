@@ -894,9 +894,20 @@ def _inside(path: Path, root: Path) -> bool:
 @click.pass_context
 def migrate(ctx: click.Context, dry_run: bool, to_log: bool, source: Path | None) -> None:
     """Move legacy flat session files into date folders (and optionally into the log)."""
-    from terrarium.cli.migrate_cmd import run_migrate
+    from terrarium.migrate import migrate
 
-    run_migrate(state_of(ctx), dry_run=dry_run, to_log=to_log, source=source)
+    state = state_of(ctx)
+    root = source if source is not None else catalog.legacy_root(state)
+    if root is None:
+        raise click.ClickException(
+            f"{state.shown_location} is not a folder: name the legacy sessions folder with --from"
+        )
+    store = state.store() if to_log else None
+    report = migrate(root, dry_run=dry_run, to_log=to_log, store=store, out=sys.stdout)
+    if report.failed:
+        raise click.ClickException(
+            f"{report.failed} of {plural(len(report.steps), 'legacy file')} could not be migrated"
+        )
 
 
 # --------------------------------------------------------------------------- fsck, reindex
