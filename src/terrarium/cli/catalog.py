@@ -39,11 +39,6 @@ def list_sessions(state: CliState, type: str | None = None) -> list[SessionInfo]
     return listing.rows
 
 
-def find_legacy(state: CliState, context: ContextId) -> Path | None:
-    """The legacy file of ``context``, if there is one (whether or not it was imported)."""
-    return legacy.find(state.store(), context)
-
-
 def readable(state: CliState, context: ContextId) -> Store:
     """A store holding ``context``: the real one, or an in-memory copy of a legacy file.
 
@@ -62,7 +57,7 @@ def readable(state: CliState, context: ContextId) -> Store:
 def require(state: CliState, context: ContextId) -> None:
     """Raise ContextNotFound unless ``context`` is in the log (legacy files do not count)."""
     if state.store().get_head(context) is None:
-        if find_legacy(state, context) is not None:
+        if legacy.find(state.store(), context) is not None:
             hint = " (it is a legacy file: run 'terrarium import' or chat in it first)"
             raise contexts.not_found(context, f"{state.shown_location}{hint}")
         raise missing(state, context)
@@ -107,7 +102,10 @@ def resume(state: CliState, context: ContextId) -> bool:
 
 def exists(state: CliState, context: ContextId) -> bool:
     """Whether the log or a legacy file holds ``context``."""
-    return state.store().get_head(context) is not None or find_legacy(state, context) is not None
+    return (
+        state.store().get_head(context) is not None
+        or legacy.find(state.store(), context) is not None
+    )
 
 
 @contextlib.contextmanager
