@@ -14,6 +14,7 @@ newer terrarium survive; :class:`Item` is the typed view of a Chat message.
 
 from __future__ import annotations
 
+import datetime
 import re
 import time
 import unicodedata
@@ -67,6 +68,14 @@ def utc_now() -> str:
         prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         _second = (second, prefix)
     return f"{prefix}.{micros:06d}Z"
+
+
+def parse_timestamp(text: str) -> datetime.datetime:
+    """Parse an ISO 8601 timestamp as an aware UTC datetime (a naive one is taken as UTC)."""
+    when = datetime.datetime.fromisoformat(text)
+    if when.tzinfo is None:
+        return when.replace(tzinfo=datetime.UTC)
+    return when.astimezone(datetime.UTC)
 
 
 # --------------------------------------------------------------------------- context ids

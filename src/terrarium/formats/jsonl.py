@@ -26,6 +26,7 @@ from terrarium.model import (
     EntryKind,
     RestoredState,
     SegmentId,
+    parse_timestamp,
 )
 from terrarium.stores.base import PodMetadata, Store
 
@@ -55,16 +56,10 @@ class Transcript:
         low = None if since is None else _bound(since, end=False)
         high = None if until is None else _bound(until, end=True)
         for timed in self.items:
-            when = parse_ts(timed.ts)
+            when = parse_timestamp(timed.ts)
             if (low is None or when >= low) and (high is None or when <= high):
                 return True
         return False
-
-
-def parse_ts(ts: str) -> dt.datetime:
-    """Parse a log timestamp (RFC 3339, ``Z`` or an offset) as an aware UTC datetime."""
-    when = dt.datetime.fromisoformat(ts)
-    return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
 
 
 def _bound(value: dt.date | dt.datetime | str, *, end: bool) -> dt.datetime:
@@ -235,6 +230,5 @@ __all__ = [
     "lineage_lines",
     "load_transcript",
     "parse_lines",
-    "parse_ts",
     "read_segments",
 ]

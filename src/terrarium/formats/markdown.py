@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from terrarium import sessions
-from terrarium.formats.jsonl import Transcript, load_transcript, parse_ts
-from terrarium.model import ContextId, EntryKind, chat_view, item_label
+from terrarium.formats.jsonl import Transcript, load_transcript
+from terrarium.model import ContextId, EntryKind, chat_view, item_label, parse_timestamp
 from terrarium.stores.base import Store
 
 _ROLE_TITLES = {"user": "User", "assistant": "Assistant", "tool": "Tool result", "system": "System"}
@@ -26,7 +26,7 @@ _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>~])")
 def when(ts: str) -> str:
     """A log timestamp for people: ``2025-11-06 12:00:01 UTC`` (the raw text if unparsable)."""
     try:
-        return parse_ts(ts).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return parse_timestamp(ts).strftime("%Y-%m-%d %H:%M:%S UTC")
     except ValueError:
         return ts
 

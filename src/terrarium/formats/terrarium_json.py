@@ -46,6 +46,7 @@ from terrarium.model import (
     item_text,
     new_segment_id,
     new_session_id,
+    parse_timestamp,
     printable,
     short_repr,
 )
@@ -139,12 +140,6 @@ class LegacySession:
 
 
 # --------------------------------------------------------------------------- timestamps
-
-
-def parse_timestamp(text: str) -> dt.datetime:
-    """Parse an ISO 8601 timestamp as an aware UTC datetime (a naive one is taken as UTC)."""
-    when = dt.datetime.fromisoformat(text)
-    return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
 
 
 def to_log_ts(text: str) -> str:
