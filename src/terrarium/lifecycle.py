@@ -41,7 +41,7 @@ from terrarium.errors import (
     SegmentNotFound,
     StoreError,
 )
-from terrarium.model import ContextId, utc_now
+from terrarium.model import ContextId, parse_timestamp, utc_now
 from terrarium.states import ArchivedContext, TrashedContext
 from terrarium.stores._files import make_dirs, open_private, write_all
 from terrarium.stores.base import Lifecycle, Store, context_lock
@@ -82,10 +82,9 @@ def parse_age(text: str | int) -> timedelta:
 
 def _parse_time(ts: str) -> datetime | None:
     try:
-        moment = datetime.fromisoformat(ts)
+        return parse_timestamp(ts)
     except (TypeError, ValueError):
         return None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _now() -> datetime:
