@@ -42,17 +42,7 @@ class Problem:
     """One thing fsck found."""
 
     kind: str
-    """``corrupt`` (a bad line), ``torn`` (bytes after the last newline), ``head`` (a
-    ``head.json`` that is missing or unreadable), ``missing`` (the head names a segment that
-    is not there), ``damaged`` (a context whose head cannot be rebuilt: no segment is
-    intact), ``unindexed`` (a context the index does not know, or names wrongly),
-    ``duplicate`` (a second folder holding a context), ``link`` (a symbolic link inside the
-    store, never followed), ``legacy`` (an unreadable legacy file), ``blob`` (a large output
-    that a log refers to is missing, or a blob's bytes do not match its digest: no repair can
-    recreate it), ``leftover`` (what a killed freeze, thaw, detach, delete or purge left,
-    never the visible state), ``unfinished`` (a delete, restore or purge killed between its
-    steps, which its state record names: the repair completes it), ``unreadable`` (any other
-    read error)."""
+    """One of the problem kinds docs/cli.md lists under ``terrarium fsck``."""
     message: str
     context: str | None = None
     path: str | None = None

@@ -545,14 +545,16 @@ class VLLMClient:
             )
         if isinstance(exc, openai.APIResponseValidationError):
             return BadResponse(f"malformed response from {url}: {_one_line(exc.message)}")
-        if isinstance(exc, openai.APIStatusError):
-            status = exc.status_code
+        if isinstance(exc, openai.APIError):
             detail = _server_message(exc)
             code = str(exc.code or "")
+            status: int | None = getattr(exc, "status_code", None)  # None: a stream's error event
             if code == "context_length_exceeded" or (
-                400 <= status < 500 and _CONTEXT_RE.search(detail)
+                (status is None or 400 <= status < 500) and _CONTEXT_RE.search(detail)
             ):
                 return ContextTooLong(f"the request does not fit model {model}'s context: {detail}")
+            if status is None:
+                return BadResponse(f"the model server at {url} reported an error: {detail}")
             if model is not None and (
                 code == "model_not_found" or (status == 404 and "model" in detail.lower())
             ):
@@ -569,11 +571,6 @@ class VLLMClient:
                     "set OPENAI_API_KEY"
                 )
             return BadResponse(f"the model server at {url} answered {status}{tries}: {detail}")
-        if isinstance(exc, openai.APIError):  # an error event inside a stream
-            detail = _server_message(exc)
-            if str(exc.code or "") == "context_length_exceeded" or _CONTEXT_RE.search(detail):
-                return ContextTooLong(f"the request does not fit model {model}'s context: {detail}")
-            return BadResponse(f"the model server at {url} reported an error: {detail}")
         if isinstance(exc, ValueError):
             return BadResponse(f"malformed response from {url}: {_one_line(str(exc))}")
         return BadResponse(f"model call to {url} failed: {_one_line(str(exc))}")
