@@ -33,6 +33,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from terrarium import codec, contexts, legacy, states
 from terrarium.errors import (
     ContextNotFound,
@@ -120,8 +122,7 @@ def hot_bytes(store: Store, context: ContextId) -> int | None:
 # --------------------------------------------------------------------------- archive
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(msgspec.Struct, frozen=True):
     """A hot context a plan would archive."""
 
     context: str
@@ -134,20 +135,6 @@ class Candidate:
     """Its log's size in the hot store (estimated: JSON lines)."""
     pinned: bool
     """Pinned: only a context named explicitly is archived so."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form (``archive --dry-run --json``), keys as ``list --json`` names them."""
-        type_, _, name = self.context.partition(":")
-        return {
-            "context_id": self.context,
-            "type": type_,
-            "name": name,
-            "date": self.date,
-            "last_active": self.last_active,
-            "message_count": self.message_count,
-            "hot_bytes": self.hot_bytes,
-            "pinned": self.pinned,
-        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
+import msgspec
 
 from terrarium._lazy import lazy_module
 from terrarium.cli import examples
@@ -30,7 +31,7 @@ from terrarium.display import human_bytes, short_time
 if TYPE_CHECKING:
     from terrarium import states
     from terrarium.contexts import ContextRow
-    from terrarium.lifecycle import ArchivePlan, MaintenanceReport
+    from terrarium.lifecycle import ArchivePlan, Candidate, MaintenanceReport
     from terrarium.model import ContextId
     from terrarium.states import ArchivedContext, TrashedContext
     from terrarium.stores.base import Lifecycle
@@ -104,7 +105,7 @@ def archive(
         state.out.json(
             {
                 "dry_run": False,
-                "contexts": [archived_json(a) for a in done],
+                "contexts": [record_json(a) for a in done],
                 "skipped_pinned": plan.skipped_pinned,
                 "bytes_saved": saved,
             }
@@ -125,7 +126,7 @@ def _print_plan(state: CliState, plan: ArchivePlan, as_json: bool) -> None:
         state.out.json(
             {
                 "dry_run": True,
-                "contexts": [c.to_json() for c in plan.candidates],
+                "contexts": [record_json(c) for c in plan.candidates],
                 "skipped_pinned": plan.skipped_pinned,
                 "bytes_saved": plan.hot_bytes,
             }
@@ -165,21 +166,12 @@ def _note_pinned(state: CliState, plan: ArchivePlan, as_json: bool, *, done_noth
         state.out.note("nothing to archive")
 
 
-def archived_json(archived: ArchivedContext) -> dict[str, Any]:
-    """An archived context as ``archive --json`` prints it (keys as ``list --json``)."""
-    type_, _, name = archived.context.partition(":")
-    return {
-        "context_id": archived.context,
-        "type": type_,
-        "name": name,
-        "date": archived.date,
-        "last_active": archived.last_active,
-        "message_count": archived.message_count,
-        "archived_at": archived.archived_at,
-        "hot_bytes": archived.hot_bytes,
-        "archived_bytes": archived.archived_bytes,
-        "pinned": archived.pinned,
-    }
+def record_json(record: ArchivedContext | TrashedContext | Candidate) -> dict[str, Any]:
+    """A lifecycle record for ``--json``: its fields, its context named as ``list --json`` does."""
+    data = msgspec.structs.asdict(record)
+    context = data.pop("context")
+    type_, _, name = context.partition(":")
+    return {"context_id": context, "type": type_, "name": name, **data}
 
 
 @reads_store
@@ -266,23 +258,6 @@ def trash() -> None:
 reads_store(trash)
 
 
-def trashed_json(entry: TrashedContext) -> dict[str, Any]:
-    """A trash entry as ``trash list --json`` prints it."""
-    type_, _, name = entry.context.partition(":")
-    return {
-        "trash_id": entry.trash_id,
-        "context_id": entry.context,
-        "type": type_,
-        "name": name,
-        "date": entry.date,
-        "deleted_at": entry.deleted_at,
-        "archived": entry.archived,
-        "message_count": entry.message_count,
-        "bytes": entry.bytes,
-        "pinned": entry.pinned,
-    }
-
-
 def _print_trash(state: CliState, entries: Sequence[TrashedContext]) -> None:
     state.out.table(
         ["trash id", "context", "deleted", "messages", "size", "state"],
@@ -312,7 +287,7 @@ def trash_list(ctx: click.Context, as_json: bool) -> None:
     state = state_of(ctx)
     entries = states.trashed_contexts(_lifecycle(state))
     if as_json:
-        state.out.json({"trash": [trashed_json(e) for e in entries]})
+        state.out.json({"trash": [record_json(e) for e in entries]})
     elif not entries:
         state.out.note(f"the trash of {state.shown_location} is empty")
     else:
@@ -473,11 +448,11 @@ def maintain(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
 def report_json(report: MaintenanceReport) -> dict[str, Any]:
     """``maintain --json``."""
     if report.dry_run:
-        archive = [c.to_json() for c in report.to_archive.candidates]
-        purge = [trashed_json(e) for e in report.to_purge]
+        archive = [record_json(c) for c in report.to_archive.candidates]
+        purge = [record_json(e) for e in report.to_purge]
     else:
-        archive = [archived_json(a) for a in report.archived]
-        purge = [trashed_json(e) for e in report.purged]
+        archive = [record_json(a) for a in report.archived]
+        purge = [record_json(e) for e in report.purged]
     return {
         "dry_run": report.dry_run,
         "policy": report.policy,
