@@ -30,7 +30,6 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from types import TracebackType
 from typing import Any, Literal, TypeVar, cast
 
 import msgspec
@@ -186,12 +185,7 @@ class VLLMClient:
     async def __aenter__(self) -> VLLMClient:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     # ------------------------------------------------------------------ models
