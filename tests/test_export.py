@@ -330,7 +330,7 @@ def _dated(store: Store, context: str, day: str, *, reply: bool = True) -> None:
     store.append(session_id, segment_id, entries)
 
 
-def test_finetune_jsonl_and_filters(store: Store) -> None:
+def test_finetune_jsonl_and_filters(store: Store, tmp_path: Path) -> None:
     converse(store)
     _dated(store, "cli:a", "2025-01-10")
     _dated(store, "cli:b", "2025-02-10")
@@ -347,20 +347,25 @@ def test_finetune_jsonl_and_filters(store: Store) -> None:
             out.append(first["content"] if first["role"] == "user" else "irc")
         return out
 
-    everything = openai.export_finetune(store)
+    def export_finetune(chosen: list[str] | None = None, **filters: Any) -> str:
+        dest = tmp_path / "finetune.jsonl"
+        export_many(store, chosen, "finetune", dest, **filters)
+        return dest.read_text(encoding="utf-8")
+
+    everything = export_finetune()
     assert contexts(everything) == ["2025-01-10", "2025-02-10", "2025-03-10", "irc"]
     irc = json.loads(everything.splitlines()[-1])
     assert irc["messages"] == json.loads(export_context(store, CONTEXT, "openai"))
-    assert contexts(openai.export_finetune(store, type="cli")) == ["2025-01-10", "2025-02-10"]
-    assert contexts(openai.export_finetune(store, ["game:c", CONTEXT])) == ["2025-03-10", "irc"]
-    assert contexts(openai.export_finetune(store, ["cli:silent"])) == []
-    window = openai.export_finetune(store, since="2025-02-01", until="2025-03-10")
+    assert contexts(export_finetune(type="cli")) == ["2025-01-10", "2025-02-10"]
+    assert contexts(export_finetune(["game:c", CONTEXT])) == ["2025-03-10", "irc"]
+    assert contexts(export_finetune(["cli:silent"])) == []
+    window = export_finetune(since="2025-02-01", until="2025-03-10")
     assert contexts(window) == ["2025-02-10", "2025-03-10"]
     last = dt.datetime(2025, 3, 10, 9, 0, 1, 500000, tzinfo=dt.UTC)  # the last reply: inclusive
-    assert contexts(openai.export_finetune(store, since=last)) == ["2025-03-10", "irc"]
+    assert contexts(export_finetune(since=last)) == ["2025-03-10", "irc"]
     later = "2025-03-10T09:00:02"  # naive text: UTC
-    assert contexts(openai.export_finetune(store, since=later, until=dt.date(2025, 3, 10))) == []
-    assert contexts(openai.export_finetune(store, until=dt.date(2025, 1, 10))) == ["2025-01-10"]
+    assert contexts(export_finetune(since=later, until=dt.date(2025, 3, 10))) == []
+    assert contexts(export_finetune(until=dt.date(2025, 1, 10))) == ["2025-01-10"]
     assert export_context(store, "cli:silent", "finetune") == ""
     one = export_context(store, "cli:a", "finetune")
     assert isinstance(one, str) and contexts(one) == ["2025-01-10"]
@@ -370,7 +375,7 @@ def test_finetune_carries_tool_definitions(store: Store) -> None:
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
     written = converse(store)
     save_config_changed(store, written["ref"], {"model": "qwen", "tools": tools})
-    record = json.loads(openai.export_finetune(store))
+    record = json.loads(openai.export_finetune_context(store, CONTEXT))
     assert record["tools"] == tools
     assert record["messages"][2]["tool_calls"] == [CALL]
 

@@ -24,7 +24,6 @@ from terrarium.model import (
     Item,
     SegmentStartState,
     SystemItem,
-    encode_name,
     new_segment_id,
     new_session_id,
 )
@@ -350,32 +349,6 @@ def test_broken_files_raise_one_line_naming_the_file(tmp_path: Path, name: str) 
 # --------------------------------------------------------------------------- finding files
 
 
-def test_find_legacy_file_prefers_the_newest_date(tmp_path: Path) -> None:
-    for day in ("2025-11-05", "2025-11-07", "2025-11-06"):
-        (tmp_path / "irc" / day).mkdir(parents=True)
-        (tmp_path / "irc" / day / "#python.json").write_text("{}")
-    (tmp_path / "irc" / "#python.json").write_text("{}")
-    found = tj.find_legacy_file(tmp_path, "irc:#python")
-    assert found == tmp_path / "irc" / "2025-11-07" / "#python.json"
-    (tmp_path / "cli").mkdir()
-    (tmp_path / "cli" / "flat.json").write_text("{}")
-    assert tj.find_legacy_file(tmp_path, ContextId("cli", "flat")) == tmp_path / "cli/flat.json"
-    assert tj.find_legacy_file(tmp_path, "cli:none") is None
-    assert tj.find_legacy_file(tmp_path, "web:none") is None
-
-
-def test_find_legacy_file_tries_the_encoded_name(tmp_path: Path) -> None:
-    name = 'a:b?"c'
-    folder = tmp_path / "web" / "2025-11-06"
-    folder.mkdir(parents=True)
-    (folder / f"{encode_name(name)}.json").write_text("{}")
-    assert tj.find_legacy_file(tmp_path, ContextId("web", name)) == (
-        folder / f"{encode_name(name)}.json"
-    )
-    (folder / f"{name}.json").write_text("{}")  # the raw name, as the old tool wrote it
-    assert tj.find_legacy_file(tmp_path, ContextId("web", name)) == folder / f"{name}.json"
-
-
 def test_iter_legacy_files_skips_the_native_store(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     store = FsStore(root)
@@ -496,29 +469,6 @@ def test_import_into_another_context_renames_it() -> None:
     tj.import_session(store, session, context="cli:a-b")
     out = tj.export_dict(store, "cli:a-b")
     assert (out["session_id"], out["metadata"]["session_id"]) == ("a-b", "a-b")
-
-
-def test_history_with_timestamps_pairs_items_with_times(tmp_path: Path) -> None:
-    store = FsStore(tmp_path)
-    data = {
-        "session_id": "main",
-        "context_type": "cli",
-        "messages": [{"role": "user", "content": "a", "timestamp": "2025-01-01T10:00:00+02:00"}],
-    }
-    head = tj.import_session(store, tj.from_dict(data))
-    entry = sessions.save_user_input(store, head, "b")
-    fork = sessions.fork(store, head)
-    later = sessions.save_user_input(store, PodActiveSegmentRef(head.session_id, fork), "c")
-    got = tj.history_with_timestamps(store, head.session_id, fork)
-    assert got == [
-        ({"role": "user", "content": "a"}, "2025-01-01T10:00:00+02:00"),
-        ({"role": "user", "content": "b"}, entry.ts),
-        ({"role": "user", "content": "c"}, later.ts),
-    ]
-    header = store.read_segment(head.session_id, head.segment_id).header
-    assert header["origin"]["kind"] == "import"
-    assert header[tj.LEGACY_HEADER_KEY]["item_ts"] == ["2025-01-01T10:00:00+02:00"]
-    store.close()
 
 
 def test_export_of_a_missing_context_raises() -> None:

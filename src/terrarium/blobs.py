@@ -1,25 +1,21 @@
 """Large outputs kept out of the log: content-addressed blobs and the references to them.
 
-A history item's string longer than the store's ``blob_threshold`` (UTF-8 bytes; 64 KiB by
-default) is written once to the store's blob store (:class:`~terrarium.stores.base.BlobStore`),
-named by the sha256 of its UTF-8 bytes, *before* the entry that refers to it; the entry keeps a
-preview in the string's place and lists its blobs under the reserved key ``"_blobs"``::
+A history item's string longer than the store's ``blob_threshold`` (UTF-8 bytes, 64 KiB by
+default) is written to its :class:`~terrarium.stores.base.BlobStore`, named by its sha256,
+*before* the entry that refers to it. The entry keeps a preview in its place and lists its
+blobs under the reserved key ``"_blobs"``::
 
     {"v": 1, "seq": 7, "ts": "...", "kind": "item",
      "item": {"role": "tool", "tool_call_id": "c1", "content": "first 2,000 characters..."},
      "_blobs": [{"path": ["item", "content"], "sha256": "9f86d0...", "bytes": 1048576,
                  "chars": 1048576}]}
 
-``path`` leads from the line to the string (``["history", 3, "content"]`` in a header). A
-reader that does not know the key sees the preview, never a broken entry. Identical outputs
-share one blob. :func:`resolve_line` puts the text back (``"full"``), as a :class:`LazyBlob`
-(``"lazy"``) or not (``"stored"``); :func:`collect_garbage` deletes unreferenced blobs.
-
-Usage::
+A reader that does not know the key sees the preview, never a broken entry. :func:`resolve_line`
+puts the text back (``"full"``), as a :class:`LazyBlob` (``"lazy"``) or not (``"stored"``);
+:func:`collect_garbage` deletes unreferenced blobs. Usage::
 
     state = terrarium.restore(store, "cli:main", blobs="lazy")
     output = state.history[-1]["content"]  # a LazyBlob: .preview, .size, .read()
-    removed = collect_garbage(store)
 """
 
 from __future__ import annotations
@@ -106,7 +102,7 @@ class LazyBlob:
     store: BlobStore = field(repr=False, compare=False)
 
     def read(self) -> str:
-        """The whole text, read from the blob (checked against its digest).
+        """The whole text, read from the blob and checked against its digest.
 
         Raises:
             BlobNotFound: the store no longer holds the blob.
@@ -134,9 +130,10 @@ _KEEPS_BLOBS: dict[type, bool] = {}
 
 
 def _plain(value: Any, chars: int = sys.maxsize, depth: int = 0) -> bool:
-    """Whether ``value`` holds no :class:`LazyBlob` and no string over ``chars`` characters:
-    nothing for the write calls to do, which is every ordinary message. One pass, no copies
-    (the general walks below cost a fifth of an append)."""
+    """Whether ``value`` holds no LazyBlob and no string over ``chars``: one pass, no copies.
+
+    That is every ordinary message; the general walks below cost a fifth of an append.
+    """
     if isinstance(value, str):
         return len(value) <= chars
     if type(value) is dict or isinstance(value, Mapping):
@@ -193,10 +190,7 @@ def _offload(
 
 
 def offload_data(store: Store, kind: str, data: Mapping[str, Any]) -> Mapping[str, Any]:
-    """An entry's data with its history item's large strings moved into blobs.
-
-    Only history items (``data["item"]``) are looked at; the blobs are written before this
-    returns, so the entry that refers to them can never be stored without them.
+    """An entry's data with its history item's large strings moved into blobs, written first.
 
     Raises:
         InvalidEntry: ``data`` sets the reserved key ``_blobs``.
@@ -220,11 +214,7 @@ def offload_data(store: Store, kind: str, data: Mapping[str, Any]) -> Mapping[st
 
 
 def offload_line(store: Store, header: Mapping[str, Any]) -> dict[str, Any]:
-    """A header with the large strings of the history it holds moved into blobs.
-
-    Raises:
-        InvalidEntry: ``header`` sets the reserved key ``_blobs``.
-    """
+    """A header with its history's large strings moved into blobs (InvalidEntry: sets _blobs)."""
     if BLOBS_KEY in header:
         raise InvalidEntry(f"a header may not set the reserved key {BLOBS_KEY!r}")
     line = dict(header)
@@ -239,8 +229,7 @@ def offload_line(store: Store, header: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def materialize(value: Any) -> Any:
-    """``value`` with every :class:`LazyBlob` in it read into its text (``value`` itself if
-    it holds none): what the write calls do with a lazily restored item written back."""
+    """``value`` with every :class:`LazyBlob` read into its text (``value`` itself if none)."""
     if _plain(value) or not _has_lazy(value):
         return value
     if isinstance(value, LazyBlob):
@@ -294,9 +283,8 @@ def resolve_line(
 ) -> dict[str, Any]:
     """``line`` with its references resolved as ``mode`` says (a copy; ``line`` is untouched).
 
-    ``"full"`` puts each blob's text in its place, ``"lazy"`` a :class:`LazyBlob`; both drop
-    the ``_blobs`` list. ``"stored"``, and a line without references, return ``line`` itself.
-    ``cache`` holds texts already read (one restore reads each blob once).
+    ``"stored"``, and a line without references, return ``line`` itself. ``cache`` holds texts
+    already read, so one restore reads each blob once.
 
     Raises:
         BlobNotFound: ``"full"`` and the store does not hold a blob the line names.
@@ -324,8 +312,7 @@ def resolve_lines(
 ) -> list[dict[str, Any]]:
     """:func:`resolve_line` of each line; ``lines`` itself when none refers to a blob.
 
-    The lines that hold references are found in C (``map`` over ``in``) rather than by a call
-    per line: 5 ms instead of 11 ms for 100k lines.
+    Lines with references are found in C (``map`` over ``in``): 5 ms instead of 11 ms for 100k.
     """
     if mode == "stored":
         return lines
@@ -379,10 +366,7 @@ def inline_line(line: dict[str, Any], store: Store) -> dict[str, Any]:
 
 
 def scan_digests(chunks: Iterable[bytes]) -> set[str]:
-    """Every blob digest that stored JSON refers to, read chunk by chunk.
-
-    Looks for ``"sha256": "<digest>"`` anywhere: a false match only keeps a blob alive.
-    """
+    """Every ``"sha256": "<digest>"`` in stored JSON, chunk by chunk; a false match keeps a blob."""
     found: set[str] = set()
     tail = b""
     for chunk in chunks:
@@ -393,12 +377,9 @@ def scan_digests(chunks: Iterable[bytes]) -> set[str]:
 
 
 def collect_garbage(store: Store, *, min_age: float = GC_MIN_AGE) -> int:
-    """Delete the blobs no log of ``store`` refers to; return how many were deleted.
+    """Delete the blobs no log of ``store`` refers to (hot, archived or trashed); how many.
 
-    Every log counts, hot, archived or in the trash: a blob goes only once nothing that could
-    still be read or restored names it. A blob written less than ``min_age`` seconds ago
-    stays (an append may be about to refer to it); ``trash purge`` calls this after purging.
-    A store without blobs has nothing to collect (0).
+    A blob younger than ``min_age`` seconds stays: an append may be about to name it.
     """
     if not isinstance(store, BlobStore):
         return 0

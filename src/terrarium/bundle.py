@@ -1,27 +1,23 @@
 """A whole store (or some of its contexts) as one bundle that ``terrarium import`` reads back.
 
-``export --all -f jsonl -o backup.tar.gz`` (a ``.zip``, ``.tgz`` or a folder too; the library's
-:func:`terrarium.export.export_many` with ``jsonl``) writes a bundle, and ``import
-backup.tar.gz`` (:func:`import_bundle`) recreates everything in it: every segment of every
-context's session tree (forks, rewound branches, compactions, clears) with its ids, times and
-seqs, each head, archived contexts (landing archived), pins, debug traces and, for a whole
-store, detached sessions. Members, the manifest first in an archive::
+``export --all -f jsonl -o backup.tar.gz`` (or ``.zip``, ``.tgz``, a folder) writes a bundle;
+``import backup.tar.gz`` (:func:`import_bundle`) recreates every segment of every context's
+session tree with its ids, times and seqs, each head, archived contexts (archived), pins,
+traces and, for a whole store, detached sessions. Members, the manifest first::
 
     terrarium-bundle.json          {"format": "terrarium-bundle", "version": 1,
                                     "contexts": [{"context", "file", "head", "archived",
                                                   "pinned", "traces"}, ...],
                                     "detached": [{"session_id", "file", "traces"}, ...]}
-    {type}/{encoded name}.jsonl    a context's session tree: each segment's header and
-                                   entries as stored, parents first, the head's segment last
-                                   when none grows from it (so the file alone is a jsonl
-                                   export that ``import`` takes), large outputs inline
+    {type}/{encoded name}.jsonl    a context's session tree, parents first, the head's
+                                   segment last when none grows from it (so the file alone
+                                   is a jsonl export), large outputs inline
     _detached/{session id}.jsonl   a detached session's tree, the same way
-    _traces/{session id}.jsonl     debug traces: {"segment_id", "ts", "event", "data"} a line
+    _traces/{session id}.jsonl     debug traces: {"segment_id", "ts", "event", "data"}
 
 An import is a copy: each entry is read and checked into a :class:`MemoryStore` of its own,
-then :func:`terrarium.copy.copy_store` writes it, with copy's rules (a context the store has is
-skipped, so a rerun imports what is new; archived and pinned as in the bundle). A bad entry is
-reported and the others are still imported.
+then :func:`terrarium.copy.copy_store` writes it with copy's rules (a context the store has is
+skipped). A bad entry is reported and the others are still imported.
 """
 
 from __future__ import annotations
@@ -59,9 +55,7 @@ Files = dict[str, bytes]
 
 
 def bundle_files(store: Store, chosen: Mapping[ContextId, Store], *, detached: bool) -> Files:
-    """The members of a bundle of ``chosen`` (each context with the store to read it from: a
-    legacy file's is its own), plus ``store``'s detached sessions when ``detached``. The
-    manifest comes first."""
+    """The members of a bundle of ``chosen`` (and ``store``'s detached sessions), manifest first."""
     pinned = states.pinned_contexts(store) if isinstance(store, Lifecycle) else frozenset()
     files: Files = {}
     contexts: list[dict[str, Any]] = []
@@ -111,8 +105,7 @@ def _tree(
 
 
 def is_bundle(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is to be read as a bundle: a folder holding a manifest, or a file
-    named as an archive (one without a manifest is refused by :func:`import_bundle`)."""
+    """Whether ``path`` is read as a bundle: a folder with a manifest, or an archive's name."""
     where = Path(path)
     if where.is_dir():
         return (where / MANIFEST).is_file()
@@ -145,11 +138,7 @@ class _Members:
                 archive.close()
 
     def read(self, member: str) -> bytes:
-        """The member's bytes.
-
-        Raises:
-            InvalidEntry: no such member, a name that leaves the bundle, an unreadable one.
-        """
+        """The member's bytes; InvalidEntry if missing, unreadable, or named outside the bundle."""
         parts = PurePosixPath(member).parts
         if not parts or member.startswith("/") or "\\" in member or ".." in parts:
             raise InvalidEntry(f"{self.path}: the manifest names a file outside it: {member!r}")
@@ -217,12 +206,11 @@ def import_bundle(store: Store, path: str | os.PathLike[str]) -> CopyReport:
     """Recreate in ``store`` what the bundle at ``path`` holds (see the module docstring).
 
     Returns:
-        What was imported: contexts by id, detached sessions as ``session {id}``; skipped
-        ones with the reason, those ``store`` already had also in ``present``.
+        What was imported (detached sessions as ``session {id}``), and what was skipped, why.
 
     Raises:
         InvalidEntry, FormatVersionError: ``path`` is not a bundle this terrarium reads (an
-            entry that cannot be read is reported in ``skipped`` instead).
+            unreadable entry is reported in ``skipped`` instead).
     """
     report = CopyReport()
     with _Members(Path(path)) as members:

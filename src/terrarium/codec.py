@@ -1,24 +1,18 @@
 """Encoding and decoding of log lines: one JSON object per line, UTF-8, ``\\n``-terminated.
 
 The entries of one append are written together (:func:`encode_lines`): every line of a batch
-but its last ends in ``" \\n"`` rather than ``"\\n"``. JSON ignores the space, so every reader
-(``jq``, ``grep``, an older terrarium) sees the same entries, while a reader of a file tail can
-tell an append that a crash cut short after some of its lines (:func:`split_complete`) and set
-the whole of it aside: an append is all or nothing.
+but its last ends in ``" \\n"``. JSON ignores the space, so every reader sees the same entries,
+while a reader of a file's tail can tell an append a crash cut short (:func:`split_complete`)
+and set the whole of it aside: an append is all or nothing.
 
-msgspec is used for both directions: its ``decode_lines`` decodes a whole segment in one call,
-a little faster than orjson line by line (``benchmarks/bench_log.py`` measures both), and
-restore time is dominated by decoding.
+msgspec does both directions: its ``decode_lines`` decodes a segment in one call, a little
+faster than orjson line by line (``benchmarks/bench_log.py``), and decoding dominates restore.
 
-**What can be written.** Encoding is where bad values are refused, as :class:`InvalidEntry`,
-before anything is written: text that is not valid Unicode (a lone surrogate such as
-``"\\ud800"``, which UTF-8 cannot hold) and lines nested more than :data:`MAX_DEPTH` arrays
-and objects deep. (A Python object JSON has no form for stays a ``TypeError``: a programming
-error, not bad input.) The depth bound is a fixed number because msgspec's own limit is
-Python's recursion limit minus the caller's stack depth: a line that a shallow writer could
-encode might not decode in a deeper reader, and the log would be unreadable. Reading catches
-the limit where a file exceeds it (an old or hand-made file) as :class:`CorruptLog` naming
-the file and line, never a ``RecursionError``.
+Encoding refuses bad values as :class:`InvalidEntry` before anything is written: a lone
+surrogate, and lines nested more than :data:`MAX_DEPTH` deep. The bound is fixed because
+msgspec's own is the recursion limit minus the caller's depth: a line a shallow writer could
+encode might not decode in a deeper reader. Reading a file past it gives :class:`CorruptLog`
+naming the file and line, never a ``RecursionError``.
 """
 
 from __future__ import annotations
@@ -64,20 +58,12 @@ _SURROGATE_PROBLEM = "a \\u escape of a lone surrogate, which is not valid Unico
 
 
 def encode_line(obj: dict[str, Any]) -> bytes:
-    """Encode one entry as a complete line (with its newline).
-
-    Raises:
-        InvalidEntry: see :func:`encode`.
-    """
+    """Encode one entry as a complete line, with its newline (InvalidEntry: see :func:`encode`)."""
     return encode(obj) + b"\n"
 
 
 def encode_lines(objs: Sequence[dict[str, Any]]) -> bytes:
-    """Encode the entries of one append; all lines but the last end in ``" \\n"``.
-
-    Raises:
-        InvalidEntry: see :func:`encode`.
-    """
+    """Encode the entries of one append; all lines but the last end in ``" \\n"``."""
     if not objs:
         return b""
     try:
@@ -96,8 +82,7 @@ def encode(obj: Any) -> bytes:
     """Encode any JSON value compactly (no newline).
 
     Raises:
-        InvalidEntry: ``obj`` holds text that is not valid Unicode (a lone surrogate), or
-            nests deeper than :data:`MAX_DEPTH`.
+        InvalidEntry: ``obj`` holds a lone surrogate, or nests deeper than :data:`MAX_DEPTH`.
         TypeError: ``obj`` holds an object JSON has no form for.
     """
     try:
@@ -161,10 +146,7 @@ def _walk_deeper(value: Any, limit: int) -> bool | None:
 
 
 def nesting_depth(data: bytes) -> int:
-    """How deep arrays and objects nest in the JSON text ``data`` (0 for a scalar).
-
-    Iterative, so any depth is measured without recursion.
-    """
+    """How deep arrays and objects nest in the JSON text ``data``, measured without recursion."""
     brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
     depth = deepest = 0
     for byte in brackets:
@@ -177,12 +159,7 @@ def nesting_depth(data: bytes) -> int:
 
 
 def decode(data: bytes | str) -> Any:
-    """Decode one JSON value.
-
-    Raises:
-        msgspec.DecodeError: ``data`` is not JSON, or nests too deeply to decode (callers
-            treat both as a damaged value; a ``RecursionError`` never escapes).
-    """
+    """Decode one JSON value; msgspec.DecodeError if not JSON or too deep (no RecursionError)."""
     try:
         return _decoder.decode(data)
     except RecursionError:
@@ -200,28 +177,22 @@ def _too_deep_to_read(line: bytes) -> str:
 def split_complete(buf: bytes) -> tuple[bytes, bytes]:
     """Split ``buf`` into its complete appends and the torn bytes after them.
 
-    The torn bytes are those after the last newline and, when the last complete lines belong
-    to an append whose last line is missing (they end in ``" \\n"``), those lines too.
+    The torn bytes include the lines of an append whose last line is missing.
     """
     end = complete_end(buf)
     return buf[:end], buf[end:]
 
 
 def split_lines(data: bytes) -> list[bytes]:
-    """The non-blank lines of JSONL ``data``, split at the byte ``\\n`` alone.
+    """The non-blank lines of JSONL ``data``, split at ``\\n`` alone.
 
-    Never ``str.splitlines``: it also breaks at U+0085, U+2028 and U+2029, which JSON keeps
-    raw inside strings, so it would tear such a line in two.
+    ``str.splitlines`` would also break at U+0085, U+2028 and U+2029, which JSON keeps raw.
     """
     return [line for line in data.split(b"\n") if line.strip()]
 
 
 def complete_end(buf: bytes | mmap.mmap) -> int:
-    """The offset just past the last complete append in ``buf`` (0 if there is none).
-
-    When ``buf`` is the tail of a file, an answer below 2 is undecided: the append may have
-    begun before ``buf``.
-    """
+    """The offset past the last complete append in ``buf`` (0: none; in a tail, under 2: unsure)."""
     end = buf.rfind(b"\n") + 1
     while end >= 2 and buf[end - 2] == 0x20:  # a line continued by the next in its batch
         end = buf.rfind(b"\n", 0, end - 1) + 1
@@ -230,10 +201,10 @@ def complete_end(buf: bytes | mmap.mmap) -> int:
 
 @contextlib.contextmanager
 def paused_gc() -> Iterator[None]:
-    """The cyclic garbage collector off while a bulk decode builds many containers that hold
-    no cycles (100k entry dicts): its passes over them are pure cost. Not for rows of
-    strings: a collection untracks such tuples as they come, and a listing of 100k rows
-    measured 10 % slower with it paused."""
+    """The cyclic GC off while a bulk decode builds many cycle-free containers (100k entry dicts).
+
+    Not for rows of strings: a listing of 100k rows measured 10 % slower with it paused.
+    """
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -254,13 +225,12 @@ def decode_lines(
     """Decode newline-terminated lines into entry dicts and check their envelope.
 
     Args:
-        complete: whole lines, each ending in ``\\n`` (see :func:`split_complete`).
+        complete: whole lines, each ending in ``\\n``.
         where: the file or segment named in error messages.
-        first_line: the line number of the first line in ``complete``, for error messages.
-        first_seq: if given, the seq the first line must have; each next line's is one more.
-        strict: also refuse blank lines. They hold no entry and lose nothing, so restore
-            skips them, as JSONL readers do; finding them costs a scan of the whole buffer
-            (20% of a restore), which ``terrarium fsck`` pays.
+        first_line: the line number of the first line, for error messages.
+        first_seq: if given, the seq the first line must have; each next one is one more.
+        strict: also refuse blank lines (restore skips them; finding them costs a scan of the
+            whole buffer, 20% of a restore, which ``fsck`` pays).
 
     Raises:
         CorruptLog: a line is not a JSON object with an integer ``seq`` and a string ``kind``.

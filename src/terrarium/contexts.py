@@ -118,11 +118,9 @@ class ContextListing(msgspec.Struct, frozen=True):
 
 
 def check_new_name(store: Store, context: ContextId) -> None:
-    """Refuse a name no new context may take (:meth:`ContextId.check_new`) unless ``store``
-    already holds the context (in its log or a legacy file).
+    """Refuse a name no new context may take, unless ``store`` holds the context already.
 
-    A caller that creates a context on first use calls it before it takes the context's lock,
-    so that a refused name leaves nothing behind, not even a lock file.
+    Called before the context's lock is taken, so a refused name leaves no lock file behind.
     """
     if misleading_chars(context.name) and store.get_head(context) is None:
         if legacy.find(store, context) is None:
@@ -294,13 +292,7 @@ def stats_of(
 
 
 def usage_stats(usage: UsageTotals) -> dict[str, int]:
-    """The ``usage`` of :func:`get_stats`: every call's counts, and the estimated part of them.
-
-    ``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` and ``calls`` count every call;
-    ``estimated_prompt_tokens``, ``estimated_completion_tokens`` and ``estimated_calls`` are
-    the part that was estimated because the server reported no usage (always present, 0 when
-    every count is the server's).
-    """
+    """The ``usage`` of :func:`get_stats`: every call's counts, and their ``estimated_`` part."""
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -328,9 +320,7 @@ def current_state(store: Store, context: ContextId) -> RestoredState | None:
 
 
 def clear_context(store: Store, context: ContextId, *, current: Current | None = None) -> None:
-    """Empty the context's history; the old history stays in its session tree.
-
-    A context that only a legacy JSON file holds is imported into the log first.
+    """Empty the context's history (kept in its session tree); a legacy file is imported first.
 
     Raises:
         ContextNotFound: no such context.
@@ -345,12 +335,7 @@ def clear_context(store: Store, context: ContextId, *, current: Current | None =
 def rewind_context(
     store: Store, context: ContextId, n: int = 1, *, current: Current | None = None
 ) -> list[LoggedItem]:
-    """Drop the last ``n`` history items of the context (:func:`terrarium.sessions.rewind`).
-
-    A context that only a legacy JSON file holds is imported into the log first.
-
-    Returns:
-        The dropped items, oldest first.
+    """Drop and return the last ``n`` history items, oldest first; a legacy file imported first.
 
     Raises:
         ContextNotFound: no such context.

@@ -1,26 +1,20 @@
 """Copy sessions between any two stores, losslessly, and complete a copy that was cut short.
 
-A context's whole session tree is copied (every segment, not only the head's lineage), each
-line as stored: session and segment ids, timestamps, seqs, unknown kinds and keys, debug
-traces. Large outputs kept in blobs are read whole from the source and stored in the
-destination as its own ``blob_threshold`` says, so nothing is lost between stores.
+A context's whole session tree is copied, each line as stored (ids, timestamps, seqs, unknown
+kinds and keys, traces); blobs are read whole and stored as the destination's
+``blob_threshold`` says.
 
-Every session is first compared with what the destination holds of it (:func:`complete_session`):
-each segment there must be a prefix of the source's (the same lines, as many or fewer), and no
-segment or session the source lacks may be there. Equal is "already there" (``ContextExists``);
-a prefix is completed: missing segments created (parents first), missing lines appended, the
-head set, the pin and the archived state given. Anything else is a :class:`SessionConflict`
-and nothing is written. The writes come in an order whose every prefix a rerun recognises: a
-new session is built detached (no context names it yet), and only once every line and trace
-is in does ``attach_context`` give it its context and head; the pin and the archive come last.
-So a killed copy, or one stopped by a full disk, leaves either nothing of a session, a
-detached part of it, or the whole of it, and running the copy again completes it from what
-both stores hold, never by guessing.
+Each session is first compared with what the destination holds (:func:`complete_session`):
+each segment there must be a prefix of the source's, and nothing the source lacks may be
+there. Equal is ``ContextExists``; a prefix is completed; anything else is a
+:class:`SessionConflict` and nothing is written. Every prefix of the writes is one a rerun
+recognises: a new session is built detached, and only once every line and trace is in does
+``attach_context`` give it its context and head; the pin and the archive come last. So a
+killed copy leaves nothing, a detached part, or the whole, and a rerun completes it.
 
-Archived contexts are copied when copying all and land archived, pinned ones pinned (both
-stores need the :class:`~terrarium.stores.base.Lifecycle`; a destination without one gets
-them hot). The trash is not copied: its contexts were deleted (restore one first). Detached
-sessions (of no context yet) are copied with all contexts (:func:`copy_detached`).
+Archived contexts land archived, pinned ones pinned (where both stores have the
+:class:`~terrarium.stores.base.Lifecycle`). The trash is not copied. Detached sessions are
+copied with all contexts (:func:`copy_detached`).
 """
 
 from __future__ import annotations
@@ -88,8 +82,7 @@ class SessionSource:
 
 
 def session_segments(store: Store, head: PodMetadata | SessionId) -> list[list[dict[str, Any]]]:
-    """Every segment of the head's session (or of the session ``head`` is the id of: a
-    detached one) as stored lines, each parent before its children."""
+    """Every segment of the session (of ``head``, or the detached one it names), parents first."""
     return _segments(store, head if isinstance(head, SessionId) else head.session_id)
 
 
@@ -121,8 +114,6 @@ def read_source(
     pinned: frozenset[str] | None = None,
 ) -> SessionSource:
     """A context's session (or the detached session ``session_id``) as ``store`` holds it.
-
-    ``pinned``: the store's pins, read here when not given.
 
     Raises:
         ContextNotFound: no such context.
@@ -234,8 +225,7 @@ def _plan(dst: Store, source: SessionSource, name: str) -> _Plan:
 def _compare_segments(
     dst: Store, source: SessionSource, have: list[SegmentId], plan: _Plan, name: str
 ) -> None:
-    """Fill ``plan`` with what each segment (and trace) lacks in ``dst``; every one there must
-    be a prefix of the source's."""
+    """Fill ``plan`` with what each segment and trace lacks in ``dst`` (each a prefix there)."""
     session_id = source.session_id
     ids = [SegmentId(lines[0]["segment_id"]) for lines in source.segments]
     extra = sorted(set(have) - set(ids))
@@ -271,8 +261,7 @@ def _check_prefix(there: list[Any], want: list[Any], where: str, unit: str) -> N
 
 
 def _write(dst: Store, source: SessionSource, plan: _Plan, name: str) -> int:
-    """Write what ``plan`` says is missing, the context's head and state last; the lines
-    written."""
+    """Write what ``plan`` says is missing, the head and state last; the lines written."""
     session_id, ctx = source.session_id, source.context
     written = 0
     for number, lines in enumerate(source.segments):
@@ -331,8 +320,7 @@ def entry_data(line: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
-    """Make ``dst`` hold the session: (lines written, whether part of it was there), or None
-    when it held it all."""
+    """Make ``dst`` hold the session: (lines written, part there?), or None if it had it all."""
     name = str(source.context) if source.context is not None else f"session {source.session_id}"
     plan = _plan(dst, source, name)
     if plan.empty():
@@ -341,8 +329,7 @@ def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
 
 
 def complete_session(dst: Store, source: SessionSource) -> int:
-    """Make ``dst`` hold ``source``'s session: create it, or complete what a cut-short copy
-    left (see the module); return the lines written.
+    """Make ``dst`` hold ``source``'s session, created or completed; the lines written.
 
     Raises:
         ContextExists: ``dst`` holds it already, equal to the source: nothing to do.
@@ -359,11 +346,9 @@ def complete_session(dst: Store, source: SessionSource) -> int:
 def copy_context(
     src: Store, dst: Store, context: ContextId | str, *, pinned: frozenset[str] | None = None
 ) -> int:
-    """Copy (or complete the copy of) one context's session from ``src`` to ``dst``; return
-    the lines copied.
+    """Copy (or complete the copy of) one context's session from ``src`` to ``dst``; the lines.
 
-    Where both stores have the lifecycle, the copy is archived if the source's is, and pinned
-    if it is among ``pinned`` (the source's pins, read here when not given).
+    The copy is archived if the source's is, and pinned if among ``pinned`` (read when None).
 
     Raises:
         ContextNotFound: no such context in ``src``.
@@ -374,9 +359,7 @@ def copy_context(
 
 
 def copy_detached(src: Store, dst: Store, session_id: SessionId) -> int:
-    """Copy a detached session of ``src`` into ``dst`` (detached there too); return the
-    lines copied. What ``dst`` already holds of it (an interrupted copy) is completed; 0 when
-    it holds it all.
+    """Copy (or complete) a detached session of ``src`` into ``dst``, detached; the lines copied.
 
     Raises:
         SessionAttached: ``dst`` holds the session in a context.
@@ -403,12 +386,10 @@ def copy_store(
     progress: Callable[[str], None] | None = None,
     detached: bool | None = None,
 ) -> CopyReport:
-    """Copy the given contexts (all by default, :func:`source_contexts`) from ``src`` to
-    ``dst``, completing those an interrupted copy left in part.
+    """Copy the given contexts (all by default) from ``src`` to ``dst``, completing partial ones.
 
-    ``progress`` is called with each context id (or ``session {id}``) once it is done (copied
-    or skipped). ``detached``: also copy every detached session (:func:`copy_detached`), reported as
-    ``session {id}``; by default when copying all contexts.
+    ``progress`` gets each context id (or ``session {id}``) once done. ``detached`` also copies
+    the detached sessions; by default when copying all contexts.
     """
     wanted = source_contexts(src) if contexts is None else [ContextId.parse(c) for c in contexts]
     pinned = states.pinned_contexts(src) if isinstance(src, Lifecycle) else frozenset()
@@ -432,8 +413,7 @@ def _copy_one(
     what: ContextId | SessionId,
     pinned: frozenset[str],
 ) -> None:
-    """Copy one context (or detached session) into ``dst``; say in ``report`` what came of
-    it."""
+    """Copy one context (or detached session) into ``dst``; ``report`` says what came of it."""
     detached = not isinstance(what, ContextId)
     name = f"session {what}" if detached else str(what)
     try:

@@ -78,9 +78,7 @@ class SessionAttached(StoreError):
 
 
 class SessionConflict(StoreError):
-    """A copy or an import found the session in the destination with content its source does
-    not have (a line that differs, more lines or segments, another session under the name):
-    the destination is not a prefix of the source, so nothing of it was written."""
+    """The destination holds the session otherwise than the source; nothing of it was written."""
 
 
 class SegmentNotFound(StoreError, KeyError):
@@ -131,8 +129,7 @@ class FormatVersionError(StoreError):
 
 
 class IndexUnavailable(StoreError):
-    """A derived index cannot be read or brought up to date (read-only, disk full, locked);
-    the log is intact, and callers answer from it instead."""
+    """A derived index cannot be read or updated; the log is intact and answers instead."""
 
 
 class StoreUnavailable(StoreError):
@@ -152,15 +149,13 @@ class LLMError(TerrariumError):
 
     @property
     def status(self) -> int | None:
-        """The HTTP status the server answered, if it answered one (read from the ``openai``
-        error the client keeps as ``__cause__``)."""
+        """The HTTP status the server answered, if any (from the ``openai`` ``__cause__``)."""
         code = getattr(self.__cause__, "status_code", None)
         return code if isinstance(code, int) else None
 
     @property
     def transient(self) -> bool:
-        """Whether the same request may succeed later: no answer (unreachable, a timeout, a
-        stream cut off), 408, 429 or 5xx. A 4xx will fail the same way again."""
+        """Whether a retry may succeed: no answer, a cut stream, 408, 429 or 5xx."""
         status = self.status
         return status is None or status in (408, 429) or status >= 500
 

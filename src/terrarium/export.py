@@ -1,21 +1,12 @@
 """Export contexts in any of the formats in :data:`FORMATS`, one at a time or many at once.
 
-Each format lives in its own module under :mod:`terrarium.formats` and is imported only when
-it is used (the OpenAI format pulls in the runtime, the legacy format is optional), so listing
-the formats costs nothing.
-
-:func:`export_many` writes one file per context into a folder, or into a ``.zip`` or
-``.tar.gz`` archive when the destination's name says so: ``{type}/{encoded name}{extension}``
-(``irc/#python.md``; names are made safe by :func:`terrarium.model.encode_name`), and for
-``terrarium-json`` the seed's storage layout ``{type}/{date}/{encoded name}.json``
-(``irc/2025-11-06/#python.json``), so the folder is a sessions folder the old tool (and
-:mod:`terrarium.legacy`) reads in place. The ``finetune`` format is the exception: it is one
-JSONL file for all the contexts together, and ``jsonl`` writes a bundle
-(:mod:`terrarium.bundle`: each context's whole session tree and a manifest, archived contexts
-and, for a whole store, detached sessions too), which ``terrarium import`` reads back. Legacy
-files beside the store are exported like native contexts. Files and archives are written to
-a temporary name and renamed into place, so an interrupted export never leaves a half-written
-file where a good one is expected.
+Each format's module is imported only when used, so listing the formats costs nothing.
+:func:`export_many` writes one file per context, ``{type}/{encoded name}{extension}``, into
+a folder or a ``.zip`` or ``.tar.gz`` archive; ``terrarium-json`` uses the seed's layout
+``{type}/{date}/{encoded name}.json``, a sessions folder the old tool reads. ``finetune`` is
+one JSONL file for all; ``jsonl`` writes a bundle (:mod:`terrarium.bundle`) that
+``terrarium import`` reads back. Legacy files beside the store are exported like native
+contexts. Everything is written to a temporary name and renamed into place.
 """
 
 from __future__ import annotations
@@ -34,7 +25,7 @@ from terrarium.stores._files import make_dirs, write_atomic
 
 if TYPE_CHECKING:
     from terrarium import model
-    from terrarium.formats.openai import DateBound
+    from terrarium.formats.jsonl import DateBound
     from terrarium.model import ContextId
     from terrarium.stores.base import Store
 else:  # the command line reads FORMATS at every start; the model is for exporting
@@ -142,11 +133,7 @@ AMBIGUOUS: dict[str, tuple[str, ...]] = {"json": ("openai", "terrarium-json")}
 
 
 def format_name(fmt: str) -> str:
-    """The format a user means by ``fmt``: a name or an alias, in any case (``MD`` -> markdown).
-
-    Raises:
-        ValueError: no format has that name, or it is ambiguous (the message lists the choices).
-    """
+    """The format a user means by ``fmt``, a name or an alias in any case; else ValueError."""
     key = fmt.strip().lower()
     if key in FORMATS:
         return key
@@ -161,26 +148,14 @@ def format_name(fmt: str) -> str:
 
 
 def get_format(fmt: str | Format) -> Format:
-    """Look a format up by name or alias (see :data:`ALIASES`).
-
-    Raises:
-        ValueError: no format has that name (the message lists the known ones).
-    """
+    """Look a format up by name or alias; ValueError listing the known ones if there is none."""
     if isinstance(fmt, Format):
         return fmt
     return FORMATS[format_name(fmt)]
 
 
 def export_context(store: Store, context: ContextId | str, fmt: str | Format) -> str | bytes:
-    """Export one context.
-
-    Args:
-        store: where the context lives.
-        context: the context id, ``type:name``.
-        fmt: a name in :data:`FORMATS`, or a :class:`Format`.
-
-    Returns:
-        The file's content (text for every built-in format).
+    """Export one context in ``fmt`` (a name in :data:`FORMATS` or a :class:`Format`).
 
     Raises:
         ValueError: unknown format.
@@ -190,11 +165,7 @@ def export_context(store: Store, context: ContextId | str, fmt: str | Format) ->
 
 
 def member_name(context: ContextId | str, fmt: str | Format, date: str | None = None) -> str:
-    """The relative file name of a context's export: ``{type}/{encoded name}{extension}``.
-
-    For a :attr:`Format.dated` format (``terrarium-json``) given the session's ``date``
-    (``YYYY-MM-DD``): ``{type}/{date}/{encoded name}{extension}``, the seed's storage layout.
-    """
+    """``{type}/[{date}/]{encoded name}{extension}``: a context's export file (dated formats)."""
     spec = get_format(fmt)
     return model.context_file(context, spec.extension, date if spec.dated else None)
 
@@ -216,12 +187,9 @@ def _is_archive(dest: Path) -> bool:
 
 
 def check_destination(dest: str | os.PathLike[str]) -> None:
-    """Refuse a many-file destination that names one file (``single.md``): an existing file,
-    or a path with an extension that is not an archive's. A folder is a folder that exists,
-    a name without an extension, or one ending in ``/`` (``v1.2/``).
+    """Refuse (ValueError) a many-file destination that names one file (``single.md``).
 
-    Raises:
-        ValueError: one line naming the destination and what would do.
+    A folder is one that exists, a name without an extension, or one ending in ``/``.
     """
     text = os.fspath(dest)
     target = Path(text)
@@ -243,23 +211,19 @@ def _select(
     *,
     archived: bool = False,
 ) -> dict[ContextId, Store]:
-    """The chosen contexts, sorted, each with the store to read it from.
-
-    Legacy files beside the store count as sessions, as in ``terrarium list``: each is read
-    into a throw-away store (:func:`terrarium.legacy.read`); the log hides a file of the same
-    context. With ``archived``, all contexts include the archived ones.
-    """
+    """The chosen contexts, sorted, each with its store (a legacy file's throw-away one)."""
     from terrarium import legacy, states
     from terrarium.formats.jsonl import load_transcript
-    from terrarium.formats.openai import select_contexts
     from terrarium.stores.base import Lifecycle
 
     if contexts is None:
-        contexts = [*select_contexts(store, type=type), *legacy.listing(store).by_context]
+        contexts = [h.context for h in store.list_contexts(type)]
+        contexts += legacy.listing(store).by_context
         if archived and isinstance(store, Lifecycle):
             contexts += [a.context for a in states.archived_contexts(store, type)]
+    wanted = {model.ContextId.parse(c) for c in contexts}
     chosen: dict[ContextId, Store] = {}
-    for context in select_contexts(store, contexts, type=type):
+    for context in sorted(c for c in wanted if type is None or c.type == type):
         copy = legacy.read(store, context) if store.get_head(context) is None else None
         chosen[context] = store if copy is None else copy.store
     if since is None and until is None:
@@ -304,19 +268,13 @@ def export_many(
 
     Args:
         store: where the contexts live.
-        contexts: the contexts to export; every context in the store when None. Legacy
-            files beside the store count as contexts (see :mod:`terrarium.legacy`).
+        contexts: the contexts to export (legacy files count); all when None.
         fmt: a name in :data:`FORMATS`, or a :class:`Format`.
-        dest: a folder (created if needed; files in it are replaced), or a path ending in
-            ``.zip``, ``.tar.gz`` or ``.tgz`` for an archive; a file name is refused
-            (:func:`check_destination`). For ``finetune``: the JSONL file to write, or a
-            folder or archive to hold ``finetune.jsonl``.
+        dest: a folder (created if needed), or a ``.zip``, ``.tar.gz`` or ``.tgz`` archive;
+            for ``finetune`` also the JSONL file itself.
         type: keep only contexts of this type.
-        since, until: keep only contexts with a message logged in this window (a date, a
-            datetime or ISO text; a date covers its whole UTC day; both ends inclusive).
-
-    Returns:
-        What was written.
+        since, until: keep only contexts with a message logged in this window (a date covers
+            its whole UTC day; both ends inclusive).
 
     Raises:
         ValueError: unknown format, or ``dest`` names one file.

@@ -1,25 +1,21 @@
 """Legacy Terrarium JSON files beside a filesystem store: found, listed, read and resumed in place.
 
-The old Terrarium Agent kept each context in ``{type}/{date}/{name}.json`` (the format is
-:mod:`terrarium.formats.terrarium_json`). The manager and the command line see those files
+The old Terrarium Agent kept each context in ``{type}/{date}/{name}.json``
+(:mod:`terrarium.formats.terrarium_json`). The manager and the command line see those files
 through this module, under these rules:
 
-* **Where.** Only in the root of an :class:`~terrarium.stores.fs.FsStore`, beside its context
-  folders (:func:`~terrarium.formats.terrarium_json.iter_legacy_files`). No other store has any.
-* **Which context.** A file holds the context its content names, found where the old tool
-  named it (:func:`_rank`); a file not found that way is listed as a problem.
-* **The log wins.** A context in the log hides its legacy file.
-* **Read in place, never changed**, through a throw-away ``MemoryStore`` (:func:`read`).
-* **First use imports.** A turn, clear, fork or compaction on a context that only a legacy file
-  holds imports it into the log first (:func:`import_legacy`, under the context's lock, so
-  racing processes import it once). The file stays as it was.
-* **Delete moves the file into the trash** (:func:`trash`); moving it back undoes the delete.
-* **Archive takes the file along** (:func:`files`); unarchiving puts it back. The scan skips
-  ``archive/``, where the seed suggests moving old files by hand.
-* **Problems are listed, not hidden.** :func:`listing` returns every file it could not use,
-  with the reason; reading or resuming a context whose file is unreadable raises its error.
+* Only in the root of an :class:`~terrarium.stores.fs.FsStore`, beside its context folders.
+* A file holds the context its content names, found where the old tool looked
+  (:func:`_rank`); a file found otherwise is listed as a problem.
+* A context in the log hides its legacy file. Files are read in place, never changed,
+  through a throw-away ``MemoryStore`` (:func:`read`).
+* A write (turn, clear, fork, compaction) imports the file into the log first, under the
+  context's lock (:func:`import_legacy`).
+* Delete moves the file into the trash (:func:`trash`); archive takes it along
+  (:func:`files`). The scan skips ``archive/``, where the seed moved old files by hand.
+* :func:`listing` returns every file it could not use, with the reason.
 
-Trade-off: files are used where they lie, for a cached scan per store. Usage::
+Usage::
 
     legacy.resume(store, context)  # imports its legacy file, if only that file holds it
 """
@@ -141,20 +137,13 @@ def listing(store: Store) -> LegacyListing:
 
 
 def find(store: Store, context: ContextId) -> Path | None:
-    """The legacy file of ``context``, whether or not the log has it; None if there is none.
-
-    A file found in the context's places that cannot be read is returned too (so that
-    :func:`read` raises its error and :func:`trash` can move it).
-    """
+    """The legacy file of ``context``, whether or not the log has it (unreadable too), or None."""
     found = _lookup(store, context)
     return found.path if found is not None else None
 
 
 def files(store: Store, context: ContextId) -> list[Path]:
-    """Every legacy file in ``context``'s places that holds it or cannot be read, in lookup
-    order: the ones an archive of the context takes along. ``FsStore.archive_context`` imports
-    a context only a file holds, then compresses these into the archived folder and removes
-    them."""
+    """The legacy files in ``context``'s places that hold it or are unreadable (archive's load)."""
     scanner = _scanner(store)
     if scanner is None:
         return []
@@ -187,13 +176,9 @@ def read(store: Store, context: ContextId) -> LegacyCopy | None:
 
 
 def import_legacy(store: Store, context: ContextId) -> bool:
-    """Import the context's legacy file into the log, unless the log has the context.
+    """Import the context's legacy file into the log unless the log has it; whether it did.
 
-    Call it holding the context's lock (``store.lock_context``), or use :func:`resume`. The
-    file is not changed.
-
-    Returns:
-        True if it imported the file.
+    Call it holding the context's lock, or use :func:`resume`.
 
     Raises:
         LegacyFormatError, OSError: the context's legacy file cannot be read.
@@ -212,11 +197,7 @@ def import_legacy(store: Store, context: ContextId) -> bool:
 
 
 def resume(store: Store, context: ContextId) -> bool:
-    """:func:`import_legacy` under the context's lock (for callers that do not hold it).
-
-    Only a context that a legacy file holds and the log does not is locked: any other (a new
-    one, whose name may yet be refused) gets no lock file for nothing.
-    """
+    """:func:`import_legacy` under the context's lock, taken only when a legacy file holds it."""
     if store.get_head(context) is not None or _lookup(store, context) is None:
         return False
     with context_lock(store, context):
@@ -224,13 +205,7 @@ def resume(store: Store, context: ContextId) -> bool:
 
 
 def trash(store: Store, context: ContextId) -> list[Path]:
-    """Move every legacy file of ``context`` into ``.trash/legacy/``.
-
-    Each goes to ``.trash/legacy/{random id}/{type}/{date}/{name}.json``: moving it back undoes
-    the delete. Nothing empties that folder.
-
-    Returns:
-        Where the files went (empty if the context had none).
+    """Move every legacy file of ``context`` to ``.trash/legacy/{random id}/``; where they went.
 
     Raises:
         StoreError: a file lies outside the store's folder (through a symbolic link).
@@ -297,10 +272,8 @@ def _places(root: Path, context: ContextId) -> Iterator[Path]:
 def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
     """Where ``path`` comes in ``context``'s lookup order (lowest first); None: not a place.
 
-    The order is the old tool's: ``{type}/{date}/{name}.json`` (newest date first), then
-    ``{type}/{name}.json``, then ``{name}.json``, each with the raw name, then the encoded one.
-    The first place that holds the context is its file; a file not found that way (another
-    name inside, or an older copy) is listed as a problem.
+    The old tool's order: ``{type}/{date}/{name}.json`` (newest first), ``{type}/{name}.json``,
+    ``{name}.json``, each with the raw name, then the encoded one.
     """
     names = legacy_file_names(context.name)
     parts = path.relative_to(root).parts
@@ -352,12 +325,10 @@ def _trusted(st: os.stat_result, now: int) -> bool:
 class _Scanner:
     """One store's cached view of its legacy files.
 
-    A folder is listed again only when its ``ctime`` changed and a file parsed again only when
-    its inode, size, ``mtime`` or ``ctime`` changed. A stamp younger than ``_RACY_NS`` is not
-    trusted (a change within the clock's granularity could keep it). Measured with 20,000
-    native contexts in one date folder and no legacy file: the first listing in a process
-    takes 14 ms (the native listing: 250 ms), later ones 0.1 ms (a ``stat`` per type and date
-    folder).
+    A folder is listed again only when its ``ctime`` changed, a file parsed again only when its
+    inode, size, ``mtime`` or ``ctime`` changed; a stamp younger than ``_RACY_NS`` is not trusted.
+    With 20,000 native contexts in one date folder: the first listing 14 ms (the native listing:
+    250 ms), later ones 0.1 ms.
     """
 
     def __init__(self, root: Path) -> None:

@@ -1,23 +1,15 @@
 """Archive, trash and retention above the stores: what to move, why, and a log of every removal.
 
-:mod:`terrarium.states` moves contexts; this module decides which ones, for every backend
-alike, and logs each removal (:func:`delete_context` is the one delete to the trash):
+:mod:`terrarium.states` moves contexts; this module decides which, for every backend alike.
+:func:`plan_archive` picks hot contexts inactive longer than an age (:func:`parse_age`), of a
+type, or by name; :func:`plan_trash_purge` picks trash entries. A selection by age skips
+pinned contexts; a context named explicitly is taken. A plan says what would move and the
+bytes the hot store would give up (estimated).
 
-* **Ages** (``30d``, ``12h``, ``2w``) parse with :func:`parse_age`.
-* **Selection.** :func:`plan_archive` picks hot contexts inactive longer than an age (by
-  ``last_active``), of a type, or by name; :func:`plan_trash_purge` picks trash entries deleted
-  longer ago than an age, or by trash or context id. A selection by age (or a policy) skips
-  pinned contexts; a context named explicitly is taken even when pinned.
-* **Plans** say what would move and the bytes the hot store would give up (its log as JSON
-  lines, an estimate); a run reports the store's (:class:`~terrarium.states.ArchivedContext`).
-* **Policy.** :func:`load_policy` reads ``[retention]`` from ``terrarium.toml`` in the store's
-  root (a filesystem store's folder, a SQLite file's folder), else from
-  ``$XDG_CONFIG_HOME/terrarium/config.toml``. Without one :class:`Maintenance` moves nothing.
-* **Log.** Every removal (archive, delete to the trash, trash purge, purge) is appended to the
-  store's :class:`MaintenanceLog` (JSON lines, ``0600``): what, when and why. A ``maintain``
-  record closes each policy run and is the stamp that keeps background runs to one a day.
-
-Usage::
+:func:`load_policy` reads ``[retention]`` from ``terrarium.toml`` in the store's root, else
+from ``$XDG_CONFIG_HOME/terrarium/config.toml``; without one :class:`Maintenance` moves
+nothing. Every removal is appended to the store's :class:`MaintenanceLog`: what, when and why.
+A ``maintain`` record closes each policy run and keeps background runs to one a day. Usage::
 
     plan = lifecycle.plan_archive(store, older_than=lifecycle.parse_age("30d"))
     lifecycle.run_archive(store, plan, why="command: terrarium archive")
@@ -41,6 +33,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from terrarium import codec, contexts, legacy, states
 from terrarium.errors import (
     ContextNotFound,
@@ -49,7 +43,7 @@ from terrarium.errors import (
     SegmentNotFound,
     StoreError,
 )
-from terrarium.model import ContextId, utc_now
+from terrarium.model import ContextId, parse_timestamp, utc_now
 from terrarium.states import ArchivedContext, TrashedContext
 from terrarium.stores._files import make_dirs, open_private, write_all
 from terrarium.stores.base import Lifecycle, Store, context_lock
@@ -73,11 +67,7 @@ _UNITS = {"h": timedelta(hours=1), "d": timedelta(days=1), "w": timedelta(weeks=
 
 
 def parse_age(text: str | int) -> timedelta:
-    """``30d``, ``12h``, ``2w`` (or a number of days) as a timedelta.
-
-    Raises:
-        InvalidRetention: anything else, or an age of zero.
-    """
+    """``30d``, ``12h``, ``2w`` (or a number of days) as a timedelta; else InvalidRetention."""
     if isinstance(text, int) and not isinstance(text, bool):
         amount, unit = text, "d"
     else:
@@ -92,20 +82,11 @@ def parse_age(text: str | int) -> timedelta:
     return amount * _UNITS[unit]
 
 
-def show_age(age: timedelta) -> str:
-    """An age as :func:`parse_age` reads it (``30d``, ``12h``, ``2w``)."""
-    hours = int(age.total_seconds() // 3600)
-    if hours % (24 * 7) == 0:
-        return f"{hours // (24 * 7)}w"
-    return f"{hours // 24}d" if hours % 24 == 0 else f"{hours}h"
-
-
 def _parse_time(ts: str) -> datetime | None:
     try:
-        moment = datetime.fromisoformat(ts)
+        return parse_timestamp(ts)
     except (TypeError, ValueError):
         return None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _now() -> datetime:
@@ -124,11 +105,7 @@ def require_lifecycle(store: Store, where: str | None = None) -> Lifecycle:
 
 
 def hot_bytes(store: Store, context: ContextId) -> int | None:
-    """Bytes the context's log takes as JSON lines: the hot store's size of it, estimated.
-
-    None when the context is gone, or its session moved (archived or deleted by another
-    process) while it was being read.
-    """
+    """The context's log size as JSON lines (estimated); None if it is gone or moved meanwhile."""
     head = store.get_head(context)
     if head is None:
         return None
@@ -145,8 +122,7 @@ def hot_bytes(store: Store, context: ContextId) -> int | None:
 # --------------------------------------------------------------------------- archive
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(msgspec.Struct, frozen=True):
     """A hot context a plan would archive."""
 
     context: str
@@ -159,20 +135,6 @@ class Candidate:
     """Its log's size in the hot store (estimated: JSON lines)."""
     pinned: bool
     """Pinned: only a context named explicitly is archived so."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form (``archive --dry-run --json``), keys as ``list --json`` names them."""
-        type_, _, name = self.context.partition(":")
-        return {
-            "context_id": self.context,
-            "type": type_,
-            "name": name,
-            "date": self.date,
-            "last_active": self.last_active,
-            "message_count": self.message_count,
-            "hot_bytes": self.hot_bytes,
-            "pinned": self.pinned,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,9 +163,8 @@ def plan_archive(
 ) -> ArchivePlan:
     """The hot contexts to archive: inactive longer than ``older_than``, of ``type``, named.
 
-    Named contexts are taken even when pinned (the other filters still apply); a selection
-    by age alone skips pinned ones. ``rules`` (a policy's) gives each type its own age
-    instead of ``older_than`` (None: that type is never archived).
+    Named contexts are taken even when pinned; a selection by age skips pinned ones. ``rules`` (a
+    policy's) gives each type its own age (None: never archived).
 
     Raises:
         ContextNotFound: a named context is neither hot, archived nor a legacy file.
@@ -269,9 +230,10 @@ def run_archive(
     progress: Progress | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> list[ArchivedContext]:
-    """Archive every context of ``plan``; log each one with ``why``. Returns the store's
-    figures for each; a context written or archived meanwhile by another is skipped.
-    ``stop`` is asked between contexts (a closing manager)."""
+    """Archive and log each context of ``plan`` (skipping any moved meanwhile); their figures.
+
+    ``stop`` is asked between contexts (a closing manager).
+    """
     lifecycle = require_lifecycle(store)
     journal = journal or MaintenanceLog.of(store)
     done: list[ArchivedContext] = []
@@ -299,11 +261,7 @@ def run_archive(
 
 
 def find_trashed(store: Store, target: str) -> TrashedContext:
-    """The trash entry ``target`` names: a trash id, or a context id (its latest deletion).
-
-    Raises:
-        NotInTrash: nothing in the trash has that id.
-    """
+    """The trash entry ``target`` names (a trash id, or a context's latest); else NotInTrash."""
     entries = states.trashed_contexts(require_lifecycle(store))  # most recently deleted first
     for entry in entries:
         if entry.trash_id == target:
@@ -322,12 +280,9 @@ def plan_trash_purge(
     now: datetime | None = None,
     rules: Callable[[str], timedelta | None] | None = None,
 ) -> list[TrashedContext]:
-    """Trash entries to purge: those named (a trash id, or a context id: all its entries),
-    else those deleted longer ago than ``older_than`` (or a policy's ``rules``, by type),
-    else all. A selection that names nothing skips pinned entries.
+    """Trash entries to purge: those named, else those older than ``older_than`` or ``rules``.
 
-    Raises:
-        NotInTrash: a target names nothing in the trash.
+    A selection that names nothing skips pinned entries. Raises NotInTrash for a bad name.
     """
     entries = states.trashed_contexts(require_lifecycle(store))
     if targets:
@@ -402,16 +357,10 @@ def collect_blobs(store: Store, *, why: str, journal: MaintenanceLog | None = No
 
 
 def delete_context(store: Store, context: ContextId, *, why: str = "delete_context") -> bool:
-    """Move the context to the trash: it is gone from listings and
-    :func:`~terrarium.contexts.get_stats` at once (``terrarium trash restore`` brings it back).
-    Returns False if it did not exist.
+    """Move the context to the trash, logged with ``why``; False if it did not exist.
 
-    Its legacy JSON file, if it has one, is not unlinked but moved into the store's
-    ``.trash/legacy/`` (see :mod:`terrarium.legacy`). The move is logged, with ``why``, to the
-    store's :class:`MaintenanceLog`.
-
-    Raises:
-        StoreError: the store has no trash (no state primitives).
+    It leaves listings at once (``terrarium trash restore`` brings it back); its legacy JSON file
+    moves into ``.trash/legacy/``. StoreError if the store has no trash.
     """
     lifecycle = require_lifecycle(store)
     with context_lock(store, context):
@@ -430,12 +379,7 @@ def delete_context(store: Store, context: ContextId, *, why: str = "delete_conte
 
 
 def delete_to_trash(store: Store, context: ContextId, *, why: str) -> TrashedContext | None:
-    """Move ``context`` to the trash (:func:`delete_context`); its trash entry (None for a
-    context only a legacy file held).
-
-    Raises:
-        ContextNotFound: no such context.
-    """
+    """Move ``context`` to the trash; its trash entry (None for a legacy file; ContextNotFound)."""
     if not delete_context(store, context, why=why):
         raise contexts.not_found(context)
     for entry in states.trashed_contexts(require_lifecycle(store)):
@@ -462,13 +406,10 @@ def purge(store: Store, context: ContextId, *, why: str) -> None:
 
 
 def log_path(store: Store) -> Path | None:
-    """Where ``store``'s maintenance log lives (None: the store keeps it in memory).
+    """Where ``store``'s maintenance log lives (None: in memory).
 
-    * filesystem: ``{root}/maintenance.log``;
-    * SQLite: ``{db file}.maintenance.log`` beside the database (two databases in one folder
-      keep apart logs and stamps);
-    * PostgreSQL: ``$XDG_STATE_HOME/terrarium/maintenance-{dbname}[-{schema}].log``
-      (``~/.local/state``): the database has no folder of its own.
+    The filesystem store's ``{root}/maintenance.log``; SQLite's ``{db file}.maintenance.log``;
+    PostgreSQL's ``$XDG_STATE_HOME/terrarium/maintenance-{dbname}[-{schema}].log``.
     """
     root = store_root(store)
     if root is not None:
@@ -502,10 +443,8 @@ def store_root(store: Store) -> Path | None:
 class MaintenanceLog:
     """The JSON-lines log of every removal from one store, and the daily maintenance stamp.
 
-    Each line: ``{"ts", "action", "why", ...}``, ``action`` one of ``archive``, ``trash``,
-    ``purge_trash``, ``purge`` (with ``context`` and figures) or ``maintain`` (a policy run's
-    end: the stamp). A store without a folder (in memory) keeps its lines in memory, with the
-    store.
+    Each line is ``{"ts", "action", "why", ...}``; ``action`` is ``archive``, ``trash``,
+    ``purge_trash``, ``purge`` or ``maintain`` (a policy run's end: the stamp).
     """
 
     def __init__(self, path: Path | None) -> None:
@@ -528,8 +467,7 @@ class MaintenanceLog:
             return found
 
     def record(self, action: str, why: str, *, ts: str | None = None, **details: Any) -> None:
-        """Append one line (at ``ts``, default now); a log that cannot be written is a
-        warning, never a failure."""
+        """Append one line (at ``ts``, default now); a write failure is a warning only."""
         line = json.dumps({"ts": ts or utc_now(), "action": action, "why": why, **details})
         if self.path is None:
             with self._lock:
@@ -572,8 +510,7 @@ class MaintenanceLog:
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[bool]:
-        """Try to hold the log for one policy run: True if held, False if another has it
-        (a thread, or another process: ``flock`` on the log file)."""
+        """Hold the log for one policy run (``flock``): False if another thread or process does."""
         if not self._run.acquire(blocking=False):
             yield False
             return
@@ -648,12 +585,10 @@ def config_path() -> Path:
 
 
 def load_policy(store: Store) -> RetentionPolicy | None:
-    """The retention policy for ``store``: ``terrarium.toml`` in its root if there is one
-    (it wins), else ``[retention]`` of the user's config file; None when neither has one.
+    """The retention policy: the store's ``terrarium.toml``, else the user's config, else None.
 
     Raises:
-        InvalidRetention: a file is not TOML, or has an unknown key or a bad value (the
-            message names the file and the key).
+        InvalidRetention: a file is not TOML, or has an unknown key or a bad value.
     """
     root = store_root(store)
     if root is not None and (root / POLICY_FILE).is_file():
@@ -663,10 +598,7 @@ def load_policy(store: Store) -> RetentionPolicy | None:
 
 
 def read_policy(path: Path, *, whole_file: bool = False) -> RetentionPolicy | None:
-    """The ``[retention]`` table of the TOML file ``path`` (None if it has none).
-
-    With ``whole_file`` (a store's ``terrarium.toml``), keys outside it are errors too.
-    """
+    """The ``[retention]`` table of ``path`` or None; ``whole_file``: other keys are errors too."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -748,14 +680,7 @@ class MaintenanceReport:
 
 
 class Maintenance:
-    """Applies a retention policy to one store, logging every removal.
-
-    Args:
-        store: a store that implements :class:`Lifecycle`.
-        policy: the policy; default :func:`load_policy` (read when a run starts).
-        journal: the log; default the store's (:meth:`MaintenanceLog.of`).
-        clock: the current time (tests move it); default the system's.
-    """
+    """Applies a retention policy (default :func:`load_policy`) to a store, logging each removal."""
 
     def __init__(
         self,
@@ -802,8 +727,7 @@ class Maintenance:
     def run_if_due(
         self, interval: timedelta = DAILY, *, stop: Callable[[], bool] | None = None
     ) -> MaintenanceReport | None:
-        """Run unless a run ended less than ``interval`` ago or another process runs one now;
-        None when it did not run."""
+        """Run unless one ended within ``interval`` or runs elsewhere now (then None)."""
         with self.journal.exclusive() as held:
             if not held:
                 return None
@@ -816,8 +740,8 @@ class Maintenance:
 class BackgroundMaintenance:
     """A daemon thread that runs a :class:`Maintenance` when due, checking every ``every``.
 
-    It never holds a context for long (each archive takes one context's lock for its move),
-    so turns are never blocked behind it; :meth:`stop` ends it between two contexts.
+    Each archive holds one context's lock for its move only, so turns never wait long;
+    :meth:`stop` ends it between two contexts.
     """
 
     def __init__(self, maintenance: Maintenance, *, every: float = 3600.0) -> None:
@@ -879,6 +803,5 @@ __all__ = [
     "require_lifecycle",
     "run_archive",
     "run_trash_purge",
-    "show_age",
     "store_root",
 ]

@@ -1,21 +1,12 @@
 """Migrate a legacy sessions folder: flat files into date folders, and optionally into the log.
 
-What the seed's ``scripts/migrate_sessions.py`` did, made safe to interrupt. It owns no data of
-its own: it moves the legacy files of one sessions folder and can import them into its store.
-
-* A flat session, ``{type}/{name}.json`` or a top-level ``{name}.json`` whose JSON names its
-  ``context_type``, moves to ``{type}/{date}/{name}.json``: the metadata's ``session_date``,
-  else the date of ``created_at``, with the derived metadata filled in
-  (:func:`terrarium.formats.terrarium_json.load`). Files in a date folder stay put.
-* With ``to_log``, each session is also imported into the native log beside it
-  (:func:`terrarium.formats.terrarium_json.import_session`); a context already there is
-  skipped, so a rerun imports nothing twice; of several files holding one context, the newest
-  date is imported.
-* The trade-off: a move writes the destination before it removes the source (:func:`_move`),
-  so a killed run leaves at worst a file in both places, which a rerun finishes. Legacy files
-  are never rewritten in place; a broken one is reported in one line and the run goes on.
-
-Usage::
+The seed's ``scripts/migrate_sessions.py``, made safe to interrupt. A flat session
+(``{type}/{name}.json``, or ``{name}.json`` naming its ``context_type``) moves to
+``{type}/{date}/{name}.json``, its derived metadata filled in. With ``to_log`` each session is
+also imported into the log beside it; a context already there is skipped, and of several files
+of one context the newest date is imported. A move writes the destination before it removes
+the source, so a killed run leaves at worst a file in both places, which a rerun finishes. A
+broken file is reported in one line and the run goes on. Usage::
 
     report = migrate("./sessions", to_log=True)  # prints progress and a summary
     sys.exit(report.exit_code)  # 1 when any file failed; dry_run=True only plans
@@ -118,11 +109,10 @@ def _new_bytes(session: LegacySession) -> bytes:
 
 
 def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
-    """Read every legacy file under ``root`` and decide what happens to it.
+    """Read every legacy file under ``root`` and decide what happens to it; changes nothing.
 
-    Changes nothing. A file that cannot be read, a top-level file that names no context type,
-    a destination claimed by two files, or a destination that already exists with different
-    content gives a step with a ``problem``.
+    An unreadable file, a top-level file naming no type, a destination claimed twice, or one that
+    exists with other content gives a step with a ``problem``.
     """
     base = Path(root)
     steps: list[Step] = []
@@ -204,14 +194,10 @@ class _Conflict(Exception):
 
 
 def _move(step: Step) -> None:
-    """Write the destination (if it is not there yet), then remove the source.
+    """Write the destination (unless there) through a temporary file, then remove the source.
 
-    The destination is written through a temporary file (``fsync``, ``os.replace``, ``fsync``
-    of the folder) before the source goes. A rerun finds a source whose destination already
-    holds exactly what the move would write: it removes the source and finishes. A destination
-    that holds something else is a conflict, reported and never overwritten. So killing a
-    migration at any point and running it again ends with every session present exactly once.
-    Run one migration at a time.
+    A rerun that finds the destination holding what the move would write removes the source; one
+    holding something else is a conflict, never overwritten. Run one migration at a time.
     """
     assert step.session is not None
     source, destination = step.source, step.destination
@@ -306,9 +292,6 @@ def migrate(
         to_log: also import each session into the native log.
         store: the native store for ``to_log``; by default an ``FsStore`` at ``root``.
         out: where progress and the summary go (default: standard output).
-
-    Returns:
-        The counts and the failures.
 
     Raises:
         FileNotFoundError: ``root`` is not a folder.

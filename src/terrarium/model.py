@@ -1,24 +1,20 @@
 """The log model: ids, context ids, history items, log entries and restored state. No I/O.
 
-A *context* (``cli:main``) is what users see. Its whole history is one *session*, a fork tree
-of *segments*; each segment is a header followed by *entries*, one JSON object per line. Every
-entry carries the format major version ``v``, a per-segment sequence number ``seq`` (the header
-is 0, entries count up from 1 with no gaps), a UTC timestamp ``ts`` and a ``kind``; the
-remaining keys belong to the kind. Order comes from ``seq`` only: clocks may go backwards.
+A *context* (``cli:main``) is what users see. Its history is one *session*, a fork tree of
+*segments*; a segment is a header followed by *entries*, one JSON object per line. Every entry
+carries the format major version ``v``, a per-segment ``seq`` (the header 0, then 1, 2, ...
+with no gaps), a UTC ``ts`` and a ``kind``; the other keys belong to the kind. Order comes from
+``seq`` only: clocks may go backwards.
 
-History items are kept in their stable on-disk form, :data:`LoggedItem`: an OpenAI Chat
-Completions message (``{"role": "user", "content": "Hi"}``), the one message shape every
-OpenAI-compatible server and most tools already read, or a Responses API item (a dict with a
-``type``: ``function_call``, ``reasoning``, a ``message`` of typed parts, and kinds this version
-does not know), stored exactly as given. :func:`chat_view` reads a Responses item as the Chat
-message it stands for, which display, export and the wire messages share.
-Items stay plain dicts on the hot path (restore, request building) so that unknown keys
-written by a newer terrarium survive untouched; :class:`Item` is the typed view for code that
-builds or inspects Chat messages.
+History items are kept as given, as :data:`LoggedItem`: an OpenAI Chat Completions message, or
+a Responses API item (a dict with a ``type``). :func:`chat_view` reads a Responses item as the
+Chat message it stands for. Items stay plain dicts on the hot path so that keys written by a
+newer terrarium survive; :class:`Item` is the typed view of a Chat message.
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 import time
 import unicodedata
@@ -74,6 +70,14 @@ def utc_now() -> str:
     return f"{prefix}.{micros:06d}Z"
 
 
+def parse_timestamp(text: str) -> datetime.datetime:
+    """Parse an ISO 8601 timestamp as an aware UTC datetime (a naive one is taken as UTC)."""
+    when = datetime.datetime.fromisoformat(text)
+    if when.tzinfo is None:
+        return when.replace(tzinfo=datetime.UTC)
+    return when.astimezone(datetime.UTC)
+
+
 # --------------------------------------------------------------------------- context ids
 
 TYPE_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
@@ -95,11 +99,10 @@ _WINDOWS_RESERVED = frozenset(
 
 
 def encode_name(name: str) -> str:
-    """Return ``name`` as a file name that is safe on Linux, macOS and Windows.
+    """Return ``name`` as a file name that is safe on Linux, macOS and Windows (one to one).
 
-    Safe names stay as they are (``#python`` stays ``#python``); unsafe characters become
-    ``%XX`` escapes of their UTF-8 bytes; a leading or trailing dot or space and Windows'
-    reserved device names get their first character escaped. The mapping is one to one.
+    Unsafe characters become ``%XX`` escapes of their UTF-8 bytes; a leading or trailing dot or
+    space, and Windows' reserved device names, get their first character escaped.
     """
     # A printable name holds no control character: only the unsafe ones need a look (ten
     # times faster; the filesystem store encodes a name several times per append).
@@ -122,11 +125,10 @@ def encode_name(name: str) -> str:
 
 
 def legacy_file_names(name: str) -> list[str]:
-    """The file names a legacy JSON file of a context named ``name`` may have, in lookup
-    order: ``{name}.json`` as the old tool wrote it, then the encoded name's when it differs.
+    """A legacy JSON file's possible names for context name ``name``, in lookup order.
 
-    A name too long for a file (over :data:`MAX_NAME_BYTES` with ``.json``) is left out: no
-    such file can exist, and looking for one fails with "File name too long".
+    ``{name}.json`` as the old tool wrote it, then the encoded name's; a name too long for a file
+    is left out (looking for it fails with "File name too long").
     """
     names = [f"{name}.json"]
     if encode_name(name) != name:
@@ -153,11 +155,9 @@ def _is_hex(text: str) -> bool:
 
 
 def context_file(context: ContextId | str, extension: str, date: str | None = None) -> str:
-    """The relative file name of a file about one context: ``{type}/{encoded name}{extension}``,
-    or ``{type}/{date}/{encoded name}{extension}`` given a date (the seed's storage layout).
+    """``{type}/[{date}/]{encoded name}{extension}``: a file about a context, relative.
 
-    A name longer than a file name may be keeps a prefix of the encoded name, then ``~`` and a
-    digest of the whole, so names that share the prefix stay apart.
+    A name too long for a file keeps a prefix, then ``~`` and a digest of the whole.
     """
     ctx = ContextId.parse(context)
     folder = f"{ctx.type}/{date}" if date is not None else ctx.type
@@ -179,16 +179,11 @@ _JOINERS = frozenset("\u200c\u200d")
 
 
 def misleading_chars(name: str) -> list[int]:
-    """Where ``name`` has characters that make it display as something it is not.
+    """The indexes of the characters that make ``name`` display as something it is not.
 
-    They are: control characters (``Cc``); line and paragraph separators (U+2028, U+2029);
-    and the invisible format characters (``Cf``), among them the bidirectional embeddings,
-    overrides and isolates (U+202A-U+202E, U+2066-U+2069), the marks U+200E, U+200F and
-    U+061C, the zero-width space, word joiner and byte order mark, the soft hyphen and the
-    tag characters. U+200C and U+200D count only next to an ASCII character or at either end.
-
-    Returns:
-        The indexes of those characters in ``name`` (empty for a name that shows as it is).
+    They are control characters (``Cc``), line and paragraph separators, and the invisible format
+    characters (``Cf``: bidirectional controls, zero-width space, soft hyphen, tags, ...). U+200C
+    and U+200D count only next to an ASCII character or at either end.
     """
     if name.isascii():
         if name.isprintable():  # the common case, and the one a listing of 10k names meets
@@ -264,11 +259,9 @@ class ContextId(msgspec.Struct, frozen=True, order=True):
             )
 
     def check_new(self) -> ContextId:
-        """This id, if a *new* context may take its name; raise InvalidContextId if not.
+        """This id, if a *new* context may take its name (no :func:`misleading_chars`).
 
-        On top of what every id satisfies, a new name may not hold characters that display
-        misleadingly (:func:`misleading_chars`). Existing contexts keep their names: reading,
-        listing and deleting them takes any id, and :attr:`display` shows them escaped.
+        Raises InvalidContextId if not. Existing contexts keep their names, shown escaped.
         """
         found = misleading_chars(self.name)
         if found:
@@ -378,10 +371,7 @@ ContentPart: TypeAlias = TextPart | ImagePart | ToolCallPart | ReasoningPart | U
 
 
 class Item(msgspec.Struct, frozen=True):
-    """A history item: a message of some role whose content is text or parts.
-
-    A tool result is an item of role ``tool`` with ``tool_call_id`` set.
-    """
+    """A history item: a message of some role whose content is text or parts."""
 
     role: Role
     content: str | tuple[ContentPart, ...]
@@ -473,13 +463,12 @@ def from_logged(logged: Mapping[str, Any]) -> Item:
     """Convert an on-disk item back to an :class:`Item`; unknown keys land in ``extra``.
 
     Raises:
-        InvalidEntry: ``logged`` is not a valid item, or is a Responses API item, which
-            :class:`Item` (a Chat Completions message) does not model: use the dict.
+        InvalidEntry: ``logged`` is not a valid item, or is a Responses API item (use the dict).
     """
     check_item(logged)
     if is_responses_item(logged):
         raise InvalidEntry(
-            f"a Responses API item ({_short(logged['type'])}) has no Item form: use the dict"
+            f"a Responses API item ({short_repr(logged['type'])}) has no Item form: use the dict"
         )
     content = logged.get("content")
     parts: list[ContentPart] = []
@@ -530,10 +519,8 @@ def from_logged(logged: Mapping[str, Any]) -> Item:
 def check_item(item: Mapping[str, Any]) -> None:
     """Raise :class:`InvalidEntry` unless ``item`` is a well-formed logged item.
 
-    An item with a ``type`` is a Responses API item (:func:`is_responses_item`): it needs only
-    a non-empty string ``type`` (and, when it has one, a string ``role``), so kinds this
-    version does not know are kept too. Any other item is a message: a Chat Completions one,
-    or the Responses API's ``developer`` message (role and content, no ``type``).
+    A Responses item needs only a non-empty string ``type`` (and a string ``role`` if it has one),
+    so kinds not known yet are kept; any other item is a Chat or ``developer`` message.
     """
     if not isinstance(item, Mapping):
         raise InvalidEntry(f"a history item must be a dict, not {type(item).__name__}")
@@ -541,16 +528,16 @@ def check_item(item: Mapping[str, Any]) -> None:
         kind = item["type"]
         if not isinstance(kind, str) or not kind:
             raise InvalidEntry(
-                f"history item has invalid type {_short(kind)}: a Responses API item's "
+                f"history item has invalid type {short_repr(kind)}: a Responses API item's "
                 "'type' is a non-empty string such as 'message' or 'function_call'"
             )
         if "role" in item and not isinstance(item["role"], str):
-            raise InvalidEntry(f"{kind} history item has invalid role {_short(item['role'])}")
+            raise InvalidEntry(f"{kind} history item has invalid role {short_repr(item['role'])}")
         return
     role = item.get("role")
     if not isinstance(role, str) or role not in _MESSAGE_ROLES:
         raise InvalidEntry(
-            f"history item has invalid role {_short(role)}: expected one of "
+            f"history item has invalid role {short_repr(role)}: expected one of "
             f"{sorted(_MESSAGE_ROLES)}, or a 'type' (a Responses API item)"
         )
     content = item.get("content")
@@ -566,18 +553,16 @@ def check_item(item: Mapping[str, Any]) -> None:
         raise InvalidEntry(f"{role} history item content must be a string or a list of typed parts")
 
 
-def _short(value: Any) -> str:
+def short_repr(value: Any) -> str:
     """``repr(value)`` cut to one short line, for an error message."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
 def check_text(text: str, what: str) -> str:
-    """Return ``text``, or raise :class:`InvalidEntry` if UTF-8 cannot hold it.
+    """Return ``text``, or raise :class:`InvalidEntry` if it holds a lone surrogate.
 
-    Such text holds a lone surrogate (``"\\ud800"``), which a decoder with
-    ``errors="surrogateescape"`` makes of bytes that are not UTF-8. The log refuses it when
-    encoding; this check lets a caller refuse it before it writes anything else.
+    A caller checks before it writes anything else; the log would refuse it when encoding.
     """
     if not text.isascii():
         try:
@@ -615,24 +600,17 @@ _RESPONSES_PARTS = frozenset(
 
 
 def is_responses_item(item: Mapping[str, Any]) -> bool:
-    """Whether a logged item is a Responses API item rather than a Chat Completions message.
-
-    It is when it has a ``type`` (Chat messages have none), or is a ``developer`` message
-    (the Responses API's easy input message, which has no ``type``).
-    """
+    """Whether a logged item is a Responses API item: it has a ``type``, or is a developer one."""
     return "type" in item or item.get("role") == "developer"
 
 
 def chat_view(item: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The Chat Completions message a logged item stands for, or None when it has none.
 
-    A Chat message is its own view. Of the Responses items: a ``message`` keeps its role
-    (``developer`` becomes ``system``) and its content, typed parts made Chat parts
-    (:func:`chat_content`); a ``function_call`` is an assistant message with one tool call
-    (``call_id``, ``name``, ``arguments``); a ``function_call_output`` a ``tool`` message
-    answering ``call_id``; a ``reasoning`` item an assistant message with only
-    ``reasoning_content`` (its summary and reasoning text). Every other kind
-    (``web_search_call``, ``item_reference``, kinds not known yet) has no view.
+    A Chat message is its own view. A Responses ``message`` keeps its role (``developer`` made
+    ``system``) and its content as Chat parts; a ``function_call`` is an assistant message with
+    one tool call; a ``function_call_output`` a ``tool`` message; a ``reasoning`` item an
+    assistant message with only ``reasoning_content``. Other kinds have no view.
     """
     if not is_responses_item(item):
         return item
@@ -667,10 +645,8 @@ def chat_view(item: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def chat_content(content: Any) -> Any:
     """``content`` with Responses parts made Chat parts (Chat content is returned as it is).
 
-    ``input_text``, ``output_text`` (and other text parts) become ``text`` parts, a
-    ``refusal`` the text of its refusal, an ``input_image`` with an ``image_url`` an
-    ``image_url`` part; other parts stay as they are. Content of text parts only becomes one
-    string, the texts a line apart (what every Chat server takes from an assistant).
+    Text parts and refusals become ``text`` parts, an ``input_image`` an ``image_url`` part;
+    content of text parts only becomes one string, the texts a line apart.
     """
     if not isinstance(content, list) or not any(
         isinstance(p, Mapping) and p.get("type") in _RESPONSES_PARTS for p in content
@@ -680,8 +656,7 @@ def chat_content(content: Any) -> Any:
 
 
 def _chat_parts(content: Any) -> Any:
-    """:func:`chat_content` of a Responses message's content: parts that are not objects
-    are left out."""
+    """:func:`chat_content` of a Responses message's content; parts not objects are left out."""
     if not isinstance(content, list):
         return content
     parts: list[Any] = []
@@ -712,8 +687,7 @@ def item_role(item: Mapping[str, Any]) -> str | None:
 
 
 def item_label(item: Mapping[str, Any]) -> str:
-    """What display calls an item: its role (a Chat or a Responses message), else its
-    Responses ``type`` (``function_call``, ``reasoning``, ``web_search_call``, ...)."""
+    """What display calls an item: its role, else its Responses ``type``."""
     kind = item.get("type", "message")
     if kind == "message":
         role = item.get("role")
@@ -722,9 +696,7 @@ def item_label(item: Mapping[str, Any]) -> str:
 
 
 def _parts_text(parts: Any, sep: str | None = None) -> str:
-    """The text of a content string or list of parts: text parts and refusals, joined by
-    ``sep``; by default Chat parts with nothing between them (as always), Responses parts
-    (:func:`chat_content`'s test) by a line break, so that two parts never make one word."""
+    """Text parts and refusals joined by ``sep``; by default Responses parts a line apart."""
     if isinstance(parts, str):
         return parts
     if not isinstance(parts, list):
@@ -746,10 +718,8 @@ def _parts_text(parts: Any, sep: str | None = None) -> str:
 def item_text(item: Mapping[str, Any]) -> str:
     """The plain text of a logged item, for display, search, export and compaction.
 
-    A Chat message's content (its text parts joined); a Responses ``message``'s text parts
-    (``input_text``, ``output_text``) and refusals; a ``function_call_output``'s output; a
-    ``reasoning`` item's summary, then its reasoning text (paragraphs apart). Other items
-    (tool calls, ``web_search_call``, unknown kinds) have no text.
+    Message text and refusals, a ``function_call_output``'s output, a ``reasoning`` item's summary
+    then its text. Tool calls and unknown kinds have none.
     """
     if "type" not in item:
         return _parts_text(item.get("content"))
@@ -771,12 +741,10 @@ WIRE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
 
 
 def wire_message(item: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The message sent to the server for a logged item: the standard OpenAI keys only.
+    """The message sent to the server for a logged item (standard OpenAI keys), or None.
 
-    A Responses item is sent as its :func:`chat_view`; one with nothing to send (reasoning,
-    which Chat servers do not take back; kinds with no view; an empty message) is not sent
-    (None). A tool result always is, even empty: its call must have an answer. Responses
-    parts in a Chat message's content are made Chat parts.
+    A Responses item is sent as its :func:`chat_view`. Reasoning, kinds with no view and empty
+    messages are not sent; a tool result always is, even empty (its call needs an answer).
     """
     if "type" in item or item.get("role") == "developer":  # is_responses_item, inlined
         view = chat_view(item)
@@ -795,11 +763,7 @@ def wire_message(item: Mapping[str, Any]) -> dict[str, Any] | None:
 def wire_messages(
     system_prompt: str | None, history: Iterable[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
-    """The messages sent to the server: the system prompt (if any), then the history.
-
-    Built item by item with :func:`add_wire_message`, exactly as the runtime keeps its list
-    turn by turn, so both give the same messages.
-    """
+    """The messages sent to the server: the system prompt, then the history item by item."""
     messages: list[dict[str, Any]] = (
         [{"role": "system", "content": system_prompt}] if system_prompt else []
     )
@@ -811,19 +775,13 @@ def wire_messages(
 def add_wire_message(messages: list[dict[str, Any]], item: Mapping[str, Any]) -> None:
     """Append ``item``'s wire message to ``messages``; a user message after a user message folds.
 
-    A turn that failed or was interrupted leaves its input in the log with no reply after it,
-    so the next input would be a second user message in a row, which strict chat templates
-    (Llama 2, Mistral, Gemma: "roles must alternate") refuse on every later turn. Any run of
-    consecutive user messages is therefore sent as one, their texts joined by a blank line
-    (text parts concatenated when either is a list of parts), a text that merely repeats the
-    one before it (a caller retrying the failed input) sent once; the log keeps each as written.
-    The rule depends on the history alone, so a restore in another process sends the same
-    messages, and it repairs logs written before it (or imported) too. Only the last message
-    is looked at, and it is replaced, never changed in place (an earlier request may hold it).
-
-    A Responses ``function_call`` right after an assistant message joins it as one more tool
-    call, so a reply with text and calls (or parallel calls) is one Chat message; an item
-    with nothing to send (:func:`wire_message`) adds nothing.
+    A failed turn leaves its input with no reply, so the next input would be a second user
+    message in a row, which strict chat templates (Llama 2, Mistral, Gemma) refuse on every later
+    turn. Consecutive user messages are sent as one, a blank line apart, a repeated text (a retry)
+    once; the log keeps each. The rule reads the history alone, so another process's restore
+    sends the same messages. The last message is replaced, never changed in place (an earlier
+    request may hold it). A ``function_call`` right after an assistant message joins it as one
+    more tool call.
     """
     message = wire_message(item)
     if message is None:
@@ -899,12 +857,7 @@ class UsageRecord(msgspec.Struct, frozen=True):
 
 
 class UsageTotals(msgspec.Struct, frozen=True):
-    """Usage summed over a segment's lineage.
-
-    The first four fields count every call, exact and estimated alike; the ``estimated_``
-    fields say how much of them was estimated (usage entries with an ``estimated`` key), so
-    the exact part is the difference.
-    """
+    """Usage summed over a segment's lineage; the ``estimated_`` fields are the estimated part."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -928,8 +881,7 @@ class UsageTotals(msgspec.Struct, frozen=True):
         return self.estimated_calls > 0
 
     def describe(self) -> str:
-        """``120 prompt, 30 completion in 3 calls``, for transcripts: figures that are partly
-        estimated marked ``~``, with the estimated calls counted (``(1 estimated)``)."""
+        """``120 prompt, 30 completion in 3 calls``, estimates marked ``~`` and counted."""
         mark = "~" if self.is_estimated else ""
         calls = f"{self.calls} call{'' if self.calls == 1 else 's'}"
         text = f"{mark}{self.prompt_tokens} prompt, {mark}{self.completion_tokens} completion in "
@@ -1044,11 +996,7 @@ ENVELOPE_KEYS = ("v", "seq", "ts", "kind")
 
 
 class LogEntry(msgspec.Struct, frozen=True):
-    """One line of a segment log.
-
-    ``data`` holds the kind's own keys exactly as stored, including keys (and whole kinds)
-    that this version does not know; they are carried through untouched.
-    """
+    """One line of a segment log; ``data`` holds the kind's own keys as stored, unknown ones too."""
 
     seq: int
     """Position in the segment: 0 for the header, then 1, 2, ... without gaps."""
@@ -1186,12 +1134,10 @@ class RestoredState(msgspec.Struct):
     """:attr:`usage` per model (a usage record without a model under ``unknown``)."""
 
     def end_run(self, errored: Mapping[str, Any] | None = None) -> bool:
-        """A run ended here: ``run_completed`` or ``turn_end``, or ``run_errored`` given as
-        ``errored``. Returns whether that marked items failed.
+        """A run ended (``errored``: by ``run_errored``); whether that marked items failed.
 
-        The failed-turn rule (docs/format.md §6): a ``run_errored`` fails the run's last block
-        of user inputs and every item after it, as long as they follow the previous run's end.
-        A run that logged no user input fails nothing.
+        The failed-turn rule (docs/format.md §6): a ``run_errored`` fails the run's last block of
+        user inputs and every item after it, when they follow the previous run's end.
         """
         history, start = self.history, self.run_start
         self.run_start = len(history)
@@ -1210,8 +1156,9 @@ class RestoredState(msgspec.Struct):
 
     @property
     def model_history(self) -> list[LoggedItem]:
-        """The history the model is sent: every item but those of failed runs (the history
-        list itself when none failed: read it, do not change it)."""
+        """The history the model is sent, failed runs left out (``history`` itself if none: read
+        only).
+        """
         if not self.failed:
             return self.history
         failed = self.failed

@@ -1,24 +1,15 @@
 """Search the history of every context in a store.
 
-:func:`search` hands the query to the store when it is
-:class:`~terrarium.stores.base.Searchable` (``FsStore`` through its derived FTS5 index;
-``SqliteStore`` and ``PostgresStore`` through their own), and otherwise falls back to
-:func:`scan`, which reads every segment of every context, as a store without an index
-(``MemoryStore``) must; it scans too when the index is unavailable
-(:class:`~terrarium.errors.IndexUnavailable`), so a search never misses an acknowledged entry.
+:func:`search` hands the query to a :class:`~terrarium.stores.base.Searchable` store, and
+otherwise, or when its index is unavailable, falls back to :func:`scan`, so a search never
+misses an acknowledged entry. Both search every history item of every segment and agree
+(``tests/contract/test_scan.py``): a hit holds every term, words never syntax; case and accents
+are ignored; bm25 ranks. A query with no letter or digit raises :class:`InvalidQuery`.
 
-Both paths search every history item of every segment, a header's too (seq 0), and agree
-on how (``tests/contract/test_scan.py``): a hit holds every term of the query, which is words,
-never syntax; matching ignores case and accents; bm25 ranks (``FsStore``'s index ranks very
-common queries among recent matches: :mod:`terrarium.index`). A query with no
-letter or digit raises :class:`InvalidQuery`.
-
-:func:`search` then finds each message once, in the conversation a user would open: each hit
-gets its place in its context's conversation (``SearchHit.message``, by
-:func:`terrarium.sessions.messages`, the one rule); a hit that a clear, compaction or rewind
-left off it is ``branch="off"`` and kept only with ``SearchQuery.all_branches``; a copy (a
-fork into another context, a compaction's kept turn) is dropped when its original is a hit on
-its own context's head. It asks the store for more hits than the limit to make up for those.
+Each message is then found once, in the conversation a user would open
+(:func:`terrarium.sessions.messages`): a hit left off it by a clear, compaction or rewind is
+``branch="off"``, kept only with ``all_branches``; a copy is dropped when its original is a
+hit on its own context's head. The store is asked for more hits to make up for those.
 """
 
 from __future__ import annotations
@@ -74,18 +65,8 @@ log = logging.getLogger(__name__)
 def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
     """Ranked hits for ``query`` in ``store``, each message once, placed in its conversation.
 
-    The store's own index answers if it has one, else a scan. Each hit then gets its place in
-    its context's conversation (:attr:`SearchHit.message`); a hit that is no longer in it is
-    ``branch="off"`` and is left out unless ``query.all_branches``; a copy of a message that
-    is among the hits in its own conversation (a fork's copy) is left out.
-
-    Args:
-        store: any store.
-        query: a :class:`SearchQuery`, or just the words to find.
-
     Raises:
-        InvalidQuery: nothing to search for (an empty query, only punctuation or emoji), or
-            an invalid ``limit``, ``role`` or ``since``.
+        InvalidQuery: nothing to search for, or an invalid ``limit``, ``role`` or ``since``.
         InvalidContextId: ``query.context`` is not ``type:name``.
     """
     if isinstance(query, str):
@@ -107,10 +88,9 @@ def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
 def _search_store(store: Store, query: SearchQuery) -> list[SearchHit]:
     """The store's hits, from its index or, without a usable one, a scan.
 
-    An index holds hot contexts only: with ``query.archived`` the archived ones are scanned
-    and their hits merged by score (bm25 over the archive's items alone, so of the same
-    measure as the index's scores, not the same statistics). The archive has no index, so hot
-    appends and hot searches never pay for it.
+    An index holds hot contexts only: with ``query.archived`` the archive is scanned and its
+    hits merged by score (bm25 of the same measure, not the same statistics), so hot appends and
+    searches never pay for the archive.
     """
     source = derived.listing(store)
     if isinstance(source, Searchable):
@@ -128,8 +108,7 @@ def _search_store(store: Store, query: SearchQuery) -> list[SearchHit]:
 
 
 def hit_json(hit: SearchHit) -> dict[str, Any]:
-    """One hit as JSON: what ``search --json`` prints (docs/cli.md) and, with its link, the
-    dashboard's ``/api/search`` gives."""
+    """One hit as ``search --json`` prints it and the dashboard's ``/api/search`` gives it."""
     return {
         "context_id": hit.context,
         "date": hit.date,
@@ -159,11 +138,7 @@ class _Doc:
 
 
 def scan(store: Store, query: SearchQuery | str) -> list[SearchHit]:
-    """Search by reading every segment of every context (for stores without an index).
-
-    Costs a full read of the store per query: fine for a ``MemoryStore`` or a small store,
-    not for 100k sessions.
-    """
+    """Search by reading every segment of every context: a full read per query, for small stores."""
     if isinstance(query, str):
         query = SearchQuery(query)
     heads = store.list_contexts()
@@ -301,13 +276,11 @@ class _Places:
     def place(
         self, hits: list[SearchHit], *, limit: int, all_branches: bool
     ) -> tuple[list[SearchHit], bool]:
-        """The best ``limit`` of ``hits`` placed, each message once, without those off the
-        head unless asked; and whether they are decided (``hits`` did not end too soon).
+        """The best ``limit`` hits placed, each message once; whether that is decided.
 
-        Hits are placed best first until ``limit`` are kept. Then only the hits that tie
-        with the last one and have the snippet of one placed are: a copy has its original's
-        text, so its score and snippet. The others are never placed (their contexts never
-        read): ties are common (bm25 scores equal for texts of equal length).
+        Past ``limit``, only hits that tie with the last and share a placed snippet are placed (a
+        copy has its original's text, so its score). The rest are never placed, their contexts never
+        read: ties are common (bm25 scores texts of equal length equally).
         """
         self.used.clear()  # which header items hits took: afresh for each list of hits
         placed: list[_Placed] = []
@@ -374,8 +347,7 @@ class _Places:
         return header
 
     def _header_index(self, hit: SearchHit) -> int | None:
-        """Which item of its segment's header a seq-0 hit is (the indexes keep no place):
-        the unclaimed item that holds the query's words and the hit's snippet."""
+        """Which header item a seq-0 hit is: the unclaimed one with the words and snippet."""
         session, segment = str(hit.session_id), str(hit.segment_id)
         items = self.items.get((session, segment))
         if items is None:
@@ -403,10 +375,12 @@ def _kept(placed: list[_Placed], limit: int, all_branches: bool) -> list[SearchH
 
 
 def _representatives(placed: list[_Placed], all_branches: bool) -> set[int]:
-    """Which hits stay: for each message, its original where the conversation holds it; else
-    one copy there (the one in the original's session if any: a compaction's kept turn; else
-    the best ranked of the forks' copies, or with ``all_branches`` each of them); else, with
-    ``all_branches``, its best hit off the head. So by default each message is found once."""
+    """Which hits stay: each message once, by default.
+
+    Its original where the conversation holds it; else one copy there (a compaction's kept turn
+    first, else the best fork copy, or each with ``all_branches``); else, with ``all_branches``,
+    its best hit off the head.
+    """
     groups: dict[_Key, list[int]] = {}
     for i, p in enumerate(placed):
         groups.setdefault(p.key, []).append(i)

@@ -1,27 +1,21 @@
 """A context's states (hot, archived, trashed, pinned) and the moves between them, written once
 over the :class:`~terrarium.stores.base.SessionStates` primitives every backend has.
 
-Everything a context's state is lives in its session's *state record*, changed only by
-compare-and-set, in the same atomic step as the physical move that goes with it:
+A context's state lives in its session's *state record*, changed only by compare-and-set in
+the same atomic step as the move that goes with it:
 
-* ``archived``: the session is frozen (out of the hot listing); the value is the summary
-  :func:`archived_contexts` lists. :func:`archive_context` is one ``freeze_session``;
-  :func:`unarchive_context` (and a write's :func:`~terrarium.stores.base.wake_session`) a thaw.
+* ``archived``: the session is frozen; the value is what :func:`archived_contexts` lists.
 * ``pinned``: ``true`` while pinned; it follows the context into the trash and back.
 * ``trashed``: the trash entry. :func:`delete_context` is one ``detach_context``: the session
-  stays, detached, with its bytes and its other keys; the id is free at once.
-  :func:`restore_trashed` thaws it (unless it was archived), attaches it, then drops the key.
+  stays, detached; the id is free at once. :func:`restore_trashed` thaws and attaches it.
 * ``purging``: a purge under way; ``delete_session`` follows.
 
-Restore is two steps (attach, then drop ``trashed``), and so is a purge (mark, then delete):
-:func:`finish_lifecycle` (``fsck --repair``) completes both from the record. Nothing else is
-deleted by a clean-up. :mod:`terrarium.lifecycle` decides what to move and logs it.
-
-Usage::
+Restore (attach, then drop ``trashed``) and purge (mark, then delete) are two steps each:
+:func:`finish_lifecycle` (``fsck --repair``) completes both. :mod:`terrarium.lifecycle`
+decides what to move and logs it. Usage::
 
     states.archive_context(store, ContextId.parse("cli:old"))
-    entry = states.trashed_contexts(store)[0]
-    states.restore_trashed(store, entry.trash_id)
+    states.restore_trashed(store, states.trashed_contexts(store)[0].trash_id)
 """
 
 from __future__ import annotations
@@ -163,8 +157,7 @@ def archived_contexts(store: Lifecycle, type: str | None = None) -> list[Archive
 
 
 def delete_context(store: Lifecycle, context: ContextId) -> bool:
-    """Move the context to the trash (its session detached, with its record); False if
-    there is no such context."""
+    """Move the context to the trash (its session detached, with its record); False if none."""
     for _ in range(ATTEMPTS):
         found = _head_state(store, context)
         if found is None:
@@ -323,8 +316,7 @@ def finish_lifecycle(store: Lifecycle) -> int:
 
 
 def _head_state(store: Lifecycle, context: ContextId) -> tuple[PodMetadata, dict[str, Any]] | None:
-    """The context's head and its session's record, read together; None if there is no such
-    context (a session purged between the two reads is looked up again)."""
+    """The context's head and its session's record, read together; None if no such context."""
     for _ in range(ATTEMPTS):
         head = store.get_head(context)
         if head is None:
@@ -366,9 +358,10 @@ def _seal(store: Lifecycle, session_id: SessionId, state: dict[str, Any]) -> Non
 
 
 def _reopen(store: Lifecycle, session_id: SessionId, trash_id: str) -> None:
-    """Finish the restore of trash entry ``trash_id``: drop ``trashed`` (and a ``purging``
-    that lost the race to it); thaw the session unless it was archived. Nothing is done once
-    the session is detached again (deleted anew meanwhile: that entry is another's)."""
+    """Finish restoring ``trash_id``: drop ``trashed`` (and a stale ``purging``), thaw it.
+
+    An archived session stays frozen. Nothing is done once the session is detached again.
+    """
     for _ in range(ATTEMPTS):
         state = store.session_state(session_id)
         if (state.get("trashed") or {}).get("trash_id") != trash_id:

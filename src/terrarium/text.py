@@ -1,11 +1,8 @@
 """Search text handling, with no I/O: what every store's search agrees on about words.
 
-How an item's text is prepared for indexing (NFC, CJK characters set apart, the highlight
-markers kept out), what a token is and how it is folded (lower case, no accents), how the
-user's words become query terms, and where matches lie in a text (:func:`match_spans`), so
-that every backend and the scan fallback highlight the same characters.
-
-Usage::
+How an item's text is indexed, what a token is and how it folds (lower case, no accents), how
+the user's words become terms, and where matches lie (:func:`match_spans`), so every backend
+and the scan fallback highlight the same characters. Usage::
 
     terms = query_terms("Decorators café")        # ["Decorators", "café"]
     phrases = [tokenize(term) for term in terms]   # [["decorators"], ["cafe"]]
@@ -82,9 +79,8 @@ def fold(token: str) -> str:
 
 
 def tokenize(text: str) -> list[str]:
-    """The tokens FTS5 finds in ``text``, as Python sees them (for the scan fallback).
+    """The tokens FTS5 finds in ``text``: letter and digit runs, folded; each CJK character one.
 
-    Runs of letters and digits, lower-cased without accents; each CJK character is a token.
     SQLite's tokenizer uses older Unicode tables, so rare scripts and recent emoji can differ.
     """
     return [fold(m.group()) for m in token_re().finditer(text)]
@@ -96,11 +92,7 @@ def token_spans(text: str) -> list[tuple[str, int, int]]:
 
 
 def query_terms(text: str) -> list[str]:
-    """The user's terms that contain something to search for, each as indexed.
-
-    Raises:
-        InvalidQuery: no term has a letter or digit (an empty query, ``*``, only emoji).
-    """
+    """The user's terms with something to search for, as indexed; else InvalidQuery."""
     if not isinstance(text, str):
         raise InvalidQuery(f"a search query must be a string, not {type(text).__name__}")
     terms = []
@@ -117,8 +109,7 @@ def query_terms(text: str) -> list[str]:
 
 
 def indexed_item(item: Any) -> tuple[str, str] | None:
-    """A history item's role (:func:`~terrarium.model.item_role`, ``other`` if none) and text
-    as indexed, or None when it has no text to find (not an item, or no text in it)."""
+    """A history item's role and text as indexed, or None when it has no text to find."""
     if not isinstance(item, Mapping):
         return None
     try:
@@ -144,11 +135,9 @@ def phrase_count(tokens: Sequence[str], phrase: Sequence[str]) -> int:
 
 
 def match_spans(text: str, phrases: Sequence[Sequence[str]]) -> list[tuple[int, int]]:
-    """Where ``phrases`` (each a list of folded tokens) occur in ``text``, as FTS5 marks them.
+    """Where ``phrases`` (lists of folded tokens) occur in ``text``, sorted, as FTS5 marks them.
 
-    Each occurrence of a whole phrase is one ``(start, end)`` span; overlapping occurrences
-    are one span, while occurrences that merely touch (two CJK characters in a row, each a
-    match) stay apart, as in FTS5's snippets. Sorted by position.
+    Overlapping occurrences are one span; touching ones (two CJK characters) stay apart.
     """
     spans = token_spans(text)
     tokens = [token for token, _, _ in spans]
@@ -170,8 +159,7 @@ def match_spans(text: str, phrases: Sequence[Sequence[str]]) -> list[tuple[int, 
 def scan_snippet(
     text: str, phrases: Sequence[Sequence[str]]
 ) -> tuple[str, tuple[tuple[int, int], ...]]:
-    """A window of ``text`` around the first match, with every match in it highlighted
-    (the snippet of a hit found by scanning, where FTS5's ``snippet()`` is not at hand)."""
+    """A window of ``text`` around the first match, every match in it highlighted."""
     merged = match_spans(text, phrases)
     begin = 0
     if len(text) > _SNIPPET_CHARS and merged:

@@ -1,13 +1,10 @@
 """The rule a requested compaction must pass: the summary makes the context smaller.
 
-A compaction replaces the older messages of a context with a summary (and the model's short
-acknowledgement), keeping the last few messages as they are. On a short context, or one that
-is mostly its kept tail, the summary can be as long as what it replaces or longer: writing it
-would grow what every later turn sends. :meth:`MultiContextManager.compact_context` with
-``only_if_smaller`` (what the command line asks for) refuses such a compaction with
-:class:`~terrarium.errors.NothingToCompact` and leaves the log as it was (but for the usage of
-the model call, when one was made). Automatic compactions (``token_budget``) do not ask.
-Sizes are characters of text (tool calls' arguments included), as in the token estimate.
+On a short context, or one that is mostly its kept tail, a summary can be as long as what it
+replaces, which would grow every later turn's prompt. ``compact_context(only_if_smaller=True)``
+(what the command line asks for) then raises :class:`~terrarium.errors.NothingToCompact` and
+writes nothing but the call's usage. Automatic compactions (``token_budget``) do not ask.
+Sizes are characters of text, tool calls' arguments included, as in the token estimate.
 """
 
 from __future__ import annotations
@@ -31,11 +28,7 @@ def size(items: Sequence[Mapping[str, Any]]) -> int:
 
 
 def check_replaces(context: ContextId, replaced: Sequence[Mapping[str, Any]], kept: int) -> None:
-    """Refuse before asking the model when there is nothing older than the kept tail.
-
-    Raises:
-        NothingToCompact: ``replaced`` is empty.
-    """
+    """Refuse (NothingToCompact) before asking the model when nothing precedes the kept tail."""
     if not replaced:
         held = (
             f"all {kept} of its messages are recent ones"
@@ -53,11 +46,7 @@ def check_shrinks(
     replaced: Sequence[Mapping[str, Any]],
     summary: Sequence[Mapping[str, Any]],
 ) -> None:
-    """Refuse a summary that is not smaller than the messages it would replace.
-
-    Raises:
-        NothingToCompact: ``summary`` has at least as many characters as ``replaced``.
-    """
+    """Refuse (NothingToCompact) a summary not smaller than the messages it would replace."""
     old, new = size(replaced), size(summary)
     if new >= old:
         count = len(replaced)

@@ -1,27 +1,21 @@
 """``MultiContextManager``: many isolated conversations over one OpenAI-compatible server.
 
-Each context (``irc:#python``, ``cli:main``) is a session in the store, created by its first
-turn the model answers (a first turn with no reply at all leaves nothing). A turn appends the
-user input *before* the model is called (so a failed or cancelled call never loses it), then
-the reply, its usage, ``run_completed`` and ``turn_end`` in one atomic append; a failure appends
-``run_errored`` with the reason (and any partial reply text) instead, also when the turn is
-cancelled or its stream closed early: that write is synchronous, so no second cancellation can
-skip it, and the cancellation still propagates. A failed turn never makes the next one fail:
-its input stays in the history, marked failed, and is not sent again
-(``RestoredState.model_history``) unless :meth:`MultiContextManager.retry_with_context` asks.
+Each context (``irc:#python``) is a session in the store, created by its first turn the model
+answers. A turn appends the user input *before* the model is called, so a failed or cancelled
+call never loses it; then the reply, its usage, ``run_completed`` and ``turn_end`` in one
+atomic append. A failure, a cancellation or a stream closed early appends ``run_errored``
+instead, synchronously, so no second cancellation can skip it. The failed input stays in the
+history, marked failed, and is not sent again unless ``retry_with_context`` asks.
 
-Concurrency, beyond the seed's "sequential only": turns on different contexts run at once
-(bounded by ``max_concurrency``); turns on one context are serialised in arrival order by an
-``asyncio.Lock`` per context and event loop (FIFO), and across threads and processes by the
-store's context lock, held for the whole turn. Every append names the seq the manager expects,
-so a writer that bypasses the lock is detected and the state re-read, never overwritten.
+Turns on different contexts run at once (up to ``max_concurrency``). Turns on one context run
+in arrival order: an ``asyncio.Lock`` per context and event loop, then the store's context lock
+for the whole turn, across threads and processes. Every append names the seq it expects, so a
+writer that bypasses the lock is detected and the state re-read, never overwritten.
 
-The cache keeps up to ``cache_size`` restored contexts, each a ``PersistentSession``
-(:meth:`MultiContextManager.get_session` returns it) holding the messages it sends, so a turn
-costs O(1) in history length, and the messages of turn n+1 start with those of turn n (vLLM's
-prefix cache reuses the whole history). Before each turn the cached head and next seq are
-checked against the store (a head read and an ``fstat``), so entries another process appended
-are seen. Eviction saves unsaved entries first.
+The cache keeps up to ``cache_size`` contexts, each a ``PersistentSession`` holding the
+messages it sends: a turn costs O(1) in history length, and turn n+1's messages start with
+turn n's (vLLM's prefix cache). Before each turn the cached head and next seq are checked
+against the store, so other processes' entries are seen. Eviction saves unsaved entries first.
 """
 
 from __future__ import annotations
@@ -105,22 +99,19 @@ class MultiContextManager:
 
         Args:
             client: the model client.
-            storage_dir: where sessions live: a directory (the filesystem store) or a store
-                URL (``sqlite:///path.db``, ``postgresql://...``). Ignored when ``store`` is
-                given.
+            storage_dir: a directory (the filesystem store) or a store URL; ignored given ``store``.
             store: an already opened store to use instead.
             cache_size: restored contexts kept in memory (least recently used evicted).
             max_concurrency: model calls in flight at once across contexts.
             autosave: save each turn as it happens (default); see :meth:`set_autosave`.
-            token_budget: compact a context automatically before a turn whose estimated
-                prompt (characters / 4) would pass this many tokens. None: never.
+            token_budget: compact a context before a turn whose estimated prompt (characters / 4)
+                would pass this many tokens. None: never.
             keep_after_compaction: recent messages kept verbatim after a compaction summary.
             trace: write raw stream events to each segment's debug trace.
             default_system_prompt: system prompt for new contexts when a call gives none.
             maintain: apply the store's retention policy (:mod:`terrarium.lifecycle`) in a
-                background thread, at most once a day across every process using the store;
-                a :class:`~terrarium.lifecycle.Maintenance` to choose the policy. Nothing
-                happens without a policy, or on a store that cannot archive (a warning).
+                background thread, at most once a day across processes; a
+                :class:`~terrarium.lifecycle.Maintenance` chooses the policy.
         """
         if cache_size < 1:
             raise ValueError("cache_size must be at least 1")
@@ -161,8 +152,7 @@ class MultiContextManager:
         return f"MultiContextManager({self.client!r}, store={self.store!r})"
 
     def _hook_client_trace(self) -> None:
-        """Send the client's trace entries to the buffer of the turn that made them (a context
-        variable, so concurrent turns keep theirs apart), then to any hook it had."""
+        """Route the client's trace entries to the turn that made them (a context variable)."""
         previous = self.client.on_trace
 
         def sink(entry: TraceEntry) -> None:
@@ -185,15 +175,12 @@ class MultiContextManager:
     ) -> str:
         """Send ``user_message`` in ``context_id`` and return the reply text (auto-saved).
 
-        The context is created by its first turn the model answers, in whole or in part: a
-        first turn that fails with no reply at all leaves no context. ``params`` go to the model
-        (``temperature``, ``max_tokens``, ...).
+        ``params`` go to the model. A first turn that fails with no reply leaves no context.
 
         Raises:
             InvalidContextId: ``context_id`` is not ``type:name``.
-            LLMError: the model call failed; the input and the error are in the log, the
-                input marked failed: later turns do not send it (:meth:`retry_with_context`
-                does).
+            LLMError: the model call failed; the input is logged, marked failed, and later turns
+                do not send it (:meth:`retry_with_context` does).
         """
         chunks = [
             delta
@@ -202,12 +189,7 @@ class MultiContextManager:
         return "".join(chunks)
 
     def failed_input(self, context_id: str) -> str | None:
-        """The input of the context's last turn if that turn failed (the texts of its user
-        messages, a blank line apart), else None: what :meth:`retry_with_context` sends.
-
-        Raises:
-            ContextNotFound: no such context in the log.
-        """
+        """The last turn's user texts if it failed, else None (ContextNotFound: no context)."""
         context = ContextId.parse(context_id)
         with self._locked(context):
             entry = self._existing(context)
@@ -216,9 +198,7 @@ class MultiContextManager:
     async def retry_with_context(
         self, context_id: str, system_prompt: str | None = None, **params: Any
     ) -> str:
-        """Send the input of the context's last turn again, when that turn failed, and return
-        the reply: the one way a failed input reaches the model again. It is logged anew, as
-        a turn of its own; the failed one stays in the log, marked failed.
+        """Send the failed last turn's input again, logged as a new turn, and return the reply.
 
         Raises:
             ContextNotFound: no such context in the log.
@@ -249,12 +229,10 @@ class MultiContextManager:
     def list_all_contexts(self) -> dict[str, list[dict[str, Any]]]:
         """Every context grouped by type: ``{"cli": [{"session_id": "main", ...}], ...}``.
 
-        ``session_id`` here is the context's name, as in the Terrarium format. Legacy JSON
-        files beside a filesystem store are listed too (``"legacy": True``, times as the file
-        wrote them) unless the log has their context; files that cannot be read are left out
-        (:func:`terrarium.legacy.listing` names them). ``problem`` is None, or why some of a
-        context's log cannot be read (one line naming the file); its counts then cover what
-        could be read. (The rows: :func:`terrarium.contexts.list_contexts`.)
+        ``session_id`` is the context's name, as in the Terrarium format. Legacy JSON files beside a
+        filesystem store are listed too (``"legacy": True``) unless the log has their context.
+        ``problem`` says why some of a context's log cannot be read (rows:
+        :func:`terrarium.contexts.list_contexts`).
         """
         listing = contexts.list_contexts(self.store, restore=self._peek)
         with self._cache_lock:
@@ -283,7 +261,7 @@ class MultiContextManager:
         return out
 
     def get_stats(self, context_id: str) -> dict[str, Any]:
-        """Statistics of one context (of a legacy JSON file, read without importing it).
+        """Statistics of one context (a legacy JSON file's read without importing it).
 
         Raises:
             ContextNotFound: no such context.
@@ -300,10 +278,7 @@ class MultiContextManager:
         return data
 
     def clear_context(self, context_id: str) -> None:
-        """Empty the context's history; the old history stays in its session tree.
-
-        A context that only a legacy JSON file holds is imported into the log first.
-        """
+        """Empty the context's history (kept in its session tree); a legacy file imported first."""
         context = ContextId.parse(context_id)
         contexts.clear_context(self.store, context, current=self._saved_state)
         entry = self._cached(context)
@@ -311,8 +286,7 @@ class MultiContextManager:
             entry._reload()  # the object get_session handed out stays the context's
 
     def rewind_context(self, context_id: str, n: int = 1) -> list[LoggedItem]:
-        """Drop the last ``n`` history items (:func:`terrarium.sessions.rewind`); they stay in
-        the session tree. Returns them, oldest first.
+        """Drop and return the last ``n`` history items, oldest first (:func:`sessions.rewind`).
 
         Raises:
             ContextNotFound: no such context.
@@ -326,12 +300,9 @@ class MultiContextManager:
         return dropped
 
     def delete_context(self, context_id: str) -> bool:
-        """Delete the context: gone from listings and :meth:`get_stats`. Returns False if it
-        did not exist.
+        """Delete the context (into the trash where the store has one); False if there was none.
 
-        A store with a trash keeps it there until purged (``terrarium trash restore`` brings
-        it back); see :func:`terrarium.lifecycle.delete_context`. Its legacy JSON file, if it
-        has one, is moved into the store's ``.trash/legacy/``.
+        See :func:`terrarium.lifecycle.delete_context`. A legacy file goes to ``.trash/legacy/``.
         """
         from terrarium.lifecycle import delete_context  # the retention policy's module: lazily
 
@@ -342,10 +313,7 @@ class MultiContextManager:
     # ------------------------------------------------------------------ beyond the seed
 
     def fork_context(self, source: str, target: str, at: int | None = None) -> dict[str, Any]:
-        """Create context ``target`` from ``source``'s history (up to entry ``at``).
-
-        Returns the new context's stats.
-        """
+        """Create context ``target`` from ``source``'s history (up to entry ``at``); its stats."""
         src, dst = ContextId.parse(source), ContextId.parse(target)
         contexts.fork_context(self.store, src, dst, at, current=self._saved_state)
         return self.get_stats(target)
@@ -361,11 +329,9 @@ class MultiContextManager:
     async def compact_context(
         self, context_id: str, *, only_if_smaller: bool = False, **params: Any
     ) -> str:
-        """Ask the model to summarise the context and continue on a compacted segment.
+        """Ask the model to summarise the context, continue on a compacted segment; the summary.
 
-        With ``only_if_smaller``, a compaction that would not make the context smaller raises
-        :class:`NothingToCompact` and writes nothing but the call's usage (see
-        ``agent/compaction.py``). Returns the summary.
+        With ``only_if_smaller``, a summary that is not smaller raises :class:`NothingToCompact`.
         """
         context = ContextId.parse(context_id)
         async with self._turn_lock(context):
@@ -374,18 +340,12 @@ class MultiContextManager:
             )
 
     def get_session(self, context_id: str) -> PersistentSession:
-        """The context's :class:`~terrarium.agent.session_manager.PersistentSession`: the
-        manager's own cache entry, the object its turns write through.
+        """The context's :class:`PersistentSession`: the cache entry the turns write through.
 
-        A turn on the context moves its ``message_count`` and ``last_active``; its
-        ``add_message``, ``save`` and ``autosave`` act on what the manager holds (auto-save as
-        :meth:`set_autosave` left it). A context that does not exist yet gives a new session,
-        created by its first message from either side; one that only a legacy JSON file holds
-        reads the file in place until its first write. Its ``add_message`` and ``save`` take
-        the context's lock, so they wait for a turn under way on the context: do not call them
-        from the manager's event loop while one is. If the cache evicts it
-        (``cache_size``), the object keeps working alone and the manager restores another on
-        the context's next use.
+        Its ``add_message`` and ``save`` take the context's lock, so they wait for a turn under way:
+        do not call them from the manager's event loop while one is. A new context's session is
+        created by its first message; a legacy file is read in place until the first write. If the
+        cache evicts it, the object keeps working alone.
 
         Raises:
             InvalidContextId: ``context_id`` is not ``type:name``.
@@ -438,12 +398,8 @@ class MultiContextManager:
     ) -> list[SearchHit]:
         """Search the text of every saved history item, best first.
 
-        Args:
-            text: words to find; quotes, ``*`` and SQL are matched literally.
-            type: only contexts of this type; context: only this context.
-            since: only entries on or after this date or time (UTC).
-            role: only ``user`` or ``assistant`` (...) items.
-            limit: at most this many hits.
+        ``text`` is matched literally (quotes, ``*`` and SQL too); ``type``, ``context``, ``since``
+        (UTC), ``role`` and ``limit`` narrow the hits.
 
         Raises:
             InvalidQuery: nothing to search for, or a filter that cannot be valid.
@@ -464,8 +420,7 @@ class MultiContextManager:
         return list(state.history)
 
     def close(self) -> None:
-        """Save what is pending, stop the background maintenance and release the store (if
-        the manager opened it)."""
+        """Save what is pending, stop maintenance, and close a store the manager opened."""
         if self._maintenance is not None:
             self._maintenance.stop()
         self.save()
@@ -536,11 +491,7 @@ class MultiContextManager:
                     sessions.save_trace(self.store, entry.ref, buffer)
 
     async def _log_input(self, entry: PersistentSession, text: str) -> None:
-        """Log the user's input, compacting first when it would pass the token budget.
-
-        A compaction that fails (or is cancelled) still logs the input, with the failure, so
-        the words are never lost; the next turn sends them folded into its own input.
-        """
+        """Log the input, compacting first past the token budget (even if the compaction fails)."""
         logged = (EntryKind.USER_INPUT, {"item": _user(text)})
         try:
             if (
@@ -556,11 +507,7 @@ class MultiContextManager:
         entry._write([logged])
 
     def _open_context(self, context: ContextId, system_prompt: str | None) -> PersistentSession:
-        """The cached, fresh context, or a new one (not in the store until its first reply);
-        system prompt changes logged.
-
-        A context that only a legacy JSON file holds is imported into the log first.
-        """
+        """The cached fresh context, or a new one (stored at its first reply); legacy imported."""
         entry = self._fresh_or_legacy(context)
         if entry is None:
             prompt = system_prompt if system_prompt is not None else self.default_system_prompt
@@ -616,8 +563,7 @@ class MultiContextManager:
     # ------------------------------------------------------------------ cache and locks
 
     def _fresh(self, context: ContextId) -> PersistentSession | None:
-        """The cached context, brought up to the store (a head read and an ``fstat``), else a
-        fresh restore; None if the log has no such context (and nothing new is cached)."""
+        """The cached context brought up to the store, else restored; None if not in the log."""
         with self._cache_lock:
             entry = self._cache.get(context)
             if entry is not None:
@@ -632,10 +578,7 @@ class MultiContextManager:
         return entry
 
     def _fresh_or_legacy(self, context: ContextId) -> PersistentSession | None:
-        """:meth:`_fresh`, importing the context's legacy JSON file first if only it has it.
-
-        The caller holds the context's lock, so processes racing here import it once.
-        """
+        """:meth:`_fresh`, importing a legacy file first (once: the caller holds the lock)."""
         entry = self._fresh(context)
         if (entry is None or not entry.in_store) and legacy.import_legacy(self.store, context):
             entry = self._fresh(context)
@@ -649,8 +592,7 @@ class MultiContextManager:
         return entry
 
     def _cached(self, context: ContextId) -> PersistentSession | None:
-        """The cached session of a context in the log (not one that waits for its first
-        message)."""
+        """The cached session of a context in the log (not one waiting for its first message)."""
         with self._cache_lock:
             entry = self._cache.get(context)
         return entry if entry is not None and entry.in_store else None
@@ -668,10 +610,11 @@ class MultiContextManager:
         self._trim()
 
     def _trim(self) -> None:
-        """Evict the least recently used contexts past ``cache_size``, saving their queued
-        entries first. A context with a turn under way or waiting is kept until the turn
-        ends: saving it takes the context's lock, which its turn holds (or will). One whose
-        save fails stays cached (logged), so its entries are not lost."""
+        """Evict the least recently used contexts past ``cache_size``, saving queued entries first.
+
+        A context with a turn under way or waiting stays (saving takes the lock its turn holds); one
+        whose save fails stays cached (logged), so its entries are not lost.
+        """
         evicted: list[PersistentSession] = []
         with self._cache_lock:
             excess = len(self._cache) - self.cache_size
@@ -799,8 +742,7 @@ def _user(text: str) -> LoggedItem:
 def _log_failure(
     entry: PersistentSession, new: bool, exc: BaseException, partial: list[str]
 ) -> None:
-    """Log a failed turn's ``run_errored``. The first turn of a new context (``new``, its
-    writes held) that got no reply at all leaves nothing: the context is not created."""
+    """Log a failed turn; a new context's first turn with no reply at all leaves nothing."""
     if new and not partial:
         entry._discard()
         return
@@ -841,8 +783,7 @@ def failed_input(state: RestoredState) -> str | None:
 
 
 def _failed_run(state: RestoredState) -> list[tuple[str, dict[str, Any]]]:
-    """The last run's entries when it failed, its items and its ``run_errored``, as they are
-    logged again after a compaction."""
+    """The last run's items and ``run_errored`` if it failed, to log again after a compaction."""
     indices = _last_failed(state)
     if not indices:
         return []
@@ -876,12 +817,8 @@ def _tail_from_user(history: list[LoggedItem], keep: int) -> list[LoggedItem]:
 
 
 def _open_store(storage_dir: str | Path) -> Store:
-    try:
-        from terrarium.stores.url import open_store
-    except ImportError:  # pragma: no cover - url support lands with the SQL stores
-        from terrarium.stores.fs import FsStore
+    from terrarium.stores.url import open_store
 
-        return FsStore(storage_dir)
     return open_store(storage_dir)
 
 

@@ -1,22 +1,11 @@
 """``PersistentSession``: one conversation (a context) kept in a store, as the seed names it.
 
-The seed's ``agent/session_manager.py`` rewrote one JSON file per conversation after every
-message. Here each message is one appended entry (``user_input`` or ``item``, as a manager's
-turn writes them), and :meth:`PersistentSession.to_dict` gives the seed's session file through
-:func:`terrarium.formats.terrarium_json.export_dict`, as ``terrarium export`` does.
-
-The seed's lifecycle, here:
-
-1. **Creation** on the first message: a new ``PersistentSession(store, "cli:main")`` writes
-   nothing until :meth:`~PersistentSession.add_message` or ``save``, dated that day.
-2. **Usage**: each message is written at once; ``autosave=False`` keeps entries in memory
-   until :meth:`~PersistentSession.save`.
-3. **Resume**: the store finds the context whatever its date folder; a legacy JSON file
-   (:mod:`terrarium.legacy`) is read in place and imported into the log on the first write.
-
-Writes take the store's context lock (see :class:`PersistentSession`). A
-:class:`~terrarium.agent.multi_context_manager.MultiContextManager` holds that lock for a
-whole turn itself and calls the unlocked ``_`` methods. Usage::
+The seed rewrote one JSON file per conversation after every message. Here each message is one
+appended entry, and :meth:`PersistentSession.to_dict` gives the seed's session file as
+``terrarium export`` does. A new session writes nothing until its first message or ``save``;
+``autosave=False`` keeps entries in memory until ``save``; a legacy JSON file is read in place
+and imported into the log on the first write. Writes take the store's context lock; a
+``MultiContextManager`` holds it for a whole turn and calls the unlocked ``_`` methods. Usage::
 
     session = PersistentSession(store, "irc:#python", system_prompt="Be concise.")
     session.add_message("user", "What's a decorator?")
@@ -60,15 +49,10 @@ _Entries = list[tuple[str, dict[str, Any]]]
 class PersistentSession:
     """One context's conversation over a store: load or create, add messages, save.
 
-    ``session_id`` is the context's *name* (``main`` in ``cli:main``), as in the seed's
-    format; the UUID of the log's session tree is ``state.session_id``.
-
-    The public methods take the store's context lock (every store here implements
-    :class:`~terrarium.stores.base.ContextLocking`: ``flock`` for files, advisory locks in
-    PostgreSQL), check the cached head and next seq against the store first, and append with
-    the seq they expect. So a writer that bypasses the lock is detected (``ConflictError``),
-    the session re-read and the entries appended after the other writer's. A thread lock per
-    object makes one session safe to share between threads.
+    ``session_id`` is the context's *name* (``main`` in ``cli:main``), as in the seed's format.
+    Public methods take the store's context lock, check the cached head and next seq first, and
+    append with the seq they expect: a writer that bypasses the lock is detected
+    (``ConflictError``) and the session re-read. A thread lock makes one object thread-safe.
     """
 
     def __init__(
@@ -82,13 +66,10 @@ class PersistentSession:
         """Resume ``context_id``, or start it anew (created by its first message).
 
         Args:
-            store: an open store, or a store URL or folder (opened here, closed by
-                :meth:`close`).
+            store: an open store, or a store URL or folder (opened here, closed by :meth:`close`).
             context_id: ``type:name``, as ``irc:#python``.
-            system_prompt: the system prompt of a *new* session; an existing one keeps its
-                own (set :attr:`system_prompt` to change it).
-            autosave: write each message at once (default); False keeps them until
-                :meth:`save`.
+            system_prompt: the system prompt of a *new* session; an existing one keeps its own.
+            autosave: write each message at once (default); False queues them until :meth:`save`.
 
         Raises:
             InvalidContextId: ``context_id`` is not ``type:name``.
@@ -110,12 +91,7 @@ class PersistentSession:
         *,
         autosave: bool = True,
     ) -> PersistentSession:
-        """Resume an existing context (in the log, or a legacy file beside a folder store).
-
-        Raises:
-            ContextNotFound: no such context.
-            InvalidContextId: ``context_id`` is not ``type:name``.
-        """
+        """Resume an existing context (in the log, or a legacy file); ContextNotFound if none."""
         self = cls.__new__(cls)
         self._setup(store, context_id, autosave)
         try:
@@ -180,8 +156,7 @@ class PersistentSession:
     def _restored(
         cls, store: Store, context: ContextId, autosave: bool
     ) -> PersistentSession | None:
-        """The context restored from the log (None if the log has no such context): the
-        manager's way in, which neither looks for legacy files nor opens a store."""
+        """The context restored from the log, or None (no legacy lookup, no store opened)."""
         head = store.get_head(context)
         if head is None:
             return None
@@ -233,8 +208,7 @@ class PersistentSession:
 
     @property
     def created_at(self) -> str:
-        """When the session was created, in the seed's form (``2025-11-06T14:30:00.123456``,
-        UTC); for a new session not saved yet, when this object was made."""
+        """Creation time in the seed's form (naive UTC); for an unsaved session, this object's."""
         return terrarium_json.to_legacy_ts(self._created)
 
     @property
@@ -249,9 +223,7 @@ class PersistentSession:
 
     @property
     def message_count(self) -> int:
-        """Messages in the history: every item, as ``get_stats`` counts (tool calls and
-        results and runtime events too; ``metadata["message_count"]`` counts only the
-        seed's user and assistant messages)."""
+        """Every history item, as ``get_stats`` counts (``metadata["message_count"]``: fewer)."""
         return len(self.state.history)
 
     @property
@@ -282,8 +254,7 @@ class PersistentSession:
 
     @property
     def in_store(self) -> bool:
-        """Whether the context is in the store's log: False for a new session before its
-        first write, and for a legacy file not imported yet."""
+        """Whether the log holds the context (not before a first write or a legacy import)."""
         return self._source is None
 
     @property
@@ -303,31 +274,22 @@ class PersistentSession:
 
     @property
     def messages(self) -> list[dict[str, Any]]:
-        """The seed's ``messages``: ``{"role", "content", "timestamp"}``, oldest first (read
-        from the log, as :meth:`to_dict`)."""
+        """The seed's ``messages``, ``{"role", "content", "timestamp"}``, as :meth:`to_dict`."""
         messages: list[dict[str, Any]] = self.to_dict()["messages"]
         return messages
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """The seed's ``metadata``: ``created_at``, ``last_active``, ``message_count``,
-        ``session_id``, ``context_type``, ``session_date`` (as :meth:`to_dict` has it)."""
+        """The seed's ``metadata``, as :meth:`to_dict` has it."""
         metadata: dict[str, Any] = self.to_dict()["metadata"]
         return metadata
 
     def chat_messages(self) -> list[dict[str, Any]]:
-        """The messages a model call on this session sends (a copy): the system prompt
-        first, then the history, consecutive user messages folded into one."""
+        """A copy of the messages a model call sends: system prompt, then history, users folded."""
         return list(self._wire)
 
     def to_dict(self) -> dict[str, Any]:
-        """The seed's session file: ``session_id``, ``context_type``, ``system_prompt``,
-        ``messages`` and ``metadata``, as ``terrarium export -f terrarium-json`` writes it
-        (unsaved entries included). It reads the log: O(history).
-
-        Raises:
-            ContextNotFound: the context was deleted from the store.
-        """
+        """The seed's session file as ``export -f terrarium-json`` writes it, unsaved entries in."""
         with self._lock:
             if not self._refresh():
                 raise ContextNotFound(f"context {self.context} was deleted")
@@ -339,14 +301,11 @@ class PersistentSession:
     def add_message(self, role: str, content: str) -> dict[str, Any]:
         """Add a message: written at once (auto-save) or queued until :meth:`save`.
 
-        A new session is created by its first message; a legacy file's is imported first.
-
         Returns:
             The message as the seed writes it: ``{"role", "content", "timestamp"}``.
 
         Raises:
-            ValueError: ``role`` is not ``user`` or ``assistant``, or the text cannot be
-                logged (not valid Unicode).
+            ValueError: ``role`` is not ``user`` or ``assistant``, or the text is not valid Unicode.
             TypeError: ``content`` is not a string.
             ContextNotFound: the context was deleted from the store.
         """
@@ -364,22 +323,12 @@ class PersistentSession:
         return {"role": role, "content": content, "timestamp": terrarium_json.to_legacy_ts(ts)}
 
     def save(self) -> int:
-        """Write the entries queued with auto-save off; return how many were written.
-
-        A new session is created, a legacy one imported, first. If another writer moved the
-        context on meanwhile, the queued entries go onto a fork of this session's view
-        (``ensure_head_or_fork``), never over the other's.
-        """
+        """Write the queued entries; how many. If another writer moved on, they go onto a fork."""
         with self._guard():
             return self._flush()
 
     def refresh(self) -> None:
-        """See what other writers logged since: a head and next-seq check, and a re-read only
-        when the store moved on. Queued entries are kept (they are saved onto a fork).
-
-        Raises:
-            ContextNotFound: the context was deleted from the store.
-        """
+        """See what other writers logged (re-read only when the store moved on); queue kept."""
         with self._lock:
             if not self._refresh():
                 raise ContextNotFound(f"context {self.context} was deleted")
@@ -424,10 +373,7 @@ class PersistentSession:
         return self._source is not None and self._legacy_path is None
 
     def _refresh(self) -> bool:
-        """Bring the state up to the store (cheap when nothing changed).
-
-        Returns False when the context was deleted from under a saved session.
-        """
+        """Bring the state up to the store; False when the context was deleted from under it."""
         if self._pending:
             return True  # unsaved work is newer than the store by definition
         head = self.store.get_head(self.context)
@@ -452,10 +398,10 @@ class PersistentSession:
             self._materialise()
 
     def _materialise(self, system_prompt: str | None = None) -> None:
-        """Put an unsaved session into the store: import its legacy file, or create it
-        (``system_prompt``, if given, replaces a new session's). Another writer's context of
-        the same name, created meanwhile, is continued instead. Queued entries stay queued,
-        now after the stored state."""
+        """Put an unsaved session into the store (import its legacy file, or create it).
+
+        Another writer's context of the same name, created meanwhile, is continued instead.
+        """
         if not self._is_new:
             legacy.import_legacy(self.store, self.context)
         else:
@@ -484,17 +430,14 @@ class PersistentSession:
         self._set_head(head)
 
     def _hold_new(self) -> bool:
-        """Queue a new session's writes until :meth:`_release` (or :meth:`_discard`): the
-        manager creates a context only when the model answers its first turn. Returns False,
-        holding nothing, for a session that is in the store or has entries queued already."""
+        """Queue a new session's writes until :meth:`_release`; False if stored or queued."""
         if not self._is_new or self._pending:
             return False
         self._held = True
         return True
 
     def _release(self) -> None:
-        """Stop holding: create the context, and write what was held (with auto-save off,
-        it stays queued until :meth:`save`)."""
+        """Stop holding: create the context and write what was held (queued if auto-save is off)."""
         self._held = False
         if self._autosave:
             self._flush()
@@ -508,8 +451,7 @@ class PersistentSession:
         self._start(self.state.system_prompt)
 
     def _write(self, entries: _Entries) -> None:
-        """Append entries (or queue them when auto-save is off, or while a new session's
-        first turn is held) and fold them into the state."""
+        """Append entries (or queue them: auto-save off, or a held first turn) and fold them in."""
         if not self._autosave or self._held:
             ts = utc_now()
             for kind, data in entries:
@@ -576,8 +518,7 @@ class PersistentSession:
         )
 
     def _apply(self, kind: str, data: Mapping[str, Any], seq: int, ts: str) -> None:
-        """Fold one written entry into the state (:func:`sessions.fold`, the one replay
-        rule), and the messages sent along with it."""
+        """Fold one written entry into the state (:func:`sessions.fold`) and the sent messages."""
         state = self.state
         items, failed, prompt = len(state.history), len(state.failed), state.system_prompt
         sessions.fold(state, [{**data, "kind": kind, "seq": seq, "ts": ts}], {})

@@ -1,12 +1,9 @@
 """The ``terrarium`` command line: chat with a session picker, and manage sessions.
 
-``cli`` is the Click group; :func:`main` is the console script. Modules: ``app`` (the group,
-shared options, error boundary), ``commands`` (list, show, stats, delete, clear, fork, compact,
-export, import, migrate, fsck, reindex), ``bulk`` (copy, search), ``lifecycle_cmds``
-(archive, unarchive, trash, pin, unpin, maintain; delete's trash), ``chat`` (the chat loop),
-``serve`` (the dashboard), ``gateway`` (the OpenAI-compatible gateway), ``picker`` (the
-session picker), ``examples`` (the examples that end each command's help), ``seed`` (the old
-``chat.py`` interface), ``output`` (terminal or plain output).
+``cli`` is the Click group (``app``); :func:`main` is the console script. The commands live in
+``commands``, ``bulk``, ``lifecycle_cmds``, ``chat``, ``serve`` and ``gateway``; ``picker`` is
+the session picker, ``examples`` the end of each command's help, ``seed`` the old ``chat.py``
+interface, ``output`` terminal or plain output.
 """
 
 from __future__ import annotations

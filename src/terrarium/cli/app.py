@@ -1,14 +1,10 @@
 """The ``terrarium`` command group: shared options, the store and manager, the error boundary.
 
-Every command takes ``--storage-dir`` (also accepted before the command name); the store is
-opened on first use and closed when the command ends. A command marked :func:`reads_store`
-never creates one: a missing folder or SQLite file is the one-line error ``no store at ...``.
-Errors a user can cause (an unknown context, a bad id, an unreadable file, an unreachable
-model server) end the command with one line on stderr and a non-zero exit code, never a
-traceback; output to a closed pipe (``terrarium list | head -1``) ends it quietly with 141.
-
-Only commands that call a model build a :class:`MultiContextManager` (and so import the
-``openai`` client): the others go through :mod:`terrarium.contexts` and the store.
+Every command takes ``--storage-dir`` (before the command name too); the store opens on first
+use and closes when the command ends. A :func:`reads_store` command never creates one. Errors
+a user can cause end the command with one line on stderr and a non-zero exit, never a
+traceback; a closed pipe (``terrarium list | head -1``) ends it quietly with 141. Only
+commands that call a model build a :class:`MultiContextManager` (and import ``openai``).
 """
 
 from __future__ import annotations
@@ -45,12 +41,10 @@ USER_ERRORS = (TerrariumError, ValueError, OSError)
 
 
 def program() -> str:
-    """This program as a shell should run it again: ``terrarium`` when ``PATH`` finds this
-    very script, else the path it was started by (``.venv/bin/terrarium`` from ``make run``),
-    quoted. Run otherwise (``python -m terrarium``, ``chat.py``), ``terrarium``.
+    """This program as a shell should run it again, for a ``resume with: ...`` note.
 
-    For the commands a note tells the user to paste (``resume with: ...``): a bare name that
-    is not on ``PATH`` would answer "command not found".
+    ``terrarium`` when ``PATH`` finds this very script, else the quoted path it was started by
+    (``.venv/bin/terrarium``); run otherwise (``python -m terrarium``), ``terrarium``.
     """
     import shlex
     import shutil
@@ -88,8 +82,7 @@ BROKEN_PIPE_EXIT = 141
 
 
 def quiet_stdout() -> None:
-    """Point stdout at the null device, so that flushing what is buffered for a closed pipe
-    (now or at exit) raises nothing and prints nothing."""
+    """Point stdout at the null device, so flushing into a closed pipe raises and prints nothing."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         try:
@@ -120,9 +113,8 @@ def _guarded(invoke: Callable[[click.Context], Any], ctx: click.Context) -> Any:
 class GuardedGroup(click.Group):
     """A group that turns user errors raised by any subcommand into one-line messages.
 
-    It also loads commands lazily: a command registered with :meth:`add_lazy` is imported
-    only when it runs or shows its own help (``chat`` imports ``asyncio``, a fifth of the
-    start of ``terrarium list``); the group's ``--help`` shows the summary given instead.
+    Commands registered with :meth:`add_lazy` are imported only when they run or show their own
+    help (``chat`` imports ``asyncio``, a fifth of the start of ``terrarium list``).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -205,10 +197,8 @@ class CliState:
     @property
     def shown_location(self) -> str:
         """The location with any password masked, for messages."""
-        try:
-            from terrarium.stores.url import redact_url
-        except ImportError:  # pragma: no cover - store URLs not available
-            return self.location
+        from terrarium.stores.url import redact_url
+
         return redact_url(self.location)
 
     def store(self) -> Store:
@@ -338,9 +328,7 @@ def parse_context(text: str, default_type: str | None = None) -> ContextId:
 
 
 def generated_context(type_: str) -> ContextId:
-    """A new session's name when none was given (``chat -p``, the picker's empty new row):
-    ``type:`` and a short time-ordered id, the UTC time to the second and 4 random hex digits
-    (``cli:20261128-140501-3f2a``)."""
+    """A new session's name when none was given: ``type:`` UTC time and 4 random hex digits."""
     import datetime as dt
     import secrets
 
@@ -355,8 +343,7 @@ DEFAULT_TYPE = "cli"
 
 
 class ContextParam(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2
-    """A context id ``type:name`` on the command line, or a bare name of the default type, the
-    one rule ``chat`` follows too (:func:`parse_context`)."""
+    """A context id ``type:name``, or a bare name of the default type (:func:`parse_context`)."""
 
     name = "type:name"
 
@@ -373,10 +360,10 @@ CONTEXT = ContextParam()
 
 
 class DateParam(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2
-    """A date (``2026-11-01``, a whole UTC day) or an ISO 8601 time (``2026-11-01T12:00Z``) on
-    the command line, checked here so that a bad one is refused with the option and the value
-    named (``Invalid value for '--since': '2026-13-45' is not a date: month must be in
-    1..12``). The value goes on as given: the library reads it as before."""
+    """A date (a whole UTC day) or an ISO 8601 time, refused here with the option named.
+
+    The value goes on as given: the library reads it.
+    """
 
     name = "date"
 

@@ -61,20 +61,8 @@ def copy(
         dst = open_store(destination)
         try:
             wanted = list(contexts) or source_contexts(src)
-            if state.out.err_rich and not verbose:
-                from rich.progress import Progress
-
-                with Progress(console=state.out.err, transient=True) as bar:
-                    task = bar.add_task("copying", total=len(wanted))
-                    report = copy_store(
-                        src,
-                        dst,
-                        wanted,
-                        progress=lambda _c: bar.advance(task),
-                        detached=not contexts,
-                    )
-            else:
-                report = copy_store(src, dst, wanted, detached=not contexts)
+            with state.out.progress(0 if verbose else len(wanted), "copying") as progress:
+                report = copy_store(src, dst, wanted, progress=progress, detached=not contexts)
         finally:
             dst.close()
     finally:

@@ -1,20 +1,16 @@
 """What the commands see as "the sessions": native contexts and legacy JSON files, together.
 
-Legacy files (``sessions/{type}/{date}/{name}.json``, the old Terrarium format) are read in
-place by :mod:`terrarium.legacy`, which holds the rules (the manager follows the same): they
-list, show and export like native contexts (read through a throw-away in-memory store), and a
-chat on one imports it into the log first. The legacy file is never changed. A context that
-exists in the log hides any legacy file of the same name. ``list`` warns about legacy files it
-cannot use.
+Legacy files are read in place by :mod:`terrarium.legacy`, which holds the rules: they list,
+show and export like native contexts (through a throw-away in-memory store), and a chat on one
+imports it into the log first; the file is never changed. A context in the log hides a legacy
+file of the same name.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
-import importlib
 import shlex
-import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,34 +26,17 @@ SessionInfo = ContextRow
 """One row of ``terrarium list`` and of the picker (:class:`terrarium.contexts.ContextRow`)."""
 
 
-def legacy_module() -> types.ModuleType | None:
-    """:mod:`terrarium.formats.terrarium_json`, or None before it exists."""
-    try:
-        return importlib.import_module("terrarium.formats.terrarium_json")
-    except ImportError:  # pragma: no cover - legacy support not installed
-        return None
-
-
 def legacy_root(state: CliState) -> Path | None:
     """The folder legacy files live in: the filesystem store's root (no other store has one)."""
     return legacy.legacy_root(state.store())
 
 
 def list_sessions(state: CliState, type: str | None = None) -> list[SessionInfo]:
-    """Every session, grouped by type (alphabetical), newest first within a type.
-
-    Legacy files that cannot be used are reported on stderr, one line each
-    (``warning: <path>: <reason>``); the listing goes on without them.
-    """
+    """Every session, grouped by type, newest first; unusable legacy files warned of on stderr."""
     listing = contexts.list_contexts(state.store(), type=type)
     for problem in listing.problems:
         state.out.note(f"warning: {one_line(str(problem))}", style="yellow")
     return listing.rows
-
-
-def find_legacy(state: CliState, context: ContextId) -> Path | None:
-    """The legacy file of ``context``, if there is one (whether or not it was imported)."""
-    return legacy.find(state.store(), context)
 
 
 def readable(state: CliState, context: ContextId) -> Store:
@@ -78,15 +57,14 @@ def readable(state: CliState, context: ContextId) -> Store:
 def require(state: CliState, context: ContextId) -> None:
     """Raise ContextNotFound unless ``context`` is in the log (legacy files do not count)."""
     if state.store().get_head(context) is None:
-        if find_legacy(state, context) is not None:
+        if legacy.find(state.store(), context) is not None:
             hint = " (it is a legacy file: run 'terrarium import' or chat in it first)"
             raise contexts.not_found(context, f"{state.shown_location}{hint}")
         raise missing(state, context)
 
 
 def missing(state: CliState, context: ContextId) -> ContextNotFound:
-    """The error for a session the store does not have, with the sessions whose ids are
-    close to it: ``no session 'cli:maim' in ./sessions; did you mean cli:main?``."""
+    """The error for a missing session, naming close ones (``did you mean cli:main?``)."""
     error = contexts.not_found(context, state.shown_location)
     try:
         rows = contexts.list_contexts(state.store()).rows
@@ -100,9 +78,10 @@ def missing(state: CliState, context: ContextId) -> ContextNotFound:
 
 
 def similar(context: ContextId, candidates: list[str]) -> list[str]:
-    """Up to three of ``candidates`` close to ``context``: the same name under another type
-    first, then names ``difflib`` finds alike (names, not ids: a shared ``cli:`` would make
-    any two ids look alike), those of the same type first."""
+    """Up to three of ``candidates`` close to ``context``: the same name under another type first.
+
+    Then names ``difflib`` finds alike (names, not ids: a shared ``cli:`` makes ids look alike).
+    """
     by_name: dict[str, list[str]] = {}
     for candidate in candidates:
         by_name.setdefault(candidate.partition(":")[2], []).append(candidate)
@@ -123,13 +102,15 @@ def resume(state: CliState, context: ContextId) -> bool:
 
 def exists(state: CliState, context: ContextId) -> bool:
     """Whether the log or a legacy file holds ``context``."""
-    return state.store().get_head(context) is not None or find_legacy(state, context) is not None
+    return (
+        state.store().get_head(context) is not None
+        or legacy.find(state.store(), context) is not None
+    )
 
 
 @contextlib.contextmanager
 def naming_store(state: CliState, context: ContextId | None = None) -> Iterator[None]:
-    """Name the store in a ContextNotFound raised inside: ``no session 'cli:x' in ./sessions``
-    (with :func:`missing`'s suggestions when it is about ``context``)."""
+    """Name the store in a ContextNotFound raised inside (suggestions when it is ``context``)."""
     try:
         yield
     except ContextNotFound as exc:

@@ -1,22 +1,15 @@
 """``terrarium chat``: talk to the model in a session, interactively or from a pipe.
 
-On a terminal (stdin and stdout both), with no session named, a picker lists the sessions;
-the chat then reads input with prompt_toolkit: Enter sends, Esc+Enter (or Alt+Enter) starts a
-new line, Ctrl-C interrupts a reply (the manager logs the run as cancelled, with the partial
-reply), Ctrl-D leaves. Lines starting with ``/`` are commands (``/help``). A message whose
-reply failed or was interrupted stays in the session, marked failed, and is not sent again
-unless asked (``/retry``, ``--retry``): the failure's note says so and what to do
-(:func:`advice`).
+On a terminal with no session named, a picker lists the sessions; input is read with
+prompt_toolkit (Enter sends, Esc+Enter a new line, Ctrl-C interrupts a reply, Ctrl-D leaves;
+``/help`` lists the commands). A failed or interrupted reply leaves its message in the
+session, marked failed, not sent again unless asked (``/retry``, ``--retry``); the note says
+so (:func:`advice`).
 
-From a pipe, each line of stdin is one message (``/`` commands work too) and replies are
-printed plainly; the first failure ends the chat with a one-line error and exit code 1. A line
-that is not UTF-8 is such a failure, found before anything of that line is sent or logged.
-
-``-p TEXT`` sends one message and prints the reply (``-p -``: all of stdin is the message);
-``--last`` chats in the session active last; ``--retry`` sends a session's failed message
-again. Ctrl-C there exits 130, the partial reply logged. A chat that ends without an error
-says on stderr how to resume it (``resume with: terrarium chat cli:demo``), so stdout carries
-only replies.
+From a pipe, each line is one message and replies print plainly; the first failure ends the
+chat with one line and exit 1. A line that is not UTF-8 fails before anything of it is sent.
+``-p TEXT`` sends one message and prints the reply (``-p -``: all of stdin); Ctrl-C there
+exits 130. A chat that ends well says on stderr how to resume it; stdout carries only replies.
 """
 
 from __future__ import annotations
@@ -129,10 +122,11 @@ class Hints:
 
 
 def advice(exc: BaseException, hints: Hints, kept: bool = True) -> str:
-    """What the note after a failed turn says (docs/cli.md, "When a reply fails"): the message
-    is kept, marked failed, and not sent with the next one; a failure that would repeat says
-    why and what to do, a passing one offers the retry. The first message of a new session
-    that got no reply is not ``kept``: the session is not created."""
+    """The note after a failed turn (docs/cli.md, "When a reply fails"): what became of the message.
+
+    A failure that would repeat says why and what to do; a passing one offers the retry. A new
+    session's first message that got no reply is not ``kept``: the session is not created.
+    """
     if not kept:
         why = (
             " It does not fit the model's context: shorten it."
@@ -252,11 +246,7 @@ class Chat:
             self._running.cancel()
 
     async def send(self, text: str) -> None:
-        """Send one message and stream the reply to stdout.
-
-        :attr:`replying` stays set when it fails, so the failure's note can say what became
-        of the message.
-        """
+        """Send one message and stream the reply; :attr:`replying` stays set when it fails."""
         wrote = False
         self.replying = True
         parts: list[str] = []
@@ -418,11 +408,7 @@ class Chat:
 
 
 async def piped(chat: Chat) -> None:
-    """Read messages from stdin, one per line; the first failure raises.
-
-    Lines are read as bytes and decoded here, so that a line that is not UTF-8 is refused
-    whole, before anything of it is sent or logged (see :func:`decode_input_line`).
-    """
+    """Read messages from stdin, one per line (bytes, so a non-UTF-8 line is refused whole)."""
     offset = 0
     for number, raw in enumerate(sys.stdin.buffer, start=1):
         line = decode_input_line(raw, number, offset).rstrip("\r\n")
@@ -438,8 +424,7 @@ def decode_input_line(raw: bytes, number: int, offset: int) -> str:
     """Decode line ``number`` of piped input, which starts ``offset`` bytes into it.
 
     Raises:
-        click.ClickException: the line is not valid UTF-8; the message names the line, the
-            bad byte and its offset in the line and in the input.
+        click.ClickException: not UTF-8; the message names the line, byte and offsets.
     """
     try:
         return raw.decode("utf-8")
@@ -521,10 +506,7 @@ async def handle_line(chat: Chat, line: str) -> None:
 
 
 def preview(state: CliState, context: ContextId) -> tuple[str, str] | None:
-    """The picker's preview of a session: its first user message and its last reply.
-
-    None when the session cannot be read (the picker says so instead of failing).
-    """
+    """The picker's preview: the first user message and the last reply; None if unreadable."""
     from terrarium.model import item_text
     from terrarium.sessions import restore
 
@@ -538,9 +520,10 @@ def preview(state: CliState, context: ContextId) -> tuple[str, str] | None:
 
 
 def read_prompt(prompt: str) -> str:
-    """The one message of ``chat -p``: ``prompt`` itself, the whole of stdin for ``-``, or,
-    when stdin is piped (not a terminal), ``prompt``, a blank line, then stdin (``cat f |
-    terrarium chat -p 'summarise this'``, as ``llm`` and ``claude -p`` read it).
+    """The one message of ``chat -p``: ``prompt``, all of stdin for ``-``, or both a line apart.
+
+    When stdin is piped, ``prompt``, a blank line, then stdin (``cat f | terrarium chat -p
+    'summarise this'``, as ``llm`` reads it).
 
     Raises:
         click.ClickException: stdin is not UTF-8 (nothing is sent or logged).
@@ -566,12 +549,7 @@ def stdin_is_piped() -> bool:
 
 
 def read_stdin() -> str:
-    """All of stdin as UTF-8 text, the newlines at its very end dropped (a file's last newline
-    is not part of a message).
-
-    Raises:
-        click.ClickException: stdin is not UTF-8 (nothing is sent or logged).
-    """
+    """All of stdin as UTF-8 text without its final newlines; ClickException if not UTF-8."""
     raw = sys.stdin.buffer.read()
     try:
         text = raw.decode("utf-8")
@@ -584,9 +562,7 @@ def read_stdin() -> str:
 
 
 def turn_json(state: CliState, context: ContextId, reply: str) -> dict[str, Any]:
-    """What ``chat -p --json`` prints: the reply, the session, and the turn's finish reason,
-    model and usage as the log holds them (the last ``usage`` and ``run_completed`` entries
-    of the head segment)."""
+    """``chat -p --json``: the reply, the session, and the turn's finish reason, model and usage."""
     store = state.store()
     head = store.get_head(context)
     entries = store.read_segment(head.session_id, head.segment_id).entries if head else []
@@ -616,11 +592,7 @@ def turn_json(state: CliState, context: ContextId, reply: str) -> dict[str, Any]
 
 
 def most_recent(state: CliState, type_: str | None = None) -> ContextId:
-    """The session active last, of any type or of ``type_`` (``chat --last [--type T]``).
-
-    Raises:
-        click.ClickException: the store has no session to continue.
-    """
+    """The session active last, of any type or of ``type_``; ClickException if there is none."""
     rows = catalog.list_sessions(state, type=type_)
     if not rows:
         of = f" of type '{type_}'" if type_ is not None else ""
@@ -629,18 +601,14 @@ def most_recent(state: CliState, type_: str | None = None) -> ContextId:
 
 
 def resume_command(state: CliState, context: ContextId) -> str:
-    """The command that resumes ``context``, quoted for a POSIX shell, starting with the
-    program as the shell finds it (:func:`terrarium.cli.app.program`; :func:`storage_suffix`
-    names the store when it must)."""
+    """The shell command that resumes ``context``, quoted, with ``--storage-dir`` when needed."""
     from terrarium.cli.app import program
 
     return f"{program()} chat {shlex.quote(str(context))}{storage_suffix(state)}"
 
 
 def storage_suffix(state: CliState) -> str:
-    """`` --storage-dir DIR`` when the store was named on the command line and differs from
-    what the same command would open without it (the environment, else ./sessions); else ``""``.
-    """
+    """`` --storage-dir DIR`` when the store named differs from the default one; else ``""``."""
     implied = os.environ.get(STORAGE_ENV) or os.environ.get(STORE_ENV) or DEFAULT_STORAGE
     if state.storage is not None and state.storage != implied:
         return f" --storage-dir {shlex.quote(state.shown_location)}"
@@ -657,15 +625,12 @@ def run_chat(
     retry: bool = False,
     as_json: bool = False,
 ) -> None:
-    """Chat in ``context`` (or the one the picker gives) until input ends.
+    """Chat in ``context`` (or the picker's) until input ends.
 
-    With ``prompt`` (``chat -p``), send that one message, print the reply and return (with no
-    session named, in a new one, :func:`~terrarium.cli.app.generated_context`); with
-    ``retry``, the same with the session's failed message; with ``last``, chat in the session
-    active last (a string: of that type); with ``as_json``, print the reply of ``prompt`` or
-    ``retry`` as :func:`turn_json`. After a chat that ends without an error, a note on
-    stderr says how to resume the session. A failed reply ends it with one line that says
-    what became of the message; Ctrl-C with exit status 130.
+    ``prompt`` sends one message and prints the reply (in a new session when none is named);
+    ``retry`` the session's failed message; ``last`` picks the session active last (a string: of
+    that type); ``as_json`` prints :func:`turn_json`. A failed reply ends it with one line;
+    Ctrl-C with exit status 130.
     """
     message = read_prompt(prompt) if prompt is not None else None
     one_shot = message is not None or retry
@@ -705,8 +670,7 @@ def run_chat(
 
 
 def run_loop(chat: Chat, main: Coroutine[Any, Any, None]) -> None:
-    """Run the chat's event loop. Ctrl-C ends it with exit status 130 and a note; a failed
-    reply with one line, the error and what became of the message."""
+    """Run the chat's event loop; Ctrl-C ends it with status 130, a failed reply with one line."""
     try:
         asyncio.run(main)
     except KeyboardInterrupt as exc:

@@ -1,6 +1,5 @@
 """The commands that manage sessions: list, show, stats, delete, clear, rewind, fork, compact,
-export, import, migrate, fsck and reindex. Each one calls the library; nothing here touches storage
-itself (``fsck`` reads segment files through :mod:`terrarium.codec`, see ``cli/fsck.py``).
+export, import, migrate, fsck and reindex. Each one calls the library.
 """
 
 from __future__ import annotations
@@ -41,28 +40,16 @@ else:  # loaded by the first command that uses them: --help uses none
     sessions = lazy_module("terrarium.sessions")
 
 
-def _format_names() -> list[str]:
-    try:
-        from terrarium.export import FORMATS
-    except ImportError:  # pragma: no cover - exports not installed
-        return ["jsonl"]
-    return list(FORMATS)
-
-
 def _format_aliases() -> str:
-    try:
-        from terrarium.export import ALIASES
-    except ImportError:  # pragma: no cover - exports not installed
-        return "none"
+    from terrarium.export import ALIASES
+
     return ", ".join(f"{alias}={name}" for alias, name in ALIASES.items())
 
 
 class FormatChoice(click.Choice):  # type: ignore[type-arg]  # generic from click 8.2
-    """An export format by name or by an alias users type (``md``, ``txt``, ``JSONL``).
+    """An export format by name or alias (``md``, ``txt``, ``JSONL``), read when click asks.
 
-    The names are read from :mod:`terrarium.export` when click first asks for them (help,
-    completion, a value to check), not when the command is declared: every command's start
-    would otherwise import it (its format table and ``hashlib``).
+    Reading them at declaration would import :mod:`terrarium.export` on every command's start.
     """
 
     def __init__(self) -> None:
@@ -71,7 +58,9 @@ class FormatChoice(click.Choice):  # type: ignore[type-arg]  # generic from clic
     @property
     def choices(self) -> tuple[str, ...]:
         """The export formats' names."""
-        return tuple(_format_names())
+        from terrarium.export import FORMATS
+
+        return tuple(FORMATS)
 
     @choices.setter
     def choices(self, _value: Any) -> None:
@@ -136,10 +125,10 @@ def print_sessions(
     *,
     scope: str = "hot",
 ) -> None:
-    """The session list as a table, or as JSON; past ``limit`` rows, how many more there are.
+    """The session list as a table or JSON; past ``limit`` rows, how many more there are.
 
-    With no ``limit``, a terminal gets a screenful and a pipe (or ``--json``) gets every row.
-    ``scope``: ``hot`` (the default), ``archived`` or ``all`` (a ``state`` column).
+    With no ``limit``, a terminal gets a screenful and a pipe every row. ``scope`` is ``hot``,
+    ``archived`` or ``all`` (a ``state`` column).
     """
 
     hot = catalog.list_sessions(state, type_) if scope != "archived" else []
@@ -269,8 +258,7 @@ def show(
 def _shown_message(
     ts: str, item: Mapping[str, Any], failed: Mapping[int, Mapping[str, Any]], index: int
 ) -> dict[str, Any]:
-    """A message as ``show --json`` prints it: the item, ``ts``, and for an item of a failed
-    run ``failed`` (its ``error``, ``error_type``, and ``partial`` on the run's last item)."""
+    """A message as ``show --json`` prints it, ``failed`` marking an item of a failed run."""
     message = {"ts": ts, **item}
     errored = failed.get(index)
     if errored is not None:
@@ -336,9 +324,7 @@ _ROLE_STYLES = {"user": "bold cyan", "assistant": "bold green", "system": "bold 
 
 
 def render_item(item: Mapping[str, Any]) -> str:
-    """An item's text for the terminal: its tool calls as ``-> name(args)``, a tool result
-    marked with the call it answers. Responses items are read through ``model.chat_view``; a
-    kind with no Chat form (``web_search_call``, kinds not known yet) shows its keys as JSON."""
+    """An item's text for the terminal: calls as ``-> name(args)``; a kind with no view as JSON."""
     view = model.chat_view(item)
     if view is None:
         rest = {k: v for k, v in item.items() if k != "type"}
@@ -364,8 +350,7 @@ def _preview(line: dict[str, Any]) -> str:
 
 
 def _segments(store: Store, session_id: Any, head_segment: Any) -> list[dict[str, Any]]:
-    """The session's segments, oldest first, as in ``show --json --segments`` (a damaged one
-    that a salvage replaced says which segment holds its entries)."""
+    """The session's segments, oldest first, as ``show --json --segments`` prints them."""
     out = []
     for segment_id, read, salvaged_into in sessions.tree_reads(store, session_id):
         header = read.header if read is not None else {}
@@ -477,11 +462,7 @@ def print_stats(state: CliState, data: dict[str, Any]) -> None:
 
 
 def _tokens(usage: dict[str, Any], kind: str, *, detail: str | None = None) -> str:
-    """A token count, ``~`` first when part of it is estimated (docs/cli.md, "stats").
-
-    With ``detail`` (a table cell), the parenthesis after it says how much was estimated:
-    ``~1234 (56 cached, 300 estimated)``.
-    """
+    """A token count, ``~`` first when partly estimated; ``detail``: ``(5 cached, 3 estimated)``."""
     count, estimated = usage[f"{kind}_tokens"], usage[f"estimated_{kind}_tokens"]
     if detail is None:
         return f"~{count}" if estimated else str(count)
@@ -841,10 +822,9 @@ def _expand(paths: tuple[Path, ...]) -> list[tuple[Path, Path | None]]:
     files: list[tuple[Path, Path | None]] = []
     for path in paths:
         if path.is_dir():
-            module = catalog.legacy_module()
-            if module is None:
-                raise click.ClickException("legacy JSON support is not installed")
-            found = sorted(module.iter_legacy_files(path))
+            from terrarium.formats.terrarium_json import iter_legacy_files
+
+            found = sorted(iter_legacy_files(path))
             if not found:
                 raise click.ClickException(
                     f"{path}: no legacy session files in this folder, and no "
@@ -859,11 +839,7 @@ def _expand(paths: tuple[Path, ...]) -> list[tuple[Path, Path | None]]:
 def import_file(
     state: CliState, path: Path, as_context: ContextId | None, *, root: Path | None = None
 ) -> tuple[str, int]:
-    """Import one file into the store; returns the context and its message count.
-
-    ``root`` is the legacy sessions folder the file lies in (it tells the session type of a
-    top-level file); by default the filesystem store's folder, when the file is inside it.
-    """
+    """Import one file; its context and message count (``root``: the legacy folder it lies in)."""
     from terrarium import sessions
 
     store = state.store()
@@ -872,11 +848,10 @@ def import_file(
 
         head = import_context(store, path.read_bytes(), context=as_context, where=str(path))
     else:
-        module = catalog.legacy_module()
-        if module is None:
-            raise click.ClickException("legacy JSON support is not installed")
+        from terrarium.formats import terrarium_json as tj
+
         root = root or _legacy_root_of(store, path)
-        head = module.import_session(store, module.load(path, root=root), context=as_context)
+        head = tj.import_session(store, tj.load(path, root=root), context=as_context)
     context = model.ContextId.parse(head.context)
     return str(context), len(sessions.restore(store, context).history)
 
@@ -919,9 +894,20 @@ def _inside(path: Path, root: Path) -> bool:
 @click.pass_context
 def migrate(ctx: click.Context, dry_run: bool, to_log: bool, source: Path | None) -> None:
     """Move legacy flat session files into date folders (and optionally into the log)."""
-    from terrarium.cli.migrate_cmd import run_migrate
+    from terrarium.migrate import migrate
 
-    run_migrate(state_of(ctx), dry_run=dry_run, to_log=to_log, source=source)
+    state = state_of(ctx)
+    root = source if source is not None else catalog.legacy_root(state)
+    if root is None:
+        raise click.ClickException(
+            f"{state.shown_location} is not a folder: name the legacy sessions folder with --from"
+        )
+    store = state.store() if to_log else None
+    report = migrate(root, dry_run=dry_run, to_log=to_log, store=store, out=sys.stdout)
+    if report.failed:
+        raise click.ClickException(
+            f"{report.failed} of {plural(len(report.steps), 'legacy file')} could not be migrated"
+        )
 
 
 # --------------------------------------------------------------------------- fsck, reindex

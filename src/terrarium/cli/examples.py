@@ -1,7 +1,6 @@
 """The ``Examples:`` block that ends every command's ``--help`` (as llm's commands do).
 
-The examples live here, in one table, rather than in each command's docstring: each is a real
-invocation, and ``tests/test_cli_examples.py`` parses every one against its command's options.
+``tests/test_cli_examples.py`` parses every example against its command's options.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """``terrarium fsck``: check every log of every session, and optionally repair what can be.
 
-Without ``--repair`` nothing is modified. The check reads the filesystem store's files itself
-(the folders, not the index, so a context the index lost is checked too): every ``head.json``,
-every index entry, every line of every segment, every symbolic link. It never stops at the
-first problem: each one is reported with its file (and line).
-
-``--repair`` fixes what is derived or a crash's leftover, and never loses a byte: torn tails
-move to ``{segment}.jsonl.torn-{offset}``, a missing or unreadable head is rebuilt from the
-segments (an unreadable one is set aside first), the index is rebuilt. ``--salvage`` also
-copies every readable entry of a damaged segment (a corrupt line in the middle, a torn or
-empty header) into a new segment of the same session, sets the unreadable lines aside to
-``{segment}.jsonl.corrupt-{n}`` and moves the head onto the copy; the damaged file stays as
-it was, and later checks report it as salvaged.
-
-Other stores (SQLite, PostgreSQL) have no files to tear; their check replays every segment.
-
-On every store that keeps blobs, each blob a log refers to must exist and every blob must
-match its sha256 digest; ``--repair`` cannot recreate a blob's bytes and says so.
+The check reads the filesystem store's own files (folders, not the index): every
+``head.json``, index entry, segment line and symbolic link, each problem reported with its
+file and line. ``--repair`` fixes what is derived or a crash's leftover and never loses a byte:
+torn tails move to ``{segment}.jsonl.torn-{offset}``, lost heads are rebuilt from the segments,
+the index is rebuilt. ``--salvage`` also copies a damaged segment's readable entries into a new
+segment, sets unreadable lines aside to ``{segment}.jsonl.corrupt-{n}`` and moves the head; the
+damaged file stays. SQLite and PostgreSQL have no files to tear: every segment is replayed.
+Every blob a log names must exist and match its digest; a repair cannot recreate one.
 """
 
 from __future__ import annotations
@@ -51,17 +42,7 @@ class Problem:
     """One thing fsck found."""
 
     kind: str
-    """``corrupt`` (a bad line), ``torn`` (bytes after the last newline), ``head`` (a
-    ``head.json`` that is missing or unreadable), ``missing`` (the head names a segment that
-    is not there), ``damaged`` (a context whose head cannot be rebuilt: no segment is
-    intact), ``unindexed`` (a context the index does not know, or names wrongly),
-    ``duplicate`` (a second folder holding a context), ``link`` (a symbolic link inside the
-    store, never followed), ``legacy`` (an unreadable legacy file), ``blob`` (a large output
-    that a log refers to is missing, or a blob's bytes do not match its digest: no repair can
-    recreate it), ``leftover`` (what a killed freeze, thaw, detach, delete or purge left,
-    never the visible state), ``unfinished`` (a delete, restore or purge killed between its
-    steps, which its state record names: the repair completes it), ``unreadable`` (any other
-    read error)."""
+    """One of the problem kinds docs/cli.md lists under ``terrarium fsck``."""
     message: str
     context: str | None = None
     path: str | None = None
@@ -446,12 +427,14 @@ def _read_all(store: Store, head: PodMetadata, report: Report) -> list[tuple[uui
 
 
 def _check_legacy(state: CliState, report: Report) -> None:
-    module, root = catalog.legacy_module(), catalog.legacy_root(state)
-    if module is None or root is None:
+    from terrarium.formats import terrarium_json as tj
+
+    root = catalog.legacy_root(state)
+    if root is None:
         return
-    for path in module.iter_legacy_files(root):
+    for path in tj.iter_legacy_files(root):
         try:
-            module.load(path, root=root)
+            tj.load(path, root=root)
         except (ValueError, OSError) as exc:
             report.problems.append(Problem("legacy", str(exc), path=str(path)))
 

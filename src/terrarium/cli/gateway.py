@@ -1,24 +1,19 @@
-"""``terrarium gateway``: an OpenAI-compatible server in front of the model server that keeps
-every conversation in the store (see docs/gateway.md).
+"""``terrarium gateway``: an OpenAI-compatible server that keeps every conversation in the store.
 
-Loaded lazily (``cli.add_lazy``): it imports Starlette and uvicorn, which no other command
-but ``serve`` needs. The store is opened as every writing command opens it (created when
-missing); the token and listening rules are ``serve``'s: 127.0.0.1 by default, any other
-host needs a token (one is generated and printed when none is given), and the socket is bound
-before the URL is printed. No model server is contacted at start. A store that answers in
-microseconds is called on the event loop (:func:`quick_store`), any other in a worker thread.
+Loaded lazily: it imports Starlette and uvicorn. The host and token rules are ``serve``'s, and
+the socket is bound before the URL is printed. No model server is contacted at start. A quick
+store is called on the event loop (:func:`quick_store`), any other in a worker thread.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 
 import click
 
 from terrarium import Store
 from terrarium.cli.app import cli, state_of, storage_option
-from terrarium.cli.serve import is_loopback, listen
+from terrarium.cli.serve import listen, required_token, run_server
 from terrarium.errors import install_hint
 from terrarium.stores.fs import FsStore
 from terrarium.stores.memory import MemoryStore
@@ -28,13 +23,10 @@ UPSTREAM_KEY_ENV = "TERRARIUM_UPSTREAM_API_KEY"
 
 
 def quick_store(store: Store) -> bool:
-    """Whether ``store``'s calls take microseconds: in memory, or on local disk without a
-    sync per write (``FsStore`` but ``durability="fsync"``, ``SqliteStore`` with
-    ``synchronous`` OFF or NORMAL). Any other store (PostgreSQL) is taken as slow.
+    """Whether ``store``'s calls take microseconds: in memory, or local disk with no sync per write.
 
-    Measured (benchmarks/README.md, ``bench_gateway.py``): handing each call to a worker
-    thread and back costs more than a quick store's call itself, twice per turn, and far more
-    on a busy machine, where each hand-over waits for a core.
+    Measured (``bench_gateway.py``): a hand-over to a worker thread and back costs more than such
+    a store's call, twice per turn, and far more on a busy machine.
     """
     if isinstance(store, MemoryStore):
         return True
@@ -97,7 +89,6 @@ def gateway(
     $TERRARIUM_UPSTREAM_API_KEY.
     """
     try:
-        from terrarium.cli.serve import run_server
         from terrarium.gateway import Upstream, create_app
     except ImportError as exc:
         raise click.ClickException(
@@ -105,10 +96,7 @@ def gateway(
         ) from exc
     if not upstream.startswith(("http://", "https://")):
         raise click.BadParameter("use an http:// or https:// URL", param_hint="--upstream")
-    if token is not None and not token.strip():
-        raise click.BadParameter("the token may not be empty", param_hint="--token")
-    if token is None and not is_loopback(host):
-        token = secrets.token_urlsafe(24)
+    token = required_token(token, host)
     try:
         model_server = Upstream(upstream, api_key=os.environ.get(UPSTREAM_KEY_ENV), timeout=timeout)
     except ValueError as exc:

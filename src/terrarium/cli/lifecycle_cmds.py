@@ -1,20 +1,18 @@
-"""The lifecycle commands: archive, unarchive, trash (list, restore, purge), pin, unpin and
-maintain; and the lifecycle parts of ``delete``, ``list --archived``/``--all``.
+"""The lifecycle commands: archive, unarchive, trash, pin, unpin and maintain; delete's trash.
 
-Each one calls :mod:`terrarium.lifecycle` and the store's
-:class:`~terrarium.stores.base.Lifecycle` methods; a store without them is the one-line error
-``... this backend cannot archive, trash or pin sessions``. Results go to stdout, summaries to
-stderr (one line each); a progress bar is drawn on stderr only when it is a terminal.
+A store without :class:`~terrarium.stores.base.Lifecycle` is the one-line error ``... this
+backend cannot archive, trash or pin sessions``. Results go to stdout, summaries to stderr; a
+progress bar is drawn only on a terminal.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
+import msgspec
 
 from terrarium._lazy import lazy_module
 from terrarium.cli import examples
@@ -33,7 +31,7 @@ from terrarium.display import human_bytes, short_time
 if TYPE_CHECKING:
     from terrarium import states
     from terrarium.contexts import ContextRow
-    from terrarium.lifecycle import ArchivePlan, MaintenanceReport
+    from terrarium.lifecycle import ArchivePlan, Candidate, MaintenanceReport
     from terrarium.model import ContextId
     from terrarium.states import ArchivedContext, TrashedContext
     from terrarium.stores.base import Lifecycle
@@ -51,16 +49,6 @@ def _age(value: str | None) -> Any:
     from terrarium.lifecycle import parse_age
 
     return None if value is None else parse_age(value)
-
-
-@contextmanager
-def _progress(state: CliState, total: int, label: str) -> Iterator[Callable[[str], None] | None]:
-    """A progress callback drawing a bar on stderr when it is a terminal, else None."""
-    if not state.out.err_rich or total < 2:
-        yield None
-        return
-    with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
-        yield lambda _item: bar.update(1)
 
 
 def _confirm(question: str, yes: bool, refusal: str) -> None:
@@ -110,14 +98,14 @@ def archive(
     if dry_run:
         _print_plan(state, plan, as_json)
         return
-    with _progress(state, len(plan.candidates), "archiving") as progress:
+    with state.out.progress(len(plan.candidates), "archiving") as progress:
         done = run_archive(state.store(), plan, why="command: terrarium archive", progress=progress)
     saved = sum(a.hot_bytes - a.archived_bytes for a in done)
     if as_json:
         state.out.json(
             {
                 "dry_run": False,
-                "contexts": [archived_json(a) for a in done],
+                "contexts": [record_json(a) for a in done],
                 "skipped_pinned": plan.skipped_pinned,
                 "bytes_saved": saved,
             }
@@ -138,7 +126,7 @@ def _print_plan(state: CliState, plan: ArchivePlan, as_json: bool) -> None:
         state.out.json(
             {
                 "dry_run": True,
-                "contexts": [c.to_json() for c in plan.candidates],
+                "contexts": [record_json(c) for c in plan.candidates],
                 "skipped_pinned": plan.skipped_pinned,
                 "bytes_saved": plan.hot_bytes,
             }
@@ -178,21 +166,12 @@ def _note_pinned(state: CliState, plan: ArchivePlan, as_json: bool, *, done_noth
         state.out.note("nothing to archive")
 
 
-def archived_json(archived: ArchivedContext) -> dict[str, Any]:
-    """An archived context as ``archive --json`` prints it (keys as ``list --json``)."""
-    type_, _, name = archived.context.partition(":")
-    return {
-        "context_id": archived.context,
-        "type": type_,
-        "name": name,
-        "date": archived.date,
-        "last_active": archived.last_active,
-        "message_count": archived.message_count,
-        "archived_at": archived.archived_at,
-        "hot_bytes": archived.hot_bytes,
-        "archived_bytes": archived.archived_bytes,
-        "pinned": archived.pinned,
-    }
+def record_json(record: ArchivedContext | TrashedContext | Candidate) -> dict[str, Any]:
+    """A lifecycle record for ``--json``: its fields, its context named as ``list --json`` does."""
+    data = msgspec.structs.asdict(record)
+    context = data.pop("context")
+    type_, _, name = context.partition(":")
+    return {"context_id": context, "type": type_, "name": name, **data}
 
 
 @reads_store
@@ -228,8 +207,7 @@ def delete_session(
 ) -> None:
     """``delete``: into the trash (no question: it can be undone), or for ever with ``purge``
     (asked first on a terminal, refused without one unless ``yes``); ``confirm`` forces the
-    question either way.
-    """
+    question either way."""
     from terrarium import lifecycle
     from terrarium.cli import catalog
 
@@ -280,23 +258,6 @@ def trash() -> None:
 reads_store(trash)
 
 
-def trashed_json(entry: TrashedContext) -> dict[str, Any]:
-    """A trash entry as ``trash list --json`` prints it."""
-    type_, _, name = entry.context.partition(":")
-    return {
-        "trash_id": entry.trash_id,
-        "context_id": entry.context,
-        "type": type_,
-        "name": name,
-        "date": entry.date,
-        "deleted_at": entry.deleted_at,
-        "archived": entry.archived,
-        "message_count": entry.message_count,
-        "bytes": entry.bytes,
-        "pinned": entry.pinned,
-    }
-
-
 def _print_trash(state: CliState, entries: Sequence[TrashedContext]) -> None:
     state.out.table(
         ["trash id", "context", "deleted", "messages", "size", "state"],
@@ -326,7 +287,7 @@ def trash_list(ctx: click.Context, as_json: bool) -> None:
     state = state_of(ctx)
     entries = states.trashed_contexts(_lifecycle(state))
     if as_json:
-        state.out.json({"trash": [trashed_json(e) for e in entries]})
+        state.out.json({"trash": [record_json(e) for e in entries]})
     elif not entries:
         state.out.note(f"the trash of {state.shown_location} is empty")
     else:
@@ -396,7 +357,7 @@ def trash_purge(
         yes,
         "refusing to purge the trash",
     )
-    with _progress(state, len(entries), "purging") as progress:
+    with state.out.progress(len(entries), "purging") as progress:
         done = run_trash_purge(
             state.store(), entries, why="command: terrarium trash purge", progress=progress
         )
@@ -487,11 +448,11 @@ def maintain(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
 def report_json(report: MaintenanceReport) -> dict[str, Any]:
     """``maintain --json``."""
     if report.dry_run:
-        archive = [c.to_json() for c in report.to_archive.candidates]
-        purge = [trashed_json(e) for e in report.to_purge]
+        archive = [record_json(c) for c in report.to_archive.candidates]
+        purge = [record_json(e) for e in report.to_purge]
     else:
-        archive = [archived_json(a) for a in report.archived]
-        purge = [trashed_json(e) for e in report.purged]
+        archive = [record_json(a) for a in report.archived]
+        purge = [record_json(e) for e in report.purged]
     return {
         "dry_run": report.dry_run,
         "policy": report.policy,
@@ -508,8 +469,7 @@ def report_json(report: MaintenanceReport) -> dict[str, Any]:
 def lifecycle_rows(
     state: CliState, rows: list[ContextRow], type_: str | None, scope: str
 ) -> tuple[list[ContextRow], dict[str, tuple[str, bool]]]:
-    """``list``'s rows for ``scope`` (``hot``, ``archived`` or ``all``), and each one's state
-    and pin, by context id. A store without a trash or archive has only hot rows, unpinned."""
+    """``list``'s rows for ``scope``, with each one's state and pin by context id."""
     from terrarium.contexts import ContextRow
     from terrarium.model import ContextId
     from terrarium.stores.base import Lifecycle

@@ -1,19 +1,16 @@
 """Output helpers: Rich tables and colours on a terminal, plain lines everywhere else.
 
-Rich already drops ANSI codes when stdout is not a terminal (and honours ``NO_COLOR``), but it
-still draws table boxes and wraps long lines at 80 columns. When stdout is not a terminal the
-helpers here print plain, unwrapped, space-aligned lines instead, so output piped into ``grep``,
-``cut`` or a file is stable.
-
-Rich is imported only when a stream may be a terminal (it costs ~40 ms to import, a third of
-a plain ``terrarium list``): output into a pipe or a file never loads it.
+Rich would still draw boxes and wrap at 80 columns into a pipe; plain, space-aligned lines
+keep piped output stable. Rich is imported only for a terminal (~40 ms, a third of a plain
+``terrarium list``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from functools import cached_property
 from typing import IO, TYPE_CHECKING, Any
 
@@ -96,6 +93,15 @@ class Output:
         import json
 
         click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+    @contextmanager
+    def progress(self, total: int, label: str) -> Iterator[Callable[[Any], None] | None]:
+        """A progress callback drawing a bar on stderr when it is a terminal, else None."""
+        if not self.err_rich or total < 2:
+            yield None
+            return
+        with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
+            yield lambda _item: bar.update(1)
 
     def table(
         self,

@@ -1,14 +1,9 @@
 """The session picker: a prompt_toolkit screen listing sessions, filtered as you type.
 
-Sessions are grouped by type, newest first, each with its message count, when it was last
-active and, on the line below, a preview: its first user message and its last reply, cut to
-the terminal's width. Previews are read only for the sessions on screen (a store of thousands
-costs a screenful of reads), once each. The first row starts a new session named by the filter
-text (``main`` or ``irc:#python``), or with no text one named by the time
-(:func:`~terrarium.cli.app.generated_context`); when that text names a session that exists
-(``main`` for ``cli:main``, ``#python`` for the only session named so), that session is
-selected instead.
-Up/Down (or Ctrl-P/Ctrl-N) move, Enter opens, Esc or Ctrl-C cancels.
+Sessions are grouped by type, newest first, with a preview (first user message, last reply)
+read only for the rows on screen. The first row starts a new session named by the filter text
+(or by the time), or selects the session that text names. Up/Down (Ctrl-P/Ctrl-N) move, Enter
+opens, Esc or Ctrl-C cancels.
 """
 
 from __future__ import annotations
@@ -107,8 +102,7 @@ class Picker:
         return [r for r in self.rows if needle in str(r.context).lower()]
 
     def exact(self) -> SessionInfo | None:
-        """The session the filter text names exactly: ``type:name``, a name of the default
-        type, or a name only one session of another type has."""
+        """The session the filter text names exactly (a bare name: of one type only)."""
         text = self.filter.text.strip()
         if not text:
             return None

@@ -1,12 +1,8 @@
 """``terrarium serve``: the statistics dashboard over a store (see docs/dashboard.md).
 
-Loaded lazily (``cli.add_lazy``): it imports Starlette, uvicorn and Jinja2, which no other
-command needs. The store is opened read-only-style (``create=False``): a store that does not
-exist or cannot be read ends the command with one line and a non-zero exit before anything
-listens. The listening socket is bound here, before the URL is printed, and handed to uvicorn:
-a port in use is one line and exit 1, never a banner for a server that is not up, and
-``--port 0`` prints the port it got. The model options only say where ``compact`` (with
-``--allow-writes``) will ask: no model server is contacted at start.
+Loaded lazily: it imports Starlette, uvicorn and Jinja2. The store must exist. The socket is
+bound before the URL is printed: a port in use is one line and exit 1, and ``--port 0`` prints
+the port it got. No model server is contacted at start.
 """
 
 from __future__ import annotations
@@ -46,11 +42,7 @@ def is_loopback(host: str) -> bool:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket listening on ``host:port`` (IPv6 when ``host`` has a colon, as uvicorn does).
-
-    Raises:
-        click.ClickException: it cannot listen there; one line, the port in use said plainly.
-    """
+    """A socket listening on ``host:port``; a ClickException of one line if it cannot."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named, not 0: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose
     # protocol says TCP, and accepted sockets carry the listener's. With 0, every answer
@@ -79,6 +71,13 @@ of httpx (and so of the openai client): a client reusing a connection just under
 its clock sent its request as the server, which counts from its last write, closed it, and
 got a reset (``httpx.ReadError``: the gateway benchmark's concurrent part, 2 runs in 4). A
 server must keep connections longer than its clients do; 75 s is nginx's default."""
+
+
+def required_token(token: str | None, host: str) -> str | None:
+    """The token every request needs: ``--token``, else a new one off loopback, else None."""
+    if token is not None and not token.strip():
+        raise click.BadParameter("the token may not be empty", param_hint="--token")
+    return secrets.token_urlsafe(24) if token is None and not is_loopback(host) else token
 
 
 def run_server(app: Any, sock: socket.socket) -> None:
@@ -146,10 +145,7 @@ def serve(
     state = state_of(ctx)
     store = state.store()
     store.list_contexts()  # an unreadable store fails here, with one line, before listening
-    if token is not None and not token.strip():
-        raise click.BadParameter("the token may not be empty", param_hint="--token")
-    if token is None and not is_loopback(host):
-        token = secrets.token_urlsafe(24)
+    token = required_token(token, host)
     app = create_app(
         store,
         token=token,

@@ -1,19 +1,14 @@
 """A context as one self-contained HTML page.
 
-The page has its CSS inline and loads nothing: no scripts, fonts, images or style sheets from
-anywhere, so it opens offline and can be mailed or archived as one file. The context's metadata
-comes first, then the conversation as chat bubbles (user on the right, assistant on the left,
-tool calls and results as code blocks, runtime events as centred italic lines). Reasoning and
-tool results fold away in ``<details>``, which needs no JavaScript.
+The CSS is inline and nothing is loaded (no scripts, fonts, images or style sheets), so the
+page opens offline and can be mailed or archived as one file. Metadata first, then chat
+bubbles; reasoning and tool results fold away in ``<details>``, which needs no JavaScript.
 
 Message text and reasoning are Markdown, rendered as the dashboard renders them
-(:mod:`terrarium.formats.safe_markdown`: raw HTML escaped, links only http(s) and mailto, code
-highlighted into class names whose styles the page carries). Every other piece of content from
-the log (names, ids, arguments, tool output, URLs, the context id itself) goes through
-:func:`html.escape` with quotes escaped, so a message can never inject markup; a
-Content-Security-Policy that allows inline styles only backs that up (it also keeps an image a
-message's Markdown names from loading). Image parts are shown as links, never loaded. Export
-only.
+(:mod:`terrarium.formats.safe_markdown`). Everything else from the log goes through
+:func:`html.escape` with quotes, so a message can never inject markup; a
+Content-Security-Policy allowing inline styles only backs that up (and keeps images named in
+Markdown from loading). Image parts are links, never loaded.
 """
 
 from __future__ import annotations
@@ -131,8 +126,7 @@ def _tool_calls(item: Mapping[str, Any]) -> list[str]:
 
 
 def render_item(timed: sessions.TimedItem) -> str:
-    """One history item as an HTML block (a Responses item through ``model.chat_view``, as
-    in Markdown; a kind with no view as its JSON)."""
+    """One history item as an HTML block (a kind with no Chat view as its JSON)."""
     item = timed.item
     stamp = f'<time datetime="{_e(timed.ts)}">{_e(when(timed.ts))}</time>'
     if timed.kind == EntryKind.SYSTEM_ITEM:
@@ -218,11 +212,7 @@ def render(transcript: Transcript) -> str:
 
 
 def export_context(store: Store, context: ContextId | str) -> str:
-    """The context as one self-contained HTML page.
-
-    Raises:
-        ContextNotFound: no such context.
-    """
+    """The context as one self-contained HTML page (ContextNotFound if there is none)."""
     return render(load_transcript(store, context))
 
 

@@ -1,15 +1,11 @@
 """The native log as one JSONL file: a context's lineage, exported and imported losslessly.
 
-The export is every line that replaying the context's head reads, exactly as stored, header
-first: for a fork, the ancestors' prefixes (up to each fork point) and then the head segment;
-for a compaction or a clear, the head segment alone, because its header holds the history.
-:func:`import_context` recreates that context in any store with the same session and segment
-ids, timestamps, sequence numbers and every key and kind, known or not, so exporting the
-imported context gives the same lines again.
-
-This module also reads a lineage once into a :class:`Transcript` (the lines, the restored
-state and each history item with the time it was logged), which the Markdown, HTML and
-OpenAI formats render.
+The export is every line that replaying the context's head reads, as stored, header first:
+for a fork the ancestors' prefixes then the head segment; for a compaction or a clear the head
+segment alone (its header holds the history). :func:`import_context` recreates the context in
+any store with the same ids, timestamps, seqs and every key and kind, so exporting it again
+gives the same lines. A :class:`Transcript` (lines, restored state, timed items) is what the
+Markdown, HTML and OpenAI formats render.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ import datetime as dt
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from terrarium import codec, sessions
 from terrarium.copy import SessionSource, complete_session
@@ -30,10 +26,15 @@ from terrarium.model import (
     EntryKind,
     RestoredState,
     SegmentId,
+    parse_timestamp,
 )
 from terrarium.stores.base import PodMetadata, Store
 
 # --------------------------------------------------------------------------- reading
+
+
+DateBound: TypeAlias = dt.date | dt.datetime | str
+"""A date filter bound: a date (a whole UTC day), a datetime (naive = UTC), or ISO text."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,27 +51,15 @@ class Transcript:
     items: list[sessions.TimedItem]
     """``state.history`` item by item, with the time each was logged."""
 
-    def active_between(
-        self, since: dt.date | dt.datetime | str | None, until: dt.date | dt.datetime | str | None
-    ) -> bool:
-        """Whether an item was logged in the window (a bound of None is open).
-
-        A date bound covers its whole day (UTC): ``until=2025-11-06`` includes all of that
-        day. A naive datetime is taken as UTC. Both bounds are inclusive.
-        """
+    def active_between(self, since: DateBound | None, until: DateBound | None) -> bool:
+        """Whether an item was logged in the window (inclusive; None open; a date its whole day)."""
         low = None if since is None else _bound(since, end=False)
         high = None if until is None else _bound(until, end=True)
         for timed in self.items:
-            when = parse_ts(timed.ts)
+            when = parse_timestamp(timed.ts)
             if (low is None or when >= low) and (high is None or when <= high):
                 return True
         return False
-
-
-def parse_ts(ts: str) -> dt.datetime:
-    """Parse a log timestamp (RFC 3339, ``Z`` or an offset) as an aware UTC datetime."""
-    when = dt.datetime.fromisoformat(ts)
-    return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
 
 
 def _bound(value: dt.date | dt.datetime | str, *, end: bool) -> dt.datetime:
@@ -87,21 +76,13 @@ def _bound(value: dt.date | dt.datetime | str, *, end: bool) -> dt.datetime:
 
 
 def lineage_lines(store: Store, context: ContextId | str) -> list[dict[str, Any]]:
-    """Every line that replaying the context's head reads, as stored, oldest first.
-
-    Raises:
-        ContextNotFound: no such context.
-    """
+    """Every line that replaying the context's head reads, as stored, oldest first."""
     head = sessions.require_head(store, context)
     return sessions.lines_of(sessions.lineage(store, head.session_id, head.segment_id))
 
 
 def load_transcript(store: Store, context: ContextId | str) -> Transcript:
-    """Read the context's lineage once into a :class:`Transcript`.
-
-    Raises:
-        ContextNotFound: no such context.
-    """
+    """Read the context's lineage once into a :class:`Transcript` (ContextNotFound if none)."""
     ctx = ContextId.parse(context)
     head = sessions.require_head(store, ctx)
     lines = sessions.lines_of(sessions.lineage(store, head.session_id, head.segment_id))
@@ -114,11 +95,7 @@ def load_transcript(store: Store, context: ContextId | str) -> Transcript:
 
 
 def export_context(store: Store, context: ContextId | str) -> str:
-    """The context's lineage as JSONL text: one stored line per line, header first.
-
-    Raises:
-        ContextNotFound: no such context.
-    """
+    """The context's lineage as JSONL text, header first (ContextNotFound if there is none)."""
     return b"".join(codec.encode_line(line) for line in lineage_lines(store, context)).decode()
 
 
@@ -129,8 +106,8 @@ def parse_lines(data: str | bytes, *, where: str = "<jsonl>") -> list[dict[str, 
     """Decode a JSONL export into its lines, checking each entry's envelope.
 
     Raises:
-        CorruptLog: a line is not a JSON object with an integer ``seq`` and a string ``kind``,
-            or the data ends in a torn line.
+        CorruptLog: a line is not an entry (an object with an integer ``seq`` and a string
+            ``kind``), or the data ends in a torn line.
         FormatVersionError: a line was written by a newer terrarium.
     """
     raw = data.encode() if isinstance(data, str) else bytes(data)
@@ -165,14 +142,10 @@ def _split_segments(lines: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 def read_segments(
     data: str | bytes | Iterable[Mapping[str, Any]], *, where: str = "<jsonl>"
 ) -> list[list[dict[str, Any]]]:
-    """Decode a JSONL export (or its decoded lines) into its segments, header first in each,
-    checked as :func:`import_context` needs them: every line loggable, seqs 0, 1, 2, ... in
-    each segment, one session, ids and times in every header. Nothing is written.
+    """Decode a JSONL export into its segments, checked as :func:`import_context` needs them.
 
-    Raises:
-        InvalidEntry: the lines are not segments of one session, or a line could not be
-            logged (the message names ``where`` and the line).
-        CorruptLog, FormatVersionError: see :func:`parse_lines`.
+    Every line loggable, seqs 0, 1, 2, ... in each segment, one session, ids and times in every
+    header. Raises InvalidEntry naming ``where`` and the line, or :func:`parse_lines`' errors.
     """
     if isinstance(data, str | bytes):
         lines = parse_lines(data, where=where)
@@ -195,31 +168,25 @@ def import_context(
     context: ContextId | str | None = None,
     where: str = "<jsonl>",
 ) -> PodMetadata:
-    """Recreate a context from a :func:`export_context` file, losslessly.
+    """Recreate a context from an :func:`export_context` file, losslessly.
 
-    The session and segment ids, timestamps, sequence numbers, unknown keys and unknown entry
-    kinds are kept, so the imported context restores to the same state and exports the same
-    lines. The head ends on the last segment of the file. What an interrupted import left of
-    it is completed (:func:`terrarium.copy.complete_session`).
+    Ids, timestamps, seqs, unknown keys and kinds are kept, so the context restores to the same
+    state and exports the same lines. What an interrupted import left is completed.
 
     Args:
         store: where to create the context.
         data: the JSONL text, or its lines already decoded.
-        context: the context to create; by default the one the file's headers name. A
-            different one is written into the headers that name a context, and must be fit
-            for a new context (:meth:`ContextId.check_new`); the file's own is kept as it is.
+        context: the context to create; by default the one the file names. Another one is
+            written into the headers and must be fit for a new context (``check_new``).
         where: the file named in error messages.
 
     Returns:
         The new context's head record.
 
     Raises:
-        ContextExists: the context is already in ``store``, the same as the file.
-        SessionConflict: ``store`` holds the context, or its session, otherwise than the file
-            (more lines, other lines, another session); nothing was written.
-        InvalidEntry: the lines are not a lineage (no header first, gaps in seqs, ...), or
-            a line could not be logged (see :func:`terrarium.codec.encode`). Nothing is
-            written then.
+        ContextExists: the store holds the context, the same as the file.
+        SessionConflict: the store holds the context or its session otherwise than the file.
+        InvalidEntry: the lines are not a lineage, or a line could not be logged.
         CorruptLog, FormatVersionError: see :func:`parse_lines`.
     """
     segments = read_segments(data, where=where)
@@ -241,8 +208,7 @@ def import_context(
 
 
 def _check_segments(segments: list[list[dict[str, Any]]]) -> None:
-    """Every header names its session and segment (UUIDs) and has a time, and so has every
-    entry."""
+    """Every header names its session and segment and has a time, as every entry does."""
     for segment in segments:
         header = segment[0]
         for key in ("session_id", "segment_id", "ts"):
@@ -264,6 +230,5 @@ __all__ = [
     "lineage_lines",
     "load_transcript",
     "parse_lines",
-    "parse_ts",
     "read_segments",
 ]

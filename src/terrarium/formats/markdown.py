@@ -1,11 +1,10 @@
 """A context as a readable Markdown transcript.
 
-The title is the context id; then the dates, the model and token totals, the system prompt,
-and every history item under a heading with its role and the time it was logged. Message text
-is kept as written (models write Markdown); tool calls, tool results, the system prompt and
-content parts that are not text go in fenced blocks whose fence is longer than any run of
-backticks inside, so nothing can break out of them. Runtime events (``system_item`` entries)
-are one italic line each. Export only: a transcript loses the log's structure.
+The title is the context id; then dates, model, token totals, the system prompt, and every
+history item under a heading with its role and time. Message text is kept as written (models
+write Markdown). Tool calls, tool results, the system prompt and non-text parts go in fenced
+blocks whose fence is longer than any backtick run inside, so nothing breaks out. Runtime
+events are one italic line each.
 """
 
 from __future__ import annotations
@@ -16,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from terrarium import sessions
-from terrarium.formats.jsonl import Transcript, load_transcript, parse_ts
-from terrarium.model import ContextId, EntryKind, chat_view, item_label
+from terrarium.formats.jsonl import Transcript, load_transcript
+from terrarium.model import ContextId, EntryKind, chat_view, item_label, parse_timestamp
 from terrarium.stores.base import Store
 
 _ROLE_TITLES = {"user": "User", "assistant": "Assistant", "tool": "Tool result", "system": "System"}
@@ -27,7 +26,7 @@ _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>~])")
 def when(ts: str) -> str:
     """A log timestamp for people: ``2025-11-06 12:00:01 UTC`` (the raw text if unparsable)."""
     try:
-        return parse_ts(ts).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return parse_timestamp(ts).strftime("%Y-%m-%d %H:%M:%S UTC")
     except ValueError:
         return ts
 
@@ -104,11 +103,7 @@ def _tool_calls(item: Mapping[str, Any]) -> list[str]:
 
 
 def render_item(timed: sessions.TimedItem) -> str:
-    """One history item as a Markdown section (or an italic line for a runtime event).
-
-    A Responses item is rendered as its Chat view (``model.chat_view``), its kind named in the
-    heading (``Assistant (`function_call`)``); a kind with no view shows its keys as JSON.
-    """
+    """One history item as a Markdown section; a Responses item as its Chat view, its kind named."""
     item = timed.item
     if timed.kind == EntryKind.SYSTEM_ITEM:
         text = escape(str(item.get("content") or "")) or escape(timed.event or "event")
@@ -165,11 +160,7 @@ def render(transcript: Transcript) -> str:
 
 
 def export_context(store: Store, context: ContextId | str) -> str:
-    """The context as a Markdown transcript.
-
-    Raises:
-        ContextNotFound: no such context.
-    """
+    """The context as a Markdown transcript (ContextNotFound if there is none)."""
     return render(load_transcript(store, context))
 
 

@@ -1,33 +1,22 @@
 """A context as OpenAI chat messages, and many contexts as an OpenAI fine-tuning file.
 
-:func:`chat_messages` gives the exact messages the model is sent for a context: the system
-prompt first (when there is one), then every history item but those of failed runs
-(``RestoredState.model_history``) with the standard keys only, built by
-:func:`terrarium.model.wire_messages`, the function the runtime itself sends with
-(consecutive user messages go as one). Keys that live in the log only
-(``reasoning_content``, keys a newer terrarium wrote) are left out.
+:func:`chat_messages` gives the exact messages the model is sent, built by
+:func:`terrarium.model.wire_messages` as the runtime builds them: the system prompt, then every
+item but those of failed runs, with the standard keys only (no ``reasoning_content``).
 
-:func:`finetune_lines` writes the chat fine-tuning format: one JSON object per line,
-``{"messages": [...]}``, one conversation per context. Tool calls and tool results stay in
-OpenAI form. A context whose config holds a ``tools`` list (function definitions) carries it
-as the record's ``tools``. Conversations without an assistant message teach nothing and are
-skipped. Contexts are chosen by type, by id, and by a date window: a context is kept whole
-when any of its messages was logged in the window.
+:func:`finetune_record` is a context's line of the chat fine-tuning format,
+``{"messages": [...]}``, with a config's ``tools`` list as its ``tools``. Conversations without
+an assistant message teach nothing and are skipped.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-from collections.abc import Iterable, Iterator
-from typing import Any, TypeAlias
+from typing import Any
 
 from terrarium.formats.jsonl import Transcript, load_transcript
 from terrarium.model import ContextId, RestoredState, wire_messages
 from terrarium.stores.base import Store
-
-DateBound: TypeAlias = dt.date | dt.datetime | str
-"""A date filter bound: a date (a whole UTC day), a datetime (naive = UTC), or ISO text."""
 
 
 def chat_messages(state: RestoredState) -> list[dict[str, Any]]:
@@ -37,11 +26,7 @@ def chat_messages(state: RestoredState) -> list[dict[str, Any]]:
 
 
 def export_context(store: Store, context: ContextId | str) -> str:
-    """The context's chat messages as a JSON array (indented, UTF-8 text).
-
-    Raises:
-        ContextNotFound: no such context.
-    """
+    """The context's chat messages as an indented JSON array (ContextNotFound if there is none)."""
     messages = chat_messages(load_transcript(store, context).state)
     return json.dumps(messages, indent=2, ensure_ascii=False) + "\n"
 
@@ -58,80 +43,20 @@ def finetune_record(transcript: Transcript) -> dict[str, Any] | None:
     return record
 
 
-def select_contexts(
-    store: Store,
-    contexts: Iterable[ContextId | str] | None = None,
-    *,
-    type: str | None = None,
-) -> list[ContextId]:
-    """The contexts to export: ``contexts`` (or every context), of ``type`` if given, sorted."""
-    if contexts is None:
-        chosen = [ContextId.parse(head.context) for head in store.list_contexts(type)]
-    else:
-        chosen = [ContextId.parse(c) for c in contexts]
-        if type is not None:
-            chosen = [c for c in chosen if c.type == type]
-    return sorted(set(chosen))
-
-
-def finetune_lines(
-    store: Store,
-    contexts: Iterable[ContextId | str] | None = None,
-    *,
-    type: str | None = None,
-    since: DateBound | None = None,
-    until: DateBound | None = None,
-) -> Iterator[str]:
-    """Yield one fine-tuning JSONL line (with its newline) per chosen conversation.
-
-    Args:
-        store: where the contexts live.
-        contexts: the contexts to consider; every context in the store by default.
-        type: keep only contexts of this type (``cli``, ``irc``, ...).
-        since: keep only contexts with a message logged at or after this time.
-        until: keep only contexts with a message logged at or before this time (a date
-            covers its whole day).
-
-    Raises:
-        ContextNotFound: a context named in ``contexts`` does not exist.
-    """
-    for context in select_contexts(store, contexts, type=type):
-        transcript = load_transcript(store, context)
-        if (since is not None or until is not None) and not transcript.active_between(since, until):
-            continue
-        record = finetune_record(transcript)
-        if record is not None:
-            yield json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
-
-
 def export_finetune_context(store: Store, context: ContextId | str) -> str:
-    """The fine-tuning JSONL of one context: one line, or nothing without an assistant message.
+    """One context's fine-tuning JSONL line, or "" without an assistant message.
 
-    Raises:
-        ContextNotFound: no such context.
+    Many contexts, filtered by type and date, go through :func:`terrarium.export.export_many`.
     """
-    return export_finetune(store, [context])
-
-
-def export_finetune(
-    store: Store,
-    contexts: Iterable[ContextId | str] | None = None,
-    *,
-    type: str | None = None,
-    since: DateBound | None = None,
-    until: DateBound | None = None,
-) -> str:
-    """The fine-tuning JSONL file for the chosen contexts (see :func:`finetune_lines`)."""
-    return "".join(finetune_lines(store, contexts, type=type, since=since, until=until))
+    record = finetune_record(load_transcript(store, context))
+    if record is None:
+        return ""
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
 __all__ = [
-    "DateBound",
     "chat_messages",
     "export_context",
-    "export_finetune",
     "export_finetune_context",
-    "finetune_lines",
     "finetune_record",
-    "select_contexts",
 ]

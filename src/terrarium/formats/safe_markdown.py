@@ -1,11 +1,9 @@
-"""Message text to safe HTML, shared by the dashboard (:mod:`terrarium.web.render`) and the
-HTML export (:mod:`terrarium.formats.html`), so both show a message the same way.
+"""Message text to safe HTML, shared by the dashboard and the HTML export.
 
-Markdown through markdown-it (CommonMark and tables) with raw HTML off, so any markup in a
-message is escaped; links only to http(s) and mailto; fenced code highlighted by Pygments into
-class names (no inline style, which the dashboard's CSP forbids), styled by
-:func:`pygments_css`. Messages past :data:`MARKDOWN_LIMIT` characters are plain preformatted
-text. markdown-it-py and Pygments are base dependencies (Rich needs them too).
+markdown-it (CommonMark and tables) with raw HTML off, so markup in a message is escaped;
+links only to http(s) and mailto; fenced code highlighted by Pygments into class names (the
+dashboard's CSP forbids inline styles), styled by :func:`pygments_css`. Messages past
+:data:`MARKDOWN_LIMIT` characters are plain preformatted text.
 """
 
 from __future__ import annotations

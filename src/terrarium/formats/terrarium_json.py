@@ -1,25 +1,18 @@
 """The legacy Terrarium JSON session file: read it, write it, import it into the log, export to it.
 
-The format (``seeds/004``) is one JSON object per context, rewritten whole after every message::
+The format (``seeds/004``) is one JSON object per context, rewritten after every message::
 
     {"session_id": "main", "context_type": "cli", "system_prompt": "...",
-     "messages": [{"role": "user", "content": "Hello!", "timestamp": "2025-11-06T14:30:00.123456"}],
+     "messages": [{"role": "user", "content": "Hello!", "timestamp": "2025-11-06T14:30:00"}],
      "metadata": {"created_at": ..., "last_active": ..., "message_count": 2,
                   "session_id": "main", "context_type": "cli", "session_date": "2025-11-06"}}
 
-It lives at ``{type}/{date}/{name}.json`` (before date folders: ``{type}/{name}.json`` or
-``{name}.json``) beside the native context folders; ``session_id`` is the context's *name*.
-
-Reading (:func:`load`) is forgiving where the data is (missing metadata is derived, unknown keys
-are kept) and strict where it is not (a one-line :class:`LegacyFormatError`). Writing
-(:func:`dump`) gives the seed's exact structure, so ``dump(load(f))`` is ``f`` for a complete
-file. :func:`import_session` makes a native context, keeping what the log has no place for under
-:data:`LEGACY_HEADER_KEY`; :func:`export_context` writes any context back in this format. The
-legacy file is never modified. Usage::
-
-    session = load("sessions/cli/2025-11-06/main.json")
-    import_session(store, session)  # the context cli:main, now in the log
-    text = export_context(store, "cli:main")  # dumps(session) until a turn is logged
+It lives at ``{type}/{date}/{name}.json`` (or flat: ``{type}/{name}.json``, ``{name}.json``).
+:func:`load` is forgiving where the data is and strict where it is not
+(:class:`LegacyFormatError`); :func:`dump` gives the seed's exact structure, so
+``dump(load(f))`` is ``f``. :func:`import_session` makes a native context, keeping what the
+log has no place for under :data:`LEGACY_HEADER_KEY`; :func:`export_context` writes any
+context back. The legacy file is never modified.
 """
 
 from __future__ import annotations
@@ -51,10 +44,11 @@ from terrarium.model import (
     SessionId,
     chat_view,
     item_text,
-    legacy_file_names,
     new_segment_id,
     new_session_id,
+    parse_timestamp,
     printable,
+    short_repr,
 )
 from terrarium.stores._files import fsync_dir, listdir, open_private, write_all
 from terrarium.stores.base import PodMetadata, Store
@@ -148,12 +142,6 @@ class LegacySession:
 # --------------------------------------------------------------------------- timestamps
 
 
-def parse_timestamp(text: str) -> dt.datetime:
-    """Parse an ISO 8601 timestamp as an aware UTC datetime (a naive one is taken as UTC)."""
-    when = dt.datetime.fromisoformat(text)
-    return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
-
-
 def to_log_ts(text: str) -> str:
     """A legacy timestamp in the log's form: UTC, microseconds, ``Z``."""
     return parse_timestamp(text).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
@@ -171,11 +159,6 @@ def _mtime_ts(path: Path) -> str:
 
 
 # --------------------------------------------------------------------------- reading
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class _Checker:
@@ -199,7 +182,7 @@ class _Checker:
         try:
             to_log_ts(text)
         except (ValueError, OverflowError):
-            raise self.fail(f"{what} {_short(text)} is not an ISO 8601 time") from None
+            raise self.fail(f"{what} {short_repr(text)} is not an ISO 8601 time") from None
         return text
 
     def date(self, value: Any, what: str) -> str:
@@ -209,7 +192,7 @@ class _Checker:
                 raise ValueError
             dt.date.fromisoformat(text)
         except ValueError:
-            raise self.fail(f"{what} {_short(text)} is not a YYYY-MM-DD date") from None
+            raise self.fail(f"{what} {short_repr(text)} is not a YYYY-MM-DD date") from None
         return text
 
 
@@ -218,24 +201,12 @@ def load(
 ) -> LegacySession:
     """Read a legacy session file.
 
-    Args:
-        path: the ``.json`` file.
-        root: the sessions folder it lies in. It tells a top-level ``{name}.json`` (whose
-            context type must be in the file) from a flat ``{type}/{name}.json``; without it,
-            the type comes from the parent folder (the grandparent under a date folder).
-
-    Missing metadata is derived: ``created_at`` from the first message's timestamp, else the
-    file's modification time; ``last_active`` from the last message; ``message_count`` from the
-    messages; ``session_date`` from the date folder, else from ``created_at``; a message without
-    a timestamp takes the one before it; the context type from the folder. Timestamps may carry
-    a UTC offset, a ``Z`` or neither (naive times are UTC). Unknown keys, at the top, in the
-    metadata or in a message, are kept. A file that is not a JSON object with a ``messages``
-    list, a field of the wrong type, or anything an import could not log (text that is not
-    valid Unicode, which a ``\\ud800`` escape gives; nesting deeper than the log allows) is
-    refused.
-
-    Returns:
-        The session, every field filled in.
+    ``root`` is the sessions folder: it tells a top-level ``{name}.json`` from a flat
+    ``{type}/{name}.json``; without it the type comes from the folders. Missing metadata is
+    derived (from the messages, the date folder, else the file's mtime); a message without a
+    timestamp takes the one before it; naive times are UTC; unknown keys are kept. A file that is
+    not a session, a field of the wrong type, or anything an import could not log (a lone
+    surrogate, nesting past the log's limit) is refused.
 
     Raises:
         LegacyFormatError: the file is not a legacy session, or a field has the wrong type.
@@ -291,18 +262,10 @@ def from_dict(
     session_date: str | None = None,
     fallback_time: str | Callable[[], str] | None = None,
 ) -> LegacySession:
-    """Check and complete a decoded legacy session (see :func:`load`).
+    """Check and complete a decoded legacy session (see :func:`load`; LegacyFormatError).
 
-    Args:
-        data: the decoded JSON.
-        path: the file it came from (named in errors; its stem is the last resort name).
-        context_type: the type its folder names, used when the file names none.
-        session_date: the date its folder names, used when the metadata has none.
-        fallback_time: a timestamp string, or a callable returning one, for ``created_at``
-            when neither the metadata nor any message has a time (default: now).
-
-    Raises:
-        LegacyFormatError: not a session, or a field has the wrong type.
+    ``context_type`` and ``session_date`` are the folders', used when the file has none;
+    ``fallback_time`` (a string or a callable) is the ``created_at`` of a file with no time.
     """
     check = _Checker(printable(str(path)) if path is not None else "<legacy session>")
     raw_messages, meta_raw = _session_parts(data, check)
@@ -392,7 +355,9 @@ def _names(
         if not ctype:
             raise check.fail("it names no context_type and no type folder holds it")
         if not TYPE_RE.fullmatch(ctype):
-            raise check.fail(f"it names no context_type and its folder {_short(ctype)} is no type")
+            raise check.fail(
+                f"it names no context_type and its folder {short_repr(ctype)} is no type"
+            )
     if meta_session_id is None:
         derived.add("metadata.session_id")
     if meta_type is None:
@@ -409,7 +374,7 @@ def _parse_messages(raw_messages: list[Any], check: _Checker) -> list[_Parsed]:
             raise check.fail(f"{what} must be an object, not {_json_type(message)}")
         role = check.string(message.get("role"), f"{what} 'role'")
         if role not in MESSAGE_ROLES:
-            raise check.fail(f"{what} has role {_short(role)}: expected user or assistant")
+            raise check.fail(f"{what} has role {short_repr(role)}: expected user or assistant")
         content = check.string(message.get("content"), f"{what} 'content'")
         stamp = message.get("timestamp")
         if stamp is not None:
@@ -461,7 +426,7 @@ def _metadata(
         derived.add("metadata.message_count")
         count = len(messages)
     elif not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise check.fail(f"'metadata.message_count' must be a count, not {_short(count)}")
+        raise check.fail(f"'metadata.message_count' must be a count, not {short_repr(count)}")
     date = meta_raw.get("session_date")
     if date is not None:
         date = check.date(date, "'metadata.session_date'")
@@ -486,8 +451,7 @@ _TOO_DEEP = f"arrays and objects nest more than {_MAX_DEPTH} levels deep"
 
 
 def _check_loggable(data: dict[str, Any], check: _Checker) -> None:
-    """Refuse, naming the file, what an import could not log: lone surrogates (which a JSON
-    ``\\ud800`` escape gives), values nested too deeply."""
+    """Refuse, naming the file, what an import could not log: lone surrogates, deep nesting."""
     try:
         codec.encode(data)
     except InvalidEntry as exc:
@@ -565,11 +529,7 @@ def _partial_prefix(path: Path) -> str:
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, mtime_ns: int | None = None) -> None:
-    """Write ``data`` to ``path`` through a temporary file, ``fsync`` and ``os.replace``.
-
-    The temporary file lies beside ``path`` (see :func:`stale_partials`); a crash can leave
-    it behind, never a half-written ``path``. ``mtime_ns`` sets the file's modification time.
-    """
+    """Write ``data`` to ``path`` through a temporary file beside it, fsync and ``os.replace``."""
     tmp = path.with_name(f"{_partial_prefix(path)}{uuid.uuid4().hex[:16]}.partial")
     fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # transcripts are private
     try:
@@ -607,33 +567,8 @@ def _is_legacy_file(path: Path) -> bool:
     return path.name.endswith(".json") and path.is_file()
 
 
-def find_legacy_file(root: str | os.PathLike[str], context: ContextId | str) -> Path | None:
-    """The legacy file of ``context`` under ``root``, or None.
-
-    Looks in ``{type}/{date}/`` folders, newest date first, then in the flat ``{type}/``, for
-    ``{name}.json`` with the name as the old tool wrote it (``#python.json``), and for the
-    encoded name (:func:`terrarium.model.encode_name`) when the raw name is not a safe file name.
-    """
-    ctx = ContextId.parse(context)
-    names = legacy_file_names(ctx.name)
-    type_dir = Path(root) / ctx.type
-    dates = [d for d in sorted(listdir(type_dir)) if DATE_RE.fullmatch(d)]
-    for folder in [*(type_dir / d for d in reversed(dates)), type_dir]:
-        for name in names:
-            candidate = folder / name
-            if candidate.is_file():
-                return candidate
-    return None
-
-
 def iter_legacy_files(root: str | os.PathLike[str]) -> Iterator[Path]:
-    """Every legacy session file under ``root``, in sorted order.
-
-    Yields ``{type}/{date}/{name}.json`` (dated), ``{type}/{name}.json`` and ``{name}.json``
-    (flat). Skips the native store's own folders (``.index``, ``.locks``, ``.trash``, any
-    dot folder), the native context folders (one level below a date folder: their
-    ``*.jsonl`` segments and ``head.json`` are never reached), and temporary files.
-    """
+    """Every legacy session file under ``root``, sorted, dated and flat; never the store's own."""
     base = Path(root)
     for top in sorted(listdir(base)):
         path = base / top
@@ -661,20 +596,10 @@ def import_session(
 ) -> PodMetadata:
     """Create a native context holding ``session``.
 
-    The root header's ``ts`` is the session's ``created_at`` (in UTC), its origin is
-    ``import`` from the session's file, and it holds the system prompt and the messages as
-    history items. The messages' timestamps, the metadata and unknown keys are kept under
-    :data:`LEGACY_HEADER_KEY`, so :func:`export_context` gives the file back.
-
-    Args:
-        store: where to create it.
-        session: what :func:`load` read.
-        context: the context to create; by default ``{context_type}:{session_id}``, as the
-            file names it. Another name must be fit for a new context
-            (:meth:`ContextId.check_new`); the file's own is kept as it is.
-
-    Returns:
-        The new context's head.
+    The root header's ``ts`` is the session's ``created_at``; what the log has no place for
+    (timestamps, metadata, unknown keys) is kept under :data:`LEGACY_HEADER_KEY`, so
+    :func:`export_context` gives the file back. ``context`` defaults to the file's own; another
+    must be fit for a new context (:meth:`ContextId.check_new`).
 
     Raises:
         ContextExists: the context already exists.
@@ -742,8 +667,7 @@ def _item_ts(record: Mapping[str, Any] | None, count: int) -> list[str] | None:
 
 
 def _timed_history(lines: Sequence[Mapping[str, Any]]) -> list[_Timed]:
-    """The replayed history with times (:func:`~terrarium.sessions.timed_history`); the
-    items of an import header keep the legacy file's timestamps and their index in it."""
+    """The replayed history with times; an import header's items keep the file's timestamps."""
     timed = [_Timed(t.item, t.ts, None) for t in sessions.timed_history(lines)]
     headers = [line for line in lines if line["kind"] == EntryKind.HEADER]
     # The history starts at the last header that holds one (or the first header).
@@ -755,21 +679,8 @@ def _timed_history(lines: Sequence[Mapping[str, Any]]) -> list[_Timed]:
     return timed
 
 
-def history_with_timestamps(
-    store: Store, session_id: SessionId, segment_id: SegmentId
-) -> list[tuple[LoggedItem, str]]:
-    """The history that replaying the segment yields, each item with its timestamp.
-
-    Items an import header holds get the legacy file's timestamps exactly as written; every
-    other item gets the ``ts`` of the entry that logged it (or of the header that holds it).
-    """
-    timed = _timed_history(sessions.lines_of(sessions.lineage(store, session_id, segment_id)))
-    return [(t.item, t.ts) for t in timed]
-
-
 def _native_message(item: LoggedItem, ts: str) -> dict[str, Any] | None:
-    """A user or assistant message with text as a legacy message (a Responses item through
-    its Chat view: its ``message`` items; tool calls, results and reasoning are left out)."""
+    """A user or assistant message with text as a legacy message, else None."""
     view = chat_view(item)
     role = view.get("role") if view is not None else None
     if view is None or role not in ("user", "assistant"):
@@ -788,23 +699,12 @@ def export_dict(
 ) -> dict[str, Any]:
     """Any native context as a legacy session dict, field for field (see :func:`dump`).
 
-    Messages: the items an import brought keep their role, text, timestamp and unknown keys
-    as the file had them. Of the items logged natively, user and assistant messages are
-    written with their text (content parts joined) and their entry's time in the seed's form
-    (``2025-11-06T14:30:00.123456``, naive UTC), plus ``name`` when they have one. System
-    items (runtime events), tool results and assistant messages that only call tools are left
-    out: the old format has no place for them, and the old tool would send them as chat.
-
-    For an imported context with nothing logged since, the result is ``dump(load(file))``
-    field for field; turns logged later follow with their own timestamps.
-
-    Metadata: for an imported context, the file's metadata; once anything was logged after
-    the import, ``last_active`` and ``message_count`` follow the log. For other contexts,
-    all of it comes from the log (``session_date`` is the creation date, UTC).
-
-    ``pending`` are entries not saved yet (a
-    :class:`~terrarium.agent.session_manager.PersistentSession` with auto-save off), taken as
-    if they followed the head segment's last entry: the session file it would save.
+    Imported messages keep role, text, timestamp and unknown keys as the file had them. Native
+    user and assistant messages are written with their text and time (naive UTC); runtime events,
+    tool results and tool-only messages are left out (the old tool would send them as chat). The
+    metadata is the file's, with ``last_active`` and ``message_count`` following the log once
+    anything was logged; for a native context it all comes from the log. ``pending`` are unsaved
+    entries, taken as following the head: the file a PersistentSession would save.
 
     Raises:
         ContextNotFound: no such context.
@@ -841,8 +741,7 @@ def _export_metadata(
     *,
     logged: bool,
 ) -> dict[str, Any]:
-    """The legacy ``metadata`` of :func:`export_dict`: an imported file's, updated when the
-    context was ``logged`` to since; otherwise all of it from the log."""
+    """:func:`export_dict`'s ``metadata``: an imported file's, updated once ``logged`` to."""
     if record is None:
         return {
             "created_at": to_legacy_ts(head.created_at),
@@ -894,11 +793,7 @@ def _export_messages(
 
 
 def export_context(store: Store, context: ContextId | str) -> str:
-    """Any native context as the text of a legacy session file (see :func:`export_dict`).
-
-    Raises:
-        ContextNotFound: no such context.
-    """
+    """Any native context as the text of a legacy session file (ContextNotFound if none)."""
     return dumps(export_dict(store, context))
 
 
@@ -914,10 +809,8 @@ __all__ = [
     "dumps",
     "export_context",
     "export_dict",
-    "find_legacy_file",
     "from_dict",
     "fsync_dir",
-    "history_with_timestamps",
     "import_session",
     "iter_legacy_files",
     "load",

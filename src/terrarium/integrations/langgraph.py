@@ -1,20 +1,11 @@
 """``TerrariumSaver``: a LangGraph checkpointer (sync and async) over any terrarium store.
 
-One LangGraph thread is one terrarium context, ``langgraph:{thread_id}``. Each ``put`` appends
-one ``extension`` entry (domain ``langgraph.checkpoint``: the checkpoint, its metadata, its
-parent and the channels it changed, serialized by the saver's ``serde``, base64-encoded), each
-``put_writes`` one of domain ``langgraph.writes``. A root graph's new ``messages`` are also
-logged as history items in the same write, so ``terrarium show``, search and export see them.
-
-The trade-off: a read replays the thread's entries (O(entries in the thread)), and the log
-stays append-only and greppable. Async methods run the store in a worker thread.
-
-Needs the ``langgraph`` extra (``pip install 'terrarium-sessions[langgraph]'``).
-
-Usage::
-
-    from langgraph.graph import StateGraph
-    from terrarium.integrations.langgraph import TerrariumSaver
+One LangGraph thread is one context, ``langgraph:{thread_id}``. Each ``put`` appends one
+``extension`` entry of domain ``langgraph.checkpoint`` (checkpoint, metadata, parent and
+changed channels, serialized by ``serde``, base64), each ``put_writes`` one of domain
+``langgraph.writes``. A root graph's new ``messages`` are logged as history items in the same
+write, so ``show``, search and export see them. A read replays the thread's entries; async
+methods run the store in a worker thread. Needs the ``langgraph`` extra. Usage::
 
     with TerrariumSaver("sessions.db") as saver:
         graph = builder.compile(checkpointer=saver)
@@ -112,8 +103,7 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
         """Open the saver.
 
         Args:
-            store: A store object (left open by :meth:`close`), or a store path or URL, which
-                the saver opens and :meth:`close` closes.
+            store: A store object (left open), or a store path or URL (opened and closed here).
             context_type: The type of the threads' contexts (``langgraph:{thread_id}``).
             serde: LangGraph's serializer for checkpoint values (its default if None).
 
@@ -138,11 +128,7 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
         self.close()
 
     def context_of(self, thread_id: str) -> ContextId:
-        """The context that holds ``thread_id``.
-
-        Raises:
-            InvalidContextId: the thread id cannot be a context name (it holds ``/``, ...).
-        """
+        """The context that holds ``thread_id``; InvalidContextId if it cannot be a name."""
         return ContextId(self.context_type, str(thread_id))
 
     # ------------------------------------------------------------------------- reading
@@ -217,8 +203,7 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        """Checkpoints newest first, of one thread (or every thread when ``config`` is None),
-        matching the namespace and id in ``config``, ``filter`` on metadata, and ``before``."""
+        """Checkpoints newest first, of ``config``'s thread (or all), matching every filter."""
         if config is not None:
             thread_ids = [str(config["configurable"]["thread_id"])]
             wanted_ns = config["configurable"].get("checkpoint_ns")
@@ -400,8 +385,7 @@ def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
 
 
 def _version_key(version: Any) -> str:
-    """A channel version as a dict key: versions are str, int or float, kept as JSON gives
-    them back (an int stays an int)."""
+    """A channel version as a dict key (an int version stays distinct from its string)."""
     return repr(version)
 
 
@@ -427,11 +411,7 @@ def _replay_writes(thread: _Thread, data: dict[str, Any]) -> None:
 
 
 def _new_message_entries(messages: Any, logged: set[str]) -> list[tuple[str, dict[str, Any]]]:
-    """History entries for the messages of ``messages`` not yet logged (by message id).
-
-    Matching by id means a message that a ``RemoveMessage`` dropped stays in the log, as
-    everything logged does.
-    """
+    """History entries for the messages not yet logged, by id (a removed message stays logged)."""
     if not isinstance(messages, list):
         return []
     entries: list[tuple[str, dict[str, Any]]] = []

@@ -1,23 +1,12 @@
 """``TerrariumSession``: the OpenAI Agents SDK's ``Session`` over any terrarium store.
 
-One SDK session is one terrarium context (``agents:{session_id}`` unless ``context=`` names
-another), so what an agent said is kept, forkable and searchable like any conversation:
-``terrarium show agents:support-42`` prints it. Items are the SDK's Responses API input items,
-stored as given (docs/format.md §7a) and given back equal. The trade-offs against the SDK's
-``SQLiteSession``: ``pop_item`` is :func:`terrarium.sessions.rewind` (the head moves to a fork,
-copying nothing; the popped item stays in the session tree) and ``clear_session`` starts an
-empty segment (the old history stays in the tree, as every terrarium clear does); nothing is
-ever deleted. ``get_items`` replays the history, so it costs O(history), not O(limit).
-
-Every method runs the synchronous store in a worker thread (``asyncio.to_thread``), so a slow
-store never blocks the event loop. Writes take the context's lock: sharers never lose an item.
-
-Needs the ``openai-agents`` extra (``pip install 'terrarium-sessions[openai-agents]'``).
-
-Usage::
-
-    from agents import Agent, Runner
-    from terrarium.integrations.openai_agents import TerrariumSession
+One SDK session is one context (``agents:{session_id}`` unless ``context=`` names another), so
+``terrarium show agents:support-42`` prints it. Items are stored as given (docs/format.md §7a)
+and given back equal. Against the SDK's ``SQLiteSession``: ``pop_item`` is
+:func:`terrarium.sessions.rewind` and ``clear_session`` starts an empty segment, so nothing is
+ever deleted; ``get_items`` replays the history (O(history), not O(limit)). Every method runs
+the store in a worker thread; writes take the context's lock. Needs the ``openai-agents``
+extra. Usage::
 
     with TerrariumSession("support-42", "sessions.db") as session:
         result = Runner.run_sync(agent, "Hello!", session=session)
@@ -58,11 +47,7 @@ _T = TypeVar("_T")
 
 
 class TerrariumSession:
-    """An Agents SDK session kept in a terrarium context.
-
-    It implements the SDK's ``Session`` protocol (``agents.memory.Session``): pass it as
-    ``Runner.run(..., session=...)``.
-    """
+    """An Agents SDK session kept in a terrarium context: ``Runner.run(..., session=...)``."""
 
     session_settings: SessionSettings | None
     """The SDK's session settings; ``limit`` is the default of :meth:`get_items`."""
@@ -79,14 +64,12 @@ class TerrariumSession:
 
         Args:
             session_id: The SDK's session id.
-            store: A store object (left open by :meth:`close`), or a store path or URL
-                (``sessions/``, ``sqlite:agents.db``, ``postgresql://...``), which this
-                session opens and :meth:`close` closes.
+            store: A store object (left open), or a store path or URL (opened and closed here).
             context: The context that holds the items; ``agents:{session_id}`` by default.
             session_settings: The SDK's settings (``SessionSettings(limit=...)`` or a dict).
 
         Raises:
-            InvalidContextId: the context id (or ``agents:{session_id}``) is not valid.
+            InvalidContextId: the context id is not valid.
             StoreURLError: ``store`` is a malformed URL.
         """
         if not isinstance(session_id, str):
@@ -110,13 +93,9 @@ class TerrariumSession:
     # ------------------------------------------------------------------------- the protocol
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
-        """The history, oldest first: the last ``limit`` items when a limit is given.
+        """The history, oldest first; the last ``limit`` items (default ``session_settings.limit``).
 
-        Args:
-            limit: How many of the latest items to return; None means
-                ``session_settings.limit``, and when that is None too, every item. 0 gives
-                none, and a limit of the length or more gives every item, as does a negative
-                one (as the SDK's SQLite session does).
+        0 gives none; a negative limit, or one past the length, every item (as the SDK's does).
         """
         limit = resolve_session_limit(limit, self.session_settings)
         items = await self._run(self._history)
@@ -126,12 +105,7 @@ class TerrariumSession:
         return cast("list[TResponseInputItem]", items)
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
-        """Append ``items`` after the history, in one atomic write (together or not at all).
-
-        Raises:
-            InvalidEntry: an item is neither a message nor a Responses API item, or holds
-                text that is not valid Unicode; nothing is written.
-        """
+        """Append ``items`` in one atomic write; InvalidEntry (nothing written) for a bad item."""
         self._check_open()
         if not items:
             return

@@ -1,19 +1,12 @@
 """The model client: one OpenAI-compatible chat server (vLLM, llama.cpp, Ollama, OpenAI) over HTTP.
 
-:class:`VLLMClient` wraps the official ``openai.AsyncOpenAI`` client for a long-lived agent:
-
-* **Plain chat requests skip the typed pipeline** of ``chat.completions.create``, whose
-  transforms cost more CPU than the rest of a turn (:func:`_chat_request`).
-* **Messages go out exactly as given**, so turn *n + 1*'s prompt starts with turn *n*'s bytes
-  and vLLM's prefix cache reuses them. Unknown parameters (``top_k``) go in ``extra_body``.
-* **One retry loop for every call** (:meth:`VLLMClient._with_retries`), which also retries a
-  stream that failed before its first delta.
-* **Errors are terrarium's**: :class:`~terrarium.errors.LLMError` subclasses with one-line
-  messages (:meth:`VLLMClient._map_error`), the ``openai`` exception kept as ``__cause__``.
-* **Usage is never silently missing**: a reply without it gets an estimated
-  :class:`~terrarium.model.UsageRecord` (:meth:`VLLMClient._estimate_usage`).
-* **Optional tracing**: ``on_trace`` gets a :class:`~terrarium.model.TraceEntry` for each
-  request, raw chunk, final response and error.
+:class:`VLLMClient` wraps ``openai.AsyncOpenAI`` for a long-lived agent. Plain chat requests
+skip the typed pipeline of ``chat.completions.create`` (:func:`_chat_request`). Messages go
+out exactly as given, so vLLM's prefix cache reuses the previous turn's bytes. One retry loop
+serves every call, and also retries a stream that failed before its first delta. Errors are
+:class:`~terrarium.errors.LLMError` subclasses with one-line messages. A reply without usage
+gets an estimated :class:`~terrarium.model.UsageRecord`. ``on_trace`` gets a
+:class:`~terrarium.model.TraceEntry` for each request, raw chunk, response and error.
 
 A client belongs to one event loop (its connection pool does). Usage::
 
@@ -37,7 +30,6 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from types import TracebackType
 from typing import Any, Literal, TypeVar, cast
 
 import msgspec
@@ -146,16 +138,13 @@ class VLLMClient:
         """Create a client; no connection is made until the first call.
 
         Args:
-            base_url: The server, with or without the trailing ``/v1``
-                (``http://localhost:8000``, ``http://gpu-box:8000/v1``).
+            base_url: The server, with or without the trailing ``/v1``.
             model: The model to ask; None picks the first one the server lists, once.
             api_key: The bearer key; else ``OPENAI_API_KEY``; else a dummy (vLLM needs none).
             timeout: Seconds to wait for a connection, or for each read of a reply.
-            max_retries: Retries of a transient failure (so up to ``max_retries + 1`` tries).
-            default_params: Request parameters sent with every call (``temperature``,
-                ``max_tokens``, ``top_k``, ...); per-call parameters override them.
-            on_trace: Called with a :class:`TraceEntry` for each request, chunk, response and
-                error. It runs inline and must not raise.
+            max_retries: Retries of a transient failure.
+            default_params: Request parameters sent with every call; per-call ones override them.
+            on_trace: Called inline with a :class:`TraceEntry`; it must not raise.
             backoff_base: Seconds before the first retry; doubles each retry, with jitter.
             backoff_max: Longest wait between two tries.
         """
@@ -196,22 +185,13 @@ class VLLMClient:
     async def __aenter__(self) -> VLLMClient:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     # ------------------------------------------------------------------ models
 
     async def list_models(self) -> list[str]:
-        """Return the ids of the models the server serves (``GET /v1/models``).
-
-        Raises:
-            LLMError: a subclass naming what went wrong (see the module docstring).
-        """
+        """Return the ids of the models the server serves (``GET /v1/models``)."""
         page = await self._with_retries(lambda _attempt: self._client.models.list(), None)
         data = getattr(page, "data", None)
         if not isinstance(data, list):
@@ -223,7 +203,6 @@ class VLLMClient:
 
         Raises:
             ModelNotFound: the server lists no model.
-            LLMError: the lookup failed.
         """
         if self._model is not None:
             return self._model
@@ -248,11 +227,11 @@ class VLLMClient:
         Args:
             messages: OpenAI chat messages, sent exactly as given.
             model: The model for this call; the client's model when None.
-            **params: Request parameters (``temperature``, ``tools``, ``max_tokens``,
-                ``top_k``, ...), over the client's ``default_params``.
+            **params: Request parameters (``temperature``, ``tools``, ``top_k``, ...), over the
+                client's ``default_params``.
 
         Raises:
-            LLMError: a subclass naming what went wrong (see the module docstring).
+            LLMError: a subclass naming what went wrong.
         """
         name = model or await self.resolve_model()
         kwargs = self._build_kwargs(params)
@@ -274,22 +253,11 @@ class VLLMClient:
     ) -> AsyncGenerator[StreamEvent, None]:
         """Send a conversation and yield the answer as it is generated.
 
-        Yields :class:`StreamEvent` s with text (and reasoning) deltas as they arrive, then one
-        last event whose ``result`` is the complete :class:`ChatResult` (tool calls assembled,
-        usage included: the request asks for ``stream_options.include_usage`` unless the
-        server refused it, and usage the server did not send is estimated).
-
-        A failure before the first delta is retried like :meth:`chat`; a failure after it is
-        raised, never retried. If you stop iterating early, close the iterator
-        (``contextlib.aclosing``) to release the connection at once.
-
-        Args:
-            messages: OpenAI chat messages, sent exactly as given.
-            model: The model for this call; the client's model when None.
-            **params: Request parameters, as for :meth:`chat`.
-
-        Raises:
-            LLMError: a subclass naming what went wrong (see the module docstring).
+        Yields text and reasoning deltas, then one last event whose ``result`` is the complete
+        :class:`ChatResult`, usage included (asked for with ``stream_options``, else estimated).
+        A failure before the first delta is retried like :meth:`chat`; one after it is raised. If
+        you stop iterating early, close the iterator (``contextlib.aclosing``) to free the
+        connection. Arguments and errors as for :meth:`chat`.
         """
         name = model or await self.resolve_model()
         kwargs = self._build_kwargs(params)
@@ -327,21 +295,12 @@ class VLLMClient:
     ) -> _T:
         """Await ``one_try(attempt)`` until it succeeds or fails for good: the one retry loop.
 
-        The ``openai`` client is built with ``max_retries=0``, so it makes one try. Its own loop
-        (connection errors, timeouts, 408, 409, 429, 5xx or what ``x-should-retry`` says;
-        backoff from 0.5 s doubling to 8 s with jitter; ``Retry-After`` honoured up to its own
-        cap) ends when the response headers arrive, so it cannot replay a stream that breaks
-        after them. What this loop adds: ``one_try`` spans more than the request
-        (:meth:`_open_stream` reads up to the first delta, so a stream that failed before any
-        text was handed out is retried too); each failure is traced (``error``, with
-        ``retrying``); the backoff is the client's (``backoff_base``, ``backoff_max``, which
-        also caps ``Retry-After``). Retried: connection errors, timeouts, 408, 429 and 5xx
-        (:func:`_is_transient`), at most ``max_retries`` times.
-
-        A :class:`BadResponse` from ``one_try`` is traced and raised as it is. Any other
-        ``openai`` error or ``ValueError`` becomes the :class:`LLMError` of :meth:`_map_error`
-        (``model`` names the model in it), raised once it is not transient or tries ran out;
-        ``explicit`` is the model the caller named (None: the picked one may be forgotten).
+        The ``openai`` client makes one try (``max_retries=0``): its own loop ends when the headers
+        arrive, so it cannot replay a stream that breaks before its first delta; ours can. Retried:
+        connection errors, timeouts, 408, 429 and 5xx, at most ``max_retries`` times, with our
+        backoff (which also caps ``Retry-After``). A :class:`BadResponse` is raised as it is; other
+        errors become :meth:`_map_error`'s. ``explicit`` is the model the caller named (None: a
+        picked model may be forgotten).
         """
         attempt = 0
         while True:
@@ -369,28 +328,24 @@ class VLLMClient:
     ) -> tuple[_StreamState, StreamEvent | None]:
         """One try at a stream, read up to its first delta (None: it ended without one).
 
-        On failure the stream is closed before the exception leaves, so the connection is
-        released before any backoff.
+        On failure the stream is closed before the exception leaves, freeing the connection.
         """
-        request = self._stream_kwargs(kwargs)
-        self._trace("request", self._request_trace(name, messages, request, True, attempt))
-        try:
-            stream = await self._client.chat.completions.create(
-                model=name, stream=True, **_with_messages(request, messages)
-            )
-        except openai.APIStatusError as exc:
-            if "stream_options" not in request or not _refuses_stream_options(exc):
-                raise
-            # The server does not know stream_options (older vLLM, llama.cpp, some proxies):
-            # ask again without it now, and never send it again from this client.
-            self._ask_stream_usage = False
-            error = self._map_error(exc, name, attempts=1)
-            self._trace("error", _error_trace(error, attempt, retrying=True))
+        while True:
             request = self._stream_kwargs(kwargs)
             self._trace("request", self._request_trace(name, messages, request, True, attempt))
-            stream = await self._client.chat.completions.create(
-                model=name, stream=True, **_with_messages(request, messages)
-            )
+            try:
+                stream = await self._client.chat.completions.create(
+                    model=name, stream=True, **_with_messages(request, messages)
+                )
+                break
+            except openai.APIStatusError as exc:
+                if "stream_options" not in request or not _refuses_stream_options(exc):
+                    raise
+                # The server does not know stream_options (older vLLM, llama.cpp, some
+                # proxies): ask again without it now, and never send it again.
+                self._ask_stream_usage = False
+                error = self._map_error(exc, name, attempts=1)
+                self._trace("error", _error_trace(error, attempt, retrying=True))
         state = _StreamState(name, attempt, stream)
         try:
             async for chunk in state.reader:
@@ -411,8 +366,7 @@ class VLLMClient:
         return None
 
     def _stream_kwargs(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """A stream's request arguments: ``include_usage`` asked for, unless the server
-        refused ``stream_options`` before (then none are sent, the caller's too)."""
+        """A stream's arguments, asking ``include_usage`` unless ``stream_options`` was refused."""
         request = dict(kwargs)
         if self._ask_stream_usage:
             options = dict(request.get("stream_options") or {})
@@ -428,12 +382,9 @@ class VLLMClient:
     ) -> UsageRecord:
         """Usage for a reply the server sent none for: counted by its tokenizer, else by chars.
 
-        The tokenizer is the server's ``POST /tokenize`` at :attr:`server_root`, probed once
-        per client (:meth:`_tokenizer_kind`): vLLM's counts the prompt with the chat template
-        applied (``{"model", "messages"}``) and the reply as text; llama.cpp's tokenizes texts
-        (``{"content"}``), so its prompt count leaves out the template's tokens. Any failure of
-        the tokenizer (refused, unreachable, nonsense) falls back to :func:`chars_to_tokens`
-        for this call and is logged; it never fails the turn.
+        vLLM's ``/tokenize`` counts the prompt with the chat template applied; llama.cpp's counts
+        texts, so its prompt count leaves the template out. A tokenizer failure falls back to
+        :func:`chars_to_tokens` and is logged; it never fails the turn.
         """
         completion_text = _completion_text(result.message)
         try:
@@ -463,36 +414,26 @@ class VLLMClient:
         )
 
     async def _tokenizer_kind(self, model: str) -> TokenizerKind:
-        """Which ``/tokenize`` the server has, probed on first use and remembered.
-
-        A probe that fails for a passing reason (connection, timeout, 5xx) raises and is tried
-        again next time; an answer that is neither vLLM's nor llama.cpp's is remembered as
-        ``none``.
-        """
+        """Which ``/tokenize`` the server has, probed once (a passing failure: probed again)."""
         async with self._probe_lock:
             if self._tokenizer is None:
                 self._tokenizer = await self._probe_tokenizer(model)
             return self._tokenizer
 
     async def _probe_tokenizer(self, model: str) -> TokenizerKind:
-        try:
-            if isinstance(
-                (await self._tokenize({"model": model, "prompt": "Hi"})).get("count"), int
-            ):
-                return "vllm"
-        except openai.APIStatusError as exc:
-            if exc.status_code not in _NOT_THIS_STYLE:
-                raise
-        except ValueError:
-            pass  # not JSON, or not an object: not vLLM's
-        try:
-            if isinstance((await self._tokenize({"content": "Hi"})).get("tokens"), list):
-                return "llamacpp"
-        except openai.APIStatusError as exc:
-            if exc.status_code not in _NOT_THIS_STYLE:
-                raise
-        except ValueError:
-            pass
+        probes: list[tuple[TokenizerKind, dict[str, Any], str, type]] = [
+            ("vllm", {"model": model, "prompt": "Hi"}, "count", int),
+            ("llamacpp", {"content": "Hi"}, "tokens", list),
+        ]
+        for kind, body, key, expected in probes:
+            try:
+                if isinstance((await self._tokenize(body)).get(key), expected):
+                    return kind
+            except openai.APIStatusError as exc:
+                if exc.status_code not in _NOT_THIS_STYLE:
+                    raise
+            except ValueError:
+                pass  # not JSON, or not an object: not this kind
         _log.info(
             "%s has no /tokenize: usage it omits is estimated from characters", self.server_root
         )
@@ -511,13 +452,7 @@ class VLLMClient:
         return len(tokens)
 
     async def _tokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """POST ``body`` to the server's ``/tokenize``; the JSON object it answers.
-
-        Raises:
-            openai.APIStatusError: the server answered an error status.
-            openai.APIConnectionError: it could not be reached in time.
-            ValueError: the answer is not a JSON object.
-        """
+        """POST ``body`` to the server's ``/tokenize``; its JSON object answer, else ValueError."""
         text = await self._client.post(
             f"{self.server_root}/tokenize",
             cast_to=str,
@@ -532,11 +467,7 @@ class VLLMClient:
     # ------------------------------------------------------------------ internals
 
     async def _post_chat(self, body: bytes, options: Mapping[str, Any]) -> Any:
-        """POST a plain chat request with the ``openai`` client's ``post`` (its documented
-        way to make custom requests: the same pool, headers, timeouts and errors as
-        ``create``) and return the answer as the server's JSON. Why not
-        ``chat.completions.create``: see :func:`_chat_request`.
-        """
+        """POST a prebuilt chat request with the client's ``post`` (same pool, headers, errors)."""
         post: Any = self._client.post  # typed for the installed release's keywords only
         raw = {"content": body} if _POST_TAKES_CONTENT else {"body": body}
         return await post("/chat/completions", cast_to=object, options=options, **raw)
@@ -593,13 +524,7 @@ class VLLMClient:
             self._model_was_picked = False
 
     def _map_error(self, exc: Exception, model: str | None, *, attempts: int) -> LLMError:
-        """Translate an openai or decoding exception into a one-line terrarium error.
-
-        Connection refused, DNS or timeout -> :class:`ServerUnreachable` (naming the URL
-        tried); unknown model -> :class:`ModelNotFound`; context window exceeded ->
-        :class:`ContextTooLong`; 429 -> :class:`RateLimited`; anything else malformed or
-        refused -> :class:`BadResponse`.
-        """
+        """Translate an openai or decoding exception into a one-line terrarium error."""
         url = self.base_url
         tries = f" after {attempts} attempts" if attempts > 1 else ""
         if isinstance(exc, openai.APITimeoutError):
@@ -614,14 +539,16 @@ class VLLMClient:
             )
         if isinstance(exc, openai.APIResponseValidationError):
             return BadResponse(f"malformed response from {url}: {_one_line(exc.message)}")
-        if isinstance(exc, openai.APIStatusError):
-            status = exc.status_code
+        if isinstance(exc, openai.APIError):
             detail = _server_message(exc)
             code = str(exc.code or "")
+            status: int | None = getattr(exc, "status_code", None)  # None: a stream's error event
             if code == "context_length_exceeded" or (
-                400 <= status < 500 and _CONTEXT_RE.search(detail)
+                (status is None or 400 <= status < 500) and _CONTEXT_RE.search(detail)
             ):
                 return ContextTooLong(f"the request does not fit model {model}'s context: {detail}")
+            if status is None:
+                return BadResponse(f"the model server at {url} reported an error: {detail}")
             if model is not None and (
                 code == "model_not_found" or (status == 404 and "model" in detail.lower())
             ):
@@ -638,11 +565,6 @@ class VLLMClient:
                     "set OPENAI_API_KEY"
                 )
             return BadResponse(f"the model server at {url} answered {status}{tries}: {detail}")
-        if isinstance(exc, openai.APIError):  # an error event inside a stream
-            detail = _server_message(exc)
-            if str(exc.code or "") == "context_length_exceeded" or _CONTEXT_RE.search(detail):
-                return ContextTooLong(f"the request does not fit model {model}'s context: {detail}")
-            return BadResponse(f"the model server at {url} reported an error: {detail}")
         if isinstance(exc, ValueError):
             return BadResponse(f"malformed response from {url}: {_one_line(str(exc))}")
         return BadResponse(f"model call to {url} failed: {_one_line(str(exc))}")
@@ -704,16 +626,12 @@ class VLLMClient:
 def _chat_request(
     model: str, messages: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]
 ) -> tuple[bytes, dict[str, Any]]:
-    """The body of a plain chat request, encoded once for every try, and its options.
+    """The body of a plain chat request, encoded once for every try, and its request options.
 
-    ``chat.completions.create`` walks every argument through the package's TypedDict
-    transform, builds request options as pydantic models and parses the answer into
-    others: ~1.5 ms of CPU a request, which with 50 contexts in flight on one event loop
-    was half a turn's CPU (benchmarks/bench_manager.py). The body is plain JSON already, so
-    :meth:`VLLMClient._post_chat` posts it as bytes with the client's ``post`` (openai 1.99
-    and later send a bytes body as it is) and reads the answer as plain JSON.
-    ``extra_headers``, ``extra_query`` and ``timeout`` are request options, not body keys;
-    ``extra_body`` is merged in, as ``create`` does.
+    ``chat.completions.create`` walks every argument through TypedDict transforms and pydantic
+    models: ~1.5 ms of CPU a request, half a turn's CPU with 50 contexts in flight on one event
+    loop (benchmarks/bench_manager.py). The body is plain JSON already, so it is posted as bytes
+    and the answer read as plain JSON.
     """
     body: dict[str, Any] = {"model": model}
     options: dict[str, Any] = {}
@@ -744,12 +662,10 @@ _ENCODER = msgspec.json.Encoder(enc_hook=_jsonable)
 def _with_messages(
     kwargs: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """Request arguments with ``messages`` carried in the body as given.
+    """Request arguments with ``messages`` carried in ``extra_body``, untransformed.
 
-    The openai package walks every message through its TypedDict transform, about 140 µs a
-    message (1.4 s of CPU per request at 10k messages of history). Our messages are plain
-    JSON dicts that the transform would not change, so they travel in ``extra_body``, which
-    the package merges into the request body unchanged, and ``messages`` itself is empty.
+    The openai package's TypedDict transform costs ~140 µs a message (1.4 s of CPU at 10k
+    messages); our plain dicts would come out unchanged.
     """
     out = dict(kwargs)
     out["extra_body"] = {**(out.get("extra_body") or {}), "messages": list(messages)}
@@ -763,8 +679,7 @@ def chars_to_tokens(text: str) -> int:
 
 
 def _message_text(message: Mapping[str, Any], *, reasoning: bool) -> str:
-    """What a message spends tokens on: its text (parts too), tool calls, and its reasoning
-    when ``reasoning``."""
+    """What a message spends tokens on: text, tool calls, and reasoning when asked."""
     content = message.get("content")
     pieces: list[str] = []
     if isinstance(content, str):
@@ -818,8 +733,7 @@ def normalize_base_url(base_url: str) -> str:
 
 
 class _StreamState:
-    """One try at a stream: its reader, and the answer accumulated so far (text, reasoning,
-    tool calls by index, usage)."""
+    """One try at a stream: its reader and the answer accumulated so far."""
 
     def __init__(self, requested: str, attempt: int, stream: openai.AsyncStream[Any]) -> None:
         self.attempt = attempt
@@ -933,8 +847,7 @@ def _make_result(
 
 
 def _field(obj: Any, key: str) -> Any:
-    """``obj[key]`` of a JSON object (a plain reply), ``obj.key`` of an ``openai`` model (a
-    stream chunk); None when absent."""
+    """``obj[key]`` of a JSON object, ``obj.key`` of an ``openai`` model; None when absent."""
     if isinstance(obj, Mapping):
         return obj.get(key)
     return getattr(obj, key, None)
