@@ -102,7 +102,7 @@ def test_a_response_is_found_after_a_restart_and_not_after_its_delete(store: Sto
     fresh = Ledger(store)
     found = fresh.find("r1", thread)
     assert found is not None and found[0] == first
-    inputs, outputs = fresh.response_items(*found)
+    inputs, outputs = fresh.response_items(found.point, found.record)
     assert inputs == [user("q1")] and outputs[0]["content"][0]["text"] == "a1"
     assert fresh.delete_response("r1", thread)
     assert Ledger(store).find("r1", thread) is None and ledger.find("r2", thread) is not None
