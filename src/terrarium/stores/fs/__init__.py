@@ -243,13 +243,13 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         never makes a context look new.
         """
         try:
-            folder = self._pointer_folder(self._index_path(context), context)
+            folder = self._pointer_folder(self._index_file(context), context)
         except FileNotFoundError:
             pass
         except StoreError as exc:
             log.warning("%s", exc)
         else:
-            found = self._context_folder(context, folder.parent)
+            found = self._context_folder(context, folder)
             if found is not None:
                 return found
         found = self._find_folder(context)
@@ -283,7 +283,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         if folder is not None and real_dir(folder):
             return folder
         try:
-            folder = self._pointer_folder(self._session_index_path(session_id), None)
+            folder = Path(self._pointer_folder(self._session_index_path(session_id), None))
         except FileNotFoundError:
             folder = None
         if folder is None or not holds_context(folder):
