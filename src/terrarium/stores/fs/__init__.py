@@ -940,6 +940,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                 seq = self._live_next_seq(handle, segment_id)
                 if seq is not None:
                     return seq
+                self._forget(segment_id)
         return self._reading(session_id, lambda: self._next_seq(session_id, segment_id))
 
     def _next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:

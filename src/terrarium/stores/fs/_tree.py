@@ -106,8 +106,8 @@ class Tree:
         return folder
 
     def _checked(self, folder: str) -> str:
-        """:meth:`_inside` for a normalised ``str`` path (no ``.``, ``..`` or ``//`` parts but
-        as names that :func:`check_inside` then judges)."""
+        """:meth:`_inside` for a ``str`` path as ``str(Path)`` spells it (a ``.`` or ``..``
+        part gets the full check)."""
         if folder in self._inside_cache:
             return folder
         parent, name = os.path.split(folder)
