@@ -102,7 +102,7 @@ def test_a_response_is_found_after_a_restart_and_not_after_its_delete(store: Sto
     fresh = Ledger(store)
     found = fresh.find("r1", thread)
     assert found is not None and found[0] == first
-    inputs, outputs = fresh.response_items(*found)
+    inputs, outputs = fresh.response_items(found.point, found.record)
     assert inputs == [user("q1")] and outputs[0]["content"][0]["text"] == "a1"
     assert fresh.delete_response("r1", thread)
     assert Ledger(store).find("r1", thread) is None and ledger.find("r2", thread) is not None
@@ -118,6 +118,33 @@ def test_a_delete_by_another_process_is_seen(store: Store) -> None:
     assert two.find("r1", thread) is not None and two.find("r2", thread) is not None
     assert one.delete_response("r1", thread) and one.delete_response("r2", thread)
     assert two.find("r1", thread) is None and two.find("r2", thread) is None
+
+
+def test_a_turn_moves_the_head_only_from_the_head_its_caller_read(store: Store) -> None:
+    """``find`` gives the head it read; ``continue_from`` moves the head from it to the
+    segment written, and leaves it where another writer moved it since."""
+    ledger = Ledger(store)
+    thread = ContextId("resp", "t")
+    first = ledger.start_thread(thread, turn(1))
+    ledger.continue_from(first, turn(2), move_head=True, base=None)
+    found = ledger.find("r1", thread)  # no longer the tail: continuing it forks
+    assert found is not None and found.head == first.segment_id
+    fork = ledger.continue_from(found.point, turn(3), move_head=True, base=None, head=found.head)
+    head = store.get_head(thread)
+    assert fork.segment_id != first.segment_id and head is not None
+    assert head.segment_id == fork.segment_id
+    tail = ledger.find("r2", thread)
+    assert tail is not None and tail.head == fork.segment_id
+    # Read before the fork moved it: the turn is appended, the fork keeps the head.
+    ledger.continue_from(tail.point, turn(4), move_head=True, base=None, head=first.segment_id)
+    head = store.get_head(thread)
+    assert head is not None and head.segment_id == fork.segment_id
+    # Read now: the head moves to the turn's segment.
+    found = ledger.find("r4", thread)
+    assert found is not None
+    ledger.continue_from(found.point, turn(5), move_head=True, base=None, head=found.head)
+    head = store.get_head(thread)
+    assert head is not None and head.segment_id == first.segment_id
 
 
 def test_a_chat_ui_sending_an_answer_back_trimmed_makes_no_branch() -> None:

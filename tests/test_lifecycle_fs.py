@@ -291,6 +291,23 @@ def test_a_writer_in_another_store_follows_the_context_into_the_archive(root: Pa
         assert texts == ["first", "cached", "after"]
 
 
+def test_next_seq_from_a_cached_descriptor_sees_another_stores_moves(root: Path) -> None:
+    """``next_seq`` answers from the descriptor an append left open: after another store
+    archives the context, appends in the thawed file and archives it again, it still gives
+    the log's next seq, never the old file's."""
+    with FsStore(root) as other, FsStore(root) as reader:
+        ref = _create(other, "cli:main", "first")
+        seg = (ref.session_id, ref.segment_id)
+        save_user_input(reader, ref, "cached")  # the reader holds the file open
+        assert reader.next_seq(*seg) == 3
+        assert states.archive_context(other, MAIN) is not None
+        assert reader.next_seq(*seg) == 3  # the frozen log
+        save_user_input(other, ref, "thawed")  # wakes it: a new file
+        assert reader.next_seq(*seg) == 4
+        save_user_input(reader, ref, "again")
+        assert other.next_seq(*seg) == reader.next_seq(*seg) == 5
+
+
 class _Killed(BaseException):
     """Stands for a SIGKILL: nothing of the archiver runs after it (no clean-up of ours)."""
 

@@ -53,7 +53,7 @@ from terrarium.gateway.responses import (
 )
 from terrarium.gateway.streaming import StreamBuilder
 from terrarium.gateway.upstream import GatewayError, Upstream, first_choice, not_found
-from terrarium.model import ContextId, LoggedItem, add_wire_message
+from terrarium.model import ContextId, LoggedItem, SegmentId, add_wire_message
 
 T = TypeVar("T")
 
@@ -67,6 +67,8 @@ class Target:
     point: Point | None
     snapshot: Snapshot
     conversation: bool
+    head: SegmentId | None = None
+    """The context's head segment as read to find ``point`` (``Ledger.continue_from``)."""
 
 
 class Gateway(Core):
@@ -90,8 +92,8 @@ class Gateway(Core):
                 raise not_found(
                     f"Previous response with id '{rid}' not found.", "previous_response_id"
                 )
-            point = found[0]
-            return Target(ctx, point, self.ledger.snapshot(point), False)
+            point = found.point
+            return Target(ctx, point, self.ledger.snapshot(point), False, found.head)
         return Target(thread_context(new_token()), None, EMPTY, False)
 
     def commit(
@@ -121,6 +123,7 @@ class Gateway(Core):
                 entries,
                 move_head=target.context.type == THREAD_TYPE,
                 base=target.snapshot,
+                head=target.head,
             )
 
 
@@ -223,7 +226,7 @@ def _stored(gw: Gateway, response_id: str) -> tuple[Point, dict[str, Any]]:
     found = gw.ledger.find(response_id, ctx) if ctx is not None else None
     if found is None:
         raise not_found(f"Response with id '{response_id}' not found.")
-    return found
+    return found.point, found.record
 
 
 def _retrieve(gw: Gateway, response_id: str) -> tuple[dict[str, Any], list[LoggedItem]]:

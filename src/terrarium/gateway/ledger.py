@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -120,6 +120,15 @@ def encoded_messages(messages: list[dict[str, Any]], base: Snapshot) -> list[msg
     if keep and messages[keep - 1] is not base.messages[keep - 1]:
         keep -= 1  # add_wire_message replaces the last message, never changes it in place
     return [*base.wire[:keep], *(msgspec.Raw(_ENCODER.encode(m)) for m in messages[keep:])]
+
+
+class Found(NamedTuple):
+    """A stored response as :meth:`Ledger.find` finds it."""
+
+    point: Point
+    record: dict[str, Any]
+    head: SegmentId
+    """The context's head segment, as read to find it."""
 
 
 @dataclass(slots=True)
@@ -217,7 +226,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ responses
 
-    def find(self, response_id: str, context: ContextId) -> tuple[Point, dict[str, Any]] | None:
+    def find(self, response_id: str, context: ContextId) -> Found | None:
         """The point and record of a stored, undeleted response, or None."""
         head = self.store.get_head(context)
         if head is None:
@@ -237,7 +246,7 @@ class Ledger:
         if self._deleted_since(point, response_id):
             index.deleted.add(response_id)
             return None
-        return point, record
+        return Found(point, record, head.segment_id)
 
     def _deleted_since(self, point: Point, response_id: str) -> bool:
         """Whether a tombstone follows the response in its segment (written by another
@@ -297,7 +306,7 @@ class Ledger:
         found = self.find(response_id, context)
         if found is None:
             return False
-        point, _ = found
+        point = found.point
         data = {"domain": DELETED_DOMAIN, "data": {"id": response_id}}
         sessions.append_entries(self.store, point.ref, [(EntryKind.EXTENSION.value, data)])
         index = self._indexes.get(context)
@@ -309,20 +318,53 @@ class Ledger:
 
     def start_thread(self, context: ContextId, entries: Entries) -> Point:
         """A new thread whose first turn is ``entries``."""
-        sessions.create_segment(self.store, SegmentStartState(), context=context)
-        head = self.head(context)
-        if head is None:  # deleted the moment it was made
-            raise ContextNotFound(f"context {context} does not exist")
-        return self._append(head, entries, 1, base=EMPTY)
+        session_id, segment_id = sessions.create_segment(
+            self.store, SegmentStartState(), context=context
+        )
+        return self._append(Point(context, session_id, segment_id, 0), entries, 1, base=EMPTY)
 
     def continue_from(
-        self, point: Point, entries: Entries, *, move_head: bool, base: Snapshot | None
+        self,
+        point: Point,
+        entries: Entries,
+        *,
+        move_head: bool,
+        base: Snapshot | None,
+        head: SegmentId | None = None,
     ) -> Point:
         """Write a turn after ``point``: appended when nothing but tombstones follows it in
         its segment, else in a fork made there. With ``move_head`` the context's head moves
         to the segment written (a thread's head is its newest response); without it (a
         conversation's response continued outside the conversation) the turn never goes into
-        the head's segment, so the conversation holds only what was sent to it."""
+        the head's segment, so the conversation holds only what was sent to it.
+
+        ``head`` is the head's segment as the caller read it this turn (:meth:`find`), or None
+        to read it here. The head moves only from that segment: a writer that moved it since
+        keeps it. The usual turn, after its segment's tail, is one append: the append's
+        expected seq is the check that ``point`` is still the tail.
+        """
+        if head is None:
+            read = self.store.get_head(point.context)
+            head = read.segment_id if read is not None else None
+        written = None
+        if move_head or head != point.segment_id:
+            try:
+                written = self._append(point, entries, point.seq + 1, base=base, after=point.seq)
+            except ConflictError:
+                pass  # something follows it now: decide below
+        if written is None:
+            written = self._write_after(point, entries, move_head=move_head, base=base)
+        if move_head and head is not None and head != written.segment_id:
+            try:
+                self.store.set_head(point.context, written.segment_id, expected=head)
+            except ConflictError:
+                pass  # another writer moved it to its own newer response meanwhile
+        return written
+
+    def _write_after(
+        self, point: Point, entries: Entries, *, move_head: bool, base: Snapshot | None
+    ) -> Point:
+        """Append after ``point`` at its segment's tail, else in a fork made there."""
         while True:
             nxt = self.store.next_seq(point.session_id, point.segment_id)
             tail = nxt == point.seq + 1 or self._only_tombstones_after(point)
@@ -335,18 +377,9 @@ class Ledger:
                 forked = sessions.fork_at(self.store, point.ref, point.seq)
                 target, expected = Point(point.context, point.session_id, forked, 0), 1
             try:
-                written = self._append(target, entries, expected, base=base, after=point.seq)
+                return self._append(target, entries, expected, base=base, after=point.seq)
             except ConflictError:
                 continue  # another writer appended there first: decide again
-            break
-        if move_head:
-            head = self.store.get_head(point.context)
-            if head is not None and head.segment_id != written.segment_id:
-                try:
-                    self.store.set_head(point.context, written.segment_id, expected=head.segment_id)
-                except ConflictError:
-                    pass  # another writer moved it to its own newer response meanwhile
-        return written
 
     def _only_tombstones_after(self, point: Point) -> bool:
         read = self.store.read_segment(point.session_id, point.segment_id)
@@ -521,6 +554,7 @@ __all__ = [
     "CONVERSATION_DOMAIN",
     "DELETED_DOMAIN",
     "RESPONSE_DOMAIN",
+    "Found",
     "Ledger",
     "Point",
     "Snapshot",

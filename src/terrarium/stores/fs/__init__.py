@@ -243,13 +243,13 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         never makes a context look new.
         """
         try:
-            folder = self._pointer_folder(self._index_path(context), context)
+            folder = self._pointer_folder(self._index_file(context), context)
         except FileNotFoundError:
             pass
         except StoreError as exc:
             log.warning("%s", exc)
         else:
-            found = self._context_folder(context, folder.parent)
+            found = self._context_folder(context, folder)
             if found is not None:
                 return found
         found = self._find_folder(context)
@@ -283,7 +283,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         if folder is not None and real_dir(folder):
             return folder
         try:
-            folder = self._pointer_folder(self._session_index_path(session_id), None)
+            folder = Path(self._pointer_folder(self._session_index_path(session_id), None))
         except FileNotFoundError:
             folder = None
         if folder is None or not holds_context(folder):
@@ -928,7 +928,19 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             )
 
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
-        """The seq the next append gets (reads the file's last line only)."""
+        """The seq the next append gets (reads the file's last line only).
+
+        A segment this process appends to answers from its cached descriptor, with the lock
+        and ``fstat`` an append takes: a file found sealed or unlinked (a freeze, a thaw, a
+        delete) sends the call the long way, which looks the session up again.
+        """
+        with self._lock:
+            handle = self._open.get(segment_id)
+            if handle is not None and handle.session_id == session_id:
+                seq = self._live_next_seq(handle, segment_id)
+                if seq is not None:
+                    return seq
+                self._forget(segment_id)
         return self._reading(session_id, lambda: self._next_seq(session_id, segment_id))
 
     def _next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
@@ -936,16 +948,30 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         if frozen(self.root, session_id):
             return len(self._lines(session_id, folder, segment_id))
         with self._lock:
-            handle = self._handle(session_id, segment_id)
-            fcntl.flock(handle.fd, fcntl.LOCK_EX)
             try:
-                if os.fstat(handle.fd).st_size != handle.size:
-                    handle.size, handle.next_seq, _ = self._scan_tail(
-                        session_id, segment_id, handle.fd
-                    )
-                return handle.next_seq
-            finally:
-                fcntl.flock(handle.fd, fcntl.LOCK_UN)
+                seq = self._live_next_seq(self._handle(session_id, segment_id), segment_id)
+            except _Moved:  # sealed: a freeze under way
+                seq = None
+            if seq is None:  # opened before a freeze, thaw or delete: look again (_reading)
+                self._forget(segment_id)
+                raise SegmentNotFound(f"segment {segment_id} moved")
+            return seq
+
+    def _live_next_seq(self, handle: _Open, segment_id: SegmentId) -> int | None:
+        """The next seq of an open segment file; None if it is sealed or unlinked. Hold
+        ``self._lock``."""
+        fcntl.flock(handle.fd, fcntl.LOCK_EX)
+        try:
+            st = os.fstat(handle.fd)
+            if st.st_nlink == 0 or sealed(st.st_mode):
+                return None
+            if st.st_size != handle.size:
+                handle.size, handle.next_seq, _ = self._scan_tail(
+                    handle.session_id, segment_id, handle.fd
+                )
+            return handle.next_seq
+        finally:
+            fcntl.flock(handle.fd, fcntl.LOCK_UN)
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
         """The session's segment ids, oldest first (UUIDv7 order)."""

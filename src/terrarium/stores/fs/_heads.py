@@ -12,6 +12,7 @@ whose chain of headers is intact). A read rebuilds it in memory only; a write to
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,11 +22,11 @@ from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
 from terrarium.model import ContextId, SegmentId, decode_name
 from terrarium.stores.base import PodMetadata
-from terrarium.stores.fs._layout import DATE_RE, HEAD, SEGMENT_SUFFIX, real_dir, segment_ids
+from terrarium.stores.fs._layout import DATE_RE, HEAD, SEGMENT_SUFFIX, ZST, real_dir, segment_ids
 from terrarium.stores.fs._segments import one_line, read_file, read_header
 
 
-def head_of(folder: Path, *, read_errors: bool = False) -> tuple[PodMetadata, str | None]:
+def head_of(folder: str | Path, *, read_errors: bool = False) -> tuple[PodMetadata, str | None]:
     """The head of ``folder``, and why it was rebuilt if ``head.json`` is unreadable.
 
     Args:
@@ -36,17 +37,17 @@ def head_of(folder: Path, *, read_errors: bool = False) -> tuple[PodMetadata, st
         FileNotFoundError: ``folder`` holds neither a ``head.json`` nor a segment.
         CorruptLog: the head can be neither read nor rebuilt.
     """
-    path = folder / HEAD
+    path = os.path.join(folder, HEAD)  # str paths: get_head runs this on every turn
     try:
         head = read_head(path)
-        name = f"{head.segment_id}{SEGMENT_SUFFIX}"
-        if (folder / name).exists() or (folder / f"{name}.zst").exists():  # hot, or frozen
+        segment = os.path.join(folder, f"{head.segment_id}{SEGMENT_SUFFIX}")
+        if os.path.exists(segment) or os.path.exists(segment + ZST):  # hot, or frozen
             return head, None
         problem = f"{path}: names segment {head.segment_id}, which is not there"
     except (FileNotFoundError, NotADirectoryError):
-        if not real_dir(folder) or not segment_ids(folder):
+        if not real_dir(folder) or not segment_ids(Path(folder)):
             raise FileNotFoundError(f"{folder} holds no context") from None
-        return head_from_segments(folder), None
+        return head_from_segments(Path(folder)), None
     except StoreError as exc:  # CorruptLog, or a link
         problem = str(exc)
     except OSError as exc:
@@ -54,7 +55,7 @@ def head_of(folder: Path, *, read_errors: bool = False) -> tuple[PodMetadata, st
             raise
         problem = f"{path}: unreadable ({exc.strerror or exc})"
     try:
-        return head_from_segments(folder), f"{problem}; rebuilt from the segments"
+        return head_from_segments(Path(folder)), f"{problem}; rebuilt from the segments"
     except CorruptLog as exc:
         raise CorruptLog(f"{problem}; and it cannot be rebuilt: {exc}") from None
 
@@ -153,7 +154,7 @@ def segment_chain(folder: Path, segment_id: SegmentId) -> list[SegmentId]:
     return chain
 
 
-def read_head(path: Path) -> PodMetadata:
+def read_head(path: str | Path) -> PodMetadata:
     """Read a ``head.json``; CorruptLog (naming it) if it is not a head record."""
     raw = read_file(path)
     try:

@@ -31,6 +31,7 @@ import re
 import stat
 import uuid
 from pathlib import Path
+from typing import TypeVar
 
 from terrarium.errors import StoreError
 from terrarium.model import SegmentId
@@ -52,6 +53,7 @@ HEAD = "head.json"
 SEGMENT_SUFFIX = ".jsonl"
 TRACE_SUFFIX = ".trace.jsonl"
 DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_P = TypeVar("_P", str, Path)
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
@@ -74,7 +76,7 @@ def has_segments(folder: Path) -> bool:
     return any(segment_name(name.removesuffix(ZST)) is not None for name in listdir(folder))
 
 
-def check_inside(real_root: str, path: Path, error: type[StoreError] = StoreError) -> Path:
+def check_inside(real_root: str, path: _P, error: type[StoreError] = StoreError) -> _P:
     """Return ``path`` if it resolves inside the root whose real path is ``real_root`` (links
     and all, a link not yet made through included); else raise ``error`` saying where it
     leads. The one rule by which nothing of a store is read or written out of its root."""
@@ -87,7 +89,7 @@ def check_inside(real_root: str, path: Path, error: type[StoreError] = StoreErro
     return path
 
 
-def real_dir(path: Path) -> bool:
+def real_dir(path: str | Path) -> bool:
     """Whether ``path`` is a folder itself, not a link to one."""
     try:
         return stat.S_ISDIR(os.lstat(path).st_mode)

@@ -47,7 +47,7 @@ def open_segment(path: Path, flags: int, segment_id: SegmentId | None) -> int:
         raise
 
 
-def read_file(path: Path) -> bytes:
+def read_file(path: str | Path) -> bytes:
     """The bytes of ``path``, refusing a symbolic link (``FileNotFoundError`` if missing)."""
     try:
         fd = os.open(path, os.O_RDONLY | _NOFOLLOW)

@@ -58,12 +58,18 @@ class Tree:
         """Read the tree at ``root`` (an absolute path to an existing folder)."""
         self.root = root
         self._real_root = os.path.realpath(root)
-        self._inside_cache: set[Path] = {root}
         self._prefix = str(root)
+        self._inside_cache: set[str] = {self._prefix}
 
     def _index_path(self, context: ContextId) -> Path:
         """``.index/contexts/{type}/{name}``, its folder checked to be inside the root."""
-        return self._inside(self.root / INDEX / "contexts" / context.type) / context.encoded_name
+        return Path(self._index_file(context))
+
+    def _index_file(self, context: ContextId) -> str:
+        """:meth:`_index_path` as a ``str``: the path ``get_head`` takes on every call builds
+        no ``Path`` (each costs microseconds)."""
+        types = self._checked(f"{self._prefix}/{INDEX}/contexts/{context.type}")
+        return f"{types}/{context.encoded_name}"
 
     def _session_index_path(self, session_id: SessionId) -> Path:
         """``.index/sessions/{session}``, its folder checked to be inside the root."""
@@ -96,13 +102,19 @@ class Tree:
 
         Checks that succeed are remembered: a folder of the tree is checked once a process.
         """
+        self._checked(str(folder))
+        return folder
+
+    def _checked(self, folder: str) -> str:
+        """:meth:`_inside` for a ``str`` path as ``str(Path)`` spells it (a ``.`` or ``..``
+        part gets the full check)."""
         if folder in self._inside_cache:
             return folder
-        parent = folder.parent
-        if folder.name not in ("", ".", "..") and str(parent).startswith(self._prefix):
+        parent, name = os.path.split(folder)
+        if name not in ("", ".", "..") and parent.startswith(self._prefix):
             # Under a folder found inside, only a link can lead out: one lstat for each part
             # not checked yet, where realpath takes one for every part of the path.
-            self._inside(parent)
+            self._checked(parent)
             try:
                 link = stat.S_ISLNK(os.lstat(folder).st_mode)
             except FileNotFoundError:
@@ -112,7 +124,7 @@ class Tree:
         check_inside(self._real_root, folder)
         return self._remember(folder)
 
-    def _remember(self, folder: Path) -> Path:
+    def _remember(self, folder: str) -> str:
         if len(self._inside_cache) >= _MAX_CHECKED:
             self._inside_cache.clear()
         self._inside_cache.add(folder)
@@ -126,11 +138,11 @@ class Tree:
             StoreError: that folder leads outside the root.
         """
         try:
-            return self._pointer_folder(self._index_path(context), context)
+            return Path(self._pointer_folder(self._index_file(context), context))
         except FileNotFoundError:
             return None
 
-    def _pointer_folder(self, pointer: Path, context: ContextId | None) -> Path:
+    def _pointer_folder(self, pointer: str | Path, context: ContextId | None) -> str:
         """The folder an index entry names, checked to be that context's folder in the root."""
         rel, named = read_pointer(pointer)
         try:
@@ -148,7 +160,7 @@ class Tree:
                 f"{pointer}: names folder {rel!r}, which is not a folder of {owner}; "
                 "run reindex to rebuild the index"
             )
-        return self._inside(self.root.joinpath(*parts))
+        return self._checked(f"{self._prefix}/{parts[0]}/{parts[1]}/{parts[2]}")
 
     def _find_folder(self, context: ContextId) -> ContextFolder | None:
         """Look for ``context`` in its type's date folders (when the index has no entry).
@@ -163,30 +175,30 @@ class Tree:
             entry
             for date in sorted(listdir(type_dir))
             if DATE_RE.fullmatch(date) and real_dir(type_dir / date)
-            for entry in [self._context_folder(context, type_dir / date)]
+            for entry in [self._context_folder(context, type_dir / date / context.encoded_name)]
             if entry is not None
         ]
         if not found:
             return None
         return max(found, key=lambda e: e.head.updated_at if e.head is not None else "")
 
-    def _context_folder(self, context: ContextId, parent: Path) -> ContextFolder | None:
-        """``parent/{name}`` as the context's folder, if it is one (a folder, not a link).
+    def _context_folder(self, context: ContextId, folder: str | Path) -> ContextFolder | None:
+        """``folder`` (``{type}/{date}/{name}``) as the context's, if it is one (not a link).
 
         A folder whose head names another context (``cli:Main`` on a case-insensitive disk
         where ``cli:main`` lives) is not this context's. A folder whose head can be neither
         read nor rebuilt is returned with its problem: it is damaged, not missing.
         """
-        folder = self._inside(parent / context.encoded_name)  # before reading anything in it
+        self._checked(str(folder))  # before reading anything in it
         try:
             head, problem = head_of(folder)
         except FileNotFoundError:
             return None  # no head.json and no segment: not a context folder
         except CorruptLog as exc:
-            return ContextFolder(context, folder, None, str(exc))
+            return ContextFolder(context, Path(folder), None, str(exc))
         if head.context != str(context):
             return None
-        return ContextFolder(context, folder, head, problem)
+        return ContextFolder(context, Path(folder), head, problem)
 
     def walk(self) -> Iterator[ContextFolder]:
         """Every context folder of the tree, read from the files (not the index).
@@ -208,7 +220,7 @@ class Tree:
                     if context.encoded_name != encoded:
                         continue  # not a name this store writes
                     try:
-                        entry = self._context_folder(context, self.root / kind / date)
+                        entry = self._context_folder(context, self.root / kind / date / encoded)
                     except StoreError as exc:  # a link out of the root, say: reported
                         folder = self.root / kind / date / encoded
                         entry = ContextFolder(context, folder, None, str(exc))
@@ -221,7 +233,7 @@ def pointer(context: ContextId, rel: str) -> bytes:
     return codec.encode({"path": rel, "context": str(context)})
 
 
-def read_pointer(path: Path) -> tuple[str, str]:
+def read_pointer(path: str | Path) -> tuple[str, str]:
     """Read an index entry; return the folder it names (relative to the root) and context."""
     raw = read_file(path)
     try:
