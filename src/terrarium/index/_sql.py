@@ -126,6 +126,8 @@ BUILT = "SELECT 1 FROM meta WHERE key = 'built'"
 SET_BUILT = "INSERT OR REPLACE INTO meta VALUES ('built', ?)"
 SHAPE = "SELECT value FROM meta WHERE key = 'shape'"
 SET_SHAPE = "INSERT OR REPLACE INTO meta VALUES ('shape', ?)"
+CURSOR = "SELECT value FROM meta WHERE key = 'cursor'"
+SET_CURSOR = "INSERT OR REPLACE INTO meta VALUES ('cursor', ?)"
 RECENT_COUNT = "SELECT value FROM meta WHERE key = 'recent_count'"
 SET_RECENT_COUNT = "INSERT OR REPLACE INTO meta VALUES ('recent_count', ?)"
 #: What a rebuild empties, after ``FTS_DELETE_ALL`` of each FTS table.

@@ -105,6 +105,15 @@ class SegmentRead(msgspec.Struct, frozen=True):
     """A torn tail found and set aside during this read."""
 
 
+class SegmentStat(msgspec.Struct, frozen=True):
+    """What tells the derived index a segment changed: its identity and size."""
+
+    ino: int
+    """A file's inode (a replaced file is read again); 0 in a database."""
+    size: int
+    """A file's bytes; a database segment's next seq."""
+
+
 class ClosingStore(ABC):
     """Mixin of the stores that hold resources: ``with store:`` closes it when the block ends."""
 
@@ -228,6 +237,43 @@ class Derived(Protocol):
 
     def close(self) -> None:
         """Release what it holds (database connections)."""
+
+
+#: The derived index's database, in a store's ``.index`` folder or beside its database file.
+INDEX_DB = "search.db"
+
+
+@runtime_checkable
+class Indexed(Protocol):
+    """A store with no listing or search of its own: the derived index (:mod:`terrarium.index`)
+    answers them, kept in :attr:`derived` and closed with the store."""
+
+    derived: Derived | None
+
+    def index_source(self) -> Any:
+        """What the derived index reads of the store (``terrarium.index._refresh.Source``,
+        with ``index_file``, and either a change cursor or the filesystem's markers)."""
+        ...
+
+
+@runtime_checkable
+class ChangeLog(Store, Protocol):
+    """A store whose writes move a change cursor in the transaction that writes them."""
+
+    def changes(self, after: str | None) -> tuple[list[SessionId] | None, str]:
+        """The sessions written since position ``after`` and the position now. The sessions
+        are None when ``after`` is None or no position of this store: read them all."""
+        ...
+
+    def live_head(self, session_id: SessionId) -> PodMetadata | None:
+        """The head of the session's context; None when it is detached, frozen or gone."""
+        ...
+
+    def entries_from(
+        self, session_id: SessionId, segment_id: SegmentId, seq: int
+    ) -> list[dict[str, Any]]:
+        """The segment's lines from ``seq`` on (its header is seq 0), none if it is gone."""
+        ...
 
 
 @runtime_checkable
