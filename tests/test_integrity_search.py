@@ -517,14 +517,17 @@ def test_the_fs_search_index_is_private(umask: int, tmp_path: Path) -> None:
 
 
 def test_the_sqlite_store_is_private(umask: int, tmp_path: Path) -> None:
-    """The database, its -wal and -shm, the folders it creates and its lock files."""
+    """The database, its derived index beside it, each one's -wal and -shm, the folders it
+    creates and its lock files."""
     path = tmp_path / "new" / "folder" / "terrarium.db"
     with SqliteStore(path) as store:
         _add(store, "cli:main", "a walrus")
         with store.lock_context(ContextId.parse("cli:main")):
             pass
-        for suffix in ("", "-wal", "-shm"):
-            assert _mode(Path(f"{path}{suffix}")) == 0o600, suffix
+        assert len(search(store, "walrus")) == 1  # the index, with its connection open
+        for db in (path, path.with_name("terrarium.db.search.db")):
+            for suffix in ("", "-wal", "-shm"):
+                assert _mode(Path(f"{db}{suffix}")) == 0o600, (db, suffix)
         assert _mode(tmp_path / "new") == _mode(path.parent) == 0o700
         locks = Path(f"{path}-locks")
         assert all(_mode(p) == (0o700 if p.is_dir() else 0o600) for p in locks.rglob("*"))

@@ -1,15 +1,15 @@
 """Search the history of every context in a store.
 
 :func:`search` hands the query to the store when it is
-:class:`~terrarium.stores.base.Searchable` (``FsStore`` through its derived FTS5 index;
-``SqliteStore`` and ``PostgresStore`` through their own), and otherwise falls back to
-:func:`scan`, which reads every segment of every context, as a store without an index
-(``MemoryStore``) must; it scans too when the index is unavailable
-(:class:`~terrarium.errors.IndexUnavailable`), so a search never misses an acknowledged entry.
+:class:`~terrarium.stores.base.Searchable` (files, memory and SQLite through the derived FTS5
+index of :mod:`terrarium.index`, ``PostgresStore`` through its own), and otherwise falls back
+to :func:`scan`, which reads every segment of every context; it scans too when the index is
+unavailable (:class:`~terrarium.errors.IndexUnavailable`), so a search never misses an
+acknowledged entry.
 
 Both paths search every history item of every segment, a header's too (seq 0), and agree
 on how (``tests/contract/test_scan.py``): a hit holds every term of the query, which is words,
-never syntax; matching ignores case and accents; bm25 ranks (``FsStore``'s index ranks very
+never syntax; matching ignores case and accents; bm25 ranks (the derived index ranks very
 common queries among recent matches: :mod:`terrarium.index`). A query with no
 letter or digit raises :class:`InvalidQuery`.
 

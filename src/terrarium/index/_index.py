@@ -1,18 +1,20 @@
 """The derived index: full-text search and fast listing for the stores without native ones.
 
-The index lives beside the sessions in ``.index/search.db`` (WAL, ``0600`` like its ``-wal``
-and ``-shm``). It owns nothing: delete it and the next search rebuilds it from the segment
-files; :func:`terrarium.index.reindex` (``terrarium reindex``) rebuilds it in place. Every
+The index is one SQLite file (WAL, ``0600`` like its ``-wal`` and ``-shm``): ``.index/search.db``
+of a filesystem store, ``{database}.search.db`` beside a SQLite store, a private temporary
+folder's for a memory store. It owns nothing: delete it and the next search rebuilds it from
+the logs; :func:`terrarium.index.reindex` (``terrarium reindex``) rebuilds it in place. Every
 history item of every segment is a row (:mod:`terrarium.index._refresh`), one session a row of
-``sessions`` with its message count and last activity, so a listing reads no file.
+``sessions`` with its message count and last activity, so a listing reads no log.
 
-Trade-off: writers never touch the database; they leave a dirty marker per changed session
-(:mod:`terrarium.stores.fs._changes`), and a search or listing first brings the index up to
-date (:meth:`SearchIndex.refresh`): an idle refresh costs a ``scandir`` of an empty folder and
-one indexed query (~10 µs), a marked session with one new message ~0.5 ms, where a walk that
-``stat``\\s every session folder costs 3.5 s at 100k sessions. When the index cannot be brought
-up to date (busy, disk full, read-only and behind) it raises
-:class:`~terrarium.errors.IndexUnavailable` and the callers answer from the store.
+Trade-off: writers never touch the database. A search or listing first brings it up to date
+(:meth:`SearchIndex.refresh`) from what changed: the sessions a store's change cursor names
+(``ChangeLog``), or on files the dirty markers writers leave (:mod:`terrarium.stores.fs._changes`):
+an idle refresh costs one indexed query or a ``scandir`` of an empty folder (~10 µs), a
+session with one new message ~0.5 ms, where a walk that ``stat``\\s every session folder costs
+3.5 s at 100k sessions. When the index cannot be brought up to date (busy, disk full,
+read-only and behind) it raises :class:`~terrarium.errors.IndexUnavailable` and the callers
+answer from the store.
 
 Usage::
 
@@ -543,12 +545,11 @@ class SearchIndex:
     def _search(
         self, conn: sqlite3.Connection, q: SearchQuery, terms: list[str]
     ) -> list[SearchHit]:
-        """Queries, ranking and snippets are :mod:`terrarium.stores.fts`'s, shared with
-        ``SqliteStore``: the words are quoted as FTS5 strings and bound as a parameter (data,
-        never syntax); the filters (type, context, role) match tokens of the ``tags`` column
-        (``s<session> r<role> t<type>``); a query with more than ``RANK_WINDOW`` matches is
-        ranked among its most recent matches in ``fts_recent`` (the last ``RECENT_SIZE`` to
-        twice as many items). Rows are numbered in arrival order."""
+        """Queries, ranking and snippets are :mod:`terrarium.stores.fts`'s: the words are quoted as
+        FTS5 strings and bound as a parameter (data, never syntax); the filters (type, context,
+        role) match tokens of the ``tags`` column (``s<session> r<role> t<type>``); a query with
+        more than ``RANK_WINDOW`` matches is ranked among its most recent matches in ``fts_recent``
+        (the last ``RECENT_SIZE`` to twice as many items). Rows are numbered in arrival order."""
         tags = ""
         if q.context is not None:
             context = ContextId.parse(q.context)

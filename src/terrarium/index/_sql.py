@@ -1,4 +1,4 @@
-"""The statements of ``FsStore``'s search index (:mod:`terrarium.index`), by name.
+"""The statements of the derived search and listing index (:mod:`terrarium.index`), by name.
 
 The schema is created whole when the database's ``user_version`` is not ``SCHEMA_VERSION``
 (an index is derived: one of another version is dropped and rebuilt, never migrated). A few
