@@ -442,21 +442,3 @@ def test_a_rolled_back_append_leaves_nothing_to_find(store: SqliteStore) -> None
     assert snippets(_search(store, "mu")) == ["mu kept"]
     save_user_input(store, head, "mu after")
     assert snippets(_search(store, "mu")) == ["mu after", "mu kept"]
-
-
-def test_the_cursor_names_written_sessions_once_per_position(store: SqliteStore) -> None:
-    """``changes`` names each session written since a position (entries, head moves, a
-    delete), none at the position it returned, and refuses a position it never gave."""
-    a = add_context(store, "cli:a", "one")
-    b = add_context(store, "cli:b", "two")
-    touched, position = store.changes(None)
-    assert touched is None
-    assert store.changes(position) == ([], position)
-    save_user_input(store, a, "three")
-    touched, after_a = store.changes(position)
-    assert touched == [a.session_id]
-    assert states.delete_context(store, ContextId("cli", "b"))
-    touched, _ = store.changes(after_a)
-    assert touched == [b.session_id]
-    assert store.live_head(b.session_id) is None
-    assert store.changes("99999999.0")[0] is None  # another database's position
