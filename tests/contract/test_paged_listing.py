@@ -1,13 +1,17 @@
 """Contract: pages of the listing, for every backend with the ``PagedListing`` ability.
 
 ``list_contexts_page`` answers one page, filtered and sorted, from the backend's index; walking
-every page by its last row's key must give exactly what :func:`terrarium.stores._listing.page_of`
+every page by its last row's key must give exactly what ``_page_of``
 picks from the whole ``list_contexts_fast`` listing, for every order and filter.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
+import operator
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pytest
 
@@ -61,10 +65,29 @@ def _fill(store: Store) -> None:
             store.append(head.session_id, head.segment_id, entries)
 
 
+def _sort_key(query: ListingQuery) -> Callable[[ContextSummary], tuple[Any, str]]:
+    """The key rows are ordered by (largest first): the sort's field, then the context id."""
+    return operator.attrgetter(_listing.COLUMNS[query.sort], "context")
+
+
+def _page_of(rows: Iterable[ContextSummary], query: ListingQuery) -> list[ContextSummary]:
+    """The reference: the page ``query`` names, picked from a whole listing ``rows``."""
+    _listing.check(query)
+    key, after = _sort_key(query), query.after
+    matches = query.matcher()
+    picked = (
+        row
+        for row in rows
+        if (matches is None or matches(row.context, row.last_active))
+        and (after is None or key(row) < after)
+    )
+    return heapq.nlargest(query.limit, picked, key=key)
+
+
 def _walk(store: PagedListing, query: ListingQuery) -> list[list[ContextSummary]]:
     """Every page of ``query`` (of ``query.limit`` rows), each after the last one's key."""
     pages = []
-    key = _listing.sort_key(query)
+    key = _sort_key(query)
     while True:
         page = list(lister(store).list_contexts_page(query))
         assert len(page) <= query.limit
@@ -105,7 +128,7 @@ def test_pages_walk_the_listing_in_each_order_and_filter(store: Store, limit: in
     assert len(everything) == len(CONTEXTS)
     for sort, filters in itertools.product(LISTING_SORTS, FILTERS):
         query = ListingQuery(sort=sort, limit=limit, **filters)  # type: ignore[arg-type]
-        expected = _listing.page_of(everything, ListingQuery(**{**_fields(query), "limit": 99}))
+        expected = _page_of(everything, ListingQuery(**{**_fields(query), "limit": 99}))
         pages = _walk(store, query)
         assert [row for page in pages for row in page] == expected, (sort, filters)
         assert all(len(page) == limit for page in pages[:-1])
