@@ -338,7 +338,7 @@ class SearchIndex:
         if files is None:
             if not full and self._touched(conn) == []:
                 return False
-            shape, markers, now = None, [], self.clock()
+            shape, now = None, self.clock()
         else:
             markers = files.markers()
             now = self.clock()
