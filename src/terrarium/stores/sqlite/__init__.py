@@ -93,9 +93,6 @@ log = logging.getLogger(__name__)
 #: rolled back with it and handed out again to another segment, so it is not kept.
 _SEEN_CACHE = 4096
 
-#: The page cache of each connection, in KiB (SQLite's default is 2 MB).
-CACHE_KIB = 64 * 1024
-
 
 class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
     """A store in one SQLite database file (see the module docstring)."""
@@ -223,9 +220,6 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
         conn = _db.connect(self.path, timeout=self.busy_timeout, readonly=self.readonly)
         try:
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
-            # SQLite's default page cache is 2 MB; ranking reads each match's row sizes, and
-            # with the pages of a big index at hand a search is ~3x faster.
-            conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
             conn.execute(f"PRAGMA wal_autocheckpoint = {sql.AUTOCHECKPOINT}")
         except BaseException:
             conn.close()
