@@ -374,6 +374,8 @@ class SqliteStore(SqlStates, SqliteBlobs, ClosingStore):
             seen = _position(after)
             if seen is None or seen[0] > top[0] or seen[1] > top[1]:
                 return None, now
+            if seen == tuple(top):  # the usual read: nothing written since
+                return [], now
             rows = conn.execute(sql.CHANGES_AFTER, seen).fetchall()
         return [uuid.UUID(row[0]) for row in rows], now
 
