@@ -140,7 +140,7 @@ class MemoryStore(_MemoryBlobs):
         self._states: dict[SessionId, dict[str, Any]] = {}
         self._frozen: set[SessionId] = set()
         self._written: dict[SessionId, int] = {}
-        """The change cursor: each session's last write, numbered from 1."""
+        """The change cursor: each session's last write, numbered from 1, oldest first."""
         self._tick = 0
         self.derived: Derived | None = None
         """The derived index (:func:`terrarium.index.of`), closed with the store."""
@@ -153,6 +153,7 @@ class MemoryStore(_MemoryBlobs):
 
     def _touch(self, session_id: SessionId) -> None:
         self._tick += 1
+        self._written.pop(session_id, None)  # to the end: the dict stays in write order
         self._written[session_id] = self._tick
 
     def changes(self, after: str | None) -> tuple[list[SessionId] | None, str]:
@@ -162,7 +163,12 @@ class MemoryStore(_MemoryBlobs):
             seen = int(after) if after is not None and after.isdigit() else -1
             if not 0 <= seen <= now:
                 return None, str(now)
-            return [s for s, tick in self._written.items() if tick > seen], str(now)
+            touched = []
+            for session_id in reversed(self._written):  # newest first, up to the position
+                if self._written[session_id] <= seen:
+                    break
+                touched.append(session_id)
+            return touched, str(now)
 
     def live_head(self, session_id: SessionId) -> PodMetadata | None:
         """The head of the session's context unless detached, frozen or gone (``ChangeLog``)."""
