@@ -13,7 +13,7 @@ from collections.abc import Iterable
 #: Bump when the schema changes: an index of another version is dropped and rebuilt.
 SCHEMA_VERSION = 4
 
-# An index per order a listing page walks (``PagedListing``; ties by context id); the first
+# An index per order a listing page walks (``Listing``; ties by context id); the first
 # also covers the signatures, three narrow columns where the listing's index is eleven wide.
 # Added in version 4's lifetime: an index without them gets them when next opened for writing,
 # rather than being rebuilt from the files.

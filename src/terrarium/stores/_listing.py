@@ -1,4 +1,4 @@
-"""Pages of a listing (:class:`~terrarium.stores.base.PagedListing`): the statement every
+"""Pages of a listing (:class:`~terrarium.stores.base.Listing`): the statement every
 database index runs.
 
 A page is keyset pagination over the sort column and the context id, largest first:
