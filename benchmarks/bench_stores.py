@@ -15,9 +15,8 @@ What is measured, per backend (``FsStore``, ``SqliteStore`` with its default
   search index will have to read), one call per entry; the compared operations are called one
   after another in a new random order every turn, so that background load, and what the call
   before left behind (a commit's flush, a cache), fall on all of them alike. Median, mean and
-  p99 (and for SQLite p99.9, against its median): the mean includes the catch-ups of the
-  derived tables (search, listing counts) that the appends pay for every ``SEARCH_BATCH``
-  entries, and for the bare INSERT the checkpoints of SQLite's WAL.
+  p99 (and for SQLite p99.9, against its median): the mean includes the checkpoints of
+  SQLite's WAL (the derived index is brought up to date by reads, not appends).
   The baselines, in the same run: for SQLite a bare single-row ``INSERT`` of the same line
   into a table of the same shape in its own WAL database (same ``synchronous``), autocommit;
   for PostgreSQL a bare single-row autocommit ``INSERT`` of the same row (same columns, types
@@ -67,9 +66,9 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_search import TYPES, TextMaker, pct  # noqa: E402
-from terrarium import ContextId, FsStore, codec, restore  # noqa: E402
+from terrarium import ContextId, FsStore, codec, index, restore  # noqa: E402
 from terrarium.index import listing as lister  # noqa: E402
-from terrarium.stores.base import NewEntry, SearchQuery, Store, iter_lines  # noqa: E402
+from terrarium.stores.base import INDEX_DB, NewEntry, SearchQuery, Store, iter_lines  # noqa: E402
 from terrarium.stores.sqlite import SqliteStore  # noqa: E402
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -372,10 +371,11 @@ def load(store: Store, texts: list[tuple[str, list[str]]], *, writers: int = 1) 
 
 
 def word_classes(db: Path, messages: int, queries: int, rng: random.Random) -> dict[str, list[str]]:
-    """Query words by class, from the SQLite index's vocabulary (documents per word)."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    """Query words by class, from the vocabulary of the SQLite store ``db``'s derived index
+    (documents per word)."""
+    conn = sqlite3.connect(f"file:{index_db(db)}?mode=ro", uri=True)
     try:
-        conn.execute("CREATE VIRTUAL TABLE temp.vocab USING fts5vocab(main, search_fts, col)")
+        conn.execute("CREATE VIRTUAL TABLE temp.vocab USING fts5vocab(main, fts, col)")
         rows = conn.execute("SELECT term, doc FROM temp.vocab WHERE col = 'body'").fetchall()
     finally:
         conn.close()
@@ -588,14 +588,17 @@ def run_sqlite(
 
 
 def settle(store: Store) -> None:
-    """Finish what a bulk write left to a ``SqliteStore``'s upkeep thread (indexing the items
-    its catch-ups staged, refilling ``search_recent``, merging): the steady state of a store
-    that has served a search, which timed appends and searches start from. Other stores have
-    none."""
-    if isinstance(store, SqliteStore):
-        lister(store).list_contexts_fast()  # the derived state caught up, and the thread kicked
-        if not store._upkeep.settle(600):
-            raise RuntimeError(f"{store.path}: the upkeep thread did not settle within 600 s")
+    """Bring the store's derived index up to date with what a bulk write left: the steady
+    state of a store that has served a search, which timed appends and searches start from.
+    A store with native search (PostgreSQL) has none."""
+    found = index.of(store)
+    if found is not None:
+        found.refresh()
+
+
+def index_db(db: Path) -> Path:
+    """The derived index's database beside the SQLite store ``db``."""
+    return db.with_name(f"{db.name}.{INDEX_DB}")
 
 
 def load_sqlite(base: Path, report: Report, texts: list[tuple[str, list[str]]]) -> Path:

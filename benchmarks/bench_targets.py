@@ -259,7 +259,7 @@ def search(path: Path, contexts: int, queries: int) -> Iterator[Row]:
     messages = contexts * 10
     classes = bench_stores.word_classes(path, messages, queries, random.Random(7))
     worst: tuple[float, float] = (0.0, 0.0)
-    conn = sqlite3.connect(path)
+    conn = sqlite3.connect(bench_stores.index_db(path))
     with SqliteStore(path) as store:
         for words in classes.values():
             ours, floor = [], []
@@ -269,7 +269,7 @@ def search(path: Path, contexts: int, queries: int) -> Iterator[Row]:
                 t1 = time.perf_counter()
                 match = " ".join(f'"{w}"' for w in text.split())
                 conn.execute(
-                    "SELECT rowid FROM search_fts WHERE search_fts MATCH ? ORDER BY rank LIMIT 20",
+                    "SELECT rowid FROM fts WHERE fts MATCH ? ORDER BY rank LIMIT 20",
                     (match,),
                 ).fetchall()
                 floor.append(time.perf_counter() - t1)

@@ -25,16 +25,14 @@ from typing import Any
 
 import pytest
 
-from terrarium import ContextId, FsStore
+from terrarium import ContextId, FsStore, index
 from terrarium.errors import StoreError
 from terrarium.index import _index as fs_search
 from terrarium.index import listing as lister
 from terrarium.index import of
 from terrarium.index._index import SearchIndex
-from terrarium.search import scan as search_scan
 from terrarium.search import search
 from terrarium.sessions import create_segment, save_delta
-from terrarium.stores import sqlite as sqlite_backend
 from terrarium.stores.fs._changes import dirty_dir
 from terrarium.stores.sqlite import SqliteStore
 
@@ -325,17 +323,15 @@ def test_a_read_only_fs_store_lists_and_searches(
 
 
 def _sqlite_store(path: Path, *, lag: bool) -> None:
-    """A SqliteStore with two contexts; with ``lag``, entries its derived state has not read."""
+    """A SqliteStore with two contexts; with ``lag``, entries its derived index has not read."""
     with SqliteStore(path) as store:
         _add(store, "cli:main", "an early walrus", "a reply")
         _add(store, "irc:#python", "no animals here")
-        store.reindex()
+        index.reindex(store)
+        _, position = store.changes(None)
         if lag:
             _add(store, "cli:main", "a late walrus")
-    conn = sqlite3.connect(path)
-    wm, top = conn.execute("SELECT wm, (SELECT max(id) FROM entries) FROM search_meta").fetchone()
-    conn.close()
-    assert (top > wm) == lag
+        assert bool(store.changes(position)[0]) == lag
 
 
 LEAVE_WAL = """
@@ -521,14 +517,17 @@ def test_the_fs_search_index_is_private(umask: int, tmp_path: Path) -> None:
 
 
 def test_the_sqlite_store_is_private(umask: int, tmp_path: Path) -> None:
-    """The database, its -wal and -shm, the folders it creates and its lock files."""
+    """The database, its derived index beside it, each one's -wal and -shm, the folders it
+    creates and its lock files."""
     path = tmp_path / "new" / "folder" / "terrarium.db"
     with SqliteStore(path) as store:
         _add(store, "cli:main", "a walrus")
         with store.lock_context(ContextId.parse("cli:main")):
             pass
-        for suffix in ("", "-wal", "-shm"):
-            assert _mode(Path(f"{path}{suffix}")) == 0o600, suffix
+        assert len(search(store, "walrus")) == 1  # the index, with its connection open
+        for db in (path, path.with_name("terrarium.db.search.db")):
+            for suffix in ("", "-wal", "-shm"):
+                assert _mode(Path(f"{db}{suffix}")) == 0o600, (db, suffix)
         assert _mode(tmp_path / "new") == _mode(path.parent) == 0o700
         locks = Path(f"{path}-locks")
         assert all(_mode(p) == (0o700 if p.is_dir() else 0o600) for p in locks.rglob("*"))
@@ -621,78 +620,6 @@ def test_list_without_its_index_still_shows_damaged_contexts(
     for name in ("corrupt", "torn", "empty", "notheader"):
         problem = rows[f"cli:{name}"]["problem"]
         assert problem is not None and str(damaged[name]) in problem, (name, problem)
-
-
-@pytest.mark.parametrize("read_only", ["ro mount"], indirect=True)
-def test_a_read_only_sqlite_store_left_mid_refill_starts_no_upkeep(
-    read_only: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A store whose writer stopped before refilling ``search_recent`` (it holds fewer than
-    the newest items), opened on a read-only mount: searches find what a scan finds, the
-    file is unchanged, and no upkeep thread starts (nothing it could write)."""
-    from helpers.history import add_context, places
-    from terrarium.stores.base import SearchQuery
-
-    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 4)
-    monkeypatch.setattr(sqlite_backend, "SEARCH_RECENT", 10)
-    folder = tmp_path / "db"
-    folder.mkdir()
-    with SqliteStore(folder / "terrarium.db") as store:
-        monkeypatch.setattr(store._upkeep, "kick", lambda **_: None)  # the writer stops here
-        for i in range(5):
-            add_context(store, f"cli:c{i}", *[f"mu item {i} {j}" for j in range(5)])
-        lister(store).search(SearchQuery("mu"))
-    conn = sqlite3.connect(folder / "terrarium.db")
-    hw, floor = conn.execute("SELECT hw, floor FROM search_meta").fetchone()
-    conn.close()
-    assert floor > max(1, hw - 10 + 1)  # search_recent short of the newest items
-    before = (folder / "terrarium.db").read_bytes()
-    where, _ = read_only(folder)
-    with SqliteStore(where / "terrarium.db") as store:
-        assert store.readonly
-        query = SearchQuery("mu", limit=50)
-        assert places(lister(store).search(query)) == places(search_scan(store, query))
-        assert store._upkeep._thread is None
-    assert (folder / "terrarium.db").read_bytes() == before
-
-
-@pytest.mark.parametrize("read_only", ["ro mount"], indirect=True)
-def test_a_read_only_sqlite_store_with_staged_items_searches_like_a_scan(
-    read_only: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A store whose writer stopped with items staged (in ``search_docs``, not yet in the
-    FTS5 tables: its upkeep thread never ran) and entries its derived state has not read,
-    opened on a read-only mount: searches and the listing find every item, the file is
-    unchanged."""
-    from helpers.history import add_context, places
-    from terrarium.stores.base import SearchQuery
-
-    monkeypatch.setattr(sqlite_backend, "SEARCH_BATCH", 4)
-    folder = tmp_path / "db"
-    folder.mkdir()
-    with SqliteStore(folder / "terrarium.db") as store:
-        add_context(store, "cli:early", "upsilon indexed")
-        lister(store).search(SearchQuery("upsilon"))
-        assert store._upkeep.settle()  # the thread that search kicked is idle, and stays so
-        monkeypatch.setattr(store._upkeep, "kick", lambda **_: None)  # the writer stops here
-        for i in range(3):
-            add_context(store, f"cli:c{i}", f"upsilon staged {i}", f"upsilon more {i}")
-    conn = sqlite3.connect(folder / "terrarium.db")
-    staged, unread = conn.execute(
-        "SELECT (SELECT count(*) FROM search_docs WHERE id > hw), "
-        "(SELECT max(id) FROM entries) - wm FROM search_meta"
-    ).fetchone()
-    conn.close()
-    assert staged > 0 and unread > 0
-    before = (folder / "terrarium.db").read_bytes()
-    where, _ = read_only(folder)
-    with SqliteStore(where / "terrarium.db") as store:
-        query = SearchQuery("upsilon", limit=50)
-        hits = lister(store).search(query)
-        assert len(hits) == 7 and places(hits) == places(search_scan(store, query))
-        counts = {s.context: s.message_count for s in lister(store).list_contexts_fast()}
-        assert counts == {"cli:early": 1, "cli:c0": 2, "cli:c1": 2, "cli:c2": 2}
-    assert (folder / "terrarium.db").read_bytes() == before
 
 
 def test_an_index_from_before_the_page_indexes_gets_them_and_keeps_its_rows(

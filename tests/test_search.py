@@ -373,3 +373,28 @@ def test_the_search_benchmark_runs(tmp_path: Path) -> None:
     """benchmarks/bench_search.py --quick runs to the end (no timing is asserted)."""
     result = run_bench("bench_search.py", "--quick", tmp=tmp_path)
     assert "search p50" in result.stdout
+
+
+def test_a_memory_store_keeps_its_index_in_a_private_folder_it_removes() -> None:
+    """MemoryStore's derived index lives in a private temporary folder (``0700``, its
+    database ``0600``) that closing the store removes; a search after an append reads only
+    the session that changed."""
+    from terrarium.stores.memory import MemoryStore
+
+    store = MemoryStore()
+    add_context(store, "cli:a", "omega one")
+    add_context(store, "cli:b", "omega two")
+    found = of(store)
+    assert found is not None
+    assert snippets(found.search(SearchQuery("omega"))) == ["omega two", "omega one"]
+    folder = found.path.parent
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert found.path.stat().st_mode & 0o777 == 0o600
+    sessions = found.stats.sessions
+    head = store.get_head(ContextId.parse("cli:a"))
+    assert head is not None
+    save_user_input(store, head, "omega three")
+    assert len(found.search(SearchQuery("omega"))) == 3
+    assert found.stats.sessions == sessions + 1
+    store.close()
+    assert not folder.exists()

@@ -1,4 +1,4 @@
-"""The sessions list pages from the store's index (``PagedListing``), with legacy files and
+"""The sessions list pages from the store's index (``Listing``), with legacy files and
 archived contexts merged in, and gives what a sort of the whole listing would."""
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """Search the history of every context in a store.
 
-:func:`search` hands the query to a :class:`~terrarium.stores.base.Searchable` store, and
-otherwise, or when its index is unavailable, falls back to :func:`scan`, so a search never
-misses an acknowledged entry. Both search every history item of every segment and agree
-(``tests/contract/test_scan.py``): a hit holds every term, words never syntax; case and accents
-are ignored; bm25 ranks. A query with no letter or digit raises :class:`InvalidQuery`.
+:func:`search` hands the query to a :class:`~terrarium.stores.base.Searchable` store:
+the store is asked (files, memory and SQLite answer through the derived FTS5 index of
+:mod:`terrarium.index`, PostgreSQL through its own); otherwise, or when the index is
+unavailable, :func:`scan` reads every segment, so a search never misses an acknowledged entry.
+Both search every history item of every segment and agree (``tests/contract/test_scan.py``): a
+hit holds every term, words never syntax; case and accents are ignored; bm25 ranks. A query
+with no letter or digit raises :class:`InvalidQuery`.
 
 Each message is then found once, in the conversation a user would open
 (:func:`terrarium.sessions.messages`): a hit left off it by a clear, compaction or rewind is

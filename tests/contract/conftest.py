@@ -101,7 +101,7 @@ REOPEN: dict[str, Callable[[Store, pytest.FixtureRequest], Store]] = {
 
 #: The backends whose listing and search the derived index answers (``terrarium.index.of``):
 #: they have its abilities (the tests reach them through ``terrarium.index.listing``).
-INDEXED = frozenset({"fs"})
+INDEXED = frozenset({"fs", "memory", "sqlite"})
 
 #: Marks applied to a backend's parametrisation, e.g. ``{"postgres": [pytest.mark.postgres]}``.
 BACKEND_MARKS: dict[str, list[pytest.MarkDecorator]] = {"postgres": [pytest.mark.postgres]}
@@ -157,6 +157,8 @@ def store(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Itera
 @pytest.fixture
 def other(backend: str, store: Store, request: pytest.FixtureRequest) -> Iterator[Store]:
     """A second store on the same data as ``store`` (see :data:`REOPEN`); closed after."""
+    if backend not in REOPEN:
+        pytest.skip(f"no second {backend} store can open the same data")
     instance = REOPEN[backend](store, request)
     try:
         yield instance

@@ -308,7 +308,6 @@ def test_listing_and_search_see_the_attached_context(store: Store) -> None:
         assert summaries["irc:#rodents"].message_count == 4
 
 
-@pytest.mark.ability.with_args(Listing)  # the stores whose data a second store can open
 def test_attach_seen_by_another_store_on_the_same_data(store: Store, other: Store) -> None:
     """A second store (another process, in effect) that wrote to the session while it was
     detached keeps writing to it after the first attached it, and sees the context."""
@@ -389,7 +388,6 @@ def test_copying_a_whole_store_carries_detached_sessions(store: Store, tmp_path:
         src.close()
 
 
-@pytest.mark.ability.with_args(Listing)  # the stores whose data a second store can open
 def test_racing_attaches_of_one_session_attach_it_once(store: Store, other: Store) -> None:
     """Two stores (processes, in effect) attaching one session to two contexts at once: one
     wins, the other gets SessionAttached, and only the winner's context exists."""

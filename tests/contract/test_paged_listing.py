@@ -1,13 +1,17 @@
-"""Contract: pages of the listing, for every backend with the ``PagedListing`` ability.
+"""Contract: pages of the listing, for every backend with the ``Listing`` ability.
 
 ``list_contexts_page`` answers one page, filtered and sorted, from the backend's index; walking
-every page by its last row's key must give exactly what :func:`terrarium.stores._listing.page_of`
+every page by its last row's key must give exactly what ``_page_of``
 picks from the whole ``list_contexts_fast`` listing, for every order and filter.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
+import operator
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pytest
 
@@ -20,13 +24,13 @@ from terrarium.stores import _listing
 from terrarium.stores.base import (
     LISTING_SORTS,
     ContextSummary,
+    Listing,
     ListingQuery,
     NewEntry,
-    PagedListing,
     Store,
 )
 
-pytestmark = pytest.mark.ability.with_args(PagedListing)
+pytestmark = pytest.mark.ability.with_args(Listing)
 
 #: (context, messages, day of its last message): ties in every order, several types, names
 #: that differ only in case or by a character outside ASCII.
@@ -61,10 +65,29 @@ def _fill(store: Store) -> None:
             store.append(head.session_id, head.segment_id, entries)
 
 
-def _walk(store: PagedListing, query: ListingQuery) -> list[list[ContextSummary]]:
+def _sort_key(query: ListingQuery) -> Callable[[ContextSummary], tuple[Any, str]]:
+    """The key rows are ordered by (largest first): the sort's field, then the context id."""
+    return operator.attrgetter(_listing.COLUMNS[query.sort], "context")
+
+
+def _page_of(rows: Iterable[ContextSummary], query: ListingQuery) -> list[ContextSummary]:
+    """The reference: the page ``query`` names, picked from a whole listing ``rows``."""
+    _listing.check(query)
+    key, after = _sort_key(query), query.after
+    matches = query.matcher()
+    picked = (
+        row
+        for row in rows
+        if (matches is None or matches(row.context, row.last_active))
+        and (after is None or key(row) < after)
+    )
+    return heapq.nlargest(query.limit, picked, key=key)
+
+
+def _walk(store: Listing, query: ListingQuery) -> list[list[ContextSummary]]:
     """Every page of ``query`` (of ``query.limit`` rows), each after the last one's key."""
     pages = []
-    key = _listing.sort_key(query)
+    key = _sort_key(query)
     while True:
         page = list(lister(store).list_contexts_page(query))
         assert len(page) <= query.limit
@@ -99,13 +122,13 @@ def test_pages_walk_the_listing_in_each_order_and_filter(store: Store, limit: in
     """For every order and filter, the pages, each after the previous one's last key, are the
     whole listing filtered and sorted (largest first, ties by context id), split in pages of
     ``limit``: no row twice, none left out."""
-    assert isinstance(lister(store), PagedListing)
+    assert isinstance(lister(store), Listing)
     _fill(store)
     everything = lister(store).list_contexts_fast()
     assert len(everything) == len(CONTEXTS)
     for sort, filters in itertools.product(LISTING_SORTS, FILTERS):
         query = ListingQuery(sort=sort, limit=limit, **filters)  # type: ignore[arg-type]
-        expected = _listing.page_of(everything, ListingQuery(**{**_fields(query), "limit": 99}))
+        expected = _page_of(everything, ListingQuery(**{**_fields(query), "limit": 99}))
         pages = _walk(store, query)
         assert [row for page in pages for row in page] == expected, (sort, filters)
         assert all(len(page) == limit for page in pages[:-1])
@@ -114,7 +137,7 @@ def test_pages_walk_the_listing_in_each_order_and_filter(store: Store, limit: in
 def test_the_filters_pick_what_they_say(store: Store) -> None:
     """The reference page itself: type, text in the id ignoring case (ASCII or not), and the
     days of last activity, inclusive."""
-    assert isinstance(lister(store), PagedListing)
+    assert isinstance(lister(store), Listing)
     _fill(store)
 
     def ids(**filters: object) -> list[str]:
@@ -142,7 +165,7 @@ def test_the_filters_pick_what_they_say(store: Store) -> None:
 def test_a_page_follows_writes(store: Store) -> None:
     """A page reflects writes made since the last one: a new message moves its context to
     the front of the last-active order, a deleted context leaves."""
-    assert isinstance(lister(store), PagedListing)
+    assert isinstance(lister(store), Listing)
     _fill(store)
     head = store.get_head(ContextId.parse("game:chess"))
     assert head is not None
@@ -170,7 +193,7 @@ def test_a_page_follows_writes(store: Store) -> None:
 
 def test_context_types_lists_each_type_once(store: Store) -> None:
     """context_types names every type that has a context, sorted, and follows deletes."""
-    assert isinstance(lister(store), PagedListing)
+    assert isinstance(lister(store), Listing)
     assert lister(store).context_types() == []
     _fill(store)
     assert lister(store).context_types() == ["cli", "game", "irc", "web"]
@@ -193,7 +216,7 @@ def test_a_query_that_cannot_run_is_refused_in_one_line(
     store: Store, query: ListingQuery, word: str
 ) -> None:
     """A bad sort, limit, cursor or day is an InvalidQuery naming it, in one line."""
-    assert isinstance(lister(store), PagedListing)
+    assert isinstance(lister(store), Listing)
     with pytest.raises(InvalidQuery, match=word) as caught:
         lister(store).list_contexts_page(query)
     assert "\n" not in str(caught.value)
@@ -203,7 +226,7 @@ def test_signatures_are_the_listing_in_three_columns(store: Store) -> None:
     """context_signatures gives each context's (id, last active, message count) as
     list_contexts_fast does, and the same list again while nothing is written; a write
     changes its context's signature."""
-    assert isinstance(lister(store), PagedListing)
+    assert isinstance(lister(store), Listing)
     assert lister(store).context_signatures() == []
     _fill(store)
     everything = {

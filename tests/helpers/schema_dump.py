@@ -25,14 +25,13 @@ def _norm(text: str | None) -> str:
 
 
 def sqlite_schema(conn: sqlite3.Connection) -> str:
-    """Every object in ``sqlite_master``, and the rows of the one-row ``search_meta``."""
+    """Every object in ``sqlite_master``."""
     lines = [
         f"{kind} {name} on {table}: {_norm(text)}"
         for kind, name, table, text in conn.execute(
             "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
         )
     ]
-    lines += [f"search_meta row: {row}" for row in conn.execute("SELECT * FROM search_meta")]
     return "\n".join(lines) + "\n"
 
 

@@ -3,9 +3,9 @@
 A layer above :mod:`terrarium.stores` and below :mod:`terrarium.contexts`, :mod:`terrarium.search`
 and the dashboard. It derives from a store's logs what listing and search need (a row per
 session with its counts and last activity, an FTS5 row per history item) and is rebuilt from
-them when lost. SQLite and PostgreSQL keep their native search and listing: :func:`of` gives
-None for them, and the surfaces ask the store itself (:func:`listing`). Importing this package
-imports neither the filesystem backend nor SQLite: a listing of another store pays for neither.
+them when lost. Every store with no search of its own (``Indexed``: files, memory, SQLite) has
+one; PostgreSQL keeps its native search and listing: :func:`of` gives None for it, and the
+surfaces ask the store itself (:func:`listing`). Importing this package imports no backend.
 
 Usage::
 
@@ -19,13 +19,12 @@ Usage::
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import TYPE_CHECKING
 
 from terrarium._lazy import attach
 from terrarium.errors import StoreError
-from terrarium.stores.base import Reindexable, Store
+from terrarium.stores.base import Indexed, Reindexable, Store
 
 if TYPE_CHECKING:
     from terrarium.index._index import DB_NAME, IndexStats, SearchIndex
@@ -38,18 +37,15 @@ _lock = threading.Lock()
 def of(store: Store) -> SearchIndex | None:
     """The derived index of ``store`` (opened on first use, closed with the store), or None
     for a store that keeps its own search and listing."""
-    # A store is an FsStore only if its module was imported (as legacy.py tells).
-    fs = sys.modules.get("terrarium.stores.fs")
-    if fs is None or not isinstance(store, fs.FsStore):
+    if not isinstance(store, Indexed):
         return None
-    from terrarium.index._index import DB_NAME, SearchIndex
+    from terrarium.index._index import SearchIndex
 
     with _lock:
         found = store.derived
         if isinstance(found, SearchIndex):
             return found
-        store.restore_lost_index(DB_NAME)
-        index = SearchIndex(store.changes)
+        index = SearchIndex(store.index_source())
         store.derived = index
         return index
 

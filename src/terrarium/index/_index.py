@@ -1,18 +1,20 @@
 """The derived index: full-text search and fast listing for the stores without native ones.
 
-The index lives beside the sessions in ``.index/search.db`` (WAL, ``0600`` like its ``-wal``
-and ``-shm``). It owns nothing: delete it and the next search rebuilds it from the segment
-files; :func:`terrarium.index.reindex` (``terrarium reindex``) rebuilds it in place. Every
+The index is one SQLite file (WAL, ``0600`` like its ``-wal`` and ``-shm``): ``.index/search.db``
+of a filesystem store, ``{database}.search.db`` beside a SQLite store, a private temporary
+folder's for a memory store. It owns nothing: delete it and the next search rebuilds it from
+the logs; :func:`terrarium.index.reindex` (``terrarium reindex``) rebuilds it in place. Every
 history item of every segment is a row (:mod:`terrarium.index._refresh`), one session a row of
-``sessions`` with its message count and last activity, so a listing reads no file.
+``sessions`` with its message count and last activity, so a listing reads no log.
 
-Trade-off: writers never touch the database; they leave a dirty marker per changed session
-(:mod:`terrarium.stores.fs._changes`), and a search or listing first brings the index up to
-date (:meth:`SearchIndex.refresh`): an idle refresh costs a ``scandir`` of an empty folder and
-one indexed query (~10 µs), a marked session with one new message ~0.5 ms, where a walk that
-``stat``\\s every session folder costs 3.5 s at 100k sessions. When the index cannot be brought
-up to date (busy, disk full, read-only and behind) it raises
-:class:`~terrarium.errors.IndexUnavailable` and the callers answer from the store.
+Trade-off: writers never touch the database. A search or listing first brings it up to date
+(:meth:`SearchIndex.refresh`) from what changed: the sessions a store's change cursor names
+(``ChangeLog``), or on files the dirty markers writers leave (:mod:`terrarium.stores.fs._changes`):
+an idle refresh costs one indexed query or a ``scandir`` of an empty folder (~10 µs), a
+session with one new message ~0.5 ms, where a walk that ``stat``\\s every session folder costs
+3.5 s at 100k sessions. When the index cannot be brought up to date (busy, disk full,
+read-only and behind) it raises :class:`~terrarium.errors.IndexUnavailable` and the callers
+answer from the store.
 
 Usage::
 
@@ -36,11 +38,18 @@ from typing import Any, TypeVar
 
 from terrarium.errors import IndexUnavailable
 from terrarium.index import _sql as sql
-from terrarium.index._refresh import IndexStats, IndexUpdate
+from terrarium.index._refresh import IndexStats, IndexUpdate, Source
 from terrarium.index._sql import SCHEMA_VERSION
 from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores import _db, _listing
-from terrarium.stores.base import ContextSummary, ListingQuery, SearchHit, SearchQuery
+from terrarium.stores._changes import LogChanges
+from terrarium.stores.base import (
+    INDEX_DB,
+    ContextSummary,
+    ListingQuery,
+    SearchHit,
+    SearchQuery,
+)
 from terrarium.stores.fs._changes import FsChanges
 from terrarium.stores.fs._shape import ShapeChange
 from terrarium.stores.fts import (
@@ -74,30 +83,35 @@ BUSY_TIMEOUT = 30.0
 #: Merge the FTS b-trees after a refresh that indexed at least this many items.
 _OPTIMIZE_AFTER = 20_000
 
-DB_NAME = "search.db"
+DB_NAME = INDEX_DB
 _T = TypeVar("_T")
 
 
 class SearchIndex:
-    """The derived search and listing index of one ``FsStore`` root (module docstring)."""
+    """The derived search and listing index of one store (module docstring)."""
 
     def __init__(
         self,
-        source: FsChanges | str | os.PathLike[str],
+        source: FsChanges | LogChanges | str | os.PathLike[str],
         *,
         clock: Callable[[], float] = time.time,
     ):
         """Open the index of a store's sessions (it is created on first use).
 
         Args:
-            source: what it reads of the store (``FsStore.changes``), or an ``FsStore`` root.
+            source: what it reads of the store (``store.index_source()``), or an ``FsStore``
+                root.
             clock: wall-clock seconds, for the watch window (tests pass a fake).
         """
-        if not isinstance(source, FsChanges):
+        if not isinstance(source, FsChanges | LogChanges):
             source = FsChanges(Path(source).absolute())
-        self.source = source
-        self.root = source.root
-        self.path = source.index_dir / DB_NAME
+        self.source: Source = source
+        self._files = source if isinstance(source, FsChanges) else None
+        """The filesystem store's markers and shape; None: the store has a change cursor."""
+        self._cursor = source if isinstance(source, LogChanges) else None
+        # Checked at each open (_checked_path), not here: a link out of the root is refused.
+        files = self._files
+        self.path = files.index_dir / DB_NAME if files is not None else source.index_file(DB_NAME)
         self.clock = clock
         self.stats = IndexStats()
         self._lock = threading.RLock()
@@ -114,7 +128,7 @@ class SearchIndex:
         self._read_ino: int | None = None
 
     def __repr__(self) -> str:
-        return f"SearchIndex({str(self.root)!r})"
+        return f"SearchIndex({str(self.path)!r})"
 
     # ------------------------------------------------------------------ connection
 
@@ -195,7 +209,7 @@ class SearchIndex:
 
     def _checked_path(self) -> Path:
         """The database's path, refused (IndexUnavailable) if it leads out of the root."""
-        return self.source.index_file(DB_NAME)
+        return self._files.index_file(DB_NAME) if self._files is not None else self.path
 
     @staticmethod
     def _add_indexes(conn: sqlite3.Connection) -> None:
@@ -319,29 +333,46 @@ class SearchIndex:
             if behind is not None:
                 raise IndexUnavailable(f"{self.path}: {self.readonly_reason}, and {behind}")
             return False
-        built = conn.execute(sql.BUILT).fetchone()
-        full = full or built is None
-        markers = self.source.markers()
-        now = self.clock()
-        shape = None if full else self.source.shape(self._stored_shape(conn))
-        moved = shape is not None and shape.changed
-        if not (full or markers or moved or self._watch_needs_work(conn, now)):
-            return False
+        full = full or conn.execute(sql.BUILT).fetchone() is None
+        files = self._files
+        if files is None:
+            if not full and self._touched(conn) == []:
+                return False
+            shape, now = None, self.clock()
+        else:
+            markers = files.markers()
+            now = self.clock()
+            shape = None if full else files.shape(self._stored_shape(conn))
+            moved = shape is not None and shape.changed
+            if not (full or markers or moved or self._watch_needs_work(conn, now)):
+                return False
         items = self.stats.items
         with _db.immediate(conn):  # the others wait for it, then find little left to do
             claimed = self._update(conn, full=full, now=now, shape=shape)
-        self.source.release(claimed)
+        FsChanges.release(claimed)
         if self.stats.items - items >= _OPTIMIZE_AFTER:
             self._optimize(conn)
         return True
 
+    def _touched(self, conn: sqlite3.Connection) -> list[str] | None:
+        """The sessions the store's cursor says were written since the index last read it
+        (None: all of them, for an index that never read it)."""
+        assert self._cursor is not None
+        row = conn.execute(sql.CURSOR).fetchone()
+        return self._cursor.changes(row[0] if row is not None else None)[0]
+
     def _behind(self, conn: sqlite3.Connection) -> str | None:
-        """Why the index may miss something the files hold, or None if it holds it all."""
+        """Why the index may miss something the store holds, or None if it holds it all."""
         if conn.execute(sql.BUILT).fetchone() is None:
             return "never built"
-        if self.source.markers() or self._watch_needs_work(conn, None):
+        files = self._files
+        if files is None:
+            if self._touched(conn) != []:
+                return "behind the store (sessions changed since it was last updated)"
+            return None
+        if files.markers() or self._watch_needs_work(conn, None):
             return "behind the session files (sessions changed since it was last updated)"
-        if self.source.shape(self._stored_shape(conn)).moved:
+        if files.shape(self._stored_shape(conn)).moved:
             return "behind the session files (date folders were moved in or out)"
         return None
 
@@ -358,7 +389,7 @@ class SearchIndex:
                 conn.execute(statement)
             conn.execute(sql.RESET_RECENT_FLOOR)
             claimed = self._update(conn, full=True, now=self.clock())
-        self.source.release(claimed)
+        FsChanges.release(claimed)
         self._optimize(conn)
         return int(conn.execute(sql.COUNT_SESSIONS).fetchone()[0])
 
@@ -380,7 +411,7 @@ class SearchIndex:
             st = self.source.stat_segment(folder, segment_id)
             if st is None:
                 return True
-            if st.st_ino != ino or st.st_size != size:
+            if st.ino != ino or st.size != size:
                 return True
         return False
 
@@ -392,35 +423,32 @@ class SearchIndex:
         now: float,
         shape: ShapeChange | None = None,
     ) -> list[Path]:
-        """Inside a write transaction: claim markers, index what changed; return the claims.
+        """Inside a write transaction: index what changed; return the markers claimed.
 
-        A refresh claims markers by renaming them (atomic: a writer marking at the same time
-        creates a fresh one) and *watches* each claimed session for ``WATCH_SECONDS``
-        (> 2 x ``MARK_EVERY``): every refresh in that window ``stat``\\s the session's segment
-        files, and the first refresh after it reads the session one last time. An append that a
-        writer did not mark is therefore covered by the watch its last mark started, and the
-        next append after the watch ends marks again. Trade-off: right after a bulk import
-        every imported session is watched for ``WATCH_SECONDS``, so refreshes cost a ``stat``
-        per session for that long.
-
-        Date folders moved in or out by hand (``shape``, see :mod:`._shape`) are walked, or
-        their sessions looked at again, too; a full refresh records the shape it walked.
+        A store with a change cursor names the sessions written since the position the index
+        stored (:meth:`_follow`). On files, a refresh claims markers by renaming them (atomic:
+        a writer marking at the same time creates a fresh one) and *watches* each claimed
+        session for ``WATCH_SECONDS`` (> 2 x ``MARK_EVERY``): every refresh in that window
+        ``stat``\\s the session's segment files, and the first refresh after it reads the
+        session one last time. An append that a writer did not mark is therefore covered by
+        the watch its last mark started, and the next append after the watch ends marks again.
+        Trade-off: right after a bulk import every imported session is watched for
+        ``WATCH_SECONDS``, so refreshes cost a ``stat`` per session for that long. Date folders
+        moved in or out by hand (``shape``, see :mod:`._shape`) are walked, or their sessions
+        looked at again, too; a full refresh records the shape it walked.
         """
         self.stats.refreshes += 1
+        files = self._files
+        if files is None:
+            self._follow(conn, full=full)
+            return []
         work = IndexUpdate(self, conn, defer_recent=full, recent_size=RECENT_SIZE)
-        claimed = self.source.claim()
+        claimed = files.claim()
         claimed_ids = {sid for sid, _ in claimed}
         until = now + WATCH_SECONDS
         if full:
-            shape = self.source.shape(None)
-            seen: set[str] = set()
-            for folder, entries in self.source.walk():
-                sid = work.index_folder(folder, entries, hint=None)
-                if sid is not None:
-                    seen.add(sid)
-            for (sid,) in conn.execute(sql.SESSION_IDS).fetchall():
-                if sid not in seen:
-                    work.drop_session(sid)
+            shape = files.shape(None)
+            self._walk(work, conn)
             conn.execute(sql.UNWATCH_ENDED, (now,))
         else:
             for sid in sorted(claimed_ids):
@@ -441,11 +469,40 @@ class SearchIndex:
             conn.execute(sql.SET_BUILT, (str(now),))
         return [path for _, path in claimed]
 
+    def _follow(self, conn: sqlite3.Connection, *, full: bool) -> None:
+        """Index the sessions the store's cursor names (every one when ``full`` or the cursor
+        cannot say), then store the cursor's position."""
+        assert self._cursor is not None
+        row = None if full else conn.execute(sql.CURSOR).fetchone()
+        touched, position = self._cursor.changes(row[0] if row is not None else None)
+        work = IndexUpdate(self, conn, defer_recent=touched is None, recent_size=RECENT_SIZE)
+        if touched is None:
+            self._walk(work, conn)
+        else:
+            for sid in sorted(set(touched)):
+                work.index_session(sid)
+        conn.execute(sql.SET_CURSOR, (position,))
+        work.finish()
+        if touched is None:
+            conn.execute(sql.SET_BUILT, (str(self.clock()),))
+
+    def _walk(self, work: IndexUpdate, conn: sqlite3.Connection) -> None:
+        """Index every session of the store; drop the rows of sessions it no longer has."""
+        seen: set[str] = set()
+        for folder, segments in self.source.walk():
+            sid = work.index_folder(folder, segments, hint=None)
+            if sid is not None:
+                seen.add(sid)
+        for (sid,) in conn.execute(sql.SESSION_IDS).fetchall():
+            if sid not in seen:
+                work.drop_session(sid)
+
     def _moved(self, work: IndexUpdate, conn: sqlite3.Connection, shape: ShapeChange) -> None:
         """Index the sessions of date folders that appeared; look again at those of date
         folders that vanished (a session whose folder is gone is dropped)."""
-        for folder, entries in self.source.walk(shape.added):
-            work.index_folder(folder, entries, hint=None)
+        assert self._files is not None
+        for folder, segments in self._files.walk(shape.added):
+            work.index_folder(folder, segments, hint=None)
         gone = set(shape.removed)
         if gone:
             for sid, folder in conn.execute(sql.SESSION_FOLDERS).fetchall():
@@ -488,12 +545,11 @@ class SearchIndex:
     def _search(
         self, conn: sqlite3.Connection, q: SearchQuery, terms: list[str]
     ) -> list[SearchHit]:
-        """Queries, ranking and snippets are :mod:`terrarium.stores.fts`'s, shared with
-        ``SqliteStore``: the words are quoted as FTS5 strings and bound as a parameter (data,
-        never syntax); the filters (type, context, role) match tokens of the ``tags`` column
-        (``s<session> r<role> t<type>``); a query with more than ``RANK_WINDOW`` matches is
-        ranked among its most recent matches in ``fts_recent`` (the last ``RECENT_SIZE`` to
-        twice as many items). Rows are numbered in arrival order."""
+        """Queries, ranking and snippets are :mod:`terrarium.stores.fts`'s: the words are quoted as
+        FTS5 strings and bound as a parameter (data, never syntax); the filters (type, context,
+        role) match tokens of the ``tags`` column (``s<session> r<role> t<type>``); a query with
+        more than ``RANK_WINDOW`` matches is ranked among its most recent matches in ``fts_recent``
+        (the last ``RECENT_SIZE`` to twice as many items). Rows are numbered in arrival order."""
         tags = ""
         if q.context is not None:
             context = ContextId.parse(q.context)
@@ -634,12 +690,26 @@ class SearchIndex:
                     watched = len(conn.execute(sql.WATCHED_IDS).fetchall())
                 except (sqlite3.Error, OSError, IndexUnavailable):  # counted from the files
                     self._close_reader()
+        files = self._files
+        if files is None:
+            return self._cursor_backlog(built)
         if not built:
-            return self.source.count_sessions()
+            return files.count_sessions()
         try:
-            return len(self.source.markers()) + watched
+            return len(files.markers()) + watched
         except IndexUnavailable:  # a link out of the root: the listing reads the files
             return watched
+
+    def _cursor_backlog(self, built: bool) -> int:
+        """:meth:`index_backlog` of a store with a change cursor."""
+        assert self._cursor is not None
+        position = None
+        if built:
+            with self._reader_lock:
+                row = self._reader().execute(sql.CURSOR).fetchone()
+            position = row[0] if row is not None else None
+        touched, _ = self._cursor.changes(position)
+        return len(touched) if touched is not None else len(self._cursor.store.list_contexts())
 
     def offsets(self) -> dict[SegmentId, int]:
         """Per segment, the byte offset the index has read up to (for tests and ``check``)."""

@@ -1,33 +1,27 @@
-"""One refresh of the derived index: what changed in a filesystem store, applied in SQL.
+"""One refresh of the derived index: what changed in a store, applied in SQL.
 
 :class:`IndexUpdate` works inside the caller's write transaction: it reads each changed
-session's head (as FsStore reads it: :func:`folder_head`), the new bytes of its segment files,
-and turns every history item into a row of ``docs`` and of the FTS5 tables. What cannot be read
-is recorded, not skipped: a segment with a line that is not an entry, a torn or unparsable
-header or no bytes at all, a ``head.json`` that is unreadable or names a missing segment. A
-session's first problem (one line naming the file) is its summary's ``problem``; its counts
-cover what could be read.
+session's head and the new lines of its segments through a :class:`Source` (the filesystem
+store's ``FsChanges``, or ``LogChanges`` over a store's change cursor), and turns every history
+item into a row of ``docs`` and of the FTS5 tables. What cannot be read is recorded, not
+skipped: a segment with a line that is not an entry, a torn or unparsable header or no bytes at
+all, a head record that is unreadable or names a missing segment. A session's first problem
+(one line naming the file) is its summary's ``problem``; its counts cover what could be read.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
 from terrarium.index import _sql as sql
-from terrarium.model import HISTORY_KINDS, ContextId, item_role, item_text
-from terrarium.stores.base import PodMetadata
+from terrarium.model import HISTORY_KINDS, ContextId, SessionId, item_role, item_text
+from terrarium.stores.base import PodMetadata, SegmentStat
 from terrarium.text import prepare_text
-
-if TYPE_CHECKING:
-    from terrarium.stores.fs._changes import FsChanges
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +101,58 @@ class SessionRow:
         return self.values[-1] if self.values else None
 
 
+class Source(Protocol):
+    """What a refresh reads of a store. A session is found by its *folder*: a path relative
+    to a filesystem store's root, the session id elsewhere."""
+
+    def pointer(self, session_id: str) -> str | None:
+        """The session's folder, or None if it is gone."""
+        ...
+
+    def segments(self, folder: str) -> dict[str, SegmentStat]:
+        """The session's segments (none if it is gone)."""
+        ...
+
+    def stat_segment(self, folder: str, segment_id: str) -> SegmentStat | None:
+        """One segment's stat, or None if it is gone."""
+        ...
+
+    def head(self, folder: str) -> tuple[PodMetadata | None, str | None]:
+        """The session's head and what is wrong with it (None, None: gone or detached)."""
+        ...
+
+    def frozen(self, session_id: str | SessionId) -> bool:
+        """Whether the session is archived (frozen): out of the index."""
+        ...
+
+    def salvaged(self, folder: str) -> set[str]:
+        """The damaged segments of the session that a salvage replaced already."""
+        ...
+
+    def segment_path(self, folder: str, segment_id: str) -> str:
+        """How problems name a segment."""
+        ...
+
+    def head_path(self, folder: str) -> str:
+        """How problems name a session's head record."""
+        ...
+
+    def read_lines(
+        self, folder: str, segment_id: str, offset: int, seq: int
+    ) -> tuple[list[dict[str, Any]], int, int]:
+        """The segment's complete lines from ``offset`` (its line ``seq``) on, the offset
+        after them and the segment's size (OSError: unreadable; StoreError: a bad line)."""
+        ...
+
+    def walk(self) -> Iterator[tuple[str, dict[str, SegmentStat]]]:
+        """Every session's folder with its segments (a full refresh)."""
+        ...
+
+
 class _Owner(Protocol):
     """What a refresh uses of its index (:class:`terrarium.index.SearchIndex`)."""
 
-    source: FsChanges
+    source: Source
     stats: IndexStats
 
     def warn_once(self, key: str, message: str, *args: object) -> None: ...
@@ -182,10 +224,10 @@ class IndexUpdate:
         if watched_only and session is not None:
             self._index_known_segments(session, folder)
             return
-        self.index_folder(folder, self.source.entries(folder), hint=sid)
+        self.index_folder(folder, self.source.segments(folder), hint=sid)
 
     def index_folder(
-        self, folder: str, entries: list[os.DirEntry[str]], *, hint: str | None
+        self, folder: str, segments: dict[str, SegmentStat], *, hint: str | None
     ) -> str | None:
         """Index the session whose folder is ``folder``; return its session id, or None."""
         self.stats.sessions += 1
@@ -207,7 +249,7 @@ class IndexUpdate:
             self.index.warn_once(folder, "search index: skipping %s: bad context in head", folder)
             return None
         session, changed = self._head_row(folder, head, context, problem)
-        changed = self._index_segments(session, folder, entries) or changed
+        changed = self._index_segments(session, folder, segments) or changed
         if changed:
             self.changed[session.id] = session
         return str(head.session_id)
@@ -249,24 +291,15 @@ class IndexUpdate:
         return session, True
 
     def _index_segments(
-        self, session: SessionRow, folder: str, entries: list[os.DirEntry[str]]
+        self, session: SessionRow, folder: str, segments: dict[str, SegmentStat]
     ) -> bool:
-        """Index the segment files among ``entries``, dropping the rows of those gone."""
+        """Index ``segments``, dropping the rows of those gone."""
         changed = False
-        on_disk: dict[str, os.DirEntry[str]] = {}
-        for entry in entries:
-            segment_id = self.source.segment_of(entry.name)
-            if segment_id is not None:
-                on_disk[segment_id] = entry
         for segment_id in list(session.segments):
-            if segment_id not in on_disk:
+            if segment_id not in segments:
                 self._drop_segment(session.segments.pop(segment_id))
                 changed = True
-        for segment_id, entry in sorted(on_disk.items()):
-            try:
-                st = entry.stat()
-            except FileNotFoundError:
-                continue
+        for segment_id, st in sorted(segments.items()):
             changed = self._index_segment(session, folder, segment_id, st) or changed
         return changed
 
@@ -274,7 +307,7 @@ class IndexUpdate:
         for segment in list(session.segments.values()):
             st = self.source.stat_segment(folder, segment.segment_id)
             if st is None:
-                self.index_folder(folder, self.source.entries(folder), hint=session.session_id)
+                self.index_folder(folder, self.source.segments(folder), hint=session.session_id)
                 return
             if self._index_segment(session, folder, segment.segment_id, st):
                 self.changed[session.id] = session
@@ -323,75 +356,85 @@ class IndexUpdate:
         self.conn.execute(sql.DELETE_DOCS, (segment,))
 
     def _index_segment(
-        self, session: SessionRow, folder: str, segment_id: str, st: os.stat_result
+        self, session: SessionRow, folder: str, segment_id: str, st: SegmentStat
     ) -> bool:
         """Read the segment's new complete lines; return whether anything changed.
 
-        Per segment file the index keeps its inode and the byte offset it has read up to
-        (always the end of a complete line): only the bytes appended since are read, and a
-        torn tail is indexed once it is complete. A shrunk or replaced file is read again.
+        Per segment the index keeps its identity (a file's inode) and the offset it has read
+        up to (a file's bytes, always the end of a complete line; a database's seqs): only
+        what was appended since is read, and a torn tail is indexed once it is complete. A
+        shrunk or replaced segment is read again.
         """
         segment = self._segment_row(session, segment_id, st)
-        if st.st_size == segment.size_seen and segment.size_seen:
+        if st.size == segment.size_seen and segment.size_seen:
             return False
-        path = self.source.segment_path(folder, segment_id)
+        where = self.source.segment_path(folder, segment_id)
+        size = segment.size_seen
+        read = 0
         try:
-            data, size = self.source.read(folder, segment_id, segment.offset)
+            lines, offset, size = self.source.read_lines(
+                folder, segment_id, segment.offset, segment.next_seq
+            )
         except FileNotFoundError:
             return False
         except OSError as exc:
-            data, size = b"", segment.size_seen
-            problem: str | None = f"{path}: unreadable ({exc.strerror or exc})"
+            problem: str | None = f"{where}: unreadable ({exc.strerror or exc})"
+        except StoreError as exc:
+            problem = _problem(exc, where)
+            segment.size_seen = size
         else:
-            problem = self._read_lines(session, segment, data, path)
+            read = offset - segment.offset
+            problem = self._read_lines(session, segment, lines, where, offset)
             segment.size_seen = size
         if segment.offset == 0 and problem is None:  # not even a whole header line yet
-            problem = f"{path}: {'torn header line' if size else 'empty file, no header'}"
+            problem = f"{where}: {'torn header line' if size else 'empty file, no header'}"
         if problem is not None and problem != segment.problem:
             log.info("search index: %s", problem)  # ``list`` reports it (ContextSummary)
-        changed = bool(data) or problem != segment.problem
+        changed = bool(read) or problem != segment.problem
         segment.problem = problem
         self.conn.execute(sql.UPDATE_SEGMENT, segment.progress())
         return changed
 
-    def _segment_row(self, session: SessionRow, segment_id: str, st: os.stat_result) -> SegmentRow:
+    def _segment_row(self, session: SessionRow, segment_id: str, st: SegmentStat) -> SegmentRow:
         """The segment's row; a new one if it is new, or was replaced or shrunk under us."""
         segment = session.segments.get(segment_id)
-        if segment is not None and (st.st_ino != segment.ino or st.st_size < segment.offset):
+        if segment is not None and (st.ino != segment.ino or st.size < segment.offset):
             # Replaced or shrunk under us (a repair): read it again from the start.
             self._drop_segment(segment)
             del session.segments[segment_id]
             segment = None
         if segment is None:
-            cur = self.conn.execute(sql.INSERT_SEGMENT, (session.id, segment_id, st.st_ino))
+            cur = self.conn.execute(sql.INSERT_SEGMENT, (session.id, segment_id, st.ino))
             segment = SegmentRow(
-                int(cur.lastrowid or 0), session.id, segment_id, st.st_ino, 0, 0, 0, 0, False
+                int(cur.lastrowid or 0), session.id, segment_id, st.ino, 0, 0, 0, 0, False
             )
             session.segments[segment_id] = segment
         return segment
 
     def _read_lines(
-        self, session: SessionRow, segment: SegmentRow, data: bytes, path: Path
+        self,
+        session: SessionRow,
+        segment: SegmentRow,
+        lines: list[dict[str, Any]],
+        where: str,
+        offset: int,
     ) -> str | None:
-        """Index the complete lines of ``data`` (the file from the segment's offset on); return
-        why they cannot be read (one line, naming the file), or None."""
+        """Index ``lines`` (the segment's from its offset on, up to ``offset``); return why
+        they cannot be read (one line, naming the segment), or None."""
         self.stats.segments_read += 1
-        self.stats.bytes_read += len(data)
-        complete, _ = codec.split_complete(data)
-        if not complete:
+        self.stats.bytes_read += offset - segment.offset
+        if not lines:
             return None
         try:
-            self._index_lines(session, segment, complete, str(path))
+            self._index_lines(session, segment, lines, where)
         except StoreError as exc:
-            reason = " ".join(str(exc).split())
-            return reason if str(path) in reason else f"{path}: {reason}"
-        segment.offset += len(complete)
+            return _problem(exc, where)
+        segment.offset = offset
         return None
 
     def _index_lines(
-        self, session: SessionRow, segment: SegmentRow, complete: bytes, where: str
+        self, session: SessionRow, segment: SegmentRow, lines: list[dict[str, Any]], where: str
     ) -> None:
-        lines = codec.decode_lines(complete, where=where, first_line=segment.next_seq + 1)
         docs: list[tuple[int, str, str, str]] = []  # seq, role, ts, text
         seq = segment.next_seq
         last_ts = segment.last_ts
@@ -490,6 +533,12 @@ class IndexUpdate:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _problem(exc: StoreError, where: str) -> str:
+    """``exc`` in one line that names the segment."""
+    reason = " ".join(str(exc).split())
+    return reason if where in reason else f"{where}: {reason}"
 
 
 def _doc(seq: int, item: Any, ts: str) -> tuple[int, str, str, str]:

@@ -1,4 +1,4 @@
-"""The statements of ``FsStore``'s search index (:mod:`terrarium.index`), by name.
+"""The statements of the derived search and listing index (:mod:`terrarium.index`), by name.
 
 The schema is created whole when the database's ``user_version`` is not ``SCHEMA_VERSION``
 (an index is derived: one of another version is dropped and rebuilt, never migrated). A few
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 #: Bump when the schema changes: an index of another version is dropped and rebuilt.
 SCHEMA_VERSION = 4
 
-# An index per order a listing page walks (``PagedListing``; ties by context id); the first
+# An index per order a listing page walks (``Listing``; ties by context id); the first
 # also covers the signatures, three narrow columns where the listing's index is eleven wide.
 # Added in version 4's lifetime: an index without them gets them when next opened for writing,
 # rather than being rebuilt from the files.
@@ -126,6 +126,8 @@ BUILT = "SELECT 1 FROM meta WHERE key = 'built'"
 SET_BUILT = "INSERT OR REPLACE INTO meta VALUES ('built', ?)"
 SHAPE = "SELECT value FROM meta WHERE key = 'shape'"
 SET_SHAPE = "INSERT OR REPLACE INTO meta VALUES ('shape', ?)"
+CURSOR = "SELECT value FROM meta WHERE key = 'cursor'"
+SET_CURSOR = "INSERT OR REPLACE INTO meta VALUES ('cursor', ?)"
 RECENT_COUNT = "SELECT value FROM meta WHERE key = 'recent_count'"
 SET_RECENT_COUNT = "INSERT OR REPLACE INTO meta VALUES ('recent_count', ?)"
 #: What a rebuild empties, after ``FTS_DELETE_ALL`` of each FTS table.

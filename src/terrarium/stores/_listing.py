@@ -1,5 +1,5 @@
-"""Pages of a listing (:class:`~terrarium.stores.base.PagedListing`): the statement every
-database index runs, and the same page computed in Python.
+"""Pages of a listing (:class:`~terrarium.stores.base.Listing`): the statement every
+database index runs.
 
 A page is keyset pagination over the sort column and the context id, largest first:
 ``WHERE (col, context) < (:value, :context) ORDER BY col DESC, context DESC LIMIT :n``. Each
@@ -8,21 +8,18 @@ backend keeps an index on ``(col, context)`` for each sort (SQLite and PostgreSQ
 entries wherever it starts. Filters that no index serves (text in the id, the days) are
 checked on the rows the index walk visits.
 
-:func:`page_of` is the reference: what a page holds, from a whole listing. The contract tests
-hold every backend to it, and a backend uses it where its index cannot answer alone (SQLite's
-counts of entries its derived state has not read yet).
+The contract tests hold every backend to the same page picked from a whole listing
+(``tests/contract/test_paged_listing.py``).
 """
 
 from __future__ import annotations
 
-import heapq
-import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from terrarium.errors import InvalidQuery
-from terrarium.stores.base import LISTING_SORTS, ContextSummary, ListingQuery
+from terrarium.stores.base import LISTING_SORTS, ListingQuery
 
 COLUMNS = {"last_active": "last_active", "created": "created_at", "messages": "message_count"}
 """The column (and :class:`ContextSummary` field) each sort of :data:`LISTING_SORTS` reads."""
@@ -53,25 +50,6 @@ def check(query: ListingQuery) -> ListingQuery:
         if day is not None and not (len(day) == 10 and day[4] == day[7] == "-"):
             raise InvalidQuery(f"a day must be YYYY-MM-DD, not {day[:40]!r}")
     return query
-
-
-def sort_key(query: ListingQuery) -> Callable[[ContextSummary], tuple[Any, str]]:
-    """The key rows are ordered by (largest first): the sort's field, then the context id."""
-    return operator.attrgetter(COLUMNS[query.sort], "context")
-
-
-def page_of(rows: Iterable[ContextSummary], query: ListingQuery) -> list[ContextSummary]:
-    """The page ``query`` names, picked from a whole listing ``rows``."""
-    check(query)
-    key, after = sort_key(query), query.after
-    matches = query.matcher()
-    picked = (
-        row
-        for row in rows
-        if (matches is None or matches(row.context, row.last_active))
-        and (after is None or key(row) < after)
-    )
-    return heapq.nlargest(query.limit, picked, key=key)
 
 
 @dataclass(frozen=True, slots=True)

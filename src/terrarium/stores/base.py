@@ -105,6 +105,15 @@ class SegmentRead(msgspec.Struct, frozen=True):
     """A torn tail found and set aside during this read."""
 
 
+class SegmentStat(msgspec.Struct, frozen=True):
+    """What tells the derived index a segment changed: its identity and size."""
+
+    ino: int
+    """A file's inode (a replaced file is read again); 0 in a database."""
+    size: int
+    """A file's bytes; a database segment's next seq."""
+
+
 class ClosingStore(ABC):
     """Mixin of the stores that hold resources: ``with store:`` closes it when the block ends."""
 
@@ -230,6 +239,43 @@ class Derived(Protocol):
         """Release what it holds (database connections)."""
 
 
+#: The derived index's database, in a store's ``.index`` folder or beside its database file.
+INDEX_DB = "search.db"
+
+
+@runtime_checkable
+class Indexed(Protocol):
+    """A store with no listing or search of its own: the derived index (:mod:`terrarium.index`)
+    answers them, kept in :attr:`derived` and closed with the store."""
+
+    derived: Derived | None
+
+    def index_source(self) -> Any:
+        """What the derived index reads of the store (``terrarium.index._refresh.Source``,
+        with ``index_file``, and either a change cursor or the filesystem's markers)."""
+        ...
+
+
+@runtime_checkable
+class ChangeLog(Store, Protocol):
+    """A store whose writes move a change cursor in the transaction that writes them."""
+
+    def changes(self, after: str | None) -> tuple[list[SessionId] | None, str]:
+        """The sessions written since position ``after`` and the position now. The sessions
+        are None when ``after`` is None or no position of this store: read them all."""
+        ...
+
+    def live_head(self, session_id: SessionId) -> PodMetadata | None:
+        """The head of the session's context; None when it is detached, frozen or gone."""
+        ...
+
+    def entries_from(
+        self, session_id: SessionId, segment_id: SegmentId, seq: int
+    ) -> list[dict[str, Any]]:
+        """The segment's lines from ``seq`` on (its header is seq 0), none if it is gone."""
+        ...
+
+
 @runtime_checkable
 class ContextLocking(Protocol):
     """A store that can serialise work on one context across threads and processes."""
@@ -352,7 +398,9 @@ class ContextSummary(msgspec.Struct, frozen=True, gc=False):
 
 @runtime_checkable
 class Listing(Protocol):
-    """A store that lists contexts with their message counts without restoring each one."""
+    """What lists contexts with their message counts without restoring each one, whole or a
+    page at a time (keyset pagination: a page costs about its own rows, whatever the size of
+    the store): the derived index, or PostgreSQL's own."""
 
     def list_contexts_fast(self, type: str | None = None) -> Sequence[ContextSummary]:
         """Every context's summary, optionally of one type, sorted by context id.
@@ -362,11 +410,29 @@ class Listing(Protocol):
         """
         ...
 
+    def list_contexts_page(self, query: ListingQuery) -> Sequence[ContextSummary]:
+        """The contexts of one page, in ``query.sort`` order (largest first), exactly those
+        ``list_contexts_fast`` would give, filtered and sorted the same way.
+
+        Raises ``IndexUnavailable`` as :meth:`Listing.list_contexts_fast` does.
+        """
+        ...
+
+    def context_types(self, *, as_indexed: bool = False) -> list[str]:
+        """Every type that has a context, sorted."""
+        ...
+
+    def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
+        """Every context's (id, last active, message count), as ``list_contexts_fast`` gives
+        them, in an order that stays the same while nothing changes: what a write changes,
+        for a fraction of a whole listing's cost (three columns of nine)."""
+        ...
+
 
 @runtime_checkable
 class IndexedListing(Listing, Protocol):
-    """A :class:`Listing` whose index catches up with the data when read (the filesystem
-    store's), so a listing may first wait for a long catch-up after a bulk load; it can also
+    """A :class:`Listing` whose index catches up with the data when read (the derived
+    index's), so a listing may first wait for a long catch-up after a bulk load; it can also
     be read as it stands while the catch-up runs elsewhere."""
 
     def list_contexts_as_indexed(self, type: str | None = None) -> Sequence[ContextSummary]:
@@ -386,7 +452,7 @@ class IndexedListing(Listing, Protocol):
 
 
 LISTING_SORTS = ("last_active", "created", "messages")
-"""The orders a :class:`PagedListing` pages in, each largest first, ties broken by context id
+"""The orders a :class:`Listing` pages in, each largest first, ties broken by context id
 (also largest first): by the last entry's timestamp, the creation time, the message count."""
 
 
@@ -435,30 +501,6 @@ class ListingQuery(msgspec.Struct, frozen=True):
             )
 
         return matches
-
-
-@runtime_checkable
-class PagedListing(Listing, Protocol):
-    """A :class:`Listing` that answers one page of contexts, filtered and sorted, from its index
-    (keyset pagination): a page costs about its own rows, whatever the size of the store."""
-
-    def list_contexts_page(self, query: ListingQuery) -> Sequence[ContextSummary]:
-        """The contexts of one page, in ``query.sort`` order (largest first), exactly those
-        ``list_contexts_fast`` would give, filtered and sorted the same way.
-
-        Raises ``IndexUnavailable`` as :meth:`Listing.list_contexts_fast` does.
-        """
-        ...
-
-    def context_types(self, *, as_indexed: bool = False) -> list[str]:
-        """Every type that has a context, sorted."""
-        ...
-
-    def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
-        """Every context's (id, last active, message count), as ``list_contexts_fast`` gives
-        them, in an order that stays the same while nothing changes: what a write changes,
-        for a fraction of a whole listing's cost (three columns of nine)."""
-        ...
 
 
 class ChangeFeed(Protocol):

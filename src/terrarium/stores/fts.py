@@ -1,6 +1,6 @@
-"""Full-text search over SQLite FTS5, shared by ``FsStore``'s index and ``SqliteStore``.
+"""Full-text search over SQLite FTS5: the ranking of the derived index (:mod:`terrarium.index`).
 
-It owns no data: each store keeps its own FTS5 tables and hands this module a connection. What
+It owns no data: the index keeps its FTS5 tables and hands this module a connection. What
 their searches share lives here: the query check (:func:`check_query`, also ``PostgresStore``'s),
 the ranking (:class:`Ranker`), the same bm25 in Python (:func:`bm25`) for the entries searched
 by scanning (:func:`terrarium.search.scan`), and hits from marked snippets

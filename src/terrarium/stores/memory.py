@@ -9,13 +9,20 @@ processes and never has torn tails.
 The state primitives (:class:`~terrarium.stores.base.SessionStates`, which
 :mod:`terrarium.states` moves contexts with) keep the records in a dict; a frozen session
 stays where it is (there is nothing to compress in memory) but leaves the hot listing.
+
+Listing and search are the derived index's (:mod:`terrarium.index`): it follows the store's
+change cursor (a counter per written session) and keeps its database in a private temporary
+folder, deleted when the store is closed or collected.
 """
 
 from __future__ import annotations
 
 import copy
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,7 +43,10 @@ from terrarium.errors import (
     SessionAttached,
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
+from terrarium.stores._changes import LogChanges
 from terrarium.stores.base import (
+    INDEX_DB,
+    Derived,
     NewEntry,
     PodMetadata,
     SegmentRead,
@@ -129,9 +139,62 @@ class MemoryStore(_MemoryBlobs):
         self._context_locks: dict[str, threading.Lock] = {}
         self._states: dict[SessionId, dict[str, Any]] = {}
         self._frozen: set[SessionId] = set()
+        self._written: dict[SessionId, int] = {}
+        """The change cursor: each session's last write, numbered from 1, oldest first."""
+        self._tick = 0
+        self.derived: Derived | None = None
+        """The derived index (:func:`terrarium.index.of`), closed with the store."""
+        self._index_dir: str | None = None
 
     def __repr__(self) -> str:
         return "MemoryStore()"
+
+    # ---------------------------------------------------------------- change cursor
+
+    def _touch(self, session_id: SessionId) -> None:
+        self._tick += 1
+        self._written.pop(session_id, None)  # to the end: the dict stays in write order
+        self._written[session_id] = self._tick
+
+    def changes(self, after: str | None) -> tuple[list[SessionId] | None, str]:
+        """The sessions written since position ``after`` (``ChangeLog``)."""
+        with self._lock:
+            now = self._tick
+            seen = int(after) if after is not None and after.isdigit() else -1
+            if not 0 <= seen <= now:
+                return None, str(now)
+            touched = []
+            for session_id in reversed(self._written):  # newest first, up to the position
+                if self._written[session_id] <= seen:
+                    break
+                touched.append(session_id)
+            return touched, str(now)
+
+    def live_head(self, session_id: SessionId) -> PodMetadata | None:
+        """The head of the session's context unless detached, frozen or gone (``ChangeLog``)."""
+        with self._lock:
+            owner = self._owners.get(session_id)
+            head = None if owner is None else self._heads.get(owner)
+            if head is None or head.session_id != session_id or session_id in self._frozen:
+                return None
+            return head
+
+    def entries_from(
+        self, session_id: SessionId, segment_id: SegmentId, seq: int
+    ) -> list[dict[str, Any]]:
+        """The segment's lines from ``seq`` on (``ChangeLog``)."""
+        with self._lock:
+            segment = self._sessions.get(session_id, {}).get(segment_id)
+            return [] if segment is None else copy.deepcopy(segment.lines[seq:])
+
+    def index_source(self) -> LogChanges:
+        """What the derived index reads (``Indexed``): its database in a private temporary
+        folder, removed with the store."""
+        with self._lock:
+            if self._index_dir is None:
+                self._index_dir = tempfile.mkdtemp(prefix="terrarium-index-")
+                weakref.finalize(self, shutil.rmtree, self._index_dir, True)
+            return LogChanges(self, Path(self._index_dir) / INDEX_DB)
 
     # ---------------------------------------------------------------- heads
 
@@ -153,6 +216,7 @@ class MemoryStore(_MemoryBlobs):
                 )
             self._segment(head.session_id, segment_id)
             head = msgspec.structs.replace(head, segment_id=segment_id, updated_at=utc_now())
+            self._touch(head.session_id)
             self._heads[str(context)] = head
             return head
 
@@ -179,6 +243,7 @@ class MemoryStore(_MemoryBlobs):
             self._sessions[session_id] = {segment_id: _Segment([line])}
             self._owners[session_id] = str(context)
             head = PodMetadata(str(context), session_id, segment_id, line["ts"], line["ts"])
+            self._touch(session_id)
             self._heads[str(context)] = head
             return head
 
@@ -211,6 +276,7 @@ class MemoryStore(_MemoryBlobs):
             head = PodMetadata(str(context), session_id, segment_id, created, utc_now())
             self._heads[str(context)] = head
             self._owners[session_id] = str(context)
+            self._touch(session_id)
             return head
 
     # ---------------------------------------------------------------- state primitives
@@ -268,6 +334,7 @@ class MemoryStore(_MemoryBlobs):
             stored["cold"] = {"hot_bytes": size, "cold_bytes": size}
             self._states[session_id] = stored
             self._frozen.add(session_id)
+            self._touch(session_id)
             return copy.deepcopy(stored)
 
     def thaw_session(
@@ -278,6 +345,7 @@ class MemoryStore(_MemoryBlobs):
             hot = {k: v for k, v in state.items() if k != "cold"}
             self.set_session_state(session_id, hot, expected=expected)
             self._frozen.discard(session_id)
+            self._touch(session_id)
 
     def detach_context(
         self,
@@ -295,6 +363,7 @@ class MemoryStore(_MemoryBlobs):
             self.set_session_state(session_id, state, expected=expected)
             del self._heads[str(context)]
             self._owners[session_id] = None
+            self._touch(session_id)
 
     def delete_session(self, session_id: SessionId) -> bool:
         """Forget a detached session for ever."""
@@ -307,6 +376,7 @@ class MemoryStore(_MemoryBlobs):
             for table in (self._sessions, self._owners, self._states):
                 table.pop(session_id, None)
             self._frozen.discard(session_id)
+            self._touch(session_id)
             return True
 
     def _check_state(self, session_id: SessionId, expected: Mapping[str, Any]) -> None:
@@ -343,6 +413,7 @@ class MemoryStore(_MemoryBlobs):
             if segment_id in segments:
                 raise ConflictError(f"segment {segment_id} already exists")
             segments[segment_id] = _Segment([line])
+            self._touch(session_id)
 
     def append(
         self,
@@ -363,6 +434,7 @@ class MemoryStore(_MemoryBlobs):
             segment.lines.extend(
                 [codec.decode(codec.encode(line)) for line in iter_lines(entries, first)]
             )
+            self._touch(session_id)
             return first
 
     def read_segment(
@@ -406,7 +478,14 @@ class MemoryStore(_MemoryBlobs):
             return copy.deepcopy(self._segment(session_id, segment_id).trace)
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Close the derived index and remove its folder."""
+        with self._lock:
+            if self.derived is not None:
+                self.derived.close()
+                self.derived = None
+            if self._index_dir is not None:
+                shutil.rmtree(self._index_dir, ignore_errors=True)
+                self._index_dir = None
 
     # ---------------------------------------------------------------- helpers
 

@@ -57,7 +57,6 @@ from terrarium.stores.base import (
     Lifecycle,
     Listing,
     ListingQuery,
-    PagedListing,
     SegmentRead,
     Store,
 )
@@ -164,10 +163,10 @@ class CatchUp:
         return rows, source.index_backlog() if self.running() else 0
 
     def listing(self, store: Store) -> Listed:
-        """What the overview follows (see :class:`Listed`): from a :class:`PagedListing`
+        """What the overview follows (see :class:`Listed`): from a :class:`Listing`
         store's signatures and its most active page, else from the whole listing."""
         source = derived.listing(store)
-        if not isinstance(source, PagedListing):
+        if not isinstance(source, Listing):
             return self._from_rows(store)
         as_indexed = self.as_indexed(store)
         try:
@@ -322,7 +321,7 @@ def list_page(
     none). Sorting by tokens puts contexts not
     read yet last; ``tokens_pending`` says how many there are.
 
-    On a :class:`PagedListing` store the page comes from the store's index (a walk of about
+    On a :class:`Listing` store the page comes from the store's index (a walk of about
     ``limit`` rows, legacy files and archived contexts merged in; by tokens, picked from the
     contexts' signatures and tallies, its rows read by id); other stores pick it from the
     whole listing.
@@ -368,7 +367,7 @@ def _page_rows(
     tokens: dict[str, int] = {}
     pending = 0
     found: Paged | None = None
-    paged = isinstance(derived.listing(store), PagedListing)
+    paged = isinstance(derived.listing(store), Listing)
     if sort != "tokens" and paged:
         as_indexed = activity is not None and activity.catch_up.as_indexed(store)
         found = _paged(store, query, state, archived, as_indexed)
@@ -494,7 +493,7 @@ def _by_tokens(
     the index; the tokens known of the page's contexts; how many contexts are still to be
     read."""
     source = derived.listing(store)
-    assert isinstance(source, PagedListing)
+    assert isinstance(source, Listing)
     listed = activity.listing(store)
     tallies, pending = activity.tallies(store, listed.native, budget)
     matches = query.matcher() or (lambda _c, _l: True)
@@ -532,7 +531,7 @@ def _paged(
     merged in; None when the store has no such index or it cannot answer (the caller lists
     everything instead)."""
     source = derived.listing(store)
-    if not isinstance(source, PagedListing):
+    if not isinstance(source, Listing):
         return None
     query = msgspec.structs.replace(query, as_indexed=as_indexed)
     extra = list(archived)
@@ -1398,7 +1397,7 @@ def signature(store: Store, context: ContextId | None, activity: Activity | None
             return "gone"
         return f"{head.segment_id}:{store.next_seq(head.session_id, head.segment_id)}"
     source = derived.listing(store)
-    if activity is not None and isinstance(source, (IndexedListing, PagedListing)):
+    if activity is not None and isinstance(source, Listing):
         found = activity.listing(store)
         legacy = tuple(map(signature_of, found.legacy))
         return f"{hash(tuple(found.native))}:{hash(legacy)}:{found.backlog}"

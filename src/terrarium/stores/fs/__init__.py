@@ -75,6 +75,7 @@ from terrarium.stores._files import (
 )
 from terrarium.stores.base import (
     ATTEMPTS,
+    INDEX_DB,
     ClosingStore,
     Derived,
     NewEntry,
@@ -1107,9 +1108,10 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
 
     # ---------------------------------------------------------------- derived index
 
-    @property
-    def changes(self) -> FsChanges:
-        """What the derived index reads of this store's files (see :mod:`._changes`)."""
+    def index_source(self) -> FsChanges:
+        """What the derived index reads of this store's files (``Indexed``, see
+        :mod:`._changes`), once the pointers of a lost ``.index`` folder are rebuilt."""
+        self.restore_lost_index(INDEX_DB)
         return FsChanges(self.root)
 
     def restore_lost_index(self, keep: str) -> None:

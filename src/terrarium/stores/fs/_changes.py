@@ -19,11 +19,13 @@ import os
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
+from terrarium import codec
 from terrarium.errors import IndexUnavailable, StoreError
 from terrarium.model import SessionId
 from terrarium.stores._files import listdir, make_dirs, open_private, scandir
-from terrarium.stores.base import PodMetadata
+from terrarium.stores.base import PodMetadata, SegmentStat
 from terrarium.stores.fs import _shape
 from terrarium.stores.fs._heads import head_of
 from terrarium.stores.fs._layout import (
@@ -134,11 +136,6 @@ class FsChanges:
         """The store's ``.index`` folder, where the derived index keeps its database."""
         return self.root / INDEX
 
-    @staticmethod
-    def segment_of(name: str) -> str | None:
-        """The segment id a file name of a session folder names, or None."""
-        return segment_name(name)
-
     def index_file(self, name: str) -> Path:
         """The path of ``name`` in ``.index``, refused (IndexUnavailable) out of the root."""
         return check_inside(os.path.realpath(self.root), self.root / INDEX / name, IndexUnavailable)
@@ -205,8 +202,8 @@ class FsChanges:
 
     def walk(
         self, date_folders: Iterable[str] | None = None
-    ) -> Iterator[tuple[str, list[os.DirEntry[str]]]]:
-        """Every session folder with its entries, least recently written first (of
+    ) -> Iterator[tuple[str, dict[str, SegmentStat]]]:
+        """Every session folder with its segments, least recently written first (of
         ``date_folders``, ``type/date`` each, if given)."""
         found: list[tuple[float, str, list[os.DirEntry[str]]]] = []
         for date_folder in self.date_folders() if date_folders is None else date_folders:
@@ -230,7 +227,7 @@ class FsChanges:
                     found.append((newest, f"{date_folder}/{session.name}", entries))
         found.sort(key=lambda item: (item[0], item[1]))
         for _, rel, entries in found:
-            yield rel, entries
+            yield rel, _segments(entries)
 
     # ---------------------------------------------------------------- one session
 
@@ -242,9 +239,9 @@ class FsChanges:
         except (OSError, StoreError):
             return None
 
-    def entries(self, folder: str) -> list[os.DirEntry[str]]:
-        """The entries of a session folder (none if it is gone)."""
-        return scandir(self.root / folder)
+    def segments(self, folder: str) -> dict[str, SegmentStat]:
+        """The segment files of a session folder (none if it is gone)."""
+        return _segments(scandir(self.root / folder))
 
     def head(self, folder: str) -> tuple[PodMetadata | None, str | None]:
         """The folder's head and what is wrong with it (see :func:`folder_head`)."""
@@ -258,21 +255,46 @@ class FsChanges:
         """The damaged segments of ``folder`` that a salvage replaced already."""
         return {str(s) for s in salvaged_into(self.root / folder)}
 
-    def segment_path(self, folder: str, segment_id: str) -> Path:
-        """A segment file's path (for reads and the problems that name it)."""
-        return self.root / folder / f"{segment_id}{SEGMENT_SUFFIX}"
+    def segment_path(self, folder: str, segment_id: str) -> str:
+        """A segment file's path (for the problems that name it)."""
+        return str(self.root / folder / f"{segment_id}{SEGMENT_SUFFIX}")
 
-    def head_path(self, folder: str) -> Path:
+    def head_path(self, folder: str) -> str:
         """A session's ``head.json`` (for the problems that name it)."""
-        return self.root / folder / HEAD
+        return str(self.root / folder / HEAD)
 
-    def stat_segment(self, folder: str, segment_id: str) -> os.stat_result | None:
-        """The segment file's ``stat``, or None if it is gone."""
+    def stat_segment(self, folder: str, segment_id: str) -> SegmentStat | None:
+        """The segment file's inode and size, or None if it is gone."""
         try:
-            return os.stat(self.segment_path(folder, segment_id))
+            st = os.stat(self.segment_path(folder, segment_id))
         except FileNotFoundError:
             return None
+        return SegmentStat(st.st_ino, st.st_size)
 
-    def read(self, folder: str, segment_id: str, offset: int) -> tuple[bytes, int]:
-        """The segment's bytes from byte ``offset`` on, and its size (see :func:`read_from`)."""
-        return read_from(self.segment_path(folder, segment_id), offset)
+    def read_lines(
+        self, folder: str, segment_id: str, offset: int, seq: int
+    ) -> tuple[list[dict[str, Any]], int, int]:
+        """The segment's complete lines from byte ``offset`` (line ``seq``) on, the offset
+        after them and the file's size (see :func:`read_from`; StoreError: a bad line)."""
+        path = self.segment_path(folder, segment_id)
+        data, size = read_from(Path(path), offset)
+        complete, _ = codec.split_complete(data)
+        if not complete:
+            return [], offset, size
+        lines = codec.decode_lines(complete, where=path, first_line=seq + 1)
+        return lines, offset + len(complete), size
+
+
+def _segments(entries: Iterable[os.DirEntry[str]]) -> dict[str, SegmentStat]:
+    """The segment files among a session folder's entries, each with its inode and size."""
+    found: dict[str, SegmentStat] = {}
+    for entry in entries:
+        segment_id = segment_name(entry.name)
+        if segment_id is None:
+            continue
+        try:
+            st = entry.stat()
+        except FileNotFoundError:
+            continue
+        found[segment_id] = SegmentStat(st.st_ino, st.st_size)
+    return found

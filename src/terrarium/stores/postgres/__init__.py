@@ -272,7 +272,7 @@ class PostgresStore(SqlStore):
 
     @retried
     def list_contexts_page(self, query: ListingQuery) -> list[ContextSummary]:
-        """One page of the listing, filtered and sorted (``PagedListing``): an index walk of
+        """One page of the listing, filtered and sorted (``Listing``): an index walk of
         about ``query.limit`` rows (see :mod:`terrarium.stores._listing`). The text filter
         folds case with the database's ``lower``.
 
@@ -287,14 +287,14 @@ class PostgresStore(SqlStore):
 
     @retried
     def context_types(self, *, as_indexed: bool = False) -> list[str]:
-        """Every type that has a context, sorted (``PagedListing``)."""
+        """Every type that has a context, sorted (``Listing``)."""
         with self._pool.connection() as conn:
             return [row[0] for row in conn.execute(_sql.CONTEXT_TYPES)]
 
     @retried
     def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
         """Every context's (id, last active, message count), in last-active order, from the
-        index ``contexts_by_last_active`` (``PagedListing``)."""
+        index ``contexts_by_last_active`` (``Listing``)."""
         self.catch_up()
         with self._pool.connection() as conn, conn.transaction():
             conn.execute(_sql.LISTING_BY_INDEX)

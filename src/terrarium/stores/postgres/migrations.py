@@ -83,7 +83,7 @@ def m001_initial(conn: psycopg.Connection[Any]) -> None:
 _TABLES = (
     # Heads, with their listing counts: contexts_listing covers a listing in (type, name)
     # order; the dashboard's sessions list pages walk one index per order (last active,
-    # created, messages; ties by context id, in code point order: ``PagedListing``).
+    # created, messages; ties by context id, in code point order: ``Listing``).
     """CREATE TABLE contexts (
         context text PRIMARY KEY,
         type text NOT NULL,

@@ -3,9 +3,9 @@
 For one machine where a single file is handier than a folder tree (backups, copies, ad hoc SQL
 with the ``sqlite3`` shell), and where a few processes share the store. It owns the heads,
 sessions, segments, entries and debug traces (the schema: :mod:`._sql`, built by
-:mod:`.migrations`), and what is derived from the entries: the search index and the listing
-counts (:mod:`.search`), brought up to the entries in slices, never in every append; WAL
-checkpoints and FTS5 upkeep run in a thread of their own (:mod:`._upkeep`).
+:mod:`.migrations`), and a change cursor (``changes``, kept by triggers in the writing
+transaction) that the derived index (:mod:`terrarium.index`, in ``{database}.search.db``)
+follows for listing and search.
 
 The trade-off: an append is one ``INSERT`` under SQLite's single write lock, so writers in
 every thread and process are serialised (waiting up to ``busy_timeout``) while readers, in WAL
@@ -18,10 +18,10 @@ Usage::
     import terrarium as t
     from terrarium.stores import SearchQuery, SqliteStore
 
-    with SqliteStore("sessions.db") as store:
+    with SqliteStore("sessions.db") as store:  # listing and search: terrarium.index
         t.create_segment(store, t.SegmentStartState(), context="cli:main")
         t.save_user_input(store, store.get_head(t.ContextId.parse("cli:main")), "Hello!")
-        hits = store.search(SearchQuery("hello"))
+        hits = t.search(store, SearchQuery("hello"))
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from itertools import starmap
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,8 @@ from terrarium.errors import (
     StoreError,
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
-from terrarium.stores import _db, _listing
+from terrarium.stores import _db
+from terrarium.stores._changes import LogChanges
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores._sqlbase import (
     HEAD_ANY,
@@ -57,38 +57,21 @@ from terrarium.stores._sqlbase import (
     state_record,
 )
 from terrarium.stores.base import (
-    ContextSummary,
-    ListingQuery,
+    INDEX_DB,
+    Derived,
     NewEntry,
     PodMetadata,
-    SearchHit,
-    SearchQuery,
     header_line,
     iter_lines,
     wake_session,
 )
-from terrarium.stores.fts import Fts5Tables, Ranker, check_query, fts5_phrases, merge_hits
 from terrarium.stores.locks import file_lock
 from terrarium.stores.sqlite import _lifecycle as lifecycle
 from terrarium.stores.sqlite import _sql as sql
-from terrarium.stores.sqlite._upkeep import Upkeep
 from terrarium.stores.sqlite.migrations import MIGRATIONS, check_readable, migrate
-from terrarium.stores.sqlite.search import (
-    SEARCH_RECENT,
-    catch_up,
-    index_session,
-    indexed_hits,
-    late_counts,
-    late_hits,
-    segment_summary,
-    with_late,
-)
-from terrarium.text import query_terms
 
 __all__ = [
     "MIGRATIONS",
-    "SEARCH_BATCH",
-    "SEARCH_RECENT",
     "SYNCHRONOUS_MODES",
     "SqliteStore",
     "migrate",
@@ -105,39 +88,6 @@ log = logging.getLogger(__name__)
 #: its check and looks the key up again. A key read inside a caller's transaction may be
 #: rolled back with it and handed out again to another segment, so it is not kept.
 _SEEN_CACHE = 4096
-
-#: The derived tables lag the entries by at most about this many: the append that makes this
-#: many wait catches them up, reading at most twice as many (so a backlog drains), and leaves
-#: their items staged for the upkeep thread to index (:func:`.search.index_staged`). Measured
-#: (``benchmarks/bench_sqlite_append.py``, CPU time of the appending thread, 10k history,
-#: p99.9 of 6,000 appends through the runtime ÷ their median): 16-20x with 16, 19-24x with 24,
-#: 23-30x with 32 (one append in 16 pays ~120 µs of Python and a commit); before staging, a
-#: slice of 64 with its FTS5 work cost ~1-2 ms: 62-677x the median at 1k-100k.
-SEARCH_BATCH = 16
-#: Entries between two kicks of the upkeep thread that index the staged items: each kick
-#: costs it a slice of FTS5 work (a segment flushed per table), merge steps and a wake-up.
-#: Measured (3,000 appends 1 ms apart at 10k history, two runs each): with a kick at every
-#: ``SEARCH_BATCH`` and a checkpoint at each, 880-890 slices and 0.33 s of CPU besides the
-#: appending thread's 0.26-0.31 s; with 64 and 256, 230 slices, 0.12-0.14 s and 0.21-0.23 s.
-#: A search indexes what is still staged itself.
-INDEX_EVERY = 64
-#: Entries between two WAL checkpoints by the upkeep thread (:mod:`._upkeep`), well before
-#: SQLite's own automatic checkpoint, which then finds the pages copied.
-CHECKPOINT_EVERY = 256
-#: The page cache of each connection, in KiB (SQLite's default is 2 MB).
-CACHE_KIB = 64 * 1024
-
-
-def _catch_up(conn: sqlite3.Connection, *, limit: int | None = None, index: bool = True) -> int:
-    """:func:`.search.catch_up` with this module's ``SEARCH_RECENT``, read at each call; a
-    refill of ``search_recent`` is left to the upkeep thread, and so, without ``index``, is
-    the indexing of the items staged."""
-    return catch_up(conn, recent=SEARCH_RECENT, limit=limit, refill=0, index=index)
-
-
-def _recent() -> int:
-    """This module's ``SEARCH_RECENT``, read at each call (tests patch it)."""
-    return SEARCH_RECENT
 
 
 class SqliteStore(SqlStore):
@@ -192,19 +142,14 @@ class SqliteStore(SqlStore):
         self._lock = threading.Lock()
         self._idle: list[sqlite3.Connection] = []
         self._local = threading.local()
-        self._ranker = Ranker(Fts5Tables(recent="search_recent", docs="search_docs"))
         # A next seq this store saw each recent segment reach (its guess for the next append)
-        # with its ids as text and its key (see _SEEN_CACHE), and how far it last saw the
-        # derived tables read (see the .search module).
+        # with its ids as text and its key (see _SEEN_CACHE).
         self._seen: SeqGuesses[tuple[str, str, int | None]] = SeqGuesses(_SEEN_CACHE)
-        self._wm = 0
         self._closed = False
         self.readonly_reason: str | None = None
         """Why the database is opened read-only (see :meth:`_open`), or None."""
-        self._upkeep = Upkeep(self.path, self._connect, _recent)
-        # The newest entry id when this store last had the upkeep thread checkpoint, and
-        # index what is staged (see _kick).
-        self._checkpointed = self._indexed = 0
+        self.derived: Derived | None = None
+        """The derived index (:func:`terrarium.index.of`), closed with the store."""
         self._idle.append(self._open())
 
     def _open(self) -> sqlite3.Connection:
@@ -275,9 +220,6 @@ class SqliteStore(SqlStore):
         conn = _db.connect(self.path, timeout=self.busy_timeout, readonly=self.readonly)
         try:
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
-            # SQLite's default page cache is 2 MB; ranking reads each match's row sizes, and
-            # with the pages of a big index at hand a search is ~3x faster.
-            conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
             conn.execute(f"PRAGMA wal_autocheckpoint = {sql.AUTOCHECKPOINT}")
         except BaseException:
             conn.close()
@@ -347,9 +289,7 @@ class SqliteStore(SqlStore):
         conn = self._borrow()
         local.conn, local.depth = conn, 0
         try:
-            # This process's writers wait for an upkeep slice on its gate, not in SQLite's
-            # busy handler (a sleep of 1 ms or more).
-            with self._upkeep.gate, _db.immediate(conn):
+            with _db.immediate(conn):
                 yield conn
         except sqlite3.OperationalError as exc:
             raise self._error(exc) from exc
@@ -390,133 +330,62 @@ class SqliteStore(SqlStore):
         with self._write() as conn:
             head = self._head_to_move(conn, context, segment_id, expected)
             now = utc_now()
-            # The listing counts of the new head are computed over the entries the derived
-            # tables have read, so those must be every entry.
-            self._wm = _catch_up(conn)
-            count, last = segment_summary(conn, str(head.session_id), str(segment_id))
-            conn.execute(sql.MOVE_HEAD, (str(segment_id), now, count, last, str(context)))
+            conn.execute(sql.MOVE_HEAD, (str(segment_id), now, str(context)))
         return PodMetadata(head.context, head.session_id, segment_id, head.created_at, now)
 
-    def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
-        """Every context's summary (message count, last activity), without restoring any.
+    # ---------------------------------------------------------------- change cursor
 
-        The counts, as a restore would find them, are kept on the heads by the derived-state
-        catch-up (:func:`.search.catch_up`), which runs first if entries arrived since it last
-        did; then this is one scan of the heads. Where the catch-up cannot write (a read-only
-        database, a full disk), the entries it would have read complete the counts.
-        """
-        self._try_catch_up()
-        where, args = ("WHERE type = ?", (type,)) if type is not None else ("", ())
-        with self._snapshot() as conn:
-            rows = conn.execute(sql.LISTING.format(where=where), args).fetchall()
-            late = late_counts(conn)
-            summaries = list(starmap(ContextSummary, rows))
-        if not late:
-            return summaries
-        return [
-            with_late(summary, late.get((summary.session, summary.head))) for summary in summaries
-        ]
+    def changes(self, after: str | None) -> tuple[list[SessionId] | None, str]:
+        """The sessions written since position ``after`` (``ChangeLog``): those of the
+        entries and of the head changes past it (``entry id.change id``; see the schema)."""
+        with self._committed() as conn:
+            top = conn.execute(sql.CHANGES_TOP).fetchone()
+            now = f"{top[0]}.{top[1]}"
+            seen = _position(after)
+            if seen is None or seen[0] > top[0] or seen[1] > top[1]:
+                return None, now
+            if seen == tuple(top):  # the usual read: nothing written since
+                return [], now
+            rows = conn.execute(sql.CHANGES_AFTER, seen).fetchall()
+        return [uuid.UUID(row[0]) for row in rows], now
 
-    def list_contexts_page(self, query: ListingQuery) -> list[ContextSummary]:
-        """One page of the listing, filtered and sorted (``PagedListing``): an index walk of
-        about ``query.limit`` rows (see :mod:`terrarium.stores._listing`). Where entries wait
-        that the derived state could not read (see :meth:`list_contexts_fast`), the page is
-        picked from the whole listing instead, their counts included.
+    def live_head(self, session_id: SessionId) -> PodMetadata | None:
+        """The head of the session's context unless detached, frozen or gone (``ChangeLog``)."""
+        with self._committed() as conn:
+            row = conn.execute(sql.LIVE_HEAD, (str(session_id),)).fetchone()
+        return None if row is None else self._head(row)
 
-        Raises:
-            InvalidQuery: a query that cannot be run (see :func:`._listing.check`).
-        """
-        statement, params = _listing.page_statement(sql.LISTING_SELECT, query, _listing.SQLITE)
-        self._try_catch_up()
-        with self._snapshot() as conn:
-            late = late_counts(conn)
-            if not late:
-                return [ContextSummary(*row) for row in conn.execute(statement, params)]
-        return _listing.page_of(self.list_contexts_fast(), query)
+    def entries_from(
+        self, session_id: SessionId, segment_id: SegmentId, seq: int
+    ) -> list[dict[str, Any]]:
+        """The segment's lines from ``seq`` on (``ChangeLog``); none if it is not hot."""
+        with self._committed() as conn:
+            args = {"session": str(session_id), "segment": str(segment_id), "seq": seq}
+            rows = conn.execute(sql.ENTRIES_FROM, args).fetchall()
+        if not rows:
+            return []
+        data = ("\n".join([row[0] for row in rows]) + "\n").encode()
+        return codec.decode_lines(data, where=f"{self.path} segment {segment_id}", first_line=seq)
 
-    def context_types(self, *, as_indexed: bool = False) -> list[str]:
-        """Every type that has a context, sorted (``PagedListing``)."""
-        with self._read() as conn:
-            return [row[0] for row in conn.execute(sql.CONTEXT_TYPES)]
-
-    def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
-        """Every context's (id, last active, message count), in last-active order, from the
-        index ``contexts_by_last_active`` (``PagedListing``), counted as
-        :meth:`list_contexts_fast` counts."""
-        self._try_catch_up()
-        with self._snapshot() as conn:
-            if not late_counts(conn):
-                return conn.execute(sql.SIGNATURES).fetchall()
-        return [(s.context, s.last_active, s.message_count) for s in self.list_contexts_fast()]
-
-    # ---------------------------------------------------------------- search
-
-    def search(self, query: SearchQuery) -> list[SearchHit]:
-        """Ranked hits for ``query`` over every history item of every context.
-
-        Args:
-            query: the words to find (data, never syntax) and the filters.
-
-        Returns:
-            Up to ``query.limit`` hits, best first, each with a snippet and highlight spans.
-
-        Raises:
-            InvalidQuery: nothing to search for, or an invalid ``limit``, ``role`` or ``since``.
-            InvalidContextId: ``query.context`` is not ``type:name``.
-        """
-        q = check_query(query)
-        phrases = [fts5_phrases([term]) for term in query_terms(q.text)]
-        self._try_catch_up()
-        with self._snapshot() as conn:
-            try:
-                hits = indexed_hits(conn, self._ranker, q, phrases)
-                late = late_hits(conn, q, phrases)
-            except sqlite3.OperationalError as exc:
-                raise self._error(exc, "search failed: ") from exc
-        return merge_hits(hits, late, q.limit)
-
-    def _try_catch_up(self) -> None:
-        """Catch the derived state up before a read, where it can be written; else the read
-        completes it from the entries past ``wm`` (a read-only database, a full disk, a lock
-        held past ``busy_timeout``)."""
-        if self.readonly:
-            return
+    @contextmanager
+    def _committed(self) -> Iterator[sqlite3.Connection]:
+        """A pooled connection in a read transaction, never the thread's write transaction:
+        the derived index reads only what is committed (a rollback takes nothing from it)."""
+        conn = self._borrow()
         try:
-            self._catch_up()
-        except StoreError as exc:
-            log.warning("%s; reading the entries that it has not indexed instead", exc)
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            raise self._error(exc) from exc
+        finally:
+            self._give_back(conn)
 
-    def _catch_up(self) -> None:
-        """Bring the derived tables up to every entry, and index the items staged, if any
-        wait; have the upkeep thread refill ``search_recent`` if it lacks some of the newest
-        items (a store that stopped writing in the middle of a refill)."""
-        with self._read() as conn:
-            wm, top, short, staged = conn.execute(sql.PENDING_WORK, (SEARCH_RECENT,)).fetchone()
-        self._wm = wm
-        if (top or 0) > wm or staged:
-            with self._write() as conn:
-                self._wm = _catch_up(conn)
-            self._upkeep.kick(checkpoint=False)  # a refill of search_recent, if emptied
-        elif short:
-            self._upkeep.kick(checkpoint=False)
-
-    def reindex(self) -> int:
-        """Rebuild the derived tables (search index, listing counts) from the entries.
-
-        Returns:
-            The number of contexts.
-        """
-        with self._write() as conn:
-            conn.execute(sql.DELETE_DOCS)
-            for table in sql.FTS_TABLES:
-                conn.execute(sql.FTS_DELETE_ALL.format(table=table))
-            conn.execute(sql.RESET_META)
-            catch_up(conn, counts=False, recent=SEARCH_RECENT, refill=None)
-            heads = conn.execute(sql.HEAD_SEGMENTS).fetchall()
-            for s, g in heads:
-                count, last = segment_summary(conn, s, g)
-                conn.execute(sql.SET_COUNTS, (count, last, s))
-        return len(heads)
+    def index_source(self) -> LogChanges:
+        """What the derived index reads (``Indexed``); its database is beside this one."""
+        return LogChanges(self, self.path.with_name(f"{self.path.name}.{INDEX_DB}"))
 
     # ---------------------------------------------------------------- contexts
 
@@ -536,8 +405,6 @@ class SqliteStore(SqlStore):
             conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, ts, ts))
             conn.execute(INSERT_SESSION, (s, str(ctx), ts))
             self._insert_segment(conn, session_id, segment_id, ctx.type, line)
-            count, last = segment_summary(conn, s, g)
-            conn.execute(sql.SET_COUNTS, (count, last, s))
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
 
     def attach_context(
@@ -545,9 +412,7 @@ class SqliteStore(SqlStore):
     ) -> PodMetadata:
         """Make ``context`` a new context on a detached session's segment, in one transaction.
 
-        The derived state is caught up first (leaving the detached session's items out, as it
-        always does), then the head gets its listing counts and the session's items are
-        indexed under the context. A frozen session's head goes to ``archived_contexts``.
+        A frozen session's head goes to ``archived_contexts``.
         """
         ctx = ContextId.parse(context)
         s, g = str(session_id), str(segment_id)
@@ -559,11 +424,7 @@ class SqliteStore(SqlStore):
                 cold = (s, str(ctx), ctx.type, g, created, now)
                 conn.execute(INSERT_COLD_HEAD, cold)
             else:
-                self._wm = _catch_up(conn)
                 conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, created, now))
-                count, last = segment_summary(conn, s, g)
-                conn.execute(sql.SET_COUNTS, (count, last, s))
-                index_session(conn, s, ctx.type, recent=SEARCH_RECENT)
         return PodMetadata(str(ctx), session_id, segment_id, created, now)
 
     def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
@@ -589,9 +450,7 @@ class SqliteStore(SqlStore):
         return lifecycle.freeze(conn, session)
 
     def _thaw_rows(self, conn: sqlite3.Connection, session: str) -> None:
-        # Its entries wait for the catch-up (see _lifecycle.thaw), as they would in a store
-        # that had not appended them: they do not count toward this store's batch.
-        self._wm = lifecycle.thaw(conn, session)
+        lifecycle.thaw(conn, session)
 
     def _detach_rows(self, conn: sqlite3.Connection, context: str, session: str) -> bool:
         return lifecycle.detach(conn, context, session)
@@ -668,9 +527,7 @@ class SqliteStore(SqlStore):
         the next seq this store last saw the segment reach, with the key it saw; when refused,
         it reads the segment's key and tail and raises ConflictError (with ``expected_seq``)
         or retries there. Several entries go in one ``BEGIN IMMEDIATE`` transaction, which
-        reads the tail under the lock. The append that makes ``SEARCH_BATCH`` entries wait
-        then catches the derived tables up, leaving their items staged, and kicks the upkeep
-        thread, which indexes them; so does one in ``CHECKPOINT_EVERY`` (a WAL checkpoint).
+        reads the tail under the lock.
         """
         if len(entries) != 1 or line_digests(entries[0].data):  # blob_refs: one transaction
             return self._append_many(session_id, segment_id, entries, expected_seq)
@@ -681,7 +538,6 @@ class SqliteStore(SqlStore):
             proposal = expected_seq
         held: sqlite3.Connection | None = getattr(self._local, "conn", None)
         conn = held if held is not None else self._borrow()
-        gate = self._upkeep.gate if held is None else nullcontext()
         looked = False  # whether this call read the segment's key (see _SEEN_CACHE)
         try:
             while True:
@@ -691,8 +547,7 @@ class SqliteStore(SqlStore):
                 line = next(iter_lines(entries, proposal))
                 row = (seg, proposal, line["kind"], line["ts"], _text(line))
                 try:
-                    with gate:  # inside a transaction, its outermost write holds the gate
-                        cursor = conn.execute(sql.APPEND_ONE, row)
+                    conn.execute(sql.APPEND_ONE, row)
                     break
                 except sqlite3.IntegrityError:  # seq taken, the one before missing, key gone
                     looked, (seg, at) = True, self._tail_waking(conn, s, g)
@@ -705,7 +560,6 @@ class SqliteStore(SqlStore):
             if held is None:
                 self._give_back(conn)
         self._seen.remember(key, proposal + 1, (s, g, None if looked and held is not None else seg))
-        self._after_append(cursor.lastrowid or 0)
         return proposal
 
     def _append_many(
@@ -728,41 +582,10 @@ class SqliteStore(SqlStore):
             ]
             conn.executemany(sql.INSERT_ENTRY, rows)
             self._record_refs(conn, s, [entry.data for entry in entries])
-            (top,) = conn.execute(sql.NEWEST_ENTRY).fetchone()
-            staged = rows and top - self._wm >= SEARCH_BATCH
-            if staged:
-                self._wm = _catch_up(conn, limit=len(rows) + 2 * SEARCH_BATCH, index=False)
         self._seen.remember(
             (session_id, segment_id), first + len(rows), (s, g, seg if outermost else None)
         )
-        self._kick(top or 0, bool(staged))
         return first
-
-    def _after_append(self, rowid: int) -> None:
-        """After an entry ``rowid`` is in: a slice of catch-up, its items left staged, if
-        ``SEARCH_BATCH`` entries wait (see :meth:`_kick`)."""
-        staged = rowid - self._wm >= SEARCH_BATCH
-        if staged:
-            try:
-                with self._write() as conn:
-                    self._wm = _catch_up(conn, limit=2 * SEARCH_BATCH, index=False)
-            except (StoreError, sqlite3.Error) as exc:  # the entry is in; a read catches up
-                log.warning("%s: search and listing catch-up deferred: %s", self.path, exc)
-                staged = False
-        self._kick(rowid, staged)
-
-    def _kick(self, rowid: int, staged: bool) -> None:
-        """Kick the upkeep thread when items were staged and ``INDEX_EVERY`` entries have
-        come since it was last kicked to index them, and once every ``CHECKPOINT_EVERY``
-        entries for a WAL checkpoint."""
-        index = staged and rowid - self._indexed >= INDEX_EVERY
-        checkpoint = rowid - self._checkpointed >= CHECKPOINT_EVERY
-        if index:
-            self._indexed = rowid
-        if checkpoint:
-            self._checkpointed = rowid
-        if index or checkpoint:
-            self._upkeep.kick(checkpoint=checkpoint)
 
     def _next_seq(
         self, conn: sqlite3.Connection, session_id: SessionId, segment_id: SegmentId
@@ -788,13 +611,21 @@ class SqliteStore(SqlStore):
             conn.executemany(sql.INSERT_TRACE, [(s, g, _text(e.to_dict())) for e in entries])
 
     def close(self) -> None:
-        """Close every idle connection; connections in use close when their call returns."""
-        self._upkeep.close()
+        """Close the derived index and every idle connection; connections in use close when
+        their call returns."""
+        if self.derived is not None:
+            self.derived.close()
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+def _position(text: str | None) -> tuple[int, int] | None:
+    """A change cursor position (``entry id.change id``), or None if ``text`` is not one."""
+    entry, _, change = (text or "").partition(".")
+    return (int(entry), int(change)) if entry.isdigit() and change.isdigit() else None
 
 
 def _text(line: Any) -> str:

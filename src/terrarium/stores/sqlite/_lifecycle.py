@@ -10,26 +10,24 @@ freeze, a thaw, a detach and a delete move, in the caller's write transaction. T
                                                       PK (session_id, segment_id)
 
 A frozen session keeps one ``archived_segments`` row per segment: its lines, and its trace,
-each one zstandard frame (:mod:`terrarium.stores._archive`). Its entries, traces, segments and
-search items are gone from the hot tables, and so is its head while attached: the head is an
+each one zstandard frame (:mod:`terrarium.stores._archive`). Its entries, traces and segments
+are gone from the hot tables, and so is its head while attached: the head is an
 ``archived_contexts`` row, which ``get_head`` reads with the hot ones in one statement. A
 detached session (a trashed one) has no head at all; its ``sessions`` row stays until a purge.
 
 Usage (in the store's write transaction)::
 
     hot_bytes, cold_bytes = freeze(conn, session_id)
-    top = thaw(conn, session_id)
+    thaw(conn, session_id)
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-from terrarium.model import HISTORY_KINDS
 from terrarium.stores._archive import envelopes, pack_session, unpack_lines
 from terrarium.stores._sqlbase import COLD_HEAD, DETACH, DROP_COLD, HOT_HEAD, INSERT_COLD_HEAD
 from terrarium.stores.sqlite import _sql as sql
-from terrarium.stores.sqlite.search import segment_summary, unindex_session
 
 SESSION_TRACES = "SELECT segment_id, line FROM traces WHERE session_id = ? ORDER BY segment_id, id"
 SESSION_SEGMENTS = "SELECT segment_id, created_at FROM segments WHERE session_id = ?"
@@ -61,16 +59,14 @@ def freeze(conn: sqlite3.Connection, session: str) -> tuple[int, int]:
     head = conn.execute(HOT_HEAD, (session,)).fetchone()
     if head is not None:
         conn.execute(INSERT_COLD_HEAD, (session, *head))
-    unindex_session(conn, session)
     drop_hot(conn, session)
     return hot, packed
 
 
 def drop_hot(conn: sqlite3.Connection, session: str) -> None:
-    """Delete the session's hot rows; the derived tables' watermark follows."""
+    """Delete the session's hot rows."""
     for statement in DROP_HOT:
         conn.execute(statement, (session,))
-    conn.execute(sql.LOWER_WM)
 
 
 def _pack_session(conn: sqlite3.Connection, session: str) -> tuple[int, int]:
@@ -87,24 +83,16 @@ def _pack_session(conn: sqlite3.Connection, session: str) -> tuple[int, int]:
     return frozen.hot_bytes, frozen.cold_bytes
 
 
-def thaw(conn: sqlite3.Connection, session: str) -> int:
-    """Move a frozen session back to the hot tables; return the newest entry id.
+def thaw(conn: sqlite3.Connection, session: str) -> None:
+    """Move a frozen session back to the hot tables.
 
-    The entries go back with new arrival ids, past the derived state's watermark, so the next
-    catch-up (before any search, listing or head move, or once ``SEARCH_BATCH`` entries wait)
-    indexes their items and adds the head segment's to the head's listing count, as for
-    appended entries: a resume pays for the rows, not for the index. The head starts with
-    the items its header (or a fork's prefix) gives: a restore's count less its own items.
     Its segments get new keys (``segments.id``): a key a store cached for one of them before
     it was frozen names no segment now, so an append by it fails its check and looks again.
     """
     head = conn.execute(COLD_HEAD, (session,)).fetchone()
-    own = 0
     for g, seg_created, blob, trace in conn.execute(ARCHIVED_SEGMENTS, (session,)).fetchall():
         lines = unpack_lines(blob)
         found = envelopes(lines)
-        if head is not None and g == head[2]:
-            own = sum(1 for e in found if e.seq > 0 and e.kind in HISTORY_KINDS)
         seg = conn.execute(sql.INSERT_SEGMENT, (session, g, seg_created)).lastrowid
         conn.executemany(
             sql.INSERT_ENTRY,
@@ -114,20 +102,12 @@ def thaw(conn: sqlite3.Connection, session: str) -> int:
     if head is not None:
         context, type_, g, created, updated = head
         conn.execute(sql.INSERT_HEAD, (context, type_, session, g, created, updated))
-        count, _ = segment_summary(conn, session, g)
-        conn.execute(sql.SET_COUNTS, (count - own, "", session))
     for statement in DROP_COLD:
         conn.execute(statement, (session,))
-    (top,) = conn.execute(sql.NEWEST_ENTRY).fetchone()
-    return int(top or 0)
 
 
 def detach(conn: sqlite3.Connection, context: str, session: str) -> bool:
-    """Drop the head of ``context`` (hot or frozen) if it is on ``session``; whether it was.
-
-    A hot session's items leave the search tables: search never shows a detached session.
-    """
+    """Drop the head of ``context`` (hot or frozen) if it is on ``session``; whether it was."""
     if conn.execute(DETACH[0], (context, session)).rowcount:
-        unindex_session(conn, session)
         return True
     return bool(conn.execute(DETACH[1], (context, session)).rowcount)

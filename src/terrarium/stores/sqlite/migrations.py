@@ -89,30 +89,21 @@ def _applied(conn: sqlite3.Connection) -> list[str]:
 @MIGRATIONS
 def m001_initial(conn: sqlite3.Connection) -> None:
     """The whole schema (see ``._sql`` for what each table holds)."""
-    for statement in (*_TABLES, *_SEARCH, *_VIEWS):
+    for statement in (*_TABLES, *_CHANGES, *_VIEWS):
         conn.execute(statement)
 
 
 _TABLES = (
-    # Heads. Listing reads contexts_listing alone, in order: 100k contexts without a sort or
-    # a table lookup; the dashboard's sessions list pages walk one index per order (last
-    # active, created, messages; ties by context id: ``PagedListing``).
+    # Heads (listing and search are the derived index's: terrarium.index).
     """CREATE TABLE contexts (
         context TEXT PRIMARY KEY,
         type TEXT NOT NULL,
         session_id TEXT NOT NULL UNIQUE,
         segment_id TEXT NOT NULL,
         created_at TEXT NOT NULL,
-        updated_at TEXT NOT NULL,
-        message_count INTEGER NOT NULL DEFAULT 0,
-        last_active TEXT NOT NULL DEFAULT ''
+        updated_at TEXT NOT NULL
     )""",
     "CREATE INDEX contexts_by_type ON contexts (type)",
-    f"CREATE INDEX contexts_listing ON contexts ({sql.LISTING_ORDER}, context, created_at, "
-    "message_count, last_active, updated_at, session_id, segment_id)",
-    "CREATE INDEX contexts_by_last_active ON contexts (last_active, context, message_count)",
-    "CREATE INDEX contexts_by_created ON contexts (created_at, context)",
-    "CREATE INDEX contexts_by_messages ON contexts (message_count, context)",
     # context NULL: detached; state: the lifecycle's record (JSON, NULL for {}).
     """CREATE TABLE sessions (
         session_id TEXT PRIMARY KEY,
@@ -124,7 +115,7 @@ _TABLES = (
     "CREATE INDEX sessions_stated ON sessions (session_id) WHERE state IS NOT NULL",
     # Entries name their segment by its key (a few bytes instead of two 36-character ids);
     # AUTOINCREMENT: a key, once committed, never names another segment, so a store may cache
-    # it. An entry's id is its arrival order (search_meta.wm counts in it).
+    # it. An entry's id is its arrival order, never reused (the change cursor reads it).
     """CREATE TABLE segments (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         session_id TEXT NOT NULL,
@@ -133,7 +124,7 @@ _TABLES = (
         UNIQUE (session_id, segment_id)
     )""",
     """CREATE TABLE entries (
-        id INTEGER PRIMARY KEY,
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
         seg INTEGER NOT NULL,
         seq INTEGER NOT NULL,
         kind TEXT NOT NULL,
@@ -181,37 +172,22 @@ _TABLES = (
     "CREATE INDEX blob_refs_digest ON blob_refs (digest)",
 )
 
-_SEARCH = (
-    # Full-text search over history items (FTS5, ``.search``). wm: entries up to this id are
-    # in search_docs; hw: items up to this id are in search_fts; floor: items from this id up
-    # to hw are in search_recent too. Each FTS5 table's content is a view of exactly the items
-    # it indexes, so that its 'rebuild' and 'integrity-check' mean what they say.
-    """CREATE TABLE search_meta (
-        hw INTEGER NOT NULL,
-        floor INTEGER NOT NULL,
-        wm INTEGER NOT NULL DEFAULT 0
+# The change cursor the derived index follows (``SqliteStore.changes``): the entries in
+# arrival order (``entries.id``, AUTOINCREMENT so that an id is never handed out again after
+# the newest entries were frozen or purged), and a row per session whose head was added,
+# moved or dropped, moved to the top (a new id) by a trigger in the transaction that does it.
+_CHANGED = "INSERT OR REPLACE INTO changes (session_id) VALUES ({session})"
+_CHANGES = (
+    """CREATE TABLE changes (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id TEXT NOT NULL UNIQUE
     )""",
-    "INSERT INTO search_meta VALUES (0, 1, 0)",
-    """CREATE TABLE search_docs (
-        id INTEGER PRIMARY KEY,
-        session_id TEXT NOT NULL,
-        segment_id TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        role TEXT NOT NULL,
-        ts TEXT NOT NULL,
-        body TEXT NOT NULL,
-        tags TEXT NOT NULL
-    )""",
-    """CREATE VIEW search_fts_content AS SELECT id, body, tags FROM search_docs
-        WHERE id <= (SELECT hw FROM search_meta)""",
-    """CREATE VIEW search_recent_content AS SELECT id, body, tags FROM search_docs
-        WHERE id >= (SELECT floor FROM search_meta) AND id <= (SELECT hw FROM search_meta)""",
-    """CREATE VIRTUAL TABLE search_fts USING fts5(body, tags,
-        content='search_fts_content', content_rowid='id',
-        tokenize='unicode61 remove_diacritics 2')""",
-    """CREATE VIRTUAL TABLE search_recent USING fts5(body, tags,
-        content='search_recent_content', content_rowid='id',
-        tokenize='unicode61 remove_diacritics 2')""",
+    f"""CREATE TRIGGER changes_on_head AFTER INSERT ON contexts
+    BEGIN {_CHANGED.format(session="NEW.session_id")}; END""",
+    f"""CREATE TRIGGER changes_on_move AFTER UPDATE ON contexts
+    BEGIN {_CHANGED.format(session="NEW.session_id")}; END""",
+    f"""CREATE TRIGGER changes_on_drop AFTER DELETE ON contexts
+    BEGIN {_CHANGED.format(session="OLD.session_id")}; END""",
 )
 
 
