@@ -41,6 +41,11 @@ class Interleaved(MemoryStore):
         super().set_session_state(session_id, state, expected=expected)
         self._step("set_session_state")
 
+    def session_records(self) -> Any:
+        records = super().session_records()
+        self._step("session_records")
+        return records
+
 
 def seeded(store: MemoryStore) -> None:
     create_segment(store, context=MAIN)
@@ -85,6 +90,24 @@ def test_a_restore_between_a_purges_two_steps_wins() -> None:
     assert (
         states.finish_lifecycle(store) == 1
     )  # the restore's second step, as fsck --repair runs it
+    assert states.unfinished_lifecycle(store) == [] and states.trashed_contexts(store) == []
+    assert [m["content"] for m in restore(store, MAIN).history] == ["kept"]
+
+
+def test_a_restore_between_a_repairs_read_and_its_purge_wins() -> None:
+    """A repair that read a killed purge's record, overtaken by a restore of the entry before it
+    deletes: nothing is deleted, the repair does not fail, the restore has the last word."""
+    store = Interleaved("session_records", None)
+    seeded(store)
+    states.delete_context(store, MAIN)
+    (record,) = store.session_records()
+    store.set_session_state(
+        record.session_id, {**record.state, "purging": True}, expected=record.state
+    )
+    segment = SegmentId(record.state["trashed"]["segment_id"])
+    store.between = lambda s: s.attach_context(MAIN, record.session_id, segment)
+    assert states.finish_lifecycle(store) == 0
+    assert states.finish_lifecycle(store) == 1  # the restore's second step, as fsck runs it
     assert states.unfinished_lifecycle(store) == [] and states.trashed_contexts(store) == []
     assert [m["content"] for m in restore(store, MAIN).history] == ["kept"]
 

@@ -306,8 +306,8 @@ def finish_lifecycle(store: Lifecycle) -> int:
                 store.delete_session(record.session_id)
             else:  # a delete: detached, not yet frozen
                 _seal(store, record.session_id, record.state)
-        except SegmentNotFound:  # purged meanwhile: nothing left to finish
-            continue
+        except (SegmentNotFound, SessionAttached, ConflictError):
+            continue  # purged, restored or moved meanwhile: that move has the last word
         done += 1
     return done
 
