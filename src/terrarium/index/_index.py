@@ -264,12 +264,6 @@ class SearchIndex:
         with self._reader_lock:
             self._close_reader()
 
-    def __enter__(self) -> SearchIndex:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ------------------------------------------------------------------ refresh
 
     def refresh(self, *, full: bool = False) -> bool:
@@ -596,8 +590,7 @@ class SearchIndex:
         Raises:
             IndexUnavailable: the index cannot be brought up to date (see "Failures").
         """
-        statement, params = _listing_of(type)
-        return [ContextSummary(*row) for row in self._listing_read(statement, params, False)]
+        return self._summaries(type, as_indexed=False)
 
     def list_contexts_as_indexed(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary as the index holds it now, without bringing it up to date
@@ -607,8 +600,7 @@ class SearchIndex:
         Raises:
             IndexUnavailable: the index exists but cannot be read.
         """
-        statement, params = _listing_of(type)
-        return [ContextSummary(*row) for row in self._listing_read(statement, params, True)]
+        return self._summaries(type, as_indexed=True)
 
     def list_contexts_page(self, query: ListingQuery) -> list[ContextSummary]:
         """One page of the listing, filtered and sorted: an index walk of about
@@ -640,6 +632,11 @@ class SearchIndex:
             IndexUnavailable: as :meth:`list_contexts`.
         """
         return self._listing_read(sql.SIGNATURES, [], as_indexed)
+
+    def _summaries(self, type: str | None, *, as_indexed: bool) -> list[ContextSummary]:
+        """The whole listing, of one type or all."""
+        statement, params = (sql.LISTING, ()) if type is None else (sql.LISTING_OF_TYPE, (type,))
+        return [ContextSummary(*row) for row in self._listing_read(statement, params, as_indexed)]
 
     def _listing_read(
         self, statement: str, params: Sequence[Any], as_indexed: bool
@@ -724,8 +721,3 @@ class SearchIndex:
             conn = self._connection()
             rows = conn.execute(sql.WATCHED_IDS).fetchall()
         return [uuid.UUID(row[0]) for row in rows]
-
-
-def _listing_of(type: str | None) -> tuple[str, tuple[str, ...]]:
-    """The whole listing's statement and parameters, of one type or all."""
-    return (sql.LISTING, ()) if type is None else (sql.LISTING_OF_TYPE, (type,))
