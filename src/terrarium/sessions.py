@@ -94,11 +94,9 @@ def _header(
 ) -> dict[str, Any]:
     """Build a header line. ``start=None`` makes a fork header that continues its parent.
 
-    ``carry``: the state whose extensions (and, with ``figures``, usage and turns: the same
-    context's, as a compaction or clear carries them on) the new history starts with.
-
-    ``extra`` adds keys of the caller's own (an import's provenance); it may not replace a key
-    the header already has.
+    ``carry``: the state whose extensions (and, with ``figures``, usage and turns, as a
+    compaction or clear carries them on) the new history starts with. ``extra`` adds keys of
+    the caller's own (an import's provenance); it may not replace a key the header has.
     """
     header: dict[str, Any] = {
         "v": FORMAT_VERSION,
@@ -191,9 +189,8 @@ def create_segment_with_ids(
 ) -> PodMetadata | PodActiveSegmentRef:
     """Like :func:`create_segment` with chosen ids, origin and timestamp (imports, copies).
 
-    ``header_extra`` adds keys of the caller's own to the root header (an importer's record
-    of what it imported); replay ignores them, and they may not replace a header key. A new
-    conversation (a root origin) must have a name fit for a new context
+    ``header_extra`` adds keys of the caller's own to the root header (an importer's record);
+    replay ignores them. A root origin needs a name fit for a new context
     (:meth:`ContextId.check_new`); an import or copy keeps the name its data has.
 
     Returns:
@@ -800,9 +797,7 @@ def lineage(
 ) -> list[SegmentRead]:
     """The reads that replaying a segment needs, oldest first.
 
-    Lines that refer to blobs are resolved as ``blobs`` says (:func:`terrarium.blobs.
-    resolve_line`): by default they hold the whole text, so every reader of a lineage
-    (restore, exports, transcripts) sees what was logged.
+    Lines that refer to blobs are resolved as ``blobs`` says (by default to the whole text).
     """
     reads: list[SegmentRead] = []
     current, stop = segment_id, stop_seq
@@ -1016,12 +1011,8 @@ class TimedItem(msgspec.Struct, frozen=True):
 
 
 def timed_history(lines: Iterable[Mapping[str, Any]]) -> list[TimedItem]:
-    """The history that replaying ``lines`` yields, each item with the time it was logged.
-
-    Follows :func:`collect_state`: a header that holds ``history`` (or the
-    first header) starts the history afresh from it, each item stamped with the time it was
-    first logged (``sessions.header_history``).
-    """
+    """The history that replaying ``lines`` yields (as :func:`collect_state`), each item
+    with the time it was first logged (:func:`header_history`)."""
     items: list[TimedItem] = []
     first = True
     for line in lines:
