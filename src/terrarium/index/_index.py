@@ -287,14 +287,10 @@ class SearchIndex:
     def _guarded(self, run: Callable[[], _T], *, retry: bool = False) -> _T:
         """``run()``, with a failing database turned into :class:`IndexUnavailable`.
 
-        Only an index that SQLite reports corrupt (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``) is
-        deleted, with its ``-wal`` and ``-shm``; with ``retry`` ``run`` is called once more,
-        which rebuilds it from the files. A lock held by another process past
-        ``BUSY_TIMEOUT``, a full disk (``SQLITE_FULL``, or an I/O error on a file system with
-        no space left) and a read-only file, folder or mount never are: they raise
-        :class:`IndexUnavailable`, naming the cause, and the callers answer from the log
-        (:func:`terrarium.search.search` scans it, ``MultiContextManager.list_all_contexts``
-        restores each context).
+        Only an index SQLite reports corrupt is deleted, with its ``-wal`` and ``-shm``; with
+        ``retry`` ``run`` is called once more, which rebuilds it. A lock held past
+        ``BUSY_TIMEOUT``, a full disk or a read-only file never is: the IndexUnavailable names
+        the cause (:func:`terrarium.stores._db.kind`), and the callers answer from the log.
         """
         for attempt in (1, 2):
             try:

@@ -643,13 +643,11 @@ def refuse_files(along: Sequence[Path]) -> None:
 class BlobStore(Protocol):
     """A store that keeps large outputs out of its logs, as content-addressed blobs.
 
-    A blob is named by the sha256 hex digest of its bytes and stored once however often it
-    is put. Entries refer to blobs (:mod:`terrarium.blobs` draws the reference format); the
-    sessions layer writes a blob before the entry that names it, so a reference never points
-    at a blob that is missing or half written. Blobs no log refers to stay until
-    :func:`terrarium.blobs.collect_garbage` deletes them. Each backend has a
-    ``blob_threshold`` attribute (a constructor argument): strings of history items longer
-    than that many UTF-8 bytes go to blobs; None or 0 keeps every string inline.
+    A blob is named by the sha256 hex digest of its bytes and stored once. Entries refer to
+    blobs (:mod:`terrarium.blobs`), each written before the entry that names it; blobs no log
+    refers to stay until :func:`terrarium.blobs.collect_garbage`. A backend's
+    ``blob_threshold`` (a constructor argument): history strings longer than that many UTF-8
+    bytes go to blobs; None or 0 keeps every string inline.
     """
 
     def put_blob(self, data: bytes) -> str:
