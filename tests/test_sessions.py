@@ -25,6 +25,7 @@ from terrarium import (
     SegmentStartState,
     UsageRecord,
     append_entries,
+    append_entry,
     classify_history_item,
     collect_state,
     create_segment,
@@ -178,6 +179,17 @@ def test_append_entries_returns_what_was_stored(
         (2, "hologram", {"x": [1]}),
     ]
     assert written == read_entries(store, ref)[1:]
+
+
+@pytest.mark.parametrize("kind", ["header", "", None])
+def test_append_entries_refuses_an_invalid_kind_and_writes_nothing(
+    store: MemoryStore, ref: PodActiveSegmentRef, kind: Any
+) -> None:
+    with pytest.raises(InvalidEntry, match="invalid entry kind"):
+        append_entries(store, ref, [("turn_end", {}), (kind, {})])
+    with pytest.raises(InvalidEntry, match="invalid entry kind"):
+        append_entry(store, ref, kind, {})
+    assert store.next_seq(ref.session_id, ref.segment_id) == 1
 
 
 def test_create_segment_with_ids_uses_the_given_ids_origin_and_time(store: MemoryStore) -> None:

@@ -94,11 +94,9 @@ def _header(
 ) -> dict[str, Any]:
     """Build a header line. ``start=None`` makes a fork header that continues its parent.
 
-    ``carry``: the state whose extensions (and, with ``figures``, usage and turns: the same
-    context's, as a compaction or clear carries them on) the new history starts with.
-
-    ``extra`` adds keys of the caller's own (an import's provenance); it may not replace a key
-    the header already has.
+    ``carry``: the state whose extensions (and, with ``figures``, usage and turns, as a
+    compaction or clear carries them on) the new history starts with. ``extra`` adds keys of
+    the caller's own (an import's provenance); it may not replace a key the header has.
     """
     header: dict[str, Any] = {
         "v": FORMAT_VERSION,
@@ -135,9 +133,8 @@ def create_segment(
     """Create a new session whose root segment starts from ``start``.
 
     With ``context``, the session is that new context's, and its head is the root segment.
-    Without, as in the crate's quick start, the session belongs to no context yet (its root
-    header says ``"context": null``): the whole log API works on it by reference, and
-    :func:`attach_context` later makes a context of it.
+    Without, the session belongs to no context until :func:`attach_context`; the log API
+    works on it by reference.
 
     Returns:
         The new session id and root segment id.
@@ -192,9 +189,8 @@ def create_segment_with_ids(
 ) -> PodMetadata | PodActiveSegmentRef:
     """Like :func:`create_segment` with chosen ids, origin and timestamp (imports, copies).
 
-    ``header_extra`` adds keys of the caller's own to the root header (an importer's record
-    of what it imported); replay ignores them, and they may not replace a header key. A new
-    conversation (a root origin) must have a name fit for a new context
+    ``header_extra`` adds keys of the caller's own to the root header (an importer's record);
+    replay ignores them. A root origin needs a name fit for a new context
     (:meth:`ContextId.check_new`); an import or copy keeps the name its data has.
 
     Returns:
@@ -226,10 +222,8 @@ def create_segment_with_ids(
 def attach_context(store: Store, context: ContextId | str, ref: SegmentRef) -> PodMetadata:
     """Make ``context`` a new context whose head is ``ref``, a segment of a detached session.
 
-    ``ref`` may be any segment of the session (its root, or a fork or compaction made while
-    it was detached); the session's headers stay as written (``"context": null``), and from
-    then on :func:`restore` of ``context`` replays ``ref`` as :func:`restore_by_segment` does,
-    and listing, search, stats and export see the context. A session is attached once.
+    ``ref`` may be any segment of the session; its headers stay as written (``"context":
+    null``). From then on every view sees the context. A session is attached once.
 
     Returns:
         The new context's head.
@@ -247,10 +241,9 @@ def attach_context(store: Store, context: ContextId | str, ref: SegmentRef) -> P
 def detached_sessions(store: Store) -> list[SessionId]:
     """The sessions of ``store`` that belong to no context yet, oldest first.
 
-    They are data like any other: nothing deletes them; :func:`attach_context` adopts one.
-    Each one's segments are ``store.list_segments(session_id)``. A detached session with a
-    state record is not one of them: it is a deleted context's, in the trash or being purged
-    (:mod:`terrarium.states` sets a record on every session it detaches).
+    Nothing deletes them; :func:`attach_context` adopts one. A detached session with a state
+    record is not one of them: it is a deleted context's (:mod:`terrarium.states` sets a
+    record on every session it detaches).
 
     Raises:
         StoreError: the store has no state primitives to list its sessions with.
@@ -426,12 +419,10 @@ def rewind(
     """Drop the last ``n`` history items of ``context`` by moving its head to a fork.
 
     The head moves to a fork of the segment that logged the first dropped item, just before
-    that entry (crossing back through fork points and into ancestors as needed), so nothing
-    is copied and the dropped items stay in the session tree (``fork``/``show --segments``
-    reach them). Entries logged after the last kept item (its usage, turn end) go with the
-    dropped ones. When the cut falls inside a history that a header holds (a compaction's
-    summary, an import), the new segment's header holds the kept part of it, the one case
-    that copies. ``n=0`` changes nothing. Runs under the context's lock.
+    that entry (in an ancestor if need be): nothing is copied and the dropped items stay in
+    the session tree. Entries logged after the last kept item (its usage, turn end) go with
+    them. A cut inside a header's history (a compaction's, an import's) copies its kept part
+    into the new header. ``n=0`` changes nothing. Runs under the context's lock.
 
     Args:
         store: The store.
@@ -613,11 +604,14 @@ def append_entries(
     *,
     expected_seq: int | None = None,
 ) -> list[LogEntry]:
-    """Append several ``(kind, data)`` entries in one atomic write.
+    """Append several ``(kind, data)`` entries of any kinds in one atomic write.
 
     A history item's strings over the store's ``blob_threshold`` are written to blobs first
     and the entry keeps a preview and a reference (:mod:`terrarium.blobs`).
     """
+    for kind, _ in entries:
+        if not isinstance(kind, str) or not kind or kind == EntryKind.HEADER:
+            raise InvalidEntry(f"invalid entry kind {kind!r}")
     ts = utc_now()
     drafts = [NewEntry(kind, ts, offload_data(store, kind, data)) for kind, data in entries]
     first = store.append(ref.session_id, ref.segment_id, drafts, expected_seq=expected_seq)
@@ -633,14 +627,7 @@ def append_entry(
     expected_seq: int | None = None,
 ) -> LogEntry:
     """Append one entry of any kind (including kinds this version does not know)."""
-    if not isinstance(kind, str) or not kind or kind == EntryKind.HEADER:
-        raise InvalidEntry(f"invalid entry kind {kind!r}")
-    ts = utc_now()
-    data = offload_data(store, kind, data)
-    seq = store.append(
-        ref.session_id, ref.segment_id, [NewEntry(kind, ts, data)], expected_seq=expected_seq
-    )
-    return LogEntry(seq, kind, ts, data)
+    return append_entries(store, ref, [(kind, data)], expected_seq=expected_seq)[0]
 
 
 def classify_history_item(item: Item | Mapping[str, Any]) -> EntryKind:
@@ -810,9 +797,7 @@ def lineage(
 ) -> list[SegmentRead]:
     """The reads that replaying a segment needs, oldest first.
 
-    Lines that refer to blobs are resolved as ``blobs`` says (:func:`terrarium.blobs.
-    resolve_line`): by default they hold the whole text, so every reader of a lineage
-    (restore, exports, transcripts) sees what was logged.
+    Lines that refer to blobs are resolved as ``blobs`` says (by default to the whole text).
     """
     reads: list[SegmentRead] = []
     current, stop = segment_id, stop_seq
@@ -1026,12 +1011,8 @@ class TimedItem(msgspec.Struct, frozen=True):
 
 
 def timed_history(lines: Iterable[Mapping[str, Any]]) -> list[TimedItem]:
-    """The history that replaying ``lines`` yields, each item with the time it was logged.
-
-    Follows :func:`collect_state`: a header that holds ``history`` (or the
-    first header) starts the history afresh from it, each item stamped with the time it was
-    first logged (``sessions.header_history``).
-    """
+    """The history that replaying ``lines`` yields (as :func:`collect_state`), each item
+    with the time it was first logged (:func:`header_history`)."""
     items: list[TimedItem] = []
     first = True
     for line in lines:

@@ -138,11 +138,7 @@ class SearchIndex:
         A database that is missing or replaced is reopened (and built), one of another schema
         version rebuilt. One that cannot be opened for writing (read-only, or a full disk) is
         opened read-only and still serves while it is current: built, no dirty marker
-        waiting, no watched segment file changed (:meth:`_behind`).
-
-        Raises:
-            IndexUnavailable: the index cannot be opened (see "Failures" in the module
-                docstring); a corrupt one is deleted and rebuilt first.
+        waiting, no watched segment file changed (:meth:`_behind`). Else IndexUnavailable.
         """
         if self._conn is not None:
             try:
@@ -228,7 +224,7 @@ class SearchIndex:
         """Drop whatever the database holds and create the schema (unless another process
         created it meanwhile): the index is derived, so another version is rebuilt."""
 
-        def create() -> None:
+        with _db.immediate(conn):  # one process at a time updates; searches never wait
             if conn.execute(sql.USER_VERSION).fetchone()[0] == SCHEMA_VERSION:
                 return  # another process created it meanwhile
             if version:
@@ -242,9 +238,6 @@ class SearchIndex:
             for statement in sql.SCHEMA:
                 conn.execute(statement)
             conn.execute(sql.SET_USER_VERSION)
-
-        with _db.immediate(conn):  # one process at a time updates; searches never wait
-            create()
 
     def _delete_files(self) -> None:
         for suffix in ("", "-wal", "-shm"):
@@ -264,12 +257,6 @@ class SearchIndex:
         with self._reader_lock:
             self._close_reader()
 
-    def __enter__(self) -> SearchIndex:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ------------------------------------------------------------------ refresh
 
     def refresh(self, *, full: bool = False) -> bool:
@@ -279,24 +266,20 @@ class SearchIndex:
             full: also walk every session folder (finds writes that bypassed ``FsStore``).
 
         Raises:
-            IndexUnavailable: it cannot be brought up to date (see "Failures").
+            IndexUnavailable: it cannot be brought up to date.
         """
         with self._lock:
             return self._guarded(lambda: self._refresh(full=full))
 
     def catch_up_index(self) -> None:
-        """Bring the index up to date (``IndexedListing``): what a listing or search does first.
-
-        Raises:
-            IndexUnavailable: it cannot be brought up to date (see "Failures").
-        """
+        """Bring the index up to date (``IndexedListing``); IndexUnavailable if it cannot."""
         self.refresh()
 
     def rebuild(self) -> int:
         """Drop everything and index every session afresh; return the sessions indexed.
 
         Raises:
-            IndexUnavailable: the index cannot be written (see "Failures").
+            IndexUnavailable: the index cannot be written.
         """
         with self._lock:
             return self._guarded(self._rebuild)
@@ -304,14 +287,10 @@ class SearchIndex:
     def _guarded(self, run: Callable[[], _T], *, retry: bool = False) -> _T:
         """``run()``, with a failing database turned into :class:`IndexUnavailable`.
 
-        Only an index that SQLite reports corrupt (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``) is
-        deleted, with its ``-wal`` and ``-shm``; with ``retry`` ``run`` is called once more,
-        which rebuilds it from the files. A lock held by another process past
-        ``BUSY_TIMEOUT``, a full disk (``SQLITE_FULL``, or an I/O error on a file system with
-        no space left) and a read-only file, folder or mount never are: they raise
-        :class:`IndexUnavailable`, naming the cause, and the callers answer from the log
-        (:func:`terrarium.search.search` scans it, ``MultiContextManager.list_all_contexts``
-        restores each context).
+        Only an index SQLite reports corrupt is deleted, with its ``-wal`` and ``-shm``; with
+        ``retry`` ``run`` is called once more, which rebuilds it. A lock held past
+        ``BUSY_TIMEOUT``, a full disk or a read-only file never is: the IndexUnavailable names
+        the cause (:func:`terrarium.stores._db.kind`), and the callers answer from the log.
         """
         for attempt in (1, 2):
             try:
@@ -523,7 +502,7 @@ class SearchIndex:
         Raises:
             InvalidQuery: nothing to search for, or an invalid filter.
             InvalidContextId: ``query.context`` is not ``type:name``.
-            IndexUnavailable: the index cannot be brought up to date (see "Failures").
+            IndexUnavailable: the index cannot be brought up to date.
         """
         q = check_query(query)
         terms = query_terms(q.text)
@@ -594,10 +573,9 @@ class SearchIndex:
         covering index (145 ms) instead of 100k file reads (14 s for the head records alone).
 
         Raises:
-            IndexUnavailable: the index cannot be brought up to date (see "Failures").
+            IndexUnavailable: the index cannot be brought up to date.
         """
-        statement, params = _listing_of(type)
-        return [ContextSummary(*row) for row in self._listing_read(statement, params, False)]
+        return self._summaries(type, as_indexed=False)
 
     def list_contexts_as_indexed(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary as the index holds it now, without bringing it up to date
@@ -607,8 +585,7 @@ class SearchIndex:
         Raises:
             IndexUnavailable: the index exists but cannot be read.
         """
-        statement, params = _listing_of(type)
-        return [ContextSummary(*row) for row in self._listing_read(statement, params, True)]
+        return self._summaries(type, as_indexed=True)
 
     def list_contexts_page(self, query: ListingQuery) -> list[ContextSummary]:
         """One page of the listing, filtered and sorted: an index walk of about
@@ -616,7 +593,7 @@ class SearchIndex:
         date, or as it stands with ``query.as_indexed`` (as :meth:`list_contexts_as_indexed`).
 
         Raises:
-            IndexUnavailable: as :meth:`list_contexts` (or the index cannot be read).
+            IndexUnavailable: as :meth:`list_contexts_fast` (or the index cannot be read).
             InvalidQuery: a query that cannot be run.
         """
         statement, params = _listing.page_statement(sql.LISTING_SELECT, query, _listing.SQLITE)
@@ -624,22 +601,19 @@ class SearchIndex:
         return [ContextSummary(*row) for row in found]
 
     def context_types(self, *, as_indexed: bool = False) -> list[str]:
-        """Every type that has a context, sorted (as the index holds it with ``as_indexed``).
-
-        Raises:
-            IndexUnavailable: as :meth:`list_contexts`.
-        """
+        """Every type that has a context, sorted (as the index holds it with ``as_indexed``)."""
         return [row[0] for row in self._listing_read(sql.CONTEXT_TYPES, [], as_indexed)]
 
     def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
         """Every context's (id, last active, message count), in last-active order, from the
-        covering index ``sessions_by_last_active`` (as the index holds it with
-        ``as_indexed``).
-
-        Raises:
-            IndexUnavailable: as :meth:`list_contexts`.
+        covering index ``sessions_by_last_active`` (as the index holds it with ``as_indexed``).
         """
         return self._listing_read(sql.SIGNATURES, [], as_indexed)
+
+    def _summaries(self, type: str | None, *, as_indexed: bool) -> list[ContextSummary]:
+        """The whole listing, of one type or all."""
+        statement, params = (sql.LISTING, ()) if type is None else (sql.LISTING_OF_TYPE, (type,))
+        return [ContextSummary(*row) for row in self._listing_read(statement, params, as_indexed)]
 
     def _listing_read(
         self, statement: str, params: Sequence[Any], as_indexed: bool
@@ -724,8 +698,3 @@ class SearchIndex:
             conn = self._connection()
             rows = conn.execute(sql.WATCHED_IDS).fetchall()
         return [uuid.UUID(row[0]) for row in rows]
-
-
-def _listing_of(type: str | None) -> tuple[str, tuple[str, ...]]:
-    """The whole listing's statement and parameters, of one type or all."""
-    return (sql.LISTING, ()) if type is None else (sql.LISTING_OF_TYPE, (type,))

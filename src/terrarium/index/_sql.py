@@ -180,7 +180,7 @@ UNWATCH_ENDED = "UPDATE sessions SET watch_until = NULL WHERE watch_until < ?"
 
 # ---------------------------------------------------------------------------- segments
 
-#: A segment row, in the order of :class:`terrarium.stores.fs._refresh.SegmentRow`'s fields.
+#: A segment row, in the order of :class:`terrarium.index._refresh.SegmentRow`'s fields.
 SELECT_SEGMENTS = (
     "SELECT id, session, segment_id, ino, size_seen, offset, next_seq, items, continues, "
     "parent, at_seq, last_ts, problem FROM segments"

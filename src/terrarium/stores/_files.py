@@ -62,16 +62,8 @@ def write_atomic(path: Path, data: bytes, *, sync: bool) -> None:
     failure the temporary file is removed and ``path`` is left as it was.
     """
     make_dirs(path.parent)
-    # Not derived from the name, so a name of the maximum length still fits.
-    tmp = path.with_name(f".tmp-{uuid.uuid4().hex}")
-    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    tmp = _temporary(path, data, sync=sync)
     try:
-        try:
-            write_all(fd, data)
-            if sync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -127,6 +119,7 @@ def link_free(source: Path, path: Path, suffix: Callable[[int], str]) -> Path:
 
 def _temporary(path: Path, data: bytes, *, sync: bool) -> Path:
     """A new temporary file beside ``path`` holding ``data`` (removed if writing it fails)."""
+    # Not derived from the name, so a name of the maximum length still fits.
     tmp = path.with_name(f".tmp-{uuid.uuid4().hex}")
     fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:

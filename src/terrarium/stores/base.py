@@ -162,11 +162,8 @@ class Store(PodMetadataStore, Protocol):
     def create_session(self, header: Mapping[str, Any]) -> None:
         """Create a session that belongs to no context, with ``header`` as its root segment.
 
-        The crate's ``create_segment`` needs no context; the whole log API works on such a
-        session by reference. Headers written while detached keep ``"context": null`` (the
-        log is append-only): after :meth:`attach_context` the head names the context.
-
-        Raises ConflictError if the session exists.
+        Its headers keep ``"context": null`` after :meth:`attach_context` (the log is
+        append-only). Raises ConflictError if the session exists.
         """
         ...
 
@@ -316,11 +313,9 @@ class SearchQuery(msgspec.Struct, frozen=True):
     """Only items of this role (``user``, ``assistant``)."""
     limit: int = 20
     archived: bool = False
-    """Search archived contexts too (:func:`terrarium.search.search` reads them; a store's
-    own ``search`` leaves this to it)."""
+    """Search archived contexts too (only :func:`terrarium.search.search` reads this)."""
     all_branches: bool = False
-    """Also find what is no longer in a context's conversation (a cleared, compacted or
-    rewound branch); :func:`terrarium.search.search` marks such hits ``branch="off"``."""
+    """Also find what a clear, compaction or rewind left behind (hits ``branch="off"``)."""
 
 
 class SearchHit(msgspec.Struct, frozen=True):
@@ -341,12 +336,10 @@ class SearchHit(msgspec.Struct, frozen=True):
     score: float
     """Relevance; higher is better. Comparable within one result list only."""
     message: int | None = None
-    """The hit's place in its context's conversation (``restore(...).history[message]``),
-    or None off it. A store's own ``search`` leaves it None: :func:`terrarium.search.search`
-    places its hits."""
+    """The hit's index in ``restore(...).history``, or None off it (set by
+    :func:`terrarium.search.search`)."""
     branch: str = "head"
-    """``head``: in the conversation a user opens; ``off``: on a branch that is no longer it
-    (cleared, compacted away, rewound)."""
+    """``head``: in the conversation a user opens; ``off``: on a branch left behind."""
 
 
 @runtime_checkable
@@ -361,8 +354,8 @@ class Searchable(Protocol):
 class ContextSummary(msgspec.Struct, frozen=True, gc=False):
     """One context as ``list`` shows it, read from the index (no session file opened).
 
-    Holds only strings and numbers, so the cyclic garbage collector need not track it: a
-    listing of 100k contexts would otherwise set off its passes over the whole heap.
+    ``gc=False``: it holds only strings and numbers, and tracking 100k of them would set off
+    the cyclic collector's passes over the whole heap.
     """
 
     context: str
@@ -381,9 +374,8 @@ class ContextSummary(msgspec.Struct, frozen=True, gc=False):
     head: str
     """The head segment id, as text (see :attr:`segment_id`)."""
     problem: str | None = None
-    """Why some of the context's data cannot be read, in one line naming the file (a damaged
-    segment, an unreadable head record), or None. Its counts then cover only what could be
-    read."""
+    """Why some of its data cannot be read (one line naming the file), or None; the counts
+    then cover what could be read."""
 
     @property
     def session_id(self) -> SessionId:
@@ -398,9 +390,8 @@ class ContextSummary(msgspec.Struct, frozen=True, gc=False):
 
 @runtime_checkable
 class Listing(Protocol):
-    """What lists contexts with their message counts without restoring each one, whole or a
-    page at a time (keyset pagination: a page costs about its own rows, whatever the size of
-    the store): the derived index, or PostgreSQL's own."""
+    """Lists contexts with their message counts without restoring them, whole or a page at a
+    time (keyset pagination): the derived index, or PostgreSQL's own."""
 
     def list_contexts_fast(self, type: str | None = None) -> Sequence[ContextSummary]:
         """Every context's summary, optionally of one type, sorted by context id.
@@ -411,8 +402,7 @@ class Listing(Protocol):
         ...
 
     def list_contexts_page(self, query: ListingQuery) -> Sequence[ContextSummary]:
-        """The contexts of one page, in ``query.sort`` order (largest first), exactly those
-        ``list_contexts_fast`` would give, filtered and sorted the same way.
+        """One page of what ``list_contexts_fast`` gives, filtered, in ``query.sort`` order.
 
         Raises ``IndexUnavailable`` as :meth:`Listing.list_contexts_fast` does.
         """
@@ -423,17 +413,15 @@ class Listing(Protocol):
         ...
 
     def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
-        """Every context's (id, last active, message count), as ``list_contexts_fast`` gives
-        them, in an order that stays the same while nothing changes: what a write changes,
-        for a fraction of a whole listing's cost (three columns of nine)."""
+        """Every context's (id, last active, message count), in a stable order: what a
+        write changes, for a fraction of a listing's cost (three columns of nine)."""
         ...
 
 
 @runtime_checkable
 class IndexedListing(Listing, Protocol):
-    """A :class:`Listing` whose index catches up with the data when read (the derived
-    index's), so a listing may first wait for a long catch-up after a bulk load; it can also
-    be read as it stands while the catch-up runs elsewhere."""
+    """A :class:`Listing` that catches up with the data when read (the derived index), or
+    can be read as it stands while a long catch-up runs elsewhere."""
 
     def list_contexts_as_indexed(self, type: str | None = None) -> Sequence[ContextSummary]:
         """The listing as the index holds it now, without catching up first.
@@ -462,8 +450,7 @@ class ListingQuery(msgspec.Struct, frozen=True):
     sort: str = "last_active"
     """One of :data:`LISTING_SORTS`."""
     after: tuple[str | int, str] | None = None
-    """The sort key (value, context id) of the last row of the previous page: this page holds
-    the rows whose key is smaller. None: the first page."""
+    """The sort key (value, context id) of the previous page's last row; None: the first."""
     limit: int = 50
     """Rows at most."""
     type: str | None = None
@@ -477,13 +464,11 @@ class ListingQuery(msgspec.Struct, frozen=True):
     contexts: tuple[str, ...] | None = None
     """Only these contexts (ids): the rows of contexts picked by another order."""
     as_indexed: bool = False
-    """On an :class:`IndexedListing` store, read the index as it stands, without catching up
-    first (as :meth:`IndexedListing.list_contexts_as_indexed`)."""
+    """On an :class:`IndexedListing`, read the index as it stands, without catching up."""
 
     def matcher(self) -> Callable[[str, str], bool] | None:
-        """Whether a context (its id, when it was last active) passes the filters (type,
-        text, days, ids); None when there are none. The rule every backend's statement
-        follows, for what is filtered in Python."""
+        """Whether a context (id, last active) passes the filters; None when there are
+        none. The rule every backend's statement follows, for filtering in Python."""
         kind, since, until = self.type, self.since, self.until
         needle = self.text.casefold() if self.text else None
         named = None if self.contexts is None else frozenset(self.contexts)
@@ -527,8 +512,7 @@ class Notifying(Protocol):
 
 
 class SessionRecord(msgspec.Struct, frozen=True):
-    """One session with a non-empty state record, as :meth:`SessionStates.session_records`
-    lists it."""
+    """One session with a non-empty state record."""
 
     session_id: SessionId
     owner: str | None
@@ -540,17 +524,13 @@ class SessionRecord(msgspec.Struct, frozen=True):
 class SessionStates(Protocol):
     """The narrow primitives that the states feature (:mod:`terrarium.states`) is written on.
 
-    Each session has a *state record*, a small JSON object (``{}`` until something is set),
-    changed only by compare-and-set: every call that changes it takes the record it expects
-    and raises :class:`~terrarium.errors.ConflictError` (changing nothing) if the record is
-    not that one now. The physical moves change the record in the same atomic step, so a
-    kill leaves the record and the bytes agreeing. What the keys mean is the lifecycle's
-    business (``archived``, ``pinned``, ``trashed``, ``purging``); a store only keeps them,
-    except ``cold``, which marks a *frozen* session: one that :meth:`freeze_session` moved to
-    its cold form. A frozen session reads as before (``read_segment``, ``list_segments``,
-    ``next_seq``, ``read_trace``, and ``get_head`` of its context) but leaves the hot listing
-    and search; any write to it (``append``, ``create_segment``, ``set_head``,
-    ``append_trace``) first calls :func:`wake_session`, which thaws it or raises.
+    Each session has a *state record*, a small JSON object (``{}`` until set), changed only
+    by compare-and-set: a call that changes it takes the record it expects and raises
+    :class:`~terrarium.errors.ConflictError`, changing nothing, if the record is another. A
+    physical move changes the record in the same atomic step, so a kill leaves them agreeing.
+    The keys are the lifecycle's (``archived``, ``pinned``, ``trashed``, ``purging``), except
+    ``cold``, which marks a session :meth:`freeze_session` froze: it reads as before but
+    leaves the hot listing and search, and a write to it first calls :func:`wake_session`.
     """
 
     def session_state(self, session_id: SessionId) -> dict[str, Any]:
@@ -585,12 +565,10 @@ class SessionStates(Protocol):
     ) -> dict[str, Any]:
         """Move the session to its cold form and set its record to ``state``, atomically.
 
-        The store adds the key ``cold``, ``{"hot_bytes": ..., "cold_bytes": ...}`` (what the
-        session took before, what it takes now), and returns the record it stored. ``cold`` is
-        the store's own key: in the record exactly while the session is frozen. ``along``:
-        files under the store's root that go into the cold form with it and come back with
-        the thaw (a context's legacy files, :func:`terrarium.legacy.files`); a store that
-        keeps no files refuses any.
+        The store adds its own key ``cold``, ``{"hot_bytes": ..., "cold_bytes": ...}``, present
+        exactly while the session is frozen, and returns the record it stored. ``along``:
+        files under the root that freeze and thaw with it (:func:`terrarium.legacy.files`); a
+        store that keeps no files refuses any.
         """
         ...
 
@@ -627,8 +605,7 @@ class SessionStates(Protocol):
 
 @runtime_checkable
 class Lifecycle(Store, SessionStates, Protocol):
-    """A store with the state primitives, which :mod:`terrarium.states` archives, trashes,
-    restores, purges and pins (every backend here is one)."""
+    """A store with the state primitives (every backend here is one)."""
 
 
 #: Compare-and-set retries before a move gives up with the ConflictError: each retry follows
@@ -637,13 +614,9 @@ ATTEMPTS = 50
 
 
 def wake_session(store: SessionStates, session_id: SessionId) -> bool:
-    """Thaw a frozen session before a write to it; whether it was frozen.
-
-    The write path of every backend calls it. The thaw drops ``archived`` with ``cold``: a
-    written context is hot again.
-
-    Raises SegmentNotFound for a frozen session that is detached: it is in the trash (or
-    being purged), and the trash is not written.
+    """Thaw a frozen session before a write to it (dropping ``archived`` with ``cold``);
+    whether it was frozen. Raises SegmentNotFound for a frozen detached session: the trash
+    is not written.
     """
     for _ in range(ATTEMPTS):
         state = store.session_state(session_id)
@@ -670,13 +643,11 @@ def refuse_files(along: Sequence[Path]) -> None:
 class BlobStore(Protocol):
     """A store that keeps large outputs out of its logs, as content-addressed blobs.
 
-    A blob is named by the sha256 hex digest of its bytes and stored once however often it
-    is put. Entries refer to blobs (:mod:`terrarium.blobs` draws the reference format); the
-    sessions layer writes a blob before the entry that names it, so a reference never points
-    at a blob that is missing or half written. Blobs no log refers to stay until
-    :func:`terrarium.blobs.collect_garbage` deletes them. Each backend has a
-    ``blob_threshold`` attribute (a constructor argument): strings of history items longer
-    than that many UTF-8 bytes go to blobs; None or 0 keeps every string inline.
+    A blob is named by the sha256 hex digest of its bytes and stored once. Entries refer to
+    blobs (:mod:`terrarium.blobs`), each written before the entry that names it; blobs no log
+    refers to stay until :func:`terrarium.blobs.collect_garbage`. A backend's
+    ``blob_threshold`` (a constructor argument): history strings longer than that many UTF-8
+    bytes go to blobs; None or 0 keeps every string inline.
     """
 
     def put_blob(self, data: bytes) -> str:

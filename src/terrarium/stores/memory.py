@@ -265,9 +265,7 @@ class MemoryStore(_MemoryBlobs):
         with self._lock:
             if str(context) in self._heads:
                 raise ContextExists(f"context {context} already exists")
-            segments = self._sessions.get(session_id)
-            if segments is None:
-                raise SegmentNotFound(f"session {session_id} does not exist")
+            segments = self._session(session_id)
             owner = self._owners.get(session_id)
             if owner is not None:
                 raise SessionAttached(f"session {session_id} already belongs to context {owner}")
@@ -284,8 +282,7 @@ class MemoryStore(_MemoryBlobs):
     def session_state(self, session_id: SessionId) -> dict[str, Any]:
         """The session's state record."""
         with self._lock:
-            if session_id not in self._sessions:
-                raise SegmentNotFound(f"session {session_id} does not exist")
+            self._session(session_id)
             return copy.deepcopy(self._states.get(session_id, {}))
 
     def set_session_state(
@@ -308,8 +305,7 @@ class MemoryStore(_MemoryBlobs):
     def session_owner(self, session_id: SessionId) -> str | None:
         """The session's context, None if detached."""
         with self._lock:
-            if session_id not in self._sessions:
-                raise SegmentNotFound(f"session {session_id} does not exist")
+            self._session(session_id)
             return self._owners.get(session_id)
 
     def unowned_sessions(self) -> list[SessionId]:
@@ -380,8 +376,7 @@ class MemoryStore(_MemoryBlobs):
             return True
 
     def _check_state(self, session_id: SessionId, expected: Mapping[str, Any]) -> None:
-        if session_id not in self._sessions:
-            raise SegmentNotFound(f"session {session_id} does not exist")
+        self._session(session_id)
         now = self._states.get(session_id, {})
         if now != dict(expected):
             raise ConflictError(f"the state of session {session_id} changed meanwhile")
@@ -404,9 +399,7 @@ class MemoryStore(_MemoryBlobs):
     def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
         """Add a segment to a session."""
         with self._lock:
-            segments = self._sessions.get(session_id)
-            if segments is None:
-                raise SegmentNotFound(f"session {session_id} does not exist")
+            segments = self._session(session_id)
             self._wake(session_id)
             line = _header_line(header)
             segment_id = SegmentId(str(line["segment_id"]))
@@ -458,10 +451,7 @@ class MemoryStore(_MemoryBlobs):
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
         """The session's segments, oldest first."""
         with self._lock:
-            segments = self._sessions.get(session_id)
-            if segments is None:
-                raise SegmentNotFound(f"session {session_id} does not exist")
-            return sorted(segments)
+            return sorted(self._session(session_id))
 
     def append_trace(
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
@@ -488,6 +478,12 @@ class MemoryStore(_MemoryBlobs):
                 self._index_dir = None
 
     # ---------------------------------------------------------------- helpers
+
+    def _session(self, session_id: SessionId) -> dict[SegmentId, _Segment]:
+        segments = self._sessions.get(session_id)
+        if segments is None:
+            raise SegmentNotFound(f"session {session_id} does not exist")
+        return segments
 
     def _segment(self, session_id: SessionId, segment_id: SegmentId) -> _Segment:
         segment = self._sessions.get(session_id, {}).get(segment_id)

@@ -128,17 +128,13 @@ class Guard:
     def _refusal(self, scope: Scope) -> Response | None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if self.token is None:
-            host = (
-                headers.get("host", "").rsplit(":", 1)[0]
-                if "]" not in headers.get("host", "")
-                else headers.get("host", "").rsplit("]", 1)[0] + "]"
-            )
+            host = headers.get("host", "")
+            host = host.rsplit("]", 1)[0] + "]" if "]" in host else host.rsplit(":", 1)[0]
             if host not in LOOPBACK:
                 return PlainTextResponse("403: this dashboard answers only on loopback", 403)
             return None
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        given = query.get("token", [None])[0]
-        if given is not None and hmac.compare_digest(given.encode(), self.token.encode()):
+        if self._is_token(query.get("token", [None])[0]):
             rest = {k: v for k, v in query.items() if k != "token"}
             target = _local_path(scope["path"]) + (
                 "?" + urlencode(rest, doseq=True) if rest else ""
@@ -147,9 +143,7 @@ class Guard:
             response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
             return response
         auth = headers.get("authorization", "")
-        if auth.startswith("Bearer ") and hmac.compare_digest(
-            auth[7:].encode(), self.token.encode()
-        ):
+        if auth.startswith("Bearer ") and self._is_token(auth[7:]):
             return None
         cookie = SimpleCookie()
         try:
@@ -157,10 +151,18 @@ class Guard:
         except Exception:  # a malformed Cookie header is no token
             cookie = SimpleCookie()
         morsel = cookie.get(COOKIE)
-        if morsel is not None and hmac.compare_digest(morsel.value.encode(), self.token.encode()):
+        if morsel is not None and self._is_token(morsel.value):
             return None
         return PlainTextResponse(
             "401: token required (open the URL that terrarium serve printed)", 401
+        )
+
+    def _is_token(self, given: str | None) -> bool:
+        token = self.token
+        return (
+            given is not None
+            and token is not None
+            and hmac.compare_digest(given.encode(), token.encode())
         )
 
 
@@ -609,26 +611,20 @@ def confirm_page(request: Request) -> HTMLResponse:
         entry = next((t for t in found if t["trash_id"] == trash_id), None)
         if entry is None:
             raise NotInTrash(f"nothing in the trash has the id {trash_id[:80]!r}")
-        return _page(
-            request,
-            "confirm.html",
-            title="restore?",
-            action=action,
-            context=entry["context_id"],
-            trash_id=trash_id,
-            lifecycle=lifecycle,
-        )
-    context = data.parse_context(request.query_params.get("c"))
-    if action == "compact":
-        _compaction(dash)
-    _existing(dash, context)
+        context = entry["context_id"]
+    else:
+        trash_id, parsed = "", data.parse_context(request.query_params.get("c"))
+        if action == "compact":
+            _compaction(dash)
+        _existing(dash, parsed)
+        context = str(parsed)
     return _page(
         request,
         "confirm.html",
         title=f"{action}?",
         action=action,
-        context=str(context),
-        trash_id="",
+        context=context,
+        trash_id=trash_id,
         lifecycle=lifecycle,
     )
 
@@ -642,29 +638,33 @@ async def action(request: Request) -> Response:
     name = form.get("action", "")
     if name == "restore":
         back = await asyncio.to_thread(dash.call, data.restore_trashed, form.get("trash", ""))
-        return RedirectResponse("/session?" + urlencode({"c": str(back)}), 303)
+        return _shown(back)
     context = data.parse_context(form.get("c"))
     if name == "fork":
         target = ContextId.parse(form.get("target", "")).check_new()
         await asyncio.to_thread(dash.call, contexts.fork_context, context, target)
-        return RedirectResponse("/session?" + urlencode({"c": str(target)}), 303)
+        return _shown(target)
     if name == "clear":
         await asyncio.to_thread(dash.call, contexts.clear_context, context)
-        return RedirectResponse("/session?" + urlencode({"c": str(context)}), 303)
-    if name == "compact":
+    elif name == "compact":
         reopen, model = _compaction(dash)
         await asyncio.to_thread(_existing, dash, context)
         # Not under dash.call: the model call takes seconds (see terrarium.web.compact).
         await asyncio.to_thread(compact, reopen, model, context)
-        return RedirectResponse("/session?" + urlencode({"c": str(context)}), 303)
-    if name == "delete":
+    elif name == "delete":
         if not await asyncio.to_thread(dash.call, lifecycle.delete_context, context):
             raise contexts.not_found(context)
         return RedirectResponse("/sessions", 303)
-    if name in data.LIFECYCLE_ACTIONS:
+    elif name in data.LIFECYCLE_ACTIONS:
         await asyncio.to_thread(dash.call, data.change_state, context, name)
-        return RedirectResponse("/session?" + urlencode({"c": str(context)}), 303)
-    raise data.BadRequest(f"action must be one of {', '.join(ACTIONS)}")
+    else:
+        raise data.BadRequest(f"action must be one of {', '.join(ACTIONS)}")
+    return _shown(context)
+
+
+def _shown(context: ContextId | str) -> RedirectResponse:
+    """After a write: the context's page."""
+    return RedirectResponse("/session?" + urlencode({"c": str(context)}), 303)
 
 
 def pygments_css(request: Request) -> Response:
@@ -682,8 +682,13 @@ def _error(request: Request, status: int, message: str, hint: str = "") -> Respo
     )
 
 
-async def _not_found(request: Request, exc: Exception) -> Response:
-    return _error(request, 404, str(exc))  # the errors' own __str__: no repr() quotes
+def _plain(status: int) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """A handler answering ``status`` with the error's own ``__str__`` (no repr() quotes)."""
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        return _error(request, status, str(exc))
+
+    return handle
 
 
 FSCK_HINT = (
@@ -699,18 +704,10 @@ async def _damaged(request: Request, exc: Exception) -> Response:
     return _error(request, 500, f"damaged session: {exc}", FSCK_HINT)
 
 
-async def _bad(request: Request, exc: Exception) -> Response:
-    return _error(request, 400, str(exc))
-
-
 async def _http(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     message = exc.detail if exc.status_code != 404 else "no such page"
     return _error(request, exc.status_code, message)
-
-
-async def _conflict(request: Request, exc: Exception) -> Response:
-    return _error(request, 409, str(exc))
 
 
 async def _model_failed(request: Request, exc: Exception) -> Response:
@@ -725,15 +722,15 @@ async def _broken(request: Request, exc: Exception) -> Response:
 
 
 ERROR_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
-    ContextNotFound: _not_found,
-    SegmentNotFound: _not_found,
-    NotInTrash: _not_found,
-    InvalidContextId: _bad,
-    InvalidQuery: _bad,
-    data.BadRequest: _bad,
-    ValueError: _bad,
-    ContextExists: _conflict,
-    NothingToCompact: _conflict,
+    ContextNotFound: _plain(404),
+    SegmentNotFound: _plain(404),
+    NotInTrash: _plain(404),
+    InvalidContextId: _plain(400),
+    InvalidQuery: _plain(400),
+    data.BadRequest: _plain(400),
+    ValueError: _plain(400),
+    ContextExists: _plain(409),
+    NothingToCompact: _plain(409),
     LLMError: _model_failed,
     HTTPException: _http,
     CorruptLog: _damaged,

@@ -6,14 +6,11 @@ only builds the runtime's client and manager and hands them a store. Nothing her
 model server until a compaction is asked for, so a dashboard whose model is down still serves
 everything else.
 
-Why the run gets a store of its own (``reopen``) instead of the dashboard's: the manager holds
-the store's context lock for the whole compaction, model call included (seconds), as it does
-for a turn. Routing its store calls through the dashboard's lock (:meth:`Dashboard.call`)
-would deadlock: a dashboard write to the same context (clear, fork, delete) holds that lock
-while it waits for the context lock, which the compaction releases only after its next store
-call, which waits for the dashboard's lock. With a store of its own, the compaction never
-waits for the dashboard, the context lock (a file lock, an advisory lock: across instances
-as across processes) keeps the two writers apart, and the rest of the dashboard reads on.
+The run gets a store of its own (``reopen``): the manager holds the context lock for the
+whole compaction, model call included. Through the dashboard's lock (:meth:`Dashboard.call`)
+it would deadlock with a dashboard write to the same context, which holds that lock while it
+waits for the context lock. The context lock (a file or advisory lock, across instances) keeps
+the two writers apart, and the rest of the dashboard reads on.
 
 Usage::
 
