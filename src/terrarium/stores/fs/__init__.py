@@ -115,7 +115,7 @@ from terrarium.stores.fs._segments import (
     scan_tail,
     set_aside,
 )
-from terrarium.stores.fs._states import FsStates, cold_lines, frozen, sealed
+from terrarium.stores.fs._states import FsStates, cold_lines, frozen, remove_tree, sealed
 from terrarium.stores.fs._tree import ContextFolder, pointer, write_pointer
 from terrarium.stores.fs.salvage import (
     Salvage,
@@ -299,7 +299,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             if entry.head is not None and entry.head.session_id == session_id:
                 self._index_best_effort(entry.context, entry.folder, entry.head)
                 return entry.folder
-        raise SegmentNotFound(f"session {session_id} does not exist")
+        raise SegmentNotFound.of(session_id)
 
     def _segment_path(self, session_id: SessionId, segment_id: SegmentId) -> Path:
         return self._session_folder(session_id) / f"{segment_id}{SEGMENT_SUFFIX}"
@@ -384,7 +384,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                     f"head of {context} is {head.segment_id}, not {expected}: it moved"
                 )
             if not (folder / f"{segment_id}{SEGMENT_SUFFIX}").exists():
-                raise SegmentNotFound(f"segment {segment_id} is not in {context}'s session")
+                raise SegmentNotFound.of(head.session_id, segment_id)
             new = PodMetadata(head.context, head.session_id, segment_id, head.created_at, utc_now())
             self._write_head(folder / HEAD, new, unreadable=problem is not None)
             self._mark(head.session_id)
@@ -537,7 +537,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             head = PodMetadata(str(context), session_id, segment_id, created, created)
             self._folders[session_id] = folder
             try:  # derived from the segment now: a full disk here is no failure
-                write_atomic(folder / HEAD, codec.encode(head_dict(head)), sync=self._sync())
+                self._write_head(folder / HEAD, head, unreadable=False)
                 self._mark(session_id)
             except OSError as exc:
                 log.warning("%s: created; its head.json waits: %s", context, exc)
@@ -577,9 +577,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         gone = self._inside(self.root / STAGING) / f"index-{uuid.uuid4().hex}"
         make_dirs(gone.parent)
         os.rename(self._inside(folder), gone)
-        import shutil  # not at import: it loads bz2, lzma and zlib
-
-        shutil.rmtree(gone, ignore_errors=True)
+        remove_tree(gone)
 
     # ---------------------------------------------------------------- detached sessions
 
@@ -625,9 +623,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             if self.folder_of(context) is not None:
                 raise ContextExists(f"context {context} already exists")
             if segment_id not in segments:
-                raise SegmentNotFound(
-                    f"segment {segment_id} of session {session_id} does not exist"
-                )
+                raise SegmentNotFound.of(session_id, segment_id)
             if frozen(self.root, session_id):
                 root = self._lines(session_id, source, segments[0], 1)[0]
             else:
@@ -670,9 +666,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         try:
             raw = cold_lines(folder, f"{segment_id}{SEGMENT_SUFFIX}")
         except FileNotFoundError:
-            raise SegmentNotFound(
-                f"segment {segment_id} of session {session_id} does not exist"
-            ) from None
+            raise SegmentNotFound.of(session_id, segment_id) from None
         where = f"{folder / str(segment_id)}{SEGMENT_SUFFIX}{ZST}"
         lines = [codec.decode(line) for line in raw[:stop]]
         if not lines or lines[0].get("kind") != "header":
@@ -771,13 +765,10 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             fcntl.flock(fd, fcntl.LOCK_EX)
             held = True  # until the descriptor is closed, which releases the lock
             try:
-                st = os.fstat(fd)
-                if st.st_nlink == 0 or sealed(st.st_mode):  # frozen or deleted, or freezing
+                if not self._caught_up(handle, segment_id):
                     self._forget(segment_id)
                     held = False
                     raise _Moved(str(segment_id))
-                if st.st_size != handle.size:
-                    handle.size, handle.next_seq, _ = self._scan_tail(session_id, segment_id, fd)
                 first = handle.next_seq
                 if expected_seq is not None and expected_seq != first:
                     raise ConflictError.stale_seq(segment_id, first, expected_seq)
@@ -833,23 +824,23 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         self, session_id: SessionId, segment_id: SegmentId, stop_seq: int | None
     ) -> SegmentRead:
         folder = self._session_folder(session_id)
+        torn = None
         if frozen(self.root, session_id):
             lines = self._lines(session_id, folder, segment_id)
-            stop = len(lines) if stop_seq is None else min(stop_seq + 1, len(lines))
-            return SegmentRead(lines[0], lines[1:stop], next_seq=len(lines))
-        path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
-        fd = open_segment(path, os.O_RDONLY, segment_id)
-        try:
-            buf, torn = read_complete(fd, path, segment_id)
+        else:
+            path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
+            fd = open_segment(path, os.O_RDONLY, segment_id)
             try:
-                lines = codec.decode_lines(buf, where=str(path), first_seq=0)
+                buf, torn = read_complete(fd, path, segment_id)
+                try:
+                    lines = codec.decode_lines(buf, where=str(path), first_seq=0)
+                finally:
+                    if isinstance(buf, mmap.mmap):
+                        buf.close()
             finally:
-                if isinstance(buf, mmap.mmap):
-                    buf.close()
-        finally:
-            os.close(fd)
-        if not lines or lines[0].get("kind") != "header":
-            raise CorruptLog(f"{path}:1: the first line is not a segment header")
+                os.close(fd)
+            if not lines or lines[0].get("kind") != "header":
+                raise CorruptLog(f"{path}:1: the first line is not a segment header")
         stop = len(lines) if stop_seq is None else min(stop_seq + 1, len(lines))
         return SegmentRead(lines[0], lines[1:stop], next_seq=len(lines), torn=torn)
 
@@ -963,16 +954,22 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         ``self._lock``."""
         fcntl.flock(handle.fd, fcntl.LOCK_EX)
         try:
-            st = os.fstat(handle.fd)
-            if st.st_nlink == 0 or sealed(st.st_mode):
-                return None
-            if st.st_size != handle.size:
-                handle.size, handle.next_seq, _ = self._scan_tail(
-                    handle.session_id, segment_id, handle.fd
-                )
-            return handle.next_seq
+            return handle.next_seq if self._caught_up(handle, segment_id) else None
         finally:
             fcntl.flock(handle.fd, fcntl.LOCK_UN)
+
+    def _caught_up(self, handle: _Open, segment_id: SegmentId) -> bool:
+        """With the file locked: False if it is sealed or unlinked (frozen, deleted or being
+        frozen); else the handle's size and next seq as they are (another writer may have
+        appended: then only the last line is read)."""
+        st = os.fstat(handle.fd)
+        if st.st_nlink == 0 or sealed(st.st_mode):
+            return False
+        if st.st_size != handle.size:
+            handle.size, handle.next_seq, _ = self._scan_tail(
+                handle.session_id, segment_id, handle.fd
+            )
+        return True
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
         """The session's segment ids, oldest first (UUIDv7 order)."""
@@ -995,7 +992,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     ) -> None:
         folder = self._session_folder(session_id)
         if not (folder / f"{segment_id}{SEGMENT_SUFFIX}").exists():
-            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+            raise SegmentNotFound.of(session_id, segment_id)
         if not entries:
             return
         path = folder / f"{segment_id}{TRACE_SUFFIX}"
@@ -1014,7 +1011,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         folder = self._session_folder(session_id)
         if frozen(self.root, session_id):
             if not (folder / f"{segment_id}{SEGMENT_SUFFIX}{ZST}").exists():
-                raise SegmentNotFound(f"segment {segment_id} of session {session_id} is not there")
+                raise SegmentNotFound.of(session_id, segment_id)
             try:
                 lines = cold_lines(folder, f"{segment_id}{TRACE_SUFFIX}")
             except FileNotFoundError:
@@ -1109,25 +1106,21 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     # ---------------------------------------------------------------- derived index
 
     def index_source(self) -> FsChanges:
-        """What the derived index reads of this store's files (``Indexed``, see
-        :mod:`._changes`), once the pointers of a lost ``.index`` folder are rebuilt."""
-        self.restore_lost_index(INDEX_DB)
-        return FsChanges(self.root)
+        """What the derived index reads of this store's files (``Indexed``, see :mod:`._changes`).
 
-    def restore_lost_index(self, keep: str) -> None:
-        """Rebuild the context pointers if the whole ``.index`` folder was lost (no pointers,
-        and no ``keep``, the derived index's database there), so that what listing and search
-        show can also be resolved and opened. A read-only store or a full disk is left as it
-        is: the readers then answer from the folders."""
+        If the whole ``.index`` folder was lost (no pointers, no derived database), the
+        pointers are rebuilt first, so that what listing and search show can be opened. A
+        read-only store or a full disk is left as it is: the readers answer from the folders.
+        """
         index = self.root / INDEX
-        if (index / "contexts").exists() or (index / keep).exists():
-            return
-        try:
-            self.reindex()
-        except OSError as exc:
-            if _db.kind(exc) not in ("readonly", "full"):
-                raise
-            log.warning("cannot rebuild the index of %s: %s", self.root, exc)
+        if not (index / "contexts").exists() and not (index / INDEX_DB).exists():
+            try:
+                self.reindex()
+            except OSError as exc:
+                if _db.kind(exc) not in ("readonly", "full"):
+                    raise
+                log.warning("cannot rebuild the index of %s: %s", self.root, exc)
+        return FsChanges(self.root)
 
     def _mark(self, session_id: SessionId) -> None:
         """Leave the search index's dirty marker; never fails the write that calls it."""

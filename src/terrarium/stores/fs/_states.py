@@ -69,9 +69,6 @@ from terrarium.stores.fs._layout import (
 from terrarium.stores.fs._segments import read_file
 from terrarium.stores.fs._tree import Tree
 
-if TYPE_CHECKING:
-    pass
-
 PENDING = ".detach.json"
 SEALED = 0o400
 _LEGACY = re.compile(r"legacy-\d+\.json\.zst")
@@ -127,6 +124,13 @@ def cold_lines(folder: Path, name: str) -> list[bytes]:
     path = folder / f"{name}{ZST}"
     complete, _ = codec.split_complete(unpack(read_file(path), where=str(path)))
     return codec.split_lines(complete)
+
+
+def remove_tree(folder: Path) -> None:
+    """Delete ``folder`` and all in it, best effort."""
+    import shutil  # not at import: it loads bz2, lzma and zlib
+
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -214,10 +218,7 @@ class FsStates(Tree):
 
     def _current(self, session_id: SessionId, expected: Mapping[str, Any]) -> dict[str, Any]:
         """The record (hold the session's lock); ConflictError unless it is ``expected``."""
-        now = self._record(session_id)
-        if now is None:
-            self._session_folder(session_id)  # SegmentNotFound if there is no such session
-            now = {}
+        now = self.session_state(session_id)
         if now != dict(expected):
             raise ConflictError(f"the state of session {session_id} changed meanwhile")
         return now
@@ -424,9 +425,7 @@ class FsStates(Tree):
             if self._sync():
                 fsync_dir(folder.parent)
             record.unlink(missing_ok=True)
-            import shutil  # not at import: it loads bz2, lzma and zlib
-
-            shutil.rmtree(staged, ignore_errors=True)
+            remove_tree(staged)
             return True
 
     # ----------------------------------------------------------------------- locks
@@ -536,9 +535,7 @@ class FsStates(Tree):
         left = self._leftovers()
         for session_id, path in left:
             if session_id is None and real_dir(path):
-                import shutil  # not at import: it loads bz2, lzma and zlib
-
-                shutil.rmtree(path, ignore_errors=True)
+                remove_tree(path)
             elif session_id is None:
                 path.unlink(missing_ok=True)
         for session_id in sorted({s for s, _ in left if s is not None}):

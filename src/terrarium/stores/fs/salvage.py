@@ -22,10 +22,10 @@ import msgspec
 from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
 from terrarium.model import SegmentId, SessionId, new_segment_id, new_session_id, utc_now
-from terrarium.stores._files import write_new
+from terrarium.stores._files import write_beside, write_new
 from terrarium.stores.fs._heads import read_head
 from terrarium.stores.fs._layout import HEAD, SEGMENT_SUFFIX, segment_ids
-from terrarium.stores.fs._segments import read_file, read_header, write_side
+from terrarium.stores.fs._segments import read_file, read_header
 
 
 class Salvage(msgspec.Struct, frozen=True):
@@ -134,7 +134,7 @@ def set_aside_once(path: Path, lost: bytes) -> str:
         with contextlib.suppress(OSError, StoreError):
             if read_file(side) == lost:
                 return str(side)
-    return write_side(path, lost, lambda n: f"corrupt-{n}")
+    return str(write_beside(path, lost, lambda n: f"corrupt-{n}"))
 
 
 def read_complete_bytes(path: Path) -> bytes:
