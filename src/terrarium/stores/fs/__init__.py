@@ -6,10 +6,10 @@ pointers and the search index (:mod:`terrarium.stores.fs._layout` draws the tree
 ``0600``, folders ``0700``. The segments are the truth: every other file is rebuilt from them
 when lost, reads never write, and nothing leads outside the root.
 
-Trade-off: an append is one ``write(2)`` under a ``flock`` (~3 µs) and survives ``kill -9``;
-surviving a power cut costs an ``fdatasync`` per append (``durability="fsync"``) or a window
-(``"batch"``). There is no server and no schema to migrate; search and listing read the derived
-index of :mod:`terrarium.index`, which writers only mark dirty (:mod:`._changes`).
+Trade-off: an append is one ``write(2)`` under a ``flock`` and survives ``kill -9``; surviving
+a power cut costs an ``fdatasync`` per append or a window (``durability``). There is no server
+and no schema to migrate; search and listing read the derived index of :mod:`terrarium.index`,
+which writers only mark dirty (:mod:`._changes`).
 
 Parts: ``_layout`` (names), ``_segments``, ``_heads``, ``_tree``, ``salvage``, ``_changes`` and
 ``_shape`` (what the derived index reads), ``_states`` (freeze, thaw, detach, delete).
@@ -179,15 +179,12 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     ) -> None:
         """Open (creating if needed) the store at ``root``.
 
-        ``durability="flush"`` (the default) hands each append to the kernel before
-        acknowledging it: it survives the death of the process (``kill -9``), not a power cut,
-        at the cost of a write (~3 µs). ``"fsync"`` adds an ``fdatasync`` per append (~135 µs
-        here) and survives power loss. ``"batch"`` acknowledges at once and ``fdatasync``s
-        dirty segments every ``batch_interval`` seconds from a background thread: a power cut
-        loses at most that window. New files, heads and index entries are fsynced (with their
-        folders) in ``fsync`` and ``batch`` modes, which promise to survive a power cut;
-        ``flush`` does not promise that, and a head it loses to one is rebuilt from the
-        segments.
+        ``durability="flush"`` (the default) hands each append to the kernel (~3 µs): it
+        survives ``kill -9``, not a power cut. ``"fsync"`` adds an ``fdatasync`` per append
+        (~135 µs here). ``"batch"`` ``fdatasync``s dirty segments every ``batch_interval``
+        seconds from a background thread: a power cut loses at most that window. Both fsync
+        new files, heads and index entries with their folders; in ``flush`` mode a head lost
+        to a power cut is rebuilt from the segments.
 
         Args:
             root: the sessions directory.
@@ -326,18 +323,14 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def _reading(self, session_id: SessionId, read: Callable[[], _T]) -> _T:
         """``read()``; if its file went (a freeze, thaw or detach meanwhile: reads take no
         lock), again, and a third time holding the session's lock shared: no move runs."""
-        for attempt in (1, 2, 3):
+        for _ in range(2):
             try:
-                if attempt < 3:
-                    return read()
-                with self._session_lock(session_id, shared=True, create=False):
-                    return read()
+                return read()
             except (SegmentNotFound, FileNotFoundError):
-                if attempt == 3:
-                    raise
                 with self._lock:
                     self._folders.pop(session_id, None)
-        raise AssertionError("unreachable")
+        with self._session_lock(session_id, shared=True, create=False):
+            return read()
 
     def _found_head(self, found: ContextFolder) -> PodMetadata:
         """The head of a located context (CorruptLog if it can be neither read nor rebuilt)."""
@@ -715,21 +708,16 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         *,
         expected_seq: int | None = None,
     ) -> int:
-        """Append whole lines with one ``write`` under the segment's lock.
+        """Append whole lines with one ``write`` under the segment's exclusive ``flock``.
 
-        The file is opened ``O_APPEND`` and locked with an exclusive ``flock``: writers in many
-        processes never interleave inside a line, and the ``expected_seq`` check and the write
-        are one step. The lines of a multi-entry append are framed by
-        :func:`terrarium.codec.encode_lines` (all but the last end in ``" \\n"``), so a crash
-        after some of its lines leaves a torn tail like any other. The writer keeps the file's
-        size and next seq from its last append; when another process has appended since (the
-        size differs), it re-reads only the last line. Descriptors are cached (LRU), so an
-        append costs a lock, an ``fstat`` and a ``write``; it leaves the search index's dirty
-        marker at most every ``MARK_EVERY`` seconds (:mod:`._changes`).
+        Writers in many processes never interleave inside a line, and the ``expected_seq``
+        check and the write are one step. A multi-entry append is framed by
+        :func:`terrarium.codec.encode_lines`, so a crash inside it leaves a torn tail. With
+        cached descriptors (LRU) an append costs a lock, an ``fstat`` and a ``write``.
 
-        A frozen session is woken first: a file found deleted or sealed (by a freeze since it
-        was opened) or missing sends the append through the store again, which wakes the
-        session, or settles a freeze that was killed before its commit (it unseals the file).
+        A file found deleted, sealed (by a freeze since it was opened) or missing sends the
+        append through the store again, which wakes the session, or settles a freeze killed
+        before its commit (it unseals the file).
         """
         try:
             return self._append(session_id, segment_id, entries, expected_seq)  # the hot path
@@ -867,15 +855,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         return torn
 
     def salvage_segment(self, context: ContextId, segment_id: SegmentId) -> Salvage:
-        """Copy every readable entry of a damaged segment into a new segment of its session.
-
-        Lines that cannot be read (not JSON, no seq or kind, a seq that does not move forward,
-        a torn tail) are copied to ``{segment}.jsonl.corrupt-{n}``; every other entry keeps its
-        order, renumbered. The new segment's header is the old one's (or, if that is what is
-        damaged, a root header), marked ``salvaged_from``. Forks of the damaged segment are
-        copied onto the new one at the same entries, and the head moves along. Nothing is
-        rewritten or removed: the damaged file stays as it was. Running it again finishes an
-        interrupted salvage instead of starting another.
+        """Copy every readable entry of a damaged segment into a new segment of its session
+        (:mod:`.salvage`); the head moves along if it was on the segment or a fork of it.
 
         Raises:
             ContextNotFound: no folder holds ``context``.

@@ -6,8 +6,9 @@ after it in ``.index/dirty``. The index claims the markers, reads each changed s
 so a refresh after one append reads one line), and walks the date folders (:func:`scandir`)
 when it rebuilds or when a date folder was moved by hand (:mod:`._shape`).
 
-Appends mark at most once per ``MARK_EVERY`` seconds per open segment, so the append path stays
-a lock, an ``fstat`` and a ``write``; the index watches a claimed session for longer than that.
+Appends mark at most once per ``MARK_EVERY`` seconds per open segment (a ``stat``, and an
+``open`` when the marker is missing), so the append path stays a lock, an ``fstat`` and a
+``write``; the index watches a claimed session for longer than that. Other writes always mark.
 :class:`FsChanges` is all the index reads of a root: it opens no file of the store itself.
 """
 
@@ -61,12 +62,9 @@ def dirty_dir(root: Path) -> Path:
 def mark_dirty(root: Path, session_id: SessionId) -> None:
     """Tell the search index that ``session_id`` changed: an empty file named after it.
 
-    Creating a context or segment, moving a head and deleting a context always mark the
-    session; an append marks it at most once per ``MARK_EVERY`` seconds per open segment (a
-    ``stat``, and an ``open`` when the marker is missing), so the append path stays a lock, an
-    ``fstat`` and a ``write``. The mark follows the write, so it never precedes data it
-    announces; a process killed between the two leaves a write that ``refresh(full=True)`` or
-    ``reindex()`` finds, as they find writes that bypass ``FsStore`` (a restored backup).
+    The mark follows the write, so it never precedes data it announces. A process killed
+    between the two leaves a write that ``refresh(full=True)`` or ``reindex()`` finds, as they
+    find writes that bypass ``FsStore`` (a restored backup).
     """
     path = dirty_dir(root) / str(session_id)
     try:
