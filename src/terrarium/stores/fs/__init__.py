@@ -628,8 +628,6 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                 raise ContextExists(f"context {context} would share {target} with another")
             head = PodMetadata(str(context), session_id, segment_id, created, utc_now())
             self._write_head(source / HEAD, head, unreadable=False)
-            # The index entries and the dirty marker first: until the rename they name a
-            # folder that is not there, which lookups pass over; after it, it is listed.
             self._mark(session_id)
             self._write_index(context, session_id, rel)
             make_dirs(target.parent)

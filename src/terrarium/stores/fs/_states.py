@@ -134,7 +134,7 @@ def remove_tree(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def _flock(path: Path, kind: int, *, create: bool = True) -> Iterator[None]:
+def lock_file(path: Path, kind: int, *, create: bool = True) -> Iterator[None]:
     """Hold ``flock`` ``kind`` on ``path``; without ``create``, go on without a lock if the
     file cannot be opened (a read-only store, where nothing moves)."""
     try:
@@ -170,6 +170,12 @@ def _segment_locks(folder: Path) -> Iterator[None]:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _sealed_in(folder: Path) -> list[Path]:
+    """The sealed log files of ``folder``."""
+    names = sorted(listdir(folder))
+    return [folder / n for n in names if log_file(n) and sealed(os.lstat(folder / n).st_mode)]
 
 
 def _keep_cold(state: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
@@ -440,7 +446,7 @@ class FsStates(Tree):
             yield
             return
         kind = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        with _flock(self._inside(self.root / LOCKS) / "lifecycle", kind, create=create):
+        with lock_file(self._inside(self.root / LOCKS) / "lifecycle", kind, create=create):
             self._quiet_depth.depth = 1
             try:
                 yield
@@ -452,7 +458,7 @@ class FsStates(Tree):
     ) -> contextlib.AbstractContextManager[None]:
         """``.locks/session/{id}``: moves hold it exclusively, writers shared."""
         path = self._inside(self.root / LOCKS) / "session" / str(session_id)
-        return _flock(path, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, create=create)
+        return lock_file(path, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, create=create)
 
     @contextlib.contextmanager
     def _moving(self, session_id: SessionId) -> Iterator[None]:
@@ -482,9 +488,8 @@ class FsStates(Tree):
         for path in left:
             path.unlink(missing_ok=True)
         if not frozen(self.root, session_id):
-            for name in listdir(folder):
-                if log_file(name) and sealed(os.lstat(folder / name).st_mode):
-                    os.chmod(folder / name, 0o600)  # sealed by a freeze that did not commit
+            for path in _sealed_in(folder):  # sealed by a freeze that did not commit
+                os.chmod(path, 0o600)
         return len(left)
 
     def _leftovers_in(self, folder: Path, cold: bool) -> list[Path]:
@@ -521,11 +526,7 @@ class FsStates(Tree):
             cold = frozen(self.root, session_id)
             found = self._leftovers_in(folder, cold)
             if not cold:
-                found += [
-                    folder / n
-                    for n in sorted(listdir(folder))
-                    if log_file(n) and sealed(os.lstat(folder / n).st_mode)
-                ]
+                found += _sealed_in(folder)
             left += [(session_id, path) for path in found]
         return left
 
