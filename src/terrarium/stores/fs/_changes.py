@@ -203,7 +203,7 @@ class FsChanges:
     ) -> Iterator[tuple[str, dict[str, SegmentStat]]]:
         """Every session folder with its segments, least recently written first (of
         ``date_folders``, ``type/date`` each, if given)."""
-        found: list[tuple[float, str, list[os.DirEntry[str]]]] = []
+        found: list[tuple[float, str, dict[str, SegmentStat]]] = []
         for date_folder in self.date_folders() if date_folders is None else date_folders:
             path = self.root / date_folder
             if os.path.islink(path):
@@ -212,20 +212,15 @@ class FsChanges:
                 if not session.is_dir(follow_symlinks=False):
                     continue
                 entries = scandir(session.path)
-                newest = 0.0
-                found_any = False  # a head, or segments to rebuild it from
-                for entry in entries:
-                    if entry.name == HEAD:
-                        found_any = True
-                    elif segment_name(entry.name) is not None:
-                        found_any = True
-                        with contextlib.suppress(FileNotFoundError):
-                            newest = max(newest, entry.stat().st_mtime)
-                if found_any:
-                    found.append((newest, f"{date_folder}/{session.name}", entries))
+                segments = _segments(entries)  # stats each segment once: DirEntry keeps it
+                if segments or any(entry.name == HEAD for entry in entries):
+                    times = [e.stat().st_mtime for e in entries if segment_name(e.name) in segments]
+                    found.append(
+                        (max(times, default=0.0), f"{date_folder}/{session.name}", segments)
+                    )
         found.sort(key=lambda item: (item[0], item[1]))
-        for _, rel, entries in found:
-            yield rel, _segments(entries)
+        for _, rel, segments in found:
+            yield rel, segments
 
     # ---------------------------------------------------------------- one session
 
