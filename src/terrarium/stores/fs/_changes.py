@@ -2,7 +2,7 @@
 
 Writers leave a *dirty marker* per changed session (:func:`mark_dirty`): an empty file named
 after it in ``.index/dirty``. The index claims the markers, reads each changed session's head
-(:func:`folder_head`) and the bytes its segments gained (:func:`read_from`, from a byte offset,
+(:meth:`FsChanges.head`) and the bytes its segments gained (:func:`read_from`, from a byte offset,
 so a refresh after one append reads one line), and walks the date folders (:func:`scandir`)
 when it rebuilds or when a date folder was moved by hand (:mod:`._shape`).
 
@@ -38,11 +38,12 @@ from terrarium.stores.fs._layout import (
     is_uuid,
     segment_name,
 )
+from terrarium.stores.fs._segments import one_line
 from terrarium.stores.fs._states import frozen
 from terrarium.stores.fs._tree import read_pointer
 from terrarium.stores.fs.salvage import salvaged_into
 
-__all__ = ["MARK_EVERY", "FsChanges", "dirty_dir", "folder_head", "mark_dirty", "read_from"]
+__all__ = ["MARK_EVERY", "FsChanges", "dirty_dir", "mark_dirty", "read_from"]
 
 #: An append marks its session at most this often per open segment (seconds).
 MARK_EVERY = 5.0
@@ -97,22 +98,6 @@ def read_from(path: Path, offset: int) -> tuple[bytes, int]:
         return b"".join(chunks), size
     finally:
         os.close(fd)  # closing releases the lock
-
-
-def folder_head(folder: Path) -> tuple[PodMetadata | None, str | None]:
-    """The head record of a session folder, as FsStore reads it, and what is wrong with it.
-
-    A missing ``head.json`` is rebuilt from the segments (no problem: the head is derived);
-    an unreadable or invalid one, or one naming a segment that is not there, is rebuilt too,
-    and the problem names it. Returns (None, problem) when no head can be found or rebuilt,
-    the problem None when the folder holds no segment either (a context being deleted).
-    """
-    try:
-        return head_of(folder, read_errors=True)
-    except FileNotFoundError:
-        return None, None
-    except (StoreError, OSError) as exc:
-        return None, " ".join(str(exc).split())
 
 
 class FsChanges:
@@ -237,8 +222,19 @@ class FsChanges:
         return _segments(scandir(self.root / folder))
 
     def head(self, folder: str) -> tuple[PodMetadata | None, str | None]:
-        """The folder's head and what is wrong with it (see :func:`folder_head`)."""
-        return folder_head(self.root / folder)
+        """The folder's head as ``FsStore`` reads it, and what is wrong with it.
+
+        A missing ``head.json`` is rebuilt from the segments (no problem: the head is derived);
+        an unreadable or invalid one, or one naming a segment that is not there, is rebuilt too,
+        and the problem names it. Returns (None, problem) when no head can be found or rebuilt,
+        the problem None when the folder holds no segment either (a context being deleted).
+        """
+        try:
+            return head_of(self.root / folder, read_errors=True)
+        except FileNotFoundError:
+            return None, None
+        except (StoreError, OSError) as exc:
+            return None, one_line(exc)
 
     def frozen(self, session_id: str | SessionId) -> bool:
         """Whether the session is archived (frozen): out of the index."""

@@ -137,11 +137,6 @@ def set_aside_once(path: Path, lost: bytes) -> str:
     return str(write_beside(path, lost, lambda n: f"corrupt-{n}"))
 
 
-def read_complete_bytes(path: Path) -> bytes:
-    """A segment file's complete appends (a torn tail left out), refusing a link."""
-    return codec.split_complete(read_file(path))[0]
-
-
 def salvage_copy(
     folder: Path,
     old: SegmentId,
@@ -182,7 +177,8 @@ def copy_forks(
             continue
         if "salvaged_from" in header:
             continue
-        read = codec.decode_lines(read_complete_bytes(path), where=str(path), first_seq=0)
+        complete, _ = codec.split_complete(read_file(path))  # a torn tail left out
+        read = codec.decode_lines(complete, where=str(path), first_seq=0)
         at = int(origin.get("at_seq") or 0)
         at_new = max((n for o, n in seqs.items() if o <= at), default=0)
         if child in done:
