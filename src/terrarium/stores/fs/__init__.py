@@ -298,9 +298,6 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                 return entry.folder
         raise SegmentNotFound.of(session_id)
 
-    def _segment_path(self, session_id: SessionId, segment_id: SegmentId) -> Path:
-        return self._session_folder(session_id) / f"{segment_id}{SEGMENT_SUFFIX}"
-
     # ---------------------------------------------------------------- heads
 
     def get_head(self, context: ContextId) -> PodMetadata | None:
@@ -511,8 +508,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         created = str(line["ts"])
         data = codec.encode_line(line)  # refuses a bad header before anything is made
-        _check_type(context)
-        with self._head_lock(context):
+        with self._head_lock(context):  # refuses the type archive
             existing = self.folder_of(context)
             if existing is not None:
                 self._adopt(context, existing)
@@ -796,12 +792,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
     ) -> SegmentRead:
-        """Read and decode a segment. Changes nothing: a torn tail is reported, not moved.
-
-        Reads never write: a torn tail (:class:`~terrarium.model.TornTail` with
-        ``set_aside_to=None``) is skipped; the next append to the segment, or
-        :meth:`set_aside_torn_tail` (``fsck --repair``), sets it aside.
-        """
+        """Read and decode a segment. A torn tail is skipped and reported
+        (``set_aside_to=None``), never moved: the next append or :meth:`set_aside_torn_tail`
+        sets it aside."""
         return self._reading(
             session_id, lambda: self._read_segment(session_id, segment_id, stop_seq)
         )
@@ -1141,11 +1134,12 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         self, session_id: SessionId, segment_id: SegmentId, fd: int
     ) -> tuple[int, int, TornTail | None]:
         """With the file locked: set aside a torn tail; return (size, next seq, torn tail)."""
-        return scan_tail(fd, self._segment_path(session_id, segment_id), segment_id)
+        path = self._session_folder(session_id) / f"{segment_id}{SEGMENT_SUFFIX}"
+        return scan_tail(fd, path, segment_id)
 
-    def _write_new(self, path: Path, data: bytes, *, sync: bool | None = None) -> None:
+    def _write_new(self, path: Path, data: bytes) -> None:
         """Create ``path`` holding ``data``, whole; ``FileExistsError`` if it exists."""
-        write_new(path, data, sync=self._sync() if sync is None else sync)
+        write_new(path, data, sync=self._sync())
 
     def _flush_loop(self) -> None:
         while not self._closed.wait(self.batch_interval):

@@ -105,7 +105,7 @@ class FsChanges:
     the session folders and their heads, and a segment's bytes from an offset.
 
     Every path it takes or gives is a folder relative to the root (``type/date/name``); it
-    never follows a link out of the root. :attr:`FsStore.changes` gives one.
+    never follows a link out of the root. :meth:`FsStore.index_source` gives one.
     """
 
     def __init__(self, root: Path) -> None:
