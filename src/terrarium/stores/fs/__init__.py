@@ -209,7 +209,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         """The handle last used, so the last in ``_open``'s order."""
         self._folders: dict[SessionId, Path] = {}
         self._quiet_depth = threading.local()
-        """``depth``: 1 while this thread holds ``.locks/lifecycle`` exclusively."""
+        """Per thread: ``depth`` 1 while it holds ``.locks/lifecycle``; ``heads`` its head locks."""
         self._closed = threading.Event()
         self.derived: Derived | None = None
         """The derived index a layer above keeps beside the store (:func:`terrarium.index.of`);
