@@ -436,18 +436,14 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         for kind in types:
             for encoded in sorted(listdir(base / kind)):
                 try:
-                    context = ContextId(kind, decode_name(encoded))
-                    found = self._locate(context)
-                    if found is None:
-                        continue  # a stale index entry
-                    head = self._found_head(found)
-                    if not frozen(self.root, head.session_id):  # archived: not listed here
-                        heads.append(head)
+                    found = self._locate(ContextId(kind, decode_name(encoded)))
+                    head = self._found_head(found) if found is not None else None  # None: stale
+                    if head is not None and not frozen(self.root, head.session_id):
+                        heads.append(head)  # an archived (frozen) one is not listed here
                 except ValueError:
-                    continue
+                    pass
                 except (CorruptLog, StoreError) as exc:
                     log.warning("%s", exc)
-                    continue
         return sorted(heads, key=lambda h: ContextId.parse(h.context))
 
     def _walked_heads(self, type: str | None) -> list[PodMetadata]:
@@ -877,13 +873,11 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             new_id, seqs = salvage_copy(folder, segment_id, header, entries, done, fallback)
             copies = copy_forks(folder, segment_id, new_id, seqs, done)
             copies[segment_id] = new_id
-            head, problem = head_of(folder)
+            head = self._persist_head(folder)
             moved = copies.get(head.segment_id)
             if moved is not None:
                 new = PodMetadata(head.context, head.session_id, moved, head.created_at, utc_now())
-                self._write_head(folder / HEAD, new, unreadable=problem is not None)
-            elif problem is not None or not (folder / HEAD).exists():
-                self._write_head(folder / HEAD, head, unreadable=problem is not None)
+                self._write_head(folder / HEAD, new, unreadable=False)
             self._folders[session_id] = folder
             self._mark(session_id)
             del copies[segment_id]
