@@ -542,7 +542,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
 
     def _write_index(self, context: ContextId, session_id: SessionId, rel: Path) -> None:
         data = pointer(context, rel.as_posix())
-        for path in (self._session_index_path(session_id), self._index_path(context)):
+        for path in (self._session_index_path(session_id), Path(self._index_file(context))):
             make_dirs(self._inside(path.parent))
             write_atomic(path, data, sync=self._sync())
 

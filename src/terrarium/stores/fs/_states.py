@@ -406,7 +406,7 @@ class FsStates(Tree):
                 fsync_dir(folder.parent)
                 fsync_dir(target.parent)
             os.replace(pending, self._state_path(session_id))
-            for path in (self._index_path(context), self._session_index_path(session_id)):
+            for path in (Path(self._index_file(context)), self._session_index_path(session_id)):
                 path.unlink(missing_ok=True)
             self._folders[session_id] = target
 
