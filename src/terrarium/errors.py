@@ -87,6 +87,13 @@ class SegmentNotFound(StoreError, KeyError):
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "segment not found"
 
+    @classmethod
+    def of(cls, session_id: object, segment_id: object = None) -> SegmentNotFound:
+        """No such segment in the session (without ``segment_id``: no such session)."""
+        if segment_id is None:
+            return cls(f"session {session_id} does not exist")
+        return cls(f"segment {segment_id} of session {session_id} does not exist")
+
 
 class NotInTrash(StoreError, KeyError):
     """No trashed context with that trash id (or context id) is in the store's trash."""

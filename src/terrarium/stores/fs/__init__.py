@@ -6,10 +6,10 @@ pointers and the search index (:mod:`terrarium.stores.fs._layout` draws the tree
 ``0600``, folders ``0700``. The segments are the truth: every other file is rebuilt from them
 when lost, reads never write, and nothing leads outside the root.
 
-Trade-off: an append is one ``write(2)`` under a ``flock`` (~3 µs) and survives ``kill -9``;
-surviving a power cut costs an ``fdatasync`` per append (``durability="fsync"``) or a window
-(``"batch"``). There is no server and no schema to migrate; search and listing read the derived
-index of :mod:`terrarium.index`, which writers only mark dirty (:mod:`._changes`).
+Trade-off: an append is one ``write(2)`` under a ``flock`` and survives ``kill -9``; surviving
+a power cut costs an ``fdatasync`` per append or a window (``durability``). There is no server
+and no schema to migrate; search and listing read the derived index of :mod:`terrarium.index`,
+which writers only mark dirty (:mod:`._changes`).
 
 Parts: ``_layout`` (names), ``_segments``, ``_heads``, ``_tree``, ``salvage``, ``_changes`` and
 ``_shape`` (what the derived index reads), ``_states`` (freeze, thaw, detach, delete).
@@ -115,7 +115,7 @@ from terrarium.stores.fs._segments import (
     scan_tail,
     set_aside,
 )
-from terrarium.stores.fs._states import FsStates, cold_lines, frozen, sealed
+from terrarium.stores.fs._states import FsStates, cold_lines, frozen, remove_tree, sealed
 from terrarium.stores.fs._tree import ContextFolder, pointer, write_pointer
 from terrarium.stores.fs.salvage import (
     Salvage,
@@ -179,15 +179,12 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     ) -> None:
         """Open (creating if needed) the store at ``root``.
 
-        ``durability="flush"`` (the default) hands each append to the kernel before
-        acknowledging it: it survives the death of the process (``kill -9``), not a power cut,
-        at the cost of a write (~3 µs). ``"fsync"`` adds an ``fdatasync`` per append (~135 µs
-        here) and survives power loss. ``"batch"`` acknowledges at once and ``fdatasync``s
-        dirty segments every ``batch_interval`` seconds from a background thread: a power cut
-        loses at most that window. New files, heads and index entries are fsynced (with their
-        folders) in ``fsync`` and ``batch`` modes, which promise to survive a power cut;
-        ``flush`` does not promise that, and a head it loses to one is rebuilt from the
-        segments.
+        ``durability="flush"`` (the default) hands each append to the kernel (~3 µs): it
+        survives ``kill -9``, not a power cut. ``"fsync"`` adds an ``fdatasync`` per append
+        (~135 µs here). ``"batch"`` ``fdatasync``s dirty segments every ``batch_interval``
+        seconds from a background thread: a power cut loses at most that window. Both fsync
+        new files, heads and index entries with their folders; in ``flush`` mode a head lost
+        to a power cut is rebuilt from the segments.
 
         Args:
             root: the sessions directory.
@@ -212,7 +209,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         """The handle last used, so the last in ``_open``'s order."""
         self._folders: dict[SessionId, Path] = {}
         self._quiet_depth = threading.local()
-        """``depth``: 1 while this thread holds ``.locks/lifecycle`` exclusively."""
+        """Per thread: ``depth`` 1 while it holds ``.locks/lifecycle``; ``heads`` its head locks."""
         self._closed = threading.Event()
         self.derived: Derived | None = None
         """The derived index a layer above keeps beside the store (:func:`terrarium.index.of`);
@@ -299,10 +296,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             if entry.head is not None and entry.head.session_id == session_id:
                 self._index_best_effort(entry.context, entry.folder, entry.head)
                 return entry.folder
-        raise SegmentNotFound(f"session {session_id} does not exist")
-
-    def _segment_path(self, session_id: SessionId, segment_id: SegmentId) -> Path:
-        return self._session_folder(session_id) / f"{segment_id}{SEGMENT_SUFFIX}"
+        raise SegmentNotFound.of(session_id)
 
     # ---------------------------------------------------------------- heads
 
@@ -326,18 +320,14 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def _reading(self, session_id: SessionId, read: Callable[[], _T]) -> _T:
         """``read()``; if its file went (a freeze, thaw or detach meanwhile: reads take no
         lock), again, and a third time holding the session's lock shared: no move runs."""
-        for attempt in (1, 2, 3):
+        for _ in range(2):
             try:
-                if attempt < 3:
-                    return read()
-                with self._session_lock(session_id, shared=True, create=False):
-                    return read()
+                return read()
             except (SegmentNotFound, FileNotFoundError):
-                if attempt == 3:
-                    raise
                 with self._lock:
                     self._folders.pop(session_id, None)
-        raise AssertionError("unreachable")
+        with self._session_lock(session_id, shared=True, create=False):
+            return read()
 
     def _found_head(self, found: ContextFolder) -> PodMetadata:
         """The head of a located context (CorruptLog if it can be neither read nor rebuilt)."""
@@ -384,7 +374,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                     f"head of {context} is {head.segment_id}, not {expected}: it moved"
                 )
             if not (folder / f"{segment_id}{SEGMENT_SUFFIX}").exists():
-                raise SegmentNotFound(f"segment {segment_id} is not in {context}'s session")
+                raise SegmentNotFound.of(head.session_id, segment_id)
             new = PodMetadata(head.context, head.session_id, segment_id, head.created_at, utc_now())
             self._write_head(folder / HEAD, new, unreadable=problem is not None)
             self._mark(head.session_id)
@@ -446,18 +436,14 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         for kind in types:
             for encoded in sorted(listdir(base / kind)):
                 try:
-                    context = ContextId(kind, decode_name(encoded))
-                    found = self._locate(context)
-                    if found is None:
-                        continue  # a stale index entry
-                    head = self._found_head(found)
-                    if not frozen(self.root, head.session_id):  # archived: not listed here
-                        heads.append(head)
+                    found = self._locate(ContextId(kind, decode_name(encoded)))
+                    head = self._found_head(found) if found is not None else None  # None: stale
+                    if head is not None and not frozen(self.root, head.session_id):
+                        heads.append(head)  # an archived (frozen) one is not listed here
                 except ValueError:
-                    continue
+                    pass
                 except (CorruptLog, StoreError) as exc:
                     log.warning("%s", exc)
-                    continue
         return sorted(heads, key=lambda h: ContextId.parse(h.context))
 
     def _walked_heads(self, type: str | None) -> list[PodMetadata]:
@@ -518,8 +504,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         created = str(line["ts"])
         data = codec.encode_line(line)  # refuses a bad header before anything is made
-        _check_type(context)
-        with self._head_lock(context):
+        with self._head_lock(context):  # refuses the type archive
             existing = self.folder_of(context)
             if existing is not None:
                 self._adopt(context, existing)
@@ -537,7 +522,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             head = PodMetadata(str(context), session_id, segment_id, created, created)
             self._folders[session_id] = folder
             try:  # derived from the segment now: a full disk here is no failure
-                write_atomic(folder / HEAD, codec.encode(head_dict(head)), sync=self._sync())
+                self._write_head(folder / HEAD, head, unreadable=False)
                 self._mark(session_id)
             except OSError as exc:
                 log.warning("%s: created; its head.json waits: %s", context, exc)
@@ -557,7 +542,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
 
     def _write_index(self, context: ContextId, session_id: SessionId, rel: Path) -> None:
         data = pointer(context, rel.as_posix())
-        for path in (self._session_index_path(session_id), self._index_path(context)):
+        for path in (self._session_index_path(session_id), Path(self._index_file(context))):
             make_dirs(self._inside(path.parent))
             write_atomic(path, data, sync=self._sync())
 
@@ -577,9 +562,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         gone = self._inside(self.root / STAGING) / f"index-{uuid.uuid4().hex}"
         make_dirs(gone.parent)
         os.rename(self._inside(folder), gone)
-        import shutil  # not at import: it loads bz2, lzma and zlib
-
-        shutil.rmtree(gone, ignore_errors=True)
+        remove_tree(gone)
 
     # ---------------------------------------------------------------- detached sessions
 
@@ -625,9 +608,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             if self.folder_of(context) is not None:
                 raise ContextExists(f"context {context} already exists")
             if segment_id not in segments:
-                raise SegmentNotFound(
-                    f"segment {segment_id} of session {session_id} does not exist"
-                )
+                raise SegmentNotFound.of(session_id, segment_id)
             if frozen(self.root, session_id):
                 root = self._lines(session_id, source, segments[0], 1)[0]
             else:
@@ -639,8 +620,6 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                 raise ContextExists(f"context {context} would share {target} with another")
             head = PodMetadata(str(context), session_id, segment_id, created, utc_now())
             self._write_head(source / HEAD, head, unreadable=False)
-            # The index entries and the dirty marker first: until the rename they name a
-            # folder that is not there, which lookups pass over; after it, it is listed.
             self._mark(session_id)
             self._write_index(context, session_id, rel)
             make_dirs(target.parent)
@@ -670,9 +649,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         try:
             raw = cold_lines(folder, f"{segment_id}{SEGMENT_SUFFIX}")
         except FileNotFoundError:
-            raise SegmentNotFound(
-                f"segment {segment_id} of session {session_id} does not exist"
-            ) from None
+            raise SegmentNotFound.of(session_id, segment_id) from None
         where = f"{folder / str(segment_id)}{SEGMENT_SUFFIX}{ZST}"
         lines = [codec.decode(line) for line in raw[:stop]]
         if not lines or lines[0].get("kind") != "header":
@@ -721,21 +698,16 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         *,
         expected_seq: int | None = None,
     ) -> int:
-        """Append whole lines with one ``write`` under the segment's lock.
+        """Append whole lines with one ``write`` under the segment's exclusive ``flock``.
 
-        The file is opened ``O_APPEND`` and locked with an exclusive ``flock``: writers in many
-        processes never interleave inside a line, and the ``expected_seq`` check and the write
-        are one step. The lines of a multi-entry append are framed by
-        :func:`terrarium.codec.encode_lines` (all but the last end in ``" \\n"``), so a crash
-        after some of its lines leaves a torn tail like any other. The writer keeps the file's
-        size and next seq from its last append; when another process has appended since (the
-        size differs), it re-reads only the last line. Descriptors are cached (LRU), so an
-        append costs a lock, an ``fstat`` and a ``write``; it leaves the search index's dirty
-        marker at most every ``MARK_EVERY`` seconds (:mod:`._changes`).
+        Writers in many processes never interleave inside a line, and the ``expected_seq``
+        check and the write are one step. A multi-entry append is framed by
+        :func:`terrarium.codec.encode_lines`, so a crash inside it leaves a torn tail. With
+        cached descriptors (LRU) an append costs a lock, an ``fstat`` and a ``write``.
 
-        A frozen session is woken first: a file found deleted or sealed (by a freeze since it
-        was opened) or missing sends the append through the store again, which wakes the
-        session, or settles a freeze that was killed before its commit (it unseals the file).
+        A file found deleted, sealed (by a freeze since it was opened) or missing sends the
+        append through the store again, which wakes the session, or settles a freeze killed
+        before its commit (it unseals the file).
         """
         try:
             return self._append(session_id, segment_id, entries, expected_seq)  # the hot path
@@ -771,13 +743,10 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             fcntl.flock(fd, fcntl.LOCK_EX)
             held = True  # until the descriptor is closed, which releases the lock
             try:
-                st = os.fstat(fd)
-                if st.st_nlink == 0 or sealed(st.st_mode):  # frozen or deleted, or freezing
+                if not self._caught_up(handle, segment_id):
                     self._forget(segment_id)
                     held = False
                     raise _Moved(str(segment_id))
-                if st.st_size != handle.size:
-                    handle.size, handle.next_seq, _ = self._scan_tail(session_id, segment_id, fd)
                 first = handle.next_seq
                 if expected_seq is not None and expected_seq != first:
                     raise ConflictError.stale_seq(segment_id, first, expected_seq)
@@ -819,12 +788,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
     ) -> SegmentRead:
-        """Read and decode a segment. Changes nothing: a torn tail is reported, not moved.
-
-        Reads never write: a torn tail (:class:`~terrarium.model.TornTail` with
-        ``set_aside_to=None``) is skipped; the next append to the segment, or
-        :meth:`set_aside_torn_tail` (``fsck --repair``), sets it aside.
-        """
+        """Read and decode a segment. A torn tail is skipped and reported
+        (``set_aside_to=None``), never moved: the next append or :meth:`set_aside_torn_tail`
+        sets it aside."""
         return self._reading(
             session_id, lambda: self._read_segment(session_id, segment_id, stop_seq)
         )
@@ -833,23 +799,23 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         self, session_id: SessionId, segment_id: SegmentId, stop_seq: int | None
     ) -> SegmentRead:
         folder = self._session_folder(session_id)
+        torn = None
         if frozen(self.root, session_id):
             lines = self._lines(session_id, folder, segment_id)
-            stop = len(lines) if stop_seq is None else min(stop_seq + 1, len(lines))
-            return SegmentRead(lines[0], lines[1:stop], next_seq=len(lines))
-        path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
-        fd = open_segment(path, os.O_RDONLY, segment_id)
-        try:
-            buf, torn = read_complete(fd, path, segment_id)
+        else:
+            path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
+            fd = open_segment(path, os.O_RDONLY, segment_id)
             try:
-                lines = codec.decode_lines(buf, where=str(path), first_seq=0)
+                buf, torn = read_complete(fd, path, segment_id)
+                try:
+                    lines = codec.decode_lines(buf, where=str(path), first_seq=0)
+                finally:
+                    if isinstance(buf, mmap.mmap):
+                        buf.close()
             finally:
-                if isinstance(buf, mmap.mmap):
-                    buf.close()
-        finally:
-            os.close(fd)
-        if not lines or lines[0].get("kind") != "header":
-            raise CorruptLog(f"{path}:1: the first line is not a segment header")
+                os.close(fd)
+            if not lines or lines[0].get("kind") != "header":
+                raise CorruptLog(f"{path}:1: the first line is not a segment header")
         stop = len(lines) if stop_seq is None else min(stop_seq + 1, len(lines))
         return SegmentRead(lines[0], lines[1:stop], next_seq=len(lines), torn=torn)
 
@@ -876,15 +842,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         return torn
 
     def salvage_segment(self, context: ContextId, segment_id: SegmentId) -> Salvage:
-        """Copy every readable entry of a damaged segment into a new segment of its session.
-
-        Lines that cannot be read (not JSON, no seq or kind, a seq that does not move forward,
-        a torn tail) are copied to ``{segment}.jsonl.corrupt-{n}``; every other entry keeps its
-        order, renumbered. The new segment's header is the old one's (or, if that is what is
-        damaged, a root header), marked ``salvaged_from``. Forks of the damaged segment are
-        copied onto the new one at the same entries, and the head moves along. Nothing is
-        rewritten or removed: the damaged file stays as it was. Running it again finishes an
-        interrupted salvage instead of starting another.
+        """Copy every readable entry of a damaged segment into a new segment of its session
+        (:mod:`.salvage`); the head moves along if it was on the segment or a fork of it.
 
         Raises:
             ContextNotFound: no folder holds ``context``.
@@ -914,13 +873,11 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             new_id, seqs = salvage_copy(folder, segment_id, header, entries, done, fallback)
             copies = copy_forks(folder, segment_id, new_id, seqs, done)
             copies[segment_id] = new_id
-            head, problem = head_of(folder)
+            head = self._persist_head(folder)
             moved = copies.get(head.segment_id)
             if moved is not None:
                 new = PodMetadata(head.context, head.session_id, moved, head.created_at, utc_now())
-                self._write_head(folder / HEAD, new, unreadable=problem is not None)
-            elif problem is not None or not (folder / HEAD).exists():
-                self._write_head(folder / HEAD, head, unreadable=problem is not None)
+                self._write_head(folder / HEAD, new, unreadable=False)
             self._folders[session_id] = folder
             self._mark(session_id)
             del copies[segment_id]
@@ -963,16 +920,22 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         ``self._lock``."""
         fcntl.flock(handle.fd, fcntl.LOCK_EX)
         try:
-            st = os.fstat(handle.fd)
-            if st.st_nlink == 0 or sealed(st.st_mode):
-                return None
-            if st.st_size != handle.size:
-                handle.size, handle.next_seq, _ = self._scan_tail(
-                    handle.session_id, segment_id, handle.fd
-                )
-            return handle.next_seq
+            return handle.next_seq if self._caught_up(handle, segment_id) else None
         finally:
             fcntl.flock(handle.fd, fcntl.LOCK_UN)
+
+    def _caught_up(self, handle: _Open, segment_id: SegmentId) -> bool:
+        """With the file locked: False if it is sealed or unlinked (frozen, deleted or being
+        frozen); else the handle's size and next seq as they are (another writer may have
+        appended: then only the last line is read)."""
+        st = os.fstat(handle.fd)
+        if st.st_nlink == 0 or sealed(st.st_mode):
+            return False
+        if st.st_size != handle.size:
+            handle.size, handle.next_seq, _ = self._scan_tail(
+                handle.session_id, segment_id, handle.fd
+            )
+        return True
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
         """The session's segment ids, oldest first (UUIDv7 order)."""
@@ -995,7 +958,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     ) -> None:
         folder = self._session_folder(session_id)
         if not (folder / f"{segment_id}{SEGMENT_SUFFIX}").exists():
-            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+            raise SegmentNotFound.of(session_id, segment_id)
         if not entries:
             return
         path = folder / f"{segment_id}{TRACE_SUFFIX}"
@@ -1014,7 +977,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         folder = self._session_folder(session_id)
         if frozen(self.root, session_id):
             if not (folder / f"{segment_id}{SEGMENT_SUFFIX}{ZST}").exists():
-                raise SegmentNotFound(f"segment {segment_id} of session {session_id} is not there")
+                raise SegmentNotFound.of(session_id, segment_id)
             try:
                 lines = cold_lines(folder, f"{segment_id}{TRACE_SUFFIX}")
             except FileNotFoundError:
@@ -1109,25 +1072,21 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     # ---------------------------------------------------------------- derived index
 
     def index_source(self) -> FsChanges:
-        """What the derived index reads of this store's files (``Indexed``, see
-        :mod:`._changes`), once the pointers of a lost ``.index`` folder are rebuilt."""
-        self.restore_lost_index(INDEX_DB)
-        return FsChanges(self.root)
+        """What the derived index reads of this store's files (``Indexed``, see :mod:`._changes`).
 
-    def restore_lost_index(self, keep: str) -> None:
-        """Rebuild the context pointers if the whole ``.index`` folder was lost (no pointers,
-        and no ``keep``, the derived index's database there), so that what listing and search
-        show can also be resolved and opened. A read-only store or a full disk is left as it
-        is: the readers then answer from the folders."""
+        If the whole ``.index`` folder was lost (no pointers, no derived database), the
+        pointers are rebuilt first, so that what listing and search show can be opened. A
+        read-only store or a full disk is left as it is: the readers answer from the folders.
+        """
         index = self.root / INDEX
-        if (index / "contexts").exists() or (index / keep).exists():
-            return
-        try:
-            self.reindex()
-        except OSError as exc:
-            if _db.kind(exc) not in ("readonly", "full"):
-                raise
-            log.warning("cannot rebuild the index of %s: %s", self.root, exc)
+        if not (index / "contexts").exists() and not (index / INDEX_DB).exists():
+            try:
+                self.reindex()
+            except OSError as exc:
+                if _db.kind(exc) not in ("readonly", "full"):
+                    raise
+                log.warning("cannot rebuild the index of %s: %s", self.root, exc)
+        return FsChanges(self.root)
 
     def _mark(self, session_id: SessionId) -> None:
         """Leave the search index's dirty marker; never fails the write that calls it."""
@@ -1169,11 +1128,12 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         self, session_id: SessionId, segment_id: SegmentId, fd: int
     ) -> tuple[int, int, TornTail | None]:
         """With the file locked: set aside a torn tail; return (size, next seq, torn tail)."""
-        return scan_tail(fd, self._segment_path(session_id, segment_id), segment_id)
+        path = self._session_folder(session_id) / f"{segment_id}{SEGMENT_SUFFIX}"
+        return scan_tail(fd, path, segment_id)
 
-    def _write_new(self, path: Path, data: bytes, *, sync: bool | None = None) -> None:
+    def _write_new(self, path: Path, data: bytes) -> None:
         """Create ``path`` holding ``data``, whole; ``FileExistsError`` if it exists."""
-        write_new(path, data, sync=self._sync() if sync is None else sync)
+        write_new(path, data, sync=self._sync())
 
     def _flush_loop(self) -> None:
         while not self._closed.wait(self.batch_interval):

@@ -20,25 +20,15 @@ from pathlib import Path
 
 from terrarium.blobs import check_digest, digest_of, scan_digests
 from terrarium.errors import BlobNotFound, CorruptBlob, StoreError
-from terrarium.stores._files import listdir, make_dirs, open_private, write_new
+from terrarium.stores._files import listdir, make_dirs, write_new
 from terrarium.stores.fs._layout import INDEX, LOCKS
-from terrarium.stores.fs._segments import os_reason
+from terrarium.stores.fs._segments import os_reason, read_file
+from terrarium.stores.fs._states import lock_file
 
 #: The folder of the blobs, under the root.
 BLOBS = ".blobs"
 _SKIP = frozenset({INDEX, BLOBS, LOCKS})
 _CHUNK = 1 << 20
-
-
-@contextlib.contextmanager
-def _flock(path: Path, mode: int) -> Iterator[None]:
-    make_dirs(path.parent)
-    fd = open_private(path, os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(fd, mode)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _is_log(name: str) -> bool:
@@ -76,7 +66,7 @@ class FsBlobs:
         return self._inside(self.root / BLOBS / digest[:2]) / digest[2:]
 
     def _blob_lock(self, mode: int) -> contextlib.AbstractContextManager[None]:
-        return _flock(self._inside(self.root / LOCKS) / "blobs", mode)
+        return lock_file(self._inside(self.root / LOCKS) / "blobs", mode)
 
     def put_blob(self, data: bytes) -> str:
         """Store ``data`` once (a new file appears whole); return its digest."""
@@ -102,13 +92,11 @@ class FsBlobs:
         """The blob's bytes, checked against ``digest``."""
         path = self._blob_path(digest)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            data = read_file(path)
         except FileNotFoundError:
             raise BlobNotFound(f"blob {digest} is missing ({path})") from None
         except OSError as exc:
             raise StoreError(f"{path}: cannot read blob: {exc.strerror}") from None
-        with os.fdopen(fd, "rb") as f:
-            data = f.read()
         if digest_of(data) != digest:
             raise CorruptBlob(f"{path}: the blob's bytes do not match its digest {digest}")
         return data

@@ -2,12 +2,13 @@
 
 Writers leave a *dirty marker* per changed session (:func:`mark_dirty`): an empty file named
 after it in ``.index/dirty``. The index claims the markers, reads each changed session's head
-(:func:`folder_head`) and the bytes its segments gained (:func:`read_from`, from a byte offset,
+(:meth:`FsChanges.head`) and the bytes its segments gained (:func:`read_from`, from a byte offset,
 so a refresh after one append reads one line), and walks the date folders (:func:`scandir`)
 when it rebuilds or when a date folder was moved by hand (:mod:`._shape`).
 
-Appends mark at most once per ``MARK_EVERY`` seconds per open segment, so the append path stays
-a lock, an ``fstat`` and a ``write``; the index watches a claimed session for longer than that.
+Appends mark at most once per ``MARK_EVERY`` seconds per open segment (a ``stat``, and an
+``open`` when the marker is missing), so the append path stays a lock, an ``fstat`` and a
+``write``; the index watches a claimed session for longer than that. Other writes always mark.
 :class:`FsChanges` is all the index reads of a root: it opens no file of the store itself.
 """
 
@@ -37,11 +38,12 @@ from terrarium.stores.fs._layout import (
     is_uuid,
     segment_name,
 )
+from terrarium.stores.fs._segments import one_line
 from terrarium.stores.fs._states import frozen
 from terrarium.stores.fs._tree import read_pointer
 from terrarium.stores.fs.salvage import salvaged_into
 
-__all__ = ["MARK_EVERY", "FsChanges", "dirty_dir", "folder_head", "mark_dirty", "read_from"]
+__all__ = ["MARK_EVERY", "FsChanges", "dirty_dir", "mark_dirty", "read_from"]
 
 #: An append marks its session at most this often per open segment (seconds).
 MARK_EVERY = 5.0
@@ -61,12 +63,9 @@ def dirty_dir(root: Path) -> Path:
 def mark_dirty(root: Path, session_id: SessionId) -> None:
     """Tell the search index that ``session_id`` changed: an empty file named after it.
 
-    Creating a context or segment, moving a head and deleting a context always mark the
-    session; an append marks it at most once per ``MARK_EVERY`` seconds per open segment (a
-    ``stat``, and an ``open`` when the marker is missing), so the append path stays a lock, an
-    ``fstat`` and a ``write``. The mark follows the write, so it never precedes data it
-    announces; a process killed between the two leaves a write that ``refresh(full=True)`` or
-    ``reindex()`` finds, as they find writes that bypass ``FsStore`` (a restored backup).
+    The mark follows the write, so it never precedes data it announces. A process killed
+    between the two leaves a write that ``refresh(full=True)`` or ``reindex()`` finds, as they
+    find writes that bypass ``FsStore`` (a restored backup).
     """
     path = dirty_dir(root) / str(session_id)
     try:
@@ -101,28 +100,12 @@ def read_from(path: Path, offset: int) -> tuple[bytes, int]:
         os.close(fd)  # closing releases the lock
 
 
-def folder_head(folder: Path) -> tuple[PodMetadata | None, str | None]:
-    """The head record of a session folder, as FsStore reads it, and what is wrong with it.
-
-    A missing ``head.json`` is rebuilt from the segments (no problem: the head is derived);
-    an unreadable or invalid one, or one naming a segment that is not there, is rebuilt too,
-    and the problem names it. Returns (None, problem) when no head can be found or rebuilt,
-    the problem None when the folder holds no segment either (a context being deleted).
-    """
-    try:
-        return head_of(folder, read_errors=True)
-    except FileNotFoundError:
-        return None, None
-    except (StoreError, OSError) as exc:
-        return None, " ".join(str(exc).split())
-
-
 class FsChanges:
     """The derived index's view of one root's files: its change markers, the tree's shape,
     the session folders and their heads, and a segment's bytes from an offset.
 
     Every path it takes or gives is a folder relative to the root (``type/date/name``); it
-    never follows a link out of the root. :attr:`FsStore.changes` gives one.
+    never follows a link out of the root. :meth:`FsStore.index_source` gives one.
     """
 
     def __init__(self, root: Path) -> None:
@@ -205,7 +188,7 @@ class FsChanges:
     ) -> Iterator[tuple[str, dict[str, SegmentStat]]]:
         """Every session folder with its segments, least recently written first (of
         ``date_folders``, ``type/date`` each, if given)."""
-        found: list[tuple[float, str, list[os.DirEntry[str]]]] = []
+        found: list[tuple[float, str, dict[str, SegmentStat]]] = []
         for date_folder in self.date_folders() if date_folders is None else date_folders:
             path = self.root / date_folder
             if os.path.islink(path):
@@ -214,20 +197,15 @@ class FsChanges:
                 if not session.is_dir(follow_symlinks=False):
                     continue
                 entries = scandir(session.path)
-                newest = 0.0
-                found_any = False  # a head, or segments to rebuild it from
-                for entry in entries:
-                    if entry.name == HEAD:
-                        found_any = True
-                    elif segment_name(entry.name) is not None:
-                        found_any = True
-                        with contextlib.suppress(FileNotFoundError):
-                            newest = max(newest, entry.stat().st_mtime)
-                if found_any:
-                    found.append((newest, f"{date_folder}/{session.name}", entries))
+                segments = _segments(entries)  # stats each segment once: DirEntry keeps it
+                if segments or any(entry.name == HEAD for entry in entries):
+                    times = [e.stat().st_mtime for e in entries if segment_name(e.name) in segments]
+                    found.append(
+                        (max(times, default=0.0), f"{date_folder}/{session.name}", segments)
+                    )
         found.sort(key=lambda item: (item[0], item[1]))
-        for _, rel, entries in found:
-            yield rel, _segments(entries)
+        for _, rel, segments in found:
+            yield rel, segments
 
     # ---------------------------------------------------------------- one session
 
@@ -244,8 +222,19 @@ class FsChanges:
         return _segments(scandir(self.root / folder))
 
     def head(self, folder: str) -> tuple[PodMetadata | None, str | None]:
-        """The folder's head and what is wrong with it (see :func:`folder_head`)."""
-        return folder_head(self.root / folder)
+        """The folder's head as ``FsStore`` reads it, and what is wrong with it.
+
+        A missing ``head.json`` is rebuilt from the segments (no problem: the head is derived);
+        an unreadable or invalid one, or one naming a segment that is not there, is rebuilt too,
+        and the problem names it. Returns (None, problem) when no head can be found or rebuilt,
+        the problem None when the folder holds no segment either (a context being deleted).
+        """
+        try:
+            return head_of(self.root / folder, read_errors=True)
+        except FileNotFoundError:
+            return None, None
+        except (StoreError, OSError) as exc:
+            return None, one_line(exc)
 
     def frozen(self, session_id: str | SessionId) -> bool:
         """Whether the session is archived (frozen): out of the index."""

@@ -126,13 +126,20 @@ def _chain_intact(
         seen.add(current)
         if header.get("history") is not None:  # a root, compaction or clear: stands alone
             return True
-        origin = header.get("origin")
-        parent = origin.get("parent") if isinstance(origin, dict) else None
         try:
-            current = uuid.UUID(parent) if isinstance(parent, str) else None
+            current = _parent(header)
         except ValueError:
             return False
     return False
+
+
+def _parent(header: Mapping[str, Any]) -> SegmentId | None:
+    """The segment a fork replays first (None if it names none; ValueError: not an id)."""
+    if header.get("history") is not None:
+        return None
+    origin = header.get("origin")
+    parent = origin.get("parent") if isinstance(origin, dict) else None
+    return uuid.UUID(parent) if isinstance(parent, str) else None
 
 
 def segment_chain(folder: Path, segment_id: SegmentId) -> list[SegmentId]:
@@ -145,10 +152,7 @@ def segment_chain(folder: Path, segment_id: SegmentId) -> list[SegmentId]:
     while current is not None and current not in chain:
         chain.append(current)
         try:
-            header = read_header(folder / f"{current}{SEGMENT_SUFFIX}")
-            parent = (header.get("origin") or {}).get("parent")
-            forked = header.get("history") is None and isinstance(parent, str)
-            current = uuid.UUID(parent) if forked else None
+            current = _parent(read_header(folder / f"{current}{SEGMENT_SUFFIX}"))
         except (StoreError, OSError, ValueError):
             current = None
     return chain

@@ -19,7 +19,6 @@ import fcntl
 import logging
 import mmap
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,31 +29,19 @@ from terrarium.stores._files import link_free, write_beside
 
 log = logging.getLogger(__name__)
 
-_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
-
 
 def open_segment(path: Path, flags: int, segment_id: SegmentId | None) -> int:
     """Open a segment file without following a link; name what is wrong if it cannot be."""
     try:
-        return os.open(path, flags | _NOFOLLOW)
+        return _open(path, flags)
     except FileNotFoundError:
-        raise SegmentNotFound(
-            f"segment {segment_id or path.stem} does not exist ({path})"
-        ) from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise StoreError(f"{path} is a symbolic link: terrarium never follows one") from None
-        raise
+        name = segment_id or path.stem
+        raise SegmentNotFound(f"segment {name} does not exist ({path})") from None
 
 
 def read_file(path: str | Path) -> bytes:
     """The bytes of ``path``, refusing a symbolic link (``FileNotFoundError`` if missing)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise StoreError(f"{path} is a symbolic link: terrarium never follows one") from None
-        raise
+    fd = _open(path, os.O_RDONLY)
     try:
         chunks = []
         while chunk := os.read(fd, 1 << 20):
@@ -62,6 +49,15 @@ def read_file(path: str | Path) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def _open(path: str | Path, flags: int) -> int:
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreError(f"{path} is a symbolic link: terrarium never follows one") from None
+        raise
 
 
 def read_header(path: Path) -> dict[str, Any]:
@@ -73,7 +69,7 @@ def read_header(path: Path) -> dict[str, Any]:
         while b"\n" not in buf:
             more = os.pread(fd, chunk, len(buf))
             if not more:
-                raise CorruptLog(f"{path}: damaged segment: {no_header(len(buf))}")
+                raise damaged(path, len(buf))
             buf += more
             chunk *= 2
     finally:
@@ -104,7 +100,7 @@ def read_complete(fd: int, path: Path, segment_id: SegmentId) -> tuple[Any, Torn
         fcntl.flock(fd, fcntl.LOCK_UN)
     end = codec.complete_end(data)
     if end == 0:
-        raise CorruptLog(f"{path}: damaged segment: {no_header(len(data))}")
+        raise damaged(path, len(data))
     if end == len(data):
         return data, None
     return data[:end], TornTail(segment_id, end, len(data) - end, None)
@@ -130,7 +126,7 @@ def scan_tail(fd: int, path: Path, segment_id: SegmentId) -> tuple[int, int, Tor
             continue
         break
     if start == 0 and complete_end == 0:
-        raise CorruptLog(f"{path}: damaged segment: {no_header(size)}")
+        raise damaged(path, size)
     torn = None
     if complete_end < len(buf):
         offset, data = start + complete_end, buf[complete_end:]
@@ -145,16 +141,18 @@ def scan_tail(fd: int, path: Path, segment_id: SegmentId) -> tuple[int, int, Tor
     return size, int(seq) + 1, torn
 
 
-def no_header(size: int) -> str:
+def damaged(path: Path, size: int) -> CorruptLog:
+    """A segment of ``size`` bytes whose header line is not whole."""
+    why = f"its header line is incomplete ({size} bytes, no newline)"
     if size == 0:
-        return "the file is empty (no header line)"
-    return f"its header line is incomplete ({size} bytes, no newline)"
+        why = "the file is empty (no header line)"
+    return CorruptLog(f"{path}: damaged segment: {why}")
 
 
 def move_torn(path: Path, fd: int, offset: int, data: bytes) -> str:
     """Copy torn bytes at ``offset`` to a new side file, truncate them away; return its path."""
     base = f"torn-{offset}"
-    side = write_side(path, data, lambda n: base if n == 1 else f"{base}.{n}")
+    side = str(write_beside(path, data, lambda n: base if n == 1 else f"{base}.{n}"))
     os.ftruncate(fd, offset)
     log.warning("%s: set aside %d torn bytes at offset %d to %s", path, len(data), offset, side)
     return side
@@ -165,11 +163,6 @@ def set_aside(path: Path, why: str) -> Path:
     side = link_free(path, path, lambda n: f"{why}-{n}")
     os.unlink(path)
     return side
-
-
-def write_side(path: Path, data: bytes, suffix: Callable[[int], str]) -> str:
-    """Copy ``data`` to a new side file ``{name}.{suffix(n)}`` beside ``path``; its path."""
-    return str(write_beside(path, data, suffix))
 
 
 def os_reason(exc: OSError) -> str:

@@ -69,9 +69,6 @@ from terrarium.stores.fs._layout import (
 from terrarium.stores.fs._segments import read_file
 from terrarium.stores.fs._tree import Tree
 
-if TYPE_CHECKING:
-    pass
-
 PENDING = ".detach.json"
 SEALED = 0o400
 _LEGACY = re.compile(r"legacy-\d+\.json\.zst")
@@ -129,8 +126,15 @@ def cold_lines(folder: Path, name: str) -> list[bytes]:
     return codec.split_lines(complete)
 
 
+def remove_tree(folder: Path) -> None:
+    """Delete ``folder`` and all in it, best effort."""
+    import shutil  # not at import: it loads bz2, lzma and zlib
+
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @contextlib.contextmanager
-def _flock(path: Path, kind: int, *, create: bool = True) -> Iterator[None]:
+def lock_file(path: Path, kind: int, *, create: bool = True) -> Iterator[None]:
     """Hold ``flock`` ``kind`` on ``path``; without ``create``, go on without a lock if the
     file cannot be opened (a read-only store, where nothing moves)."""
     try:
@@ -166,6 +170,12 @@ def _segment_locks(folder: Path) -> Iterator[None]:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _sealed_in(folder: Path) -> list[Path]:
+    """The sealed log files of ``folder``."""
+    names = sorted(listdir(folder))
+    return [folder / n for n in names if log_file(n) and sealed(os.lstat(folder / n).st_mode)]
 
 
 def _keep_cold(state: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
@@ -214,10 +224,7 @@ class FsStates(Tree):
 
     def _current(self, session_id: SessionId, expected: Mapping[str, Any]) -> dict[str, Any]:
         """The record (hold the session's lock); ConflictError unless it is ``expected``."""
-        now = self._record(session_id)
-        if now is None:
-            self._session_folder(session_id)  # SegmentNotFound if there is no such session
-            now = {}
+        now = self.session_state(session_id)
         if now != dict(expected):
             raise ConflictError(f"the state of session {session_id} changed meanwhile")
         return now
@@ -399,7 +406,7 @@ class FsStates(Tree):
                 fsync_dir(folder.parent)
                 fsync_dir(target.parent)
             os.replace(pending, self._state_path(session_id))
-            for path in (self._index_path(context), self._session_index_path(session_id)):
+            for path in (Path(self._index_file(context)), self._session_index_path(session_id)):
                 path.unlink(missing_ok=True)
             self._folders[session_id] = target
 
@@ -424,9 +431,7 @@ class FsStates(Tree):
             if self._sync():
                 fsync_dir(folder.parent)
             record.unlink(missing_ok=True)
-            import shutil  # not at import: it loads bz2, lzma and zlib
-
-            shutil.rmtree(staged, ignore_errors=True)
+            remove_tree(staged)
             return True
 
     # ----------------------------------------------------------------------- locks
@@ -441,7 +446,7 @@ class FsStates(Tree):
             yield
             return
         kind = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        with _flock(self._inside(self.root / LOCKS) / "lifecycle", kind, create=create):
+        with lock_file(self._inside(self.root / LOCKS) / "lifecycle", kind, create=create):
             self._quiet_depth.depth = 1
             try:
                 yield
@@ -453,7 +458,7 @@ class FsStates(Tree):
     ) -> contextlib.AbstractContextManager[None]:
         """``.locks/session/{id}``: moves hold it exclusively, writers shared."""
         path = self._inside(self.root / LOCKS) / "session" / str(session_id)
-        return _flock(path, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, create=create)
+        return lock_file(path, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, create=create)
 
     @contextlib.contextmanager
     def _moving(self, session_id: SessionId) -> Iterator[None]:
@@ -483,9 +488,8 @@ class FsStates(Tree):
         for path in left:
             path.unlink(missing_ok=True)
         if not frozen(self.root, session_id):
-            for name in listdir(folder):
-                if log_file(name) and sealed(os.lstat(folder / name).st_mode):
-                    os.chmod(folder / name, 0o600)  # sealed by a freeze that did not commit
+            for path in _sealed_in(folder):  # sealed by a freeze that did not commit
+                os.chmod(path, 0o600)
         return len(left)
 
     def _leftovers_in(self, folder: Path, cold: bool) -> list[Path]:
@@ -522,11 +526,7 @@ class FsStates(Tree):
             cold = frozen(self.root, session_id)
             found = self._leftovers_in(folder, cold)
             if not cold:
-                found += [
-                    folder / n
-                    for n in sorted(listdir(folder))
-                    if log_file(n) and sealed(os.lstat(folder / n).st_mode)
-                ]
+                found += _sealed_in(folder)
             left += [(session_id, path) for path in found]
         return left
 
@@ -536,9 +536,7 @@ class FsStates(Tree):
         left = self._leftovers()
         for session_id, path in left:
             if session_id is None and real_dir(path):
-                import shutil  # not at import: it loads bz2, lzma and zlib
-
-                shutil.rmtree(path, ignore_errors=True)
+                remove_tree(path)
             elif session_id is None:
                 path.unlink(missing_ok=True)
         for session_id in sorted({s for s, _ in left if s is not None}):

@@ -61,13 +61,9 @@ class Tree:
         self._prefix = str(root)
         self._inside_cache: set[str] = {self._prefix}
 
-    def _index_path(self, context: ContextId) -> Path:
-        """``.index/contexts/{type}/{name}``, its folder checked to be inside the root."""
-        return Path(self._index_file(context))
-
     def _index_file(self, context: ContextId) -> str:
-        """:meth:`_index_path` as a ``str``: the path ``get_head`` takes on every call builds
-        no ``Path`` (each costs microseconds)."""
+        """``.index/contexts/{type}/{name}``, its folder checked to be inside the root; a
+        ``str``: ``get_head`` takes it on every call and a ``Path`` costs microseconds."""
         types = self._checked(f"{self._prefix}/{INDEX}/contexts/{context.type}")
         return f"{types}/{context.encoded_name}"
 

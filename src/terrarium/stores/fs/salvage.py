@@ -22,10 +22,10 @@ import msgspec
 from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
 from terrarium.model import SegmentId, SessionId, new_segment_id, new_session_id, utc_now
-from terrarium.stores._files import write_new
+from terrarium.stores._files import write_beside, write_new
 from terrarium.stores.fs._heads import read_head
 from terrarium.stores.fs._layout import HEAD, SEGMENT_SUFFIX, segment_ids
-from terrarium.stores.fs._segments import read_file, read_header, write_side
+from terrarium.stores.fs._segments import read_file, read_header
 
 
 class Salvage(msgspec.Struct, frozen=True):
@@ -134,12 +134,7 @@ def set_aside_once(path: Path, lost: bytes) -> str:
         with contextlib.suppress(OSError, StoreError):
             if read_file(side) == lost:
                 return str(side)
-    return write_side(path, lost, lambda n: f"corrupt-{n}")
-
-
-def read_complete_bytes(path: Path) -> bytes:
-    """A segment file's complete appends (a torn tail left out), refusing a link."""
-    return codec.split_complete(read_file(path))[0]
+    return str(write_beside(path, lost, lambda n: f"corrupt-{n}"))
 
 
 def salvage_copy(
@@ -182,7 +177,8 @@ def copy_forks(
             continue
         if "salvaged_from" in header:
             continue
-        read = codec.decode_lines(read_complete_bytes(path), where=str(path), first_seq=0)
+        complete, _ = codec.split_complete(read_file(path))  # a torn tail left out
+        read = codec.decode_lines(complete, where=str(path), first_seq=0)
         at = int(origin.get("at_seq") or 0)
         at_new = max((n for o, n in seqs.items() if o <= at), default=0)
         if child in done:
