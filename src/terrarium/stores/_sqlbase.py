@@ -46,7 +46,7 @@ from terrarium.errors import (
     SegmentNotFound,
     SessionAttached,
 )
-from terrarium.model import ContextId, SegmentId, SessionId
+from terrarium.model import ContextId, SegmentId, SessionId, utc_now
 from terrarium.stores._archive import unpack, unpack_lines
 from terrarium.stores.base import (
     ClosingStore,
@@ -79,6 +79,10 @@ HEAD_ANY = (
     f"UNION ALL SELECT {_HEAD_COLUMNS} FROM archived_contexts WHERE context = ?"
 )
 HEADS = f"SELECT {_HEAD_COLUMNS} FROM contexts"
+INSERT_HEAD = (
+    "INSERT INTO contexts (context, type, session_id, segment_id, created_at, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
 HEADS_OF_TYPE = f"{HEADS} WHERE type = ?"
 SEGMENT_EXISTS = "SELECT 1 FROM segments WHERE session_id = ? AND segment_id = ?"
 SEGMENT_IDS = "SELECT segment_id FROM segments WHERE session_id = ?"
@@ -92,6 +96,7 @@ INSERT_SESSION = (
 )
 SESSION_OWNER = "SELECT context, created_at, state FROM sessions WHERE session_id = ?"
 SET_STATE = "UPDATE sessions SET state = ? WHERE session_id = ?"
+ATTACH_SESSION = "UPDATE sessions SET context = ? WHERE session_id = ?"
 DETACH_SESSION = "UPDATE sessions SET context = NULL, state = ? WHERE session_id = ?"
 #: From the partial index ``sessions_stated``.
 RECORDS = "SELECT session_id, context, state FROM sessions WHERE state IS NOT NULL"
@@ -159,6 +164,9 @@ class SqlStore(ClosingStore):
     _READ_SEGMENT: str
     #: A segment's trace lines, oldest first (parameters: session, segment).
     _READ_TRACE: str
+    #: Moves a head if it is on segment ``expected`` (parameters: time, segment, context,
+    #: expected).
+    _MOVE_HEAD: str
     _where: str
     """The database, as error messages name it (never with a password)."""
 
@@ -199,7 +207,7 @@ class SqlStore(ClosingStore):
         segment_id: SegmentId,
         type: str,
         line: Mapping[str, Any],
-    ) -> int | None:
+    ) -> None:
         """A segment's row and header (entry 0) with their blob refs, in the caller's
         transaction; ``type`` is its context's ('' detached), where the store indexes the
         header's items at once."""
@@ -211,6 +219,13 @@ class SqlStore(ClosingStore):
     def _hold_name(self, conn: Any, context: str) -> None:
         """Hold the id ``context`` until the transaction ends, where a create could take it
         meanwhile (PostgreSQL); SQLite's write transaction holds its one write lock."""
+
+    def _adopt(self, conn: Any, type: str, session: Any, frozen: bool) -> None:
+        """Give an attached session's segments the context's type, before its head goes in
+        (PostgreSQL indexes their items under it)."""
+
+    def _count_head(self, conn: Any, context: str) -> None:
+        """Copy a new head's listing counts from its segment's row (PostgreSQL)."""
 
     @abstractmethod
     def _freeze_rows(self, conn: Any, session: Any) -> tuple[int, int]:
@@ -245,6 +260,64 @@ class SqlStore(ClosingStore):
                 rows = conn.execute(self._q(HEADS_OF_TYPE), (type,)).fetchall()
         # (type, name), as ContextId orders, without parsing and validating every id again.
         return sorted(map(self._head, rows), key=lambda h: h.context.partition(":")[::2])
+
+    def set_head(
+        self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
+    ) -> PodMetadata:
+        """Move the head if it is ``expected`` now (a conditional ``UPDATE``)."""
+        with self._read() as conn:
+            while True:
+                head = self._head_to_move(conn, context, segment_id, expected)
+                now = utc_now()
+                move = (now, self._sid(segment_id), str(context), self._sid(expected))
+                if conn.execute(self._MOVE_HEAD, move).rowcount == 1:
+                    return PodMetadata(
+                        head.context, head.session_id, segment_id, head.created_at, now
+                    )
+                # The head moved or the context went between the read and the update: the
+                # next pass reports which.
+
+    def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
+        """Create the context's session, root segment (its header is entry 0) and head."""
+        ctx = ContextId.parse(context)
+        line = header_line(header)
+        session_id = uuid.UUID(str(line["session_id"]))
+        segment_id = uuid.UUID(str(line["segment_id"]))
+        ts = str(line["ts"])
+        sid, gid = self._sid(session_id), self._sid(segment_id)
+        with self._write() as conn:
+            self._hold_name(conn, str(ctx))
+            if conn.execute(self._q(HEAD_ANY), (str(ctx), str(ctx))).fetchone() is not None:
+                raise ContextExists(f"context {ctx} already exists")
+            if conn.execute(self._q(INSERT_SESSION), (sid, str(ctx), ts)).rowcount != 1:
+                raise ConflictError(f"session {session_id} already exists")
+            conn.execute(self._q(INSERT_HEAD), (str(ctx), ctx.type, sid, gid, ts, ts))
+            self._insert_segment(conn, session_id, segment_id, ctx.type, line)
+            self._count_head(conn, str(ctx))
+        return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
+
+    def attach_context(
+        self, context: ContextId, session_id: SessionId, segment_id: SegmentId
+    ) -> PodMetadata:
+        """Make ``context`` a new context on a detached session's segment, in one transaction.
+
+        The session's row is locked (of two attaches, the second finds it attached), then the
+        id. A frozen session's head goes to ``archived_contexts``.
+        """
+        ctx = ContextId.parse(context)
+        sid, gid = self._sid(session_id), self._sid(segment_id)
+        with self._write() as conn:
+            created, frozen = self._attachable(conn, ctx, session_id, segment_id)
+            now = utc_now()
+            self._adopt(conn, ctx.type, sid, frozen)
+            if frozen:
+                cold = (sid, str(ctx), ctx.type, gid, created, now)
+                conn.execute(self._q(INSERT_COLD_HEAD), cold)
+            else:
+                conn.execute(self._q(INSERT_HEAD), (str(ctx), ctx.type, sid, gid, created, now))
+            conn.execute(self._q(ATTACH_SESSION), (str(ctx), sid))
+            self._count_head(conn, str(ctx))
+        return PodMetadata(str(ctx), session_id, segment_id, created, now)
 
     def _head_to_move(
         self, conn: Any, context: ContextId, segment_id: SegmentId, expected: SegmentId

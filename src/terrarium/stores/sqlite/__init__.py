@@ -40,22 +40,14 @@ from terrarium import codec
 from terrarium.blobs import DEFAULT_THRESHOLD, line_digests
 from terrarium.errors import (
     ConflictError,
-    ContextExists,
     SegmentNotFound,
     StoreError,
 )
-from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
+from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
 from terrarium.stores._changes import LogChanges
 from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import (
-    HEAD_ANY,
-    INSERT_COLD_HEAD,
-    INSERT_SESSION,
-    STATE,
-    SqlStore,
-    state_record,
-)
+from terrarium.stores._sqlbase import STATE, SqlStore, state_record
 from terrarium.stores.base import (
     INDEX_DB,
     Derived,
@@ -95,6 +87,7 @@ class SqliteStore(SqlStore):
 
     _READ_SEGMENT = sql.READ_SEGMENT
     _READ_TRACE = sql.READ_TRACE
+    _MOVE_HEAD = sql.MOVE_HEAD
 
     def __init__(
         self,
@@ -321,18 +314,6 @@ class SqliteStore(SqlStore):
                 if own:
                     conn.execute("COMMIT")
 
-    # ---------------------------------------------------------------- heads
-
-    def set_head(
-        self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
-    ) -> PodMetadata:
-        """Move the head if it is ``expected`` now (compare-and-set in one transaction)."""
-        with self._write() as conn:
-            head = self._head_to_move(conn, context, segment_id, expected)
-            now = utc_now()
-            conn.execute(sql.MOVE_HEAD, (str(segment_id), now, str(context)))
-        return PodMetadata(head.context, head.session_id, segment_id, head.created_at, now)
-
     # ---------------------------------------------------------------- change cursor
 
     def changes(self, after: str | None) -> tuple[list[SessionId] | None, str]:
@@ -388,44 +369,6 @@ class SqliteStore(SqlStore):
         return LogChanges(self, self.path.with_name(f"{self.path.name}.{INDEX_DB}"))
 
     # ---------------------------------------------------------------- contexts
-
-    def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
-        """Create the context's session, root segment (its header is entry 0) and head."""
-        ctx = ContextId.parse(context)
-        line = header_line(header)
-        session_id = uuid.UUID(str(line["session_id"]))
-        segment_id = uuid.UUID(str(line["segment_id"]))
-        ts = str(line["ts"])
-        s, g = str(session_id), str(segment_id)
-        with self._write() as conn:
-            if conn.execute(HEAD_ANY, (str(ctx), str(ctx))).fetchone():
-                raise ContextExists(f"context {ctx} already exists")
-            if conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
-                raise ConflictError(f"session {session_id} already exists")
-            conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, ts, ts))
-            conn.execute(INSERT_SESSION, (s, str(ctx), ts))
-            self._insert_segment(conn, session_id, segment_id, ctx.type, line)
-        return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
-
-    def attach_context(
-        self, context: ContextId, session_id: SessionId, segment_id: SegmentId
-    ) -> PodMetadata:
-        """Make ``context`` a new context on a detached session's segment, in one transaction.
-
-        A frozen session's head goes to ``archived_contexts``.
-        """
-        ctx = ContextId.parse(context)
-        s, g = str(session_id), str(segment_id)
-        with self._write() as conn:
-            created, frozen = self._attachable(conn, ctx, session_id, segment_id)
-            now = utc_now()
-            conn.execute(sql.ATTACH_SESSION, (str(ctx), s))
-            if frozen:
-                cold = (s, str(ctx), ctx.type, g, created, now)
-                conn.execute(INSERT_COLD_HEAD, cold)
-            else:
-                conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, created, now))
-        return PodMetadata(str(ctx), session_id, segment_id, created, now)
 
     def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
         """Hold the context's lock exclusively, across threads and processes (``flock``).

@@ -26,7 +26,14 @@ from __future__ import annotations
 import sqlite3
 
 from terrarium.stores._archive import envelopes, pack_session, unpack_lines
-from terrarium.stores._sqlbase import COLD_HEAD, DETACH, DROP_COLD, HOT_HEAD, INSERT_COLD_HEAD
+from terrarium.stores._sqlbase import (
+    COLD_HEAD,
+    DETACH,
+    DROP_COLD,
+    HOT_HEAD,
+    INSERT_COLD_HEAD,
+    INSERT_HEAD,
+)
 from terrarium.stores.sqlite import _sql as sql
 
 SESSION_TRACES = "SELECT segment_id, line FROM traces WHERE session_id = ? ORDER BY segment_id, id"
@@ -101,7 +108,7 @@ def thaw(conn: sqlite3.Connection, session: str) -> None:
         conn.executemany(sql.INSERT_TRACE, [(session, g, t) for t in unpack_lines(trace)])
     if head is not None:
         context, type_, g, created, updated = head
-        conn.execute(sql.INSERT_HEAD, (context, type_, session, g, created, updated))
+        conn.execute(INSERT_HEAD, (context, type_, session, g, created, updated))
     for statement in DROP_COLD:
         conn.execute(statement, (session,))
 
