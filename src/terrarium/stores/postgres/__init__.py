@@ -44,6 +44,7 @@ from terrarium.errors import (
 )
 from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _listing
+from terrarium.stores._query import check_query
 from terrarium.stores._redact import redact_url
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores._sqlbase import SqlStore, pyformat, state_record
@@ -58,7 +59,6 @@ from terrarium.stores.base import (
     iter_lines,
     wake_session,
 )
-from terrarium.stores.fts import check_query
 
 try:
     import psycopg
