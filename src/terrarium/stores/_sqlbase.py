@@ -55,6 +55,7 @@ from terrarium.stores.base import (
     SessionRecord,
     header_line,
     refuse_files,
+    wake_session,
 )
 
 #: The highest seq there can be, for ranges that run to a segment's end.
@@ -159,6 +160,8 @@ class SqlStore(ClosingStore):
     #: Appended to the read of a record that is to change: locks its row (PostgreSQL). A
     #: SQLite write transaction holds the database's one write lock already.
     _FOR_UPDATE = ""
+    #: Appended to a new segment's read of its session (PostgreSQL: waits for an attach).
+    _KEY_SHARE = ""
     #: A segment's lines up to seq ``stop``, each with the segment's last seq (named
     #: parameters ``session``, ``segment``, ``stop``).
     _READ_SEGMENT: str
@@ -210,7 +213,7 @@ class SqlStore(ClosingStore):
     ) -> None:
         """A segment's row and header (entry 0) with their blob refs, in the caller's
         transaction; ``type`` is its context's ('' detached), where the store indexes the
-        header's items at once."""
+        header's items at once. ConflictError if the segment exists."""
 
     @abstractmethod
     def _wake_on(self, conn: Any, session_id: SessionId) -> bool:
@@ -235,9 +238,9 @@ class SqlStore(ClosingStore):
     def _thaw_rows(self, conn: Any, session: Any) -> None:
         """Move a frozen session's rows back to the hot tables."""
 
-    @abstractmethod
     def _detach_rows(self, conn: Any, context: str, session: Any) -> bool:
-        """Drop the head of ``context`` if it is on ``session``; whether it was."""
+        """Drop the head of ``context`` (hot or frozen) if it is on ``session``; whether it was."""
+        return any(conn.execute(self._q(drop), (context, session)).rowcount for drop in DETACH)
 
     @abstractmethod
     def _drop_rows(self, conn: Any, session: Any) -> None:
@@ -375,6 +378,22 @@ class SqlStore(ClosingStore):
             if conn.execute(self._q(INSERT_SESSION), created).rowcount != 1:
                 raise ConflictError(f"session {session_id} already exists")
             self._insert_segment(conn, session_id, uuid.UUID(str(line["segment_id"])), "", line)
+
+    def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
+        """Add a segment, with its header as entry 0, to an existing session."""
+        line = header_line(header)
+        segment_id = uuid.UUID(str(line["segment_id"]))
+        while True:
+            with self._write() as conn:
+                read = self._q(STATE + self._KEY_SHARE)
+                row = conn.execute(read, (self._sid(session_id),)).fetchone()
+                if row is None:
+                    raise SegmentNotFound(f"session {session_id} does not exist")
+                if "cold" not in state_record(row[0]):
+                    type = (row[1] or "").partition(":")[0]  # its context's ('' detached)
+                    self._insert_segment(conn, session_id, segment_id, type, line)
+                    return
+            wake_session(self, session_id)  # frozen: back to the hot tables first
 
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None

@@ -47,7 +47,7 @@ from terrarium.stores import _listing
 from terrarium.stores._query import check_query
 from terrarium.stores._redact import redact_url
 from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import SqlStore, pyformat, state_record
+from terrarium.stores._sqlbase import SqlStore, pyformat
 from terrarium.stores.base import (
     ATTEMPTS,
     ContextSummary,
@@ -55,7 +55,6 @@ from terrarium.stores.base import (
     NewEntry,
     SearchHit,
     SearchQuery,
-    header_line,
     iter_lines,
     wake_session,
 )
@@ -369,6 +368,10 @@ class PostgresStore(SqlStore):
     # (wake_session, on the writer's own connection) and tries again.
 
     _FOR_UPDATE = " FOR UPDATE"
+    # The key-share lock (which the segment's foreign key takes anyway) waits for an attach of
+    # the session (its row locked FOR UPDATE), so a new segment never gets the type it had
+    # before.
+    _KEY_SHARE = " FOR KEY SHARE"
 
     def _q(self, statement: str) -> str:
         return pyformat(statement)
@@ -449,21 +452,6 @@ class PostgresStore(SqlStore):
         raise ConflictError(f"session {session_id} kept being frozen before a write to it")
 
     # ---------------------------------------------------------------- segments
-
-    def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
-        """Add a segment, with its header as entry 0, to an existing session."""
-        line = header_line(header)
-        segment_id = uuid.UUID(str(line["segment_id"]))
-        with self._pool.connection() as conn:
-            while True:
-                with conn.transaction():
-                    row = conn.execute(_sql.SESSION_TYPE, (session_id,)).fetchone()
-                    if row is None:
-                        raise SegmentNotFound(f"session {session_id} does not exist")
-                    if "cold" not in state_record(row[1]):
-                        self._insert_segment(conn, session_id, segment_id, row[0], line)
-                        break
-                self._wake_on(conn, session_id)  # frozen: back to the hot tables first
 
     def _insert_segment(
         self,

@@ -152,13 +152,6 @@ INSERT_HEADER = (
     "INSERT INTO entries (session_id, segment_id, seq, kind, ts, line) "
     "VALUES (%s, %s, 0, %s, %s, %s)"
 )
-# A detached session's (context NULL) is '': its segments' items are not indexed. The
-# key-share lock (which the segment's foreign key takes anyway) waits for an attach of the
-# session (its row locked FOR UPDATE), so a new segment never gets the type it had before.
-SESSION_TYPE = (
-    "SELECT coalesce(split_part(context, ':', 1), ''), state FROM sessions "
-    "WHERE session_id = %s FOR KEY SHARE"
-)
 # The adopted session's segments are read again from their headers, under the context's type.
 ATTACH_SEGMENTS = (
     "UPDATE segments SET type = %s, indexed_seq = -1, dirty = true WHERE session_id = %s"

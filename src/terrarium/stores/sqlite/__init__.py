@@ -47,13 +47,12 @@ from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
 from terrarium.stores._changes import LogChanges
 from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import STATE, SqlStore, state_record
+from terrarium.stores._sqlbase import SqlStore
 from terrarium.stores.base import (
     INDEX_DB,
     Derived,
     NewEntry,
     PodMetadata,
-    header_line,
     iter_lines,
     wake_session,
 )
@@ -395,9 +394,6 @@ class SqliteStore(SqlStore):
     def _thaw_rows(self, conn: sqlite3.Connection, session: str) -> None:
         lifecycle.thaw(conn, session)
 
-    def _detach_rows(self, conn: sqlite3.Connection, context: str, session: str) -> bool:
-        return lifecycle.detach(conn, context, session)
-
     def _drop_rows(self, conn: sqlite3.Connection, session: str) -> None:
         lifecycle.drop_hot(conn, session)
 
@@ -426,20 +422,6 @@ class SqliteStore(SqlStore):
 
     # ---------------------------------------------------------------- segments
 
-    def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
-        """Add a segment, with its header as entry 0, to an existing session."""
-        line = header_line(header)
-        segment_id = uuid.UUID(str(line["segment_id"]))
-        with self._write() as conn:
-            row = conn.execute(STATE, (str(session_id),)).fetchone()
-            if row is None:
-                raise SegmentNotFound(f"session {session_id} does not exist")
-            if "cold" in state_record(row[0]):  # frozen: back to the hot tables first
-                wake_session(self, session_id)
-            if self._segment_exists(conn, session_id, segment_id):
-                raise ConflictError(f"segment {segment_id} already exists")
-            self._insert_segment(conn, session_id, segment_id, "", line)
-
     def _insert_segment(
         self,
         conn: sqlite3.Connection,
@@ -450,7 +432,10 @@ class SqliteStore(SqlStore):
     ) -> None:
         # SQLite indexes no item as it writes it: the type goes unused.
         s, g, ts = str(session_id), str(segment_id), str(line["ts"])
-        seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
+        try:
+            seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
+        except sqlite3.IntegrityError:  # UNIQUE (session_id, segment_id)
+            raise ConflictError(f"segment {segment_id} already exists") from None
         conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
         self._record_refs(conn, s, [line])
 

@@ -1,9 +1,9 @@
 """``SqliteStore``'s frozen sessions: the physical moves under the shared lifecycle.
 
 Lifecycle itself is :mod:`terrarium.states`, over the state record
-``sessions.state`` (:class:`~terrarium.stores._sqlbase.SqlStore`); here are the rows a
-freeze, a thaw, a detach and a delete move, in the caller's write transaction. The tables
-(migration ``m001_initial``)::
+``sessions.state`` (:class:`~terrarium.stores._sqlbase.SqlStore`, which also drops a
+detached head); here are the rows a freeze, a thaw and a delete move, in the caller's write
+transaction. The tables (migration ``m001_initial``)::
 
     archived_contexts(session_id PK, context UNIQUE, type, segment_id, created_at, updated_at)
     archived_segments(session_id, segment_id, created_at, next_seq, lines, trace)
@@ -28,7 +28,6 @@ import sqlite3
 from terrarium.stores._archive import envelopes, pack_session, unpack_lines
 from terrarium.stores._sqlbase import (
     COLD_HEAD,
-    DETACH,
     DROP_COLD,
     HOT_HEAD,
     INSERT_COLD_HEAD,
@@ -111,10 +110,3 @@ def thaw(conn: sqlite3.Connection, session: str) -> None:
         conn.execute(INSERT_HEAD, (context, type_, session, g, created, updated))
     for statement in DROP_COLD:
         conn.execute(statement, (session,))
-
-
-def detach(conn: sqlite3.Connection, context: str, session: str) -> bool:
-    """Drop the head of ``context`` (hot or frozen) if it is on ``session``; whether it was."""
-    if conn.execute(DETACH[0], (context, session)).rowcount:
-        return True
-    return bool(conn.execute(DETACH[1], (context, session)).rowcount)
