@@ -3,7 +3,7 @@
 
 FTS5's ``snippet()`` scores each candidate window against every match in a row, so its time
 grows with the square of the matches; terrarium cuts the snippet of a body longer than
-``fts.LONG_BODY`` in Python instead (:func:`terrarium.stores.fts.long_snippet`). This times
+``fts.LONG_BODY`` in Python instead (:func:`terrarium.index._fts.long_snippet`). This times
 one search on the filesystem and SQLite stores (both through the derived index), with and
 without that rule (the limit set past the body, as before the rule).
 
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from terrarium import ContextId, FsStore, SqliteStore, create_segment, save_user_input
+from terrarium.index import _fts as fts
 from terrarium.index import _index as fs_search
 from terrarium.index import listing
-from terrarium.stores import fts
 from terrarium.stores.base import SearchQuery, Store
 
 

@@ -17,13 +17,13 @@ from helpers.bench import run_bench
 from helpers.history import QUERY_SYNTAX, add_context, snippets, user_item
 from terrarium import FsStore, codec, states
 from terrarium import text as text_module
+from terrarium.index import _fts as fts
 from terrarium.index import _index as fs_search
 from terrarium.index import listing as lister
 from terrarium.index import of
 from terrarium.index._index import SearchIndex
 from terrarium.model import ContextId, new_segment_id, new_session_id
 from terrarium.sessions import create_segment_with_ids, save_user_input
-from terrarium.stores import fts
 from terrarium.stores.base import (
     NewEntry,
     PodActiveSegmentRef,

@@ -28,6 +28,7 @@ import msgspec
 from terrarium import index as derived
 from terrarium import sessions, states
 from terrarium.errors import IndexUnavailable, InvalidQuery
+from terrarium.index._fts import TAG_TOKENS, bm25, merge_hits
 from terrarium.model import (
     HISTORY_KINDS,
     ContextId,
@@ -36,6 +37,7 @@ from terrarium.model import (
     item_role,
     item_text,
 )
+from terrarium.stores._query import MAX_LIMIT, check_query
 from terrarium.stores.base import (
     Lifecycle,
     PodMetadata,
@@ -43,13 +45,6 @@ from terrarium.stores.base import (
     SearchHit,
     SearchQuery,
     Store,
-)
-from terrarium.stores.fts import (
-    MAX_LIMIT,
-    TAG_TOKENS,
-    bm25,
-    check_query,
-    merge_hits,
 )
 from terrarium.text import (
     ELLIPSIS,

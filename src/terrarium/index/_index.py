@@ -38,11 +38,21 @@ from typing import Any, TypeVar
 
 from terrarium.errors import IndexUnavailable
 from terrarium.index import _sql as sql
+from terrarium.index._fts import (
+    LONG_BODY,
+    Fts5Tables,
+    Ranker,
+    assemble_hits,
+    body_match,
+    fts5_phrases,
+    long_snippet,
+)
 from terrarium.index._refresh import IndexStats, IndexUpdate, Source
 from terrarium.index._sql import SCHEMA_VERSION
 from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores import _db, _listing
 from terrarium.stores._changes import LogChanges
+from terrarium.stores._query import check_query
 from terrarium.stores.base import (
     INDEX_DB,
     ContextSummary,
@@ -52,16 +62,6 @@ from terrarium.stores.base import (
 )
 from terrarium.stores.fs._changes import FsChanges
 from terrarium.stores.fs._shape import ShapeChange
-from terrarium.stores.fts import (
-    LONG_BODY,
-    Fts5Tables,
-    Ranker,
-    assemble_hits,
-    body_match,
-    check_query,
-    fts5_phrases,
-    long_snippet,
-)
 from terrarium.text import (
     ELLIPSIS,
     HIGHLIGHT_CLOSE,
@@ -524,7 +524,7 @@ class SearchIndex:
     def _search(
         self, conn: sqlite3.Connection, q: SearchQuery, terms: list[str]
     ) -> list[SearchHit]:
-        """Queries, ranking and snippets are :mod:`terrarium.stores.fts`'s: the words are quoted as
+        """Queries, ranking and snippets are :mod:`terrarium.index._fts`'s: the words are quoted as
         FTS5 strings and bound as a parameter (data, never syntax); the filters (type, context,
         role) match tokens of the ``tags`` column (``s<session> r<role> t<type>``); a query with
         more than ``RANK_WINDOW`` matches is ranked among its most recent matches in ``fts_recent``

@@ -4,12 +4,12 @@ Both databases hold the same tables (each backend's ``m001_initial``): ``context
 heads), ``sessions`` (with the lifecycle's ``state`` record, JSON text, NULL for ``{}``),
 ``segments``, ``entries``, ``traces``, ``blobs`` and ``blob_refs``, ``archived_contexts`` and
 ``archived_segments`` (frozen sessions, :mod:`._archive`'s frames). :class:`SqlStore` reads
-them the same way on both: heads (and the checks of a head move and of an attach), segments
-and traces (hot, else frozen), blobs, and the :class:`~terrarium.stores.base.SessionStates`
-primitives. A store supplies its connections (``_read``, ``_write``, ``_snapshot``), its
-dialect (``_q``, ``_sid``, ``_uuid``), the two statements whose text differs
-(``_READ_SEGMENT``, ``_READ_TRACE``), its tail read (``_next_seq``), its wake (``_wake_on``)
-and the rows each lifecycle move takes (``_freeze_rows``...).
+them the same way on both: heads (created, attached and moved), segments and traces (hot,
+else frozen), blobs, and the :class:`~terrarium.stores.base.SessionStates` primitives. A store
+supplies its connections (``_read``, ``_write``, ``_snapshot``), its dialect (``_q``,
+``_sid``, ``_uuid``), the statements whose text differs (``_READ_SEGMENT``, ``_READ_TRACE``,
+``_MOVE_HEAD``), its tail read (``_next_seq``), its wake (``_wake_on``) and the rows each
+lifecycle move takes (``_freeze_rows``...).
 
 Statements here use SQLite's placeholders (``?``); PostgreSQL's store turns them into its own
 (:func:`pyformat`, through :meth:`SqlStore._q`). Blobs: each blob's bytes once under its
@@ -46,7 +46,7 @@ from terrarium.errors import (
     SegmentNotFound,
     SessionAttached,
 )
-from terrarium.model import ContextId, SegmentId, SessionId
+from terrarium.model import ContextId, SegmentId, SessionId, utc_now
 from terrarium.stores._archive import unpack, unpack_lines
 from terrarium.stores.base import (
     ClosingStore,
@@ -55,6 +55,7 @@ from terrarium.stores.base import (
     SessionRecord,
     header_line,
     refuse_files,
+    wake_session,
 )
 
 #: The highest seq there can be, for ranges that run to a segment's end.
@@ -79,6 +80,10 @@ HEAD_ANY = (
     f"UNION ALL SELECT {_HEAD_COLUMNS} FROM archived_contexts WHERE context = ?"
 )
 HEADS = f"SELECT {_HEAD_COLUMNS} FROM contexts"
+INSERT_HEAD = (
+    "INSERT INTO contexts (context, type, session_id, segment_id, created_at, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
 HEADS_OF_TYPE = f"{HEADS} WHERE type = ?"
 SEGMENT_EXISTS = "SELECT 1 FROM segments WHERE session_id = ? AND segment_id = ?"
 SEGMENT_IDS = "SELECT segment_id FROM segments WHERE session_id = ?"
@@ -92,6 +97,7 @@ INSERT_SESSION = (
 )
 SESSION_OWNER = "SELECT context, created_at, state FROM sessions WHERE session_id = ?"
 SET_STATE = "UPDATE sessions SET state = ? WHERE session_id = ?"
+ATTACH_SESSION = "UPDATE sessions SET context = ? WHERE session_id = ?"
 DETACH_SESSION = "UPDATE sessions SET context = NULL, state = ? WHERE session_id = ?"
 #: From the partial index ``sessions_stated``.
 RECORDS = "SELECT session_id, context, state FROM sessions WHERE state IS NOT NULL"
@@ -154,11 +160,16 @@ class SqlStore(ClosingStore):
     #: Appended to the read of a record that is to change: locks its row (PostgreSQL). A
     #: SQLite write transaction holds the database's one write lock already.
     _FOR_UPDATE = ""
+    #: Appended to a new segment's read of its session (PostgreSQL: waits for an attach).
+    _KEY_SHARE = ""
     #: A segment's lines up to seq ``stop``, each with the segment's last seq (named
     #: parameters ``session``, ``segment``, ``stop``).
     _READ_SEGMENT: str
     #: A segment's trace lines, oldest first (parameters: session, segment).
     _READ_TRACE: str
+    #: Moves a head if it is on segment ``expected`` (parameters: time, segment, context,
+    #: expected).
+    _MOVE_HEAD: str
     _where: str
     """The database, as error messages name it (never with a password)."""
 
@@ -199,10 +210,10 @@ class SqlStore(ClosingStore):
         segment_id: SegmentId,
         type: str,
         line: Mapping[str, Any],
-    ) -> int | None:
+    ) -> None:
         """A segment's row and header (entry 0) with their blob refs, in the caller's
         transaction; ``type`` is its context's ('' detached), where the store indexes the
-        header's items at once."""
+        header's items at once. ConflictError if the segment exists."""
 
     @abstractmethod
     def _wake_on(self, conn: Any, session_id: SessionId) -> bool:
@@ -212,6 +223,13 @@ class SqlStore(ClosingStore):
         """Hold the id ``context`` until the transaction ends, where a create could take it
         meanwhile (PostgreSQL); SQLite's write transaction holds its one write lock."""
 
+    def _adopt(self, conn: Any, type: str, session: Any, frozen: bool) -> None:
+        """Give an attached session's segments the context's type, before its head goes in
+        (PostgreSQL indexes their items under it)."""
+
+    def _count_head(self, conn: Any, context: str) -> None:
+        """Copy a new head's listing counts from its segment's row (PostgreSQL)."""
+
     @abstractmethod
     def _freeze_rows(self, conn: Any, session: Any) -> tuple[int, int]:
         """Move a hot session's rows to their frozen form; return its bytes hot and frozen."""
@@ -220,9 +238,9 @@ class SqlStore(ClosingStore):
     def _thaw_rows(self, conn: Any, session: Any) -> None:
         """Move a frozen session's rows back to the hot tables."""
 
-    @abstractmethod
     def _detach_rows(self, conn: Any, context: str, session: Any) -> bool:
-        """Drop the head of ``context`` if it is on ``session``; whether it was."""
+        """Drop the head of ``context`` (hot or frozen) if it is on ``session``; whether it was."""
+        return any(conn.execute(self._q(drop), (context, session)).rowcount for drop in DETACH)
 
     @abstractmethod
     def _drop_rows(self, conn: Any, session: Any) -> None:
@@ -245,6 +263,64 @@ class SqlStore(ClosingStore):
                 rows = conn.execute(self._q(HEADS_OF_TYPE), (type,)).fetchall()
         # (type, name), as ContextId orders, without parsing and validating every id again.
         return sorted(map(self._head, rows), key=lambda h: h.context.partition(":")[::2])
+
+    def set_head(
+        self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
+    ) -> PodMetadata:
+        """Move the head if it is ``expected`` now (a conditional ``UPDATE``)."""
+        with self._read() as conn:
+            while True:
+                head = self._head_to_move(conn, context, segment_id, expected)
+                now = utc_now()
+                move = (now, self._sid(segment_id), str(context), self._sid(expected))
+                if conn.execute(self._MOVE_HEAD, move).rowcount == 1:
+                    return PodMetadata(
+                        head.context, head.session_id, segment_id, head.created_at, now
+                    )
+                # The head moved or the context went between the read and the update: the
+                # next pass reports which.
+
+    def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
+        """Create the context's session, root segment (its header is entry 0) and head."""
+        ctx = ContextId.parse(context)
+        line = header_line(header)
+        session_id = uuid.UUID(str(line["session_id"]))
+        segment_id = uuid.UUID(str(line["segment_id"]))
+        ts = str(line["ts"])
+        sid, gid = self._sid(session_id), self._sid(segment_id)
+        with self._write() as conn:
+            self._hold_name(conn, str(ctx))
+            if conn.execute(self._q(HEAD_ANY), (str(ctx), str(ctx))).fetchone() is not None:
+                raise ContextExists(f"context {ctx} already exists")
+            if conn.execute(self._q(INSERT_SESSION), (sid, str(ctx), ts)).rowcount != 1:
+                raise ConflictError(f"session {session_id} already exists")
+            conn.execute(self._q(INSERT_HEAD), (str(ctx), ctx.type, sid, gid, ts, ts))
+            self._insert_segment(conn, session_id, segment_id, ctx.type, line)
+            self._count_head(conn, str(ctx))
+        return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
+
+    def attach_context(
+        self, context: ContextId, session_id: SessionId, segment_id: SegmentId
+    ) -> PodMetadata:
+        """Make ``context`` a new context on a detached session's segment, in one transaction.
+
+        The session's row is locked (of two attaches, the second finds it attached), then the
+        id. A frozen session's head goes to ``archived_contexts``.
+        """
+        ctx = ContextId.parse(context)
+        sid, gid = self._sid(session_id), self._sid(segment_id)
+        with self._write() as conn:
+            created, frozen = self._attachable(conn, ctx, session_id, segment_id)
+            now = utc_now()
+            self._adopt(conn, ctx.type, sid, frozen)
+            if frozen:
+                cold = (sid, str(ctx), ctx.type, gid, created, now)
+                conn.execute(self._q(INSERT_COLD_HEAD), cold)
+            else:
+                conn.execute(self._q(INSERT_HEAD), (str(ctx), ctx.type, sid, gid, created, now))
+            conn.execute(self._q(ATTACH_SESSION), (str(ctx), sid))
+            self._count_head(conn, str(ctx))
+        return PodMetadata(str(ctx), session_id, segment_id, created, now)
 
     def _head_to_move(
         self, conn: Any, context: ContextId, segment_id: SegmentId, expected: SegmentId
@@ -302,6 +378,22 @@ class SqlStore(ClosingStore):
             if conn.execute(self._q(INSERT_SESSION), created).rowcount != 1:
                 raise ConflictError(f"session {session_id} already exists")
             self._insert_segment(conn, session_id, uuid.UUID(str(line["segment_id"])), "", line)
+
+    def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
+        """Add a segment, with its header as entry 0, to an existing session."""
+        line = header_line(header)
+        segment_id = uuid.UUID(str(line["segment_id"]))
+        while True:
+            with self._write() as conn:
+                read = self._q(STATE + self._KEY_SHARE)
+                row = conn.execute(read, (self._sid(session_id),)).fetchone()
+                if row is None:
+                    raise SegmentNotFound(f"session {session_id} does not exist")
+                if "cold" not in state_record(row[0]):
+                    type = (row[1] or "").partition(":")[0]  # its context's ('' detached)
+                    self._insert_segment(conn, session_id, segment_id, type, line)
+                    return
+            wake_session(self, session_id)  # frozen: back to the hot tables first
 
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None

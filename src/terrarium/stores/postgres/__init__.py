@@ -37,36 +37,27 @@ from terrarium import codec
 from terrarium.blobs import DEFAULT_THRESHOLD, line_digests
 from terrarium.errors import (
     ConflictError,
-    ContextExists,
     SegmentNotFound,
     StoreError,
     StoreUnavailable,
     install_hint,
 )
-from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, TraceEntry, utc_now
+from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _listing
+from terrarium.stores._query import check_query
 from terrarium.stores._redact import redact_url
 from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import (
-    ARCHIVED_HEAD,
-    INSERT_SESSION,
-    SqlStore,
-    pyformat,
-    state_record,
-)
+from terrarium.stores._sqlbase import SqlStore, pyformat
 from terrarium.stores.base import (
     ATTEMPTS,
     ContextSummary,
     ListingQuery,
     NewEntry,
-    PodMetadata,
     SearchHit,
     SearchQuery,
-    header_line,
     iter_lines,
     wake_session,
 )
-from terrarium.stores.fts import check_query
 
 try:
     import psycopg
@@ -114,6 +105,7 @@ class PostgresStore(SqlStore):
 
     _READ_SEGMENT = _sql.READ
     _READ_TRACE = _sql.READ_TRACE
+    _MOVE_HEAD = _sql.MOVE_HEAD
     # What SqlStore reads, run once more on a connection lost under it (see _pool.retried).
     get_head = retried(SqlStore.get_head)
     list_contexts = retried(SqlStore.list_contexts)
@@ -235,23 +227,7 @@ class PostgresStore(SqlStore):
                 f"cannot listen to PostgreSQL store {self._where}: {self._scrub(exc)}"
             ) from None
 
-    # ---------------------------------------------------------------- heads
-
-    def set_head(
-        self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
-    ) -> PodMetadata:
-        """Move the head if it is ``expected`` now (a conditional ``UPDATE``)."""
-        with self._pool.connection() as conn:
-            while True:
-                head = self._head_to_move(conn, context, segment_id, expected)
-                now = utc_now()
-                cur = conn.execute(_sql.MOVE_HEAD, (now, segment_id, str(context), expected))
-                if cur.rowcount == 1:
-                    return PodMetadata(
-                        head.context, head.session_id, segment_id, head.created_at, now
-                    )
-                # The head moved or the context went between the read and the update: the
-                # next pass reports which.
+    # ---------------------------------------------------------------- listing
 
     @retried
     def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
@@ -327,58 +303,6 @@ class PostgresStore(SqlStore):
 
     # ---------------------------------------------------------------- contexts
 
-    def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
-        """Create the context's session, root segment (its header is entry 0) and head."""
-        ctx = ContextId.parse(context)
-        line = header_line(header)
-        session_id = uuid.UUID(str(line["session_id"]))
-        segment_id = uuid.UUID(str(line["segment_id"]))
-        ts = str(line["ts"])
-        with self._pool.connection() as conn, conn.transaction():
-            self._hold_name(conn, str(ctx))
-            if conn.execute(self._q(ARCHIVED_HEAD), (str(ctx),)).fetchone() is not None:
-                raise ContextExists(f"context {ctx} already exists")
-            cur = conn.execute(
-                _sql.INSERT_CONTEXT, (str(ctx), ctx.type, session_id, segment_id, ts, ts)
-            )
-            if cur.rowcount != 1:
-                raise ContextExists(f"context {ctx} already exists")
-            cur = conn.execute(self._q(INSERT_SESSION), (session_id, str(ctx), ts))
-            if cur.rowcount != 1:
-                raise ConflictError(f"session {session_id} already exists")
-            base = self._insert_segment(conn, session_id, segment_id, ctx.type, line)
-            conn.execute(_sql.SET_COUNTS, (base, ts, str(ctx)))
-        return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
-
-    def attach_context(
-        self, context: ContextId, session_id: SessionId, segment_id: SegmentId
-    ) -> PodMetadata:
-        """Make ``context`` a new context on a detached session's segment, in one transaction.
-
-        The session's row is locked (two attaches of one session take turns; the second finds
-        it attached), then the id (:func:`._lifecycle.lock_name`). A hot session's segments are
-        marked unread under the context's type, so the next catch-up indexes their items,
-        which were left out while it was detached; segments are updated before the head is
-        inserted: the order a catch-up locks them in. A frozen session's head goes to
-        ``archived_contexts``, its frozen segments take the type.
-        """
-        ctx = ContextId.parse(context)
-        with self._pool.connection() as conn, conn.transaction():
-            created, frozen = self._attachable(conn, ctx, session_id, segment_id)
-            now = utc_now()
-            head = (str(ctx), ctx.type, session_id, segment_id, created, now)
-            if frozen:
-                conn.execute(_lifecycle.RETYPE_COLD, (ctx.type, session_id))
-                conn.execute(_lifecycle.INSERT_COLD_HEAD, (session_id, *head[:2], *head[3:]))
-            else:
-                conn.execute(_sql.ATTACH_SEGMENTS, (ctx.type, session_id))
-                if conn.execute(_sql.INSERT_CONTEXT, head).rowcount != 1:
-                    raise ContextExists(f"context {ctx} already exists")
-            conn.execute(_sql.ATTACH_SESSION, (str(ctx), session_id))
-            if not frozen:
-                conn.execute(_sql.ATTACH_COUNTS, (str(ctx),))
-        return PodMetadata(str(ctx), session_id, segment_id, created, now)
-
     @contextmanager
     def lock_context(self, context: ContextId) -> Iterator[None]:
         """Hold the context's advisory lock, across threads, processes and machines.
@@ -444,6 +368,10 @@ class PostgresStore(SqlStore):
     # (wake_session, on the writer's own connection) and tries again.
 
     _FOR_UPDATE = " FOR UPDATE"
+    # The key-share lock (which the segment's foreign key takes anyway) waits for an attach of
+    # the session (its row locked FOR UPDATE), so a new segment never gets the type it had
+    # before.
+    _KEY_SHARE = " FOR KEY SHARE"
 
     def _q(self, statement: str) -> str:
         return pyformat(statement)
@@ -474,6 +402,15 @@ class PostgresStore(SqlStore):
 
     def _hold_name(self, conn: psycopg.Connection[Any], context: str) -> None:
         _lifecycle.lock_name(conn, self.schema, context)
+
+    def _adopt(self, conn: psycopg.Connection[Any], type: str, session: Any, frozen: bool) -> None:
+        """Mark a hot session's segments unread under the context's type, so the next
+        catch-up indexes the items left out while it was detached; before the head goes in,
+        the order a catch-up locks them in."""
+        conn.execute(_lifecycle.RETYPE_COLD if frozen else _sql.ATTACH_SEGMENTS, (type, session))
+
+    def _count_head(self, conn: psycopg.Connection[Any], context: str) -> None:
+        conn.execute(_sql.HEAD_COUNTS, (context,))
 
     def _freeze_rows(self, conn: psycopg.Connection[Any], session: Any) -> tuple[int, int]:
         return _lifecycle.freeze(conn, self.schema, session)
@@ -516,21 +453,6 @@ class PostgresStore(SqlStore):
 
     # ---------------------------------------------------------------- segments
 
-    def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
-        """Add a segment, with its header as entry 0, to an existing session."""
-        line = header_line(header)
-        segment_id = uuid.UUID(str(line["segment_id"]))
-        with self._pool.connection() as conn:
-            while True:
-                with conn.transaction():
-                    row = conn.execute(_sql.SESSION_TYPE, (session_id,)).fetchone()
-                    if row is None:
-                        raise SegmentNotFound(f"session {session_id} does not exist")
-                    if "cold" not in state_record(row[1]):
-                        self._insert_segment(conn, session_id, segment_id, row[0], line)
-                        break
-                self._wake_on(conn, session_id)  # frozen: back to the hot tables first
-
     def _insert_segment(
         self,
         conn: psycopg.Connection[Any],
@@ -538,9 +460,9 @@ class PostgresStore(SqlStore):
         segment_id: SegmentId,
         type: str,
         line: Mapping[str, Any],
-    ) -> int:
+    ) -> None:
         """A segment's row and header, its header's history indexed (in the caller's
-        transaction); return the history items it starts with."""
+        transaction)."""
         ts = str(line["ts"])
         base = search.base_items(
             line, lambda parent, at: self._prefix_items(conn, session_id, parent, at)
@@ -560,7 +482,6 @@ class PostgresStore(SqlStore):
                 [(session_id, segment_id, ts, type, doc) for doc in search.line_docs(0, line)],
             )
         self._seen.remember((session_id, segment_id), 1, None)  # a guess: appends check it
-        return base
 
     def _prefix_items(
         self,

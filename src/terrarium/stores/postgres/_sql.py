@@ -136,16 +136,11 @@ MOVE_HEAD = (
     "FROM segments AS g WHERE g.session_id = c.session_id AND g.segment_id = %s "
     "AND c.context = %s AND c.segment_id = %s"
 )
-SET_COUNTS = "UPDATE contexts SET message_count = %s, last_active = %s WHERE context = %s"
 CONTEXT_SESSION = "SELECT session_id FROM contexts WHERE context = %s"
 COUNT_CONTEXTS = "SELECT count(*) FROM contexts"
 
 # --------------------------------------------------------------------------- contexts, segments
 
-INSERT_CONTEXT = (
-    "INSERT INTO contexts (context, type, session_id, segment_id, created_at, "
-    "updated_at) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (context) DO NOTHING"
-)
 # A new segment: its header (seq 0) is indexed with it, and it starts with ``base_items``
 # history items (see search.base_items).
 INSERT_SEGMENT = (
@@ -157,19 +152,12 @@ INSERT_HEADER = (
     "INSERT INTO entries (session_id, segment_id, seq, kind, ts, line) "
     "VALUES (%s, %s, 0, %s, %s, %s)"
 )
-# A detached session's (context NULL) is '': its segments' items are not indexed. The
-# key-share lock (which the segment's foreign key takes anyway) waits for an attach of the
-# session (its row locked FOR UPDATE), so a new segment never gets the type it had before.
-SESSION_TYPE = (
-    "SELECT coalesce(split_part(context, ':', 1), ''), state FROM sessions "
-    "WHERE session_id = %s FOR KEY SHARE"
-)
-ATTACH_SESSION = "UPDATE sessions SET context = %s WHERE session_id = %s"
 # The adopted session's segments are read again from their headers, under the context's type.
 ATTACH_SEGMENTS = (
     "UPDATE segments SET type = %s, indexed_seq = -1, dirty = true WHERE session_id = %s"
 )
-ATTACH_COUNTS = (
+# A new head's listing counts, from its segment's row (none for a frozen session's).
+HEAD_COUNTS = (
     "UPDATE contexts AS c SET message_count = g.base_items + g.items, last_active = g.last_ts "
     "FROM segments AS g WHERE g.session_id = c.session_id AND g.segment_id = c.segment_id "
     "AND c.context = %s"

@@ -40,28 +40,19 @@ from terrarium import codec
 from terrarium.blobs import DEFAULT_THRESHOLD, line_digests
 from terrarium.errors import (
     ConflictError,
-    ContextExists,
     SegmentNotFound,
     StoreError,
 )
-from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
+from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
 from terrarium.stores._changes import LogChanges
 from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import (
-    HEAD_ANY,
-    INSERT_COLD_HEAD,
-    INSERT_SESSION,
-    STATE,
-    SqlStore,
-    state_record,
-)
+from terrarium.stores._sqlbase import SqlStore
 from terrarium.stores.base import (
     INDEX_DB,
     Derived,
     NewEntry,
     PodMetadata,
-    header_line,
     iter_lines,
     wake_session,
 )
@@ -95,6 +86,7 @@ class SqliteStore(SqlStore):
 
     _READ_SEGMENT = sql.READ_SEGMENT
     _READ_TRACE = sql.READ_TRACE
+    _MOVE_HEAD = sql.MOVE_HEAD
 
     def __init__(
         self,
@@ -321,18 +313,6 @@ class SqliteStore(SqlStore):
                 if own:
                     conn.execute("COMMIT")
 
-    # ---------------------------------------------------------------- heads
-
-    def set_head(
-        self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
-    ) -> PodMetadata:
-        """Move the head if it is ``expected`` now (compare-and-set in one transaction)."""
-        with self._write() as conn:
-            head = self._head_to_move(conn, context, segment_id, expected)
-            now = utc_now()
-            conn.execute(sql.MOVE_HEAD, (str(segment_id), now, str(context)))
-        return PodMetadata(head.context, head.session_id, segment_id, head.created_at, now)
-
     # ---------------------------------------------------------------- change cursor
 
     def changes(self, after: str | None) -> tuple[list[SessionId] | None, str]:
@@ -389,44 +369,6 @@ class SqliteStore(SqlStore):
 
     # ---------------------------------------------------------------- contexts
 
-    def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
-        """Create the context's session, root segment (its header is entry 0) and head."""
-        ctx = ContextId.parse(context)
-        line = header_line(header)
-        session_id = uuid.UUID(str(line["session_id"]))
-        segment_id = uuid.UUID(str(line["segment_id"]))
-        ts = str(line["ts"])
-        s, g = str(session_id), str(segment_id)
-        with self._write() as conn:
-            if conn.execute(HEAD_ANY, (str(ctx), str(ctx))).fetchone():
-                raise ContextExists(f"context {ctx} already exists")
-            if conn.execute(sql.SESSION_EXISTS, (s,)).fetchone():
-                raise ConflictError(f"session {session_id} already exists")
-            conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, ts, ts))
-            conn.execute(INSERT_SESSION, (s, str(ctx), ts))
-            self._insert_segment(conn, session_id, segment_id, ctx.type, line)
-        return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
-
-    def attach_context(
-        self, context: ContextId, session_id: SessionId, segment_id: SegmentId
-    ) -> PodMetadata:
-        """Make ``context`` a new context on a detached session's segment, in one transaction.
-
-        A frozen session's head goes to ``archived_contexts``.
-        """
-        ctx = ContextId.parse(context)
-        s, g = str(session_id), str(segment_id)
-        with self._write() as conn:
-            created, frozen = self._attachable(conn, ctx, session_id, segment_id)
-            now = utc_now()
-            conn.execute(sql.ATTACH_SESSION, (str(ctx), s))
-            if frozen:
-                cold = (s, str(ctx), ctx.type, g, created, now)
-                conn.execute(INSERT_COLD_HEAD, cold)
-            else:
-                conn.execute(sql.INSERT_HEAD, (str(ctx), ctx.type, s, g, created, now))
-        return PodMetadata(str(ctx), session_id, segment_id, created, now)
-
     def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
         """Hold the context's lock exclusively, across threads and processes (``flock``).
 
@@ -451,9 +393,6 @@ class SqliteStore(SqlStore):
 
     def _thaw_rows(self, conn: sqlite3.Connection, session: str) -> None:
         lifecycle.thaw(conn, session)
-
-    def _detach_rows(self, conn: sqlite3.Connection, context: str, session: str) -> bool:
-        return lifecycle.detach(conn, context, session)
 
     def _drop_rows(self, conn: sqlite3.Connection, session: str) -> None:
         lifecycle.drop_hot(conn, session)
@@ -483,20 +422,6 @@ class SqliteStore(SqlStore):
 
     # ---------------------------------------------------------------- segments
 
-    def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
-        """Add a segment, with its header as entry 0, to an existing session."""
-        line = header_line(header)
-        segment_id = uuid.UUID(str(line["segment_id"]))
-        with self._write() as conn:
-            row = conn.execute(STATE, (str(session_id),)).fetchone()
-            if row is None:
-                raise SegmentNotFound(f"session {session_id} does not exist")
-            if "cold" in state_record(row[0]):  # frozen: back to the hot tables first
-                wake_session(self, session_id)
-            if self._segment_exists(conn, session_id, segment_id):
-                raise ConflictError(f"segment {segment_id} already exists")
-            self._insert_segment(conn, session_id, segment_id, "", line)
-
     def _insert_segment(
         self,
         conn: sqlite3.Connection,
@@ -507,7 +432,10 @@ class SqliteStore(SqlStore):
     ) -> None:
         # SQLite indexes no item as it writes it: the type goes unused.
         s, g, ts = str(session_id), str(segment_id), str(line["ts"])
-        seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
+        try:
+            seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
+        except sqlite3.IntegrityError:  # UNIQUE (session_id, segment_id)
+            raise ConflictError(f"segment {segment_id} already exists") from None
         conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
         self._record_refs(conn, s, [line])
 

@@ -1,9 +1,9 @@
 """``SqliteStore``'s frozen sessions: the physical moves under the shared lifecycle.
 
 Lifecycle itself is :mod:`terrarium.states`, over the state record
-``sessions.state`` (:class:`~terrarium.stores._sqlbase.SqlStore`); here are the rows a
-freeze, a thaw, a detach and a delete move, in the caller's write transaction. The tables
-(migration ``m001_initial``)::
+``sessions.state`` (:class:`~terrarium.stores._sqlbase.SqlStore`, which also drops a
+detached head); here are the rows a freeze, a thaw and a delete move, in the caller's write
+transaction. The tables (migration ``m001_initial``)::
 
     archived_contexts(session_id PK, context UNIQUE, type, segment_id, created_at, updated_at)
     archived_segments(session_id, segment_id, created_at, next_seq, lines, trace)
@@ -26,7 +26,13 @@ from __future__ import annotations
 import sqlite3
 
 from terrarium.stores._archive import envelopes, pack_session, unpack_lines
-from terrarium.stores._sqlbase import COLD_HEAD, DETACH, DROP_COLD, HOT_HEAD, INSERT_COLD_HEAD
+from terrarium.stores._sqlbase import (
+    COLD_HEAD,
+    DROP_COLD,
+    HOT_HEAD,
+    INSERT_COLD_HEAD,
+    INSERT_HEAD,
+)
 from terrarium.stores.sqlite import _sql as sql
 
 SESSION_TRACES = "SELECT segment_id, line FROM traces WHERE session_id = ? ORDER BY segment_id, id"
@@ -101,13 +107,6 @@ def thaw(conn: sqlite3.Connection, session: str) -> None:
         conn.executemany(sql.INSERT_TRACE, [(session, g, t) for t in unpack_lines(trace)])
     if head is not None:
         context, type_, g, created, updated = head
-        conn.execute(sql.INSERT_HEAD, (context, type_, session, g, created, updated))
+        conn.execute(INSERT_HEAD, (context, type_, session, g, created, updated))
     for statement in DROP_COLD:
         conn.execute(statement, (session,))
-
-
-def detach(conn: sqlite3.Connection, context: str, session: str) -> bool:
-    """Drop the head of ``context`` (hot or frozen) if it is on ``session``; whether it was."""
-    if conn.execute(DETACH[0], (context, session)).rowcount:
-        return True
-    return bool(conn.execute(DETACH[1], (context, session)).rowcount)

@@ -20,9 +20,7 @@ order (an ``INTEGER PRIMARY KEY``, so a ``VACUUM`` keeps it).
 
 from __future__ import annotations
 
-from terrarium.stores._sqlbase import HEADS, MAX_SEQ
-
-__all__ = ["MAX_SEQ"]
+from terrarium.stores._sqlbase import HEADS
 
 # ---------------------------------------------------------------------------- migrations
 
@@ -35,15 +33,9 @@ FORGET_MIGRATION = "DELETE FROM migrations WHERE name = ?"
 
 # ---------------------------------------------------------------------------- heads
 
-HEAD_SEGMENTS = "SELECT session_id, segment_id FROM contexts"
-CONTEXT_SESSION = "SELECT session_id FROM contexts WHERE context = ?"
-SESSION_CONTEXT = "SELECT context, created_at FROM contexts WHERE session_id = ?"
-SESSION_TYPE = "SELECT type FROM contexts WHERE session_id = ?"
-INSERT_HEAD = (
-    "INSERT INTO contexts (context, type, session_id, segment_id, created_at, updated_at) "
-    "VALUES (?, ?, ?, ?, ?, ?)"
+MOVE_HEAD = (
+    "UPDATE contexts SET updated_at = ?, segment_id = ? WHERE context = ? AND segment_id = ?"
 )
-MOVE_HEAD = "UPDATE contexts SET segment_id = ?, updated_at = ? WHERE context = ?"
 # Only hot heads are in contexts: a frozen session's is in archived_contexts.
 LIVE_HEAD = f"{HEADS} WHERE session_id = ?"
 
@@ -62,8 +54,6 @@ CHANGES_AFTER = (
 
 # ---------------------------------------------------------------------------- sessions, segments
 
-SESSION_EXISTS = "SELECT 1 FROM sessions WHERE session_id = ?"
-ATTACH_SESSION = "UPDATE sessions SET context = ? WHERE session_id = ? AND context IS NULL"
 # The new segment's key is the cursor's lastrowid.
 INSERT_SEGMENT = "INSERT INTO segments (session_id, segment_id, created_at) VALUES (?, ?, ?)"
 

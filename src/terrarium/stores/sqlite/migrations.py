@@ -40,26 +40,24 @@ def migrate(conn: sqlite3.Connection, *, where: str) -> list[str]:
     Each migration runs in its own ``BEGIN IMMEDIATE`` transaction with its record, and the
     list of applied names is read again under that lock, so processes opening the database at
     the same time apply each step once. The records of a database made before the squash are
-    rewritten to ``m001_initial`` first, in one transaction.
+    rewritten to ``m001_initial`` in the first such transaction.
 
     Raises:
         FormatVersionError: the database records a migration this version does not know.
     """
     conn.execute(sql.CREATE_MIGRATIONS)
     done: list[str] = []
-    applied = _applied(conn)
-    if MIGRATIONS.squashed(applied):
+    # The usual case, nothing to do, takes no write lock.
+    while MIGRATIONS.squashed(now := _applied(conn)) or MIGRATIONS.pending(now, where=where):
         with _db.immediate(conn):
-            old = MIGRATIONS.squashed(_applied(conn))
+            applied = _applied(conn)
+            old = MIGRATIONS.squashed(applied)
             conn.executemany(sql.FORGET_MIGRATION, [(name,) for name in old])
-    if not MIGRATIONS.pending(applied, where=where):
-        return done  # the usual case: no write lock taken
-    for step in MIGRATIONS:
-        with _db.immediate(conn):
-            if step in MIGRATIONS.pending(_applied(conn), where=where):
-                step.apply(conn)
-                conn.execute(sql.RECORD_MIGRATION, (step.name, utc_now()))
-                done.append(step.name)
+            pending = MIGRATIONS.pending(applied, where=where)
+            if pending:  # one step per transaction, like PostgreSQL's
+                pending[0].apply(conn)
+                conn.execute(sql.RECORD_MIGRATION, (pending[0].name, utc_now()))
+                done.append(pending[0].name)
     return done
 
 

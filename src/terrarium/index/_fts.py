@@ -1,10 +1,10 @@
 """Full-text search over SQLite FTS5: the ranking of the derived index (:mod:`terrarium.index`).
 
-It owns no data: the index keeps its FTS5 tables and hands this module a connection. What
-their searches share lives here: the query check (:func:`check_query`, also ``PostgresStore``'s),
+It owns no data: the index keeps its FTS5 tables and hands this module a connection. Here are
 the ranking (:class:`Ranker`), the same bm25 in Python (:func:`bm25`) for the entries searched
 by scanning (:func:`terrarium.search.scan`), and hits from marked snippets
-(:func:`assemble_hits`). Tokenising, folding and query terms are :mod:`terrarium.text`'s.
+(:func:`assemble_hits`). The query check is :func:`terrarium.stores._query.check_query`;
+tokenising, folding and query terms are :mod:`terrarium.text`'s.
 
 The trade-off: bm25 is what FTS5 computes, but a query with more than ``RANK_WINDOW`` matches
 is ranked among its most recent ``RANK_WINDOW`` only. On 1M messages that keeps a common word
@@ -21,8 +21,6 @@ Usage::
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import math
 import sqlite3
 import uuid
@@ -30,10 +28,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
-from terrarium.errors import InvalidQuery
-from terrarium.model import DATE_RE, ROLES, ContextId
 from terrarium.stores.base import SearchHit, SearchQuery
 from terrarium.text import (
     HIGHLIGHT_CLOSE,
@@ -48,8 +42,6 @@ from terrarium.text import (
 RANK_WINDOW = 2000
 #: Among few matches, terms in more than this share of all rows only filter, unranked.
 COMMON_SHARE = 0.05
-#: The longest accepted ``limit``.
-MAX_LIMIT = 1000
 
 # --------------------------------------------------------------------------- queries
 
@@ -57,42 +49,6 @@ MAX_LIMIT = 1000
 def fts5_phrases(terms: Iterable[str]) -> str:
     """Terms as FTS5 strings (each a phrase matched literally), implicitly ANDed."""
     return " ".join('"' + term.replace('"', '""') + '"' for term in terms)
-
-
-def check_query(query: SearchQuery) -> SearchQuery:
-    """Validate ``query`` and return it with its filters normalised.
-
-    ``context`` is parsed (``InvalidContextId`` if malformed); ``since`` becomes a UTC date
-    ``YYYY-MM-DD`` or an RFC 3339 time with ``Z``, comparable with entry timestamps.
-
-    Raises:
-        InvalidQuery: the text has no words, or ``limit``, ``role`` or ``since`` is invalid.
-    """
-    query_terms(query.text)
-    if not isinstance(query.limit, int) or not 1 <= query.limit <= MAX_LIMIT:
-        raise InvalidQuery(f"invalid limit {query.limit!r}: use 1 to {MAX_LIMIT}")
-    if query.role is not None and query.role not in ROLES:
-        raise InvalidQuery(f"invalid role {query.role!r}: use one of {', '.join(sorted(ROLES))}")
-    context = str(ContextId.parse(query.context)) if query.context is not None else None
-    since = _normalise_since(query.since) if query.since is not None else None
-    return msgspec.structs.replace(query, context=context, since=since)
-
-
-def _normalise_since(since: str) -> str:
-    if isinstance(since, str) and DATE_RE.fullmatch(since):
-        with contextlib.suppress(ValueError):
-            dt.date.fromisoformat(since)
-            return since
-    try:
-        moment = dt.datetime.fromisoformat(str(since).replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidQuery(
-            f"invalid since {since!r}: use a date or time such as 2026-11-01 or "
-            "2026-11-01T12:00:00Z"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 LONG_BODY = 16_384
