@@ -25,9 +25,10 @@ import re
 import sys
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from itertools import compress, repeat
 from typing import Any, Literal
+
+import msgspec
 
 from terrarium.codec import MAX_DEPTH
 from terrarium.errors import BlobNotFound, CorruptLog, InvalidEntry
@@ -87,8 +88,7 @@ def check_digest(digest: str) -> str:
     return digest
 
 
-@dataclass(frozen=True, slots=True)
-class LazyBlob:
+class LazyBlob(msgspec.Struct, frozen=True):
     """A large string left in its blob: what ``restore(..., blobs="lazy")`` puts in its place."""
 
     digest: str
@@ -99,7 +99,7 @@ class LazyBlob:
     """The text's length in characters."""
     preview: str
     """The string the entry holds: the text's first characters and a note of the rest."""
-    store: BlobStore = field(repr=False, compare=False)
+    store: BlobStore
 
     def read(self) -> str:
         """The whole text, read from the blob and checked against its digest.

@@ -9,8 +9,6 @@ file of the same name.
 from __future__ import annotations
 
 import contextlib
-import difflib
-import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,6 +71,8 @@ def missing(state: CliState, context: ContextId) -> ContextNotFound:
     close = similar(context, [row.context_id for row in rows])
     if not close:
         return error
+    import shlex  # an error path: not imported by every command
+
     shown = " or ".join(shlex.quote(candidate) for candidate in close)
     return ContextNotFound(f"{error}; did you mean {shown}?")
 
@@ -82,6 +82,8 @@ def similar(context: ContextId, candidates: list[str]) -> list[str]:
 
     Then names ``difflib`` finds alike (names, not ids: a shared ``cli:`` makes ids look alike).
     """
+    import difflib  # an error path: not imported by every command
+
     by_name: dict[str, list[str]] = {}
     for candidate in candidates:
         by_name.setdefault(candidate.partition(":")[2], []).append(candidate)

@@ -25,8 +25,9 @@ import math
 import sqlite3
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from terrarium.stores.base import SearchHit, SearchQuery
 from terrarium.text import (
@@ -172,8 +173,7 @@ def nth_match(conn: sqlite3.Connection, table: str, match: str, n: int) -> int |
     return None if row is None else int(row[0])
 
 
-@dataclass(frozen=True, slots=True)
-class Fts5Tables:
+class Fts5Tables(msgspec.Struct, frozen=True):
     """Where an FTS5 search index keeps its rows (see :class:`Ranker`)."""
 
     recent: str

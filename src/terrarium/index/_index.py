@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from terrarium.errors import IndexUnavailable
 from terrarium.index import _sql as sql
@@ -60,8 +60,6 @@ from terrarium.stores.base import (
     SearchHit,
     SearchQuery,
 )
-from terrarium.stores.fs._changes import FsChanges
-from terrarium.stores.fs._shape import ShapeChange
 from terrarium.text import (
     ELLIPSIS,
     HIGHLIGHT_CLOSE,
@@ -69,6 +67,10 @@ from terrarium.text import (
     SNIPPET_TOKENS,
     query_terms,
 )
+
+if TYPE_CHECKING:
+    from terrarium.stores.fs._changes import FsChanges
+    from terrarium.stores.fs._shape import ShapeChange
 
 __all__ = ["DB_NAME", "IndexStats", "SearchIndex"]
 
@@ -103,10 +105,12 @@ class SearchIndex:
                 root.
             clock: wall-clock seconds, for the watch window (tests pass a fake).
         """
-        if not isinstance(source, FsChanges | LogChanges):
+        if isinstance(source, str | os.PathLike):
+            from terrarium.stores.fs._changes import FsChanges  # not on a cursor store's path
+
             source = FsChanges(Path(source).absolute())
         self.source: Source = source
-        self._files = source if isinstance(source, FsChanges) else None
+        self._files = None if isinstance(source, LogChanges) else source
         """The filesystem store's markers and shape; None: the store has a change cursor."""
         self._cursor = source if isinstance(source, LogChanges) else None
         # Checked at each open (_checked_path), not here: a link out of the root is refused.
@@ -328,7 +332,8 @@ class SearchIndex:
         items = self.stats.items
         with _db.immediate(conn):  # the others wait for it, then find little left to do
             claimed = self._update(conn, full=full, now=now, shape=shape)
-        FsChanges.release(claimed)
+        if self._files is not None:
+            self._files.release(claimed)
         if self.stats.items - items >= _OPTIMIZE_AFTER:
             self._optimize(conn)
         return True
@@ -368,7 +373,8 @@ class SearchIndex:
                 conn.execute(statement)
             conn.execute(sql.RESET_RECENT_FLOOR)
             claimed = self._update(conn, full=True, now=self.clock())
-        FsChanges.release(claimed)
+        if self._files is not None:
+            self._files.release(claimed)
         self._optimize(conn)
         return int(conn.execute(sql.COUNT_SESSIONS).fetchone()[0])
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import msgspec
 
 from terrarium.errors import CorruptLog, StoreError
 from terrarium.index import _sql as sql
@@ -26,8 +27,7 @@ from terrarium.text import prepare_text
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class IndexStats:
+class IndexStats(msgspec.Struct):
     """Counters of the work refreshes did, for tests and benchmarks."""
 
     refreshes: int = 0
@@ -41,8 +41,7 @@ class IndexStats:
     """History items indexed."""
 
 
-@dataclass
-class SegmentRow:
+class SegmentRow(msgspec.Struct):
     """A segment row, as the refresh works on it."""
 
     id: int
@@ -83,8 +82,7 @@ class SegmentRow:
         )
 
 
-@dataclass
-class SessionRow:
+class SessionRow(msgspec.Struct):
     """A session row, as the refresh works on it."""
 
     id: int
@@ -93,7 +91,7 @@ class SessionRow:
     tid: int
     values: tuple[Any, ...] = ()
     """The head-derived columns as stored (see ``IndexUpdate.index_folder``)."""
-    segments: dict[str, SegmentRow] = field(default_factory=dict)
+    segments: dict[str, SegmentRow] = msgspec.field(default_factory=dict)
 
     @property
     def head_problem(self) -> str | None:

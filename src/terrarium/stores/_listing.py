@@ -15,8 +15,9 @@ The contract tests hold every backend to the same page picked from a whole listi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from terrarium.errors import InvalidQuery
 from terrarium.stores.base import LISTING_SORTS, ListingQuery
@@ -52,8 +53,7 @@ def check(query: ListingQuery) -> ListingQuery:
     return query
 
 
-@dataclass(frozen=True, slots=True)
-class Dialect:
+class Dialect(msgspec.Struct, frozen=True):
     """How one database spells the parts of a page's statement."""
 
     mark: str

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+import msgspec
 
 from terrarium.errors import FormatVersionError
 
@@ -65,8 +66,7 @@ RESPONSES_PARTS_SQL = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Migration(Generic[C]):
+class Migration(msgspec.Struct, Generic[C], frozen=True):
     """One named schema change."""
 
     name: str

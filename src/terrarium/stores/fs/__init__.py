@@ -38,9 +38,10 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+
+import msgspec
 
 from terrarium import codec
 from terrarium.blobs import DEFAULT_THRESHOLD
@@ -153,8 +154,7 @@ class _Moved(Exception):
     """An append found its file deleted or sealed by a freeze: it looks the session up again."""
 
 
-@dataclass
-class _Open:
+class _Open(msgspec.Struct):
     """A cached writable descriptor and what this process last knew of the file."""
 
     fd: int

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from terrarium.stores._files import scandir
 from terrarium.stores.fs._layout import ARCHIVE
@@ -31,16 +32,15 @@ Shape = dict[str, list[Any]]
 """Type folder name -> [stamp or None, sorted date folder names]."""
 
 
-@dataclass
-class ShapeChange:
+class ShapeChange(msgspec.Struct):
     """What moved since the shape the index holds, and the shape to hold next."""
 
     shape: Shape
     changed: bool = False
     """Whether ``shape`` differs from the one held (it must then be stored)."""
-    added: list[str] = field(default_factory=list)
+    added: list[str] = msgspec.field(default_factory=list)
     """Date folders (``type/date``) that appeared, to walk."""
-    removed: list[str] = field(default_factory=list)
+    removed: list[str] = msgspec.field(default_factory=list)
     """Date folders (``type/date``) that vanished: their sessions are looked at again."""
 
     @property
