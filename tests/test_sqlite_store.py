@@ -22,6 +22,7 @@ import pytest
 
 from helpers.history import add_context, places, snippets
 from terrarium import codec, index, states
+from terrarium.copy import copy_store
 from terrarium.errors import ConflictError, SegmentNotFound, StoreError
 from terrarium.model import ContextId
 from terrarium.search import scan
@@ -81,6 +82,35 @@ def test_not_a_database_is_a_store_error(tmp_path: Path) -> None:
     path.write_bytes(b"this is not a database, just some text " * 100)
     with pytest.raises(StoreError, match=r"notes\.txt"):
         SqliteStore(path)
+
+
+def test_a_database_without_the_change_cursor_says_to_copy_it(db: Path, tmp_path: Path) -> None:
+    """A database of a development build before the change cursor (no ``changes`` table) still
+    reads; listing and search fail in one line that says how to copy it into a new store."""
+    with SqliteStore(db) as store:
+        create_segment(store, context=MAIN)
+        head = store.get_head(MAIN)
+        assert head is not None
+        save_user_input(store, head, "kept")
+    conn = sqlite3.connect(db)
+    for trigger in ("changes_on_head", "changes_on_move", "changes_on_drop"):
+        conn.execute(f"DROP TRIGGER {trigger}")
+    conn.execute("DROP TABLE changes")
+    conn.commit()
+    conn.close()
+    with SqliteStore(db) as old:
+        assert [e["item"]["content"] for e in restore_items(old)] == ["kept"]
+        with pytest.raises(StoreError, match=r"earlier development build.*terrarium copy sqlite"):
+            index.listing(old).list_contexts_fast()
+        with SqliteStore(tmp_path / "new.db") as new:
+            copy_store(old, new)
+            assert [r.context for r in index.listing(new).list_contexts_fast()] == [str(MAIN)]
+
+
+def restore_items(store: SqliteStore) -> list[dict[str, Any]]:
+    head = store.get_head(MAIN)
+    assert head is not None
+    return store.read_segment(head.session_id, head.segment_id).entries
 
 
 def test_closed_store_refuses_calls(db: Path) -> None:

@@ -364,7 +364,19 @@ class SqliteStore(SqlStore):
             self._give_back(conn)
 
     def index_source(self) -> LogChanges:
-        """What the derived index reads (``Indexed``); its database is beside this one."""
+        """What the derived index reads (``Indexed``); its database is beside this one.
+
+        Raises:
+            StoreError: the database was made by a development build that kept no change
+                cursor (no ``changes`` table); its logs read, and copy into a new store.
+        """
+        with self._read() as conn:
+            if conn.execute(sql.HAS_CHANGES).fetchone() is None:
+                raise StoreError(
+                    f"{self.path}: made by an earlier development build of terrarium, with no "
+                    f"change cursor to list or search by; copy it into a new store: terrarium "
+                    f"copy sqlite:///{self.path.resolve()} sqlite:///NEW.db"
+                )
         return LogChanges(self, self.path.with_name(f"{self.path.name}.{INDEX_DB}"))
 
     # ---------------------------------------------------------------- contexts

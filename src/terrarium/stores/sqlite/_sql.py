@@ -41,6 +41,8 @@ LIVE_HEAD = f"{HEADS} WHERE session_id = ?"
 
 # ---------------------------------------------------------------------------- change cursor
 
+# Whether the database keeps the change cursor (not those of development builds before it).
+HAS_CHANGES = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'changes'"
 # The newest entry id ever handed out, and the newest head change.
 CHANGES_TOP = (
     "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'entries'), 0), "
