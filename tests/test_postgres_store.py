@@ -8,6 +8,7 @@ gets a fresh schema in this run's throwaway database (see tests/pg.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import multiprocessing
 import random
@@ -26,7 +27,9 @@ psycopg = pytest.importorskip("psycopg")
 
 from helpers.history import add_context, places  # noqa: E402
 from terrarium import codec  # noqa: E402
+from terrarium.agent.multi_context_manager import MultiContextManager  # noqa: E402
 from terrarium.errors import ConflictError, SegmentNotFound, StoreError  # noqa: E402
+from terrarium.llm.vllm_client import ChatResult  # noqa: E402
 from terrarium.model import ContextId, SegmentOrigin  # noqa: E402
 from terrarium.sessions import (  # noqa: E402
     append_entry,
@@ -556,3 +559,49 @@ def test_delete_racing_appends_leaves_no_orphans(
     for table in ("sessions", "archived_contexts", "archived_segments"):
         count = sql.execute(f"SELECT count(*) FROM {table} WHERE session_id = %s", (session_id,))
         assert count.fetchone() == (0,), table
+
+
+class _Echo:
+    """A model that answers at once with the last message it was sent."""
+
+    on_trace = None
+
+    async def chat(self, messages: Any, **params: Any) -> ChatResult:
+        text = f"echo: {messages[-1]['content']}"
+        message = {"role": "assistant", "content": text}
+        return ChatResult(
+            message=message, text=text, usage=None, finish_reason="stop", model="echo"
+        )
+
+
+def test_a_turn_is_five_statements_and_sees_another_writer(
+    store: PostgresStore,
+    pg_database: str,  # noqa: F811
+    schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A turn on a cached context: the lock, one read of its head and tail, the input's and
+    the reply's appends, the unlock. Another process's append between turns is still seen."""
+    statements: list[str] = []
+    execute = psycopg.Connection.execute
+
+    def counted(conn: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        statements.append(str(query))
+        return execute(conn, query, *args, **kwargs)
+
+    manager = MultiContextManager(_Echo(), store=store)  # type: ignore[arg-type]
+    try:
+        assert asyncio.run(manager.process_with_context("cli:main", "one")) == "echo: one"
+        monkeypatch.setattr(psycopg.Connection, "execute", counted)
+        assert asyncio.run(manager.process_with_context("cli:main", "two")) == "echo: two"
+        assert len(statements) == 5, statements
+        with PostgresStore(pg_database, schema=schema) as other:
+            head = other.get_head(MAIN)
+            assert head is not None
+            append_entry(
+                other, head, "user_input", {"item": {"role": "user", "content": "another"}}
+            )
+        reply = asyncio.run(manager.process_with_context("cli:main", "three"))
+        assert "another" in reply and "three" in reply  # the users' two messages, folded
+    finally:
+        manager.close()

@@ -18,7 +18,7 @@ from terrarium.index import listing as lister
 from terrarium.model import ContextId, TraceEntry
 from terrarium.search import search
 from terrarium.sessions import restore, save_delta
-from terrarium.stores.base import Lifecycle, Listing, SearchQuery, Store
+from terrarium.stores.base import Lifecycle, Listing, SearchQuery, Store, head_and_tail
 
 MAIN = ContextId("cli", "main")
 OTHER = ContextId("irc", "#python")
@@ -306,3 +306,24 @@ def test_a_plan_by_age_skips_pins_and_names_take_them(store: Store) -> None:
     assert [(r["action"], r["context"], r["why"]) for r in records] == [
         ("archive", str(MAIN), "test")
     ]
+
+
+def test_head_and_tail_agree_with_the_head_and_next_seq(store: Store) -> None:
+    """head_and_tail (one read on a store with HeadTail) gives get_head and next_seq's
+    answers: for a hot context after an append, an archived one, and None for none."""
+    lc = seeded(store)
+    for context in (MAIN, OTHER):
+        head = store.get_head(context)
+        assert head is not None
+        assert head_and_tail(store, context) == (
+            head,
+            store.next_seq(head.session_id, head.segment_id),
+        )
+    before = head_and_tail(store, MAIN)
+    assert before is not None
+    save_delta(store, before[0], [{"role": "user", "content": "delta"}])
+    after = head_and_tail(store, MAIN)
+    assert after is not None and after[1] == before[1] + 1
+    states.archive_context(lc, MAIN)
+    assert head_and_tail(store, MAIN) == after
+    assert head_and_tail(store, ContextId("cli", "nobody")) is None

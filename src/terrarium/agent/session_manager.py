@@ -37,7 +37,13 @@ from terrarium.model import (
     item_text,
     utc_now,
 )
-from terrarium.stores.base import ContextLocking, PodActiveSegmentRef, PodMetadata, Store
+from terrarium.stores.base import (
+    ContextLocking,
+    PodActiveSegmentRef,
+    PodMetadata,
+    Store,
+    head_and_tail,
+)
 from terrarium.stores.memory import MemoryStore
 
 MESSAGE_ROLES = ("user", "assistant")
@@ -376,13 +382,14 @@ class PersistentSession:
         """Bring the state up to the store; False when the context was deleted from under it."""
         if self._pending:
             return True  # unsaved work is newer than the store by definition
-        head = self.store.get_head(self.context)
-        if head is None:
+        found = head_and_tail(self.store, self.context)  # one round trip where the store can
+        if found is None:
             return self._source is not None
+        head, tail = found
         if (
             self._source is None
             and head.segment_id == self.state.segment_id
-            and self.store.next_seq(head.session_id, head.segment_id) == self.state.next_seq
+            and tail == self.state.next_seq
         ):
             return True
         self._reset(sessions.restore_by_segment(self.store, head.session_id, head.segment_id))

@@ -290,6 +290,30 @@ def context_lock(store: Store, context: ContextId) -> AbstractContextManager[Non
 
 
 @runtime_checkable
+class HeadTail(Protocol):
+    """A store that reads a context's head and its segment's next seq in one round trip."""
+
+    def head_and_tail(self, context: ContextId) -> tuple[PodMetadata, int] | None:
+        """The context's head and the next seq of its segment; None when it does not exist."""
+        ...
+
+
+def head_and_tail(store: Store, context: ContextId) -> tuple[PodMetadata, int] | None:
+    """The context's head and its segment's next seq (two reads on a store without HeadTail)."""
+    if isinstance(store, HeadTail):
+        return store.head_and_tail(context)
+    return head_then_tail(store, context)
+
+
+def head_then_tail(store: Store, context: ContextId) -> tuple[PodMetadata, int] | None:
+    """:func:`head_and_tail` in two reads: the head, then its segment's next seq."""
+    head = store.get_head(context)
+    if head is None:
+        return None
+    return head, store.next_seq(head.session_id, head.segment_id)
+
+
+@runtime_checkable
 class Reindexable(Protocol):
     """A store with a derived index that can be rebuilt from the primary data."""
 

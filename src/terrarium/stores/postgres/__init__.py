@@ -53,8 +53,10 @@ from terrarium.stores.base import (
     ContextSummary,
     ListingQuery,
     NewEntry,
+    PodMetadata,
     SearchHit,
     SearchQuery,
+    head_then_tail,
     iter_lines,
     wake_session,
 )
@@ -594,6 +596,17 @@ class PostgresStore(SqlStore):
         params["tss"] = [line["ts"] for line in lines]
         params["lines"] = [codec.encode(line).decode() for line in lines]
         return _sql.APPEND_MANY, params
+
+    @retried
+    def head_and_tail(self, context: ContextId) -> tuple[PodMetadata, int] | None:
+        """The context's head and its segment's next seq: one statement for a hot context."""
+        with self._read() as conn:
+            row = conn.execute(_sql.HEAD_TAIL, (str(context),), prepare=True).fetchone()
+        if row is None:  # frozen (or gone): the reads that find it there
+            return head_then_tail(self, context)
+        head, tail = self._head(row), int(row[5])
+        self._seen.remember((head.session_id, head.segment_id), tail, None)
+        return head, tail
 
     def _next_seq(
         self, conn: psycopg.Connection[Any], session_id: SessionId, segment_id: SegmentId
