@@ -599,3 +599,29 @@ def test_delete_or_purge_waiting_on_a_wake_finds_the_context_hot(
             assert [(t.context, t.archived) for t in trashed] == [("cli:main", False)]
         else:
             assert trashed == [] and _rows(store, "sessions", head.session_id) == 0
+
+
+@pytest.mark.parametrize("look", ["_next_seq", "_hot_ids"])
+def test_a_read_finds_a_session_thawed_just_after_it_missed(
+    store: Any, monkeypatch: pytest.MonkeyPatch, look: str
+) -> None:
+    """next_seq and list_segments find a frozen session that a thaw moves back to the hot
+    tables just after their look at them missed: their second look reads the hot and the
+    frozen rows in one snapshot."""
+    head = add_context(store, "cli:main", "hello")
+    segments = store.list_segments(head.session_id)
+    assert states.archive_context(store, MAIN) is not None
+    hot_look = getattr(store, look)
+
+    def look_then_thaw(*args: Any) -> Any:
+        monkeypatch.setattr(store, look, hot_look)  # once
+        try:
+            return hot_look(*args)
+        finally:  # a miss, here: a thaw by another connection commits now
+            assert states.unarchive_context(store, MAIN)
+
+    monkeypatch.setattr(store, look, look_then_thaw)
+    if look == "_next_seq":
+        assert store.next_seq(head.session_id, head.segment_id) == 2
+    else:
+        assert store.list_segments(head.session_id) == segments

@@ -605,3 +605,14 @@ def test_a_turn_is_five_statements_and_sees_another_writer(
         assert "another" in reply and "three" in reply  # the users' two messages, folded
     finally:
         manager.close()
+
+
+def test_the_read_of_a_frozen_segment_sees_one_snapshot(store: PostgresStore, sql: Any) -> None:
+    """read_segment's miss path reads the hot and the frozen rows in one snapshot: a change
+    committed between its statements (a thaw) is not half seen."""
+    create_segment(store, context=MAIN)
+    with store._snapshot() as conn:
+        before = conn.execute("SELECT updated_at FROM contexts").fetchall()
+        sql.execute("UPDATE contexts SET updated_at = 'later'")
+        assert conn.execute("SELECT updated_at FROM contexts").fetchall() == before
+    assert sql.execute("SELECT updated_at FROM contexts").fetchall() == [("later",)]

@@ -26,6 +26,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 import uuid
@@ -426,6 +427,9 @@ class SqlStore(ClosingStore):
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
         """The seq the next append gets."""
         with self._read() as conn:
+            with contextlib.suppress(SegmentNotFound):
+                return self._next_seq(conn, session_id, segment_id)
+        with self._snapshot() as conn:  # frozen, or moving: see read_segment
             try:
                 return self._next_seq(conn, session_id, segment_id)
             except SegmentNotFound:
@@ -437,10 +441,10 @@ class SqlStore(ClosingStore):
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
         """The session's segment ids, oldest first (UUIDv7 order)."""
         with self._read() as conn:
-            rows = conn.execute(self._q(SEGMENT_IDS), (self._sid(session_id),))
-            ids = [self._uuid(row[0]) for row in rows]
-            if not ids:
-                ids = self._cold_ids(conn, session_id)
+            ids = self._hot_ids(conn, session_id)
+        if not ids:
+            with self._snapshot() as conn:  # frozen, or moving: see read_segment
+                ids = self._hot_ids(conn, session_id) or self._cold_ids(conn, session_id)
         if not ids:
             raise SegmentNotFound(f"session {session_id} does not exist")
         return sorted(ids)
@@ -458,6 +462,10 @@ class SqlStore(ClosingStore):
                     )
                 return cold
         return [decode(row[0]) for row in rows]
+
+    def _hot_ids(self, conn: Any, session_id: SessionId) -> list[SegmentId]:
+        rows = conn.execute(self._q(SEGMENT_IDS), (self._sid(session_id),))
+        return [self._uuid(row[0]) for row in rows]
 
     def _segment_exists(self, conn: Any, session_id: SessionId, segment_id: SegmentId) -> bool:
         ids = (self._sid(session_id), self._sid(segment_id))

@@ -64,6 +64,7 @@ from terrarium.stores.base import (
 try:
     import psycopg
     from psycopg import errors as pg_errors
+    from psycopg import pq
     from psycopg.rows import args_row
     from psycopg_pool import PoolTimeout
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -401,6 +402,19 @@ class PostgresStore(SqlStore):
         """A transaction (a savepoint inside one) on the connection :meth:`_read` gives."""
         with self._read() as conn, conn.transaction():
             yield conn
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection in a ``REPEATABLE READ`` transaction: one snapshot for every statement
+        (autocommitted ones could miss a segment that a thaw moves between them); inside a
+        lifecycle call's transaction, that one."""
+        with self._read() as conn:
+            if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+                yield conn
+                return
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                yield conn
 
     def _hold_name(self, conn: psycopg.Connection[Any], context: str) -> None:
         _lifecycle.lock_name(conn, self.schema, context)
