@@ -398,3 +398,24 @@ def test_a_memory_store_keeps_its_index_in_a_private_folder_it_removes() -> None
     assert found.stats.sessions == sessions + 1
     store.close()
     assert not folder.exists()
+
+
+def test_closing_a_memory_store_while_its_index_reads_it_does_not_deadlock() -> None:
+    """A refresh holds the index's lock while it takes the store's (``changes``); closing the
+    store must not hold the store's lock while it waits for the index's."""
+    from terrarium.stores.memory import MemoryStore
+
+    store = MemoryStore()
+    add_context(store, "cli:a", "omega one")
+    found = of(store)
+    assert found is not None
+    with found._lock:  # as a refresh holds it
+        closing = threading.Thread(target=store.close)
+        closing.start()
+        closing.join(0.2)  # close is now waiting for the index's lock
+        reading = threading.Thread(target=store.changes, args=(None,))
+        reading.start()
+        reading.join(5)
+        assert not reading.is_alive()  # the store's lock is free meanwhile
+    closing.join(5)
+    assert not closing.is_alive()
