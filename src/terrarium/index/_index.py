@@ -40,7 +40,6 @@ from terrarium.errors import IndexUnavailable
 from terrarium.index import _sql as sql
 from terrarium.index._fts import (
     LONG_BODY,
-    Fts5Tables,
     Ranker,
     assemble_hits,
     body_match,
@@ -126,7 +125,7 @@ class SearchIndex:
         self.readonly_reason: str | None = None
         """Why it was opened read-only (``read-only``, or a full disk), for messages."""
         self._warned: set[str] = set()
-        self._ranker = Ranker(Fts5Tables(recent=sql.FTS_RECENT, docs="docs"))
+        self._ranker = Ranker()
         self._reader_lock = threading.Lock()
         self._read_conn: sqlite3.Connection | None = None
         self._read_ino: int | None = None
