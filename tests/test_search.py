@@ -15,7 +15,7 @@ import pytest
 
 from helpers.bench import run_bench
 from helpers.history import QUERY_SYNTAX, add_context, snippets, user_item
-from terrarium import FsStore, codec, states
+from terrarium import FsStore, SqliteStore, codec, states
 from terrarium import text as text_module
 from terrarium.index import _fts as fts
 from terrarium.index import _index as fs_search
@@ -28,6 +28,7 @@ from terrarium.stores.base import (
     NewEntry,
     PodActiveSegmentRef,
     SearchQuery,
+    Store,
     iter_lines,
 )
 from terrarium.stores.fs._changes import mark_dirty
@@ -39,7 +40,7 @@ def store(tmp_path: Path) -> Iterator[FsStore]:
         yield fs
 
 
-def _integrity(store: FsStore) -> None:
+def _integrity(store: Store) -> None:
     """Both FTS5 tables agree with their content table (a wrong 'delete' breaks this)."""
     conn = sqlite3.connect(of(store).path)
     try:
@@ -111,8 +112,31 @@ def test_an_idle_search_reads_no_segment(store: FsStore) -> None:
 
 def test_concurrent_indexers_never_index_an_item_twice(store: FsStore) -> None:
     """Refreshes in several connections (processes) serialise; each item is indexed once."""
+    _index_concurrently(store, [SearchIndex(store.root) for _ in range(2)])
+    _integrity(store)
+
+
+def test_concurrent_indexers_of_a_change_cursor_never_index_an_item_twice(
+    tmp_path: Path,
+) -> None:
+    """The same with SQLite stores on one database, each with its own index connection: the
+    refreshes follow the change cursor in turn."""
+    store = SqliteStore(tmp_path / "t.db")
+    others = [SqliteStore(store.path) for _ in range(2)]
+    try:
+        indexes = [of(other) for other in others]
+        assert all(index is not None for index in indexes)
+        _index_concurrently(store, [index for index in indexes if index is not None])
+        _integrity(store)
+    finally:
+        for other in (*others, store):
+            other.close()
+
+
+def _index_concurrently(store: Store, indexes: list[SearchIndex]) -> None:
+    """Searches through ``indexes`` while another thread appends; then every index holds each
+    item once. Closes the indexes."""
     heads = [add_context(store, f"cli:c{i}") for i in range(4)]
-    indexes = [SearchIndex(store.root) for _ in range(2)]
     errors: list[BaseException] = []
 
     def write() -> None:
@@ -143,7 +167,6 @@ def test_concurrent_indexers_never_index_an_item_twice(store: FsStore) -> None:
     finally:
         for index in indexes:
             index.close()
-    _integrity(store)
 
 
 class FakeClock:
@@ -398,3 +421,24 @@ def test_a_memory_store_keeps_its_index_in_a_private_folder_it_removes() -> None
     assert found.stats.sessions == sessions + 1
     store.close()
     assert not folder.exists()
+
+
+def test_closing_a_memory_store_while_its_index_reads_it_does_not_deadlock() -> None:
+    """A refresh holds the index's lock while it takes the store's (``changes``); closing the
+    store must not hold the store's lock while it waits for the index's."""
+    from terrarium.stores.memory import MemoryStore
+
+    store = MemoryStore()
+    add_context(store, "cli:a", "omega one")
+    found = of(store)
+    assert found is not None
+    with found._lock:  # as a refresh holds it
+        closing = threading.Thread(target=store.close)
+        closing.start()
+        closing.join(0.2)  # close is now waiting for the index's lock
+        reading = threading.Thread(target=store.changes, args=(None,))
+        reading.start()
+        reading.join(5)
+        assert not reading.is_alive()  # the store's lock is free meanwhile
+    closing.join(5)
+    assert not closing.is_alive()

@@ -11,7 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from helpers.web import seed
-from terrarium import FsStore
+from terrarium import FsStore, MemoryStore
 from terrarium.index import listing as lister
 from terrarium.model import SegmentStartState
 from terrarium.sessions import create_segment
@@ -34,6 +34,17 @@ def test_the_index_read_as_it_stands_and_its_backlog(store: FsStore) -> None:
     assert lister(store).index_backlog() >= 1  # its marker (and the sessions still watched)
     assert "cli:late" in {s.context for s in lister(store).list_contexts_fast()}
     assert "cli:late" in {s.context for s in lister(store).list_contexts_as_indexed("cli")}
+
+
+def test_the_backlog_of_a_store_with_a_change_cursor() -> None:
+    store = MemoryStore()
+    seed(store)
+    assert lister(store).index_backlog() == 3  # never built: every context
+    lister(store).catch_up_index()
+    assert lister(store).index_backlog() == 0
+    create_segment(store, SegmentStartState(), context="cli:late")
+    assert lister(store).index_backlog() == 1  # the one session written since
+    store.close()
 
 
 def test_a_big_backlog_is_caught_up_in_the_background(store: FsStore, monkeypatch: Any) -> None:

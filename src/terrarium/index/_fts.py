@@ -14,8 +14,7 @@ Usage::
 
     q = check_query(SearchQuery("deploy failed", limit=20))
     phrases = [fts5_phrases([term]) for term in query_terms(q.text)]
-    ranker = Ranker(Fts5Tables(recent="search_recent", docs="search_docs"))
-    ranked = ranker.rank(conn, "search_fts", phrases, "", q, rows)  # [(rowid, score)]
+    ranked = Ranker().rank(conn, "fts", phrases, "", q, rows)  # [(rowid, score)]
     hits = assemble_hits(ranked, meta, snippets)
 """
 
@@ -27,8 +26,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import msgspec
-
+from terrarium.index._sql import FTS_RECENT
 from terrarium.stores.base import SearchHit, SearchQuery
 from terrarium.text import (
     HIGHLIGHT_CLOSE,
@@ -173,15 +171,6 @@ def nth_match(conn: sqlite3.Connection, table: str, match: str, n: int) -> int |
     return None if row is None else int(row[0])
 
 
-class Fts5Tables(msgspec.Struct, frozen=True):
-    """Where an FTS5 search index keeps its rows (see :class:`Ranker`)."""
-
-    recent: str
-    """An FTS5 table (columns ``body``, ``tags``) of the newest rows only."""
-    docs: str
-    """A table whose ``id`` is the FTS5 rowid and whose ``ts`` is the row's time."""
-
-
 class Ranker:
     """bm25 ranking (``k1=1.2``, ``b=0.75``, FTS5's own) over the text column of an FTS5 index.
 
@@ -203,7 +192,7 @@ class Ranker:
       rowid order (FTS5 walks a long doclist backwards page by page: finding the newest
       matches of a rare word ANDed with a common one that way cost 10 ms);
     * any other query is first walked newest first: with more than ``RANK_WINDOW`` matches it
-      is ranked among its most recent ``RANK_WINDOW`` matches in the second, smaller table of
+      is ranked among its most recent ``RANK_WINDOW`` matches in ``fts_recent``, the table of
       the newest items, where even a common word is cheap to weigh (falling back to the whole
       index when that finds too few). Such words carry almost no information, and for them
       recency is the better order anyway;
@@ -220,8 +209,7 @@ class Ranker:
     and at worst two threads class the same term.
     """
 
-    def __init__(self, tables: Fts5Tables) -> None:
-        self.tables = tables
+    def __init__(self) -> None:
         # (table, phrase) -> (class: 0 few, 1 between, 2 common; rows when classed)
         self._classes: dict[tuple[str, str], tuple[int, int]] = {}
 
@@ -259,8 +247,8 @@ class Ranker:
             # Ranking by common terms alone would walk all their rows to apply the filters.
             rank_match = body_match(informative) if informative else match
             return self._ranked(conn, table, rank_match, match, None, q)
-        recent = nth_match(conn, self.tables.recent, match, window)
-        ranked = self._ranked(conn, self.tables.recent, body, match, recent, q)
+        recent = nth_match(conn, FTS_RECENT, match, window)
+        ranked = self._ranked(conn, FTS_RECENT, body, match, recent, q)
         if len(ranked) >= q.limit:
             return ranked
         ranked = self._ranked(conn, table, body, match, bound, q)
@@ -313,9 +301,8 @@ class Ranker:
                 args.append(floor)
             where += ")"
         if q.since is not None:
-            docs = self.tables.docs
-            sql += f" JOIN {docs} ON {docs}.id = {table}.rowid"
-            where += f" AND {docs}.ts >= ?"
+            sql += f" JOIN docs ON docs.id = {table}.rowid"
+            where += " AND docs.ts >= ?"
             args.append(q.since)
         args.append(q.limit)
         rows = conn.execute(f"{sql}{where} ORDER BY r, {table}.rowid DESC LIMIT ?", args)

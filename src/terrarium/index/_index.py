@@ -40,7 +40,6 @@ from terrarium.errors import IndexUnavailable
 from terrarium.index import _sql as sql
 from terrarium.index._fts import (
     LONG_BODY,
-    Fts5Tables,
     Ranker,
     assemble_hits,
     body_match,
@@ -126,7 +125,7 @@ class SearchIndex:
         self.readonly_reason: str | None = None
         """Why it was opened read-only (``read-only``, or a full disk), for messages."""
         self._warned: set[str] = set()
-        self._ranker = Ranker(Fts5Tables(recent=sql.FTS_RECENT, docs="docs"))
+        self._ranker = Ranker()
         self._reader_lock = threading.Lock()
         self._read_conn: sqlite3.Connection | None = None
         self._read_ino: int | None = None
@@ -661,18 +660,20 @@ class SearchIndex:
         caught up (their dirty markers) and those it watches (see :meth:`_update`), or,
         before it was ever built, every session folder. Cheap: a ``listdir`` and an indexed
         count, and before the first build one ``scandir`` per date folder."""
-        built, watched = False, 0
+        built, watched, position = False, 0, None
         with self._reader_lock:
             if self.path.exists():
                 try:
                     conn = self._reader()
                     built = conn.execute(sql.BUILT).fetchone() is not None
                     watched = len(conn.execute(sql.WATCHED_IDS).fetchall())
-                except (sqlite3.Error, OSError, IndexUnavailable):  # counted from the files
+                    row = conn.execute(sql.CURSOR).fetchone() if built else None
+                    position = row[0] if row is not None else None
+                except (sqlite3.Error, OSError, IndexUnavailable):  # counted from the store
                     self._close_reader()
         files = self._files
         if files is None:
-            return self._cursor_backlog(built)
+            return self._cursor_backlog(position)
         if not built:
             return files.count_sessions()
         try:
@@ -680,14 +681,10 @@ class SearchIndex:
         except IndexUnavailable:  # a link out of the root: the listing reads the files
             return watched
 
-    def _cursor_backlog(self, built: bool) -> int:
-        """:meth:`index_backlog` of a store with a change cursor."""
+    def _cursor_backlog(self, position: str | None) -> int:
+        """:meth:`index_backlog` of a store with a change cursor, from the ``position`` the
+        index stored (None: never built)."""
         assert self._cursor is not None
-        position = None
-        if built:
-            with self._reader_lock:
-                row = self._reader().execute(sql.CURSOR).fetchone()
-            position = row[0] if row is not None else None
         touched, _ = self._cursor.changes(position)
         return len(touched) if touched is not None else len(self._cursor.store.list_contexts())
 

@@ -468,14 +468,17 @@ class MemoryStore(_MemoryBlobs):
             return copy.deepcopy(self._segment(session_id, segment_id).trace)
 
     def close(self) -> None:
-        """Close the derived index and remove its folder."""
+        """Close the derived index and remove its folder.
+
+        Outside the store's lock: a refresh holds the index's lock while it reads the store.
+        """
         with self._lock:
-            if self.derived is not None:
-                self.derived.close()
-                self.derived = None
-            if self._index_dir is not None:
-                shutil.rmtree(self._index_dir, ignore_errors=True)
-                self._index_dir = None
+            derived, folder = self.derived, self._index_dir
+            self.derived = self._index_dir = None
+        if derived is not None:
+            derived.close()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     # ---------------------------------------------------------------- helpers
 
