@@ -1,12 +1,8 @@
 """``SqliteStore``'s schema migrations, on the registry shared with PostgreSQL.
 
-Every open applies the pending ones (:func:`migrate`), each in its own ``BEGIN IMMEDIATE``
-transaction together with its record in ``migrations``. A database this process cannot write
-is never migrated: :func:`check_readable` refuses one that needs a migration, in one line.
-There is one step, ``m001_initial``, which builds the whole schema (the 15 steps before the
-first release were squashed into it; a database recording them is at ``m001_initial``: its
-records are rewritten on open, see :data:`terrarium.stores.migrations.PRE_SQUASH`). Released
-steps are history: never edit one, add the next.
+Every open applies the pending ones (:func:`migrate`); a database this process cannot write is
+never migrated (:func:`check_readable`). ``m001_initial`` builds the whole schema (the squash:
+:data:`terrarium.stores.migrations.PRE_SQUASH`). Never edit a released step; add the next.
 
 Usage::
 
@@ -37,10 +33,8 @@ MIGRATIONS: Migrations[sqlite3.Connection] = Migrations("sqlite", squashed=PRE_S
 def migrate(conn: sqlite3.Connection, *, where: str) -> list[str]:
     """Apply pending migrations on an autocommit connection; return the names applied.
 
-    Each migration runs in its own ``BEGIN IMMEDIATE`` transaction with its record, and the
-    list of applied names is read again under that lock, so processes opening the database at
-    the same time apply each step once. The records of a database made before the squash are
-    rewritten to ``m001_initial`` in the first such transaction.
+    Each runs in its own ``BEGIN IMMEDIATE`` transaction with its record, the applied names
+    read again under that lock, so processes opening the database at once apply each step once.
 
     Raises:
         FormatVersionError: the database records a migration this version does not know.
