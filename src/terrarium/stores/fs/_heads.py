@@ -1,12 +1,9 @@
 """Heads: ``head.json`` records, and the head a folder's segments imply when that is lost.
 
-**The segments are the truth; everything else is derived.** ``head.json`` is derived too: a
-folder without one (a power cut in ``flush`` mode, a partial restore from a backup) has its
-head rebuilt from its segments by :func:`head_from_segments` (the newest segment, by UUIDv7,
-whose chain of headers is intact). A read rebuilds it in memory only; a write to the context, a
-``reindex()`` and ``terrarium fsck --repair`` write it. An unreadable one is set aside
-(``head.json.unreadable-{n}``), never deleted. The search index reads heads the same way
-(:func:`head_of`), so listing and ``fsck`` name the same problem.
+``head.json`` is derived: a lost one (a power cut in ``flush`` mode, a partial restore) is
+rebuilt from the segments (:func:`head_from_segments`), in memory by a read, on disk by a write,
+``reindex()`` or ``fsck --repair``. An unreadable one is set aside, never deleted. The search
+index reads heads the same way (:func:`head_of`), so listing and ``fsck`` name the same problem.
 """
 
 from __future__ import annotations
@@ -63,11 +60,9 @@ def head_of(folder: str | Path, *, read_errors: bool = False) -> tuple[PodMetada
 def head_from_segments(folder: Path) -> PodMetadata:
     """Rebuild a context's head record from the segment files in ``folder``.
 
-    The head is the newest segment (by UUIDv7) whose chain is intact: its header, and the
-    header of every segment it continues (a fork replays its parent's prefix), read and name
-    this session. ``created_at`` is the root segment's time; ``updated_at`` the head segment's.
-    The context is the one the headers name, or (a session that began detached) the one its
-    ``{type}/{date}/{name}`` folder names.
+    The head is the newest segment (by UUIDv7) whose headers, its own and those of the
+    segments it continues, read and name this session. The context is the one the headers
+    name, or (a session that began detached) the one its folder names.
 
     Raises:
         CorruptLog: no segment of ``folder`` has an intact chain.
@@ -98,11 +93,7 @@ def head_from_segments(folder: Path) -> PodMetadata:
 
 
 def folder_context(folder: Path) -> str | None:
-    """The context a ``{type}/{date}/{name}`` folder is the folder of, or None.
-
-    The head of a session that began detached (its headers say ``"context": null``) is
-    rebuilt with the context its folder names: the folder is where the attach put it.
-    """
+    """The context a ``{type}/{date}/{name}`` folder is the folder of, or None."""
     date, kind, encoded = folder.parent.name, folder.parent.parent.name, folder.name
     if not DATE_RE.fullmatch(date) or kind.startswith("."):
         return None
@@ -143,10 +134,8 @@ def _parent(header: Mapping[str, Any]) -> SegmentId | None:
 
 
 def segment_chain(folder: Path, segment_id: SegmentId) -> list[SegmentId]:
-    """``segment_id`` and every segment its replay reads (a fork's parent...), newest first.
-
-    The chain stops where a header cannot be read.
-    """
+    """``segment_id`` and every segment its replay reads, newest first, up to an unreadable
+    header."""
     chain: list[SegmentId] = []
     current: SegmentId | None = segment_id
     while current is not None and current not in chain:

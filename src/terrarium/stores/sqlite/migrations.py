@@ -105,9 +105,8 @@ _TABLES = (
     )""",
     "CREATE INDEX sessions_detached ON sessions (session_id) WHERE context IS NULL",
     "CREATE INDEX sessions_stated ON sessions (session_id) WHERE state IS NOT NULL",
-    # Entries name their segment by its key (a few bytes instead of two 36-character ids);
-    # AUTOINCREMENT: a key, once committed, never names another segment, so a store may cache
-    # it. An entry's id is its arrival order, never reused (the change cursor reads it).
+    # AUTOINCREMENT: a committed segment key never names another segment (a store may cache
+    # it), and an entry's id, its arrival order, is never reused (the change cursor reads it).
     """CREATE TABLE segments (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         session_id TEXT NOT NULL,
@@ -164,10 +163,8 @@ _TABLES = (
     "CREATE INDEX blob_refs_digest ON blob_refs (digest)",
 )
 
-# The change cursor the derived index follows (``SqliteStore.changes``): the entries in
-# arrival order (``entries.id``, AUTOINCREMENT so that an id is never handed out again after
-# the newest entries were frozen or purged), and a row per session whose head was added,
-# moved or dropped, moved to the top (a new id) by a trigger in the transaction that does it.
+# The change cursor (``SqliteStore.changes``): the entries' ids, and a row per session whose
+# head was added, moved or dropped, moved to the top (a new id) by a trigger.
 _CHANGED = "INSERT OR REPLACE INTO changes (session_id) VALUES ({session})"
 _CHANGES = (
     """CREATE TABLE changes (
