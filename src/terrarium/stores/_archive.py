@@ -40,11 +40,7 @@ def pack(lines: Iterable[str]) -> bytes:
 
 
 def unpack(blob: bytes, *, where: str = "an archived segment") -> bytes:
-    """The bytes of a frame made by :func:`compress` or :func:`pack`.
-
-    Raises:
-        CorruptLog: ``blob`` is not a zstandard frame (damaged); the message names ``where``.
-    """
+    """The bytes of a frame made by :func:`compress` or :func:`pack`; CorruptLog if it is none."""
     import zstandard
 
     try:

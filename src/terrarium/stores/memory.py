@@ -398,10 +398,8 @@ class MemoryStore:
             return copy.deepcopy(self._segment(session_id, segment_id).trace)
 
     def close(self) -> None:
-        """Close the derived index and remove its folder.
-
-        Outside the store's lock: a refresh holds the index's lock while it reads the store.
-        """
+        """Close the derived index (outside the store's lock, which a refresh takes while it
+        holds the index's) and remove its folder."""
         with self._lock:
             derived, folder = self.derived, self._index_dir
             self.derived = self._index_dir = None
@@ -480,7 +478,7 @@ class MemoryStore:
     def _require_head(self, context: ContextId) -> PodMetadata:
         head = self._heads.get(str(context))
         if head is None:
-            raise ContextNotFound(f"context {context} does not exist")
+            raise ContextNotFound.of(context)
         return head
 
 

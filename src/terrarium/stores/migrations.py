@@ -107,15 +107,8 @@ class Migrations(Generic[C]):
         return sorted(name for name in applied if name != self._steps[0].name)
 
     def pending(self, applied: Collection[str], *, where: str) -> list[Migration[C]]:
-        """The migrations not in ``applied``, in order (the squashed list counts as the first).
-
-        Args:
-            applied: the names recorded in the database's ``migrations`` table.
-            where: the database, as named in error messages (never with a password).
-
-        Raises:
-            FormatVersionError: ``applied`` names a migration this version does not know.
-        """
+        """The migrations not in ``applied``, in order (the squashed list counts as the first);
+        FormatVersionError, naming database ``where``, if ``applied`` holds an unknown one."""
         if self.squashed(applied):
             applied = [self._steps[0].name]
         known = set(self.names)

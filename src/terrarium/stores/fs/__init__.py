@@ -100,7 +100,6 @@ from terrarium.stores.fs._layout import (
     holds_context,
     real_dir,
     segment_ids,
-    segment_name,
 )
 from terrarium.stores.fs._segments import (
     open_segment,
@@ -111,7 +110,7 @@ from terrarium.stores.fs._segments import (
     scan_tail,
     set_aside,
 )
-from terrarium.stores.fs._states import FsStates, cold_lines, frozen, remove_tree, sealed
+from terrarium.stores.fs._states import FsStates, frozen, remove_tree, sealed, whole_lines
 from terrarium.stores.fs._tree import ContextFolder, pointer, write_pointer
 from terrarium.stores.fs.salvage import (
     Salvage,
@@ -365,13 +364,13 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def _require_head(self, context: ContextId) -> PodMetadata:
         head = self.get_head(context)
         if head is None:
-            raise ContextNotFound(f"context {context} does not exist")
+            raise ContextNotFound.of(context)
         return head
 
     def _require_folder(self, context: ContextId) -> Path:
         folder = self.folder_of(context)
         if folder is None:
-            raise ContextNotFound(f"context {context} does not exist")
+            raise ContextNotFound.of(context)
         return folder
 
     def _while_hot(self, session_id: SessionId, write: Callable[[], _T]) -> _T:
@@ -607,17 +606,14 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
 
     def _ids(self, session_id: SessionId, folder: Path) -> list[SegmentId]:
         """The segment ids in ``folder``, oldest first, plain or (frozen session) ``.zst``."""
-        if not frozen(self.root, session_id):
-            return segment_ids(folder)
-        names = [segment_name(n.removesuffix(ZST)) for n in listdir(folder) if n.endswith(ZST)]
-        return sorted(uuid.UUID(n) for n in names if n is not None)
+        return segment_ids(folder, ZST if frozen(self.root, session_id) else "")
 
     def _lines(
         self, session_id: SessionId, folder: Path, segment_id: SegmentId, stop: int | None = None
     ) -> list[dict[str, Any]]:
         """The first ``stop`` (all) decoded lines of a segment of a frozen session."""
         try:
-            raw = cold_lines(folder, f"{segment_id}{SEGMENT_SUFFIX}")
+            raw = whole_lines(folder, f"{segment_id}{SEGMENT_SUFFIX}", cold=True)
         except FileNotFoundError:
             raise SegmentNotFound.of(session_id, segment_id) from None
         where = f"{folder / str(segment_id)}{SEGMENT_SUFFIX}{ZST}"
@@ -929,21 +925,13 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
 
     def _read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
         folder = self._session_folder(session_id)
-        if frozen(self.root, session_id):
-            if not (folder / f"{segment_id}{SEGMENT_SUFFIX}{ZST}").exists():
-                raise SegmentNotFound.of(session_id, segment_id)
-            try:
-                lines = cold_lines(folder, f"{segment_id}{TRACE_SUFFIX}")
-            except FileNotFoundError:
-                return []
-        else:
-            try:
-                complete, _ = codec.split_complete(
-                    read_file(folder / f"{segment_id}{TRACE_SUFFIX}")
-                )
-            except FileNotFoundError:
-                return []
-            lines = codec.split_lines(complete)
+        cold = frozen(self.root, session_id)
+        if cold and not (folder / f"{segment_id}{SEGMENT_SUFFIX}{ZST}").exists():
+            raise SegmentNotFound.of(session_id, segment_id)
+        try:
+            lines = whole_lines(folder, f"{segment_id}{TRACE_SUFFIX}", cold=cold)
+        except FileNotFoundError:
+            return []
         return [codec.decode(line) for line in lines]
 
     def close(self) -> None:

@@ -49,11 +49,7 @@ _CLAIMED = ".claimed-"
 
 
 def dirty_dir(root: Path) -> Path:
-    """Where writers leave dirty markers.
-
-    Raises:
-        IndexUnavailable: it leads out of the root (a link): the callers answer from the files.
-    """
+    """Where writers leave dirty markers (IndexUnavailable if it leads out of the root)."""
     return check_inside(os.path.realpath(root), root / INDEX / _DIRTY, IndexUnavailable)
 
 
@@ -156,7 +152,7 @@ class FsChanges:
 
     def shape(self, known: str | None) -> _shape.ShapeChange:
         """The date folders moved in or out since shape ``known`` (None: all are new)."""
-        return _shape.compare(self.root, _shape.load(known) if known is not None else None)
+        return _shape.compare(self.root, _shape.load(known))
 
     def date_folders(self) -> Iterator[str]:
         """Every date folder, as ``type/date``."""

@@ -24,16 +24,9 @@ from terrarium.stores.fs._segments import one_line, read_file, read_header
 
 
 def head_of(folder: str | Path, *, read_errors: bool = False) -> tuple[PodMetadata, str | None]:
-    """The head of ``folder``, and why it was rebuilt if ``head.json`` is unreadable.
-
-    Args:
-        read_errors: take a ``head.json`` that cannot be read (an I/O error) as damaged, and
-            rebuild the head from the segments, rather than raise the error.
-
-    Raises:
-        FileNotFoundError: ``folder`` holds neither a ``head.json`` nor a segment.
-        CorruptLog: the head can be neither read nor rebuilt.
-    """
+    """The head of ``folder``, and why it was rebuilt if ``head.json`` is unreadable (with
+    ``read_errors``, an I/O error too). FileNotFoundError if ``folder`` holds neither a
+    ``head.json`` nor a segment; CorruptLog if the head can be neither read nor rebuilt."""
     path = os.path.join(folder, HEAD)  # str paths: get_head runs this on every turn
     try:
         head = read_head(path)

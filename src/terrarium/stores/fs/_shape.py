@@ -67,9 +67,9 @@ def dump(shape: Shape) -> str:
     return json.dumps(shape, sort_keys=True, separators=(",", ":"))
 
 
-def compare(root: Path, known: Shape | None, *, now_ns: int | None = None) -> ShapeChange:
+def compare(root: Path, known: Shape | None) -> ShapeChange:
     """Compare the tree under ``root`` with ``known`` (None: nothing known, all is added)."""
-    now_ns = time.time_ns() if now_ns is None else now_ns
+    now_ns = time.time_ns()
     held = known or {}
     change = ShapeChange({}, changed=known is None)
     for entry in scandir(root):

@@ -114,10 +114,12 @@ def sealed(mode: int) -> bool:
     return not mode & stat.S_IWUSR
 
 
-def cold_lines(folder: Path, name: str) -> list[bytes]:
-    """The complete lines of the frozen file ``{name}.zst`` (FileNotFoundError if none)."""
-    path = folder / f"{name}{ZST}"
-    complete, _ = codec.split_complete(unpack(read_file(path), where=str(path)))
+def whole_lines(folder: Path, name: str, *, cold: bool) -> list[bytes]:
+    """The complete lines of file ``name`` (``cold``: of ``{name}.zst``); FileNotFoundError if
+    there is none."""
+    path = folder / f"{name}{ZST}" if cold else folder / name
+    data = read_file(path)
+    complete, _ = codec.split_complete(unpack(data, where=str(path)) if cold else data)
     return codec.split_lines(complete)
 
 

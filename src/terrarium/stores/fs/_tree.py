@@ -117,12 +117,8 @@ class Tree:
         return folder
 
     def indexed_folder(self, context: ContextId) -> Path | None:
-        """The folder the index names for ``context`` (None if it names none); reads only.
-
-        Raises:
-            CorruptLog: the index entry is unreadable or names a folder not the context's.
-            StoreError: that folder leads outside the root.
-        """
+        """The folder the index names for ``context``, or None; CorruptLog if the entry is
+        unreadable or names another folder, StoreError if it leads out of the root."""
         try:
             return Path(self._pointer_folder(self._index_file(context), context))
         except FileNotFoundError:

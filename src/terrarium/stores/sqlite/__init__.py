@@ -382,11 +382,8 @@ class SqliteStore(SqlStore):
     # finds a frozen session on its miss path only, wakes it (wake_session) and tries again:
     # a hot write never looks at the archive.
 
-    def _freeze_rows(self, conn: sqlite3.Connection, session: str) -> tuple[int, int]:
-        return lifecycle.freeze(conn, session)
-
-    def _thaw_rows(self, conn: sqlite3.Connection, session: str) -> None:
-        lifecycle.thaw(conn, session)
+    _freeze_rows = staticmethod(lifecycle.freeze)
+    _thaw_rows = staticmethod(lifecycle.thaw)
 
     def _drop_rows(self, conn: sqlite3.Connection, session: str) -> None:
         run_each(conn, lifecycle.DROP_HOT, session)

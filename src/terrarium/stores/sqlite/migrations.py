@@ -56,12 +56,8 @@ def migrate(conn: sqlite3.Connection, *, where: str) -> list[str]:
 
 
 def check_readable(conn: sqlite3.Connection, *, where: str) -> None:
-    """Refuse, in one line, a read-only database whose schema this version cannot read.
-
-    Raises:
-        FormatVersionError: it records a migration this version does not know.
-        StoreError: it lacks migrations (or is empty), which a read-only open cannot apply.
-    """
+    """Refuse, in one line, a read-only database that is newer (FormatVersionError) or
+    lacks migrations (StoreError: a read-only open cannot apply them)."""
     try:
         applied = _applied(conn)
     except sqlite3.OperationalError:  # no migrations table: empty, or not a terrarium database
