@@ -141,7 +141,9 @@ class MemoryStore:
     ) -> PodMetadata:
         """Move the head if it is ``expected`` now."""
         with self._lock:
-            head = self._require_head(context)
+            head = self._heads.get(str(context))
+            if head is None:
+                raise ContextNotFound.of(context)
             self._wake(head.session_id)
             if head.segment_id != expected:
                 raise ConflictError(
@@ -159,7 +161,8 @@ class MemoryStore:
             heads = [
                 h
                 for h in self._heads.values()
-                if (type is None or _type_of(h) == type) and h.session_id not in self._frozen
+                if (type is None or h.context.split(":", 1)[0] == type)
+                and h.session_id not in self._frozen
             ]
         return sorted(heads, key=lambda h: ContextId.parse(h.context))
 
@@ -475,12 +478,6 @@ class MemoryStore:
             raise SegmentNotFound.of(session_id, segment_id)
         return segment
 
-    def _require_head(self, context: ContextId) -> PodMetadata:
-        head = self._heads.get(str(context))
-        if head is None:
-            raise ContextNotFound.of(context)
-        return head
-
 
 def _stored(value: Mapping[str, Any]) -> dict[str, Any]:
     """``value`` round-tripped through the codec: exactly what a file would hold."""
@@ -490,10 +487,6 @@ def _stored(value: Mapping[str, Any]) -> dict[str, Any]:
 
 def _header_line(header: Mapping[str, Any]) -> dict[str, Any]:
     return header_line(_stored(header))
-
-
-def _type_of(head: PodMetadata) -> str:
-    return head.context.split(":", 1)[0]
 
 
 def _size(segments: Mapping[SegmentId, _Segment]) -> int:
