@@ -60,11 +60,8 @@ def mark_dirty(root: Path, session_id: SessionId) -> None:
     ``refresh(full=True)`` or ``reindex()`` finds.
     """
     path = dirty_dir(root) / str(session_id)
-    try:
-        os.stat(path)
+    if os.path.exists(path):
         return
-    except FileNotFoundError:
-        pass
     try:
         fd = open_private(path, os.O_WRONLY | os.O_CREAT)
     except FileNotFoundError:
