@@ -35,7 +35,7 @@ from typing import Any
 
 import msgspec
 
-from terrarium import codec, contexts, legacy, states
+from terrarium import contexts, legacy, states
 from terrarium.errors import (
     ContextNotFound,
     InvalidRetention,
@@ -107,16 +107,10 @@ def require_lifecycle(store: Store, where: str | None = None) -> Lifecycle:
 def hot_bytes(store: Store, context: ContextId) -> int | None:
     """The context's log size as JSON lines (estimated); None if it is gone or moved meanwhile."""
     head = store.get_head(context)
-    if head is None:
-        return None
-    total = 0
     try:
-        for segment_id in store.list_segments(head.session_id):
-            read = store.read_segment(head.session_id, segment_id)
-            total += sum(len(codec.encode(line)) + 1 for line in (read.header, *read.entries))
+        return states.log_bytes(store, head) if head is not None else None
     except (SegmentNotFound, ContextNotFound):
         return None
-    return total
 
 
 # --------------------------------------------------------------------------- archive
@@ -184,10 +178,7 @@ def plan_archive(
     for row in rows:
         if wanted and row.context_id not in wanted:
             continue
-        age = rules(row.type) if rules is not None else older_than
-        if rules is not None and age is None:
-            continue
-        if age is not None and not _older(row.last_active or row.created_at, age, moment):
+        if not _due(row.type, row.last_active or row.created_at, older_than, rules, moment):
             continue
         if row.context_id in pins and row.context_id not in wanted:
             plan.skipped_pinned.append(row.context_id)
@@ -219,6 +210,20 @@ def _legacy_bytes(path: Path) -> int | None:
 def _older(ts: str, age: timedelta, now: datetime) -> bool:
     moment = _parse_time(ts)
     return moment is not None and now - moment > age
+
+
+def _due(
+    type: str,
+    ts: str,
+    older_than: timedelta | None,
+    rules: Callable[[str], timedelta | None] | None,
+    now: datetime,
+) -> bool:
+    """Whether an age selection takes an item of ``type`` last touched at ``ts``."""
+    age = rules(type) if rules is not None else older_than
+    if age is None:
+        return rules is None  # no age given takes all; a rule of "never" none
+    return _older(ts, age, now)
 
 
 def run_archive(
@@ -285,29 +290,25 @@ def plan_trash_purge(
     A selection that names nothing skips pinned entries. Raises NotInTrash for a bad name.
     """
     entries = states.trashed_contexts(require_lifecycle(store))
+    moment = now or _now()
     if targets:
-        chosen: dict[str, TrashedContext] = {}
+        chosen: set[str] = set()
         for target in targets:
-            matched = [e for e in entries if target in (e.trash_id, e.context)]
+            matched = {e.trash_id for e in entries if target in (e.trash_id, e.context)}
             if not matched:
                 raise NotInTrash(f"nothing in the trash has the id {target!r}")
-            chosen.update((e.trash_id, e) for e in matched)
-        picked = [e for e in entries if e.trash_id in chosen]
+            chosen |= matched
         return [
             e
-            for e in picked
-            if older_than is None or _older(e.deleted_at, older_than, now or _now())
+            for e in entries
+            if e.trash_id in chosen and _due("", e.deleted_at, older_than, None, moment)
         ]
-    moment = now or _now()
-    out = []
-    for entry in entries:
-        age = rules(entry.context.partition(":")[0]) if rules is not None else older_than
-        if rules is not None and age is None:
-            continue
-        if entry.pinned or (age is not None and not _older(entry.deleted_at, age, moment)):
-            continue
-        out.append(entry)
-    return out
+    return [
+        e
+        for e in entries
+        if not e.pinned
+        and _due(e.context.partition(":")[0], e.deleted_at, older_than, rules, moment)
+    ]
 
 
 def run_trash_purge(
@@ -362,30 +363,32 @@ def delete_context(store: Store, context: ContextId, *, why: str = "delete_conte
     It leaves listings at once (``terrarium trash restore`` brings it back); its legacy JSON file
     moves into ``.trash/legacy/``. StoreError if the store has no trash.
     """
-    lifecycle = require_lifecycle(store)
-    with context_lock(store, context):
-        deleted = states.delete_context(lifecycle, context)
-        moved = legacy.trash(store, context)
-    if deleted or moved:
-        entry = next(
-            (e for e in states.trashed_contexts(lifecycle) if e.context == str(context)), None
-        )
-        details: dict[str, Any] = {"context": str(context)}
-        details["trash_id"] = entry.trash_id if entry is not None else None
-        if moved:
-            details["legacy_files"] = [str(path) for path in moved]
-        MaintenanceLog.of(store).record("trash", why, **details)
-    return deleted or bool(moved)
+    return _trash(store, context, why)[0]
 
 
 def delete_to_trash(store: Store, context: ContextId, *, why: str) -> TrashedContext | None:
     """Move ``context`` to the trash; its trash entry (None for a legacy file; ContextNotFound)."""
-    if not delete_context(store, context, why=why):
+    done, entry = _trash(store, context, why)
+    if not done:
         raise contexts.not_found(context)
-    for entry in states.trashed_contexts(require_lifecycle(store)):
-        if entry.context == str(context):
-            return entry
-    return None
+    return entry
+
+
+def _trash(store: Store, context: ContextId, why: str) -> tuple[bool, TrashedContext | None]:
+    """:func:`delete_context`, and the context's trash entry (None for a legacy file)."""
+    lifecycle = require_lifecycle(store)
+    with context_lock(store, context):
+        deleted = states.delete_context(lifecycle, context)
+        moved = legacy.trash(store, context)
+    if not (deleted or moved):
+        return False, None
+    entry = next((e for e in states.trashed_contexts(lifecycle) if e.context == str(context)), None)
+    details: dict[str, Any] = {"context": str(context)}
+    details["trash_id"] = entry.trash_id if entry is not None else None
+    if moved:
+        details["legacy_files"] = [str(path) for path in moved]
+    MaintenanceLog.of(store).record("trash", why, **details)
+    return True, entry
 
 
 def purge(store: Store, context: ContextId, *, why: str) -> None:

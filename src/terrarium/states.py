@@ -54,6 +54,7 @@ __all__ = [
     "delete_context",
     "finish_lifecycle",
     "is_archived",
+    "log_bytes",
     "pin_context",
     "pinned_contexts",
     "purge_context",
@@ -164,7 +165,8 @@ def delete_context(store: Lifecycle, context: ContextId) -> bool:
             return False
         head, state = found
         try:
-            counted = _message_count(store, head), _bytes(store, head.session_id, state)
+            size = state["cold"]["cold_bytes"] if "cold" in state else log_bytes(store, head)
+            counted = _message_count(store, head), int(size)
         except SegmentNotFound:  # purged meanwhile
             continue
         entry = {
@@ -270,10 +272,7 @@ def pin_context(store: Lifecycle, context: ContextId, pinned: bool = True) -> bo
     if found is None:
         return False
     try:
-        if pinned:
-            _set_key(store, found[0].session_id, "pinned", True)
-        else:
-            _drop_key(store, found[0].session_id, "pinned")
+        _set_key(store, found[0].session_id, "pinned", True if pinned else _DROP)
     except SegmentNotFound:  # purged meanwhile
         return False
     return True
@@ -301,7 +300,7 @@ def finish_lifecycle(store: Lifecycle) -> int:
             if record.owner is not None and trashed:  # a restore: attached, still trashed
                 _reopen(store, record.session_id, trashed["trash_id"])
             elif record.owner is not None:  # a purge that a restore overtook
-                _drop_key(store, record.session_id, "purging")
+                _set_key(store, record.session_id, "purging", _DROP)
             elif record.state.get("purging"):  # a purge: detached and marked
                 store.delete_session(record.session_id)
             else:  # a delete: detached, not yet frozen
@@ -387,31 +386,22 @@ def _find_trashed(store: Lifecycle, trash_id: str) -> SessionRecord:
     raise NotInTrash(f"nothing in the trash has the id {trash_id!r}")
 
 
+_DROP: Any = object()
+
+
 def _set_key(store: Lifecycle, session_id: SessionId, key: str, value: Any) -> None:
+    """Set ``key`` of the session's record to ``value`` (``_DROP``: remove it)."""
     for _ in range(ATTEMPTS):
         state = store.session_state(session_id)
-        if state.get(key) == value:
+        new = _without(state, key) if value is _DROP else {**state, key: value}
+        if new == state:
             return
         try:
-            store.set_session_state(session_id, {**state, key: value}, expected=state)
+            store.set_session_state(session_id, new, expected=state)
         except ConflictError:
             continue
         return
-    raise ConflictError(f"session {session_id} kept changing while {key!r} was being set")
-
-
-def _drop_key(store: Lifecycle, session_id: SessionId, key: str) -> None:
-    for _ in range(ATTEMPTS):
-        state = store.session_state(session_id)
-        if key not in state:
-            return
-        rest = {k: v for k, v in state.items() if k != key}
-        try:
-            store.set_session_state(session_id, rest, expected=state)
-        except ConflictError:
-            continue
-        return
-    raise ConflictError(f"session {session_id} kept changing while {key!r} was being dropped")
+    raise ConflictError(f"session {session_id} kept changing while {key!r} was being changed")
 
 
 def _summary(store: Lifecycle, head: PodMetadata) -> dict[str, Any]:
@@ -459,13 +449,11 @@ def _message_count(store: Store, head: PodMetadata) -> int:
     return len(state.history)
 
 
-def _bytes(store: Store, session_id: SessionId, state: Mapping[str, Any]) -> int:
-    """Bytes the session takes: its frozen size, or its log's as JSONL."""
-    if "cold" in state:
-        return int(state["cold"]["cold_bytes"])
+def log_bytes(store: Store, ref: PodMetadata) -> int:
+    """Bytes the session of ``ref`` takes as JSON lines (a hot store's size, estimated)."""
     return sum(
         len(codec.encode(line)) + 1
-        for segment_id in store.list_segments(session_id)
-        for read in [store.read_segment(session_id, segment_id)]
+        for segment_id in store.list_segments(ref.session_id)
+        for read in [store.read_segment(ref.session_id, segment_id)]
         for line in [read.header, *read.entries]
     )
