@@ -1,15 +1,8 @@
 """Archive, trash and retention above the stores: what to move, why, and a log of every removal.
 
-:mod:`terrarium.states` moves contexts; this module decides which, for every backend alike.
-:func:`plan_archive` picks hot contexts inactive longer than an age (:func:`parse_age`), of a
-type, or by name; :func:`plan_trash_purge` picks trash entries. A selection by age skips
-pinned contexts; a context named explicitly is taken. A plan says what would move and the
-bytes the hot store would give up (estimated).
-
-:func:`load_policy` reads ``[retention]`` from ``terrarium.toml`` in the store's root, else
-from ``$XDG_CONFIG_HOME/terrarium/config.toml``; without one :class:`Maintenance` moves
-nothing. Every removal is appended to the store's :class:`MaintenanceLog`: what, when and why.
-A ``maintain`` record closes each policy run and keeps background runs to one a day. Usage::
+:mod:`terrarium.states` moves contexts; this module decides which, for every backend alike:
+plans (by age, type or name; an age skips pinned contexts), the retention policy
+(:func:`load_policy`), and the store's :class:`MaintenanceLog` of every removal. Usage::
 
     plan = lifecycle.plan_archive(store, older_than=lifecycle.parse_age("30d"))
     lifecycle.run_archive(store, plan, why="command: terrarium archive")
@@ -93,9 +86,6 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-# --------------------------------------------------------------------------- the protocol
-
-
 def require_lifecycle(store: Store, where: str | None = None) -> Lifecycle:
     """``store`` as a :class:`Lifecycle`; StoreError in one line if its backend cannot archive."""
     if isinstance(store, Lifecycle):
@@ -111,9 +101,6 @@ def hot_bytes(store: Store, context: ContextId) -> int | None:
         return states.log_bytes(store, head) if head is not None else None
     except (SegmentNotFound, ContextNotFound):
         return None
-
-
-# --------------------------------------------------------------------------- archive
 
 
 class Candidate(msgspec.Struct, frozen=True):
@@ -157,8 +144,8 @@ def plan_archive(
 ) -> ArchivePlan:
     """The hot contexts to archive: inactive longer than ``older_than``, of ``type``, named.
 
-    Named contexts are taken even when pinned; a selection by age skips pinned ones. ``rules`` (a
-    policy's) gives each type its own age (None: never archived).
+    Named contexts are taken even when pinned. ``rules`` (a policy's) gives each type its own
+    age (None: never archived).
 
     Raises:
         ContextNotFound: a named context is neither hot, archived nor a legacy file.
@@ -262,9 +249,6 @@ def run_archive(
     return done
 
 
-# --------------------------------------------------------------------------- trash
-
-
 def find_trashed(store: Store, target: str) -> TrashedContext:
     """The trash entry ``target`` names (a trash id, or a context's latest); else NotInTrash."""
     entries = states.trashed_contexts(require_lifecycle(store))  # most recently deleted first
@@ -344,11 +328,7 @@ def run_trash_purge(
 
 
 def collect_blobs(store: Store, *, why: str, journal: MaintenanceLog | None = None) -> int:
-    """Delete the blobs nothing refers to any more (after a purge) and log how many.
-
-    Blobs put in the last hour stay (an append may be about to name one): the next purge or
-    ``maintain`` collects those.
-    """
+    """Delete the blobs nothing refers to any more (after a purge) and log how many."""
     from terrarium.blobs import collect_garbage
 
     collected = collect_garbage(store)
@@ -405,15 +385,8 @@ def purge(store: Store, context: ContextId, *, why: str) -> None:
     collect_blobs(store, why=why, journal=journal)
 
 
-# --------------------------------------------------------------------------- the log
-
-
 def log_path(store: Store) -> Path | None:
-    """Where ``store``'s maintenance log lives (None: in memory).
-
-    The filesystem store's ``{root}/maintenance.log``; SQLite's ``{db file}.maintenance.log``;
-    PostgreSQL's ``$XDG_STATE_HOME/terrarium/maintenance-{dbname}[-{schema}].log``.
-    """
+    """Where ``store``'s maintenance log lives (None: in memory); docs/cli.md names each."""
     root = store_root(store)
     if root is not None:
         path = getattr(store, "path", None)
@@ -540,9 +513,6 @@ _MEMORY_LOGS: weakref.WeakKeyDictionary[Store, MaintenanceLog] = weakref.WeakKey
 _MEMORY_LOCK = threading.Lock()
 
 
-# --------------------------------------------------------------------------- policy
-
-
 @dataclass(frozen=True, slots=True)
 class RetentionRule:
     """When to archive and when to purge from the trash (None: never)."""
@@ -651,9 +621,6 @@ def _rule(
     return replace(base, **values)
 
 
-# --------------------------------------------------------------------------- maintain
-
-
 @dataclass(frozen=True, slots=True)
 class MaintenanceReport:
     """What one policy run did (or, dry, would do)."""
@@ -743,8 +710,7 @@ class Maintenance:
 class BackgroundMaintenance:
     """A daemon thread that runs a :class:`Maintenance` when due, checking every ``every``.
 
-    Each archive holds one context's lock for its move only, so turns never wait long;
-    :meth:`stop` ends it between two contexts.
+    Each archive holds one context's lock for its move only, so turns never wait long.
     """
 
     def __init__(self, maintenance: Maintenance, *, every: float = 3600.0) -> None:

@@ -1,18 +1,10 @@
 """A context's states (hot, archived, trashed, pinned) and the moves between them, written once
 over the :class:`~terrarium.stores.base.SessionStates` primitives every backend has.
 
-A context's state lives in its session's *state record*, changed only by compare-and-set in
-the same atomic step as the move that goes with it:
-
-* ``archived``: the session is frozen; the value is what :func:`archived_contexts` lists.
-* ``pinned``: ``true`` while pinned; it follows the context into the trash and back.
-* ``trashed``: the trash entry. :func:`delete_context` is one ``detach_context``: the session
-  stays, detached; the id is free at once. :func:`restore_trashed` thaws and attaches it.
-* ``purging``: a purge under way; ``delete_session`` follows.
-
-Restore (attach, then drop ``trashed``) and purge (mark, then delete) are two steps each:
-:func:`finish_lifecycle` (``fsck --repair``) completes both. :mod:`terrarium.lifecycle`
-decides what to move and logs it. Usage::
+A context's state lives in its session's *state record* (``archived``, ``pinned``,
+``trashed``, ``purging``; docs/architecture.md, "Lifecycle"), changed only by compare-and-set
+in the same atomic step as its move. Restore (attach, then drop ``trashed``) and purge (mark,
+then delete) are two steps each: :func:`finish_lifecycle` completes both. Usage::
 
     states.archive_context(store, ContextId.parse("cli:old"))
     states.restore_trashed(store, states.trashed_contexts(store)[0].trash_id)
@@ -105,9 +97,6 @@ class TrashedContext(msgspec.Struct, frozen=True):
     pinned: bool = False
 
 
-# ------------------------------------------------------------------ archive
-
-
 def archive_context(store: Lifecycle, context: ContextId) -> ArchivedContext | None:
     """Freeze a hot context's session; None if there is no hot context of that id."""
     for _ in range(ATTEMPTS):
@@ -152,9 +141,6 @@ def archived_contexts(store: Lifecycle, type: str | None = None) -> list[Archive
         if type is None or r.owner.split(":", 1)[0] == type
     ]
     return sorted(found, key=lambda a: ContextId.parse(a.context))
-
-
-# ------------------------------------------------------------------ trash
 
 
 def delete_context(store: Lifecycle, context: ContextId) -> bool:
@@ -263,9 +249,6 @@ def purge_context(store: Lifecycle, context: ContextId) -> bool:
     raise ConflictError(f"{context} kept changing while it was being purged")
 
 
-# ------------------------------------------------------------------ pins
-
-
 def pin_context(store: Lifecycle, context: ContextId, pinned: bool = True) -> bool:
     """Pin (or unpin) a hot or archived context; False if there is no such context."""
     found = _head_state(store, context)
@@ -281,9 +264,6 @@ def pin_context(store: Lifecycle, context: ContextId, pinned: bool = True) -> bo
 def pinned_contexts(store: Lifecycle) -> frozenset[str]:
     """The ids of the pinned contexts, hot or archived (not trashed ones)."""
     return frozenset(r.owner for r in store.session_records() if r.owner and r.state.get("pinned"))
-
-
-# ------------------------------------------------------------------ repair
 
 
 def unfinished_lifecycle(store: Lifecycle) -> list[SessionRecord]:
@@ -309,9 +289,6 @@ def finish_lifecycle(store: Lifecycle) -> int:
             continue  # purged, restored or moved meanwhile: that move has the last word
         done += 1
     return done
-
-
-# ---------------------------------------------------------------------- helpers
 
 
 def _head_state(store: Lifecycle, context: ContextId) -> tuple[PodMetadata, dict[str, Any]] | None:
