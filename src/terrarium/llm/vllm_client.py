@@ -33,7 +33,6 @@ from typing import Any, Literal, TypeVar, cast
 
 import msgspec
 import openai
-from openai.resources.chat.completions import AsyncCompletions
 from openai.types.chat import ChatCompletionChunk
 
 from terrarium.errors import (
@@ -54,8 +53,6 @@ DEFAULT_BASE_URL = "http://localhost:8000"
 _DUMMY_API_KEY = "EMPTY"  # local vLLM wants no key, but the openai client insists on one
 _HINT = "start it, or set --base-url / TERRARIUM_BASE_URL"
 
-# Parameters chat.completions.create() takes by name; anything else goes in extra_body.
-_KNOWN_PARAMS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {"self"}
 _RESERVED_PARAMS = frozenset({"messages", "model", "stream"})
 # openai 1.99 to 2.x send a bytes ``body`` as it is; later releases take it as ``content``
 # (and deprecate the other).
@@ -459,16 +456,7 @@ class VLLMClient:
         bad = _RESERVED_PARAMS.intersection(merged)
         if bad:
             raise TypeError(f"parameter {sorted(bad)[0]!r} is set by the client, not by params")
-        kwargs: dict[str, Any] = {}
-        extra: dict[str, Any] = dict(merged.pop("extra_body", None) or {})
-        for key, value in merged.items():
-            if key in _KNOWN_PARAMS:
-                kwargs[key] = value
-            else:
-                extra[key] = value
-        if extra:
-            kwargs["extra_body"] = extra
-        return kwargs
+        return merged
 
     def _request_trace(
         self,
