@@ -14,7 +14,7 @@ import unicodedata
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, cast
 
 import msgspec
 
@@ -810,14 +810,9 @@ class UsageRecord(msgspec.Struct, frozen=True):
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a JSON-ready dict (``estimated`` only when set)."""
-        data: dict[str, Any] = {
-            "model": self.model,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cached_tokens": self.cached_tokens,
-        }
-        if self.estimated is not None:
-            data["estimated"] = self.estimated
+        data = msgspec.structs.asdict(self)
+        if self.estimated is None:
+            del data["estimated"]
         return data
 
 
@@ -870,17 +865,8 @@ class UsageTotals(msgspec.Struct, frozen=True):
 
     def to_dict(self) -> dict[str, int]:
         """The totals as a header carries them (``estimated_*`` keys only when non-zero)."""
-        data = {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cached_tokens": self.cached_tokens,
-            "calls": self.calls,
-        }
-        if self.estimated_calls:
-            data["estimated_prompt_tokens"] = self.estimated_prompt_tokens
-            data["estimated_completion_tokens"] = self.estimated_completion_tokens
-            data["estimated_calls"] = self.estimated_calls
-        return data
+        data = msgspec.structs.asdict(self)
+        return {k: v for k, v in data.items() if self.estimated_calls or "estimated" not in k}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> UsageTotals:
@@ -988,7 +974,7 @@ class LogEntry(msgspec.Struct, frozen=True):
         )
 
 
-class SegmentOrigin(msgspec.Struct, frozen=True):
+class SegmentOrigin(msgspec.Struct, frozen=True, omit_defaults=True):
     """Where a segment comes from. Written in its header."""
 
     kind: Literal["root", "fork", "compaction", "clear", "import"]
@@ -1005,15 +991,8 @@ class SegmentOrigin(msgspec.Struct, frozen=True):
         return cls("root")
 
     def to_dict(self) -> dict[str, Any]:
-        """The origin as stored in a header."""
-        out: dict[str, Any] = {"kind": self.kind}
-        if self.parent is not None:
-            out["parent"] = str(self.parent)
-        if self.at_seq is not None:
-            out["at_seq"] = self.at_seq
-        if self.source is not None:
-            out["source"] = self.source
-        return out
+        """The origin as stored in a header (keys that are None left out)."""
+        return cast(dict[str, Any], msgspec.to_builtins(self))
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SegmentOrigin:
