@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Literal, TypeAlias, cast
+from urllib.parse import unquote
 
 import msgspec
 
@@ -128,20 +129,7 @@ def legacy_file_names(name: str) -> list[str]:
 
 def decode_name(encoded: str) -> str:
     """Invert :func:`encode_name`."""
-    raw = bytearray()
-    i = 0
-    while i < len(encoded):
-        if encoded[i] == "%" and i + 2 < len(encoded) and _is_hex(encoded[i + 1 : i + 3]):
-            raw.append(int(encoded[i + 1 : i + 3], 16))
-            i += 3
-        else:
-            raw += encoded[i].encode()
-            i += 1
-    return raw.decode()
-
-
-def _is_hex(text: str) -> bool:
-    return len(text) == 2 and all(c in "0123456789abcdefABCDEF" for c in text)
+    return unquote(encoded, errors="strict")
 
 
 def context_file(context: ContextId | str, extension: str, date: str | None = None) -> str:
