@@ -393,31 +393,15 @@ def _summary(store: Lifecycle, head: PodMetadata) -> dict[str, Any]:
 
 
 def _archived(context: str, state: Mapping[str, Any]) -> ArchivedContext:
-    a = state["archived"]
-    return ArchivedContext(
-        context=context,
-        date=a["date"],
-        archived_at=a["archived_at"],
-        last_active=a["last_active"],
-        message_count=a["message_count"],
-        hot_bytes=state.get("cold", {}).get("hot_bytes", 0),
-        archived_bytes=state.get("cold", {}).get("cold_bytes", 0),
-        pinned=bool(state.get("pinned")),
-    )
+    cold = state.get("cold", {})
+    sizes = {"hot_bytes": cold.get("hot_bytes", 0), "archived_bytes": cold.get("cold_bytes", 0)}
+    listed = {**state["archived"], **sizes, "context": context, "pinned": bool(state.get("pinned"))}
+    return msgspec.convert(listed, ArchivedContext)
 
 
 def _trashed(state: Mapping[str, Any]) -> TrashedContext:
-    t = state["trashed"]
-    return TrashedContext(
-        trash_id=t["trash_id"],
-        context=t["context"],
-        date=t["date"],
-        deleted_at=t["deleted_at"],
-        archived="archived" in state,
-        message_count=t["message_count"],
-        bytes=t["bytes"],
-        pinned=bool(state.get("pinned")),
-    )
+    marks = {"archived": "archived" in state, "pinned": bool(state.get("pinned"))}
+    return msgspec.convert({**state["trashed"], **marks}, TrashedContext)
 
 
 def _message_count(store: Store, head: PodMetadata) -> int:
