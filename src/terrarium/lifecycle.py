@@ -53,8 +53,6 @@ DAILY = timedelta(days=1)
 Progress = Callable[[str], None]
 """Called with each context id (or trash id) once it has been handled."""
 
-# --------------------------------------------------------------------------- ages
-
 _AGE = re.compile(r"\s*(\d+)\s*([hdw])\s*", re.I)
 _UNITS = {"h": timedelta(hours=1), "d": timedelta(days=1), "w": timedelta(weeks=1)}
 
