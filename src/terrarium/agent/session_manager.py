@@ -1,11 +1,9 @@
 """``PersistentSession``: one conversation (a context) kept in a store, as the seed names it.
 
-The seed rewrote one JSON file per conversation after every message. Here each message is one
-appended entry, and :meth:`PersistentSession.to_dict` gives the seed's session file as
-``terrarium export`` does. A new session writes nothing until its first message or ``save``;
-``autosave=False`` keeps entries in memory until ``save``; a legacy JSON file is read in place
-and imported into the log on the first write. Writes take the store's context lock; a
-``MultiContextManager`` holds it for a whole turn and calls the unlocked ``_`` methods. Usage::
+Each message is one appended entry; :meth:`PersistentSession.to_dict` gives the seed's session
+file. A new session, or a legacy JSON file read in place, reaches the log on its first write.
+A ``MultiContextManager`` holds the context lock for a whole turn and calls the unlocked ``_``
+methods. Usage::
 
     session = PersistentSession(store, "irc:#python", system_prompt="Be concise.")
     session.add_message("user", "What's a decorator?")
@@ -56,9 +54,8 @@ class PersistentSession:
     """One context's conversation over a store: load or create, add messages, save.
 
     ``session_id`` is the context's *name* (``main`` in ``cli:main``), as in the seed's format.
-    Public methods take the store's context lock, check the cached head and next seq first, and
-    append with the seq they expect: a writer that bypasses the lock is detected
-    (``ConflictError``) and the session re-read. A thread lock makes one object thread-safe.
+    Public methods take the store's context lock and append with the seq they expect, so a
+    writer that bypasses the lock is detected and the session re-read.
     """
 
     def __init__(

@@ -602,10 +602,8 @@ def _chat_request(
 ) -> tuple[bytes, dict[str, Any]]:
     """The body of a chat request, encoded once for every try, and its request options.
 
-    ``chat.completions.create`` walks every argument through TypedDict transforms and pydantic
-    models: ~1.5 ms of CPU a request, half a turn's CPU with 50 contexts in flight on one event
-    loop (benchmarks/bench_manager.py), and ~140 µs a message of history. The body is plain
-    JSON already, so it is posted as bytes; a plain answer is read as plain JSON.
+    ``chat.completions.create``'s TypedDict transforms and pydantic models cost ~1.5 ms of CPU
+    a request and ~140 µs a message (benchmarks/bench_manager.py); the body is JSON already.
     """
     body: dict[str, Any] = {"model": model, "stream": True} if stream else {"model": model}
     options: dict[str, Any] = {}
