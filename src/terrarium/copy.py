@@ -35,7 +35,7 @@ from terrarium.errors import (
 )
 from terrarium.model import ENVELOPE_KEYS, ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.sessions import detached_sessions
-from terrarium.stores.base import Lifecycle, NewEntry, PodMetadata, SessionStates, Store
+from terrarium.stores.base import Lifecycle, NewEntry, SessionStates, Store
 
 BATCH = 1000
 """Entries per append: bounded memory and statement size on SQL stores."""
@@ -81,12 +81,8 @@ class SessionSource:
         return SessionId(self.segments[0][0]["session_id"])
 
 
-def session_segments(store: Store, head: PodMetadata | SessionId) -> list[list[dict[str, Any]]]:
-    """Every segment of the session (of ``head``, or the detached one it names), parents first."""
-    return _segments(store, head if isinstance(head, SessionId) else head.session_id)
-
-
-def _segments(store: Store, session_id: SessionId) -> list[list[dict[str, Any]]]:
+def session_segments(store: Store, session_id: SessionId) -> list[list[dict[str, Any]]]:
+    """Every segment of the session, parents first, blobs inline."""
     reads = {seg: store.read_segment(session_id, seg) for seg in store.list_segments(session_id)}
     children: dict[SegmentId | None, list[SegmentId]] = {}
     for segment_id, read in reads.items():
@@ -100,7 +96,7 @@ def _segments(store: Store, session_id: SessionId) -> list[list[dict[str, Any]]]
         segment_id = pending.pop(0)
         ordered.append(segment_id)
         pending.extend(sorted(children.get(segment_id, [])))
-    # Blobs travel inline: the destination keeps them as its own threshold says.
+    # The destination keeps blobs as its own threshold says.
     return [
         [inline_line(line, store) for line in [reads[s].header, *reads[s].entries]] for s in ordered
     ]
@@ -121,13 +117,13 @@ def read_source(
     """
     if context is None:
         assert session_id is not None, "a context or a session id"
-        segments = _segments(store, session_id)
+        segments = session_segments(store, session_id)
         return SessionSource(segments, traces=_traces(store, session_id, segments))
     ctx = ContextId.parse(context)
     head = store.get_head(ctx)
     if head is None:
         raise ContextNotFound(f"context {ctx} does not exist in the source store")
-    segments = _segments(store, head.session_id)
+    segments = session_segments(store, head.session_id)
     archived = is_pinned = False
     if isinstance(store, Lifecycle):
         archived = states.is_archived(store, ctx)
@@ -305,7 +301,7 @@ def _append(
 ) -> int:
     """Append ``lines[at:]`` to the segment, which holds ``at`` lines; how many."""
     entries = [
-        NewEntry(line["kind"], line["ts"], offload_data(dst, line["kind"], entry_data(line)))
+        NewEntry(line["kind"], line["ts"], offload_data(dst, line["kind"], _data(line)))
         for line in lines[at:]
     ]
     for start in range(0, len(entries), BATCH):
@@ -314,8 +310,8 @@ def _append(
     return len(entries)
 
 
-def entry_data(line: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored line's data: every key but the envelope's (``v``, ``seq``, ``ts``, ``kind``)."""
+def _data(line: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored line's data: every key but the envelope's."""
     return {k: v for k, v in line.items() if k not in ENVELOPE_KEYS}
 
 
@@ -393,16 +389,14 @@ def copy_store(
     """
     wanted = source_contexts(src) if contexts is None else [ContextId.parse(c) for c in contexts]
     pinned = states.pinned_contexts(src) if isinstance(src, Lifecycle) else frozenset()
-    report = CopyReport()
-    for ctx in wanted:
-        _copy_one(report, src, dst, ctx, pinned)
-        if progress is not None:
-            progress(str(ctx))
+    todo: list[ContextId | SessionId] = list(wanted)
     if detached if detached is not None else contexts is None:
-        for session_id in detached_sessions(src):
-            _copy_one(report, src, dst, session_id, pinned)
-            if progress is not None:
-                progress(f"session {session_id}")
+        todo += detached_sessions(src)
+    report = CopyReport()
+    for what in todo:
+        name = _copy_one(report, src, dst, what, pinned)
+        if progress is not None:
+            progress(name)
     return report
 
 
@@ -412,31 +406,29 @@ def _copy_one(
     dst: Store,
     what: ContextId | SessionId,
     pinned: frozenset[str],
-) -> None:
-    """Copy one context (or detached session) into ``dst``; ``report`` says what came of it."""
-    detached = not isinstance(what, ContextId)
-    name = f"session {what}" if detached else str(what)
+) -> str:
+    """Copy one context (or detached session) into ``dst``, noted in ``report``; its name."""
+    name = str(what) if isinstance(what, ContextId) else f"session {what}"
     try:
         if isinstance(what, ContextId):
             source = read_source(src, what, pinned=pinned)
         else:
             source = read_source(src, session_id=what)
         done = _complete(dst, source)
-    except (ContextNotFound, SessionAttached) as exc:
+    except (ContextNotFound, SessionAttached, SessionConflict) as exc:
         report.skipped.append((name, str(exc)))
-        return
-    except SessionConflict as exc:
-        report.skipped.append((name, str(exc)))
-        report.conflicts.append((name, str(exc)))
-        return
+        if isinstance(exc, SessionConflict):
+            report.conflicts.append((name, str(exc)))
+        return name
     if done is None:
         report.skipped.append((name, "already in the destination"))
         report.present.append(name)
-        return
+        return name
     report.entries += done[0]
     report.copied.append(name)
     if done[1]:
         report.completed.append(name)
+    return name
 
 
 __all__ = [
@@ -447,7 +439,6 @@ __all__ = [
     "copy_context",
     "copy_detached",
     "copy_store",
-    "entry_data",
     "read_source",
     "session_segments",
     "source_contexts",

@@ -157,7 +157,7 @@ def test_a_copy_cut_short_is_completed_not_taken_for_done(store: Store, tmp_path
     with _source(tmp_path / "src") as src:
         python = src.get_head(ContextId.parse("irc:#python"))
         assert python is not None
-        segments = session_segments(src, python)
+        segments = session_segments(src, python.session_id)
         root = SegmentId(segments[0][0]["segment_id"])
         store.create_context(ContextId.parse("irc:#python"), offload_line(store, segments[0][0]))
         assert store.get_head(ContextId.parse("irc:#python")).segment_id == root  # type: ignore[union-attr]
