@@ -840,8 +840,6 @@ def import_file(
     state: CliState, path: Path, as_context: ContextId | None, *, root: Path | None = None
 ) -> tuple[str, int]:
     """Import one file; its context and message count (``root``: the legacy folder it lies in)."""
-    from terrarium import sessions
-
     store = state.store()
     if path.suffix == ".jsonl":
         from terrarium.formats.jsonl import import_context
@@ -860,17 +858,9 @@ def _legacy_root_of(store: Store, path: Path) -> Path | None:
     """The filesystem store's folder, when ``path`` lies inside it."""
     from terrarium.stores.fs import FsStore
 
-    if isinstance(store, FsStore) and _inside(path, store.root):
+    if isinstance(store, FsStore) and path.resolve().is_relative_to(store.root.resolve()):
         return store.root
     return None
-
-
-def _inside(path: Path, root: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-    except ValueError:
-        return False
-    return True
 
 
 # --------------------------------------------------------------------------- migrate

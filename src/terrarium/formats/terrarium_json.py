@@ -144,7 +144,7 @@ class LegacySession:
 
 def to_log_ts(text: str) -> str:
     """A legacy timestamp in the log's form: UTC, microseconds, ``Z``."""
-    return parse_timestamp(text).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+    return to_legacy_ts(text) + "Z"
 
 
 def to_legacy_ts(text: str) -> str:
@@ -460,49 +460,36 @@ def _check_loggable(data: dict[str, Any], check: _Checker) -> None:
         raise check.fail(_TOO_DEEP)
 
 
+_JSON_TYPES = ((type(None), "null"), (bool, "a boolean"), (int | float, "a number"))
+_JSON_TYPES += ((str, "a string"), (list, "a list"))
+
+
 def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    return "an object"
+    return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), "an object")
 
 
 # --------------------------------------------------------------------------- writing
 
 
+def _with_extra(known: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``known``, then the keys of ``extra`` it lacks: unknown keys follow the known."""
+    return {**known, **{key: value for key, value in extra.items() if key not in known}}
+
+
 def _metadata_dict(metadata: LegacyMetadata) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "created_at": metadata.created_at,
-        "last_active": metadata.last_active,
-        "message_count": metadata.message_count,
-        "session_id": metadata.session_id,
-        "context_type": metadata.context_type,
-        "session_date": metadata.session_date,
-    }
-    for key, value in metadata.extra.items():
-        out.setdefault(key, value)
-    return out
+    known = {key: getattr(metadata, key) for key in _META_KEYS}
+    return _with_extra(known, metadata.extra)
 
 
 def _message_dict(
     role: str, content: str, timestamp: str, extra: Mapping[str, Any]
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": role, "content": content, "timestamp": timestamp}
-    for key, value in extra.items():
-        out.setdefault(key, value)
-    return out
+    return _with_extra({"role": role, "content": content, "timestamp": timestamp}, extra)
 
 
 def dump(session: LegacySession) -> dict[str, Any]:
     """The session as the seed's JSON object, field for field; unknown keys follow the known."""
-    out: dict[str, Any] = {
+    known: dict[str, Any] = {
         "session_id": session.session_id,
         "context_type": session.context_type,
         "system_prompt": session.system_prompt,
@@ -511,9 +498,7 @@ def dump(session: LegacySession) -> dict[str, Any]:
         ],
         "metadata": _metadata_dict(session.metadata),
     }
-    for key, value in session.extra.items():
-        out.setdefault(key, value)
-    return out
+    return _with_extra(known, session.extra)
 
 
 def dumps(data: LegacySession | Mapping[str, Any]) -> str:
@@ -720,16 +705,14 @@ def export_dict(
     logged = head.segment_id != root_id or state.next_seq != 1  # since an import, if any
     metadata = _export_metadata(ctx, head, state, record, len(messages), logged=logged)
     extra_top: Mapping[str, Any] = (record.get("extra") or {}) if record is not None else {}
-    out: dict[str, Any] = {
+    known = {
         "session_id": ctx.name,
         "context_type": ctx.type,
         "system_prompt": state.system_prompt or "",
         "messages": messages,
         "metadata": metadata,
     }
-    for key, value in extra_top.items():
-        out.setdefault(key, value)
-    return out
+    return _with_extra(known, extra_top)
 
 
 def _export_metadata(
