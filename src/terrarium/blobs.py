@@ -34,25 +34,6 @@ from terrarium.codec import MAX_DEPTH
 from terrarium.errors import BlobNotFound, CorruptLog, InvalidEntry
 from terrarium.stores.base import BlobStore, Store
 
-__all__ = [
-    "BLOBS_KEY",
-    "DEFAULT_THRESHOLD",
-    "GC_MIN_AGE",
-    "PREVIEW_CHARS",
-    "BlobMode",
-    "LazyBlob",
-    "collect_garbage",
-    "digest_of",
-    "inline_line",
-    "line_digests",
-    "materialize",
-    "offload_data",
-    "offload_line",
-    "resolve_line",
-    "resolve_lines",
-    "scan_digests",
-]
-
 #: The reserved key of a line that lists its blob references.
 BLOBS_KEY = "_blobs"
 #: Strings longer than this many UTF-8 bytes go to a blob, unless the store says otherwise.

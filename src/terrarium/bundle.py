@@ -276,6 +276,3 @@ def _read_traces(members: _Members, name: str) -> dict[SegmentId, list[dict[str,
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidEntry(f"{members.path}:{name}:{number}: not a trace line: {exc}") from None
     return by_segment
-
-
-__all__ = ["MANIFEST", "bundle_files", "import_bundle", "is_bundle"]

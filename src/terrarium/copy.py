@@ -429,17 +429,3 @@ def _copy_one(
     if done[1]:
         report.completed.append(name)
     return name
-
-
-__all__ = [
-    "BATCH",
-    "CopyReport",
-    "SessionSource",
-    "complete_session",
-    "copy_context",
-    "copy_detached",
-    "copy_store",
-    "read_source",
-    "session_segments",
-    "source_contexts",
-]

@@ -348,20 +348,3 @@ def _tar_gz(files: dict[str, bytes]) -> bytes:
             info.size, info.mtime, info.mode = len(data), now, 0o644
             archive.addfile(info, io.BytesIO(data))
     return buf.getvalue()
-
-
-__all__ = [
-    "ALIASES",
-    "AMBIGUOUS",
-    "ARCHIVE_SUFFIXES",
-    "FINETUNE_FILE",
-    "FORMATS",
-    "ExportResult",
-    "Format",
-    "check_destination",
-    "export_context",
-    "export_many",
-    "format_name",
-    "get_format",
-    "member_name",
-]

@@ -27,13 +27,13 @@ from terrarium.formats.terrarium_json import (
     LegacySession,
     atomic_write_bytes,
     dumps,
-    fsync_dir,
     import_session,
     iter_legacy_files,
     load,
     stale_partials,
 )
 from terrarium.model import ContextId, printable
+from terrarium.stores._files import fsync_dir
 
 if TYPE_CHECKING:
     from terrarium.stores.base import Store
@@ -369,6 +369,3 @@ def _fail(report: MigrationReport, line: str) -> str:
     report.failed += 1
     report.failures.append(line)
     return f"failed {line}"
-
-
-__all__ = ["MigrationReport", "Step", "migrate", "plan_migration"]

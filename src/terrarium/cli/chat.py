@@ -768,6 +768,3 @@ def chat(
     typed = ctx.get_parameter_source("type_") is not ParameterSource.DEFAULT
     which: bool | str = (type_ if typed else True) if last else False
     run_chat(state_of(ctx), named, type_, options, prompt, which, retry, as_json)
-
-
-__all__ = ["COMMANDS", "Chat", "ChatOptions", "chat", "run_chat"]

@@ -214,6 +214,3 @@ def render(transcript: Transcript) -> str:
 def export_context(store: Store, context: ContextId | str) -> str:
     """The context as one self-contained HTML page (ContextNotFound if there is none)."""
     return render(load_transcript(store, context))
-
-
-__all__ = ["export_context", "render", "render_item"]

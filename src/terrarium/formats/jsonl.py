@@ -221,14 +221,3 @@ def _check_segments(segments: list[list[dict[str, Any]]]) -> None:
                 raise InvalidEntry(f"invalid {key.replace('_', ' ')} {header[key]!r}") from None
         if not all(isinstance(line.get("ts"), str) for line in segment):
             raise InvalidEntry(f"segment {header['segment_id']} has an entry without a 'ts'")
-
-
-__all__ = [
-    "Transcript",
-    "export_context",
-    "import_context",
-    "lineage_lines",
-    "load_transcript",
-    "parse_lines",
-    "read_segments",
-]

@@ -162,15 +162,3 @@ def render(transcript: Transcript) -> str:
 def export_context(store: Store, context: ContextId | str) -> str:
     """The context as a Markdown transcript (ContextNotFound if there is none)."""
     return render(load_transcript(store, context))
-
-
-__all__ = [
-    "code_span",
-    "escape",
-    "export_context",
-    "fenced",
-    "pretty_json",
-    "render",
-    "render_item",
-    "when",
-]

@@ -52,11 +52,3 @@ def export_finetune_context(store: Store, context: ContextId | str) -> str:
     if record is None:
         return ""
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
-
-
-__all__ = [
-    "chat_messages",
-    "export_context",
-    "export_finetune_context",
-    "finetune_record",
-]

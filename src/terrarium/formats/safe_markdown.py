@@ -69,6 +69,3 @@ def pygments_css() -> str:
     # A list, not ".md pre, pre": Pygments puts the text before each class as it is, and the
     # bare ".md pre" of that string would get every token's style (a red border, italics).
     return str(HtmlFormatter(style="default").get_style_defs([".md pre", "pre"]))
-
-
-__all__ = ["MARKDOWN_LIMIT", "code_html", "markdown_html", "pygments_css"]

@@ -460,8 +460,13 @@ def _check_loggable(data: dict[str, Any], check: _Checker) -> None:
         raise check.fail(_TOO_DEEP)
 
 
-_JSON_TYPES = ((type(None), "null"), (bool, "a boolean"), (int | float, "a number"))
-_JSON_TYPES += ((str, "a string"), (list, "a list"))
+_JSON_TYPES: tuple[tuple[Any, str], ...] = (
+    (type(None), "null"),
+    (bool, "a boolean"),
+    (int | float, "a number"),
+    (str, "a string"),
+    (list, "a list"),
+)
 
 
 def _json_type(value: Any) -> str:
@@ -778,28 +783,3 @@ def _export_messages(
 def export_context(store: Store, context: ContextId | str) -> str:
     """Any native context as the text of a legacy session file (ContextNotFound if none)."""
     return dumps(export_dict(store, context))
-
-
-__all__ = [
-    "LEGACY_HEADER_KEY",
-    "MESSAGE_ROLES",
-    "LegacyFormatError",
-    "LegacyMessage",
-    "LegacyMetadata",
-    "LegacySession",
-    "atomic_write_bytes",
-    "dump",
-    "dumps",
-    "export_context",
-    "export_dict",
-    "from_dict",
-    "fsync_dir",
-    "import_session",
-    "iter_legacy_files",
-    "load",
-    "parse_timestamp",
-    "stale_partials",
-    "to_legacy_ts",
-    "to_log_ts",
-    "write",
-]
