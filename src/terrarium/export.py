@@ -42,8 +42,6 @@ class Format:
     """The file name extension, with its dot."""
     media_type: str
     """The MIME type of the content."""
-    description: str
-    """One line for help texts."""
     module: str
     """The module that implements it."""
     function: str = "export_context"
@@ -61,39 +59,14 @@ class Format:
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
-        Format(
-            "markdown",
-            ".md",
-            "text/markdown; charset=utf-8",
-            "readable transcript in Markdown",
-            "terrarium.formats.markdown",
-        ),
-        Format(
-            "html",
-            ".html",
-            "text/html; charset=utf-8",
-            "one self-contained HTML page",
-            "terrarium.formats.html",
-        ),
-        Format(
-            "jsonl",
-            ".jsonl",
-            "application/x-ndjson",
-            "the native log, lossless (terrarium import reads it back)",
-            "terrarium.formats.jsonl",
-        ),
-        Format(
-            "openai",
-            ".json",
-            "application/json",
-            "the OpenAI chat messages array the model is sent",
-            "terrarium.formats.openai",
-        ),
+        Format("markdown", ".md", "text/markdown; charset=utf-8", "terrarium.formats.markdown"),
+        Format("html", ".html", "text/html; charset=utf-8", "terrarium.formats.html"),
+        Format("jsonl", ".jsonl", "application/x-ndjson", "terrarium.formats.jsonl"),
+        Format("openai", ".json", "application/json", "terrarium.formats.openai"),
         Format(
             "finetune",
             ".jsonl",
             "application/x-ndjson",
-            "OpenAI chat fine-tuning JSONL, one conversation per line",
             "terrarium.formats.openai",
             "export_finetune_context",
         ),
@@ -101,7 +74,6 @@ FORMATS: dict[str, Format] = {
             "terrarium-json",
             ".json",
             "application/json",
-            "the legacy Terrarium JSON file",
             "terrarium.formats.terrarium_json",
             dated=True,
         ),

@@ -702,7 +702,9 @@ def export(
 
 def _is_collection(output: str) -> bool:
     """Whether ``-o`` names a folder or an archive rather than one file."""
-    return output.endswith(("/", ".zip", ".tar.gz", ".tgz")) or Path(output).is_dir()
+    from terrarium.export import ARCHIVE_SUFFIXES
+
+    return output.endswith(("/", *ARCHIVE_SUFFIXES)) or Path(output).is_dir()
 
 
 def export_session(state: CliState, context: ContextId, fmt: str) -> str | bytes:
