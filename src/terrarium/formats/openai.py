@@ -1,12 +1,8 @@
 """A context as OpenAI chat messages, and many contexts as an OpenAI fine-tuning file.
 
-:func:`chat_messages` gives the exact messages the model is sent, built by
-:func:`terrarium.model.wire_messages` as the runtime builds them: the system prompt, then every
-item but those of failed runs, with the standard keys only (no ``reasoning_content``).
-
-:func:`finetune_record` is a context's line of the chat fine-tuning format,
-``{"messages": [...]}``, with a config's ``tools`` list as its ``tools``. Conversations without
-an assistant message teach nothing and are skipped.
+The messages are those the model is sent (:func:`terrarium.model.wire_messages`, as the runtime
+builds them). A fine-tuning line is ``{"messages": [...]}``, with a config's ``tools`` list as
+its ``tools``; a conversation without an assistant message teaches nothing and is skipped.
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ from terrarium.stores.base import Store
 
 
 def chat_messages(state: RestoredState) -> list[dict[str, Any]]:
-    """The messages the model is sent for ``state``: system prompt first, standard keys only,
-    failed runs left out."""
+    """The messages the model is sent: system prompt first, no failed run, standard keys only."""
     return wire_messages(state.system_prompt, state.model_history)
 
 
