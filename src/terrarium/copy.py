@@ -14,7 +14,7 @@ killed copy leaves nothing, a detached part, or the whole, and a rerun completes
 
 Archived contexts land archived, pinned ones pinned (where both stores have the
 :class:`~terrarium.stores.base.Lifecycle`). The trash is not copied. Detached sessions are
-copied with all contexts (:func:`copy_detached`).
+copied with all contexts. One session: ``complete_session(dst, read_source(src, context))``.
 """
 
 from __future__ import annotations
@@ -337,33 +337,6 @@ def complete_session(dst: Store, source: SessionSource) -> int:
         where = source.context if source.context is not None else source.session_id
         raise ContextExists(f"{where} already exists, with the same lines")
     return done[0]
-
-
-def copy_context(
-    src: Store, dst: Store, context: ContextId | str, *, pinned: frozenset[str] | None = None
-) -> int:
-    """Copy (or complete the copy of) one context's session from ``src`` to ``dst``; the lines.
-
-    The copy is archived if the source's is, and pinned if among ``pinned`` (read when None).
-
-    Raises:
-        ContextNotFound: no such context in ``src``.
-        ContextExists: ``dst`` holds the context already, equal to the source's.
-        SessionConflict: ``dst`` holds it otherwise; nothing was written.
-    """
-    return complete_session(dst, read_source(src, context, pinned=pinned))
-
-
-def copy_detached(src: Store, dst: Store, session_id: SessionId) -> int:
-    """Copy (or complete) a detached session of ``src`` into ``dst``, detached; the lines copied.
-
-    Raises:
-        SessionAttached: ``dst`` holds the session in a context.
-        SessionConflict: ``dst`` holds it otherwise than ``src``.
-        SegmentNotFound: ``src`` has no such session.
-    """
-    done = _complete(dst, read_source(src, session_id=session_id))
-    return 0 if done is None else done[0]
 
 
 def source_contexts(src: Store) -> list[ContextId]:
