@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from terrarium.formats.jsonl import Transcript, load_transcript
+from terrarium.formats.jsonl import load_transcript
 from terrarium.model import ContextId, RestoredState, wire_messages
 from terrarium.stores.base import Store
 
@@ -26,24 +26,17 @@ def export_context(store: Store, context: ContextId | str) -> str:
     return json.dumps(messages, indent=2, ensure_ascii=False) + "\n"
 
 
-def finetune_record(transcript: Transcript) -> dict[str, Any] | None:
-    """The fine-tuning record of one conversation, or None when it has no assistant message."""
-    messages = chat_messages(transcript.state)
-    if not any(message.get("role") == "assistant" for message in messages):
-        return None
-    record: dict[str, Any] = {"messages": messages}
-    tools = transcript.state.config.get("tools")
-    if isinstance(tools, list) and tools:
-        record["tools"] = tools
-    return record
-
-
 def export_finetune_context(store: Store, context: ContextId | str) -> str:
     """One context's fine-tuning JSONL line, or "" without an assistant message.
 
     Many contexts, filtered by type and date, go through :func:`terrarium.export.export_many`.
     """
-    record = finetune_record(load_transcript(store, context))
-    if record is None:
+    state = load_transcript(store, context).state
+    messages = chat_messages(state)
+    if not any(message.get("role") == "assistant" for message in messages):
         return ""
+    record: dict[str, Any] = {"messages": messages}
+    tools = state.config.get("tools")
+    if isinstance(tools, list) and tools:
+        record["tools"] = tools
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
