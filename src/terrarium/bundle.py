@@ -51,9 +51,6 @@ ARCHIVES = (".zip", ".tar.gz", ".tgz")
 Files = dict[str, bytes]
 
 
-# --------------------------------------------------------------------------- writing
-
-
 def bundle_files(store: Store, chosen: Mapping[ContextId, Store], *, detached: bool) -> Files:
     """The members of a bundle of ``chosen`` (and ``store``'s detached sessions), manifest first."""
     pinned = states.pinned_contexts(store) if isinstance(store, Lifecycle) else frozenset()
@@ -99,9 +96,6 @@ def _tree(
             json.dumps(t, ensure_ascii=False, separators=(",", ":")) + "\n" for t in traces
         ).encode()
     return keys
-
-
-# --------------------------------------------------------------------------- reading
 
 
 def is_bundle(path: str | os.PathLike[str]) -> bool:

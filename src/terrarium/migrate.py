@@ -94,9 +94,6 @@ class MigrationReport:
         return f"dry run, nothing changed: {text}" if self.dry_run else text
 
 
-# --------------------------------------------------------------------------- planning
-
-
 def _rel(root: Path, path: Path) -> str:
     try:
         return printable(path.relative_to(root).as_posix())
@@ -184,9 +181,6 @@ def _newer(step: Step, other: Step) -> bool:
         other.session.metadata.session_date,
         other.session.metadata.last_active,
     )
-
-
-# --------------------------------------------------------------------------- doing
 
 
 class _Conflict(Exception):

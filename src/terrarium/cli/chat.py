@@ -209,8 +209,6 @@ class Chat:
             return interrupted_note(self.hints, self.kept())
         return advice(exc, self.hints, self.kept())
 
-    # ------------------------------------------------------------------ sessions
-
     def open(self, context: ContextId) -> None:
         """Make ``context`` current, importing its legacy file on first use."""
         if catalog.resume(self.state, context):
@@ -223,8 +221,6 @@ class Chat:
             return len(self.manager.history(str(self.context)))
         except ContextNotFound:
             return 0
-
-    # ------------------------------------------------------------------ running
 
     async def interruptible(self, work: Awaitable[T]) -> T:
         """Run ``work``; Ctrl-C (SIGINT) cancels it and raises :class:`Interrupted`."""
@@ -273,8 +269,6 @@ class Chat:
                 self.out.write("\n")
         self.replying = False
         self.reply = "".join(parts)
-
-    # ------------------------------------------------------------------ commands
 
     async def run_line(self, line: str) -> None:
         """Handle one input: a ``/command`` or a message (``//text`` sends ``/text``)."""
@@ -402,9 +396,6 @@ class Chat:
 
     async def cmd_quit(self, _arg: str) -> None:
         self.done = True
-
-
-# --------------------------------------------------------------------------- the loops
 
 
 async def piped(chat: Chat) -> None:

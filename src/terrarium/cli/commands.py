@@ -85,9 +85,6 @@ class FormatOption(click.Option):
         return super().get_help_record(ctx)
 
 
-# --------------------------------------------------------------------------- list
-
-
 @reads_store
 @cli.command("list")
 @click.option("--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...).")
@@ -180,9 +177,6 @@ def _state_cell(marks: Mapping[str, tuple[str, bool]], context_id: str) -> str:
     """``hot``, ``archived``, ``hot, pinned``..."""
     state, pinned = marks.get(context_id, ("hot", False))
     return f"{state}, pinned" if pinned else state
-
-
-# --------------------------------------------------------------------------- show
 
 
 @reads_store
@@ -373,9 +367,6 @@ def _segments(store: Store, session_id: Any, head_segment: Any) -> list[dict[str
     return out
 
 
-# --------------------------------------------------------------------------- stats
-
-
 @reads_store
 @cli.command()
 @click.argument("context", type=CONTEXT, required=False)
@@ -477,9 +468,6 @@ def _calls(usage: dict[str, Any]) -> str:
     return f"{calls} ({estimated} estimated)" if estimated else str(calls)
 
 
-# --------------------------------------------------------------------------- delete, clear
-
-
 @reads_store
 @cli.command()
 @click.argument("context", type=CONTEXT)
@@ -536,9 +524,6 @@ def rewind(ctx: click.Context, context: ContextId, count: int) -> None:
     state.out.note(
         f"rewound {context.display}: dropped {plural(len(dropped), 'item')}", style="green"
     )
-
-
-# --------------------------------------------------------------------------- fork, compact
 
 
 @reads_store
@@ -614,9 +599,6 @@ def compact(
     after = len(manager.history(str(context)))
     state.out.note(f"compacted {context}: {plural(before, 'message')} -> {after}", style="green")
     state.out.line(summary)
-
-
-# --------------------------------------------------------------------------- export, import
 
 
 @reads_store
@@ -865,9 +847,6 @@ def _legacy_root_of(store: Store, path: Path) -> Path | None:
     return None
 
 
-# --------------------------------------------------------------------------- migrate
-
-
 @cli.command()
 @click.option("--dry-run", is_flag=True, help="Only print what would change.")
 @click.option(
@@ -900,9 +879,6 @@ def migrate(ctx: click.Context, dry_run: bool, to_log: bool, source: Path | None
         raise click.ClickException(
             f"{report.failed} of {plural(len(report.steps), 'legacy file')} could not be migrated"
         )
-
-
-# --------------------------------------------------------------------------- fsck, reindex
 
 
 @reads_store

@@ -62,8 +62,6 @@ def _confirm(question: str, yes: bool, refusal: str) -> None:
 
 AGE_HELP = "Only sessions inactive for longer than AGE (30d, 12h, 2w); pinned ones are skipped."
 
-# --------------------------------------------------------------------------- archive
-
 
 @reads_store
 @cli.command()
@@ -194,9 +192,6 @@ def unarchive(ctx: click.Context, contexts: tuple[ContextId, ...]) -> None:
             raise catalog.missing(state, context)
 
 
-# --------------------------------------------------------------------------- delete
-
-
 def delete_session(
     state: CliState,
     context: ContextId,
@@ -234,9 +229,6 @@ def delete_session(
         f"{program()} trash restore {entry.trash_id})",
         style="green",
     )
-
-
-# --------------------------------------------------------------------------- trash
 
 
 class TrashGroup(click.Group):
@@ -365,9 +357,6 @@ def trash_purge(
     state.out.note(f"purged {plural(len(done), 'session')} ({freed})", style="green")
 
 
-# --------------------------------------------------------------------------- pin
-
-
 def _pin(ctx: click.Context, context: ContextId, pinned: bool) -> None:
     from terrarium.cli import catalog
 
@@ -398,9 +387,6 @@ def pin(ctx: click.Context, context: ContextId) -> None:
 def unpin(ctx: click.Context, context: ContextId) -> None:
     """Unpin a session (policies may archive it again)."""
     _pin(ctx, context, False)
-
-
-# --------------------------------------------------------------------------- maintain
 
 
 @reads_store
@@ -461,9 +447,6 @@ def report_json(report: MaintenanceReport) -> dict[str, Any]:
         "skipped_pinned": report.to_archive.skipped_pinned,
         "bytes_saved": report.bytes_saved,
     }
-
-
-# --------------------------------------------------------------------------- list
 
 
 def lifecycle_rows(

@@ -93,8 +93,6 @@ class Picker:
         self.message = ""
         self.app: Application[ContextId | None] = self._application()
 
-    # ------------------------------------------------------------------ state
-
     @property
     def visible(self) -> list[SessionInfo]:
         """The rows that match the filter (case-insensitive substring of ``type:name``)."""
@@ -149,8 +147,6 @@ class Picker:
         except ValueError as exc:
             self.message = str(exc)
             return None
-
-    # ------------------------------------------------------------------ rendering
 
     def _new_label(self) -> str:
         text = self.filter.text.strip()

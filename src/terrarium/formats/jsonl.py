@@ -30,9 +30,6 @@ from terrarium.model import (
 )
 from terrarium.stores.base import PodMetadata, Store
 
-# --------------------------------------------------------------------------- reading
-
-
 DateBound: TypeAlias = dt.date | dt.datetime | str
 """A date filter bound: a date (a whole UTC day), a datetime (naive = UTC), or ISO text."""
 
@@ -91,15 +88,9 @@ def load_transcript(store: Store, context: ContextId | str) -> Transcript:
     )
 
 
-# --------------------------------------------------------------------------- export
-
-
 def export_context(store: Store, context: ContextId | str) -> str:
     """The context's lineage as JSONL text, header first (ContextNotFound if there is none)."""
     return b"".join(codec.encode_line(line) for line in lineage_lines(store, context)).decode()
-
-
-# --------------------------------------------------------------------------- import
 
 
 def parse_lines(data: str | bytes, *, where: str = "<jsonl>") -> list[dict[str, Any]]:

@@ -75,9 +75,6 @@ class LegacyFormatError(InvalidEntry):
     """A file is not a legacy Terrarium JSON session, or a field has the wrong type."""
 
 
-# --------------------------------------------------------------------------- records
-
-
 @dataclass(frozen=True, slots=True)
 class LegacyMessage:
     """One message of a legacy session."""
@@ -139,9 +136,6 @@ class LegacySession:
         return ContextId(self.context_type, self.session_id)
 
 
-# --------------------------------------------------------------------------- timestamps
-
-
 def to_log_ts(text: str) -> str:
     """A legacy timestamp in the log's form: UTC, microseconds, ``Z``."""
     return to_legacy_ts(text) + "Z"
@@ -156,9 +150,6 @@ def _mtime_ts(path: Path) -> str:
     ns = path.stat().st_mtime_ns
     when = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=ns // 1000)
     return when.replace(tzinfo=None).isoformat(timespec="microseconds")
-
-
-# --------------------------------------------------------------------------- reading
 
 
 class _Checker:
@@ -473,9 +464,6 @@ def _json_type(value: Any) -> str:
     return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), "an object")
 
 
-# --------------------------------------------------------------------------- writing
-
-
 def _with_extra(known: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     """``known``, then the keys of ``extra`` it lacks: unknown keys follow the known."""
     return {**known, **{key: value for key, value in extra.items() if key not in known}}
@@ -550,9 +538,6 @@ def write(path: str | os.PathLike[str], session: LegacySession) -> None:
     atomic_write_bytes(target, dumps(session).encode())
 
 
-# --------------------------------------------------------------------------- finding files
-
-
 def _is_legacy_file(path: Path) -> bool:
     return path.name.endswith(".json") and path.is_file()
 
@@ -576,9 +561,6 @@ def iter_legacy_files(root: str | os.PathLike[str]) -> Iterator[Path]:
                     yield inner
         elif _is_legacy_file(path):
             yield path
-
-
-# --------------------------------------------------------------------------- import
 
 
 def import_session(
@@ -624,9 +606,6 @@ def import_session(
         ts=to_log_ts(session.metadata.created_at),
         header_extra={LEGACY_HEADER_KEY: record},
     )
-
-
-# --------------------------------------------------------------------------- export
 
 
 @dataclass(frozen=True, slots=True)
