@@ -28,6 +28,7 @@ from typing import Any, TypeVar, cast
 import click
 from click.core import ParameterSource
 
+from terrarium import sessions
 from terrarium.cli import catalog
 from terrarium.cli.app import (
     DEFAULT_STORAGE,
@@ -40,12 +41,20 @@ from terrarium.cli.app import (
     generated_context,
     model_options,
     parse_context,
+    program,
     state_of,
     storage_option,
 )
+from terrarium.cli.commands import (
+    context_stats,
+    export_session,
+    fork_session,
+    print_stats,
+    render_item,
+)
 from terrarium.cli.output import one_line, plural
 from terrarium.errors import ContextNotFound, ContextTooLong, LLMError, NothingToCompact
-from terrarium.model import ContextId, encode_name
+from terrarium.model import ContextId, encode_name, item_label, item_text
 
 T = TypeVar("T")
 
@@ -291,9 +300,6 @@ class Chat:
         self.out.line(f"{KEYS_HELP}. Start a message with // to send a leading /.", style="dim")
 
     async def cmd_history(self, _arg: str) -> None:
-        from terrarium.cli.commands import render_item
-        from terrarium.model import item_label
-
         try:
             items = self.manager.history(str(self.context))
         except ContextNotFound:
@@ -305,8 +311,6 @@ class Chat:
             self.out.line(render_item(item))
 
     async def cmd_stats(self, _arg: str) -> None:
-        from terrarium.cli.commands import context_stats, print_stats
-
         try:
             data = context_stats(self.state, self.context)
         except ContextNotFound:
@@ -315,8 +319,6 @@ class Chat:
         print_stats(self.state, data)
 
     async def cmd_fork(self, arg: str) -> None:
-        from terrarium.cli.commands import fork_session
-
         if not arg:
             raise click.ClickException("usage: /fork NAME")
         target = parse_context(arg, self.context.type)
@@ -375,7 +377,6 @@ class Chat:
         self.out.note(f"cleared {self.context}")
 
     async def cmd_export(self, arg: str) -> None:
-        from terrarium.cli.commands import export_session
         from terrarium.export import get_format
 
         fmt, _, target = arg.partition(" ")
@@ -498,11 +499,8 @@ async def handle_line(chat: Chat, line: str) -> None:
 
 def preview(state: CliState, context: ContextId) -> tuple[str, str] | None:
     """The picker's preview: the first user message and the last reply; None if unreadable."""
-    from terrarium.model import item_text
-    from terrarium.sessions import restore
-
     try:
-        history = restore(catalog.readable(state, context), context).history
+        history = sessions.restore(catalog.readable(state, context), context).history
     except USER_ERRORS:
         return None
     first = next((item_text(i) for i in history if i.get("role") == "user"), "")
@@ -593,8 +591,6 @@ def most_recent(state: CliState, type_: str | None = None) -> ContextId:
 
 def resume_command(state: CliState, context: ContextId) -> str:
     """The shell command that resumes ``context``, quoted, with ``--storage-dir`` when needed."""
-    from terrarium.cli.app import program
-
     return f"{program()} chat {shlex.quote(str(context))}{storage_suffix(state)}"
 
 
