@@ -209,14 +209,10 @@ def import_bundle(store: Store, path: str | os.PathLike[str]) -> CopyReport:
     report = CopyReport()
     with _Members(Path(path)) as members:
         manifest = _manifest(members)
-        for entry in manifest["contexts"]:
+        for entry in [*manifest["contexts"], *manifest["detached"]]:
+            name = entry["context"] if "context" in entry else f"session {entry['session_id']}"
             stage = functools.partial(_stage, entry=entry, members=members)
-            _import_one(store, report, entry["context"], stage)
-        for entry in manifest["detached"]:
-            name = f"session {entry['session_id']}"
-            _import_one(
-                store, report, name, functools.partial(_stage, entry=entry, members=members)
-            )
+            _import_one(store, report, name, stage)
     return report
 
 

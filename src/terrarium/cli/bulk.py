@@ -6,15 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from terrarium.cli.app import (
-    CONTEXT,
-    DATE,
-    cli,
-    open_store,
-    reads_store,
-    state_of,
-    storage_option,
-)
+from terrarium.cli.app import CONTEXT, DATE, cli, open_store, reads_store, state_of, storage_option
 from terrarium.cli.output import plural
 
 if TYPE_CHECKING:

@@ -16,15 +16,7 @@ import msgspec
 
 from terrarium._lazy import lazy_module
 from terrarium.cli import examples
-from terrarium.cli.app import (
-    CONTEXT,
-    CliState,
-    cli,
-    program,
-    reads_store,
-    state_of,
-    storage_option,
-)
+from terrarium.cli.app import CONTEXT, CliState, cli, program, reads_store, state_of, storage_option
 from terrarium.cli.output import plural
 from terrarium.display import human_bytes, short_time
 from terrarium.errors import ContextExists

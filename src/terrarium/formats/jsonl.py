@@ -18,16 +18,8 @@ from typing import Any, TypeAlias
 
 from terrarium import codec, sessions
 from terrarium.copy import SessionSource, complete_session
-from terrarium.errors import (
-    InvalidEntry,
-)
-from terrarium.model import (
-    ContextId,
-    EntryKind,
-    RestoredState,
-    SegmentId,
-    parse_timestamp,
-)
+from terrarium.errors import InvalidEntry
+from terrarium.model import ContextId, EntryKind, RestoredState, SegmentId, parse_timestamp
 from terrarium.stores.base import PodMetadata, Store
 
 DateBound: TypeAlias = dt.date | dt.datetime | str
