@@ -203,19 +203,12 @@ def decode_lines(
     first_seq: int | None = None,
     strict: bool = False,
 ) -> list[dict[str, Any]]:
-    """Decode newline-terminated lines into entry dicts and check their envelope.
+    """Decode whole lines into entry dicts and check their envelope.
 
-    Args:
-        complete: whole lines, each ending in ``\\n``.
-        where: the file or segment named in error messages.
-        first_line: the line number of the first line, for error messages.
-        first_seq: if given, the seq the first line must have; each next one is one more.
-        strict: also refuse blank lines (restore skips them; finding them costs a scan of the
-            whole buffer, 20% of a restore, which ``fsck`` pays).
-
-    Raises:
-        CorruptLog: a line is not a JSON object with an integer ``seq`` and a string ``kind``.
-        FormatVersionError: a line was written by a newer major format version.
+    ``where`` and ``first_line`` name the line in errors; from ``first_seq``, if given, seqs run
+    up one a line. ``strict`` also refuses blank lines (restore skips them; finding them costs a
+    scan of the whole buffer, 20% of a restore, which ``fsck`` pays). CorruptLog: a line is not an
+    object with an integer ``seq`` and a string ``kind``; FormatVersionError: a newer format's.
     """
     if not complete:
         return []

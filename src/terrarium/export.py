@@ -236,22 +236,13 @@ def export_many(
     since: DateBound | None = None,
     until: DateBound | None = None,
 ) -> ExportResult:
-    """Export many contexts at once into a folder, an archive, or (``finetune``) one file.
+    """Export ``contexts`` (all when None; legacy files count) into a folder, an archive, or
+    (``finetune``) one JSONL file.
 
-    Args:
-        store: where the contexts live.
-        contexts: the contexts to export (legacy files count); all when None.
-        fmt: a name in :data:`FORMATS`, or a :class:`Format`.
-        dest: a folder (created if needed), or a ``.zip``, ``.tar.gz`` or ``.tgz`` archive;
-            for ``finetune`` also the JSONL file itself.
-        type: keep only contexts of this type.
-        since, until: keep only contexts with a message logged in this window (a date covers
-            its whole UTC day; both ends inclusive).
-
-    Raises:
-        ValueError: unknown format, or ``dest`` names one file.
-        ContextNotFound: a context named in ``contexts`` does not exist.
-        LegacyFormatError, OSError: a context's legacy file cannot be read.
+    ``dest`` is a folder (created if needed) or a ``.zip``, ``.tar.gz`` or ``.tgz`` archive.
+    ``type``, ``since`` and ``until`` keep the contexts of that type with a message logged in
+    the window (a date is its whole UTC day; both ends inclusive). Raises ValueError (an unknown
+    format, or ``dest`` names one file), ContextNotFound, LegacyFormatError or OSError.
     """
     spec = get_format(fmt)
     target = Path(dest)

@@ -278,17 +278,11 @@ def migrate(
     store: Store | None = None,
     out: TextIO | None = None,
 ) -> MigrationReport:
-    """Migrate the legacy sessions under ``root`` (see the module docstring).
+    """Migrate the legacy sessions folder ``root`` (see the module docstring).
 
-    Args:
-        root: the sessions folder.
-        dry_run: print the plan and change nothing.
-        to_log: also import each session into the native log.
-        store: the native store for ``to_log``; by default an ``FsStore`` at ``root``.
-        out: where progress and the summary go (default: standard output).
-
-    Raises:
-        FileNotFoundError: ``root`` is not a folder.
+    ``dry_run`` prints the plan and changes nothing; ``to_log`` imports each session into
+    ``store`` (default: an ``FsStore`` at ``root``); progress goes to ``out`` (default: stdout).
+    FileNotFoundError if ``root`` is not a folder.
     """
     base = Path(root)
     if not base.is_dir():

@@ -151,26 +151,13 @@ def import_context(
     context: ContextId | str | None = None,
     where: str = "<jsonl>",
 ) -> PodMetadata:
-    """Recreate a context from an :func:`export_context` file, losslessly.
+    """Recreate a context from an :func:`export_context` file (or its decoded lines); its head.
 
     Ids, timestamps, seqs, unknown keys and kinds are kept, so the context restores to the same
-    state and exports the same lines. What an interrupted import left is completed.
-
-    Args:
-        store: where to create the context.
-        data: the JSONL text, or its lines already decoded.
-        context: the context to create; by default the one the file names. Another one is
-            written into the headers and must be fit for a new context (``check_new``).
-        where: the file named in error messages.
-
-    Returns:
-        The new context's head record.
-
-    Raises:
-        ContextExists: the store holds the context, the same as the file.
-        SessionConflict: the store holds the context or its session otherwise than the file.
-        InvalidEntry: the lines are not a lineage, or a line could not be logged.
-        CorruptLog, FormatVersionError: see :func:`parse_lines`.
+    state and exports the same lines; what an interrupted import left is completed. ``context``
+    (default: the file's own) is written into the headers and must be fit for a new context.
+    ``where`` names the file in errors: ContextExists (there, the same), SessionConflict (there,
+    otherwise), InvalidEntry (not a lineage, or not loggable), and :func:`parse_lines`' errors.
     """
     segments = read_segments(data, where=where)
     named = next((s[0]["context"] for s in reversed(segments) if s[0].get("context")), None)
