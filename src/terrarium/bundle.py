@@ -199,12 +199,8 @@ def _manifest(members: _Members) -> dict[str, Any]:
 def import_bundle(store: Store, path: str | os.PathLike[str]) -> CopyReport:
     """Recreate in ``store`` what the bundle at ``path`` holds (see the module docstring).
 
-    Returns:
-        What was imported (detached sessions as ``session {id}``), and what was skipped, why.
-
-    Raises:
-        InvalidEntry, FormatVersionError: ``path`` is not a bundle this terrarium reads (an
-            unreadable entry is reported in ``skipped`` instead).
+    The report names detached sessions as ``session {id}``, and an unreadable entry among the
+    skipped. A ``path`` that is no bundle this terrarium reads: InvalidEntry, FormatVersionError.
     """
     report = CopyReport()
     with _Members(Path(path)) as members:

@@ -70,9 +70,8 @@ def encode_lines(objs: Sequence[dict[str, Any]]) -> bytes:
 def encode(obj: Any) -> bytes:
     """Encode any JSON value compactly (no newline).
 
-    Raises:
-        InvalidEntry: ``obj`` holds a lone surrogate, or nests deeper than :data:`MAX_DEPTH`.
-        TypeError: ``obj`` holds an object JSON has no form for.
+    InvalidEntry: a lone surrogate, or nesting past :data:`MAX_DEPTH`. TypeError: a value JSON
+    has no form for.
     """
     try:
         data = _encoder.encode(obj)

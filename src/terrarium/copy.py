@@ -109,12 +109,8 @@ def read_source(
     session_id: SessionId | None = None,
     pinned: frozenset[str] | None = None,
 ) -> SessionSource:
-    """A context's session (or the detached session ``session_id``) as ``store`` holds it.
-
-    Raises:
-        ContextNotFound: no such context.
-        SegmentNotFound: no such session.
-    """
+    """A context's session (or the detached session ``session_id``) as ``store`` holds it
+    (ContextNotFound, SegmentNotFound: none)."""
     if context is None:
         assert session_id is not None, "a context or a session id"
         segments = session_segments(store, session_id)
@@ -176,12 +172,7 @@ class _Plan:
 
 
 def _plan(dst: Store, source: SessionSource, name: str) -> _Plan:
-    """Compare what ``dst`` holds of the session with its source: what to write.
-
-    Raises:
-        SessionConflict: ``dst`` holds something the source has not (see the module).
-        SessionAttached: a detached source's session belongs to a context in ``dst``.
-    """
+    """What to write: ``dst``'s part of the session against its source (see the module)."""
     session_id, ctx = source.session_id, source.context
     head = dst.get_head(ctx) if ctx is not None else None
     if head is not None and head.session_id != session_id:
@@ -327,10 +318,8 @@ def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
 def complete_session(dst: Store, source: SessionSource) -> int:
     """Make ``dst`` hold ``source``'s session, created or completed; the lines written.
 
-    Raises:
-        ContextExists: ``dst`` holds it already, equal to the source: nothing to do.
-        SessionConflict: ``dst`` holds it otherwise (not a prefix); nothing was written.
-        SessionAttached: a detached source's session belongs to a context in ``dst``.
+    ContextExists: it is there, equal. SessionConflict: it is there otherwise (nothing written).
+    SessionAttached: a detached source's session belongs to a context in ``dst``.
     """
     done = _complete(dst, source)
     if done is None:

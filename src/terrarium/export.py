@@ -127,12 +127,7 @@ def get_format(fmt: str | Format) -> Format:
 
 
 def export_context(store: Store, context: ContextId | str, fmt: str | Format) -> str | bytes:
-    """Export one context in ``fmt`` (a name in :data:`FORMATS` or a :class:`Format`).
-
-    Raises:
-        ValueError: unknown format.
-        ContextNotFound: no such context.
-    """
+    """One context in ``fmt``, a name in :data:`FORMATS` (else ValueError) or a :class:`Format`."""
     return get_format(fmt).export(store, context)
 
 

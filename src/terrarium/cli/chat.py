@@ -413,11 +413,7 @@ async def piped(chat: Chat) -> None:
 
 
 def decode_input_line(raw: bytes, number: int, offset: int) -> str:
-    """Decode line ``number`` of piped input, which starts ``offset`` bytes into it.
-
-    Raises:
-        click.ClickException: not UTF-8; the message names the line, byte and offsets.
-    """
+    """Line ``number`` of piped input, ``offset`` bytes into it; not UTF-8: a ClickException."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -512,11 +508,8 @@ def read_prompt(prompt: str) -> str:
     """The one message of ``chat -p``: ``prompt``, all of stdin for ``-``, or both a line apart.
 
     When stdin is piped, ``prompt``, a blank line, then stdin (``cat f | terrarium chat -p
-    'summarise this'``, as ``llm`` reads it).
-
-    Raises:
-        click.ClickException: stdin is not UTF-8 (nothing is sent or logged).
-        click.UsageError: the message is empty.
+    'summarise this'``, as ``llm`` reads it). Stdin not UTF-8, or an empty message, is a
+    ClickException (a UsageError) before anything is sent.
     """
     if prompt == "-":
         text = read_stdin()

@@ -86,13 +86,8 @@ def export_context(store: Store, context: ContextId | str) -> str:
 
 
 def parse_lines(data: str | bytes, *, where: str = "<jsonl>") -> list[dict[str, Any]]:
-    """Decode a JSONL export into its lines, checking each entry's envelope.
-
-    Raises:
-        CorruptLog: a line is not an entry (an object with an integer ``seq`` and a string
-            ``kind``), or the data ends in a torn line.
-        FormatVersionError: a line was written by a newer terrarium.
-    """
+    """Decode a JSONL export into its lines, checking each entry's envelope (CorruptLog: a line
+    is not an entry, or the last is torn; FormatVersionError: a newer terrarium wrote it)."""
     raw = data.encode() if isinstance(data, str) else bytes(data)
     if raw and not raw.endswith(b"\n"):
         raw += b"\n"
