@@ -40,12 +40,6 @@ else:  # loaded by the first command that uses them: --help uses none
     sessions = lazy_module("terrarium.sessions")
 
 
-def _format_aliases() -> str:
-    from terrarium.export import ALIASES
-
-    return ", ".join(f"{alias}={name}" for alias, name in ALIASES.items())
-
-
 class FormatChoice(click.Choice):  # type: ignore[type-arg]  # generic from click 8.2
     """An export format by name or alias (``md``, ``txt``, ``JSONL``), read when click asks.
 
@@ -81,7 +75,10 @@ class FormatOption(click.Option):
 
     def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
         """The help line, the aliases of :mod:`terrarium.export` in it."""
-        self.help = f"Export format (also: {_format_aliases()})."
+        from terrarium.export import ALIASES
+
+        aliases = ", ".join(f"{alias}={name}" for alias, name in ALIASES.items())
+        self.help = f"Export format (also: {aliases})."
         return super().get_help_record(ctx)
 
 

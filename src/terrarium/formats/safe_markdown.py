@@ -39,13 +39,8 @@ def _valid_link(url: str) -> bool:
     return url.strip().lower().startswith(_SAFE_SCHEMES)
 
 
-def _markdown() -> MarkdownIt:
-    md = MarkdownIt("commonmark", {"html": False, "highlight": _highlight}).enable("table")
-    md.validateLink = _valid_link  # type: ignore[method-assign]
-    return md
-
-
-_MD = _markdown()
+_MD = MarkdownIt("commonmark", {"html": False, "highlight": _highlight}).enable("table")
+_MD.validateLink = _valid_link  # type: ignore[method-assign]
 
 
 def markdown_html(text: str) -> str:
