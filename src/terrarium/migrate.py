@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from terrarium.errors import TerrariumError
 from terrarium.formats.terrarium_json import (
@@ -211,49 +211,29 @@ def _move(step: Step) -> None:
     fsync_dir(source.parent)
 
 
-class _Output(AbstractContextManager["_Output"]):
-    """Progress: a rich progress bar on a terminal, one plain line per file otherwise."""
+@contextmanager
+def _progress(out: TextIO, total: int) -> Iterator[Callable[[str, bool], None]]:
+    """Print a line (and count a step): above a rich progress bar on a terminal, else plainly."""
+    try:
+        tty = out.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if not tty:
+        yield lambda text, _step: print(text, file=out, flush=True)
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    def __init__(self, out: TextIO, total: int, title: str) -> None:
-        self.out = out
-        self.bar: Any = None
-        self.task: Any = None
-        try:
-            tty = out.isatty()
-        except (AttributeError, ValueError):
-            tty = False
-        if tty:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, console=Console(file=out)) as bar:
+        task = bar.add_task("migrating", total=total)
 
-            console = Console(file=out)
-            self.bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                console=console,
-            )
-            self.task = self.bar.add_task(title, total=total)
+        def line(text: str, step: bool) -> None:
+            bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
+            if step:
+                bar.advance(task)
 
-    def __enter__(self) -> _Output:
-        if self.bar is not None:
-            self.bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-    def line(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
-        else:
-            self.out.write(text + "\n")
-            self.out.flush()
-
-    def advance(self) -> None:
-        if self.bar is not None:
-            self.bar.advance(self.task)
+        yield line
 
 
 @contextmanager
@@ -294,13 +274,11 @@ def migrate(
     would = ("would move", "would import") if dry_run else ("moved", "imported")
     with (
         _store_for(base, store, to_log) as target,
-        _Output(stream, len(steps), "migrating") as progress,
+        _progress(stream, len(steps)) as progress,
     ):
         for step in steps:
-            line = _run_step(step, report, target, choices, dry_run, would)
-            progress.line(line)
-            progress.advance()
-        progress.line(report.summary())
+            progress(_run_step(step, report, target, choices, dry_run, would), True)
+        progress(report.summary(), False)
     return report
 
 
