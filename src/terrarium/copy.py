@@ -96,7 +96,7 @@ def session_segments(store: Store, session_id: SessionId) -> list[list[dict[str,
         segment_id = pending.pop(0)
         ordered.append(segment_id)
         pending.extend(sorted(children.get(segment_id, [])))
-    # The destination keeps blobs as its own threshold says.
+    # Blobs travel inline: the destination keeps them as its own threshold says.
     return [
         [inline_line(line, store) for line in [reads[s].header, *reads[s].entries]] for s in ordered
     ]
