@@ -65,11 +65,6 @@ def prepare_text(text: str) -> str:
     return text
 
 
-def shown_text(prepared: str) -> str:
-    """Text as :func:`prepare_text` made it, without the separators it set CJK apart with."""
-    return prepared if prepared.isascii() else prepared.replace(SEPARATOR, "")
-
-
 def fold(token: str) -> str:
     """A token as FTS5 compares it: lower-cased, without accents."""
     if token.isascii():
@@ -84,11 +79,6 @@ def tokenize(text: str) -> list[str]:
     SQLite's tokenizer uses older Unicode tables, so rare scripts and recent emoji can differ.
     """
     return [fold(m.group()) for m in token_re().finditer(text)]
-
-
-def token_spans(text: str) -> list[tuple[str, int, int]]:
-    """Each token of ``text`` with its ``(start, end)`` character span."""
-    return [(fold(m.group()), m.start(), m.end()) for m in token_re().finditer(text)]
 
 
 def query_terms(text: str) -> list[str]:
@@ -139,7 +129,7 @@ def match_spans(text: str, phrases: Sequence[Sequence[str]]) -> list[tuple[int, 
 
     Overlapping occurrences are one span; touching ones (two CJK characters) stay apart.
     """
-    spans = token_spans(text)
+    spans = [(fold(m.group()), m.start(), m.end()) for m in token_re().finditer(text)]
     tokens = [token for token, _, _ in spans]
     found: list[tuple[int, int]] = []
     for phrase in phrases:
