@@ -27,6 +27,7 @@ Usage::
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -84,6 +85,8 @@ DEFAULT_SCHEMA = "terrarium"
 
 _SEEN_CACHE = 4096
 _IDLE_LOCK_CONNECTIONS = 4
+#: A change cursor position: a ``pg_snapshot`` as text (``xmin:xmax:in-progress ids``).
+_SNAPSHOT = re.compile(r"\d+:(\d+):(?:\d+(?:,\d+)*)?")
 
 
 class PostgresStore(SqlStore):
@@ -219,17 +222,19 @@ class PostgresStore(SqlStore):
     @retried
     def changes(self, after: str | None) -> tuple[list[SessionId] | None, str]:
         """The sessions written since position ``after`` and the position now (``ChangeLog``):
-        a transaction id horizon, see :data:`._sql.CHANGES` for why it misses no commit."""
+        a position is a snapshot; see :data:`._sql.CHANGES` for why no commit is missed."""
+        seen = _SNAPSHOT.fullmatch(after or "")
         with self._pool.connection() as conn:
-            if after is None or not after.isdigit():
-                (now,) = conn.execute(_sql.POSITION).fetchone() or ("0",)
+            row = None
+            if seen is not None:
+                try:
+                    row = conn.execute(_sql.CHANGES, {"after": after}).fetchone()
+                except pg_errors.DataError:  # no snapshot the server would give
+                    row = None
+            if seen is None or row is None or int(seen[1]) > int(row[1]):  # not a position
+                (now,) = conn.execute(_sql.POSITION).fetchone() or ("",)
                 return None, str(now)
-            row = conn.execute(_sql.CHANGES, (after,)).fetchone()
-        assert row is not None
-        now, top, touched = row
-        if int(after) > int(top):  # never handed out by this store
-            return None, str(now)
-        return list(touched), str(now)
+        return list(row[2]), str(row[0])
 
     @retried
     def live_head(self, session_id: SessionId) -> PodMetadata | None:

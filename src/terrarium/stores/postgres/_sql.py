@@ -131,22 +131,24 @@ UNLOCK = "SELECT pg_advisory_unlock(%s)"
 
 # --------------------------------------------------------------------------- change cursor
 
-# The sessions written since position %s, and the position now, in one statement: one
+# The sessions written since position %(after)s, and the position now, in one statement: one
 # snapshot. Each write notes its session with its transaction's id (migration m001_initial's
-# triggers), so the rows read are those of the transactions this snapshot sees committed. The
-# new position is the snapshot's xmin: every transaction with an id below it has ended, so
-# its rows are visible to this read, or never will be (rolled back). A transaction at or above
-# it may still commit, after this read; its rows carry an id >= the position, so the next read
-# from there finds them. What it finds again (a transaction this read saw, above xmin) is
-# harmless: the derived index's refresh of a session is idempotent. Commit order is not id
-# order, which is why a sequence or the newest id seen could not serve as the position. The
-# xmax comes along to tell a position of no store's (beyond it) from this store's.
+# triggers). A position is a snapshot (``xmin:xmax:in-progress ids``): the read names the
+# sessions whose noting transaction the last read's snapshot did not see, and this read's
+# snapshot does (it sees the rows it reads). Commit order is not id order, which is why the
+# newest id seen, or a sequence, could not serve: a transaction holding id 5 may commit after
+# a read that saw 6. Here every transaction below the last read's xmin had ended, so its rows
+# were visible then, or never will be (rolled back); one at or above it that the last read
+# did not see is read now if it committed since, or by a later read. A long transaction keeps
+# xmin back, which costs only the index scan's length: rows it passes that the last read saw
+# are skipped. The xmax comes along to tell a position of no store's (beyond it) from ours.
 CHANGES = (
-    "SELECT pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text, "
-    "array(SELECT session_id FROM session_changes WHERE xid >= %s::xid8) "
-    "FROM pg_current_snapshot() AS s"
+    "SELECT pg_current_snapshot()::text, pg_snapshot_xmax(pg_current_snapshot())::text, "
+    "array(SELECT session_id FROM session_changes "
+    "WHERE xid >= pg_snapshot_xmin(%(after)s::pg_snapshot) "
+    "AND NOT pg_visible_in_snapshot(xid, %(after)s::pg_snapshot))"
 )
-POSITION = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text"
+POSITION = "SELECT pg_current_snapshot()::text"
 LIVE_HEAD = pyformat(f"{HEADS} WHERE session_id = ?")
 ENTRIES_FROM = (
     "SELECT line FROM entries WHERE session_id = %s AND segment_id = %s AND seq >= %s ORDER BY seq"
