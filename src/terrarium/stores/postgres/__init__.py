@@ -6,10 +6,9 @@ and migrated on open like every other backend (:mod:`.migrations`): heads (``con
 ``sessions``, ``segments`` (each one's tail), ``entries`` (each line exactly as
 :func:`terrarium.codec.encode` wrote it, as text, not ``jsonb``), ``traces``, and a change
 cursor (``session_changes``, kept by triggers in the writing transaction). The statements are
-constants in :mod:`._sql`. Listing and search are the derived index's (:mod:`terrarium.index`),
-a SQLite file on each machine that reads the store, in terrarium's cache folder
-(:func:`terrarium.stores._changes.index_folder`), named by the store's id: a new machine
-builds its own on its first listing or search.
+constants in :mod:`._sql`. Listing and search are the derived index's (:mod:`terrarium.index`):
+a file on each machine that reads the store, which a new machine builds on its first listing
+or search (:func:`terrarium.stores._changes.index_folder`).
 
 The trade-off: every append is one autocommitted statement, durable once PostgreSQL has
 committed it (a server crash too, with ``synchronous_commit = on``), and costs about one bare
