@@ -167,9 +167,10 @@ _TABLES = (
 )
 
 # The change cursor the derived index follows (``PostgresStore.changes``): for each session,
-# the id (``xid8``) of the last transaction that wrote it. Triggers on the rows every write
-# already touches keep it, in that write's transaction: an append's segment row, a new or
-# dropped segment (a freeze, a thaw, a delete), a head added, moved or dropped. A deleted
+# the id (``xid8``) of the last transaction that wrote it, in that transaction. An append's
+# statement notes it itself (``_sql.APPEND_ONE``: measured cheaper than a row trigger);
+# triggers on the rows every other write already touches keep it: a new or dropped segment
+# (a create, a freeze, a thaw, a delete), a head added, moved or dropped. A deleted
 # session keeps its row, so the reader hears of the delete. ``store_meta`` holds the store's
 # id, made once: it names the index file on each machine (a copy into a new store gets its
 # own). The function names its table with the schema, read when it was made: no search_path
@@ -193,7 +194,7 @@ _CHANGES = (
         ON CONFLICT (session_id) DO UPDATE SET xid = excluded.xid WHERE c.xid <> excluded.xid;
         RETURN NULL;
     END $$""",
-    """CREATE TRIGGER segments_change AFTER INSERT OR UPDATE OF next_seq OR DELETE
+    """CREATE TRIGGER segments_change AFTER INSERT OR DELETE
     ON {schema}.segments FOR EACH ROW EXECUTE FUNCTION {schema}.note_change()""",
     """CREATE TRIGGER contexts_change AFTER INSERT OR UPDATE OR DELETE
     ON {schema}.contexts FOR EACH ROW EXECUTE FUNCTION {schema}.note_change()""",
