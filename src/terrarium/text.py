@@ -14,11 +14,9 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from terrarium.errors import InvalidQuery
-from terrarium.model import item_role, item_text
 
 #: The characters that mark a highlight in a snippet; text holding them is indexed with
 #: U+FFFD instead, so a marker is never confused with the text.
@@ -96,19 +94,6 @@ def query_terms(text: str) -> list[str]:
             f"nothing to search for in {shown!r}: a query needs at least one letter or digit"
         )
     return terms
-
-
-def indexed_item(item: Any) -> tuple[str, str] | None:
-    """A history item's role and text as indexed, or None when it has no text to find."""
-    if not isinstance(item, Mapping):
-        return None
-    try:
-        text = item_text(item)
-    except (AttributeError, TypeError):
-        return None
-    if not isinstance(text, str) or not text:
-        return None
-    return item_role(item) or "other", prepare_text(text)
 
 
 def phrase_count(tokens: Sequence[str], phrase: Sequence[str]) -> int:

@@ -601,7 +601,7 @@ class SearchIndex:
             IndexUnavailable: as :meth:`list_contexts_fast` (or the index cannot be read).
             InvalidQuery: a query that cannot be run.
         """
-        statement, params = _listing.page_statement(sql.LISTING_SELECT, query, _listing.SQLITE)
+        statement, params = _listing.page_statement(sql.LISTING_SELECT, query)
         found = self._listing_read(statement, params, query.as_indexed)
         return [ContextSummary(*row) for row in found]
 
