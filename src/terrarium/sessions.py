@@ -23,7 +23,14 @@ from terrarium.blobs import (
     resolve_line,
     resolve_lines,
 )
-from terrarium.errors import ConflictError, ContextNotFound, CorruptLog, InvalidEntry, StoreError
+from terrarium.errors import (
+    ConflictError,
+    ContextExists,
+    ContextNotFound,
+    CorruptLog,
+    InvalidEntry,
+    StoreError,
+)
 from terrarium.model import (
     FORMAT_VERSION,
     HISTORY_KINDS,
@@ -206,6 +213,26 @@ def create_segment_with_ids(
         store.create_session(header)
         return PodActiveSegmentRef(session_id, segment_id)
     return store.create_context(ctx, header)
+
+
+def create_or_join(
+    store: Store,
+    context: ContextId,
+    start: SegmentStartState | None = None,
+    *,
+    ids: tuple[SessionId, SegmentId] | None = None,
+) -> PodMetadata:
+    """Create ``context`` as a new session (``ids``: its session and root segment ids, else
+    new ones) and return its head; if the context exists already, its head.
+
+    For a caller holding the context's lock: a store without context locks lets another
+    writer create the context meanwhile, and that writer's session is then continued.
+    """
+    session_id, segment_id = ids or (new_session_id(), new_segment_id())
+    try:
+        return create_segment_with_ids(store, session_id, segment_id, start, context=context)
+    except ContextExists:
+        return require_head(store, context)
 
 
 def attach_context(store: Store, context: ContextId | str, ref: SegmentRef) -> PodMetadata:
