@@ -18,11 +18,8 @@ context back. The legacy file is never modified.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import os
-import re
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +46,7 @@ from terrarium.model import (
     printable,
     short_repr,
 )
-from terrarium.stores._files import fsync_dir, listdir, open_private, write_all
+from terrarium.stores._files import listdir, write_atomic
 from terrarium.stores.base import PodMetadata, SegmentRead, Store
 
 LEGACY_HEADER_KEY = "legacy"
@@ -499,42 +496,9 @@ def dumps(data: LegacySession | Mapping[str, Any]) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False)
 
 
-def _partial_prefix(path: Path) -> str:
-    # Named after a digest of the file name, not the name itself: a legacy name may be close
-    # to the 255-byte limit, and the temporary file must still fit.
-    return f".{hashlib.sha256(path.name.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}."
-
-
-def atomic_write_bytes(path: Path, data: bytes, *, mtime_ns: int | None = None) -> None:
-    """Write ``data`` to ``path`` through a temporary file beside it, fsync and ``os.replace``."""
-    tmp = path.with_name(f"{_partial_prefix(path)}{uuid.uuid4().hex[:16]}.partial")
-    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # transcripts are private
-    try:
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if mtime_ns is not None:
-            os.utime(tmp, ns=(mtime_ns, mtime_ns))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def stale_partials(path: Path) -> list[Path]:
-    """Temporary files that an interrupted :func:`atomic_write_bytes` of ``path`` left."""
-    pattern = re.compile(re.escape(_partial_prefix(path)) + r"[0-9a-f]{16}\.partial")
-    return [path.parent / name for name in sorted(listdir(path.parent)) if pattern.fullmatch(name)]
-
-
 def write(path: str | os.PathLike[str], session: LegacySession) -> None:
     """Write the session to ``path`` atomically (temporary file, ``fsync``, ``os.replace``)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(target, dumps(session).encode())
+    write_atomic(Path(path), dumps(session).encode(), sync=True)
 
 
 def _is_legacy_file(path: Path) -> bool:
