@@ -8,7 +8,6 @@ keeps its mode.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import uuid
 from collections.abc import Callable
@@ -115,6 +114,9 @@ def leftovers(path: Path) -> list[Path]:
 def _temporary_prefix(path: Path) -> str:
     # A digest of the name, not the name itself: a name of the maximum length still fits, and
     # the leftovers of one path's writes can be told from another's (migrate removes them).
+    # hashlib is imported here: the command line's start imports this module, not hashlib.
+    import hashlib
+
     return f".tmp-{hashlib.sha256(os.fsencode(path.name)).hexdigest()[:16]}"
 
 
