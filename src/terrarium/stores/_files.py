@@ -107,14 +107,12 @@ def link_free(source: Path, path: Path, suffix: Callable[[int], str]) -> Path:
 def leftovers(path: Path) -> list[Path]:
     """The temporary files that interrupted writes of ``path`` left beside it."""
     prefix = _temporary_prefix(path)
-    names = sorted(listdir(path.parent))
-    return [path.with_name(n) for n in names if n.startswith(prefix) and len(n) == len(prefix) + 16]
+    return [path.with_name(n) for n in sorted(listdir(path.parent)) if n.startswith(prefix)]
 
 
 def _temporary_prefix(path: Path) -> str:
-    # A digest of the name, not the name itself: a name of the maximum length still fits, and
-    # the leftovers of one path's writes can be told from another's (migrate removes them).
-    # hashlib is imported here: the command line's start imports this module, not hashlib.
+    # A digest of the name: a name of the maximum length still fits, and one path's leftovers
+    # are told from another's. hashlib is imported here, not at the command line's start.
     import hashlib
 
     return f".tmp-{hashlib.sha256(os.fsencode(path.name)).hexdigest()[:16]}"
