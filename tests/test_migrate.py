@@ -23,6 +23,7 @@ from terrarium import sessions
 from terrarium.formats import terrarium_json as tj
 from terrarium.migrate import migrate, plan_migration
 from terrarium.model import ContextId
+from terrarium.stores._files import leftovers, write_atomic
 from terrarium.stores.fs import FsStore
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "migrate_sessions.py"
@@ -152,7 +153,7 @@ def check_migrated(root: Path, made: list[Legacy]) -> None:
         assert data["metadata"]["session_date"] == legacy.date
         for key, value in legacy.data.get("metadata", {}).items():
             assert data["metadata"][key] == value
-    assert not list(root.rglob("*.partial"))
+    assert not list(root.rglob(".tmp-*"))
     assert (root / "cli" / "broken.json").exists()
 
 
@@ -277,10 +278,10 @@ def test_rerun_after_a_crash_between_write_and_remove(tmp_path: Path) -> None:
     step.destination.write_bytes(tj.dumps(step.session).encode())
     with pytest.MonkeyPatch.context() as patch:  # die after the temp file, before the rename
         patch.setattr(os, "replace", _die)
-        patch.setattr(Path, "unlink", _die)
+        patch.setattr(os, "unlink", _die)
         with pytest.raises(KeyboardInterrupt):
-            tj.atomic_write_bytes(step.destination, b"half")
-    (leftover,) = tj.stale_partials(step.destination)
+            write_atomic(step.destination, b"half", sync=True)
+    (leftover,) = leftovers(step.destination)
     assert leftover.read_bytes() == b"half"
     assert step.destination.read_bytes() != b"half"
     assert [s.source for s in plan_migration(root)] == [source]  # not the destination too

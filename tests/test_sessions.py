@@ -41,6 +41,7 @@ from terrarium import (
     save_turn_end,
     save_usage,
     save_user_input,
+    sessions,
 )
 
 
@@ -209,6 +210,16 @@ def test_create_segment_with_ids_uses_the_given_ids_origin_and_time(store: Memor
     assert state.origin == origin
     assert state.created_at == "2024-03-04T05:06:07.000000Z"
     assert state.history == [{"role": "user", "content": "old"}]
+
+
+def test_create_or_join_creates_a_new_context_or_continues_the_one_there(
+    store: MemoryStore, ref: PodActiveSegmentRef
+) -> None:
+    ids = (uuid.UUID(int=3), uuid.UUID(int=4))
+    made = sessions.create_or_join(store, ContextId.parse("cli:new"), ids=ids)
+    assert (made.session_id, made.segment_id) == ids
+    found = sessions.create_or_join(store, ContextId.parse("cli:main"), ids=ids)
+    assert (found.session_id, found.segment_id) == (ref.session_id, ref.segment_id)
 
 
 def test_restore_of_unknown_or_invalid_context(store: MemoryStore) -> None:

@@ -27,6 +27,7 @@ from terrarium.model import (
     new_segment_id,
     new_session_id,
 )
+from terrarium.stores._files import leftovers
 from terrarium.stores.base import PodActiveSegmentRef
 from terrarium.stores.fs import FsStore
 from terrarium.stores.memory import MemoryStore
@@ -363,7 +364,7 @@ def test_iter_legacy_files_skips_the_native_store(tmp_path: Path) -> None:
     for path in expected:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}")
-    (root / "cli" / "2025-11-06" / ".main.json.0123.partial").write_text("{}")
+    (root / "cli" / "2025-11-06" / ".tmp-0123").write_text("{}")
     (root / "cli" / "2025-11-06" / "notes.txt").write_text("")
     (root / "cli" / "misc").mkdir()
     (root / "cli" / "misc" / "other.json").write_text("{}")
@@ -495,4 +496,4 @@ def test_write_fits_names_near_the_file_name_limit(tmp_path: Path) -> None:
     tj.write(path, session)
     assert tj.load(path) == session
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
-    assert tj.stale_partials(path) == []
+    assert leftovers(path) == []

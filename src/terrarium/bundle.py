@@ -36,6 +36,7 @@ from typing import Any, Self
 from terrarium import codec, states
 from terrarium.copy import CopyReport, SessionSource, complete_session, copy_store, session_segments
 from terrarium.errors import FormatVersionError, InvalidEntry, TerrariumError
+from terrarium.formats import ARCHIVE_SUFFIXES
 from terrarium.formats.jsonl import read_segments
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, context_file
 from terrarium.sessions import detached_sessions, require_head
@@ -46,7 +47,6 @@ MANIFEST = "terrarium-bundle.json"
 """The manifest's name: the bundle's first member (a folder holding it is a bundle)."""
 FORMAT = "terrarium-bundle"
 VERSION = 1
-ARCHIVES = (".zip", ".tar.gz", ".tgz")
 
 Files = dict[str, bytes]
 
@@ -103,7 +103,7 @@ def is_bundle(path: str | os.PathLike[str]) -> bool:
     where = Path(path)
     if where.is_dir():
         return (where / MANIFEST).is_file()
-    return where.is_file() and where.name.lower().endswith(ARCHIVES)
+    return where.is_file() and where.name.lower().endswith(ARCHIVE_SUFFIXES)
 
 
 class _Members:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from terrarium._lazy import lazy_module
+from terrarium.formats import ARCHIVE_SUFFIXES
 from terrarium.stores._files import make_dirs, write_atomic
 
 if TYPE_CHECKING:
@@ -80,9 +81,6 @@ FORMATS: dict[str, Format] = {
     )
 }
 """Every export format by name."""
-
-ARCHIVE_SUFFIXES = (".zip", ".tar.gz", ".tgz")
-"""Destination endings that make :func:`export_many` write an archive."""
 
 FINETUNE_FILE = "finetune.jsonl"
 """The file name the ``finetune`` format uses inside a folder or an archive."""

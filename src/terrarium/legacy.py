@@ -144,18 +144,7 @@ def find(store: Store, context: ContextId) -> Path | None:
 
 def files(store: Store, context: ContextId) -> list[Path]:
     """The legacy files in ``context``'s places that hold it or are unreadable (archive's load)."""
-    scanner = _scanner(store)
-    if scanner is None:
-        return []
-    with scanner.lock:
-        now = time.time_ns()
-        found = [(path, scanner.parsed(path, now)) for path in _places(scanner.root, context)]
-    return [
-        path
-        for path, info in found
-        if isinstance(info, LegacyProblem)
-        or (isinstance(info, LegacyInfo) and info.context == context)
-    ]
+    return [found.path for found in _candidates(store, context)]
 
 
 def read(store: Store, context: ContextId) -> LegacyCopy | None:
@@ -229,19 +218,19 @@ def trash(store: Store, context: ContextId) -> list[Path]:
 
 def _lookup(store: Store, context: ContextId) -> LegacyInfo | LegacyProblem | None:
     """The context's file: the first of its places that holds it, else an unreadable one."""
+    found = _candidates(store, context)
+    return next((f for f in found if isinstance(f, LegacyInfo)), found[0] if found else None)
+
+
+def _candidates(store: Store, context: ContextId) -> list[LegacyInfo | LegacyProblem]:
+    """The files in ``context``'s places, in lookup order, that hold it or are unreadable."""
     scanner = _scanner(store)
     if scanner is None:
-        return None
-    unreadable: LegacyProblem | None = None
+        return []
     with scanner.lock:
         now = time.time_ns()
-        for path in _places(scanner.root, context):
-            found = scanner.parsed(path, now)
-            if isinstance(found, LegacyInfo) and found.context == context:
-                return found
-            if isinstance(found, LegacyProblem) and unreadable is None:
-                unreadable = found
-    return unreadable
+        found = [scanner.parsed(path, now) for path in _places(scanner.root, context)]
+    return [f for f in found if isinstance(f, LegacyProblem) or f.context == context]
 
 
 def _load(store: Store, path: Path) -> tj.LegacySession:

@@ -25,15 +25,13 @@ from typing import TYPE_CHECKING, TextIO
 from terrarium.errors import TerrariumError
 from terrarium.formats.terrarium_json import (
     LegacySession,
-    atomic_write_bytes,
     dumps,
     import_session,
     iter_legacy_files,
     load,
-    stale_partials,
 )
 from terrarium.model import ContextId, printable
-from terrarium.stores._files import fsync_dir
+from terrarium.stores._files import fsync_dir, leftovers, write_atomic
 
 if TYPE_CHECKING:
     from terrarium.stores.base import Store
@@ -196,15 +194,14 @@ def _move(step: Step) -> None:
     assert step.session is not None
     source, destination = step.source, step.destination
     data = _new_bytes(step.session)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in stale_partials(destination):  # an interrupted earlier run's temp file
+    for leftover in leftovers(destination):  # an interrupted earlier run's temp file
         leftover.unlink(missing_ok=True)
     try:
         existing: bytes | None = destination.read_bytes()
     except FileNotFoundError:
         existing = None
     if existing is None:
-        atomic_write_bytes(destination, data, mtime_ns=source.stat().st_mtime_ns)
+        write_atomic(destination, data, sync=True, mtime_ns=source.stat().st_mtime_ns)
     elif existing != data:
         raise _Conflict("exists with different content (conflict)")
     source.unlink()

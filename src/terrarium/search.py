@@ -20,6 +20,7 @@ import heapq
 import logging
 import unicodedata
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,13 +218,10 @@ def _doc(context: ContextId, head: Any, segment_id: Any, seq: int, item: Any, ts
 
 def _role_text(item: Any) -> tuple[str, str]:
     """An item's role (``other`` for none) and its text as the indexes hold it."""
+    role, text = None, ""
     if isinstance(item, Mapping):
-        try:
+        with suppress(AttributeError, TypeError):
             role, text = item_role(item), item_text(item)
-        except (AttributeError, TypeError):
-            role, text = None, ""
-    else:
-        role, text = None, ""
     text = text if isinstance(text, str) else ""
     if not text.isascii():
         text = unicodedata.normalize("NFC", text)  # as the index stores it

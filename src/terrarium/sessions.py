@@ -23,7 +23,14 @@ from terrarium.blobs import (
     resolve_line,
     resolve_lines,
 )
-from terrarium.errors import ConflictError, ContextNotFound, CorruptLog, InvalidEntry, StoreError
+from terrarium.errors import (
+    ConflictError,
+    ContextExists,
+    ContextNotFound,
+    CorruptLog,
+    InvalidEntry,
+    StoreError,
+)
 from terrarium.model import (
     FORMAT_VERSION,
     HISTORY_KINDS,
@@ -206,6 +213,26 @@ def create_segment_with_ids(
         store.create_session(header)
         return PodActiveSegmentRef(session_id, segment_id)
     return store.create_context(ctx, header)
+
+
+def create_or_join(
+    store: Store,
+    context: ContextId,
+    start: SegmentStartState | None = None,
+    *,
+    ids: tuple[SessionId, SegmentId] | None = None,
+) -> PodMetadata:
+    """Create ``context`` as a new session (``ids``: its session and root segment ids, else
+    new ones) and return its head; if the context exists already, its head.
+
+    For a caller holding the context's lock: a store without context locks lets another
+    writer create the context meanwhile, and that writer's session is then continued.
+    """
+    session_id, segment_id = ids or (new_session_id(), new_segment_id())
+    try:
+        return create_segment_with_ids(store, session_id, segment_id, start, context=context)
+    except ContextExists:
+        return require_head(store, context)
 
 
 def attach_context(store: Store, context: ContextId | str, ref: SegmentRef) -> PodMetadata:
@@ -471,6 +498,8 @@ class Message(msgspec.Struct):
     ``segment_id``, ``seq``, ``usage``), or None."""
     summary: bool = False
     """Written by a compaction as its summary (not a turn it kept)."""
+    event: str | None = None
+    """For a runtime event's entry (``system_item``): the event's name; None for any other."""
 
     def provenance(self, session_id: SessionId) -> dict[str, Any]:
         """Where a copy of this message comes from, for a new header's ``history_from``."""
@@ -502,13 +531,19 @@ def messages(reads: Sequence[SegmentRead]) -> list[Message]:
             found = _header_messages(header, segment)
         for line in read.entries:
             kind = line["kind"]
-            if kind in HISTORY_KINDS:
+            if kind in _TURN_KINDS:  # nearly every line: test it first
                 found.append(Message(line["item"], str(line["ts"]), segment, line["seq"]))
             elif kind == "usage" and found:
                 found[-1].usage = {k: line[k] for k in _USAGE_KEYS if k in line}
+            elif kind == "system_item":
+                event = str(line.get("event") or "")
+                found.append(
+                    Message(line["item"], str(line["ts"]), segment, line["seq"], event=event)
+                )
     return found
 
 
+_TURN_KINDS = HISTORY_KINDS - {EntryKind.SYSTEM_ITEM.value}
 _USAGE_KEYS = ("model", "prompt_tokens", "completion_tokens", "cached_tokens", "estimated")
 
 
@@ -961,33 +996,3 @@ def read_entries(store: Store, ref: SegmentRef, *, stop_seq: int | None = None) 
     """The segment's own lines (header first) as :class:`LogEntry` values."""
     read = store.read_segment(ref.session_id, ref.segment_id, stop_seq=stop_seq)
     return [LogEntry.from_dict(line) for line in [read.header, *read.entries]]
-
-
-class TimedItem(msgspec.Struct, frozen=True):
-    """A history item with the time it was logged."""
-
-    item: LoggedItem
-    """The item in on-disk form (an OpenAI message dict)."""
-    ts: str
-    """The ``ts`` of the entry that logged it; for items a header holds, the header's ``ts``."""
-    kind: str
-    """The entry kind that logged it (``user_input``, ``item``, ``system_item``, ``header``)."""
-    event: str | None = None
-    """For a ``system_item``: the runtime event's name."""
-
-
-def timed_history(lines: Iterable[Mapping[str, Any]]) -> list[TimedItem]:
-    """The history that replaying ``lines`` yields (as :func:`collect_state`), each item
-    with the time it was first logged (:func:`header_history`)."""
-    items: list[TimedItem] = []
-    first = True
-    for line in lines:
-        kind = line["kind"]
-        if kind in HISTORY_KINDS:
-            event = line.get("event") if kind == EntryKind.SYSTEM_ITEM else None
-            items.append(TimedItem(line["item"], line["ts"], kind, event))
-        elif kind == EntryKind.HEADER:
-            if first or line.get("history") is not None:
-                items = [TimedItem(i, ts, kind) for i, ts, _ in header_history(line)]
-            first = False
-    return items

@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from terrarium import legacy, sessions
-from terrarium.errors import ConflictError, ContextExists, ContextNotFound
+from terrarium.errors import ConflictError, ContextNotFound
 from terrarium.formats import terrarium_json
 from terrarium.formats.openai import chat_messages
 from terrarium.model import (
@@ -401,20 +401,22 @@ class PersistentSession:
         if not self._is_new:
             legacy.import_legacy(self.store, self.context)
         else:
-            with suppress(ContextExists):  # another writer created it first: continue theirs
-                self._create()
+            self._create(join=True)
         self._reload()
         self._source = None
         pending, self._pending = self._pending, []
         for entry in pending:
             self._queue(entry.kind, entry.data, entry.ts)
 
-    def _create(self) -> None:
-        """Create the context as a new session of this one's ids, prompt and config."""
+    def _create(self, *, join: bool = False) -> None:
+        """Create the context as a new session of this one's ids, prompt and config (``join``:
+        if another writer created it first, continue theirs)."""
         start = SegmentStartState(self.state.system_prompt, self.state.config)
-        sessions.create_segment_with_ids(
-            self.store, self.state.session_id, self.state.segment_id, start, context=self.context
-        )
+        ids = (self.state.session_id, self.state.segment_id)
+        if join:
+            sessions.create_or_join(self.store, self.context, start, ids=ids)
+        else:
+            sessions.create_segment_with_ids(self.store, *ids, start, context=self.context)
 
     def _reload(self) -> None:
         head = self.store.get_head(self.context)

@@ -681,7 +681,7 @@ def export(
 
 def _is_collection(output: str) -> bool:
     """Whether ``-o`` names a folder or an archive rather than one file."""
-    from terrarium.export import ARCHIVE_SUFFIXES
+    from terrarium.formats import ARCHIVE_SUFFIXES
 
     return output.endswith(("/", *ARCHIVE_SUFFIXES)) or Path(output).is_dir()
 

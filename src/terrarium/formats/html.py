@@ -22,7 +22,7 @@ from terrarium import sessions
 from terrarium.formats.jsonl import Transcript, load_transcript
 from terrarium.formats.markdown import content_parts, heading, pretty_json, when
 from terrarium.formats.safe_markdown import markdown_html, pygments_css
-from terrarium.model import ContextId, EntryKind, chat_view, item_label
+from terrarium.model import ContextId, chat_view, item_label
 from terrarium.stores.base import Store
 
 _CSS = """
@@ -119,11 +119,11 @@ def _tool_calls(item: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def render_item(timed: sessions.TimedItem) -> str:
+def render_item(timed: sessions.Message) -> str:
     """One history item as an HTML block (a kind with no Chat view as its JSON)."""
     item = timed.item
     stamp = f'<time datetime="{_e(timed.ts)}">{_e(when(timed.ts))}</time>'
-    if timed.kind == EntryKind.SYSTEM_ITEM:
+    if timed.event is not None:
         text = item.get("content") or timed.event or "event"
         return f'<div class="event">{_e(text)} · {stamp}</div>'
     view = chat_view(item)

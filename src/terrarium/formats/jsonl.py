@@ -4,7 +4,7 @@ The export is every line that replaying the context's head reads, as stored, hea
 for a fork the ancestors' prefixes then the head segment; for a compaction or a clear the head
 segment alone (its header holds the history). :func:`import_context` recreates the context in
 any store with the same ids, timestamps, seqs and every key and kind, so exporting it again
-gives the same lines. A :class:`Transcript` (lines, restored state, timed items) is what the
+gives the same lines. A :class:`Transcript` (lines, restored state, messages) is what the
 Markdown, HTML and OpenAI formats render.
 """
 
@@ -28,7 +28,7 @@ DateBound: TypeAlias = dt.date | dt.datetime | str
 
 @dataclass(frozen=True, slots=True)
 class Transcript:
-    """A context's lineage read once: its raw lines, its restored state, its timed history."""
+    """A context's lineage read once: its raw lines, its restored state, its messages."""
 
     context: ContextId
     head: PodMetadata
@@ -37,7 +37,7 @@ class Transcript:
     """Every line of the lineage as stored, oldest first (see the module docstring)."""
     state: RestoredState
     """What replaying ``lines`` yields."""
-    items: list[sessions.TimedItem]
+    items: list[sessions.Message]
     """``state.history`` item by item, with the time each was logged."""
 
     def active_between(self, since: DateBound | None, until: DateBound | None) -> bool:
@@ -74,10 +74,9 @@ def load_transcript(store: Store, context: ContextId | str) -> Transcript:
     """Read the context's lineage once into a :class:`Transcript` (ContextNotFound if none)."""
     ctx = ContextId.parse(context)
     head = sessions.require_head(store, ctx)
-    lines = sessions.lines_of(sessions.lineage(store, head.session_id, head.segment_id))
-    return Transcript(
-        ctx, head, lines, sessions.collect_state(lines), sessions.timed_history(lines)
-    )
+    reads = sessions.lineage(store, head.session_id, head.segment_id)
+    lines = sessions.lines_of(reads)
+    return Transcript(ctx, head, lines, sessions.collect_state(lines), sessions.messages(reads))
 
 
 def export_context(store: Store, context: ContextId | str) -> str:

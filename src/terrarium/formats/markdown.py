@@ -16,7 +16,7 @@ from typing import Any
 
 from terrarium import sessions
 from terrarium.formats.jsonl import Transcript, load_transcript
-from terrarium.model import ContextId, EntryKind, chat_view, item_label, parse_timestamp
+from terrarium.model import ContextId, chat_view, item_label, parse_timestamp
 from terrarium.stores.base import Store
 
 _ROLE_TITLES = {"user": "User", "assistant": "Assistant", "tool": "Tool result", "system": "System"}
@@ -122,10 +122,10 @@ def _tool_calls(item: Mapping[str, Any]) -> list[str]:
     return blocks
 
 
-def render_item(timed: sessions.TimedItem) -> str:
+def render_item(timed: sessions.Message) -> str:
     """One history item as a Markdown section; a Responses item as its Chat view, its kind named."""
     item = timed.item
-    if timed.kind == EntryKind.SYSTEM_ITEM:
+    if timed.event is not None:
         text = escape(str(item.get("content") or "")) or escape(timed.event or "event")
         return f"*{text}* — {when(timed.ts)}"
     view = chat_view(item)

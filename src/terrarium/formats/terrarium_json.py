@@ -18,11 +18,8 @@ context back. The legacy file is never modified.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import os
-import re
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +31,6 @@ from terrarium.model import (
     DATE_RE,
     TYPE_RE,
     ContextId,
-    EntryKind,
     LogEntry,
     LoggedItem,
     RestoredState,
@@ -50,8 +46,8 @@ from terrarium.model import (
     printable,
     short_repr,
 )
-from terrarium.stores._files import fsync_dir, listdir, open_private, write_all
-from terrarium.stores.base import PodMetadata, Store
+from terrarium.stores._files import listdir, write_atomic
+from terrarium.stores.base import PodMetadata, SegmentRead, Store
 
 LEGACY_HEADER_KEY = "legacy"
 """The root header key under which :func:`import_session` keeps what the log has no place for."""
@@ -500,42 +496,9 @@ def dumps(data: LegacySession | Mapping[str, Any]) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False)
 
 
-def _partial_prefix(path: Path) -> str:
-    # Named after a digest of the file name, not the name itself: a legacy name may be close
-    # to the 255-byte limit, and the temporary file must still fit.
-    return f".{hashlib.sha256(path.name.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}."
-
-
-def atomic_write_bytes(path: Path, data: bytes, *, mtime_ns: int | None = None) -> None:
-    """Write ``data`` to ``path`` through a temporary file beside it, fsync and ``os.replace``."""
-    tmp = path.with_name(f"{_partial_prefix(path)}{uuid.uuid4().hex[:16]}.partial")
-    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # transcripts are private
-    try:
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if mtime_ns is not None:
-            os.utime(tmp, ns=(mtime_ns, mtime_ns))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def stale_partials(path: Path) -> list[Path]:
-    """Temporary files that an interrupted :func:`atomic_write_bytes` of ``path`` left."""
-    pattern = re.compile(re.escape(_partial_prefix(path)) + r"[0-9a-f]{16}\.partial")
-    return [path.parent / name for name in sorted(listdir(path.parent)) if pattern.fullmatch(name)]
-
-
 def write(path: str | os.PathLike[str], session: LegacySession) -> None:
     """Write the session to ``path`` atomically (temporary file, ``fsync``, ``os.replace``)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(target, dumps(session).encode())
+    write_atomic(Path(path), dumps(session).encode(), sync=True)
 
 
 def _is_legacy_file(path: Path) -> bool:
@@ -608,14 +571,6 @@ def import_session(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Timed:
-    item: LoggedItem
-    ts: str
-    legacy_index: int | None
-    """Index among the imported legacy messages (its ``ts`` is then as the file wrote it)."""
-
-
 def _legacy_record(header: Mapping[str, Any]) -> dict[str, Any] | None:
     origin = header.get("origin") or {}
     record = header.get(LEGACY_HEADER_KEY)
@@ -633,19 +588,6 @@ def _item_ts(record: Mapping[str, Any] | None, count: int) -> list[str] | None:
     ):
         return stamps
     return None
-
-
-def _timed_history(lines: Sequence[Mapping[str, Any]]) -> list[_Timed]:
-    """The replayed history with times; an import header's items keep the file's timestamps."""
-    timed = [_Timed(t.item, t.ts, None) for t in sessions.timed_history(lines)]
-    headers = [line for line in lines if line["kind"] == EntryKind.HEADER]
-    # The history starts at the last header that holds one (or the first header).
-    start = next((h for h in reversed(headers) if h.get("history") is not None), headers[0])
-    history = list(start.get("history") or ())
-    stamps = _item_ts(_legacy_record(start), len(history))
-    if stamps is not None:
-        timed[: len(history)] = [_Timed(it, stamps[i], i) for i, it in enumerate(history)]
-    return timed
 
 
 def _native_message(item: LoggedItem, ts: str) -> dict[str, Any] | None:
@@ -680,12 +622,16 @@ def export_dict(
     """
     ctx = ContextId.parse(context)
     head = sessions.require_head(store, ctx)
-    lines = sessions.lines_of(sessions.lineage(store, head.session_id, head.segment_id))
-    lines.extend(entry.to_dict() for entry in pending)
+    reads = sessions.lineage(store, head.session_id, head.segment_id)
+    if pending:
+        last = reads[-1]
+        entries = [*last.entries, *(entry.to_dict() for entry in pending)]
+        reads[-1] = SegmentRead(last.header, entries, last.next_seq, last.torn)
+    lines = sessions.lines_of(reads)
     state = sessions.collect_state(lines)
     root_id, root_header = _session_root(store, head.session_id, lines[0])
     record = _legacy_record(root_header)
-    messages = _export_messages(lines, record)
+    messages = _export_messages(reads, record)
     logged = head.segment_id != root_id or state.next_seq != 1  # since an import, if any
     metadata = _export_metadata(ctx, head, state, record, len(messages), logged=logged)
     extra_top: Mapping[str, Any] = (record.get("extra") or {}) if record is not None else {}
@@ -740,22 +686,26 @@ def _session_root(
 
 
 def _export_messages(
-    lines: Sequence[Mapping[str, Any]], record: Mapping[str, Any] | None
+    reads: Sequence[SegmentRead], record: Mapping[str, Any] | None
 ) -> list[dict[str, Any]]:
     """The legacy messages: imported ones as the file had them, native ones converted."""
     item_extra = record.get("item_extra") if record is not None else None
+    # The history starts at the last header that holds one; an import header's items keep the
+    # file's timestamps.
+    start = next((r.header for r in reversed(reads) if r.header.get("history") is not None), {})
+    stamps = _item_ts(_legacy_record(start), len(start.get("history") or ()))
     messages: list[dict[str, Any]] = []
-    for timed in _timed_history(lines):
-        if timed.legacy_index is None:
-            message = _native_message(timed.item, timed.ts)
+    for found in sessions.messages(reads):
+        if found.index is None or stamps is None:
+            message = _native_message(found.item, found.ts)
             if message is not None:
                 messages.append(message)
             continue
         extra: Mapping[str, Any] = {}
-        if isinstance(item_extra, list) and timed.legacy_index < len(item_extra):
-            extra = item_extra[timed.legacy_index] or {}
-        item = timed.item
-        messages.append(_message_dict(item["role"], item_text(item), timed.ts, extra))
+        if isinstance(item_extra, list) and found.index < len(item_extra):
+            extra = item_extra[found.index] or {}
+        item = found.item
+        messages.append(_message_dict(item["role"], item_text(item), stamps[found.index], extra))
     return messages
 
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from terrarium import contexts, sessions
-from terrarium.errors import ContextExists, TerrariumError, install_hint
+from terrarium.errors import TerrariumError, install_hint
 from terrarium.lifecycle import delete_context
-from terrarium.model import HISTORY_KINDS, ContextId, EntryKind, SegmentStartState, as_logged
+from terrarium.model import HISTORY_KINDS, ContextId, EntryKind, as_logged
 from terrarium.stores.base import PodMetadata, Store, context_lock
 from terrarium.stores.url import open_store
 
@@ -305,14 +305,7 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
         context = self.context_of(thread_id)
         contexts.check_new_name(self.store, context)  # before its lock file is made
         with context_lock(self.store, context):
-            head = self.store.get_head(context)
-            if head is None:
-                try:
-                    sessions.create_segment(self.store, SegmentStartState(), context=context)
-                except ContextExists:
-                    pass  # a store without context locks: another writer created it first
-                head = self.store.get_head(context)
-                assert head is not None
+            head = self.store.get_head(context) or sessions.create_or_join(self.store, context)
             entries: list[tuple[str, dict[str, Any]]] = [
                 (EntryKind.EXTENSION.value, {"domain": domain, "data": data})
             ]

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import Any, Self, TypeVar, cast
 
 from terrarium import codec, contexts, sessions
-from terrarium.errors import ContextExists, InvalidEntry, install_hint
-from terrarium.model import ContextId, LoggedItem, SegmentStartState, as_logged
+from terrarium.errors import InvalidEntry, install_hint
+from terrarium.model import ContextId, LoggedItem, as_logged
 from terrarium.stores.base import Store, context_lock
 from terrarium.stores.url import open_store
 
@@ -154,14 +154,9 @@ class TerrariumSession:
     def _append(self, items: list[LoggedItem]) -> None:
         contexts.check_new_name(self.store, self.context)  # before its lock file is made
         with context_lock(self.store, self.context):
-            head = self.store.get_head(self.context)
-            if head is None:
-                try:
-                    sessions.create_segment(self.store, SegmentStartState(), context=self.context)
-                except ContextExists:
-                    pass  # a store without context locks: another writer created it first
-                head = self.store.get_head(self.context)
-                assert head is not None
+            head = self.store.get_head(self.context) or sessions.create_or_join(
+                self.store, self.context
+            )
             sessions.save_delta(self.store, head, items)
 
     def _pop(self) -> LoggedItem | None:

@@ -50,12 +50,15 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def write_atomic(path: Path, data: bytes, *, sync: bool) -> None:
+def write_atomic(path: Path, data: bytes, *, sync: bool, mtime_ns: int | None = None) -> None:
     """Replace ``path`` with ``data`` (a temporary file renamed over it): a reader sees the old
-    bytes or the new. With ``sync``, they survive a power cut once this returns."""
+    bytes or the new. With ``sync``, they survive a power cut once this returns. ``mtime_ns``:
+    the new file's modification time (a moved file keeps its own)."""
     make_dirs(path.parent)
     tmp = _temporary(path, data, sync=sync)
     try:
+        if mtime_ns is not None:
+            os.utime(tmp, ns=(mtime_ns, mtime_ns))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -101,10 +104,23 @@ def link_free(source: Path, path: Path, suffix: Callable[[int], str]) -> Path:
         return target
 
 
+def leftovers(path: Path) -> list[Path]:
+    """The temporary files that interrupted writes of ``path`` left beside it."""
+    prefix = _temporary_prefix(path)
+    return [path.with_name(n) for n in sorted(listdir(path.parent)) if n.startswith(prefix)]
+
+
+def _temporary_prefix(path: Path) -> str:
+    # A digest of the name: a name of the maximum length still fits, and one path's leftovers
+    # are told from another's. hashlib is imported here, not at the command line's start.
+    import hashlib
+
+    return f".tmp-{hashlib.sha256(os.fsencode(path.name)).hexdigest()[:16]}"
+
+
 def _temporary(path: Path, data: bytes, *, sync: bool) -> Path:
     """A new temporary file beside ``path`` holding ``data`` (removed if writing it fails)."""
-    # Not derived from the name, so a name of the maximum length still fits.
-    tmp = path.with_name(f".tmp-{uuid.uuid4().hex}")
+    tmp = path.with_name(f"{_temporary_prefix(path)}{uuid.uuid4().hex[:16]}")
     fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         write_all(fd, data)
