@@ -28,8 +28,19 @@ from terrarium.stores.base import Indexed, Reindexable, Store
 
 if TYPE_CHECKING:
     from terrarium.index._index import DB_NAME, IndexStats, SearchIndex
+    from terrarium.index._overview import OtherRow, Reader, Sums
 
-__all__ = ["DB_NAME", "IndexStats", "SearchIndex", "listing", "of", "reindex"]
+__all__ = [
+    "DB_NAME",
+    "IndexStats",
+    "OtherRow",
+    "Reader",
+    "SearchIndex",
+    "Sums",
+    "listing",
+    "of",
+    "reindex",
+]
 
 _lock = threading.Lock()
 
@@ -77,6 +88,9 @@ def reindex(store: Store) -> int:
 
 __getattr__, __dir__ = attach(
     __name__,
-    dict.fromkeys(("DB_NAME", "IndexStats", "SearchIndex"), "terrarium.index._index"),
+    {
+        **dict.fromkeys(("DB_NAME", "IndexStats", "SearchIndex"), "terrarium.index._index"),
+        **dict.fromkeys(("OtherRow", "Reader", "Sums"), "terrarium.index._overview"),
+    },
     __all__,
 )

@@ -26,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import sqlite3
@@ -46,6 +47,7 @@ from terrarium.index._fts import (
     fts5_phrases,
     long_snippet,
 )
+from terrarium.index._overview import OtherRow, Reader
 from terrarium.index._refresh import IndexStats, IndexUpdate, Source
 from terrarium.index._sql import SCHEMA_VERSION
 from terrarium.model import ContextId, SegmentId, SessionId
@@ -126,9 +128,10 @@ class SearchIndex:
         """Why it was opened read-only (``read-only``, or a full disk), for messages."""
         self._warned: set[str] = set()
         self._ranker = Ranker()
-        self._reader_lock = threading.Lock()
-        self._read_conn: sqlite3.Connection | None = None
-        self._read_ino: int | None = None
+        self.others: Callable[[], list[OtherRow]] | None = None
+        """What gives the contexts with no session in the index (archived contexts, legacy
+        files), as rows of ``others``; set by the layer that knows them
+        (:func:`terrarium.contexts.listing_index`), read before each of :meth:`read`."""
 
     def __repr__(self) -> str:
         return f"SearchIndex({str(self.path)!r})"
@@ -197,8 +200,6 @@ class SearchIndex:
                         f"version {version}, not {SCHEMA_VERSION}"
                     )
                 self._create_schema(conn, version)
-            elif not readonly:
-                self._add_indexes(conn)
             conn.execute(sql.PROBE).fetchone()
         except BaseException:
             conn.close()
@@ -209,13 +210,6 @@ class SearchIndex:
     def _checked_path(self) -> Path:
         """The database's path, refused (IndexUnavailable) if it leads out of the root."""
         return self._files.index_file(DB_NAME) if self._files is not None else self.path
-
-    @staticmethod
-    def _add_indexes(conn: sqlite3.Connection) -> None:
-        """Create the listing's page indexes an index of this version may lack (they came
-        later in its life: see ``sql.LISTING_INDEXES``); a no-op once they exist."""
-        for statement in sql.LISTING_INDEXES:
-            conn.execute(statement)  # IF NOT EXISTS: no lock taken when the index is there
 
     def _unavailable(self, exc: BaseException) -> IndexUnavailable:
         """The error that says why the index cannot serve now (``exc`` in one line)."""
@@ -257,8 +251,6 @@ class SearchIndex:
         """Close the database connection (the index can be reopened by using it again)."""
         with self._lock:
             self._close_connection()
-        with self._reader_lock:
-            self._close_reader()
 
     # ------------------------------------------------------------------ refresh
 
@@ -273,10 +265,6 @@ class SearchIndex:
         """
         with self._lock:
             return self._guarded(lambda: self._refresh(full=full))
-
-    def catch_up_index(self) -> None:
-        """Bring the index up to date (``IndexedListing``); IndexUnavailable if it cannot."""
-        self.refresh()
 
     def rebuild(self) -> int:
         """Drop everything and index every session afresh; return the sessions indexed.
@@ -516,10 +504,13 @@ class SearchIndex:
                 lambda: self._read(lambda conn: self._search(conn, q, terms)), retry=True
             )
 
-    def _read(self, read: Callable[[sqlite3.Connection], _T]) -> _T:
-        """``read`` on one snapshot of the index, once it is up to date."""
+    def _read(self, read: Callable[[sqlite3.Connection], _T], *, others: bool = False) -> _T:
+        """``read`` on one snapshot of the index, once it is up to date (with ``others``,
+        with :attr:`others` too)."""
         self._refresh(full=False)
         conn = self._connection()
+        if others:
+            self._sync_others(conn)
         conn.execute(sql.BEGIN)
         try:
             return read(conn)
@@ -580,113 +571,73 @@ class SearchIndex:
         Raises:
             IndexUnavailable: the index cannot be brought up to date.
         """
-        return self._summaries(type, as_indexed=False)
-
-    def list_contexts_as_indexed(self, type: str | None = None) -> list[ContextSummary]:
-        """Every context's summary as the index holds it now, without bringing it up to date
-        first: a refresh running in another thread is not waited for (this reads its last
-        commit, on a read-only connection of its own). Empty before the index is first built.
-
-        Raises:
-            IndexUnavailable: the index exists but cannot be read.
-        """
-        return self._summaries(type, as_indexed=True)
+        statement, params = (sql.LISTING, ()) if type is None else (sql.LISTING_OF_TYPE, (type,))
+        return [ContextSummary(*row) for row in self._rows(statement, params)]
 
     def list_contexts_page(self, query: ListingQuery) -> list[ContextSummary]:
         """One page of the listing, filtered and sorted: an index walk of about
         ``query.limit`` rows (see :mod:`terrarium.stores._listing`), once the index is up to
-        date, or as it stands with ``query.as_indexed`` (as :meth:`list_contexts_as_indexed`).
+        date.
 
         Raises:
-            IndexUnavailable: as :meth:`list_contexts_fast` (or the index cannot be read).
+            IndexUnavailable: as :meth:`list_contexts_fast`.
             InvalidQuery: a query that cannot be run.
         """
         statement, params = _listing.page_statement(sql.LISTING_SELECT, query, _listing.SQLITE)
-        found = self._listing_read(statement, params, query.as_indexed)
-        return [ContextSummary(*row) for row in found]
+        return [ContextSummary(*row) for row in self._rows(statement, params)]
 
-    def context_types(self, *, as_indexed: bool = False) -> list[str]:
-        """Every type that has a context, sorted (as the index holds it with ``as_indexed``)."""
-        return [row[0] for row in self._listing_read(sql.CONTEXT_TYPES, [], as_indexed)]
+    def context_types(self) -> list[str]:
+        """Every type that has a context, sorted."""
+        return [row[0] for row in self._rows(sql.CONTEXT_TYPES, [])]
 
-    def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
+    def context_signatures(self) -> list[tuple[str, str, int]]:
         """Every context's (id, last active, message count), in last-active order, from the
-        covering index ``sessions_by_last_active`` (as the index holds it with ``as_indexed``).
+        covering index ``sessions_by_last_active``."""
+        return self._rows(sql.SIGNATURES, [])
+
+    def _rows(self, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """``statement``'s rows, read once the index is up to date."""
+        with self._lock:
+            return self._guarded(
+                lambda: self._read(lambda conn: conn.execute(statement, params).fetchall()),
+                retry=True,
+            )
+
+    # ------------------------------------------------------------------ the dashboard's reads
+
+    def read(self, read: Callable[[Reader], _T]) -> _T:
+        """``read`` on one snapshot of the index, brought up to date with the store and with
+        what :attr:`others` gives (archived contexts, legacy files): the listing, figures and
+        sums the dashboard shows (:class:`~terrarium.index._overview.Reader`).
+
+        Raises:
+            IndexUnavailable: the index cannot be brought up to date.
         """
-        return self._listing_read(sql.SIGNATURES, [], as_indexed)
+        with self._lock:
+            return self._guarded(
+                lambda: self._read(lambda c: read(Reader(c)), others=True), retry=True
+            )
 
-    def _summaries(self, type: str | None, *, as_indexed: bool) -> list[ContextSummary]:
-        """The whole listing, of one type or all."""
-        statement, params = (sql.LISTING, ()) if type is None else (sql.LISTING_OF_TYPE, (type,))
-        return [ContextSummary(*row) for row in self._listing_read(statement, params, as_indexed)]
+    def _sync_others(self, conn: sqlite3.Connection) -> None:
+        """Replace the rows of the contexts :attr:`others` gives when they changed."""
+        if self.others is None or self.readonly:
+            return
+        rows = sorted(self.others())
+        digest = hashlib.sha256(repr(rows).encode()).hexdigest()
+        found = conn.execute(sql.OTHERS_HASH).fetchone()
+        if found is not None and found[0] == digest:
+            return
+        with _db.immediate(conn):
+            conn.execute(sql.DELETE_OTHERS)
+            conn.executemany(sql.INSERT_OTHER, rows)
+            conn.execute(sql.SET_OTHERS_HASH, (digest,))
 
-    def _listing_read(
-        self, statement: str, params: Sequence[Any], as_indexed: bool
-    ) -> list[tuple[Any, ...]]:
-        """``statement``'s rows, read once the index is up to date, or with ``as_indexed``
-        as the index stands, on the read-only connection (empty before it is first built)."""
-        if not as_indexed:
-            with self._lock:
-                return self._guarded(
-                    lambda: self._read(lambda conn: conn.execute(statement, params).fetchall()),
-                    retry=True,
-                )
-        with self._reader_lock:
-            if not self.path.exists():
-                return []
-            try:
-                return self._reader().execute(statement, params).fetchall()
-            except (sqlite3.Error, OSError) as exc:
-                self._close_reader()
-                raise self._unavailable(exc) from exc
-
-    def _reader(self) -> sqlite3.Connection:
-        """The read-only connection of :meth:`list_contexts_as_indexed`, reopened when the
-        file was replaced."""
-        ino = os.stat(self.path).st_ino
-        if self._read_conn is None or self._read_ino != ino:
-            self._close_reader()
-            self._read_conn = _db.connect(self._checked_path(), timeout=BUSY_TIMEOUT, readonly=True)
-            self._read_ino = ino
-        return self._read_conn
-
-    def _close_reader(self) -> None:
-        if self._read_conn is not None:
-            self._read_conn.close()
-            self._read_conn = None
-
-    def index_backlog(self) -> int:
-        """How many sessions the next refresh reads: those written since the index last
-        caught up (their dirty markers) and those it watches (see :meth:`_update`), or,
-        before it was ever built, every session folder. Cheap: a ``listdir`` and an indexed
-        count, and before the first build one ``scandir`` per date folder."""
-        built, watched, position = False, 0, None
-        with self._reader_lock:
-            if self.path.exists():
-                try:
-                    conn = self._reader()
-                    built = conn.execute(sql.BUILT).fetchone() is not None
-                    watched = len(conn.execute(sql.WATCHED_IDS).fetchall())
-                    row = conn.execute(sql.CURSOR).fetchone() if built else None
-                    position = row[0] if row is not None else None
-                except (sqlite3.Error, OSError, IndexUnavailable):  # counted from the store
-                    self._close_reader()
-        files = self._files
-        if files is None:
-            return self._cursor_backlog(position)
-        if not built:
-            return files.count_sessions()
-        try:
-            return len(files.markers()) + watched
-        except IndexUnavailable:  # a link out of the root: the listing reads the files
-            return watched
-
-    def _cursor_backlog(self, position: str | None) -> int:
-        """:meth:`index_backlog` of a store with a change cursor, from the ``position`` the
-        index stored (None: never built)."""
-        assert self._cursor is not None
-        touched, _ = self._cursor.changes(position)
-        return len(touched) if touched is not None else len(self._cursor.store.list_contexts())
+    def segment_bytes(self) -> int | None:
+        """Bytes of every segment file the index has read (a filesystem store's sessions),
+        or None for a store whose segments are not files."""
+        if self._files is None:
+            return None
+        return int(self.read(lambda r: r.segment_bytes()))
 
     def offsets(self) -> dict[SegmentId, int]:
         """Per segment, the byte offset the index has read up to (for tests and ``check``)."""
