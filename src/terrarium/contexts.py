@@ -21,8 +21,10 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -195,14 +197,19 @@ def summary_row(summary: ContextSummary) -> ContextRow:
     )
 
 
-def listing_index(store: Store) -> SearchIndex | None:
-    """The store's derived index (None for a store without one), told which contexts it
+def listing_index(store: Store) -> SearchIndex:
+    """The store's derived index (:func:`terrarium.index.of_any`), told which contexts it
     holds no session of: the legacy files beside the store and, on a :class:`Lifecycle`
     store, the archived contexts (:func:`other_rows`), so it lists them as rows too."""
-    found = index.of(store)
-    if found is not None and found.others is None:
-        found.others = lambda: other_rows(store)
+    found = index.of_any(store)
+    if found.others is None:  # a weak reference: a walked index is kept as long as the store
+        found.others = functools.partial(_others_of, weakref.ref(store))
     return found
+
+
+def _others_of(store: weakref.ref[Store]) -> list[OtherRow]:
+    found = store()
+    return other_rows(found) if found is not None else []
 
 
 def other_rows(store: Store) -> list[OtherRow]:

@@ -39,6 +39,7 @@ __all__ = [
     "Sums",
     "listing",
     "of",
+    "of_any",
     "reindex",
 ]
 
@@ -59,6 +60,18 @@ def of(store: Store) -> SearchIndex | None:
         index = SearchIndex(store.index_source())
         store.derived = index
         return index
+
+
+def of_any(store: Store) -> SearchIndex:
+    """The derived index of any store: its own (:func:`of`), else one kept beside it in a
+    temporary folder and walked whole at each refresh (``_walked``: a store with no change
+    cursor and no index of its own)."""
+    found = of(store)
+    if found is not None:
+        return found
+    from terrarium.index._walked import kept
+
+    return kept(store)
 
 
 def listing(store: Store) -> SearchIndex | Store:
