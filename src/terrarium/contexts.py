@@ -197,11 +197,12 @@ def summary_row(summary: ContextSummary) -> ContextRow:
     )
 
 
-def listing_index(store: Store) -> SearchIndex:
-    """The store's derived index (:func:`terrarium.index.of_any`), told which contexts it
-    holds no session of: the legacy files beside the store and, on a :class:`Lifecycle`
-    store, the archived contexts (:func:`other_rows`), so it lists them as rows too."""
-    found = index.of_any(store)
+def listing_index(store: Store, *, walked: bool = False) -> SearchIndex:
+    """The store's derived index (:func:`terrarium.index.of_any`; with ``walked``,
+    :func:`terrarium.index.walked`), told which contexts it holds no session of: the legacy
+    files beside the store and, on a :class:`Lifecycle` store, the archived contexts
+    (:func:`other_rows`), so it lists them as rows too."""
+    found = index.walked(store) if walked else index.of_any(store)
     if found.others is None:  # a weak reference: a walked index is kept as long as the store
         found.others = functools.partial(_others_of, weakref.ref(store))
     return found

@@ -41,6 +41,7 @@ __all__ = [
     "of",
     "of_any",
     "reindex",
+    "walked",
 ]
 
 _lock = threading.Lock()
@@ -63,12 +64,15 @@ def of(store: Store) -> SearchIndex | None:
 
 
 def of_any(store: Store) -> SearchIndex:
-    """The derived index of any store: its own (:func:`of`), else one kept beside it in a
-    temporary folder and walked whole at each refresh (``_walked``: a store with no change
-    cursor and no index of its own)."""
+    """The derived index of any store: its own (:func:`of`), else :func:`walked`."""
     found = of(store)
-    if found is not None:
-        return found
+    return found if found is not None else walked(store)
+
+
+def walked(store: Store) -> SearchIndex:
+    """An index of ``store`` kept in a private temporary folder while the store lives, walked
+    whole at each refresh: for a store with no index of its own, or whose own cannot be
+    brought up to date (read-only and behind)."""
     from terrarium.index._walked import kept
 
     return kept(store)

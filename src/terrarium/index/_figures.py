@@ -19,7 +19,7 @@ from __future__ import annotations
 import sqlite3
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -63,7 +63,7 @@ def of_lineage(reads: Sequence[SegmentRead], session_id: SessionId) -> Figures:
     return found
 
 
-def of_lines(lines: Sequence[Mapping[str, Any]], session_id: str, segment_id: str) -> Figures:
+def of_lines(lines: Sequence[dict[str, Any]], session_id: str, segment_id: str) -> Figures:
     """What the lines a head segment gained add to its session's figures.
 
     They are folded after a header that carries nothing (no history, usage or turns), so

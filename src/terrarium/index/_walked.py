@@ -50,17 +50,21 @@ class WalkedChanges(LogChanges):
         return session_id if session_id in self._heads else None
 
     def segments(self, folder: str) -> dict[str, SegmentStat]:
-        store, sid = self.plain, uuid.UUID(folder)
         try:
-            return {str(g): SegmentStat(0, store.next_seq(sid, g)) for g in store.list_segments(sid)}
+            segments = self.plain.list_segments(uuid.UUID(folder))
+            found = {str(g): self.stat_segment(folder, str(g)) for g in segments}
         except SegmentNotFound:  # gone meanwhile
             return {}
+        return {segment_id: st for segment_id, st in found.items() if st is not None}
 
     def stat_segment(self, folder: str, segment_id: str) -> SegmentStat | None:
+        # A header's read counts the whole segment, and needs no write access (a read-only
+        # store's ``next_seq`` may open the segment for appending).
         try:
-            return SegmentStat(0, self.plain.next_seq(uuid.UUID(folder), uuid.UUID(segment_id)))
+            read = self.plain.read_segment(uuid.UUID(folder), uuid.UUID(segment_id), stop_seq=0)
         except SegmentNotFound:
             return None
+        return SegmentStat(0, read.next_seq)
 
     def head(self, folder: str) -> tuple[PodMetadata | None, str | None]:
         return self._heads.get(folder), None

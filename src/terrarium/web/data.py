@@ -17,18 +17,20 @@ import base64
 import binascii
 import datetime
 import json
+import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from terrarium import contexts, sessions, states
 from terrarium.errors import (
     ContextNotFound,
+    IndexUnavailable,
     InvalidContextId,
     SegmentNotFound,
 )
-from terrarium.index import SearchIndex
+from terrarium.index import Reader
 from terrarium.model import ContextId, SegmentId, chat_view, item_label, item_text
 from terrarium.stores.base import ContextSummary, Lifecycle, ListingQuery, SegmentRead, Store
 
@@ -48,6 +50,9 @@ MESSAGES_PER_PAGE = 200
 MOST_ACTIVE = 10
 """Contexts the overview lists as the most active: the most messages (ties by id)."""
 
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
 _COLUMNS = {"last_active": "last_active", "created": "created_at", "messages": "message_count"}
 
 
@@ -58,9 +63,15 @@ class BadRequest(ValueError):
 # --------------------------------------------------------------------------- listing
 
 
-def _index(store: Store) -> SearchIndex:
-    """The store's derived index, which every listing figure comes from."""
-    return contexts.listing_index(store)
+def _read(store: Store, read: Callable[[Reader], _T]) -> _T:
+    """``read`` on the store's derived index, which every listing figure comes from; on one
+    kept in a temporary folder when the store's own cannot be brought up to date (a
+    read-only store whose index is behind or missing)."""
+    try:
+        return contexts.listing_index(store).read(read)
+    except IndexUnavailable as exc:
+        log.warning("%s; reading an index of the store in a temporary folder instead", exc)
+        return contexts.listing_index(store, walked=True).read(read)
 
 
 def encode_cursor(key: tuple[Any, str]) -> str:
@@ -118,7 +129,7 @@ def list_page(
         raise BadRequest(f"state must be one of {', '.join(STATES)}, not {state[:40]!r}")
     query = _query(sort, cursor, limit, type, text, since, until)
     life = store if isinstance(store, Lifecycle) else None
-    rows, types = _index(store).read(lambda r: (r.page(query, state), r.types(state)))
+    rows, types = _read(store, lambda r: (r.page(query, state), r.types(state)))
     page, more = rows[:limit], len(rows) > limit
     pinned = states.pinned_contexts(life) if life else frozenset()
     column = "tokens" if sort == "tokens" else _COLUMNS[sort]
@@ -188,7 +199,7 @@ def disk_bytes(store: Store) -> int | None:
         return sum(os.stat(p).st_size for p in (path, *extra) if p.exists())
     if not isinstance(getattr(store, "root", None), Path):
         return None
-    return _index(store).read(lambda r: r.segment_bytes())
+    return _read(store, lambda r: r.segment_bytes())
 
 
 RANGES = {"7d": 7, "30d": 30, "90d": 90, "all": None}
@@ -279,7 +290,7 @@ def overview(
     The chart's days are picked by ``range``/``start``/``end`` (see :func:`chart_range`).
     """
     top = ListingQuery(sort="messages", limit=MOST_ACTIVE)
-    sums, most_active = _index(store).read(lambda r: (r.sums(), r.page(top)))
+    sums, most_active = _read(store, lambda r: (r.sums(), r.page(top)))
     names = ("prompt_tokens", "completion_tokens", "cached_tokens", "calls", "estimated_calls")
     models = {model: dict(zip(names, n, strict=True)) for model, n in sums.models.items()}
     today = today or datetime.datetime.now(datetime.UTC).date().isoformat()
@@ -311,7 +322,7 @@ def overview(
 
 def forks_of(store: Store, context: ContextId) -> list[str]:
     """The hot contexts forked from ``context`` into other contexts (``fork_context``)."""
-    return _index(store).read(lambda r: r.forks_of(str(context)))
+    return _read(store, lambda r: r.forks_of(str(context)))
 
 
 # --------------------------------------------------------------------------- one context
@@ -585,4 +596,4 @@ def signature(store: Store, context: ContextId | None) -> str:
         if head is None:
             return "gone"
         return f"{head.segment_id}:{store.next_seq(head.session_id, head.segment_id)}"
-    return _index(store).read(lambda r: r.fingerprint())
+    return _read(store, lambda r: r.fingerprint())
