@@ -35,7 +35,7 @@ from terrarium import (
 )
 from terrarium.blobs import collect_garbage
 from terrarium.cli import cli
-from terrarium.errors import CorruptLog, StoreError
+from terrarium.errors import CorruptLog
 from terrarium.model import ContextId
 from terrarium.search import search
 from terrarium.stores import fs as fs_module
