@@ -6,6 +6,7 @@ are aggregates of them; archived contexts and legacy files are rows of the index
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,47 @@ def test_archived_contexts_and_legacy_files_are_rows(tmp_path: Path) -> None:
     assert rows("archived") == {}
     assert rows("hot")["cli:cold"] == ("hot", 2, None)
     store.close()
+
+
+@pytest.mark.parametrize("kind", ["fs", "sqlite"])
+def test_a_first_build_does_not_hold_a_page_for_long(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store whose index was never built: each dashboard page indexes sessions for about
+    ``BUILD_STEP`` and shows what the index holds, saying how many are left and reloading;
+    writes meanwhile are not lost, and the figures end as a rebuild's."""
+    from starlette.testclient import TestClient
+
+    from terrarium.index._refresh import IndexUpdate
+    from terrarium.web import create_app, data
+
+    made: Store = FsStore(tmp_path / "s") if kind == "fs" else SqliteStore(tmp_path / "s.db")
+    for n in range(12):
+        create_segment(made, context=f"cli:c{n}")
+        turn(made, f"cli:c{n}", "q", "a")
+    real = IndexUpdate.index_folder
+
+    def slow(self: IndexUpdate, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.05)  # a step (BUILD_STEP) indexes one session
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(IndexUpdate, "index_folder", slow)
+    monkeypatch.setattr(data, "BUILD_STEP", 0.01)
+    client = TestClient(create_app(made), base_url="http://127.0.0.1")
+    began = time.monotonic()
+    first = client.get("/api/stats").json()
+    assert time.monotonic() - began < 2
+    assert first["indexing"] > 0 and first["totals"]["contexts"] < 12
+    page = client.get("/").text
+    assert 'id="indexing"' in page and 'http-equiv="refresh"' in page
+    turn(made, "cli:c0", "during", "the build")  # indexed already, or not yet
+    create_segment(made, context="cli:late")
+    for _ in range(200):
+        stats = client.get("/api/stats").json()
+        if not stats["indexing"]:
+            break
+    assert stats["totals"]["contexts"] == 13 and stats["totals"]["turns"] == 13
+    assert 'id="indexing"' not in client.get("/").text
+    monkeypatch.undo()
+    assert figures(made) == refolded(made)
+    made.close()

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from terrarium.errors import IndexUnavailable
 from terrarium.index import _sql as sql
+from terrarium.index._build import Build
 from terrarium.index._fts import (
     LONG_BODY,
     Ranker,
@@ -128,6 +129,8 @@ class SearchIndex:
         """Why it was opened read-only (``read-only``, or a full disk), for messages."""
         self._warned: set[str] = set()
         self._ranker = Ranker()
+        self._build: Build | None = None
+        """A first build under way, step by step (see ``_build``)."""
         self.others: Callable[[], list[OtherRow]] | None = None
         """What gives the contexts with no session in the index (archived contexts, legacy
         files), as rows of ``others``; set by the layer that knows them
@@ -296,14 +299,21 @@ class SearchIndex:
                     raise self._unavailable(exc) from exc
         raise AssertionError("unreachable")
 
-    def _refresh(self, *, full: bool) -> bool:
+    def _refresh(self, *, full: bool, budget: float | None = None) -> bool:
         conn = self._connection()
         if self.readonly:
             behind = self._behind(conn)
             if behind is not None:
                 raise IndexUnavailable(f"{self.path}: {self.readonly_reason}, and {behind}")
             return False
-        full = full or conn.execute(sql.BUILT).fetchone() is None
+        built = conn.execute(sql.BUILT).fetchone() is not None
+        if budget is not None and not (full or built):
+            self._build_step(conn, budget)
+            if self._build is not None:
+                return True
+            built = True  # it ended: what was written meanwhile is read now
+        self._build = None
+        full = full or not built
         files = self._files
         if files is None:
             if not full and self._touched(conn) == []:
@@ -324,6 +334,66 @@ class SearchIndex:
         if self.stats.items - items >= _OPTIMIZE_AFTER:
             self._optimize(conn)
         return True
+
+    def _build_step(self, conn: sqlite3.Connection, budget: float) -> None:
+        """One step of a first build, of about ``budget`` seconds (see ``_build``)."""
+        deadline = time.monotonic() + budget
+        claimed: list[tuple[str, Path]] = []
+        with _db.immediate(conn):
+            if conn.execute(sql.BUILT).fetchone() is not None:  # another process built it
+                self._build = None
+                return
+            if self._build is None:
+                row = conn.execute(sql.BUILD_CURSOR).fetchone()
+                position = row[0] if row else self._cursor.changes(None)[1] if self._cursor else ""
+                conn.execute(sql.SET_BUILD_CURSOR, (position,))
+                self._build = Build(self.source, conn, position)
+            build = self._build
+            work = IndexUpdate(self, conn, defer_recent=False, recent_size=RECENT_SIZE)
+            if self._files is not None:
+                claimed = self._claim_during(conn, work, build)
+            done = build.step(work, deadline)
+            if done:
+                self._end_build(conn, work, build)
+            work.finish()
+        if self._files is not None:
+            held = (build.held or []) if done else []
+            self._files.release([path for _, path in claimed] + held)
+
+    def _claim_during(
+        self, conn: sqlite3.Connection, work: IndexUpdate, build: Build
+    ) -> list[tuple[str, Path]]:
+        """A build's markers: those there when it began are held until it ends (the walk
+        reads their sessions); those left since are claimed, their sessions indexed and
+        watched at once. Returns the latter, to release after the commit."""
+        assert self._files is not None
+        claimed = self._files.claim()
+        if build.held is None:
+            build.held = [path for _, path in claimed]
+            build.watch = sorted({sid for sid, _ in claimed})
+            return []
+        held = set(build.held)  # a claim takes the claimed markers not released yet too
+        claimed = [(sid, path) for sid, path in claimed if path not in held]
+        for sid in sorted({sid for sid, _ in claimed}):
+            work.index_session(sid)
+            build.seen.add(sid)
+        until = self.clock() + WATCH_SECONDS
+        conn.executemany(sql.WATCH, [(until, sid) for sid, _ in claimed])
+        return claimed
+
+    def _end_build(self, conn: sqlite3.Connection, work: IndexUpdate, build: Build) -> None:
+        """The last step of a build: what a full refresh records once it has walked."""
+        build.finish(work, conn)
+        if self._files is not None:
+            conn.execute(sql.SET_SHAPE, (self._files.shape(None).text,))
+            conn.execute(sql.UNWATCH_ENDED, (self.clock(),))
+            until = self.clock() + WATCH_SECONDS  # as a full refresh watches what it claimed
+            conn.executemany(sql.WATCH, [(until, sid) for sid in build.watch])
+        else:
+            conn.execute(sql.SET_CURSOR, (build.position,))
+        conn.execute(sql.SET_BUILT, (str(self.clock()),))
+        conn.execute(sql.DELETE_BUILD_CURSOR)
+        self._build = None
 
     def _touched(self, conn: sqlite3.Connection) -> list[str] | None:
         """The sessions the store's cursor says were written since the index last read it
@@ -504,10 +574,17 @@ class SearchIndex:
                 lambda: self._read(lambda conn: self._search(conn, q, terms)), retry=True
             )
 
-    def _read(self, read: Callable[[sqlite3.Connection], _T], *, others: bool = False) -> _T:
+    def _read(
+        self,
+        read: Callable[[sqlite3.Connection], _T],
+        *,
+        others: bool = False,
+        budget: float | None = None,
+    ) -> _T:
         """``read`` on one snapshot of the index, once it is up to date (with ``others``,
-        with :attr:`others` too)."""
-        self._refresh(full=False)
+        with :attr:`others` too; with ``budget``, as far as a step of a first build takes
+        it, see ``_build``)."""
+        self._refresh(full=False, budget=budget)
         conn = self._connection()
         if others:
             self._sync_others(conn)
@@ -605,18 +682,25 @@ class SearchIndex:
 
     # ------------------------------------------------------------------ the dashboard's reads
 
-    def read(self, read: Callable[[Reader], _T]) -> _T:
+    def read(self, read: Callable[[Reader], _T], *, budget: float | None = None) -> _T:
         """``read`` on one snapshot of the index, brought up to date with the store and with
         what :attr:`others` gives (archived contexts, legacy files): the listing, figures and
         sums the dashboard shows (:class:`~terrarium.index._overview.Reader`).
 
+        Args:
+            budget: seconds a first build may take before the read: past them the read
+                sees what the index holds so far, and ``Reader.left`` how many sessions
+                are still to be indexed (the next such read goes on with the build).
+
         Raises:
             IndexUnavailable: the index cannot be brought up to date.
         """
+
+        def run(conn: sqlite3.Connection) -> _T:
+            return read(Reader(conn, self._build.left if self._build is not None else 0))
+
         with self._lock:
-            return self._guarded(
-                lambda: self._read(lambda c: read(Reader(c)), others=True), retry=True
-            )
+            return self._guarded(lambda: self._read(run, others=True, budget=budget), retry=True)
 
     def _sync_others(self, conn: sqlite3.Connection) -> None:
         """Replace the rows of the contexts :attr:`others` gives when they changed."""

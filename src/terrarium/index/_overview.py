@@ -47,8 +47,10 @@ class Sums(msgspec.Struct):
 class Reader:
     """The dashboard's reads, on one snapshot of the index (see ``SearchIndex.read``)."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, left: int = 0) -> None:
         self.conn = conn
+        self.left = left
+        """Sessions a first build has still to index (0: the index holds every one)."""
 
     def page(self, query: ListingQuery, state: str = "hot") -> list[ContextSummary]:
         """One page of the contexts ``state`` shows (``hot``, ``archived``, ``all``), in

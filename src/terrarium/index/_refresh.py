@@ -152,6 +152,10 @@ class Source(Protocol):
         """Every session's folder with its segments (a full refresh)."""
         ...
 
+    def count_sessions(self) -> int:
+        """How many sessions a walk finds (cheaper than walking)."""
+        ...
+
 
 class _Owner(Protocol):
     """What a refresh uses of its index (:class:`terrarium.index.SearchIndex`)."""

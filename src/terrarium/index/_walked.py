@@ -77,6 +77,9 @@ class WalkedChanges(LogChanges):
         end = offset + len(lines)
         return lines, end, end
 
+    def count_sessions(self) -> int:
+        return len(self.plain.list_contexts())
+
     def walk(self) -> Iterator[tuple[str, dict[str, SegmentStat]]]:
         self._heads = {str(h.session_id): h for h in self.plain.list_contexts()}
         for folder in list(self._heads):

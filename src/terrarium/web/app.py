@@ -470,6 +470,7 @@ def overview_page(request: Request) -> HTMLResponse:
         chart=chart,
         ranges=list(data.RANGES),
         live="",
+        refresh=stats["indexing"] > 0,  # reload until the index holds every session
     )
 
 

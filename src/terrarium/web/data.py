@@ -63,15 +63,20 @@ class BadRequest(ValueError):
 # --------------------------------------------------------------------------- listing
 
 
+BUILD_STEP = 0.2
+"""Seconds a page spends on a first build of the store's index before it shows what the
+index holds so far (``indexing`` says how many sessions are left; the next page goes on)."""
+
+
 def _read(store: Store, read: Callable[[Reader], _T]) -> _T:
     """``read`` on the store's derived index, which every listing figure comes from; on one
     kept in a temporary folder when the store's own cannot be brought up to date (a
     read-only store whose index is behind or missing)."""
     try:
-        return contexts.listing_index(store).read(read)
+        return contexts.listing_index(store).read(read, budget=BUILD_STEP)
     except IndexUnavailable as exc:
         log.warning("%s; reading an index of the store in a temporary folder instead", exc)
-        return contexts.listing_index(store, walked=True).read(read)
+        return contexts.listing_index(store, walked=True).read(read, budget=BUILD_STEP)
 
 
 def encode_cursor(key: tuple[Any, str]) -> str:
@@ -285,12 +290,14 @@ def overview(
 ) -> dict[str, Any]:
     """Totals, per-type counts, messages per day by type, tokens per model, most active, and
     the lifecycle counts: the index's sums over the hot contexts (archived contexts count in
-    the archived card only; legacy files in contexts and messages).
+    the archived card only; legacy files in contexts and messages). While a first build of
+    the index is under way, they cover what it holds so far: ``indexing`` says how many
+    sessions are left (0 once it holds every one).
 
     The chart's days are picked by ``range``/``start``/``end`` (see :func:`chart_range`).
     """
     top = ListingQuery(sort="messages", limit=MOST_ACTIVE)
-    sums, most_active = _read(store, lambda r: (r.sums(), r.page(top)))
+    sums, most_active, left = _read(store, lambda r: (r.sums(), r.page(top), r.left))
     names = ("prompt_tokens", "completion_tokens", "cached_tokens", "calls", "estimated_calls")
     models = {model: dict(zip(names, n, strict=True)) for model, n in sums.models.items()}
     today = today or datetime.datetime.now(datetime.UTC).date().isoformat()
@@ -308,6 +315,7 @@ def overview(
             "estimated_calls": sum(m["estimated_calls"] for m in models.values()),
             "bytes_on_disk": disk_bytes(store),
         },
+        "indexing": left,
         "lifecycle": lifecycle_counts(store),
         "per_type": per_type,
         "range": {k: chosen[k] for k in ("range", "from", "to")},
