@@ -21,6 +21,10 @@ from terrarium.index import _sql as sql
 from terrarium.index._refresh import IndexUpdate, Source
 from terrarium.stores.base import SegmentStat
 
+SMALL = 200
+"""A build of at most this many sessions is done in one step, whatever the budget (a few
+hundred milliseconds at most): the first page of a small store shows it whole."""
+
 
 class Build:
     """One build under way: the walk of every session, what it has seen, where it began."""
@@ -46,8 +50,9 @@ class Build:
         return max(1, self.total - self.walked)
 
     def step(self, work: IndexUpdate, deadline: float) -> bool:
-        """Index the walk's sessions until ``deadline``; True once every one is."""
-        while time.monotonic() <= deadline:
+        """Index the walk's sessions until ``deadline`` (a small build: all of them); True
+        once every one is."""
+        while self.total <= SMALL or time.monotonic() <= deadline:
             found = next(self.walk, None)
             if found is None:
                 return True
