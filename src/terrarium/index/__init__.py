@@ -1,11 +1,12 @@
 """The derived index: one listing and search index above the stores that have none of their own.
 
-A layer above :mod:`terrarium.stores` and below :mod:`terrarium.contexts`, :mod:`terrarium.search`
-and the dashboard. It derives from a store's logs what listing and search need (a row per
-session with its counts and last activity, an FTS5 row per history item) and is rebuilt from
-them when lost. Every store with no search of its own (``Indexed``: files, memory, SQLite) has
-one; PostgreSQL keeps its native search and listing: :func:`of` gives None for it, and the
-surfaces ask the store itself (:func:`listing`). Importing this package imports no backend.
+A layer above :mod:`terrarium.stores` and the session log, below :mod:`terrarium.contexts`,
+:mod:`terrarium.search` and the dashboard. It derives from a store's logs what listing, search
+and the dashboard need (a row per session with its counts, last activity and figures, an FTS5
+row per history item) and is rebuilt from them when lost. Every store with no search of its
+own (``Indexed``: files, memory, SQLite) has one; PostgreSQL keeps its native search and
+listing: :func:`of` gives None for it, and the surfaces ask the store itself (:func:`listing`);
+the dashboard reads :func:`of_any`. Importing this package imports no backend.
 
 Usage::
 
