@@ -667,11 +667,6 @@ class SearchIndex:
         """Every type that has a context, sorted."""
         return [row[0] for row in self._rows(sql.CONTEXT_TYPES, [])]
 
-    def context_signatures(self) -> list[tuple[str, str, int]]:
-        """Every context's (id, last active, message count), in last-active order, from the
-        covering index ``sessions_by_last_active``."""
-        return self._rows(sql.SIGNATURES, [])
-
     def _rows(self, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         """``statement``'s rows, read once the index is up to date."""
         with self._lock:

@@ -412,9 +412,6 @@ LISTING = f"{LISTING_SELECT} ORDER BY type, name"
 LISTING_OF_TYPE = f"{LISTING_SELECT} WHERE type = ? ORDER BY name"
 # A page of it is LISTING_SELECT completed by stores._listing.page_statement.
 CONTEXT_TYPES = "SELECT DISTINCT type FROM sessions ORDER BY type"
-SIGNATURES = (
-    "SELECT context, last_active, message_count FROM sessions ORDER BY last_active, context"
-)
 
 # A search's filters are FTS5 conditions appended to its MATCH expression (a bound parameter):
 # each matches tokens of the ``tags`` column (``s<session row> r<role> t<type row>``, SCHEMA).

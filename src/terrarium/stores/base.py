@@ -443,11 +443,6 @@ class Listing(Protocol):
         """Every type that has a context, sorted."""
         ...
 
-    def context_signatures(self) -> list[tuple[str, str, int]]:
-        """Every context's (id, last active, message count), in a stable order: what a
-        write changes, for a fraction of a listing's cost (three columns of nine)."""
-        ...
-
 
 LISTING_SORTS = ("last_active", "created", "messages")
 """The orders a :class:`Listing` pages in, each largest first, ties broken by context id
