@@ -49,7 +49,8 @@ SCHEMA = [
     """CREATE INDEX sessions_by_last_active ON sessions(last_active, context, message_count)""",
     """CREATE INDEX sessions_by_created ON sessions(created_at, context)""",
     """CREATE INDEX sessions_by_messages ON sessions(message_count, context)""",
-    """CREATE INDEX sessions_by_tokens ON sessions(tokens, context)""",
+    # Also covers the overview's turns.
+    """CREATE INDEX sessions_by_tokens ON sessions(tokens, context, turns)""",
     """CREATE INDEX sessions_by_fork_source ON sessions(fork_source)
         WHERE fork_source IS NOT NULL""",
     """CREATE TABLE segments(
@@ -92,12 +93,16 @@ SCHEMA = [
         calls INTEGER NOT NULL,
         estimated INTEGER NOT NULL,
         PRIMARY KEY(session, model)) WITHOUT ROWID""",
+    # The overview's sums per model and per day read these covering indexes in their groups'
+    # order: about half and a fifth of the time of a scan and a sort, at 100k sessions.
+    """CREATE INDEX usage_by_model ON usage(model, prompt, completion, cached, calls, estimated)""",
     """CREATE TABLE days(
         session INTEGER NOT NULL,
         day TEXT NOT NULL,
         tid INTEGER NOT NULL,
         messages INTEGER NOT NULL,
         PRIMARY KEY(session, day)) WITHOUT ROWID""",
+    """CREATE INDEX days_by_day ON days(day, tid, messages)""",
     """CREATE TABLE copies(
         session INTEGER NOT NULL,
         tid INTEGER NOT NULL,
@@ -278,8 +283,8 @@ PER_MODEL = (
     "FROM usage GROUP BY model"
 )
 PER_DAY = (
-    "SELECT d.day, t.name, sum(d.messages) FROM days d JOIN types t ON t.id = d.tid "
-    "GROUP BY d.day, d.tid"
+    "SELECT d.day, t.name, d.n FROM (SELECT day, tid, sum(messages) AS n FROM days "
+    "GROUP BY day, tid) d JOIN types t ON t.id = d.tid"
 )
 # A fork's copy counts once, under the first of its holders' types, when no hot session's
 # conversation holds its original any more (compacted away, cleared, deleted, archived).
