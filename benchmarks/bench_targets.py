@@ -317,7 +317,7 @@ def web(path: Path, contexts: int, repeat: int) -> Iterator[Row]:
         )
         while True:  # as the page's reloads do, until the index holds every context
             stats = client.get("/api/stats").json()
-            if not (stats.get("activity_pending") or stats.get("indexing")):
+            if not stats["indexing"]:
                 break
             time.sleep(0.2)
         for page in ("/", "/sessions"):
