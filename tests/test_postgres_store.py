@@ -15,6 +15,7 @@ import random
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from terrarium.sessions import (  # noqa: E402
 )
 from terrarium.stores.base import NewEntry, PodActiveSegmentRef, SearchQuery  # noqa: E402
 from terrarium.stores.memory import MemoryStore  # noqa: E402
-from terrarium.stores.postgres import PostgresStore  # noqa: E402
+from terrarium.stores.postgres import PostgresStore, _sql  # noqa: E402
 from terrarium.stores.postgres._sql import lock_key  # noqa: E402
 from terrarium.text import tokenize  # noqa: E402
 
@@ -574,27 +575,43 @@ class _Echo:
         )
 
 
-def test_a_turn_is_five_statements_and_sees_another_writer(
+def test_a_turn_is_four_round_trips_and_sees_another_writer(
     store: PostgresStore,
     pg_database: str,  # noqa: F811
     schema: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A turn on a cached context: the lock, one read of its head and tail, the input's and
-    the reply's appends, the unlock. Another process's append between turns is still seen."""
-    statements: list[str] = []
-    execute = psycopg.Connection.execute
+    """A turn on a cached context waits for the server four times: the lock with the read of
+    its head and tail pipelined after it, the input's append, the reply's append, the unlock.
+    Counted (a statement outside a pipeline, or a whole pipeline, is one round trip), not
+    timed. Another process's append between turns is still seen."""
+    trips: list[list[str]] = []
+    execute, pipeline = psycopg.Connection.execute, psycopg.Connection.pipeline
 
     def counted(conn: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        statements.append(str(query))
+        if conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF:
+            trips.append([])
+        trips[-1].append(str(query))
         return execute(conn, query, *args, **kwargs)
+
+    @contextmanager
+    def counted_pipeline(conn: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        trips.append([])
+        with pipeline(conn, *args, **kwargs) as pipe:
+            yield pipe
 
     manager = MultiContextManager(_Echo(), store=store)  # type: ignore[arg-type]
     try:
         assert asyncio.run(manager.process_with_context("cli:main", "one")) == "echo: one"
         monkeypatch.setattr(psycopg.Connection, "execute", counted)
+        monkeypatch.setattr(psycopg.Connection, "pipeline", counted_pipeline)
         assert asyncio.run(manager.process_with_context("cli:main", "two")) == "echo: two"
-        assert len(statements) == 5, statements
+        assert trips == [
+            [_sql.LOCK, _sql.HEAD_TAIL],
+            [_sql.APPEND_ONE],  # the input
+            [_sql.APPEND_MANY],  # the reply, the end of its run and of the turn
+            [_sql.UNLOCK],
+        ], trips
         with PostgresStore(pg_database, schema=schema) as other:
             head = other.get_head(MAIN)
             assert head is not None

@@ -68,6 +68,11 @@ class ContextNotFound(StoreError, KeyError):
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else "context not found"
 
+    @classmethod
+    def of(cls, context: object) -> ContextNotFound:
+        """No context ``context``."""
+        return cls(f"context {context} does not exist")
+
 
 class ContextExists(StoreError):
     """A context with that id already exists."""

@@ -7,6 +7,7 @@ tests, saying so.
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,7 +19,15 @@ from terrarium.index import listing as lister
 from terrarium.model import ContextId, TraceEntry
 from terrarium.search import search
 from terrarium.sessions import restore, save_delta
-from terrarium.stores.base import Lifecycle, Listing, SearchQuery, Store, head_and_tail
+from terrarium.stores.base import (
+    Lifecycle,
+    Listing,
+    SearchQuery,
+    Store,
+    context_lock,
+    head_and_tail,
+    locked_head_and_tail,
+)
 
 MAIN = ContextId("cli", "main")
 OTHER = ContextId("irc", "#python")
@@ -327,3 +336,41 @@ def test_head_and_tail_agree_with_the_head_and_next_seq(store: Store) -> None:
     states.archive_context(lc, MAIN)
     assert head_and_tail(store, MAIN) == after
     assert head_and_tail(store, ContextId("cli", "nobody")) is None
+
+
+def test_locked_head_and_tail_reads_under_the_lock(store: Store) -> None:
+    """locked_head_and_tail holds the context's lock and reads once it is held: it gives
+    head_and_tail's answer after every write of the lock's previous holder, and no writer
+    that takes the lock writes while it holds it; hot, archived and absent contexts alike."""
+    lc = seeded(store)
+    before = head_and_tail(store, MAIN)
+    assert before is not None
+    held, go = threading.Event(), threading.Event()
+
+    def write_under_lock(wait: threading.Event | None) -> None:
+        with context_lock(store, MAIN):
+            held.set()
+            if wait is not None:
+                wait.wait(5)  # let the main thread ask for the lock first
+            save_delta(store, before[0], [{"role": "user", "content": "under the lock"}])
+
+    writer = threading.Thread(target=write_under_lock, args=(go,))
+    writer.start()
+    assert held.wait(5)
+    threading.Timer(0.2, go.set).start()
+    with locked_head_and_tail(store, MAIN) as found:
+        assert found == (before[0], before[1] + 1)  # the previous holder's write is seen
+        held.clear()
+        blocked = threading.Thread(target=write_under_lock, args=(None,))
+        blocked.start()
+        assert not held.wait(0.2)  # it waits for our lock
+        assert head_and_tail(store, MAIN) == found
+    blocked.join(5)
+    writer.join(5)
+    after = head_and_tail(store, MAIN)
+    assert after == (before[0], before[1] + 2)
+    states.archive_context(lc, MAIN)
+    with locked_head_and_tail(store, MAIN) as found:
+        assert found == after
+    with locked_head_and_tail(store, ContextId("cli", "nobody")) as found:
+        assert found is None

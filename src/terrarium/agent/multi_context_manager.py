@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import enum
 import logging
 import threading
 import weakref
@@ -30,7 +31,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, aclosing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from terrarium import contexts, legacy, sessions
 from terrarium.agent import compaction
@@ -53,13 +54,27 @@ from terrarium.model import (
     item_text,
 )
 from terrarium.stores.base import (
+    PodMetadata,
     SearchHit,
     SearchQuery,
     Store,
     context_lock,
+    locked_head_and_tail,
 )
 
 log = logging.getLogger(__name__)
+
+_Found = tuple[PodMetadata, int] | None
+"""A context's head and tail as read under its lock (None: no such context)."""
+_T = TypeVar("_T")
+
+
+class _Unread(enum.Enum):
+    UNREAD = enum.auto()
+
+
+_UNREAD: Final = _Unread.UNREAD
+"""The context's head and tail are not read yet."""
 
 if TYPE_CHECKING:  # the openai client costs ~0.5 s to import; only annotations need it
     from terrarium.lifecycle import BackgroundMaintenance, Maintenance
@@ -454,8 +469,8 @@ class MultiContextManager:
             raise TypeError(f"user_message must be a string, not {type(user_message).__name__}")
         check_text(user_message, "user_message")  # before a new context is created for it
         contexts.check_new_name(self.store, context)  # before its lock file is made
-        async with self._turn_lock(context), self._semaphore():
-            entry = self._open_context(context, system_prompt)
+        async with self._turn_lock(context, read=True) as found, self._semaphore():
+            entry = self._open_context(context, system_prompt, found)
             new = entry._hold_new()  # a new context is created by its first reply only
             await self._log_input(entry, user_message)
             buffer: list[TraceEntry] | None = [] if self.trace else None
@@ -506,9 +521,12 @@ class MultiContextManager:
             raise
         entry._write([logged])
 
-    def _open_context(self, context: ContextId, system_prompt: str | None) -> PersistentSession:
-        """The cached fresh context, or a new one (stored at its first reply); legacy imported."""
-        entry = self._fresh_or_legacy(context)
+    def _open_context(
+        self, context: ContextId, system_prompt: str | None, found: _Found
+    ) -> PersistentSession:
+        """The cached fresh context, or a new one (stored at its first reply); legacy imported.
+        ``found``: its head and tail, read as its lock was taken."""
+        entry = self._fresh_or_legacy(context, found)
         if entry is None:
             prompt = system_prompt if system_prompt is not None else self.default_system_prompt
             entry = PersistentSession._new(self.store, context, prompt, self._autosave_for(context))
@@ -562,24 +580,34 @@ class MultiContextManager:
 
     # ------------------------------------------------------------------ cache and locks
 
-    def _fresh(self, context: ContextId) -> PersistentSession | None:
-        """The cached context brought up to the store, else restored; None if not in the log."""
+    def _fresh(
+        self, context: ContextId, found: _Found | _Unread = _UNREAD
+    ) -> PersistentSession | None:
+        """The cached context brought up to the store, else restored; None if not in the log.
+        ``found``: its head and tail if the caller just read them (under its lock)."""
         with self._cache_lock:
             entry = self._cache.get(context)
             if entry is not None:
                 self._cache.move_to_end(context)
         if entry is not None:
-            if entry._refresh():
+            if entry._refresh() if found is _UNREAD else entry._refresh_to(found):
                 return entry
             self._forget(context)  # deleted from under it
-        entry = PersistentSession._restored(self.store, context, self._autosave_for(context))
+        head = None
+        if found is not _UNREAD:
+            if found is None:
+                return None
+            head = found[0]
+        entry = PersistentSession._restored(self.store, context, self._autosave_for(context), head)
         if entry is not None:
             self._remember(entry)
         return entry
 
-    def _fresh_or_legacy(self, context: ContextId) -> PersistentSession | None:
+    def _fresh_or_legacy(
+        self, context: ContextId, found: _Found | _Unread = _UNREAD
+    ) -> PersistentSession | None:
         """:meth:`_fresh`, importing a legacy file first (once: the caller holds the lock)."""
-        entry = self._fresh(context)
+        entry = self._fresh(context, found)
         if (entry is None or not entry.in_store) and legacy.import_legacy(self.store, context):
             entry = self._fresh(context)
         return entry
@@ -658,15 +686,18 @@ class MultiContextManager:
         """The store's cross-process lock on one context (a no-op if it has none)."""
         return context_lock(self.store, context)
 
-    def _turn_lock(self, context: ContextId) -> _TurnLock:
+    def _turn_lock(self, context: ContextId, *, read: bool = False) -> _TurnLock[Any]:
+        """The context's turn lock; with ``read``, it gives the context's head and tail, read
+        once the store's lock is held (in the same round trip where the store can)."""
         loop = asyncio.get_running_loop()
         locks = self._loop_locks.setdefault(loop, {})
         lock = locks.get(context)
         if lock is None:
             lock = locks[context] = asyncio.Lock()
+        store_lock = locked_head_and_tail(self.store, context) if read else self._locked(context)
         return _TurnLock(
             lock,
-            self._locked(context),
+            store_lock,
             self._lock_pool,
             lambda: self._enter_turn(context),
             lambda: self._leave_turn(context),
@@ -680,13 +711,14 @@ class MultiContextManager:
         return semaphore
 
 
-class _TurnLock:
-    """FIFO within the event loop (asyncio.Lock), then the store lock taken off the loop."""
+class _TurnLock(Generic[_T]):
+    """FIFO within the event loop (asyncio.Lock), then the store lock taken off the loop;
+    gives what the store lock gives."""
 
     def __init__(
         self,
         lock: asyncio.Lock,
-        store_lock: AbstractContextManager[None],
+        store_lock: AbstractContextManager[_T],
         pool: ThreadPoolExecutor,
         enter: Callable[[], None],
         leave: Callable[[], None],
@@ -698,7 +730,7 @@ class _TurnLock:
         """Marks the context busy (kept in the cache) from before the wait to the release."""
         self._leave = leave
 
-    async def __aenter__(self) -> None:
+    async def __aenter__(self) -> _T:
         self._enter()
         try:
             await self._lock.acquire()
@@ -707,7 +739,7 @@ class _TurnLock:
             raise
         job = asyncio.get_running_loop().run_in_executor(self._pool, self._store_lock.__enter__)
         try:
-            await asyncio.shield(job)
+            return await asyncio.shield(job)
         except BaseException:
             # Cancelled while the thread waits for the store lock: the thread goes on and may
             # still take it, so it is released once taken (else the context stays locked
@@ -718,7 +750,7 @@ class _TurnLock:
                 job.add_done_callback(self._undo)
             raise
 
-    def _undo(self, job: asyncio.Future[None]) -> None:
+    def _undo(self, job: asyncio.Future[_T]) -> None:
         """Release a take whose turn will not run: the store lock if it holds it, then ours."""
         try:
             if not job.cancelled() and job.exception() is None:

@@ -160,10 +160,11 @@ class PersistentSession:
 
     @classmethod
     def _restored(
-        cls, store: Store, context: ContextId, autosave: bool
+        cls, store: Store, context: ContextId, autosave: bool, head: PodMetadata | None = None
     ) -> PersistentSession | None:
-        """The context restored from the log, or None (no legacy lookup, no store opened)."""
-        head = store.get_head(context)
+        """The context restored from the log, or None (no legacy lookup, no store opened);
+        from ``head`` if the caller just read it."""
+        head = head if head is not None else store.get_head(context)
         if head is None:
             return None
         self = cls.__new__(cls)
@@ -382,7 +383,13 @@ class PersistentSession:
         """Bring the state up to the store; False when the context was deleted from under it."""
         if self._pending:
             return True  # unsaved work is newer than the store by definition
-        found = head_and_tail(self.store, self.context)  # one round trip where the store can
+        return self._refresh_to(head_and_tail(self.store, self.context))
+
+    def _refresh_to(self, found: tuple[PodMetadata, int] | None) -> bool:
+        """:meth:`_refresh` to ``found``, the context's head and tail just read (under its lock,
+        see :func:`~terrarium.stores.base.locked_head_and_tail`)."""
+        if self._pending:
+            return True
         if found is None:
             return self._source is not None
         head, tail = found

@@ -1,15 +1,9 @@
 """The archive codec of every backend: a frozen segment as one zstandard frame of its JSONL.
 
-A frozen segment leaves the hot tables as one zstandard frame of its JSONL (each ``line`` as
-stored, ``\n`` after each, header first): the same bytes an FsStore ``.jsonl.zst`` holds, made
-by the same :func:`compress`, so a blob copied out of the database decompresses with
-``zstd -d``. A frame splits into lines at the byte ``\n`` alone
-(:func:`terrarium.codec.split_lines`). Its debug trace, if it has one, is a second frame of the
-same form. Nothing is decoded to freeze; thawing decodes each line's envelope only
-(:func:`envelopes`) to refill the hot columns ``seq``, ``kind`` and ``ts``.
-
-The archive has no search index of its own, so hot appends and hot searches never pay for
-it; :func:`terrarium.search.search` reads the archived contexts when a query asks for them.
+The same bytes an FsStore ``.jsonl.zst`` holds (``zstd -d`` reads a blob copied out of a
+database), split into lines at the byte ``\n`` alone (:func:`terrarium.codec.split_lines`).
+A trace is a second frame of the same form. Nothing is decoded to freeze; a thaw decodes each
+line's envelope only (:func:`envelopes`) to refill the hot columns.
 
 Usage::
 
@@ -46,11 +40,7 @@ def pack(lines: Iterable[str]) -> bytes:
 
 
 def unpack(blob: bytes, *, where: str = "an archived segment") -> bytes:
-    """The bytes of a frame made by :func:`compress` or :func:`pack`.
-
-    Raises:
-        CorruptLog: ``blob`` is not a zstandard frame (damaged); the message names ``where``.
-    """
+    """The bytes of a frame made by :func:`compress` or :func:`pack`; CorruptLog if it is none."""
     import zstandard
 
     try:
@@ -83,11 +73,6 @@ def envelopes(lines: Sequence[str]) -> list[Envelope]:
     return [_envelope.decode(line) for line in lines]
 
 
-def jsonl_bytes(lines: Iterable[str]) -> int:
-    """Bytes ``lines`` take as a JSONL file (what a hot log's size is measured in)."""
-    return sum(len(line.encode()) + 1 for line in lines)
-
-
 class Frozen(msgspec.Struct, frozen=True):
     """A session's segments packed for ``archived_segments``, and its size hot and packed."""
 
@@ -107,7 +92,7 @@ def pack_session(lines: Iterable[Sequence[Any]], traces: Iterable[Sequence[Any]]
         rows = list(found)
         texts = [row[2] for row in rows]
         blob, trace = pack(texts), pack(traced[g]) if g in traced else None
-        hot += jsonl_bytes(texts)
+        hot += sum(len(text.encode()) + 1 for text in texts)  # as a JSONL file
         cold += len(blob) + len(trace or b"")
         segments[g] = (rows[-1][1] + 1, blob, trace)
     return Frozen(segments, hot, cold)

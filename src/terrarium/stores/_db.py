@@ -1,16 +1,11 @@
-"""SQLite plumbing that ``SqliteStore`` and ``FsStore``'s search index share.
+"""SQLite plumbing that ``SqliteStore`` and the derived index share.
 
-* **Private files.** :func:`create_private` makes the database file ``0600`` (and its missing
-  folders ``0700``) before SQLite opens it: SQLite gives the ``-wal`` and ``-shm`` files the
-  database file's mode, but creates a missing database file with ``0644`` minus the umask.
-* **Read-only opens.** :func:`connect` opens ``mode=ro`` when asked (a file or folder that is
-  not writable, a read-only mount, a full disk). A WAL database whose ``-shm`` file is missing
-  and cannot be created (a read-only folder, a full disk) is then opened ``immutable``, which
-  is safe only while no ``-wal`` file holds data: otherwise the open fails.
-* **What went wrong.** :func:`kind` tells corruption (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``)
-  from a busy, full or read-only database by the error's code, never by its message: only
-  corruption justifies rebuilding derived state, and a full disk is named as one.
-* **Write transactions.** :func:`immediate`: one ``BEGIN IMMEDIATE`` ... ``COMMIT`` block.
+* :func:`create_private` makes the database file ``0600`` before SQLite opens it: SQLite gives
+  ``-wal`` and ``-shm`` the database's mode, but creates a missing one ``0644`` minus the umask.
+* :func:`connect` opens ``mode=ro`` when asked; a WAL database whose ``-shm`` file cannot be
+  created is then opened ``immutable``, safe only while no ``-wal`` file holds data.
+* :func:`kind` tells corruption from a busy, full or read-only database by the error's code,
+  never its message: only corruption justifies rebuilding derived state.
 """
 
 from __future__ import annotations
@@ -54,9 +49,8 @@ _WORDS: dict[Kind, str] = {
 def kind(exc: BaseException, where: Path | None = None) -> Kind:
     """What kind of failure ``exc`` is, from its SQLite result code or its ``errno``.
 
-    SQLite reports a ``-shm`` file that cannot grow as a disk I/O error, without the
-    ``errno``; so an I/O error on the file system of ``where`` that has no free space left is
-    a full disk.
+    SQLite reports a ``-shm`` file that cannot grow as an I/O error without the ``errno``, so
+    any error where ``where``'s file system has no space left is a full disk.
     """
     found: Kind = "other"
     if isinstance(exc, sqlite3.Error):
@@ -99,26 +93,23 @@ def create_private(path: Path) -> None:
 
 
 def connect(path: Path, *, timeout: float, readonly: bool) -> sqlite3.Connection:
-    """An autocommit connection to ``path``, read-only if ``readonly`` (see the docstring).
-
-    Raises:
-        sqlite3.Error: the database cannot be opened or read.
-    """
-    # Callers share a connection between threads under their own lock.
-    if not readonly:
+    """An autocommit connection to ``path``, read-only if ``readonly`` (sqlite3.Error if the
+    database cannot be opened or read)."""
+    if not readonly:  # callers share a connection between threads under their own lock
         return _checked(sqlite3.connect(path, timeout=timeout, check_same_thread=False))
     uri = path.absolute().as_uri()
+
+    def opened(mode: str) -> sqlite3.Connection:
+        conn = sqlite3.connect(f"{uri}?{mode}", uri=True, timeout=timeout, check_same_thread=False)
+        return _checked(conn)
+
     try:
-        return _checked(
-            sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=timeout, check_same_thread=False)
-        )
+        return opened("mode=ro")
     except sqlite3.Error as exc:
         wal = Path(f"{path}-wal")
         if kind(exc, path) not in ("readonly", "full") or (wal.exists() and wal.stat().st_size):
             raise
-    return _checked(
-        sqlite3.connect(f"{uri}?immutable=1", uri=True, timeout=timeout, check_same_thread=False)
-    )
+    return opened("immutable=1")
 
 
 def _casefold(value: str | None) -> str | None:
@@ -127,8 +118,7 @@ def _casefold(value: str | None) -> str | None:
 
 def _checked(conn: sqlite3.Connection) -> sqlite3.Connection:
     """``conn`` once it has read the schema (opening alone reads nothing), in autocommit mode,
-    with ``casefold(text)``: Python's case folding, which SQLite's ``lower`` (ASCII only) is
-    not (the listing's text filter, :mod:`terrarium.stores._listing`)."""
+    with ``casefold(text)`` for the listing's filter (SQLite's ``lower`` is ASCII only)."""
     conn.isolation_level = None
     conn.create_function("casefold", 1, _casefold, deterministic=True)
     try:
@@ -140,11 +130,8 @@ def _checked(conn: sqlite3.Connection) -> sqlite3.Connection:
 
 
 def enable_wal(conn: sqlite3.Connection, timeout: float) -> str:
-    """Switch to WAL and return the journal mode now in force.
-
-    Openers racing on a new file can get ``SQLITE_BUSY`` at once: SQLite does not call the
-    busy handler for this change. So retry, up to ``timeout`` seconds.
-    """
+    """Switch to WAL and return the journal mode now in force, retrying a ``SQLITE_BUSY`` (its
+    busy handler is not called for this change) for up to ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     delay = 0.001
     while True:
@@ -159,13 +146,8 @@ def enable_wal(conn: sqlite3.Connection, timeout: float) -> str:
 
 @contextmanager
 def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One write transaction on the autocommit ``conn``: committed if the block ends, rolled
-    back if it raises.
-
-    ``BEGIN IMMEDIATE`` takes the database's write lock at once (waiting up to the busy
-    timeout for another process's), so what the block reads no other writer can change
-    before it commits.
-    """
+    """One ``BEGIN IMMEDIATE`` transaction on the autocommit ``conn``: the write lock taken at
+    once, so what the block reads no other writer changes before it commits."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn

@@ -1,9 +1,8 @@
 """File primitives every file-backed part of terrarium shares: private modes, atomic writes.
 
-Conversations are private: every file terrarium creates is ``0600`` and every folder ``0700``,
-whatever the umask (as ssh keeps its keys). ``os.open`` and ``os.mkdir`` take the mode, so a
-file is never visible to others, not even for the moment between a create and a ``chmod``.
-A folder that exists already keeps its mode: terrarium never widens or narrows what a user set.
+Every file terrarium creates is ``0600`` and every folder ``0700``, whatever the umask, given
+to ``os.open`` and ``os.mkdir`` so no file is ever visible to others. A folder that exists
+keeps its mode.
 """
 
 from __future__ import annotations
@@ -21,11 +20,8 @@ DIR_MODE = 0o700
 
 
 def make_dirs(path: Path) -> None:
-    """Create ``path`` and any missing parents, each ``0700`` (``mkdir -p``, but private).
-
-    ``Path.mkdir(parents=True)`` and ``os.makedirs`` give missing parents the umask's default
-    mode; this gives every folder it creates ``DIR_MODE``.
-    """
+    """Create ``path`` and any missing parents, each ``0700`` (``os.makedirs`` gives parents
+    the umask's mode)."""
     missing: list[Path] = []
     current = path
     while not current.is_dir():
@@ -55,12 +51,8 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 def write_atomic(path: Path, data: bytes, *, sync: bool) -> None:
-    """Replace ``path`` with ``data``: a reader sees the old bytes or the new, never a mix.
-
-    Writes a temporary file beside it and renames it over ``path``. With ``sync``, the data and
-    then the folder are fsynced, so the new bytes survive a power cut once this returns. On any
-    failure the temporary file is removed and ``path`` is left as it was.
-    """
+    """Replace ``path`` with ``data`` (a temporary file renamed over it): a reader sees the old
+    bytes or the new. With ``sync``, they survive a power cut once this returns."""
     make_dirs(path.parent)
     tmp = _temporary(path, data, sync=sync)
     try:
@@ -74,12 +66,8 @@ def write_atomic(path: Path, data: bytes, *, sync: bool) -> None:
 
 
 def write_new(path: Path, data: bytes, *, sync: bool) -> None:
-    """Create ``path`` holding ``data``: it appears whole or not at all, never half written.
-
-    The bytes go to a temporary file that is then hard-linked to ``path`` (``link`` never
-    replaces: ``FileExistsError`` if ``path`` exists). With ``sync``, the data and the folder
-    are fsynced. The temporary name is removed whatever happens.
-    """
+    """Create ``path`` holding ``data``, whole or not at all (a temporary file hard-linked to
+    it: ``FileExistsError`` if it exists). With ``sync``, the data and folder are fsynced."""
     tmp = _temporary(path, data, sync=sync)
     try:
         os.link(tmp, path)
@@ -91,11 +79,7 @@ def write_new(path: Path, data: bytes, *, sync: bool) -> None:
 
 
 def write_beside(path: Path, data: bytes, suffix: Callable[[int], str]) -> Path:
-    """Create a side file ``{name}.{suffix(n)}`` beside ``path`` holding ``data``, durably.
-
-    ``n`` counts up from 1 until the name is free, so a side file is never overwritten; the
-    file appears whole (see :func:`write_new`).
-    """
+    """Create ``{name}.{suffix(n)}`` beside ``path``, whole and durably, at the first free n."""
     tmp = _temporary(path, data, sync=True)
     try:
         return link_free(tmp, path, suffix)

@@ -16,8 +16,7 @@ _QUERY_PASSWORD_RE = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 def _userinfo(url: str) -> tuple[str, str, str] | None:
     """Split ``scheme://userinfo@rest`` into its three parts; None when there is no user info.
 
-    The user info ends at the last ``@`` before any ``?`` or ``#``, so a password holding an
-    unescaped ``/`` or ``@`` is still taken whole: masking errs on the side of too much.
+    It ends at the last ``@`` before any ``?`` or ``#``: masking errs on the side of too much.
     """
     scheme, sep, rest = url.partition("://")
     if not sep:

@@ -1,9 +1,7 @@
 """The next seq a store expects for the segments it appended to lately (SQLite, PostgreSQL).
 
-Stores whose append is its own compare-and-set (an ``INSERT`` that only succeeds at the right
-seq) propose a seq instead of reading it first: a right guess saves a query, a wrong one costs
-a retry, never a lost or doubled entry. A bounded LRU of guesses, one per segment, shared by
-the threads of one store.
+Their append is a compare-and-set ``INSERT``, so they propose a seq instead of reading it: a
+right guess saves a query, a wrong one costs a retry. A bounded LRU shared by a store's threads.
 """
 
 from __future__ import annotations
@@ -32,9 +30,8 @@ class SeqGuesses(Generic[T]):
         return self._seen.get(key)
 
     def remember(self, key: Key, next_seq: int, value: T) -> None:
-        """Note that segment ``key`` reached ``next_seq`` (a guess only: a lower one is kept
-        out, since another thread may have appended further meanwhile, unless it comes with
-        another value, which replaces the one kept: SQLite's segment key, looked up again)."""
+        """Note that segment ``key`` reached ``next_seq``; a lower one is kept out (another
+        thread may be further) unless it comes with a new value (a key looked up again)."""
         with self._lock:
             known = self._seen.get(key)
             if known is None or next_seq > known[0] or value != known[1]:

@@ -69,6 +69,12 @@ def pyformat(statement: str) -> str:
     return statement.replace("?", "%s")
 
 
+def run_each(conn: Any, statements: Iterable[str], session: Any) -> None:
+    """Run each statement with ``session`` its one parameter (a session's deletes and moves)."""
+    for statement in statements:
+        conn.execute(statement, (session,))
+
+
 _HEAD_COLUMNS = "context, session_id, segment_id, created_at, updated_at"
 HEAD = f"SELECT {_HEAD_COLUMNS} FROM contexts WHERE context = ?"
 #: The head of an archived context (its session frozen), by id.

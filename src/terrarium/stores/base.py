@@ -29,7 +29,7 @@ from __future__ import annotations
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 import msgspec
@@ -311,6 +311,31 @@ def head_then_tail(store: Store, context: ContextId) -> tuple[PodMetadata, int] 
     if head is None:
         return None
     return head, store.next_seq(head.session_id, head.segment_id)
+
+
+@runtime_checkable
+class LockedHeadTail(Protocol):
+    """A store that takes a context's lock and reads its head and tail in one round trip."""
+
+    def lock_and_read(
+        self, context: ContextId
+    ) -> AbstractContextManager[tuple[PodMetadata, int] | None]:
+        """Hold the context's lock (as ``lock_context``); give :func:`head_and_tail`'s answer,
+        read once the lock is held."""
+        ...
+
+
+@contextmanager
+def locked_head_and_tail(
+    store: Store, context: ContextId
+) -> Iterator[tuple[PodMetadata, int] | None]:
+    """Hold the context's lock (if the store has one) and give its head and tail read under it."""
+    if isinstance(store, LockedHeadTail):
+        with store.lock_and_read(context) as found:
+            yield found
+        return
+    with context_lock(store, context):
+        yield head_and_tail(store, context)
 
 
 @runtime_checkable

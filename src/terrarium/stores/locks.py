@@ -1,4 +1,4 @@
-"""An exclusive ``flock`` on a lock file: across threads and processes, freed if the holder dies.
+"""A ``flock`` on a lock file: across threads and processes, freed if the holder dies.
 
 ``flock`` locks belong to an open file description, so two opens of the same path exclude each
 other even within one process, and the kernel drops the lock when its holder exits.
@@ -16,12 +16,22 @@ from terrarium.stores._files import make_dirs, open_private
 
 
 @contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (created, with its folders, if missing)."""
-    make_dirs(path.parent)
-    fd = open_private(path, os.O_RDWR | os.O_CREAT)
+def file_lock(path: Path, kind: int = fcntl.LOCK_EX, *, create: bool = True) -> Iterator[None]:
+    """Hold ``flock`` ``kind`` on ``path`` (created, with its folders, if missing). Without
+    ``create``, no lock if the file cannot be opened (a read-only store, where nothing moves)."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if create:
+            make_dirs(path.parent)
+            fd = open_private(path, os.O_RDWR | os.O_CREAT)
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        if create:
+            raise
+        yield
+        return
+    try:
+        fcntl.flock(fd, kind)
         yield
     finally:
         os.close(fd)  # closing releases the flock

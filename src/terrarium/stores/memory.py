@@ -1,18 +1,10 @@
 """``MemoryStore``: the reference implementation of the ``Store`` protocol.
 
-Everything lives in dicts guarded by one re-entrant lock, so it is trivially correct; the
-property tests use it as the oracle that every other backend must agree with, and other tests
-use it as a fast double. Entries are kept as the dicts a decoder would produce from the line,
-so what it returns is exactly what a persistent backend returns. It holds nothing across
-processes and never has torn tails.
-
-The state primitives (:class:`~terrarium.stores.base.SessionStates`, which
-:mod:`terrarium.states` moves contexts with) keep the records in a dict; a frozen session
-stays where it is (there is nothing to compress in memory) but leaves the hot listing.
-
-Listing and search are the derived index's (:mod:`terrarium.index`): it follows the store's
-change cursor (a counter per written session) and keeps its database in a private temporary
-folder, deleted when the store is closed or collected.
+Dicts under one re-entrant lock: the property tests' oracle and a fast double. Entries are kept
+as the dicts a decoder makes of the line, so it returns what a persistent backend returns. A
+frozen session stays where it is but leaves the hot listing. The derived index
+(:mod:`terrarium.index`) follows its change cursor (a counter per written session) and keeps its
+database in a temporary folder, deleted when the store is closed or collected.
 """
 
 from __future__ import annotations
@@ -64,66 +56,7 @@ class _Segment:
     trace: list[dict[str, Any]] = field(default_factory=list)
 
 
-class _MemoryBlobs:
-    """:class:`~terrarium.stores.base.BlobStore` for :class:`MemoryStore`: a dict of bytes."""
-
-    _lock: threading.RLock
-    _blobs: dict[str, tuple[bytes, float]]
-    _sessions: dict[SessionId, dict[SegmentId, _Segment]]
-
-    def put_blob(self, data: bytes) -> str:
-        """Store ``data`` once; return its digest."""
-        digest = digest_of(bytes(data))
-        with self._lock:
-            self._blobs[digest] = (bytes(data), time.time())
-        return digest
-
-    def get_blob(self, digest: str) -> bytes:
-        """The blob's bytes, checked against ``digest``."""
-        with self._lock:
-            found = self._blobs.get(check_digest(digest))
-        if found is None:
-            raise BlobNotFound(f"blob {digest} is not in the store")
-        if digest_of(found[0]) != digest:
-            raise CorruptBlob(f"blob {digest} does not match its digest")
-        return found[0]
-
-    def has_blob(self, digest: str) -> bool:
-        """Whether the blob is stored."""
-        with self._lock:
-            return check_digest(digest) in self._blobs
-
-    def blob_digests(self) -> list[str]:
-        """Every stored blob's digest, sorted."""
-        with self._lock:
-            return sorted(self._blobs)
-
-    def blob_references(self) -> dict[str, str]:
-        """Every digest a hot, archived or trashed log refers to, with its session."""
-        found: dict[str, str] = {}
-        with self._lock:
-            for session_id, segments in self._sessions.items():
-                for segment in segments.values():
-                    for line in segment.lines:
-                        for digest in line_digests(line):
-                            found.setdefault(digest, f"session {session_id}")
-        return found
-
-    def delete_unreferenced_blobs(self, *, stored_before: float) -> int:
-        """Delete the blobs no log refers to, last put before ``stored_before``."""
-        with self._lock:
-            referenced = self.blob_references()
-            gone = [
-                d
-                for d, (_, at) in self._blobs.items()
-                if d not in referenced and at < stored_before
-            ]
-            for digest in gone:
-                del self._blobs[digest]
-        return len(gone)
-
-
-class MemoryStore(_MemoryBlobs):
+class MemoryStore:
     """A store in process memory: the oracle for tests and a fast double."""
 
     def __init__(self, *, blob_threshold: int | None = DEFAULT_THRESHOLD) -> None:
@@ -208,7 +141,9 @@ class MemoryStore(_MemoryBlobs):
     ) -> PodMetadata:
         """Move the head if it is ``expected`` now."""
         with self._lock:
-            head = self._require_head(context)
+            head = self._heads.get(str(context))
+            if head is None:
+                raise ContextNotFound.of(context)
             self._wake(head.session_id)
             if head.segment_id != expected:
                 raise ConflictError(
@@ -226,7 +161,8 @@ class MemoryStore(_MemoryBlobs):
             heads = [
                 h
                 for h in self._heads.values()
-                if (type is None or _type_of(h) == type) and h.session_id not in self._frozen
+                if (type is None or h.context.split(":", 1)[0] == type)
+                and h.session_id not in self._frozen
             ]
         return sorted(heads, key=lambda h: ContextId.parse(h.context))
 
@@ -291,7 +227,7 @@ class MemoryStore(_MemoryBlobs):
         """Replace the record if it is ``expected``."""
         with self._lock:
             self._check_state(session_id, expected)
-            self._states[session_id] = codec.decode(codec.encode(dict(state)))
+            self._states[session_id] = _stored(state)
 
     def session_records(self) -> list[SessionRecord]:
         """Every session with a non-empty record."""
@@ -326,7 +262,7 @@ class MemoryStore(_MemoryBlobs):
         with self._lock:
             self._check_state(session_id, expected)
             size = _size(self._sessions[session_id])
-            stored = codec.decode(codec.encode(dict(state)))
+            stored = _stored(state)
             stored["cold"] = {"hot_bytes": size, "cold_bytes": size}
             self._states[session_id] = stored
             self._frozen.add(session_id)
@@ -423,10 +359,7 @@ class MemoryStore(_MemoryBlobs):
             first = len(segment.lines)
             if expected_seq is not None and expected_seq != first:
                 raise ConflictError.stale_seq(segment_id, first, expected_seq)
-            # Round-trip through the codec so stored values are exactly what a file would hold.
-            segment.lines.extend(
-                [codec.decode(codec.encode(line)) for line in iter_lines(entries, first)]
-            )
+            segment.lines.extend([_stored(line) for line in iter_lines(entries, first)])
             self._touch(session_id)
             return first
 
@@ -468,10 +401,8 @@ class MemoryStore(_MemoryBlobs):
             return copy.deepcopy(self._segment(session_id, segment_id).trace)
 
     def close(self) -> None:
-        """Close the derived index and remove its folder.
-
-        Outside the store's lock: a refresh holds the index's lock while it reads the store.
-        """
+        """Close the derived index (outside the store's lock, which a refresh takes while it
+        holds the index's) and remove its folder."""
         with self._lock:
             derived, folder = self.derived, self._index_dir
             self.derived = self._index_dir = None
@@ -480,34 +411,82 @@ class MemoryStore(_MemoryBlobs):
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
 
+    # ---------------------------------------------------------------- blobs
+
+    def put_blob(self, data: bytes) -> str:
+        """Store ``data`` once; return its digest."""
+        digest = digest_of(bytes(data))
+        with self._lock:
+            self._blobs[digest] = (bytes(data), time.time())
+        return digest
+
+    def get_blob(self, digest: str) -> bytes:
+        """The blob's bytes, checked against ``digest``."""
+        with self._lock:
+            found = self._blobs.get(check_digest(digest))
+        if found is None:
+            raise BlobNotFound(f"blob {digest} is not in the store")
+        if digest_of(found[0]) != digest:
+            raise CorruptBlob(f"blob {digest} does not match its digest")
+        return found[0]
+
+    def has_blob(self, digest: str) -> bool:
+        """Whether the blob is stored."""
+        with self._lock:
+            return check_digest(digest) in self._blobs
+
+    def blob_digests(self) -> list[str]:
+        """Every stored blob's digest, sorted."""
+        with self._lock:
+            return sorted(self._blobs)
+
+    def blob_references(self) -> dict[str, str]:
+        """Every digest a hot, archived or trashed log refers to, with its session."""
+        found: dict[str, str] = {}
+        with self._lock:
+            for session_id, segments in self._sessions.items():
+                for segment in segments.values():
+                    for line in segment.lines:
+                        for digest in line_digests(line):
+                            found.setdefault(digest, f"session {session_id}")
+        return found
+
+    def delete_unreferenced_blobs(self, *, stored_before: float) -> int:
+        """Delete the blobs no log refers to, last put before ``stored_before``."""
+        with self._lock:
+            referenced = self.blob_references()
+            gone = [
+                d
+                for d, (_, at) in self._blobs.items()
+                if d not in referenced and at < stored_before
+            ]
+            for digest in gone:
+                del self._blobs[digest]
+        return len(gone)
+
     # ---------------------------------------------------------------- helpers
 
     def _session(self, session_id: SessionId) -> dict[SegmentId, _Segment]:
         segments = self._sessions.get(session_id)
         if segments is None:
-            raise SegmentNotFound(f"session {session_id} does not exist")
+            raise SegmentNotFound.of(session_id)
         return segments
 
     def _segment(self, session_id: SessionId, segment_id: SegmentId) -> _Segment:
         segment = self._sessions.get(session_id, {}).get(segment_id)
         if segment is None:
-            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+            raise SegmentNotFound.of(session_id, segment_id)
         return segment
 
-    def _require_head(self, context: ContextId) -> PodMetadata:
-        head = self._heads.get(str(context))
-        if head is None:
-            raise ContextNotFound(f"context {context} does not exist")
-        return head
+
+def _stored(value: Mapping[str, Any]) -> dict[str, Any]:
+    """``value`` round-tripped through the codec: exactly what a file would hold."""
+    decoded: dict[str, Any] = codec.decode(codec.encode(dict(value)))
+    return decoded
 
 
 def _header_line(header: Mapping[str, Any]) -> dict[str, Any]:
-    # Round-trip through the codec so stored values are exactly what a file would hold.
-    return header_line(codec.decode(codec.encode(dict(header))))
-
-
-def _type_of(head: PodMetadata) -> str:
-    return head.context.split(":", 1)[0]
+    return header_line(_stored(header))
 
 
 def _size(segments: Mapping[SegmentId, _Segment]) -> int:

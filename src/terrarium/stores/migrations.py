@@ -1,32 +1,23 @@
 """Schema migrations shared by the database backends (SQLite and PostgreSQL).
 
-A backend keeps one :class:`Migrations` registry and adds each schema change to it with the
-registry as a decorator (``MIGRATIONS = Migrations("sqlite")``, then ``@MIGRATIONS`` over
-``def m001_initial(conn): ...``).
+A backend keeps one :class:`Migrations` registry and registers each schema change with it as a
+decorator (``@MIGRATIONS`` over ``def m001_initial(conn): ...``). The rules:
 
-Rules (the same for every backend):
+* Names are ``mNNN_what_it_does``, numbered up in registration order; a name twice is refused.
+* Each migration runs in one transaction with the insert of its ``migrations`` row.
+* Every backend migrates on open, and refuses a database recording a migration it does not
+  know (:class:`~terrarium.errors.FormatVersionError`): a newer terrarium wrote it.
+* Never edit a released migration: add a new one.
+* The steps before the first release were squashed into ``m001_initial``: a database recording
+  exactly :data:`PRE_SQUASH` is at ``m001_initial`` (:meth:`Migrations.squashed`).
 
-* A migration is a function named ``mNNN_what_it_does``; numbers strictly increase in the order
-  of registration, and registering a name twice is refused. Order comes from the list, never
-  from sorting names.
-* Each migration runs in one transaction together with the insert of its row in the backend's
-  ``migrations`` table, so a crash leaves it either wholly applied and recorded or not at all.
-* Every backend migrates on open. A database whose ``migrations`` table names a migration this
-  version does not know was written by a newer terrarium: it is refused
-  (:class:`~terrarium.errors.FormatVersionError`) rather than written in a schema we do not know.
-* Never edit a migration once it has been released: add a new one.
-* Before the first release the steps were squashed: each backend registers ``m001_initial``,
-  which builds what its 15 earlier steps built (:data:`PRE_SQUASH`). A database recording
-  exactly those 15 names is a database at ``m001_initial``: :meth:`Migrations.squashed` names
-  the records the backend forgets, in one transaction, when it opens it.
-
-It holds only the bookkeeping: transactions and concurrent openers are each backend's business.
+Only the bookkeeping is here: transactions and concurrent openers are each backend's business.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from typing import Generic, TypeVar
 
 import msgspec
@@ -76,11 +67,7 @@ class Migration(msgspec.Struct, Generic[C], frozen=True):
 
 
 class Migrations(Generic[C]):
-    """An ordered registry of a backend's migrations (see the module docstring).
-
-    Only the bookkeeping: how a transaction is opened, and how concurrent openers are kept
-    from applying the same step twice, is each backend's business.
-    """
+    """An ordered registry of a backend's migrations (see the module docstring)."""
 
     def __init__(self, backend: str, *, squashed: Collection[str] = ()) -> None:
         self.backend = backend
@@ -107,12 +94,6 @@ class Migrations(Generic[C]):
         self._last_number = number
         return fn
 
-    def __iter__(self) -> Iterator[Migration[C]]:
-        return iter(self._steps)
-
-    def __len__(self) -> int:
-        return len(self._steps)
-
     @property
     def names(self) -> list[str]:
         """Every registered name, in order."""
@@ -126,15 +107,8 @@ class Migrations(Generic[C]):
         return sorted(name for name in applied if name != self._steps[0].name)
 
     def pending(self, applied: Collection[str], *, where: str) -> list[Migration[C]]:
-        """The migrations not in ``applied``, in order (the squashed list counts as the first).
-
-        Args:
-            applied: the names recorded in the database's ``migrations`` table.
-            where: the database, as named in error messages (never with a password).
-
-        Raises:
-            FormatVersionError: ``applied`` names a migration this version does not know.
-        """
+        """The migrations not in ``applied``, in order (the squashed list counts as the first);
+        FormatVersionError, naming database ``where``, if ``applied`` holds an unknown one."""
         if self.squashed(applied):
             applied = [self._steps[0].name]
         known = set(self.names)

@@ -1,18 +1,13 @@
 """``FsStore``: sessions as plain JSONL files that ``tar`` backs up and ``grep`` reads.
 
-Each context is a folder under the root (``{type}/{date}/{name}/``) holding its append-only
-segment files and a ``head.json`` naming the segment it is on; ``.index/`` holds derived
-pointers and the search index (:mod:`terrarium.stores.fs._layout` draws the tree). Files are
-``0600``, folders ``0700``. The segments are the truth: every other file is rebuilt from them
-when lost, reads never write, and nothing leads outside the root.
+Each context is a folder (``{type}/{date}/{name}/``) of append-only segment files and a
+``head.json`` naming the segment it is on (:mod:`._layout` draws the tree). The segments are
+the truth: every other file is rebuilt from them when lost, reads never write, and nothing
+leads outside the root.
 
 Trade-off: an append is one ``write(2)`` under a ``flock`` and survives ``kill -9``; surviving
-a power cut costs an ``fdatasync`` per append or a window (``durability``). There is no server
-and no schema to migrate; search and listing read the derived index of :mod:`terrarium.index`,
-which writers only mark dirty (:mod:`._changes`).
-
-Parts: ``_layout`` (names), ``_segments``, ``_heads``, ``_tree``, ``salvage``, ``_changes`` and
-``_shape`` (what the derived index reads), ``_states`` (freeze, thaw, detach, delete).
+a power cut costs an ``fdatasync`` per append or a window (``durability``). Search and listing
+read the derived index (:mod:`terrarium.index`), which writers only mark dirty (:mod:`._changes`).
 
 Usage::
 
@@ -105,7 +100,6 @@ from terrarium.stores.fs._layout import (
     holds_context,
     real_dir,
     segment_ids,
-    segment_name,
 )
 from terrarium.stores.fs._segments import (
     open_segment,
@@ -116,7 +110,7 @@ from terrarium.stores.fs._segments import (
     scan_tail,
     set_aside,
 )
-from terrarium.stores.fs._states import FsStates, cold_lines, frozen, remove_tree, sealed
+from terrarium.stores.fs._states import FsStates, frozen, remove_tree, sealed, whole_lines
 from terrarium.stores.fs._tree import ContextFolder, pointer, write_pointer
 from terrarium.stores.fs.salvage import (
     Salvage,
@@ -234,12 +228,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         return found.folder if found is not None else None
 
     def _locate(self, context: ContextId) -> ContextFolder | None:
-        """Find the context's folder and head.
-
-        Reads the index; where it has no entry (or a stale or invalid one), looks for the
-        folder in the type's date folders, and re-indexes what it finds, so a lost index
-        never makes a context look new.
-        """
+        """Find the context's folder and head: by its index entry, else in the date folders
+        (re-indexing what it finds), so a lost index never makes a context look new."""
         try:
             folder = self._pointer_folder(self._index_file(context), context)
         except FileNotFoundError:
@@ -258,11 +248,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def _index_best_effort(
         self, context: ContextId, folder: Path, head: PodMetadata | None
     ) -> None:
-        """Index a context found in the folders: derived state, so failing to is no error.
-
-        If the whole index is gone, all of it is rebuilt (heads are not written: a read never
-        writes a head); else this context's entries are.
-        """
+        """Index a context found in the folders (all of the index if it is gone); failing
+        to is no error."""
         try:
             if not (self.root / INDEX / "contexts").is_dir():
                 self._rebuild_index(write_heads=False)
@@ -272,11 +259,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             log.debug("could not index %s: %s", context, exc)
 
     def _session_folder(self, session_id: SessionId) -> Path:
-        """The folder of ``session_id``: a context's, or ``.detached/{session}``.
-
-        A detached folder found in the cache is checked to be still there: another process
-        may have attached the session (renamed its folder) since.
-        """
+        """The folder of ``session_id``: a context's, or ``.detached/{session}`` (a cached
+        one is checked: another process may have moved it)."""
         folder = self._folders.get(session_id)
         if folder is not None and real_dir(folder):
             return folder
@@ -356,10 +340,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def set_head(
         self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
     ) -> PodMetadata:
-        """Move the head if it is ``expected`` now (compare-and-set under the context lock).
-
-        A frozen (archived) context is woken first.
-        """
+        """Move the head if it is ``expected`` now; a frozen context is woken first."""
         session_id = self._require_head(context).session_id
         return self._while_hot(session_id, lambda: self._set_head(context, segment_id, expected))
 
@@ -383,13 +364,13 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def _require_head(self, context: ContextId) -> PodMetadata:
         head = self.get_head(context)
         if head is None:
-            raise ContextNotFound(f"context {context} does not exist")
+            raise ContextNotFound.of(context)
         return head
 
     def _require_folder(self, context: ContextId) -> Path:
         folder = self.folder_of(context)
         if folder is None:
-            raise ContextNotFound(f"context {context} does not exist")
+            raise ContextNotFound.of(context)
         return folder
 
     def _while_hot(self, session_id: SessionId, write: Callable[[], _T]) -> _T:
@@ -420,11 +401,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             return self._persist_head(self._require_folder(context))
 
     def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
-        """Every head record, sorted by context id (reads the index, walks no date folders).
-
-        When the index is gone, the tree is walked instead (and the index rebuilt if the store
-        is writable); a head that cannot be read or rebuilt is logged and left out.
-        """
+        """Every hot head, sorted by context id, from the index (a walk if it is gone); a
+        head that cannot be read or rebuilt is logged and left out."""
         base = self.root / INDEX / "contexts"
         if not base.is_dir():
             try:
@@ -466,15 +444,13 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
         """Hold the context's lock exclusively (threads and processes alike).
 
-        This is the callers' lock (the manager holds it for a whole turn). The store's own
-        create, delete and head moves take a separate, brief lock, so they work inside it.
+        The callers' lock, held for a whole turn; the store's own moves take another one.
         """
         return self._file_lock("turn", context)
 
     @contextlib.contextmanager
     def _head_lock(self, context: ContextId) -> Iterator[None]:
-        """The context's head lock; re-entrant in a thread (a restore holds it around its
-        attach)."""
+        """The context's head lock, re-entrant in a thread."""
         held: set[str] = self._quiet_depth.__dict__.setdefault("heads", set())
         if str(context) in held:
             yield
@@ -495,9 +471,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
         """Create the context's folder, root segment, head and index entries.
 
-        A folder that already holds the context (whether or not the index knows it, whether
-        or not it has a ``head.json``) is never replaced: its head is rebuilt if needed, it is
-        indexed, and ``ContextExists`` is raised.
+        A folder that holds the context already is never replaced: it is indexed (its head
+        rebuilt if lost) and ``ContextExists`` raised.
         """
         line = header_line(header)
         session_id = uuid.UUID(str(line["session_id"]))
@@ -547,7 +522,6 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             write_atomic(path, data, sync=self._sync())
 
     # ---------------------------------------------------------------- state primitives
-    # FsStates (``_states``) has them; here is what they ask of the rest of the store.
 
     def _forget_session(self, session_id: SessionId) -> None:
         """Close the cached descriptors of a session whose folder moves."""
@@ -567,10 +541,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     # ---------------------------------------------------------------- detached sessions
 
     def create_session(self, header: Mapping[str, Any]) -> None:
-        """Create a session that belongs to no context, in ``.detached/{session}/``.
-
-        Raises ConflictError if the session exists (detached, or in a context's folder).
-        """
+        """Create a detached session in ``.detached/{session}/``; ConflictError if it exists."""
         line = header_line(header)
         session_id = uuid.UUID(str(line["session_id"]))
         segment_id = uuid.UUID(str(line["segment_id"]))
@@ -590,11 +561,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     ) -> PodMetadata:
         """Move a detached session into ``context``'s new folder, with ``segment_id`` its head.
 
-        Under the context's head lock and the session's lock, three steps, each safe to kill:
-        ``head.json`` is written into ``.detached/{session}/`` (a head there means nothing),
-        the index entries and the search index's dirty marker (naming a folder not there yet,
-        which lookups pass over), and the rename of the folder to ``{type}/{date}/{name}/``:
-        the commit. The date is the session's creation (its root segment's).
+        Three steps, each safe to kill: ``head.json`` into ``.detached/{session}/`` (where it
+        means nothing), the index entries and dirty marker (naming a folder not there yet), and
+        the rename to ``{type}/{date}/{name}/``, the commit.
         """
         _check_type(context)
         with self._quiet(), self._head_lock(context), self._session_lock(session_id):
@@ -637,17 +606,14 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
 
     def _ids(self, session_id: SessionId, folder: Path) -> list[SegmentId]:
         """The segment ids in ``folder``, oldest first, plain or (frozen session) ``.zst``."""
-        if not frozen(self.root, session_id):
-            return segment_ids(folder)
-        names = [segment_name(n.removesuffix(ZST)) for n in listdir(folder) if n.endswith(ZST)]
-        return sorted(uuid.UUID(n) for n in names if n is not None)
+        return segment_ids(folder, ZST if frozen(self.root, session_id) else "")
 
     def _lines(
         self, session_id: SessionId, folder: Path, segment_id: SegmentId, stop: int | None = None
     ) -> list[dict[str, Any]]:
         """The first ``stop`` (all) decoded lines of a segment of a frozen session."""
         try:
-            raw = cold_lines(folder, f"{segment_id}{SEGMENT_SUFFIX}")
+            raw = whole_lines(folder, f"{segment_id}{SEGMENT_SUFFIX}", cold=True)
         except FileNotFoundError:
             raise SegmentNotFound.of(session_id, segment_id) from None
         where = f"{folder / str(segment_id)}{SEGMENT_SUFFIX}{ZST}"
@@ -661,8 +627,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
         """Write a new segment file holding only its header.
 
-        If the session's ``head.json`` is missing, it is rebuilt first: the new segment is
-        the newest, and a head rebuilt after it would wrongly move onto it.
+        A lost ``head.json`` is rebuilt first: rebuilt after, it would move onto the new segment.
         """
         line = header_line(header)
         data = codec.encode_line(line)
@@ -700,14 +665,10 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     ) -> int:
         """Append whole lines with one ``write`` under the segment's exclusive ``flock``.
 
-        Writers in many processes never interleave inside a line, and the ``expected_seq``
-        check and the write are one step. A multi-entry append is framed by
-        :func:`terrarium.codec.encode_lines`, so a crash inside it leaves a torn tail. With
-        cached descriptors (LRU) an append costs a lock, an ``fstat`` and a ``write``.
-
-        A file found deleted, sealed (by a freeze since it was opened) or missing sends the
-        append through the store again, which wakes the session, or settles a freeze killed
-        before its commit (it unseals the file).
+        The ``expected_seq`` check and the write are one step; a multi-entry append is framed
+        (:func:`terrarium.codec.encode_lines`), so a crash inside it leaves a torn tail. With a
+        cached descriptor an append costs a lock, an ``fstat`` and a ``write``. A file found
+        deleted, sealed or missing sends the append the long way, which wakes the session.
         """
         try:
             return self._append(session_id, segment_id, entries, expected_seq)  # the hot path
@@ -788,9 +749,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
     ) -> SegmentRead:
-        """Read and decode a segment. A torn tail is skipped and reported
-        (``set_aside_to=None``), never moved: the next append or :meth:`set_aside_torn_tail`
-        sets it aside."""
+        """Read and decode a segment; a torn tail is skipped and reported, never moved."""
         return self._reading(
             session_id, lambda: self._read_segment(session_id, segment_id, stop_seq)
         )
@@ -842,8 +801,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         return torn
 
     def salvage_segment(self, context: ContextId, segment_id: SegmentId) -> Salvage:
-        """Copy every readable entry of a damaged segment into a new segment of its session
-        (:mod:`.salvage`); the head moves along if it was on the segment or a fork of it.
+        """Copy every readable entry of a damaged segment into a new one (:mod:`.salvage`).
 
         Raises:
             ContextNotFound: no folder holds ``context``.
@@ -886,12 +844,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             )
 
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
-        """The seq the next append gets (reads the file's last line only).
-
-        A segment this process appends to answers from its cached descriptor, with the lock
-        and ``fstat`` an append takes: a file found sealed or unlinked (a freeze, a thaw, a
-        delete) sends the call the long way, which looks the session up again.
-        """
+        """The seq the next append gets: from the cached descriptor if there is one, else
+        from the file's last line."""
         with self._lock:
             handle = self._open.get(segment_id)
             if handle is not None and handle.session_id == session_id:
@@ -925,9 +879,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             fcntl.flock(handle.fd, fcntl.LOCK_UN)
 
     def _caught_up(self, handle: _Open, segment_id: SegmentId) -> bool:
-        """With the file locked: False if it is sealed or unlinked (frozen, deleted or being
-        frozen); else the handle's size and next seq as they are (another writer may have
-        appended: then only the last line is read)."""
+        """With the file locked: False if it is sealed or unlinked; else bring the handle's
+        size and next seq up to date."""
         st = os.fstat(handle.fd)
         if st.st_nlink == 0 or sealed(st.st_mode):
             return False
@@ -947,10 +900,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def append_trace(
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
     ) -> None:
-        """Append to ``{segment}.trace.jsonl`` (one write, ``O_APPEND``); no entries, no file.
-
-        A frozen session is woken first.
-        """
+        """Append to ``{segment}.trace.jsonl`` (one ``O_APPEND`` write), waking a frozen session."""
         self._while_hot(session_id, lambda: self._append_trace(session_id, segment_id, entries))
 
     def _append_trace(
@@ -975,21 +925,13 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
 
     def _read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
         folder = self._session_folder(session_id)
-        if frozen(self.root, session_id):
-            if not (folder / f"{segment_id}{SEGMENT_SUFFIX}{ZST}").exists():
-                raise SegmentNotFound.of(session_id, segment_id)
-            try:
-                lines = cold_lines(folder, f"{segment_id}{TRACE_SUFFIX}")
-            except FileNotFoundError:
-                return []
-        else:
-            try:
-                complete, _ = codec.split_complete(
-                    read_file(folder / f"{segment_id}{TRACE_SUFFIX}")
-                )
-            except FileNotFoundError:
-                return []
-            lines = codec.split_lines(complete)
+        cold = frozen(self.root, session_id)
+        if cold and not (folder / f"{segment_id}{SEGMENT_SUFFIX}{ZST}").exists():
+            raise SegmentNotFound.of(session_id, segment_id)
+        try:
+            lines = whole_lines(folder, f"{segment_id}{TRACE_SUFFIX}", cold=cold)
+        except FileNotFoundError:
+            return []
         return [codec.decode(line) for line in lines]
 
     def close(self) -> None:
@@ -1010,19 +952,17 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     # ---------------------------------------------------------------- index
 
     def reindex(self) -> int:
-        """Rebuild ``.index`` from the folders, and write every missing or unreadable head.
+        """Rebuild ``.index`` from the folders and write every lost head; the contexts indexed.
 
-        Returns the contexts indexed. A context two folders hold (split by an older terrarium
-        that lost its index) is indexed at its most recently active folder; ``fsck`` reports
-        the other, whose session stays reachable by its id.
+        A context two folders hold is indexed at its most recently active one (``fsck``
+        reports the other).
         """
         with self._quiet(exclusive=True):  # a move meanwhile would leave the new index behind
             return self._rebuild_index(write_heads=True)
 
     def quiesced(self, *, writing: bool = True) -> AbstractContextManager[None]:
-        """Hold ``.locks/lifecycle`` exclusively: no freeze, thaw, detach, attach or delete
-        runs meanwhile, in any process (``fsck`` checks and repairs under it). With
-        ``writing=False`` no lock file is made if there is none (a read-only store)."""
+        """Hold ``.locks/lifecycle`` exclusively: no move runs meanwhile, in any process. With
+        ``writing=False`` no lock file is made (a read-only store)."""
         return self._quiet(exclusive=True, create=writing)
 
     def _rebuild_index(self, *, write_heads: bool) -> int:
@@ -1072,11 +1012,10 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     # ---------------------------------------------------------------- derived index
 
     def index_source(self) -> FsChanges:
-        """What the derived index reads of this store's files (``Indexed``, see :mod:`._changes`).
+        """What the derived index reads of this store's files (``Indexed``, :mod:`._changes`).
 
-        If the whole ``.index`` folder was lost (no pointers, no derived database), the
-        pointers are rebuilt first, so that what listing and search show can be opened. A
-        read-only store or a full disk is left as it is: the readers answer from the folders.
+        A lost ``.index`` folder has its pointers rebuilt first, unless the store is read-only
+        or the disk full.
         """
         index = self.root / INDEX
         if not (index / "contexts").exists() and not (index / INDEX_DB).exists():

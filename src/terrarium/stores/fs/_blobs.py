@@ -1,11 +1,9 @@
 """``FsStore``'s blobs: large outputs as files ``.blobs/{digest[:2]}/{digest[2:]}``.
 
-A blob file appears whole or not at all (written beside, then hard-linked into place), is
-``0600`` in ``0700`` folders, and is checked against its name when read. Nothing else lists
-blobs: the logs are the truth, and GC finds the references by scanning every log file under
-the root (hot, archived, trashed; plain or zstandard-compressed) for digests, skipping
-``.index``, ``.blobs`` and ``.locks``. Puts hold a shared ``flock`` on ``.locks/blobs`` and
-GC an exclusive one while it deletes, so a blob put again while GC runs is never lost.
+A blob file appears whole or not at all and is checked against its name when read. GC finds
+the references by scanning every log file under the root (plain or compressed) for digests.
+Puts hold a shared ``flock`` on ``.locks/blobs`` and GC an exclusive one while it deletes, so
+a blob put again while GC runs is never lost.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from terrarium.errors import BlobNotFound, CorruptBlob, StoreError
 from terrarium.stores._files import listdir, make_dirs, write_new
 from terrarium.stores.fs._layout import INDEX, LOCKS
 from terrarium.stores.fs._segments import os_reason, read_file
-from terrarium.stores.fs._states import lock_file
+from terrarium.stores.locks import file_lock
 
 #: The folder of the blobs, under the root.
 BLOBS = ".blobs"
@@ -32,8 +30,7 @@ _CHUNK = 1 << 20
 
 
 def _is_log(name: str) -> bool:
-    """A file that may hold log lines: segments, legacy files, their archived, torn and
-    salvaged forms (``.jsonl``, ``.json``, ``.jsonl.zst``, ``.jsonl.torn-1``, ...)."""
+    """A file that may hold log lines (``.jsonl``, ``.json``, ``.jsonl.zst``, ``.jsonl.torn-1``)."""
     return ".json" in name and not name.startswith(".tmp-")
 
 
@@ -66,7 +63,7 @@ class FsBlobs:
         return self._inside(self.root / BLOBS / digest[:2]) / digest[2:]
 
     def _blob_lock(self, mode: int) -> contextlib.AbstractContextManager[None]:
-        return lock_file(self._inside(self.root / LOCKS) / "blobs", mode)
+        return file_lock(self._inside(self.root / LOCKS) / "blobs", mode)
 
     def put_blob(self, data: bytes) -> str:
         """Store ``data`` once (a new file appears whole); return its digest."""
@@ -129,19 +126,17 @@ class FsBlobs:
                     digests = scan_digests(_chunks(path))
                 except FileNotFoundError:
                     continue  # moved meanwhile (an archive, a trash): found where it went
-                except OSError as exc:
-                    if exc.errno == errno.ELOOP:  #: a link, never followed
-                        continue
-                    raise StoreError(f"{path}: cannot scan for blob references: {exc}") from exc
-                except Exception as exc:  # a damaged compressed file: keep every blob
+                except Exception as exc:  # a damaged compressed file, say: keep every blob
+                    if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
+                        continue  # a link, never followed
                     raise StoreError(f"{path}: cannot scan for blob references: {exc}") from exc
                 for digest in digests:
                     found.setdefault(digest, str(path))
         return found
 
     def delete_unreferenced_blobs(self, *, stored_before: float) -> int:
-        """Delete blob files no log refers to whose last put was before ``stored_before``;
-        also leftover temporary files of writes a kill interrupted."""
+        """Delete blob files no log refers to, last put before ``stored_before`` (and
+        temporary files a kill left)."""
         referenced = self.blob_references()
         deleted = 0
         with self._blob_lock(fcntl.LOCK_EX):

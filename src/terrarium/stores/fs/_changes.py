@@ -1,15 +1,12 @@
-"""What ``FsStore``'s derived index (:mod:`terrarium.index`) reads of the files, kept in the store.
+"""All that ``FsStore``'s derived index (:mod:`terrarium.index`) reads of the files.
 
-Writers leave a *dirty marker* per changed session (:func:`mark_dirty`): an empty file named
-after it in ``.index/dirty``. The index claims the markers, reads each changed session's head
-(:meth:`FsChanges.head`) and the bytes its segments gained (:func:`read_from`, from a byte offset,
-so a refresh after one append reads one line), and walks the date folders (:func:`scandir`)
-when it rebuilds or when a date folder was moved by hand (:mod:`._shape`).
+Writers leave a *dirty marker* per changed session (:func:`mark_dirty`), an empty file in
+``.index/dirty``. The index claims the markers, reads each changed session's head and the bytes
+its segments gained from an offset (a refresh after one append reads one line), and walks the
+date folders when it rebuilds or one was moved by hand (:mod:`._shape`).
 
-Appends mark at most once per ``MARK_EVERY`` seconds per open segment (a ``stat``, and an
-``open`` when the marker is missing), so the append path stays a lock, an ``fstat`` and a
-``write``; the index watches a claimed session for longer than that. Other writes always mark.
-:class:`FsChanges` is all the index reads of a root: it opens no file of the store itself.
+Appends mark at most once per ``MARK_EVERY`` seconds per open segment, so the append path stays
+a lock, an ``fstat`` and a ``write``; the index watches a claimed session for longer than that.
 """
 
 from __future__ import annotations
@@ -52,27 +49,19 @@ _CLAIMED = ".claimed-"
 
 
 def dirty_dir(root: Path) -> Path:
-    """Where writers leave dirty markers.
-
-    Raises:
-        IndexUnavailable: it leads out of the root (a link): the callers answer from the files.
-    """
+    """Where writers leave dirty markers (IndexUnavailable if it leads out of the root)."""
     return check_inside(os.path.realpath(root), root / INDEX / _DIRTY, IndexUnavailable)
 
 
 def mark_dirty(root: Path, session_id: SessionId) -> None:
     """Tell the search index that ``session_id`` changed: an empty file named after it.
 
-    The mark follows the write, so it never precedes data it announces. A process killed
-    between the two leaves a write that ``refresh(full=True)`` or ``reindex()`` finds, as they
-    find writes that bypass ``FsStore`` (a restored backup).
+    The mark follows the write it announces; a kill between the two leaves a write that
+    ``refresh(full=True)`` or ``reindex()`` finds.
     """
     path = dirty_dir(root) / str(session_id)
-    try:
-        os.stat(path)
+    if os.path.exists(path):
         return
-    except FileNotFoundError:
-        pass
     try:
         fd = open_private(path, os.O_WRONLY | os.O_CREAT)
     except FileNotFoundError:
@@ -101,11 +90,9 @@ def read_from(path: Path, offset: int) -> tuple[bytes, int]:
 
 
 class FsChanges:
-    """The derived index's view of one root's files: its change markers, the tree's shape,
-    the session folders and their heads, and a segment's bytes from an offset.
+    """The derived index's view of one root's files (:meth:`FsStore.index_source`).
 
-    Every path it takes or gives is a folder relative to the root (``type/date/name``); it
-    never follows a link out of the root. :meth:`FsStore.index_source` gives one.
+    Every path it takes or gives is a folder relative to the root (``type/date/name``).
     """
 
     def __init__(self, root: Path) -> None:
@@ -130,11 +117,8 @@ class FsChanges:
         return listdir(dirty_dir(self.root))
 
     def claim(self) -> list[tuple[str, Path]]:
-        """Rename every marker to a claimed name; return (session id, claimed path) pairs.
-
-        The rename is atomic: a writer marking meanwhile creates a fresh marker. Claims a
-        crashed or just-finished refresh left are taken as they are.
-        """
+        """Rename every marker to a claimed name (a writer marking meanwhile makes a fresh
+        one); return (session id, claimed path) pairs, old claims included."""
         folder = dirty_dir(self.root)
         out = []
         for name in listdir(folder):
@@ -164,9 +148,8 @@ class FsChanges:
     # ---------------------------------------------------------------- the tree
 
     def shape(self, known: str | None) -> _shape.ShapeChange:
-        """The date folders moved in or out since ``known`` (a shape :func:`_shape.dump`
-        wrote; None: all of them are new)."""
-        return _shape.compare(self.root, _shape.load(known) if known is not None else None)
+        """The date folders moved in or out since shape ``known`` (None: all are new)."""
+        return _shape.compare(self.root, _shape.load(known))
 
     def date_folders(self) -> Iterator[str]:
         """Every date folder, as ``type/date``."""
@@ -186,8 +169,8 @@ class FsChanges:
     def walk(
         self, date_folders: Iterable[str] | None = None
     ) -> Iterator[tuple[str, dict[str, SegmentStat]]]:
-        """Every session folder with its segments, least recently written first (of
-        ``date_folders``, ``type/date`` each, if given)."""
+        """Every session folder (of ``date_folders`` if given) with its segments, least
+        recently written first."""
         found: list[tuple[float, str, dict[str, SegmentStat]]] = []
         for date_folder in self.date_folders() if date_folders is None else date_folders:
             path = self.root / date_folder
@@ -210,8 +193,7 @@ class FsChanges:
     # ---------------------------------------------------------------- one session
 
     def pointer(self, session_id: str) -> str | None:
-        """The session's folder per the ``.index/sessions`` pointer; None if lost or damaged
-        (``reindex`` rebuilds it)."""
+        """The session's folder per its ``.index/sessions`` pointer; None if lost or damaged."""
         try:
             return read_pointer(self.root / INDEX / "sessions" / session_id)[0]
         except (OSError, StoreError):
@@ -222,13 +204,9 @@ class FsChanges:
         return _segments(scandir(self.root / folder))
 
     def head(self, folder: str) -> tuple[PodMetadata | None, str | None]:
-        """The folder's head as ``FsStore`` reads it, and what is wrong with it.
-
-        A missing ``head.json`` is rebuilt from the segments (no problem: the head is derived);
-        an unreadable or invalid one, or one naming a segment that is not there, is rebuilt too,
-        and the problem names it. Returns (None, problem) when no head can be found or rebuilt,
-        the problem None when the folder holds no segment either (a context being deleted).
-        """
+        """The folder's head as ``FsStore`` reads it, and what is wrong with it (a lost
+        ``head.json`` is no problem); (None, problem) if there is none, (None, None) when the
+        folder holds no segment either (a context being deleted)."""
         try:
             return head_of(self.root / folder, read_errors=True)
         except FileNotFoundError:
@@ -264,7 +242,7 @@ class FsChanges:
         self, folder: str, segment_id: str, offset: int, seq: int
     ) -> tuple[list[dict[str, Any]], int, int]:
         """The segment's complete lines from byte ``offset`` (line ``seq``) on, the offset
-        after them and the file's size (see :func:`read_from`; StoreError: a bad line)."""
+        after them and the file's size."""
         path = self.segment_path(folder, segment_id)
         data, size = read_from(Path(path), offset)
         complete, _ = codec.split_complete(data)

@@ -1,12 +1,9 @@
 """Heads: ``head.json`` records, and the head a folder's segments imply when that is lost.
 
-**The segments are the truth; everything else is derived.** ``head.json`` is derived too: a
-folder without one (a power cut in ``flush`` mode, a partial restore from a backup) has its
-head rebuilt from its segments by :func:`head_from_segments` (the newest segment, by UUIDv7,
-whose chain of headers is intact). A read rebuilds it in memory only; a write to the context, a
-``reindex()`` and ``terrarium fsck --repair`` write it. An unreadable one is set aside
-(``head.json.unreadable-{n}``), never deleted. The search index reads heads the same way
-(:func:`head_of`), so listing and ``fsck`` name the same problem.
+``head.json`` is derived: a lost one (a power cut in ``flush`` mode, a partial restore) is
+rebuilt from the segments (:func:`head_from_segments`), in memory by a read, on disk by a write,
+``reindex()`` or ``fsck --repair``. An unreadable one is set aside, never deleted. The search
+index reads heads the same way (:func:`head_of`), so listing and ``fsck`` name the same problem.
 """
 
 from __future__ import annotations
@@ -27,16 +24,9 @@ from terrarium.stores.fs._segments import one_line, read_file, read_header
 
 
 def head_of(folder: str | Path, *, read_errors: bool = False) -> tuple[PodMetadata, str | None]:
-    """The head of ``folder``, and why it was rebuilt if ``head.json`` is unreadable.
-
-    Args:
-        read_errors: take a ``head.json`` that cannot be read (an I/O error) as damaged, and
-            rebuild the head from the segments, rather than raise the error.
-
-    Raises:
-        FileNotFoundError: ``folder`` holds neither a ``head.json`` nor a segment.
-        CorruptLog: the head can be neither read nor rebuilt.
-    """
+    """The head of ``folder``, and why it was rebuilt if ``head.json`` is unreadable (with
+    ``read_errors``, an I/O error too). FileNotFoundError if ``folder`` holds neither a
+    ``head.json`` nor a segment; CorruptLog if the head can be neither read nor rebuilt."""
     path = os.path.join(folder, HEAD)  # str paths: get_head runs this on every turn
     try:
         head = read_head(path)
@@ -63,11 +53,9 @@ def head_of(folder: str | Path, *, read_errors: bool = False) -> tuple[PodMetada
 def head_from_segments(folder: Path) -> PodMetadata:
     """Rebuild a context's head record from the segment files in ``folder``.
 
-    The head is the newest segment (by UUIDv7) whose chain is intact: its header, and the
-    header of every segment it continues (a fork replays its parent's prefix), read and name
-    this session. ``created_at`` is the root segment's time; ``updated_at`` the head segment's.
-    The context is the one the headers name, or (a session that began detached) the one its
-    ``{type}/{date}/{name}`` folder names.
+    The head is the newest segment (by UUIDv7) whose headers, its own and those of the
+    segments it continues, read and name this session. The context is the one the headers
+    name, or (a session that began detached) the one its folder names.
 
     Raises:
         CorruptLog: no segment of ``folder`` has an intact chain.
@@ -98,11 +86,7 @@ def head_from_segments(folder: Path) -> PodMetadata:
 
 
 def folder_context(folder: Path) -> str | None:
-    """The context a ``{type}/{date}/{name}`` folder is the folder of, or None.
-
-    The head of a session that began detached (its headers say ``"context": null``) is
-    rebuilt with the context its folder names: the folder is where the attach put it.
-    """
+    """The context a ``{type}/{date}/{name}`` folder is the folder of, or None."""
     date, kind, encoded = folder.parent.name, folder.parent.parent.name, folder.name
     if not DATE_RE.fullmatch(date) or kind.startswith("."):
         return None
@@ -143,10 +127,8 @@ def _parent(header: Mapping[str, Any]) -> SegmentId | None:
 
 
 def segment_chain(folder: Path, segment_id: SegmentId) -> list[SegmentId]:
-    """``segment_id`` and every segment its replay reads (a fork's parent...), newest first.
-
-    The chain stops where a header cannot be read.
-    """
+    """``segment_id`` and every segment its replay reads, newest first, up to an unreadable
+    header."""
     chain: list[SegmentId] = []
     current: SegmentId | None = segment_id
     while current is not None and current not in chain:

@@ -62,12 +62,12 @@ def holds_context(folder: Path) -> bool:
     return (folder / HEAD).exists() or bool(segment_ids(folder))
 
 
-def segment_ids(folder: Path) -> list[SegmentId]:
-    """The ids of the segment files in ``folder``, oldest first (UUIDv7 order)."""
+def segment_ids(folder: Path, suffix: str = "") -> list[SegmentId]:
+    """The ids of the segment files in ``folder`` (``.zst`` ones: frozen), oldest first."""
     return sorted(
         uuid.UUID(segment_id)
         for name in listdir(folder)
-        if (segment_id := segment_name(name)) is not None
+        if name.endswith(suffix) and (segment_id := segment_name(name.removesuffix(suffix)))
     )
 
 

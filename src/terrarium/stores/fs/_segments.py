@@ -1,15 +1,10 @@
 """Segment files on disk: opened without following links, read up to their last whole append.
 
-**Torn tails.** A writer killed mid-``write`` (or a full disk) can leave bytes after the last
-complete append (:func:`terrarium.codec.split_complete`). Reading never changes a byte: a torn
-tail is reported and skipped. A writer that finds one (:func:`scan_tail`, under the file's
-lock) copies it to ``{segment}.jsonl.torn-{offset}`` (``.2``, ``.3``... if that offset tore
-before), truncates it away and logs it before it appends. A segment whose header line is
-incomplete is damaged, not torn: it is reported, never moved.
-
-**Nothing outside the root.** Files are opened with ``O_NOFOLLOW``: a symbolic link inside the
-store is refused, never followed. Side files (torn tails, unreadable heads, salvaged lines) are
-new files beside the original, never overwriting another (:mod:`terrarium.stores._files`).
+**Torn tails.** A writer killed mid-``write`` can leave bytes after the last complete append.
+A read skips and reports them; a writer (:func:`scan_tail`, under the file's lock) copies them
+to ``{segment}.jsonl.torn-{offset}``, truncates them away and logs it before it appends. A
+segment whose header line is incomplete is damaged, not torn: reported, never moved. Side files
+never overwrite another.
 """
 
 from __future__ import annotations
@@ -84,10 +79,9 @@ def read_header(path: Path) -> dict[str, Any]:
 def read_complete(fd: int, path: Path, segment_id: SegmentId) -> tuple[Any, TornTail | None]:
     """The complete appends of an open segment file, and its torn tail if it has one.
 
-    A file that ends in a complete append (the common case) is returned as a memory map:
-    decoding from it saves a copy, and it is safe because no writer ever truncates a file
-    below the end of a complete append. A tail that looks torn is read again under a shared
-    lock, which waits for a write in progress: only a tail still torn then is one.
+    A file ending in a complete append is returned as a memory map (a copy saved; safe, as no
+    writer truncates below a complete append). A tail that looks torn is read again under a
+    shared lock, which waits for a write in progress.
     """
     size = os.fstat(fd).st_size
     last = os.pread(fd, 2, max(0, size - 2))
@@ -109,9 +103,7 @@ def read_complete(fd: int, path: Path, segment_id: SegmentId) -> tuple[Any, Torn
 def scan_tail(fd: int, path: Path, segment_id: SegmentId) -> tuple[int, int, TornTail | None]:
     """With the file locked: set aside a torn tail; return (size, next seq, torn tail).
 
-    Raises:
-        CorruptLog: the header line is incomplete (a damaged segment: nothing is moved),
-            or the last line is not an entry.
+    CorruptLog if the header line is incomplete (nothing is moved) or the last line no entry.
     """
     size = os.fstat(fd).st_size
     chunk = 4096

@@ -1,12 +1,10 @@
-"""Date folders moved in or out by hand, as ``FsStore``'s search index notices them.
+"""Date folders moved in or out by hand (the seed's "archive old date folders"), noticed.
 
-The seed tells users to "archive old date folders" by moving them away, and to bring them back
-the same way. Writes through ``FsStore`` leave dirty markers for the index; a folder moved by
-hand leaves none, so the index keeps the *shape* of the tree it last saw: per type folder, its
-``stat`` stamp and the names of its date folders. A refresh ``stat``\\s each type folder (a few
-syscalls); only a type folder whose stamp changed is listed again, and only the date folders
-that appeared or vanished are walked. A stamp younger than ``RACY_NS`` is not trusted (a change
-within the clock's granularity could keep it), so that type folder is listed again next time.
+A folder moved by hand leaves no dirty marker, so the index keeps the *shape* of the tree it
+last saw: per type folder, its ``stat`` stamp and its date folders. A refresh ``stat``\\s each
+type folder; only one whose stamp changed is listed again, and only the date folders that
+appeared or vanished are walked. A stamp younger than ``RACY_NS`` is not trusted (a change
+within the clock's granularity could keep it).
 
 The shape is stored as JSON in the index's ``meta`` table::
 
@@ -69,9 +67,9 @@ def dump(shape: Shape) -> str:
     return json.dumps(shape, sort_keys=True, separators=(",", ":"))
 
 
-def compare(root: Path, known: Shape | None, *, now_ns: int | None = None) -> ShapeChange:
+def compare(root: Path, known: Shape | None) -> ShapeChange:
     """Compare the tree under ``root`` with ``known`` (None: nothing known, all is added)."""
-    now_ns = time.time_ns() if now_ns is None else now_ns
+    now_ns = time.time_ns()
     held = known or {}
     change = ShapeChange({}, changed=known is None)
     for entry in scandir(root):

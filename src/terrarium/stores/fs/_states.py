@@ -1,25 +1,20 @@
-"""The state records of an ``FsStore`` and its physical lifecycle moves: freeze, thaw, detach
-and delete, the primitives of :class:`~terrarium.stores.base.SessionStates` that
-:mod:`terrarium.states` drives (it holds every lifecycle rule).
+"""``FsStore``'s state records and lifecycle moves (the ``SessionStates`` primitives).
 
-* **Records.** ``.states/{session}.json``, one small JSON object per session that has one,
-  replaced atomically (write, fsync, rename) under the session's lock ``.locks/session/{id}``;
-  a compare-and-set compares under that lock. It stays put when the session's folder moves.
-* **Freeze in place.** Each log file of the folder (segments, traces, set-aside tails) becomes
-  ``{name}.zst``; ``head.json`` stays. The record (with ``cold``) is the commit: before it, the
-  ``.zst`` files are a killed freeze's leftovers; after it, the plain ones are. A thaw is the
-  reverse, under the same rule. The freezer holds every segment's ``flock`` and seals each
+* **Records**: ``.states/{session}.json``, replaced atomically under the session's lock
+  ``.locks/session/{id}``; it stays put when the session's folder moves.
+* **Freeze in place**: each log file becomes ``{name}.zst``; the record (with ``cold``) is the
+  commit. Before it the ``.zst`` files are a killed freeze's leftovers, after it the plain ones
+  are; a thaw is the reverse. The freezer holds every segment's ``flock`` and seals each
   (``0400``), so an append that waited finds its file deleted or sealed and looks again.
-* **Detach** renames ``{type}/{date}/{name}/`` to ``.detached/{session}/``. The new record is
-  written to ``{session}.detach.json`` first; the folder's rename decides: beside a detached
-  folder that file is the record, beside an attached one a leftover.
-* **Delete** renames ``.detached/{session}/`` into ``.staging/`` (what is there is only ever
-  being deleted), then removes the record, then the folder.
+* **Detach** renames the folder to ``.detached/{session}/``, the new record written first to
+  ``{session}.detach.json``: the rename decides whether that file is the record or a leftover.
+* **Delete** renames ``.detached/{session}/`` into ``.staging/``, removes the record, then the
+  folder.
 
 Moves hold the session's lock exclusively and ``.locks/lifecycle`` shared (``fsck`` and
-``reindex`` hold it exclusively: no move runs meanwhile); writers hold the session's lock
-shared. Holding it, a move first settles what a killed one left (:meth:`FsStates._settle`):
-only those provable leftovers are ever deleted. Lock order: lifecycle, head, session.
+``reindex`` hold it exclusively); writers hold the session's lock shared. A move first settles
+the provable leftovers of a killed one (:meth:`FsStates._settle`). Lock order: lifecycle, head,
+session.
 """
 
 from __future__ import annotations
@@ -49,7 +44,6 @@ from terrarium.stores._files import (
     fsync_dir,
     listdir,
     make_dirs,
-    open_private,
     write_atomic,
     write_new,
 )
@@ -68,6 +62,7 @@ from terrarium.stores.fs._layout import (
 )
 from terrarium.stores.fs._segments import read_file
 from terrarium.stores.fs._tree import Tree
+from terrarium.stores.locks import file_lock
 
 PENDING = ".detach.json"
 SEALED = 0o400
@@ -119,10 +114,12 @@ def sealed(mode: int) -> bool:
     return not mode & stat.S_IWUSR
 
 
-def cold_lines(folder: Path, name: str) -> list[bytes]:
-    """The complete lines of the frozen file ``{name}.zst`` (FileNotFoundError if none)."""
-    path = folder / f"{name}{ZST}"
-    complete, _ = codec.split_complete(unpack(read_file(path), where=str(path)))
+def whole_lines(folder: Path, name: str, *, cold: bool) -> list[bytes]:
+    """The complete lines of file ``name`` (``cold``: of ``{name}.zst``); FileNotFoundError if
+    there is none."""
+    path = folder / f"{name}{ZST}" if cold else folder / name
+    data = read_file(path)
+    complete, _ = codec.split_complete(unpack(data, where=str(path)) if cold else data)
     return codec.split_lines(complete)
 
 
@@ -131,28 +128,6 @@ def remove_tree(folder: Path) -> None:
     import shutil  # not at import: it loads bz2, lzma and zlib
 
     shutil.rmtree(folder, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def lock_file(path: Path, kind: int, *, create: bool = True) -> Iterator[None]:
-    """Hold ``flock`` ``kind`` on ``path``; without ``create``, go on without a lock if the
-    file cannot be opened (a read-only store, where nothing moves)."""
-    try:
-        if create:
-            make_dirs(path.parent)
-            fd = open_private(path, os.O_RDWR | os.O_CREAT)
-        else:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        if create:
-            raise
-        yield
-        return
-    try:
-        fcntl.flock(fd, kind)
-        yield
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -385,8 +360,8 @@ class FsStates(Tree):
         expected: Mapping[str, Any],
         state: Mapping[str, Any],
     ) -> None:
-        """Rename the context's folder to ``.detached/{session}/``: the commit of the record
-        written beside the old one (``{session}.detach.json``); then drop its index entries."""
+        """Rename the context's folder to ``.detached/{session}/`` (the commit of the pending
+        record), then drop its index entries."""
         with self._quiet(), self._head_lock(context), self._session_lock(session_id):
             self._settle(session_id)
             current = self._current(session_id, expected)
@@ -411,8 +386,7 @@ class FsStates(Tree):
             self._folders[session_id] = target
 
     def delete_session(self, session_id: SessionId) -> bool:
-        """Delete a detached session: its folder renamed into ``.staging/``, its record
-        removed, then the folder. False if there is no such session."""
+        """Delete a detached session through ``.staging/``; False if there is none."""
         with self._moving(session_id):
             folder = self.detached_folder(session_id)
             record = self._state_path(session_id)
@@ -438,15 +412,13 @@ class FsStates(Tree):
 
     @contextlib.contextmanager
     def _quiet(self, *, exclusive: bool = False, create: bool = True) -> Iterator[None]:
-        """Hold ``.locks/lifecycle``: shared for a move, exclusive to keep every move out.
-
-        Held once per thread: a move inside a call that holds it (a restore, a purge,
-        ``fsck``) just goes on."""
+        """Hold ``.locks/lifecycle``: shared for a move, exclusive to keep every move out
+        (once per thread: a move inside a call that holds it goes on)."""
         if getattr(self._quiet_depth, "depth", 0):
             yield
             return
         kind = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        with lock_file(self._inside(self.root / LOCKS) / "lifecycle", kind, create=create):
+        with file_lock(self._inside(self.root / LOCKS) / "lifecycle", kind, create=create):
             self._quiet_depth.depth = 1
             try:
                 yield
@@ -458,7 +430,7 @@ class FsStates(Tree):
     ) -> contextlib.AbstractContextManager[None]:
         """``.locks/session/{id}``: moves hold it exclusively, writers shared."""
         path = self._inside(self.root / LOCKS) / "session" / str(session_id)
-        return lock_file(path, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, create=create)
+        return file_lock(path, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, create=create)
 
     @contextlib.contextmanager
     def _moving(self, session_id: SessionId) -> Iterator[None]:
@@ -470,8 +442,7 @@ class FsStates(Tree):
     # ----------------------------------------------------------------------- clean-up
 
     def _settle(self, session_id: SessionId) -> int:
-        """Finish or undo what a killed move of the session left (hold its lock
-        exclusively); how many leftovers it removed."""
+        """Finish or undo what a killed move left (hold the session's lock); how many files."""
         pending = self._state_path(session_id, PENDING)
         if pending.exists():
             if has_segments(self.detached_folder(session_id)):
@@ -493,11 +464,10 @@ class FsStates(Tree):
         return len(left)
 
     def _leftovers_in(self, folder: Path, cold: bool) -> list[Path]:
-        """The files of a killed freeze or thaw in ``folder``: a plain log file beside its
-        ``.zst`` in a frozen session's folder, a ``.zst`` beside its plain file in a hot
-        one's (and then its legacy ``.zst`` files: a thaw unlinks those first), and
-        unfinished temporary files. A file without its twin is never one: a lost record
-        must not cost a frozen session its files."""
+        """The files of a killed freeze or thaw: a plain log file beside its ``.zst`` (frozen)
+        or a ``.zst`` beside its plain file (hot; then its legacy ``.zst`` files too), and
+        temporary files. A file without its twin never is: a lost record must not cost a
+        frozen session its files."""
         names = set(listdir(folder))
         if cold:
             left = {n for n in names if log_file(n) and f"{n}{ZST}" in names}
@@ -531,8 +501,7 @@ class FsStates(Tree):
         return left
 
     def finish_moves(self) -> int:
-        """Remove what killed moves left (``fsck --repair``), each session's under its lock;
-        how many leftovers there were."""
+        """Remove what killed moves left, each session's under its lock; how many there were."""
         left = self._leftovers()
         for session_id, path in left:
             if session_id is None and real_dir(path):

@@ -1,13 +1,9 @@
 """Finding a context's folder: the index pointers, the date folders, and the root's bounds.
 
-``.index/contexts/{type}/{name}`` and ``.index/sessions/{session}`` are pointers (a small JSON
-record naming the folder and its context) so that resolving a context walks no date folders.
-They are derived: a context whose pointer is missing is looked for in its type's date folders
-before it is ever taken to be new, and ``reindex()`` rebuilds them all from a walk.
-
-**Nothing outside the root.** Every folder is checked to resolve inside the root before it is
-read (:meth:`Tree._inside`), and a pointer must name the ``{type}/{date}/{name}`` folder of its
-own context: a link or a forged pointer never leads terrarium out of its root.
+``.index/contexts/{type}/{name}`` and ``.index/sessions/{session}`` are derived pointers (a
+small JSON record naming the folder and its context): resolving a context walks no date folders.
+Every folder is checked to resolve inside the root before it is read, and a pointer must name
+its own context's ``{type}/{date}/{name}`` folder: nothing leads terrarium out of its root.
 """
 
 from __future__ import annotations
@@ -22,10 +18,10 @@ import msgspec
 
 from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
-from terrarium.model import ContextId, SessionId, decode_name
+from terrarium.model import ContextId, SessionId
 from terrarium.stores._files import listdir, open_private, write_all
 from terrarium.stores.base import PodMetadata
-from terrarium.stores.fs._heads import head_of
+from terrarium.stores.fs._heads import folder_context, head_of
 from terrarium.stores.fs._layout import (
     ARCHIVE,
     DATE_RE,
@@ -62,8 +58,8 @@ class Tree:
         self._inside_cache: set[str] = {self._prefix}
 
     def _index_file(self, context: ContextId) -> str:
-        """``.index/contexts/{type}/{name}``, its folder checked to be inside the root; a
-        ``str``: ``get_head`` takes it on every call and a ``Path`` costs microseconds."""
+        """``.index/contexts/{type}/{name}``, checked inside the root; a ``str``, since
+        ``get_head`` takes it on every call and a ``Path`` costs microseconds."""
         types = self._checked(f"{self._prefix}/{INDEX}/contexts/{context.type}")
         return f"{types}/{context.encoded_name}"
 
@@ -76,10 +72,7 @@ class Tree:
         return self._inside(self.root / DETACHED / str(session_id))
 
     def detached(self) -> Iterator[tuple[SessionId, Path]]:
-        """Every detached session (``.detached/{session}/`` with a segment), oldest first.
-
-        Links are never followed; folders not named by a canonical session id are skipped.
-        """
+        """Every detached session (``.detached/{session}/`` with a segment), oldest first."""
         base = self.root / DETACHED
         if not real_dir(base):
             return
@@ -94,16 +87,13 @@ class Tree:
                 yield session_id, folder
 
     def _inside(self, folder: Path) -> Path:
-        """Return ``folder`` if it resolves inside the root (links and all); else refuse.
-
-        Checks that succeed are remembered: a folder of the tree is checked once a process.
-        """
+        """Return ``folder`` if it resolves inside the root (links and all), else refuse; a
+        folder passes the check once a process."""
         self._checked(str(folder))
         return folder
 
     def _checked(self, folder: str) -> str:
-        """:meth:`_inside` for a ``str`` path as ``str(Path)`` spells it (a ``.`` or ``..``
-        part gets the full check)."""
+        """:meth:`_inside` for a ``str`` path as ``str(Path)`` spells it."""
         if folder in self._inside_cache:
             return folder
         parent, name = os.path.split(folder)
@@ -127,12 +117,8 @@ class Tree:
         return folder
 
     def indexed_folder(self, context: ContextId) -> Path | None:
-        """The folder the index names for ``context`` (None if it names none); reads only.
-
-        Raises:
-            CorruptLog: the index entry is unreadable or names a folder not the context's.
-            StoreError: that folder leads outside the root.
-        """
+        """The folder the index names for ``context``, or None; CorruptLog if the entry is
+        unreadable or names another folder, StoreError if it leads out of the root."""
         try:
             return Path(self._pointer_folder(self._index_file(context), context))
         except FileNotFoundError:
@@ -159,11 +145,8 @@ class Tree:
         return self._checked(f"{self._prefix}/{parts[0]}/{parts[1]}/{parts[2]}")
 
     def _find_folder(self, context: ContextId) -> ContextFolder | None:
-        """Look for ``context`` in its type's date folders (when the index has no entry).
-
-        Two folders can hold one context only if an older terrarium split it after losing its
-        index; the most recently active one is taken and ``fsck`` reports the other.
-        """
+        """Look for ``context`` in its type's date folders; of two, the most recently active
+        (``fsck`` reports the other)."""
         type_dir = self.root / context.type
         if not real_dir(type_dir):
             return None
@@ -179,11 +162,8 @@ class Tree:
         return max(found, key=lambda e: e.head.updated_at if e.head is not None else "")
 
     def _context_folder(self, context: ContextId, folder: str | Path) -> ContextFolder | None:
-        """``folder`` (``{type}/{date}/{name}``) as the context's, if it is one (not a link).
-
-        A folder whose head names another context (``cli:Main`` on a case-insensitive disk
-        where ``cli:main`` lives) is not this context's. A folder whose head can be neither
-        read nor rebuilt is returned with its problem: it is damaged, not missing.
+        """``folder`` as the context's, if it is one: not if its head names another context
+        (a case-insensitive disk); with its problem if its head is lost (damaged, not missing).
         """
         self._checked(str(folder))  # before reading anything in it
         try:
@@ -197,11 +177,7 @@ class Tree:
         return ContextFolder(context, Path(folder), head, problem)
 
     def walk(self) -> Iterator[ContextFolder]:
-        """Every context folder of the tree, read from the files (not the index).
-
-        Folders are visited in ``{type}/{date}/{name}`` order; links are never followed.
-        What is not a context folder (legacy ``.json`` files, stray files) is skipped.
-        """
+        """Every context folder of the tree in ``{type}/{date}/{name}`` order, from the files."""
         for kind in sorted(listdir(self.root)):
             if kind.startswith(".") or kind == ARCHIVE or not real_dir(self.root / kind):
                 continue
@@ -209,16 +185,14 @@ class Tree:
                 if not DATE_RE.fullmatch(date) or not real_dir(self.root / kind / date):
                     continue
                 for encoded in sorted(listdir(self.root / kind / date)):
-                    try:
-                        context = ContextId(kind, decode_name(encoded))
-                    except ValueError:
+                    folder = self.root / kind / date / encoded
+                    name = folder_context(folder)  # None: not a name this store writes
+                    if name is None:
                         continue
-                    if context.encoded_name != encoded:
-                        continue  # not a name this store writes
+                    context = ContextId.parse(name)
                     try:
-                        entry = self._context_folder(context, self.root / kind / date / encoded)
+                        entry = self._context_folder(context, folder)
                     except StoreError as exc:  # a link out of the root, say: reported
-                        folder = self.root / kind / date / encoded
                         entry = ContextFolder(context, folder, None, str(exc))
                     if entry is not None:
                         yield entry

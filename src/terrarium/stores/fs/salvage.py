@@ -1,12 +1,9 @@
 """Salvage: copy what can be read of a damaged segment into a new one, changing nothing else.
 
-A salvage (``terrarium fsck --repair --salvage``, :meth:`FsStore.salvage_segment`) never
-rewrites or removes a file: the damaged segment stays as it was, the lines that cannot be read
-are copied to ``{segment}.jsonl.corrupt-{n}``, and every readable entry goes, in order and
-renumbered, to a new segment whose header says ``salvaged_from``. Forks of the damaged segment
-are copied onto the new one at the same entries. Each new file appears whole and is fsynced, so
-a salvage killed at any point is finished, not repeated, by running it again: what it wrote
-already is found by :func:`salvaged_into`.
+The damaged segment stays as it was; its unreadable lines are copied to
+``{segment}.jsonl.corrupt-{n}``, every readable entry, renumbered, to a new segment whose header
+says ``salvaged_from``, and its forks onto the new one. Each new file appears whole and fsynced,
+so running a killed salvage again finishes it (:func:`salvaged_into` finds what it wrote).
 """
 
 from __future__ import annotations
@@ -52,9 +49,8 @@ def readable_lines(
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[tuple[int, bytes]]]:
     """Split a segment's bytes into its header (None if unreadable), entries and bad lines.
 
-    A bad line is one that is not an entry, or whose seq does not move past the last kept
-    one (a doubled or misplaced line); the torn tail, if any, is bad too. Blank lines are
-    skipped, as restore skips them.
+    A bad line is not an entry, or its seq does not move past the last kept one; a torn tail
+    is bad too. Blank lines are skipped, as restore skips them.
 
     Raises:
         FormatVersionError: a line is of a newer format: that is no damage, and no salvage.
@@ -86,10 +82,7 @@ def readable_lines(
 
 
 def session_of(folder: Path) -> SessionId:
-    """The session a context folder holds: from its head, else any readable segment header.
-
-    A folder where neither can be read gets a new session id (its salvage starts one).
-    """
+    """The session a context folder holds: from its head, else a segment header, else new."""
     with contextlib.suppress(OSError, StoreError):
         return read_head(folder / HEAD).session_id
     for segment_id in segment_ids(folder):

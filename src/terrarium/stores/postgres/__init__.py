@@ -314,19 +314,42 @@ class PostgresStore(SqlStore):
         pool while held (a turn can take long; it must not starve the pool); the server
         releases the lock if that connection dies.
         """
+        with self._locked(context, read=False):
+            yield
+
+    @contextmanager
+    def lock_and_read(self, context: ContextId) -> Iterator[tuple[PodMetadata, int] | None]:
+        """:meth:`lock_context`, giving the context's head and tail (``LockedHeadTail``).
+
+        The read is pipelined after the lock on the lock's connection: one round trip, and
+        the read runs once the lock is granted, so it sees every write of the previous holder.
+        """
+        with self._locked(context, read=True) as row:
+            yield self._head_tail_of(context, row)
+
+    @contextmanager
+    def _locked(self, context: ContextId, *, read: bool) -> Iterator[Any]:
+        """Hold the context's lock; give the row of :data:`_sql.HEAD_TAIL` when ``read``."""
         key = _sql.lock_key(self.schema, str(context))
         conn = self._lock_connection()
+        row = None
         try:
-            conn.execute(_sql.LOCK, (key,))
+            if read:
+                with conn.pipeline():
+                    conn.execute(_sql.LOCK, (key,))
+                    cursor = conn.execute(_sql.HEAD_TAIL, (str(context),), prepare=True)
+                row = cursor.fetchone()
+            else:
+                conn.execute(_sql.LOCK, (key,))
         except CONNECTION_ERRORS as exc:
             failure = self._pool.failure(exc, conn)
             conn.close()
             raise failure from exc
         except BaseException:
-            conn.close()
+            conn.close()  # the server drops the lock, if it granted it, with the connection
             raise
         try:
-            yield
+            yield row
         finally:
             try:
                 conn.execute(_sql.UNLOCK, (key,))
@@ -352,11 +375,19 @@ class PostgresStore(SqlStore):
                 return idle
             idle.close()  # the server dropped it
         try:
-            return psycopg.connect(self._dsn, autocommit=True)
+            conn = psycopg.connect(self._dsn, autocommit=True)
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(
                 f"cannot connect to PostgreSQL store {self._where}: {self._scrub(exc)}"
             ) from None
+        try:
+            conn.execute(_sql.lock_session(self.schema))
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, CONNECTION_ERRORS):
+                raise self._pool.failure(exc, None) from exc
+            raise
+        return conn
 
     def _release_lock_connection(self, conn: psycopg.Connection[Any]) -> None:
         with self._lock:
@@ -616,6 +647,10 @@ class PostgresStore(SqlStore):
         """The context's head and its segment's next seq: one statement for a hot context."""
         with self._read() as conn:
             row = conn.execute(_sql.HEAD_TAIL, (str(context),), prepare=True).fetchone()
+        return self._head_tail_of(context, row)
+
+    def _head_tail_of(self, context: ContextId, row: Any) -> tuple[PodMetadata, int] | None:
+        """The head and tail of a row of :data:`_sql.HEAD_TAIL`, or read apart without one."""
         if row is None:  # frozen (or gone): the reads that find it there
             return head_then_tail(self, context)
         head, tail = self._head(row), int(row[5])

@@ -179,6 +179,17 @@ COUNT_ITEMS = (
 LOCK = "SELECT pg_advisory_lock(%s)"
 UNLOCK = "SELECT pg_advisory_unlock(%s)"
 
+
+def lock_session(schema: str) -> sql.Composed:
+    """A new lock connection's settings: ``schema`` on its path, for the reads it runs under
+    the lock, and read committed whatever the server's default. Statements pipelined after
+    the lock run in one implicit transaction, so only read committed gives the read a
+    snapshot taken once the lock is granted."""
+    return sql.SQL(
+        "SET search_path TO {}; SET default_transaction_isolation TO 'read committed'"
+    ).format(schema_identifier(schema))
+
+
 # --------------------------------------------------------------------------- the search index
 
 # The catch-up: the segments with entries it has not read, locked in one order (two catch-ups

@@ -1,17 +1,14 @@
 """``SqliteStore``: every context in one SQLite database file.
 
 For one machine where a single file is handier than a folder tree (backups, copies, ad hoc SQL
-with the ``sqlite3`` shell), and where a few processes share the store. It owns the heads,
-sessions, segments, entries and debug traces (the schema: :mod:`._sql`, built by
-:mod:`.migrations`), and a change cursor (``changes``, kept by triggers in the writing
-transaction) that the derived index (:mod:`terrarium.index`, in ``{database}.search.db``)
-follows for listing and search.
+with the ``sqlite3`` shell). It owns the heads, sessions, segments, entries and traces (schema:
+:mod:`._sql`, :mod:`.migrations`) and a change cursor that the derived index
+(:mod:`terrarium.index`, in ``{database}.search.db``) follows for listing and search.
 
-The trade-off: an append is one ``INSERT`` under SQLite's single write lock, so writers in
-every thread and process are serialised (waiting up to ``busy_timeout``) while readers, in WAL
-mode, never wait. ``synchronous="NORMAL"`` (the default) survives a process crash, not a power
-cut; ``"FULL"`` does, for ~250-300 us more per append. A database this process cannot write
-is opened read-only.
+The trade-off: an append is one ``INSERT`` under SQLite's single write lock, so writers are
+serialised (waiting up to ``busy_timeout``) while readers, in WAL mode, never wait.
+``synchronous="NORMAL"`` survives a process crash, not a power cut; ``"FULL"`` does, for
+~250-300 us more per append.
 
 Usage::
 
@@ -47,7 +44,7 @@ from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
 from terrarium.stores._changes import LogChanges
 from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import SqlStore
+from terrarium.stores._sqlbase import SqlStore, run_each
 from terrarium.stores.base import (
     INDEX_DB,
     Derived,
@@ -107,9 +104,8 @@ class SqliteStore(SqlStore):
             blob_threshold: history strings over this many bytes go to the ``blobs`` table
                 (:mod:`terrarium.blobs`); None or 0 keeps them inline.
 
-        A database that this process cannot write (its file or folder, a read-only mount) or
-        that a full disk keeps from opening for writing is opened read-only: reads work, writes
-        raise StoreError (see :meth:`_open`).
+        A database this process cannot write, or that a full disk keeps from opening for
+        writing, is opened read-only: reads work, writes raise StoreError.
 
         Raises:
             FormatVersionError: the database was written by a newer terrarium.
@@ -145,14 +141,9 @@ class SqliteStore(SqlStore):
         self._idle.append(self._open())
 
     def _open(self) -> sqlite3.Connection:
-        """The first connection, read-only where the database cannot be written.
+        """The first connection, read-only (unmigrated) where the database cannot be written.
 
-        A database file this process cannot write (the file, its folder, a read-only mount),
-        or that a full disk keeps from opening for writing, is opened read-only (``mode=ro``,
-        or ``immutable`` when its ``-shm`` file cannot be created and no ``-wal`` file holds
-        data: see :func:`terrarium.stores._db.connect`), and no migration is applied. Writes
-        then raise StoreError naming the cause. The database file is created ``0600`` before
-        SQLite opens it, so its ``-wal`` and ``-shm`` are too; missing folders ``0700``.
+        The file is created ``0600`` before SQLite opens it, so its ``-wal`` and ``-shm`` are too.
         """
         if self.path.exists() and not _db.writable(self.path):
             self.readonly_reason = "read-only"
@@ -179,10 +170,7 @@ class SqliteStore(SqlStore):
         return self.readonly_reason is not None
 
     def _open_first(self) -> sqlite3.Connection:
-        """The first connection: migrated (or, read-only, checked readable), in WAL mode.
-
-        The journal is WAL: readers never block the writer nor the writer the readers.
-        """
+        """The first connection: migrated (or, read-only, checked readable), in WAL mode."""
         conn = self._connect()
         try:
             if self.readonly:
@@ -201,12 +189,10 @@ class SqliteStore(SqlStore):
         return f"SqliteStore({str(self.path)!r}, synchronous={self.synchronous!r})"
 
     # ---------------------------------------------------------------- connections
-    # Connections come from a small pool: a thread takes an idle connection for one call and
-    # gives it back, so reads in many threads run in parallel under WAL, and the number of
-    # connections is bounded by the calls in flight, not by how many threads ever touched the
-    # store (a connection per thread would leak with thread pools that churn). Inside
-    # atomic(), the thread keeps its connection so that every call in the block is one
-    # transaction; nested blocks are savepoints.
+    # A thread borrows an idle connection for one call: reads run in parallel under WAL, and
+    # connections are bounded by the calls in flight (one per thread would leak with thread
+    # pools that churn). Inside atomic() the thread keeps its connection; nested blocks are
+    # savepoints.
 
     def _connect(self) -> sqlite3.Connection:
         conn = _db.connect(self.path, timeout=self.busy_timeout, readonly=self.readonly)
@@ -316,8 +302,7 @@ class SqliteStore(SqlStore):
     # ---------------------------------------------------------------- change cursor
 
     def changes(self, after: str | None) -> tuple[list[SessionId] | None, str]:
-        """The sessions written since position ``after`` (``ChangeLog``): those of the
-        entries and of the head changes past it (``entry id.change id``; see the schema)."""
+        """The sessions written since ``after`` (``ChangeLog``; ``entry id.change id``)."""
         with self._committed() as conn:
             top = conn.execute(sql.CHANGES_TOP).fetchone()
             now = f"{top[0]}.{top[1]}"
@@ -349,8 +334,8 @@ class SqliteStore(SqlStore):
 
     @contextmanager
     def _committed(self) -> Iterator[sqlite3.Connection]:
-        """A pooled connection in a read transaction, never the thread's write transaction:
-        the derived index reads only what is committed (a rollback takes nothing from it)."""
+        """A pooled read transaction, never the thread's write one: the index reads only
+        what is committed."""
         conn = self._borrow()
         try:
             conn.execute("BEGIN")
@@ -382,13 +367,10 @@ class SqliteStore(SqlStore):
     # ---------------------------------------------------------------- contexts
 
     def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
-        """Hold the context's lock exclusively, across threads and processes (``flock``).
+        """Hold the context's lock exclusively, across threads and processes.
 
-        The lock is a file named after the context in ``{database}-locks/`` beside the
-        database (like its ``-wal`` and ``-shm`` files). Each call opens its own descriptor,
-        so the lock excludes other threads as well as other processes, and the kernel releases
-        it when a holder dies. A lock table would need polling to wait, and an open write
-        transaction would block every other writer for the whole turn.
+        A ``flock`` on a file in ``{database}-locks/``: a lock table would need polling to
+        wait, and an open write transaction would block every other writer for the whole turn.
         """
         ctx = ContextId.parse(context)
         return file_lock(
@@ -400,14 +382,11 @@ class SqliteStore(SqlStore):
     # finds a frozen session on its miss path only, wakes it (wake_session) and tries again:
     # a hot write never looks at the archive.
 
-    def _freeze_rows(self, conn: sqlite3.Connection, session: str) -> tuple[int, int]:
-        return lifecycle.freeze(conn, session)
-
-    def _thaw_rows(self, conn: sqlite3.Connection, session: str) -> None:
-        lifecycle.thaw(conn, session)
+    _freeze_rows = staticmethod(lifecycle.freeze)
+    _thaw_rows = staticmethod(lifecycle.thaw)
 
     def _drop_rows(self, conn: sqlite3.Connection, session: str) -> None:
-        lifecycle.drop_hot(conn, session)
+        run_each(conn, lifecycle.DROP_HOT, session)
 
     def _wake_on(self, conn: sqlite3.Connection, session_id: SessionId) -> bool:
         return wake_session(self, session_id)  # on conn: this thread's transaction
@@ -418,9 +397,8 @@ class SqliteStore(SqlStore):
         return self._frozen(conn, session_id) and wake_session(self, session_id)
 
     def _tail_waking(self, conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, int]:
-        """:func:`_tail`, after waking the segment's session if it is frozen: the miss path of
-        an append, so a hot append never pays for it. The look at the record and the read of
-        the tail are one transaction: a freeze or a thaw between them would mislead it."""
+        """:func:`_tail`, waking a frozen session first: an append's miss path. The look at the
+        record and the tail read are one transaction, so no freeze or thaw slips between."""
         try:
             return _tail(conn, session, segment)
         except SegmentNotFound:
@@ -461,13 +439,10 @@ class SqliteStore(SqlStore):
     ) -> int:
         """Append entries atomically; return the first one's seq.
 
-        One entry is one ``INSERT`` in autocommit mode (:data:`._sql.APPEND_ONE`, the whole
-        compare-and-append): SQLite takes its one write lock for the statement, so writers in
-        every thread and process are serialised. The seq it proposes is ``expected_seq`` or
-        the next seq this store last saw the segment reach, with the key it saw; when refused,
-        it reads the segment's key and tail and raises ConflictError (with ``expected_seq``)
-        or retries there. Several entries go in one ``BEGIN IMMEDIATE`` transaction, which
-        reads the tail under the lock.
+        One entry is one ``INSERT`` (:data:`._sql.APPEND_ONE`, the whole compare-and-append)
+        at ``expected_seq`` or the seq this store last saw the segment reach; when refused, it
+        reads the segment's tail and raises ConflictError or retries there. Several entries go
+        in one ``BEGIN IMMEDIATE`` transaction.
         """
         if len(entries) != 1 or line_digests(entries[0].data):  # blob_refs: one transaction
             return self._append_many(session_id, segment_id, entries, expected_seq)
@@ -545,14 +520,11 @@ class SqliteStore(SqlStore):
             while not self._segment_exists(conn, session_id, segment_id):
                 if self._woke(conn, s):
                     continue
-                raise SegmentNotFound(
-                    f"segment {segment_id} of session {session_id} does not exist"
-                )
+                raise SegmentNotFound.of(session_id, segment_id)
             conn.executemany(sql.INSERT_TRACE, [(s, g, _text(e.to_dict())) for e in entries])
 
     def close(self) -> None:
-        """Close the derived index and every idle connection; connections in use close when
-        their call returns."""
+        """Close the derived index and the idle connections (busy ones as their call returns)."""
         if self.derived is not None:
             self.derived.close()
         with self._lock:
@@ -574,9 +546,8 @@ def _text(line: Any) -> str:
 
 
 def _tail(conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, int]:
-    """The segment's key and the seq its next entry gets; SegmentNotFound if there is no such
-    segment."""
+    """The segment's key and next seq; SegmentNotFound if there is no such segment."""
     row = conn.execute(sql.SEGMENT_TAIL, (session, segment)).fetchone()
     if row is None or row[1] is None:
-        raise SegmentNotFound(f"segment {segment} of session {session} does not exist")
+        raise SegmentNotFound.of(session, segment)
     return int(row[0]), int(row[1]) + 1

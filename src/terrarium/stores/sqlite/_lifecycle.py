@@ -1,19 +1,9 @@
-"""``SqliteStore``'s frozen sessions: the physical moves under the shared lifecycle.
+"""``SqliteStore``'s frozen sessions: the rows a freeze, a thaw and a delete move.
 
-Lifecycle itself is :mod:`terrarium.states`, over the state record
-``sessions.state`` (:class:`~terrarium.stores._sqlbase.SqlStore`, which also drops a
-detached head); here are the rows a freeze, a thaw and a delete move, in the caller's write
-transaction. The tables (migration ``m001_initial``)::
-
-    archived_contexts(session_id PK, context UNIQUE, type, segment_id, created_at, updated_at)
-    archived_segments(session_id, segment_id, created_at, next_seq, lines, trace)
-                                                      PK (session_id, segment_id)
-
-A frozen session keeps one ``archived_segments`` row per segment: its lines, and its trace,
-each one zstandard frame (:mod:`terrarium.stores._archive`). Its entries, traces and segments
-are gone from the hot tables, and so is its head while attached: the head is an
-``archived_contexts`` row, which ``get_head`` reads with the hot ones in one statement. A
-detached session (a trashed one) has no head at all; its ``sessions`` row stays until a purge.
+They run in the caller's write transaction, under :mod:`terrarium.states`' rules. A frozen
+session keeps one ``archived_segments`` row per segment (its lines and its trace, one
+zstandard frame each: :mod:`terrarium.stores._archive`) and, while attached, its head as an
+``archived_contexts`` row, which ``get_head`` reads with the hot ones in one statement.
 
 Usage (in the store's write transaction)::
 
@@ -32,6 +22,7 @@ from terrarium.stores._sqlbase import (
     HOT_HEAD,
     INSERT_COLD_HEAD,
     INSERT_HEAD,
+    run_each,
 )
 from terrarium.stores.sqlite import _sql as sql
 
@@ -65,14 +56,8 @@ def freeze(conn: sqlite3.Connection, session: str) -> tuple[int, int]:
     head = conn.execute(HOT_HEAD, (session,)).fetchone()
     if head is not None:
         conn.execute(INSERT_COLD_HEAD, (session, *head))
-    drop_hot(conn, session)
+    run_each(conn, DROP_HOT, session)
     return hot, packed
-
-
-def drop_hot(conn: sqlite3.Connection, session: str) -> None:
-    """Delete the session's hot rows."""
-    for statement in DROP_HOT:
-        conn.execute(statement, (session,))
 
 
 def _pack_session(conn: sqlite3.Connection, session: str) -> tuple[int, int]:
@@ -92,8 +77,8 @@ def _pack_session(conn: sqlite3.Connection, session: str) -> tuple[int, int]:
 def thaw(conn: sqlite3.Connection, session: str) -> None:
     """Move a frozen session back to the hot tables.
 
-    Its segments get new keys (``segments.id``): a key a store cached for one of them before
-    it was frozen names no segment now, so an append by it fails its check and looks again.
+    Its segments get new keys, so an append with a key cached before the freeze fails its check
+    and looks again.
     """
     head = conn.execute(COLD_HEAD, (session,)).fetchone()
     for g, seg_created, blob, trace in conn.execute(ARCHIVED_SEGMENTS, (session,)).fetchall():
@@ -108,5 +93,4 @@ def thaw(conn: sqlite3.Connection, session: str) -> None:
     if head is not None:
         context, type_, g, created, updated = head
         conn.execute(INSERT_HEAD, (context, type_, session, g, created, updated))
-    for statement in DROP_COLD:
-        conn.execute(statement, (session,))
+    run_each(conn, DROP_COLD, session)

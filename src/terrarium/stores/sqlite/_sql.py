@@ -9,13 +9,9 @@
     migrations(name PK, applied_at)
     archived_contexts, archived_segments              frozen sessions (``._lifecycle``)
 
-Ids are UUID strings, times RFC 3339 strings. An entry names its segment by the segment's
-integer key (``segments.id``: a few bytes of row and index instead of two 36-character
-ids; ``AUTOINCREMENT``, so a key once committed never names another segment). A segment's
-header is its entry with seq 0, so reading a segment is one indexed range scan. ``line`` is
-the entry's JSON exactly as :func:`terrarium.codec.encode` wrote it (unknown keys and key
-order survive); ``kind`` and ``ts`` are copies kept for queries. ``entries.id`` is the arrival
-order (an ``INTEGER PRIMARY KEY``, so a ``VACUUM`` keeps it).
+An entry names its segment by the segment's key (``segments.id``); its header is its entry
+with seq 0, so reading a segment is one indexed range scan. ``line`` is the entry's JSON as
+:func:`terrarium.codec.encode` wrote it; ``kind`` and ``ts`` are copies kept for queries.
 """
 
 from __future__ import annotations
@@ -67,12 +63,10 @@ SEGMENT_TAIL = (
     "WHERE session_id = ? AND segment_id = ?"
 )
 INSERT_ENTRY = "INSERT INTO entries (seg, seq, kind, ts, line) VALUES (?, ?, ?, ?, ?)"
-# One entry at a proposed seq of the segment keyed ?1: the whole compare-and-append in one
-# statement. The unique key on (seg, seq) refuses a seq that is taken, and the line is NULL,
-# which NOT NULL refuses, unless the entry before exists (so no gap, and no entry for a
-# deleted segment, whose key no other segment ever takes). (VALUES with a subquery, not INSERT
-# ... SELECT: that would copy the SELECT into a temporary table first, because it reads the
-# table it inserts into.)
+# One entry at a proposed seq of the segment keyed ?1: the whole compare-and-append. UNIQUE
+# (seg, seq) refuses a taken seq, and NOT NULL a line whose entry before is missing (a gap, or
+# a deleted segment). VALUES with a subquery: INSERT ... SELECT would copy the SELECT into a
+# temporary table first, as it reads the table it inserts into.
 APPEND_ONE = (
     "INSERT INTO entries (seg, seq, kind, ts, line) VALUES (?1, ?2, ?3, ?4, CASE WHEN EXISTS "
     "(SELECT 1 FROM entries WHERE seg = ?1 AND seq = ?2 - 1) THEN ?5 END)"

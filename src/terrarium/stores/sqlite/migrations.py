@@ -1,12 +1,8 @@
 """``SqliteStore``'s schema migrations, on the registry shared with PostgreSQL.
 
-Every open applies the pending ones (:func:`migrate`), each in its own ``BEGIN IMMEDIATE``
-transaction together with its record in ``migrations``. A database this process cannot write
-is never migrated: :func:`check_readable` refuses one that needs a migration, in one line.
-There is one step, ``m001_initial``, which builds the whole schema (the 15 steps before the
-first release were squashed into it; a database recording them is at ``m001_initial``: its
-records are rewritten on open, see :data:`terrarium.stores.migrations.PRE_SQUASH`). Released
-steps are history: never edit one, add the next.
+Every open applies the pending ones (:func:`migrate`); a database this process cannot write is
+never migrated (:func:`check_readable`). ``m001_initial`` builds the whole schema (the squash:
+:data:`terrarium.stores.migrations.PRE_SQUASH`). Never edit a released step; add the next.
 
 Usage::
 
@@ -37,10 +33,8 @@ MIGRATIONS: Migrations[sqlite3.Connection] = Migrations("sqlite", squashed=PRE_S
 def migrate(conn: sqlite3.Connection, *, where: str) -> list[str]:
     """Apply pending migrations on an autocommit connection; return the names applied.
 
-    Each migration runs in its own ``BEGIN IMMEDIATE`` transaction with its record, and the
-    list of applied names is read again under that lock, so processes opening the database at
-    the same time apply each step once. The records of a database made before the squash are
-    rewritten to ``m001_initial`` in the first such transaction.
+    Each runs in its own ``BEGIN IMMEDIATE`` transaction with its record, the applied names
+    read again under that lock, so processes opening the database at once apply each step once.
 
     Raises:
         FormatVersionError: the database records a migration this version does not know.
@@ -62,12 +56,8 @@ def migrate(conn: sqlite3.Connection, *, where: str) -> list[str]:
 
 
 def check_readable(conn: sqlite3.Connection, *, where: str) -> None:
-    """Refuse, in one line, a read-only database whose schema this version cannot read.
-
-    Raises:
-        FormatVersionError: it records a migration this version does not know.
-        StoreError: it lacks migrations (or is empty), which a read-only open cannot apply.
-    """
+    """Refuse, in one line, a read-only database that is newer (FormatVersionError) or
+    lacks migrations (StoreError: a read-only open cannot apply them)."""
     try:
         applied = _applied(conn)
     except sqlite3.OperationalError:  # no migrations table: empty, or not a terrarium database
@@ -111,9 +101,8 @@ _TABLES = (
     )""",
     "CREATE INDEX sessions_detached ON sessions (session_id) WHERE context IS NULL",
     "CREATE INDEX sessions_stated ON sessions (session_id) WHERE state IS NOT NULL",
-    # Entries name their segment by its key (a few bytes instead of two 36-character ids);
-    # AUTOINCREMENT: a key, once committed, never names another segment, so a store may cache
-    # it. An entry's id is its arrival order, never reused (the change cursor reads it).
+    # AUTOINCREMENT: a committed segment key never names another segment (a store may cache
+    # it), and an entry's id, its arrival order, is never reused (the change cursor reads it).
     """CREATE TABLE segments (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         session_id TEXT NOT NULL,
@@ -170,10 +159,8 @@ _TABLES = (
     "CREATE INDEX blob_refs_digest ON blob_refs (digest)",
 )
 
-# The change cursor the derived index follows (``SqliteStore.changes``): the entries in
-# arrival order (``entries.id``, AUTOINCREMENT so that an id is never handed out again after
-# the newest entries were frozen or purged), and a row per session whose head was added,
-# moved or dropped, moved to the top (a new id) by a trigger in the transaction that does it.
+# The change cursor (``SqliteStore.changes``): the entries' ids, and a row per session whose
+# head was added, moved or dropped, moved to the top (a new id) by a trigger.
 _CHANGED = "INSERT OR REPLACE INTO changes (session_id) VALUES ({session})"
 _CHANGES = (
     """CREATE TABLE changes (
