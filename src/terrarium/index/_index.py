@@ -26,7 +26,6 @@ Usage::
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import sqlite3
@@ -701,6 +700,8 @@ class SearchIndex:
         """Replace the rows of the contexts :attr:`others` gives when they changed."""
         if self.others is None or self.readonly:
             return
+        import hashlib  # here: ``terrarium list`` imports this module, and never needs it
+
         rows = sorted(self.others())
         digest = hashlib.sha256(repr(rows).encode()).hexdigest()
         found = conn.execute(sql.OTHERS_HASH).fetchone()
