@@ -1,12 +1,7 @@
 #!/usr/bin/env python3
 """Chat with the model in a persistent session: the seed's ``chat.py``, run from the checkout.
 
-    python chat.py                          # pick a session (or start one)
-    python chat.py --session-id main        # chat in cli:main
-    python chat.py --list-sessions          # list all sessions
-    python chat.py --delete-session main    # delete cli:main
-
-``--storage-dir DIR`` picks the sessions folder; ``terrarium --help`` has the full command line.
+Its flags are in ``terrarium.cli.seed``; ``terrarium --help`` has the full command line.
 """
 
 from __future__ import annotations

@@ -6,12 +6,13 @@ DSN), in a throwaway database dropped at the end; FsStore in a temporary directo
 
 Both stores get the same conversation: N messages of about 300 characters in one context,
 user and assistant in turn (``peers.py``'s messages and prefill: appends of 1,000 entries),
-then PostgreSQL's ``catch_up()`` indexes them for search. Each relation of the store's schema
-is measured with ``pg_relation_size`` (its main fork; a table's TOAST separately; indexes
-apart), and summed into the log's relations (heads, sessions, segments, entries, traces and
-their indexes and TOAST), the search index's (``search_docs``, its GIN and B-tree indexes)
-and the rest (empty tables: archive, blobs, the migrations). Each sum is divided by
-FsStore's bytes on disk (every file it wrote: the segment logs, its heads).
+then the derived index (:mod:`terrarium.index`) is built from them, as a first listing on a
+machine builds it. Each relation of the store's schema is measured with ``pg_relation_size``
+(its main fork; a table's TOAST separately; indexes apart), and summed into the log's
+relations (heads, sessions, segments, entries, traces and their indexes and TOAST), the change
+cursor's (``session_changes``) and the rest (empty tables: archive, blobs, the migrations).
+Each sum is divided by FsStore's bytes on disk (every file it wrote: the segment logs, its
+heads); so is the derived index's file, which each reading machine keeps, not the server.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_log import message_text  # noqa: E402
 from bench_stores import Report, throwaway_database  # noqa: E402
-from terrarium import FsStore, SegmentStartState, create_segment  # noqa: E402
+from terrarium import FsStore, SegmentStartState, create_segment, index  # noqa: E402
 from terrarium.model import ContextId, utc_now  # noqa: E402
 from terrarium.stores.base import NewEntry, Store  # noqa: E402
 
 TEXTS = [message_text(i, 300) for i in range(101)]
 LOG = {"contexts", "sessions", "segments", "entries", "traces"}
-SEARCH = {"search_docs"}
+CURSOR = {"session_changes"}
 
 # A relation's bytes: its main fork, its TOAST table and TOAST index, with the table each
 # belongs to (an index's table; a table's own name).
@@ -103,12 +104,18 @@ def main(argv: list[str] | None = None) -> int:
         from terrarium.stores.postgres import PostgresStore
 
         t0 = time.perf_counter()
-        with PostgresStore(dsn, schema="bytes") as store:
-            fill(store, messages)
-            store.catch_up()
+        with tempfile.TemporaryDirectory(prefix="bench-pg-index-") as cache:
+            os.environ["TERRARIUM_INDEX_DIR"] = cache
+            with PostgresStore(dsn, schema="bytes") as store:
+                fill(store, messages)
+                derived = index.of(store)
+                assert derived is not None
+                derived.refresh()
+                index_bytes = sum(p.stat().st_size for p in Path(cache).iterdir())
         report.note(f"postgres: loaded and indexed in {time.perf_counter() - t0:.1f} s")
         sums = tally(relation_sizes(dsn, "bytes"), report, messages)
-    for group in ("log", "search", "other"):
+    report.row("derived index file (each machine) / FsStore", f"{index_bytes / fs_bytes:.2f}x")
+    for group in ("log", "cursor", "other"):
         report.row(
             f"postgres {group} relations / FsStore",
             f"{sums[group] / fs_bytes:.2f}x",
@@ -123,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def tally(rows: list[Any], report: Report, messages: int) -> dict[str, int]:
     """Report each non-empty relation's bytes per message; return the groups' sums."""
-    sums = {"log": 0, "search": 0, "other": 0}
+    sums = {"log": 0, "cursor": 0, "other": 0}
     for name, kind, table, size, toast in rows:
-        group = "log" if table in LOG else "search" if table in SEARCH else "other"
+        group = "log" if table in LOG else "cursor" if table in CURSOR else "other"
         sums[group] += size + toast
         if size + toast > 16384:
             what = "index" if kind == "i" else "table"

@@ -314,22 +314,28 @@ class TerrariumSystem(System):
 
 
 class PostgresSystem(TerrariumSystem):
-    """PostgresStore in a schema of its own per depth; bytes are its relations' sizes."""
+    """PostgresStore in a schema of its own per depth; bytes are its relations' sizes and its
+    derived index file's (which each reading machine keeps, here in the depth's folder)."""
 
     def __init__(self, dsn: str) -> None:
         from terrarium.stores.postgres import PostgresStore
 
         def make(folder: Path, depth: int) -> Store:
+            os.environ["TERRARIUM_INDEX_DIR"] = str(folder / "pg-index")
             return PostgresStore(dsn, schema=f"peers_{depth}", pool_size=2)
 
         super().__init__("terrarium PostgresStore", make)
         self.dsn = dsn
 
     def disk_bytes(self) -> int:
-        return self._relations_bytes("")
+        return self._relations_bytes("") + self._index_bytes()
 
     def search_bytes(self) -> int | None:
-        return self._relations_bytes("search")
+        return self._index_bytes()
+
+    def _index_bytes(self) -> int:
+        folder = self.folder / "pg-index"
+        return folder_bytes(folder) if folder.exists() else 0
 
     def _relations_bytes(self, prefix: str) -> int:
         """Tables (with their indexes and TOAST) of the schema whose names start so."""
@@ -994,7 +1000,7 @@ def write_markdown(results: Results, out: Path, plots: list[str], command: str) 
             lines += [
                 "terrarium's stores, the log and the search index apart (each store brought "
                 "its search index up to date with one search before closing; FsStore's is "
-                "`.index/`, SQLite's the `search*` tables, PostgreSQL's the `search*` relations):",
+                "`.index/`, SQLite's the `search*` tables, PostgreSQL's its derived index file):",
                 "",
                 *log_and_search(results),
                 "",

@@ -33,8 +33,11 @@ def fake_server() -> Iterator[FakeServer]:
 
 @pytest.fixture(autouse=True)
 def _private_xdg(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Point ``XDG_CONFIG_HOME`` and ``XDG_STATE_HOME`` into a temporary folder: no test reads
-    the user's retention policy or writes a maintenance log into their home."""
+    """Point ``XDG_CONFIG_HOME``, ``XDG_STATE_HOME``, ``XDG_CACHE_HOME`` and
+    ``TERRARIUM_INDEX_DIR`` into a temporary folder: no test reads the user's retention policy
+    or writes a maintenance log or a PostgreSQL store's derived index into their home."""
     base = tmp_path_factory.mktemp("xdg")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(base / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(base / "state"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(base / "cache"))
+    monkeypatch.setenv("TERRARIUM_INDEX_DIR", str(base / "index"))

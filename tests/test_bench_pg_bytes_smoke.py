@@ -12,13 +12,14 @@ pytestmark = pytest.mark.postgres
 
 
 def test_bench_pg_bytes_quick_run(pg_database: str) -> None:  # noqa: F811
-    """benchmarks/bench_pg_bytes.py --quick measures the log's and the search's relations."""
+    """benchmarks/bench_pg_bytes.py --quick measures the log's and the change cursor's
+    relations, and the derived index's file."""
     result = run_bench("bench_pg_bytes.py", "--quick")
     for measure in (
         "FsStore: every file",
         "postgres log: table entries",
-        "postgres search: index search_docs_tsv",
         "postgres log relations / FsStore",
-        "postgres search relations / FsStore",
+        "postgres cursor relations / FsStore",
+        "derived index file (each machine) / FsStore",
     ):
         assert measure in result.stdout, measure

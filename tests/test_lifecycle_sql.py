@@ -68,8 +68,6 @@ def _rows(store: Any, table: str, session_id: Any) -> int:
     entries that no segment owns count as the session's too)."""
     query = f"SELECT count(*) FROM {table} WHERE session_id = "
     if isinstance(store, SqliteStore):
-        if table == "search_docs":  # PostgreSQL's native search; SQLite's is terrarium.index
-            return 0
         if table == "entries":  # they name their segment by its key (segments.id)
             query = (
                 "SELECT count(*) FROM entries WHERE seg NOT IN (SELECT id FROM segments) "
@@ -91,7 +89,7 @@ def _rows(store: Any, table: str, session_id: Any) -> int:
         return int(row[0])
 
 
-HOT = ("contexts", "segments", "entries", "traces", "search_docs")
+HOT = ("contexts", "segments", "entries", "traces")
 COLD = ("archived_contexts", "archived_segments")
 
 

@@ -183,8 +183,8 @@ def test_a_server_that_refuses_connections_is_a_store_unavailable(server: Server
         (["stats"], "read_segment"),
         (["export", "--all", "--format", "jsonl", "-o", "{out}"], "read_segment"),
         (["copy", "{url}", "{out}"], "read_segment"),
-        (["reindex"], "reindex"),
-        (["list"], "catch_up"),
+        (["reindex"], "changes"),
+        (["list"], "changes"),
     ],
     ids=["stats", "export-all", "copy", "reindex", "list"],
 )

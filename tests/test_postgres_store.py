@@ -1,6 +1,6 @@
 """PostgresStore specifics: exact lines, concurrency across processes, advisory locks, batched
-appends, the search index (catch-ups, word folding, ranking window)
-and a schema that can be distributed by session.
+appends, the derived index over the change cursor (concurrent appends and searches, reindex)
+and a schema that can be distributed by session. The cursor itself: test_postgres_changes.py.
 
 The Store contract itself is checked by tests/contract/ on every backend. Every test here
 gets a fresh schema in this run's throwaway database (see tests/pg.py).
@@ -22,11 +22,10 @@ from typing import Any
 import pytest
 
 from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
-from terrarium import states
+from terrarium import index, states
 
 psycopg = pytest.importorskip("psycopg")
 
-from helpers.history import add_context, places  # noqa: E402
 from terrarium import codec  # noqa: E402
 from terrarium.agent.multi_context_manager import MultiContextManager  # noqa: E402
 from terrarium.errors import ConflictError, SegmentNotFound, StoreError  # noqa: E402
@@ -42,7 +41,6 @@ from terrarium.stores.base import NewEntry, PodActiveSegmentRef, SearchQuery  # 
 from terrarium.stores.memory import MemoryStore  # noqa: E402
 from terrarium.stores.postgres import PostgresStore, _sql  # noqa: E402
 from terrarium.stores.postgres._sql import lock_key  # noqa: E402
-from terrarium.text import tokenize  # noqa: E402
 
 pytestmark = pytest.mark.postgres
 
@@ -67,6 +65,13 @@ def sql(pg_database: str, schema: str) -> Iterator[Any]:  # noqa: F811
     with psycopg.connect(pg_database, autocommit=True) as conn:
         conn.execute(f'SET search_path TO "{schema}"')
         yield conn
+
+
+def _search(store: PostgresStore, query: SearchQuery) -> list[Any]:
+    """``query`` asked of the store's derived index."""
+    found = index.of(store)
+    assert found is not None
+    return found.search(query)
 
 
 def _entry(token: str) -> NewEntry:
@@ -162,10 +167,11 @@ def test_schemas_in_one_database_stay_apart(
     store.append(session_id, segment_id, [_entry("kappa here")])
     with PostgresStore(pg_database, schema="select", pool_size=2) as other:
         try:
-            assert other.list_contexts() == [] and other.search(SearchQuery("kappa")) == []
+            assert other.list_contexts() == []
+            assert _search(other, SearchQuery("kappa")) == []
             create_segment(other, context=MAIN)
             assert len(store.list_contexts()) == len(other.list_contexts()) == 1
-            assert [h.seq for h in store.search(SearchQuery("kappa"))] == [1]
+            assert [h.seq for h in _search(store, SearchQuery("kappa"))] == [1]
         finally:
             with psycopg.connect(pg_database, autocommit=True) as conn:
                 conn.execute('DROP SCHEMA "select" CASCADE')
@@ -257,15 +263,16 @@ def test_schema_is_distributable_by_session(store: PostgresStore, sql: Any) -> N
         "WHERE c.table_schema = %s AND t.table_type = 'BASE TABLE'",  # not the views
         (store.schema,),
     ).fetchall()
-    # blobs are content-addressed and shared by sessions: a reference table under Citus.
-    tables = {t for t, _ in columns} - {"migrations", "blobs"}
+    # blobs are content-addressed and shared by sessions, store_meta holds the store's id:
+    # reference tables under Citus.
+    tables = {t for t, _ in columns} - {"migrations", "blobs", "store_meta"}
     assert tables == {
         "contexts",
         "sessions",
         "segments",
         "entries",
         "traces",
-        "search_docs",
+        "session_changes",
         "archived_contexts",
         "archived_segments",
         "blob_refs",
@@ -280,65 +287,14 @@ def test_schema_is_distributable_by_session(store: PostgresStore, sql: Any) -> N
     ).fetchall()
     for table, _, first_column in keys:
         name = table.rsplit(".", 1)[-1].strip('"')
-        if name not in ("contexts", "migrations", "blobs"):
+        if name not in ("contexts", "migrations", "blobs", "store_meta"):
             assert first_column == "session_id", (table, first_column)
 
 
-def _waiting(sql: Any, segment_id: uuid.UUID) -> tuple[int, int, bool]:
-    row = sql.execute(
-        "SELECT next_seq, indexed_seq, dirty FROM segments WHERE segment_id = %s", (segment_id,)
-    ).fetchone()
-    return row[0] - 1 - row[1], row[0], row[2]
-
-
-def test_search_index_catches_up_in_batches(
-    store: PostgresStore, sql: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Appends leave their items for the search index, marking their segments; a search reads
-    them first, and so does the store every SEARCH_BATCH entries it appends."""
-    from terrarium.stores import postgres
-
-    monkeypatch.setattr(postgres, "SEARCH_BATCH", 4)
-    session_id, segment_id = create_segment(store, context=MAIN)
-    other = create_segment(store, context=ContextId("cli", "other"))
-    for token in ("alpha one", "alpha two"):
-        store.append(session_id, segment_id, [_entry(token)])
-    assert _waiting(sql, segment_id) == (2, 3, True)
-    assert sql.execute("SELECT count(*) FROM search_docs").fetchone() == (0,)
-    assert {h.seq for h in store.search(SearchQuery("alpha"))} == {1, 2}
-    assert _waiting(sql, segment_id) == (0, 3, False)
-    store.append(session_id, segment_id, [_entry(f"beta {i}") for i in range(3)])
-    assert _waiting(sql, segment_id) == (3, 6, True)
-    store.append(*other, [_entry("beta elsewhere")])  # the fourth since the search
-    assert _waiting(sql, segment_id) == (0, 6, False)
-    assert _waiting(sql, other[1]) == (0, 2, False)
-    assert sql.execute("SELECT count(*) FROM search_docs").fetchone() == (6,)
-    assert store.catch_up() == 0  # nothing left to read
-
-
-def test_a_failed_catch_up_never_fails_the_append(
-    store: PostgresStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The append is committed before its segment's catch-up runs: if that fails, the append
-    still succeeds, and the next search catches up."""
-    from terrarium.stores import postgres
-
-    monkeypatch.setattr(postgres, "SEARCH_BATCH", 1)
-    session_id, segment_id = create_segment(store, context=MAIN)
-
-    def down(segments: Any) -> None:
-        raise psycopg.OperationalError("server closed the connection unexpectedly")
-
-    monkeypatch.setattr(store, "_index", down)
-    assert store.append(session_id, segment_id, [_entry("epsilon kept")]) == 1
-    assert "catch-up deferred" in caplog.text
-    monkeypatch.undo()
-    assert [h.snippet for h in store.search(SearchQuery("epsilon"))] == ["epsilon kept"]
-
-
-def test_concurrent_catch_ups_index_each_item_once(store: PostgresStore, sql: Any) -> None:
-    """Threads appending to and searching many contexts at once: afterwards every item is
-    indexed exactly once and found."""
+def test_concurrent_catch_ups_index_each_item_once(store: PostgresStore) -> None:
+    """Threads appending to and searching many contexts at once (each search refreshes the
+    derived index from the change cursor): afterwards every item is indexed exactly once and
+    found."""
     heads = [create_segment(store, context=ContextId("cli", f"c{i}")) for i in range(6)]
     errors: list[BaseException] = []
 
@@ -348,7 +304,7 @@ def test_concurrent_catch_ups_index_each_item_once(store: PostgresStore, sql: An
                 session_id, segment_id = heads[(worker + i) % len(heads)]
                 store.append(session_id, segment_id, [_entry(f"gamma w{worker}x{i}")])
                 if i % 5 == 0:
-                    store.search(SearchQuery("gamma", limit=5))
+                    _search(store, SearchQuery("gamma", limit=5))
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -358,71 +314,27 @@ def test_concurrent_catch_ups_index_each_item_once(store: PostgresStore, sql: An
     for thread in threads:
         thread.join()
     assert errors == []
-    store.catch_up()
-    rows = sql.execute(
-        "SELECT e.line::jsonb #>> '{item,content}' FROM search_docs AS d "
-        "JOIN entries AS e USING (session_id, segment_id, seq)"
-    ).fetchall()
-    assert sorted(row[0] for row in rows) == sorted(
-        f"gamma w{w}x{i}" for w in range(4) for i in range(25)
-    )
-    assert [h.snippet for h in store.search(SearchQuery("gamma w2x7"))] == ["gamma w2x7"]
+    hits = _search(store, SearchQuery("gamma", limit=100))
+    assert len({(h.segment_id, h.seq) for h in hits}) == len(hits) == 100
+    for w in range(4):
+        for i in range(25):
+            found = [h.snippet for h in _search(store, SearchQuery(f"gamma w{w}x{i}"))]
+            assert found == [f"gamma w{w}x{i}"]
 
 
-def test_reindex_rebuilds_the_search_index(store: PostgresStore, sql: Any) -> None:
-    """reindex rebuilds every search row from the entries, headers' histories included."""
+def test_reindex_rebuilds_the_search_index(store: PostgresStore) -> None:
+    """reindex rebuilds the derived index from the entries, headers' histories included; a
+    lost index file is built again on the next search."""
     session_id, segment_id = create_segment(store, context=MAIN)
     store.append(session_id, segment_id, [_entry("delta one"), _entry("delta two")])
-    before = store.search(SearchQuery("delta"))
-    sql.execute("DELETE FROM search_docs")
-    assert store.search(SearchQuery("delta")) == []  # the index says it read them
-    assert store.reindex() == 1
-    assert store.search(SearchQuery("delta")) == before
-
-
-# ------------------------------------------------------------------ search words, old schemas
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "plain ascii, with punctuation!",
-        "Ünïcödé ÉTÉ straße",
-        "東京タワー",
-        "İstanbul ﬁ ǅ",
-        "a_b-c.d",
-    ],
-)
-def test_search_words_keep_the_length_and_the_words(text: str) -> None:
-    """search_words is one character for one (headlines map back by offset) and leaves only
-    FsStore's words, folded."""
-    pytest.importorskip("psycopg")
-    from terrarium.stores.postgres import search_words
-    from terrarium.text import prepare_text
-
-    prepared = prepare_text(text)
-    words = search_words(prepared)
-    assert len(words) == len(prepared)
-    assert all(c == " " or tokenize(c) for c in words)
-    if text.isascii():
-        assert words.split() == tokenize(text)
-
-
-def test_common_words_are_ranked_among_recent_matches(
-    pg_database: str,  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Past RANK_WINDOW matches, the most recent matches are ranked; pages stay full."""
-    from terrarium.stores import postgres
-
-    monkeypatch.setattr(postgres, "RANK_WINDOW", 5)
-    with postgres.PostgresStore(pg_database, schema=fresh_schema()) as store:
-        add_context(store, "cli:old", "omicron " * 30 + "old")  # the best match, but old
-        for i in range(6):
-            add_context(store, f"cli:c{i}", *[f"omicron item {i} {j}" for j in range(3)])
-        hits = store.search(SearchQuery("omicron", limit=5))
-        assert len(hits) == 5 and "cli:old" not in {h.context for h in hits}
-        assert places(store.search(SearchQuery("omicron", context="cli:old"))) == {("cli:old", 1)}
+    before = _search(store, SearchQuery("delta"))
+    assert len(before) == 2
+    assert index.reindex(store) == 1
+    assert _search(store, SearchQuery("delta")) == before
+    found = index.of(store)
+    assert found is not None
+    found.path.unlink()
+    assert _search(store, SearchQuery("delta")) == before
 
 
 # --------------------------------------------------------------------------- many processes
@@ -517,18 +429,10 @@ def test_eight_processes_share_twenty_contexts(
     assert sorted(found) == sorted(acked)
 
 
-@pytest.mark.parametrize("batch", [256, 1])
-def test_delete_racing_appends_leaves_no_orphans(
-    store: PostgresStore, sql: Any, batch: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_delete_racing_appends_leaves_no_orphans(store: PostgresStore, sql: Any) -> None:
     """Appends racing a delete_context either land before it (and go with it into the trash)
     or fail with SegmentNotFound: no entry of the deleted session stays in the hot tables, and
-    a purge leaves nothing (its ``sessions`` row waits in the trash until then). With a batch
-    of 1 every append also catches the index up, locking segments and heads as the delete
-    does."""
-    from terrarium.stores import postgres
-
-    monkeypatch.setattr(postgres, "SEARCH_BATCH", batch)
+    a purge leaves nothing (its ``sessions`` row waits in the trash until then)."""
     session_id, segment_id = create_segment(store, context=MAIN)
     started = threading.Event()
     outcome: list[BaseException] = []
@@ -552,7 +456,7 @@ def test_delete_racing_appends_leaves_no_orphans(
     for writer in writers:
         writer.join()
     assert [type(exc) for exc in outcome] == [SegmentNotFound] * 3
-    for table in ("entries", "segments", "traces", "search_docs", "contexts"):
+    for table in ("entries", "segments", "traces", "contexts"):
         count = sql.execute(f"SELECT count(*) FROM {table} WHERE session_id = %s", (session_id,))
         assert count.fetchone() == (0,), table
     (trashed,) = states.trashed_contexts(store)

@@ -2,7 +2,7 @@
 
 ``tests/fixtures/schema_*.txt`` were dumped (``tests/helpers/schema_dump.py``) from the
 schema the 15 migration steps built before they were squashed into one ``m001_initial``
-(SQLite's since rewritten on purpose: its search tables and listing counts gave way to the
+(both since rewritten on purpose: their search tables and listing counts gave way to the
 change cursor of the derived index); ``m001_initial`` must build the same tables, columns,
 indexes, views, functions and triggers.
 ``TERRARIUM_WRITE_SCHEMA=1`` writes the fixtures from the current code instead of checking.

@@ -34,25 +34,6 @@ from terrarium.codec import MAX_DEPTH
 from terrarium.errors import BlobNotFound, CorruptLog, InvalidEntry
 from terrarium.stores.base import BlobStore, Store
 
-__all__ = [
-    "BLOBS_KEY",
-    "DEFAULT_THRESHOLD",
-    "GC_MIN_AGE",
-    "PREVIEW_CHARS",
-    "BlobMode",
-    "LazyBlob",
-    "collect_garbage",
-    "digest_of",
-    "inline_line",
-    "line_digests",
-    "materialize",
-    "offload_data",
-    "offload_line",
-    "resolve_line",
-    "resolve_lines",
-    "scan_digests",
-]
-
 #: The reserved key of a line that lists its blob references.
 BLOBS_KEY = "_blobs"
 #: Strings longer than this many UTF-8 bytes go to a blob, unless the store says otherwise.
@@ -190,11 +171,8 @@ def _offload(
 
 
 def offload_data(store: Store, kind: str, data: Mapping[str, Any]) -> Mapping[str, Any]:
-    """An entry's data with its history item's large strings moved into blobs, written first.
-
-    Raises:
-        InvalidEntry: ``data`` sets the reserved key ``_blobs``.
-    """
+    """An entry's data, its item's large strings moved into blobs written first (InvalidEntry:
+    ``data`` sets ``_blobs``)."""
     if BLOBS_KEY in data:
         raise InvalidEntry(
             f"entry data of kind {kind!r} may not set the reserved key {BLOBS_KEY!r}"
@@ -284,12 +262,8 @@ def resolve_line(
     """``line`` with its references resolved as ``mode`` says (a copy; ``line`` is untouched).
 
     ``"stored"``, and a line without references, return ``line`` itself. ``cache`` holds texts
-    already read, so one restore reads each blob once.
-
-    Raises:
-        BlobNotFound: ``"full"`` and the store does not hold a blob the line names.
-        CorruptBlob: a blob's bytes do not match its digest.
-        CorruptLog: the ``_blobs`` list or a path in it is malformed.
+    already read, so one restore reads each blob once. BlobNotFound, CorruptBlob, or CorruptLog
+    (a malformed ``_blobs`` list) when a blob cannot be read back.
     """
     if mode == "stored" or BLOBS_KEY not in line:
         return line

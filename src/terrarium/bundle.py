@@ -51,9 +51,6 @@ ARCHIVES = (".zip", ".tar.gz", ".tgz")
 Files = dict[str, bytes]
 
 
-# --------------------------------------------------------------------------- writing
-
-
 def bundle_files(store: Store, chosen: Mapping[ContextId, Store], *, detached: bool) -> Files:
     """The members of a bundle of ``chosen`` (and ``store``'s detached sessions), manifest first."""
     pinned = states.pinned_contexts(store) if isinstance(store, Lifecycle) else frozenset()
@@ -99,9 +96,6 @@ def _tree(
             json.dumps(t, ensure_ascii=False, separators=(",", ":")) + "\n" for t in traces
         ).encode()
     return keys
-
-
-# --------------------------------------------------------------------------- reading
 
 
 def is_bundle(path: str | os.PathLike[str]) -> bool:
@@ -205,24 +199,16 @@ def _manifest(members: _Members) -> dict[str, Any]:
 def import_bundle(store: Store, path: str | os.PathLike[str]) -> CopyReport:
     """Recreate in ``store`` what the bundle at ``path`` holds (see the module docstring).
 
-    Returns:
-        What was imported (detached sessions as ``session {id}``), and what was skipped, why.
-
-    Raises:
-        InvalidEntry, FormatVersionError: ``path`` is not a bundle this terrarium reads (an
-            unreadable entry is reported in ``skipped`` instead).
+    The report names detached sessions as ``session {id}``, and an unreadable entry among the
+    skipped. A ``path`` that is no bundle this terrarium reads: InvalidEntry, FormatVersionError.
     """
     report = CopyReport()
     with _Members(Path(path)) as members:
         manifest = _manifest(members)
-        for entry in manifest["contexts"]:
+        for entry in [*manifest["contexts"], *manifest["detached"]]:
+            name = entry["context"] if "context" in entry else f"session {entry['session_id']}"
             stage = functools.partial(_stage, entry=entry, members=members)
-            _import_one(store, report, entry["context"], stage)
-        for entry in manifest["detached"]:
-            name = f"session {entry['session_id']}"
-            _import_one(
-                store, report, name, functools.partial(_stage, entry=entry, members=members)
-            )
+            _import_one(store, report, name, stage)
     return report
 
 
@@ -276,6 +262,3 @@ def _read_traces(members: _Members, name: str) -> dict[SegmentId, list[dict[str,
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidEntry(f"{members.path}:{name}:{number}: not a trace line: {exc}") from None
     return by_segment
-
-
-__all__ = ["MANIFEST", "bundle_files", "import_bundle", "is_bundle"]

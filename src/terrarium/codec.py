@@ -64,32 +64,20 @@ def encode_line(obj: dict[str, Any]) -> bytes:
 
 def encode_lines(objs: Sequence[dict[str, Any]]) -> bytes:
     """Encode the entries of one append; all lines but the last end in ``" \\n"``."""
-    if not objs:
-        return b""
-    try:
-        lines = [_encoder.encode(obj) for obj in objs]
-    except (UnicodeEncodeError, RecursionError) as exc:
-        raise InvalidEntry(_unencodable(exc)) from None
-    data = b" \n".join(lines) + b"\n"
-    if len(data) > 2 * MAX_DEPTH:  # else no line can be that deep
-        for obj, line in zip(objs, lines, strict=True):
-            if _may_be_too_deep(line) and _too_deep(obj, line):
-                raise InvalidEntry(TOO_DEEP)
-    return data
+    return b" \n".join(map(encode, objs)) + b"\n" if objs else b""
 
 
 def encode(obj: Any) -> bytes:
     """Encode any JSON value compactly (no newline).
 
-    Raises:
-        InvalidEntry: ``obj`` holds a lone surrogate, or nests deeper than :data:`MAX_DEPTH`.
-        TypeError: ``obj`` holds an object JSON has no form for.
+    InvalidEntry: a lone surrogate, or nesting past :data:`MAX_DEPTH`. TypeError: a value JSON
+    has no form for.
     """
     try:
         data = _encoder.encode(obj)
     except (UnicodeEncodeError, RecursionError) as exc:
         raise InvalidEntry(_unencodable(exc)) from None
-    if _may_be_too_deep(data) and _too_deep(obj, data):
+    if _may_be_too_deep(data) and deeper_than(obj, MAX_DEPTH):
         raise InvalidEntry(TOO_DEEP)
     return data
 
@@ -113,11 +101,6 @@ def _may_be_too_deep(data: bytes) -> bool:
     if len(data) <= 2 * MAX_DEPTH:
         return False
     return len(data) > _COUNT_UP_TO or data.count(b"[") + data.count(b"{") > MAX_DEPTH
-
-
-def _too_deep(obj: Any, data: bytes) -> bool:
-    walked = _walk_deeper(obj, MAX_DEPTH)
-    return nesting_depth(data) > MAX_DEPTH if walked is None else walked
 
 
 def deeper_than(value: Any, limit: int) -> bool:
@@ -175,10 +158,7 @@ def _too_deep_to_read(line: bytes) -> str:
 
 
 def split_complete(buf: bytes) -> tuple[bytes, bytes]:
-    """Split ``buf`` into its complete appends and the torn bytes after them.
-
-    The torn bytes include the lines of an append whose last line is missing.
-    """
+    """Split ``buf`` into its complete appends and the torn bytes after them (a cut append's)."""
     end = complete_end(buf)
     return buf[:end], buf[end:]
 
@@ -222,19 +202,12 @@ def decode_lines(
     first_seq: int | None = None,
     strict: bool = False,
 ) -> list[dict[str, Any]]:
-    """Decode newline-terminated lines into entry dicts and check their envelope.
+    """Decode whole lines into entry dicts and check their envelope.
 
-    Args:
-        complete: whole lines, each ending in ``\\n``.
-        where: the file or segment named in error messages.
-        first_line: the line number of the first line, for error messages.
-        first_seq: if given, the seq the first line must have; each next one is one more.
-        strict: also refuse blank lines (restore skips them; finding them costs a scan of the
-            whole buffer, 20% of a restore, which ``fsck`` pays).
-
-    Raises:
-        CorruptLog: a line is not a JSON object with an integer ``seq`` and a string ``kind``.
-        FormatVersionError: a line was written by a newer major format version.
+    ``where`` and ``first_line`` name the line in errors; from ``first_seq``, if given, seqs run
+    up one a line. ``strict`` also refuses blank lines (restore skips them; finding them costs a
+    scan of the whole buffer, 20% of a restore, which ``fsck`` pays). CorruptLog: a line is not an
+    object with an integer ``seq`` and a string ``kind``; FormatVersionError: a newer format's.
     """
     if not complete:
         return []

@@ -14,7 +14,7 @@ killed copy leaves nothing, a detached part, or the whole, and a rerun completes
 
 Archived contexts land archived, pinned ones pinned (where both stores have the
 :class:`~terrarium.stores.base.Lifecycle`). The trash is not copied. Detached sessions are
-copied with all contexts (:func:`copy_detached`).
+copied with all contexts. One session: ``complete_session(dst, read_source(src, context))``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from terrarium.errors import (
 )
 from terrarium.model import ENVELOPE_KEYS, ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.sessions import detached_sessions
-from terrarium.stores.base import Lifecycle, NewEntry, PodMetadata, SessionStates, Store
+from terrarium.stores.base import Lifecycle, NewEntry, SessionStates, Store
 
 BATCH = 1000
 """Entries per append: bounded memory and statement size on SQL stores."""
@@ -81,12 +81,8 @@ class SessionSource:
         return SessionId(self.segments[0][0]["session_id"])
 
 
-def session_segments(store: Store, head: PodMetadata | SessionId) -> list[list[dict[str, Any]]]:
-    """Every segment of the session (of ``head``, or the detached one it names), parents first."""
-    return _segments(store, head if isinstance(head, SessionId) else head.session_id)
-
-
-def _segments(store: Store, session_id: SessionId) -> list[list[dict[str, Any]]]:
+def session_segments(store: Store, session_id: SessionId) -> list[list[dict[str, Any]]]:
+    """Every segment of the session, parents first, blobs inline."""
     reads = {seg: store.read_segment(session_id, seg) for seg in store.list_segments(session_id)}
     children: dict[SegmentId | None, list[SegmentId]] = {}
     for segment_id, read in reads.items():
@@ -113,21 +109,17 @@ def read_source(
     session_id: SessionId | None = None,
     pinned: frozenset[str] | None = None,
 ) -> SessionSource:
-    """A context's session (or the detached session ``session_id``) as ``store`` holds it.
-
-    Raises:
-        ContextNotFound: no such context.
-        SegmentNotFound: no such session.
-    """
+    """A context's session (or the detached session ``session_id``) as ``store`` holds it
+    (ContextNotFound, SegmentNotFound: none)."""
     if context is None:
         assert session_id is not None, "a context or a session id"
-        segments = _segments(store, session_id)
+        segments = session_segments(store, session_id)
         return SessionSource(segments, traces=_traces(store, session_id, segments))
     ctx = ContextId.parse(context)
     head = store.get_head(ctx)
     if head is None:
         raise ContextNotFound(f"context {ctx} does not exist in the source store")
-    segments = _segments(store, head.session_id)
+    segments = session_segments(store, head.session_id)
     archived = is_pinned = False
     if isinstance(store, Lifecycle):
         archived = states.is_archived(store, ctx)
@@ -180,12 +172,7 @@ class _Plan:
 
 
 def _plan(dst: Store, source: SessionSource, name: str) -> _Plan:
-    """Compare what ``dst`` holds of the session with its source: what to write.
-
-    Raises:
-        SessionConflict: ``dst`` holds something the source has not (see the module).
-        SessionAttached: a detached source's session belongs to a context in ``dst``.
-    """
+    """What to write: ``dst``'s part of the session against its source (see the module)."""
     session_id, ctx = source.session_id, source.context
     head = dst.get_head(ctx) if ctx is not None else None
     if head is not None and head.session_id != session_id:
@@ -305,7 +292,7 @@ def _append(
 ) -> int:
     """Append ``lines[at:]`` to the segment, which holds ``at`` lines; how many."""
     entries = [
-        NewEntry(line["kind"], line["ts"], offload_data(dst, line["kind"], entry_data(line)))
+        NewEntry(line["kind"], line["ts"], offload_data(dst, line["kind"], _data(line)))
         for line in lines[at:]
     ]
     for start in range(0, len(entries), BATCH):
@@ -314,8 +301,8 @@ def _append(
     return len(entries)
 
 
-def entry_data(line: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored line's data: every key but the envelope's (``v``, ``seq``, ``ts``, ``kind``)."""
+def _data(line: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored line's data: every key but the envelope's."""
     return {k: v for k, v in line.items() if k not in ENVELOPE_KEYS}
 
 
@@ -331,43 +318,14 @@ def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
 def complete_session(dst: Store, source: SessionSource) -> int:
     """Make ``dst`` hold ``source``'s session, created or completed; the lines written.
 
-    Raises:
-        ContextExists: ``dst`` holds it already, equal to the source: nothing to do.
-        SessionConflict: ``dst`` holds it otherwise (not a prefix); nothing was written.
-        SessionAttached: a detached source's session belongs to a context in ``dst``.
+    ContextExists: it is there, equal. SessionConflict: it is there otherwise (nothing written).
+    SessionAttached: a detached source's session belongs to a context in ``dst``.
     """
     done = _complete(dst, source)
     if done is None:
         where = source.context if source.context is not None else source.session_id
         raise ContextExists(f"{where} already exists, with the same lines")
     return done[0]
-
-
-def copy_context(
-    src: Store, dst: Store, context: ContextId | str, *, pinned: frozenset[str] | None = None
-) -> int:
-    """Copy (or complete the copy of) one context's session from ``src`` to ``dst``; the lines.
-
-    The copy is archived if the source's is, and pinned if among ``pinned`` (read when None).
-
-    Raises:
-        ContextNotFound: no such context in ``src``.
-        ContextExists: ``dst`` holds the context already, equal to the source's.
-        SessionConflict: ``dst`` holds it otherwise; nothing was written.
-    """
-    return complete_session(dst, read_source(src, context, pinned=pinned))
-
-
-def copy_detached(src: Store, dst: Store, session_id: SessionId) -> int:
-    """Copy (or complete) a detached session of ``src`` into ``dst``, detached; the lines copied.
-
-    Raises:
-        SessionAttached: ``dst`` holds the session in a context.
-        SessionConflict: ``dst`` holds it otherwise than ``src``.
-        SegmentNotFound: ``src`` has no such session.
-    """
-    done = _complete(dst, read_source(src, session_id=session_id))
-    return 0 if done is None else done[0]
 
 
 def source_contexts(src: Store) -> list[ContextId]:
@@ -393,16 +351,14 @@ def copy_store(
     """
     wanted = source_contexts(src) if contexts is None else [ContextId.parse(c) for c in contexts]
     pinned = states.pinned_contexts(src) if isinstance(src, Lifecycle) else frozenset()
-    report = CopyReport()
-    for ctx in wanted:
-        _copy_one(report, src, dst, ctx, pinned)
-        if progress is not None:
-            progress(str(ctx))
+    todo: list[ContextId | SessionId] = list(wanted)
     if detached if detached is not None else contexts is None:
-        for session_id in detached_sessions(src):
-            _copy_one(report, src, dst, session_id, pinned)
-            if progress is not None:
-                progress(f"session {session_id}")
+        todo += detached_sessions(src)
+    report = CopyReport()
+    for what in todo:
+        name = _copy_one(report, src, dst, what, pinned)
+        if progress is not None:
+            progress(name)
     return report
 
 
@@ -412,43 +368,26 @@ def _copy_one(
     dst: Store,
     what: ContextId | SessionId,
     pinned: frozenset[str],
-) -> None:
-    """Copy one context (or detached session) into ``dst``; ``report`` says what came of it."""
-    detached = not isinstance(what, ContextId)
-    name = f"session {what}" if detached else str(what)
+) -> str:
+    """Copy one context (or detached session) into ``dst``, noted in ``report``; its name."""
+    name = str(what) if isinstance(what, ContextId) else f"session {what}"
     try:
         if isinstance(what, ContextId):
             source = read_source(src, what, pinned=pinned)
         else:
             source = read_source(src, session_id=what)
         done = _complete(dst, source)
-    except (ContextNotFound, SessionAttached) as exc:
+    except (ContextNotFound, SessionAttached, SessionConflict) as exc:
         report.skipped.append((name, str(exc)))
-        return
-    except SessionConflict as exc:
-        report.skipped.append((name, str(exc)))
-        report.conflicts.append((name, str(exc)))
-        return
+        if isinstance(exc, SessionConflict):
+            report.conflicts.append((name, str(exc)))
+        return name
     if done is None:
         report.skipped.append((name, "already in the destination"))
         report.present.append(name)
-        return
+        return name
     report.entries += done[0]
     report.copied.append(name)
     if done[1]:
         report.completed.append(name)
-
-
-__all__ = [
-    "BATCH",
-    "CopyReport",
-    "SessionSource",
-    "complete_session",
-    "copy_context",
-    "copy_detached",
-    "copy_store",
-    "entry_data",
-    "read_source",
-    "session_segments",
-    "source_contexts",
-]
+    return name

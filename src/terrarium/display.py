@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["human_bytes", "short_time"]
-
 
 def short_time(ts: str | None) -> str:
     """``2025-11-06T14:35:12.98Z`` -> ``2025-11-06 14:35`` (as stored, no time zone maths)."""

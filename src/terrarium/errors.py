@@ -62,11 +62,15 @@ class StoreError(TerrariumError):
     """A store could not complete an operation."""
 
 
-class ContextNotFound(StoreError, KeyError):
-    """No context with that id exists in the store."""
+class _Missing(StoreError, KeyError):
+    """A thing looked up by key is not in the store."""
 
     def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else "context not found"
+        return str(self.args[0]) if self.args else "not found"
+
+
+class ContextNotFound(_Missing):
+    """No context with that id exists in the store."""
 
     @classmethod
     def of(cls, context: object) -> ContextNotFound:
@@ -86,11 +90,8 @@ class SessionConflict(StoreError):
     """The destination holds the session otherwise than the source; nothing of it was written."""
 
 
-class SegmentNotFound(StoreError, KeyError):
+class SegmentNotFound(_Missing):
     """No segment with that id exists in the store."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "segment not found"
 
     @classmethod
     def of(cls, session_id: object, segment_id: object = None) -> SegmentNotFound:
@@ -100,11 +101,8 @@ class SegmentNotFound(StoreError, KeyError):
         return cls(f"segment {segment_id} of session {session_id} does not exist")
 
 
-class NotInTrash(StoreError, KeyError):
+class NotInTrash(_Missing):
     """No trashed context with that trash id (or context id) is in the store's trash."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "not in the trash"
 
 
 class ConflictError(StoreError):
@@ -125,11 +123,8 @@ class CorruptLog(StoreError):
         return cls(f"{where}: seq {seq} out of order (expected {expected})")
 
 
-class BlobNotFound(StoreError, KeyError):
+class BlobNotFound(_Missing):
     """A log references a large output (a blob) that the store does not hold."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "blob not found"
 
 
 class CorruptBlob(StoreError):

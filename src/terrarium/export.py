@@ -42,8 +42,6 @@ class Format:
     """The file name extension, with its dot."""
     media_type: str
     """The MIME type of the content."""
-    description: str
-    """One line for help texts."""
     module: str
     """The module that implements it."""
     function: str = "export_context"
@@ -61,39 +59,14 @@ class Format:
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
-        Format(
-            "markdown",
-            ".md",
-            "text/markdown; charset=utf-8",
-            "readable transcript in Markdown",
-            "terrarium.formats.markdown",
-        ),
-        Format(
-            "html",
-            ".html",
-            "text/html; charset=utf-8",
-            "one self-contained HTML page",
-            "terrarium.formats.html",
-        ),
-        Format(
-            "jsonl",
-            ".jsonl",
-            "application/x-ndjson",
-            "the native log, lossless (terrarium import reads it back)",
-            "terrarium.formats.jsonl",
-        ),
-        Format(
-            "openai",
-            ".json",
-            "application/json",
-            "the OpenAI chat messages array the model is sent",
-            "terrarium.formats.openai",
-        ),
+        Format("markdown", ".md", "text/markdown; charset=utf-8", "terrarium.formats.markdown"),
+        Format("html", ".html", "text/html; charset=utf-8", "terrarium.formats.html"),
+        Format("jsonl", ".jsonl", "application/x-ndjson", "terrarium.formats.jsonl"),
+        Format("openai", ".json", "application/json", "terrarium.formats.openai"),
         Format(
             "finetune",
             ".jsonl",
             "application/x-ndjson",
-            "OpenAI chat fine-tuning JSONL, one conversation per line",
             "terrarium.formats.openai",
             "export_finetune_context",
         ),
@@ -101,7 +74,6 @@ FORMATS: dict[str, Format] = {
             "terrarium-json",
             ".json",
             "application/json",
-            "the legacy Terrarium JSON file",
             "terrarium.formats.terrarium_json",
             dated=True,
         ),
@@ -155,12 +127,7 @@ def get_format(fmt: str | Format) -> Format:
 
 
 def export_context(store: Store, context: ContextId | str, fmt: str | Format) -> str | bytes:
-    """Export one context in ``fmt`` (a name in :data:`FORMATS` or a :class:`Format`).
-
-    Raises:
-        ValueError: unknown format.
-        ContextNotFound: no such context.
-    """
+    """One context in ``fmt``, a name in :data:`FORMATS` (else ValueError) or a :class:`Format`."""
     return get_format(fmt).export(store, context)
 
 
@@ -264,22 +231,13 @@ def export_many(
     since: DateBound | None = None,
     until: DateBound | None = None,
 ) -> ExportResult:
-    """Export many contexts at once into a folder, an archive, or (``finetune``) one file.
+    """Export ``contexts`` (all when None; legacy files count) into a folder, an archive, or
+    (``finetune``) one JSONL file.
 
-    Args:
-        store: where the contexts live.
-        contexts: the contexts to export (legacy files count); all when None.
-        fmt: a name in :data:`FORMATS`, or a :class:`Format`.
-        dest: a folder (created if needed), or a ``.zip``, ``.tar.gz`` or ``.tgz`` archive;
-            for ``finetune`` also the JSONL file itself.
-        type: keep only contexts of this type.
-        since, until: keep only contexts with a message logged in this window (a date covers
-            its whole UTC day; both ends inclusive).
-
-    Raises:
-        ValueError: unknown format, or ``dest`` names one file.
-        ContextNotFound: a context named in ``contexts`` does not exist.
-        LegacyFormatError, OSError: a context's legacy file cannot be read.
+    ``dest`` is a folder (created if needed) or a ``.zip``, ``.tar.gz`` or ``.tgz`` archive.
+    ``type``, ``since`` and ``until`` keep the contexts of that type with a message logged in
+    the window (a date is its whole UTC day; both ends inclusive). Raises ValueError (an unknown
+    format, or ``dest`` names one file), ContextNotFound, LegacyFormatError or OSError.
     """
     spec = get_format(fmt)
     target = Path(dest)
@@ -348,20 +306,3 @@ def _tar_gz(files: dict[str, bytes]) -> bytes:
             info.size, info.mtime, info.mode = len(data), now, 0o644
             archive.addfile(info, io.BytesIO(data))
     return buf.getvalue()
-
-
-__all__ = [
-    "ALIASES",
-    "AMBIGUOUS",
-    "ARCHIVE_SUFFIXES",
-    "FINETUNE_FILE",
-    "FORMATS",
-    "ExportResult",
-    "Format",
-    "check_destination",
-    "export_context",
-    "export_many",
-    "format_name",
-    "get_format",
-    "member_name",
-]

@@ -1,15 +1,8 @@
 """Archive, trash and retention above the stores: what to move, why, and a log of every removal.
 
-:mod:`terrarium.states` moves contexts; this module decides which, for every backend alike.
-:func:`plan_archive` picks hot contexts inactive longer than an age (:func:`parse_age`), of a
-type, or by name; :func:`plan_trash_purge` picks trash entries. A selection by age skips
-pinned contexts; a context named explicitly is taken. A plan says what would move and the
-bytes the hot store would give up (estimated).
-
-:func:`load_policy` reads ``[retention]`` from ``terrarium.toml`` in the store's root, else
-from ``$XDG_CONFIG_HOME/terrarium/config.toml``; without one :class:`Maintenance` moves
-nothing. Every removal is appended to the store's :class:`MaintenanceLog`: what, when and why.
-A ``maintain`` record closes each policy run and keeps background runs to one a day. Usage::
+:mod:`terrarium.states` moves contexts; this module decides which, for every backend alike:
+plans (by age, type or name; an age skips pinned contexts), the retention policy
+(:func:`load_policy`), and the store's :class:`MaintenanceLog` of every removal. Usage::
 
     plan = lifecycle.plan_archive(store, older_than=lifecycle.parse_age("30d"))
     lifecycle.run_archive(store, plan, why="command: terrarium archive")
@@ -35,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from terrarium import codec, contexts, legacy, states
+from terrarium import contexts, legacy, states
 from terrarium.errors import (
     ContextNotFound,
     InvalidRetention,
@@ -59,8 +52,6 @@ DAILY = timedelta(days=1)
 
 Progress = Callable[[str], None]
 """Called with each context id (or trash id) once it has been handled."""
-
-# --------------------------------------------------------------------------- ages
 
 _AGE = re.compile(r"\s*(\d+)\s*([hdw])\s*", re.I)
 _UNITS = {"h": timedelta(hours=1), "d": timedelta(days=1), "w": timedelta(weeks=1)}
@@ -93,9 +84,6 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-# --------------------------------------------------------------------------- the protocol
-
-
 def require_lifecycle(store: Store, where: str | None = None) -> Lifecycle:
     """``store`` as a :class:`Lifecycle`; StoreError in one line if its backend cannot archive."""
     if isinstance(store, Lifecycle):
@@ -107,19 +95,10 @@ def require_lifecycle(store: Store, where: str | None = None) -> Lifecycle:
 def hot_bytes(store: Store, context: ContextId) -> int | None:
     """The context's log size as JSON lines (estimated); None if it is gone or moved meanwhile."""
     head = store.get_head(context)
-    if head is None:
-        return None
-    total = 0
     try:
-        for segment_id in store.list_segments(head.session_id):
-            read = store.read_segment(head.session_id, segment_id)
-            total += sum(len(codec.encode(line)) + 1 for line in (read.header, *read.entries))
+        return states.log_bytes(store, head) if head is not None else None
     except (SegmentNotFound, ContextNotFound):
         return None
-    return total
-
-
-# --------------------------------------------------------------------------- archive
 
 
 class Candidate(msgspec.Struct, frozen=True):
@@ -163,8 +142,8 @@ def plan_archive(
 ) -> ArchivePlan:
     """The hot contexts to archive: inactive longer than ``older_than``, of ``type``, named.
 
-    Named contexts are taken even when pinned; a selection by age skips pinned ones. ``rules`` (a
-    policy's) gives each type its own age (None: never archived).
+    Named contexts are taken even when pinned. ``rules`` (a policy's) gives each type its own
+    age (None: never archived).
 
     Raises:
         ContextNotFound: a named context is neither hot, archived nor a legacy file.
@@ -184,10 +163,7 @@ def plan_archive(
     for row in rows:
         if wanted and row.context_id not in wanted:
             continue
-        age = rules(row.type) if rules is not None else older_than
-        if rules is not None and age is None:
-            continue
-        if age is not None and not _older(row.last_active or row.created_at, age, moment):
+        if not _due(row.type, row.last_active or row.created_at, older_than, rules, moment):
             continue
         if row.context_id in pins and row.context_id not in wanted:
             plan.skipped_pinned.append(row.context_id)
@@ -219,6 +195,20 @@ def _legacy_bytes(path: Path) -> int | None:
 def _older(ts: str, age: timedelta, now: datetime) -> bool:
     moment = _parse_time(ts)
     return moment is not None and now - moment > age
+
+
+def _due(
+    type: str,
+    ts: str,
+    older_than: timedelta | None,
+    rules: Callable[[str], timedelta | None] | None,
+    now: datetime,
+) -> bool:
+    """Whether an age selection takes an item of ``type`` last touched at ``ts``."""
+    age = rules(type) if rules is not None else older_than
+    if age is None:
+        return rules is None  # no age given takes all; a rule of "never" none
+    return _older(ts, age, now)
 
 
 def run_archive(
@@ -257,9 +247,6 @@ def run_archive(
     return done
 
 
-# --------------------------------------------------------------------------- trash
-
-
 def find_trashed(store: Store, target: str) -> TrashedContext:
     """The trash entry ``target`` names (a trash id, or a context's latest); else NotInTrash."""
     entries = states.trashed_contexts(require_lifecycle(store))  # most recently deleted first
@@ -285,29 +272,25 @@ def plan_trash_purge(
     A selection that names nothing skips pinned entries. Raises NotInTrash for a bad name.
     """
     entries = states.trashed_contexts(require_lifecycle(store))
+    moment = now or _now()
     if targets:
-        chosen: dict[str, TrashedContext] = {}
+        chosen: set[str] = set()
         for target in targets:
-            matched = [e for e in entries if target in (e.trash_id, e.context)]
+            matched = {e.trash_id for e in entries if target in (e.trash_id, e.context)}
             if not matched:
                 raise NotInTrash(f"nothing in the trash has the id {target!r}")
-            chosen.update((e.trash_id, e) for e in matched)
-        picked = [e for e in entries if e.trash_id in chosen]
+            chosen |= matched
         return [
             e
-            for e in picked
-            if older_than is None or _older(e.deleted_at, older_than, now or _now())
+            for e in entries
+            if e.trash_id in chosen and _due("", e.deleted_at, older_than, None, moment)
         ]
-    moment = now or _now()
-    out = []
-    for entry in entries:
-        age = rules(entry.context.partition(":")[0]) if rules is not None else older_than
-        if rules is not None and age is None:
-            continue
-        if entry.pinned or (age is not None and not _older(entry.deleted_at, age, moment)):
-            continue
-        out.append(entry)
-    return out
+    return [
+        e
+        for e in entries
+        if not e.pinned
+        and _due(e.context.partition(":")[0], e.deleted_at, older_than, rules, moment)
+    ]
 
 
 def run_trash_purge(
@@ -343,11 +326,7 @@ def run_trash_purge(
 
 
 def collect_blobs(store: Store, *, why: str, journal: MaintenanceLog | None = None) -> int:
-    """Delete the blobs nothing refers to any more (after a purge) and log how many.
-
-    Blobs put in the last hour stay (an append may be about to name one): the next purge or
-    ``maintain`` collects those.
-    """
+    """Delete the blobs nothing refers to any more (after a purge) and log how many."""
     from terrarium.blobs import collect_garbage
 
     collected = collect_garbage(store)
@@ -362,30 +341,32 @@ def delete_context(store: Store, context: ContextId, *, why: str = "delete_conte
     It leaves listings at once (``terrarium trash restore`` brings it back); its legacy JSON file
     moves into ``.trash/legacy/``. StoreError if the store has no trash.
     """
-    lifecycle = require_lifecycle(store)
-    with context_lock(store, context):
-        deleted = states.delete_context(lifecycle, context)
-        moved = legacy.trash(store, context)
-    if deleted or moved:
-        entry = next(
-            (e for e in states.trashed_contexts(lifecycle) if e.context == str(context)), None
-        )
-        details: dict[str, Any] = {"context": str(context)}
-        details["trash_id"] = entry.trash_id if entry is not None else None
-        if moved:
-            details["legacy_files"] = [str(path) for path in moved]
-        MaintenanceLog.of(store).record("trash", why, **details)
-    return deleted or bool(moved)
+    return _trash(store, context, why)[0]
 
 
 def delete_to_trash(store: Store, context: ContextId, *, why: str) -> TrashedContext | None:
     """Move ``context`` to the trash; its trash entry (None for a legacy file; ContextNotFound)."""
-    if not delete_context(store, context, why=why):
+    done, entry = _trash(store, context, why)
+    if not done:
         raise contexts.not_found(context)
-    for entry in states.trashed_contexts(require_lifecycle(store)):
-        if entry.context == str(context):
-            return entry
-    return None
+    return entry
+
+
+def _trash(store: Store, context: ContextId, why: str) -> tuple[bool, TrashedContext | None]:
+    """:func:`delete_context`, and the context's trash entry (None for a legacy file)."""
+    lifecycle = require_lifecycle(store)
+    with context_lock(store, context):
+        deleted = states.delete_context(lifecycle, context)
+        moved = legacy.trash(store, context)
+    if not (deleted or moved):
+        return False, None
+    entry = next((e for e in states.trashed_contexts(lifecycle) if e.context == str(context)), None)
+    details: dict[str, Any] = {"context": str(context)}
+    details["trash_id"] = entry.trash_id if entry is not None else None
+    if moved:
+        details["legacy_files"] = [str(path) for path in moved]
+    MaintenanceLog.of(store).record("trash", why, **details)
+    return True, entry
 
 
 def purge(store: Store, context: ContextId, *, why: str) -> None:
@@ -402,15 +383,8 @@ def purge(store: Store, context: ContextId, *, why: str) -> None:
     collect_blobs(store, why=why, journal=journal)
 
 
-# --------------------------------------------------------------------------- the log
-
-
 def log_path(store: Store) -> Path | None:
-    """Where ``store``'s maintenance log lives (None: in memory).
-
-    The filesystem store's ``{root}/maintenance.log``; SQLite's ``{db file}.maintenance.log``;
-    PostgreSQL's ``$XDG_STATE_HOME/terrarium/maintenance-{dbname}[-{schema}].log``.
-    """
+    """Where ``store``'s maintenance log lives (None: in memory); docs/cli.md names each."""
     root = store_root(store)
     if root is not None:
         path = getattr(store, "path", None)
@@ -537,9 +511,6 @@ _MEMORY_LOGS: weakref.WeakKeyDictionary[Store, MaintenanceLog] = weakref.WeakKey
 _MEMORY_LOCK = threading.Lock()
 
 
-# --------------------------------------------------------------------------- policy
-
-
 @dataclass(frozen=True, slots=True)
 class RetentionRule:
     """When to archive and when to purge from the trash (None: never)."""
@@ -648,9 +619,6 @@ def _rule(
     return replace(base, **values)
 
 
-# --------------------------------------------------------------------------- maintain
-
-
 @dataclass(frozen=True, slots=True)
 class MaintenanceReport:
     """What one policy run did (or, dry, would do)."""
@@ -740,8 +708,7 @@ class Maintenance:
 class BackgroundMaintenance:
     """A daemon thread that runs a :class:`Maintenance` when due, checking every ``every``.
 
-    Each archive holds one context's lock for its move only, so turns never wait long;
-    :meth:`stop` ends it between two contexts.
+    Each archive holds one context's lock for its move only, so turns never wait long.
     """
 
     def __init__(self, maintenance: Maintenance, *, every: float = 3600.0) -> None:

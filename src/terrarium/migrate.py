@@ -16,24 +16,24 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from terrarium.errors import TerrariumError
 from terrarium.formats.terrarium_json import (
     LegacySession,
     atomic_write_bytes,
     dumps,
-    fsync_dir,
     import_session,
     iter_legacy_files,
     load,
     stale_partials,
 )
 from terrarium.model import ContextId, printable
+from terrarium.stores._files import fsync_dir
 
 if TYPE_CHECKING:
     from terrarium.stores.base import Store
@@ -92,9 +92,6 @@ class MigrationReport:
             f"skipped {self.skipped}, failed {self.failed}"
         )
         return f"dry run, nothing changed: {text}" if self.dry_run else text
-
-
-# --------------------------------------------------------------------------- planning
 
 
 def _rel(root: Path, path: Path) -> str:
@@ -186,9 +183,6 @@ def _newer(step: Step, other: Step) -> bool:
     )
 
 
-# --------------------------------------------------------------------------- doing
-
-
 class _Conflict(Exception):
     pass
 
@@ -217,49 +211,29 @@ def _move(step: Step) -> None:
     fsync_dir(source.parent)
 
 
-class _Output(AbstractContextManager["_Output"]):
-    """Progress: a rich progress bar on a terminal, one plain line per file otherwise."""
+@contextmanager
+def _progress(out: TextIO, total: int) -> Iterator[Callable[[str, bool], None]]:
+    """Print a line (and count a step): above a rich progress bar on a terminal, else plainly."""
+    try:
+        tty = out.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if not tty:
+        yield lambda text, _step: print(text, file=out, flush=True)
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    def __init__(self, out: TextIO, total: int, title: str) -> None:
-        self.out = out
-        self.bar: Any = None
-        self.task: Any = None
-        try:
-            tty = out.isatty()
-        except (AttributeError, ValueError):
-            tty = False
-        if tty:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, console=Console(file=out)) as bar:
+        task = bar.add_task("migrating", total=total)
 
-            console = Console(file=out)
-            self.bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                console=console,
-            )
-            self.task = self.bar.add_task(title, total=total)
+        def line(text: str, step: bool) -> None:
+            bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
+            if step:
+                bar.advance(task)
 
-    def __enter__(self) -> _Output:
-        if self.bar is not None:
-            self.bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-    def line(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
-        else:
-            self.out.write(text + "\n")
-            self.out.flush()
-
-    def advance(self) -> None:
-        if self.bar is not None:
-            self.bar.advance(self.task)
+        yield line
 
 
 @contextmanager
@@ -284,17 +258,11 @@ def migrate(
     store: Store | None = None,
     out: TextIO | None = None,
 ) -> MigrationReport:
-    """Migrate the legacy sessions under ``root`` (see the module docstring).
+    """Migrate the legacy sessions folder ``root`` (see the module docstring).
 
-    Args:
-        root: the sessions folder.
-        dry_run: print the plan and change nothing.
-        to_log: also import each session into the native log.
-        store: the native store for ``to_log``; by default an ``FsStore`` at ``root``.
-        out: where progress and the summary go (default: standard output).
-
-    Raises:
-        FileNotFoundError: ``root`` is not a folder.
+    ``dry_run`` prints the plan and changes nothing; ``to_log`` imports each session into
+    ``store`` (default: an ``FsStore`` at ``root``); progress goes to ``out`` (default: stdout).
+    FileNotFoundError if ``root`` is not a folder.
     """
     base = Path(root)
     if not base.is_dir():
@@ -306,13 +274,11 @@ def migrate(
     would = ("would move", "would import") if dry_run else ("moved", "imported")
     with (
         _store_for(base, store, to_log) as target,
-        _Output(stream, len(steps), "migrating") as progress,
+        _progress(stream, len(steps)) as progress,
     ):
         for step in steps:
-            line = _run_step(step, report, target, choices, dry_run, would)
-            progress.line(line)
-            progress.advance()
-        progress.line(report.summary())
+            progress(_run_step(step, report, target, choices, dry_run, would), True)
+        progress(report.summary(), False)
     return report
 
 
@@ -369,6 +335,3 @@ def _fail(report: MigrationReport, line: str) -> str:
     report.failed += 1
     report.failures.append(line)
     return f"failed {line}"
-
-
-__all__ = ["MigrationReport", "Step", "migrate", "plan_migration"]

@@ -1,15 +1,8 @@
 """The log model: ids, context ids, history items, log entries and restored state. No I/O.
 
-A *context* (``cli:main``) is what users see. Its history is one *session*, a fork tree of
-*segments*; a segment is a header followed by *entries*, one JSON object per line. Every entry
-carries the format major version ``v``, a per-segment ``seq`` (the header 0, then 1, 2, ...
-with no gaps), a UTC ``ts`` and a ``kind``; the other keys belong to the kind. Order comes from
-``seq`` only: clocks may go backwards.
-
-History items are kept as given, as :data:`LoggedItem`: an OpenAI Chat Completions message, or
-a Responses API item (a dict with a ``type``). :func:`chat_view` reads a Responses item as the
-Chat message it stands for. Items stay plain dicts on the hot path so that keys written by a
-newer terrarium survive; :class:`Item` is the typed view of a Chat message.
+History items are kept as given (:data:`LoggedItem`, a Chat message or a Responses API item),
+plain dicts on the hot path so that keys written by a newer terrarium survive; :class:`Item`
+is the typed view of a Chat message. docs/format.md describes the lines.
 """
 
 from __future__ import annotations
@@ -21,7 +14,8 @@ import unicodedata
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, cast
+from urllib.parse import unquote
 
 import msgspec
 
@@ -78,8 +72,6 @@ def parse_timestamp(text: str) -> datetime.datetime:
     return when.astimezone(datetime.UTC)
 
 
-# --------------------------------------------------------------------------- context ids
-
 TYPE_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 """A context type: a lowercase slug, at most 32 characters (``cli``, ``irc``)."""
 DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -101,8 +93,8 @@ _WINDOWS_RESERVED = frozenset(
 def encode_name(name: str) -> str:
     """Return ``name`` as a file name that is safe on Linux, macOS and Windows (one to one).
 
-    Unsafe characters become ``%XX`` escapes of their UTF-8 bytes; a leading or trailing dot or
-    space, and Windows' reserved device names, get their first character escaped.
+    Unsafe characters become ``%XX`` escapes of their UTF-8 bytes, as do a leading or trailing
+    dot or space and the first character of a Windows device name.
     """
     # A printable name holds no control character: only the unsafe ones need a look (ten
     # times faster; the filesystem store encodes a name several times per append).
@@ -125,10 +117,9 @@ def encode_name(name: str) -> str:
 
 
 def legacy_file_names(name: str) -> list[str]:
-    """A legacy JSON file's possible names for context name ``name``, in lookup order.
+    """A legacy JSON file's possible names for ``name``: as the old tool wrote it, then encoded.
 
-    ``{name}.json`` as the old tool wrote it, then the encoded name's; a name too long for a file
-    is left out (looking for it fails with "File name too long").
+    A name too long for a file is left out (looking for it fails with "File name too long").
     """
     names = [f"{name}.json"]
     if encode_name(name) != name:
@@ -138,20 +129,7 @@ def legacy_file_names(name: str) -> list[str]:
 
 def decode_name(encoded: str) -> str:
     """Invert :func:`encode_name`."""
-    raw = bytearray()
-    i = 0
-    while i < len(encoded):
-        if encoded[i] == "%" and i + 2 < len(encoded) and _is_hex(encoded[i + 1 : i + 3]):
-            raw.append(int(encoded[i + 1 : i + 3], 16))
-            i += 3
-        else:
-            raw += encoded[i].encode()
-            i += 1
-    return raw.decode()
-
-
-def _is_hex(text: str) -> bool:
-    return len(text) == 2 and all(c in "0123456789abcdefABCDEF" for c in text)
+    return unquote(encoded, errors="strict")
 
 
 def context_file(context: ContextId | str, extension: str, date: str | None = None) -> str:
@@ -181,9 +159,8 @@ _JOINERS = frozenset("\u200c\u200d")
 def misleading_chars(name: str) -> list[int]:
     """The indexes of the characters that make ``name`` display as something it is not.
 
-    They are control characters (``Cc``), line and paragraph separators, and the invisible format
-    characters (``Cf``: bidirectional controls, zero-width space, soft hyphen, tags, ...). U+200C
-    and U+200D count only next to an ASCII character or at either end.
+    Control characters, line and paragraph separators, and invisible format characters
+    (``Cf``); U+200C and U+200D only next to an ASCII character or at either end.
     """
     if name.isascii():
         if name.isprintable():  # the common case, and the one a listing of 10k names meets
@@ -303,8 +280,6 @@ class ContextId(msgspec.Struct, frozen=True, order=True):
         return f"{self.type}:{self.name}"
 
 
-# --------------------------------------------------------------------------- history items
-
 LoggedRole: TypeAlias = Literal["system", "user", "assistant", "tool"]
 """The roles a logged item may have."""
 
@@ -312,8 +287,7 @@ LoggedContentPart: TypeAlias = dict[str, Any]
 """One content part on disk: ``{"type": "text", "text": ...}``, ``{"type": "image_url", ...}``."""
 
 LoggedItem: TypeAlias = dict[str, Any]
-"""A history item on disk: an OpenAI Chat Completions message dict, or a Responses API item
-(a dict with a ``type``: ``message``, ``function_call``, ``reasoning``, ...), kept as given."""
+"""A history item on disk: a Chat Completions message, or a Responses API item, as given."""
 
 ROLES: frozenset[str] = frozenset(("system", "user", "assistant", "tool"))
 # A message without a ``type`` may also be the Responses API's easy input message for the
@@ -519,8 +493,7 @@ def from_logged(logged: Mapping[str, Any]) -> Item:
 def check_item(item: Mapping[str, Any]) -> None:
     """Raise :class:`InvalidEntry` unless ``item`` is a well-formed logged item.
 
-    A Responses item needs only a non-empty string ``type`` (and a string ``role`` if it has one),
-    so kinds not known yet are kept; any other item is a Chat or ``developer`` message.
+    A Responses item needs only a non-empty string ``type``, so kinds not known yet are kept.
     """
     if not isinstance(item, Mapping):
         raise InvalidEntry(f"a history item must be a dict, not {type(item).__name__}")
@@ -560,10 +533,7 @@ def short_repr(value: Any) -> str:
 
 
 def check_text(text: str, what: str) -> str:
-    """Return ``text``, or raise :class:`InvalidEntry` if it holds a lone surrogate.
-
-    A caller checks before it writes anything else; the log would refuse it when encoding.
-    """
+    """Return ``text``, or raise :class:`InvalidEntry` if it holds a lone surrogate."""
     if not text.isascii():
         try:
             text.encode()
@@ -586,8 +556,6 @@ def as_logged(item: Item | Mapping[str, Any]) -> LoggedItem:
     return dict(item)
 
 
-# --------------------------------------------------------------------------- Responses API items
-
 #: Part types whose ``text`` is text: Chat's ``text``, a Responses message's ``input_text`` and
 #: ``output_text``, a reasoning item's ``summary_text`` and ``reasoning_text``.
 TEXT_PART_TYPES: frozenset[str] = frozenset(
@@ -607,10 +575,9 @@ def is_responses_item(item: Mapping[str, Any]) -> bool:
 def chat_view(item: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The Chat Completions message a logged item stands for, or None when it has none.
 
-    A Chat message is its own view. A Responses ``message`` keeps its role (``developer`` made
-    ``system``) and its content as Chat parts; a ``function_call`` is an assistant message with
-    one tool call; a ``function_call_output`` a ``tool`` message; a ``reasoning`` item an
-    assistant message with only ``reasoning_content``. Other kinds have no view.
+    A Responses ``message`` keeps its role (``developer`` made ``system``), a ``function_call``
+    is an assistant tool call, a ``function_call_output`` a ``tool`` message, a ``reasoning``
+    item an assistant message with only ``reasoning_content``. Other kinds have no view.
     """
     if not is_responses_item(item):
         return item
@@ -643,11 +610,7 @@ def chat_view(item: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def chat_content(content: Any) -> Any:
-    """``content`` with Responses parts made Chat parts (Chat content is returned as it is).
-
-    Text parts and refusals become ``text`` parts, an ``input_image`` an ``image_url`` part;
-    content of text parts only becomes one string, the texts a line apart.
-    """
+    """``content`` with Responses parts made Chat parts (Chat content is returned as it is)."""
     if not isinstance(content, list) or not any(
         isinstance(p, Mapping) and p.get("type") in _RESPONSES_PARTS for p in content
     ):
@@ -718,8 +681,7 @@ def _parts_text(parts: Any, sep: str | None = None) -> str:
 def item_text(item: Mapping[str, Any]) -> str:
     """The plain text of a logged item, for display, search, export and compaction.
 
-    Message text and refusals, a ``function_call_output``'s output, a ``reasoning`` item's summary
-    then its text. Tool calls and unknown kinds have none.
+    Tool calls and unknown kinds have none; a ``reasoning`` item's is its summary, then its text.
     """
     if "type" not in item:
         return _parts_text(item.get("content"))
@@ -734,8 +696,6 @@ def item_text(item: Mapping[str, Any]) -> str:
     return ""
 
 
-# --------------------------------------------------------------------------- wire messages
-
 #: Keys of a history item that are sent to the model server; others stay in the log only.
 WIRE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
 
@@ -743,8 +703,8 @@ WIRE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
 def wire_message(item: Mapping[str, Any]) -> dict[str, Any] | None:
     """The message sent to the server for a logged item (standard OpenAI keys), or None.
 
-    A Responses item is sent as its :func:`chat_view`. Reasoning, kinds with no view and empty
-    messages are not sent; a tool result always is, even empty (its call needs an answer).
+    Reasoning, kinds with no view and empty messages are not sent; a tool result always is,
+    even empty (its call needs an answer).
     """
     if "type" in item or item.get("role") == "developer":  # is_responses_item, inlined
         view = chat_view(item)
@@ -775,13 +735,10 @@ def wire_messages(
 def add_wire_message(messages: list[dict[str, Any]], item: Mapping[str, Any]) -> None:
     """Append ``item``'s wire message to ``messages``; a user message after a user message folds.
 
-    A failed turn leaves its input with no reply, so the next input would be a second user
-    message in a row, which strict chat templates (Llama 2, Mistral, Gemma) refuse on every later
-    turn. Consecutive user messages are sent as one, a blank line apart, a repeated text (a retry)
-    once; the log keeps each. The rule reads the history alone, so another process's restore
-    sends the same messages. The last message is replaced, never changed in place (an earlier
-    request may hold it). A ``function_call`` right after an assistant message joins it as one
-    more tool call.
+    A failed turn leaves its input with no reply, and strict chat templates (Llama 2, Mistral,
+    Gemma) refuse two user messages in a row. They are sent as one, a repeated text (a retry)
+    once; the log keeps each. The last message is replaced, never changed in place (an earlier
+    request may hold it). A ``function_call`` after an assistant message joins it.
     """
     message = wire_message(item)
     if message is None:
@@ -823,9 +780,6 @@ def _parts(content: str | list[Any]) -> list[Any]:
     return [{"type": "text", "text": content}] if content else []
 
 
-# --------------------------------------------------------------------------- usage, events
-
-
 class UsageRecord(msgspec.Struct, frozen=True):
     """Token usage of one model call."""
 
@@ -835,8 +789,7 @@ class UsageRecord(msgspec.Struct, frozen=True):
     cached_tokens: int = 0
     """Prompt tokens served from the server's prefix cache, when it reports them."""
     estimated: str | None = None
-    """None when the server reported the counts; else how they were estimated:
-    ``tokenizer`` (the server's ``/tokenize`` endpoint) or ``chars`` (characters / 4)."""
+    """How the counts were estimated (``tokenizer``, ``chars``); None: the server's."""
 
     @property
     def total_tokens(self) -> int:
@@ -845,14 +798,9 @@ class UsageRecord(msgspec.Struct, frozen=True):
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a JSON-ready dict (``estimated`` only when set)."""
-        data: dict[str, Any] = {
-            "model": self.model,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cached_tokens": self.cached_tokens,
-        }
-        if self.estimated is not None:
-            data["estimated"] = self.estimated
+        data = msgspec.structs.asdict(self)
+        if self.estimated is None:
+            del data["estimated"]
         return data
 
 
@@ -905,17 +853,8 @@ class UsageTotals(msgspec.Struct, frozen=True):
 
     def to_dict(self) -> dict[str, int]:
         """The totals as a header carries them (``estimated_*`` keys only when non-zero)."""
-        data = {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cached_tokens": self.cached_tokens,
-            "calls": self.calls,
-        }
-        if self.estimated_calls:
-            data["estimated_prompt_tokens"] = self.estimated_prompt_tokens
-            data["estimated_completion_tokens"] = self.estimated_completion_tokens
-            data["estimated_calls"] = self.estimated_calls
-        return data
+        data = msgspec.structs.asdict(self)
+        return {k: v for k, v in data.items() if self.estimated_calls or "estimated" not in k}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> UsageTotals:
@@ -968,9 +907,6 @@ class PodScopeSnapshot(msgspec.Struct, frozen=True):
         )
 
 
-# --------------------------------------------------------------------------- entries
-
-
 class EntryKind(StrEnum):
     """The kinds of log entry this version writes."""
 
@@ -989,8 +925,7 @@ class EntryKind(StrEnum):
 HISTORY_KINDS: frozenset[str] = frozenset(
     (EntryKind.USER_INPUT.value, EntryKind.ITEM.value, EntryKind.SYSTEM_ITEM.value)
 )
-"""The entry kinds that carry one history item: what restore puts in the history, what search
-indexes, what listings count."""
+"""The entry kinds that carry one history item."""
 
 ENVELOPE_KEYS = ("v", "seq", "ts", "kind")
 
@@ -1027,7 +962,7 @@ class LogEntry(msgspec.Struct, frozen=True):
         )
 
 
-class SegmentOrigin(msgspec.Struct, frozen=True):
+class SegmentOrigin(msgspec.Struct, frozen=True, omit_defaults=True):
     """Where a segment comes from. Written in its header."""
 
     kind: Literal["root", "fork", "compaction", "clear", "import"]
@@ -1044,15 +979,8 @@ class SegmentOrigin(msgspec.Struct, frozen=True):
         return cls("root")
 
     def to_dict(self) -> dict[str, Any]:
-        """The origin as stored in a header."""
-        out: dict[str, Any] = {"kind": self.kind}
-        if self.parent is not None:
-            out["parent"] = str(self.parent)
-        if self.at_seq is not None:
-            out["at_seq"] = self.at_seq
-        if self.source is not None:
-            out["source"] = self.source
-        return out
+        """The origin as stored in a header (keys that are None left out)."""
+        return cast(dict[str, Any], msgspec.to_builtins(self))
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SegmentOrigin:
@@ -1101,8 +1029,7 @@ class RestoredState(msgspec.Struct):
     session_id: SessionId
     segment_id: SegmentId
     context: str | None
-    """The context the headers name: None for a session begun without one (its headers stay
-    ``"context": null`` after a context adopts it; the context's head names it)."""
+    """The context the headers name: None for a session begun without one."""
     origin: SegmentOrigin
     system_prompt: str | None
     config: dict[str, Any]
@@ -1125,9 +1052,8 @@ class RestoredState(msgspec.Struct):
     torn: list[TornTail] = msgspec.field(default_factory=list)
     """Torn tails that were detected and set aside during the restore."""
     failed: dict[int, Mapping[str, Any]] = msgspec.field(default_factory=dict)
-    """The history items of failed runs, by index in :attr:`history`, each with the
-    ``run_errored`` entry that failed it (``error``, ``error_type``, ``partial``). They stay
-    in the history (``show`` marks them) but are not sent to the model (:attr:`model_history`)."""
+    """The items of failed runs, by index in :attr:`history`, each with its ``run_errored``
+    entry; kept in the history, not sent to the model (:attr:`model_history`)."""
     run_start: int = 0
     """Where in :attr:`history` the run under way began: the items past the last run's end."""
     usage_by_model: dict[str, UsageTotals] = msgspec.field(default_factory=dict)
@@ -1136,8 +1062,8 @@ class RestoredState(msgspec.Struct):
     def end_run(self, errored: Mapping[str, Any] | None = None) -> bool:
         """A run ended (``errored``: by ``run_errored``); whether that marked items failed.
 
-        The failed-turn rule (docs/format.md §6): a ``run_errored`` fails the run's last block of
-        user inputs and every item after it, when they follow the previous run's end.
+        The failed-turn rule (docs/format.md §6): a ``run_errored`` fails the run's last block
+        of user inputs and every item after it, when they follow the previous run's end.
         """
         history, start = self.history, self.run_start
         self.run_start = len(history)
@@ -1156,9 +1082,7 @@ class RestoredState(msgspec.Struct):
 
     @property
     def model_history(self) -> list[LoggedItem]:
-        """The history the model is sent, failed runs left out (``history`` itself if none: read
-        only).
-        """
+        """The history the model is sent, failed runs left out (read only)."""
         if not self.failed:
             return self.history
         failed = self.failed

@@ -1,17 +1,11 @@
 """The session log API: start, write, branch, compact and replay segments.
 
-These are free functions over a :class:`~terrarium.stores.base.Store`, named as in the Rust
-``session_store`` crate this design comes from. The caller holds the conversation state and
-calls them after each state-mutating step; :func:`restore` rebuilds that state by replay.
+Free functions over a :class:`~terrarium.stores.base.Store`, named as in the Rust
+``session_store`` crate. A segment reference is anything with ``session_id`` and
+``segment_id`` (a :class:`PodActiveSegmentRef`, a head, a :class:`RestoredState`).
 
-A segment reference is anything with ``session_id`` and ``segment_id`` attributes:
-a :class:`PodActiveSegmentRef`, a :class:`PodMetadata` head, or a :class:`RestoredState`.
-
-Replay rules (:func:`collect_state`): a header that carries ``history`` (root, compaction,
-clear, import, or a fork into another context) starts the state afresh from what it holds; a
-fork header without ``history`` continues its parent's state, which :func:`restore` replays
-first, up to the fork point. So a fork copies nothing, and restoring after a compaction reads
-the compacted segment alone.
+The replay rule (:func:`fold`): a header that carries ``history`` starts the state afresh; a
+fork header without one continues its parent's state, replayed first up to the fork point.
 """
 
 from __future__ import annotations
@@ -77,9 +71,6 @@ class SegmentRef(Protocol):
     def segment_id(self) -> SegmentId: ...
 
 
-# --------------------------------------------------------------------------- starting
-
-
 def _header(
     session_id: SessionId,
     segment_id: SegmentId,
@@ -94,9 +85,8 @@ def _header(
 ) -> dict[str, Any]:
     """Build a header line. ``start=None`` makes a fork header that continues its parent.
 
-    ``carry``: the state whose extensions (and, with ``figures``, usage and turns, as a
-    compaction or clear carries them on) the new history starts with. ``extra`` adds keys of
-    the caller's own (an import's provenance); it may not replace a key the header has.
+    ``carry``: the state whose extensions (and, with ``figures``, usage and turns) go on.
+    ``extra``: keys of the caller's own, which may not replace the header's.
     """
     header: dict[str, Any] = {
         "v": FORMAT_VERSION,
@@ -189,9 +179,8 @@ def create_segment_with_ids(
 ) -> PodMetadata | PodActiveSegmentRef:
     """Like :func:`create_segment` with chosen ids, origin and timestamp (imports, copies).
 
-    ``header_extra`` adds keys of the caller's own to the root header (an importer's record);
-    replay ignores them. A root origin needs a name fit for a new context
-    (:meth:`ContextId.check_new`); an import or copy keeps the name its data has.
+    ``header_extra`` adds keys of the caller's own to the root header; replay ignores them. A
+    root origin needs a name fit for a new context; an import or copy keeps its data's name.
 
     Returns:
         The new context's head; without ``context``, a reference to the detached session's
@@ -220,10 +209,7 @@ def create_segment_with_ids(
 
 
 def attach_context(store: Store, context: ContextId | str, ref: SegmentRef) -> PodMetadata:
-    """Make ``context`` a new context whose head is ``ref``, a segment of a detached session.
-
-    ``ref`` may be any segment of the session; its headers stay as written (``"context":
-    null``). From then on every view sees the context. A session is attached once.
+    """Make ``context`` a new context whose head is ``ref``, any segment of a detached session.
 
     Returns:
         The new context's head.
@@ -241,9 +227,7 @@ def attach_context(store: Store, context: ContextId | str, ref: SegmentRef) -> P
 def detached_sessions(store: Store) -> list[SessionId]:
     """The sessions of ``store`` that belong to no context yet, oldest first.
 
-    Nothing deletes them; :func:`attach_context` adopts one. A detached session with a state
-    record is not one of them: it is a deleted context's (:mod:`terrarium.states` sets a
-    record on every session it detaches).
+    A detached session with a state record is a deleted context's, not one of them.
 
     Raises:
         StoreError: the store has no state primitives to list its sessions with.
@@ -279,7 +263,7 @@ def fork_at(store: Store, ref: SegmentRef, at_seq: int) -> SegmentId:
 
 def _summary_items(history: Sequence[LoggedItem], source: Sequence[LoggedItem]) -> int:
     """How many leading items of a compaction's ``history`` are its summary: those before the
-    longest tail it shares with the ``source`` history (the items the compaction kept)."""
+    tail it shares with the ``source`` history."""
     kept = 0
     while kept < min(len(history), len(source)) and history[-1 - kept] == source[-1 - kept]:
         kept += 1
@@ -381,8 +365,7 @@ def fork_context(
 def _keep_provenance(
     header: dict[str, Any], copied: Sequence[Message | None], session_id: SessionId
 ) -> None:
-    """Name in ``header["history_from"]`` where each item of its history comes from (None for
-    an item it writes itself), so that a copy keeps its time, usage and identity."""
+    """Name in ``header["history_from"]`` where each copied item of its history comes from."""
     if any(m is not None for m in copied):
         header["history_from"] = [m.provenance(session_id) if m else None for m in copied]
 
@@ -418,11 +401,9 @@ def rewind(
 ) -> list[LoggedItem]:
     """Drop the last ``n`` history items of ``context`` by moving its head to a fork.
 
-    The head moves to a fork of the segment that logged the first dropped item, just before
-    that entry (in an ancestor if need be): nothing is copied and the dropped items stay in
-    the session tree. Entries logged after the last kept item (its usage, turn end) go with
-    them. A cut inside a header's history (a compaction's, an import's) copies its kept part
-    into the new header. ``n=0`` changes nothing. Runs under the context's lock.
+    The fork continues the segment that logged the first dropped item, just before it; the
+    dropped items stay in the session tree. A cut inside a header's history copies its kept
+    part into the new header. Runs under the context's lock.
 
     Args:
         store: The store.
@@ -509,10 +490,9 @@ class Message(msgspec.Struct):
 
 
 def messages(reads: Sequence[SegmentRead]) -> list[Message]:
-    """The conversation a lineage's reads hold, one :class:`Message` per history item, by the
-    rule of :func:`fold` (a header with a history starts afresh): ``restore(...).history[i]``
-    is ``messages(...)[i].item``. A usage record belongs to the item logged before it (the
-    last record, when several follow one item)."""
+    """The conversation a lineage's reads hold, one :class:`Message` per history item:
+    ``restore(...).history[i]`` is ``messages(...)[i].item``. A usage record belongs to the
+    item logged before it."""
     found: list[Message] = []
     for read in reads:
         header = read.header
@@ -571,9 +551,8 @@ def header_history(
 
 
 def summary_items(header: Mapping[str, Any]) -> int:
-    """How many leading items of a header's history a compaction wrote as its summary: its
-    ``summary_items`` (the rest are the turns it kept); a compaction written before that key
-    counts all; any other header none."""
+    """How many leading items of a header's history a compaction wrote as its summary (all,
+    for a compaction written before ``summary_items``)."""
     if (header.get("origin") or {}).get("kind") != "compaction":
         return 0
     count = header.get("summary_items")
@@ -594,9 +573,6 @@ def _fork_inside_header(store: Store, ref: SegmentRef, keep: int) -> SegmentId:
     return segment_id
 
 
-# --------------------------------------------------------------------------- writing
-
-
 def append_entries(
     store: Store,
     ref: SegmentRef,
@@ -606,8 +582,7 @@ def append_entries(
 ) -> list[LogEntry]:
     """Append several ``(kind, data)`` entries of any kinds in one atomic write.
 
-    A history item's strings over the store's ``blob_threshold`` are written to blobs first
-    and the entry keeps a preview and a reference (:mod:`terrarium.blobs`).
+    Strings over the store's ``blob_threshold`` go to blobs first (:mod:`terrarium.blobs`).
     """
     for kind, _ in entries:
         if not isinstance(kind, str) or not kind or kind == EntryKind.HEADER:
@@ -631,9 +606,8 @@ def append_entry(
 
 
 def classify_history_item(item: Item | Mapping[str, Any]) -> EntryKind:
-    """Which entry kind a history item is logged as: user messages (Chat messages, and
-    Responses ``message`` items, of role ``user``) are user input; every other item (other
-    roles, role-less Responses items) is an ``item``."""
+    """Which entry kind a history item is logged as: ``user_input`` for role ``user``, else
+    ``item``."""
     role = item.role if isinstance(item, Item) else item.get("role")
     return EntryKind.USER_INPUT if role == "user" else EntryKind.ITEM
 
@@ -760,9 +734,6 @@ def save_trace(store: Store, ref: SegmentRef, entries: Sequence[TraceEntry]) -> 
     store.append_trace(ref.session_id, ref.segment_id, entries)
 
 
-# --------------------------------------------------------------------------- reading
-
-
 def require_head(store: Store, context: ContextId | str) -> PodMetadata:
     """The context's head; raise :class:`ContextNotFound` (``no session 'cli:x'``) if none."""
     head = store.get_head(ContextId.parse(context))
@@ -795,10 +766,7 @@ def lineage(
     stop_seq: int | None = None,
     blobs: BlobMode = "full",
 ) -> list[SegmentRead]:
-    """The reads that replaying a segment needs, oldest first.
-
-    Lines that refer to blobs are resolved as ``blobs`` says (by default to the whole text).
-    """
+    """The reads that replaying a segment needs, oldest first, blobs resolved as ``blobs`` says."""
     reads: list[SegmentRead] = []
     current, stop = segment_id, stop_seq
     while True:
@@ -832,12 +800,11 @@ def lines_of(reads: Iterable[SegmentRead]) -> list[dict[str, Any]]:
 def tree_reads(
     store: Store, session_id: SessionId
 ) -> list[tuple[SegmentId, SegmentRead | None, SegmentId | None]]:
-    """Every segment of the session, oldest first: its header's read (``stop_seq=0``; its
-    ``next_seq`` counts the whole segment), and the segment salvaging it.
+    """Every segment of the session, oldest first: its header's read (``stop_seq=0``), and
+    the segment salvaging it.
 
-    A damaged segment that ``fsck --repair --salvage`` replaced (another segment's header says
-    ``salvaged_from`` it) has no read: its readable entries are in that segment, and views of
-    the whole tree show it as salvaged rather than fail on it.
+    A damaged segment that ``fsck --repair --salvage`` replaced has no read: views of the
+    whole tree show it as salvaged rather than fail on it.
 
     Raises:
         CorruptLog: a damaged segment that no salvage replaced.
@@ -906,8 +873,7 @@ def fold(
 ) -> RestoredState:
     """The replay rule: fold log lines into ``state``, in place unless a header starts the
     history afresh (then the state it starts is returned). ``last`` is the line folded last
-    (the header, for a fresh state). Every view of a conversation goes through here: restore,
-    the live session (:class:`~terrarium.agent.PersistentSession`), the dashboard's figures."""
+    (the header, for a fresh state). Every view of a conversation goes through here."""
     history = state.history
     usage, turns, by_model = state.usage, state.turns, state.usage_by_model
     line: Mapping[str, Any] = last

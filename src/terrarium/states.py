@@ -1,18 +1,10 @@
 """A context's states (hot, archived, trashed, pinned) and the moves between them, written once
 over the :class:`~terrarium.stores.base.SessionStates` primitives every backend has.
 
-A context's state lives in its session's *state record*, changed only by compare-and-set in
-the same atomic step as the move that goes with it:
-
-* ``archived``: the session is frozen; the value is what :func:`archived_contexts` lists.
-* ``pinned``: ``true`` while pinned; it follows the context into the trash and back.
-* ``trashed``: the trash entry. :func:`delete_context` is one ``detach_context``: the session
-  stays, detached; the id is free at once. :func:`restore_trashed` thaws and attaches it.
-* ``purging``: a purge under way; ``delete_session`` follows.
-
-Restore (attach, then drop ``trashed``) and purge (mark, then delete) are two steps each:
-:func:`finish_lifecycle` (``fsck --repair``) completes both. :mod:`terrarium.lifecycle`
-decides what to move and logs it. Usage::
+A context's state lives in its session's *state record* (``archived``, ``pinned``,
+``trashed``, ``purging``; docs/architecture.md, "Lifecycle"), changed only by compare-and-set
+in the same atomic step as its move. Restore (attach, then drop ``trashed``) and purge (mark,
+then delete) are two steps each: :func:`finish_lifecycle` completes both. Usage::
 
     states.archive_context(store, ContextId.parse("cli:old"))
     states.restore_trashed(store, states.trashed_contexts(store)[0].trash_id)
@@ -54,6 +46,7 @@ __all__ = [
     "delete_context",
     "finish_lifecycle",
     "is_archived",
+    "log_bytes",
     "pin_context",
     "pinned_contexts",
     "purge_context",
@@ -104,9 +97,6 @@ class TrashedContext(msgspec.Struct, frozen=True):
     pinned: bool = False
 
 
-# ------------------------------------------------------------------ archive
-
-
 def archive_context(store: Lifecycle, context: ContextId) -> ArchivedContext | None:
     """Freeze a hot context's session; None if there is no hot context of that id."""
     for _ in range(ATTEMPTS):
@@ -153,9 +143,6 @@ def archived_contexts(store: Lifecycle, type: str | None = None) -> list[Archive
     return sorted(found, key=lambda a: ContextId.parse(a.context))
 
 
-# ------------------------------------------------------------------ trash
-
-
 def delete_context(store: Lifecycle, context: ContextId) -> bool:
     """Move the context to the trash (its session detached, with its record); False if none."""
     for _ in range(ATTEMPTS):
@@ -164,7 +151,8 @@ def delete_context(store: Lifecycle, context: ContextId) -> bool:
             return False
         head, state = found
         try:
-            counted = _message_count(store, head), _bytes(store, head.session_id, state)
+            size = state["cold"]["cold_bytes"] if "cold" in state else log_bytes(store, head)
+            counted = _message_count(store, head), int(size)
         except SegmentNotFound:  # purged meanwhile
             continue
         entry = {
@@ -261,19 +249,13 @@ def purge_context(store: Lifecycle, context: ContextId) -> bool:
     raise ConflictError(f"{context} kept changing while it was being purged")
 
 
-# ------------------------------------------------------------------ pins
-
-
 def pin_context(store: Lifecycle, context: ContextId, pinned: bool = True) -> bool:
     """Pin (or unpin) a hot or archived context; False if there is no such context."""
     found = _head_state(store, context)
     if found is None:
         return False
     try:
-        if pinned:
-            _set_key(store, found[0].session_id, "pinned", True)
-        else:
-            _drop_key(store, found[0].session_id, "pinned")
+        _set_key(store, found[0].session_id, "pinned", True if pinned else _DROP)
     except SegmentNotFound:  # purged meanwhile
         return False
     return True
@@ -282,9 +264,6 @@ def pin_context(store: Lifecycle, context: ContextId, pinned: bool = True) -> bo
 def pinned_contexts(store: Lifecycle) -> frozenset[str]:
     """The ids of the pinned contexts, hot or archived (not trashed ones)."""
     return frozenset(r.owner for r in store.session_records() if r.owner and r.state.get("pinned"))
-
-
-# ------------------------------------------------------------------ repair
 
 
 def unfinished_lifecycle(store: Lifecycle) -> list[SessionRecord]:
@@ -301,7 +280,7 @@ def finish_lifecycle(store: Lifecycle) -> int:
             if record.owner is not None and trashed:  # a restore: attached, still trashed
                 _reopen(store, record.session_id, trashed["trash_id"])
             elif record.owner is not None:  # a purge that a restore overtook
-                _drop_key(store, record.session_id, "purging")
+                _set_key(store, record.session_id, "purging", _DROP)
             elif record.state.get("purging"):  # a purge: detached and marked
                 store.delete_session(record.session_id)
             else:  # a delete: detached, not yet frozen
@@ -310,9 +289,6 @@ def finish_lifecycle(store: Lifecycle) -> int:
             continue  # purged, restored or moved meanwhile: that move has the last word
         done += 1
     return done
-
-
-# ---------------------------------------------------------------------- helpers
 
 
 def _head_state(store: Lifecycle, context: ContextId) -> tuple[PodMetadata, dict[str, Any]] | None:
@@ -387,31 +363,22 @@ def _find_trashed(store: Lifecycle, trash_id: str) -> SessionRecord:
     raise NotInTrash(f"nothing in the trash has the id {trash_id!r}")
 
 
+_DROP: Any = object()
+
+
 def _set_key(store: Lifecycle, session_id: SessionId, key: str, value: Any) -> None:
+    """Set ``key`` of the session's record to ``value`` (``_DROP``: remove it)."""
     for _ in range(ATTEMPTS):
         state = store.session_state(session_id)
-        if state.get(key) == value:
+        new = _without(state, key) if value is _DROP else {**state, key: value}
+        if new == state:
             return
         try:
-            store.set_session_state(session_id, {**state, key: value}, expected=state)
+            store.set_session_state(session_id, new, expected=state)
         except ConflictError:
             continue
         return
-    raise ConflictError(f"session {session_id} kept changing while {key!r} was being set")
-
-
-def _drop_key(store: Lifecycle, session_id: SessionId, key: str) -> None:
-    for _ in range(ATTEMPTS):
-        state = store.session_state(session_id)
-        if key not in state:
-            return
-        rest = {k: v for k, v in state.items() if k != key}
-        try:
-            store.set_session_state(session_id, rest, expected=state)
-        except ConflictError:
-            continue
-        return
-    raise ConflictError(f"session {session_id} kept changing while {key!r} was being dropped")
+    raise ConflictError(f"session {session_id} kept changing while {key!r} was being changed")
 
 
 def _summary(store: Lifecycle, head: PodMetadata) -> dict[str, Any]:
@@ -426,31 +393,15 @@ def _summary(store: Lifecycle, head: PodMetadata) -> dict[str, Any]:
 
 
 def _archived(context: str, state: Mapping[str, Any]) -> ArchivedContext:
-    a = state["archived"]
-    return ArchivedContext(
-        context=context,
-        date=a["date"],
-        archived_at=a["archived_at"],
-        last_active=a["last_active"],
-        message_count=a["message_count"],
-        hot_bytes=state.get("cold", {}).get("hot_bytes", 0),
-        archived_bytes=state.get("cold", {}).get("cold_bytes", 0),
-        pinned=bool(state.get("pinned")),
-    )
+    cold = state.get("cold", {})
+    sizes = {"hot_bytes": cold.get("hot_bytes", 0), "archived_bytes": cold.get("cold_bytes", 0)}
+    listed = {**state["archived"], **sizes, "context": context, "pinned": bool(state.get("pinned"))}
+    return msgspec.convert(listed, ArchivedContext)
 
 
 def _trashed(state: Mapping[str, Any]) -> TrashedContext:
-    t = state["trashed"]
-    return TrashedContext(
-        trash_id=t["trash_id"],
-        context=t["context"],
-        date=t["date"],
-        deleted_at=t["deleted_at"],
-        archived="archived" in state,
-        message_count=t["message_count"],
-        bytes=t["bytes"],
-        pinned=bool(state.get("pinned")),
-    )
+    marks = {"archived": "archived" in state, "pinned": bool(state.get("pinned"))}
+    return msgspec.convert({**state["trashed"], **marks}, TrashedContext)
 
 
 def _message_count(store: Store, head: PodMetadata) -> int:
@@ -459,13 +410,11 @@ def _message_count(store: Store, head: PodMetadata) -> int:
     return len(state.history)
 
 
-def _bytes(store: Store, session_id: SessionId, state: Mapping[str, Any]) -> int:
-    """Bytes the session takes: its frozen size, or its log's as JSONL."""
-    if "cold" in state:
-        return int(state["cold"]["cold_bytes"])
+def log_bytes(store: Store, ref: PodMetadata) -> int:
+    """Bytes the session of ``ref`` takes as JSON lines (a hot store's size, estimated)."""
     return sum(
         len(codec.encode(line)) + 1
-        for segment_id in store.list_segments(session_id)
-        for read in [store.read_segment(session_id, segment_id)]
+        for segment_id in store.list_segments(ref.session_id)
+        for read in [store.read_segment(ref.session_id, segment_id)]
         for line in [read.header, *read.entries]
     )

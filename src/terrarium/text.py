@@ -14,11 +14,9 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from terrarium.errors import InvalidQuery
-from terrarium.model import item_role, item_text
 
 #: The characters that mark a highlight in a snippet; text holding them is indexed with
 #: U+FFFD instead, so a marker is never confused with the text.
@@ -65,11 +63,6 @@ def prepare_text(text: str) -> str:
     return text
 
 
-def shown_text(prepared: str) -> str:
-    """Text as :func:`prepare_text` made it, without the separators it set CJK apart with."""
-    return prepared if prepared.isascii() else prepared.replace(SEPARATOR, "")
-
-
 def fold(token: str) -> str:
     """A token as FTS5 compares it: lower-cased, without accents."""
     if token.isascii():
@@ -84,11 +77,6 @@ def tokenize(text: str) -> list[str]:
     SQLite's tokenizer uses older Unicode tables, so rare scripts and recent emoji can differ.
     """
     return [fold(m.group()) for m in token_re().finditer(text)]
-
-
-def token_spans(text: str) -> list[tuple[str, int, int]]:
-    """Each token of ``text`` with its ``(start, end)`` character span."""
-    return [(fold(m.group()), m.start(), m.end()) for m in token_re().finditer(text)]
 
 
 def query_terms(text: str) -> list[str]:
@@ -106,19 +94,6 @@ def query_terms(text: str) -> list[str]:
             f"nothing to search for in {shown!r}: a query needs at least one letter or digit"
         )
     return terms
-
-
-def indexed_item(item: Any) -> tuple[str, str] | None:
-    """A history item's role and text as indexed, or None when it has no text to find."""
-    if not isinstance(item, Mapping):
-        return None
-    try:
-        text = item_text(item)
-    except (AttributeError, TypeError):
-        return None
-    if not isinstance(text, str) or not text:
-        return None
-    return item_role(item) or "other", prepare_text(text)
 
 
 def phrase_count(tokens: Sequence[str], phrase: Sequence[str]) -> int:
@@ -139,7 +114,7 @@ def match_spans(text: str, phrases: Sequence[Sequence[str]]) -> list[tuple[int, 
 
     Overlapping occurrences are one span; touching ones (two CJK characters) stay apart.
     """
-    spans = token_spans(text)
+    spans = [(fold(m.group()), m.start(), m.end()) for m in token_re().finditer(text)]
     tokens = [token for token, _, _ in spans]
     found: list[tuple[int, int]] = []
     for phrase in phrases:

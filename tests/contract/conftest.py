@@ -101,7 +101,7 @@ REOPEN: dict[str, Callable[[Store, pytest.FixtureRequest], Store]] = {
 
 #: The backends whose listing and search the derived index answers (``terrarium.index.of``):
 #: they have its abilities (the tests reach them through ``terrarium.index.listing``).
-INDEXED = frozenset({"fs", "memory", "sqlite"})
+INDEXED = frozenset({"fs", "memory", "sqlite", "postgres"})
 
 #: Marks applied to a backend's parametrisation, e.g. ``{"postgres": [pytest.mark.postgres]}``.
 BACKEND_MARKS: dict[str, list[pytest.MarkDecorator]] = {"postgres": [pytest.mark.postgres]}

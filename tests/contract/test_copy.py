@@ -31,7 +31,7 @@ from terrarium import (
     states,
 )
 from terrarium.blobs import inline_line, offload_line
-from terrarium.copy import copy_context, copy_store, session_segments
+from terrarium.copy import complete_session, copy_store, read_source, session_segments
 from terrarium.errors import ContextExists, SessionConflict
 from terrarium.model import ContextId, SegmentId
 from terrarium.sessions import detached_sessions
@@ -126,10 +126,10 @@ def test_a_session_in_the_destinations_trash_is_a_conflict_not_a_second_copy(
     nothing (the session would be live and trashed at once); restored there, it is equal."""
     assert isinstance(store, Lifecycle)
     with _source(tmp_path / "src") as src:
-        copy_context(src, store, "cli:main")
+        complete_session(store, read_source(src, "cli:main"))
         assert states.delete_context(store, ContextId.parse("cli:main"))
         with pytest.raises(SessionConflict, match="trash"):
-            copy_context(src, store, "cli:main")
+            complete_session(store, read_source(src, "cli:main"))
         assert store.get_head(ContextId.parse("cli:main")) is None
         (entry,) = states.trashed_contexts(store)
         states.restore_trashed(store, entry.trash_id)
@@ -157,7 +157,7 @@ def test_a_copy_cut_short_is_completed_not_taken_for_done(store: Store, tmp_path
     with _source(tmp_path / "src") as src:
         python = src.get_head(ContextId.parse("irc:#python"))
         assert python is not None
-        segments = session_segments(src, python)
+        segments = session_segments(src, python.session_id)
         root = SegmentId(segments[0][0]["segment_id"])
         store.create_context(ContextId.parse("irc:#python"), offload_line(store, segments[0][0]))
         assert store.get_head(ContextId.parse("irc:#python")).segment_id == root  # type: ignore[union-attr]
@@ -210,7 +210,7 @@ def test_a_destination_that_differs_is_a_conflict_and_left_alone(
         assert all("\n" not in reason for reason in conflicts.values())
         assert {c: _lines(store, c) for c in before} == before  # nothing overwritten
         with pytest.raises(SessionConflict):
-            copy_context(src, store, "cli:main")
+            complete_session(store, read_source(src, "cli:main"))
 
 
 def test_a_destination_ahead_of_the_source_is_a_conflict(store: Store, tmp_path: Path) -> None:
@@ -222,7 +222,7 @@ def test_a_destination_ahead_of_the_source_is_a_conflict(store: Store, tmp_path:
         assert head is not None
         save_user_input(store, head.ref, "only here")
         with pytest.raises(SessionConflict, match="1 more line in the destination than the source"):
-            copy_context(src, store, "cli:main")
+            complete_session(store, read_source(src, "cli:main"))
         copy_store(src, store, ["irc:#python"])
         with pytest.raises(ContextExists, match="same lines"):
-            copy_context(src, store, "irc:#python")
+            complete_session(store, read_source(src, "irc:#python"))

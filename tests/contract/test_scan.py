@@ -31,7 +31,7 @@ from terrarium.stores.base import Searchable, SearchHit, SearchQuery, Store
 
 
 def test_search_gives_the_hits_of_the_store_index_placed(store: Store) -> None:
-    """Every backend has an index (the derived one, or PostgreSQL's own): ``search`` asks it,
+    """Every backend has an index (the derived one): ``search`` asks it,
     then places the hits and keeps each message once, so its hits are the index's, in the
     index's order."""
     assert isinstance(lister(store), Searchable)

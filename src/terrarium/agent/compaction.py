@@ -1,10 +1,9 @@
 """The rule a requested compaction must pass: the summary makes the context smaller.
 
-On a short context, or one that is mostly its kept tail, a summary can be as long as what it
-replaces, which would grow every later turn's prompt. ``compact_context(only_if_smaller=True)``
-(what the command line asks for) then raises :class:`~terrarium.errors.NothingToCompact` and
-writes nothing but the call's usage. Automatic compactions (``token_budget``) do not ask.
-Sizes are characters of text, tool calls' arguments included, as in the token estimate.
+On a short context a summary can be as long as what it replaces, which would grow every later
+prompt. ``compact_context(only_if_smaller=True)`` (the command line's) then raises
+:class:`~terrarium.errors.NothingToCompact` and writes only the call's usage; automatic
+compactions (``token_budget``) do not ask.
 """
 
 from __future__ import annotations
@@ -30,11 +29,9 @@ def size(items: Sequence[Mapping[str, Any]]) -> int:
 def check_replaces(context: ContextId, replaced: Sequence[Mapping[str, Any]], kept: int) -> None:
     """Refuse (NothingToCompact) before asking the model when nothing precedes the kept tail."""
     if not replaced:
-        held = (
-            f"all {kept} of its messages are recent ones"
-            if kept != 1
-            else ("its one message is a recent one")
-        )
+        held = f"all {kept} of its messages are recent ones"
+        if kept == 1:
+            held = "its one message is a recent one"
         raise NothingToCompact(
             f"{context} not compacted: {held} a compaction keeps as they are, so there is "
             "nothing to summarise"

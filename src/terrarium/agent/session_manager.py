@@ -1,11 +1,9 @@
 """``PersistentSession``: one conversation (a context) kept in a store, as the seed names it.
 
-The seed rewrote one JSON file per conversation after every message. Here each message is one
-appended entry, and :meth:`PersistentSession.to_dict` gives the seed's session file as
-``terrarium export`` does. A new session writes nothing until its first message or ``save``;
-``autosave=False`` keeps entries in memory until ``save``; a legacy JSON file is read in place
-and imported into the log on the first write. Writes take the store's context lock; a
-``MultiContextManager`` holds it for a whole turn and calls the unlocked ``_`` methods. Usage::
+Each message is one appended entry; :meth:`PersistentSession.to_dict` gives the seed's session
+file. A new session, or a legacy JSON file read in place, reaches the log on its first write.
+A ``MultiContextManager`` holds the context lock for a whole turn and calls the unlocked ``_``
+methods. Usage::
 
     session = PersistentSession(store, "irc:#python", system_prompt="Be concise.")
     session.add_message("user", "What's a decorator?")
@@ -17,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +54,8 @@ class PersistentSession:
     """One context's conversation over a store: load or create, add messages, save.
 
     ``session_id`` is the context's *name* (``main`` in ``cli:main``), as in the seed's format.
-    Public methods take the store's context lock, check the cached head and next seq first, and
-    append with the seq they expect: a writer that bypasses the lock is detected
-    (``ConflictError``) and the session re-read. A thread lock makes one object thread-safe.
+    Public methods take the store's context lock and append with the seq they expect, so a
+    writer that bypasses the lock is detected and the session re-read.
     """
 
     def __init__(
@@ -108,8 +105,6 @@ class PersistentSession:
             raise
         return self
 
-    # ------------------------------------------------------------------ building
-
     def _setup(
         self, store: Store | str | os.PathLike[str], context_id: str | ContextId, autosave: bool
     ) -> None:
@@ -124,8 +119,7 @@ class PersistentSession:
         self._autosave = autosave
         self._lock = threading.RLock()
         self._pending: list[LogEntry] = []
-        self._held = False
-        """Writes are queued until the first turn is answered (:meth:`_hold_new`)."""
+        self._held = False  # writes queued until the first turn is answered (_hold_new)
         self._source: Store | None = None
         """Where an unsaved session's state lives until its first write: a legacy file's
         copy, or a scratch store holding a new session's header."""
@@ -135,8 +129,7 @@ class PersistentSession:
         """Load the context from the log, else from its legacy file; False if neither has it."""
         head = self.store.get_head(self.context)
         if head is not None:
-            self._reset(sessions.restore_by_segment(self.store, head.session_id, head.segment_id))
-            self._set_head(head)
+            self._load(self.store, head)
             return True
         copy = legacy.read(self.store, self.context)
         if copy is None:
@@ -154,8 +147,7 @@ class PersistentSession:
     def _unsaved(self, source: Store) -> None:
         head = source.get_head(self.context)
         assert head is not None
-        self._reset(sessions.restore_by_segment(source, head.session_id, head.segment_id))
-        self._set_head(head)
+        self._load(source, head)
         self._source = source
 
     @classmethod
@@ -169,8 +161,7 @@ class PersistentSession:
             return None
         self = cls.__new__(cls)
         self._setup(store, context, autosave)
-        self._reset(sessions.restore_by_segment(store, head.session_id, head.segment_id))
-        self._set_head(head)
+        self._load(store, head)
         return self
 
     @classmethod
@@ -189,11 +180,11 @@ class PersistentSession:
         self._wire = chat_messages(state)
         self._chars = sum(len(item_text(item)) for item in state.model_history)
 
-    def _set_head(self, head: PodMetadata) -> None:
+    def _load(self, store: Store, head: PodMetadata) -> None:
+        """Take the state of ``head``, a head of ``store``."""
+        self._reset(sessions.restore_by_segment(store, head.session_id, head.segment_id))
         self._created = head.created_at
         self._date = head.date
-
-    # ------------------------------------------------------------------ the seed's fields
 
     def __repr__(self) -> str:
         return f"PersistentSession({str(self.context)!r}, message_count={self.message_count})"
@@ -241,8 +232,7 @@ class PersistentSession:
     @system_prompt.setter
     def system_prompt(self, prompt: str | None) -> None:
         with self._guard():
-            if not self._refresh():
-                raise ContextNotFound(f"context {self.context} was deleted")
+            self._require_fresh()
             if not self._is_new:  # a new session's prompt goes into its header
                 self._prepare()
             self._set_system_prompt(prompt)
@@ -282,14 +272,12 @@ class PersistentSession:
     @property
     def messages(self) -> list[dict[str, Any]]:
         """The seed's ``messages``, ``{"role", "content", "timestamp"}``, as :meth:`to_dict`."""
-        messages: list[dict[str, Any]] = self.to_dict()["messages"]
-        return messages
+        return list(self.to_dict()["messages"])
 
     @property
     def metadata(self) -> dict[str, Any]:
         """The seed's ``metadata``, as :meth:`to_dict` has it."""
-        metadata: dict[str, Any] = self.to_dict()["metadata"]
-        return metadata
+        return dict(self.to_dict()["metadata"])
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """A copy of the messages a model call sends: system prompt, then history, users folded."""
@@ -298,12 +286,9 @@ class PersistentSession:
     def to_dict(self) -> dict[str, Any]:
         """The seed's session file as ``export -f terrarium-json`` writes it, unsaved entries in."""
         with self._lock:
-            if not self._refresh():
-                raise ContextNotFound(f"context {self.context} was deleted")
+            self._require_fresh()
             source = self._source if self._source is not None else self.store
             return terrarium_json.export_dict(source, self.context, pending=self._pending)
-
-    # ------------------------------------------------------------------ writing
 
     def add_message(self, role: str, content: str) -> dict[str, Any]:
         """Add a message: written at once (auto-save) or queued until :meth:`save`.
@@ -337,8 +322,7 @@ class PersistentSession:
     def refresh(self) -> None:
         """See what other writers logged (re-read only when the store moved on); queue kept."""
         with self._lock:
-            if not self._refresh():
-                raise ContextNotFound(f"context {self.context} was deleted")
+            self._require_fresh()
 
     def close(self) -> None:
         """Save what is queued, and close the store if this session opened it."""
@@ -355,8 +339,7 @@ class PersistentSession:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ unlocked internals
-    # The caller holds the context lock (the manager does for a whole turn).
+    # The unlocked internals: the caller holds the context lock (the manager, for a whole turn).
 
     @property
     def ref(self) -> PodActiveSegmentRef:
@@ -399,49 +382,45 @@ class PersistentSession:
             and tail == self.state.next_seq
         ):
             return True
-        self._reset(sessions.restore_by_segment(self.store, head.session_id, head.segment_id))
-        self._set_head(head)
+        self._load(self.store, head)
         self._source = None  # another writer created or imported it meanwhile
         return True
 
-    def _prepare(self) -> None:
-        """Before a write: fresh state, and (auto-save on) the context in the store."""
+    def _require_fresh(self) -> None:
         if not self._refresh():
             raise ContextNotFound(f"context {self.context} was deleted")
+
+    def _prepare(self) -> None:
+        """Before a write: fresh state, and (auto-save on) the context in the store."""
+        self._require_fresh()
         if self._source is not None and self._autosave:
             self._materialise()
 
-    def _materialise(self, system_prompt: str | None = None) -> None:
-        """Put an unsaved session into the store (import its legacy file, or create it).
-
-        Another writer's context of the same name, created meanwhile, is continued instead.
-        """
+    def _materialise(self) -> None:
+        """Put an unsaved session into the store (import its legacy file, or create it)."""
         if not self._is_new:
             legacy.import_legacy(self.store, self.context)
         else:
-            prompt = self.state.system_prompt if system_prompt is None else system_prompt
-            try:
-                sessions.create_segment_with_ids(
-                    self.store,
-                    self.state.session_id,
-                    self.state.segment_id,
-                    SegmentStartState(prompt, self.state.config),
-                    context=self.context,
-                )
-            except ContextExists:
-                pass  # another writer created it first: continue theirs
+            with suppress(ContextExists):  # another writer created it first: continue theirs
+                self._create()
         self._reload()
         self._source = None
         pending, self._pending = self._pending, []
         for entry in pending:
             self._queue(entry.kind, entry.data, entry.ts)
 
+    def _create(self) -> None:
+        """Create the context as a new session of this one's ids, prompt and config."""
+        start = SegmentStartState(self.state.system_prompt, self.state.config)
+        sessions.create_segment_with_ids(
+            self.store, self.state.session_id, self.state.segment_id, start, context=self.context
+        )
+
     def _reload(self) -> None:
         head = self.store.get_head(self.context)
         if head is None:
             raise ContextNotFound(f"context {self.context} was deleted")
-        self._reset(sessions.restore_by_segment(self.store, head.session_id, head.segment_id))
-        self._set_head(head)
+        self._load(self.store, head)
 
     def _hold_new(self) -> bool:
         """Queue a new session's writes until :meth:`_release`; False if stored or queued."""
@@ -501,13 +480,7 @@ class PersistentSession:
         saved_seq = self._pending[0].seq
         head = self.store.get_head(self.context)
         if head is None:  # deleted meanwhile: saved into a new session of the same ids
-            sessions.create_segment_with_ids(
-                self.store,
-                self.state.session_id,
-                self.state.segment_id,
-                SegmentStartState(self.state.system_prompt, self.state.config),
-                context=self.context,
-            )
+            self._create()
             saved_seq = 1
         segment = sessions.ensure_head_or_fork(self.store, self.context, self.ref, saved_seq)
         ref = PodActiveSegmentRef(self.state.session_id, segment)

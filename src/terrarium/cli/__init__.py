@@ -1,9 +1,6 @@
-"""The ``terrarium`` command line: chat with a session picker, and manage sessions.
+"""The ``terrarium`` command line: ``cli`` is the Click group (``app``), :func:`main` the script.
 
-``cli`` is the Click group (``app``); :func:`main` is the console script. The commands live in
-``commands``, ``bulk``, ``lifecycle_cmds``, ``chat``, ``serve`` and ``gateway``; ``picker`` is
-the session picker, ``examples`` the end of each command's help, ``seed`` the old ``chat.py``
-interface, ``output`` terminal or plain output.
+docs/architecture.md says which module holds which command.
 """
 
 from __future__ import annotations

@@ -60,21 +60,10 @@ def program() -> str:
     return "terrarium" if same else shlex.quote(started)
 
 
-def user_error(exc: BaseException) -> click.ClickException:
-    """A one-line ClickException for ``exc``."""
-    return click.ClickException(one_line(str(exc)) or type(exc).__name__)
-
-
 class UsageLine(click.ClickException):
     """A usage error shown on one line, with click's usage exit code (2)."""
 
     exit_code = 2
-
-
-def one_line_usage(exc: click.UsageError) -> click.ClickException:
-    """A usage error as one line (click prints usage, a hint and the error on three)."""
-    hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-    return UsageLine(f"{exc.format_message()}{hint}")
 
 
 #: The exit status of a command whose output pipe was closed: a shell's for SIGPIPE (128 + 13).
@@ -105,9 +94,11 @@ def _guarded(invoke: Callable[[click.Context], Any], ctx: click.Context) -> Any:
     except click.UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":
             raise
-        raise one_line_usage(exc) from exc
+        # One line: click would print the usage, a hint and the error on three.
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        raise UsageLine(f"{exc.format_message()}{hint}") from exc
     except USER_ERRORS as exc:
-        raise user_error(exc) from exc
+        raise click.ClickException(one_line(str(exc)) or type(exc).__name__) from exc
 
 
 class GuardedGroup(click.Group):

@@ -6,16 +6,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from terrarium.cli.app import (
-    CONTEXT,
-    DATE,
-    cli,
-    open_store,
-    reads_store,
-    state_of,
-    storage_option,
-)
+from terrarium.cli.app import CONTEXT, DATE, cli, open_store, reads_store, state_of, storage_option
 from terrarium.cli.output import plural
+from terrarium.display import short_time
 
 if TYPE_CHECKING:
     from terrarium.cli.output import Output
@@ -186,7 +179,7 @@ def search(
     if as_json:
         return
     for hit in found:
-        heading = f"{hit.context}  {hit.ts[:16].replace('T', ' ')}  {hit.role}  {_where(hit)}"
+        heading = f"{hit.context}  {short_time(hit.ts)}  {hit.role}  {_where(hit)}"
         if state.out.rich:
             from rich.text import Text
 

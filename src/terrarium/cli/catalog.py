@@ -38,11 +38,7 @@ def list_sessions(state: CliState, type: str | None = None) -> list[SessionInfo]
 
 
 def readable(state: CliState, context: ContextId) -> Store:
-    """A store holding ``context``: the real one, or an in-memory copy of a legacy file.
-
-    Raises:
-        ContextNotFound: neither the log nor a legacy file has it.
-    """
+    """The store holding ``context``, or an in-memory copy of its legacy file; ContextNotFound."""
     store = state.store()
     if store.get_head(context) is not None:
         return store

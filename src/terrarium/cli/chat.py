@@ -28,6 +28,7 @@ from typing import Any, TypeVar, cast
 import click
 from click.core import ParameterSource
 
+from terrarium import sessions
 from terrarium.cli import catalog
 from terrarium.cli.app import (
     DEFAULT_STORAGE,
@@ -40,12 +41,20 @@ from terrarium.cli.app import (
     generated_context,
     model_options,
     parse_context,
+    program,
     state_of,
     storage_option,
 )
+from terrarium.cli.commands import (
+    context_stats,
+    export_session,
+    fork_session,
+    print_stats,
+    render_item,
+)
 from terrarium.cli.output import one_line, plural
 from terrarium.errors import ContextNotFound, ContextTooLong, LLMError, NothingToCompact
-from terrarium.model import ContextId, encode_name
+from terrarium.model import ContextId, encode_name, item_label, item_text
 
 T = TypeVar("T")
 
@@ -209,8 +218,6 @@ class Chat:
             return interrupted_note(self.hints, self.kept())
         return advice(exc, self.hints, self.kept())
 
-    # ------------------------------------------------------------------ sessions
-
     def open(self, context: ContextId) -> None:
         """Make ``context`` current, importing its legacy file on first use."""
         if catalog.resume(self.state, context):
@@ -223,8 +230,6 @@ class Chat:
             return len(self.manager.history(str(self.context)))
         except ContextNotFound:
             return 0
-
-    # ------------------------------------------------------------------ running
 
     async def interruptible(self, work: Awaitable[T]) -> T:
         """Run ``work``; Ctrl-C (SIGINT) cancels it and raises :class:`Interrupted`."""
@@ -274,8 +279,6 @@ class Chat:
         self.replying = False
         self.reply = "".join(parts)
 
-    # ------------------------------------------------------------------ commands
-
     async def run_line(self, line: str) -> None:
         """Handle one input: a ``/command`` or a message (``//text`` sends ``/text``)."""
         if not is_message(line):
@@ -297,9 +300,6 @@ class Chat:
         self.out.line(f"{KEYS_HELP}. Start a message with // to send a leading /.", style="dim")
 
     async def cmd_history(self, _arg: str) -> None:
-        from terrarium.cli.commands import render_item
-        from terrarium.model import item_label
-
         try:
             items = self.manager.history(str(self.context))
         except ContextNotFound:
@@ -311,8 +311,6 @@ class Chat:
             self.out.line(render_item(item))
 
     async def cmd_stats(self, _arg: str) -> None:
-        from terrarium.cli.commands import context_stats, print_stats
-
         try:
             data = context_stats(self.state, self.context)
         except ContextNotFound:
@@ -321,8 +319,6 @@ class Chat:
         print_stats(self.state, data)
 
     async def cmd_fork(self, arg: str) -> None:
-        from terrarium.cli.commands import fork_session
-
         if not arg:
             raise click.ClickException("usage: /fork NAME")
         target = parse_context(arg, self.context.type)
@@ -381,7 +377,6 @@ class Chat:
         self.out.note(f"cleared {self.context}")
 
     async def cmd_export(self, arg: str) -> None:
-        from terrarium.cli.commands import export_session
         from terrarium.export import get_format
 
         fmt, _, target = arg.partition(" ")
@@ -404,9 +399,6 @@ class Chat:
         self.done = True
 
 
-# --------------------------------------------------------------------------- the loops
-
-
 async def piped(chat: Chat) -> None:
     """Read messages from stdin, one per line (bytes, so a non-UTF-8 line is refused whole)."""
     offset = 0
@@ -421,11 +413,7 @@ async def piped(chat: Chat) -> None:
 
 
 def decode_input_line(raw: bytes, number: int, offset: int) -> str:
-    """Decode line ``number`` of piped input, which starts ``offset`` bytes into it.
-
-    Raises:
-        click.ClickException: not UTF-8; the message names the line, byte and offsets.
-    """
+    """Line ``number`` of piped input, ``offset`` bytes into it; not UTF-8: a ClickException."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -507,11 +495,8 @@ async def handle_line(chat: Chat, line: str) -> None:
 
 def preview(state: CliState, context: ContextId) -> tuple[str, str] | None:
     """The picker's preview: the first user message and the last reply; None if unreadable."""
-    from terrarium.model import item_text
-    from terrarium.sessions import restore
-
     try:
-        history = restore(catalog.readable(state, context), context).history
+        history = sessions.restore(catalog.readable(state, context), context).history
     except USER_ERRORS:
         return None
     first = next((item_text(i) for i in history if i.get("role") == "user"), "")
@@ -523,11 +508,8 @@ def read_prompt(prompt: str) -> str:
     """The one message of ``chat -p``: ``prompt``, all of stdin for ``-``, or both a line apart.
 
     When stdin is piped, ``prompt``, a blank line, then stdin (``cat f | terrarium chat -p
-    'summarise this'``, as ``llm`` reads it).
-
-    Raises:
-        click.ClickException: stdin is not UTF-8 (nothing is sent or logged).
-        click.UsageError: the message is empty.
+    'summarise this'``, as ``llm`` reads it). Stdin not UTF-8, or an empty message, is a
+    ClickException (a UsageError) before anything is sent.
     """
     if prompt == "-":
         text = read_stdin()
@@ -602,8 +584,6 @@ def most_recent(state: CliState, type_: str | None = None) -> ContextId:
 
 def resume_command(state: CliState, context: ContextId) -> str:
     """The shell command that resumes ``context``, quoted, with ``--storage-dir`` when needed."""
-    from terrarium.cli.app import program
-
     return f"{program()} chat {shlex.quote(str(context))}{storage_suffix(state)}"
 
 
@@ -768,6 +748,3 @@ def chat(
     typed = ctx.get_parameter_source("type_") is not ParameterSource.DEFAULT
     which: bool | str = (type_ if typed else True) if last else False
     run_chat(state_of(ctx), named, type_, options, prompt, which, retry, as_json)
-
-
-__all__ = ["COMMANDS", "Chat", "ChatOptions", "chat", "run_chat"]

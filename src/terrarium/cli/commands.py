@@ -40,12 +40,6 @@ else:  # loaded by the first command that uses them: --help uses none
     sessions = lazy_module("terrarium.sessions")
 
 
-def _format_aliases() -> str:
-    from terrarium.export import ALIASES
-
-    return ", ".join(f"{alias}={name}" for alias, name in ALIASES.items())
-
-
 class FormatChoice(click.Choice):  # type: ignore[type-arg]  # generic from click 8.2
     """An export format by name or alias (``md``, ``txt``, ``JSONL``), read when click asks.
 
@@ -81,11 +75,11 @@ class FormatOption(click.Option):
 
     def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
         """The help line, the aliases of :mod:`terrarium.export` in it."""
-        self.help = f"Export format (also: {_format_aliases()})."
+        from terrarium.export import ALIASES
+
+        aliases = ", ".join(f"{alias}={name}" for alias, name in ALIASES.items())
+        self.help = f"Export format (also: {aliases})."
         return super().get_help_record(ctx)
-
-
-# --------------------------------------------------------------------------- list
 
 
 @reads_store
@@ -180,9 +174,6 @@ def _state_cell(marks: Mapping[str, tuple[str, bool]], context_id: str) -> str:
     """``hot``, ``archived``, ``hot, pinned``..."""
     state, pinned = marks.get(context_id, ("hot", False))
     return f"{state}, pinned" if pinned else state
-
-
-# --------------------------------------------------------------------------- show
 
 
 @reads_store
@@ -373,9 +364,6 @@ def _segments(store: Store, session_id: Any, head_segment: Any) -> list[dict[str
     return out
 
 
-# --------------------------------------------------------------------------- stats
-
-
 @reads_store
 @cli.command()
 @click.argument("context", type=CONTEXT, required=False)
@@ -477,9 +465,6 @@ def _calls(usage: dict[str, Any]) -> str:
     return f"{calls} ({estimated} estimated)" if estimated else str(calls)
 
 
-# --------------------------------------------------------------------------- delete, clear
-
-
 @reads_store
 @cli.command()
 @click.argument("context", type=CONTEXT)
@@ -536,9 +521,6 @@ def rewind(ctx: click.Context, context: ContextId, count: int) -> None:
     state.out.note(
         f"rewound {context.display}: dropped {plural(len(dropped), 'item')}", style="green"
     )
-
-
-# --------------------------------------------------------------------------- fork, compact
 
 
 @reads_store
@@ -614,9 +596,6 @@ def compact(
     after = len(manager.history(str(context)))
     state.out.note(f"compacted {context}: {plural(before, 'message')} -> {after}", style="green")
     state.out.line(summary)
-
-
-# --------------------------------------------------------------------------- export, import
 
 
 @reads_store
@@ -702,7 +681,9 @@ def export(
 
 def _is_collection(output: str) -> bool:
     """Whether ``-o`` names a folder or an archive rather than one file."""
-    return output.endswith(("/", ".zip", ".tar.gz", ".tgz")) or Path(output).is_dir()
+    from terrarium.export import ARCHIVE_SUFFIXES
+
+    return output.endswith(("/", *ARCHIVE_SUFFIXES)) or Path(output).is_dir()
 
 
 def export_session(state: CliState, context: ContextId, fmt: str) -> str | bytes:
@@ -840,8 +821,6 @@ def import_file(
     state: CliState, path: Path, as_context: ContextId | None, *, root: Path | None = None
 ) -> tuple[str, int]:
     """Import one file; its context and message count (``root``: the legacy folder it lies in)."""
-    from terrarium import sessions
-
     store = state.store()
     if path.suffix == ".jsonl":
         from terrarium.formats.jsonl import import_context
@@ -860,20 +839,9 @@ def _legacy_root_of(store: Store, path: Path) -> Path | None:
     """The filesystem store's folder, when ``path`` lies inside it."""
     from terrarium.stores.fs import FsStore
 
-    if isinstance(store, FsStore) and _inside(path, store.root):
+    if isinstance(store, FsStore) and path.resolve().is_relative_to(store.root.resolve()):
         return store.root
     return None
-
-
-def _inside(path: Path, root: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-    except ValueError:
-        return False
-    return True
-
-
-# --------------------------------------------------------------------------- migrate
 
 
 @cli.command()
@@ -908,9 +876,6 @@ def migrate(ctx: click.Context, dry_run: bool, to_log: bool, source: Path | None
         raise click.ClickException(
             f"{report.failed} of {plural(len(report.steps), 'legacy file')} could not be migrated"
         )
-
-
-# --------------------------------------------------------------------------- fsck, reindex
 
 
 @reads_store

@@ -136,6 +136,3 @@ def epilog(name: str) -> str | None:
         return None
     # \b keeps click from re-wrapping the lines into one paragraph.
     return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
-
-
-__all__ = ["EXAMPLES", "epilog"]

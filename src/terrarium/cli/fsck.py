@@ -151,9 +151,6 @@ def _hint(unresolved: list[Problem], repair: bool) -> str:
     return "; " + "; ".join(hints) if hints else ""
 
 
-# --------------------------------------------------------------------------- check
-
-
 def _check_fs(store: FsStore, report: Report) -> None:
     """Check every context folder of the tree, the index, and the links in the tree."""
     folders: dict[ContextId, list[ContextFolder]] = {}
@@ -437,9 +434,6 @@ def _check_legacy(state: CliState, report: Report) -> None:
             tj.load(path, root=root)
         except (ValueError, OSError) as exc:
             report.problems.append(Problem("legacy", str(exc), path=str(path)))
-
-
-# --------------------------------------------------------------------------- repair
 
 
 def _repair(store: Store, report: Report, *, salvage: bool) -> None:

@@ -16,39 +16,31 @@ import msgspec
 
 from terrarium._lazy import lazy_module
 from terrarium.cli import examples
-from terrarium.cli.app import (
-    CONTEXT,
-    CliState,
-    cli,
-    program,
-    reads_store,
-    state_of,
-    storage_option,
-)
+from terrarium.cli.app import CONTEXT, CliState, cli, program, reads_store, state_of, storage_option
 from terrarium.cli.output import plural
 from terrarium.display import human_bytes, short_time
+from terrarium.errors import ContextExists
 
 if TYPE_CHECKING:
-    from terrarium import states
+    from terrarium import lifecycle, states
+    from terrarium.cli import catalog
     from terrarium.contexts import ContextRow
     from terrarium.lifecycle import ArchivePlan, Candidate, MaintenanceReport
     from terrarium.model import ContextId
     from terrarium.states import ArchivedContext, TrashedContext
     from terrarium.stores.base import Lifecycle
 else:
+    catalog = lazy_module("terrarium.cli.catalog")
+    lifecycle = lazy_module("terrarium.lifecycle")
     states = lazy_module("terrarium.states")
 
 
 def _lifecycle(state: CliState) -> Lifecycle:
-    from terrarium.lifecycle import require_lifecycle
-
-    return require_lifecycle(state.store(), state.shown_location)
+    return lifecycle.require_lifecycle(state.store(), state.shown_location)
 
 
 def _age(value: str | None) -> Any:
-    from terrarium.lifecycle import parse_age
-
-    return None if value is None else parse_age(value)
+    return None if value is None else lifecycle.parse_age(value)
 
 
 def _confirm(question: str, yes: bool, refusal: str) -> None:
@@ -61,8 +53,6 @@ def _confirm(question: str, yes: bool, refusal: str) -> None:
 
 
 AGE_HELP = "Only sessions inactive for longer than AGE (30d, 12h, 2w); pinned ones are skipped."
-
-# --------------------------------------------------------------------------- archive
 
 
 @reads_store
@@ -88,18 +78,18 @@ def archive(
     any write, brings it back first. Sessions named as CONTEXT are archived even when
     pinned; a selection by --older-than skips pinned ones.
     """
-    from terrarium.lifecycle import plan_archive, run_archive
-
     state = state_of(ctx)
     _lifecycle(state)
-    plan = plan_archive(
+    plan = lifecycle.plan_archive(
         state.store(), older_than=_age(older_than), type=type_, names=list(contexts)
     )
     if dry_run:
         _print_plan(state, plan, as_json)
         return
     with state.out.progress(len(plan.candidates), "archiving") as progress:
-        done = run_archive(state.store(), plan, why="command: terrarium archive", progress=progress)
+        done = lifecycle.run_archive(
+            state.store(), plan, why="command: terrarium archive", progress=progress
+        )
     saved = sum(a.hot_bytes - a.archived_bytes for a in done)
     if as_json:
         state.out.json(
@@ -181,20 +171,15 @@ def record_json(record: ArchivedContext | TrashedContext | Candidate) -> dict[st
 @click.pass_context
 def unarchive(ctx: click.Context, contexts: tuple[ContextId, ...]) -> None:
     """Move archived sessions back to the hot store (a chat in one does it by itself)."""
-    from terrarium.cli import catalog
-
     state = state_of(ctx)
-    lifecycle = _lifecycle(state)
+    store = _lifecycle(state)
     for context in contexts:
-        if states.unarchive_context(lifecycle, context):
+        if states.unarchive_context(store, context):
             state.out.note(f"unarchived {context.display}", style="green")
         elif state.store().get_head(context) is not None:
             state.out.note(f"{context.display} is not archived")
         else:
             raise catalog.missing(state, context)
-
-
-# --------------------------------------------------------------------------- delete
 
 
 def delete_session(
@@ -208,9 +193,6 @@ def delete_session(
     """``delete``: into the trash (no question: it can be undone), or for ever with ``purge``
     (asked first on a terminal, refused without one unless ``yes``); ``confirm`` forces the
     question either way."""
-    from terrarium import lifecycle
-    from terrarium.cli import catalog
-
     store = state.store()
     if not catalog.exists(state, context):
         raise catalog.missing(state, context)
@@ -234,9 +216,6 @@ def delete_session(
         f"{program()} trash restore {entry.trash_id})",
         style="green",
     )
-
-
-# --------------------------------------------------------------------------- trash
 
 
 class TrashGroup(click.Group):
@@ -304,14 +283,11 @@ def trash_list(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def trash_restore(ctx: click.Context, target: str, as_context: ContextId | None) -> None:
     """Bring a deleted session back, archived if it was; a context id picks its latest deletion."""
-    from terrarium.errors import ContextExists
-    from terrarium.lifecycle import find_trashed
-
     state = state_of(ctx)
-    lifecycle = _lifecycle(state)
-    entry = find_trashed(state.store(), target)
+    store = _lifecycle(state)
+    entry = lifecycle.find_trashed(store, target)
     try:
-        head = states.restore_trashed(lifecycle, entry.trash_id, as_context=as_context)
+        head = states.restore_trashed(store, entry.trash_id, as_context=as_context)
     except ContextExists as exc:
         raise ContextExists(f"{exc}: restore it under another id with --as") from None
     where = " (archived)" if entry.archived else ""
@@ -339,11 +315,11 @@ def trash_purge(
     A context id names every trash entry of it. Without names, pinned entries are kept.
     Asks first on a terminal; without one it refuses unless --yes.
     """
-    from terrarium.lifecycle import plan_trash_purge, run_trash_purge
-
     state = state_of(ctx)
     _lifecycle(state)
-    entries = plan_trash_purge(state.store(), older_than=_age(older_than), targets=targets)
+    entries = lifecycle.plan_trash_purge(
+        state.store(), older_than=_age(older_than), targets=targets
+    )
     total = human_bytes(sum(e.bytes for e in entries))
     if not entries:
         state.out.note("nothing to purge")
@@ -358,19 +334,14 @@ def trash_purge(
         "refusing to purge the trash",
     )
     with state.out.progress(len(entries), "purging") as progress:
-        done = run_trash_purge(
+        done = lifecycle.run_trash_purge(
             state.store(), entries, why="command: terrarium trash purge", progress=progress
         )
     freed = human_bytes(sum(e.bytes for e in done))
     state.out.note(f"purged {plural(len(done), 'session')} ({freed})", style="green")
 
 
-# --------------------------------------------------------------------------- pin
-
-
 def _pin(ctx: click.Context, context: ContextId, pinned: bool) -> None:
-    from terrarium.cli import catalog
-
     state = state_of(ctx)
     if not states.pin_context(_lifecycle(state), context, pinned):
         raise catalog.missing(state, context)
@@ -400,9 +371,6 @@ def unpin(ctx: click.Context, context: ContextId) -> None:
     _pin(ctx, context, False)
 
 
-# --------------------------------------------------------------------------- maintain
-
-
 @reads_store
 @cli.command()
 @click.option("--dry-run", is_flag=True, help="Only print what the policy would do.")
@@ -416,11 +384,9 @@ def maintain(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     The policy is [retention] in terrarium.toml in the store's folder, else in
     ~/.config/terrarium/config.toml; without one nothing happens.
     """
-    from terrarium.lifecycle import Maintenance
-
     state = state_of(ctx)
     _lifecycle(state)
-    report = Maintenance(state.store()).run(dry_run=dry_run)
+    report = lifecycle.Maintenance(state.store()).run(dry_run=dry_run)
     if as_json:
         state.out.json(report_json(report))
         return
@@ -461,9 +427,6 @@ def report_json(report: MaintenanceReport) -> dict[str, Any]:
         "skipped_pinned": report.to_archive.skipped_pinned,
         "bytes_saved": report.bytes_saved,
     }
-
-
-# --------------------------------------------------------------------------- list
 
 
 def lifecycle_rows(

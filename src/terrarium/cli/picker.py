@@ -93,8 +93,6 @@ class Picker:
         self.message = ""
         self.app: Application[ContextId | None] = self._application()
 
-    # ------------------------------------------------------------------ state
-
     @property
     def visible(self) -> list[SessionInfo]:
         """The rows that match the filter (case-insensitive substring of ``type:name``)."""
@@ -107,7 +105,7 @@ class Picker:
         if not text:
             return None
         try:
-            wanted = ContextId.parse(text) if ":" in text else ContextId(self.default_type, text)
+            wanted = self._named(text)
         except ValueError:
             wanted = None
         for info in self.rows:
@@ -127,9 +125,12 @@ class Picker:
         else:
             self.index = 1 if self.visible else 0
 
+    def _named(self, text: str) -> ContextId:
+        """The session ``text`` names (a bare name: of the default type); else ValueError."""
+        return ContextId.parse(text) if ":" in text else ContextId(self.default_type, text)
+
     def _move(self, step: int) -> None:
-        count = len(self.visible) + 1
-        self.index = max(0, min(count - 1, self.index + step))
+        self.index = max(0, min(len(self.visible), self.index + step))
 
     def choose(self) -> ContextId | None:
         """What Enter on the current row opens; None (with a message) when nothing yet."""
@@ -142,14 +143,10 @@ class Picker:
         if not text:
             return generated_context(self.default_type)
         try:
-            if ":" in text:
-                return ContextId.parse(text)
-            return ContextId(self.default_type, text)
+            return self._named(text)
         except ValueError as exc:
             self.message = str(exc)
             return None
-
-    # ------------------------------------------------------------------ rendering
 
     def _new_label(self) -> str:
         text = self.filter.text.strip()
@@ -256,24 +253,9 @@ class Picker:
 
     def _application(self) -> Application[ContextId | None]:
         keys = KeyBindings()
-
-        @keys.add("up")
-        @keys.add("c-p")
-        def _up(event: KeyPressEvent) -> None:
-            self._move(-1)
-
-        @keys.add("down")
-        @keys.add("c-n")
-        def _down(event: KeyPressEvent) -> None:
-            self._move(1)
-
-        @keys.add("pageup")
-        def _page_up(event: KeyPressEvent) -> None:
-            self._move(-10)
-
-        @keys.add("pagedown")
-        def _page_down(event: KeyPressEvent) -> None:
-            self._move(10)
+        moves = {"up": -1, "c-p": -1, "down": 1, "c-n": 1, "pageup": -10, "pagedown": 10}
+        for key, step in moves.items():
+            keys.add(key)(lambda _event, step=step: self._move(step))
 
         @keys.add("enter")
         def _enter(event: KeyPressEvent) -> None:

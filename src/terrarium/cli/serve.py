@@ -18,14 +18,7 @@ from typing import Any
 
 import click
 
-from terrarium.cli.app import (
-    cli,
-    model_options,
-    open_store,
-    reads_store,
-    state_of,
-    storage_option,
-)
+from terrarium.cli.app import cli, model_options, open_store, reads_store, state_of, storage_option
 from terrarium.errors import install_hint
 
 LOOPBACK_NAMES = frozenset(("localhost", "127.0.0.1", "::1"))

@@ -20,7 +20,7 @@ from typing import Any
 
 from terrarium import sessions
 from terrarium.formats.jsonl import Transcript, load_transcript
-from terrarium.formats.markdown import pretty_json, when
+from terrarium.formats.markdown import content_parts, heading, pretty_json, when
 from terrarium.formats.safe_markdown import markdown_html, pygments_css
 from terrarium.model import ContextId, EntryKind, chat_view, item_label
 from terrarium.stores.base import Store
@@ -80,14 +80,8 @@ def _pre(text: str, lang: str = "") -> str:
 
 
 def _content(item: Mapping[str, Any], *, code: bool) -> list[str]:
-    content = item.get("content")
-    if content is None:
-        return []
-    parts: list[Any] = (
-        [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
-    )
     out: list[str] = []
-    for part in parts:
+    for part in content_parts(item):
         kind = part.get("type") if isinstance(part, Mapping) else None
         if kind == "text":
             text = str(part.get("text", ""))
@@ -139,13 +133,7 @@ def render_item(timed: sessions.TimedItem) -> str:
         who = f'<div class="who"><b>{_e(label)}</b> · {stamp}</div>'
         return f'<div class="msg other">{who}{_pre(dump, "json")}</div>'
     role = str(view.get("role", "?"))
-    who = f"<b>{_e(role.title() if role != 'tool' else 'Tool result')}</b>"
-    if label != role:
-        who += f" ({_e(label)})"
-    if view.get("name"):
-        who += f" ({_e(view['name'])})"
-    if role == "tool" and view.get("tool_call_id"):
-        who += f" for {_e(view['tool_call_id'])}"
+    who = heading(view, label, lambda title: f"<b>{_e(title)}</b>", _e, _e)
     body = [f'<div class="who">{who} · {stamp}</div>']
     if view.get("reasoning_content"):
         body.append(
@@ -214,6 +202,3 @@ def render(transcript: Transcript) -> str:
 def export_context(store: Store, context: ContextId | str) -> str:
     """The context as one self-contained HTML page (ContextNotFound if there is none)."""
     return render(load_transcript(store, context))
-
-
-__all__ = ["export_context", "render", "render_item"]

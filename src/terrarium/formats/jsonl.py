@@ -18,20 +18,9 @@ from typing import Any, TypeAlias
 
 from terrarium import codec, sessions
 from terrarium.copy import SessionSource, complete_session
-from terrarium.errors import (
-    InvalidEntry,
-)
-from terrarium.model import (
-    ContextId,
-    EntryKind,
-    RestoredState,
-    SegmentId,
-    parse_timestamp,
-)
+from terrarium.errors import InvalidEntry
+from terrarium.model import ContextId, EntryKind, RestoredState, SegmentId, parse_timestamp
 from terrarium.stores.base import PodMetadata, Store
-
-# --------------------------------------------------------------------------- reading
-
 
 DateBound: TypeAlias = dt.date | dt.datetime | str
 """A date filter bound: a date (a whole UTC day), a datetime (naive = UTC), or ISO text."""
@@ -91,25 +80,14 @@ def load_transcript(store: Store, context: ContextId | str) -> Transcript:
     )
 
 
-# --------------------------------------------------------------------------- export
-
-
 def export_context(store: Store, context: ContextId | str) -> str:
     """The context's lineage as JSONL text, header first (ContextNotFound if there is none)."""
     return b"".join(codec.encode_line(line) for line in lineage_lines(store, context)).decode()
 
 
-# --------------------------------------------------------------------------- import
-
-
 def parse_lines(data: str | bytes, *, where: str = "<jsonl>") -> list[dict[str, Any]]:
-    """Decode a JSONL export into its lines, checking each entry's envelope.
-
-    Raises:
-        CorruptLog: a line is not an entry (an object with an integer ``seq`` and a string
-            ``kind``), or the data ends in a torn line.
-        FormatVersionError: a line was written by a newer terrarium.
-    """
+    """Decode a JSONL export into its lines, checking each entry's envelope (CorruptLog: a line
+    is not an entry, or the last is torn; FormatVersionError: a newer terrarium wrote it)."""
     raw = data.encode() if isinstance(data, str) else bytes(data)
     if raw and not raw.endswith(b"\n"):
         raw += b"\n"
@@ -168,26 +146,13 @@ def import_context(
     context: ContextId | str | None = None,
     where: str = "<jsonl>",
 ) -> PodMetadata:
-    """Recreate a context from an :func:`export_context` file, losslessly.
+    """Recreate a context from an :func:`export_context` file (or its decoded lines); its head.
 
     Ids, timestamps, seqs, unknown keys and kinds are kept, so the context restores to the same
-    state and exports the same lines. What an interrupted import left is completed.
-
-    Args:
-        store: where to create the context.
-        data: the JSONL text, or its lines already decoded.
-        context: the context to create; by default the one the file names. Another one is
-            written into the headers and must be fit for a new context (``check_new``).
-        where: the file named in error messages.
-
-    Returns:
-        The new context's head record.
-
-    Raises:
-        ContextExists: the store holds the context, the same as the file.
-        SessionConflict: the store holds the context or its session otherwise than the file.
-        InvalidEntry: the lines are not a lineage, or a line could not be logged.
-        CorruptLog, FormatVersionError: see :func:`parse_lines`.
+    state and exports the same lines; what an interrupted import left is completed. ``context``
+    (default: the file's own) is written into the headers and must be fit for a new context.
+    ``where`` names the file in errors: ContextExists (there, the same), SessionConflict (there,
+    otherwise), InvalidEntry (not a lineage, or not loggable), and :func:`parse_lines`' errors.
     """
     segments = read_segments(data, where=where)
     named = next((s[0]["context"] for s in reversed(segments) if s[0].get("context")), None)
@@ -221,14 +186,3 @@ def _check_segments(segments: list[list[dict[str, Any]]]) -> None:
                 raise InvalidEntry(f"invalid {key.replace('_', ' ')} {header[key]!r}") from None
         if not all(isinstance(line.get("ts"), str) for line in segment):
             raise InvalidEntry(f"segment {header['segment_id']} has an entry without a 'ts'")
-
-
-__all__ = [
-    "Transcript",
-    "export_context",
-    "import_context",
-    "lineage_lines",
-    "load_transcript",
-    "parse_lines",
-    "read_segments",
-]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from terrarium import sessions
@@ -60,17 +60,37 @@ def pretty_json(text: str) -> tuple[str, str]:
         return text, ""
 
 
-def _content(item: Mapping[str, Any], *, code: bool) -> list[str]:
-    """The item's content as Markdown blocks; ``code`` puts text in fences (tool results)."""
+def content_parts(item: Mapping[str, Any]) -> list[Any]:
+    """An item's content as a list of parts (text content is one text part)."""
     content = item.get("content")
     if content is None:
         return []
-    if isinstance(content, str):
-        parts: list[Any] = [{"type": "text", "text": content}]
-    else:
-        parts = list(content)
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def heading(
+    view: Mapping[str, Any],
+    label: str,
+    strong: Callable[[str], str],
+    code: Callable[[str], str],
+    text: Callable[[str], str],
+) -> str:
+    """Who said an item: its role, its kind when not the role, its name, the call it answers."""
+    role = str(view.get("role", "?"))
+    out = strong(_ROLE_TITLES.get(role, role.title()))
+    if label != role:
+        out += f" ({code(label)})"
+    if view.get("name"):
+        out += f" ({text(str(view['name']))})"
+    if role == "tool" and view.get("tool_call_id"):
+        out += f" for {code(str(view['tool_call_id']))}"
+    return out
+
+
+def _content(item: Mapping[str, Any], *, code: bool) -> list[str]:
+    """The item's content as Markdown blocks; ``code`` puts text in fences (tool results)."""
     blocks: list[str] = []
-    for part in parts:
+    for part in content_parts(item):
         kind = part.get("type") if isinstance(part, Mapping) else None
         if kind == "text":
             text = str(part.get("text", ""))
@@ -113,20 +133,13 @@ def render_item(timed: sessions.TimedItem) -> str:
     if view is None:
         body = json.dumps(dict(item), indent=2, ensure_ascii=False, default=repr)
         return f"### {code_span(label)} · {when(timed.ts)}\n\n{fenced(body, 'json')}"
-    role = str(view.get("role", "?"))
-    heading = _ROLE_TITLES.get(role, escape(role.title()))
-    if label != role:
-        heading += f" ({code_span(label)})"
-    if view.get("name"):
-        heading += f" ({escape(str(view['name']))})"
-    if role == "tool" and view.get("tool_call_id"):
-        heading += f" for {code_span(str(view['tool_call_id']))}"
-    blocks = [f"### {heading} · {when(timed.ts)}"]
+    who = heading(view, label, escape, code_span, escape)
+    blocks = [f"### {who} · {when(timed.ts)}"]
     reasoning = view.get("reasoning_content")
     if reasoning:
         quoted = "\n".join(f"> {line}" if line else ">" for line in str(reasoning).splitlines())
         blocks.append(f"> *Reasoning:*\n>\n{quoted}")
-    blocks.extend(_content(view, code=role == "tool"))
+    blocks.extend(_content(view, code=view.get("role") == "tool"))
     blocks.extend(_tool_calls(view))
     return "\n\n".join(blocks)
 
@@ -162,15 +175,3 @@ def render(transcript: Transcript) -> str:
 def export_context(store: Store, context: ContextId | str) -> str:
     """The context as a Markdown transcript (ContextNotFound if there is none)."""
     return render(load_transcript(store, context))
-
-
-__all__ = [
-    "code_span",
-    "escape",
-    "export_context",
-    "fenced",
-    "pretty_json",
-    "render",
-    "render_item",
-    "when",
-]

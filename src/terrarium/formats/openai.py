@@ -1,12 +1,8 @@
 """A context as OpenAI chat messages, and many contexts as an OpenAI fine-tuning file.
 
-:func:`chat_messages` gives the exact messages the model is sent, built by
-:func:`terrarium.model.wire_messages` as the runtime builds them: the system prompt, then every
-item but those of failed runs, with the standard keys only (no ``reasoning_content``).
-
-:func:`finetune_record` is a context's line of the chat fine-tuning format,
-``{"messages": [...]}``, with a config's ``tools`` list as its ``tools``. Conversations without
-an assistant message teach nothing and are skipped.
+The messages are those the model is sent (:func:`terrarium.model.wire_messages`, as the runtime
+builds them). A fine-tuning line is ``{"messages": [...]}``, with a config's ``tools`` list as
+its ``tools``; a conversation without an assistant message teaches nothing and is skipped.
 """
 
 from __future__ import annotations
@@ -14,14 +10,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from terrarium.formats.jsonl import Transcript, load_transcript
+from terrarium.formats.jsonl import load_transcript
 from terrarium.model import ContextId, RestoredState, wire_messages
 from terrarium.stores.base import Store
 
 
 def chat_messages(state: RestoredState) -> list[dict[str, Any]]:
-    """The messages the model is sent for ``state``: system prompt first, standard keys only,
-    failed runs left out."""
+    """The messages the model is sent: system prompt first, no failed run, standard keys only."""
     return wire_messages(state.system_prompt, state.model_history)
 
 
@@ -31,32 +26,17 @@ def export_context(store: Store, context: ContextId | str) -> str:
     return json.dumps(messages, indent=2, ensure_ascii=False) + "\n"
 
 
-def finetune_record(transcript: Transcript) -> dict[str, Any] | None:
-    """The fine-tuning record of one conversation, or None when it has no assistant message."""
-    messages = chat_messages(transcript.state)
-    if not any(message.get("role") == "assistant" for message in messages):
-        return None
-    record: dict[str, Any] = {"messages": messages}
-    tools = transcript.state.config.get("tools")
-    if isinstance(tools, list) and tools:
-        record["tools"] = tools
-    return record
-
-
 def export_finetune_context(store: Store, context: ContextId | str) -> str:
     """One context's fine-tuning JSONL line, or "" without an assistant message.
 
     Many contexts, filtered by type and date, go through :func:`terrarium.export.export_many`.
     """
-    record = finetune_record(load_transcript(store, context))
-    if record is None:
+    state = load_transcript(store, context).state
+    messages = chat_messages(state)
+    if not any(message.get("role") == "assistant" for message in messages):
         return ""
+    record: dict[str, Any] = {"messages": messages}
+    tools = state.config.get("tools")
+    if isinstance(tools, list) and tools:
+        record["tools"] = tools
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
-
-
-__all__ = [
-    "chat_messages",
-    "export_context",
-    "export_finetune_context",
-    "finetune_record",
-]

@@ -39,13 +39,8 @@ def _valid_link(url: str) -> bool:
     return url.strip().lower().startswith(_SAFE_SCHEMES)
 
 
-def _markdown() -> MarkdownIt:
-    md = MarkdownIt("commonmark", {"html": False, "highlight": _highlight}).enable("table")
-    md.validateLink = _valid_link  # type: ignore[method-assign]
-    return md
-
-
-_MD = _markdown()
+_MD = MarkdownIt("commonmark", {"html": False, "highlight": _highlight}).enable("table")
+_MD.validateLink = _valid_link  # type: ignore[method-assign]
 
 
 def markdown_html(text: str) -> str:
@@ -69,6 +64,3 @@ def pygments_css() -> str:
     # A list, not ".md pre, pre": Pygments puts the text before each class as it is, and the
     # bare ".md pre" of that string would get every token's style (a red border, italics).
     return str(HtmlFormatter(style="default").get_style_defs([".md pre", "pre"]))
-
-
-__all__ = ["MARKDOWN_LIMIT", "code_html", "markdown_html", "pygments_css"]

@@ -75,9 +75,6 @@ class LegacyFormatError(InvalidEntry):
     """A file is not a legacy Terrarium JSON session, or a field has the wrong type."""
 
 
-# --------------------------------------------------------------------------- records
-
-
 @dataclass(frozen=True, slots=True)
 class LegacyMessage:
     """One message of a legacy session."""
@@ -139,12 +136,9 @@ class LegacySession:
         return ContextId(self.context_type, self.session_id)
 
 
-# --------------------------------------------------------------------------- timestamps
-
-
 def to_log_ts(text: str) -> str:
     """A legacy timestamp in the log's form: UTC, microseconds, ``Z``."""
-    return parse_timestamp(text).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+    return to_legacy_ts(text) + "Z"
 
 
 def to_legacy_ts(text: str) -> str:
@@ -156,9 +150,6 @@ def _mtime_ts(path: Path) -> str:
     ns = path.stat().st_mtime_ns
     when = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=ns // 1000)
     return when.replace(tzinfo=None).isoformat(timespec="microseconds")
-
-
-# --------------------------------------------------------------------------- reading
 
 
 class _Checker:
@@ -460,49 +451,38 @@ def _check_loggable(data: dict[str, Any], check: _Checker) -> None:
         raise check.fail(_TOO_DEEP)
 
 
+_JSON_TYPES: tuple[tuple[Any, str], ...] = (
+    (type(None), "null"),
+    (bool, "a boolean"),
+    (int | float, "a number"),
+    (str, "a string"),
+    (list, "a list"),
+)
+
+
 def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    return "an object"
+    return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), "an object")
 
 
-# --------------------------------------------------------------------------- writing
+def _with_extra(known: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``known``, then the keys of ``extra`` it lacks: unknown keys follow the known."""
+    return {**known, **{key: value for key, value in extra.items() if key not in known}}
 
 
 def _metadata_dict(metadata: LegacyMetadata) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "created_at": metadata.created_at,
-        "last_active": metadata.last_active,
-        "message_count": metadata.message_count,
-        "session_id": metadata.session_id,
-        "context_type": metadata.context_type,
-        "session_date": metadata.session_date,
-    }
-    for key, value in metadata.extra.items():
-        out.setdefault(key, value)
-    return out
+    known = {key: getattr(metadata, key) for key in _META_KEYS}
+    return _with_extra(known, metadata.extra)
 
 
 def _message_dict(
     role: str, content: str, timestamp: str, extra: Mapping[str, Any]
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": role, "content": content, "timestamp": timestamp}
-    for key, value in extra.items():
-        out.setdefault(key, value)
-    return out
+    return _with_extra({"role": role, "content": content, "timestamp": timestamp}, extra)
 
 
 def dump(session: LegacySession) -> dict[str, Any]:
     """The session as the seed's JSON object, field for field; unknown keys follow the known."""
-    out: dict[str, Any] = {
+    known: dict[str, Any] = {
         "session_id": session.session_id,
         "context_type": session.context_type,
         "system_prompt": session.system_prompt,
@@ -511,9 +491,7 @@ def dump(session: LegacySession) -> dict[str, Any]:
         ],
         "metadata": _metadata_dict(session.metadata),
     }
-    for key, value in session.extra.items():
-        out.setdefault(key, value)
-    return out
+    return _with_extra(known, session.extra)
 
 
 def dumps(data: LegacySession | Mapping[str, Any]) -> str:
@@ -560,9 +538,6 @@ def write(path: str | os.PathLike[str], session: LegacySession) -> None:
     atomic_write_bytes(target, dumps(session).encode())
 
 
-# --------------------------------------------------------------------------- finding files
-
-
 def _is_legacy_file(path: Path) -> bool:
     return path.name.endswith(".json") and path.is_file()
 
@@ -586,9 +561,6 @@ def iter_legacy_files(root: str | os.PathLike[str]) -> Iterator[Path]:
                     yield inner
         elif _is_legacy_file(path):
             yield path
-
-
-# --------------------------------------------------------------------------- import
 
 
 def import_session(
@@ -634,9 +606,6 @@ def import_session(
         ts=to_log_ts(session.metadata.created_at),
         header_extra={LEGACY_HEADER_KEY: record},
     )
-
-
-# --------------------------------------------------------------------------- export
 
 
 @dataclass(frozen=True, slots=True)
@@ -720,16 +689,14 @@ def export_dict(
     logged = head.segment_id != root_id or state.next_seq != 1  # since an import, if any
     metadata = _export_metadata(ctx, head, state, record, len(messages), logged=logged)
     extra_top: Mapping[str, Any] = (record.get("extra") or {}) if record is not None else {}
-    out: dict[str, Any] = {
+    known = {
         "session_id": ctx.name,
         "context_type": ctx.type,
         "system_prompt": state.system_prompt or "",
         "messages": messages,
         "metadata": metadata,
     }
-    for key, value in extra_top.items():
-        out.setdefault(key, value)
-    return out
+    return _with_extra(known, extra_top)
 
 
 def _export_metadata(
@@ -795,28 +762,3 @@ def _export_messages(
 def export_context(store: Store, context: ContextId | str) -> str:
     """Any native context as the text of a legacy session file (ContextNotFound if none)."""
     return dumps(export_dict(store, context))
-
-
-__all__ = [
-    "LEGACY_HEADER_KEY",
-    "MESSAGE_ROLES",
-    "LegacyFormatError",
-    "LegacyMessage",
-    "LegacyMetadata",
-    "LegacySession",
-    "atomic_write_bytes",
-    "dump",
-    "dumps",
-    "export_context",
-    "export_dict",
-    "from_dict",
-    "fsync_dir",
-    "import_session",
-    "iter_legacy_files",
-    "load",
-    "parse_timestamp",
-    "stale_partials",
-    "to_legacy_ts",
-    "to_log_ts",
-    "write",
-]

@@ -1,12 +1,13 @@
-"""The derived index: one listing and search index above the stores that have none of their own.
+"""The derived index: the one listing and search index above every store.
 
 A layer above :mod:`terrarium.stores` and the session log, below :mod:`terrarium.contexts`,
 :mod:`terrarium.search` and the dashboard. It derives from a store's logs what listing, search
 and the dashboard need (a row per session with its counts, last activity and figures, an FTS5
-row per history item) and is rebuilt from them when lost. Every store with no search of its
-own (``Indexed``: files, memory, SQLite) has one; PostgreSQL keeps its native search and
-listing: :func:`of` gives None for it, and the surfaces ask the store itself (:func:`listing`);
-the dashboard reads :func:`of_any`. Importing this package imports no backend.
+row per history item) and is rebuilt from them when lost. Every ``Indexed`` store has one
+(files, memory, SQLite, PostgreSQL: for PostgreSQL a file on each machine that reads it, see
+:func:`terrarium.stores._changes.index_folder`); :func:`of` gives None for a store that is not
+(a third party's), which the surfaces then ask itself (:func:`listing`); the dashboard reads
+:func:`of_any`. Importing this package imports no backend.
 
 Usage::
 
@@ -50,7 +51,7 @@ _lock = threading.Lock()
 
 def of(store: Store) -> SearchIndex | None:
     """The derived index of ``store`` (opened on first use, closed with the store), or None
-    for a store that keeps its own search and listing."""
+    for a store that is not ``Indexed``."""
     if not isinstance(store, Indexed):
         return None
     from terrarium.index._index import SearchIndex
@@ -80,8 +81,8 @@ def walked(store: Store) -> SearchIndex:
 
 
 def listing(store: Store) -> SearchIndex | Store:
-    """What answers listing and search for ``store``: its derived index, else the store (which
-    then has the ``Listing``/``Searchable`` abilities of its own, or none)."""
+    """What answers listing and search for ``store``: its derived index, else the store (one
+    that is not ``Indexed`` may have the ``Listing``/``Searchable`` abilities itself)."""
     found = of(store)
     return store if found is None else found
 

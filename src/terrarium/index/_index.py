@@ -659,7 +659,7 @@ class SearchIndex:
             IndexUnavailable: as :meth:`list_contexts_fast`.
             InvalidQuery: a query that cannot be run.
         """
-        statement, params = _listing.page_statement(sql.LISTING_SELECT, query, _listing.SQLITE)
+        statement, params = _listing.page_statement(sql.LISTING_SELECT, query)
         return [ContextSummary(*row) for row in self._rows(statement, params)]
 
     def context_types(self) -> list[str]:

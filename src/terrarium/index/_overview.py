@@ -59,7 +59,7 @@ class Reader:
         found: list[ContextSummary] = []
         for view in views:
             select = sql.HOT_ROWS if view == "sessions" else sql.OTHER_ROWS.format(view=view)
-            statement, params = _listing.page_statement(select, query, _listing.SQLITE, SORTS)
+            statement, params = _listing.page_statement(select, query, SORTS)
             found += [ContextSummary(*row) for row in self.conn.execute(statement, params)]
         if len(views) == 1:
             return found

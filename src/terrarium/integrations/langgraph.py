@@ -131,8 +131,6 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
         """The context that holds ``thread_id``; InvalidContextId if it cannot be a name."""
         return ContextId(self.context_type, str(thread_id))
 
-    # ------------------------------------------------------------------------- reading
-
     def _read(self, context: ContextId) -> _Thread | None:
         head = self.store.get_head(context)
         return None if head is None else self._replay(head)
@@ -239,8 +237,6 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
                         limit -= 1
                     yield found
 
-    # ------------------------------------------------------------------------- writing
-
     def put(
         self,
         config: RunnableConfig,
@@ -327,8 +323,6 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread's context: every checkpoint, write and logged message of it."""
         delete_context(self.store, self.context_of(str(thread_id)))
-
-    # ------------------------------------------------------------------------- async twins
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """:meth:`get_tuple` in a worker thread."""

@@ -90,8 +90,6 @@ class TerrariumSession:
     def __repr__(self) -> str:
         return f"TerrariumSession({self.session_id!r}, context={str(self.context)!r})"
 
-    # ------------------------------------------------------------------------- the protocol
-
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The history, oldest first; the last ``limit`` items (default ``session_settings.limit``).
 
@@ -126,8 +124,6 @@ class TerrariumSession:
         """Empty the session; its old history stays in the context's session tree."""
         await self._run(self._clear)
 
-    # ------------------------------------------------------------------------- lifetime
-
     def close(self) -> None:
         """Close the store if this session opened it; the session is unusable afterwards."""
         if self._closed:
@@ -141,8 +137,6 @@ class TerrariumSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # ------------------------------------------------------------------------- in the thread
 
     def _check_open(self) -> None:
         if self._closed:

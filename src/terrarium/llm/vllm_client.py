@@ -1,12 +1,11 @@
 """The model client: one OpenAI-compatible chat server (vLLM, llama.cpp, Ollama, OpenAI) over HTTP.
 
-:class:`VLLMClient` wraps ``openai.AsyncOpenAI`` for a long-lived agent. Plain chat requests
-skip the typed pipeline of ``chat.completions.create`` (:func:`_chat_request`). Messages go
-out exactly as given, so vLLM's prefix cache reuses the previous turn's bytes. One retry loop
-serves every call, and also retries a stream that failed before its first delta. Errors are
-:class:`~terrarium.errors.LLMError` subclasses with one-line messages. A reply without usage
-gets an estimated :class:`~terrarium.model.UsageRecord`. ``on_trace`` gets a
-:class:`~terrarium.model.TraceEntry` for each request, raw chunk, response and error.
+:class:`VLLMClient` wraps ``openai.AsyncOpenAI`` for a long-lived agent. Requests skip the
+typed pipeline of ``chat.completions.create`` (:func:`_chat_request`), and messages go out
+exactly as given, so vLLM's prefix cache reuses the previous turn's bytes. One retry loop
+serves every call, a stream that failed before its first delta included. Errors are
+:class:`~terrarium.errors.LLMError` subclasses with one-line messages; a reply without usage
+gets an estimated one; ``on_trace`` sees each request, raw chunk, response and error.
 
 A client belongs to one event loop (its connection pool does). Usage::
 
@@ -34,7 +33,7 @@ from typing import Any, Literal, TypeVar, cast
 
 import msgspec
 import openai
-from openai.resources.chat.completions import AsyncCompletions
+from openai.types.chat import ChatCompletionChunk
 
 from terrarium.errors import (
     BadResponse,
@@ -54,8 +53,6 @@ DEFAULT_BASE_URL = "http://localhost:8000"
 _DUMMY_API_KEY = "EMPTY"  # local vLLM wants no key, but the openai client insists on one
 _HINT = "start it, or set --base-url / TERRARIUM_BASE_URL"
 
-# Parameters chat.completions.create() takes by name; anything else goes in extra_body.
-_KNOWN_PARAMS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {"self"}
 _RESERVED_PARAMS = frozenset({"messages", "model", "stream"})
 # openai 1.99 to 2.x send a bytes ``body`` as it is; later releases take it as ``content``
 # (and deprecate the other).
@@ -84,13 +81,11 @@ class ChatResult:
     """One complete answer from the model."""
 
     message: dict[str, Any]
-    """The assistant message in OpenAI form: ``role``, ``content``, and ``tool_calls`` and
-    ``reasoning_content`` when present. Ready to append to the history as it is."""
+    """The assistant message in OpenAI form, ready to append to the history as it is."""
     text: str
     """The reply text (``""`` when the model only called tools)."""
     usage: UsageRecord | None
-    """Token usage: the server's, else an estimate (``usage.estimated`` names how it was
-    made). :class:`VLLMClient` always fills it."""
+    """Token usage: the server's, else an estimate (``usage.estimated`` says how)."""
     finish_reason: str | None
     """``stop``, ``length``, ``tool_calls``, ... as the server said."""
     model: str
@@ -176,8 +171,6 @@ class VLLMClient:
         """The model requests go to: the one given, or the one picked; None before picking."""
         return self._model
 
-    # ------------------------------------------------------------------ lifecycle
-
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""
         await self._client.close()
@@ -187,8 +180,6 @@ class VLLMClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-    # ------------------------------------------------------------------ models
 
     async def list_models(self) -> list[str]:
         """Return the ids of the models the server serves (``GET /v1/models``)."""
@@ -216,8 +207,6 @@ class VLLMClient:
                 self._model = models[0]
                 self._model_was_picked = True
             return self._model
-
-    # ------------------------------------------------------------------ chat
 
     async def chat(
         self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None, **params: Any
@@ -285,22 +274,17 @@ class VLLMClient:
         self._trace("response", state.trace_data(result))
         yield StreamEvent(result=result)
 
-    # ------------------------------------------------------------------ retries
-
     async def _with_retries(
         self,
         one_try: Callable[[int], Awaitable[_T]],
         model: str | None,
         explicit: str | None = None,
     ) -> _T:
-        """Await ``one_try(attempt)`` until it succeeds or fails for good: the one retry loop.
+        """Await ``one_try(attempt)`` until it succeeds or fails for good.
 
-        The ``openai`` client makes one try (``max_retries=0``): its own loop ends when the headers
-        arrive, so it cannot replay a stream that breaks before its first delta; ours can. Retried:
-        connection errors, timeouts, 408, 429 and 5xx, at most ``max_retries`` times, with our
-        backoff (which also caps ``Retry-After``). A :class:`BadResponse` is raised as it is; other
-        errors become :meth:`_map_error`'s. ``explicit`` is the model the caller named (None: a
-        picked model may be forgotten).
+        The ``openai`` client's own loop (off: ``max_retries=0``) ends when the headers arrive,
+        so it cannot replay a stream that breaks before its first delta; ours can. ``explicit``
+        is the model the caller named (None: a picked model may be forgotten).
         """
         attempt = 0
         while True:
@@ -326,17 +310,13 @@ class VLLMClient:
         kwargs: Mapping[str, Any],
         attempt: int,
     ) -> tuple[_StreamState, StreamEvent | None]:
-        """One try at a stream, read up to its first delta (None: it ended without one).
-
-        On failure the stream is closed before the exception leaves, freeing the connection.
-        """
+        """One try at a stream, read up to its first delta (None: it ended without one)."""
         while True:
             request = self._stream_kwargs(kwargs)
             self._trace("request", self._request_trace(name, messages, request, True, attempt))
             try:
-                stream = await self._client.chat.completions.create(
-                    model=name, stream=True, **_with_messages(request, messages)
-                )
+                body, options = _chat_request(name, messages, request, stream=True)
+                stream = await self._post_chat(body, options, stream=True)
                 break
             except openai.APIStatusError as exc:
                 if "stream_options" not in request or not _refuses_stream_options(exc):
@@ -375,18 +355,15 @@ class VLLMClient:
             request.pop("stream_options", None)
         return request
 
-    # ------------------------------------------------------------------ usage estimates
-
     async def _estimate_usage(
         self, model: str, messages: Sequence[Mapping[str, Any]], result: ChatResult
     ) -> UsageRecord:
         """Usage for a reply the server sent none for: counted by its tokenizer, else by chars.
 
-        vLLM's ``/tokenize`` counts the prompt with the chat template applied; llama.cpp's counts
-        texts, so its prompt count leaves the template out. A tokenizer failure falls back to
-        :func:`chars_to_tokens` and is logged; it never fails the turn.
+        vLLM's ``/tokenize`` applies the chat template; llama.cpp's counts texts, so its prompt
+        count leaves the template out. A tokenizer failure is logged, never fails the turn.
         """
-        completion_text = _completion_text(result.message)
+        completion_text = _message_text(result.message, reasoning=True)
         try:
             kind = await self._tokenizer_kind(model)
             if kind == "vllm":
@@ -464,12 +441,14 @@ class VLLMClient:
             raise ValueError("the /tokenize answer is not a JSON object")
         return data
 
-    # ------------------------------------------------------------------ internals
-
-    async def _post_chat(self, body: bytes, options: Mapping[str, Any]) -> Any:
+    async def _post_chat(
+        self, body: bytes, options: Mapping[str, Any], *, stream: bool = False
+    ) -> Any:
         """POST a prebuilt chat request with the client's ``post`` (same pool, headers, errors)."""
         post: Any = self._client.post  # typed for the installed release's keywords only
-        raw = {"content": body} if _POST_TAKES_CONTENT else {"body": body}
+        raw: dict[str, Any] = {"content": body} if _POST_TAKES_CONTENT else {"body": body}
+        if stream:
+            raw.update(stream=True, stream_cls=openai.AsyncStream[ChatCompletionChunk])
         return await post("/chat/completions", cast_to=object, options=options, **raw)
 
     def _build_kwargs(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -477,16 +456,7 @@ class VLLMClient:
         bad = _RESERVED_PARAMS.intersection(merged)
         if bad:
             raise TypeError(f"parameter {sorted(bad)[0]!r} is set by the client, not by params")
-        kwargs: dict[str, Any] = {}
-        extra: dict[str, Any] = dict(merged.pop("extra_body", None) or {})
-        for key, value in merged.items():
-            if key in _KNOWN_PARAMS:
-                kwargs[key] = value
-            else:
-                extra[key] = value
-        if extra:
-            kwargs["extra_body"] = extra
-        return kwargs
+        return merged
 
     def _request_trace(
         self,
@@ -624,16 +594,18 @@ class VLLMClient:
 
 
 def _chat_request(
-    model: str, messages: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]
+    model: str,
+    messages: Sequence[Mapping[str, Any]],
+    kwargs: Mapping[str, Any],
+    *,
+    stream: bool = False,
 ) -> tuple[bytes, dict[str, Any]]:
-    """The body of a plain chat request, encoded once for every try, and its request options.
+    """The body of a chat request, encoded once for every try, and its request options.
 
-    ``chat.completions.create`` walks every argument through TypedDict transforms and pydantic
-    models: ~1.5 ms of CPU a request, half a turn's CPU with 50 contexts in flight on one event
-    loop (benchmarks/bench_manager.py). The body is plain JSON already, so it is posted as bytes
-    and the answer read as plain JSON.
+    ``chat.completions.create``'s TypedDict transforms and pydantic models cost ~1.5 ms of CPU
+    a request and ~140 µs a message (benchmarks/bench_manager.py); the body is JSON already.
     """
-    body: dict[str, Any] = {"model": model}
+    body: dict[str, Any] = {"model": model, "stream": True} if stream else {"model": model}
     options: dict[str, Any] = {}
     for key, value in kwargs.items():
         if isinstance(value, openai.NotGiven | openai.Omit) or key == "extra_body":
@@ -657,20 +629,6 @@ def _jsonable(value: Any) -> Any:
 
 
 _ENCODER = msgspec.json.Encoder(enc_hook=_jsonable)
-
-
-def _with_messages(
-    kwargs: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]
-) -> dict[str, Any]:
-    """Request arguments with ``messages`` carried in ``extra_body``, untransformed.
-
-    The openai package's TypedDict transform costs ~140 µs a message (1.4 s of CPU at 10k
-    messages); our plain dicts would come out unchanged.
-    """
-    out = dict(kwargs)
-    out["extra_body"] = {**(out.get("extra_body") or {}), "messages": list(messages)}
-    out["messages"] = []
-    return out
 
 
 def chars_to_tokens(text: str) -> int:
@@ -700,11 +658,6 @@ def _prompt_text(messages: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(text for m in messages if (text := _message_text(m, reasoning=False)))
 
 
-def _completion_text(message: Mapping[str, Any]) -> str:
-    """What the model generated: its text, reasoning and tool calls."""
-    return _message_text(message, reasoning=True)
-
-
 def _count_of(answer: Mapping[str, Any]) -> int:
     count = answer.get("count")
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
@@ -727,9 +680,6 @@ def normalize_base_url(base_url: str) -> str:
     if not url.endswith("/v1"):
         url = f"{url}/v1"
     return url
-
-
-# ---------------------------------------------------------------------- streaming assembly
 
 
 class _StreamState:
@@ -818,9 +768,6 @@ class _StreamState:
             "usage": result.usage.to_dict() if result.usage else None,
             "chunks": self.chunks,
         }
-
-
-# ---------------------------------------------------------------------- helpers
 
 
 def _make_result(

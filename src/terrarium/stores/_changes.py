@@ -1,14 +1,16 @@
 """What the derived index (:mod:`terrarium.index`) reads of a store with a change cursor.
 
 :class:`LogChanges` gives the index's ``Source`` over any :class:`~.base.ChangeLog` store
-(memory, SQLite): a session's "folder" is its id, a segment's size its next seq, and the lines
-it gained since are :meth:`~.base.ChangeLog.entries_from` a seq. Which sessions to read comes
-from the store's cursor (:meth:`changes`). The filesystem store has its own source
-(``stores/fs/_changes.py``): appends there leave markers, not a cursor.
+(memory, SQLite, PostgreSQL): a session's "folder" is its id, a segment's size its next seq,
+and the lines it gained since are :meth:`~.base.ChangeLog.entries_from` a seq. Which sessions
+to read comes from the store's cursor (:meth:`changes`). The filesystem store has its own
+source (``stores/fs/_changes.py``): appends there leave markers, not a cursor. A store on a
+server keeps no index file of its own: each machine keeps one in :func:`index_folder`.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,21 @@ from typing import Any
 from terrarium.errors import SegmentNotFound
 from terrarium.stores.base import ChangeLog, PodMetadata, SegmentStat
 
-__all__ = ["LogChanges"]
+__all__ = ["INDEX_DIR_ENV", "LogChanges", "index_folder"]
+
+#: The environment variable that names the folder of a server store's derived index files.
+INDEX_DIR_ENV = "TERRARIUM_INDEX_DIR"
+
+
+def index_folder() -> Path:
+    """Where this machine keeps the derived index of a store on a server (PostgreSQL), one
+    file per store: ``$TERRARIUM_INDEX_DIR``, else ``$XDG_CACHE_HOME/terrarium/index``, else
+    ``~/.cache/terrarium/index``. A cache: each machine builds its own from the store."""
+    named = os.environ.get(INDEX_DIR_ENV)
+    if named:
+        return Path(named).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "terrarium" / "index"
 
 
 class LogChanges:

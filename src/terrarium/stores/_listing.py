@@ -1,12 +1,11 @@
-"""Pages of a listing (:class:`~terrarium.stores.base.Listing`): the statement every
-database index runs.
+"""Pages of a listing (:class:`~terrarium.stores.base.Listing`): the statement the derived
+index (:mod:`terrarium.index`, SQLite) runs.
 
 A page is keyset pagination over the sort column and the context id, largest first:
-``WHERE (col, context) < (:value, :context) ORDER BY col DESC, context DESC LIMIT :n``. Each
-backend keeps an index on ``(col, context)`` for each sort (SQLite and PostgreSQL
-``contexts_by_*``, the fs index's ``sessions_by_*``), so a page reads about ``n`` index
-entries wherever it starts. Filters that no index serves (text in the id, the days) are
-checked on the rows the index walk visits.
+``WHERE (col, context) < (:value, :context) ORDER BY col DESC, context DESC LIMIT :n``. The
+index keeps an index on ``(col, context)`` for each sort (``sessions_by_*``), so a page reads
+about ``n`` index entries wherever it starts. Filters that no index serves (text in the id,
+the days) are checked on the rows the index walk visits.
 
 The contract tests hold every backend to the same page picked from a whole listing
 (``tests/contract/test_paged_listing.py``).
@@ -14,10 +13,7 @@ The contract tests hold every backend to the same page picked from a whole listi
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
-
-import msgspec
 
 from terrarium.errors import InvalidQuery
 from terrarium.stores.base import LISTING_SORTS, ListingQuery
@@ -62,64 +58,35 @@ def check(query: ListingQuery, sorts: tuple[str, ...] = LISTING_SORTS) -> Listin
     return query
 
 
-class Dialect(msgspec.Struct, frozen=True):
-    """How one database spells the parts of a page's statement."""
-
-    mark: str
-    """The parameter placeholder."""
-    contains: str
-    """The condition "the context id contains the folded needle" (``{mark}`` for it)."""
-    fold: Callable[[str], str]
-    """How the needle is folded to match ``contains``."""
-    collate: str = ""
-    """The collation text columns compare in (code point order, as Python's)."""
-    arrays: bool = False
-    """Whether a list binds as one parameter (``= ANY(%s)``) rather than one each (``IN``)."""
-
-
-SQLITE = Dialect("?", "instr(casefold(context), ?) > 0", str.casefold)
-"""SQLite (the store and the fs index): ``casefold`` is registered on every connection
-(:func:`terrarium.stores._db.connect`), so the filter folds case as Python does."""
-
-POSTGRES = Dialect("%s", "strpos(lower(context), %s) > 0", str.lower, ' COLLATE "C"', True)
-"""PostgreSQL: ``lower`` folds case by the database's locale (close to Python's
-``str.lower``); ``COLLATE "C"`` orders text by code point, as Python and SQLite do."""
-
-
 def page_statement(
-    select: str, query: ListingQuery, dialect: Dialect, sorts: tuple[str, ...] = LISTING_SORTS
+    select: str, query: ListingQuery, sorts: tuple[str, ...] = LISTING_SORTS
 ) -> tuple[str, list[Any]]:
     """``select`` (``SELECT ... FROM table``, the listing's columns) completed into the page
-    ``query`` names (its sort one of ``sorts``), and its parameters."""
+    ``query`` names (its sort one of ``sorts``), and its parameters. The text filter folds
+    case as Python does: ``casefold`` is registered on every connection
+    (:func:`terrarium.stores._db.connect`)."""
     check(query, sorts)
-    m = dialect.mark
     column = COLUMNS[query.sort]
-    value = column + (dialect.collate if column not in COUNTED else "")
-    context = "context" + dialect.collate
     conditions: list[str] = []
     params: list[Any] = []
     if query.contexts is not None:
-        if dialect.arrays:
-            conditions.append(f"context = ANY({m})")
-            params.append(list(query.contexts))
-        else:
-            conditions.append(f"context IN ({', '.join(m * len(query.contexts))})")
-            params.extend(query.contexts)
+        conditions.append(f"context IN ({', '.join('?' * len(query.contexts))})")
+        params.extend(query.contexts)
     if query.type is not None:
-        conditions.append(f"type = {m}")
+        conditions.append("type = ?")
         params.append(query.type)
     if query.text:
-        conditions.append(dialect.contains)
-        params.append(dialect.fold(query.text))
+        conditions.append("instr(casefold(context), ?) > 0")
+        params.append(query.text.casefold())
     if query.since is not None:
-        conditions.append(f"substr(last_active, 1, 10) >= {m}")
+        conditions.append("substr(last_active, 1, 10) >= ?")
         params.append(query.since)
     if query.until is not None:
-        conditions.append(f"substr(last_active, 1, 10) <= {m}")
+        conditions.append("substr(last_active, 1, 10) <= ?")
         params.append(query.until)
     if query.after is not None:
-        conditions.append(f"({value}, {context}) < ({m}, {m})")
+        conditions.append(f"({column}, context) < (?, ?)")
         params.extend(query.after)
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-    statement = f"{select}{where} ORDER BY {value} DESC, {context} DESC LIMIT {m}"
+    statement = f"{select}{where} ORDER BY {column} DESC, context DESC LIMIT ?"
     return statement, [*params, query.limit]

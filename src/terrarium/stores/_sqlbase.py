@@ -219,8 +219,8 @@ class SqlStore(ClosingStore):
         line: Mapping[str, Any],
     ) -> None:
         """A segment's row and header (entry 0) with their blob refs, in the caller's
-        transaction; ``type`` is its context's ('' detached), where the store indexes the
-        header's items at once. ConflictError if the segment exists."""
+        transaction; ``type`` is its context's ('' detached), unused since no store indexes
+        items as it writes them. ConflictError if the segment exists."""
 
     @abstractmethod
     def _wake_on(self, conn: Any, session_id: SessionId) -> bool:
@@ -229,13 +229,6 @@ class SqlStore(ClosingStore):
     def _hold_name(self, conn: Any, context: str) -> None:
         """Hold the id ``context`` until the transaction ends, where a create could take it
         meanwhile (PostgreSQL); SQLite's write transaction holds its one write lock."""
-
-    def _adopt(self, conn: Any, type: str, session: Any, frozen: bool) -> None:
-        """Give an attached session's segments the context's type, before its head goes in
-        (PostgreSQL indexes their items under it)."""
-
-    def _count_head(self, conn: Any, context: str) -> None:
-        """Copy a new head's listing counts from its segment's row (PostgreSQL)."""
 
     @abstractmethod
     def _freeze_rows(self, conn: Any, session: Any) -> tuple[int, int]:
@@ -303,7 +296,6 @@ class SqlStore(ClosingStore):
                 raise ConflictError(f"session {session_id} already exists")
             conn.execute(self._q(INSERT_HEAD), (str(ctx), ctx.type, sid, gid, ts, ts))
             self._insert_segment(conn, session_id, segment_id, ctx.type, line)
-            self._count_head(conn, str(ctx))
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
 
     def attach_context(
@@ -319,14 +311,12 @@ class SqlStore(ClosingStore):
         with self._write() as conn:
             created, frozen = self._attachable(conn, ctx, session_id, segment_id)
             now = utc_now()
-            self._adopt(conn, ctx.type, sid, frozen)
             if frozen:
                 cold = (sid, str(ctx), ctx.type, gid, created, now)
                 conn.execute(self._q(INSERT_COLD_HEAD), cold)
             else:
                 conn.execute(self._q(INSERT_HEAD), (str(ctx), ctx.type, sid, gid, created, now))
             conn.execute(self._q(ATTACH_SESSION), (str(ctx), sid))
-            self._count_head(conn, str(ctx))
         return PodMetadata(str(ctx), session_id, segment_id, created, now)
 
     def _head_to_move(

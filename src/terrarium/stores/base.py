@@ -447,7 +447,7 @@ class ContextSummary(msgspec.Struct, frozen=True, gc=False):
 @runtime_checkable
 class Listing(Protocol):
     """Lists contexts with their message counts without restoring them, whole or a page at a
-    time (keyset pagination): the derived index, or PostgreSQL's own."""
+    time (keyset pagination): the derived index (:mod:`terrarium.index`)."""
 
     def list_contexts_fast(self, type: str | None = None) -> Sequence[ContextSummary]:
         """Every context's summary, optionally of one type, sorted by context id.

@@ -3,16 +3,17 @@
 Needs the ``postgres`` extra (``pip install 'terrarium-sessions[postgres]'``): psycopg 3 and its
 connection pool. It owns one schema (``terrarium`` by default) of a PostgreSQL database, created
 and migrated on open like every other backend (:mod:`.migrations`): heads (``contexts``),
-``sessions``, ``segments`` (each one's tail and counts), ``entries`` (each line exactly as
-:func:`terrarium.codec.encode` wrote it, as text, not ``jsonb``), ``traces``, and the derived
-``search_docs`` (:mod:`.search`). The statements are constants in :mod:`._sql`.
+``sessions``, ``segments`` (each one's tail), ``entries`` (each line exactly as
+:func:`terrarium.codec.encode` wrote it, as text, not ``jsonb``), ``traces``, and a change
+cursor (``session_changes``, kept by triggers in the writing transaction). The statements are
+constants in :mod:`._sql`. Listing and search are the derived index's (:mod:`terrarium.index`):
+a file on each machine that reads the store, which a new machine builds on its first listing
+or search (:func:`terrarium.stores._changes.index_folder`).
 
 The trade-off: every append is one autocommitted statement, durable once PostgreSQL has
 committed it (a server crash too, with ``synchronous_commit = on``), and costs about one bare
-``INSERT``; the search index and the listing counts of the heads are derived state, caught up
-in batches (before each search and listing, and every ``SEARCH_BATCH`` appended entries).
-Every table but the directory of heads is keyed by ``session_id`` first, so it can be
-distributed by session (Citus) unchanged.
+``INSERT``. Every table but the directory of heads is keyed by ``session_id`` first, so it can
+be distributed by session (Citus) unchanged.
 
 Usage::
 
@@ -25,12 +26,11 @@ Usage::
 
 from __future__ import annotations
 
-import logging
+import re
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from itertools import starmap
 from typing import Any, cast
 
 from terrarium import codec
@@ -42,20 +42,17 @@ from terrarium.errors import (
     StoreUnavailable,
     install_hint,
 )
-from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId, TraceEntry
-from terrarium.stores import _listing
-from terrarium.stores._query import check_query
+from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
+from terrarium.stores._changes import LogChanges, index_folder
 from terrarium.stores._redact import redact_url
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores._sqlbase import SqlStore, pyformat
 from terrarium.stores.base import (
     ATTEMPTS,
-    ContextSummary,
-    ListingQuery,
+    INDEX_DB,
+    Derived,
     NewEntry,
     PodMetadata,
-    SearchHit,
-    SearchQuery,
     head_then_tail,
     iter_lines,
     wake_session,
@@ -65,42 +62,30 @@ try:
     import psycopg
     from psycopg import errors as pg_errors
     from psycopg import pq
-    from psycopg.rows import args_row
     from psycopg_pool import PoolTimeout
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         f"PostgresStore needs psycopg 3 and psycopg_pool: {install_hint('postgres')}"
     ) from exc
 
-from terrarium.stores.postgres import _lifecycle, _sql, search
+from terrarium.stores.postgres import _lifecycle, _sql
 from terrarium.stores.postgres._pool import CONNECTION_ERRORS, Pool, alive, retried
 from terrarium.stores.postgres.migrations import MIGRATIONS, migrate
 from terrarium.stores.postgres.notify import ChangeFeed
-from terrarium.stores.postgres.search import search_words
 
 __all__ = [
     "DEFAULT_SCHEMA",
     "MIGRATIONS",
-    "RANK_WINDOW",
-    "SEARCH_BATCH",
     "PostgresStore",
     "migrate",
-    "search_words",
 ]
 
 DEFAULT_SCHEMA = "terrarium"
 
-log = logging.getLogger(__name__)
-
-# The search side's knobs live here, on the store's module, where the store reads them.
-#: Queries matching more items than this are ranked among their most recent matches.
-RANK_WINDOW = 5000
-#: Every this many entries it appends, a store brings the search index up to date: this bounds
-#: the backlog a search finds to about that many per writing process.
-SEARCH_BATCH = 256
-_CATCH_UP_SEGMENTS = 500
 _SEEN_CACHE = 4096
 _IDLE_LOCK_CONNECTIONS = 4
+#: A change cursor position: a ``pg_snapshot`` as text (``xmin:xmax:in-progress ids``).
+_SNAPSHOT = re.compile(r"\d+:(\d+):(?:\d+(?:,\d+)*)?")
 
 
 class PostgresStore(SqlStore):
@@ -158,9 +143,10 @@ class PostgresStore(SqlStore):
         self._lock = threading.Lock()
         self._local = threading.local()  # .conn: a connection lent to lifecycle calls
         self._seen: SeqGuesses[None] = SeqGuesses(_SEEN_CACHE)
-        self._unindexed = 0  # entries this store appended since it last caught the index up
         self._idle_locks: list[psycopg.Connection[Any]] = []
         self._closed = False
+        self.derived: Derived | None = None
+        """The derived index (:func:`terrarium.index.of`), closed with the store."""
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 migrate(conn, schema, where=self._where)
@@ -230,79 +216,55 @@ class PostgresStore(SqlStore):
                 f"cannot listen to PostgreSQL store {self._where}: {self._scrub(exc)}"
             ) from None
 
-    # ---------------------------------------------------------------- listing
+    # ---------------------------------------------------------------- change cursor
 
     @retried
-    def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
-        """Every context's summary (message count, last activity), without restoring any.
-
-        The counts live on the heads, copied there from the segments' rows by the catch-up,
-        which runs first; then this is one scan of a covering index, already in (type, name)
-        order. Keeping the copy on the heads at every append instead would put a write to the
-        directory table (keyed by context) on the append path.
-        """
-        self.catch_up()
-        query, params = (_sql.LISTING_OF_TYPE, (type,)) if type is not None else (_sql.LISTING, ())
-        with self._pool.connection() as conn, conn.transaction():
-            conn.execute(_sql.LISTING_BY_INDEX)
-            rows = conn.execute(query, params).fetchall()
-            # Tuples built in C, then the summaries: a tenth faster than a Python row factory.
-            return list(starmap(ContextSummary, rows))
-
-    @retried
-    def list_contexts_page(self, query: ListingQuery) -> list[ContextSummary]:
-        """One page of the listing, filtered and sorted (``Listing``): an index walk of
-        about ``query.limit`` rows (see :mod:`terrarium.stores._listing`). The text filter
-        folds case with the database's ``lower``.
-
-        Raises:
-            InvalidQuery: a query that cannot be run (see :func:`._listing.check`).
-        """
-        statement, params = _listing.page_statement(_sql.LISTING_SELECT, query, _listing.POSTGRES)
-        self.catch_up()
+    def changes(self, after: str | None) -> tuple[list[SessionId] | None, str]:
+        """The sessions written since position ``after`` and the position now (``ChangeLog``):
+        a position is a snapshot; see :data:`._sql.CHANGES` for why no commit is missed."""
+        seen = _SNAPSHOT.fullmatch(after or "")
         with self._pool.connection() as conn:
-            cursor = conn.cursor(row_factory=args_row(ContextSummary))
-            return cursor.execute(statement, params).fetchall()
+            row = None
+            if seen is not None:
+                try:
+                    row = conn.execute(_sql.CHANGES, {"after": after}).fetchone()
+                except pg_errors.DataError:  # no snapshot the server would give
+                    row = None
+            if seen is None or row is None or int(seen[1]) > int(row[1]):  # not a position
+                (now,) = conn.execute(_sql.POSITION).fetchone() or ("",)
+                return None, str(now)
+        return list(row[2]), str(row[0])
 
     @retried
-    def context_types(self, *, as_indexed: bool = False) -> list[str]:
-        """Every type that has a context, sorted (``Listing``)."""
+    def live_head(self, session_id: SessionId) -> PodMetadata | None:
+        """The head of the session's context unless detached, frozen or gone (``ChangeLog``)."""
         with self._pool.connection() as conn:
-            return [row[0] for row in conn.execute(_sql.CONTEXT_TYPES)]
+            row = conn.execute(_sql.LIVE_HEAD, (session_id,)).fetchone()
+        return None if row is None else self._head(row)
 
     @retried
-    def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
-        """Every context's (id, last active, message count), in last-active order, from the
-        index ``contexts_by_last_active`` (``Listing``)."""
-        self.catch_up()
-        with self._pool.connection() as conn, conn.transaction():
-            conn.execute(_sql.LISTING_BY_INDEX)
-            return conn.execute(_sql.SIGNATURES).fetchall()
-
-    # ---------------------------------------------------------------- search
-
-    @retried
-    def search(self, query: SearchQuery) -> list[SearchHit]:
-        """Ranked hits for ``query`` over every history item of every context.
-
-        One statement for the matches (GIN index), the most recent ``RANK_WINDOW`` of them
-        ranked by ``ts_rank``, and the lines of the best ``query.limit``, whose items' texts
-        a second one cuts ``ts_headline`` snippets from.
-
-        Args:
-            query: the words to find (data, never syntax) and the filters.
-
-        Returns:
-            Up to ``query.limit`` hits, best first, each with a snippet and highlight spans.
-
-        Raises:
-            InvalidQuery: nothing to search for, or an invalid ``limit``, ``role`` or ``since``.
-            InvalidContextId: ``query.context`` is not ``type:name``.
-        """
-        q = check_query(query)
-        self.catch_up()
+    def entries_from(
+        self, session_id: SessionId, segment_id: SegmentId, seq: int
+    ) -> list[dict[str, Any]]:
+        """The segment's lines from ``seq`` on (``ChangeLog``); none if it is not hot."""
         with self._pool.connection() as conn:
-            return search.find(conn, q, window=max(RANK_WINDOW, q.limit))
+            rows = conn.execute(_sql.ENTRIES_FROM, (session_id, segment_id, seq)).fetchall()
+        if not rows:
+            return []
+        data = ("\n".join([row[0] for row in rows]) + "\n").encode()
+        return codec.decode_lines(data, where=f"{self._where} segment {segment_id}", first_line=seq)
+
+    @retried
+    def store_id(self) -> str:
+        """The store's id, made once with its schema: what names its index file."""
+        with self._pool.connection() as conn:
+            (found,) = conn.execute(_sql.STORE_ID).fetchone() or ("",)
+        return str(found)
+
+    def index_source(self) -> LogChanges:
+        """What the derived index reads (``Indexed``): the change cursor, into a file in this
+        machine's cache folder named by the store's id (:func:`._changes.index_folder`)."""
+        return LogChanges(self, index_folder() / f"{self.store_id()}.{INDEX_DB}")
 
     # ---------------------------------------------------------------- contexts
 
@@ -450,23 +412,11 @@ class PostgresStore(SqlStore):
     def _hold_name(self, conn: psycopg.Connection[Any], context: str) -> None:
         _lifecycle.lock_name(conn, self.schema, context)
 
-    def _adopt(self, conn: psycopg.Connection[Any], type: str, session: Any, frozen: bool) -> None:
-        """Mark a hot session's segments unread under the context's type, so the next
-        catch-up indexes the items left out while it was detached; before the head goes in,
-        the order a catch-up locks them in."""
-        conn.execute(_lifecycle.RETYPE_COLD if frozen else _sql.ATTACH_SEGMENTS, (type, session))
-
-    def _count_head(self, conn: psycopg.Connection[Any], context: str) -> None:
-        conn.execute(_sql.HEAD_COUNTS, (context,))
-
     def _freeze_rows(self, conn: psycopg.Connection[Any], session: Any) -> tuple[int, int]:
         return _lifecycle.freeze(conn, self.schema, session)
 
     def _thaw_rows(self, conn: psycopg.Connection[Any], session: Any) -> None:
         _lifecycle.thaw(conn, session)
-
-    def _detach_rows(self, conn: psycopg.Connection[Any], context: str, session: Any) -> bool:
-        return _lifecycle.detach(conn, context, session)
 
     def _drop_rows(self, conn: psycopg.Connection[Any], session: Any) -> None:
         _lifecycle.drop_hot(conn, session)
@@ -508,14 +458,10 @@ class PostgresStore(SqlStore):
         type: str,
         line: Mapping[str, Any],
     ) -> None:
-        """A segment's row and header, its header's history indexed (in the caller's
-        transaction)."""
+        """A segment's row and header (in the caller's transaction)."""
         ts = str(line["ts"])
-        base = search.base_items(
-            line, lambda parent, at: self._prefix_items(conn, session_id, parent, at)
-        )
         try:
-            cur = conn.execute(_sql.INSERT_SEGMENT, (session_id, segment_id, ts, type, base, ts))
+            cur = conn.execute(_sql.INSERT_SEGMENT, (session_id, segment_id, ts))
         except pg_errors.ForeignKeyViolation:  # the session went while we looked
             raise SegmentNotFound(f"session {session_id} does not exist") from None
         if cur.rowcount != 1:
@@ -523,30 +469,7 @@ class PostgresStore(SqlStore):
         text = codec.encode(line).decode()
         conn.execute(_sql.INSERT_HEADER, (session_id, segment_id, line["kind"], ts, text))
         self._record_refs(conn, session_id, [line])
-        if type:  # a detached session's items are indexed when a context adopts it
-            search.insert_docs(
-                conn,
-                [(session_id, segment_id, ts, type, doc) for doc in search.line_docs(0, line)],
-            )
         self._seen.remember((session_id, segment_id), 1, None)  # a guess: appends check it
-
-    def _prefix_items(
-        self,
-        conn: psycopg.Connection[Any],
-        session_id: SessionId,
-        parent: SegmentId,
-        at: int | None,
-    ) -> int | None:
-        """The history items of the session's segment ``parent`` restored up to seq ``at``
-        (None: all of it), or None when there is no such segment."""
-        row = conn.execute(_sql.SEGMENT_COUNTS, (session_id, parent)).fetchone()
-        if row is None:
-            return None
-        base, items, next_seq = row
-        if at is None or at >= next_seq - 1:
-            return int(base + items)
-        found = conn.execute(_sql.COUNT_ITEMS, (session_id, parent, at)).fetchone()
-        return int(base + (found[0] if found else 0))
 
     def append(
         self,
@@ -600,19 +523,7 @@ class PostgresStore(SqlStore):
         finally:
             self._pool.putconn(conn)
         self._seen.remember(key, proposal + len(entries), None)
-        self._note_unindexed(len(entries))
         return proposal
-
-    def _note_unindexed(self, count: int) -> None:
-        """Count entries the search index lacks; index them once a batch has gathered."""
-        with self._lock:
-            self._unindexed += count
-            due = self._unindexed >= SEARCH_BATCH
-        if due:
-            try:
-                self.catch_up()
-            except (psycopg.Error, StoreError) as exc:  # the entries are in; a search catches up
-                log.warning("%s: search index catch-up deferred: %s", self._where, self._scrub(exc))
 
     def _append_params(
         self,
@@ -628,8 +539,6 @@ class PostgresStore(SqlStore):
             "segment": segment_id,
             "first": first,
             "next": first + count,
-            "last_ts": entries[-1].ts,
-            "items": sum(1 for entry in entries if entry.kind in HISTORY_KINDS),
         }
         if count == 1:
             line = next(iter_lines(entries, first))
@@ -666,36 +575,6 @@ class PostgresStore(SqlStore):
         self._seen.remember((session_id, segment_id), int(row[0]), None)
         return int(row[0])
 
-    # ---------------------------------------------------------------- the search index
-
-    @retried
-    def catch_up(self) -> int:
-        """Index every entry the search index has not read yet; return how many segments
-        had such entries. Searches call it first; it is public for tools and tests."""
-        with self._lock:
-            self._unindexed = 0
-        with self._pool.connection() as conn:
-            dirty = conn.execute(_sql.ALL_DIRTY).fetchall()
-        for start in range(0, len(dirty), _CATCH_UP_SEGMENTS):
-            self._index([(row[0], row[1]) for row in dirty[start : start + _CATCH_UP_SEGMENTS]])
-        return len(dirty)
-
-    def _index(self, segments: Sequence[tuple[SessionId, SegmentId]]) -> None:
-        """Index the unread entries of ``segments`` (see :func:`search.index_segments`)."""
-        with self._pool.connection() as conn:
-            search.index_segments(conn, segments)
-
-    @retried
-    def reindex(self) -> int:
-        """Rebuild the search index from the entries; return the number of contexts."""
-        with self._pool.connection() as conn:
-            with conn.transaction():
-                for statement in _sql.CLEAR_INDEX:
-                    conn.execute(statement)
-            (count,) = conn.execute(_sql.COUNT_CONTEXTS).fetchone() or (0,)
-        self.catch_up()
-        return int(count)
-
     def append_trace(
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
     ) -> None:
@@ -718,7 +597,10 @@ class PostgresStore(SqlStore):
         raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
 
     def close(self) -> None:
-        """Close the pool and the idle lock connections (held locks close on release)."""
+        """Close the derived index, the pool and the idle lock connections (held locks close
+        on release)."""
+        if self.derived is not None:
+            self.derived.close()
         with self._lock:
             if self._closed:
                 return

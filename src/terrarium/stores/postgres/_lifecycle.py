@@ -7,20 +7,20 @@ freeze, a thaw, a detach and a delete move, in the caller's transaction. The tab
 PostgreSQL types, keyed by ``session_id`` first like every other table::
 
     archived_contexts(session_id PK, context UNIQUE, type, segment_id, created_at, updated_at)
-    archived_segments(session_id, segment_id, created_at, type, next_seq, items, base_items,
-                      last_ts, lines bytea, trace bytea)        PK (session_id, segment_id)
+    archived_segments(session_id, segment_id, created_at, next_seq, lines bytea,
+                      trace bytea)                              PK (session_id, segment_id)
 
-A frozen segment keeps its row's tail and counts, so a thaw puts the row back as it was,
-marked unread from its header on: the next catch-up (before any search or listing) indexes
-its items again, under the type the row holds ('' while detached: none).
+A frozen segment keeps its row's tail, so a thaw puts the row back as it was. Each move's
+writes to ``contexts`` and ``segments`` note the session in the change cursor (their
+triggers), so the derived index hears of it.
 
 Concurrency: every move first locks the session's row (``FOR UPDATE``, in
 :class:`~terrarium.stores._sqlbase.SqlStore`; a ``create_segment`` holds it ``FOR KEY
 SHARE``). A freeze then holds the transaction-level advisory lock on its context's id
 (:func:`lock_name`), as a create and an attach do, so that a create never slips between its
 delete of the head and its insert of the frozen one; then it locks the segments' rows in key
-order (as a catch-up does: appends and trace writes wait, then find no row and take the miss
-path, which wakes the session). Locks are taken in that order: session row, then id.
+order (appends and trace writes wait, then find no row and take the miss path, which wakes
+the session). Locks are taken in that order: session row, then id.
 """
 
 from __future__ import annotations
@@ -39,55 +39,39 @@ Conn = psycopg.Connection[Any]
 
 LOCK_NAME = "SELECT pg_advisory_xact_lock(%s)"
 LOCK_SEGMENTS = (
-    "SELECT segment_id, created_at, type, next_seq, items, base_items, last_ts FROM segments "
+    "SELECT segment_id, created_at, next_seq FROM segments "
     "WHERE session_id = %s ORDER BY session_id, segment_id FOR UPDATE"
 )
 OWNER = pyformat(_sqlbase.SESSION_OWNER) + " FOR UPDATE"
 LOCK_HEAD = pyformat(_sqlbase.HOT_HEAD) + " FOR UPDATE"
 COLD_HEAD = pyformat(_sqlbase.COLD_HEAD)
 INSERT_COLD_HEAD = pyformat(_sqlbase.INSERT_COLD_HEAD)
-RETYPE_COLD = "UPDATE archived_segments SET type = %s WHERE session_id = %s"
 SESSION_TRACES = "SELECT segment_id, line FROM traces WHERE session_id = %s ORDER BY segment_id, n"
 SESSION_LINES = (
     "SELECT segment_id, seq, line FROM entries WHERE session_id = %s ORDER BY segment_id, seq"
 )
 INSERT_ARCHIVED_SEGMENT = (
-    "INSERT INTO archived_segments (session_id, segment_id, created_at, type, next_seq, items, "
-    "base_items, last_ts, lines, trace) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    "INSERT INTO archived_segments (session_id, segment_id, created_at, next_seq, lines, "
+    "trace) VALUES (%s, %s, %s, %s, %s, %s)"
 )
 # Traces go with their segments (foreign key, ON DELETE CASCADE).
 DROP_HOT = tuple(
-    f"DELETE FROM {table} WHERE session_id = %s"
-    for table in ("search_docs", "entries", "segments", "contexts")
+    f"DELETE FROM {table} WHERE session_id = %s" for table in ("entries", "segments", "contexts")
 )
 ARCHIVED_SEGMENTS = (
-    "SELECT segment_id, created_at, type, next_seq, items, base_items, last_ts, lines, trace "
+    "SELECT segment_id, created_at, next_seq, lines, trace "
     "FROM archived_segments WHERE session_id = %s ORDER BY segment_id"
 )
-# Unread from the header on: the next catch-up indexes the items again.
 REFILL_SEGMENT = (
-    "INSERT INTO segments (session_id, segment_id, created_at, type, next_seq, items, "
-    "base_items, last_ts, indexed_seq, dirty) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, -1, true)"
+    "INSERT INTO segments (session_id, segment_id, created_at, next_seq) VALUES (%s, %s, %s, %s)"
 )
 REFILL_ENTRIES = (
     "INSERT INTO entries (session_id, segment_id, seq, kind, ts, line) "
     "SELECT %s, %s, e.seq, e.kind, e.ts, e.line FROM unnest(%b::int[], %b::text[], "
     "%b::text[], %b::text[]) AS e(seq, kind, ts, line)"
 )
-REFILL_HEAD = (
-    "INSERT INTO contexts (context, type, session_id, segment_id, created_at, updated_at, "
-    "message_count, last_active) SELECT %s, %s, g.session_id, g.segment_id, %s, %s, "
-    "g.base_items + g.items, g.last_ts FROM segments AS g "
-    "WHERE g.session_id = %s AND g.segment_id = %s"
-)
+REFILL_HEAD = pyformat(_sqlbase.INSERT_HEAD)
 DROP_COLD = tuple(map(pyformat, _sqlbase.DROP_COLD))
-DETACH = tuple(map(pyformat, _sqlbase.DETACH))
-# A detached session's items leave the index; its segments, hot or frozen, get no type.
-UNTYPE = (
-    "DELETE FROM search_docs WHERE session_id = %s",
-    "UPDATE segments SET type = '' WHERE session_id = %s",
-    "UPDATE archived_segments SET type = '' WHERE session_id = %s",
-)
 
 
 def lock_name(conn: Conn, schema: str, context: str) -> None:
@@ -129,8 +113,8 @@ def _pack_session(
         conn.execute(SESSION_TRACES, (session,)).fetchall(),
     )
     rows = [
-        (session, g, created, type_, next_seq, items, base, last, *frozen.segments[g][1:])
-        for g, (_, created, type_, next_seq, items, base, last) in segments.items()
+        (session, g, created, next_seq, *frozen.segments[g][1:])
+        for g, (_, created, next_seq) in segments.items()
     ]
     with conn.cursor() as cursor:
         cursor.executemany(INSERT_ARCHIVED_SEGMENT, rows)
@@ -140,12 +124,10 @@ def _pack_session(
 def thaw(conn: Conn, session: SessionId) -> None:
     """Move a frozen session back to the hot tables, its head too if it has one."""
     head = conn.execute(COLD_HEAD, (session,)).fetchone()
-    for g, seg_created, seg_type, next_seq, items, base, last, blob, trace in conn.execute(
+    for g, seg_created, next_seq, blob, trace in conn.execute(
         ARCHIVED_SEGMENTS, (session,)
     ).fetchall():
-        conn.execute(
-            REFILL_SEGMENT, (session, g, seg_created, seg_type, next_seq, items, base, last)
-        )
+        conn.execute(REFILL_SEGMENT, (session, g, seg_created, next_seq))
         lines = unpack_lines(blob)
         found = envelopes(lines)
         columns = ([e.seq for e in found], [e.kind for e in found], [str(e.ts) for e in found])
@@ -155,19 +137,6 @@ def thaw(conn: Conn, session: SessionId) -> None:
             conn.execute(_sql.APPEND_TRACE, (session, g, traced))
     if head is not None:
         context, type_, g, created, updated = head
-        conn.execute(REFILL_HEAD, (context, type_, created, updated, session, g))
+        conn.execute(REFILL_HEAD, (context, type_, session, g, created, updated))
     for statement in DROP_COLD:
         conn.execute(statement, (session,))
-
-
-def detach(conn: Conn, context: str, session: SessionId) -> bool:
-    """Drop the head of ``context`` (hot or frozen) if it is on ``session``; whether it was.
-
-    The segments' rows are locked first, as a freeze and a catch-up lock them: before the head.
-    """
-    conn.execute(LOCK_SEGMENTS, (session,))
-    if not any(conn.execute(statement, (context, session)).rowcount for statement in DETACH):
-        return False
-    for statement in UNTYPE:
-        conn.execute(statement, (session,))
-    return True

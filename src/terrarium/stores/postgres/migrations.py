@@ -77,32 +77,24 @@ def m001_initial(conn: psycopg.Connection[Any]) -> None:
         conn.execute(statement)
     for body in (_FEED_JOIN, _FEED_LEAVE):
         conn.execute(sql.SQL(body).format(path=path))
+    for body in _CHANGES:
+        conn.execute(sql.SQL(body).format(schema=sql.Identifier(schema)))
     conn.execute("ALTER TABLE segments DISABLE TRIGGER segments_notify")
 
 
 _TABLES = (
-    # Heads, with their listing counts: contexts_listing covers a listing in (type, name)
-    # order; the dashboard's sessions list pages walk one index per order (last active,
-    # created, messages; ties by context id, in code point order: ``Listing``).
+    # Heads. Listing and search are the derived index's (:mod:`terrarium.index`), on each
+    # machine that reads them: the store keeps no counts of its own.
     """CREATE TABLE contexts (
         context text PRIMARY KEY,
         type text NOT NULL,
         session_id uuid NOT NULL,
         segment_id uuid NOT NULL,
         created_at text NOT NULL,
-        updated_at text NOT NULL,
-        message_count integer NOT NULL DEFAULT 0,
-        last_active text NOT NULL DEFAULT ''
+        updated_at text NOT NULL
     )""",
     "CREATE INDEX contexts_by_type ON contexts (type)",
-    'CREATE INDEX contexts_listing ON contexts ((type COLLATE "C"), '
-    '(substr(context, length(type) + 2) COLLATE "C")) INCLUDE (context, created_at, '
-    "message_count, last_active, updated_at, session_id, segment_id)",
     "CREATE INDEX contexts_by_session ON contexts (session_id)",
-    'CREATE INDEX contexts_by_last_active ON contexts (last_active COLLATE "C", '
-    'context COLLATE "C") INCLUDE (message_count)',
-    'CREATE INDEX contexts_by_created ON contexts (created_at COLLATE "C", context COLLATE "C")',
-    'CREATE INDEX contexts_by_messages ON contexts (message_count, context COLLATE "C")',
     # context NULL: detached; state: the lifecycle's record (JSON text, NULL for {}).
     """CREATE TABLE sessions (
         session_id uuid PRIMARY KEY,
@@ -112,23 +104,15 @@ _TABLES = (
     )""",
     "CREATE INDEX sessions_detached ON sessions (session_id) WHERE context IS NULL",
     "CREATE INDEX sessions_stated ON sessions (session_id) WHERE state IS NOT NULL",
-    # Each segment's row carries its tail, its listing counts and how far the search index
-    # has read it (dirty: not all): an append moves this row instead of checking foreign keys
-    # on entries, and its room on each page (fillfactor) keeps that update HOT.
+    # Each segment's row carries its tail: an append moves this row instead of checking
+    # foreign keys on entries, and its room on each page (fillfactor) keeps that update HOT.
     """CREATE TABLE segments (
         session_id uuid NOT NULL REFERENCES sessions ON DELETE CASCADE,
         segment_id uuid NOT NULL,
         created_at text NOT NULL,
-        type text NOT NULL DEFAULT '',
         next_seq integer NOT NULL DEFAULT 1,
-        items integer NOT NULL DEFAULT 0,
-        base_items integer NOT NULL DEFAULT 0,
-        last_ts text NOT NULL DEFAULT '',
-        indexed_seq integer NOT NULL DEFAULT 0,
-        dirty boolean NOT NULL DEFAULT false,
         PRIMARY KEY (session_id, segment_id)
     ) WITH (fillfactor = 50)""",
-    "CREATE INDEX segments_dirty ON segments (session_id, segment_id) WHERE dirty",
     # Lines stay text, cast to jsonb as they are read (line_jsonb, below).
     """CREATE TABLE entries (
         session_id uuid NOT NULL,
@@ -147,24 +131,6 @@ _TABLES = (
         PRIMARY KEY (session_id, segment_id, n),
         FOREIGN KEY (session_id, segment_id) REFERENCES segments ON DELETE CASCADE
     )""",
-    # One search row per history item with text: its place, filters and tsvector, not its
-    # text, which a hit reads from its entry's line (1,365 bytes per message with two copies
-    # of the text, 744 without, at 100k messages: benchmarks/README.md); ``id`` orders items
-    # by arrival, for ranking common words among their most recent matches.
-    """CREATE TABLE search_docs (
-        session_id uuid NOT NULL,
-        segment_id uuid NOT NULL,
-        seq integer NOT NULL,
-        n integer NOT NULL,
-        id bigint GENERATED ALWAYS AS IDENTITY,
-        type text NOT NULL,
-        role text NOT NULL,
-        ts text NOT NULL,
-        tsv tsvector NOT NULL,
-        PRIMARY KEY (session_id, segment_id, seq, n)
-    )""",
-    "CREATE INDEX search_docs_tsv ON search_docs USING gin (tsv)",
-    "CREATE INDEX search_docs_recent ON search_docs (id)",
     # Frozen sessions (``._lifecycle``): the heads of the attached ones, and each segment's
     # lines (and trace) zstandard-compressed, with its tail and counts. A unique index, not a
     # unique key, on context: a unique key would not start with session_id (Citus).
@@ -181,11 +147,7 @@ _TABLES = (
         session_id uuid NOT NULL,
         segment_id uuid NOT NULL,
         created_at text NOT NULL,
-        type text NOT NULL,
         next_seq integer NOT NULL,
-        items integer NOT NULL,
-        base_items integer NOT NULL,
-        last_ts text NOT NULL,
         lines bytea NOT NULL,
         trace bytea,
         PRIMARY KEY (session_id, segment_id)
@@ -202,6 +164,40 @@ _TABLES = (
         PRIMARY KEY (session_id, digest)
     )""",
     "CREATE INDEX blob_refs_digest ON blob_refs (digest)",
+)
+
+# The change cursor the derived index follows (``PostgresStore.changes``): for each session,
+# the id (``xid8``) of the last transaction that wrote it, in that transaction. An append's
+# statement notes it itself (``_sql.APPEND_ONE``: measured cheaper than a row trigger);
+# triggers on the rows every other write already touches keep it: a new or dropped segment
+# (a create, a freeze, a thaw, a delete), a head added, moved or dropped. A deleted
+# session keeps its row, so the reader hears of the delete. ``store_meta`` holds the store's
+# id, made once: it names the index file on each machine (a copy into a new store gets its
+# own). The function names its table with the schema, read when it was made: no search_path
+# set per call, which would cost every append.
+_CHANGES = (
+    """CREATE TABLE {schema}.session_changes (
+        session_id uuid PRIMARY KEY,
+        xid xid8 NOT NULL
+    )""",
+    "CREATE INDEX session_changes_by_xid ON {schema}.session_changes (xid)",
+    """CREATE TABLE {schema}.store_meta (
+        key text PRIMARY KEY,
+        value text NOT NULL
+    )""",
+    "INSERT INTO {schema}.store_meta VALUES ('store_id', gen_random_uuid()::text)",
+    """CREATE FUNCTION {schema}.note_change() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO {schema}.session_changes AS c (session_id, xid)
+        VALUES (CASE TG_OP WHEN 'DELETE' THEN OLD.session_id ELSE NEW.session_id END,
+            pg_current_xact_id())
+        ON CONFLICT (session_id) DO UPDATE SET xid = excluded.xid WHERE c.xid <> excluded.xid;
+        RETURN NULL;
+    END $$""",
+    """CREATE TRIGGER segments_change AFTER INSERT OR DELETE
+    ON {schema}.segments FOR EACH ROW EXECUTE FUNCTION {schema}.note_change()""",
+    """CREATE TRIGGER contexts_change AFTER INSERT OR UPDATE OR DELETE
+    ON {schema}.contexts FOR EACH ROW EXECUTE FUNCTION {schema}.note_change()""",
 )
 
 # Change notes for live views (LISTEN/NOTIFY, :mod:`.notify`): every append, new segment and
