@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 fill(store, messages)
                 derived = index.of(store)
                 assert derived is not None
-                derived.catch_up_index()
+                derived.refresh()
                 index_bytes = sum(p.stat().st_size for p in Path(cache).iterdir())
         report.note(f"postgres: loaded and indexed in {time.perf_counter() - t0:.1f} s")
         sums = tally(relation_sizes(dsn, "bytes"), report, messages)

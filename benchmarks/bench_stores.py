@@ -687,7 +687,7 @@ def load_postgres(dsn: str, report: Report, subset: list[tuple[str, list[str]]])
         loaded = time.perf_counter() - t0
         derived = index.of(store)  # what the first search does: index every item appended
         assert derived is not None
-        derived.catch_up_index()
+        derived.refresh()
         indexed = time.perf_counter() - t0 - loaded
         with psycopg.connect(dsn, autocommit=True) as conn:
             # As autovacuum would soon: planner statistics, and the old row versions of

@@ -31,6 +31,7 @@ def test_bench_targets_quick_run(tmp_path: Path) -> None:
         "restore",
         "list contexts (SQLite)",
         "search p50 (SQLite, slowest word class)",
+        "dashboard overview, cold (SQLite)",
         "dashboard overview (SQLite)",
         "dashboard first sessions page (SQLite)",
         "terrarium list (fs)",

@@ -620,36 +620,3 @@ def test_list_without_its_index_still_shows_damaged_contexts(
     for name in ("corrupt", "torn", "empty", "notheader"):
         problem = rows[f"cli:{name}"]["problem"]
         assert problem is not None and str(damaged[name]) in problem, (name, problem)
-
-
-def test_an_index_from_before_the_page_indexes_gets_them_and_keeps_its_rows(
-    tmp_path: Path,
-) -> None:
-    """An fs index of the same schema version made before the listing's page indexes existed
-    is not rebuilt: opened for writing, it gains the three indexes, and pages read from it."""
-    from terrarium.stores.base import ListingQuery
-
-    root = tmp_path / "sessions"
-    with FsStore(root) as store:
-        for name in ("a", "b", "c"):
-            _add(store, f"cli:{name}", f"hello {name}")
-        lister(store).list_contexts_fast()
-    db = root / ".index" / fs_search.DB_NAME
-    names = "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'sessions_by_%'"
-    conn = sqlite3.connect(db)
-    for (name,) in conn.execute(names).fetchall():
-        conn.execute(f"DROP INDEX {name}")
-    (ids_before,) = conn.execute("SELECT group_concat(id) FROM sessions").fetchone()
-    conn.commit()
-    conn.close()
-    with FsStore(root) as store:
-        page = lister(store).list_contexts_page(ListingQuery(sort="last_active", limit=2))
-        assert [s.context for s in page] == ["cli:c", "cli:b"]
-    conn = sqlite3.connect(db)
-    assert sorted(row[0] for row in conn.execute(names)) == [
-        "sessions_by_created",
-        "sessions_by_last_active",
-        "sessions_by_messages",
-    ]
-    assert conn.execute("SELECT group_concat(id) FROM sessions").fetchone() == (ids_before,)
-    conn.close()

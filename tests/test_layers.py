@@ -87,14 +87,15 @@ def test_the_session_log_imports_no_layer_above_it() -> None:
 
 
 def test_the_derived_index_sits_between_the_stores_and_the_surfaces() -> None:
-    """``terrarium.index`` imports only the stores and the layers below them (the surfaces
-    above ask it for a store's index), and no store imports it."""
+    """``terrarium.index`` imports only the stores, the session log (``sessions``: its replay
+    rule folds the figures the index keeps) and the layers below them (the surfaces above ask
+    it for a store's index), and no store imports it."""
     index_modules = {name for name in MODULES if name.split(".")[:2] == ["terrarium", "index"]}
     above = {
         f"{module} -> {name}"
         for module in index_modules
         for name in _imports(MODULES[module])
-        if name != "terrarium" and name.split(".")[1] not in {*BELOW_STORES, "index"}
+        if name != "terrarium" and name.split(".")[1] not in {*BELOW_STORES, "index", "sessions"}
     }
     assert index_modules and above == set()
     assert not any(

@@ -575,51 +575,37 @@ def test_the_same_app_serves_postgres(pg_database: str) -> None:  # noqa: F811
         assert signature(pg, None) != before
 
 
-def test_the_overview_fills_in_within_its_time_budget(seeded: FsStore) -> None:
-    from terrarium.web.data import Activity, overview
+def test_the_overview_follows_writes_and_never_reloads_itself(seeded: FsStore) -> None:
+    """The overview's figures are the index's sums, brought up to date by each read: a turn
+    shows on the next overview, which is complete (no partial page that reloads)."""
+    from terrarium.web.data import overview
 
-    activity = Activity()
-    first = overview(seeded, activity, budget=0.0)
-    assert first["activity_pending"] == 3  # nothing read yet: all pending, counts from listing
-    assert first["totals"]["turns"] == 0 and first["totals"]["messages"] > 0
-    full = overview(seeded, activity, budget=None)
-    assert full["activity_pending"] == 0 and full["totals"]["turns"] == 5
-    again = overview(seeded, activity, budget=0.0)  # nothing stale: nothing to read
-    assert again["activity_pending"] == 0
-    # (bytes on disk are measured by a thread of their own: one call may have them, one not)
-    assert {**again["totals"], "bytes_on_disk": 0} == {**full["totals"], "bytes_on_disk": 0}
+    first = overview(seeded)
+    assert first["totals"]["turns"] == 5 and first["totals"]["messages"] > 0
+    assert "activity_pending" not in first and first["indexing"] == 0
     turn(seeded, "irc:#python", "q", "a")
-    stale = overview(seeded, activity, budget=0.0)
-    assert stale["activity_pending"] == 1 and stale["totals"]["turns"] == 5  # the stale tally
-
-
-def test_a_partial_overview_says_so_and_reloads(seeded: FsStore, monkeypatch: Any) -> None:
-    from terrarium.web import data
-
-    monkeypatch.setattr(data, "ACTIVITY_BUDGET", 0.0)
-    page = client(seeded).get("/").text
-    assert 'id="pending"' in page and 'http-equiv="refresh"' in page
-    monkeypatch.setattr(data, "ACTIVITY_BUDGET", None)
+    again = overview(seeded)
+    assert again["totals"]["turns"] == 6
+    assert again["totals"]["messages"] == first["totals"]["messages"] + 2
     assert 'http-equiv="refresh"' not in client(seeded).get("/").text
 
 
 def test_kept_sums_equal_a_fresh_count_after_writes_and_deletes(seeded: FsStore) -> None:
+    """The sums the index kept through writes and deletes equal those of a rebuilt index."""
+    from terrarium import index
     from terrarium.lifecycle import delete_context
-    from terrarium.web.data import Activity, overview
+    from terrarium.web.data import overview
 
-    def without_size(stats: dict[str, Any]) -> dict[str, Any]:
-        return {**stats, "totals": {**stats["totals"], "bytes_on_disk": None}}
-
-    kept = Activity()
-    overview(seeded, kept, budget=None)
+    overview(seeded)
     turn(seeded, "irc:#python", "q", "a", model="new-model")
     turn(seeded, "cli:main", "q", "a")
     delete_context(seeded, ContextId.parse("cli:compacted"))
-    again = without_size(overview(seeded, kept, budget=None))
-    assert again == without_size(overview(seeded, Activity(), budget=None))
+    again = overview(seeded)
+    index.reindex(seeded)
+    assert again == overview(seeded)
     assert again["tokens_per_model"]["new-model"]["calls"] == 1
     delete_context(seeded, ContextId.parse("irc:#python"))
-    assert "new-model" not in overview(seeded, kept, budget=None)["tokens_per_model"]
+    assert "new-model" not in overview(seeded)["tokens_per_model"]
 
 
 def test_forks_into_other_contexts_are_listed_on_the_source(seeded: FsStore) -> None:
@@ -635,10 +621,9 @@ def test_forks_into_other_contexts_are_listed_on_the_source(seeded: FsStore) -> 
     )
     c = client(seeded)
     forks = c.get("/api/context", params={"c": "cli:main"}).json()["tree"]["forks"]
-    assert forks == {"contexts": ["cli:main-experiment", "cli:main-retry"], "pending": 0}
+    assert forks == {"contexts": ["cli:main-experiment", "cli:main-retry"]}
     assert c.get("/api/context", params={"c": "cli:main-retry"}).json()["tree"]["forks"] == {
-        "contexts": [],
-        "pending": 0,
+        "contexts": []
     }
     links = [a.get("href") for tag, a in parse(c.get("/session?c=cli:main").text).tags]
     assert "/session?c=cli%3Amain-experiment" in links

@@ -164,7 +164,7 @@ def test_legacy_files_and_archived_contexts_are_marked(store: Store) -> None:
 
 
 def test_a_page_does_not_list_every_context(store: Store, monkeypatch: Any) -> None:
-    """The sessions list and the overview read a page and the signatures from the index, not
+    """The sessions list and the overview read a page and the sums from the index, not
     a whole listing (which costs a third of a second at 100k contexts)."""
 
     def refuse(*args: Any, **kwargs: Any) -> Any:

@@ -94,7 +94,6 @@ def test_sessions_sort_by_tokens_with_a_cursor(store: FsStore) -> None:
             turn(store, context, "q", "a")  # 120 tokens a turn
     c = TestClient(create_app(store), base_url=LOCAL)
     first = c.get("/api/contexts", params={"sort": "tokens", "limit": 2}).json()
-    assert first["tokens_pending"] == 0
     assert [(r["context_id"], r["tokens"]) for r in first["contexts"]] == [
         ("cli:tok1", 360),
         ("cli:main", 295),

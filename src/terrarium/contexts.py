@@ -21,15 +21,17 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
+import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from terrarium import index, legacy, sessions
+from terrarium import index, legacy, sessions, states
 from terrarium.errors import ContextExists, ContextNotFound, IndexUnavailable, StoreError
 from terrarium.model import (
     ContextId,
@@ -41,11 +43,14 @@ from terrarium.model import (
 )
 from terrarium.stores.base import (
     ContextSummary,
-    IndexedListing,
+    Lifecycle,
     Listing,
     Store,
     context_lock,
 )
+
+if TYPE_CHECKING:
+    from terrarium.index import OtherRow, SearchIndex
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +146,6 @@ def list_contexts(
     *,
     type: str | None = None,
     restore: Callable[[ContextId], RestoredState] | None = None,
-    as_indexed: bool = False,
     ordered: bool = True,
 ) -> ContextListing:
     """Every context of ``store`` (of one ``type``), legacy files beside it included.
@@ -149,13 +153,11 @@ def list_contexts(
     Args:
         restore: how to read a context when the store has no usable listing index (the
             manager's cache); default :func:`terrarium.sessions.restore`.
-        as_indexed: on an ``IndexedListing`` store, list what its index holds now without
-            waiting for it to catch up (the dashboard catches up in the background).
         ordered: sort the rows as :attr:`ContextListing.rows` says; False leaves them in the
             store's order, for callers that pick or sum (two sorts of 100k rows cost about
             40 ms).
     """
-    rows = _native_rows(store, type, restore, as_indexed)
+    rows = _native_rows(store, type, restore)
     found = legacy.listing(store)
     if found.sessions:
         native = {row.context_id for row in rows}
@@ -190,27 +192,54 @@ def summary_row(summary: ContextSummary) -> ContextRow:
         summary.created_at,
         summary.last_active,
         summary.message_count,
+        legacy_path=Path(summary.legacy_path) if summary.legacy_path is not None else None,
         problem=summary.problem,
     )
+
+
+def listing_index(store: Store, *, walked: bool = False) -> SearchIndex:
+    """The store's derived index (:func:`terrarium.index.of_any`; with ``walked``,
+    :func:`terrarium.index.walked`), told which contexts it holds no session of: the legacy
+    files beside the store and, on a :class:`Lifecycle` store, the archived contexts
+    (:func:`other_rows`), so it lists them as rows too."""
+    found = index.walked(store) if walked else index.of_any(store)
+    if found.others is None:  # a weak reference: a walked index is kept as long as the store
+        found.others = functools.partial(_others_of, weakref.ref(store))
+    return found
+
+
+def _others_of(store: weakref.ref[Store]) -> list[OtherRow]:
+    found = store()
+    return other_rows(found) if found is not None else []
+
+
+def other_rows(store: Store) -> list[OtherRow]:
+    """The legacy files beside ``store`` and its archived contexts, as the derived index keeps
+    them (an archive keeps a context's day, not its creation time)."""
+    rows: list[OtherRow] = []
+    for info in legacy.listing(store).sessions:
+        c = info.context
+        found = (info.date, info.created_at, info.last_active, info.message_count)
+        rows.append((str(c), c.type, c.name, "legacy", *found, str(info.path)))
+    if isinstance(store, Lifecycle):
+        for a in states.archived_contexts(store):
+            kind, _, name = a.context.partition(":")
+            found = (a.date, a.date, a.last_active, a.message_count)
+            rows.append((a.context, kind, name, "archived", *found, None))
+    return rows
 
 
 def _native_rows(
     store: Store,
     type: str | None,
     restore: Callable[[ContextId], RestoredState] | None,
-    as_indexed: bool = False,
 ) -> list[ContextRow]:
     """The log's contexts: from the store's listing index if it has a usable one, else by
     restoring each."""
     source = index.listing(store)
     if isinstance(source, Listing):
         try:
-            summaries = (
-                source.list_contexts_as_indexed(type)
-                if as_indexed and isinstance(source, IndexedListing)
-                else source.list_contexts_fast(type)
-            )
-            return [summary_row(s) for s in summaries]
+            return [summary_row(s) for s in source.list_contexts_fast(type)]
         except IndexUnavailable as exc:
             log.warning("%s; listing from the session files instead", exc)
     read = restore or (lambda context: sessions.restore(store, context))

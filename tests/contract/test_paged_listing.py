@@ -220,28 +220,3 @@ def test_a_query_that_cannot_run_is_refused_in_one_line(
     with pytest.raises(InvalidQuery, match=word) as caught:
         lister(store).list_contexts_page(query)
     assert "\n" not in str(caught.value)
-
-
-def test_signatures_are_the_listing_in_three_columns(store: Store) -> None:
-    """context_signatures gives each context's (id, last active, message count) as
-    list_contexts_fast does, and the same list again while nothing is written; a write
-    changes its context's signature."""
-    assert isinstance(lister(store), Listing)
-    assert lister(store).context_signatures() == []
-    _fill(store)
-    everything = {
-        (s.context, s.last_active, s.message_count) for s in lister(store).list_contexts_fast()
-    }
-    first = lister(store).context_signatures()
-    assert sorted(first) == sorted(everything) and len(first) == len(CONTEXTS)
-    assert lister(store).context_signatures() == first
-    head = store.get_head(ContextId.parse("irc:#Über"))
-    assert head is not None
-    line = {"item": {"role": "user", "content": "again"}}
-    store.append(
-        head.session_id,
-        head.segment_id,
-        [NewEntry("user_input", "2099-01-01T00:00:00.000000Z", line)],
-    )
-    changed = set(lister(store).context_signatures()) - set(first)
-    assert changed == {("irc:#Über", "2099-01-01T00:00:00.000000Z", 2)}

@@ -1,12 +1,13 @@
 """The derived index: the one listing and search index above every store.
 
-A layer above :mod:`terrarium.stores` and below :mod:`terrarium.contexts`, :mod:`terrarium.search`
-and the dashboard. It derives from a store's logs what listing and search need (a row per
-session with its counts and last activity, an FTS5 row per history item) and is rebuilt from
-them when lost. Every ``Indexed`` store has one (files, memory, SQLite, PostgreSQL: for
-PostgreSQL a file on each machine that reads it, see :func:`terrarium.stores._changes.
-index_folder`); :func:`of` gives None for a store that is not (a third party's), which the
-surfaces then ask itself (:func:`listing`). Importing this package imports no backend.
+A layer above :mod:`terrarium.stores` and the session log, below :mod:`terrarium.contexts`,
+:mod:`terrarium.search` and the dashboard. It derives from a store's logs what listing, search
+and the dashboard need (a row per session with its counts, last activity and figures, an FTS5
+row per history item) and is rebuilt from them when lost. Every ``Indexed`` store has one
+(files, memory, SQLite, PostgreSQL: for PostgreSQL a file on each machine that reads it, see
+:func:`terrarium.stores._changes.index_folder`); :func:`of` gives None for a store that is not
+(a third party's), which the surfaces then ask itself (:func:`listing`); the dashboard reads
+:func:`of_any`. Importing this package imports no backend.
 
 Usage::
 
@@ -29,8 +30,21 @@ from terrarium.stores.base import Indexed, Reindexable, Store
 
 if TYPE_CHECKING:
     from terrarium.index._index import DB_NAME, IndexStats, SearchIndex
+    from terrarium.index._overview import OtherRow, Reader, Sums
 
-__all__ = ["DB_NAME", "IndexStats", "SearchIndex", "listing", "of", "reindex"]
+__all__ = [
+    "DB_NAME",
+    "IndexStats",
+    "OtherRow",
+    "Reader",
+    "SearchIndex",
+    "Sums",
+    "listing",
+    "of",
+    "of_any",
+    "reindex",
+    "walked",
+]
 
 _lock = threading.Lock()
 
@@ -49,6 +63,21 @@ def of(store: Store) -> SearchIndex | None:
         index = SearchIndex(store.index_source())
         store.derived = index
         return index
+
+
+def of_any(store: Store) -> SearchIndex:
+    """The derived index of any store: its own (:func:`of`), else :func:`walked`."""
+    found = of(store)
+    return found if found is not None else walked(store)
+
+
+def walked(store: Store) -> SearchIndex:
+    """An index of ``store`` kept in a private temporary folder while the store lives, walked
+    whole at each refresh: for a store with no index of its own, or whose own cannot be
+    brought up to date (read-only and behind)."""
+    from terrarium.index._walked import kept
+
+    return kept(store)
 
 
 def listing(store: Store) -> SearchIndex | Store:
@@ -78,6 +107,9 @@ def reindex(store: Store) -> int:
 
 __getattr__, __dir__ = attach(
     __name__,
-    dict.fromkeys(("DB_NAME", "IndexStats", "SearchIndex"), "terrarium.index._index"),
+    {
+        **dict.fromkeys(("DB_NAME", "IndexStats", "SearchIndex"), "terrarium.index._index"),
+        **dict.fromkeys(("OtherRow", "Reader", "Sums"), "terrarium.index._overview"),
+    },
     __all__,
 )

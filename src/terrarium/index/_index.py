@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from terrarium.errors import IndexUnavailable
 from terrarium.index import _sql as sql
+from terrarium.index._build import Build
 from terrarium.index._fts import (
     LONG_BODY,
     Ranker,
@@ -46,6 +47,7 @@ from terrarium.index._fts import (
     fts5_phrases,
     long_snippet,
 )
+from terrarium.index._overview import OtherRow, Reader
 from terrarium.index._refresh import IndexStats, IndexUpdate, Source
 from terrarium.index._sql import SCHEMA_VERSION
 from terrarium.model import ContextId, SegmentId, SessionId
@@ -126,9 +128,12 @@ class SearchIndex:
         """Why it was opened read-only (``read-only``, or a full disk), for messages."""
         self._warned: set[str] = set()
         self._ranker = Ranker()
-        self._reader_lock = threading.Lock()
-        self._read_conn: sqlite3.Connection | None = None
-        self._read_ino: int | None = None
+        self._build: Build | None = None
+        """A first build under way, step by step (see ``_build``)."""
+        self.others: Callable[[], list[OtherRow]] | None = None
+        """What gives the contexts with no session in the index (archived contexts, legacy
+        files), as rows of ``others``; set by the layer that knows them
+        (:func:`terrarium.contexts.listing_index`), read before each of :meth:`read`."""
 
     def __repr__(self) -> str:
         return f"SearchIndex({str(self.path)!r})"
@@ -197,8 +202,6 @@ class SearchIndex:
                         f"version {version}, not {SCHEMA_VERSION}"
                     )
                 self._create_schema(conn, version)
-            elif not readonly:
-                self._add_indexes(conn)
             conn.execute(sql.PROBE).fetchone()
         except BaseException:
             conn.close()
@@ -209,13 +212,6 @@ class SearchIndex:
     def _checked_path(self) -> Path:
         """The database's path, refused (IndexUnavailable) if it leads out of the root."""
         return self._files.index_file(DB_NAME) if self._files is not None else self.path
-
-    @staticmethod
-    def _add_indexes(conn: sqlite3.Connection) -> None:
-        """Create the listing's page indexes an index of this version may lack (they came
-        later in its life: see ``sql.LISTING_INDEXES``); a no-op once they exist."""
-        for statement in sql.LISTING_INDEXES:
-            conn.execute(statement)  # IF NOT EXISTS: no lock taken when the index is there
 
     def _unavailable(self, exc: BaseException) -> IndexUnavailable:
         """The error that says why the index cannot serve now (``exc`` in one line)."""
@@ -257,8 +253,6 @@ class SearchIndex:
         """Close the database connection (the index can be reopened by using it again)."""
         with self._lock:
             self._close_connection()
-        with self._reader_lock:
-            self._close_reader()
 
     # ------------------------------------------------------------------ refresh
 
@@ -273,10 +267,6 @@ class SearchIndex:
         """
         with self._lock:
             return self._guarded(lambda: self._refresh(full=full))
-
-    def catch_up_index(self) -> None:
-        """Bring the index up to date (``IndexedListing``); IndexUnavailable if it cannot."""
-        self.refresh()
 
     def rebuild(self) -> int:
         """Drop everything and index every session afresh; return the sessions indexed.
@@ -308,14 +298,21 @@ class SearchIndex:
                     raise self._unavailable(exc) from exc
         raise AssertionError("unreachable")
 
-    def _refresh(self, *, full: bool) -> bool:
+    def _refresh(self, *, full: bool, budget: float | None = None) -> bool:
         conn = self._connection()
         if self.readonly:
             behind = self._behind(conn)
             if behind is not None:
                 raise IndexUnavailable(f"{self.path}: {self.readonly_reason}, and {behind}")
             return False
-        full = full or conn.execute(sql.BUILT).fetchone() is None
+        built = conn.execute(sql.BUILT).fetchone() is not None
+        if budget is not None and not (full or built):
+            self._build_step(conn, budget)
+            if self._build is not None:
+                return True
+            built = True  # it ended: what was written meanwhile is read now
+        self._build = None
+        full = full or not built
         files = self._files
         if files is None:
             if not full and self._touched(conn) == []:
@@ -336,6 +333,66 @@ class SearchIndex:
         if self.stats.items - items >= _OPTIMIZE_AFTER:
             self._optimize(conn)
         return True
+
+    def _build_step(self, conn: sqlite3.Connection, budget: float) -> None:
+        """One step of a first build, of about ``budget`` seconds (see ``_build``)."""
+        deadline = time.monotonic() + budget
+        claimed: list[tuple[str, Path]] = []
+        with _db.immediate(conn):
+            if conn.execute(sql.BUILT).fetchone() is not None:  # another process built it
+                self._build = None
+                return
+            if self._build is None:
+                row = conn.execute(sql.BUILD_CURSOR).fetchone()
+                position = row[0] if row else self._cursor.changes(None)[1] if self._cursor else ""
+                conn.execute(sql.SET_BUILD_CURSOR, (position,))
+                self._build = Build(self.source, conn, position)
+            build = self._build
+            work = IndexUpdate(self, conn, defer_recent=False, recent_size=RECENT_SIZE)
+            if self._files is not None:
+                claimed = self._claim_during(conn, work, build)
+            done = build.step(work, deadline)
+            if done:
+                self._end_build(conn, work, build)
+            work.finish()
+        if self._files is not None:
+            held = (build.held or []) if done else []
+            self._files.release([path for _, path in claimed] + held)
+
+    def _claim_during(
+        self, conn: sqlite3.Connection, work: IndexUpdate, build: Build
+    ) -> list[tuple[str, Path]]:
+        """A build's markers: those there when it began are held until it ends (the walk
+        reads their sessions); those left since are claimed, their sessions indexed and
+        watched at once. Returns the latter, to release after the commit."""
+        assert self._files is not None
+        claimed = self._files.claim()
+        if build.held is None:
+            build.held = [path for _, path in claimed]
+            build.watch = sorted({sid for sid, _ in claimed})
+            return []
+        held = set(build.held)  # a claim takes the claimed markers not released yet too
+        claimed = [(sid, path) for sid, path in claimed if path not in held]
+        for sid in sorted({sid for sid, _ in claimed}):
+            work.index_session(sid)
+            build.seen.add(sid)
+        until = self.clock() + WATCH_SECONDS
+        conn.executemany(sql.WATCH, [(until, sid) for sid, _ in claimed])
+        return claimed
+
+    def _end_build(self, conn: sqlite3.Connection, work: IndexUpdate, build: Build) -> None:
+        """The last step of a build: what a full refresh records once it has walked."""
+        build.finish(work, conn)
+        if self._files is not None:
+            conn.execute(sql.SET_SHAPE, (self._files.shape(None).text,))
+            conn.execute(sql.UNWATCH_ENDED, (self.clock(),))
+            until = self.clock() + WATCH_SECONDS  # as a full refresh watches what it claimed
+            conn.executemany(sql.WATCH, [(until, sid) for sid in build.watch])
+        else:
+            conn.execute(sql.SET_CURSOR, (build.position,))
+        conn.execute(sql.SET_BUILT, (str(self.clock()),))
+        conn.execute(sql.DELETE_BUILD_CURSOR)
+        self._build = None
 
     def _touched(self, conn: sqlite3.Connection) -> list[str] | None:
         """The sessions the store's cursor says were written since the index last read it
@@ -516,10 +573,20 @@ class SearchIndex:
                 lambda: self._read(lambda conn: self._search(conn, q, terms)), retry=True
             )
 
-    def _read(self, read: Callable[[sqlite3.Connection], _T]) -> _T:
-        """``read`` on one snapshot of the index, once it is up to date."""
-        self._refresh(full=False)
+    def _read(
+        self,
+        read: Callable[[sqlite3.Connection], _T],
+        *,
+        others: bool = False,
+        budget: float | None = None,
+    ) -> _T:
+        """``read`` on one snapshot of the index, once it is up to date (with ``others``,
+        with :attr:`others` too; with ``budget``, as far as a step of a first build takes
+        it, see ``_build``)."""
+        self._refresh(full=False, budget=budget)
         conn = self._connection()
+        if others:
+            self._sync_others(conn)
         conn.execute(sql.BEGIN)
         try:
             return read(conn)
@@ -580,113 +647,77 @@ class SearchIndex:
         Raises:
             IndexUnavailable: the index cannot be brought up to date.
         """
-        return self._summaries(type, as_indexed=False)
-
-    def list_contexts_as_indexed(self, type: str | None = None) -> list[ContextSummary]:
-        """Every context's summary as the index holds it now, without bringing it up to date
-        first: a refresh running in another thread is not waited for (this reads its last
-        commit, on a read-only connection of its own). Empty before the index is first built.
-
-        Raises:
-            IndexUnavailable: the index exists but cannot be read.
-        """
-        return self._summaries(type, as_indexed=True)
+        statement, params = (sql.LISTING, ()) if type is None else (sql.LISTING_OF_TYPE, (type,))
+        return [ContextSummary(*row) for row in self._rows(statement, params)]
 
     def list_contexts_page(self, query: ListingQuery) -> list[ContextSummary]:
         """One page of the listing, filtered and sorted: an index walk of about
         ``query.limit`` rows (see :mod:`terrarium.stores._listing`), once the index is up to
-        date, or as it stands with ``query.as_indexed`` (as :meth:`list_contexts_as_indexed`).
+        date.
 
         Raises:
-            IndexUnavailable: as :meth:`list_contexts_fast` (or the index cannot be read).
+            IndexUnavailable: as :meth:`list_contexts_fast`.
             InvalidQuery: a query that cannot be run.
         """
         statement, params = _listing.page_statement(sql.LISTING_SELECT, query)
-        found = self._listing_read(statement, params, query.as_indexed)
-        return [ContextSummary(*row) for row in found]
+        return [ContextSummary(*row) for row in self._rows(statement, params)]
 
-    def context_types(self, *, as_indexed: bool = False) -> list[str]:
-        """Every type that has a context, sorted (as the index holds it with ``as_indexed``)."""
-        return [row[0] for row in self._listing_read(sql.CONTEXT_TYPES, [], as_indexed)]
+    def context_types(self) -> list[str]:
+        """Every type that has a context, sorted."""
+        return [row[0] for row in self._rows(sql.CONTEXT_TYPES, [])]
 
-    def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
-        """Every context's (id, last active, message count), in last-active order, from the
-        covering index ``sessions_by_last_active`` (as the index holds it with ``as_indexed``).
+    def _rows(self, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """``statement``'s rows, read once the index is up to date."""
+        with self._lock:
+            return self._guarded(
+                lambda: self._read(lambda conn: conn.execute(statement, params).fetchall()),
+                retry=True,
+            )
+
+    # ------------------------------------------------------------------ the dashboard's reads
+
+    def read(self, read: Callable[[Reader], _T], *, budget: float | None = None) -> _T:
+        """``read`` on one snapshot of the index, brought up to date with the store and with
+        what :attr:`others` gives (archived contexts, legacy files): the listing, figures and
+        sums the dashboard shows (:class:`~terrarium.index._overview.Reader`).
+
+        Args:
+            budget: seconds a first build may take before the read: past them the read
+                sees what the index holds so far, and ``Reader.left`` how many sessions
+                are still to be indexed (the next such read goes on with the build).
+
+        Raises:
+            IndexUnavailable: the index cannot be brought up to date.
         """
-        return self._listing_read(sql.SIGNATURES, [], as_indexed)
 
-    def _summaries(self, type: str | None, *, as_indexed: bool) -> list[ContextSummary]:
-        """The whole listing, of one type or all."""
-        statement, params = (sql.LISTING, ()) if type is None else (sql.LISTING_OF_TYPE, (type,))
-        return [ContextSummary(*row) for row in self._listing_read(statement, params, as_indexed)]
+        def run(conn: sqlite3.Connection) -> _T:
+            return read(Reader(conn, self._build.left if self._build is not None else 0))
 
-    def _listing_read(
-        self, statement: str, params: Sequence[Any], as_indexed: bool
-    ) -> list[tuple[Any, ...]]:
-        """``statement``'s rows, read once the index is up to date, or with ``as_indexed``
-        as the index stands, on the read-only connection (empty before it is first built)."""
-        if not as_indexed:
-            with self._lock:
-                return self._guarded(
-                    lambda: self._read(lambda conn: conn.execute(statement, params).fetchall()),
-                    retry=True,
-                )
-        with self._reader_lock:
-            if not self.path.exists():
-                return []
-            try:
-                return self._reader().execute(statement, params).fetchall()
-            except (sqlite3.Error, OSError) as exc:
-                self._close_reader()
-                raise self._unavailable(exc) from exc
+        with self._lock:
+            return self._guarded(lambda: self._read(run, others=True, budget=budget), retry=True)
 
-    def _reader(self) -> sqlite3.Connection:
-        """The read-only connection of :meth:`list_contexts_as_indexed`, reopened when the
-        file was replaced."""
-        ino = os.stat(self.path).st_ino
-        if self._read_conn is None or self._read_ino != ino:
-            self._close_reader()
-            self._read_conn = _db.connect(self._checked_path(), timeout=BUSY_TIMEOUT, readonly=True)
-            self._read_ino = ino
-        return self._read_conn
+    def _sync_others(self, conn: sqlite3.Connection) -> None:
+        """Replace the rows of the contexts :attr:`others` gives when they changed."""
+        if self.others is None or self.readonly:
+            return
+        import hashlib  # here: ``terrarium list`` imports this module, and never needs it
 
-    def _close_reader(self) -> None:
-        if self._read_conn is not None:
-            self._read_conn.close()
-            self._read_conn = None
+        rows = sorted(self.others())
+        digest = hashlib.sha256(repr(rows).encode()).hexdigest()
+        found = conn.execute(sql.OTHERS_HASH).fetchone()
+        if found is not None and found[0] == digest:
+            return
+        with _db.immediate(conn):
+            conn.execute(sql.DELETE_OTHERS)
+            conn.executemany(sql.INSERT_OTHER, rows)
+            conn.execute(sql.SET_OTHERS_HASH, (digest,))
 
-    def index_backlog(self) -> int:
-        """How many sessions the next refresh reads: those written since the index last
-        caught up (their dirty markers) and those it watches (see :meth:`_update`), or,
-        before it was ever built, every session folder. Cheap: a ``listdir`` and an indexed
-        count, and before the first build one ``scandir`` per date folder."""
-        built, watched, position = False, 0, None
-        with self._reader_lock:
-            if self.path.exists():
-                try:
-                    conn = self._reader()
-                    built = conn.execute(sql.BUILT).fetchone() is not None
-                    watched = len(conn.execute(sql.WATCHED_IDS).fetchall())
-                    row = conn.execute(sql.CURSOR).fetchone() if built else None
-                    position = row[0] if row is not None else None
-                except (sqlite3.Error, OSError, IndexUnavailable):  # counted from the store
-                    self._close_reader()
-        files = self._files
-        if files is None:
-            return self._cursor_backlog(position)
-        if not built:
-            return files.count_sessions()
-        try:
-            return len(files.markers()) + watched
-        except IndexUnavailable:  # a link out of the root: the listing reads the files
-            return watched
-
-    def _cursor_backlog(self, position: str | None) -> int:
-        """:meth:`index_backlog` of a store with a change cursor, from the ``position`` the
-        index stored (None: never built)."""
-        assert self._cursor is not None
-        touched, _ = self._cursor.changes(position)
-        return len(touched) if touched is not None else len(self._cursor.store.list_contexts())
+    def segment_bytes(self) -> int | None:
+        """Bytes of every segment file the index has read (a filesystem store's sessions),
+        or None for a store whose segments are not files."""
+        if self._files is None:
+            return None
+        return int(self.read(lambda r: r.segment_bytes()))
 
     def offsets(self) -> dict[SegmentId, int]:
         """Per segment, the byte offset the index has read up to (for tests and ``check``)."""

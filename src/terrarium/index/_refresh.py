@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import msgspec
 
 from terrarium.errors import CorruptLog, StoreError
+from terrarium.index import _figures
 from terrarium.index import _sql as sql
+from terrarium.index._figures import Figures
 from terrarium.model import HISTORY_KINDS, ContextId, SessionId, item_role, item_text
-from terrarium.stores.base import PodMetadata, SegmentStat
+from terrarium.stores.base import PodMetadata, SegmentRead, SegmentStat
 from terrarium.text import prepare_text
 
 log = logging.getLogger(__name__)
@@ -58,6 +61,8 @@ class SegmentRow(msgspec.Struct):
     last_ts: str | None = None
     problem: str | None = None
     """Why the segment cannot be read (one line, naming its file), or None."""
+    fork_source: str | None = None
+    """The context its header says it was forked from (``fork_context``), or None."""
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> SegmentRow:
@@ -78,6 +83,7 @@ class SegmentRow(msgspec.Struct):
             self.at_seq,
             self.last_ts,
             self.problem,
+            self.fork_source,
             self.id,
         )
 
@@ -146,6 +152,10 @@ class Source(Protocol):
         """Every session's folder with its segments (a full refresh)."""
         ...
 
+    def count_sessions(self) -> int:
+        """How many sessions a walk finds (cheaper than walking)."""
+        ...
+
 
 class _Owner(Protocol):
     """What a refresh uses of its index (:class:`terrarium.index.SearchIndex`)."""
@@ -181,6 +191,9 @@ class IndexUpdate:
         self.next_doc = max(int(last) + 1, self.recent_floor)
         self.pending: list[tuple[int, int, int, int, int, str, str, str]] = []
         self.changed: dict[int, SessionRow] = {}
+        self.gained: dict[int, tuple[int, list[dict[str, Any]]]] = {}
+        """The lines this refresh read, per segment row: its first seq, the lines (kept
+        until their session's figures are folded, see :meth:`_figure`)."""
         self.recent_stale = False
         # A full pass looks at every session: load them all at once, not two queries each.
         self.cache: dict[str, SessionRow] | None = self._load_all() if defer_recent else None
@@ -250,6 +263,7 @@ class IndexUpdate:
         changed = self._index_segments(session, folder, segments) or changed
         if changed:
             self.changed[session.id] = session
+            self._figure(session, folder)
         return str(head.session_id)
 
     def _head_row(
@@ -309,6 +323,86 @@ class IndexUpdate:
                 return
             if self._index_segment(session, folder, segment.segment_id, st):
                 self.changed[session.id] = session
+        if session.id in self.changed:
+            self._figure(session, folder)
+
+    def _figure(self, session: SessionRow, folder: str) -> None:
+        """Bring the session's figures up to date: the head segment's new lines folded onto
+        them when the head is where they were folded to, else its lineage folded afresh."""
+        gained = {
+            segment.segment_id: self.gained.pop(segment.id)
+            for segment in session.segments.values()
+            if segment.id in self.gained
+        }
+        head = session.segments.get(session.values[6])
+        folded = self.conn.execute(sql.FOLDED, (session.id,)).fetchone()
+        lines = gained.get(head.segment_id) if head is not None else None
+        try:
+            if head is None:
+                raise CorruptLog(f"{session.session_id}: its head segment is missing")
+            if folded == (head.id, lines[0] if lines else folded[1]) and folded[1] is not None:
+                if lines:
+                    found = _figures.of_lines(lines[1], session.session_id, head.segment_id)
+                    _figures.write(self.conn, session.id, session.tid, found)
+                    self.conn.execute(
+                        sql.ADD_FIGURES,
+                        (found.turns, found.total_tokens, head.next_seq, session.id),
+                    )
+                return
+            reads = self._lineage(session, folder, head, gained)
+            found = _figures.of_lineage(reads, uuid.UUID(session.session_id))
+        except (StoreError, OSError, KeyError, TypeError, ValueError) as exc:
+            log.info("search index: no figures for %s: %s", session.session_id, exc)
+            head, found = None, _figures.Figures()
+        self._refold(session, head, found)
+
+    def _refold(self, session: SessionRow, head: SegmentRow | None, found: Figures) -> None:
+        """Replace the session's figures with ``found``, folded up to ``head``'s end."""
+        for statement in sql.DELETE_FIGURES:
+            self.conn.execute(statement, (session.id,))
+        _figures.write(self.conn, session.id, session.tid, found)
+        root = session.segments.get(min(session.segments)) if session.segments else None
+        self.conn.execute(
+            sql.SET_FIGURES,
+            (
+                found.turns,
+                found.total_tokens,
+                root.fork_source if root is not None else None,
+                head.id if head is not None else None,
+                head.next_seq if head is not None else None,
+                session.id,
+            ),
+        )
+
+    def _lineage(
+        self,
+        session: SessionRow,
+        folder: str,
+        head: SegmentRow,
+        gained: Mapping[str, tuple[int, list[dict[str, Any]]]],
+    ) -> list[SegmentRead]:
+        """The head lineage's reads, oldest first, as far as the index has read the head
+        (lines this refresh read are not read again)."""
+        reads: list[SegmentRead] = []
+        segment: SegmentRow | None = head
+        end = head.next_seq - 1
+        for _ in range(10_000):  # a fork chain; bounded in case of a cycle in damaged headers
+            if segment is None:
+                raise CorruptLog(f"{session.session_id}: a segment of its lineage is missing")
+            found = gained.get(segment.segment_id)
+            if found is None or found[0] != 0:
+                found = (0, self.source.read_lines(folder, segment.segment_id, 0, 0)[0])
+            lines = [line for line in found[1] if line["seq"] <= end]
+            if not lines or lines[0]["kind"] != "header":
+                where = self.source.segment_path(folder, segment.segment_id)
+                raise CorruptLog(f"{where}: no header")
+            reads.append(SegmentRead(lines[0], lines[1:], lines[-1]["seq"] + 1, None))
+            if not segment.continues or segment.parent is None:
+                break
+            end = segment.at_seq if segment.at_seq is not None else -1
+            segment = session.segments.get(segment.parent)
+        reads.reverse()
+        return reads
 
     def _check_stale(self, sid: str) -> None:
         row = self.conn.execute(sql.SESSION_FOLDER, (sid,)).fetchone()
@@ -323,6 +417,8 @@ class IndexUpdate:
             return
         for segment in session.segments.values():
             self._drop_segment(segment)
+        for statement in sql.DELETE_FIGURES:
+            self.conn.execute(statement, (session.id,))
         self.conn.execute(sql.DELETE_SESSION, (session.id,))
         self.changed.pop(session.id, None)
         if self.cache is not None:
@@ -452,6 +548,9 @@ class IndexUpdate:
                     parent, at_seq = origin.get("parent"), origin.get("at_seq")
                     segment.parent = str(parent) if parent is not None else None
                     segment.at_seq = at_seq if isinstance(at_seq, int) else None
+                source = origin.get("source")
+                forked = origin.get("kind") == "fork" and isinstance(source, str)
+                segment.fork_source = source if forked else None
                 for item in history if isinstance(history, list) else ():
                     docs.append(_doc(0, item, ts))
             elif kind in HISTORY_KINDS:
@@ -463,6 +562,7 @@ class IndexUpdate:
                 (self.next_doc, segment.id, session.id, session.tid, doc_seq, role, ts, text)
             )
             self.next_doc += 1
+        self.gained.setdefault(segment.id, (segment.next_seq, []))[1].extend(lines)
         self.stats.items += len(docs)
         segment.items += len(docs)
         segment.next_seq = seq

@@ -11,20 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 #: Bump when the schema changes: an index of another version is dropped and rebuilt.
-SCHEMA_VERSION = 4
-
-# An index per order a listing page walks (``Listing``; ties by context id); the first
-# also covers the signatures, three narrow columns where the listing's index is eleven wide.
-# Added in version 4's lifetime: an index without them gets them when next opened for writing,
-# rather than being rebuilt from the files.
-LISTING_INDEXES = [
-    f"CREATE INDEX IF NOT EXISTS {name} ON sessions({columns})"
-    for name, columns in (
-        ("sessions_by_last_active", "last_active, context, message_count"),
-        ("sessions_by_created", "created_at, context"),
-        ("sessions_by_messages", "message_count, context"),
-    )
-]
+SCHEMA_VERSION = 5
 
 # ---------------------------------------------------------------------------- schema
 
@@ -47,12 +34,25 @@ SCHEMA = [
         last_active TEXT NOT NULL,
         watch_until REAL,
         head_problem TEXT,
-        problem TEXT)""",
+        problem TEXT,
+        turns INTEGER NOT NULL DEFAULT 0,
+        tokens INTEGER NOT NULL DEFAULT 0,
+        fork_source TEXT,
+        fig_segment INTEGER,
+        fig_seq INTEGER)""",
     # Covers the listing query: 100k rows are read in index order without a table lookup each.
     """CREATE INDEX sessions_by_context ON sessions(type, name, context, date, message_count,
         last_active, created_at, updated_at, session_id, head, problem)""",
     """CREATE INDEX sessions_watched ON sessions(watch_until) WHERE watch_until IS NOT NULL""",
-    *LISTING_INDEXES,
+    # An index per order a listing page walks (ties by context id); the first also covers
+    # the live view's fingerprint.
+    """CREATE INDEX sessions_by_last_active ON sessions(last_active, context, message_count)""",
+    """CREATE INDEX sessions_by_created ON sessions(created_at, context)""",
+    """CREATE INDEX sessions_by_messages ON sessions(message_count, context)""",
+    # Also covers the overview's turns.
+    """CREATE INDEX sessions_by_tokens ON sessions(tokens, context, turns)""",
+    """CREATE INDEX sessions_by_fork_source ON sessions(fork_source)
+        WHERE fork_source IS NOT NULL""",
     """CREATE TABLE segments(
         id INTEGER PRIMARY KEY,
         session INTEGER NOT NULL,
@@ -66,7 +66,8 @@ SCHEMA = [
         parent TEXT,
         at_seq INTEGER,
         last_ts TEXT,
-        problem TEXT)""",
+        problem TEXT,
+        fork_source TEXT)""",
     """CREATE INDEX segments_by_session ON segments(session)""",
     # Every history item, with its text as indexed (see prepare_text). ``tags`` is what the
     # filters match: s<session row> r<role> t<type row>, one token each.
@@ -81,6 +82,79 @@ SCHEMA = [
         body TEXT NOT NULL,
         tags TEXT GENERATED ALWAYS AS ('s' || session || ' r' || role || ' t' || tid) VIRTUAL)""",
     """CREATE INDEX docs_by_segment ON docs(segment, seq)""",
+    # A session's figures (index/_figures.py): per model, per day, its copies of other
+    # sessions' messages and what its conversation holds of its own.
+    """CREATE TABLE usage(
+        session INTEGER NOT NULL,
+        model TEXT NOT NULL,
+        prompt INTEGER NOT NULL,
+        completion INTEGER NOT NULL,
+        cached INTEGER NOT NULL,
+        calls INTEGER NOT NULL,
+        estimated INTEGER NOT NULL,
+        PRIMARY KEY(session, model)) WITHOUT ROWID""",
+    # The overview's sums per model and per day read these covering indexes in their groups'
+    # order: about half and a fifth of the time of a scan and a sort, at 100k sessions.
+    """CREATE INDEX usage_by_model ON usage(model, prompt, completion, cached, calls, estimated)""",
+    """CREATE TABLE days(
+        session INTEGER NOT NULL,
+        day TEXT NOT NULL,
+        tid INTEGER NOT NULL,
+        messages INTEGER NOT NULL,
+        PRIMARY KEY(session, day)) WITHOUT ROWID""",
+    """CREATE INDEX days_by_day ON days(day, tid, messages)""",
+    """CREATE TABLE copies(
+        session INTEGER NOT NULL,
+        tid INTEGER NOT NULL,
+        origin TEXT NOT NULL,
+        segment TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        position INTEGER NOT NULL,
+        day TEXT NOT NULL)""",
+    """CREATE INDEX copies_by_session ON copies(session)""",
+    """CREATE TABLE held(
+        session INTEGER NOT NULL,
+        origin TEXT NOT NULL,
+        segment TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        position INTEGER NOT NULL)""",
+    """CREATE INDEX held_by_session ON held(session, origin, segment, seq, position)""",
+    """CREATE TABLE ranges(
+        session INTEGER NOT NULL,
+        segment TEXT NOT NULL,
+        lo INTEGER NOT NULL,
+        hi INTEGER NOT NULL,
+        PRIMARY KEY(session, segment)) WITHOUT ROWID""",
+    # Contexts with no session in the index: archived ones and legacy seed-format files, as
+    # the caller's provider gives them (SearchIndex.others).
+    """CREATE TABLE others(
+        context TEXT NOT NULL,
+        type TEXT NOT NULL,
+        name TEXT NOT NULL,
+        state TEXT NOT NULL,
+        date TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        last_active TEXT NOT NULL,
+        message_count INTEGER NOT NULL,
+        legacy_path TEXT,
+        PRIMARY KEY(state, context)) WITHOUT ROWID""",
+    """CREATE INDEX others_by_last_active ON others(state, last_active, context)""",
+    """CREATE INDEX others_by_created ON others(state, created_at, context)""",
+    """CREATE INDEX others_by_messages ON others(state, message_count, context)""",
+    *(
+        f"""CREATE VIEW {state}_rows AS SELECT context, type, date, message_count, last_active,
+        created_at, last_active AS updated_at, '' AS session_id, '' AS head, NULL AS problem,
+        0 AS tokens, state, legacy_path FROM others o WHERE state = '{state}'{hidden}"""
+        for state, hidden in (
+            ("archived", ""),
+            # A context in the log hides its legacy file.
+            (
+                "legacy",
+                " AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.type = o.type "
+                "AND s.name = o.name)",
+            ),
+        )
+    ),
     # Each FTS5 table's content is a view of exactly the rows it indexes, so that FTS5's
     # 'rebuild' and 'integrity-check' mean what they say.
     """CREATE TABLE recent(floor INTEGER NOT NULL)""",
@@ -127,11 +201,19 @@ SET_BUILT = "INSERT OR REPLACE INTO meta VALUES ('built', ?)"
 SHAPE = "SELECT value FROM meta WHERE key = 'shape'"
 SET_SHAPE = "INSERT OR REPLACE INTO meta VALUES ('shape', ?)"
 CURSOR = "SELECT value FROM meta WHERE key = 'cursor'"
+#: Where a first build's walk began on the store's change cursor (see index/_build.py).
+BUILD_CURSOR = "SELECT value FROM meta WHERE key = 'build_cursor'"
+SET_BUILD_CURSOR = "INSERT OR REPLACE INTO meta VALUES ('build_cursor', ?)"
+DELETE_BUILD_CURSOR = "DELETE FROM meta WHERE key = 'build_cursor'"
 SET_CURSOR = "INSERT OR REPLACE INTO meta VALUES ('cursor', ?)"
 RECENT_COUNT = "SELECT value FROM meta WHERE key = 'recent_count'"
 SET_RECENT_COUNT = "INSERT OR REPLACE INTO meta VALUES ('recent_count', ?)"
 #: What a rebuild empties, after ``FTS_DELETE_ALL`` of each FTS table.
-CLEAR = tuple(f"DELETE FROM {table}" for table in ("docs", "segments", "sessions", "types", "meta"))
+FIGURE_TABLES = ("usage", "days", "copies", "held", "ranges")
+CLEAR = tuple(
+    f"DELETE FROM {table}"
+    for table in ("docs", "segments", "sessions", "types", "meta", "others", *FIGURE_TABLES)
+)
 RESET_RECENT_FLOOR = "UPDATE recent SET floor = 1"
 
 # ---------------------------------------------------------------------------- sessions
@@ -161,6 +243,72 @@ SET_SUMMARY = (
     "problem = ? WHERE id = ?"
 )
 DELETE_SESSION = "DELETE FROM sessions WHERE id = ?"
+
+# ---------------------------------------------------------------------------- figures
+
+#: Where a session's figures were folded to: the head segment's row and its next seq.
+FOLDED = "SELECT fig_segment, fig_seq FROM sessions WHERE id = ?"
+SET_FIGURES = (
+    "UPDATE sessions SET turns = ?, tokens = ?, fork_source = ?, fig_segment = ?, fig_seq = ? "
+    "WHERE id = ?"
+)
+ADD_FIGURES = "UPDATE sessions SET turns = turns + ?, tokens = tokens + ?, fig_seq = ? WHERE id = ?"
+DELETE_FIGURES = tuple(f"DELETE FROM {table} WHERE session = ?" for table in FIGURE_TABLES)
+ADD_USAGE = (
+    "INSERT INTO usage VALUES (?,?,?,?,?,?,?) ON CONFLICT(session, model) DO UPDATE SET "
+    "prompt = prompt + excluded.prompt, completion = completion + excluded.completion, "
+    "cached = cached + excluded.cached, calls = calls + excluded.calls, "
+    "estimated = estimated + excluded.estimated"
+)
+ADD_DAY = (
+    "INSERT INTO days VALUES (?,?,?,?) ON CONFLICT(session, day) DO UPDATE SET "
+    "messages = messages + excluded.messages"
+)
+INSERT_COPY = "INSERT INTO copies VALUES (?,?,?,?,?,?,?)"
+INSERT_HELD = "INSERT INTO held VALUES (?,?,?,?,?)"
+# A segment's range of entries grows at its end; its start stays.
+SET_RANGE = (
+    "INSERT INTO ranges VALUES (?,?,?,?) ON CONFLICT(session, segment) DO UPDATE SET "
+    "hi = excluded.hi"
+)
+
+# The overview's sums (hot contexts; legacy files count in contexts and messages).
+PER_TYPE = (
+    "SELECT type, count(*), total(message_count) FROM sessions GROUP BY type "
+    "UNION ALL SELECT type, count(*), total(message_count) FROM legacy_rows GROUP BY type"
+)
+TURNS = "SELECT total(turns) FROM sessions"
+PER_MODEL = (
+    "SELECT model, sum(prompt), sum(completion), sum(cached), sum(calls), sum(estimated) "
+    "FROM usage GROUP BY model"
+)
+PER_DAY = (
+    "SELECT d.day, t.name, d.n FROM (SELECT day, tid, sum(messages) AS n FROM days "
+    "GROUP BY day, tid) d JOIN types t ON t.id = d.tid"
+)
+# A fork's copy counts once, under the first of its holders' types, when no hot session's
+# conversation holds its original any more (compacted away, cleared, deleted, archived).
+COPIES_PER_DAY = """SELECT day, type, count(*) FROM (
+    SELECT min(c.day) AS day, min(t.name) AS type FROM copies c JOIN types t ON t.id = c.tid
+    WHERE NOT EXISTS (
+        SELECT 1 FROM sessions o WHERE o.session_id = c.origin AND (
+            EXISTS (SELECT 1 FROM held h WHERE h.session = o.id AND h.origin = c.origin
+                AND h.segment = c.segment AND h.seq = c.seq AND h.position = c.position)
+            OR (c.position < 0 AND EXISTS (SELECT 1 FROM ranges r WHERE r.session = o.id
+                AND r.segment = c.segment AND c.seq BETWEEN r.lo AND r.hi))))
+    GROUP BY c.origin, c.segment, c.seq, c.position)
+GROUP BY day, type"""
+FORKS_OF = "SELECT context FROM sessions WHERE fork_source = ? ORDER BY context"
+# What the live view compares: any write changes a count or a last activity.
+FINGERPRINT = (
+    "SELECT count(*), total(message_count), max(last_active) FROM sessions "
+    "UNION ALL SELECT count(*), total(message_count), max(last_active) FROM others"
+)
+SEGMENT_BYTES = "SELECT total(size_seen) FROM segments"
+OTHERS_HASH = "SELECT value FROM meta WHERE key = 'others'"
+SET_OTHERS_HASH = "INSERT OR REPLACE INTO meta VALUES ('others', ?)"
+DELETE_OTHERS = "DELETE FROM others"
+INSERT_OTHER = "INSERT OR REPLACE INTO others VALUES (?,?,?,?,?,?,?,?,?)"
 TYPES = "SELECT id, name FROM types"
 INSERT_TYPE = "INSERT INTO types(name) VALUES (?)"
 
@@ -183,7 +331,7 @@ UNWATCH_ENDED = "UPDATE sessions SET watch_until = NULL WHERE watch_until < ?"
 #: A segment row, in the order of :class:`terrarium.index._refresh.SegmentRow`'s fields.
 SELECT_SEGMENTS = (
     "SELECT id, session, segment_id, ino, size_seen, offset, next_seq, items, continues, "
-    "parent, at_seq, last_ts, problem FROM segments"
+    "parent, at_seq, last_ts, problem, fork_source FROM segments"
 )
 SESSION_SEGMENTS = f"{SELECT_SEGMENTS} WHERE session = ?"
 OFFSETS = "SELECT segment_id, offset FROM segments"
@@ -193,7 +341,7 @@ INSERT_SEGMENT = (
 )
 UPDATE_SEGMENT = (
     "UPDATE segments SET size_seen=?, offset=?, next_seq=?, items=?, continues=?, "
-    "parent=?, at_seq=?, last_ts=?, problem=? WHERE id = ?"
+    "parent=?, at_seq=?, last_ts=?, problem=?, fork_source=? WHERE id = ?"
 )
 DELETE_SEGMENT = "DELETE FROM segments WHERE id = ?"
 
@@ -256,13 +404,19 @@ LISTING_SELECT = (
     "SELECT context, date, message_count, last_active, created_at, updated_at, session_id, "
     "head, problem FROM sessions"
 )
+# The same with its tokens, state and legacy file, of a hot session or (``{view}``: the
+# view ``archived_rows`` or ``legacy_rows``) another context.
+ROWS_SELECT = (
+    "SELECT context, date, message_count, last_active, created_at, updated_at, session_id, "
+    "head, problem, tokens, {state}, {path} FROM {view}"
+)
+HOT_ROWS = ROWS_SELECT.format(state="'hot'", path="NULL", view="sessions")
+OTHER_ROWS = ROWS_SELECT.format(state="state", path="legacy_path", view="{view}")
+OTHER_TYPES = "SELECT DISTINCT type FROM {view}"
 LISTING = f"{LISTING_SELECT} ORDER BY type, name"
 LISTING_OF_TYPE = f"{LISTING_SELECT} WHERE type = ? ORDER BY name"
 # A page of it is LISTING_SELECT completed by stores._listing.page_statement.
 CONTEXT_TYPES = "SELECT DISTINCT type FROM sessions ORDER BY type"
-SIGNATURES = (
-    "SELECT context, last_active, message_count FROM sessions ORDER BY last_active, context"
-)
 
 # A search's filters are FTS5 conditions appended to its MATCH expression (a bound parameter):
 # each matches tokens of the ``tags`` column (``s<session row> r<role> t<type row>``, SCHEMA).

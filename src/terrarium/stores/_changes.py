@@ -95,6 +95,9 @@ class LogChanges:
         end = offset + len(lines)
         return lines, end, end
 
+    def count_sessions(self) -> int:
+        return len(self.store.list_contexts())
+
     def walk(self) -> Iterator[tuple[str, dict[str, SegmentStat]]]:
         for head in self.store.list_contexts():
             folder = str(head.session_id)

@@ -18,27 +18,36 @@ from typing import Any
 from terrarium.errors import InvalidQuery
 from terrarium.stores.base import LISTING_SORTS, ListingQuery
 
-COLUMNS = {"last_active": "last_active", "created": "created_at", "messages": "message_count"}
-"""The column (and :class:`ContextSummary` field) each sort of :data:`LISTING_SORTS` reads."""
+COLUMNS = {
+    "last_active": "last_active",
+    "created": "created_at",
+    "messages": "message_count",
+    "tokens": "tokens",
+}
+"""The column (and :class:`ContextSummary` field) each sort reads: those of
+:data:`LISTING_SORTS`, and ``tokens`` where the listing keeps them (the derived index)."""
+
+COUNTED = ("message_count", "tokens")
+"""The columns that hold counts (the others timestamps)."""
 
 MAX_LIMIT = 10_000
 """Rows one page may ask for."""
 
 
-def check(query: ListingQuery) -> ListingQuery:
-    """``query`` if it can be run.
+def check(query: ListingQuery, sorts: tuple[str, ...] = LISTING_SORTS) -> ListingQuery:
+    """``query`` if it can be run (its sort one of ``sorts``).
 
     Raises:
         InvalidQuery: an unknown sort, a limit out of range, a cursor whose value is not of
             the sort's kind (a count for ``messages``, a timestamp otherwise), or a bad day.
     """
-    if query.sort not in LISTING_SORTS:
-        raise InvalidQuery(f"sort must be one of {', '.join(LISTING_SORTS)}, not {query.sort!r}")
+    if query.sort not in sorts:
+        raise InvalidQuery(f"sort must be one of {', '.join(sorts)}, not {query.sort!r}")
     if not 1 <= query.limit <= MAX_LIMIT:
         raise InvalidQuery(f"limit must be between 1 and {MAX_LIMIT}, not {query.limit}")
     if query.after is not None:
         value, context = query.after
-        want: type = int if query.sort == "messages" else str
+        want: type = int if COLUMNS[query.sort] in COUNTED else str
         if type(value) is not want or not isinstance(context, str):
             raise InvalidQuery(f"the cursor does not belong to the {query.sort} order")
     if query.contexts is not None and len(query.contexts) > MAX_LIMIT:
@@ -49,11 +58,14 @@ def check(query: ListingQuery) -> ListingQuery:
     return query
 
 
-def page_statement(select: str, query: ListingQuery) -> tuple[str, list[Any]]:
+def page_statement(
+    select: str, query: ListingQuery, sorts: tuple[str, ...] = LISTING_SORTS
+) -> tuple[str, list[Any]]:
     """``select`` (``SELECT ... FROM table``, the listing's columns) completed into the page
-    ``query`` names, and its parameters. The text filter folds case as Python does:
-    ``casefold`` is registered on every connection (:func:`terrarium.stores._db.connect`)."""
-    check(query)
+    ``query`` names (its sort one of ``sorts``), and its parameters. The text filter folds
+    case as Python does: ``casefold`` is registered on every connection
+    (:func:`terrarium.stores._db.connect`)."""
+    check(query, sorts)
     column = COLUMNS[query.sort]
     conditions: list[str] = []
     params: list[Any] = []

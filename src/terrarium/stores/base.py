@@ -425,6 +425,13 @@ class ContextSummary(msgspec.Struct, frozen=True, gc=False):
     problem: str | None = None
     """Why some of its data cannot be read (one line naming the file), or None; the counts
     then cover what could be read."""
+    tokens: int | None = None
+    """Prompt plus completion tokens of its conversation (the derived index's figures), or
+    None where the listing keeps none."""
+    state: str = "hot"
+    """``hot``, ``archived`` or ``legacy`` (a seed-format file beside the store)."""
+    legacy_path: str | None = None
+    """The legacy file, for a context that is not in the log yet."""
 
     @property
     def session_id(self) -> SessionId:
@@ -457,34 +464,8 @@ class Listing(Protocol):
         """
         ...
 
-    def context_types(self, *, as_indexed: bool = False) -> list[str]:
+    def context_types(self) -> list[str]:
         """Every type that has a context, sorted."""
-        ...
-
-    def context_signatures(self, *, as_indexed: bool = False) -> list[tuple[str, str, int]]:
-        """Every context's (id, last active, message count), in a stable order: what a
-        write changes, for a fraction of a listing's cost (three columns of nine)."""
-        ...
-
-
-@runtime_checkable
-class IndexedListing(Listing, Protocol):
-    """A :class:`Listing` that catches up with the data when read (the derived index), or
-    can be read as it stands while a long catch-up runs elsewhere."""
-
-    def list_contexts_as_indexed(self, type: str | None = None) -> Sequence[ContextSummary]:
-        """The listing as the index holds it now, without catching up first.
-
-        Raises ``IndexUnavailable`` when the index cannot be read.
-        """
-        ...
-
-    def index_backlog(self) -> int:
-        """How many sessions the index has yet to read (0 when it is current); cheap."""
-        ...
-
-    def catch_up_index(self) -> None:
-        """Bring the index up to date (what :meth:`Listing.list_contexts_fast` does first)."""
         ...
 
 
@@ -512,8 +493,6 @@ class ListingQuery(msgspec.Struct, frozen=True):
     """Only contexts last active on or before this day (``YYYY-MM-DD``)."""
     contexts: tuple[str, ...] | None = None
     """Only these contexts (ids): the rows of contexts picked by another order."""
-    as_indexed: bool = False
-    """On an :class:`IndexedListing`, read the index as it stands, without catching up."""
 
     def matcher(self) -> Callable[[str, str], bool] | None:
         """Whether a context (id, last active) passes the filters; None when there are

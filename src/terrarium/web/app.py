@@ -167,8 +167,8 @@ class Guard:
 
 
 class Dashboard:
-    """The app's state: the store, its lock, the activity cache, the CSRF token, and how a
-    compaction reaches the model and a store of its own."""
+    """The app's state: the store, its lock, the CSRF token, and how a compaction reaches the
+    model and a store of its own."""
 
     def __init__(
         self,
@@ -181,8 +181,6 @@ class Dashboard:
     ) -> None:
         self.store = store
         self.lock = threading.Lock()
-        self.activity = data.Activity()
-        self.fill_in = data.FillIn(store, self.activity, self.lock)
         self.allow_writes = allow_writes
         self.location = location
         self.csrf = secrets.token_urlsafe(32)
@@ -259,23 +257,14 @@ def _opt(request: Request, name: str) -> str | None:
 
 
 def _overview(request: Request) -> dict[str, Any]:
-    dash = _dash(request)
-    # While the background reader fills the overview in, a page reads nothing itself: it would
-    # only take turns with it (and hold the store's lock for its budget).
-    budget = 0.0 if dash.fill_in.running() else data.ACTIVITY_BUDGET
-    stats = dict(
-        dash.call(
+    return dict(
+        _dash(request).call(
             data.overview,
-            dash.activity,
-            budget=budget,
             range=_opt(request, "range"),
             start=_opt(request, "from"),
             end=_opt(request, "to"),
         )
     )
-    if stats["activity_pending"]:
-        dash.fill_in.kick()
-    return stats
 
 
 @api(
@@ -305,14 +294,8 @@ def _list_args(request: Request) -> dict[str, Any]:
 
 
 def _list(request: Request, args: dict[str, Any]) -> dict[str, Any]:
-    """One page of the sessions list; sorted by tokens, it reads contexts not tallied yet for
-    up to ``ACTIVITY_BUDGET`` (else it shows the tokens known so far)."""
-    dash = _dash(request)
-    budget = data.ACTIVITY_BUDGET if args["sort"] == "tokens" else 0.0
-    page = dict(dash.call(data.list_page, **args, activity=dash.activity, budget=budget))
-    if page["tokens_pending"] and args["sort"] == "tokens":
-        dash.fill_in.kick()
-    return page
+    """One page of the sessions list."""
+    return dict(_dash(request).call(data.list_page, **args))
 
 
 @api(
@@ -344,7 +327,6 @@ def _transcript(request: Request) -> dict[str, Any]:
             segment=_opt(request, "segment"),
             offset=_int(request, "offset", 0),
             limit=_int(request, "limit", data.MESSAGES_PER_PAGE),
-            activity=_dash(request).activity,
         )
     )
 
@@ -445,7 +427,7 @@ async def api_events(request: Request) -> StreamingResponse:
     async def check() -> str:
         nonlocal spent
         began = time.monotonic()
-        found: str = await asyncio.to_thread(dash.call, data.signature, context, dash.activity)
+        found: str = await asyncio.to_thread(dash.call, data.signature, context)
         spent = time.monotonic() - began
         return found
 
@@ -481,7 +463,6 @@ def overview_page(request: Request) -> HTMLResponse:
     stats = _overview(request)
     types = sorted(stats["per_type"])
     chart = render.bar_chart(stats["messages_per_day"], types)
-    pending = stats["activity_pending"] > 0 or stats["indexing"] > 0  # reload until complete
     return _page(
         request,
         "overview.html",
@@ -489,7 +470,7 @@ def overview_page(request: Request) -> HTMLResponse:
         chart=chart,
         ranges=list(data.RANGES),
         live="",
-        refresh=pending,
+        refresh=stats["indexing"] > 0,  # reload until the index holds every session
     )
 
 
@@ -511,7 +492,6 @@ def sessions_page(request: Request) -> HTMLResponse:
         sorts=data.SORTS,
         states=data.STATES,
         next_url=nxt,
-        refresh=args["sort"] == "tokens" and page["tokens_pending"] > 0,
     )
 
 

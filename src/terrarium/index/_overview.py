@@ -1,0 +1,112 @@
+"""What the dashboard reads of the derived index: pages of every context and the sums.
+
+Every figure is a statement of :mod:`terrarium.index._sql` over one snapshot: a page is an
+index walk per state it shows (hot sessions, legacy files, archived contexts), merged; the
+overview's sums are aggregates of the figure tables the refresh keeps
+(:mod:`terrarium.index._figures`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from terrarium.index import _sql as sql
+from terrarium.stores import _listing
+from terrarium.stores.base import ContextSummary, ListingQuery
+
+SORTS = (*_listing.COLUMNS,)
+"""The orders a page of :meth:`Reader.page` walks: those of every listing, and tokens."""
+
+VIEWS = {"hot": ("sessions", "legacy_rows"), "archived": ("archived_rows",)}
+"""What each state shows: hot sessions and the legacy files the log does not hide, or the
+archived contexts (``all``: both)."""
+
+OtherRow = tuple[str, str, str, str, str, str, str, int, str | None]
+"""A context with no session in the index, as the provider gives it: context id, type, name,
+state (``archived`` or ``legacy``), date, created at, last active, message count, legacy
+file."""
+
+
+class Sums(msgspec.Struct):
+    """The overview's sums over the hot contexts (legacy files in contexts and messages)."""
+
+    per_type: dict[str, tuple[int, int]]
+    """Per type: contexts, messages."""
+    turns: int
+    models: dict[str, tuple[int, int, int, int, int]]
+    """Per model: prompt, completion, cached tokens, calls, estimated calls."""
+    per_day: dict[str, dict[str, int]]
+    """Messages per day, per type: each once, on the day it was first logged."""
+
+
+class Reader:
+    """The dashboard's reads, on one snapshot of the index (see ``SearchIndex.read``)."""
+
+    def __init__(self, conn: sqlite3.Connection, left: int = 0) -> None:
+        self.conn = conn
+        self.left = left
+        """Sessions a first build has still to index (0: the index holds every one)."""
+
+    def page(self, query: ListingQuery, state: str = "hot") -> list[ContextSummary]:
+        """One page of the contexts ``state`` shows (``hot``, ``archived``, ``all``), in
+        ``query.sort`` order (one of :data:`SORTS`): ``query.limit`` rows at most."""
+        views = VIEWS.get(state) or (*VIEWS["hot"], *VIEWS["archived"])
+        found: list[ContextSummary] = []
+        for view in views:
+            select = sql.HOT_ROWS if view == "sessions" else sql.OTHER_ROWS.format(view=view)
+            statement, params = _listing.page_statement(select, query, SORTS)
+            found += [ContextSummary(*row) for row in self.conn.execute(statement, params)]
+        if len(views) == 1:
+            return found
+        key = sort_key(query.sort)
+        return heapq.nlargest(query.limit, found, key=key)
+
+    def types(self, state: str = "hot") -> list[str]:
+        """Every type the contexts ``state`` shows have, sorted."""
+        views = VIEWS.get(state) or (*VIEWS["hot"], *VIEWS["archived"])
+        found: set[str] = set()
+        for view in views:
+            statement = sql.CONTEXT_TYPES if view == "sessions" else sql.OTHER_TYPES
+            found.update(row[0] for row in self.conn.execute(statement.format(view=view)))
+        return sorted(found)
+
+    def sums(self) -> Sums:
+        """The overview's sums, each an aggregate over the index's rows."""
+        per_type: dict[str, tuple[int, int]] = {}
+        for kind, contexts, messages in self.conn.execute(sql.PER_TYPE):
+            n, m = per_type.get(kind, (0, 0))
+            per_type[kind] = (n + contexts, m + int(messages))
+        models = {
+            model: (int(p), int(c), int(k), int(n), int(e))
+            for model, p, c, k, n, e in self.conn.execute(sql.PER_MODEL)
+        }
+        per_day: dict[str, dict[str, int]] = {}
+        for statement in (sql.PER_DAY, sql.COPIES_PER_DAY):
+            for day, kind, n in self.conn.execute(statement):
+                counts = per_day.setdefault(day, {})
+                counts[kind] = counts.get(kind, 0) + int(n)
+        (turns,) = self.conn.execute(sql.TURNS).fetchone()
+        return Sums(dict(sorted(per_type.items())), int(turns), models, per_day)
+
+    def forks_of(self, context: str) -> list[str]:
+        """The hot contexts forked from ``context`` (``fork_context``), sorted."""
+        return [row[0] for row in self.conn.execute(sql.FORKS_OF, (context,))]
+
+    def fingerprint(self) -> str:
+        """What changes when any context is written to, archived or found beside the store."""
+        return repr(self.conn.execute(sql.FINGERPRINT).fetchall())
+
+    def segment_bytes(self) -> int:
+        """Bytes of the segments the index has read (a filesystem store's: its files)."""
+        return int(self.conn.execute(sql.SEGMENT_BYTES).fetchone()[0])
+
+
+def sort_key(sort: str) -> Callable[[ContextSummary], tuple[Any, str]]:
+    """A page's order as a key of its rows: (the sort's column, the context id)."""
+    column = _listing.COLUMNS[sort]
+    return lambda row: (getattr(row, column), row.context)
