@@ -1,20 +1,11 @@
 """The derived index: full-text search and fast listing for the stores without native ones.
 
-The index is one SQLite file (WAL, ``0600`` like its ``-wal`` and ``-shm``): ``.index/search.db``
-of a filesystem store, ``{database}.search.db`` beside a SQLite store, a private temporary
-folder's for a memory store. It owns nothing: delete it and the next search rebuilds it from
-the logs; :func:`terrarium.index.reindex` (``terrarium reindex``) rebuilds it in place. Every
-history item of every segment is a row (:mod:`terrarium.index._refresh`), one session a row of
-``sessions`` with its message count and last activity, so a listing reads no log.
-
-Trade-off: writers never touch the database. A search or listing first brings it up to date
-(:meth:`SearchIndex.refresh`) from what changed: the sessions a store's change cursor names
-(``ChangeLog``), or on files the dirty markers writers leave (:mod:`terrarium.stores.fs._changes`):
-an idle refresh costs one indexed query or a ``scandir`` of an empty folder (~10 µs), a
-session with one new message ~0.5 ms, where a walk that ``stat``\\s every session folder costs
-3.5 s at 100k sessions. When the index cannot be brought up to date (busy, disk full,
-read-only and behind) it raises :class:`~terrarium.errors.IndexUnavailable` and the callers
-answer from the store.
+It owns nothing: delete it and the next search rebuilds it (docs/architecture.md). Trade-off:
+writers never touch it, so a search or listing first brings it up to date from what changed.
+An idle refresh costs one indexed query or a ``scandir`` of an empty folder (~10 µs), a session
+with one new message ~0.5 ms, where a walk that ``stat``\\s every session folder costs 3.5 s at
+100k sessions. When it cannot be brought up to date it raises
+:class:`~terrarium.errors.IndexUnavailable` and the callers answer from the store.
 
 Usage::
 
@@ -99,13 +90,7 @@ class SearchIndex:
         *,
         clock: Callable[[], float] = time.time,
     ):
-        """Open the index of a store's sessions (it is created on first use).
-
-        Args:
-            source: what it reads of the store (``store.index_source()``), or an ``FsStore``
-                root.
-            clock: wall-clock seconds, for the watch window (tests pass a fake).
-        """
+        """Open the index of ``source`` (``store.index_source()`` or an ``FsStore`` root)."""
         if isinstance(source, str | os.PathLike):
             from terrarium.stores.fs._changes import FsChanges  # not on a cursor store's path
 
@@ -123,17 +108,12 @@ class SearchIndex:
         self._conn: sqlite3.Connection | None = None
         self._ino: int | None = None
         self.readonly = False
-        """Whether the index was opened read-only (it then serves only while current)."""
         self.readonly_reason: str | None = None
-        """Why it was opened read-only (``read-only``, or a full disk), for messages."""
         self._warned: set[str] = set()
         self._ranker = Ranker()
         self._build: Build | None = None
-        """A first build under way, step by step (see ``_build``)."""
         self.others: Callable[[], list[OtherRow]] | None = None
-        """What gives the contexts with no session in the index (archived contexts, legacy
-        files), as rows of ``others``; set by the layer that knows them
-        (:func:`terrarium.contexts.listing_index`), read before each of :meth:`read`."""
+        """The contexts with no session here (archived, legacy), set by ``listing_index``."""
 
     def __repr__(self) -> str:
         return f"SearchIndex({str(self.path)!r})"
@@ -143,10 +123,7 @@ class SearchIndex:
     def _connection(self) -> sqlite3.Connection:
         """The open connection; reopened if the file was deleted or replaced.
 
-        A database that is missing or replaced is reopened (and built), one of another schema
-        version rebuilt. One that cannot be opened for writing (read-only, or a full disk) is
-        opened read-only and still serves while it is current: built, no dirty marker
-        waiting, no watched segment file changed (:meth:`_behind`). Else IndexUnavailable.
+        One that cannot be opened for writing is opened read-only and serves while current.
         """
         if self._conn is not None:
             try:
@@ -167,8 +144,7 @@ class SearchIndex:
         return conn
 
     def _reopen(self, exc: BaseException) -> sqlite3.Connection:
-        """After the open failed with ``exc``: rebuild a corrupt index; open a full disk's
-        read-only (it serves while it is current); else raise IndexUnavailable."""
+        """Rebuild a corrupt index, open a full disk's read-only, else IndexUnavailable."""
         found = _db.kind(exc, self.path)
         if self.readonly_reason is not None or found not in ("corrupt", "full", "readonly"):
             raise self._unavailable(exc) from exc
@@ -220,9 +196,7 @@ class SearchIndex:
         return IndexUnavailable(f"{self.path}: {_db.describe(exc, self.path)}")
 
     def _create_schema(self, conn: sqlite3.Connection, version: int) -> None:
-        """Drop whatever the database holds and create the schema (unless another process
-        created it meanwhile): the index is derived, so another version is rebuilt."""
-
+        """Drop whatever the database holds and create the schema (the index is derived)."""
         with _db.immediate(conn):  # one process at a time updates; searches never wait
             if conn.execute(sql.USER_VERSION).fetchone()[0] == SCHEMA_VERSION:
                 return  # another process created it meanwhile
@@ -257,33 +231,20 @@ class SearchIndex:
     # ------------------------------------------------------------------ refresh
 
     def refresh(self, *, full: bool = False) -> bool:
-        """Bring the index up to date with the files; return True if it looked at any.
-
-        Args:
-            full: also walk every session folder (finds writes that bypassed ``FsStore``).
-
-        Raises:
-            IndexUnavailable: it cannot be brought up to date.
-        """
+        """Bring the index up to date (``full``: walk every session); True if it looked."""
         with self._lock:
             return self._guarded(lambda: self._refresh(full=full))
 
     def rebuild(self) -> int:
-        """Drop everything and index every session afresh; return the sessions indexed.
-
-        Raises:
-            IndexUnavailable: the index cannot be written.
-        """
+        """Drop everything and index every session afresh; return the sessions indexed."""
         with self._lock:
             return self._guarded(self._rebuild)
 
     def _guarded(self, run: Callable[[], _T], *, retry: bool = False) -> _T:
-        """``run()``, with a failing database turned into :class:`IndexUnavailable`.
+        """``run()``, a failing database turned into :class:`IndexUnavailable`.
 
-        Only an index SQLite reports corrupt is deleted, with its ``-wal`` and ``-shm``; with
-        ``retry`` ``run`` is called once more, which rebuilds it. A lock held past
-        ``BUSY_TIMEOUT``, a full disk or a read-only file never is: the IndexUnavailable names
-        the cause (:func:`terrarium.stores._db.kind`), and the callers answer from the log.
+        Only a corrupt index is deleted (and with ``retry`` rebuilt by a second run): a busy,
+        full or read-only one is left for the callers to answer from the log.
         """
         for attempt in (1, 2):
             try:
@@ -362,9 +323,8 @@ class SearchIndex:
     def _claim_during(
         self, conn: sqlite3.Connection, work: IndexUpdate, build: Build
     ) -> list[tuple[str, Path]]:
-        """A build's markers: those there when it began are held until it ends (the walk
-        reads their sessions); those left since are claimed, their sessions indexed and
-        watched at once. Returns the latter, to release after the commit."""
+        """Hold the markers there when the build began (the walk reads their sessions); index
+        and watch those left since, and return them to release after the commit."""
         assert self._files is not None
         claimed = self._files.claim()
         if build.held is None:
@@ -395,8 +355,7 @@ class SearchIndex:
         self._build = None
 
     def _touched(self, conn: sqlite3.Connection) -> list[str] | None:
-        """The sessions the store's cursor says were written since the index last read it
-        (None: all of them, for an index that never read it)."""
+        """The sessions written since the index last read the cursor (None: all)."""
         assert self._cursor is not None
         row = conn.execute(sql.CURSOR).fetchone()
         return self._cursor.changes(row[0] if row is not None else None)[0]
@@ -441,8 +400,7 @@ class SearchIndex:
         conn.execute(sql.CHECKPOINT)
 
     def _watch_needs_work(self, conn: sqlite3.Connection, now: float | None) -> bool:
-        """True if a watched session's watch ended (unless ``now`` is None) or one of its
-        segment files changed."""
+        """True if a watch ended (before ``now``) or a watched segment file changed."""
         rows = conn.execute(sql.WATCHED_SEGMENTS).fetchall()
         for folder, until, segment_id, ino, size in rows:
             if now is not None and until < now:
@@ -466,17 +424,11 @@ class SearchIndex:
     ) -> list[Path]:
         """Inside a write transaction: index what changed; return the markers claimed.
 
-        A store with a change cursor names the sessions written since the position the index
-        stored (:meth:`_follow`). On files, a refresh claims markers by renaming them (atomic:
-        a writer marking at the same time creates a fresh one) and *watches* each claimed
-        session for ``WATCH_SECONDS`` (> 2 x ``MARK_EVERY``): every refresh in that window
-        ``stat``\\s the session's segment files, and the first refresh after it reads the
-        session one last time. An append that a writer did not mark is therefore covered by
-        the watch its last mark started, and the next append after the watch ends marks again.
-        Trade-off: right after a bulk import every imported session is watched for
-        ``WATCH_SECONDS``, so refreshes cost a ``stat`` per session for that long. Date folders
-        moved in or out by hand (``shape``, see :mod:`._shape`) are walked, or their sessions
-        looked at again, too; a full refresh records the shape it walked.
+        On files a refresh claims markers by renaming them (a writer marking meanwhile creates
+        a fresh one) and *watches* each claimed session for ``WATCH_SECONDS`` (> 2 x
+        ``MARK_EVERY``), ``stat``\\ing its segment files, so an append a writer did not mark is
+        covered by the watch its last mark started. Trade-off: after a bulk import every
+        imported session costs a ``stat`` per refresh for that long.
         """
         self.stats.refreshes += 1
         files = self._files
@@ -511,8 +463,7 @@ class SearchIndex:
         return [path for _, path in claimed]
 
     def _follow(self, conn: sqlite3.Connection, *, full: bool) -> None:
-        """Index the sessions the store's cursor names (every one when ``full`` or the cursor
-        cannot say), then store the cursor's position."""
+        """Index the sessions the store's cursor names, then store its position."""
         assert self._cursor is not None
         row = None if full else conn.execute(sql.CURSOR).fetchone()
         touched, position = self._cursor.changes(row[0] if row is not None else None)
@@ -539,8 +490,7 @@ class SearchIndex:
                 work.drop_session(sid)
 
     def _moved(self, work: IndexUpdate, conn: sqlite3.Connection, shape: ShapeChange) -> None:
-        """Index the sessions of date folders that appeared; look again at those of date
-        folders that vanished (a session whose folder is gone is dropped)."""
+        """Index the sessions of date folders that appeared or vanished."""
         assert self._files is not None
         for folder, segments in self._files.walk(shape.added):
             work.index_folder(folder, segments, hint=None)
@@ -559,13 +509,7 @@ class SearchIndex:
     # ------------------------------------------------------------------ queries
 
     def search(self, query: SearchQuery) -> list[SearchHit]:
-        """Ranked hits for ``query``, after bringing the index up to date.
-
-        Raises:
-            InvalidQuery: nothing to search for, or an invalid filter.
-            InvalidContextId: ``query.context`` is not ``type:name``.
-            IndexUnavailable: the index cannot be brought up to date.
-        """
+        """Ranked hits for ``query``, after bringing the index up to date."""
         q = check_query(query)
         terms = query_terms(q.text)
         with self._lock:
@@ -580,9 +524,7 @@ class SearchIndex:
         others: bool = False,
         budget: float | None = None,
     ) -> _T:
-        """``read`` on one snapshot of the index, once it is up to date (with ``others``,
-        with :attr:`others` too; with ``budget``, as far as a step of a first build takes
-        it, see ``_build``)."""
+        """``read`` on one snapshot of the index, once it is up to date."""
         self._refresh(full=False, budget=budget)
         conn = self._connection()
         if others:
@@ -596,11 +538,7 @@ class SearchIndex:
     def _search(
         self, conn: sqlite3.Connection, q: SearchQuery, terms: list[str]
     ) -> list[SearchHit]:
-        """Queries, ranking and snippets are :mod:`terrarium.index._fts`'s: the words are quoted as
-        FTS5 strings and bound as a parameter (data, never syntax); the filters (type, context,
-        role) match tokens of the ``tags`` column (``s<session> r<role> t<type>``); a query with
-        more than ``RANK_WINDOW`` matches is ranked among its most recent matches in ``fts_recent``
-        (the last ``RECENT_SIZE`` to twice as many items). Rows are numbered in arrival order."""
+        """The words are bound as FTS5 strings (data, never syntax); filters match ``tags``."""
         tags = ""
         if q.context is not None:
             context = ContextId.parse(q.context)
@@ -640,25 +578,14 @@ class SearchIndex:
     def list_contexts_fast(self, type: str | None = None) -> list[ContextSummary]:
         """Every context's summary, optionally of one type, sorted by context id.
 
-        ``sessions`` holds one row per session with its context, date, head, message count and
-        last activity, kept current by the refreshes, so listing 100k contexts is one scan of a
-        covering index (145 ms) instead of 100k file reads (14 s for the head records alone).
-
-        Raises:
-            IndexUnavailable: the index cannot be brought up to date.
+        Listing 100k contexts is one scan of a covering index (145 ms), not 100k file reads
+        (14 s for the head records alone).
         """
         statement, params = (sql.LISTING, ()) if type is None else (sql.LISTING_OF_TYPE, (type,))
         return [ContextSummary(*row) for row in self._rows(statement, params)]
 
     def list_contexts_page(self, query: ListingQuery) -> list[ContextSummary]:
-        """One page of the listing, filtered and sorted: an index walk of about
-        ``query.limit`` rows (see :mod:`terrarium.stores._listing`), once the index is up to
-        date.
-
-        Raises:
-            IndexUnavailable: as :meth:`list_contexts_fast`.
-            InvalidQuery: a query that cannot be run.
-        """
+        """One page of the listing, filtered and sorted: an index walk of ``query.limit``."""
         statement, params = _listing.page_statement(sql.LISTING_SELECT, query)
         return [ContextSummary(*row) for row in self._rows(statement, params)]
 
@@ -677,17 +604,10 @@ class SearchIndex:
     # ------------------------------------------------------------------ the dashboard's reads
 
     def read(self, read: Callable[[Reader], _T], *, budget: float | None = None) -> _T:
-        """``read`` on one snapshot of the index, brought up to date with the store and with
-        what :attr:`others` gives (archived contexts, legacy files): the listing, figures and
-        sums the dashboard shows (:class:`~terrarium.index._overview.Reader`).
+        """The dashboard's ``read`` on one up-to-date snapshot, :attr:`others` included.
 
-        Args:
-            budget: seconds a first build may take before the read: past them the read
-                sees what the index holds so far, and ``Reader.left`` how many sessions
-                are still to be indexed (the next such read goes on with the build).
-
-        Raises:
-            IndexUnavailable: the index cannot be brought up to date.
+        ``budget``: seconds a first build may take first; past them ``Reader.left`` says how
+        many sessions are still to be indexed (the next read goes on with the build).
         """
 
         def run(conn: sqlite3.Connection) -> _T:
@@ -713,8 +633,8 @@ class SearchIndex:
             conn.execute(sql.SET_OTHERS_HASH, (digest,))
 
     def segment_bytes(self) -> int | None:
-        """Bytes of every segment file the index has read (a filesystem store's sessions),
-        or None for a store whose segments are not files."""
+        """Bytes of every segment file the index has read; None unless they are files."""
+
         if self._files is None:
             return None
         return int(self.read(lambda r: r.segment_bytes()))
