@@ -1,10 +1,7 @@
 """Package namespaces that import a submodule only when one of its names is first used.
 
-``import terrarium`` must not pay for what a caller never touches: the ``openai`` client (the
-runtime), ``psycopg`` (an optional extra), every store backend, ``sqlite3``. A package lists
-its public names with the module each comes from; :func:`attach` gives it the module-level
-``__getattr__`` (PEP 562) that imports that module on first access and caches the value in
-the package's namespace, and a ``__dir__`` that shows only the public names. Usage::
+``import terrarium`` must not pay for what a caller never touches: the ``openai`` client,
+``psycopg``, every store backend, ``sqlite3``. Usage::
 
     __getattr__, __dir__ = attach(__name__, {"FsStore": "terrarium.stores.fs"}, __all__)
 """
@@ -24,13 +21,7 @@ if TYPE_CHECKING:
 def attach(
     package: str, names: Mapping[str, str], public: Iterable[str]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The ``__getattr__`` and ``__dir__`` of ``package``.
-
-    Args:
-        package: the package's ``__name__``.
-        names: each lazily imported name, and the module that defines it.
-        public: the names ``dir()`` shows (the package's ``__all__``).
-    """
+    """The PEP 562 ``__getattr__`` (importing ``names[name]``) and ``__dir__`` of ``package``."""
     shown = sorted(public)
 
     def __getattr__(name: str) -> Any:
@@ -50,9 +41,8 @@ def attach(
 def lazy_module(name: str) -> ModuleType:
     """Module ``name``, executed on first attribute access (:class:`importlib.util.LazyLoader`).
 
-    For modules that import a heavy module at the top but use it only in some functions: the
-    command line's modules define every command, and ``terrarium --help`` runs none of them.
     Type checkers see the real module through an ``if TYPE_CHECKING:`` import beside it::
+
 
         if TYPE_CHECKING:
             from terrarium import contexts

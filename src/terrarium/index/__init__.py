@@ -1,13 +1,7 @@
 """The derived index: the one listing and search index above every store.
 
-A layer above :mod:`terrarium.stores` and the session log, below :mod:`terrarium.contexts`,
-:mod:`terrarium.search` and the dashboard. It derives from a store's logs what listing, search
-and the dashboard need (a row per session with its counts, last activity and figures, an FTS5
-row per history item) and is rebuilt from them when lost. Every ``Indexed`` store has one
-(files, memory, SQLite, PostgreSQL: for PostgreSQL a file on each machine that reads it, see
-:func:`terrarium.stores._changes.index_folder`); :func:`of` gives None for a store that is not
-(a third party's), which the surfaces then ask itself (:func:`listing`); the dashboard reads
-:func:`of_any`. Importing this package imports no backend.
+It derives from a store's logs what listing, search and the dashboard need, and is rebuilt
+from them when lost (docs/architecture.md). Importing this package imports no backend.
 
 Usage::
 
@@ -50,8 +44,7 @@ _lock = threading.Lock()
 
 
 def of(store: Store) -> SearchIndex | None:
-    """The derived index of ``store`` (opened on first use, closed with the store), or None
-    for a store that is not ``Indexed``."""
+    """The derived index of ``store`` (opened on first use), or None if it is not ``Indexed``."""
     if not isinstance(store, Indexed):
         return None
     from terrarium.index._index import SearchIndex
@@ -72,27 +65,23 @@ def of_any(store: Store) -> SearchIndex:
 
 
 def walked(store: Store) -> SearchIndex:
-    """An index of ``store`` kept in a private temporary folder while the store lives, walked
-    whole at each refresh: for a store with no index of its own, or whose own cannot be
-    brought up to date (read-only and behind)."""
+    """An index of ``store`` in a private temporary folder, walked whole at each refresh."""
     from terrarium.index._walked import kept
 
     return kept(store)
 
 
 def listing(store: Store) -> SearchIndex | Store:
-    """What answers listing and search for ``store``: its derived index, else the store (one
-    that is not ``Indexed`` may have the ``Listing``/``Searchable`` abilities itself)."""
+    """What answers listing and search for ``store``: its derived index, else the store."""
     found = of(store)
     return store if found is None else found
 
 
 def reindex(store: Store) -> int:
-    """Rebuild what is derived of ``store`` (``terrarium reindex``): the store's own indexes,
-    then the derived index; return the contexts the store indexed (the sessions the derived
-    index holds, for a store with no index of its own).
+    """Rebuild the store's own indexes, then the derived index; return the contexts indexed.
 
     Raises:
+
         StoreError: the store keeps no index to rebuild.
     """
     count = store.reindex() if isinstance(store, Reindexable) else None

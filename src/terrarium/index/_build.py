@@ -1,13 +1,10 @@
 """A first build of the derived index, a step at a time.
 
-Building the index of a store that has 100k sessions reads every one (about a minute). A
-read given a budget (``SearchIndex.read(..., budget=...)``: the dashboard's pages) does not
-wait for that: each call indexes sessions for at most its budget, commits, and reads what
-the index holds, with how many sessions are left (:attr:`Build.left`). The walk is kept by
-the index between calls (in this process; no thread), so each step goes on where the last
-stopped. Writes during the build are not lost: a store's change cursor is read where the
-build began, and a filesystem store's markers are claimed (and their sessions indexed and
-watched) at every step. A build another process finishes meanwhile ends this one.
+Building the index of 100k sessions takes about a minute. A read given a budget indexes for at
+most that long, commits, and reads what the index holds; the walk is kept between calls (no
+thread). Writes meanwhile are not lost: the change cursor is read where the build began, and a
+filesystem store's markers are claimed at every step.
+
 """
 
 from __future__ import annotations

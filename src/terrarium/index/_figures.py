@@ -1,17 +1,10 @@
 """The figures the derived index keeps per session, by the one replay rule.
 
-A session's figures are those of its conversation, the head lineage: its turns and tokens
-per model (:func:`terrarium.sessions.collect_state`, the rule ``stats`` and ``restore``
-follow) and its messages per day (:func:`terrarium.sessions.messages`, each at the time it
-was first logged). They are sums, so a head segment that only grew adds the figures of its
-new lines (:func:`of_lines`); a head that moved (fork, rewind, compaction, clear) is folded
-afresh (:func:`of_lineage`).
+They are sums, so a head segment that only grew adds the figures of its new lines
+(:func:`of_lines`); a head that moved is folded afresh (:func:`of_lineage`). A fork's copy of
+another session's message is listed as a copy, counted once (``sql.COPIES_PER_DAY``, see
+docs/architecture.md).
 
-A message a fork copied from another session (``fork_context``) is not counted in the fork:
-it is listed as a copy, with its original's identity and day. The overview counts a copy
-only when no hot session's conversation holds the original any more, once however many
-forks hold it (``sql.COPIES_PER_DAY``); what each conversation holds of its own is kept as
-``held`` (items of a header's history) and ``ranges`` (entries, per segment).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """A derived index for a store that has none: walked whole at each refresh.
 
-The dashboard reads every listing figure from a derived index. A store that is not
-``Indexed`` (a third party's, with only the ``Store`` protocol), or whose own index cannot be
-brought up to date (read-only and behind), gets one in a private temporary folder, removed
-with the store. Having no change cursor, it
-says every session may have changed: each refresh looks at every head and segment (one call
-each) and reads only the lines a segment gained, by its next seq.
+For a store that is not ``Indexed``, or whose own index cannot be brought up to date: kept in
+a private temporary folder, removed with the store. Each refresh looks at every head and
+segment and reads only the lines a segment gained, by its next seq.
+
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The statistics dashboard (``terrarium serve``): a local web app over any store.
 
-Needs the ``web`` extra (``pip install 'terrarium-sessions[web]'``). Modules: ``app`` (the ASGI app,
-its routes, the token guard and CSP, writes), ``data`` (what the pages and the JSON API show,
-from the contexts, sessions, search and export layers), ``render`` (safe Markdown, highlighted
-code, the SVG chart), ``openapi`` (the API's document from the route table), ``compact`` (a
-compaction through the model server, on a store of its own); templates and static files live
-beside them.
+Needs the ``web`` extra (``pip install 'terrarium-sessions[web]'``); docs/dashboard.md tells
+what each module does.
+
 
 Usage::
 

@@ -1,17 +1,8 @@
 """The dashboard's ASGI app: pages, the JSON API, live events, guarded writes.
 
-:func:`create_app` wraps one open store. Every handler is a plain function that Starlette runs
-in its thread pool; calls into the store are serialised by one lock (a store is not promised
-to be safe across threads). What a page shows comes from :mod:`terrarium.web.data`, which the
-JSON API returns as it is.
-
-Safety (see docs/dashboard.md): every response carries a Content-Security-Policy that allows
-scripts, styles and connections only from this origin; with a token, a request without it
-(``Authorization: Bearer``, or the cookie set by ``/?token=...``) is answered 401; without
-one, only a loopback ``Host`` is served (no DNS rebinding). Writes exist only with
-``allow_writes``, as POSTs carrying the page's CSRF token after a confirmation page. A
-compaction asks the model server (:mod:`terrarium.web.compact`) on a store of its own, never
-holding the store lock across the model call.
+:func:`create_app` wraps one open store. Handlers run in Starlette's thread pool; calls into
+the store are serialised by one lock (a store is not promised to be safe across threads).
+Safety (token, loopback ``Host``, CSP, CSRF): docs/dashboard.md.
 """
 
 from __future__ import annotations
@@ -167,8 +158,7 @@ class Guard:
 
 
 class Dashboard:
-    """The app's state: the store, its lock, the CSRF token, and how a compaction reaches the
-    model and a store of its own."""
+    """The app's state: the store, its lock, the CSRF token, the compaction's model access."""
 
     def __init__(
         self,
@@ -189,8 +179,7 @@ class Dashboard:
 
     @property
     def model_url(self) -> str | None:
-        """The model server a compaction asks, when the compact action is offered (writes on,
-        a model and a store to open); else None."""
+        """The model server a compaction asks, when compact is offered; else None."""
         if not self.allow_writes or self.model is None or self.reopen is None:
             return None
         return self.model.base_url
@@ -363,8 +352,8 @@ def _search(request: Request) -> list[dict[str, Any]]:
 
 
 def _hit_url(context: str, message: int | None, segment: str) -> str:
-    """The transcript page that shows a hit, at its message's anchor; for a hit off the
-    conversation, its segment's transcript."""
+    """The transcript page that shows a hit, at its message's anchor (or its segment's)."""
+
     if message is None:
         return "/session?" + urlencode({"c": context, "segment": segment})
     offset = message - message % data.MESSAGES_PER_PAGE

@@ -1,16 +1,9 @@
 """The dashboard's compaction: how to reach the model, and one compaction run.
 
-A compaction asks the model server to summarise a context and continues the context from the
-summary (:meth:`MultiContextManager.compact_context`, ``only_if_smaller=True``): the web layer
-only builds the runtime's client and manager and hands them a store. Nothing here contacts the
-model server until a compaction is asked for, so a dashboard whose model is down still serves
-everything else.
-
-The run gets a store of its own (``reopen``): the manager holds the context lock for the
-whole compaction, model call included. Through the dashboard's lock (:meth:`Dashboard.call`)
-it would deadlock with a dashboard write to the same context, which holds that lock while it
-waits for the context lock. The context lock (a file or advisory lock, across instances) keeps
-the two writers apart, and the rest of the dashboard reads on.
+Nothing here contacts the model server until a compaction is asked for, so a dashboard whose
+model is down still serves everything else. The run gets a store of its own (``reopen``): the
+manager holds the context lock for the whole model call, and through the dashboard's lock it
+would deadlock with a dashboard write to the same context waiting for that context lock.
 
 Usage::
 
@@ -49,8 +42,8 @@ def compact(reopen: Callable[[], Store], access: ModelAccess, context: ContextId
     Blocking: it runs its own event loop, so call it from a worker thread.
 
     Raises:
-        NothingToCompact: the summary would not make the context smaller (nothing written
-            but the call's usage, if the model was asked).
+        NothingToCompact: the summary would not make the context smaller.
+
         ContextNotFound: no such context.
         LLMError: the model server could not be reached or failed; the message names its URL.
     """

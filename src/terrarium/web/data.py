@@ -1,14 +1,9 @@
 """What the dashboard shows, computed from the store, sessions and contexts layers.
 
 Plain functions returning JSON-ready dicts: the pages render them, the JSON API returns them as
-they are, so a page never shows something the API cannot give.
-
-* **The sessions list and the overview** (:func:`list_page`, :func:`overview`) read one paged
-  listing: the store's derived index (:func:`terrarium.contexts.listing_index`). Its rows are
-  the hot sessions with their figures, the legacy files and the archived contexts; its sums
-  are SQL aggregates. No session is restored for them, and the dashboard keeps no state,
-  thread or child process of its own.
-* **A transcript** (:func:`transcript`) replays one segment's lineage, paged by message.
+they are, so a page never shows something the API cannot give. Every listing figure is one read
+of the store's derived index (:func:`terrarium.contexts.listing_index`); no session is restored
+for them.
 """
 
 from __future__ import annotations
@@ -38,8 +33,7 @@ SORTS = ("last_active", "created", "messages", "tokens")
 """The orders the sessions list offers, each newest or largest first."""
 
 STATES = ("hot", "archived", "all")
-"""Which contexts the sessions list shows, on a store with lifecycle states (:class:`Lifecycle`):
-the hot ones (the default), the archived ones, or both."""
+"""Which contexts the sessions list shows, on a :class:`Lifecycle` store."""
 
 PAGE_SIZE = 50
 """Contexts per page of the sessions list."""
@@ -64,14 +58,12 @@ class BadRequest(ValueError):
 
 
 BUILD_STEP = 0.2
-"""Seconds a page spends on a first build of the store's index before it shows what the
-index holds so far (``indexing`` says how many sessions are left; the next page goes on)."""
+"""Seconds a page spends on a first build of the store's index before it shows what it holds."""
 
 
 def _read(store: Store, read: Callable[[Reader], _T]) -> _T:
-    """``read`` on the store's derived index, which every listing figure comes from; on one
-    kept in a temporary folder when the store's own cannot be brought up to date (a
-    read-only store whose index is behind or missing)."""
+    """``read`` on the store's derived index, or a walked one when it cannot be brought up to
+    date (a read-only store whose index is behind or missing)."""
     try:
         return contexts.listing_index(store).read(read, budget=BUILD_STEP)
     except IndexUnavailable as exc:
@@ -123,12 +115,9 @@ def list_page(
 ) -> dict[str, Any]:
     """One page of contexts, filtered and sorted, and the cursor of the next page.
 
-    ``since``/``until`` bound the day the context was last active (inclusive); ``text`` is a
-    case-insensitive substring of the context id; ``state`` picks hot, archived or all
-    contexts on a :class:`Lifecycle` store (others have only hot ones; legacy files count as
-    hot). Rows carry ``pinned``, ``state`` and ``tokens`` (prompt + completion of a hot
-    context's conversation; None for archived contexts and legacy files, which count 0 in
-    the tokens order). The page is an index walk of about ``limit`` rows per state shown.
+    ``since``/``until`` bound the day last active (inclusive); ``text`` is a case-insensitive
+    substring of the context id. A row's ``tokens`` is None for archived contexts and legacy
+    files, which count 0 in the tokens order.
     """
     if state not in STATES:
         raise BadRequest(f"state must be one of {', '.join(STATES)}, not {state[:40]!r}")
@@ -158,12 +147,7 @@ def _query(
     since: str | None,
     until: str | None,
 ) -> ListingQuery:
-    """The index query of a sessions-list request (one row more than the page, to know
-    whether another follows).
-
-    Raises:
-        BadRequest: an unknown sort, a limit out of range, a bad cursor or day.
-    """
+    """The index query of a sessions-list request (one row more, to know if another follows)."""
     if sort not in SORTS:
         raise BadRequest(f"sort must be one of {', '.join(SORTS)}, not {sort[:40]!r}")
     if not 1 <= limit <= 1000:
@@ -196,8 +180,7 @@ def _shown(summary: ContextSummary, pinned: frozenset[str]) -> dict[str, Any]:
 
 
 def disk_bytes(store: Store) -> int | None:
-    """Bytes the store takes on disk: a SQLite store's files, a filesystem store's segment
-    files as its index has read them; None for a database server or memory."""
+    """Bytes the store takes on disk; None for a database server or memory."""
     path = getattr(store, "path", None)
     if isinstance(path, Path) and path.is_file():
         extra = [path.with_name(path.name + s) for s in ("-wal", "-shm")]
@@ -211,8 +194,7 @@ RANGES = {"7d": 7, "30d": 30, "90d": 90, "all": None}
 """The chart's ranges: the last N calendar days up to today (UTC), or every active day."""
 
 FILL_DAYS = 400
-"""Longest span whose days without activity are drawn as empty bars (longer ones show only
-the active days)."""
+"""Longest span whose days without activity are drawn as empty bars."""
 
 
 def _days(first: str, last: str) -> list[str]:
@@ -230,10 +212,8 @@ def chart_range(
 ) -> dict[str, Any]:
     """The days the chart shows: ``{"range", "from", "to", "days"}``.
 
-    ``start``/``end`` (``YYYY-MM-DD``, either may be missing) pick a custom range and win over
-    ``range`` (a key of :data:`RANGES`, default 30d); ``all`` spans the first to the last
-    active day. ``days`` lists every date in the span when it is at most :data:`FILL_DAYS`
-    long, else only the active ones.
+    ``start``/``end`` (either may be missing) win over ``range`` (default 30d). ``days`` lists
+    every date of a span up to :data:`FILL_DAYS` long, else only the active ones.
     """
     start, end = _check_date(start, "from"), _check_date(end, "to")
     dates = sorted(d for d in active if _check_date_ok(d))
@@ -269,8 +249,7 @@ def _check_date_ok(value: str) -> bool:
 
 
 def lifecycle_counts(store: Store) -> dict[str, int] | None:
-    """How many contexts are archived, in the trash and pinned; None for a store without
-    lifecycle states."""
+    """How many contexts are archived, in the trash and pinned; None without lifecycle."""
     if not isinstance(store, Lifecycle):
         return None
     return {
@@ -288,13 +267,10 @@ def overview(
     end: str | None = None,
     today: str | None = None,
 ) -> dict[str, Any]:
-    """Totals, per-type counts, messages per day by type, tokens per model, most active, and
-    the lifecycle counts: the index's sums over the hot contexts (archived contexts count in
-    the archived card only; legacy files in contexts and messages). While a first build of
-    the index is under way, they cover what it holds so far: ``indexing`` says how many
-    sessions are left (0 once it holds every one).
+    """The overview's figures: the index's sums over the hot contexts, and lifecycle counts.
 
-    The chart's days are picked by ``range``/``start``/``end`` (see :func:`chart_range`).
+    During a first build they cover what the index holds so far: ``indexing`` says how many
+    sessions are left.
     """
     top = ListingQuery(sort="messages", limit=MOST_ACTIVE)
     sums, most_active, left = _read(store, lambda r: (r.sums(), r.page(top), r.left))
@@ -337,12 +313,7 @@ def forks_of(store: Store, context: ContextId) -> list[str]:
 
 
 def parse_context(text: str | None) -> ContextId:
-    """The context a request names.
-
-    Raises:
-        BadRequest: none given. InvalidContextId: not a valid id (``invalid session id ...``,
-            the reason as the CLI gives it).
-    """
+    """The context a request names (BadRequest: none given)."""
     if not text:
         raise BadRequest("c, the session id (type:name), is required")
     try:
@@ -438,9 +409,7 @@ def _message(
 def _messages(
     reads: list[SegmentRead], offset: int, limit: int, failed: Mapping[int, Mapping[str, Any]]
 ) -> tuple[int, list[dict[str, Any]]]:
-    """How many messages the lineage holds (:func:`sessions.messages`, the one rule), and
-    those of one page: each with the usage record logged after it, if any, and whether a
-    failed run holds it (``failed``, the restored state's)."""
+    """How many messages the lineage holds, and those of one page with their usage and runs."""
     found = sessions.messages(reads)
     page: list[dict[str, Any]] = []
     for index in range(offset, min(offset + limit, len(found))):
@@ -485,12 +454,7 @@ def transcript(
     offset: int = 0,
     limit: int = MESSAGES_PER_PAGE,
 ) -> dict[str, Any]:
-    """One page of a context's transcript (its head, or another of its segments), its stats
-    and its fork tree, with its forks into other contexts (``forks``).
-
-    Raises:
-        ContextNotFound: no such context. SegmentNotFound: the segment is not in its session.
-    """
+    """One page of a context's transcript, its stats, its fork tree and its forks."""
     if offset < 0 or not 1 <= limit <= 5000:
         raise BadRequest("offset must be >= 0 and limit between 1 and 5000")
     tree = fork_tree(store, context)
@@ -525,8 +489,7 @@ def transcript(
 
 
 def context_state(store: Store, context: ContextId) -> dict[str, Any] | None:
-    """The context's lifecycle state (``hot`` or ``archived``) and whether it is pinned; None
-    for a store without lifecycle states."""
+    """The context's state (``hot`` or ``archived``) and pin; None without lifecycle."""
     if not isinstance(store, Lifecycle):
         return None
     return {
@@ -562,12 +525,7 @@ LIFECYCLE_ACTIONS = ("archive", "unarchive", "pin", "unpin")
 
 
 def change_state(store: Store, context: ContextId, action: str) -> None:
-    """Archive, unarchive, pin or unpin ``context`` through the store's :class:`Lifecycle`.
-
-    Raises:
-        BadRequest: an unknown action, or a store without lifecycle states.
-        ContextNotFound: no such context (or, for unarchive, none archived of that id).
-    """
+    """Archive, unarchive, pin or unpin ``context`` through the store's :class:`Lifecycle`."""
     if not isinstance(store, Lifecycle):
         raise BadRequest("this store has no lifecycle states (archive, trash, pins)")
     if action == "archive":
@@ -585,20 +543,15 @@ def change_state(store: Store, context: ContextId, action: str) -> None:
 
 
 def restore_trashed(store: Store, trash_id: str) -> ContextId:
-    """Bring a trash entry back in the state it was in; the context it is again.
-
-    Raises:
-        BadRequest: a store without a trash. NotInTrash: no such entry.
-        ContextExists: its id is in use again.
-    """
+    """Bring a trash entry back in the state it was in; the context it is again."""
     if not isinstance(store, Lifecycle):
         raise BadRequest("this store has no trash")
     return ContextId.parse(states.restore_trashed(store, trash_id).context)
 
 
 def signature(store: Store, context: ContextId | None) -> str:
-    """A cheap fingerprint that changes when the context (or, with None, any context) is
-    written to: what the live view polls."""
+    """What the live view polls: changes when the context (None: any) is written to."""
+
     if context is not None:
         head = store.get_head(context)
         if head is None:

@@ -1,9 +1,8 @@
 """The JSON API's OpenAPI document, generated from the app's route table.
 
-Each API handler is marked with :func:`api`, which records its summary and query parameters
-on the function; :func:`openapi_document` walks the routes and writes one operation per
-marked handler, so the document cannot drift from the routes (``tests/test_web_app.py``
-compares them).
+:func:`api` records a handler's summary and query parameters, so the document cannot drift
+from the routes.
+
 """
 
 from __future__ import annotations

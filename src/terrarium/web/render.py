@@ -1,13 +1,8 @@
 """Message text to safe HTML for the templates, and the SVG chart of messages per day.
 
-The Markdown and code renderer is :mod:`terrarium.formats.safe_markdown`, which the HTML
-export uses too (Markdown without raw HTML, links only http(s)/mailto, code highlighted by
-Pygments on the server into class names: the page's CSP allows no inline style); here its
-output is marked safe for Jinja2.
-
-Everything from the log is escaped by markdown-it or by :func:`html.escape`; bidirectional
-overrides in names are shown as ``\\u202e`` escapes (:func:`terrarium.model.display_name`),
-and message bodies are isolated with ``dir="auto"`` so one cannot reorder the page around it.
+The renderer is :mod:`terrarium.formats.safe_markdown` (the HTML export's); here its output is
+marked safe for Jinja2. Message bodies are isolated with ``dir="auto"`` so one cannot reorder
+the page around it.
 """
 
 from __future__ import annotations
@@ -50,9 +45,8 @@ PALETTE = ("#2563eb", "#16a34a", "#d97706", "#9333ea", "#dc2626", "#0891b2", "#4
 
 
 def bar_chart(days: list[dict[str, Any]], types: list[str]) -> Markup:
-    """Messages per day stacked by type, as an SVG with its values written in (no hover
-    needed): a total above each bar, a legend, the first and last dates on the axis. A day
-    without messages keeps its slot, empty."""
+    """Messages per day stacked by type, as an SVG with its totals and legend written in."""
+
     if not days:
         return Markup('<p class="muted">No messages yet.</p>')
     width, height, top, bottom, left = 760, 220, 20, 30, 8
