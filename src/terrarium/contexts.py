@@ -1,17 +1,10 @@
 """Whole contexts, in the log or only in a legacy file: list, stats, fork, clear, delete.
 
-What ``MultiContextManager`` and the command line both do to a context as a whole lives here,
-once, so that the command line does it without a manager (and without importing the ``openai``
-client the manager's runtime needs). The manager passes in what only it knows: its cached,
-possibly unsaved state of a context (``state``/``current``), which is newer than the log.
-
-* **Listing** reads the store's listing index (:class:`~terrarium.stores.base.Listing`, no
-  session restored) and the legacy scan (:func:`terrarium.legacy.listing`); rows keep the
-  context id as the string the store holds, so a listing of 10k contexts parses none of them.
-  A store without a usable index is listed by restoring each context.
-* **Writes** (clear, fork) take the context's lock, and import its legacy file first when
-  only that file holds it (:func:`terrarium.legacy.import_legacy`); delete moves the legacy
-  file to the trash.
+What ``MultiContextManager`` and the command line both do to a context lives here, once, so the
+command line needs no manager (nor the ``openai`` client). The manager passes in its cached,
+possibly unsaved state of a context (``state``/``current``), which is newer than the log. Rows
+keep the context id as the string the store holds, so a listing of 10k contexts parses none.
+Writes take the context's lock and import its legacy file first.
 
 Usage::
 
@@ -59,11 +52,7 @@ log = logging.getLogger(__name__)
 
 
 class ContextRow(msgspec.Struct, frozen=True, gc=False):
-    """One context as a listing shows it (``terrarium list``, the picker).
-
-    A Struct, as :class:`~terrarium.stores.base.ContextSummary`: made in C, 10k of them cost
-    a few milliseconds where frozen dataclasses cost tens.
-    """
+    """One context as a listing shows it (a Struct: 10k cost milliseconds, dataclasses tens)."""
 
     context_id: str
     """The context id, ``type:name``, as the store holds it."""
@@ -123,10 +112,7 @@ class ContextListing(msgspec.Struct, frozen=True):
 
 
 def check_new_name(store: Store, context: ContextId) -> None:
-    """Refuse a name no new context may take, unless ``store`` holds the context already.
-
-    Called before the context's lock is taken, so a refused name leaves no lock file behind.
-    """
+    """Refuse a name no new context may take, unless ``store`` holds the context already."""
     if misleading_chars(context.name) and store.get_head(context) is None:
         if legacy.find(store, context) is None:
             context.check_new()
@@ -151,11 +137,9 @@ def list_contexts(
     """Every context of ``store`` (of one ``type``), legacy files beside it included.
 
     Args:
-        restore: how to read a context when the store has no usable listing index (the
-            manager's cache); default :func:`terrarium.sessions.restore`.
-        ordered: sort the rows as :attr:`ContextListing.rows` says; False leaves them in the
-            store's order, for callers that pick or sum (two sorts of 100k rows cost about
-            40 ms).
+        restore: how to read a context when the store has no usable listing index.
+        ordered: sort the rows as :attr:`ContextListing.rows` says; False saves two sorts
+            (40 ms at 100k rows) for callers that pick or sum.
     """
     rows = _native_rows(store, type, restore)
     found = legacy.listing(store)
@@ -171,8 +155,7 @@ def list_contexts(
 def legacy_rows(
     found: legacy.LegacyListing, type: str | None, hidden: Callable[[str], bool]
 ) -> list[ContextRow]:
-    """The rows of the legacy files ``found`` (of one ``type``) that the log does not hide:
-    ``hidden(context_id)`` says whether the log holds a context of that id."""
+    """The rows of the legacy files ``found`` (of one ``type``) that ``hidden`` does not hide."""
     rows = []
     for info in found.sessions:
         context_id = str(info.context)
@@ -198,10 +181,7 @@ def summary_row(summary: ContextSummary) -> ContextRow:
 
 
 def listing_index(store: Store, *, walked: bool = False) -> SearchIndex:
-    """The store's derived index (:func:`terrarium.index.of_any`; with ``walked``,
-    :func:`terrarium.index.walked`), told which contexts it holds no session of: the legacy
-    files beside the store and, on a :class:`Lifecycle` store, the archived contexts
-    (:func:`other_rows`), so it lists them as rows too."""
+    """The store's derived index (or ``walked`` one), told of its legacy and archived rows."""
     found = index.walked(store) if walked else index.of_any(store)
     if found.others is None:  # a weak reference: a walked index is kept as long as the store
         found.others = functools.partial(_others_of, weakref.ref(store))
@@ -214,8 +194,7 @@ def _others_of(store: weakref.ref[Store]) -> list[OtherRow]:
 
 
 def other_rows(store: Store) -> list[OtherRow]:
-    """The legacy files beside ``store`` and its archived contexts, as the derived index keeps
-    them (an archive keeps a context's day, not its creation time)."""
+    """The legacy files beside ``store`` and its archived contexts, as index rows."""
     rows: list[OtherRow] = []
     for info in legacy.listing(store).sessions:
         c = info.context
@@ -234,8 +213,7 @@ def _native_rows(
     type: str | None,
     restore: Callable[[ContextId], RestoredState] | None,
 ) -> list[ContextRow]:
-    """The log's contexts: from the store's listing index if it has a usable one, else by
-    restoring each."""
+    """The log's contexts: from the store's listing index, else by restoring each."""
     source = index.listing(store)
     if isinstance(source, Listing):
         try:
@@ -271,8 +249,8 @@ def get_stats(
     """Statistics of one context (of a legacy JSON file, read without importing it).
 
     Args:
-        state: the context's state if the caller holds a newer one than the log (the
-            manager's cache); default: restored from the log.
+        state: the context's state if the caller holds a newer one than the log.
+
 
     Raises:
         ContextNotFound: no such context.

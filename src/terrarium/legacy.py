@@ -1,19 +1,11 @@
 """Legacy Terrarium JSON files beside a filesystem store: found, listed, read and resumed in place.
 
-The old Terrarium Agent kept each context in ``{type}/{date}/{name}.json``
-(:mod:`terrarium.formats.terrarium_json`). The manager and the command line see those files
-through this module, under these rules:
-
-* Only in the root of an :class:`~terrarium.stores.fs.FsStore`, beside its context folders.
-* A file holds the context its content names, found where the old tool looked
-  (:func:`_rank`); a file found otherwise is listed as a problem.
-* A context in the log hides its legacy file. Files are read in place, never changed,
-  through a throw-away ``MemoryStore`` (:func:`read`).
-* A write (turn, clear, fork, compaction) imports the file into the log first, under the
-  context's lock (:func:`import_legacy`).
-* Delete moves the file into the trash (:func:`trash`); archive takes it along
-  (:func:`files`). The scan skips ``archive/``, where the seed moved old files by hand.
-* :func:`listing` returns every file it could not use, with the reason.
+The old Terrarium Agent kept each context in ``{type}/{date}/{name}.json``. Only the root of an
+:class:`~terrarium.stores.fs.FsStore` holds them. A file holds the context its content names,
+found where the old tool looked (:func:`_rank`); one found otherwise is a problem. A context in
+the log hides its legacy file; files are read in place, never changed, and a write imports the
+file into the log first (:func:`import_legacy`). The scan skips ``archive/``, where the seed
+moved old files by hand.
 
 Usage::
 
@@ -165,9 +157,7 @@ def read(store: Store, context: ContextId) -> LegacyCopy | None:
 
 
 def import_legacy(store: Store, context: ContextId) -> bool:
-    """Import the context's legacy file into the log unless the log has it; whether it did.
-
-    Call it holding the context's lock, or use :func:`resume`.
+    """Import the context's legacy file unless the log has it (under its lock); whether it did.
 
     Raises:
         LegacyFormatError, OSError: the context's legacy file cannot be read.
@@ -259,11 +249,8 @@ def _places(root: Path, context: ContextId) -> Iterator[Path]:
 
 
 def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
-    """Where ``path`` comes in ``context``'s lookup order (lowest first); None: not a place.
+    """Where ``path`` comes in the old tool's lookup order for ``context``; None: not a place."""
 
-    The old tool's order: ``{type}/{date}/{name}.json`` (newest first), ``{type}/{name}.json``,
-    ``{name}.json``, each with the raw name, then the encoded one.
-    """
     names = legacy_file_names(context.name)
     parts = path.relative_to(root).parts
     if not parts or parts[-1] not in names:

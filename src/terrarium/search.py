@@ -1,17 +1,10 @@
 """Search the history of every context in a store.
 
-:func:`search` hands the query to a :class:`~terrarium.stores.base.Searchable` store:
-the store is asked (files, memory and SQLite answer through the derived FTS5 index of
-:mod:`terrarium.index`, PostgreSQL through its own); otherwise, or when the index is
-unavailable, :func:`scan` reads every segment, so a search never misses an acknowledged entry.
-Both search every history item of every segment and agree (``tests/contract/test_scan.py``): a
-hit holds every term, words never syntax; case and accents are ignored; bm25 ranks. A query
-with no letter or digit raises :class:`InvalidQuery`.
-
-Each message is then found once, in the conversation a user would open
-(:func:`terrarium.sessions.messages`): a hit left off it by a clear, compaction or rewind is
-``branch="off"``, kept only with ``all_branches``; a copy is dropped when its original is a
-hit on its own context's head. The store is asked for more hits to make up for those.
+The derived index (or a store's own) answers; without a usable one :func:`scan` reads every
+segment, so a search never misses an acknowledged entry. Both agree
+(``tests/contract/test_scan.py``). Each message is then found once, in the conversation a user
+would open: a hit off it is ``branch="off"``, kept only with ``all_branches``, and a copy is
+dropped when its original is a hit. The store is asked for more hits to make up for those.
 """
 
 from __future__ import annotations
@@ -86,10 +79,9 @@ def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
 def _search_store(store: Store, query: SearchQuery) -> list[SearchHit]:
     """The store's hits, from its index or, without a usable one, a scan.
 
-    An index holds hot contexts only: with ``query.archived`` the archive is scanned and its
-    hits merged by score (bm25 of the same measure, not the same statistics), so hot appends and
-    searches never pay for the archive.
+    With ``query.archived`` the archive (which has no index) is scanned and merged by score.
     """
+
     source = derived.listing(store)
     if isinstance(source, Searchable):
         try:
