@@ -129,31 +129,6 @@ def bm25(
 TAG_TOKENS = 3
 
 
-def fts5_totals(conn: sqlite3.Connection, table: str) -> tuple[int, int]:
-    """The rows of FTS5 table ``table`` and the tokens in all its columns, as its bm25 sees them.
-
-    FTS5 keeps both in its "averages" record (rowid 1 of ``{table}_data``): SQLite varints,
-    the row count and then each column's token total. (0, 0) for an empty table.
-    """
-    row = conn.execute(f"SELECT block FROM {table}_data WHERE id = 1").fetchone()
-    numbers: list[int] = []
-    data = bytes(row[0]) if row is not None and row[0] is not None else b""
-    i = 0
-    while i < len(data):
-        value = 0
-        for k in range(9):
-            byte = data[i]
-            i += 1
-            if k == 8:
-                value = (value << 8) | byte
-                break
-            value = (value << 7) | (byte & 0x7F)
-            if not byte & 0x80:
-                break
-        numbers.append(value)
-    return (numbers[0], sum(numbers[1:])) if numbers else (0, 0)
-
-
 # --------------------------------------------------------------------------- ranking
 
 
