@@ -1,14 +1,9 @@
 """Full-text search over SQLite FTS5: the ranking of the derived index (:mod:`terrarium.index`).
 
-It owns no data: the index keeps its FTS5 tables and hands this module a connection. Here are
-the ranking (:class:`Ranker`), the same bm25 in Python (:func:`bm25`) for the entries searched
-by scanning (:func:`terrarium.search.scan`), and hits from marked snippets
-(:func:`assemble_hits`). The query check is :func:`terrarium.stores._query.check_query`;
-tokenising, folding and query terms are :mod:`terrarium.text`'s.
-
-The trade-off: bm25 is what FTS5 computes, but a query with more than ``RANK_WINDOW`` matches
-is ranked among its most recent ``RANK_WINDOW`` only. On 1M messages that keeps a common word
-in milliseconds rather than 630 ms, and for such a word recency is the better order anyway.
+It owns no data: the index hands it a connection. :func:`bm25` is the same ranking in Python,
+for :func:`terrarium.search.scan`. The trade-off: a query with more than ``RANK_WINDOW``
+matches is ranked among its most recent ``RANK_WINDOW`` only. On 1M messages that keeps a
+common word in milliseconds rather than 630 ms, and for such a word recency is the better order.
 
 Usage::
 
@@ -197,16 +192,9 @@ class Ranker:
         q: SearchQuery,
         rows: int,
     ) -> list[tuple[int, float]]:
-        """The best (rowid, score) pairs for ``q``, higher scores first.
+        """The best (rowid, score) pairs for ``q``, higher first (``conn`` in a read
+        transaction; ``filters``: `` AND tags : ...`` conditions or ``""``)."""
 
-        Args:
-            conn: a connection in a read transaction (one snapshot for every statement).
-            table: the FTS5 table that holds every row.
-            phrases: the query's terms as FTS5 strings, each matched as a phrase.
-            filters: `` AND tags : ...`` conditions on the tags column, or ``""``.
-            q: the checked query (its ``limit`` and ``since``).
-            rows: about how many rows ``table`` holds.
-        """
         body = body_match(phrases)
         match = body + filters
         window = max(RANK_WINDOW, q.limit)

@@ -1,10 +1,4 @@
-"""What the dashboard reads of the derived index: pages of every context and the sums.
-
-Every figure is a statement of :mod:`terrarium.index._sql` over one snapshot: a page is an
-index walk per state it shows (hot sessions, legacy files, archived contexts), merged; the
-overview's sums are aggregates of the figure tables the refresh keeps
-(:mod:`terrarium.index._figures`).
-"""
+"""What the dashboard reads of the derived index: pages of every context and the sums."""
 
 from __future__ import annotations
 
@@ -23,8 +17,7 @@ SORTS = (*_listing.COLUMNS,)
 """The orders a page of :meth:`Reader.page` walks: those of every listing, and tokens."""
 
 VIEWS = {"hot": ("sessions", "legacy_rows"), "archived": ("archived_rows",)}
-"""What each state shows: hot sessions and the legacy files the log does not hide, or the
-archived contexts (``all``: both)."""
+"""What each state shows (``all``: both)."""
 
 OtherRow = tuple[str, str, str, str, str, str, str, int, str | None]
 """A context with no session in the index, as the provider gives it: context id, type, name,
@@ -53,8 +46,8 @@ class Reader:
         """Sessions a first build has still to index (0: the index holds every one)."""
 
     def page(self, query: ListingQuery, state: str = "hot") -> list[ContextSummary]:
-        """One page of the contexts ``state`` shows (``hot``, ``archived``, ``all``), in
-        ``query.sort`` order (one of :data:`SORTS`): ``query.limit`` rows at most."""
+        """One page of the contexts ``state`` shows, an index walk per view, merged."""
+
         views = VIEWS.get(state) or (*VIEWS["hot"], *VIEWS["archived"])
         found: list[ContextSummary] = []
         for view in views:

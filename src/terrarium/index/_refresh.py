@@ -1,12 +1,8 @@
 """One refresh of the derived index: what changed in a store, applied in SQL.
 
-:class:`IndexUpdate` works inside the caller's write transaction: it reads each changed
-session's head and the new lines of its segments through a :class:`Source` (the filesystem
-store's ``FsChanges``, or ``LogChanges`` over a store's change cursor), and turns every history
-item into a row of ``docs`` and of the FTS5 tables. What cannot be read is recorded, not
-skipped: a segment with a line that is not an entry, a torn or unparsable header or no bytes at
-all, a head record that is unreadable or names a missing segment. A session's first problem
-(one line naming the file) is its summary's ``problem``; its counts cover what could be read.
+:class:`IndexUpdate` works inside the caller's write transaction, reading through a
+:class:`Source`. What cannot be read is recorded, not skipped: a session's first problem (one
+line naming the file) is its summary's ``problem``; its counts cover what could be read.
 """
 
 from __future__ import annotations
@@ -327,8 +323,7 @@ class IndexUpdate:
             self._figure(session, folder)
 
     def _figure(self, session: SessionRow, folder: str) -> None:
-        """Bring the session's figures up to date: the head segment's new lines folded onto
-        them when the head is where they were folded to, else its lineage folded afresh."""
+        """Bring the session's figures up to date (new head lines, or the lineage afresh)."""
         gained = {
             segment.segment_id: self.gained.pop(segment.id)
             for segment in session.segments.values()
@@ -381,8 +376,7 @@ class IndexUpdate:
         head: SegmentRow,
         gained: Mapping[str, tuple[int, list[dict[str, Any]]]],
     ) -> list[SegmentRead]:
-        """The head lineage's reads, oldest first, as far as the index has read the head
-        (lines this refresh read are not read again)."""
+        """The head lineage's reads, oldest first, as far as the index has read the head."""
         reads: list[SegmentRead] = []
         segment: SegmentRow | None = head
         end = head.next_seq - 1
@@ -454,10 +448,7 @@ class IndexUpdate:
     ) -> bool:
         """Read the segment's new complete lines; return whether anything changed.
 
-        Per segment the index keeps its identity (a file's inode) and the offset it has read
-        up to (a file's bytes, always the end of a complete line; a database's seqs): only
-        what was appended since is read, and a torn tail is indexed once it is complete. A
-        shrunk or replaced segment is read again.
+        A torn tail is indexed once it is complete; a shrunk or replaced segment is read again.
         """
         segment = self._segment_row(session, segment_id, st)
         if st.size == segment.size_seen and segment.size_seen:
@@ -598,8 +589,8 @@ class IndexUpdate:
         self.conn.execute(sql.SET_RECENT_COUNT, (str(self.recent_count),))
 
     def _summarise(self, session: SessionRow) -> None:
-        """Store the head's message count and last activity, as a restore would find them,
-        and the session's first problem (see :attr:`ContextSummary.problem`)."""
+        """Store the head's message count, last activity and the session's first problem."""
+
         row = self.conn.execute(sql.SESSION_HEAD, (session.id,)).fetchone()
         if row is None:
             return
