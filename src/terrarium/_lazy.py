@@ -43,7 +43,6 @@ def lazy_module(name: str) -> ModuleType:
 
     Type checkers see the real module through an ``if TYPE_CHECKING:`` import beside it::
 
-
         if TYPE_CHECKING:
             from terrarium import contexts
         else:

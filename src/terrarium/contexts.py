@@ -251,7 +251,6 @@ def get_stats(
     Args:
         state: the context's state if the caller holds a newer one than the log.
 
-
     Raises:
         ContextNotFound: no such context.
         LegacyFormatError, OSError: only a legacy file holds it, and it cannot be read.

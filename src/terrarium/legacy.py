@@ -250,7 +250,6 @@ def _places(root: Path, context: ContextId) -> Iterator[Path]:
 
 def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
     """Where ``path`` comes in the old tool's lookup order for ``context``; None: not a place."""
-
     names = legacy_file_names(context.name)
     parts = path.relative_to(root).parts
     if not parts or parts[-1] not in names:

@@ -81,7 +81,6 @@ def _search_store(store: Store, query: SearchQuery) -> list[SearchHit]:
 
     With ``query.archived`` the archive (which has no index) is scanned and merged by score.
     """
-
     source = derived.listing(store)
     if isinstance(source, Searchable):
         try:

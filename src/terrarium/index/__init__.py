@@ -81,7 +81,6 @@ def reindex(store: Store) -> int:
     """Rebuild the store's own indexes, then the derived index; return the contexts indexed.
 
     Raises:
-
         StoreError: the store keeps no index to rebuild.
     """
     count = store.reindex() if isinstance(store, Reindexable) else None

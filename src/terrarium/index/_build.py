@@ -4,7 +4,6 @@ Building the index of 100k sessions takes about a minute. A read given a budget 
 most that long, commits, and reads what the index holds; the walk is kept between calls (no
 thread). Writes meanwhile are not lost: the change cursor is read where the build began, and a
 filesystem store's markers are claimed at every step.
-
 """
 
 from __future__ import annotations

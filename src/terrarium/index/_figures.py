@@ -4,7 +4,6 @@ They are sums, so a head segment that only grew adds the figures of its new line
 (:func:`of_lines`); a head that moved is folded afresh (:func:`of_lineage`). A fork's copy of
 another session's message is listed as a copy, counted once (``sql.COPIES_PER_DAY``, see
 docs/architecture.md).
-
 """
 
 from __future__ import annotations

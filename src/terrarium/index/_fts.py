@@ -194,7 +194,6 @@ class Ranker:
     ) -> list[tuple[int, float]]:
         """The best (rowid, score) pairs for ``q``, higher first (``conn`` in a read
         transaction; ``filters``: `` AND tags : ...`` conditions or ``""``)."""
-
         body = body_match(phrases)
         match = body + filters
         window = max(RANK_WINDOW, q.limit)

@@ -634,7 +634,6 @@ class SearchIndex:
 
     def segment_bytes(self) -> int | None:
         """Bytes of every segment file the index has read; None unless they are files."""
-
         if self._files is None:
             return None
         return int(self.read(lambda r: r.segment_bytes()))

@@ -47,7 +47,6 @@ class Reader:
 
     def page(self, query: ListingQuery, state: str = "hot") -> list[ContextSummary]:
         """One page of the contexts ``state`` shows, an index walk per view, merged."""
-
         views = VIEWS.get(state) or (*VIEWS["hot"], *VIEWS["archived"])
         found: list[ContextSummary] = []
         for view in views:

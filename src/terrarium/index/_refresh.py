@@ -590,7 +590,6 @@ class IndexUpdate:
 
     def _summarise(self, session: SessionRow) -> None:
         """Store the head's message count, last activity and the session's first problem."""
-
         row = self.conn.execute(sql.SESSION_HEAD, (session.id,)).fetchone()
         if row is None:
             return

@@ -3,7 +3,6 @@
 For a store that is not ``Indexed``, or whose own index cannot be brought up to date: kept in
 a private temporary folder, removed with the store. Each refresh looks at every head and
 segment and reads only the lines a segment gained, by its next seq.
-
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@
 Needs the ``web`` extra (``pip install 'terrarium-sessions[web]'``); docs/dashboard.md tells
 what each module does.
 
-
 Usage::
 
     from terrarium.stores.url import open_store

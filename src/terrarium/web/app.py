@@ -353,7 +353,6 @@ def _search(request: Request) -> list[dict[str, Any]]:
 
 def _hit_url(context: str, message: int | None, segment: str) -> str:
     """The transcript page that shows a hit, at its message's anchor (or its segment's)."""
-
     if message is None:
         return "/session?" + urlencode({"c": context, "segment": segment})
     offset = message - message % data.MESSAGES_PER_PAGE

@@ -43,7 +43,6 @@ def compact(reopen: Callable[[], Store], access: ModelAccess, context: ContextId
 
     Raises:
         NothingToCompact: the summary would not make the context smaller.
-
         ContextNotFound: no such context.
         LLMError: the model server could not be reached or failed; the message names its URL.
     """

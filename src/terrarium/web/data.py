@@ -541,7 +541,6 @@ def restore_trashed(store: Store, trash_id: str) -> ContextId:
 
 def signature(store: Store, context: ContextId | None) -> str:
     """What the live view polls: changes when the context (None: any) is written to."""
-
     if context is not None:
         head = store.get_head(context)
         if head is None:

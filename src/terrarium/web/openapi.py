@@ -2,7 +2,6 @@
 
 :func:`api` records a handler's summary and query parameters, so the document cannot drift
 from the routes.
-
 """
 
 from __future__ import annotations

@@ -46,7 +46,6 @@ PALETTE = ("#2563eb", "#16a34a", "#d97706", "#9333ea", "#dc2626", "#0891b2", "#4
 
 def bar_chart(days: list[dict[str, Any]], types: list[str]) -> Markup:
     """Messages per day stacked by type, as an SVG with its totals and legend written in."""
-
     if not days:
         return Markup('<p class="muted">No messages yet.</p>')
     width, height, top, bottom, left = 760, 220, 20, 30, 8
