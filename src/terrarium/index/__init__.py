@@ -24,7 +24,7 @@ from terrarium.stores.base import Indexed, Reindexable, Store
 
 if TYPE_CHECKING:
     from terrarium.index._index import DB_NAME, IndexStats, SearchIndex
-    from terrarium.index._overview import OtherRow, Reader, Sums
+    from terrarium.index._overview import OtherRow, Reader, Sums, sort_key
 
 __all__ = [
     "DB_NAME",
@@ -37,6 +37,7 @@ __all__ = [
     "of",
     "of_any",
     "reindex",
+    "sort_key",
     "walked",
 ]
 
@@ -97,7 +98,7 @@ __getattr__, __dir__ = attach(
     __name__,
     {
         **dict.fromkeys(("DB_NAME", "IndexStats", "SearchIndex"), "terrarium.index._index"),
-        **dict.fromkeys(("OtherRow", "Reader", "Sums"), "terrarium.index._overview"),
+        **dict.fromkeys(("OtherRow", "Reader", "Sums", "sort_key"), "terrarium.index._overview"),
     },
     __all__,
 )

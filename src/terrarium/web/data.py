@@ -25,7 +25,7 @@ from terrarium.errors import (
     InvalidContextId,
     SegmentNotFound,
 )
-from terrarium.index import Reader
+from terrarium.index import Reader, sort_key
 from terrarium.model import ContextId, SegmentId, chat_view, item_label, item_text
 from terrarium.stores.base import ContextSummary, Lifecycle, ListingQuery, SegmentRead, Store
 
@@ -46,8 +46,6 @@ MOST_ACTIVE = 10
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-
-_COLUMNS = {"last_active": "last_active", "created": "created_at", "messages": "message_count"}
 
 
 class BadRequest(ValueError):
@@ -123,8 +121,7 @@ def list_page(
     rows, types = _read(store, lambda r: (r.page(query, state), r.types(state)))
     page, more = rows[:limit], len(rows) > limit
     pinned = states.pinned_contexts(life) if life else frozenset()
-    column = "tokens" if sort == "tokens" else _COLUMNS[sort]
-    last = (getattr(page[-1], column), page[-1].context) if page else None
+    last = sort_key(sort)(page[-1]) if page else None
     return {
         "contexts": [_shown(row, pinned) for row in page],
         "next_cursor": encode_cursor(last) if more and last else None,
