@@ -27,11 +27,11 @@ import logging
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, aclosing
+from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
 from terrarium import contexts, legacy, sessions
 from terrarium.agent import compaction
@@ -61,12 +61,12 @@ from terrarium.stores.base import (
     context_lock,
     locked_head_and_tail,
 )
+from terrarium.stores.url import open_store
 
 log = logging.getLogger(__name__)
 
 _Found = tuple[PodMetadata, int] | None
 """A context's head and tail as read under its lock (None: no such context)."""
-_T = TypeVar("_T")
 
 
 class _Unread(enum.Enum):
@@ -133,7 +133,7 @@ class MultiContextManager:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
         self.client = client
-        self.store: Store = store if store is not None else _open_store(storage_dir)
+        self.store: Store = store if store is not None else open_store(storage_dir)
         self._owns_store = store is None
         self.cache_size = cache_size
         self.max_concurrency = max_concurrency
@@ -206,7 +206,7 @@ class MultiContextManager:
     def failed_input(self, context_id: str) -> str | None:
         """The last turn's user texts if it failed, else None (ContextNotFound: no context)."""
         context = ContextId.parse(context_id)
-        with self._locked(context):
+        with context_lock(self.store, context):
             entry = self._existing(context)
             return failed_input(entry.state)
 
@@ -507,7 +507,7 @@ class MultiContextManager:
 
     async def _log_input(self, entry: PersistentSession, text: str) -> None:
         """Log the input, compacting first past the token budget (even if the compaction fails)."""
-        logged = (EntryKind.USER_INPUT, {"item": _user(text)})
+        logged = (EntryKind.USER_INPUT, {"item": {"role": "user", "content": text}})
         try:
             if (
                 self.token_budget is not None
@@ -561,14 +561,14 @@ class MultiContextManager:
                     sessions.save_usage(self.store, entry.state, result.usage)
                     entry._reset(sessions.restore(self.store, entry.context))
                 raise
-        failed = _failed_run(entry.state)
+        # A failed last turn is still failed after, so a retry still finds it.
+        after = _failed_run(entry.state)
+        if result.usage is not None:
+            after.append((EntryKind.USAGE, result.usage.to_dict()))
         sessions.create_compacted_segment(self.store, entry.state, compacted, context=entry.context)
         state = sessions.restore(self.store, entry.context)
-        if failed:  # the last turn failed: still failed after, so a retry still finds it
-            sessions.append_entries(self.store, state, failed)
-            state = sessions.restore(self.store, entry.context)
-        if result.usage is not None:
-            sessions.save_usage(self.store, state, result.usage)
+        if after:
+            sessions.append_entries(self.store, state, after)
             state = sessions.restore(self.store, entry.context)
         entry._reset(state)
         self._remember(entry)  # evicted during the model call? what the turn queues next is kept
@@ -664,9 +664,63 @@ class MultiContextManager:
                         self._cache[old.context] = old
                         self._cache.move_to_end(old.context, last=False)
 
-    def _enter_turn(self, context: ContextId) -> None:
+    def _forget(self, context: ContextId) -> None:
+        with self._cache_lock:
+            self._cache.pop(context, None)
+
+    def _autosave_for(self, context: ContextId) -> bool:
+        return self._autosave_overrides.get(context, self.autosave)
+
+    @asynccontextmanager
+    async def _turn_lock(self, context: ContextId, *, read: bool = False) -> AsyncIterator[Any]:
+        """FIFO within the event loop (an asyncio.Lock), then the store's lock taken off the loop.
+
+        With ``read`` it gives the context's head and tail, read once the store's lock is held (in
+        the same round trip where the store can). The context counts as busy (kept in the cache)
+        from before the wait to the release.
+        """
+        locks = self._loop_locks.setdefault(asyncio.get_running_loop(), {})
+        lock = locks.get(context)
+        if lock is None:
+            lock = locks[context] = asyncio.Lock()
+        store_lock = (
+            locked_head_and_tail(self.store, context) if read else context_lock(self.store, context)
+        )
+
+        def release(store_lock_held: bool) -> None:
+            try:
+                if store_lock_held:
+                    store_lock.__exit__(None, None, None)
+            finally:
+                lock.release()
+                self._leave_turn(context)
+
+        def undo(job: asyncio.Future[Any]) -> None:
+            release(not job.cancelled() and job.exception() is None)
+
         with self._cache_lock:
             self._busy[context] = self._busy.get(context, 0) + 1
+        try:
+            await lock.acquire()
+        except BaseException:
+            self._leave_turn(context)
+            raise
+        job = asyncio.get_running_loop().run_in_executor(self._lock_pool, store_lock.__enter__)
+        try:
+            found = await asyncio.shield(job)
+        except BaseException:
+            # Cancelled while the thread waits for the store lock: the thread goes on and may
+            # still take it, so it is released once taken (else the context stays locked
+            # for good and its next turn waits forever), and the loop's lock after it.
+            if job.done():
+                undo(job)
+            else:
+                job.add_done_callback(undo)
+            raise
+        try:
+            yield found
+        finally:
+            release(True)
 
     def _leave_turn(self, context: ContextId) -> None:
         with self._cache_lock:
@@ -675,100 +729,12 @@ class MultiContextManager:
                 self._busy[context] = left
         self._trim()
 
-    def _forget(self, context: ContextId) -> None:
-        with self._cache_lock:
-            self._cache.pop(context, None)
-
-    def _autosave_for(self, context: ContextId) -> bool:
-        return self._autosave_overrides.get(context, self.autosave)
-
-    def _locked(self, context: ContextId) -> AbstractContextManager[None]:
-        """The store's cross-process lock on one context (a no-op if it has none)."""
-        return context_lock(self.store, context)
-
-    def _turn_lock(self, context: ContextId, *, read: bool = False) -> _TurnLock[Any]:
-        """The context's turn lock; with ``read``, it gives the context's head and tail, read
-        once the store's lock is held (in the same round trip where the store can)."""
-        loop = asyncio.get_running_loop()
-        locks = self._loop_locks.setdefault(loop, {})
-        lock = locks.get(context)
-        if lock is None:
-            lock = locks[context] = asyncio.Lock()
-        store_lock = locked_head_and_tail(self.store, context) if read else self._locked(context)
-        return _TurnLock(
-            lock,
-            store_lock,
-            self._lock_pool,
-            lambda: self._enter_turn(context),
-            lambda: self._leave_turn(context),
-        )
-
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
         semaphore = self._semaphores.get(loop)
         if semaphore is None:
             semaphore = self._semaphores[loop] = asyncio.Semaphore(self.max_concurrency)
         return semaphore
-
-
-class _TurnLock(Generic[_T]):
-    """FIFO within the event loop (asyncio.Lock), then the store lock taken off the loop;
-    gives what the store lock gives."""
-
-    def __init__(
-        self,
-        lock: asyncio.Lock,
-        store_lock: AbstractContextManager[_T],
-        pool: ThreadPoolExecutor,
-        enter: Callable[[], None],
-        leave: Callable[[], None],
-    ) -> None:
-        self._lock = lock
-        self._store_lock = store_lock
-        self._pool = pool
-        self._enter = enter
-        """Marks the context busy (kept in the cache) from before the wait to the release."""
-        self._leave = leave
-
-    async def __aenter__(self) -> _T:
-        self._enter()
-        try:
-            await self._lock.acquire()
-        except BaseException:
-            self._leave()
-            raise
-        job = asyncio.get_running_loop().run_in_executor(self._pool, self._store_lock.__enter__)
-        try:
-            return await asyncio.shield(job)
-        except BaseException:
-            # Cancelled while the thread waits for the store lock: the thread goes on and may
-            # still take it, so it is released once taken (else the context stays locked
-            # for good and its next turn waits forever), and the loop's lock after it.
-            if job.done():
-                self._undo(job)
-            else:
-                job.add_done_callback(self._undo)
-            raise
-
-    def _undo(self, job: asyncio.Future[_T]) -> None:
-        """Release a take whose turn will not run: the store lock if it holds it, then ours."""
-        try:
-            if not job.cancelled() and job.exception() is None:
-                self._store_lock.__exit__(None, None, None)
-        finally:
-            self._lock.release()
-            self._leave()
-
-    async def __aexit__(self, *exc: object) -> None:
-        try:
-            self._store_lock.__exit__(None, None, None)
-        finally:
-            self._lock.release()
-            self._leave()
-
-
-def _user(text: str) -> LoggedItem:
-    return {"role": "user", "content": text}
 
 
 def _log_failure(
@@ -846,12 +812,6 @@ def _tail_from_user(history: list[LoggedItem], keep: int) -> list[LoggedItem]:
     while start < len(history) and history[start].get("role") != "user":
         start += 1
     return list(history[start:])
-
-
-def _open_store(storage_dir: str | Path) -> Store:
-    from terrarium.stores.url import open_store
-
-    return open_store(storage_dir)
 
 
 __all__ = ["MultiContextManager"]

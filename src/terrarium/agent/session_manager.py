@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +36,14 @@ from terrarium.model import (
     utc_now,
 )
 from terrarium.stores.base import (
-    ContextLocking,
     PodActiveSegmentRef,
     PodMetadata,
     Store,
+    context_lock,
     head_and_tail,
 )
 from terrarium.stores.memory import MemoryStore
+from terrarium.stores.url import open_store
 
 MESSAGE_ROLES = ("user", "assistant")
 """The roles :meth:`PersistentSession.add_message` takes (the seed's message roles)."""
@@ -108,14 +109,9 @@ class PersistentSession:
     def _setup(
         self, store: Store | str | os.PathLike[str], context_id: str | ContextId, autosave: bool
     ) -> None:
-        context = ContextId.parse(context_id)
-        if isinstance(store, Store):
-            self.store, self._owns_store = store, False
-        else:
-            from terrarium.stores.url import open_store
-
-            self.store, self._owns_store = open_store(store), True
-        self.context = context
+        self.context = ContextId.parse(context_id)
+        self._owns_store = not isinstance(store, Store)
+        self.store = store if isinstance(store, Store) else open_store(store)
         self._autosave = autosave
         self._lock = threading.RLock()
         self._pending: list[LogEntry] = []
@@ -349,13 +345,8 @@ class PersistentSession:
     @contextmanager
     def _guard(self) -> Iterator[None]:
         """This object's thread lock, then the store's lock on the context."""
-        with self._lock, self._store_lock():
+        with self._lock, context_lock(self.store, self.context):
             yield
-
-    def _store_lock(self) -> AbstractContextManager[None]:
-        if isinstance(self.store, ContextLocking):
-            return self.store.lock_context(self.context)
-        return nullcontext()
 
     @property
     def _is_new(self) -> bool:
@@ -364,9 +355,8 @@ class PersistentSession:
 
     def _refresh(self) -> bool:
         """Bring the state up to the store; False when the context was deleted from under it."""
-        if self._pending:
-            return True  # unsaved work is newer than the store by definition
-        return self._refresh_to(head_and_tail(self.store, self.context))
+        # Unsaved work is newer than the store by definition: no read.
+        return bool(self._pending) or self._refresh_to(head_and_tail(self.store, self.context))
 
     def _refresh_to(self, found: tuple[PodMetadata, int] | None) -> bool:
         """:meth:`_refresh` to ``found``, the context's head and tail just read (under its lock,
