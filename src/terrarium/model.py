@@ -626,9 +626,8 @@ def _chat_parts(content: Any) -> Any:
     for part in content:
         if not isinstance(part, Mapping):
             continue
-        kind = part.get("type")
-        text = part.get("refusal") if kind == "refusal" else part.get("text")
-        if (kind in TEXT_PART_TYPES or kind == "refusal") and isinstance(text, str):
+        kind, text = part.get("type"), _part_text(part)
+        if text is not None:
             parts.append({"type": "text", "text": text})
         elif kind == "input_image" and isinstance(part.get("image_url"), str):
             image = {"url": part["image_url"]}
@@ -664,18 +663,19 @@ def _parts_text(parts: Any, sep: str | None = None) -> str:
         return parts
     if not isinstance(parts, list):
         return ""
-    texts = []
-    responses = False
-    for part in parts:
-        if isinstance(part, Mapping):
-            kind = part.get("type")
-            responses = responses or kind in _RESPONSES_PARTS
-            text = part.get("refusal") if kind == "refusal" else part.get("text")
-            if (kind in TEXT_PART_TYPES or kind == "refusal") and isinstance(text, str):
-                texts.append(text)
+    parts = [part for part in parts if isinstance(part, Mapping)]
     if sep is None:
-        sep = "\n" if responses else ""
-    return sep.join(texts)
+        sep = "\n" if any(part.get("type") in _RESPONSES_PARTS for part in parts) else ""
+    return sep.join(text for part in parts if (text := _part_text(part)) is not None)
+
+
+def _part_text(part: Mapping[str, Any]) -> str | None:
+    """The text of a text part or a refusal; None for any other part."""
+    kind = part.get("type")
+    text = part.get("refusal") if kind == "refusal" else part.get("text")
+    if (kind in TEXT_PART_TYPES or kind == "refusal") and isinstance(text, str):
+        return text
+    return None
 
 
 def item_text(item: Mapping[str, Any]) -> str:
@@ -831,9 +831,8 @@ class UsageTotals(msgspec.Struct, frozen=True):
     def describe(self) -> str:
         """``120 prompt, 30 completion in 3 calls``, estimates marked ``~`` and counted."""
         mark = "~" if self.is_estimated else ""
-        calls = f"{self.calls} call{'' if self.calls == 1 else 's'}"
         text = f"{mark}{self.prompt_tokens} prompt, {mark}{self.completion_tokens} completion in "
-        text += calls
+        text += f"{self.calls} call{'' if self.calls == 1 else 's'}"
         return f"{text} ({self.estimated_calls} estimated)" if self.estimated_calls else text
 
     def add(self, entry: Mapping[str, Any]) -> UsageTotals:
