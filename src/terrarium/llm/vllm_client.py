@@ -507,8 +507,8 @@ class VLLMClient:
             return ServerUnreachable(
                 f"cannot reach the model server at {url}{tries} ({cause}); {_HINT}"
             )
-        if isinstance(exc, openai.APIResponseValidationError):
-            return BadResponse(f"malformed response from {url}: {_one_line(exc.message)}")
+        if isinstance(exc, openai.APIResponseValidationError | ValueError):
+            return BadResponse(f"malformed response from {url}: {_one_line(str(exc))}")
         if isinstance(exc, openai.APIError):
             detail = _server_message(exc)
             code = str(exc.code or "")
@@ -535,8 +535,6 @@ class VLLMClient:
                     "set OPENAI_API_KEY"
                 )
             return BadResponse(f"the model server at {url} answered {status}{tries}: {detail}")
-        if isinstance(exc, ValueError):
-            return BadResponse(f"malformed response from {url}: {_one_line(str(exc))}")
         return BadResponse(f"model call to {url} failed: {_one_line(str(exc))}")
 
     def _map_midstream_error(self, exc: Exception, model: str, chunks: int) -> LLMError:
@@ -667,9 +665,9 @@ def _count_of(answer: Mapping[str, Any]) -> int:
 
 def _refuses_stream_options(exc: openai.APIStatusError) -> bool:
     """True when a server refused a request because of ``stream_options`` (400 or 422)."""
-    if exc.status_code not in (400, 422):
-        return False
-    return "stream_options" in f"{_server_message(exc)} {exc.body}"
+    return (
+        exc.status_code in (400, 422) and "stream_options" in f"{_server_message(exc)} {exc.body}"
+    )
 
 
 def normalize_base_url(base_url: str) -> str:
@@ -719,10 +717,8 @@ class _StreamState:
             reasoning += _reasoning_of(delta)
             for call in delta.tool_calls or []:
                 self._add_call(call)
-        if text:
-            self.text.append(text)
-        if reasoning:
-            self.reasoning.append(reasoning)
+        self.text.append(text)
+        self.reasoning.append(reasoning)
         return text, reasoning
 
     def _add_call(self, call: Any) -> None:
@@ -832,12 +828,11 @@ def _is_transient(exc: Exception) -> bool:
 
 
 def _retry_after(exc: openai.APIStatusError) -> float | None:
-    value = exc.response.headers.get("retry-after")
     try:
-        seconds = float(value) if value is not None else None
+        seconds = float(exc.response.headers.get("retry-after", ""))  # absent: ValueError
     except ValueError:
         return None
-    return seconds if seconds is not None and seconds >= 0 else None
+    return seconds if seconds >= 0 else None
 
 
 def _server_message(exc: openai.APIError) -> str:
