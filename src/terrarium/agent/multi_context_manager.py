@@ -393,12 +393,9 @@ class MultiContextManager:
 
     def save(self, context_id: str | None = None) -> int:
         """Save unsaved entries of one context (or all); return how many were written."""
+        wanted = ContextId.parse(context_id) if context_id is not None else None
         with self._cache_lock:
-            entries = [
-                e
-                for c, e in self._cache.items()
-                if context_id is None or c == ContextId.parse(context_id)
-            ]
+            entries = [e for c, e in self._cache.items() if wanted is None or c == wanted]
         return sum(entry.save() for entry in entries)
 
     def search(
