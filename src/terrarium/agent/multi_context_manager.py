@@ -207,8 +207,10 @@ class MultiContextManager:
         """The last turn's user texts if it failed, else None (ContextNotFound: no context)."""
         context = ContextId.parse(context_id)
         with context_lock(self.store, context):
-            entry = self._existing(context)
-            return failed_input(entry.state)
+            state = self._existing(context).state
+            items = [state.history[i] for i in _last_failed(state)]
+        texts = [item_text(item) for item in items if item_role(item) == "user"]
+        return "\n\n".join(texts) if texts else None
 
     async def retry_with_context(
         self, context_id: str, system_prompt: str | None = None, **params: Any
@@ -768,13 +770,6 @@ def _last_failed(state: RestoredState) -> list[int]:
     while first > 0 and state.failed.get(first - 1) is errored:
         first -= 1
     return list(range(first, last + 1))
-
-
-def failed_input(state: RestoredState) -> str | None:
-    """The text of the last run's user messages when that run failed, else None."""
-    items = [state.history[i] for i in _last_failed(state)]
-    texts = [item_text(item) for item in items if item_role(item) == "user"]
-    return "\n\n".join(texts) if texts else None
 
 
 def _failed_run(state: RestoredState) -> list[tuple[str, dict[str, Any]]]:
