@@ -165,22 +165,15 @@ def plan_archive(
             continue
         if not _due(row.type, row.last_active or row.created_at, older_than, rules, moment):
             continue
-        if row.context_id in pins and row.context_id not in wanted:
+        pinned = row.context_id in pins
+        if pinned and row.context_id not in wanted:
             plan.skipped_pinned.append(row.context_id)
             continue
         size = _legacy_bytes(row.legacy_path) if row.legacy_path else hot_bytes(store, row.context)
         if size is None:
             continue  # archived or deleted meanwhile
-        plan.candidates.append(
-            Candidate(
-                row.context_id,
-                row.date,
-                row.last_active,
-                row.message_count,
-                size,
-                row.context_id in pins,
-            )
-        )
+        listed = (row.date, row.last_active, row.message_count)
+        plan.candidates.append(Candidate(row.context_id, *listed, size, pinned))
     return plan
 
 
@@ -190,11 +183,6 @@ def _legacy_bytes(path: Path) -> int | None:
         return path.stat().st_size
     except FileNotFoundError:
         return None
-
-
-def _older(ts: str, age: timedelta, now: datetime) -> bool:
-    moment = _parse_time(ts)
-    return moment is not None and now - moment > age
 
 
 def _due(
@@ -208,7 +196,8 @@ def _due(
     age = rules(type) if rules is not None else older_than
     if age is None:
         return rules is None  # no age given takes all; a rule of "never" none
-    return _older(ts, age, now)
+    moment = _parse_time(ts)
+    return moment is not None and now - moment > age
 
 
 def run_archive(

@@ -21,7 +21,7 @@ import datetime as dt
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -54,17 +54,6 @@ LEGACY_HEADER_KEY = "legacy"
 
 MESSAGE_ROLES: frozenset[str] = frozenset(("user", "assistant", "system"))
 """Roles a legacy message may have (the seed writes ``user`` and ``assistant``)."""
-
-_TOP_KEYS = ("session_id", "context_type", "system_prompt", "messages", "metadata")
-_META_KEYS = (
-    "created_at",
-    "last_active",
-    "message_count",
-    "session_id",
-    "context_type",
-    "session_date",
-)
-_MESSAGE_KEYS = ("role", "content", "timestamp")
 
 
 class LegacyFormatError(InvalidEntry):
@@ -132,6 +121,13 @@ class LegacySession:
         return ContextId(self.context_type, self.session_id)
 
 
+_KEYS: dict[type, tuple[str, ...]] = {
+    record: tuple(f.name for f in fields(record) if f.compare and f.name != "extra")
+    for record in (LegacySession, LegacyMetadata, LegacyMessage)
+}
+"""Each record's keys in the seed's order: its fields but ``extra`` and those :func:`load` adds."""
+
+
 def to_log_ts(text: str) -> str:
     """A legacy timestamp in the log's form: UTC, microseconds, ``Z``."""
     return to_legacy_ts(text) + "Z"
@@ -139,13 +135,16 @@ def to_log_ts(text: str) -> str:
 
 def to_legacy_ts(text: str) -> str:
     """A log timestamp in the seed's form: naive UTC with microseconds, no ``Z``."""
-    return parse_timestamp(text).replace(tzinfo=None).isoformat(timespec="microseconds")
+    return _seed_ts(parse_timestamp(text))
+
+
+def _seed_ts(moment: dt.datetime) -> str:
+    return moment.replace(tzinfo=None).isoformat(timespec="microseconds")
 
 
 def _mtime_ts(path: Path) -> str:
     ns = path.stat().st_mtime_ns
-    when = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=ns // 1000)
-    return when.replace(tzinfo=None).isoformat(timespec="microseconds")
+    return _seed_ts(dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=ns // 1000))
 
 
 class _Checker:
@@ -280,7 +279,7 @@ def from_dict(
         system_prompt=prompt,
         messages=tuple(messages),
         metadata=_metadata(meta_raw, messages, created, check, derived, meta_names, session_date),
-        extra={k: v for k, v in data.items() if k not in _TOP_KEYS},
+        extra={k: v for k, v in data.items() if k not in _KEYS[LegacySession]},
         path=path,
         derived=frozenset(derived),
     )
@@ -366,7 +365,7 @@ def _parse_messages(raw_messages: list[Any], check: _Checker) -> list[_Parsed]:
         stamp = message.get("timestamp")
         if stamp is not None:
             stamp = check.timestamp(stamp, f"{what} 'timestamp'")
-        extra = {k: v for k, v in message.items() if k not in _MESSAGE_KEYS}
+        extra = {k: v for k, v in message.items() if k not in _KEYS[LegacyMessage]}
         parsed.append((role, content, stamp, extra))
     return parsed
 
@@ -387,9 +386,7 @@ def _created_at(
     if first is not None:
         return first
     fallback = fallback_time() if callable(fallback_time) else fallback_time
-    return fallback or dt.datetime.now(dt.UTC).replace(tzinfo=None).isoformat(
-        timespec="microseconds"
-    )
+    return fallback or _seed_ts(dt.datetime.now(dt.UTC))
 
 
 def _metadata(
@@ -427,7 +424,7 @@ def _metadata(
         session_id=names[0],
         context_type=names[1],
         session_date=date,
-        extra={k: v for k, v in meta_raw.items() if k not in _META_KEYS},
+        extra={k: v for k, v in meta_raw.items() if k not in _KEYS[LegacyMetadata]},
     )
 
 
@@ -465,29 +462,20 @@ def _with_extra(known: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, An
     return {**known, **{key: value for key, value in extra.items() if key not in known}}
 
 
-def _metadata_dict(metadata: LegacyMetadata) -> dict[str, Any]:
-    known = {key: getattr(metadata, key) for key in _META_KEYS}
-    return _with_extra(known, metadata.extra)
-
-
-def _message_dict(
-    role: str, content: str, timestamp: str, extra: Mapping[str, Any]
-) -> dict[str, Any]:
-    return _with_extra({"role": role, "content": content, "timestamp": timestamp}, extra)
+def _as_json(value: Any) -> Any:
+    """A record (and the records in it) as the seed's JSON: its known keys, then its unknown."""
+    if isinstance(value, tuple):
+        return [_as_json(v) for v in value]
+    keys = _KEYS.get(type(value))
+    if keys is None:
+        return value
+    return _with_extra({key: _as_json(getattr(value, key)) for key in keys}, value.extra)
 
 
 def dump(session: LegacySession) -> dict[str, Any]:
     """The session as the seed's JSON object, field for field; unknown keys follow the known."""
-    known: dict[str, Any] = {
-        "session_id": session.session_id,
-        "context_type": session.context_type,
-        "system_prompt": session.system_prompt,
-        "messages": [
-            _message_dict(m.role, m.content, m.timestamp, m.extra) for m in session.messages
-        ],
-        "metadata": _metadata_dict(session.metadata),
-    }
-    return _with_extra(known, session.extra)
+    found: dict[str, Any] = _as_json(session)
+    return found
 
 
 def dumps(data: LegacySession | Mapping[str, Any]) -> str:
@@ -547,7 +535,7 @@ def import_session(
         "session_id": session.session_id,
         "context_type": session.context_type,
         "item_ts": [m.timestamp for m in session.messages],
-        "metadata": _metadata_dict(session.metadata),
+        "metadata": _as_json(session.metadata),
     }
     if any(m.extra for m in session.messages):
         record["item_extra"] = [dict(m.extra) for m in session.messages]
@@ -705,7 +693,8 @@ def _export_messages(
         if isinstance(item_extra, list) and found.index < len(item_extra):
             extra = item_extra[found.index] or {}
         item = found.item
-        messages.append(_message_dict(item["role"], item_text(item), stamps[found.index], extra))
+        kept = LegacyMessage(item["role"], item_text(item), stamps[found.index], extra)
+        messages.append(_as_json(kept))
     return messages
 
 
