@@ -136,10 +136,9 @@ def list_contexts(
 ) -> ContextListing:
     """Every context of ``store`` (of one ``type``), legacy files beside it included.
 
-    Args:
-        restore: how to read a context when the store has no usable listing index.
-        ordered: sort the rows as :attr:`ContextListing.rows` says; False saves two sorts
-            (40 ms at 100k rows) for callers that pick or sum.
+    ``restore`` reads a context when the store has no usable listing index. ``ordered`` sorts
+    the rows as :attr:`ContextListing.rows` says; False saves two sorts (40 ms at 100k rows)
+    for callers that pick or sum.
     """
     rows = _native_rows(store, type, restore)
     found = legacy.listing(store)
@@ -248,12 +247,9 @@ def get_stats(
 ) -> dict[str, Any]:
     """Statistics of one context (of a legacy JSON file, read without importing it).
 
-    Args:
-        state: the context's state if the caller holds a newer one than the log.
-
-    Raises:
-        ContextNotFound: no such context.
-        LegacyFormatError, OSError: only a legacy file holds it, and it cannot be read.
+    ``state``: the context's state if the caller holds a newer one than the log.
+    ContextNotFound if there is none; LegacyFormatError or OSError if only a legacy file holds
+    it and it cannot be read.
     """
     head = store.get_head(context)
     if head is None and state is None:
@@ -328,8 +324,7 @@ def current_state(store: Store, context: ContextId) -> RestoredState | None:
 def clear_context(store: Store, context: ContextId, *, current: Current | None = None) -> None:
     """Empty the context's history (kept in its session tree); a legacy file is imported first.
 
-    Raises:
-        ContextNotFound: no such context.
+    ContextNotFound if there is none.
     """
     with context_lock(store, context):
         state = (current or (lambda c: current_state(store, c)))(context)
@@ -343,9 +338,7 @@ def rewind_context(
 ) -> list[LoggedItem]:
     """Drop and return the last ``n`` history items, oldest first; a legacy file imported first.
 
-    Raises:
-        ContextNotFound: no such context.
-        InvalidEntry: ``n`` is larger than the history (nothing changed).
+    ContextNotFound if there is none; InvalidEntry if ``n`` is larger than the history.
     """
     with context_lock(store, context):
         if (current or (lambda c: current_state(store, c)))(context) is None:
@@ -363,9 +356,8 @@ def fork_context(
 ) -> None:
     """Create context ``target`` from ``source``'s history (up to entry ``at``).
 
-    Raises:
-        ContextNotFound: no context ``source``.
-        ContextExists: ``target`` exists, in the log or as a legacy file.
+    ContextNotFound if there is no ``source``; ContextExists if ``target`` exists, in the log or
+    as a legacy file.
     """
     if store.get_head(target) is not None or legacy.find(store, target) is not None:
         raise ContextExists(f"session '{target.display}' already exists")

@@ -57,27 +57,18 @@ class Format:
         return exporter(store, model.ContextId.parse(context))
 
 
+_JSON, _NDJSON = "application/json", "application/x-ndjson"
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
         Format("markdown", ".md", "text/markdown; charset=utf-8", "terrarium.formats.markdown"),
         Format("html", ".html", "text/html; charset=utf-8", "terrarium.formats.html"),
-        Format("jsonl", ".jsonl", "application/x-ndjson", "terrarium.formats.jsonl"),
-        Format("openai", ".json", "application/json", "terrarium.formats.openai"),
+        Format("jsonl", ".jsonl", _NDJSON, "terrarium.formats.jsonl"),
+        Format("openai", ".json", _JSON, "terrarium.formats.openai"),
         Format(
-            "finetune",
-            ".jsonl",
-            "application/x-ndjson",
-            "terrarium.formats.openai",
-            "export_finetune_context",
+            "finetune", ".jsonl", _NDJSON, "terrarium.formats.openai", "export_finetune_context"
         ),
-        Format(
-            "terrarium-json",
-            ".json",
-            "application/json",
-            "terrarium.formats.terrarium_json",
-            dated=True,
-        ),
+        Format("terrarium-json", ".json", _JSON, "terrarium.formats.terrarium_json", dated=True),
     )
 }
 """Every export format by name."""

@@ -142,9 +142,7 @@ def files(store: Store, context: ContextId) -> list[Path]:
 def read(store: Store, context: ContextId) -> LegacyCopy | None:
     """The context's legacy file read into a :class:`MemoryStore`; None if it has none.
 
-    Raises:
-        LegacyFormatError: the file is not a legacy session.
-        OSError: the file cannot be read.
+    LegacyFormatError if the file is not a legacy session; OSError if it cannot be read.
     """
     found = _lookup(store, context)
     if found is None:
@@ -159,8 +157,7 @@ def read(store: Store, context: ContextId) -> LegacyCopy | None:
 def import_legacy(store: Store, context: ContextId) -> bool:
     """Import the context's legacy file unless the log has it (under its lock); whether it did.
 
-    Raises:
-        LegacyFormatError, OSError: the context's legacy file cannot be read.
+    LegacyFormatError or OSError if the context's legacy file cannot be read.
     """
     if store.get_head(context) is not None:
         return False
@@ -186,8 +183,7 @@ def resume(store: Store, context: ContextId) -> bool:
 def trash(store: Store, context: ContextId) -> list[Path]:
     """Move every legacy file of ``context`` to ``.trash/legacy/{random id}/``; where they went.
 
-    Raises:
-        StoreError: a file lies outside the store's folder (through a symbolic link).
+    StoreError if a file lies outside the store's folder (through a symbolic link).
     """
     from terrarium.stores.fs import LEGACY_TRASH
 

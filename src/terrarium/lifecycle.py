@@ -143,11 +143,8 @@ def plan_archive(
     """The hot contexts to archive: inactive longer than ``older_than``, of ``type``, named.
 
     Named contexts are taken even when pinned. ``rules`` (a policy's) gives each type its own
-    age (None: never archived).
-
-    Raises:
-        ContextNotFound: a named context is neither hot, archived nor a legacy file.
-        InvalidRetention: no names, no age and no rules (that would archive everything).
+    age (None: never archived). ContextNotFound if a named context is neither hot, archived nor
+    a legacy file; InvalidRetention for no names, no age and no rules (that would take all).
     """
     lifecycle = require_lifecycle(store)
     if not names and older_than is None and rules is None:
@@ -361,9 +358,7 @@ def _trash(store: Store, context: ContextId, why: str) -> tuple[bool, TrashedCon
 def purge(store: Store, context: ContextId, *, why: str) -> None:
     """Delete a hot or archived context for ever, bypassing the trash, and log it.
 
-    Raises:
-        ContextNotFound: no such context.
-        StoreError: the store has no state primitives.
+    ContextNotFound if there is none; StoreError if the store has no state primitives.
     """
     if not states.purge_context(require_lifecycle(store), context):
         raise contexts.not_found(context)
@@ -547,8 +542,7 @@ def config_path() -> Path:
 def load_policy(store: Store) -> RetentionPolicy | None:
     """The retention policy: the store's ``terrarium.toml``, else the user's config, else None.
 
-    Raises:
-        InvalidRetention: a file is not TOML, or has an unknown key or a bad value.
+    InvalidRetention if the file is not TOML, or has an unknown key or a bad value.
     """
     root = store_root(store)
     if root is not None and (root / POLICY_FILE).is_file():
@@ -661,9 +655,7 @@ class Maintenance:
     ) -> MaintenanceReport:
         """Apply the policy now (``dry_run``: only say what it would do).
 
-        Raises:
-            StoreError: the store cannot archive.
-            InvalidRetention: the policy file is malformed.
+        StoreError if the store cannot archive; InvalidRetention if the policy file is malformed.
         """
         require_lifecycle(self.store)
         policy = self.policy or load_policy(self.store)

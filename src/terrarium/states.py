@@ -185,9 +185,7 @@ def restore_trashed(
 ) -> PodMetadata:
     """Attach a trashed session again (as ``as_context`` if given), in its state.
 
-    Raises:
-        NotInTrash: no trash entry of that id.
-        ContextExists: the id it would take is in use.
+    NotInTrash if no trash entry has that id; ContextExists if the id it would take is in use.
     """
     record = _find_trashed(store, trash_id)
     session_id, state, entry = record.session_id, record.state, record.state["trashed"]

@@ -192,11 +192,8 @@ def load(
     derived (from the messages, the date folder, else the file's mtime); a message without a
     timestamp takes the one before it; naive times are UTC; unknown keys are kept. A file that is
     not a session, a field of the wrong type, or anything an import could not log (a lone
-    surrogate, nesting past the log's limit) is refused.
-
-    Raises:
-        LegacyFormatError: the file is not a legacy session, or a field has the wrong type.
-        OSError: the file cannot be read.
+    surrogate, nesting past the log's limit) is refused with LegacyFormatError; OSError if the
+    file cannot be read.
     """
     file = Path(path)
     where = printable(str(file))
@@ -522,11 +519,8 @@ def import_session(
     The root header's ``ts`` is the session's ``created_at``; what the log has no place for
     (timestamps, metadata, unknown keys) is kept under :data:`LEGACY_HEADER_KEY`, so
     :func:`export_context` gives the file back. ``context`` defaults to the file's own; another
-    must be fit for a new context (:meth:`ContextId.check_new`).
-
-    Raises:
-        ContextExists: the context already exists.
-        InvalidContextId: the session's name cannot be a context name (give ``context``).
+    must be fit for a new context (:meth:`ContextId.check_new`). ContextExists if the context
+    exists already; InvalidContextId if the session's name cannot be a context name.
     """
     ctx = ContextId.parse(context) if context is not None else session.context
     if (ctx.type, ctx.name) != (session.context_type, session.session_id):
@@ -604,9 +598,7 @@ def export_dict(
     metadata is the file's, with ``last_active`` and ``message_count`` following the log once
     anything was logged; for a native context it all comes from the log. ``pending`` are unsaved
     entries, taken as following the head: the file a PersistentSession would save.
-
-    Raises:
-        ContextNotFound: no such context.
+    ContextNotFound if there is no such context.
     """
     ctx = ContextId.parse(context)
     head = sessions.require_head(store, ctx)
