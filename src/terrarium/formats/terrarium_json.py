@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from terrarium import codec, sessions
 from terrarium.errors import InvalidEntry
@@ -54,6 +54,9 @@ LEGACY_HEADER_KEY = "legacy"
 
 MESSAGE_ROLES: frozenset[str] = frozenset(("user", "assistant", "system"))
 """Roles a legacy message may have (the seed writes ``user`` and ``assistant``)."""
+
+
+T = TypeVar("T")
 
 
 class LegacyFormatError(InvalidEntry):
@@ -148,19 +151,39 @@ def _mtime_ts(path: Path) -> str:
 
 
 class _Checker:
-    """Type checks that raise one-line errors naming the file."""
+    """Type checks that raise one-line errors naming the file, and the fields it lacks."""
 
     def __init__(self, where: str) -> None:
         self.where = where
+        self.derived: set[str] = set()
+        """The fields the file lacks, which the reader derives."""
 
     def fail(self, problem: str) -> LegacyFormatError:
         return LegacyFormatError(f"{self.where}: {problem}")
 
-    def string(self, value: Any, what: str, *, empty: bool = True) -> str:
+    def given(self, raw: Mapping[str, Any], name: str, kind: Callable[[Any, str], T]) -> T | None:
+        """The field ``name`` (``metadata.x``: key ``x`` of the metadata) checked by ``kind``;
+        None, noted as derived, if the file lacks it."""
+        value = raw.get(name.rpartition(".")[2])
+        if value is None:
+            self.derived.add(name)
+            return None
+        return kind(value, f"'{name}'")
+
+    def string(self, value: Any, what: str) -> str:
         if not isinstance(value, str):
             raise self.fail(f"{what} must be a string, not {type(value).__name__}")
-        if not empty and not value:
+        return value
+
+    def name(self, value: Any, what: str) -> str:
+        text = self.string(value, what)
+        if not text:
             raise self.fail(f"{what} is empty")
+        return text
+
+    def count(self, value: Any, what: str) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise self.fail(f"{what} must be a count, not {short_repr(value)}")
         return value
 
     def timestamp(self, value: Any, what: str) -> str:
@@ -252,33 +275,27 @@ def from_dict(
     """
     check = _Checker(printable(str(path)) if path is not None else "<legacy session>")
     raw_messages, meta_raw = _session_parts(data, check)
-    derived: set[str] = set()
-    session_id, ctype, meta_names = _names(data, meta_raw, check, derived, path, context_type)
-    prompt = data.get("system_prompt")
-    if prompt is None:
-        derived.add("system_prompt")
-        prompt = ""
-    else:
-        prompt = check.string(prompt, "'system_prompt'")
+    session_id, ctype, meta_names = _names(data, meta_raw, check, path, context_type)
+    prompt = check.given(data, "system_prompt", check.string)
     parsed = _parse_messages(raw_messages, check)
-    created = _created_at(meta_raw, parsed, check, derived, fallback_time)
+    created = _created_at(meta_raw, parsed, check, fallback_time)
     messages: list[LegacyMessage] = []
     previous = created
     for index, (role, content, stamp, extra) in enumerate(parsed):
         if stamp is None:  # a message without a time takes the one before it
-            derived.add(f"messages[{index}].timestamp")
+            check.derived.add(f"messages[{index}].timestamp")
             stamp = previous
         messages.append(LegacyMessage(role, content, stamp, extra))
         previous = stamp
     return LegacySession(
         session_id=session_id,
         context_type=ctype,
-        system_prompt=prompt,
+        system_prompt=prompt or "",
         messages=tuple(messages),
-        metadata=_metadata(meta_raw, messages, created, check, derived, meta_names, session_date),
+        metadata=_metadata(meta_raw, messages, created, check, meta_names, session_date),
         extra={k: v for k, v in data.items() if k not in _KEYS[LegacySession]},
         path=path,
-        derived=frozenset(derived),
+        derived=frozenset(check.derived),
     )
 
 
@@ -304,36 +321,23 @@ def _session_parts(data: Any, check: _Checker) -> tuple[list[Any], dict[str, Any
     return raw_messages, meta_raw
 
 
-def _named(
-    data: Mapping[str, Any], meta_raw: Mapping[str, Any], key: str, check: _Checker
-) -> tuple[str | None, str | None]:
-    """A name field (``session_id``, ``context_type``) at the top and in the metadata."""
-    top, meta = data.get(key), meta_raw.get(key)
-    if top is not None:
-        top = check.string(top, f"'{key}'", empty=False)
-    if meta is not None:
-        meta = check.string(meta, f"'metadata.{key}'", empty=False)
-    return top, meta
-
-
 def _names(
     data: Mapping[str, Any],
     meta_raw: Mapping[str, Any],
     check: _Checker,
-    derived: set[str],
     path: Path | None,
     folder_type: str | None,
 ) -> tuple[str, str, tuple[str, str]]:
     """The context name and type, and the metadata's copies of them, derived where missing."""
-    session_id, meta_session_id = _named(data, meta_raw, "session_id", check)
+    session_id = check.given(data, "session_id", check.name)
+    meta_session_id = check.given(meta_raw, "metadata.session_id", check.name)
     if session_id is None:
-        derived.add("session_id")
         session_id = meta_session_id or (path.stem if path is not None else None)
         if not session_id:
             raise check.fail("not a session: it names no session_id")
-    ctype, meta_type = _named(data, meta_raw, "context_type", check)
+    ctype = check.given(data, "context_type", check.name)
+    meta_type = check.given(meta_raw, "metadata.context_type", check.name)
     if ctype is None:
-        derived.add("context_type")
         ctype = meta_type or folder_type
         if not ctype:
             raise check.fail("it names no context_type and no type folder holds it")
@@ -341,10 +345,6 @@ def _names(
             raise check.fail(
                 f"it names no context_type and its folder {short_repr(ctype)} is no type"
             )
-    if meta_session_id is None:
-        derived.add("metadata.session_id")
-    if meta_type is None:
-        derived.add("metadata.context_type")
     return session_id, ctype, (meta_session_id or session_id, meta_type or ctype)
 
 
@@ -371,14 +371,12 @@ def _created_at(
     meta_raw: Mapping[str, Any],
     parsed: list[_Parsed],
     check: _Checker,
-    derived: set[str],
     fallback_time: str | Callable[[], str] | None,
 ) -> str:
     """``metadata.created_at``, else the first message's time, else the fallback, else now."""
-    created = meta_raw.get("created_at")
+    created = check.given(meta_raw, "metadata.created_at", check.timestamp)
     if created is not None:
-        return check.timestamp(created, "'metadata.created_at'")
-    derived.add("metadata.created_at")
+        return created
     first = next((stamp for _, _, stamp, _ in parsed if stamp is not None), None)
     if first is not None:
         return first
@@ -391,36 +389,20 @@ def _metadata(
     messages: list[LegacyMessage],
     created: str,
     check: _Checker,
-    derived: set[str],
     names: tuple[str, str],
     folder_date: str | None,
 ) -> LegacyMetadata:
     """The metadata object, each missing field derived (see :func:`load`)."""
-    last_active = meta_raw.get("last_active")
-    if last_active is not None:
-        last_active = check.timestamp(last_active, "'metadata.last_active'")
-    else:
-        derived.add("metadata.last_active")
-        last_active = messages[-1].timestamp if messages else created
-    count = meta_raw.get("message_count")
-    if count is None:
-        derived.add("metadata.message_count")
-        count = len(messages)
-    elif not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise check.fail(f"'metadata.message_count' must be a count, not {short_repr(count)}")
-    date = meta_raw.get("session_date")
-    if date is not None:
-        date = check.date(date, "'metadata.session_date'")
-    else:
-        derived.add("metadata.session_date")
-        date = folder_date or dt.datetime.fromisoformat(created).date().isoformat()
+    last_active = check.given(meta_raw, "metadata.last_active", check.timestamp)
+    count = check.given(meta_raw, "metadata.message_count", check.count)
+    date = check.given(meta_raw, "metadata.session_date", check.date)
     return LegacyMetadata(
         created_at=created,
-        last_active=last_active,
-        message_count=count,
+        last_active=last_active or (messages[-1].timestamp if messages else created),
+        message_count=len(messages) if count is None else count,
         session_id=names[0],
         context_type=names[1],
-        session_date=date,
+        session_date=date or folder_date or dt.datetime.fromisoformat(created).date().isoformat(),
         extra={k: v for k, v in meta_raw.items() if k not in _KEYS[LegacyMetadata]},
     )
 
