@@ -61,7 +61,6 @@ class ContextRow(msgspec.Struct, frozen=True, gc=False):
     date: str
     """Its creation date, ``YYYY-MM-DD``."""
     created_at: str
-    """When it was created."""
     last_active: str
     """When it was last written to."""
     message_count: int
@@ -142,27 +141,16 @@ def list_contexts(
     """
     rows = _native_rows(store, type, restore)
     found = legacy.listing(store)
-    if found.sessions:
-        native = {row.context_id for row in rows}
-        rows += legacy_rows(found, type, native.__contains__)
+    native = {row.context_id for row in rows} if found.sessions else set()
+    for info in found.sessions:  # a context in the log hides its legacy file
+        context_id = str(info.context)
+        if context_id not in native and (type is None or info.context.type == type):
+            row = (info.date, info.created_at, info.last_active, info.message_count)
+            rows.append(ContextRow(context_id, info.context.type, *row, legacy_path=info.path))
     if ordered:
         rows.sort(key=operator.attrgetter("last_active"), reverse=True)
         rows.sort(key=operator.attrgetter("type"))
     return ContextListing(rows, found.problems)
-
-
-def legacy_rows(
-    found: legacy.LegacyListing, type: str | None, hidden: Callable[[str], bool]
-) -> list[ContextRow]:
-    """The rows of the legacy files ``found`` (of one ``type``) that ``hidden`` does not hide."""
-    rows = []
-    for info in found.sessions:
-        context_id = str(info.context)
-        if (type is not None and info.context.type != type) or hidden(context_id):
-            continue
-        row = (info.date, info.created_at, info.last_active, info.message_count)
-        rows.append(ContextRow(context_id, info.context.type, *row, legacy_path=info.path))
-    return rows
 
 
 def summary_row(summary: ContextSummary) -> ContextRow:

@@ -42,9 +42,7 @@ class Format:
     extension: str
     """The file name extension, with its dot."""
     media_type: str
-    """The MIME type of the content."""
     module: str
-    """The module that implements it."""
     function: str = "export_context"
     """The module's ``(store, context) -> str | bytes`` function."""
     dated: bool = False
@@ -135,7 +133,6 @@ class ExportResult:
     members: list[str] = field(default_factory=list)
     """The files written, relative to the folder or inside the archive (``/``-separated)."""
     contexts: list[ContextId] = field(default_factory=list)
-    """The contexts exported."""
 
 
 def _is_archive(dest: Path) -> bool:

@@ -52,7 +52,6 @@ class LegacyInfo(msgspec.Struct, frozen=True):
     context: ContextId
     """The context the file holds."""
     path: Path
-    """The file."""
     date: str
     """Its date folder (``metadata.session_date``), ``YYYY-MM-DD``."""
     created_at: str
@@ -67,7 +66,6 @@ class LegacyProblem(msgspec.Struct, frozen=True):
     """A legacy file that could not be used, and why."""
 
     path: Path
-    """The file."""
     reason: str
     """One line: what is wrong with it."""
 
@@ -83,7 +81,6 @@ class LegacyListing(msgspec.Struct, frozen=True):
     problems: tuple[LegacyProblem, ...] = ()
     """Unreadable, misnamed or shadowed files, in path order."""
     by_context: Mapping[ContextId, LegacyInfo] = msgspec.field(default_factory=dict)
-    """The sessions by context."""
 
 
 class LegacyCopy(msgspec.Struct, frozen=True):

@@ -70,7 +70,6 @@ class LegacyMessage:
     role: str
     """``user`` or ``assistant`` (``system`` is accepted too)."""
     content: str
-    """The message text."""
     timestamp: str
     """When it was said, exactly as written (ISO 8601; derived when the file had none)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -110,7 +109,6 @@ class LegacySession:
     messages: tuple[LegacyMessage, ...]
     """The conversation, oldest first."""
     metadata: LegacyMetadata
-    """The metadata object."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Top-level keys this module does not know, kept as they were."""
     path: Path | None = field(default=None, compare=False)
