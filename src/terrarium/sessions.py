@@ -804,11 +804,8 @@ def tree_reads(
     """Every segment of the session, oldest first: its header's read (``stop_seq=0``), and
     the segment salvaging it.
 
-    A damaged segment that ``fsck --repair --salvage`` replaced has no read: views of the
-    whole tree show it as salvaged rather than fail on it.
-
-    Raises:
-        CorruptLog: a damaged segment that no salvage replaced.
+    A damaged segment that ``fsck --repair --salvage`` replaced has no read: views of the whole
+    tree show it as salvaged. CorruptLog for a damaged segment that no salvage replaced.
     """
     reads: dict[SegmentId, SegmentRead] = {}
     damaged: dict[SegmentId, CorruptLog] = {}

@@ -302,17 +302,13 @@ def _head_state(store: Lifecycle, context: ContextId) -> tuple[PodMetadata, dict
     raise ConflictError(f"{context} kept changing while it was being read")
 
 
-def _lifecycle_keys(state: Mapping[str, Any]) -> bool:
-    return "trashed" in state or "purging" in state
-
-
 def _in_trash(record: SessionRecord) -> bool:
     return record.owner is None and "trashed" in record.state and "purging" not in record.state
 
 
 def _unfinished(record: SessionRecord) -> bool:
     if record.owner is not None:
-        return _lifecycle_keys(record.state)
+        return "trashed" in record.state or "purging" in record.state
     return bool(record.state.get("purging")) or (
         "trashed" in record.state and "cold" not in record.state
     )
