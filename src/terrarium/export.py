@@ -202,9 +202,8 @@ def _member(spec: Format, store: Store, context: ContextId) -> tuple[str, bytes]
         content: str | bytes = terrarium_json.dumps(data)
     else:
         content = spec.export(store, context)
-    return member_name(context, spec, date), (
-        content.encode() if isinstance(content, str) else content
-    )
+    raw = content.encode() if isinstance(content, str) else content
+    return member_name(context, spec, date), raw
 
 
 def export_many(
@@ -244,9 +243,7 @@ def export_many(
             return ExportResult(target, [], list(chosen))
         files[FINETUNE_FILE] = data
     else:
-        for context, source in chosen.items():
-            member, data = _member(spec, source, context)
-            files[member] = data
+        files = dict(_member(spec, source, context) for context, source in chosen.items())
     _write(target, files)
     return ExportResult(target, list(files), list(chosen))
 
