@@ -178,9 +178,7 @@ def render(transcript: Transcript) -> str:
     if not transcript.items:
         parts.append('<div class="event">No messages.</div>')
     parts.extend(render_item(timed) for timed in transcript.items)
-    parts.append("</section>")
-    parts.append("</main></body>")
-    parts.append("</html>")
+    parts += ["</section>", "</main></body>", "</html>"]
     return "\n".join(parts) + "\n"
 
 
