@@ -349,17 +349,3 @@ def fork_context(
         if (current or (lambda c: current_state(store, c)))(source) is None:
             raise not_found(source)
         sessions.fork_context(store, source, target, at_seq=at)
-
-
-__all__ = [
-    "ContextListing",
-    "ContextRow",
-    "Current",
-    "clear_context",
-    "current_state",
-    "fork_context",
-    "get_stats",
-    "list_contexts",
-    "not_found",
-    "stats_of",
-]

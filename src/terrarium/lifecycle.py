@@ -725,31 +725,3 @@ class BackgroundMaintenance:
     def alive(self) -> bool:
         """Whether the thread still runs."""
         return self._thread.is_alive()
-
-
-__all__ = [
-    "ArchivePlan",
-    "BackgroundMaintenance",
-    "Candidate",
-    "Maintenance",
-    "MaintenanceLog",
-    "MaintenanceReport",
-    "RetentionPolicy",
-    "RetentionRule",
-    "collect_blobs",
-    "config_path",
-    "delete_to_trash",
-    "find_trashed",
-    "hot_bytes",
-    "load_policy",
-    "log_path",
-    "parse_age",
-    "plan_archive",
-    "plan_trash_purge",
-    "purge",
-    "read_policy",
-    "require_lifecycle",
-    "run_archive",
-    "run_trash_purge",
-    "store_root",
-]
