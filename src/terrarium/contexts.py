@@ -48,9 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-# --------------------------------------------------------------------------- records
-
-
 class ContextRow(msgspec.Struct, frozen=True, gc=False):
     """One context as a listing shows it (a Struct: 10k cost milliseconds, dataclasses tens)."""
 
@@ -121,9 +118,6 @@ def not_found(context: ContextId | str, where: str | None = None) -> ContextNotF
     """The error for a context that neither the log nor a legacy file holds."""
     shown = context.display if isinstance(context, ContextId) else context
     return ContextNotFound(f"no session '{shown}'" + (f" in {where}" if where else ""))
-
-
-# --------------------------------------------------------------------------- listing
 
 
 def list_contexts(
@@ -223,9 +217,6 @@ def _native_rows(
     return rows
 
 
-# --------------------------------------------------------------------------- stats
-
-
 def get_stats(
     store: Store, context: ContextId, *, state: RestoredState | None = None
 ) -> dict[str, Any]:
@@ -288,9 +279,6 @@ def usage_stats(usage: UsageTotals) -> dict[str, int]:
         "estimated_completion_tokens": usage.estimated_completion_tokens,
         "estimated_calls": usage.estimated_calls,
     }
-
-
-# --------------------------------------------------------------------------- writes
 
 
 Current = Callable[[ContextId], RestoredState | None]

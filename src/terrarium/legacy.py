@@ -43,9 +43,6 @@ _RACY_NS = 2_000_000_000
 T = TypeVar("T")
 
 
-# --------------------------------------------------------------------------- records
-
-
 class LegacyInfo(msgspec.Struct, frozen=True):
     """One legacy session as a listing shows it (from the file's metadata)."""
 
@@ -90,9 +87,6 @@ class LegacyCopy(msgspec.Struct, frozen=True):
     """A store holding only that context, imported from the file."""
     path: Path
     """The file it was read from."""
-
-
-# --------------------------------------------------------------------------- entry points
 
 
 def legacy_root(store: Store) -> Path | None:
@@ -196,9 +190,6 @@ def trash(store: Store, context: ContextId) -> list[Path]:
     return moved
 
 
-# --------------------------------------------------------------------------- lookup
-
-
 def _lookup(store: Store, context: ContextId) -> LegacyInfo | LegacyProblem | None:
     """The context's file: the first of its places that holds it, else an unreadable one."""
     found = _candidates(store, context)
@@ -260,9 +251,6 @@ def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
 def _inside(path: Path, root: Path) -> bool:
     real, base = os.path.realpath(path), os.path.realpath(root)
     return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
-
-
-# --------------------------------------------------------------------------- the cache
 
 
 class _Seen(msgspec.Struct, Generic[T], frozen=True):
