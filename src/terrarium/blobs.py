@@ -85,9 +85,8 @@ class LazyBlob(msgspec.Struct, frozen=True):
     def read(self) -> str:
         """The whole text, read from the blob and checked against its digest.
 
-        Raises:
-            BlobNotFound: the store no longer holds the blob.
-            CorruptBlob: the blob's bytes do not match its digest.
+        BlobNotFound if the store no longer holds the blob; CorruptBlob if its bytes do not
+        match the digest.
         """
         return self.store.get_blob(self.digest).decode()
 

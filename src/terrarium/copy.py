@@ -20,7 +20,7 @@ copied with all contexts. One session: ``complete_session(dst, read_source(src, 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from terrarium import states
@@ -159,16 +159,8 @@ class _Plan:
     """Something of the session was there already (an interrupted copy's)."""
 
     def empty(self) -> bool:
-        """Whether there is nothing to write."""
-        return not (
-            self.new_session
-            or self.lines_there
-            or self.traces_there
-            or self.attach
-            or self.move_head
-            or self.pin
-            or self.archive
-        )
+        """Whether there is nothing to write: every field but ``partial`` is unset."""
+        return not any(getattr(self, f.name) for f in fields(self) if f.name != "partial")
 
 
 def _plan(dst: Store, source: SessionSource, name: str) -> _Plan:

@@ -42,9 +42,7 @@ class Format:
     extension: str
     """The file name extension, with its dot."""
     media_type: str
-    """The MIME type of the content."""
     module: str
-    """The module that implements it."""
     function: str = "export_context"
     """The module's ``(store, context) -> str | bytes`` function."""
     dated: bool = False
@@ -57,27 +55,18 @@ class Format:
         return exporter(store, model.ContextId.parse(context))
 
 
+_JSON, _NDJSON = "application/json", "application/x-ndjson"
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
         Format("markdown", ".md", "text/markdown; charset=utf-8", "terrarium.formats.markdown"),
         Format("html", ".html", "text/html; charset=utf-8", "terrarium.formats.html"),
-        Format("jsonl", ".jsonl", "application/x-ndjson", "terrarium.formats.jsonl"),
-        Format("openai", ".json", "application/json", "terrarium.formats.openai"),
+        Format("jsonl", ".jsonl", _NDJSON, "terrarium.formats.jsonl"),
+        Format("openai", ".json", _JSON, "terrarium.formats.openai"),
         Format(
-            "finetune",
-            ".jsonl",
-            "application/x-ndjson",
-            "terrarium.formats.openai",
-            "export_finetune_context",
+            "finetune", ".jsonl", _NDJSON, "terrarium.formats.openai", "export_finetune_context"
         ),
-        Format(
-            "terrarium-json",
-            ".json",
-            "application/json",
-            "terrarium.formats.terrarium_json",
-            dated=True,
-        ),
+        Format("terrarium-json", ".json", _JSON, "terrarium.formats.terrarium_json", dated=True),
     )
 }
 """Every export format by name."""
@@ -144,7 +133,6 @@ class ExportResult:
     members: list[str] = field(default_factory=list)
     """The files written, relative to the folder or inside the archive (``/``-separated)."""
     contexts: list[ContextId] = field(default_factory=list)
-    """The contexts exported."""
 
 
 def _is_archive(dest: Path) -> bool:
@@ -214,9 +202,8 @@ def _member(spec: Format, store: Store, context: ContextId) -> tuple[str, bytes]
         content: str | bytes = terrarium_json.dumps(data)
     else:
         content = spec.export(store, context)
-    return member_name(context, spec, date), (
-        content.encode() if isinstance(content, str) else content
-    )
+    raw = content.encode() if isinstance(content, str) else content
+    return member_name(context, spec, date), raw
 
 
 def export_many(
@@ -256,9 +243,7 @@ def export_many(
             return ExportResult(target, [], list(chosen))
         files[FINETUNE_FILE] = data
     else:
-        for context, source in chosen.items():
-            member, data = _member(spec, source, context)
-            files[member] = data
+        files = dict(_member(spec, source, context) for context, source in chosen.items())
     _write(target, files)
     return ExportResult(target, list(files), list(chosen))
 

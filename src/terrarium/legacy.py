@@ -43,16 +43,12 @@ _RACY_NS = 2_000_000_000
 T = TypeVar("T")
 
 
-# --------------------------------------------------------------------------- records
-
-
 class LegacyInfo(msgspec.Struct, frozen=True):
     """One legacy session as a listing shows it (from the file's metadata)."""
 
     context: ContextId
     """The context the file holds."""
     path: Path
-    """The file."""
     date: str
     """Its date folder (``metadata.session_date``), ``YYYY-MM-DD``."""
     created_at: str
@@ -67,7 +63,6 @@ class LegacyProblem(msgspec.Struct, frozen=True):
     """A legacy file that could not be used, and why."""
 
     path: Path
-    """The file."""
     reason: str
     """One line: what is wrong with it."""
 
@@ -83,7 +78,6 @@ class LegacyListing(msgspec.Struct, frozen=True):
     problems: tuple[LegacyProblem, ...] = ()
     """Unreadable, misnamed or shadowed files, in path order."""
     by_context: Mapping[ContextId, LegacyInfo] = msgspec.field(default_factory=dict)
-    """The sessions by context."""
 
 
 class LegacyCopy(msgspec.Struct, frozen=True):
@@ -93,9 +87,6 @@ class LegacyCopy(msgspec.Struct, frozen=True):
     """A store holding only that context, imported from the file."""
     path: Path
     """The file it was read from."""
-
-
-# --------------------------------------------------------------------------- entry points
 
 
 def legacy_root(store: Store) -> Path | None:
@@ -142,9 +133,7 @@ def files(store: Store, context: ContextId) -> list[Path]:
 def read(store: Store, context: ContextId) -> LegacyCopy | None:
     """The context's legacy file read into a :class:`MemoryStore`; None if it has none.
 
-    Raises:
-        LegacyFormatError: the file is not a legacy session.
-        OSError: the file cannot be read.
+    LegacyFormatError if the file is not a legacy session; OSError if it cannot be read.
     """
     found = _lookup(store, context)
     if found is None:
@@ -159,8 +148,7 @@ def read(store: Store, context: ContextId) -> LegacyCopy | None:
 def import_legacy(store: Store, context: ContextId) -> bool:
     """Import the context's legacy file unless the log has it (under its lock); whether it did.
 
-    Raises:
-        LegacyFormatError, OSError: the context's legacy file cannot be read.
+    LegacyFormatError or OSError if the context's legacy file cannot be read.
     """
     if store.get_head(context) is not None:
         return False
@@ -186,8 +174,7 @@ def resume(store: Store, context: ContextId) -> bool:
 def trash(store: Store, context: ContextId) -> list[Path]:
     """Move every legacy file of ``context`` to ``.trash/legacy/{random id}/``; where they went.
 
-    Raises:
-        StoreError: a file lies outside the store's folder (through a symbolic link).
+    StoreError if a file lies outside the store's folder (through a symbolic link).
     """
     from terrarium.stores.fs import LEGACY_TRASH
 
@@ -201,9 +188,6 @@ def trash(store: Store, context: ContextId) -> list[Path]:
         os.rename(found.path, target)
         moved.append(target)
     return moved
-
-
-# --------------------------------------------------------------------------- lookup
 
 
 def _lookup(store: Store, context: ContextId) -> LegacyInfo | LegacyProblem | None:
@@ -267,9 +251,6 @@ def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
 def _inside(path: Path, root: Path) -> bool:
     real, base = os.path.realpath(path), os.path.realpath(root)
     return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
-
-
-# --------------------------------------------------------------------------- the cache
 
 
 class _Seen(msgspec.Struct, Generic[T], frozen=True):

@@ -143,11 +143,8 @@ def plan_archive(
     """The hot contexts to archive: inactive longer than ``older_than``, of ``type``, named.
 
     Named contexts are taken even when pinned. ``rules`` (a policy's) gives each type its own
-    age (None: never archived).
-
-    Raises:
-        ContextNotFound: a named context is neither hot, archived nor a legacy file.
-        InvalidRetention: no names, no age and no rules (that would archive everything).
+    age (None: never archived). ContextNotFound if a named context is neither hot, archived nor
+    a legacy file; InvalidRetention for no names, no age and no rules (that would take all).
     """
     lifecycle = require_lifecycle(store)
     if not names and older_than is None and rules is None:
@@ -165,22 +162,15 @@ def plan_archive(
             continue
         if not _due(row.type, row.last_active or row.created_at, older_than, rules, moment):
             continue
-        if row.context_id in pins and row.context_id not in wanted:
+        pinned = row.context_id in pins
+        if pinned and row.context_id not in wanted:
             plan.skipped_pinned.append(row.context_id)
             continue
         size = _legacy_bytes(row.legacy_path) if row.legacy_path else hot_bytes(store, row.context)
         if size is None:
             continue  # archived or deleted meanwhile
-        plan.candidates.append(
-            Candidate(
-                row.context_id,
-                row.date,
-                row.last_active,
-                row.message_count,
-                size,
-                row.context_id in pins,
-            )
-        )
+        listed = (row.date, row.last_active, row.message_count)
+        plan.candidates.append(Candidate(row.context_id, *listed, size, pinned))
     return plan
 
 
@@ -190,11 +180,6 @@ def _legacy_bytes(path: Path) -> int | None:
         return path.stat().st_size
     except FileNotFoundError:
         return None
-
-
-def _older(ts: str, age: timedelta, now: datetime) -> bool:
-    moment = _parse_time(ts)
-    return moment is not None and now - moment > age
 
 
 def _due(
@@ -208,7 +193,8 @@ def _due(
     age = rules(type) if rules is not None else older_than
     if age is None:
         return rules is None  # no age given takes all; a rule of "never" none
-    return _older(ts, age, now)
+    moment = _parse_time(ts)
+    return moment is not None and now - moment > age
 
 
 def run_archive(
@@ -372,9 +358,7 @@ def _trash(store: Store, context: ContextId, why: str) -> tuple[bool, TrashedCon
 def purge(store: Store, context: ContextId, *, why: str) -> None:
     """Delete a hot or archived context for ever, bypassing the trash, and log it.
 
-    Raises:
-        ContextNotFound: no such context.
-        StoreError: the store has no state primitives.
+    ContextNotFound if there is none; StoreError if the store has no state primitives.
     """
     if not states.purge_context(require_lifecycle(store), context):
         raise contexts.not_found(context)
@@ -558,8 +542,7 @@ def config_path() -> Path:
 def load_policy(store: Store) -> RetentionPolicy | None:
     """The retention policy: the store's ``terrarium.toml``, else the user's config, else None.
 
-    Raises:
-        InvalidRetention: a file is not TOML, or has an unknown key or a bad value.
+    InvalidRetention if the file is not TOML, or has an unknown key or a bad value.
     """
     root = store_root(store)
     if root is not None and (root / POLICY_FILE).is_file():
@@ -672,9 +655,7 @@ class Maintenance:
     ) -> MaintenanceReport:
         """Apply the policy now (``dry_run``: only say what it would do).
 
-        Raises:
-            StoreError: the store cannot archive.
-            InvalidRetention: the policy file is malformed.
+        StoreError if the store cannot archive; InvalidRetention if the policy file is malformed.
         """
         require_lifecycle(self.store)
         policy = self.policy or load_policy(self.store)
@@ -744,31 +725,3 @@ class BackgroundMaintenance:
     def alive(self) -> bool:
         """Whether the thread still runs."""
         return self._thread.is_alive()
-
-
-__all__ = [
-    "ArchivePlan",
-    "BackgroundMaintenance",
-    "Candidate",
-    "Maintenance",
-    "MaintenanceLog",
-    "MaintenanceReport",
-    "RetentionPolicy",
-    "RetentionRule",
-    "collect_blobs",
-    "config_path",
-    "delete_to_trash",
-    "find_trashed",
-    "hot_bytes",
-    "load_policy",
-    "log_path",
-    "parse_age",
-    "plan_archive",
-    "plan_trash_purge",
-    "purge",
-    "read_policy",
-    "require_lifecycle",
-    "run_archive",
-    "run_trash_purge",
-    "store_root",
-]

@@ -81,14 +81,16 @@ class MigrationReport:
         """0 when nothing failed, else 1."""
         return 1 if self.failed else 0
 
+    @property
+    def verbs(self) -> tuple[str, str]:
+        """The verbs for moving and importing: as done, or as a dry run's plan."""
+        return ("would move", "would import") if self.dry_run else ("moved", "imported")
+
     def summary(self) -> str:
         """One line with the counts."""
-        verb = "would move" if self.dry_run else "moved"
-        verb2 = "would import" if self.dry_run else "imported"
-        text = (
-            f"{verb} {self.moved}, {verb2} {self.imported}, "
-            f"skipped {self.skipped}, failed {self.failed}"
-        )
+        move, load = self.verbs
+        text = f"{move} {self.moved}, {load} {self.imported}, "
+        text += f"skipped {self.skipped}, failed {self.failed}"
         return f"dry run, nothing changed: {text}" if self.dry_run else text
 
 
@@ -168,17 +170,14 @@ def _import_choices(steps: list[Step]) -> dict[ContextId, Step]:
         if step.problem is not None or step.context is None or step.session is None:
             continue
         current = chosen.get(step.context)
-        if current is None or _newer(step, current):
+        if current is None or _age(step) > _age(current):
             chosen[step.context] = step
     return chosen
 
 
-def _newer(step: Step, other: Step) -> bool:
-    assert step.session is not None and other.session is not None
-    return (step.session.metadata.session_date, step.session.metadata.last_active) > (
-        other.session.metadata.session_date,
-        other.session.metadata.last_active,
-    )
+def _age(step: Step) -> tuple[str, str]:
+    assert step.session is not None
+    return step.session.metadata.session_date, step.session.metadata.last_active
 
 
 class _Conflict(Exception):
@@ -268,13 +267,12 @@ def migrate(
     steps = plan_migration(base)
     report = MigrationReport(base, dry_run, steps)
     choices = _import_choices(steps) if to_log else {}
-    would = ("would move", "would import") if dry_run else ("moved", "imported")
     with (
         _store_for(base, store, to_log) as target,
         _progress(stream, len(steps)) as progress,
     ):
         for step in steps:
-            progress(_run_step(step, report, target, choices, dry_run, would), True)
+            progress(_run_step(step, report, target, choices), True)
         progress(report.summary(), False)
     return report
 
@@ -284,11 +282,9 @@ def _run_step(
     report: MigrationReport,
     store: Store | None,
     choices: dict[ContextId, Step],
-    dry_run: bool,
-    would: tuple[str, str],
 ) -> str:
     """Do one step; count it; return its progress line."""
-    base = report.root
+    base, dry_run, would = report.root, report.dry_run, report.verbs
     source = _rel(base, step.source)
     if step.problem is not None:
         return _fail(report, step.problem)

@@ -116,7 +116,6 @@ def hit_json(hit: SearchHit) -> dict[str, Any]:
 @dataclass(slots=True)
 class _Doc:
     context: ContextId
-    date: str
     head: Any
     segment_id: Any
     seq: int
@@ -175,7 +174,7 @@ def _scan(store: Store, q: SearchQuery, heads: list[PodMetadata]) -> list[Search
         hits.append(
             SearchHit(
                 context=str(doc.context),
-                date=doc.date,
+                date=doc.head.date,
                 session_id=doc.head.session_id,
                 segment_id=doc.segment_id,
                 seq=doc.seq,
@@ -204,7 +203,7 @@ def _archived_heads(store: Store, q: SearchQuery) -> list[PodMetadata]:
 
 def _doc(context: ContextId, head: Any, segment_id: Any, seq: int, item: Any, ts: str) -> _Doc:
     role, text = _role_text(item)
-    return _Doc(context, head.date, head, segment_id, seq, role, ts, text, tokenize(text))
+    return _Doc(context, head, segment_id, seq, role, ts, text, tokenize(text))
 
 
 def _role_text(item: Any) -> tuple[str, str]:

@@ -127,14 +127,11 @@ def _header(
 def create_segment(
     store: Store, start: SegmentStartState | None = None, *, context: ContextId | str | None = None
 ) -> tuple[SessionId, SegmentId]:
-    """Create a new session whose root segment starts from ``start``.
+    """Create a new session whose root segment starts from ``start``; its and the segment's ids.
 
     With ``context``, the session is that new context's, and its head is the root segment.
     Without, the session belongs to no context until :func:`attach_context`; the log API
     works on it by reference.
-
-    Returns:
-        The new session id and root segment id.
 
     Raises:
         InvalidContextId: ``context`` is not a valid ``type:name``.
@@ -188,13 +185,8 @@ def create_segment_with_ids(
 
     ``header_extra`` adds keys of the caller's own to the root header; replay ignores them. A
     root origin needs a name fit for a new context; an import or copy keeps its data's name.
-
-    Returns:
-        The new context's head; without ``context``, a reference to the detached session's
-        root segment.
-
-    Raises:
-        ConflictError: without ``context``, the session exists already.
+    Returns the new context's head, or without ``context`` a reference to the detached
+    session's root segment (ConflictError if the session exists already).
     """
     ctx = ContextId.parse(context) if context is not None else None
     if ctx is not None and (origin is None or origin.kind == "root"):
@@ -237,9 +229,6 @@ def create_or_join(
 
 def attach_context(store: Store, context: ContextId | str, ref: SegmentRef) -> PodMetadata:
     """Make ``context`` a new context whose head is ``ref``, any segment of a detached session.
-
-    Returns:
-        The new context's head.
 
     Raises:
         InvalidContextId: ``context`` is not a valid name for a new context.
@@ -315,11 +304,9 @@ def _restart(
     context: ContextId | str | None,
     system_prompt: str | None,
 ) -> SegmentId:
-    state = (
-        source
-        if isinstance(source, RestoredState)
-        else restore_by_segment(store, source.session_id, source.segment_id)
-    )
+    state = source
+    if not isinstance(state, RestoredState):
+        state = restore_by_segment(store, state.session_id, state.segment_id)
     segment_id = new_segment_id()
     origin = SegmentOrigin(kind, parent=state.segment_id, at_seq=state.next_seq - 1)  # type: ignore[arg-type]
     start = SegmentStartState(
@@ -430,17 +417,8 @@ def rewind(
 
     The fork continues the segment that logged the first dropped item, just before it; the
     dropped items stay in the session tree. A cut inside a header's history copies its kept
-    part into the new header. Runs under the context's lock.
-
-    Args:
-        store: The store.
-        context: The context to rewind.
-        n: How many history items to drop.
-        expected_seq: If given, the next seq the writer expects the head segment to have;
-            a head that moved on raises ConflictError and nothing changes.
-
-    Returns:
-        The dropped items, oldest first.
+    part into the new header. Runs under the context's lock. Returns the dropped items, oldest
+    first. ``expected_seq``: the next seq the writer expects the head segment to have.
 
     Raises:
         ContextNotFound: no such context.
@@ -551,19 +529,10 @@ def _header_messages(header: Mapping[str, Any], segment: str) -> list[Message]:
     summary = summary_items(header)
     found = []
     for index, (item, ts, source) in enumerate(header_history(header)):
-        usage = source.get("usage") if source is not None else None
-        found.append(
-            Message(
-                item,
-                ts,
-                segment,
-                0,
-                index,
-                dict(usage) if isinstance(usage, Mapping) else None,
-                dict(source) if source is not None else None,
-                index < summary,
-            )
-        )
+        usage = (source or {}).get("usage")
+        usage = dict(usage) if isinstance(usage, Mapping) else None
+        origin = dict(source) if source is not None else None
+        found.append(Message(item, ts, segment, 0, index, usage, origin, index < summary))
     return found
 
 
@@ -578,10 +547,8 @@ def header_history(
     found: list[tuple[LoggedItem, str, Mapping[str, Any] | None]] = []
     for index, item in enumerate(header.get("history") or ()):
         source = sources[index] if index < len(sources) else None
-        if isinstance(source, Mapping):
-            found.append((item, str(source.get("ts", ts)), source))
-        else:
-            found.append((item, ts, None))
+        source = source if isinstance(source, Mapping) else None
+        found.append((item, str(source.get("ts", ts)) if source else ts, source))
     return found
 
 
@@ -808,10 +775,9 @@ def lineage(
         read = store.read_segment(session_id, current, stop_seq=stop)
         reads.append(read)
         origin = read.header.get("origin") or {}
-        if origin.get("kind") == "fork" and read.header.get("history") is None:
-            current, stop = SegmentId(origin["parent"]), origin["at_seq"]
-            continue
-        break
+        if origin.get("kind") != "fork" or read.header.get("history") is not None:
+            break
+        current, stop = SegmentId(origin["parent"]), origin["at_seq"]
     reads.reverse()
     if blobs == "stored":
         return reads
@@ -838,11 +804,8 @@ def tree_reads(
     """Every segment of the session, oldest first: its header's read (``stop_seq=0``), and
     the segment salvaging it.
 
-    A damaged segment that ``fsck --repair --salvage`` replaced has no read: views of the
-    whole tree show it as salvaged rather than fail on it.
-
-    Raises:
-        CorruptLog: a damaged segment that no salvage replaced.
+    A damaged segment that ``fsck --repair --salvage`` replaced has no read: views of the whole
+    tree show it as salvaged. CorruptLog for a damaged segment that no salvage replaced.
     """
     reads: dict[SegmentId, SegmentRead] = {}
     damaged: dict[SegmentId, CorruptLog] = {}

@@ -185,9 +185,7 @@ def restore_trashed(
 ) -> PodMetadata:
     """Attach a trashed session again (as ``as_context`` if given), in its state.
 
-    Raises:
-        NotInTrash: no trash entry of that id.
-        ContextExists: the id it would take is in use.
+    NotInTrash if no trash entry has that id; ContextExists if the id it would take is in use.
     """
     record = _find_trashed(store, trash_id)
     session_id, state, entry = record.session_id, record.state, record.state["trashed"]
@@ -304,17 +302,13 @@ def _head_state(store: Lifecycle, context: ContextId) -> tuple[PodMetadata, dict
     raise ConflictError(f"{context} kept changing while it was being read")
 
 
-def _lifecycle_keys(state: Mapping[str, Any]) -> bool:
-    return "trashed" in state or "purging" in state
-
-
 def _in_trash(record: SessionRecord) -> bool:
     return record.owner is None and "trashed" in record.state and "purging" not in record.state
 
 
 def _unfinished(record: SessionRecord) -> bool:
     if record.owner is not None:
-        return _lifecycle_keys(record.state)
+        return "trashed" in record.state or "purging" in record.state
     return bool(record.state.get("purging")) or (
         "trashed" in record.state and "cold" not in record.state
     )

@@ -20,7 +20,7 @@ from typing import Any
 
 from terrarium import sessions
 from terrarium.formats.jsonl import Transcript, load_transcript
-from terrarium.formats.markdown import content_parts, heading, pretty_json, when
+from terrarium.formats.markdown import content_blocks, heading, pretty_json, when
 from terrarium.formats.safe_markdown import markdown_html, pygments_css
 from terrarium.model import ContextId, chat_view, item_label
 from terrarium.stores.base import Store
@@ -79,31 +79,16 @@ def _pre(text: str, lang: str = "") -> str:
     return f"<pre><code{cls}>{_e(text)}</code></pre>"
 
 
-def _content(item: Mapping[str, Any], *, code: bool) -> list[str]:
-    out: list[str] = []
-    for part in content_parts(item):
-        kind = part.get("type") if isinstance(part, Mapping) else None
-        if kind == "text":
-            text = str(part.get("text", ""))
-            if code:
-                out.append(_pre(*pretty_json(text)))
-            elif text:
-                out.append(f'<div class="md" dir="auto">{markdown_html(text)}</div>')
-        elif kind == "image_url":
-            url = str((part.get("image_url") or {}).get("url", ""))
-            if url.startswith("data:"):
-                out.append(
-                    f'<div class="text"><i>[image: inline data, {len(url)} characters]</i></div>'
-                )
-            elif url.startswith(("http://", "https://")):
-                out.append(
-                    f'<div class="text"><a href="{_e(url)}" rel="noreferrer">[image]</a></div>'
-                )
-            else:
-                out.append(f'<div class="text"><i>[image: {_e(url)}]</i></div>')
-        else:
-            out.append(_pre(json.dumps(part, indent=2, ensure_ascii=False), "json"))
-    return out
+def _text(text: str) -> str | None:
+    return f'<div class="md" dir="auto">{markdown_html(text)}</div>' if text else None
+
+
+def _image(url: str) -> str:
+    if url.startswith("data:"):
+        return f'<div class="text"><i>[image: inline data, {len(url)} characters]</i></div>'
+    if url.startswith(("http://", "https://")):
+        return f'<div class="text"><a href="{_e(url)}" rel="noreferrer">[image]</a></div>'
+    return f'<div class="text"><i>[image: {_e(url)}]</i></div>'
 
 
 def _tool_calls(item: Mapping[str, Any]) -> list[str]:
@@ -140,7 +125,7 @@ def render_item(timed: sessions.Message) -> str:
             '<details><summary>Reasoning</summary><div class="md" dir="auto">'
             f"{markdown_html(str(view['reasoning_content']))}</div></details>"
         )
-    content = _content(view, code=role == "tool")
+    content = content_blocks(view, code=role == "tool", text=_text, image=_image, block=_pre)
     if role == "tool" and content:
         body.append(f"<details open><summary>Output</summary>{''.join(content)}</details>")
     else:
@@ -193,9 +178,7 @@ def render(transcript: Transcript) -> str:
     if not transcript.items:
         parts.append('<div class="event">No messages.</div>')
     parts.extend(render_item(timed) for timed in transcript.items)
-    parts.append("</section>")
-    parts.append("</main></body>")
-    parts.append("</html>")
+    parts += ["</section>", "</main></body>", "</html>"]
     return "\n".join(parts) + "\n"
 
 

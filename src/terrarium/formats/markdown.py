@@ -60,12 +60,34 @@ def pretty_json(text: str) -> tuple[str, str]:
         return text, ""
 
 
-def content_parts(item: Mapping[str, Any]) -> list[Any]:
-    """An item's content as a list of parts (text content is one text part)."""
+def content_blocks(
+    item: Mapping[str, Any],
+    *,
+    code: bool,
+    text: Callable[[str], str | None],
+    image: Callable[[str], str],
+    block: Callable[[str, str], str],
+) -> list[str]:
+    """An item's content, part by part, as a renderer's blocks: ``text`` of a text part (None:
+    nothing), ``image`` of an image's URL, ``block`` of code and its language for a text part
+    when ``code`` (tool results) and for any other part (as JSON)."""
     content = item.get("content")
-    if content is None:
-        return []
-    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    blocks: list[str] = []
+    for part in content or ():
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text" and code:
+            blocks.append(block(*pretty_json(str(part.get("text", "")))))
+        elif kind == "text":
+            shown = text(str(part.get("text", "")))
+            if shown:
+                blocks.append(shown)
+        elif kind == "image_url":
+            blocks.append(image(str((part.get("image_url") or {}).get("url", ""))))
+        else:
+            blocks.append(block(json.dumps(part, indent=2, ensure_ascii=False), "json"))
+    return blocks
 
 
 def heading(
@@ -87,27 +109,14 @@ def heading(
     return out
 
 
-def _content(item: Mapping[str, Any], *, code: bool) -> list[str]:
-    """The item's content as Markdown blocks; ``code`` puts text in fences (tool results)."""
-    blocks: list[str] = []
-    for part in content_parts(item):
-        kind = part.get("type") if isinstance(part, Mapping) else None
-        if kind == "text":
-            text = str(part.get("text", ""))
-            if code:
-                body, lang = pretty_json(text)
-                blocks.append(fenced(body, lang))
-            elif text.strip():
-                blocks.append(text)
-        elif kind == "image_url":
-            url = str((part.get("image_url") or {}).get("url", ""))
-            if url.startswith("data:"):
-                blocks.append(f"*\\[image: inline data, {len(url)} characters\\]*")
-            else:
-                blocks.append(f"*\\[image: <{url.replace('>', '%3E')}>\\]*")
-        else:
-            blocks.append(fenced(json.dumps(part, indent=2, ensure_ascii=False), "json"))
-    return blocks
+def _text(text: str) -> str | None:
+    return text if text.strip() else None
+
+
+def _image(url: str) -> str:
+    if url.startswith("data:"):
+        return f"*\\[image: inline data, {len(url)} characters\\]*"
+    return f"*\\[image: <{url.replace('>', '%3E')}>\\]*"
 
 
 def _tool_calls(item: Mapping[str, Any]) -> list[str]:
@@ -139,7 +148,8 @@ def render_item(timed: sessions.Message) -> str:
     if reasoning:
         quoted = "\n".join(f"> {line}" if line else ">" for line in str(reasoning).splitlines())
         blocks.append(f"> *Reasoning:*\n>\n{quoted}")
-    blocks.extend(_content(view, code=view.get("role") == "tool"))
+    code = view.get("role") == "tool"
+    blocks += content_blocks(view, code=code, text=_text, image=_image, block=fenced)
     blocks.extend(_tool_calls(view))
     return "\n\n".join(blocks)
 

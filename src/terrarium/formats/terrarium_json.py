@@ -21,9 +21,9 @@ import datetime as dt
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from terrarium import codec, sessions
 from terrarium.errors import InvalidEntry
@@ -55,16 +55,8 @@ LEGACY_HEADER_KEY = "legacy"
 MESSAGE_ROLES: frozenset[str] = frozenset(("user", "assistant", "system"))
 """Roles a legacy message may have (the seed writes ``user`` and ``assistant``)."""
 
-_TOP_KEYS = ("session_id", "context_type", "system_prompt", "messages", "metadata")
-_META_KEYS = (
-    "created_at",
-    "last_active",
-    "message_count",
-    "session_id",
-    "context_type",
-    "session_date",
-)
-_MESSAGE_KEYS = ("role", "content", "timestamp")
+
+T = TypeVar("T")
 
 
 class LegacyFormatError(InvalidEntry):
@@ -78,7 +70,6 @@ class LegacyMessage:
     role: str
     """``user`` or ``assistant`` (``system`` is accepted too)."""
     content: str
-    """The message text."""
     timestamp: str
     """When it was said, exactly as written (ISO 8601; derived when the file had none)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -118,7 +109,6 @@ class LegacySession:
     messages: tuple[LegacyMessage, ...]
     """The conversation, oldest first."""
     metadata: LegacyMetadata
-    """The metadata object."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Top-level keys this module does not know, kept as they were."""
     path: Path | None = field(default=None, compare=False)
@@ -132,6 +122,13 @@ class LegacySession:
         return ContextId(self.context_type, self.session_id)
 
 
+_KEYS: dict[type, tuple[str, ...]] = {
+    record: tuple(f.name for f in fields(record) if f.compare and f.name != "extra")
+    for record in (LegacySession, LegacyMetadata, LegacyMessage)
+}
+"""Each record's keys in the seed's order: its fields but ``extra`` and those :func:`load` adds."""
+
+
 def to_log_ts(text: str) -> str:
     """A legacy timestamp in the log's form: UTC, microseconds, ``Z``."""
     return to_legacy_ts(text) + "Z"
@@ -139,29 +136,52 @@ def to_log_ts(text: str) -> str:
 
 def to_legacy_ts(text: str) -> str:
     """A log timestamp in the seed's form: naive UTC with microseconds, no ``Z``."""
-    return parse_timestamp(text).replace(tzinfo=None).isoformat(timespec="microseconds")
+    return _seed_ts(parse_timestamp(text))
+
+
+def _seed_ts(moment: dt.datetime) -> str:
+    return moment.replace(tzinfo=None).isoformat(timespec="microseconds")
 
 
 def _mtime_ts(path: Path) -> str:
     ns = path.stat().st_mtime_ns
-    when = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=ns // 1000)
-    return when.replace(tzinfo=None).isoformat(timespec="microseconds")
+    return _seed_ts(dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=ns // 1000))
 
 
 class _Checker:
-    """Type checks that raise one-line errors naming the file."""
+    """Type checks that raise one-line errors naming the file, and the fields it lacks."""
 
     def __init__(self, where: str) -> None:
         self.where = where
+        self.derived: set[str] = set()
+        """The fields the file lacks, which the reader derives."""
 
     def fail(self, problem: str) -> LegacyFormatError:
         return LegacyFormatError(f"{self.where}: {problem}")
 
-    def string(self, value: Any, what: str, *, empty: bool = True) -> str:
+    def given(self, raw: Mapping[str, Any], name: str, kind: Callable[[Any, str], T]) -> T | None:
+        """The field ``name`` (``metadata.x``: key ``x`` of the metadata) checked by ``kind``;
+        None, noted as derived, if the file lacks it."""
+        value = raw.get(name.rpartition(".")[2])
+        if value is None:
+            self.derived.add(name)
+            return None
+        return kind(value, f"'{name}'")
+
+    def string(self, value: Any, what: str) -> str:
         if not isinstance(value, str):
             raise self.fail(f"{what} must be a string, not {type(value).__name__}")
-        if not empty and not value:
+        return value
+
+    def name(self, value: Any, what: str) -> str:
+        text = self.string(value, what)
+        if not text:
             raise self.fail(f"{what} is empty")
+        return text
+
+    def count(self, value: Any, what: str) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise self.fail(f"{what} must be a count, not {short_repr(value)}")
         return value
 
     def timestamp(self, value: Any, what: str) -> str:
@@ -193,11 +213,8 @@ def load(
     derived (from the messages, the date folder, else the file's mtime); a message without a
     timestamp takes the one before it; naive times are UTC; unknown keys are kept. A file that is
     not a session, a field of the wrong type, or anything an import could not log (a lone
-    surrogate, nesting past the log's limit) is refused.
-
-    Raises:
-        LegacyFormatError: the file is not a legacy session, or a field has the wrong type.
-        OSError: the file cannot be read.
+    surrogate, nesting past the log's limit) is refused with LegacyFormatError; OSError if the
+    file cannot be read.
     """
     file = Path(path)
     where = printable(str(file))
@@ -256,33 +273,27 @@ def from_dict(
     """
     check = _Checker(printable(str(path)) if path is not None else "<legacy session>")
     raw_messages, meta_raw = _session_parts(data, check)
-    derived: set[str] = set()
-    session_id, ctype, meta_names = _names(data, meta_raw, check, derived, path, context_type)
-    prompt = data.get("system_prompt")
-    if prompt is None:
-        derived.add("system_prompt")
-        prompt = ""
-    else:
-        prompt = check.string(prompt, "'system_prompt'")
+    session_id, ctype, meta_names = _names(data, meta_raw, check, path, context_type)
+    prompt = check.given(data, "system_prompt", check.string)
     parsed = _parse_messages(raw_messages, check)
-    created = _created_at(meta_raw, parsed, check, derived, fallback_time)
+    created = _created_at(meta_raw, parsed, check, fallback_time)
     messages: list[LegacyMessage] = []
     previous = created
     for index, (role, content, stamp, extra) in enumerate(parsed):
         if stamp is None:  # a message without a time takes the one before it
-            derived.add(f"messages[{index}].timestamp")
+            check.derived.add(f"messages[{index}].timestamp")
             stamp = previous
         messages.append(LegacyMessage(role, content, stamp, extra))
         previous = stamp
     return LegacySession(
         session_id=session_id,
         context_type=ctype,
-        system_prompt=prompt,
+        system_prompt=prompt or "",
         messages=tuple(messages),
-        metadata=_metadata(meta_raw, messages, created, check, derived, meta_names, session_date),
-        extra={k: v for k, v in data.items() if k not in _TOP_KEYS},
+        metadata=_metadata(meta_raw, messages, created, check, meta_names, session_date),
+        extra={k: v for k, v in data.items() if k not in _KEYS[LegacySession]},
         path=path,
-        derived=frozenset(derived),
+        derived=frozenset(check.derived),
     )
 
 
@@ -308,36 +319,23 @@ def _session_parts(data: Any, check: _Checker) -> tuple[list[Any], dict[str, Any
     return raw_messages, meta_raw
 
 
-def _named(
-    data: Mapping[str, Any], meta_raw: Mapping[str, Any], key: str, check: _Checker
-) -> tuple[str | None, str | None]:
-    """A name field (``session_id``, ``context_type``) at the top and in the metadata."""
-    top, meta = data.get(key), meta_raw.get(key)
-    if top is not None:
-        top = check.string(top, f"'{key}'", empty=False)
-    if meta is not None:
-        meta = check.string(meta, f"'metadata.{key}'", empty=False)
-    return top, meta
-
-
 def _names(
     data: Mapping[str, Any],
     meta_raw: Mapping[str, Any],
     check: _Checker,
-    derived: set[str],
     path: Path | None,
     folder_type: str | None,
 ) -> tuple[str, str, tuple[str, str]]:
     """The context name and type, and the metadata's copies of them, derived where missing."""
-    session_id, meta_session_id = _named(data, meta_raw, "session_id", check)
+    session_id = check.given(data, "session_id", check.name)
+    meta_session_id = check.given(meta_raw, "metadata.session_id", check.name)
     if session_id is None:
-        derived.add("session_id")
         session_id = meta_session_id or (path.stem if path is not None else None)
         if not session_id:
             raise check.fail("not a session: it names no session_id")
-    ctype, meta_type = _named(data, meta_raw, "context_type", check)
+    ctype = check.given(data, "context_type", check.name)
+    meta_type = check.given(meta_raw, "metadata.context_type", check.name)
     if ctype is None:
-        derived.add("context_type")
         ctype = meta_type or folder_type
         if not ctype:
             raise check.fail("it names no context_type and no type folder holds it")
@@ -345,10 +343,6 @@ def _names(
             raise check.fail(
                 f"it names no context_type and its folder {short_repr(ctype)} is no type"
             )
-    if meta_session_id is None:
-        derived.add("metadata.session_id")
-    if meta_type is None:
-        derived.add("metadata.context_type")
     return session_id, ctype, (meta_session_id or session_id, meta_type or ctype)
 
 
@@ -366,7 +360,7 @@ def _parse_messages(raw_messages: list[Any], check: _Checker) -> list[_Parsed]:
         stamp = message.get("timestamp")
         if stamp is not None:
             stamp = check.timestamp(stamp, f"{what} 'timestamp'")
-        extra = {k: v for k, v in message.items() if k not in _MESSAGE_KEYS}
+        extra = {k: v for k, v in message.items() if k not in _KEYS[LegacyMessage]}
         parsed.append((role, content, stamp, extra))
     return parsed
 
@@ -375,21 +369,17 @@ def _created_at(
     meta_raw: Mapping[str, Any],
     parsed: list[_Parsed],
     check: _Checker,
-    derived: set[str],
     fallback_time: str | Callable[[], str] | None,
 ) -> str:
     """``metadata.created_at``, else the first message's time, else the fallback, else now."""
-    created = meta_raw.get("created_at")
+    created = check.given(meta_raw, "metadata.created_at", check.timestamp)
     if created is not None:
-        return check.timestamp(created, "'metadata.created_at'")
-    derived.add("metadata.created_at")
+        return created
     first = next((stamp for _, _, stamp, _ in parsed if stamp is not None), None)
     if first is not None:
         return first
     fallback = fallback_time() if callable(fallback_time) else fallback_time
-    return fallback or dt.datetime.now(dt.UTC).replace(tzinfo=None).isoformat(
-        timespec="microseconds"
-    )
+    return fallback or _seed_ts(dt.datetime.now(dt.UTC))
 
 
 def _metadata(
@@ -397,37 +387,21 @@ def _metadata(
     messages: list[LegacyMessage],
     created: str,
     check: _Checker,
-    derived: set[str],
     names: tuple[str, str],
     folder_date: str | None,
 ) -> LegacyMetadata:
     """The metadata object, each missing field derived (see :func:`load`)."""
-    last_active = meta_raw.get("last_active")
-    if last_active is not None:
-        last_active = check.timestamp(last_active, "'metadata.last_active'")
-    else:
-        derived.add("metadata.last_active")
-        last_active = messages[-1].timestamp if messages else created
-    count = meta_raw.get("message_count")
-    if count is None:
-        derived.add("metadata.message_count")
-        count = len(messages)
-    elif not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise check.fail(f"'metadata.message_count' must be a count, not {short_repr(count)}")
-    date = meta_raw.get("session_date")
-    if date is not None:
-        date = check.date(date, "'metadata.session_date'")
-    else:
-        derived.add("metadata.session_date")
-        date = folder_date or dt.datetime.fromisoformat(created).date().isoformat()
+    last_active = check.given(meta_raw, "metadata.last_active", check.timestamp)
+    count = check.given(meta_raw, "metadata.message_count", check.count)
+    date = check.given(meta_raw, "metadata.session_date", check.date)
     return LegacyMetadata(
         created_at=created,
-        last_active=last_active,
-        message_count=count,
+        last_active=last_active or (messages[-1].timestamp if messages else created),
+        message_count=len(messages) if count is None else count,
         session_id=names[0],
         context_type=names[1],
-        session_date=date,
-        extra={k: v for k, v in meta_raw.items() if k not in _META_KEYS},
+        session_date=date or folder_date or dt.datetime.fromisoformat(created).date().isoformat(),
+        extra={k: v for k, v in meta_raw.items() if k not in _KEYS[LegacyMetadata]},
     )
 
 
@@ -465,29 +439,20 @@ def _with_extra(known: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, An
     return {**known, **{key: value for key, value in extra.items() if key not in known}}
 
 
-def _metadata_dict(metadata: LegacyMetadata) -> dict[str, Any]:
-    known = {key: getattr(metadata, key) for key in _META_KEYS}
-    return _with_extra(known, metadata.extra)
-
-
-def _message_dict(
-    role: str, content: str, timestamp: str, extra: Mapping[str, Any]
-) -> dict[str, Any]:
-    return _with_extra({"role": role, "content": content, "timestamp": timestamp}, extra)
+def _as_json(value: Any) -> Any:
+    """A record (and the records in it) as the seed's JSON: its known keys, then its unknown."""
+    if isinstance(value, tuple):
+        return [_as_json(v) for v in value]
+    keys = _KEYS.get(type(value))
+    if keys is None:
+        return value
+    return _with_extra({key: _as_json(getattr(value, key)) for key in keys}, value.extra)
 
 
 def dump(session: LegacySession) -> dict[str, Any]:
     """The session as the seed's JSON object, field for field; unknown keys follow the known."""
-    known: dict[str, Any] = {
-        "session_id": session.session_id,
-        "context_type": session.context_type,
-        "system_prompt": session.system_prompt,
-        "messages": [
-            _message_dict(m.role, m.content, m.timestamp, m.extra) for m in session.messages
-        ],
-        "metadata": _metadata_dict(session.metadata),
-    }
-    return _with_extra(known, session.extra)
+    found: dict[str, Any] = _as_json(session)
+    return found
 
 
 def dumps(data: LegacySession | Mapping[str, Any]) -> str:
@@ -534,11 +499,8 @@ def import_session(
     The root header's ``ts`` is the session's ``created_at``; what the log has no place for
     (timestamps, metadata, unknown keys) is kept under :data:`LEGACY_HEADER_KEY`, so
     :func:`export_context` gives the file back. ``context`` defaults to the file's own; another
-    must be fit for a new context (:meth:`ContextId.check_new`).
-
-    Raises:
-        ContextExists: the context already exists.
-        InvalidContextId: the session's name cannot be a context name (give ``context``).
+    must be fit for a new context (:meth:`ContextId.check_new`). ContextExists if the context
+    exists already; InvalidContextId if the session's name cannot be a context name.
     """
     ctx = ContextId.parse(context) if context is not None else session.context
     if (ctx.type, ctx.name) != (session.context_type, session.session_id):
@@ -547,7 +509,7 @@ def import_session(
         "session_id": session.session_id,
         "context_type": session.context_type,
         "item_ts": [m.timestamp for m in session.messages],
-        "metadata": _metadata_dict(session.metadata),
+        "metadata": _as_json(session.metadata),
     }
     if any(m.extra for m in session.messages):
         record["item_extra"] = [dict(m.extra) for m in session.messages]
@@ -616,9 +578,7 @@ def export_dict(
     metadata is the file's, with ``last_active`` and ``message_count`` following the log once
     anything was logged; for a native context it all comes from the log. ``pending`` are unsaved
     entries, taken as following the head: the file a PersistentSession would save.
-
-    Raises:
-        ContextNotFound: no such context.
+    ContextNotFound if there is no such context.
     """
     ctx = ContextId.parse(context)
     head = sessions.require_head(store, ctx)
@@ -705,7 +665,8 @@ def _export_messages(
         if isinstance(item_extra, list) and found.index < len(item_extra):
             extra = item_extra[found.index] or {}
         item = found.item
-        messages.append(_message_dict(item["role"], item_text(item), stamps[found.index], extra))
+        kept = LegacyMessage(item["role"], item_text(item), stamps[found.index], extra)
+        messages.append(_as_json(kept))
     return messages
 
 
