@@ -54,7 +54,7 @@ class FsBlobs:
 
     root: Path
     blob_threshold: int | None
-    durability: str
+    _sync: bool
     _inside: Callable[[Path], Path]
     """``Tree._inside``: a folder, refused if it leads out of the root."""
 
@@ -80,7 +80,7 @@ class FsBlobs:
                     pass
                 make_dirs(path.parent)
                 with contextlib.suppress(FileExistsError):  # another writer put it meanwhile
-                    write_new(path, data, sync=self.durability != "flush")
+                    write_new(path, data, sync=self._sync)
         except OSError as exc:  # a full disk, say: nothing half written is left (write_new)
             raise StoreError(f"cannot store blob {digest}: {os_reason(exc)}") from exc
         return digest

@@ -170,9 +170,9 @@ class FsStates(Tree):
     _quiet_depth: threading.local
     _lock: threading.RLock
     _folders: dict[SessionId, Path]
+    _sync: bool
     if TYPE_CHECKING:  # FsStore's, which this class is a part of
 
-        def _sync(self) -> bool: ...
         def _mark(self, session_id: SessionId) -> None: ...
         def _forget_session(self, session_id: SessionId) -> None: ...
         def _persist_head(self, folder: Path) -> PodMetadata: ...
@@ -193,7 +193,7 @@ class FsStates(Tree):
     def _write_record(self, session_id: SessionId, state: Mapping[str, Any]) -> None:
         path = self._state_path(session_id)
         if state:
-            write_atomic(path, codec.encode(dict(state)), sync=self._sync())
+            write_atomic(path, codec.encode(dict(state)), sync=self._sync)
         else:
             path.unlink(missing_ok=True)
 
@@ -299,7 +299,7 @@ class FsStates(Tree):
     def _pack(self, folder: Path, legacy: list[Path]) -> dict[str, Any]:
         """Write ``{name}.zst`` of every log file (and legacy file); the ``cold`` value."""
         hot = packed = 0
-        sync = self._sync()
+        sync = self._sync
         for name in sorted(listdir(folder)):
             if log_file(name):
                 data = read_file(folder / name)
@@ -327,7 +327,7 @@ class FsStates(Tree):
             current = self._current(session_id, expected)
             hot = {k: v for k, v in _keep_cold(state, current).items() if k != "cold"}
             folder = self._session_folder(session_id)
-            sync = self._sync()
+            sync = self._sync
             for name in sorted(listdir(folder)):
                 if cold_file(name) and not _LEGACY.fullmatch(name):
                     data = unpack(read_file(folder / name), where=str(folder / name))
@@ -350,7 +350,7 @@ class FsStates(Tree):
         place = self._inside(self.root.joinpath(*parts[:-1])) / parts[-1]
         make_dirs(place.parent)
         with contextlib.suppress(FileExistsError, FileNotFoundError):
-            write_new(place, unpack(read_file(packed), where=str(packed)), sync=self._sync())
+            write_new(place, unpack(read_file(packed), where=str(packed)), sync=self._sync)
 
     def detach_context(
         self,
@@ -369,7 +369,7 @@ class FsStates(Tree):
             if folder is None or head_of(folder)[0].session_id != session_id:
                 raise ContextNotFound(f"context {context} is not on session {session_id}")
             pending = self._state_path(session_id, PENDING)
-            write_atomic(pending, codec.encode(_keep_cold(state, current)), sync=self._sync())
+            write_atomic(pending, codec.encode(_keep_cold(state, current)), sync=self._sync)
             self._mark(session_id)  # the search index drops it
             self._forget_session(session_id)
             target = self.detached_folder(session_id)
@@ -377,7 +377,7 @@ class FsStates(Tree):
             with contextlib.suppress(FileNotFoundError):
                 os.rmdir(target)  # an empty folder: a create_session killed before its segment
             os.rename(folder, target)  # the commit
-            if self._sync():
+            if self._sync:
                 fsync_dir(folder.parent)
                 fsync_dir(target.parent)
             os.replace(pending, self._state_path(session_id))
@@ -402,7 +402,7 @@ class FsStates(Tree):
             make_dirs(staged.parent)
             self._forget_session(session_id)
             os.rename(folder, staged)
-            if self._sync():
+            if self._sync:
                 fsync_dir(folder.parent)
             record.unlink(missing_ok=True)
             remove_tree(staged)
