@@ -40,13 +40,7 @@ from terrarium.errors import (
 )
 from terrarium.model import ContextId, SessionId
 from terrarium.stores._archive import compress, unpack
-from terrarium.stores._files import (
-    fsync_dir,
-    listdir,
-    make_dirs,
-    write_atomic,
-    write_new,
-)
+from terrarium.stores._files import fsync_dir, listdir, make_dirs, write_atomic, write_new
 from terrarium.stores.base import PodMetadata, SessionRecord
 from terrarium.stores.fs._heads import folder_context, head_of
 from terrarium.stores.fs._layout import (
@@ -213,11 +207,7 @@ class FsStates(Tree):
         return record
 
     def set_session_state(
-        self,
-        session_id: SessionId,
-        state: Mapping[str, Any],
-        *,
-        expected: Mapping[str, Any],
+        self, session_id: SessionId, state: Mapping[str, Any], *, expected: Mapping[str, Any]
     ) -> None:
         """Replace the record if it is ``expected`` (its ``cold`` key stays as it is)."""
         with self._moving(session_id):
@@ -299,16 +289,16 @@ class FsStates(Tree):
     def _pack(self, folder: Path, legacy: list[Path]) -> dict[str, Any]:
         """Write ``{name}.zst`` of every log file (and legacy file); the ``cold`` value."""
         hot = packed = 0
-        sync = self._sync
         for name in sorted(listdir(folder)):
             if log_file(name):
                 data = read_file(folder / name)
                 small = compress(data)
-                write_atomic(folder / f"{name}{ZST}", small, sync=sync)
+                write_atomic(folder / f"{name}{ZST}", small, sync=self._sync)
                 hot, packed = hot + len(data), packed + len(small)
         places = []
         for n, path in enumerate(legacy, 1):
-            write_atomic(folder / f"legacy-{n}.json{ZST}", compress(read_file(path)), sync=sync)
+            small = compress(read_file(path))
+            write_atomic(folder / f"legacy-{n}.json{ZST}", small, sync=self._sync)
             places.append(path.relative_to(self.root).as_posix())
         cold: dict[str, Any] = {"hot_bytes": hot, "cold_bytes": packed}
         if places:
@@ -316,22 +306,17 @@ class FsStates(Tree):
         return cold
 
     def thaw_session(
-        self,
-        session_id: SessionId,
-        *,
-        expected: Mapping[str, Any],
-        state: Mapping[str, Any],
+        self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
     ) -> None:
         """Decompress the session's files in place; the record (without ``cold``) commits."""
         with self._moving(session_id):
             current = self._current(session_id, expected)
             hot = {k: v for k, v in _keep_cold(state, current).items() if k != "cold"}
             folder = self._session_folder(session_id)
-            sync = self._sync
             for name in sorted(listdir(folder)):
                 if cold_file(name) and not _LEGACY.fullmatch(name):
                     data = unpack(read_file(folder / name), where=str(folder / name))
-                    write_atomic(folder / name[: -len(ZST)], data, sync=sync)
+                    write_atomic(folder / name[: -len(ZST)], data, sync=self._sync)
             places = current.get("cold", {}).get("legacy") or []
             for n, rel in enumerate(places, 1):
                 self._put_back(folder / f"legacy-{n}.json{ZST}", str(rel))
