@@ -84,7 +84,7 @@ from terrarium.stores.base import (
 )
 from terrarium.stores.fs._blobs import FsBlobs
 from terrarium.stores.fs._changes import MARK_EVERY, FsChanges, mark_dirty
-from terrarium.stores.fs._heads import head_dict, head_from_segments, head_of, segment_chain
+from terrarium.stores.fs._heads import head_from_segments, head_of, segment_chain
 from terrarium.stores.fs._layout import (
     ARCHIVE,
     DETACHED,
@@ -330,7 +330,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         """Replace ``head.json``; an unreadable one is first set aside, never lost."""
         if unreadable and path.exists():
             set_aside(path, "unreadable")
-        write_atomic(path, codec.encode(head_dict(head)), sync=self._sync)
+        write_atomic(path, codec.encode({"v": 1, **msgspec.structs.asdict(head)}), sync=self._sync)
 
     def set_head(
         self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
@@ -427,10 +427,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     # ---------------------------------------------------------------- contexts
 
     def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
-        """Hold the context's lock exclusively (threads and processes alike).
-
-        The callers' lock, held for a whole turn; the store's own moves take another one.
-        """
+        """Hold the context's lock exclusively, across threads and processes: the callers'
+        lock, held for a whole turn (the store's own moves take another one)."""
         return self._file_lock("turn", context)
 
     @contextlib.contextmanager
@@ -454,11 +452,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         return file_lock(folder / context.encoded_name)
 
     def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
-        """Create the context's folder, root segment, head and index entries.
-
-        A folder that holds the context already is never replaced: it is indexed (its head
-        rebuilt if lost) and ``ContextExists`` raised.
-        """
+        """Create the context's folder, root segment, head and index entries. A folder that
+        holds the context already is never replaced: it is indexed (its head rebuilt if lost)
+        and ``ContextExists`` raised."""
         line = header_line(header)
         session_id = uuid.UUID(str(line["session_id"]))
         segment_id = uuid.UUID(str(line["segment_id"]))
@@ -610,10 +606,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     # ---------------------------------------------------------------- segments
 
     def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
-        """Write a new segment file holding only its header.
-
-        A lost ``head.json`` is rebuilt first: rebuilt after, it would move onto the new segment.
-        """
+        """Write a new segment file holding only its header. A lost ``head.json`` is rebuilt
+        first: rebuilt after, it would move onto the new segment."""
         line = header_line(header)
         data = codec.encode_line(line)
         name = f"{uuid.UUID(str(line['segment_id']))}{SEGMENT_SUFFIX}"
@@ -928,10 +922,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
 
     def reindex(self) -> int:
         """Rebuild ``.index`` from the folders and write every lost head; the contexts indexed.
-
-        A context two folders hold is indexed at its most recently active one (``fsck``
-        reports the other).
-        """
+        A context two folders hold is indexed at its most recently active one."""
         with self._quiet(exclusive=True):  # a move meanwhile would leave the new index behind
             return self._rebuild_index(write_heads=True)
 
@@ -982,10 +973,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
 
     def index_source(self) -> FsChanges:
         """What the derived index reads of this store's files (``Indexed``, :mod:`._changes`).
-
         A lost ``.index`` folder has its pointers rebuilt first, unless the store is read-only
-        or the disk full.
-        """
+        or the disk full."""
         index = self.root / INDEX
         if not (index / "contexts").exists() and not (index / INDEX_DB).exists():
             try:
