@@ -280,9 +280,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     # ---------------------------------------------------------------- heads
 
     def get_head(self, context: ContextId) -> PodMetadata | None:
-        """Return the context's head record, or None.
-
-        A missing or unreadable ``head.json`` is rebuilt from the segments, in memory only.
+        """Return the context's head record, or None. A missing or unreadable ``head.json`` is
+        rebuilt from the segments, in memory only.
 
         Raises:
             CorruptLog: the head cannot be read and no segment chain is intact to rebuild it.
@@ -377,9 +376,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         raise ConflictError(f"session {session_id} kept being frozen before a write to it")
 
     def rebuild_head(self, context: ContextId) -> PodMetadata:
-        """Write the context's ``head.json`` from its segments if it is missing or unreadable.
-
-        An unreadable one is first set aside (``head.json.unreadable-{n}``), never deleted.
+        """Write the context's ``head.json`` from its segments if it is missing or unreadable
+        (an unreadable one is first set aside as ``head.json.unreadable-{n}``, never deleted).
 
         Raises:
             ContextNotFound: no folder holds the context.
@@ -541,11 +539,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         self, context: ContextId, session_id: SessionId, segment_id: SegmentId
     ) -> PodMetadata:
         """Move a detached session into ``context``'s new folder, with ``segment_id`` its head.
-
         Three steps, each safe to kill: ``head.json`` into ``.detached/{session}/`` (where it
         means nothing), the index entries and dirty marker (naming a folder not there yet), and
-        the rename to ``{type}/{date}/{name}/``, the commit.
-        """
+        the rename to ``{type}/{date}/{name}/``, the commit."""
         _check_type(context)
         with self._quiet(), self._head_lock(context), self._session_lock(session_id):
             self._settle(session_id)
@@ -644,8 +640,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         The ``expected_seq`` check and the write are one step; a multi-entry append is framed
         (:func:`terrarium.codec.encode_lines`), so a crash inside it leaves a torn tail. With a
         cached descriptor an append costs a lock, an ``fstat`` and a ``write``. A file found
-        deleted, sealed or missing sends the append the long way, which wakes the session.
-        """
+        deleted, sealed or missing sends the append the long way, which wakes the session."""
         try:
             return self._append(session_id, segment_id, entries, expected_seq)  # the hot path
         except (_Moved, SegmentNotFound) as exc:
@@ -767,9 +762,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                 raise
             fcntl.flock(handle.fd, fcntl.LOCK_EX)
             try:
-                handle.size, handle.next_seq, torn = self._scan_tail(
-                    session_id, segment_id, handle.fd
-                )
+                torn = self._rescan(handle, segment_id)
             finally:
                 fcntl.flock(handle.fd, fcntl.LOCK_UN)
         return torn
@@ -859,9 +852,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         if st.st_nlink == 0 or sealed(st.st_mode):
             return False
         if st.st_size != handle.size:
-            handle.size, handle.next_seq, _ = self._scan_tail(
-                handle.session_id, segment_id, handle.fd
-            )
+            self._rescan(handle, segment_id)
         return True
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
@@ -1021,12 +1012,12 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         if handle is not None:
             os.close(handle.fd)
 
-    def _scan_tail(
-        self, session_id: SessionId, segment_id: SegmentId, fd: int
-    ) -> tuple[int, int, TornTail | None]:
-        """With the file locked: set aside a torn tail; return (size, next seq, torn tail)."""
-        path = self._session_folder(session_id) / f"{segment_id}{SEGMENT_SUFFIX}"
-        return scan_tail(fd, path, segment_id)
+    def _rescan(self, handle: _Open, segment_id: SegmentId) -> TornTail | None:
+        """With the file locked: set aside a torn tail and bring the handle's size and next seq
+        up to date; the torn tail moved, if any."""
+        path = self._session_folder(handle.session_id) / f"{segment_id}{SEGMENT_SUFFIX}"
+        handle.size, handle.next_seq, torn = scan_tail(handle.fd, path, segment_id)
+        return torn
 
     def _write_new(self, path: Path, data: bytes) -> None:
         """Create ``path`` holding ``data``, whole; ``FileExistsError`` if it exists."""

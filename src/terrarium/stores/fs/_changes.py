@@ -54,11 +54,9 @@ def dirty_dir(root: Path) -> Path:
 
 
 def mark_dirty(root: Path, session_id: SessionId) -> None:
-    """Tell the search index that ``session_id`` changed: an empty file named after it.
-
-    The mark follows the write it announces; a kill between the two leaves a write that
-    ``refresh(full=True)`` or ``reindex()`` finds.
-    """
+    """Tell the search index that ``session_id`` changed: an empty file named after it. The
+    mark follows the write it announces; a kill between the two leaves a write that
+    ``refresh(full=True)`` or ``reindex()`` finds."""
     path = dirty_dir(root) / str(session_id)
     if os.path.exists(path):
         return
@@ -90,10 +88,8 @@ def read_from(path: Path, offset: int) -> tuple[bytes, int]:
 
 
 class FsChanges:
-    """The derived index's view of one root's files (:meth:`FsStore.index_source`).
-
-    Every path it takes or gives is a folder relative to the root (``type/date/name``).
-    """
+    """The derived index's view of one root's files (:meth:`FsStore.index_source`). Every
+    path it takes or gives is a folder relative to the root (``type/date/name``)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root

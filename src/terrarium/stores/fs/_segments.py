@@ -77,12 +77,10 @@ def read_header(path: Path) -> dict[str, Any]:
 
 
 def read_complete(fd: int, path: Path, segment_id: SegmentId) -> tuple[Any, TornTail | None]:
-    """The complete appends of an open segment file, and its torn tail if it has one.
-
-    A file ending in a complete append is returned as a memory map (a copy saved; safe, as no
-    writer truncates below a complete append). A tail that looks torn is read again under a
-    shared lock, which waits for a write in progress.
-    """
+    """The complete appends of an open segment file, and its torn tail if it has one. A file
+    ending in a complete append is returned as a memory map (a copy saved; safe, as no writer
+    truncates below a complete append). A tail that looks torn is read again under a shared
+    lock, which waits for a write in progress."""
     size = os.fstat(fd).st_size
     last = os.pread(fd, 2, max(0, size - 2))
     if last.endswith(b"\n") and not last.endswith(b" \n"):
@@ -102,9 +100,7 @@ def read_complete(fd: int, path: Path, segment_id: SegmentId) -> tuple[Any, Torn
 
 def scan_tail(fd: int, path: Path, segment_id: SegmentId) -> tuple[int, int, TornTail | None]:
     """With the file locked: set aside a torn tail; return (size, next seq, torn tail).
-
-    CorruptLog if the header line is incomplete (nothing is moved) or the last line no entry.
-    """
+    CorruptLog if the header line is incomplete (nothing is moved) or the last line no entry."""
     size = os.fstat(fd).st_size
     chunk = 4096
     while True:
