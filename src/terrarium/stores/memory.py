@@ -460,8 +460,6 @@ class MemoryStore:
                 del self._blobs[digest]
         return len(gone)
 
-    # ---------------------------------------------------------------- helpers
-
     def _session(self, session_id: SessionId) -> dict[SegmentId, _Segment]:
         segments = self._sessions.get(session_id)
         if segments is None:

@@ -286,14 +286,10 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         Raises:
             CorruptLog: the head cannot be read and no segment chain is intact to rebuild it.
         """
-        for attempt in (1, 2, 3):  # a freeze or thaw meanwhile can hide the head segment
-            try:
-                found = self._locate(context)
-                return self._found_head(found) if found is not None else None
-            except CorruptLog:
-                if attempt == 3:
-                    raise
-        raise AssertionError("unreachable")
+        for _ in range(2):  # a freeze or thaw meanwhile can hide the head segment
+            with contextlib.suppress(CorruptLog):
+                return self._found_head(self._locate(context))
+        return self._found_head(self._locate(context))
 
     def _reading(self, session_id: SessionId, read: Callable[[], _T]) -> _T:
         """``read()``; if its file went (a freeze, thaw or detach meanwhile: reads take no
@@ -307,8 +303,10 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         with self._session_lock(session_id, shared=True, create=False):
             return read()
 
-    def _found_head(self, found: ContextFolder) -> PodMetadata:
+    def _found_head(self, found: ContextFolder | None) -> PodMetadata | None:
         """The head of a located context (CorruptLog if it can be neither read nor rebuilt)."""
+        if found is None:
+            return None
         if found.head is None:
             raise CorruptLog(found.problem or f"{found.folder}: damaged")
         if found.problem is not None:
@@ -401,8 +399,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         for kind in types:
             for encoded in sorted(listdir(base / kind)):
                 try:
-                    found = self._locate(ContextId(kind, decode_name(encoded)))
-                    head = self._found_head(found) if found is not None else None  # None: stale
+                    head = self._found_head(self._locate(ContextId(kind, decode_name(encoded))))
                     if head is not None and not frozen(self.root, head.session_id):
                         heads.append(head)  # an archived (frozen) one is not listed here
                 except ValueError:
@@ -499,8 +496,6 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         for path in (self._session_index_path(session_id), Path(self._index_file(context))):
             make_dirs(self._inside(path.parent))
             write_atomic(path, data, sync=self._sync)
-
-    # ---------------------------------------------------------------- state primitives
 
     def _forget_session(self, session_id: SessionId) -> None:
         """Close the cached descriptors of a session whose folder moves."""
@@ -959,8 +954,6 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                 with self._head_lock(entry.context):
                     head = self._persist_head(entry.folder)
         return ContextFolder(entry.context, entry.folder, head, entry.problem)
-
-    # ---------------------------------------------------------------- derived index
 
     def index_source(self) -> FsChanges:
         """What the derived index reads of this store's files (``Indexed``, :mod:`._changes`).

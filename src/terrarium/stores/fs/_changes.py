@@ -106,8 +106,6 @@ class FsChanges:
         """The path of ``name`` in ``.index``, refused (IndexUnavailable) out of the root."""
         return check_inside(os.path.realpath(self.root), self.root / INDEX / name, IndexUnavailable)
 
-    # ---------------------------------------------------------------- markers
-
     def markers(self) -> list[str]:
         """The markers waiting, claimed ones too (IndexUnavailable: a link out of the root)."""
         return listdir(dirty_dir(self.root))
@@ -140,8 +138,6 @@ class FsChanges:
         for path in claimed:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-
-    # ---------------------------------------------------------------- the tree
 
     def shape(self, known: str | None) -> _shape.ShapeChange:
         """The date folders moved in or out since shape ``known`` (None: all are new)."""
@@ -185,8 +181,6 @@ class FsChanges:
         found.sort(key=lambda item: (item[0], item[1]))
         for _, rel, segments in found:
             yield rel, segments
-
-    # ---------------------------------------------------------------- one session
 
     def pointer(self, session_id: str) -> str | None:
         """The session's folder per its ``.index/sessions`` pointer; None if lost or damaged."""

@@ -64,9 +64,6 @@ _LEGACY = re.compile(r"legacy-\d+\.json\.zst")
 """A legacy JSON file of a frozen context, taken along (its place is in ``cold.legacy``)."""
 
 
-# --------------------------------------------------------------------------- files
-
-
 def read_record(path: Path) -> dict[str, Any] | None:
     """The record in ``path``; None if there is none. CorruptLog if it is not one."""
     try:
@@ -153,9 +150,6 @@ def _keep_cold(state: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str
     if "cold" in current:
         kept["cold"] = current["cold"]
     return kept
-
-
-# --------------------------------------------------------------------------- primitives
 
 
 class FsStates(Tree):
