@@ -792,15 +792,13 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             fallback = {"session_id": str(session_id), "context": str(context)}
             new_id, seqs = salvage_copy(folder, segment_id, header, entries, done, fallback)
             copies = copy_forks(folder, segment_id, new_id, seqs, done)
-            copies[segment_id] = new_id
             head = self._persist_head(folder)
-            moved = copies.get(head.segment_id)
+            moved = new_id if head.segment_id == segment_id else copies.get(head.segment_id)
             if moved is not None:
                 new = PodMetadata(head.context, head.session_id, moved, head.created_at, utc_now())
                 self._write_head(folder / HEAD, new, unreadable=False)
             self._folders[session_id] = folder
             self._mark(session_id)
-            del copies[segment_id]
             return Salvage(
                 segment_id, new_id, len(entries), [n for n, _ in bad], side, copies, moved
             )

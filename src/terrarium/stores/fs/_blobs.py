@@ -73,11 +73,9 @@ class FsBlobs:
             raise StoreError(f"{self.root / BLOBS} is a link: terrarium never follows one")
         try:
             with self._blob_lock(fcntl.LOCK_SH):
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.utime(path, follow_symlinks=False)  # there already: spared by GC again
                     return digest
-                except FileNotFoundError:
-                    pass
                 make_dirs(path.parent)
                 with contextlib.suppress(FileExistsError):  # another writer put it meanwhile
                     write_new(path, data, sync=self._sync)

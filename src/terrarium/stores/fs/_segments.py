@@ -107,12 +107,9 @@ def scan_tail(fd: int, path: Path, segment_id: SegmentId) -> tuple[int, int, Tor
         start = max(0, size - chunk)
         buf = os.pread(fd, size - start, start)
         complete_end = codec.complete_end(buf)
-        if start > 0 and buf.rfind(b"\n", 0, max(complete_end - 1, 0)) < 0:
-            # The last complete line (or the torn append before it) began before what
-            # we read.
-            chunk *= 4
-            continue
-        break
+        if start == 0 or buf.rfind(b"\n", 0, max(complete_end - 1, 0)) >= 0:
+            break
+        chunk *= 4  # the last whole line (or a torn append before it) began earlier: read more
     if start == 0 and complete_end == 0:
         raise damaged(path, size)
     torn = None
