@@ -102,6 +102,7 @@ from terrarium.stores.fs._layout import (
     segment_ids,
 )
 from terrarium.stores.fs._segments import (
+    headed,
     open_segment,
     os_reason,
     read_complete,
@@ -589,10 +590,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         except FileNotFoundError:
             raise SegmentNotFound.of(session_id, segment_id) from None
         where = f"{folder / str(segment_id)}{SEGMENT_SUFFIX}{ZST}"
-        lines = [codec.decode(line) for line in raw[:stop]]
-        if not lines or lines[0].get("kind") != "header":
-            raise CorruptLog(f"{where}:1: the first line is not a segment header")
-        return lines
+        return headed([codec.decode(line) for line in raw[:stop]], where)
 
     # ---------------------------------------------------------------- segments
 
@@ -714,33 +712,28 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
     ) -> SegmentRead:
         """Read and decode a segment; a torn tail is skipped and reported, never moved."""
-        return self._reading(
-            session_id, lambda: self._read_segment(session_id, segment_id, stop_seq)
-        )
-
-    def _read_segment(
-        self, session_id: SessionId, segment_id: SegmentId, stop_seq: int | None
-    ) -> SegmentRead:
-        folder = self._session_folder(session_id)
-        torn = None
-        if frozen(self.root, session_id):
-            lines = self._lines(session_id, folder, segment_id)
-        else:
-            path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
-            fd = open_segment(path, os.O_RDONLY, segment_id)
-            try:
-                buf, torn = read_complete(fd, path, segment_id)
-                try:
-                    lines = codec.decode_lines(buf, where=str(path), first_seq=0)
-                finally:
-                    if isinstance(buf, mmap.mmap):
-                        buf.close()
-            finally:
-                os.close(fd)
-            if not lines or lines[0].get("kind") != "header":
-                raise CorruptLog(f"{path}:1: the first line is not a segment header")
+        lines, torn = self._reading(session_id, lambda: self._decoded(session_id, segment_id))
         stop = len(lines) if stop_seq is None else min(stop_seq + 1, len(lines))
         return SegmentRead(lines[0], lines[1:stop], next_seq=len(lines), torn=torn)
+
+    def _decoded(
+        self, session_id: SessionId, segment_id: SegmentId
+    ) -> tuple[list[dict[str, Any]], TornTail | None]:
+        """A segment's lines, hot or frozen, and the torn tail a hot one's read skipped."""
+        folder = self._session_folder(session_id)
+        if frozen(self.root, session_id):
+            return self._lines(session_id, folder, segment_id), None
+        path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
+        fd = open_segment(path, os.O_RDONLY, segment_id)
+        try:
+            buf, torn = read_complete(fd, path, segment_id)
+            try:
+                return headed(codec.decode_lines(buf, where=str(path), first_seq=0), path), torn
+            finally:
+                if isinstance(buf, mmap.mmap):
+                    buf.close()
+        finally:
+            os.close(fd)
 
     def set_aside_torn_tail(self, session_id: SessionId, segment_id: SegmentId) -> TornTail | None:
         """Move a torn tail of the segment to a side file (``fsck --repair``); None if none.

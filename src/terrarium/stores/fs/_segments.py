@@ -70,10 +70,14 @@ def read_header(path: Path) -> dict[str, Any]:
     finally:
         os.close(fd)
     line = buf[: buf.index(b"\n") + 1]
-    header = codec.decode_lines(line, where=str(path), first_seq=0)[0]
-    if header.get("kind") != "header":
-        raise CorruptLog(f"{path}:1: the first line is not a segment header")
-    return header
+    return headed(codec.decode_lines(line, where=str(path), first_seq=0), path)[0]
+
+
+def headed(lines: list[dict[str, Any]], where: object) -> list[dict[str, Any]]:
+    """``lines``, refused (CorruptLog) if the first is not a segment header."""
+    if not lines or lines[0].get("kind") != "header":
+        raise CorruptLog(f"{where}:1: the first line is not a segment header")
+    return lines
 
 
 def read_complete(fd: int, path: Path, segment_id: SegmentId) -> tuple[Any, TornTail | None]:
