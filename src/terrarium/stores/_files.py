@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 #: The mode of every file terrarium creates.
@@ -55,15 +55,10 @@ def write_atomic(path: Path, data: bytes, *, sync: bool, mtime_ns: int | None = 
     bytes or the new. With ``sync``, they survive a power cut once this returns. ``mtime_ns``:
     the new file's modification time (a moved file keeps its own)."""
     make_dirs(path.parent)
-    tmp = _temporary(path, data, sync=sync)
-    try:
+    with _temporary(path, data, sync=sync) as tmp:
         if mtime_ns is not None:
             os.utime(tmp, ns=(mtime_ns, mtime_ns))
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
     if sync:
         fsync_dir(path.parent)
 
@@ -71,24 +66,16 @@ def write_atomic(path: Path, data: bytes, *, sync: bool, mtime_ns: int | None = 
 def write_new(path: Path, data: bytes, *, sync: bool) -> None:
     """Create ``path`` holding ``data``, whole or not at all (a temporary file hard-linked to
     it: ``FileExistsError`` if it exists). With ``sync``, the data and folder are fsynced."""
-    tmp = _temporary(path, data, sync=sync)
-    try:
+    with _temporary(path, data, sync=sync) as tmp:
         os.link(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
     if sync:
         fsync_dir(path.parent)
 
 
 def write_beside(path: Path, data: bytes, suffix: Callable[[int], str]) -> Path:
     """Create ``{name}.{suffix(n)}`` beside ``path``, whole and durably, at the first free n."""
-    tmp = _temporary(path, data, sync=True)
-    try:
+    with _temporary(path, data, sync=True) as tmp:
         return link_free(tmp, path, suffix)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
 
 
 def link_free(source: Path, path: Path, suffix: Callable[[int], str]) -> Path:
@@ -118,21 +105,24 @@ def _temporary_prefix(path: Path) -> str:
     return f".tmp-{hashlib.sha256(os.fsencode(path.name)).hexdigest()[:16]}"
 
 
-def _temporary(path: Path, data: bytes, *, sync: bool) -> Path:
-    """A new temporary file beside ``path`` holding ``data`` (removed if writing it fails)."""
+@contextlib.contextmanager
+def _temporary(path: Path, data: bytes, *, sync: bool) -> Iterator[Path]:
+    """A new temporary file beside ``path`` holding ``data``, for the block to link or rename
+    into place; removed afterwards unless it was renamed."""
     tmp = path.with_name(f"{_temporary_prefix(path)}{uuid.uuid4().hex[:16]}")
     fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
-        write_all(fd, data)
-        if sync:
-            os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    os.close(fd)
-    return tmp
+        try:
+            write_all(fd, data)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        yield tmp
+    finally:
+        if os.path.lexists(tmp):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def fsync_dir(path: Path) -> None:

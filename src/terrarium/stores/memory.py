@@ -173,7 +173,7 @@ class MemoryStore:
         with self._lock:
             if str(context) in self._heads:
                 raise ContextExists(f"context {context} already exists")
-            line = _header_line(header)
+            line = header_line(_stored(header))
             session_id = SessionId(str(line["session_id"]))
             segment_id = SegmentId(str(line["segment_id"]))
             self._sessions[session_id] = {segment_id: _Segment([line])}
@@ -186,7 +186,7 @@ class MemoryStore:
     def create_session(self, header: Mapping[str, Any]) -> None:
         """Create a session that belongs to no context, with ``header`` as its root."""
         with self._lock:
-            line = _header_line(header)
+            line = header_line(_stored(header))
             session_id = SessionId(str(line["session_id"]))
             if session_id in self._sessions:
                 raise ConflictError(f"session {session_id} already exists")
@@ -337,7 +337,7 @@ class MemoryStore:
         with self._lock:
             segments = self._session(session_id)
             self._wake(session_id)
-            line = _header_line(header)
+            line = header_line(_stored(header))
             segment_id = SegmentId(str(line["segment_id"]))
             if segment_id in segments:
                 raise ConflictError(f"segment {segment_id} already exists")
@@ -370,11 +370,7 @@ class MemoryStore:
         with self._lock:
             lines = self._segment(session_id, segment_id).lines
             stop = len(lines) if stop_seq is None else min(stop_seq + 1, len(lines))
-            return SegmentRead(
-                header=copy.deepcopy(lines[0]),
-                entries=copy.deepcopy(lines[1:stop]),
-                next_seq=len(lines),
-            )
+            return SegmentRead(copy.deepcopy(lines[0]), copy.deepcopy(lines[1:stop]), len(lines))
 
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
         """The seq the next append gets."""
@@ -464,8 +460,6 @@ class MemoryStore:
                 del self._blobs[digest]
         return len(gone)
 
-    # ---------------------------------------------------------------- helpers
-
     def _session(self, session_id: SessionId) -> dict[SegmentId, _Segment]:
         segments = self._sessions.get(session_id)
         if segments is None:
@@ -483,10 +477,6 @@ def _stored(value: Mapping[str, Any]) -> dict[str, Any]:
     """``value`` round-tripped through the codec: exactly what a file would hold."""
     decoded: dict[str, Any] = codec.decode(codec.encode(dict(value)))
     return decoded
-
-
-def _header_line(header: Mapping[str, Any]) -> dict[str, Any]:
-    return header_line(_stored(header))
 
 
 def _size(segments: Mapping[SegmentId, _Segment]) -> int:

@@ -84,7 +84,7 @@ from terrarium.stores.base import (
 )
 from terrarium.stores.fs._blobs import FsBlobs
 from terrarium.stores.fs._changes import MARK_EVERY, FsChanges, mark_dirty
-from terrarium.stores.fs._heads import head_dict, head_from_segments, head_of, segment_chain
+from terrarium.stores.fs._heads import head_from_segments, head_of, segment_chain
 from terrarium.stores.fs._layout import (
     ARCHIVE,
     DETACHED,
@@ -102,6 +102,7 @@ from terrarium.stores.fs._layout import (
     segment_ids,
 )
 from terrarium.stores.fs._segments import (
+    headed,
     open_segment,
     os_reason,
     read_complete,
@@ -111,7 +112,7 @@ from terrarium.stores.fs._segments import (
     set_aside,
 )
 from terrarium.stores.fs._states import FsStates, frozen, remove_tree, sealed, whole_lines
-from terrarium.stores.fs._tree import ContextFolder, pointer, write_pointer
+from terrarium.stores.fs._tree import ContextFolder, activity, pointer, write_pointer
 from terrarium.stores.fs.salvage import (
     Salvage,
     copy_forks,
@@ -173,16 +174,14 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     ) -> None:
         """Open (creating if needed) the store at ``root``.
 
-        ``durability="flush"`` (the default) hands each append to the kernel (~3 µs): it
-        survives ``kill -9``, not a power cut. ``"fsync"`` adds an ``fdatasync`` per append
-        (~135 µs here). ``"batch"`` ``fdatasync``s dirty segments every ``batch_interval``
-        seconds from a background thread: a power cut loses at most that window. Both fsync
-        new files, heads and index entries with their folders; in ``flush`` mode a head lost
-        to a power cut is rebuilt from the segments.
-
         Args:
             root: the sessions directory.
-            durability: ``flush`` (default), ``fsync`` or ``batch``.
+            durability: ``flush`` (default) hands each append to the kernel (~3 µs): it
+                survives ``kill -9``, not a power cut. ``fsync`` adds an ``fdatasync`` per
+                append (~135 µs here). ``batch`` syncs dirty segments every
+                ``batch_interval`` seconds from a background thread: a power cut loses at
+                most that window. Both fsync new files, heads and index entries with their
+                folders; in ``flush`` mode a head lost to a power cut is rebuilt.
             batch_interval: seconds between background syncs when ``durability="batch"``.
             blob_threshold: history strings over this many bytes go to ``.blobs/``
                 (:mod:`terrarium.blobs`); None or 0 keeps them inline.
@@ -192,9 +191,11 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         folder = Path(root).absolute()
         make_dirs(folder)
         super().__init__(folder)
-        self.durability = durability  # fixed when opened: the append reads the two flags below
+        self.durability = durability  # fixed when opened: the append reads the flags below
         self._fsync_each = durability == "fsync"
         self._batched = durability == "batch"
+        self._sync = durability != "flush"
+        """Whether new files, heads and index entries are fsynced."""
         self.batch_interval = batch_interval
         self.blob_threshold = blob_threshold
         self._lock = threading.RLock()
@@ -218,10 +219,6 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
 
     # ---------------------------------------------------------------- folders
 
-    def _sync(self) -> bool:
-        """Whether this durability mode fsyncs new files, heads and index entries."""
-        return self.durability != "flush"
-
     def folder_of(self, context: ContextId) -> Path | None:
         """The folder holding the context's files, or None if the context does not exist."""
         found = self._locate(context)
@@ -242,21 +239,20 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                 return found
         found = self._find_folder(context)
         if found is not None:
-            self._index_best_effort(context, found.folder, found.head)
+            self._index_best_effort(found)
         return found
 
-    def _index_best_effort(
-        self, context: ContextId, folder: Path, head: PodMetadata | None
-    ) -> None:
+    def _index_best_effort(self, found: ContextFolder) -> None:
         """Index a context found in the folders (all of the index if it is gone); failing
         to is no error."""
         try:
             if not (self.root / INDEX / "contexts").is_dir():
                 self._rebuild_index(write_heads=False)
-            elif head is not None:
-                self._write_index(context, head.session_id, folder.relative_to(self.root))
+            elif found.head is not None:
+                rel = found.folder.relative_to(self.root)
+                self._write_index(found.context, found.head.session_id, rel)
         except OSError as exc:  # a read-only store: the walk works, the index stays stale
-            log.debug("could not index %s: %s", context, exc)
+            log.debug("could not index %s: %s", found.context, exc)
 
     def _session_folder(self, session_id: SessionId) -> Path:
         """The folder of ``session_id``: a context's, or ``.detached/{session}`` (a cached
@@ -278,28 +274,23 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         """Walk the tree for the folder of ``session_id`` (its index entry is lost)."""
         for entry in self.walk():
             if entry.head is not None and entry.head.session_id == session_id:
-                self._index_best_effort(entry.context, entry.folder, entry.head)
+                self._index_best_effort(entry)
                 return entry.folder
         raise SegmentNotFound.of(session_id)
 
     # ---------------------------------------------------------------- heads
 
     def get_head(self, context: ContextId) -> PodMetadata | None:
-        """Return the context's head record, or None.
-
-        A missing or unreadable ``head.json`` is rebuilt from the segments, in memory only.
+        """Return the context's head record, or None. A missing or unreadable ``head.json`` is
+        rebuilt from the segments, in memory only.
 
         Raises:
             CorruptLog: the head cannot be read and no segment chain is intact to rebuild it.
         """
-        for attempt in (1, 2, 3):  # a freeze or thaw meanwhile can hide the head segment
-            try:
-                found = self._locate(context)
-                return self._found_head(found) if found is not None else None
-            except CorruptLog:
-                if attempt == 3:
-                    raise
-        raise AssertionError("unreachable")
+        for _ in range(2):  # a freeze or thaw meanwhile can hide the head segment
+            with contextlib.suppress(CorruptLog):
+                return self._found_head(self._locate(context))
+        return self._found_head(self._locate(context))
 
     def _reading(self, session_id: SessionId, read: Callable[[], _T]) -> _T:
         """``read()``; if its file went (a freeze, thaw or detach meanwhile: reads take no
@@ -313,8 +304,10 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         with self._session_lock(session_id, shared=True, create=False):
             return read()
 
-    def _found_head(self, found: ContextFolder) -> PodMetadata:
+    def _found_head(self, found: ContextFolder | None) -> PodMetadata | None:
         """The head of a located context (CorruptLog if it can be neither read nor rebuilt)."""
+        if found is None:
+            return None
         if found.head is None:
             raise CorruptLog(found.problem or f"{found.folder}: damaged")
         if found.problem is not None:
@@ -335,19 +328,14 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         """Replace ``head.json``; an unreadable one is first set aside, never lost."""
         if unreadable and path.exists():
             set_aside(path, "unreadable")
-        write_atomic(path, codec.encode(head_dict(head)), sync=self._sync())
+        write_atomic(path, codec.encode({"v": 1, **msgspec.structs.asdict(head)}), sync=self._sync)
 
     def set_head(
         self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
     ) -> PodMetadata:
         """Move the head if it is ``expected`` now; a frozen context is woken first."""
         session_id = self._require_head(context).session_id
-        return self._while_hot(session_id, lambda: self._set_head(context, segment_id, expected))
-
-    def _set_head(
-        self, context: ContextId, segment_id: SegmentId, expected: SegmentId
-    ) -> PodMetadata:
-        with self._head_lock(context):
+        with self._hot(session_id), self._head_lock(context):
             folder = self._require_folder(context)
             head, problem = head_of(folder)
             if head.segment_id != expected:
@@ -373,31 +361,29 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             raise ContextNotFound.of(context)
         return folder
 
-    def _while_hot(self, session_id: SessionId, write: Callable[[], _T]) -> _T:
-        """``write()`` holding the session's lock shared (no move runs), the session hot: a
-        frozen one is woken first (outside every lock: a wake is a move)."""
+    @contextlib.contextmanager
+    def _hot(self, session_id: SessionId) -> Iterator[None]:
+        """Hold the session's lock shared (no move runs), the session hot: a frozen one is
+        woken first (outside every lock: a wake is a move)."""
         for _ in range(ATTEMPTS):
             if frozen(self.root, session_id):
                 wake_session(self, session_id)
             with self._session_lock(session_id, shared=True):
                 if not frozen(self.root, session_id):
-                    return write()
+                    yield
+                    return
         raise ConflictError(f"session {session_id} kept being frozen before a write to it")
 
     def rebuild_head(self, context: ContextId) -> PodMetadata:
-        """Write the context's ``head.json`` from its segments if it is missing or unreadable.
-
-        An unreadable one is first set aside (``head.json.unreadable-{n}``), never deleted.
+        """Write the context's ``head.json`` from its segments if it is missing or unreadable
+        (an unreadable one is first set aside as ``head.json.unreadable-{n}``, never deleted).
 
         Raises:
             ContextNotFound: no folder holds the context.
             CorruptLog: no segment chain is intact to rebuild it from.
         """
         session_id = self._require_head(context).session_id
-        return self._while_hot(session_id, lambda: self._rebuild_head(context))
-
-    def _rebuild_head(self, context: ContextId) -> PodMetadata:
-        with self._head_lock(context):
+        with self._hot(session_id), self._head_lock(context):
             return self._persist_head(self._require_folder(context))
 
     def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
@@ -414,8 +400,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         for kind in types:
             for encoded in sorted(listdir(base / kind)):
                 try:
-                    found = self._locate(ContextId(kind, decode_name(encoded)))
-                    head = self._found_head(found) if found is not None else None  # None: stale
+                    head = self._found_head(self._locate(ContextId(kind, decode_name(encoded))))
                     if head is not None and not frozen(self.root, head.session_id):
                         heads.append(head)  # an archived (frozen) one is not listed here
                 except ValueError:
@@ -426,26 +411,20 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
 
     def _walked_heads(self, type: str | None) -> list[PodMetadata]:
         heads: dict[ContextId, PodMetadata] = {}
-        for entry in self.walk():
+        for entry in sorted(self.walk(), key=activity, reverse=True):  # of two, the most recent
             if type is not None and entry.context.type != type:
                 continue
             if entry.head is None:
                 log.warning("%s", entry.problem)
-            elif frozen(self.root, entry.head.session_id):
-                continue
-            elif entry.context not in heads or heads[entry.context].updated_at < (
-                entry.head.updated_at
-            ):
-                heads[entry.context] = entry.head
+            elif not frozen(self.root, entry.head.session_id):
+                heads.setdefault(entry.context, entry.head)
         return [heads[context] for context in sorted(heads)]
 
     # ---------------------------------------------------------------- contexts
 
     def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
-        """Hold the context's lock exclusively (threads and processes alike).
-
-        The callers' lock, held for a whole turn; the store's own moves take another one.
-        """
+        """Hold the context's lock exclusively, across threads and processes: the callers'
+        lock, held for a whole turn (the store's own moves take another one)."""
         return self._file_lock("turn", context)
 
     @contextlib.contextmanager
@@ -469,11 +448,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         return file_lock(folder / context.encoded_name)
 
     def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
-        """Create the context's folder, root segment, head and index entries.
-
-        A folder that holds the context already is never replaced: it is indexed (its head
-        rebuilt if lost) and ``ContextExists`` raised.
-        """
+        """Create the context's folder, root segment, head and index entries. A folder that
+        holds the context already is never replaced: it is indexed (its head rebuilt if lost)
+        and ``ContextExists`` raised."""
         line = header_line(header)
         session_id = uuid.UUID(str(line["session_id"]))
         segment_id = uuid.UUID(str(line["segment_id"]))
@@ -519,9 +496,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         data = pointer(context, rel.as_posix())
         for path in (self._session_index_path(session_id), Path(self._index_file(context))):
             make_dirs(self._inside(path.parent))
-            write_atomic(path, data, sync=self._sync())
-
-    # ---------------------------------------------------------------- state primitives
+            write_atomic(path, data, sync=self._sync)
 
     def _forget_session(self, session_id: SessionId) -> None:
         """Close the cached descriptors of a session whose folder moves."""
@@ -560,11 +535,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         self, context: ContextId, session_id: SessionId, segment_id: SegmentId
     ) -> PodMetadata:
         """Move a detached session into ``context``'s new folder, with ``segment_id`` its head.
-
         Three steps, each safe to kill: ``head.json`` into ``.detached/{session}/`` (where it
         means nothing), the index entries and dirty marker (naming a folder not there yet), and
-        the rename to ``{type}/{date}/{name}/``, the commit.
-        """
+        the rename to ``{type}/{date}/{name}/``, the commit."""
         _check_type(context)
         with self._quiet(), self._head_lock(context), self._session_lock(session_id):
             self._settle(session_id)
@@ -597,7 +570,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             except OSError as exc:
                 (source / HEAD).unlink(missing_ok=True)
                 raise StoreError(f"cannot move {source} to {target}: {os_reason(exc)}") from exc
-            if self._sync():
+            if self._sync:
                 fsync_dir(target.parent)
                 fsync_dir(source.parent)
             self._folders[session_id] = target
@@ -617,18 +590,13 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         except FileNotFoundError:
             raise SegmentNotFound.of(session_id, segment_id) from None
         where = f"{folder / str(segment_id)}{SEGMENT_SUFFIX}{ZST}"
-        lines = [codec.decode(line) for line in raw[:stop]]
-        if not lines or lines[0].get("kind") != "header":
-            raise CorruptLog(f"{where}:1: the first line is not a segment header")
-        return lines
+        return headed([codec.decode(line) for line in raw[:stop]], where)
 
     # ---------------------------------------------------------------- segments
 
     def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
-        """Write a new segment file holding only its header.
-
-        A lost ``head.json`` is rebuilt first: rebuilt after, it would move onto the new segment.
-        """
+        """Write a new segment file holding only its header. A lost ``head.json`` is rebuilt
+        first: rebuilt after, it would move onto the new segment."""
         line = header_line(header)
         data = codec.encode_line(line)
         name = f"{uuid.UUID(str(line['segment_id']))}{SEGMENT_SUFFIX}"
@@ -638,22 +606,19 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                 context = ContextId.parse(head_from_segments(folder).context)
                 with self._head_lock(context):
                     self._persist_head(folder)
-        self._while_hot(session_id, lambda: self._create_segment(session_id, name, data))
+        with self._hot(session_id):
+            for attempt in (1, 2):
+                try:
+                    self._write_new(self._session_folder(session_id) / name, data)
+                    break
+                except FileExistsError:
+                    raise ConflictError(f"segment {name[:36]} already exists") from None
+                except FileNotFoundError:
+                    if attempt == 2:
+                        raise
+                    with self._lock:  # the folder moved before this thread's lock: look again
+                        self._folders.pop(session_id, None)
         self._mark(session_id)
-
-    def _create_segment(self, session_id: SessionId, name: str, data: bytes) -> None:
-        for attempt in (1, 2):
-            try:
-                self._write_new(self._session_folder(session_id) / name, data)
-            except FileExistsError:
-                raise ConflictError(f"segment {name[:36]} already exists") from None
-            except FileNotFoundError:
-                if attempt == 2:
-                    raise
-                with self._lock:  # the folder moved before this thread's lock: look again
-                    self._folders.pop(session_id, None)
-                continue
-            return
 
     def append(
         self,
@@ -668,8 +633,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         The ``expected_seq`` check and the write are one step; a multi-entry append is framed
         (:func:`terrarium.codec.encode_lines`), so a crash inside it leaves a torn tail. With a
         cached descriptor an append costs a lock, an ``fstat`` and a ``write``. A file found
-        deleted, sealed or missing sends the append the long way, which wakes the session.
-        """
+        deleted, sealed or missing sends the append the long way, which wakes the session."""
         try:
             return self._append(session_id, segment_id, entries, expected_seq)  # the hot path
         except (_Moved, SegmentNotFound) as exc:
@@ -680,16 +644,14 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         if moved and not frozen(self.root, session_id):
             with self._moving(session_id):
                 pass  # a move settles what a killed one left first (a seal)
-
-        def locked() -> int:  # under the session's lock, shared: no freeze runs meanwhile
+        # Woken (SegmentNotFound for a session in the trash), then written while hot, under
+        # the session's lock shared (no freeze runs meanwhile): however often other processes
+        # archive it meanwhile, an acknowledged write is never lost.
+        with self._hot(session_id):
             try:
                 return self._append(session_id, segment_id, entries, expected_seq)
             except _Moved:
                 raise SegmentNotFound(f"segment {segment_id} was deleted") from None
-
-        # Woken (SegmentNotFound for a session in the trash), then written while hot: however
-        # often other processes archive it meanwhile, an acknowledged write is never lost.
-        return self._while_hot(session_id, locked)
 
     def _append(
         self,
@@ -750,33 +712,28 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
     ) -> SegmentRead:
         """Read and decode a segment; a torn tail is skipped and reported, never moved."""
-        return self._reading(
-            session_id, lambda: self._read_segment(session_id, segment_id, stop_seq)
-        )
-
-    def _read_segment(
-        self, session_id: SessionId, segment_id: SegmentId, stop_seq: int | None
-    ) -> SegmentRead:
-        folder = self._session_folder(session_id)
-        torn = None
-        if frozen(self.root, session_id):
-            lines = self._lines(session_id, folder, segment_id)
-        else:
-            path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
-            fd = open_segment(path, os.O_RDONLY, segment_id)
-            try:
-                buf, torn = read_complete(fd, path, segment_id)
-                try:
-                    lines = codec.decode_lines(buf, where=str(path), first_seq=0)
-                finally:
-                    if isinstance(buf, mmap.mmap):
-                        buf.close()
-            finally:
-                os.close(fd)
-            if not lines or lines[0].get("kind") != "header":
-                raise CorruptLog(f"{path}:1: the first line is not a segment header")
+        lines, torn = self._reading(session_id, lambda: self._decoded(session_id, segment_id))
         stop = len(lines) if stop_seq is None else min(stop_seq + 1, len(lines))
         return SegmentRead(lines[0], lines[1:stop], next_seq=len(lines), torn=torn)
+
+    def _decoded(
+        self, session_id: SessionId, segment_id: SegmentId
+    ) -> tuple[list[dict[str, Any]], TornTail | None]:
+        """A segment's lines, hot or frozen, and the torn tail a hot one's read skipped."""
+        folder = self._session_folder(session_id)
+        if frozen(self.root, session_id):
+            return self._lines(session_id, folder, segment_id), None
+        path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
+        fd = open_segment(path, os.O_RDONLY, segment_id)
+        try:
+            buf, torn = read_complete(fd, path, segment_id)
+            try:
+                return headed(codec.decode_lines(buf, where=str(path), first_seq=0), path), torn
+            finally:
+                if isinstance(buf, mmap.mmap):
+                    buf.close()
+        finally:
+            os.close(fd)
 
     def set_aside_torn_tail(self, session_id: SessionId, segment_id: SegmentId) -> TornTail | None:
         """Move a torn tail of the segment to a side file (``fsck --repair``); None if none.
@@ -793,9 +750,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                 raise
             fcntl.flock(handle.fd, fcntl.LOCK_EX)
             try:
-                handle.size, handle.next_seq, torn = self._scan_tail(
-                    session_id, segment_id, handle.fd
-                )
+                torn = self._rescan(handle, segment_id)
             finally:
                 fcntl.flock(handle.fd, fcntl.LOCK_UN)
         return torn
@@ -830,15 +785,13 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             fallback = {"session_id": str(session_id), "context": str(context)}
             new_id, seqs = salvage_copy(folder, segment_id, header, entries, done, fallback)
             copies = copy_forks(folder, segment_id, new_id, seqs, done)
-            copies[segment_id] = new_id
             head = self._persist_head(folder)
-            moved = copies.get(head.segment_id)
+            moved = new_id if head.segment_id == segment_id else copies.get(head.segment_id)
             if moved is not None:
                 new = PodMetadata(head.context, head.session_id, moved, head.created_at, utc_now())
                 self._write_head(folder / HEAD, new, unreadable=False)
             self._folders[session_id] = folder
             self._mark(session_id)
-            del copies[segment_id]
             return Salvage(
                 segment_id, new_id, len(entries), [n for n, _ in bad], side, copies, moved
             )
@@ -885,39 +838,32 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         if st.st_nlink == 0 or sealed(st.st_mode):
             return False
         if st.st_size != handle.size:
-            handle.size, handle.next_seq, _ = self._scan_tail(
-                handle.session_id, segment_id, handle.fd
-            )
+            self._rescan(handle, segment_id)
         return True
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
         """The session's segment ids, oldest first (UUIDv7 order)."""
-        return self._reading(session_id, lambda: self._list_segments(session_id))
-
-    def _list_segments(self, session_id: SessionId) -> list[SegmentId]:
-        return self._ids(session_id, self._session_folder(session_id))
+        return self._reading(
+            session_id, lambda: self._ids(session_id, self._session_folder(session_id))
+        )
 
     def append_trace(
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
     ) -> None:
         """Append to ``{segment}.trace.jsonl`` (one ``O_APPEND`` write), waking a frozen session."""
-        self._while_hot(session_id, lambda: self._append_trace(session_id, segment_id, entries))
-
-    def _append_trace(
-        self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
-    ) -> None:
-        folder = self._session_folder(session_id)
-        if not (folder / f"{segment_id}{SEGMENT_SUFFIX}").exists():
-            raise SegmentNotFound.of(session_id, segment_id)
-        if not entries:
-            return
-        path = folder / f"{segment_id}{TRACE_SUFFIX}"
-        data = b"".join(codec.encode_line(e.to_dict()) for e in entries)
-        fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
-        try:
-            write_all(fd, data)
-        finally:
-            os.close(fd)
+        with self._hot(session_id):
+            folder = self._session_folder(session_id)
+            if not (folder / f"{segment_id}{SEGMENT_SUFFIX}").exists():
+                raise SegmentNotFound.of(session_id, segment_id)
+            if not entries:
+                return
+            path = folder / f"{segment_id}{TRACE_SUFFIX}"
+            data = b"".join(codec.encode_line(e.to_dict()) for e in entries)
+            fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
+            try:
+                write_all(fd, data)
+            finally:
+                os.close(fd)
 
     def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
         """The segment's debug trace (a torn last line is skipped: traces are best effort)."""
@@ -953,10 +899,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
 
     def reindex(self) -> int:
         """Rebuild ``.index`` from the folders and write every lost head; the contexts indexed.
-
-        A context two folders hold is indexed at its most recently active one (``fsck``
-        reports the other).
-        """
+        A context two folders hold is indexed at its most recently active one."""
         with self._quiet(exclusive=True):  # a move meanwhile would leave the new index behind
             return self._rebuild_index(write_heads=True)
 
@@ -967,27 +910,22 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
 
     def _rebuild_index(self, *, write_heads: bool) -> int:
         """Rebuild ``.index`` from the folders (and, with ``write_heads``, lost heads)."""
-        chosen: dict[ContextId, ContextFolder] = {}
         fresh = self._inside(self.root / INDEX) / f"new-{uuid.uuid4().hex}"
         make_dirs(fresh / "contexts")
         make_dirs(fresh / "sessions")
-        for entry in self.walk():
-            head = self._repaired_head(entry) if write_heads else entry.head
-            best = chosen.get(entry.context)
-            if head is None:  # damaged: indexed, so that it is reported rather than hidden
+        entries = [self._repaired(entry) if write_heads else entry for entry in self.walk()]
+        chosen: dict[ContextId, ContextFolder] = {}
+        for entry in sorted(entries, key=activity, reverse=True):  # of two, the most recent
+            chosen.setdefault(entry.context, entry)  # a damaged one too: reported, not hidden
+            if entry.head is None:
                 log.warning("%s", entry.problem)
-                chosen.setdefault(entry.context, entry)
                 continue
-            rel = entry.folder.relative_to(self.root).as_posix()
-            write_pointer(fresh / "sessions" / str(head.session_id), pointer(entry.context, rel))
-            if best is None or best.head is None or best.head.updated_at < head.updated_at:
-                chosen[entry.context] = ContextFolder(entry.context, entry.folder, head)
+            data = pointer(entry.context, entry.folder.relative_to(self.root).as_posix())
+            write_pointer(fresh / "sessions" / str(entry.head.session_id), data)
         for context, entry in chosen.items():
-            rel = entry.folder.relative_to(self.root).as_posix()
             make_dirs(fresh / "contexts" / context.type)
-            write_pointer(
-                fresh / "contexts" / context.type / context.encoded_name, pointer(context, rel)
-            )
+            data = pointer(context, entry.folder.relative_to(self.root).as_posix())
+            write_pointer(fresh / "contexts" / context.type / context.encoded_name, data)
         index = self.root / INDEX
         with file_lock(self._inside(self.root / LOCKS) / "index"):
             for part in ("contexts", "sessions"):
@@ -999,24 +937,19 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         self._folders.clear()
         return len(chosen)
 
-    def _repaired_head(self, entry: ContextFolder) -> PodMetadata | None:
-        """The head of a walked folder, written back if it was rebuilt; None if it cannot be."""
-        if entry.head is None:
-            return None
-        try:
-            with self._head_lock(entry.context):
-                return self._persist_head(entry.folder)
-        except CorruptLog:  # damaged since the walk read it
-            return None
-
-    # ---------------------------------------------------------------- derived index
+    def _repaired(self, entry: ContextFolder) -> ContextFolder:
+        """A walked folder, its head written back if it was rebuilt (None if it cannot be)."""
+        head = None
+        if entry.head is not None:
+            with contextlib.suppress(CorruptLog):  # damaged since the walk read it
+                with self._head_lock(entry.context):
+                    head = self._persist_head(entry.folder)
+        return ContextFolder(entry.context, entry.folder, head, entry.problem)
 
     def index_source(self) -> FsChanges:
         """What the derived index reads of this store's files (``Indexed``, :mod:`._changes`).
-
         A lost ``.index`` folder has its pointers rebuilt first, unless the store is read-only
-        or the disk full.
-        """
+        or the disk full."""
         index = self.root / INDEX
         if not (index / "contexts").exists() and not (index / INDEX_DB).exists():
             try:
@@ -1063,16 +996,16 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         if handle is not None:
             os.close(handle.fd)
 
-    def _scan_tail(
-        self, session_id: SessionId, segment_id: SegmentId, fd: int
-    ) -> tuple[int, int, TornTail | None]:
-        """With the file locked: set aside a torn tail; return (size, next seq, torn tail)."""
-        path = self._session_folder(session_id) / f"{segment_id}{SEGMENT_SUFFIX}"
-        return scan_tail(fd, path, segment_id)
+    def _rescan(self, handle: _Open, segment_id: SegmentId) -> TornTail | None:
+        """With the file locked: set aside a torn tail and bring the handle's size and next seq
+        up to date; the torn tail moved, if any."""
+        path = self._session_folder(handle.session_id) / f"{segment_id}{SEGMENT_SUFFIX}"
+        handle.size, handle.next_seq, torn = scan_tail(handle.fd, path, segment_id)
+        return torn
 
     def _write_new(self, path: Path, data: bytes) -> None:
         """Create ``path`` holding ``data``, whole; ``FileExistsError`` if it exists."""
-        write_new(path, data, sync=self._sync())
+        write_new(path, data, sync=self._sync)
 
     def _flush_loop(self) -> None:
         while not self._closed.wait(self.batch_interval):

@@ -54,7 +54,7 @@ class FsBlobs:
 
     root: Path
     blob_threshold: int | None
-    durability: str
+    _sync: bool
     _inside: Callable[[Path], Path]
     """``Tree._inside``: a folder, refused if it leads out of the root."""
 
@@ -73,14 +73,12 @@ class FsBlobs:
             raise StoreError(f"{self.root / BLOBS} is a link: terrarium never follows one")
         try:
             with self._blob_lock(fcntl.LOCK_SH):
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.utime(path, follow_symlinks=False)  # there already: spared by GC again
                     return digest
-                except FileNotFoundError:
-                    pass
                 make_dirs(path.parent)
                 with contextlib.suppress(FileExistsError):  # another writer put it meanwhile
-                    write_new(path, data, sync=self.durability != "flush")
+                    write_new(path, data, sync=self._sync)
         except OSError as exc:  # a full disk, say: nothing half written is left (write_new)
             raise StoreError(f"cannot store blob {digest}: {os_reason(exc)}") from exc
         return digest

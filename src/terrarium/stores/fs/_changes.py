@@ -54,11 +54,9 @@ def dirty_dir(root: Path) -> Path:
 
 
 def mark_dirty(root: Path, session_id: SessionId) -> None:
-    """Tell the search index that ``session_id`` changed: an empty file named after it.
-
-    The mark follows the write it announces; a kill between the two leaves a write that
-    ``refresh(full=True)`` or ``reindex()`` finds.
-    """
+    """Tell the search index that ``session_id`` changed: an empty file named after it. The
+    mark follows the write it announces; a kill between the two leaves a write that
+    ``refresh(full=True)`` or ``reindex()`` finds."""
     path = dirty_dir(root) / str(session_id)
     if os.path.exists(path):
         return
@@ -90,10 +88,8 @@ def read_from(path: Path, offset: int) -> tuple[bytes, int]:
 
 
 class FsChanges:
-    """The derived index's view of one root's files (:meth:`FsStore.index_source`).
-
-    Every path it takes or gives is a folder relative to the root (``type/date/name``).
-    """
+    """The derived index's view of one root's files (:meth:`FsStore.index_source`). Every
+    path it takes or gives is a folder relative to the root (``type/date/name``)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -109,8 +105,6 @@ class FsChanges:
     def index_file(self, name: str) -> Path:
         """The path of ``name`` in ``.index``, refused (IndexUnavailable) out of the root."""
         return check_inside(os.path.realpath(self.root), self.root / INDEX / name, IndexUnavailable)
-
-    # ---------------------------------------------------------------- markers
 
     def markers(self) -> list[str]:
         """The markers waiting, claimed ones too (IndexUnavailable: a link out of the root)."""
@@ -144,8 +138,6 @@ class FsChanges:
         for path in claimed:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-
-    # ---------------------------------------------------------------- the tree
 
     def shape(self, known: str | None) -> _shape.ShapeChange:
         """The date folders moved in or out since shape ``known`` (None: all are new)."""
@@ -189,8 +181,6 @@ class FsChanges:
         found.sort(key=lambda item: (item[0], item[1]))
         for _, rel, segments in found:
             yield rel, segments
-
-    # ---------------------------------------------------------------- one session
 
     def pointer(self, session_id: str) -> str | None:
         """The session's folder per its ``.index/sessions`` pointer; None if lost or damaged."""

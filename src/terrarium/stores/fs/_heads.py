@@ -157,14 +157,3 @@ def read_head(path: str | Path) -> PodMetadata:
     if not all(isinstance(v, str) for v in (head.context, head.created_at, head.updated_at)):
         raise CorruptLog(f"{path}: not a valid head record (a field is not a string)")
     return head
-
-
-def head_dict(head: PodMetadata) -> dict[str, Any]:
-    return {
-        "v": 1,
-        "context": head.context,
-        "session_id": str(head.session_id),
-        "segment_id": str(head.segment_id),
-        "created_at": head.created_at,
-        "updated_at": head.updated_at,
-    }

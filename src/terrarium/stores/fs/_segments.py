@@ -70,19 +70,21 @@ def read_header(path: Path) -> dict[str, Any]:
     finally:
         os.close(fd)
     line = buf[: buf.index(b"\n") + 1]
-    header = codec.decode_lines(line, where=str(path), first_seq=0)[0]
-    if header.get("kind") != "header":
-        raise CorruptLog(f"{path}:1: the first line is not a segment header")
-    return header
+    return headed(codec.decode_lines(line, where=str(path), first_seq=0), path)[0]
+
+
+def headed(lines: list[dict[str, Any]], where: object) -> list[dict[str, Any]]:
+    """``lines``, refused (CorruptLog) if the first is not a segment header."""
+    if not lines or lines[0].get("kind") != "header":
+        raise CorruptLog(f"{where}:1: the first line is not a segment header")
+    return lines
 
 
 def read_complete(fd: int, path: Path, segment_id: SegmentId) -> tuple[Any, TornTail | None]:
-    """The complete appends of an open segment file, and its torn tail if it has one.
-
-    A file ending in a complete append is returned as a memory map (a copy saved; safe, as no
-    writer truncates below a complete append). A tail that looks torn is read again under a
-    shared lock, which waits for a write in progress.
-    """
+    """The complete appends of an open segment file, and its torn tail if it has one. A file
+    ending in a complete append is returned as a memory map (a copy saved; safe, as no writer
+    truncates below a complete append). A tail that looks torn is read again under a shared
+    lock, which waits for a write in progress."""
     size = os.fstat(fd).st_size
     last = os.pread(fd, 2, max(0, size - 2))
     if last.endswith(b"\n") and not last.endswith(b" \n"):
@@ -102,21 +104,16 @@ def read_complete(fd: int, path: Path, segment_id: SegmentId) -> tuple[Any, Torn
 
 def scan_tail(fd: int, path: Path, segment_id: SegmentId) -> tuple[int, int, TornTail | None]:
     """With the file locked: set aside a torn tail; return (size, next seq, torn tail).
-
-    CorruptLog if the header line is incomplete (nothing is moved) or the last line no entry.
-    """
+    CorruptLog if the header line is incomplete (nothing is moved) or the last line no entry."""
     size = os.fstat(fd).st_size
     chunk = 4096
     while True:
         start = max(0, size - chunk)
         buf = os.pread(fd, size - start, start)
         complete_end = codec.complete_end(buf)
-        if start > 0 and buf.rfind(b"\n", 0, max(complete_end - 1, 0)) < 0:
-            # The last complete line (or the torn append before it) began before what
-            # we read.
-            chunk *= 4
-            continue
-        break
+        if start == 0 or buf.rfind(b"\n", 0, max(complete_end - 1, 0)) >= 0:
+            break
+        chunk *= 4  # the last whole line (or a torn append before it) began earlier: read more
     if start == 0 and complete_end == 0:
         raise damaged(path, size)
     torn = None

@@ -40,13 +40,7 @@ from terrarium.errors import (
 )
 from terrarium.model import ContextId, SessionId
 from terrarium.stores._archive import compress, unpack
-from terrarium.stores._files import (
-    fsync_dir,
-    listdir,
-    make_dirs,
-    write_atomic,
-    write_new,
-)
+from terrarium.stores._files import fsync_dir, listdir, make_dirs, write_atomic, write_new
 from terrarium.stores.base import PodMetadata, SessionRecord
 from terrarium.stores.fs._heads import folder_context, head_of
 from terrarium.stores.fs._layout import (
@@ -68,9 +62,6 @@ PENDING = ".detach.json"
 SEALED = 0o400
 _LEGACY = re.compile(r"legacy-\d+\.json\.zst")
 """A legacy JSON file of a frozen context, taken along (its place is in ``cold.legacy``)."""
-
-
-# --------------------------------------------------------------------------- files
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
@@ -161,18 +152,15 @@ def _keep_cold(state: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str
     return kept
 
 
-# --------------------------------------------------------------------------- primitives
-
-
 class FsStates(Tree):
     """The :class:`~terrarium.stores.base.SessionStates` primitives of ``FsStore``."""
 
     _quiet_depth: threading.local
     _lock: threading.RLock
     _folders: dict[SessionId, Path]
+    _sync: bool
     if TYPE_CHECKING:  # FsStore's, which this class is a part of
 
-        def _sync(self) -> bool: ...
         def _mark(self, session_id: SessionId) -> None: ...
         def _forget_session(self, session_id: SessionId) -> None: ...
         def _persist_head(self, folder: Path) -> PodMetadata: ...
@@ -193,7 +181,7 @@ class FsStates(Tree):
     def _write_record(self, session_id: SessionId, state: Mapping[str, Any]) -> None:
         path = self._state_path(session_id)
         if state:
-            write_atomic(path, codec.encode(dict(state)), sync=self._sync())
+            write_atomic(path, codec.encode(dict(state)), sync=self._sync)
         else:
             path.unlink(missing_ok=True)
 
@@ -213,11 +201,7 @@ class FsStates(Tree):
         return record
 
     def set_session_state(
-        self,
-        session_id: SessionId,
-        state: Mapping[str, Any],
-        *,
-        expected: Mapping[str, Any],
+        self, session_id: SessionId, state: Mapping[str, Any], *, expected: Mapping[str, Any]
     ) -> None:
         """Replace the record if it is ``expected`` (its ``cold`` key stays as it is)."""
         with self._moving(session_id):
@@ -299,16 +283,16 @@ class FsStates(Tree):
     def _pack(self, folder: Path, legacy: list[Path]) -> dict[str, Any]:
         """Write ``{name}.zst`` of every log file (and legacy file); the ``cold`` value."""
         hot = packed = 0
-        sync = self._sync()
         for name in sorted(listdir(folder)):
             if log_file(name):
                 data = read_file(folder / name)
                 small = compress(data)
-                write_atomic(folder / f"{name}{ZST}", small, sync=sync)
+                write_atomic(folder / f"{name}{ZST}", small, sync=self._sync)
                 hot, packed = hot + len(data), packed + len(small)
         places = []
         for n, path in enumerate(legacy, 1):
-            write_atomic(folder / f"legacy-{n}.json{ZST}", compress(read_file(path)), sync=sync)
+            small = compress(read_file(path))
+            write_atomic(folder / f"legacy-{n}.json{ZST}", small, sync=self._sync)
             places.append(path.relative_to(self.root).as_posix())
         cold: dict[str, Any] = {"hot_bytes": hot, "cold_bytes": packed}
         if places:
@@ -316,22 +300,17 @@ class FsStates(Tree):
         return cold
 
     def thaw_session(
-        self,
-        session_id: SessionId,
-        *,
-        expected: Mapping[str, Any],
-        state: Mapping[str, Any],
+        self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
     ) -> None:
         """Decompress the session's files in place; the record (without ``cold``) commits."""
         with self._moving(session_id):
             current = self._current(session_id, expected)
             hot = {k: v for k, v in _keep_cold(state, current).items() if k != "cold"}
             folder = self._session_folder(session_id)
-            sync = self._sync()
             for name in sorted(listdir(folder)):
                 if cold_file(name) and not _LEGACY.fullmatch(name):
                     data = unpack(read_file(folder / name), where=str(folder / name))
-                    write_atomic(folder / name[: -len(ZST)], data, sync=sync)
+                    write_atomic(folder / name[: -len(ZST)], data, sync=self._sync)
             places = current.get("cold", {}).get("legacy") or []
             for n, rel in enumerate(places, 1):
                 self._put_back(folder / f"legacy-{n}.json{ZST}", str(rel))
@@ -350,7 +329,7 @@ class FsStates(Tree):
         place = self._inside(self.root.joinpath(*parts[:-1])) / parts[-1]
         make_dirs(place.parent)
         with contextlib.suppress(FileExistsError, FileNotFoundError):
-            write_new(place, unpack(read_file(packed), where=str(packed)), sync=self._sync())
+            write_new(place, unpack(read_file(packed), where=str(packed)), sync=self._sync)
 
     def detach_context(
         self,
@@ -369,7 +348,7 @@ class FsStates(Tree):
             if folder is None or head_of(folder)[0].session_id != session_id:
                 raise ContextNotFound(f"context {context} is not on session {session_id}")
             pending = self._state_path(session_id, PENDING)
-            write_atomic(pending, codec.encode(_keep_cold(state, current)), sync=self._sync())
+            write_atomic(pending, codec.encode(_keep_cold(state, current)), sync=self._sync)
             self._mark(session_id)  # the search index drops it
             self._forget_session(session_id)
             target = self.detached_folder(session_id)
@@ -377,7 +356,7 @@ class FsStates(Tree):
             with contextlib.suppress(FileNotFoundError):
                 os.rmdir(target)  # an empty folder: a create_session killed before its segment
             os.rename(folder, target)  # the commit
-            if self._sync():
+            if self._sync:
                 fsync_dir(folder.parent)
                 fsync_dir(target.parent)
             os.replace(pending, self._state_path(session_id))
@@ -402,7 +381,7 @@ class FsStates(Tree):
             make_dirs(staged.parent)
             self._forget_session(session_id)
             os.rename(folder, staged)
-            if self._sync():
+            if self._sync:
                 fsync_dir(folder.parent)
             record.unlink(missing_ok=True)
             remove_tree(staged)

@@ -157,9 +157,7 @@ class Tree:
             for entry in [self._context_folder(context, type_dir / date / context.encoded_name)]
             if entry is not None
         ]
-        if not found:
-            return None
-        return max(found, key=lambda e: e.head.updated_at if e.head is not None else "")
+        return max(found, key=activity) if found else None
 
     def _context_folder(self, context: ContextId, folder: str | Path) -> ContextFolder | None:
         """``folder`` as the context's, if it is one: not if its head names another context
@@ -196,6 +194,11 @@ class Tree:
                         entry = ContextFolder(context, folder, None, str(exc))
                     if entry is not None:
                         yield entry
+
+
+def activity(entry: ContextFolder) -> str:
+    """When a walked folder's context was last active (a damaged one ranks last)."""
+    return entry.head.updated_at if entry.head is not None else ""
 
 
 def pointer(context: ContextId, rel: str) -> bytes:
