@@ -62,6 +62,12 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+]
 LOOPBACK = frozenset(("127.0.0.1", "localhost", "::1", "[::1]"))
 POLL_SECONDS = 0.25
 """How often the live view polls the store's derived state (a head and its next seq), on a
@@ -104,14 +110,7 @@ class Guard:
 
         async def send_with_headers(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                headers += [
-                    (b"content-security-policy", CSP.encode()),
-                    (b"x-content-type-options", b"nosniff"),
-                    (b"referrer-policy", b"no-referrer"),
-                    (b"x-frame-options", b"DENY"),
-                ]
-                message["headers"] = headers
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
@@ -196,13 +195,15 @@ def _templates() -> Jinja2Templates:
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters["markdown"] = render.markdown
-    env.filters["code"] = render.code
-    env.filters["when"] = render.when
-    env.filters["n"] = render.figure
-    env.filters["size"] = render.human_bytes
-    env.filters["shown"] = display_name
-    env.filters["q"] = lambda value: quote(str(value), safe="")
+    env.filters.update(
+        markdown=render.markdown,
+        code=render.code,
+        when=render.when,
+        n=render.figure,
+        size=render.human_bytes,
+        shown=display_name,
+        q=lambda value: quote(str(value), safe=""),
+    )
     return Jinja2Templates(env=env)
 
 
@@ -282,11 +283,6 @@ def _list_args(request: Request) -> dict[str, Any]:
     }
 
 
-def _list(request: Request, args: dict[str, Any]) -> dict[str, Any]:
-    """One page of the sessions list."""
-    return dict(_dash(request).call(data.list_page, **args))
-
-
 @api(
     "One page of contexts, filtered and sorted, with the next page's cursor.",
     type="str: only this type",
@@ -299,7 +295,7 @@ def _list(request: Request, args: dict[str, Any]) -> dict[str, Any]:
     state="str: hot (default), archived or all",
 )
 def api_contexts(request: Request) -> JSONResponse:
-    return JSONResponse(_list(request, _list_args(request)))
+    return JSONResponse(_dash(request).call(data.list_page, **_list_args(request)))
 
 
 @api("The trash: deleted contexts waiting to be restored or purged, newest first.")
@@ -464,8 +460,7 @@ def overview_page(request: Request) -> HTMLResponse:
 
 def sessions_page(request: Request) -> HTMLResponse:
     args = _list_args(request)
-    page = _list(request, args)
-    types = page["types"]
+    page = _dash(request).call(data.list_page, **args)
     nxt = None
     if page["next_cursor"]:
         kept = {k: v for k, v in request.query_params.items() if k != "cursor"}
@@ -476,7 +471,7 @@ def sessions_page(request: Request) -> HTMLResponse:
         title="sessions",
         page=page,
         args=args,
-        types=types,
+        types=page["types"],
         sorts=data.SORTS,
         states=data.STATES,
         next_url=nxt,
