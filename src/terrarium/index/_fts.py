@@ -82,21 +82,11 @@ def assemble_hits(
     for rowid, score in ranked:
         if rowid not in meta or rowid not in snippets:
             continue
-        context, date, session_id, segment_id, seq, role, ts = meta[rowid]
+        context, date, session, segment, seq, role, ts = meta[rowid]
         text, spans = snippet_spans(snippets[rowid])
+        session_id, segment_id = uuid.UUID(session), uuid.UUID(segment)
         hits.append(
-            SearchHit(
-                context=context,
-                date=date,
-                session_id=uuid.UUID(session_id),
-                segment_id=uuid.UUID(segment_id),
-                seq=seq,
-                role=role,
-                ts=ts,
-                snippet=text,
-                highlights=spans,
-                score=score,
-            )
+            SearchHit(context, date, session_id, segment_id, seq, role, ts, text, spans, score)
         )
     return hits
 
