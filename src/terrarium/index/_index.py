@@ -628,13 +628,11 @@ class SearchIndex:
     def offsets(self) -> dict[SegmentId, int]:
         """Per segment, the byte offset the index has read up to (for tests and ``check``)."""
         with self._lock:
-            conn = self._connection()
-            rows = conn.execute(sql.OFFSETS).fetchall()
+            rows = self._connection().execute(sql.OFFSETS).fetchall()
         return {uuid.UUID(segment_id): offset for segment_id, offset in rows}
 
     def watched(self) -> list[SessionId]:
         """The sessions being watched for unmarked appends."""
         with self._lock:
-            conn = self._connection()
-            rows = conn.execute(sql.WATCHED_IDS).fetchall()
+            rows = self._connection().execute(sql.WATCHED_IDS).fetchall()
         return [uuid.UUID(row[0]) for row in rows]

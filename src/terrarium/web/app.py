@@ -8,12 +8,14 @@ Safety (token, loopback ``Host``, CSP, CSRF): docs/dashboard.md.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
@@ -156,25 +158,17 @@ class Guard:
         )
 
 
+@dataclass
 class Dashboard:
     """The app's state: the store, its lock, the CSRF token, the compaction's model access."""
 
-    def __init__(
-        self,
-        store: Store,
-        *,
-        allow_writes: bool,
-        location: str,
-        model: ModelAccess | None = None,
-        reopen: Callable[[], Store] | None = None,
-    ) -> None:
-        self.store = store
-        self.lock = threading.Lock()
-        self.allow_writes = allow_writes
-        self.location = location
-        self.csrf = secrets.token_urlsafe(32)
-        self.model = model
-        self.reopen = reopen
+    store: Store
+    allow_writes: bool
+    location: str
+    model: ModelAccess | None
+    reopen: Callable[[], Store] | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    csrf: str = field(default_factory=functools.partial(secrets.token_urlsafe, 32))
 
     @property
     def model_url(self) -> str | None:
@@ -752,7 +746,5 @@ def create_app(
         Route("/api/openapi.json", api_openapi),
     ]
     app = Starlette(routes=routes, exception_handlers=dict(ERROR_HANDLERS))
-    app.state.dashboard = Dashboard(
-        store, allow_writes=allow_writes, location=location, model=model, reopen=reopen
-    )
+    app.state.dashboard = Dashboard(store, allow_writes, location, model, reopen)
     return Guard(app, token)
