@@ -405,9 +405,7 @@ class SearchIndex:
             if segment_id is None:
                 continue
             st = self.source.stat_segment(folder, segment_id)
-            if st is None:
-                return True
-            if st.ino != ino or st.size != size:
+            if st is None or st.ino != ino or st.size != size:
                 return True
         return False
 
