@@ -193,8 +193,7 @@ class Ranker:
             bound = nth_match(conn, table, match, window)
         if bound is None:  # at most ``window`` matches: rank them all
             informative = [p for p in phrases if classes[p] < 2]
-            tagged = bool(filters)
-            if len(set(phrases)) < 2 and not tagged:
+            if len(set(phrases)) < 2 and not filters:
                 informative = list(phrases)
             # Ranking by common terms alone would walk all their rows to apply the filters.
             rank_match = body_match(informative) if informative else match

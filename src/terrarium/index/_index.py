@@ -229,31 +229,30 @@ class SearchIndex:
 
     def refresh(self, *, full: bool = False) -> bool:
         """Bring the index up to date (``full``: walk every session); True if it looked."""
-        with self._lock:
-            return self._guarded(lambda: self._refresh(full=full))
+        return self._guarded(lambda: self._refresh(full=full))
 
     def rebuild(self) -> int:
         """Drop everything and index every session afresh; return the sessions indexed."""
-        with self._lock:
-            return self._guarded(self._rebuild)
+        return self._guarded(self._rebuild)
 
     def _guarded(self, run: Callable[[], _T], *, retry: bool = False) -> _T:
-        """``run()``, a failing database turned into :class:`IndexUnavailable`.
+        """``run()`` under the lock, a failing database turned into :class:`IndexUnavailable`.
 
         Only a corrupt index is deleted (and with ``retry`` rebuilt by a second run): a busy,
         full or read-only one is left for the callers to answer from the log.
         """
-        for attempt in (1, 2):
-            try:
-                return run()
-            except (sqlite3.Error, OSError) as exc:
-                if _db.kind(exc) != "corrupt" or self.readonly:
-                    raise self._unavailable(exc) from exc
-                log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
-                self._close_connection()
-                self._delete_files()
-                if not retry or attempt == 2:
-                    raise self._unavailable(exc) from exc
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    return run()
+                except (sqlite3.Error, OSError) as exc:
+                    if _db.kind(exc) != "corrupt" or self.readonly:
+                        raise self._unavailable(exc) from exc
+                    log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
+                    self._close_connection()
+                    self._delete_files()
+                    if not retry or attempt == 2:
+                        raise self._unavailable(exc) from exc
         raise AssertionError("unreachable")
 
     def _refresh(self, *, full: bool, budget: float | None = None) -> bool:
@@ -528,8 +527,7 @@ class SearchIndex:
             finally:
                 conn.execute(sql.COMMIT)
 
-        with self._lock:
-            return self._guarded(run, retry=True)
+        return self._guarded(run, retry=True)
 
     def _search(
         self, conn: sqlite3.Connection, q: SearchQuery, terms: list[str]
