@@ -3,6 +3,7 @@ OpenAPI document, the token guard, writes behind --allow-writes and CSRF, hostil
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -557,6 +558,39 @@ def test_bytes_on_disk_is_none_for_a_store_without_files(tmp_path: Path) -> None
     totals = TestClient(create_app(memory), base_url=LOCAL).get("/api/stats").json()["totals"]
     assert totals["bytes_on_disk"] is None
     assert totals["contexts"] == 3
+
+
+def test_a_read_only_index_behind_the_log_gives_way_to_a_walked_one(
+    root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An index that cannot be written (its folder is read-only) and is behind the log (a
+    session was written since it was built) is not served stale: the pages read a walked
+    index of the store instead, which shows the new session."""
+    from terrarium.stores import _db
+
+    with FsStore(root) as store:
+        seed(store)
+        assert client(store).get("/api/contexts").status_code == 200  # the index is built
+        create_segment(store, SegmentStartState(), context="web:latecomer")
+        turn(store, "web:latecomer", "a late question", "a late answer")
+    folder = root / ".index"
+    files = [folder, *folder.rglob("*")]
+    if os.geteuid() == 0:  # root writes whatever the modes say: the index is told what they say
+        monkeypatch.setattr(_db, "writable", lambda path: not path.is_relative_to(folder))
+    try:
+        for item in files:
+            item.chmod(0o500 if item.is_dir() else 0o400)
+        with FsStore(root) as store:
+            c = client(store)
+            listed, page, stats = c.get("/api/contexts"), c.get("/sessions"), c.get("/api/stats")
+    finally:
+        for item in files:
+            item.chmod(0o700 if item.is_dir() else 0o600)
+    assert [r.status_code for r in (listed, page, stats)] == [200, 200, 200], listed.text
+    assert "web:latecomer" in {row["context_id"] for row in listed.json()["contexts"]}
+    assert "latecomer" in page.text
+    assert stats.json()["totals"]["contexts"] == 4
+    assert "reading an index of the store in a temporary folder instead" in caplog.text
 
 
 @pytest.mark.postgres

@@ -25,6 +25,7 @@ from terrarium.stores.base import Indexed, Reindexable, Store
 if TYPE_CHECKING:
     from terrarium.index._index import DB_NAME, IndexStats, SearchIndex
     from terrarium.index._overview import OtherRow, Reader, Sums, sort_key
+    from terrarium.index._walked import walked
 
 __all__ = [
     "DB_NAME",
@@ -61,15 +62,10 @@ def of(store: Store) -> SearchIndex | None:
 
 def of_any(store: Store) -> SearchIndex:
     """The derived index of any store: its own (:func:`of`), else :func:`walked`."""
+    from terrarium.index._walked import walked
+
     found = of(store)
     return found if found is not None else walked(store)
-
-
-def walked(store: Store) -> SearchIndex:
-    """An index of ``store`` in a private temporary folder, walked whole at each refresh."""
-    from terrarium.index._walked import kept
-
-    return kept(store)
 
 
 def listing(store: Store) -> SearchIndex | Store:
@@ -99,6 +95,7 @@ __getattr__, __dir__ = attach(
     {
         **dict.fromkeys(("DB_NAME", "IndexStats", "SearchIndex"), "terrarium.index._index"),
         **dict.fromkeys(("OtherRow", "Reader", "Sums", "sort_key"), "terrarium.index._overview"),
+        "walked": "terrarium.index._walked",
     },
     __all__,
 )

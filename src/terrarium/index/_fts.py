@@ -82,21 +82,11 @@ def assemble_hits(
     for rowid, score in ranked:
         if rowid not in meta or rowid not in snippets:
             continue
-        context, date, session_id, segment_id, seq, role, ts = meta[rowid]
+        context, date, session, segment, seq, role, ts = meta[rowid]
         text, spans = snippet_spans(snippets[rowid])
+        session_id, segment_id = uuid.UUID(session), uuid.UUID(segment)
         hits.append(
-            SearchHit(
-                context=context,
-                date=date,
-                session_id=uuid.UUID(session_id),
-                segment_id=uuid.UUID(segment_id),
-                seq=seq,
-                role=role,
-                ts=ts,
-                snippet=text,
-                highlights=spans,
-                score=score,
-            )
+            SearchHit(context, date, session_id, segment_id, seq, role, ts, text, spans, score)
         )
     return hits
 
@@ -203,8 +193,7 @@ class Ranker:
             bound = nth_match(conn, table, match, window)
         if bound is None:  # at most ``window`` matches: rank them all
             informative = [p for p in phrases if classes[p] < 2]
-            tagged = bool(filters)
-            if len(set(phrases)) < 2 and not tagged:
+            if len(set(phrases)) < 2 and not filters:
                 informative = list(phrases)
             # Ranking by common terms alone would walk all their rows to apply the filters.
             rank_match = body_match(informative) if informative else match

@@ -99,7 +99,7 @@ class SearchIndex:
         self._files = None if isinstance(source, LogChanges) else source
         """The filesystem store's markers and shape; None: the store has a change cursor."""
         self._cursor = source if isinstance(source, LogChanges) else None
-        # Checked at each open (_checked_path), not here: a link out of the root is refused.
+        # Checked at each open, not here: a link out of the root is refused.
         files = self._files
         self.path = files.index_dir / DB_NAME if files is not None else source.index_file(DB_NAME)
         self.clock = clock
@@ -160,7 +160,8 @@ class SearchIndex:
 
     def _open(self, *, readonly: bool) -> sqlite3.Connection:
         """Open the index, creating it (``0600``) and its schema if it is writable."""
-        self._checked_path()
+        if self._files is not None:
+            self._files.index_file(DB_NAME)  # IndexUnavailable if it leads out of the root
         if not readonly:
             _db.create_private(self.path)
         conn = _db.connect(self.path, timeout=BUSY_TIMEOUT, readonly=readonly)
@@ -184,10 +185,6 @@ class SearchIndex:
             raise
         self.readonly = readonly
         return conn
-
-    def _checked_path(self) -> Path:
-        """The database's path, refused (IndexUnavailable) if it leads out of the root."""
-        return self._files.index_file(DB_NAME) if self._files is not None else self.path
 
     def _unavailable(self, exc: BaseException) -> IndexUnavailable:
         """The error that says why the index cannot serve now (``exc`` in one line)."""
@@ -232,31 +229,30 @@ class SearchIndex:
 
     def refresh(self, *, full: bool = False) -> bool:
         """Bring the index up to date (``full``: walk every session); True if it looked."""
-        with self._lock:
-            return self._guarded(lambda: self._refresh(full=full))
+        return self._guarded(lambda: self._refresh(full=full))
 
     def rebuild(self) -> int:
         """Drop everything and index every session afresh; return the sessions indexed."""
-        with self._lock:
-            return self._guarded(self._rebuild)
+        return self._guarded(self._rebuild)
 
     def _guarded(self, run: Callable[[], _T], *, retry: bool = False) -> _T:
-        """``run()``, a failing database turned into :class:`IndexUnavailable`.
+        """``run()`` under the lock, a failing database turned into :class:`IndexUnavailable`.
 
         Only a corrupt index is deleted (and with ``retry`` rebuilt by a second run): a busy,
         full or read-only one is left for the callers to answer from the log.
         """
-        for attempt in (1, 2):
-            try:
-                return run()
-            except (sqlite3.Error, OSError) as exc:
-                if _db.kind(exc) != "corrupt" or self.readonly:
-                    raise self._unavailable(exc) from exc
-                log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
-                self._close_connection()
-                self._delete_files()
-                if not retry or attempt == 2:
-                    raise self._unavailable(exc) from exc
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    return run()
+                except (sqlite3.Error, OSError) as exc:
+                    if _db.kind(exc) != "corrupt" or self.readonly:
+                        raise self._unavailable(exc) from exc
+                    log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
+                    self._close_connection()
+                    self._delete_files()
+                    if not retry or attempt == 2:
+                        raise self._unavailable(exc) from exc
         raise AssertionError("unreachable")
 
     def _refresh(self, *, full: bool, budget: float | None = None) -> bool:
@@ -408,9 +404,7 @@ class SearchIndex:
             if segment_id is None:
                 continue
             st = self.source.stat_segment(folder, segment_id)
-            if st is None:
-                return True
-            if st.ino != ino or st.size != size:
+            if st is None or st.ino != ino or st.size != size:
                 return True
         return False
 
@@ -430,7 +424,6 @@ class SearchIndex:
         covered by the watch its last mark started. Trade-off: after a bulk import every
         imported session costs a ``stat`` per refresh for that long.
         """
-        self.stats.refreshes += 1
         files = self._files
         if files is None:
             self._follow(conn, full=full)
@@ -512,10 +505,7 @@ class SearchIndex:
         """Ranked hits for ``query``, after bringing the index up to date."""
         q = check_query(query)
         terms = query_terms(q.text)
-        with self._lock:
-            return self._guarded(
-                lambda: self._read(lambda conn: self._search(conn, q, terms)), retry=True
-            )
+        return self._read(lambda conn: self._search(conn, q, terms))
 
     def _read(
         self,
@@ -525,15 +515,19 @@ class SearchIndex:
         budget: float | None = None,
     ) -> _T:
         """``read`` on one snapshot of the index, once it is up to date."""
-        self._refresh(full=False, budget=budget)
-        conn = self._connection()
-        if others:
-            self._sync_others(conn)
-        conn.execute(sql.BEGIN)
-        try:
-            return read(conn)
-        finally:
-            conn.execute(sql.COMMIT)
+
+        def run() -> _T:
+            self._refresh(full=False, budget=budget)
+            conn = self._connection()
+            if others:
+                self._sync_others(conn)
+            conn.execute(sql.BEGIN)
+            try:
+                return read(conn)
+            finally:
+                conn.execute(sql.COMMIT)
+
+        return self._guarded(run, retry=True)
 
     def _search(
         self, conn: sqlite3.Connection, q: SearchQuery, terms: list[str]
@@ -595,11 +589,7 @@ class SearchIndex:
 
     def _rows(self, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         """``statement``'s rows, read once the index is up to date."""
-        with self._lock:
-            return self._guarded(
-                lambda: self._read(lambda conn: conn.execute(statement, params).fetchall()),
-                retry=True,
-            )
+        return self._read(lambda conn: conn.execute(statement, params).fetchall())
 
     # ------------------------------------------------------------------ the dashboard's reads
 
@@ -613,8 +603,7 @@ class SearchIndex:
         def run(conn: sqlite3.Connection) -> _T:
             return read(Reader(conn, self._build.left if self._build is not None else 0))
 
-        with self._lock:
-            return self._guarded(lambda: self._read(run, others=True, budget=budget), retry=True)
+        return self._read(run, others=True, budget=budget)
 
     def _sync_others(self, conn: sqlite3.Connection) -> None:
         """Replace the rows of the contexts :attr:`others` gives when they changed."""
@@ -632,22 +621,14 @@ class SearchIndex:
             conn.executemany(sql.INSERT_OTHER, rows)
             conn.execute(sql.SET_OTHERS_HASH, (digest,))
 
-    def segment_bytes(self) -> int | None:
-        """Bytes of every segment file the index has read; None unless they are files."""
-        if self._files is None:
-            return None
-        return int(self.read(lambda r: r.segment_bytes()))
-
     def offsets(self) -> dict[SegmentId, int]:
         """Per segment, the byte offset the index has read up to (for tests and ``check``)."""
         with self._lock:
-            conn = self._connection()
-            rows = conn.execute(sql.OFFSETS).fetchall()
+            rows = self._connection().execute(sql.OFFSETS).fetchall()
         return {uuid.UUID(segment_id): offset for segment_id, offset in rows}
 
     def watched(self) -> list[SessionId]:
         """The sessions being watched for unmarked appends."""
         with self._lock:
-            conn = self._connection()
-            rows = conn.execute(sql.WATCHED_IDS).fetchall()
+            rows = self._connection().execute(sql.WATCHED_IDS).fetchall()
         return [uuid.UUID(row[0]) for row in rows]

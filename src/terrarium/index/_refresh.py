@@ -11,7 +11,7 @@ import logging
 import sqlite3
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -23,14 +23,15 @@ from terrarium.model import HISTORY_KINDS, ContextId, SessionId, item_role, item
 from terrarium.stores.base import PodMetadata, SegmentRead, SegmentStat
 from terrarium.text import prepare_text
 
+if TYPE_CHECKING:
+    from terrarium.index._index import SearchIndex
+
 log = logging.getLogger(__name__)
 
 
 class IndexStats(msgspec.Struct):
     """Counters of the work refreshes did, for tests and benchmarks."""
 
-    refreshes: int = 0
-    """Refreshes that found something to do."""
     sessions: int = 0
     """Sessions examined."""
     segments_read: int = 0
@@ -68,20 +69,9 @@ class SegmentRow(msgspec.Struct):
         return segment
 
     def progress(self) -> tuple[Any, ...]:
-        """The parameters of ``sql.UPDATE_SEGMENT``: what a refresh has read of the file."""
-        return (
-            self.size_seen,
-            self.offset,
-            self.next_seq,
-            self.items,
-            int(self.continues),
-            self.parent,
-            self.at_seq,
-            self.last_ts,
-            self.problem,
-            self.fork_source,
-            self.id,
-        )
+        """The parameters of ``sql.UPDATE_SEGMENT``: what a refresh has read of the file
+        (every field from ``size_seen`` on), then the row's id."""
+        return (*msgspec.structs.astuple(self)[4:], self.id)
 
 
 class SessionRow(msgspec.Struct):
@@ -94,6 +84,11 @@ class SessionRow(msgspec.Struct):
     values: tuple[Any, ...] = ()
     """The head-derived columns as stored (see ``IndexUpdate.index_folder``)."""
     segments: dict[str, SegmentRow] = msgspec.field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> SessionRow:
+        """The session as ``sql.SESSIONS`` reads it."""
+        return cls(row[0], row[11], row[6], row[4], tuple(row[1:11]))
 
     @property
     def head_problem(self) -> str | None:
@@ -153,21 +148,12 @@ class Source(Protocol):
         ...
 
 
-class _Owner(Protocol):
-    """What a refresh uses of its index (:class:`terrarium.index.SearchIndex`)."""
-
-    source: Source
-    stats: IndexStats
-
-    def warn_once(self, key: str, message: str, *args: object) -> None: ...
-
-
 class IndexUpdate:
     """The changes of one refresh, applied in the caller's transaction."""
 
     def __init__(
         self,
-        index: _Owner,
+        index: SearchIndex,
         conn: sqlite3.Connection,
         *,
         defer_recent: bool,
@@ -202,7 +188,7 @@ class IndexUpdate:
         sessions: dict[str, SessionRow] = {}
         by_id: dict[int, SessionRow] = {}
         for row in self.conn.execute(sql.SESSIONS):
-            session = SessionRow(row[0], row[11], row[6], row[4], tuple(row[1:11]))
+            session = SessionRow.from_row(row)
             sessions[session.session_id] = by_id[session.id] = session
         for seg in self.conn.execute(sql.SELECT_SEGMENTS):
             segment = SegmentRow.from_row(seg)
@@ -216,8 +202,8 @@ class IndexUpdate:
         row = self.conn.execute(sql.SESSION, (sid,)).fetchone()
         if row is None:
             return None
-        session = SessionRow(row[0], sid, row[6], row[4], tuple(row[1:]))
-        for seg in self.conn.execute(sql.SESSION_SEGMENTS, (row[0],)):
+        session = SessionRow.from_row(row)
+        for seg in self.conn.execute(sql.SESSION_SEGMENTS, (session.id,)):
             segment = SegmentRow.from_row(seg)
             session.segments[segment.segment_id] = segment
         return session
@@ -378,11 +364,10 @@ class IndexUpdate:
     ) -> list[SegmentRead]:
         """The head lineage's reads, oldest first, as far as the index has read the head."""
         reads: list[SegmentRead] = []
-        segment: SegmentRow | None = head
-        end = head.next_seq - 1
-        for _ in range(10_000):  # a fork chain; bounded in case of a cycle in damaged headers
+        for segment, stop in _chain(session, head):
             if segment is None:
                 raise CorruptLog(f"{session.session_id}: a segment of its lineage is missing")
+            end = head.next_seq - 1 if stop is None else stop
             found = gained.get(segment.segment_id)
             if found is None or found[0] != 0:
                 found = (0, self.source.read_lines(folder, segment.segment_id, 0, 0)[0])
@@ -391,10 +376,6 @@ class IndexUpdate:
                 where = self.source.segment_path(folder, segment.segment_id)
                 raise CorruptLog(f"{where}: no header")
             reads.append(SegmentRead(lines[0], lines[1:], lines[-1]["seq"] + 1, None))
-            if not segment.continues or segment.parent is None:
-                break
-            end = segment.at_seq if segment.at_seq is not None else -1
-            segment = session.segments.get(segment.parent)
         reads.reverse()
         return reads
 
@@ -603,24 +584,32 @@ class IndexUpdate:
             problems += [session.segments[sid].problem or "" for sid in damaged if sid not in done]
         problem = next((p for p in problems if p), None)
         count = 0
-        segment: SegmentRow | None = head
-        stop: int | None = None
-        for _ in range(10_000):  # a fork chain; bounded in case of a cycle in damaged headers
+        for segment, stop in _chain(session, head):
             if segment is None:
                 break
             if stop is None:
                 count += segment.items
             else:
                 count += self.conn.execute(sql.COUNT_DOCS_TO, (segment.id, stop)).fetchone()[0]
-            if not segment.continues or segment.parent is None:
-                break
-            stop = segment.at_seq if segment.at_seq is not None else -1
-            segment = session.segments.get(str(segment.parent))
         last_active = head.last_ts if head is not None else None
         self.conn.execute(sql.SET_SUMMARY, (count, last_active, problem, session.id))
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _chain(
+    session: SessionRow, head: SegmentRow | None
+) -> Iterator[tuple[SegmentRow | None, int | None]]:
+    """The head's lineage, newest first: each segment (None: missing), with the last seq of it
+    that its child continues (None for the head)."""
+    segment, stop = head, None
+    for _ in range(10_000):  # bounded in case of a cycle in damaged headers
+        yield segment, stop
+        if segment is None or not segment.continues or segment.parent is None:
+            return
+        stop = segment.at_seq if segment.at_seq is not None else -1
+        segment = session.segments.get(segment.parent)
 
 
 def _problem(exc: StoreError, where: str) -> str:

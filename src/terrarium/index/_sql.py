@@ -187,7 +187,6 @@ DROP_TABLE = 'DROP TABLE IF EXISTS "{name}"'
 # The writer's only: a commit survives the process, not always the machine (the index is
 # derived: what a crash loses is read again from the files).
 SYNCHRONOUS = "PRAGMA synchronous=NORMAL"
-#: Every connection's: temporary b-trees in memory, a 32 MB page cache.
 PRAGMAS = ("PRAGMA temp_store=MEMORY", "PRAGMA cache_size=-32000")
 # A deferred transaction: the reads of one search or listing see one snapshot.
 BEGIN = "BEGIN"
@@ -221,12 +220,11 @@ RESET_RECENT_FLOOR = "UPDATE recent SET floor = 1"
 #: The ``sessions`` columns a head decides, in the order ``IndexUpdate`` keeps them.
 HEAD_COLUMNS = "context, type, name, tid, date, folder, head, created_at, updated_at, head_problem"
 SESSIONS = f"SELECT id, {HEAD_COLUMNS}, session_id FROM sessions"
-SESSION = f"SELECT id, {HEAD_COLUMNS} FROM sessions WHERE session_id = ?"
+SESSION = f"{SESSIONS} WHERE session_id = ?"
 SESSION_IDS = "SELECT session_id FROM sessions"
 SESSION_FOLDERS = "SELECT session_id, folder FROM sessions"
 COUNT_SESSIONS = "SELECT count(*) FROM sessions"
 SESSION_FOLDER = "SELECT folder FROM sessions WHERE session_id = ?"
-# The other session rows that claim a context (they may be stale).
 CLAIMANTS = "SELECT session_id FROM sessions WHERE type = ? AND name = ? AND id != ?"
 INSERT_SESSION = (
     f"INSERT INTO sessions({HEAD_COLUMNS}, last_active, session_id) "
@@ -339,6 +337,7 @@ INSERT_SEGMENT = (
     "INSERT INTO segments(session, segment_id, ino, size_seen, offset, next_seq, "
     "items, continues) VALUES (?, ?, ?, 0, 0, 0, 0, 0)"
 )
+# What a refresh has read of a segment, in SegmentRow's field order.
 UPDATE_SEGMENT = (
     "UPDATE segments SET size_seen=?, offset=?, next_seq=?, items=?, continues=?, "
     "parent=?, at_seq=?, last_ts=?, problem=?, fork_source=? WHERE id = ?"
@@ -351,7 +350,6 @@ LAST_DOC = "SELECT coalesce(max(id), 0) FROM docs"
 INSERT_DOCS = (
     "INSERT INTO docs(id, segment, session, tid, seq, role, ts, body) VALUES (?,?,?,?,?,?,?,?)"
 )
-# A parent segment's items up to the seq its child forked at.
 COUNT_DOCS_TO = "SELECT count(*) FROM docs WHERE segment = ? AND seq <= ?"
 # A segment's items leave both FTS tables before ``docs`` (external content: FTS5 needs the
 # old values to remove their tokens); fts_recent holds those from its floor (the second ?) on.
@@ -400,18 +398,12 @@ HIT_ROWS = (
     "WHERE d.id IN ({marks})"
 )
 # A ContextSummary's fields, in order, from the covering index sessions_by_context.
-LISTING_SELECT = (
-    "SELECT context, date, message_count, last_active, created_at, updated_at, session_id, "
-    "head, problem FROM sessions"
-)
+SUMMARY = "context, date, message_count, last_active, created_at, updated_at, session_id, head"
+LISTING_SELECT = f"SELECT {SUMMARY}, problem FROM sessions"
 # The same with its tokens, state and legacy file, of a hot session or (``{view}``: the
 # view ``archived_rows`` or ``legacy_rows``) another context.
-ROWS_SELECT = (
-    "SELECT context, date, message_count, last_active, created_at, updated_at, session_id, "
-    "head, problem, tokens, {state}, {path} FROM {view}"
-)
-HOT_ROWS = ROWS_SELECT.format(state="'hot'", path="NULL", view="sessions")
-OTHER_ROWS = ROWS_SELECT.format(state="state", path="legacy_path", view="{view}")
+HOT_ROWS = f"SELECT {SUMMARY}, problem, tokens, 'hot', NULL FROM sessions"
+OTHER_ROWS = f"SELECT {SUMMARY}, problem, tokens, state, legacy_path FROM {{view}}"
 OTHER_TYPES = "SELECT DISTINCT type FROM {view}"
 LISTING = f"{LISTING_SELECT} ORDER BY type, name"
 LISTING_OF_TYPE = f"{LISTING_SELECT} WHERE type = ? ORDER BY name"

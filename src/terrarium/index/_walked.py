@@ -88,9 +88,9 @@ _kept: weakref.WeakKeyDictionary[Any, SearchIndex] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
-def kept(store: Store) -> SearchIndex:
-    """The walked index of ``store``, its database in a private temporary folder removed
-    when the store is."""
+def walked(store: Store) -> SearchIndex:
+    """An index of ``store`` walked whole at each refresh, its database in a private
+    temporary folder removed with the store."""
     with _lock:
         found = _kept.get(store)
         if found is None:

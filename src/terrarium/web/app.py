@@ -8,12 +8,14 @@ Safety (token, loopback ``Host``, CSP, CSRF): docs/dashboard.md.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,12 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+]
 LOOPBACK = frozenset(("127.0.0.1", "localhost", "::1", "[::1]"))
 POLL_SECONDS = 0.25
 """How often the live view polls the store's derived state (a head and its next seq), on a
@@ -104,14 +112,7 @@ class Guard:
 
         async def send_with_headers(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                headers += [
-                    (b"content-security-policy", CSP.encode()),
-                    (b"x-content-type-options", b"nosniff"),
-                    (b"referrer-policy", b"no-referrer"),
-                    (b"x-frame-options", b"DENY"),
-                ]
-                message["headers"] = headers
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
@@ -157,25 +158,17 @@ class Guard:
         )
 
 
+@dataclass
 class Dashboard:
     """The app's state: the store, its lock, the CSRF token, the compaction's model access."""
 
-    def __init__(
-        self,
-        store: Store,
-        *,
-        allow_writes: bool,
-        location: str,
-        model: ModelAccess | None = None,
-        reopen: Callable[[], Store] | None = None,
-    ) -> None:
-        self.store = store
-        self.lock = threading.Lock()
-        self.allow_writes = allow_writes
-        self.location = location
-        self.csrf = secrets.token_urlsafe(32)
-        self.model = model
-        self.reopen = reopen
+    store: Store
+    allow_writes: bool
+    location: str
+    model: ModelAccess | None
+    reopen: Callable[[], Store] | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    csrf: str = field(default_factory=functools.partial(secrets.token_urlsafe, 32))
 
     @property
     def model_url(self) -> str | None:
@@ -196,13 +189,15 @@ def _templates() -> Jinja2Templates:
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters["markdown"] = render.markdown
-    env.filters["code"] = render.code
-    env.filters["when"] = render.when
-    env.filters["n"] = render.figure
-    env.filters["size"] = render.human_bytes
-    env.filters["shown"] = display_name
-    env.filters["q"] = lambda value: quote(str(value), safe="")
+    env.filters.update(
+        markdown=render.markdown,
+        code=render.code,
+        when=render.when,
+        n=render.figure,
+        size=render.human_bytes,
+        shown=display_name,
+        q=lambda value: quote(str(value), safe=""),
+    )
     return Jinja2Templates(env=env)
 
 
@@ -282,11 +277,6 @@ def _list_args(request: Request) -> dict[str, Any]:
     }
 
 
-def _list(request: Request, args: dict[str, Any]) -> dict[str, Any]:
-    """One page of the sessions list."""
-    return dict(_dash(request).call(data.list_page, **args))
-
-
 @api(
     "One page of contexts, filtered and sorted, with the next page's cursor.",
     type="str: only this type",
@@ -299,7 +289,7 @@ def _list(request: Request, args: dict[str, Any]) -> dict[str, Any]:
     state="str: hot (default), archived or all",
 )
 def api_contexts(request: Request) -> JSONResponse:
-    return JSONResponse(_list(request, _list_args(request)))
+    return JSONResponse(_dash(request).call(data.list_page, **_list_args(request)))
 
 
 @api("The trash: deleted contexts waiting to be restored or purged, newest first.")
@@ -464,8 +454,7 @@ def overview_page(request: Request) -> HTMLResponse:
 
 def sessions_page(request: Request) -> HTMLResponse:
     args = _list_args(request)
-    page = _list(request, args)
-    types = page["types"]
+    page = _dash(request).call(data.list_page, **args)
     nxt = None
     if page["next_cursor"]:
         kept = {k: v for k, v in request.query_params.items() if k != "cursor"}
@@ -476,7 +465,7 @@ def sessions_page(request: Request) -> HTMLResponse:
         title="sessions",
         page=page,
         args=args,
-        types=types,
+        types=page["types"],
         sorts=data.SORTS,
         states=data.STATES,
         next_url=nxt,
@@ -757,7 +746,5 @@ def create_app(
         Route("/api/openapi.json", api_openapi),
     ]
     app = Starlette(routes=routes, exception_handlers=dict(ERROR_HANDLERS))
-    app.state.dashboard = Dashboard(
-        store, allow_writes=allow_writes, location=location, model=model, reopen=reopen
-    )
+    app.state.dashboard = Dashboard(store, allow_writes, location, model, reopen)
     return Guard(app, token)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
 from terrarium import contexts, sessions, states
 from terrarium.errors import (
     ContextNotFound,
@@ -43,6 +45,8 @@ MESSAGES_PER_PAGE = 200
 
 MOST_ACTIVE = 10
 """Contexts the overview lists as the most active: the most messages (ties by id)."""
+
+TOKEN_KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens")
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -116,7 +120,14 @@ def list_page(
     """
     if state not in STATES:
         raise BadRequest(f"state must be one of {', '.join(STATES)}, not {state[:40]!r}")
-    query = _query(sort, cursor, limit, type, text, since, until)
+    if sort not in SORTS:
+        raise BadRequest(f"sort must be one of {', '.join(SORTS)}, not {sort[:40]!r}")
+    if not 1 <= limit <= 1000:
+        raise BadRequest("limit must be between 1 and 1000")
+    after = decode_cursor(cursor) if cursor else None  # of the sort's order: page_statement
+    since, until = _check_date(since, "since"), _check_date(until, "until")
+    # One row more than the page, to know if another follows.
+    query = ListingQuery(sort, after, limit + 1, type, text or None, since, until)
     life = store if isinstance(store, Lifecycle) else None
     rows, types = _read(store, lambda r: (r.page(query, state), r.types(state)))
     page, more = rows[:limit], len(rows) > limit
@@ -130,35 +141,6 @@ def list_page(
         "types": types,
         "lifecycle": life is not None,
     }
-
-
-def _query(
-    sort: str,
-    cursor: str | None,
-    limit: int,
-    type: str | None,
-    text: str | None,
-    since: str | None,
-    until: str | None,
-) -> ListingQuery:
-    """The index query of a sessions-list request (one row more, to know if another follows)."""
-    if sort not in SORTS:
-        raise BadRequest(f"sort must be one of {', '.join(SORTS)}, not {sort[:40]!r}")
-    if not 1 <= limit <= 1000:
-        raise BadRequest("limit must be between 1 and 1000")
-    after = decode_cursor(cursor) if cursor else None
-    counted = int if sort in ("messages", "tokens") else str
-    if after is not None and not isinstance(after[0], counted):
-        raise BadRequest(f"the cursor does not belong to the {sort} order")
-    return ListingQuery(
-        sort=sort,
-        after=after,
-        limit=limit + 1,
-        type=type,
-        text=text or None,
-        since=_check_date(since, "since"),
-        until=_check_date(until, "until"),
-    )
 
 
 def _shown(summary: ContextSummary, pinned: frozenset[str]) -> dict[str, Any]:
@@ -191,14 +173,9 @@ FILL_DAYS = 400
 """Longest span whose days without activity are drawn as empty bars."""
 
 
-def _days(first: str, last: str) -> list[str]:
-    """Every date from ``first`` to ``last`` inclusive (both ``YYYY-MM-DD``)."""
-    day, end = datetime.date.fromisoformat(first), datetime.date.fromisoformat(last)
-    out = []
-    while day <= end:
-        out.append(day.isoformat())
-        day += datetime.timedelta(days=1)
-    return out
+def _days(first: datetime.date, count: int) -> list[str]:
+    """``count`` dates from ``first`` on (``chart_range``'s ``range`` hides the builtin)."""
+    return [(first + datetime.timedelta(n)).isoformat() for n in range(count)]
 
 
 def chart_range(
@@ -227,9 +204,10 @@ def chart_range(
             last = today
     if first > last:
         raise BadRequest(f"from ({first}) is after to ({last})")
-    length = (datetime.date.fromisoformat(last) - datetime.date.fromisoformat(first)).days + 1
+    day = datetime.date.fromisoformat(first)
+    length = (datetime.date.fromisoformat(last) - day).days + 1
     if length <= FILL_DAYS:
-        days = _days(first, last)
+        days = _days(day, length)
     else:
         days = [d for d in dates if first <= d <= last]
     return {"range": name, "from": first, "to": last, "days": days}
@@ -261,7 +239,7 @@ def overview(
     """
     top = ListingQuery(sort="messages", limit=MOST_ACTIVE)
     sums, most_active, left = _read(store, lambda r: (r.sums(), r.page(top), r.left))
-    names = ("prompt_tokens", "completion_tokens", "cached_tokens", "calls", "estimated_calls")
+    names = (*TOKEN_KEYS, "calls", "estimated_calls")
     models = {model: dict(zip(names, n, strict=True)) for model, n in sums.models.items()}
     today = today or datetime.datetime.now(datetime.UTC).date().isoformat()
     chosen = chart_range(range, start, end, sums.per_day, today)
@@ -273,9 +251,8 @@ def overview(
             "turns": sums.turns,
             **{
                 name: sum(m[name] for m in models.values())
-                for name in ("prompt_tokens", "completion_tokens", "cached_tokens")
+                for name in (*TOKEN_KEYS, "estimated_calls")
             },
-            "estimated_calls": sum(m["estimated_calls"] for m in models.values()),
             "bytes_on_disk": disk_bytes(store),
         },
         "indexing": left,
@@ -289,11 +266,6 @@ def overview(
         "tokens_per_model": dict(sorted(models.items())),
         "most_active": [contexts.summary_row(s).to_json() for s in most_active],
     }
-
-
-def forks_of(store: Store, context: ContextId) -> list[str]:
-    """The hot contexts forked from ``context`` into other contexts (``fork_context``)."""
-    return _read(store, lambda r: r.forks_of(str(context)))
 
 
 # --------------------------------------------------------------------------- one context
@@ -376,21 +348,22 @@ def _message(
         text = ""
     return {
         "role": str(item.get("role") or item_label(logged)),
-        "name": item.get("name") if isinstance(item.get("name"), str) else None,
+        "name": _string(item, "name"),
         "text": text,
-        "reasoning": item.get("reasoning_content")
-        if isinstance(item.get("reasoning_content"), str)
-        else None,
+        "reasoning": _string(item, "reasoning_content"),
         "tool_calls": calls,
-        "tool_call_id": item.get("tool_call_id")
-        if isinstance(item.get("tool_call_id"), str)
-        else None,
+        "tool_call_id": _string(item, "tool_call_id"),
         "seq": seq,
         "ts": ts,
         "segment_id": segment,
         "summary": summary,
         "usage": None,
     }
+
+
+def _string(item: Mapping[str, Any], key: str) -> str | None:
+    value = item.get(key)
+    return value if isinstance(value, str) else None
 
 
 def _messages(
@@ -410,9 +383,7 @@ def _messages(
             usage = message.usage
             row["usage"] = {
                 "model": usage.get("model"),
-                "prompt_tokens": usage.get("prompt_tokens", 0),
-                "completion_tokens": usage.get("completion_tokens", 0),
-                "cached_tokens": usage.get("cached_tokens", 0),
+                **{key: usage.get(key, 0) for key in TOKEN_KEYS},
                 "estimated": usage.get("estimated"),
             }
         page.append(row)
@@ -447,7 +418,7 @@ def transcript(
     tree = fork_tree(store, context)
     head = store.get_head(context)
     assert head is not None  # fork_tree raised otherwise
-    tree["forks"] = {"contexts": forks_of(store, context)}
+    tree["forks"] = {"contexts": _read(store, lambda r: r.forks_of(str(context)))}
     segment_id = head.segment_id
     if segment:
         if segment not in {s["segment_id"] for s in tree["segments"]}:
@@ -489,22 +460,10 @@ def trash(store: Store) -> dict[str, Any]:
     """The store's trash, most recently deleted first (empty for a store without one)."""
     if not isinstance(store, Lifecycle):
         return {"lifecycle": False, "trash": []}
-    return {
-        "lifecycle": True,
-        "trash": [
-            {
-                "trash_id": t.trash_id,
-                "context_id": t.context,
-                "date": t.date,
-                "deleted_at": t.deleted_at,
-                "archived": t.archived,
-                "message_count": t.message_count,
-                "bytes": t.bytes,
-                "pinned": t.pinned,
-            }
-            for t in states.trashed_contexts(store)
-        ],
-    }
+    found = [msgspec.structs.asdict(t) for t in states.trashed_contexts(store)]
+    for entry in found:  # the API names it as every other page does
+        entry["context_id"] = entry.pop("context")
+    return {"lifecycle": True, "trash": found}
 
 
 LIFECYCLE_ACTIONS = ("archive", "unarchive", "pin", "unpin")

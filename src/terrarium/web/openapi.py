@@ -7,12 +7,11 @@ from the routes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypeVar
 
 from starlette.routing import BaseRoute, Route
 
-from terrarium.errors import DISTRIBUTION
+from terrarium import __version__
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -64,12 +63,8 @@ def openapi_document(routes: Iterable[BaseRoute]) -> dict[str, Any]:
             continue
         methods = sorted(m.lower() for m in (route.methods or {"GET"}) if m != "HEAD")
         paths[route.path] = {m: _operation(*marked) for m in methods}
-    try:
-        release = version(DISTRIBUTION)
-    except PackageNotFoundError:  # pragma: no cover - running from a source tree
-        release = "0"
     return {
         "openapi": "3.1.0",
-        "info": {"title": "terrarium dashboard API", "version": release},
+        "info": {"title": "terrarium dashboard API", "version": __version__},
         "paths": paths,
     }
