@@ -23,6 +23,7 @@ from terrarium import index as derived
 from terrarium import sessions, states
 from terrarium.errors import IndexUnavailable, InvalidQuery
 from terrarium.index._fts import TAG_TOKENS, bm25, merge_hits
+from terrarium.index._query import MAX_LIMIT, check_query
 from terrarium.model import (
     HISTORY_KINDS,
     ContextId,
@@ -31,7 +32,6 @@ from terrarium.model import (
     item_role,
     item_text,
 )
-from terrarium.stores._query import MAX_LIMIT, check_query
 from terrarium.stores.base import (
     Lifecycle,
     PodMetadata,

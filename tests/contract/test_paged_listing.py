@@ -17,10 +17,10 @@ import pytest
 
 from terrarium import states
 from terrarium.errors import InvalidQuery
+from terrarium.index import _listing
 from terrarium.index import listing as lister
 from terrarium.model import ContextId
 from terrarium.sessions import create_segment
-from terrarium.stores import _listing
 from terrarium.stores.base import (
     LISTING_SORTS,
     ContextSummary,

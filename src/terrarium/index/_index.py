@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from terrarium.errors import IndexUnavailable
+from terrarium.index import _listing
 from terrarium.index import _sql as sql
 from terrarium.index._build import Build
 from terrarium.index._fts import (
@@ -39,12 +40,12 @@ from terrarium.index._fts import (
     long_snippet,
 )
 from terrarium.index._overview import OtherRow, Reader
+from terrarium.index._query import check_query
 from terrarium.index._refresh import IndexStats, IndexUpdate, Source
 from terrarium.index._sql import SCHEMA_VERSION
 from terrarium.model import ContextId, SegmentId, SessionId
-from terrarium.stores import _db, _listing
+from terrarium.stores import _db
 from terrarium.stores._changes import LogChanges
-from terrarium.stores._query import check_query
 from terrarium.stores.base import (
     INDEX_DB,
     ContextSummary,

@@ -9,8 +9,8 @@ from typing import Any
 
 import msgspec
 
+from terrarium.index import _listing
 from terrarium.index import _sql as sql
-from terrarium.stores import _listing
 from terrarium.stores.base import ContextSummary, ListingQuery
 
 SORTS = (*_listing.COLUMNS,)
