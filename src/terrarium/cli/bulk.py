@@ -6,7 +6,15 @@ from typing import TYPE_CHECKING
 
 import click
 
-from terrarium.cli.app import CONTEXT, DATE, cli, open_store, reads_store, state_of, storage_option
+from terrarium.cli.app import (
+    CONTEXT,
+    DATE,
+    CliState,
+    command,
+    json_option,
+    open_store,
+    type_option,
+)
 from terrarium.cli.output import plural
 from terrarium.display import short_time
 
@@ -17,7 +25,7 @@ if TYPE_CHECKING:
     from terrarium.stores.base import SearchHit
 
 
-@cli.command()
+@command(creates=True)
 @click.argument("source", metavar="SRC_URL")
 @click.argument("destination", metavar="DST_URL")
 @click.option(
@@ -29,10 +37,8 @@ if TYPE_CHECKING:
     help="Copy only this session (repeatable). Default: all.",
 )
 @click.option("--verbose", "-v", is_flag=True, help="Also print one line per session.")
-@storage_option
-@click.pass_context
 def copy(
-    ctx: click.Context,
+    state: CliState,
     source: str,
     destination: str,
     contexts: tuple[ContextId, ...],
@@ -48,7 +54,6 @@ def copy(
     """
     from terrarium.copy import copy_store, source_contexts
 
-    state = state_of(ctx)
     src = open_store(source, create=False)
     try:
         dst = open_store(destination)
@@ -111,10 +116,9 @@ def redact(location: str) -> str:
     return redact_url(location)
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("query")
-@click.option("--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...).")
+@type_option
 @click.option("--context", "-c", type=CONTEXT, help="Only this session.")
 @click.option("--since", type=DATE, metavar="DATE", help="Only messages on or after DATE (UTC).")
 @click.option(
@@ -125,17 +129,15 @@ def redact(location: str) -> str:
 @click.option(
     "--limit", "-n", type=click.IntRange(1, 1000), default=20, show_default=True, help="Most hits."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
+@json_option
 @click.option("--archived", is_flag=True, help="Also search archived sessions.")
 @click.option(
     "--all-branches",
     is_flag=True,
     help="Also find messages no longer in their session (cleared, compacted away, rewound).",
 )
-@storage_option
-@click.pass_context
 def search(
-    ctx: click.Context,
+    state: CliState,
     query: str,
     type_: str | None,
     context: ContextId | None,
@@ -156,7 +158,6 @@ def search(
     from terrarium.search import SearchQuery, hit_json
     from terrarium.search import search as run_search
 
-    state = state_of(ctx)
     found = run_search(
         state.store(),
         SearchQuery(
@@ -175,7 +176,7 @@ def search(
     elif not found:
         state.out.note(f"no messages match {query!r}")
     if not found:
-        ctx.exit(1)  # grep's convention: 1 when nothing matched, for scripts
+        raise click.exceptions.Exit(1)  # grep's convention: 1 when nothing matched, for scripts
     if as_json:
         return
     for hit in found:

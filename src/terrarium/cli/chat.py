@@ -37,13 +37,12 @@ from terrarium.cli.app import (
     STORE_ENV,
     USER_ERRORS,
     CliState,
-    cli,
+    ModelOptions,
+    command,
     generated_context,
     model_options,
     parse_context,
     program,
-    state_of,
-    storage_option,
 )
 from terrarium.cli.commands import (
     context_stats,
@@ -78,17 +77,6 @@ INTERRUPTED_EXIT = 130
 """The exit status of ``chat -p`` (or a piped chat) stopped by Ctrl-C: 128 + SIGINT."""
 
 KEYS_HELP = "Enter sends, Esc+Enter or Alt+Enter adds a line, Ctrl-C interrupts, Ctrl-D leaves"
-
-
-@dataclass
-class ChatOptions:
-    """How to reach the model and what to send."""
-
-    base_url: str
-    model: str | None = None
-    retries: int = 2
-    timeout: float = 60.0
-    system_prompt: str | None = None
 
 
 def is_message(line: str) -> bool:
@@ -177,19 +165,19 @@ class Chat:
     """One chat run: the current session, the commands, sending and printing."""
 
     def __init__(
-        self, state: CliState, context: ContextId, options: ChatOptions, interactive: bool
+        self,
+        state: CliState,
+        context: ContextId,
+        server: ModelOptions,
+        system_prompt: str | None,
+        interactive: bool,
     ) -> None:
         self.state = state
         self.out = state.out
         self.context = context
-        self.options = options
+        self.system_prompt = system_prompt
         self.interactive = interactive
-        self.manager = state.manager(
-            base_url=options.base_url,
-            model=options.model,
-            retries=options.retries,
-            timeout=options.timeout,
-        )
+        self.manager = state.manager(server)
         self._running: asyncio.Future[Any] | None = None
         self.done = False
         self.opened = False
@@ -260,9 +248,7 @@ class Chat:
             nonlocal wrote
             stream = cast(
                 AsyncGenerator[str, None],
-                self.manager.stream_with_context(
-                    str(self.context), text, self.options.system_prompt
-                ),
+                self.manager.stream_with_context(str(self.context), text, self.system_prompt),
             )
             async with contextlib.aclosing(stream):
                 async for delta in stream:
@@ -599,7 +585,8 @@ def run_chat(
     state: CliState,
     context: ContextId | None,
     default_type: str,
-    options: ChatOptions,
+    server: ModelOptions,
+    system_prompt: str | None,
     prompt: str | None = None,
     last: bool | str = False,
     retry: bool = False,
@@ -619,7 +606,9 @@ def run_chat(
         context = generated_context(default_type)  # -p starts afresh, as claude -p does
         while state.store().get_head(context) is not None:  # the same second and digits
             context = generated_context(default_type)
-    chat = Chat(state, context or ContextId(default_type, "main"), options, is_terminal)
+    chat = Chat(
+        state, context or ContextId(default_type, "main"), server, system_prompt, is_terminal
+    )
     chat.as_json = as_json
     if last:  # after Chat(): the manager must be built with the model options first
         of_type = last if isinstance(last, str) else None
@@ -673,7 +662,7 @@ def resolve_context(context: str | None, session_id: str | None, type_: str) -> 
     return named
 
 
-@cli.command()
+@command(creates=True)
 @click.argument("context", required=False, metavar="[CONTEXT]")
 @click.option("--session-id", default=None, metavar="ID", help="Session name (with --type).")
 @click.option(
@@ -711,10 +700,8 @@ def resolve_context(context: str | None, session_id: str | None, type_: str) -> 
 )
 @click.option("--system-prompt", default=None, help="System prompt (logged when it changes).")
 @model_options
-@storage_option
-@click.pass_context
 def chat(
-    ctx: click.Context,
+    state: CliState,
     context: str | None,
     session_id: str | None,
     type_: str,
@@ -723,10 +710,7 @@ def chat(
     retry: bool,
     as_json: bool,
     system_prompt: str | None,
-    base_url: str,
-    model: str | None,
-    retries: int,
-    timeout: float,
+    server: ModelOptions,
 ) -> None:
     """Chat in a session (CONTEXT is type:name, or a name of --type).
 
@@ -744,7 +728,8 @@ def chat(
         raise click.UsageError("--retry needs a session: name it, or add --last")
     if as_json and prompt is None and not retry:
         raise click.UsageError("--json prints the reply of -p or --retry: give one of them")
-    options = ChatOptions(base_url, model, retries, timeout, system_prompt)
-    typed = ctx.get_parameter_source("type_") is not ParameterSource.DEFAULT
-    which: bool | str = (type_ if typed else True) if last else False
-    run_chat(state_of(ctx), named, type_, options, prompt, which, retry, as_json)
+    source = click.get_current_context().get_parameter_source("type_")
+    which: bool | str = (
+        (type_ if source is not ParameterSource.DEFAULT else True) if last else False
+    )
+    run_chat(state, named, type_, server, system_prompt, prompt, which, retry, as_json)

@@ -16,7 +16,17 @@ import msgspec
 
 from terrarium._lazy import lazy_module
 from terrarium.cli import examples
-from terrarium.cli.app import CONTEXT, CliState, cli, program, reads_store, state_of, storage_option
+from terrarium.cli.app import (
+    CONTEXT,
+    CliState,
+    cli,
+    command,
+    json_option,
+    program,
+    reads_store,
+    storage_option,
+    type_option,
+)
 from terrarium.cli.output import plural
 from terrarium.display import human_bytes, short_time
 from terrarium.errors import ContextExists
@@ -55,17 +65,14 @@ def _confirm(question: str, yes: bool, refusal: str) -> None:
 AGE_HELP = "Only sessions inactive for longer than AGE (30d, 12h, 2w); pinned ones are skipped."
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("contexts", nargs=-1, type=CONTEXT, metavar="[CONTEXT]...")
 @click.option("--older-than", "older_than", metavar="AGE", help=AGE_HELP)
-@click.option("--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...).")
+@type_option
 @click.option("--dry-run", is_flag=True, help="Only print what would move and the bytes saved.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
-@storage_option
-@click.pass_context
+@json_option
 def archive(
-    ctx: click.Context,
+    state: CliState,
     contexts: tuple[ContextId, ...],
     older_than: str | None,
     type_: str | None,
@@ -78,7 +85,6 @@ def archive(
     any write, brings it back first. Sessions named as CONTEXT are archived even when
     pinned; a selection by --older-than skips pinned ones.
     """
-    state = state_of(ctx)
     _lifecycle(state)
     plan = lifecycle.plan_archive(
         state.store(), older_than=_age(older_than), type=type_, names=list(contexts)
@@ -164,14 +170,10 @@ def record_json(record: ArchivedContext | TrashedContext | Candidate) -> dict[st
     return {"context_id": context, "type": type_, "name": name, **data}
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("contexts", nargs=-1, type=CONTEXT, required=True, metavar="CONTEXT...")
-@storage_option
-@click.pass_context
-def unarchive(ctx: click.Context, contexts: tuple[ContextId, ...]) -> None:
+def unarchive(state: CliState, contexts: tuple[ContextId, ...]) -> None:
     """Move archived sessions back to the hot store (a chat in one does it by itself)."""
-    state = state_of(ctx)
     store = _lifecycle(state)
     for context in contexts:
         if states.unarchive_context(store, context):
@@ -256,14 +258,10 @@ def _print_trash(state: CliState, entries: Sequence[TrashedContext]) -> None:
     )
 
 
-@reads_store
-@trash.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
-@storage_option
-@click.pass_context
-def trash_list(ctx: click.Context, as_json: bool) -> None:
+@command("list", group=trash)
+@json_option
+def trash_list(state: CliState, as_json: bool) -> None:
     """List the trash, most recently deleted first."""
-    state = state_of(ctx)
     entries = states.trashed_contexts(_lifecycle(state))
     if as_json:
         state.out.json({"trash": [record_json(e) for e in entries]})
@@ -273,17 +271,13 @@ def trash_list(ctx: click.Context, as_json: bool) -> None:
         _print_trash(state, entries)
 
 
-@reads_store
-@trash.command("restore")
+@command("restore", group=trash)
 @click.argument("target", metavar="CONTEXT|TRASH_ID")
 @click.option(
     "--as", "as_context", type=CONTEXT, default=None, help="Restore it under this context id."
 )
-@storage_option
-@click.pass_context
-def trash_restore(ctx: click.Context, target: str, as_context: ContextId | None) -> None:
+def trash_restore(state: CliState, target: str, as_context: ContextId | None) -> None:
     """Bring a deleted session back, archived if it was; a context id picks its latest deletion."""
-    state = state_of(ctx)
     store = _lifecycle(state)
     entry = lifecycle.find_trashed(store, target)
     try:
@@ -294,8 +288,7 @@ def trash_restore(ctx: click.Context, target: str, as_context: ContextId | None)
     state.out.note(f"restored {head.context}{where}", style="green")
 
 
-@reads_store
-@trash.command("purge")
+@command("purge", group=trash)
 @click.argument("targets", nargs=-1, metavar="[CONTEXT|TRASH_ID]...")
 @click.option(
     "--older-than",
@@ -305,17 +298,14 @@ def trash_restore(ctx: click.Context, target: str, as_context: ContextId | None)
 )
 @click.option("--dry-run", is_flag=True, help="Only print what would be purged.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-@storage_option
-@click.pass_context
 def trash_purge(
-    ctx: click.Context, targets: tuple[str, ...], older_than: str | None, dry_run: bool, yes: bool
+    state: CliState, targets: tuple[str, ...], older_than: str | None, dry_run: bool, yes: bool
 ) -> None:
     """Delete trash entries for ever: those named, else those older than AGE, else all.
 
     A context id names every trash entry of it. Without names, pinned entries are kept.
     Asks first on a terminal; without one it refuses unless --yes.
     """
-    state = state_of(ctx)
     _lifecycle(state)
     entries = lifecycle.plan_trash_purge(
         state.store(), older_than=_age(older_than), targets=targets
@@ -341,8 +331,7 @@ def trash_purge(
     state.out.note(f"purged {plural(len(done), 'session')} ({freed})", style="green")
 
 
-def _pin(ctx: click.Context, context: ContextId, pinned: bool) -> None:
-    state = state_of(ctx)
+def _pin(state: CliState, context: ContextId, pinned: bool) -> None:
     if not states.pin_context(_lifecycle(state), context, pinned):
         raise catalog.missing(state, context)
     if pinned:
@@ -351,40 +340,30 @@ def _pin(ctx: click.Context, context: ContextId, pinned: bool) -> None:
         state.out.note(f"unpinned {context.display}", style="green")
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("context", type=CONTEXT)
-@storage_option
-@click.pass_context
-def pin(ctx: click.Context, context: ContextId) -> None:
+def pin(state: CliState, context: ContextId) -> None:
     """Pin a session: no policy or age selection archives or purges it."""
-    _pin(ctx, context, True)
+    _pin(state, context, True)
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("context", type=CONTEXT)
-@storage_option
-@click.pass_context
-def unpin(ctx: click.Context, context: ContextId) -> None:
+def unpin(state: CliState, context: ContextId) -> None:
     """Unpin a session (policies may archive it again)."""
-    _pin(ctx, context, False)
+    _pin(state, context, False)
 
 
-@reads_store
-@cli.command()
+@command()
 @click.option("--dry-run", is_flag=True, help="Only print what the policy would do.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
-@storage_option
-@click.pass_context
-def maintain(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
+@json_option
+def maintain(state: CliState, dry_run: bool, as_json: bool) -> None:
     """Apply the retention policy: archive inactive sessions, purge old trash.
 
     For cron: silent unless something moved; exit code 0 on success, 1 on failure.
     The policy is [retention] in terrarium.toml in the store's folder, else in
     ~/.config/terrarium/config.toml; without one nothing happens.
     """
-    state = state_of(ctx)
     _lifecycle(state)
     report = lifecycle.Maintenance(state.store()).run(dry_run=dry_run)
     if as_json:
@@ -431,8 +410,8 @@ def report_json(report: MaintenanceReport) -> dict[str, Any]:
 
 def lifecycle_rows(
     state: CliState, rows: list[ContextRow], type_: str | None, scope: str
-) -> tuple[list[ContextRow], dict[str, tuple[str, bool]]]:
-    """``list``'s rows for ``scope``, with each one's state and pin by context id."""
+) -> tuple[list[ContextRow], dict[str, dict[str, Any]]]:
+    """``list``'s rows for ``scope``, and by context id each one's ``state`` and ``pinned``."""
     from terrarium.contexts import ContextRow
     from terrarium.model import ContextId
     from terrarium.stores.base import Lifecycle
@@ -440,9 +419,9 @@ def lifecycle_rows(
     store = state.store()
     if not isinstance(store, Lifecycle):
         kept = rows if scope != "archived" else []
-        return kept, {r.context_id: ("hot", False) for r in kept}
+        return kept, {r.context_id: {"state": "hot", "pinned": False} for r in kept}
     pins = states.pinned_contexts(store)
-    marks = {r.context_id: ("hot", r.context_id in pins) for r in rows}
+    marks = {r.context_id: {"state": "hot", "pinned": r.context_id in pins} for r in rows}
     if scope == "hot":
         return rows, marks
     out = list(rows) if scope == "all" else []
@@ -460,7 +439,7 @@ def lifecycle_rows(
                 archived.message_count,
             )
         )
-        marks[archived.context] = ("archived", archived.pinned)
+        marks[archived.context] = {"state": "archived", "pinned": archived.pinned}
     out.sort(key=lambda r: r.last_active, reverse=True)
     out.sort(key=lambda r: r.type)
     return out, marks
