@@ -179,13 +179,8 @@ class CliState:
 
     @property
     def location(self) -> str:
-        """The store asked for: ``--storage-dir``, else the environment, else ``./sessions``."""
-        return (
-            self.storage
-            or os.environ.get(STORAGE_ENV)
-            or os.environ.get(STORE_ENV)
-            or DEFAULT_STORAGE
-        )
+        """The store asked for: ``--storage-dir``, else :func:`default_location`."""
+        return self.storage or default_location()
 
     @property
     def shown_location(self) -> str:
@@ -236,6 +231,11 @@ class CliState:
             if self._store is not None:
                 self._store.close()
             self._manager = self._store = None
+
+
+def default_location() -> str:
+    """The store without ``--storage-dir``: the environment's, else ``./sessions``."""
+    return os.environ.get(STORAGE_ENV) or os.environ.get(STORE_ENV) or DEFAULT_STORAGE
 
 
 def open_store(location: str, *, create: bool = True) -> Store:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import closing
 from typing import TYPE_CHECKING
 
 import click
@@ -53,22 +54,16 @@ def copy(
     Prints one summary line (a progress bar on a terminal); -v adds a line per session.
     """
     from terrarium.copy import copy_store, source_contexts
+    from terrarium.stores.url import redact_url
 
-    src = open_store(source, create=False)
-    try:
-        dst = open_store(destination)
-        try:
-            wanted = list(contexts) or source_contexts(src)
-            with state.out.progress(0 if verbose else len(wanted), "copying") as progress:
-                report = copy_store(src, dst, wanted, progress=progress, detached=not contexts)
-        finally:
-            dst.close()
-    finally:
-        src.close()
-    _report_copy(state.out, report, destination, verbose)
+    with closing(open_store(source, create=False)) as src, closing(open_store(destination)) as dst:
+        wanted = list(contexts) or source_contexts(src)
+        with state.out.progress(0 if verbose else len(wanted), "copying") as progress:
+            report = copy_store(src, dst, wanted, progress=progress, detached=not contexts)
+    _report_copy(state.out, report, redact_url(destination), verbose)
 
 
-def _report_copy(out: Output, report: CopyReport, destination: str, verbose: bool) -> None:
+def _report_copy(out: Output, report: CopyReport, where: str, verbose: bool) -> None:
     """``copy``'s lines: per session with -v, each problem, the summary; exit 1 on conflicts."""
     present = report.present
     already = set(present)
@@ -79,19 +74,18 @@ def _report_copy(out: Output, report: CopyReport, destination: str, verbose: boo
         for context in report.copied:
             out.note(f"{'completed' if context in completed else 'copied'} {context}")
         for context in present:
-            out.note(f"skipped {context}: already in {redact(destination)}")
+            out.note(f"skipped {context}: already in {where}")
     for context, reason in problems:
         out.note(f"skipped {context}: {reason}", style="yellow")
     for _, reason in report.conflicts:
         out.error(f"conflict: {reason}; not copied")
-    out.note(copy_summary(report, destination))
+    out.note(copy_summary(report, where))
     if report.conflicts:
         raise click.exceptions.Exit(1)
 
 
-def copy_summary(report: CopyReport, destination: str) -> str:
+def copy_summary(report: CopyReport, where: str) -> str:
     """``copy``'s one summary line; a rerun that finds everything copied says just that."""
-    where = redact(destination)
     copied, present, completed = report.copied, report.present, report.completed
     conflicts = len(report.conflicts)
     problems = len(report.skipped) - len(present) - conflicts
@@ -107,13 +101,6 @@ def copy_summary(report: CopyReport, destination: str) -> str:
     if conflicts:
         text += f"; {conflicts} in conflict"
     return text
-
-
-def redact(location: str) -> str:
-    """A store location with any password masked, for messages."""
-    from terrarium.stores.url import redact_url
-
-    return redact_url(location)
 
 
 @command()

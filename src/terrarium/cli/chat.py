@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shlex
 import signal
 import sys
@@ -28,17 +27,15 @@ from typing import Any, TypeVar, cast
 import click
 from click.core import ParameterSource
 
-from terrarium import sessions
+from terrarium import legacy, sessions
 from terrarium.cli import catalog
 from terrarium.cli.app import (
-    DEFAULT_STORAGE,
     DEFAULT_TYPE,
-    STORAGE_ENV,
-    STORE_ENV,
     USER_ERRORS,
     CliState,
     ModelOptions,
     command,
+    default_location,
     generated_context,
     model_options,
     parse_context,
@@ -100,30 +97,23 @@ class Hints:
     again: str
     """How to send a message that was not kept once more."""
 
-    @classmethod
-    def in_chat(cls, context: ContextId) -> Hints:
-        """The chat's own commands."""
-        return cls(context, "/retry", "/compact", "/rewind N", "Up brings your message back")
-
-    @classmethod
-    def commands(cls, state: CliState, context: ContextId) -> Hints:
-        """The commands to type after ``chat -p`` or a piped chat ended."""
-        name, store = shlex.quote(str(context)), storage_suffix(state)
-        return cls(
-            context,
-            f"'{resume_command(state, context)} --retry'",
-            f"'terrarium compact {name}{store}'",
-            f"'terrarium rewind {name} -n N{store}'",
-            "run the command again",
-        )
-
 
 def advice(exc: BaseException, hints: Hints, kept: bool = True) -> str:
-    """The note after a failed turn (docs/cli.md, "When a reply fails"): what became of the message.
+    """The note after a failed or interrupted turn (docs/cli.md, "When a reply fails").
 
     A failure that would repeat says why and what to do; a passing one offers the retry. A new
     session's first message that got no reply is not ``kept``: the session is not created.
     """
+    if isinstance(exc, Interrupted | KeyboardInterrupt):
+        if not kept:
+            return (
+                f"interrupted before any reply: nothing was kept ({hints.context} begins with "
+                "its first answered message)"
+            )
+        return (
+            "interrupted: the partial reply is logged, marked interrupted, and your message is "
+            f"not sent with your next one; {hints.retry} sends it again"
+        )
     if not kept:
         why = (
             " It does not fit the model's context: shorten it."
@@ -142,19 +132,6 @@ def advice(exc: BaseException, hints: Hints, kept: bool = True) -> str:
     if isinstance(exc, LLMError) and not exc.transient:
         return f"{KEPT}. Sent as it is, it would fail again: fix the cause, then {hints.retry}"
     return f"{KEPT}; {hints.retry} sends it again"
-
-
-def interrupted_note(hints: Hints, kept: bool = True) -> str:
-    """The note after Ctrl-C stopped a reply (``kept``: see :func:`advice`)."""
-    if not kept:
-        return (
-            f"interrupted before any reply: nothing was kept ({hints.context} begins with its "
-            "first answered message)"
-        )
-    return (
-        "interrupted: the partial reply is logged, marked interrupted, and your message is "
-        f"not sent with your next one; {hints.retry} sends it again"
-    )
 
 
 class Interrupted(Exception):
@@ -191,10 +168,18 @@ class Chat:
 
     @property
     def hints(self) -> Hints:
-        """How notes name the ways out of a failed turn here."""
+        """The chat's own commands; after ``chat -p`` or a piped chat, the commands to type."""
+        context = self.context
         if self.interactive:
-            return Hints.in_chat(self.context)
-        return Hints.commands(self.state, self.context)
+            return Hints(context, "/retry", "/compact", "/rewind N", "Up brings your message back")
+        name, store = shlex.quote(str(context)), storage_suffix(self.state)
+        return Hints(
+            context,
+            f"'{resume_command(self.state, context)} --retry'",
+            f"'terrarium compact {name}{store}'",
+            f"'terrarium rewind {name} -n N{store}'",
+            "run the command again",
+        )
 
     def kept(self) -> bool:
         """Whether the session is in the store: after a failed first message it is not."""
@@ -202,22 +187,23 @@ class Chat:
 
     def failure_note(self, exc: BaseException) -> str:
         """The note after the reply to a message failed (or Ctrl-C stopped it)."""
-        if isinstance(exc, Interrupted | KeyboardInterrupt):
-            return interrupted_note(self.hints, self.kept())
         return advice(exc, self.hints, self.kept())
 
     def open(self, context: ContextId) -> None:
         """Make ``context`` current, importing its legacy file on first use."""
-        if catalog.resume(self.state, context):
+        if legacy.resume(self.state.store(), context):
             self.out.note(f"imported the legacy session {context} into the log")
         self.context = context
         self.opened = True
 
-    def message_count(self) -> int:
+    def history(self) -> list[dict[str, Any]]:
         try:
-            return len(self.manager.history(str(self.context)))
+            return self.manager.history(str(self.context))
         except ContextNotFound:
-            return 0
+            return []
+
+    def message_count(self) -> int:
+        return len(self.history())
 
     async def interruptible(self, work: Awaitable[T]) -> T:
         """Run ``work``; Ctrl-C (SIGINT) cancels it and raises :class:`Interrupted`."""
@@ -267,18 +253,15 @@ class Chat:
 
     async def run_line(self, line: str) -> None:
         """Handle one input: a ``/command`` or a message (``//text`` sends ``/text``)."""
-        if not is_message(line):
-            name, _, rest = line[1:].partition(" ")
-            await self.command(name.strip(), rest.strip())
+        if is_message(line):
+            await self.send(line[1:] if line.startswith("//") else line)
             return
-        await self.send(line[1:] if line.startswith("//") else line)
-
-    async def command(self, name: str, arg: str) -> None:
-        """Run an in-chat command."""
+        command, _, arg = line[1:].partition(" ")
+        name = command.strip()
         handler: Callable[[str], Awaitable[None]] | None = getattr(self, f"cmd_{name}", None)
         if name not in COMMANDS or handler is None:
             raise click.ClickException(f"unknown command /{name}: /help lists the commands")
-        await handler(arg)
+        await handler(arg.strip())
 
     async def cmd_help(self, _arg: str) -> None:
         rows = [[f"/{n} {a}".rstrip(), text] for n, (a, text) in COMMANDS.items()]
@@ -286,10 +269,7 @@ class Chat:
         self.out.line(f"{KEYS_HELP}. Start a message with // to send a leading /.", style="dim")
 
     async def cmd_history(self, _arg: str) -> None:
-        try:
-            items = self.manager.history(str(self.context))
-        except ContextNotFound:
-            items = []
+        items = self.history()
         if not items:
             self.out.line(f"{self.context} has no messages yet", style="dim")
         for item in items:
@@ -491,12 +471,8 @@ def preview(state: CliState, context: ContextId) -> tuple[str, str] | None:
 
 
 def read_prompt(prompt: str) -> str:
-    """The one message of ``chat -p``: ``prompt``, all of stdin for ``-``, or both a line apart.
-
-    When stdin is piped, ``prompt``, a blank line, then stdin (``cat f | terrarium chat -p
-    'summarise this'``, as ``llm`` reads it). Stdin not UTF-8, or an empty message, is a
-    ClickException (a UsageError) before anything is sent.
-    """
+    """The one message of ``chat -p``: ``prompt``, all of stdin for ``-``, or both a line apart
+    (``cat f | terrarium chat -p 'summarise this'``, as ``llm`` reads it)."""
     if prompt == "-":
         text = read_stdin()
     elif stdin_is_piped():
@@ -575,8 +551,7 @@ def resume_command(state: CliState, context: ContextId) -> str:
 
 def storage_suffix(state: CliState) -> str:
     """`` --storage-dir DIR`` when the store named differs from the default one; else ``""``."""
-    implied = os.environ.get(STORAGE_ENV) or os.environ.get(STORE_ENV) or DEFAULT_STORAGE
-    if state.storage is not None and state.storage != implied:
+    if state.storage is not None and state.storage != default_location():
         return f" --storage-dir {shlex.quote(state.shown_location)}"
     return ""
 

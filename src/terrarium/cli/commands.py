@@ -30,13 +30,14 @@ from terrarium.display import short_time
 from terrarium.errors import ContextExists, NothingToCompact, StoreError
 
 if TYPE_CHECKING:
-    from terrarium import contexts, model, sessions
+    from terrarium import contexts, legacy, model, sessions
     from terrarium.cli import catalog
     from terrarium.model import ContextId
     from terrarium.stores.base import PodMetadata, Store
 else:  # loaded by the first command that uses them: --help uses none
     contexts = lazy_module("terrarium.contexts")
     catalog = lazy_module("terrarium.cli.catalog")
+    legacy = lazy_module("terrarium.legacy")
     model = lazy_module("terrarium.model")
     sessions = lazy_module("terrarium.sessions")
 
@@ -524,7 +525,7 @@ def compact(state: CliState, context: ContextId, server: ModelOptions) -> None:
     """
     import asyncio
 
-    catalog.resume(state, context)
+    legacy.resume(state.store(), context)
     catalog.require(state, context)
     manager = state.manager(server)
 
@@ -777,11 +778,8 @@ def import_file(
 
 def _legacy_root_of(store: Store, path: Path) -> Path | None:
     """The filesystem store's folder, when ``path`` lies inside it."""
-    from terrarium.stores.fs import FsStore
-
-    if isinstance(store, FsStore) and path.resolve().is_relative_to(store.root.resolve()):
-        return store.root
-    return None
+    root = legacy.legacy_root(store)
+    return root if root and path.resolve().is_relative_to(root.resolve()) else None
 
 
 @command(creates=True)
@@ -802,7 +800,7 @@ def migrate(state: CliState, dry_run: bool, to_log: bool, source: Path | None) -
     """Move legacy flat session files into date folders (and optionally into the log)."""
     from terrarium.migrate import migrate
 
-    root = source if source is not None else catalog.legacy_root(state)
+    root = source if source is not None else legacy.legacy_root(state.store())
     if root is None:
         raise click.ClickException(
             f"{state.shown_location} is not a folder: name the legacy sessions folder with --from"

@@ -22,10 +22,10 @@ from pathlib import Path
 import click
 
 from terrarium import codec, index, states
-from terrarium.cli import catalog
 from terrarium.cli.app import CliState
 from terrarium.cli.output import plural
 from terrarium.errors import CorruptLog, FormatVersionError, TerrariumError
+from terrarium.legacy import legacy_root
 from terrarium.model import ContextId, SegmentId
 from terrarium.sessions import detached_sessions
 from terrarium.stores.base import BlobStore, PodMetadata, Reindexable, SessionStates, Store
@@ -426,7 +426,7 @@ def _read_all(store: Store, head: PodMetadata, report: Report) -> list[tuple[uui
 def _check_legacy(state: CliState, report: Report) -> None:
     from terrarium.formats import terrarium_json as tj
 
-    root = catalog.legacy_root(state)
+    root = legacy_root(state.store())
     if root is None:
         return
     for path in tj.iter_legacy_files(root):

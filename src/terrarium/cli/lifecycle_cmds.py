@@ -89,45 +89,38 @@ def archive(
     plan = lifecycle.plan_archive(
         state.store(), older_than=_age(older_than), type=type_, names=list(contexts)
     )
-    if dry_run:
-        _print_plan(state, plan, as_json)
-        return
-    with state.out.progress(len(plan.candidates), "archiving") as progress:
-        done = lifecycle.run_archive(
-            state.store(), plan, why="command: terrarium archive", progress=progress
-        )
-    saved = sum(a.hot_bytes - a.archived_bytes for a in done)
+    records: Sequence[Candidate | ArchivedContext] = plan.candidates
+    saved = plan.hot_bytes
+    if not dry_run:
+        with state.out.progress(len(plan.candidates), "archiving") as progress:
+            done = lifecycle.run_archive(
+                state.store(), plan, why="command: terrarium archive", progress=progress
+            )
+        records, saved = done, sum(a.hot_bytes - a.archived_bytes for a in done)
     if as_json:
         state.out.json(
             {
-                "dry_run": False,
-                "contexts": [record_json(a) for a in done],
+                "dry_run": dry_run,
+                "contexts": [record_json(r) for r in records],
                 "skipped_pinned": plan.skipped_pinned,
                 "bytes_saved": saved,
             }
         )
-    elif done:
-        hot = sum(a.hot_bytes for a in done)
-        state.out.note(
-            f"archived {plural(len(done), 'session')}: {human_bytes(hot)} -> "
-            f"{human_bytes(hot - saved)} (saved {human_bytes(saved)})",
-            style="green",
-        )
-    _note_pinned(state, plan, as_json, done_nothing=not done)
+    elif dry_run:
+        _print_plan(state, plan)
+    else:
+        if records:
+            hot = sum(r.hot_bytes for r in records)
+            state.out.note(
+                f"archived {plural(len(records), 'session')}: {human_bytes(hot)} -> "
+                f"{human_bytes(hot - saved)} (saved {human_bytes(saved)})",
+                style="green",
+            )
+        _note_pinned(state, plan, done_nothing=not records)
 
 
-def _print_plan(state: CliState, plan: ArchivePlan, as_json: bool) -> None:
+def _print_plan(state: CliState, plan: ArchivePlan) -> None:
     """``archive --dry-run``: every session that would move, and the bytes it would free."""
-    if as_json:
-        state.out.json(
-            {
-                "dry_run": True,
-                "contexts": [record_json(c) for c in plan.candidates],
-                "skipped_pinned": plan.skipped_pinned,
-                "bytes_saved": plan.hot_bytes,
-            }
-        )
-        return
     if plan.candidates:
         state.out.table(
             ["context", "messages", "last active", "size", "pinned"],
@@ -147,12 +140,10 @@ def _print_plan(state: CliState, plan: ArchivePlan, as_json: bool) -> None:
             f"would archive {plural(len(plan.candidates), 'session')}, "
             f"{human_bytes(plan.hot_bytes)} out of the hot store (before compression)"
         )
-    _note_pinned(state, plan, False, done_nothing=not plan.candidates)
+    _note_pinned(state, plan, done_nothing=not plan.candidates)
 
 
-def _note_pinned(state: CliState, plan: ArchivePlan, as_json: bool, *, done_nothing: bool) -> None:
-    if as_json:
-        return
+def _note_pinned(state: CliState, plan: ArchivePlan, *, done_nothing: bool) -> None:
     if plan.skipped_pinned:
         state.out.note(
             f"skipped {plural(len(plan.skipped_pinned), 'pinned session')} "
@@ -374,7 +365,7 @@ def maintain(state: CliState, dry_run: bool, as_json: bool) -> None:
             state.out.note("no retention policy: nothing to do (see docs/cli.md, maintain)")
         return
     if dry_run:
-        _print_plan(state, report.to_archive, False)
+        _print_plan(state, report.to_archive)
         if report.to_purge:
             _print_trash(state, report.to_purge)
             state.out.note(f"would purge {plural(len(report.to_purge), 'session')} from the trash")
