@@ -163,23 +163,11 @@ def _check_fs(store: FsStore, report: Report) -> None:
     for session_id, folder in store.detached():
         report.contexts += 1
         if not frozen(store.root, session_id):  # a frozen one's plain files are leftovers
-            _check_detached(session_id, folder, report)
+            _check_segments(folder, None, str(session_id), report)
     _check_links(store.root, report)
     for path in store.unfinished_moves():
         what = "left by a killed freeze, thaw, detach or delete"
         report.problems.append(Problem("leftover", f"{path}: {what}", path=str(path)))
-
-
-def _check_detached(session_id: uuid.UUID, folder: Path, report: Report) -> None:
-    """Every segment of a detached session (``.detached/{session}/``): it has no head."""
-    for path in _segment_files(folder):
-        report.segments += 1
-        found: list[Problem] = []
-        report.entries += _check_segment_file(path, "", found)
-        for problem in found:
-            problem.context = None
-            problem.session_id, problem.segment_id = str(session_id), str(_segment_id(path))
-        report.problems.extend(found)
 
 
 def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None:
@@ -187,10 +175,8 @@ def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None
     head_path = folder / "head.json"
     session = str(entry.head.session_id) if entry.head is not None else None
 
-    def add(kind: str, message: str, path: Path, line: int | None = None) -> Problem:
-        problem = Problem(kind, message, context, str(path), line, session_id=session)
-        report.problems.append(problem)
-        return problem
+    def add(kind: str, message: str, path: Path) -> None:
+        report.problems.append(Problem(kind, message, context, str(path), session_id=session))
 
     if entry.head is None:
         add("damaged", f"the head cannot be rebuilt: {entry.problem}", folder)
@@ -204,18 +190,28 @@ def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None
     in_use = set(segment_chain(folder, entry.head.segment_id)) if entry.head else set()
     if entry.head is not None and frozen(store.root, entry.head.session_id):
         return  # archived: its plain files, if any, are leftovers (reported as such)
+    for segment_id, problem in _check_segments(folder, context, session, report):
+        if problem.kind in _SALVAGEABLE and segment_id in salvaged and segment_id not in in_use:
+            problem.repaired = True
+            problem.message += f"; salvaged into {salvaged[segment_id]}"
+
+
+def _check_segments(
+    folder: Path, context: str | None, session: str | None, report: Report
+) -> list[tuple[SegmentId | None, Problem]]:
+    """Check every segment file of ``folder`` into ``report``; the problems, by segment."""
+    found: list[tuple[SegmentId | None, Problem]] = []
     for path in _segment_files(folder):
         report.segments += 1
-        found: list[Problem] = []
-        report.entries += _check_segment_file(path, context, found)
+        problems: list[Problem] = []
+        report.entries += _check_segment_file(path, problems)
         segment_id = _segment_id(path)
-        for problem in found:
-            problem.session_id, problem.segment_id = session, str(segment_id)
-            problem.context = context
-            if problem.kind in _SALVAGEABLE and segment_id in salvaged and segment_id not in in_use:
-                problem.repaired = True
-                problem.message += f"; salvaged into {salvaged[segment_id]}"
-        report.problems.extend(found)
+        for problem in problems:
+            problem.context, problem.session_id = context, session
+            problem.segment_id = str(segment_id)
+            found.append((segment_id, problem))
+    report.problems.extend(problem for _, problem in found)
+    return found
 
 
 def _check_index(
@@ -282,23 +278,22 @@ def _segment_id(path: Path) -> SegmentId | None:
         return None
 
 
-def _check_segment_file(path: Path, context: str, problems: list[Problem]) -> int:
+def _check_segment_file(path: Path, problems: list[Problem]) -> int:
     """Decode every line of one segment file; return how many entries it holds."""
     try:
         buf = _read_no_follow(path)
     except OSError as exc:
-        problems.append(Problem("unreadable", str(exc), context=context, path=str(path)))
+        problems.append(Problem("unreadable", str(exc), path=str(path)))
         return 0
     complete, tail = codec.split_complete(buf)
     if not complete:
         what = "the file is empty" if not buf else "its header line is incomplete (no newline)"
-        problems.append(Problem("corrupt", f"damaged segment: {what}", context, str(path), 1))
+        problems.append(Problem("corrupt", f"damaged segment: {what}", None, str(path), 1))
         return 0
     count = 0
     for number, line in enumerate(complete.split(b"\n")[:-1], start=1):
         problem = _check_line(path, number, line)
         if problem is not None:
-            problem.context = context
             problems.append(problem)
         elif number > 1:
             count += 1
@@ -307,7 +302,7 @@ def _check_segment_file(path: Path, context: str, problems: list[Problem]) -> in
             Problem(
                 "torn",
                 f"{len(tail)} bytes after the last complete line (offset {len(complete)})",
-                context,
+                None,
                 str(path),
                 complete.count(b"\n") + 1,
                 offset=len(complete),
