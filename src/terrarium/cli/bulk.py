@@ -7,15 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from terrarium.cli.app import (
-    CONTEXT,
-    DATE,
-    CliState,
-    command,
-    json_option,
-    open_store,
-    type_option,
-)
+from terrarium.cli.app import CONTEXT, DATE, CliState, command, json_option, open_store, type_option
 from terrarium.cli.output import plural
 from terrarium.display import short_time
 
@@ -39,11 +31,7 @@ if TYPE_CHECKING:
 )
 @click.option("--verbose", "-v", is_flag=True, help="Also print one line per session.")
 def copy(
-    state: CliState,
-    source: str,
-    destination: str,
-    contexts: tuple[ContextId, ...],
-    verbose: bool,
+    state: CliState, source: str, destination: str, contexts: tuple[ContextId, ...], verbose: bool
 ) -> None:
     """Copy sessions between two stores losslessly (folders or store URLs).
 

@@ -98,12 +98,7 @@ class FormatOption(click.Option):
 @click.option("--archived", is_flag=True, help="List only archived sessions.")
 @click.option("--all", "all_", is_flag=True, help="List hot and archived sessions.")
 def list_cmd(
-    state: CliState,
-    type_: str | None,
-    limit: int | None,
-    as_json: bool,
-    archived: bool,
-    all_: bool,
+    state: CliState, type_: str | None, limit: int | None, as_json: bool, archived: bool, all_: bool
 ) -> None:
     """List sessions, grouped by type, most recently active first."""
     scope = "all" if all_ else "archived" if archived else "hot"
@@ -442,9 +437,7 @@ def _calls(usage: dict[str, Any]) -> str:
 @command()
 @click.argument("context", type=CONTEXT)
 @click.option(
-    "--purge",
-    is_flag=True,
-    help="Delete for ever, bypassing the trash (asks first on a terminal).",
+    "--purge", is_flag=True, help="Delete for ever, bypassing the trash (asks first on a terminal)."
 )
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (of --purge).")
 def delete(state: CliState, context: ContextId, purge: bool, yes: bool) -> None:
