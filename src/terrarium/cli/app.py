@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from terrarium.stores.base import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
+C = TypeVar("C", bound=click.Command)
 
 DEFAULT_STORAGE = "./sessions"
 DEFAULT_BASE_URL = "http://localhost:8000/v1"
@@ -159,7 +160,7 @@ class GuardedCommand(click.Command):
 _READERS: set[click.Command] = set()
 
 
-def reads_store(command: click.Command) -> click.Command:
+def reads_store(command: C) -> C:
     """Mark a command that never creates a store: a missing one is ``no store at ...``."""
     _READERS.add(command)
     return command
@@ -282,7 +283,7 @@ def command(
 ) -> Callable[[Callable[..., Any]], click.Command]:
     """A command of ``group`` (default: ``terrarium``) called with the invocation's
     :class:`CliState` first, ``--storage-dir`` its last option; :func:`reads_store` unless it
-    ``creates`` a store."""
+    ``creates`` a store. A subcommand's ``--help`` ends with ``examples["GROUP NAME"]``."""
 
     def decorate(f: Callable[..., Any]) -> click.Command:
         @functools.wraps(f)
@@ -290,6 +291,8 @@ def command(
             return f(state_of(click.get_current_context()), *args, **kwargs)
 
         made = storage_option((group or cli).command(name)(run))
+        if group is not None:
+            made.epilog = examples.epilog(f"{group.name} {made.name}")
         return made if creates else reads_store(made)
 
     return decorate

@@ -15,7 +15,6 @@ import click
 import msgspec
 
 from terrarium._lazy import lazy_module
-from terrarium.cli import examples
 from terrarium.cli.app import (
     CONTEXT,
     CliState,
@@ -211,23 +210,11 @@ def delete_session(
     )
 
 
-class TrashGroup(click.Group):
-    """``trash``: its subcommands' help ends with their examples, as every command's does."""
-
-    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
-        """Add a subcommand; its ``--help`` ends with ``examples["trash NAME"]``."""
-        super().add_command(cmd, name)
-        if cmd.epilog is None:
-            cmd.epilog = examples.epilog(f"trash {name or cmd.name}")
-
-
-@cli.group(cls=TrashGroup)
+@reads_store
+@cli.group()
 @storage_option
 def trash() -> None:
     """Deleted sessions: list them, restore one, or purge them for ever."""
-
-
-reads_store(trash)
 
 
 def _print_trash(state: CliState, entries: Sequence[TrashedContext]) -> None:
