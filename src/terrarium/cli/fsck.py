@@ -80,6 +80,18 @@ class Report:
     def unresolved(self) -> list[Problem]:
         return [p for p in self.problems if not p.repaired]
 
+    def add(
+        self,
+        kind: str,
+        message: str,
+        context: str | None = None,
+        path: str | None = None,
+        *,
+        session_id: str | None = None,
+    ) -> None:
+        """Record a problem."""
+        self.problems.append(Problem(kind, message, context, path, session_id=session_id))
+
 
 def run_fsck(state: CliState, *, repair: bool, salvage: bool, as_json: bool) -> None:
     """Check (and with ``repair``, fix) the store; exit 1 when problems remain."""
@@ -167,7 +179,7 @@ def _check_fs(store: FsStore, report: Report) -> None:
     _check_links(store.root, report)
     for path in store.unfinished_moves():
         what = "left by a killed freeze, thaw, detach or delete"
-        report.problems.append(Problem("leftover", f"{path}: {what}", path=str(path)))
+        report.add("leftover", f"{path}: {what}", path=str(path))
 
 
 def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None:
@@ -176,7 +188,7 @@ def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None
     session = str(entry.head.session_id) if entry.head is not None else None
 
     def add(kind: str, message: str, path: Path) -> None:
-        report.problems.append(Problem(kind, message, context, str(path), session_id=session))
+        report.add(kind, message, context, str(path), session_id=session)
 
     if entry.head is None:
         add("damaged", f"the head cannot be rebuilt: {entry.problem}", folder)
@@ -225,25 +237,21 @@ def _check_index(
         indexed, reason = None, _after_location(str(exc))
     chosen = next((e for e in entries if e.folder == indexed), None)
     if chosen is None:
-        report.problems.append(
-            Problem(
-                "unindexed",
-                f"{reason} ('terrarium reindex' adds it)",
-                str(context),
-                str(entries[0].folder),
-            )
+        report.add(
+            "unindexed",
+            f"{reason} ('terrarium reindex' adds it)",
+            str(context),
+            str(entries[0].folder),
         )
         chosen = max(entries, key=lambda e: e.head.updated_at if e.head is not None else "")
     for other in entries:
         if other is not chosen:
-            report.problems.append(
-                Problem(
-                    "duplicate",
-                    f"a second folder of {context}, which lives in {chosen.folder}: an older "
-                    "terrarium split it; export or import it to keep it apart",
-                    str(context),
-                    str(other.folder),
-                )
+            report.add(
+                "duplicate",
+                f"a second folder of {context}, which lives in {chosen.folder}: an older "
+                "terrarium split it; export or import it to keep it apart",
+                str(context),
+                str(other.folder),
             )
 
 
@@ -253,13 +261,11 @@ def _check_links(root: Path, report: Report) -> None:
         for name in sorted(dirs + files):
             path = Path(parent) / name
             if path.is_symlink():
-                report.problems.append(
-                    Problem(
-                        "link",
-                        f"a symbolic link (to {os.readlink(path)}): terrarium never follows one "
-                        "out of its root; replace it with the folder or file itself",
-                        path=str(path),
-                    )
+                report.add(
+                    "link",
+                    f"a symbolic link (to {os.readlink(path)}): terrarium never follows one "
+                    "out of its root; replace it with the folder or file itself",
+                    path=str(path),
                 )
 
 
@@ -349,9 +355,7 @@ def _check_generic(store: Store, report: Report) -> None:
                 continue  # deleted (or replaced) meanwhile: nothing of it to check
             errors = _read_all(store, now, Report())
         for segment_id, error in errors:
-            report.problems.append(
-                Problem("unreadable", error, context=head.context, path=str(segment_id))
-            )
+            report.add("unreadable", error, context=head.context, path=str(segment_id))
     for session_id in detached_sessions(store):  # no head: every segment is read
         report.contexts += 1
         for segment_id in store.list_segments(session_id):
@@ -359,7 +363,7 @@ def _check_generic(store: Store, report: Report) -> None:
             try:
                 report.entries += len(store.read_segment(session_id, segment_id).entries)
             except TerrariumError as exc:
-                report.problems.append(Problem("unreadable", str(exc), path=str(segment_id)))
+                report.add("unreadable", str(exc), path=str(segment_id))
 
 
 def _check_lifecycle(store: Store, report: Report) -> None:
@@ -369,13 +373,11 @@ def _check_lifecycle(store: Store, report: Report) -> None:
     for record in states.unfinished_lifecycle(store):
         what = "purge" if record.state.get("purging") else "delete or restore"
         name = record.state.get("trashed", {}).get("context") or record.owner or "a context"
-        report.problems.append(
-            Problem(
-                "unfinished",
-                f"session {record.session_id}: a {what} of {name} was killed half way",
-                context=record.owner,
-                session_id=str(record.session_id),
-            )
+        report.add(
+            "unfinished",
+            f"session {record.session_id}: a {what} of {name} was killed half way",
+            context=record.owner,
+            session_id=str(record.session_id),
         )
 
 
@@ -387,18 +389,16 @@ def _check_blobs(store: Store, report: Report) -> None:
         referenced = store.blob_references()
         stored = set(store.blob_digests())
     except TerrariumError as exc:
-        report.problems.append(Problem("unreadable", str(exc)))
+        report.add("unreadable", str(exc))
         return
     for digest, where in sorted(referenced.items()):
         if digest not in stored:
-            report.problems.append(
-                Problem("blob", f"blob {digest} is missing (referred to by {where})", path=where)
-            )
+            report.add("blob", f"blob {digest} is missing (referred to by {where})", path=where)
     for digest in sorted(stored):
         try:
             store.get_blob(digest)
         except TerrariumError as exc:
-            report.problems.append(Problem("blob", str(exc)))
+            report.add("blob", str(exc))
 
 
 def _read_all(store: Store, head: PodMetadata, report: Report) -> list[tuple[uuid.UUID, str]]:
@@ -428,7 +428,7 @@ def _check_legacy(state: CliState, report: Report) -> None:
         try:
             tj.load(path, root=root)
         except (ValueError, OSError) as exc:
-            report.problems.append(Problem("legacy", str(exc), path=str(path)))
+            report.add("legacy", str(exc), path=str(path))
 
 
 def _repair(store: Store, report: Report, *, salvage: bool) -> None:
