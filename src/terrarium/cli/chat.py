@@ -609,7 +609,7 @@ def run_chat(
     run_loop(chat, main())
     if as_json:
         state.out.json(turn_json(state, chat.context, chat.reply))
-    if chat.opened and state.store().get_head(chat.context) is not None:
+    if chat.opened and chat.kept():
         state.out.note(f"resume with: {resume_command(state, chat.context)}")
 
 

@@ -421,10 +421,10 @@ def print_stats(state: CliState, data: dict[str, Any]) -> None:
 def _tokens(usage: dict[str, Any], kind: str, *, detail: str | None = None) -> str:
     """A token count, ``~`` first when partly estimated; ``detail``: ``(5 cached, 3 estimated)``."""
     count, estimated = usage[f"{kind}_tokens"], usage[f"estimated_{kind}_tokens"]
-    if detail is None:
-        return f"~{count}" if estimated else str(count)
-    notes = [note for note in (detail, f"{estimated} estimated" if estimated else "") if note]
     shown = f"~{count}" if estimated else str(count)
+    if detail is None:
+        return shown
+    notes = [note for note in (detail, f"{estimated} estimated" if estimated else "") if note]
     return f"{shown} ({', '.join(notes)})" if notes else shown
 
 
@@ -609,10 +609,7 @@ def export(
             click.echo(content, nl=not content.endswith("\n"))
         return
     path = Path(output)
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content, encoding="utf-8")
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
     state.out.note(f"exported {context} as {fmt} to {path}", style="green")
 
 
