@@ -226,12 +226,10 @@ class Chat:
 
     async def send(self, text: str) -> None:
         """Send one message and stream the reply; :attr:`replying` stays set when it fails."""
-        wrote = False
         self.replying = True
         parts: list[str] = []
 
         async def consume() -> None:
-            nonlocal wrote
             stream = cast(
                 AsyncGenerator[str, None],
                 self.manager.stream_with_context(str(self.context), text, self.system_prompt),
@@ -240,13 +238,12 @@ class Chat:
                 async for delta in stream:
                     parts.append(delta)
                     if not self.as_json:  # --json prints the whole reply at the end
-                        wrote = True
                         self.out.write(delta)
 
         try:
             await self.interruptible(consume())
         finally:
-            if wrote:
+            if parts and not self.as_json:
                 self.out.write("\n")
         self.replying = False
         self.reply = "".join(parts)
