@@ -655,7 +655,6 @@ def resolve_context(context: str | None, session_id: str | None, type_: str) -> 
 @click.option(
     "--last",
     "-c",
-    "last",
     is_flag=True,
     help="Continue the most recently active session (of --type, when given).",
 )

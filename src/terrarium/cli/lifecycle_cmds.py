@@ -66,7 +66,7 @@ AGE_HELP = "Only sessions inactive for longer than AGE (30d, 12h, 2w); pinned on
 
 @command()
 @click.argument("contexts", nargs=-1, type=CONTEXT, metavar="[CONTEXT]...")
-@click.option("--older-than", "older_than", metavar="AGE", help=AGE_HELP)
+@click.option("--older-than", metavar="AGE", help=AGE_HELP)
 @type_option
 @click.option("--dry-run", is_flag=True, help="Only print what would move and the bytes saved.")
 @json_option
@@ -269,10 +269,7 @@ def trash_restore(state: CliState, target: str, as_context: ContextId | None) ->
 @command("purge", group=trash)
 @click.argument("targets", nargs=-1, metavar="[CONTEXT|TRASH_ID]...")
 @click.option(
-    "--older-than",
-    "older_than",
-    metavar="AGE",
-    help="Only entries deleted longer ago than AGE (30d, 12h, 2w).",
+    "--older-than", metavar="AGE", help="Only entries deleted longer ago than AGE (30d, 12h, 2w)."
 )
 @click.option("--dry-run", is_flag=True, help="Only print what would be purged.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
