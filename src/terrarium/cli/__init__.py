@@ -5,12 +5,10 @@ docs/architecture.md says which module holds which command.
 
 from __future__ import annotations
 
-from terrarium.cli import bulk as _bulk
-from terrarium.cli import commands as _commands
-from terrarium.cli import lifecycle_cmds as _lifecycle_cmds
+from terrarium.cli import bulk, commands, lifecycle_cmds
 from terrarium.cli.app import cli
 
-_ = (_bulk, _commands, _lifecycle_cmds)  # imported for their commands
+_ = (bulk, commands, lifecycle_cmds)  # imported for the commands they define
 # Imported when it runs: it needs asyncio, which no other command does (see GuardedGroup).
 cli.add_lazy(
     "chat", "terrarium.cli.chat", "Chat in a session (CONTEXT is type:name, or a name of --type)."

@@ -9,11 +9,13 @@ commands that call a model build a :class:`MultiContextManager` (and import ``op
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from terrarium.stores.base import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
+C = TypeVar("C", bound=click.Command)
 
 DEFAULT_STORAGE = "./sessions"
 DEFAULT_BASE_URL = "http://localhost:8000/v1"
@@ -157,7 +160,7 @@ class GuardedCommand(click.Command):
 _READERS: set[click.Command] = set()
 
 
-def reads_store(command: click.Command) -> click.Command:
+def reads_store(command: C) -> C:
     """Mark a command that never creates a store: a missing one is ``no store at ...``."""
     _READERS.add(command)
     return command
@@ -177,13 +180,8 @@ class CliState:
 
     @property
     def location(self) -> str:
-        """The store asked for: ``--storage-dir``, else the environment, else ``./sessions``."""
-        return (
-            self.storage
-            or os.environ.get(STORAGE_ENV)
-            or os.environ.get(STORE_ENV)
-            or DEFAULT_STORAGE
-        )
+        """The store asked for: ``--storage-dir``, else :func:`default_location`."""
+        return self.storage or default_location()
 
     @property
     def shown_location(self) -> str:
@@ -200,20 +198,18 @@ class CliState:
             self._store = open_store(self.location, create=creates)
         return self._store
 
-    def manager(
-        self,
-        *,
-        base_url: str = DEFAULT_BASE_URL,
-        model: str | None = None,
-        retries: int = 2,
-        timeout: float = 60.0,
-    ) -> MultiContextManager:
+    def manager(self, server: ModelOptions) -> MultiContextManager:
         """The conversation manager over the store (its model client connects on first use)."""
         if self._manager is None:
             from terrarium.agent.multi_context_manager import MultiContextManager
             from terrarium.llm.vllm_client import VLLMClient
 
-            client = VLLMClient(base_url, model=model, max_retries=retries, timeout=timeout)
+            client = VLLMClient(
+                server.base_url,
+                model=server.model,
+                max_retries=server.retries,
+                timeout=server.timeout,
+            )
             self._manager = MultiContextManager(client, store=self.store())
         return self._manager
 
@@ -236,6 +232,11 @@ class CliState:
             if self._store is not None:
                 self._store.close()
             self._manager = self._store = None
+
+
+def default_location() -> str:
+    """The store without ``--storage-dir``: the environment's, else ``./sessions``."""
+    return os.environ.get(STORAGE_ENV) or os.environ.get(STORE_ENV) or DEFAULT_STORAGE
 
 
 def open_store(location: str, *, create: bool = True) -> Store:
@@ -277,36 +278,87 @@ def storage_option(f: F) -> F:
     )(f)
 
 
-def model_options(f: F) -> F:
-    """``--base-url``, ``--model``, ``--retries``, ``--timeout``: how to reach the model."""
-    f = click.option(
-        "--timeout",
-        type=click.FloatRange(min=0.1),
-        default=60.0,
-        show_default=True,
-        help="Seconds to wait for the server to connect or send the next piece.",
-    )(f)
-    f = click.option(
-        "--retries",
-        type=click.IntRange(min=0),
-        default=2,
-        show_default=True,
-        help="Retries of a failed request (connection errors, 429, 5xx).",
-    )(f)
-    f = click.option(
-        "--model",
-        envvar=MODEL_ENV,
-        default=None,
-        help=f"Model name. Default: ${MODEL_ENV}, else the first model the server lists.",
-    )(f)
-    f = click.option(
+def command(
+    name: str | None = None, *, group: click.Group | None = None, creates: bool = False
+) -> Callable[[Callable[..., Any]], click.Command]:
+    """A command of ``group`` (default: ``terrarium``) called with the invocation's
+    :class:`CliState` first, ``--storage-dir`` its last option; :func:`reads_store` unless it
+    ``creates`` a store. A subcommand's ``--help`` ends with ``examples["GROUP NAME"]``."""
+
+    def decorate(f: Callable[..., Any]) -> click.Command:
+        @functools.wraps(f)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return f(state_of(click.get_current_context()), *args, **kwargs)
+
+        made = storage_option((group or cli).command(name)(run))
+        if group is not None:
+            made.epilog = examples.epilog(f"{group.name} {made.name}")
+        return made if creates else reads_store(made)
+
+    return decorate
+
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md)."
+)
+type_option = click.option(
+    "--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...)."
+)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How to reach the model: ``--base-url``, ``--model``, ``--retries``, ``--timeout``."""
+
+    base_url: str = DEFAULT_BASE_URL
+    model: str | None = None
+    retries: int = 2
+    timeout: float = 60.0
+
+
+_MODEL_OPTIONS = (
+    click.option(
         "--base-url",
         envvar=BASE_URL_ENV,
         default=DEFAULT_BASE_URL,
         show_default=True,
         help=f"OpenAI-compatible server (vLLM, llama.cpp, ...). Env: ${BASE_URL_ENV}.",
-    )(f)
-    return f
+    ),
+    click.option(
+        "--model",
+        envvar=MODEL_ENV,
+        default=None,
+        help=f"Model name. Default: ${MODEL_ENV}, else the first model the server lists.",
+    ),
+    click.option(
+        "--retries",
+        type=click.IntRange(min=0),
+        default=2,
+        show_default=True,
+        help="Retries of a failed request (connection errors, 429, 5xx).",
+    ),
+    click.option(
+        "--timeout",
+        type=click.FloatRange(min=0.1),
+        default=60.0,
+        show_default=True,
+        help="Seconds to wait for the server to connect or send the next piece.",
+    ),
+)
+
+
+def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The model options, passed to the command as one :class:`ModelOptions`, ``server``."""
+
+    @functools.wraps(f)
+    def run(
+        *args: Any, base_url: str, model: str | None, retries: int, timeout: float, **kw: Any
+    ) -> Any:
+        return f(*args, server=ModelOptions(base_url, model, retries, timeout), **kw)
+
+    for option in reversed(_MODEL_OPTIONS):
+        run = option(run)
+    return run
 
 
 def parse_context(text: str, default_type: str | None = None) -> ContextId:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from contextlib import closing
 from typing import TYPE_CHECKING
 
 import click
 
-from terrarium.cli.app import CONTEXT, DATE, cli, open_store, reads_store, state_of, storage_option
+from terrarium.cli.app import CONTEXT, DATE, CliState, command, json_option, open_store, type_option
 from terrarium.cli.output import plural
 from terrarium.display import short_time
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from terrarium.stores.base import SearchHit
 
 
-@cli.command()
+@command(creates=True)
 @click.argument("source", metavar="SRC_URL")
 @click.argument("destination", metavar="DST_URL")
 @click.option(
@@ -29,14 +30,8 @@ if TYPE_CHECKING:
     help="Copy only this session (repeatable). Default: all.",
 )
 @click.option("--verbose", "-v", is_flag=True, help="Also print one line per session.")
-@storage_option
-@click.pass_context
 def copy(
-    ctx: click.Context,
-    source: str,
-    destination: str,
-    contexts: tuple[ContextId, ...],
-    verbose: bool,
+    state: CliState, source: str, destination: str, contexts: tuple[ContextId, ...], verbose: bool
 ) -> None:
     """Copy sessions between two stores losslessly (folders or store URLs).
 
@@ -47,23 +42,16 @@ def copy(
     Prints one summary line (a progress bar on a terminal); -v adds a line per session.
     """
     from terrarium.copy import copy_store, source_contexts
+    from terrarium.stores.url import redact_url
 
-    state = state_of(ctx)
-    src = open_store(source, create=False)
-    try:
-        dst = open_store(destination)
-        try:
-            wanted = list(contexts) or source_contexts(src)
-            with state.out.progress(0 if verbose else len(wanted), "copying") as progress:
-                report = copy_store(src, dst, wanted, progress=progress, detached=not contexts)
-        finally:
-            dst.close()
-    finally:
-        src.close()
-    _report_copy(state.out, report, destination, verbose)
+    with closing(open_store(source, create=False)) as src, closing(open_store(destination)) as dst:
+        wanted = list(contexts) or source_contexts(src)
+        with state.out.progress(0 if verbose else len(wanted), "copying") as progress:
+            report = copy_store(src, dst, wanted, progress=progress, detached=not contexts)
+    _report_copy(state.out, report, redact_url(destination), verbose)
 
 
-def _report_copy(out: Output, report: CopyReport, destination: str, verbose: bool) -> None:
+def _report_copy(out: Output, report: CopyReport, where: str, verbose: bool) -> None:
     """``copy``'s lines: per session with -v, each problem, the summary; exit 1 on conflicts."""
     present = report.present
     already = set(present)
@@ -74,19 +62,18 @@ def _report_copy(out: Output, report: CopyReport, destination: str, verbose: boo
         for context in report.copied:
             out.note(f"{'completed' if context in completed else 'copied'} {context}")
         for context in present:
-            out.note(f"skipped {context}: already in {redact(destination)}")
+            out.note(f"skipped {context}: already in {where}")
     for context, reason in problems:
         out.note(f"skipped {context}: {reason}", style="yellow")
     for _, reason in report.conflicts:
         out.error(f"conflict: {reason}; not copied")
-    out.note(copy_summary(report, destination))
+    out.note(copy_summary(report, where))
     if report.conflicts:
         raise click.exceptions.Exit(1)
 
 
-def copy_summary(report: CopyReport, destination: str) -> str:
+def copy_summary(report: CopyReport, where: str) -> str:
     """``copy``'s one summary line; a rerun that finds everything copied says just that."""
-    where = redact(destination)
     copied, present, completed = report.copied, report.present, report.completed
     conflicts = len(report.conflicts)
     problems = len(report.skipped) - len(present) - conflicts
@@ -104,17 +91,9 @@ def copy_summary(report: CopyReport, destination: str) -> str:
     return text
 
 
-def redact(location: str) -> str:
-    """A store location with any password masked, for messages."""
-    from terrarium.stores.url import redact_url
-
-    return redact_url(location)
-
-
-@reads_store
-@cli.command()
+@command()
 @click.argument("query")
-@click.option("--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...).")
+@type_option
 @click.option("--context", "-c", type=CONTEXT, help="Only this session.")
 @click.option("--since", type=DATE, metavar="DATE", help="Only messages on or after DATE (UTC).")
 @click.option(
@@ -125,17 +104,15 @@ def redact(location: str) -> str:
 @click.option(
     "--limit", "-n", type=click.IntRange(1, 1000), default=20, show_default=True, help="Most hits."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
+@json_option
 @click.option("--archived", is_flag=True, help="Also search archived sessions.")
 @click.option(
     "--all-branches",
     is_flag=True,
     help="Also find messages no longer in their session (cleared, compacted away, rewound).",
 )
-@storage_option
-@click.pass_context
 def search(
-    ctx: click.Context,
+    state: CliState,
     query: str,
     type_: str | None,
     context: ContextId | None,
@@ -156,7 +133,6 @@ def search(
     from terrarium.search import SearchQuery, hit_json
     from terrarium.search import search as run_search
 
-    state = state_of(ctx)
     found = run_search(
         state.store(),
         SearchQuery(
@@ -175,7 +151,7 @@ def search(
     elif not found:
         state.out.note(f"no messages match {query!r}")
     if not found:
-        ctx.exit(1)  # grep's convention: 1 when nothing matched, for scripts
+        raise click.exceptions.Exit(1)  # grep's convention: 1 when nothing matched, for scripts
     if as_json:
         return
     for hit in found:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 
 from terrarium import contexts, legacy
 from terrarium.cli.app import CliState
@@ -22,11 +21,6 @@ from terrarium.stores.base import Store
 
 SessionInfo = ContextRow
 """One row of ``terrarium list`` and of the picker (:class:`terrarium.contexts.ContextRow`)."""
-
-
-def legacy_root(state: CliState) -> Path | None:
-    """The folder legacy files live in: the filesystem store's root (no other store has one)."""
-    return legacy.legacy_root(state.store())
 
 
 def list_sessions(state: CliState, type: str | None = None) -> list[SessionInfo]:
@@ -91,11 +85,6 @@ def similar(context: ContextId, candidates: list[str]) -> list[str]:
         key=lambda c: (c.partition(":")[2] != context.name, not c.startswith(f"{context.type}:"))
     )
     return found[:3]
-
-
-def resume(state: CliState, context: ContextId) -> bool:
-    """Make ``context`` chat-ready: import its legacy file on first use. True if imported."""
-    return legacy.resume(state.store(), context)
 
 
 def exists(state: CliState, context: ContextId) -> bool:

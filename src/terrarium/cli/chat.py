@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shlex
 import signal
 import sys
@@ -28,22 +27,19 @@ from typing import Any, TypeVar, cast
 import click
 from click.core import ParameterSource
 
-from terrarium import sessions
+from terrarium import legacy, sessions
 from terrarium.cli import catalog
 from terrarium.cli.app import (
-    DEFAULT_STORAGE,
     DEFAULT_TYPE,
-    STORAGE_ENV,
-    STORE_ENV,
     USER_ERRORS,
     CliState,
-    cli,
+    ModelOptions,
+    command,
+    default_location,
     generated_context,
     model_options,
     parse_context,
     program,
-    state_of,
-    storage_option,
 )
 from terrarium.cli.commands import (
     context_stats,
@@ -80,17 +76,6 @@ INTERRUPTED_EXIT = 130
 KEYS_HELP = "Enter sends, Esc+Enter or Alt+Enter adds a line, Ctrl-C interrupts, Ctrl-D leaves"
 
 
-@dataclass
-class ChatOptions:
-    """How to reach the model and what to send."""
-
-    base_url: str
-    model: str | None = None
-    retries: int = 2
-    timeout: float = 60.0
-    system_prompt: str | None = None
-
-
 def is_message(line: str) -> bool:
     """Whether an input line is a message to send (``//text`` is), not a ``/command``."""
     return not line.startswith("/") or line.startswith("//")
@@ -112,30 +97,23 @@ class Hints:
     again: str
     """How to send a message that was not kept once more."""
 
-    @classmethod
-    def in_chat(cls, context: ContextId) -> Hints:
-        """The chat's own commands."""
-        return cls(context, "/retry", "/compact", "/rewind N", "Up brings your message back")
-
-    @classmethod
-    def commands(cls, state: CliState, context: ContextId) -> Hints:
-        """The commands to type after ``chat -p`` or a piped chat ended."""
-        name, store = shlex.quote(str(context)), storage_suffix(state)
-        return cls(
-            context,
-            f"'{resume_command(state, context)} --retry'",
-            f"'terrarium compact {name}{store}'",
-            f"'terrarium rewind {name} -n N{store}'",
-            "run the command again",
-        )
-
 
 def advice(exc: BaseException, hints: Hints, kept: bool = True) -> str:
-    """The note after a failed turn (docs/cli.md, "When a reply fails"): what became of the message.
+    """The note after a failed or interrupted turn (docs/cli.md, "When a reply fails").
 
     A failure that would repeat says why and what to do; a passing one offers the retry. A new
     session's first message that got no reply is not ``kept``: the session is not created.
     """
+    if isinstance(exc, Interrupted | KeyboardInterrupt):
+        if not kept:
+            return (
+                f"interrupted before any reply: nothing was kept ({hints.context} begins with "
+                "its first answered message)"
+            )
+        return (
+            "interrupted: the partial reply is logged, marked interrupted, and your message is "
+            f"not sent with your next one; {hints.retry} sends it again"
+        )
     if not kept:
         why = (
             " It does not fit the model's context: shorten it."
@@ -156,19 +134,6 @@ def advice(exc: BaseException, hints: Hints, kept: bool = True) -> str:
     return f"{KEPT}; {hints.retry} sends it again"
 
 
-def interrupted_note(hints: Hints, kept: bool = True) -> str:
-    """The note after Ctrl-C stopped a reply (``kept``: see :func:`advice`)."""
-    if not kept:
-        return (
-            f"interrupted before any reply: nothing was kept ({hints.context} begins with its "
-            "first answered message)"
-        )
-    return (
-        "interrupted: the partial reply is logged, marked interrupted, and your message is "
-        f"not sent with your next one; {hints.retry} sends it again"
-    )
-
-
 class Interrupted(Exception):
     """A reply or compaction was interrupted with Ctrl-C."""
 
@@ -177,19 +142,19 @@ class Chat:
     """One chat run: the current session, the commands, sending and printing."""
 
     def __init__(
-        self, state: CliState, context: ContextId, options: ChatOptions, interactive: bool
+        self,
+        state: CliState,
+        context: ContextId,
+        server: ModelOptions,
+        system_prompt: str | None,
+        interactive: bool,
     ) -> None:
         self.state = state
         self.out = state.out
         self.context = context
-        self.options = options
+        self.system_prompt = system_prompt
         self.interactive = interactive
-        self.manager = state.manager(
-            base_url=options.base_url,
-            model=options.model,
-            retries=options.retries,
-            timeout=options.timeout,
-        )
+        self.manager = state.manager(server)
         self._running: asyncio.Future[Any] | None = None
         self.done = False
         self.opened = False
@@ -203,10 +168,18 @@ class Chat:
 
     @property
     def hints(self) -> Hints:
-        """How notes name the ways out of a failed turn here."""
+        """The chat's own commands; after ``chat -p`` or a piped chat, the commands to type."""
+        context = self.context
         if self.interactive:
-            return Hints.in_chat(self.context)
-        return Hints.commands(self.state, self.context)
+            return Hints(context, "/retry", "/compact", "/rewind N", "Up brings your message back")
+        name, store = shlex.quote(str(context)), storage_suffix(self.state)
+        return Hints(
+            context,
+            f"'{resume_command(self.state, context)} --retry'",
+            f"'terrarium compact {name}{store}'",
+            f"'terrarium rewind {name} -n N{store}'",
+            "run the command again",
+        )
 
     def kept(self) -> bool:
         """Whether the session is in the store: after a failed first message it is not."""
@@ -214,22 +187,23 @@ class Chat:
 
     def failure_note(self, exc: BaseException) -> str:
         """The note after the reply to a message failed (or Ctrl-C stopped it)."""
-        if isinstance(exc, Interrupted | KeyboardInterrupt):
-            return interrupted_note(self.hints, self.kept())
         return advice(exc, self.hints, self.kept())
 
     def open(self, context: ContextId) -> None:
         """Make ``context`` current, importing its legacy file on first use."""
-        if catalog.resume(self.state, context):
+        if legacy.resume(self.state.store(), context):
             self.out.note(f"imported the legacy session {context} into the log")
         self.context = context
         self.opened = True
 
-    def message_count(self) -> int:
+    def history(self) -> list[dict[str, Any]]:
         try:
-            return len(self.manager.history(str(self.context)))
+            return self.manager.history(str(self.context))
         except ContextNotFound:
-            return 0
+            return []
+
+    def message_count(self) -> int:
+        return len(self.history())
 
     async def interruptible(self, work: Awaitable[T]) -> T:
         """Run ``work``; Ctrl-C (SIGINT) cancels it and raises :class:`Interrupted`."""
@@ -252,47 +226,39 @@ class Chat:
 
     async def send(self, text: str) -> None:
         """Send one message and stream the reply; :attr:`replying` stays set when it fails."""
-        wrote = False
         self.replying = True
         parts: list[str] = []
 
         async def consume() -> None:
-            nonlocal wrote
             stream = cast(
                 AsyncGenerator[str, None],
-                self.manager.stream_with_context(
-                    str(self.context), text, self.options.system_prompt
-                ),
+                self.manager.stream_with_context(str(self.context), text, self.system_prompt),
             )
             async with contextlib.aclosing(stream):
                 async for delta in stream:
                     parts.append(delta)
                     if not self.as_json:  # --json prints the whole reply at the end
-                        wrote = True
                         self.out.write(delta)
 
         try:
             await self.interruptible(consume())
         finally:
-            if wrote:
+            if parts and not self.as_json:
                 self.out.write("\n")
         self.replying = False
         self.reply = "".join(parts)
 
     async def run_line(self, line: str) -> None:
         """Handle one input: a ``/command`` or a message (``//text`` sends ``/text``)."""
-        if not is_message(line):
-            name, _, rest = line[1:].partition(" ")
-            await self.command(name.strip(), rest.strip())
+        if is_message(line):
+            await self.send(line[1:] if line.startswith("//") else line)
             return
-        await self.send(line[1:] if line.startswith("//") else line)
-
-    async def command(self, name: str, arg: str) -> None:
-        """Run an in-chat command."""
+        command, _, arg = line[1:].partition(" ")
+        name = command.strip()
         handler: Callable[[str], Awaitable[None]] | None = getattr(self, f"cmd_{name}", None)
         if name not in COMMANDS or handler is None:
             raise click.ClickException(f"unknown command /{name}: /help lists the commands")
-        await handler(arg)
+        await handler(arg.strip())
 
     async def cmd_help(self, _arg: str) -> None:
         rows = [[f"/{n} {a}".rstrip(), text] for n, (a, text) in COMMANDS.items()]
@@ -300,10 +266,7 @@ class Chat:
         self.out.line(f"{KEYS_HELP}. Start a message with // to send a leading /.", style="dim")
 
     async def cmd_history(self, _arg: str) -> None:
-        try:
-            items = self.manager.history(str(self.context))
-        except ContextNotFound:
-            items = []
+        items = self.history()
         if not items:
             self.out.line(f"{self.context} has no messages yet", style="dim")
         for item in items:
@@ -505,12 +468,8 @@ def preview(state: CliState, context: ContextId) -> tuple[str, str] | None:
 
 
 def read_prompt(prompt: str) -> str:
-    """The one message of ``chat -p``: ``prompt``, all of stdin for ``-``, or both a line apart.
-
-    When stdin is piped, ``prompt``, a blank line, then stdin (``cat f | terrarium chat -p
-    'summarise this'``, as ``llm`` reads it). Stdin not UTF-8, or an empty message, is a
-    ClickException (a UsageError) before anything is sent.
-    """
+    """The one message of ``chat -p``: ``prompt``, all of stdin for ``-``, or both a line apart
+    (``cat f | terrarium chat -p 'summarise this'``, as ``llm`` reads it)."""
     if prompt == "-":
         text = read_stdin()
     elif stdin_is_piped():
@@ -589,8 +548,7 @@ def resume_command(state: CliState, context: ContextId) -> str:
 
 def storage_suffix(state: CliState) -> str:
     """`` --storage-dir DIR`` when the store named differs from the default one; else ``""``."""
-    implied = os.environ.get(STORAGE_ENV) or os.environ.get(STORE_ENV) or DEFAULT_STORAGE
-    if state.storage is not None and state.storage != implied:
+    if state.storage is not None and state.storage != default_location():
         return f" --storage-dir {shlex.quote(state.shown_location)}"
     return ""
 
@@ -599,7 +557,8 @@ def run_chat(
     state: CliState,
     context: ContextId | None,
     default_type: str,
-    options: ChatOptions,
+    server: ModelOptions,
+    system_prompt: str | None,
     prompt: str | None = None,
     last: bool | str = False,
     retry: bool = False,
@@ -619,7 +578,9 @@ def run_chat(
         context = generated_context(default_type)  # -p starts afresh, as claude -p does
         while state.store().get_head(context) is not None:  # the same second and digits
             context = generated_context(default_type)
-    chat = Chat(state, context or ContextId(default_type, "main"), options, is_terminal)
+    chat = Chat(
+        state, context or ContextId(default_type, "main"), server, system_prompt, is_terminal
+    )
     chat.as_json = as_json
     if last:  # after Chat(): the manager must be built with the model options first
         of_type = last if isinstance(last, str) else None
@@ -645,7 +606,7 @@ def run_chat(
     run_loop(chat, main())
     if as_json:
         state.out.json(turn_json(state, chat.context, chat.reply))
-    if chat.opened and state.store().get_head(chat.context) is not None:
+    if chat.opened and chat.kept():
         state.out.note(f"resume with: {resume_command(state, chat.context)}")
 
 
@@ -673,7 +634,7 @@ def resolve_context(context: str | None, session_id: str | None, type_: str) -> 
     return named
 
 
-@cli.command()
+@command(creates=True)
 @click.argument("context", required=False, metavar="[CONTEXT]")
 @click.option("--session-id", default=None, metavar="ID", help="Session name (with --type).")
 @click.option(
@@ -694,7 +655,6 @@ def resolve_context(context: str | None, session_id: str | None, type_: str) -> 
 @click.option(
     "--last",
     "-c",
-    "last",
     is_flag=True,
     help="Continue the most recently active session (of --type, when given).",
 )
@@ -711,10 +671,8 @@ def resolve_context(context: str | None, session_id: str | None, type_: str) -> 
 )
 @click.option("--system-prompt", default=None, help="System prompt (logged when it changes).")
 @model_options
-@storage_option
-@click.pass_context
 def chat(
-    ctx: click.Context,
+    state: CliState,
     context: str | None,
     session_id: str | None,
     type_: str,
@@ -723,10 +681,7 @@ def chat(
     retry: bool,
     as_json: bool,
     system_prompt: str | None,
-    base_url: str,
-    model: str | None,
-    retries: int,
-    timeout: float,
+    server: ModelOptions,
 ) -> None:
     """Chat in a session (CONTEXT is type:name, or a name of --type).
 
@@ -744,7 +699,8 @@ def chat(
         raise click.UsageError("--retry needs a session: name it, or add --last")
     if as_json and prompt is None and not retry:
         raise click.UsageError("--json prints the reply of -p or --retry: give one of them")
-    options = ChatOptions(base_url, model, retries, timeout, system_prompt)
-    typed = ctx.get_parameter_source("type_") is not ParameterSource.DEFAULT
-    which: bool | str = (type_ if typed else True) if last else False
-    run_chat(state_of(ctx), named, type_, options, prompt, which, retry, as_json)
+    source = click.get_current_context().get_parameter_source("type_")
+    which: bool | str = (
+        (type_ if source is not ParameterSource.DEFAULT else True) if last else False
+    )
+    run_chat(state, named, type_, server, system_prompt, prompt, which, retry, as_json)

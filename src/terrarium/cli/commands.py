@@ -17,25 +17,27 @@ from terrarium.cli import lifecycle_cmds
 from terrarium.cli.app import (
     CONTEXT,
     DATE,
+    USER_ERRORS,
     CliState,
-    cli,
+    ModelOptions,
+    command,
+    json_option,
     model_options,
-    reads_store,
-    state_of,
-    storage_option,
+    type_option,
 )
 from terrarium.cli.output import Output, one_line, plural
 from terrarium.display import short_time
-from terrarium.errors import ContextExists, NothingToCompact, StoreError, TerrariumError
+from terrarium.errors import ContextExists, NothingToCompact, StoreError
 
 if TYPE_CHECKING:
-    from terrarium import contexts, model, sessions
+    from terrarium import contexts, legacy, model, sessions
     from terrarium.cli import catalog
     from terrarium.model import ContextId
     from terrarium.stores.base import PodMetadata, Store
 else:  # loaded by the first command that uses them: --help uses none
     contexts = lazy_module("terrarium.contexts")
     catalog = lazy_module("terrarium.cli.catalog")
+    legacy = lazy_module("terrarium.legacy")
     model = lazy_module("terrarium.model")
     sessions = lazy_module("terrarium.sessions")
 
@@ -82,9 +84,8 @@ class FormatOption(click.Option):
         return super().get_help_record(ctx)
 
 
-@reads_store
-@cli.command("list")
-@click.option("--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...).")
+@command("list")
+@type_option
 @click.option(
     "--limit",
     "-n",
@@ -93,22 +94,15 @@ class FormatOption(click.Option):
     metavar="N",
     help="Show at most N sessions (0: all). Default: all when piped, a screenful on a terminal.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
+@json_option
 @click.option("--archived", is_flag=True, help="List only archived sessions.")
 @click.option("--all", "all_", is_flag=True, help="List hot and archived sessions.")
-@storage_option
-@click.pass_context
 def list_cmd(
-    ctx: click.Context,
-    type_: str | None,
-    limit: int | None,
-    as_json: bool,
-    archived: bool,
-    all_: bool,
+    state: CliState, type_: str | None, limit: int | None, as_json: bool, archived: bool, all_: bool
 ) -> None:
     """List sessions, grouped by type, most recently active first."""
     scope = "all" if all_ else "archived" if archived else "hot"
-    print_sessions(state_of(ctx), type_, as_json, limit, scope=scope)
+    print_sessions(state, type_, as_json, limit, scope=scope)
 
 
 def print_sessions(
@@ -124,7 +118,6 @@ def print_sessions(
     With no ``limit``, a terminal gets a screenful and a pipe every row. ``scope`` is ``hot``,
     ``archived`` or ``all`` (a ``state`` column).
     """
-
     hot = catalog.list_sessions(state, type_) if scope != "archived" else []
     rows, marks = lifecycle_cmds.lifecycle_rows(state, hot, type_, scope)
     for problem in dict.fromkeys(r.problem for r in rows if r.problem):
@@ -133,18 +126,7 @@ def print_sessions(
         limit = max(1, state.out.height() - 5)  # header, rule, the "more" line, the prompt
     shown = rows if not limit else rows[:limit]
     if as_json:
-        state.out.json(
-            {
-                "contexts": [
-                    {
-                        **row.to_json(),
-                        "state": marks.get(row.context_id, ("hot", False))[0],
-                        "pinned": marks.get(row.context_id, ("hot", False))[1],
-                    }
-                    for row in shown
-                ]
-            }
-        )
+        state.out.json({"contexts": [{**row.to_json(), **marks[row.context_id]} for row in shown]})
     elif not rows:
         kind = f" of type '{type_}'" if type_ is not None else ""
         which = "archived sessions" if scope == "archived" else "sessions"
@@ -160,7 +142,7 @@ def print_sessions(
                     short_time(r.last_active),
                     r.date,
                     "legacy" if r.legacy_path else "log",
-                    *([_state_cell(marks, r.context_id)] if extra else []),
+                    *([_state_cell(marks[r.context_id])] if extra else []),
                 ]
                 for r in shown
             ],
@@ -170,37 +152,31 @@ def print_sessions(
         state.out.note(f"{len(rows) - len(shown)} more (--limit 0 shows all)")
 
 
-def _state_cell(marks: Mapping[str, tuple[str, bool]], context_id: str) -> str:
+def _state_cell(mark: Mapping[str, Any]) -> str:
     """``hot``, ``archived``, ``hot, pinned``..."""
-    state, pinned = marks.get(context_id, ("hot", False))
-    return f"{state}, pinned" if pinned else state
+    return f"{mark['state']}, pinned" if mark["pinned"] else mark["state"]
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("context", type=CONTEXT)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
+@json_option
 @click.option(
     "--segments", is_flag=True, help="Also list the session's segments and the head's entries."
 )
 @click.option(
     "--last",
     "-n",
-    "last",
     type=click.IntRange(min=0),
     default=None,
     metavar="N",
     help="Only the last N messages (the header still counts them all).",
 )
-@storage_option
-@click.pass_context
 def show(
-    ctx: click.Context, context: ContextId, as_json: bool, segments: bool, last: int | None
+    state: CliState, context: ContextId, as_json: bool, segments: bool, last: int | None
 ) -> None:
     """Show a session's messages (CONTEXT is type:name)."""
     from terrarium.formats.jsonl import load_transcript
 
-    state = state_of(ctx)
     store = catalog.readable(state, context)
     legacy = store is not state.store()
     transcript = load_transcript(store, context)
@@ -222,9 +198,8 @@ def show(
         ],
     }
     head = transcript.head
-    tree = _segments(store, head.session_id, head.segment_id) if segments else []
     if segments:
-        info["segments"] = tree
+        info["segments"] = _segments(store, head.session_id, head.segment_id)
     if as_json:
         state.out.json(info)
         return
@@ -237,13 +212,12 @@ def show(
     )
     if restored.system_prompt:
         out.line(f"system prompt: {restored.system_prompt}", style="dim")
-    if len(shown) < len(transcript.items):
-        hidden = len(transcript.items) - len(shown)
-        out.line(f"({hidden} earlier message{'' if hidden == 1 else 's'} not shown)", style="dim")
+    if first:
+        out.line(f"({plural(first, 'earlier message')} not shown)", style="dim")
     for message in info["messages"]:
         _print_message(out, message)
     if segments:
-        _print_segments(out, tree, store, transcript.head)
+        _print_segments(out, info["segments"], store, head)
 
 
 def _shown_message(
@@ -269,12 +243,11 @@ def _print_message(out: Output, message: Mapping[str, Any]) -> None:
     out.line()
     if failed is None:
         out.line(label, style=_ROLE_STYLES.get(role, "bold"))
-        out.line(render_item(item))
-        return
-    error = one_line(str(failed.get("error") or failed.get("error_type") or "?"))
-    out.line(f"{label} failed, not sent to the model again: {error}", style="bold red")
+    else:
+        error = one_line(str(failed.get("error") or failed.get("error_type") or "?"))
+        out.line(f"{label} failed, not sent to the model again: {error}", style="bold red")
     out.line(render_item(item))
-    if failed.get("partial"):
+    if failed is not None and failed.get("partial"):
         out.line()
         out.line("[assistant, interrupted: the partial reply]", style="bold red")
         out.line(str(failed["partial"]))
@@ -364,15 +337,11 @@ def _segments(store: Store, session_id: Any, head_segment: Any) -> list[dict[str
     return out
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("context", type=CONTEXT, required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
-@storage_option
-@click.pass_context
-def stats(ctx: click.Context, context: ContextId | None, as_json: bool) -> None:
+@json_option
+def stats(state: CliState, context: ContextId | None, as_json: bool) -> None:
     """Show statistics of one session, or totals over all of them."""
-    state = state_of(ctx)
     if context is not None:
         data = context_stats(state, context)
         if as_json:
@@ -452,10 +421,10 @@ def print_stats(state: CliState, data: dict[str, Any]) -> None:
 def _tokens(usage: dict[str, Any], kind: str, *, detail: str | None = None) -> str:
     """A token count, ``~`` first when partly estimated; ``detail``: ``(5 cached, 3 estimated)``."""
     count, estimated = usage[f"{kind}_tokens"], usage[f"estimated_{kind}_tokens"]
-    if detail is None:
-        return f"~{count}" if estimated else str(count)
-    notes = [note for note in (detail, f"{estimated} estimated" if estimated else "") if note]
     shown = f"~{count}" if estimated else str(count)
+    if detail is None:
+        return shown
+    notes = [note for note in (detail, f"{estimated} estimated" if estimated else "") if note]
     return f"{shown} ({', '.join(notes)})" if notes else shown
 
 
@@ -465,42 +434,32 @@ def _calls(usage: dict[str, Any]) -> str:
     return f"{calls} ({estimated} estimated)" if estimated else str(calls)
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("context", type=CONTEXT)
 @click.option(
-    "--purge",
-    is_flag=True,
-    help="Delete for ever, bypassing the trash (asks first on a terminal).",
+    "--purge", is_flag=True, help="Delete for ever, bypassing the trash (asks first on a terminal)."
 )
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (of --purge).")
-@storage_option
-@click.pass_context
-def delete(ctx: click.Context, context: ContextId, purge: bool, yes: bool) -> None:
+def delete(state: CliState, context: ContextId, purge: bool, yes: bool) -> None:
     """Delete a session: into the trash ('terrarium trash restore' undoes it).
 
     With --purge it is deleted for ever, after a question on a terminal (--yes in
     scripts; without a terminal and without --yes it refuses). A store without a
     trash always deletes for ever, so it always asks.
     """
-    lifecycle_cmds.delete_session(state_of(ctx), context, yes, purge=purge)
+    lifecycle_cmds.delete_session(state, context, yes, purge=purge)
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("context", type=CONTEXT)
-@storage_option
-@click.pass_context
-def clear(ctx: click.Context, context: ContextId) -> None:
+def clear(state: CliState, context: ContextId) -> None:
     """Empty a session's history (the old history stays in its session tree)."""
-    state = state_of(ctx)
     with catalog.naming_store(state, context):
         contexts.clear_context(state.store(), context)
     state.out.note(f"cleared {context.display}", style="green")
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("context", type=CONTEXT)
 @click.option(
     "-n",
@@ -511,11 +470,8 @@ def clear(ctx: click.Context, context: ContextId) -> None:
     metavar="N",
     help="How many history items to drop.",
 )
-@storage_option
-@click.pass_context
-def rewind(ctx: click.Context, context: ContextId, count: int) -> None:
+def rewind(state: CliState, context: ContextId, count: int) -> None:
     """Drop the last N history items of a session (they stay in its session tree)."""
-    state = state_of(ctx)
     with catalog.naming_store(state, context):
         dropped = contexts.rewind_context(state.store(), context, count)
     state.out.note(
@@ -523,8 +479,7 @@ def rewind(ctx: click.Context, context: ContextId, count: int) -> None:
     )
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("source", type=CONTEXT)
 @click.argument("target", type=CONTEXT)
 @click.option(
@@ -534,11 +489,8 @@ def rewind(ctx: click.Context, context: ContextId, count: int) -> None:
     metavar="SEQ",
     help="Fork at this entry of the head segment (see 'show --segments'). Default: the end.",
 )
-@storage_option
-@click.pass_context
-def fork(ctx: click.Context, source: ContextId, target: ContextId, at: int | None) -> None:
+def fork(state: CliState, source: ContextId, target: ContextId, at: int | None) -> None:
     """Copy session SOURCE's history into a new session TARGET."""
-    state = state_of(ctx)
     fork_session(state, source, target, at)
 
 
@@ -555,20 +507,10 @@ def fork_session(
     return data
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("context", type=CONTEXT)
 @model_options
-@storage_option
-@click.pass_context
-def compact(
-    ctx: click.Context,
-    context: ContextId,
-    base_url: str,
-    model: str | None,
-    retries: int,
-    timeout: float,
-) -> None:
+def compact(state: CliState, context: ContextId, server: ModelOptions) -> None:
     """Ask the model to summarise a session and continue from the summary.
 
     A summary that would not make the session smaller is not written (a one-line
@@ -576,10 +518,9 @@ def compact(
     """
     import asyncio
 
-    state = state_of(ctx)
-    catalog.resume(state, context)
+    legacy.resume(state.store(), context)
     catalog.require(state, context)
-    manager = state.manager(base_url=base_url, model=model, retries=retries, timeout=timeout)
+    manager = state.manager(server)
 
     async def run() -> str:
         try:
@@ -598,8 +539,7 @@ def compact(
     state.out.line(summary)
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("contexts", nargs=-1, type=CONTEXT)
 @click.option(
     "--format",
@@ -626,10 +566,8 @@ def compact(
 @click.option(
     "--until", type=DATE, metavar="DATE", help="Only sessions active on or before DATE (UTC)."
 )
-@storage_option
-@click.pass_context
 def export(
-    ctx: click.Context,
+    state: CliState,
     contexts: tuple[ContextId, ...],
     fmt: str,
     output: str,
@@ -639,7 +577,6 @@ def export(
     until: str | None,
 ) -> None:
     """Export sessions to a file format: one to a file, many to a folder or archive."""
-    state = state_of(ctx)
     many = all_ or len(contexts) != 1 or type_ or since or until or _is_collection(output)
     if not contexts and not all_:
         raise click.UsageError("name a session to export, or pass --all")
@@ -672,10 +609,7 @@ def export(
             click.echo(content, nl=not content.endswith("\n"))
         return
     path = Path(output)
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content, encoding="utf-8")
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
     state.out.note(f"exported {context} as {fmt} to {path}", style="green")
 
 
@@ -693,7 +627,7 @@ def export_session(state: CliState, context: ContextId, fmt: str) -> str | bytes
     return export_context(catalog.readable(state, context), context, fmt)
 
 
-@cli.command("import")
+@command("import", creates=True)
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option(
     "--as",
@@ -703,10 +637,8 @@ def export_session(state: CliState, context: ContextId, fmt: str) -> str | bytes
     help="Import under this context id instead of the file's (one file only).",
 )
 @click.option("--verbose", "-v", is_flag=True, help="Print one line per session, not a summary.")
-@storage_option
-@click.pass_context
 def import_cmd(
-    ctx: click.Context, paths: tuple[Path, ...], as_context: ContextId | None, verbose: bool
+    state: CliState, paths: tuple[Path, ...], as_context: ContextId | None, verbose: bool
 ) -> None:
     """Import bundles (export -f jsonl of many sessions: .tar.gz, .zip or a folder), native
     .jsonl exports, and legacy JSON session files (or folders of them).
@@ -718,7 +650,6 @@ def import_cmd(
     """
     from terrarium.bundle import is_bundle
 
-    state = state_of(ctx)
     bundles = [path for path in paths if is_bundle(path)]
     files = _expand(tuple(path for path in paths if path not in bundles))
     if as_context is not None and (bundles or len(files) != 1):
@@ -729,7 +660,7 @@ def import_cmd(
     for path, root in files:
         try:
             context, count = import_file(state, path, as_context, root=root)
-        except (TerrariumError, ValueError, OSError) as exc:
+        except USER_ERRORS as exc:
             if len(files) == 1 and not bundles:
                 raise
             tally.failed_one(str(path), exc)
@@ -837,14 +768,11 @@ def import_file(
 
 def _legacy_root_of(store: Store, path: Path) -> Path | None:
     """The filesystem store's folder, when ``path`` lies inside it."""
-    from terrarium.stores.fs import FsStore
-
-    if isinstance(store, FsStore) and path.resolve().is_relative_to(store.root.resolve()):
-        return store.root
-    return None
+    root = legacy.legacy_root(store)
+    return root if root and path.resolve().is_relative_to(root.resolve()) else None
 
 
-@cli.command()
+@command(creates=True)
 @click.option("--dry-run", is_flag=True, help="Only print what would change.")
 @click.option(
     "--to-log",
@@ -858,14 +786,11 @@ def _legacy_root_of(store: Store, path: Path) -> Path | None:
     default=None,
     help="The legacy sessions folder (default: the storage dir, when it is a folder).",
 )
-@storage_option
-@click.pass_context
-def migrate(ctx: click.Context, dry_run: bool, to_log: bool, source: Path | None) -> None:
+def migrate(state: CliState, dry_run: bool, to_log: bool, source: Path | None) -> None:
     """Move legacy flat session files into date folders (and optionally into the log)."""
     from terrarium.migrate import migrate
 
-    state = state_of(ctx)
-    root = source if source is not None else catalog.legacy_root(state)
+    root = source if source is not None else legacy.legacy_root(state.store())
     if root is None:
         raise click.ClickException(
             f"{state.shown_location} is not a folder: name the legacy sessions folder with --from"
@@ -878,8 +803,7 @@ def migrate(ctx: click.Context, dry_run: bool, to_log: bool, source: Path | None
         )
 
 
-@reads_store
-@cli.command()
+@command()
 @click.option(
     "--repair",
     is_flag=True,
@@ -890,23 +814,17 @@ def migrate(ctx: click.Context, dry_run: bool, to_log: bool, source: Path | None
     is_flag=True,
     help="With --repair: copy every readable entry of a damaged segment into a new one.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
-@storage_option
-@click.pass_context
-def fsck(ctx: click.Context, repair: bool, salvage: bool, as_json: bool) -> None:
+@json_option
+def fsck(state: CliState, repair: bool, salvage: bool, as_json: bool) -> None:
     """Check every log of every session; without --repair nothing is modified."""
     from terrarium.cli.fsck import run_fsck
 
-    run_fsck(state_of(ctx), repair=repair, salvage=salvage, as_json=as_json)
+    run_fsck(state, repair=repair, salvage=salvage, as_json=as_json)
 
 
-@reads_store
-@cli.command()
-@storage_option
-@click.pass_context
-def reindex(ctx: click.Context) -> None:
+@command()
+def reindex(state: CliState) -> None:
     """Rebuild the store's derived indexes (search, listing) from its sessions."""
-    state = state_of(ctx)
     from terrarium import index
 
     store = state.store()

@@ -21,19 +21,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "terrarium show 'irc:#python' -n 10",
         "terrarium show cli:main --json --segments",
     ),
-    "stats": (
-        "terrarium stats",
-        "terrarium stats cli:main --json",
-    ),
+    "stats": ("terrarium stats", "terrarium stats cli:main --json"),
     "search": (
         "terrarium search decorator",
         "terrarium search 'connection refused' --type irc --since 2025-11-01 -n 5",
         "terrarium search decorator --archived --all-branches --json",
     ),
-    "delete": (
-        "terrarium delete cli:scratch",
-        "terrarium delete cli:scratch --purge --yes",
-    ),
+    "delete": ("terrarium delete cli:scratch", "terrarium delete cli:scratch --purge --yes"),
     "archive": (
         "terrarium archive --older-than 30d --dry-run",
         "terrarium archive --older-than 2w --type irc --json",
@@ -48,10 +42,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "terrarium trash restore cli:scratch --as cli:scratch-2",
         "terrarium trash purge --older-than 30d --yes",
     ),
-    "trash list": (
-        "terrarium trash list",
-        "terrarium trash list --json",
-    ),
+    "trash list": ("terrarium trash list", "terrarium trash list --json"),
     "trash restore": (
         "terrarium trash restore cli:scratch",
         "terrarium trash restore cli:scratch --as cli:scratch-2",
@@ -72,18 +63,12 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "terrarium maintain --dry-run",
         "terrarium maintain --json --storage-dir sqlite:///sessions.db",
     ),
-    "clear": (
-        "terrarium clear cli:main",
-        "terrarium clear 'irc:#python' --storage-dir ./sessions",
-    ),
+    "clear": ("terrarium clear cli:main", "terrarium clear 'irc:#python' --storage-dir ./sessions"),
     "rewind": (
         "terrarium rewind cli:main",
         "terrarium rewind cli:main -n 3 --storage-dir sqlite:///sessions.db",
     ),
-    "fork": (
-        "terrarium fork cli:main cli:experiment",
-        "terrarium fork cli:main cli:retry --at 12",
-    ),
+    "fork": ("terrarium fork cli:main cli:experiment", "terrarium fork cli:main cli:retry --at 12"),
     "compact": (
         "terrarium compact cli:main",
         "terrarium compact cli:main --base-url http://localhost:8000/v1 --model qwen",
@@ -102,14 +87,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "terrarium copy ./sessions sqlite:///sessions.db",
         "terrarium copy ./sessions postgresql://localhost/terrarium -c cli:main -v",
     ),
-    "migrate": (
-        "terrarium migrate --dry-run",
-        "terrarium migrate --to-log",
-    ),
-    "fsck": (
-        "terrarium fsck",
-        "terrarium fsck --repair --json",
-    ),
+    "migrate": ("terrarium migrate --dry-run", "terrarium migrate --to-log"),
+    "fsck": ("terrarium fsck", "terrarium fsck --repair --json"),
     "serve": (
         "terrarium serve --open",
         "terrarium serve --host 0.0.0.0 --token s3cret",
@@ -120,10 +99,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "terrarium gateway --upstream http://gpu-box:8000/v1 --storage-dir sqlite:///chats.db",
         "terrarium gateway --upstream http://localhost:8000/v1 --host 0.0.0.0 --token s3cret",
     ),
-    "reindex": (
-        "terrarium reindex",
-        "terrarium reindex --storage-dir sqlite:///sessions.db",
-    ),
+    "reindex": ("terrarium reindex", "terrarium reindex --storage-dir sqlite:///sessions.db"),
 }
 """Two or three invocations per command, by command name (a group's subcommand as
 ``"trash list"``)."""

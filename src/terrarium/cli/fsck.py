@@ -22,10 +22,10 @@ from pathlib import Path
 import click
 
 from terrarium import codec, index, states
-from terrarium.cli import catalog
 from terrarium.cli.app import CliState
 from terrarium.cli.output import plural
 from terrarium.errors import CorruptLog, FormatVersionError, TerrariumError
+from terrarium.legacy import legacy_root
 from terrarium.model import ContextId, SegmentId
 from terrarium.sessions import detached_sessions
 from terrarium.stores.base import BlobStore, PodMetadata, Reindexable, SessionStates, Store
@@ -79,6 +79,18 @@ class Report:
     @property
     def unresolved(self) -> list[Problem]:
         return [p for p in self.problems if not p.repaired]
+
+    def add(
+        self,
+        kind: str,
+        message: str,
+        context: str | None = None,
+        path: str | None = None,
+        *,
+        session_id: str | None = None,
+    ) -> None:
+        """Record a problem."""
+        self.problems.append(Problem(kind, message, context, path, session_id=session_id))
 
 
 def run_fsck(state: CliState, *, repair: bool, salvage: bool, as_json: bool) -> None:
@@ -163,23 +175,11 @@ def _check_fs(store: FsStore, report: Report) -> None:
     for session_id, folder in store.detached():
         report.contexts += 1
         if not frozen(store.root, session_id):  # a frozen one's plain files are leftovers
-            _check_detached(session_id, folder, report)
+            _check_segments(folder, None, str(session_id), report)
     _check_links(store.root, report)
     for path in store.unfinished_moves():
         what = "left by a killed freeze, thaw, detach or delete"
-        report.problems.append(Problem("leftover", f"{path}: {what}", path=str(path)))
-
-
-def _check_detached(session_id: uuid.UUID, folder: Path, report: Report) -> None:
-    """Every segment of a detached session (``.detached/{session}/``): it has no head."""
-    for path in _segment_files(folder):
-        report.segments += 1
-        found: list[Problem] = []
-        report.entries += _check_segment_file(path, "", found)
-        for problem in found:
-            problem.context = None
-            problem.session_id, problem.segment_id = str(session_id), str(_segment_id(path))
-        report.problems.extend(found)
+        report.add("leftover", f"{path}: {what}", path=str(path))
 
 
 def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None:
@@ -187,10 +187,8 @@ def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None
     head_path = folder / "head.json"
     session = str(entry.head.session_id) if entry.head is not None else None
 
-    def add(kind: str, message: str, path: Path, line: int | None = None) -> Problem:
-        problem = Problem(kind, message, context, str(path), line, session_id=session)
-        report.problems.append(problem)
-        return problem
+    def add(kind: str, message: str, path: Path) -> None:
+        report.add(kind, message, context, str(path), session_id=session)
 
     if entry.head is None:
         add("damaged", f"the head cannot be rebuilt: {entry.problem}", folder)
@@ -204,18 +202,28 @@ def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None
     in_use = set(segment_chain(folder, entry.head.segment_id)) if entry.head else set()
     if entry.head is not None and frozen(store.root, entry.head.session_id):
         return  # archived: its plain files, if any, are leftovers (reported as such)
+    for segment_id, problem in _check_segments(folder, context, session, report):
+        if problem.kind in _SALVAGEABLE and segment_id in salvaged and segment_id not in in_use:
+            problem.repaired = True
+            problem.message += f"; salvaged into {salvaged[segment_id]}"
+
+
+def _check_segments(
+    folder: Path, context: str | None, session: str | None, report: Report
+) -> list[tuple[SegmentId | None, Problem]]:
+    """Check every segment file of ``folder`` into ``report``; the problems, by segment."""
+    found: list[tuple[SegmentId | None, Problem]] = []
     for path in _segment_files(folder):
         report.segments += 1
-        found: list[Problem] = []
-        report.entries += _check_segment_file(path, context, found)
+        problems: list[Problem] = []
+        report.entries += _check_segment_file(path, problems)
         segment_id = _segment_id(path)
-        for problem in found:
-            problem.session_id, problem.segment_id = session, str(segment_id)
-            problem.context = context
-            if problem.kind in _SALVAGEABLE and segment_id in salvaged and segment_id not in in_use:
-                problem.repaired = True
-                problem.message += f"; salvaged into {salvaged[segment_id]}"
-        report.problems.extend(found)
+        for problem in problems:
+            problem.context, problem.session_id = context, session
+            problem.segment_id = str(segment_id)
+            found.append((segment_id, problem))
+    report.problems.extend(problem for _, problem in found)
+    return found
 
 
 def _check_index(
@@ -229,25 +237,21 @@ def _check_index(
         indexed, reason = None, _after_location(str(exc))
     chosen = next((e for e in entries if e.folder == indexed), None)
     if chosen is None:
-        report.problems.append(
-            Problem(
-                "unindexed",
-                f"{reason} ('terrarium reindex' adds it)",
-                str(context),
-                str(entries[0].folder),
-            )
+        report.add(
+            "unindexed",
+            f"{reason} ('terrarium reindex' adds it)",
+            str(context),
+            str(entries[0].folder),
         )
         chosen = max(entries, key=lambda e: e.head.updated_at if e.head is not None else "")
     for other in entries:
         if other is not chosen:
-            report.problems.append(
-                Problem(
-                    "duplicate",
-                    f"a second folder of {context}, which lives in {chosen.folder}: an older "
-                    "terrarium split it; export or import it to keep it apart",
-                    str(context),
-                    str(other.folder),
-                )
+            report.add(
+                "duplicate",
+                f"a second folder of {context}, which lives in {chosen.folder}: an older "
+                "terrarium split it; export or import it to keep it apart",
+                str(context),
+                str(other.folder),
             )
 
 
@@ -257,13 +261,11 @@ def _check_links(root: Path, report: Report) -> None:
         for name in sorted(dirs + files):
             path = Path(parent) / name
             if path.is_symlink():
-                report.problems.append(
-                    Problem(
-                        "link",
-                        f"a symbolic link (to {os.readlink(path)}): terrarium never follows one "
-                        "out of its root; replace it with the folder or file itself",
-                        path=str(path),
-                    )
+                report.add(
+                    "link",
+                    f"a symbolic link (to {os.readlink(path)}): terrarium never follows one "
+                    "out of its root; replace it with the folder or file itself",
+                    path=str(path),
                 )
 
 
@@ -282,23 +284,22 @@ def _segment_id(path: Path) -> SegmentId | None:
         return None
 
 
-def _check_segment_file(path: Path, context: str, problems: list[Problem]) -> int:
+def _check_segment_file(path: Path, problems: list[Problem]) -> int:
     """Decode every line of one segment file; return how many entries it holds."""
     try:
         buf = _read_no_follow(path)
     except OSError as exc:
-        problems.append(Problem("unreadable", str(exc), context=context, path=str(path)))
+        problems.append(Problem("unreadable", str(exc), path=str(path)))
         return 0
     complete, tail = codec.split_complete(buf)
     if not complete:
         what = "the file is empty" if not buf else "its header line is incomplete (no newline)"
-        problems.append(Problem("corrupt", f"damaged segment: {what}", context, str(path), 1))
+        problems.append(Problem("corrupt", f"damaged segment: {what}", None, str(path), 1))
         return 0
     count = 0
     for number, line in enumerate(complete.split(b"\n")[:-1], start=1):
         problem = _check_line(path, number, line)
         if problem is not None:
-            problem.context = context
             problems.append(problem)
         elif number > 1:
             count += 1
@@ -307,7 +308,7 @@ def _check_segment_file(path: Path, context: str, problems: list[Problem]) -> in
             Problem(
                 "torn",
                 f"{len(tail)} bytes after the last complete line (offset {len(complete)})",
-                context,
+                None,
                 str(path),
                 complete.count(b"\n") + 1,
                 offset=len(complete),
@@ -354,9 +355,7 @@ def _check_generic(store: Store, report: Report) -> None:
                 continue  # deleted (or replaced) meanwhile: nothing of it to check
             errors = _read_all(store, now, Report())
         for segment_id, error in errors:
-            report.problems.append(
-                Problem("unreadable", error, context=head.context, path=str(segment_id))
-            )
+            report.add("unreadable", error, context=head.context, path=str(segment_id))
     for session_id in detached_sessions(store):  # no head: every segment is read
         report.contexts += 1
         for segment_id in store.list_segments(session_id):
@@ -364,7 +363,7 @@ def _check_generic(store: Store, report: Report) -> None:
             try:
                 report.entries += len(store.read_segment(session_id, segment_id).entries)
             except TerrariumError as exc:
-                report.problems.append(Problem("unreadable", str(exc), path=str(segment_id)))
+                report.add("unreadable", str(exc), path=str(segment_id))
 
 
 def _check_lifecycle(store: Store, report: Report) -> None:
@@ -374,13 +373,11 @@ def _check_lifecycle(store: Store, report: Report) -> None:
     for record in states.unfinished_lifecycle(store):
         what = "purge" if record.state.get("purging") else "delete or restore"
         name = record.state.get("trashed", {}).get("context") or record.owner or "a context"
-        report.problems.append(
-            Problem(
-                "unfinished",
-                f"session {record.session_id}: a {what} of {name} was killed half way",
-                context=record.owner,
-                session_id=str(record.session_id),
-            )
+        report.add(
+            "unfinished",
+            f"session {record.session_id}: a {what} of {name} was killed half way",
+            context=record.owner,
+            session_id=str(record.session_id),
         )
 
 
@@ -392,18 +389,16 @@ def _check_blobs(store: Store, report: Report) -> None:
         referenced = store.blob_references()
         stored = set(store.blob_digests())
     except TerrariumError as exc:
-        report.problems.append(Problem("unreadable", str(exc)))
+        report.add("unreadable", str(exc))
         return
     for digest, where in sorted(referenced.items()):
         if digest not in stored:
-            report.problems.append(
-                Problem("blob", f"blob {digest} is missing (referred to by {where})", path=where)
-            )
+            report.add("blob", f"blob {digest} is missing (referred to by {where})", path=where)
     for digest in sorted(stored):
         try:
             store.get_blob(digest)
         except TerrariumError as exc:
-            report.problems.append(Problem("blob", str(exc)))
+            report.add("blob", str(exc))
 
 
 def _read_all(store: Store, head: PodMetadata, report: Report) -> list[tuple[uuid.UUID, str]]:
@@ -426,14 +421,14 @@ def _read_all(store: Store, head: PodMetadata, report: Report) -> list[tuple[uui
 def _check_legacy(state: CliState, report: Report) -> None:
     from terrarium.formats import terrarium_json as tj
 
-    root = catalog.legacy_root(state)
+    root = legacy_root(state.store())
     if root is None:
         return
     for path in tj.iter_legacy_files(root):
         try:
             tj.load(path, root=root)
         except (ValueError, OSError) as exc:
-            report.problems.append(Problem("legacy", str(exc), path=str(path)))
+            report.add("legacy", str(exc), path=str(path))
 
 
 def _repair(store: Store, report: Report, *, salvage: bool) -> None:

@@ -103,11 +103,7 @@ def gateway(
         raise click.ClickException(str(exc)) from None
     store = state_of(ctx).store()
     app = create_app(
-        store,
-        model_server,
-        token=token,
-        max_body=max_body,
-        store_thread=not quick_store(store),
+        store, model_server, token=token, max_body=max_body, store_thread=not quick_store(store)
     )
     sock = listen(host, port)
     with sock:

@@ -15,8 +15,17 @@ import click
 import msgspec
 
 from terrarium._lazy import lazy_module
-from terrarium.cli import examples
-from terrarium.cli.app import CONTEXT, CliState, cli, program, reads_store, state_of, storage_option
+from terrarium.cli.app import (
+    CONTEXT,
+    CliState,
+    cli,
+    command,
+    json_option,
+    program,
+    reads_store,
+    storage_option,
+    type_option,
+)
 from terrarium.cli.output import plural
 from terrarium.display import human_bytes, short_time
 from terrarium.errors import ContextExists
@@ -55,17 +64,14 @@ def _confirm(question: str, yes: bool, refusal: str) -> None:
 AGE_HELP = "Only sessions inactive for longer than AGE (30d, 12h, 2w); pinned ones are skipped."
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("contexts", nargs=-1, type=CONTEXT, metavar="[CONTEXT]...")
-@click.option("--older-than", "older_than", metavar="AGE", help=AGE_HELP)
-@click.option("--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...).")
+@click.option("--older-than", metavar="AGE", help=AGE_HELP)
+@type_option
 @click.option("--dry-run", is_flag=True, help="Only print what would move and the bytes saved.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
-@storage_option
-@click.pass_context
+@json_option
 def archive(
-    ctx: click.Context,
+    state: CliState,
     contexts: tuple[ContextId, ...],
     older_than: str | None,
     type_: str | None,
@@ -78,50 +84,42 @@ def archive(
     any write, brings it back first. Sessions named as CONTEXT are archived even when
     pinned; a selection by --older-than skips pinned ones.
     """
-    state = state_of(ctx)
     _lifecycle(state)
     plan = lifecycle.plan_archive(
         state.store(), older_than=_age(older_than), type=type_, names=list(contexts)
     )
-    if dry_run:
-        _print_plan(state, plan, as_json)
-        return
-    with state.out.progress(len(plan.candidates), "archiving") as progress:
-        done = lifecycle.run_archive(
-            state.store(), plan, why="command: terrarium archive", progress=progress
-        )
-    saved = sum(a.hot_bytes - a.archived_bytes for a in done)
+    records: Sequence[Candidate | ArchivedContext] = plan.candidates
+    saved = plan.hot_bytes
+    if not dry_run:
+        with state.out.progress(len(plan.candidates), "archiving") as progress:
+            done = lifecycle.run_archive(
+                state.store(), plan, why="command: terrarium archive", progress=progress
+            )
+        records, saved = done, sum(a.hot_bytes - a.archived_bytes for a in done)
     if as_json:
         state.out.json(
             {
-                "dry_run": False,
-                "contexts": [record_json(a) for a in done],
+                "dry_run": dry_run,
+                "contexts": [record_json(r) for r in records],
                 "skipped_pinned": plan.skipped_pinned,
                 "bytes_saved": saved,
             }
         )
-    elif done:
-        hot = sum(a.hot_bytes for a in done)
-        state.out.note(
-            f"archived {plural(len(done), 'session')}: {human_bytes(hot)} -> "
-            f"{human_bytes(hot - saved)} (saved {human_bytes(saved)})",
-            style="green",
-        )
-    _note_pinned(state, plan, as_json, done_nothing=not done)
+    elif dry_run:
+        _print_plan(state, plan)
+    else:
+        if records:
+            hot = sum(r.hot_bytes for r in records)
+            state.out.note(
+                f"archived {plural(len(records), 'session')}: {human_bytes(hot)} -> "
+                f"{human_bytes(hot - saved)} (saved {human_bytes(saved)})",
+                style="green",
+            )
+        _note_pinned(state, plan, done_nothing=not records)
 
 
-def _print_plan(state: CliState, plan: ArchivePlan, as_json: bool) -> None:
+def _print_plan(state: CliState, plan: ArchivePlan) -> None:
     """``archive --dry-run``: every session that would move, and the bytes it would free."""
-    if as_json:
-        state.out.json(
-            {
-                "dry_run": True,
-                "contexts": [record_json(c) for c in plan.candidates],
-                "skipped_pinned": plan.skipped_pinned,
-                "bytes_saved": plan.hot_bytes,
-            }
-        )
-        return
     if plan.candidates:
         state.out.table(
             ["context", "messages", "last active", "size", "pinned"],
@@ -141,12 +139,10 @@ def _print_plan(state: CliState, plan: ArchivePlan, as_json: bool) -> None:
             f"would archive {plural(len(plan.candidates), 'session')}, "
             f"{human_bytes(plan.hot_bytes)} out of the hot store (before compression)"
         )
-    _note_pinned(state, plan, False, done_nothing=not plan.candidates)
+    _note_pinned(state, plan, done_nothing=not plan.candidates)
 
 
-def _note_pinned(state: CliState, plan: ArchivePlan, as_json: bool, *, done_nothing: bool) -> None:
-    if as_json:
-        return
+def _note_pinned(state: CliState, plan: ArchivePlan, *, done_nothing: bool) -> None:
     if plan.skipped_pinned:
         state.out.note(
             f"skipped {plural(len(plan.skipped_pinned), 'pinned session')} "
@@ -164,14 +160,10 @@ def record_json(record: ArchivedContext | TrashedContext | Candidate) -> dict[st
     return {"context_id": context, "type": type_, "name": name, **data}
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("contexts", nargs=-1, type=CONTEXT, required=True, metavar="CONTEXT...")
-@storage_option
-@click.pass_context
-def unarchive(ctx: click.Context, contexts: tuple[ContextId, ...]) -> None:
+def unarchive(state: CliState, contexts: tuple[ContextId, ...]) -> None:
     """Move archived sessions back to the hot store (a chat in one does it by itself)."""
-    state = state_of(ctx)
     store = _lifecycle(state)
     for context in contexts:
         if states.unarchive_context(store, context):
@@ -218,23 +210,11 @@ def delete_session(
     )
 
 
-class TrashGroup(click.Group):
-    """``trash``: its subcommands' help ends with their examples, as every command's does."""
-
-    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
-        """Add a subcommand; its ``--help`` ends with ``examples["trash NAME"]``."""
-        super().add_command(cmd, name)
-        if cmd.epilog is None:
-            cmd.epilog = examples.epilog(f"trash {name or cmd.name}")
-
-
-@cli.group(cls=TrashGroup)
+@reads_store
+@cli.group()
 @storage_option
 def trash() -> None:
     """Deleted sessions: list them, restore one, or purge them for ever."""
-
-
-reads_store(trash)
 
 
 def _print_trash(state: CliState, entries: Sequence[TrashedContext]) -> None:
@@ -256,14 +236,10 @@ def _print_trash(state: CliState, entries: Sequence[TrashedContext]) -> None:
     )
 
 
-@reads_store
-@trash.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
-@storage_option
-@click.pass_context
-def trash_list(ctx: click.Context, as_json: bool) -> None:
+@command("list", group=trash)
+@json_option
+def trash_list(state: CliState, as_json: bool) -> None:
     """List the trash, most recently deleted first."""
-    state = state_of(ctx)
     entries = states.trashed_contexts(_lifecycle(state))
     if as_json:
         state.out.json({"trash": [record_json(e) for e in entries]})
@@ -273,17 +249,13 @@ def trash_list(ctx: click.Context, as_json: bool) -> None:
         _print_trash(state, entries)
 
 
-@reads_store
-@trash.command("restore")
+@command("restore", group=trash)
 @click.argument("target", metavar="CONTEXT|TRASH_ID")
 @click.option(
     "--as", "as_context", type=CONTEXT, default=None, help="Restore it under this context id."
 )
-@storage_option
-@click.pass_context
-def trash_restore(ctx: click.Context, target: str, as_context: ContextId | None) -> None:
+def trash_restore(state: CliState, target: str, as_context: ContextId | None) -> None:
     """Bring a deleted session back, archived if it was; a context id picks its latest deletion."""
-    state = state_of(ctx)
     store = _lifecycle(state)
     entry = lifecycle.find_trashed(store, target)
     try:
@@ -294,28 +266,21 @@ def trash_restore(ctx: click.Context, target: str, as_context: ContextId | None)
     state.out.note(f"restored {head.context}{where}", style="green")
 
 
-@reads_store
-@trash.command("purge")
+@command("purge", group=trash)
 @click.argument("targets", nargs=-1, metavar="[CONTEXT|TRASH_ID]...")
 @click.option(
-    "--older-than",
-    "older_than",
-    metavar="AGE",
-    help="Only entries deleted longer ago than AGE (30d, 12h, 2w).",
+    "--older-than", metavar="AGE", help="Only entries deleted longer ago than AGE (30d, 12h, 2w)."
 )
 @click.option("--dry-run", is_flag=True, help="Only print what would be purged.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-@storage_option
-@click.pass_context
 def trash_purge(
-    ctx: click.Context, targets: tuple[str, ...], older_than: str | None, dry_run: bool, yes: bool
+    state: CliState, targets: tuple[str, ...], older_than: str | None, dry_run: bool, yes: bool
 ) -> None:
     """Delete trash entries for ever: those named, else those older than AGE, else all.
 
     A context id names every trash entry of it. Without names, pinned entries are kept.
     Asks first on a terminal; without one it refuses unless --yes.
     """
-    state = state_of(ctx)
     _lifecycle(state)
     entries = lifecycle.plan_trash_purge(
         state.store(), older_than=_age(older_than), targets=targets
@@ -341,8 +306,7 @@ def trash_purge(
     state.out.note(f"purged {plural(len(done), 'session')} ({freed})", style="green")
 
 
-def _pin(ctx: click.Context, context: ContextId, pinned: bool) -> None:
-    state = state_of(ctx)
+def _pin(state: CliState, context: ContextId, pinned: bool) -> None:
     if not states.pin_context(_lifecycle(state), context, pinned):
         raise catalog.missing(state, context)
     if pinned:
@@ -351,40 +315,30 @@ def _pin(ctx: click.Context, context: ContextId, pinned: bool) -> None:
         state.out.note(f"unpinned {context.display}", style="green")
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("context", type=CONTEXT)
-@storage_option
-@click.pass_context
-def pin(ctx: click.Context, context: ContextId) -> None:
+def pin(state: CliState, context: ContextId) -> None:
     """Pin a session: no policy or age selection archives or purges it."""
-    _pin(ctx, context, True)
+    _pin(state, context, True)
 
 
-@reads_store
-@cli.command()
+@command()
 @click.argument("context", type=CONTEXT)
-@storage_option
-@click.pass_context
-def unpin(ctx: click.Context, context: ContextId) -> None:
+def unpin(state: CliState, context: ContextId) -> None:
     """Unpin a session (policies may archive it again)."""
-    _pin(ctx, context, False)
+    _pin(state, context, False)
 
 
-@reads_store
-@cli.command()
+@command()
 @click.option("--dry-run", is_flag=True, help="Only print what the policy would do.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md).")
-@storage_option
-@click.pass_context
-def maintain(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
+@json_option
+def maintain(state: CliState, dry_run: bool, as_json: bool) -> None:
     """Apply the retention policy: archive inactive sessions, purge old trash.
 
     For cron: silent unless something moved; exit code 0 on success, 1 on failure.
     The policy is [retention] in terrarium.toml in the store's folder, else in
     ~/.config/terrarium/config.toml; without one nothing happens.
     """
-    state = state_of(ctx)
     _lifecycle(state)
     report = lifecycle.Maintenance(state.store()).run(dry_run=dry_run)
     if as_json:
@@ -395,7 +349,7 @@ def maintain(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
             state.out.note("no retention policy: nothing to do (see docs/cli.md, maintain)")
         return
     if dry_run:
-        _print_plan(state, report.to_archive, False)
+        _print_plan(state, report.to_archive)
         if report.to_purge:
             _print_trash(state, report.to_purge)
             state.out.note(f"would purge {plural(len(report.to_purge), 'session')} from the trash")
@@ -431,8 +385,8 @@ def report_json(report: MaintenanceReport) -> dict[str, Any]:
 
 def lifecycle_rows(
     state: CliState, rows: list[ContextRow], type_: str | None, scope: str
-) -> tuple[list[ContextRow], dict[str, tuple[str, bool]]]:
-    """``list``'s rows for ``scope``, with each one's state and pin by context id."""
+) -> tuple[list[ContextRow], dict[str, dict[str, Any]]]:
+    """``list``'s rows for ``scope``, and by context id each one's ``state`` and ``pinned``."""
     from terrarium.contexts import ContextRow
     from terrarium.model import ContextId
     from terrarium.stores.base import Lifecycle
@@ -440,9 +394,9 @@ def lifecycle_rows(
     store = state.store()
     if not isinstance(store, Lifecycle):
         kept = rows if scope != "archived" else []
-        return kept, {r.context_id: ("hot", False) for r in kept}
+        return kept, {r.context_id: {"state": "hot", "pinned": False} for r in kept}
     pins = states.pinned_contexts(store)
-    marks = {r.context_id: ("hot", r.context_id in pins) for r in rows}
+    marks = {r.context_id: {"state": "hot", "pinned": r.context_id in pins} for r in rows}
     if scope == "hot":
         return rows, marks
     out = list(rows) if scope == "all" else []
@@ -460,7 +414,7 @@ def lifecycle_rows(
                 archived.message_count,
             )
         )
-        marks[archived.context] = ("archived", archived.pinned)
+        marks[archived.context] = {"state": "archived", "pinned": archived.pinned}
     out.sort(key=lambda r: r.last_active, reverse=True)
     out.sort(key=lambda r: r.type)
     return out, marks

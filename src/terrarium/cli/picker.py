@@ -76,10 +76,7 @@ class Picker:
     """The picker's state and its prompt_toolkit application."""
 
     def __init__(
-        self,
-        rows: list[SessionInfo],
-        default_type: str = "cli",
-        preview: PreviewFn | None = None,
+        self, rows: list[SessionInfo], default_type: str = "cli", preview: PreviewFn | None = None
     ) -> None:
         self.rows = rows
         self.default_type = default_type
@@ -276,8 +273,7 @@ class Picker:
                     height=1,
                 ),
                 Window(
-                    BufferControl(self.filter, input_processors=[BeforeInput("filter: ")]),
-                    height=1,
+                    BufferControl(self.filter, input_processors=[BeforeInput("filter: ")]), height=1
                 ),
                 Window(
                     FormattedTextControl(self.render, focusable=False, show_cursor=False),

@@ -13,8 +13,8 @@ from __future__ import annotations
 import click
 
 from terrarium.cli import commands, lifecycle_cmds
-from terrarium.cli.app import GuardedCommand, model_options, state_of, storage_option
-from terrarium.cli.chat import ChatOptions, run_chat
+from terrarium.cli.app import GuardedCommand, ModelOptions, model_options, state_of, storage_option
+from terrarium.cli.chat import run_chat
 from terrarium.model import ContextId
 
 
@@ -45,10 +45,7 @@ def seed_chat(
     delete_session: str | None,
     yes: bool,
     system_prompt: str | None,
-    base_url: str,
-    model: str | None,
-    retries: int,
-    timeout: float,
+    server: ModelOptions,
 ) -> None:
     """Chat with the model in a persistent session (the seed's chat.py)."""
     state = state_of(ctx)
@@ -61,8 +58,7 @@ def seed_chat(
         lifecycle_cmds.delete_session(state, ContextId(kind, delete_session), yes, confirm=True)
         return
     context = ContextId(kind, session_id) if session_id is not None else None
-    options = ChatOptions(base_url, model, retries, timeout, system_prompt)
-    run_chat(state, context, kind, options)
+    run_chat(state, context, kind, server, system_prompt)
 
 
 def main() -> None:

@@ -18,7 +18,15 @@ from typing import Any
 
 import click
 
-from terrarium.cli.app import cli, model_options, open_store, reads_store, state_of, storage_option
+from terrarium.cli.app import (
+    ModelOptions,
+    cli,
+    model_options,
+    open_store,
+    reads_store,
+    state_of,
+    storage_option,
+)
 from terrarium.errors import install_hint
 
 LOOPBACK_NAMES = frozenset(("localhost", "127.0.0.1", "::1"))
@@ -116,10 +124,7 @@ def serve(
     open_browser: bool,
     allow_writes: bool,
     token: str | None,
-    base_url: str,
-    model: str | None,
-    retries: int,
-    timeout: float,
+    server: ModelOptions,
 ) -> None:
     """Serve the statistics dashboard: overview, sessions, transcripts, search, JSON API.
 
@@ -144,7 +149,7 @@ def serve(
         token=token,
         allow_writes=allow_writes,
         location=state.shown_location,
-        model=ModelAccess(base_url, model=model, retries=retries, timeout=timeout),
+        model=ModelAccess(server.base_url, server.model, server.retries, server.timeout),
         # Each compaction opens the store again (see terrarium.web.compact), never creating it.
         reopen=functools.partial(open_store, state.location, create=False),
     )
