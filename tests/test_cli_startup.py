@@ -404,3 +404,16 @@ def test_errors_quote_the_session(tmp_path: Path, seeded: Path) -> None:
     assert invoke("fork", "cli:main", "cli:big", where).stderr == (
         "Error: session 'cli:big' already exists\n"
     )
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_importing_the_command_line_leaves_the_collector_as_it_was(before: bool) -> None:
+    """The collector is off only while the command line's modules are imported."""
+    code = (
+        "import gc\n"
+        f"gc.enable() if {before} else gc.disable()\n"
+        "import terrarium.cli\n"
+        "print(gc.isenabled())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env())
+    assert out.stdout.strip() == str(before), out.stderr
