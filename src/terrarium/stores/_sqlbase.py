@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 import uuid
 from abc import abstractmethod
@@ -51,6 +52,7 @@ from terrarium.model import ContextId, SegmentId, SessionId, utc_now
 from terrarium.stores._archive import unpack, unpack_lines
 from terrarium.stores.base import (
     ClosingStore,
+    Derived,
     PodMetadata,
     SegmentRead,
     SessionRecord,
@@ -92,6 +94,8 @@ INSERT_HEAD = (
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
 HEADS_OF_TYPE = f"{HEADS} WHERE type = ?"
+#: Only hot heads are in contexts: a frozen session's is in archived_contexts.
+LIVE_HEAD = f"{HEADS} WHERE session_id = ?"
 SEGMENT_EXISTS = "SELECT 1 FROM segments WHERE session_id = ? AND segment_id = ?"
 SEGMENT_IDS = "SELECT segment_id FROM segments WHERE session_id = ?"
 #: A frozen segment's columns, read by reference.
@@ -177,8 +181,17 @@ class SqlStore(ClosingStore):
     #: Moves a head if it is on segment ``expected`` (parameters: time, segment, context,
     #: expected).
     _MOVE_HEAD: str
+    #: A segment's lines from seq ``seq`` on (named parameters ``session``, ``segment``, ``seq``).
+    _ENTRIES_FROM: str
+    derived: Derived | None = None
+    """The derived index (:func:`terrarium.index.of`), closed with the store."""
     _where: str
     """The database, as error messages name it (never with a password)."""
+
+    _lock: threading.Lock
+    _closed: bool
+    _idle: list[Any]
+    """Idle connections, closed with the store."""
 
     def _q(self, statement: str) -> str:
         """``statement`` in this database's placeholders."""
@@ -206,21 +219,20 @@ class SqlStore(ClosingStore):
         return self._read()
 
     @abstractmethod
+    def _committed(self) -> AbstractContextManager[Any]:
+        """A pooled connection, never the thread's write one: the index reads only what is
+        committed."""
+
+    @abstractmethod
     def _next_seq(self, conn: Any, session_id: SessionId, segment_id: SegmentId) -> int:
         """The hot segment's next seq, remembered for appends; SegmentNotFound if none."""
 
     @abstractmethod
     def _insert_segment(
-        self,
-        conn: Any,
-        session_id: SessionId,
-        segment_id: SegmentId,
-        type: str,
-        line: Mapping[str, Any],
+        self, conn: Any, session_id: SessionId, segment_id: SegmentId, line: Mapping[str, Any]
     ) -> None:
         """A segment's row and header (entry 0) with their blob refs, in the caller's
-        transaction; ``type`` is its context's ('' detached), unused since no store indexes
-        items as it writes them. ConflictError if the segment exists."""
+        transaction. ConflictError if the segment exists."""
 
     @abstractmethod
     def _wake_on(self, conn: Any, session_id: SessionId) -> bool:
@@ -245,6 +257,16 @@ class SqlStore(ClosingStore):
     @abstractmethod
     def _drop_rows(self, conn: Any, session: Any) -> None:
         """Delete a detached session's hot rows (its frozen ones go with its record)."""
+
+    def close(self) -> None:
+        """Close the derived index and the idle connections (busy ones as their call returns)."""
+        if self.derived is not None:
+            self.derived.close()
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
     # ---------------------------------------------------------------- heads
 
@@ -295,7 +317,7 @@ class SqlStore(ClosingStore):
             if conn.execute(self._q(INSERT_SESSION), (sid, str(ctx), ts)).rowcount != 1:
                 raise ConflictError(f"session {session_id} already exists")
             conn.execute(self._q(INSERT_HEAD), (str(ctx), ctx.type, sid, gid, ts, ts))
-            self._insert_segment(conn, session_id, segment_id, ctx.type, line)
+            self._insert_segment(conn, session_id, segment_id, line)
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
 
     def attach_context(
@@ -374,7 +396,7 @@ class SqlStore(ClosingStore):
             created = (self._sid(session_id), None, str(line["ts"]))
             if conn.execute(self._q(INSERT_SESSION), created).rowcount != 1:
                 raise ConflictError(f"session {session_id} already exists")
-            self._insert_segment(conn, session_id, uuid.UUID(str(line["segment_id"])), "", line)
+            self._insert_segment(conn, session_id, uuid.UUID(str(line["segment_id"])), line)
 
     def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
         """Add a segment, with its header as entry 0, to an existing session."""
@@ -387,8 +409,7 @@ class SqlStore(ClosingStore):
                 if row is None:
                     raise SegmentNotFound(f"session {session_id} does not exist")
                 if "cold" not in state_record(row[0]):
-                    type = (row[1] or "").partition(":")[0]  # its context's ('' detached)
-                    self._insert_segment(conn, session_id, segment_id, type, line)
+                    self._insert_segment(conn, session_id, segment_id, line)
                     return
             wake_session(self, session_id)  # frozen: back to the hot tables first
 
@@ -412,11 +433,7 @@ class SqlStore(ClosingStore):
                 return cold
         if not rows:
             raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
-        lines = decode_lines(
-            ("\n".join([row[0] for row in rows]) + "\n").encode(),
-            where=f"{self._where} segment {segment_id}",
-            first_line=0,
-        )
+        lines = self._lines(rows, segment_id, 0)
         entries = lines[1:] if stop_seq is None or stop_seq >= 0 else []
         return SegmentRead(header=lines[0], entries=entries, next_seq=int(rows[0][1]) + 1)
 
@@ -459,6 +476,11 @@ class SqlStore(ClosingStore):
                 return cold
         return [decode(row[0]) for row in rows]
 
+    def _lines(self, rows: Sequence[Any], segment_id: SegmentId, first: int) -> list[Any]:
+        """The entries of ``rows`` (each a ``line`` first), numbered from seq ``first``."""
+        data = ("\n".join([row[0] for row in rows]) + "\n").encode()
+        return decode_lines(data, where=f"{self._where} segment {segment_id}", first_line=first)
+
     def _hot_ids(self, conn: Any, session_id: SessionId) -> list[SegmentId]:
         rows = conn.execute(self._q(SEGMENT_IDS), (self._sid(session_id),))
         return [self._uuid(row[0]) for row in rows]
@@ -466,6 +488,23 @@ class SqlStore(ClosingStore):
     def _segment_exists(self, conn: Any, session_id: SessionId, segment_id: SegmentId) -> bool:
         ids = (self._sid(session_id), self._sid(segment_id))
         return conn.execute(self._q(SEGMENT_EXISTS), ids).fetchone() is not None
+
+    # ---------------------------------------------------------------- change cursor
+
+    def live_head(self, session_id: SessionId) -> PodMetadata | None:
+        """The head of the session's context unless detached, frozen or gone (``ChangeLog``)."""
+        with self._committed() as conn:
+            row = conn.execute(self._q(LIVE_HEAD), (self._sid(session_id),)).fetchone()
+        return None if row is None else self._head(row)
+
+    def entries_from(
+        self, session_id: SessionId, segment_id: SegmentId, seq: int
+    ) -> list[dict[str, Any]]:
+        """The segment's lines from ``seq`` on (``ChangeLog``); none if it is not hot."""
+        args = {"session": self._sid(session_id), "segment": self._sid(segment_id), "seq": seq}
+        with self._committed() as conn:
+            rows = conn.execute(self._ENTRIES_FROM, args).fetchall()
+        return self._lines(rows, segment_id, seq) if rows else []
 
     # ---------------------------------------------------------------- blobs
 

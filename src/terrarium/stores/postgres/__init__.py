@@ -30,7 +30,7 @@ import re
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, cast
 
 from terrarium import codec
@@ -50,7 +50,6 @@ from terrarium.stores._sqlbase import SqlStore, pyformat
 from terrarium.stores.base import (
     ATTEMPTS,
     INDEX_DB,
-    Derived,
     NewEntry,
     PodMetadata,
     head_then_tail,
@@ -94,6 +93,7 @@ class PostgresStore(SqlStore):
     _READ_SEGMENT = _sql.READ
     _READ_TRACE = _sql.READ_TRACE
     _MOVE_HEAD = _sql.MOVE_HEAD
+    _ENTRIES_FROM = _sql.ENTRIES_FROM
     # What SqlStore reads, run once more on a connection lost under it (see _pool.retried).
     get_head = retried(SqlStore.get_head)
     list_contexts = retried(SqlStore.list_contexts)
@@ -107,6 +107,8 @@ class PostgresStore(SqlStore):
     blob_digests = retried(SqlStore.blob_digests)
     blob_references = retried(SqlStore.blob_references)
     delete_unreferenced_blobs = retried(SqlStore.delete_unreferenced_blobs)
+    live_head = retried(SqlStore.live_head)
+    entries_from = retried(SqlStore.entries_from)
 
     def __init__(
         self,
@@ -143,10 +145,8 @@ class PostgresStore(SqlStore):
         self._lock = threading.Lock()
         self._local = threading.local()  # .conn: a connection lent to lifecycle calls
         self._seen: SeqGuesses[None] = SeqGuesses(_SEEN_CACHE)
-        self._idle_locks: list[psycopg.Connection[Any]] = []
+        self._idle: list[psycopg.Connection[Any]] = []  # context locks' connections
         self._closed = False
-        self.derived: Derived | None = None
-        """The derived index (:func:`terrarium.index.of`), closed with the store."""
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 migrate(conn, schema, where=self._where)
@@ -236,25 +236,6 @@ class PostgresStore(SqlStore):
         return list(row[2]), str(row[0])
 
     @retried
-    def live_head(self, session_id: SessionId) -> PodMetadata | None:
-        """The head of the session's context unless detached, frozen or gone (``ChangeLog``)."""
-        with self._pool.connection() as conn:
-            row = conn.execute(_sql.LIVE_HEAD, (session_id,)).fetchone()
-        return None if row is None else self._head(row)
-
-    @retried
-    def entries_from(
-        self, session_id: SessionId, segment_id: SegmentId, seq: int
-    ) -> list[dict[str, Any]]:
-        """The segment's lines from ``seq`` on (``ChangeLog``); none if it is not hot."""
-        with self._pool.connection() as conn:
-            rows = conn.execute(_sql.ENTRIES_FROM, (session_id, segment_id, seq)).fetchall()
-        if not rows:
-            return []
-        data = ("\n".join([row[0] for row in rows]) + "\n").encode()
-        return codec.decode_lines(data, where=f"{self._where} segment {segment_id}", first_line=seq)
-
-    @retried
     def store_id(self) -> str:
         """The store's id, made once with its schema: what names its index file."""
         with self._pool.connection() as conn:
@@ -330,7 +311,7 @@ class PostgresStore(SqlStore):
             with self._lock:
                 if self._closed:
                     raise StoreError(f"{self!r} is closed")
-                idle = self._idle_locks.pop() if self._idle_locks else None
+                idle = self._idle.pop() if self._idle else None
             if idle is None:
                 break
             if alive(idle):
@@ -353,8 +334,8 @@ class PostgresStore(SqlStore):
 
     def _release_lock_connection(self, conn: psycopg.Connection[Any]) -> None:
         with self._lock:
-            if not self._closed and len(self._idle_locks) < _IDLE_LOCK_CONNECTIONS:
-                self._idle_locks.append(conn)
+            if not self._closed and len(self._idle) < _IDLE_LOCK_CONNECTIONS:
+                self._idle.append(conn)
                 return
         conn.close()
 
@@ -395,6 +376,9 @@ class PostgresStore(SqlStore):
         """A transaction (a savepoint inside one) on the connection :meth:`_read` gives."""
         with self._read() as conn, conn.transaction():
             yield conn
+
+    def _committed(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        return self._pool.connection()
 
     @contextmanager
     def _snapshot(self) -> Iterator[psycopg.Connection[Any]]:
@@ -455,7 +439,6 @@ class PostgresStore(SqlStore):
         conn: psycopg.Connection[Any],
         session_id: SessionId,
         segment_id: SegmentId,
-        type: str,
         line: Mapping[str, Any],
     ) -> None:
         """A segment's row and header (in the caller's transaction)."""
@@ -597,15 +580,7 @@ class PostgresStore(SqlStore):
         raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
 
     def close(self) -> None:
-        """Close the derived index, the pool and the idle lock connections (held locks close
-        on release)."""
-        if self.derived is not None:
-            self.derived.close()
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            idle, self._idle_locks = self._idle_locks, []
-        for conn in idle:
-            conn.close()
+        """Close the derived index, the idle lock connections (held ones close on release)
+        and the pool."""
+        super().close()
         self._pool.close()

@@ -47,9 +47,7 @@ from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores._sqlbase import SqlStore, run_each
 from terrarium.stores.base import (
     INDEX_DB,
-    Derived,
     NewEntry,
-    PodMetadata,
     iter_lines,
     wake_session,
 )
@@ -84,6 +82,7 @@ class SqliteStore(SqlStore):
     _READ_SEGMENT = sql.READ_SEGMENT
     _READ_TRACE = sql.READ_TRACE
     _MOVE_HEAD = sql.MOVE_HEAD
+    _ENTRIES_FROM = sql.ENTRIES_FROM
 
     def __init__(
         self,
@@ -136,8 +135,6 @@ class SqliteStore(SqlStore):
         self._closed = False
         self.readonly_reason: str | None = None
         """Why the database is opened read-only (see :meth:`_open`), or None."""
-        self.derived: Derived | None = None
-        """The derived index (:func:`terrarium.index.of`), closed with the store."""
         self._idle.append(self._open())
 
     def _open(self) -> sqlite3.Connection:
@@ -314,28 +311,9 @@ class SqliteStore(SqlStore):
             rows = conn.execute(sql.CHANGES_AFTER, seen).fetchall()
         return [uuid.UUID(row[0]) for row in rows], now
 
-    def live_head(self, session_id: SessionId) -> PodMetadata | None:
-        """The head of the session's context unless detached, frozen or gone (``ChangeLog``)."""
-        with self._committed() as conn:
-            row = conn.execute(sql.LIVE_HEAD, (str(session_id),)).fetchone()
-        return None if row is None else self._head(row)
-
-    def entries_from(
-        self, session_id: SessionId, segment_id: SegmentId, seq: int
-    ) -> list[dict[str, Any]]:
-        """The segment's lines from ``seq`` on (``ChangeLog``); none if it is not hot."""
-        with self._committed() as conn:
-            args = {"session": str(session_id), "segment": str(segment_id), "seq": seq}
-            rows = conn.execute(sql.ENTRIES_FROM, args).fetchall()
-        if not rows:
-            return []
-        data = ("\n".join([row[0] for row in rows]) + "\n").encode()
-        return codec.decode_lines(data, where=f"{self.path} segment {segment_id}", first_line=seq)
-
     @contextmanager
     def _committed(self) -> Iterator[sqlite3.Connection]:
-        """A pooled read transaction, never the thread's write one: the index reads only
-        what is committed."""
+        """A pooled read transaction, never the thread's write one."""
         conn = self._borrow()
         try:
             conn.execute("BEGIN")
@@ -417,10 +395,8 @@ class SqliteStore(SqlStore):
         conn: sqlite3.Connection,
         session_id: SessionId,
         segment_id: SegmentId,
-        type: str,
         line: Mapping[str, Any],
     ) -> None:
-        # SQLite indexes no item as it writes it: the type goes unused.
         s, g, ts = str(session_id), str(segment_id), str(line["ts"])
         try:
             seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
@@ -522,16 +498,6 @@ class SqliteStore(SqlStore):
                     continue
                 raise SegmentNotFound.of(session_id, segment_id)
             conn.executemany(sql.INSERT_TRACE, [(s, g, _text(e.to_dict())) for e in entries])
-
-    def close(self) -> None:
-        """Close the derived index and the idle connections (busy ones as their call returns)."""
-        if self.derived is not None:
-            self.derived.close()
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
 
 
 def _position(text: str | None) -> tuple[int, int] | None:

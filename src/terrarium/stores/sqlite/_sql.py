@@ -16,8 +16,6 @@ with seq 0, so reading a segment is one indexed range scan. ``line`` is the entr
 
 from __future__ import annotations
 
-from terrarium.stores._sqlbase import HEADS
-
 # ---------------------------------------------------------------------------- migrations
 
 CREATE_MIGRATIONS = (
@@ -32,8 +30,6 @@ FORGET_MIGRATION = "DELETE FROM migrations WHERE name = ?"
 MOVE_HEAD = (
     "UPDATE contexts SET updated_at = ?, segment_id = ? WHERE context = ? AND segment_id = ?"
 )
-# Only hot heads are in contexts: a frozen session's is in archived_contexts.
-LIVE_HEAD = f"{HEADS} WHERE session_id = ?"
 
 # ---------------------------------------------------------------------------- change cursor
 
