@@ -8,7 +8,7 @@ them the same way on both: heads (created, attached and moved), segments and tra
 else frozen), blobs, and the :class:`~terrarium.stores.base.SessionStates` primitives. A store
 supplies its connections (``_read``, ``_write``, ``_snapshot``), its dialect (``_q``,
 ``_sid``, ``_uuid``), the statements whose text differs (``_READ_SEGMENT``, ``_READ_TRACE``,
-``_MOVE_HEAD``), its tail read (``_next_seq``), its wake (``_wake_on``) and the rows each
+``_DROP_HOT``...), its tail read (``_next_seq``), its wake (``_wake_on``) and the rows each
 lifecycle move takes (``_freeze_rows``...).
 
 Statements here use SQLite's placeholders (``?``); PostgreSQL's store turns them into its own
@@ -94,6 +94,10 @@ INSERT_HEAD = (
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
 HEADS_OF_TYPE = f"{HEADS} WHERE type = ?"
+#: Moves a head if it is on segment ``expected`` (parameters: time, segment, context, expected).
+MOVE_HEAD = (
+    "UPDATE contexts SET updated_at = ?, segment_id = ? WHERE context = ? AND segment_id = ?"
+)
 #: Only hot heads are in contexts: a frozen session's is in archived_contexts.
 LIVE_HEAD = f"{HEADS} WHERE session_id = ?"
 SEGMENT_EXISTS = "SELECT 1 FROM segments WHERE session_id = ? AND segment_id = ?"
@@ -163,7 +167,7 @@ class SqlStore(ClosingStore):
     Each lifecycle primitive is one write transaction: the record is read (its row locked),
     compared with the one expected, and written together with the physical move, which the
     store supplies (:meth:`_freeze_rows`, :meth:`_thaw_rows`, :meth:`_detach_rows`,
-    :meth:`_drop_rows`). A frozen session's segments are ``archived_segments`` rows, one
+    :attr:`_DROP_HOT`). A frozen session's segments are ``archived_segments`` rows, one
     zstandard frame each, and its head, while attached, an ``archived_contexts`` row.
     """
 
@@ -178,9 +182,8 @@ class SqlStore(ClosingStore):
     _READ_SEGMENT: str
     #: A segment's trace lines, oldest first (parameters: session, segment).
     _READ_TRACE: str
-    #: Moves a head if it is on segment ``expected`` (parameters: time, segment, context,
-    #: expected).
-    _MOVE_HEAD: str
+    #: Delete a detached session's hot rows (its frozen ones go with its record).
+    _DROP_HOT: tuple[str, ...]
     #: A segment's lines from seq ``seq`` on (named parameters ``session``, ``segment``, ``seq``).
     _ENTRIES_FROM: str
     derived: Derived | None = None
@@ -254,10 +257,6 @@ class SqlStore(ClosingStore):
         """Drop the head of ``context`` (hot or frozen) if it is on ``session``; whether it was."""
         return any(conn.execute(self._q(drop), (context, session)).rowcount for drop in DETACH)
 
-    @abstractmethod
-    def _drop_rows(self, conn: Any, session: Any) -> None:
-        """Delete a detached session's hot rows (its frozen ones go with its record)."""
-
     def close(self) -> None:
         """Close the derived index and the idle connections (busy ones as their call returns)."""
         if self.derived is not None:
@@ -295,7 +294,7 @@ class SqlStore(ClosingStore):
                 head = self._head_to_move(conn, context, segment_id, expected)
                 now = utc_now()
                 move = (now, self._sid(segment_id), str(context), self._sid(expected))
-                if conn.execute(self._MOVE_HEAD, move).rowcount == 1:
+                if conn.execute(self._q(MOVE_HEAD), move).rowcount == 1:
                     return PodMetadata(
                         head.context, head.session_id, segment_id, head.created_at, now
                     )
@@ -649,9 +648,8 @@ class SqlStore(ClosingStore):
                 return False
             if row[1] is not None:
                 raise SessionAttached(f"session {session_id} belongs to context {row[1]}")
-            self._drop_rows(conn, sid)
-            for statement in DROP_SESSION:
-                conn.execute(self._q(statement), (sid,))
+            run_each(conn, self._DROP_HOT, sid)
+            run_each(conn, map(self._q, DROP_SESSION), sid)
         return True
 
     def _check(

@@ -92,7 +92,7 @@ class PostgresStore(SqlStore):
 
     _READ_SEGMENT = _sql.READ
     _READ_TRACE = _sql.READ_TRACE
-    _MOVE_HEAD = _sql.MOVE_HEAD
+    _DROP_HOT = _lifecycle.DROP_HOT
     _ENTRIES_FROM = _sql.ENTRIES_FROM
     # What SqlStore reads, run once more on a connection lost under it (see _pool.retried).
     get_head = retried(SqlStore.get_head)
@@ -276,7 +276,7 @@ class PostgresStore(SqlStore):
         key = _sql.lock_key(self.schema, str(context))
         conn = self._lock_connection()
         row = None
-        try:
+        with self._closed_on_error(conn):
             if read:
                 with conn.pipeline():
                     conn.execute(_sql.LOCK, (key,))
@@ -284,26 +284,26 @@ class PostgresStore(SqlStore):
                 row = cursor.fetchone()
             else:
                 conn.execute(_sql.LOCK, (key,))
+        try:
+            yield row
+        finally:
+            with self._closed_on_error(conn):
+                conn.execute(_sql.UNLOCK, (key,))
+            self._release_lock_connection(conn)
+
+    @contextmanager
+    def _closed_on_error(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        """Close the lock connection if the block fails: the server drops the lock with it (if
+        it granted it). A lost connection is raised as :meth:`_pool.Pool.failure`'s error."""
+        try:
+            yield
         except CONNECTION_ERRORS as exc:
             failure = self._pool.failure(exc, conn)
             conn.close()
             raise failure from exc
         except BaseException:
-            conn.close()  # the server drops the lock, if it granted it, with the connection
+            conn.close()
             raise
-        try:
-            yield row
-        finally:
-            try:
-                conn.execute(_sql.UNLOCK, (key,))
-            except CONNECTION_ERRORS as exc:  # the server dropped the lock with the connection
-                failure = self._pool.failure(exc, conn)
-                conn.close()
-                raise failure from exc
-            except BaseException:
-                conn.close()  # the server drops the lock with the connection
-                raise
-            self._release_lock_connection(conn)
 
     def _lock_connection(self) -> psycopg.Connection[Any]:
         """An idle lock connection that is alive (see ``_pool.py``), else a new one."""
@@ -401,9 +401,6 @@ class PostgresStore(SqlStore):
 
     def _thaw_rows(self, conn: psycopg.Connection[Any], session: Any) -> None:
         _lifecycle.thaw(conn, session)
-
-    def _drop_rows(self, conn: psycopg.Connection[Any], session: Any) -> None:
-        _lifecycle.drop_hot(conn, session)
 
     def _wake_on(self, conn: psycopg.Connection[Any], session_id: SessionId) -> bool:
         """``wake_session`` on the caller's own connection, idle (a pool of one connection

@@ -32,7 +32,7 @@ import psycopg
 from terrarium.model import SegmentId, SessionId
 from terrarium.stores import _sqlbase
 from terrarium.stores._archive import envelopes, pack_session, unpack_lines
-from terrarium.stores._sqlbase import pyformat
+from terrarium.stores._sqlbase import pyformat, run_each
 from terrarium.stores.postgres import _sql
 
 Conn = psycopg.Connection[Any]
@@ -93,14 +93,8 @@ def freeze(conn: Conn, schema: str, session: SessionId) -> tuple[int, int]:
     hot, packed = _pack_session(conn, session, segments)
     if head is not None:
         conn.execute(INSERT_COLD_HEAD, (session, *head))
-    drop_hot(conn, session)
+    run_each(conn, DROP_HOT, session)
     return hot, packed
-
-
-def drop_hot(conn: Conn, session: SessionId) -> None:
-    """Delete the session's hot rows."""
-    for statement in DROP_HOT:
-        conn.execute(statement, (session,))
 
 
 def _pack_session(
@@ -138,5 +132,4 @@ def thaw(conn: Conn, session: SessionId) -> None:
     if head is not None:
         context, type_, g, created, updated = head
         conn.execute(REFILL_HEAD, (context, type_, session, g, created, updated))
-    for statement in DROP_COLD:
-        conn.execute(statement, (session,))
+    run_each(conn, DROP_COLD, session)

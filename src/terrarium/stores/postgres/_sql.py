@@ -111,12 +111,6 @@ APPEND_TRACE = (
 )
 READ_TRACE = "SELECT line FROM traces WHERE session_id = %s AND segment_id = %s ORDER BY n"
 
-# --------------------------------------------------------------------------- heads
-
-MOVE_HEAD = (
-    "UPDATE contexts SET updated_at = %s, segment_id = %s WHERE context = %s AND segment_id = %s"
-)
-
 # --------------------------------------------------------------------------- contexts, segments
 
 INSERT_SEGMENT = (

@@ -44,7 +44,7 @@ from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
 from terrarium.stores._changes import LogChanges
 from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import SqlStore, run_each
+from terrarium.stores._sqlbase import SqlStore
 from terrarium.stores.base import (
     INDEX_DB,
     NewEntry,
@@ -81,7 +81,7 @@ class SqliteStore(SqlStore):
 
     _READ_SEGMENT = sql.READ_SEGMENT
     _READ_TRACE = sql.READ_TRACE
-    _MOVE_HEAD = sql.MOVE_HEAD
+    _DROP_HOT = lifecycle.DROP_HOT
     _ENTRIES_FROM = sql.ENTRIES_FROM
 
     def __init__(
@@ -362,9 +362,6 @@ class SqliteStore(SqlStore):
 
     _freeze_rows = staticmethod(lifecycle.freeze)
     _thaw_rows = staticmethod(lifecycle.thaw)
-
-    def _drop_rows(self, conn: sqlite3.Connection, session: str) -> None:
-        run_each(conn, lifecycle.DROP_HOT, session)
 
     def _wake_on(self, conn: sqlite3.Connection, session_id: SessionId) -> bool:
         return wake_session(self, session_id)  # on conn: this thread's transaction

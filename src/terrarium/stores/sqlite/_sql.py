@@ -25,12 +25,6 @@ APPLIED = "SELECT name FROM migrations"
 RECORD_MIGRATION = "INSERT INTO migrations VALUES (?, ?)"
 FORGET_MIGRATION = "DELETE FROM migrations WHERE name = ?"
 
-# ---------------------------------------------------------------------------- heads
-
-MOVE_HEAD = (
-    "UPDATE contexts SET updated_at = ?, segment_id = ? WHERE context = ? AND segment_id = ?"
-)
-
 # ---------------------------------------------------------------------------- change cursor
 
 # Whether the database keeps the change cursor (not those of development builds before it).
