@@ -348,15 +348,13 @@ class SqlStore(ClosingStore):
         while (row := conn.execute(self._q(HEAD), (str(context),)).fetchone()) is None:
             cold = conn.execute(self._q(ARCHIVED_HEAD), (str(context),)).fetchone()
             if cold is None:
-                raise ContextNotFound(f"context {context} does not exist")
+                raise ContextNotFound.of(context)
             self._wake_on(conn, self._uuid(cold[1]))
         head = self._head(row)
         if head.segment_id != expected:
             raise ConflictError(f"head of {context} is {head.segment_id}, not {expected}: it moved")
         if not self._segment_exists(conn, head.session_id, segment_id):
-            raise SegmentNotFound(
-                f"segment {segment_id} of session {head.session_id} does not exist"
-            )
+            raise SegmentNotFound.of(head.session_id, segment_id)
         return head
 
     def _attachable(
@@ -367,7 +365,7 @@ class SqlStore(ClosingStore):
         owner = self._q(SESSION_OWNER + self._FOR_UPDATE)
         row = conn.execute(owner, (self._sid(session_id),)).fetchone()
         if row is None:
-            raise SegmentNotFound(f"session {session_id} does not exist")
+            raise SegmentNotFound.of(session_id)
         if row[0] is not None:  # first: a restore that lost a race to another is NotInTrash
             raise SessionAttached(f"session {session_id} already belongs to context {row[0]}")
         self._hold_name(conn, str(ctx))
@@ -379,7 +377,7 @@ class SqlStore(ClosingStore):
             if frozen
             else self._segment_exists(conn, session_id, segment_id)
         ):
-            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+            raise SegmentNotFound.of(session_id, segment_id)
         return str(row[1]), frozen
 
     def _head(self, row: Sequence[Any]) -> PodMetadata:
@@ -403,10 +401,7 @@ class SqlStore(ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         while True:
             with self._write() as conn:
-                read = self._q(STATE + self._KEY_SHARE)
-                row = conn.execute(read, (self._sid(session_id),)).fetchone()
-                if row is None:
-                    raise SegmentNotFound(f"session {session_id} does not exist")
+                row = self._state_row(conn, session_id, self._KEY_SHARE)
                 if "cold" not in state_record(row[0]):
                     self._insert_segment(conn, session_id, segment_id, line)
                     return
@@ -431,7 +426,7 @@ class SqlStore(ClosingStore):
             if cold is not None:
                 return cold
         if not rows:
-            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+            raise SegmentNotFound.of(session_id, segment_id)
         lines = self._lines(rows, segment_id, 0)
         entries = lines[1:] if stop_seq is None or stop_seq >= 0 else []
         return SegmentRead(header=lines[0], entries=entries, next_seq=int(rows[0][1]) + 1)
@@ -458,7 +453,7 @@ class SqlStore(ClosingStore):
             with self._snapshot() as conn:  # frozen, or moving: see read_segment
                 ids = self._hot_ids(conn, session_id) or self._cold_ids(conn, session_id)
         if not ids:
-            raise SegmentNotFound(f"session {session_id} does not exist")
+            raise SegmentNotFound.of(session_id)
         return sorted(ids)
 
     def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
@@ -469,9 +464,7 @@ class SqlStore(ClosingStore):
             if not rows and not self._segment_exists(conn, session_id, segment_id):
                 cold = self._cold_trace(conn, session_id, segment_id)
                 if cold is None:
-                    raise SegmentNotFound(
-                        f"segment {segment_id} of session {session_id} does not exist"
-                    )
+                    raise SegmentNotFound.of(session_id, segment_id)
                 return cold
         return [decode(row[0]) for row in rows]
 
@@ -561,10 +554,7 @@ class SqlStore(ClosingStore):
     def session_state(self, session_id: SessionId) -> dict[str, Any]:
         """The session's state record (``{}`` if none)."""
         with self._read() as conn:
-            row = conn.execute(self._q(STATE), (self._sid(session_id),)).fetchone()
-        if row is None:
-            raise SegmentNotFound(f"session {session_id} does not exist")
-        return state_record(row[0])
+            return state_record(self._state_row(conn, session_id)[0])
 
     def set_session_state(
         self, session_id: SessionId, state: Mapping[str, Any], *, expected: Mapping[str, Any]
@@ -584,10 +574,8 @@ class SqlStore(ClosingStore):
     def session_owner(self, session_id: SessionId) -> str | None:
         """The context the session belongs to, None if detached."""
         with self._read() as conn:
-            row = conn.execute(self._q(STATE), (self._sid(session_id),)).fetchone()
-        if row is None:
-            raise SegmentNotFound(f"session {session_id} does not exist")
-        return None if row[1] is None else str(row[1])
+            owner = self._state_row(conn, session_id)[1]
+        return None if owner is None else str(owner)
 
     def unowned_sessions(self) -> list[SessionId]:
         """Every session that belongs to no context, oldest first (UUIDv7 order)."""
@@ -656,13 +644,17 @@ class SqlStore(ClosingStore):
         self, conn: Any, session_id: SessionId, expected: Mapping[str, Any]
     ) -> dict[str, Any]:
         """The session's record, locked; ConflictError unless it is ``expected``."""
-        row = conn.execute(self._q(STATE + self._FOR_UPDATE), (self._sid(session_id),)).fetchone()
-        if row is None:
-            raise SegmentNotFound(f"session {session_id} does not exist")
-        now = state_record(row[0])
+        now = state_record(self._state_row(conn, session_id, self._FOR_UPDATE)[0])
         if now != dict(expected):
             raise ConflictError(f"the state of session {session_id} changed meanwhile")
         return now
+
+    def _state_row(self, conn: Any, session_id: SessionId, lock: str = "") -> Any:
+        """The session's ``STATE`` row, read with ``lock``; SegmentNotFound if there is none."""
+        row = conn.execute(self._q(STATE + lock), (self._sid(session_id),)).fetchone()
+        if row is None:
+            raise SegmentNotFound.of(session_id)
+        return row
 
     def _put(self, conn: Any, session_id: SessionId, state: Mapping[str, Any]) -> None:
         conn.execute(self._q(SET_STATE), (_text(state), self._sid(session_id)))

@@ -2,13 +2,9 @@
 
 Needs the ``postgres`` extra (``pip install 'terrarium-sessions[postgres]'``): psycopg 3 and its
 connection pool. It owns one schema (``terrarium`` by default) of a PostgreSQL database, created
-and migrated on open like every other backend (:mod:`.migrations`): heads (``contexts``),
-``sessions``, ``segments`` (each one's tail), ``entries`` (each line exactly as
-:func:`terrarium.codec.encode` wrote it, as text, not ``jsonb``), ``traces``, and a change
-cursor (``session_changes``, kept by triggers in the writing transaction). The statements are
-constants in :mod:`._sql`. Listing and search are the derived index's (:mod:`terrarium.index`):
-a file on each machine that reads the store, which a new machine builds on its first listing
-or search (:func:`terrarium.stores._changes.index_folder`).
+and migrated on open like every other backend (:mod:`.migrations` holds the tables, :mod:`._sql`
+the statements). Listing and search are the derived index's (:mod:`terrarium.index`): a file on
+each machine, built on its first listing or search from the store's change cursor.
 
 The trade-off: every append is one autocommitted statement, durable once PostgreSQL has
 committed it (a server crash too, with ``synchronous_commit = on``), and costs about one bare
@@ -443,7 +439,7 @@ class PostgresStore(SqlStore):
         try:
             cur = conn.execute(_sql.INSERT_SEGMENT, (session_id, segment_id, ts))
         except pg_errors.ForeignKeyViolation:  # the session went while we looked
-            raise SegmentNotFound(f"session {session_id} does not exist") from None
+            raise SegmentNotFound.of(session_id) from None
         if cur.rowcount != 1:
             raise ConflictError(f"segment {segment_id} already exists")
         text = codec.encode(line).decode()
@@ -461,15 +457,11 @@ class PostgresStore(SqlStore):
     ) -> int:
         """Append entries with one autocommitted statement; return the first one's seq.
 
-        The segment's row is the arbiter: it holds the segment's tail (``next_seq``), and the
-        statement (:data:`_sql.APPEND_ONE`) moves it from the proposed first seq to the one
-        after the new entries, under the row's lock, inserting the entries only if it did.
-        The proposal is ``expected_seq``, else the tail this store last saw; if the row is
-        elsewhere, that is a ``ConflictError`` with ``expected_seq``, and without it the append
-        retries at the new tail. Concurrent writers queue on the row, so no gap is possible.
-        The same lock keeps an entry from outliving a racing ``delete_context``, which deletes
-        the segments' rows before the entries: an append lands before (and goes with the rest)
-        or finds no row (``SegmentNotFound``). ``fillfactor`` keeps the update HOT.
+        The statement (:data:`_sql.APPEND_ONE`) moves the segment's tail from the proposal,
+        ``expected_seq`` or else the tail this store last saw, under the row's lock. Refused, it
+        is a ConflictError with ``expected_seq``; without, the append retries at the new tail.
+        The row lock also keeps an entry from outliving a racing ``delete_context``, which
+        deletes the segments' rows first: an append lands before it, or finds no row.
         """
         if not entries:
             first = self.next_seq(session_id, segment_id)
@@ -551,7 +543,7 @@ class PostgresStore(SqlStore):
     ) -> int:
         row = conn.execute(_sql.NEXT_SEQ, (session_id, segment_id)).fetchone()
         if row is None:
-            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+            raise SegmentNotFound.of(session_id, segment_id)
         self._seen.remember((session_id, segment_id), int(row[0]), None)
         return int(row[0])
 
@@ -574,7 +566,7 @@ class PostgresStore(SqlStore):
                     except pg_errors.ForeignKeyViolation:
                         if woken or not self._wake_on(conn, session_id):
                             break
-        raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+        raise SegmentNotFound.of(session_id, segment_id)
 
     def close(self) -> None:
         """Close the derived index, the idle lock connections (held ones close on release)

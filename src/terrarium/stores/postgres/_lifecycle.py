@@ -1,14 +1,9 @@
 """``PostgresStore``'s frozen sessions: the physical moves under the shared lifecycle.
 
 Lifecycle itself is :mod:`terrarium.states`, over the state record
-``sessions.state`` (:class:`~terrarium.stores._sqlbase.SqlStore`); here are the rows a
-freeze, a thaw, a detach and a delete move, in the caller's transaction. The tables (migration
-``m001_initial``) are SQLite's (:mod:`terrarium.stores.sqlite._lifecycle`) with
-PostgreSQL types, keyed by ``session_id`` first like every other table::
-
-    archived_contexts(session_id PK, context UNIQUE, type, segment_id, created_at, updated_at)
-    archived_segments(session_id, segment_id, created_at, next_seq, lines bytea,
-                      trace bytea)                              PK (session_id, segment_id)
+``sessions.state`` (:class:`~terrarium.stores._sqlbase.SqlStore`); here are the rows a freeze
+and a thaw move, in the caller's transaction, between the hot tables and
+``archived_contexts`` and ``archived_segments`` (SQLite's, with PostgreSQL types).
 
 A frozen segment keeps its row's tail, so a thaw puts the row back as it was. Each move's
 writes to ``contexts`` and ``segments`` note the session in the change cursor (their
