@@ -41,7 +41,6 @@ from terrarium.errors import ConflictError, InvalidEntry, SegmentNotFound, Store
 from terrarium.model import (
     ENVELOPE_KEYS,
     FORMAT_VERSION,
-    HISTORY_KINDS,
     ContextId,
     SegmentId,
     SessionId,
@@ -51,9 +50,6 @@ from terrarium.model import (
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-#: ``HISTORY_KINDS`` as an SQL list, for ``kind IN ...`` (the kinds are fixed slugs).
-HISTORY_KINDS_SQL = "(" + ", ".join(f"'{kind}'" for kind in sorted(HISTORY_KINDS)) + ")"
 
 
 class PodActiveSegmentRef(msgspec.Struct, frozen=True):

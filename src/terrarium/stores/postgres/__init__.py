@@ -68,12 +68,7 @@ from terrarium.stores.postgres._pool import CONNECTION_ERRORS, Pool, alive, retr
 from terrarium.stores.postgres.migrations import MIGRATIONS, migrate
 from terrarium.stores.postgres.notify import ChangeFeed
 
-__all__ = [
-    "DEFAULT_SCHEMA",
-    "MIGRATIONS",
-    "PostgresStore",
-    "migrate",
-]
+__all__ = ["DEFAULT_SCHEMA", "MIGRATIONS", "PostgresStore", "migrate"]
 
 DEFAULT_SCHEMA = "terrarium"
 
@@ -498,11 +493,7 @@ class PostgresStore(SqlStore):
         return proposal
 
     def _append_params(
-        self,
-        session_id: SessionId,
-        segment_id: SegmentId,
-        entries: Sequence[NewEntry],
-        first: int,
+        self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[NewEntry], first: int
     ) -> tuple[str, dict[str, Any]]:
         """The append statement for ``entries`` from seq ``first``, and its parameters."""
         count = len(entries)

@@ -19,12 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from terrarium.stores.migrations import (
-    PRE_SQUASH,
-    RESPONSES_PARTS_SQL,
-    TEXT_PARTS_SQL,
-    Migrations,
-)
+from terrarium.stores.migrations import PRE_SQUASH, RESPONSES_PARTS_SQL, TEXT_PARTS_SQL, Migrations
 from terrarium.stores.postgres import _sql
 
 MIGRATIONS: Migrations[psycopg.Connection[Any]] = Migrations("postgres", squashed=PRE_SQUASH)

@@ -1,11 +1,11 @@
 """Change notifications of ``PostgresStore`` (LISTEN/NOTIFY), for live views.
 
 The schema (``m001_initial``) makes every append, new segment and head change send a notification
-on :func:`channel`; :class:`ChangeFeed` listens on a dedicated connection (never a pooled
-one: a listening connection must stay open and idle between waits). Appends and new segments
-notify only while a feed listens (``feed_join``, ``feed_leave``): a feed joins as it
-starts listening, which switches their trigger on, and the last one to leave switches it off,
-so that a store no one watches pays nothing for it.
+on the channel ``terrarium.<schema>``; :class:`ChangeFeed` listens on a dedicated connection
+(never a pooled one: a listening connection must stay open and idle between waits). Appends and
+new segments notify only while a feed listens (``feed_join``, ``feed_leave``): a feed joins as
+it starts listening, which switches their trigger on, and the last one to leave switches it
+off, so that a store no one watches pays nothing for it.
 
 Usage::
 
@@ -25,11 +25,6 @@ from terrarium.errors import StoreUnavailable
 from terrarium.stores.postgres._sql import lock_key
 
 
-def channel(schema: str) -> str:
-    """The notification channel of the store in ``schema``."""
-    return f"terrarium.{schema}"
-
-
 class ChangeFeed:
     """Notifications of one store's writes, received on a connection of its own."""
 
@@ -47,7 +42,8 @@ class ChangeFeed:
             # Listening and joining commit together: the appends committed after this do
             # notify, and this connection hears them.
             with self._conn.transaction():
-                self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel(schema))))
+                listen = sql.SQL("LISTEN {}").format(sql.Identifier(f"terrarium.{schema}"))
+                self._conn.execute(listen)
                 join = sql.SQL("SELECT {}.feed_join(%s, %s)").format(sql.Identifier(schema))
                 self._conn.execute(join, self._keys)
         except BaseException:

@@ -35,33 +35,19 @@ from typing import Any
 
 from terrarium import codec
 from terrarium.blobs import DEFAULT_THRESHOLD, line_digests
-from terrarium.errors import (
-    ConflictError,
-    SegmentNotFound,
-    StoreError,
-)
+from terrarium.errors import ConflictError, SegmentNotFound, StoreError
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
 from terrarium.stores._changes import LogChanges
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores._sqlbase import SqlStore
-from terrarium.stores.base import (
-    INDEX_DB,
-    NewEntry,
-    iter_lines,
-    wake_session,
-)
+from terrarium.stores.base import INDEX_DB, NewEntry, iter_lines, wake_session
 from terrarium.stores.locks import file_lock
 from terrarium.stores.sqlite import _lifecycle as lifecycle
 from terrarium.stores.sqlite import _sql as sql
 from terrarium.stores.sqlite.migrations import MIGRATIONS, check_readable, migrate
 
-__all__ = [
-    "MIGRATIONS",
-    "SYNCHRONOUS_MODES",
-    "SqliteStore",
-    "migrate",
-]
+__all__ = ["MIGRATIONS", "SYNCHRONOUS_MODES", "SqliteStore", "migrate"]
 
 SYNCHRONOUS_MODES: tuple[str, ...] = ("OFF", "NORMAL", "FULL", "EXTRA")
 
@@ -227,12 +213,8 @@ class SqliteStore(SqlStore):
         conn.close()
 
     @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        """A connection for reads: the thread's transaction if it is in one, else a pooled one."""
-        held: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if held is not None:
-            yield held
-            return
+    def _borrowed(self) -> Iterator[sqlite3.Connection]:
+        """An idle connection for the block, given back after; its errors as StoreErrors."""
         conn = self._borrow()
         try:
             yield conn
@@ -240,6 +222,16 @@ class SqliteStore(SqlStore):
             raise self._error(exc) from exc
         finally:
             self._give_back(conn)
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """A connection for reads: the thread's transaction if it is in one, else a pooled one."""
+        held: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if held is not None:
+            yield held
+            return
+        with self._borrowed() as conn:
+            yield conn
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -261,16 +253,13 @@ class SqliteStore(SqlStore):
             finally:
                 local.depth = depth - 1
             return
-        conn = self._borrow()
-        local.conn, local.depth = conn, 0
-        try:
-            with _db.immediate(conn):
-                yield conn
-        except sqlite3.OperationalError as exc:
-            raise self._error(exc) from exc
-        finally:
-            local.conn = None
-            self._give_back(conn)
+        with self._borrowed() as conn:
+            local.conn, local.depth = conn, 0
+            try:
+                with _db.immediate(conn):
+                    yield conn
+            finally:
+                local.conn = None
 
     @contextmanager
     def atomic(self) -> Iterator[None]:
@@ -314,17 +303,12 @@ class SqliteStore(SqlStore):
     @contextmanager
     def _committed(self) -> Iterator[sqlite3.Connection]:
         """A pooled read transaction, never the thread's write one."""
-        conn = self._borrow()
-        try:
+        with self._borrowed() as conn:
             conn.execute("BEGIN")
             try:
                 yield conn
             finally:
                 conn.execute("COMMIT")
-        except sqlite3.OperationalError as exc:
-            raise self._error(exc) from exc
-        finally:
-            self._give_back(conn)
 
     def index_source(self) -> LogChanges:
         """What the derived index reads (``Indexed``); its database is beside this one.
