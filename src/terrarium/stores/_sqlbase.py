@@ -5,11 +5,11 @@ heads), ``sessions`` (with the lifecycle's ``state`` record, JSON text, NULL for
 ``segments``, ``entries``, ``traces``, ``blobs`` and ``blob_refs``, ``archived_contexts`` and
 ``archived_segments`` (frozen sessions, :mod:`._archive`'s frames). :class:`SqlStore` reads
 them the same way on both: heads (created, attached and moved), segments and traces (hot,
-else frozen), blobs, and the :class:`~terrarium.stores.base.SessionStates` primitives. A store
-supplies its connections (``_read``, ``_write``, ``_snapshot``), its dialect (``_q``,
-``_sid``, ``_uuid``), the statements whose text differs (``_READ_SEGMENT``, ``_READ_TRACE``,
-``_DROP_HOT``...), its tail read (``_next_seq``), its wake (``_wake_on``) and the rows each
-lifecycle move takes (``_freeze_rows``...).
+else frozen), the change cursor's reads, blobs, and the
+:class:`~terrarium.stores.base.SessionStates` primitives. A store supplies its connections
+(``_read``, ``_write``, ``_committed``...), its dialect (``_q``, ``_sid``, ``_uuid``), the
+statements whose text differs (``_READ_SEGMENT``...), its tail read (``_next_seq``), its wake
+(``_wake_on``) and the rows each lifecycle move takes (``_freeze_rows``...).
 
 Statements here use SQLite's placeholders (``?``); PostgreSQL's store turns them into its own
 (:func:`pyformat`, through :meth:`SqlStore._q`). Blobs: each blob's bytes once under its

@@ -113,7 +113,6 @@ class SqliteStore(SqlStore):
         self.busy_timeout = busy_timeout
         self.blob_threshold = blob_threshold
         self._lock = threading.Lock()
-        self._idle: list[sqlite3.Connection] = []
         self._local = threading.local()
         # A next seq this store saw each recent segment reach (its guess for the next append)
         # with its ids as text and its key (see _SEEN_CACHE).
@@ -121,7 +120,7 @@ class SqliteStore(SqlStore):
         self._closed = False
         self.readonly_reason: str | None = None
         """Why the database is opened read-only (see :meth:`_open`), or None."""
-        self._idle.append(self._open())
+        self._idle: list[sqlite3.Connection] = [self._open()]
 
     def _open(self) -> sqlite3.Connection:
         """The first connection, read-only (unmigrated) where the database cannot be written.
@@ -187,12 +186,12 @@ class SqliteStore(SqlStore):
             raise
         return conn
 
-    def _error(self, exc: sqlite3.Error, what: str = "") -> StoreError:
+    def _error(self, exc: sqlite3.Error) -> StoreError:
         """``exc`` as a one-line StoreError naming the database (and a full disk as one)."""
         reason = _db.describe(exc, self.path)
         if self.readonly_reason is not None and _db.kind(exc) == "readonly":
             reason = self.readonly_reason  # a write refused because the disk was full
-        return StoreError(f"{self.path}: {what}{reason}")
+        return StoreError(f"{self.path}: {reason}")
 
     def _borrow(self) -> sqlite3.Connection:
         with self._lock:
