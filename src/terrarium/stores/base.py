@@ -338,8 +338,7 @@ class SearchHit(msgspec.Struct, frozen=True):
     score: float
     """Relevance; higher is better. Comparable within one result list only."""
     message: int | None = None
-    """The hit's index in ``restore(...).history``, or None off it (set by
-    :func:`terrarium.search.search`)."""
+    """The hit's index in ``restore(...).history`` (:func:`terrarium.search.search`), or None."""
     branch: str = "head"
     """``head``: in the conversation a user opens; ``off``: on a branch left behind."""
 
@@ -375,11 +374,9 @@ class ContextSummary(msgspec.Struct, frozen=True, gc=False):
     head: str
     """The head segment id, as text (see :attr:`segment_id`)."""
     problem: str | None = None
-    """Why some of its data cannot be read (one line naming the file), or None; the counts
-    then cover what could be read."""
+    """Why some of its data cannot be read (one line naming the file); counts cover the rest."""
     tokens: int | None = None
-    """Prompt plus completion tokens of its conversation (the derived index's figures), or
-    None where the listing keeps none."""
+    """Prompt plus completion tokens of its conversation, or None where the listing has none."""
     state: str = "hot"
     """``hot``, ``archived`` or ``legacy`` (a seed-format file beside the store)."""
     legacy_path: str | None = None

@@ -85,11 +85,7 @@ class Pool(ConnectionPool[psycopg.Connection[Any]]):
             raise psycopg.OperationalError("the server closed the connection")
 
     def getconn(self, timeout: float | None = None) -> psycopg.Connection[Any]:
-        """A live connection (give it back with ``putconn``).
-
-        Raises:
-            StoreUnavailable: none within the pool's timeout.
-        """
+        """A live connection to give back with ``putconn``; StoreUnavailable if none in time."""
         try:
             return super().getconn(timeout)
         except PoolTimeout:

@@ -29,12 +29,7 @@ class ChangeFeed:
     """Notifications of one store's writes, received on a connection of its own."""
 
     def __init__(self, dsn: str, schema: str) -> None:
-        """Connect and LISTEN.
-
-        Raises:
-            psycopg.OperationalError: the server cannot be reached (``PostgresStore``
-                turns it into a ``StoreError`` without the password).
-        """
+        """Connect and LISTEN (psycopg.OperationalError if the server cannot be reached)."""
         self._conn: psycopg.Connection[Any] = psycopg.connect(dsn, autocommit=True)
         self._leave = sql.SQL("SELECT {}.feed_leave(%s, %s)").format(sql.Identifier(schema))
         self._keys = (lock_key(schema, "feed toggle"), lock_key(schema, "feed listening"))
@@ -51,12 +46,8 @@ class ChangeFeed:
             raise
 
     def wait(self, timeout: float) -> str | None:
-        """The payload of the next notification (``session:<id>`` or ``context:<id>``), or
-        None when none came within ``timeout`` seconds.
-
-        Raises:
-            StoreUnavailable: the connection was lost (open a new feed).
-        """
+        """The next note's payload, or None after ``timeout`` seconds; StoreUnavailable if the
+        connection was lost (open a new feed)."""
         try:
             for note in self._conn.notifies(timeout=timeout, stop_after=1):
                 return note.payload
