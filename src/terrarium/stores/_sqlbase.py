@@ -692,11 +692,6 @@ class SqlStore(ClosingStore):
         trace = self._cold(conn, "trace", session_id, segment_id)
         return [decode(line) for line in unpack_lines(trace)]
 
-    def _frozen(self, conn: Any, session_id: SessionId) -> bool:
-        """Whether the session exists and is frozen: the miss path of a write."""
-        row = conn.execute(self._q(STATE), (self._sid(session_id),)).fetchone()
-        return row is not None and "cold" in state_record(row[0])
-
 
 def state_record(text: str | None) -> dict[str, Any]:
     """A ``state`` column's record (NULL: ``{}``)."""

@@ -89,7 +89,10 @@ class Pool(ConnectionPool[psycopg.Connection[Any]]):
         try:
             return super().getconn(timeout)
         except PoolTimeout:
-            raise self.unreachable() from None
+            raise StoreUnavailable(
+                f"cannot connect to PostgreSQL store {self.where}: no connection within "
+                f"{self.timeout:g} s"
+            ) from None
 
     @contextmanager
     def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
@@ -101,13 +104,6 @@ class Pool(ConnectionPool[psycopg.Connection[Any]]):
                 yield conn
         except CONNECTION_ERRORS as exc:
             raise self.failure(exc, taken) from exc
-
-    def unreachable(self) -> StoreUnavailable:
-        """No connection within the pool's timeout: the server is down or refuses."""
-        return StoreUnavailable(
-            f"cannot connect to PostgreSQL store {self.where}: no connection within "
-            f"{self.timeout:g} s"
-        )
 
     def failure(self, exc: BaseException, conn: psycopg.Connection[Any] | None) -> StoreError:
         """The StoreError for a psycopg error that a call on ``conn`` raised:

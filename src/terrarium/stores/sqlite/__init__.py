@@ -40,7 +40,7 @@ from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
 from terrarium.stores._changes import LogChanges
 from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import SqlStore
+from terrarium.stores._sqlbase import STATE, SqlStore, state_record
 from terrarium.stores.base import INDEX_DB, NewEntry, iter_lines, wake_session
 from terrarium.stores.locks import file_lock
 from terrarium.stores.sqlite import _lifecycle as lifecycle
@@ -351,8 +351,9 @@ class SqliteStore(SqlStore):
 
     def _woke(self, conn: sqlite3.Connection, session: str) -> bool:
         """Wake the session if it is frozen (SegmentNotFound in the trash); whether it was."""
-        session_id = uuid.UUID(session)
-        return self._frozen(conn, session_id) and wake_session(self, session_id)
+        row = conn.execute(STATE, (session,)).fetchone()
+        frozen = row is not None and "cold" in state_record(row[0])
+        return frozen and wake_session(self, uuid.UUID(session))
 
     def _tail_waking(self, conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, int]:
         """:func:`_tail`, waking a frozen session first: an append's miss path. The look at the
