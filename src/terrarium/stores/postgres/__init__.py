@@ -142,9 +142,7 @@ class PostgresStore(SqlStore):
             with psycopg.connect(dsn, autocommit=True) as conn:
                 migrate(conn, schema, where=self._where)
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(
-                f"cannot open PostgreSQL store {self._where}: {self._scrub(exc)}"
-            ) from None
+            raise self._unavailable("open", exc) from None
         self._pool = self._open_pool(connect_timeout)
 
     def _open_pool(self, timeout: float) -> Pool:
@@ -193,19 +191,17 @@ class PostgresStore(SqlStore):
             password = None
         return text.replace(str(password), "***") if password else text
 
+    def _unavailable(self, verb: str, exc: BaseException) -> StoreUnavailable:
+        """``exc`` as the one line that says the store cannot be reached to ``verb`` it."""
+        return StoreUnavailable(f"cannot {verb} PostgreSQL store {self._where}: {self._scrub(exc)}")
+
     def change_feed(self) -> ChangeFeed:
         """Notifications of this store's committed writes, from any process, on a connection
-        of their own (LISTEN/NOTIFY, see :mod:`terrarium.stores.postgres.notify`).
-
-        Raises:
-            StoreError: the server cannot be reached.
-        """
+        of their own (:mod:`.notify`); StoreUnavailable if the server cannot be reached."""
         try:
             return ChangeFeed(self._dsn, self.schema)
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(
-                f"cannot listen to PostgreSQL store {self._where}: {self._scrub(exc)}"
-            ) from None
+            raise self._unavailable("listen to", exc) from None
 
     # ---------------------------------------------------------------- change cursor
 
@@ -311,9 +307,7 @@ class PostgresStore(SqlStore):
         try:
             conn = psycopg.connect(self._dsn, autocommit=True)
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(
-                f"cannot connect to PostgreSQL store {self._where}: {self._scrub(exc)}"
-            ) from None
+            raise self._unavailable("connect to", exc) from None
         try:
             conn.execute(_sql.lock_session(self.schema))
         except BaseException as exc:

@@ -311,11 +311,7 @@ class SqliteStore(SqlStore):
 
     def index_source(self) -> LogChanges:
         """What the derived index reads (``Indexed``); its database is beside this one.
-
-        Raises:
-            StoreError: the database was made by a development build that kept no change
-                cursor (no ``changes`` table); its logs read, and copy into a new store.
-        """
+        StoreError for a database of a development build that kept no change cursor."""
         with self._read() as conn:
             if conn.execute(sql.HAS_CHANGES).fetchone() is None:
                 raise StoreError(
