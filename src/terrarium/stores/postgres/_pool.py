@@ -40,24 +40,18 @@ T = TypeVar("T")
 CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
-def has_hung_up(conn: psycopg.Connection[Any]) -> bool:
-    """Whether an idle connection has heard from the server, which says nothing to an idle
-    connection but goodbye (a terminated backend, a shutdown), or is closed."""
-    if conn.closed or conn.broken:
-        return True
-    try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError, psycopg.Error):
-        return True
-    return bool(readable)
-
-
 # Measured on a loaded 2-core machine: 6 us to check a live idle connection this way, against
 # 0.6 ms for the round trip of psycopg_pool's own check_connection at every hand-out.
 def alive(conn: psycopg.Connection[Any]) -> bool:
-    """Whether an idle connection still works: a round trip only if it has heard something."""
-    if not has_hung_up(conn):
-        return True
+    """Whether an idle connection still works. The server says nothing to an idle connection
+    but goodbye (a terminated backend, a shutdown), so only one that has heard something, or
+    is closed, pays a round trip to be checked."""
+    if not (conn.closed or conn.broken):
+        try:
+            if not select.select([conn.fileno()], [], [], 0)[0]:
+                return True
+        except (OSError, ValueError, psycopg.Error):
+            pass  # checked below
     try:
         ConnectionPool.check_connection(conn)
     except CONNECTION_ERRORS:
