@@ -14,17 +14,14 @@ Invariants every backend keeps (``tests/contract/`` checks each one on every bac
   the parent's prefix. Only a fork into another context copies history into its header.
 * **Isolation.** Contexts never see each other's entries. Every hot-path call names one session.
 * **Detached sessions.** :meth:`Store.create_session` starts a session of no context;
-  :meth:`Store.attach_context` gives it one, once. Listing and search never show it, and only
-  a purge of the trash deletes it.
-* **States.** A context is hot, archived or trashed: :mod:`terrarium.states` moves it over
-  the :class:`SessionStates` primitives. A session's state record (JSON, ``{}`` until set)
-  changes only by compare-and-set (ConflictError, changing nothing, if it is not the one
-  expected), in the atomic step of any physical move. A frozen session (key ``cold``) keeps
-  reading; a write thaws it first (:func:`wake_session`). Only
-  :meth:`~SessionStates.delete_session` removes data.
+  :meth:`Store.attach_context` gives it one, once. Listing and search never show it.
+* **States.** A context is hot, archived or trashed (:mod:`terrarium.states`, over the
+  :class:`SessionStates` primitives). A session's state record changes only by compare-and-set
+  (ConflictError, changing nothing, if it is not the one expected), atomically with its move.
+  A frozen session (``cold``) reads; a write thaws it first (:func:`wake_session`). Only
+  :meth:`~SessionStates.delete_session` removes data, from the trash.
 
-Optional abilities are sub-protocols detected with ``isinstance`` (:class:`Searchable`,
-:class:`BlobStore`, :class:`Notifying`, ...), never stubs that raise ``NotImplementedError``.
+Optional abilities are sub-protocols detected with ``isinstance``, never ``NotImplementedError``.
 """
 
 from __future__ import annotations
