@@ -10,66 +10,38 @@ from terrarium._lazy import attach
 
 TYPE_CHECKING = False  # typing's costs more to import than this whole module
 
-if TYPE_CHECKING:
-    from terrarium.stores.base import (
-        ContextLocking,
-        Lifecycle,
-        NewEntry,
-        PodActiveSegmentRef,
-        PodMetadata,
-        PodMetadataStore,
-        Reindexable,
-        Searchable,
-        SearchHit,
-        SearchQuery,
-        SegmentRead,
-        Store,
-    )
-    from terrarium.stores.fs import FsStore
-    from terrarium.stores.memory import MemoryStore
-    from terrarium.stores.sqlite import SqliteStore
-    from terrarium.stores.url import open_store
+if TYPE_CHECKING:  # ``X as X``: a type checker sees each name re-exported
+    from terrarium.stores.base import ContextLocking as ContextLocking
+    from terrarium.stores.base import Lifecycle as Lifecycle
+    from terrarium.stores.base import NewEntry as NewEntry
+    from terrarium.stores.base import PodActiveSegmentRef as PodActiveSegmentRef
+    from terrarium.stores.base import PodMetadata as PodMetadata
+    from terrarium.stores.base import PodMetadataStore as PodMetadataStore
+    from terrarium.stores.base import Reindexable as Reindexable
+    from terrarium.stores.base import Searchable as Searchable
+    from terrarium.stores.base import SearchHit as SearchHit
+    from terrarium.stores.base import SearchQuery as SearchQuery
+    from terrarium.stores.base import SegmentRead as SegmentRead
+    from terrarium.stores.base import Store as Store
+    from terrarium.stores.fs import FsStore as FsStore
+    from terrarium.stores.memory import MemoryStore as MemoryStore
+    from terrarium.stores.sqlite import SqliteStore as SqliteStore
+    from terrarium.stores.url import open_store as open_store
 
-_BASE = "terrarium.stores.base"
-
-#: Each public name and the module that defines it.
-_NAMES = {
-    "ContextLocking": _BASE,
-    "Lifecycle": _BASE,
-    "NewEntry": _BASE,
-    "PodActiveSegmentRef": _BASE,
-    "PodMetadata": _BASE,
-    "PodMetadataStore": _BASE,
-    "Reindexable": _BASE,
-    "SearchHit": _BASE,
-    "SearchQuery": _BASE,
-    "Searchable": _BASE,
-    "SegmentRead": _BASE,
-    "Store": _BASE,
-    "FsStore": "terrarium.stores.fs",
-    "MemoryStore": "terrarium.stores.memory",
-    "SqliteStore": "terrarium.stores.sqlite",
-    "open_store": "terrarium.stores.url",
+#: Each module and the public names it defines.
+_MODULES = {
+    "terrarium.stores.base": """
+        ContextLocking Lifecycle NewEntry PodActiveSegmentRef PodMetadata PodMetadataStore
+        Reindexable SearchHit SearchQuery Searchable SegmentRead Store
+    """,
+    "terrarium.stores.fs": "FsStore",
+    "terrarium.stores.memory": "MemoryStore",
+    "terrarium.stores.sqlite": "SqliteStore",
+    "terrarium.stores.url": "open_store",
 }
+_NAMES = {name: module for module, names in _MODULES.items() for name in names.split()}
 
-__all__ = [
-    "ContextLocking",
-    "FsStore",
-    "Lifecycle",
-    "MemoryStore",
-    "NewEntry",
-    "PodActiveSegmentRef",
-    "PodMetadata",
-    "PodMetadataStore",
-    "Reindexable",
-    "SearchHit",
-    "SearchQuery",
-    "Searchable",
-    "SegmentRead",
-    "SqliteStore",
-    "Store",
-    "open_store",
-]
+__all__ = sorted(_NAMES)
 
 __getattr__, __dir__ = attach(__name__, _NAMES, __all__)
 del annotations, TYPE_CHECKING, attach  # not part of the namespace

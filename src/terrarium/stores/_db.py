@@ -82,8 +82,7 @@ def writable(path: Path) -> bool:
     folder = path.parent
     while not folder.exists() and folder.parent != folder:
         folder = folder.parent
-    folder_ok = os.access(folder, os.W_OK | os.X_OK)
-    return folder_ok and (not path.exists() or os.access(path, os.W_OK))
+    return os.access(folder, os.W_OK | os.X_OK) and (not path.exists() or os.access(path, os.W_OK))
 
 
 def create_private(path: Path) -> None:

@@ -5,11 +5,11 @@ heads), ``sessions`` (with the lifecycle's ``state`` record, JSON text, NULL for
 ``segments``, ``entries``, ``traces``, ``blobs`` and ``blob_refs``, ``archived_contexts`` and
 ``archived_segments`` (frozen sessions, :mod:`._archive`'s frames). :class:`SqlStore` reads
 them the same way on both: heads (created, attached and moved), segments and traces (hot,
-else frozen), blobs, and the :class:`~terrarium.stores.base.SessionStates` primitives. A store
-supplies its connections (``_read``, ``_write``, ``_snapshot``), its dialect (``_q``,
-``_sid``, ``_uuid``), the statements whose text differs (``_READ_SEGMENT``, ``_READ_TRACE``,
-``_MOVE_HEAD``), its tail read (``_next_seq``), its wake (``_wake_on``) and the rows each
-lifecycle move takes (``_freeze_rows``...).
+else frozen), the change cursor's reads, blobs, and the
+:class:`~terrarium.stores.base.SessionStates` primitives. A store supplies its connections
+(``_read``, ``_write``, ``_committed``...), its dialect (``_q``, ``_sid``, ``_uuid``), the
+statements whose text differs (``_READ_SEGMENT``...), its tail read (``_next_seq``), its wake
+(``_wake_on``) and the rows each lifecycle move takes (``_freeze_rows``...).
 
 Statements here use SQLite's placeholders (``?``); PostgreSQL's store turns them into its own
 (:func:`pyformat`, through :meth:`SqlStore._q`). Blobs: each blob's bytes once under its
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 import uuid
 from abc import abstractmethod
@@ -51,6 +52,7 @@ from terrarium.model import ContextId, SegmentId, SessionId, utc_now
 from terrarium.stores._archive import unpack, unpack_lines
 from terrarium.stores.base import (
     ClosingStore,
+    Derived,
     PodMetadata,
     SegmentRead,
     SessionRecord,
@@ -92,6 +94,12 @@ INSERT_HEAD = (
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
 HEADS_OF_TYPE = f"{HEADS} WHERE type = ?"
+#: Moves a head if it is on segment ``expected`` (parameters: time, segment, context, expected).
+MOVE_HEAD = (
+    "UPDATE contexts SET updated_at = ?, segment_id = ? WHERE context = ? AND segment_id = ?"
+)
+#: Only hot heads are in contexts: a frozen session's is in archived_contexts.
+LIVE_HEAD = f"{HEADS} WHERE session_id = ?"
 SEGMENT_EXISTS = "SELECT 1 FROM segments WHERE session_id = ? AND segment_id = ?"
 SEGMENT_IDS = "SELECT segment_id FROM segments WHERE session_id = ?"
 #: A frozen segment's columns, read by reference.
@@ -159,7 +167,7 @@ class SqlStore(ClosingStore):
     Each lifecycle primitive is one write transaction: the record is read (its row locked),
     compared with the one expected, and written together with the physical move, which the
     store supplies (:meth:`_freeze_rows`, :meth:`_thaw_rows`, :meth:`_detach_rows`,
-    :meth:`_drop_rows`). A frozen session's segments are ``archived_segments`` rows, one
+    :attr:`_DROP_HOT`). A frozen session's segments are ``archived_segments`` rows, one
     zstandard frame each, and its head, while attached, an ``archived_contexts`` row.
     """
 
@@ -174,11 +182,19 @@ class SqlStore(ClosingStore):
     _READ_SEGMENT: str
     #: A segment's trace lines, oldest first (parameters: session, segment).
     _READ_TRACE: str
-    #: Moves a head if it is on segment ``expected`` (parameters: time, segment, context,
-    #: expected).
-    _MOVE_HEAD: str
+    #: Delete a detached session's hot rows (its frozen ones go with its record).
+    _DROP_HOT: tuple[str, ...]
+    #: A segment's lines from seq ``seq`` on (named parameters ``session``, ``segment``, ``seq``).
+    _ENTRIES_FROM: str
+    derived: Derived | None = None
+    """The derived index (:func:`terrarium.index.of`), closed with the store."""
     _where: str
     """The database, as error messages name it (never with a password)."""
+
+    _lock: threading.Lock
+    _closed: bool
+    _idle: list[Any]
+    """Idle connections, closed with the store."""
 
     def _q(self, statement: str) -> str:
         """``statement`` in this database's placeholders."""
@@ -206,21 +222,20 @@ class SqlStore(ClosingStore):
         return self._read()
 
     @abstractmethod
+    def _committed(self) -> AbstractContextManager[Any]:
+        """A pooled connection, never the thread's write one: the index reads only what is
+        committed."""
+
+    @abstractmethod
     def _next_seq(self, conn: Any, session_id: SessionId, segment_id: SegmentId) -> int:
         """The hot segment's next seq, remembered for appends; SegmentNotFound if none."""
 
     @abstractmethod
     def _insert_segment(
-        self,
-        conn: Any,
-        session_id: SessionId,
-        segment_id: SegmentId,
-        type: str,
-        line: Mapping[str, Any],
+        self, conn: Any, session_id: SessionId, segment_id: SegmentId, line: Mapping[str, Any]
     ) -> None:
         """A segment's row and header (entry 0) with their blob refs, in the caller's
-        transaction; ``type`` is its context's ('' detached), unused since no store indexes
-        items as it writes them. ConflictError if the segment exists."""
+        transaction. ConflictError if the segment exists."""
 
     @abstractmethod
     def _wake_on(self, conn: Any, session_id: SessionId) -> bool:
@@ -242,9 +257,15 @@ class SqlStore(ClosingStore):
         """Drop the head of ``context`` (hot or frozen) if it is on ``session``; whether it was."""
         return any(conn.execute(self._q(drop), (context, session)).rowcount for drop in DETACH)
 
-    @abstractmethod
-    def _drop_rows(self, conn: Any, session: Any) -> None:
-        """Delete a detached session's hot rows (its frozen ones go with its record)."""
+    def close(self) -> None:
+        """Close the derived index and the idle connections (busy ones as their call returns)."""
+        if self.derived is not None:
+            self.derived.close()
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
     # ---------------------------------------------------------------- heads
 
@@ -273,7 +294,7 @@ class SqlStore(ClosingStore):
                 head = self._head_to_move(conn, context, segment_id, expected)
                 now = utc_now()
                 move = (now, self._sid(segment_id), str(context), self._sid(expected))
-                if conn.execute(self._MOVE_HEAD, move).rowcount == 1:
+                if conn.execute(self._q(MOVE_HEAD), move).rowcount == 1:
                     return PodMetadata(
                         head.context, head.session_id, segment_id, head.created_at, now
                     )
@@ -295,7 +316,7 @@ class SqlStore(ClosingStore):
             if conn.execute(self._q(INSERT_SESSION), (sid, str(ctx), ts)).rowcount != 1:
                 raise ConflictError(f"session {session_id} already exists")
             conn.execute(self._q(INSERT_HEAD), (str(ctx), ctx.type, sid, gid, ts, ts))
-            self._insert_segment(conn, session_id, segment_id, ctx.type, line)
+            self._insert_segment(conn, session_id, segment_id, line)
         return PodMetadata(str(ctx), session_id, segment_id, ts, ts)
 
     def attach_context(
@@ -327,15 +348,13 @@ class SqlStore(ClosingStore):
         while (row := conn.execute(self._q(HEAD), (str(context),)).fetchone()) is None:
             cold = conn.execute(self._q(ARCHIVED_HEAD), (str(context),)).fetchone()
             if cold is None:
-                raise ContextNotFound(f"context {context} does not exist")
+                raise ContextNotFound.of(context)
             self._wake_on(conn, self._uuid(cold[1]))
         head = self._head(row)
         if head.segment_id != expected:
             raise ConflictError(f"head of {context} is {head.segment_id}, not {expected}: it moved")
         if not self._segment_exists(conn, head.session_id, segment_id):
-            raise SegmentNotFound(
-                f"segment {segment_id} of session {head.session_id} does not exist"
-            )
+            raise SegmentNotFound.of(head.session_id, segment_id)
         return head
 
     def _attachable(
@@ -346,7 +365,7 @@ class SqlStore(ClosingStore):
         owner = self._q(SESSION_OWNER + self._FOR_UPDATE)
         row = conn.execute(owner, (self._sid(session_id),)).fetchone()
         if row is None:
-            raise SegmentNotFound(f"session {session_id} does not exist")
+            raise SegmentNotFound.of(session_id)
         if row[0] is not None:  # first: a restore that lost a race to another is NotInTrash
             raise SessionAttached(f"session {session_id} already belongs to context {row[0]}")
         self._hold_name(conn, str(ctx))
@@ -358,7 +377,7 @@ class SqlStore(ClosingStore):
             if frozen
             else self._segment_exists(conn, session_id, segment_id)
         ):
-            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+            raise SegmentNotFound.of(session_id, segment_id)
         return str(row[1]), frozen
 
     def _head(self, row: Sequence[Any]) -> PodMetadata:
@@ -374,7 +393,7 @@ class SqlStore(ClosingStore):
             created = (self._sid(session_id), None, str(line["ts"]))
             if conn.execute(self._q(INSERT_SESSION), created).rowcount != 1:
                 raise ConflictError(f"session {session_id} already exists")
-            self._insert_segment(conn, session_id, uuid.UUID(str(line["segment_id"])), "", line)
+            self._insert_segment(conn, session_id, uuid.UUID(str(line["segment_id"])), line)
 
     def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
         """Add a segment, with its header as entry 0, to an existing session."""
@@ -382,13 +401,9 @@ class SqlStore(ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         while True:
             with self._write() as conn:
-                read = self._q(STATE + self._KEY_SHARE)
-                row = conn.execute(read, (self._sid(session_id),)).fetchone()
-                if row is None:
-                    raise SegmentNotFound(f"session {session_id} does not exist")
+                row = self._state_row(conn, session_id, self._KEY_SHARE)
                 if "cold" not in state_record(row[0]):
-                    type = (row[1] or "").partition(":")[0]  # its context's ('' detached)
-                    self._insert_segment(conn, session_id, segment_id, type, line)
+                    self._insert_segment(conn, session_id, segment_id, line)
                     return
             wake_session(self, session_id)  # frozen: back to the hot tables first
 
@@ -411,12 +426,8 @@ class SqlStore(ClosingStore):
             if cold is not None:
                 return cold
         if not rows:
-            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
-        lines = decode_lines(
-            ("\n".join([row[0] for row in rows]) + "\n").encode(),
-            where=f"{self._where} segment {segment_id}",
-            first_line=0,
-        )
+            raise SegmentNotFound.of(session_id, segment_id)
+        lines = self._lines(rows, segment_id, 0)
         entries = lines[1:] if stop_seq is None or stop_seq >= 0 else []
         return SegmentRead(header=lines[0], entries=entries, next_seq=int(rows[0][1]) + 1)
 
@@ -442,7 +453,7 @@ class SqlStore(ClosingStore):
             with self._snapshot() as conn:  # frozen, or moving: see read_segment
                 ids = self._hot_ids(conn, session_id) or self._cold_ids(conn, session_id)
         if not ids:
-            raise SegmentNotFound(f"session {session_id} does not exist")
+            raise SegmentNotFound.of(session_id)
         return sorted(ids)
 
     def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
@@ -453,11 +464,14 @@ class SqlStore(ClosingStore):
             if not rows and not self._segment_exists(conn, session_id, segment_id):
                 cold = self._cold_trace(conn, session_id, segment_id)
                 if cold is None:
-                    raise SegmentNotFound(
-                        f"segment {segment_id} of session {session_id} does not exist"
-                    )
+                    raise SegmentNotFound.of(session_id, segment_id)
                 return cold
         return [decode(row[0]) for row in rows]
+
+    def _lines(self, rows: Sequence[Any], segment_id: SegmentId, first: int) -> list[Any]:
+        """The entries of ``rows`` (each a ``line`` first), numbered from seq ``first``."""
+        data = ("\n".join([row[0] for row in rows]) + "\n").encode()
+        return decode_lines(data, where=f"{self._where} segment {segment_id}", first_line=first)
 
     def _hot_ids(self, conn: Any, session_id: SessionId) -> list[SegmentId]:
         rows = conn.execute(self._q(SEGMENT_IDS), (self._sid(session_id),))
@@ -466,6 +480,23 @@ class SqlStore(ClosingStore):
     def _segment_exists(self, conn: Any, session_id: SessionId, segment_id: SegmentId) -> bool:
         ids = (self._sid(session_id), self._sid(segment_id))
         return conn.execute(self._q(SEGMENT_EXISTS), ids).fetchone() is not None
+
+    # ---------------------------------------------------------------- change cursor
+
+    def live_head(self, session_id: SessionId) -> PodMetadata | None:
+        """The head of the session's context unless detached, frozen or gone (``ChangeLog``)."""
+        with self._committed() as conn:
+            row = conn.execute(self._q(LIVE_HEAD), (self._sid(session_id),)).fetchone()
+        return None if row is None else self._head(row)
+
+    def entries_from(
+        self, session_id: SessionId, segment_id: SegmentId, seq: int
+    ) -> list[dict[str, Any]]:
+        """The segment's lines from ``seq`` on (``ChangeLog``); none if it is not hot."""
+        args = {"session": self._sid(session_id), "segment": self._sid(segment_id), "seq": seq}
+        with self._committed() as conn:
+            rows = conn.execute(self._ENTRIES_FROM, args).fetchall()
+        return self._lines(rows, segment_id, seq) if rows else []
 
     # ---------------------------------------------------------------- blobs
 
@@ -523,10 +554,7 @@ class SqlStore(ClosingStore):
     def session_state(self, session_id: SessionId) -> dict[str, Any]:
         """The session's state record (``{}`` if none)."""
         with self._read() as conn:
-            row = conn.execute(self._q(STATE), (self._sid(session_id),)).fetchone()
-        if row is None:
-            raise SegmentNotFound(f"session {session_id} does not exist")
-        return state_record(row[0])
+            return state_record(self._state_row(conn, session_id)[0])
 
     def set_session_state(
         self, session_id: SessionId, state: Mapping[str, Any], *, expected: Mapping[str, Any]
@@ -546,10 +574,8 @@ class SqlStore(ClosingStore):
     def session_owner(self, session_id: SessionId) -> str | None:
         """The context the session belongs to, None if detached."""
         with self._read() as conn:
-            row = conn.execute(self._q(STATE), (self._sid(session_id),)).fetchone()
-        if row is None:
-            raise SegmentNotFound(f"session {session_id} does not exist")
-        return None if row[1] is None else str(row[1])
+            owner = self._state_row(conn, session_id)[1]
+        return None if owner is None else str(owner)
 
     def unowned_sessions(self) -> list[SessionId]:
         """Every session that belongs to no context, oldest first (UUIDv7 order)."""
@@ -610,22 +636,25 @@ class SqlStore(ClosingStore):
                 return False
             if row[1] is not None:
                 raise SessionAttached(f"session {session_id} belongs to context {row[1]}")
-            self._drop_rows(conn, sid)
-            for statement in DROP_SESSION:
-                conn.execute(self._q(statement), (sid,))
+            run_each(conn, self._DROP_HOT, sid)
+            run_each(conn, map(self._q, DROP_SESSION), sid)
         return True
 
     def _check(
         self, conn: Any, session_id: SessionId, expected: Mapping[str, Any]
     ) -> dict[str, Any]:
         """The session's record, locked; ConflictError unless it is ``expected``."""
-        row = conn.execute(self._q(STATE + self._FOR_UPDATE), (self._sid(session_id),)).fetchone()
-        if row is None:
-            raise SegmentNotFound(f"session {session_id} does not exist")
-        now = state_record(row[0])
+        now = state_record(self._state_row(conn, session_id, self._FOR_UPDATE)[0])
         if now != dict(expected):
             raise ConflictError(f"the state of session {session_id} changed meanwhile")
         return now
+
+    def _state_row(self, conn: Any, session_id: SessionId, lock: str = "") -> Any:
+        """The session's ``STATE`` row, read with ``lock``; SegmentNotFound if there is none."""
+        row = conn.execute(self._q(STATE + lock), (self._sid(session_id),)).fetchone()
+        if row is None:
+            raise SegmentNotFound.of(session_id)
+        return row
 
     def _put(self, conn: Any, session_id: SessionId, state: Mapping[str, Any]) -> None:
         conn.execute(self._q(SET_STATE), (_text(state), self._sid(session_id)))
@@ -662,11 +691,6 @@ class SqlStore(ClosingStore):
             return None
         trace = self._cold(conn, "trace", session_id, segment_id)
         return [decode(line) for line in unpack_lines(trace)]
-
-    def _frozen(self, conn: Any, session_id: SessionId) -> bool:
-        """Whether the session exists and is frozen: the miss path of a write."""
-        row = conn.execute(self._q(STATE), (self._sid(session_id),)).fetchone()
-        return row is not None and "cold" in state_record(row[0])
 
 
 def state_record(text: str | None) -> dict[str, Any]:

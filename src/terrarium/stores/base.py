@@ -14,14 +14,14 @@ Invariants every backend keeps (``tests/contract/`` checks each one on every bac
   the parent's prefix. Only a fork into another context copies history into its header.
 * **Isolation.** Contexts never see each other's entries. Every hot-path call names one session.
 * **Detached sessions.** :meth:`Store.create_session` starts a session of no context;
-  :meth:`Store.attach_context` gives it one, once. Listing and search never show it, and only
-  a purge of the trash deletes it.
-* **States.** A context is hot, archived or trashed: :mod:`terrarium.states` moves it over
-  the :class:`SessionStates` primitives. A frozen session keeps reading; a write thaws it
-  first (:func:`wake_session`). Only :meth:`~SessionStates.delete_session` removes data.
+  :meth:`Store.attach_context` gives it one, once. Listing and search never show it.
+* **States.** A context is hot, archived or trashed (:mod:`terrarium.states`, over the
+  :class:`SessionStates` primitives). A session's state record changes only by compare-and-set
+  (ConflictError, changing nothing, if it is not the one expected), atomically with its move.
+  A frozen session (``cold``) reads; a write thaws it first (:func:`wake_session`). Only
+  :meth:`~SessionStates.delete_session` removes data, from the trash.
 
-Optional abilities are sub-protocols detected with ``isinstance`` (:class:`Searchable`,
-:class:`BlobStore`, :class:`Notifying`, ...), never stubs that raise ``NotImplementedError``.
+Optional abilities are sub-protocols detected with ``isinstance``, never ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from terrarium.errors import ConflictError, InvalidEntry, SegmentNotFound, Store
 from terrarium.model import (
     ENVELOPE_KEYS,
     FORMAT_VERSION,
-    HISTORY_KINDS,
     ContextId,
     SegmentId,
     SessionId,
@@ -48,9 +47,6 @@ from terrarium.model import (
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-#: ``HISTORY_KINDS`` as an SQL list, for ``kind IN ...`` (the kinds are fixed slugs).
-HISTORY_KINDS_SQL = "(" + ", ".join(f"'{kind}'" for kind in sorted(HISTORY_KINDS)) + ")"
 
 
 class PodActiveSegmentRef(msgspec.Struct, frozen=True):
@@ -134,17 +130,14 @@ class PodMetadataStore(Protocol):
 
     def get_head(self, context: ContextId) -> PodMetadata | None:
         """Return the context's head record, or None when it does not exist."""
-        ...
 
     def set_head(
         self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
     ) -> PodMetadata:
         """Move the head to ``segment_id`` if it is ``expected`` now; else ConflictError."""
-        ...
 
     def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
         """Every context's head record, optionally of one type, sorted by context id."""
-        ...
 
 
 @runtime_checkable
@@ -152,38 +145,18 @@ class Store(PodMetadataStore, Protocol):
     """Storage of segment logs and heads. See the module docstring for the invariants."""
 
     def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
-        """Create the context's session with ``header`` as its root segment, and its head.
-
-        ``header`` holds the header line's keys (``session_id``, ``segment_id``, ``ts``, ...).
-        Raises ContextExists if the context exists.
-        """
-        ...
+        """Create the context with ``header`` as its root segment; ContextExists if it exists."""
 
     def create_session(self, header: Mapping[str, Any]) -> None:
-        """Create a session that belongs to no context, with ``header`` as its root segment.
-
-        Its headers keep ``"context": null`` after :meth:`attach_context` (the log is
-        append-only). Raises ConflictError if the session exists.
-        """
-        ...
+        """Create a session of no context from ``header``; ConflictError if it exists."""
 
     def attach_context(
         self, context: ContextId, session_id: SessionId, segment_id: SegmentId
     ) -> PodMetadata:
-        """Make ``context`` a new context whose head is the detached session's ``segment_id``.
-
-        The head's ``created_at`` is the session's creation (its root segment's time).
-
-        Raises:
-            ContextExists: the context exists.
-            SessionAttached: the session already belongs to a context.
-            SegmentNotFound: no such session, or no such segment in it.
-        """
-        ...
+        """Make ``context`` a new context on the detached session's segment, dated as it."""
 
     def create_segment(self, session_id: SessionId, header: Mapping[str, Any]) -> None:
         """Add a segment to an existing session; ``header["segment_id"]`` names it."""
-        ...
 
     def append(
         self,
@@ -193,44 +166,33 @@ class Store(PodMetadataStore, Protocol):
         *,
         expected_seq: int | None = None,
     ) -> int:
-        """Append entries atomically and return the seq given to the first one.
-
-        Raises ConflictError if ``expected_seq`` is given and is not the next seq.
-        """
-        ...
+        """Append atomically; the first entry's seq. ConflictError if not at ``expected_seq``."""
 
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
     ) -> SegmentRead:
         """Read a segment's header and its entries up to and including ``stop_seq``."""
-        ...
 
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
         """The seq the next append to the segment gets."""
-        ...
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
         """The session's segment ids, oldest first."""
-        ...
 
     def append_trace(
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
     ) -> None:
         """Append raw stream events to the segment's debug trace."""
-        ...
 
     def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
         """The segment's debug trace, oldest first (empty when tracing was off)."""
-        ...
 
     def close(self) -> None:
         """Release files, connections and threads. The store is unusable afterwards."""
-        ...
 
 
 class Derived(Protocol):
-    """State a layer above derives from a store and keeps beside it, closed with the store
-    (the derived index of :mod:`terrarium.index`)."""
+    """State derived from a store and closed with it (the index of :mod:`terrarium.index`)."""
 
     def close(self) -> None:
         """Release what it holds (database connections)."""
@@ -242,15 +204,12 @@ INDEX_DB = "search.db"
 
 @runtime_checkable
 class Indexed(Protocol):
-    """A store with no listing or search of its own: the derived index (:mod:`terrarium.index`)
-    answers them, kept in :attr:`derived` and closed with the store."""
+    """A store whose listing and search are the derived index's, kept in :attr:`derived`."""
 
     derived: Derived | None
 
     def index_source(self) -> Any:
-        """What the derived index reads of the store (``terrarium.index._refresh.Source``,
-        with ``index_file``, and either a change cursor or the filesystem's markers)."""
-        ...
+        """What the derived index reads of the store (a ``terrarium.index._refresh.Source``)."""
 
 
 @runtime_checkable
@@ -258,19 +217,15 @@ class ChangeLog(Store, Protocol):
     """A store whose writes move a change cursor in the transaction that writes them."""
 
     def changes(self, after: str | None) -> tuple[list[SessionId] | None, str]:
-        """The sessions written since position ``after`` and the position now. The sessions
-        are None when ``after`` is None or no position of this store: read them all."""
-        ...
+        """The sessions written since position ``after`` (None: read all) and the position now."""
 
     def live_head(self, session_id: SessionId) -> PodMetadata | None:
         """The head of the session's context; None when it is detached, frozen or gone."""
-        ...
 
     def entries_from(
         self, session_id: SessionId, segment_id: SegmentId, seq: int
     ) -> list[dict[str, Any]]:
         """The segment's lines from ``seq`` on (its header is seq 0), none if it is gone."""
-        ...
 
 
 @runtime_checkable
@@ -279,7 +234,6 @@ class ContextLocking(Protocol):
 
     def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
         """Hold an exclusive lock on the context for the duration of the ``with`` block."""
-        ...
 
 
 def context_lock(store: Store, context: ContextId) -> AbstractContextManager[None]:
@@ -295,7 +249,6 @@ class HeadTail(Protocol):
 
     def head_and_tail(self, context: ContextId) -> tuple[PodMetadata, int] | None:
         """The context's head and the next seq of its segment; None when it does not exist."""
-        ...
 
 
 def head_and_tail(store: Store, context: ContextId) -> tuple[PodMetadata, int] | None:
@@ -320,9 +273,7 @@ class LockedHeadTail(Protocol):
     def lock_and_read(
         self, context: ContextId
     ) -> AbstractContextManager[tuple[PodMetadata, int] | None]:
-        """Hold the context's lock (as ``lock_context``); give :func:`head_and_tail`'s answer,
-        read once the lock is held."""
-        ...
+        """Hold the context's lock; give :func:`head_and_tail`'s answer, read under it."""
 
 
 @contextmanager
@@ -344,7 +295,6 @@ class Reindexable(Protocol):
 
     def reindex(self) -> int:
         """Rebuild the derived index; return the number of contexts indexed."""
-        ...
 
 
 class SearchQuery(msgspec.Struct, frozen=True):
@@ -385,8 +335,7 @@ class SearchHit(msgspec.Struct, frozen=True):
     score: float
     """Relevance; higher is better. Comparable within one result list only."""
     message: int | None = None
-    """The hit's index in ``restore(...).history``, or None off it (set by
-    :func:`terrarium.search.search`)."""
+    """The hit's index in ``restore(...).history`` (:func:`terrarium.search.search`), or None."""
     branch: str = "head"
     """``head``: in the conversation a user opens; ``off``: on a branch left behind."""
 
@@ -397,7 +346,6 @@ class Searchable(Protocol):
 
     def search(self, query: SearchQuery) -> list[SearchHit]:
         """Ranked hits for ``query``."""
-        ...
 
 
 class ContextSummary(msgspec.Struct, frozen=True, gc=False):
@@ -423,11 +371,9 @@ class ContextSummary(msgspec.Struct, frozen=True, gc=False):
     head: str
     """The head segment id, as text (see :attr:`segment_id`)."""
     problem: str | None = None
-    """Why some of its data cannot be read (one line naming the file), or None; the counts
-    then cover what could be read."""
+    """Why some of its data cannot be read (one line naming the file); counts cover the rest."""
     tokens: int | None = None
-    """Prompt plus completion tokens of its conversation (the derived index's figures), or
-    None where the listing keeps none."""
+    """Prompt plus completion tokens of its conversation, or None where the listing has none."""
     state: str = "hot"
     """``hot``, ``archived`` or ``legacy`` (a seed-format file beside the store)."""
     legacy_path: str | None = None
@@ -446,27 +392,16 @@ class ContextSummary(msgspec.Struct, frozen=True, gc=False):
 
 @runtime_checkable
 class Listing(Protocol):
-    """Lists contexts with their message counts without restoring them, whole or a page at a
-    time (keyset pagination): the derived index (:mod:`terrarium.index`)."""
+    """Lists contexts with their counts without restoring them, whole or a page at a time."""
 
     def list_contexts_fast(self, type: str | None = None) -> Sequence[ContextSummary]:
-        """Every context's summary, optionally of one type, sorted by context id.
-
-        Raises ``IndexUnavailable`` when the index it reads cannot be brought up to date:
-        callers then list the heads and restore them.
-        """
-        ...
+        """Every context's summary by id; IndexUnavailable if the index cannot be updated."""
 
     def list_contexts_page(self, query: ListingQuery) -> Sequence[ContextSummary]:
-        """One page of what ``list_contexts_fast`` gives, filtered, in ``query.sort`` order.
-
-        Raises ``IndexUnavailable`` as :meth:`Listing.list_contexts_fast` does.
-        """
-        ...
+        """One page of what ``list_contexts_fast`` gives, filtered, in ``query.sort`` order."""
 
     def context_types(self) -> list[str]:
         """Every type that has a context, sorted."""
-        ...
 
 
 LISTING_SORTS = ("last_active", "created", "messages")
@@ -520,23 +455,18 @@ class ChangeFeed(Protocol):
     """Notifications of a store's committed writes, received on a connection of their own."""
 
     def wait(self, timeout: float) -> str | None:
-        """A note naming what changed (``session:<id>`` or ``context:<id>``), or None when
-        nothing changed within ``timeout`` seconds."""
-        ...
+        """A note naming what changed (``session:<id>``, ``context:<id>``); None on timeout."""
 
     def close(self) -> None:
         """Stop listening and release the connection."""
-        ...
 
 
 @runtime_checkable
 class Notifying(Protocol):
-    """A store that pushes a note on every committed write (PostgreSQL's LISTEN/NOTIFY), so a
-    live view waits for one instead of polling."""
+    """A store that pushes a note on every committed write (PostgreSQL's LISTEN/NOTIFY)."""
 
     def change_feed(self) -> ChangeFeed:
         """A new feed of this store's writes; close it when done."""
-        ...
 
 
 class SessionRecord(msgspec.Struct, frozen=True):
@@ -550,38 +480,24 @@ class SessionRecord(msgspec.Struct, frozen=True):
 
 @runtime_checkable
 class SessionStates(Protocol):
-    """The narrow primitives that the states feature (:mod:`terrarium.states`) is written on.
-
-    Each session has a *state record*, a small JSON object (``{}`` until set), changed only
-    by compare-and-set: a call that changes it takes the record it expects and raises
-    :class:`~terrarium.errors.ConflictError`, changing nothing, if the record is another. A
-    physical move changes the record in the same atomic step, so a kill leaves them agreeing.
-    The keys are the lifecycle's (``archived``, ``pinned``, ``trashed``, ``purging``), except
-    ``cold``, which marks a session :meth:`freeze_session` froze: it reads as before but
-    leaves the hot listing and search, and a write to it first calls :func:`wake_session`.
-    """
+    """The primitives :mod:`terrarium.states` is written on (see the module docstring)."""
 
     def session_state(self, session_id: SessionId) -> dict[str, Any]:
         """The session's state record (``{}`` if none). Raises SegmentNotFound if no session."""
-        ...
 
     def set_session_state(
         self, session_id: SessionId, state: Mapping[str, Any], *, expected: Mapping[str, Any]
     ) -> None:
         """Replace the record if it is ``expected`` now (ConflictError if not)."""
-        ...
 
     def session_records(self) -> list[SessionRecord]:
         """Every session whose state record is not empty, with its owner."""
-        ...
 
     def session_owner(self, session_id: SessionId) -> str | None:
         """The context the session belongs to, None if detached; SegmentNotFound if none."""
-        ...
 
     def unowned_sessions(self) -> list[SessionId]:
         """Every session that belongs to no context, whatever its record says, oldest first."""
-        ...
 
     def freeze_session(
         self,
@@ -591,21 +507,12 @@ class SessionStates(Protocol):
         state: Mapping[str, Any],
         along: Sequence[Path] = (),
     ) -> dict[str, Any]:
-        """Move the session to its cold form and set its record to ``state``, atomically.
-
-        The store adds its own key ``cold``, ``{"hot_bytes": ..., "cold_bytes": ...}``, present
-        exactly while the session is frozen, and returns the record it stored. ``along``:
-        files under the root that freeze and thaw with it (:func:`terrarium.legacy.files`); a
-        store that keeps no files refuses any.
-        """
-        ...
+        """Freeze the session (``along``'s files too), set its record plus ``cold``; return it."""
 
     def thaw_session(
         self, session_id: SessionId, *, expected: Mapping[str, Any], state: Mapping[str, Any]
     ) -> None:
-        """Move a frozen session back to its hot form and set its record (``state`` without
-        its ``cold`` key), atomically."""
-        ...
+        """Move a frozen session back to its hot form and set its record, atomically."""
 
     def detach_context(
         self,
@@ -615,20 +522,10 @@ class SessionStates(Protocol):
         expected: Mapping[str, Any],
         state: Mapping[str, Any],
     ) -> None:
-        """Unbind ``context`` from ``session_id`` (which stays, detached, hot or frozen) and
-        set the session's record, atomically; the id is free at once.
-
-        Raises ContextNotFound if ``context`` is not on that session, ConflictError if the
-        record is not ``expected``.
-        """
-        ...
+        """Unbind ``context`` from its session (left detached) and set its record, atomically."""
 
     def delete_session(self, session_id: SessionId) -> bool:
-        """Delete a detached session, its record and its bytes, for ever; False if absent.
-
-        Raises SessionAttached if it belongs to a context.
-        """
-        ...
+        """Delete a detached session for ever (SessionAttached if attached); False if absent."""
 
 
 @runtime_checkable
@@ -642,10 +539,8 @@ ATTEMPTS = 50
 
 
 def wake_session(store: SessionStates, session_id: SessionId) -> bool:
-    """Thaw a frozen session before a write to it (dropping ``archived`` with ``cold``);
-    whether it was frozen. Raises SegmentNotFound for a frozen detached session: the trash
-    is not written.
-    """
+    """Thaw a frozen session before a write to it (dropping ``archived``); whether it was
+    frozen. SegmentNotFound for a frozen detached session: the trash is not written."""
     for _ in range(ATTEMPTS):
         state = store.session_state(session_id)
         if "cold" not in state:
@@ -679,39 +574,22 @@ class BlobStore(Protocol):
     """
 
     def put_blob(self, data: bytes) -> str:
-        """Store ``data`` (once) and return its sha256 hex digest.
-
-        Putting a blob that exists changes nothing but its age: GC spares it again for
-        ``min_age``.
-        """
-        ...
+        """Store ``data`` once (again: only its age changes); return its sha256 hex digest."""
 
     def get_blob(self, digest: str) -> bytes:
-        """The blob's bytes, checked against ``digest``.
-
-        Raises:
-            BlobNotFound: no such blob.
-            CorruptBlob: the stored bytes do not match the digest.
-        """
-        ...
+        """The blob's bytes; BlobNotFound, or CorruptBlob if they do not match ``digest``."""
 
     def has_blob(self, digest: str) -> bool:
         """Whether the blob is stored."""
-        ...
 
     def blob_digests(self) -> list[str]:
         """Every stored blob's digest, sorted."""
-        ...
 
     def blob_references(self) -> dict[str, str]:
-        """Every digest some log refers to (hot, archived or trashed), with where one
-        reference is (a file, or a session id)."""
-        ...
+        """Every digest some log refers to, with where one reference is (file or session)."""
 
     def delete_unreferenced_blobs(self, *, stored_before: float) -> int:
-        """Delete the blobs no log refers to and last put before ``stored_before`` (a POSIX
-        time); return how many were deleted."""
-        ...
+        """Delete the blobs no log refers to, put before ``stored_before``; return how many."""
 
 
 def header_line(header: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,9 +24,10 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote
 
+from terrarium.blobs import DEFAULT_THRESHOLD
 from terrarium.errors import StoreNotFound, StoreURLError, install_hint
 from terrarium.stores._redact import password_of, redact_url
 
@@ -95,10 +96,8 @@ def _open_fs_url(rest: str, shown: str, scheme: str, create: bool) -> Store:
             f"store URL {shown!r}: unknown durability {durability!r}; use one of "
             f"{', '.join(DURABILITIES)}"
         )
-    store = _open_fs(path, shown, create, durability=durability)
-    if "blob_threshold" in options:
-        store.blob_threshold = _threshold(options, shown)  # type: ignore[attr-defined]
-    return store
+    threshold = _threshold(options, shown)
+    return _open_fs(path, shown, create, durability=durability, blob_threshold=threshold)
 
 
 def _open_sqlite_url(rest: str, shown: str, create: bool) -> Store:
@@ -113,15 +112,12 @@ def _open_sqlite_url(rest: str, shown: str, create: bool) -> Store:
             f"{', '.join(SYNCHRONOUS_MODES)}"
         )
     _check_place(path, shown, create, folder=False)
-    if "blob_threshold" in options:
-        threshold = _threshold(options, shown)
-        return SqliteStore(path, synchronous=synchronous, blob_threshold=threshold)
-    return SqliteStore(path, synchronous=synchronous)
+    return SqliteStore(path, synchronous=synchronous, blob_threshold=_threshold(options, shown))
 
 
 def _threshold(options: dict[str, str], shown: str) -> int:
     """The ``blob_threshold`` option: bytes (0 keeps every output inline)."""
-    text = options["blob_threshold"]
+    text = options.get("blob_threshold", str(DEFAULT_THRESHOLD))
     if not text.isdigit():
         raise StoreURLError(
             f"store URL {shown!r}: blob_threshold must be a number of bytes (0: no blobs), "
@@ -130,11 +126,12 @@ def _threshold(options: dict[str, str], shown: str) -> int:
     return int(text)
 
 
-def _open_fs(path: str, shown: str, create: bool, durability: str = "flush") -> Store:
+def _open_fs(path: str, shown: str, create: bool, **options: Any) -> Store:
+    """A folder's store (``options``: FsStore's)."""
     _check_place(path, shown, create, folder=True)
     from terrarium.stores.fs import FsStore
 
-    return FsStore(path, durability=durability)  # type: ignore[arg-type]
+    return FsStore(path, **options)
 
 
 def _check_place(path: str, shown: str, create: bool, *, folder: bool) -> None:

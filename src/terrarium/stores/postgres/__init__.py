@@ -2,13 +2,9 @@
 
 Needs the ``postgres`` extra (``pip install 'terrarium-sessions[postgres]'``): psycopg 3 and its
 connection pool. It owns one schema (``terrarium`` by default) of a PostgreSQL database, created
-and migrated on open like every other backend (:mod:`.migrations`): heads (``contexts``),
-``sessions``, ``segments`` (each one's tail), ``entries`` (each line exactly as
-:func:`terrarium.codec.encode` wrote it, as text, not ``jsonb``), ``traces``, and a change
-cursor (``session_changes``, kept by triggers in the writing transaction). The statements are
-constants in :mod:`._sql`. Listing and search are the derived index's (:mod:`terrarium.index`):
-a file on each machine that reads the store, which a new machine builds on its first listing
-or search (:func:`terrarium.stores._changes.index_folder`).
+and migrated on open like every other backend (:mod:`.migrations` holds the tables, :mod:`._sql`
+the statements). Listing and search are the derived index's (:mod:`terrarium.index`): a file on
+each machine, built on its first listing or search from the store's change cursor.
 
 The trade-off: every append is one autocommitted statement, durable once PostgreSQL has
 committed it (a server crash too, with ``synchronous_commit = on``), and costs about one bare
@@ -30,7 +26,7 @@ import re
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, cast
 
 from terrarium import codec
@@ -50,7 +46,6 @@ from terrarium.stores._sqlbase import SqlStore, pyformat
 from terrarium.stores.base import (
     ATTEMPTS,
     INDEX_DB,
-    Derived,
     NewEntry,
     PodMetadata,
     head_then_tail,
@@ -73,12 +68,7 @@ from terrarium.stores.postgres._pool import CONNECTION_ERRORS, Pool, alive, retr
 from terrarium.stores.postgres.migrations import MIGRATIONS, migrate
 from terrarium.stores.postgres.notify import ChangeFeed
 
-__all__ = [
-    "DEFAULT_SCHEMA",
-    "MIGRATIONS",
-    "PostgresStore",
-    "migrate",
-]
+__all__ = ["DEFAULT_SCHEMA", "MIGRATIONS", "PostgresStore", "migrate"]
 
 DEFAULT_SCHEMA = "terrarium"
 
@@ -93,7 +83,8 @@ class PostgresStore(SqlStore):
 
     _READ_SEGMENT = _sql.READ
     _READ_TRACE = _sql.READ_TRACE
-    _MOVE_HEAD = _sql.MOVE_HEAD
+    _DROP_HOT = _lifecycle.DROP_HOT
+    _ENTRIES_FROM = _sql.ENTRIES_FROM
     # What SqlStore reads, run once more on a connection lost under it (see _pool.retried).
     get_head = retried(SqlStore.get_head)
     list_contexts = retried(SqlStore.list_contexts)
@@ -107,6 +98,8 @@ class PostgresStore(SqlStore):
     blob_digests = retried(SqlStore.blob_digests)
     blob_references = retried(SqlStore.blob_references)
     delete_unreferenced_blobs = retried(SqlStore.delete_unreferenced_blobs)
+    live_head = retried(SqlStore.live_head)
+    entries_from = retried(SqlStore.entries_from)
 
     def __init__(
         self,
@@ -143,17 +136,13 @@ class PostgresStore(SqlStore):
         self._lock = threading.Lock()
         self._local = threading.local()  # .conn: a connection lent to lifecycle calls
         self._seen: SeqGuesses[None] = SeqGuesses(_SEEN_CACHE)
-        self._idle_locks: list[psycopg.Connection[Any]] = []
+        self._idle: list[psycopg.Connection[Any]] = []  # context locks' connections
         self._closed = False
-        self.derived: Derived | None = None
-        """The derived index (:func:`terrarium.index.of`), closed with the store."""
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 migrate(conn, schema, where=self._where)
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(
-                f"cannot open PostgreSQL store {self._where}: {self._scrub(exc)}"
-            ) from None
+            raise self._unavailable("open", exc) from None
         self._pool = self._open_pool(connect_timeout)
 
     def _open_pool(self, timeout: float) -> Pool:
@@ -202,19 +191,17 @@ class PostgresStore(SqlStore):
             password = None
         return text.replace(str(password), "***") if password else text
 
+    def _unavailable(self, verb: str, exc: BaseException) -> StoreUnavailable:
+        """``exc`` as the one line that says the store cannot be reached to ``verb`` it."""
+        return StoreUnavailable(f"cannot {verb} PostgreSQL store {self._where}: {self._scrub(exc)}")
+
     def change_feed(self) -> ChangeFeed:
         """Notifications of this store's committed writes, from any process, on a connection
-        of their own (LISTEN/NOTIFY, see :mod:`terrarium.stores.postgres.notify`).
-
-        Raises:
-            StoreError: the server cannot be reached.
-        """
+        of their own (:mod:`.notify`); StoreUnavailable if the server cannot be reached."""
         try:
             return ChangeFeed(self._dsn, self.schema)
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(
-                f"cannot listen to PostgreSQL store {self._where}: {self._scrub(exc)}"
-            ) from None
+            raise self._unavailable("listen to", exc) from None
 
     # ---------------------------------------------------------------- change cursor
 
@@ -234,25 +221,6 @@ class PostgresStore(SqlStore):
                 (now,) = conn.execute(_sql.POSITION).fetchone() or ("",)
                 return None, str(now)
         return list(row[2]), str(row[0])
-
-    @retried
-    def live_head(self, session_id: SessionId) -> PodMetadata | None:
-        """The head of the session's context unless detached, frozen or gone (``ChangeLog``)."""
-        with self._pool.connection() as conn:
-            row = conn.execute(_sql.LIVE_HEAD, (session_id,)).fetchone()
-        return None if row is None else self._head(row)
-
-    @retried
-    def entries_from(
-        self, session_id: SessionId, segment_id: SegmentId, seq: int
-    ) -> list[dict[str, Any]]:
-        """The segment's lines from ``seq`` on (``ChangeLog``); none if it is not hot."""
-        with self._pool.connection() as conn:
-            rows = conn.execute(_sql.ENTRIES_FROM, (session_id, segment_id, seq)).fetchall()
-        if not rows:
-            return []
-        data = ("\n".join([row[0] for row in rows]) + "\n").encode()
-        return codec.decode_lines(data, where=f"{self._where} segment {segment_id}", first_line=seq)
 
     @retried
     def store_id(self) -> str:
@@ -295,7 +263,7 @@ class PostgresStore(SqlStore):
         key = _sql.lock_key(self.schema, str(context))
         conn = self._lock_connection()
         row = None
-        try:
+        with self._closed_on_error(conn):
             if read:
                 with conn.pipeline():
                     conn.execute(_sql.LOCK, (key,))
@@ -303,26 +271,26 @@ class PostgresStore(SqlStore):
                 row = cursor.fetchone()
             else:
                 conn.execute(_sql.LOCK, (key,))
+        try:
+            yield row
+        finally:
+            with self._closed_on_error(conn):
+                conn.execute(_sql.UNLOCK, (key,))
+            self._release_lock_connection(conn)
+
+    @contextmanager
+    def _closed_on_error(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        """Close the lock connection if the block fails: the server drops the lock with it (if
+        it granted it). A lost connection is raised as :meth:`_pool.Pool.failure`'s error."""
+        try:
+            yield
         except CONNECTION_ERRORS as exc:
             failure = self._pool.failure(exc, conn)
             conn.close()
             raise failure from exc
         except BaseException:
-            conn.close()  # the server drops the lock, if it granted it, with the connection
+            conn.close()
             raise
-        try:
-            yield row
-        finally:
-            try:
-                conn.execute(_sql.UNLOCK, (key,))
-            except CONNECTION_ERRORS as exc:  # the server dropped the lock with the connection
-                failure = self._pool.failure(exc, conn)
-                conn.close()
-                raise failure from exc
-            except BaseException:
-                conn.close()  # the server drops the lock with the connection
-                raise
-            self._release_lock_connection(conn)
 
     def _lock_connection(self) -> psycopg.Connection[Any]:
         """An idle lock connection that is alive (see ``_pool.py``), else a new one."""
@@ -330,7 +298,7 @@ class PostgresStore(SqlStore):
             with self._lock:
                 if self._closed:
                     raise StoreError(f"{self!r} is closed")
-                idle = self._idle_locks.pop() if self._idle_locks else None
+                idle = self._idle.pop() if self._idle else None
             if idle is None:
                 break
             if alive(idle):
@@ -339,9 +307,7 @@ class PostgresStore(SqlStore):
         try:
             conn = psycopg.connect(self._dsn, autocommit=True)
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(
-                f"cannot connect to PostgreSQL store {self._where}: {self._scrub(exc)}"
-            ) from None
+            raise self._unavailable("connect to", exc) from None
         try:
             conn.execute(_sql.lock_session(self.schema))
         except BaseException as exc:
@@ -353,8 +319,8 @@ class PostgresStore(SqlStore):
 
     def _release_lock_connection(self, conn: psycopg.Connection[Any]) -> None:
         with self._lock:
-            if not self._closed and len(self._idle_locks) < _IDLE_LOCK_CONNECTIONS:
-                self._idle_locks.append(conn)
+            if not self._closed and len(self._idle) < _IDLE_LOCK_CONNECTIONS:
+                self._idle.append(conn)
                 return
         conn.close()
 
@@ -396,6 +362,9 @@ class PostgresStore(SqlStore):
         with self._read() as conn, conn.transaction():
             yield conn
 
+    def _committed(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        return self._pool.connection()
+
     @contextmanager
     def _snapshot(self) -> Iterator[psycopg.Connection[Any]]:
         """A connection in a ``REPEATABLE READ`` transaction: one snapshot for every statement
@@ -417,9 +386,6 @@ class PostgresStore(SqlStore):
 
     def _thaw_rows(self, conn: psycopg.Connection[Any], session: Any) -> None:
         _lifecycle.thaw(conn, session)
-
-    def _drop_rows(self, conn: psycopg.Connection[Any], session: Any) -> None:
-        _lifecycle.drop_hot(conn, session)
 
     def _wake_on(self, conn: psycopg.Connection[Any], session_id: SessionId) -> bool:
         """``wake_session`` on the caller's own connection, idle (a pool of one connection
@@ -455,7 +421,6 @@ class PostgresStore(SqlStore):
         conn: psycopg.Connection[Any],
         session_id: SessionId,
         segment_id: SegmentId,
-        type: str,
         line: Mapping[str, Any],
     ) -> None:
         """A segment's row and header (in the caller's transaction)."""
@@ -463,7 +428,7 @@ class PostgresStore(SqlStore):
         try:
             cur = conn.execute(_sql.INSERT_SEGMENT, (session_id, segment_id, ts))
         except pg_errors.ForeignKeyViolation:  # the session went while we looked
-            raise SegmentNotFound(f"session {session_id} does not exist") from None
+            raise SegmentNotFound.of(session_id) from None
         if cur.rowcount != 1:
             raise ConflictError(f"segment {segment_id} already exists")
         text = codec.encode(line).decode()
@@ -481,15 +446,11 @@ class PostgresStore(SqlStore):
     ) -> int:
         """Append entries with one autocommitted statement; return the first one's seq.
 
-        The segment's row is the arbiter: it holds the segment's tail (``next_seq``), and the
-        statement (:data:`_sql.APPEND_ONE`) moves it from the proposed first seq to the one
-        after the new entries, under the row's lock, inserting the entries only if it did.
-        The proposal is ``expected_seq``, else the tail this store last saw; if the row is
-        elsewhere, that is a ``ConflictError`` with ``expected_seq``, and without it the append
-        retries at the new tail. Concurrent writers queue on the row, so no gap is possible.
-        The same lock keeps an entry from outliving a racing ``delete_context``, which deletes
-        the segments' rows before the entries: an append lands before (and goes with the rest)
-        or finds no row (``SegmentNotFound``). ``fillfactor`` keeps the update HOT.
+        The statement (:data:`_sql.APPEND_ONE`) moves the segment's tail from the proposal,
+        ``expected_seq`` or else the tail this store last saw, under the row's lock. Refused, it
+        is a ConflictError with ``expected_seq``; without, the append retries at the new tail.
+        The row lock also keeps an entry from outliving a racing ``delete_context``, which
+        deletes the segments' rows first: an append lands before it, or finds no row.
         """
         if not entries:
             first = self.next_seq(session_id, segment_id)
@@ -526,11 +487,7 @@ class PostgresStore(SqlStore):
         return proposal
 
     def _append_params(
-        self,
-        session_id: SessionId,
-        segment_id: SegmentId,
-        entries: Sequence[NewEntry],
-        first: int,
+        self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[NewEntry], first: int
     ) -> tuple[str, dict[str, Any]]:
         """The append statement for ``entries`` from seq ``first``, and its parameters."""
         count = len(entries)
@@ -571,7 +528,7 @@ class PostgresStore(SqlStore):
     ) -> int:
         row = conn.execute(_sql.NEXT_SEQ, (session_id, segment_id)).fetchone()
         if row is None:
-            raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+            raise SegmentNotFound.of(session_id, segment_id)
         self._seen.remember((session_id, segment_id), int(row[0]), None)
         return int(row[0])
 
@@ -594,18 +551,10 @@ class PostgresStore(SqlStore):
                     except pg_errors.ForeignKeyViolation:
                         if woken or not self._wake_on(conn, session_id):
                             break
-        raise SegmentNotFound(f"segment {segment_id} of session {session_id} does not exist")
+        raise SegmentNotFound.of(session_id, segment_id)
 
     def close(self) -> None:
-        """Close the derived index, the pool and the idle lock connections (held locks close
-        on release)."""
-        if self.derived is not None:
-            self.derived.close()
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            idle, self._idle_locks = self._idle_locks, []
-        for conn in idle:
-            conn.close()
+        """Close the derived index, the idle lock connections (held ones close on release)
+        and the pool."""
+        super().close()
         self._pool.close()

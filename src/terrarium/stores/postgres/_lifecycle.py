@@ -1,14 +1,9 @@
 """``PostgresStore``'s frozen sessions: the physical moves under the shared lifecycle.
 
 Lifecycle itself is :mod:`terrarium.states`, over the state record
-``sessions.state`` (:class:`~terrarium.stores._sqlbase.SqlStore`); here are the rows a
-freeze, a thaw, a detach and a delete move, in the caller's transaction. The tables (migration
-``m001_initial``) are SQLite's (:mod:`terrarium.stores.sqlite._lifecycle`) with
-PostgreSQL types, keyed by ``session_id`` first like every other table::
-
-    archived_contexts(session_id PK, context UNIQUE, type, segment_id, created_at, updated_at)
-    archived_segments(session_id, segment_id, created_at, next_seq, lines bytea,
-                      trace bytea)                              PK (session_id, segment_id)
+``sessions.state`` (:class:`~terrarium.stores._sqlbase.SqlStore`); here are the rows a freeze
+and a thaw move, in the caller's transaction, between the hot tables and
+``archived_contexts`` and ``archived_segments`` (SQLite's, with PostgreSQL types).
 
 A frozen segment keeps its row's tail, so a thaw puts the row back as it was. Each move's
 writes to ``contexts`` and ``segments`` note the session in the change cursor (their
@@ -32,7 +27,7 @@ import psycopg
 from terrarium.model import SegmentId, SessionId
 from terrarium.stores import _sqlbase
 from terrarium.stores._archive import envelopes, pack_session, unpack_lines
-from terrarium.stores._sqlbase import pyformat
+from terrarium.stores._sqlbase import pyformat, run_each
 from terrarium.stores.postgres import _sql
 
 Conn = psycopg.Connection[Any]
@@ -93,14 +88,8 @@ def freeze(conn: Conn, schema: str, session: SessionId) -> tuple[int, int]:
     hot, packed = _pack_session(conn, session, segments)
     if head is not None:
         conn.execute(INSERT_COLD_HEAD, (session, *head))
-    drop_hot(conn, session)
+    run_each(conn, DROP_HOT, session)
     return hot, packed
-
-
-def drop_hot(conn: Conn, session: SessionId) -> None:
-    """Delete the session's hot rows."""
-    for statement in DROP_HOT:
-        conn.execute(statement, (session,))
 
 
 def _pack_session(
@@ -138,5 +127,4 @@ def thaw(conn: Conn, session: SessionId) -> None:
     if head is not None:
         context, type_, g, created, updated = head
         conn.execute(REFILL_HEAD, (context, type_, session, g, created, updated))
-    for statement in DROP_COLD:
-        conn.execute(statement, (session,))
+    run_each(conn, DROP_COLD, session)

@@ -17,8 +17,6 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from terrarium.stores._sqlbase import HEADS, pyformat
-
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
@@ -113,12 +111,6 @@ APPEND_TRACE = (
 )
 READ_TRACE = "SELECT line FROM traces WHERE session_id = %s AND segment_id = %s ORDER BY n"
 
-# --------------------------------------------------------------------------- heads
-
-MOVE_HEAD = (
-    "UPDATE contexts SET updated_at = %s, segment_id = %s WHERE context = %s AND segment_id = %s"
-)
-
 # --------------------------------------------------------------------------- contexts, segments
 
 INSERT_SEGMENT = (
@@ -165,8 +157,8 @@ CHANGES = (
     "AND NOT pg_visible_in_snapshot(xid, %(after)s::pg_snapshot))"
 )
 POSITION = "SELECT pg_current_snapshot()::text"
-LIVE_HEAD = pyformat(f"{HEADS} WHERE session_id = ?")
 ENTRIES_FROM = (
-    "SELECT line FROM entries WHERE session_id = %s AND segment_id = %s AND seq >= %s ORDER BY seq"
+    "SELECT line FROM entries WHERE session_id = %(session)s AND segment_id = %(segment)s "
+    "AND seq >= %(seq)s ORDER BY seq"
 )
 STORE_ID = "SELECT value FROM store_meta WHERE key = 'store_id'"

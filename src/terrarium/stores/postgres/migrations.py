@@ -1,13 +1,10 @@
-"""``PostgresStore``'s schema migrations: :func:`migrate` and the released steps.
+"""``PostgresStore``'s schema migrations, on the registry every database backend shares.
 
-The registry is the one every database backend shares (:mod:`terrarium.stores.migrations`).
 Each step runs in its own transaction with its record, under a transaction-level advisory lock,
 so processes opening the store at the same time apply each step once. The steps write
-unqualified names: ``migrate`` puts the store's schema on their ``search_path``. There is one
-step, ``m001_initial``, which builds the whole schema (the 15 steps before the first release
-were squashed into it; a schema recording them is at ``m001_initial``: its records are
-rewritten on open, see :data:`terrarium.stores.migrations.PRE_SQUASH`). Released steps are
-history: never edit one, add the next.
+unqualified names: ``migrate`` puts the store's schema on their ``search_path``. ``m001_initial``
+builds the whole schema (the squash: :data:`terrarium.stores.migrations.PRE_SQUASH`). Never edit
+a released step; add the next.
 
 Usage::
 
@@ -22,22 +19,15 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from terrarium.stores.migrations import (
-    PRE_SQUASH,
-    RESPONSES_PARTS_SQL,
-    TEXT_PARTS_SQL,
-    Migrations,
-)
+from terrarium.stores.migrations import PRE_SQUASH, RESPONSES_PARTS_SQL, TEXT_PARTS_SQL, Migrations
 from terrarium.stores.postgres import _sql
 
 MIGRATIONS: Migrations[psycopg.Connection[Any]] = Migrations("postgres", squashed=PRE_SQUASH)
 
 
 def migrate(conn: psycopg.Connection[Any], schema: str, *, where: str) -> list[str]:
-    """Create ``schema`` if needed and apply pending migrations; return the names applied.
-
-    ``conn`` must be in autocommit mode. The records of a schema made before the squash are
-    rewritten to ``m001_initial`` in the transaction that reads them.
+    """Create ``schema`` if needed and apply pending migrations on the autocommit ``conn``;
+    return the names applied.
 
     Raises:
         ValueError: ``schema`` is not a plain lowercase name.

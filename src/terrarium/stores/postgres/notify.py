@@ -1,11 +1,11 @@
 """Change notifications of ``PostgresStore`` (LISTEN/NOTIFY), for live views.
 
 The schema (``m001_initial``) makes every append, new segment and head change send a notification
-on :func:`channel`; :class:`ChangeFeed` listens on a dedicated connection (never a pooled
-one: a listening connection must stay open and idle between waits). Appends and new segments
-notify only while a feed listens (``feed_join``, ``feed_leave``): a feed joins as it
-starts listening, which switches their trigger on, and the last one to leave switches it off,
-so that a store no one watches pays nothing for it.
+on the channel ``terrarium.<schema>``; :class:`ChangeFeed` listens on a dedicated connection
+(never a pooled one: a listening connection must stay open and idle between waits). Appends and
+new segments notify only while a feed listens (``feed_join``, ``feed_leave``): a feed joins as
+it starts listening, which switches their trigger on, and the last one to leave switches it
+off, so that a store no one watches pays nothing for it.
 
 Usage::
 
@@ -25,21 +25,11 @@ from terrarium.errors import StoreUnavailable
 from terrarium.stores.postgres._sql import lock_key
 
 
-def channel(schema: str) -> str:
-    """The notification channel of the store in ``schema``."""
-    return f"terrarium.{schema}"
-
-
 class ChangeFeed:
     """Notifications of one store's writes, received on a connection of its own."""
 
     def __init__(self, dsn: str, schema: str) -> None:
-        """Connect and LISTEN.
-
-        Raises:
-            psycopg.OperationalError: the server cannot be reached (``PostgresStore``
-                turns it into a ``StoreError`` without the password).
-        """
+        """Connect and LISTEN (psycopg.OperationalError if the server cannot be reached)."""
         self._conn: psycopg.Connection[Any] = psycopg.connect(dsn, autocommit=True)
         self._leave = sql.SQL("SELECT {}.feed_leave(%s, %s)").format(sql.Identifier(schema))
         self._keys = (lock_key(schema, "feed toggle"), lock_key(schema, "feed listening"))
@@ -47,7 +37,8 @@ class ChangeFeed:
             # Listening and joining commit together: the appends committed after this do
             # notify, and this connection hears them.
             with self._conn.transaction():
-                self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel(schema))))
+                listen = sql.SQL("LISTEN {}").format(sql.Identifier(f"terrarium.{schema}"))
+                self._conn.execute(listen)
                 join = sql.SQL("SELECT {}.feed_join(%s, %s)").format(sql.Identifier(schema))
                 self._conn.execute(join, self._keys)
         except BaseException:
@@ -55,12 +46,8 @@ class ChangeFeed:
             raise
 
     def wait(self, timeout: float) -> str | None:
-        """The payload of the next notification (``session:<id>`` or ``context:<id>``), or
-        None when none came within ``timeout`` seconds.
-
-        Raises:
-            StoreUnavailable: the connection was lost (open a new feed).
-        """
+        """The next note's payload, or None after ``timeout`` seconds; StoreUnavailable if the
+        connection was lost (open a new feed)."""
         try:
             for note in self._conn.notifies(timeout=timeout, stop_after=1):
                 return note.payload

@@ -35,35 +35,19 @@ from typing import Any
 
 from terrarium import codec
 from terrarium.blobs import DEFAULT_THRESHOLD, line_digests
-from terrarium.errors import (
-    ConflictError,
-    SegmentNotFound,
-    StoreError,
-)
+from terrarium.errors import ConflictError, SegmentNotFound, StoreError
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
 from terrarium.stores._changes import LogChanges
 from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import SqlStore, run_each
-from terrarium.stores.base import (
-    INDEX_DB,
-    Derived,
-    NewEntry,
-    PodMetadata,
-    iter_lines,
-    wake_session,
-)
+from terrarium.stores._sqlbase import STATE, SqlStore, state_record
+from terrarium.stores.base import INDEX_DB, NewEntry, iter_lines, wake_session
 from terrarium.stores.locks import file_lock
 from terrarium.stores.sqlite import _lifecycle as lifecycle
 from terrarium.stores.sqlite import _sql as sql
 from terrarium.stores.sqlite.migrations import MIGRATIONS, check_readable, migrate
 
-__all__ = [
-    "MIGRATIONS",
-    "SYNCHRONOUS_MODES",
-    "SqliteStore",
-    "migrate",
-]
+__all__ = ["MIGRATIONS", "SYNCHRONOUS_MODES", "SqliteStore", "migrate"]
 
 SYNCHRONOUS_MODES: tuple[str, ...] = ("OFF", "NORMAL", "FULL", "EXTRA")
 
@@ -83,7 +67,8 @@ class SqliteStore(SqlStore):
 
     _READ_SEGMENT = sql.READ_SEGMENT
     _READ_TRACE = sql.READ_TRACE
-    _MOVE_HEAD = sql.MOVE_HEAD
+    _DROP_HOT = lifecycle.DROP_HOT
+    _ENTRIES_FROM = sql.ENTRIES_FROM
 
     def __init__(
         self,
@@ -128,7 +113,6 @@ class SqliteStore(SqlStore):
         self.busy_timeout = busy_timeout
         self.blob_threshold = blob_threshold
         self._lock = threading.Lock()
-        self._idle: list[sqlite3.Connection] = []
         self._local = threading.local()
         # A next seq this store saw each recent segment reach (its guess for the next append)
         # with its ids as text and its key (see _SEEN_CACHE).
@@ -136,9 +120,7 @@ class SqliteStore(SqlStore):
         self._closed = False
         self.readonly_reason: str | None = None
         """Why the database is opened read-only (see :meth:`_open`), or None."""
-        self.derived: Derived | None = None
-        """The derived index (:func:`terrarium.index.of`), closed with the store."""
-        self._idle.append(self._open())
+        self._idle: list[sqlite3.Connection] = [self._open()]
 
     def _open(self) -> sqlite3.Connection:
         """The first connection, read-only (unmigrated) where the database cannot be written.
@@ -204,12 +186,12 @@ class SqliteStore(SqlStore):
             raise
         return conn
 
-    def _error(self, exc: sqlite3.Error, what: str = "") -> StoreError:
+    def _error(self, exc: sqlite3.Error) -> StoreError:
         """``exc`` as a one-line StoreError naming the database (and a full disk as one)."""
         reason = _db.describe(exc, self.path)
         if self.readonly_reason is not None and _db.kind(exc) == "readonly":
             reason = self.readonly_reason  # a write refused because the disk was full
-        return StoreError(f"{self.path}: {what}{reason}")
+        return StoreError(f"{self.path}: {reason}")
 
     def _borrow(self) -> sqlite3.Connection:
         with self._lock:
@@ -230,12 +212,8 @@ class SqliteStore(SqlStore):
         conn.close()
 
     @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        """A connection for reads: the thread's transaction if it is in one, else a pooled one."""
-        held: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if held is not None:
-            yield held
-            return
+    def _borrowed(self) -> Iterator[sqlite3.Connection]:
+        """An idle connection for the block, given back after; its errors as StoreErrors."""
         conn = self._borrow()
         try:
             yield conn
@@ -243,6 +221,16 @@ class SqliteStore(SqlStore):
             raise self._error(exc) from exc
         finally:
             self._give_back(conn)
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """A connection for reads: the thread's transaction if it is in one, else a pooled one."""
+        held: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if held is not None:
+            yield held
+            return
+        with self._borrowed() as conn:
+            yield conn
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -264,16 +252,13 @@ class SqliteStore(SqlStore):
             finally:
                 local.depth = depth - 1
             return
-        conn = self._borrow()
-        local.conn, local.depth = conn, 0
-        try:
-            with _db.immediate(conn):
-                yield conn
-        except sqlite3.OperationalError as exc:
-            raise self._error(exc) from exc
-        finally:
-            local.conn = None
-            self._give_back(conn)
+        with self._borrowed() as conn:
+            local.conn, local.depth = conn, 0
+            try:
+                with _db.immediate(conn):
+                    yield conn
+            finally:
+                local.conn = None
 
     @contextmanager
     def atomic(self) -> Iterator[None]:
@@ -314,47 +299,19 @@ class SqliteStore(SqlStore):
             rows = conn.execute(sql.CHANGES_AFTER, seen).fetchall()
         return [uuid.UUID(row[0]) for row in rows], now
 
-    def live_head(self, session_id: SessionId) -> PodMetadata | None:
-        """The head of the session's context unless detached, frozen or gone (``ChangeLog``)."""
-        with self._committed() as conn:
-            row = conn.execute(sql.LIVE_HEAD, (str(session_id),)).fetchone()
-        return None if row is None else self._head(row)
-
-    def entries_from(
-        self, session_id: SessionId, segment_id: SegmentId, seq: int
-    ) -> list[dict[str, Any]]:
-        """The segment's lines from ``seq`` on (``ChangeLog``); none if it is not hot."""
-        with self._committed() as conn:
-            args = {"session": str(session_id), "segment": str(segment_id), "seq": seq}
-            rows = conn.execute(sql.ENTRIES_FROM, args).fetchall()
-        if not rows:
-            return []
-        data = ("\n".join([row[0] for row in rows]) + "\n").encode()
-        return codec.decode_lines(data, where=f"{self.path} segment {segment_id}", first_line=seq)
-
     @contextmanager
     def _committed(self) -> Iterator[sqlite3.Connection]:
-        """A pooled read transaction, never the thread's write one: the index reads only
-        what is committed."""
-        conn = self._borrow()
-        try:
+        """A pooled read transaction, never the thread's write one."""
+        with self._borrowed() as conn:
             conn.execute("BEGIN")
             try:
                 yield conn
             finally:
                 conn.execute("COMMIT")
-        except sqlite3.OperationalError as exc:
-            raise self._error(exc) from exc
-        finally:
-            self._give_back(conn)
 
     def index_source(self) -> LogChanges:
         """What the derived index reads (``Indexed``); its database is beside this one.
-
-        Raises:
-            StoreError: the database was made by a development build that kept no change
-                cursor (no ``changes`` table); its logs read, and copy into a new store.
-        """
+        StoreError for a database of a development build that kept no change cursor."""
         with self._read() as conn:
             if conn.execute(sql.HAS_CHANGES).fetchone() is None:
                 raise StoreError(
@@ -385,16 +342,14 @@ class SqliteStore(SqlStore):
     _freeze_rows = staticmethod(lifecycle.freeze)
     _thaw_rows = staticmethod(lifecycle.thaw)
 
-    def _drop_rows(self, conn: sqlite3.Connection, session: str) -> None:
-        run_each(conn, lifecycle.DROP_HOT, session)
-
     def _wake_on(self, conn: sqlite3.Connection, session_id: SessionId) -> bool:
         return wake_session(self, session_id)  # on conn: this thread's transaction
 
     def _woke(self, conn: sqlite3.Connection, session: str) -> bool:
         """Wake the session if it is frozen (SegmentNotFound in the trash); whether it was."""
-        session_id = uuid.UUID(session)
-        return self._frozen(conn, session_id) and wake_session(self, session_id)
+        row = conn.execute(STATE, (session,)).fetchone()
+        frozen = row is not None and "cold" in state_record(row[0])
+        return frozen and wake_session(self, uuid.UUID(session))
 
     def _tail_waking(self, conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, int]:
         """:func:`_tail`, waking a frozen session first: an append's miss path. The look at the
@@ -417,10 +372,8 @@ class SqliteStore(SqlStore):
         conn: sqlite3.Connection,
         session_id: SessionId,
         segment_id: SegmentId,
-        type: str,
         line: Mapping[str, Any],
     ) -> None:
-        # SQLite indexes no item as it writes it: the type goes unused.
         s, g, ts = str(session_id), str(segment_id), str(line["ts"])
         try:
             seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
@@ -522,16 +475,6 @@ class SqliteStore(SqlStore):
                     continue
                 raise SegmentNotFound.of(session_id, segment_id)
             conn.executemany(sql.INSERT_TRACE, [(s, g, _text(e.to_dict())) for e in entries])
-
-    def close(self) -> None:
-        """Close the derived index and the idle connections (busy ones as their call returns)."""
-        if self.derived is not None:
-            self.derived.close()
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
 
 
 def _position(text: str | None) -> tuple[int, int] | None:

@@ -1,13 +1,4 @@
-"""The statements of ``SqliteStore``, by name, over the schema its migrations build::
-
-    contexts(context PK, type, session_id, segment_id, created_at, updated_at)   the heads
-    sessions(session_id PK, context, created_at, state)  context NULL: detached; state: lifecycle's
-    segments(id PK, session_id, segment_id, created_at)  UNIQUE (session_id, segment_id)
-    entries(id PK, seg, seq, kind, ts, line)          UNIQUE (seg, seq); seg: segments.id
-    traces(id, session_id, segment_id, line)          debug traces, oldest first by id
-    changes(id PK, session_id UNIQUE)                 the change cursor (triggers keep it)
-    migrations(name PK, applied_at)
-    archived_contexts, archived_segments              frozen sessions (``._lifecycle``)
+"""The statements of ``SqliteStore``, by name, over the schema of :mod:`.migrations`.
 
 An entry names its segment by the segment's key (``segments.id``); its header is its entry
 with seq 0, so reading a segment is one indexed range scan. ``line`` is the entry's JSON as
@@ -15,8 +6,6 @@ with seq 0, so reading a segment is one indexed range scan. ``line`` is the entr
 """
 
 from __future__ import annotations
-
-from terrarium.stores._sqlbase import HEADS
 
 # ---------------------------------------------------------------------------- migrations
 
@@ -26,14 +15,6 @@ CREATE_MIGRATIONS = (
 APPLIED = "SELECT name FROM migrations"
 RECORD_MIGRATION = "INSERT INTO migrations VALUES (?, ?)"
 FORGET_MIGRATION = "DELETE FROM migrations WHERE name = ?"
-
-# ---------------------------------------------------------------------------- heads
-
-MOVE_HEAD = (
-    "UPDATE contexts SET updated_at = ?, segment_id = ? WHERE context = ? AND segment_id = ?"
-)
-# Only hot heads are in contexts: a frozen session's is in archived_contexts.
-LIVE_HEAD = f"{HEADS} WHERE session_id = ?"
 
 # ---------------------------------------------------------------------------- change cursor
 

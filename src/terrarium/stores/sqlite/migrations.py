@@ -17,12 +17,7 @@ import sqlite3
 from terrarium.errors import StoreError
 from terrarium.model import utc_now
 from terrarium.stores import _db
-from terrarium.stores.migrations import (
-    PRE_SQUASH,
-    RESPONSES_PARTS_SQL,
-    TEXT_PARTS_SQL,
-    Migrations,
-)
+from terrarium.stores.migrations import PRE_SQUASH, RESPONSES_PARTS_SQL, TEXT_PARTS_SQL, Migrations
 from terrarium.stores.sqlite import _sql as sql
 
 __all__ = ["MIGRATIONS", "check_readable", "migrate"]
