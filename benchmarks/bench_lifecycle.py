@@ -65,8 +65,9 @@ from terrarium import (  # noqa: E402
     states,
 )
 from terrarium.index import listing as lister  # noqa: E402
+from terrarium.index._listing import Listing  # noqa: E402
 from terrarium.model import utc_now  # noqa: E402
-from terrarium.stores.base import Lifecycle, Listing, NewEntry, Store  # noqa: E402
+from terrarium.stores.base import Lifecycle, NewEntry, Store  # noqa: E402
 from terrarium.stores.url import open_store  # noqa: E402
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"

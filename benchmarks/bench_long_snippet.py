@@ -23,7 +23,8 @@ from terrarium import ContextId, FsStore, SqliteStore, create_segment, save_user
 from terrarium.index import _fts as fts
 from terrarium.index import _index as fs_search
 from terrarium.index import listing
-from terrarium.stores.base import SearchQuery, Store
+from terrarium.index._query import SearchQuery
+from terrarium.stores.base import Store
 
 
 def _store(kind: str, folder: Path, words: int) -> Store:

@@ -55,10 +55,10 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from terrarium import FsStore, codec, restore  # noqa: E402
 from terrarium.index import of  # noqa: E402
+from terrarium.index._query import SearchQuery  # noqa: E402
 from terrarium.model import ContextId  # noqa: E402
 from terrarium.search import search  # noqa: E402
 from terrarium.sessions import save_user_input  # noqa: E402
-from terrarium.stores.base import SearchQuery  # noqa: E402
 from terrarium.stores.fs._changes import mark_dirty  # noqa: E402
 
 TYPES = [("cli", 0.2), ("irc", 0.4), ("web", 0.3), ("game", 0.1)]

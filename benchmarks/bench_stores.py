@@ -69,7 +69,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_search import TYPES, TextMaker, pct  # noqa: E402
 from terrarium import ContextId, FsStore, codec, index, restore  # noqa: E402
 from terrarium.index import listing as lister  # noqa: E402
-from terrarium.stores.base import INDEX_DB, NewEntry, SearchQuery, Store, iter_lines  # noqa: E402
+from terrarium.index._query import SearchQuery  # noqa: E402
+from terrarium.stores.base import INDEX_DB, NewEntry, Store, iter_lines  # noqa: E402
 from terrarium.stores.sqlite import SqliteStore  # noqa: E402
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"

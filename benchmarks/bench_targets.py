@@ -55,7 +55,8 @@ from bench_search import TextMaker  # noqa: E402
 from peers import InsertFloor, System, TerrariumSystem  # noqa: E402
 from terrarium import FsStore, MemoryStore  # noqa: E402
 from terrarium.index import listing as lister  # noqa: E402
-from terrarium.stores.base import SearchQuery, Store  # noqa: E402
+from terrarium.index._query import SearchQuery  # noqa: E402
+from terrarium.stores.base import Store  # noqa: E402
 from terrarium.stores.sqlite import SqliteStore  # noqa: E402
 
 TARGETS = ("turn", "append", "restore", "list", "search", "web", "cli")

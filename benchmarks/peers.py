@@ -89,8 +89,9 @@ from terrarium import (  # noqa: E402
     save_user_input,
 )
 from terrarium.index import listing as lister  # noqa: E402
+from terrarium.index._query import SearchQuery  # noqa: E402
 from terrarium.model import ContextId, utc_now  # noqa: E402
-from terrarium.stores.base import NewEntry, SearchQuery, Store, iter_lines  # noqa: E402
+from terrarium.stores.base import NewEntry, Store, iter_lines  # noqa: E402
 from terrarium.stores.sqlite import SqliteStore  # noqa: E402
 
 TEXTS = [message_text(i, 300) for i in range(101)]

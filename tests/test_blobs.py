@@ -220,7 +220,7 @@ def _ids(store: t.Store) -> tuple[t.SessionId, t.SegmentId]:
 def test_search_sees_the_preview(tmp_path: Path) -> None:
     """The search index holds the preview: a word in the first characters is found, one only
     past them is not (docs/format.md says so)."""
-    from terrarium.stores.base import SearchQuery
+    from terrarium.index._query import SearchQuery
 
     store = FsStore(tmp_path)
     _with_output(store, content="zebraword " + BIG + " giraffeword")

@@ -36,9 +36,9 @@ from terrarium import (
 from terrarium.cli import cli
 from terrarium.formats.terrarium_json import iter_legacy_files
 from terrarium.index import listing as lister
+from terrarium.index._query import SearchQuery
 from terrarium.legacy import listing
 from terrarium.model import ContextId
-from terrarium.stores.base import SearchQuery
 
 
 def invoke(*args: str) -> Result:

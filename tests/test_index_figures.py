@@ -17,8 +17,9 @@ from helpers.web import turn
 from terrarium import ContextId, FsStore, create_segment, fork_context, index, restore, states
 from terrarium.contexts import clear_context, listing_index, rewind_context
 from terrarium.index import _build, _figures
+from terrarium.index._listing import ListingQuery
 from terrarium.sessions import create_compacted_segment
-from terrarium.stores.base import ListingQuery, Store
+from terrarium.stores.base import Store
 from terrarium.stores.memory import MemoryStore
 from terrarium.stores.sqlite import SqliteStore
 from test_web_paging import _legacy

@@ -36,10 +36,10 @@ from terrarium import (
 from terrarium.blobs import collect_garbage
 from terrarium.cli import cli
 from terrarium.errors import CorruptLog
+from terrarium.index._query import SearchQuery
 from terrarium.model import ContextId
 from terrarium.search import search
 from terrarium.stores import fs as fs_module
-from terrarium.stores.base import SearchQuery
 from terrarium.stores.fs._heads import read_head
 from terrarium.web import data as web_data
 

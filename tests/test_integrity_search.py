@@ -284,7 +284,7 @@ def test_a_wal_switch_that_meets_a_reader_is_retried_never_deleted(
 
 
 def _query(text: str) -> Any:
-    from terrarium.stores.base import SearchQuery
+    from terrarium.index._query import SearchQuery
 
     return SearchQuery(text)
 

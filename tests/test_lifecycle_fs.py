@@ -36,10 +36,11 @@ from terrarium import (
 from terrarium.cli import cli
 from terrarium.errors import CorruptLog, InvalidContextId, NotInTrash, StoreError
 from terrarium.index import listing as lister
+from terrarium.index._query import SearchQuery
 from terrarium.legacy import listing
 from terrarium.model import ContextId, TraceEntry
 from terrarium.search import search
-from terrarium.stores.base import Lifecycle, NewEntry, SearchQuery, Store
+from terrarium.stores.base import Lifecycle, NewEntry, Store
 from terrarium.stores.fs import _states
 from terrarium.stores.memory import MemoryStore
 

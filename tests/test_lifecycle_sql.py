@@ -26,6 +26,8 @@ from helpers.history import add_context, places
 from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
 from terrarium import index, states
 from terrarium.errors import ContextExists, ContextNotFound, NotInTrash, SegmentNotFound
+from terrarium.index._listing import Listing
+from terrarium.index._query import SearchQuery
 from terrarium.model import ContextId, Item, TraceEntry
 from terrarium.search import scan, search
 from terrarium.sessions import (
@@ -35,13 +37,7 @@ from terrarium.sessions import (
     save_delta,
     save_user_input,
 )
-from terrarium.stores.base import (
-    Lifecycle,
-    Listing,
-    NewEntry,
-    SearchQuery,
-    Store,
-)
+from terrarium.stores.base import Lifecycle, NewEntry, Store
 from terrarium.stores.memory import MemoryStore
 from terrarium.stores.sqlite import SqliteStore
 

@@ -20,9 +20,9 @@ from helpers.history import add_context
 from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
 from terrarium.errors import FormatVersionError
 from terrarium.index import listing as lister
+from terrarium.index._query import SearchQuery
 from terrarium.model import ContextId
 from terrarium.sessions import restore, save_user_input
-from terrarium.stores.base import SearchQuery
 from terrarium.stores.migrations import PRE_SQUASH, Migrations
 from terrarium.stores.sqlite import SqliteStore
 from terrarium.stores.sqlite import migrations as sqlite_backend

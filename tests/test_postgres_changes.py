@@ -23,9 +23,10 @@ psycopg = pytest.importorskip("psycopg")
 
 from helpers.history import add_context, snippets  # noqa: E402
 from terrarium import codec, index, states  # noqa: E402
+from terrarium.index._query import SearchQuery  # noqa: E402
 from terrarium.model import ContextId  # noqa: E402
 from terrarium.sessions import save_user_input  # noqa: E402
-from terrarium.stores.base import NewEntry, SearchQuery, iter_lines  # noqa: E402
+from terrarium.stores.base import NewEntry, iter_lines  # noqa: E402
 from terrarium.stores.postgres import PostgresStore, _sql  # noqa: E402
 
 pytestmark = pytest.mark.postgres

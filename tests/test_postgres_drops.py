@@ -28,10 +28,11 @@ from psycopg.conninfo import make_conninfo  # noqa: E402
 from terrarium import FsStore  # noqa: E402
 from terrarium.blobs import digest_of  # noqa: E402
 from terrarium.errors import StoreError, StoreUnavailable  # noqa: E402
+from terrarium.index._query import SearchQuery  # noqa: E402
 from terrarium.model import ContextId  # noqa: E402
 from terrarium.search import search  # noqa: E402
 from terrarium.sessions import create_segment, restore, save_user_input  # noqa: E402
-from terrarium.stores.base import PodMetadata, SearchQuery  # noqa: E402
+from terrarium.stores.base import PodMetadata  # noqa: E402
 from terrarium.stores.postgres import PostgresStore  # noqa: E402
 
 pytestmark = pytest.mark.postgres

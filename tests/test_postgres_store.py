@@ -29,6 +29,7 @@ psycopg = pytest.importorskip("psycopg")
 from terrarium import codec  # noqa: E402
 from terrarium.agent.multi_context_manager import MultiContextManager  # noqa: E402
 from terrarium.errors import ConflictError, SegmentNotFound, StoreError  # noqa: E402
+from terrarium.index._query import SearchQuery  # noqa: E402
 from terrarium.llm.vllm_client import ChatResult  # noqa: E402
 from terrarium.model import ContextId, SegmentOrigin  # noqa: E402
 from terrarium.sessions import (  # noqa: E402
@@ -37,7 +38,7 @@ from terrarium.sessions import (  # noqa: E402
     ensure_head_or_fork,
     restore,
 )
-from terrarium.stores.base import NewEntry, PodActiveSegmentRef, SearchQuery  # noqa: E402
+from terrarium.stores.base import NewEntry, PodActiveSegmentRef  # noqa: E402
 from terrarium.stores.memory import MemoryStore  # noqa: E402
 from terrarium.stores.postgres import PostgresStore, _sql  # noqa: E402
 from terrarium.stores.postgres._sql import lock_key  # noqa: E402

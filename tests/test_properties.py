@@ -61,8 +61,8 @@ from terrarium import (
     save_user_input,
 )
 from terrarium.index import listing as lister
+from terrarium.index._listing import Listing
 from terrarium.model import item_role
-from terrarium.stores.base import Listing
 
 # --------------------------------------------------------------------------- strategies
 

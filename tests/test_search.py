@@ -22,15 +22,10 @@ from terrarium.index import _index as fs_search
 from terrarium.index import listing as lister
 from terrarium.index import of
 from terrarium.index._index import SearchIndex
+from terrarium.index._query import SearchQuery
 from terrarium.model import ContextId, new_segment_id, new_session_id
 from terrarium.sessions import create_segment_with_ids, save_user_input
-from terrarium.stores.base import (
-    NewEntry,
-    PodActiveSegmentRef,
-    SearchQuery,
-    Store,
-    iter_lines,
-)
+from terrarium.stores.base import NewEntry, PodActiveSegmentRef, Store, iter_lines
 from terrarium.stores.fs._changes import mark_dirty
 
 

@@ -24,10 +24,11 @@ from helpers.history import add_context, places, snippets
 from terrarium import codec, index, states
 from terrarium.copy import copy_store
 from terrarium.errors import ConflictError, SegmentNotFound, StoreError
+from terrarium.index._query import SearchHit, SearchQuery
 from terrarium.model import ContextId
 from terrarium.search import scan
 from terrarium.sessions import create_segment, save_user_input
-from terrarium.stores.base import NewEntry, SearchHit, SearchQuery
+from terrarium.stores.base import NewEntry
 from terrarium.stores.memory import MemoryStore
 from terrarium.stores.sqlite import SqliteStore
 

@@ -26,6 +26,7 @@ import msgspec
 
 from terrarium import index, legacy, sessions, states
 from terrarium.errors import ContextExists, ContextNotFound, IndexUnavailable, StoreError
+from terrarium.index._listing import ContextSummary, Listing
 from terrarium.model import (
     ContextId,
     LoggedItem,
@@ -34,13 +35,7 @@ from terrarium.model import (
     display_name,
     misleading_chars,
 )
-from terrarium.stores.base import (
-    ContextSummary,
-    Lifecycle,
-    Listing,
-    Store,
-    context_lock,
-)
+from terrarium.stores.base import Lifecycle, Store, context_lock
 
 if TYPE_CHECKING:
     from terrarium.index import OtherRow, SearchIndex

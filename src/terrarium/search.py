@@ -23,7 +23,7 @@ from terrarium import index as derived
 from terrarium import sessions, states
 from terrarium.errors import IndexUnavailable, InvalidQuery
 from terrarium.index._fts import TAG_TOKENS, bm25, merge_hits
-from terrarium.index._query import MAX_LIMIT, check_query
+from terrarium.index._query import MAX_LIMIT, Searchable, SearchHit, SearchQuery, check_query
 from terrarium.model import (
     HISTORY_KINDS,
     ContextId,
@@ -32,14 +32,7 @@ from terrarium.model import (
     item_role,
     item_text,
 )
-from terrarium.stores.base import (
-    Lifecycle,
-    PodMetadata,
-    Searchable,
-    SearchHit,
-    SearchQuery,
-    Store,
-)
+from terrarium.stores.base import Lifecycle, PodMetadata, Store
 from terrarium.text import (
     ELLIPSIS,
     phrase_count,

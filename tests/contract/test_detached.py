@@ -51,11 +51,13 @@ from terrarium import (
     states,
 )
 from terrarium.index import listing as lister
+from terrarium.index._listing import Listing
+from terrarium.index._query import SearchQuery
 from terrarium.model import ContextId
 from terrarium.search import scan
 from terrarium.search import search as search_any
 from terrarium.sessions import lineage
-from terrarium.stores.base import Listing, NewEntry, SearchQuery
+from terrarium.stores.base import NewEntry
 
 
 def _quick_start(store: Store) -> PodActiveSegmentRef:

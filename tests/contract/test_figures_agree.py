@@ -46,8 +46,9 @@ from terrarium import (
 )
 from terrarium import restore as restore_context
 from terrarium.cli import cli
+from terrarium.index._query import SearchQuery
 from terrarium.search import search
-from terrarium.stores.base import Lifecycle, NewEntry, SearchQuery, Store
+from terrarium.stores.base import Lifecycle, NewEntry, Store
 from terrarium.web import create_app
 
 NAMES = ("cli:a", "cli:b", "irc:c", "irc:d")

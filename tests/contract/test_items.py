@@ -18,6 +18,8 @@ from helpers.responses import RESPONSES_ITEMS
 from terrarium import rewind
 from terrarium.errors import ConflictError, ContextNotFound, InvalidEntry
 from terrarium.index import listing as lister
+from terrarium.index._listing import Listing
+from terrarium.index._query import SearchQuery
 from terrarium.model import ContextId, UsageRecord
 from terrarium.sessions import (
     create_compacted_segment,
@@ -29,7 +31,7 @@ from terrarium.sessions import (
     save_usage,
     save_user_input,
 )
-from terrarium.stores.base import Listing, PodActiveSegmentRef, SearchQuery, Store
+from terrarium.stores.base import PodActiveSegmentRef, Store
 
 MAIN = ContextId("cli", "main")
 

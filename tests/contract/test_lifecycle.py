@@ -16,13 +16,13 @@ from helpers.history import add_context
 from terrarium import contexts, lifecycle, states
 from terrarium.errors import ContextExists, ContextNotFound, NotInTrash
 from terrarium.index import listing as lister
+from terrarium.index._listing import Listing
+from terrarium.index._query import SearchQuery
 from terrarium.model import ContextId, TraceEntry
 from terrarium.search import search
 from terrarium.sessions import restore, save_delta
 from terrarium.stores.base import (
     Lifecycle,
-    Listing,
-    SearchQuery,
     Store,
     context_lock,
     head_and_tail,

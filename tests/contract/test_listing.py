@@ -12,9 +12,10 @@ import pytest
 from helpers.history import add_context, build_history
 from terrarium import states
 from terrarium.index import listing as lister
+from terrarium.index._listing import Listing
 from terrarium.model import ContextId
 from terrarium.sessions import fork_at, restore, save_user_input
-from terrarium.stores.base import Listing, PodActiveSegmentRef, PodMetadata, Store
+from terrarium.stores.base import PodActiveSegmentRef, PodMetadata, Store
 
 pytestmark = pytest.mark.ability.with_args(Listing)
 

@@ -20,15 +20,10 @@ from terrarium import contexts, states
 from terrarium.errors import InvalidQuery
 from terrarium.index import _listing
 from terrarium.index import listing as lister
+from terrarium.index._listing import LISTING_SORTS, ContextSummary, ListingQuery
 from terrarium.model import ContextId
 from terrarium.sessions import create_segment
-from terrarium.stores.base import (
-    LISTING_SORTS,
-    ContextSummary,
-    ListingQuery,
-    NewEntry,
-    Store,
-)
+from terrarium.stores.base import NewEntry, Store
 
 #: (context, messages, day of its last message): ties in every order, several types, names
 #: that differ only in case or by a character outside ASCII.
@@ -68,17 +63,24 @@ def _sort_key(query: ListingQuery) -> Callable[[ContextSummary], tuple[Any, str]
     return operator.attrgetter(_listing.COLUMNS[query.sort], "context")
 
 
+def _matches(query: ListingQuery, row: ContextSummary) -> bool:
+    """The filters' rule: the contexts named, the type, the text in the id ignoring case, and
+    the days of last activity, inclusive."""
+    day = row.last_active[:10]
+    return (
+        (query.contexts is None or row.context in query.contexts)
+        and (query.type is None or row.context.startswith(query.type + ":"))
+        and (not query.text or query.text.casefold() in row.context.casefold())
+        and (query.since is None or day >= query.since)
+        and (query.until is None or day <= query.until)
+    )
+
+
 def _page_of(rows: Iterable[ContextSummary], query: ListingQuery) -> list[ContextSummary]:
     """The reference: the page ``query`` names, picked from a whole listing ``rows``."""
     _listing.check(query)
     key, after = _sort_key(query), query.after
-    matches = query.matcher()
-    picked = (
-        row
-        for row in rows
-        if (matches is None or matches(row.context, row.last_active))
-        and (after is None or key(row) < after)
-    )
+    picked = (row for row in rows if _matches(query, row) and (after is None or key(row) < after))
     return heapq.nlargest(query.limit, picked, key=key)
 
 

@@ -26,8 +26,9 @@ from helpers.history import (
 )
 from terrarium import FsStore, SqliteStore
 from terrarium.index import listing as lister
+from terrarium.index._query import Searchable, SearchHit, SearchQuery
 from terrarium.search import InvalidQuery, scan, search
-from terrarium.stores.base import Searchable, SearchHit, SearchQuery, Store
+from terrarium.stores.base import Store
 
 
 def test_search_gives_the_hits_of_the_store_index_placed(store: Store) -> None:

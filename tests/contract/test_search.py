@@ -32,6 +32,7 @@ from helpers.responses import RESPONSES_ITEMS
 from terrarium import FsStore, SqliteStore, states
 from terrarium.errors import InvalidContextId
 from terrarium.index import listing as lister
+from terrarium.index._query import Searchable, SearchHit, SearchQuery
 from terrarium.model import ContextId, Item
 from terrarium.search import InvalidQuery, scan
 from terrarium.sessions import (
@@ -41,14 +42,7 @@ from terrarium.sessions import (
     save_delta,
     save_user_input,
 )
-from terrarium.stores.base import (
-    NewEntry,
-    PodActiveSegmentRef,
-    Searchable,
-    SearchHit,
-    SearchQuery,
-    Store,
-)
+from terrarium.stores.base import NewEntry, PodActiveSegmentRef, Store
 from terrarium.text import tokenize
 
 pytestmark = pytest.mark.ability.with_args(Searchable)

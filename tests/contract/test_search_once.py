@@ -10,6 +10,7 @@ when the message is found where it was first written.
 from __future__ import annotations
 
 from helpers.history import add_context
+from terrarium.index._query import SearchHit, SearchQuery
 from terrarium.model import ContextId, Item, SegmentStartState
 from terrarium.search import search
 from terrarium.sessions import (
@@ -21,7 +22,7 @@ from terrarium.sessions import (
     rewind,
     save_user_input,
 )
-from terrarium.stores.base import SearchHit, SearchQuery, Store
+from terrarium.stores.base import Store
 
 
 def _texts(store: Store, hits: list[SearchHit]) -> list[tuple[str, str, str]]:

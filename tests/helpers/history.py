@@ -9,6 +9,7 @@ import pytest
 
 from terrarium import states
 from terrarium.errors import InvalidQuery
+from terrarium.index._query import SearchHit, SearchQuery
 from terrarium.model import ContextId, Item, SegmentStartState
 from terrarium.sessions import (
     clear_segment,
@@ -19,7 +20,7 @@ from terrarium.sessions import (
     save_delta,
     save_user_input,
 )
-from terrarium.stores.base import PodMetadata, SearchHit, SearchQuery, Store
+from terrarium.stores.base import PodMetadata, Store
 
 
 def add_context(store: Store, context: str, *texts: str, role: str = "user") -> PodMetadata:

@@ -156,7 +156,7 @@ def test_pop_item_removes_the_latest_and_keeps_it_in_the_tree(store: Store) -> N
 def test_a_popped_item_is_not_found_by_search(store: Store) -> None:
     """Search finds what get_items returns: a popped item only with ``all_branches``, marked
     off; a kept one at its place in the items."""
-    from terrarium.stores.base import SearchQuery
+    from terrarium.index._query import SearchQuery
 
     session = TerrariumSession("s1", store)
     run(session.add_items([USER, REPLY, {"role": "user", "content": "Paris again?"}]))

@@ -42,6 +42,7 @@ from terrarium.errors import (
     NothingToCompact,
     NothingToRetry,
 )
+from terrarium.index._query import SearchHit, SearchQuery
 from terrarium.model import (
     ContextId,
     EntryKind,
@@ -53,14 +54,7 @@ from terrarium.model import (
     item_role,
     item_text,
 )
-from terrarium.stores.base import (
-    PodMetadata,
-    SearchHit,
-    SearchQuery,
-    Store,
-    context_lock,
-    locked_head_and_tail,
-)
+from terrarium.stores.base import PodMetadata, Store, context_lock, locked_head_and_tail
 from terrarium.stores.url import open_store
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from terrarium.display import short_time
 if TYPE_CHECKING:
     from terrarium.cli.output import Output
     from terrarium.copy import CopyReport
+    from terrarium.index._query import SearchHit
     from terrarium.model import ContextId
-    from terrarium.stores.base import SearchHit
 
 
 @command(creates=True)

@@ -21,8 +21,8 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from terrarium.index._query import SearchHit, SearchQuery
 from terrarium.index._sql import FTS_RECENT
-from terrarium.stores.base import SearchHit, SearchQuery
 from terrarium.text import (
     HIGHLIGHT_CLOSE,
     HIGHLIGHT_OPEN,

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from terrarium.errors import IndexUnavailable
-from terrarium.index import _listing
 from terrarium.index import _sql as sql
 from terrarium.index._build import Build
 from terrarium.index._fts import (
@@ -39,20 +38,15 @@ from terrarium.index._fts import (
     fts5_phrases,
     long_snippet,
 )
+from terrarium.index._listing import ContextSummary
 from terrarium.index._overview import OtherRow, Reader
-from terrarium.index._query import check_query
+from terrarium.index._query import SearchHit, SearchQuery, check_query
 from terrarium.index._refresh import IndexStats, IndexUpdate, Source
 from terrarium.index._sql import SCHEMA_VERSION
 from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores import _db
 from terrarium.stores._changes import LogChanges
-from terrarium.stores.base import (
-    INDEX_DB,
-    ContextSummary,
-    ListingQuery,
-    SearchHit,
-    SearchQuery,
-)
+from terrarium.stores.base import INDEX_DB
 from terrarium.text import (
     ELLIPSIS,
     HIGHLIGHT_CLOSE,
@@ -578,15 +572,6 @@ class SearchIndex:
         """
         statement, params = (sql.LISTING, ()) if type is None else (sql.LISTING_OF_TYPE, (type,))
         return [ContextSummary(*row) for row in self._rows(statement, params)]
-
-    def list_contexts_page(self, query: ListingQuery) -> list[ContextSummary]:
-        """One page of the listing, filtered and sorted: an index walk of ``query.limit``."""
-        statement, params = _listing.page_statement(sql.LISTING_SELECT, query)
-        return [ContextSummary(*row) for row in self._rows(statement, params)]
-
-    def context_types(self) -> list[str]:
-        """Every type that has a context, sorted."""
-        return [row[0] for row in self._rows(sql.CONTEXT_TYPES, [])]
 
     def _rows(self, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         """``statement``'s rows, read once the index is up to date."""

@@ -1,5 +1,5 @@
-"""Pages of a listing (:class:`~terrarium.stores.base.Listing`): the statement the derived
-index (:mod:`terrarium.index`, SQLite) runs.
+"""The listing's records (:class:`ContextSummary`, :class:`ListingQuery`, the
+:class:`Listing` protocol) and its pages: the statement the derived index runs.
 
 A page is keyset pagination over the sort column and the context id, largest first:
 ``WHERE (col, context) < (:value, :context) ORDER BY col DESC, context DESC LIMIT :n``. The
@@ -13,10 +13,91 @@ The contract tests hold every backend to the same page picked from a whole listi
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
 
 from terrarium.errors import InvalidQuery
-from terrarium.stores.base import LISTING_SORTS, ListingQuery
+from terrarium.model import SegmentId, SessionId
+
+
+class ContextSummary(msgspec.Struct, frozen=True, gc=False):
+    """One context as ``list`` shows it, read from the index (no session file opened).
+
+    ``gc=False``: it holds only strings and numbers, and tracking 100k of them would set off
+    the cyclic collector's passes over the whole heap.
+    """
+
+    context: str
+    """The context id, ``type:name``."""
+    date: str
+    """The creation date, ``YYYY-MM-DD``."""
+    message_count: int
+    """History items in the head segment's restored state."""
+    last_active: str
+    """Timestamp of the head segment's last entry."""
+    created_at: str
+    updated_at: str
+    """When the head last moved."""
+    session: str
+    """The session id, as text (see :attr:`session_id`)."""
+    head: str
+    """The head segment id, as text (see :attr:`segment_id`)."""
+    problem: str | None = None
+    """Why some of its data cannot be read (one line naming the file); counts cover the rest."""
+    tokens: int | None = None
+    """Prompt plus completion tokens of its conversation, or None where the listing has none."""
+    state: str = "hot"
+    """``hot``, ``archived`` or ``legacy`` (a seed-format file beside the store)."""
+    legacy_path: str | None = None
+    """The legacy file, for a context that is not in the log yet."""
+
+    @property
+    def session_id(self) -> SessionId:
+        """The session id."""
+        return uuid.UUID(self.session)
+
+    @property
+    def segment_id(self) -> SegmentId:
+        """The head segment id."""
+        return uuid.UUID(self.head)
+
+
+@runtime_checkable
+class Listing(Protocol):
+    """Lists contexts with their counts without restoring them, whole or a page at a time."""
+
+    def list_contexts_fast(self, type: str | None = None) -> Sequence[ContextSummary]:
+        """Every context's summary by id; IndexUnavailable if the index cannot be updated."""
+
+
+LISTING_SORTS = ("last_active", "created", "messages")
+"""The orders a :class:`Listing` pages in, each largest first, ties broken by context id
+(also largest first): by the last entry's timestamp, the creation time, the message count."""
+
+
+class ListingQuery(msgspec.Struct, frozen=True):
+    """One page of a listing: which contexts, in which order, and after which row."""
+
+    sort: str = "last_active"
+    """One of :data:`LISTING_SORTS`."""
+    after: tuple[str | int, str] | None = None
+    """The sort key (value, context id) of the previous page's last row; None: the first."""
+    limit: int = 50
+    """Rows at most."""
+    type: str | None = None
+    """Only contexts of this type."""
+    text: str | None = None
+    """Only contexts whose id contains this, ignoring case."""
+    since: str | None = None
+    """Only contexts last active on or after this day (``YYYY-MM-DD``)."""
+    until: str | None = None
+    """Only contexts last active on or before this day (``YYYY-MM-DD``)."""
+    contexts: tuple[str, ...] | None = None
+    """Only these contexts (ids): the rows of contexts picked by another order."""
+
 
 COLUMNS = {
     "last_active": "last_active",

@@ -11,7 +11,7 @@ import msgspec
 
 from terrarium.index import _listing
 from terrarium.index import _sql as sql
-from terrarium.stores.base import ContextSummary, ListingQuery
+from terrarium.index._listing import ContextSummary, ListingQuery
 
 SORTS = (*_listing.COLUMNS,)
 """The orders a page of :meth:`Reader.page` walks: those of every listing, and tokens."""

@@ -407,7 +407,6 @@ OTHER_ROWS = f"SELECT {SUMMARY}, problem, tokens, state, legacy_path FROM {{view
 OTHER_TYPES = "SELECT DISTINCT type FROM {view}"
 LISTING = f"{LISTING_SELECT} ORDER BY type, name"
 LISTING_OF_TYPE = f"{LISTING_SELECT} WHERE type = ? ORDER BY name"
-# A page of it is LISTING_SELECT completed by _listing.page_statement.
 CONTEXT_TYPES = "SELECT DISTINCT type FROM sessions ORDER BY type"
 
 # A search's filters are FTS5 conditions appended to its MATCH expression (a bound parameter):

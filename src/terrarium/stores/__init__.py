@@ -18,9 +18,6 @@ if TYPE_CHECKING:  # ``X as X``: a type checker sees each name re-exported
     from terrarium.stores.base import PodMetadata as PodMetadata
     from terrarium.stores.base import PodMetadataStore as PodMetadataStore
     from terrarium.stores.base import Reindexable as Reindexable
-    from terrarium.stores.base import Searchable as Searchable
-    from terrarium.stores.base import SearchHit as SearchHit
-    from terrarium.stores.base import SearchQuery as SearchQuery
     from terrarium.stores.base import SegmentRead as SegmentRead
     from terrarium.stores.base import Store as Store
     from terrarium.stores.fs import FsStore as FsStore
@@ -32,7 +29,7 @@ if TYPE_CHECKING:  # ``X as X``: a type checker sees each name re-exported
 _MODULES = {
     "terrarium.stores.base": """
         ContextLocking Lifecycle NewEntry PodActiveSegmentRef PodMetadata PodMetadataStore
-        Reindexable SearchHit SearchQuery Searchable SegmentRead Store
+        Reindexable SegmentRead Store
     """,
     "terrarium.stores.fs": "FsStore",
     "terrarium.stores.memory": "MemoryStore",

@@ -50,8 +50,9 @@ from terrarium.errors import (
     SegmentNotFound,
     StoreError,
 )
+from terrarium.index._query import SearchQuery
 from terrarium.model import ContextId, display_name
-from terrarium.stores.base import Notifying, SearchQuery, Store
+from terrarium.stores.base import Notifying, Store
 from terrarium.web import data, render
 from terrarium.web.compact import ModelAccess, compact
 from terrarium.web.openapi import api, openapi_document

@@ -28,8 +28,9 @@ from terrarium.errors import (
     SegmentNotFound,
 )
 from terrarium.index import Reader, sort_key
+from terrarium.index._listing import ContextSummary, ListingQuery
 from terrarium.model import ContextId, SegmentId, chat_view, item_label, item_text
-from terrarium.stores.base import ContextSummary, Lifecycle, ListingQuery, SegmentRead, Store
+from terrarium.stores.base import Lifecycle, SegmentRead, Store
 
 SORTS = ("last_active", "created", "messages", "tokens")
 """The orders the sessions list offers, each newest or largest first."""

@@ -13,7 +13,8 @@ serialised (waiting up to ``busy_timeout``) while readers, in WAL mode, never wa
 Usage::
 
     import terrarium as t
-    from terrarium.stores import SearchQuery, SqliteStore
+    from terrarium.search import SearchQuery
+    from terrarium.stores import SqliteStore
 
     with SqliteStore("sessions.db") as store:  # listing and search: terrarium.index
         t.create_segment(store, t.SegmentStartState(), context="cli:main")
