@@ -11,7 +11,7 @@ import logging
 import sqlite3
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -22,9 +22,6 @@ from terrarium.index._figures import Figures
 from terrarium.model import HISTORY_KINDS, ContextId, SessionId, item_role, item_text
 from terrarium.stores.base import PodMetadata, SegmentRead, SegmentStat
 from terrarium.text import prepare_text
-
-if TYPE_CHECKING:
-    from terrarium.index._index import SearchIndex
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +145,22 @@ class Source(Protocol):
         ...
 
 
+class _Owner(Protocol):
+    """What a refresh uses of its index (:class:`terrarium.index.SearchIndex`): named here, so
+    this module does not import the one that imports it."""
+
+    source: Source
+    stats: IndexStats
+
+    def warn_once(self, key: str, message: str, *args: object) -> None: ...
+
+
 class IndexUpdate:
     """The changes of one refresh, applied in the caller's transaction."""
 
     def __init__(
         self,
-        index: SearchIndex,
+        index: _Owner,
         conn: sqlite3.Connection,
         *,
         defer_recent: bool,
