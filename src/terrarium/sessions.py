@@ -90,11 +90,8 @@ def _header(
     ts: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Build a header line. ``start=None`` makes a fork header that continues its parent.
-
-    ``carry``: the state whose extensions (and, with ``figures``, usage and turns) go on.
-    ``extra``: keys of the caller's own, which may not replace the header's.
-    """
+    """A header line; ``start=None`` makes a fork header that continues its parent. ``carry``'s
+    extensions (and, with ``figures``, usage and turns) go on; ``extra`` may not replace a key."""
     header: dict[str, Any] = {
         "v": FORMAT_VERSION,
         "seq": 0,
@@ -303,7 +300,10 @@ def _restart(
     history: Sequence[Item | LoggedItem],
     context: ContextId | str | None,
     system_prompt: str | None,
+    copied: Sequence[Message | None] = (),
 ) -> SegmentId:
+    """Start a segment after ``source`` whose header holds ``history``; ``copied``: where its
+    items come from (a compaction finds the turns it kept itself)."""
     state = source
     if not isinstance(state, RestoredState):
         state = restore_by_segment(store, state.session_id, state.segment_id)
@@ -318,7 +318,8 @@ def _restart(
     header = _header(state.session_id, segment_id, origin, context=ctx, start=start, carry=state)
     if kind == "compaction":
         header["summary_items"] = _summary_items(header["history"], state.history)
-        _keep_provenance(header, _kept(store, state, header), state.session_id)
+        copied = _kept(store, state, header)
+    _keep_provenance(header, copied, state.session_id)
     if ctx is None and state.context is not None:
         header["context"] = state.context
     store.create_segment(state.session_id, offload_line(store, header))
@@ -564,15 +565,8 @@ def summary_items(header: Mapping[str, Any]) -> int:
 def _fork_inside_header(store: Store, ref: SegmentRef, keep: int) -> SegmentId:
     """A segment continuing ``ref``'s header with the first ``keep`` items of its history."""
     reads = lineage(store, ref.session_id, ref.segment_id, stop_seq=0)
-    state = collect_state([reads[0].header])
-    segment_id = new_segment_id()
-    origin = SegmentOrigin("fork", parent=ref.segment_id, at_seq=0)
-    start = SegmentStartState(state.system_prompt, state.config, state.history[:keep])
-    header = _header(state.session_id, segment_id, origin, context=None, start=start, carry=state)
-    _keep_provenance(header, messages(reads)[:keep], state.session_id)
-    header["context"] = state.context
-    store.create_segment(state.session_id, offload_line(store, header))
-    return segment_id
+    state = collect_state([reads[0].header])  # its next seq is 1: the fork is at the header
+    return _restart(store, state, "fork", state.history[:keep], None, None, messages(reads)[:keep])
 
 
 def append_entries(
