@@ -82,11 +82,7 @@ MAX_NAME_BYTES = 255
 _UNSAFE = frozenset('<>:"/\\|?*%')
 _WINDOWS_RESERVED = frozenset(
     ["CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"]
-    + [
-        f"{port}{n}"
-        for port in ("COM", "LPT")
-        for n in [*"123456789", "\u00b9", "\u00b2", "\u00b3"]
-    ]
+    + [f"{port}{n}" for port in ("COM", "LPT") for n in "123456789\u00b9\u00b2\u00b3"]
 )
 
 
@@ -121,9 +117,7 @@ def legacy_file_names(name: str) -> list[str]:
 
     A name too long for a file is left out (looking for it fails with "File name too long").
     """
-    names = [f"{name}.json"]
-    if encode_name(name) != name:
-        names.append(f"{encode_name(name)}.json")
+    names = [f"{stem}.json" for stem in dict.fromkeys((name, encode_name(name)))]
     return [n for n in names if len(n.encode()) <= MAX_NAME_BYTES]
 
 
