@@ -470,14 +470,9 @@ def from_logged(logged: Mapping[str, Any]) -> Item:
         parts.append(
             ToolCallPart(call.get("id", ""), fn.get("name", ""), fn.get("arguments", ""), extra)
         )
-    body: str | tuple[ContentPart, ...]
-    if parts or not isinstance(content, str):
-        body = tuple(parts)
-    else:
-        body = content
     return Item(
         role=Role(logged["role"]),
-        content=body,
+        content=tuple(parts) if parts or not isinstance(content, str) else content,
         name=logged.get("name"),
         tool_call_id=logged.get("tool_call_id"),
         extra={k: v for k, v in logged.items() if k not in _ITEM_KEYS},
