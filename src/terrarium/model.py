@@ -928,7 +928,6 @@ class LogEntry(msgspec.Struct, frozen=True):
     ts: str
     """UTC wall-clock time of the write (RFC 3339). Informational; order comes from ``seq``."""
     data: Mapping[str, Any]
-    """The kind's own keys."""
     v: int = FORMAT_VERSION
     """Format major version of the writer."""
 
