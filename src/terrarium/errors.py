@@ -154,6 +154,8 @@ class StoreNotFound(StoreError):
 class LLMError(TerrariumError):
     """The model server call failed."""
 
+    _permanent = False  # True: a retry of the same request meets the same failure
+
     @property
     def status(self) -> int | None:
         """The HTTP status the server answered, if any (from the ``openai`` ``__cause__``)."""
@@ -164,7 +166,7 @@ class LLMError(TerrariumError):
     def transient(self) -> bool:
         """Whether a retry may succeed: no answer, a cut stream, 408, 429 or 5xx."""
         status = self.status
-        return status is None or status in (408, 429) or status >= 500
+        return not self._permanent and (status is None or status in (408, 429) or status >= 500)
 
 
 class ServerUnreachable(LLMError):
@@ -174,19 +176,13 @@ class ServerUnreachable(LLMError):
 class ModelNotFound(LLMError):
     """The server does not serve the requested model, or serves none."""
 
-    @property
-    def transient(self) -> bool:
-        """Never: the same model stays missing."""
-        return False
+    _permanent = True  # the same model stays missing
 
 
 class ContextTooLong(LLMError):
     """The request exceeds the model's context window."""
 
-    @property
-    def transient(self) -> bool:
-        """Never: the same request stays too long."""
-        return False
+    _permanent = True  # the same request stays too long
 
 
 class RateLimited(LLMError):

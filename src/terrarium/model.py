@@ -82,11 +82,7 @@ MAX_NAME_BYTES = 255
 _UNSAFE = frozenset('<>:"/\\|?*%')
 _WINDOWS_RESERVED = frozenset(
     ["CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"]
-    + [
-        f"{port}{n}"
-        for port in ("COM", "LPT")
-        for n in [*"123456789", "\u00b9", "\u00b2", "\u00b3"]
-    ]
+    + [f"{port}{n}" for port in ("COM", "LPT") for n in "123456789\u00b9\u00b2\u00b3"]
 )
 
 
@@ -121,9 +117,7 @@ def legacy_file_names(name: str) -> list[str]:
 
     A name too long for a file is left out (looking for it fails with "File name too long").
     """
-    names = [f"{name}.json"]
-    if encode_name(name) != name:
-        names.append(f"{encode_name(name)}.json")
+    names = [f"{stem}.json" for stem in dict.fromkeys((name, encode_name(name)))]
     return [n for n in names if len(n.encode()) <= MAX_NAME_BYTES]
 
 
@@ -476,14 +470,9 @@ def from_logged(logged: Mapping[str, Any]) -> Item:
         parts.append(
             ToolCallPart(call.get("id", ""), fn.get("name", ""), fn.get("arguments", ""), extra)
         )
-    body: str | tuple[ContentPart, ...]
-    if parts or not isinstance(content, str):
-        body = tuple(parts)
-    else:
-        body = content
     return Item(
         role=Role(logged["role"]),
-        content=body,
+        content=tuple(parts) if parts or not isinstance(content, str) else content,
         name=logged.get("name"),
         tool_call_id=logged.get("tool_call_id"),
         extra={k: v for k, v in logged.items() if k not in _ITEM_KEYS},
@@ -939,7 +928,6 @@ class LogEntry(msgspec.Struct, frozen=True):
     ts: str
     """UTC wall-clock time of the write (RFC 3339). Informational; order comes from ``seq``."""
     data: Mapping[str, Any]
-    """The kind's own keys."""
     v: int = FORMAT_VERSION
     """Format major version of the writer."""
 
