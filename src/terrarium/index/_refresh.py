@@ -179,7 +179,7 @@ class IndexUpdate:
         self.recent_stale = False
         # A full pass looks at every session: load them all at once, not two queries each.
         self.cache: dict[str, SessionRow] | None = self._load_all() if defer_recent else None
-        row = conn.execute(sql.RECENT_COUNT).fetchone()
+        row = conn.execute(sql.META, ("recent_count",)).fetchone()
         self.recent_count = int(row[0]) if row else 0
 
     # ---------------------------------------------------------------- sessions
@@ -567,20 +567,20 @@ class IndexUpdate:
             self.conn.execute(sql.SET_RECENT_FLOOR, (self.recent_floor,))
             self.conn.execute(sql.FTS_REBUILD.format(table=sql.FTS_RECENT))
             (self.recent_count,) = self.conn.execute(sql.COUNT_RECENT).fetchone()
-        self.conn.execute(sql.SET_RECENT_COUNT, (str(self.recent_count),))
+        self.conn.execute(sql.SET_META, ("recent_count", str(self.recent_count)))
 
     def _summarise(self, session: SessionRow) -> None:
         """Store the head's message count, last activity and the session's first problem."""
-        row = self.conn.execute(sql.SESSION_HEAD, (session.id,)).fetchone()
-        if row is None:
-            return
+        head_id, folder = session.values[6], session.values[5]
         problems = [session.head_problem or ""]
-        head = session.segments.get(row[0])
+        head = session.segments.get(head_id)
         if head is None:
-            problems.append(f"{self.source.head_path(row[1])}: its segment {row[0]} does not exist")
+            problems.append(
+                f"{self.source.head_path(folder)}: its segment {head_id} does not exist"
+            )
         damaged = [sid for sid in sorted(session.segments) if session.segments[sid].problem]
         if damaged:  # rare: a damaged segment that a salvage replaced is no problem now
-            done = self.source.salvaged(row[1])
+            done = self.source.salvaged(folder)
             problems += [session.segments[sid].problem or "" for sid in damaged if sid not in done]
         problem = next((p for p in problems if p), None)
         count = 0
