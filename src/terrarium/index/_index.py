@@ -144,8 +144,7 @@ class SearchIndex:
         if self.readonly_reason is not None or found not in ("corrupt", "full", "readonly"):
             raise self._unavailable(exc) from exc
         if found == "corrupt":
-            log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
-            self._delete_files()
+            self._discard(exc)
         else:
             self.readonly_reason = _db.describe(exc, self.path)
         try:
@@ -204,7 +203,10 @@ class SearchIndex:
                 conn.execute(statement)
             conn.execute(sql.SET_USER_VERSION)
 
-    def _delete_files(self) -> None:
+    def _discard(self, exc: BaseException) -> None:
+        """Close and delete a corrupt index: the next open rebuilds it from the files."""
+        log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
+        self._close_connection()
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{self.path}{suffix}")
@@ -243,9 +245,7 @@ class SearchIndex:
                 except (sqlite3.Error, OSError) as exc:
                     if _db.kind(exc) != "corrupt" or self.readonly:
                         raise self._unavailable(exc) from exc
-                    log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
-                    self._close_connection()
-                    self._delete_files()
+                    self._discard(exc)
                     if not retry or attempt == 2:
                         raise self._unavailable(exc) from exc
         raise AssertionError("unreachable")

@@ -102,50 +102,39 @@ class Source(Protocol):
 
     def pointer(self, session_id: str) -> str | None:
         """The session's folder, or None if it is gone."""
-        ...
 
     def segments(self, folder: str) -> dict[str, SegmentStat]:
         """The session's segments (none if it is gone)."""
-        ...
 
     def stat_segment(self, folder: str, segment_id: str) -> SegmentStat | None:
         """One segment's stat, or None if it is gone."""
-        ...
 
     def head(self, folder: str) -> tuple[PodMetadata | None, str | None]:
         """The session's head and what is wrong with it (None, None: gone or detached)."""
-        ...
 
     def frozen(self, session_id: str | SessionId) -> bool:
         """Whether the session is archived (frozen): out of the index."""
-        ...
 
     def salvaged(self, folder: str) -> set[str]:
         """The damaged segments of the session that a salvage replaced already."""
-        ...
 
     def segment_path(self, folder: str, segment_id: str) -> str:
         """How problems name a segment."""
-        ...
 
     def head_path(self, folder: str) -> str:
         """How problems name a session's head record."""
-        ...
 
     def read_lines(
         self, folder: str, segment_id: str, offset: int, seq: int
     ) -> tuple[list[dict[str, Any]], int, int]:
         """The segment's complete lines from ``offset`` (its line ``seq``) on, the offset
         after them and the segment's size (OSError: unreadable; StoreError: a bad line)."""
-        ...
 
     def walk(self) -> Iterator[tuple[str, dict[str, SegmentStat]]]:
         """Every session's folder with its segments (a full refresh)."""
-        ...
 
     def count_sessions(self) -> int:
         """How many sessions a walk finds (cheaper than walking)."""
-        ...
 
 
 class IndexUpdate:
@@ -409,20 +398,17 @@ class IndexUpdate:
     # ---------------------------------------------------------------- segments
 
     def _drop_segment(self, segment: SegmentRow) -> None:
+        """Remove a segment's items from both FTS tables, then from ``docs``, then its row."""
         self.flush()
-        self._delete_docs(segment.id)
-        self.conn.execute(sql.DELETE_SEGMENT, (segment.id,))
-
-    def _delete_docs(self, segment: int) -> None:
-        """Remove a segment's items from both FTS tables, then from ``docs``."""
-        self.conn.execute(sql.FTS_DELETE_SEGMENT, (segment,))
+        self.conn.execute(sql.FTS_DELETE_SEGMENT.format(table=sql.FTS), (segment.id, 0))
         self.recent_stale = True
         if not self.defer_recent:
-            recent = (segment, self.recent_floor)
+            recent = (segment.id, self.recent_floor)
             (count,) = self.conn.execute(sql.COUNT_RECENT_OF_SEGMENT, recent).fetchone()
-            self.conn.execute(sql.RECENT_DELETE_SEGMENT, recent)
+            self.conn.execute(sql.FTS_DELETE_SEGMENT.format(table=sql.FTS_RECENT), recent)
             self.recent_count -= count
-        self.conn.execute(sql.DELETE_DOCS, (segment,))
+        self.conn.execute(sql.DELETE_DOCS, (segment.id,))
+        self.conn.execute(sql.DELETE_SEGMENT, (segment.id,))
 
     def _index_segment(
         self, session: SessionRow, folder: str, segment_id: str, st: SegmentStat

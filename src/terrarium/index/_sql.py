@@ -345,14 +345,10 @@ COUNT_DOCS_TO = "SELECT count(*) FROM docs WHERE segment = ? AND seq <= ?"
 # A segment's items leave both FTS tables before ``docs`` (external content: FTS5 needs the
 # old values to remove their tokens); fts_recent holds those from its floor (the second ?) on.
 FTS_DELETE_SEGMENT = (
-    "INSERT INTO fts(fts, rowid, body, tags) SELECT 'delete', id, body, tags FROM docs "
-    "WHERE segment = ? AND body != ''"
+    "INSERT INTO {table}({table}, rowid, body, tags) SELECT 'delete', id, body, tags "
+    "FROM docs WHERE segment = ? AND body != '' AND id >= ?"
 )
 COUNT_RECENT_OF_SEGMENT = "SELECT count(*) FROM docs WHERE segment = ? AND body != '' AND id >= ?"
-RECENT_DELETE_SEGMENT = (
-    "INSERT INTO fts_recent(fts_recent, rowid, body, tags) "
-    "SELECT 'delete', id, body, tags FROM docs WHERE segment = ? AND body != '' AND id >= ?"
-)
 DELETE_DOCS = "DELETE FROM docs WHERE segment = ?"
 
 # ---------------------------------------------------------------------------- FTS tables
