@@ -334,7 +334,7 @@ class SearchIndex:
 
     def _end_build(self, conn: sqlite3.Connection, work: IndexUpdate, build: Build) -> None:
         """The last step of a build: what a full refresh records once it has walked."""
-        build.finish(work, conn)
+        work.drop_unseen(build.seen)  # gone since an earlier step of the build
         if self._files is not None:
             conn.execute(sql.SET_META, ("shape", self._files.shape(None).text))
             conn.execute(sql.UNWATCH_ENDED, (self.clock(),))
@@ -425,7 +425,7 @@ class SearchIndex:
         until = now + WATCH_SECONDS
         if full:
             shape = files.shape(None)
-            self._walk(work, conn)
+            self._walk(work)
             conn.execute(sql.UNWATCH_ENDED, (now,))
         else:
             for sid in sorted(claimed_ids):
@@ -452,7 +452,7 @@ class SearchIndex:
         touched, position = self._cursor.changes(None if full else _meta(conn, "cursor"))
         work = IndexUpdate(self, conn, defer_recent=touched is None, recent_size=RECENT_SIZE)
         if touched is None:
-            self._walk(work, conn)
+            self._walk(work)
         else:
             for sid in sorted(set(touched)):
                 work.index_session(sid)
@@ -461,16 +461,14 @@ class SearchIndex:
         if touched is None:
             conn.execute(sql.SET_META, ("built", str(self.clock())))
 
-    def _walk(self, work: IndexUpdate, conn: sqlite3.Connection) -> None:
+    def _walk(self, work: IndexUpdate) -> None:
         """Index every session of the store; drop the rows of sessions it no longer has."""
         seen: set[str] = set()
         for folder, segments in self.source.walk():
             sid = work.index_folder(folder, segments, hint=None)
             if sid is not None:
                 seen.add(sid)
-        for (sid,) in conn.execute(sql.SESSION_IDS).fetchall():
-            if sid not in seen:
-                work.drop_session(sid)
+        work.drop_unseen(seen)
 
     def _moved(self, work: IndexUpdate, conn: sqlite3.Connection, shape: ShapeChange) -> None:
         """Index the sessions of date folders that appeared or vanished."""

@@ -167,14 +167,15 @@ class IndexUpdate:
         until their session's figures are folded, see :meth:`_figure`)."""
         self.recent_stale = False
         # A full pass looks at every session: load them all at once, not two queries each.
-        self.cache: dict[str, SessionRow] | None = self._load_all() if defer_recent else None
+        # Otherwise each session is loaded once, when first asked for (None: not indexed).
+        self.cache: dict[str, SessionRow | None] = self._load_all() if defer_recent else {}
         row = conn.execute(sql.META, ("recent_count",)).fetchone()
         self.recent_count = int(row[0]) if row else 0
 
     # ---------------------------------------------------------------- sessions
 
-    def _load_all(self) -> dict[str, SessionRow]:
-        sessions: dict[str, SessionRow] = {}
+    def _load_all(self) -> dict[str, SessionRow | None]:
+        sessions: dict[str, SessionRow | None] = {}
         by_id: dict[int, SessionRow] = {}
         for row in self.conn.execute(sql.SESSIONS):
             session = SessionRow.from_row(row)
@@ -186,12 +187,13 @@ class IndexUpdate:
         return sessions
 
     def _load(self, sid: str) -> SessionRow | None:
-        if self.cache is not None:
+        if self.defer_recent or sid in self.cache:
             return self.cache.get(sid)
         row = self.conn.execute(sql.SESSION, (sid,)).fetchone()
         if row is None:
+            self.cache[sid] = None
             return None
-        session = SessionRow.from_row(row)
+        session = self.cache[sid] = SessionRow.from_row(row)
         for seg in self.conn.execute(sql.SESSION_SEGMENTS, (session.id,)):
             segment = SegmentRow.from_row(seg)
             session.segments[segment.segment_id] = segment
@@ -259,8 +261,7 @@ class IndexUpdate:
         if session is None:
             cur = self.conn.execute(sql.INSERT_SESSION, (*values, head.updated_at, sid))
             session = SessionRow(int(cur.lastrowid or 0), sid, folder, tid, values)
-            if self.cache is not None:
-                self.cache[sid] = session
+            self.cache[sid] = session
             # Another session row claiming the same context is stale: check it.
             for (other,) in self.conn.execute(
                 sql.CLAIMANTS, (context.type, context.name, session.id)
@@ -385,8 +386,13 @@ class IndexUpdate:
             self.conn.execute(statement, (session.id,))
         self.conn.execute(sql.DELETE_SESSION, (session.id,))
         self.changed.pop(session.id, None)
-        if self.cache is not None:
-            self.cache.pop(sid, None)
+        self.cache.pop(sid, None)
+
+    def drop_unseen(self, seen: set[str]) -> None:
+        """Drop every session but those a walk of the whole store has ``seen``."""
+        for (sid,) in self.conn.execute(sql.SESSION_IDS).fetchall():
+            if sid not in seen:
+                self.drop_session(sid)
 
     def _type_id(self, name: str) -> int:
         tid = self.types.get(name)
