@@ -58,9 +58,3 @@ class Build:
             if sid is not None:
                 self.seen.add(sid)
         return False
-
-    def finish(self, work: IndexUpdate, conn: sqlite3.Connection) -> None:
-        """Drop the rows of sessions the walk did not find (gone since an earlier build)."""
-        for (sid,) in conn.execute(sql.SESSION_IDS).fetchall():
-            if sid not in self.seen:
-                work.drop_session(sid)

@@ -23,9 +23,9 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from terrarium.errors import IndexUnavailable
 from terrarium.index import _sql as sql
@@ -144,8 +144,7 @@ class SearchIndex:
         if self.readonly_reason is not None or found not in ("corrupt", "full", "readonly"):
             raise self._unavailable(exc) from exc
         if found == "corrupt":
-            log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
-            self._delete_files()
+            self._discard(exc)
         else:
             self.readonly_reason = _db.describe(exc, self.path)
         try:
@@ -204,7 +203,10 @@ class SearchIndex:
                 conn.execute(statement)
             conn.execute(sql.SET_USER_VERSION)
 
-    def _delete_files(self) -> None:
+    def _discard(self, exc: BaseException) -> None:
+        """Close and delete a corrupt index: the next open rebuilds it from the files."""
+        log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
+        self._close_connection()
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{self.path}{suffix}")
@@ -243,9 +245,7 @@ class SearchIndex:
                 except (sqlite3.Error, OSError) as exc:
                     if _db.kind(exc) != "corrupt" or self.readonly:
                         raise self._unavailable(exc) from exc
-                    log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
-                    self._close_connection()
-                    self._delete_files()
+                    self._discard(exc)
                     if not retry or attempt == 2:
                         raise self._unavailable(exc) from exc
         raise AssertionError("unreachable")
@@ -257,7 +257,7 @@ class SearchIndex:
             if behind is not None:
                 raise IndexUnavailable(f"{self.path}: {self.readonly_reason}, and {behind}")
             return False
-        built = conn.execute(sql.BUILT).fetchone() is not None
+        built = _meta(conn, "built") is not None
         if budget is not None and not (full or built):
             self._build_step(conn, budget)
             if self._build is not None:
@@ -273,7 +273,7 @@ class SearchIndex:
         else:
             markers = files.markers()
             now = self.clock()
-            shape = None if full else files.shape(self._stored_shape(conn))
+            shape = None if full else files.shape(_meta(conn, "shape"))
             moved = shape is not None and shape.changed
             if not (full or markers or moved or self._watch_needs_work(conn, now)):
                 return False
@@ -291,13 +291,14 @@ class SearchIndex:
         deadline = time.monotonic() + budget
         claimed: list[tuple[str, Path]] = []
         with _db.immediate(conn):
-            if conn.execute(sql.BUILT).fetchone() is not None:  # another process built it
+            if _meta(conn, "built") is not None:  # another process built it
                 self._build = None
                 return
             if self._build is None:
-                row = conn.execute(sql.BUILD_CURSOR).fetchone()
-                position = row[0] if row else self._cursor.changes(None)[1] if self._cursor else ""
-                conn.execute(sql.SET_BUILD_CURSOR, (position,))
+                position = _meta(conn, "build_cursor")
+                if position is None:
+                    position = self._cursor.changes(None)[1] if self._cursor else ""
+                conn.execute(sql.SET_META, ("build_cursor", position))
                 self._build = Build(self.source, conn, position)
             build = self._build
             work = IndexUpdate(self, conn, defer_recent=False, recent_size=RECENT_SIZE)
@@ -333,27 +334,26 @@ class SearchIndex:
 
     def _end_build(self, conn: sqlite3.Connection, work: IndexUpdate, build: Build) -> None:
         """The last step of a build: what a full refresh records once it has walked."""
-        build.finish(work, conn)
+        work.drop_unseen(build.seen)  # gone since an earlier step of the build
         if self._files is not None:
-            conn.execute(sql.SET_SHAPE, (self._files.shape(None).text,))
+            conn.execute(sql.SET_META, ("shape", self._files.shape(None).text))
             conn.execute(sql.UNWATCH_ENDED, (self.clock(),))
             until = self.clock() + WATCH_SECONDS  # as a full refresh watches what it claimed
             conn.executemany(sql.WATCH, [(until, sid) for sid in build.watch])
         else:
-            conn.execute(sql.SET_CURSOR, (build.position,))
-        conn.execute(sql.SET_BUILT, (str(self.clock()),))
-        conn.execute(sql.DELETE_BUILD_CURSOR)
+            conn.execute(sql.SET_META, ("cursor", build.position))
+        conn.execute(sql.SET_META, ("built", str(self.clock())))
+        conn.execute(sql.DELETE_META, ("build_cursor",))
         self._build = None
 
     def _touched(self, conn: sqlite3.Connection) -> list[str] | None:
         """The sessions written since the index last read the cursor (None: all)."""
         assert self._cursor is not None
-        row = conn.execute(sql.CURSOR).fetchone()
-        return self._cursor.changes(row[0] if row is not None else None)[0]
+        return self._cursor.changes(_meta(conn, "cursor"))[0]
 
     def _behind(self, conn: sqlite3.Connection) -> str | None:
         """Why the index may miss something the store holds, or None if it holds it all."""
-        if conn.execute(sql.BUILT).fetchone() is None:
+        if _meta(conn, "built") is None:
             return "never built"
         files = self._files
         if files is None:
@@ -362,13 +362,9 @@ class SearchIndex:
             return None
         if files.markers() or self._watch_needs_work(conn, None):
             return "behind the session files (sessions changed since it was last updated)"
-        if files.shape(self._stored_shape(conn)).moved:
+        if files.shape(_meta(conn, "shape")).moved:
             return "behind the session files (date folders were moved in or out)"
         return None
-
-    def _stored_shape(self, conn: sqlite3.Connection) -> str | None:
-        row = conn.execute(sql.SHAPE).fetchone()
-        return row[0] if row is not None else None
 
     def _rebuild(self) -> int:
         conn = self._connection()
@@ -429,7 +425,7 @@ class SearchIndex:
         until = now + WATCH_SECONDS
         if full:
             shape = files.shape(None)
-            self._walk(work, conn)
+            self._walk(work)
             conn.execute(sql.UNWATCH_ENDED, (now,))
         else:
             for sid in sorted(claimed_ids):
@@ -443,39 +439,36 @@ class SearchIndex:
             if shape is not None and shape.moved:
                 self._moved(work, conn, shape)
         if shape is not None and shape.changed:
-            conn.execute(sql.SET_SHAPE, (shape.text,))
+            conn.execute(sql.SET_META, ("shape", shape.text))
         conn.executemany(sql.WATCH, [(until, sid) for sid in claimed_ids])
         work.finish()
         if full:
-            conn.execute(sql.SET_BUILT, (str(now),))
+            conn.execute(sql.SET_META, ("built", str(now)))
         return [path for _, path in claimed]
 
     def _follow(self, conn: sqlite3.Connection, *, full: bool) -> None:
         """Index the sessions the store's cursor names, then store its position."""
         assert self._cursor is not None
-        row = None if full else conn.execute(sql.CURSOR).fetchone()
-        touched, position = self._cursor.changes(row[0] if row is not None else None)
+        touched, position = self._cursor.changes(None if full else _meta(conn, "cursor"))
         work = IndexUpdate(self, conn, defer_recent=touched is None, recent_size=RECENT_SIZE)
         if touched is None:
-            self._walk(work, conn)
+            self._walk(work)
         else:
             for sid in sorted(set(touched)):
                 work.index_session(sid)
-        conn.execute(sql.SET_CURSOR, (position,))
+        conn.execute(sql.SET_META, ("cursor", position))
         work.finish()
         if touched is None:
-            conn.execute(sql.SET_BUILT, (str(self.clock()),))
+            conn.execute(sql.SET_META, ("built", str(self.clock())))
 
-    def _walk(self, work: IndexUpdate, conn: sqlite3.Connection) -> None:
+    def _walk(self, work: IndexUpdate) -> None:
         """Index every session of the store; drop the rows of sessions it no longer has."""
         seen: set[str] = set()
         for folder, segments in self.source.walk():
             sid = work.index_folder(folder, segments, hint=None)
             if sid is not None:
                 seen.add(sid)
-        for (sid,) in conn.execute(sql.SESSION_IDS).fetchall():
-            if sid not in seen:
-                work.drop_session(sid)
+        work.drop_unseen(seen)
 
     def _moved(self, work: IndexUpdate, conn: sqlite3.Connection, shape: ShapeChange) -> None:
         """Index the sessions of date folders that appeared or vanished."""
@@ -571,11 +564,8 @@ class SearchIndex:
         (14 s for the head records alone).
         """
         statement, params = (sql.LISTING, ()) if type is None else (sql.LISTING_OF_TYPE, (type,))
-        return [ContextSummary(*row) for row in self._rows(statement, params)]
-
-    def _rows(self, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        """``statement``'s rows, read once the index is up to date."""
-        return self._read(lambda conn: conn.execute(statement, params).fetchall())
+        rows = self._read(lambda conn: conn.execute(statement, params).fetchall())
+        return [ContextSummary(*row) for row in rows]
 
     # ------------------------------------------------------------------ the dashboard's reads
 
@@ -599,13 +589,12 @@ class SearchIndex:
 
         rows = sorted(self.others())
         digest = hashlib.sha256(repr(rows).encode()).hexdigest()
-        found = conn.execute(sql.OTHERS_HASH).fetchone()
-        if found is not None and found[0] == digest:
+        if _meta(conn, "others") == digest:
             return
         with _db.immediate(conn):
             conn.execute(sql.DELETE_OTHERS)
             conn.executemany(sql.INSERT_OTHER, rows)
-            conn.execute(sql.SET_OTHERS_HASH, (digest,))
+            conn.execute(sql.SET_META, ("others", digest))
 
     def offsets(self) -> dict[SegmentId, int]:
         """Per segment, the byte offset the index has read up to (for tests and ``check``)."""
@@ -616,5 +605,11 @@ class SearchIndex:
     def watched(self) -> list[SessionId]:
         """The sessions being watched for unmarked appends."""
         with self._lock:
-            rows = self._connection().execute(sql.WATCHED_IDS).fetchall()
+            rows = self._connection().execute(sql.WATCHED).fetchall()
         return [uuid.UUID(row[0]) for row in rows]
+
+
+def _meta(conn: sqlite3.Connection, key: str) -> str | None:
+    """The value the index's ``meta`` table holds under ``key``, or None."""
+    row = conn.execute(sql.META, (key,)).fetchone()
+    return row[0] if row is not None else None

@@ -153,18 +153,15 @@ def page_statement(
     if query.contexts is not None:
         conditions.append(f"context IN ({', '.join('?' * len(query.contexts))})")
         params.extend(query.contexts)
-    if query.type is not None:
-        conditions.append("type = ?")
-        params.append(query.type)
-    if query.text:
-        conditions.append("instr(casefold(context), ?) > 0")
-        params.append(query.text.casefold())
-    if query.since is not None:
-        conditions.append("substr(last_active, 1, 10) >= ?")
-        params.append(query.since)
-    if query.until is not None:
-        conditions.append("substr(last_active, 1, 10) <= ?")
-        params.append(query.until)
+    for condition, value in (
+        ("type = ?", query.type),
+        ("instr(casefold(context), ?) > 0", query.text.casefold() if query.text else None),
+        ("substr(last_active, 1, 10) >= ?", query.since),
+        ("substr(last_active, 1, 10) <= ?", query.until),
+    ):
+        if value is not None:
+            conditions.append(condition)
+            params.append(value)
     if query.after is not None:
         conditions.append(f"({column}, context) < (?, ?)")
         params.extend(query.after)

@@ -99,50 +99,39 @@ class Source(Protocol):
 
     def pointer(self, session_id: str) -> str | None:
         """The session's folder, or None if it is gone."""
-        ...
 
     def segments(self, folder: str) -> dict[str, SegmentStat]:
         """The session's segments (none if it is gone)."""
-        ...
 
     def stat_segment(self, folder: str, segment_id: str) -> SegmentStat | None:
         """One segment's stat, or None if it is gone."""
-        ...
 
     def head(self, folder: str) -> tuple[PodMetadata | None, str | None]:
         """The session's head and what is wrong with it (None, None: gone or detached)."""
-        ...
 
     def frozen(self, session_id: str | SessionId) -> bool:
         """Whether the session is archived (frozen): out of the index."""
-        ...
 
     def salvaged(self, folder: str) -> set[str]:
         """The damaged segments of the session that a salvage replaced already."""
-        ...
 
     def segment_path(self, folder: str, segment_id: str) -> str:
         """How problems name a segment."""
-        ...
 
     def head_path(self, folder: str) -> str:
         """How problems name a session's head record."""
-        ...
 
     def read_lines(
         self, folder: str, segment_id: str, offset: int, seq: int
     ) -> tuple[list[dict[str, Any]], int, int]:
         """The segment's complete lines from ``offset`` (its line ``seq``) on, the offset
         after them and the segment's size (OSError: unreadable; StoreError: a bad line)."""
-        ...
 
     def walk(self) -> Iterator[tuple[str, dict[str, SegmentStat]]]:
         """Every session's folder with its segments (a full refresh)."""
-        ...
 
     def count_sessions(self) -> int:
         """How many sessions a walk finds (cheaper than walking)."""
-        ...
 
 
 class _Owner(Protocol):
@@ -185,14 +174,15 @@ class IndexUpdate:
         until their session's figures are folded, see :meth:`_figure`)."""
         self.recent_stale = False
         # A full pass looks at every session: load them all at once, not two queries each.
-        self.cache: dict[str, SessionRow] | None = self._load_all() if defer_recent else None
-        row = conn.execute(sql.RECENT_COUNT).fetchone()
+        # Otherwise each session is loaded once, when first asked for (None: not indexed).
+        self.cache: dict[str, SessionRow | None] = self._load_all() if defer_recent else {}
+        row = conn.execute(sql.META, ("recent_count",)).fetchone()
         self.recent_count = int(row[0]) if row else 0
 
     # ---------------------------------------------------------------- sessions
 
-    def _load_all(self) -> dict[str, SessionRow]:
-        sessions: dict[str, SessionRow] = {}
+    def _load_all(self) -> dict[str, SessionRow | None]:
+        sessions: dict[str, SessionRow | None] = {}
         by_id: dict[int, SessionRow] = {}
         for row in self.conn.execute(sql.SESSIONS):
             session = SessionRow.from_row(row)
@@ -204,12 +194,13 @@ class IndexUpdate:
         return sessions
 
     def _load(self, sid: str) -> SessionRow | None:
-        if self.cache is not None:
+        if self.defer_recent or sid in self.cache:
             return self.cache.get(sid)
         row = self.conn.execute(sql.SESSION, (sid,)).fetchone()
         if row is None:
+            self.cache[sid] = None
             return None
-        session = SessionRow.from_row(row)
+        session = self.cache[sid] = SessionRow.from_row(row)
         for seg in self.conn.execute(sql.SESSION_SEGMENTS, (session.id,)):
             segment = SegmentRow.from_row(seg)
             session.segments[segment.segment_id] = segment
@@ -277,8 +268,7 @@ class IndexUpdate:
         if session is None:
             cur = self.conn.execute(sql.INSERT_SESSION, (*values, head.updated_at, sid))
             session = SessionRow(int(cur.lastrowid or 0), sid, folder, tid, values)
-            if self.cache is not None:
-                self.cache[sid] = session
+            self.cache[sid] = session
             # Another session row claiming the same context is stale: check it.
             for (other,) in self.conn.execute(
                 sql.CLAIMANTS, (context.type, context.name, session.id)
@@ -403,8 +393,13 @@ class IndexUpdate:
             self.conn.execute(statement, (session.id,))
         self.conn.execute(sql.DELETE_SESSION, (session.id,))
         self.changed.pop(session.id, None)
-        if self.cache is not None:
-            self.cache.pop(sid, None)
+        self.cache.pop(sid, None)
+
+    def drop_unseen(self, seen: set[str]) -> None:
+        """Drop every session but those a walk of the whole store has ``seen``."""
+        for (sid,) in self.conn.execute(sql.SESSION_IDS).fetchall():
+            if sid not in seen:
+                self.drop_session(sid)
 
     def _type_id(self, name: str) -> int:
         tid = self.types.get(name)
@@ -416,20 +411,17 @@ class IndexUpdate:
     # ---------------------------------------------------------------- segments
 
     def _drop_segment(self, segment: SegmentRow) -> None:
+        """Remove a segment's items from both FTS tables, then from ``docs``, then its row."""
         self.flush()
-        self._delete_docs(segment.id)
-        self.conn.execute(sql.DELETE_SEGMENT, (segment.id,))
-
-    def _delete_docs(self, segment: int) -> None:
-        """Remove a segment's items from both FTS tables, then from ``docs``."""
-        self.conn.execute(sql.FTS_DELETE_SEGMENT, (segment,))
+        self.conn.execute(sql.FTS_DELETE_SEGMENT.format(table=sql.FTS), (segment.id, 0))
         self.recent_stale = True
         if not self.defer_recent:
-            recent = (segment, self.recent_floor)
+            recent = (segment.id, self.recent_floor)
             (count,) = self.conn.execute(sql.COUNT_RECENT_OF_SEGMENT, recent).fetchone()
-            self.conn.execute(sql.RECENT_DELETE_SEGMENT, recent)
+            self.conn.execute(sql.FTS_DELETE_SEGMENT.format(table=sql.FTS_RECENT), recent)
             self.recent_count -= count
-        self.conn.execute(sql.DELETE_DOCS, (segment,))
+        self.conn.execute(sql.DELETE_DOCS, (segment.id,))
+        self.conn.execute(sql.DELETE_SEGMENT, (segment.id,))
 
     def _index_segment(
         self, session: SessionRow, folder: str, segment_id: str, st: SegmentStat
@@ -574,20 +566,20 @@ class IndexUpdate:
             self.conn.execute(sql.SET_RECENT_FLOOR, (self.recent_floor,))
             self.conn.execute(sql.FTS_REBUILD.format(table=sql.FTS_RECENT))
             (self.recent_count,) = self.conn.execute(sql.COUNT_RECENT).fetchone()
-        self.conn.execute(sql.SET_RECENT_COUNT, (str(self.recent_count),))
+        self.conn.execute(sql.SET_META, ("recent_count", str(self.recent_count)))
 
     def _summarise(self, session: SessionRow) -> None:
         """Store the head's message count, last activity and the session's first problem."""
-        row = self.conn.execute(sql.SESSION_HEAD, (session.id,)).fetchone()
-        if row is None:
-            return
+        head_id, folder = session.values[6], session.values[5]
         problems = [session.head_problem or ""]
-        head = session.segments.get(row[0])
+        head = session.segments.get(head_id)
         if head is None:
-            problems.append(f"{self.source.head_path(row[1])}: its segment {row[0]} does not exist")
+            problems.append(
+                f"{self.source.head_path(folder)}: its segment {head_id} does not exist"
+            )
         damaged = [sid for sid in sorted(session.segments) if session.segments[sid].problem]
         if damaged:  # rare: a damaged segment that a salvage replaced is no problem now
-            done = self.source.salvaged(row[1])
+            done = self.source.salvaged(folder)
             problems += [session.segments[sid].problem or "" for sid in damaged if sid not in done]
         problem = next((p for p in problems if p), None)
         count = 0

@@ -195,18 +195,13 @@ CHECKPOINT = "PRAGMA wal_checkpoint(TRUNCATE)"
 
 # ---------------------------------------------------------------------------- meta
 
-BUILT = "SELECT 1 FROM meta WHERE key = 'built'"
-SET_BUILT = "INSERT OR REPLACE INTO meta VALUES ('built', ?)"
-SHAPE = "SELECT value FROM meta WHERE key = 'shape'"
-SET_SHAPE = "INSERT OR REPLACE INTO meta VALUES ('shape', ?)"
-CURSOR = "SELECT value FROM meta WHERE key = 'cursor'"
-#: Where a first build's walk began on the store's change cursor (see index/_build.py).
-BUILD_CURSOR = "SELECT value FROM meta WHERE key = 'build_cursor'"
-SET_BUILD_CURSOR = "INSERT OR REPLACE INTO meta VALUES ('build_cursor', ?)"
-DELETE_BUILD_CURSOR = "DELETE FROM meta WHERE key = 'build_cursor'"
-SET_CURSOR = "INSERT OR REPLACE INTO meta VALUES ('cursor', ?)"
-RECENT_COUNT = "SELECT value FROM meta WHERE key = 'recent_count'"
-SET_RECENT_COUNT = "INSERT OR REPLACE INTO meta VALUES ('recent_count', ?)"
+# The keys: 'built' (when the first build ended), 'shape' (the date folders a filesystem
+# store had), 'cursor' (the store's change cursor the index has read to), 'build_cursor'
+# (where a first build's walk began on it, see index/_build.py), 'recent_count' (the items
+# in fts_recent) and 'others' (the digest of the others rows).
+META = "SELECT value FROM meta WHERE key = ?"
+SET_META = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
+DELETE_META = "DELETE FROM meta WHERE key = ?"
 #: What a rebuild empties, after ``FTS_DELETE_ALL`` of each FTS table.
 FIGURE_TABLES = ("usage", "days", "copies", "held", "ranges")
 CLEAR = tuple(
@@ -234,7 +229,6 @@ UPDATE_SESSION_HEAD = (
     "UPDATE sessions SET context=?, type=?, name=?, tid=?, date=?, folder=?, head=?, "
     "created_at=?, updated_at=?, head_problem=? WHERE id = ?"
 )
-SESSION_HEAD = "SELECT head, folder FROM sessions WHERE id = ?"
 # The last activity stays what it was while the head segment has no entry (NULL).
 SET_SUMMARY = (
     "UPDATE sessions SET message_count = ?, last_active = coalesce(?, last_active), "
@@ -303,8 +297,6 @@ FINGERPRINT = (
     "UNION ALL SELECT count(*), total(message_count), max(last_active) FROM others"
 )
 SEGMENT_BYTES = "SELECT total(size_seen) FROM segments"
-OTHERS_HASH = "SELECT value FROM meta WHERE key = 'others'"
-SET_OTHERS_HASH = "INSERT OR REPLACE INTO meta VALUES ('others', ?)"
 DELETE_OTHERS = "DELETE FROM others"
 INSERT_OTHER = "INSERT OR REPLACE INTO others VALUES (?,?,?,?,?,?,?,?,?)"
 TYPES = "SELECT id, name FROM types"
@@ -313,7 +305,6 @@ INSERT_TYPE = "INSERT INTO types(name) VALUES (?)"
 # ---------------------------------------------------------------------------- watches
 
 WATCHED = "SELECT session_id, watch_until FROM sessions WHERE watch_until IS NOT NULL"
-WATCHED_IDS = "SELECT session_id FROM sessions WHERE watch_until IS NOT NULL"
 #: The segment files of the watched sessions, to ``stat`` on every refresh.
 WATCHED_SEGMENTS = (
     "SELECT s.folder, s.watch_until, g.segment_id, g.ino, g.size_seen "
@@ -354,14 +345,10 @@ COUNT_DOCS_TO = "SELECT count(*) FROM docs WHERE segment = ? AND seq <= ?"
 # A segment's items leave both FTS tables before ``docs`` (external content: FTS5 needs the
 # old values to remove their tokens); fts_recent holds those from its floor (the second ?) on.
 FTS_DELETE_SEGMENT = (
-    "INSERT INTO fts(fts, rowid, body, tags) SELECT 'delete', id, body, tags FROM docs "
-    "WHERE segment = ? AND body != ''"
+    "INSERT INTO {table}({table}, rowid, body, tags) SELECT 'delete', id, body, tags "
+    "FROM docs WHERE segment = ? AND body != '' AND id >= ?"
 )
 COUNT_RECENT_OF_SEGMENT = "SELECT count(*) FROM docs WHERE segment = ? AND body != '' AND id >= ?"
-RECENT_DELETE_SEGMENT = (
-    "INSERT INTO fts_recent(fts_recent, rowid, body, tags) "
-    "SELECT 'delete', id, body, tags FROM docs WHERE segment = ? AND body != '' AND id >= ?"
-)
 DELETE_DOCS = "DELETE FROM docs WHERE segment = ?"
 
 # ---------------------------------------------------------------------------- FTS tables
