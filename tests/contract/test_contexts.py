@@ -73,6 +73,32 @@ def test_create_context_stores_header_and_head(store: Store) -> None:
     assert store.list_segments(session_id) == [segment_id]
 
 
+def test_create_context_refuses_a_session_id_in_use(store: Store) -> None:
+    """A second context on a session id that exists is a conflict; the first keeps its log."""
+    created = create_segment(store, context="cli:main")
+    save_user_input(store, _ref(store, CLI_MAIN), "kept")
+    header = {
+        "v": 1,
+        "ts": "2026-01-02T03:04:05.000006Z",
+        "kind": "header",
+        "session_id": str(created[0]),
+        "segment_id": str(new_segment_id()),
+        "context": "cli:other",
+        "origin": {"kind": "root"},
+        "history": [],
+    }
+    with pytest.raises(ConflictError):
+        store.create_context(ContextId("cli", "other"), header)
+    assert store.get_head(ContextId("cli", "other")) is None
+    assert _texts(store, CLI_MAIN) == ["kept"]
+    assert store.list_segments(created[0]) == [created[1]]
+    detached = {**header, "session_id": str(new_session_id()), "context": None}
+    store.create_session(detached)  # a session of no context is in use too
+    with pytest.raises(ConflictError):
+        store.create_context(ContextId("cli", "other"), {**detached, "context": "cli:other"})
+    assert store.get_head(ContextId("cli", "other")) is None
+
+
 def test_create_segment_api_makes_the_context_head(store: Store) -> None:
     """sessions.create_segment creates the context with its root segment as the head."""
     session_id, segment_id = create_segment(store, context="irc:#python")

@@ -175,6 +175,8 @@ class MemoryStore:
                 raise ContextExists(f"context {context} already exists")
             line = header_line(_stored(header))
             session_id = SessionId(str(line["session_id"]))
+            if session_id in self._sessions:
+                raise ConflictError(f"session {session_id} already exists")
             segment_id = SegmentId(str(line["segment_id"]))
             self._sessions[session_id] = {segment_id: _Segment([line])}
             self._owners[session_id] = str(context)

@@ -270,6 +270,20 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         self._folders[session_id] = folder
         return folder
 
+    def _session_in_use(self, session_id: SessionId) -> bool:
+        """Whether a segment of ``session_id`` exists: in the folder its index entry names, or
+        detached. A killed create leaves an entry naming a folder with no segment: not in use.
+        Links are not followed (nor remembered as checked: a later move checks them itself)."""
+        detached = self.root / DETACHED / str(session_id)
+        folders = [detached] if real_dir(detached.parent) and real_dir(detached) else []
+        try:
+            named = Path(self._pointer_folder(self._session_index_path(session_id), None))
+        except (FileNotFoundError, CorruptLog):
+            named = None
+        if named is not None and real_dir(named):
+            folders.append(named)
+        return any(has_segments(folder) for folder in folders)
+
     def _find_session(self, session_id: SessionId) -> Path:
         """Walk the tree for the folder of ``session_id`` (its index entry is lost)."""
         for entry in self.walk():
@@ -464,6 +478,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             folder = self._inside(self.root / rel)
             if holds_context(folder):  # another context's: a case-insensitive disk
                 raise ContextExists(f"context {context} would share {folder} with another")
+            if self._session_in_use(session_id):
+                raise ConflictError(f"session {session_id} already exists")
             make_dirs(folder)
             # The index entries and the listing's dirty marker first: until the commit they
             # name a folder with no segment, which lookups pass over; killed after it, the
