@@ -634,3 +634,34 @@ def test_trace_files_sit_beside_the_segment_and_do_not_affect_restore(
         out.write(b'{"ts": "torn')  # a trace is best effort: a torn line is skipped
     assert len(store.read_trace(ref.session_id, ref.segment_id)) == 4
     assert restore(store, "cli:main") == before
+
+
+def test_a_create_killed_before_its_segment_leaves_the_session_id_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create killed after its index entry, before its segment (the commit), leaves an entry
+    naming an empty folder: the same session id may be created again (a resumed copy does)."""
+    store = FsStore(tmp_path / "s")
+    session_id, segment_id = new_session_id(), new_segment_id()
+    header = {
+        "v": 1,
+        "ts": TS,
+        "kind": "header",
+        "session_id": str(session_id),
+        "segment_id": str(segment_id),
+        "context": "cli:main",
+        "origin": {"kind": "root"},
+        "history": [],
+    }
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt  # stands for the kill: nothing after it runs
+
+    with monkeypatch.context() as patched:
+        patched.setattr(FsStore, "_write_new", killed)
+        with pytest.raises(KeyboardInterrupt):
+            store.create_context(ContextId("cli", "main"), header)
+    assert (tmp_path / "s" / ".index" / "sessions" / str(session_id)).exists()
+    head = FsStore(tmp_path / "s").create_context(ContextId("cli", "main"), header)
+    assert (head.session_id, head.segment_id) == (session_id, segment_id)
+    assert restore(store, "cli:main").history == []
