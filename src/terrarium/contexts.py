@@ -264,16 +264,9 @@ def stats_of(
 
 
 def usage_stats(usage: UsageTotals) -> dict[str, int]:
-    """The ``usage`` of :func:`get_stats`: every call's counts, and their ``estimated_`` part."""
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "cached_tokens": usage.cached_tokens,
-        "calls": usage.calls,
-        "estimated_prompt_tokens": usage.estimated_prompt_tokens,
-        "estimated_completion_tokens": usage.estimated_completion_tokens,
-        "estimated_calls": usage.estimated_calls,
-    }
+    """The ``usage`` of :func:`get_stats`: every field of the totals, in their order (every
+    call's counts, then their ``estimated_`` part), zeros included."""
+    return msgspec.structs.asdict(usage)
 
 
 Current = Callable[[ContextId], RestoredState | None]
