@@ -90,20 +90,11 @@ def _search_store(store: Store, query: SearchQuery) -> list[SearchHit]:
 
 
 def hit_json(hit: SearchHit) -> dict[str, Any]:
-    """One hit as ``search --json`` prints it and the dashboard's ``/api/search`` gives it."""
-    return {
-        "context_id": hit.context,
-        "date": hit.date,
-        "segment_id": str(hit.segment_id),
-        "seq": hit.seq,
-        "role": hit.role,
-        "ts": hit.ts,
-        "snippet": hit.snippet,
-        "highlights": [list(span) for span in hit.highlights],
-        "score": hit.score,
-        "message": hit.message,
-        "branch": hit.branch,
-    }
+    """One hit as ``search --json`` prints it and the dashboard's ``/api/search`` gives it: its
+    fields in their order as JSON values, ``context`` named ``context_id``, without the session."""
+    found = msgspec.to_builtins(hit)
+    del found["session_id"]
+    return {"context_id": found.pop("context"), **found}
 
 
 @dataclass(slots=True)
