@@ -235,14 +235,8 @@ def run_archive(
 
 def find_trashed(store: Store, target: str) -> TrashedContext:
     """The trash entry ``target`` names (a trash id, or a context's latest); else NotInTrash."""
-    entries = states.trashed_contexts(require_lifecycle(store))  # most recently deleted first
-    for entry in entries:
-        if entry.trash_id == target:
-            return entry
-    for entry in entries:
-        if entry.context == target:
-            return entry
-    raise NotInTrash(f"nothing in the trash has the id {target!r}")
+    # A trash id never names a context (it has no colon): the first entry is the one named.
+    return plan_trash_purge(store, targets=[target])[0]  # most recently deleted first
 
 
 def plan_trash_purge(
