@@ -20,13 +20,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
 from terrarium import codec, sessions
 from terrarium.errors import InvalidEntry
+from terrarium.formats import iter_legacy_files as iter_legacy_files  # public here too
 from terrarium.model import (
     DATE_RE,
     TYPE_RE,
@@ -46,7 +47,7 @@ from terrarium.model import (
     printable,
     short_repr,
 )
-from terrarium.stores._files import listdir, write_atomic
+from terrarium.stores._files import write_atomic
 from terrarium.stores.base import PodMetadata, SegmentRead, Store
 
 LEGACY_HEADER_KEY = "legacy"
@@ -464,31 +465,6 @@ def dumps(data: LegacySession | Mapping[str, Any]) -> str:
 def write(path: str | os.PathLike[str], session: LegacySession) -> None:
     """Write the session to ``path`` atomically (temporary file, ``fsync``, ``os.replace``)."""
     write_atomic(Path(path), dumps(session).encode(), sync=True)
-
-
-def _is_legacy_file(path: Path) -> bool:
-    return path.name.endswith(".json") and path.is_file()
-
-
-def iter_legacy_files(root: str | os.PathLike[str]) -> Iterator[Path]:
-    """Every legacy session file under ``root``, sorted, dated and flat; never the store's own."""
-    base = Path(root)
-    for top in sorted(listdir(base)):
-        path = base / top
-        if top.startswith("."):
-            continue
-        if path.is_dir():
-            for sub in sorted(listdir(path)):
-                inner = path / sub
-                if inner.is_dir():
-                    if DATE_RE.fullmatch(sub):
-                        for name in sorted(listdir(inner)):
-                            if _is_legacy_file(inner / name):
-                                yield inner / name
-                elif _is_legacy_file(inner):
-                    yield inner
-        elif _is_legacy_file(path):
-            yield path
 
 
 def import_session(
