@@ -152,14 +152,10 @@ def import_legacy(store: Store, context: ContextId) -> bool:
 
     LegacyFormatError or OSError if the context's legacy file cannot be read.
     """
-    if store.get_head(context) is not None:
+    if store.get_head(context) is not None or (found := _lookup(store, context)) is None:
         return False
-    found = _lookup(store, context)
-    if found is None:
-        return False
-    session = _load(store, found.path)
     try:
-        _tj().import_session(store, session, context=context)
+        _tj().import_session(store, _load(store, found.path), context=context)
     except ContextExists:  # a writer that does not take the lock created it meanwhile
         return False
     return True
@@ -335,11 +331,8 @@ def _summarise(path: Path, root: Path) -> LegacyInfo | LegacyProblem:
     try:
         session = _tj().load(path, root=root)
         context = session.context
-    except OSError as exc:
-        return LegacyProblem(path, exc.strerror or str(exc))
-    except (ValueError, RecursionError) as exc:
-        text = str(exc) or type(exc).__name__
-        return LegacyProblem(path, text.removeprefix(f"{printable(str(path))}: "))
+    except (OSError, ValueError, RecursionError) as exc:
+        return LegacyProblem(path, _tj().failure(path, exc))
     meta = session.metadata
     return LegacyInfo(
         context, path, meta.session_date, meta.created_at, meta.last_active, len(session.messages)

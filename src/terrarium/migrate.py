@@ -26,6 +26,7 @@ from terrarium.errors import TerrariumError
 from terrarium.formats.terrarium_json import (
     LegacySession,
     dumps,
+    failure,
     import_session,
     iter_legacy_files,
     load,
@@ -118,7 +119,7 @@ def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
         try:
             session = load(path, root=base)
         except (OSError, ValueError) as exc:
-            steps.append(Step(path, path, problem=_problem(base, path, exc)))
+            steps.append(Step(path, path, problem=f"{_rel(base, path)}: {failure(path, exc)}"))
             continue
         try:
             context: ContextId | None = session.context
@@ -151,16 +152,6 @@ def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
     # A destination written by an interrupted run is listed as a dated file too: it is the
     # moving step's own result, not a second copy.
     return [s for s in steps if s.moves or s.problem is not None or s.source not in claimed]
-
-
-def _problem(root: Path, path: Path, exc: BaseException) -> str:
-    text = str(exc)
-    prefix = f"{printable(str(path))}: "
-    if text.startswith(prefix):
-        text = text[len(prefix) :]
-    elif isinstance(exc, OSError):
-        text = exc.strerror or text
-    return f"{_rel(root, path)}: {text}"
 
 
 def _import_choices(steps: list[Step]) -> dict[ContextId, Step]:
@@ -296,7 +287,7 @@ def _run_step(
             except _Conflict as exc:
                 return _fail(report, f"{source}: {_rel(base, step.destination)} {exc}")
             except (OSError, ValueError) as exc:
-                return _fail(report, _problem(base, step.source, exc))
+                return _fail(report, f"{source}: {failure(step.source, exc)}")
         report.moved += 1
         done.append(f"{would[0]} {source} -> {_rel(base, step.destination)}")
     imported = False

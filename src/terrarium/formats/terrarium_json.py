@@ -240,6 +240,13 @@ def load(
     )
 
 
+def failure(path: Path, exc: BaseException) -> str:
+    """Why ``path`` could not be read (:func:`load`'s error), in one line without the path."""
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return (str(exc) or type(exc).__name__).removeprefix(f"{printable(str(path))}: ")
+
+
 def _from_folders(file: Path, root: Path | None) -> tuple[str | None, str | None]:
     """The context type and date that a file's folders name, if they name them."""
     if root is not None:
