@@ -342,20 +342,19 @@ def _summarise(path: Path, root: Path) -> LegacyInfo | LegacyProblem:
 def _sort_out(root: Path, parsed: list[LegacyInfo | LegacyProblem]) -> LegacyListing:
     """Keep each context's file (:func:`_rank`); every other file becomes a problem."""
     problems = [p for p in parsed if isinstance(p, LegacyProblem)]
-    best: dict[ContextId, tuple[tuple[int, ...], LegacyInfo]] = {}
+    ranked: list[tuple[tuple[int, ...], LegacyInfo]] = []
     for info in (p for p in parsed if isinstance(p, LegacyInfo)):
         rank = _rank(root, info.path, info.context)
-        if rank is None:
-            looked_up = legacy_file_names(info.context.name)[-1]
-            reason = f"holds {info.context}, which is looked up as {looked_up}"
-            problems.append(LegacyProblem(info.path, reason))
+        if rank is not None:
+            ranked.append((rank, info))
             continue
-        if info.context not in best or rank < best[info.context][0]:
-            best[info.context] = (rank, info)
-    by_context = {context: info for context, (_, info) in best.items()}
-    for info in (p for p in parsed if isinstance(p, LegacyInfo)):
-        winner = by_context.get(info.context)
-        if winner is not None and winner is not info and _rank(root, info.path, info.context):
+        looked_up = legacy_file_names(info.context.name)[-1]
+        reason = f"holds {info.context}, which is looked up as {looked_up}"
+        problems.append(LegacyProblem(info.path, reason))
+    by_context: dict[ContextId, LegacyInfo] = {}
+    for _, info in sorted(ranked, key=lambda pair: pair[0]):  # the old tool's first place wins
+        winner = by_context.setdefault(info.context, info)
+        if winner is not info:
             reason = f"another file of {info.context}, which is read from {winner.path}"
             problems.append(LegacyProblem(info.path, reason))
     sessions = sorted(by_context.values(), key=lambda i: i.path)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -223,20 +223,6 @@ def _progress(out: TextIO, total: int) -> Iterator[Callable[[str, bool], None]]:
         yield line
 
 
-@contextmanager
-def _store_for(root: Path, store: Store | None, needed: bool) -> Iterator[Store | None]:
-    if store is not None or not needed:
-        yield store
-        return
-    from terrarium.stores.fs import FsStore
-
-    own = FsStore(root, durability="fsync")
-    try:
-        yield own
-    finally:
-        own.close()
-
-
 def migrate(
     root: str | os.PathLike[str],
     *,
@@ -258,8 +244,13 @@ def migrate(
     steps = plan_migration(base)
     report = MigrationReport(base, dry_run, steps)
     choices = _import_choices(steps) if to_log else {}
+    opened: AbstractContextManager[Store | None] = nullcontext(store)
+    if store is None and to_log:  # a store of the folder's own, closed at the end
+        from terrarium.stores.fs import FsStore
+
+        opened = FsStore(base, durability="fsync")
     with (
-        _store_for(base, store, to_log) as target,
+        opened as target,
         _progress(stream, len(steps)) as progress,
     ):
         for step in steps:
