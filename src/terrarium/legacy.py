@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import msgspec
 
 from terrarium.errors import ContextExists, StoreError
+from terrarium.formats import Folder, iter_legacy_files
+from terrarium.formats import list_legacy_folder as _list_folder
 from terrarium.model import DATE_RE, ContextId, legacy_file_names, printable
 from terrarium.stores._files import listdir, make_dirs
 from terrarium.stores.base import Store, context_lock
@@ -150,14 +152,10 @@ def import_legacy(store: Store, context: ContextId) -> bool:
 
     LegacyFormatError or OSError if the context's legacy file cannot be read.
     """
-    if store.get_head(context) is not None:
+    if store.get_head(context) is not None or (found := _lookup(store, context)) is None:
         return False
-    found = _lookup(store, context)
-    if found is None:
-        return False
-    session = _load(store, found.path)
     try:
-        _tj().import_session(store, session, context=context)
+        _tj().import_session(store, _load(store, found.path), context=context)
     except ContextExists:  # a writer that does not take the lock created it meanwhile
         return False
     return True
@@ -262,22 +260,6 @@ class _Seen(msgspec.Struct, Generic[T], frozen=True):
     value: T
 
 
-class _Folder(msgspec.Struct, frozen=True):
-    files: tuple[str, ...]
-    """Legacy file names in it."""
-    folders: tuple[str, ...]
-    """Folders in it that may hold legacy files (type folders, date folders)."""
-
-
-def _stamp(st: os.stat_result, *, size: bool) -> tuple[int, ...]:
-    base = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-    return (*base, st.st_size) if size else base
-
-
-def _trusted(st: os.stat_result, now: int) -> bool:
-    return now - max(st.st_mtime_ns, st.st_ctime_ns) > _RACY_NS
-
-
 class _Scanner:
     """One store's cached view of its legacy files.
 
@@ -290,45 +272,28 @@ class _Scanner:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.lock = threading.Lock()
-        self.folders: dict[Path, _Seen[_Folder]] = {}
+        self.folders: dict[Path, _Seen[Folder]] = {}
         self.files: dict[Path, _Seen[LegacyInfo | LegacyProblem]] = {}
 
     def scan(self) -> LegacyListing:
         """Walk the root (through the cache) and sort each file into sessions or problems."""
         now = time.time_ns()
-        paths = sorted(self._walk(now))
-        seen_files = set(paths)
-        self.files = {p: s for p, s in self.files.items() if p in seen_files}
-        parsed = [self.parsed(path, now) for path in paths]
-        return _sort_out(self.root, parsed)
-
-    def _walk(self, now: int) -> Iterator[Path]:
-        """Every legacy file, as :func:`terrarium_json.iter_legacy_files` finds them."""
         seen: set[Path] = set()
-        top = self._folder(self.root, 0, now, seen)
-        yield from (self.root / name for name in top.files)
-        for kind in top.folders:
-            flat = self._folder(self.root / kind, 1, now, seen)
-            yield from (self.root / kind / name for name in flat.files)
-            for date in flat.folders:
-                dated = self._folder(self.root / kind / date, 2, now, seen)
-                yield from (self.root / kind / date / name for name in dated.files)
-        self.folders = {p: s for p, s in self.folders.items() if p in seen}
 
-    def _folder(self, path: Path, level: int, now: int, seen: set[Path]) -> _Folder:
-        """The legacy files and sub folders of ``path`` (level 0: root, 1: type, 2: date)."""
-        seen.add(path)
-        try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return _Folder((), ())
-        stamp = _stamp(st, size=False)
-        cached = self.folders.get(path)
-        if cached is not None and cached.trusted and cached.stamp == stamp:
-            return cached.value
-        value = _list_folder(path, level)
-        self.folders[path] = _Seen(stamp, _trusted(st, now), value)
-        return value
+        def folder(path: Path, level: int) -> Folder:
+            seen.add(path)
+            try:
+                st = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                return (), ()
+            return _cached(self.folders, path, st, now, lambda: _list_folder(path, level), False)
+
+        # archive/: where the seed moved old files by hand (archived already)
+        paths = sorted(iter_legacy_files(self.root, lister=folder, skip=("archive",)))
+        seen_files = set(paths)
+        self.folders = {p: s for p, s in self.folders.items() if p in seen}
+        self.files = {p: s for p, s in self.files.items() if p in seen_files}
+        return _sort_out(self.root, [self.parsed(path, now) for path in paths])
 
     def parsed(self, path: Path, now: int) -> LegacyInfo | LegacyProblem:
         """The file's summary or problem, parsed again only if the file changed."""
@@ -336,34 +301,27 @@ class _Scanner:
             st = os.stat(path)
         except OSError as exc:
             return LegacyProblem(path, exc.strerror or str(exc))
-        stamp = _stamp(st, size=True)
-        cached = self.files.get(path)
-        if cached is not None and cached.trusted and cached.stamp == stamp:
-            return cached.value
-        value = _summarise(path, self.root)
-        self.files[path] = _Seen(stamp, _trusted(st, now), value)
-        return value
+        return _cached(self.files, path, st, now, lambda: _summarise(path, self.root), True)
 
 
-def _list_folder(path: Path, level: int) -> _Folder:
-    files: list[str] = []
-    folders: list[str] = []
-    try:
-        entries = list(os.scandir(path))
-    except (FileNotFoundError, NotADirectoryError):
-        return _Folder((), ())
-    for entry in entries:
-        name = entry.name
-        if level == 0 and (name.startswith(".") or name == "archive"):
-            continue  # the store's own .index, .locks, .trash; the archive (archived already)
-        if level == 2 and not name.endswith(".json"):
-            continue  # context folders: skipped without a stat
-        if entry.is_dir():
-            if level == 0 or (level == 1 and DATE_RE.fullmatch(name)):
-                folders.append(name)
-        elif name.endswith(".json") and entry.is_file():
-            files.append(name)
-    return _Folder(tuple(sorted(files)), tuple(sorted(folders)))
+def _cached(
+    cache: dict[Path, _Seen[T]],
+    path: Path,
+    st: os.stat_result,
+    now: int,
+    make: Callable[[], T],
+    sized: bool,
+) -> T:
+    """``path``'s value in ``cache``, made again unless its trusted stamp still holds (the
+    stamp has the size when ``sized``)."""
+    stamp = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size if sized else -1)
+    cached = cache.get(path)
+    if cached is not None and cached.trusted and cached.stamp == stamp:
+        return cached.value
+    value = make()
+    trusted = now - max(st.st_mtime_ns, st.st_ctime_ns) > _RACY_NS
+    cache[path] = _Seen(stamp, trusted, value)
+    return value
 
 
 def _summarise(path: Path, root: Path) -> LegacyInfo | LegacyProblem:
@@ -373,11 +331,8 @@ def _summarise(path: Path, root: Path) -> LegacyInfo | LegacyProblem:
     try:
         session = _tj().load(path, root=root)
         context = session.context
-    except OSError as exc:
-        return LegacyProblem(path, exc.strerror or str(exc))
-    except (ValueError, RecursionError) as exc:
-        text = str(exc) or type(exc).__name__
-        return LegacyProblem(path, text.removeprefix(f"{printable(str(path))}: "))
+    except (OSError, ValueError, RecursionError) as exc:
+        return LegacyProblem(path, _tj().failure(path, exc))
     meta = session.metadata
     return LegacyInfo(
         context, path, meta.session_date, meta.created_at, meta.last_active, len(session.messages)
@@ -387,20 +342,19 @@ def _summarise(path: Path, root: Path) -> LegacyInfo | LegacyProblem:
 def _sort_out(root: Path, parsed: list[LegacyInfo | LegacyProblem]) -> LegacyListing:
     """Keep each context's file (:func:`_rank`); every other file becomes a problem."""
     problems = [p for p in parsed if isinstance(p, LegacyProblem)]
-    best: dict[ContextId, tuple[tuple[int, ...], LegacyInfo]] = {}
+    ranked: list[tuple[tuple[int, ...], LegacyInfo]] = []
     for info in (p for p in parsed if isinstance(p, LegacyInfo)):
         rank = _rank(root, info.path, info.context)
-        if rank is None:
-            looked_up = legacy_file_names(info.context.name)[-1]
-            reason = f"holds {info.context}, which is looked up as {looked_up}"
-            problems.append(LegacyProblem(info.path, reason))
+        if rank is not None:
+            ranked.append((rank, info))
             continue
-        if info.context not in best or rank < best[info.context][0]:
-            best[info.context] = (rank, info)
-    by_context = {context: info for context, (_, info) in best.items()}
-    for info in (p for p in parsed if isinstance(p, LegacyInfo)):
-        winner = by_context.get(info.context)
-        if winner is not None and winner is not info and _rank(root, info.path, info.context):
+        looked_up = legacy_file_names(info.context.name)[-1]
+        reason = f"holds {info.context}, which is looked up as {looked_up}"
+        problems.append(LegacyProblem(info.path, reason))
+    by_context: dict[ContextId, LegacyInfo] = {}
+    for _, info in sorted(ranked, key=lambda pair: pair[0]):  # the old tool's first place wins
+        winner = by_context.setdefault(info.context, info)
+        if winner is not info:
             reason = f"another file of {info.context}, which is read from {winner.path}"
             problems.append(LegacyProblem(info.path, reason))
     sessions = sorted(by_context.values(), key=lambda i: i.path)

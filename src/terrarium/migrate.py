@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -26,6 +26,7 @@ from terrarium.errors import TerrariumError
 from terrarium.formats.terrarium_json import (
     LegacySession,
     dumps,
+    failure,
     import_session,
     iter_legacy_files,
     load,
@@ -118,7 +119,7 @@ def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
         try:
             session = load(path, root=base)
         except (OSError, ValueError) as exc:
-            steps.append(Step(path, path, problem=_problem(base, path, exc)))
+            steps.append(Step(path, path, problem=f"{_rel(base, path)}: {failure(path, exc)}"))
             continue
         try:
             context: ContextId | None = session.context
@@ -151,16 +152,6 @@ def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
     # A destination written by an interrupted run is listed as a dated file too: it is the
     # moving step's own result, not a second copy.
     return [s for s in steps if s.moves or s.problem is not None or s.source not in claimed]
-
-
-def _problem(root: Path, path: Path, exc: BaseException) -> str:
-    text = str(exc)
-    prefix = f"{printable(str(path))}: "
-    if text.startswith(prefix):
-        text = text[len(prefix) :]
-    elif isinstance(exc, OSError):
-        text = exc.strerror or text
-    return f"{_rel(root, path)}: {text}"
 
 
 def _import_choices(steps: list[Step]) -> dict[ContextId, Step]:
@@ -232,20 +223,6 @@ def _progress(out: TextIO, total: int) -> Iterator[Callable[[str, bool], None]]:
         yield line
 
 
-@contextmanager
-def _store_for(root: Path, store: Store | None, needed: bool) -> Iterator[Store | None]:
-    if store is not None or not needed:
-        yield store
-        return
-    from terrarium.stores.fs import FsStore
-
-    own = FsStore(root, durability="fsync")
-    try:
-        yield own
-    finally:
-        own.close()
-
-
 def migrate(
     root: str | os.PathLike[str],
     *,
@@ -267,8 +244,13 @@ def migrate(
     steps = plan_migration(base)
     report = MigrationReport(base, dry_run, steps)
     choices = _import_choices(steps) if to_log else {}
+    opened: AbstractContextManager[Store | None] = nullcontext(store)
+    if store is None and to_log:  # a store of the folder's own, closed at the end
+        from terrarium.stores.fs import FsStore
+
+        opened = FsStore(base, durability="fsync")
     with (
-        _store_for(base, store, to_log) as target,
+        opened as target,
         _progress(stream, len(steps)) as progress,
     ):
         for step in steps:
@@ -296,7 +278,7 @@ def _run_step(
             except _Conflict as exc:
                 return _fail(report, f"{source}: {_rel(base, step.destination)} {exc}")
             except (OSError, ValueError) as exc:
-                return _fail(report, _problem(base, step.source, exc))
+                return _fail(report, f"{source}: {failure(step.source, exc)}")
         report.moved += 1
         done.append(f"{would[0]} {source} -> {_rel(base, step.destination)}")
     imported = False

@@ -20,7 +20,7 @@ from typing import Any
 
 from terrarium import sessions
 from terrarium.formats.jsonl import Transcript, load_transcript
-from terrarium.formats.markdown import content_blocks, heading, pretty_json, when
+from terrarium.formats.markdown import content_blocks, facts, heading, pretty_json, when
 from terrarium.formats.safe_markdown import markdown_html, pygments_css
 from terrarium.model import ContextId, chat_view, item_label
 from terrarium.stores.base import Store
@@ -139,19 +139,8 @@ def render(transcript: Transcript) -> str:
     """The transcript as a complete HTML document."""
     state = transcript.state
     title = _e(str(transcript.context))
-    meta: list[tuple[str, str]] = [
-        ("Context", title),
-        ("Created", _e(when(transcript.head.created_at))),
-        ("Last active", _e(when(state.last_active))),
-        ("Session", _e(f"{state.session_id} (segment {state.segment_id})")),
-    ]
-    if state.config.get("model"):
-        meta.append(("Model", _e(state.config["model"])))
-    meta.append(("Messages", str(len(transcript.items))))
-    usage = state.usage
-    if usage.calls:
-        meta.append(("Tokens", _e(usage.describe())))
-    rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in meta)
+    meta = facts(transcript, str, str)
+    rows = "".join(f"<tr><th>{k}</th><td>{_e(v)}</td></tr>" for k, v in meta)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en">',

@@ -154,24 +154,31 @@ def render_item(timed: sessions.Message) -> str:
     return "\n\n".join(blocks)
 
 
+def facts(
+    transcript: Transcript, code: Callable[[str], str], text: Callable[[str], str]
+) -> list[tuple[str, str]]:
+    """The transcript's facts, each a label and its value: ids written by ``code``, the model's
+    name by ``text``, times by :func:`when`."""
+    state = transcript.state
+    rows = [
+        ("Context", code(str(transcript.context))),
+        ("Created", when(transcript.head.created_at)),
+        ("Last active", when(state.last_active)),
+        ("Session", f"{code(str(state.session_id))} (segment {code(str(state.segment_id))})"),
+    ]
+    if state.config.get("model"):
+        rows.append(("Model", text(str(state.config["model"]))))
+    rows.append(("Messages", str(len(transcript.items))))
+    if state.usage.calls:
+        rows.append(("Tokens", state.usage.describe()))
+    return rows
+
+
 def render(transcript: Transcript) -> str:
     """The transcript as Markdown text."""
     state = transcript.state
-    lines = [
-        f"# {escape(str(transcript.context))}",
-        "",
-        f"- **Context:** {code_span(str(transcript.context))}",
-        f"- **Created:** {when(transcript.head.created_at)}",
-        f"- **Last active:** {when(state.last_active)}",
-        f"- **Session:** `{state.session_id}` (segment `{state.segment_id}`)",
-    ]
-    model = state.config.get("model")
-    if model:
-        lines.append(f"- **Model:** {escape(str(model))}")
-    lines.append(f"- **Messages:** {len(transcript.items)}")
-    usage = state.usage
-    if usage.calls:
-        lines.append(f"- **Tokens:** {usage.describe()}")
+    lines = [f"# {escape(str(transcript.context))}", ""]
+    lines += [f"- **{label}:** {value}" for label, value in facts(transcript, code_span, escape)]
     out = ["\n".join(lines)]
     if state.system_prompt:
         out.append(f"## System prompt\n\n{fenced(state.system_prompt)}")

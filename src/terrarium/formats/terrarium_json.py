@@ -20,13 +20,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
 from terrarium import codec, sessions
 from terrarium.errors import InvalidEntry
+from terrarium.formats import iter_legacy_files as iter_legacy_files  # public here too
 from terrarium.model import (
     DATE_RE,
     TYPE_RE,
@@ -46,7 +47,7 @@ from terrarium.model import (
     printable,
     short_repr,
 )
-from terrarium.stores._files import listdir, write_atomic
+from terrarium.stores._files import write_atomic
 from terrarium.stores.base import PodMetadata, SegmentRead, Store
 
 LEGACY_HEADER_KEY = "legacy"
@@ -237,6 +238,13 @@ def load(
         session_date=folder_date,
         fallback_time=lambda: _mtime_ts(file),
     )
+
+
+def failure(path: Path, exc: BaseException) -> str:
+    """Why ``path`` could not be read (:func:`load`'s error), in one line without the path."""
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return (str(exc) or type(exc).__name__).removeprefix(f"{printable(str(path))}: ")
 
 
 def _from_folders(file: Path, root: Path | None) -> tuple[str | None, str | None]:
@@ -464,31 +472,6 @@ def dumps(data: LegacySession | Mapping[str, Any]) -> str:
 def write(path: str | os.PathLike[str], session: LegacySession) -> None:
     """Write the session to ``path`` atomically (temporary file, ``fsync``, ``os.replace``)."""
     write_atomic(Path(path), dumps(session).encode(), sync=True)
-
-
-def _is_legacy_file(path: Path) -> bool:
-    return path.name.endswith(".json") and path.is_file()
-
-
-def iter_legacy_files(root: str | os.PathLike[str]) -> Iterator[Path]:
-    """Every legacy session file under ``root``, sorted, dated and flat; never the store's own."""
-    base = Path(root)
-    for top in sorted(listdir(base)):
-        path = base / top
-        if top.startswith("."):
-            continue
-        if path.is_dir():
-            for sub in sorted(listdir(path)):
-                inner = path / sub
-                if inner.is_dir():
-                    if DATE_RE.fullmatch(sub):
-                        for name in sorted(listdir(inner)):
-                            if _is_legacy_file(inner / name):
-                                yield inner / name
-                elif _is_legacy_file(inner):
-                    yield inner
-        elif _is_legacy_file(path):
-            yield path
 
 
 def import_session(
