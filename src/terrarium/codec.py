@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from terrarium.errors import CorruptLog, FormatVersionError, InvalidEntry
-from terrarium.model import FORMAT_VERSION, not_unicode
+from terrarium.model import FORMAT_VERSION, not_unicode, short_repr
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -86,9 +86,7 @@ def _unencodable(exc: UnicodeEncodeError | RecursionError) -> str:
     """The one-line reason why a value could not be encoded."""
     if isinstance(exc, RecursionError):
         return TOO_DEEP
-    shown = ascii(exc.object)
-    shown = shown if len(shown) <= 40 else shown[:37] + "..."
-    return f"text {shown} {not_unicode(exc)}"
+    return f"text {short_repr(exc.object, ascii)} {not_unicode(exc)}"
 
 
 # Bracket counts cost ~0.75 ns a byte, the walk ~0.3 us a container (0.8 us for a message,
