@@ -152,10 +152,8 @@ def misleading_chars(name: str) -> list[int]:
     Control characters, line and paragraph separators, and invisible format characters
     (``Cf``); U+200C and U+200D only next to an ASCII character or at either end.
     """
-    if name.isascii():
-        if name.isprintable():  # the common case, and the one a listing of 10k names meets
-            return []
-        return [i for i, ch in enumerate(name) if unicodedata.category(ch) == "Cc"]
+    if name.isascii() and name.isprintable():  # the common case: a listing of 10k names meets
+        return []
     found = []
     last = len(name) - 1
     for i, ch in enumerate(name):
