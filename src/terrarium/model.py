@@ -361,7 +361,7 @@ class Item(msgspec.Struct, frozen=True):
 
     @property
     def text(self) -> str:
-        """The item's text: :func:`item_text` of its logged form (its text parts joined)."""
+        """The item's text, as :func:`item_text` reads its logged form (the one text rule)."""
         return item_text(to_logged(self))
 
 
