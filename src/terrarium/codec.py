@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from terrarium.errors import CorruptLog, FormatVersionError, InvalidEntry
-from terrarium.model import FORMAT_VERSION, not_unicode
+from terrarium.model import FORMAT_VERSION, not_unicode, short_repr
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -75,20 +75,13 @@ def encode(obj: Any) -> bytes:
     """
     try:
         data = _encoder.encode(obj)
-    except (UnicodeEncodeError, RecursionError) as exc:
-        raise InvalidEntry(_unencodable(exc)) from None
+    except UnicodeEncodeError as exc:
+        raise InvalidEntry(f"text {short_repr(exc.object, ascii)} {not_unicode(exc)}") from None
+    except RecursionError:
+        raise InvalidEntry(TOO_DEEP) from None
     if _may_be_too_deep(data) and deeper_than(obj, MAX_DEPTH):
         raise InvalidEntry(TOO_DEEP)
     return data
-
-
-def _unencodable(exc: UnicodeEncodeError | RecursionError) -> str:
-    """The one-line reason why a value could not be encoded."""
-    if isinstance(exc, RecursionError):
-        return TOO_DEEP
-    shown = ascii(exc.object)
-    shown = shown if len(shown) <= 40 else shown[:37] + "..."
-    return f"text {shown} {not_unicode(exc)}"
 
 
 # Bracket counts cost ~0.75 ns a byte, the walk ~0.3 us a container (0.8 us for a message,

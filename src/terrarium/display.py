@@ -13,8 +13,8 @@ def short_time(ts: str | None) -> str:
 def human_bytes(count: int) -> str:
     """``1536`` -> ``1.5 KiB``."""
     size = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(size) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if abs(size) < 1024:
             return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
-    raise AssertionError("unreachable")
+    return f"{size:.1f} GiB"

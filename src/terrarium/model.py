@@ -12,7 +12,7 @@ import re
 import time
 import unicodedata
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Literal, TypeAlias, cast
 from urllib.parse import unquote
@@ -33,20 +33,16 @@ SegmentId: TypeAlias = uuid.UUID
 
 def new_session_id() -> SessionId:
     """Return a new, time-ordered session id."""
-    return _uuid7()
-
-
-def new_segment_id() -> SegmentId:
-    """Return a new, time-ordered segment id."""
-    return _uuid7()
-
-
-def _uuid7() -> uuid.UUID:
     # uuid6 reads its package metadata when imported (~0.1 s through importlib.metadata), so it
     # is imported by the first id minted, not by every command that only reads (list, show).
     from uuid6 import uuid7
 
     return uuid7()
+
+
+def new_segment_id() -> SegmentId:
+    """Return a new, time-ordered segment id."""
+    return new_session_id()
 
 
 _second: tuple[int, str] = (-1, "")
@@ -156,10 +152,8 @@ def misleading_chars(name: str) -> list[int]:
     Control characters, line and paragraph separators, and invisible format characters
     (``Cf``); U+200C and U+200D only next to an ASCII character or at either end.
     """
-    if name.isascii():
-        if name.isprintable():  # the common case, and the one a listing of 10k names meets
-            return []
-        return [i for i, ch in enumerate(name) if unicodedata.category(ch) == "Cc"]
+    if name.isascii() and name.isprintable():  # the common case: a listing of 10k names meets
+        return []
     found = []
     last = len(name) - 1
     for i, ch in enumerate(name):
@@ -367,17 +361,8 @@ class Item(msgspec.Struct, frozen=True):
 
     @property
     def text(self) -> str:
-        """The item's text: the content string, or its text parts joined."""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(
-            p.text
-            if isinstance(p, TextPart)
-            else str(p.data.get("text", ""))
-            if isinstance(p, UnknownPart) and p.data.get("type") == "text"
-            else ""
-            for p in self.content
-        )
+        """The item's text, as :func:`item_text` reads its logged form (the one text rule)."""
+        return item_text(to_logged(self))
 
 
 def to_logged(item: Item) -> LoggedItem:
@@ -515,9 +500,9 @@ def check_item(item: Mapping[str, Any]) -> None:
         raise InvalidEntry(f"{role} history item content must be a string or a list of typed parts")
 
 
-def short_repr(value: Any) -> str:
-    """``repr(value)`` cut to one short line, for an error message."""
-    text = repr(value)
+def short_repr(value: Any, show: Callable[[Any], str] = repr) -> str:
+    """``repr(value)`` (or ``show(value)``) cut to one short line, for an error message."""
+    text = show(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -598,17 +583,8 @@ def chat_view(item: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def chat_content(content: Any) -> Any:
-    """``content`` with Responses parts made Chat parts (Chat content is returned as it is)."""
-    if not isinstance(content, list) or not any(
-        isinstance(p, Mapping) and p.get("type") in _RESPONSES_PARTS for p in content
-    ):
-        return content
-    return _chat_parts(content)
-
-
 def _chat_parts(content: Any) -> Any:
-    """:func:`chat_content` of a Responses message's content; parts not objects are left out."""
+    """Responses parts made Chat parts (all text: one string); parts not objects are left out."""
     if not isinstance(content, list):
         return content
     parts: list[Any] = []
@@ -672,9 +648,7 @@ def item_text(item: Mapping[str, Any]) -> str:
 
     Tool calls and unknown kinds have none; a ``reasoning`` item's is its summary, then its text.
     """
-    if "type" not in item:
-        return _parts_text(item.get("content"))
-    kind = item.get("type")
+    kind = item.get("type", "message")
     if kind == "message":
         return _parts_text(item.get("content"))
     if kind == "function_call_output":
@@ -696,16 +670,19 @@ def wire_message(item: Mapping[str, Any]) -> dict[str, Any] | None:
     even empty (its call needs an answer).
     """
     if "type" in item or item.get("role") == "developer":  # is_responses_item, inlined
-        view = chat_view(item)
+        view = chat_view(item)  # whose content is Chat content already
         if view is None or not (
             view.get("content") or view.get("tool_calls") or view.get("role") == "tool"
         ):
             return None
-        item = view
+        return {k: view[k] for k in WIRE_KEYS if k in view}
     message = {k: item[k] for k in WIRE_KEYS if k in item}
     content = message.get("content")
-    if isinstance(content, list):
-        message["content"] = chat_content(content)
+    # Chat content is sent as it is; a list holding a Responses part is made Chat parts.
+    if isinstance(content, list) and any(
+        isinstance(p, Mapping) and p.get("type") in _RESPONSES_PARTS for p in content
+    ):
+        message["content"] = _chat_parts(content)
     return message
 
 
