@@ -153,11 +153,8 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
 
     def _tuple(
         self, thread_id: str, thread: _Thread, ns: str, checkpoint_id: str
-    ) -> CheckpointTuple | None:
-        saved = thread.checkpoints.get(ns, {}).get(checkpoint_id)
-        if saved is None:
-            return None
-        packed, metadata, parent = saved
+    ) -> CheckpointTuple:
+        packed, metadata, parent = thread.checkpoints[ns][checkpoint_id]
         checkpoint: Checkpoint = self.serde.loads_typed(_unpack(packed))
         values = {}
         for channel, version in checkpoint["channel_versions"].items():
@@ -179,19 +176,8 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint ``config`` names, or the thread's latest in its namespace."""
-        configurable = config["configurable"]
-        thread_id = str(configurable["thread_id"])
-        ns = configurable.get("checkpoint_ns", "")
-        thread = self._read(self.context_of(thread_id))
-        if thread is None:
-            return None
-        checkpoint_id = get_checkpoint_id(config)
-        if checkpoint_id is None:
-            ids = thread.checkpoints.get(ns)
-            if not ids:
-                return None
-            checkpoint_id = max(ids)
-        return self._tuple(thread_id, thread, ns, checkpoint_id)
+        configurable = {"checkpoint_ns": "", **config["configurable"]}
+        return next(iter(self.list({"configurable": configurable}, limit=1)), None)
 
     def list(
         self,
@@ -226,7 +212,6 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
                     if before_id and checkpoint_id >= before_id:
                         continue
                     found = self._tuple(thread_id, thread, ns, checkpoint_id)
-                    assert found is not None
                     if filter and not all(
                         found.metadata.get(key) == value for key, value in filter.items()
                     ):
