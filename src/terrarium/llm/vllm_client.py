@@ -363,29 +363,26 @@ class VLLMClient:
         vLLM's ``/tokenize`` applies the chat template; llama.cpp's counts texts, so its prompt
         count leaves the template out. A tokenizer failure is logged, never fails the turn.
         """
+        prompt_text = _prompt_text(messages)
         completion_text = _message_text(result.message, reasoning=True)
         try:
             kind = await self._tokenizer_kind(model)
-            if kind == "vllm":
-                prompt = _count_of(await self._tokenize({"model": model, "messages": messages}))
+            if kind != "none":
+                if kind == "vllm":
+                    prompt = _count_of(await self._tokenize({"model": model, "messages": messages}))
+                else:
+                    prompt = await self._count_text(kind, model, prompt_text)
                 completion = await self._count_text(kind, model, completion_text)
-            elif kind == "llamacpp":
-                prompt = await self._count_text(kind, model, _prompt_text(messages))
-                completion = await self._count_text(kind, model, completion_text)
-            else:
-                prompt = completion = -1
+                return UsageRecord(result.model, prompt, completion, estimated="tokenizer")
         except (openai.OpenAIError, ValueError) as exc:
             _log.warning(
                 "the tokenizer at %s/tokenize failed (%s); usage estimated from characters",
                 self.server_root,
                 _one_line(str(exc)),
             )
-            prompt = completion = -1
-        if prompt >= 0 and completion >= 0:
-            return UsageRecord(result.model, prompt, completion, estimated="tokenizer")
         return UsageRecord(
             result.model,
-            chars_to_tokens(_prompt_text(messages)),
+            chars_to_tokens(prompt_text),
             chars_to_tokens(completion_text),
             estimated="chars",
         )
