@@ -562,26 +562,11 @@ class VLLMClient:
         text = msg.get("content")
         if text is not None and not isinstance(text, str):
             raise BadResponse(f"the answer from {url} has non-text content")
-        tool_calls: list[dict[str, Any]] = []
-        for call in msg.get("tool_calls") or []:
-            call = call if isinstance(call, Mapping) else {}
-            function = call.get("function")
-            function = function if isinstance(function, Mapping) else {}
-            tool_calls.append(
-                {
-                    "id": call.get("id") or _new_call_id(),
-                    "type": call.get("type") or "function",
-                    "function": {
-                        "name": str(function.get("name") or ""),
-                        "arguments": str(function.get("arguments") or ""),
-                    },
-                }
-            )
         model = str(completion.get("model") or requested)
         return _make_result(
             text=text or "",
             reasoning=_reasoning_of(msg),
-            tool_calls=tool_calls,
+            tool_calls=msg.get("tool_calls") or [],
             finish_reason=choice.get("finish_reason"),
             usage=_usage_of(completion.get("usage"), model),
             model=model,
@@ -739,14 +724,10 @@ class _StreamState:
             raise BadResponse(
                 f"the stream from {url} ended after {self.chunks} chunks without a finish reason"
             )
-        calls = [self.calls[i] for i in sorted(self.calls)]
-        for call in calls:
-            if not call["id"]:
-                call["id"] = _new_call_id()
         return _make_result(
             text="".join(self.text),
             reasoning="".join(self.reasoning),
-            tool_calls=calls,
+            tool_calls=[self.calls[i] for i in sorted(self.calls)],
             finish_reason=self.finish_reason,
             usage=_usage_of(self.usage, self.model),
             model=self.model,
@@ -767,11 +748,12 @@ def _make_result(
     *,
     text: str,
     reasoning: str,
-    tool_calls: list[dict[str, Any]],
+    tool_calls: Sequence[Any],
     finish_reason: str | None,
     usage: UsageRecord | None,
     model: str,
 ) -> ChatResult:
+    """The answer, its tool calls (a reply's or a stream's assembled ones) in OpenAI form."""
     # Content is null when the model only called tools, as OpenAI itself answers.
     message: dict[str, Any] = {
         "role": "assistant",
@@ -780,10 +762,25 @@ def _make_result(
     if reasoning:
         message["reasoning_content"] = reasoning
     if tool_calls:
-        message["tool_calls"] = tool_calls
+        message["tool_calls"] = [_tool_call(call) for call in tool_calls]
     return ChatResult(
         message=message, text=text, usage=usage, finish_reason=finish_reason, model=model
     )
+
+
+def _tool_call(call: Any) -> dict[str, Any]:
+    """A tool call in OpenAI form, with an id (made up when the server sent none)."""
+    call = call if isinstance(call, Mapping) else {}
+    function = call.get("function")
+    function = function if isinstance(function, Mapping) else {}
+    return {
+        "id": call.get("id") or _new_call_id(),
+        "type": call.get("type") or "function",
+        "function": {
+            "name": str(function.get("name") or ""),
+            "arguments": str(function.get("arguments") or ""),
+        },
+    }
 
 
 def _field(obj: Any, key: str) -> Any:
