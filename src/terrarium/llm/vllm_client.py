@@ -253,12 +253,10 @@ class VLLMClient:
         opener = partial(self._open_stream, name, messages, kwargs)
         state, first = await self._with_retries(opener, name, model)
         try:
-            if first is not None:  # from here on a failure is raised, never retried
-                yield first
-            async for chunk in state.reader:
-                event = self._take_chunk(state, chunk)
-                if event is not None:
-                    yield event
+            event = first  # from here on a failure is raised, never retried
+            while event is not None:
+                yield event
+                event = await state.next_event()
             result = state.result(self.base_url)
         except BadResponse as exc:
             self._trace("error", _error_trace(exc, state.attempt, retrying=False))
@@ -326,24 +324,12 @@ class VLLMClient:
                 self._ask_stream_usage = False
                 error = self._map_error(exc, name, attempts=1)
                 self._trace("error", _error_trace(error, attempt, retrying=True))
-        state = _StreamState(name, attempt, stream)
+        state = _StreamState(name, attempt, stream, self._trace)
         try:
-            async for chunk in state.reader:
-                event = self._take_chunk(state, chunk)
-                if event is not None:
-                    return state, event
+            return state, await state.next_event()
         except BaseException:
             await stream.close()
             raise
-        return state, None
-
-    def _take_chunk(self, state: _StreamState, chunk: Any) -> StreamEvent | None:
-        """Trace one raw chunk and fold it in; the event to yield when it carried text."""
-        self._trace("chunk", _dump(chunk))
-        delta, reasoning = state.add(chunk)
-        if delta or reasoning:
-            return StreamEvent(delta=delta, reasoning_delta=reasoning)
-        return None
 
     def _stream_kwargs(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """A stream's arguments, asking ``include_usage`` unless ``stream_options`` was refused."""
@@ -665,11 +651,18 @@ def normalize_base_url(base_url: str) -> str:
 class _StreamState:
     """One try at a stream: its reader and the answer accumulated so far."""
 
-    def __init__(self, requested: str, attempt: int, stream: openai.AsyncStream[Any]) -> None:
+    def __init__(
+        self,
+        requested: str,
+        attempt: int,
+        stream: openai.AsyncStream[Any],
+        trace: Callable[[str, Mapping[str, Any]], None],
+    ) -> None:
         self.attempt = attempt
         self.stream = stream
         self.reader: AsyncIterator[Any] = aiter(stream)
         """The chunks: one iterator, so a read can stop at the first delta and go on later."""
+        self.trace = trace
         self.model = requested
         self.text: list[str] = []
         self.reasoning: list[str] = []
@@ -677,6 +670,15 @@ class _StreamState:
         self.finish_reason: str | None = None
         self.usage: Any = None
         self.chunks = 0
+
+    async def next_event(self) -> StreamEvent | None:
+        """Read chunks (each traced, then folded in) up to one that adds text; None at the end."""
+        async for chunk in self.reader:
+            self.trace("chunk", _dump(chunk))
+            text, reasoning = self.add(chunk)
+            if text or reasoning:
+                return StreamEvent(delta=text, reasoning_delta=reasoning)
+        return None
 
     def add(self, chunk: Any) -> tuple[str, str]:
         """Fold one chunk in; return the text and reasoning it added."""
