@@ -670,9 +670,7 @@ class MultiContextManager:
         from before the wait to the release.
         """
         locks = self._loop_locks.setdefault(asyncio.get_running_loop(), {})
-        lock = locks.get(context)
-        if lock is None:
-            lock = locks[context] = asyncio.Lock()
+        lock = locks.setdefault(context, asyncio.Lock())
         store_lock = (
             locked_head_and_tail(self.store, context) if read else context_lock(self.store, context)
         )
@@ -721,10 +719,7 @@ class MultiContextManager:
 
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
-        semaphore = self._semaphores.get(loop)
-        if semaphore is None:
-            semaphore = self._semaphores[loop] = asyncio.Semaphore(self.max_concurrency)
-        return semaphore
+        return self._semaphores.setdefault(loop, asyncio.Semaphore(self.max_concurrency))
 
 
 def _log_failure(
