@@ -419,13 +419,11 @@ class MultiContextManager:
     def history(self, context_id: str) -> list[LoggedItem]:
         """The context's history items (a copy), oldest first (a legacy file's, unimported)."""
         context = ContextId.parse(context_id)
-        cached = self._cached(context)
-        if cached is None and self.store.get_head(context) is None:
+        if self._cached(context) is None and self.store.get_head(context) is None:
             copy = legacy.read(self.store, context)
             if copy is not None:
                 return list(sessions.restore(copy.store, context).history)
-        state = cached.state if cached is not None else self._peek(context)
-        return list(state.history)
+        return list(self._peek(context).history)
 
     def close(self) -> None:
         """Save what is pending, stop maintenance, and close a store the manager opened."""
@@ -522,7 +520,8 @@ class MultiContextManager:
         entry = self._fresh_or_legacy(context, found)
         if entry is None:
             prompt = system_prompt if system_prompt is not None else self.default_system_prompt
-            entry = PersistentSession._new(self.store, context, prompt, self._autosave_for(context))
+            autosave = self._autosave_for(context)
+            entry = PersistentSession._entry(self.store, context, autosave, None, prompt)
             self._remember(entry)
         if system_prompt is not None:
             entry._set_system_prompt(system_prompt)
@@ -551,19 +550,17 @@ class MultiContextManager:
                 compaction.check_shrinks(entry.context, replaced, compacted[:2])
             except NothingToCompact:
                 if result.usage is not None:  # the call was made: its tokens still count
-                    sessions.save_usage(self.store, entry.state, result.usage)
-                    entry._reset(sessions.restore(self.store, entry.context))
+                    entry._append([(EntryKind.USAGE, result.usage.to_dict())])
                 raise
         # A failed last turn is still failed after, so a retry still finds it.
         after = _failed_run(entry.state)
         if result.usage is not None:
             after.append((EntryKind.USAGE, result.usage.to_dict()))
         sessions.create_compacted_segment(self.store, entry.state, compacted, context=entry.context)
-        state = sessions.restore(self.store, entry.context)
-        if after:
-            sessions.append_entries(self.store, state, after)
-            state = sessions.restore(self.store, entry.context)
-        entry._reset(state)
+        entry._reload()
+        if after:  # read back, not folded in: the log holds a large text as a blob's preview
+            sessions.append_entries(self.store, entry.ref, after)
+            entry._reload()
         self._remember(entry)  # evicted during the model call? what the turn queues next is kept
         return summary
 
@@ -586,14 +583,14 @@ class MultiContextManager:
             if entry._refresh() if found is _UNREAD else entry._refresh_to(found):
                 return entry
             self._forget(context)  # deleted from under it
-        head = None
-        if found is not _UNREAD:
-            if found is None:
-                return None
-            head = found[0]
-        entry = PersistentSession._restored(self.store, context, self._autosave_for(context), head)
-        if entry is not None:
-            self._remember(entry)
+        if found is _UNREAD:
+            head = self.store.get_head(context)
+        else:
+            head = found[0] if found is not None else None
+        if head is None:
+            return None
+        entry = PersistentSession._entry(self.store, context, self._autosave_for(context), head)
+        self._remember(entry)
         return entry
 
     def _fresh_or_legacy(
@@ -673,9 +670,7 @@ class MultiContextManager:
         from before the wait to the release.
         """
         locks = self._loop_locks.setdefault(asyncio.get_running_loop(), {})
-        lock = locks.get(context)
-        if lock is None:
-            lock = locks[context] = asyncio.Lock()
+        lock = locks.setdefault(context, asyncio.Lock())
         store_lock = (
             locked_head_and_tail(self.store, context) if read else context_lock(self.store, context)
         )
@@ -724,10 +719,7 @@ class MultiContextManager:
 
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
-        semaphore = self._semaphores.get(loop)
-        if semaphore is None:
-            semaphore = self._semaphores[loop] = asyncio.Semaphore(self.max_concurrency)
-        return semaphore
+        return self._semaphores.setdefault(loop, asyncio.Semaphore(self.max_concurrency))
 
 
 def _log_failure(

@@ -79,13 +79,7 @@ class PersistentSession:
             InvalidContextId: ``context_id`` is not ``type:name``.
             LegacyFormatError, OSError: only a legacy file holds it, and it cannot be read.
         """
-        self._setup(store, context_id, autosave)
-        try:
-            if not self._find():
-                self._start(system_prompt)
-        except BaseException:
-            self.close()  # a store opened here is not left open
-            raise
+        self._open(store, context_id, autosave, system_prompt, create=True)
 
     @classmethod
     def load(
@@ -97,13 +91,7 @@ class PersistentSession:
     ) -> PersistentSession:
         """Resume an existing context (in the log, or a legacy file); ContextNotFound if none."""
         self = cls.__new__(cls)
-        self._setup(store, context_id, autosave)
-        try:
-            if not self._find():
-                raise ContextNotFound(f"context {self.context} does not exist")
-        except BaseException:
-            self.close()
-            raise
+        self._open(store, context_id, autosave, None, create=False)
         return self
 
     def _setup(
@@ -121,18 +109,33 @@ class PersistentSession:
         copy, or a scratch store holding a new session's header."""
         self._legacy_path: Path | None = None
 
-    def _find(self) -> bool:
-        """Load the context from the log, else from its legacy file; False if neither has it."""
-        head = self.store.get_head(self.context)
-        if head is not None:
-            self._load(self.store, head)
-            return True
-        copy = legacy.read(self.store, self.context)
-        if copy is None:
-            return False
-        self._unsaved(copy.store)
-        self._legacy_path = copy.path
-        return True
+    def _open(
+        self,
+        store: Store | str | os.PathLike[str],
+        context_id: str | ContextId,
+        autosave: bool,
+        system_prompt: str | None,
+        *,
+        create: bool,
+    ) -> None:
+        """Load the context from the log, else from its legacy file; else start it anew
+        (``create``) or raise ContextNotFound. A store opened here is closed on failure."""
+        self._setup(store, context_id, autosave)
+        try:
+            head = self.store.get_head(self.context)
+            copy = legacy.read(self.store, self.context) if head is None else None
+            if head is not None:
+                self._load(self.store, head)
+            elif copy is not None:
+                self._unsaved(copy.store)
+                self._legacy_path = copy.path
+            elif create:
+                self._start(system_prompt)
+            else:
+                raise ContextNotFound(f"context {self.context} does not exist")
+        except BaseException:
+            self.close()  # a store opened here is not left open
+            raise
 
     def _start(self, system_prompt: str | None) -> None:
         """A new session: its header in a scratch store until the first write creates it."""
@@ -147,27 +150,22 @@ class PersistentSession:
         self._source = source
 
     @classmethod
-    def _restored(
-        cls, store: Store, context: ContextId, autosave: bool, head: PodMetadata | None = None
-    ) -> PersistentSession | None:
-        """The context restored from the log, or None (no legacy lookup, no store opened);
-        from ``head`` if the caller just read it."""
-        head = head if head is not None else store.get_head(context)
-        if head is None:
-            return None
-        self = cls.__new__(cls)
-        self._setup(store, context, autosave)
-        self._load(store, head)
-        return self
-
-    @classmethod
-    def _new(
-        cls, store: Store, context: ContextId, system_prompt: str | None, autosave: bool
+    def _entry(
+        cls,
+        store: Store,
+        context: ContextId,
+        autosave: bool,
+        head: PodMetadata | None,
+        system_prompt: str | None = None,
     ) -> PersistentSession:
-        """A new session, not yet in the store (the manager creates it at once)."""
+        """The manager's cache entry: the state of ``head``, just read from the log, or (None) a
+        new session not yet in the store (no legacy lookup, no store opened)."""
         self = cls.__new__(cls)
         self._setup(store, context, autosave)
-        self._start(system_prompt)
+        if head is None:
+            self._start(system_prompt)
+        else:
+            self._load(store, head)
         return self
 
     def _reset(self, state: RestoredState) -> None:

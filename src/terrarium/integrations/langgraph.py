@@ -61,16 +61,6 @@ WRITES_DOMAIN = "langgraph.writes"
 """The extension domain of a pending-writes entry."""
 MESSAGES_CHANNEL = "messages"
 
-Typed = tuple[str, bytes]
-
-
-def _pack(typed: Typed) -> list[str]:
-    return [typed[0], base64.b64encode(typed[1]).decode("ascii")]
-
-
-def _unpack(packed: Sequence[str]) -> Typed:
-    return (packed[0], base64.b64decode(packed[1]))
-
 
 @dataclass
 class _Thread:
@@ -127,6 +117,15 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _dump(self, value: Any) -> list[str]:
+        """``value`` serialized by ``serde``: its type and its bytes in base64."""
+        kind, data = self.serde.dumps_typed(value)
+        return [kind, base64.b64encode(data).decode("ascii")]
+
+    def _load(self, packed: Sequence[str]) -> Any:
+        """The value :meth:`_dump` packed."""
+        return self.serde.loads_typed((packed[0], base64.b64decode(packed[1])))
+
     def context_of(self, thread_id: str) -> ContextId:
         """The context that holds ``thread_id``; InvalidContextId if it cannot be a name."""
         return ContextId(self.context_type, str(thread_id))
@@ -153,25 +152,22 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
 
     def _tuple(
         self, thread_id: str, thread: _Thread, ns: str, checkpoint_id: str
-    ) -> CheckpointTuple | None:
-        saved = thread.checkpoints.get(ns, {}).get(checkpoint_id)
-        if saved is None:
-            return None
-        packed, metadata, parent = saved
-        checkpoint: Checkpoint = self.serde.loads_typed(_unpack(packed))
+    ) -> CheckpointTuple:
+        packed, metadata, parent = thread.checkpoints[ns][checkpoint_id]
+        checkpoint: Checkpoint = self._load(packed)
         values = {}
         for channel, version in checkpoint["channel_versions"].items():
             blob = thread.blobs.get((ns, channel, _version_key(version)))
             if blob is not None and blob[0] != "empty":
-                values[channel] = self.serde.loads_typed(_unpack(blob))
+                values[channel] = self._load(blob)
         stored = thread.writes.get((ns, checkpoint_id), {})
         ordered = sorted(stored.items(), key=lambda kv: writes_sort_key(kv[1][3], *kv[0]))
         return CheckpointTuple(
             config=_config(thread_id, ns, checkpoint_id),
             checkpoint={**checkpoint, "channel_values": values},
-            metadata=self.serde.loads_typed(_unpack(metadata)),
+            metadata=self._load(metadata),
             pending_writes=[
-                (task_id, channel, self.serde.loads_typed(_unpack(value)))
+                (task_id, channel, self._load(value))
                 for task_id, channel, value, _ in (item for _, item in ordered)
             ],
             parent_config=_config(thread_id, ns, parent) if parent else None,
@@ -179,19 +175,8 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint ``config`` names, or the thread's latest in its namespace."""
-        configurable = config["configurable"]
-        thread_id = str(configurable["thread_id"])
-        ns = configurable.get("checkpoint_ns", "")
-        thread = self._read(self.context_of(thread_id))
-        if thread is None:
-            return None
-        checkpoint_id = get_checkpoint_id(config)
-        if checkpoint_id is None:
-            ids = thread.checkpoints.get(ns)
-            if not ids:
-                return None
-            checkpoint_id = max(ids)
-        return self._tuple(thread_id, thread, ns, checkpoint_id)
+        configurable = {"checkpoint_ns": "", **config["configurable"]}
+        return next(iter(self.list({"configurable": configurable}, limit=1)), None)
 
     def list(
         self,
@@ -226,7 +211,6 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
                     if before_id and checkpoint_id >= before_id:
                         continue
                     found = self._tuple(thread_id, thread, ns, checkpoint_id)
-                    assert found is not None
                     if filter and not all(
                         found.metadata.get(key) == value for key, value in filter.items()
                     ):
@@ -256,15 +240,13 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
             "ns": ns,
             "id": checkpoint["id"],
             "parent": configurable.get("checkpoint_id"),
-            "checkpoint": _pack(self.serde.dumps_typed(bare)),
-            "metadata": _pack(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))),
+            "checkpoint": self._dump(bare),
+            "metadata": self._dump(get_checkpoint_metadata(config, metadata)),
             "blobs": [
                 [
                     channel,
                     version,
-                    _pack(self.serde.dumps_typed(values[channel]))
-                    if channel in values
-                    else ["empty", ""],
+                    self._dump(values[channel]) if channel in values else ["empty", ""],
                 ]
                 for channel, version in new_versions.items()
             ],
@@ -288,7 +270,7 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
             "task_id": task_id,
             "task_path": task_path,
             "writes": [
-                [WRITES_IDX_MAP.get(channel, idx), channel, _pack(self.serde.dumps_typed(value))]
+                [WRITES_IDX_MAP.get(channel, idx), channel, self._dump(value)]
                 for idx, (channel, value) in enumerate(writes)
             ],
         }

@@ -253,12 +253,10 @@ class VLLMClient:
         opener = partial(self._open_stream, name, messages, kwargs)
         state, first = await self._with_retries(opener, name, model)
         try:
-            if first is not None:  # from here on a failure is raised, never retried
-                yield first
-            async for chunk in state.reader:
-                event = self._take_chunk(state, chunk)
-                if event is not None:
-                    yield event
+            event = first  # from here on a failure is raised, never retried
+            while event is not None:
+                yield event
+                event = await state.next_event()
             result = state.result(self.base_url)
         except BadResponse as exc:
             self._trace("error", _error_trace(exc, state.attempt, retrying=False))
@@ -326,24 +324,12 @@ class VLLMClient:
                 self._ask_stream_usage = False
                 error = self._map_error(exc, name, attempts=1)
                 self._trace("error", _error_trace(error, attempt, retrying=True))
-        state = _StreamState(name, attempt, stream)
+        state = _StreamState(name, attempt, stream, self._trace)
         try:
-            async for chunk in state.reader:
-                event = self._take_chunk(state, chunk)
-                if event is not None:
-                    return state, event
+            return state, await state.next_event()
         except BaseException:
             await stream.close()
             raise
-        return state, None
-
-    def _take_chunk(self, state: _StreamState, chunk: Any) -> StreamEvent | None:
-        """Trace one raw chunk and fold it in; the event to yield when it carried text."""
-        self._trace("chunk", _dump(chunk))
-        delta, reasoning = state.add(chunk)
-        if delta or reasoning:
-            return StreamEvent(delta=delta, reasoning_delta=reasoning)
-        return None
 
     def _stream_kwargs(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """A stream's arguments, asking ``include_usage`` unless ``stream_options`` was refused."""
@@ -363,29 +349,26 @@ class VLLMClient:
         vLLM's ``/tokenize`` applies the chat template; llama.cpp's counts texts, so its prompt
         count leaves the template out. A tokenizer failure is logged, never fails the turn.
         """
+        prompt_text = _prompt_text(messages)
         completion_text = _message_text(result.message, reasoning=True)
         try:
             kind = await self._tokenizer_kind(model)
-            if kind == "vllm":
-                prompt = _count_of(await self._tokenize({"model": model, "messages": messages}))
+            if kind != "none":
+                if kind == "vllm":
+                    prompt = _count_of(await self._tokenize({"model": model, "messages": messages}))
+                else:
+                    prompt = await self._count_text(kind, model, prompt_text)
                 completion = await self._count_text(kind, model, completion_text)
-            elif kind == "llamacpp":
-                prompt = await self._count_text(kind, model, _prompt_text(messages))
-                completion = await self._count_text(kind, model, completion_text)
-            else:
-                prompt = completion = -1
+                return UsageRecord(result.model, prompt, completion, estimated="tokenizer")
         except (openai.OpenAIError, ValueError) as exc:
             _log.warning(
                 "the tokenizer at %s/tokenize failed (%s); usage estimated from characters",
                 self.server_root,
                 _one_line(str(exc)),
             )
-            prompt = completion = -1
-        if prompt >= 0 and completion >= 0:
-            return UsageRecord(result.model, prompt, completion, estimated="tokenizer")
         return UsageRecord(
             result.model,
-            chars_to_tokens(_prompt_text(messages)),
+            chars_to_tokens(prompt_text),
             chars_to_tokens(completion_text),
             estimated="chars",
         )
@@ -565,26 +548,11 @@ class VLLMClient:
         text = msg.get("content")
         if text is not None and not isinstance(text, str):
             raise BadResponse(f"the answer from {url} has non-text content")
-        tool_calls: list[dict[str, Any]] = []
-        for call in msg.get("tool_calls") or []:
-            call = call if isinstance(call, Mapping) else {}
-            function = call.get("function")
-            function = function if isinstance(function, Mapping) else {}
-            tool_calls.append(
-                {
-                    "id": call.get("id") or _new_call_id(),
-                    "type": call.get("type") or "function",
-                    "function": {
-                        "name": str(function.get("name") or ""),
-                        "arguments": str(function.get("arguments") or ""),
-                    },
-                }
-            )
         model = str(completion.get("model") or requested)
         return _make_result(
             text=text or "",
             reasoning=_reasoning_of(msg),
-            tool_calls=tool_calls,
+            tool_calls=msg.get("tool_calls") or [],
             finish_reason=choice.get("finish_reason"),
             usage=_usage_of(completion.get("usage"), model),
             model=model,
@@ -683,11 +651,18 @@ def normalize_base_url(base_url: str) -> str:
 class _StreamState:
     """One try at a stream: its reader and the answer accumulated so far."""
 
-    def __init__(self, requested: str, attempt: int, stream: openai.AsyncStream[Any]) -> None:
+    def __init__(
+        self,
+        requested: str,
+        attempt: int,
+        stream: openai.AsyncStream[Any],
+        trace: Callable[[str, Mapping[str, Any]], None],
+    ) -> None:
         self.attempt = attempt
         self.stream = stream
         self.reader: AsyncIterator[Any] = aiter(stream)
         """The chunks: one iterator, so a read can stop at the first delta and go on later."""
+        self.trace = trace
         self.model = requested
         self.text: list[str] = []
         self.reasoning: list[str] = []
@@ -695,6 +670,15 @@ class _StreamState:
         self.finish_reason: str | None = None
         self.usage: Any = None
         self.chunks = 0
+
+    async def next_event(self) -> StreamEvent | None:
+        """Read chunks (each traced, then folded in) up to one that adds text; None at the end."""
+        async for chunk in self.reader:
+            self.trace("chunk", _dump(chunk))
+            text, reasoning = self.add(chunk)
+            if text or reasoning:
+                return StreamEvent(delta=text, reasoning_delta=reasoning)
+        return None
 
     def add(self, chunk: Any) -> tuple[str, str]:
         """Fold one chunk in; return the text and reasoning it added."""
@@ -742,14 +726,10 @@ class _StreamState:
             raise BadResponse(
                 f"the stream from {url} ended after {self.chunks} chunks without a finish reason"
             )
-        calls = [self.calls[i] for i in sorted(self.calls)]
-        for call in calls:
-            if not call["id"]:
-                call["id"] = _new_call_id()
         return _make_result(
             text="".join(self.text),
             reasoning="".join(self.reasoning),
-            tool_calls=calls,
+            tool_calls=[self.calls[i] for i in sorted(self.calls)],
             finish_reason=self.finish_reason,
             usage=_usage_of(self.usage, self.model),
             model=self.model,
@@ -770,11 +750,12 @@ def _make_result(
     *,
     text: str,
     reasoning: str,
-    tool_calls: list[dict[str, Any]],
+    tool_calls: Sequence[Any],
     finish_reason: str | None,
     usage: UsageRecord | None,
     model: str,
 ) -> ChatResult:
+    """The answer, its tool calls (a reply's or a stream's assembled ones) in OpenAI form."""
     # Content is null when the model only called tools, as OpenAI itself answers.
     message: dict[str, Any] = {
         "role": "assistant",
@@ -783,10 +764,25 @@ def _make_result(
     if reasoning:
         message["reasoning_content"] = reasoning
     if tool_calls:
-        message["tool_calls"] = tool_calls
+        message["tool_calls"] = [_tool_call(call) for call in tool_calls]
     return ChatResult(
         message=message, text=text, usage=usage, finish_reason=finish_reason, model=model
     )
+
+
+def _tool_call(call: Any) -> dict[str, Any]:
+    """A tool call in OpenAI form, with an id (made up when the server sent none)."""
+    call = call if isinstance(call, Mapping) else {}
+    function = call.get("function")
+    function = function if isinstance(function, Mapping) else {}
+    return {
+        "id": call.get("id") or _new_call_id(),
+        "type": call.get("type") or "function",
+        "function": {
+            "name": str(function.get("name") or ""),
+            "arguments": str(function.get("arguments") or ""),
+        },
+    }
 
 
 def _field(obj: Any, key: str) -> Any:
