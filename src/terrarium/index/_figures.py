@@ -49,7 +49,7 @@ class Figures(msgspec.Struct):
 
 def of_lineage(reads: Sequence[SegmentRead], session_id: SessionId) -> Figures:
     """The figures of a whole head lineage (its reads oldest first, blobs as stored)."""
-    state = sessions.collect_state(sessions.lines_of(reads))
+    state = sessions.replay(reads)
     found = Figures(state.turns, dict(state.usage_by_model))
     _count(found, sessions.messages(reads), session_id)
     return found
