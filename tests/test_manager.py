@@ -521,3 +521,25 @@ def test_search_and_listing_without_restores(fake_server: FakeServer, root: Path
         await manager.aclose()
 
     run(main())
+
+
+def test_a_message_kept_in_a_blob_is_sent_whole_on_the_next_turn(
+    fake_server: FakeServer, tmp_path: Path
+) -> None:
+    """A message over the store's ``blob_threshold`` is logged as a preview and a blob; the
+    live conversation still holds it whole, so the next turn sends the model all of it."""
+    long = "word " * 2_000  # 10,000 characters: over the threshold below
+    store = FsStore(tmp_path / "sessions", blob_threshold=1024)
+
+    async def main() -> None:
+        client = VLLMClient(base_url=fake_server.root_url, max_retries=0)
+        manager = MultiContextManager(client, store=store)
+        for message in ("hello", long, "and again"):  # the first turn of a context is held
+            await manager.process_with_context("cli:big", message)
+        await manager.aclose()
+
+    run(main())
+    sent = [m["content"] for m in fake_server.requests[-1]["messages"] if m["role"] == "user"]
+    assert sent == ["hello", long, "and again"]
+    assert restore(store, "cli:big").history[2]["content"] == long
+    store.close()

@@ -760,3 +760,20 @@ def test_a_failed_save_keeps_the_entries_queued(store: Store) -> None:
     assert session.unsaved_entries == 1
     assert session.save() == 1
     assert contents(store) == ["saved", "queued"]
+
+
+@pytest.mark.parametrize("autosave", [True, False])
+def test_a_message_kept_in_a_blob_stays_whole_in_the_session(
+    tmp_path: Path, autosave: bool
+) -> None:
+    """The log holds a long message as a preview and a blob; the open session, like a session
+    opened afresh, holds all of it."""
+    store = FsStore(tmp_path, blob_threshold=1024)
+    long = "word " * 2_000
+    session = PersistentSession(store, CONTEXT, autosave=autosave)
+    for role, text in (("user", "hello"), ("assistant", "hi"), ("user", long)):
+        session.add_message(role, text)
+    session.save()
+    assert session.chat_messages()[-1]["content"] == long
+    assert PersistentSession(store, CONTEXT).chat_messages()[-1]["content"] == long
+    store.close()
