@@ -29,7 +29,7 @@ from terrarium.errors import (
 )
 from terrarium.index import Reader, sort_key
 from terrarium.index._listing import ContextSummary, ListingQuery
-from terrarium.model import ContextId, SegmentId, chat_view, item_label, item_text
+from terrarium.model import DATE_RE, ContextId, SegmentId, chat_view, item_label, item_text
 from terrarium.stores.base import Lifecycle, SegmentRead, Store
 
 SORTS = ("last_active", "created", "messages", "tokens")
@@ -91,12 +91,8 @@ def decode_cursor(cursor: str) -> tuple[Any, str]:
         raise BadRequest(f"invalid cursor {cursor[:40]!r}") from None
 
 
-def _is_date(value: str) -> bool:
-    return len(value) == 10 and value[4] == value[7] == "-" and value.replace("-", "").isdigit()
-
-
 def _check_date(value: str | None, what: str) -> str | None:
-    if value and not _is_date(value):
+    if value and not DATE_RE.fullmatch(value):
         raise BadRequest(f"{what} must be a date YYYY-MM-DD, not {value[:40]!r}")
     return value or None
 
@@ -188,7 +184,7 @@ def chart_range(
     every date of a span up to :data:`FILL_DAYS` long, else only the active ones.
     """
     start, end = _check_date(start, "from"), _check_date(end, "to")
-    dates = sorted(d for d in active if _is_date(d))
+    dates = sorted(d for d in active if DATE_RE.fullmatch(d))
     if start or end:
         name = "custom"
         first = start or (dates[0] if dates else today)
