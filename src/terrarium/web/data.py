@@ -323,11 +323,10 @@ def _tree_order(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return ordered
 
 
-def _message(
-    logged: Mapping[str, Any], seq: int, ts: str, segment: str, summary: bool
-) -> dict[str, Any]:
+def _message(message: sessions.Message) -> dict[str, Any]:
     # A Responses item is shown as the Chat message it stands for (model.chat_view); a kind
     # with no Chat form keeps its own fields, labelled by its type, with whatever text it has.
+    logged, usage = message.item, message.usage
     view = chat_view(logged)
     item = view if view is not None else logged
     calls = [
@@ -350,11 +349,17 @@ def _message(
         "reasoning": _string(item, "reasoning_content"),
         "tool_calls": calls,
         "tool_call_id": _string(item, "tool_call_id"),
-        "seq": seq,
-        "ts": ts,
-        "segment_id": segment,
-        "summary": summary,
-        "usage": None,
+        "seq": message.seq,
+        "ts": message.ts,
+        "segment_id": message.segment_id,
+        "summary": message.summary,
+        "usage": None
+        if usage is None
+        else {
+            "model": usage.get("model"),
+            **{key: usage.get(key, 0) for key in TOKEN_KEYS},
+            "estimated": usage.get("estimated"),
+        },
     }
 
 
@@ -370,20 +375,11 @@ def _messages(
     found = sessions.messages(reads)
     page: list[dict[str, Any]] = []
     for index in range(offset, min(offset + limit, len(found))):
-        message = found[index]
-        if not isinstance(message.item, Mapping):
-            continue
-        row = _message(message.item, message.seq, message.ts, message.segment_id, message.summary)
-        row["position"] = index  # the page's anchor #m{position}, search hits' ``message``
-        row["failed"] = _failed(failed, index)
-        if message.usage is not None:
-            usage = message.usage
-            row["usage"] = {
-                "model": usage.get("model"),
-                **{key: usage.get(key, 0) for key in TOKEN_KEYS},
-                "estimated": usage.get("estimated"),
-            }
-        page.append(row)
+        if isinstance(found[index].item, Mapping):
+            row = _message(found[index])
+            row["position"] = index  # the page's anchor #m{position}, search hits' ``message``
+            row["failed"] = _failed(failed, index)
+            page.append(row)
     return len(found), page
 
 
