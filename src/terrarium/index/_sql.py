@@ -321,7 +321,9 @@ SELECT_SEGMENTS = (
     "SELECT id, session, segment_id, ino, size_seen, offset, next_seq, items, continues, "
     "parent, at_seq, last_ts, problem, fork_source FROM segments"
 )
-SESSION_SEGMENTS = f"{SELECT_SEGMENTS} WHERE session = ?"
+SEGMENTS_OF_SESSION = (
+    f"{SELECT_SEGMENTS} WHERE session = (SELECT id FROM sessions WHERE session_id = ?)"
+)
 OFFSETS = "SELECT segment_id, offset FROM segments"
 INSERT_SEGMENT = (
     "INSERT INTO segments(session, segment_id, ino, size_seen, offset, next_seq, "
