@@ -373,7 +373,7 @@ class SearchIndex:
                 conn.execute(sql.FTS_DELETE_ALL.format(table=table))
             for statement in sql.CLEAR:
                 conn.execute(statement)
-            conn.execute(sql.RESET_RECENT_FLOOR)
+            conn.execute(sql.SET_RECENT_FLOOR, (1,))
             claimed = self._update(conn, full=True, now=self.clock())
         if self._files is not None:
             self._files.release(claimed)
@@ -409,28 +409,30 @@ class SearchIndex:
     ) -> list[Path]:
         """Inside a write transaction: index what changed; return the markers claimed.
 
-        On files a refresh claims markers by renaming them (a writer marking meanwhile creates
-        a fresh one) and *watches* each claimed session for ``WATCH_SECONDS`` (> 2 x
-        ``MARK_EVERY``), ``stat``\\ing its segment files, so an append a writer did not mark is
-        covered by the watch its last mark started. Trade-off: after a bulk import every
-        imported session costs a ``stat`` per refresh for that long.
+        A store with a change cursor names the sessions written since the position the index
+        stored (all: a full walk). On files a refresh claims markers by renaming them (a writer
+        marking meanwhile creates a fresh one) and *watches* each claimed session for
+        ``WATCH_SECONDS`` (> 2 x ``MARK_EVERY``), ``stat``\\ing its segment files, so an append
+        a writer did not mark is covered by the watch its last mark started. Trade-off: after a
+        bulk import every imported session costs a ``stat`` per refresh for that long.
         """
-        files = self._files
+        files, claimed, touched, position = self._files, [], None, ""
         if files is None:
-            self._follow(conn, full=full)
-            return []
+            assert self._cursor is not None
+            touched, position = self._cursor.changes(None if full else _meta(conn, "cursor"))
+            full = touched is None
+        else:
+            claimed = files.claim()
         work = IndexUpdate(self, conn, defer_recent=full, recent_size=RECENT_SIZE)
-        claimed = files.claim()
         claimed_ids = {sid for sid, _ in claimed}
-        until = now + WATCH_SECONDS
         if full:
-            shape = files.shape(None)
+            shape = files.shape(None) if files is not None else None
             self._walk(work)
             conn.execute(sql.UNWATCH_ENDED, (now,))
         else:
-            for sid in sorted(claimed_ids):
+            for sid in sorted(claimed_ids if touched is None else set(touched)):
                 work.index_session(sid)
-            for sid, until_before in conn.execute(sql.WATCHED).fetchall():
+            for sid, until_before in conn.execute(sql.WATCHED).fetchall():  # files only
                 if sid in claimed_ids:
                     continue
                 work.index_session(sid, watched_only=True)
@@ -440,26 +442,13 @@ class SearchIndex:
                 self._moved(work, conn, shape)
         if shape is not None and shape.changed:
             conn.execute(sql.SET_META, ("shape", shape.text))
-        conn.executemany(sql.WATCH, [(until, sid) for sid in claimed_ids])
+        if files is None:
+            conn.execute(sql.SET_META, ("cursor", position))
+        conn.executemany(sql.WATCH, [(now + WATCH_SECONDS, sid) for sid in claimed_ids])
         work.finish()
         if full:
             conn.execute(sql.SET_META, ("built", str(now)))
         return [path for _, path in claimed]
-
-    def _follow(self, conn: sqlite3.Connection, *, full: bool) -> None:
-        """Index the sessions the store's cursor names, then store its position."""
-        assert self._cursor is not None
-        touched, position = self._cursor.changes(None if full else _meta(conn, "cursor"))
-        work = IndexUpdate(self, conn, defer_recent=touched is None, recent_size=RECENT_SIZE)
-        if touched is None:
-            self._walk(work)
-        else:
-            for sid in sorted(set(touched)):
-                work.index_session(sid)
-        conn.execute(sql.SET_META, ("cursor", position))
-        work.finish()
-        if touched is None:
-            conn.execute(sql.SET_META, ("built", str(self.clock())))
 
     def _walk(self, work: IndexUpdate) -> None:
         """Index every session of the store; drop the rows of sessions it no longer has."""
@@ -528,14 +517,14 @@ class SearchIndex:
             ids = [row[0] for row in found]
             if not ids:
                 return []
-            tags += sql.sessions_filter(ids)
+            tags += sql.tags_filter("s", ids)
         if q.type is not None:
             row = conn.execute(sql.TYPE_ID, (q.type,)).fetchone()
             if row is None:
                 return []
-            tags += sql.type_filter(row[0])
+            tags += sql.tags_filter("t", row)
         if q.role is not None:
-            tags += sql.role_filter(q.role)
+            tags += sql.tags_filter("r", [q.role])
         phrases = [fts5_phrases([term]) for term in terms]
         match = body_match(phrases) + tags
         (rows,) = conn.execute(sql.LAST_DOC).fetchone()

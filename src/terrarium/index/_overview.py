@@ -61,10 +61,7 @@ class Reader:
     def types(self, state: str = "hot") -> list[str]:
         """Every type the contexts ``state`` shows have, sorted."""
         views = VIEWS.get(state) or (*VIEWS["hot"], *VIEWS["archived"])
-        found: set[str] = set()
-        for view in views:
-            statement = sql.CONTEXT_TYPES if view == "sessions" else sql.OTHER_TYPES
-            found.update(row[0] for row in self.conn.execute(statement.format(view=view)))
+        found = {row[0] for v in views for row in self.conn.execute(sql.TYPES_OF.format(view=v))}
         return sorted(found)
 
     def sums(self) -> Sums:

@@ -175,36 +175,31 @@ class IndexUpdate:
         self.recent_stale = False
         # A full pass looks at every session: load them all at once, not two queries each.
         # Otherwise each session is loaded once, when first asked for (None: not indexed).
-        self.cache: dict[str, SessionRow | None] = self._load_all() if defer_recent else {}
+        self.cache: dict[str, SessionRow | None] = self._rows() if defer_recent else {}
         row = conn.execute(sql.META, ("recent_count",)).fetchone()
         self.recent_count = int(row[0]) if row else 0
 
     # ---------------------------------------------------------------- sessions
 
-    def _load_all(self) -> dict[str, SessionRow | None]:
+    def _rows(self, sid: str | None = None) -> dict[str, SessionRow | None]:
+        """The session rows with their segments: every one, or only ``sid``'s."""
+        params = () if sid is None else (sid,)
         sessions: dict[str, SessionRow | None] = {}
         by_id: dict[int, SessionRow] = {}
-        for row in self.conn.execute(sql.SESSIONS):
+        for row in self.conn.execute(sql.SESSIONS if sid is None else sql.SESSION, params):
             session = SessionRow.from_row(row)
             sessions[session.session_id] = by_id[session.id] = session
-        for seg in self.conn.execute(sql.SELECT_SEGMENTS):
+        segments = sql.SELECT_SEGMENTS if sid is None else sql.SEGMENTS_OF_SESSION
+        for seg in self.conn.execute(segments, params):
             segment = SegmentRow.from_row(seg)
             if segment.session in by_id:
                 by_id[segment.session].segments[segment.segment_id] = segment
         return sessions
 
     def _load(self, sid: str) -> SessionRow | None:
-        if self.defer_recent or sid in self.cache:
-            return self.cache.get(sid)
-        row = self.conn.execute(sql.SESSION, (sid,)).fetchone()
-        if row is None:
-            self.cache[sid] = None
-            return None
-        session = self.cache[sid] = SessionRow.from_row(row)
-        for seg in self.conn.execute(sql.SESSION_SEGMENTS, (session.id,)):
-            segment = SegmentRow.from_row(seg)
-            session.segments[segment.segment_id] = segment
-        return session
+        if not self.defer_recent and sid not in self.cache:
+            self.cache[sid] = self._rows(sid).get(sid)
+        return self.cache.get(sid)
 
     def index_session(self, sid: str, *, watched_only: bool = False) -> None:
         """Bring one session up to date (after a marker, or while it is watched)."""

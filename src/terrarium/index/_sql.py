@@ -208,7 +208,6 @@ CLEAR = tuple(
     f"DELETE FROM {table}"
     for table in ("docs", "segments", "sessions", "types", "meta", "others", *FIGURE_TABLES)
 )
-RESET_RECENT_FLOOR = "UPDATE recent SET floor = 1"
 
 # ---------------------------------------------------------------------------- sessions
 
@@ -322,7 +321,9 @@ SELECT_SEGMENTS = (
     "SELECT id, session, segment_id, ino, size_seen, offset, next_seq, items, continues, "
     "parent, at_seq, last_ts, problem, fork_source FROM segments"
 )
-SESSION_SEGMENTS = f"{SELECT_SEGMENTS} WHERE session = ?"
+SEGMENTS_OF_SESSION = (
+    f"{SELECT_SEGMENTS} WHERE session = (SELECT id FROM sessions WHERE session_id = ?)"
+)
 OFFSETS = "SELECT segment_id, offset FROM segments"
 INSERT_SEGMENT = (
     "INSERT INTO segments(session, segment_id, ino, size_seen, offset, next_seq, "
@@ -388,28 +389,18 @@ HIT_ROWS = (
 SUMMARY = "context, date, message_count, last_active, created_at, updated_at, session_id, head"
 LISTING_SELECT = f"SELECT {SUMMARY}, problem FROM sessions"
 # The same with its tokens, state and legacy file, of a hot session or (``{view}``: the
-# view ``archived_rows`` or ``legacy_rows``) another context.
+# view ``archived_rows`` or ``legacy_rows``) another context; the types of a table or view.
 HOT_ROWS = f"SELECT {SUMMARY}, problem, tokens, 'hot', NULL FROM sessions"
 OTHER_ROWS = f"SELECT {SUMMARY}, problem, tokens, state, legacy_path FROM {{view}}"
-OTHER_TYPES = "SELECT DISTINCT type FROM {view}"
+TYPES_OF = "SELECT DISTINCT type FROM {view}"
 LISTING = f"{LISTING_SELECT} ORDER BY type, name"
 LISTING_OF_TYPE = f"{LISTING_SELECT} WHERE type = ? ORDER BY name"
-CONTEXT_TYPES = "SELECT DISTINCT type FROM sessions ORDER BY type"
 
 # A search's filters are FTS5 conditions appended to its MATCH expression (a bound parameter):
 # each matches tokens of the ``tags`` column (``s<session row> r<role> t<type row>``, SCHEMA).
 
 
-def sessions_filter(ids: Iterable[int]) -> str:
-    """Items of any of the session rows ``ids``."""
-    return " AND tags : (" + " OR ".join(f'"s{i}"' for i in ids) + ")"
-
-
-def type_filter(tid: int) -> str:
-    """Items of the type row ``tid``."""
-    return f' AND tags : "t{tid}"'
-
-
-def role_filter(role: str) -> str:
-    """Items of ``role``."""
-    return f' AND tags : "r{role}"'
+def tags_filter(tag: str, values: Iterable[object]) -> str:
+    """Items with any of the ``tags`` tokens ``{tag}{value}``: ``s`` a session row, ``r`` a
+    role, ``t`` a type row."""
+    return " AND tags : (" + " OR ".join(f'"{tag}{value}"' for value in values) + ")"

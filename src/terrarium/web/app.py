@@ -640,11 +640,16 @@ def _error(request: Request, status: int, message: str, hint: str = "") -> Respo
     )
 
 
-def _plain(status: int) -> Callable[[Request, Exception], Awaitable[Response]]:
-    """A handler answering ``status`` with the error's own ``__str__`` (no repr() quotes)."""
+def _plain(
+    status: int, what: str = "{exc}", hint: str = "", *, warn: bool = False
+) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """A handler answering ``status`` with ``what`` of the error (its ``__str__``, no repr()
+    quotes) and ``hint``; ``warn``: logged first as a warning, with the path."""
 
     async def handle(request: Request, exc: Exception) -> Response:
-        return _error(request, status, str(exc))
+        if warn:
+            log.warning("%s: %s", request.url.path, exc)
+        return _error(request, status, what.format(exc=exc), hint)
 
     return handle
 
@@ -656,22 +661,10 @@ FSCK_HINT = (
 )
 
 
-async def _damaged(request: Request, exc: Exception) -> Response:
-    # The log is damaged, not the server: its one line names the file and line, as the CLI's.
-    log.warning("%s: %s", request.url.path, exc)
-    return _error(request, 500, f"damaged session: {exc}", FSCK_HINT)
-
-
 async def _http(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     message = exc.detail if exc.status_code != 404 else "no such page"
     return _error(request, exc.status_code, message)
-
-
-async def _model_failed(request: Request, exc: Exception) -> Response:
-    # The model server's failure, not ours: 502, its one line (naming the URL), no traceback.
-    log.warning("%s: %s", request.url.path, exc)
-    return _error(request, 502, str(exc))
 
 
 async def _broken(request: Request, exc: Exception) -> Response:
@@ -689,9 +682,11 @@ ERROR_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] =
     ValueError: _plain(400),
     ContextExists: _plain(409),
     NothingToCompact: _plain(409),
-    LLMError: _model_failed,
+    # The model server's failure, not ours: 502, its one line (naming the URL), no traceback.
+    LLMError: _plain(502, warn=True),
     HTTPException: _http,
-    CorruptLog: _damaged,
+    # The log is damaged, not the server: its one line names the file and line, as the CLI's.
+    CorruptLog: _plain(500, "damaged session: {exc}", FSCK_HINT, warn=True),
     StoreError: _broken,
     Exception: _broken,
 }

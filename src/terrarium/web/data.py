@@ -29,7 +29,7 @@ from terrarium.errors import (
 )
 from terrarium.index import Reader, sort_key
 from terrarium.index._listing import ContextSummary, ListingQuery
-from terrarium.model import ContextId, SegmentId, chat_view, item_label, item_text
+from terrarium.model import DATE_RE, ContextId, SegmentId, chat_view, item_label, item_text
 from terrarium.stores.base import Lifecycle, SegmentRead, Store
 
 SORTS = ("last_active", "created", "messages", "tokens")
@@ -91,12 +91,8 @@ def decode_cursor(cursor: str) -> tuple[Any, str]:
         raise BadRequest(f"invalid cursor {cursor[:40]!r}") from None
 
 
-def _is_date(value: str) -> bool:
-    return len(value) == 10 and value[4] == value[7] == "-" and value.replace("-", "").isdigit()
-
-
 def _check_date(value: str | None, what: str) -> str | None:
-    if value and not _is_date(value):
+    if value and not DATE_RE.fullmatch(value):
         raise BadRequest(f"{what} must be a date YYYY-MM-DD, not {value[:40]!r}")
     return value or None
 
@@ -188,7 +184,7 @@ def chart_range(
     every date of a span up to :data:`FILL_DAYS` long, else only the active ones.
     """
     start, end = _check_date(start, "from"), _check_date(end, "to")
-    dates = sorted(d for d in active if _is_date(d))
+    dates = sorted(d for d in active if DATE_RE.fullmatch(d))
     if start or end:
         name = "custom"
         first = start or (dates[0] if dates else today)
@@ -327,11 +323,10 @@ def _tree_order(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return ordered
 
 
-def _message(
-    logged: Mapping[str, Any], seq: int, ts: str, segment: str, summary: bool
-) -> dict[str, Any]:
+def _message(message: sessions.Message) -> dict[str, Any]:
     # A Responses item is shown as the Chat message it stands for (model.chat_view); a kind
     # with no Chat form keeps its own fields, labelled by its type, with whatever text it has.
+    logged, usage = message.item, message.usage
     view = chat_view(logged)
     item = view if view is not None else logged
     calls = [
@@ -354,11 +349,17 @@ def _message(
         "reasoning": _string(item, "reasoning_content"),
         "tool_calls": calls,
         "tool_call_id": _string(item, "tool_call_id"),
-        "seq": seq,
-        "ts": ts,
-        "segment_id": segment,
-        "summary": summary,
-        "usage": None,
+        "seq": message.seq,
+        "ts": message.ts,
+        "segment_id": message.segment_id,
+        "summary": message.summary,
+        "usage": None
+        if usage is None
+        else {
+            "model": usage.get("model"),
+            **{key: usage.get(key, 0) for key in TOKEN_KEYS},
+            "estimated": usage.get("estimated"),
+        },
     }
 
 
@@ -374,20 +375,11 @@ def _messages(
     found = sessions.messages(reads)
     page: list[dict[str, Any]] = []
     for index in range(offset, min(offset + limit, len(found))):
-        message = found[index]
-        if not isinstance(message.item, Mapping):
-            continue
-        row = _message(message.item, message.seq, message.ts, message.segment_id, message.summary)
-        row["position"] = index  # the page's anchor #m{position}, search hits' ``message``
-        row["failed"] = _failed(failed, index)
-        if message.usage is not None:
-            usage = message.usage
-            row["usage"] = {
-                "model": usage.get("model"),
-                **{key: usage.get(key, 0) for key in TOKEN_KEYS},
-                "estimated": usage.get("estimated"),
-            }
-        page.append(row)
+        if isinstance(found[index].item, Mapping):
+            row = _message(found[index])
+            row["position"] = index  # the page's anchor #m{position}, search hits' ``message``
+            row["failed"] = _failed(failed, index)
+            page.append(row)
     return len(found), page
 
 
