@@ -60,12 +60,7 @@ def head_from_segments(folder: Path) -> PodMetadata:
     Raises:
         CorruptLog: no segment of ``folder`` has an intact chain.
     """
-    headers: dict[SegmentId, dict[str, Any]] = {}
-    for segment_id in segment_ids(folder):
-        with contextlib.suppress(StoreError, OSError):
-            header = read_header(folder / f"{segment_id}{SEGMENT_SUFFIX}")
-            if header.get("segment_id") == str(segment_id):
-                headers[segment_id] = header
+    headers = {s: h for s, h in read_headers(folder).items() if h.get("segment_id") == str(s)}
     if not headers:
         raise CorruptLog(f"{folder}: no segment with a readable header to rebuild the head from")
     root = headers[min(headers)]
@@ -83,6 +78,15 @@ def head_from_segments(folder: Path) -> PodMetadata:
         except (KeyError, ValueError):
             continue
     raise CorruptLog(f"{folder}: no segment with an intact chain to rebuild the head from")
+
+
+def read_headers(folder: Path) -> dict[SegmentId, dict[str, Any]]:
+    """The header of each segment file of ``folder`` that has a readable one, by id."""
+    headers: dict[SegmentId, dict[str, Any]] = {}
+    for segment_id in segment_ids(folder):
+        with contextlib.suppress(StoreError, OSError):
+            headers[segment_id] = read_header(folder / f"{segment_id}{SEGMENT_SUFFIX}")
+    return headers
 
 
 def folder_context(folder: Path) -> str | None:
