@@ -31,8 +31,9 @@ from terrarium.sessions import detached_sessions
 from terrarium.stores._files import listdir, read_chunks
 from terrarium.stores.base import BlobStore, PodMetadata, Reindexable, SessionStates, Store
 from terrarium.stores.fs import ContextFolder, FsStore, salvaged_into, segment_chain
-from terrarium.stores.fs._layout import segment_name
+from terrarium.stores.fs._layout import HEAD, segment_name
 from terrarium.stores.fs._states import frozen
+from terrarium.stores.fs._tree import activity
 
 #: Problems ``--repair`` fixes, and those only ``--salvage`` does.
 _REPAIRABLE = frozenset({"torn", "head", "missing", "unindexed", "leftover", "unfinished"})
@@ -186,7 +187,7 @@ def _check_fs(store: FsStore, report: Report) -> None:
 
 def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None:
     context, folder = str(entry.context), entry.folder
-    head_path = folder / "head.json"
+    head_path = folder / HEAD
     session = str(entry.head.session_id) if entry.head is not None else None
 
     def add(kind: str, message: str, path: Path) -> None:
@@ -244,7 +245,7 @@ def _check_index(
             str(context),
             str(entries[0].folder),
         )
-        chosen = max(entries, key=lambda e: e.head.updated_at if e.head is not None else "")
+        chosen = max(entries, key=activity)
     for other in entries:
         if other is not chosen:
             report.add(
