@@ -23,6 +23,7 @@ from terrarium.stores._files import listdir
 from terrarium.stores.base import PodMetadata
 from terrarium.stores.fs._heads import folder_context, head_of
 from terrarium.stores.fs._layout import (
+    CANONICAL_UUID,
     DATE_RE,
     DETACHED,
     INDEX,
@@ -78,13 +79,9 @@ class Tree:
             return
         self._inside(base)
         for name in sorted(listdir(base)):
-            try:
-                session_id = uuid.UUID(name)
-            except ValueError:
-                continue
             folder = base / name
-            if str(session_id) == name and real_dir(folder) and has_segments(folder):
-                yield session_id, folder
+            if CANONICAL_UUID.fullmatch(name) and real_dir(folder) and has_segments(folder):
+                yield uuid.UUID(name), folder
 
     def _inside(self, folder: Path) -> Path:
         """Return ``folder`` if it resolves inside the root (links and all), else refuse; a
