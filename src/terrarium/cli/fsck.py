@@ -28,9 +28,12 @@ from terrarium.errors import CorruptLog, FormatVersionError, TerrariumError
 from terrarium.legacy import legacy_root
 from terrarium.model import ContextId, SegmentId
 from terrarium.sessions import detached_sessions
+from terrarium.stores._files import listdir, read_chunks
 from terrarium.stores.base import BlobStore, PodMetadata, Reindexable, SessionStates, Store
 from terrarium.stores.fs import ContextFolder, FsStore, salvaged_into, segment_chain
+from terrarium.stores.fs._layout import HEAD, segment_name
 from terrarium.stores.fs._states import frozen
+from terrarium.stores.fs._tree import activity
 
 #: Problems ``--repair`` fixes, and those only ``--salvage`` does.
 _REPAIRABLE = frozenset({"torn", "head", "missing", "unindexed", "leftover", "unfinished"})
@@ -184,7 +187,7 @@ def _check_fs(store: FsStore, report: Report) -> None:
 
 def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None:
     context, folder = str(entry.context), entry.folder
-    head_path = folder / "head.json"
+    head_path = folder / HEAD
     session = str(entry.head.session_id) if entry.head is not None else None
 
     def add(kind: str, message: str, path: Path) -> None:
@@ -210,14 +213,13 @@ def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None
 
 def _check_segments(
     folder: Path, context: str | None, session: str | None, report: Report
-) -> list[tuple[SegmentId | None, Problem]]:
+) -> list[tuple[SegmentId, Problem]]:
     """Check every segment file of ``folder`` into ``report``; the problems, by segment."""
-    found: list[tuple[SegmentId | None, Problem]] = []
-    for path in _segment_files(folder):
+    found: list[tuple[SegmentId, Problem]] = []
+    for segment_id, path in _segment_files(folder):
         report.segments += 1
         problems: list[Problem] = []
         report.entries += _check_segment_file(path, problems)
-        segment_id = _segment_id(path)
         for problem in problems:
             problem.context, problem.session_id = context, session
             problem.segment_id = str(segment_id)
@@ -243,7 +245,7 @@ def _check_index(
             str(context),
             str(entries[0].folder),
         )
-        chosen = max(entries, key=lambda e: e.head.updated_at if e.head is not None else "")
+        chosen = max(entries, key=activity)
     for other in entries:
         if other is not chosen:
             report.add(
@@ -269,25 +271,16 @@ def _check_links(root: Path, report: Report) -> None:
                 )
 
 
-def _segment_files(folder: Path) -> list[Path]:
-    return sorted(
-        p
-        for p in folder.glob("*.jsonl")
-        if not p.name.endswith(".trace.jsonl") and _segment_id(p) is not None
-    )
-
-
-def _segment_id(path: Path) -> SegmentId | None:
-    try:
-        return uuid.UUID(path.name.removesuffix(".jsonl"))
-    except ValueError:
-        return None
+def _segment_files(folder: Path) -> list[tuple[SegmentId, Path]]:
+    """The segment files of ``folder`` as named on disk (any form of UUID), with their ids."""
+    named = [(segment_name(name), folder / name) for name in sorted(listdir(folder))]
+    return [(uuid.UUID(segment_id), path) for segment_id, path in named if segment_id]
 
 
 def _check_segment_file(path: Path, problems: list[Problem]) -> int:
     """Decode every line of one segment file; return how many entries it holds."""
     try:
-        buf = _read_no_follow(path)
+        buf = b"".join(read_chunks(path))
     except OSError as exc:
         problems.append(Problem("unreadable", str(exc), path=str(path)))
         return 0
@@ -331,12 +324,6 @@ def _check_line(path: Path, number: int, line: bytes) -> Problem | None:
         error = CorruptLog.seq_out_of_order(f"{path}:{number}", entry["seq"], number - 1)
         return Problem("corrupt", _after_location(str(error)), None, str(path), number)
     return None
-
-
-def _read_no_follow(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as file:
-        return file.read()
 
 
 def _after_location(message: str) -> str:

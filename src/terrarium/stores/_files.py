@@ -17,6 +17,7 @@ from pathlib import Path
 FILE_MODE = 0o600
 #: The mode of every folder terrarium creates.
 DIR_MODE = 0o700
+_CHUNK = 1 << 20
 
 
 def make_dirs(path: Path) -> None:
@@ -48,6 +49,32 @@ def write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+def write_to(path: Path, data: bytes, flags: int) -> None:
+    """Open ``path`` for writing with ``flags`` (never through a link; created ``FILE_MODE``)
+    and write all of ``data``."""
+    fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | flags)
+    try:
+        write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
+def read_chunks(path: Path) -> Iterator[bytes]:
+    """The bytes of ``path`` (never through a link: a raw ``ELOOP`` error), a chunk at a time,
+    decompressed if it is a zstandard (``.zst``) file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if path.name.endswith(".zst"):
+            import zstandard
+
+            reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+            while chunk := reader.read(_CHUNK):
+                yield chunk
+            return
+        while chunk := f.read(_CHUNK):
+            yield chunk
 
 
 def write_atomic(path: Path, data: bytes, *, sync: bool, mtime_ns: int | None = None) -> None:
@@ -136,10 +163,7 @@ def fsync_dir(path: Path) -> None:
 
 def listdir(path: Path) -> list[str]:
     """The names in folder ``path``; empty if it does not exist."""
-    try:
-        return os.listdir(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+    return [entry.name for entry in scandir(path)]
 
 
 def scandir(path: str | Path) -> list[os.DirEntry[str]]:

@@ -64,10 +64,10 @@ from terrarium.stores._files import (
     fsync_dir,
     listdir,
     make_dirs,
-    open_private,
     write_all,
     write_atomic,
     write_new,
+    write_to,
 )
 from terrarium.stores.base import (
     ATTEMPTS,
@@ -112,14 +112,13 @@ from terrarium.stores.fs._segments import (
     set_aside,
 )
 from terrarium.stores.fs._states import FsStates, frozen, remove_tree, sealed, whole_lines
-from terrarium.stores.fs._tree import ContextFolder, activity, pointer, write_pointer
+from terrarium.stores.fs._tree import ContextFolder, activity, pointer
 from terrarium.stores.fs.salvage import (
     Salvage,
     copy_forks,
     readable_lines,
     salvage_copy,
     salvaged_into,
-    session_of,
     set_aside_once,
 )
 from terrarium.stores.locks import file_lock
@@ -348,9 +347,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         self, context: ContextId, segment_id: SegmentId, *, expected: SegmentId
     ) -> PodMetadata:
         """Move the head if it is ``expected`` now; a frozen context is woken first."""
-        session_id = self._require_head(context).session_id
-        with self._hot(session_id), self._head_lock(context):
-            folder = self._require_folder(context)
+        with self._hot_context(context) as folder:
             head, problem = head_of(folder)
             if head.segment_id != expected:
                 raise ConflictError(
@@ -388,6 +385,12 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                     return
         raise ConflictError(f"session {session_id} kept being frozen before a write to it")
 
+    @contextlib.contextmanager
+    def _hot_context(self, context: ContextId) -> Iterator[Path]:
+        """Hold the context's head lock, its session hot (:meth:`_hot`); the context's folder."""
+        with self._hot(self._require_head(context).session_id), self._head_lock(context):
+            yield self._require_folder(context)
+
     def rebuild_head(self, context: ContextId) -> PodMetadata:
         """Write the context's ``head.json`` from its segments if it is missing or unreadable
         (an unreadable one is first set aside as ``head.json.unreadable-{n}``, never deleted).
@@ -396,9 +399,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             ContextNotFound: no folder holds the context.
             CorruptLog: no segment chain is intact to rebuild it from.
         """
-        session_id = self._require_head(context).session_id
-        with self._hot(session_id), self._head_lock(context):
-            return self._persist_head(self._require_folder(context))
+        with self._hot_context(context) as folder:
+            return self._persist_head(folder)
 
     def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
         """Every hot head, sorted by context id, from the index (a walk if it is gone); a
@@ -780,15 +782,15 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             FormatVersionError: a line is of a newer format (upgrade, do not salvage).
         """
         head = self._require_head(context)
-        if frozen(self.root, head.session_id):
-            wake_session(self, head.session_id)
+        session_id = head.session_id
+        if frozen(self.root, session_id):
+            wake_session(self, session_id)
         with (
             self.lock_context(context),
             self._head_lock(context),
-            self._session_lock(head.session_id, shared=True),
+            self._session_lock(session_id, shared=True),
         ):
             folder = self._require_folder(context)
-            session_id = session_of(folder)
             path = folder / f"{segment_id}{SEGMENT_SUFFIX}"
             header, entries, bad = readable_lines(read_file(path), str(path))
             if not bad and header is not None:
@@ -798,8 +800,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             if bad and segment_id not in done:
                 lost = b"".join(line + b"\n" for _, line in bad)
                 side = set_aside_once(path, lost)
-            fallback = {"session_id": str(session_id), "context": str(context)}
-            new_id, seqs = salvage_copy(folder, segment_id, header, entries, done, fallback)
+            new_id, seqs = salvage_copy(folder, segment_id, header, entries, done, head)
             copies = copy_forks(folder, segment_id, new_id, seqs, done)
             head = self._persist_head(folder)
             moved = new_id if head.segment_id == segment_id else copies.get(head.segment_id)
@@ -874,12 +875,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             if not entries:
                 return
             path = folder / f"{segment_id}{TRACE_SUFFIX}"
-            data = b"".join(codec.encode_line(e.to_dict()) for e in entries)
-            fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
-            try:
-                write_all(fd, data)
-            finally:
-                os.close(fd)
+            write_to(path, b"".join(codec.encode_line(e.to_dict()) for e in entries), os.O_APPEND)
 
     def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
         """The segment's debug trace (a torn last line is skipped: traces are best effort)."""
@@ -931,17 +927,18 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         make_dirs(fresh / "sessions")
         entries = [self._repaired(entry) if write_heads else entry for entry in self.walk()]
         chosen: dict[ContextId, ContextFolder] = {}
+        # Pointers are written in place, not atomically: no one reads an index being built.
         for entry in sorted(entries, key=activity, reverse=True):  # of two, the most recent
             chosen.setdefault(entry.context, entry)  # a damaged one too: reported, not hidden
             if entry.head is None:
                 log.warning("%s", entry.problem)
                 continue
             data = pointer(entry.context, entry.folder.relative_to(self.root).as_posix())
-            write_pointer(fresh / "sessions" / str(entry.head.session_id), data)
+            write_to(fresh / "sessions" / str(entry.head.session_id), data, os.O_TRUNC)
         for context, entry in chosen.items():
             make_dirs(fresh / "contexts" / context.type)
             data = pointer(context, entry.folder.relative_to(self.root).as_posix())
-            write_pointer(fresh / "contexts" / context.type / context.encoded_name, data)
+            write_to(fresh / "contexts" / context.type / context.encoded_name, data, os.O_TRUNC)
         index = self.root / INDEX
         with file_lock(self._inside(self.root / LOCKS) / "index"):
             for part in ("contexts", "sessions"):

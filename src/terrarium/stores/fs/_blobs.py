@@ -13,12 +13,12 @@ import errno
 import fcntl
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from terrarium.blobs import check_digest, digest_of, scan_digests
 from terrarium.errors import BlobNotFound, CorruptBlob, StoreError
-from terrarium.stores._files import listdir, make_dirs, write_new
+from terrarium.stores._files import listdir, make_dirs, read_chunks, write_new
 from terrarium.stores.fs._layout import INDEX, LOCKS
 from terrarium.stores.fs._segments import os_reason, read_file
 from terrarium.stores.locks import file_lock
@@ -26,27 +26,11 @@ from terrarium.stores.locks import file_lock
 #: The folder of the blobs, under the root.
 BLOBS = ".blobs"
 _SKIP = frozenset({INDEX, BLOBS, LOCKS})
-_CHUNK = 1 << 20
 
 
 def _is_log(name: str) -> bool:
     """A file that may hold log lines (``.jsonl``, ``.json``, ``.jsonl.zst``, ``.jsonl.torn-1``)."""
     return ".json" in name and not name.startswith(".tmp-")
-
-
-def _chunks(path: Path) -> Iterator[bytes]:
-    """The file's bytes, decompressed if it is a zstandard file, a chunk at a time."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        if path.name.endswith(".zst"):
-            import zstandard
-
-            reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
-            while chunk := reader.read(_CHUNK):
-                yield chunk
-            return
-        while chunk := f.read(_CHUNK):
-            yield chunk
 
 
 class FsBlobs:
@@ -121,7 +105,7 @@ class FsBlobs:
                     continue
                 path = Path(folder, name)
                 try:
-                    digests = scan_digests(_chunks(path))
+                    digests = scan_digests(read_chunks(path))
                 except FileNotFoundError:
                     continue  # moved meanwhile (an archive, a trash): found where it went
                 except Exception as exc:  # a damaged compressed file, say: keep every blob

@@ -27,7 +27,6 @@ from terrarium.stores.base import PodMetadata, SegmentStat
 from terrarium.stores.fs import _shape
 from terrarium.stores.fs._heads import head_of
 from terrarium.stores.fs._layout import (
-    ARCHIVE,
     HEAD,
     INDEX,
     SEGMENT_SUFFIX,
@@ -145,11 +144,7 @@ class FsChanges:
 
     def date_folders(self) -> Iterator[str]:
         """Every date folder, as ``type/date``."""
-        for kind in scandir(self.root):
-            if kind.name.startswith(".") or kind.name == ARCHIVE:
-                continue  # the store's own folders; archived contexts are not searched here
-            if not kind.is_dir(follow_symlinks=False):
-                continue
+        for kind in _shape.type_folders(self.root):  # archived contexts are not searched here
             for date in scandir(kind.path):
                 if date.is_dir(follow_symlinks=False):
                     yield f"{kind.name}/{date.name}"

@@ -60,12 +60,7 @@ def head_from_segments(folder: Path) -> PodMetadata:
     Raises:
         CorruptLog: no segment of ``folder`` has an intact chain.
     """
-    headers: dict[SegmentId, dict[str, Any]] = {}
-    for segment_id in segment_ids(folder):
-        with contextlib.suppress(StoreError, OSError):
-            header = read_header(folder / f"{segment_id}{SEGMENT_SUFFIX}")
-            if header.get("segment_id") == str(segment_id):
-                headers[segment_id] = header
+    headers = {s: h for s, h in read_headers(folder).items() if h.get("segment_id") == str(s)}
     if not headers:
         raise CorruptLog(f"{folder}: no segment with a readable header to rebuild the head from")
     root = headers[min(headers)]
@@ -85,6 +80,15 @@ def head_from_segments(folder: Path) -> PodMetadata:
     raise CorruptLog(f"{folder}: no segment with an intact chain to rebuild the head from")
 
 
+def read_headers(folder: Path) -> dict[SegmentId, dict[str, Any]]:
+    """The header of each segment file of ``folder`` that has a readable one, by id."""
+    headers: dict[SegmentId, dict[str, Any]] = {}
+    for segment_id in segment_ids(folder):
+        with contextlib.suppress(StoreError, OSError):
+            headers[segment_id] = read_header(folder / f"{segment_id}{SEGMENT_SUFFIX}")
+    return headers
+
+
 def folder_context(folder: Path) -> str | None:
     """The context a ``{type}/{date}/{name}`` folder is the folder of, or None."""
     date, kind, encoded = folder.parent.name, folder.parent.parent.name, folder.name
@@ -97,47 +101,42 @@ def folder_context(folder: Path) -> str | None:
     return str(context) if context.encoded_name == encoded else None
 
 
+def _replay(
+    segment_id: SegmentId, headers: Mapping[SegmentId, Mapping[str, Any]]
+) -> tuple[list[SegmentId], bool]:
+    """``segment_id`` and every segment its replay reads, newest first, up to a missing or
+    unreadable header; and whether the chain is whole (it ends at a root, compaction or clear,
+    which stands alone)."""
+    chain: list[SegmentId] = []
+    current: SegmentId | None = segment_id
+    while current is not None and current not in chain:
+        chain.append(current)
+        header = headers.get(current)
+        if header is None:
+            break
+        if header.get("history") is not None:
+            return chain, True
+        origin = header.get("origin")
+        parent = origin.get("parent") if isinstance(origin, dict) else None
+        try:
+            current = uuid.UUID(parent) if isinstance(parent, str) else None
+        except ValueError:
+            break
+    return chain, False
+
+
 def _chain_intact(
     segment_id: SegmentId, headers: Mapping[SegmentId, Mapping[str, Any]], session: Any
 ) -> bool:
     """Whether ``segment_id`` and every segment its replay reads have readable headers."""
-    seen: set[SegmentId] = set()
-    current: SegmentId | None = segment_id
-    while current is not None:
-        header = headers.get(current)
-        if header is None or current in seen or header.get("session_id") != session:
-            return False
-        seen.add(current)
-        if header.get("history") is not None:  # a root, compaction or clear: stands alone
-            return True
-        try:
-            current = _parent(header)
-        except ValueError:
-            return False
-    return False
-
-
-def _parent(header: Mapping[str, Any]) -> SegmentId | None:
-    """The segment a fork replays first (None if it names none; ValueError: not an id)."""
-    if header.get("history") is not None:
-        return None
-    origin = header.get("origin")
-    parent = origin.get("parent") if isinstance(origin, dict) else None
-    return uuid.UUID(parent) if isinstance(parent, str) else None
+    chain, whole = _replay(segment_id, headers)
+    return whole and all(headers[s].get("session_id") == session for s in chain)
 
 
 def segment_chain(folder: Path, segment_id: SegmentId) -> list[SegmentId]:
     """``segment_id`` and every segment its replay reads, newest first, up to an unreadable
     header."""
-    chain: list[SegmentId] = []
-    current: SegmentId | None = segment_id
-    while current is not None and current not in chain:
-        chain.append(current)
-        try:
-            current = _parent(read_header(folder / f"{current}{SEGMENT_SUFFIX}"))
-        except (StoreError, OSError, ValueError):
-            current = None
-    return chain
+    return _replay(segment_id, read_headers(folder))[0]
 
 
 def read_head(path: str | Path) -> PodMetadata:

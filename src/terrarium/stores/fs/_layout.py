@@ -54,7 +54,8 @@ SEGMENT_SUFFIX = ".jsonl"
 TRACE_SUFFIX = ".trace.jsonl"
 DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _P = TypeVar("_P", str, Path)
-_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""A UUID as ``str(uuid.UUID(...))`` spells it: the names FsStore gives files and folders."""
 
 
 def holds_context(folder: Path) -> bool:
@@ -102,7 +103,7 @@ def segment_name(name: str) -> str | None:
     if not name.endswith(SEGMENT_SUFFIX) or name.endswith(TRACE_SUFFIX):
         return None
     stem = name[: -len(SEGMENT_SUFFIX)]
-    if _CANONICAL_UUID.fullmatch(stem):  # what FsStore writes: skip the parse
+    if CANONICAL_UUID.fullmatch(stem):  # what FsStore writes: skip the parse
         return stem
     return str(uuid.UUID(stem)) if is_uuid(stem) else None
 

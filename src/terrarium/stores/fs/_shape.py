@@ -14,6 +14,7 @@ The shape is stored as JSON in the index's ``meta`` table::
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -67,16 +68,24 @@ def dump(shape: Shape) -> str:
     return json.dumps(shape, sort_keys=True, separators=(",", ":"))
 
 
+def type_folders(root: str | Path) -> list[os.DirEntry[str]]:
+    """The type folders under ``root``: not the store's own (``.index``, ``.locks``, ``.trash``,
+    ``archive``), nor a link (never followed)."""
+    return [
+        entry
+        for entry in scandir(root)
+        if not entry.name.startswith(".")
+        and entry.name != ARCHIVE
+        and entry.is_dir(follow_symlinks=False)
+    ]
+
+
 def compare(root: Path, known: Shape | None) -> ShapeChange:
     """Compare the tree under ``root`` with ``known`` (None: nothing known, all is added)."""
     now_ns = time.time_ns()
     held = known or {}
     change = ShapeChange({}, changed=known is None)
-    for entry in scandir(root):
-        if entry.name.startswith(".") or entry.name == ARCHIVE:
-            continue  # the store's own .index, .locks, .trash, archive
-        if not entry.is_dir(follow_symlinks=False):
-            continue  # links are not followed
+    for entry in type_folders(root):
         try:
             st = entry.stat(follow_symlinks=False)
         except FileNotFoundError:
@@ -98,4 +107,4 @@ def compare(root: Path, known: Shape | None) -> ShapeChange:
     return change
 
 
-__all__ = ["RACY_NS", "Shape", "ShapeChange", "compare", "dump", "load"]
+__all__ = ["RACY_NS", "Shape", "ShapeChange", "compare", "dump", "load", "type_folders"]

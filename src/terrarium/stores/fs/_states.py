@@ -138,12 +138,6 @@ def _segment_locks(folder: Path) -> Iterator[None]:
             os.close(fd)
 
 
-def _sealed_in(folder: Path) -> list[Path]:
-    """The sealed log files of ``folder``."""
-    names = sorted(listdir(folder))
-    return [folder / n for n in names if log_file(n) and sealed(os.lstat(folder / n).st_mode)]
-
-
 def _keep_cold(state: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
     """``state`` with the ``cold`` key as it is now: only a freeze or a thaw changes it."""
     kept = {k: v for k, v in codec.decode(codec.encode(dict(state))).items() if k != "cold"}
@@ -420,8 +414,8 @@ class FsStates(Tree):
 
     # ----------------------------------------------------------------------- clean-up
 
-    def _settle(self, session_id: SessionId) -> int:
-        """Finish or undo what a killed move left (hold the session's lock); how many files."""
+    def _settle(self, session_id: SessionId) -> None:
+        """Finish or undo what a killed move left (hold the session's lock)."""
         pending = self._state_path(session_id, PENDING)
         if pending.exists():
             if has_segments(self.detached_folder(session_id)):
@@ -433,20 +427,19 @@ class FsStates(Tree):
                 self._folders.pop(session_id, None)
             folder = self._session_folder(session_id)
         except SegmentNotFound:
-            return 0
-        left = self._leftovers_in(folder, frozen(self.root, session_id))
-        for path in left:
-            path.unlink(missing_ok=True)
-        if not frozen(self.root, session_id):
-            for path in _sealed_in(folder):  # sealed by a freeze that did not commit
-                os.chmod(path, 0o600)
-        return len(left)
+            return
+        cold = frozen(self.root, session_id)
+        for path in self._leftovers_in(folder, cold):
+            if cold or not log_file(path.name):
+                path.unlink(missing_ok=True)
+            else:
+                os.chmod(path, 0o600)  # sealed by a freeze that did not commit
 
     def _leftovers_in(self, folder: Path, cold: bool) -> list[Path]:
         """The files of a killed freeze or thaw: a plain log file beside its ``.zst`` (frozen)
         or a ``.zst`` beside its plain file (hot; then its legacy ``.zst`` files too), and
         temporary files. A file without its twin never is: a lost record must not cost a
-        frozen session its files."""
+        frozen session its files. Last, a hot session's log files that a freeze sealed."""
         names = set(listdir(folder))
         if cold:
             left = {n for n in names if log_file(n) and f"{n}{ZST}" in names}
@@ -454,7 +447,11 @@ class FsStates(Tree):
             left = {n for n in names if cold_file(n) and n[: -len(ZST)] in names}
             left |= {n for n in names if left and _LEGACY.fullmatch(n)}
         left |= {n for n in names if n.startswith(".tmp-")}
-        return [folder / name for name in sorted(left)]
+        found = [folder / name for name in sorted(left)]
+        if not cold:
+            logs = [folder / name for name in sorted(names) if log_file(name)]
+            found += [path for path in logs if sealed(os.lstat(path).st_mode)]
+        return found
 
     def unfinished_moves(self) -> list[Path]:
         """What killed moves left (``fsck`` reports it; :meth:`finish_moves` removes it)."""
@@ -472,10 +469,7 @@ class FsStates(Tree):
                 left.append((None, self.root / STATES / name))
         folders = [(e.head.session_id, e.folder) for e in self.walk() if e.head is not None]
         for session_id, folder in [*folders, *self.detached()]:
-            cold = frozen(self.root, session_id)
-            found = self._leftovers_in(folder, cold)
-            if not cold:
-                found += _sealed_in(folder)
+            found = self._leftovers_in(folder, frozen(self.root, session_id))
             left += [(session_id, path) for path in found]
         return left
 

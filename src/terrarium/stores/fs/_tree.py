@@ -19,11 +19,11 @@ import msgspec
 from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
 from terrarium.model import ContextId, SessionId
-from terrarium.stores._files import listdir, open_private, write_all
+from terrarium.stores._files import listdir
 from terrarium.stores.base import PodMetadata
 from terrarium.stores.fs._heads import folder_context, head_of
 from terrarium.stores.fs._layout import (
-    ARCHIVE,
+    CANONICAL_UUID,
     DATE_RE,
     DETACHED,
     INDEX,
@@ -32,6 +32,7 @@ from terrarium.stores.fs._layout import (
     real_dir,
 )
 from terrarium.stores.fs._segments import one_line, read_file
+from terrarium.stores.fs._shape import type_folders
 
 _MAX_CHECKED = 65_536  # folders whose place inside the root is remembered (see _inside)
 
@@ -78,13 +79,9 @@ class Tree:
             return
         self._inside(base)
         for name in sorted(listdir(base)):
-            try:
-                session_id = uuid.UUID(name)
-            except ValueError:
-                continue
             folder = base / name
-            if str(session_id) == name and real_dir(folder) and has_segments(folder):
-                yield session_id, folder
+            if CANONICAL_UUID.fullmatch(name) and real_dir(folder) and has_segments(folder):
+                yield uuid.UUID(name), folder
 
     def _inside(self, folder: Path) -> Path:
         """Return ``folder`` if it resolves inside the root (links and all), else refuse; a
@@ -176,9 +173,7 @@ class Tree:
 
     def walk(self) -> Iterator[ContextFolder]:
         """Every context folder of the tree in ``{type}/{date}/{name}`` order, from the files."""
-        for kind in sorted(listdir(self.root)):
-            if kind.startswith(".") or kind == ARCHIVE or not real_dir(self.root / kind):
-                continue
+        for kind in sorted(entry.name for entry in type_folders(self.root)):
             for date in sorted(listdir(self.root / kind)):
                 if not DATE_RE.fullmatch(date) or not real_dir(self.root / kind / date):
                     continue
@@ -218,12 +213,3 @@ def read_pointer(path: str | Path) -> tuple[str, str]:
         reason = one_line(folder) if isinstance(folder, Exception) else "no folder named"
         raise CorruptLog(f"{path}: not a valid index entry ({reason}); run reindex to rebuild it")
     return folder, context
-
-
-def write_pointer(path: Path, data: bytes) -> None:
-    """Write an index entry in place (into a fresh index being built, which no one reads)."""
-    fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW)
-    try:
-        write_all(fd, data)
-    finally:
-        os.close(fd)

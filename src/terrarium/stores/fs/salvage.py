@@ -18,10 +18,11 @@ import msgspec
 
 from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
-from terrarium.model import SegmentId, SessionId, new_segment_id, new_session_id, utc_now
+from terrarium.model import SegmentId, new_segment_id, utc_now
 from terrarium.stores._files import write_beside, write_new
-from terrarium.stores.fs._heads import read_head
-from terrarium.stores.fs._layout import HEAD, SEGMENT_SUFFIX, segment_ids
+from terrarium.stores.base import PodMetadata
+from terrarium.stores.fs._heads import read_headers
+from terrarium.stores.fs._layout import SEGMENT_SUFFIX, segment_ids
 from terrarium.stores.fs._segments import read_file, read_header
 
 
@@ -81,27 +82,15 @@ def readable_lines(
     return header, entries, bad
 
 
-def session_of(folder: Path) -> SessionId:
-    """The session a context folder holds: from its head, else a segment header, else new."""
-    with contextlib.suppress(OSError, StoreError):
-        return read_head(folder / HEAD).session_id
-    for segment_id in segment_ids(folder):
-        with contextlib.suppress(OSError, StoreError, ValueError):
-            return uuid.UUID(
-                str(read_header(folder / f"{segment_id}{SEGMENT_SUFFIX}")["session_id"])
-            )
-    return new_session_id()
-
-
-def _root_header(fallback: Mapping[str, str]) -> dict[str, Any]:
-    """A root header for a salvage whose damaged segment lost its own."""
+def _root_header(head: PodMetadata) -> dict[str, Any]:
+    """A root header for a salvage whose damaged segment lost its own (from the context's head)."""
     return {
         "v": 1,
         "seq": 0,
         "ts": utc_now(),
         "kind": "header",
-        "session_id": fallback["session_id"],
-        "context": fallback["context"],
+        "session_id": str(head.session_id),
+        "context": head.context,
         "origin": {"kind": "root"},
         "system_prompt": None,
         "config": {},
@@ -112,10 +101,9 @@ def _root_header(fallback: Mapping[str, str]) -> dict[str, Any]:
 def salvaged_into(folder: Path) -> dict[SegmentId, SegmentId]:
     """The salvages ``folder`` holds already: damaged segment -> the segment salvaging it."""
     done: dict[SegmentId, SegmentId] = {}
-    for segment_id in segment_ids(folder):
-        with contextlib.suppress(StoreError, OSError, ValueError):
-            source = read_header(folder / f"{segment_id}{SEGMENT_SUFFIX}").get("salvaged_from")
-            if isinstance(source, str):
+    for segment_id, header in read_headers(folder).items():
+        with contextlib.suppress(ValueError):
+            if isinstance(source := header.get("salvaged_from"), str):
                 done[uuid.UUID(source)] = segment_id
     return done
 
@@ -136,14 +124,15 @@ def salvage_copy(
     header: dict[str, Any] | None,
     entries: list[dict[str, Any]],
     done: Mapping[SegmentId, SegmentId],
-    fallback: Mapping[str, str],
+    head: PodMetadata,
 ) -> tuple[SegmentId, dict[int, int]]:
-    """Write the salvage of ``old`` (or find the one an interrupted run wrote)."""
+    """Write the salvage of ``old`` (or find the one an interrupted run wrote); ``head``, the
+    context's, gives a root header when ``old`` lost its own."""
     seqs = {int(entry["seq"]): number for number, entry in enumerate(entries, start=1)}
     if old in done:
         return done[old], seqs
     new_id = new_segment_id()
-    base = header if header is not None else _root_header(fallback)
+    base = header if header is not None else _root_header(head)
     lines = [{**base, "segment_id": str(new_id), "salvaged_from": str(old)}]
     lines += [{**entry, "seq": number} for number, entry in enumerate(entries, start=1)]
     _write_whole(folder / f"{new_id}{SEGMENT_SUFFIX}", lines)
