@@ -39,6 +39,7 @@ from terrarium.errors import (
     install_hint,
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
+from terrarium.stores._archive import envelopes
 from terrarium.stores._changes import LogChanges, index_folder
 from terrarium.stores._redact import redact_url
 from terrarium.stores._seqs import SeqGuesses
@@ -63,7 +64,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         f"PostgresStore needs psycopg 3 and psycopg_pool: {install_hint('postgres')}"
     ) from exc
 
-from terrarium.stores.postgres import _lifecycle, _sql
+from terrarium.stores.postgres import _sql
 from terrarium.stores.postgres._pool import CONNECTION_ERRORS, Pool, alive, retried
 from terrarium.stores.postgres.migrations import MIGRATIONS, migrate
 from terrarium.stores.postgres.notify import ChangeFeed
@@ -83,8 +84,11 @@ class PostgresStore(SqlStore):
 
     _READ_SEGMENT = _sql.READ
     _READ_TRACE = _sql.READ_TRACE
-    _DROP_HOT = _lifecycle.DROP_HOT
+    _DROP_HOT = _sql.DROP_HOT
     _ENTRIES_FROM = _sql.ENTRIES_FROM
+    _SESSION_SEGMENTS = _sql.SESSION_SEGMENTS
+    _SESSION_LINES = _sql.SESSION_LINES
+    _SESSION_TRACES = _sql.SESSION_TRACES
     # What SqlStore reads, run once more on a connection lost under it (see _pool.retried).
     get_head = retried(SqlStore.get_head)
     list_contexts = retried(SqlStore.list_contexts)
@@ -325,9 +329,10 @@ class PostgresStore(SqlStore):
         conn.close()
 
     # ---------------------------------------------------------------- frozen sessions
-    # SqlStore keeps the records; here are the rows each move takes
-    # (._lifecycle). A write finds a frozen session on its miss path only, wakes it
-    # (wake_session, on the writer's own connection) and tries again.
+    # SqlStore keeps the records and moves the rows, each move's writes to contexts and
+    # segments noted in the change cursor by their triggers. A write finds a frozen session
+    # on its miss path only, wakes it (wake_session, on the writer's own connection) and
+    # tries again.
 
     _FOR_UPDATE = " FOR UPDATE"
     # The key-share lock (which the segment's foreign key takes anyway) waits for an attach of
@@ -379,13 +384,26 @@ class PostgresStore(SqlStore):
                 yield conn
 
     def _hold_name(self, conn: psycopg.Connection[Any], context: str) -> None:
-        _lifecycle.lock_name(conn, self.schema, context)
+        """Hold the id ``context`` until the transaction ends (creates, attaches and freezes
+        take turns). Not the key of ``lock_context``: a caller holding that lock may create
+        the context."""
+        conn.execute(_sql.LOCK_NAME, (_sql.lock_key(self.schema, "name", context),))
 
-    def _freeze_rows(self, conn: psycopg.Connection[Any], session: Any) -> tuple[int, int]:
-        return _lifecycle.freeze(conn, self.schema, session)
-
-    def _thaw_rows(self, conn: psycopg.Connection[Any], session: Any) -> None:
-        _lifecycle.thaw(conn, session)
+    def _refill(
+        self,
+        conn: psycopg.Connection[Any],
+        session: SessionId,
+        segment: Sequence[Any],
+        lines: list[str],
+        trace: list[str],
+    ) -> None:
+        """Put a frozen segment back in the hot tables, its row as it was."""
+        conn.execute(_sql.REFILL_SEGMENT, (session, *segment))
+        found = envelopes(lines)
+        columns = ([e.seq for e in found], [e.kind for e in found], [str(e.ts) for e in found])
+        conn.execute(_sql.REFILL_ENTRIES, (session, segment[0], *columns, lines))
+        if trace:
+            conn.execute(_sql.APPEND_TRACE, (session, segment[0], trace))
 
     def _wake_on(self, conn: psycopg.Connection[Any], session_id: SessionId) -> bool:
         """``wake_session`` on the caller's own connection, idle (a pool of one connection

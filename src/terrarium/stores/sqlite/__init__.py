@@ -39,12 +39,12 @@ from terrarium.blobs import DEFAULT_THRESHOLD, line_digests
 from terrarium.errors import ConflictError, SegmentNotFound, StoreError
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
+from terrarium.stores._archive import envelopes
 from terrarium.stores._changes import LogChanges
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores._sqlbase import STATE, SqlStore, state_record
 from terrarium.stores.base import INDEX_DB, NewEntry, iter_lines, wake_session
 from terrarium.stores.locks import file_lock
-from terrarium.stores.sqlite import _lifecycle as lifecycle
 from terrarium.stores.sqlite import _sql as sql
 from terrarium.stores.sqlite.migrations import MIGRATIONS, check_readable, migrate
 
@@ -68,8 +68,11 @@ class SqliteStore(SqlStore):
 
     _READ_SEGMENT = sql.READ_SEGMENT
     _READ_TRACE = sql.READ_TRACE
-    _DROP_HOT = lifecycle.DROP_HOT
+    _DROP_HOT = sql.DROP_HOT
     _ENTRIES_FROM = sql.ENTRIES_FROM
+    _SESSION_SEGMENTS = sql.SESSION_SEGMENTS
+    _SESSION_LINES = sql.SESSION_LINES
+    _SESSION_TRACES = sql.SESSION_TRACES
 
     def __init__(
         self,
@@ -336,12 +339,25 @@ class SqliteStore(SqlStore):
         )
 
     # ---------------------------------------------------------------- frozen sessions
-    # SqlStore keeps the records; here are the rows each move takes (._lifecycle). A write
-    # finds a frozen session on its miss path only, wakes it (wake_session) and tries again:
-    # a hot write never looks at the archive.
+    # SqlStore keeps the records and moves the rows. A write finds a frozen session on its
+    # miss path only, wakes it (wake_session) and tries again: a hot write never looks at the
+    # archive.
 
-    _freeze_rows = staticmethod(lifecycle.freeze)
-    _thaw_rows = staticmethod(lifecycle.thaw)
+    def _refill(
+        self,
+        conn: sqlite3.Connection,
+        session: str,
+        segment: Sequence[Any],
+        lines: list[str],
+        trace: list[str],
+    ) -> None:
+        """Put a frozen segment back in the hot tables. It gets a new key, so an append with a
+        key cached before the freeze fails its check and looks again."""
+        g, created, _ = segment
+        seg = conn.execute(sql.INSERT_SEGMENT, (session, g, created)).lastrowid
+        found = zip(envelopes(lines), lines, strict=True)
+        conn.executemany(sql.INSERT_ENTRY, [(seg, e.seq, e.kind, str(e.ts), t) for e, t in found])
+        conn.executemany(sql.INSERT_TRACE, [(session, g, t) for t in trace])
 
     def _wake_on(self, conn: sqlite3.Connection, session_id: SessionId) -> bool:
         return wake_session(self, session_id)  # on conn: this thread's transaction
