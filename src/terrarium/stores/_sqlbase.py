@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from abc import abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -223,9 +223,23 @@ class SqlStore(ClosingStore):
         """An id column's value as a UUID."""
         return uuid.UUID(value)
 
+    _local: threading.local
+    """``conn``: the connection this thread holds, its transaction's (SQLite) or the one lent
+    to its lifecycle call (PostgreSQL); the thread's reads take it."""
+
     @abstractmethod
-    def _read(self) -> AbstractContextManager[Any]:
-        """A connection for reads."""
+    def _pooled(self) -> AbstractContextManager[Any]:
+        """A connection of the store's pool for the block, its errors as StoreErrors."""
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Any]:
+        """A connection for reads: the one this thread holds, else a pooled one."""
+        held = getattr(self._local, "conn", None)
+        if held is not None:
+            yield held
+            return
+        with self._pooled() as conn:
+            yield conn
 
     @abstractmethod
     def _write(self) -> AbstractContextManager[Any]:

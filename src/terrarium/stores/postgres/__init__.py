@@ -350,16 +350,8 @@ class PostgresStore(SqlStore):
     def _uuid(value: Any) -> uuid.UUID:
         return cast(uuid.UUID, value)  # psycopg reads uuid columns as UUIDs
 
-    @contextmanager
-    def _read(self) -> Iterator[psycopg.Connection[Any]]:
-        """The connection lent to this thread's lifecycle call (see :meth:`_wake_on`), or a
-        pooled one."""
-        held: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
-        if held is not None:
-            yield held
-            return
-        with self._pool.connection() as conn:
-            yield conn
+    def _pooled(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        return self._pool.connection()
 
     @contextmanager
     def _write(self) -> Iterator[psycopg.Connection[Any]]:
@@ -367,8 +359,7 @@ class PostgresStore(SqlStore):
         with self._read() as conn, conn.transaction():
             yield conn
 
-    def _committed(self) -> AbstractContextManager[psycopg.Connection[Any]]:
-        return self._pool.connection()
+    _committed = _pooled
 
     @contextmanager
     def _snapshot(self) -> Iterator[psycopg.Connection[Any]]:

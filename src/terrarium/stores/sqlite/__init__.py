@@ -216,7 +216,7 @@ class SqliteStore(SqlStore):
         conn.close()
 
     @contextmanager
-    def _borrowed(self) -> Iterator[sqlite3.Connection]:
+    def _pooled(self) -> Iterator[sqlite3.Connection]:
         """An idle connection for the block, given back after; its errors as StoreErrors."""
         conn = self._borrow()
         try:
@@ -225,16 +225,6 @@ class SqliteStore(SqlStore):
             raise self._error(exc) from exc
         finally:
             self._give_back(conn)
-
-    @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        """A connection for reads: the thread's transaction if it is in one, else a pooled one."""
-        held: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if held is not None:
-            yield held
-            return
-        with self._borrowed() as conn:
-            yield conn
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -256,7 +246,7 @@ class SqliteStore(SqlStore):
             finally:
                 local.depth = depth - 1
             return
-        with self._borrowed() as conn:
+        with self._pooled() as conn:
             local.conn, local.depth = conn, 0
             try:
                 with _db.immediate(conn):
@@ -306,7 +296,7 @@ class SqliteStore(SqlStore):
     @contextmanager
     def _committed(self) -> Iterator[sqlite3.Connection]:
         """A pooled read transaction, never the thread's write one."""
-        with self._borrowed() as conn:
+        with self._pooled() as conn:
             conn.execute("BEGIN")
             try:
                 yield conn
