@@ -664,7 +664,7 @@ class SqlStore(ClosingStore):
             else:
                 hot, packed = self._freeze_rows(conn, self._sid(session_id))
                 cold = {"hot_bytes": hot, "cold_bytes": packed}
-            stored = state_record(encode({**state, "cold": cold}).decode())
+            stored = state_record(line_text({**state, "cold": cold}))
             self._put(conn, session_id, stored)
         return stored
 
@@ -766,6 +766,11 @@ def state_record(text: str | None) -> dict[str, Any]:
     return found
 
 
+def line_text(line: Any) -> str:
+    """An entry, trace event or record as a text column holds it: its JSON, as encoded."""
+    return encode(line).decode()
+
+
 def _text(state: Mapping[str, Any]) -> str | None:
     """A record as the ``state`` column holds it (``{}``: NULL)."""
-    return encode(dict(state)).decode() if state else None
+    return line_text(dict(state)) if state else None

@@ -29,7 +29,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, cast
 
-from terrarium import codec
 from terrarium.blobs import DEFAULT_THRESHOLD, line_digests
 from terrarium.errors import (
     ConflictError,
@@ -43,7 +42,7 @@ from terrarium.stores._archive import envelopes
 from terrarium.stores._changes import LogChanges, index_folder
 from terrarium.stores._redact import redact_url
 from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import SqlStore, pyformat
+from terrarium.stores._sqlbase import SqlStore, line_text, pyformat
 from terrarium.stores.base import (
     ATTEMPTS,
     INDEX_DB,
@@ -378,7 +377,7 @@ class PostgresStore(SqlStore):
         """Hold the id ``context`` until the transaction ends (creates, attaches and freezes
         take turns). Not the key of ``lock_context``: a caller holding that lock may create
         the context."""
-        conn.execute(_sql.LOCK_NAME, (_sql.lock_key(self.schema, "name", context),))
+        conn.execute(_sql.XACT_LOCK, (_sql.lock_key(self.schema, "name", context),))
 
     def _refill(
         self,
@@ -440,7 +439,7 @@ class PostgresStore(SqlStore):
             raise SegmentNotFound.of(session_id) from None
         if cur.rowcount != 1:
             raise ConflictError(f"segment {segment_id} already exists")
-        text = codec.encode(line).decode()
+        text = line_text(line)
         conn.execute(_sql.INSERT_HEADER, (session_id, segment_id, line["kind"], ts, text))
         self._record_refs(conn, session_id, [line])
         self._seen.remember((session_id, segment_id), 1, None)  # a guess: appends check it
@@ -508,13 +507,13 @@ class PostgresStore(SqlStore):
         }
         if count == 1:
             line = next(iter_lines(entries, first))
-            params.update(kind=line["kind"], ts=line["ts"], line=codec.encode(line).decode())
+            params.update(kind=line["kind"], ts=line["ts"], line=line_text(line))
             return _sql.APPEND_ONE, params
         lines = list(iter_lines(entries, first))
         params["seqs"] = list(range(first, first + count))
         params["kinds"] = [line["kind"] for line in lines]
         params["tss"] = [line["ts"] for line in lines]
-        params["lines"] = [codec.encode(line).decode() for line in lines]
+        params["lines"] = [line_text(line) for line in lines]
         return _sql.APPEND_MANY, params
 
     @retried
@@ -545,7 +544,7 @@ class PostgresStore(SqlStore):
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
     ) -> None:
         """Append raw stream events to the segment's debug trace."""
-        lines = [codec.encode(e.to_dict()).decode() for e in entries]
+        lines = [line_text(e.to_dict()) for e in entries]
         with self._pool.connection() as conn:
             if not lines:
                 if self._segment_exists(conn, session_id, segment_id):

@@ -49,7 +49,9 @@ def lock_key(*parts: str) -> int:
 
 # --------------------------------------------------------------------------- migrations
 
-LOCK_MIGRATIONS = "SELECT pg_advisory_xact_lock(%s)"
+# A lock held until the transaction ends: migrations take turns on one, as do creates,
+# attaches and freezes on a context's id.
+XACT_LOCK = "SELECT pg_advisory_xact_lock(%s)"
 FIND_TABLE = "SELECT to_regclass(%s)"
 CREATE_SCHEMA = sql.SQL("CREATE SCHEMA IF NOT EXISTS {schema}")
 CREATE_MIGRATIONS = sql.SQL(
@@ -150,8 +152,6 @@ REFILL_ENTRIES = (
 
 LOCK = "SELECT pg_advisory_lock(%s)"
 UNLOCK = "SELECT pg_advisory_unlock(%s)"
-# An id held until the transaction ends (creates, attaches and freezes take turns).
-LOCK_NAME = "SELECT pg_advisory_xact_lock(%s)"
 
 
 def lock_session(schema: str) -> sql.Composed:

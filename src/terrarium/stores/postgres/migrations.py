@@ -39,7 +39,7 @@ def migrate(conn: psycopg.Connection[Any], schema: str, *, where: str) -> list[s
     key = _sql.lock_key(schema, "migrate")
     while True:
         with conn.transaction():
-            conn.execute(_sql.LOCK_MIGRATIONS, (key,))
+            conn.execute(_sql.XACT_LOCK, (key,))
             found = conn.execute(_sql.FIND_TABLE, (table,)).fetchone()
             if found is None or found[0] is None:
                 conn.execute(_sql.CREATE_SCHEMA.format(schema=name))

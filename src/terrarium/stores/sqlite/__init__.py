@@ -34,7 +34,6 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from terrarium import codec
 from terrarium.blobs import DEFAULT_THRESHOLD, line_digests
 from terrarium.errors import ConflictError, SegmentNotFound, StoreError
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
@@ -42,7 +41,7 @@ from terrarium.stores import _db
 from terrarium.stores._archive import envelopes
 from terrarium.stores._changes import LogChanges
 from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import STATE, SqlStore, state_record
+from terrarium.stores._sqlbase import STATE, SqlStore, line_text, state_record
 from terrarium.stores.base import INDEX_DB, NewEntry, iter_lines, wake_session
 from terrarium.stores.locks import file_lock
 from terrarium.stores.sqlite import _sql as sql
@@ -386,7 +385,7 @@ class SqliteStore(SqlStore):
             seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
         except sqlite3.IntegrityError:  # UNIQUE (session_id, segment_id)
             raise ConflictError(f"segment {segment_id} already exists") from None
-        conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
+        conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, line_text(line)))
         self._record_refs(conn, s, [line])
 
     def append(
@@ -420,7 +419,7 @@ class SqliteStore(SqlStore):
                     seg, at = self._tail_waking(conn, s, g)
                     looked, proposal = True, at if expected_seq is None else expected_seq
                 line = next(iter_lines(entries, proposal))
-                row = (seg, proposal, line["kind"], line["ts"], _text(line))
+                row = (seg, proposal, line["kind"], line["ts"], line_text(line))
                 try:
                     conn.execute(sql.APPEND_ONE, row)
                     break
@@ -452,7 +451,7 @@ class SqliteStore(SqlStore):
             if expected_seq is not None and expected_seq != first:
                 raise ConflictError.stale_seq(segment_id, first, expected_seq)
             rows = [
-                (seg, line["seq"], line["kind"], line["ts"], _text(line))
+                (seg, line["seq"], line["kind"], line["ts"], line_text(line))
                 for line in iter_lines(entries, first)
             ]
             conn.executemany(sql.INSERT_ENTRY, rows)
@@ -481,18 +480,13 @@ class SqliteStore(SqlStore):
                 if self._woke(conn, s):
                     continue
                 raise SegmentNotFound.of(session_id, segment_id)
-            conn.executemany(sql.INSERT_TRACE, [(s, g, _text(e.to_dict())) for e in entries])
+            conn.executemany(sql.INSERT_TRACE, [(s, g, line_text(e.to_dict())) for e in entries])
 
 
 def _position(text: str | None) -> tuple[int, int] | None:
     """A change cursor position (``entry id.change id``), or None if ``text`` is not one."""
     entry, _, change = (text or "").partition(".")
     return (int(entry), int(change)) if entry.isdigit() and change.isdigit() else None
-
-
-def _text(line: Any) -> str:
-    """An entry (or trace event) as the ``line`` column stores it: its JSON, as encoded."""
-    return codec.encode(line).decode()
 
 
 def _tail(conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, int]:
