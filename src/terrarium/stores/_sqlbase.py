@@ -295,10 +295,9 @@ class SqlStore(ClosingStore):
             self._hold_name(conn, owner[0])
         segments = conn.execute(self._SESSION_SEGMENTS, (session,)).fetchall()
         head = conn.execute(self._q(HOT_HEAD + self._FOR_UPDATE), (session,)).fetchone()
-        frozen = pack_session(
-            conn.execute(self._SESSION_LINES, (session,)).fetchall(),
-            conn.execute(self._SESSION_TRACES, (session,)).fetchall(),
-        )
+        # Cursors, not lists: SQLite's streams the lines, a segment at a time.
+        lines = conn.execute(self._SESSION_LINES, (session,))
+        frozen = pack_session(lines, conn.execute(self._SESSION_TRACES, (session,)))
         rows = [(session, g, at, tail, *frozen.segments[g][1:]) for g, at, tail in segments]
         conn.cursor().executemany(self._q(INSERT_ARCHIVED_SEGMENT), rows)
         if head is not None:
