@@ -7,9 +7,9 @@ heads), ``sessions`` (with the lifecycle's ``state`` record, JSON text, NULL for
 them the same way on both: heads (created, attached and moved), segments and traces (hot,
 else frozen), the change cursor's reads, blobs, and the
 :class:`~terrarium.stores.base.SessionStates` primitives with the moves of a freeze and a thaw.
-A store supplies its connections (``_read``, ``_write``, ``_committed``...), its dialect
+A store supplies its connections (``_pooled``, ``_write``, ``_committed``...), its dialect
 (``_q``, ``_sid``, ``_uuid``), the statements whose text differs (``_READ_SEGMENT``...), its
-tail read (``_next_seq``), its wake (``_wake_on``) and its hot rows' refill (``_refill``).
+tail read (``_next_seq``) and its hot rows' refill (``_refill``).
 
 Statements here use SQLite's placeholders (``?``); PostgreSQL's store turns them into its own
 (:func:`pyformat`, through :meth:`SqlStore._q`). Blobs: each blob's bytes once under its
@@ -265,9 +265,10 @@ class SqlStore(ClosingStore):
         """A segment's row and header (entry 0) with their blob refs, in the caller's
         transaction. ConflictError if the segment exists."""
 
-    @abstractmethod
     def _wake_on(self, conn: Any, session_id: SessionId) -> bool:
-        """Wake the session for a write on ``conn`` if it is frozen; whether it was."""
+        """Wake the session for a write on ``conn`` if it is frozen; whether it was. SQLite's
+        ``conn`` is this thread's transaction, which the wake's calls take."""
+        return wake_session(self, session_id)
 
     def _hold_name(self, conn: Any, context: str) -> None:
         """Hold the id ``context`` until the transaction ends, where a create could take it

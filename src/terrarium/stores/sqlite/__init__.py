@@ -348,9 +348,6 @@ class SqliteStore(SqlStore):
         conn.executemany(sql.INSERT_ENTRY, [(seg, e.seq, e.kind, str(e.ts), t) for e, t in found])
         conn.executemany(sql.INSERT_TRACE, [(session, g, t) for t in trace])
 
-    def _wake_on(self, conn: sqlite3.Connection, session_id: SessionId) -> bool:
-        return wake_session(self, session_id)  # on conn: this thread's transaction
-
     def _woke(self, conn: sqlite3.Connection, session: str) -> bool:
         """Wake the session if it is frozen (SegmentNotFound in the trash); whether it was."""
         row = conn.execute(STATE, (session,)).fetchone()
