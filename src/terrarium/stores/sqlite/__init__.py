@@ -473,10 +473,7 @@ class SqliteStore(SqlStore):
         """Append raw stream events to the segment's debug trace."""
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            while not self._segment_exists(conn, session_id, segment_id):
-                if self._woke(conn, s):
-                    continue
-                raise SegmentNotFound.of(session_id, segment_id)
+            self._tail_waking(conn, s, g)  # SegmentNotFound unless it exists, woken if frozen
             conn.executemany(sql.INSERT_TRACE, [(s, g, line_text(e.to_dict())) for e in entries])
 
 
