@@ -560,7 +560,7 @@ def test_delete_or_purge_waiting_on_a_wake_finds_the_context_hot(
     finds the record changed, looks again, finds the context hot, and trashes (or purges)
     it: it never answers False for a context that exists."""
     psycopg = pytest.importorskip("psycopg")
-    from terrarium.stores.postgres import PostgresStore, _lifecycle
+    from terrarium.stores.postgres import PostgresStore
 
     with PostgresStore(pg_database, schema=fresh_schema()) as store:
         head = add_context(store, "cli:main", "capybara")
@@ -571,7 +571,7 @@ def test_delete_or_purge_waiting_on_a_wake_finds_the_context_hot(
             waker.execute("BEGIN")  # a wake: the record's row locked, the rows thawed
             s = head.session_id
             waker.execute("SELECT 1 FROM sessions WHERE session_id = %s FOR UPDATE", (s,))
-            _lifecycle.thaw(waker, s)
+            store._thaw_rows(waker, s)
             waker.execute("UPDATE sessions SET state = NULL WHERE session_id = %s", (s,))
             (pid,) = waker.execute("SELECT pg_backend_pid()").fetchone()
             outcome: list[bool] = []

@@ -6,10 +6,10 @@ heads), ``sessions`` (with the lifecycle's ``state`` record, JSON text, NULL for
 ``archived_segments`` (frozen sessions, :mod:`._archive`'s frames). :class:`SqlStore` reads
 them the same way on both: heads (created, attached and moved), segments and traces (hot,
 else frozen), the change cursor's reads, blobs, and the
-:class:`~terrarium.stores.base.SessionStates` primitives. A store supplies its connections
-(``_read``, ``_write``, ``_committed``...), its dialect (``_q``, ``_sid``, ``_uuid``), the
-statements whose text differs (``_READ_SEGMENT``...), its tail read (``_next_seq``), its wake
-(``_wake_on``) and the rows each lifecycle move takes (``_freeze_rows``...).
+:class:`~terrarium.stores.base.SessionStates` primitives with the moves of a freeze and a thaw.
+A store supplies its connections (``_pooled``, ``_write``, ``_committed``...), its dialect
+(``_q``, ``_sid``, ``_uuid``), the statements whose text differs (``_READ_SEGMENT``...), its
+tail read (``_next_seq``) and its hot rows' refill (``_refill``).
 
 Statements here use SQLite's placeholders (``?``); PostgreSQL's store turns them into its own
 (:func:`pyformat`, through :meth:`SqlStore._q`). Blobs: each blob's bytes once under its
@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from abc import abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ from terrarium.errors import (
     SessionAttached,
 )
 from terrarium.model import ContextId, SegmentId, SessionId, utc_now
-from terrarium.stores._archive import unpack, unpack_lines
+from terrarium.stores._archive import pack_session, unpack, unpack_lines
 from terrarium.stores.base import (
     ClosingStore,
     Derived,
@@ -136,6 +136,14 @@ DROP_SESSION = (
     "DELETE FROM archived_segments WHERE session_id = ?",
     "DELETE FROM sessions WHERE session_id = ?",
 )
+INSERT_ARCHIVED_SEGMENT = (
+    "INSERT INTO archived_segments (session_id, segment_id, created_at, next_seq, lines, "
+    "trace) VALUES (?, ?, ?, ?, ?, ?)"
+)
+ARCHIVED_SEGMENTS = (
+    "SELECT segment_id, created_at, next_seq, lines, trace FROM archived_segments "
+    "WHERE session_id = ? ORDER BY segment_id"
+)
 
 TOUCH_BLOB = "UPDATE blobs SET stored_at = ? WHERE digest = ?"
 # Two writers of one new blob: the second touches the first one's row.
@@ -165,10 +173,10 @@ class SqlStore(ClosingStore):
     """A store over the tables both databases hold (see the module docstring).
 
     Each lifecycle primitive is one write transaction: the record is read (its row locked),
-    compared with the one expected, and written together with the physical move, which the
-    store supplies (:meth:`_freeze_rows`, :meth:`_thaw_rows`, :meth:`_detach_rows`,
-    :attr:`_DROP_HOT`). A frozen session's segments are ``archived_segments`` rows, one
-    zstandard frame each, and its head, while attached, an ``archived_contexts`` row.
+    compared with the one expected, and written together with the physical move
+    (:meth:`_freeze_rows`, :meth:`_thaw_rows`, :meth:`_detach_rows`, :attr:`_DROP_HOT`). A
+    frozen session's segments are ``archived_segments`` rows, one zstandard frame each, and
+    its head, while attached, an ``archived_contexts`` row.
     """
 
     blob_threshold: int | None
@@ -186,6 +194,12 @@ class SqlStore(ClosingStore):
     _DROP_HOT: tuple[str, ...]
     #: A segment's lines from seq ``seq`` on (named parameters ``session``, ``segment``, ``seq``).
     _ENTRIES_FROM: str
+    #: What a freeze reads of a session (parameter: session): each segment with its creation
+    #: time and next seq (locked on PostgreSQL), its ``(segment, seq, line)`` rows and its
+    #: ``(segment, line)`` trace rows, each in segment order (then seq, then arrival).
+    _SESSION_SEGMENTS: str
+    _SESSION_LINES: str
+    _SESSION_TRACES: str
     derived: Derived | None = None
     """The derived index (:func:`terrarium.index.of`), closed with the store."""
     _where: str
@@ -209,9 +223,23 @@ class SqlStore(ClosingStore):
         """An id column's value as a UUID."""
         return uuid.UUID(value)
 
+    _local: threading.local
+    """``conn``: the connection this thread holds, its transaction's (SQLite) or the one lent
+    to its lifecycle call (PostgreSQL); the thread's reads take it."""
+
     @abstractmethod
-    def _read(self) -> AbstractContextManager[Any]:
-        """A connection for reads."""
+    def _pooled(self) -> AbstractContextManager[Any]:
+        """A connection of the store's pool for the block, its errors as StoreErrors."""
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Any]:
+        """A connection for reads: the one this thread holds, else a pooled one."""
+        held = getattr(self._local, "conn", None)
+        if held is not None:
+            yield held
+            return
+        with self._pooled() as conn:
+            yield conn
 
     @abstractmethod
     def _write(self) -> AbstractContextManager[Any]:
@@ -237,21 +265,58 @@ class SqlStore(ClosingStore):
         """A segment's row and header (entry 0) with their blob refs, in the caller's
         transaction. ConflictError if the segment exists."""
 
-    @abstractmethod
     def _wake_on(self, conn: Any, session_id: SessionId) -> bool:
-        """Wake the session for a write on ``conn`` if it is frozen; whether it was."""
+        """Wake the session for a write on ``conn`` if it is frozen; whether it was. SQLite's
+        ``conn`` is this thread's transaction, which the wake's calls take."""
+        return wake_session(self, session_id)
 
     def _hold_name(self, conn: Any, context: str) -> None:
         """Hold the id ``context`` until the transaction ends, where a create could take it
         meanwhile (PostgreSQL); SQLite's write transaction holds its one write lock."""
 
     @abstractmethod
-    def _freeze_rows(self, conn: Any, session: Any) -> tuple[int, int]:
-        """Move a hot session's rows to their frozen form; return its bytes hot and frozen."""
+    def _refill(
+        self, conn: Any, session: Any, segment: Sequence[Any], lines: list[str], trace: list[str]
+    ) -> None:
+        """Put a frozen segment back in the hot tables: its row (``segment``: id, creation
+        time, next seq), its entries' ``lines`` and its ``trace`` lines."""
 
-    @abstractmethod
+    def _freeze_rows(self, conn: Any, session: Any) -> tuple[int, int]:
+        """Move a hot session out of the hot tables (its head, if any, to
+        ``archived_contexts``); return the bytes its log took hot (as JSONL) and takes frozen.
+
+        Locks are taken in the order of every move (PostgreSQL): the session's row (locked by
+        the caller already), its context's id (:meth:`_hold_name`, so that a create never slips
+        between the head's delete and the frozen one's insert), its segments, its head. An
+        append or a trace write waits, then finds no row and takes its miss path, which wakes
+        the session.
+        """
+        owner = conn.execute(self._q(SESSION_OWNER + self._FOR_UPDATE), (session,)).fetchone()
+        if owner is not None and owner[0] is not None:
+            self._hold_name(conn, owner[0])
+        segments = conn.execute(self._SESSION_SEGMENTS, (session,)).fetchall()
+        head = conn.execute(self._q(HOT_HEAD + self._FOR_UPDATE), (session,)).fetchone()
+        # Cursors, not lists: SQLite's streams the lines, a segment at a time.
+        lines = conn.execute(self._SESSION_LINES, (session,))
+        frozen = pack_session(lines, conn.execute(self._SESSION_TRACES, (session,)))
+        rows = [(session, g, at, tail, *frozen.segments[g][1:]) for g, at, tail in segments]
+        conn.cursor().executemany(self._q(INSERT_ARCHIVED_SEGMENT), rows)
+        if head is not None:
+            conn.execute(self._q(INSERT_COLD_HEAD), (session, *head))
+        run_each(conn, self._DROP_HOT, session)
+        return frozen.hot_bytes, frozen.cold_bytes
+
     def _thaw_rows(self, conn: Any, session: Any) -> None:
-        """Move a frozen session's rows back to the hot tables."""
+        """Move a frozen session back to the hot tables, its head too if it has one."""
+        head = conn.execute(self._q(COLD_HEAD), (session,)).fetchone()
+        for *segment, lines, trace in conn.execute(
+            self._q(ARCHIVED_SEGMENTS), (session,)
+        ).fetchall():
+            self._refill(conn, session, segment, unpack_lines(lines), unpack_lines(trace))
+        if head is not None:
+            context, type_, g, created, updated = head
+            conn.execute(self._q(INSERT_HEAD), (context, type_, session, g, created, updated))
+        run_each(conn, map(self._q, DROP_COLD), session)
 
     def _detach_rows(self, conn: Any, context: str, session: Any) -> bool:
         """Drop the head of ``context`` (hot or frozen) if it is on ``session``; whether it was."""
@@ -599,7 +664,7 @@ class SqlStore(ClosingStore):
             else:
                 hot, packed = self._freeze_rows(conn, self._sid(session_id))
                 cold = {"hot_bytes": hot, "cold_bytes": packed}
-            stored = state_record(encode({**state, "cold": cold}).decode())
+            stored = state_record(line_text({**state, "cold": cold}))
             self._put(conn, session_id, stored)
         return stored
 
@@ -701,6 +766,11 @@ def state_record(text: str | None) -> dict[str, Any]:
     return found
 
 
+def line_text(line: Any) -> str:
+    """An entry, trace event or record as a text column holds it: its JSON, as encoded."""
+    return encode(line).decode()
+
+
 def _text(state: Mapping[str, Any]) -> str | None:
     """A record as the ``state`` column holds it (``{}``: NULL)."""
-    return encode(dict(state)).decode() if state else None
+    return line_text(dict(state)) if state else None

@@ -29,7 +29,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, cast
 
-from terrarium import codec
 from terrarium.blobs import DEFAULT_THRESHOLD, line_digests
 from terrarium.errors import (
     ConflictError,
@@ -39,10 +38,11 @@ from terrarium.errors import (
     install_hint,
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
+from terrarium.stores._archive import envelopes
 from terrarium.stores._changes import LogChanges, index_folder
 from terrarium.stores._redact import redact_url
 from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import SqlStore, pyformat
+from terrarium.stores._sqlbase import SqlStore, line_text, pyformat
 from terrarium.stores.base import (
     ATTEMPTS,
     INDEX_DB,
@@ -63,7 +63,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         f"PostgresStore needs psycopg 3 and psycopg_pool: {install_hint('postgres')}"
     ) from exc
 
-from terrarium.stores.postgres import _lifecycle, _sql
+from terrarium.stores.postgres import _sql
 from terrarium.stores.postgres._pool import CONNECTION_ERRORS, Pool, alive, retried
 from terrarium.stores.postgres.migrations import MIGRATIONS, migrate
 from terrarium.stores.postgres.notify import ChangeFeed
@@ -83,8 +83,11 @@ class PostgresStore(SqlStore):
 
     _READ_SEGMENT = _sql.READ
     _READ_TRACE = _sql.READ_TRACE
-    _DROP_HOT = _lifecycle.DROP_HOT
+    _DROP_HOT = _sql.DROP_HOT
     _ENTRIES_FROM = _sql.ENTRIES_FROM
+    _SESSION_SEGMENTS = _sql.SESSION_SEGMENTS
+    _SESSION_LINES = _sql.SESSION_LINES
+    _SESSION_TRACES = _sql.SESSION_TRACES
     # What SqlStore reads, run once more on a connection lost under it (see _pool.retried).
     get_head = retried(SqlStore.get_head)
     list_contexts = retried(SqlStore.list_contexts)
@@ -325,9 +328,10 @@ class PostgresStore(SqlStore):
         conn.close()
 
     # ---------------------------------------------------------------- frozen sessions
-    # SqlStore keeps the records; here are the rows each move takes
-    # (._lifecycle). A write finds a frozen session on its miss path only, wakes it
-    # (wake_session, on the writer's own connection) and tries again.
+    # SqlStore keeps the records and moves the rows, each move's writes to contexts and
+    # segments noted in the change cursor by their triggers. A write finds a frozen session
+    # on its miss path only, wakes it (wake_session, on the writer's own connection) and
+    # tries again.
 
     _FOR_UPDATE = " FOR UPDATE"
     # The key-share lock (which the segment's foreign key takes anyway) waits for an attach of
@@ -345,16 +349,8 @@ class PostgresStore(SqlStore):
     def _uuid(value: Any) -> uuid.UUID:
         return cast(uuid.UUID, value)  # psycopg reads uuid columns as UUIDs
 
-    @contextmanager
-    def _read(self) -> Iterator[psycopg.Connection[Any]]:
-        """The connection lent to this thread's lifecycle call (see :meth:`_wake_on`), or a
-        pooled one."""
-        held: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
-        if held is not None:
-            yield held
-            return
-        with self._pool.connection() as conn:
-            yield conn
+    def _pooled(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        return self._pool.connection()
 
     @contextmanager
     def _write(self) -> Iterator[psycopg.Connection[Any]]:
@@ -362,8 +358,7 @@ class PostgresStore(SqlStore):
         with self._read() as conn, conn.transaction():
             yield conn
 
-    def _committed(self) -> AbstractContextManager[psycopg.Connection[Any]]:
-        return self._pool.connection()
+    _committed = _pooled
 
     @contextmanager
     def _snapshot(self) -> Iterator[psycopg.Connection[Any]]:
@@ -379,13 +374,26 @@ class PostgresStore(SqlStore):
                 yield conn
 
     def _hold_name(self, conn: psycopg.Connection[Any], context: str) -> None:
-        _lifecycle.lock_name(conn, self.schema, context)
+        """Hold the id ``context`` until the transaction ends (creates, attaches and freezes
+        take turns). Not the key of ``lock_context``: a caller holding that lock may create
+        the context."""
+        conn.execute(_sql.XACT_LOCK, (_sql.lock_key(self.schema, "name", context),))
 
-    def _freeze_rows(self, conn: psycopg.Connection[Any], session: Any) -> tuple[int, int]:
-        return _lifecycle.freeze(conn, self.schema, session)
-
-    def _thaw_rows(self, conn: psycopg.Connection[Any], session: Any) -> None:
-        _lifecycle.thaw(conn, session)
+    def _refill(
+        self,
+        conn: psycopg.Connection[Any],
+        session: SessionId,
+        segment: Sequence[Any],
+        lines: list[str],
+        trace: list[str],
+    ) -> None:
+        """Put a frozen segment back in the hot tables, its row as it was."""
+        conn.execute(_sql.REFILL_SEGMENT, (session, *segment))
+        found = envelopes(lines)
+        columns = ([e.seq for e in found], [e.kind for e in found], [str(e.ts) for e in found])
+        conn.execute(_sql.REFILL_ENTRIES, (session, segment[0], *columns, lines))
+        if trace:
+            conn.execute(_sql.APPEND_TRACE, (session, segment[0], trace))
 
     def _wake_on(self, conn: psycopg.Connection[Any], session_id: SessionId) -> bool:
         """``wake_session`` on the caller's own connection, idle (a pool of one connection
@@ -431,7 +439,7 @@ class PostgresStore(SqlStore):
             raise SegmentNotFound.of(session_id) from None
         if cur.rowcount != 1:
             raise ConflictError(f"segment {segment_id} already exists")
-        text = codec.encode(line).decode()
+        text = line_text(line)
         conn.execute(_sql.INSERT_HEADER, (session_id, segment_id, line["kind"], ts, text))
         self._record_refs(conn, session_id, [line])
         self._seen.remember((session_id, segment_id), 1, None)  # a guess: appends check it
@@ -499,13 +507,13 @@ class PostgresStore(SqlStore):
         }
         if count == 1:
             line = next(iter_lines(entries, first))
-            params.update(kind=line["kind"], ts=line["ts"], line=codec.encode(line).decode())
+            params.update(kind=line["kind"], ts=line["ts"], line=line_text(line))
             return _sql.APPEND_ONE, params
         lines = list(iter_lines(entries, first))
         params["seqs"] = list(range(first, first + count))
         params["kinds"] = [line["kind"] for line in lines]
         params["tss"] = [line["ts"] for line in lines]
-        params["lines"] = [codec.encode(line).decode() for line in lines]
+        params["lines"] = [line_text(line) for line in lines]
         return _sql.APPEND_MANY, params
 
     @retried
@@ -536,7 +544,7 @@ class PostgresStore(SqlStore):
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
     ) -> None:
         """Append raw stream events to the segment's debug trace."""
-        lines = [codec.encode(e.to_dict()).decode() for e in entries]
+        lines = [line_text(e.to_dict()) for e in entries]
         with self._pool.connection() as conn:
             if not lines:
                 if self._segment_exists(conn, session_id, segment_id):

@@ -49,7 +49,9 @@ def lock_key(*parts: str) -> int:
 
 # --------------------------------------------------------------------------- migrations
 
-LOCK_MIGRATIONS = "SELECT pg_advisory_xact_lock(%s)"
+# A lock held until the transaction ends: migrations take turns on one, as do creates,
+# attaches and freezes on a context's id.
+XACT_LOCK = "SELECT pg_advisory_xact_lock(%s)"
 FIND_TABLE = "SELECT to_regclass(%s)"
 CREATE_SCHEMA = sql.SQL("CREATE SCHEMA IF NOT EXISTS {schema}")
 CREATE_MIGRATIONS = sql.SQL(
@@ -121,6 +123,31 @@ INSERT_HEADER = (
     "INSERT INTO entries (session_id, segment_id, seq, kind, ts, line) "
     "VALUES (%s, %s, 0, %s, %s, %s)"
 )
+# --------------------------------------------------------------------------- frozen sessions
+
+# What a freeze reads of a session (SqlStore._freeze_rows): its segments, locked in key order
+# with their tail (a thaw puts each row back as it was), and its lines and traces.
+SESSION_SEGMENTS = (
+    "SELECT segment_id, created_at, next_seq FROM segments "
+    "WHERE session_id = %s ORDER BY session_id, segment_id FOR UPDATE"
+)
+SESSION_LINES = (
+    "SELECT segment_id, seq, line FROM entries WHERE session_id = %s ORDER BY segment_id, seq"
+)
+SESSION_TRACES = "SELECT segment_id, line FROM traces WHERE session_id = %s ORDER BY segment_id, n"
+# Traces go with their segments (foreign key, ON DELETE CASCADE).
+DROP_HOT = tuple(
+    f"DELETE FROM {table} WHERE session_id = %s" for table in ("entries", "segments", "contexts")
+)
+REFILL_SEGMENT = (
+    "INSERT INTO segments (session_id, segment_id, created_at, next_seq) VALUES (%s, %s, %s, %s)"
+)
+REFILL_ENTRIES = (
+    "INSERT INTO entries (session_id, segment_id, seq, kind, ts, line) "
+    "SELECT %s, %s, e.seq, e.kind, e.ts, e.line FROM unnest(%b::int[], %b::text[], "
+    "%b::text[], %b::text[]) AS e(seq, kind, ts, line)"
+)
+
 # --------------------------------------------------------------------------- context locks
 
 LOCK = "SELECT pg_advisory_lock(%s)"

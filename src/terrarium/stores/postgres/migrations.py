@@ -39,7 +39,7 @@ def migrate(conn: psycopg.Connection[Any], schema: str, *, where: str) -> list[s
     key = _sql.lock_key(schema, "migrate")
     while True:
         with conn.transaction():
-            conn.execute(_sql.LOCK_MIGRATIONS, (key,))
+            conn.execute(_sql.XACT_LOCK, (key,))
             found = conn.execute(_sql.FIND_TABLE, (table,)).fetchone()
             if found is None or found[0] is None:
                 conn.execute(_sql.CREATE_SCHEMA.format(schema=name))
@@ -121,7 +121,7 @@ _TABLES = (
         PRIMARY KEY (session_id, segment_id, n),
         FOREIGN KEY (session_id, segment_id) REFERENCES segments ON DELETE CASCADE
     )""",
-    # Frozen sessions (``._lifecycle``): the heads of the attached ones, and each segment's
+    # Frozen sessions (``.._sqlbase``): the heads of the attached ones, and each segment's
     # lines (and trace) zstandard-compressed, with its tail and counts. A unique index, not a
     # unique key, on context: a unique key would not start with session_id (Citus).
     """CREATE TABLE archived_contexts (

@@ -34,17 +34,16 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from terrarium import codec
 from terrarium.blobs import DEFAULT_THRESHOLD, line_digests
 from terrarium.errors import ConflictError, SegmentNotFound, StoreError
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
+from terrarium.stores._archive import envelopes
 from terrarium.stores._changes import LogChanges
 from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import STATE, SqlStore, state_record
+from terrarium.stores._sqlbase import STATE, SqlStore, line_text, state_record
 from terrarium.stores.base import INDEX_DB, NewEntry, iter_lines, wake_session
 from terrarium.stores.locks import file_lock
-from terrarium.stores.sqlite import _lifecycle as lifecycle
 from terrarium.stores.sqlite import _sql as sql
 from terrarium.stores.sqlite.migrations import MIGRATIONS, check_readable, migrate
 
@@ -68,8 +67,11 @@ class SqliteStore(SqlStore):
 
     _READ_SEGMENT = sql.READ_SEGMENT
     _READ_TRACE = sql.READ_TRACE
-    _DROP_HOT = lifecycle.DROP_HOT
+    _DROP_HOT = sql.DROP_HOT
     _ENTRIES_FROM = sql.ENTRIES_FROM
+    _SESSION_SEGMENTS = sql.SESSION_SEGMENTS
+    _SESSION_LINES = sql.SESSION_LINES
+    _SESSION_TRACES = sql.SESSION_TRACES
 
     def __init__(
         self,
@@ -213,7 +215,7 @@ class SqliteStore(SqlStore):
         conn.close()
 
     @contextmanager
-    def _borrowed(self) -> Iterator[sqlite3.Connection]:
+    def _pooled(self) -> Iterator[sqlite3.Connection]:
         """An idle connection for the block, given back after; its errors as StoreErrors."""
         conn = self._borrow()
         try:
@@ -222,16 +224,6 @@ class SqliteStore(SqlStore):
             raise self._error(exc) from exc
         finally:
             self._give_back(conn)
-
-    @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        """A connection for reads: the thread's transaction if it is in one, else a pooled one."""
-        held: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if held is not None:
-            yield held
-            return
-        with self._borrowed() as conn:
-            yield conn
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -253,7 +245,7 @@ class SqliteStore(SqlStore):
             finally:
                 local.depth = depth - 1
             return
-        with self._borrowed() as conn:
+        with self._pooled() as conn:
             local.conn, local.depth = conn, 0
             try:
                 with _db.immediate(conn):
@@ -303,7 +295,7 @@ class SqliteStore(SqlStore):
     @contextmanager
     def _committed(self) -> Iterator[sqlite3.Connection]:
         """A pooled read transaction, never the thread's write one."""
-        with self._borrowed() as conn:
+        with self._pooled() as conn:
             conn.execute("BEGIN")
             try:
                 yield conn
@@ -336,15 +328,25 @@ class SqliteStore(SqlStore):
         )
 
     # ---------------------------------------------------------------- frozen sessions
-    # SqlStore keeps the records; here are the rows each move takes (._lifecycle). A write
-    # finds a frozen session on its miss path only, wakes it (wake_session) and tries again:
-    # a hot write never looks at the archive.
+    # SqlStore keeps the records and moves the rows. A write finds a frozen session on its
+    # miss path only, wakes it (wake_session) and tries again: a hot write never looks at the
+    # archive.
 
-    _freeze_rows = staticmethod(lifecycle.freeze)
-    _thaw_rows = staticmethod(lifecycle.thaw)
-
-    def _wake_on(self, conn: sqlite3.Connection, session_id: SessionId) -> bool:
-        return wake_session(self, session_id)  # on conn: this thread's transaction
+    def _refill(
+        self,
+        conn: sqlite3.Connection,
+        session: str,
+        segment: Sequence[Any],
+        lines: list[str],
+        trace: list[str],
+    ) -> None:
+        """Put a frozen segment back in the hot tables. It gets a new key, so an append with a
+        key cached before the freeze fails its check and looks again."""
+        g, created, _ = segment
+        seg = conn.execute(sql.INSERT_SEGMENT, (session, g, created)).lastrowid
+        found = zip(envelopes(lines), lines, strict=True)
+        conn.executemany(sql.INSERT_ENTRY, [(seg, e.seq, e.kind, str(e.ts), t) for e, t in found])
+        conn.executemany(sql.INSERT_TRACE, [(session, g, t) for t in trace])
 
     def _woke(self, conn: sqlite3.Connection, session: str) -> bool:
         """Wake the session if it is frozen (SegmentNotFound in the trash); whether it was."""
@@ -380,7 +382,7 @@ class SqliteStore(SqlStore):
             seg = conn.execute(sql.INSERT_SEGMENT, (s, g, ts)).lastrowid
         except sqlite3.IntegrityError:  # UNIQUE (session_id, segment_id)
             raise ConflictError(f"segment {segment_id} already exists") from None
-        conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, _text(line)))
+        conn.execute(sql.INSERT_ENTRY, (seg, 0, line["kind"], ts, line_text(line)))
         self._record_refs(conn, s, [line])
 
     def append(
@@ -414,7 +416,7 @@ class SqliteStore(SqlStore):
                     seg, at = self._tail_waking(conn, s, g)
                     looked, proposal = True, at if expected_seq is None else expected_seq
                 line = next(iter_lines(entries, proposal))
-                row = (seg, proposal, line["kind"], line["ts"], _text(line))
+                row = (seg, proposal, line["kind"], line["ts"], line_text(line))
                 try:
                     conn.execute(sql.APPEND_ONE, row)
                     break
@@ -446,7 +448,7 @@ class SqliteStore(SqlStore):
             if expected_seq is not None and expected_seq != first:
                 raise ConflictError.stale_seq(segment_id, first, expected_seq)
             rows = [
-                (seg, line["seq"], line["kind"], line["ts"], _text(line))
+                (seg, line["seq"], line["kind"], line["ts"], line_text(line))
                 for line in iter_lines(entries, first)
             ]
             conn.executemany(sql.INSERT_ENTRY, rows)
@@ -471,22 +473,14 @@ class SqliteStore(SqlStore):
         """Append raw stream events to the segment's debug trace."""
         s, g = str(session_id), str(segment_id)
         with self._write() as conn:
-            while not self._segment_exists(conn, session_id, segment_id):
-                if self._woke(conn, s):
-                    continue
-                raise SegmentNotFound.of(session_id, segment_id)
-            conn.executemany(sql.INSERT_TRACE, [(s, g, _text(e.to_dict())) for e in entries])
+            self._tail_waking(conn, s, g)  # SegmentNotFound unless it exists, woken if frozen
+            conn.executemany(sql.INSERT_TRACE, [(s, g, line_text(e.to_dict())) for e in entries])
 
 
 def _position(text: str | None) -> tuple[int, int] | None:
     """A change cursor position (``entry id.change id``), or None if ``text`` is not one."""
     entry, _, change = (text or "").partition(".")
     return (int(entry), int(change)) if entry.isdigit() and change.isdigit() else None
-
-
-def _text(line: Any) -> str:
-    """An entry (or trace event) as the ``line`` column stores it: its JSON, as encoded."""
-    return codec.encode(line).decode()
 
 
 def _tail(conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, int]:

@@ -62,6 +62,27 @@ ENTRIES_FROM = f"SELECT line FROM entries WHERE seg = {_KEY} AND seq >= :seq ORD
 INSERT_TRACE = "INSERT INTO traces (session_id, segment_id, line) VALUES (?, ?, ?)"
 READ_TRACE = "SELECT line FROM traces WHERE session_id = ? AND segment_id = ? ORDER BY id"
 
+# ---------------------------------------------------------------------------- frozen sessions
+
+# What a freeze reads of a session (SqlStore._freeze_rows): its segments with their next seq,
+# and its lines and traces; entries name their segment by its key.
+SESSION_SEGMENTS = (
+    "SELECT segment_id, created_at, (SELECT max(seq) + 1 FROM entries WHERE seg = g.id) "
+    "FROM segments AS g WHERE session_id = ?"
+)
+SESSION_LINES = (
+    "SELECT g.segment_id, e.seq, e.line FROM segments AS g JOIN entries AS e ON e.seg = g.id "
+    "WHERE g.session_id = ? ORDER BY g.segment_id, e.seq"
+)
+SESSION_TRACES = "SELECT segment_id, line FROM traces WHERE session_id = ? ORDER BY segment_id, id"
+# A session's hot rows, dropped by a freeze and by the delete of a detached session.
+DROP_HOT = (
+    "DELETE FROM entries WHERE seg IN (SELECT id FROM segments WHERE session_id = ?)",
+    "DELETE FROM traces WHERE session_id = ?",
+    "DELETE FROM segments WHERE session_id = ?",
+    "DELETE FROM contexts WHERE session_id = ?",
+)
+
 # SQLite's automatic checkpoint runs in the commit that takes the WAL past this many pages
 # (16 MB): one in several thousand appends pays for it, and the append p99.9 stayed within a
 # bare INSERT's (benchmarks/bench_targets.py --only append, 1k and 10k history).

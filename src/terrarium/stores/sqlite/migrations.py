@@ -121,7 +121,7 @@ _TABLES = (
         line TEXT NOT NULL
     )""",
     "CREATE INDEX traces_by_segment ON traces (session_id, segment_id, id)",
-    # Frozen sessions (``._lifecycle``): the heads of the attached ones, and each segment's
+    # Frozen sessions (``.._sqlbase``): the heads of the attached ones, and each segment's
     # lines (and trace) zstandard-compressed.
     """CREATE TABLE archived_contexts (
         session_id TEXT PRIMARY KEY,
