@@ -22,7 +22,6 @@ from terrarium.cli.app import (
     command,
     json_option,
     program,
-    reads_store,
     storage_option,
     type_option,
 )
@@ -210,7 +209,6 @@ def delete_session(
     )
 
 
-@reads_store
 @cli.group()
 @storage_option
 def trash() -> None:
@@ -367,17 +365,15 @@ def maintain(state: CliState, dry_run: bool, as_json: bool) -> None:
 
 def report_json(report: MaintenanceReport) -> dict[str, Any]:
     """``maintain --json``."""
-    if report.dry_run:
-        archive = [record_json(c) for c in report.to_archive.candidates]
-        purge = [record_json(e) for e in report.to_purge]
-    else:
-        archive = [record_json(a) for a in report.archived]
-        purge = [record_json(e) for e in report.purged]
+    archive: Sequence[Candidate | ArchivedContext] = report.archived
+    purge = report.purged
+    if report.dry_run:  # what it would do
+        archive, purge = report.to_archive.candidates, report.to_purge
     return {
         "dry_run": report.dry_run,
         "policy": report.policy,
-        "archived": archive,
-        "purged": purge,
+        "archived": [record_json(r) for r in archive],
+        "purged": [record_json(e) for e in purge],
         "skipped_pinned": report.to_archive.skipped_pinned,
         "bytes_saved": report.bytes_saved,
     }
@@ -403,17 +399,8 @@ def lifecycle_rows(
     for archived in states.archived_contexts(store, type_):
         head = store.get_head(ContextId.parse(archived.context))
         created = head.created_at if head is not None else archived.date
-        type_name = archived.context.partition(":")[0]
-        out.append(
-            ContextRow(
-                archived.context,
-                type_name,
-                archived.date,
-                created,
-                archived.last_active,
-                archived.message_count,
-            )
-        )
+        row = (archived.date, created, archived.last_active, archived.message_count)
+        out.append(ContextRow(archived.context, archived.context.partition(":")[0], *row))
         marks[archived.context] = {"state": "archived", "pinned": archived.pinned}
     out.sort(key=lambda r: r.last_active, reverse=True)
     out.sort(key=lambda r: r.type)
