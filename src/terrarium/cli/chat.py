@@ -67,6 +67,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("FORMAT [FILE]", "export this session (default file TYPE_NAME.EXT; - = stdout)"),
     "quit": ("", "leave the chat (or Ctrl-D)"),
 }
+"""Each ``/command``: its argument (required unless in brackets) and what it does."""
 
 KEPT = "your message is kept, marked failed, and is not sent with your next one"
 
@@ -258,6 +259,9 @@ class Chat:
         handler: Callable[[str], Awaitable[None]] | None = getattr(self, f"cmd_{name}", None)
         if name not in COMMANDS or handler is None:
             raise click.ClickException(f"unknown command /{name}: /help lists the commands")
+        needs = COMMANDS[name][0]
+        if needs and not needs.startswith("[") and not arg.strip():  # a required argument
+            raise click.ClickException(f"usage: /{name} {needs}")
         await handler(arg.strip())
 
     async def cmd_help(self, _arg: str) -> None:
@@ -282,16 +286,12 @@ class Chat:
         print_stats(self.state, data)
 
     async def cmd_fork(self, arg: str) -> None:
-        if not arg:
-            raise click.ClickException("usage: /fork NAME")
         target = parse_context(arg, self.context.type)
         fork_session(self.state, self.context, target)
         self.context = target
         self.out.note(f"now in {target}")
 
     async def cmd_switch(self, arg: str) -> None:
-        if not arg:
-            raise click.ClickException("usage: /switch CONTEXT")
         self.open(parse_context(arg, self.context.type))
         self.out.note(f"now in {self.context} ({plural(self.message_count(), 'message')})")
 
@@ -343,8 +343,6 @@ class Chat:
         from terrarium.export import get_format
 
         fmt, _, target = arg.partition(" ")
-        if not fmt:
-            raise click.ClickException("usage: /export FORMAT [FILE]")
         spec = get_format(fmt)
         content = export_session(self.state, self.context, spec.name)
         target = target.strip()
