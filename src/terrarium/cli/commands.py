@@ -399,6 +399,7 @@ def context_stats(state: CliState, context: ContextId) -> dict[str, Any]:
 def print_stats(state: CliState, data: dict[str, Any]) -> None:
     """Stats of one context as a two-column table."""
     usage = data["usage"]
+    cached = f"{usage['cached_tokens']} cached"
     rows = [
         ["context", data["context_id"]],
         ["messages", str(data["message_count"])],
@@ -406,10 +407,7 @@ def print_stats(state: CliState, data: dict[str, Any]) -> None:
         ["created", short_time(data["created_at"])],
         ["last active", short_time(data["last_active"])],
         ["system prompt", data["system_prompt"] or "-"],
-        [
-            "prompt tokens",
-            _count(usage, "prompt_tokens", detail=f"{usage['cached_tokens']} cached"),
-        ],
+        ["prompt tokens", _count(usage, "prompt_tokens", detail=cached)],
         ["completion tokens", _count(usage, "completion_tokens", detail="")],
         ["model calls", _count(usage, "calls", detail="", mark="")],
         ["last run", data["last_run"] or "-"],
