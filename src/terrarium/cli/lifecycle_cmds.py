@@ -382,18 +382,16 @@ def report_json(report: MaintenanceReport) -> dict[str, Any]:
 def lifecycle_rows(
     state: CliState, rows: list[ContextRow], type_: str | None, scope: str
 ) -> tuple[list[ContextRow], dict[str, dict[str, Any]]]:
-    """``list``'s rows for ``scope``, and by context id each one's ``state`` and ``pinned``."""
+    """``list``'s rows for ``scope`` (``rows``: the hot ones it shows), and by context id each
+    one's ``state`` and ``pinned``."""
     from terrarium.contexts import ContextRow
     from terrarium.model import ContextId
     from terrarium.stores.base import Lifecycle
 
     store = state.store()
-    if not isinstance(store, Lifecycle):
-        kept = rows if scope != "archived" else []
-        return kept, {r.context_id: {"state": "hot", "pinned": False} for r in kept}
-    pins = states.pinned_contexts(store)
+    pins = states.pinned_contexts(store) if isinstance(store, Lifecycle) else frozenset()
     marks = {r.context_id: {"state": "hot", "pinned": r.context_id in pins} for r in rows}
-    if scope == "hot":
+    if scope == "hot" or not isinstance(store, Lifecycle):
         return rows, marks
     out = list(rows) if scope == "all" else []
     for archived in states.archived_contexts(store, type_):
