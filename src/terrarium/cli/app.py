@@ -1,7 +1,7 @@
 """The ``terrarium`` command group: shared options, the store and manager, the error boundary.
 
 Every command takes ``--storage-dir`` (before the command name too); the store opens on first
-use and closes when the command ends. A :func:`reads_store` command never creates one. Errors
+use and closes when the command ends. A command that only reads never creates one. Errors
 a user can cause end the command with one line on stderr and a non-zero exit, never a
 traceback; a closed pipe (``terrarium list | head -1``) ends it quietly with 141. Only
 commands that call a model build a :class:`MultiContextManager` (and import ``openai``).
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from terrarium.stores.base import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
-C = TypeVar("C", bound=click.Command)
 
 DEFAULT_STORAGE = "./sessions"
 DEFAULT_BASE_URL = "http://localhost:8000/v1"
@@ -85,27 +84,30 @@ def quiet_stdout() -> None:
         pass
 
 
-def _guarded(invoke: Callable[[click.Context], Any], ctx: click.Context) -> Any:
-    try:
+class GuardedCommand(click.Command):
+    """A command (``chat.py``, the group) whose user errors become one-line messages."""
+
+    def invoke(self, ctx: click.Context) -> Any:
         try:
-            return invoke(ctx)
-        finally:
-            sys.stdout.flush()  # a closed pipe shows here at the latest, not at exit
-    except BrokenPipeError:
-        quiet_stdout()
-        raise click.exceptions.Exit(BROKEN_PIPE_EXIT) from None
-    except click.UsageError as exc:
-        if type(exc).__name__ == "NoArgsIsHelpError":
-            raise
-        # One line: click would print the usage, a hint and the error on three.
-        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-        raise UsageLine(f"{exc.format_message()}{hint}") from exc
-    except USER_ERRORS as exc:
-        raise click.ClickException(one_line(str(exc)) or type(exc).__name__) from exc
+            try:
+                return super().invoke(ctx)
+            finally:
+                sys.stdout.flush()  # a closed pipe shows here at the latest, not at exit
+        except BrokenPipeError:
+            quiet_stdout()
+            raise click.exceptions.Exit(BROKEN_PIPE_EXIT) from None
+        except click.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":
+                raise
+            # One line: click would print the usage, a hint and the error on three.
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            raise UsageLine(f"{exc.format_message()}{hint}") from exc
+        except USER_ERRORS as exc:
+            raise click.ClickException(one_line(str(exc)) or type(exc).__name__) from exc
 
 
-class GuardedGroup(click.Group):
-    """A group that turns user errors raised by any subcommand into one-line messages.
+class GuardedGroup(GuardedCommand, click.Group):
+    """A group with :class:`GuardedCommand`'s error boundary around every subcommand.
 
     Commands registered with :meth:`add_lazy` are imported only when they run or show their own
     help (``chat`` imports ``asyncio``, a fifth of the start of ``terrarium list``).
@@ -145,26 +147,6 @@ class GuardedGroup(click.Group):
         finally:
             self._listing = False
 
-    def invoke(self, ctx: click.Context) -> Any:
-        return _guarded(super().invoke, ctx)
-
-
-class GuardedCommand(click.Command):
-    """A stand-alone command with the same error boundary (``chat.py``)."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        return _guarded(super().invoke, ctx)
-
-
-#: The commands marked by :func:`reads_store`.
-_READERS: set[click.Command] = set()
-
-
-def reads_store(command: C) -> C:
-    """Mark a command that never creates a store: a missing one is ``no store at ...``."""
-    _READERS.add(command)
-    return command
-
 
 class CliState:
     """What one invocation shares between the group and its command: store, manager, output."""
@@ -173,7 +155,7 @@ class CliState:
         self.storage: str | None = None
         self.out = Output()
         self.reads_only = False
-        """Set by a command that only reads (as :func:`reads_store` marks whole commands)."""
+        """Set by a command that never creates a store: a missing one is ``no store at ...``."""
         self._store: Store | None = None
         self._manager: MultiContextManager | None = None
         self._client_closed = False
@@ -193,9 +175,7 @@ class CliState:
     def store(self) -> Store:
         """The store, opened on first use (created, unless the command only reads)."""
         if self._store is None:
-            ctx = click.get_current_context(silent=True)
-            creates = not self.reads_only and (ctx is None or ctx.command not in _READERS)
-            self._store = open_store(self.location, create=creates)
+            self._store = open_store(self.location, create=not self.reads_only)
         return self._store
 
     def manager(self, server: ModelOptions) -> MultiContextManager:
@@ -282,18 +262,20 @@ def command(
     name: str | None = None, *, group: click.Group | None = None, creates: bool = False
 ) -> Callable[[Callable[..., Any]], click.Command]:
     """A command of ``group`` (default: ``terrarium``) called with the invocation's
-    :class:`CliState` first, ``--storage-dir`` its last option; :func:`reads_store` unless it
+    :class:`CliState` first, ``--storage-dir`` its last option; it only reads unless it
     ``creates`` a store. A subcommand's ``--help`` ends with ``examples["GROUP NAME"]``."""
 
     def decorate(f: Callable[..., Any]) -> click.Command:
         @functools.wraps(f)
         def run(*args: Any, **kwargs: Any) -> Any:
-            return f(state_of(click.get_current_context()), *args, **kwargs)
+            state = state_of(click.get_current_context())
+            state.reads_only = not creates
+            return f(state, *args, **kwargs)
 
         made = storage_option((group or cli).command(name)(run))
         if group is not None:
             made.epilog = examples.epilog(f"{group.name} {made.name}")
-        return made if creates else reads_store(made)
+        return made
 
     return decorate
 

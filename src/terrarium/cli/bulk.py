@@ -155,17 +155,15 @@ def search(
     if as_json:
         return
     for hit in found:
-        heading = f"{hit.context}  {short_time(hit.ts)}  {hit.role}  {_where(hit)}"
+        state.out.line(f"{hit.context}  {short_time(hit.ts)}  {hit.role}  {_where(hit)}", "cyan")
         if state.out.rich:
             from rich.text import Text
 
             snippet = Text(hit.snippet)
             for start, end in hit.highlights:
                 snippet.stylize("bold yellow", start, end)
-            state.out.console.print(Text(heading, style="cyan"))
             state.out.console.print(Text("  ").append(snippet))
         else:
-            state.out.line(heading)
             state.out.line(f"  {_marked(hit.snippet, hit.highlights)}")
 
 

@@ -67,6 +67,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("FORMAT [FILE]", "export this session (default file TYPE_NAME.EXT; - = stdout)"),
     "quit": ("", "leave the chat (or Ctrl-D)"),
 }
+"""Each ``/command``: its argument (required unless in brackets) and what it does."""
 
 KEPT = "your message is kept, marked failed, and is not sent with your next one"
 
@@ -258,6 +259,9 @@ class Chat:
         handler: Callable[[str], Awaitable[None]] | None = getattr(self, f"cmd_{name}", None)
         if name not in COMMANDS or handler is None:
             raise click.ClickException(f"unknown command /{name}: /help lists the commands")
+        needs = COMMANDS[name][0]
+        if needs and not needs.startswith("[") and not arg.strip():  # a required argument
+            raise click.ClickException(f"usage: /{name} {needs}")
         await handler(arg.strip())
 
     async def cmd_help(self, _arg: str) -> None:
@@ -282,16 +286,12 @@ class Chat:
         print_stats(self.state, data)
 
     async def cmd_fork(self, arg: str) -> None:
-        if not arg:
-            raise click.ClickException("usage: /fork NAME")
         target = parse_context(arg, self.context.type)
         fork_session(self.state, self.context, target)
         self.context = target
         self.out.note(f"now in {target}")
 
     async def cmd_switch(self, arg: str) -> None:
-        if not arg:
-            raise click.ClickException("usage: /switch CONTEXT")
         self.open(parse_context(arg, self.context.type))
         self.out.note(f"now in {self.context} ({plural(self.message_count(), 'message')})")
 
@@ -343,8 +343,6 @@ class Chat:
         from terrarium.export import get_format
 
         fmt, _, target = arg.partition(" ")
-        if not fmt:
-            raise click.ClickException("usage: /export FORMAT [FILE]")
         spec = get_format(fmt)
         content = export_session(self.state, self.context, spec.name)
         target = target.strip()
@@ -366,7 +364,7 @@ async def piped(chat: Chat) -> None:
     """Read messages from stdin, one per line (bytes, so a non-UTF-8 line is refused whole)."""
     offset = 0
     for number, raw in enumerate(sys.stdin.buffer, start=1):
-        line = decode_input_line(raw, number, offset).rstrip("\r\n")
+        line = decode_stdin(raw, number, offset).rstrip("\r\n")
         offset += len(raw)
         if not line.strip():
             continue
@@ -375,28 +373,32 @@ async def piped(chat: Chat) -> None:
             return
 
 
-def decode_input_line(raw: bytes, number: int, offset: int) -> str:
-    """Line ``number`` of piped input, ``offset`` bytes into it; not UTF-8: a ClickException."""
+def decode_stdin(raw: bytes, number: int | None = None, offset: int = 0) -> str:
+    """Text read from stdin (line ``number``, ``offset`` bytes in); not UTF-8: a ClickException."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
+        byte = f"byte 0x{raw[exc.start]:02x} at offset {exc.start}"
+        if number is None:
+            raise click.ClickException(
+                f"stdin is not valid UTF-8: {byte}; nothing was sent"
+            ) from None
         raise click.ClickException(
-            f"stdin line {number} is not valid UTF-8: byte 0x{raw[exc.start]:02x} at offset "
-            f"{exc.start} of the line ({offset + exc.start} of the input); the line was not sent"
+            f"stdin line {number} is not valid UTF-8: {byte} of the line "
+            f"({offset + exc.start} of the input); the line was not sent"
         ) from None
 
 
-async def interactive(chat: Chat, explicit: bool, default_type: str) -> None:
-    """The terminal chat: picker (unless a session was named), then prompt and replies."""
+async def interactive(chat: Chat, default_type: str) -> None:
+    """The terminal chat: picker (unless a session was opened), then prompt and replies."""
     from prompt_toolkit import PromptSession
     from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 
-    if not explicit:
-        from terrarium.cli.picker import pick_session
+    if not chat.opened:
+        from terrarium.cli.picker import Picker
 
-        chosen = await pick_session(
-            catalog.list_sessions(chat.state), default_type, lambda c: preview(chat.state, c)
-        )
+        rows = catalog.list_sessions(chat.state)
+        chosen = await Picker(rows, default_type, lambda c: preview(chat.state, c)).run()
         if chosen is None:
             chat.out.note("no session chosen")
             return
@@ -491,15 +493,7 @@ def stdin_is_piped() -> bool:
 
 def read_stdin() -> str:
     """All of stdin as UTF-8 text without its final newlines; ClickException if not UTF-8."""
-    raw = sys.stdin.buffer.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise click.ClickException(
-            f"stdin is not valid UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}; "
-            "nothing was sent"
-        ) from None
-    return text.rstrip("\r\n")
+    return decode_stdin(sys.stdin.buffer.read()).rstrip("\r\n")
 
 
 def turn_json(state: CliState, context: ContextId, reply: str) -> dict[str, Any]:
@@ -588,18 +582,16 @@ def run_chat(
 
     async def main() -> None:
         try:
-            if is_terminal:
-                if context is not None:
-                    chat.open(context)
-                await interactive(chat, context is not None, default_type)
-            else:
+            if context is not None or not is_terminal:  # else the picker opens one
                 chat.open(chat.context)
-                if retry:
-                    await chat.cmd_retry("")
-                elif message is not None:
-                    await chat.send(message)
-                else:
-                    await piped(chat)
+            if is_terminal:
+                await interactive(chat, default_type)
+            elif retry:
+                await chat.cmd_retry("")
+            elif message is not None:
+                await chat.send(message)
+            else:
+                await piped(chat)
         finally:
             await state.aclose_client()
 

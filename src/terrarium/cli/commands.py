@@ -378,8 +378,8 @@ def stats(state: CliState, context: ContextId | None, as_json: bool) -> None:
     )
     usage = totals["usage"]
     state.out.line(
-        f"tokens: {_tokens(usage, 'prompt')} prompt ({usage['cached_tokens']} cached), "
-        f"{_tokens(usage, 'completion')} completion in {plural(usage['calls'], 'call')}"
+        f"tokens: {_count(usage, 'prompt_tokens')} prompt ({usage['cached_tokens']} cached), "
+        f"{_count(usage, 'completion_tokens')} completion in {plural(usage['calls'], 'call')}"
         + (f" ({usage['estimated_calls']} estimated)" if usage["estimated_calls"] else "")
     )
     if totals["by_type"]:
@@ -399,6 +399,7 @@ def context_stats(state: CliState, context: ContextId) -> dict[str, Any]:
 def print_stats(state: CliState, data: dict[str, Any]) -> None:
     """Stats of one context as a two-column table."""
     usage = data["usage"]
+    cached = f"{usage['cached_tokens']} cached"
     rows = [
         ["context", data["context_id"]],
         ["messages", str(data["message_count"])],
@@ -406,9 +407,9 @@ def print_stats(state: CliState, data: dict[str, Any]) -> None:
         ["created", short_time(data["created_at"])],
         ["last active", short_time(data["last_active"])],
         ["system prompt", data["system_prompt"] or "-"],
-        ["prompt tokens", _tokens(usage, "prompt", detail=f"{usage['cached_tokens']} cached")],
-        ["completion tokens", _tokens(usage, "completion", detail="")],
-        ["model calls", _calls(usage)],
+        ["prompt tokens", _count(usage, "prompt_tokens", detail=cached)],
+        ["completion tokens", _count(usage, "completion_tokens", detail="")],
+        ["model calls", _count(usage, "calls", detail="", mark="")],
         ["last run", data["last_run"] or "-"],
         ["segments", str(data["segments"])],
         ["source", "legacy file" if data.get("legacy") else "log"],
@@ -418,20 +419,17 @@ def print_stats(state: CliState, data: dict[str, Any]) -> None:
     state.out.table(["stat", "value"], rows)
 
 
-def _tokens(usage: dict[str, Any], kind: str, *, detail: str | None = None) -> str:
-    """A token count, ``~`` first when partly estimated; ``detail``: ``(5 cached, 3 estimated)``."""
-    count, estimated = usage[f"{kind}_tokens"], usage[f"estimated_{kind}_tokens"]
-    shown = f"~{count}" if estimated else str(count)
+def _count(usage: dict[str, Any], key: str, *, detail: str | None = None, mark: str = "~") -> str:
+    """A usage count, ``mark`` first when partly estimated; ``detail``: ``(5 cached, 3 estimated)``.
+
+    The model calls are ``_count(usage, "calls", detail="", mark="")``: ``4 (1 estimated)``.
+    """
+    count, estimated = usage[key], usage[f"estimated_{key}"]
+    shown = f"{mark}{count}" if estimated else str(count)
     if detail is None:
         return shown
     notes = [note for note in (detail, f"{estimated} estimated" if estimated else "") if note]
     return f"{shown} ({', '.join(notes)})" if notes else shown
-
-
-def _calls(usage: dict[str, Any]) -> str:
-    """The model calls, and how many of them had their usage estimated."""
-    calls, estimated = usage["calls"], usage["estimated_calls"]
-    return f"{calls} ({estimated} estimated)" if estimated else str(calls)
 
 
 @command()

@@ -22,7 +22,6 @@ from terrarium.cli.app import (
     command,
     json_option,
     program,
-    reads_store,
     storage_option,
     type_option,
 )
@@ -210,7 +209,6 @@ def delete_session(
     )
 
 
-@reads_store
 @cli.group()
 @storage_option
 def trash() -> None:
@@ -367,17 +365,15 @@ def maintain(state: CliState, dry_run: bool, as_json: bool) -> None:
 
 def report_json(report: MaintenanceReport) -> dict[str, Any]:
     """``maintain --json``."""
-    if report.dry_run:
-        archive = [record_json(c) for c in report.to_archive.candidates]
-        purge = [record_json(e) for e in report.to_purge]
-    else:
-        archive = [record_json(a) for a in report.archived]
-        purge = [record_json(e) for e in report.purged]
+    archive: Sequence[Candidate | ArchivedContext] = report.archived
+    purge = report.purged
+    if report.dry_run:  # what it would do
+        archive, purge = report.to_archive.candidates, report.to_purge
     return {
         "dry_run": report.dry_run,
         "policy": report.policy,
-        "archived": archive,
-        "purged": purge,
+        "archived": [record_json(r) for r in archive],
+        "purged": [record_json(e) for e in purge],
         "skipped_pinned": report.to_archive.skipped_pinned,
         "bytes_saved": report.bytes_saved,
     }
@@ -386,34 +382,23 @@ def report_json(report: MaintenanceReport) -> dict[str, Any]:
 def lifecycle_rows(
     state: CliState, rows: list[ContextRow], type_: str | None, scope: str
 ) -> tuple[list[ContextRow], dict[str, dict[str, Any]]]:
-    """``list``'s rows for ``scope``, and by context id each one's ``state`` and ``pinned``."""
+    """``list``'s rows for ``scope`` (``rows``: the hot ones it shows), and by context id each
+    one's ``state`` and ``pinned``."""
     from terrarium.contexts import ContextRow
     from terrarium.model import ContextId
     from terrarium.stores.base import Lifecycle
 
     store = state.store()
-    if not isinstance(store, Lifecycle):
-        kept = rows if scope != "archived" else []
-        return kept, {r.context_id: {"state": "hot", "pinned": False} for r in kept}
-    pins = states.pinned_contexts(store)
+    pins = states.pinned_contexts(store) if isinstance(store, Lifecycle) else frozenset()
     marks = {r.context_id: {"state": "hot", "pinned": r.context_id in pins} for r in rows}
-    if scope == "hot":
+    if scope == "hot" or not isinstance(store, Lifecycle):
         return rows, marks
     out = list(rows) if scope == "all" else []
     for archived in states.archived_contexts(store, type_):
         head = store.get_head(ContextId.parse(archived.context))
         created = head.created_at if head is not None else archived.date
-        type_name = archived.context.partition(":")[0]
-        out.append(
-            ContextRow(
-                archived.context,
-                type_name,
-                archived.date,
-                created,
-                archived.last_active,
-                archived.message_count,
-            )
-        )
+        row = (archived.date, created, archived.last_active, archived.message_count)
+        out.append(ContextRow(archived.context, archived.context.partition(":")[0], *row))
         marks[archived.context] = {"state": "archived", "pinned": archived.pinned}
     out.sort(key=lambda r: r.last_active, reverse=True)
     out.sort(key=lambda r: r.type)

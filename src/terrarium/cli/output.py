@@ -63,21 +63,19 @@ class Output:
 
     def line(self, text: str = "", style: str | None = None) -> None:
         """Print one line of plain text (never interpreted as markup)."""
-        if self.rich:
-            from rich.text import Text
-
-            self.console.print(Text(text, style=style or ""))
-        else:
-            click.echo(text)
+        self._print(text, style or "", err=False)
 
     def note(self, text: str, style: str = "dim") -> None:
         """Print a note to stderr (status, confirmations), styled on a terminal."""
-        if self.err_rich:
+        self._print(text, style, err=True)
+
+    def _print(self, text: str, style: str, *, err: bool) -> None:
+        if self.err_rich if err else self.rich:
             from rich.text import Text
 
-            self.err.print(Text(text, style=style))
+            (self.err if err else self.console).print(Text(text, style=style))
         else:
-            click.echo(text, err=True)
+            click.echo(text, err=err)
 
     def error(self, text: str) -> None:
         """Print a one-line error to stderr."""

@@ -75,9 +75,7 @@ def preview_line(preview: Preview | None, width: int) -> str:
 class Picker:
     """The picker's state and its prompt_toolkit application."""
 
-    def __init__(
-        self, rows: list[SessionInfo], default_type: str = "cli", preview: PreviewFn | None = None
-    ) -> None:
+    def __init__(self, rows: list[SessionInfo], default_type: str, preview: PreviewFn) -> None:
         self.rows = rows
         self.default_type = default_type
         self.read_preview = preview
@@ -189,8 +187,6 @@ class Picker:
 
     def preview(self, context: ContextId) -> Preview | None:
         """The session's preview, read on first use."""
-        if self.read_preview is None:
-            return ("", "")
         if context not in self.previews:
             self.previews[context] = self.read_preview(context)
         return self.previews[context]
@@ -292,10 +288,6 @@ class Picker:
             mouse_support=False,
         )
 
-
-async def pick_session(
-    rows: list[SessionInfo], default_type: str = "cli", preview: PreviewFn | None = None
-) -> ContextId | None:
-    """Run the picker; the chosen (or new) context, or None when cancelled."""
-    picker = Picker(rows, default_type, preview)
-    return await picker.app.run_async(handle_sigint=False)
+    async def run(self) -> ContextId | None:
+        """Run the picker; the chosen (or new) context, or None when cancelled."""
+        return await self.app.run_async(handle_sigint=False)

@@ -23,7 +23,6 @@ from terrarium.cli.app import (
     cli,
     model_options,
     open_store,
-    reads_store,
     state_of,
     storage_option,
 )
@@ -96,7 +95,6 @@ def run_server(app: Any, sock: socket.socket) -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
-@reads_store
 @cli.command("serve")
 @storage_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -141,6 +139,7 @@ def serve(
             f"terrarium serve needs the 'web' extra: {install_hint('web')} ({exc})"
         ) from exc
     state = state_of(ctx)
+    state.reads_only = True  # the store must exist
     store = state.store()
     store.list_contexts()  # an unreadable store fails here, with one line, before listening
     token = required_token(token, host)
