@@ -789,3 +789,15 @@ def test_the_server_keeps_idle_connections_longer_than_the_openai_client(
         serve.run_server(object(), sock)
     expiry = openai.DEFAULT_CONNECTION_LIMITS.keepalive_expiry
     assert expiry is not None and configs[0].timeout_keep_alive == serve.KEEP_ALIVE > 2 * expiry
+
+
+def test_a_message_kept_in_a_blob_is_sent_whole_when_the_chain_goes_on(
+    client: openai.OpenAI, fake: FakeServer
+) -> None:
+    """An input over the store's blob threshold (64 KiB) is logged as a preview and a blob;
+    the next response of the chain sends the upstream all of it."""
+    long = "word " * 14_000  # 70,000 characters
+    first = created(client, input=long)
+    created(client, input="and again", previous_response_id=first["id"])
+    sent = [m["content"] for m in fake.last_request["messages"] if m["role"] == "user"]
+    assert sent == [long, "and again"]

@@ -17,6 +17,7 @@ from typing import Any, Protocol, cast, overload
 import msgspec
 
 from terrarium.blobs import (
+    BLOBS_KEY,
     BlobMode,
     materialize,
     offload_data,
@@ -588,6 +589,18 @@ def append_entries(
     drafts = [NewEntry(kind, ts, offload_data(store, kind, data)) for kind, data in entries]
     first = store.append(ref.session_id, ref.segment_id, drafts, expected_seq=expected_seq)
     return [LogEntry(first + i, d.kind, ts, d.data) for i, d in enumerate(drafts)]
+
+
+def whole_entries(store: Store, written: Sequence[LogEntry]) -> list[LogEntry]:
+    """``written`` (as :func:`append_entries` returns it: as stored) with the strings kept in
+    blobs read back whole, as a restore gives them: what a live state folds in."""
+    cache: dict[str, str] = {}
+    return [
+        msgspec.structs.replace(e, data=resolve_line(dict(e.data), store, "full", cache))
+        if BLOBS_KEY in e.data
+        else e
+        for e in written
+    ]
 
 
 def append_entry(

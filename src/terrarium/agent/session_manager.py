@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from terrarium import blobs, legacy, sessions
+from terrarium import legacy, sessions
 from terrarium.errors import ConflictError, ContextNotFound
 from terrarium.formats import terrarium_json
 from terrarium.formats.openai import chat_messages
@@ -457,10 +457,8 @@ class PersistentSession:
             written = sessions.append_entries(
                 self.store, self.ref, entries, expected_seq=self.state.next_seq
             )
-        cache: dict[str, str] = {}
-        for log_entry in written:  # a string kept in a blob is held whole, as a restore gives it
-            data = blobs.resolve_line(dict(log_entry.data), self.store, "full", cache)
-            self._apply(log_entry.kind, data, log_entry.seq, log_entry.ts)
+        for log_entry in sessions.whole_entries(self.store, written):
+            self._apply(log_entry.kind, log_entry.data, log_entry.seq, log_entry.ts)
 
     def _flush(self) -> int:
         """Save queued entries; fork if the stored segment moved on meanwhile."""

@@ -422,7 +422,8 @@ class Ledger:
         if base is None and after is not None and expected == after + 1:
             base = self._snapshots.get((target.segment_id, after))
         if base is not None and not failed:
-            items = [dict(e.data)["item"] for e in logged if e.kind in HISTORY_KINDS]
+            whole = sessions.whole_entries(self.store, logged)
+            items = [dict(e.data)["item"] for e in whole if e.kind in HISTORY_KINDS]
             extensions = {
                 e.data["domain"]: e.data.get("data")
                 for e in logged
