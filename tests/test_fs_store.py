@@ -665,3 +665,19 @@ def test_a_create_killed_before_its_segment_leaves_the_session_id_free(
     head = FsStore(tmp_path / "s").create_context(ContextId("cli", "main"), header)
     assert (head.session_id, head.segment_id) == (session_id, segment_id)
     assert restore(store, "cli:main").history == []
+
+
+def test_a_folder_where_a_log_file_should_be_is_refused_without_leaking_its_descriptor(
+    tmp_path: Path,
+) -> None:
+    """The no-follow chunk reader (blob scans, fsck) raises for a folder and closes what it
+    opened: a store scanned often must not run out of descriptors."""
+    from terrarium.stores._files import read_chunks
+
+    folder = tmp_path / "0190a8a4-0000-7000-8000-000000000000.jsonl"
+    folder.mkdir()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        with pytest.raises(IsADirectoryError):
+            list(read_chunks(folder))
+    assert len(os.listdir("/proc/self/fd")) == before

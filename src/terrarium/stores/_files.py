@@ -65,7 +65,12 @@ def read_chunks(path: Path) -> Iterator[bytes]:
     """The bytes of ``path`` (never through a link: a raw ``ELOOP`` error), a chunk at a time,
     decompressed if it is a zstandard (``.zst``) file."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
+    try:
+        file = os.fdopen(fd, "rb")
+    except BaseException:  # a folder: fdopen refuses it and leaves the descriptor open
+        os.close(fd)
+        raise
+    with file as f:
         if path.name.endswith(".zst"):
             import zstandard
 
