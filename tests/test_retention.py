@@ -341,3 +341,22 @@ def test_the_manager_delete_keeps_its_seed_meaning_and_goes_to_the_trash(
     assert store.get_head(ContextId.parse("cli:a")) is not None
     (record,) = [r for r in MaintenanceLog.of(store).records() if r.get("context") == "cli:a"]
     assert record["why"] == "MultiContextManager.delete_context"
+
+
+def test_a_linked_log_file_is_neither_written_nor_read_through(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A link where a store's maintenance log belongs leads nowhere: nothing outside the root
+    is written or read through it; the write is a warning, the log reads as empty."""
+    store = FsStore(tmp_path / "store")
+    outside = tmp_path / "outside.log"
+    outside.write_text('{"ts": "2026-01-01T00:00:00Z", "action": "maintain", "why": "x"}\n')
+    (tmp_path / "store" / "maintenance.log").symlink_to(outside)
+    journal = MaintenanceLog.of(store)
+    journal.record("archive", "policy", context="cli:old")
+    assert outside.read_text().count("\n") == 1
+    assert "cannot write the maintenance log" in caplog.text
+    assert journal.records() == [] and journal.last_run() is None
+    with pytest.raises(OSError), journal.exclusive():
+        pass  # a policy run does not take its lock on the linked file either
+    store.close()

@@ -38,7 +38,7 @@ from terrarium.errors import (
 )
 from terrarium.model import ContextId, parse_timestamp, utc_now
 from terrarium.states import ArchivedContext, TrashedContext
-from terrarium.stores._files import make_dirs, open_private, write_all
+from terrarium.stores._files import make_dirs, open_private, read_chunks, write_to
 from terrarium.stores.base import Lifecycle, Store, context_lock
 
 log = logging.getLogger(__name__)
@@ -427,11 +427,7 @@ class MaintenanceLog:
             return
         try:
             make_dirs(self.path.parent)
-            fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            try:
-                write_all(fd, line.encode() + b"\n")
-            finally:
-                os.close(fd)
+            write_to(self.path, line.encode() + b"\n", os.O_APPEND)  # never through a link
         except OSError as exc:
             log.warning("cannot write the maintenance log %s: %s", self.path, exc)
 
@@ -442,9 +438,13 @@ class MaintenanceLog:
                 lines = list(self._lines)
         else:
             try:
-                lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
+                data = b"".join(read_chunks(self.path))  # never through a link
             except FileNotFoundError:
                 return []
+            except OSError as exc:
+                log.warning("cannot read the maintenance log %s: %s", self.path, exc)
+                return []
+            lines = data.decode("utf-8", errors="replace").splitlines()
         out = []
         for line in lines:
             with contextlib.suppress(ValueError):
@@ -471,7 +471,7 @@ class MaintenanceLog:
                 yield True
                 return
             make_dirs(self.path.parent)
-            fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
