@@ -360,3 +360,15 @@ def test_a_linked_log_file_is_neither_written_nor_read_through(
     with pytest.raises(OSError), journal.exclusive():
         pass  # a policy run does not take its lock on the linked file either
     store.close()
+
+
+def test_a_linked_policy_file_in_the_store_is_refused(tmp_path: Path) -> None:
+    """The store's ``terrarium.toml`` is read from the store only: a link there is a one-line
+    error naming it, and the file it names is not read."""
+    store = FsStore(tmp_path / "store")
+    outside = tmp_path / "policy.toml"
+    outside.write_text('[retention]\narchive_after = "1d"\n')
+    (tmp_path / "store" / "terrarium.toml").symlink_to(outside)
+    with pytest.raises(InvalidRetention, match=r"terrarium\.toml: a link"):
+        load_policy(store)
+    store.close()

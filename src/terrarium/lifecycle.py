@@ -12,6 +12,7 @@ plans (by age, type or name; an age skips pinned contexts), the retention policy
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -539,16 +540,22 @@ def load_policy(store: Store) -> RetentionPolicy | None:
     InvalidRetention if the file is not TOML, or has an unknown key or a bad value.
     """
     root = store_root(store)
-    if root is not None and (root / POLICY_FILE).is_file():
-        return read_policy(root / POLICY_FILE, whole_file=True)
+    if root is not None and ((own := root / POLICY_FILE).is_symlink() or own.is_file()):
+        return read_policy(own, whole_file=True)
     user = config_path()
     return read_policy(user) if user.is_file() else None
 
 
 def read_policy(path: Path, *, whole_file: bool = False) -> RetentionPolicy | None:
-    """The ``[retention]`` table of ``path`` or None; ``whole_file``: other keys are errors too."""
+    """The ``[retention]`` table of ``path`` or None. ``whole_file`` (a store's own file): other
+    keys are errors too, and a link is one (it could lead out of the store)."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = b"".join(read_chunks(path)) if whole_file else path.read_bytes()
+        data = tomllib.loads(raw.decode("utf-8"))
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise InvalidRetention(f"{path}: a link, which terrarium does not follow") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InvalidRetention(f"{path}: not valid TOML: {exc}") from None
     if whole_file:
