@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from terrarium._lazy import lazy_module
 from terrarium.formats import ARCHIVE_SUFFIXES
-from terrarium.stores._files import make_dirs, write_atomic
+from terrarium.stores._files import make_dirs, open_private, write_all, write_atomic
 
 if TYPE_CHECKING:
     from terrarium import model
@@ -116,6 +116,16 @@ def get_format(fmt: str | Format) -> Format:
 def export_context(store: Store, context: ContextId | str, fmt: str | Format) -> str | bytes:
     """One context in ``fmt``, a name in :data:`FORMATS` (else ValueError) or a :class:`Format`."""
     return get_format(fmt).export(store, context)
+
+
+def write_export(path: Path, content: str | bytes) -> None:
+    """Write one export to ``path`` (a file the user names). A new file is created ``0600``,
+    as it holds a conversation; a file that exists keeps its mode."""
+    fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        write_all(fd, content if isinstance(content, bytes) else content.encode())
+    finally:
+        os.close(fd)
 
 
 def member_name(context: ContextId | str, fmt: str | Format, date: str | None = None) -> str:

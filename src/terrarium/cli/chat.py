@@ -340,7 +340,7 @@ class Chat:
         self.out.note(f"cleared {self.context}")
 
     async def cmd_export(self, arg: str) -> None:
-        from terrarium.export import get_format
+        from terrarium.export import get_format, write_export
 
         fmt, _, target = arg.partition(" ")
         spec = get_format(fmt)
@@ -352,8 +352,7 @@ class Chat:
             return
         default = f"{self.context.type}_{encode_name(self.context.name)}{spec.extension}"
         path = Path(target or default)
-        data = content if isinstance(content, bytes) else content.encode()
-        await asyncio.to_thread(path.write_bytes, data)
+        await asyncio.to_thread(write_export, path, content)
         self.out.note(f"exported {self.context} as {spec.name} to {path}")
 
     async def cmd_quit(self, _arg: str) -> None:

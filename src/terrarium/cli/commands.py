@@ -606,8 +606,10 @@ def export(
         else:
             click.echo(content, nl=not content.endswith("\n"))
         return
+    from terrarium.export import write_export
+
     path = Path(output)
-    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    write_export(path, content)
     state.out.note(f"exported {context} as {fmt} to {path}", style="green")
 
 
