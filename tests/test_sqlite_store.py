@@ -491,3 +491,20 @@ def test_a_linked_index_file_beside_the_database_is_never_written_through(
             _search(linked, "walrus")
     assert outside.read_bytes() == b""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outside.db", "store"]
+
+
+@pytest.mark.parametrize("planted", ["terrarium.db-locks", "terrarium.db-locks/cli"])
+def test_a_lock_folder_linked_out_of_the_databases_folder_is_refused(
+    tmp_path: Path, planted: str
+) -> None:
+    """A context's lock (``{db}-locks/{type}/{name}``) is never made through a link out of the
+    database's folder: the turn is refused in one line, and nothing is created outside."""
+    folder = tmp_path / "store"
+    outside = tmp_path / "outside"
+    (folder / planted).parent.mkdir(parents=True)
+    outside.mkdir()
+    (folder / planted).symlink_to(outside, target_is_directory=True)
+    with SqliteStore(folder / "terrarium.db") as linked:
+        with pytest.raises(StoreError, match="outside"), linked.lock_context(MAIN):
+            pass
+    assert list(outside.iterdir()) == []
