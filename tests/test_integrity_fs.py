@@ -7,6 +7,7 @@ API or the command line a user would use.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -749,3 +750,30 @@ def test_a_context_folder_made_a_link_after_its_date_folder_was_checked_is_refus
         folder.symlink_to(outside / "other", target_is_directory=True)
         with pytest.raises(StoreError, match="outside the store"):
             fresh.get_head(ContextId("cli", "other"))
+
+
+@pytest.mark.parametrize(
+    "planted", [".locks/session", ".locks/head/cli/main", ".locks/turn/cli/main", ".locks/index"]
+)
+def test_a_lock_linked_out_of_the_root_is_never_created_or_locked_through(
+    root: Path, tmp_path: Path, planted: str
+) -> None:
+    """A lock file, or a folder of them, that is a link out of the root is refused: no
+    file is created or opened through it, whatever a write, a turn or a reindex takes."""
+    with FsStore(root) as store:
+        make(store, "cli:main", "one")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    lock = root / planted
+    if lock.is_dir():
+        shutil.rmtree(lock)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.unlink(missing_ok=True)
+    lock.symlink_to(outside if planted == ".locks/session" else outside / "lock")
+    with FsStore(root) as store:
+        with contextlib.suppress(StoreError, OSError):
+            with store.lock_context(ContextId("cli", "main")):
+                make(store, "cli:other", "two")
+        with contextlib.suppress(StoreError, OSError):
+            store.reindex()
+    assert list(outside.iterdir()) == []

@@ -27,7 +27,7 @@ from fakeserver import FakeServer
 from terrarium import FsStore, MemoryStore, SegmentStartState, create_segment, legacy, restore
 from terrarium.agent.multi_context_manager import MultiContextManager
 from terrarium.cli import cli
-from terrarium.errors import ContextNotFound
+from terrarium.errors import ContextNotFound, StoreError
 from terrarium.formats import terrarium_json as tj
 from terrarium.formats.terrarium_json import LegacyFormatError
 from terrarium.llm.vllm_client import VLLMClient
@@ -628,3 +628,22 @@ def test_a_store_without_legacy_files_lists_no_folder_twice(
         listed.clear()
         assert legacy.listing(store) == legacy.LegacyListing()
         assert listed == []
+
+
+@pytest.mark.parametrize("linked", [".trash", ".trash/legacy"])
+def test_a_legacy_file_is_never_trashed_through_a_link_out_of_the_store(
+    root: Path, tmp_path: Path, linked: str
+) -> None:
+    """Deleting a legacy context moves its file into the store's own trash only: a trash
+    folder that is a link out of the root is refused, and the file stays where it was."""
+    kept = seed_file(root, "cli:old", "2025-11-06", [("a", "b")])
+    before = kept.read_bytes()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / linked).parent.mkdir(parents=True, exist_ok=True)
+    (root / linked).symlink_to(outside, target_is_directory=True)
+    with FsStore(root) as store:
+        with pytest.raises(StoreError, match="outside"):
+            legacy.trash(store, ContextId.parse("cli:old"))
+    assert list(outside.iterdir()) == []
+    assert kept.read_bytes() == before

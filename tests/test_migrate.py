@@ -443,3 +443,28 @@ def test_plan_names_each_step(tmp_path: Path, layout: str) -> None:
     assert step.moves and step.problem is None
     assert step.context == ContextId("irc", "#python")
     assert step.destination == root / "irc" / "2025-11-06" / "#python.json"
+
+
+def test_a_link_out_of_the_folder_is_neither_read_nor_written_through(tmp_path: Path) -> None:
+    """A legacy file that is a link out of the sessions folder is not read, and a date folder
+    that is one is not written into: each is a one-line failure, and what lies outside stays
+    exactly as it was."""
+    root = tmp_path / "sessions"
+    outside = tmp_path / "outside"
+    (outside / "dated").mkdir(parents=True)
+    secret = outside / "secret.json"
+    secret.write_text('{"messages": [{"role": "user", "content": "private"}]}')
+    (root / "cli").mkdir(parents=True)
+    (root / "cli" / "secret.json").symlink_to(secret)
+    flat = root / "irc" / "main.json"
+    flat.parent.mkdir()
+    flat.write_text('{"messages": [], "metadata": {"session_date": "2025-11-06"}}')
+    (root / "irc" / "2025-11-06").symlink_to(outside / "dated", target_is_directory=True)
+    before = tree_hash(outside)
+    report = migrate(root, to_log=True, out=io.StringIO())
+    assert report.failed == 2 and report.exit_code == 1
+    assert all("outside" in line and "\n" not in line for line in report.failures)
+    assert tree_hash(outside) == before
+    assert flat.exists() and (root / "cli" / "secret.json").is_symlink()
+    with FsStore(root) as store:
+        assert store.get_head(ContextId.parse("cli:secret")) is None

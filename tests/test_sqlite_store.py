@@ -23,7 +23,7 @@ import pytest
 from helpers.history import add_context, places, snippets
 from terrarium import codec, index, states
 from terrarium.copy import copy_store
-from terrarium.errors import ConflictError, SegmentNotFound, StoreError
+from terrarium.errors import ConflictError, IndexUnavailable, SegmentNotFound, StoreError
 from terrarium.index._query import SearchHit, SearchQuery
 from terrarium.model import ContextId
 from terrarium.search import scan
@@ -473,3 +473,38 @@ def test_a_rolled_back_append_leaves_nothing_to_find(store: SqliteStore) -> None
     assert snippets(_search(store, "mu")) == ["mu kept"]
     save_user_input(store, head, "mu after")
     assert snippets(_search(store, "mu")) == ["mu after", "mu kept"]
+
+
+def test_a_linked_index_file_beside_the_database_is_never_written_through(
+    tmp_path: Path,
+) -> None:
+    """The derived index beside a SQLite store (``{db}.search.db``) is never opened through a
+    link planted there: the file it names stays untouched, and a search says why in one line."""
+    folder = tmp_path / "store"
+    folder.mkdir()
+    outside = tmp_path / "outside.db"
+    outside.write_bytes(b"")
+    (folder / "terrarium.db.search.db").symlink_to(outside)
+    with SqliteStore(folder / "terrarium.db") as linked:
+        add_context(linked, "cli:main", "walrus one")
+        with pytest.raises(IndexUnavailable, match=r"search\.db: a link"):
+            _search(linked, "walrus")
+    assert outside.read_bytes() == b""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outside.db", "store"]
+
+
+@pytest.mark.parametrize("planted", ["terrarium.db-locks", "terrarium.db-locks/cli"])
+def test_a_lock_folder_linked_out_of_the_databases_folder_is_refused(
+    tmp_path: Path, planted: str
+) -> None:
+    """A context's lock (``{db}-locks/{type}/{name}``) is never made through a link out of the
+    database's folder: the turn is refused in one line, and nothing is created outside."""
+    folder = tmp_path / "store"
+    outside = tmp_path / "outside"
+    (folder / planted).parent.mkdir(parents=True)
+    outside.mkdir()
+    (folder / planted).symlink_to(outside, target_is_directory=True)
+    with SqliteStore(folder / "terrarium.db") as linked:
+        with pytest.raises(StoreError, match="outside"), linked.lock_context(MAIN):
+            pass
+    assert list(outside.iterdir()) == []

@@ -31,7 +31,7 @@ from terrarium.errors import ContextExists, StoreError
 from terrarium.formats import Folder, iter_legacy_files
 from terrarium.formats import list_legacy_folder as _list_folder
 from terrarium.model import DATE_RE, ContextId, legacy_file_names, printable
-from terrarium.stores._files import listdir, make_dirs
+from terrarium.stores._files import inside, listdir, make_dirs
 from terrarium.stores.base import Store, context_lock
 
 if TYPE_CHECKING:
@@ -172,16 +172,19 @@ def resume(store: Store, context: ContextId) -> bool:
 def trash(store: Store, context: ContextId) -> list[Path]:
     """Move every legacy file of ``context`` to ``.trash/legacy/{random id}/``; where they went.
 
-    StoreError if a file lies outside the store's folder (through a symbolic link).
+    StoreError if a file, or the trash, lies outside the store's folder (through a symbolic
+    link).
     """
     from terrarium.stores.fs import LEGACY_TRASH
 
     root = legacy_root(store)
     moved: list[Path] = []
     while root is not None and (found := _lookup(store, context)) is not None:
-        if not _inside(found.path.parent, root):
+        if not inside(found.path.parent, root):
             raise StoreError(f"{printable(str(found.path))}: {_outside(root)}, nor moved")
         target = root / LEGACY_TRASH / uuid.uuid4().hex / found.path.relative_to(root)
+        if not inside(target.parent, root):  # the trash folder is a link out of the store
+            raise StoreError(f"{printable(str(target.parent))}: {_outside(root)}, nor moved")
         make_dirs(target.parent)
         os.rename(found.path, target)
         moved.append(target)
@@ -209,7 +212,7 @@ def _load(store: Store, path: Path) -> tj.LegacySession:
     """Read a legacy file of ``store`` (never through a link that leaves its root)."""
     root = legacy_root(store)
     assert root is not None
-    if not _inside(path, root):
+    if not inside(path, root):
         raise _tj().LegacyFormatError(str(LegacyProblem(path, _outside(root))))
     loaded: tj.LegacySession = _tj().load(path, root=root)
     return loaded
@@ -244,11 +247,6 @@ def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
     if len(parts) == 1:
         return (2, which)
     return None
-
-
-def _inside(path: Path, root: Path) -> bool:
-    real, base = os.path.realpath(path), os.path.realpath(root)
-    return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
 
 
 class _Seen(msgspec.Struct, Generic[T], frozen=True):
@@ -326,7 +324,7 @@ def _cached(
 
 def _summarise(path: Path, root: Path) -> LegacyInfo | LegacyProblem:
     """Parse one file into its listing record, or the one-line reason it cannot be used."""
-    if not _inside(path, root):
+    if not inside(path, root):
         return LegacyProblem(path, _outside(root))
     try:
         session = _tj().load(path, root=root)

@@ -32,7 +32,7 @@ from terrarium.formats.terrarium_json import (
     load,
 )
 from terrarium.model import ContextId, printable
-from terrarium.stores._files import fsync_dir, leftovers, write_atomic
+from terrarium.stores._files import fsync_dir, inside, leftovers, write_atomic
 
 if TYPE_CHECKING:
     from terrarium.stores.base import Store
@@ -102,6 +102,10 @@ def _rel(root: Path, path: Path) -> str:
         return printable(str(path))
 
 
+#: Why a file is not read or written: nothing outside the sessions folder ever is.
+_OUTSIDE = "leads outside the sessions folder (a symbolic link)"
+
+
 def _new_bytes(session: LegacySession) -> bytes:
     return dumps(session).encode()
 
@@ -116,6 +120,9 @@ def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
     steps: list[Step] = []
     claimed: dict[Path, Path] = {}
     for path in iter_legacy_files(base):
+        if not inside(path, base):
+            steps.append(Step(path, path, problem=f"{_rel(base, path)}: {_OUTSIDE}; not read"))
+            continue
         try:
             session = load(path, root=base)
         except (OSError, ValueError) as exc:
@@ -133,7 +140,9 @@ def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
         destination = base / type_name / session.metadata.session_date / path.name
         session = replace(session, path=destination)
         problem = None
-        if destination in claimed:
+        if not inside(destination, base):
+            problem = f"{_rel(base, destination)} {_OUTSIDE}; not written"
+        elif destination in claimed:
             problem = (
                 f"{_rel(base, destination)} is also where {_rel(base, claimed[destination])} goes"
             )

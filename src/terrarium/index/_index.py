@@ -94,9 +94,9 @@ class SearchIndex:
         self._files = None if isinstance(source, LogChanges) else source
         """The filesystem store's markers and shape; None: the store has a change cursor."""
         self._cursor = source if isinstance(source, LogChanges) else None
-        # Checked at each open, not here: a link out of the root is refused.
-        files = self._files
-        self.path = files.index_dir / DB_NAME if files is not None else source.index_file(DB_NAME)
+        # Checked at each open, not here: a link out of the root (a store's own file: any
+        # link) is refused.
+        self.path = source.path if isinstance(source, LogChanges) else source.index_dir / DB_NAME
         self.clock = clock
         self.stats = IndexStats()
         self._lock = threading.RLock()
@@ -154,8 +154,9 @@ class SearchIndex:
 
     def _open(self, *, readonly: bool) -> sqlite3.Connection:
         """Open the index, creating it (``0600``) and its schema if it is writable."""
-        if self._files is not None:
-            self._files.index_file(DB_NAME)  # IndexUnavailable if it leads out of the root
+        checked = self._files if self._files is not None else self._cursor
+        assert checked is not None
+        checked.index_file(DB_NAME)  # IndexUnavailable if it is a link out of the store
         if not readonly:
             _db.create_private(self.path)
         conn = _db.connect(self.path, timeout=BUSY_TIMEOUT, readonly=readonly)

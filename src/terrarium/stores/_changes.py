@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from terrarium.errors import SegmentNotFound
+from terrarium.errors import IndexUnavailable, SegmentNotFound
 from terrarium.stores.base import ChangeLog, PodMetadata, SegmentStat
 
 __all__ = ["INDEX_DIR_ENV", "LogChanges", "index_folder"]
@@ -48,7 +48,10 @@ class LogChanges:
         return f"LogChanges({self.store!r})"
 
     def index_file(self, name: str) -> Path:
-        """The index's database (one file: ``name`` is the default's)."""
+        """The index's database (one file: ``name`` is the default's), refused
+        (IndexUnavailable) if it is a link: one planted there could lead anywhere."""
+        if os.path.islink(self.path):
+            raise IndexUnavailable(f"{self.path}: a link, which terrarium does not follow")
         return self.path
 
     def changes(self, after: str | None) -> tuple[list[str] | None, str]:

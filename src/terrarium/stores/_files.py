@@ -38,6 +38,13 @@ def make_dirs(path: Path) -> None:
                 raise NotADirectoryError(f"{folder} exists and is not a folder") from None
 
 
+def inside(path: Path, root: Path) -> bool:
+    """Whether ``path`` resolves (links and all, a link not yet made through included) to
+    ``root`` or below it."""
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
+
+
 def open_private(path: Path, flags: int) -> int:
     """``os.open`` with ``O_CLOEXEC``, creating (if ``flags`` says so) with ``FILE_MODE``."""
     return os.open(path, flags | os.O_CLOEXEC, FILE_MODE)

@@ -40,6 +40,7 @@ from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
 from terrarium.stores._archive import envelopes
 from terrarium.stores._changes import LogChanges
+from terrarium.stores._files import inside
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores._sqlbase import STATE, SqlStore, line_text, state_record
 from terrarium.stores.base import INDEX_DB, NewEntry, iter_lines, wake_session
@@ -323,9 +324,12 @@ class SqliteStore(SqlStore):
         wait, and an open write transaction would block every other writer for the whole turn.
         """
         ctx = ContextId.parse(context)
-        return file_lock(
-            self.path.with_name(f"{self.path.name}-locks") / ctx.type / ctx.encoded_name
-        )
+        path = self.path.with_name(f"{self.path.name}-locks") / ctx.type / ctx.encoded_name
+        if not inside(path, self.path.parent):  # a link there: never a lock outside
+            raise StoreError(
+                f"{path} leads outside the store's folder: terrarium never follows a link out of it"
+            )
+        return file_lock(path)
 
     # ---------------------------------------------------------------- frozen sessions
     # SqlStore keeps the records and moves the rows. A write finds a frozen session on its
