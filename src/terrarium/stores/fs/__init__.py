@@ -22,6 +22,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import math
@@ -832,8 +833,12 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         with self._lock:
             try:
                 seq = self._live_next_seq(self._handle(session_id, segment_id), segment_id)
-            except _Moved:  # sealed: a freeze under way
-                seq = None
+            except (_Moved, OSError) as exc:
+                if isinstance(exc, OSError) and exc.errno != errno.EROFS:
+                    raise
+                # Not writable: sealed by a freeze, or a read-only store. Its lines are final,
+                # so count them, as a read (FileNotFoundError if a freeze moved it: look again).
+                return len(whole_lines(folder, f"{segment_id}{SEGMENT_SUFFIX}", cold=False))
             if seq is None:  # opened before a freeze, thaw or delete: look again (_reading)
                 self._forget(segment_id)
                 raise SegmentNotFound(f"segment {segment_id} moved")
