@@ -707,3 +707,19 @@ def test_the_dashboards_live_view_signs_a_read_only_fs_store(
     )
     assert found.returncode == 0, found.stderr
     assert found.stdout.strip() == expected
+
+
+def test_fsck_finds_no_problem_in_a_sound_read_only_fs_store(
+    read_only: Any, tmp_path: Path
+) -> None:
+    """``fsck`` on a sound store that cannot be written (file modes or a read-only mount)
+    reports no problem: a log file without its write bit in a folder without one was made
+    read-only with its folder, not sealed by a killed freeze."""
+    root = tmp_path / "sessions"
+    with FsStore(root) as store:
+        _add(store, "cli:main", "a walrus", "a reply")
+        _add(store, "irc:#python", "no animals here")
+    where, unprivileged = read_only(root)
+    checked = _cli("fsck", "--json", "--storage-dir", str(where), unprivileged=unprivileged)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert _ok(checked)["problems"] == []
