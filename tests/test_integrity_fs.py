@@ -233,6 +233,27 @@ def test_reads_of_a_torn_tail_never_write(root: Path, store: FsStore) -> None:
         assert snapshot(root) == before, args
 
 
+def test_the_next_seq_and_the_live_view_of_a_torn_tail_never_write(
+    root: Path, store: FsStore
+) -> None:
+    """``next_seq`` (what the dashboard's live view and the gateway's GETs read) answers past
+    a torn tail and leaves it where it is; the next append still sets it aside."""
+    from terrarium.web import data
+
+    ref = make(store, "cli:main", "one", "two")
+    path = folder_of(root, "cli:main") / f"{ref.segment_id}.jsonl"
+    with path.open("ab") as out:
+        out.write(b'{"v":1,"seq":3,"kind":"user_in')
+    before = snapshot(root)
+    with FsStore(root) as reader:
+        assert reader.next_seq(ref.session_id, ref.segment_id) == 3
+        assert data.signature(reader, ContextId("cli", "main")) == f"{ref.segment_id}:3"
+        assert snapshot(root) == before
+        save_user_input(reader, ref, "three")
+    assert history(root, "cli:main") == ["one", "two", "three"]
+    assert len(list(path.parent.glob("*.torn-*"))) == 1
+
+
 # --------------------------------------------------------------------------- 3: lost index
 
 

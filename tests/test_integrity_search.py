@@ -4,7 +4,8 @@
 * ``terrarium list`` and ``terrarium search`` work on a read-only store (run as an unprivileged
   user over files it owns but cannot write: root ignores file modes) and on a full disk (a
   small tmpfs), and never miss an acknowledged entry: what an index cannot catch up with is
-  read from the log.
+  read from the log. The gateway's GET endpoints and the dashboard's live view answer there
+  too: ``FsStore.next_seq`` counts the lines of a log it cannot open for writing.
 * ``list`` shows a damaged context as damaged, naming the file, and lists everything else.
 * Every file and folder the indexes create is private, whatever the umask.
 """
@@ -620,3 +621,105 @@ def test_list_without_its_index_still_shows_damaged_contexts(
     for name in ("corrupt", "torn", "empty", "notheader"):
         problem = rows[f"cli:{name}"]["problem"]
         assert problem is not None and str(damaged[name]) in problem, (name, problem)
+
+
+@pytest.mark.parametrize("read_only", ["ro mount"], indirect=True)
+@pytest.mark.parametrize("kind", ["fs", "sqlite"])
+def test_the_gateway_answers_its_reads_from_a_read_only_store(
+    kind: str, read_only: Any, tmp_path: Path
+) -> None:
+    """On a store that cannot be written (a read-only mount), the gateway's GET endpoints
+    (a response, its input items, a conversation and its items) answer as they did on the
+    writable store: a read never needs to open a log for writing."""
+    from starlette.testclient import TestClient
+
+    from fakeserver import FakeServer
+    from terrarium.gateway.app import create_app
+    from terrarium.stores.url import open_store
+
+    folder = tmp_path / "store"
+    url = str(folder) if kind == "fs" else f"sqlite://{folder / 'terrarium.db'}"
+    message = {"type": "message", "role": "user", "content": "hi"}
+    with FakeServer() as fake:
+        with (
+            open_store(url) as store,
+            TestClient(create_app(store, fake.base_url), base_url="http://127.0.0.1") as client,
+        ):
+            conversation = client.post("/v1/conversations", json={"items": [message]}).json()
+            first = client.post(
+                "/v1/responses", json={"model": "fake-model", "input": "a walrus"}
+            ).json()
+            second = {"model": "fake-model", "input": "more", "previous_response_id": first["id"]}
+            response = client.post("/v1/responses", json=second).json()
+            item = client.get(f"/v1/conversations/{conversation['id']}/items").json()["data"][0]
+            paths = [
+                f"/v1/responses/{first['id']}",
+                f"/v1/responses/{response['id']}",
+                f"/v1/responses/{response['id']}/input_items",
+                f"/v1/conversations/{conversation['id']}",
+                f"/v1/conversations/{conversation['id']}/items",
+                f"/v1/conversations/{conversation['id']}/items/{item['id']}",
+            ]
+            expected = {path: client.get(path).json() for path in paths}
+        where, _ = read_only(folder)
+        url = str(where) if kind == "fs" else f"sqlite://{where / 'terrarium.db'}"
+        with (
+            open_store(url, create=False) as store,
+            TestClient(create_app(store, fake.base_url), base_url="http://127.0.0.1") as client,
+        ):
+            for path in paths:
+                answer = client.get(path)
+                assert answer.status_code == 200, (path, answer.text)
+                assert answer.json() == expected[path], path
+
+
+SIGNATURE = """
+import sys
+from terrarium import ContextId, FsStore
+from terrarium.web import data
+with FsStore(sys.argv[1]) as store:
+    print(data.signature(store, ContextId.parse("cli:main")))
+"""
+
+
+def test_the_dashboards_live_view_signs_a_read_only_fs_store(
+    read_only: Any, tmp_path: Path
+) -> None:
+    """The live view's signature of a context (its head segment and next seq) is read from a
+    store that cannot be written (file modes or a read-only mount), and matches the one read
+    while it could be: next_seq opens no log for writing when it cannot."""
+    from terrarium.web import data
+
+    folder = tmp_path / "store"
+    with FsStore(folder) as store:
+        _add(store, "cli:main", "a walrus", "a reply")
+        expected = data.signature(store, ContextId.parse("cli:main"))
+    where, unprivileged = read_only(folder)
+    found = subprocess.run(
+        [sys.executable, "-c", SIGNATURE, str(where)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        cwd="/",
+        preexec_fn=_drop_dac if unprivileged else None,
+        timeout=120,
+        check=False,
+    )
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == expected
+
+
+def test_fsck_finds_no_problem_in_a_sound_read_only_fs_store(
+    read_only: Any, tmp_path: Path
+) -> None:
+    """``fsck`` on a sound store that cannot be written (file modes or a read-only mount)
+    reports no problem: a log file without its write bit in a folder without one was made
+    read-only with its folder, not sealed by a killed freeze."""
+    root = tmp_path / "sessions"
+    with FsStore(root) as store:
+        _add(store, "cli:main", "a walrus", "a reply")
+        _add(store, "irc:#python", "no animals here")
+    where, unprivileged = read_only(root)
+    checked = _cli("fsck", "--json", "--storage-dir", str(where), unprivileged=unprivileged)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert _ok(checked)["problems"] == []

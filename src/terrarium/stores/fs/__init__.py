@@ -22,6 +22,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import math
@@ -832,8 +833,12 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         with self._lock:
             try:
                 seq = self._live_next_seq(self._handle(session_id, segment_id), segment_id)
-            except _Moved:  # sealed: a freeze under way
-                seq = None
+            except (_Moved, OSError) as exc:
+                if isinstance(exc, OSError) and exc.errno != errno.EROFS:
+                    raise
+                # Not writable: sealed by a freeze, or a read-only store. Its lines are final,
+                # so count them, as a read (FileNotFoundError if a freeze moved it: look again).
+                return len(whole_lines(folder, f"{segment_id}{SEGMENT_SUFFIX}", cold=False))
             if seq is None:  # opened before a freeze, thaw or delete: look again (_reading)
                 self._forget(segment_id)
                 raise SegmentNotFound(f"segment {segment_id} moved")
@@ -844,18 +849,19 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         ``self._lock``."""
         fcntl.flock(handle.fd, fcntl.LOCK_EX)
         try:
-            return handle.next_seq if self._caught_up(handle, segment_id) else None
+            caught_up = self._caught_up(handle, segment_id, set_aside=False)  # a read
+            return handle.next_seq if caught_up else None
         finally:
             fcntl.flock(handle.fd, fcntl.LOCK_UN)
 
-    def _caught_up(self, handle: _Open, segment_id: SegmentId) -> bool:
+    def _caught_up(self, handle: _Open, segment_id: SegmentId, *, set_aside: bool = True) -> bool:
         """With the file locked: False if it is sealed or unlinked; else bring the handle's
-        size and next seq up to date."""
+        size and next seq up to date (setting a torn tail aside if ``set_aside``)."""
         st = os.fstat(handle.fd)
         if st.st_nlink == 0 or sealed(st.st_mode):
             return False
         if st.st_size != handle.size:
-            self._rescan(handle, segment_id)
+            self._rescan(handle, segment_id, set_aside=set_aside)
         return True
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
@@ -1009,11 +1015,15 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         if handle is not None:
             os.close(handle.fd)
 
-    def _rescan(self, handle: _Open, segment_id: SegmentId) -> TornTail | None:
-        """With the file locked: set aside a torn tail and bring the handle's size and next seq
-        up to date; the torn tail moved, if any."""
+    def _rescan(
+        self, handle: _Open, segment_id: SegmentId, *, set_aside: bool = True
+    ) -> TornTail | None:
+        """With the file locked: set aside a torn tail (if ``set_aside``) and bring the handle's
+        size and next seq up to date; the torn tail moved, if any."""
         path = self._session_folder(handle.session_id) / f"{segment_id}{SEGMENT_SUFFIX}"
-        handle.size, handle.next_seq, torn = scan_tail(handle.fd, path, segment_id)
+        handle.size, handle.next_seq, torn = scan_tail(
+            handle.fd, path, segment_id, set_aside=set_aside
+        )
         return torn
 
     def _write_new(self, path: Path, data: bytes) -> None:

@@ -102,9 +102,12 @@ def read_complete(fd: int, path: Path, segment_id: SegmentId) -> tuple[Any, Torn
     return data[:end], TornTail(segment_id, end, len(data) - end, None)
 
 
-def scan_tail(fd: int, path: Path, segment_id: SegmentId) -> tuple[int, int, TornTail | None]:
-    """With the file locked: set aside a torn tail; return (size, next seq, torn tail).
-    CorruptLog if the header line is incomplete (nothing is moved) or the last line no entry."""
+def scan_tail(
+    fd: int, path: Path, segment_id: SegmentId, *, set_aside: bool = True
+) -> tuple[int, int, TornTail | None]:
+    """With the file locked: set aside a torn tail (unless not ``set_aside``: a read leaves it
+    where it is); return (size of the whole lines, next seq, torn tail moved). CorruptLog if
+    the header line is incomplete (nothing is moved) or the last line no entry."""
     size = os.fstat(fd).st_size
     chunk = 4096
     while True:
@@ -119,7 +122,8 @@ def scan_tail(fd: int, path: Path, segment_id: SegmentId) -> tuple[int, int, Tor
     torn = None
     if complete_end < len(buf):
         offset, data = start + complete_end, buf[complete_end:]
-        torn = TornTail(segment_id, offset, len(data), move_torn(path, fd, offset, data))
+        if set_aside:
+            torn = TornTail(segment_id, offset, len(data), move_torn(path, fd, offset, data))
         size = offset
     body = buf[:complete_end]
     last = body[body.rfind(b"\n", 0, len(body) - 1) + 1 :]

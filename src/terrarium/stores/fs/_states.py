@@ -439,7 +439,8 @@ class FsStates(Tree):
         """The files of a killed freeze or thaw: a plain log file beside its ``.zst`` (frozen)
         or a ``.zst`` beside its plain file (hot; then its legacy ``.zst`` files too), and
         temporary files. A file without its twin never is: a lost record must not cost a
-        frozen session its files. Last, a hot session's log files that a freeze sealed."""
+        frozen session its files. Last, a hot session's log files that a freeze sealed: in a
+        folder that keeps its write bit (a store made read-only has none left to tell by)."""
         names = set(listdir(folder))
         if cold:
             left = {n for n in names if log_file(n) and f"{n}{ZST}" in names}
@@ -448,7 +449,7 @@ class FsStates(Tree):
             left |= {n for n in names if left and _LEGACY.fullmatch(n)}
         left |= {n for n in names if n.startswith(".tmp-")}
         found = [folder / name for name in sorted(left)]
-        if not cold:
+        if not cold and os.lstat(folder).st_mode & stat.S_IWUSR:
             logs = [folder / name for name in sorted(names) if log_file(name)]
             found += [path for path in logs if sealed(os.lstat(path).st_mode)]
         return found
