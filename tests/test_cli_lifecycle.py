@@ -394,3 +394,21 @@ def test_a_progress_bar_only_when_stderr_is_a_terminal(
     result = ok("archive", "--older-than", "30d")
     assert result.stderr.startswith("archiving")
     assert "archived 2 sessions" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["fs", "sqlite"])
+def test_fsck_reads_every_session_hot_archived_and_in_the_trash(tmp_path: Path, kind: str) -> None:
+    """``fsck`` checks archived and trashed sessions too, and counts the same on every store:
+    four sessions (two hot, one archived, one in the trash), every segment and entry read."""
+    from terrarium.stores.url import open_store
+
+    where = str(tmp_path / "store") if kind == "fs" else f"sqlite:///{tmp_path / 'store.db'}"
+    with open_store(where) as store:
+        for name in ("a", "b", "old", "gone"):
+            add_context(store, f"cli:{name}", "one", "two")
+        states.archive_context(store, ContextId.parse("cli:old"))
+        states.delete_context(store, ContextId.parse("cli:gone"))
+    done = invoke("--storage-dir", where, "fsck", "--json")
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.stdout)
+    assert (report["contexts"], report["segments"], report["entries"]) == (4, 4, 8)

@@ -108,6 +108,7 @@ def run_fsck(state: CliState, *, repair: bool, salvage: bool, as_json: bool) -> 
             _check_fs(store, report)
         else:
             _check_generic(store, report)
+        _check_kept(store, report, counted=isinstance(store, FsStore))
         _check_lifecycle(store, report)
         _check_blobs(store, report)
         _check_legacy(state, report)
@@ -351,6 +352,29 @@ def _check_generic(store: Store, report: Report) -> None:
                 report.entries += len(store.read_segment(session_id, segment_id).entries)
             except TerrariumError as exc:
                 report.add("unreadable", str(exc), path=str(segment_id))
+
+
+def _check_kept(store: Store, report: Report, *, counted: bool) -> None:
+    """Read every segment of the sessions the checks above passed over: frozen ones (archived,
+    in the trash), and on a database every archived or trashed one. ``counted``: they are
+    among ``report.contexts`` already (the filesystem's walk found their folders)."""
+    if not isinstance(store, SessionStates):
+        return
+    hot = {h.session_id for h in store.list_contexts()} | set(detached_sessions(store))
+    for record in store.session_records():
+        session_id = record.session_id
+        passed = (
+            frozen(store.root, session_id) if isinstance(store, FsStore) else session_id not in hot
+        )
+        if not passed:
+            continue
+        report.contexts += 0 if counted else 1
+        for segment_id in store.list_segments(session_id):
+            report.segments += 1
+            try:
+                report.entries += len(store.read_segment(session_id, segment_id).entries)
+            except TerrariumError as exc:
+                report.add("unreadable", str(exc), path=str(segment_id), session_id=str(session_id))
 
 
 def _check_lifecycle(store: Store, report: Report) -> None:
