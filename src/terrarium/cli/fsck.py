@@ -369,12 +369,14 @@ def _check_kept(store: Store, report: Report, *, counted: bool) -> None:
         if not passed:
             continue
         report.contexts += 0 if counted else 1
-        for segment_id in store.list_segments(session_id):
-            report.segments += 1
-            try:
+        try:
+            for segment_id in store.list_segments(session_id):
+                report.segments += 1
                 report.entries += len(store.read_segment(session_id, segment_id).entries)
-            except TerrariumError as exc:
-                report.add("unreadable", str(exc), path=str(segment_id), session_id=str(session_id))
+        except TerrariumError as exc:
+            if any(r.session_id == session_id for r in store.session_records()):
+                report.add("unreadable", str(exc), session_id=str(session_id))
+            # else purged (or moved) by another process meanwhile: nothing of it to check
 
 
 def _check_lifecycle(store: Store, report: Report) -> None:
