@@ -14,7 +14,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "src" / "terrarium"
 
 #: What a store may import from the package: itself and the layers below it.
-BELOW_STORES = frozenset({"stores", "model", "codec", "errors", "text", "blobs", "_lazy"})
+BELOW_STORES = frozenset({"stores", "model", "codec", "errors", "text", "_lazy"})
 
 
 def _module(path: Path) -> str:
@@ -64,6 +64,19 @@ def test_no_store_module_imports_a_layer_above_the_stores() -> None:
     assert upward == set()
 
 
+def test_the_layers_below_the_stores_import_no_store() -> None:
+    """What the stores may import is below them: none of it imports ``terrarium.stores``."""
+    below = {
+        name: imports
+        for name, imports in _graph().items()
+        if name.count(".") and name.split(".")[1] in BELOW_STORES - {"stores"}
+    }
+    assert below  # the modules exist under these names
+    assert {
+        name for name, imports in below.items() if any(".stores" in i for i in imports)
+    } == set()
+
+
 def test_the_lifecycle_feature_is_in_no_import_circle() -> None:
     """Nothing that ``terrarium.states`` or ``terrarium.lifecycle`` imports, directly or not,
     imports either of them back (``contexts`` and ``lifecycle`` imported each other)."""
@@ -80,12 +93,14 @@ def test_the_lifecycle_feature_is_in_no_import_circle() -> None:
 
 
 def test_the_session_log_imports_no_layer_above_it() -> None:
-    """``terrarium.sessions`` (the log's API and its replay rule) imports only the stores and
-    the layers below them: legacy files are read above it (``contexts.check_new_name``)."""
+    """``terrarium.sessions`` (the log's API and its replay rule) imports only the stores, the
+    blobs above them and the layers below: legacy files are read above it
+    (``contexts.check_new_name``)."""
+    allowed = {*BELOW_STORES, "sessions", "blobs"}
     above = {
         name
         for name in _imports(MODULES["terrarium.sessions"])
-        if name != "terrarium" and name.split(".")[1] not in {*BELOW_STORES, "sessions"}
+        if name != "terrarium" and name.split(".")[1] not in allowed
     }
     assert above == set()
 

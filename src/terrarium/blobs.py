@@ -12,7 +12,8 @@ blobs under the reserved key ``"_blobs"``::
 
 A reader that does not know the key sees the preview, never a broken entry. :func:`resolve_line`
 puts the text back (``"full"``), as a :class:`LazyBlob` (``"lazy"``) or not (``"stored"``);
-:func:`collect_garbage` deletes unreferenced blobs. Usage::
+:func:`collect_garbage` deletes unreferenced blobs. The part of the format the stores
+read themselves (the key, digests, their scan) is :mod:`terrarium.stores._blobrefs`. Usage::
 
     state = terrarium.restore(store, "cli:main", blobs="lazy")
     output = state.history[-1]["content"]  # a LazyBlob: .preview, .size, .read()
@@ -21,7 +22,6 @@ puts the text back (``"full"``), as a :class:`LazyBlob` (``"lazy"``) or not (``"
 from __future__ import annotations
 
 import operator
-import re
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -32,12 +32,12 @@ import msgspec
 
 from terrarium.codec import MAX_DEPTH
 from terrarium.errors import BlobNotFound, CorruptLog, InvalidEntry
+from terrarium.stores._blobrefs import BLOBS_KEY as BLOBS_KEY
+from terrarium.stores._blobrefs import DEFAULT_THRESHOLD as DEFAULT_THRESHOLD
+from terrarium.stores._blobrefs import check_digest
+from terrarium.stores._blobrefs import digest_of as digest_of
 from terrarium.stores.base import BlobStore, Store
 
-#: The reserved key of a line that lists its blob references.
-BLOBS_KEY = "_blobs"
-#: Strings longer than this many UTF-8 bytes go to a blob, unless the store says otherwise.
-DEFAULT_THRESHOLD = 64 * 1024
 #: How many characters of a blob's text its entry keeps in the string's place.
 PREVIEW_CHARS = 2000
 #: Seconds a blob is kept after its last write even when nothing refers to it yet: the
@@ -47,26 +47,6 @@ GC_MIN_AGE = 3600.0
 #: How :func:`resolve_line` treats references: the whole text, a :class:`LazyBlob`, or the
 #: line as stored (the preview in place, the ``_blobs`` list kept).
 BlobMode = Literal["full", "lazy", "stored"]
-
-_DIGEST = re.compile(r"[0-9a-f]{64}")
-#: A reference's digest in stored JSON (any log file, compressed or not): GC's scan.
-_REFERENCE = re.compile(rb'"sha256"\s*:\s*"([0-9a-f]{64})"')
-
-
-def digest_of(data: bytes) -> str:
-    """The sha256 hex digest that names ``data``."""
-    # Imported here: hashlib loads OpenSSL (~10 % of a bare interpreter's start), which
-    # commands that write no blob (`terrarium list`) need not wait for.
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()
-
-
-def check_digest(digest: str) -> str:
-    """``digest`` if it is a sha256 hex digest (64 lowercase hex digits); else InvalidEntry."""
-    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
-        raise InvalidEntry(f"invalid blob digest {digest!r}: expected 64 lowercase hex digits")
-    return digest
 
 
 class LazyBlob(msgspec.Struct, frozen=True):
@@ -228,14 +208,6 @@ def _has_lazy(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def line_digests(line: Mapping[str, Any]) -> list[str]:
-    """The digests of the blobs a stored line (or an entry's data) refers to."""
-    refs = line.get(BLOBS_KEY)
-    if not isinstance(refs, list):
-        return []
-    return [ref["sha256"] for ref in refs if isinstance(ref, Mapping) and "sha256" in ref]
-
-
 def _references(line: Mapping[str, Any]) -> list[tuple[list[str | int], str, int, int]]:
     """The line's references as (path, digest, bytes, chars); CorruptLog if malformed."""
     refs = line.get(BLOBS_KEY)
@@ -336,17 +308,6 @@ def _put(out: dict[str, Any], path: list[str | int], value: Any, line: Mapping[s
 def inline_line(line: dict[str, Any], store: Store) -> dict[str, Any]:
     """``line`` with every blob's text back in place and no ``_blobs``: a self-contained line."""
     return resolve_line(line, store, "full")
-
-
-def scan_digests(chunks: Iterable[bytes]) -> set[str]:
-    """Every ``"sha256": "<digest>"`` in stored JSON, chunk by chunk; a false match keeps a blob."""
-    found: set[str] = set()
-    tail = b""
-    for chunk in chunks:
-        data = tail + chunk
-        found.update(m.decode() for m in _REFERENCE.findall(data))
-        tail = data[-100:]
-    return found
 
 
 def collect_garbage(store: Store, *, min_age: float = GC_MIN_AGE) -> int:

@@ -24,7 +24,6 @@ from typing import Any
 import msgspec
 
 from terrarium import codec
-from terrarium.blobs import DEFAULT_THRESHOLD, check_digest, digest_of, line_digests
 from terrarium.errors import (
     BlobNotFound,
     ConflictError,
@@ -35,6 +34,7 @@ from terrarium.errors import (
     SessionAttached,
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
+from terrarium.stores._blobrefs import DEFAULT_THRESHOLD, check_digest, digest_of, line_digests
 from terrarium.stores._changes import LogChanges
 from terrarium.stores.base import (
     INDEX_DB,

@@ -40,7 +40,6 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from terrarium import codec
-from terrarium.blobs import DEFAULT_THRESHOLD
 from terrarium.errors import (
     ConflictError,
     ContextExists,
@@ -61,6 +60,7 @@ from terrarium.model import (
     utc_now,
 )
 from terrarium.stores import _db
+from terrarium.stores._blobrefs import DEFAULT_THRESHOLD
 from terrarium.stores._files import (
     fsync_dir,
     listdir,

@@ -16,8 +16,8 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from terrarium.blobs import check_digest, digest_of, scan_digests
 from terrarium.errors import BlobNotFound, CorruptBlob, StoreError
+from terrarium.stores._blobrefs import check_digest, digest_of, scan_digests
 from terrarium.stores._files import listdir, make_dirs, read_chunks, write_new
 from terrarium.stores.fs._layout import INDEX, LOCKS
 from terrarium.stores.fs._segments import os_reason, read_file

@@ -29,7 +29,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, cast
 
-from terrarium.blobs import DEFAULT_THRESHOLD, line_digests
 from terrarium.errors import (
     ConflictError,
     SegmentNotFound,
@@ -39,6 +38,7 @@ from terrarium.errors import (
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores._archive import envelopes
+from terrarium.stores._blobrefs import DEFAULT_THRESHOLD, line_digests
 from terrarium.stores._changes import LogChanges, index_folder
 from terrarium.stores._redact import redact_url
 from terrarium.stores._seqs import SeqGuesses
