@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from terrarium import (
+    ConflictError,
     ContextExists,
     ContextId,
     CorruptLog,
@@ -665,6 +666,68 @@ def test_a_create_killed_before_its_segment_leaves_the_session_id_free(
     head = FsStore(tmp_path / "s").create_context(ContextId("cli", "main"), header)
     assert (head.session_id, head.segment_id) == (session_id, segment_id)
     assert restore(store, "cli:main").history == []
+
+
+@pytest.mark.parametrize("second", ["context", "detached session"])
+def test_two_creates_on_one_session_id_at_once_make_one_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, second: str
+) -> None:
+    """Two stores (two processes) creating on one session id at once, each past its check
+    before the other writes: the second waits for the first and is refused, so the session
+    has one folder. Only a copied or hand-made header carries an existing session id."""
+    first, other = FsStore(tmp_path / "s"), FsStore(tmp_path / "s")
+    session_id = new_session_id()
+
+    def header(context: str | None) -> dict[str, Any]:
+        return {
+            "v": 1,
+            "ts": TS,
+            "kind": "header",
+            "session_id": str(session_id),
+            "segment_id": str(new_segment_id()),
+            "context": context,
+            "origin": {"kind": "root"},
+            "history": [],
+        }
+
+    checked, second_done = threading.Event(), threading.Event()
+    in_use = first._session_in_use
+
+    def paused(sid: Any) -> bool:
+        found = in_use(sid)
+        checked.set()
+        second_done.wait(1.0)  # the second create's whole run fits here, unless it waits
+        return found
+
+    monkeypatch.setattr(first, "_session_in_use", paused)
+    outcomes: dict[str, str] = {}
+
+    def run(name: str, create: Any) -> None:
+        try:
+            create()
+            outcomes[name] = "created"
+        except ConflictError:
+            outcomes[name] = "refused"
+        finally:
+            if name == "second":
+                second_done.set()
+
+    one = threading.Thread(
+        target=run,
+        args=("first", lambda: first.create_context(ContextId("cli", "a"), header("cli:a"))),
+    )
+    one.start()
+    assert checked.wait(10)
+    if second == "context":
+        make = lambda: other.create_context(ContextId("cli", "b"), header("cli:b"))  # noqa: E731
+    else:
+        make = lambda: other.create_session(header(None))  # noqa: E731
+    run("second", make)
+    one.join(10)
+    assert outcomes == {"first": "created", "second": "refused"}
+    assert [entry.context for entry in first.walk()] == [ContextId("cli", "a")]
+    assert not (tmp_path / "s" / ".detached" / str(session_id)).exists()
+    assert first.get_head(ContextId("cli", "b")) is None
 
 
 def test_a_folder_where_a_log_file_should_be_is_refused_without_leaking_its_descriptor(

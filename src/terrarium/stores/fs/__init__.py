@@ -458,6 +458,12 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             finally:
                 held.discard(str(context))
 
+    def _create_lock(self, session_id: SessionId) -> AbstractContextManager[None]:
+        """``.locks/create/{session}``: two creates on one session id (a copied or hand-made
+        header's) take turns, so the second sees the first's segment. Its own lock, taken
+        last and by nothing else, so it orders after every other lock."""
+        return file_lock(self._inside(self.root / LOCKS) / "create" / str(session_id))
+
     def _file_lock(self, kind: str, context: ContextId) -> AbstractContextManager[None]:
         _check_type(context)  # no such context can exist here: make no lock file for it
         folder = self._inside(self.root / LOCKS / kind / context.type)
@@ -473,7 +479,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         created = str(line["ts"])
         data = codec.encode_line(line)  # refuses a bad header before anything is made
-        with self._head_lock(context):  # refuses the type archive
+        with self._head_lock(context), self._create_lock(session_id):  # refuses type archive
             existing = self.folder_of(context)
             if existing is not None:
                 self._adopt(context, existing)
@@ -541,14 +547,15 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         data = codec.encode_line(line)
         folder = self.detached_folder(session_id)
-        if has_segments(folder) or self._session_index_path(session_id).exists():
-            raise ConflictError(f"session {session_id} already exists")
-        make_dirs(folder)
-        try:
-            self._write_new(folder / f"{segment_id}{SEGMENT_SUFFIX}", data)
-        except FileExistsError:
-            raise ConflictError(f"session {session_id} already exists") from None
-        self._folders[session_id] = folder
+        with self._create_lock(session_id):
+            if has_segments(folder) or self._session_index_path(session_id).exists():
+                raise ConflictError(f"session {session_id} already exists")
+            make_dirs(folder)
+            try:
+                self._write_new(folder / f"{segment_id}{SEGMENT_SUFFIX}", data)
+            except FileExistsError:
+                raise ConflictError(f"session {session_id} already exists") from None
+            self._folders[session_id] = folder
 
     def attach_context(
         self, context: ContextId, session_id: SessionId, segment_id: SegmentId

@@ -16,7 +16,7 @@ Under the root (``./sessions`` by default)::
     .index/search.db                  full-text search and listing index (derived)
     .index/dirty/{session uuid}       "this session changed" markers for that index
     .locks/{turn,head}/cli/main       per-context locks: a caller's turn; create, delete, heads
-    .locks/session/{session uuid}     per-session lock: moves exclusive, writers shared
+    .locks/{session,create}/{uuid}    per-session: moves exclusive, writers shared; creates
     .staging/                         sessions being deleted for ever
     .trash/legacy/                    deleted legacy JSON files (terrarium.legacy); kept
 
