@@ -619,3 +619,25 @@ def test_a_read_finds_a_session_thawed_just_after_it_missed(
         assert store.next_seq(head.session_id, head.segment_id) == 2
     else:
         assert store.list_segments(head.session_id) == segments
+
+
+def test_a_trace_read_finds_a_session_thawed_between_its_two_looks(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """read_trace of a frozen session that a thaw moves back between its look at the hot
+    traces (none) and its look at whether the segment is hot (it is, now) still gives the
+    trace: both looks, and the frozen one, read one snapshot."""
+    head = add_context(store, "cli:main", "hello")
+    store.append_trace(head.session_id, head.segment_id, [TraceEntry(TS, "delta", {"n": 1})])
+    expected = store.read_trace(head.session_id, head.segment_id)
+    assert len(expected) == 1
+    assert states.archive_context(store, MAIN) is not None
+    exists = store._segment_exists
+
+    def thaw_then_look(*args: Any) -> Any:
+        monkeypatch.setattr(store, "_segment_exists", exists)  # once
+        assert states.unarchive_context(store, MAIN)  # another connection's thaw commits now
+        return exists(*args)
+
+    monkeypatch.setattr(store, "_segment_exists", thaw_then_look)
+    assert store.read_trace(head.session_id, head.segment_id) == expected

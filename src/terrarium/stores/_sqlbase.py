@@ -523,14 +523,17 @@ class SqlStore(ClosingStore):
 
     def read_trace(self, session_id: SessionId, segment_id: SegmentId) -> list[dict[str, Any]]:
         """The segment's debug trace, oldest first."""
+        ids = (self._sid(session_id), self._sid(segment_id))
         with self._read() as conn:
-            ids = (self._sid(session_id), self._sid(segment_id))
             rows = conn.execute(self._READ_TRACE, ids).fetchall()
-            if not rows and not self._segment_exists(conn, session_id, segment_id):
-                cold = self._cold_trace(conn, session_id, segment_id)
-                if cold is None:
-                    raise SegmentNotFound.of(session_id, segment_id)
-                return cold
+        if not rows:  # none, frozen, or moving: the hot and the frozen rows from one snapshot
+            with self._snapshot() as conn:
+                rows = conn.execute(self._READ_TRACE, ids).fetchall()
+                if not rows and not self._segment_exists(conn, session_id, segment_id):
+                    cold = self._cold_trace(conn, session_id, segment_id)
+                    if cold is None:
+                        raise SegmentNotFound.of(session_id, segment_id)
+                    return cold
         return [decode(row[0]) for row in rows]
 
     def _lines(self, rows: Sequence[Any], segment_id: SegmentId, first: int) -> list[Any]:
