@@ -91,6 +91,7 @@ class PostgresStore(SqlStore):
     _READ_TRACE = _sql.READ_TRACE
     _DROP_HOT = _sql.DROP_HOT
     _ENTRIES_FROM = _sql.ENTRIES_FROM
+    _SEGMENT_TAILS = _sql.SEGMENT_TAILS
     _SESSION_SEGMENTS = _sql.SESSION_SEGMENTS
     _SESSION_LINES = _sql.SESSION_LINES
     _SESSION_TRACES = _sql.SESSION_TRACES
@@ -109,6 +110,7 @@ class PostgresStore(SqlStore):
     delete_unreferenced_blobs = retried(SqlStore.delete_unreferenced_blobs)
     live_head = retried(SqlStore.live_head)
     entries_from = retried(SqlStore.entries_from)
+    segment_tails = retried(SqlStore.segment_tails)
 
     def __init__(
         self,

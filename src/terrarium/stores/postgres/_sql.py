@@ -92,6 +92,7 @@ APPEND_MANY = (
     "AS e(seq, kind, ts, line)) SELECT moved FROM seg"
 )
 NEXT_SEQ = "SELECT next_seq FROM segments WHERE session_id = %s AND segment_id = %s"
+SEGMENT_TAILS = "SELECT segment_id, next_seq FROM segments WHERE session_id = %s"
 #: A hot context's head and its segment's tail, one snapshot (no row: frozen, or no context).
 HEAD_TAIL = (
     "SELECT c.context, c.session_id, c.segment_id, c.created_at, c.updated_at, s.next_seq "
