@@ -4,20 +4,21 @@ A position is a snapshot of the server's transactions: a write by a transaction 
 commits after a reader took its position is still read next time, which a position taken
 from ids (commit order is not id order) would miss, and a write the last read saw is not
 named again. Deleted sessions are changes too. Each machine keeps its own index
-file, in ``$TERRARIUM_INDEX_DIR``, named by the store's id (tests/conftest.py points it into
-a temporary folder for every test).
+file, in ``$TERRARIUM_INDEX_DIR``, named by the store's id and where it is, so a copy of the
+store gets its own (tests/conftest.py points the folder into a temporary one for every test).
 """
 
 from __future__ import annotations
 
 import stat
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
+from pg import fresh_schema, own_database, pg_database  # noqa: F401  (a fixture)
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -186,3 +187,93 @@ def test_each_machine_builds_its_own_index(
     assert _search(store, "beta") == ["beta"]  # the first machine's index follows
     with PostgresStore(pg_database, schema=fresh_schema(), pool_size=1) as another:
         assert another.store_id() != store.store_id()
+
+
+def _agrees(store: PostgresStore, *words: str) -> None:
+    """The store's derived index lists what a recount of its heads finds, and its search
+    finds ``words`` (one hit each) and nothing of ``"alpha"`` unless asked for."""
+    found = index.of(store)
+    assert found is not None
+    listed = sorted(s.context for s in found.list_contexts_fast())
+    assert listed == sorted(str(h.context) for h in store.list_contexts())
+    for word in ("alpha", "beta", "gamma"):
+        assert _search(store, word) == ([word] if word in words else [])
+
+
+def test_a_copied_schema_keeps_an_index_of_its_own(
+    store: PostgresStore,
+    other: Any,
+    pg_database: str,  # noqa: F811
+) -> None:
+    """A schema whose ``store_meta`` was copied from another store's carries its store id,
+    yet gets its own index file on this machine: neither store's listing or search shows the
+    other's contexts, each in turn refreshing after the other wrote."""
+    add_context(store, "cli:a", "alpha")
+    _agrees(store, "alpha")
+    copy_schema = fresh_schema()
+    with PostgresStore(pg_database, schema=copy_schema, pool_size=1) as copy:
+        (made,) = other.execute("SELECT value FROM store_meta").fetchone()
+        other.execute(
+            f'UPDATE "{copy_schema}".store_meta SET value = %s WHERE key = %s', (made, "store_id")
+        )
+        add_context(copy, "cli:b", "beta")
+        _agrees(copy, "beta")
+        add_context(store, "cli:c", "gamma")
+        _agrees(store, "alpha", "gamma")
+        _agrees(copy, "beta")
+
+
+@pytest.fixture
+def database(pg_database: str) -> Iterator[str]:  # noqa: F811
+    """A database of the test's own (``CREATE DATABASE ... TEMPLATE`` needs one that no one
+    else is connected to)."""
+    yield from own_database(pg_database)
+
+
+def test_a_copied_database_keeps_an_index_of_its_own(database: str) -> None:
+    """A database made by ``CREATE DATABASE ... TEMPLATE`` from a store's database is a copy
+    of the store, with its store id: it gets an index file of its own, and each store's
+    listing and search show its own contexts only. The original reached by another host name
+    (``localhost``, not ``127.0.0.1``) still shares its index file."""
+    with PostgresStore(database, pool_size=1) as store:
+        add_context(store, "cli:a", "alpha")
+        _agrees(store, "alpha")
+    name = psycopg.conninfo.conninfo_to_dict(database)["dbname"]
+    with _copied(database, name) as copied:
+        with PostgresStore(database, pool_size=1) as store, PostgresStore(copied) as copy:
+            add_context(copy, "cli:b", "beta")
+            _agrees(copy, "alpha", "beta")
+            add_context(store, "cli:c", "gamma")
+            _agrees(store, "alpha", "gamma")
+            _agrees(copy, "alpha", "beta")
+            assert copy.store_id() != store.store_id()
+            elsewhere = psycopg.conninfo.make_conninfo(database, host="localhost")
+            with PostgresStore(elsewhere, pool_size=1) as again:
+                assert again.store_id() == store.store_id()
+
+
+@contextmanager
+def _copied(dsn: str, name: str) -> Iterator[str]:
+    """A copy of database ``name`` made by ``CREATE DATABASE ... TEMPLATE``, dropped after."""
+    copy = f"{name}_copy"
+    with psycopg.connect(dsn, dbname="postgres", autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{copy}" TEMPLATE "{name}"')
+    try:
+        yield psycopg.conninfo.make_conninfo(dsn, dbname=copy)
+    finally:
+        with psycopg.connect(dsn, dbname="postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{copy}" WITH (FORCE)')
+
+
+def test_a_server_that_hides_its_system_identifier_still_names_the_index(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where ``pg_control_system()`` is kept from the role (some hosted servers), the index
+    is named by the store's id and its database's and schema's oids, the cluster's part
+    ``x``, and the index serves."""
+    made, _, database, schema = store.store_id().rsplit("-", 3)
+    hidden = _sql.STORE_ID.replace("pg_control_system()", "pg_control_hidden_here()")
+    monkeypatch.setattr(_sql, "STORE_ID", hidden)
+    assert store.store_id() == f"{made}-x-{database}-{schema}"
+    add_context(store, "cli:a", "alpha")
+    _agrees(store, "alpha")

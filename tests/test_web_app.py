@@ -550,6 +550,24 @@ def test_the_same_app_serves_sqlite(sqlite_store: Any) -> None:
     assert "What is a fork tree?" in c.get("/session?c=cli:main").text
 
 
+def test_bytes_on_disk_count_archived_and_trashed_sessions(store: FsStore, root: Path) -> None:
+    """A filesystem store's bytes on disk are its segment files, hot and frozen: an archived
+    context's and a trashed one's compressed files still count (before, only the hot
+    segments the index read did, so archiving a context took its bytes off the figure)."""
+    from terrarium import states
+
+    for name in ("kept", "archived", "deleted"):
+        context = ContextId.parse(f"cli:{name}")
+        create_segment(store, SegmentStartState(history=[]), context=str(context))
+        save_delta(store, head(store, str(context)), [{"role": "user", "content": name * 500}])
+    assert states.archive_context(store, ContextId.parse("cli:archived")) is not None
+    assert states.delete_context(store, ContextId.parse("cli:deleted"))
+    segments = [p for p in root.rglob("*") if p.name.endswith((".jsonl", ".jsonl.zst"))]
+    assert len(segments) == 3
+    totals = client(store).get("/api/stats").json()["totals"]
+    assert totals["bytes_on_disk"] == sum(p.stat().st_size for p in segments)
+
+
 def test_bytes_on_disk_is_none_for_a_store_without_files(tmp_path: Path) -> None:
     from terrarium.stores.memory import MemoryStore
 

@@ -45,6 +45,7 @@ __all__ = [
     "archived_contexts",
     "delete_context",
     "finish_lifecycle",
+    "frozen_bytes",
     "is_archived",
     "log_bytes",
     "pin_context",
@@ -402,6 +403,16 @@ def _message_count(store: Store, head: PodMetadata) -> int:
     """History items in the head segment's restored state."""
     state = restore_by_segment(store, head.session_id, head.segment_id, blobs="stored")
     return len(state.history)
+
+
+def frozen_bytes(store: Lifecycle) -> int:
+    """Bytes the frozen sessions (archived, or in the trash) take in the store, as each one's
+    record says (``cold``, written by the freeze); nothing is read but the records."""
+    return sum(
+        int(r.state["cold"].get("cold_bytes", 0))
+        for r in store.session_records()
+        if "cold" in r.state
+    )
 
 
 def log_bytes(store: Store, ref: PodMetadata) -> int:

@@ -2,10 +2,13 @@
 
 The derived index (:mod:`terrarium.index`) follows it: whatever a write does to a session
 (an append, a new segment, a head move, an archive, a delete), the next ``changes`` from the
-position before names that session, and ``live_head`` and ``entries_from`` show it as it is.
+position before names that session, and ``live_head``, ``entries_from`` and
+``segment_tails`` show it as it is.
 """
 
 from __future__ import annotations
+
+import uuid
 
 import pytest
 
@@ -58,6 +61,18 @@ def test_live_head_and_entries_from_show_the_session_as_it_is(store: ChangeLog) 
     assert store.live_head(a.session_id) is not None
     assert states.delete_context(store, ContextId.parse("cli:a"))
     assert store.live_head(a.session_id) is None
+
+
+def test_segment_tails_give_each_segment_with_its_next_seq(store: ChangeLog) -> None:
+    """``segment_tails`` is, in one read, what ``list_segments`` and a ``next_seq`` for each
+    give; none for a session the store does not hold."""
+    a = add_context(store, "cli:a", "one", "two")
+    forked = fork_at(store, a, 1)
+    save_user_input(store, a, "three")
+    tails = store.segment_tails(a.session_id)
+    assert tails == {g: store.next_seq(a.session_id, g) for g in store.list_segments(a.session_id)}
+    assert tails == {a.segment_id: 4, forked: 1}
+    assert store.segment_tails(uuid.uuid4()) == {}
 
 
 def test_a_position_of_no_store_reads_everything(store: ChangeLog) -> None:

@@ -1,8 +1,9 @@
 """What the derived index (:mod:`terrarium.index`) reads of a store with a change cursor.
 
 :class:`LogChanges` gives the index's ``Source`` over any :class:`~.base.ChangeLog` store
-(memory, SQLite, PostgreSQL): a session's "folder" is its id, a segment's size its next seq,
-and the lines it gained since are :meth:`~.base.ChangeLog.entries_from` a seq. Which sessions
+(memory, SQLite, PostgreSQL): a session's "folder" is its id, a segment's size its next seq
+(all of a session's in one :meth:`~.base.ChangeLog.segment_tails` read), and the lines it
+gained since are :meth:`~.base.ChangeLog.entries_from` a seq. Which sessions
 to read comes from the store's cursor (:meth:`changes`). The filesystem store has its own
 source (``stores/fs/_changes.py``): appends there leave markers, not a cursor. A store on a
 server keeps no index file of its own: each machine keeps one in :func:`index_folder`.
@@ -63,12 +64,8 @@ class LogChanges:
         return session_id
 
     def segments(self, folder: str) -> dict[str, SegmentStat]:
-        store, sid = self.store, uuid.UUID(folder)
-        try:
-            segments = store.list_segments(sid)
-            return {str(g): SegmentStat(0, store.next_seq(sid, g)) for g in segments}
-        except SegmentNotFound:  # gone meanwhile
-            return {}
+        tails = self.store.segment_tails(uuid.UUID(folder))
+        return {str(g): SegmentStat(0, tail) for g, tail in tails.items()}
 
     def stat_segment(self, folder: str, segment_id: str) -> SegmentStat | None:
         try:

@@ -226,6 +226,9 @@ class ChangeLog(Store, Protocol):
     ) -> list[dict[str, Any]]:
         """The segment's lines from ``seq`` on (its header is seq 0), none if it is gone."""
 
+    def segment_tails(self, session_id: SessionId) -> dict[SegmentId, int]:
+        """Each segment of the session with its next seq, in one read; none if it is gone."""
+
 
 @runtime_checkable
 class ContextLocking(Protocol):

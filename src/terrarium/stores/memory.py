@@ -120,6 +120,11 @@ class MemoryStore:
             segment = self._sessions.get(session_id, {}).get(segment_id)
             return [] if segment is None else copy.deepcopy(segment.lines[seq:])
 
+    def segment_tails(self, session_id: SessionId) -> dict[SegmentId, int]:
+        """Each segment of the session with its next seq (``ChangeLog``)."""
+        with self._lock:
+            return {g: len(s.lines) for g, s in self._sessions.get(session_id, {}).items()}
+
     def index_source(self) -> LogChanges:
         """What the derived index reads (``Indexed``): its database in a private temporary
         folder, removed with the store."""

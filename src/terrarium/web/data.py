@@ -153,14 +153,16 @@ def _shown(summary: ContextSummary, pinned: frozenset[str]) -> dict[str, Any]:
 
 
 def disk_bytes(store: Store) -> int | None:
-    """Bytes the store takes on disk; None for a database server or memory."""
+    """Bytes the store takes on disk; None for a database server or memory. A folder's: its
+    hot segment files as the index read them, and its frozen sessions' compressed files."""
     path = getattr(store, "path", None)
     if isinstance(path, Path) and path.is_file():
         extra = [path.with_name(path.name + s) for s in ("-wal", "-shm")]
         return sum(os.stat(p).st_size for p in (path, *extra) if p.exists())
     if not isinstance(getattr(store, "root", None), Path):
         return None
-    return _read(store, lambda r: r.segment_bytes())
+    frozen = states.frozen_bytes(store) if isinstance(store, Lifecycle) else 0
+    return _read(store, lambda r: r.segment_bytes()) + frozen
 
 
 RANGES = {"7d": 7, "30d": 30, "90d": 90, "all": None}

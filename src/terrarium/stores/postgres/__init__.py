@@ -76,6 +76,12 @@ _SEEN_CACHE = 4096
 _IDLE_LOCK_CONNECTIONS = 4
 #: A change cursor position: a ``pg_snapshot`` as text (``xmin:xmax:in-progress ids``).
 _SNAPSHOT = re.compile(r"\d+:(\d+):(?:\d+(?:,\d+)*)?")
+#: What a server that keeps ``pg_control_system()`` from a role answers (:meth:`store_id`).
+_HIDDEN = (
+    pg_errors.InsufficientPrivilege,
+    pg_errors.UndefinedFunction,
+    pg_errors.FeatureNotSupported,
+)
 
 
 class PostgresStore(SqlStore):
@@ -85,6 +91,7 @@ class PostgresStore(SqlStore):
     _READ_TRACE = _sql.READ_TRACE
     _DROP_HOT = _sql.DROP_HOT
     _ENTRIES_FROM = _sql.ENTRIES_FROM
+    _SEGMENT_TAILS = _sql.SEGMENT_TAILS
     _SESSION_SEGMENTS = _sql.SESSION_SEGMENTS
     _SESSION_LINES = _sql.SESSION_LINES
     _SESSION_TRACES = _sql.SESSION_TRACES
@@ -103,6 +110,7 @@ class PostgresStore(SqlStore):
     delete_unreferenced_blobs = retried(SqlStore.delete_unreferenced_blobs)
     live_head = retried(SqlStore.live_head)
     entries_from = retried(SqlStore.entries_from)
+    segment_tails = retried(SqlStore.segment_tails)
 
     def __init__(
         self,
@@ -227,14 +235,21 @@ class PostgresStore(SqlStore):
 
     @retried
     def store_id(self) -> str:
-        """The store's id, made once with its schema: what names its index file."""
+        """This store's identity where it is, which names its index file: the id its schema
+        made once, then the cluster's system identifier and the oids of its database and
+        schema (see :data:`._sql.STORE_ID`). A copy made by SQL carries the id but has other
+        oids, so it gets an index of its own; another route to the same schema has the same.
+        One statement; the system identifier is ``x`` where the server hides it."""
         with self._pool.connection() as conn:
-            (found,) = conn.execute(_sql.STORE_ID).fetchone() or ("",)
-        return str(found)
+            try:
+                row = conn.execute(_sql.STORE_ID).fetchone()
+            except _HIDDEN:
+                row = conn.execute(_sql.STORE_ID_NO_SYSTEM).fetchone()
+        return "-".join("x" if part is None else str(part) for part in row or ("",))
 
     def index_source(self) -> LogChanges:
         """What the derived index reads (``Indexed``): the change cursor, into a file in this
-        machine's cache folder named by the store's id (:func:`._changes.index_folder`)."""
+        machine's cache folder named by :meth:`store_id` (:func:`._changes.index_folder`)."""
         return LogChanges(self, index_folder() / f"{self.store_id()}.{INDEX_DB}")
 
     # ---------------------------------------------------------------- contexts

@@ -92,6 +92,7 @@ APPEND_MANY = (
     "AS e(seq, kind, ts, line)) SELECT moved FROM seg"
 )
 NEXT_SEQ = "SELECT next_seq FROM segments WHERE session_id = %s AND segment_id = %s"
+SEGMENT_TAILS = "SELECT segment_id, next_seq FROM segments WHERE session_id = %s"
 #: A hot context's head and its segment's tail, one snapshot (no row: frozen, or no context).
 HEAD_TAIL = (
     "SELECT c.context, c.session_id, c.segment_id, c.created_at, c.updated_at, s.next_seq "
@@ -188,4 +189,14 @@ ENTRIES_FROM = (
     "SELECT line FROM entries WHERE session_id = %(session)s AND segment_id = %(segment)s "
     "AND seq >= %(seq)s ORDER BY seq"
 )
-STORE_ID = "SELECT value FROM store_meta WHERE key = 'store_id'"
+# Where the store is: its id (store_meta, made once with the schema, and carried by any copy:
+# a dump restored, a database made from it as a template, a schema's rows copied), the
+# cluster's system identifier (the same on every route to it and on its physical standbys),
+# and the oids of its database and schema (each copy made by SQL has new ones).
+STORE_ID = (
+    "SELECT value, (SELECT system_identifier FROM pg_control_system()), "
+    "(SELECT oid FROM pg_database WHERE datname = current_database()), "
+    "to_regnamespace(current_schema())::oid FROM store_meta WHERE key = 'store_id'"
+)
+# The same on a server that hides pg_control_system() from this role (some hosted ones).
+STORE_ID_NO_SYSTEM = STORE_ID.replace("(SELECT system_identifier FROM pg_control_system())", "NULL")

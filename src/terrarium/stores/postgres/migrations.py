@@ -162,9 +162,9 @@ _TABLES = (
 # triggers on the rows every other write already touches keep it: a new or dropped segment
 # (a create, a freeze, a thaw, a delete), a head added, moved or dropped. A deleted
 # session keeps its row, so the reader hears of the delete. ``store_meta`` holds the store's
-# id, made once: it names the index file on each machine (a copy into a new store gets its
-# own). The function names its table with the schema, read when it was made: no search_path
-# set per call, which would cost every append.
+# id, made once: with where the store is, it names the index file on each machine
+# (PostgresStore.store_id). The function names its table with the schema, read when it was
+# made: no search_path set per call, which would cost every append.
 _CHANGES = (
     """CREATE TABLE {schema}.session_changes (
         session_id uuid PRIMARY KEY,

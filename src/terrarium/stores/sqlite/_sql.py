@@ -59,6 +59,10 @@ READ_SEGMENT = (
     f"WHERE seg = {_KEY} AND seq <= :stop ORDER BY seq"
 )
 ENTRIES_FROM = f"SELECT line FROM entries WHERE seg = {_KEY} AND seq >= :seq ORDER BY seq"
+SEGMENT_TAILS = (
+    "SELECT segment_id, (SELECT max(seq) + 1 FROM entries WHERE seg = g.id) "
+    "FROM segments AS g WHERE session_id = ?"
+)
 INSERT_TRACE = "INSERT INTO traces (session_id, segment_id, line) VALUES (?, ?, ?)"
 READ_TRACE = "SELECT line FROM traces WHERE session_id = ? AND segment_id = ? ORDER BY id"
 
