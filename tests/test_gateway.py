@@ -533,6 +533,44 @@ def test_a_dropped_chat_stream_is_an_error_line_and_a_failed_turn(
     )
 
 
+def test_a_chat_stream_cut_short_keeps_its_partial_reply(
+    gateway: GatewayProcess, client: openai.OpenAI, fake: FakeServer, storage: Path
+) -> None:
+    """As in the Responses API and the chat loop, a Chat Completions stream that the model
+    server drops, or that the client leaves, logs the text streamed so far as the failed
+    run's ``partial`` (never as history); a drop is named a drop, not an unreachable server."""
+    fake.reply = "one two three four"
+    fake.drop_next(after_chunks=2)  # the role chunk and one piece of text
+    chat = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "cut"}]}
+    with httpx.stream(
+        "POST", f"{gateway.url}/chat/completions", json=chat, headers={"X-Session-Id": "cut"}
+    ) as answer:
+        events = [json.loads(line[6:]) for line in answer.iter_lines() if line]
+    assert events[-1]["error"]["code"] == "upstream_dropped"
+    [failed] = state_of(storage, "chat:cut").failed.values()
+    assert failed["error_type"] == "upstream_dropped"
+    assert failed["partial"] == events[1]["choices"][0]["delta"]["content"] == "one tw"
+
+    fake.chunk_delay = 0.2
+    try:
+        headers = {"X-Session-Id": "left"}
+        with httpx.stream(
+            "POST", f"{gateway.url}/chat/completions", json=chat, headers=headers
+        ) as answer:
+            for line in answer.iter_lines():
+                if '"one tw"' in line:
+                    break
+    finally:
+        fake.chunk_delay = 0.0
+
+    def partial() -> str:
+        [failed] = state_of(storage, "chat:left").failed.values()
+        return str(failed["partial"])
+
+    assert "one two three four".startswith(_wait_for(partial)) and partial().startswith("one tw")
+    assert [m["content"] for m in state_of(storage, "chat:left").history] == ["cut"]
+
+
 def test_continuing_a_conversations_response_outside_it_leaves_it_alone(
     client: openai.OpenAI,
 ) -> None:

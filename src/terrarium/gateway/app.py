@@ -52,7 +52,13 @@ from terrarium.gateway.responses import (
     usage_of,
 )
 from terrarium.gateway.streaming import StreamBuilder
-from terrarium.gateway.upstream import GatewayError, Upstream, first_choice, not_found
+from terrarium.gateway.upstream import (
+    GatewayError,
+    Upstream,
+    dropped,
+    first_choice,
+    not_found,
+)
 from terrarium.model import ContextId, LoggedItem, SegmentId, add_wire_message
 
 T = TypeVar("T")
@@ -200,12 +206,7 @@ async def _events(
             for event in builder.feed(chunk):
                 yield sse(event)
         if builder.finish_reason is None:
-            raise GatewayError(
-                502,
-                "the model server's stream ended before its last chunk",
-                type="upstream_error",
-                code="upstream_dropped",
-            )
+            raise dropped()
     except GatewayError as exc:
         fail(record, exc.message)
         if req.store:

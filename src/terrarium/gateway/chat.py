@@ -18,7 +18,7 @@ from terrarium.gateway.core import Core
 from terrarium.gateway.http import JSON, encode, headers_of, read_json
 from terrarium.gateway.ids import CHAT_TYPE
 from terrarium.gateway.ledger import turn_entries
-from terrarium.gateway.upstream import GatewayError, bad_request, first_choice
+from terrarium.gateway.upstream import GatewayError, bad_request, dropped, first_choice
 from terrarium.model import ContextId, LoggedItem
 
 SESSION_HEADERS = ("x-session-id", "x-conversation-id", "x-chat-id", "x-openwebui-chat-id")
@@ -75,6 +75,10 @@ class _Reply:
                 slot["function"]["arguments"] += function.get("arguments") or ""
             self.finish = choice.get("finish_reason") or self.finish
 
+    def error(self, message: str, kind: str | None) -> dict[str, Any]:
+        """A failed run's ``run_errored`` data, with the reply text streamed so far."""
+        return _errored(message, kind, "".join(self.text))
+
     def message(self) -> dict[str, Any]:
         return _message(
             {
@@ -110,6 +114,14 @@ def _usage(model: str, usage: Any) -> dict[str, Any] | None:
     }
 
 
+def _errored(message: str, kind: str | None, partial: str = "") -> dict[str, Any]:
+    """``run_errored`` data; ``partial``: the reply text streamed before the failure."""
+    data: dict[str, Any] = {"error": message, "error_type": kind}
+    if partial:
+        data["partial"] = partial
+    return data
+
+
 async def _record(
     gw: Core,
     ctx: ContextId,
@@ -117,14 +129,14 @@ async def _record(
     reply: LoggedItem | None,
     usage: Any,
     finish: Any,
-    error: GatewayError | None = None,
+    error: dict[str, Any] | None = None,
 ) -> None:
     tail = turn_entries(
         [],
         [reply] if reply is not None else [],
         usage=_usage(str(body.get("model")), usage),
         finish=finish,
-        error=None if error is None else {"error": error.message, "error_type": error.code},
+        error=error,
         record=None,
     )
     await gw.run(gw.ledger.record_chat, ctx, body["messages"], tail)
@@ -143,7 +155,7 @@ async def chat_completions(gw: Core, request: Request) -> Response:
         answer = await gw.upstream.chat(body)
     except GatewayError as exc:
         if ctx is not None:
-            await _record(gw, ctx, body, None, None, None, exc)
+            await _record(gw, ctx, body, None, None, None, _errored(exc.message, exc.code))
         raise
     if ctx is not None:
         choice = first_choice(answer, gw.upstream.url)
@@ -163,14 +175,8 @@ async def _stream(gw: Core, ctx: ContextId | None, body: dict[str, Any]) -> Asyn
         done = True
     finally:
         if not done and ctx is not None and not reply.recorded:
-            tail = turn_entries(
-                [],
-                [],
-                usage=None,
-                finish=None,
-                error={"error": GONE, "error_type": "client_disconnected"},
-                record=None,
-            )
+            error = reply.error(GONE, "client_disconnected")
+            tail = turn_entries([], [], usage=None, finish=None, error=error, record=None)
             gw.submit(gw.ledger.record_chat, ctx, body["messages"], tail)
 
 
@@ -185,16 +191,11 @@ async def _chunks(
             reply.feed(chunk)
             yield b"data: " + encode(chunk) + b"\n\n"
         if reply.finish is None:
-            raise GatewayError(
-                502,
-                "the model server's stream ended before its last chunk",
-                type="upstream_error",
-                code="upstream_dropped",
-            )
+            raise dropped()
     except GatewayError as exc:
         if ctx is not None:
             reply.recorded = True
-            await _record(gw, ctx, body, None, None, None, exc)
+            await _record(gw, ctx, body, None, None, None, reply.error(exc.message, exc.code))
         yield b"data: " + encode(exc.body()) + b"\n\n"
         return
     if ctx is not None:

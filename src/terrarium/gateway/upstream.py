@@ -121,6 +121,17 @@ def status_error(status: int, body: object, fallback: str) -> GatewayError:
     )
 
 
+def dropped(cause: BaseException | None = None) -> GatewayError:
+    """A stream the model server ended before its last chunk (502, ``upstream_dropped``)."""
+    why = f": {cause}" if cause is not None and str(cause) else ""
+    return GatewayError(
+        502,
+        f"the model server's stream ended before its last chunk{why}",
+        type="upstream_error",
+        code="upstream_dropped",
+    )
+
+
 def first_choice(answer: Mapping[str, Any], url: str) -> dict[str, Any]:
     """The first choice of a Chat answer, with a ``message`` object; a 502 when it has none."""
     choices = answer.get("choices")
@@ -214,7 +225,10 @@ class Upstream:
         return answer
 
     async def stream(self, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """A streamed Chat Completions call: each chunk as the server's JSON."""
+        """A streamed Chat Completions call: each chunk as the server's JSON. A connection
+        lost once the stream has begun is a drop (``upstream_dropped``), not a server that
+        cannot be reached."""
+        started = False
         try:
             post: Any = self.client.post
             chunks = await post(
@@ -224,12 +238,16 @@ class Upstream:
                 stream_cls=openai.AsyncStream[object],
                 **_encoded({**body, "stream": True}),
             )
+            started = True
             async with chunks:
                 async for chunk in chunks:
                     if isinstance(chunk, dict):
                         yield chunk
         except Exception as exc:
-            raise upstream_error(exc, self.url) from exc
+            error = upstream_error(exc, self.url)
+            if started and error.code == "upstream_unreachable":
+                error = dropped(exc.__cause__ or exc)
+            raise error from exc
 
     async def models(self) -> Any:
         """The server's ``GET /models`` answer."""
