@@ -11,9 +11,11 @@ contexts. Everything is written to a temporary name and renamed into place.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import io
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -120,12 +122,29 @@ def export_context(store: Store, context: ContextId | str, fmt: str | Format) ->
 
 def write_export(path: Path, content: str | bytes) -> None:
     """Write one export to ``path`` (a file the user names). A new file is created ``0600``,
-    as it holds a conversation; a file that exists keeps its mode."""
-    fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    as it holds a conversation; a file that exists keeps its mode. A plain file is replaced
+    whole or not at all (a full disk leaves the old one as it was, not truncated); anything
+    else (a link, ``/dev/stdout``, a pipe) is written in place."""
+    data = content if isinstance(content, bytes) else content.encode()
     try:
-        write_all(fd, content if isinstance(content, bytes) else content.encode())
-    finally:
-        os.close(fd)
+        old = os.lstat(path)
+    except FileNotFoundError:
+        old = None
+    try:
+        if old is not None and not stat.S_ISREG(old.st_mode):
+            fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            try:
+                write_all(fd, data)
+            finally:
+                os.close(fd)
+        elif path.parent.is_dir():  # as open() would, never making a folder
+            write_atomic(path, data, sync=False)
+            if old is not None:
+                os.chmod(path, stat.S_IMODE(old.st_mode))
+        else:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    except OSError as exc:  # name the file the user gave, not a temporary one
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
 
 
 def member_name(context: ContextId | str, fmt: str | Format, date: str | None = None) -> str:
