@@ -4,13 +4,18 @@ written, and the same command or request succeeds once there is room again."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
 from click.testing import CliRunner
 
+from fakeserver import FakeServer
 from helpers.disk import fill, small_tmpfs
+from helpers.gateway import GatewayProcess
 from helpers.history import add_context
 from terrarium import FsStore
 from terrarium.cli import cli
@@ -48,3 +53,43 @@ def test_an_export_to_a_full_disk_leaves_the_old_file_whole(tmp_path: Path, disk
     filler.unlink()
     assert _run("--storage-dir", str(storage), "export", "cli:b", "-o", str(old))[0] == 0
     assert old.read_bytes().count(b"more") == 40
+
+
+def test_a_stream_the_gateway_cannot_store_ends_in_an_error_event(disk: Path) -> None:
+    """A streamed turn that a full disk keeps from being stored ends in ``response.failed``
+    (a Chat Completions stream: an error line), not in a cut connection; nothing was
+    acknowledged, what was stays readable, and the next request on it works once there is
+    room."""
+    with FakeServer() as fake, GatewayProcess(disk / "sessions", fake.base_url) as gateway:
+        with openai.OpenAI(base_url=gateway.url, api_key="x", max_retries=0) as client:
+            first = client.responses.create(model="fake-model", input="kept")
+            filler = fill(disk)
+            big = "z" * 20_000
+            with client.responses.create(
+                model="fake-model", input=big, previous_response_id=first.id, stream=True
+            ) as stream:
+                last = list(stream)[-1]
+            assert last.type == "response.failed" and last.response.error is not None
+            assert "disk is full" in last.response.error.message
+            chat = {
+                "model": "fake-model",
+                "stream": True,
+                "messages": [{"role": "user", "content": big}],
+            }
+            with httpx.stream(
+                "POST", f"{gateway.url}/chat/completions", json=chat, headers={"X-Session-Id": "s"}
+            ) as answer:
+                lines = [line for line in answer.iter_lines() if line]
+            error = json.loads(lines[-1][6:])["error"]["message"]
+            assert error.startswith("the turn could not be stored") and "space" in error
+            filler.unlink()
+            assert client.responses.retrieve(first.id).output_text == "echo: kept"
+            after = client.responses.create(
+                model="fake-model", input="room", previous_response_id=first.id
+            )
+            assert after.output_text == "echo: room"
+            assert [m["content"] for m in fake.last_request["messages"]] == [
+                "kept",
+                "echo: kept",
+                "room",
+            ]

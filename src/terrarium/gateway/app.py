@@ -19,7 +19,7 @@ from starlette.routing import Route
 from terrarium import Store
 from terrarium.gateway import conversations
 from terrarium.gateway.chat import chat_completions
-from terrarium.gateway.core import Core
+from terrarium.gateway.core import Core, log
 from terrarium.gateway.http import (
     JSON,
     MAX_BODY,
@@ -210,7 +210,8 @@ async def _events(
     except GatewayError as exc:
         fail(record, exc.message)
         if req.store:
-            await gw.run(gw.commit, req, target, record, [], _errored(exc, builder.partial_text()))
+            error = _errored(exc, builder.partial_text())
+            await _store(gw, record, gw.commit, req, target, record, [], error)
         yield sse(builder.end())
         return
     for event in builder.close():
@@ -218,8 +219,18 @@ async def _events(
     finish(record, builder.finish_reason, builder.usage)
     record["finish_reason"] = builder.finish_reason
     if req.store:
-        await gw.run(gw.commit, req, target, record, builder.output)
+        await _store(gw, record, gw.commit, req, target, record, builder.output)
     yield sse(builder.end())
+
+
+async def _store(gw: Gateway, record: dict[str, Any], *call: Any) -> None:
+    """Store a streamed turn; one that cannot be (a full disk, a store gone) marks the
+    response failed, so that the stream ends in ``response.failed``, not a cut connection."""
+    try:
+        await gw.run(*call)
+    except Exception as exc:
+        log.exception("gateway: a streamed response could not be stored")
+        fail(record, f"the response could not be stored: {type(exc).__name__}: {exc}")
 
 
 def _stored(gw: Gateway, response_id: str) -> tuple[Point, dict[str, Any]]:

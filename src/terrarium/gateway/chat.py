@@ -14,7 +14,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from terrarium.gateway.core import Core
+from terrarium.gateway.core import Core, log
 from terrarium.gateway.http import JSON, encode, headers_of, read_json
 from terrarium.gateway.ids import CHAT_TYPE
 from terrarium.gateway.ledger import turn_entries
@@ -200,5 +200,11 @@ async def _chunks(
         return
     if ctx is not None:
         reply.recorded = True
-        await _record(gw, ctx, body, reply.message(), reply.usage, reply.finish)
+        try:
+            await _record(gw, ctx, body, reply.message(), reply.usage, reply.finish)
+        except Exception as exc:  # a full disk, a store gone: an error line, not a cut stream
+            log.exception("gateway: a streamed chat turn could not be stored")
+            error = GatewayError(500, f"the turn could not be stored: {type(exc).__name__}: {exc}")
+            yield b"data: " + encode(error.body()) + b"\n\n"
+            return
     yield b"data: [DONE]\n\n"
