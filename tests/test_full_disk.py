@@ -93,3 +93,20 @@ def test_a_stream_the_gateway_cannot_store_ends_in_an_error_event(disk: Path) ->
                 "echo: kept",
                 "room",
             ]
+
+
+def test_a_reindex_stopped_by_a_full_disk_leaves_nothing_behind(disk: Path) -> None:
+    """``reindex`` on a full disk fails and leaves no half-built index folder; the index in
+    use is untouched, and the rerun with room rebuilds it."""
+    storage = disk / "sessions"
+    with FsStore(storage) as store:
+        for n in range(30):
+            add_context(store, f"cli:s{n}", f"hello {n}")
+    filler = fill(disk)
+    code, _ = _run("--storage-dir", str(storage), "reindex")
+    assert code == 1
+    assert sorted(p.name for p in (storage / ".index").iterdir() if p.name.startswith("new-")) == []
+    filler.unlink()
+    assert _run("--storage-dir", str(storage), "reindex")[0] == 0
+    with FsStore(storage) as store:
+        assert len(store.list_contexts()) == 30

@@ -936,6 +936,24 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def _rebuild_index(self, *, write_heads: bool) -> int:
         """Rebuild ``.index`` from the folders (and, with ``write_heads``, lost heads)."""
         fresh = self._inside(self.root / INDEX) / f"new-{uuid.uuid4().hex}"
+        try:  # a full disk part way leaves no half-built index behind
+            chosen = self._build_index(fresh, write_heads)
+        except BaseException:
+            remove_tree(fresh)
+            raise
+        index = self.root / INDEX
+        with file_lock(self._inside(self.root / LOCKS) / "index"):
+            for part in ("contexts", "sessions"):
+                old = index / part
+                if old.exists():
+                    self._discard(old)
+                os.rename(fresh / part, old)
+        os.rmdir(fresh)
+        self._folders.clear()
+        return len(chosen)
+
+    def _build_index(self, fresh: Path, write_heads: bool) -> dict[ContextId, ContextFolder]:
+        """Write an index into the folder ``fresh``; the context folders it points at."""
         make_dirs(fresh / "contexts")
         make_dirs(fresh / "sessions")
         entries = [self._repaired(entry) if write_heads else entry for entry in self.walk()]
@@ -952,16 +970,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             make_dirs(fresh / "contexts" / context.type)
             data = pointer(context, entry.folder.relative_to(self.root).as_posix())
             write_to(fresh / "contexts" / context.type / context.encoded_name, data, os.O_TRUNC)
-        index = self.root / INDEX
-        with file_lock(self._inside(self.root / LOCKS) / "index"):
-            for part in ("contexts", "sessions"):
-                old = index / part
-                if old.exists():
-                    self._discard(old)
-                os.rename(fresh / part, old)
-        os.rmdir(fresh)
-        self._folders.clear()
-        return len(chosen)
+        return chosen
 
     def _repaired(self, entry: ContextFolder) -> ContextFolder:
         """A walked folder, its head written back if it was rebuilt (None if it cannot be)."""
