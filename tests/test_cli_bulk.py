@@ -348,6 +348,47 @@ def test_a_bundle_is_never_read_outside_itself(tmp_path: Path) -> None:
         assert [h.context for h in restored.list_contexts()] == ["game:run1"]
 
 
+def _retar(source: Path, dest: Path, link: str) -> None:
+    """``source``'s members into ``dest``, ``link`` made a symbolic link to /etc/passwd."""
+    with tarfile.open(source, "r:gz") as old, tarfile.open(dest, "w:gz") as new:
+        for info in old.getmembers():
+            if info.name == link:
+                info.type, info.linkname, info.size = tarfile.SYMTYPE, "/etc/passwd", 0
+                new.addfile(info)
+            else:
+                new.addfile(info, old.extractfile(info))
+
+
+def test_a_tar_bundle_names_a_link_member_and_an_archive_cut_short(tmp_path: Path) -> None:
+    """A member that is a link is refused for its session as a link, not as missing; an
+    archive cut short says so, not that it has no manifest; neither imports anything."""
+    _fill(tmp_path / "s")
+    runner = CliRunner()
+    whole = tmp_path / "whole.tar.gz"
+    args = ["export", "--all", "-f", "jsonl", "-o", str(whole), "--storage-dir"]
+    assert runner.invoke(cli, [*args, str(tmp_path / "s")]).exit_code == 0
+    linked = tmp_path / "linked.tar.gz"
+    _retar(whole, linked, "irc/#python.jsonl")
+    dst = ["--storage-dir", str(tmp_path / "dst")]
+    result = runner.invoke(cli, ["import", str(linked), *dst])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[0] == (
+        f"error: irc:#python: {linked}: irc/#python.jsonl is not a regular file: not read"
+    )
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size * 3 // 4])
+    with FsStore(tmp_path / "dst") as store:
+        before = snapshot(store)
+    result = runner.invoke(cli, ["import", str(cut), *dst])
+    assert result.exit_code == 1
+    assert result.output == (
+        f"Error: {cut}: {MANIFEST}: Compressed file ended before the end-of-stream marker "
+        "was reached\n"
+    )
+    with FsStore(tmp_path / "dst") as store:
+        assert snapshot(store) == before
+
+
 def test_a_legacy_file_beside_the_store_goes_into_the_bundle(tmp_path: Path) -> None:
     """``--all`` takes the sessions ``list`` shows, legacy files too: they come back in the
     log."""
