@@ -285,6 +285,32 @@ def test_jsonl_import_nested_past_the_decoder_is_corrupt_log(tmp_path: Path) -> 
     assert not root.exists() or tree(root) == {}
 
 
+def _lineage_cases() -> dict[str, tuple[list[Any], str]]:
+    header = exported()[0]
+    entry = {"v": 1, "seq": 1, "ts": "2025-01-01T00:00:00.000000Z", "kind": "turn_end"}
+    return {
+        "empty": ([], ": nothing to import: the file has no lines"),
+        "no header": ([entry], ":1: a lineage must start with a segment header"),
+        "header seq": ([header, {**header, "seq": 5}], ":2: a header must have seq 0, not 5"),
+        "seq gap": ([header, {**entry, "seq": 2}], ":2: expected seq 1, found 2"),
+        "bad id": ([{**header, "session_id": "nope"}], ": invalid session id 'nope'"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_lineage_cases()))
+def test_jsonl_import_of_a_broken_lineage_names_the_file(tmp_path: Path, case: str) -> None:
+    """A file whose lines are entries but not a lineage: one line naming the file (and the
+    line), as for a line that is not JSON; nothing made. Before, ``line 2: ...`` named no
+    file, so among many paths the user could not tell which was wrong."""
+    lines, message = _lineage_cases()[case]
+    path = tmp_path / "broken.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    root = tmp_path / "sessions"
+    result = invoke("import", str(path), "--storage-dir", str(root))
+    assert_one_line_error(result, f"Error: {path}{message}")
+    assert not root.exists() or tree(root) == {}
+
+
 def test_jsonl_import_with_a_lone_surrogate_escape_says_so(tmp_path: Path) -> None:
     """``"\\ud800"`` in a JSONL file: CorruptLog naming file, line and the escape; a valid
     pair (an emoji written as two escapes) and an escaped backslash are fine."""

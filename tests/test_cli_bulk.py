@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import stat
 import tarfile
 import zipfile
 from collections.abc import Iterator
@@ -348,6 +350,47 @@ def test_a_bundle_is_never_read_outside_itself(tmp_path: Path) -> None:
         assert [h.context for h in restored.list_contexts()] == ["game:run1"]
 
 
+def _retar(source: Path, dest: Path, link: str) -> None:
+    """``source``'s members into ``dest``, ``link`` made a symbolic link to /etc/passwd."""
+    with tarfile.open(source, "r:gz") as old, tarfile.open(dest, "w:gz") as new:
+        for info in old.getmembers():
+            if info.name == link:
+                info.type, info.linkname, info.size = tarfile.SYMTYPE, "/etc/passwd", 0
+                new.addfile(info)
+            else:
+                new.addfile(info, old.extractfile(info))
+
+
+def test_a_tar_bundle_names_a_link_member_and_an_archive_cut_short(tmp_path: Path) -> None:
+    """A member that is a link is refused for its session as a link, not as missing; an
+    archive cut short says so, not that it has no manifest; neither imports anything."""
+    _fill(tmp_path / "s")
+    runner = CliRunner()
+    whole = tmp_path / "whole.tar.gz"
+    args = ["export", "--all", "-f", "jsonl", "-o", str(whole), "--storage-dir"]
+    assert runner.invoke(cli, [*args, str(tmp_path / "s")]).exit_code == 0
+    linked = tmp_path / "linked.tar.gz"
+    _retar(whole, linked, "irc/#python.jsonl")
+    dst = ["--storage-dir", str(tmp_path / "dst")]
+    result = runner.invoke(cli, ["import", str(linked), *dst])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[0] == (
+        f"error: irc:#python: {linked}: irc/#python.jsonl is not a regular file: not read"
+    )
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size * 3 // 4])
+    with FsStore(tmp_path / "dst") as store:
+        before = snapshot(store)
+    result = runner.invoke(cli, ["import", str(cut), *dst])
+    assert result.exit_code == 1
+    assert result.output == (
+        f"Error: {cut}: {MANIFEST}: Compressed file ended before the end-of-stream marker "
+        "was reached\n"
+    )
+    with FsStore(tmp_path / "dst") as store:
+        assert snapshot(store) == before
+
+
 def test_a_legacy_file_beside_the_store_goes_into_the_bundle(tmp_path: Path) -> None:
     """``--all`` takes the sessions ``list`` shows, legacy files too: they come back in the
     log."""
@@ -392,6 +435,39 @@ def test_export_many_into_a_file_name_is_refused_in_one_line(tmp_path: Path) -> 
     dotted = runner.invoke(cli, ["export", "--all", "-o", f"{tmp_path / 'v1.2'}/", *base])
     assert dotted.exit_code == 0, dotted.output
     assert (tmp_path / "v1.2" / "cli" / "main.md").is_file()
+
+
+def test_export_errors_name_the_file_the_user_gave(tmp_path: Path) -> None:
+    """A write that fails names ``-o``'s file and the reason, without ``[Errno N]``: not the
+    temporary file written first, and not nothing (a full disk's error names no file)."""
+    _fill(tmp_path / "s")
+    runner = CliRunner()
+    base = ["--storage-dir", str(tmp_path / "s")]
+    long = tmp_path / ("x" * 300 + ".tar.gz")
+    result = runner.invoke(cli, ["export", "--all", "-o", str(long), *base])
+    assert result.exit_code == 1
+    assert result.output == f"Error: {long}: File name too long\n"
+    if Path("/dev/full").is_char_device():
+        result = runner.invoke(cli, ["export", "cli:main", "-o", "/dev/full", *base])
+        assert result.output == "Error: /dev/full: No space left on device\n"
+
+
+def test_finetune_export_into_a_pipe_writes_into_it(tmp_path: Path) -> None:
+    """``-f finetune -o /dev/stdout`` (here a named pipe): the lines go into the pipe, which is
+    still one; before, the pipe was replaced by a regular file (as root, /dev/stdout too)."""
+    _fill(tmp_path / "s")
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # so the export's open never waits
+    args = ["export", "--all", "-f", "finetune", "-o", str(pipe), "--storage-dir"]
+    try:
+        result = CliRunner().invoke(cli, [*args, str(tmp_path / "s")])
+        assert result.exit_code == 0, result.output
+        assert stat.S_ISFIFO(pipe.stat().st_mode)
+        got = [os.read(reader, 1 << 16)]
+    finally:
+        os.close(reader)
+    assert [json.loads(line)["messages"][0]["role"] for line in got[0].splitlines()] == ["user"] * 3
 
 
 def test_search_command_plain_json_and_bad_queries(tmp_path: Path) -> None:

@@ -128,6 +128,8 @@ def test_archive_named_takes_pinned_and_json_has_the_store_figures(store: Memory
 def test_archive_refuses_bad_input_in_one_line(store: MemoryStore) -> None:
     one_line_error(invoke("archive"), "name the sessions to archive, or give an age")
     one_line_error(invoke("archive", "--older-than", "30 days"), "bad age '30 days'")
+    too_long = "bad age '99999999999d': longer than 999999999 days"
+    one_line_error(invoke("archive", "--older-than", "99999999999d"), too_long)
     one_line_error(invoke("archive", "cli:nope"), "no session 'cli:nope'")
     assert archived(store) == []
 

@@ -415,6 +415,7 @@ def socket_closed_port() -> Any:
             "previous_response_id",
         ),
         (b'{"model": "m", "input": "x", "conversation": "conv_nope"}', 404, "conversation"),
+        (b'{"model": "m", "input": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, None),  # was a 500
     ],
 )
 def test_bad_requests_get_openai_errors(
@@ -425,6 +426,21 @@ def test_bad_requests_get_openai_errors(
     error = answer.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
     assert "Traceback" not in answer.text
+
+
+def test_adding_no_items_to_a_conversation_is_a_400(gateway: GatewayProcess) -> None:
+    """``items`` missing or empty: a 400 naming ``items`` (a 500 IndexError before), and the
+    conversation is unchanged."""
+    conversation = httpx.post(f"{gateway.url}/conversations", json={"items": "hi"}).json()
+    url = f"{gateway.url}/conversations/{conversation['id']}/items"
+    for body in ({}, {"items": []}):
+        answer = httpx.post(url, json=body)
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert (
+            error["param"] == "items" and error["message"] == "'items' must list at least one item"
+        )
+    assert [item["content"][0]["text"] for item in httpx.get(url).json()["data"]] == ["hi"]
 
 
 def test_unknown_routes_and_large_bodies(gateway: GatewayProcess) -> None:

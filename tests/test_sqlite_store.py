@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from terrarium.index._query import SearchHit, SearchQuery
 from terrarium.model import ContextId
 from terrarium.search import scan
 from terrarium.sessions import create_segment, save_user_input
+from terrarium.stores import _db
 from terrarium.stores.base import NewEntry
 from terrarium.stores.memory import MemoryStore
 from terrarium.stores.sqlite import SqliteStore
@@ -83,6 +85,30 @@ def test_not_a_database_is_a_store_error(tmp_path: Path) -> None:
     path.write_bytes(b"this is not a database, just some text " * 100)
     with pytest.raises(StoreError, match=r"notes\.txt"):
         SqliteStore(path)
+
+
+@pytest.mark.parametrize("table", ["notes", "sessions"])
+def test_another_programs_database_is_refused_untouched(
+    tmp_path: Path, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SQLite file holding tables but no terrarium schema is another program's: opening it
+    is a one-line error naming the file and a table, and adds nothing to it (before, a plain
+    ``terrarium list`` added 30 tables, or half a schema where a table name was taken)."""
+    path = tmp_path / "app.db"
+    conn = sqlite3.connect(path)
+    conn.execute(f"CREATE TABLE {table} (x)")
+    conn.commit()
+    conn.close()
+    before = _raw(path, "SELECT type, name FROM sqlite_master")
+    message = rf"^{re.escape(str(path))}: not a terrarium database .*'{table}'"
+    with pytest.raises(StoreError, match=message) as caught:
+        SqliteStore(path)
+    assert "\n" not in str(caught.value)
+    assert _raw(path, "SELECT type, name FROM sqlite_master") == before
+    monkeypatch.setattr(_db, "writable", lambda path: False)  # read-only: refused alike,
+    with pytest.raises(StoreError, match="not a terrarium database"):
+        SqliteStore(path)  # not asked to be migrated
+    assert _raw(path, "SELECT type, name FROM sqlite_master") == before
 
 
 def test_a_database_without_the_change_cursor_says_to_copy_it(db: Path, tmp_path: Path) -> None:

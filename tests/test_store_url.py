@@ -123,12 +123,14 @@ def test_sqlite_urls(opened: list[Store], tmp_path: Path) -> None:
         ("fs:s?durability", "malformed query string"),
         ("mysql://root@db/x", "unknown scheme 'mysql'"),
         ("", "empty"),
+        ("postgresql://%zz", 'invalid percent-encoded token: "%zz"'),  # libpq's is two lines
     ],
 )
 def test_malformed_urls_name_the_problem(url: str, problem: str) -> None:
-    """Each malformed URL raises StoreURLError naming what is wrong."""
-    with pytest.raises(StoreURLError, match=problem.replace("(", r"\(")):
+    """Each malformed URL raises StoreURLError naming what is wrong, on one line."""
+    with pytest.raises(StoreURLError, match=problem.replace("(", r"\(")) as caught:
         open_store(url)
+    assert "\n" not in str(caught.value)
 
 
 # --------------------------------------------------------------------------- passwords

@@ -133,16 +133,20 @@ class _Members:
 
     def read(self, member: str) -> bytes:
         """The member's bytes; InvalidEntry if missing, unreadable, or named outside the bundle."""
+        data = self.find(member)
+        if data is None:
+            raise InvalidEntry(f"{self.path} has no {member}, which its manifest names")
+        return data
+
+    def find(self, member: str) -> bytes | None:
+        """The member's bytes, None if there is none; InvalidEntry if it cannot be read."""
         parts = PurePosixPath(member).parts
         if not parts or member.startswith("/") or "\\" in member or ".." in parts:
             raise InvalidEntry(f"{self.path}: the manifest names a file outside it: {member!r}")
         try:
-            data = self._read(member)
+            return self._read(member)
         except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error) as exc:
             raise InvalidEntry(f"{self.path}: {member}: {exc}") from None
-        if data is None:
-            raise InvalidEntry(f"{self.path} has no {member}, which its manifest names")
-        return data
 
     def _read(self, member: str) -> bytes | None:
         if self._zip is not None:
@@ -156,7 +160,9 @@ class _Members:
             except KeyError:
                 return None
             handle = self._tar.extractfile(info) if info.isfile() else None
-            return None if handle is None else handle.read()
+            if handle is None:  # a link or a device: never followed
+                raise InvalidEntry(f"{self.path}: {member} is not a regular file: not read")
+            return handle.read()
         file = self.path.joinpath(*member.split("/"))
         if not file.resolve().is_relative_to(self.path.resolve()):
             raise InvalidEntry(f"{self.path}: {member} is a link out of the bundle: not read")
@@ -166,13 +172,12 @@ class _Members:
 def _manifest(members: _Members) -> dict[str, Any]:
     """The bundle's manifest, checked."""
     where = members.path
-    try:
-        raw = members.read(MANIFEST)
-    except InvalidEntry:
+    raw = members.find(MANIFEST)  # an archive cut short says so
+    if raw is None:
         raise InvalidEntry(
             f"{where} is not a terrarium bundle: it has no {MANIFEST} "
             "(write one with: terrarium export --all -f jsonl -o FILE.tar.gz)"
-        ) from None
+        )
     try:
         manifest = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -61,6 +61,15 @@ class NothingToRetry(TerrariumError):
 class StoreError(TerrariumError):
     """A store could not complete an operation."""
 
+    @classmethod
+    def foreign(cls, where: str, tables: list[str]) -> StoreError:
+        """``where`` is another program's SQLite database: it has ``tables``, none of ours."""
+        names = ", ".join(repr(name) for name in tables)
+        return cls(
+            f"{where}: not a terrarium database (it holds another program's tables: {names}); "
+            "name a new file for a new store"
+        )
+
 
 class _Missing(StoreError, KeyError):
     """A thing looked up by key is not in the store."""

@@ -17,7 +17,8 @@ import io
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -120,6 +121,16 @@ def export_context(store: Store, context: ContextId | str, fmt: str | Format) ->
     return get_format(fmt).export(store, context)
 
 
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """An OSError while writing ``path`` names ``path``, not a temporary file (or nothing: a
+    full disk's error names no file)."""
+    try:
+        yield
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+
+
 def write_export(path: Path, content: str | bytes) -> None:
     """Write one export to ``path`` (a file the user names). A new file is created ``0600``,
     as it holds a conversation; a file that exists keeps its mode. A plain file is replaced
@@ -130,7 +141,7 @@ def write_export(path: Path, content: str | bytes) -> None:
         old = os.lstat(path)
     except FileNotFoundError:
         old = None
-    try:
+    with writing(path):
         if old is not None and not stat.S_ISREG(old.st_mode):
             fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             try:
@@ -143,8 +154,6 @@ def write_export(path: Path, content: str | bytes) -> None:
                 os.chmod(path, stat.S_IMODE(old.st_mode))
         else:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
-    except OSError as exc:  # name the file the user gave, not a temporary one
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
 
 
 def member_name(context: ContextId | str, fmt: str | Format, date: str | None = None) -> str:
@@ -267,8 +276,12 @@ def export_many(
         files = bundle_files(store, chosen, detached=whole)
     elif spec.name == "finetune":  # one line per context (or none), in one file
         data = b"".join(_member(spec, source, c)[1] for c, source in chosen.items())
+        if target.exists() and not target.is_file() and not target.is_dir():
+            write_export(target, data)  # a pipe or a device (/dev/stdout): never replaced
+            return ExportResult(target, [], list(chosen))
         if not _is_archive(target) and not target.is_dir():
-            write_atomic(target, data, sync=False)
+            with writing(target):
+                write_atomic(target, data, sync=False)
             return ExportResult(target, [], list(chosen))
         files[FINETUNE_FILE] = data
     else:
@@ -280,16 +293,18 @@ def export_many(
 def _write(target: Path, files: dict[str, bytes]) -> None:
     """Write ``files`` into the archive or folder ``target``, each file atomically."""
     name = target.name.lower()
-    if name.endswith(".zip"):
-        write_atomic(target, _zip(files), sync=False)
-    elif name.endswith((".tar.gz", ".tgz")):
-        write_atomic(target, _tar_gz(files), sync=False)
-    else:
-        from terrarium.bundle import MANIFEST
+    if name.endswith((".zip", ".tar.gz", ".tgz")):
+        with writing(target):
+            write_atomic(target, (_zip if name.endswith(".zip") else _tar_gz)(files), sync=False)
+        return
+    from terrarium.bundle import MANIFEST
 
-        # A bundle's manifest last: a folder an interrupted export left is no bundle.
-        for member in sorted(files, key=lambda member: member == MANIFEST):
-            write_atomic(target.joinpath(*member.split("/")), files[member], sync=False)
+    # A bundle's manifest last: a folder an interrupted export left is no bundle.
+    for member in sorted(files, key=lambda member: member == MANIFEST):
+        path = target.joinpath(*member.split("/"))
+        with writing(path):
+            write_atomic(path, files[member], sync=False)
+    with writing(target):
         make_dirs(target)
 
 

@@ -71,7 +71,10 @@ def parse_age(text: str | int) -> timedelta:
         amount, unit = int(match.group(1)), match.group(2).lower()
     if amount <= 0:
         raise InvalidRetention(f"bad age {text!r}: it must be more than zero")
-    return amount * _UNITS[unit]
+    try:
+        return amount * _UNITS[unit]
+    except OverflowError:
+        raise InvalidRetention(f"bad age {text!r}: longer than {timedelta.max.days} days") from None
 
 
 def _parse_time(ts: str) -> datetime | None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from terrarium.cli import examples
-from terrarium.cli.output import Output, one_line
+from terrarium.cli.output import Output, error_text, one_line
 from terrarium.errors import DISTRIBUTION, TerrariumError
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class GuardedCommand(click.Command):
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
             raise UsageLine(f"{exc.format_message()}{hint}") from exc
         except USER_ERRORS as exc:
-            raise click.ClickException(one_line(str(exc)) or type(exc).__name__) from exc
+            raise click.ClickException(one_line(error_text(exc)) or type(exc).__name__) from exc
 
 
 class GuardedGroup(GuardedCommand, click.Group):

@@ -142,6 +142,13 @@ def plain_table(
     ]
 
 
+def error_text(exc: BaseException) -> str:
+    """What ``exc`` tells a user: an OS error as ``{file}: {reason}``, without ``[Errno N]``."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror if exc.filename is None else f"{exc.filename}: {exc.strerror}"
+    return str(exc)
+
+
 def one_line(text: str) -> str:
     """Collapse a message onto one line."""
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())

@@ -93,26 +93,29 @@ def parse_lines(data: str | bytes, *, where: str = "<jsonl>") -> list[dict[str, 
     return codec.decode_lines(raw, where=where)
 
 
-def _split_segments(lines: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Split lineage lines into segments (header first), checking that seqs run 0, 1, 2, ..."""
+def _split_segments(lines: list[dict[str, Any]], where: str) -> list[list[dict[str, Any]]]:
+    """Split lineage lines into segments (header first), checking that seqs run 0, 1, 2, ...
+    (InvalidEntry naming ``where`` and the line)."""
     segments: list[list[dict[str, Any]]] = []
     for number, line in enumerate(lines, start=1):
         if line["kind"] == EntryKind.HEADER:
             if line["seq"] != 0:
-                raise InvalidEntry(f"line {number}: a header must have seq 0, not {line['seq']}")
+                raise InvalidEntry(f"{where}:{number}: a header must have seq 0, not {line['seq']}")
             segments.append([line])
             continue
         if not segments:
-            raise InvalidEntry("line 1: a lineage must start with a segment header")
+            raise InvalidEntry(f"{where}:1: a lineage must start with a segment header")
         expected = len(segments[-1])
         if line["seq"] != expected:
-            raise InvalidEntry(f"line {number}: expected seq {expected}, found {line['seq']}")
+            raise InvalidEntry(f"{where}:{number}: expected seq {expected}, found {line['seq']}")
         segments[-1].append(line)
     if not segments:
-        raise InvalidEntry("nothing to import: the file has no lines")
+        raise InvalidEntry(f"{where}: nothing to import: the file has no lines")
     session_ids = {str(segment[0].get("session_id")) for segment in segments}
     if len(session_ids) != 1:
-        raise InvalidEntry(f"a lineage belongs to one session, found {sorted(session_ids)}")
+        raise InvalidEntry(
+            f"{where}: a lineage belongs to one session, found {sorted(session_ids)}"
+        )
     return segments
 
 
@@ -133,8 +136,8 @@ def read_segments(
             codec.encode(line)  # refused here, before anything is created
         except InvalidEntry as exc:
             raise InvalidEntry(f"{where}:{number}: {exc}") from None
-    segments = _split_segments(lines)
-    _check_segments(segments)
+    segments = _split_segments(lines, where)
+    _check_segments(segments, where)
     return segments
 
 
@@ -157,7 +160,7 @@ def import_context(
     named = next((s[0]["context"] for s in reversed(segments) if s[0].get("context")), None)
     target = context if context is not None else named
     if target is None:
-        raise InvalidEntry("the file names no context: pass the context to create")
+        raise InvalidEntry(f"{where}: the file names no context: pass the context to create")
     ctx = ContextId.parse(target)
     if str(ctx) != named:
         ctx.check_new()  # a name of the caller's, not the file's own
@@ -171,17 +174,21 @@ def import_context(
     return found
 
 
-def _check_segments(segments: list[list[dict[str, Any]]]) -> None:
+def _check_segments(segments: list[list[dict[str, Any]]], where: str) -> None:
     """Every header names its session and segment and has a time, as every entry does."""
     for segment in segments:
         header = segment[0]
         for key in ("session_id", "segment_id", "ts"):
             if not isinstance(header.get(key), str):
-                raise InvalidEntry(f"segment header lacks a string {key!r}")
+                raise InvalidEntry(f"{where}: a segment header lacks a string {key!r}")
         for key in ("session_id", "segment_id"):
             try:
                 uuid.UUID(header[key])
             except ValueError:
-                raise InvalidEntry(f"invalid {key.replace('_', ' ')} {header[key]!r}") from None
+                raise InvalidEntry(
+                    f"{where}: invalid {key.replace('_', ' ')} {header[key]!r}"
+                ) from None
         if not all(isinstance(line.get("ts"), str) for line in segment):
-            raise InvalidEntry(f"segment {header['segment_id']} has an entry without a 'ts'")
+            raise InvalidEntry(
+                f"{where}: segment {header['segment_id']} has an entry without a 'ts'"
+            )

@@ -98,6 +98,8 @@ async def add_items(gw: Core, request: Request) -> Response:
     """``POST /v1/conversations/{id}/items``."""
     body = await read_json(request, gw.max_body)
     items = _items(body)
+    if not items:
+        raise bad_request("'items' must list at least one item", "items")
     _, ctx = _context(request)
     await gw.run(_state, gw, request)  # a missing conversation is a 404
     await gw.run(gw.ledger.add_items, ctx, items)

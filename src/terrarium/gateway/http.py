@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from terrarium import codec
 from terrarium.errors import ContextNotFound, InvalidContextId, InvalidEntry, StoreUnavailable
 from terrarium.gateway.upstream import GatewayError, bad_request
 
@@ -26,7 +27,6 @@ keep it themselves do)."""
 
 _LOOPBACK = frozenset(("localhost", "127.0.0.1", "::1", "[::1]"))
 _ENCODER = msgspec.json.Encoder()
-_DECODER = msgspec.json.Decoder()
 
 
 def encode(value: Any) -> bytes:
@@ -102,8 +102,10 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
             raise _too_large(limit)
         chunks.append(chunk)
     try:
-        body = _DECODER.decode(b"".join(chunks))
-    except (msgspec.DecodeError, ValueError, UnicodeDecodeError):
+        body = codec.decode(b"".join(chunks))  # a body nested too deep: DecodeError
+    except msgspec.DecodeError as exc:
+        raise bad_request(f"the request body is not valid JSON ({exc})") from None
+    except (ValueError, UnicodeDecodeError):
         raise bad_request("the request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")

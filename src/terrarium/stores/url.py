@@ -199,7 +199,7 @@ def _open_postgres(url: str, shown: str) -> Store:
         conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
         password = password_of(url)
-        reason = str(exc).replace(password, "***") if password else str(exc)
+        reason = " ".join(str(exc).replace(password or "\0", "***").split())  # libpq's: 2 lines
         raise StoreURLError(f"store URL {shown!r} is malformed: {reason}") from None
     from terrarium.stores.postgres import PostgresStore
 

@@ -46,7 +46,7 @@ from terrarium.stores._sqlbase import STATE, SqlStore, line_text, state_record
 from terrarium.stores.base import INDEX_DB, NewEntry, iter_lines, wake_session
 from terrarium.stores.locks import file_lock
 from terrarium.stores.sqlite import _sql as sql
-from terrarium.stores.sqlite.migrations import MIGRATIONS, check_readable, migrate
+from terrarium.stores.sqlite.migrations import MIGRATIONS, check_readable, migrate, refuse_foreign
 
 __all__ = ["MIGRATIONS", "SYNCHRONOUS_MODES", "SqliteStore", "migrate"]
 
@@ -99,8 +99,8 @@ class SqliteStore(SqlStore):
 
         Raises:
             FormatVersionError: the database was written by a newer terrarium.
-            StoreError: the file is not a SQLite database, WAL cannot be enabled on it, or it
-                is read-only and needs a migration.
+            StoreError: the file is not a SQLite database or is another program's, WAL cannot
+                be enabled on it, or it is read-only and needs a migration.
         """
         if str(path) == ":memory:" or str(path).startswith("file:"):
             raise ValueError(
@@ -160,6 +160,7 @@ class SqliteStore(SqlStore):
         """The first connection: migrated (or, read-only, checked readable), in WAL mode."""
         conn = self._connect()
         try:
+            refuse_foreign(conn, where=str(self.path))
             if self.readonly:
                 check_readable(conn, where=str(self.path))
             else:

@@ -15,6 +15,10 @@ CREATE_MIGRATIONS = (
 APPLIED = "SELECT name FROM migrations"
 RECORD_MIGRATION = "INSERT INTO migrations VALUES (?, ?)"
 FORGET_MIGRATION = "DELETE FROM migrations WHERE name = ?"
+FOREIGN_TABLES = (
+    "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%' AND NOT "
+    "EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'migrations') ORDER BY name LIMIT 3"
+)
 
 # ---------------------------------------------------------------------------- change cursor
 

@@ -20,7 +20,7 @@ from terrarium.stores import _db
 from terrarium.stores.migrations import PRE_SQUASH, RESPONSES_PARTS_SQL, TEXT_PARTS_SQL, Migrations
 from terrarium.stores.sqlite import _sql as sql
 
-__all__ = ["MIGRATIONS", "check_readable", "migrate"]
+__all__ = ["MIGRATIONS", "check_readable", "migrate", "refuse_foreign"]
 
 MIGRATIONS: Migrations[sqlite3.Connection] = Migrations("sqlite", squashed=PRE_SQUASH)
 
@@ -63,6 +63,12 @@ def check_readable(conn: sqlite3.Connection, *, where: str) -> None:
             f"{where}: read-only, and its schema is older than this terrarium's (it lacks "
             f"{', '.join(missing)}): open it once with write access to migrate it"
         )
+
+
+def refuse_foreign(conn: sqlite3.Connection, *, where: str) -> None:
+    """Refuse, before any write, a database with tables but not ours (StoreError.foreign)."""
+    if tables := [row[0] for row in conn.execute(sql.FOREIGN_TABLES)]:
+        raise StoreError.foreign(where, tables)
 
 
 def _applied(conn: sqlite3.Connection) -> list[str]:
