@@ -1,8 +1,5 @@
-"""The blob reference format every store reads: the ``_blobs`` key, digests, their scan.
-
-A line that keeps strings in blobs lists them under :data:`BLOBS_KEY`, each named by the
-sha256 of its bytes (:mod:`terrarium.blobs` writes and resolves them). The stores need only
-this much of it: to record which blobs a line names, and to find every name in stored bytes.
+"""What the stores read of the blob format (:mod:`terrarium.blobs` writes and resolves it):
+the ``_blobs`` key of a line, the sha256 digests that name blobs, their scan in stored bytes.
 """
 
 from __future__ import annotations

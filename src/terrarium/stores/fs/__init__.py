@@ -459,9 +459,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                 held.discard(str(context))
 
     def _create_lock(self, session_id: SessionId) -> AbstractContextManager[None]:
-        """``.locks/create/{session}``: two creates on one session id (a copied or hand-made
-        header's) take turns, so the second sees the first's segment. Its own lock, taken
-        last and by nothing else, so it orders after every other lock."""
+        """``.locks/create/{session}``: creates on one session id (a copied header's) take
+        turns. Taken last and by nothing else, it orders after every other lock."""
         return file_lock(self._inside(self.root / LOCKS) / "create" / str(session_id))
 
     def _file_lock(self, kind: str, context: ContextId) -> AbstractContextManager[None]:
