@@ -479,7 +479,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         created = str(line["ts"])
         data = codec.encode_line(line)  # refuses a bad header before anything is made
-        with self._head_lock(context), self._create_lock(session_id):  # refuses type archive
+        # The lifecycle lock, shared: a reindex (holding it exclusively) must not swap out
+        # the index this create writes its entry to.
+        with self._quiet(), self._head_lock(context), self._create_lock(session_id):
             existing = self.folder_of(context)
             if existing is not None:
                 self._adopt(context, existing)
@@ -955,13 +957,24 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         index = self.root / INDEX
         with file_lock(self._inside(self.root / LOCKS) / "index"):
             for part in ("contexts", "sessions"):
-                old = index / part
-                if old.exists():
-                    self._discard(old)
-                os.rename(fresh / part, old)
+                self._swap_in(fresh / part, index / part)
         os.rmdir(fresh)
         self._folders.clear()
         return len(chosen)
+
+    def _swap_in(self, fresh: Path, old: Path) -> None:
+        """Replace the index part ``old`` with ``fresh``. A reader that found a context by a
+        walk may write its entry between the removal and the rename (it takes no lock): that
+        entry is removed again, since the walk behind ``fresh`` saw the same folder."""
+        while True:
+            if old.exists():
+                self._discard(old)
+            try:
+                os.rename(fresh, old)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
 
     def _repaired(self, entry: ContextFolder) -> ContextFolder:
         """A walked folder, its head written back if it was rebuilt (None if it cannot be)."""
