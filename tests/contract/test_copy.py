@@ -136,6 +136,31 @@ def test_a_session_in_the_destinations_trash_is_a_conflict_not_a_second_copy(
         assert copy_store(src, store, ["cli:main"]).copied == []
 
 
+@pytest.mark.parametrize("step", ["create_session", "create_segment", "append", "attach_context"])
+def test_two_copies_of_a_session_at_once_both_leave_it_whole(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """Another copy of the same session (another process's ``copy`` or ``import``) writes all
+    of it between this copy's plan and its ``step``: this copy plans again and finds it there
+    (before, the other's write failed it as a conflict or an error; the lifecycle race caught
+    it)."""
+    with _source(tmp_path / "src") as src:
+        real = getattr(store, step)
+
+        def racing(*args: object, **kwargs: object) -> object:
+            monkeypatch.setattr(store, step, real)  # the other copy writes as usual
+            assert copy_store(src, store, ["irc:#python"]).copied == ["irc:#python"]
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(store, step, racing)
+        report = copy_store(src, store, ["irc:#python"])
+        assert report.conflicts == []
+        assert [*report.copied, *report.present] == ["irc:#python"], report
+        assert _lines(store, "irc:#python") == _lines(src, "irc:#python")
+        copied = store.get_head(ContextId.parse("irc:#python"))
+        assert copied is not None and copied.ref == src.get_head(ContextId("irc", "#python")).ref  # type: ignore[union-attr]
+
+
 def _lines(store: Store, context: str) -> dict[str, list[dict[str, object]]]:
     """Every segment's lines of the context's session, by segment id."""
     head = store.get_head(ContextId.parse(context))
