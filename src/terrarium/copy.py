@@ -11,8 +11,9 @@ there. Equal is ``ContextExists``; a prefix is completed; anything else is a
 recognises: a new session is built detached, and only once every line and trace is in does
 ``attach_context`` give it its context and head; the pin and the archive come last. So a
 killed copy leaves nothing, a detached part, or the whole, and a rerun completes it. Two
-copies of one session at once (two processes) each plan again when a write finds the other's
-part there, so both end with the whole.
+copies of one context at once (two processes) take turns under its lock; of a detached
+session, each plans again when a write finds the other's part there. Either way both end with
+the whole (a detached session's traces excepted: docs/architecture.md, Known limits).
 
 Archived contexts land archived, pinned ones pinned (where both stores have the
 :class:`~terrarium.stores.base.Lifecycle`). The trash is not copied. Detached sessions are
@@ -37,7 +38,14 @@ from terrarium.errors import (
 )
 from terrarium.model import ENVELOPE_KEYS, ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.sessions import detached_sessions
-from terrarium.stores.base import ATTEMPTS, Lifecycle, NewEntry, SessionStates, Store
+from terrarium.stores.base import (
+    ATTEMPTS,
+    Lifecycle,
+    NewEntry,
+    SessionStates,
+    Store,
+    context_lock,
+)
 
 BATCH = 1000
 """Entries per append: bounded memory and statement size on SQL stores."""
@@ -319,10 +327,20 @@ def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
     """Make ``dst`` hold the session: (lines written, part there?), or None if it had it all.
 
     Another copy of the same session (another process's copy or import) may write it
-    meanwhile: a write that finds its part there already (a stale seq, a segment or session
-    that exists, a context attached) plans again from what is there now.
+    meanwhile: copies of a context take turns under its lock, and a write that finds its part
+    there already (a stale seq, a segment or session that exists, a context attached: a
+    detached session's other copy) plans again from what is there now.
     """
     name = str(source.context) if source.context is not None else f"session {source.session_id}"
+    if source.context is None:
+        return _attempts(dst, source, name)
+    # A trace has no seq to compare and set: two copies of a context take turns.
+    with context_lock(dst, source.context):
+        return _attempts(dst, source, name)
+
+
+def _attempts(dst: Store, source: SessionSource, name: str) -> tuple[int, bool] | None:
+    """Plan and write until the destination holds the session (see :func:`_complete`)."""
     written, partial = 0, None
     for _ in range(ATTEMPTS):
         plan = _plan(dst, source, name)
