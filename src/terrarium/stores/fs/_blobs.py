@@ -41,6 +41,8 @@ class FsBlobs:
     _sync: bool
     _inside: Callable[[Path], Path]
     """``Tree._inside``: a folder, refused if it leads out of the root."""
+    _quiet: Callable[..., contextlib.AbstractContextManager[None]]
+    """``FsStates._quiet``: the lifecycle lock."""
 
     def _blob_path(self, digest: str) -> Path:
         check_digest(digest)
@@ -118,7 +120,12 @@ class FsBlobs:
 
     def delete_unreferenced_blobs(self, *, stored_before: float) -> int:
         """Delete blob files no log refers to, last put before ``stored_before`` (and
-        temporary files a kill left)."""
+        temporary files a kill left). No move runs meanwhile (``.locks/lifecycle`` held
+        exclusively): a log renamed into a folder the scan had passed would be missed."""
+        with self._quiet(exclusive=True):
+            return self._delete_unreferenced(stored_before)
+
+    def _delete_unreferenced(self, stored_before: float) -> int:
         referenced = self.blob_references()
         deleted = 0
         with self._blob_lock(fcntl.LOCK_EX):
