@@ -320,6 +320,26 @@ def test_a_create_during_a_reindex_stays_in_the_index(root: Path) -> None:
     assert [h.context for h in FsStore(root).list_contexts()] == ["cli:new", "cli:old"]
 
 
+def test_a_readers_rebuild_of_a_lost_index_keeps_one_rebuilt_meanwhile(root: Path) -> None:
+    """A lookup that found no index rebuilds it from a walk; when another process has
+    rebuilt it meanwhile (a ``reindex`` whose swap the lookup fell into) and a create has
+    written its entry there since, the lookup keeps that index rather than swap in its own,
+    older walk (before, the create's entry was lost and a create writing it failed with
+    ENOENT; the lifecycle race caught it)."""
+    store, other = FsStore(root), FsStore(root)
+    _create(store, "cli:old")
+    walk = store.walk
+
+    def walk_then_create() -> Any:
+        found = list(walk())
+        _create(other, "cli:new")  # another process, after the walk
+        return found
+
+    store.walk = walk_then_create  # type: ignore[method-assign]
+    store._rebuild_index(write_heads=False)
+    assert [h.context for h in FsStore(root).list_contexts()] == ["cli:new", "cli:old"]
+
+
 def test_an_index_entry_written_during_the_swap_does_not_fail_a_reindex(
     store: FsStore, root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -956,6 +956,11 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             write_to(fresh / "contexts" / context.type / context.encoded_name, data, os.O_TRUNC)
         index = self.root / INDEX
         with file_lock(self._inside(self.root / LOCKS) / "index"):
+            if not write_heads and (index / "contexts").is_dir():
+                # A lookup that found no index: another process rebuilt it meanwhile, and
+                # a create since may have written to it, which this older walk lacks.
+                self._discard(fresh)
+                return len(chosen)
             for part in ("contexts", "sessions"):
                 self._swap_in(fresh / part, index / part)
         os.rmdir(fresh)
