@@ -222,7 +222,8 @@ def run_archive(
             break
         context = ContextId.parse(candidate.context)
         legacy.resume(store, context)  # a context only a legacy file holds: into the log first
-        archived = states.archive_context(lifecycle, context, spare_pinned=candidate.context not in plan.named)
+        spare = candidate.context not in plan.named  # a pin meanwhile keeps it hot
+        archived = states.archive_context(lifecycle, context, spare_pinned=spare)
         if archived is not None:
             done.append(archived)
             journal.record(

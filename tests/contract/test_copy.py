@@ -148,8 +148,9 @@ def test_two_copies_of_a_detached_session_at_once_both_leave_it_whole(
     as a conflict or an error; the lifecycle race caught it on contexts)."""
     with _source(tmp_path / "src") as src:
         session_id, root = create_segment(src, SegmentStartState(system_prompt="nobody's"))
-        save_user_input(src, PodActiveSegmentRef(session_id, root), "hi")
-        branch = PodActiveSegmentRef(session_id, fork_at(src, PodActiveSegmentRef(session_id, root), 1))
+        main = PodActiveSegmentRef(session_id, root)
+        save_user_input(src, main, "hi")
+        branch = PodActiveSegmentRef(session_id, fork_at(src, main, 1))
         save_user_input(src, branch, "on a branch")
         real = getattr(store, step)
 
