@@ -132,6 +132,52 @@ def test_gc_scans_compressed_and_trashed_logs(tmp_path: Path) -> None:
     assert collect_garbage(store, min_age=0) == 1
 
 
+def test_gc_keeps_a_blob_whose_log_moves_while_it_scans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No move (another process's trash restore, renaming the session's folder into a place
+    the scan has passed) runs while a collection scans, so the scan cannot miss the log and
+    delete its blob (the lifecycle race caught a blob missing after a collection). The move
+    is tried mid-scan where the lifecycle lock lets it start; the fix makes it wait."""
+    import fcntl
+
+    from terrarium.stores.fs import _blobs
+
+    store = FsStore(tmp_path)
+    _with_output(store)
+    t.states.delete_context(store, t.ContextId.parse("cli:big"))  # into .detached/
+    (entry,) = t.states.trashed_contexts(store)
+    (digest,) = store.blob_digests()
+    os.utime(tmp_path / BLOBS / digest[:2] / digest[2:], (0, 0))  # an old blob
+    walk, moved = os.walk, []
+
+    def move_if_it_may() -> None:
+        with open(tmp_path / ".locks" / "lifecycle", "rb") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # a move would wait for the collection
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        with FsStore(tmp_path) as other:
+            t.states.restore_trashed(other, entry.trash_id)
+        moved.append(True)
+
+    def sorted_walk(top: str | Path, *args: object, **kwargs: object) -> object:
+        for folder, dirs, files in walk(top, *args, **kwargs):  # type: ignore[call-overload]
+            dirs.sort(reverse=True)  # cli before .detached
+            if Path(folder) == tmp_path / ".detached":  # cli scanned, .detached not yet
+                move_if_it_may()
+                dirs[:] = sorted(os.listdir(folder), reverse=True)
+            yield folder, dirs, files
+
+    monkeypatch.setattr(_blobs.os, "walk", sorted_walk)
+    assert collect_garbage(store, min_age=0) == 0
+    assert store.has_blob(digest)
+    if not moved:
+        t.states.restore_trashed(store, entry.trash_id)
+    assert t.restore(store, "cli:big").history[-1]["content"] == BIG
+
+
 def test_fsck_reports_missing_and_damaged_blobs_and_cannot_repair_them(tmp_path: Path) -> None:
     """A missing blob and a blob whose bytes changed are problems ``--repair`` leaves."""
     store = FsStore(tmp_path)

@@ -282,6 +282,88 @@ def test_reindex_drops_entries_whose_folder_is_gone(store: FsStore, root: Path) 
     assert not (root / ".index" / "contexts" / "cli" / "gone").exists()
 
 
+def test_a_create_during_a_reindex_stays_in_the_index(root: Path) -> None:
+    """A context created by another process while ``reindex`` walks the folders waits for it
+    to swap in the new index, so its entry lands there and ``list`` shows it (before, it went
+    into the old index, which the swap threw away; the lifecycle race caught it)."""
+    store, other = FsStore(root), FsStore(root)
+    _create(store, "cli:old")
+    walked, go, reached = threading.Event(), threading.Event(), threading.Event()
+    walk, quiet = store.walk, other._quiet
+
+    def slow_walk() -> Any:
+        found = list(walk())
+        walked.set()
+        assert go.wait(30)
+        return found
+
+    def waiting_quiet(**kwargs: Any) -> Any:
+        reached.set()  # about to wait for the reindex
+        return quiet(**kwargs)
+
+    store.walk = slow_walk  # type: ignore[method-assign]
+    other._quiet = waiting_quiet  # type: ignore[method-assign]
+
+    def create() -> None:
+        _create(other, "cli:new")
+        reached.set()
+
+    reindex = threading.Thread(target=store.reindex)
+    reindex.start()
+    assert walked.wait(30)
+    creator = threading.Thread(target=create)
+    creator.start()
+    assert reached.wait(30)
+    go.set()
+    reindex.join(30)
+    creator.join(30)
+    assert [h.context for h in FsStore(root).list_contexts()] == ["cli:new", "cli:old"]
+
+
+def test_a_readers_rebuild_of_a_lost_index_keeps_one_rebuilt_meanwhile(root: Path) -> None:
+    """A lookup that found no index rebuilds it from a walk; when another process has
+    rebuilt it meanwhile (a ``reindex`` whose swap the lookup fell into) and a create has
+    written its entry there since, the lookup keeps that index rather than swap in its own,
+    older walk (before, the create's entry was lost and a create writing it failed with
+    ENOENT; the lifecycle race caught it)."""
+    store, other = FsStore(root), FsStore(root)
+    _create(store, "cli:old")
+    walk = store.walk
+
+    def walk_then_create() -> Any:
+        found = list(walk())
+        _create(other, "cli:new")  # another process, after the walk
+        return found
+
+    store.walk = walk_then_create  # type: ignore[method-assign]
+    store._rebuild_index(write_heads=False)
+    assert [h.context for h in FsStore(root).list_contexts()] == ["cli:new", "cli:old"]
+
+
+def test_an_index_entry_written_during_the_swap_does_not_fail_a_reindex(
+    store: FsStore, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader's best-effort index entry (a context found by a walk) may land between the
+    swap's removal of an old index part and the rename of the new one: the swap removes it
+    again (before, the rename failed with ENOTEMPTY; the lifecycle race caught it)."""
+    ref = _create(store, "cli:a")
+    folder = store.folder_of(ContextId("cli", "a"))
+    assert folder is not None
+    discard, raced = FsStore._discard, []
+
+    def racing_discard(self: FsStore, old: Path) -> None:
+        discard(self, old)
+        if old.name == "sessions" and not raced:  # another process indexes what it found
+            raced.append(old)
+            rel = folder.relative_to(root)
+            FsStore(root)._write_index(ContextId("cli", "a"), ref.session_id, rel)
+
+    monkeypatch.setattr(FsStore, "_discard", racing_discard)
+    assert store.reindex() == 1
+    assert [h.context for h in store.list_contexts()] == ["cli:a"]
+    assert not [p for p in (root / ".index").iterdir() if p.name.startswith("new-")]
+
+
 def test_creating_over_a_lost_index_entry_keeps_the_existing_history(
     store: FsStore, root: Path
 ) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "src" / "terrarium"
 
 #: What a store may import from the package: itself and the layers below it.
-BELOW_STORES = frozenset({"stores", "model", "codec", "errors", "text", "_lazy"})
+BELOW_STORES = frozenset({"stores", "model", "codec", "blobrefs", "errors", "text", "_lazy"})
 
 
 def _module(path: Path) -> str:

@@ -1,11 +1,23 @@
-"""Lifecycle commands racing each other and appends, in several processes, with no fault injected.
+"""Every command that moves or deletes data racing the others, in several processes, with no
+fault injected.
 
 Four workers (``tests/helpers/race_child.py``) run random appends, archives, unarchives,
-deletes, trash restores, purges, policy runs (``maintain``) and ``fsck --repair`` against one
-store at once. Afterwards every context is in exactly one place (hot, archived or one trash
-entry) unless a worker purged it, no call failed but for a context another worker had just
-deleted, and every acknowledged message is in its context exactly once. The default run is a
-few hundred calls per backend; ``slow`` runs thousands.
+deletes, trash restores, purges, policy runs (``maintain``), ``fsck --repair``, forks into new
+contexts, clears, rewinds, compactions, pins and unpins, copies out of the store and into it,
+bundle imports, reindexes and blob collections against one store at once. Afterwards:
+
+* no call failed but for a context another worker had just deleted;
+* every context is in exactly one place (hot, archived or one trash entry) unless a worker
+  purged it, and every acknowledged fork's context exists;
+* every acknowledged message is in the segment it was appended to, once, and nowhere else in
+  its session (a clear, a compaction or a rewind moves the head, never a message);
+* each conversation (the head's lineage) holds no message twice and none its context (or a
+  fork's source) was never sent; each session has one clear, compaction or rewind segment per
+  acknowledged call (and at most one more per call a delete cut short);
+* no policy run archived a context while it was pinned;
+* every context copied or imported in equals its source, and ``fsck`` finds nothing.
+
+The default run is a few hundred calls per backend; ``slow`` runs thousands.
 """
 
 from __future__ import annotations
@@ -14,21 +26,27 @@ import json
 import random
 import subprocess
 import sys
+import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers.race_child import open_spec
+from helpers.copies import fill, snapshot
+from helpers.race_child import fsck, open_spec
 from pg import fresh_schema, pg_database  # noqa: F401  (the postgres store's database)
 from terrarium import ContextId, Store, contexts, create_segment, sessions, states
+from terrarium.export import export_many
+from terrarium.model import SessionId
 from terrarium.stores.base import Lifecycle
 
 CHILD = Path(__file__).with_name("helpers") / "race_child.py"
 WORKERS = 4
 STEADY = [f"race:steady-{i}" for i in range(6)]
 CHURN = [f"race:churn-{i}" for i in range(6)]
+BIG = "x" * 70_000  # over the blob threshold: a blob that collection must keep
 
 
 def spec_of(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, Any]:
@@ -41,20 +59,34 @@ def spec_of(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> dict[s
 
 
 def seed_store(store: Store) -> None:
-    """Every context of both pools, with one message each."""
-    for name in STEADY + CHURN:
+    """Every context of both pools, with one message each; every other one a large one too."""
+    for number, name in enumerate(STEADY + CHURN):
         create_segment(store, context=name)
         head = store.get_head(ContextId.parse(name))
         assert head is not None
         sessions.save_user_input(store, head, f"first of {name}")
+        if number % 2:
+            sessions.save_user_input(store, head, f"big of {name} {BIG}")
+
+
+def seed_source(tmp_path: Path) -> dict[str, Any]:
+    """The store copies bring in (every shape of a session tree, a blob, a detached session,
+    archived and pinned contexts) and its bundle, which imports bring in."""
+    source = {"kind": "sqlite", "where": str(tmp_path / "source.db")}
+    with open_spec(source) as store:
+        fill(store, 6, archived=1, big=True)
+        export_many(store, None, "jsonl", tmp_path / "source.tar.gz")
+    return source
 
 
 def run_workers(spec: dict[str, Any], tmp_path: Path, ops: int) -> list[dict[str, Any]]:
     """Run the workers to the end; every record they wrote."""
     procs = []
+    extra = {"source": spec["source"], "bundle": spec["bundle"], "gc_before": time.time()}
     for seed in range(WORKERS):
         out = tmp_path / f"worker-{seed}.jsonl"
-        args = {**spec, "seed": seed, "ops": ops, "steady": STEADY, "churn": CHURN, "out": str(out)}
+        args = {**spec, **extra, "seed": seed, "ops": ops, "steady": STEADY, "churn": CHURN}
+        args["out"] = str(out)
         procs.append((subprocess.Popen([sys.executable, str(CHILD), json.dumps(args)]), out))
     records: list[dict[str, Any]] = []
     for proc, out in procs:
@@ -72,26 +104,23 @@ def spurious(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def texts_of(store: Store, context: str) -> list[str]:
-    """The user messages in every segment of the context's session."""
-    head = store.get_head(ContextId.parse(context))
-    assert head is not None, context
-    found = []
-    for segment in store.list_segments(head.session_id):
-        for line in store.read_segment(head.session_id, segment).entries:
+def acked(records: list[dict[str, Any]], op: str) -> list[dict[str, Any]]:
+    """The calls of ``op`` that succeeded."""
+    return [r for r in records if r["ok"] and r["op"] == op]
+
+
+def user_texts(store: Store, session_id: SessionId) -> Counter[str]:
+    """The user messages appended anywhere in the session's tree (header copies aside)."""
+    found: Counter[str] = Counter()
+    for segment in store.list_segments(session_id):
+        for line in store.read_segment(session_id, segment).entries:
             if line.get("kind") == "user_input":
-                found.append(line["item"]["content"])
+                found[line["item"]["content"]] += 1
     return found
 
 
-def check(store: Store, records: list[dict[str, Any]]) -> None:
-    """Nothing lost, nothing twice, no spurious error."""
-    assert isinstance(store, Lifecycle)
-    errors = [
-        f"{r['op']} {r.get('context')}: {r['error']}\n{r.get('where', '')}"
-        for r in spurious(records)
-    ]
-    assert errors == [], "\n".join(errors)
+def check_places(store: Lifecycle, records: list[dict[str, Any]]) -> None:
+    """Every context in one place unless purged; then every trash entry restored."""
     purged = {r["purged"] for r in records if r.get("purged")}
     trashed = Counter(e.context for e in states.trashed_contexts(store))
     for name in STEADY + CHURN:
@@ -99,15 +128,122 @@ def check(store: Store, records: list[dict[str, Any]]) -> None:
         assert live + trashed[name] <= 1, f"{name}: live {live}, {trashed[name]} trash entries"
     for entry in states.trashed_contexts(store):  # every removal can be undone
         states.restore_trashed(store, entry.trash_id)
-    sent = {r["text"]: r["context"] for r in records if r["ok"] and r["op"] == "append"}
     for name in STEADY + CHURN:
-        if store.get_head(ContextId.parse(name)) is None:
-            assert name in purged, f"{name} lost"
+        assert store.get_head(ContextId.parse(name)) is not None or name in purged, f"{name} lost"
+    for fork in acked(records, "fork"):
+        assert store.get_head(ContextId.parse(fork["target"])) is not None, fork
+
+
+def check_appends(store: Store, records: list[dict[str, Any]], live: set[str]) -> None:
+    """Every acknowledged message once, where it was appended; once in its whole session."""
+    trees: dict[str, Counter[str]] = {}
+    for sent in acked(records, "append"):
+        if sent["context"] not in live:
             continue
-        counts = Counter(texts_of(store, name))
-        assert [t for t, n in counts.items() if n > 1] == [], name
-        missing = [t for t, to in sent.items() if to == name and t not in counts]
-        assert missing == [], f"{name}: {len(missing)} acknowledged messages missing"
+        session = SessionId(sent["session"])
+        if sent["session"] not in trees:
+            trees[sent["session"]] = user_texts(store, session)
+        read = store.read_segment(session, sent["segment"], stop_seq=sent["seq"] + 1)
+        [line] = [e for e in read.entries if e["seq"] == sent["seq"]]
+        assert line["item"]["content"] == sent["text"], sent
+        assert trees[sent["session"]][sent["text"]] == 1, sent
+    for session, texts in trees.items():
+        assert [t for t, n in texts.items() if n > 1] == [], session
+
+
+def known_texts(records: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Every text each context may hold: its seeds, what was sent to it (acknowledged or not),
+    its summaries, and for a fork what its source may hold."""
+    known = {n: {f"first of {n}", f"big of {n} {BIG}"} for n in STEADY + CHURN}
+    for r in records:
+        if r["op"] == "append":
+            known[r["context"]].add(r["text"])
+        elif r["op"] == "compact":
+            known[r["context"]].add(r["summary"])
+    for fork in acked(records, "fork"):
+        known[fork["target"]] = known[fork["context"]]
+    return known
+
+
+def check_conversations(store: Store, records: list[dict[str, Any]], live: set[str]) -> None:
+    """Each conversation holds no message twice and none its context never had; each session
+    has one new segment per acknowledged clear, compaction and rewind."""
+    known = known_texts(records)
+    for name in sorted(live):
+        head = store.get_head(ContextId.parse(name))
+        assert head is not None, name
+        reads = sessions.lineage(store, head.session_id, head.segment_id)
+        texts = [str(m.item["content"]) for m in sessions.messages(reads)]
+        assert [t for t, n in Counter(texts).items() if n > 1] == [], name
+        assert set(texts) <= known[name], (name, set(texts) - known[name])
+        if name not in STEADY + CHURN:
+            continue
+        made = Counter()
+        for segment in store.list_segments(head.session_id):
+            header = store.read_segment(head.session_id, segment, stop_seq=1).header
+            made[header["origin"]["kind"]] += 1
+        for kind, op in [("clear", "clear"), ("compaction", "compact"), ("fork", "rewind")]:
+            calls = [r for r in records if r["op"] == op and r["context"] == name]
+            done = [r for r in calls if r["ok"] and not r.get("empty")]
+            cut = [r for r in calls if r.get("gone")]
+            assert len(done) <= made[kind] <= len(done) + len(cut), (name, op, made[kind])
+
+
+def when(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp)
+
+
+def check_pins(records: list[dict[str, Any]]) -> None:
+    """No policy run archived a context once a pin of it was acknowledged, unless an unpin of
+    it may have come between."""
+    pins = [r for r in acked(records, "pin") if r["done"]]
+    unpins = [r for r in records if r["op"] == "unpin" and "t0" in r]
+    for run in acked(records, "maintain"):
+        for name, archived_at in run["archived"]:
+            at = when(archived_at)
+            for pin in (p for p in pins if p["context"] == name and when(p["t1"]) < at):
+                between = [
+                    u
+                    for u in unpins
+                    if u["context"] == name
+                    and when(u["t0"]) < at
+                    and when(u.get("t1", archived_at)) > when(pin["t0"])
+                ]
+                assert between, f"policy archived {name} at {archived_at}, pinned at {pin['t1']}"
+
+
+def check_copies(store: Store, source: dict[str, Any]) -> None:
+    """Every context copied or imported in holds its source's session, line for line."""
+    with open_spec(source) as there:
+        want = snapshot(there)
+    have = snapshot(store)
+    for name, there in want.items():
+        assert name in have, f"{name} was not copied in"
+        if name.startswith("session "):  # a detached session: its segments
+            assert have[name] == there, name
+        else:  # archived or not as the policy runs left it
+            assert have[name][:3] + have[name][4:] == there[:3] + there[4:], name
+
+
+def check(store: Store, records: list[dict[str, Any]], source: dict[str, Any]) -> None:
+    """Nothing lost, nothing twice, no spurious error."""
+    assert isinstance(store, Lifecycle)
+    errors = {
+        f"{r['op']}: {r['error'][:300]}": f"{r.get('context')}\n{r.get('where', '')}"
+        for r in spurious(records)
+    }
+    assert errors == {}, "\n".join(f"{e} ({w})" for e, w in errors.items())
+    assert fsck(store, repair=False) == []
+    check_places(store, records)
+    purged = {r["purged"] for r in records if r.get("purged")}
+    forks = {r["target"] for r in acked(records, "fork")}
+    live = {*STEADY, *CHURN, *forks} - purged
+    check_appends(store, records, live)
+    check_conversations(store, records, live)
+    check_pins(records)
+    if acked(records, "copy_in") or acked(records, "import"):
+        check_copies(store, source)
+    assert fsck(store, repair=False) == []
 
 
 @pytest.fixture(params=["fs", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -116,13 +252,13 @@ def race_spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
     spec = spec_of(request.param, tmp_path, request)
     with open_spec(spec) as store:
         seed_store(store)
-    return spec
+    return {**spec, "source": seed_source(tmp_path), "bundle": str(tmp_path / "source.tar.gz")}
 
 
 def run_race(spec: dict[str, Any], tmp_path: Path, ops: int) -> None:
     records = run_workers(spec, tmp_path, ops)
     with open_spec(spec) as store:
-        check(store, records)
+        check(store, records, spec["source"])
 
 
 def test_lifecycle_commands_racing_lose_nothing(race_spec: dict[str, Any], tmp_path: Path) -> None:
@@ -220,7 +356,8 @@ def test_sigkill_during_state_changes_leaves_one_readable_state(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """A process killed at random points of create, archive, unarchive, delete, restore,
-    purge and wake-on-append (a few rounds; SQLite's own rounds are in test_lifecycle_sql):
+    purge, wake-on-append, clear, rewind, compaction, pin and unpin (a few rounds; SQLite's
+    own rounds are in test_lifecycle_sql):
     every context is in one state and reads whole; every trash entry restores whole."""
     kill_rounds(spec_of(kind, tmp_path, request), 4)
 

@@ -31,8 +31,10 @@ from terrarium.lifecycle import (
     load_policy,
     log_path,
     parse_age,
+    plan_archive,
     plan_trash_purge,
     read_policy,
+    run_archive,
 )
 from terrarium.llm.vllm_client import VLLMClient
 from terrarium.model import ContextId
@@ -226,6 +228,22 @@ def test_a_run_applies_the_policy_per_type_and_logs_every_removal() -> None:
         ("maintain", None),
     ]
     assert all(r["why"] == "policy test-policy" for r in records)
+
+
+def test_a_context_pinned_after_the_plan_stays_hot_unless_named() -> None:
+    """A pin that lands between a run's plan and its archive step (another process's ``pin``)
+    keeps the context hot: the step checks the pin in the compare-and-set of the freeze. A
+    context named explicitly is archived pinned or not (the lifecycle race caught a policy run
+    archiving a context pinned while it ran)."""
+    store = old_store()
+    aged = plan_archive(store, rules=POLICY.archive_after, now=LATER)
+    named = plan_archive(store, names=[ContextId.parse("irc:c")], now=LATER)
+    assert [c.context for c in aged.candidates] == ["cli:a"]
+    states.pin_context(store, ContextId.parse("cli:a"))
+    states.pin_context(store, ContextId.parse("irc:c"))
+    assert run_archive(store, aged, why="test") == []
+    assert not states.is_archived(store, ContextId.parse("cli:a"))
+    assert [a.context for a in run_archive(store, named, why="test")] == ["irc:c"]
 
 
 def test_a_young_context_and_a_pinned_trash_entry_stay() -> None:

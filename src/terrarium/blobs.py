@@ -13,7 +13,7 @@ blobs under the reserved key ``"_blobs"``::
 A reader that does not know the key sees the preview, never a broken entry. :func:`resolve_line`
 puts the text back (``"full"``), as a :class:`LazyBlob` (``"lazy"``) or not (``"stored"``);
 :func:`collect_garbage` deletes unreferenced blobs. The part of the format the stores
-read themselves (the key, digests, their scan) is :mod:`terrarium.stores._blobrefs`. Usage::
+read themselves (the key, digests, their scan) is :mod:`terrarium.blobrefs`. Usage::
 
     state = terrarium.restore(store, "cli:main", blobs="lazy")
     output = state.history[-1]["content"]  # a LazyBlob: .preview, .size, .read()
@@ -30,12 +30,12 @@ from typing import Any, Literal
 
 import msgspec
 
+from terrarium.blobrefs import BLOBS_KEY as BLOBS_KEY
+from terrarium.blobrefs import DEFAULT_THRESHOLD as DEFAULT_THRESHOLD
+from terrarium.blobrefs import check_digest
+from terrarium.blobrefs import digest_of as digest_of
 from terrarium.codec import MAX_DEPTH
 from terrarium.errors import BlobNotFound, CorruptLog, InvalidEntry
-from terrarium.stores._blobrefs import BLOBS_KEY as BLOBS_KEY
-from terrarium.stores._blobrefs import DEFAULT_THRESHOLD as DEFAULT_THRESHOLD
-from terrarium.stores._blobrefs import check_digest
-from terrarium.stores._blobrefs import digest_of as digest_of
 from terrarium.stores.base import BlobStore, Store
 
 #: How many characters of a blob's text its entry keeps in the string's place.

@@ -10,7 +10,10 @@ there. Equal is ``ContextExists``; a prefix is completed; anything else is a
 :class:`SessionConflict` and nothing is written. Every prefix of the writes is one a rerun
 recognises: a new session is built detached, and only once every line and trace is in does
 ``attach_context`` give it its context and head; the pin and the archive come last. So a
-killed copy leaves nothing, a detached part, or the whole, and a rerun completes it.
+killed copy leaves nothing, a detached part, or the whole, and a rerun completes it. Two
+copies of one context at once (two processes) take turns under its lock; of a detached
+session, each plans again when a write finds the other's part there. Either way both end with
+the whole (a detached session's traces excepted: docs/architecture.md, Known limits).
 
 Archived contexts land archived, pinned ones pinned (where both stores have the
 :class:`~terrarium.stores.base.Lifecycle`). The trash is not copied. Detached sessions are
@@ -35,7 +38,14 @@ from terrarium.errors import (
 )
 from terrarium.model import ENVELOPE_KEYS, ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.sessions import detached_sessions
-from terrarium.stores.base import Lifecycle, NewEntry, SessionStates, Store
+from terrarium.stores.base import (
+    ATTEMPTS,
+    Lifecycle,
+    NewEntry,
+    SessionStates,
+    Store,
+    context_lock,
+)
 
 BATCH = 1000
 """Entries per append: bounded memory and statement size on SQL stores."""
@@ -157,10 +167,15 @@ class _Plan:
     archive: bool = False
     partial: bool = False
     """Something of the session was there already (an interrupted copy's)."""
+    written: int = 0
+    """Lines written so far by following the plan."""
 
     def empty(self) -> bool:
-        """Whether there is nothing to write: every field but ``partial`` is unset."""
-        return not any(getattr(self, f.name) for f in fields(self) if f.name != "partial")
+        """Whether there is nothing to write: every field but ``partial`` and ``written`` is
+        unset."""
+        return not any(
+            getattr(self, f.name) for f in fields(self) if f.name not in ("partial", "written")
+        )
 
 
 def _plan(dst: Store, source: SessionSource, name: str) -> _Plan:
@@ -242,7 +257,6 @@ def _check_prefix(there: list[Any], want: list[Any], where: str, unit: str) -> N
 def _write(dst: Store, source: SessionSource, plan: _Plan, name: str) -> int:
     """Write what ``plan`` says is missing, the head and state last; the lines written."""
     session_id, ctx = source.session_id, source.context
-    written = 0
     for number, lines in enumerate(source.segments):
         segment_id = SegmentId(lines[0]["segment_id"])
         there = plan.lines_there.get(segment_id)
@@ -253,16 +267,18 @@ def _write(dst: Store, source: SessionSource, plan: _Plan, name: str) -> int:
             if plan.new_session and number == 0:
                 try:
                     dst.create_session(header)  # detached: no context names it yet
-                except ConflictError:  # there, but not where it can be read
+                except ConflictError:
+                    if _readable(dst, session_id):  # another copy made it meanwhile
+                        raise
                     raise SessionConflict(
                         f"{name}: its session {session_id} is in the destination, not readable "
                         "(in its trash?)"
                     ) from None
             else:
                 dst.create_segment(session_id, header)
-            written += 1
+            plan.written += 1
             there = 1
-        written += _append(dst, session_id, segment_id, lines, there)
+        plan.written += _append(dst, session_id, segment_id, lines, there)
     for segment_id, count in plan.traces_there.items():
         trace = source.traces[segment_id][count:]
         entries = [TraceEntry(t["ts"], t["event"], t.get("data") or {}) for t in trace]
@@ -276,7 +292,7 @@ def _write(dst: Store, source: SessionSource, plan: _Plan, name: str) -> int:
             states.pin_context(dst, ctx)
         if isinstance(dst, Lifecycle) and plan.archive:
             states.archive_context(dst, ctx)
-    return written
+    return plan.written
 
 
 def _append(
@@ -298,13 +314,44 @@ def _data(line: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in line.items() if k not in ENVELOPE_KEYS}
 
 
+def _readable(dst: Store, session_id: SessionId) -> bool:
+    """Whether ``dst`` lists the session's segments."""
+    try:
+        dst.list_segments(session_id)
+    except SegmentNotFound:
+        return False
+    return True
+
+
 def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
-    """Make ``dst`` hold the session: (lines written, part there?), or None if it had it all."""
+    """Make ``dst`` hold the session: (lines written, part there?), or None if it had it all.
+
+    Another copy of the same session (another process's copy or import) may write it
+    meanwhile: copies of a context take turns under its lock, and a write that finds its part
+    there already (a stale seq, a segment or session that exists, a context attached: a
+    detached session's other copy) plans again from what is there now.
+    """
     name = str(source.context) if source.context is not None else f"session {source.session_id}"
-    plan = _plan(dst, source, name)
-    if plan.empty():
-        return None
-    return _write(dst, source, plan, name), plan.partial
+    if source.context is None:
+        return _attempts(dst, source, name)
+    # A trace has no seq to compare and set: two copies of a context take turns.
+    with context_lock(dst, source.context):
+        return _attempts(dst, source, name)
+
+
+def _attempts(dst: Store, source: SessionSource, name: str) -> tuple[int, bool] | None:
+    """Plan and write until the destination holds the session (see :func:`_complete`)."""
+    written, partial = 0, None
+    for _ in range(ATTEMPTS):
+        plan = _plan(dst, source, name)
+        partial = plan.partial if partial is None else partial
+        if plan.empty():
+            return (written, partial) if written else None
+        try:
+            return written + _write(dst, source, plan, name), partial
+        except (ConflictError, ContextExists, SessionAttached):
+            written += plan.written
+    raise SessionConflict(f"{name}: the destination kept changing while it was copied")
 
 
 def complete_session(dst: Store, source: SessionSource) -> int:

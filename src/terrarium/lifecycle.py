@@ -128,6 +128,9 @@ class ArchivePlan:
     """The contexts to archive, in listing order."""
     skipped_pinned: list[str] = field(default_factory=list)
     """Contexts the age selected but their pin kept."""
+    named: frozenset[str] = frozenset()
+    """The contexts named explicitly: archived even if pinned meanwhile (a pin spares the
+    others)."""
 
     @property
     def hot_bytes(self) -> int:
@@ -160,7 +163,7 @@ def plan_archive(
         if store.get_head(name) is None and legacy.find(store, name) is None:
             raise contexts.not_found(name)
     rows = contexts.list_contexts(store, type=type).rows
-    plan = ArchivePlan([])
+    plan = ArchivePlan([], named=frozenset(wanted))
     for row in rows:
         if wanted and row.context_id not in wanted:
             continue
@@ -222,7 +225,8 @@ def run_archive(
             break
         context = ContextId.parse(candidate.context)
         legacy.resume(store, context)  # a context only a legacy file holds: into the log first
-        archived = states.archive_context(lifecycle, context)
+        spare = candidate.context not in plan.named  # a pin meanwhile keeps it hot
+        archived = states.archive_context(lifecycle, context, spare_pinned=spare)
         if archived is not None:
             done.append(archived)
             journal.record(

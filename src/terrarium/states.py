@@ -98,11 +98,15 @@ class TrashedContext(msgspec.Struct, frozen=True):
     pinned: bool = False
 
 
-def archive_context(store: Lifecycle, context: ContextId) -> ArchivedContext | None:
-    """Freeze a hot context's session; None if there is no hot context of that id."""
+def archive_context(
+    store: Lifecycle, context: ContextId, *, spare_pinned: bool = False
+) -> ArchivedContext | None:
+    """Freeze a hot context's session; None if there is no hot context of that id, or, with
+    ``spare_pinned`` (an age or a policy chose it), if it is pinned: checked in the freeze's
+    compare-and-set, so a pin that lands meanwhile keeps it hot."""
     for _ in range(ATTEMPTS):
         found = _head_state(store, context)
-        if found is None or "archived" in found[1]:
+        if found is None or "archived" in found[1] or (spare_pinned and "pinned" in found[1]):
             return None
         head, state = found
         try:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,6 +136,83 @@ def test_a_session_in_the_destinations_trash_is_a_conflict_not_a_second_copy(
         (entry,) = states.trashed_contexts(store)
         states.restore_trashed(store, entry.trash_id)
         assert copy_store(src, store, ["cli:main"]).copied == []
+
+
+@pytest.mark.parametrize("step", ["create_session", "create_segment", "append"])
+def test_two_copies_of_a_detached_session_at_once_both_leave_it_whole(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """Another copy of the same detached session (another process's ``copy`` or ``import``;
+    no context lock to take turns under) writes all of it between this copy's plan and its
+    ``step``: this copy plans again and finds it there (before, the other's write failed it
+    as a conflict or an error; the lifecycle race caught it on contexts)."""
+    with _source(tmp_path / "src") as src:
+        session_id, root = create_segment(src, SegmentStartState(system_prompt="nobody's"))
+        main = PodActiveSegmentRef(session_id, root)
+        save_user_input(src, main, "hi")
+        branch = PodActiveSegmentRef(session_id, fork_at(src, main, 1))
+        save_user_input(src, branch, "on a branch")
+        real = getattr(store, step)
+
+        def racing(*args: object, **kwargs: object) -> object:
+            monkeypatch.setattr(store, step, real)  # the other copy writes as usual
+            assert copy_store(src, store, [], detached=True).copied == [f"session {session_id}"]
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(store, step, racing)
+        report = copy_store(src, store, [], detached=True)
+        assert report.conflicts == []
+        assert [*report.copied, *report.present] == [f"session {session_id}"], report
+        assert detached_sessions(store) == [session_id]
+        for segment in src.list_segments(session_id):
+            there = store.read_segment(session_id, segment)
+            want = src.read_segment(session_id, segment)
+            assert [there.header, *there.entries] == [want.header, *want.entries]
+
+
+def test_two_copies_of_a_context_at_once_write_its_traces_once(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two copies of one context at once (two threads here, two processes in the race): a
+    trace has no sequence number to compare and set, so the copies of a context take turns
+    under its lock, and each trace entry is written once (before, both wrote it; the
+    lifecycle race caught it)."""
+    with _source(tmp_path / "src") as src:
+        at_trace, other_waits = threading.Event(), threading.Event()
+        append_trace, lock_context = store.append_trace, getattr(store, "lock_context", None)
+
+        def held_trace(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() is copier and not at_trace.is_set():
+                at_trace.set()
+                assert other_waits.wait(30)
+            return append_trace(*args, **kwargs)
+
+        def lock(context: ContextId) -> Any:
+            if threading.current_thread() is worker:
+                other_waits.set()  # about to wait for the first copy
+            assert lock_context is not None
+            return lock_context(context)
+
+        monkeypatch.setattr(store, "append_trace", held_trace)
+        if lock_context is not None:
+            monkeypatch.setattr(store, "lock_context", lock)
+
+        def other() -> None:
+            copy_store(src, store, ["irc:#python"])
+            other_waits.set()
+
+        worker = threading.Thread(target=other)
+        copier = threading.Thread(target=lambda: copy_store(src, store, ["irc:#python"]))
+        copier.start()
+        assert at_trace.wait(30)
+        worker.start()
+        copier.join(30)
+        worker.join(30)
+        head = src.get_head(ContextId.parse("irc:#python"))
+        assert head is not None
+        for segment in src.list_segments(head.session_id):
+            want = src.read_trace(head.session_id, segment)
+            assert store.read_trace(head.session_id, segment) == want, segment
 
 
 def _lines(store: Store, context: str) -> dict[str, list[dict[str, object]]]:

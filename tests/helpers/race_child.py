@@ -1,12 +1,16 @@
 """A worker of the lifecycle race (``tests/test_lifecycle_race.py``), in a process of its own.
 
 Run as ``python tests/helpers/race_child.py SPEC`` where SPEC is JSON: the store (``kind``,
-``where``, ``schema``), the worker's ``seed``, how many ``ops`` to run, the two pools of
-contexts (``steady``: archived and woken but never deleted; ``churn``: deleted, restored and
-purged too) and the ``out`` file. It runs random lifecycle calls and appends with no fault
-injected, and writes one JSON line per call to ``out``: ``{"op", "context", "ok", "error",
-"text"}``. An append is acknowledged when ``ok`` is true; a purge that removed a trash entry
-names the context it held (``purged``).
+``where``, ``schema``), the worker's ``seed``, how many ``ops`` to run, the pools of contexts
+(``steady``: archived, woken, pinned, forked, cleared, rewound and compacted but never deleted;
+``churn``: deleted, restored and purged too), the ``source`` store and ``bundle`` that copies
+and imports bring in, the time ``gc_before`` which blob collection may collect up to, and the
+``out`` file. It runs random calls with no fault injected and writes one JSON line per call to
+``out``: ``{"n", "op", "context", "ok", "error"}`` and what the call acknowledged (an
+append's ``text`` and where it went, a fork's ``target``, a compaction's ``summary``, a
+rewind's ``dropped`` texts, a pin's ``t0``/``t1``, a policy run's ``archived``, a purge's
+``purged``, a copy's or an import's report). ``gone``: the call met a context another worker
+had just deleted or purged.
 """
 
 from __future__ import annotations
@@ -14,15 +18,42 @@ from __future__ import annotations
 import json
 import random
 import sys
+import time
 import traceback
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from terrarium import ContextId, FsStore, Store, lifecycle, sessions, states
-from terrarium.errors import ContextNotFound, NotInTrash, SegmentNotFound
+from terrarium import ContextId, FsStore, Store, contexts, lifecycle, sessions, states
+from terrarium.copy import CopyReport
+from terrarium.errors import ContextNotFound, InvalidEntry, NotInTrash, SegmentNotFound
+from terrarium.stores.base import Reindexable, context_lock
 
 #: Errors a call may meet when another worker deleted or restored its context meanwhile.
 GONE = (ContextNotFound, SegmentNotFound, NotInTrash)
+
+#: Every call a worker makes, with its default weight.
+WEIGHTS = {
+    "append": 30,
+    "archive": 8,
+    "unarchive": 8,
+    "delete": 6,
+    "restore": 6,
+    "purge": 2,
+    "maintain": 2,
+    "fsck": 1,
+    "fork": 3,
+    "clear": 2,
+    "rewind": 4,
+    "compact": 3,
+    "pin": 3,
+    "unpin": 2,
+    "copy_out": 2,
+    "copy_in": 2,
+    "import": 2,
+    "reindex": 1,
+    "gc": 2,
+}
 
 
 def open_spec(spec: dict[str, Any]) -> Store:
@@ -38,24 +69,34 @@ def open_spec(spec: dict[str, Any]) -> Store:
     return PostgresStore(spec["where"], schema=spec["schema"])
 
 
-def append(store: Store, context: str, text: str) -> None:
-    """One user message at the context's head (an archived context wakes first)."""
+def append(store: Store, context: str, text: str, record: dict[str, Any]) -> None:
+    """One user message at the context's head (an archived context wakes first); where it
+    went is noted in ``record``."""
     head = store.get_head(ContextId.parse(context))
     if head is None:
         raise ContextNotFound(f"no context {context}")
-    sessions.save_user_input(store, head, text)
+    record.update(session=str(head.session_id), segment=str(head.segment_id))
+    record["seq"] = sessions.save_user_input(store, head, text).seq
 
 
-def maintain(store: Store) -> None:
+def maintain(store: Store, record: dict[str, Any]) -> None:
     """A policy run that finds every context idle: it archives all but the pinned."""
     rule = lifecycle.RetentionRule(archive_after=timedelta(hours=1))
     policy = lifecycle.RetentionPolicy(default=rule, source="race")
     later = datetime.now(UTC) + timedelta(days=2)
-    lifecycle.Maintenance(store, policy=policy, clock=lambda: later).run()
+    report = lifecycle.Maintenance(store, policy=policy, clock=lambda: later).run()
+    record["archived"] = [[a.context, a.archived_at] for a in report.archived]
 
 
 def fsck_repair(store: Store) -> None:
     """``terrarium fsck --repair`` on this store."""
+    problems = fsck(store, repair=True)
+    if problems:
+        raise AssertionError(f"fsck --repair left {problems}")
+
+
+def fsck(store: Store, *, repair: bool) -> list[dict[str, Any]]:
+    """``terrarium fsck [--repair]`` on this store: the problems it left."""
     import click
 
     from terrarium.cli.app import CliState
@@ -66,10 +107,10 @@ def fsck_repair(store: Store) -> None:
     shown: list[Any] = []
     state.out.json = shown.append  # type: ignore[method-assign]
     try:
-        run_fsck(state, repair=True, salvage=False, as_json=True)
-    except click.exceptions.Exit as exc:
-        problems = [p for p in shown[0]["problems"] if not p.get("repaired")]
-        raise AssertionError(f"fsck --repair left {problems}") from exc
+        run_fsck(state, repair=repair, salvage=False, as_json=True)
+    except click.exceptions.Exit:
+        return [p for p in shown[0]["problems"] if not p.get("repaired")]
+    return []
 
 
 def purge_one(store: Store, rng: random.Random, churn: list[str]) -> str | None:
@@ -91,37 +132,158 @@ def restore_one(store: Store, rng: random.Random, churn: list[str]) -> str | Non
     return entry.context
 
 
+def fork(store: Store, context: str, record: dict[str, Any]) -> None:
+    """``terrarium fork`` of the context into a new context of the worker's own."""
+    target = record["target"] = f"race:fork-w{record['seed']}-{record['n']}"
+    contexts.fork_context(store, ContextId.parse(context), ContextId.parse(target))
+
+
+def rewind(store: Store, context: str, record: dict[str, Any]) -> None:
+    """``terrarium rewind`` by one item; an empty history refuses it (``empty``)."""
+    try:
+        dropped = contexts.rewind_context(store, ContextId.parse(context), 1)
+    except InvalidEntry as exc:
+        if "its history has only 0" not in str(exc):
+            raise
+        record["empty"] = True
+        return
+    record["dropped"] = [str(item.get("content")) for item in dropped]
+
+
+def compact(store: Store, context: str, record: dict[str, Any]) -> None:
+    """A compaction as the manager makes it, without a model: under the context's lock, a
+    new segment whose history is a summary and the last two items, and the head moved."""
+    ctx = ContextId.parse(context)
+    summary = record["summary"] = f"{context} summary w{record['seed']}-{record['n']}"
+    with context_lock(store, ctx):
+        state = sessions.restore(store, ctx)
+        history = [{"role": "user", "content": summary}, *state.history[-2:]]
+        sessions.create_compacted_segment(store, state, history, context=ctx)
+
+
+def pin(store: Store, context: str, record: dict[str, Any], pinned: bool) -> None:
+    """Pin or unpin, with when the call began and ended (``t0``, ``t1``: UTC stamps)."""
+    record["t0"] = datetime.now(UTC).isoformat()
+    record["done"] = states.pin_context(store, ContextId.parse(context), pinned)
+    record["t1"] = datetime.now(UTC).isoformat()
+
+
+def copy_out(store: Store) -> None:
+    """``terrarium copy`` of the whole racing store into a fresh store: what it copied reads
+    whole and nothing of it conflicts."""
+    from terrarium.copy import copy_store
+    from terrarium.stores.memory import MemoryStore
+
+    there = MemoryStore()
+    report = copy_store(store, there)
+    assert report.conflicts == [], report.conflicts
+    for name in report.copied:
+        if not name.startswith("session "):
+            sessions.restore(there, ContextId.parse(name))
+
+
+def copy_in(spec: dict[str, Any], store: Store, record: dict[str, Any]) -> None:
+    """``terrarium copy`` of the source store into the racing store."""
+    from terrarium.copy import copy_store
+
+    with open_spec(spec["source"]) as source:
+        note_copy(copy_store(source, store), record)
+
+
+def note_copy(report: CopyReport, record: dict[str, Any]) -> None:
+    """What a copy or an import did; only "already there" is a reason to skip."""
+    record["report"] = {"copied": report.copied, "skipped": report.skipped}
+    odd = [s for s in report.skipped if s[0] not in report.present]
+    assert report.conflicts == [] and odd == [], report
+
+
+def import_bundle(spec: dict[str, Any], store: Store, record: dict[str, Any]) -> None:
+    """``terrarium import`` of the source store's bundle into the racing store."""
+    from terrarium.bundle import import_bundle
+
+    note_copy(import_bundle(store, spec["bundle"]), record)
+
+
+def reindex(store: Store) -> None:
+    """``terrarium reindex``."""
+    if isinstance(store, Reindexable):
+        store.reindex()
+
+
+def collect_blobs(spec: dict[str, Any], store: Store) -> None:
+    """Blob collection that may take any blob put before the race began (``gc_before``):
+    one put during it may be about to be named, which the real age limit guards."""
+    from terrarium.blobs import collect_garbage
+
+    collect_garbage(store, min_age=time.time() - spec["gc_before"])
+
+
+def on_context(op: str) -> Callable[[Store, str, dict[str, Any]], None]:
+    """The call ``op`` that names one context."""
+    calls: dict[str, Callable[[Store, str, dict[str, Any]], Any]] = {
+        "append": lambda s, c, r: append(s, c, r["text"], r),
+        "archive": lambda s, c, r: states.archive_context(s, ContextId.parse(c)),
+        "unarchive": lambda s, c, r: states.unarchive_context(s, ContextId.parse(c)),
+        "delete": lambda s, c, r: lifecycle.delete_context(s, ContextId.parse(c), why="race"),
+        "fork": fork,
+        "clear": lambda s, c, r: contexts.clear_context(s, ContextId.parse(c)),
+        "rewind": rewind,
+        "compact": compact,
+        "pin": lambda s, c, r: pin(s, c, r, True),
+        "unpin": lambda s, c, r: pin(s, c, r, False),
+    }
+    return calls[op]
+
+
 def step(
     store: Store, rng: random.Random, spec: dict[str, Any], n: int, record: dict[str, Any]
 ) -> None:
     """One random call, described in ``record`` before it runs."""
     steady, churn = spec["steady"], spec["churn"]
-    op = rng.choices(
-        ["append", "archive", "unarchive", "delete", "restore", "purge", "maintain", "fsck"],
-        weights=spec.get("weights", [40, 12, 12, 8, 8, 3, 2, 2]),
-    )[0]
-    context = rng.choice(steady + churn)
-    record.update(op=op, context=context)
+    weights = {**WEIGHTS, **spec.get("weights", {})}
+    op = rng.choices(list(weights), weights=list(weights.values()))[0]
+    if n == 0 and "source" in spec:  # every worker brings the same sessions in at once
+        op = "copy_in" if spec["seed"] % 2 else "import"
+    context = rng.choice(churn if op == "delete" else steady + churn)
+    record.update(op=op, context=context, seed=spec["seed"])
     if op == "append":
         record["text"] = f"w{spec['seed']}-{n}"
-        append(store, context, record["text"])
-    elif op == "archive":
-        states.archive_context(store, ContextId.parse(context))
-    elif op == "unarchive":
-        states.unarchive_context(store, ContextId.parse(context))
-    elif op == "delete":
-        context = record["context"] = rng.choice(churn)
-        lifecycle.delete_context(store, ContextId.parse(context), why="race")
-    elif op == "restore":
+    if op in {"restore", "purge"}:
         record["context"] = None
-        record["context"] = restore_one(store, rng, churn)
-    elif op == "purge":
-        record["context"] = None
-        record["purged"] = purge_one(store, rng, churn)
+        found = (restore_one if op == "restore" else purge_one)(store, rng, churn)
+        record["context" if op == "restore" else "purged"] = found
     elif op == "maintain":
-        maintain(store)
-    else:
+        maintain(store, record)
+    elif op == "fsck":
         fsck_repair(store)
+    elif op in {"copy_out", "copy_in", "import", "reindex", "gc"}:
+        record["context"] = None
+        if op == "copy_out":
+            copy_out(store)
+        elif op == "copy_in":
+            copy_in(spec, store, record)
+        elif op == "import":
+            import_bundle(spec, store, record)
+        else:
+            reindex(store) if op == "reindex" else collect_blobs(spec, store)
+    else:
+        on_context(op)(store, context, record)
+
+
+HEAD_MOVES = ("clear", "rewind", "compact", "pin", "unpin")
+
+
+def move_head(store: Store, op: str, name: str) -> None:
+    """A clear, a rewind, a compaction (every item its context's), or a pin, for the kills."""
+    record = {"seed": "k", "n": 0}
+    if op == "clear":
+        contexts.clear_context(store, ContextId.parse(name))
+    elif op == "rewind":
+        rewind(store, name, record)
+    elif op == "compact":
+        compact(store, name, record)
+    else:
+        states.pin_context(store, ContextId.parse(name), op == "pin")
 
 
 def churn_forever(store: Store, spec: dict[str, Any]) -> None:
@@ -144,9 +306,11 @@ def churn_forever(store: Store, spec: dict[str, Any]) -> None:
             op = "restore"
             states.restore_trashed(store, trash[0].trash_id)
         else:
-            op = rng.choice(["archive", "unarchive", "delete", "purge", "append"])
+            op = rng.choice(["archive", "unarchive", "delete", "purge", "append", *HEAD_MOVES])
             if op == "append":
                 sessions.save_delta(store, head, [Item.user(f"{name} more")])
+            elif op in HEAD_MOVES:
+                move_head(store, op, name)
             elif op == "purge":
                 states.purge_context(store, ctx)
             elif op == "delete":
@@ -174,7 +338,7 @@ def main() -> None:
                 step(store, rng, spec, n, record)
                 record["ok"] = True
             except GONE as exc:
-                record.update(gone=True, error=repr(exc))
+                record.update(gone=True, error=repr(exc), where=traceback.format_exc(limit=-6))
             except Exception as exc:
                 record.update(gone=False, error=repr(exc), where=traceback.format_exc(limit=-4))
             out.write(json.dumps(record) + "\n")

@@ -37,6 +37,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from terrarium.blobrefs import check_digest, digest_of, line_digests
 from terrarium.codec import decode, decode_lines, encode
 from terrarium.errors import (
     BlobNotFound,
@@ -49,7 +50,6 @@ from terrarium.errors import (
 )
 from terrarium.model import ContextId, SegmentId, SessionId, utc_now
 from terrarium.stores._archive import pack_session, unpack, unpack_lines
-from terrarium.stores._blobrefs import check_digest, digest_of, line_digests
 from terrarium.stores.base import (
     ClosingStore,
     Derived,

@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from terrarium import codec
+from terrarium.blobrefs import DEFAULT_THRESHOLD, check_digest, digest_of, line_digests
 from terrarium.errors import (
     BlobNotFound,
     ConflictError,
@@ -34,7 +35,6 @@ from terrarium.errors import (
     SessionAttached,
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
-from terrarium.stores._blobrefs import DEFAULT_THRESHOLD, check_digest, digest_of, line_digests
 from terrarium.stores._changes import LogChanges
 from terrarium.stores.base import (
     INDEX_DB,
@@ -178,13 +178,8 @@ class MemoryStore:
         with self._lock:
             if str(context) in self._heads:
                 raise ContextExists(f"context {context} already exists")
-            line = header_line(_stored(header))
-            session_id = SessionId(str(line["session_id"]))
-            if session_id in self._sessions:
-                raise ConflictError(f"session {session_id} already exists")
-            segment_id = SegmentId(str(line["segment_id"]))
-            self._sessions[session_id] = {segment_id: _Segment([line])}
-            self._owners[session_id] = str(context)
+            line = self._new_session(header, str(context))
+            session_id, segment_id = SessionId(line["session_id"]), SegmentId(line["segment_id"])
             head = PodMetadata(str(context), session_id, segment_id, line["ts"], line["ts"])
             self._touch(session_id)
             self._heads[str(context)] = head
@@ -193,13 +188,17 @@ class MemoryStore:
     def create_session(self, header: Mapping[str, Any]) -> None:
         """Create a session that belongs to no context, with ``header`` as its root."""
         with self._lock:
-            line = header_line(_stored(header))
-            session_id = SessionId(str(line["session_id"]))
-            if session_id in self._sessions:
-                raise ConflictError(f"session {session_id} already exists")
-            segment_id = SegmentId(str(line["segment_id"]))
-            self._sessions[session_id] = {segment_id: _Segment([line])}
-            self._owners[session_id] = None
+            self._new_session(header, None)
+
+    def _new_session(self, header: Mapping[str, Any], owner: str | None) -> dict[str, Any]:
+        """Add a session of ``owner`` with ``header`` as its root; its header line."""
+        line = header_line(_stored(header))
+        session_id = SessionId(str(line["session_id"]))
+        if session_id in self._sessions:
+            raise ConflictError(f"session {session_id} already exists")
+        self._sessions[session_id] = {SegmentId(str(line["segment_id"])): _Segment([line])}
+        self._owners[session_id] = owner
+        return line
 
     def attach_context(
         self, context: ContextId, session_id: SessionId, segment_id: SegmentId

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote
 
+from terrarium.blobrefs import DEFAULT_THRESHOLD
 from terrarium.errors import StoreNotFound, StoreURLError, install_hint
-from terrarium.stores._blobrefs import DEFAULT_THRESHOLD
 from terrarium.stores._redact import password_of, redact_url
 
 if TYPE_CHECKING:

@@ -40,6 +40,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from terrarium import codec
+from terrarium.blobrefs import DEFAULT_THRESHOLD
 from terrarium.errors import (
     ConflictError,
     ContextExists,
@@ -60,7 +61,6 @@ from terrarium.model import (
     utc_now,
 )
 from terrarium.stores import _db
-from terrarium.stores._blobrefs import DEFAULT_THRESHOLD
 from terrarium.stores._files import (
     fsync_dir,
     listdir,
@@ -478,7 +478,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         created = str(line["ts"])
         data = codec.encode_line(line)  # refuses a bad header before anything is made
-        with self._head_lock(context), self._create_lock(session_id):  # refuses type archive
+        # Lifecycle lock shared: no reindex swaps out the index this create writes to.
+        with self._quiet(), self._head_lock(context), self._create_lock(session_id):
             existing = self.folder_of(context)
             if existing is not None:
                 self._adopt(context, existing)
@@ -942,11 +943,13 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             raise
         index = self.root / INDEX
         with file_lock(self._inside(self.root / LOCKS) / "index"):
+            if not write_heads and (index / "contexts").is_dir():
+                # A lookup that found no index: another process rebuilt it meanwhile, and
+                # a create since may have written to it, which this older walk lacks.
+                self._discard(fresh)
+                return len(chosen)
             for part in ("contexts", "sessions"):
-                old = index / part
-                if old.exists():
-                    self._discard(old)
-                os.rename(fresh / part, old)
+                self._swap_in(fresh / part, index / part)
         os.rmdir(fresh)
         self._folders.clear()
         return len(chosen)
@@ -970,6 +973,19 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             data = pointer(context, entry.folder.relative_to(self.root).as_posix())
             write_to(fresh / "contexts" / context.type / context.encoded_name, data, os.O_TRUNC)
         return chosen
+
+    def _swap_in(self, fresh: Path, old: Path) -> None:
+        """Replace the index part ``old`` with ``fresh``. An entry a lock-free reader wrote
+        between the removal and the rename is removed again (``fresh`` saw its folder too)."""
+        while True:
+            if old.exists():
+                self._discard(old)
+            try:
+                os.rename(fresh, old)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
 
     def _repaired(self, entry: ContextFolder) -> ContextFolder:
         """A walked folder, its head written back if it was rebuilt (None if it cannot be)."""

@@ -16,8 +16,8 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from terrarium.blobrefs import check_digest, digest_of, scan_digests
 from terrarium.errors import BlobNotFound, CorruptBlob, StoreError
-from terrarium.stores._blobrefs import check_digest, digest_of, scan_digests
 from terrarium.stores._files import listdir, make_dirs, read_chunks, write_new
 from terrarium.stores.fs._layout import INDEX, LOCKS
 from terrarium.stores.fs._segments import os_reason, read_file
@@ -41,6 +41,8 @@ class FsBlobs:
     _sync: bool
     _inside: Callable[[Path], Path]
     """``Tree._inside``: a folder, refused if it leads out of the root."""
+    _quiet: Callable[..., contextlib.AbstractContextManager[None]]
+    """``FsStates._quiet``: the lifecycle lock."""
 
     def _blob_path(self, digest: str) -> Path:
         check_digest(digest)
@@ -118,23 +120,25 @@ class FsBlobs:
 
     def delete_unreferenced_blobs(self, *, stored_before: float) -> int:
         """Delete blob files no log refers to, last put before ``stored_before`` (and
-        temporary files a kill left)."""
-        referenced = self.blob_references()
-        deleted = 0
-        with self._blob_lock(fcntl.LOCK_EX):
-            for prefix in listdir(self._inside(self.root / BLOBS)):
-                folder = self._inside(self.root / BLOBS / prefix)
-                for name in listdir(folder):
-                    path = folder / name
-                    try:
-                        st = os.lstat(path)
-                    except FileNotFoundError:
-                        continue
-                    if not stat.S_ISREG(st.st_mode) or st.st_mtime >= stored_before:
-                        continue
-                    if name.startswith(".tmp-"):
-                        os.unlink(path)
-                    elif prefix + name not in referenced and len(prefix + name) == 64:
-                        os.unlink(path)
-                        deleted += 1
-        return deleted
+        temporary files a kill left). No move runs meanwhile (``.locks/lifecycle`` held
+        exclusively): a log renamed into a folder the scan had passed would be missed."""
+        with self._quiet(exclusive=True):
+            referenced = self.blob_references()
+            deleted = 0
+            with self._blob_lock(fcntl.LOCK_EX):
+                for prefix in listdir(self._inside(self.root / BLOBS)):
+                    folder = self._inside(self.root / BLOBS / prefix)
+                    for name in listdir(folder):
+                        path = folder / name
+                        try:
+                            st = os.lstat(path)
+                        except FileNotFoundError:
+                            continue
+                        if not stat.S_ISREG(st.st_mode) or st.st_mtime >= stored_before:
+                            continue
+                        if name.startswith(".tmp-"):
+                            os.unlink(path)
+                        elif prefix + name not in referenced and len(prefix + name) == 64:
+                            os.unlink(path)
+                            deleted += 1
+            return deleted

@@ -29,6 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, cast
 
+from terrarium.blobrefs import DEFAULT_THRESHOLD, line_digests
 from terrarium.errors import (
     ConflictError,
     SegmentNotFound,
@@ -38,7 +39,6 @@ from terrarium.errors import (
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores._archive import envelopes
-from terrarium.stores._blobrefs import DEFAULT_THRESHOLD, line_digests
 from terrarium.stores._changes import LogChanges, index_folder
 from terrarium.stores._redact import redact_url
 from terrarium.stores._seqs import SeqGuesses
@@ -77,11 +77,7 @@ _IDLE_LOCK_CONNECTIONS = 4
 #: A change cursor position: a ``pg_snapshot`` as text (``xmin:xmax:in-progress ids``).
 _SNAPSHOT = re.compile(r"\d+:(\d+):(?:\d+(?:,\d+)*)?")
 #: What a server that keeps ``pg_control_system()`` from a role answers (:meth:`store_id`).
-_HIDDEN = (
-    pg_errors.InsufficientPrivilege,
-    pg_errors.UndefinedFunction,
-    pg_errors.FeatureNotSupported,
-)
+_HIDDEN = (pg_errors.ProgrammingError, pg_errors.NotSupportedError)  # no right, no function
 
 
 class PostgresStore(SqlStore):

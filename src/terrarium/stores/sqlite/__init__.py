@@ -34,11 +34,11 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
+from terrarium.blobrefs import DEFAULT_THRESHOLD, line_digests
 from terrarium.errors import ConflictError, SegmentNotFound, StoreError
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
 from terrarium.stores._archive import envelopes
-from terrarium.stores._blobrefs import DEFAULT_THRESHOLD, line_digests
 from terrarium.stores._changes import LogChanges
 from terrarium.stores._files import inside
 from terrarium.stores._seqs import SeqGuesses

@@ -1,5 +1,6 @@
-"""What the stores read of the blob format (:mod:`terrarium.blobs` writes and resolves it):
-the ``_blobs`` key of a line, the sha256 digests that name blobs, their scan in stored bytes.
+"""The blob references of the log format (docs/format.md §15), as the stores read them: the
+``_blobs`` key of a line, the sha256 digests that name blobs, their scan in stored bytes.
+:mod:`terrarium.blobs`, above the stores, writes and resolves them.
 """
 
 from __future__ import annotations
