@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from helpers.disk import fill, small_tmpfs
 from terrarium import ContextId, FsStore, index
 from terrarium.errors import StoreError
 from terrarium.index import _index as fs_search
@@ -152,30 +153,8 @@ def read_only(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs, so that a test can fill its disk."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
-    try:
+    with small_tmpfs(tmp_path / "tmpfs") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def _fill(folder: Path) -> None:
-    """Fill the file system of ``folder`` to the last byte."""
-    with open(folder / "filler", "wb", buffering=0) as out:
-        for size in (1 << 16, 512, 1):
-            with contextlib.suppress(OSError):
-                while True:
-                    out.write(b"\0" * size)
-    assert os.statvfs(folder).f_bavail == 0
 
 
 # --------------------------------------------------------------------------- 6: locks
@@ -443,7 +422,7 @@ def test_a_full_disk_is_named_and_the_fs_index_kept(tmpfs: Path) -> None:
         _add(store, "cli:main", "a late walrus")
     db = root / ".index" / fs_search.DB_NAME
     ino = db.stat().st_ino
-    _fill(tmpfs)
+    fill(tmpfs)
     found = _cli("search", "walrus", "--json", "--storage-dir", str(root))
     assert _snippets(found) == {"an early walrus", "a late walrus"}
     listed = _cli("list", "--json", "--storage-dir", str(root))
@@ -456,7 +435,7 @@ def test_a_full_disk_is_named_and_the_fs_index_kept(tmpfs: Path) -> None:
     with FsStore(root) as store:  # an open index whose update meets a full disk
         assert len(search(store, "walrus")) == 2
         _add(store, "cli:main", "a third walrus")
-        _fill(tmpfs)
+        fill(tmpfs)
         assert {hit.snippet for hit in search(store, "third")} == {"a third walrus"}
         from terrarium.errors import IndexUnavailable
 
@@ -472,7 +451,7 @@ def test_a_full_disk_sqlite_store_reads_everything_and_names_the_full_disk(
     derived state could not catch up with), and an append fails in one line: disk full."""
     path = tmpfs / "terrarium.db"
     _sqlite_store(path, lag=True)
-    _fill(tmpfs)
+    fill(tmpfs)
     url = f"sqlite://{path}"
     found = _cli("search", "walrus", "--json", "--storage-dir", url)
     assert _snippets(found) == {"an early walrus", "a late walrus"}
