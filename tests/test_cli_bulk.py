@@ -20,6 +20,7 @@ from pg import empty_default_schema, own_database, pg_database  # noqa: F401  (a
 from terrarium import FsStore, Item, SqliteStore, create_segment, restore, save_delta, states
 from terrarium.bundle import MANIFEST
 from terrarium.cli import cli, examples
+from terrarium.errors import ContextNotFound
 from terrarium.formats import jsonl
 from terrarium.model import ContextId
 from terrarium.stores.url import open_store
@@ -69,6 +70,40 @@ def test_copy_one_context_and_bad_urls(tmp_path: Path) -> None:
     assert bad.exit_code != 0
     assert "s3cret" not in bad.output
     assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_copy_of_a_context_the_source_lacks_is_a_one_line_error(tmp_path: Path) -> None:
+    """A named context the source does not hold: exit 1, one line naming it and the source,
+    and nothing copied (not the others named with it either), as export and archive do."""
+    _fill(tmp_path / "src")
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    close = f"Error: no session 'cli:mian' in {src}; did you mean cli:main?\n"
+    for named, error in [
+        (["cli:nope"], f"Error: no session 'cli:nope' in {src}\n"),
+        (["cli:main", "cli:mian"], close),
+    ]:
+        args = [arg for context in named for arg in ("-c", context)]
+        result = CliRunner().invoke(cli, ["copy", src, dst, *args])
+        assert (result.exit_code, result.stdout, result.stderr) == (1, "", error)
+        assert not (tmp_path / "dst").exists()
+    assert CliRunner().invoke(cli, ["copy", src, dst, "-c", "cli:main"]).exit_code == 0
+
+
+def test_copy_of_a_named_context_gone_meanwhile_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A named context deleted after the check (its read finds none) is named; exit 1."""
+    _fill(tmp_path / "src")
+
+    def gone(*args: object, **kwargs: object) -> None:
+        raise ContextNotFound("context cli:main does not exist in the source store")
+
+    monkeypatch.setattr("terrarium.copy.read_source", gone)
+    result = CliRunner().invoke(
+        cli, ["copy", str(tmp_path / "src"), str(tmp_path / "dst"), "-c", "cli:main"]
+    )
+    assert result.exit_code == 1, result.output
+    assert "skipped cli:main: context cli:main does not exist" in result.stderr
 
 
 @pytest.fixture(scope="module")
