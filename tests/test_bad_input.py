@@ -664,3 +664,19 @@ def test_create_segment_with_a_context_as_its_start_state_says_so() -> None:
     with pytest.raises(InvalidEntry, match=r"pass the context as context="):
         create_segment(store, "cli:b")  # type: ignore[arg-type]
     assert store.list_contexts() == [] and detached_sessions(store) == []
+
+
+@pytest.mark.parametrize("name", [" ", "   ", "\u00a0", "\u3000 "])
+def test_a_name_of_only_spaces_is_refused_for_new_contexts_and_old_ones_stay(name: str) -> None:
+    """``cli: `` showed as ``cli:`` in listings: refused for a new context, with the reason;
+    a context an older version made so is still created by an import and read."""
+    with pytest.raises(InvalidContextId, match=r"it is only spaces, which show as nothing"):
+        create_segment(MemoryStore(), context=f"cli:{name}")
+    old = MemoryStore()
+    origin = SegmentOrigin("import")
+    ids = (new_session_id(), new_segment_id())
+    create_segment_with_ids(old, *ids, context=f"cli:{name}", origin=origin)
+    store = MemoryStore()
+    jsonl.import_context(store, jsonl.export_context(old, f"cli:{name}"))
+    assert [h.context for h in store.list_contexts()] == [f"cli:{name}"]
+    assert restore(store, f"cli:{name}").history == []
