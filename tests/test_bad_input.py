@@ -29,9 +29,12 @@ from terrarium import (
     MemoryStore,
     SegmentOrigin,
     SegmentStartState,
+    append_entry,
     codec,
     create_segment,
     create_segment_with_ids,
+    detached_sessions,
+    fork_at,
     restore,
     save_delta,
 )
@@ -611,3 +614,69 @@ def test_terminal_chat_refuses_bytes_that_are_not_utf8(
     assert len(fake_server.requests) == 1
     with FsStore(root) as store:
         assert [i["content"] for i in restore(store, "cli:t").history] == ["fine", "echo: fine"]
+
+
+# --------------------------------------------------------------------------- library arguments
+
+
+def _context_ref(store: MemoryStore) -> Any:
+    create_segment(store, context="cli:a")
+    return store.get_head(ContextId.parse("cli:a"))
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        ([1], "entry data of kind 'item' must be a mapping (a JSON object), not list"),
+        (object(), "entry data of kind 'item' must be a mapping (a JSON object), not object"),
+        (None, "entry data of kind 'item' must be a mapping (a JSON object), not NoneType"),
+        ({"x": object()}, "a value JSON has no form for: "),
+    ],
+)
+def test_append_entry_with_data_that_is_no_json_object_is_invalid_entry(
+    data: Any, problem: str
+) -> None:
+    """Data that is not a JSON object, or holds a value JSON has none for, is InvalidEntry
+    naming the problem (not AttributeError or TypeError), and nothing is written."""
+    store = MemoryStore()
+    ref = _context_ref(store)
+    with pytest.raises(InvalidEntry) as caught:
+        append_entry(store, ref, "item", data)
+    assert str(caught.value).startswith(problem), caught.value
+    assert store.next_seq(ref.session_id, ref.segment_id) == 1
+
+
+@pytest.mark.parametrize("at_seq", ["x", 1.0, True, None])
+def test_fork_at_with_no_entry_number_names_the_argument(at_seq: Any) -> None:
+    store = MemoryStore()
+    ref = _context_ref(store)
+    with pytest.raises(InvalidEntry, match=r"at_seq must be an entry number \(0, 1, 2, \.\.\.\)"):
+        fork_at(store, ref, at_seq)
+    assert len(store.list_segments(ref.session_id)) == 1
+
+
+def test_create_segment_with_a_context_as_its_start_state_says_so() -> None:
+    """A context id where the start state goes (``create_segment(store, ctx)``) is named,
+    with the keyword it wants; nothing is created."""
+    store = MemoryStore()
+    with pytest.raises(InvalidEntry, match=r"start must be a SegmentStartState, not ContextId"):
+        create_segment(store, ContextId.parse("cli:b"))  # type: ignore[arg-type]
+    with pytest.raises(InvalidEntry, match=r"pass the context as context="):
+        create_segment(store, "cli:b")  # type: ignore[arg-type]
+    assert store.list_contexts() == [] and detached_sessions(store) == []
+
+
+@pytest.mark.parametrize("name", [" ", "   ", "\u00a0", "\u3000 "])
+def test_a_name_of_only_spaces_is_refused_for_new_contexts_and_old_ones_stay(name: str) -> None:
+    """``cli: `` showed as ``cli:`` in listings: refused for a new context, with the reason;
+    a context an older version made so is still created by an import and read."""
+    with pytest.raises(InvalidContextId, match=r"it is only spaces, which show as nothing"):
+        create_segment(MemoryStore(), context=f"cli:{name}")
+    old = MemoryStore()
+    origin = SegmentOrigin("import")
+    ids = (new_session_id(), new_segment_id())
+    create_segment_with_ids(old, *ids, context=f"cli:{name}", origin=origin)
+    store = MemoryStore()
+    jsonl.import_context(store, jsonl.export_context(old, f"cli:{name}"))
+    assert [h.context for h in store.list_contexts()] == [f"cli:{name}"]
+    assert restore(store, f"cli:{name}").history == []

@@ -7,6 +7,7 @@ import os
 import shlex
 import stat
 import tarfile
+import tracemalloc
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from pg import empty_default_schema, own_database, pg_database  # noqa: F401  (a
 from terrarium import FsStore, Item, SqliteStore, create_segment, restore, save_delta, states
 from terrarium.bundle import MANIFEST
 from terrarium.cli import cli, examples
+from terrarium.errors import ContextNotFound
 from terrarium.formats import jsonl
 from terrarium.model import ContextId
 from terrarium.stores.url import open_store
@@ -69,6 +71,40 @@ def test_copy_one_context_and_bad_urls(tmp_path: Path) -> None:
     assert bad.exit_code != 0
     assert "s3cret" not in bad.output
     assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_copy_of_a_context_the_source_lacks_is_a_one_line_error(tmp_path: Path) -> None:
+    """A named context the source does not hold: exit 1, one line naming it and the source,
+    and nothing copied (not the others named with it either), as export and archive do."""
+    _fill(tmp_path / "src")
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    close = f"Error: no session 'cli:mian' in {src}; did you mean cli:main?\n"
+    for named, error in [
+        (["cli:nope"], f"Error: no session 'cli:nope' in {src}\n"),
+        (["cli:main", "cli:mian"], close),
+    ]:
+        args = [arg for context in named for arg in ("-c", context)]
+        result = CliRunner().invoke(cli, ["copy", src, dst, *args])
+        assert (result.exit_code, result.stdout, result.stderr) == (1, "", error)
+        assert not (tmp_path / "dst").exists()
+    assert CliRunner().invoke(cli, ["copy", src, dst, "-c", "cli:main"]).exit_code == 0
+
+
+def test_copy_of_a_named_context_gone_meanwhile_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A named context deleted after the check (its read finds none) is named; exit 1."""
+    _fill(tmp_path / "src")
+
+    def gone(*args: object, **kwargs: object) -> None:
+        raise ContextNotFound("context cli:main does not exist in the source store")
+
+    monkeypatch.setattr("terrarium.copy.read_source", gone)
+    result = CliRunner().invoke(
+        cli, ["copy", str(tmp_path / "src"), str(tmp_path / "dst"), "-c", "cli:main"]
+    )
+    assert result.exit_code == 1, result.output
+    assert "skipped cli:main: context cli:main does not exist" in result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -532,3 +568,76 @@ def test_search_numbers_hits_by_message_and_marks_other_branches(tmp_path: Path)
         ("cli:a", None, "off"),
         ("cli:b", 1, "head"),
     ]
+
+
+@pytest.mark.parametrize("kind", ["folder", "zip", "tar.gz"])
+def test_a_bundle_member_past_the_limit_is_refused_and_a_rerun_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A session file larger than the limit fails that session with the limit named, before
+    it is read; the others are imported, and a rerun with a higher limit completes."""
+    _fill(tmp_path / "s")
+    with FsStore(tmp_path / "s") as store:
+        head = store.get_head(ContextId.parse("cli:main"))
+        assert head is not None
+        save_delta(store, head, [Item.user("y" * 40_000)])
+    output = tmp_path / ("bundle" if kind == "folder" else f"b.{kind}")
+    args = ["export", "--all", "-f", "jsonl", "-o", str(output), "--storage-dir"]
+    assert CliRunner().invoke(cli, [*args, str(tmp_path / "s")]).exit_code == 0
+    dst = ["--storage-dir", str(tmp_path / "dst")]
+    monkeypatch.setenv("TERRARIUM_IMPORT_MAX_MEMBER", "20000")
+    result = CliRunner().invoke(cli, ["import", str(output), *dst])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[0] == (
+        f"error: cli:main: {output}: cli/main.jsonl is larger than the 20,000 bytes an import "
+        "reads of one file: not read ($TERRARIUM_IMPORT_MAX_MEMBER sets the limit; an import "
+        "takes about 3 times it in memory)"
+    )
+    with FsStore(tmp_path / "dst") as restored:
+        assert [h.context for h in restored.list_contexts()] == ["game:run1", "irc:#python"]
+    monkeypatch.setenv("TERRARIUM_IMPORT_MAX_MEMBER", "60000")
+    again = CliRunner().invoke(cli, ["import", str(output), *dst])
+    assert again.exit_code == 0, again.output
+    assert again.stderr == f"imported 1 session into {tmp_path / 'dst'}; 2 already there\n"
+    monkeypatch.setenv("TERRARIUM_IMPORT_MAX_MEMBER", "lots")
+    bad = CliRunner().invoke(cli, ["import", str(output), *dst])
+    assert bad.exit_code == 1
+    assert bad.stderr.endswith(
+        "$TERRARIUM_IMPORT_MAX_MEMBER must be a positive number of bytes, not 'lots'\n"
+    )
+
+
+def test_a_zip_bomb_member_is_refused_without_being_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 64 MiB member that compresses to almost nothing is refused by its size: the import
+    allocates a small part of it (before, it read it whole)."""
+    _fill(tmp_path / "s")
+    exported = tmp_path / "exported.zip"
+    args = ["export", "--all", "-f", "jsonl", "-o", str(exported), "--storage-dir"]
+    assert CliRunner().invoke(cli, [*args, str(tmp_path / "s")]).exit_code == 0
+    with (
+        zipfile.ZipFile(exported) as old,
+        zipfile.ZipFile(tmp_path / "b.zip", "w", zipfile.ZIP_DEFLATED) as new,
+    ):
+        manifest = json.loads(old.read(MANIFEST))
+        manifest["contexts"].append({"context": "cli:bomb", "file": "bomb.jsonl", "head": "x"})
+        new.writestr(MANIFEST, json.dumps(manifest))
+        for info in old.infolist()[1:]:
+            new.writestr(info, old.read(info))
+        with new.open("bomb.jsonl", "w") as member:
+            for _ in range(64):
+                member.write(b" " * 2**20)
+    assert (tmp_path / "b.zip").stat().st_size < 2**20
+    monkeypatch.setenv("TERRARIUM_IMPORT_MAX_MEMBER", str(2**20))
+    tracemalloc.start()
+    try:
+        result = CliRunner().invoke(
+            cli, ["import", str(tmp_path / "b.zip"), "--storage-dir", str(tmp_path / "dst")]
+        )
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20
+    assert result.exit_code == 1
+    assert "error: cli:bomb: " in result.stderr and "bomb.jsonl is larger than" in result.stderr

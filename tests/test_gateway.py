@@ -428,6 +428,40 @@ def test_bad_requests_get_openai_errors(
     assert "Traceback" not in answer.text
 
 
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        (
+            {"type": "nope"},
+            "item type 'nope' is not implemented by terrarium gateway (it takes "
+            "'function_call', 'function_call_output', 'message', 'reasoning')",
+        ),
+        (
+            {"role": "user", "content": [5]},
+            "every part of a message's content must be an object with a string 'type'",
+        ),
+        (
+            {"role": "user", "content": [{"type": "input_text", "text": 5}]},
+            "a message's 'input_text' part needs a string 'text'",
+        ),
+    ],
+)
+def test_an_input_item_the_gateway_would_drop_is_a_400_naming_it(
+    gateway: GatewayProcess, fake: FakeServer, item: dict[str, Any], message: str
+) -> None:
+    """An item of a type the gateway has no Chat message for, or content parts it cannot
+    send, is a 400 saying so (before, the item was dropped and the upstream's own 400, about
+    the empty message list it got, named the wrong problem); the upstream is not called."""
+    fake.clear_faults()
+    calls = len(fake.requests)
+    body = {"model": MODEL, "input": [item]}
+    answer = httpx.post(f"{gateway.url}/responses", json=body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert (error["param"], error["message"]) == ("input", message)
+    assert len(fake.requests) == calls
+
+
 def test_adding_no_items_to_a_conversation_is_a_400(gateway: GatewayProcess) -> None:
     """``items`` missing or empty: a 400 naming ``items`` (a 500 IndexError before), and the
     conversation is unchanged."""

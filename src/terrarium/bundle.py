@@ -31,7 +31,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path, PurePosixPath
-from typing import Any, Self
+from typing import IO, Any, Self
 
 from terrarium import codec, states
 from terrarium.copy import CopyReport, SessionSource, complete_session, copy_store, session_segments
@@ -49,6 +49,22 @@ FORMAT = "terrarium-bundle"
 VERSION = 1
 
 Files = dict[str, bytes]
+
+MAX_MEMBER = 256 * 2**20
+"""The most bytes an import reads of one member unless ``$TERRARIUM_IMPORT_MAX_MEMBER`` says
+otherwise. A member is read whole and staged: importing a 202 MB member peaked at 577 MB of
+memory. A larger one (or a zip bomb's) is refused before it is read, never read in part."""
+LIMIT_VARIABLE = "TERRARIUM_IMPORT_MAX_MEMBER"
+
+
+def member_limit() -> int:
+    """The most bytes an import reads of one member (:data:`MAX_MEMBER`, or the variable's)."""
+    text = os.environ.get(LIMIT_VARIABLE)
+    if text is None:
+        return MAX_MEMBER
+    if not text.strip().isdigit() or int(text) <= 0:
+        raise InvalidEntry(f"${LIMIT_VARIABLE} must be a positive number of bytes, not {text!r}")
+    return int(text)
 
 
 def bundle_files(store: Store, chosen: Mapping[ContextId, Store], *, detached: bool) -> Files:
@@ -151,22 +167,40 @@ class _Members:
     def _read(self, member: str) -> bytes | None:
         if self._zip is not None:
             try:
-                return self._zip.read(member)
+                info = self._zip.getinfo(member)
             except KeyError:
                 return None
+            with self._zip.open(info) as handle:
+                return self._bounded(member, info.file_size, handle)
         if self._tar is not None:
             try:
-                info = self._tar.getmember(member)
+                found = self._tar.getmember(member)
             except KeyError:
                 return None
-            handle = self._tar.extractfile(info) if info.isfile() else None
-            if handle is None:  # a link or a device: never followed
+            extracted = self._tar.extractfile(found) if found.isfile() else None
+            if extracted is None:  # a link or a device: never followed
                 raise InvalidEntry(f"{self.path}: {member} is not a regular file: not read")
-            return handle.read()
+            return self._bounded(member, found.size, extracted)
         file = self.path.joinpath(*member.split("/"))
         if not file.resolve().is_relative_to(self.path.resolve()):
             raise InvalidEntry(f"{self.path}: {member} is a link out of the bundle: not read")
-        return file.read_bytes() if file.is_file() else None
+        if not file.is_file():
+            return None
+        with file.open("rb") as handle:
+            return self._bounded(member, os.fstat(handle.fileno()).st_size, handle)
+
+    def _bounded(self, member: str, size: int, handle: IO[bytes]) -> bytes:
+        """The member's bytes, if its ``size`` (as the archive says) and the bytes read are
+        within :func:`member_limit`; InvalidEntry before reading more than that."""
+        limit = member_limit()
+        data = handle.read(limit + 1) if size <= limit else b""
+        if size > limit or len(data) > limit:
+            raise InvalidEntry(
+                f"{self.path}: {member} is larger than the {limit:,} bytes an import reads of "
+                f"one file: not read (${LIMIT_VARIABLE} sets the limit; an import takes about "
+                "3 times it in memory)"
+            )
+        return data
 
 
 def _manifest(members: _Members) -> dict[str, Any]:

@@ -70,13 +70,15 @@ def encode_lines(objs: Sequence[dict[str, Any]]) -> bytes:
 def encode(obj: Any) -> bytes:
     """Encode any JSON value compactly (no newline).
 
-    InvalidEntry: a lone surrogate, or nesting past :data:`MAX_DEPTH`. TypeError: a value JSON
-    has no form for.
+    InvalidEntry: a lone surrogate, nesting past :data:`MAX_DEPTH`, or a value JSON has no form
+    for (an ``object()``).
     """
     try:
         data = _encoder.encode(obj)
     except UnicodeEncodeError as exc:
         raise InvalidEntry(f"text {short_repr(exc.object, ascii)} {not_unicode(exc)}") from None
+    except TypeError as exc:  # msgspec: "Encoding objects of type object is unsupported"
+        raise InvalidEntry(f"a value JSON has no form for: {exc}") from None
     except RecursionError:
         raise InvalidEntry(TOO_DEEP) from None
     if _may_be_too_deep(data) and deeper_than(obj, MAX_DEPTH):

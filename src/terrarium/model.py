@@ -226,8 +226,13 @@ class ContextId(msgspec.Struct, frozen=True, order=True):
     def check_new(self) -> ContextId:
         """This id, if a *new* context may take its name (no :func:`misleading_chars`).
 
-        Raises InvalidContextId if not. Existing contexts keep their names, shown escaped.
+        Raises InvalidContextId if not, or if the name is only spaces (``cli: `` lists as
+        ``cli:``). Existing contexts keep their names, shown escaped.
         """
+        if self.name.isspace():
+            raise InvalidContextId(
+                f"invalid context name {self.name!r}: it is only spaces, which show as nothing"
+            )
         found = misleading_chars(self.name)
         if found:
             ch = self.name[found[0]]

@@ -124,13 +124,13 @@ def test_an_append_that_cannot_be_encoded_writes_nothing(
 ) -> None:
     """A multi-entry append whose later entry cannot be encoded writes none of its entries."""
     save_user_input(store, main, "before")
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidEntry, match="a value JSON has no form for"):
         store.append(
             main.session_id,
             main.segment_id,
             [_entry(1), NewEntry("extension", TS, {"domain": "d", "data": object()})],
         )
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidEntry, match="a value JSON has no form for"):
         append_entries(store, main, [("turn_end", {}), ("extension", {"data": object()})])
     assert store.next_seq(main.session_id, main.segment_id) == 2
     assert [line["seq"] for line in _stored(store, main)] == [1]

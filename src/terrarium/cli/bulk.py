@@ -14,8 +14,10 @@ from terrarium.display import short_time
 if TYPE_CHECKING:
     from terrarium.cli.output import Output
     from terrarium.copy import CopyReport
+    from terrarium.errors import ContextNotFound
     from terrarium.index._query import SearchHit
     from terrarium.model import ContextId
+    from terrarium.stores.base import Store
 
 
 @command(creates=True)
@@ -44,15 +46,32 @@ def copy(
     from terrarium.copy import copy_store, source_contexts
     from terrarium.stores.url import redact_url
 
-    with closing(open_store(source, create=False)) as src, closing(open_store(destination)) as dst:
-        wanted = list(contexts) or source_contexts(src)
-        with state.out.progress(0 if verbose else len(wanted), "copying") as progress:
-            report = copy_store(src, dst, wanted, progress=progress, detached=not contexts)
-    _report_copy(state.out, report, redact_url(destination), verbose)
+    with closing(open_store(source, create=False)) as src:
+        for context in contexts:
+            if src.get_head(context) is None:  # refused before anything is copied
+                raise _missing(src, context, redact_url(source))
+        with closing(open_store(destination)) as dst:
+            wanted = list(contexts) or source_contexts(src)
+            with state.out.progress(0 if verbose else len(wanted), "copying") as progress:
+                report = copy_store(src, dst, wanted, progress=progress, detached=not contexts)
+    _report_copy(state.out, report, redact_url(destination), verbose, named=bool(contexts))
 
 
-def _report_copy(out: Output, report: CopyReport, where: str, verbose: bool) -> None:
-    """``copy``'s lines: per session with -v, each problem, the summary; exit 1 on conflicts."""
+def _missing(src: Store, context: ContextId, where: str) -> ContextNotFound:
+    """The error for a context to copy that the source lacks, naming close ones it has."""
+    from terrarium.cli.catalog import suggesting
+    from terrarium.contexts import not_found
+    from terrarium.copy import source_contexts
+
+    names = [str(c) for c in source_contexts(src)]
+    return suggesting(not_found(context, where), context, names)
+
+
+def _report_copy(
+    out: Output, report: CopyReport, where: str, verbose: bool, *, named: bool = False
+) -> None:
+    """``copy``'s lines: per session with -v, each problem, the summary; exit 1 on conflicts,
+    and on any problem with a session the command named (``named``: one gone meanwhile)."""
     present = report.present
     already = set(present)
     conflicts = {c for c, _ in report.conflicts}
@@ -68,7 +87,7 @@ def _report_copy(out: Output, report: CopyReport, where: str, verbose: bool) -> 
     for _, reason in report.conflicts:
         out.error(f"conflict: {reason}; not copied")
     out.note(copy_summary(report, where))
-    if report.conflicts:
+    if report.conflicts or (named and problems):
         raise click.exceptions.Exit(1)
 
 

@@ -58,7 +58,12 @@ def missing(state: CliState, context: ContextId) -> ContextNotFound:
         rows = contexts.list_contexts(state.store()).rows
     except (TerrariumError, OSError):  # no suggestion beats a second error
         return error
-    close = similar(context, [row.context_id for row in rows])
+    return suggesting(error, context, [row.context_id for row in rows])
+
+
+def suggesting(error: ContextNotFound, context: ContextId, names: list[str]) -> ContextNotFound:
+    """``error`` naming the ids of ``names`` close to ``context``, if any (:func:`similar`)."""
+    close = similar(context, names)
     if not close:
         return error
     import shlex  # an error path: not imported by every command

@@ -19,9 +19,11 @@ from typing import Any
 
 from terrarium.gateway.ids import new_item_id
 from terrarium.gateway.upstream import bad_request
-from terrarium.model import LoggedItem
+from terrarium.model import TEXT_PART_TYPES, LoggedItem
 
 _ROLES = frozenset(("user", "assistant", "system", "developer"))
+_ITEM_TYPES = frozenset(("message", "function_call", "function_call_output", "reasoning"))
+"""The input item types that have a Chat message (:func:`terrarium.model.chat_view`)."""
 _PASSED = ("temperature", "top_p", "parallel_tool_calls")
 _REFUSED = {
     "background": "background mode is not implemented by terrarium gateway",
@@ -148,6 +150,11 @@ def _item(raw: Any, param: str) -> LoggedItem:
         raise bad_request(f"an item's 'type' must be a string in '{param}'", param)
     if kind == "item_reference":
         raise bad_request("item references are not implemented by terrarium gateway", param)
+    if kind not in _ITEM_TYPES:  # it has no Chat message: it would be dropped unsaid
+        shown = ", ".join(repr(t) for t in sorted(_ITEM_TYPES))
+        raise bad_request(
+            f"item type {kind!r} is not implemented by terrarium gateway (it takes {shown})", param
+        )
     if kind == "message":
         role, content = item.get("role"), item.get("content")
         if role not in _ROLES:
@@ -157,10 +164,24 @@ def _item(raw: Any, param: str) -> LoggedItem:
             item["content"] = [_text_part(part, content)]
         elif not isinstance(content, list):
             raise bad_request("a message's content must be a string or a list of parts", param)
+        else:
+            _check_parts(content, param)
         item.setdefault("status", "completed")
     if not isinstance(item.get("id"), str) or not item.get("id"):
         item["id"] = new_item_id(kind)
     return item
+
+
+def _check_parts(parts: list[Any], param: str) -> None:
+    """Each part an object with a string ``type``, a text part's ``text`` a string: a part
+    that is not would leave the message without it, or the message out, unsaid."""
+    for part in parts:
+        if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+            raise bad_request(
+                "every part of a message's content must be an object with a string 'type'", param
+            )
+        if part["type"] in TEXT_PART_TYPES and not isinstance(part.get("text"), str):
+            raise bad_request(f"a message's {part['type']!r} part needs a string 'text'", param)
 
 
 def _text_part(kind: str, text: str) -> dict[str, Any]:
