@@ -31,6 +31,7 @@ from terrarium import (
     append_entry,
     clear_segment,
     codec,
+    contexts,
     create_segment,
     create_segment_with_ids,
     fork,
@@ -268,6 +269,24 @@ def test_without_the_index_every_context_is_found_from_its_folder(
             assert state.history == [{"role": "user", "content": context}]
     leftovers = [p.name for p in (root / ".index").iterdir()]
     assert sorted(leftovers) == ["contexts", "sessions"]
+
+
+def test_a_create_after_the_index_was_deleted_indexes_every_context(
+    store: FsStore, root: Path
+) -> None:
+    """A create that finds ``.index`` deleted rebuilds it from the folders before it writes
+    its own entry: else the index would hold that entry alone, and the listing and the
+    session lookups that trust it would miss every other context."""
+    refs = {name: _create(store, name) for name in ("cli:a", "cli:b", "irc:c")}
+    shutil.rmtree(root / ".index")
+    with FsStore(root) as fresh:
+        _create(fresh, "cli:new")
+        names = [head.context for head in fresh.list_contexts()]
+        assert names == ["cli:a", "cli:b", "cli:new", "irc:c"]
+        assert sorted(r.context_id for r in contexts.list_contexts(fresh).rows) == names
+        taken = refs["cli:a"].session_id  # in use: the index says so
+        with pytest.raises(ConflictError):
+            create_segment_with_ids(fresh, taken, new_segment_id(), context="cli:d")
 
 
 def test_reindex_drops_entries_whose_folder_is_gone(store: FsStore, root: Path) -> None:

@@ -518,6 +518,10 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         raise ContextExists(f"context {context} already exists (in {folder})")
 
     def _write_index(self, context: ContextId, session_id: SessionId, rel: Path) -> None:
+        """Write the context's and its session's entries. A lost index is rebuilt from the
+        folders first: holding this entry alone, it would hide every other context."""
+        if not (self.root / INDEX / "contexts").is_dir():
+            self._rebuild_index(write_heads=False)
         data = pointer(context, rel.as_posix())
         for path in (self._session_index_path(session_id), Path(self._index_file(context))):
             make_dirs(self._inside(path.parent))
