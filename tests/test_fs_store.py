@@ -383,6 +383,21 @@ def test_an_index_entry_written_during_the_swap_does_not_fail_a_reindex(
     assert not [p for p in (root / ".index").iterdir() if p.name.startswith("new-")]
 
 
+def test_a_create_clears_what_a_killed_create_left_in_its_folder(root: Path) -> None:
+    """A create killed before its segment was linked in leaves its folder holding a temporary
+    file and no context; creating the context again removes that file (before, it stayed, and
+    fsck then called it a killed move's)."""
+    folder = root / "cli" / TS[:10] / "main"
+    folder.mkdir(parents=True)
+    (folder / ".tmp-0123456789abcdef").write_bytes(b'{"kind": "header"}\n')
+    with FsStore(root) as store:
+        create_segment_with_ids(
+            store, new_session_id(), new_segment_id(), context="cli:main", ts=TS
+        )
+        assert not [p.name for p in folder.iterdir() if p.name.startswith(".tmp-")]
+        assert store.unfinished_moves() == []
+
+
 def test_creating_over_a_lost_index_entry_keeps_the_existing_history(
     store: FsStore, root: Path
 ) -> None:

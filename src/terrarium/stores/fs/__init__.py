@@ -490,6 +490,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             if self._session_in_use(session_id):
                 raise ConflictError(f"session {session_id} already exists")
             make_dirs(folder)
+            for name in listdir(folder):  # a killed create's: no context is here to own them
+                if name.startswith(".tmp-"):
+                    (folder / name).unlink(missing_ok=True)
             # The index entries and the listing's dirty marker first: until the commit they
             # name a folder with no segment, which lookups pass over; killed after it, the
             # context is listed, not found only by a walk.
