@@ -31,6 +31,7 @@ from terrarium import (
     append_entry,
     clear_segment,
     codec,
+    contexts,
     create_segment,
     create_segment_with_ids,
     fork,
@@ -270,6 +271,24 @@ def test_without_the_index_every_context_is_found_from_its_folder(
     assert sorted(leftovers) == ["contexts", "sessions"]
 
 
+def test_a_create_after_the_index_was_deleted_indexes_every_context(
+    store: FsStore, root: Path
+) -> None:
+    """A create that finds ``.index`` deleted rebuilds it from the folders before it writes
+    its own entry: else the index would hold that entry alone, and the listing and the
+    session lookups that trust it would miss every other context."""
+    refs = {name: _create(store, name) for name in ("cli:a", "cli:b", "irc:c")}
+    shutil.rmtree(root / ".index")
+    with FsStore(root) as fresh:
+        _create(fresh, "cli:new")
+        names = [head.context for head in fresh.list_contexts()]
+        assert names == ["cli:a", "cli:b", "cli:new", "irc:c"]
+        assert sorted(r.context_id for r in contexts.list_contexts(fresh).rows) == names
+        taken = refs["cli:a"].session_id  # in use: the index says so
+        with pytest.raises(ConflictError):
+            create_segment_with_ids(fresh, taken, new_segment_id(), context="cli:d")
+
+
 def test_reindex_drops_entries_whose_folder_is_gone(store: FsStore, root: Path) -> None:
     """The index is derived: a stale entry (its folder removed by hand) goes away on reindex."""
     _create(store, "cli:keep")
@@ -362,6 +381,21 @@ def test_an_index_entry_written_during_the_swap_does_not_fail_a_reindex(
     assert store.reindex() == 1
     assert [h.context for h in store.list_contexts()] == ["cli:a"]
     assert not [p for p in (root / ".index").iterdir() if p.name.startswith("new-")]
+
+
+def test_a_create_clears_what_a_killed_create_left_in_its_folder(root: Path) -> None:
+    """A create killed before its segment was linked in leaves its folder holding a temporary
+    file and no context; creating the context again removes that file (before, it stayed, and
+    fsck then called it a killed move's)."""
+    folder = root / "cli" / TS[:10] / "main"
+    folder.mkdir(parents=True)
+    (folder / ".tmp-0123456789abcdef").write_bytes(b'{"kind": "header"}\n')
+    with FsStore(root) as store:
+        create_segment_with_ids(
+            store, new_session_id(), new_segment_id(), context="cli:main", ts=TS
+        )
+        assert not [p.name for p in folder.iterdir() if p.name.startswith(".tmp-")]
+        assert store.unfinished_moves() == []
 
 
 def test_creating_over_a_lost_index_entry_keeps_the_existing_history(

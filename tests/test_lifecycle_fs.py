@@ -343,6 +343,34 @@ def test_a_freeze_killed_after_its_commit_keeps_appends_out_of_the_left_files(
         assert not states.is_archived(store, MAIN)
 
 
+def test_a_purge_killed_after_its_folder_went_is_no_damage_to_fsck(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trash purge killed after it moved the session's folder out, its ``purging`` record
+    left: fsck reports the unfinished purge only (not the session as unreadable), and
+    ``--repair`` completes it and exits 0 (a killed policy run found it)."""
+    with FsStore(root) as store:
+        _create(store, "cli:main", "bye")
+        assert states.delete_context(store, MAIN)
+        [entry] = states.trashed_contexts(store)
+        real_rename = _states.os.rename
+
+        def die_after_the_move(*args: Any) -> None:
+            real_rename(*args)
+            raise _Killed
+
+        monkeypatch.setattr(_states.os, "rename", die_after_the_move)
+        with pytest.raises(_Killed):
+            states.purge_trashed(store, entry.trash_id)
+        monkeypatch.undo()
+    checked = json.loads(invoke("fsck", "--json", "--storage-dir", str(root)).output)
+    assert sorted(p["kind"] for p in checked["problems"]) == ["leftover", "unfinished"]
+    assert invoke("fsck", "--repair", "--storage-dir", str(root)).exit_code == 0
+    assert invoke("fsck", "--storage-dir", str(root)).exit_code == 0
+    with FsStore(root) as store:
+        assert states.trashed_contexts(store) == []
+
+
 def test_a_seal_left_in_a_hot_folder_is_lifted_by_the_next_write(root: Path) -> None:
     """A freeze killed before its commit leaves the folder hot, its files sealed: the next
     append unseals them (under the session's lock) and writes."""

@@ -641,3 +641,25 @@ def test_a_trace_read_finds_a_session_thawed_between_its_two_looks(
 
     monkeypatch.setattr(store, "_segment_exists", thaw_then_look)
     assert store.read_trace(head.session_id, head.segment_id) == expected
+
+
+def test_a_head_move_finds_its_segment_frozen_just_after_it_read_the_head(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """set_head (a rewind's last step) whose context an archive freezes just after it read the
+    hot head wakes the context and moves its head: the new segment is frozen, not missing (the
+    lifecycle race once saw a rewind fail with SegmentNotFound)."""
+    head = add_context(store, "cli:main", "one", "two")
+    fork = fork_at(store, head, 1)
+    read_head, frozen = store._head, []
+
+    def read_then_freeze(row: Any) -> Any:
+        monkeypatch.setattr(store, "_head", read_head)  # once
+        frozen.append(states.archive_context(store, MAIN))  # another connection's freeze
+        return read_head(row)
+
+    monkeypatch.setattr(store, "_head", read_then_freeze)
+    assert store.set_head(MAIN, fork, expected=head.segment_id).segment_id == fork
+    assert frozen != [None]
+    assert [i["content"] for i in restore(store, MAIN).history] == ["one"]
+    assert not states.is_archived(store, MAIN)

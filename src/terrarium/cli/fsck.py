@@ -366,8 +366,8 @@ def _check_kept(store: Store, report: Report, *, counted: bool) -> None:
         passed = (
             frozen(store.root, session_id) if isinstance(store, FsStore) else session_id not in hot
         )
-        if not passed:
-            continue
+        if not passed or "purging" in record.state:
+            continue  # a purge under way may have deleted its files: _check_lifecycle's
         report.contexts += 0 if counted else 1
         try:
             for segment_id in store.list_segments(session_id):

@@ -78,7 +78,12 @@ def run_each(conn: Any, statements: Iterable[str], session: Any) -> None:
 
 
 _HEAD_COLUMNS = "context, session_id, segment_id, created_at, updated_at"
-HEAD = f"SELECT {_HEAD_COLUMNS} FROM contexts WHERE context = ?"
+#: A hot head and whether its session has segment ``?``, in one statement: one snapshot, so
+#: a freeze meanwhile moved both or neither (a segment found frozen is not missing).
+HEAD_WITH_SEGMENT = (
+    f"SELECT {_HEAD_COLUMNS}, EXISTS (SELECT 1 FROM segments s WHERE s.session_id = "
+    "contexts.session_id AND s.segment_id = ?) FROM contexts WHERE context = ?"
+)
 #: The head of an archived context (its session frozen), by id.
 ARCHIVED_HEAD = f"SELECT {_HEAD_COLUMNS} FROM archived_contexts WHERE context = ?"
 #: A context's head, hot or archived, in one statement: one snapshot, so a context that a
@@ -412,7 +417,8 @@ class SqlStore(ClosingStore):
     ) -> PodMetadata:
         """The context's head before a move to ``segment_id``, woken if frozen: ConflictError
         unless it is on ``expected``, SegmentNotFound unless the segment exists."""
-        while (row := conn.execute(self._q(HEAD), (str(context),)).fetchone()) is None:
+        look = (self._sid(segment_id), str(context))
+        while (row := conn.execute(self._q(HEAD_WITH_SEGMENT), look).fetchone()) is None:
             cold = conn.execute(self._q(ARCHIVED_HEAD), (str(context),)).fetchone()
             if cold is None:
                 raise ContextNotFound.of(context)
@@ -420,7 +426,7 @@ class SqlStore(ClosingStore):
         head = self._head(row)
         if head.segment_id != expected:
             raise ConflictError(f"head of {context} is {head.segment_id}, not {expected}: it moved")
-        if not self._segment_exists(conn, head.session_id, segment_id):
+        if not row[5]:
             raise SegmentNotFound.of(head.session_id, segment_id)
         return head
 

@@ -490,6 +490,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             if self._session_in_use(session_id):
                 raise ConflictError(f"session {session_id} already exists")
             make_dirs(folder)
+            for name in listdir(folder):  # a killed create's: no context is here to own them
+                if name.startswith(".tmp-"):
+                    (folder / name).unlink(missing_ok=True)
             # The index entries and the listing's dirty marker first: until the commit they
             # name a folder with no segment, which lookups pass over; killed after it, the
             # context is listed, not found only by a walk.
@@ -518,6 +521,10 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         raise ContextExists(f"context {context} already exists (in {folder})")
 
     def _write_index(self, context: ContextId, session_id: SessionId, rel: Path) -> None:
+        """Write the context's and its session's entries. A lost index is rebuilt from the
+        folders first: holding this entry alone, it would hide every other context."""
+        if not (self.root / INDEX / "contexts").is_dir():
+            self._rebuild_index(write_heads=False)
         data = pointer(context, rel.as_posix())
         for path in (self._session_index_path(session_id), Path(self._index_file(context))):
             make_dirs(self._inside(path.parent))
