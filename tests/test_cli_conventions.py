@@ -458,6 +458,44 @@ def test_a_mistyped_session_gets_a_did_you_mean(tmp_path: Path) -> None:
     assert nothing.stderr.strip() == f"Error: no session 'cli:zzzzzz' in {root}"
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["show", "cli:mian"],
+        ["stats", "cli:mian"],
+        ["delete", "cli:mian"],
+        ["delete", "cli:mian", "--purge", "--yes"],
+        ["clear", "cli:mian"],
+        ["rewind", "cli:mian"],
+        ["fork", "cli:mian", "x"],
+        ["compact", "cli:mian"],
+        ["export", "cli:mian"],
+        ["export", "cli:mian", "cli:main", "-o", "{out}/"],
+        ["search", "hello", "-c", "cli:mian"],
+        ["search", "hello", "-c", "cli:mian", "--archived", "--json"],
+        ["archive", "cli:mian"],
+        ["archive", "cli:main", "cli:mian"],
+        ["unarchive", "cli:mian"],
+        ["pin", "cli:mian"],
+        ["unpin", "cli:mian"],
+        ["copy", "{root}", "{out}", "-c", "cli:mian"],
+    ],
+)
+def test_every_command_says_a_session_is_missing_alike(tmp_path: Path, args: list[str]) -> None:
+    """Each command that takes a session says the same of a missing one: the store named and
+    the close ones suggested; nothing is done (an archive of two archives neither)."""
+    root = tmp_path / "s"
+    add_context(root, "cli:main", [("hello", "world")])
+    filled = [a.format(root=root, out=tmp_path / "out") for a in args]
+    result = invoke(*filled, "--storage-dir", str(root))
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: no session 'cli:mian' in {root}; did you mean cli:main?\n"
+    assert result.stdout == ""
+    assert not (tmp_path / "out").exists()
+    listed = json.loads(invoke("list", "--json", "--storage-dir", str(root)).stdout)["contexts"]
+    assert [c["context_id"] for c in listed] == ["cli:main"]  # hot: an archived one is not listed
+
+
 def test_one_message_is_not_messages(tmp_path: Path, fake_server: FakeServer) -> None:
     """Counts of one read '1 message' (and so on) wherever the chat counts."""
     root = tmp_path / "sessions"

@@ -149,9 +149,12 @@ def search(
     took out of it is found only with --all-branches, marked "not on the current branch".
     The exit code is 1 when nothing matches, as grep's is.
     """
+    from terrarium.cli import catalog
     from terrarium.search import SearchQuery, hit_json
     from terrarium.search import search as run_search
 
+    if context is not None:
+        catalog.require(state, context)  # else a missing session would read as "no match"
     found = run_search(
         state.store(),
         SearchQuery(

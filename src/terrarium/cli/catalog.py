@@ -101,11 +101,13 @@ def exists(state: CliState, context: ContextId) -> bool:
 
 
 @contextlib.contextmanager
-def naming_store(state: CliState, context: ContextId | None = None) -> Iterator[None]:
-    """Name the store in a ContextNotFound raised inside (suggestions when it is ``context``)."""
+def naming_store(state: CliState, *named: ContextId) -> Iterator[None]:
+    """Name the store in a ContextNotFound raised inside (suggestions when it is one of
+    ``named``: :func:`missing`'s message)."""
     try:
         yield
     except ContextNotFound as exc:
-        if context is not None and str(exc) == str(contexts.not_found(context)):
-            raise missing(state, context) from None
+        for context in named:
+            if str(exc) == str(contexts.not_found(context)):
+                raise missing(state, context) from None
         raise ContextNotFound(f"{exc} in {state.shown_location}") from None

@@ -583,15 +583,16 @@ def export(
             raise click.UsageError("exporting many sessions needs -o FOLDER, .zip or .tar.gz")
         from terrarium.export import export_many
 
-        result = export_many(
-            state.store(),
-            None if all_ else list(contexts),
-            fmt,
-            output,
-            type=type_,
-            since=since,
-            until=until,
-        )
+        with catalog.naming_store(state, *contexts):
+            result = export_many(
+                state.store(),
+                None if all_ else list(contexts),
+                fmt,
+                output,
+                type=type_,
+                since=since,
+                until=until,
+            )
         state.out.note(
             f"exported {plural(len(result.contexts), 'session')} as {fmt} to {result.path}",
             style="green",

@@ -84,9 +84,10 @@ def archive(
     pinned; a selection by --older-than skips pinned ones.
     """
     _lifecycle(state)
-    plan = lifecycle.plan_archive(
-        state.store(), older_than=_age(older_than), type=type_, names=list(contexts)
-    )
+    with catalog.naming_store(state, *contexts):
+        plan = lifecycle.plan_archive(
+            state.store(), older_than=_age(older_than), type=type_, names=list(contexts)
+        )
     records: Sequence[Candidate | ArchivedContext] = plan.candidates
     saved = plan.hot_bytes
     if not dry_run:
