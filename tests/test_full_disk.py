@@ -5,6 +5,8 @@ written, and the same command or request succeeds once there is room again."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,3 +112,43 @@ def test_a_reindex_stopped_by_a_full_disk_leaves_nothing_behind(disk: Path) -> N
     assert _run("--storage-dir", str(storage), "reindex")[0] == 0
     with FsStore(storage) as store:
         assert len(store.list_contexts()) == 30
+
+
+def test_a_full_disk_under_the_store_names_the_store(disk: Path, fake_server: FakeServer) -> None:
+    """A command whose store write a full disk stops says so in one line naming the store
+    (the kernel's error names no file), not a bare ``No space left on device``; a full disk
+    under the command's output (stdout redirected into a file there) is not blamed on it."""
+    storage = disk / "sessions"
+    with FsStore(storage) as store:
+        for n in range(4):
+            add_context(store, f"cli:s{n}", *[f"line {k} " + "x" * 300 for k in range(8)])
+    filler = fill(disk)
+    fake_server.reply = "SUMMARY: short"
+    url = ["--base-url", fake_server.base_url]
+    for args in (
+        ["reindex"],
+        ["clear", "cli:s0"],
+        ["rewind", "cli:s0"],
+        ["fork", "cli:s0", "cli:new"],
+        ["delete", "cli:s1"],
+        ["pin", "cli:s2"],
+        ["compact", "cli:s3", *url],
+    ):
+        code, output = _run("--storage-dir", str(storage), *args)
+        assert (code, output) == (1, f"Error: {storage}: No space left on device\n"), args
+    filler.unlink()
+    with FsStore(storage) as store:
+        add_context(store, "cli:big", "y" * 200_000)
+    filler = fill(disk)
+    with open(disk / "filler", "ab") as out:  # the shown session goes into the full file
+        shown = subprocess.run(
+            [sys.executable, "-m", "terrarium", "--storage-dir", str(storage), "show", "cli:big"],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            check=False,
+            timeout=60,
+        )
+    assert shown.returncode == 1
+    assert shown.stderr == b"Error: No space left on device\n"
+    filler.unlink()
+    assert _run("--storage-dir", str(storage), "pin", "cli:s2")[0] == 0

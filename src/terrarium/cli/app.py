@@ -103,7 +103,26 @@ class GuardedCommand(click.Command):
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
             raise UsageLine(f"{exc.format_message()}{hint}") from exc
         except USER_ERRORS as exc:
-            raise click.ClickException(one_line(error_text(exc)) or type(exc).__name__) from exc
+            shown = error_text(naming_store(ctx, exc))
+            raise click.ClickException(one_line(shown) or type(exc).__name__) from exc
+
+
+def naming_store(ctx: click.Context, exc: BaseException) -> BaseException:
+    """``exc``, or, for an OS error that names no file (a full disk's) raised in the store's
+    code, the same error naming the store: ``{location}: No space left on device``."""
+    state = ctx.find_object(CliState)
+    if not isinstance(exc, OSError) or exc.filename is not None or state is None:
+        return exc
+    import traceback
+
+    frames = traceback.walk_tb(exc.__traceback__)
+    if not any(f.f_globals.get("__name__", "").startswith(_STORE_CODE) for f, _ in frames):
+        return exc  # not the store's: the output (stdout into a full file), a socket, ...
+    return OSError(exc.errno, exc.strerror or str(exc), state.shown_location)
+
+
+_STORE_CODE = ("terrarium.stores.", "terrarium.index.")
+"""The modules whose file writes are the store's (its log, its derived indexes)."""
 
 
 class GuardedGroup(GuardedCommand, click.Group):
