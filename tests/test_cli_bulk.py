@@ -607,6 +607,39 @@ def test_a_bundle_member_past_the_limit_is_refused_and_a_rerun_completes(
     )
 
 
+def test_a_plain_jsonl_file_past_the_limit_is_refused_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``import FILE.jsonl`` (one session, not a bundle) keeps the limit a bundle's member
+    has: a larger file fails with the limit named, before it is read; other files of the same
+    import go in, and a higher limit imports it."""
+    _fill(tmp_path / "s")
+    with FsStore(tmp_path / "s") as store:
+        head = store.get_head(ContextId.parse("cli:main"))
+        assert head is not None
+        save_delta(store, head, [Item.user("y" * 40_000)])
+    big, small = tmp_path / "big.jsonl", tmp_path / "small.jsonl"
+    for context, file in (("cli:main", big), ("game:run1", small)):
+        args = ["export", context, "-f", "jsonl", "-o", str(file)]
+        assert CliRunner().invoke(cli, [*args, "--storage-dir", str(tmp_path / "s")]).exit_code == 0
+    dst = ["--storage-dir", str(tmp_path / "dst")]
+    monkeypatch.setenv("TERRARIUM_IMPORT_MAX_MEMBER", "20000")
+    result = CliRunner().invoke(cli, ["import", str(big), str(small), *dst])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[0] == (
+        f"error: {big}: {big} is larger than the 20,000 bytes an import reads of one file: "
+        "not read ($TERRARIUM_IMPORT_MAX_MEMBER sets the limit; an import takes about 3 times "
+        "it in memory)"
+    )
+    with FsStore(tmp_path / "dst") as restored:
+        assert [h.context for h in restored.list_contexts()] == ["game:run1"]
+    monkeypatch.setenv("TERRARIUM_IMPORT_MAX_MEMBER", "60000")
+    again = CliRunner().invoke(cli, ["import", str(big), *dst])
+    assert again.exit_code == 0, again.output
+    with FsStore(tmp_path / "dst") as restored:
+        assert [h.context for h in restored.list_contexts()] == ["cli:main", "game:run1"]
+
+
 def test_a_zip_bomb_member_is_refused_without_being_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -186,21 +186,30 @@ class _Members:
             raise InvalidEntry(f"{self.path}: {member} is a link out of the bundle: not read")
         if not file.is_file():
             return None
-        with file.open("rb") as handle:
-            return self._bounded(member, os.fstat(handle.fileno()).st_size, handle)
+        return read_file(file, f"{self.path}: {member}")
 
     def _bounded(self, member: str, size: int, handle: IO[bytes]) -> bytes:
-        """The member's bytes, if its ``size`` (as the archive says) and the bytes read are
-        within :func:`member_limit`; InvalidEntry before reading more than that."""
-        limit = member_limit()
-        data = handle.read(limit + 1) if size <= limit else b""
-        if size > limit or len(data) > limit:
-            raise InvalidEntry(
-                f"{self.path}: {member} is larger than the {limit:,} bytes an import reads of "
-                f"one file: not read (${LIMIT_VARIABLE} sets the limit; an import takes about "
-                "3 times it in memory)"
-            )
-        return data
+        return bounded(handle, size, f"{self.path}: {member}")
+
+
+def read_file(path: Path, where: str | None = None) -> bytes:
+    """The bytes of the file ``path`` an import reads, within :func:`member_limit`
+    (:func:`bounded`; ``where`` names it in the error, by default ``path``)."""
+    with path.open("rb") as handle:
+        return bounded(handle, os.fstat(handle.fileno()).st_size, where or str(path))
+
+
+def bounded(handle: IO[bytes], size: int, where: str) -> bytes:
+    """The bytes of ``handle``, if its ``size`` (as the archive or file system says) and the
+    bytes read are within :func:`member_limit`; InvalidEntry before reading more than that."""
+    limit = member_limit()
+    data = handle.read(limit + 1) if size <= limit else b""
+    if size > limit or len(data) > limit:
+        raise InvalidEntry(
+            f"{where} is larger than the {limit:,} bytes an import reads of one file: not read "
+            f"(${LIMIT_VARIABLE} sets the limit; an import takes about 3 times it in memory)"
+        )
+    return data
 
 
 def _manifest(members: _Members) -> dict[str, Any]:

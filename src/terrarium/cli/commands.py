@@ -755,9 +755,10 @@ def import_file(
     """Import one file; its context and message count (``root``: the legacy folder it lies in)."""
     store = state.store()
     if path.suffix == ".jsonl":
+        from terrarium.bundle import read_file
         from terrarium.formats.jsonl import import_context
 
-        head = import_context(store, path.read_bytes(), context=as_context, where=str(path))
+        head = import_context(store, read_file(path), context=as_context, where=str(path))
     else:
         from terrarium.formats import terrarium_json as tj
 
