@@ -289,6 +289,41 @@ def test_a_create_after_the_index_was_deleted_indexes_every_context(
             create_segment_with_ids(fresh, taken, new_segment_id(), context="cli:d")
 
 
+@pytest.mark.parametrize("second", ["context", "detached session"])
+def test_a_lost_session_index_is_rebuilt_before_a_session_id_is_called_free(
+    store: FsStore, root: Path, second: str
+) -> None:
+    """Only ``.index/sessions`` deleted by hand (``.index/contexts`` kept): a create on a
+    session id a context holds is still refused, as a context or detached, and lookups by
+    session id find its folder; the entries are rebuilt from the folders."""
+    refs = {name: _create(store, name) for name in ("cli:a", "irc:b")}
+    shutil.rmtree(root / ".index" / "sessions")
+    taken = refs["cli:a"].session_id
+    header = {
+        "v": 1,
+        "ts": TS,
+        "kind": "header",
+        "session_id": str(taken),
+        "segment_id": str(new_segment_id()),
+        "context": "cli:c" if second == "context" else None,
+        "origin": {"kind": "root"},
+        "history": [],
+    }
+    with FsStore(root) as fresh:
+        with pytest.raises(ConflictError):
+            if second == "context":
+                fresh.create_context(ContextId("cli", "c"), header)
+            else:
+                fresh.create_session(header)
+        assert not (root / ".detached").exists() or not any((root / ".detached").iterdir())
+        assert [head.context for head in fresh.list_contexts()] == ["cli:a", "irc:b"]
+        assert fresh.session_owner(refs["irc:b"].session_id) == "irc:b"
+        assert restore(fresh, "cli:a").history == restore(store, "cli:a").history
+    assert sorted(p.name for p in (root / ".index" / "sessions").iterdir()) == sorted(
+        str(ref.session_id) for ref in refs.values()
+    )
+
+
 def test_reindex_drops_entries_whose_folder_is_gone(store: FsStore, root: Path) -> None:
     """The index is derived: a stale entry (its folder removed by hand) goes away on reindex."""
     _create(store, "cli:keep")
@@ -375,7 +410,9 @@ def test_an_index_entry_written_during_the_swap_does_not_fail_a_reindex(
         if old.name == "sessions" and not raced:  # another process indexes what it found
             raced.append(old)
             rel = folder.relative_to(root)
-            FsStore(root)._write_index(ContextId("cli", "a"), ref.session_id, rel)
+            racer = FsStore(root)
+            monkeypatch.setattr(racer, "_index_lost", lambda: False)  # it looked before
+            racer._write_index(ContextId("cli", "a"), ref.session_id, rel)
 
     monkeypatch.setattr(FsStore, "_discard", racing_discard)
     assert store.reindex() == 1

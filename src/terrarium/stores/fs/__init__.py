@@ -246,7 +246,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         """Index a context found in the folders (all of the index if it is gone); failing
         to is no error."""
         try:
-            if not (self.root / INDEX / "contexts").is_dir():
+            if self._index_lost():
                 self._rebuild_index(write_heads=False)
             elif found.head is not None:
                 rel = found.folder.relative_to(self.root)
@@ -270,10 +270,16 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         self._folders[session_id] = folder
         return folder
 
+    def _index_lost(self) -> bool:
+        """Whether ``.index`` lost its pointers, whole or in part (a folder deleted by hand)."""
+        return not all((self.root / INDEX / part).is_dir() for part in ("contexts", "sessions"))
+
     def _session_in_use(self, session_id: SessionId) -> bool:
-        """Whether a segment of ``session_id`` exists: in the folder its index entry names, or
-        detached. A killed create leaves an entry naming a folder with no segment: not in use.
-        Links are not followed (nor remembered as checked: a later move checks them itself)."""
+        """Whether a segment of ``session_id`` exists: in the folder its index entry names (a
+        lost index rebuilt first), or detached. A killed create leaves an entry naming a folder
+        with no segment: not in use. Links are not followed (nor remembered as checked)."""
+        if self._index_lost():
+            self._rebuild_index(write_heads=False)
         detached = self.root / DETACHED / str(session_id)
         folders = [detached] if real_dir(detached.parent) and real_dir(detached) else []
         try:
@@ -407,7 +413,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         """Every hot head, sorted by context id, from the index (a walk if it is gone); a
         head that cannot be read or rebuilt is logged and left out."""
         base = self.root / INDEX / "contexts"
-        if not base.is_dir():
+        if self._index_lost():
             try:
                 self._rebuild_index(write_heads=False)
             except OSError:  # a read-only store: read the folders themselves
@@ -523,7 +529,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def _write_index(self, context: ContextId, session_id: SessionId, rel: Path) -> None:
         """Write the context's and its session's entries. A lost index is rebuilt from the
         folders first: holding this entry alone, it would hide every other context."""
-        if not (self.root / INDEX / "contexts").is_dir():
+        if self._index_lost():
             self._rebuild_index(write_heads=False)
         data = pointer(context, rel.as_posix())
         for path in (self._session_index_path(session_id), Path(self._index_file(context))):
@@ -555,7 +561,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         data = codec.encode_line(line)
         folder = self.detached_folder(session_id)
         with self._create_lock(session_id):
-            if has_segments(folder) or self._session_index_path(session_id).exists():
+            in_use = self._session_in_use(session_id)  # a lost index rebuilt first
+            if in_use or has_segments(folder) or self._session_index_path(session_id).exists():
                 raise ConflictError(f"session {session_id} already exists")
             make_dirs(folder)
             try:
@@ -950,7 +957,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             raise
         index = self.root / INDEX
         with file_lock(self._inside(self.root / LOCKS) / "index"):
-            if not write_heads and (index / "contexts").is_dir():
+            if not write_heads and not self._index_lost():
                 # A lookup that found no index: another process rebuilt it meanwhile, and
                 # a create since may have written to it, which this older walk lacks.
                 self._discard(fresh)
