@@ -16,6 +16,7 @@ context another worker had just deleted or purged.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import random
 import sys
@@ -322,6 +323,7 @@ def churn_forever(store: Store, spec: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    faulthandler.enable()  # SIGABRT: the race shows a hung worker's stack
     spec = json.loads(sys.argv[1])
     if spec.get("forever"):
         with open_spec(spec) as store:
