@@ -171,7 +171,9 @@ def delete_context(store: Lifecycle, context: ContextId) -> bool:
         }
         trashed = {**state, "trashed": entry}
         try:
-            store.detach_context(context, head.session_id, expected=state, state=trashed)
+            store.detach_context(
+                context, head.session_id, expected=state, state=trashed, segment_id=head.segment_id
+            )
         except (ConflictError, ContextNotFound):
             continue
         _seal(store, head.session_id, trashed)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -220,6 +221,28 @@ def test_the_trash_lists_the_latest_deletion_first(store: Store) -> None:
     assert [e.message_count for e in entries] == [1, 1, 3]
     assert len({e.trash_id for e in entries}) == 3
     assert lifecycle.find_trashed(store, str(MAIN)).trash_id == entries[1].trash_id
+
+
+def test_a_delete_keeps_a_head_move_made_just_after_it_read_the_head(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete that read the head just before a rewind (a clear, a compaction) moved it
+    trashes the moved head: restored, the context is where the acknowledged move left it
+    (the trash entry named the head the delete first read, so a restore undid the move)."""
+    lc = seeded(store)
+    read_state = lc.session_state
+
+    def read_then_rewind(session_id: Any) -> Any:
+        monkeypatch.setattr(lc, "session_state", read_state)  # once
+        assert len(contexts.rewind_context(lc, MAIN, 1)) == 1  # another process's rewind
+        return read_state(session_id)
+
+    monkeypatch.setattr(lc, "session_state", read_then_rewind)
+    assert states.delete_context(lc, MAIN)
+    [entry] = states.trashed_contexts(lc)
+    states.restore_trashed(lc, entry.trash_id)
+    assert history(lc, MAIN) == ["alpha walrus", "beta"]
+    assert entry.message_count == 2
 
 
 def test_purge_deletes_for_ever(store: Store) -> None:
