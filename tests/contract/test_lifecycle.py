@@ -245,6 +245,26 @@ def test_a_delete_keeps_a_head_move_made_just_after_it_read_the_head(
     assert entry.message_count == 2
 
 
+def test_a_delete_of_a_context_a_restore_took_from_a_purge_keeps_it_in_the_trash(
+    store: Store,
+) -> None:
+    """A restore attaches a trash entry that a purge marked just after the restore found it
+    (the purge then gives way); before the restore's clean-up drops the mark, another process
+    deletes the context: the new trash entry is listed and restorable, not marked for purging
+    (it copied the stale mark, so it was no trash entry, and a repair purged it)."""
+    lc = seeded(store)
+    head = store.get_head(MAIN)
+    assert head is not None and states.delete_context(lc, MAIN)
+    found = lc.session_state(head.session_id)  # what the restore found
+    lc.set_session_state(head.session_id, {**found, "purging": True}, expected=found)
+    lc.attach_context(MAIN, head.session_id, head.segment_id)  # the restore's attach
+    assert states.delete_context(lc, MAIN)  # another process's delete, before the clean-up
+    states.finish_lifecycle(lc)  # the restore's clean-up, or a repair's
+    [entry] = states.trashed_contexts(lc)
+    states.restore_trashed(lc, entry.trash_id)
+    assert history(store, MAIN) == ["alpha walrus", "beta", "gamma"]
+
+
 def test_purge_deletes_for_ever(store: Store) -> None:
     """purge_trashed empties a trash entry (True once, then False); purge_context deletes a
     hot or archived context without the trash; neither can be restored."""
