@@ -44,7 +44,6 @@ from terrarium.index._query import SearchQuery
 from terrarium.legacy import listing
 from terrarium.model import ContextId, TraceEntry
 from terrarium.search import search
-from terrarium.stores import fs as fs_store
 from terrarium.stores.base import Lifecycle, NewEntry, Store
 from terrarium.stores.fs import _states
 from terrarium.stores.memory import MemoryStore
@@ -976,26 +975,3 @@ def test_a_head_move_takes_the_head_lock_before_the_sessions(
     assert deleting.ident is not None and not deleting.is_alive()
     with FsStore(root) as store:
         assert [t.context for t in states.trashed_contexts(store)] == [str(MAIN)]
-
-
-def test_the_segment_list_read_while_a_freeze_swaps_the_files_is_whole(
-    root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The segments of a session that another process archives just after the list read
-    whether it is frozen (so looks for the plain files, which the freeze then removes): all
-    of them, not none (the lifecycle race's copy out met an empty list and failed)."""
-    with FsStore(root) as store:
-        head = _create(store, str(MAIN), "one")
-        fork_at(store, head, 1)
-        want = store.list_segments(head.session_id)
-        listed = fs_store.segment_ids
-
-        def frozen_then_listed(folder: Path, suffix: str = "") -> list[Any]:
-            monkeypatch.setattr(fs_store, "segment_ids", listed)  # once
-            with FsStore(root) as other:
-                assert states.archive_context(other, MAIN) is not None
-            return listed(folder, suffix)
-
-        monkeypatch.setattr(fs_store, "segment_ids", frozen_then_listed)
-        assert store.list_segments(head.session_id) == want
-        assert states.is_archived(store, MAIN)

@@ -297,8 +297,11 @@ class MemoryStore:
         """Unbind the context from its session and set the session's record."""
         with self._lock:
             head = self._heads.get(str(context))
-            on = segment_id or (head.segment_id if head else None)
-            if head is None or (head.session_id, head.segment_id) != (session_id, on):
+            if (
+                head is None
+                or head.session_id != session_id
+                or segment_id not in (None, head.segment_id)
+            ):
                 raise ContextNotFound(f"context {context} is not on session {session_id}")
             self.set_session_state(session_id, state, expected=expected)
             del self._heads[str(context)]

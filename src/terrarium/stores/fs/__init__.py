@@ -891,15 +891,10 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         return True
 
     def list_segments(self, session_id: SessionId) -> list[SegmentId]:
-        """The session's segment ids, oldest first (UUIDv7 order). None found: a move swapped
-        the files meanwhile (read again, as ``_reading`` does), or the session is gone."""
-
-        def read() -> list[SegmentId]:
-            if found := self._ids(session_id, self._session_folder(session_id)):
-                return found
-            raise SegmentNotFound.of(session_id)
-
-        return self._reading(session_id, read)
+        """The session's segment ids, oldest first (UUIDv7 order)."""
+        return self._reading(
+            session_id, lambda: self._ids(session_id, self._session_folder(session_id))
+        )
 
     def append_trace(
         self, session_id: SessionId, segment_id: SegmentId, entries: Sequence[TraceEntry]
