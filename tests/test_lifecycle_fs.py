@@ -8,12 +8,15 @@ The kill tests are in ``test_lifecycle_fs_kill.py``; the cross-backend contract 
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import shutil
 import stat
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from terrarium import (
     PodActiveSegmentRef,
     create_segment,
     fork,
+    fork_at,
     lifecycle,
     restore,
     save_user_input,
@@ -905,3 +909,69 @@ def test_a_sessions_owner_is_its_folder_whatever_a_move_does_to_its_files(root: 
             assert store.session_owner(session_id) == str(MAIN)
         finally:
             aside.rename(segment)
+
+
+def test_a_head_move_takes_the_head_lock_before_the_sessions(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A head move (set_head: a rewind's, a clear's) takes the context's head lock before its
+    session's lock, the store's lock order. Taken the other way round, the move holds the
+    session's lock shared and waits for the head lock while a delete (or a trash restore)
+    holds the head lock and waits for the session's: both wait forever (four workers of the
+    lifecycle race hung so, a rewind against a restore). Here a delete starts as soon as the
+    move holds the session's lock; the move goes first, then the delete."""
+    with FsStore(root) as setup:
+        head = _create(setup, str(MAIN), "one", "two")
+        target = fork_at(setup, head, 1)
+    mover, deleter = FsStore(root), FsStore(root)
+    held: set[str] = set()
+    asked, waiting = threading.Event(), threading.Event()
+    deleting = threading.Thread(target=lambda: states.delete_context(deleter, MAIN))
+    session_lock, head_lock = FsStore._session_lock, FsStore._head_lock
+
+    @contextlib.contextmanager
+    def tracked_session(self: FsStore, session_id: Any, **how: Any) -> Iterator[None]:
+        if self is deleter and not how.get("shared") and "deleter head" in held:
+            waiting.set()  # the delete holds the head lock and asks for the session's
+        with session_lock(self, session_id, **how):
+            if self is mover and deleting.ident is None:
+                deleting.start()  # the delete comes in now
+                assert asked.wait(10), "the delete never asked for the head lock"
+            held.add(f"{'mover' if self is mover else 'deleter'} session")
+            try:
+                yield
+            finally:
+                held.discard(f"{'mover' if self is mover else 'deleter'} session")
+
+    @contextlib.contextmanager
+    def tracked_head(self: FsStore, context: ContextId) -> Iterator[None]:
+        who = "mover" if self is mover else "deleter"
+        if self is deleter:
+            asked.set()
+        elif "mover session" in held and "mover head" not in held:  # the order reversed
+            assert waiting.wait(10), "the delete never took the head lock"
+            path = root / ".locks" / "head" / context.type / context.encoded_name
+            with open(path, "rb") as probe:
+                try:
+                    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise AssertionError("deadlock: the delete waits for us, we for it") from None
+        with head_lock(self, context):
+            held.add(f"{who} head")
+            try:
+                yield
+            finally:
+                held.discard(f"{who} head")
+
+    monkeypatch.setattr(FsStore, "_session_lock", tracked_session)
+    monkeypatch.setattr(FsStore, "_head_lock", tracked_head)
+    try:
+        mover.set_head(MAIN, target, expected=head.segment_id)
+    finally:
+        if deleting.ident is not None:
+            deleting.join(10)
+        mover.close()
+        deleter.close()
+    assert deleting.ident is not None and not deleting.is_alive()
+    with FsStore(root) as store:
+        assert [t.context for t in states.trashed_contexts(store)] == [str(MAIN)]

@@ -17,13 +17,17 @@ bundle imports, reindexes and blob collections against one store at once. Afterw
 * no policy run archived a context while it was pinned;
 * every context copied or imported in equals its source, and ``fsck`` finds nothing.
 
-The default run is a few hundred calls per backend; ``slow`` runs thousands.
+The default run is a few hundred calls per backend with seeds 0-3; ``slow`` runs thousands,
+and runs each mix of ``MIXES`` (weights that favour a pair of conflicting commands) with new
+seeds each time: ``TERRARIUM_RACE_SEED`` replays the seeds a failure names.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -47,6 +51,22 @@ WORKERS = 4
 STEADY = [f"race:steady-{i}" for i in range(6)]
 CHURN = [f"race:churn-{i}" for i in range(6)]
 BIG = "x" * 70_000  # over the blob threshold: a blob that collection must keep
+
+#: Weights (over race_child.WEIGHTS) that each favour commands which conflict with each other.
+MIXES: dict[str, dict[str, int]] = {
+    # rewind, clear and compaction move a head that archive, delete and restore move too
+    "heads": {"append": 10, "rewind": 20, "clear": 10, "compact": 15, "archive": 20}
+    | {"unarchive": 20, "delete": 10, "restore": 10, "purge": 4},
+    # copies and imports write sessions while deletes, purges and repairs clean up
+    "copies": {"append": 10, "copy_in": 20, "import": 20, "delete": 15, "restore": 10}
+    | {"purge": 10, "fsck": 4},
+    # reindex rebuilds the listing while forks and copies create contexts
+    "index": {"append": 10, "reindex": 20, "fork": 25, "copy_in": 8, "import": 8}
+    | {"delete": 10, "restore": 10},
+    # blob collection scans for references while sessions move between states
+    "blobs": {"append": 10, "gc": 25, "archive": 15, "unarchive": 15, "delete": 10}
+    | {"restore": 10, "purge": 5, "compact": 8, "rewind": 8, "clear": 5},
+}
 
 
 def spec_of(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, Any]:
@@ -79,20 +99,37 @@ def seed_source(tmp_path: Path) -> dict[str, Any]:
     return source
 
 
-def run_workers(spec: dict[str, Any], tmp_path: Path, ops: int) -> list[dict[str, Any]]:
-    """Run the workers to the end; every record they wrote."""
+def run_workers(
+    spec: dict[str, Any],
+    tmp_path: Path,
+    ops: int,
+    seed: int = 0,
+    weights: dict[str, int] | None = None,
+) -> list[dict[str, Any]]:
+    """Run the workers to the end (worker ``w`` on the seed ``seed + w``); every record they
+    wrote."""
     procs = []
     extra = {"source": spec["source"], "bundle": spec["bundle"], "gc_before": time.time()}
-    for seed in range(WORKERS):
-        out = tmp_path / f"worker-{seed}.jsonl"
-        args = {**spec, **extra, "seed": seed, "ops": ops, "steady": STEADY, "churn": CHURN}
-        args["out"] = str(out)
+    for worker in range(WORKERS):
+        out = tmp_path / f"worker-{worker}.jsonl"
+        args = {**spec, **extra, "seed": worker, "rng": seed + worker, "ops": ops}
+        args.update(steady=STEADY, churn=CHURN, weights=weights or {}, out=str(out))
         procs.append((subprocess.Popen([sys.executable, str(CHILD), json.dumps(args)]), out))
-    records: list[dict[str, Any]] = []
-    for proc, out in procs:
-        assert proc.wait(timeout=600) == 0
-        records += [json.loads(line) for line in out.read_text().splitlines()]
-    return records
+    deadline = time.monotonic() + 240  # before pytest's timeout: the workers' stacks shown
+    try:
+        for proc, _ in procs:
+            proc.wait(timeout=max(deadline - time.monotonic(), 1))
+    except subprocess.TimeoutExpired:
+        for proc, _ in procs:  # a hang: each worker prints its stack as it dies (faulthandler)
+            proc.send_signal(signal.SIGABRT)
+            proc.wait()
+        raise AssertionError("a worker hung (stacks above, in the captured stderr)") from None
+    finally:
+        for proc, _ in procs:
+            proc.kill()
+            proc.wait()
+    assert [proc.returncode for proc, _ in procs] == [0] * WORKERS
+    return [json.loads(line) for _, out in procs for line in out.read_text().splitlines()]
 
 
 def spurious(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -255,8 +292,14 @@ def race_spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
     return {**spec, "source": seed_source(tmp_path), "bundle": str(tmp_path / "source.tar.gz")}
 
 
-def run_race(spec: dict[str, Any], tmp_path: Path, ops: int) -> None:
-    records = run_workers(spec, tmp_path, ops)
+def run_race(
+    spec: dict[str, Any],
+    tmp_path: Path,
+    ops: int,
+    seed: int = 0,
+    weights: dict[str, int] | None = None,
+) -> None:
+    records = run_workers(spec, tmp_path, ops, seed, weights)
     with open_spec(spec) as store:
         check(store, records, spec["source"])
 
@@ -273,6 +316,27 @@ def test_lifecycle_commands_racing_lose_nothing_long(
 ) -> None:
     """The same race, a thousand calls per worker."""
     run_race(race_spec, tmp_path, ops=1000)
+
+
+def race_seed() -> int:
+    """``$TERRARIUM_RACE_SEED`` (to replay a failure), or a new seed each run."""
+    return int(os.environ.get("TERRARIUM_RACE_SEED") or random.SystemRandom().randrange(10**6))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_lifecycle_commands_racing_varied(
+    race_spec: dict[str, Any], tmp_path: Path, mix: str
+) -> None:
+    """The same race and checks, on new seeds each run, weighted toward one conflicting pair.
+    A failure names its seed; the same seed makes the same calls (the timing still varies)."""
+    seed = race_seed()
+    print(f"replay: TERRARIUM_RACE_SEED={seed} pytest -m slow -k 'varied and {mix}'")
+    try:
+        run_race(race_spec, tmp_path, 150, seed, MIXES[mix])
+    except BaseException as exc:
+        exc.add_note(f"race seed {seed}, mix {mix}: replay with TERRARIUM_RACE_SEED={seed}")
+        raise
 
 
 def test_deletes_at_once_keep_every_context_in_the_trash(

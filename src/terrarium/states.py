@@ -169,9 +169,12 @@ def delete_context(store: Lifecycle, context: ContextId) -> bool:
             "message_count": counted[0],
             "bytes": counted[1],
         }
-        trashed = {**state, "trashed": entry}
+        # A restore that overtook a purge leaves its mark until its clean-up: not this entry's.
+        trashed = {**_without(state, "purging"), "trashed": entry}
         try:
-            store.detach_context(context, head.session_id, expected=state, state=trashed)
+            store.detach_context(
+                context, head.session_id, expected=state, state=trashed, segment_id=head.segment_id
+            )
         except (ConflictError, ContextNotFound):
             continue
         _seal(store, head.session_id, trashed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import terrarium as t
+from helpers.race_child import fsck
 from terrarium.blobs import BLOBS_KEY, DEFAULT_THRESHOLD, PREVIEW_CHARS, LazyBlob, collect_garbage
 from terrarium.errors import BlobNotFound
 from terrarium.stores.base import BlobStore, Store
@@ -128,3 +129,25 @@ def test_a_lazily_restored_history_can_be_written_back(store: Store) -> None:
     t.save_delta(store, t.restore(store, "cli:blobs"), state.history)
     assert [i["content"] for i in t.restore(store, "cli:blobs").history] == [BIG, BIG]
     assert len(store.blob_digests()) == 1
+
+
+def test_fsck_passes_over_a_blob_collected_while_it_checked(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fsck lists the stored blobs, then reads each to check its digest: one that another
+    process's blob collection took in between (its session purged) is no damage (the
+    lifecycle race saw ``fsck --repair`` report such a blob as not stored, and fail)."""
+    assert isinstance(store, BlobStore)
+    head = _context(store)
+    t.save_delta(store, head, [_tool(BIG)])
+    assert t.states.purge_context(store, t.ContextId.parse("cli:blobs"))  # type: ignore[arg-type]
+    listed = store.blob_digests
+
+    def listed_then_collected() -> list[str]:
+        monkeypatch.setattr(store, "blob_digests", listed)  # once
+        found = listed()
+        assert collect_garbage(store, min_age=0) == 1
+        return found
+
+    monkeypatch.setattr(store, "blob_digests", listed_then_collected)
+    assert fsck(store, repair=False) == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -220,6 +221,48 @@ def test_the_trash_lists_the_latest_deletion_first(store: Store) -> None:
     assert [e.message_count for e in entries] == [1, 1, 3]
     assert len({e.trash_id for e in entries}) == 3
     assert lifecycle.find_trashed(store, str(MAIN)).trash_id == entries[1].trash_id
+
+
+def test_a_delete_keeps_a_head_move_made_just_after_it_read_the_head(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete that read the head just before a rewind (a clear, a compaction) moved it
+    trashes the moved head: restored, the context is where the acknowledged move left it
+    (the trash entry named the head the delete first read, so a restore undid the move)."""
+    lc = seeded(store)
+    read_state = lc.session_state
+
+    def read_then_rewind(session_id: Any) -> Any:
+        monkeypatch.setattr(lc, "session_state", read_state)  # once
+        assert len(contexts.rewind_context(lc, MAIN, 1)) == 1  # another process's rewind
+        return read_state(session_id)
+
+    monkeypatch.setattr(lc, "session_state", read_then_rewind)
+    assert states.delete_context(lc, MAIN)
+    [entry] = states.trashed_contexts(lc)
+    states.restore_trashed(lc, entry.trash_id)
+    assert history(lc, MAIN) == ["alpha walrus", "beta"]
+    assert entry.message_count == 2
+
+
+def test_a_delete_of_a_context_a_restore_took_from_a_purge_keeps_it_in_the_trash(
+    store: Store,
+) -> None:
+    """A restore attaches a trash entry that a purge marked just after the restore found it
+    (the purge then gives way); before the restore's clean-up drops the mark, another process
+    deletes the context: the new trash entry is listed and restorable, not marked for purging
+    (it copied the stale mark, so it was no trash entry, and a repair purged it)."""
+    lc = seeded(store)
+    head = store.get_head(MAIN)
+    assert head is not None and states.delete_context(lc, MAIN)
+    found = lc.session_state(head.session_id)  # what the restore found
+    lc.set_session_state(head.session_id, {**found, "purging": True}, expected=found)
+    lc.attach_context(MAIN, head.session_id, head.segment_id)  # the restore's attach
+    assert states.delete_context(lc, MAIN)  # another process's delete, before the clean-up
+    states.finish_lifecycle(lc)  # the restore's clean-up, or a repair's
+    [entry] = states.trashed_contexts(lc)
+    states.restore_trashed(lc, entry.trash_id)
+    assert history(store, MAIN) == ["alpha walrus", "beta", "gamma"]
 
 
 def test_purge_deletes_for_ever(store: Store) -> None:

@@ -5,16 +5,18 @@ Run as ``python tests/helpers/race_child.py SPEC`` where SPEC is JSON: the store
 (``steady``: archived, woken, pinned, forked, cleared, rewound and compacted but never deleted;
 ``churn``: deleted, restored and purged too), the ``source`` store and ``bundle`` that copies
 and imports bring in, the time ``gc_before`` which blob collection may collect up to, and the
-``out`` file. It runs random calls with no fault injected and writes one JSON line per call to
-``out``: ``{"n", "op", "context", "ok", "error"}`` and what the call acknowledged (an
-append's ``text`` and where it went, a fork's ``target``, a compaction's ``summary``, a
-rewind's ``dropped`` texts, a pin's ``t0``/``t1``, a policy run's ``archived``, a purge's
-``purged``, a copy's or an import's report). ``gone``: the call met a context another worker
-had just deleted or purged.
+``out`` file; optionally the seed of its random choices (``rng``, the ``seed`` by default) and
+``weights`` that replace some of ``WEIGHTS``. It runs random calls with no fault injected and
+writes one JSON line per call to ``out``: ``{"n", "op", "context", "ok", "error"}`` and what
+the call acknowledged (an append's ``text`` and where it went, a fork's ``target``, a
+compaction's ``summary``, a rewind's ``dropped`` texts, a pin's ``t0``/``t1``, a policy run's
+``archived``, a purge's ``purged``, a copy's or an import's report). ``gone``: the call met a
+context another worker had just deleted or purged.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import random
 import sys
@@ -321,6 +323,7 @@ def churn_forever(store: Store, spec: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    faulthandler.enable()  # SIGABRT: the race shows a hung worker's stack
     spec = json.loads(sys.argv[1])
     if spec.get("forever"):
         with open_spec(spec) as store:
@@ -330,7 +333,7 @@ def main() -> None:
             for name in spec["delete"]:
                 assert lifecycle.delete_context(store, ContextId.parse(name), why="race"), name
         return
-    rng = random.Random(spec["seed"])
+    rng = random.Random(spec.get("rng", spec["seed"]))
     with open_spec(spec) as store, open(spec["out"], "w") as out:
         for n in range(spec["ops"]):
             record: dict[str, Any] = {"n": n, "ok": False}

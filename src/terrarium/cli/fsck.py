@@ -24,7 +24,7 @@ import click
 from terrarium import codec, index, states
 from terrarium.cli.app import CliState
 from terrarium.cli.output import plural
-from terrarium.errors import CorruptLog, FormatVersionError, TerrariumError
+from terrarium.errors import BlobNotFound, CorruptLog, FormatVersionError, TerrariumError
 from terrarium.legacy import legacy_root
 from terrarium.model import ContextId, SegmentId
 from terrarium.sessions import detached_sessions
@@ -410,6 +410,9 @@ def _check_blobs(store: Store, report: Report) -> None:
     for digest in sorted(stored):
         try:
             store.get_blob(digest)
+        except BlobNotFound as exc:  # collected since it was listed, unless a log names it
+            if digest in store.blob_references():
+                report.add("blob", str(exc))
         except TerrariumError as exc:
             report.add("blob", str(exc))
 

@@ -325,9 +325,12 @@ class SqlStore(ClosingStore):
             conn.execute(self._q(INSERT_HEAD), (context, type_, session, g, created, updated))
         run_each(conn, map(self._q, DROP_COLD), session)
 
-    def _detach_rows(self, conn: Any, context: str, session: Any) -> bool:
-        """Drop the head of ``context`` (hot or frozen) if it is on ``session``; whether it was."""
-        return any(conn.execute(self._q(drop), (context, session)).rowcount for drop in DETACH)
+    def _detach_rows(self, conn: Any, context: str, session: Any, segment: Any = None) -> bool:
+        """Drop the head of ``context`` (hot or frozen) if it is on ``session`` (and on
+        ``segment`` if given); whether it was."""
+        on = "" if segment is None else " AND segment_id = ?"
+        args = (context, session) if segment is None else (context, session, segment)
+        return any(conn.execute(self._q(drop + on), args).rowcount for drop in DETACH)
 
     def close(self) -> None:
         """Close the derived index and the idle connections (busy ones as their call returns)."""
@@ -705,11 +708,13 @@ class SqlStore(ClosingStore):
         *,
         expected: Mapping[str, Any],
         state: Mapping[str, Any],
+        segment_id: SegmentId | None = None,
     ) -> None:
         """Drop the context's head, leave its session detached and set its record."""
         with self._write() as conn:
             self._check(conn, session_id, expected)
-            if not self._detach_rows(conn, str(context), self._sid(session_id)):
+            on = None if segment_id is None else self._sid(segment_id)
+            if not self._detach_rows(conn, str(context), self._sid(session_id), on):
                 raise ContextNotFound(f"context {context} is not on session {session_id}")
             conn.execute(self._q(DETACH_SESSION), (_text(state), self._sid(session_id)))
 

@@ -369,8 +369,10 @@ class SessionStates(Protocol):
         *,
         expected: Mapping[str, Any],
         state: Mapping[str, Any],
+        segment_id: SegmentId | None = None,
     ) -> None:
-        """Unbind ``context`` from its session (left detached) and set its record, atomically."""
+        """Unbind ``context`` from its session (left detached) and set its record, atomically;
+        ContextNotFound unless its head is on the session (and on ``segment_id`` if given)."""
 
     def delete_session(self, session_id: SessionId) -> bool:
         """Delete a detached session for ever (SessionAttached if attached); False if absent."""

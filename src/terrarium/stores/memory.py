@@ -292,11 +292,16 @@ class MemoryStore:
         *,
         expected: Mapping[str, Any],
         state: Mapping[str, Any],
+        segment_id: SegmentId | None = None,
     ) -> None:
         """Unbind the context from its session and set the session's record."""
         with self._lock:
             head = self._heads.get(str(context))
-            if head is None or head.session_id != session_id:
+            if (
+                head is None
+                or head.session_id != session_id
+                or segment_id not in (None, head.segment_id)
+            ):
                 raise ContextNotFound(f"context {context} is not on session {session_id}")
             self.set_session_state(session_id, state, expected=expected)
             del self._heads[str(context)]

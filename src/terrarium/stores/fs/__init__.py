@@ -394,9 +394,21 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
 
     @contextlib.contextmanager
     def _hot_context(self, context: ContextId) -> Iterator[Path]:
-        """Hold the context's head lock, its session hot (:meth:`_hot`); the context's folder."""
-        with self._hot(self._require_head(context).session_id), self._head_lock(context):
-            yield self._require_folder(context)
+        """Hold the context's head lock, then its session's lock shared, the session hot (as
+        :meth:`_hot`); the context's folder. The head lock comes first, in the lock order: a
+        delete or a restore holds it while it waits for the session's lock."""
+        for _ in range(ATTEMPTS):
+            session_id = self._require_head(context).session_id
+            if frozen(self.root, session_id):
+                wake_session(self, session_id)  # outside every lock: a wake is a move
+            with self._head_lock(context), self._session_lock(session_id, shared=True):
+                folder = self._require_folder(context)
+                if head_of(folder)[0].session_id == session_id and not frozen(
+                    self.root, session_id
+                ):
+                    yield folder
+                    return
+        raise ConflictError(f"context {context} kept being frozen before a write to it")
 
     def rebuild_head(self, context: ContextId) -> PodMetadata:
         """Write the context's ``head.json`` from its segments if it is missing or unreadable

@@ -38,7 +38,7 @@ from terrarium.errors import (
     SegmentNotFound,
     SessionAttached,
 )
-from terrarium.model import ContextId, SessionId
+from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores._archive import compress, unpack
 from terrarium.stores._files import fsync_dir, listdir, make_dirs, write_atomic, write_new
 from terrarium.stores.base import PodMetadata, SessionRecord
@@ -332,6 +332,7 @@ class FsStates(Tree):
         *,
         expected: Mapping[str, Any],
         state: Mapping[str, Any],
+        segment_id: SegmentId | None = None,
     ) -> None:
         """Rename the context's folder to ``.detached/{session}/`` (the commit of the pending
         record), then drop its index entries."""
@@ -339,8 +340,11 @@ class FsStates(Tree):
             self._settle(session_id)
             current = self._current(session_id, expected)
             folder = self.folder_of(context)
-            if folder is None or head_of(folder)[0].session_id != session_id:
+            head = head_of(folder)[0] if folder is not None else None
+            if folder is None or head is None or head.session_id != session_id:
                 raise ContextNotFound(f"context {context} is not on session {session_id}")
+            if segment_id not in (None, head.segment_id):  # moved since the caller read it
+                raise ContextNotFound(f"the head of {context} moved off {segment_id}")
             pending = self._state_path(session_id, PENDING)
             write_atomic(pending, codec.encode(_keep_cold(state, current)), sync=self._sync)
             self._mark(session_id)  # the search index drops it
