@@ -326,8 +326,7 @@ class SqlStore(ClosingStore):
         run_each(conn, map(self._q, DROP_COLD), session)
 
     def _detach_rows(self, conn: Any, context: str, session: Any, segment: Any = None) -> bool:
-        """Drop the head of ``context`` (hot or frozen) if it is on ``session`` (and on
-        ``segment`` if given); whether it was."""
+        """Drop the head of ``context`` (hot or frozen) on ``session`` (``segment``); if any."""
         on = "" if segment is None else " AND segment_id = ?"
         args = (context, session) if segment is None else (context, session, segment)
         return any(conn.execute(self._q(drop + on), args).rowcount for drop in DETACH)

@@ -297,11 +297,8 @@ class MemoryStore:
         """Unbind the context from its session and set the session's record."""
         with self._lock:
             head = self._heads.get(str(context))
-            if (
-                head is None
-                or head.session_id != session_id
-                or segment_id not in (None, head.segment_id)
-            ):
+            moved = head is not None and segment_id not in (None, head.segment_id)
+            if head is None or head.session_id != session_id or moved:
                 raise ContextNotFound(f"context {context} is not on session {session_id}")
             self.set_session_state(session_id, state, expected=expected)
             del self._heads[str(context)]

@@ -275,9 +275,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         return not all((self.root / INDEX / part).is_dir() for part in ("contexts", "sessions"))
 
     def _session_in_use(self, session_id: SessionId) -> bool:
-        """Whether a segment of ``session_id`` exists: in the folder its index entry names (a
-        lost index rebuilt first), or detached. A killed create leaves an entry naming a folder
-        with no segment: not in use. Links are not followed (nor remembered as checked)."""
+        """Whether a segment of ``session_id`` exists, in the folder its index entry names (a
+        lost index rebuilt first; a killed create's names one with none) or detached. No link
+        is followed (nor remembered as checked)."""
         if self._index_lost():
             self._rebuild_index(write_heads=False)
         detached = self.root / DETACHED / str(session_id)
@@ -394,18 +394,16 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
 
     @contextlib.contextmanager
     def _hot_context(self, context: ContextId) -> Iterator[Path]:
-        """Hold the context's head lock, then its session's lock shared, the session hot (as
-        :meth:`_hot`); the context's folder. The head lock comes first, in the lock order: a
-        delete or a restore holds it while it waits for the session's lock."""
+        """Hold the context's head lock, then (the lock order) its session's lock shared, the
+        session hot (as :meth:`_hot`); the context's folder."""
         for _ in range(ATTEMPTS):
             session_id = self._require_head(context).session_id
             if frozen(self.root, session_id):
                 wake_session(self, session_id)  # outside every lock: a wake is a move
             with self._head_lock(context), self._session_lock(session_id, shared=True):
                 folder = self._require_folder(context)
-                if head_of(folder)[0].session_id == session_id and not frozen(
-                    self.root, session_id
-                ):
+                same = head_of(folder)[0].session_id == session_id
+                if same and not frozen(self.root, session_id):
                     yield folder
                     return
         raise ConflictError(f"context {context} kept being frozen before a write to it")
@@ -477,8 +475,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                 held.discard(str(context))
 
     def _create_lock(self, session_id: SessionId) -> AbstractContextManager[None]:
-        """``.locks/create/{session}``: creates on one session id (a copied header's) take
-        turns. Taken last and by nothing else, it orders after every other lock."""
+        """``.locks/create/{session}``: creates on one session id take turns (taken last)."""
         return file_lock(self._inside(self.root / LOCKS) / "create" / str(session_id))
 
     def _file_lock(self, kind: str, context: ContextId) -> AbstractContextManager[None]:
