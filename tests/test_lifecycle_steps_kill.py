@@ -12,15 +12,14 @@ primitive (a file store's renames) are the backends' own tests.
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers.procs import ask, serving
 from helpers.race_child import open_spec
 from pg import fresh_schema, pg_database  # noqa: F401  (the postgres store's database)
 from terrarium import ContextId, create_segment, sessions, states
@@ -140,19 +139,8 @@ def check_end(store: Any, move: str, name: str) -> None:
 
 @pytest.fixture
 def child() -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(
-        [sys.executable, str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    yield proc
-    proc.communicate(timeout=60)  # closes stdin, reads to the end, closes stdout
-
-
-def ask(proc: subprocess.Popen[str], request: dict[str, Any]) -> dict[str, Any]:
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(json.dumps(request) + "\n")
-    proc.stdin.flush()
-    answer: dict[str, Any] = json.loads(proc.stdout.readline())
-    return answer
+    with serving(CHILD) as proc:
+        yield proc
 
 
 @pytest.mark.parametrize(

@@ -13,15 +13,14 @@ points per command; ``slow`` at every one.
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers.procs import ask, serving
 from helpers.race_child import fsck, open_spec
 from pg import fresh_schema, pg_database  # noqa: F401  (the postgres store's database)
 from terrarium import ContextId, contexts, create_segment, sessions, states
@@ -105,19 +104,8 @@ def spec_of(kind: str, tmp_path: Path, request: pytest.FixtureRequest, round: in
 
 @pytest.fixture(scope="module")
 def child() -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(
-        [sys.executable, str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    yield proc
-    proc.communicate(timeout=60)
-
-
-def ask(proc: subprocess.Popen[str], request: dict[str, Any]) -> dict[str, Any]:
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(json.dumps(request) + "\n")
-    proc.stdin.flush()
-    answer: dict[str, Any] = json.loads(proc.stdout.readline())
-    return answer
+    with serving(CHILD) as proc:
+        yield proc
 
 
 def one_round(proc: subprocess.Popen[str], spec: dict[str, Any], op: str, kill: int) -> int:

@@ -1,10 +1,13 @@
-"""Parent side of the child-process tests: start ``fs_child.py`` commands and talk to them."""
+"""Parent side of the child-process tests: start ``fs_child.py`` commands and talk to them;
+``serving`` and ``ask`` for a child that answers one JSON request a line (the kill tests')."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -86,3 +89,22 @@ def start_together(children: list[Child]) -> None:
         assert child.read() == {"ready": True}
     for child in children:
         child.go()
+
+
+@contextmanager
+def serving(child: Path) -> Iterator[subprocess.Popen[str]]:
+    """The script ``child`` running, reading requests on stdin; closed and reaped after."""
+    proc = subprocess.Popen(
+        [sys.executable, str(child)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    yield proc
+    proc.communicate(timeout=60)  # closes stdin, reads to the end, closes stdout
+
+
+def ask(proc: subprocess.Popen[str], request: dict[str, Any]) -> dict[str, Any]:
+    """Send ``request`` as one JSON line; the one line of JSON that answers it."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps(request) + "\n")
+    proc.stdin.flush()
+    answer: dict[str, Any] = json.loads(proc.stdout.readline())
+    return answer
