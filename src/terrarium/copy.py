@@ -23,6 +23,7 @@ copied with all contexts. One session: ``complete_session(dst, read_source(src, 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -331,11 +332,10 @@ def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
     there already (a stale seq, a segment or session that exists, a context attached: a
     detached session's other copy) plans again from what is there now.
     """
-    name = str(source.context) if source.context is not None else f"session {source.session_id}"
-    if source.context is None:
-        return _attempts(dst, source, name)
+    ctx = source.context
+    name = str(ctx) if ctx is not None else f"session {source.session_id}"
     # A trace has no seq to compare and set: two copies of a context take turns.
-    with context_lock(dst, source.context):
+    with context_lock(dst, ctx) if ctx is not None else nullcontext():
         return _attempts(dst, source, name)
 
 

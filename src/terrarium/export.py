@@ -276,12 +276,8 @@ def export_many(
         files = bundle_files(store, chosen, detached=whole)
     elif spec.name == "finetune":  # one line per context (or none), in one file
         data = b"".join(_member(spec, source, c)[1] for c, source in chosen.items())
-        if target.exists() and not target.is_file() and not target.is_dir():
-            write_export(target, data)  # a pipe or a device (/dev/stdout): never replaced
-            return ExportResult(target, [], list(chosen))
         if not _is_archive(target) and not target.is_dir():
-            with writing(target):
-                write_atomic(target, data, sync=False)
+            write_export(target, data)  # a pipe or a device (/dev/stdout) is never replaced
             return ExportResult(target, [], list(chosen))
         files[FINETUNE_FILE] = data
     else:

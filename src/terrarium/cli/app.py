@@ -103,11 +103,11 @@ class GuardedCommand(click.Command):
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
             raise UsageLine(f"{exc.format_message()}{hint}") from exc
         except USER_ERRORS as exc:
-            shown = error_text(naming_store(ctx, exc))
+            shown = error_text(store_os_error(ctx, exc))
             raise click.ClickException(one_line(shown) or type(exc).__name__) from exc
 
 
-def naming_store(ctx: click.Context, exc: BaseException) -> BaseException:
+def store_os_error(ctx: click.Context, exc: BaseException) -> BaseException:
     """``exc``, or, for an OS error that names no file (a full disk's) raised in the store's
     code, the same error naming the store: ``{location}: No space left on device``."""
     state = ctx.find_object(CliState)
