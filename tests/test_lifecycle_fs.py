@@ -44,6 +44,7 @@ from terrarium.index._query import SearchQuery
 from terrarium.legacy import listing
 from terrarium.model import ContextId, TraceEntry
 from terrarium.search import search
+from terrarium.stores import fs as fs_module
 from terrarium.stores.base import Lifecycle, NewEntry, Store
 from terrarium.stores.fs import _states
 from terrarium.stores.memory import MemoryStore
@@ -418,6 +419,33 @@ def test_appends_racing_an_archiver_lose_nothing(root: Path) -> None:
         assert errors == []
         entries = store.read_segment(ref.session_id, ref.segment_id).entries
         assert [e["n"] for e in entries] == list(range(150))
+
+
+@pytest.mark.parametrize("move", ["freeze", "thaw"])
+@pytest.mark.parametrize("read", ["segment_ids", "whole_lines"])
+def test_a_read_sees_through_a_move_between_its_two_looks(
+    root: Path, move: str, read: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``list_segments`` and ``read_trace`` read whether the session is frozen, then the files
+    of that kind: a freeze or thaw in another store between the two looks (reads take no
+    lock) is read through, never an empty listing or trace of a session that has them."""
+    with FsStore(root) as store, FsStore(root) as other:
+        ref = _create(store, "cli:main", "hello")
+        store.append_trace(ref.session_id, ref.segment_id, [TraceEntry(TS, "chunk", {"n": 1})])
+        if move == "thaw":
+            states.archive_context(store, MAIN)
+        real = getattr(fs_module, read)
+        mover = states.archive_context if move == "freeze" else states.unarchive_context
+        moves = [lambda: mover(other, MAIN)]
+
+        def moved_meanwhile(*args: Any, **kwargs: Any) -> Any:
+            if moves:
+                moves.pop()()
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(fs_module, read, moved_meanwhile)
+        assert store.list_segments(ref.session_id) == [ref.segment_id]
+        assert [e["event"] for e in store.read_trace(ref.session_id, ref.segment_id)] == ["chunk"]
 
 
 # --------------------------------------------------------------------------- trash, pins, index
@@ -799,7 +827,6 @@ def test_a_fork_on_a_full_disk_either_happens_or_leaves_nothing(
     head = store.get_head(ContextId.parse("cli:src"))
     assert head is not None
     save_user_input(store, head, "hello")
-    import terrarium.stores.fs as fs_module
 
     def full(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -146,8 +146,7 @@ def _temporary_prefix(path: Path) -> str:
 
 @contextlib.contextmanager
 def _temporary(path: Path, data: bytes, *, sync: bool) -> Iterator[Path]:
-    """A new temporary file beside ``path`` holding ``data``, for the block to link or rename
-    into place; removed afterwards unless it was renamed."""
+    """A temporary file beside ``path`` holding ``data``, for the block to link or rename."""
     tmp = path.with_name(f"{_temporary_prefix(path)}{uuid.uuid4().hex[:16]}")
     fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:

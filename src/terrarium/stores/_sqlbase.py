@@ -258,8 +258,7 @@ class SqlStore(ClosingStore):
 
     @abstractmethod
     def _committed(self) -> AbstractContextManager[Any]:
-        """A pooled connection, never the thread's write one: the index reads only what is
-        committed."""
+        """A pooled connection, never the thread's write one: the index reads what is committed."""
 
     @abstractmethod
     def _next_seq(self, conn: Any, session_id: SessionId, segment_id: SegmentId) -> int:

@@ -243,8 +243,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         return found
 
     def _index_best_effort(self, found: ContextFolder) -> None:
-        """Index a context found in the folders (all of the index if it is gone); failing
-        to is no error."""
+        """Index a context found in the folders (all of it if the index is gone); best effort."""
         try:
             if self._index_lost():
                 self._rebuild_index(write_heads=False)
@@ -627,8 +626,13 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             return head
 
     def _ids(self, session_id: SessionId, folder: Path) -> list[SegmentId]:
-        """The segment ids in ``folder``, oldest first, plain or (frozen session) ``.zst``."""
-        return segment_ids(folder, ZST if frozen(self.root, session_id) else "")
+        """The segment ids in ``folder``, oldest first, plain or (frozen session) ``.zst``; an
+        empty listing made as a freeze or thaw committed is a vanished file (read again)."""
+        cold = frozen(self.root, session_id)
+        ids = segment_ids(folder, ZST if cold else "")
+        if not ids and frozen(self.root, session_id) != cold:
+            raise FileNotFoundError(folder)
+        return ids
 
     def _lines(
         self, session_id: SessionId, folder: Path, segment_id: SegmentId, stop: int | None = None
@@ -875,8 +879,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             return seq
 
     def _live_next_seq(self, handle: _Open, segment_id: SegmentId) -> int | None:
-        """The next seq of an open segment file; None if it is sealed or unlinked. Hold
-        ``self._lock``."""
+        """An open segment file's next seq (hold ``self._lock``); None if sealed or unlinked."""
         fcntl.flock(handle.fd, fcntl.LOCK_EX)
         try:
             caught_up = self._caught_up(handle, segment_id, set_aside=False)  # a read
@@ -925,6 +928,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         try:
             lines = whole_lines(folder, f"{segment_id}{TRACE_SUFFIX}", cold=cold)
         except FileNotFoundError:
+            if frozen(self.root, session_id) != cold:
+                raise  # a freeze or thaw meanwhile: read again
             return []
         return [codec.decode(line) for line in lines]
 

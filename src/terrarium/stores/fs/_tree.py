@@ -142,8 +142,7 @@ class Tree:
         return self._checked(f"{self._prefix}/{parts[0]}/{parts[1]}/{parts[2]}")
 
     def _find_folder(self, context: ContextId) -> ContextFolder | None:
-        """Look for ``context`` in its type's date folders; of two, the most recently active
-        (``fsck`` reports the other)."""
+        """``context`` in its date folders; of two, the last active (``fsck`` reports the other)."""
         type_dir = self.root / context.type
         if not real_dir(type_dir):
             return None
