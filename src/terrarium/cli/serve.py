@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import ipaddress
 import secrets
 import socket
 import threading
@@ -27,18 +26,7 @@ from terrarium.cli.app import (
     storage_option,
 )
 from terrarium.errors import install_hint
-
-LOOPBACK_NAMES = frozenset(("localhost", "127.0.0.1", "::1"))
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only ever answers this machine."""
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+from terrarium.loopback import is_loopback
 
 
 def listen(host: str, port: int) -> socket.socket:

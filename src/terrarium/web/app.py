@@ -51,6 +51,7 @@ from terrarium.errors import (
     StoreError,
 )
 from terrarium.index._query import SearchQuery
+from terrarium.loopback import is_loopback_header
 from terrarium.model import ContextId, display_name
 from terrarium.stores.base import Notifying, Store
 from terrarium.web import data, render
@@ -71,7 +72,6 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"no-referrer"),
     (b"x-frame-options", b"DENY"),
 ]
-LOOPBACK = frozenset(("127.0.0.1", "localhost", "::1", "[::1]"))
 POLL_SECONDS = 0.25
 """How often the live view polls the store's derived state (a head and its next seq), on a
 store that sends no change notes (files, SQLite)."""
@@ -121,9 +121,7 @@ class Guard:
     def _refusal(self, scope: Scope) -> Response | None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if self.token is None:
-            host = headers.get("host", "")
-            host = host.rsplit("]", 1)[0] + "]" if "]" in host else host.rsplit(":", 1)[0]
-            if host not in LOOPBACK:
+            if not is_loopback_header(headers.get("host", "")):
                 return PlainTextResponse("403: this dashboard answers only on loopback", 403)
             return None
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
