@@ -18,7 +18,6 @@ from typing import Any
 import click
 
 from terrarium.cli.app import (
-    ModelOptions,
     cli,
     model_options,
     open_store,
@@ -26,6 +25,7 @@ from terrarium.cli.app import (
     storage_option,
 )
 from terrarium.errors import install_hint
+from terrarium.llm import ModelAccess
 from terrarium.loopback import is_loopback
 
 
@@ -110,7 +110,7 @@ def serve(
     open_browser: bool,
     allow_writes: bool,
     token: str | None,
-    server: ModelOptions,
+    server: ModelAccess,
 ) -> None:
     """Serve the statistics dashboard: overview, sessions, transcripts, search, JSON API.
 
@@ -121,7 +121,7 @@ def serve(
     try:
         import uvicorn  # noqa: F401  (run_server's, checked before anything starts)
 
-        from terrarium.web import ModelAccess, create_app
+        from terrarium.web import create_app
     except ImportError as exc:
         raise click.ClickException(
             f"terrarium serve needs the 'web' extra: {install_hint('web')} ({exc})"
@@ -136,7 +136,7 @@ def serve(
         token=token,
         allow_writes=allow_writes,
         location=state.shown_location,
-        model=ModelAccess(server.base_url, server.model, server.retries, server.timeout),
+        model=server,
         # Each compaction opens the store again (see terrarium.web.compact), never creating it.
         reopen=functools.partial(open_store, state.location, create=False),
     )

@@ -51,11 +51,12 @@ from terrarium.errors import (
     StoreError,
 )
 from terrarium.index._query import SearchQuery
+from terrarium.llm import ModelAccess
 from terrarium.loopback import is_loopback_header
 from terrarium.model import ContextId, display_name
 from terrarium.stores.base import Notifying, Store
 from terrarium.web import data, render
-from terrarium.web.compact import ModelAccess, compact
+from terrarium.web.compact import compact
 from terrarium.web.openapi import api, openapi_document
 
 log = logging.getLogger(__name__)
