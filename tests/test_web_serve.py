@@ -85,6 +85,29 @@ def test_every_surface_takes_the_same_hosts_for_loopback(
             assert gateway.get("/v1/nothing").status_code == expected, f"gateway, {site}"
 
 
+@pytest.mark.parametrize("token", ["s3cret", ""])
+def test_every_surface_takes_a_token_only_when_it_matches(tmp_path: Path, token: str) -> None:
+    """With a token, the dashboard and the gateway answer a request that sends it as a bearer
+    token and refuse any other (401); an empty token is matched by nothing, an empty bearer
+    token included (the dashboard let ``Authorization: Bearer`` in when given ``token=""``)."""
+    from terrarium.gateway import create_app as gateway_app
+    from terrarium.web import create_app
+
+    site = "http://192.0.2.10:8765"
+    with FsStore(tmp_path / "s") as store:
+        surfaces = [
+            (TestClient(create_app(store, token=token), base_url=site), "/nothing"),
+            (
+                TestClient(gateway_app(store, "http://127.0.0.1:9/v1", token=token), base_url=site),
+                "/v1/nothing",
+            ),
+        ]
+        for http, path in surfaces:
+            for given, expected in [(token, 404 if token else 401), ("", 401), ("nope", 401)]:
+                answer = http.get(path, headers={"authorization": f"Bearer {given}"})
+                assert answer.status_code == expected, (path, given)
+
+
 def test_a_port_in_use_is_one_line_before_any_banner(tmp_path: Path) -> None:
     """Another server holds the port: ``serve`` says so in one line on stderr, prints no
     dashboard URL, and exits 1 (a real process, a real listening socket)."""

@@ -25,8 +25,8 @@ from terrarium.cli.app import (
     storage_option,
 )
 from terrarium.errors import install_hint
+from terrarium.guard import is_loopback
 from terrarium.llm import ModelAccess
-from terrarium.loopback import is_loopback
 
 
 def listen(host: str, port: int) -> socket.socket:

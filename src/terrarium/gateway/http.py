@@ -3,7 +3,6 @@ paged lists, and every failure answered as OpenAI answers one."""
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from functools import wraps
@@ -17,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from terrarium import codec
 from terrarium.errors import ContextNotFound, InvalidContextId, InvalidEntry, StoreUnavailable
 from terrarium.gateway.upstream import GatewayError, bad_request
-from terrarium.loopback import is_loopback_header
+from terrarium.guard import is_loopback_header, token_matches
 
 log = logging.getLogger("terrarium.gateway")
 
@@ -70,7 +69,7 @@ class Guard:
             return GatewayError(403, "this gateway answers only on loopback", code="forbidden")
         auth = headers.get("authorization", "")
         given = auth[7:] if auth.startswith("Bearer ") else headers.get("api-key", "")
-        if given and hmac.compare_digest(given.encode(), self.token.encode()):
+        if token_matches(given, self.token):
             return None
         return GatewayError(
             401, "a valid token is required: send it as the API key", code="invalid_api_key"

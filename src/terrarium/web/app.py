@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import logging
 import secrets
 import threading
@@ -50,9 +49,9 @@ from terrarium.errors import (
     SegmentNotFound,
     StoreError,
 )
+from terrarium.guard import is_loopback_header, token_matches
 from terrarium.index._query import SearchQuery
 from terrarium.llm import ModelAccess
-from terrarium.loopback import is_loopback_header
 from terrarium.model import ContextId, display_name
 from terrarium.stores.base import Notifying, Store
 from terrarium.web import data, render
@@ -126,7 +125,7 @@ class Guard:
                 return PlainTextResponse("403: this dashboard answers only on loopback", 403)
             return None
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        if self._is_token(query.get("token", [None])[0]):
+        if token_matches(query.get("token", [None])[0], self.token):
             rest = {k: v for k, v in query.items() if k != "token"}
             target = _local_path(scope["path"]) + (
                 "?" + urlencode(rest, doseq=True) if rest else ""
@@ -135,7 +134,7 @@ class Guard:
             response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
             return response
         auth = headers.get("authorization", "")
-        if auth.startswith("Bearer ") and self._is_token(auth[7:]):
+        if auth.startswith("Bearer ") and token_matches(auth[7:], self.token):
             return None
         cookie = SimpleCookie()
         try:
@@ -143,18 +142,10 @@ class Guard:
         except Exception:  # a malformed Cookie header is no token
             cookie = SimpleCookie()
         morsel = cookie.get(COOKIE)
-        if morsel is not None and self._is_token(morsel.value):
+        if morsel is not None and token_matches(morsel.value, self.token):
             return None
         return PlainTextResponse(
             "401: token required (open the URL that terrarium serve printed)", 401
-        )
-
-    def _is_token(self, given: str | None) -> bool:
-        token = self.token
-        return (
-            given is not None
-            and token is not None
-            and hmac.compare_digest(given.encode(), token.encode())
         )
 
 
@@ -590,7 +581,7 @@ async def action(request: Request) -> Response:
     dash = _dash(request)
     _writes(dash)
     form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()}
-    if not hmac.compare_digest(form.get("csrf", "").encode(), dash.csrf.encode()):
+    if not token_matches(form.get("csrf"), dash.csrf):
         raise HTTPException(403, "missing or wrong CSRF token: reload the page and try again")
     name = form.get("action", "")
     if name == "restore":

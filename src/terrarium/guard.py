@@ -1,12 +1,10 @@
-"""What counts as this machine, one rule for every server the command line starts.
-
-``terrarium serve`` and ``terrarium gateway`` need no token on a loopback ``--host``; without
-a token, the dashboard's and the gateway's guards answer only a loopback ``Host`` header, so
-a web page cannot reach them by DNS rebinding.
-"""
+"""What the servers' guards share (``serve``, ``gateway``): a loopback ``--host`` needs no token;
+without one, only a loopback ``Host`` is answered (no DNS rebinding); a token compares in
+constant time."""
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 
 
@@ -21,3 +19,8 @@ def is_loopback(host: str) -> bool:
 def is_loopback_header(host: str) -> bool:
     """Whether a ``Host`` header (``name:port``, ``[::1]:port``, or no port) is this machine."""
     return is_loopback(host[1:].partition("]")[0] if host[:1] == "[" else host.rsplit(":", 1)[0])
+
+
+def token_matches(given: str | None, token: str | None) -> bool:
+    """Whether ``given`` is ``token``, compared in constant time (an empty one matches none)."""
+    return bool(given and token and hmac.compare_digest(given.encode(), token.encode()))
