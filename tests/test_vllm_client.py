@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import json
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -21,7 +23,7 @@ from terrarium.errors import (
     RateLimited,
     ServerUnreachable,
 )
-from terrarium.llm import ChatResult, StreamEvent, VLLMClient
+from terrarium.llm import ChatResult, ModelAccess, StreamEvent, VLLMClient
 from terrarium.llm.vllm_client import normalize_base_url
 from terrarium.model import TraceEntry, UsageRecord
 
@@ -550,3 +552,18 @@ def test_a_release_that_takes_the_body_as_bytes_sends_the_same_request(
     assert result.text == "echo: Hello!"
     request = fake_server.requests[-1]
     assert request["messages"] == HELLO and request["top_k"] == 3
+
+
+def test_model_access_makes_the_client_it_describes() -> None:
+    """One record says how to reach the model, for the command line's options and the
+    dashboard alike: its client asks that server and model with those retries and timeout,
+    and holding one (``import terrarium.llm``) imports no ``openai``."""
+    client = ModelAccess("http://127.0.0.1:9", model="m", retries=0, timeout=5.0).client()
+    assert (client.base_url, client.model) == ("http://127.0.0.1:9/v1", "m")
+    assert (client.max_retries, client.timeout) == (0, 5.0)
+    asyncio.run(client.aclose())
+    check = (
+        "import sys, terrarium.llm; terrarium.llm.ModelAccess('x'); print('openai' in sys.modules)"
+    )
+    imported = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert imported.stdout == "False\n", imported.stderr

@@ -21,7 +21,7 @@ from fakeserver import FakeServer
 from helpers.web import long_turns, seed
 from terrarium import FsStore
 from terrarium.cli import cli
-from terrarium.cli.serve import is_loopback
+from terrarium.cli.serve import required_token
 from terrarium.model import ContextId
 from terrarium.sessions import restore
 from terrarium.web import ModelAccess
@@ -61,11 +61,51 @@ def test_an_empty_token_is_refused(tmp_path: Path) -> None:
         ("0.0.0.0", False),
         ("192.168.1.5", False),
         ("example.org", False),
+        ("localhost.example.org", False),
         ("::", False),
     ],
 )
-def test_loopback_hosts(host: str, loopback: bool) -> None:
-    assert is_loopback(host) is loopback
+def test_every_surface_takes_the_same_hosts_for_loopback(
+    tmp_path: Path, host: str, loopback: bool
+) -> None:
+    """``serve`` and ``gateway`` generate no token for a ``--host`` exactly when, without a
+    token, the dashboard's and the gateway's guards answer that host in ``Host``: a server
+    started with no token on a loopback address is one its own guard then serves."""
+    from terrarium.gateway import create_app as gateway_app
+    from terrarium.web import create_app
+
+    assert (required_token(None, host) is None) is loopback
+    shown = f"[{host}]" if ":" in host else host
+    expected = 404 if loopback else 403  # past the guard, the route does not exist
+    with FsStore(tmp_path / "s") as store:
+        for site in (f"http://{shown}:8765", f"http://{shown}"):  # Host with a port, without
+            dashboard = TestClient(create_app(store), base_url=site)
+            assert dashboard.get("/nothing").status_code == expected, f"dashboard, {site}"
+            gateway = TestClient(gateway_app(store, "http://127.0.0.1:9/v1"), base_url=site)
+            assert gateway.get("/v1/nothing").status_code == expected, f"gateway, {site}"
+
+
+@pytest.mark.parametrize("token", ["s3cret", ""])
+def test_every_surface_takes_a_token_only_when_it_matches(tmp_path: Path, token: str) -> None:
+    """With a token, the dashboard and the gateway answer a request that sends it as a bearer
+    token and refuse any other (401); an empty token is matched by nothing, an empty bearer
+    token included (the dashboard let ``Authorization: Bearer`` in when given ``token=""``)."""
+    from terrarium.gateway import create_app as gateway_app
+    from terrarium.web import create_app
+
+    site = "http://192.0.2.10:8765"
+    with FsStore(tmp_path / "s") as store:
+        surfaces = [
+            (TestClient(create_app(store, token=token), base_url=site), "/nothing"),
+            (
+                TestClient(gateway_app(store, "http://127.0.0.1:9/v1", token=token), base_url=site),
+                "/v1/nothing",
+            ),
+        ]
+        for http, path in surfaces:
+            for given, expected in [(token, 404 if token else 401), ("", 401), ("nope", 401)]:
+                answer = http.get(path, headers={"authorization": f"Bearer {given}"})
+                assert answer.status_code == expected, (path, given)
 
 
 def test_a_port_in_use_is_one_line_before_any_banner(tmp_path: Path) -> None:

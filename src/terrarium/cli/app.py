@@ -15,7 +15,6 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -26,6 +25,7 @@ from terrarium.errors import DISTRIBUTION, TerrariumError
 
 if TYPE_CHECKING:
     from terrarium.agent.multi_context_manager import MultiContextManager
+    from terrarium.llm import ModelAccess
     from terrarium.model import ContextId
     from terrarium.stores.base import Store
 
@@ -197,19 +197,12 @@ class CliState:
             self._store = open_store(self.location, create=not self.reads_only)
         return self._store
 
-    def manager(self, server: ModelOptions) -> MultiContextManager:
+    def manager(self, server: ModelAccess) -> MultiContextManager:
         """The conversation manager over the store (its model client connects on first use)."""
         if self._manager is None:
             from terrarium.agent.multi_context_manager import MultiContextManager
-            from terrarium.llm.vllm_client import VLLMClient
 
-            client = VLLMClient(
-                server.base_url,
-                model=server.model,
-                max_retries=server.retries,
-                timeout=server.timeout,
-            )
-            self._manager = MultiContextManager(client, store=self.store())
+            self._manager = MultiContextManager(server.client(), store=self.store())
         return self._manager
 
     async def aclose_client(self) -> None:
@@ -307,16 +300,6 @@ type_option = click.option(
 )
 
 
-@dataclass(frozen=True)
-class ModelOptions:
-    """How to reach the model: ``--base-url``, ``--model``, ``--retries``, ``--timeout``."""
-
-    base_url: str = DEFAULT_BASE_URL
-    model: str | None = None
-    retries: int = 2
-    timeout: float = 60.0
-
-
 _MODEL_OPTIONS = (
     click.option(
         "--base-url",
@@ -349,13 +332,16 @@ _MODEL_OPTIONS = (
 
 
 def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The model options, passed to the command as one :class:`ModelOptions`, ``server``."""
+    """The model options, passed to the command as one :class:`~terrarium.llm.ModelAccess`,
+    ``server``."""
 
     @functools.wraps(f)
     def run(
         *args: Any, base_url: str, model: str | None, retries: int, timeout: float, **kw: Any
     ) -> Any:
-        return f(*args, server=ModelOptions(base_url, model, retries, timeout), **kw)
+        from terrarium.llm import ModelAccess  # here: a command without a model never needs it
+
+        return f(*args, server=ModelAccess(base_url, model, retries, timeout), **kw)
 
     for option in reversed(_MODEL_OPTIONS):
         run = option(run)

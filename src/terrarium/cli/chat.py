@@ -33,7 +33,6 @@ from terrarium.cli.app import (
     DEFAULT_TYPE,
     USER_ERRORS,
     CliState,
-    ModelOptions,
     command,
     default_location,
     generated_context,
@@ -50,6 +49,7 @@ from terrarium.cli.commands import (
 )
 from terrarium.cli.output import one_line, plural
 from terrarium.errors import ContextNotFound, ContextTooLong, LLMError, NothingToCompact
+from terrarium.llm import ModelAccess
 from terrarium.model import ContextId, encode_name, item_label, item_text
 
 T = TypeVar("T")
@@ -146,7 +146,7 @@ class Chat:
         self,
         state: CliState,
         context: ContextId,
-        server: ModelOptions,
+        server: ModelAccess,
         system_prompt: str | None,
         interactive: bool,
     ) -> None:
@@ -550,7 +550,7 @@ def run_chat(
     state: CliState,
     context: ContextId | None,
     default_type: str,
-    server: ModelOptions,
+    server: ModelAccess,
     system_prompt: str | None,
     prompt: str | None = None,
     last: bool | str = False,
@@ -672,7 +672,7 @@ def chat(
     retry: bool,
     as_json: bool,
     system_prompt: str | None,
-    server: ModelOptions,
+    server: ModelAccess,
 ) -> None:
     """Chat in a session (CONTEXT is type:name, or a name of --type).
 

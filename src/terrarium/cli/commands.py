@@ -19,7 +19,6 @@ from terrarium.cli.app import (
     DATE,
     USER_ERRORS,
     CliState,
-    ModelOptions,
     command,
     json_option,
     model_options,
@@ -32,6 +31,7 @@ from terrarium.errors import ContextExists, NothingToCompact, StoreError
 if TYPE_CHECKING:
     from terrarium import contexts, legacy, model, sessions
     from terrarium.cli import catalog
+    from terrarium.llm import ModelAccess
     from terrarium.model import ContextId
     from terrarium.stores.base import PodMetadata, Store
 else:  # loaded by the first command that uses them: --help uses none
@@ -508,7 +508,7 @@ def fork_session(
 @command()
 @click.argument("context", type=CONTEXT)
 @model_options
-def compact(state: CliState, context: ContextId, server: ModelOptions) -> None:
+def compact(state: CliState, context: ContextId, server: ModelAccess) -> None:
     """Ask the model to summarise a session and continue from the summary.
 
     A summary that would not make the session smaller is not written (a one-line

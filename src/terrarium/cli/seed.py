@@ -13,8 +13,9 @@ from __future__ import annotations
 import click
 
 from terrarium.cli import commands, lifecycle_cmds
-from terrarium.cli.app import GuardedCommand, ModelOptions, model_options, state_of, storage_option
+from terrarium.cli.app import GuardedCommand, model_options, state_of, storage_option
 from terrarium.cli.chat import run_chat
+from terrarium.llm import ModelAccess
 from terrarium.model import ContextId
 
 
@@ -45,7 +46,7 @@ def seed_chat(
     delete_session: str | None,
     yes: bool,
     system_prompt: str | None,
-    server: ModelOptions,
+    server: ModelAccess,
 ) -> None:
     """Chat with the model in a persistent session (the seed's chat.py)."""
     state = state_of(ctx)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import ipaddress
 import secrets
 import socket
 import threading
@@ -19,7 +18,6 @@ from typing import Any
 import click
 
 from terrarium.cli.app import (
-    ModelOptions,
     cli,
     model_options,
     open_store,
@@ -27,18 +25,8 @@ from terrarium.cli.app import (
     storage_option,
 )
 from terrarium.errors import install_hint
-
-LOOPBACK_NAMES = frozenset(("localhost", "127.0.0.1", "::1"))
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only ever answers this machine."""
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+from terrarium.guard import is_loopback
+from terrarium.llm import ModelAccess
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -122,7 +110,7 @@ def serve(
     open_browser: bool,
     allow_writes: bool,
     token: str | None,
-    server: ModelOptions,
+    server: ModelAccess,
 ) -> None:
     """Serve the statistics dashboard: overview, sessions, transcripts, search, JSON API.
 
@@ -133,7 +121,7 @@ def serve(
     try:
         import uvicorn  # noqa: F401  (run_server's, checked before anything starts)
 
-        from terrarium.web import ModelAccess, create_app
+        from terrarium.web import create_app
     except ImportError as exc:
         raise click.ClickException(
             f"terrarium serve needs the 'web' extra: {install_hint('web')} ({exc})"
@@ -148,7 +136,7 @@ def serve(
         token=token,
         allow_writes=allow_writes,
         location=state.shown_location,
-        model=ModelAccess(server.base_url, server.model, server.retries, server.timeout),
+        model=server,
         # Each compaction opens the store again (see terrarium.web.compact), never creating it.
         reopen=functools.partial(open_store, state.location, create=False),
     )

@@ -3,8 +3,6 @@ paged lists, and every failure answered as OpenAI answers one."""
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from functools import wraps
@@ -18,6 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from terrarium import codec
 from terrarium.errors import ContextNotFound, InvalidContextId, InvalidEntry, StoreUnavailable
 from terrarium.gateway.upstream import GatewayError, bad_request
+from terrarium.guard import is_loopback_header, token_matches
 
 log = logging.getLogger("terrarium.gateway")
 
@@ -25,7 +24,6 @@ MAX_BODY = 32 * 1024 * 1024
 """The largest request body taken by default (a long history sent whole, as clients that
 keep it themselves do)."""
 
-_LOOPBACK = frozenset(("localhost", "127.0.0.1", "::1", "[::1]"))
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -44,15 +42,6 @@ class JSON(JSONResponse):
 def error_response(error: GatewayError) -> JSONResponse:
     """The error as OpenAI's JSON, with its status."""
     return JSON(error.body(), status_code=error.status)
-
-
-def _is_loopback(host: str) -> bool:
-    if host in _LOOPBACK:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class Guard:
@@ -75,14 +64,12 @@ class Guard:
     def _refusal(self, scope: Scope) -> GatewayError | None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if self.token is None:
-            host = headers.get("host", "")
-            host = host.rsplit("]", 1)[0] + "]" if "]" in host else host.rsplit(":", 1)[0]
-            if _is_loopback(host):
+            if is_loopback_header(headers.get("host", "")):
                 return None
             return GatewayError(403, "this gateway answers only on loopback", code="forbidden")
         auth = headers.get("authorization", "")
         given = auth[7:] if auth.startswith("Bearer ") else headers.get("api-key", "")
-        if given and hmac.compare_digest(given.encode(), self.token.encode()):
+        if token_matches(given, self.token):
             return None
         return GatewayError(
             401, "a valid token is required: send it as the API key", code="invalid_api_key"

@@ -103,27 +103,19 @@ class StreamBuilder:
                 )
             )
             part = {"type": "output_text", "text": "", "annotations": []}
-            events.append(self._part_event("response.content_part.added", index, part))
+            events.append(self._text_event("response.content_part.added", index, part=part))
         self.text.append(text)
         events.append(
-            self.event(
-                "response.output_text.delta",
-                item_id=self.text_id,
-                output_index=index,
-                content_index=0,
-                delta=text,
-                logprobs=[],
-            )
+            self._text_event("response.output_text.delta", index, delta=text, logprobs=[])
         )
         return events
 
     def _text_index(self) -> int:
         return next((i for i, it in enumerate(self.output) if it.get("id") == self.text_id), -1)
 
-    def _part_event(self, kind: str, index: int, part: dict[str, Any]) -> Event:
-        return self.event(
-            kind, item_id=self.text_id, output_index=index, content_index=0, part=part
-        )
+    def _text_event(self, kind: str, index: int, **fields: Any) -> Event:
+        """An event of the message's one text part (its item, output index, content index)."""
+        return self.event(kind, item_id=self.text_id, output_index=index, content_index=0, **fields)
 
     def _close_text(self) -> list[Event]:
         if self.text is None:
@@ -134,15 +126,8 @@ class StreamBuilder:
         self.output[index] = item
         part = item["content"][0]
         return [
-            self.event(
-                "response.output_text.done",
-                item_id=self.text_id,
-                output_index=index,
-                content_index=0,
-                text=text,
-                logprobs=[],
-            ),
-            self._part_event("response.content_part.done", index, part),
+            self._text_event("response.output_text.done", index, text=text, logprobs=[]),
+            self._text_event("response.content_part.done", index, part=part),
             self.event("response.output_item.done", output_index=index, item=item),
         ]
 

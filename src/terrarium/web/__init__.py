@@ -23,8 +23,8 @@ from __future__ import annotations
 from terrarium.errors import install_hint
 
 try:
+    from terrarium.llm import ModelAccess
     from terrarium.web.app import create_app
-    from terrarium.web.compact import ModelAccess
 except ImportError as exc:  # pragma: no cover - depends on what is installed
     raise ImportError(
         f"the dashboard needs the 'web' extra: {install_hint('web')} ({exc})"

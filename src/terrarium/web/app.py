@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import logging
 import secrets
 import threading
@@ -50,11 +49,13 @@ from terrarium.errors import (
     SegmentNotFound,
     StoreError,
 )
+from terrarium.guard import is_loopback_header, token_matches
 from terrarium.index._query import SearchQuery
+from terrarium.llm import ModelAccess
 from terrarium.model import ContextId, display_name
 from terrarium.stores.base import Notifying, Store
 from terrarium.web import data, render
-from terrarium.web.compact import ModelAccess, compact
+from terrarium.web.compact import compact
 from terrarium.web.openapi import api, openapi_document
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,6 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"no-referrer"),
     (b"x-frame-options", b"DENY"),
 ]
-LOOPBACK = frozenset(("127.0.0.1", "localhost", "::1", "[::1]"))
 POLL_SECONDS = 0.25
 """How often the live view polls the store's derived state (a head and its next seq), on a
 store that sends no change notes (files, SQLite)."""
@@ -121,13 +121,11 @@ class Guard:
     def _refusal(self, scope: Scope) -> Response | None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if self.token is None:
-            host = headers.get("host", "")
-            host = host.rsplit("]", 1)[0] + "]" if "]" in host else host.rsplit(":", 1)[0]
-            if host not in LOOPBACK:
+            if not is_loopback_header(headers.get("host", "")):
                 return PlainTextResponse("403: this dashboard answers only on loopback", 403)
             return None
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        if self._is_token(query.get("token", [None])[0]):
+        if token_matches(query.get("token", [None])[0], self.token):
             rest = {k: v for k, v in query.items() if k != "token"}
             target = _local_path(scope["path"]) + (
                 "?" + urlencode(rest, doseq=True) if rest else ""
@@ -136,7 +134,7 @@ class Guard:
             response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
             return response
         auth = headers.get("authorization", "")
-        if auth.startswith("Bearer ") and self._is_token(auth[7:]):
+        if auth.startswith("Bearer ") and token_matches(auth[7:], self.token):
             return None
         cookie = SimpleCookie()
         try:
@@ -144,18 +142,10 @@ class Guard:
         except Exception:  # a malformed Cookie header is no token
             cookie = SimpleCookie()
         morsel = cookie.get(COOKIE)
-        if morsel is not None and self._is_token(morsel.value):
+        if morsel is not None and token_matches(morsel.value, self.token):
             return None
         return PlainTextResponse(
             "401: token required (open the URL that terrarium serve printed)", 401
-        )
-
-    def _is_token(self, given: str | None) -> bool:
-        token = self.token
-        return (
-            given is not None
-            and token is not None
-            and hmac.compare_digest(given.encode(), token.encode())
         )
 
 
@@ -591,7 +581,7 @@ async def action(request: Request) -> Response:
     dash = _dash(request)
     _writes(dash)
     form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()}
-    if not hmac.compare_digest(form.get("csrf", "").encode(), dash.csrf.encode()):
+    if not token_matches(form.get("csrf"), dash.csrf):
         raise HTTPException(403, "missing or wrong CSRF token: reload the page and try again")
     name = form.get("action", "")
     if name == "restore":

@@ -1,4 +1,4 @@
-"""The dashboard's compaction: how to reach the model, and one compaction run.
+"""The dashboard's compaction: one run, reaching the model as a :class:`ModelAccess` says.
 
 Nothing here contacts the model server until a compaction is asked for, so a dashboard whose
 model is down still serves everything else. The run gets a store of its own (``reopen``): the
@@ -15,25 +15,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from terrarium.errors import LLMError
+from terrarium.llm import ModelAccess
 from terrarium.model import ContextId
 from terrarium.stores.base import Store
-
-
-@dataclass(frozen=True)
-class ModelAccess:
-    """How the dashboard reaches the model server (``terrarium serve``'s model options)."""
-
-    base_url: str
-    """The OpenAI-compatible server (``http://localhost:8000/v1``)."""
-    model: str | None = None
-    """The model to ask; None: the first one the server lists."""
-    retries: int = 2
-    """Retries of a failed request (connection errors, 429, 5xx)."""
-    timeout: float = 60.0
-    """Seconds to wait for the server to connect or send the next piece."""
 
 
 def compact(reopen: Callable[[], Store], access: ModelAccess, context: ContextId) -> str:
@@ -56,11 +42,8 @@ def compact(reopen: Callable[[], Store], access: ModelAccess, context: ContextId
 async def _compact(store: Store, access: ModelAccess, context: ContextId) -> str:
     # Imported here: the openai client costs ~0.5 s, and only a compaction needs it.
     from terrarium.agent.multi_context_manager import MultiContextManager
-    from terrarium.llm.vllm_client import VLLMClient
 
-    client = VLLMClient(
-        access.base_url, model=access.model, max_retries=access.retries, timeout=access.timeout
-    )
+    client = access.client()
     manager = MultiContextManager(client, store=store)
     try:
         return await manager.compact_context(str(context), only_if_smaller=True)
