@@ -640,6 +640,32 @@ def test_a_plain_jsonl_file_past_the_limit_is_refused_unread(
         assert [h.context for h in restored.list_contexts()] == ["cli:main", "game:run1"]
 
 
+def test_a_legacy_json_file_past_the_limit_is_refused_on_import_but_shown_in_a_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``import FILE.json`` (a legacy seed file) keeps the limit a .jsonl file has, with the
+    same one-line error; the same file lying in a sessions folder is existing data, and
+    ``show`` still reads it."""
+    session = {"session_id": "big", "messages": [{"role": "user", "content": "y" * 40_000}]}
+    big = tmp_path / "old" / "cli" / "big.json"
+    big.parent.mkdir(parents=True)
+    big.write_text(json.dumps(session))
+    monkeypatch.setenv("TERRARIUM_IMPORT_MAX_MEMBER", "20000")
+    result = CliRunner().invoke(cli, ["import", str(big), "--storage-dir", str(tmp_path / "dst")])
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {big} is larger than the 20,000 bytes an import reads of one file: not read "
+        "($TERRARIUM_IMPORT_MAX_MEMBER sets the limit; an import takes about 3 times it in "
+        "memory)\n"
+    )
+    shown = CliRunner().invoke(cli, ["show", "cli:big", "--storage-dir", str(tmp_path / "old")])
+    assert shown.exit_code == 0, shown.output
+    assert "y" * 100 in shown.stdout
+    monkeypatch.setenv("TERRARIUM_IMPORT_MAX_MEMBER", "60000")
+    again = CliRunner().invoke(cli, ["import", str(big), "--storage-dir", str(tmp_path / "dst")])
+    assert again.exit_code == 0, again.output
+
+
 def test_a_zip_bomb_member_is_refused_without_being_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

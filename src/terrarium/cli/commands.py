@@ -753,17 +753,18 @@ def import_file(
     state: CliState, path: Path, as_context: ContextId | None, *, root: Path | None = None
 ) -> tuple[str, int]:
     """Import one file; its context and message count (``root``: the legacy folder it lies in)."""
-    store = state.store()
+    from terrarium.bundle import read_file
+
+    store, raw = state.store(), read_file(path)  # within the import's limit, as a bundle's
     if path.suffix == ".jsonl":
-        from terrarium.bundle import read_file
         from terrarium.formats.jsonl import import_context
 
-        head = import_context(store, read_file(path), context=as_context, where=str(path))
+        head = import_context(store, raw, context=as_context, where=str(path))
     else:
         from terrarium.formats import terrarium_json as tj
 
         root = root or _legacy_root_of(store, path)
-        head = tj.import_session(store, tj.load(path, root=root), context=as_context)
+        head = tj.import_session(store, tj.load(path, root=root, raw=raw), context=as_context)
     context = model.ContextId.parse(head.context)
     return str(context), len(sessions.restore(store, context).history)
 

@@ -205,7 +205,10 @@ class _Checker:
 
 
 def load(
-    path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None
+    path: str | os.PathLike[str],
+    *,
+    root: str | os.PathLike[str] | None = None,
+    raw: bytes | None = None,
 ) -> LegacySession:
     """Read a legacy session file.
 
@@ -215,11 +218,12 @@ def load(
     timestamp takes the one before it; naive times are UTC; unknown keys are kept. A file that is
     not a session, a field of the wrong type, or anything an import could not log (a lone
     surrogate, nesting past the log's limit) is refused with LegacyFormatError; OSError if the
-    file cannot be read.
+    file cannot be read. ``raw``: the file's bytes, when the caller read them (an import does,
+    within its limit).
     """
     file = Path(path)
     where = printable(str(file))
-    raw = file.read_bytes()
+    raw = file.read_bytes() if raw is None else raw
     try:
         data = json.loads(raw.decode("utf-8-sig"))
     except UnicodeDecodeError:
