@@ -145,6 +145,21 @@ def test_archived_sessions_show_export_and_search_by_reference(store: MemoryStor
     assert archived(store) == ["cli:a"]  # reading changed nothing
 
 
+def test_searching_an_archived_session_without_archived_says_to_pass_it(store: MemoryStore) -> None:
+    """``search -c`` of an archived session finds nothing, as a search of no match does
+    (exit 1), in one line that says why and what to pass; with --json that line is on stderr."""
+    ok("archive", "cli:a")
+    hint = "no messages match 'walrus': cli:a is archived (pass --archived to search it)\n"
+    for args in ([], ["--json"]):
+        result = invoke("search", "walrus", "-c", "cli:a", *args)
+        assert result.exit_code == 1
+        assert result.stderr == hint
+        assert result.stdout == "" if not args else json.loads(result.stdout)["hits"] == []
+    none = invoke("search", "nowhere", "-c", "cli:a", "--archived")
+    assert (none.exit_code, none.stderr) == (1, "no messages match 'nowhere'\n")
+    assert invoke("search", "walrus", "-c", "cli:b").exit_code == 0
+
+
 def test_unarchive(store: MemoryStore) -> None:
     ok("archive", "cli:a")
     assert ok("unarchive", "cli:a").stderr == "unarchived cli:a\n"

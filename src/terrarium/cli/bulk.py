@@ -170,9 +170,12 @@ def search(
     )
     if as_json:
         state.out.json({"query": query, "hits": [hit_json(hit) for hit in found]})
-    elif not found:
-        state.out.note(f"no messages match {query!r}")
     if not found:
+        hint = ""
+        if context is not None and not archived and _is_archived(state.store(), context):
+            hint = f": {context} is archived (pass --archived to search it)"
+        if hint or not as_json:  # with --json an empty "hits" says no match; the hint is news
+            state.out.note(f"no messages match {query!r}{hint}")
         raise click.exceptions.Exit(1)  # grep's convention: 1 when nothing matched, for scripts
     if as_json:
         return
@@ -187,6 +190,14 @@ def search(
             state.out.console.print(Text("  ").append(snippet))
         else:
             state.out.line(f"  {_marked(hit.snippet, hit.highlights)}")
+
+
+def _is_archived(store: Store, context: ContextId) -> bool:
+    """Whether ``context`` is archived (a store without :class:`Lifecycle` archives none)."""
+    from terrarium.states import is_archived
+    from terrarium.stores.base import Lifecycle
+
+    return isinstance(store, Lifecycle) and is_archived(store, context)
 
 
 def _where(hit: SearchHit) -> str:
