@@ -537,8 +537,11 @@ def _segment_file(root: Path, context: str) -> Path:
 
 
 def test_fsck_clean(seeded: Path) -> None:
+    """A clean check's summary is fsck's result: on stdout, nothing on stderr."""
     result = invoke("fsck", "--storage-dir", str(seeded))
     assert result.exit_code == 0, result.output
+    summary = f"checked 2 sessions, 2 segments, 6 entries in {seeded}: 0 problems, 0 unresolved"
+    assert (result.stdout, result.stderr) == (summary + "\n", "")
     data = json.loads(invoke("fsck", "--json", "--storage-dir", str(seeded)).stdout)
     assert data["ok"] is True and data["contexts"] == 2 and data["segments"] == 2
     assert data["entries"] == 6 and data["problems"] == []
@@ -560,7 +563,8 @@ def test_fsck_reports_corrupt_lines_and_torn_tails_without_changing_anything(
     assert result.exit_code == 1
     assert f"{corrupt}:2: corrupt:" in result.stdout
     assert f"{torn}:4: torn:" in result.stdout
-    assert result.stderr.strip().splitlines()[-1].startswith("Error: 2 problems found")
+    assert result.stdout.endswith(": 2 problems, 2 unresolved\n")  # the report, then the error
+    assert result.stderr.startswith("Error: 2 problems found") and result.stderr.count("\n") == 1
     data = json.loads(invoke("fsck", "--json", "--storage-dir", str(seeded)).stdout)
     assert data["ok"] is False
     assert sorted(p["kind"] for p in data["problems"]) == ["corrupt", "torn"]

@@ -376,13 +376,13 @@ def test_counts_are_singular_or_plural(tmp_path: Path) -> None:
     fork = invoke("fork", "cli:one", "cli:two", "--storage-dir", str(root))
     assert fork.stderr == "forked cli:one into cli:two (1 message)\n"
     fsck = invoke("fsck", "--storage-dir", str(root))
-    assert "checked 2 sessions, 2 segments, 1 entry in" in fsck.stderr
-    assert "0 problems" in fsck.stderr
+    assert "checked 2 sessions, 2 segments, 1 entry in" in fsck.stdout
+    assert "0 problems" in fsck.stdout
     segment = next((root / "cli").glob("*/one/*.jsonl"))
     with segment.open("ab") as f:
         f.write(b'{"torn')
     fsck = invoke("fsck", "--storage-dir", str(root))
-    assert ": 1 problem, 1 unresolved" in fsck.stderr
+    assert ": 1 problem, 1 unresolved" in fsck.stdout
     assert fsck.stderr.strip().splitlines()[-1].startswith("Error: 1 problem found")
 
 

@@ -129,7 +129,7 @@ def run_fsck(state: CliState, *, repair: bool, salvage: bool, as_json: bool) -> 
     else:
         for problem in report.problems:
             state.out.line(problem.show(), style="green" if problem.repaired else "red")
-        state.out.note(
+        state.out.line(  # the report: on stdout, as the problems are
             f"checked {plural(report.contexts, 'session')}, "
             f"{plural(report.segments, 'segment')}, "
             f"{plural(report.entries, 'entry', 'entries')} in {state.shown_location}: "
