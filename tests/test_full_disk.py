@@ -97,6 +97,41 @@ def test_a_stream_the_gateway_cannot_store_ends_in_an_error_event(disk: Path) ->
             ]
 
 
+@pytest.mark.parametrize("store", ["sessions", "sqlite://{disk}/s.db"])
+def test_a_turn_the_gateway_cannot_store_is_a_507(disk: Path, store: str) -> None:
+    """A turn that a full disk keeps from being stored, not streamed, is answered 507
+    Insufficient Storage (not 500) with an OpenAI-shaped error body, on a folder store (an
+    OSError) as on a SQLite one (a StoreError); the same request works once there is room."""
+    where = store.format(disk=disk) if "://" in store else str(disk / store)
+    with FakeServer() as fake, GatewayProcess(where, fake.base_url) as gateway:
+        big = "z" * 20_000
+        requests = [
+            ("responses", {"model": "fake-model", "input": big}),
+            (
+                "chat/completions",
+                {"model": "fake-model", "messages": [{"role": "user", "content": big}]},
+            ),
+        ]
+        headers = {"X-Session-Id": "s"}
+        assert (
+            httpx.post(
+                f"{gateway.url}/responses", json={"model": "fake-model", "input": "hi"}
+            ).status_code
+            == 200
+        )
+        filler = fill(disk)
+        for path, body in requests:
+            answer = httpx.post(f"{gateway.url}/{path}", json=body, headers=headers, timeout=30)
+            assert answer.status_code == 507, (path, answer.text)
+            error = answer.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"}
+            assert error["type"] == "server_error" and "disk is full" in error["message"], error
+        filler.unlink()
+        for path, body in requests:
+            answer = httpx.post(f"{gateway.url}/{path}", json=body, headers=headers, timeout=30)
+            assert answer.status_code == 200, (path, answer.text)
+
+
 def test_a_reindex_stopped_by_a_full_disk_leaves_nothing_behind(disk: Path) -> None:
     """``reindex`` on a full disk fails and leaves no half-built index folder; the index in
     use is untouched, and the rerun with room rebuilds it."""

@@ -17,6 +17,7 @@ from terrarium import codec
 from terrarium.errors import ContextNotFound, InvalidContextId, InvalidEntry, StoreUnavailable
 from terrarium.gateway.upstream import GatewayError, bad_request
 from terrarium.guard import is_loopback_header, token_matches
+from terrarium.stores import _db
 
 log = logging.getLogger("terrarium.gateway")
 
@@ -125,8 +126,10 @@ def endpoint(handler: Handler) -> Handler:
             return error_response(GatewayError(503, f"the store is unavailable: {exc}"))
         except Exception as exc:
             log.exception("gateway: %s %s failed", request.method, request.url.path)
-            message = f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]
-            return error_response(GatewayError(500, message))
+            full = any(_db.kind(e) == "full" for e in (exc, exc.__cause__) if e is not None)
+            what = "the store's disk is full" if full else "internal error"
+            message = f"{what}: {type(exc).__name__}: {exc}".splitlines()[0]
+            return error_response(GatewayError(507 if full else 500, message))
 
     return run
 
