@@ -19,7 +19,7 @@ from fakeserver import FakeServer
 from helpers.disk import fill, small_tmpfs
 from helpers.gateway import GatewayProcess
 from helpers.history import add_context
-from terrarium import FsStore
+from terrarium import FsStore, SqliteStore, index
 from terrarium.cli import cli
 
 
@@ -147,6 +147,25 @@ def test_a_reindex_stopped_by_a_full_disk_leaves_nothing_behind(disk: Path) -> N
     assert _run("--storage-dir", str(storage), "reindex")[0] == 0
     with FsStore(storage) as store:
         assert len(store.list_contexts()) == 30
+
+
+@pytest.mark.parametrize("built", [False, True])
+def test_a_sqlite_reindex_on_a_full_disk_says_so_in_one_line(disk: Path, built: bool) -> None:
+    """``reindex`` of a SQLite store on a full disk names the index file it could not write
+    and the full disk, once: not the store's URL before it, not a schema version (an index a
+    full disk kept from being built has none), not "read-only"; with room it rebuilds."""
+    db = disk / "s.db"
+    with SqliteStore(db) as store:
+        for n in range(30):
+            add_context(store, f"cli:s{n}", f"hello {n}")
+        if built:
+            index.reindex(store)
+    filler = fill(disk)
+    code, output = _run("--storage-dir", f"sqlite://{db}", "reindex")
+    assert code == 1 and output.startswith(f"Error: {db}.search.db: disk full (")
+    assert output.count("\n") == 1 and "schema" not in output and "read-only" not in output
+    filler.unlink()
+    assert _run("--storage-dir", f"sqlite://{db}", "reindex")[0] == 0
 
 
 def test_a_full_disk_under_the_store_names_the_store(disk: Path, fake_server: FakeServer) -> None:

@@ -26,7 +26,7 @@ from terrarium.cli.app import (
 )
 from terrarium.cli.output import Output, one_line, plural
 from terrarium.display import short_time
-from terrarium.errors import ContextExists, NothingToCompact, StoreError
+from terrarium.errors import ContextExists, IndexUnavailable, NothingToCompact, StoreError
 
 if TYPE_CHECKING:
     from terrarium import contexts, legacy, model, sessions
@@ -834,5 +834,7 @@ def reindex(state: CliState) -> None:
     try:
         count = index.reindex(store)
     except StoreError as exc:
+        if isinstance(exc, IndexUnavailable):
+            raise  # it names the index's file
         raise StoreError(f"{state.shown_location}: {exc}") from None
     state.out.note(f"reindexed {plural(count, 'session')} in {state.shown_location}", style="green")

@@ -169,10 +169,10 @@ class SearchIndex:
             version = conn.execute(sql.USER_VERSION).fetchone()[0]
             if version != SCHEMA_VERSION:
                 if readonly:
-                    raise IndexUnavailable(
-                        f"{self.path}: {self.readonly_reason or 'read-only'}, and of schema "
-                        f"version {version}, not {SCHEMA_VERSION}"
-                    )
+                    why = f"{self.path}: {self.readonly_reason or 'read-only'}"
+                    if version:  # 0: never built (a full disk leaves it so), not an old schema
+                        why += f", and of schema version {version}, not {SCHEMA_VERSION}"
+                    raise IndexUnavailable(why)
                 self._create_schema(conn, version)
             conn.execute(sql.PROBE).fetchone()
         except BaseException:
@@ -185,7 +185,10 @@ class SearchIndex:
         """The error that says why the index cannot serve now (``exc`` in one line)."""
         if isinstance(exc, IndexUnavailable):
             return exc
-        return IndexUnavailable(f"{self.path}: {_db.describe(exc, self.path)}")
+        reason = _db.describe(exc, self.path)
+        if self.readonly and self.readonly_reason and _db.kind(exc) == "readonly":
+            reason = self.readonly_reason  # a write refused because it was opened read-only: why
+        return IndexUnavailable(f"{self.path}: {reason}")
 
     def _create_schema(self, conn: sqlite3.Connection, version: int) -> None:
         """Drop whatever the database holds and create the schema (the index is derived)."""
