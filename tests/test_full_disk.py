@@ -104,21 +104,12 @@ def test_a_turn_the_gateway_cannot_store_is_a_507(disk: Path, store: str) -> Non
     OSError) as on a SQLite one (a StoreError); the same request works once there is room."""
     where = store.format(disk=disk) if "://" in store else str(disk / store)
     with FakeServer() as fake, GatewayProcess(where, fake.base_url) as gateway:
-        big = "z" * 20_000
-        requests = [
-            ("responses", {"model": "fake-model", "input": big}),
-            (
-                "chat/completions",
-                {"model": "fake-model", "messages": [{"role": "user", "content": big}]},
-            ),
-        ]
-        headers = {"X-Session-Id": "s"}
-        assert (
-            httpx.post(
-                f"{gateway.url}/responses", json={"model": "fake-model", "input": "hi"}
-            ).status_code
-            == 200
-        )
+        big, headers = "z" * 20_000, {"X-Session-Id": "s"}
+        chat = {"model": "fake-model", "messages": [{"role": "user", "content": big}]}
+        turn = {"model": "fake-model", "input": big}
+        requests = [("responses", turn), ("chat/completions", chat)]
+        first = httpx.post(f"{gateway.url}/responses", json={"model": "fake-model", "input": "hi"})
+        assert first.status_code == 200
         filler = fill(disk)
         for path, body in requests:
             answer = httpx.post(f"{gateway.url}/{path}", json=body, headers=headers, timeout=30)
