@@ -357,6 +357,37 @@ def test_an_upstream_4xx_is_passed_on_as_the_server_said_it(
     )
 
 
+def test_a_stream_the_upstream_refuses_is_its_http_error(
+    client: openai.OpenAI, fake: FakeServer, storage: Path
+) -> None:
+    """A streamed request the model server refuses before its stream begins gets the HTTP
+    status a plain one gets, as the server itself (and OpenAI) answer it, so a client that
+    catches ``BadRequestError`` to compact and retry works streamed too (it was a 200 with an
+    error line, or ``response.failed``); the turn is kept, failed, and the next one works."""
+    fake.fail_next(400, message="too long for this model", code="context_length_exceeded")
+    headers = {"X-Session-Id": "refused-stream"}
+    messages = [{"role": "user", "content": "too long"}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+            stream=True,
+            extra_headers=headers,
+        )
+    assert refused.value.body["code"] == "context_length_exceeded"  # type: ignore[index]
+    state = state_of(storage, "chat:refused-stream")
+    assert state.failed and [m["content"] for m in state.history] == ["too long"]
+    conv = client.conversations.create()
+    fake.fail_next(503)
+    with pytest.raises(openai.APIStatusError) as failed:
+        client.responses.create(model=MODEL, input="down", stream=True, conversation=conv.id)
+    assert failed.value.status_code == 502
+    assert state_of(storage, f"conv:{conv.id}").failed
+    with client.responses.create(model=MODEL, input="up", stream=True, conversation=conv.id) as s:
+        assert [e.type for e in s][-1] == "response.completed"
+    assert [m["content"] for m in fake.last_request["messages"]] == ["up"]
+
+
 def test_the_upstream_key_and_client_headers_go_with_every_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -149,9 +149,10 @@ async def chat_completions(gw: Core, request: Request) -> Response:
     messages = body.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise bad_request("'messages' must be a list of message objects", "messages")
-    if body.get("stream"):
-        return StreamingResponse(_stream(gw, ctx, body), media_type="text/event-stream")
     try:
+        if body.get("stream"):  # opened first: a refusal is the client's HTTP error too
+            chunks = await gw.upstream.stream(body)
+            return StreamingResponse(_stream(gw, ctx, body, chunks), media_type="text/event-stream")
         answer = await gw.upstream.chat(body)
     except GatewayError as exc:
         if ctx is not None:
@@ -164,13 +165,15 @@ async def chat_completions(gw: Core, request: Request) -> Response:
     return JSON(answer)
 
 
-async def _stream(gw: Core, ctx: ContextId | None, body: dict[str, Any]) -> AsyncIterator[bytes]:
+async def _stream(
+    gw: Core, ctx: ContextId | None, body: dict[str, Any], chunks: AsyncIterator[Any]
+) -> AsyncIterator[bytes]:
     """The upstream's chunks as they come; the turn is recorded before ``[DONE]``. A client
     that goes away first leaves a failed turn (handed to ``Core.submit``, not awaited)."""
     reply = _Reply()
     done = False
     try:
-        async for piece in _chunks(gw, ctx, body, reply):
+        async for piece in _chunks(gw, ctx, body, reply, chunks):
             yield piece
         done = True
     finally:
@@ -184,10 +187,14 @@ GONE = "the client went away before the reply completed"
 
 
 async def _chunks(
-    gw: Core, ctx: ContextId | None, body: dict[str, Any], reply: _Reply
+    gw: Core,
+    ctx: ContextId | None,
+    body: dict[str, Any],
+    reply: _Reply,
+    chunks: AsyncIterator[Any],
 ) -> AsyncIterator[bytes]:
     try:
-        async for chunk in gw.upstream.stream(body):
+        async for chunk in chunks:
             reply.feed(chunk)
             yield b"data: " + encode(chunk) + b"\n\n"
         if reply.finish is None:
