@@ -493,6 +493,38 @@ def test_an_input_item_the_gateway_would_drop_is_a_400_naming_it(
     assert len(fake.requests) == calls
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/responses", {"model": MODEL}, "input"),
+        ("/responses", {"model": MODEL, "input": []}, "input"),
+        ("/responses", {"model": MODEL, "input": ""}, "input"),
+        ("/chat/completions", {"model": MODEL, "messages": []}, "messages"),
+        ("/chat/completions", {"model": MODEL, "messages": [], "stream": True}, "messages"),
+    ],
+)
+def test_a_request_with_no_message_is_a_400_and_keeps_nothing(
+    gateway: GatewayProcess,
+    fake: FakeServer,
+    storage: Path,
+    path: str,
+    body: dict[str, Any],
+    param: str,
+) -> None:
+    """A request with nothing for the model to answer is a 400 naming the parameter; before,
+    it went upstream (whose 400 was about a message list the client never sent) and left an
+    empty context with a failed run in ``list``."""
+    with open_store(str(storage)) as store:
+        before = {c.context for c in store.list_contexts()}
+    calls = len(fake.requests)
+    answer = httpx.post(f"{gateway.url}{path}", json=body, headers={"X-Session-Id": "empty"})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == param
+    assert len(fake.requests) == calls
+    with open_store(str(storage)) as store:
+        assert {c.context for c in store.list_contexts()} == before
+
+
 def test_adding_no_items_to_a_conversation_is_a_400(gateway: GatewayProcess) -> None:
     """``items`` missing or empty: a 400 naming ``items`` (a 500 IndexError before), and the
     conversation is unchanged."""

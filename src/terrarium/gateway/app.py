@@ -55,6 +55,7 @@ from terrarium.gateway.streaming import StreamBuilder
 from terrarium.gateway.upstream import (
     GatewayError,
     Upstream,
+    bad_request,
     dropped,
     first_choice,
     not_found,
@@ -143,6 +144,8 @@ async def create_response(gw: Gateway, request: Request) -> Response:
     messages = list(target.snapshot.messages)
     for item in req.inputs:
         add_wire_message(messages, item)
+    if not messages:
+        raise bad_request("'input' is empty and there is no history to answer", "input")
     body = chat_body(req, encoded_messages(messages, target.snapshot))
     record = new_record(req, new_response_id(target.context if req.store else None))
     try:

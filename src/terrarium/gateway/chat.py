@@ -147,8 +147,8 @@ async def chat_completions(gw: Core, request: Request) -> Response:
     body = await read_json(request, gw.max_body)
     ctx = session_of(request, body)
     messages = body.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise bad_request("'messages' must be a list of message objects", "messages")
+    if not (isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages)):
+        raise bad_request("'messages' must be a non-empty list of message objects", "messages")
     try:
         if body.get("stream"):  # opened first: a refusal is the client's HTTP error too
             chunks = await gw.upstream.stream(body)
