@@ -901,6 +901,19 @@ def test_every_session_header_names_a_session(
     assert len(state_of(storage, f"chat:{name}").history) == 2
 
 
+def test_a_session_id_that_is_not_text_is_a_400(gateway: GatewayProcess, fake: FakeServer) -> None:
+    """``metadata.session_id`` that is not a string was dropped unsaid, and the chat went
+    unrecorded; it is a 400 naming ``metadata``, and the upstream is not called."""
+    calls = len(fake.requests)
+    messages = [{"role": "user", "content": "x"}]
+    for given in (5, ["a"], {"id": "a"}):
+        body = {"model": MODEL, "messages": messages, "metadata": {"session_id": given}}
+        answer = httpx.post(f"{gateway.url}/chat/completions", json=body)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == "metadata"
+    assert len(fake.requests) == calls
+
+
 def test_a_chat_without_a_session_is_not_kept(
     client: openai.OpenAI, fake: FakeServer, storage: Path
 ) -> None:

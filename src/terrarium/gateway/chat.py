@@ -33,9 +33,11 @@ def session_of(request: Request, body: dict[str, Any]) -> ContextId | None:
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and "session_id" in metadata:
         given = metadata.pop("session_id")
+        if given is not None and not isinstance(given, str):
+            raise bad_request("'metadata.session_id' must be a string", "metadata")
         if not metadata:
             body.pop("metadata")
-        name = name or (given if isinstance(given, str) else None)
+        name = name or given
     if not name:
         return None
     return ContextId(CHAT_TYPE, name).check_new()
