@@ -293,7 +293,10 @@ def test_cli_sigint_mid_reply_from_a_pipe_is_logged(tmp_path: Path, strict: Fake
     assert child.returncode == 130
     assert "Aborted" not in stderr and "Traceback" not in stderr
     assert "interrupted" in stderr and "--retry" in stderr
+    assert "interrupted before any reply: your message is kept, marked failed" in stderr
+    assert "partial reply" not in stderr  # none came, and none is logged
     [errored] = errored_lines(root, "cli:p")
+    assert "partial" not in errored
     assert errored["error"] == "cancelled"
     strict.reply = lambda messages: "fine"
     result = cli(*args, stdin="again\n", cwd=tmp_path)

@@ -99,11 +99,12 @@ class Hints:
     """How to send a message that was not kept once more."""
 
 
-def advice(exc: BaseException, hints: Hints, kept: bool = True) -> str:
+def advice(exc: BaseException, hints: Hints, kept: bool = True, partial: bool = True) -> str:
     """The note after a failed or interrupted turn (docs/cli.md, "When a reply fails").
 
     A failure that would repeat says why and what to do; a passing one offers the retry. A new
     session's first message that got no reply is not ``kept``: the session is not created.
+    ``partial``: some of the reply had come (Ctrl-C keeps it).
     """
     if isinstance(exc, Interrupted | KeyboardInterrupt):
         if not kept:
@@ -111,6 +112,8 @@ def advice(exc: BaseException, hints: Hints, kept: bool = True) -> str:
                 f"interrupted before any reply: nothing was kept ({hints.context} begins with "
                 "its first answered message)"
             )
+        if not partial:
+            return f"interrupted before any reply: {KEPT}; {hints.retry} sends it again"
         return (
             "interrupted: the partial reply is logged, marked interrupted, and your message is "
             f"not sent with your next one; {hints.retry} sends it again"
@@ -166,6 +169,8 @@ class Chat:
         """``chat -p --json``: replies are not streamed to stdout (:func:`turn_json` prints)."""
         self.reply = ""
         """The last reply's text."""
+        self.parts: list[str] = []
+        """The pieces of the reply being streamed (or cut short)."""
 
     @property
     def hints(self) -> Hints:
@@ -188,7 +193,7 @@ class Chat:
 
     def failure_note(self, exc: BaseException) -> str:
         """The note after the reply to a message failed (or Ctrl-C stopped it)."""
-        return advice(exc, self.hints, self.kept())
+        return advice(exc, self.hints, self.kept(), bool(self.parts))
 
     def open(self, context: ContextId) -> None:
         """Make ``context`` current, importing its legacy file on first use."""
@@ -229,6 +234,7 @@ class Chat:
         """Send one message and stream the reply; :attr:`replying` stays set when it fails."""
         self.replying = True
         parts: list[str] = []
+        self.parts = parts
 
         async def consume() -> None:
             stream = cast(
