@@ -50,7 +50,7 @@ from terrarium.cli.commands import (
 )
 from terrarium.cli.output import one_line, plural
 from terrarium.errors import ContextNotFound, ContextTooLong, LLMError, NothingToCompact
-from terrarium.model import ContextId, encode_name, item_label, item_text
+from terrarium.model import ContextId, encode_name, item_label, item_role, item_text
 
 T = TypeVar("T")
 
@@ -397,6 +397,7 @@ def decode_stdin(raw: bytes, number: int | None = None, offset: int = 0) -> str:
 async def interactive(chat: Chat, default_type: str) -> None:
     """The terminal chat: picker (unless a session was opened), then prompt and replies."""
     from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import InMemoryHistory
     from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 
     if not chat.opened:
@@ -418,8 +419,13 @@ async def interactive(chat: Chat, default_type: str) -> None:
     def _newline(event: KeyPressEvent) -> None:
         event.current_buffer.insert_text("\n")
 
+    recall = InMemoryHistory()  # Up recalls the session's messages, oldest loaded first
+    for item in chat.history():
+        if item_role(item) == "user" and item_text(item).strip():
+            recall.append_string(item_text(item))
     session: PromptSession[str] = PromptSession(
         multiline=True,
+        history=recall,
         key_bindings=keys,
         prompt_continuation=lambda width, *_: "." * (width - 1) + " ",
     )
