@@ -24,7 +24,7 @@ from pydantic import TypeAdapter
 from fakeserver import FakeReply, FakeServer, FakeToolCall
 from helpers.gateway import GatewayProcess
 from terrarium.model import ContextId
-from terrarium.sessions import restore
+from terrarium.sessions import restore, save_delta
 from terrarium.stores.url import open_store
 
 MODEL = "fake-model"
@@ -262,6 +262,43 @@ def test_conversations_hold_items_and_responses(client: openai.OpenAI, fake: Fak
         client.conversations.retrieve(conv.id)
     with pytest.raises(openai.NotFoundError):
         created(client, input="x", conversation=conv.id)
+
+
+def test_a_conversation_continued_outside_the_gateway_lists_items(
+    client: openai.OpenAI, fake: FakeServer, storage: Path
+) -> None:
+    """A conversation is an ordinary context: ``terrarium chat conv:...`` (or a compaction)
+    logs Chat messages in it, without ids. The Conversations API lists them as message items
+    with ids that stay the same from one read to the next, which get and delete take (before,
+    they were listed as logged, which the openai client could not read, and had no id)."""
+    conv = client.conversations.create(items=[{"role": "user", "content": "from the API"}])
+    with open_store(str(storage)) as store:
+        head = store.get_head(ContextId.parse(f"conv:{conv.id}"))
+        assert head is not None
+        chat = [
+            {"role": "user", "content": "from the chat"},
+            {"role": "assistant", "content": "ok"},
+        ]
+        save_delta(store, head, chat)
+    raw = client.conversations.items.with_raw_response.list(conv.id, order="asc")
+    items = ConversationItemList.model_validate(json.loads(raw.text)).data
+    assert [(i.role, i.content[0].text) for i in items] == [  # type: ignore[union-attr]
+        ("user", "from the API"),
+        ("user", "from the chat"),
+        ("assistant", "ok"),
+    ]
+    ids = [item.id for item in items]
+    assert all(ids) and len(set(ids)) == 3
+    assert [i.id for i in client.conversations.items.list(conv.id, order="asc")] == ids
+    one = client.conversations.items.retrieve(ids[1], conversation_id=conv.id)
+    assert one.id == ids[1]
+    client.conversations.items.delete(ids[1], conversation_id=conv.id)
+    assert [i.id for i in client.conversations.items.list(conv.id, order="asc")] == [
+        ids[0],
+        ids[2],
+    ]
+    reply = created(client, input="and now?", conversation=conv.id)
+    assert text_of(reply) == "echo: and now?"
 
 
 def test_chat_completions_pass_through_and_record_sessions(
