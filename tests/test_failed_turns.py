@@ -182,6 +182,7 @@ def test_cli_too_long_then_the_next_message_goes_through(root: Path, strict: Fak
     assert failed.exit_code == 1
     [line] = failed.stderr.strip().splitlines()
     assert "maximum context length is 400 tokens" in line
+    assert ".;" not in line  # the server's sentence ends where the note begins, in one stop
     assert "marked failed" in line and "--retry" in line
     assert "terrarium compact cli:ctx" in line and "terrarium rewind cli:ctx -n N" in line
     assert "Traceback" not in failed.stderr

@@ -623,7 +623,8 @@ def run_loop(chat: Chat, main: Coroutine[Any, Any, None]) -> None:
     except LLMError as exc:
         if not chat.replying:
             raise
-        raise click.ClickException(f"{one_line(str(exc))}; {chat.failure_note(exc)}") from exc
+        reason = one_line(str(exc)).removesuffix(".")  # the server's sentence, then the note
+        raise click.ClickException(f"{reason}; {chat.failure_note(exc)}") from exc
 
 
 def resolve_context(context: str | None, session_id: str | None, type_: str) -> ContextId | None:
