@@ -44,13 +44,14 @@ from terrarium.cli.app import (
 from terrarium.cli.commands import (
     context_stats,
     export_session,
+    failure,
     fork_session,
+    print_message,
     print_stats,
-    render_item,
 )
 from terrarium.cli.output import one_line, plural
 from terrarium.errors import ContextNotFound, ContextTooLong, LLMError, NothingToCompact
-from terrarium.model import ContextId, encode_name, item_label, item_role, item_text
+from terrarium.model import ContextId, encode_name, item_role, item_text
 
 T = TypeVar("T")
 
@@ -276,12 +277,17 @@ class Chat:
         self.out.line(f"{KEYS_HELP}. Start a message with // to send a leading /.", style="dim")
 
     async def cmd_history(self, _arg: str) -> None:
-        items = self.history()
-        if not items:
+        from terrarium.formats.jsonl import load_transcript
+
+        try:
+            transcript = load_transcript(self.state.store(), self.context)
+        except ContextNotFound:
+            transcript = None
+        if transcript is None or not transcript.items:
             self.out.line(f"{self.context} has no messages yet", style="dim")
-        for item in items:
-            self.out.line(f"[{item_label(item)}]", style="bold")
-            self.out.line(render_item(item))
+            return
+        for n, timed in enumerate(transcript.items):  # as ``show`` prints them
+            print_message(self.out, {"ts": timed.ts, **timed.item, **failure(transcript.state, n)})
 
     async def cmd_stats(self, _arg: str) -> None:
         try:
