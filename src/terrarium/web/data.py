@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from terrarium import contexts, sessions, states
+from terrarium import RestoredState, contexts, sessions, states
 from terrarium.errors import (
     ContextNotFound,
     IndexUnavailable,
@@ -29,15 +29,7 @@ from terrarium.errors import (
 )
 from terrarium.index import Reader, sort_key
 from terrarium.index._listing import ContextSummary, ListingQuery
-from terrarium.model import (
-    DATE_RE,
-    ContextId,
-    RestoredState,
-    SegmentId,
-    chat_view,
-    item_label,
-    item_text,
-)
+from terrarium.model import DATE_RE, ContextId, SegmentId, chat_view, item_label, item_text
 from terrarium.stores.base import Lifecycle, SegmentRead, Store
 
 SORTS = ("last_active", "created", "messages", "tokens")
