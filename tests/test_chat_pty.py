@@ -217,6 +217,26 @@ def test_picker_new_session_without_a_name_gets_one(
     ]
 
 
+def test_up_brings_back_the_messages_of_a_resumed_session(
+    root: Path, fake_server: FakeServer, spawn: Any
+) -> None:
+    """Resuming a session, Up recalls its earlier messages, newest first, as a shell recalls
+    commands (before, only what was typed since the chat started); they are read from the
+    session, so no history file is kept outside the store."""
+    add_context(root, "cli:main", 2)
+    child = spawn(
+        "chat", "cli:main", "--base-url", fake_server.base_url, "--storage-dir", str(root)
+    )
+    child.expect("cli:main>")
+    child.send("\x1b[A")  # Up: the last message sent in this session
+    child.send("\x1b[A")  # Up again: the one before it
+    child.send("\r")
+    child.expect("echo: question 0")
+    child.expect("cli:main>")
+    leave(child)
+    assert fake_server.last_request["messages"][-1] == {"role": "user", "content": "question 0"}
+
+
 def test_ctrl_c_interrupts_a_reply_and_the_chat_goes_on(
     root: Path, fake_server: FakeServer, spawn: Any
 ) -> None:

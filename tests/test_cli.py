@@ -371,6 +371,11 @@ def test_fork_whole_and_at(seeded: Path) -> None:
     assert_one_line_error(
         invoke("fork", "cli:ghost", "cli:x", "--storage-dir", str(seeded)), "cli:ghost"
     )
+    # an entry the head segment does not have is an error naming the range, and nothing is
+    # made (it forked the whole history, as if --at were not given)
+    past = invoke("fork", "cli:main", "cli:past", "--at", "99", "--storage-dir", str(seeded))
+    assert_one_line_error(past, "at entry 99: it has entries 0..")
+    assert invoke("show", "cli:past", "--storage-dir", str(seeded)).exit_code == 1
 
 
 def test_compact_with_the_model(seeded: Path, fake_server: FakeServer) -> None:

@@ -289,6 +289,28 @@ def test_html_chat_layout(store: Store) -> None:
     assert '<span class="call-name">lookup</span>' in page
 
 
+def test_transcripts_mark_a_failed_turn_and_keep_its_partial_reply(store: Store) -> None:
+    """Markdown and HTML mark a failed turn's message as ``show`` and the dashboard do, and
+    keep the reply that Ctrl-C (or a dropped stream) cut short. Before, a failed message read
+    as one the model had answered, and the partial reply was left out."""
+    ref = converse(store)["ref"]
+    save_user_input(store, ref, "tell me more")
+    error = {"error": "cancelled", "error_type": "CancelledError", "partial": "Half an *ans"}
+    append_entry(store, ref, "run_errored", error)
+    save_user_input(store, ref, "and now?")
+    save_delta(store, ref, [{"role": "assistant", "content": "Now."}])
+    text = export_context(store, CONTEXT, "markdown")
+    assert isinstance(text, str)
+    assert "· *failed, not sent to the model again: cancelled*\n\ntell me more\n\n" in text
+    assert "### Assistant (interrupted: the partial reply)\n\nHalf an *ans\n\n### User" in text
+    assert text.count("failed, not sent") == 1  # "and now?" is an ordinary message
+    page = export_context(store, CONTEXT, "html")
+    assert isinstance(page, str)
+    assert '<span class="failed">failed, not sent to the model again: cancelled</span>' in page
+    assert "<b>Assistant</b> (interrupted: the partial reply)" in page
+    assert "Half an *ans" in page and page.count('class="failed"') == 1
+
+
 # --------------------------------------------------------------------------- openai
 
 

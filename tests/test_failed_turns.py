@@ -170,6 +170,19 @@ def chat_here(root: Path, server: FakeServer, *args: str, input: str = "") -> Re
                 str(root), input=input)  # fmt: skip
 
 
+def test_chat_history_marks_a_failed_message_as_show_does(root: Path, strict: FakeServer) -> None:
+    """``/history`` in the chat shows a failed message marked, with its error, as ``show``
+    does (it was listed as if the model had answered it)."""
+    assert chat_here(root, strict, "cli:h", "-p", "fine").exit_code == 0
+    strict.fail_next(503)
+    assert chat_here(root, strict, "cli:h", "-p", "lost").exit_code == 1
+    result = chat_here(root, strict, "cli:h", input="/history\n")
+    assert result.exit_code == 0, result.stderr
+    shown = result.stdout
+    assert "failed, not sent to the model again: " in shown and "lost" in shown
+    assert shown.count("failed, not sent") == 1 and "echo: fine" in shown
+
+
 def test_cli_too_long_then_the_next_message_goes_through(root: Path, strict: FakeServer) -> None:
     """The issue's case: a paste over the window fails (exit 1, one line saying what to do);
     the next message, -p or piped, is sent without it and succeeds; compact works; the paste
@@ -182,6 +195,7 @@ def test_cli_too_long_then_the_next_message_goes_through(root: Path, strict: Fak
     assert failed.exit_code == 1
     [line] = failed.stderr.strip().splitlines()
     assert "maximum context length is 400 tokens" in line
+    assert ".;" not in line  # the server's sentence ends where the note begins, in one stop
     assert "marked failed" in line and "--retry" in line
     assert "terrarium compact cli:ctx" in line and "terrarium rewind cli:ctx -n N" in line
     assert "Traceback" not in failed.stderr
@@ -293,7 +307,10 @@ def test_cli_sigint_mid_reply_from_a_pipe_is_logged(tmp_path: Path, strict: Fake
     assert child.returncode == 130
     assert "Aborted" not in stderr and "Traceback" not in stderr
     assert "interrupted" in stderr and "--retry" in stderr
+    assert "interrupted before any reply: your message is kept, marked failed" in stderr
+    assert "partial reply" not in stderr  # none came, and none is logged
     [errored] = errored_lines(root, "cli:p")
+    assert "partial" not in errored
     assert errored["error"] == "cancelled"
     strict.reply = lambda messages: "fine"
     result = cli(*args, stdin="again\n", cwd=tmp_path)

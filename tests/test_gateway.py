@@ -24,7 +24,7 @@ from pydantic import TypeAdapter
 from fakeserver import FakeReply, FakeServer, FakeToolCall
 from helpers.gateway import GatewayProcess
 from terrarium.model import ContextId
-from terrarium.sessions import restore
+from terrarium.sessions import restore, save_delta
 from terrarium.stores.url import open_store
 
 MODEL = "fake-model"
@@ -264,6 +264,43 @@ def test_conversations_hold_items_and_responses(client: openai.OpenAI, fake: Fak
         created(client, input="x", conversation=conv.id)
 
 
+def test_a_conversation_continued_outside_the_gateway_lists_items(
+    client: openai.OpenAI, fake: FakeServer, storage: Path
+) -> None:
+    """A conversation is an ordinary context: ``terrarium chat conv:...`` (or a compaction)
+    logs Chat messages in it, without ids. The Conversations API lists them as message items
+    with ids that stay the same from one read to the next, which get and delete take (before,
+    they were listed as logged, which the openai client could not read, and had no id)."""
+    conv = client.conversations.create(items=[{"role": "user", "content": "from the API"}])
+    with open_store(str(storage)) as store:
+        head = store.get_head(ContextId.parse(f"conv:{conv.id}"))
+        assert head is not None
+        chat = [
+            {"role": "user", "content": "from the chat"},
+            {"role": "assistant", "content": "ok"},
+        ]
+        save_delta(store, head, chat)
+    raw = client.conversations.items.with_raw_response.list(conv.id, order="asc")
+    items = ConversationItemList.model_validate(json.loads(raw.text)).data
+    assert [(i.role, i.content[0].text) for i in items] == [  # type: ignore[union-attr]
+        ("user", "from the API"),
+        ("user", "from the chat"),
+        ("assistant", "ok"),
+    ]
+    ids = [item.id for item in items]
+    assert all(ids) and len(set(ids)) == 3
+    assert [i.id for i in client.conversations.items.list(conv.id, order="asc")] == ids
+    one = client.conversations.items.retrieve(ids[1], conversation_id=conv.id)
+    assert one.id == ids[1]
+    client.conversations.items.delete(ids[1], conversation_id=conv.id)
+    assert [i.id for i in client.conversations.items.list(conv.id, order="asc")] == [
+        ids[0],
+        ids[2],
+    ]
+    reply = created(client, input="and now?", conversation=conv.id)
+    assert text_of(reply) == "echo: and now?"
+
+
 def test_chat_completions_pass_through_and_record_sessions(
     client: openai.OpenAI, fake: FakeServer, storage: Path
 ) -> None:
@@ -355,6 +392,37 @@ def test_an_upstream_4xx_is_passed_on_as_the_server_said_it(
     assert failed.value.body["message"] == (  # type: ignore[index]
         "the model server answered HTTP 500: Internal server error"
     )
+
+
+def test_a_stream_the_upstream_refuses_is_its_http_error(
+    client: openai.OpenAI, fake: FakeServer, storage: Path
+) -> None:
+    """A streamed request the model server refuses before its stream begins gets the HTTP
+    status a plain one gets, as the server itself (and OpenAI) answer it, so a client that
+    catches ``BadRequestError`` to compact and retry works streamed too (it was a 200 with an
+    error line, or ``response.failed``); the turn is kept, failed, and the next one works."""
+    fake.fail_next(400, message="too long for this model", code="context_length_exceeded")
+    headers = {"X-Session-Id": "refused-stream"}
+    messages = [{"role": "user", "content": "too long"}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+            stream=True,
+            extra_headers=headers,
+        )
+    assert refused.value.body["code"] == "context_length_exceeded"  # type: ignore[index]
+    state = state_of(storage, "chat:refused-stream")
+    assert state.failed and [m["content"] for m in state.history] == ["too long"]
+    conv = client.conversations.create()
+    fake.fail_next(503)
+    with pytest.raises(openai.APIStatusError) as failed:
+        client.responses.create(model=MODEL, input="down", stream=True, conversation=conv.id)
+    assert failed.value.status_code == 502
+    assert state_of(storage, f"conv:{conv.id}").failed
+    with client.responses.create(model=MODEL, input="up", stream=True, conversation=conv.id) as s:
+        assert [e.type for e in s][-1] == "response.completed"
+    assert [m["content"] for m in fake.last_request["messages"]] == ["up"]
 
 
 def test_the_upstream_key_and_client_headers_go_with_every_call(
@@ -460,6 +528,38 @@ def test_an_input_item_the_gateway_would_drop_is_a_400_naming_it(
     error = answer.json()["error"]
     assert (error["param"], error["message"]) == ("input", message)
     assert len(fake.requests) == calls
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/responses", {"model": MODEL}, "input"),
+        ("/responses", {"model": MODEL, "input": []}, "input"),
+        ("/responses", {"model": MODEL, "input": ""}, "input"),
+        ("/chat/completions", {"model": MODEL, "messages": []}, "messages"),
+        ("/chat/completions", {"model": MODEL, "messages": [], "stream": True}, "messages"),
+    ],
+)
+def test_a_request_with_no_message_is_a_400_and_keeps_nothing(
+    gateway: GatewayProcess,
+    fake: FakeServer,
+    storage: Path,
+    path: str,
+    body: dict[str, Any],
+    param: str,
+) -> None:
+    """A request with nothing for the model to answer is a 400 naming the parameter; before,
+    it went upstream (whose 400 was about a message list the client never sent) and left an
+    empty context with a failed run in ``list``."""
+    with open_store(str(storage)) as store:
+        before = {c.context for c in store.list_contexts()}
+    calls = len(fake.requests)
+    answer = httpx.post(f"{gateway.url}{path}", json=body, headers={"X-Session-Id": "empty"})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == param
+    assert len(fake.requests) == calls
+    with open_store(str(storage)) as store:
+        assert {c.context for c in store.list_contexts()} == before
 
 
 def test_adding_no_items_to_a_conversation_is_a_400(gateway: GatewayProcess) -> None:
@@ -836,6 +936,19 @@ def test_every_session_header_names_a_session(
         model=MODEL, messages=[{"role": "user", "content": "x"}], extra_headers={header: name}
     )
     assert len(state_of(storage, f"chat:{name}").history) == 2
+
+
+def test_a_session_id_that_is_not_text_is_a_400(gateway: GatewayProcess, fake: FakeServer) -> None:
+    """``metadata.session_id`` that is not a string was dropped unsaid, and the chat went
+    unrecorded; it is a 400 naming ``metadata``, and the upstream is not called."""
+    calls = len(fake.requests)
+    messages = [{"role": "user", "content": "x"}]
+    for given in (5, ["a"], {"id": "a"}):
+        body = {"model": MODEL, "messages": messages, "metadata": {"session_id": given}}
+        answer = httpx.post(f"{gateway.url}/chat/completions", json=body)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == "metadata"
+    assert len(fake.requests) == calls
 
 
 def test_a_chat_without_a_session_is_not_kept(

@@ -1049,6 +1049,19 @@ class RestoredState(msgspec.Struct):
             self.failed[index] = errored
         return True
 
+    def failure(self, index: int) -> dict[str, Any] | None:
+        """What every view shows of history item ``index`` when a run failed it (``show``, the
+        dashboard, the exports): the run's ``error`` and ``error_type``, and on the run's last
+        item its ``partial`` reply; None for an item of no failed run."""
+        errored = self.failed.get(index)
+        if errored is None:
+            return None
+        mark = {"error": errored.get("error"), "error_type": errored.get("error_type")}
+        partial = errored.get("partial")
+        if self.failed.get(index + 1) is not errored and isinstance(partial, str) and partial:
+            mark["partial"] = partial
+        return mark
+
     @property
     def model_history(self) -> list[LoggedItem]:
         """The history the model is sent, failed runs left out (read only)."""

@@ -274,6 +274,16 @@ def fork_at(store: Store, ref: SegmentRef, at_seq: int) -> SegmentId:
     The original segment is untouched and stays appendable; nothing is copied. InvalidEntry:
     ``at_seq`` is no entry number, or not one of the segment's.
     """
+    _check_entry(store, ref, at_seq)
+    segment_id = new_segment_id()
+    origin = SegmentOrigin("fork", parent=ref.segment_id, at_seq=at_seq)
+    header = _header(ref.session_id, segment_id, origin, context=None, start=None)
+    store.create_segment(ref.session_id, header)
+    return segment_id
+
+
+def _check_entry(store: Store, ref: SegmentRef, at_seq: Any) -> None:
+    """InvalidEntry unless ``at_seq`` is an entry number the segment has (0 = the header)."""
     if type(at_seq) is not int and not _is_count(at_seq):  # a negative int: out of range
         raise InvalidEntry(
             f"cannot fork segment {ref.segment_id} at {at_seq!r}: "
@@ -285,11 +295,6 @@ def fork_at(store: Store, ref: SegmentRef, at_seq: int) -> SegmentId:
             f"cannot fork segment {ref.segment_id} at entry {at_seq}: "
             f"it has entries 0..{next_seq - 1}"
         )
-    segment_id = new_segment_id()
-    origin = SegmentOrigin("fork", parent=ref.segment_id, at_seq=at_seq)
-    header = _header(ref.session_id, segment_id, origin, context=None, start=None)
-    store.create_segment(ref.session_id, header)
-    return segment_id
 
 
 def _summary_items(history: Sequence[LoggedItem], source: Sequence[LoggedItem]) -> int:
@@ -380,6 +385,8 @@ def fork_context(
     """
     src, dst = ContextId.parse(source), ContextId.parse(target).check_new()
     head = require_head(store, src)
+    if at_seq is not None:
+        _check_entry(store, head.ref, at_seq)
     reads = lineage(store, head.session_id, head.segment_id, stop_seq=at_seq)
     state = replay(reads)
     origin = SegmentOrigin(

@@ -43,14 +43,15 @@ from terrarium.cli.app import (
 from terrarium.cli.commands import (
     context_stats,
     export_session,
+    failure,
     fork_session,
+    print_message,
     print_stats,
-    render_item,
 )
 from terrarium.cli.output import one_line, plural
 from terrarium.errors import ContextNotFound, ContextTooLong, LLMError, NothingToCompact
 from terrarium.llm import ModelAccess
-from terrarium.model import ContextId, encode_name, item_label, item_text
+from terrarium.model import ContextId, encode_name, item_role, item_text
 
 T = TypeVar("T")
 
@@ -99,11 +100,12 @@ class Hints:
     """How to send a message that was not kept once more."""
 
 
-def advice(exc: BaseException, hints: Hints, kept: bool = True) -> str:
+def advice(exc: BaseException, hints: Hints, kept: bool = True, partial: bool = True) -> str:
     """The note after a failed or interrupted turn (docs/cli.md, "When a reply fails").
 
     A failure that would repeat says why and what to do; a passing one offers the retry. A new
     session's first message that got no reply is not ``kept``: the session is not created.
+    ``partial``: some of the reply had come (Ctrl-C keeps it).
     """
     if isinstance(exc, Interrupted | KeyboardInterrupt):
         if not kept:
@@ -111,6 +113,8 @@ def advice(exc: BaseException, hints: Hints, kept: bool = True) -> str:
                 f"interrupted before any reply: nothing was kept ({hints.context} begins with "
                 "its first answered message)"
             )
+        if not partial:
+            return f"interrupted before any reply: {KEPT}; {hints.retry} sends it again"
         return (
             "interrupted: the partial reply is logged, marked interrupted, and your message is "
             f"not sent with your next one; {hints.retry} sends it again"
@@ -166,6 +170,8 @@ class Chat:
         """``chat -p --json``: replies are not streamed to stdout (:func:`turn_json` prints)."""
         self.reply = ""
         """The last reply's text."""
+        self.parts: list[str] = []
+        """The pieces of the reply being streamed (or cut short)."""
 
     @property
     def hints(self) -> Hints:
@@ -188,7 +194,7 @@ class Chat:
 
     def failure_note(self, exc: BaseException) -> str:
         """The note after the reply to a message failed (or Ctrl-C stopped it)."""
-        return advice(exc, self.hints, self.kept())
+        return advice(exc, self.hints, self.kept(), bool(self.parts))
 
     def open(self, context: ContextId) -> None:
         """Make ``context`` current, importing its legacy file on first use."""
@@ -229,6 +235,7 @@ class Chat:
         """Send one message and stream the reply; :attr:`replying` stays set when it fails."""
         self.replying = True
         parts: list[str] = []
+        self.parts = parts
 
         async def consume() -> None:
             stream = cast(
@@ -270,12 +277,17 @@ class Chat:
         self.out.line(f"{KEYS_HELP}. Start a message with // to send a leading /.", style="dim")
 
     async def cmd_history(self, _arg: str) -> None:
-        items = self.history()
-        if not items:
+        from terrarium.formats.jsonl import load_transcript
+
+        try:
+            transcript = load_transcript(self.state.store(), self.context)
+        except ContextNotFound:
+            transcript = None
+        if transcript is None or not transcript.items:
             self.out.line(f"{self.context} has no messages yet", style="dim")
-        for item in items:
-            self.out.line(f"[{item_label(item)}]", style="bold")
-            self.out.line(render_item(item))
+            return
+        for n, timed in enumerate(transcript.items):  # as ``show`` prints them
+            print_message(self.out, {"ts": timed.ts, **timed.item, **failure(transcript.state, n)})
 
     async def cmd_stats(self, _arg: str) -> None:
         try:
@@ -391,6 +403,7 @@ def decode_stdin(raw: bytes, number: int | None = None, offset: int = 0) -> str:
 async def interactive(chat: Chat, default_type: str) -> None:
     """The terminal chat: picker (unless a session was opened), then prompt and replies."""
     from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import InMemoryHistory
     from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 
     if not chat.opened:
@@ -412,8 +425,13 @@ async def interactive(chat: Chat, default_type: str) -> None:
     def _newline(event: KeyPressEvent) -> None:
         event.current_buffer.insert_text("\n")
 
+    recall = InMemoryHistory()  # Up recalls the session's messages, oldest loaded first
+    for item in chat.history():
+        if item_role(item) == "user" and item_text(item).strip():
+            recall.append_string(item_text(item))
     session: PromptSession[str] = PromptSession(
         multiline=True,
+        history=recall,
         key_bindings=keys,
         prompt_continuation=lambda width, *_: "." * (width - 1) + " ",
     )
@@ -611,7 +629,8 @@ def run_loop(chat: Chat, main: Coroutine[Any, Any, None]) -> None:
     except LLMError as exc:
         if not chat.replying:
             raise
-        raise click.ClickException(f"{one_line(str(exc))}; {chat.failure_note(exc)}") from exc
+        reason = one_line(str(exc)).removesuffix(".")  # the server's sentence, then the note
+        raise click.ClickException(f"{reason}; {chat.failure_note(exc)}") from exc
 
 
 def resolve_context(context: str | None, session_id: str | None, type_: str) -> ContextId | None:

@@ -194,7 +194,7 @@ def show(
         "turns": restored.turns,
         "legacy": legacy,
         "messages": [
-            _shown_message(t.ts, t.item, restored.failed, first + n) for n, t in enumerate(shown)
+            {"ts": t.ts, **t.item, **failure(restored, first + n)} for n, t in enumerate(shown)
         ],
     }
     head = transcript.head
@@ -215,26 +215,18 @@ def show(
     if first:
         out.line(f"({plural(first, 'earlier message')} not shown)", style="dim")
     for message in info["messages"]:
-        _print_message(out, message)
+        print_message(out, message)
     if segments:
         _print_segments(out, info["segments"], store, head)
 
 
-def _shown_message(
-    ts: str, item: Mapping[str, Any], failed: Mapping[int, Mapping[str, Any]], index: int
-) -> dict[str, Any]:
-    """A message as ``show --json`` prints it, ``failed`` marking an item of a failed run."""
-    message = {"ts": ts, **item}
-    errored = failed.get(index)
-    if errored is not None:
-        mark = {"error": errored.get("error"), "error_type": errored.get("error_type")}
-        if failed.get(index + 1) is not errored and errored.get("partial"):
-            mark["partial"] = errored["partial"]
-        message["failed"] = mark
-    return message
+def failure(restored: model.RestoredState, index: int) -> dict[str, Any]:
+    """``{"failed": ...}`` for ``show --json``'s message of a failed run; else nothing."""
+    mark = restored.failure(index)
+    return {} if mark is None else {"failed": mark}
 
 
-def _print_message(out: Output, message: Mapping[str, Any]) -> None:
+def print_message(out: Output, message: Mapping[str, Any]) -> None:
     """One message of ``show``: its label line, its text; a failed run's mark and partial."""
     item = {k: v for k, v in message.items() if k not in ("ts", "failed")}
     role = model.item_label(item)

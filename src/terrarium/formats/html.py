@@ -20,7 +20,15 @@ from typing import Any
 
 from terrarium import sessions
 from terrarium.formats.jsonl import Transcript, load_transcript
-from terrarium.formats.markdown import content_blocks, facts, heading, pretty_json, when
+from terrarium.formats.markdown import (
+    PARTIAL,
+    content_blocks,
+    facts,
+    failed_note,
+    heading,
+    pretty_json,
+    when,
+)
 from terrarium.formats.safe_markdown import markdown_html, pygments_css
 from terrarium.model import ContextId, chat_view, item_label
 from terrarium.stores.base import Store
@@ -58,6 +66,7 @@ details summary { cursor: pointer; color: var(--muted); font-size: .85rem; }
   margin: .75rem 0; }
 .prompt { white-space: pre-wrap; }
 .md { overflow-wrap: anywhere; }
+.failed { color: #dc2626; }
 .md > :first-child { margin-top: 0; }
 .md > :last-child { margin-bottom: 0; }
 .md p, .md ul, .md ol, .md blockquote, .md table { margin: .4rem 0; }
@@ -104,8 +113,17 @@ def _tool_calls(item: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def render_item(timed: sessions.Message) -> str:
-    """One history item as an HTML block (a kind with no Chat view as its JSON)."""
+def render_item(timed: sessions.Message, failure: Mapping[str, Any] | None = None) -> str:
+    """One history item as an HTML block (a kind with no Chat view as its JSON); ``failure``
+    marks it failed, with the partial reply after it."""
+    block = _block(timed, failure)
+    if failure is not None and failure.get("partial"):
+        who = f'<div class="who"><b>Assistant</b> ({PARTIAL})</div>'
+        block += f'\n<div class="msg assistant">{who}{_text(failure["partial"])}</div>'
+    return block
+
+
+def _block(timed: sessions.Message, failure: Mapping[str, Any] | None) -> str:
     item = timed.item
     stamp = f'<time datetime="{_e(timed.ts)}">{_e(when(timed.ts))}</time>'
     if timed.event is not None:
@@ -119,6 +137,8 @@ def render_item(timed: sessions.Message) -> str:
         return f'<div class="msg other">{who}{_pre(dump, "json")}</div>'
     role = str(view.get("role", "?"))
     who = heading(view, label, lambda title: f"<b>{_e(title)}</b>", _e, _e)
+    if failure is not None:
+        who += f' <span class="failed">{_e(failed_note(failure))}</span>'
     body = [f'<div class="who">{who} · {stamp}</div>']
     if view.get("reasoning_content"):
         body.append(
@@ -166,7 +186,7 @@ def render(transcript: Transcript) -> str:
     parts.append("<section><h2>Conversation</h2>")
     if not transcript.items:
         parts.append('<div class="event">No messages.</div>')
-    parts.extend(render_item(timed) for timed in transcript.items)
+    parts.extend(render_item(t, state.failure(n)) for n, t in enumerate(transcript.items))
     parts += ["</section>", "</main></body>", "</html>"]
     return "\n".join(parts) + "\n"
 

@@ -131,8 +131,26 @@ def _tool_calls(item: Mapping[str, Any]) -> list[str]:
     return blocks
 
 
-def render_item(timed: sessions.Message) -> str:
-    """One history item as a Markdown section; a Responses item as its Chat view, its kind named."""
+def failed_note(failure: Mapping[str, Any]) -> str:
+    """The mark of a failed run's message (``RestoredState.failure``), as ``show`` writes it."""
+    why = failure["error"] or failure["error_type"] or "?"
+    return f"failed, not sent to the model again: {why}"
+
+
+PARTIAL = "interrupted: the partial reply"
+"""The label of the reply a failed run cut short."""
+
+
+def render_item(timed: sessions.Message, failure: Mapping[str, Any] | None = None) -> str:
+    """One history item as a Markdown section; a Responses item as its Chat view, its kind
+    named; ``failure`` marks it failed, with the partial reply after it."""
+    section = _section(timed, failure)
+    if failure is not None and failure.get("partial"):
+        section += f"\n\n### Assistant ({PARTIAL})\n\n{failure['partial']}"
+    return section
+
+
+def _section(timed: sessions.Message, failure: Mapping[str, Any] | None) -> str:
     item = timed.item
     if timed.event is not None:
         text = escape(str(item.get("content") or "")) or escape(timed.event or "event")
@@ -143,7 +161,8 @@ def render_item(timed: sessions.Message) -> str:
         body = json.dumps(dict(item), indent=2, ensure_ascii=False, default=repr)
         return f"### {code_span(label)} · {when(timed.ts)}\n\n{fenced(body, 'json')}"
     who = heading(view, label, escape, code_span, escape)
-    blocks = [f"### {who} · {when(timed.ts)}"]
+    mark = f" · *{escape(failed_note(failure))}*" if failure is not None else ""
+    blocks = [f"### {who} · {when(timed.ts)}{mark}"]
     reasoning = view.get("reasoning_content")
     if reasoning:
         quoted = "\n".join(f"> {line}" if line else ">" for line in str(reasoning).splitlines())
@@ -185,7 +204,7 @@ def render(transcript: Transcript) -> str:
     out.append("## Conversation")
     if not transcript.items:
         out.append("*No messages.*")
-    out.extend(render_item(timed) for timed in transcript.items)
+    out.extend(render_item(t, state.failure(n)) for n, t in enumerate(transcript.items))
     return "\n\n".join(out) + "\n"
 
 

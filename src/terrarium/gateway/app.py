@@ -55,6 +55,7 @@ from terrarium.gateway.streaming import StreamBuilder
 from terrarium.gateway.upstream import (
     GatewayError,
     Upstream,
+    bad_request,
     dropped,
     first_choice,
     not_found,
@@ -143,12 +144,14 @@ async def create_response(gw: Gateway, request: Request) -> Response:
     messages = list(target.snapshot.messages)
     for item in req.inputs:
         add_wire_message(messages, item)
+    if not messages:
+        raise bad_request("'input' is empty and there is no history to answer", "input")
     body = chat_body(req, encoded_messages(messages, target.snapshot))
     record = new_record(req, new_response_id(target.context if req.store else None))
-    if req.stream:
-        events = _stream_response(gw, req, target, record, body)
-        return StreamingResponse(events, media_type="text/event-stream")
     try:
+        if req.stream:  # opened first: a refusal is the client's HTTP error too
+            events = _stream_response(gw, req, target, record, await gw.upstream.stream(body))
+            return StreamingResponse(events, media_type="text/event-stream")
         answer = await gw.upstream.chat(body)
         choice = first_choice(answer, gw.upstream.url)
         output = output_items(choice["message"])
@@ -175,14 +178,18 @@ GONE = "the client went away before the response completed"
 
 
 async def _stream_response(
-    gw: Gateway, req: ResponseRequest, target: Target, record: dict[str, Any], body: Any
+    gw: Gateway,
+    req: ResponseRequest,
+    target: Target,
+    record: dict[str, Any],
+    chunks: AsyncIterator[Any],
 ) -> AsyncIterator[bytes]:
     """The stream of events. A client that goes away before the end (the stream closed or
     cancelled) leaves a failed turn, as Ctrl-C does in the chat loop; it is handed to the
     store without waiting (``Core.submit``), as nothing may be awaited once a task is cancelled."""
     builder = StreamBuilder(record)
     try:
-        async for piece in _events(gw, req, target, builder, body):
+        async for piece in _events(gw, req, target, builder, chunks):
             yield piece
     except (asyncio.CancelledError, GeneratorExit):
         if req.store and record["status"] == "in_progress":
@@ -195,14 +202,18 @@ async def _stream_response(
 
 
 async def _events(
-    gw: Gateway, req: ResponseRequest, target: Target, builder: StreamBuilder, body: Any
+    gw: Gateway,
+    req: ResponseRequest,
+    target: Target,
+    builder: StreamBuilder,
+    chunks: AsyncIterator[Any],
 ) -> AsyncIterator[bytes]:
     """The events of a stream; the turn is stored before ``response.completed`` is sent."""
     record = builder.record
     for event in builder.start():
         yield sse(event)
     try:
-        async for chunk in gw.upstream.stream(body):
+        async for chunk in chunks:
             for event in builder.feed(chunk):
                 yield sse(event)
         if builder.finish_reason is None:

@@ -33,9 +33,11 @@ def session_of(request: Request, body: dict[str, Any]) -> ContextId | None:
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and "session_id" in metadata:
         given = metadata.pop("session_id")
+        if given is not None and not isinstance(given, str):
+            raise bad_request("'metadata.session_id' must be a string", "metadata")
         if not metadata:
             body.pop("metadata")
-        name = name or (given if isinstance(given, str) else None)
+        name = name or given
     if not name:
         return None
     return ContextId(CHAT_TYPE, name).check_new()
@@ -147,11 +149,12 @@ async def chat_completions(gw: Core, request: Request) -> Response:
     body = await read_json(request, gw.max_body)
     ctx = session_of(request, body)
     messages = body.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise bad_request("'messages' must be a list of message objects", "messages")
-    if body.get("stream"):
-        return StreamingResponse(_stream(gw, ctx, body), media_type="text/event-stream")
+    if not (isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages)):
+        raise bad_request("'messages' must be a non-empty list of message objects", "messages")
     try:
+        if body.get("stream"):  # opened first: a refusal is the client's HTTP error too
+            chunks = await gw.upstream.stream(body)
+            return StreamingResponse(_stream(gw, ctx, body, chunks), media_type="text/event-stream")
         answer = await gw.upstream.chat(body)
     except GatewayError as exc:
         if ctx is not None:
@@ -164,13 +167,15 @@ async def chat_completions(gw: Core, request: Request) -> Response:
     return JSON(answer)
 
 
-async def _stream(gw: Core, ctx: ContextId | None, body: dict[str, Any]) -> AsyncIterator[bytes]:
+async def _stream(
+    gw: Core, ctx: ContextId | None, body: dict[str, Any], chunks: AsyncIterator[Any]
+) -> AsyncIterator[bytes]:
     """The upstream's chunks as they come; the turn is recorded before ``[DONE]``. A client
     that goes away first leaves a failed turn (handed to ``Core.submit``, not awaited)."""
     reply = _Reply()
     done = False
     try:
-        async for piece in _chunks(gw, ctx, body, reply):
+        async for piece in _chunks(gw, ctx, body, reply, chunks):
             yield piece
         done = True
     finally:
@@ -184,10 +189,14 @@ GONE = "the client went away before the reply completed"
 
 
 async def _chunks(
-    gw: Core, ctx: ContextId | None, body: dict[str, Any], reply: _Reply
+    gw: Core,
+    ctx: ContextId | None,
+    body: dict[str, Any],
+    reply: _Reply,
+    chunks: AsyncIterator[Any],
 ) -> AsyncIterator[bytes]:
     try:
-        async for chunk in gw.upstream.stream(body):
+        async for chunk in chunks:
             reply.feed(chunk)
             yield b"data: " + encode(chunk) + b"\n\n"
         if reply.finish is None:

@@ -14,7 +14,7 @@ from terrarium.gateway.core import Core
 from terrarium.gateway.http import JSON, page, read_json
 from terrarium.gateway.ids import conversation_context, new_conversation_id
 from terrarium.gateway.ledger import CONVERSATION_DOMAIN
-from terrarium.gateway.responses import check_metadata, normalize_items
+from terrarium.gateway.responses import check_metadata, listed, normalize_items
 from terrarium.gateway.upstream import bad_request, not_found
 from terrarium.model import ContextId, LoggedItem
 
@@ -53,7 +53,7 @@ def _state(gw: Core, request: Request) -> tuple[str, dict[str, Any], list[Logged
     if found is None:
         raise not_found(f"Conversation with id '{conversation_id}' not found.")
     _, snap = found
-    return conversation_id, dict(snap.extensions.get(CONVERSATION_DOMAIN) or {}), snap.items
+    return conversation_id, dict(snap.extensions.get(CONVERSATION_DOMAIN) or {}), listed(snap.items)
 
 
 async def create(gw: Core, request: Request) -> Response:

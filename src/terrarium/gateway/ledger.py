@@ -31,6 +31,7 @@ import msgspec
 
 from terrarium import PodActiveSegmentRef, Store, sessions
 from terrarium.errors import ConflictError, ContextExists, ContextNotFound
+from terrarium.gateway.responses import listed
 from terrarium.model import (
     HISTORY_KINDS,
     ContextId,
@@ -471,9 +472,10 @@ class Ledger:
             if head is None:
                 return False
             snap = self.snapshot(head)
-            where = next((i for i, it in enumerate(snap.items) if it.get("id") == item_id), None)
-            if where is None:
+            ids = [item.get("id") for item in listed(snap.items)]
+            if item_id not in ids:
                 return False
+            where = ids.index(item_id)
             try:
                 if snap.kept[where] == snap.history_len - 1:
                     sessions.rewind(self.store, context, 1, expected_seq=head.seq + 1)

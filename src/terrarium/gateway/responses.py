@@ -12,13 +12,15 @@ tools (web search, file search, ...) and background mode are refused with HTTP 4
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from terrarium.gateway.ids import new_item_id
-from terrarium.gateway.upstream import bad_request
+from terrarium.gateway.upstream import GatewayError, bad_request
 from terrarium.model import TEXT_PART_TYPES, LoggedItem
 
 _ROLES = frozenset(("user", "assistant", "system", "developer"))
@@ -139,6 +141,29 @@ def normalize_items(value: Any, param: str) -> list[LoggedItem]:
     if not isinstance(value, list):
         raise bad_request(f"'{param}' must be a string or a list of items", param)
     return [_item(raw, param) for raw in value]
+
+
+def listed(items: Sequence[LoggedItem]) -> list[LoggedItem]:
+    """Items as a conversation lists them. One that another writer logged as a Chat message
+    without an id (``terrarium chat``, a compaction) is shown as a message item whose id is
+    derived from it (and from how many equal ones come before it): the same on every read."""
+    seen: dict[str, int] = {}
+    out: list[LoggedItem] = []
+    for item in items:
+        if isinstance(item.get("id"), str) and item["id"]:
+            out.append(item)
+            continue
+        text = json.dumps(item, sort_keys=True, default=str)
+        seen[text] = seen.get(text, 0) + 1
+        shown = {
+            **item,
+            "id": "msg_" + hashlib.sha256(f"{seen[text]}:{text}".encode()).hexdigest()[:32],
+        }
+        try:
+            out.append(_item(shown, "items"))
+        except GatewayError:  # no message item says it (a tool result): shown as logged
+            out.append(shown)
+    return out
 
 
 def _item(raw: Any, param: str) -> LoggedItem:

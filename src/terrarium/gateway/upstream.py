@@ -225,10 +225,10 @@ class Upstream:
         return answer
 
     async def stream(self, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """A streamed Chat Completions call: each chunk as the server's JSON. A connection
-        lost once the stream has begun is a drop (``upstream_dropped``), not a server that
-        cannot be reached."""
-        started = False
+        """A streamed Chat Completions call, opened here: a server that refuses it or cannot
+        be reached raises at once, so that the client gets its HTTP status. Then each chunk as
+        the server's JSON; a connection lost once the stream has begun is a drop
+        (``upstream_dropped``), not a server that cannot be reached."""
         try:
             post: Any = self.client.post
             chunks = await post(
@@ -238,14 +238,19 @@ class Upstream:
                 stream_cls=openai.AsyncStream[object],
                 **_encoded({**body, "stream": True}),
             )
-            started = True
+        except Exception as exc:
+            raise upstream_error(exc, self.url) from exc
+        return self._chunks(chunks)
+
+    async def _chunks(self, chunks: Any) -> AsyncIterator[dict[str, Any]]:
+        try:
             async with chunks:
                 async for chunk in chunks:
                     if isinstance(chunk, dict):
                         yield chunk
         except Exception as exc:
             error = upstream_error(exc, self.url)
-            if started and error.code == "upstream_unreachable":
+            if error.code == "upstream_unreachable":
                 error = dropped(exc.__cause__ or exc)
             raise error from exc
 

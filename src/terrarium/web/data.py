@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from terrarium import contexts, sessions, states
+from terrarium import RestoredState, contexts, sessions, states
 from terrarium.errors import (
     ContextNotFound,
     IndexUnavailable,
@@ -371,7 +371,7 @@ def _string(item: Mapping[str, Any], key: str) -> str | None:
 
 
 def _messages(
-    reads: list[SegmentRead], offset: int, limit: int, failed: Mapping[int, Mapping[str, Any]]
+    reads: list[SegmentRead], offset: int, limit: int, state: RestoredState
 ) -> tuple[int, list[dict[str, Any]]]:
     """How many messages the lineage holds, and those of one page with their usage and runs."""
     found = sessions.messages(reads)
@@ -380,23 +380,18 @@ def _messages(
         if isinstance(found[index].item, Mapping):
             row = _message(found[index])
             row["position"] = index  # the page's anchor #m{position}, search hits' ``message``
-            row["failed"] = _failed(failed, index)
+            row["failed"] = _failed(state, index)
             page.append(row)
     return len(found), page
 
 
-def _failed(failed: Mapping[int, Mapping[str, Any]], index: int) -> dict[str, Any] | None:
-    """What a message of a failed run shows: the run's error, and its partial reply on the
-    run's last message; None for a message of no failed run."""
-    errored = failed.get(index)
-    if errored is None:
+def _failed(state: RestoredState, index: int) -> dict[str, Any] | None:
+    """What a message of a failed run shows (``RestoredState.failure``): the run's error, and
+    its partial reply on the run's last message; None for a message of no failed run."""
+    mark = state.failure(index)
+    if mark is None:
         return None
-    last = failed.get(index + 1) is not errored
-    partial = errored.get("partial") if last else None
-    return {
-        "error": str(errored.get("error") or ""),
-        "partial": partial if isinstance(partial, str) else None,
-    }
+    return {"error": str(mark["error"] or ""), "partial": mark.get("partial")}
 
 
 def transcript(
@@ -421,7 +416,7 @@ def transcript(
         segment_id = SegmentId(segment)
     reads = sessions.lineage(store, head.session_id, segment_id)
     state = sessions.collect_state(line for read in reads for line in (read.header, *read.entries))
-    total, messages = _messages(reads, offset, limit, state.failed)
+    total, messages = _messages(reads, offset, limit, state)
     if segment_id == head.segment_id:  # the head's stats, from the reads already made
         segments = len(tree["segments"])
         stats = contexts.stats_of(context, state, head.created_at, segments, is_legacy=False)
