@@ -455,6 +455,20 @@ def test_an_unreachable_upstream_is_a_502(tmp_path: Path) -> None:
     assert "cannot reach the model server" in failed.value.message
 
 
+@pytest.mark.parametrize("given", ["{base}", "{base}/", "{host}"])
+def test_an_upstream_without_v1_is_read_as_the_chat_reads_it(
+    tmp_path: Path, fake: FakeServer, given: str
+) -> None:
+    """``--upstream`` takes a server URL as ``chat --base-url`` does: ``/v1`` added when
+    missing, a trailing slash dropped, ``http://`` when no scheme is given."""
+    base = fake.base_url.removesuffix("/v1")
+    upstream = given.format(base=base, host=base.removeprefix("http://"))
+    with GatewayProcess(tmp_path / "s", upstream) as gw:
+        assert gw.banner[0].rstrip().endswith(f"-> {fake.base_url}")
+        with openai.OpenAI(base_url=gw.url, api_key="x", max_retries=0) as c:
+            assert c.responses.create(model=MODEL, input="hi").output_text == "echo: hi"
+
+
 def socket_closed_port() -> Any:
     import contextlib
     import socket

@@ -43,7 +43,8 @@ def quick_store(store: Store) -> bool:
     "--upstream",
     required=True,
     metavar="URL",
-    help="The OpenAI-compatible model server (vLLM, llama.cpp, ...), e.g. http://localhost:8000/v1.",
+    help="The OpenAI-compatible model server (vLLM, llama.cpp, ...): http://localhost:8000/v1 "
+    "(/v1 is added when missing).",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
@@ -94,6 +95,9 @@ def gateway(
         raise click.ClickException(
             f"terrarium gateway needs the 'web' extra: {install_hint('web')} ({exc})"
         ) from exc
+    from terrarium.llm.vllm_client import normalize_base_url  # as chat reads --base-url
+
+    upstream = normalize_base_url(upstream)
     if not upstream.startswith(("http://", "https://")):
         raise click.BadParameter("use an http:// or https:// URL", param_hint="--upstream")
     token = required_token(token, host)
