@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, TypeVar
 from terrarium.errors import IndexUnavailable
 from terrarium.index import _sql as sql
 from terrarium.index._build import Build
+from terrarium.index._cursor import LogChanges
 from terrarium.index._fts import (
     LONG_BODY,
     Ranker,
@@ -45,7 +46,6 @@ from terrarium.index._refresh import IndexStats, IndexUpdate, Source
 from terrarium.index._sql import SCHEMA_VERSION
 from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores import _db
-from terrarium.stores._changes import LogChanges
 from terrarium.stores.base import INDEX_DB
 from terrarium.text import (
     ELLIPSIS,
