@@ -43,16 +43,17 @@ from bench_stores import (  # noqa: E402
     new_context,
     throwaway_database,
 )
-from terrarium import FsStore  # noqa: E402
-from terrarium.stores.base import Store  # noqa: E402
+from terrarium import FsStore, states  # noqa: E402
+from terrarium.model import ContextId  # noqa: E402
+from terrarium.stores.base import Lifecycle, Store  # noqa: E402
 from terrarium.stores.sqlite import SqliteStore  # noqa: E402
 
 BATCH = 500
 
 
-def fill(store: Store, contexts: int, messages: int, session: int) -> None:
+def fill(store: Store, contexts: int, messages: int, session: int, pinned: int = 0) -> None:
     """``contexts`` contexts of ``messages`` user messages each, and ``cli:long`` of
-    ``session`` messages."""
+    ``session`` messages; the first ``pinned`` contexts pinned (a lifecycle record each)."""
     for i in range(contexts):
         session_id, segment_id = new_context(store, f"c{i:07d}")
         store.append(
@@ -62,6 +63,9 @@ def fill(store: Store, contexts: int, messages: int, session: int) -> None:
     for start in range(0, session, BATCH):
         size = min(BATCH, session - start)
         store.append(session_id, segment_id, [entry(f"long {start + j}") for j in range(size)])
+    for i in range(pinned):
+        assert isinstance(store, Lifecycle)
+        states.pin_context(store, ContextId("cli", f"c{i:07d}"))
 
 
 def timed(call: Callable[[], Any], repeat: int) -> float:
@@ -155,7 +159,8 @@ def kept_database(base: Path, report: Report) -> Iterator[str | None]:
 def filled(base: Path, label: str, args: argparse.Namespace, mark: bool = False) -> bool:
     """Whether a kept store was filled with these sizes already; with ``mark``, say it is."""
     marker = base / f"{label}.filled"
-    sizes = f"{args.contexts} {args.messages} {args.session}\n"
+    sizes = f"{args.contexts} {args.messages} {args.session}"
+    sizes += f" {args.pinned}\n" if args.pinned else "\n"  # a kept store of before it reads on
     if mark:
         marker.write_text(sizes)
     if not marker.exists():
@@ -173,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--session", type=int, default=10_000, help="messages of cli:long")
     parser.add_argument("--repeat", type=int, default=5, help="timed requests per measure")
     parser.add_argument(
+        "--pinned", type=int, default=0, help="contexts pinned (each a lifecycle record)"
+    )
+    parser.add_argument(
         "--stores", default="fs,sqlite,postgres", help="comma-separated: fs, sqlite, postgres"
     )
     parser.add_argument(
@@ -186,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     report = Report()
     total = args.contexts * args.messages + args.session
     print(f"{args.contexts:,} contexts x {args.messages} messages, cli:long {args.session:,}")
+    if args.pinned:
+        print(f"{args.pinned:,} of them pinned")
     with contextlib.ExitStack() as stack:
         if args.keep:
             base = args.keep.resolve()
@@ -197,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                 report.note(f"{label}: kept store, {total:,} messages")
             else:
                 start = time.perf_counter()
-                fill(store, args.contexts, args.messages, args.session)
+                fill(store, args.contexts, args.messages, args.session, args.pinned)
                 report.note(
                     f"{label}: {total:,} messages written in {time.perf_counter() - start:.0f} s"
                 )

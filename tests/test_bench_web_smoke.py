@@ -12,8 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bench_web_quick_run(tmp_path: Path) -> None:
-    """benchmarks/bench_web.py --quick fills each store, serves it and prints its table."""
-    result = run_bench("bench_web.py", "--quick", tmp=tmp_path)
+    """benchmarks/bench_web.py --quick fills each store (some contexts pinned), serves it and
+    prints its table."""
+    result = run_bench("bench_web.py", "--quick", "--pinned", "3", tmp=tmp_path)
+    assert "3 of them pinned" in result.stdout
     table = result.stdout.split("Results", 1)[-1]
     for label in ("fs", "sqlite"):
         for measure in (

@@ -26,7 +26,7 @@ from helpers.history import add_context, snippets  # noqa: E402
 from terrarium import codec, index, states  # noqa: E402
 from terrarium.index._query import SearchQuery  # noqa: E402
 from terrarium.model import ContextId  # noqa: E402
-from terrarium.sessions import save_user_input  # noqa: E402
+from terrarium.sessions import fork_at, save_user_input  # noqa: E402
 from terrarium.stores.base import NewEntry, iter_lines  # noqa: E402
 from terrarium.stores.postgres import PostgresStore, _sql  # noqa: E402
 
@@ -277,3 +277,44 @@ def test_a_server_that_hides_its_system_identifier_still_names_the_index(
     assert store.store_id() == f"{made}-x-{database}-{schema}"
     add_context(store, "cli:a", "alpha")
     _agrees(store, "alpha")
+
+
+def test_a_first_build_reads_a_page_of_sessions_in_a_few_statements(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first build reads the store a page of sessions at a time: their heads and segments
+    in one statement, their lines in one per ``LINES`` lines (a session over that in one of
+    its own), not a statement or more per session. It lists and finds what an index walked
+    session by session does: a fork's two segments, a session read in one of its own."""
+    from terrarium.index import _cursor
+
+    monkeypatch.setattr(_cursor, "PAGE", 100)
+    monkeypatch.setattr(_cursor, "LINES", 400)
+    for n in range(230):
+        add_context(store, f"cli:c{n:03d}", f"word{n}", "reply")
+    big = add_context(store, "cli:big", *(f"long{n}" for n in range(450)))
+    forked = fork_at(store, big, 2)
+    store.set_head(ContextId.parse("cli:big"), forked, expected=big.segment_id)
+    save_user_input(store, big, "offbranch")
+    add_context(store, "cli:cold", "frozen")
+    assert states.archive_context(store, ContextId.parse("cli:cold")) is not None
+    statements: list[object] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        statements.append(query)
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    found = index.of(store)
+    assert found is not None
+    listed = found.list_contexts_fast()
+    monkeypatch.undo()
+    pages = 3  # 231 sessions, 100 a page; the big one's lines in a read of their own
+    assert len(statements) <= 3 + 2 * pages + 1, statements
+    assert listed == index.walked(store).list_contexts_fast()
+    assert len(listed) == 231
+    assert _search(store, "word229") == ["word229"]
+    assert _search(store, "long449") == ["long449"]
+    assert _search(store, "offbranch") == ["offbranch"]
+    assert _search(store, "frozen") == []

@@ -5,6 +5,7 @@ CSRF, and the trash page with its restore."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from starlette.testclient import TestClient
 
 from helpers.plain_store import PlainStore
 from helpers.web import seed
-from terrarium import states
+from terrarium import FsStore, states
 from terrarium.model import ContextId
 from terrarium.sessions import create_segment
 from terrarium.stores.base import Lifecycle
@@ -191,3 +192,46 @@ def test_the_lifecycle_actions_on_a_store_without_them_are_400() -> None:
     assert response.status_code == 400 and "no lifecycle states" in response.text
     assert "delete to trash" not in c.get("/session", params={"c": "cli:main"}).text
     assert "has no trash" in c.get("/trash").text
+
+
+PAGES = (
+    "/",
+    "/api/stats",
+    "/sessions",
+    "/api/contexts?state=all",
+    "/session?c=cli:main",
+    "/api/context?c=cli:main",
+    "/search?q=hello",
+    "/trash",
+)
+
+
+@pytest.mark.parametrize("kind", ["memory", "fs"])
+def test_a_page_reads_the_lifecycle_records_once(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page reads the store's lifecycle records (``session_records``: one file each on the
+    filesystem) once at most, whatever it shows of them: archived rows, pins, counts and
+    the frozen sessions' bytes; not once for each. A session's page reads its own record
+    alone."""
+    store: Any = MemoryStore() if kind == "memory" else FsStore(tmp_path / "s")
+    seed(store)
+    states.archive_context(store, ContextId.parse("irc:#python"))
+    states.pin_context(store, MAIN)
+    states.delete_context(store, ContextId.parse("cli:compacted"))
+    c = _client(store)
+    reads: list[str] = []  # the page of each read
+    real = type(store).session_records
+
+    def counted(self: Any) -> Any:
+        reads.append(page)
+        return real(self)
+
+    monkeypatch.setattr(type(store), "session_records", counted)
+    for page in PAGES:  # the index built, the archived rows in it
+        assert c.get(page).status_code == 200
+    reads.clear()
+    for page in PAGES:
+        assert c.get(page).status_code == 200
+    most = {page: 0 if "c=cli:main" in page else 1 for page in PAGES}
+    assert {page: reads.count(page) for page in PAGES if reads.count(page) > most[page]} == {}

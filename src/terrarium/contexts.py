@@ -165,15 +165,16 @@ def _others_of(store: weakref.ref[Store]) -> list[OtherRow]:
     return other_rows(found) if found is not None else []
 
 
-def other_rows(store: Store) -> list[OtherRow]:
-    """The legacy files beside ``store`` and its archived contexts, as index rows."""
+def other_rows(store: Store, *, records: states.Records | None = None) -> list[OtherRow]:
+    """The legacy files beside ``store`` and its archived contexts, as index rows (``records``:
+    the store's lifecycle records, read already)."""
     rows: list[OtherRow] = []
     for info in legacy.listing(store).sessions:
         c = info.context
         found = (info.date, info.created_at, info.last_active, info.message_count)
         rows.append((str(c), c.type, c.name, "legacy", *found, str(info.path)))
     if isinstance(store, Lifecycle):
-        for a in states.archived_contexts(store):
+        for a in states.archived_contexts(store, records=records):
             kind, _, name = a.context.partition(":")
             found = (a.date, a.date, a.last_active, a.message_count)
             rows.append((a.context, kind, name, "archived", *found, None))

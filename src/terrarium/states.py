@@ -13,7 +13,7 @@ then delete) are two steps each: :func:`finish_lifecycle` completes both. Usage:
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -38,11 +38,15 @@ from terrarium.stores.base import (
     wake_session,
 )
 
+#: The store's records (``SessionRecord``), as :meth:`SessionStates.session_records` gives them.
+Records = Sequence[SessionRecord]
+
 __all__ = [
     "ArchivedContext",
     "TrashedContext",
     "archive_context",
     "archived_contexts",
+    "context_record",
     "delete_context",
     "finish_lifecycle",
     "frozen_bytes",
@@ -133,15 +137,24 @@ def unarchive_context(store: Lifecycle, context: ContextId) -> bool:
 
 def is_archived(store: Lifecycle, context: ContextId) -> bool:
     """Whether the context exists and is archived."""
+    return "archived" in context_record(store, context)
+
+
+def context_record(store: Lifecycle, context: ContextId) -> dict[str, Any]:
+    """The record of the context's session (``archived``, ``pinned``...; ``{}`` if there is
+    no such context): one record read, where :func:`pinned_contexts` reads them all."""
     found = _head_state(store, context)
-    return found is not None and "archived" in found[1]
+    return {} if found is None else found[1]
 
 
-def archived_contexts(store: Lifecycle, type: str | None = None) -> list[ArchivedContext]:
-    """Every archived context, optionally of one type, sorted by context id."""
+def archived_contexts(
+    store: Lifecycle, type: str | None = None, *, records: Records | None = None
+) -> list[ArchivedContext]:
+    """Every archived context, optionally of one type, sorted by context id (``records``:
+    the store's, read already)."""
     found = [
         _archived(r.owner, r.state)
-        for r in store.session_records()
+        for r in _records(store, records)
         if r.owner is not None and "archived" in r.state
         if type is None or r.owner.split(":", 1)[0] == type
     ]
@@ -182,9 +195,9 @@ def delete_context(store: Lifecycle, context: ContextId) -> bool:
     raise ConflictError(f"{context} kept changing while it was being deleted")
 
 
-def trashed_contexts(store: Lifecycle) -> list[TrashedContext]:
-    """Everything in the trash, most recently deleted first."""
-    entries = [_trashed(r.state) for r in store.session_records() if _in_trash(r)]
+def trashed_contexts(store: Lifecycle, *, records: Records | None = None) -> list[TrashedContext]:
+    """Everything in the trash, most recently deleted first (``records``: read already)."""
+    entries = [_trashed(r.state) for r in _records(store, records) if _in_trash(r)]
     return sorted(entries, key=lambda e: (e.deleted_at, e.trash_id), reverse=True)
 
 
@@ -267,9 +280,10 @@ def pin_context(store: Lifecycle, context: ContextId, pinned: bool = True) -> bo
     return True
 
 
-def pinned_contexts(store: Lifecycle) -> frozenset[str]:
-    """The ids of the pinned contexts, hot or archived (not trashed ones)."""
-    return frozenset(r.owner for r in store.session_records() if r.owner and r.state.get("pinned"))
+def pinned_contexts(store: Lifecycle, *, records: Records | None = None) -> frozenset[str]:
+    """The ids of the pinned contexts, hot or archived, not trashed (``records``: read
+    already)."""
+    return frozenset(r.owner for r in _records(store, records) if r.owner and r.state.get("pinned"))
 
 
 def unfinished_lifecycle(store: Lifecycle) -> list[SessionRecord]:
@@ -412,14 +426,18 @@ def _message_count(store: Store, head: PodMetadata) -> int:
     return len(state.history)
 
 
-def frozen_bytes(store: Lifecycle) -> int:
+def frozen_bytes(store: Lifecycle, *, records: Records | None = None) -> int:
     """Bytes the frozen sessions (archived, or in the trash) take in the store, as each one's
-    record says (``cold``, written by the freeze); nothing is read but the records."""
-    return sum(
-        int(r.state["cold"].get("cold_bytes", 0))
-        for r in store.session_records()
-        if "cold" in r.state
-    )
+    record says (``cold``, written by the freeze); nothing is read but the records (``records``:
+    read already)."""
+    found = _records(store, records)
+    return sum(int(r.state["cold"].get("cold_bytes", 0)) for r in found if "cold" in r.state)
+
+
+def _records(store: Lifecycle, records: Records | None) -> Records:
+    """``records`` where the caller read them (a dashboard page reads them once for all it
+    shows of them), else the store's."""
+    return store.session_records() if records is None else records
 
 
 def log_bytes(store: Store, ref: PodMetadata) -> int:

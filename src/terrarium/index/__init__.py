@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from terrarium._lazy import attach
 from terrarium.errors import StoreError
-from terrarium.stores.base import Indexed, Reindexable, Store
+from terrarium.stores.base import ChangeLog, Indexed, Reindexable, Store
 
 if TYPE_CHECKING:
     from terrarium.index._index import DB_NAME, IndexStats, SearchIndex
@@ -49,13 +49,15 @@ def of(store: Store) -> SearchIndex | None:
     """The derived index of ``store`` (opened on first use), or None if it is not ``Indexed``."""
     if not isinstance(store, Indexed):
         return None
+    from terrarium.index._cursor import LogChanges
     from terrarium.index._index import SearchIndex
 
     with _lock:
         found = store.derived
         if isinstance(found, SearchIndex):
             return found
-        index = SearchIndex(store.index_source())
+        source = store.index_source()
+        index = SearchIndex(LogChanges(store, source) if isinstance(store, ChangeLog) else source)
         store.derived = index
         return index
 

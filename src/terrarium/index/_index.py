@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, TypeVar
 from terrarium.errors import IndexUnavailable
 from terrarium.index import _sql as sql
 from terrarium.index._build import Build
+from terrarium.index._cursor import LogChanges
 from terrarium.index._fts import (
     LONG_BODY,
     Ranker,
@@ -45,7 +46,6 @@ from terrarium.index._refresh import IndexStats, IndexUpdate, Source
 from terrarium.index._sql import SCHEMA_VERSION
 from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores import _db
-from terrarium.stores._changes import LogChanges
 from terrarium.stores.base import INDEX_DB
 from terrarium.text import (
     ELLIPSIS,
@@ -74,6 +74,8 @@ _OPTIMIZE_AFTER = 20_000
 
 DB_NAME = INDEX_DB
 _T = TypeVar("_T")
+#: The rows of the contexts with no session here, or what gives them (``SearchIndex.others``).
+Others = list[OtherRow] | Callable[[], list[OtherRow]]
 
 
 class SearchIndex:
@@ -492,16 +494,16 @@ class SearchIndex:
         self,
         read: Callable[[sqlite3.Connection], _T],
         *,
-        others: bool = False,
+        others: Others | None = None,
         budget: float | None = None,
     ) -> _T:
-        """``read`` on one snapshot of the index, once it is up to date."""
+        """``read`` on one snapshot of the index, once it is up to date (and the rows of
+        ``others`` in it)."""
 
         def run() -> _T:
             self._refresh(full=False, budget=budget)
             conn = self._connection()
-            if others:
-                self._sync_others(conn)
+            self._sync_others(conn, others)
             conn.execute(sql.BEGIN)
             try:
                 return read(conn)
@@ -562,25 +564,36 @@ class SearchIndex:
 
     # ------------------------------------------------------------------ the dashboard's reads
 
-    def read(self, read: Callable[[Reader], _T], *, budget: float | None = None) -> _T:
+    def read(
+        self,
+        read: Callable[[Reader], _T],
+        *,
+        budget: float | None = None,
+        others: list[OtherRow] | None = None,
+        sync: bool = True,
+    ) -> _T:
         """The dashboard's ``read`` on one up-to-date snapshot, :attr:`others` included.
 
         ``budget``: seconds a first build may take first; past them ``Reader.left`` says how
         many sessions are still to be indexed (the next read goes on with the build).
+        ``others``: the rows :attr:`others` gives, where the caller has them already.
+        ``sync``: False for a ``read`` of the index's own sessions only (the forks of a
+        context), for which the rows of others are not brought up to date.
         """
 
         def run(conn: sqlite3.Connection) -> _T:
             return read(Reader(conn, self._build.left if self._build is not None else 0))
 
-        return self._read(run, others=True, budget=budget)
+        rows = None if not sync else self.others if others is None else others
+        return self._read(run, others=rows, budget=budget)
 
-    def _sync_others(self, conn: sqlite3.Connection) -> None:
-        """Replace the rows of the contexts :attr:`others` gives when they changed."""
-        if self.others is None or self.readonly:
+    def _sync_others(self, conn: sqlite3.Connection, others: Others | None) -> None:
+        """Replace the rows of the contexts ``others`` are (or gives) when they changed."""
+        if others is None or self.readonly:
             return
         import hashlib  # here: ``terrarium list`` imports this module, and never needs it
 
-        rows = sorted(self.others())
+        rows = sorted(others() if callable(others) else others)
         digest = hashlib.sha256(repr(rows).encode()).hexdigest()
         if _meta(conn, "others") == digest:
             return

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from terrarium.errors import SegmentNotFound
+from terrarium.index._cursor import LogChanges
 from terrarium.index._index import SearchIndex
-from terrarium.stores._changes import LogChanges
 from terrarium.stores.base import INDEX_DB, PodMetadata, SegmentStat, Store
 
 

@@ -208,7 +208,13 @@ class Indexed(Protocol):
     derived: Derived | None
 
     def index_source(self) -> Any:
-        """What the derived index reads of the store (a ``terrarium.index._refresh.Source``)."""
+        """What the derived index reads of the store (a ``terrarium.index._refresh.Source``);
+        of a :class:`ChangeLog` store, which it reads through that protocol, its file."""
+
+
+#: A session as :meth:`ChangeLog.live_sessions` reads it: its context's head, and each of its
+#: segments with its next seq.
+LiveSession = tuple[PodMetadata, dict[SegmentId, int]]
 
 
 @runtime_checkable
@@ -218,16 +224,15 @@ class ChangeLog(Store, Protocol):
     def changes(self, after: str | None) -> tuple[list[SessionId] | None, str]:
         """The sessions written since position ``after`` (None: read all) and the position now."""
 
-    def live_head(self, session_id: SessionId) -> PodMetadata | None:
-        """The head of the session's context; None when it is detached, frozen or gone."""
+    def live_sessions(self, session_ids: Sequence[SessionId]) -> dict[SessionId, LiveSession]:
+        """Of ``session_ids``, each one its context's head is on (not detached, frozen or
+        gone): that head, and each of its segments with its next seq, in one read."""
 
     def entries_from(
-        self, session_id: SessionId, segment_id: SegmentId, seq: int
-    ) -> list[dict[str, Any]]:
-        """The segment's lines from ``seq`` on (its header is seq 0), none if it is gone."""
-
-    def segment_tails(self, session_id: SessionId) -> dict[SegmentId, int]:
-        """Each segment of the session with its next seq, in one read; none if it is gone."""
+        self, reads: Sequence[tuple[SessionId, SegmentId, int]]
+    ) -> list[list[dict[str, Any]]]:
+        """For each (session, segment, seq) of ``reads``, the segment's lines from ``seq`` on
+        (its header is seq 0; none if it is gone), in one read."""
 
 
 @runtime_checkable

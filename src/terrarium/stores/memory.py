@@ -35,10 +35,10 @@ from terrarium.errors import (
     SessionAttached,
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, utc_now
-from terrarium.stores._changes import LogChanges
 from terrarium.stores.base import (
     INDEX_DB,
     Derived,
+    LiveSession,
     NewEntry,
     PodMetadata,
     SegmentRead,
@@ -103,36 +103,33 @@ class MemoryStore:
                 touched.append(session_id)
             return touched, str(now)
 
-    def live_head(self, session_id: SessionId) -> PodMetadata | None:
-        """The head of the session's context unless detached, frozen or gone (``ChangeLog``)."""
+    def live_sessions(self, session_ids: Sequence[SessionId]) -> dict[SessionId, LiveSession]:
+        """Of ``session_ids``, each hot and attached one's head and tails (``ChangeLog``)."""
+        found: dict[SessionId, LiveSession] = {}
         with self._lock:
-            owner = self._owners.get(session_id)
-            head = None if owner is None else self._heads.get(owner)
-            if head is None or head.session_id != session_id or session_id in self._frozen:
-                return None
-            return head
+            for sid in session_ids:
+                head = self._heads.get(self._owners.get(sid) or "")
+                if head is not None and head.session_id == sid and sid not in self._frozen:
+                    found[sid] = head, {g: len(s.lines) for g, s in self._sessions[sid].items()}
+        return found
 
     def entries_from(
-        self, session_id: SessionId, segment_id: SegmentId, seq: int
-    ) -> list[dict[str, Any]]:
-        """The segment's lines from ``seq`` on (``ChangeLog``)."""
+        self, reads: Sequence[tuple[SessionId, SegmentId, int]]
+    ) -> list[list[dict[str, Any]]]:
+        """Each read's segment lines from its seq on (``ChangeLog``)."""
+        gone = _Segment([])
         with self._lock:
-            segment = self._sessions.get(session_id, {}).get(segment_id)
-            return [] if segment is None else copy.deepcopy(segment.lines[seq:])
+            found = [self._sessions.get(s, {}).get(g, gone).lines[seq:] for s, g, seq in reads]
+            return copy.deepcopy(found)
 
-    def segment_tails(self, session_id: SessionId) -> dict[SegmentId, int]:
-        """Each segment of the session with its next seq (``ChangeLog``)."""
-        with self._lock:
-            return {g: len(s.lines) for g, s in self._sessions.get(session_id, {}).items()}
-
-    def index_source(self) -> LogChanges:
-        """What the derived index reads (``Indexed``): its database in a private temporary
-        folder, removed with the store."""
+    def index_source(self) -> Path:
+        """The derived index's file (``Indexed``), in a private temporary folder removed with
+        the store; the index reads the cursor."""
         with self._lock:
             if self._index_dir is None:
                 self._index_dir = tempfile.mkdtemp(prefix="terrarium-index-")
                 weakref.finalize(self, shutil.rmtree, self._index_dir, True)
-            return LogChanges(self, Path(self._index_dir) / INDEX_DB)
+            return Path(self._index_dir) / INDEX_DB
 
     # ---------------------------------------------------------------- heads
 

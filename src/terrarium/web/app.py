@@ -53,7 +53,7 @@ from terrarium.guard import is_loopback_header, token_matches
 from terrarium.index._query import SearchQuery
 from terrarium.llm import ModelAccess
 from terrarium.model import ContextId, display_name
-from terrarium.stores.base import Notifying, Store
+from terrarium.stores.base import Lifecycle, Notifying, Store
 from terrarium.web import data, render
 from terrarium.web.compact import compact
 from terrarium.web.openapi import api, openapi_document
@@ -552,7 +552,7 @@ def confirm_page(request: Request) -> HTMLResponse:
     action = request.query_params.get("action", "")
     if action not in ACTIONS:
         raise data.BadRequest(f"action must be one of {', '.join(ACTIONS)}")
-    lifecycle = dash.call(data.lifecycle_counts) is not None
+    lifecycle = isinstance(dash.store, Lifecycle)
     if action == "restore":
         trash_id = request.query_params.get("trash", "")
         found = dash.call(data.trash)["trash"]

@@ -27,9 +27,10 @@ from terrarium.errors import (
     InvalidContextId,
     SegmentNotFound,
 )
-from terrarium.index import Reader, sort_key
+from terrarium.index import Reader, Sums, sort_key
 from terrarium.index._listing import ContextSummary, ListingQuery
 from terrarium.model import DATE_RE, ContextId, SegmentId, chat_view, item_label, item_text
+from terrarium.states import Records
 from terrarium.stores.base import Lifecycle, SegmentRead, Store
 
 SORTS = ("last_active", "created", "messages", "tokens")
@@ -64,14 +65,26 @@ BUILD_STEP = 0.2
 """Seconds a page spends on a first build of the store's index before it shows what it holds."""
 
 
-def _read(store: Store, read: Callable[[Reader], _T]) -> _T:
+def _records(store: Store) -> Records | None:
+    """The store's lifecycle records (None: it has none), read once for all a page shows of
+    them: archived rows, pins, counts, frozen bytes. (A read each took 4 to 6 per overview.)"""
+    return store.session_records() if isinstance(store, Lifecycle) else None
+
+
+def _read(
+    store: Store, read: Callable[[Reader], _T], records: Records | None = None, *, sync: bool = True
+) -> _T:
     """``read`` on the store's derived index, or a walked one when it cannot be brought up to
-    date (a read-only store whose index is behind or missing)."""
+    date (a read-only store whose index is behind or missing); its archived rows from
+    ``records`` (None: read here). ``sync``: False for a read of no archived or legacy row."""
+    others = contexts.other_rows(store, records=records) if sync else None
     try:
-        return contexts.listing_index(store).read(read, budget=BUILD_STEP)
+        found = contexts.listing_index(store)
+        return found.read(read, budget=BUILD_STEP, others=others, sync=sync)
     except IndexUnavailable as exc:
         log.warning("%s; reading an index of the store in a temporary folder instead", exc)
-        return contexts.listing_index(store, walked=True).read(read, budget=BUILD_STEP)
+        walked = contexts.listing_index(store, walked=True)
+        return walked.read(read, budget=BUILD_STEP, others=others, sync=sync)
 
 
 def encode_cursor(key: tuple[Any, str]) -> str:
@@ -126,9 +139,10 @@ def list_page(
     # One row more than the page, to know if another follows.
     query = ListingQuery(sort, after, limit + 1, type, text or None, since, until)
     life = store if isinstance(store, Lifecycle) else None
-    rows, types = _read(store, lambda r: (r.page(query, state), r.types(state)))
+    records = _records(store)
+    rows, types = _read(store, lambda r: (r.page(query, state), r.types(state)), records)
     page, more = rows[:limit], len(rows) > limit
-    pinned = states.pinned_contexts(life) if life else frozenset()
+    pinned = states.pinned_contexts(life, records=records) if life else frozenset()
     last = sort_key(sort)(page[-1]) if page else None
     return {
         "contexts": [_shown(row, pinned) for row in page],
@@ -152,17 +166,23 @@ def _shown(summary: ContextSummary, pinned: frozenset[str]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- overview
 
 
-def disk_bytes(store: Store) -> int | None:
+def _folder(store: Store) -> bool:
+    """Whether the store is a folder of segment files (its bytes are the index's to sum)."""
+    return isinstance(getattr(store, "root", None), Path)
+
+
+def disk_bytes(store: Store, segments: int, records: Records | None) -> int | None:
     """Bytes the store takes on disk; None for a database server or memory. A folder's: its
-    hot segment files as the index read them, and its frozen sessions' compressed files."""
+    hot segment files as the index read them (``segments``), and its frozen sessions'
+    compressed files, as their ``records`` say."""
     path = getattr(store, "path", None)
     if isinstance(path, Path) and path.is_file():
         extra = [path.with_name(path.name + s) for s in ("-wal", "-shm")]
         return sum(os.stat(p).st_size for p in (path, *extra) if p.exists())
-    if not isinstance(getattr(store, "root", None), Path):
+    if not _folder(store):
         return None
-    frozen = states.frozen_bytes(store) if isinstance(store, Lifecycle) else 0
-    return _read(store, lambda r: r.segment_bytes()) + frozen
+    frozen = states.frozen_bytes(store, records=records) if isinstance(store, Lifecycle) else 0
+    return segments + frozen
 
 
 RANGES = {"7d": 7, "30d": 30, "90d": 90, "all": None}
@@ -212,14 +232,15 @@ def chart_range(
     return {"range": name, "from": first, "to": last, "days": days}
 
 
-def lifecycle_counts(store: Store) -> dict[str, int] | None:
-    """How many contexts are archived, in the trash and pinned; None without lifecycle."""
+def lifecycle_counts(store: Store, records: Records | None) -> dict[str, int] | None:
+    """How many contexts are archived, in the trash and pinned, as the store's ``records``
+    say; None without lifecycle."""
     if not isinstance(store, Lifecycle):
         return None
     return {
-        "archived": len(states.archived_contexts(store)),
-        "trashed": len(states.trashed_contexts(store)),
-        "pinned": len(states.pinned_contexts(store)),
+        "archived": len(states.archived_contexts(store, records=records)),
+        "trashed": len(states.trashed_contexts(store, records=records)),
+        "pinned": len(states.pinned_contexts(store, records=records)),
     }
 
 
@@ -237,7 +258,12 @@ def overview(
     sessions are left.
     """
     top = ListingQuery(sort="messages", limit=MOST_ACTIVE)
-    sums, most_active, left = _read(store, lambda r: (r.sums(), r.page(top), r.left))
+    records, folder = _records(store), _folder(store)
+
+    def read(r: Reader) -> tuple[Sums, list[ContextSummary], int, int]:
+        return r.sums(), r.page(top), r.left, r.segment_bytes() if folder else 0
+
+    sums, most_active, left, segments = _read(store, read, records)
     names = (*TOKEN_KEYS, "calls", "estimated_calls")
     models = {model: dict(zip(names, n, strict=True)) for model, n in sums.models.items()}
     today = today or datetime.datetime.now(datetime.UTC).date().isoformat()
@@ -252,10 +278,10 @@ def overview(
                 name: sum(m[name] for m in models.values())
                 for name in (*TOKEN_KEYS, "estimated_calls")
             },
-            "bytes_on_disk": disk_bytes(store),
+            "bytes_on_disk": disk_bytes(store, segments, records),
         },
         "indexing": left,
-        "lifecycle": lifecycle_counts(store),
+        "lifecycle": lifecycle_counts(store, records),
         "per_type": per_type,
         "range": {k: chosen[k] for k in ("range", "from", "to")},
         "messages_per_day": [
@@ -408,7 +434,8 @@ def transcript(
     tree = fork_tree(store, context)
     head = store.get_head(context)
     assert head is not None  # fork_tree raised otherwise
-    tree["forks"] = {"contexts": _read(store, lambda r: r.forks_of(str(context)))}
+    forks = _read(store, lambda r: r.forks_of(str(context)), sync=False)  # hot contexts only
+    tree["forks"] = {"contexts": forks}
     segment_id = head.segment_id
     if segment:
         if segment not in {s["segment_id"] for s in tree["segments"]}:
@@ -437,12 +464,14 @@ def transcript(
 
 
 def context_state(store: Store, context: ContextId) -> dict[str, Any] | None:
-    """The context's state (``hot`` or ``archived``) and pin; None without lifecycle."""
+    """The context's state (``hot`` or ``archived``) and pin, from its own record alone;
+    None without lifecycle."""
     if not isinstance(store, Lifecycle):
         return None
+    record = states.context_record(store, context)
     return {
-        "state": "archived" if states.is_archived(store, context) else "hot",
-        "pinned": str(context) in states.pinned_contexts(store),
+        "state": "archived" if "archived" in record else "hot",
+        "pinned": bool(record.get("pinned")),
     }
 
 

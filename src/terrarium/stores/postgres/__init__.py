@@ -27,6 +27,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import Any, cast
 
 from terrarium.blobrefs import DEFAULT_THRESHOLD, line_digests
@@ -39,7 +40,7 @@ from terrarium.errors import (
 )
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores._archive import envelopes
-from terrarium.stores._changes import LogChanges, index_folder
+from terrarium.stores._changes import index_folder
 from terrarium.stores._redact import redact_url
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores._sqlbase import SqlStore, line_text, pyformat
@@ -87,7 +88,7 @@ class PostgresStore(SqlStore):
     _READ_TRACE = _sql.READ_TRACE
     _DROP_HOT = _sql.DROP_HOT
     _ENTRIES_FROM = _sql.ENTRIES_FROM
-    _SEGMENT_TAILS = _sql.SEGMENT_TAILS
+    _LIVE_SESSIONS = _sql.LIVE_SESSIONS
     _SESSION_SEGMENTS = _sql.SESSION_SEGMENTS
     _SESSION_LINES = _sql.SESSION_LINES
     _SESSION_TRACES = _sql.SESSION_TRACES
@@ -104,9 +105,8 @@ class PostgresStore(SqlStore):
     blob_digests = retried(SqlStore.blob_digests)
     blob_references = retried(SqlStore.blob_references)
     delete_unreferenced_blobs = retried(SqlStore.delete_unreferenced_blobs)
-    live_head = retried(SqlStore.live_head)
+    live_sessions = retried(SqlStore.live_sessions)
     entries_from = retried(SqlStore.entries_from)
-    segment_tails = retried(SqlStore.segment_tails)
 
     def __init__(
         self,
@@ -243,10 +243,10 @@ class PostgresStore(SqlStore):
                 row = conn.execute(_sql.STORE_ID_NO_SYSTEM).fetchone()
         return "-".join("x" if part is None else str(part) for part in row or ("",))
 
-    def index_source(self) -> LogChanges:
-        """What the derived index reads (``Indexed``): the change cursor, into a file in this
-        machine's cache folder named by :meth:`store_id` (:func:`._changes.index_folder`)."""
-        return LogChanges(self, index_folder() / f"{self.store_id()}.{INDEX_DB}")
+    def index_source(self) -> Path:
+        """The derived index's file (``Indexed``), in this machine's cache folder, named by
+        :meth:`store_id` (:func:`._changes.index_folder`); the index reads the cursor."""
+        return index_folder() / f"{self.store_id()}.{INDEX_DB}"
 
     # ---------------------------------------------------------------- contexts
 

@@ -92,7 +92,6 @@ APPEND_MANY = (
     "AS e(seq, kind, ts, line)) SELECT moved FROM seg"
 )
 NEXT_SEQ = "SELECT next_seq FROM segments WHERE session_id = %s AND segment_id = %s"
-SEGMENT_TAILS = "SELECT segment_id, next_seq FROM segments WHERE session_id = %s"
 #: A hot context's head and its segment's tail, one snapshot (no row: frozen, or no context).
 HEAD_TAIL = (
     "SELECT c.context, c.session_id, c.segment_id, c.created_at, c.updated_at, s.next_seq "
@@ -185,9 +184,21 @@ CHANGES = (
     "AND NOT pg_visible_in_snapshot(xid, %(after)s::pg_snapshot))"
 )
 POSITION = "SELECT pg_current_snapshot()::text"
+# Reads of many segments (a JSON array of [session, segment, seq]) and many sessions' heads
+# with their tails (a JSON array of ids), one statement each (SqlStore.entries_from,
+# SqlStore.live_sessions).
 ENTRIES_FROM = (
-    "SELECT line FROM entries WHERE session_id = %(session)s AND segment_id = %(segment)s "
-    "AND seq >= %(seq)s ORDER BY seq"
+    "SELECT r.n - 1, e.line FROM json_array_elements(%s::json) WITH ORDINALITY AS r(v, n) "
+    "JOIN entries AS e ON e.session_id = (r.v ->> 0)::uuid AND e.segment_id = (r.v ->> 1)::uuid "
+    "AND e.seq >= (r.v ->> 2)::integer ORDER BY r.n, e.seq"
+)
+# The ids bound both tables: each is read by its index, whatever the planner's statistics
+# (the ids on contexts alone read every segment row, a page at a time, at 10k sessions).
+LIVE_SESSIONS = (
+    "WITH r AS (SELECT ARRAY(SELECT json_array_elements_text(%s::json)::uuid) AS ids) "
+    "SELECT c.context, c.session_id, c.segment_id, c.created_at, c.updated_at, s.segment_id, "
+    "s.next_seq FROM r JOIN contexts AS c ON c.session_id = ANY (r.ids) LEFT JOIN segments "
+    "AS s ON s.session_id = c.session_id AND s.session_id = ANY (r.ids)"
 )
 # Where the store is: its id (store_meta, made once with the schema, and carried by any copy:
 # a dump restored, a database made from it as a template, a schema's rows copied), the

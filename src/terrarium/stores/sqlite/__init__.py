@@ -39,7 +39,6 @@ from terrarium.errors import ConflictError, SegmentNotFound, StoreError
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
 from terrarium.stores._archive import envelopes
-from terrarium.stores._changes import LogChanges
 from terrarium.stores._files import inside
 from terrarium.stores._seqs import SeqGuesses
 from terrarium.stores._sqlbase import STATE, SqlStore, line_text, state_record
@@ -70,7 +69,7 @@ class SqliteStore(SqlStore):
     _READ_TRACE = sql.READ_TRACE
     _DROP_HOT = sql.DROP_HOT
     _ENTRIES_FROM = sql.ENTRIES_FROM
-    _SEGMENT_TAILS = sql.SEGMENT_TAILS
+    _LIVE_SESSIONS = sql.LIVE_SESSIONS
     _SESSION_SEGMENTS = sql.SESSION_SEGMENTS
     _SESSION_LINES = sql.SESSION_LINES
     _SESSION_TRACES = sql.SESSION_TRACES
@@ -305,8 +304,9 @@ class SqliteStore(SqlStore):
             finally:
                 conn.execute("COMMIT")
 
-    def index_source(self) -> LogChanges:
-        """What the derived index reads (``Indexed``); its database is beside this one.
+    def index_source(self) -> Path:
+        """The derived index's file (``Indexed``), beside this database; the index reads the
+        cursor.
         StoreError for a database of a development build that kept no change cursor."""
         with self._read() as conn:
             if conn.execute(sql.HAS_CHANGES).fetchone() is None:
@@ -315,7 +315,7 @@ class SqliteStore(SqlStore):
                     f"change cursor to list or search by; copy it into a new store: terrarium "
                     f"copy sqlite:///{self.path.resolve()} sqlite:///NEW.db"
                 )
-        return LogChanges(self, self.path.with_name(f"{self.path.name}.{INDEX_DB}"))
+        return self.path.with_name(f"{self.path.name}.{INDEX_DB}")
 
     # ---------------------------------------------------------------- contexts
 

@@ -62,10 +62,21 @@ READ_SEGMENT = (
     f"SELECT line, (SELECT max(seq) FROM entries WHERE seg = {_KEY}) FROM entries "
     f"WHERE seg = {_KEY} AND seq <= :stop ORDER BY seq"
 )
-ENTRIES_FROM = f"SELECT line FROM entries WHERE seg = {_KEY} AND seq >= :seq ORDER BY seq"
-SEGMENT_TAILS = (
-    "SELECT segment_id, (SELECT max(seq) + 1 FROM entries WHERE seg = g.id) "
-    "FROM segments AS g WHERE session_id = ?"
+# Reads of many segments (a JSON array of [session, segment, seq]) and many sessions' heads
+# with their tails (a JSON array of ids), one statement each (SqlStore.entries_from,
+# SqlStore.live_sessions).
+ENTRIES_FROM = (
+    "SELECT r.key, e.line FROM json_each(?) AS r JOIN segments AS g "
+    "ON g.session_id = json_extract(r.value, '$[0]') "
+    "AND g.segment_id = json_extract(r.value, '$[1]') "
+    "JOIN entries AS e ON e.seg = g.id AND e.seq >= json_extract(r.value, '$[2]') "
+    "ORDER BY r.key, e.seq"
+)
+LIVE_SESSIONS = (
+    "SELECT c.context, c.session_id, c.segment_id, c.created_at, c.updated_at, g.segment_id, "
+    "(SELECT max(seq) + 1 FROM entries WHERE seg = g.id) FROM contexts AS c "
+    "LEFT JOIN segments AS g ON g.session_id = c.session_id "
+    "WHERE c.session_id IN (SELECT value FROM json_each(?))"
 )
 INSERT_TRACE = "INSERT INTO traces (session_id, segment_id, line) VALUES (?, ?, ?)"
 READ_TRACE = "SELECT line FROM traces WHERE session_id = ? AND segment_id = ? ORDER BY id"
