@@ -333,8 +333,7 @@ def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
     ctx = source.context
     name = str(ctx) if ctx is not None else f"session {source.session_id}"
     # A trace has no seq to compare and set: two copies of a session take turns. A detached
-    # one has no context: it takes the lock of an id that names it (a context of that name
-    # would only share its turns).
+    # one locks an id that names it (a context of that name would only share its turns).
     lock = ctx if ctx is not None else ContextId("detached", str(source.session_id))
     with context_lock(dst, lock):
         return _attempts(dst, source, name)
