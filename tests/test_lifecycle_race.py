@@ -15,7 +15,10 @@ bundle imports, reindexes and blob collections against one store at once. Afterw
   fork's source) was never sent; each session has one clear, compaction or rewind segment per
   acknowledged call (and at most one more per call a delete cut short);
 * no policy run archived a context while it was pinned;
-* every context copied or imported in equals its source, and ``fsck`` finds nothing.
+* every context copied or imported in equals its source, and the calls that brought a source
+  in wrote all of it between them (a worker's k-th copy or import brings in a new source, the
+  k-th, which the other workers' k-th calls may meet: ``race_child.source_of``);
+* ``fsck`` finds nothing.
 
 The default run is a few hundred calls per backend with seeds 0-3; ``slow`` runs thousands,
 and runs each mix of ``MIXES`` (weights that favour a pair of conflicting commands) with new
@@ -38,11 +41,10 @@ from typing import Any
 
 import pytest
 
-from helpers.copies import fill, snapshot
-from helpers.race_child import fsck, open_spec
+from helpers.copies import snapshot
+from helpers.race_child import fsck, open_spec, source_of
 from pg import fresh_schema, pg_database  # noqa: F401  (the postgres store's database)
 from terrarium import ContextId, Store, contexts, create_segment, sessions, states
-from terrarium.export import export_many
 from terrarium.model import SessionId
 from terrarium.stores.base import Lifecycle
 
@@ -89,16 +91,6 @@ def seed_store(store: Store) -> None:
             sessions.save_user_input(store, head, f"big of {name} {BIG}")
 
 
-def seed_source(tmp_path: Path) -> dict[str, Any]:
-    """The store copies bring in (every shape of a session tree, a blob, a detached session,
-    archived and pinned contexts) and its bundle, which imports bring in."""
-    source = {"kind": "sqlite", "where": str(tmp_path / "source.db")}
-    with open_spec(source) as store:
-        fill(store, 6, archived=1, big=True)
-        export_many(store, None, "jsonl", tmp_path / "source.tar.gz")
-    return source
-
-
 def run_workers(
     spec: dict[str, Any],
     tmp_path: Path,
@@ -109,7 +101,7 @@ def run_workers(
     """Run the workers to the end (worker ``w`` on the seed ``seed + w``); every record they
     wrote."""
     procs = []
-    extra = {"source": spec["source"], "bundle": spec["bundle"], "gc_before": time.time()}
+    extra = {"sources": str(tmp_path), "gc_before": time.time()}
     for worker in range(WORKERS):
         out = tmp_path / f"worker-{worker}.jsonl"
         args = {**spec, **extra, "seed": worker, "rng": seed + worker, "ops": ops}
@@ -249,20 +241,26 @@ def check_pins(records: list[dict[str, Any]]) -> None:
                 assert between, f"policy archived {name} at {archived_at}, pinned at {pin['t1']}"
 
 
-def check_copies(store: Store, source: dict[str, Any]) -> None:
-    """Every context copied or imported in holds its source's session, line for line."""
-    with open_spec(source) as there:
-        want = snapshot(there)
+def check_copies(store: Store, records: list[dict[str, Any]], folder: Path) -> None:
+    """Every context copied or imported in holds its source's session, line for line; a call
+    that brought in a source first wrote all of it (the calls of one source that met, between
+    them)."""
     have = snapshot(store)
-    for name, there in want.items():
-        assert name in have, f"{name} was not copied in"
-        if name.startswith("session "):  # a detached session: its segments
-            assert have[name] == there, name
-        else:  # archived or not as the policy runs left it
-            assert have[name][:3] + have[name][4:] == there[:3] + there[4:], name
+    calls = acked(records, "copy_in") + acked(records, "import")
+    for number in sorted({r["source"] for r in calls}):
+        with open_spec(source_of(folder, number)[0]) as there:
+            want = snapshot(there)
+        written = {name for r in calls if r["source"] == number for name in r["report"]["copied"]}
+        assert written == set(want), (number, set(want) - written)
+        for name, there in want.items():
+            assert name in have, f"{name} was not copied in"
+            if name.startswith("session "):  # a detached session: its segments
+                assert have[name] == there, name
+            else:  # archived or not as the policy runs left it
+                assert have[name][:3] + have[name][4:] == there[:3] + there[4:], name
 
 
-def check(store: Store, records: list[dict[str, Any]], source: dict[str, Any]) -> None:
+def check(store: Store, records: list[dict[str, Any]], folder: Path) -> None:
     """Nothing lost, nothing twice, no spurious error."""
     assert isinstance(store, Lifecycle)
     errors = {
@@ -279,7 +277,7 @@ def check(store: Store, records: list[dict[str, Any]], source: dict[str, Any]) -
     check_conversations(store, records, live)
     check_pins(records)
     if acked(records, "copy_in") or acked(records, "import"):
-        check_copies(store, source)
+        check_copies(store, records, folder)
     assert fsck(store, repair=False) == []
 
 
@@ -289,7 +287,7 @@ def race_spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
     spec = spec_of(request.param, tmp_path, request)
     with open_spec(spec) as store:
         seed_store(store)
-    return {**spec, "source": seed_source(tmp_path), "bundle": str(tmp_path / "source.tar.gz")}
+    return spec
 
 
 def run_race(
@@ -301,7 +299,7 @@ def run_race(
 ) -> None:
     records = run_workers(spec, tmp_path, ops, seed, weights)
     with open_spec(spec) as store:
-        check(store, records, spec["source"])
+        check(store, records, tmp_path)
 
 
 def test_lifecycle_commands_racing_lose_nothing(race_spec: dict[str, Any], tmp_path: Path) -> None:

@@ -12,8 +12,7 @@ recognises: a new session is built detached, and only once every line and trace 
 ``attach_context`` give it its context and head; the pin and the archive come last. So a
 killed copy leaves nothing, a detached part, or the whole, and a rerun completes it. Two
 copies of one context at once (two processes) take turns under its lock; of a detached
-session, each plans again when a write finds the other's part there. Either way both end with
-the whole (a detached session's traces excepted: docs/architecture.md, Known limits).
+session, under the lock of the context id ``detached:{session}``. Both end with the whole.
 
 Archived contexts land archived, pinned ones pinned (where both stores have the
 :class:`~terrarium.stores.base.Lifecycle`). The trash is not copied. Detached sessions are
@@ -23,7 +22,6 @@ copied with all contexts. One session: ``complete_session(dst, read_source(src, 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -327,15 +325,17 @@ def _readable(dst: Store, session_id: SessionId) -> bool:
 def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
     """Make ``dst`` hold the session: (lines written, part there?), or None if it had it all.
 
-    Another copy of the same session (another process's copy or import) may write it
-    meanwhile: copies of a context take turns under its lock, and a write that finds its part
-    there already (a stale seq, a segment or session that exists, a context attached: a
-    detached session's other copy) plans again from what is there now.
+    Another copy of the same session (another process's copy or import) takes turns with this
+    one under its context's lock (a detached session's: ``detached:{session}``). A write that
+    finds its part there already (a stale seq, a segment or session that exists, a context
+    attached: a copy of the session as a context's) plans again from what is there now.
     """
     ctx = source.context
     name = str(ctx) if ctx is not None else f"session {source.session_id}"
-    # A trace has no seq to compare and set: two copies of a context take turns.
-    with context_lock(dst, ctx) if ctx is not None else nullcontext():
+    # A trace has no seq to compare and set: two copies of a session take turns. A detached
+    # one locks an id that names it (a context of that name would only share its turns).
+    lock = ctx if ctx is not None else ContextId("detached", str(source.session_id))
+    with context_lock(dst, lock):
         return _attempts(dst, source, name)
 
 

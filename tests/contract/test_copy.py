@@ -11,6 +11,7 @@ import pytest
 from terrarium import (
     FsStore,
     Item,
+    MemoryStore,
     PodActiveSegmentRef,
     SegmentStartState,
     SystemItem,
@@ -139,45 +140,70 @@ def test_a_session_in_the_destinations_trash_is_a_conflict_not_a_second_copy(
 
 
 @pytest.mark.parametrize("step", ["create_session", "create_segment", "append"])
-def test_two_copies_of_a_detached_session_at_once_both_leave_it_whole(
+def test_a_copy_of_a_detached_session_meeting_a_copy_of_it_as_a_context_writes_it_once(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
-    """Another copy of the same detached session (another process's ``copy`` or ``import``;
-    no context lock to take turns under) writes all of it between this copy's plan and its
-    ``step``: this copy plans again and finds it there (before, the other's write failed it
-    as a conflict or an error; the lifecycle race caught it on contexts)."""
+    """A copy of the same session as a context's (another process's, from another source; it
+    takes the context's lock, not the detached session's) writes all of it and attaches it
+    between this copy's plan and its ``step``: this copy plans again and skips it as a
+    context's, no conflict or error (before, the other's write failed it as a conflict or an
+    error; the lifecycle race caught it on contexts)."""
     with _source(tmp_path / "src") as src:
         session_id, root = create_segment(src, SegmentStartState(system_prompt="nobody's"))
         main = PodActiveSegmentRef(session_id, root)
         save_user_input(src, main, "hi")
         branch = PodActiveSegmentRef(session_id, fork_at(src, main, 1))
         save_user_input(src, branch, "on a branch")
+        adopted = MemoryStore()
+        copy_store(src, adopted, [], detached=True)
+        adopted.attach_context(ContextId.parse("cli:adopted"), session_id, root)
         real = getattr(store, step)
 
         def racing(*args: object, **kwargs: object) -> object:
             monkeypatch.setattr(store, step, real)  # the other copy writes as usual
-            assert copy_store(src, store, [], detached=True).copied == [f"session {session_id}"]
+            assert copy_store(adopted, store, ["cli:adopted"]).copied == ["cli:adopted"]
             return real(*args, **kwargs)
 
         monkeypatch.setattr(store, step, racing)
         report = copy_store(src, store, [], detached=True)
-        assert report.conflicts == []
-        assert [*report.copied, *report.present] == [f"session {session_id}"], report
-        assert detached_sessions(store) == [session_id]
+        assert report.conflicts == [] and report.copied == []
+        assert [name for name, _ in report.skipped] == [f"session {session_id}"], report
+        assert detached_sessions(store) == []
         for segment in src.list_segments(session_id):
             there = store.read_segment(session_id, segment)
             want = src.read_segment(session_id, segment)
             assert [there.header, *there.entries] == [want.header, *want.entries]
 
 
-def test_two_copies_of_a_context_at_once_write_its_traces_once(
-    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def _with_detached(root: Path) -> FsStore:
+    """:func:`_source`, and a detached session whose two segments have traces."""
+    src = _source(root)
+    session_id, root_id = create_segment(src, SegmentStartState(system_prompt="nobody's"))
+    main = PodActiveSegmentRef(session_id, root_id)
+    save_user_input(src, main, "hi")
+    save_trace(src, main, [TraceEntry("2026-01-01T00:00:00.000000Z", "chunk", {"d": "h"})])
+    branch = PodActiveSegmentRef(session_id, fork_at(src, main, 1))
+    save_trace(src, branch, [TraceEntry("2026-01-01T00:00:01.000000Z", "end", {})])
+    return src
+
+
+@pytest.mark.parametrize("what", ["context", "detached session"])
+def test_two_copies_of_a_session_at_once_write_its_traces_once(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str
 ) -> None:
-    """Two copies of one context at once (two threads here, two processes in the race): a
-    trace has no sequence number to compare and set, so the copies of a context take turns
-    under its lock, and each trace entry is written once (before, both wrote it; the
-    lifecycle race caught it)."""
-    with _source(tmp_path / "src") as src:
+    """Two copies of one context, or of one detached session, at once (two threads here, two
+    processes in the race): a trace has no sequence number to compare and set, so the copies
+    take turns under the context's lock (a detached session's: the lock of the context id
+    ``detached:{session}``), and each trace entry is written once (before, both wrote it:
+    the lifecycle race caught it on contexts; a detached session had no lock)."""
+    with _with_detached(tmp_path / "src") as src:
+        [session_id] = detached_sessions(src)
+        if what == "context":
+            head = src.get_head(ContextId.parse("irc:#python"))
+            assert head is not None
+            session_id, which, detached = head.session_id, ["irc:#python"], False
+        else:
+            which, detached = [], True
         at_trace, other_waits = threading.Event(), threading.Event()
         append_trace, lock_context = store.append_trace, getattr(store, "lock_context", None)
 
@@ -198,21 +224,19 @@ def test_two_copies_of_a_context_at_once_write_its_traces_once(
             monkeypatch.setattr(store, "lock_context", lock)
 
         def other() -> None:
-            copy_store(src, store, ["irc:#python"])
+            copy_store(src, store, which, detached=detached)
             other_waits.set()
 
         worker = threading.Thread(target=other)
-        copier = threading.Thread(target=lambda: copy_store(src, store, ["irc:#python"]))
+        copier = threading.Thread(target=lambda: copy_store(src, store, which, detached=detached))
         copier.start()
         assert at_trace.wait(30)
         worker.start()
         copier.join(30)
         worker.join(30)
-        head = src.get_head(ContextId.parse("irc:#python"))
-        assert head is not None
-        for segment in src.list_segments(head.session_id):
-            want = src.read_trace(head.session_id, segment)
-            assert store.read_trace(head.session_id, segment) == want, segment
+        traces = {s: src.read_trace(session_id, s) for s in src.list_segments(session_id)}
+        assert traces == {s: store.read_trace(session_id, s) for s in traces}
+        assert sum(map(bool, traces.values())) == 1 + detached  # the segments with one
 
 
 def _lines(store: Store, context: str) -> dict[str, list[dict[str, object]]]:

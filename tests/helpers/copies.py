@@ -34,13 +34,14 @@ def fill(
     archived: int = 0,
     big: bool = False,
     shapes: tuple[int, ...] = (0, 1, 2, 3, 4, 5),
+    prefix: str = "cli:s",
 ) -> list[str]:
-    """``count`` contexts ``cli:s00``... of a few messages each, in every shape a session tree
-    takes (taken in turn from ``shapes``, see ``_shape``; and every seventh a fork into
-    another context), the last ``archived`` of them archived, every fifth pinned; and one
-    detached session with a fork. ``big``: one message over the blob threshold. Returns the
-    context ids, archived ones included."""
-    names = [f"cli:s{number:02}" for number in range(count)]
+    """``count`` contexts ``cli:s00``... (``{prefix}00``...) of a few messages each, in every
+    shape a session tree takes (taken in turn from ``shapes``, see ``_shape``; and every
+    seventh a fork into another context), the last ``archived`` of them archived, every fifth
+    pinned; and one detached session with a fork and a trace. ``big``: one message over the blob
+    threshold. Returns the context ids, archived ones included."""
+    names = [f"{prefix}{number:02}" for number in range(count)]
     for number, name in enumerate(names):
         if number and number % 7 == 0:
             fork_context(store, names[number - 1], name)
@@ -87,6 +88,7 @@ def _detached(store: Store) -> None:
     session_id, root = create_segment(store, SegmentStartState(system_prompt="detached"))
     ref = PodActiveSegmentRef(session_id, root)
     save_user_input(store, ref, "nobody's yet")
+    save_trace(store, ref, [TraceEntry(TS, "chunk", {"detached": True})])
     save_user_input(store, PodActiveSegmentRef(session_id, fork_at(store, ref, 0)), "a fork")
 
 

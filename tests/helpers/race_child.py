@@ -3,15 +3,15 @@
 Run as ``python tests/helpers/race_child.py SPEC`` where SPEC is JSON: the store (``kind``,
 ``where``, ``schema``), the worker's ``seed``, how many ``ops`` to run, the pools of contexts
 (``steady``: archived, woken, pinned, forked, cleared, rewound and compacted but never deleted;
-``churn``: deleted, restored and purged too), the ``source`` store and ``bundle`` that copies
-and imports bring in, the time ``gc_before`` which blob collection may collect up to, and the
-``out`` file; optionally the seed of its random choices (``rng``, the ``seed`` by default) and
-``weights`` that replace some of ``WEIGHTS``. It runs random calls with no fault injected and
-writes one JSON line per call to ``out``: ``{"n", "op", "context", "ok", "error"}`` and what
-the call acknowledged (an append's ``text`` and where it went, a fork's ``target``, a
-compaction's ``summary``, a rewind's ``dropped`` texts, a pin's ``t0``/``t1``, a policy run's
-``archived``, a purge's ``purged``, a copy's or an import's report). ``gone``: the call met a
-context another worker had just deleted or purged.
+``churn``: deleted, restored and purged too), the folder of the ``sources`` that copies and
+imports bring in (``source_of``), the time ``gc_before`` which blob collection may collect up
+to, and the ``out`` file; optionally the seed of its random choices (``rng``, the ``seed`` by
+default) and ``weights`` that replace some of ``WEIGHTS``. It runs random calls with no fault
+injected and writes one JSON line per call to ``out``: ``{"n", "op", "context", "ok",
+"error"}`` and what the call acknowledged (an append's ``text`` and where it went, a fork's
+``target``, a compaction's ``summary``, a rewind's ``dropped`` texts, a pin's ``t0``/``t1``, a
+policy run's ``archived``, a purge's ``purged``, a copy's or an import's ``source`` and
+report). ``gone``: the call met a context another worker had just deleted or purged.
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from terrarium import ContextId, FsStore, Store, contexts, lifecycle, sessions, states
 from terrarium.copy import CopyReport
 from terrarium.errors import ContextNotFound, InvalidEntry, NotInTrash, SegmentNotFound
 from terrarium.stores.base import Reindexable, context_lock
+from terrarium.stores.locks import file_lock
 
 #: Errors a call may meet when another worker deleted or restored its context meanwhile.
 GONE = (ContextNotFound, SegmentNotFound, NotInTrash)
@@ -184,12 +186,39 @@ def copy_out(store: Store) -> None:
             sessions.restore(there, ContextId.parse(name))
 
 
-def copy_in(spec: dict[str, Any], store: Store, record: dict[str, Any]) -> None:
-    """``terrarium copy`` of the source store into the racing store."""
+def source_of(folder: str | Path, number: int) -> tuple[dict[str, Any], Path]:
+    """Source ``number`` in ``folder``: its store and its bundle, built by the first worker that
+    asks (``helpers.copies.fill``'s every shape of a session tree, a blob, a detached session,
+    archived and pinned contexts), under contexts ``copy:s{number}-00``... of its own."""
+    source = {"kind": "sqlite", "where": str(Path(folder) / f"source-{number}.db")}
+    bundle = Path(folder) / f"source-{number}.tar.gz"
+    with file_lock(Path(folder) / f"source-{number}.lock"):
+        if not bundle.exists():
+            from helpers.copies import fill
+            from terrarium.export import export_many
+
+            with open_spec(source) as store:
+                fill(store, 6, archived=1, big=True, prefix=f"copy:s{number}-")
+                export_many(store, None, "jsonl", bundle)
+    return source, bundle
+
+
+def bring_in(spec: dict[str, Any], store: Store, record: dict[str, Any]) -> None:
+    """``terrarium copy`` of a source store into the racing store, or ``terrarium import`` of
+    its bundle. A worker's k-th call brings in source k, as every other worker's k-th does: each
+    source is new to the racing store when the first call brings it in, and the workers' calls
+    of one source may meet."""
+    from terrarium.bundle import import_bundle
     from terrarium.copy import copy_store
 
-    with open_spec(spec["source"]) as source:
-        note_copy(copy_store(source, store), record)
+    number = record["source"] = spec.get("brought", 0)
+    spec["brought"] = number + 1
+    source, bundle = source_of(spec["sources"], number)
+    if record["op"] == "import":
+        note_copy(import_bundle(store, bundle), record)
+        return
+    with open_spec(source) as there:
+        note_copy(copy_store(there, store), record)
 
 
 def note_copy(report: CopyReport, record: dict[str, Any]) -> None:
@@ -197,13 +226,6 @@ def note_copy(report: CopyReport, record: dict[str, Any]) -> None:
     record["report"] = {"copied": report.copied, "skipped": report.skipped}
     odd = [s for s in report.skipped if s[0] not in report.present]
     assert report.conflicts == [] and odd == [], report
-
-
-def import_bundle(spec: dict[str, Any], store: Store, record: dict[str, Any]) -> None:
-    """``terrarium import`` of the source store's bundle into the racing store."""
-    from terrarium.bundle import import_bundle
-
-    note_copy(import_bundle(store, spec["bundle"]), record)
 
 
 def reindex(store: Store) -> None:
@@ -244,7 +266,7 @@ def step(
     steady, churn = spec["steady"], spec["churn"]
     weights = {**WEIGHTS, **spec.get("weights", {})}
     op = rng.choices(list(weights), weights=list(weights.values()))[0]
-    if n == 0 and "source" in spec:  # every worker brings the same sessions in at once
+    if n == 0 and "sources" in spec:  # every worker brings the same sessions in at once
         op = "copy_in" if spec["seed"] % 2 else "import"
     context = rng.choice(churn if op == "delete" else steady + churn)
     record.update(op=op, context=context, seed=spec["seed"])
@@ -262,10 +284,8 @@ def step(
         record["context"] = None
         if op == "copy_out":
             copy_out(store)
-        elif op == "copy_in":
-            copy_in(spec, store, record)
-        elif op == "import":
-            import_bundle(spec, store, record)
+        elif op in {"copy_in", "import"}:
+            bring_in(spec, store, record)
         else:
             reindex(store) if op == "reindex" else collect_blobs(spec, store)
     else:
@@ -324,6 +344,7 @@ def churn_forever(store: Store, spec: dict[str, Any]) -> None:
 
 def main() -> None:
     faulthandler.enable()  # SIGABRT: the race shows a hung worker's stack
+    sys.path.insert(0, str(Path(__file__).parents[1]))  # ``helpers.copies``, as the tests import
     spec = json.loads(sys.argv[1])
     if spec.get("forever"):
         with open_spec(spec) as store:
