@@ -923,7 +923,7 @@ def test_the_command_refuses_bad_options_in_one_line(tmp_path: Path) -> None:
     where = ["--storage-dir", str(tmp_path / "s")]
     missing = runner.invoke(cli, ["gateway", *where])
     assert missing.exit_code == 2 and "Missing option '--upstream'" in missing.output
-    bad = runner.invoke(cli, ["gateway", *where, "--upstream", "localhost:8000"])
+    bad = runner.invoke(cli, ["gateway", *where, "--upstream", "ftp://localhost:8000"])
     assert bad.exit_code == 2 and "use an http:// or https:// URL" in bad.output
     empty = runner.invoke(cli, ["gateway", *where, "--upstream", "http://x/v1", "--token", " "])
     assert empty.exit_code == 2 and "the token may not be empty" in empty.output
