@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -404,7 +405,7 @@ def test_chat_history_command_labels_responses_items(
         catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
-    out = result.stdout
+    out = re.sub(r"\[(\w+) [\d-]+ [\d:]+\]", r"[\1]", result.stdout)  # as show: role and time
     assert "[reasoning]\nlook" in out
     assert '[function_call]\n-> weather({"q": "Paris"})' in out
     assert "[function_call_output]\n(result of c1)\nsunny" in out
