@@ -35,6 +35,7 @@ from terrarium import (
     lifecycle,
     restore,
     save_user_input,
+    sessions,
     states,
 )
 from terrarium.cli import cli
@@ -374,6 +375,36 @@ def test_a_purge_killed_after_its_folder_went_is_no_damage_to_fsck(
     assert invoke("fsck", "--storage-dir", str(root)).exit_code == 0
     with FsStore(root) as store:
         assert states.trashed_contexts(store) == []
+
+
+def test_a_delete_killed_at_its_commit_is_in_the_trash_and_nowhere_else(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete killed just after the rename that commits it, before its pending record took
+    the record's place: the context is in the trash (a session with no record before, neither
+    pinned nor archived, has only the pending one), not a detached session of no one's, and the
+    next delete of that id finds nothing to delete."""
+    with FsStore(root) as store:
+        _create(store, "cli:main", "kept")
+
+        real_replace = os.replace
+
+        def die_at_the_record(source: Any, target: Any) -> None:
+            if str(source).endswith(_states.PENDING):  # after the rename that commits it
+                raise _Killed
+            real_replace(source, target)
+
+        monkeypatch.setattr(os, "replace", die_at_the_record)
+        with pytest.raises(_Killed):
+            states.delete_context(store, MAIN)
+        monkeypatch.undo()
+    with FsStore(root) as store:
+        assert [e.context for e in states.trashed_contexts(store)] == ["cli:main"]
+        assert sessions.detached_sessions(store) == []
+        assert not states.delete_context(store, MAIN)
+        [entry] = states.trashed_contexts(store)
+        states.restore_trashed(store, entry.trash_id)
+        assert [m["content"] for m in _history(store, "cli:main")] == ["kept"]
 
 
 def test_a_seal_left_in_a_hot_folder_is_lifted_by_the_next_write(root: Path) -> None:
