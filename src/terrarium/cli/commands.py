@@ -760,10 +760,8 @@ def import_file(
 
         head = import_context(store, read_file(path), context=as_context, where=str(path))
     else:
-        from terrarium.formats import terrarium_json as tj
-
         root = root or _legacy_root_of(store, path)
-        head = tj.import_session(store, tj.load(path, root=root), context=as_context)
+        head = legacy.import_file(store, path, root=root, context=as_context)
     context = model.ContextId.parse(head.context)
     return str(context), len(sessions.restore(store, context).history)
 
