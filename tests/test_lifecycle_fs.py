@@ -29,17 +29,20 @@ from terrarium import (
     ContextExists,
     FsStore,
     PodActiveSegmentRef,
+    contexts,
     create_segment,
     fork,
     fork_at,
     lifecycle,
     restore,
     save_user_input,
+    sessions,
     states,
 )
 from terrarium.cli import cli
 from terrarium.errors import CorruptLog, InvalidContextId, NotInTrash, StoreError
 from terrarium.index import listing as lister
+from terrarium.index._listing import ListingQuery
 from terrarium.index._query import SearchQuery
 from terrarium.legacy import listing
 from terrarium.model import ContextId, TraceEntry
@@ -376,6 +379,36 @@ def test_a_purge_killed_after_its_folder_went_is_no_damage_to_fsck(
         assert states.trashed_contexts(store) == []
 
 
+def test_a_delete_killed_at_its_commit_is_in_the_trash_and_nowhere_else(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete killed just after the rename that commits it, before its pending record took
+    the record's place: the context is in the trash (a session with no record before, neither
+    pinned nor archived, has only the pending one), not a detached session of no one's, and the
+    next delete of that id finds nothing to delete."""
+    with FsStore(root) as store:
+        _create(store, "cli:main", "kept")
+
+        real_replace = os.replace
+
+        def die_at_the_record(source: Any, target: Any) -> None:
+            if str(source).endswith(_states.PENDING):  # after the rename that commits it
+                raise _Killed
+            real_replace(source, target)
+
+        monkeypatch.setattr(os, "replace", die_at_the_record)
+        with pytest.raises(_Killed):
+            states.delete_context(store, MAIN)
+        monkeypatch.undo()
+    with FsStore(root) as store:
+        assert [e.context for e in states.trashed_contexts(store)] == ["cli:main"]
+        assert sessions.detached_sessions(store) == []
+        assert not states.delete_context(store, MAIN)
+        [entry] = states.trashed_contexts(store)
+        states.restore_trashed(store, entry.trash_id)
+        assert [m["content"] for m in _history(store, "cli:main")] == ["kept"]
+
+
 def test_a_seal_left_in_a_hot_folder_is_lifted_by_the_next_write(root: Path) -> None:
     """A freeze killed before its commit leaves the folder hot, its files sealed: the next
     append unseals them (under the session's lock) and writes."""
@@ -699,6 +732,73 @@ def test_an_imported_context_takes_its_legacy_file_into_the_archive(
     save_user_input(store, _imported(store, "cli:old"), "new question")
     assert states.archive_context(store, ContextId("cli", "old")) is not None
     assert not path.exists()
+    assert "cli:old" not in invoke("list", "--json", "--storage-dir", str(root)).output
+
+
+def test_an_archived_context_hides_a_legacy_file_of_it_left_out(
+    store: FsStore, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An archive killed after its commit, before it removed the legacy file it packed (or an
+    unarchive killed after it put the file back, before its commit): the context is archived
+    and its file lies out too. The log wins, as for a hot context: neither ``list`` nor the
+    dashboard's listing shows the file as a second, hot copy of the context; an unarchive
+    leaves the one file."""
+    path = _legacy_file(root, "cli:old")
+    _imported(store, "cli:old")
+    real_unlink = Path.unlink
+
+    def die_at_the_legacy_file(self: Path, missing_ok: bool = False) -> None:
+        if self == path:
+            raise _Killed
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", die_at_the_legacy_file)
+    with pytest.raises(_Killed):
+        states.archive_context(store, ContextId("cli", "old"))
+    monkeypatch.undo()
+    with FsStore(root) as other:
+        assert states.is_archived(other, ContextId("cli", "old")) and path.exists()
+        assert "cli:old" not in invoke("list", "--json", "--storage-dir", str(root)).output
+        for state, shown in (("hot", []), ("archived", ["cli:old"])):
+            page = contexts.listing_index(other).read(
+                lambda r, state=state: r.page(ListingQuery(), state)
+            )
+            assert [row.context for row in page] == shown, state
+        assert states.unarchive_context(other, ContextId("cli", "old"))
+        assert [info.path for info in listing(other).sessions] == [path]
+
+
+def test_delete_purge_takes_the_legacy_file_of_the_context_too(store: FsStore, root: Path) -> None:
+    """``terrarium delete --purge`` of a context imported from a legacy file, which stays:
+    the file goes into ``.trash/legacy/`` as a delete's does, so ``list`` does not show the
+    purged context again."""
+    path = _legacy_file(root, "cli:old")
+    _imported(store, "cli:old")
+    result = invoke("delete", "cli:old", "--purge", "--yes", "--storage-dir", str(root))
+    assert result.exit_code == 0, result.output
+    assert not path.exists() and list((root / ".trash" / "legacy").rglob("old.json"))
+    assert "cli:old" not in invoke("list", "--json", "--storage-dir", str(root)).output
+
+
+def test_a_delete_killed_before_its_detach_leaves_the_context_hot(
+    store: FsStore, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete of a context beside its legacy file moves the file first, then detaches the
+    context: killed between the two, the context is still hot and shows once (its file, which
+    the log hid, in the trash), never deleted and shown by its legacy file at once."""
+    path = _legacy_file(root, "cli:old")
+    _imported(store, "cli:old")
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise _Killed
+
+    monkeypatch.setattr(FsStore, "detach_context", killed)
+    with pytest.raises(_Killed):
+        lifecycle.delete_context(store, ContextId("cli", "old"))
+    monkeypatch.undo()
+    assert not path.exists() and store.get_head(ContextId("cli", "old")) is not None
+    assert states.trashed_contexts(store) == []
+    assert lifecycle.delete_context(store, ContextId("cli", "old"))
     assert "cli:old" not in invoke("list", "--json", "--storage-dir", str(root)).output
 
 

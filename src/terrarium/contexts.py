@@ -128,7 +128,9 @@ def list_contexts(
     rows = _native_rows(store, type, restore)
     found = legacy.listing(store)
     native = {row.context_id for row in rows} if found.sessions else set()
-    for info in found.sessions:  # a context in the log hides its legacy file
+    if found.sessions and isinstance(store, Lifecycle):
+        native |= {a.context for a in states.archived_contexts(store)}
+    for info in found.sessions:  # a context in the log, hot or archived, hides its legacy file
         context_id = str(info.context)
         if context_id not in native and (type is None or info.context.type == type):
             row = (info.date, info.created_at, info.last_active, info.message_count)

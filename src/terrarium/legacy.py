@@ -14,6 +14,7 @@ Usage::
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import threading
@@ -32,7 +33,7 @@ from terrarium.formats import Folder, iter_legacy_files
 from terrarium.formats import list_legacy_folder as _list_folder
 from terrarium.model import DATE_RE, ContextId, legacy_file_names, printable
 from terrarium.stores._files import inside, listdir, make_dirs
-from terrarium.stores.base import Store, context_lock
+from terrarium.stores.base import PodMetadata, Store, context_lock
 
 if TYPE_CHECKING:
     from terrarium.formats import terrarium_json as tj
@@ -167,6 +168,33 @@ def resume(store: Store, context: ContextId) -> bool:
         return False
     with context_lock(store, context):
         return import_legacy(store, context)
+
+
+def import_file(
+    store: Store,
+    path: Path,
+    *,
+    root: Path | None,
+    context: ContextId | None = None,
+    raw: bytes | None = None,
+) -> PodMetadata:
+    """Import the legacy file ``path`` (of the sessions folder ``root``; its bytes ``raw`` if
+    read already) as a new context.
+
+    A file of the store's own folder is imported under its context's lock, and only if it still
+    lies there: one deleted or migrated since it was read is FileNotFoundError, never a context
+    brought back. ContextExists if the context exists.
+    """
+    from terrarium.formats import terrarium_json as tj
+
+    session = tj.load(path, root=root, raw=raw)
+    own = legacy_root(store)
+    if own is None or not inside(path, own):
+        return tj.import_session(store, session, context=context)
+    with context_lock(store, context or session.context):
+        if not os.path.lexists(path):
+            raise FileNotFoundError(errno.ENOENT, "deleted or moved meanwhile", str(path))
+        return tj.import_session(store, session, context=context)
 
 
 def trash(store: Store, context: ContextId) -> list[Path]:

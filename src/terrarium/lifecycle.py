@@ -224,9 +224,8 @@ def run_archive(
         if stop is not None and stop():
             break
         context = ContextId.parse(candidate.context)
-        legacy.resume(store, context)  # a context only a legacy file holds: into the log first
         spare = candidate.context not in plan.named  # a pin meanwhile keeps it hot
-        archived = states.archive_context(lifecycle, context, spare_pinned=spare)
+        archived = archive_context(lifecycle, context, spare_pinned=spare)
         if archived is not None:
             done.append(archived)
             journal.record(
@@ -323,6 +322,17 @@ def collect_blobs(store: Store, *, why: str, journal: MaintenanceLog | None = No
     return collected
 
 
+def archive_context(
+    store: Store, context: ContextId, *, spare_pinned: bool = False
+) -> ArchivedContext | None:
+    """:func:`states.archive_context` under the context's lock, a context only a legacy file
+    holds imported into the log first: its legacy files stay put while they go with it (a
+    migration moves them under that lock). None if there is nothing hot to archive."""
+    with context_lock(store, context):
+        legacy.import_legacy(store, context)
+        return states.archive_context(require_lifecycle(store), context, spare_pinned=spare_pinned)
+
+
 def delete_context(store: Store, context: ContextId, *, why: str = "delete_context") -> bool:
     """Move the context to the trash, logged with ``why``; False if it did not exist.
 
@@ -343,9 +353,9 @@ def delete_to_trash(store: Store, context: ContextId, *, why: str) -> TrashedCon
 def _trash(store: Store, context: ContextId, why: str) -> tuple[bool, TrashedContext | None]:
     """:func:`delete_context`, and the context's trash entry (None for a legacy file)."""
     lifecycle = require_lifecycle(store)
-    with context_lock(store, context):
-        deleted = states.delete_context(lifecycle, context)
+    with context_lock(store, context):  # the legacy files first: the log hides them till then
         moved = legacy.trash(store, context)
+        deleted = states.delete_context(lifecycle, context)
     if not (deleted or moved):
         return False, None
     entry = next((e for e in states.trashed_contexts(lifecycle) if e.context == str(context)), None)
@@ -358,14 +368,21 @@ def _trash(store: Store, context: ContextId, why: str) -> tuple[bool, TrashedCon
 
 
 def purge(store: Store, context: ContextId, *, why: str) -> None:
-    """Delete a hot or archived context for ever, bypassing the trash, and log it.
+    """Delete a hot or archived context for ever, bypassing the trash, and log it; its legacy
+    JSON file moves into ``.trash/legacy/`` (as a delete's: a file is never unlinked).
 
     ContextNotFound if there is none; StoreError if the store has no state primitives.
     """
-    if not states.purge_context(require_lifecycle(store), context):
-        raise contexts.not_found(context)
+    lifecycle = require_lifecycle(store)
+    with context_lock(store, context):
+        moved = legacy.trash(store, context)
+        if not (states.purge_context(lifecycle, context) or moved):
+            raise contexts.not_found(context)
     journal = MaintenanceLog.of(store)
-    journal.record("purge", why, context=str(context))
+    details: dict[str, Any] = {"context": str(context)}
+    if moved:
+        details["legacy_files"] = [str(path) for path in moved]
+    journal.record("purge", why, **details)
     collect_blobs(store, why=why, journal=journal)
 
 

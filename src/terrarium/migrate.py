@@ -5,8 +5,11 @@ The seed's ``scripts/migrate_sessions.py``, made safe to interrupt. A flat sessi
 ``{type}/{date}/{name}.json``, its derived metadata filled in. With ``to_log`` each session is
 also imported into the log beside it; a context already there is skipped, and of several files
 of one context the newest date is imported. A move writes the destination before it removes
-the source, so a killed run leaves at worst a file in both places, which a rerun finishes. A
-broken file is reported in one line and the run goes on. Usage::
+the source, so a killed run leaves at worst a file in both places, which a rerun finishes. Each
+file moves, and is imported, under its context's lock (the one a delete, an archive and a turn
+take): a file another migration moved is skipped, one deleted or archived meanwhile too (never
+written back, nor imported from the plan's copy). A broken file is reported in one line and
+the run goes on. Usage::
 
     report = migrate("./sessions", to_log=True)  # prints progress and a summary
     sys.exit(report.exit_code)  # 1 when any file failed; dry_run=True only plans
@@ -17,12 +20,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, NamedTuple, TextIO
 
-from terrarium.errors import TerrariumError
+from terrarium.errors import ContextExists, InvalidContextId, TerrariumError
 from terrarium.formats.terrarium_json import (
     LegacySession,
     dumps,
@@ -33,6 +36,7 @@ from terrarium.formats.terrarium_json import (
 )
 from terrarium.model import ContextId, printable
 from terrarium.stores._files import fsync_dir, inside, leftovers, write_atomic
+from terrarium.stores.base import context_lock
 
 if TYPE_CHECKING:
     from terrarium.stores.base import Store
@@ -126,6 +130,8 @@ def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
         try:
             session = load(path, root=base)
         except (OSError, ValueError) as exc:
+            if isinstance(exc, FileNotFoundError) and not os.path.lexists(path):
+                continue  # gone since the walk (deleted, or moved by another run)
             steps.append(Step(path, path, problem=f"{_rel(base, path)}: {failure(path, exc)}"))
             continue
         try:
@@ -184,11 +190,20 @@ class _Conflict(Exception):
     pass
 
 
-def _move(step: Step) -> None:
-    """Write the destination (unless there) through a temporary file, then remove the source.
+class _Failed(Exception):
+    """A step that failed: its one line."""
+
+
+class _Gone(Exception):
+    """The step's file is gone (deleted, or archived with its context): nothing to do."""
+
+
+def _move(step: Step) -> bool:
+    """Write the destination (unless there) through a temporary file, then remove the source;
+    False when another run moved it there, _Gone when it is gone otherwise (deleted, archived).
 
     A rerun that finds the destination holding what the move would write removes the source; one
-    holding something else is a conflict, never overwritten. Run one migration at a time.
+    holding something else is a conflict, never overwritten.
     """
     assert step.session is not None
     source, destination = step.source, step.destination
@@ -199,12 +214,53 @@ def _move(step: Step) -> None:
         existing: bytes | None = destination.read_bytes()
     except FileNotFoundError:
         existing = None
+    try:
+        mtime_ns = source.stat().st_mtime_ns
+    except FileNotFoundError:
+        if existing == data:
+            return False
+        raise _Gone from None
     if existing is None:
-        write_atomic(destination, data, sync=True, mtime_ns=source.stat().st_mtime_ns)
+        write_atomic(destination, data, sync=True, mtime_ns=mtime_ns)
     elif existing != data:
         raise _Conflict("exists with different content (conflict)")
-    source.unlink()
+    source.unlink(missing_ok=True)
     fsync_dir(source.parent)
+    return True
+
+
+@contextmanager
+def _stores(base: Path, store: Store | None, to_log: bool, dry_run: bool) -> Iterator[_Stores]:
+    """The folder's own store, whose context locks a file moves under, and the store imports
+    go to (``store``, else the folder's own; None without ``to_log``). A dry run locks nothing."""
+    from terrarium.legacy import legacy_root
+    from terrarium.stores.fs import FsStore
+
+    with ExitStack() as stack:
+        own = legacy_root(store) if store is not None else None
+        home = (
+            store if own is not None and os.path.realpath(own) == os.path.realpath(base) else None
+        )
+        if home is None and (not dry_run or (to_log and store is None)):
+            home = stack.enter_context(FsStore(base, durability="fsync"))
+        yield _Stores(home, (store or home) if to_log else None, locks=not dry_run)
+
+
+class _Stores(NamedTuple):
+    home: Store | None
+    target: Store | None
+    locks: bool
+
+    @contextmanager
+    def locked(self, context: ContextId | None) -> Iterator[None]:
+        """Hold the context's lock in each store: a delete, an archive or a turn of it, or
+        another migration, waits for its file's move and import."""
+        with ExitStack() as stack:
+            for store in {id(s): s for s in (self.home, self.target) if s is not None}.values():
+                if context is not None and self.locks:
+                    with suppress(InvalidContextId):  # a context the store cannot hold: no lock
+                        stack.enter_context(context_lock(store, context))
+            yield
 
 
 @contextmanager
@@ -253,17 +309,14 @@ def migrate(
     steps = plan_migration(base)
     report = MigrationReport(base, dry_run, steps)
     choices = _import_choices(steps) if to_log else {}
-    opened: AbstractContextManager[Store | None] = nullcontext(store)
-    if store is None and to_log:  # a store of the folder's own, closed at the end
-        from terrarium.stores.fs import FsStore
-
-        opened = FsStore(base, durability="fsync")
     with (
-        opened as target,
+        _stores(base, store, to_log, dry_run) as stores,
         _progress(stream, len(steps)) as progress,
     ):
         for step in steps:
-            progress(_run_step(step, report, target, choices), True)
+            with stores.locked(step.context):
+                line = _run_step(step, report, stores.target, choices)
+            progress(line, True)
         progress(report.summary(), False)
     return report
 
@@ -275,44 +328,74 @@ def _run_step(
     choices: dict[ContextId, Step],
 ) -> str:
     """Do one step; count it; return its progress line."""
-    base, dry_run, would = report.root, report.dry_run, report.verbs
-    source = _rel(base, step.source)
     if step.problem is not None:
         return _fail(report, step.problem)
+    source = _rel(report.root, step.source)
     done: list[str] = []
-    if step.moves:
-        if not dry_run:
-            try:
-                _move(step)
-            except _Conflict as exc:
-                return _fail(report, f"{source}: {_rel(base, step.destination)} {exc}")
-            except (OSError, ValueError) as exc:
-                return _fail(report, f"{source}: {failure(step.source, exc)}")
-        report.moved += 1
-        done.append(f"{would[0]} {source} -> {_rel(base, step.destination)}")
-    imported = False
-    if store is not None:
-        where = _rel(base, step.destination)
-        chosen = choices.get(step.context) if step.context is not None else None
-        if step.context is None or step.session is None:
-            return _fail(report, f"{where}: cannot import it: its name is no context name")
-        if chosen is not step and chosen is not None:
-            done.append(f"an older copy of {step.context} ({_rel(base, chosen.destination)})")
-        elif store.get_head(step.context) is not None:
-            done.append(f"{step.context} is already in the log")
-        else:
-            if not dry_run:
-                try:
-                    import_session(store, step.session)
-                except (OSError, ValueError, TerrariumError) as exc:
-                    return _fail(report, f"{where}: cannot import it: {exc}")
-            report.imported += 1
-            imported = True
-            done.append(f"{would[1]} {where} as {step.context}")
-    if step.moves or imported:
+    try:
+        moved = step.moves and _move_step(step, report, done)
+        imported = store is not None and _import_step(step, report, store, choices, done)
+    except _Failed as exc:
+        return _fail(report, str(exc))
+    except _Gone:
+        report.skipped += 1
+        return f"skipped {source}: gone meanwhile (deleted or archived)"
+    if moved or imported:
         return "; ".join(done)
     report.skipped += 1
     return f"skipped {source}: " + ("; ".join(done) or "in its date folder already")
+
+
+def _move_step(step: Step, report: MigrationReport, done: list[str]) -> bool:
+    """Move the step's file (in a dry run, only say so); whether this run moved it."""
+    source, where = _rel(report.root, step.source), _rel(report.root, step.destination)
+    if not report.dry_run:
+        try:
+            if not _move(step):
+                done.append(f"{source} moved to {where} by another run")
+                return False
+        except _Conflict as exc:
+            raise _Failed(f"{source}: {where} {exc}") from None
+        except (OSError, ValueError) as exc:
+            raise _Failed(f"{source}: {failure(step.source, exc)}") from None
+    report.moved += 1
+    done.append(f"{report.verbs[0]} {source} -> {where}")
+    return True
+
+
+def _import_step(
+    step: Step,
+    report: MigrationReport,
+    store: Store,
+    choices: dict[ContextId, Step],
+    done: list[str],
+) -> bool:
+    """Import the step's session into ``store`` unless the log has it or a newer file holds it;
+    whether it did (in a dry run, would)."""
+    where = _rel(report.root, step.destination)
+    if step.context is None or step.session is None:
+        raise _Failed(f"{where}: cannot import it: its name is no context name")
+    chosen = choices.get(step.context)
+    if chosen is not step and chosen is not None:
+        done.append(f"an older copy of {step.context} ({_rel(report.root, chosen.destination)})")
+        return False
+    already = f"{step.context} is already in the log"
+    if store.get_head(step.context) is not None:
+        done.append(already)
+        return False
+    if not report.dry_run:
+        if not step.destination.is_file():
+            raise _Gone
+        try:
+            import_session(store, step.session)
+        except ContextExists:  # created by a writer that does not take the lock
+            done.append(already)
+            return False
+        except (OSError, ValueError, TerrariumError) as exc:
+            raise _Failed(f"{where}: cannot import it: {exc}") from None
+    report.imported += 1
+    done.append(f"{report.verbs[1]} {where} as {step.context}")
+    return True
 
 
 def _fail(report: MigrationReport, line: str) -> str:

@@ -188,7 +188,7 @@ def delete_context(store: Lifecycle, context: ContextId) -> bool:
             store.detach_context(
                 context, head.session_id, expected=state, state=trashed, segment_id=head.segment_id
             )
-        except (ConflictError, ContextNotFound):
+        except (ConflictError, ContextNotFound, SegmentNotFound):  # purged meanwhile, too
             continue
         _seal(store, head.session_id, trashed)
         return True
@@ -261,7 +261,7 @@ def purge_context(store: Lifecycle, context: ContextId) -> bool:
             store.detach_context(
                 context, head.session_id, expected=state, state={**state, "purging": True}
             )
-        except (ConflictError, ContextNotFound):
+        except (ConflictError, ContextNotFound, SegmentNotFound):  # purged meanwhile, too
             continue
         store.delete_session(head.session_id)
         return True

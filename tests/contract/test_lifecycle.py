@@ -417,3 +417,24 @@ def test_locked_head_and_tail_reads_under_the_lock(store: Store) -> None:
         assert found == after
     with locked_head_and_tail(store, ContextId("cli", "nobody")) as found:
         assert found is None
+
+
+@pytest.mark.parametrize("overtaken", ["delete", "purge"])
+def test_a_delete_or_purge_a_purge_overtakes_finds_the_context_gone(
+    store: Store, overtaken: str
+) -> None:
+    """A purge (``delete --purge``) that lands between a delete's (or a purge's) read of the
+    head and its detach: the slower call finds no context and says so (False), not an error
+    about a missing session."""
+    lc = seeded(store)
+    real = store.detach_context
+
+    def purged_first(*args: Any, **kwargs: Any) -> Any:
+        store.detach_context = real  # type: ignore[method-assign]
+        assert states.purge_context(lc, MAIN)
+        return real(*args, **kwargs)
+
+    store.detach_context = purged_first  # type: ignore[method-assign]
+    move = states.delete_context if overtaken == "delete" else states.purge_context
+    assert move(lc, MAIN) is False
+    assert store.get_head(MAIN) is None and states.trashed_contexts(lc) == []

@@ -92,10 +92,14 @@ def start_together(children: list[Child]) -> None:
 
 
 @contextmanager
-def serving(child: Path) -> Iterator[subprocess.Popen[str]]:
-    """The script ``child`` running, reading requests on stdin; closed and reaped after."""
+def serving(child: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """The script ``child`` running (given ``args``), reading requests on stdin; closed and
+    reaped after."""
     proc = subprocess.Popen(
-        [sys.executable, str(child)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, str(child), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     yield proc
     proc.communicate(timeout=60)  # closes stdin, reads to the end, closes stdout

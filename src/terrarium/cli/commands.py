@@ -753,10 +753,8 @@ def import_file(
 
         head = import_context(store, raw, context=as_context, where=str(path))
     else:
-        from terrarium.formats import terrarium_json as tj
-
         root = root or _legacy_root_of(store, path)
-        head = tj.import_session(store, tj.load(path, root=root, raw=raw), context=as_context)
+        head = legacy.import_file(store, path, root=root, context=as_context, raw=raw)
     context = model.ContextId.parse(head.context)
     return str(context), len(sessions.restore(store, context).history)
 

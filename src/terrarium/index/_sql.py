@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 #: Bump when the schema changes: an index of another version is dropped and rebuilt.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # ---------------------------------------------------------------------------- schema
 
@@ -147,11 +147,12 @@ SCHEMA = [
         0 AS tokens, state, legacy_path FROM others o WHERE state = '{state}'{hidden}"""
         for state, hidden in (
             ("archived", ""),
-            # A context in the log hides its legacy file.
+            # A context in the log, hot or archived, hides its legacy file.
             (
                 "legacy",
                 " AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.type = o.type "
-                "AND s.name = o.name)",
+                "AND s.name = o.name) AND NOT EXISTS (SELECT 1 FROM others a "
+                "WHERE a.state = 'archived' AND a.context = o.context)",
             ),
         )
     ),

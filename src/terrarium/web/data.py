@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from terrarium import RestoredState, contexts, sessions, states
+from terrarium import RestoredState, contexts, lifecycle, sessions, states
 from terrarium.errors import (
     ContextNotFound,
     IndexUnavailable,
@@ -494,7 +494,7 @@ def change_state(store: Store, context: ContextId, action: str) -> None:
     if not isinstance(store, Lifecycle):
         raise BadRequest("this store has no lifecycle states (archive, trash, pins)")
     if action == "archive":
-        done = states.archive_context(store, context) is not None
+        done = lifecycle.archive_context(store, context) is not None
     elif action == "unarchive":
         done = states.unarchive_context(store, context)
     elif action in ("pin", "unpin"):

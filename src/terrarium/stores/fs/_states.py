@@ -205,9 +205,9 @@ class FsStates(Tree):
     def session_records(self) -> list[SessionRecord]:
         """Every session with a non-empty record (``.states/``), with its owner."""
         found = []
-        for name in sorted(listdir(self.root / STATES)):
-            stem = name.removesuffix(".json")
-            if not name.endswith(".json") or name.endswith(PENDING) or not is_uuid(stem):
+        names = listdir(self.root / STATES)  # a pending detach's too: _record tells if it holds
+        for stem in sorted({n.removesuffix(PENDING).removesuffix(".json") for n in names}):
+            if not is_uuid(stem):
                 continue
             session_id = uuid.UUID(stem)
             try:
