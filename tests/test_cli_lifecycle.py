@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from starlette.testclient import TestClient
 
 import terrarium.blobs
 import terrarium.cli.app
@@ -28,6 +29,7 @@ from terrarium.cli import cli
 from terrarium.lifecycle import MaintenanceLog, config_path
 from terrarium.model import ContextId
 from terrarium.stores.base import Lifecycle, Store
+from terrarium.web import create_app
 
 LATER = datetime.now(UTC) + timedelta(days=40)
 
@@ -429,3 +431,29 @@ def test_fsck_reads_every_session_hot_archived_and_in_the_trash(tmp_path: Path, 
     assert done.exit_code == 0, done.output
     report = json.loads(done.stdout)
     assert (report["contexts"], report["segments"], report["entries"]) == (4, 4, 8)
+
+
+def test_a_damaged_session_can_be_deleted_to_the_trash_and_restored(tmp_path: Path) -> None:
+    """A session whose log has a damaged line goes to the trash like any other (its figures
+    there unknown: shown as "damaged"), not only for ever with ``--purge``; restored, it is
+    the same damaged session, for ``fsck --repair --salvage`` to mend."""
+    root = str(tmp_path / "store")
+    with FsStore(root) as store:
+        add_context(store, "cli:bad", "one", "two")
+        folder = store.folder_of(ContextId.parse("cli:bad"))
+    assert folder is not None
+    [segment] = folder.glob("*.jsonl")
+    lines = segment.read_bytes().split(b"\n")
+    segment.write_bytes(b"\n".join([lines[0], b'{"v": 1, oops', *lines[2:]]))
+    deleted = invoke("--storage-dir", root, "delete", "cli:bad")
+    assert deleted.exit_code == 0, deleted.output
+    trash = invoke("--storage-dir", root, "trash", "list")
+    assert "cli:bad" in trash.stdout and "damaged" in trash.stdout
+    [entry] = json.loads(invoke("--storage-dir", root, "trash", "list", "--json").stdout)["trash"]
+    assert (entry["message_count"], entry["bytes"]) == (None, None)
+    with FsStore(root) as store:
+        page = TestClient(create_app(store), base_url="http://127.0.0.1").get("/trash")
+    assert page.status_code == 200 and "cli:bad" in page.text and "damaged" in page.text
+    assert invoke("--storage-dir", root, "trash", "restore", "cli:bad").exit_code == 0
+    assert invoke("--storage-dir", root, "fsck", "--repair", "--salvage").exit_code == 0
+    assert "two" in invoke("--storage-dir", root, "show", "cli:bad").stdout  # line 2 was "one"

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +26,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from fakeserver import FakeServer
+from helpers.gateway import SRC
 from helpers.procs import Child
 from terrarium import (
     ContextExists,
@@ -335,6 +341,46 @@ def test_salvage_keeps_every_readable_entry_and_sets_the_bad_line_aside(
         assert head is not None and head.segment_id != ref.segment_id
         save_user_input(again, head.ref, "five")
     assert history(root, "cli:main") == ["one", "three", "four", "five"]
+
+
+def test_a_salvage_waiting_for_a_turn_lets_the_turn_finish(root: Path, store: FsStore) -> None:
+    """``fsck --repair --salvage`` salvages a context under its turn lock. A delete that holds
+    that lock, and then waits for the moves' lock, is not kept waiting by fsck's hold on the
+    moves' lock (a deadlock, both waiting for good): fsck salvages once it lets go."""
+    ref = make(store, "cli:main", "one", "two", "three")
+    _corrupt_line(folder_of(root, "cli:main") / f"{ref.segment_id}.jsonl", 2)
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "terrarium", "--storage-dir", str(root), "fsck"]
+    with FsStore(root) as turn, turn.lock_context(ContextId("cli", "main")):
+        fsck = subprocess.Popen([*command, "--repair", "--salvage"], env=env, text=True)
+        lifecycle_lock = root / ".locks" / "lifecycle"
+        for _ in range(100):  # until fsck holds the moves' lock (or has let go of it)
+            if lifecycle_lock.exists() and not _free_to_share(lifecycle_lock):
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)  # fsck goes on to the salvage, which waits for the turn
+        deleting = threading.Thread(
+            target=states.delete_context, args=(turn, ContextId("cli", "main"))
+        )
+        deleting.start()
+        deleting.join(20)
+        stuck = deleting.is_alive()
+    deleting.join()
+    assert fsck.wait(60) in (0, 1)
+    assert not stuck, "the delete waited for fsck, which waited for the delete's turn"
+    assert [e.context for e in states.trashed_contexts(store)] == ["cli:main"]
+
+
+def _free_to_share(path: Path) -> bool:
+    """Whether no process holds ``path``'s lock exclusively."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def test_salvage_copies_forks_of_the_damaged_segment_and_moves_the_head(

@@ -650,9 +650,9 @@ class MaintenanceReport:
     def bytes_saved(self) -> int:
         """Bytes freed: estimated before a run, the store's figures after."""
         if self.dry_run:
-            return self.to_archive.hot_bytes + sum(e.bytes for e in self.to_purge)
+            return self.to_archive.hot_bytes + sum(e.bytes or 0 for e in self.to_purge)
         archived = sum(a.hot_bytes - a.archived_bytes for a in self.archived)
-        return archived + sum(e.bytes for e in self.purged)
+        return archived + sum(e.bytes or 0 for e in self.purged)
 
 
 class Maintenance:

@@ -23,6 +23,7 @@ from terrarium.errors import (
     ConflictError,
     ContextExists,
     ContextNotFound,
+    CorruptLog,
     NotInTrash,
     SegmentNotFound,
     SessionAttached,
@@ -96,9 +97,10 @@ class TrashedContext(msgspec.Struct, frozen=True):
     """When it was deleted (UTC, RFC 3339)."""
     archived: bool
     """It was archived when deleted; a restore puts it back into the archive."""
-    message_count: int
-    bytes: int
-    """Bytes it takes in the trash."""
+    message_count: int | None
+    """None: its log is damaged (``fsck`` names where)."""
+    bytes: int | None
+    """Bytes it takes in the trash; None: its log is damaged."""
     pinned: bool = False
 
 
@@ -170,9 +172,11 @@ def delete_context(store: Lifecycle, context: ContextId) -> bool:
         head, state = found
         try:
             size = state["cold"]["cold_bytes"] if "cold" in state else log_bytes(store, head)
-            counted = _message_count(store, head), int(size)
+            counted: tuple[int | None, int | None] = _message_count(store, head), int(size)
         except SegmentNotFound:  # purged meanwhile
             continue
+        except CorruptLog:  # deleted all the same (restorable, for fsck to mend), uncounted
+            counted = None, None
         entry = {
             "trash_id": str(new_segment_id()),  # a UUIDv7: time-ordered
             "context": str(context),

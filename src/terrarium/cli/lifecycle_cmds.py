@@ -224,8 +224,8 @@ def _print_trash(state: CliState, entries: Sequence[TrashedContext]) -> None:
                 e.trash_id,
                 e.context,
                 short_time(e.deleted_at),
-                str(e.message_count),
-                human_bytes(e.bytes),
+                "damaged" if e.message_count is None else str(e.message_count),
+                "-" if e.bytes is None else human_bytes(e.bytes),
                 ", ".join(s for s, on in (("archived", e.archived), ("pinned", e.pinned)) if on)
                 or "-",
             ]
@@ -284,7 +284,7 @@ def trash_purge(
     entries = lifecycle.plan_trash_purge(
         state.store(), older_than=_age(older_than), targets=targets
     )
-    total = human_bytes(sum(e.bytes for e in entries))
+    total = human_bytes(sum(e.bytes or 0 for e in entries))
     if not entries:
         state.out.note("nothing to purge")
         return
@@ -301,7 +301,7 @@ def trash_purge(
         done = lifecycle.run_trash_purge(
             state.store(), entries, why="command: terrarium trash purge", progress=progress
         )
-    freed = human_bytes(sum(e.bytes for e in done))
+    freed = human_bytes(sum(e.bytes or 0 for e in done))
     state.out.note(f"purged {plural(len(done), 'session')} ({freed})", style="green")
 
 
