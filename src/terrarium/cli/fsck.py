@@ -113,7 +113,9 @@ def run_fsck(state: CliState, *, repair: bool, salvage: bool, as_json: bool) -> 
         _check_blobs(store, report)
         _check_legacy(state, report)
         if repair:
-            _repair(store, report, salvage=salvage)
+            _repair(store, report)
+    if salvage and isinstance(store, FsStore):  # after the quiesce, which a turn may wait for
+        _repair(store, report, salvage=True)
     if as_json:
         state.out.json(
             {
@@ -447,9 +449,11 @@ def _check_legacy(state: CliState, report: Report) -> None:
             report.add("legacy", str(exc), path=str(path))
 
 
-def _repair(store: Store, report: Report, *, salvage: bool) -> None:
-    """Fix what can be fixed, one problem at a time; a failure is noted and the rest go on."""
-    unfinished = [p for p in report.problems if p.kind == "unfinished"]
+def _repair(store: Store, report: Report, *, salvage: bool = False) -> None:
+    """Fix what can be fixed, one problem at a time; a failure is noted and the rest go on.
+    With ``salvage``, the salvages only: each takes its context's lock, for which it must hold
+    no other (a turn takes that one first)."""
+    unfinished = [p for p in report.problems if p.kind == "unfinished" and not salvage]
     if unfinished and isinstance(store, SessionStates):
         done = states.finish_lifecycle(store)
         for problem in unfinished:
@@ -460,7 +464,7 @@ def _repair(store: Store, report: Report, *, salvage: bool) -> None:
             index.reindex(store)
         return
     for problem in report.problems:
-        if problem.repaired:
+        if problem.repaired or salvage != (problem.kind == "corrupt"):
             continue
         fix = _fixer(store, problem, salvage)
         if fix is None:
@@ -473,8 +477,8 @@ def _repair(store: Store, report: Report, *, salvage: bool) -> None:
         problem.repaired = True
         if note:
             problem.message += f"; {note}"
-    if any(p.kind in ("unindexed", "head", "missing") for p in report.problems):
-        index.reindex(store)  # after the salvages and head rebuilds, so it indexes what they made
+    if not salvage and any(p.kind in ("unindexed", "head", "missing") for p in report.problems):
+        index.reindex(store)  # after the head rebuilds, so it indexes what they made
 
 
 def _fixer(store: FsStore, problem: Problem, salvage: bool) -> Callable[[], str] | None:
