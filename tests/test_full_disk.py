@@ -5,8 +5,12 @@ written, and the same command or request succeeds once there is room again."""
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import subprocess
 import sys
+import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from fakeserver import FakeServer
 from helpers.disk import fill, small_tmpfs
 from helpers.gateway import GatewayProcess
 from helpers.history import add_context
+from pg import as_url, pg_database  # noqa: F401  (a fixture)
 from terrarium import FsStore, SqliteStore, index
 from terrarium.cli import cli
 
@@ -27,6 +32,34 @@ from terrarium.cli import cli
 def disk(tmp_path: Path) -> Iterator[Path]:
     with small_tmpfs(tmp_path / "disk") as folder:
         yield folder
+
+
+@pytest.fixture
+def pg_disk(pg_database: str) -> Iterator[tuple[str, Path]]:  # noqa: F811
+    """A PostgreSQL database whose tables lie on a small tmpfs (a tablespace there), and that
+    tmpfs: the server must run on this machine, as its own user, for the folder to be its."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    name = f"terrarium_full_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_database, autocommit=True) as admin:
+        data = admin.execute("SELECT current_setting('data_directory')").fetchone()
+        if data is None or not os.path.isdir(data[0]):
+            pytest.skip("the PostgreSQL server is not on this machine: no tablespace here")
+        owner = os.stat(data[0])
+        with (
+            tempfile.TemporaryDirectory(dir="/tmp") as place,  # not under tmp_path: 0700
+            small_tmpfs(Path(place) / "disk") as folder,
+        ):
+            os.chmod(place, 0o711)  # the server reaches the tablespace through it
+            os.chown(folder, owner.st_uid, owner.st_gid)
+            admin.execute(f"CREATE TABLESPACE {name} LOCATION '{folder}'")
+            try:
+                admin.execute(f'CREATE DATABASE "{name}" TABLESPACE {name}')
+                yield as_url(make_conninfo(pg_database, dbname=name)), folder
+            finally:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                admin.execute(f"DROP TABLESPACE IF EXISTS {name}")
 
 
 def _run(*args: str) -> tuple[int, str]:
@@ -97,14 +130,21 @@ def test_a_stream_the_gateway_cannot_store_ends_in_an_error_event(disk: Path) ->
             ]
 
 
-@pytest.mark.parametrize("store", ["sessions", "sqlite://{disk}/s.db"])
-def test_a_turn_the_gateway_cannot_store_is_a_507(disk: Path, store: str) -> None:
+@pytest.mark.parametrize("store", ["sessions", "sqlite://{disk}/s.db", "postgres"])
+def test_a_turn_the_gateway_cannot_store_is_a_507(
+    request: pytest.FixtureRequest, tmp_path: Path, store: str
+) -> None:
     """A turn that a full disk keeps from being stored, not streamed, is answered 507
     Insufficient Storage (not 500) with an OpenAI-shaped error body, on a folder store (an
-    OSError) as on a SQLite one (a StoreError); the same request works once there is room."""
-    where = store.format(disk=disk) if "://" in store else str(disk / store)
+    OSError), a SQLite one (a StoreError) and a PostgreSQL one (the server's disk full); the
+    same request works once there is room."""
+    if store == "postgres":
+        where, disk = request.getfixturevalue("pg_disk")
+    else:
+        disk = request.getfixturevalue("disk")
+        where = store.format(disk=disk) if "://" in store else str(disk / store)
     with FakeServer() as fake, GatewayProcess(where, fake.base_url) as gateway:
-        big, headers = "z" * 20_000, {"X-Session-Id": "s"}
+        big, headers = secrets.token_hex(10_000), {"X-Session-Id": "s"}  # no compression
         chat = {"model": "fake-model", "messages": [{"role": "user", "content": big}]}
         turn = {"model": "fake-model", "input": big}
         requests = [("responses", turn), ("chat/completions", chat)]

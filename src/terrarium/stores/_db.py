@@ -47,7 +47,7 @@ _WORDS: dict[Kind, str] = {
 
 
 def kind(exc: BaseException, where: Path | None = None) -> Kind:
-    """What kind of failure ``exc`` is, from its SQLite result code or its ``errno``.
+    """What kind of failure ``exc`` is, from its SQLite result code, SQLSTATE or ``errno``.
 
     SQLite reports a ``-shm`` file that cannot grow as an I/O error without the ``errno``, so
     any error where ``where``'s file system has no space left is a full disk.
@@ -56,6 +56,8 @@ def kind(exc: BaseException, where: Path | None = None) -> Kind:
     if isinstance(exc, sqlite3.Error):
         code = getattr(exc, "sqlite_errorcode", None)
         found = _KINDS.get(code & 0xFF, "other") if isinstance(code, int) else "other"
+    elif getattr(exc, "sqlstate", None) == "53100":  # PostgreSQL's disk_full
+        found = "full"
     elif isinstance(exc, OSError):
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             found = "full"
