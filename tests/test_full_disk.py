@@ -24,8 +24,18 @@ from helpers.disk import fill, small_tmpfs
 from helpers.gateway import GatewayProcess
 from helpers.history import add_context
 from pg import as_url, pg_database  # noqa: F401  (a fixture)
-from terrarium import FsStore, SqliteStore, index
+from terrarium import (
+    FsStore,
+    PodActiveSegmentRef,
+    SqliteStore,
+    create_segment,
+    index,
+    restore,
+    save_user_input,
+)
 from terrarium.cli import cli
+from terrarium.errors import StoreError
+from terrarium.stores.url import open_store
 
 
 @pytest.fixture
@@ -237,3 +247,28 @@ def test_a_full_disk_under_the_store_names_the_store(disk: Path, fake_server: Fa
     assert shown.stderr == b"Error: No space left on device\n"
     filler.unlink()
     assert _run("--storage-dir", str(storage), "pin", "cli:s2")[0] == 0
+
+
+def test_appends_on_a_full_postgresql_disk_lose_nothing_acknowledged(
+    pg_disk: tuple[str, Path],
+) -> None:
+    """On a PostgreSQL server whose disk fills, an append that cannot be stored is a one-line
+    StoreError naming the store; every append acknowledged before it reads back whole, and
+    the next append, once there is room, takes the next seq."""
+    url, disk = pg_disk
+    with open_store(url) as store:
+        session_id, segment_id = create_segment(store, context="cli:full")
+        ref = PodActiveSegmentRef(session_id, segment_id)
+        kept = [secrets.token_hex(500) for _ in range(5)]
+        for text in kept:
+            save_user_input(store, ref, text)
+        filler = fill(disk)
+        with pytest.raises(StoreError) as refused:
+            for _ in range(200):  # past what the last pages have room for
+                save_user_input(store, ref, secrets.token_hex(2_000))
+        assert "\n" not in str(refused.value) and "No space left" in str(refused.value)
+        filler.unlink()
+        save_user_input(store, ref, "after")
+        history = [item["content"] for item in restore(store, "cli:full").history]
+    assert history[:5] == kept and history[-1] == "after"
+    assert all(len(text) == 4_000 for text in history[5:-1])  # whole, or not there at all
