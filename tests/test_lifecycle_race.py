@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -42,6 +41,7 @@ from typing import Any
 import pytest
 
 from helpers.copies import snapshot
+from helpers.procs import records_of
 from helpers.race_child import fsck, open_spec, source_of
 from pg import fresh_schema, pg_database  # noqa: F401  (the postgres store's database)
 from terrarium import ContextId, Store, contexts, create_segment, sessions, states
@@ -107,21 +107,7 @@ def run_workers(
         args = {**spec, **extra, "seed": worker, "rng": seed + worker, "ops": ops}
         args.update(steady=STEADY, churn=CHURN, weights=weights or {}, out=str(out))
         procs.append((subprocess.Popen([sys.executable, str(CHILD), json.dumps(args)]), out))
-    deadline = time.monotonic() + 240  # before pytest's timeout: the workers' stacks shown
-    try:
-        for proc, _ in procs:
-            proc.wait(timeout=max(deadline - time.monotonic(), 1))
-    except subprocess.TimeoutExpired:
-        for proc, _ in procs:  # a hang: each worker prints its stack as it dies (faulthandler)
-            proc.send_signal(signal.SIGABRT)
-            proc.wait()
-        raise AssertionError("a worker hung (stacks above, in the captured stderr)") from None
-    finally:
-        for proc, _ in procs:
-            proc.kill()
-            proc.wait()
-    assert [proc.returncode for proc, _ in procs] == [0] * WORKERS
-    return [json.loads(line) for _, out in procs for line in out.read_text().splitlines()]
+    return records_of(procs)
 
 
 def spurious(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

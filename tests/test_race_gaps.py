@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import io
 import json
-import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +35,7 @@ from click.testing import CliRunner
 from fakeserver import FakeServer
 from helpers.gateway import GatewayProcess
 from helpers.legacy_tree import legacy_texts, outside_trash, write_legacy
+from helpers.procs import records_of
 from helpers.race_child import fsck, open_spec
 from pg import empty_default_schema, own_database, pg_database  # noqa: F401  (a fixture)
 from terrarium import ContextId, FsStore, contexts, legacy, lifecycle, sessions, states
@@ -57,21 +56,7 @@ def run_workers(
         out = tmp_path / f"worker-{worker}.jsonl"
         args = {**spec, "seed": worker, "ops": ops, "weights": mine, "out": str(out)}
         procs.append((subprocess.Popen([sys.executable, str(CHILD), json.dumps(args)]), out))
-    deadline = time.monotonic() + 240
-    try:
-        for proc, _ in procs:
-            proc.wait(timeout=max(deadline - time.monotonic(), 1))
-    except subprocess.TimeoutExpired:
-        for proc, _ in procs:  # a hang: each worker prints its stack as it dies
-            proc.send_signal(signal.SIGABRT)
-            proc.wait()
-        raise AssertionError("a worker hung (stacks above, in the captured stderr)") from None
-    finally:
-        for proc, _ in procs:
-            proc.kill()
-            proc.wait()
-    assert [proc.returncode for proc, _ in procs] == [0] * len(procs)
-    return [json.loads(line) for _, out in procs for line in out.read_text().splitlines()]
+    return records_of(procs)
 
 
 def failed(records: list[dict[str, Any]]) -> dict[str, str]:

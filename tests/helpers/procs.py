@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -112,3 +114,24 @@ def ask(proc: subprocess.Popen[str], request: dict[str, Any]) -> dict[str, Any]:
     proc.stdin.flush()
     answer: dict[str, Any] = json.loads(proc.stdout.readline())
     return answer
+
+
+def records_of(procs: list[tuple[subprocess.Popen[bytes], Path]]) -> list[dict[str, Any]]:
+    """Wait for race workers to end (each a process and the JSON lines file it writes); every
+    record they wrote. A hang (240 s, before pytest's timeout) aborts each worker, which prints
+    its stack (faulthandler) in the captured stderr, and fails; so does a worker that failed."""
+    deadline = time.monotonic() + 240
+    try:
+        for proc, _ in procs:
+            proc.wait(timeout=max(deadline - time.monotonic(), 1))
+    except subprocess.TimeoutExpired:
+        for proc, _ in procs:
+            proc.send_signal(signal.SIGABRT)
+            proc.wait()
+        raise AssertionError("a worker hung (stacks above, in the captured stderr)") from None
+    finally:
+        for proc, _ in procs:
+            proc.kill()
+            proc.wait()
+    assert [proc.returncode for proc, _ in procs] == [0] * len(procs)
+    return [json.loads(line) for _, out in procs for line in out.read_text().splitlines()]
