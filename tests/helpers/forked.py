@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -36,3 +37,14 @@ def run_forked(work: Callable[[], Any], *, quiet: bool = False) -> tuple[bool, A
     _, status = os.waitpid(pid, 0)
     killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     return killed, json.loads(done) if done else None
+
+
+def answer_each(work: Callable[[dict[str, Any]], Any]) -> None:
+    """For each JSON request line on stdin, ``work(request)`` in a fork (quiet): a line of
+    ``killed``, ``writes`` and ``error``, ``work``'s answer being the last two."""
+    for line in sys.stdin:
+        request = json.loads(line)
+        killed, done = run_forked(lambda request=request: work(request), quiet=True)
+        writes, error = done if done else (None, None)
+        sys.stdout.write(json.dumps({"killed": killed, "writes": writes, "error": error}) + "\n")
+        sys.stdout.flush()

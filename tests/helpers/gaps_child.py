@@ -264,7 +264,7 @@ def serve(sdks: bool) -> None:
     """The kill tests' server: for each JSON line on stdin (a store spec, ``op``, ``context``,
     ``kill``, ``item``), :func:`killable` in a forked process; answers ``{"killed", "writes",
     "error"}``. ``sdks``: the adapters' frameworks imported first (seconds), for their calls."""
-    from forked import run_forked
+    from forked import answer_each
 
     import terrarium.gateway.ledger
     import terrarium.stores.fs
@@ -274,12 +274,7 @@ def serve(sdks: bool) -> None:
         import terrarium.integrations.langgraph
         import terrarium.integrations.openai_agents  # noqa: F401
 
-    for line in sys.stdin:
-        request = json.loads(line)
-        killed, done = run_forked(lambda request=request: killable(request), quiet=True)
-        writes, error = done if done else (None, None)
-        sys.stdout.write(json.dumps({"killed": killed, "writes": writes, "error": error}) + "\n")
-        sys.stdout.flush()
+    answer_each(killable)
 
 
 def main() -> None:

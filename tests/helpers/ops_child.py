@@ -12,16 +12,14 @@ process (``fs_child._count_mutations``); on a database, a call of a store method
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from copy_child import WRITES
-from forked import run_forked
+from forked import answer_each
 from fs_child import _count_mutations
 from race_child import open_spec
 
@@ -92,12 +90,7 @@ def main() -> None:
     import terrarium.stores.fs
     import terrarium.stores.sqlite  # noqa: F401  (imported once, before the forks)
 
-    for line in sys.stdin:
-        request = json.loads(line)
-        killed, done = run_forked(lambda request=request: work(request), quiet=True)
-        writes, error = done if done else (None, None)
-        sys.stdout.write(json.dumps({"killed": killed, "writes": writes, "error": error}) + "\n")
-        sys.stdout.flush()
+    answer_each(work)
 
 
 if __name__ == "__main__":
