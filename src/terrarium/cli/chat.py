@@ -183,8 +183,8 @@ class Chat:
         return Hints(
             context,
             f"'{resume_command(self.state, context)} --retry'",
-            f"'terrarium compact {name}{store}'",
-            f"'terrarium rewind {name} -n N{store}'",
+            f"'{program()} compact {name}{store}'",
+            f"'{program()} rewind {name} -n N{store}'",
             "run the command again",
         )
 
