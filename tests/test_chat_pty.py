@@ -19,7 +19,14 @@ import pytest
 
 from fakeserver import FakeServer
 from helpers.logs import segment_lines
-from terrarium import FsStore, SegmentStartState, create_segment, restore, save_delta
+from terrarium import (
+    FsStore,
+    SegmentStartState,
+    create_compacted_segment,
+    create_segment,
+    restore,
+    save_delta,
+)
 from terrarium.model import ContextId
 
 pexpect = pytest.importorskip("pexpect")
@@ -235,6 +242,31 @@ def test_up_brings_back_the_messages_of_a_resumed_session(
     child.expect("cli:main>")
     leave(child)
     assert fake_server.last_request["messages"][-1] == {"role": "user", "content": "question 0"}
+
+
+def test_up_recalls_what_the_user_typed_not_a_compactions_summary(
+    root: Path, fake_server: FakeServer, spawn: Any
+) -> None:
+    """A compaction's summary is logged as a user message; Up recalled it as if typed. It
+    recalls only the user's own messages: here the one turn the compaction kept."""
+    add_context(root, "cli:main", 2)
+    with FsStore(root) as store:
+        state = restore(store, ContextId.parse("cli:main"))
+        summary = {"role": "user", "content": "[Summary of the conversation so far]\nquestions"}
+        ack = {"role": "assistant", "content": "Understood."}
+        history = [summary, ack, *state.history[-2:]]  # question 1 and answer 1 kept
+        create_compacted_segment(store, state, history, context="cli:main")
+    child = spawn(
+        "chat", "cli:main", "--base-url", fake_server.base_url, "--storage-dir", str(root)
+    )
+    child.expect("cli:main>")
+    child.send("\x1b[A")  # Up: question 1
+    child.send("\x1b[A")  # Up again: nothing older was typed (it was the summary)
+    child.send("\r")
+    child.expect("echo: question 1")
+    child.expect("cli:main>")
+    leave(child)
+    assert fake_server.last_request["messages"][-1] == {"role": "user", "content": "question 1"}
 
 
 def test_ctrl_c_interrupts_a_reply_and_the_chat_goes_on(

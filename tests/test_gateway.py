@@ -735,6 +735,60 @@ def test_a_chat_stream_cut_short_keeps_its_partial_reply(
     assert [m["content"] for m in state_of(storage, "chat:left").history] == ["cut"]
 
 
+def test_a_failed_stream_is_retrieved_with_its_partial_output(
+    gateway: GatewayProcess, client: openai.OpenAI, fake: FakeServer
+) -> None:
+    """As OpenAI's API: a stored response whose stream failed part way (the server dropped
+    it, or the client left) is retrieved ``failed`` with the text streamed so far as its
+    message, ``incomplete``, under the id the stream announced (it was ``output: []``), as
+    the stream's ``response.failed`` event shows it."""
+
+    def read(lines: Iterator[str], stop: bool) -> list[dict[str, Any]]:
+        events = []
+        for line in lines:
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                if stop and events[-1]["type"] == "response.output_text.delta":
+                    break
+        return events
+
+    def failed(rid: str) -> dict[str, Any]:
+        try:  # a client that left: its turn is stored a moment later
+            body = retrieved(client, rid)
+        except openai.NotFoundError as exc:
+            raise AssertionError(rid) from exc
+        assert body["status"] == "failed" and body["error"]["message"]
+        return body
+
+    def check(events: list[dict[str, Any]]) -> str:
+        """The retrieved message is the stream's; returns its text."""
+        added = next(e for e in events if e["type"] == "response.output_item.added")
+        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        body = _wait_for(lambda: failed(events[0]["response"]["id"]))
+        [message] = body["output"]
+        assert (message["id"], message["status"]) == (added["item"]["id"], "incomplete")
+        assert text and text_of(body).startswith(text)
+        if events[-1]["type"] == "response.failed":  # the stream's last word says the same
+            assert events[-1]["response"]["output"] == body["output"]
+        return text_of(body)
+
+    fake.reply = "one two three four"
+    fake.drop_next(after_chunks=2)  # the role chunk and one piece of text
+    with client.responses.with_streaming_response.create(
+        model=MODEL, input="cut", stream=True
+    ) as raw:
+        events = read(raw.iter_lines(), stop=False)
+    assert check(events) == "one tw"
+    fake.chunk_delay = 0.2
+    try:
+        request = {"model": MODEL, "input": "leave", "stream": True}
+        with httpx.stream("POST", f"{gateway.url}/responses", json=request) as answer:
+            events = read(answer.iter_lines(), stop=True)
+    finally:
+        fake.chunk_delay = 0.0
+    assert "one two three four".startswith(check(events))
+
+
 def test_continuing_a_conversations_response_outside_it_leaves_it_alone(
     client: openai.OpenAI,
 ) -> None:

@@ -768,6 +768,52 @@ def test_an_archived_context_hides_a_legacy_file_of_it_left_out(
         assert [info.path for info in listing(other).sessions] == [path]
 
 
+def test_fsck_removes_a_legacy_file_left_out_only_when_the_archive_holds_its_bytes(
+    store: FsStore, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file a killed archive left out beside the copy it packed is a leftover: ``fsck``
+    reports it and ``--repair`` deletes it (an unarchive puts the packed copy back). One whose
+    bytes differ from the packed copy is reported for a person and never deleted (before,
+    neither was reported, and ``--repair`` left both)."""
+    same, changed = _legacy_file(root, "cli:old"), _legacy_file(root, "cli:other")
+    data = same.read_bytes()
+    real_unlink = Path.unlink
+
+    def die_at_a_legacy_file(self: Path, missing_ok: bool = False) -> None:
+        if self in (same, changed):
+            raise _Killed
+        real_unlink(self, missing_ok=missing_ok)
+
+    for name in ("cli:old", "cli:other"):
+        _imported(store, name)
+        with monkeypatch.context() as patch, pytest.raises(_Killed):
+            patch.setattr(Path, "unlink", die_at_a_legacy_file)
+            states.archive_context(store, ContextId.parse(name))
+    changed.write_text(changed.read_text().replace("old answer", "edited since"))
+    checked = invoke("fsck", "--json", "--storage-dir", str(root))
+    problems = {p["path"]: p for p in json.loads(checked.output)["problems"]}
+    assert checked.exit_code == 1 and set(problems) == {str(same), str(changed)}
+    assert (problems[str(same)]["kind"], problems[str(changed)]["kind"]) == ("leftover", "legacy")
+    assert same.exists() and changed.exists()  # a check changes nothing
+
+    repaired = invoke("fsck", "--repair", "--json", "--storage-dir", str(root))
+    problems = {p["path"]: p for p in json.loads(repaired.output)["problems"]}
+    assert problems[str(same)]["repaired"] and not problems[str(changed)]["repaired"]
+    assert repaired.exit_code == 1 and "edited since" in changed.read_text()
+    assert not same.exists()
+    # A file that changed between the check and the repair goes back in place, whole.
+    from terrarium.cli.fsck import _drop_left_legacy
+
+    kept = changed.read_bytes()
+    folder = store.folder_of(ContextId("cli", "other"))
+    assert folder is not None
+    with pytest.raises(OSError, match="changed since the check"):
+        _drop_left_legacy(changed, folder / "legacy-1.json.zst")
+    assert changed.read_bytes() == kept and not list(changed.parent.glob(".*.fsck-*"))
+    assert states.unarchive_context(store, ContextId("cli", "old"))
+    assert same.read_bytes() == data
+
+
 def test_delete_purge_takes_the_legacy_file_of_the_context_too(store: FsStore, root: Path) -> None:
     """``terrarium delete --purge`` of a context imported from a legacy file, which stays:
     the file goes into ``.trash/legacy/`` as a delete's does, so ``list`` does not show the

@@ -125,6 +125,37 @@ def test_resume_hint_names_the_program_as_run_when_path_has_no_terrarium(
     assert stderr.splitlines()[-1] == "resume with: terrarium chat cli:demo"
 
 
+def test_chat_py_names_a_resume_command_that_works_without_terrarium_on_path(
+    tmp_path: Path, fake_server: FakeServer
+) -> None:
+    """``python chat.py`` said ``resume with: terrarium chat ...`` with no ``terrarium`` on
+    PATH. It names the ``terrarium`` installed beside its Python (the venv's): the note
+    pasted into a shell resumes the chat, and a failed turn's note names it for ``--retry``,
+    ``compact`` and ``rewind`` too. With that folder on PATH, the bare name."""
+    script = console_script()
+    plain = "/usr/bin:/bin"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TERRARIUM_")}
+    env.update(PATH=plain, TERRARIUM_BASE_URL=fake_server.base_url)
+
+    def run(args: list[str], stdin: str, **more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            args, input=stdin, cwd=tmp_path, env={**env, **more}, capture_output=True, text=True
+        )
+
+    chat_py = [sys.executable, str(ROOT / "chat.py"), "--session-id", "demo"]
+    hint = run(chat_py, "hi\n").stderr.splitlines()[-1]
+    assert hint == f"resume with: {script} chat cli:demo"
+    again = run(["/bin/sh", "-c", hint.removeprefix("resume with: ")], "more\n")
+    assert again.stdout == "echo: more\n", again.stderr
+    fake_server.context_window = 50  # a failed turn's note names the same command throughout
+    note = run(chat_py, "too long " * 40 + "\n").stderr
+    for command in ("chat cli:demo --retry", "compact cli:demo", "rewind cli:demo -n N"):
+        assert f"'{script} {command}'" in note
+    fake_server.context_window = None
+    on_path = run(chat_py, "hi\n", PATH=f"{script.parent}:{plain}")
+    assert on_path.stderr.splitlines()[-1] == "resume with: terrarium chat cli:demo"
+
+
 # --------------------------------------------------------------------------- the distribution
 
 #: Names on the package index that belong to other projects: ``pip install`` of one of them

@@ -270,11 +270,7 @@ def _import_one(
     except (TerrariumError, ValueError) as exc:
         report.skipped.append((name, str(exc)))
         return
-    part = copy_store(staged, store)
-    if part.copied and not part.entries:  # a detached session already there whole
-        part.skipped += [(copied, "already in the store") for copied in part.copied]
-        part.present += part.copied
-        part.copied = []
+    part = copy_store(staged, store)  # one there whole is ``present``; a trace is a write
     for item in fields(part):  # every field of a report adds up
         setattr(report, item.name, getattr(report, item.name) + getattr(part, item.name))
 

@@ -152,3 +152,31 @@ def test_a_bundles_context_file_alone_imports_at_its_head(
         assert head.ref == store.get_head(ContextId.parse("cli:main")).ref  # type: ignore[union-attr]
     finally:
         fresh.close()
+
+
+def test_what_a_rerun_adds_without_lines_is_reported_written(
+    store: Store, backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A bundle whose detached session gained only a trace, or whose context only its
+    archive, since the store imported it: the import writes that and reports the session
+    imported (it was reported "already in the store", as if nothing had been written)."""
+    loose_id, loose_root = create_segment(store, SegmentStartState(system_prompt="detached"))
+    loose = PodActiveSegmentRef(loose_id, loose_root)
+    save_user_input(store, loose, "nobody's")
+    old_id, old_root = create_segment(store, context="cli:old")
+    save_user_input(store, PodActiveSegmentRef(old_id, old_root), "long ago")
+    before = export_many(store, None, "jsonl", tmp_path / "before.tgz").path
+    save_trace(store, loose, [TraceEntry("2026-01-01T00:00:00.000000Z", "chunk", {"d": "h"})])
+    assert isinstance(store, Lifecycle)
+    states.archive_context(store, ContextId.parse("cli:old"))
+    after = export_many(store, None, "jsonl", tmp_path / "after.tgz").path
+    fresh = BACKENDS[backend](tmp_path / "fresh", request)
+    try:
+        assert len(import_bundle(fresh, before).copied) == 2
+        report = import_bundle(fresh, after)
+        assert sorted(report.copied) == ["cli:old", f"session {loose_id}"]
+        assert report.skipped == [] and report.present == [] and report.entries == 0
+        assert fresh.read_trace(loose_id, loose_root) == store.read_trace(loose_id, loose_root)
+        assert isinstance(fresh, Lifecycle) and states.is_archived(fresh, ContextId("cli", "old"))
+    finally:
+        fresh.close()

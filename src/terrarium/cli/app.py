@@ -46,13 +46,16 @@ def program() -> str:
     """This program as a shell should run it again, for a ``resume with: ...`` note.
 
     ``terrarium`` when ``PATH`` finds this very script, else the quoted path it was started by
-    (``.venv/bin/terrarium``); run otherwise (``python -m terrarium``), ``terrarium``.
+    (``.venv/bin/terrarium``). The seed's ``chat.py`` names the ``terrarium`` installed beside
+    its Python (the venv's) the same way. Run otherwise (``python -m terrarium``), ``terrarium``.
     """
     import shlex
     import shutil
 
     started = sys.argv[0] if sys.argv else ""
-    if os.path.basename(started) != "terrarium":
+    if os.path.basename(started) == "chat.py":
+        started = os.path.join(os.path.dirname(sys.executable), "terrarium")
+    if not os.path.isfile(started) or os.path.basename(started) != "terrarium":
         return "terrarium"
     found = shutil.which("terrarium")
     try:

@@ -183,8 +183,8 @@ class Chat:
         return Hints(
             context,
             f"'{resume_command(self.state, context)} --retry'",
-            f"'terrarium compact {name}{store}'",
-            f"'terrarium rewind {name} -n N{store}'",
+            f"'{program()} compact {name}{store}'",
+            f"'{program()} rewind {name} -n N{store}'",
             "run the command again",
         )
 
@@ -208,6 +208,20 @@ class Chat:
             return self.manager.history(str(self.context))
         except ContextNotFound:
             return []
+
+    def typed(self) -> list[str]:
+        """The session's user messages, oldest first, but a compaction's summary: what the
+        user typed, for Up to recall."""
+        head = self.state.store().get_head(self.context)
+        if head is None:
+            return []
+        store = self.state.store()
+        found = sessions.messages(sessions.lineage(store, head.session_id, head.segment_id))
+        return [
+            item_text(m.item)
+            for m in found
+            if item_role(m.item) == "user" and not m.summary and item_text(m.item).strip()
+        ]
 
     def message_count(self) -> int:
         return len(self.history())
@@ -426,9 +440,8 @@ async def interactive(chat: Chat, default_type: str) -> None:
         event.current_buffer.insert_text("\n")
 
     recall = InMemoryHistory()  # Up recalls the session's messages, oldest loaded first
-    for item in chat.history():
-        if item_role(item) == "user" and item_text(item).strip():
-            recall.append_string(item_text(item))
+    for text in chat.typed():
+        recall.append_string(text)
     session: PromptSession[str] = PromptSession(
         multiline=True,
         history=recall,

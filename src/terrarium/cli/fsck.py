@@ -55,6 +55,8 @@ class Problem:
     repaired: bool = False
     session_id: str | None = field(default=None, repr=False)
     segment_id: str | None = field(default=None, repr=False)
+    packed: str | None = field(default=None, repr=False)
+    """For a legacy file a killed archive left out: the archive's copy of it."""
 
     def show(self) -> str:
         where = self.path or self.context or ""
@@ -66,7 +68,7 @@ class Problem:
     def to_json(self) -> dict[str, object]:
         """The stable ``--json`` form (see docs/cli.md)."""
         data = asdict(self)
-        del data["session_id"], data["segment_id"]
+        del data["session_id"], data["segment_id"], data["packed"]
         return data
 
 
@@ -186,6 +188,57 @@ def _check_fs(store: FsStore, report: Report) -> None:
     for path in store.unfinished_moves():
         what = "left by a killed freeze, thaw, detach or delete"
         report.add("leftover", f"{path}: {what}", path=str(path))
+    _check_left_legacy(store, report)
+
+
+def _check_left_legacy(store: FsStore, report: Report) -> None:
+    """A legacy file an archive packed (its record's ``cold.legacy``) that lies where it lay
+    too: a kill between the archive's commit and its unlink. A leftover when its bytes are the
+    packed copy's (``--repair`` deletes it); else a person's to compare (nothing is lost)."""
+    root = os.path.realpath(store.root)
+    for record in store.session_records():
+        folder = store.folder_of(ContextId.parse(record.owner)) if record.owner else None
+        places = (record.state.get("cold") or {}).get("legacy") or [] if folder else []
+        for n, rel in enumerate(places, 1):
+            place = store.root / str(rel)  # never through a link, nor out of the root
+            if os.path.realpath(place) != os.path.join(root, str(rel)) or not place.is_file():
+                continue
+            packed = str(folder / f"legacy-{n}.json.zst") if folder else None
+            if packed is not None and _same_bytes(place, Path(packed)):
+                what = f"a legacy file its archive holds byte for byte ({packed})"
+                problem = Problem("leftover", f"{what}: left by a killed archive", packed=packed)
+            else:
+                what = f"a legacy file of archived {record.owner} that is not what its archive"
+                problem = Problem("legacy", f"{what} holds ({packed}): compare them, keep one")
+            problem.context, problem.path = record.owner, str(place)
+            report.problems.append(problem)
+
+
+def _same_bytes(path: Path, other: Path) -> bool:
+    """Whether two files (a ``.zst`` one decompressed) hold the same bytes; False if either
+    cannot be read."""
+    import zstandard
+
+    try:
+        return b"".join(read_chunks(path)) == b"".join(read_chunks(other))
+    except (OSError, zstandard.ZstdError):
+        return False
+
+
+def _drop_left_legacy(place: Path, packed: Path) -> str:
+    """Delete a legacy file its archive holds. It is set aside first, so that the bytes
+    compared are the bytes deleted; one that changed since the check goes back in place."""
+    aside = place.with_name(f".{place.name}.fsck-{uuid.uuid4().hex}")
+    os.rename(place, aside)
+    if _same_bytes(aside, packed):
+        aside.unlink()
+        return "deleted: its archive holds the same bytes"
+    try:
+        os.link(aside, place)  # never over a file written there meanwhile
+    except FileExistsError:
+        raise OSError(f"it changed since the check: kept as {aside}") from None
+    aside.unlink()
+    raise OSError("it changed since the check: left in place")
 
 
 def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None:
@@ -492,6 +545,9 @@ def _fixer(store: FsStore, problem: Problem, salvage: bool) -> Callable[[], str]
         return lambda: f"head is segment {store.rebuild_head(context).segment_id}"
     if problem.kind == "unindexed":
         return lambda: "indexed"  # the reindex that follows every repair does it
+    if problem.kind == "leftover" and problem.packed and problem.path:
+        place, packed = Path(problem.path), Path(problem.packed)
+        return lambda: _drop_left_legacy(place, packed)
     if problem.kind == "leftover":
         return lambda: f"deleted ({store.finish_moves()} left over)"
     if problem.kind == "corrupt" and salvage and segment and problem.context:

@@ -158,7 +158,9 @@ async def create_response(gw: Gateway, request: Request) -> Response:
     except GatewayError as exc:
         fail(record, exc.message)
         if req.store:
-            await gw.run(gw.commit, req, target, record, [], _errored(exc, ""))
+            await gw.run(
+                gw.commit, req, target, record, [], _errored(exc.message, exc.code or exc.type)
+            )
         raise
     finish(record, choice.get("finish_reason"), usage_of(answer.get("usage")))
     record["finish_reason"] = choice.get("finish_reason")
@@ -167,10 +169,13 @@ async def create_response(gw: Gateway, request: Request) -> Response:
     return JSON(response_object(record, output))
 
 
-def _errored(exc: GatewayError, partial: str) -> dict[str, Any]:
-    data: dict[str, Any] = {"error": exc.message, "error_type": exc.code or exc.type}
-    if partial:
-        data["partial"] = partial
+def _errored(error: str, kind: str | None, builder: StreamBuilder | None = None) -> dict[str, Any]:
+    """``run_errored`` data; with a stream's text so far (``partial``), whose message id the
+    record keeps, so that a retrieval shows it under the id the stream gave it."""
+    data: dict[str, Any] = {"error": error, "error_type": kind}
+    if builder is not None and builder.partial_text():
+        data["partial"] = builder.partial_text()
+        builder.record["partial_id"] = builder.text_id
     return data
 
 
@@ -194,9 +199,7 @@ async def _stream_response(
     except (asyncio.CancelledError, GeneratorExit):
         if req.store and record["status"] == "in_progress":
             fail(record, GONE)
-            error = {"error": GONE, "error_type": "client_disconnected"}
-            if builder.partial_text():
-                error["partial"] = builder.partial_text()
+            error = _errored(GONE, "client_disconnected", builder)
             gw.submit(gw.commit, req, target, record, [], error)
         raise
 
@@ -221,7 +224,7 @@ async def _events(
     except GatewayError as exc:
         fail(record, exc.message)
         if req.store:
-            error = _errored(exc, builder.partial_text())
+            error = _errored(exc.message, exc.code or exc.type, builder)
             await _store(gw, record, gw.commit, req, target, record, [], error)
         yield sse(builder.end())
         return

@@ -31,7 +31,7 @@ import msgspec
 
 from terrarium import PodActiveSegmentRef, Store, sessions
 from terrarium.errors import ConflictError, ContextExists, ContextNotFound
-from terrarium.gateway.responses import listed
+from terrarium.gateway.responses import listed, message_item
 from terrarium.model import (
     HISTORY_KINDS,
     ContextId,
@@ -291,15 +291,17 @@ class Ledger:
     def response_items(
         self, point: Point, record: Mapping[str, Any]
     ) -> tuple[list[LoggedItem], list[LoggedItem]]:
-        """A stored response's input items and output items."""
+        """A stored response's input items and output items. A failed stream's output is
+        the text it sent before it failed (its ``run_errored`` entry's ``partial``), as an
+        ``incomplete`` message under the id the stream gave it, as OpenAI returns it."""
         reads = sessions.lineage(self.store, point.session_id, point.segment_id, stop_seq=point.seq)
         first = point.seq - int(record.get("entries", 0))
-        items = [
-            e["item"]
-            for e in reads[-1].entries
-            if first <= e["seq"] < point.seq and e["kind"] in HISTORY_KINDS
-        ]
+        entries = [e for e in reads[-1].entries if first <= e["seq"] < point.seq]
+        items = [e["item"] for e in entries if e["kind"] in HISTORY_KINDS]
         inputs = int(record.get("inputs", 0))
+        partial = next((e.get("partial") for e in entries if e["kind"] == "run_errored"), None)
+        if len(items) == inputs and isinstance(partial, str) and partial:
+            items.append(message_item(partial, "incomplete", record.get("partial_id")))
         return items[:inputs], items[inputs:]
 
     def delete_response(self, response_id: str, context: ContextId) -> bool:

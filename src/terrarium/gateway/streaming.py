@@ -189,7 +189,11 @@ class StreamBuilder:
 
     def end(self) -> Event:
         """The last event: ``response.completed``, ``.incomplete`` or ``.failed``, as the
-        record's status says."""
+        record's status says. A failed stream's open message holds its text so far,
+        ``incomplete``, as a retrieval of the response shows it."""
+        if self.text is not None:
+            index, text = self._text_index(), self.partial_text()
+            self.output[index] = message_item(text, "incomplete", self.text_id)
         kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
             self.record["status"], "response.failed"
         )
