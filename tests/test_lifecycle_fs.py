@@ -1148,3 +1148,30 @@ def test_a_head_move_takes_the_head_lock_before_the_sessions(
     assert deleting.ident is not None and not deleting.is_alive()
     with FsStore(root) as store:
         assert [t.context for t in states.trashed_contexts(store)] == [str(MAIN)]
+
+
+def test_an_unarchive_keeps_the_archived_legacy_file_when_another_lies_in_its_place(
+    store: FsStore, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unarchive puts a packed legacy file back where it lay; when a different file lies
+    there now (left out by a killed archive and edited since), that one keeps its place and
+    the archived bytes go beside it as ``{name}.archived-{n}``: neither is lost."""
+    legacy = _legacy_file(root, "cli:other")
+    archived = legacy.read_bytes()
+    real_unlink = Path.unlink
+
+    def die_at_the_legacy_file(self: Path, missing_ok: bool = False) -> None:
+        if self == legacy:
+            raise _Killed
+        real_unlink(self, missing_ok=missing_ok)
+
+    _imported(store, "cli:other")
+    with monkeypatch.context() as patch, pytest.raises(_Killed):
+        patch.setattr(Path, "unlink", die_at_the_legacy_file)
+        states.archive_context(store, ContextId("cli", "other"))
+    legacy.write_text(legacy.read_text().replace("old answer", "edited since"))
+    edited = legacy.read_bytes()
+
+    assert states.unarchive_context(store, ContextId("cli", "other"))
+    assert legacy.read_bytes() == edited
+    assert legacy.with_name(f"{legacy.name}.archived-1").read_bytes() == archived

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import stat
@@ -37,6 +38,7 @@ from terrarium.errors import (
     CorruptLog,
     SegmentNotFound,
     SessionAttached,
+    StoreError,
 )
 from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores._archive import compress, unpack
@@ -62,6 +64,8 @@ PENDING = ".detach.json"
 SEALED = 0o400
 _LEGACY = re.compile(r"legacy-\d+\.json\.zst")
 """A legacy JSON file of a frozen context, taken along (its place is in ``cold.legacy``)."""
+
+log = logging.getLogger("terrarium.stores.fs")
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
@@ -316,14 +320,28 @@ class FsStates(Tree):
             self._mark(session_id)
 
     def _put_back(self, packed: Path, rel: str) -> None:
-        """Write a legacy file back where it lay (unless a file is there now)."""
+        """Write a legacy file back where it lay; where another file lies now, beside it as
+        ``{name}.archived-{n}`` (unless that one holds the same bytes)."""
         parts = rel.split("/")
         if not 1 <= len(parts) <= 3 or any(p in ("", ".", "..") for p in parts):
             return  # not a place a legacy file lies
         place = self._inside(self.root.joinpath(*parts[:-1])) / parts[-1]
         make_dirs(place.parent)
-        with contextlib.suppress(FileExistsError, FileNotFoundError):
-            write_new(place, unpack(read_file(packed), where=str(packed)), sync=self._sync)
+        data = unpack(read_file(packed), where=str(packed))
+        for n in range(100):
+            at = place.with_name(f"{place.name}.archived-{n}") if n else place
+            try:
+                write_new(at, data, sync=self._sync)
+            except FileNotFoundError:
+                return  # the folder went meanwhile
+            except FileExistsError:
+                if read_file(at) == data:
+                    return
+                continue
+            if n:
+                log.warning("%s: another file lies there; the archived one is now %s", place, at)
+            return
+        raise StoreError(f"{place}: no free name to put the archived legacy file back as")
 
     def detach_context(
         self,
