@@ -47,7 +47,9 @@ def disk(tmp_path: Path) -> Iterator[Path]:
 @pytest.fixture
 def pg_disk(pg_database: str) -> Iterator[tuple[str, Path]]:  # noqa: F811
     """A PostgreSQL database whose tables lie on a small tmpfs (a tablespace there), and that
-    tmpfs: the server must run on this machine, as its own user, for the folder to be its."""
+    tmpfs: the server must run on this machine, as its own user, for the folder to be its.
+    While it is full, no backend can write out its dirty pages, other databases' included: a
+    test fills it only for a moment, and nothing else uses the server meanwhile."""
     import psycopg
     from psycopg.conninfo import make_conninfo
 
@@ -67,7 +69,8 @@ def pg_disk(pg_database: str) -> Iterator[tuple[str, Path]]:  # noqa: F811
             try:
                 admin.execute(f'CREATE DATABASE "{name}" TABLESPACE {name}')
                 yield as_url(make_conninfo(pg_database, dbname=name)), folder
-            finally:
+            finally:  # room first: the server cannot drop it while its dirty pages cannot land
+                (folder / "filler").unlink(missing_ok=True)
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
                 admin.execute(f"DROP TABLESPACE IF EXISTS {name}")
 
