@@ -448,11 +448,11 @@ def test_picker_reads_previews_only_for_the_sessions_on_screen() -> None:
     from prompt_toolkit.input import create_pipe_input
     from prompt_toolkit.output import DummyOutput
 
-    from terrarium.cli.catalog import SessionInfo
     from terrarium.cli.picker import Picker
+    from terrarium.index._listing import ContextSummary
 
     rows = [
-        SessionInfo(f"cli:s{n}", "cli", "2025-11-06", "", f"2025-11-06T{n:06d}", 2)
+        ContextSummary(f"cli:s{n}", "2025-11-06", 2, f"2025-11-06T{n:06d}", "", "")
         for n in range(1000)
     ]
     read: list[ContextId] = []
@@ -466,7 +466,7 @@ def test_picker_reads_previews_only_for_the_sessions_on_screen() -> None:
         rows_on_screen = DummyOutput().get_size().rows
         text = "".join(fragment[1] for fragment in picker.render())
         assert 0 < len(read) < rows_on_screen
-        assert read == [r.context for r in rows[: len(read)]]
+        assert read == [r.id for r in rows[: len(read)]]
         columns = DummyOutput().get_size().columns
         assert all(len(line) <= columns for line in text.splitlines())
         assert "first of s0 word" in text and "\u2026 -> last reply" in text
@@ -477,5 +477,5 @@ def test_picker_reads_previews_only_for_the_sessions_on_screen() -> None:
         for _ in range(first_screen + 2):
             picker._move(1)
         picker.render()
-        assert rows[first_screen + 2].context in read  # scrolled: the selected row is shown
+        assert rows[first_screen + 2].id in read  # scrolled: the selected row is shown
         assert len(read) < 2 * rows_on_screen

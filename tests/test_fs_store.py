@@ -283,7 +283,7 @@ def test_a_create_after_the_index_was_deleted_indexes_every_context(
         _create(fresh, "cli:new")
         names = [head.context for head in fresh.list_contexts()]
         assert names == ["cli:a", "cli:b", "cli:new", "irc:c"]
-        assert sorted(r.context_id for r in contexts.list_contexts(fresh).rows) == names
+        assert sorted(r.context for r in contexts.list_contexts(fresh).rows) == names
         taken = refs["cli:a"].session_id  # in use: the index says so
         with pytest.raises(ConflictError):
             create_segment_with_ids(fresh, taken, new_segment_id(), context="cli:d")

@@ -324,7 +324,7 @@ def legacy_state(root: Path) -> str:
     context = ContextId.parse(NAMES[0])
     with FsStore(root) as store:
         trashed = [e.context for e in states.trashed_contexts(store)]
-        listed = [row.context_id for row in contexts.list_contexts(store).rows]
+        listed = [row.context for row in contexts.list_contexts(store).rows]
         if store.get_head(context) is None:
             assert trashed == [NAMES[0]], trashed
             state = "trashed"

@@ -14,7 +14,17 @@ from typing import Any
 import pytest
 
 from helpers.web import turn
-from terrarium import ContextId, FsStore, create_segment, fork_context, index, restore, states
+from terrarium import (
+    ContextId,
+    FsStore,
+    contexts,
+    create_segment,
+    fork_context,
+    index,
+    legacy,
+    restore,
+    states,
+)
 from terrarium.contexts import clear_context, listing_index, rewind_context
 from terrarium.index import _build, _figures
 from terrarium.index._listing import ListingQuery
@@ -162,6 +172,32 @@ def test_archived_contexts_and_legacy_files_are_rows(tmp_path: Path) -> None:
     assert states.unarchive_context(store, ContextId.parse("cli:cold"))
     assert rows("archived") == {}
     assert rows("hot")["cli:cold"] == ("hot", 2, None)
+    store.close()
+
+
+def test_a_listing_row_is_one_record_from_every_source(tmp_path: Path) -> None:
+    """A hot context's row, a legacy file's and an archived context's are one record wherever
+    they are read (the index's pages, ``list_contexts``, the legacy scan, the archive), each
+    made once, and a row gives the same JSON from each."""
+    store = FsStore(tmp_path / "sessions")
+    for name in ("hot", "cold"):
+        create_segment(store, context=f"cli:{name}")
+        turn(store, f"cli:{name}", "q", "a")
+    assert states.archive_context(store, ContextId.parse("cli:cold")) is not None
+    _legacy(store.root, "cli:old", "2026-01-02", 4)
+    (old,) = legacy.listing(store).sessions
+    cold = contexts.archived_row(states.archived_contexts(store)[0])
+    assert contexts.other_rows(store) == [old, cold]
+    listed = {row.context: row for row in contexts.list_contexts(store).rows}
+    assert listed["cli:old"] == old and set(listed) == {"cli:hot", "cli:old"}
+    page = listing_index(store).read(lambda r: r.page(ListingQuery(limit=10), "all"))
+    shown = {row.context: row.to_json(frozenset()) for row in page}
+    assert shown == {
+        "cli:hot": listed["cli:hot"].to_json(frozenset()),
+        "cli:old": old.to_json(frozenset()),
+        "cli:cold": cold.to_json(frozenset()),
+    }
+    assert shown["cli:old"]["legacy"] and shown["cli:cold"]["state"] == "archived"
     store.close()
 
 

@@ -515,7 +515,7 @@ def test_lookup_rules_misnamed_duplicate_flat_and_top_level_files(root: Path) ->
     top = seed_file(root, "web:top", "2025-11-06", [("t", "u")])
     top = top.rename(root / "top.json")
     found = legacy.listing(store)
-    assert {str(i.context): i.path for i in found.sessions} == {
+    assert {i.context: Path(str(i.legacy_path)) for i in found.sessions} == {
         "cli:dup": newer,
         "cli:flat": flat,
         "web:top": top,
@@ -562,7 +562,9 @@ def test_the_listing_finds_what_iter_legacy_files_finds(root: Path) -> None:
     with FsStore(root) as store:
         create_segment(store, SegmentStartState(), context="cli:native.json")
         found = legacy.listing(store)
-        paths = sorted([i.path for i in found.sessions] + [p.path for p in found.problems])
+        paths = sorted(
+            [Path(str(i.legacy_path)) for i in found.sessions] + [p.path for p in found.problems]
+        )
         assert paths == sorted(tj.iter_legacy_files(root))
 
 
@@ -599,7 +601,7 @@ def test_listing_parses_a_file_again_only_when_it_changed(
         seed_file(root, "cli:one", "2025-11-06", [("a", "b"), ("c", "d")])
         found = legacy.listing(store)
         assert parsed == [one] and listed == []
-        assert found.by_context[ContextId.parse("cli:one")].message_count == 4
+        assert found.by_context["cli:one"].message_count == 4
         # A native context in a new date folder: the folders that changed are listed again,
         # the old date folder is not.
         listed.clear()

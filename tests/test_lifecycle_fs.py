@@ -765,7 +765,7 @@ def test_an_archived_context_hides_a_legacy_file_of_it_left_out(
             )
             assert [row.context for row in page] == shown, state
         assert states.unarchive_context(other, ContextId("cli", "old"))
-        assert [info.path for info in listing(other).sessions] == [path]
+        assert [info.legacy_path for info in listing(other).sessions] == [str(path)]
 
 
 def test_fsck_removes_a_legacy_file_left_out_only_when_the_archive_holds_its_bytes(

@@ -386,7 +386,7 @@ def check_one_state(store: Store, names: list[str]) -> None:
     assert isinstance(store, Lifecycle)
     states.finish_lifecycle(store)
     assert states.unfinished_lifecycle(store) == []
-    hot = {c.context_id: c.message_count for c in contexts.list_contexts(store).rows}
+    hot = {c.context: c.message_count for c in contexts.list_contexts(store).rows}
     cold = {a.context: a.message_count for a in states.archived_contexts(store)}
     assert not set(hot) & set(cold), "a context is both hot and archived"
     for name in names:

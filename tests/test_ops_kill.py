@@ -64,7 +64,7 @@ def check_places(store: Any, op: str) -> None:
     """Each context in one place and whole; the listing names each hot one."""
     hot = {h.context for h in store.list_contexts()}
     archived = {a.context for a in states.archived_contexts(store)}
-    listed = {row.context_id for row in contexts.list_contexts(store).rows}
+    listed = {row.context for row in contexts.list_contexts(store).rows}
     trashed = [e.context for e in states.trashed_contexts(store)]
     assert not hot & archived and hot <= listed, (hot, archived, listed)
     for name in HOT:

@@ -81,7 +81,7 @@ def check_legacy(root: Path, records: list[dict[str, Any]]) -> None:
         assert fsck(store, repair=False) == []
         files = outside_trash(root)
         archived = {a.context for a in states.archived_contexts(store)}
-        listed = Counter(row.context_id for row in contexts.list_contexts(store).rows)
+        listed = Counter(row.context for row in contexts.list_contexts(store).rows)
         for name in KEPT + DOOMED:
             live = store.get_head(ContextId.parse(name)) is not None
             if name in deleted:

@@ -98,7 +98,7 @@ def _expected(store: Store, sort: str, state: str, **filters: str) -> list[str]:
     gives, largest first, ties by id: what the pages must add up to."""
     rows = (
         [
-            (row.context_id, row.type, row.last_active, row.created_at, row.message_count)
+            (row.context, row.type, row.last_active, row.created_at, row.message_count)
             for row in contexts.list_contexts(store).rows
         ]
         if state != "archived"

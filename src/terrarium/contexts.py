@@ -19,7 +19,6 @@ import logging
 import operator
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -32,71 +31,20 @@ from terrarium.model import (
     LoggedItem,
     RestoredState,
     UsageTotals,
-    display_name,
     misleading_chars,
 )
 from terrarium.stores.base import Lifecycle, Store, context_lock
 
 if TYPE_CHECKING:
-    from terrarium.index import OtherRow, SearchIndex
+    from terrarium.index import SearchIndex
 
 log = logging.getLogger(__name__)
-
-
-class ContextRow(msgspec.Struct, frozen=True, gc=False):
-    """One context as a listing shows it (a Struct: 10k cost milliseconds, dataclasses tens)."""
-
-    context_id: str
-    """The context id, ``type:name``, as the store holds it."""
-    type: str
-    """Its type (``cli``)."""
-    date: str
-    """Its creation date, ``YYYY-MM-DD``."""
-    created_at: str
-    last_active: str
-    """When it was last written to."""
-    message_count: int
-    """History items of its head."""
-    legacy_path: Path | None = None
-    """The legacy JSON file, for a context that is not in the log yet."""
-    problem: str | None = None
-    """Why some of its log cannot be read (one line naming the file), or None."""
-
-    @property
-    def name(self) -> str:
-        """The context's name within its type."""
-        return self.context_id[len(self.type) + 1 :]
-
-    @property
-    def context(self) -> ContextId:
-        """The context id, parsed."""
-        return ContextId(self.type, self.name)
-
-    @property
-    def display(self) -> str:
-        """The id for a terminal, misleading characters escaped."""
-        return f"{self.type}:{display_name(self.name)}"
-
-    def to_json(self) -> dict[str, Any]:
-        """The stable JSON form (``terrarium list --json``, see docs/cli.md)."""
-        return {
-            "context_id": self.context_id,
-            "type": self.type,
-            "name": self.name,
-            "date": self.date,
-            "created_at": self.created_at,
-            "last_active": self.last_active,
-            "message_count": self.message_count,
-            "legacy": self.legacy_path is not None,
-            "legacy_path": str(self.legacy_path) if self.legacy_path is not None else None,
-            "problem": self.problem,
-        }
 
 
 class ContextListing(msgspec.Struct, frozen=True):
     """Every context of a store, and the legacy files that could not be used."""
 
-    rows: list[ContextRow]
+    rows: list[ContextSummary]
     """Grouped by type (alphabetical), most recently active first within a type."""
     problems: tuple[legacy.LegacyProblem, ...] = ()
     """Legacy files left out, each with the reason."""
@@ -127,31 +75,15 @@ def list_contexts(
     """
     rows = _native_rows(store, type, restore)
     found = legacy.listing(store)
-    native = {row.context_id for row in rows} if found.sessions else set()
+    native = {row.context for row in rows} if found.sessions else set()
     if found.sessions and isinstance(store, Lifecycle):
         native |= {a.context for a in states.archived_contexts(store)}
-    for info in found.sessions:  # a context in the log, hot or archived, hides its legacy file
-        context_id = str(info.context)
-        if context_id not in native and (type is None or info.context.type == type):
-            row = (info.date, info.created_at, info.last_active, info.message_count)
-            rows.append(ContextRow(context_id, info.context.type, *row, legacy_path=info.path))
+    for row in found.sessions:  # a context in the log, hot or archived, hides its legacy file
+        if row.context not in native and (type is None or row.type == type):
+            rows.append(row)
     rows.sort(key=operator.attrgetter("last_active"), reverse=True)
     rows.sort(key=operator.attrgetter("type"))
     return ContextListing(rows, found.problems)
-
-
-def summary_row(summary: ContextSummary) -> ContextRow:
-    """The listing row of a store's context summary."""
-    return ContextRow(
-        summary.context,
-        summary.context.partition(":")[0],
-        summary.date,
-        summary.created_at,
-        summary.last_active,
-        summary.message_count,
-        legacy_path=Path(summary.legacy_path) if summary.legacy_path is not None else None,
-        problem=summary.problem,
-    )
 
 
 def listing_index(store: Store, *, walked: bool = False) -> SearchIndex:
@@ -162,56 +94,59 @@ def listing_index(store: Store, *, walked: bool = False) -> SearchIndex:
     return found
 
 
-def _others_of(store: weakref.ref[Store]) -> list[OtherRow]:
+def _others_of(store: weakref.ref[Store]) -> list[ContextSummary]:
     found = store()
     return other_rows(found) if found is not None else []
 
 
-def other_rows(store: Store, *, records: states.Records | None = None) -> list[OtherRow]:
-    """The legacy files beside ``store`` and its archived contexts, as index rows (``records``:
-    the store's lifecycle records, read already)."""
-    rows: list[OtherRow] = []
-    for info in legacy.listing(store).sessions:
-        c = info.context
-        found = (info.date, info.created_at, info.last_active, info.message_count)
-        rows.append((str(c), c.type, c.name, "legacy", *found, str(info.path)))
+def other_rows(store: Store, *, records: states.Records | None = None) -> list[ContextSummary]:
+    """The legacy files beside ``store`` and its archived contexts, the rows the index has no
+    session for (``records``: the store's lifecycle records, read already)."""
+    rows = list(legacy.listing(store).sessions)
     if isinstance(store, Lifecycle):
-        for a in states.archived_contexts(store, records=records):
-            kind, _, name = a.context.partition(":")
-            found = (a.date, a.date, a.last_active, a.message_count)
-            rows.append((a.context, kind, name, "archived", *found, None))
+        rows += map(archived_row, states.archived_contexts(store, records=records))
     return rows
+
+
+def archived_row(archived: states.ArchivedContext, created_at: str | None = None) -> ContextSummary:
+    """The listing row of an archived context (``created_at``: its head's, where read; else its
+    date)."""
+    found = (archived.message_count, archived.last_active, created_at or archived.date)
+    return ContextSummary(
+        archived.context, archived.date, *found, archived.last_active, state="archived"
+    )
 
 
 def _native_rows(
     store: Store,
     type: str | None,
     restore: Callable[[ContextId], RestoredState] | None,
-) -> list[ContextRow]:
+) -> list[ContextSummary]:
     """The log's contexts: from the store's listing index, else by restoring each."""
     source = index.listing(store)
     if isinstance(source, Listing):
         try:
-            return [summary_row(s) for s in source.list_contexts_fast(type)]
+            return list(source.list_contexts_fast(type))
         except IndexUnavailable as exc:
             log.warning("%s; listing from the session files instead", exc)
     read = restore or (lambda context: sessions.restore(store, context))
-    rows: list[ContextRow] = []
+    rows: list[ContextSummary] = []
     for head in store.list_contexts():
         context = ContextId.parse(head.context)
         if type is not None and context.type != type:
             continue
+        ids = (head.updated_at, str(head.session_id), str(head.segment_id))
         try:
             state = read(context)
         except ContextNotFound:
             continue  # deleted meanwhile
         except StoreError as exc:  # damaged: listed, with what is wrong
             problem = " ".join(str(exc).split())
-            row = (head.date, head.created_at, head.updated_at, 0)
-            rows.append(ContextRow(head.context, context.type, *row, problem=problem))
+            found = (head.date, 0, head.updated_at, head.created_at)
+            rows.append(ContextSummary(head.context, *found, *ids, problem=problem))
             continue
-        row = (head.date, head.created_at, state.last_active, len(state.history))
-        rows.append(ContextRow(head.context, context.type, *row))
+        found = (head.date, len(state.history), state.last_active, head.created_at)
+        rows.append(ContextSummary(head.context, *found, *ids))
     return rows
 
 
@@ -231,9 +166,9 @@ def get_stats(
             raise not_found(context)
         state = sessions.restore(copy.store, context)
         data = stats_of(context, state, state.created_at, 1, is_legacy=True)
-        info = legacy.listing(store).by_context.get(context)
-        if info is not None and info.path == copy.path:  # times as the file wrote them, as
-            data["created_at"], data["last_active"] = info.created_at, info.last_active  # list
+        row = legacy.listing(store).by_context.get(str(context))
+        if row is not None and row.legacy_path == str(copy.path):  # times as the file wrote
+            data["created_at"], data["last_active"] = row.created_at, row.last_active  # them
         return data
     if state is None:
         state = sessions.restore(store, context)

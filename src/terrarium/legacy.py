@@ -31,6 +31,7 @@ import msgspec
 from terrarium.errors import ContextExists, StoreError
 from terrarium.formats import Folder, iter_legacy_files
 from terrarium.formats import list_legacy_folder as _list_folder
+from terrarium.index._listing import ContextSummary
 from terrarium.model import DATE_RE, ContextId, legacy_file_names, printable
 from terrarium.stores._files import inside, listdir, make_dirs
 from terrarium.stores.base import PodMetadata, Store, context_lock
@@ -46,22 +47,6 @@ _RACY_NS = 2_000_000_000
 T = TypeVar("T")
 
 
-class LegacyInfo(msgspec.Struct, frozen=True):
-    """One legacy session as a listing shows it (from the file's metadata)."""
-
-    context: ContextId
-    """The context the file holds."""
-    path: Path
-    date: str
-    """Its date folder (``metadata.session_date``), ``YYYY-MM-DD``."""
-    created_at: str
-    """Creation time, as the file wrote it."""
-    last_active: str
-    """Time of the last message, as the file wrote it."""
-    message_count: int
-    """Number of messages in the file."""
-
-
 class LegacyProblem(msgspec.Struct, frozen=True):
     """A legacy file that could not be used, and why."""
 
@@ -73,14 +58,20 @@ class LegacyProblem(msgspec.Struct, frozen=True):
         return f"{printable(str(self.path))}: {self.reason}"
 
 
+Parsed = ContextSummary | LegacyProblem
+"""A file's listing row (``state`` ``legacy``), or why it cannot be used."""
+
+
 class LegacyListing(msgspec.Struct, frozen=True):
     """Every legacy session beside a store, and the files that could not be used."""
 
-    sessions: tuple[LegacyInfo, ...] = ()
-    """One per context, in path order."""
+    sessions: tuple[ContextSummary, ...] = ()
+    """One listing row per context (``state`` ``legacy``; times and counts as the file wrote
+    them), in path order."""
     problems: tuple[LegacyProblem, ...] = ()
     """Unreadable, misnamed or shadowed files, in path order."""
-    by_context: Mapping[ContextId, LegacyInfo] = msgspec.field(default_factory=dict)
+    by_context: Mapping[str, ContextSummary] = msgspec.field(default_factory=dict)
+    """The rows by context id."""
 
 
 class LegacyCopy(msgspec.Struct, frozen=True):
@@ -124,13 +115,12 @@ def listing(store: Store) -> LegacyListing:
 
 def find(store: Store, context: ContextId) -> Path | None:
     """The legacy file of ``context``, whether or not the log has it (unreadable too), or None."""
-    found = _lookup(store, context)
-    return found.path if found is not None else None
+    return _lookup(store, context)
 
 
 def files(store: Store, context: ContextId) -> list[Path]:
     """The legacy files in ``context``'s places that hold it or are unreadable (archive's load)."""
-    return [found.path for found in _candidates(store, context)]
+    return [path for path, _ in _candidates(store, context)]
 
 
 def read(store: Store, context: ContextId) -> LegacyCopy | None:
@@ -138,14 +128,14 @@ def read(store: Store, context: ContextId) -> LegacyCopy | None:
 
     LegacyFormatError if the file is not a legacy session; OSError if it cannot be read.
     """
-    found = _lookup(store, context)
-    if found is None:
+    path = _lookup(store, context)
+    if path is None:
         return None
     from terrarium.stores.memory import MemoryStore
 
     memory = MemoryStore()
-    _tj().import_session(memory, _load(store, found.path), context=context)
-    return LegacyCopy(memory, found.path)
+    _tj().import_session(memory, _load(store, path), context=context)
+    return LegacyCopy(memory, path)
 
 
 def import_legacy(store: Store, context: ContextId) -> bool:
@@ -153,10 +143,10 @@ def import_legacy(store: Store, context: ContextId) -> bool:
 
     LegacyFormatError or OSError if the context's legacy file cannot be read.
     """
-    if store.get_head(context) is not None or (found := _lookup(store, context)) is None:
+    if store.get_head(context) is not None or (path := _lookup(store, context)) is None:
         return False
     try:
-        _tj().import_session(store, _load(store, found.path), context=context)
+        _tj().import_session(store, _load(store, path), context=context)
     except ContextExists:  # a writer that does not take the lock created it meanwhile
         return False
     return True
@@ -208,32 +198,34 @@ def trash(store: Store, context: ContextId) -> list[Path]:
     root = legacy_root(store)
     moved: list[Path] = []
     while root is not None and (found := _lookup(store, context)) is not None:
-        if not inside(found.path.parent, root):
-            raise StoreError(f"{printable(str(found.path))}: {_outside(root)}, nor moved")
-        target = root / LEGACY_TRASH / uuid.uuid4().hex / found.path.relative_to(root)
+        if not inside(found.parent, root):
+            raise StoreError(f"{printable(str(found))}: {_outside(root)}, nor moved")
+        target = root / LEGACY_TRASH / uuid.uuid4().hex / found.relative_to(root)
         if not inside(target.parent, root):  # the trash folder is a link out of the store
             raise StoreError(f"{printable(str(target.parent))}: {_outside(root)}, nor moved")
         make_dirs(target.parent)
-        os.rename(found.path, target)
+        os.rename(found, target)
         moved.append(target)
     return moved
 
 
-def _lookup(store: Store, context: ContextId) -> LegacyInfo | LegacyProblem | None:
+def _lookup(store: Store, context: ContextId) -> Path | None:
     """The context's file: the first of its places that holds it, else an unreadable one."""
     found = _candidates(store, context)
-    return next((f for f in found if isinstance(f, LegacyInfo)), found[0] if found else None)
+    held = (path for path, f in found if not isinstance(f, LegacyProblem))
+    return next(held, found[0][0] if found else None)
 
 
-def _candidates(store: Store, context: ContextId) -> list[LegacyInfo | LegacyProblem]:
+def _candidates(store: Store, context: ContextId) -> list[tuple[Path, Parsed]]:
     """The files in ``context``'s places, in lookup order, that hold it or are unreadable."""
     scanner = _scanner(store)
     if scanner is None:
         return []
     with scanner.lock:
         now = time.time_ns()
-        found = [scanner.parsed(path, now) for path in _places(scanner.root, context)]
-    return [f for f in found if isinstance(f, LegacyProblem) or f.context == context]
+        found = [(path, scanner.parsed(path, now)) for path in _places(scanner.root, context)]
+    wanted = str(context)
+    return [(p, f) for p, f in found if isinstance(f, LegacyProblem) or f.context == wanted]
 
 
 def _load(store: Store, path: Path) -> tj.LegacySession:
@@ -261,16 +253,17 @@ def _places(root: Path, context: ContextId) -> Iterator[Path]:
                 yield folder / name
 
 
-def _rank(root: Path, path: Path, context: ContextId) -> tuple[int, ...] | None:
-    """Where ``path`` comes in the old tool's lookup order for ``context``; None: not a place."""
-    names = legacy_file_names(context.name)
+def _rank(root: Path, path: Path, row: ContextSummary) -> tuple[int, ...] | None:
+    """Where ``path`` comes in the old tool's lookup order for the context of ``row``; None:
+    not one of its places."""
+    names = legacy_file_names(row.name)
     parts = path.relative_to(root).parts
     if not parts or parts[-1] not in names:
         return None
     which = names.index(parts[-1])
-    if len(parts) == 3 and parts[0] == context.type and DATE_RE.fullmatch(parts[1]):
+    if len(parts) == 3 and parts[0] == row.type and DATE_RE.fullmatch(parts[1]):
         return (0, -int(parts[1].replace("-", "")), which)
-    if len(parts) == 2 and parts[0] == context.type:
+    if len(parts) == 2 and parts[0] == row.type:
         return (1, which)
     if len(parts) == 1:
         return (2, which)
@@ -299,7 +292,7 @@ class _Scanner:
         self.root = root
         self.lock = threading.Lock()
         self.folders: dict[Path, _Seen[Folder]] = {}
-        self.files: dict[Path, _Seen[LegacyInfo | LegacyProblem]] = {}
+        self.files: dict[Path, _Seen[Parsed]] = {}
 
     def scan(self) -> LegacyListing:
         """Walk the root (through the cache) and sort each file into sessions or problems."""
@@ -319,9 +312,9 @@ class _Scanner:
         seen_files = set(paths)
         self.folders = {p: s for p, s in self.folders.items() if p in seen}
         self.files = {p: s for p, s in self.files.items() if p in seen_files}
-        return _sort_out(self.root, [self.parsed(path, now) for path in paths])
+        return _sort_out(self.root, [(path, self.parsed(path, now)) for path in paths])
 
-    def parsed(self, path: Path, now: int) -> LegacyInfo | LegacyProblem:
+    def parsed(self, path: Path, now: int) -> Parsed:
         """The file's summary or problem, parsed again only if the file changed."""
         try:
             st = os.stat(path)
@@ -350,8 +343,8 @@ def _cached(
     return value
 
 
-def _summarise(path: Path, root: Path) -> LegacyInfo | LegacyProblem:
-    """Parse one file into its listing record, or the one-line reason it cannot be used."""
+def _summarise(path: Path, root: Path) -> Parsed:
+    """Parse one file into its listing row, or the one-line reason it cannot be used."""
     if not inside(path, root):
         return LegacyProblem(path, _outside(root))
     try:
@@ -359,33 +352,36 @@ def _summarise(path: Path, root: Path) -> LegacyInfo | LegacyProblem:
         context = session.context
     except (OSError, ValueError, RecursionError) as exc:
         return LegacyProblem(path, _tj().failure(path, exc))
-    meta = session.metadata
-    return LegacyInfo(
-        context, path, meta.session_date, meta.created_at, meta.last_active, len(session.messages)
+    meta, last = session.metadata, session.metadata.last_active
+    return ContextSummary(
+        *(str(context), meta.session_date, len(session.messages), last, meta.created_at, last),
+        state="legacy",
+        legacy_path=str(path),
     )
 
 
-def _sort_out(root: Path, parsed: list[LegacyInfo | LegacyProblem]) -> LegacyListing:
+def _sort_out(root: Path, parsed: list[tuple[Path, Parsed]]) -> LegacyListing:
     """Keep each context's file (:func:`_rank`); every other file becomes a problem."""
-    problems = [p for p in parsed if isinstance(p, LegacyProblem)]
-    ranked: list[tuple[tuple[int, ...], LegacyInfo]] = []
-    for info in (p for p in parsed if isinstance(p, LegacyInfo)):
-        rank = _rank(root, info.path, info.context)
-        if rank is not None:
-            ranked.append((rank, info))
+    problems = [p for _, p in parsed if isinstance(p, LegacyProblem)]
+    ranked: list[tuple[tuple[int, ...], Path, ContextSummary]] = []
+    for path, row in parsed:
+        if isinstance(row, LegacyProblem):
             continue
-        looked_up = legacy_file_names(info.context.name)[-1]
-        reason = f"holds {info.context}, which is looked up as {looked_up}"
-        problems.append(LegacyProblem(info.path, reason))
-    by_context: dict[ContextId, LegacyInfo] = {}
-    for _, info in sorted(ranked, key=lambda pair: pair[0]):  # the old tool's first place wins
-        winner = by_context.setdefault(info.context, info)
-        if winner is not info:
-            reason = f"another file of {info.context}, which is read from {winner.path}"
-            problems.append(LegacyProblem(info.path, reason))
-    sessions = sorted(by_context.values(), key=lambda i: i.path)
+        rank = _rank(root, path, row)
+        if rank is not None:
+            ranked.append((rank, path, row))
+            continue
+        reason = f"holds {row.context}, which is looked up as {legacy_file_names(row.name)[-1]}"
+        problems.append(LegacyProblem(path, reason))
+    kept: dict[str, tuple[Path, ContextSummary]] = {}
+    for _, path, row in sorted(ranked, key=lambda found: found[0]):  # the old tool's first wins
+        winner = kept.setdefault(row.context, (path, row))[0]
+        if winner != path:
+            reason = f"another file of {row.context}, which is read from {winner}"
+            problems.append(LegacyProblem(path, reason))
+    sessions = [row for _, row in sorted(kept.values(), key=lambda found: found[0])]
     problems.sort(key=lambda p: p.path)
-    return LegacyListing(tuple(sessions), tuple(problems), by_context)
+    return LegacyListing(tuple(sessions), tuple(problems), {r.context: r for r in sessions})
 
 
 _SCANNERS: weakref.WeakKeyDictionary[FsStore, _Scanner] = weakref.WeakKeyDictionary()
@@ -405,7 +401,6 @@ def _scanner(store: Store) -> _Scanner | None:
 
 __all__ = [
     "LegacyCopy",
-    "LegacyInfo",
     "LegacyListing",
     "LegacyProblem",
     "files",

@@ -165,26 +165,26 @@ def plan_archive(
     rows = contexts.list_contexts(store, type=type).rows
     plan = ArchivePlan([], named=frozenset(wanted))
     for row in rows:
-        if wanted and row.context_id not in wanted:
+        if wanted and row.context not in wanted:
             continue
         if not _due(row.type, row.last_active or row.created_at, older_than, rules, moment):
             continue
-        pinned = row.context_id in pins
-        if pinned and row.context_id not in wanted:
-            plan.skipped_pinned.append(row.context_id)
+        pinned = row.context in pins
+        if pinned and row.context not in wanted:
+            plan.skipped_pinned.append(row.context)
             continue
-        size = _legacy_bytes(row.legacy_path) if row.legacy_path else hot_bytes(store, row.context)
+        size = _legacy_bytes(row.legacy_path) if row.legacy_path else hot_bytes(store, row.id)
         if size is None:
             continue  # archived or deleted meanwhile
         listed = (row.date, row.last_active, row.message_count)
-        plan.candidates.append(Candidate(row.context_id, *listed, size, pinned))
+        plan.candidates.append(Candidate(row.context, *listed, size, pinned))
     return plan
 
 
-def _legacy_bytes(path: Path) -> int | None:
+def _legacy_bytes(path: str) -> int | None:
     """The size of a legacy file (archiving imports it first), or None if it is gone."""
     try:
-        return path.stat().st_size
+        return os.stat(path).st_size
     except FileNotFoundError:
         return None
 

@@ -328,7 +328,7 @@ def test_the_python_delete_keeps_its_seed_meaning_and_is_undoable(store: Store) 
     the removal is in the maintenance log."""
     lc = seeded(store)
     assert lifecycle.delete_context(store, MAIN) is True
-    assert [r.context_id for r in contexts.list_contexts(store).rows] == [str(OTHER)]
+    assert [r.context for r in contexts.list_contexts(store).rows] == [str(OTHER)]
     with pytest.raises(ContextNotFound):
         contexts.get_stats(store, MAIN)
     (entry,) = states.trashed_contexts(lc)

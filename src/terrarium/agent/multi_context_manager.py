@@ -251,13 +251,13 @@ class MultiContextManager:
         out: dict[str, list[dict[str, Any]]] = {}
         for row in listing.rows:
             count, last_active = row.message_count, row.last_active
-            if row.context_id in unsaved:  # entries not saved yet are newer than any index
-                state = unsaved[row.context_id]
+            if row.context in unsaved:  # entries not saved yet are newer than any index
+                state = unsaved[row.context]
                 count, last_active = len(state.history), state.last_active
             out.setdefault(row.type, []).append(
                 {
                     "session_id": row.name,
-                    "context_id": row.context_id,
+                    "context_id": row.context,
                     "date": row.date,
                     "message_count": count,
                     "created_at": row.created_at,

@@ -14,16 +14,13 @@ from collections.abc import Iterator
 from terrarium import contexts, legacy
 from terrarium.cli.app import CliState
 from terrarium.cli.output import one_line
-from terrarium.contexts import ContextRow
 from terrarium.errors import ContextNotFound, TerrariumError
+from terrarium.index._listing import ContextSummary
 from terrarium.model import ContextId
 from terrarium.stores.base import Store
 
-SessionInfo = ContextRow
-"""One row of ``terrarium list`` and of the picker (:class:`terrarium.contexts.ContextRow`)."""
 
-
-def list_sessions(state: CliState, type: str | None = None) -> list[SessionInfo]:
+def list_sessions(state: CliState, type: str | None = None) -> list[ContextSummary]:
     """Every session, grouped by type, newest first; unusable legacy files warned of on stderr."""
     listing = contexts.list_contexts(state.store(), type=type)
     for problem in listing.problems:
@@ -58,7 +55,7 @@ def missing(state: CliState, context: ContextId) -> ContextNotFound:
         rows = contexts.list_contexts(state.store()).rows
     except (TerrariumError, OSError):  # no suggestion beats a second error
         return error
-    return suggesting(error, context, [row.context_id for row in rows])
+    return suggesting(error, context, [row.context for row in rows])
 
 
 def suggesting(error: ContextNotFound, context: ContextId, names: list[str]) -> ContextNotFound:

@@ -562,7 +562,7 @@ def most_recent(state: CliState, type_: str | None = None) -> ContextId:
     if not rows:
         of = f" of type '{type_}'" if type_ is not None else ""
         raise click.ClickException(f"no session{of} to continue in {state.shown_location}")
-    return max(rows, key=lambda row: row.last_active).context
+    return max(rows, key=lambda row: row.last_active).id
 
 
 def resume_command(state: CliState, context: ContextId) -> str:

@@ -119,14 +119,14 @@ def print_sessions(
     ``archived`` or ``all`` (a ``state`` column).
     """
     hot = catalog.list_sessions(state, type_) if scope != "archived" else []
-    rows, marks = lifecycle_cmds.lifecycle_rows(state, hot, type_, scope)
+    rows, pins = lifecycle_cmds.lifecycle_rows(state, hot, type_, scope)
     for problem in dict.fromkeys(r.problem for r in rows if r.problem):
         state.out.note(f"warning: {problem}", style="yellow")
     if limit is None and not as_json and state.out.rich:
         limit = max(1, state.out.height() - 5)  # header, rule, the "more" line, the prompt
     shown = rows if not limit else rows[:limit]
     if as_json:
-        state.out.json({"contexts": [{**row.to_json(), **marks[row.context_id]} for row in shown]})
+        state.out.json({"contexts": [row.to_json(pins) for row in shown]})
     elif not rows:
         kind = f" of type '{type_}'" if type_ is not None else ""
         which = "archived sessions" if scope == "archived" else "sessions"
@@ -142,7 +142,7 @@ def print_sessions(
                     short_time(r.last_active),
                     r.date,
                     "legacy" if r.legacy_path else "log",
-                    *([_state_cell(marks[r.context_id])] if extra else []),
+                    *([_state_cell(r.to_json(pins))] if extra else []),
                 ]
                 for r in shown
             ],
@@ -351,11 +351,11 @@ def stats(state: CliState, context: ContextId | None, as_json: bool) -> None:
         "usage": contexts.usage_stats(model.UsageTotals()),
     }
     for row in rows:
-        data = context_stats(state, row.context)
+        data = context_stats(state, row.id)
         totals["messages"] += data["message_count"]
         totals["turns"] += data["turns"]
         totals["legacy"] += int(data["legacy"])
-        kind = totals["by_type"].setdefault(row.context.type, {"contexts": 0, "messages": 0})
+        kind = totals["by_type"].setdefault(row.type, {"contexts": 0, "messages": 0})
         kind["contexts"] += 1
         kind["messages"] += data["message_count"]
         for key in totals["usage"]:

@@ -32,7 +32,7 @@ from terrarium.errors import ContextExists
 if TYPE_CHECKING:
     from terrarium import lifecycle, states
     from terrarium.cli import catalog
-    from terrarium.contexts import ContextRow
+    from terrarium.index._listing import ContextSummary
     from terrarium.lifecycle import ArchivePlan, Candidate, MaintenanceReport
     from terrarium.model import ContextId
     from terrarium.states import ArchivedContext, TrashedContext
@@ -381,26 +381,24 @@ def report_json(report: MaintenanceReport) -> dict[str, Any]:
 
 
 def lifecycle_rows(
-    state: CliState, rows: list[ContextRow], type_: str | None, scope: str
-) -> tuple[list[ContextRow], dict[str, dict[str, Any]]]:
-    """``list``'s rows for ``scope`` (``rows``: the hot ones it shows), and by context id each
-    one's ``state`` and ``pinned``."""
-    from terrarium.contexts import ContextRow
+    state: CliState, rows: list[ContextSummary], type_: str | None, scope: str
+) -> tuple[list[ContextSummary], frozenset[str]]:
+    """``list``'s rows for ``scope`` (``rows``: the hot ones it shows), and the pinned ids."""
+    from terrarium.contexts import archived_row
     from terrarium.model import ContextId
     from terrarium.stores.base import Lifecycle
 
     store = state.store()
-    pins = states.pinned_contexts(store) if isinstance(store, Lifecycle) else frozenset()
-    marks = {r.context_id: {"state": "hot", "pinned": r.context_id in pins} for r in rows}
-    if scope == "hot" or not isinstance(store, Lifecycle):
-        return rows, marks
+    if not isinstance(store, Lifecycle):
+        return rows, frozenset()
+    records = store.session_records()
+    pins = states.pinned_contexts(store, records=records)
+    if scope == "hot":
+        return rows, pins
     out = list(rows) if scope == "all" else []
-    for archived in states.archived_contexts(store, type_):
+    for archived in states.archived_contexts(store, type_, records=records):
         head = store.get_head(ContextId.parse(archived.context))
-        created = head.created_at if head is not None else archived.date
-        row = (archived.date, created, archived.last_active, archived.message_count)
-        out.append(ContextRow(archived.context, archived.context.partition(":")[0], *row))
-        marks[archived.context] = {"state": "archived", "pinned": archived.pinned}
+        out.append(archived_row(archived, head.created_at if head is not None else None))
     out.sort(key=lambda r: r.last_active, reverse=True)
     out.sort(key=lambda r: r.type)
-    return out, marks
+    return out, pins

@@ -21,9 +21,9 @@ from prompt_toolkit.layout.processors import BeforeInput
 from prompt_toolkit.styles import Style
 
 from terrarium.cli.app import generated_context
-from terrarium.cli.catalog import SessionInfo
 from terrarium.cli.output import plural
 from terrarium.display import short_time
+from terrarium.index._listing import ContextSummary
 from terrarium.model import ContextId
 
 _STYLE = Style.from_dict(
@@ -75,7 +75,7 @@ def preview_line(preview: Preview | None, width: int) -> str:
 class Picker:
     """The picker's state and its prompt_toolkit application."""
 
-    def __init__(self, rows: list[SessionInfo], default_type: str, preview: PreviewFn) -> None:
+    def __init__(self, rows: list[ContextSummary], default_type: str, preview: PreviewFn) -> None:
         self.rows = rows
         self.default_type = default_type
         self.read_preview = preview
@@ -89,18 +89,18 @@ class Picker:
         self.app: Application[ContextId | None] = self._application()
 
     @property
-    def visible(self) -> list[SessionInfo]:
+    def visible(self) -> list[ContextSummary]:
         """The rows that match the filter (case-insensitive substring of ``type:name``)."""
         needle = self.filter.text.strip().lower()
-        return [r for r in self.rows if needle in str(r.context).lower()]
+        return [r for r in self.rows if needle in r.context.lower()]
 
-    def exact(self) -> SessionInfo | None:
+    def exact(self) -> ContextSummary | None:
         """The session the filter text names exactly (a bare name: of one type only)."""
         text = self.filter.text.strip()
         if not text:
             return None
         try:
-            wanted = self._named(text)
+            wanted = str(self._named(text))
         except ValueError:
             wanted = None
         for info in self.rows:
@@ -108,7 +108,7 @@ class Picker:
                 return info
         if ":" in text:
             return None
-        named = [info for info in self.rows if info.context.name == text]
+        named = [info for info in self.rows if info.name == text]
         return named[0] if len(named) == 1 else None
 
     def _changed(self, _buffer: Buffer) -> None:
@@ -130,10 +130,10 @@ class Picker:
     def choose(self) -> ContextId | None:
         """What Enter on the current row opens; None (with a message) when nothing yet."""
         if self.index > 0:
-            return self.visible[self.index - 1].context
+            return self.visible[self.index - 1].id
         exact = self.exact()
         if exact is not None:
-            return exact.context
+            return exact.id
         text = self.filter.text.strip()
         if not text:
             return generated_context(self.default_type)
@@ -161,17 +161,17 @@ class Picker:
             return 24, 80
         return size.rows, size.columns
 
-    def _lines(self, visible: list[SessionInfo], start: int, stop: int) -> int:
+    def _lines(self, visible: list[ContextSummary], start: int, stop: int) -> int:
         """Screen lines that rows ``start..stop`` of ``visible`` take (with group headings)."""
         lines, group = 0, None
         for info in visible[start:stop]:
-            if info.context.type != group:
-                group = info.context.type
+            if info.type != group:
+                group = info.type
                 lines += 1
             lines += 2  # the row and its preview
         return lines
 
-    def _window(self, visible: list[SessionInfo]) -> tuple[int, int]:
+    def _window(self, visible: list[ContextSummary]) -> tuple[int, int]:
         """The rows of ``visible`` on screen, ``start..stop``, the selected one among them."""
         budget = max(3, self._size()[0] - _FIXED_LINES)
         selected = self.index - 1
@@ -208,21 +208,21 @@ class Picker:
         visible = self.visible
         start, stop = self._window(visible)
         columns = self._size()[1]
-        width = max((len(r.context.name) for r in visible[start:stop]), default=10)
+        width = max((len(r.name) for r in visible[start:stop]), default=10)
         width = min(max(width, 10), 40)
         group = None
         for number, info in enumerate(visible[start:stop], start=start + 1):
-            if info.context.type != group:
-                group = info.context.type
+            if info.type != group:
+                group = info.type
                 out.append(("class:group", group))
                 out.append(("", "\n"))
             legacy = "  (legacy)" if info.legacy_path else ""
             row(
                 number,
-                f"{info.context.name:<{width}}  {plural(info.message_count, 'message'):>14}  "
+                f"{info.name:<{width}}  {plural(info.message_count, 'message'):>14}  "
                 f"{short_time(info.last_active)}{legacy}",
             )
-            out.append(("class:dim", preview_line(self.preview(info.context), columns)))
+            out.append(("class:dim", preview_line(self.preview(info.id), columns)))
             out.append(("", "\n"))
         if stop < len(visible) or start > 0:
             out.append(("class:dim", f"  ({len(visible) - stop} more below, {start} above)"))

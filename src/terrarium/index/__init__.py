@@ -24,13 +24,12 @@ from terrarium.stores.base import ChangeLog, Indexed, Reindexable, Store
 
 if TYPE_CHECKING:
     from terrarium.index._index import DB_NAME, IndexStats, SearchIndex
-    from terrarium.index._overview import OtherRow, Reader, Sums, sort_key
+    from terrarium.index._overview import Reader, Sums, sort_key
     from terrarium.index._walked import walked
 
 __all__ = [
     "DB_NAME",
     "IndexStats",
-    "OtherRow",
     "Reader",
     "SearchIndex",
     "Sums",
@@ -96,7 +95,7 @@ __getattr__, __dir__ = attach(
     __name__,
     {
         **dict.fromkeys(("DB_NAME", "IndexStats", "SearchIndex"), "terrarium.index._index"),
-        **dict.fromkeys(("OtherRow", "Reader", "Sums", "sort_key"), "terrarium.index._overview"),
+        **dict.fromkeys(("Reader", "Sums", "sort_key"), "terrarium.index._overview"),
         "walked": "terrarium.index._walked",
     },
     __all__,

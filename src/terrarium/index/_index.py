@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import os
 import sqlite3
 import threading
@@ -40,7 +41,7 @@ from terrarium.index._fts import (
     long_snippet,
 )
 from terrarium.index._listing import ContextSummary
-from terrarium.index._overview import OtherRow, Reader
+from terrarium.index._overview import Reader
 from terrarium.index._query import SearchHit, SearchQuery, check_query
 from terrarium.index._refresh import IndexStats, IndexUpdate, Source
 from terrarium.index._sql import SCHEMA_VERSION
@@ -75,7 +76,12 @@ _OPTIMIZE_AFTER = 20_000
 DB_NAME = INDEX_DB
 _T = TypeVar("_T")
 #: The rows of the contexts with no session here, or what gives them (``SearchIndex.others``).
-Others = list[OtherRow] | Callable[[], list[OtherRow]]
+Others = list[ContextSummary] | Callable[[], list[ContextSummary]]
+#: A row's values for the ``others`` table, in its columns' order (``sql.SCHEMA``).
+_OTHER_COLUMNS = operator.attrgetter(
+    *("context", "type", "name", "state", "date", "created_at", "last_active"),
+    *("message_count", "legacy_path"),
+)
 
 
 class SearchIndex:
@@ -109,7 +115,7 @@ class SearchIndex:
         self._warned: set[str] = set()
         self._ranker = Ranker()
         self._build: Build | None = None
-        self.others: Callable[[], list[OtherRow]] | None = None
+        self.others: Callable[[], list[ContextSummary]] | None = None
         """The contexts with no session here (archived, legacy), set by ``listing_index``."""
 
     def __repr__(self) -> str:
@@ -569,7 +575,7 @@ class SearchIndex:
         read: Callable[[Reader], _T],
         *,
         budget: float | None = None,
-        others: list[OtherRow] | None = None,
+        others: list[ContextSummary] | None = None,
         sync: bool = True,
     ) -> _T:
         """The dashboard's ``read`` on one up-to-date snapshot, :attr:`others` included.
@@ -593,7 +599,7 @@ class SearchIndex:
             return
         import hashlib  # here: ``terrarium list`` imports this module, and never needs it
 
-        rows = sorted(others() if callable(others) else others)
+        rows = sorted(map(_OTHER_COLUMNS, others() if callable(others) else others))
         digest = hashlib.sha256(repr(rows).encode()).hexdigest()
         if _meta(conn, "others") == digest:
             return

@@ -1,5 +1,6 @@
-"""The listing's records (:class:`ContextSummary`, :class:`ListingQuery`, the
-:class:`Listing` protocol) and its pages: the statement the derived index runs.
+"""The listing's records (:class:`ContextSummary`, the one row every listing shows;
+:class:`ListingQuery`; the :class:`Listing` protocol) and its pages: the statement the
+derived index runs.
 
 A page is keyset pagination over the sort column and the context id, largest first:
 ``WHERE (col, context) < (:value, :context) ORDER BY col DESC, context DESC LIMIT :n``. The
@@ -14,24 +15,26 @@ The contract tests hold every backend to the same page picked from a whole listi
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from terrarium.errors import InvalidQuery
-from terrarium.model import SegmentId, SessionId
+from terrarium.model import ContextId, SegmentId, SessionId, display_name
 
 
 class ContextSummary(msgspec.Struct, frozen=True, gc=False):
-    """One context as ``list`` shows it, read from the index (no session file opened).
+    """One row of the sessions listing (``list``, the picker, the dashboard, ``/api/contexts``):
+    a context in the log, an archived one, or a legacy file beside the store (``state``). It is
+    read from the index, the archive's records or the file's metadata: no session is restored.
 
     ``gc=False``: it holds only strings and numbers, and tracking 100k of them would set off
     the cyclic collector's passes over the whole heap.
     """
 
     context: str
-    """The context id, ``type:name``."""
+    """The context id, ``type:name``, as the store holds it (parsed: :attr:`id`)."""
     date: str
     """The creation date, ``YYYY-MM-DD``."""
     message_count: int
@@ -40,11 +43,11 @@ class ContextSummary(msgspec.Struct, frozen=True, gc=False):
     """Timestamp of the head segment's last entry."""
     created_at: str
     updated_at: str
-    """When the head last moved."""
-    session: str
-    """The session id, as text (see :attr:`session_id`)."""
-    head: str
-    """The head segment id, as text (see :attr:`segment_id`)."""
+    """When the head last moved (an archived or legacy row: :attr:`last_active`)."""
+    session: str = ""
+    """The session id, as text (see :attr:`session_id`); empty for an archived or legacy row."""
+    head: str = ""
+    """The head segment id, as text (see :attr:`segment_id`); empty where ``session`` is."""
     problem: str | None = None
     """Why some of its data cannot be read (one line naming the file); counts cover the rest."""
     tokens: int | None = None
@@ -55,6 +58,26 @@ class ContextSummary(msgspec.Struct, frozen=True, gc=False):
     """The legacy file, for a context that is not in the log yet."""
 
     @property
+    def type(self) -> str:
+        """Its type (``cli``)."""
+        return self.context.partition(":")[0]
+
+    @property
+    def name(self) -> str:
+        """The context's name within its type."""
+        return self.context.partition(":")[2]
+
+    @property
+    def id(self) -> ContextId:
+        """The context id, parsed."""
+        return ContextId(self.type, self.name)
+
+    @property
+    def display(self) -> str:
+        """The id for a terminal, misleading characters escaped."""
+        return f"{self.type}:{display_name(self.name)}"
+
+    @property
     def session_id(self) -> SessionId:
         """The session id."""
         return uuid.UUID(self.session)
@@ -63,6 +86,26 @@ class ContextSummary(msgspec.Struct, frozen=True, gc=False):
     def segment_id(self) -> SegmentId:
         """The head segment id."""
         return uuid.UUID(self.head)
+
+    def to_json(self, pins: Container[str] | None = None) -> dict[str, Any]:
+        """The stable JSON form (``list --json``, ``/api/contexts``; docs/cli.md); given the
+        pinned ids ``pins``, with its ``state`` (``hot`` for a legacy file) and ``pinned``."""
+        data: dict[str, Any] = {
+            "context_id": self.context,
+            "type": self.type,
+            "name": self.name,
+            "date": self.date,
+            "created_at": self.created_at,
+            "last_active": self.last_active,
+            "message_count": self.message_count,
+            "legacy": self.legacy_path is not None,
+            "legacy_path": self.legacy_path,
+            "problem": self.problem,
+        }
+        if pins is not None:
+            data["state"] = "archived" if self.state == "archived" else "hot"
+            data["pinned"] = self.context in pins
+        return data
 
 
 @runtime_checkable

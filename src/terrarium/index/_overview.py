@@ -19,11 +19,6 @@ SORTS = (*_listing.COLUMNS,)
 VIEWS = {"hot": ("sessions", "legacy_rows"), "archived": ("archived_rows",)}
 """What each state shows (``all``: both)."""
 
-OtherRow = tuple[str, str, str, str, str, str, str, int, str | None]
-"""A context with no session in the index, as the provider gives it: context id, type, name,
-state (``archived`` or ``legacy``), date, created at, last active, message count, legacy
-file."""
-
 
 class Sums(msgspec.Struct):
     """The overview's sums over the hot contexts (legacy files in contexts and messages)."""

@@ -145,22 +145,16 @@ def list_page(
     pinned = states.pinned_contexts(life, records=records) if life else frozenset()
     last = sort_key(sort)(page[-1]) if page else None
     return {
-        "contexts": [_shown(row, pinned) for row in page],
+        # Each row with its state, pin and tokens (none for an archived or legacy row).
+        "contexts": [
+            {**r.to_json(pinned), "tokens": r.tokens if r.state == "hot" else None} for r in page
+        ],
         "next_cursor": encode_cursor(last) if more and last else None,
         "sort": sort,
         "state": state,
         "types": types,
         "lifecycle": life is not None,
     }
-
-
-def _shown(summary: ContextSummary, pinned: frozenset[str]) -> dict[str, Any]:
-    """A row as the API gives it: with its state, pin and tokens."""
-    item = contexts.summary_row(summary).to_json()
-    item["state"] = "archived" if summary.state == "archived" else "hot"
-    item["pinned"] = summary.context in pinned
-    item["tokens"] = summary.tokens if summary.state == "hot" else None
-    return item
 
 
 # --------------------------------------------------------------------------- overview
@@ -289,7 +283,7 @@ def overview(
             for d in chosen["days"]
         ],
         "tokens_per_model": dict(sorted(models.items())),
-        "most_active": [contexts.summary_row(s).to_json() for s in most_active],
+        "most_active": [row.to_json() for row in most_active],
     }
 
 
