@@ -311,7 +311,7 @@ def test_stats_one_and_all(seeded: Path) -> None:
     assert data["context_id"] == "cli:main" and data["message_count"] == 4
     assert {"usage", "turns", "last_run", "segments", "legacy", "created_at"} <= set(data)
     total = json.loads(invoke("stats", "--json", "--storage-dir", str(seeded)).stdout)
-    assert set(total) == {"contexts", "messages", "turns", "legacy", "by_type", "usage"}
+    assert set(total) == {"contexts", "messages", "turns", "legacy", "damaged", "by_type", "usage"}
     assert total["contexts"] == 2 and total["messages"] == 6
     assert total["by_type"] == {
         "cli": {"contexts": 1, "messages": 4},

@@ -39,7 +39,7 @@ from terrarium.errors import FormatVersionError, InvalidEntry, TerrariumError
 from terrarium.formats import ARCHIVE_SUFFIXES
 from terrarium.formats.jsonl import read_segments
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry, context_file
-from terrarium.sessions import detached_sessions, require_head
+from terrarium.sessions import detached_sessions, readable, require_head
 from terrarium.stores.base import Lifecycle, Store
 from terrarium.stores.memory import MemoryStore
 
@@ -67,45 +67,56 @@ def member_limit() -> int:
     return int(text)
 
 
-def bundle_files(store: Store, chosen: Mapping[ContextId, Store], *, detached: bool) -> Files:
-    """The members of a bundle of ``chosen`` (and ``store``'s detached sessions), manifest first."""
+def bundle_files(
+    store: Store,
+    chosen: Mapping[ContextId, Store],
+    *,
+    detached: bool,
+    damaged: list[tuple[str, str]],
+) -> Files:
+    """The members of a bundle of ``chosen`` (and ``store``'s detached sessions), manifest
+    first; a context or session whose log is damaged is left out, noted in ``damaged``."""
     pinned = states.pinned_contexts(store) if isinstance(store, Lifecycle) else frozenset()
     files: Files = {}
-    contexts: list[dict[str, Any]] = []
-    for context, source in chosen.items():
+
+    def entry(context: ContextId, source: Store) -> dict[str, Any]:
         head = require_head(source, context)
-        entry: dict[str, Any] = {"context": str(context), "head": str(head.segment_id)}
+        found: dict[str, Any] = {"context": str(context), "head": str(head.segment_id)}
         member = context_file(context, ".jsonl")
-        entry.update(_tree(files, source, head.session_id, head.segment_id, member))
+        found.update(_tree(files, source, head.session_id, head.segment_id, member))
         if source is store and isinstance(store, Lifecycle) and states.is_archived(store, context):
-            entry["archived"] = True
+            found["archived"] = True
         if str(context) in pinned:
-            entry["pinned"] = True
-        contexts.append(entry)
-    sessions = detached_sessions(store) if detached else []
-    loose = [
-        {"session_id": str(s), **_tree(files, store, s, None, f"_detached/{s}.jsonl")}
-        for s in sessions
-    ]
-    manifest = {"format": FORMAT, "version": VERSION, "contexts": contexts, "detached": loose}
+            found["pinned"] = True
+        return found
+
+    def loose(_: str, session: SessionId) -> dict[str, str]:
+        member = f"_detached/{session}.jsonl"
+        return {"session_id": str(session), **_tree(files, store, session, None, member)}
+
+    contexts = list(readable(chosen, damaged, entry).values())
+    sessions = {f"session {s}": s for s in (detached_sessions(store) if detached else [])}
+    loose_ones = list(readable(sessions, damaged, loose).values())
+    manifest = {"format": FORMAT, "version": VERSION, "contexts": contexts, "detached": loose_ones}
     return {MANIFEST: json.dumps(manifest, indent=1, ensure_ascii=False).encode(), **files}
 
 
 def _tree(
     files: Files, store: Store, session_id: SessionId, head: SegmentId | None, member: str
 ) -> dict[str, str]:
-    """Add the session's tree (and its traces, if any) to ``files``; their manifest keys."""
+    """Add the session's tree (and its traces, if any) to ``files``, all of it or (an error
+    reading it) nothing; their manifest keys."""
     segments = session_segments(store, session_id)
     grown = {(s[0].get("origin") or {}).get("parent") for s in segments}
     if head is not None and str(head) not in grown:  # the head last: the file alone imports
         segments.sort(key=lambda s: s[0]["segment_id"] == str(head))
-    files[member] = b"".join(codec.encode_line(line) for s in segments for line in s)
     keys = {"file": member}
     traces = [
         {"segment_id": s[0]["segment_id"], **trace}
         for s in segments
         for trace in store.read_trace(session_id, SegmentId(s[0]["segment_id"]))
     ]
+    files[member] = b"".join(codec.encode_line(line) for s in segments for line in s)
     if traces:
         keys["traces"] = f"_traces/{session_id}.jsonl"
         files[keys["traces"]] = "".join(

@@ -31,6 +31,7 @@ from terrarium.errors import (
     ConflictError,
     ContextExists,
     ContextNotFound,
+    CorruptLog,
     SegmentNotFound,
     SessionAttached,
     SessionConflict,
@@ -67,6 +68,9 @@ class CopyReport:
     conflicts: list[tuple[str, str]] = field(default_factory=list)
     """The skipped contexts that the destination holds otherwise than the source, each with
     what differs; nothing of them was written."""
+    damaged: list[tuple[str, str]] = field(default_factory=list)
+    """The skipped contexts whose log is damaged (in either store), each with the problem
+    (file and line); nothing of them was written."""
 
 
 @dataclass(frozen=True)
@@ -416,10 +420,12 @@ def _copy_one(
         else:
             source = read_source(src, session_id=what)
         done = _complete(dst, source)
-    except (ContextNotFound, SessionAttached, SessionConflict) as exc:
+    except (ContextNotFound, SessionAttached, SessionConflict, CorruptLog) as exc:
         report.skipped.append((name, str(exc)))
         if isinstance(exc, SessionConflict):
             report.conflicts.append((name, str(exc)))
+        if isinstance(exc, CorruptLog):
+            report.damaged.append((name, str(exc)))
         return name
     if done is None:
         report.skipped.append((name, "already in the destination"))

@@ -126,6 +126,12 @@ class ConflictError(StoreError):
 class CorruptLog(StoreError):
     """A log line in the middle of a segment is not a valid entry (names file and line)."""
 
+    HINT = (
+        "run 'terrarium fsck' to check every session (on a sessions folder, "
+        "'terrarium fsck --repair --salvage' keeps every readable entry of a damaged segment)"
+    )
+    """What every surface tells a user about a damaged log, after the message."""
+
     @classmethod
     def seq_out_of_order(cls, where: str, seq: object, expected: int) -> CorruptLog:
         """The line at ``where`` (``file:line``) holds ``seq`` where ``expected`` belongs."""

@@ -171,6 +171,10 @@ class ExportResult:
     members: list[str] = field(default_factory=list)
     """The files written, relative to the folder or inside the archive (``/``-separated)."""
     contexts: list[ContextId] = field(default_factory=list)
+    """The contexts written."""
+    damaged: list[tuple[str, str]] = field(default_factory=list)
+    """The contexts (or ``session {id}``) left out because their log is damaged, each with
+    its problem (file and line)."""
 
 
 def _is_archive(dest: Path) -> bool:
@@ -201,8 +205,10 @@ def _select(
     until: DateBound | None,
     *,
     archived: bool = False,
+    damaged: list[tuple[str, str]],
 ) -> dict[ContextId, Store]:
-    """The chosen contexts, sorted, each with its store (a legacy file's throw-away one)."""
+    """The chosen contexts, sorted, each with its store (a legacy file's throw-away one); a
+    damaged one that a date filter must read is noted in ``damaged`` and left out."""
     from terrarium import legacy, states
     from terrarium.formats.jsonl import load_transcript
     from terrarium.stores.base import Lifecycle
@@ -219,11 +225,10 @@ def _select(
         chosen[context] = store if copy is None else copy.store
     if since is None and until is None:
         return chosen
-    return {
-        c: source
-        for c, source in chosen.items()
-        if load_transcript(source, c).active_between(since, until)
-    }
+    from terrarium.sessions import readable
+
+    active = readable(chosen, damaged, lambda c, s: load_transcript(s, c))
+    return {c: chosen[c] for c, found in active.items() if found.active_between(since, until)}
 
 
 def _member(spec: Format, store: Store, context: ContextId) -> tuple[str, bytes]:
@@ -259,31 +264,37 @@ def export_many(
 
     ``dest`` is a folder (created if needed) or a ``.zip``, ``.tar.gz`` or ``.tgz`` archive.
     ``type``, ``since`` and ``until`` keep the contexts of that type with a message logged in
-    the window (a date is its whole UTC day; both ends inclusive). Raises ValueError (an unknown
-    format, or ``dest`` names one file), ContextNotFound, LegacyFormatError or OSError.
+    the window (a date is its whole UTC day; both ends inclusive). A context whose log is
+    damaged is left out, the others written: ``damaged`` in the result names it. Raises
+    ValueError (an unknown format, or ``dest`` names one file), ContextNotFound,
+    LegacyFormatError or OSError.
     """
     spec = get_format(fmt)
     target = Path(dest)
     if spec.name != "finetune":  # one JSONL file is what finetune writes
         check_destination(dest)
     bundle = spec.name == "jsonl"
-    chosen = _select(store, contexts, type, since, until, archived=bundle)
-    files: dict[str, bytes] = {}
+    damaged: list[tuple[str, str]] = []
+    chosen = _select(store, contexts, type, since, until, archived=bundle, damaged=damaged)
     if bundle:  # the whole trees, and what a store is besides: terrarium.bundle
         from terrarium.bundle import bundle_files
 
         whole = contexts is None and type is None and since is None and until is None
-        files = bundle_files(store, chosen, detached=whole)
-    elif spec.name == "finetune":  # one line per context (or none), in one file
-        data = b"".join(_member(spec, source, c)[1] for c, source in chosen.items())
+        files = bundle_files(store, chosen, detached=whole, damaged=damaged)
+    else:
+        from terrarium.sessions import readable
+
+        files = dict(readable(chosen, damaged, lambda c, s: _member(spec, s, c)).values())
+    left_out = {name for name, _ in damaged}
+    written = [c for c in chosen if str(c) not in left_out]
+    if spec.name == "finetune":  # one line per context (or none), in one file
+        data = b"".join(files.values())
         if not _is_archive(target) and not target.is_dir():
             write_export(target, data)  # a pipe or a device (/dev/stdout) is never replaced
-            return ExportResult(target, [], list(chosen))
-        files[FINETUNE_FILE] = data
-    else:
-        files = dict(_member(spec, source, context) for context, source in chosen.items())
+            return ExportResult(target, [], written, damaged)
+        files = {FINETUNE_FILE: data}
     _write(target, files)
-    return ExportResult(target, list(files), list(chosen))
+    return ExportResult(target, list(files), written, damaged)
 
 
 def _write(target: Path, files: dict[str, bytes]) -> None:

@@ -32,6 +32,7 @@ import msgspec
 from terrarium import contexts, legacy, states
 from terrarium.errors import (
     ContextNotFound,
+    CorruptLog,
     InvalidRetention,
     NotInTrash,
     SegmentNotFound,
@@ -131,6 +132,9 @@ class ArchivePlan:
     named: frozenset[str] = frozenset()
     """The contexts named explicitly: archived even if pinned meanwhile (a pin spares the
     others)."""
+    damaged: list[tuple[str, str]] = field(default_factory=list)
+    """Contexts chosen but left hot because their log is damaged, each with its problem (file
+    and line): the plan's, then those a run finds so."""
 
     @property
     def hot_bytes(self) -> int:
@@ -173,7 +177,11 @@ def plan_archive(
         if pinned and row.context not in wanted:
             plan.skipped_pinned.append(row.context)
             continue
-        size = _legacy_bytes(row.legacy_path) if row.legacy_path else hot_bytes(store, row.id)
+        try:
+            size = _legacy_bytes(row.legacy_path) if row.legacy_path else hot_bytes(store, row.id)
+        except CorruptLog as exc:  # stops none of the others
+            plan.damaged.append((row.context, str(exc)))
+            continue
         if size is None:
             continue  # archived or deleted meanwhile
         listed = (row.date, row.last_active, row.message_count)
@@ -225,7 +233,11 @@ def run_archive(
             break
         context = ContextId.parse(candidate.context)
         spare = candidate.context not in plan.named  # a pin meanwhile keeps it hot
-        archived = archive_context(lifecycle, context, spare_pinned=spare)
+        try:
+            archived = archive_context(lifecycle, context, spare_pinned=spare)
+        except CorruptLog as exc:  # damaged since the plan read it: the others go on
+            archived = None
+            plan.damaged.append((candidate.context, str(exc)))
         if archived is not None:
             done.append(archived)
             journal.record(

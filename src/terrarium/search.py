@@ -21,7 +21,7 @@ import msgspec
 
 from terrarium import index as derived
 from terrarium import sessions, states
-from terrarium.errors import IndexUnavailable, InvalidQuery
+from terrarium.errors import CorruptLog, IndexUnavailable, InvalidQuery
 from terrarium.index._fts import TAG_TOKENS, bm25, merge_hits
 from terrarium.index._query import MAX_LIMIT, Searchable, SearchHit, SearchQuery, check_query
 from terrarium.model import (
@@ -297,16 +297,19 @@ class _Places:
             head = self.store.get_head(ContextId.parse(context))
             found = ("", {})
             if head is not None:
-                session = head.session_id
-                reads = sessions.lineage(self.store, session, head.segment_id, blobs="stored")
-                for read in reads:
-                    segment = str(read.header.get("segment_id", ""))
-                    self.headers[(str(session), segment)] = read.header
-                conversation = sessions.messages(reads)
-                places = {(m.segment_id, m.seq, m.index): i for i, m in enumerate(conversation)}
-                found = (str(session), places)
+                with suppress(CorruptLog):  # damaged: its hits are placed off its head
+                    found = self._places(head)
             self.conversations[context] = found
         return found
+
+    def _places(self, head: PodMetadata) -> tuple[str, dict[tuple[str, int, int | None], int]]:
+        """The head's session and the place of each message of its conversation."""
+        session = head.session_id
+        reads = sessions.lineage(self.store, session, head.segment_id, blobs="stored")
+        for read in reads:
+            self.headers[(str(session), str(read.header.get("segment_id", "")))] = read.header
+        conversation = sessions.messages(reads)
+        return str(session), {(m.segment_id, m.seq, m.index): i for i, m in enumerate(conversation)}
 
     def _header(self, session: str, segment: str) -> Mapping[str, Any]:
         header = self.headers.get((session, segment))

@@ -10,9 +10,9 @@ fork header without one continues its parent's state, replayed first up to the f
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain
-from typing import Any, Protocol, cast, overload
+from typing import Any, Protocol, TypeVar, cast, overload
 
 import msgspec
 
@@ -31,6 +31,7 @@ from terrarium.errors import (
     ContextNotFound,
     CorruptLog,
     InvalidEntry,
+    SegmentNotFound,
     StoreError,
 )
 from terrarium.model import (
@@ -813,11 +814,22 @@ def lineage(
     stop_seq: int | None = None,
     blobs: BlobMode = "full",
 ) -> list[SegmentRead]:
-    """The reads that replaying a segment needs, oldest first, blobs resolved as ``blobs`` says."""
+    """The reads that replaying a segment needs, oldest first, blobs resolved as ``blobs`` says.
+
+    SegmentNotFound if there is no such segment; CorruptLog if one it continues is lost.
+    """
     reads: list[SegmentRead] = []
     current, stop = segment_id, stop_seq
     while True:
-        read = store.read_segment(session_id, current, stop_seq=stop)
+        try:
+            read = store.read_segment(session_id, current, stop_seq=stop)
+        except SegmentNotFound as exc:
+            if reads and _holds(store, session_id):  # a file lost, not a session purged
+                child = reads[-1].header.get("segment_id")
+                raise CorruptLog(
+                    f"segment {child} continues a segment that is lost: {exc}"
+                ) from None
+            raise
         reads.append(read)
         origin = read.header.get("origin") or {}
         if origin.get("kind") != "fork" or read.header.get("history") is not None:
@@ -836,6 +848,35 @@ def lineage(
         )
         for read in reads
     ]
+
+
+def _holds(store: Store, session_id: SessionId) -> bool:
+    """Whether ``store`` still holds the session (it may have been purged meanwhile)."""
+    try:
+        store.list_segments(session_id)
+    except SegmentNotFound:
+        return False
+    return True
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+T = TypeVar("T")
+
+
+def readable(
+    chosen: Mapping[K, V], damaged: list[tuple[str, str]], make: Callable[[K, V], T]
+) -> dict[K, T]:
+    """``make(key, value)`` of each of ``chosen`` (a context and its store, say); one whose log
+    is damaged (CorruptLog) is noted in ``damaged`` with its problem and left out, so that it
+    stops none of the others."""
+    made: dict[K, T] = {}
+    for key, value in chosen.items():
+        try:
+            made[key] = make(key, value)
+        except CorruptLog as exc:
+            damaged.append((str(key), str(exc)))
+    return made
 
 
 def lines_of(reads: Iterable[SegmentRead]) -> list[dict[str, Any]]:

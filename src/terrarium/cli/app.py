@@ -21,7 +21,7 @@ import click
 
 from terrarium.cli import examples
 from terrarium.cli.output import Output, error_text, one_line
-from terrarium.errors import DISTRIBUTION, TerrariumError
+from terrarium.errors import DISTRIBUTION, CorruptLog, TerrariumError
 
 if TYPE_CHECKING:
     from terrarium.agent.multi_context_manager import MultiContextManager
@@ -107,6 +107,8 @@ class GuardedCommand(click.Command):
             raise UsageLine(f"{exc.format_message()}{hint}") from exc
         except USER_ERRORS as exc:
             shown = error_text(store_os_error(ctx, exc))
+            if isinstance(exc, CorruptLog) and "terrarium fsck" not in shown:
+                shown = f"{shown}; {CorruptLog.HINT}"
             raise click.ClickException(one_line(shown) or type(exc).__name__) from exc
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from terrarium.cli.app import CONTEXT, DATE, CliState, command, json_option, open_store, type_option
-from terrarium.cli.output import plural
+from terrarium.cli.output import fail_if_damaged, plural
 from terrarium.display import short_time
 
 if TYPE_CHECKING:
@@ -75,7 +75,8 @@ def _report_copy(
     present = report.present
     already = set(present)
     conflicts = {c for c, _ in report.conflicts}
-    problems = [(c, reason) for c, reason in report.skipped if c not in already | conflicts]
+    left_out = already | conflicts | {c for c, _ in report.damaged}
+    problems = [(c, reason) for c, reason in report.skipped if c not in left_out]
     if verbose:
         completed = set(report.completed)
         for context in report.copied:
@@ -87,6 +88,7 @@ def _report_copy(
     for _, reason in report.conflicts:
         out.error(f"conflict: {reason}; not copied")
     out.note(copy_summary(report, where))
+    fail_if_damaged(out, report.damaged, "copied")
     if report.conflicts or (named and problems):
         raise click.exceptions.Exit(1)
 

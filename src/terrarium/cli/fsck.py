@@ -31,7 +31,7 @@ from terrarium.sessions import detached_sessions
 from terrarium.stores._files import listdir, read_chunks
 from terrarium.stores.base import BlobStore, PodMetadata, Reindexable, SessionStates, Store
 from terrarium.stores.fs import ContextFolder, FsStore, salvaged_into, segment_chain
-from terrarium.stores.fs._layout import HEAD, segment_name
+from terrarium.stores.fs._layout import HEAD, SEGMENT_SUFFIX, segment_name
 from terrarium.stores.fs._states import frozen
 from terrarium.stores.fs._tree import activity
 
@@ -258,9 +258,14 @@ def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None
         add(kind, _after_location(entry.problem), head_path)
     salvaged = salvaged_into(folder)
     # A salvage is done once the head no longer replays the damaged segment.
-    in_use = set(segment_chain(folder, entry.head.segment_id)) if entry.head else set()
+    chain = segment_chain(folder, entry.head.segment_id) if entry.head else []
+    in_use = set(chain)
     if entry.head is not None and frozen(store.root, entry.head.session_id):
         return  # archived: its plain files, if any, are leftovers (reported as such)
+    lost = folder / f"{chain[-1]}{SEGMENT_SUFFIX}" if len(chain) > 1 else None
+    if lost is not None and not lost.exists():  # a file gone: no repair brings it back
+        what = f"segment {chain[-2]} continues segment {chain[-1]}, which is lost"
+        add("unreadable", f"{what} (put its file back from a backup)", lost)
     for segment_id, problem in _check_segments(folder, context, session, report):
         if problem.kind in _SALVAGEABLE and segment_id in salvaged and segment_id not in in_use:
             problem.repaired = True

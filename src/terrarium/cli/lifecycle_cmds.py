@@ -25,7 +25,7 @@ from terrarium.cli.app import (
     storage_option,
     type_option,
 )
-from terrarium.cli.output import plural
+from terrarium.cli.output import fail_if_damaged, plural
 from terrarium.display import human_bytes, short_time
 from terrarium.errors import ContextExists
 
@@ -102,6 +102,7 @@ def archive(
                 "dry_run": dry_run,
                 "contexts": [record_json(r) for r in records],
                 "skipped_pinned": plan.skipped_pinned,
+                "damaged": damaged_json(plan),
                 "bytes_saved": saved,
             }
         )
@@ -115,7 +116,13 @@ def archive(
                 f"{human_bytes(hot - saved)} (saved {human_bytes(saved)})",
                 style="green",
             )
-        _note_pinned(state, plan, done_nothing=not records)
+        _note_pinned(state, plan, done_nothing=not records and not plan.damaged)
+    fail_if_damaged(state.out, plan.damaged, "archived")
+
+
+def damaged_json(plan: ArchivePlan) -> list[dict[str, str]]:
+    """The sessions an archive left hot because their log is damaged, for ``--json``."""
+    return [{"context_id": context, "problem": problem} for context, problem in plan.damaged]
 
 
 def _print_plan(state: CliState, plan: ArchivePlan) -> None:
@@ -340,6 +347,14 @@ def maintain(state: CliState, dry_run: bool, as_json: bool) -> None:
     """
     _lifecycle(state)
     report = lifecycle.Maintenance(state.store()).run(dry_run=dry_run)
+    _report_maintenance(state, report, dry_run, as_json)
+    fail_if_damaged(state.out, report.to_archive.damaged, "archived")
+
+
+def _report_maintenance(
+    state: CliState, report: MaintenanceReport, dry_run: bool, as_json: bool
+) -> None:
+    """``maintain``'s output: JSON, or what moved (what would, dry) and a summary."""
     if as_json:
         state.out.json(report_json(report))
         return
@@ -376,6 +391,7 @@ def report_json(report: MaintenanceReport) -> dict[str, Any]:
         "archived": [record_json(r) for r in archive],
         "purged": [record_json(e) for e in purge],
         "skipped_pinned": report.to_archive.skipped_pinned,
+        "damaged": damaged_json(report.to_archive),
         "bytes_saved": report.bytes_saved,
     }
 

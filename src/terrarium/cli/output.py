@@ -154,6 +154,20 @@ def one_line(text: str) -> str:
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
+def fail_if_damaged(out: Output, damaged: Sequence[tuple[str, str]], verb: str) -> None:
+    """Warn of each session a command left out because its log is damaged (``verb``:
+    ``exported``), one line naming the file and line, then end the command with exit 1 and
+    one line naming ``terrarium fsck``. Nothing when ``damaged`` is empty."""
+    if not damaged:
+        return
+    from terrarium.errors import CorruptLog
+
+    for name, problem in damaged:
+        out.note(f"warning: {name} not {verb}: {one_line(problem)}", style="yellow")
+    count = plural(len(damaged), "damaged session")
+    raise click.ClickException(f"{count} not {verb}; {CorruptLog.HINT}")
+
+
 def plural(count: int, noun: str, nouns: str | None = None) -> str:
     """``1 message``, ``2 messages`` (``nouns`` for an irregular plural: ``1 entry``)."""
     return f"{count} {noun if count == 1 else (nouns or noun + 's')}"

@@ -14,7 +14,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from terrarium import codec
-from terrarium.errors import ContextNotFound, InvalidContextId, InvalidEntry, StoreUnavailable
+from terrarium.errors import (
+    ContextNotFound,
+    CorruptLog,
+    InvalidContextId,
+    InvalidEntry,
+    StoreUnavailable,
+)
 from terrarium.gateway.upstream import GatewayError, bad_request
 from terrarium.guard import is_loopback_header, token_matches
 from terrarium.stores import _db
@@ -124,6 +130,10 @@ def endpoint(handler: Handler) -> Handler:
             return error_response(bad_request(str(exc)))
         except StoreUnavailable as exc:
             return error_response(GatewayError(503, f"the store is unavailable: {exc}"))
+        except CorruptLog as exc:  # the log is damaged, not the gateway: no traceback
+            log.warning("gateway: %s %s: %s", request.method, request.url.path, exc)
+            message = f"the conversation's log is damaged: {exc}; {CorruptLog.HINT}"
+            return error_response(GatewayError(500, message, code="damaged_log"))
         except Exception as exc:
             log.exception("gateway: %s %s failed", request.method, request.url.path)
             full = any(_db.kind(e) == "full" for e in (exc, exc.__cause__) if e is not None)

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from terrarium.errors import IndexUnavailable, SegmentNotFound
+from terrarium.errors import CorruptLog, IndexUnavailable, SegmentNotFound
 from terrarium.model import SegmentId, SessionId
 from terrarium.stores.base import ChangeLog, LiveSession, PodMetadata, SegmentStat
 
@@ -116,8 +116,11 @@ class LogChanges:
             self._live = {str(sid): found for sid, found in live.items()}
             for chunk in _chunks([(sid, live[sid][1]) for sid in ids if sid in live]):
                 reads = [(sid, g, 0) for sid in chunk for g in live[sid][1]]
-                read = zip(reads, self.store.entries_from(reads), strict=True)
-                self._lines = {(str(s), str(g)): lines for (s, g, _), lines in read}
+                try:
+                    read = zip(reads, self.store.entries_from(reads), strict=True)
+                    self._lines = {(str(s), str(g)): lines for (s, g, _), lines in read}
+                except CorruptLog:  # each segment read alone: the damaged one's is its problem
+                    self._lines = {}
                 for sid in chunk:
                     yield str(sid), self.segments(str(sid))
         self._lines = {}

@@ -576,16 +576,20 @@ class IndexUpdate:
         if damaged:  # rare: a damaged segment that a salvage replaced is no problem now
             done = self.source.salvaged(folder)
             problems += [session.segments[sid].problem or "" for sid in damaged if sid not in done]
-        problem = next((p for p in problems if p), None)
-        count = 0
+        count, child = 0, head
         for segment, stop in _chain(session, head):
             if segment is None:
+                if stop is not None and child is not None:  # a parent, not the head, is lost
+                    where = self.source.segment_path(folder, child.segment_id)
+                    problems.append(f"{where}: continues segment {child.parent}, which is lost")
                 break
+            child = segment
             if stop is None:
                 count += segment.items
             else:
                 count += self.conn.execute(sql.COUNT_DOCS_TO, (segment.id, stop)).fetchone()[0]
         last_active = head.last_ts if head is not None else None
+        problem = next((p for p in problems if p), None)
         self.conn.execute(sql.SET_SUMMARY, (count, last_active, problem, session.id))
 
 

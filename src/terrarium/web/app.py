@@ -644,11 +644,7 @@ def _plain(
     return handle
 
 
-FSCK_HINT = (
-    "Run 'terrarium fsck' to check every session file; 'terrarium fsck --repair --salvage' "
-    "copies every readable entry of a damaged segment into a new one (the damaged lines are "
-    "kept aside)."
-)
+FSCK_HINT = f"{CorruptLog.HINT[0].upper()}{CorruptLog.HINT[1:]}."
 
 
 async def _http(request: Request, exc: Exception) -> Response:

@@ -1,0 +1,335 @@
+"""What a user can do with a damaged session, on every backend, and what it does to the others.
+
+A session is damaged here by a line in the middle of its head segment that is not JSON (on a
+database, the row's line). Each command that reads many sessions goes on past it: ``list``,
+``search`` and ``stats`` answer with the others and name it; ``export --all``, ``copy`` and an
+archive by age or policy write the others, skip it with a warning naming the place, and exit 1.
+A command about it alone fails in one line naming the place and ``terrarium fsck``; nothing is
+written. On the filesystem, a fork whose parent segment is lost is damaged the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+import terrarium.lifecycle
+from fakeserver import FakeServer
+from pg import empty_default_schema, own_database, pg_database  # noqa: F401  (a fixture)
+from terrarium import ContextId, FsStore, PodActiveSegmentRef, fork_at
+from terrarium.cli import cli
+from terrarium.lifecycle import config_path
+from terrarium.sessions import create_segment, save_delta
+from terrarium.stores.url import open_store
+
+BACKENDS = ["fs", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+HINT = "terrarium fsck"
+
+
+def invoke(*args: str, input: str | None = None) -> Result:
+    return CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def pg_own(pg_database: str) -> Iterator[str]:  # noqa: F811
+    """A database of this module's own (the command line's store is its default schema)."""
+    yield from own_database(pg_database)
+
+
+def _add(store: object, context: str, *texts: str) -> None:
+    create_segment(store, None, context=context)  # type: ignore[arg-type]
+    head = store.get_head(ContextId.parse(context))  # type: ignore[attr-defined]
+    save_delta(store, head, [{"role": "user", "content": text} for text in texts])  # type: ignore[arg-type]
+
+
+def _damaged(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, *, context: str = "cli:bad"
+) -> tuple[str, str]:
+    """A store holding cli:good (2 messages), cli:other (1) and ``context`` (3, its second
+    line of entries unreadable); its URL, and how errors name the damaged line."""
+    if kind == "fs":
+        url = str(tmp_path / "sessions")
+    elif kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        url = empty_default_schema(request.getfixturevalue("pg_own"))
+    with open_store(url) as store:
+        _add(store, "cli:good", "good walrus one", "good two")
+        _add(store, "cli:other", "other walrus")
+        _add(store, context, "bad walrus one", "bad two", "bad three")
+        head = store.get_head(ContextId.parse(context))
+        assert head is not None
+        folder = store.folder_of(ContextId.parse(context)) if isinstance(store, FsStore) else None
+    segment = head.segment_id
+    if folder is not None:
+        path = folder / f"{segment}.jsonl"
+        lines = path.read_bytes().splitlines(keepends=True)
+        path.write_bytes(b"".join([*lines[:2], b"{not json\n", *lines[3:]]))
+        return url, f"{path}:3"
+    if kind == "sqlite":
+        with sqlite3.connect(tmp_path / "store.db") as conn:
+            conn.execute(
+                "UPDATE entries SET line = '{not json' WHERE seq = 2 AND seg = "
+                "(SELECT id FROM segments WHERE segment_id = ?)",
+                (str(segment),),
+            )
+        return url, f"segment {segment}:2"
+    import psycopg
+
+    with psycopg.connect(request.getfixturevalue("pg_own"), autocommit=True) as conn:
+        conn.execute(
+            "UPDATE terrarium.entries SET line = '{not json' WHERE segment_id = %s AND seq = 2",
+            (segment,),
+        )
+    return url, f"segment {segment}:2"
+
+
+def _one_line_error(result: Result, place: str) -> None:
+    """Exit 1 with one line on stderr naming ``place`` and the command that checks it."""
+    assert result.exit_code == 1, result.output
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert place in result.stderr and HINT in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_list_search_and_stats_answer_around_a_damaged_session(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``list`` lists every session, the damaged one with its problem naming the line;
+    ``search`` finds the others' messages; ``stats`` totals the others and names it. Each
+    exits 0, as ``list`` always did on the filesystem."""
+    url, place = _damaged(kind, tmp_path, request)
+    listed = invoke("list", "--json", "--storage-dir", url)
+    assert listed.exit_code == 0, listed.output
+    rows = {row["context_id"]: row for row in json.loads(listed.stdout)["contexts"]}
+    assert set(rows) == {"cli:good", "cli:other", "cli:bad"}
+    assert rows["cli:good"]["message_count"] == 2 and rows["cli:good"]["problem"] is None
+    assert place in rows["cli:bad"]["problem"]
+    found = invoke("search", "walrus", "--json", "--storage-dir", url)
+    assert found.exit_code == 0, found.output
+    hits = {hit["context_id"] for hit in json.loads(found.stdout)["hits"]}
+    assert {"cli:good", "cli:other"} <= hits
+    stats = invoke("stats", "--json", "--storage-dir", url)
+    assert stats.exit_code == 0, stats.output
+    totals = json.loads(stats.stdout)
+    assert (totals["contexts"], totals["messages"], totals["damaged"]) == (3, 3, 1)
+    assert [line for line in stats.stderr.splitlines() if place in line] != [], stats.stderr
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_command_about_a_damaged_session_names_the_line_and_fsck(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, fake_server: FakeServer
+) -> None:
+    """``show``, ``stats``, ``export``, ``fork`` and ``chat`` of the damaged session: one line
+    naming the damaged line and ``terrarium fsck`` (``archive``: its warning names the line);
+    no model call, nothing written (no export file, no fork target, still hot)."""
+    url, place = _damaged(kind, tmp_path, request)
+    for args in (
+        ["show", "cli:bad"],
+        ["stats", "cli:bad"],
+        ["export", "cli:bad", "-o", str(tmp_path / "bad.md")],
+        ["fork", "cli:bad", "cli:copy"],
+    ):
+        _one_line_error(invoke(*args, "--storage-dir", url), place)
+    archived = invoke("archive", "cli:bad", "--storage-dir", url)  # a warning, then the error
+    assert archived.exit_code == 1 and place in archived.stderr and HINT in archived.stderr
+    chat = invoke(
+        "chat", "cli:bad", "--base-url", fake_server.base_url, "--storage-dir", url, input="hi\n"
+    )
+    _one_line_error(chat, place)
+    assert fake_server.requests == []
+    assert not (tmp_path / "bad.md").exists()
+    listed = json.loads(invoke("list", "--json", "--storage-dir", url).stdout)["contexts"]
+    assert sorted(row["context_id"] for row in listed) == ["cli:bad", "cli:good", "cli:other"]
+    assert {row["state"] for row in listed} == {"hot"}
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+@pytest.mark.parametrize("target", ["folder", "bundle"])
+def test_export_all_writes_the_others_and_names_the_damaged_one(
+    kind: str, target: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``export --all`` (markdown into a folder, or a jsonl bundle): every other session is
+    written; the damaged one is skipped with a warning naming its line, and the command ends
+    with one error naming ``terrarium fsck`` and exit 1."""
+    url, place = _damaged(kind, tmp_path, request)
+    out = tmp_path / ("out" if target == "folder" else "out.tar.gz")
+    fmt = "markdown" if target == "folder" else "jsonl"
+    result = invoke("export", "--all", "-f", fmt, "-o", str(out), "--storage-dir", url)
+    assert result.exit_code == 1, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "cli:bad" in warnings[0] and place in warnings[0]
+    assert result.stderr.splitlines()[-1].startswith("Error: ") and HINT in result.stderr
+    if target == "folder":
+        assert sorted(p.name for p in (out / "cli").iterdir()) == ["good.md", "other.md"]
+    else:
+        imported = tmp_path / "imported"
+        loaded = invoke("import", str(out), "--storage-dir", str(imported))
+        assert loaded.exit_code == 0, loaded.output
+        with FsStore(imported) as store:
+            assert sorted(h.context for h in store.list_contexts()) == ["cli:good", "cli:other"]
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_copy_copies_the_others_and_names_the_damaged_one(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``copy`` of a whole store: every other session lands in the destination; the damaged
+    one is skipped with a warning naming its line, and the command ends with one error naming
+    ``terrarium fsck`` and exit 1."""
+    url, place = _damaged(kind, tmp_path, request)
+    destination = tmp_path / "copy"
+    result = invoke("copy", url, str(destination))
+    assert result.exit_code == 1, result.output
+    skipped = [line for line in result.stderr.splitlines() if "cli:bad" in line]
+    assert len(skipped) == 1 and place in skipped[0], result.stderr
+    assert HINT in result.stderr.splitlines()[-1], result.stderr
+    with FsStore(destination) as store:
+        assert sorted(h.context for h in store.list_contexts()) == ["cli:good", "cli:other"]
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+@pytest.mark.parametrize("how", ["age", "policy"])
+def test_an_archive_by_age_or_policy_goes_on_past_a_damaged_session(
+    kind: str,
+    how: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``archive --older-than`` and ``maintain`` forty days on: the others are archived, the
+    damaged one stays hot, named with its line and ``terrarium fsck``, and the exit status is 1
+    (cron mails it)."""
+    url, place = _damaged(kind, tmp_path, request)
+    later = datetime.now(UTC) + timedelta(days=40)
+    monkeypatch.setattr(terrarium.lifecycle, "_now", lambda: later)
+    if how == "age":
+        result = invoke("archive", "--older-than", "30d", "--storage-dir", url)
+    else:
+        config_path().parent.mkdir(parents=True, exist_ok=True)
+        config_path().write_text('[retention]\narchive_after = "30d"\n')
+        result = invoke("maintain", "--storage-dir", url)
+    assert result.exit_code == 1, result.output
+    named = [line for line in result.stderr.splitlines() if "cli:bad" in line]
+    assert len(named) == 1 and place in named[0], result.stderr
+    assert HINT in result.stderr
+    listed = json.loads(invoke("list", "--all", "--json", "--storage-dir", url).stdout)
+    assert {row["context_id"]: row["state"] for row in listed["contexts"]} == {
+        "cli:good": "archived",
+        "cli:other": "archived",
+        "cli:bad": "hot",
+    }
+
+
+def test_a_fork_whose_parent_segment_is_lost_is_damaged_not_missing(tmp_path: Path) -> None:
+    """A fork's parent segment deleted by hand: ``list`` names the lost segment, ``fsck``
+    reports it (and leaves it: no repair brings it back), ``show`` fails in one line naming it
+    and ``terrarium fsck``, ``search`` still finds the other sessions' messages, and ``delete``
+    moves it to the trash like any damaged session."""
+    root = tmp_path / "sessions"
+    with FsStore(root) as store:
+        _add(store, "cli:good", "good walrus")
+        _add(store, "cli:fork", "fork walrus one", "fork two")
+        head = store.get_head(ContextId.parse("cli:fork"))
+        assert head is not None
+        fork = fork_at(store, PodActiveSegmentRef(head.session_id, head.segment_id), 2)
+        store.set_head(ContextId.parse("cli:fork"), fork, expected=head.segment_id)
+        save_delta(
+            store,
+            store.get_head(ContextId.parse("cli:fork")),
+            [{"role": "user", "content": "fork walrus three"}],
+        )  # type: ignore[arg-type]
+        folder = store.folder_of(ContextId.parse("cli:fork"))
+    assert folder is not None
+    (folder / f"{head.segment_id}.jsonl").unlink()
+    lost = str(head.segment_id)
+    listed = invoke("list", "--json", "--storage-dir", str(root))
+    assert listed.exit_code == 0, listed.output
+    rows = {row["context_id"]: row for row in json.loads(listed.stdout)["contexts"]}
+    assert rows["cli:good"]["problem"] is None
+    assert lost in (rows["cli:fork"]["problem"] or "")
+    _one_line_error(invoke("show", "cli:fork", "--storage-dir", str(root)), lost)
+    found = invoke("search", "walrus", "--json", "--storage-dir", str(root))
+    assert found.exit_code == 0, found.output
+    assert "cli:good" in {hit["context_id"] for hit in json.loads(found.stdout)["hits"]}
+    checked = invoke("fsck", "--json", "--storage-dir", str(root))
+    assert checked.exit_code == 1
+    problems = json.loads(checked.stdout)["problems"]
+    assert [p["context"] for p in problems if lost in p["message"]] == ["cli:fork"]
+    repaired = invoke("fsck", "--repair", "--json", "--storage-dir", str(root))
+    assert repaired.exit_code == 1
+    assert [p["repaired"] for p in json.loads(repaired.stdout)["problems"]] == [False]
+    with FsStore(root) as store:  # the head stays where it was: at the fork
+        now = store.get_head(ContextId.parse("cli:fork"))
+        assert now is not None and now.segment_id == fork
+    deleted = invoke("delete", "cli:fork", "--storage-dir", str(root))  # was: "kept changing"
+    assert deleted.exit_code == 0, deleted.output
+    assert invoke("trash", "restore", "cli:fork", "--storage-dir", str(root)).exit_code == 0
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_the_gateway_refuses_to_continue_a_damaged_session_in_one_message(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Chat Completions request continuing a session whose log is damaged (passed through to
+    the model, as every such request is, then recorded): 500 with one message naming the
+    damaged line and ``terrarium fsck`` (code ``damaged_log``), a warning logged without a
+    traceback, and nothing stored."""
+    from starlette.testclient import TestClient
+
+    from terrarium.gateway.app import create_app
+
+    url, place = _damaged(kind, tmp_path, request, context="chat:bad")
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "bad walrus one"}]}
+    with (
+        FakeServer() as fake,
+        open_store(url) as store,
+        TestClient(create_app(store, fake.base_url), base_url="http://127.0.0.1") as client,
+    ):
+        answer = client.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "bad"})
+    assert answer.status_code == 500, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "damaged_log" and place in error["message"], error
+    assert HINT in error["message"] and "\n" not in error["message"]
+    assert all(record.exc_info is None for record in caplog.records)
+    assert [r.levelname for r in caplog.records if place in r.getMessage()] == ["WARNING"]
+    with open_store(url) as store:
+        head = store.get_head(ContextId.parse("chat:bad"))
+        assert head is not None and store.next_seq(head.session_id, head.segment_id) == 4
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_the_dashboard_answers_around_a_damaged_session(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The overview, the sessions list (the damaged one marked), search and /api/stats
+    answer with the other sessions; the damaged session's page and /api/context say what
+    ``fsck`` would (the line, and the hint to run it)."""
+    from starlette.testclient import TestClient
+
+    from terrarium.web import create_app
+
+    url, place = _damaged(kind, tmp_path, request)
+    with (
+        open_store(url) as store,
+        TestClient(create_app(store), base_url="http://127.0.0.1") as web,
+    ):
+        overview = web.get("/")
+        assert overview.status_code == 200 and "cli:good" in overview.text
+        listed = web.get("/sessions")
+        assert listed.status_code == 200 and "cli:other" in listed.text
+        assert "damaged" in listed.text
+        found = web.get("/api/search", params={"q": "walrus"})
+        assert found.status_code == 200
+        assert {"cli:good", "cli:other"} <= {hit["context_id"] for hit in found.json()["hits"]}
+        assert web.get("/api/stats").json()["totals"]["contexts"] == 3
+        page = web.get("/session", params={"c": "cli:bad"})
+        assert page.status_code == 500 and place in page.text and HINT in page.text
+        api = web.get("/api/context", params={"c": "cli:bad"}).json()
+        assert place in api["error"] and HINT in api["hint"]
