@@ -18,7 +18,14 @@ import pytest
 from click.testing import CliRunner, Result
 
 from fakeserver import FakeServer
-from terrarium import FsStore, SegmentStartState, create_segment, restore, save_delta
+from terrarium import (
+    FsStore,
+    PodActiveSegmentRef,
+    SegmentStartState,
+    create_segment,
+    restore,
+    save_delta,
+)
 from terrarium.cli import cli
 from terrarium.model import ContextId
 
@@ -514,3 +521,25 @@ def test_one_message_is_not_messages(tmp_path: Path, fake_server: FakeServer) ->
     add_context(root, "cli:empty", [])
     rewound = run("rewind", "cli:empty", cwd=tmp_path)
     assert b"cannot rewind cli:empty by 1 item: its history has only 0;" in rewound.stderr
+
+
+def test_a_store_warning_is_one_line_saying_warning(tmp_path: Path) -> None:
+    """What the store warns of while a command runs (here a lost ``head.json`` that a rewind
+    rebuilds) reaches stderr once, as ``warning: ...`` like the command's own warnings."""
+    root = tmp_path / "sessions"
+    with FsStore(root) as store:
+        ref = PodActiveSegmentRef(*create_segment(store, SegmentStartState(), context="cli:main"))
+        for text in ("one", "two"):
+            save_delta(store, ref, [{"role": "user", "content": text}])
+        folder = store.folder_of(ContextId("cli", "main"))
+    assert folder is not None
+    (folder / "head.json").unlink()
+    done = subprocess.run(
+        [sys.executable, "-m", "terrarium", "--storage-dir", str(root), "rewind", "cli:main"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")},
+    )
+    assert done.returncode == 0, done.stderr
+    [warning] = [line for line in done.stderr.splitlines() if "head.json" in line]
+    assert warning.startswith("warning: ") and "head.json: rebuilt from the segments" in warning

@@ -6,6 +6,7 @@ docs/architecture.md says which module holds which command.
 from __future__ import annotations
 
 import gc
+import logging  # imported by the commands' module already
 
 # The objects these imports make live as long as the process: the cyclic collector is off while
 # they are made, and main() moves them out of its sight (gc.freeze), so no collection walks them
@@ -35,9 +36,19 @@ cli.add_lazy(
 
 
 def main() -> None:
-    """Run the ``terrarium`` command line."""
+    """Run the ``terrarium`` command line; what the library logs (a warning and up) goes to
+    stderr as the commands' own warnings do, ``warning: ...`` (Python's fallback prints the
+    bare message)."""
     gc.freeze()
+    handler = logging.StreamHandler()
+    handler.setFormatter(_Levelled())
+    logging.getLogger("terrarium").addHandler(handler)
     cli(prog_name="terrarium")
+
+
+class _Levelled(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
 
 
 __all__ = ["cli", "main"]
