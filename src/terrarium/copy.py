@@ -37,7 +37,7 @@ from terrarium.errors import (
     SessionConflict,
 )
 from terrarium.model import ENVELOPE_KEYS, ContextId, SegmentId, SessionId, TraceEntry
-from terrarium.sessions import detached_sessions
+from terrarium.sessions import detached_sessions, holds_session
 from terrarium.stores.base import (
     ATTEMPTS,
     Lifecycle,
@@ -271,7 +271,7 @@ def _write(dst: Store, source: SessionSource, plan: _Plan, name: str) -> int:
                 try:
                     dst.create_session(header)  # detached: no context names it yet
                 except ConflictError:
-                    if _readable(dst, session_id):  # another copy made it meanwhile
+                    if holds_session(dst, session_id):  # another copy made it meanwhile
                         raise
                     raise SessionConflict(
                         f"{name}: its session {session_id} is in the destination, not readable "
@@ -315,15 +315,6 @@ def _append(
 def _data(line: Mapping[str, Any]) -> dict[str, Any]:
     """A stored line's data: every key but the envelope's."""
     return {k: v for k, v in line.items() if k not in ENVELOPE_KEYS}
-
-
-def _readable(dst: Store, session_id: SessionId) -> bool:
-    """Whether ``dst`` lists the session's segments."""
-    try:
-        dst.list_segments(session_id)
-    except SegmentNotFound:
-        return False
-    return True
 
 
 def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:

@@ -824,7 +824,7 @@ def lineage(
         try:
             read = store.read_segment(session_id, current, stop_seq=stop)
         except SegmentNotFound as exc:
-            if reads and _holds(store, session_id):  # a file lost, not a session purged
+            if reads and holds_session(store, session_id):  # a file lost, not a session purged
                 child = reads[-1].header.get("segment_id")
                 raise CorruptLog(
                     f"segment {child} continues a segment that is lost: {exc}"
@@ -850,8 +850,8 @@ def lineage(
     ]
 
 
-def _holds(store: Store, session_id: SessionId) -> bool:
-    """Whether ``store`` still holds the session (it may have been purged meanwhile)."""
+def holds_session(store: Store, session_id: SessionId) -> bool:
+    """Whether ``store`` holds the session: lists its segments (it may be purged meanwhile)."""
     try:
         store.list_segments(session_id)
     except SegmentNotFound:
