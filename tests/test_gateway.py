@@ -805,13 +805,15 @@ def test_continuing_a_conversations_response_outside_it_leaves_it_alone(
 
 
 def _wait_for(check: Any, seconds: float = 10) -> Any:
+    """``check()``, once it no longer fails (an assertion, or a record not there yet: a missing
+    key, an unpacking of none) or ``seconds`` have passed."""
     import time
 
     deadline = time.monotonic() + seconds
     while True:
         try:
             return check()
-        except (AssertionError, KeyError):
+        except (AssertionError, KeyError, ValueError):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
