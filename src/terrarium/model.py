@@ -154,17 +154,13 @@ def misleading_chars(name: str) -> list[int]:
     """
     if name.isascii() and name.isprintable():  # the common case: a listing of 10k names meets
         return []
-    found = []
     last = len(name) - 1
-    for i, ch in enumerate(name):
-        category = unicodedata.category(ch)
-        if ch in _JOINERS:
-            if 0 < i < last and not name[i - 1].isascii() and not name[i + 1].isascii():
-                continue
-        elif category not in ("Cc", "Cf", "Zl", "Zp"):
-            continue
-        found.append(i)
-    return found
+    return [
+        i
+        for i, ch in enumerate(name)
+        if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")  # the joiners are Cf
+        and not (ch in _JOINERS and 0 < i < last and min(ord(name[i - 1]), ord(name[i + 1])) > 127)
+    ]
 
 
 def display_name(name: str) -> str:

@@ -298,23 +298,19 @@ def _check_entry(store: Store, ref: SegmentRef, at_seq: Any) -> None:
         )
 
 
-def _summary_items(history: Sequence[LoggedItem], source: Sequence[LoggedItem]) -> int:
-    """How many leading items of a compaction's ``history`` are its summary: those before the
-    tail it shares with the ``source`` history."""
+def _kept(store: Store, state: RestoredState, header: dict[str, Any]) -> list[Message | None]:
+    """Count a compaction's summary, the items before the tail its history shares with
+    ``state``'s, into ``header``; its history as messages: None for the summary, then the
+    source's messages it kept (none if the log holds another history than ``state``)."""
+    history, source = header["history"], state.history
     kept = 0
     while kept < min(len(history), len(source)) and history[-1 - kept] == source[-1 - kept]:
         kept += 1
-    return len(history) - kept
-
-
-def _kept(store: Store, state: RestoredState, header: Mapping[str, Any]) -> list[Message | None]:
-    """The compaction's history as messages: None for its summary, then the source's
-    messages it kept (none if the log holds another history than ``state``)."""
-    summary, history = header["summary_items"], header["history"]
+    header["summary_items"] = summary = len(history) - kept
     found = messages(lineage(store, state.session_id, state.segment_id, blobs="stored"))
-    if len(found) != len(state.history):
+    if len(found) != len(source):
         return []
-    return [None] * summary + list(found[len(found) - (len(history) - summary) :])
+    return [None] * summary + list(found[len(found) - kept :])
 
 
 def _restart(
@@ -341,7 +337,6 @@ def _restart(
     ctx = ContextId.parse(context) if context is not None else None
     header = _header(state.session_id, segment_id, origin, context=ctx, start=start, carry=state)
     if kind == "compaction":
-        header["summary_items"] = _summary_items(header["history"], state.history)
         copied = _kept(store, state, header)
     _keep_provenance(header, copied, state.session_id)
     if ctx is None and state.context is not None:
@@ -536,56 +531,38 @@ def messages(reads: Sequence[SegmentRead]) -> list[Message]:
             found = _header_messages(header, segment)
         for line in read.entries:
             kind = line["kind"]
-            if kind in _TURN_KINDS:  # nearly every line: test it first
-                found.append(Message(line["item"], str(line["ts"]), segment, line["seq"]))
+            if kind in HISTORY_KINDS:  # nearly every line: test it first
+                event = str(line.get("event") or "") if kind == "system_item" else None
+                seq = line["seq"]
+                found.append(Message(line["item"], str(line["ts"]), segment, seq, event=event))
             elif kind == "usage" and found:
                 found[-1].usage = {k: line[k] for k in _USAGE_KEYS if k in line}
-            elif kind == "system_item":
-                event = str(line.get("event") or "")
-                found.append(
-                    Message(line["item"], str(line["ts"]), segment, line["seq"], event=event)
-                )
     return found
 
 
-_TURN_KINDS = HISTORY_KINDS - {EntryKind.SYSTEM_ITEM.value}
 _USAGE_KEYS = ("model", "prompt_tokens", "completion_tokens", "cached_tokens", "estimated")
 
 
 def _header_messages(header: Mapping[str, Any], segment: str) -> list[Message]:
-    summary = summary_items(header)
-    found = []
-    for index, (item, ts, source) in enumerate(header_history(header)):
-        usage = (source or {}).get("usage")
-        usage = dict(usage) if isinstance(usage, Mapping) else None
-        origin = dict(source) if source is not None else None
-        found.append(Message(item, ts, segment, 0, index, usage, origin, index < summary))
-    return found
-
-
-def header_history(
-    header: Mapping[str, Any],
-) -> list[tuple[LoggedItem, str, Mapping[str, Any] | None]]:
-    """A header's history: each item with the time it was first logged (its
-    ``history_from`` entry's, else the header's) and that entry."""
-    ts = str(header.get("ts", ""))
+    """A header's history, each item at the time it was first logged (its ``history_from``
+    entry's, else the header's); a compaction's summary items marked (all of its history, for
+    one written before ``summary_items``)."""
+    history, ts = header.get("history") or (), str(header.get("ts", ""))
+    summary = 0
+    if (header.get("origin") or {}).get("kind") == "compaction":
+        count = header.get("summary_items")
+        summary = count if type(count) is int else len(history)
     sources = header.get("history_from")
     sources = sources if isinstance(sources, list) else []
-    found: list[tuple[LoggedItem, str, Mapping[str, Any] | None]] = []
-    for index, item in enumerate(header.get("history") or ()):
+    found = []
+    for index, item in enumerate(history):
         source = sources[index] if index < len(sources) else None
-        source = source if isinstance(source, Mapping) else None
-        found.append((item, str(source.get("ts", ts)) if source else ts, source))
+        source = dict(source) if isinstance(source, Mapping) else None
+        when = str(source.get("ts", ts)) if source else ts
+        usage = (source or {}).get("usage")
+        usage = dict(usage) if isinstance(usage, Mapping) else None
+        found.append(Message(item, when, segment, 0, index, usage, source, index < summary))
     return found
-
-
-def summary_items(header: Mapping[str, Any]) -> int:
-    """How many leading items of a header's history a compaction wrote as its summary (all,
-    for a compaction written before ``summary_items``)."""
-    if (header.get("origin") or {}).get("kind") != "compaction":
-        return 0
-    count = header.get("summary_items")
-    return count if type(count) is int else len(header.get("history") or ())
 
 
 def _fork_inside_header(store: Store, ref: SegmentRef, keep: int) -> SegmentId:
