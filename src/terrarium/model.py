@@ -911,9 +911,7 @@ class LogEntry(msgspec.Struct, frozen=True):
 
     def to_dict(self) -> dict[str, Any]:
         """The entry as the JSON object stored on its line."""
-        out: dict[str, Any] = {"v": self.v, "seq": self.seq, "ts": self.ts, "kind": self.kind}
-        out.update(self.data)
-        return out
+        return {"v": self.v, "seq": self.seq, "ts": self.ts, "kind": self.kind, **self.data}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> LogEntry:

@@ -631,8 +631,7 @@ def append_entry(
 
 
 def classify_history_item(item: Item | Mapping[str, Any]) -> EntryKind:
-    """Which entry kind a history item is logged as: ``user_input`` for role ``user``, else
-    ``item``."""
+    """The entry kind of a history item: ``user_input`` for role ``user``, else ``item``."""
     role = item.role if isinstance(item, Item) else item.get("role")
     return EntryKind.USER_INPUT if role == "user" else EntryKind.ITEM
 
@@ -872,12 +871,9 @@ def replay(reads: Iterable[SegmentRead]) -> RestoredState:
 def tree_reads(
     store: Store, session_id: SessionId
 ) -> list[tuple[SegmentId, SegmentRead | None, SegmentId | None]]:
-    """Every segment of the session, oldest first: its header's read (``stop_seq=0``), and
-    the segment salvaging it.
-
-    A damaged segment that ``fsck --repair --salvage`` replaced has no read: views of the whole
-    tree show it as salvaged. CorruptLog for a damaged segment that no salvage replaced.
-    """
+    """Every segment of the session, oldest first: its header's read (``stop_seq=0``; None for
+    a damaged one that ``fsck --repair --salvage`` replaced) and the segment salvaging it.
+    CorruptLog for a damaged segment that no salvage replaced."""
     reads: dict[SegmentId, SegmentRead] = {}
     damaged: dict[SegmentId, CorruptLog] = {}
     order = store.list_segments(session_id)
