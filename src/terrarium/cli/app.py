@@ -297,9 +297,17 @@ def command(
     return decorate
 
 
-json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md)."
-)
+def flag(*decls: str, help: str) -> Callable[[F], F]:
+    """An on/off option."""
+    return click.option(*decls, is_flag=True, help=help)
+
+
+def count_option(*decls: str, help: str, metavar: str = "N", **more: Any) -> Callable[[F], F]:
+    """An option taking a whole number, 0 or more."""
+    return click.option(*decls, type=click.IntRange(min=0), metavar=metavar, help=help, **more)
+
+
+json_option = flag("--json", "as_json", help="Print JSON (schema in docs/cli.md).")
 type_option = click.option(
     "--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...)."
 )

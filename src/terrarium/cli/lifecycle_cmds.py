@@ -20,6 +20,7 @@ from terrarium.cli.app import (
     CliState,
     cli,
     command,
+    flag,
     json_option,
     program,
     storage_option,
@@ -67,7 +68,7 @@ AGE_HELP = "Only sessions inactive for longer than AGE (30d, 12h, 2w); pinned on
 @click.argument("contexts", nargs=-1, type=CONTEXT, metavar="[CONTEXT]...")
 @click.option("--older-than", metavar="AGE", help=AGE_HELP)
 @type_option
-@click.option("--dry-run", is_flag=True, help="Only print what would move and the bytes saved.")
+@flag("--dry-run", help="Only print what would move and the bytes saved.")
 @json_option
 def archive(
     state: CliState,
@@ -277,8 +278,8 @@ def trash_restore(state: CliState, target: str, as_context: ContextId | None) ->
 @click.option(
     "--older-than", metavar="AGE", help="Only entries deleted longer ago than AGE (30d, 12h, 2w)."
 )
-@click.option("--dry-run", is_flag=True, help="Only print what would be purged.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@flag("--dry-run", help="Only print what would be purged.")
+@flag("--yes", "-y", help="Do not ask for confirmation.")
 def trash_purge(
     state: CliState, targets: tuple[str, ...], older_than: str | None, dry_run: bool, yes: bool
 ) -> None:
@@ -336,7 +337,7 @@ def unpin(state: CliState, context: ContextId) -> None:
 
 
 @command()
-@click.option("--dry-run", is_flag=True, help="Only print what the policy would do.")
+@flag("--dry-run", help="Only print what the policy would do.")
 @json_option
 def maintain(state: CliState, dry_run: bool, as_json: bool) -> None:
     """Apply the retention policy: archive inactive sessions, purge old trash.
