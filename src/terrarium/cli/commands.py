@@ -310,12 +310,8 @@ def _segments(store: Store, session_id: Any, head_segment: Any) -> list[dict[str
         origin = dict(header.get("origin") or {"kind": "root" if read else "salvaged"})
         shown = {
             "segment_id": str(segment_id),
-            "origin": {
-                "kind": origin.get("kind", "root"),
-                "parent": origin.get("parent"),
-                "at_seq": origin.get("at_seq"),
-                "source": origin.get("source"),
-            },
+            "origin": {"kind": origin.get("kind", "root")}
+            | {key: origin.get(key) for key in ("parent", "at_seq", "source")},
             "created_at": header.get("ts"),
             "entries": read.next_seq - 1 if read is not None else None,
             "head": segment_id == head_segment,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -502,13 +501,12 @@ def _repair(store: Store, report: Report, *, salvage: bool = False) -> None:
     for problem in report.problems:
         if problem.repaired or salvage != (problem.kind == "corrupt"):
             continue
-        fix = _fixer(store, problem, salvage)
-        if fix is None:
-            continue
         try:
-            note = fix()
+            note = _fix(store, problem, salvage)
         except (TerrariumError, OSError) as exc:
             problem.message += f"; repair failed: {exc}"
+            continue
+        if note is None:
             continue
         problem.repaired = True
         if note:
@@ -517,33 +515,26 @@ def _repair(store: Store, report: Report, *, salvage: bool = False) -> None:
         index.reindex(store)  # after the head rebuilds, so it indexes what they made
 
 
-def _fixer(store: FsStore, problem: Problem, salvage: bool) -> Callable[[], str] | None:
-    """The repair of one problem, or None if it needs a person (or ``--salvage``)."""
+def _fix(store: FsStore, problem: Problem, salvage: bool) -> str | None:
+    """Repair one problem; a note on what was done, or None if it needs a person (or
+    ``--salvage``)."""
     session = uuid.UUID(problem.session_id) if problem.session_id else None
     segment = uuid.UUID(problem.segment_id) if problem.segment_id else None
+    context = ContextId.parse(problem.context) if problem.context else None
     if problem.kind == "torn" and session and segment:
-        return lambda: _set_aside_torn(store, session, segment)
-    if problem.kind in ("head", "missing") and problem.context:
-        context = ContextId.parse(problem.context)
-        return lambda: f"head is segment {store.rebuild_head(context).segment_id}"
+        torn = store.set_aside_torn_tail(session, segment)
+        return f"set aside to {Path(torn.set_aside_to or '').name}" if torn else "already set aside"
+    if problem.kind in ("head", "missing") and context:
+        return f"head is segment {store.rebuild_head(context).segment_id}"
     if problem.kind == "unindexed":
-        return lambda: "indexed"  # the reindex that follows every repair does it
+        return "indexed"  # the reindex that follows every repair does it
     if problem.kind == "leftover" and problem.packed and problem.path:
-        place, packed = Path(problem.path), Path(problem.packed)
-        return lambda: _drop_left_legacy(place, packed)
+        return _drop_left_legacy(Path(problem.path), Path(problem.packed))
     if problem.kind == "leftover":
-        return lambda: f"deleted ({store.finish_moves()} left over)"
-    if problem.kind == "corrupt" and salvage and segment and problem.context:
-        context = ContextId.parse(problem.context)
-        return lambda: _salvage(store, context, segment)
+        return f"deleted ({store.finish_moves()} left over)"
+    if problem.kind == "corrupt" and salvage and segment and context:
+        return _salvage(store, context, segment)
     return None
-
-
-def _set_aside_torn(store: FsStore, session: uuid.UUID, segment: uuid.UUID) -> str:
-    torn = store.set_aside_torn_tail(session, segment)
-    if torn is None:
-        return "already set aside"
-    return f"set aside to {Path(torn.set_aside_to or '').name}"
 
 
 def _salvage(store: FsStore, context: ContextId, segment: uuid.UUID) -> str:

@@ -316,10 +316,9 @@ def trash_purge(
 def _pin(state: CliState, context: ContextId, pinned: bool) -> None:
     if not states.pin_context(_lifecycle(state), context, pinned):
         raise catalog.missing(state, context)
-    if pinned:
-        state.out.note(f"pinned {context.display}: no policy archives or purges it", style="green")
-    else:
-        state.out.note(f"unpinned {context.display}", style="green")
+    done = "pinned" if pinned else "unpinned"
+    why = ": no policy archives or purges it" if pinned else ""
+    state.out.note(f"{done} {context.display}{why}", style="green")
 
 
 @command()
