@@ -345,8 +345,7 @@ _MODEL_OPTIONS = (
 
 
 def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The model options, passed to the command as one :class:`~terrarium.llm.ModelAccess`,
-    ``server``."""
+    """The model options, passed to the command as one ``server`` (a ``ModelAccess``)."""
 
     @functools.wraps(f)
     def run(
@@ -403,10 +402,7 @@ CONTEXT = ContextParam()
 
 
 class DateParam(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2
-    """A date (a whole UTC day) or an ISO 8601 time, refused here with the option named.
-
-    The value goes on as given: the library reads it.
-    """
+    """A date (a whole UTC day) or an ISO 8601 time, refused here with the option named."""
 
     name = "date"
 

@@ -52,10 +52,8 @@ else:  # loaded by the first command that uses them: --help uses none
 
 
 class FormatChoice(click.Choice):  # type: ignore[type-arg]  # generic from click 8.2
-    """An export format by name or alias (``md``, ``txt``, ``JSONL``), read when click asks.
-
-    Reading them at declaration would import :mod:`terrarium.export` on every command's start.
-    """
+    """An export format by name or alias (``md``, ``JSONL``), read when click asks: reading them
+    at declaration would import :mod:`terrarium.export` on every command's start."""
 
     def __init__(self) -> None:
         super().__init__(())
@@ -119,11 +117,8 @@ def print_sessions(
     *,
     scope: str = "hot",
 ) -> None:
-    """The session list as a table or JSON; past ``limit`` rows, how many more there are.
-
-    With no ``limit``, a terminal gets a screenful and a pipe every row. ``scope`` is ``hot``,
-    ``archived`` or ``all`` (a ``state`` column).
-    """
+    """The session list as a table or JSON; past ``limit`` rows (default: a screenful on a
+    terminal, all into a pipe), how many more. ``scope``: ``hot``, ``archived`` or ``all``."""
     hot = catalog.list_sessions(state, type_) if scope != "archived" else []
     rows, pins = lifecycle_cmds.lifecycle_rows(state, hot, type_, scope)
     for problem in dict.fromkeys(r.problem for r in rows if r.problem):
@@ -417,10 +412,8 @@ def print_stats(state: CliState, data: dict[str, Any]) -> None:
 
 
 def _count(usage: dict[str, Any], key: str, *, detail: str | None = None, mark: str = "~") -> str:
-    """A usage count, ``mark`` first when partly estimated; ``detail``: ``(5 cached, 3 estimated)``.
-
-    The model calls are ``_count(usage, "calls", detail="", mark="")``: ``4 (1 estimated)``.
-    """
+    """A usage count, ``mark`` first when partly estimated; with ``detail`` (``""`` for none),
+    the notes in brackets: ``~120 (5 cached, 3 estimated)``."""
     count, estimated = usage[key], usage[f"estimated_{key}"]
     shown = f"{mark}{count}" if estimated else str(count)
     if detail is None:
@@ -568,15 +561,10 @@ def export(
             raise click.UsageError("exporting many sessions needs -o FOLDER, .zip or .tar.gz")
         from terrarium.export import export_many
 
+        names = None if all_ else list(contexts)
         with catalog.naming_store(state, *contexts):
             result = export_many(
-                state.store(),
-                None if all_ else list(contexts),
-                fmt,
-                output,
-                type=type_,
-                since=since,
-                until=until,
+                state.store(), names, fmt, output, type=type_, since=since, until=until
             )
         state.out.note(
             f"exported {plural(len(result.contexts), 'session')} as {fmt} to {result.path}",

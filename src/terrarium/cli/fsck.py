@@ -392,9 +392,8 @@ def _check_generic(store: Store, report: Report) -> None:
 
 
 def _check_kept(store: Store, report: Report, *, counted: bool) -> None:
-    """Read every segment of the sessions the checks above passed over: frozen ones (archived,
-    in the trash), and on a database every archived or trashed one. ``counted``: they are
-    among ``report.contexts`` already (the filesystem's walk found their folders)."""
+    """Read every segment of the sessions the checks above passed over (archived, in the trash).
+    ``counted``: they are among ``report.contexts`` already (the filesystem's walk found them)."""
     if not isinstance(store, SessionStates):
         return
     hot = {h.session_id for h in store.list_contexts()} | set(detached_sessions(store))
