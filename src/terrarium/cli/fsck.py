@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +66,8 @@ class Problem:
         return f"{where}: {self.kind}: {self.message}{status}"
 
     def to_json(self) -> dict[str, object]:
-        """The stable ``--json`` form (see docs/cli.md)."""
-        data = asdict(self)
-        del data["session_id"], data["segment_id"], data["packed"]
-        return data
+        """The stable ``--json`` form (see docs/cli.md): the fields shown in its repr."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
 
 
 @dataclass

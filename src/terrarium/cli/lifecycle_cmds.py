@@ -102,8 +102,7 @@ def archive(
             {
                 "dry_run": dry_run,
                 "contexts": [record_json(r) for r in records],
-                "skipped_pinned": plan.skipped_pinned,
-                "damaged": damaged_json(plan),
+                **left_out_json(plan),
                 "bytes_saved": saved,
             }
         )
@@ -121,9 +120,10 @@ def archive(
     fail_if_damaged(state.out, plan.damaged, "archived")
 
 
-def damaged_json(plan: ArchivePlan) -> list[dict[str, str]]:
-    """The sessions an archive left hot because their log is damaged, for ``--json``."""
-    return [{"context_id": context, "problem": problem} for context, problem in plan.damaged]
+def left_out_json(plan: ArchivePlan) -> dict[str, Any]:
+    """The sessions an archive skipped as pinned, and left hot as damaged, for ``--json``."""
+    damaged = [{"context_id": context, "problem": problem} for context, problem in plan.damaged]
+    return {"skipped_pinned": plan.skipped_pinned, "damaged": damaged}
 
 
 def _print_plan(state: CliState, plan: ArchivePlan) -> None:
@@ -390,8 +390,7 @@ def report_json(report: MaintenanceReport) -> dict[str, Any]:
         "policy": report.policy,
         "archived": [record_json(r) for r in archive],
         "purged": [record_json(e) for e in purge],
-        "skipped_pinned": report.to_archive.skipped_pinned,
-        "damaged": damaged_json(report.to_archive),
+        **left_out_json(report.to_archive),
         "bytes_saved": report.bytes_saved,
     }
 
