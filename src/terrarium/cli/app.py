@@ -297,9 +297,17 @@ def command(
     return decorate
 
 
-json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Print JSON (schema in docs/cli.md)."
-)
+def flag(*decls: str, help: str) -> Callable[[F], F]:
+    """An on/off option."""
+    return click.option(*decls, is_flag=True, help=help)
+
+
+def count_option(*decls: str, help: str, metavar: str = "N", **more: Any) -> Callable[[F], F]:
+    """An option taking a whole number, 0 or more."""
+    return click.option(*decls, type=click.IntRange(min=0), metavar=metavar, help=help, **more)
+
+
+json_option = flag("--json", "as_json", help="Print JSON (schema in docs/cli.md).")
 type_option = click.option(
     "--type", "type_", metavar="TYPE", help="Only sessions of this type (cli, irc...)."
 )
@@ -337,8 +345,7 @@ _MODEL_OPTIONS = (
 
 
 def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The model options, passed to the command as one :class:`~terrarium.llm.ModelAccess`,
-    ``server``."""
+    """The model options, passed to the command as one ``server`` (a ``ModelAccess``)."""
 
     @functools.wraps(f)
     def run(
@@ -395,10 +402,7 @@ CONTEXT = ContextParam()
 
 
 class DateParam(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2
-    """A date (a whole UTC day) or an ISO 8601 time, refused here with the option named.
-
-    The value goes on as given: the library reads it.
-    """
+    """A date (a whole UTC day) or an ISO 8601 time, refused here with the option named."""
 
     name = "date"
 

@@ -157,19 +157,9 @@ def search(
 
     if context is not None:
         catalog.require(state, context)  # else a missing session would read as "no match"
-    found = run_search(
-        state.store(),
-        SearchQuery(
-            query,
-            type_,
-            str(context) if context else None,
-            since,
-            role,
-            limit,
-            archived=archived,
-            all_branches=all_branches,
-        ),
-    )
+    where = str(context) if context else None
+    wanted = SearchQuery(query, type_, where, since, role, limit, archived, all_branches)
+    found = run_search(state.store(), wanted)
     if as_json:
         state.out.json({"query": query, "hits": [hit_json(hit) for hit in found]})
     if not found:

@@ -70,10 +70,8 @@ def suggesting(error: ContextNotFound, context: ContextId, names: list[str]) -> 
 
 
 def similar(context: ContextId, candidates: list[str]) -> list[str]:
-    """Up to three of ``candidates`` close to ``context``: the same name under another type first.
-
-    Then names ``difflib`` finds alike (names, not ids: a shared ``cli:`` makes ids look alike).
-    """
+    """Up to three of ``candidates`` close to ``context``: the same name under another type
+    first, then names (not ids: a shared ``cli:`` makes ids look alike) ``difflib`` finds alike."""
     import difflib  # an error path: not imported by every command
 
     by_name: dict[str, list[str]] = {}

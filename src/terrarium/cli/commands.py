@@ -20,6 +20,8 @@ from terrarium.cli.app import (
     USER_ERRORS,
     CliState,
     command,
+    count_option,
+    flag,
     json_option,
     model_options,
     type_option,
@@ -50,10 +52,8 @@ else:  # loaded by the first command that uses them: --help uses none
 
 
 class FormatChoice(click.Choice):  # type: ignore[type-arg]  # generic from click 8.2
-    """An export format by name or alias (``md``, ``txt``, ``JSONL``), read when click asks.
-
-    Reading them at declaration would import :mod:`terrarium.export` on every command's start.
-    """
+    """An export format by name or alias (``md``, ``JSONL``), read when click asks: reading them
+    at declaration would import :mod:`terrarium.export` on every command's start."""
 
     def __init__(self) -> None:
         super().__init__(())
@@ -93,17 +93,14 @@ class FormatOption(click.Option):
 
 @command("list")
 @type_option
-@click.option(
+@count_option(
     "--limit",
     "-n",
-    type=click.IntRange(min=0),
-    default=None,
-    metavar="N",
     help="Show at most N sessions (0: all). Default: all when piped, a screenful on a terminal.",
 )
 @json_option
-@click.option("--archived", is_flag=True, help="List only archived sessions.")
-@click.option("--all", "all_", is_flag=True, help="List hot and archived sessions.")
+@flag("--archived", help="List only archived sessions.")
+@flag("--all", "all_", help="List hot and archived sessions.")
 def list_cmd(
     state: CliState, type_: str | None, limit: int | None, as_json: bool, archived: bool, all_: bool
 ) -> None:
@@ -120,11 +117,8 @@ def print_sessions(
     *,
     scope: str = "hot",
 ) -> None:
-    """The session list as a table or JSON; past ``limit`` rows, how many more there are.
-
-    With no ``limit``, a terminal gets a screenful and a pipe every row. ``scope`` is ``hot``,
-    ``archived`` or ``all`` (a ``state`` column).
-    """
+    """The session list as a table or JSON; past ``limit`` rows (default: a screenful on a
+    terminal, all into a pipe), how many more. ``scope``: ``hot``, ``archived`` or ``all``."""
     hot = catalog.list_sessions(state, type_) if scope != "archived" else []
     rows, pins = lifecycle_cmds.lifecycle_rows(state, hot, type_, scope)
     for problem in dict.fromkeys(r.problem for r in rows if r.problem):
@@ -167,17 +161,8 @@ def _state_cell(mark: Mapping[str, Any]) -> str:
 @command()
 @click.argument("context", type=CONTEXT)
 @json_option
-@click.option(
-    "--segments", is_flag=True, help="Also list the session's segments and the head's entries."
-)
-@click.option(
-    "--last",
-    "-n",
-    type=click.IntRange(min=0),
-    default=None,
-    metavar="N",
-    help="Only the last N messages (the header still counts them all).",
-)
+@flag("--segments", help="Also list the session's segments and the head's entries.")
+@count_option("--last", "-n", help="Only the last N messages (the header still counts them all).")
 def show(
     state: CliState, context: ContextId, as_json: bool, segments: bool, last: int | None
 ) -> None:
@@ -320,12 +305,8 @@ def _segments(store: Store, session_id: Any, head_segment: Any) -> list[dict[str
         origin = dict(header.get("origin") or {"kind": "root" if read else "salvaged"})
         shown = {
             "segment_id": str(segment_id),
-            "origin": {
-                "kind": origin.get("kind", "root"),
-                "parent": origin.get("parent"),
-                "at_seq": origin.get("at_seq"),
-                "source": origin.get("source"),
-            },
+            "origin": {"kind": origin.get("kind", "root")}
+            | {key: origin.get(key) for key in ("parent", "at_seq", "source")},
             "created_at": header.get("ts"),
             "entries": read.next_seq - 1 if read is not None else None,
             "head": segment_id == head_segment,
@@ -431,10 +412,8 @@ def print_stats(state: CliState, data: dict[str, Any]) -> None:
 
 
 def _count(usage: dict[str, Any], key: str, *, detail: str | None = None, mark: str = "~") -> str:
-    """A usage count, ``mark`` first when partly estimated; ``detail``: ``(5 cached, 3 estimated)``.
-
-    The model calls are ``_count(usage, "calls", detail="", mark="")``: ``4 (1 estimated)``.
-    """
+    """A usage count, ``mark`` first when partly estimated; with ``detail`` (``""`` for none),
+    the notes in brackets: ``~120 (5 cached, 3 estimated)``."""
     count, estimated = usage[key], usage[f"estimated_{key}"]
     shown = f"{mark}{count}" if estimated else str(count)
     if detail is None:
@@ -445,10 +424,8 @@ def _count(usage: dict[str, Any], key: str, *, detail: str | None = None, mark: 
 
 @command()
 @click.argument("context", type=CONTEXT)
-@click.option(
-    "--purge", is_flag=True, help="Delete for ever, bypassing the trash (asks first on a terminal)."
-)
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (of --purge).")
+@flag("--purge", help="Delete for ever, bypassing the trash (asks first on a terminal).")
+@flag("--yes", "-y", help="Do not ask for confirmation (of --purge).")
 def delete(state: CliState, context: ContextId, purge: bool, yes: bool) -> None:
     """Delete a session: into the trash ('terrarium trash restore' undoes it).
 
@@ -470,15 +447,7 @@ def clear(state: CliState, context: ContextId) -> None:
 
 @command()
 @click.argument("context", type=CONTEXT)
-@click.option(
-    "-n",
-    "count",
-    type=click.IntRange(min=0),
-    default=1,
-    show_default=True,
-    metavar="N",
-    help="How many history items to drop.",
-)
+@count_option("-n", "count", default=1, show_default=True, help="How many history items to drop.")
 def rewind(state: CliState, context: ContextId, count: int) -> None:
     """Drop the last N history items of a session (they stay in its session tree)."""
     with catalog.naming_store(state, context):
@@ -491,10 +460,8 @@ def rewind(state: CliState, context: ContextId, count: int) -> None:
 @command()
 @click.argument("source", type=CONTEXT)
 @click.argument("target", type=CONTEXT)
-@click.option(
+@count_option(
     "--at",
-    type=click.IntRange(min=0),
-    default=None,
     metavar="SEQ",
     help="Fork at this entry of the head segment (see 'show --segments'). Default: the end.",
 )
@@ -567,7 +534,7 @@ def compact(state: CliState, context: ContextId, server: ModelAccess) -> None:
     default="-",
     help="File to write (default: stdout); for many sessions a folder, .zip or .tar.gz.",
 )
-@click.option("--all", "all_", is_flag=True, help="Export every session (into -o).")
+@flag("--all", "all_", help="Export every session (into -o).")
 @click.option("--type", "type_", metavar="TYPE", help="With --all: only sessions of this type.")
 @click.option(
     "--since", type=DATE, metavar="DATE", help="Only sessions active on or after DATE (UTC)."
@@ -594,15 +561,10 @@ def export(
             raise click.UsageError("exporting many sessions needs -o FOLDER, .zip or .tar.gz")
         from terrarium.export import export_many
 
+        names = None if all_ else list(contexts)
         with catalog.naming_store(state, *contexts):
             result = export_many(
-                state.store(),
-                None if all_ else list(contexts),
-                fmt,
-                output,
-                type=type_,
-                since=since,
-                until=until,
+                state.store(), names, fmt, output, type=type_, since=since, until=until
             )
         state.out.note(
             f"exported {plural(len(result.contexts), 'session')} as {fmt} to {result.path}",
@@ -649,7 +611,7 @@ def export_session(state: CliState, context: ContextId, fmt: str) -> str | bytes
     default=None,
     help="Import under this context id instead of the file's (one file only).",
 )
-@click.option("--verbose", "-v", is_flag=True, help="Print one line per session, not a summary.")
+@flag("--verbose", "-v", help="Print one line per session, not a summary.")
 def import_cmd(
     state: CliState, paths: tuple[Path, ...], as_context: ContextId | None, verbose: bool
 ) -> None:
@@ -786,10 +748,9 @@ def _legacy_root_of(store: Store, path: Path) -> Path | None:
 
 
 @command(creates=True)
-@click.option("--dry-run", is_flag=True, help="Only print what would change.")
-@click.option(
+@flag("--dry-run", help="Only print what would change.")
+@flag(
     "--to-log",
-    is_flag=True,
     help="Also import every legacy JSON file into the log (the files stay as they are).",
 )
 @click.option(
@@ -817,14 +778,9 @@ def migrate(state: CliState, dry_run: bool, to_log: bool, source: Path | None) -
 
 
 @command()
-@click.option(
-    "--repair",
-    is_flag=True,
-    help="Set torn tails aside, rebuild lost or unreadable heads and the index.",
-)
-@click.option(
+@flag("--repair", help="Set torn tails aside, rebuild lost or unreadable heads and the index.")
+@flag(
     "--salvage",
-    is_flag=True,
     help="With --repair: copy every readable entry of a damaged segment into a new one.",
 )
 @json_option

@@ -15,9 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -29,7 +29,7 @@ from terrarium.legacy import legacy_root
 from terrarium.model import ContextId, SegmentId
 from terrarium.sessions import detached_sessions
 from terrarium.stores._files import listdir, read_chunks
-from terrarium.stores.base import BlobStore, PodMetadata, Reindexable, SessionStates, Store
+from terrarium.stores.base import BlobStore, Reindexable, SessionStates, Store
 from terrarium.stores.fs import ContextFolder, FsStore, salvaged_into, segment_chain
 from terrarium.stores.fs._layout import HEAD, SEGMENT_SUFFIX, segment_name
 from terrarium.stores.fs._states import frozen
@@ -66,10 +66,8 @@ class Problem:
         return f"{where}: {self.kind}: {self.message}{status}"
 
     def to_json(self) -> dict[str, object]:
-        """The stable ``--json`` form (see docs/cli.md)."""
-        data = asdict(self)
-        del data["session_id"], data["segment_id"], data["packed"]
-        return data
+        """The stable ``--json`` form (see docs/cli.md): the fields shown in its repr."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
 
 
 @dataclass
@@ -85,17 +83,9 @@ class Report:
     def unresolved(self) -> list[Problem]:
         return [p for p in self.problems if not p.repaired]
 
-    def add(
-        self,
-        kind: str,
-        message: str,
-        context: str | None = None,
-        path: str | None = None,
-        *,
-        session_id: str | None = None,
-    ) -> None:
-        """Record a problem."""
-        self.problems.append(Problem(kind, message, context, path, session_id=session_id))
+    def add(self, kind: str, message: str, **where: Any) -> None:
+        """Record a problem (``where``: :class:`Problem`'s other fields)."""
+        self.problems.append(Problem(kind, message, **where))
 
 
 def run_fsck(state: CliState, *, repair: bool, salvage: bool, as_json: bool) -> None:
@@ -247,7 +237,7 @@ def _check_context(store: FsStore, entry: ContextFolder, report: Report) -> None
     session = str(entry.head.session_id) if entry.head is not None else None
 
     def add(kind: str, message: str, path: Path) -> None:
-        report.add(kind, message, context, str(path), session_id=session)
+        report.add(kind, message, context=context, path=str(path), session_id=session)
 
     if entry.head is None:
         add("damaged", f"the head cannot be rebuilt: {entry.problem}", folder)
@@ -300,12 +290,8 @@ def _check_index(
         indexed, reason = None, _after_location(str(exc))
     chosen = next((e for e in entries if e.folder == indexed), None)
     if chosen is None:
-        report.add(
-            "unindexed",
-            f"{reason} ('terrarium reindex' adds it)",
-            str(context),
-            str(entries[0].folder),
-        )
+        where = {"context": str(context), "path": str(entries[0].folder)}
+        report.add("unindexed", f"{reason} ('terrarium reindex' adds it)", **where)
         chosen = max(entries, key=activity)
     for other in entries:
         if other is not chosen:
@@ -313,8 +299,8 @@ def _check_index(
                 "duplicate",
                 f"a second folder of {context}, which lives in {chosen.folder}: an older "
                 "terrarium split it; export or import it to keep it apart",
-                str(context),
-                str(other.folder),
+                context=str(context),
+                path=str(other.folder),
             )
 
 
@@ -352,38 +338,31 @@ def _check_segment_file(path: Path, problems: list[Problem]) -> int:
         return 0
     count = 0
     for number, line in enumerate(complete.split(b"\n")[:-1], start=1):
-        problem = _check_line(path, number, line)
-        if problem is not None:
-            problems.append(problem)
+        error = _line_error(path, number, line)
+        if error is not None:
+            problems.append(Problem("corrupt", error, None, str(path), number))
         elif number > 1:
             count += 1
     if tail:
-        problems.append(
-            Problem(
-                "torn",
-                f"{len(tail)} bytes after the last complete line (offset {len(complete)})",
-                None,
-                str(path),
-                complete.count(b"\n") + 1,
-                offset=len(complete),
-            )
-        )
+        what = f"{len(tail)} bytes after the last complete line (offset {len(complete)})"
+        number = complete.count(b"\n") + 1
+        problems.append(Problem("torn", what, None, str(path), number, offset=len(complete)))
     return count
 
 
-def _check_line(path: Path, number: int, line: bytes) -> Problem | None:
-    """The problem with line ``number`` of a segment, or None."""
+def _line_error(path: Path, number: int, line: bytes) -> str | None:
+    """What is wrong with line ``number`` of a segment, or None."""
     try:
         entry = codec.decode_lines(line + b"\n", where=str(path), first_line=number, strict=True)[0]
     except (CorruptLog, FormatVersionError) as exc:
-        return Problem("corrupt", _after_location(str(exc)), None, str(path), number)
+        return _after_location(str(exc))
     if number == 1 and entry.get("kind") != "header":
-        return Problem("corrupt", "the first line is not a segment header", None, str(path), 1)
+        return "the first line is not a segment header"
     if number == 1 and entry.get("segment_id") != path.name.removesuffix(".jsonl"):
-        return Problem("corrupt", "the header names another segment", None, str(path), 1)
+        return "the header names another segment"
     if entry["seq"] != number - 1:
         error = CorruptLog.seq_out_of_order(f"{path}:{number}", entry["seq"], number - 1)
-        return Problem("corrupt", _after_location(str(error)), None, str(path), number)
+        return _after_location(str(error))
     return None
 
 
@@ -396,28 +375,23 @@ def _after_location(message: str) -> str:
 def _check_generic(store: Store, report: Report) -> None:
     for head in store.list_contexts():
         report.contexts += 1
-        errors = _read_all(store, head, report)
+        errors = _read_all(store, head.session_id, report, head.segment_id)
         if errors:  # damaged, or moved by another process while it was read?
             now = store.get_head(ContextId.parse(head.context))
             if now is None or now.session_id != head.session_id:
                 continue  # deleted (or replaced) meanwhile: nothing of it to check
-            errors = _read_all(store, now, Report())
+            errors = _read_all(store, now.session_id, Report(), now.segment_id)
         for segment_id, error in errors:
             report.add("unreadable", error, context=head.context, path=str(segment_id))
     for session_id in detached_sessions(store):  # no head: every segment is read
         report.contexts += 1
-        for segment_id in store.list_segments(session_id):
-            report.segments += 1
-            try:
-                report.entries += len(store.read_segment(session_id, segment_id).entries)
-            except TerrariumError as exc:
-                report.add("unreadable", str(exc), path=str(segment_id))
+        for segment_id, error in _read_all(store, session_id, report):
+            report.add("unreadable", error, path=str(segment_id))
 
 
 def _check_kept(store: Store, report: Report, *, counted: bool) -> None:
-    """Read every segment of the sessions the checks above passed over: frozen ones (archived,
-    in the trash), and on a database every archived or trashed one. ``counted``: they are
-    among ``report.contexts`` already (the filesystem's walk found their folders)."""
+    """Read every segment of the sessions the checks above passed over (archived, in the trash).
+    ``counted``: they are among ``report.contexts`` already (the filesystem's walk found them)."""
     if not isinstance(store, SessionStates):
         return
     hot = {h.session_id for h in store.list_contexts()} | set(detached_sessions(store))
@@ -429,14 +403,10 @@ def _check_kept(store: Store, report: Report, *, counted: bool) -> None:
         if not passed or "purging" in record.state:
             continue  # a purge under way may have deleted its files: _check_lifecycle's
         report.contexts += 0 if counted else 1
-        try:
-            for segment_id in store.list_segments(session_id):
-                report.segments += 1
-                report.entries += len(store.read_segment(session_id, segment_id).entries)
-        except TerrariumError as exc:
-            if any(r.session_id == session_id for r in store.session_records()):
-                report.add("unreadable", str(exc), session_id=str(session_id))
-            # else purged (or moved) by another process meanwhile: nothing of it to check
+        errors = _read_all(store, session_id, report)
+        # Not in the records any more: purged (or moved) by another process meanwhile.
+        if errors and any(r.session_id == session_id for r in store.session_records()):
+            report.add("unreadable", errors[0][1], session_id=str(session_id))
 
 
 def _check_lifecycle(store: Store, report: Report) -> None:
@@ -477,18 +447,22 @@ def _check_blobs(store: Store, report: Report) -> None:
             report.add("blob", str(exc))
 
 
-def _read_all(store: Store, head: PodMetadata, report: Report) -> list[tuple[uuid.UUID, str]]:
-    errors: list[tuple[uuid.UUID, str]] = []
+def _read_all(
+    store: Store, session_id: uuid.UUID, report: Report, head: SegmentId | None = None
+) -> list[tuple[uuid.UUID, str]]:
+    """Read every segment of a session, counted into ``report``; the errors, by segment (a
+    failed listing's by ``head``, the segment the head names, else by the session's id)."""
     try:
-        segment_ids = store.list_segments(head.session_id)
+        segment_ids = store.list_segments(session_id)
     except TerrariumError as exc:
-        return [(head.segment_id, str(exc))]
-    if head.segment_id not in segment_ids:
-        errors.append((head.segment_id, "the head names a segment that is not there"))
+        return [(head or session_id, str(exc))]
+    errors: list[tuple[uuid.UUID, str]] = []
+    if head is not None and head not in segment_ids:
+        errors.append((head, "the head names a segment that is not there"))
     for segment_id in segment_ids:
         report.segments += 1
         try:
-            report.entries += len(store.read_segment(head.session_id, segment_id).entries)
+            report.entries += len(store.read_segment(session_id, segment_id).entries)
         except TerrariumError as exc:
             errors.append((segment_id, str(exc)))
     return errors
@@ -524,13 +498,12 @@ def _repair(store: Store, report: Report, *, salvage: bool = False) -> None:
     for problem in report.problems:
         if problem.repaired or salvage != (problem.kind == "corrupt"):
             continue
-        fix = _fixer(store, problem, salvage)
-        if fix is None:
-            continue
         try:
-            note = fix()
+            note = _fix(store, problem, salvage)
         except (TerrariumError, OSError) as exc:
             problem.message += f"; repair failed: {exc}"
+            continue
+        if note is None:
             continue
         problem.repaired = True
         if note:
@@ -539,33 +512,26 @@ def _repair(store: Store, report: Report, *, salvage: bool = False) -> None:
         index.reindex(store)  # after the head rebuilds, so it indexes what they made
 
 
-def _fixer(store: FsStore, problem: Problem, salvage: bool) -> Callable[[], str] | None:
-    """The repair of one problem, or None if it needs a person (or ``--salvage``)."""
+def _fix(store: FsStore, problem: Problem, salvage: bool) -> str | None:
+    """Repair one problem; a note on what was done, or None if it needs a person (or
+    ``--salvage``)."""
     session = uuid.UUID(problem.session_id) if problem.session_id else None
     segment = uuid.UUID(problem.segment_id) if problem.segment_id else None
+    context = ContextId.parse(problem.context) if problem.context else None
     if problem.kind == "torn" and session and segment:
-        return lambda: _set_aside_torn(store, session, segment)
-    if problem.kind in ("head", "missing") and problem.context:
-        context = ContextId.parse(problem.context)
-        return lambda: f"head is segment {store.rebuild_head(context).segment_id}"
+        torn = store.set_aside_torn_tail(session, segment)
+        return f"set aside to {Path(torn.set_aside_to or '').name}" if torn else "already set aside"
+    if problem.kind in ("head", "missing") and context:
+        return f"head is segment {store.rebuild_head(context).segment_id}"
     if problem.kind == "unindexed":
-        return lambda: "indexed"  # the reindex that follows every repair does it
+        return "indexed"  # the reindex that follows every repair does it
     if problem.kind == "leftover" and problem.packed and problem.path:
-        place, packed = Path(problem.path), Path(problem.packed)
-        return lambda: _drop_left_legacy(place, packed)
+        return _drop_left_legacy(Path(problem.path), Path(problem.packed))
     if problem.kind == "leftover":
-        return lambda: f"deleted ({store.finish_moves()} left over)"
-    if problem.kind == "corrupt" and salvage and segment and problem.context:
-        context = ContextId.parse(problem.context)
-        return lambda: _salvage(store, context, segment)
+        return f"deleted ({store.finish_moves()} left over)"
+    if problem.kind == "corrupt" and salvage and segment and context:
+        return _salvage(store, context, segment)
     return None
-
-
-def _set_aside_torn(store: FsStore, session: uuid.UUID, segment: uuid.UUID) -> str:
-    torn = store.set_aside_torn_tail(session, segment)
-    if torn is None:
-        return "already set aside"
-    return f"set aside to {Path(torn.set_aside_to or '').name}"
 
 
 def _salvage(store: FsStore, context: ContextId, segment: uuid.UUID) -> str:

@@ -28,13 +28,11 @@ def quick_store(store: Store) -> bool:
     Measured (``bench_gateway.py``): a hand-over to a worker thread and back costs more than such
     a store's call, twice per turn, and far more on a busy machine.
     """
-    if isinstance(store, MemoryStore):
-        return True
-    if isinstance(store, FsStore):
-        return store.durability != "fsync"
-    if isinstance(store, SqliteStore):
-        return store.synchronous in ("OFF", "NORMAL")
-    return False
+    return (
+        isinstance(store, MemoryStore)
+        or (isinstance(store, FsStore) and store.durability != "fsync")
+        or (isinstance(store, SqliteStore) and store.synchronous in ("OFF", "NORMAL"))
+    )
 
 
 @cli.command("gateway")

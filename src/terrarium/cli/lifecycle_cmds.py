@@ -20,6 +20,7 @@ from terrarium.cli.app import (
     CliState,
     cli,
     command,
+    flag,
     json_option,
     program,
     storage_option,
@@ -67,7 +68,7 @@ AGE_HELP = "Only sessions inactive for longer than AGE (30d, 12h, 2w); pinned on
 @click.argument("contexts", nargs=-1, type=CONTEXT, metavar="[CONTEXT]...")
 @click.option("--older-than", metavar="AGE", help=AGE_HELP)
 @type_option
-@click.option("--dry-run", is_flag=True, help="Only print what would move and the bytes saved.")
+@flag("--dry-run", help="Only print what would move and the bytes saved.")
 @json_option
 def archive(
     state: CliState,
@@ -101,8 +102,7 @@ def archive(
             {
                 "dry_run": dry_run,
                 "contexts": [record_json(r) for r in records],
-                "skipped_pinned": plan.skipped_pinned,
-                "damaged": damaged_json(plan),
+                **left_out_json(plan),
                 "bytes_saved": saved,
             }
         )
@@ -120,9 +120,10 @@ def archive(
     fail_if_damaged(state.out, plan.damaged, "archived")
 
 
-def damaged_json(plan: ArchivePlan) -> list[dict[str, str]]:
-    """The sessions an archive left hot because their log is damaged, for ``--json``."""
-    return [{"context_id": context, "problem": problem} for context, problem in plan.damaged]
+def left_out_json(plan: ArchivePlan) -> dict[str, Any]:
+    """The sessions an archive skipped as pinned, and left hot as damaged, for ``--json``."""
+    damaged = [{"context_id": context, "problem": problem} for context, problem in plan.damaged]
+    return {"skipped_pinned": plan.skipped_pinned, "damaged": damaged}
 
 
 def _print_plan(state: CliState, plan: ArchivePlan) -> None:
@@ -277,8 +278,8 @@ def trash_restore(state: CliState, target: str, as_context: ContextId | None) ->
 @click.option(
     "--older-than", metavar="AGE", help="Only entries deleted longer ago than AGE (30d, 12h, 2w)."
 )
-@click.option("--dry-run", is_flag=True, help="Only print what would be purged.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@flag("--dry-run", help="Only print what would be purged.")
+@flag("--yes", "-y", help="Do not ask for confirmation.")
 def trash_purge(
     state: CliState, targets: tuple[str, ...], older_than: str | None, dry_run: bool, yes: bool
 ) -> None:
@@ -315,10 +316,9 @@ def trash_purge(
 def _pin(state: CliState, context: ContextId, pinned: bool) -> None:
     if not states.pin_context(_lifecycle(state), context, pinned):
         raise catalog.missing(state, context)
-    if pinned:
-        state.out.note(f"pinned {context.display}: no policy archives or purges it", style="green")
-    else:
-        state.out.note(f"unpinned {context.display}", style="green")
+    done = "pinned" if pinned else "unpinned"
+    why = ": no policy archives or purges it" if pinned else ""
+    state.out.note(f"{done} {context.display}{why}", style="green")
 
 
 @command()
@@ -336,7 +336,7 @@ def unpin(state: CliState, context: ContextId) -> None:
 
 
 @command()
-@click.option("--dry-run", is_flag=True, help="Only print what the policy would do.")
+@flag("--dry-run", help="Only print what the policy would do.")
 @json_option
 def maintain(state: CliState, dry_run: bool, as_json: bool) -> None:
     """Apply the retention policy: archive inactive sessions, purge old trash.
@@ -390,8 +390,7 @@ def report_json(report: MaintenanceReport) -> dict[str, Any]:
         "policy": report.policy,
         "archived": [record_json(r) for r in archive],
         "purged": [record_json(e) for e in purge],
-        "skipped_pinned": report.to_archive.skipped_pinned,
-        "damaged": damaged_json(report.to_archive),
+        **left_out_json(report.to_archive),
         "bytes_saved": report.bytes_saved,
     }
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import click
 
 from terrarium.cli import commands, lifecycle_cmds
-from terrarium.cli.app import GuardedCommand, model_options, state_of, storage_option
+from terrarium.cli.app import GuardedCommand, flag, model_options, state_of, storage_option
 from terrarium.cli.chat import run_chat
 from terrarium.llm import ModelAccess
 from terrarium.model import ContextId
@@ -31,9 +31,9 @@ from terrarium.model import ContextId
     help="Session type for --session-id and --delete-session (default: cli); "
     "with --list-sessions, list only this type.",
 )
-@click.option("--list-sessions", is_flag=True, help="List all sessions and exit.")
+@flag("--list-sessions", help="List all sessions and exit.")
 @click.option("--delete-session", default=None, metavar="ID", help="Delete a session and exit.")
-@click.option("--yes", "-y", is_flag=True, help="Delete without asking.")
+@flag("--yes", "-y", help="Delete without asking.")
 @click.option("--system-prompt", default=None, help="System prompt (logged when it changes).")
 @model_options
 @storage_option

@@ -19,6 +19,7 @@ import click
 
 from terrarium.cli.app import (
     cli,
+    flag,
     model_options,
     open_store,
     state_of,
@@ -89,10 +90,9 @@ def run_server(app: Any, sock: socket.socket) -> None:
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="TCP port."
 )
-@click.option("--open", "open_browser", is_flag=True, help="Open the dashboard in a browser.")
-@click.option(
+@flag("--open", "open_browser", help="Open the dashboard in a browser.")
+@flag(
     "--allow-writes",
-    is_flag=True,
     help="Offer fork, clear, compact and delete (each behind a confirmation and a CSRF token).",
 )
 @click.option(
