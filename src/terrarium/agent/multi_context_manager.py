@@ -31,7 +31,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from terrarium import contexts, legacy, sessions
 from terrarium.agent import compaction
@@ -64,11 +64,10 @@ _Found = tuple[PodMetadata, int] | None
 
 
 class _Unread(enum.Enum):
+    """The context's head and tail are not read yet."""
+
     UNREAD = enum.auto()
 
-
-_UNREAD: Final = _Unread.UNREAD
-"""The context's head and tail are not read yet."""
 
 if TYPE_CHECKING:  # the openai client costs ~0.5 s to import; only annotations need it
     from terrarium.lifecycle import BackgroundMaintenance, Maintenance
@@ -191,11 +190,8 @@ class MultiContextManager:
             LLMError: the model call failed; the input is logged, marked failed, and later turns
                 do not send it (:meth:`retry_with_context` does).
         """
-        chunks = [
-            delta
-            async for delta in self._turn(context_id, user_message, system_prompt, False, params)
-        ]
-        return "".join(chunks)
+        turn = self._turn(context_id, user_message, system_prompt, False, params)
+        return "".join([delta async for delta in turn])
 
     def failed_input(self, context_id: str) -> str | None:
         """The last turn's user texts if it failed, else None (ContextNotFound: no context)."""
@@ -280,21 +276,18 @@ class MultiContextManager:
         """
         context = ContextId.parse(context_id)
         cached = self._cached(context)
-        data = contexts.get_stats(
-            self.store, context, state=cached.state if cached is not None else None
-        )
-        data["cached"] = cached is not None
-        data["autosave"] = self._autosave_for(context)
-        data["unsaved_entries"] = cached.unsaved_entries if cached is not None else 0
-        return data
+        data = contexts.get_stats(self.store, context, state=cached.state if cached else None)
+        return data | {
+            "cached": cached is not None,
+            "autosave": self._autosave_for(context),
+            "unsaved_entries": cached.unsaved_entries if cached is not None else 0,
+        }
 
     def clear_context(self, context_id: str) -> None:
         """Empty the context's history (kept in its session tree); a legacy file imported first."""
         context = ContextId.parse(context_id)
         contexts.clear_context(self.store, context, current=self._saved_state)
-        entry = self._cached(context)
-        if entry is not None:
-            entry._reload()  # the object get_session handed out stays the context's
+        self._reload_cached(context)
 
     def rewind_context(self, context_id: str, n: int = 1) -> list[LoggedItem]:
         """Drop and return the last ``n`` history items, oldest first (:func:`sessions.rewind`).
@@ -305,9 +298,7 @@ class MultiContextManager:
         """
         context = ContextId.parse(context_id)
         dropped = contexts.rewind_context(self.store, context, n, current=self._saved_state)
-        entry = self._cached(context)
-        if entry is not None:
-            entry._reload()  # the object get_session handed out stays the context's
+        self._reload_cached(context)
         return dropped
 
     def delete_context(self, context_id: str) -> bool:
@@ -571,7 +562,7 @@ class MultiContextManager:
     # ------------------------------------------------------------------ cache and locks
 
     def _fresh(
-        self, context: ContextId, found: _Found | _Unread = _UNREAD
+        self, context: ContextId, found: _Found | _Unread = _Unread.UNREAD
     ) -> PersistentSession | None:
         """The cached context brought up to the store, else restored; None if not in the log.
         ``found``: its head and tail if the caller just read them (under its lock)."""
@@ -580,10 +571,10 @@ class MultiContextManager:
             if entry is not None:
                 self._cache.move_to_end(context)
         if entry is not None:
-            if entry._refresh() if found is _UNREAD else entry._refresh_to(found):
+            if entry._refresh() if found is _Unread.UNREAD else entry._refresh_to(found):
                 return entry
             self._forget(context)  # deleted from under it
-        if found is _UNREAD:
+        if found is _Unread.UNREAD:
             head = self.store.get_head(context)
         else:
             head = found[0] if found is not None else None
@@ -594,7 +585,7 @@ class MultiContextManager:
         return entry
 
     def _fresh_or_legacy(
-        self, context: ContextId, found: _Found | _Unread = _UNREAD
+        self, context: ContextId, found: _Found | _Unread = _Unread.UNREAD
     ) -> PersistentSession | None:
         """:meth:`_fresh`, importing a legacy file first (once: the caller holds the lock)."""
         entry = self._fresh(context, found)
@@ -615,6 +606,12 @@ class MultiContextManager:
             entry = self._cache.get(context)
         return entry if entry is not None and entry.in_store else None
 
+    def _reload_cached(self, context: ContextId) -> None:
+        """Re-read a cached context: the object get_session handed out stays the context's."""
+        entry = self._cached(context)
+        if entry is not None:
+            entry._reload()
+
     def _peek(self, context: ContextId) -> RestoredState:
         entry = self._cached(context)
         if entry is not None:
@@ -633,15 +630,10 @@ class MultiContextManager:
         A context with a turn under way or waiting stays (saving takes the lock its turn holds); one
         whose save fails stays cached (logged), so its entries are not lost.
         """
-        evicted: list[PersistentSession] = []
         with self._cache_lock:
             excess = len(self._cache) - self.cache_size
-            for context in list(self._cache) if excess > 0 else ():
-                if excess == 0:
-                    break
-                if context not in self._busy:
-                    evicted.append(self._cache.pop(context))
-                    excess -= 1
+            idle = [c for c in self._cache if c not in self._busy] if excess > 0 else []
+            evicted = [self._cache.pop(context) for context in idle[:excess]]
         for old in evicted:
             if not old.unsaved_entries:
                 continue

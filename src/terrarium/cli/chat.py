@@ -203,19 +203,13 @@ class Chat:
         self.context = context
         self.opened = True
 
-    def history(self) -> list[dict[str, Any]]:
-        try:
-            return self.manager.history(str(self.context))
-        except ContextNotFound:
-            return []
-
     def typed(self) -> list[str]:
         """The session's user messages, oldest first, but a compaction's summary: what the
         user typed, for Up to recall."""
-        head = self.state.store().get_head(self.context)
+        store = self.state.store()
+        head = store.get_head(self.context)
         if head is None:
             return []
-        store = self.state.store()
         found = sessions.messages(sessions.lineage(store, head.session_id, head.segment_id))
         return [
             item_text(m.item)
@@ -224,7 +218,10 @@ class Chat:
         ]
 
     def message_count(self) -> int:
-        return len(self.history())
+        try:
+            return len(self.manager.history(str(self.context)))
+        except ContextNotFound:
+            return 0
 
     async def interruptible(self, work: Awaitable[T]) -> T:
         """Run ``work``; Ctrl-C (SIGINT) cancels it and raises :class:`Interrupted`."""
@@ -547,12 +544,8 @@ def turn_json(state: CliState, context: ContextId, reply: str) -> dict[str, Any]
         "model": usage.get("model") if usage else None,
         "usage": None
         if usage is None
-        else {
-            "prompt_tokens": usage.get("prompt_tokens", 0),
-            "completion_tokens": usage.get("completion_tokens", 0),
-            "cached_tokens": usage.get("cached_tokens", 0),
-            "estimated": usage.get("estimated"),
-        },
+        else {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "cached_tokens")}
+        | {"estimated": usage.get("estimated")},
     }
 
 

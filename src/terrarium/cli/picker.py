@@ -8,6 +8,7 @@ opens, Esc or Ctrl-C cancels.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from prompt_toolkit.application import Application
@@ -78,9 +79,8 @@ class Picker:
     def __init__(self, rows: list[ContextSummary], default_type: str, preview: PreviewFn) -> None:
         self.rows = rows
         self.default_type = default_type
-        self.read_preview = preview
-        self.previews: dict[ContextId, Preview | None] = {}
-        """Previews read so far (only sessions that were on screen)."""
+        self.preview: PreviewFn = functools.cache(preview)
+        """A session's preview, read when it is first on screen."""
         self.filter = Buffer(multiline=False, on_text_changed=self._changed)
         self.index = 1 if rows else 0  # 0 is "new session"
         self.top = 0
@@ -103,11 +103,9 @@ class Picker:
             wanted = str(self._named(text))
         except ValueError:
             wanted = None
-        for info in self.rows:
-            if info.context == wanted:
-                return info
-        if ":" in text:
-            return None
+        found = next((info for info in self.rows if info.context == wanted), None)
+        if found is not None or ":" in text:
+            return found
         named = [info for info in self.rows if info.name == text]
         return named[0] if len(named) == 1 else None
 
@@ -185,12 +183,6 @@ class Picker:
             stop += 1
         return self.top, max(stop, min(self.top + 1, len(visible)))
 
-    def preview(self, context: ContextId) -> Preview | None:
-        """The session's preview, read on first use."""
-        if context not in self.previews:
-            self.previews[context] = self.read_preview(context)
-        return self.previews[context]
-
     def render(self) -> StyleAndTextTuples:
         """The rows on screen as formatted text, the selected row marked."""
         out: StyleAndTextTuples = []
@@ -208,8 +200,7 @@ class Picker:
         visible = self.visible
         start, stop = self._window(visible)
         columns = self._size()[1]
-        width = max((len(r.name) for r in visible[start:stop]), default=10)
-        width = min(max(width, 10), 40)
+        width = min(max([10, *(len(r.name) for r in visible[start:stop])]), 40)
         group = None
         for number, info in enumerate(visible[start:stop], start=start + 1):
             if info.type != group:

@@ -18,9 +18,9 @@ import asyncio
 import base64
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from terrarium import contexts, sessions
 from terrarium.errors import TerrariumError, install_hint
@@ -61,6 +61,9 @@ WRITES_DOMAIN = "langgraph.writes"
 """The extension domain of a pending-writes entry."""
 MESSAGES_CHANNEL = "messages"
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
 
 @dataclass
 class _Thread:
@@ -78,6 +81,18 @@ class _Thread:
     """(ns, checkpoint id) -> (task id, index) -> (task id, channel, value, task path)."""
     message_ids: set[str] = field(default_factory=set)
     """The ids of the messages already logged as history items."""
+
+
+def _in_thread(
+    method: Callable[Concatenate[TerrariumSaver, _P], _R],
+) -> Callable[Concatenate[TerrariumSaver, _P], Coroutine[Any, Any, _R]]:
+    """The async twin of a saver method: the method, run in a worker thread."""
+
+    async def twin(self: TerrariumSaver, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return await asyncio.to_thread(method, self, *args, **kwargs)
+
+    twin.__doc__ = f":meth:`{method.__name__}` in a worker thread."
+    return twin
 
 
 class TerrariumSaver(BaseCheckpointSaver[str]):
@@ -299,9 +314,10 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
         """Delete the thread's context: every checkpoint, write and logged message of it."""
         delete_context(self.store, self.context_of(str(thread_id)))
 
-    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """:meth:`get_tuple` in a worker thread."""
-        return await asyncio.to_thread(self.get_tuple, config)
+    aget_tuple = _in_thread(get_tuple)
+    aput = _in_thread(put)
+    aput_writes = _in_thread(put_writes)
+    adelete_thread = _in_thread(delete_thread)
 
     async def alist(
         self,
@@ -317,30 +333,6 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
         )
         for item in found:
             yield item
-
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        """:meth:`put` in a worker thread."""
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
-
-    async def aput_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        """:meth:`put_writes` in a worker thread."""
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
-
-    async def adelete_thread(self, thread_id: str) -> None:
-        """:meth:`delete_thread` in a worker thread."""
-        await asyncio.to_thread(self.delete_thread, thread_id)
 
 
 def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:

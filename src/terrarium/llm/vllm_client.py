@@ -259,11 +259,11 @@ class VLLMClient:
                 event = await state.next_event()
             result = state.result(self.base_url)
         except BadResponse as exc:
-            self._trace("error", _error_trace(exc, state.attempt, retrying=False))
+            self._trace_error(exc, state.attempt)
             raise
         except (openai.OpenAIError, ValueError) as exc:
             error = self._map_midstream_error(exc, name, state.chunks)
-            self._trace("error", _error_trace(error, state.attempt, retrying=False))
+            self._trace_error(error, state.attempt)
             raise error from exc
         finally:
             await state.stream.close()
@@ -289,12 +289,12 @@ class VLLMClient:
             try:
                 return await one_try(attempt)
             except BadResponse as exc:
-                self._trace("error", _error_trace(exc, attempt, retrying=False))
+                self._trace_error(exc, attempt)
                 raise
             except (openai.OpenAIError, ValueError) as exc:
                 error = self._map_error(exc, model, attempts=attempt + 1)
                 retrying = attempt < self.max_retries and _is_transient(exc)
-                self._trace("error", _error_trace(error, attempt, retrying=retrying))
+                self._trace_error(error, attempt, retrying)
                 if not retrying:
                     self._forget_picked_model(error, explicit)
                     raise error from exc
@@ -317,13 +317,14 @@ class VLLMClient:
                 stream = await self._post_chat(body, options, stream=True)
                 break
             except openai.APIStatusError as exc:
-                if "stream_options" not in request or not _refuses_stream_options(exc):
+                why = f"{_server_message(exc)} {exc.body}" if "stream_options" in request else ""
+                if exc.status_code not in (400, 422) or "stream_options" not in why:
                     raise
                 # The server does not know stream_options (older vLLM, llama.cpp, some
                 # proxies): ask again without it now, and never send it again.
                 self._ask_stream_usage = False
                 error = self._map_error(exc, name, attempts=1)
-                self._trace("error", _error_trace(error, attempt, retrying=True))
+                self._trace_error(error, attempt, True)
         state = _StreamState(name, attempt, stream, self._trace)
         try:
             return state, await state.next_event()
@@ -462,10 +463,17 @@ class VLLMClient:
         if self.on_trace is not None:
             self.on_trace(TraceEntry(ts=utc_now(), event=event, data=data))
 
+    def _trace_error(self, error: Exception, attempt: int, retrying: bool = False) -> None:
+        data = {"type": type(error).__name__, "message": str(error), "attempt": attempt}
+        self._trace("error", {**data, "retrying": retrying})
+
     def _backoff(self, attempt: int, exc: Exception) -> float:
         if isinstance(exc, openai.APIStatusError):
-            retry_after = _retry_after(exc)
-            if retry_after is not None:
+            try:  # an absent or bad Retry-After: ValueError
+                retry_after = float(exc.response.headers.get("retry-after", ""))
+            except ValueError:
+                retry_after = -1.0
+            if retry_after >= 0:
                 return min(retry_after, self.backoff_max)
         ceiling = min(self.backoff_max, self.backoff_base * 2.0**attempt)
         return ceiling / 2 + random.uniform(0, ceiling / 2)
@@ -631,13 +639,6 @@ def _count_of(answer: Mapping[str, Any]) -> int:
     return count
 
 
-def _refuses_stream_options(exc: openai.APIStatusError) -> bool:
-    """True when a server refused a request because of ``stream_options`` (400 or 422)."""
-    return (
-        exc.status_code in (400, 422) and "stream_options" in f"{_server_message(exc)} {exc.body}"
-    )
-
-
 def normalize_base_url(base_url: str) -> str:
     """Return ``base_url`` ending in ``/v1`` without a trailing slash, with a scheme."""
     url = base_url.strip().rstrip("/")
@@ -776,7 +777,7 @@ def _tool_call(call: Any) -> dict[str, Any]:
     function = call.get("function")
     function = function if isinstance(function, Mapping) else {}
     return {
-        "id": call.get("id") or _new_call_id(),
+        "id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}",
         "type": call.get("type") or "function",
         "function": {
             "name": str(function.get("name") or ""),
@@ -805,8 +806,7 @@ def _reasoning_of(obj: Any) -> str:
 def _usage_of(usage: Any, model: str) -> UsageRecord | None:
     if usage is None:
         return None
-    details = _field(usage, "prompt_tokens_details")
-    cached = _field(details, "cached_tokens") if details is not None else None
+    cached = _field(_field(usage, "prompt_tokens_details"), "cached_tokens")
     return UsageRecord(
         model=model,
         prompt_tokens=int(_field(usage, "prompt_tokens") or 0),
@@ -821,14 +821,6 @@ def _is_transient(exc: Exception) -> bool:
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in (408, 429) or exc.status_code >= 500
     return False
-
-
-def _retry_after(exc: openai.APIStatusError) -> float | None:
-    try:
-        seconds = float(exc.response.headers.get("retry-after", ""))  # absent: ValueError
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None
 
 
 def _server_message(exc: openai.APIError) -> str:
@@ -853,16 +845,3 @@ def _dump(model: Any) -> dict[str, Any]:
         return cast(dict[str, Any], model.model_dump(mode="json", exclude_unset=True))
     except (AttributeError, TypeError, ValueError):
         return {"raw": repr(model)}
-
-
-def _error_trace(error: Exception, attempt: int, *, retrying: bool) -> dict[str, Any]:
-    return {
-        "type": type(error).__name__,
-        "message": str(error),
-        "attempt": attempt,
-        "retrying": retrying,
-    }
-
-
-def _new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
