@@ -13,7 +13,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -34,6 +34,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from terrarium import contexts, export, lifecycle, search
 from terrarium.errors import (
@@ -70,20 +71,13 @@ SECURITY_HEADERS = [
     (b"x-frame-options", b"DENY"),
 ]
 POLL_SECONDS = 0.25
-"""How often the live view polls the store's derived state (a head and its next seq), on a
-store that sends no change notes (files, SQLite)."""
+"""How often the live view polls a store that sends no change notes (files, SQLite)."""
 CHECK_SHARE = 4.0
 """A live stream waits at least this many times as long as its last check took before the
-next: the overview's check reads every context's signature (about 0.1 s at 100k contexts), and
-one open page should cost a fifth of a core at most, not a whole one."""
+next, so one open overview (0.1 s a check at 100k contexts) costs at most a fifth of a core."""
 NOTE_WAIT = 1.0
-"""How long one wait for a change note lasts (PostgreSQL) before the stream checks that its
-client is still there."""
+"""How long one wait for a change note lasts before the stream checks its client is there."""
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -104,7 +98,7 @@ class Guard:
             await refusal(scope, receive, send)
             return
 
-        async def send_with_headers(message: MutableMapping[str, Any]) -> None:
+        async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
             await send(message)
@@ -182,15 +176,8 @@ def _dash(request: Request) -> Dashboard:
 
 
 def _page(request: Request, name: str, code: int = 200, **values: Any) -> HTMLResponse:
-    dash = _dash(request)
-    values.setdefault("title", "")  # base.html adds "terrarium" after a page's own
-    context = {
-        "location": dash.location,
-        "allow_writes": dash.allow_writes,
-        "model_url": dash.model_url,
-        "csrf": dash.csrf,
-        **values,
-    }
+    # The title: base.html adds "terrarium" after a page's own.
+    context = {"dash": _dash(request), "title": "", **values}
     return TEMPLATES.TemplateResponse(request, name, context, status_code=code)
 
 
@@ -481,8 +468,7 @@ def search_page(request: Request) -> HTMLResponse:
 
 
 ACTIONS = ("fork", "clear", "compact", "delete", *data.LIFECYCLE_ACTIONS, "restore")
-"""The writes ``--allow-writes`` offers (the lifecycle ones on a :class:`Lifecycle` store,
-compact when the app knows a model server)."""
+"""What ``--allow-writes`` offers: lifecycle ones on a Lifecycle store, compact with a model."""
 
 
 def _writes(dash: Dashboard) -> None:
@@ -590,8 +576,8 @@ def _error(request: Request, status: int, message: str, hint: str = "") -> Respo
 def _plain(
     status: int, what: str = "{exc}", hint: str = "", *, warn: bool = False
 ) -> Callable[[Request, Exception], Awaitable[Response]]:
-    """A handler answering ``status`` with ``what`` of the error (its ``__str__``, no repr()
-    quotes) and ``hint``; ``warn``: logged first as a warning, with the path."""
+    """A handler answering ``status`` with ``what`` (``{exc}``: its str) and ``hint``; ``warn``
+    logs it first."""
 
     async def handle(request: Request, exc: Exception) -> Response:
         if warn:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import builtins
 import datetime
 import json
 import logging
@@ -79,8 +80,7 @@ def _read(
     ``records`` (None: read here). ``sync``: False for a read of no archived or legacy row."""
     others = contexts.other_rows(store, records=records) if sync else None
     try:
-        found = contexts.listing_index(store)
-        return found.read(read, budget=BUILD_STEP, others=others, sync=sync)
+        return contexts.listing_index(store).read(read, budget=BUILD_STEP, others=others, sync=sync)
     except IndexUnavailable as exc:
         log.warning("%s; reading an index of the store in a temporary folder instead", exc)
         walked = contexts.listing_index(store, walked=True)
@@ -186,11 +186,6 @@ FILL_DAYS = 400
 """Longest span whose days without activity are drawn as empty bars."""
 
 
-def _days(first: datetime.date, count: int) -> list[str]:
-    """``count`` dates from ``first`` on (``chart_range``'s ``range`` hides the builtin)."""
-    return [(first + datetime.timedelta(n)).isoformat() for n in range(count)]
-
-
 def chart_range(
     range: str | None, start: str | None, end: str | None, active: Iterable[str], today: str
 ) -> dict[str, Any]:
@@ -219,16 +214,15 @@ def chart_range(
         raise BadRequest(f"from ({first}) is after to ({last})")
     day = datetime.date.fromisoformat(first)
     length = (datetime.date.fromisoformat(last) - day).days + 1
-    if length <= FILL_DAYS:
-        days = _days(day, length)
+    if length <= FILL_DAYS:  # builtins.range: the parameter hides it
+        days = [(day + datetime.timedelta(n)).isoformat() for n in builtins.range(length)]
     else:
         days = [d for d in dates if first <= d <= last]
     return {"range": name, "from": first, "to": last, "days": days}
 
 
 def lifecycle_counts(store: Store, records: Records | None) -> dict[str, int] | None:
-    """How many contexts are archived, in the trash and pinned, as the store's ``records``
-    say; None without lifecycle."""
+    """How many contexts are archived, trashed and pinned, per ``records``; None without."""
     if not isinstance(store, Lifecycle):
         return None
     return {
@@ -400,18 +394,12 @@ def _messages(
         if isinstance(found[index].item, Mapping):
             row = _message(found[index])
             row["position"] = index  # the page's anchor #m{position}, search hits' ``message``
-            row["failed"] = _failed(state, index)
+            mark = state.failure(index)  # a failed run's error; on its last message, the partial
+            row["failed"] = None
+            if mark is not None:
+                row["failed"] = {"error": str(mark["error"] or ""), "partial": mark.get("partial")}
             page.append(row)
     return len(found), page
-
-
-def _failed(state: RestoredState, index: int) -> dict[str, Any] | None:
-    """What a message of a failed run shows (``RestoredState.failure``): the run's error, and
-    its partial reply on the run's last message; None for a message of no failed run."""
-    mark = state.failure(index)
-    if mark is None:
-        return None
-    return {"error": str(mark["error"] or ""), "partial": mark.get("partial")}
 
 
 def transcript(
@@ -458,8 +446,7 @@ def transcript(
 
 
 def context_state(store: Store, context: ContextId) -> dict[str, Any] | None:
-    """The context's state (``hot`` or ``archived``) and pin, from its own record alone;
-    None without lifecycle."""
+    """The context's state and pin, from its own record alone; None without lifecycle."""
     if not isinstance(store, Lifecycle):
         return None
     record = states.context_record(store, context)
