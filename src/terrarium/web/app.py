@@ -120,9 +120,8 @@ class Guard:
             response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
             return response
         auth = request.headers.get("authorization", "")
-        if auth.startswith("Bearer ") and token_matches(auth[7:], self.token):
-            return None
-        if token_matches(request.cookies.get(COOKIE), self.token):
+        bearer = auth[7:] if auth.startswith("Bearer ") else None
+        if any(token_matches(t, self.token) for t in (bearer, request.cookies.get(COOKIE))):
             return None
         return PlainTextResponse(
             "401: token required (open the URL that terrarium serve printed)", 401

@@ -1,9 +1,8 @@
 """What the dashboard shows, computed from the store, sessions and contexts layers.
 
-Plain functions returning JSON-ready dicts: the pages render them, the JSON API returns them as
-they are, so a page never shows something the API cannot give. Every listing figure is one read
-of the store's derived index (:func:`terrarium.contexts.listing_index`); no session is restored
-for them.
+Plain functions returning JSON-ready dicts: the pages render them and the JSON API returns
+them, so a page never shows what the API cannot give. Every listing figure is one read of the
+store's derived index (:func:`terrarium.contexts.listing_index`), restoring no session.
 """
 
 from __future__ import annotations
@@ -66,12 +65,6 @@ BUILD_STEP = 0.2
 """Seconds a page spends on a first build of the store's index before it shows what it holds."""
 
 
-def _records(store: Store) -> Records | None:
-    """The store's lifecycle records (None: it has none), read once for all a page shows of
-    them: archived rows, pins, counts, frozen bytes. (A read each took 4 to 6 per overview.)"""
-    return store.session_records() if isinstance(store, Lifecycle) else None
-
-
 def _read(
     store: Store, read: Callable[[Reader], _T], records: Records | None = None, *, sync: bool = True
 ) -> _T:
@@ -125,8 +118,7 @@ def list_page(
     """One page of contexts, filtered and sorted, and the cursor of the next page.
 
     ``since``/``until`` bound the day last active (inclusive); ``text`` is a case-insensitive
-    substring of the context id. A row's ``tokens`` is None for archived contexts and legacy
-    files, which count 0 in the tokens order.
+    substring of the context id. Archived and legacy rows have no ``tokens`` (0 in its order).
     """
     if state not in STATES:
         raise BadRequest(f"state must be one of {', '.join(STATES)}, not {state[:40]!r}")
@@ -139,7 +131,7 @@ def list_page(
     # One row more than the page, to know if another follows.
     query = ListingQuery(sort, after, limit + 1, type, text or None, since, until)
     life = store if isinstance(store, Lifecycle) else None
-    records = _records(store)
+    records = life.session_records() if life else None  # one read for the rows and pins
     rows, types = _read(store, lambda r: (r.page(query, state), r.types(state)), records)
     page, more = rows[:limit], len(rows) > limit
     pinned = states.pinned_contexts(life, records=records) if life else frozenset()
@@ -246,7 +238,9 @@ def overview(
     sessions are left.
     """
     top = ListingQuery(sort="messages", limit=MOST_ACTIVE)
-    records, folder = _records(store), _folder(store)
+    folder = _folder(store)
+    # The lifecycle records, read once for the archived rows, counts and frozen bytes.
+    records = store.session_records() if isinstance(store, Lifecycle) else None
 
     def read(r: Reader) -> tuple[Sums, list[ContextSummary], int, int]:
         return r.sums(), r.page(top), r.left, r.segment_bytes() if folder else 0
