@@ -212,19 +212,6 @@ def api_stats(request: Request) -> dict[str, Any]:
     return _dash(request).call(data.overview, range=_opt(request, "range"), start=start, end=end)
 
 
-def _list_args(request: Request) -> dict[str, Any]:
-    return {
-        "type": _opt(request, "type"),
-        "text": _opt(request, "q"),
-        "since": _opt(request, "since"),
-        "until": _opt(request, "until"),
-        "sort": request.query_params.get("sort") or "last_active",
-        "cursor": _opt(request, "cursor"),
-        "limit": _int(request, "limit", data.PAGE_SIZE),
-        "state": request.query_params.get("state") or "hot",
-    }
-
-
 @api(
     "One page of contexts, filtered and sorted, with the next page's cursor.",
     type="str: only this type",
@@ -237,7 +224,17 @@ def _list_args(request: Request) -> dict[str, Any]:
     state="str: hot (default), archived or all",
 )
 def api_contexts(request: Request) -> dict[str, Any]:
-    return _dash(request).call(data.list_page, **_list_args(request))
+    return _dash(request).call(
+        data.list_page,
+        type=_opt(request, "type"),
+        text=_opt(request, "q"),
+        since=_opt(request, "since"),
+        until=_opt(request, "until"),
+        sort=request.query_params.get("sort") or "last_active",
+        cursor=_opt(request, "cursor"),
+        limit=_int(request, "limit", data.PAGE_SIZE),
+        state=request.query_params.get("state") or "hot",
+    )
 
 
 @api("The trash: deleted contexts waiting to be restored or purged, newest first.")
@@ -388,8 +385,7 @@ def overview_page(request: Request) -> HTMLResponse:
 
 
 def sessions_page(request: Request) -> HTMLResponse:
-    args = _list_args(request)
-    page = _dash(request).call(data.list_page, **args)
+    page = api_contexts(request)
     nxt = None
     if page["next_cursor"]:
         kept = {k: v for k, v in request.query_params.items() if k != "cursor"}
@@ -399,8 +395,7 @@ def sessions_page(request: Request) -> HTMLResponse:
         "sessions.html",
         title="sessions",
         page=page,
-        args=args,
-        types=page["types"],
+        args=request.query_params,
         sorts=data.SORTS,
         states=data.STATES,
         next_url=nxt,

@@ -230,7 +230,6 @@ def overview(
     range: str | None = None,
     start: str | None = None,
     end: str | None = None,
-    today: str | None = None,
 ) -> dict[str, Any]:
     """The overview's figures: the index's sums over the hot contexts, and lifecycle counts.
 
@@ -248,7 +247,7 @@ def overview(
     sums, most_active, left, segments = _read(store, read, records)
     names = (*TOKEN_KEYS, "calls", "estimated_calls")
     models = {model: dict(zip(names, n, strict=True)) for model, n in sums.models.items()}
-    today = today or datetime.datetime.now(datetime.UTC).date().isoformat()
+    today = datetime.datetime.now(datetime.UTC).date().isoformat()
     chosen = chart_range(range, start, end, sums.per_day, today)
     per_type = {k: {"contexts": n, "messages": m} for k, (n, m) in sums.per_type.items()}
     return {
