@@ -151,6 +151,20 @@ class Dashboard:
             return fn(self.store, *args, **kwargs)
 
 
+def _marked(snippet: str, spans: list[list[int]]) -> list[tuple[str, bool]]:
+    """The snippet cut into (text, highlighted) pieces; the template escapes each."""
+    pieces: list[tuple[str, bool]] = []
+    at = 0
+    for start, end in sorted(spans):
+        if start < at:
+            continue
+        pieces.append((snippet[at:start], False))
+        pieces.append((snippet[start:end], True))
+        at = end
+    pieces.append((snippet[at:], False))
+    return [p for p in pieces if p[0]]
+
+
 TEMPLATES = Jinja2Templates(
     env=jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
@@ -166,6 +180,7 @@ TEMPLATES.env.filters.update(
     size=render.human_bytes,
     shown=display_name,
     q=lambda value: quote(str(value), safe=""),
+    pieces=_marked,
 )
 
 
@@ -429,36 +444,12 @@ def session_page(request: Request) -> HTMLResponse:
     )
 
 
-def _marked(snippet: str, spans: list[list[int]]) -> list[tuple[str, bool]]:
-    """The snippet cut into (text, highlighted) pieces; the template escapes each."""
-    pieces: list[tuple[str, bool]] = []
-    at = 0
-    for start, end in sorted(spans):
-        if start < at:
-            continue
-        pieces.append((snippet[at:start], False))
-        pieces.append((snippet[start:end], True))
-        at = end
-    pieces.append((snippet[at:], False))
-    return [p for p in pieces if p[0]]
-
-
 def search_page(request: Request) -> HTMLResponse:
-    q = request.query_params.get("q", "")
-    hits = api_search(request)["hits"] if q.strip() else []
-    for hit in hits:
-        hit["pieces"] = _marked(hit["snippet"], hit["highlights"])
+    args = request.query_params
+    hits = api_search(request)["hits"] if args.get("q", "").strip() else []
     # The type list is the sessions page's: the types of one page of its listing.
     types = _dash(request).call(data.list_page, limit=1)["types"]
-    return _page(
-        request,
-        "search.html",
-        title="search",
-        q=q,
-        hits=hits,
-        args=dict(request.query_params),
-        types=types,
-    )
+    return _page(request, "search.html", title="search", hits=hits, args=args, types=types)
 
 
 ACTIONS = ("fork", "clear", "compact", "delete", *data.LIFECYCLE_ACTIONS, "restore")
