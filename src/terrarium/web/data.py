@@ -289,50 +289,42 @@ def parse_context(text: str | None) -> ContextId:
 
 
 def fork_tree(store: Store, context: ContextId) -> dict[str, Any]:
-    """The context's segments (oldest first) with their origins, and its head."""
+    """The context's segments, depth-first (each with its ``depth`` below its root, siblings
+    oldest first) with their origins, and its head."""
     head = store.get_head(context)
     if head is None:
         raise contexts.not_found(context)
-    segments = []
-    for segment_id, read, salvaged_into in sessions.tree_reads(store, head.session_id):
+    reads = sessions.tree_reads(store, head.session_id)
+    known = {str(segment_id) for segment_id, _, _ in reads}
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for segment_id, read, salvaged_into in reads:
         header = read.header if read is not None else {}
         origin = header.get("origin") or {"kind": "root" if read is not None else "salvaged"}
-        segments.append(
+        parent = origin.get("parent")
+        children.setdefault(parent if parent in known else None, []).append(
             {
                 "segment_id": str(segment_id),
                 "created_at": header.get("ts"),
                 "origin": origin.get("kind", "root"),
-                "parent": origin.get("parent"),
+                "parent": parent,
                 "at_seq": origin.get("at_seq"),
                 "source": origin.get("source"),
                 "head": segment_id == head.segment_id,
                 "salvaged_into": str(salvaged_into) if salvaged_into is not None else None,
             }
         )
-    return {
-        "session_id": str(head.session_id),
-        "head": str(head.segment_id),
-        "segments": _tree_order(segments),
-    }
-
-
-def _tree_order(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Segments in depth-first order, each with its ``depth`` below its root."""
-    known = {s["segment_id"] for s in segments}
-    children: dict[str | None, list[dict[str, Any]]] = {}
-    for s in segments:
-        parent = s["parent"] if s["parent"] in known else None
-        children.setdefault(parent, []).append(s)
     ordered: list[dict[str, Any]] = []
     stack = [(s, 0) for s in reversed(children.get(None, []))]
     while stack:
         s, depth = stack.pop()
         ordered.append({**s, "depth": depth})
         stack.extend((c, depth + 1) for c in reversed(children.get(s["segment_id"], [])))
-    return ordered
+    return {"session_id": str(head.session_id), "head": str(head.segment_id), "segments": ordered}
 
 
-def _message(message: sessions.Message) -> dict[str, Any]:
+def _message(
+    message: sessions.Message, position: int, failed: dict[str, Any] | None
+) -> dict[str, Any]:
     # A Responses item is shown as the Chat message it stands for (model.chat_view); a kind
     # with no Chat form keeps its own fields, labelled by its type, with whatever text it has.
     logged, usage = message.item, message.usage
@@ -369,6 +361,11 @@ def _message(message: sessions.Message) -> dict[str, Any]:
             **{key: usage.get(key, 0) for key in TOKEN_KEYS},
             "estimated": usage.get("estimated"),
         },
+        "position": position,  # the page's anchor #m{position}, search hits' ``message``
+        # A failed run's error; on its last message, the partial reply.
+        "failed": None
+        if failed is None
+        else {"error": str(failed["error"] or ""), "partial": failed.get("partial")},
     }
 
 
@@ -382,16 +379,11 @@ def _messages(
 ) -> tuple[int, list[dict[str, Any]]]:
     """How many messages the lineage holds, and those of one page with their usage and runs."""
     found = sessions.messages(reads)
-    page: list[dict[str, Any]] = []
-    for index in range(offset, min(offset + limit, len(found))):
-        if isinstance(found[index].item, Mapping):
-            row = _message(found[index])
-            row["position"] = index  # the page's anchor #m{position}, search hits' ``message``
-            mark = state.failure(index)  # a failed run's error; on its last message, the partial
-            row["failed"] = None
-            if mark is not None:
-                row["failed"] = {"error": str(mark["error"] or ""), "partial": mark.get("partial")}
-            page.append(row)
+    page = [
+        _message(found[index], index, state.failure(index))
+        for index in range(offset, min(offset + limit, len(found)))
+        if isinstance(found[index].item, Mapping)
+    ]
     return len(found), page
 
 
