@@ -480,7 +480,6 @@ def confirm_page(request: Request) -> HTMLResponse:
     action = request.query_params.get("action", "")
     if action not in ACTIONS:
         raise data.BadRequest(f"action must be one of {', '.join(ACTIONS)}")
-    lifecycle = isinstance(dash.store, Lifecycle)
     if action == "restore":
         trash_id = request.query_params.get("trash", "")
         found = dash.call(data.trash)["trash"]
@@ -501,7 +500,7 @@ def confirm_page(request: Request) -> HTMLResponse:
         action=action,
         context=context,
         trash_id=trash_id,
-        lifecycle=lifecycle,
+        lifecycle=isinstance(dash.store, Lifecycle),
     )
 
 
