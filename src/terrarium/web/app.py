@@ -13,11 +13,10 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from http.cookies import SimpleCookie
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import parse_qs, quote, urlencode
 
 import jinja2
@@ -35,14 +34,13 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from terrarium import contexts, export, lifecycle, search
 from terrarium.errors import (
     ContextExists,
     ContextNotFound,
     CorruptLog,
-    InvalidContextId,
-    InvalidQuery,
     LLMError,
     NothingToCompact,
     NotInTrash,
@@ -73,26 +71,15 @@ SECURITY_HEADERS = [
     (b"x-frame-options", b"DENY"),
 ]
 POLL_SECONDS = 0.25
-"""How often the live view polls the store's derived state (a head and its next seq), on a
-store that sends no change notes (files, SQLite)."""
+"""How often the live view polls a store that sends no change notes (files, SQLite)."""
 CHECK_SHARE = 4.0
 """A live stream waits at least this many times as long as its last check took before the
-next: the overview's check reads every context's signature (about 0.1 s at 100k contexts), and
-one open page should cost a fifth of a core at most, not a whole one."""
+next, so one open overview (0.1 s a check at 100k contexts) costs at most a fifth of a core."""
 NOTE_WAIT = 1.0
-"""How long one wait for a change note lasts (PostgreSQL) before the stream checks that its
-client is still there."""
+"""How long one wait for a change note lasts before the stream checks its client is there."""
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-def _local_path(path: str) -> str:
-    """``path`` as a redirect target on this site: one leading ``/``, since ``//host/x`` (or
-    ``/\\host/x``, which browsers read alike) would send the browser to another host."""
-    return "/" + path.lstrip("/\\")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class Guard:
@@ -106,43 +93,35 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = self._refusal(scope)
-        if isinstance(refusal, Response):
+        refusal = self._refusal(Request(scope))
+        if refusal is not None:
             await refusal(scope, receive, send)
             return
 
-        async def send_with_headers(message: MutableMapping[str, Any]) -> None:
+        async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
 
-    def _refusal(self, scope: Scope) -> Response | None:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    def _refusal(self, request: Request) -> Response | None:
         if self.token is None:
-            if not is_loopback_header(headers.get("host", "")):
-                return PlainTextResponse("403: this dashboard answers only on loopback", 403)
-            return None
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            if is_loopback_header(request.headers.get("host", "")):
+                return None
+            return PlainTextResponse("403: this dashboard answers only on loopback", 403)
+        query = parse_qs(request.scope.get("query_string", b"").decode("latin-1"))
         if token_matches(query.get("token", [None])[0], self.token):
             rest = {k: v for k, v in query.items() if k != "token"}
-            target = _local_path(scope["path"]) + (
-                "?" + urlencode(rest, doseq=True) if rest else ""
-            )
-            response = RedirectResponse(target, 303)
+            # One leading "/": "//host/x" (or "/\host/x", read alike) would leave the site.
+            target = "/" + request.scope["path"].lstrip("/\\")
+            query_part = "?" + urlencode(rest, doseq=True) if rest else ""
+            response = RedirectResponse(target + query_part, 303)
             response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
             return response
-        auth = headers.get("authorization", "")
-        if auth.startswith("Bearer ") and token_matches(auth[7:], self.token):
-            return None
-        cookie = SimpleCookie()
-        try:
-            cookie.load(headers.get("cookie", ""))
-        except Exception:  # a malformed Cookie header is no token
-            cookie = SimpleCookie()
-        morsel = cookie.get(COOKIE)
-        if morsel is not None and token_matches(morsel.value, self.token):
+        auth = request.headers.get("authorization", "")
+        bearer = auth[7:] if auth.startswith("Bearer ") else None
+        if any(token_matches(t, self.token) for t in (bearer, request.cookies.get(COOKIE))):
             return None
         return PlainTextResponse(
             "401: token required (open the URL that terrarium serve printed)", 401
@@ -164,35 +143,45 @@ class Dashboard:
     @property
     def model_url(self) -> str | None:
         """The model server a compaction asks, when compact is offered; else None."""
-        if not self.allow_writes or self.model is None or self.reopen is None:
-            return None
-        return self.model.base_url
+        return self.model.base_url if self.allow_writes and self.model else None
 
-    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def call(self, fn: Callable[Concatenate[Store, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(store, ...)`` holding the store's lock."""
         with self.lock:
             return fn(self.store, *args, **kwargs)
 
 
-def _templates() -> Jinja2Templates:
-    env = jinja2.Environment(
+def _marked(snippet: str, spans: list[list[int]]) -> list[tuple[str, bool]]:
+    """The snippet cut into (text, highlighted) pieces; the template escapes each."""
+    pieces: list[tuple[str, bool]] = []
+    at = 0
+    for start, end in sorted(spans):
+        if start < at:
+            continue
+        pieces.append((snippet[at:start], False))
+        pieces.append((snippet[start:end], True))
+        at = end
+    pieces.append((snippet[at:], False))
+    return [p for p in pieces if p[0]]
+
+
+TEMPLATES = Jinja2Templates(
+    env=jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(
-        markdown=render.markdown,
-        code=render.code,
-        when=render.when,
-        n=render.figure,
-        size=render.human_bytes,
-        shown=display_name,
-        q=lambda value: quote(str(value), safe=""),
-    )
-    return Jinja2Templates(env=env)
-
-
-TEMPLATES = _templates()
+)
+TEMPLATES.env.filters.update(
+    markdown=render.markdown,
+    code=render.code,
+    when=render.when,
+    n=render.figure,
+    size=render.human_bytes,
+    shown=display_name,
+    q=lambda value: quote(str(value), safe=""),
+    pieces=_marked,
+)
 
 
 def _dash(request: Request) -> Dashboard:
@@ -201,22 +190,14 @@ def _dash(request: Request) -> Dashboard:
 
 
 def _page(request: Request, name: str, code: int = 200, **values: Any) -> HTMLResponse:
-    dash = _dash(request)
-    values.setdefault("title", "")  # base.html adds "terrarium" after a page's own
-    context = {
-        "request": request,
-        "location": dash.location,
-        "allow_writes": dash.allow_writes,
-        "model_url": dash.model_url,
-        "csrf": dash.csrf,
-        **values,
-    }
+    # The title: base.html adds "terrarium" after a page's own.
+    context = {"dash": _dash(request), "title": "", **values}
     return TEMPLATES.TemplateResponse(request, name, context, status_code=code)
 
 
 def _int(request: Request, name: str, default: int) -> int:
     raw = request.query_params.get(name)
-    if raw is None or raw == "":
+    if not raw:
         return default
     try:
         return int(raw)
@@ -229,17 +210,7 @@ def _opt(request: Request, name: str) -> str | None:
 
 
 # --------------------------------------------------------------------------- JSON API
-
-
-def _overview(request: Request) -> dict[str, Any]:
-    return dict(
-        _dash(request).call(
-            data.overview,
-            range=_opt(request, "range"),
-            start=_opt(request, "from"),
-            end=_opt(request, "to"),
-        )
-    )
+# Each reads what its /api/ route returns as JSON (see _json) and its page renders.
 
 
 @api(
@@ -251,21 +222,9 @@ def _overview(request: Request) -> dict[str, Any]:
         "to": "str: the chart's last day (YYYY-MM-DD; default today)",
     },
 )
-def api_stats(request: Request) -> JSONResponse:
-    return JSONResponse(_overview(request))
-
-
-def _list_args(request: Request) -> dict[str, Any]:
-    return {
-        "type": _opt(request, "type"),
-        "text": _opt(request, "q"),
-        "since": _opt(request, "since"),
-        "until": _opt(request, "until"),
-        "sort": request.query_params.get("sort") or "last_active",
-        "cursor": _opt(request, "cursor"),
-        "limit": _int(request, "limit", data.PAGE_SIZE),
-        "state": request.query_params.get("state") or "hot",
-    }
+def api_stats(request: Request) -> dict[str, Any]:
+    start, end = _opt(request, "from"), _opt(request, "to")
+    return _dash(request).call(data.overview, range=_opt(request, "range"), start=start, end=end)
 
 
 @api(
@@ -279,26 +238,23 @@ def _list_args(request: Request) -> dict[str, Any]:
     limit="int: rows per page (1-1000)",
     state="str: hot (default), archived or all",
 )
-def api_contexts(request: Request) -> JSONResponse:
-    return JSONResponse(_dash(request).call(data.list_page, **_list_args(request)))
+def api_contexts(request: Request) -> dict[str, Any]:
+    return _dash(request).call(
+        data.list_page,
+        type=_opt(request, "type"),
+        text=_opt(request, "q"),
+        since=_opt(request, "since"),
+        until=_opt(request, "until"),
+        sort=request.query_params.get("sort") or "last_active",
+        cursor=_opt(request, "cursor"),
+        limit=_int(request, "limit", data.PAGE_SIZE),
+        state=request.query_params.get("state") or "hot",
+    )
 
 
 @api("The trash: deleted contexts waiting to be restored or purged, newest first.")
-def api_trash(request: Request) -> JSONResponse:
-    return JSONResponse(_dash(request).call(data.trash))
-
-
-def _transcript(request: Request) -> dict[str, Any]:
-    context = data.parse_context(request.query_params.get("c"))
-    return dict(
-        _dash(request).call(
-            data.transcript,
-            context,
-            segment=_opt(request, "segment"),
-            offset=_int(request, "offset", 0),
-            limit=_int(request, "limit", data.MESSAGES_PER_PAGE),
-        )
-    )
+def api_trash(request: Request) -> dict[str, Any]:
+    return _dash(request).call(data.trash)
 
 
 @api(
@@ -308,37 +264,14 @@ def _transcript(request: Request) -> dict[str, Any]:
     offset="int: first message",
     limit="int: messages per page (1-5000)",
 )
-def api_context(request: Request) -> JSONResponse:
-    return JSONResponse(_transcript(request))
-
-
-def _search(request: Request) -> list[dict[str, Any]]:
-    query = SearchQuery(
-        text=request.query_params.get("q", ""),
-        type=_opt(request, "type"),
-        role=_opt(request, "role"),
-        since=_opt(request, "since"),
-        limit=_int(request, "limit", 50),
-        all_branches=_opt(request, "all_branches") not in (None, "0", "false"),
+def api_context(request: Request) -> dict[str, Any]:
+    return _dash(request).call(
+        data.transcript,
+        data.parse_context(request.query_params.get("c")),
+        segment=_opt(request, "segment"),
+        offset=_int(request, "offset", 0),
+        limit=_int(request, "limit", data.MESSAGES_PER_PAGE),
     )
-    hits = _dash(request).call(search.search, query)
-    return [
-        {
-            "context": hit.context,
-            **search.hit_json(hit),
-            "url": _hit_url(hit.context, hit.message, str(hit.segment_id)),
-        }
-        for hit in hits
-    ]
-
-
-def _hit_url(context: str, message: int | None, segment: str) -> str:
-    """The transcript page that shows a hit, at its message's anchor (or its segment's)."""
-    if message is None:
-        return "/session?" + urlencode({"c": context, "segment": segment})
-    offset = message - message % data.MESSAGES_PER_PAGE
-    args = {"c": context, **({"offset": offset} if offset else {})}
-    return f"/session?{urlencode(args)}#m{message}"
 
 
 @api(
@@ -350,8 +283,43 @@ def _hit_url(context: str, message: int | None, segment: str) -> str:
     limit="int: hits (1-...)",
     all_branches="str: 1 to find hits off their context's conversation too",
 )
-def api_search(request: Request) -> JSONResponse:
-    return JSONResponse({"hits": _search(request)})
+def api_search(request: Request) -> dict[str, Any]:
+    query = SearchQuery(
+        text=request.query_params.get("q", ""),
+        type=_opt(request, "type"),
+        role=_opt(request, "role"),
+        since=_opt(request, "since"),
+        limit=_int(request, "limit", 50),
+        all_branches=_opt(request, "all_branches") not in (None, "0", "false"),
+    )
+    found = _dash(request).call(search.search, query)
+    return {
+        "hits": [{"context": h.context, **search.hit_json(h), "url": _hit_url(h)} for h in found]
+    }
+
+
+def _hit_url(hit: search.SearchHit) -> str:
+    """The transcript page that shows a hit, at its message's anchor (or its segment's)."""
+    if hit.message is None:
+        return "/session?" + urlencode({"c": hit.context, "segment": str(hit.segment_id)})
+    offset = hit.message - hit.message % data.MESSAGES_PER_PAGE
+    args = {"c": hit.context, **({"offset": offset} if offset else {})}
+    return f"/session?{urlencode(args)}#m{hit.message}"
+
+
+@api("This document: the API's routes and parameters, generated from the route table.")
+def api_openapi(request: Request) -> dict[str, Any]:
+    return openapi_document(request.app.routes)
+
+
+def _json(read: Callable[[Request], dict[str, Any]]) -> Callable[[Request], JSONResponse]:
+    """An /api/ route's handler: what ``read`` returns, as JSON (its :func:`api` mark kept)."""
+
+    @functools.wraps(read)
+    def handler(request: Request) -> JSONResponse:
+        return JSONResponse(read(request))
+
+    return handler
 
 
 @api(
@@ -382,32 +350,26 @@ async def api_events(request: Request) -> StreamingResponse:
     store = dash.store
     feed = await asyncio.to_thread(store.change_feed) if isinstance(store, Notifying) else None
 
-    spent = 0.0  # how long the last check took
-
-    async def changed() -> bool:
-        """Wait for a possible change: a store note (PostgreSQL), else the poll's interval;
-        and at least :data:`CHECK_SHARE` times what the last check took."""
-        if feed is None:
-            await asyncio.sleep(max(POLL_SECONDS, CHECK_SHARE * spent))
-            return True
-        await asyncio.sleep(CHECK_SHARE * spent)
-        return await asyncio.to_thread(feed.wait, NOTE_WAIT) is not None
-
-    async def check() -> str:
-        nonlocal spent
+    async def check() -> tuple[str, float]:
+        """The signature, and how long reading it took."""
         began = time.monotonic()
-        found: str = await asyncio.to_thread(dash.call, data.signature, context)
-        spent = time.monotonic() - began
-        return found
+        found = await asyncio.to_thread(dash.call, data.signature, context)
+        return found, time.monotonic() - began
 
     async def stream() -> AsyncIterator[str]:
         try:
-            last = await check()
+            last, spent = await check()
             yield "retry: 1000\n\n"
             while not await request.is_disconnected():
-                if not await changed():
-                    continue
-                now = await check()
+                # Wait for a store note (PostgreSQL), else the poll's interval, and at least
+                # CHECK_SHARE times what the last check took.
+                if feed is None:
+                    await asyncio.sleep(max(POLL_SECONDS, CHECK_SHARE * spent))
+                else:
+                    await asyncio.sleep(CHECK_SHARE * spent)
+                    if await asyncio.to_thread(feed.wait, NOTE_WAIT) is None:
+                        continue
+                now, spent = await check()
                 if now != last:
                     last = now
                     yield "event: change\ndata: {}\n\n"
@@ -420,18 +382,12 @@ async def api_events(request: Request) -> StreamingResponse:
     )
 
 
-@api("This document: the API's routes and parameters, generated from the route table.")
-def api_openapi(request: Request) -> JSONResponse:
-    return JSONResponse(openapi_document(request.app.routes))
-
-
 # --------------------------------------------------------------------------- pages
 
 
 def overview_page(request: Request) -> HTMLResponse:
-    stats = _overview(request)
-    types = sorted(stats["per_type"])
-    chart = render.bar_chart(stats["messages_per_day"], types)
+    stats = api_stats(request)
+    chart = render.bar_chart(stats["messages_per_day"], sorted(stats["per_type"]))
     return _page(
         request,
         "overview.html",
@@ -444,8 +400,7 @@ def overview_page(request: Request) -> HTMLResponse:
 
 
 def sessions_page(request: Request) -> HTMLResponse:
-    args = _list_args(request)
-    page = _dash(request).call(data.list_page, **args)
+    page = api_contexts(request)
     nxt = None
     if page["next_cursor"]:
         kept = {k: v for k, v in request.query_params.items() if k != "cursor"}
@@ -455,8 +410,7 @@ def sessions_page(request: Request) -> HTMLResponse:
         "sessions.html",
         title="sessions",
         page=page,
-        args=args,
-        types=page["types"],
+        args=request.query_params,
         sorts=data.SORTS,
         states=data.STATES,
         next_url=nxt,
@@ -464,12 +418,11 @@ def sessions_page(request: Request) -> HTMLResponse:
 
 
 def trash_page(request: Request) -> HTMLResponse:
-    found = _dash(request).call(data.trash)
-    return _page(request, "trash.html", title="trash", found=found)
+    return _page(request, "trash.html", title="trash", found=api_trash(request))
 
 
 def session_page(request: Request) -> HTMLResponse:
-    view = _transcript(request)
+    view = api_context(request)
     base = {"c": view["context_id"]}
     if not view["is_head"]:
         base["segment"] = view["segment_id"]
@@ -491,41 +444,16 @@ def session_page(request: Request) -> HTMLResponse:
     )
 
 
-def _marked(snippet: str, spans: list[list[int]]) -> list[tuple[str, bool]]:
-    """The snippet cut into (text, highlighted) pieces; the template escapes each."""
-    pieces: list[tuple[str, bool]] = []
-    at = 0
-    for start, end in sorted(spans):
-        if start < at:
-            continue
-        pieces.append((snippet[at:start], False))
-        pieces.append((snippet[start:end], True))
-        at = end
-    pieces.append((snippet[at:], False))
-    return [p for p in pieces if p[0]]
-
-
 def search_page(request: Request) -> HTMLResponse:
-    q = request.query_params.get("q", "")
-    hits = _search(request) if q.strip() else []
-    for hit in hits:
-        hit["pieces"] = _marked(hit["snippet"], hit["highlights"])
+    args = request.query_params
+    hits = api_search(request)["hits"] if args.get("q", "").strip() else []
     # The type list is the sessions page's: the types of one page of its listing.
     types = _dash(request).call(data.list_page, limit=1)["types"]
-    return _page(
-        request,
-        "search.html",
-        title="search",
-        q=q,
-        hits=hits,
-        args=dict(request.query_params),
-        types=types,
-    )
+    return _page(request, "search.html", title="search", hits=hits, args=args, types=types)
 
 
 ACTIONS = ("fork", "clear", "compact", "delete", *data.LIFECYCLE_ACTIONS, "restore")
-"""The writes ``--allow-writes`` offers (the lifecycle ones on a :class:`Lifecycle` store,
-compact when the app knows a model server)."""
+"""What ``--allow-writes`` offers: lifecycle ones on a Lifecycle store, compact with a model."""
 
 
 def _writes(dash: Dashboard) -> None:
@@ -552,7 +480,6 @@ def confirm_page(request: Request) -> HTMLResponse:
     action = request.query_params.get("action", "")
     if action not in ACTIONS:
         raise data.BadRequest(f"action must be one of {', '.join(ACTIONS)}")
-    lifecycle = isinstance(dash.store, Lifecycle)
     if action == "restore":
         trash_id = request.query_params.get("trash", "")
         found = dash.call(data.trash)["trash"]
@@ -573,7 +500,7 @@ def confirm_page(request: Request) -> HTMLResponse:
         action=action,
         context=context,
         trash_id=trash_id,
-        lifecycle=lifecycle,
+        lifecycle=isinstance(dash.store, Lifecycle),
     )
 
 
@@ -633,8 +560,8 @@ def _error(request: Request, status: int, message: str, hint: str = "") -> Respo
 def _plain(
     status: int, what: str = "{exc}", hint: str = "", *, warn: bool = False
 ) -> Callable[[Request, Exception], Awaitable[Response]]:
-    """A handler answering ``status`` with ``what`` of the error (its ``__str__``, no repr()
-    quotes) and ``hint``; ``warn``: logged first as a warning, with the path."""
+    """A handler answering ``status`` with ``what`` (``{exc}``: its str) and ``hint``; ``warn``
+    logs it first."""
 
     async def handle(request: Request, exc: Exception) -> Response:
         if warn:
@@ -659,15 +586,9 @@ async def _broken(request: Request, exc: Exception) -> Response:
 
 
 ERROR_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
-    ContextNotFound: _plain(404),
-    SegmentNotFound: _plain(404),
-    NotInTrash: _plain(404),
-    InvalidContextId: _plain(400),
-    InvalidQuery: _plain(400),
-    data.BadRequest: _plain(400),
-    ValueError: _plain(400),
-    ContextExists: _plain(409),
-    NothingToCompact: _plain(409),
+    **dict.fromkeys((ContextNotFound, SegmentNotFound, NotInTrash), _plain(404)),
+    ValueError: _plain(400),  # InvalidContextId, InvalidQuery, data.BadRequest among them
+    **dict.fromkeys((ContextExists, NothingToCompact), _plain(409)),
     # The model server's failure, not ours: 502, its one line (naming the URL), no traceback.
     LLMError: _plain(502, warn=True),
     HTTPException: _http,
@@ -718,14 +639,14 @@ def create_app(
         Route("/action", action, methods=["POST"]),
         Route("/static/pygments.css", pygments_css),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
-        Route("/api/stats", api_stats),
-        Route("/api/contexts", api_contexts),
-        Route("/api/context", api_context),
-        Route("/api/search", api_search),
+        Route("/api/stats", _json(api_stats)),
+        Route("/api/contexts", _json(api_contexts)),
+        Route("/api/context", _json(api_context)),
+        Route("/api/search", _json(api_search)),
         Route("/api/export", api_export),
-        Route("/api/trash", api_trash),
+        Route("/api/trash", _json(api_trash)),
         Route("/api/events", api_events),
-        Route("/api/openapi.json", api_openapi),
+        Route("/api/openapi.json", _json(api_openapi)),
     ]
     app = Starlette(routes=routes, exception_handlers=dict(ERROR_HANDLERS))
     app.state.dashboard = Dashboard(store, allow_writes, location, model, reopen)

@@ -1,15 +1,15 @@
 """What the dashboard shows, computed from the store, sessions and contexts layers.
 
-Plain functions returning JSON-ready dicts: the pages render them, the JSON API returns them as
-they are, so a page never shows something the API cannot give. Every listing figure is one read
-of the store's derived index (:func:`terrarium.contexts.listing_index`); no session is restored
-for them.
+Plain functions returning JSON-ready dicts: the pages render them and the JSON API returns
+them, so a page never shows what the API cannot give. Every listing figure is one read of the
+store's derived index (:func:`terrarium.contexts.listing_index`), restoring no session.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import builtins
 import datetime
 import json
 import logging
@@ -65,12 +65,6 @@ BUILD_STEP = 0.2
 """Seconds a page spends on a first build of the store's index before it shows what it holds."""
 
 
-def _records(store: Store) -> Records | None:
-    """The store's lifecycle records (None: it has none), read once for all a page shows of
-    them: archived rows, pins, counts, frozen bytes. (A read each took 4 to 6 per overview.)"""
-    return store.session_records() if isinstance(store, Lifecycle) else None
-
-
 def _read(
     store: Store, read: Callable[[Reader], _T], records: Records | None = None, *, sync: bool = True
 ) -> _T:
@@ -79,8 +73,7 @@ def _read(
     ``records`` (None: read here). ``sync``: False for a read of no archived or legacy row."""
     others = contexts.other_rows(store, records=records) if sync else None
     try:
-        found = contexts.listing_index(store)
-        return found.read(read, budget=BUILD_STEP, others=others, sync=sync)
+        return contexts.listing_index(store).read(read, budget=BUILD_STEP, others=others, sync=sync)
     except IndexUnavailable as exc:
         log.warning("%s; reading an index of the store in a temporary folder instead", exc)
         walked = contexts.listing_index(store, walked=True)
@@ -125,8 +118,7 @@ def list_page(
     """One page of contexts, filtered and sorted, and the cursor of the next page.
 
     ``since``/``until`` bound the day last active (inclusive); ``text`` is a case-insensitive
-    substring of the context id. A row's ``tokens`` is None for archived contexts and legacy
-    files, which count 0 in the tokens order.
+    substring of the context id. Archived and legacy rows have no ``tokens`` (0 in its order).
     """
     if state not in STATES:
         raise BadRequest(f"state must be one of {', '.join(STATES)}, not {state[:40]!r}")
@@ -139,7 +131,7 @@ def list_page(
     # One row more than the page, to know if another follows.
     query = ListingQuery(sort, after, limit + 1, type, text or None, since, until)
     life = store if isinstance(store, Lifecycle) else None
-    records = _records(store)
+    records = life.session_records() if life else None  # one read for the rows and pins
     rows, types = _read(store, lambda r: (r.page(query, state), r.types(state)), records)
     page, more = rows[:limit], len(rows) > limit
     pinned = states.pinned_contexts(life, records=records) if life else frozenset()
@@ -186,11 +178,6 @@ FILL_DAYS = 400
 """Longest span whose days without activity are drawn as empty bars."""
 
 
-def _days(first: datetime.date, count: int) -> list[str]:
-    """``count`` dates from ``first`` on (``chart_range``'s ``range`` hides the builtin)."""
-    return [(first + datetime.timedelta(n)).isoformat() for n in range(count)]
-
-
 def chart_range(
     range: str | None, start: str | None, end: str | None, active: Iterable[str], today: str
 ) -> dict[str, Any]:
@@ -219,16 +206,15 @@ def chart_range(
         raise BadRequest(f"from ({first}) is after to ({last})")
     day = datetime.date.fromisoformat(first)
     length = (datetime.date.fromisoformat(last) - day).days + 1
-    if length <= FILL_DAYS:
-        days = _days(day, length)
+    if length <= FILL_DAYS:  # builtins.range: the parameter hides it
+        days = [(day + datetime.timedelta(n)).isoformat() for n in builtins.range(length)]
     else:
         days = [d for d in dates if first <= d <= last]
     return {"range": name, "from": first, "to": last, "days": days}
 
 
 def lifecycle_counts(store: Store, records: Records | None) -> dict[str, int] | None:
-    """How many contexts are archived, in the trash and pinned, as the store's ``records``
-    say; None without lifecycle."""
+    """How many contexts are archived, trashed and pinned, per ``records``; None without."""
     if not isinstance(store, Lifecycle):
         return None
     return {
@@ -244,7 +230,6 @@ def overview(
     range: str | None = None,
     start: str | None = None,
     end: str | None = None,
-    today: str | None = None,
 ) -> dict[str, Any]:
     """The overview's figures: the index's sums over the hot contexts, and lifecycle counts.
 
@@ -252,7 +237,9 @@ def overview(
     sessions are left.
     """
     top = ListingQuery(sort="messages", limit=MOST_ACTIVE)
-    records, folder = _records(store), _folder(store)
+    folder = _folder(store)
+    # The lifecycle records, read once for the archived rows, counts and frozen bytes.
+    records = store.session_records() if isinstance(store, Lifecycle) else None
 
     def read(r: Reader) -> tuple[Sums, list[ContextSummary], int, int]:
         return r.sums(), r.page(top), r.left, r.segment_bytes() if folder else 0
@@ -260,7 +247,7 @@ def overview(
     sums, most_active, left, segments = _read(store, read, records)
     names = (*TOKEN_KEYS, "calls", "estimated_calls")
     models = {model: dict(zip(names, n, strict=True)) for model, n in sums.models.items()}
-    today = today or datetime.datetime.now(datetime.UTC).date().isoformat()
+    today = datetime.datetime.now(datetime.UTC).date().isoformat()
     chosen = chart_range(range, start, end, sums.per_day, today)
     per_type = {k: {"contexts": n, "messages": m} for k, (n, m) in sums.per_type.items()}
     return {
@@ -302,50 +289,42 @@ def parse_context(text: str | None) -> ContextId:
 
 
 def fork_tree(store: Store, context: ContextId) -> dict[str, Any]:
-    """The context's segments (oldest first) with their origins, and its head."""
+    """The context's segments, depth-first (each with its ``depth`` below its root, siblings
+    oldest first) with their origins, and its head."""
     head = store.get_head(context)
     if head is None:
         raise contexts.not_found(context)
-    segments = []
-    for segment_id, read, salvaged_into in sessions.tree_reads(store, head.session_id):
+    reads = sessions.tree_reads(store, head.session_id)
+    known = {str(segment_id) for segment_id, _, _ in reads}
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for segment_id, read, salvaged_into in reads:
         header = read.header if read is not None else {}
         origin = header.get("origin") or {"kind": "root" if read is not None else "salvaged"}
-        segments.append(
+        parent = origin.get("parent")
+        children.setdefault(parent if parent in known else None, []).append(
             {
                 "segment_id": str(segment_id),
                 "created_at": header.get("ts"),
                 "origin": origin.get("kind", "root"),
-                "parent": origin.get("parent"),
+                "parent": parent,
                 "at_seq": origin.get("at_seq"),
                 "source": origin.get("source"),
                 "head": segment_id == head.segment_id,
                 "salvaged_into": str(salvaged_into) if salvaged_into is not None else None,
             }
         )
-    return {
-        "session_id": str(head.session_id),
-        "head": str(head.segment_id),
-        "segments": _tree_order(segments),
-    }
-
-
-def _tree_order(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Segments in depth-first order, each with its ``depth`` below its root."""
-    known = {s["segment_id"] for s in segments}
-    children: dict[str | None, list[dict[str, Any]]] = {}
-    for s in segments:
-        parent = s["parent"] if s["parent"] in known else None
-        children.setdefault(parent, []).append(s)
     ordered: list[dict[str, Any]] = []
     stack = [(s, 0) for s in reversed(children.get(None, []))]
     while stack:
         s, depth = stack.pop()
         ordered.append({**s, "depth": depth})
         stack.extend((c, depth + 1) for c in reversed(children.get(s["segment_id"], [])))
-    return ordered
+    return {"session_id": str(head.session_id), "head": str(head.segment_id), "segments": ordered}
 
 
-def _message(message: sessions.Message) -> dict[str, Any]:
+def _message(
+    message: sessions.Message, position: int, failed: dict[str, Any] | None
+) -> dict[str, Any]:
     # A Responses item is shown as the Chat message it stands for (model.chat_view); a kind
     # with no Chat form keeps its own fields, labelled by its type, with whatever text it has.
     logged, usage = message.item, message.usage
@@ -382,6 +361,11 @@ def _message(message: sessions.Message) -> dict[str, Any]:
             **{key: usage.get(key, 0) for key in TOKEN_KEYS},
             "estimated": usage.get("estimated"),
         },
+        "position": position,  # the page's anchor #m{position}, search hits' ``message``
+        # A failed run's error; on its last message, the partial reply.
+        "failed": None
+        if failed is None
+        else {"error": str(failed["error"] or ""), "partial": failed.get("partial")},
     }
 
 
@@ -395,23 +379,12 @@ def _messages(
 ) -> tuple[int, list[dict[str, Any]]]:
     """How many messages the lineage holds, and those of one page with their usage and runs."""
     found = sessions.messages(reads)
-    page: list[dict[str, Any]] = []
-    for index in range(offset, min(offset + limit, len(found))):
-        if isinstance(found[index].item, Mapping):
-            row = _message(found[index])
-            row["position"] = index  # the page's anchor #m{position}, search hits' ``message``
-            row["failed"] = _failed(state, index)
-            page.append(row)
+    page = [
+        _message(found[index], index, state.failure(index))
+        for index in range(offset, min(offset + limit, len(found)))
+        if isinstance(found[index].item, Mapping)
+    ]
     return len(found), page
-
-
-def _failed(state: RestoredState, index: int) -> dict[str, Any] | None:
-    """What a message of a failed run shows (``RestoredState.failure``): the run's error, and
-    its partial reply on the run's last message; None for a message of no failed run."""
-    mark = state.failure(index)
-    if mark is None:
-        return None
-    return {"error": str(mark["error"] or ""), "partial": mark.get("partial")}
 
 
 def transcript(
@@ -458,8 +431,7 @@ def transcript(
 
 
 def context_state(store: Store, context: ContextId) -> dict[str, Any] | None:
-    """The context's state (``hot`` or ``archived``) and pin, from its own record alone;
-    None without lifecycle."""
+    """The context's state and pin, from its own record alone; None without lifecycle."""
     if not isinstance(store, Lifecycle):
         return None
     record = states.context_record(store, context)

@@ -56,10 +56,8 @@ def openapi_document(routes: Iterable[BaseRoute]) -> dict[str, Any]:
     """The OpenAPI 3.1 document of every route whose handler is marked with :func:`api`."""
     paths: dict[str, Any] = {}
     for route in routes:
-        if not isinstance(route, Route):
-            continue
-        marked = getattr(route.endpoint, "__api__", None)
-        if marked is None:
+        marked = getattr(getattr(route, "endpoint", None), "__api__", None)
+        if not isinstance(route, Route) or marked is None:
             continue
         methods = sorted(m.lower() for m in (route.methods or {"GET"}) if m != "HEAD")
         paths[route.path] = {m: _operation(*marked) for m in methods}
