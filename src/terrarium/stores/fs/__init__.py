@@ -92,7 +92,6 @@ from terrarium.stores.fs._layout import (
     HEAD,
     INDEX,
     LEGACY_TRASH,
-    LOCKS,
     SEGMENT_SUFFIX,
     STAGING,
     TRACE_SUFFIX,
@@ -112,7 +111,7 @@ from terrarium.stores.fs._segments import (
     scan_tail,
     set_aside,
 )
-from terrarium.stores.fs._states import FsStates, frozen, remove_tree, sealed, whole_lines
+from terrarium.stores.fs._states import frozen, remove_tree, sealed, whole_lines
 from terrarium.stores.fs._tree import ContextFolder, activity, pointer
 from terrarium.stores.fs.salvage import (
     Salvage,
@@ -122,7 +121,6 @@ from terrarium.stores.fs.salvage import (
     salvaged_into,
     set_aside_once,
 )
-from terrarium.stores.locks import file_lock
 
 __all__ = [
     "DURABILITIES",
@@ -161,7 +159,7 @@ class _Open(msgspec.Struct):
     """When an append last left the search index's dirty marker (monotonic seconds)."""
 
 
-class FsStore(FsStates, FsBlobs, ClosingStore):
+class FsStore(FsBlobs, ClosingStore):
     """A store of plain files under one root directory (see the module docstring)."""
 
     def __init__(
@@ -207,8 +205,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         """Per thread: ``depth`` 1 while it holds ``.locks/lifecycle``; ``heads`` its head locks."""
         self._closed = threading.Event()
         self.derived: Derived | None = None
-        """The derived index a layer above keeps beside the store (:func:`terrarium.index.of`);
-        closed with it."""
+        """The derived index kept beside the store (:func:`terrarium.index.of`); closed with it."""
         self._flusher: threading.Thread | None = None
         if durability == "batch":
             self._flusher = threading.Thread(target=self._flush_loop, daemon=True)
@@ -274,19 +271,16 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         return not all((self.root / INDEX / part).is_dir() for part in ("contexts", "sessions"))
 
     def _session_in_use(self, session_id: SessionId) -> bool:
-        """Whether a segment of ``session_id`` exists, in the folder its index entry names (a
-        lost index rebuilt first; a killed create's names one with none) or detached. No link
-        is followed (nor remembered as checked)."""
+        """Whether a segment of ``session_id`` exists, detached or in the folder its index entry
+        names (a killed create's names one with none). No link is followed (nor remembered)."""
         if self._index_lost():
             self._rebuild_index(write_heads=False)
         detached = self.root / DETACHED / str(session_id)
         folders = [detached] if real_dir(detached.parent) and real_dir(detached) else []
-        try:
+        with contextlib.suppress(FileNotFoundError, CorruptLog):
             named = Path(self._pointer_folder(self._session_index_path(session_id), None))
-        except (FileNotFoundError, CorruptLog):
-            named = None
-        if named is not None and real_dir(named):
-            folders.append(named)
+            if real_dir(named):
+                folders.append(named)
         return any(has_segments(folder) for folder in folders)
 
     def _find_session(self, session_id: SessionId) -> Path:
@@ -435,10 +429,10 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                     head = self._found_head(self._locate(ContextId(kind, decode_name(encoded))))
                     if head is not None and not frozen(self.root, head.session_id):
                         heads.append(head)  # an archived (frozen) one is not listed here
+                except StoreError as exc:
+                    log.warning("%s", exc)
                 except ValueError:
                     pass
-                except (CorruptLog, StoreError) as exc:
-                    log.warning("%s", exc)
         return sorted(heads, key=lambda h: ContextId.parse(h.context))
 
     def _walked_heads(self, type: str | None) -> list[PodMetadata]:
@@ -473,15 +467,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             finally:
                 held.discard(str(context))
 
-    def _create_lock(self, session_id: SessionId) -> AbstractContextManager[None]:
-        """``.locks/create/{session}``: creates on one session id take turns (taken last)."""
-        return file_lock(self._inside(self.root / LOCKS) / "create" / str(session_id))
-
     def _file_lock(self, kind: str, context: ContextId) -> AbstractContextManager[None]:
         _check_type(context)  # no such context can exist here: make no lock file for it
-        folder = self._inside(self.root / LOCKS / kind / context.type)
-        make_dirs(folder)
-        return file_lock(folder / context.encoded_name)
+        return self._lock_file(kind, context.type, context.encoded_name)
 
     def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
         """Create the context's folder, root segment, head and index entries. A folder that
@@ -493,7 +481,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         created = str(line["ts"])
         data = codec.encode_line(line)  # refuses a bad header before anything is made
         # Lifecycle lock shared: no reindex swaps out the index this create writes to.
-        with self._quiet(), self._head_lock(context), self._create_lock(session_id):
+        # Creates on one session id take turns (``.locks/create/{session}``, taken last).
+        lock = self._lock_file("create", str(session_id))
+        with self._quiet(), self._head_lock(context), lock:
             existing = self.folder_of(context)
             if existing is not None:
                 self._adopt(context, existing)
@@ -568,7 +558,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         data = codec.encode_line(line)
         folder = self.detached_folder(session_id)
-        with self._create_lock(session_id):
+        with self._lock_file("create", str(session_id)):
             in_use = self._session_in_use(session_id)  # a lost index rebuilt first
             if in_use or has_segments(folder) or self._session_index_path(session_id).exists():
                 raise ConflictError(f"session {session_id} already exists")
@@ -970,7 +960,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             remove_tree(fresh)
             raise
         index = self.root / INDEX
-        with file_lock(self._inside(self.root / LOCKS) / "index"):
+        with self._lock_file("index"):
             if not write_heads and not self._index_lost():
                 # A lookup that found no index: another process rebuilt it meanwhile, and
                 # a create since may have written to it, which this older walk lacks.

@@ -22,7 +22,7 @@ from typing import Any
 from terrarium import codec
 from terrarium.errors import IndexUnavailable, StoreError
 from terrarium.model import SessionId
-from terrarium.stores._files import listdir, make_dirs, open_private, scandir
+from terrarium.stores._files import listdir, make_dirs, scandir, write_to
 from terrarium.stores.base import PodMetadata, SegmentStat
 from terrarium.stores.fs import _shape
 from terrarium.stores.fs._heads import head_of
@@ -38,8 +38,6 @@ from terrarium.stores.fs._segments import one_line
 from terrarium.stores.fs._states import frozen
 from terrarium.stores.fs._tree import read_pointer
 from terrarium.stores.fs.salvage import salvaged_into
-
-__all__ = ["MARK_EVERY", "FsChanges", "dirty_dir", "mark_dirty", "read_from"]
 
 #: An append marks its session at most this often per open segment (seconds).
 MARK_EVERY = 5.0
@@ -60,11 +58,10 @@ def mark_dirty(root: Path, session_id: SessionId) -> None:
     if os.path.exists(path):
         return
     try:
-        fd = open_private(path, os.O_WRONLY | os.O_CREAT)
+        write_to(path, b"", 0)
     except FileNotFoundError:
         make_dirs(path.parent)
-        fd = open_private(path, os.O_WRONLY | os.O_CREAT)
-    os.close(fd)
+        write_to(path, b"", 0)
 
 
 def read_from(path: Path, offset: int) -> tuple[bytes, int]:

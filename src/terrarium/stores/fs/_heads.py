@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
 from terrarium.model import ContextId, SegmentId, decode_name
@@ -143,16 +145,6 @@ def read_head(path: str | Path) -> PodMetadata:
     """Read a ``head.json``; CorruptLog (naming it) if it is not a head record."""
     raw = read_file(path)
     try:
-        record = codec.decode(raw)
-        head = PodMetadata(
-            context=record["context"],
-            session_id=uuid.UUID(record["session_id"]),
-            segment_id=uuid.UUID(record["segment_id"]),
-            created_at=record["created_at"],
-            updated_at=record["updated_at"],
-        )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return msgspec.convert(codec.decode(raw), PodMetadata)
+    except ValueError as exc:  # not JSON, or not a head record (msgspec.ValidationError)
         raise CorruptLog(f"{path}: not a valid head record ({one_line(exc)})") from None
-    if not all(isinstance(v, str) for v in (head.context, head.created_at, head.updated_at)):
-        raise CorruptLog(f"{path}: not a valid head record (a field is not a string)")
-    return head

@@ -412,8 +412,7 @@ class FsStates(Tree):
         if getattr(self._quiet_depth, "depth", 0):
             yield
             return
-        kind = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        with file_lock(self._inside(self.root / LOCKS) / "lifecycle", kind, create=create):
+        with self._lock_file("lifecycle", shared=not exclusive, create=create):
             self._quiet_depth.depth = 1
             try:
                 yield
@@ -424,8 +423,15 @@ class FsStates(Tree):
         self, session_id: SessionId, *, shared: bool = False, create: bool = True
     ) -> contextlib.AbstractContextManager[None]:
         """``.locks/session/{id}``: moves hold it exclusively, writers shared."""
-        path = self._inside(self.root / LOCKS) / "session" / str(session_id)
-        return file_lock(path, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, create=create)
+        return self._lock_file("session", str(session_id), shared=shared, create=create)
+
+    def _lock_file(
+        self, *parts: str, shared: bool = False, create: bool = True
+    ) -> contextlib.AbstractContextManager[None]:
+        """The ``flock`` on ``.locks/{parts}``, exclusive or ``shared`` (see ``file_lock``)."""
+        path = self.root.joinpath(LOCKS, *parts)
+        kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        return file_lock(self._inside(path.parent) / path.name, kind, create=create)
 
     @contextlib.contextmanager
     def _moving(self, session_id: SessionId) -> Iterator[None]:
