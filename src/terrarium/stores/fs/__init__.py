@@ -251,8 +251,7 @@ class FsStore(FsBlobs, ClosingStore):
             log.debug("could not index %s: %s", found.context, exc)
 
     def _session_folder(self, session_id: SessionId) -> Path:
-        """The folder of ``session_id``: a context's, or ``.detached/{session}`` (a cached
-        one is checked: another process may have moved it)."""
+        """The folder of ``session_id``, a context's or detached (a cached one is checked first)."""
         folder = self._folders.get(session_id)
         if folder is not None and real_dir(folder):
             return folder
@@ -480,10 +479,9 @@ class FsStore(FsBlobs, ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         created = str(line["ts"])
         data = codec.encode_line(line)  # refuses a bad header before anything is made
-        # Lifecycle lock shared: no reindex swaps out the index this create writes to.
-        # Creates on one session id take turns (``.locks/create/{session}``, taken last).
-        lock = self._lock_file("create", str(session_id))
-        with self._quiet(), self._head_lock(context), lock:
+        # Lifecycle lock shared: no reindex swaps out the index this create writes to; creates
+        # on one session id take turns (``.locks/create/{session}``, taken last).
+        with self._quiet(), self._head_lock(context), self._lock_file("create", str(session_id)):
             existing = self.folder_of(context)
             if existing is not None:
                 self._adopt(context, existing)
@@ -710,8 +708,6 @@ class FsStore(FsBlobs, ClosingStore):
             held = True  # until the descriptor is closed, which releases the lock
             try:
                 if not self._caught_up(handle, segment_id):
-                    self._forget(segment_id)
-                    held = False
                     raise _Moved(str(segment_id))
                 first = handle.next_seq
                 if expected_seq is not None and expected_seq != first:
@@ -732,7 +728,7 @@ class FsStore(FsBlobs, ClosingStore):
                     self._mark(session_id)
                     handle.marked = now
                 return first
-            except SegmentNotFound:
+            except (_Moved, SegmentNotFound):  # sealed, unlinked or missing: not this descriptor
                 self._forget(segment_id)
                 held = False
                 raise
@@ -793,10 +789,9 @@ class FsStore(FsBlobs, ClosingStore):
                 raise
             fcntl.flock(handle.fd, fcntl.LOCK_EX)
             try:
-                torn = self._rescan(handle, segment_id)
+                return self._rescan(handle, segment_id)
             finally:
                 fcntl.flock(handle.fd, fcntl.LOCK_UN)
-        return torn
 
     def salvage_segment(self, context: ContextId, segment_id: SegmentId) -> Salvage:
         """Copy every readable entry of a damaged segment into a new one (:mod:`.salvage`).
@@ -839,8 +834,7 @@ class FsStore(FsBlobs, ClosingStore):
             )
 
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
-        """The seq the next append gets: from the cached descriptor if there is one, else
-        from the file's last line."""
+        """The seq the next append gets (from the descriptor an append left open, if any)."""
         with self._lock:
             handle = self._open.get(segment_id)
             if handle is not None and handle.session_id == session_id:
@@ -878,8 +872,7 @@ class FsStore(FsBlobs, ClosingStore):
             fcntl.flock(handle.fd, fcntl.LOCK_UN)
 
     def _caught_up(self, handle: _Open, segment_id: SegmentId, *, set_aside: bool = True) -> bool:
-        """With the file locked: False if it is sealed or unlinked; else bring the handle's
-        size and next seq up to date (setting a torn tail aside if ``set_aside``)."""
+        """With the file locked: False if it is sealed or unlinked; else :meth:`_rescan` it."""
         st = os.fstat(handle.fd)
         if st.st_nlink == 0 or sealed(st.st_mode):
             return False
@@ -1067,8 +1060,7 @@ class FsStore(FsBlobs, ClosingStore):
     def _rescan(
         self, handle: _Open, segment_id: SegmentId, *, set_aside: bool = True
     ) -> TornTail | None:
-        """With the file locked: set aside a torn tail (if ``set_aside``) and bring the handle's
-        size and next seq up to date; the torn tail moved, if any."""
+        """With the file locked: update the handle's size and next seq; the torn tail moved."""
         path = self._session_folder(handle.session_id) / f"{segment_id}{SEGMENT_SUFFIX}"
         handle.size, handle.next_seq, torn = scan_tail(
             handle.fd, path, segment_id, set_aside=set_aside

@@ -26,11 +26,6 @@ BLOBS = ".blobs"
 _SKIP = frozenset({INDEX, BLOBS, LOCKS})
 
 
-def _is_log(name: str) -> bool:
-    """A file that may hold log lines (``.jsonl``, ``.json``, ``.jsonl.zst``, ``.jsonl.torn-1``)."""
-    return ".json" in name and not name.startswith(".tmp-")
-
-
 class FsBlobs(FsStates):
     """:class:`~terrarium.stores.base.BlobStore` for ``FsStore`` (see the module docstring)."""
 
@@ -90,8 +85,8 @@ class FsBlobs(FsStates):
             if folder == str(self.root):
                 dirs[:] = [d for d in dirs if d not in _SKIP]
             for name in files:
-                if not _is_log(name):
-                    continue
+                if ".json" not in name or name.startswith(".tmp-"):
+                    continue  # holds no log lines (those are .jsonl, .json, .jsonl.zst, ...)
                 path = Path(folder, name)
                 try:
                     digests = scan_digests(read_chunks(path))

@@ -153,8 +153,7 @@ class FsChanges:
     def walk(
         self, date_folders: Iterable[str] | None = None
     ) -> Iterator[tuple[str, dict[str, SegmentStat]]]:
-        """Every session folder (of ``date_folders`` if given) with its segments, least
-        recently written first."""
+        """Every session folder (of ``date_folders`` if given), its segments; oldest write first."""
         found: list[tuple[float, str, dict[str, SegmentStat]]] = []
         for date_folder in self.date_folders() if date_folders is None else date_folders:
             path = self.root / date_folder
@@ -170,8 +169,7 @@ class FsChanges:
                     found.append(
                         (max(times, default=0.0), f"{date_folder}/{session.name}", segments)
                     )
-        found.sort(key=lambda item: (item[0], item[1]))
-        for _, rel, segments in found:
+        for _, rel, segments in sorted(found, key=lambda item: (item[0], item[1])):
             yield rel, segments
 
     def pointer(self, session_id: str) -> str | None:

@@ -71,7 +71,9 @@ def head_from_segments(folder: Path) -> PodMetadata:
     for segment_id in sorted(headers, reverse=True):
         header = headers[segment_id]
         context = header.get("context") or root.get("context") or place
-        if not isinstance(context, str) or not _chain_intact(segment_id, headers, session):
+        chain, whole = _replay(segment_id, headers)  # an intact chain, all of this session
+        intact = whole and all(headers[s].get("session_id") == session for s in chain)
+        if not intact or not isinstance(context, str):
             continue
         try:
             return PodMetadata(
@@ -127,17 +129,8 @@ def _replay(
     return chain, False
 
 
-def _chain_intact(
-    segment_id: SegmentId, headers: Mapping[SegmentId, Mapping[str, Any]], session: Any
-) -> bool:
-    """Whether ``segment_id`` and every segment its replay reads have readable headers."""
-    chain, whole = _replay(segment_id, headers)
-    return whole and all(headers[s].get("session_id") == session for s in chain)
-
-
 def segment_chain(folder: Path, segment_id: SegmentId) -> list[SegmentId]:
-    """``segment_id`` and every segment its replay reads, newest first, up to an unreadable
-    header."""
+    """``segment_id`` and every segment its replay reads, newest first (:func:`_replay`)."""
     return _replay(segment_id, read_headers(folder))[0]
 
 

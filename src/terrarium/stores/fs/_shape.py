@@ -63,8 +63,7 @@ def load(text: str | None) -> Shape | None:
 
 
 def type_folders(root: str | Path) -> list[os.DirEntry[str]]:
-    """The type folders under ``root``: not the store's own (``.index``, ``.locks``, ``.trash``,
-    ``archive``), nor a link (never followed)."""
+    """The type folders under ``root``: not the store's own (dot-folders, ``archive``), no link."""
     return [
         entry
         for entry in scandir(root)

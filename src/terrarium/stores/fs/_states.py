@@ -31,6 +31,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from terrarium import codec
 from terrarium.errors import (
     ConflictError,
@@ -43,7 +45,7 @@ from terrarium.errors import (
 from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores._archive import compress, unpack
 from terrarium.stores._files import fsync_dir, listdir, make_dirs, write_atomic, write_new
-from terrarium.stores.base import PodMetadata, SessionRecord
+from terrarium.stores.base import SessionRecord
 from terrarium.stores.fs._heads import folder_context, head_of
 from terrarium.stores.fs._layout import (
     LOCKS,
@@ -71,14 +73,11 @@ log = logging.getLogger("terrarium.stores.fs")
 def read_record(path: Path) -> dict[str, Any] | None:
     """The record in ``path``; None if there is none. CorruptLog if it is not one."""
     try:
-        record = codec.decode(read_file(path))
+        return msgspec.convert(codec.decode(read_file(path)), dict[str, Any])
     except FileNotFoundError:
         return None
-    except ValueError as exc:
+    except ValueError as exc:  # not JSON, or not an object (msgspec.ValidationError)
         raise CorruptLog(f"{path}: not a readable state record ({exc})") from None
-    if not isinstance(record, dict):
-        raise CorruptLog(f"{path}: not a readable state record")
-    return record
 
 
 def frozen(root: Path, session_id: SessionId | str) -> bool:
@@ -110,8 +109,7 @@ def sealed(mode: int) -> bool:
 
 
 def whole_lines(folder: Path, name: str, *, cold: bool) -> list[bytes]:
-    """The complete lines of file ``name`` (``cold``: of ``{name}.zst``); FileNotFoundError if
-    there is none."""
+    """The complete lines of file ``name`` (``cold``: of ``{name}.zst``), if there is one."""
     path = folder / f"{name}{ZST}" if cold else folder / name
     data = read_file(path)
     complete, _ = codec.split_complete(unpack(data, where=str(path)) if cold else data)
@@ -161,7 +159,6 @@ class FsStates(Tree):
 
         def _mark(self, session_id: SessionId) -> None: ...
         def _forget_session(self, session_id: SessionId) -> None: ...
-        def _persist_head(self, folder: Path) -> PodMetadata: ...
         def _head_lock(self, context: ContextId) -> contextlib.AbstractContextManager[None]: ...
         def _session_folder(self, session_id: SessionId) -> Path: ...
         def folder_of(self, context: ContextId) -> Path | None: ...

@@ -84,8 +84,7 @@ class Tree:
                 yield uuid.UUID(name), folder
 
     def _inside(self, folder: Path) -> Path:
-        """Return ``folder`` if it resolves inside the root (links and all), else refuse; a
-        folder passes the check once a process."""
+        """``folder`` if it resolves inside the root (links and all), else refused; checked once."""
         self._checked(str(folder))
         return folder
 
