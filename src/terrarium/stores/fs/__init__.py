@@ -952,7 +952,6 @@ class FsStore(FsBlobs, ClosingStore):
         except BaseException:
             remove_tree(fresh)
             raise
-        index = self.root / INDEX
         with self._lock_file("index"):
             if not write_heads and not self._index_lost():
                 # A lookup that found no index: another process rebuilt it meanwhile, and
@@ -960,7 +959,7 @@ class FsStore(FsBlobs, ClosingStore):
                 self._discard(fresh)
                 return len(chosen)
             for part in ("contexts", "sessions"):
-                self._swap_in(fresh / part, index / part)
+                self._swap_in(fresh / part, self.root / INDEX / part)
         os.rmdir(fresh)
         self._folders.clear()
         return len(chosen)

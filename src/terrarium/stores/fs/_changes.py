@@ -115,8 +115,7 @@ class FsChanges:
             sid, _, claim = name.partition(_CLAIMED)
             path = folder / name
             if not is_uuid(sid):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+                path.unlink(missing_ok=True)
                 continue
             if not claim:
                 claimed = folder / f"{sid}{_CLAIMED}{uuid.uuid4().hex}"
@@ -132,8 +131,7 @@ class FsChanges:
     def release(claimed: Iterable[Path]) -> None:
         """Delete claimed markers once what they announced is committed to the index."""
         for path in claimed:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            path.unlink(missing_ok=True)
 
     def shape(self, known: str | None) -> _shape.ShapeChange:
         """The date folders moved in or out since shape ``known`` (None: all are new)."""
@@ -174,10 +172,9 @@ class FsChanges:
 
     def pointer(self, session_id: str) -> str | None:
         """The session's folder per its ``.index/sessions`` pointer; None if lost or damaged."""
-        try:
+        with contextlib.suppress(OSError, StoreError):
             return read_pointer(self.root / INDEX / "sessions" / session_id)[0]
-        except (OSError, StoreError):
-            return None
+        return None
 
     def segments(self, folder: str) -> dict[str, SegmentStat]:
         """The segment files of a session folder (none if it is gone)."""
@@ -212,11 +209,10 @@ class FsChanges:
 
     def stat_segment(self, folder: str, segment_id: str) -> SegmentStat | None:
         """The segment file's inode and size, or None if it is gone."""
-        try:
+        with contextlib.suppress(FileNotFoundError):
             st = os.stat(self.segment_path(folder, segment_id))
-        except FileNotFoundError:
-            return None
-        return SegmentStat(st.st_ino, st.st_size)
+            return SegmentStat(st.st_ino, st.st_size)
+        return None
 
     def read_lines(
         self, folder: str, segment_id: str, offset: int, seq: int
@@ -237,11 +233,8 @@ def _segments(entries: Iterable[os.DirEntry[str]]) -> dict[str, SegmentStat]:
     found: dict[str, SegmentStat] = {}
     for entry in entries:
         segment_id = segment_name(entry.name)
-        if segment_id is None:
-            continue
-        try:
-            st = entry.stat()
-        except FileNotFoundError:
-            continue
-        found[segment_id] = SegmentStat(st.st_ino, st.st_size)
+        with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+            if segment_id is not None:
+                st = entry.stat()
+                found[segment_id] = SegmentStat(st.st_ino, st.st_size)
     return found

@@ -98,11 +98,10 @@ def folder_context(folder: Path) -> str | None:
     date, kind, encoded = folder.parent.name, folder.parent.parent.name, folder.name
     if not DATE_RE.fullmatch(date) or kind.startswith("."):
         return None
-    try:
+    with contextlib.suppress(ValueError):
         context = ContextId(kind, decode_name(encoded))
-    except ValueError:
-        return None
-    return str(context) if context.encoded_name == encoded else None
+        return str(context) if context.encoded_name == encoded else None
+    return None
 
 
 def _replay(

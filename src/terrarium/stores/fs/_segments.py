@@ -59,17 +59,11 @@ def read_header(path: Path) -> dict[str, Any]:
     """Decode a segment file's first line (reading no further than needed)."""
     fd = open_segment(path, os.O_RDONLY, None)
     try:
-        buf = b""
-        chunk = 65536
-        while b"\n" not in buf:
-            more = os.pread(fd, chunk, len(buf))
-            if not more:
-                raise damaged(path, len(buf))
-            buf += more
-            chunk *= 2
+        line = open(fd, "rb", closefd=False).readline()
     finally:
         os.close(fd)
-    line = buf[: buf.index(b"\n") + 1]
+    if not line.endswith(b"\n"):
+        raise damaged(path, len(line))
     return headed(codec.decode_lines(line, where=str(path), first_seq=0), path)[0]
 
 
