@@ -678,9 +678,8 @@ class FsStore(FsBlobs, ClosingStore):
         try:
             return self._append(session_id, segment_id, entries, expected_seq)  # the hot path
         except (_Moved, SegmentNotFound) as exc:
-            moved = isinstance(exc, _Moved)
+            moved = isinstance(exc, _Moved)  # _append closed the descriptor
         with self._lock:
-            self._forget(segment_id)
             self._folders.pop(session_id, None)
         if moved and not frozen(self.root, session_id):
             with self._moving(session_id):
@@ -838,10 +837,8 @@ class FsStore(FsBlobs, ClosingStore):
         with self._lock:
             handle = self._open.get(segment_id)
             if handle is not None and handle.session_id == session_id:
-                seq = self._live_next_seq(handle, segment_id)
-                if seq is not None:
-                    return seq
-                self._forget(segment_id)
+                with contextlib.suppress(SegmentNotFound):
+                    return self._live_next_seq(handle, segment_id)
         return self._reading(session_id, lambda: self._next_seq(session_id, segment_id))
 
     def _next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
@@ -849,27 +846,26 @@ class FsStore(FsBlobs, ClosingStore):
         if frozen(self.root, session_id):
             return len(self._lines(session_id, folder, segment_id))
         with self._lock:
-            try:
-                seq = self._live_next_seq(self._handle(session_id, segment_id), segment_id)
+            try:  # opened before a freeze, thaw or delete: SegmentNotFound, look again (_reading)
+                return self._live_next_seq(self._handle(session_id, segment_id), segment_id)
             except (_Moved, OSError) as exc:
                 if isinstance(exc, OSError) and exc.errno != errno.EROFS:
                     raise
                 # Not writable: sealed by a freeze, or a read-only store. Its lines are final,
                 # so count them, as a read (FileNotFoundError if a freeze moved it: look again).
                 return len(whole_lines(folder, f"{segment_id}{SEGMENT_SUFFIX}", cold=False))
-            if seq is None:  # opened before a freeze, thaw or delete: look again (_reading)
-                self._forget(segment_id)
-                raise SegmentNotFound(f"segment {segment_id} moved")
-            return seq
 
-    def _live_next_seq(self, handle: _Open, segment_id: SegmentId) -> int | None:
-        """An open segment file's next seq (hold ``self._lock``); None if sealed or unlinked."""
+    def _live_next_seq(self, handle: _Open, segment_id: SegmentId) -> int:
+        """An open segment file's next seq (hold ``self._lock``); sealed or unlinked, its
+        descriptor is closed and SegmentNotFound raised."""
         fcntl.flock(handle.fd, fcntl.LOCK_EX)
         try:
-            caught_up = self._caught_up(handle, segment_id, set_aside=False)  # a read
-            return handle.next_seq if caught_up else None
+            if self._caught_up(handle, segment_id, set_aside=False):  # a read
+                return handle.next_seq
         finally:
             fcntl.flock(handle.fd, fcntl.LOCK_UN)
+        self._forget(segment_id)
+        raise SegmentNotFound(f"segment {segment_id} moved")
 
     def _caught_up(self, handle: _Open, segment_id: SegmentId, *, set_aside: bool = True) -> bool:
         """With the file locked: False if it is sealed or unlinked; else :meth:`_rescan` it."""

@@ -164,9 +164,8 @@ class FsChanges:
                 segments = _segments(entries)  # stats each segment once: DirEntry keeps it
                 if segments or any(entry.name == HEAD for entry in entries):
                     times = [e.stat().st_mtime for e in entries if segment_name(e.name) in segments]
-                    found.append(
-                        (max(times, default=0.0), f"{date_folder}/{session.name}", segments)
-                    )
+                    rel = f"{date_folder}/{session.name}"
+                    found.append((max(times, default=0.0), rel, segments))
         for _, rel, segments in sorted(found, key=lambda item: (item[0], item[1])):
             yield rel, segments
 

@@ -20,6 +20,7 @@ from typing import Any
 from terrarium import codec
 from terrarium.errors import CorruptLog, SegmentNotFound, StoreError
 from terrarium.model import SegmentId, TornTail
+from terrarium.stores import _db
 from terrarium.stores._files import link_free, write_beside
 
 log = logging.getLogger(__name__)
@@ -154,9 +155,7 @@ def set_aside(path: Path, why: str) -> Path:
 
 def os_reason(exc: OSError) -> str:
     """An OS error as the user should read it: a full disk is named as one."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "the disk is full"
-    return one_line(exc)
+    return "the disk is full" if _db.kind(exc) == "full" else one_line(exc)
 
 
 def one_line(exc: BaseException) -> str:

@@ -300,7 +300,7 @@ class FsStates(Tree):
         """Decompress the session's files in place; the record (without ``cold``) commits."""
         with self._moving(session_id):
             current = self._current(session_id, expected)
-            hot = {k: v for k, v in _keep_cold(state, current).items() if k != "cold"}
+            hot = _keep_cold(state, {})
             folder = self._session_folder(session_id)
             for name in sorted(listdir(folder)):
                 if cold_file(name) and not _LEGACY.fullmatch(name):

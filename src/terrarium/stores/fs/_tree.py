@@ -150,9 +150,8 @@ class Tree:
         return max(found, key=activity) if found else None
 
     def _context_folder(self, context: ContextId, folder: str | Path) -> ContextFolder | None:
-        """``folder`` as the context's, if it is one: not if its head names another context
-        (a case-insensitive disk); with its problem if its head is lost (damaged, not missing).
-        """
+        """``folder`` as the context's, if it is one (not if its head names another context: a
+        case-insensitive disk), with its problem if its head is damaged."""
         self._checked(str(folder))  # before reading anything in it
         try:
             head, problem = head_of(folder)
