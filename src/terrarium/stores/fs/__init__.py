@@ -92,7 +92,6 @@ from terrarium.stores.fs._layout import (
     HEAD,
     INDEX,
     LEGACY_TRASH,
-    LOCKS,
     SEGMENT_SUFFIX,
     STAGING,
     TRACE_SUFFIX,
@@ -112,7 +111,7 @@ from terrarium.stores.fs._segments import (
     scan_tail,
     set_aside,
 )
-from terrarium.stores.fs._states import FsStates, frozen, remove_tree, sealed, whole_lines
+from terrarium.stores.fs._states import frozen, remove_tree, sealed, whole_lines
 from terrarium.stores.fs._tree import ContextFolder, activity, pointer
 from terrarium.stores.fs.salvage import (
     Salvage,
@@ -122,7 +121,6 @@ from terrarium.stores.fs.salvage import (
     salvaged_into,
     set_aside_once,
 )
-from terrarium.stores.locks import file_lock
 
 __all__ = [
     "DURABILITIES",
@@ -161,7 +159,7 @@ class _Open(msgspec.Struct):
     """When an append last left the search index's dirty marker (monotonic seconds)."""
 
 
-class FsStore(FsStates, FsBlobs, ClosingStore):
+class FsStore(FsBlobs, ClosingStore):
     """A store of plain files under one root directory (see the module docstring)."""
 
     def __init__(
@@ -207,8 +205,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         """Per thread: ``depth`` 1 while it holds ``.locks/lifecycle``; ``heads`` its head locks."""
         self._closed = threading.Event()
         self.derived: Derived | None = None
-        """The derived index a layer above keeps beside the store (:func:`terrarium.index.of`);
-        closed with it."""
+        """The derived index kept beside the store (:func:`terrarium.index.of`); closed with it."""
         self._flusher: threading.Thread | None = None
         if durability == "batch":
             self._flusher = threading.Thread(target=self._flush_loop, daemon=True)
@@ -254,8 +251,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             log.debug("could not index %s: %s", found.context, exc)
 
     def _session_folder(self, session_id: SessionId) -> Path:
-        """The folder of ``session_id``: a context's, or ``.detached/{session}`` (a cached
-        one is checked: another process may have moved it)."""
+        """The folder of ``session_id``, a context's or detached (a cached one is checked first)."""
         folder = self._folders.get(session_id)
         if folder is not None and real_dir(folder):
             return folder
@@ -274,19 +270,16 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         return not all((self.root / INDEX / part).is_dir() for part in ("contexts", "sessions"))
 
     def _session_in_use(self, session_id: SessionId) -> bool:
-        """Whether a segment of ``session_id`` exists, in the folder its index entry names (a
-        lost index rebuilt first; a killed create's names one with none) or detached. No link
-        is followed (nor remembered as checked)."""
+        """Whether a segment of ``session_id`` exists, detached or in the folder its index entry
+        names (a killed create's names one with none). No link is followed (nor remembered)."""
         if self._index_lost():
             self._rebuild_index(write_heads=False)
         detached = self.root / DETACHED / str(session_id)
         folders = [detached] if real_dir(detached.parent) and real_dir(detached) else []
-        try:
+        with contextlib.suppress(FileNotFoundError, CorruptLog):
             named = Path(self._pointer_folder(self._session_index_path(session_id), None))
-        except (FileNotFoundError, CorruptLog):
-            named = None
-        if named is not None and real_dir(named):
-            folders.append(named)
+            if real_dir(named):
+                folders.append(named)
         return any(has_segments(folder) for folder in folders)
 
     def _find_session(self, session_id: SessionId) -> Path:
@@ -435,10 +428,10 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                     head = self._found_head(self._locate(ContextId(kind, decode_name(encoded))))
                     if head is not None and not frozen(self.root, head.session_id):
                         heads.append(head)  # an archived (frozen) one is not listed here
+                except StoreError as exc:
+                    log.warning("%s", exc)
                 except ValueError:
                     pass
-                except (CorruptLog, StoreError) as exc:
-                    log.warning("%s", exc)
         return sorted(heads, key=lambda h: ContextId.parse(h.context))
 
     def _walked_heads(self, type: str | None) -> list[PodMetadata]:
@@ -473,15 +466,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             finally:
                 held.discard(str(context))
 
-    def _create_lock(self, session_id: SessionId) -> AbstractContextManager[None]:
-        """``.locks/create/{session}``: creates on one session id take turns (taken last)."""
-        return file_lock(self._inside(self.root / LOCKS) / "create" / str(session_id))
-
     def _file_lock(self, kind: str, context: ContextId) -> AbstractContextManager[None]:
         _check_type(context)  # no such context can exist here: make no lock file for it
-        folder = self._inside(self.root / LOCKS / kind / context.type)
-        make_dirs(folder)
-        return file_lock(folder / context.encoded_name)
+        return self._lock_file(kind, context.type, context.encoded_name)
 
     def create_context(self, context: ContextId, header: Mapping[str, Any]) -> PodMetadata:
         """Create the context's folder, root segment, head and index entries. A folder that
@@ -492,8 +479,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         created = str(line["ts"])
         data = codec.encode_line(line)  # refuses a bad header before anything is made
-        # Lifecycle lock shared: no reindex swaps out the index this create writes to.
-        with self._quiet(), self._head_lock(context), self._create_lock(session_id):
+        # Lifecycle lock shared: no reindex swaps out the index this create writes to; creates
+        # on one session id take turns (``.locks/create/{session}``, taken last).
+        with self._quiet(), self._head_lock(context), self._lock_file("create", str(session_id)):
             existing = self.folder_of(context)
             if existing is not None:
                 self._adopt(context, existing)
@@ -568,7 +556,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         segment_id = uuid.UUID(str(line["segment_id"]))
         data = codec.encode_line(line)
         folder = self.detached_folder(session_id)
-        with self._create_lock(session_id):
+        with self._lock_file("create", str(session_id)):
             in_use = self._session_in_use(session_id)  # a lost index rebuilt first
             if in_use or has_segments(folder) or self._session_index_path(session_id).exists():
                 raise ConflictError(f"session {session_id} already exists")
@@ -690,9 +678,8 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         try:
             return self._append(session_id, segment_id, entries, expected_seq)  # the hot path
         except (_Moved, SegmentNotFound) as exc:
-            moved = isinstance(exc, _Moved)
+            moved = isinstance(exc, _Moved)  # _append closed the descriptor
         with self._lock:
-            self._forget(segment_id)
             self._folders.pop(session_id, None)
         if moved and not frozen(self.root, session_id):
             with self._moving(session_id):
@@ -720,8 +707,6 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             held = True  # until the descriptor is closed, which releases the lock
             try:
                 if not self._caught_up(handle, segment_id):
-                    self._forget(segment_id)
-                    held = False
                     raise _Moved(str(segment_id))
                 first = handle.next_seq
                 if expected_seq is not None and expected_seq != first:
@@ -742,7 +727,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                     self._mark(session_id)
                     handle.marked = now
                 return first
-            except SegmentNotFound:
+            except (_Moved, SegmentNotFound):  # sealed, unlinked or missing: not this descriptor
                 self._forget(segment_id)
                 held = False
                 raise
@@ -803,10 +788,9 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
                 raise
             fcntl.flock(handle.fd, fcntl.LOCK_EX)
             try:
-                torn = self._rescan(handle, segment_id)
+                return self._rescan(handle, segment_id)
             finally:
                 fcntl.flock(handle.fd, fcntl.LOCK_UN)
-        return torn
 
     def salvage_segment(self, context: ContextId, segment_id: SegmentId) -> Salvage:
         """Copy every readable entry of a damaged segment into a new one (:mod:`.salvage`).
@@ -849,15 +833,12 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
             )
 
     def next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
-        """The seq the next append gets: from the cached descriptor if there is one, else
-        from the file's last line."""
+        """The seq the next append gets (from the descriptor an append left open, if any)."""
         with self._lock:
             handle = self._open.get(segment_id)
             if handle is not None and handle.session_id == session_id:
-                seq = self._live_next_seq(handle, segment_id)
-                if seq is not None:
-                    return seq
-                self._forget(segment_id)
+                with contextlib.suppress(SegmentNotFound):
+                    return self._live_next_seq(handle, segment_id)
         return self._reading(session_id, lambda: self._next_seq(session_id, segment_id))
 
     def _next_seq(self, session_id: SessionId, segment_id: SegmentId) -> int:
@@ -865,31 +846,29 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         if frozen(self.root, session_id):
             return len(self._lines(session_id, folder, segment_id))
         with self._lock:
-            try:
-                seq = self._live_next_seq(self._handle(session_id, segment_id), segment_id)
+            try:  # opened before a freeze, thaw or delete: SegmentNotFound, look again (_reading)
+                return self._live_next_seq(self._handle(session_id, segment_id), segment_id)
             except (_Moved, OSError) as exc:
                 if isinstance(exc, OSError) and exc.errno != errno.EROFS:
                     raise
                 # Not writable: sealed by a freeze, or a read-only store. Its lines are final,
                 # so count them, as a read (FileNotFoundError if a freeze moved it: look again).
                 return len(whole_lines(folder, f"{segment_id}{SEGMENT_SUFFIX}", cold=False))
-            if seq is None:  # opened before a freeze, thaw or delete: look again (_reading)
-                self._forget(segment_id)
-                raise SegmentNotFound(f"segment {segment_id} moved")
-            return seq
 
-    def _live_next_seq(self, handle: _Open, segment_id: SegmentId) -> int | None:
-        """An open segment file's next seq (hold ``self._lock``); None if sealed or unlinked."""
+    def _live_next_seq(self, handle: _Open, segment_id: SegmentId) -> int:
+        """An open segment file's next seq (hold ``self._lock``); sealed or unlinked, its
+        descriptor is closed and SegmentNotFound raised."""
         fcntl.flock(handle.fd, fcntl.LOCK_EX)
         try:
-            caught_up = self._caught_up(handle, segment_id, set_aside=False)  # a read
-            return handle.next_seq if caught_up else None
+            if self._caught_up(handle, segment_id, set_aside=False):  # a read
+                return handle.next_seq
         finally:
             fcntl.flock(handle.fd, fcntl.LOCK_UN)
+        self._forget(segment_id)
+        raise SegmentNotFound(f"segment {segment_id} moved")
 
     def _caught_up(self, handle: _Open, segment_id: SegmentId, *, set_aside: bool = True) -> bool:
-        """With the file locked: False if it is sealed or unlinked; else bring the handle's
-        size and next seq up to date (setting a torn tail aside if ``set_aside``)."""
+        """With the file locked: False if it is sealed or unlinked; else :meth:`_rescan` it."""
         st = os.fstat(handle.fd)
         if st.st_nlink == 0 or sealed(st.st_mode):
             return False
@@ -969,15 +948,14 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
         except BaseException:
             remove_tree(fresh)
             raise
-        index = self.root / INDEX
-        with file_lock(self._inside(self.root / LOCKS) / "index"):
+        with self._lock_file("index"):
             if not write_heads and not self._index_lost():
                 # A lookup that found no index: another process rebuilt it meanwhile, and
                 # a create since may have written to it, which this older walk lacks.
                 self._discard(fresh)
                 return len(chosen)
             for part in ("contexts", "sessions"):
-                self._swap_in(fresh / part, index / part)
+                self._swap_in(fresh / part, self.root / INDEX / part)
         os.rmdir(fresh)
         self._folders.clear()
         return len(chosen)
@@ -1077,8 +1055,7 @@ class FsStore(FsStates, FsBlobs, ClosingStore):
     def _rescan(
         self, handle: _Open, segment_id: SegmentId, *, set_aside: bool = True
     ) -> TornTail | None:
-        """With the file locked: set aside a torn tail (if ``set_aside``) and bring the handle's
-        size and next seq up to date; the torn tail moved, if any."""
+        """With the file locked: update the handle's size and next seq; the torn tail moved."""
         path = self._session_folder(handle.session_id) / f"{segment_id}{SEGMENT_SUFFIX}"
         handle.size, handle.next_seq, torn = scan_tail(
             handle.fd, path, segment_id, set_aside=set_aside

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import stat
-from collections.abc import Callable
 from pathlib import Path
 
 from terrarium.blobrefs import check_digest, digest_of, scan_digests
@@ -21,35 +19,19 @@ from terrarium.errors import BlobNotFound, CorruptBlob, StoreError
 from terrarium.stores._files import listdir, make_dirs, read_chunks, write_new
 from terrarium.stores.fs._layout import INDEX, LOCKS
 from terrarium.stores.fs._segments import os_reason, read_file
-from terrarium.stores.locks import file_lock
+from terrarium.stores.fs._states import FsStates
 
 #: The folder of the blobs, under the root.
 BLOBS = ".blobs"
 _SKIP = frozenset({INDEX, BLOBS, LOCKS})
 
 
-def _is_log(name: str) -> bool:
-    """A file that may hold log lines (``.jsonl``, ``.json``, ``.jsonl.zst``, ``.jsonl.torn-1``)."""
-    return ".json" in name and not name.startswith(".tmp-")
-
-
-class FsBlobs:
+class FsBlobs(FsStates):
     """:class:`~terrarium.stores.base.BlobStore` for ``FsStore`` (see the module docstring)."""
-
-    root: Path
-    blob_threshold: int | None
-    _sync: bool
-    _inside: Callable[[Path], Path]
-    """``Tree._inside``: a folder, refused if it leads out of the root."""
-    _quiet: Callable[..., contextlib.AbstractContextManager[None]]
-    """``FsStates._quiet``: the lifecycle lock."""
 
     def _blob_path(self, digest: str) -> Path:
         check_digest(digest)
         return self._inside(self.root / BLOBS / digest[:2]) / digest[2:]
-
-    def _blob_lock(self, mode: int) -> contextlib.AbstractContextManager[None]:
-        return file_lock(self._inside(self.root / LOCKS) / "blobs", mode)
 
     def put_blob(self, data: bytes) -> str:
         """Store ``data`` once (a new file appears whole); return its digest."""
@@ -58,7 +40,7 @@ class FsBlobs:
         if os.path.islink(self.root / BLOBS):
             raise StoreError(f"{self.root / BLOBS} is a link: terrarium never follows one")
         try:
-            with self._blob_lock(fcntl.LOCK_SH):
+            with self._lock_file("blobs", shared=True):
                 with contextlib.suppress(FileNotFoundError):
                     os.utime(path, follow_symlinks=False)  # there already: spared by GC again
                     return digest
@@ -103,8 +85,8 @@ class FsBlobs:
             if folder == str(self.root):
                 dirs[:] = [d for d in dirs if d not in _SKIP]
             for name in files:
-                if not _is_log(name):
-                    continue
+                if ".json" not in name or name.startswith(".tmp-"):
+                    continue  # holds no log lines (those are .jsonl, .json, .jsonl.zst, ...)
                 path = Path(folder, name)
                 try:
                     digests = scan_digests(read_chunks(path))
@@ -125,7 +107,7 @@ class FsBlobs:
         with self._quiet(exclusive=True):
             referenced = self.blob_references()
             deleted = 0
-            with self._blob_lock(fcntl.LOCK_EX):
+            with self._lock_file("blobs"):
                 for prefix in listdir(self._inside(self.root / BLOBS)):
                     folder = self._inside(self.root / BLOBS / prefix)
                     for name in listdir(folder):

@@ -22,7 +22,7 @@ from typing import Any
 from terrarium import codec
 from terrarium.errors import IndexUnavailable, StoreError
 from terrarium.model import SessionId
-from terrarium.stores._files import listdir, make_dirs, open_private, scandir
+from terrarium.stores._files import listdir, make_dirs, scandir, write_to
 from terrarium.stores.base import PodMetadata, SegmentStat
 from terrarium.stores.fs import _shape
 from terrarium.stores.fs._heads import head_of
@@ -38,8 +38,6 @@ from terrarium.stores.fs._segments import one_line
 from terrarium.stores.fs._states import frozen
 from terrarium.stores.fs._tree import read_pointer
 from terrarium.stores.fs.salvage import salvaged_into
-
-__all__ = ["MARK_EVERY", "FsChanges", "dirty_dir", "mark_dirty", "read_from"]
 
 #: An append marks its session at most this often per open segment (seconds).
 MARK_EVERY = 5.0
@@ -60,11 +58,10 @@ def mark_dirty(root: Path, session_id: SessionId) -> None:
     if os.path.exists(path):
         return
     try:
-        fd = open_private(path, os.O_WRONLY | os.O_CREAT)
+        write_to(path, b"", 0)
     except FileNotFoundError:
         make_dirs(path.parent)
-        fd = open_private(path, os.O_WRONLY | os.O_CREAT)
-    os.close(fd)
+        write_to(path, b"", 0)
 
 
 def read_from(path: Path, offset: int) -> tuple[bytes, int]:
@@ -118,8 +115,7 @@ class FsChanges:
             sid, _, claim = name.partition(_CLAIMED)
             path = folder / name
             if not is_uuid(sid):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+                path.unlink(missing_ok=True)
                 continue
             if not claim:
                 claimed = folder / f"{sid}{_CLAIMED}{uuid.uuid4().hex}"
@@ -135,8 +131,7 @@ class FsChanges:
     def release(claimed: Iterable[Path]) -> None:
         """Delete claimed markers once what they announced is committed to the index."""
         for path in claimed:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            path.unlink(missing_ok=True)
 
     def shape(self, known: str | None) -> _shape.ShapeChange:
         """The date folders moved in or out since shape ``known`` (None: all are new)."""
@@ -156,8 +151,7 @@ class FsChanges:
     def walk(
         self, date_folders: Iterable[str] | None = None
     ) -> Iterator[tuple[str, dict[str, SegmentStat]]]:
-        """Every session folder (of ``date_folders`` if given) with its segments, least
-        recently written first."""
+        """Every session folder (of ``date_folders`` if given), its segments; oldest write first."""
         found: list[tuple[float, str, dict[str, SegmentStat]]] = []
         for date_folder in self.date_folders() if date_folders is None else date_folders:
             path = self.root / date_folder
@@ -170,19 +164,16 @@ class FsChanges:
                 segments = _segments(entries)  # stats each segment once: DirEntry keeps it
                 if segments or any(entry.name == HEAD for entry in entries):
                     times = [e.stat().st_mtime for e in entries if segment_name(e.name) in segments]
-                    found.append(
-                        (max(times, default=0.0), f"{date_folder}/{session.name}", segments)
-                    )
-        found.sort(key=lambda item: (item[0], item[1]))
-        for _, rel, segments in found:
+                    rel = f"{date_folder}/{session.name}"
+                    found.append((max(times, default=0.0), rel, segments))
+        for _, rel, segments in sorted(found, key=lambda item: (item[0], item[1])):
             yield rel, segments
 
     def pointer(self, session_id: str) -> str | None:
         """The session's folder per its ``.index/sessions`` pointer; None if lost or damaged."""
-        try:
+        with contextlib.suppress(OSError, StoreError):
             return read_pointer(self.root / INDEX / "sessions" / session_id)[0]
-        except (OSError, StoreError):
-            return None
+        return None
 
     def segments(self, folder: str) -> dict[str, SegmentStat]:
         """The segment files of a session folder (none if it is gone)."""
@@ -217,11 +208,10 @@ class FsChanges:
 
     def stat_segment(self, folder: str, segment_id: str) -> SegmentStat | None:
         """The segment file's inode and size, or None if it is gone."""
-        try:
+        with contextlib.suppress(FileNotFoundError):
             st = os.stat(self.segment_path(folder, segment_id))
-        except FileNotFoundError:
-            return None
-        return SegmentStat(st.st_ino, st.st_size)
+            return SegmentStat(st.st_ino, st.st_size)
+        return None
 
     def read_lines(
         self, folder: str, segment_id: str, offset: int, seq: int
@@ -242,11 +232,8 @@ def _segments(entries: Iterable[os.DirEntry[str]]) -> dict[str, SegmentStat]:
     found: dict[str, SegmentStat] = {}
     for entry in entries:
         segment_id = segment_name(entry.name)
-        if segment_id is None:
-            continue
-        try:
-            st = entry.stat()
-        except FileNotFoundError:
-            continue
-        found[segment_id] = SegmentStat(st.st_ino, st.st_size)
+        with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+            if segment_id is not None:
+                st = entry.stat()
+                found[segment_id] = SegmentStat(st.st_ino, st.st_size)
     return found

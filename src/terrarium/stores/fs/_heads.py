@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from terrarium import codec
 from terrarium.errors import CorruptLog, StoreError
 from terrarium.model import ContextId, SegmentId, decode_name
@@ -69,7 +71,9 @@ def head_from_segments(folder: Path) -> PodMetadata:
     for segment_id in sorted(headers, reverse=True):
         header = headers[segment_id]
         context = header.get("context") or root.get("context") or place
-        if not isinstance(context, str) or not _chain_intact(segment_id, headers, session):
+        chain, whole = _replay(segment_id, headers)  # an intact chain, all of this session
+        intact = whole and all(headers[s].get("session_id") == session for s in chain)
+        if not intact or not isinstance(context, str):
             continue
         try:
             return PodMetadata(
@@ -94,11 +98,10 @@ def folder_context(folder: Path) -> str | None:
     date, kind, encoded = folder.parent.name, folder.parent.parent.name, folder.name
     if not DATE_RE.fullmatch(date) or kind.startswith("."):
         return None
-    try:
+    with contextlib.suppress(ValueError):
         context = ContextId(kind, decode_name(encoded))
-    except ValueError:
-        return None
-    return str(context) if context.encoded_name == encoded else None
+        return str(context) if context.encoded_name == encoded else None
+    return None
 
 
 def _replay(
@@ -125,17 +128,8 @@ def _replay(
     return chain, False
 
 
-def _chain_intact(
-    segment_id: SegmentId, headers: Mapping[SegmentId, Mapping[str, Any]], session: Any
-) -> bool:
-    """Whether ``segment_id`` and every segment its replay reads have readable headers."""
-    chain, whole = _replay(segment_id, headers)
-    return whole and all(headers[s].get("session_id") == session for s in chain)
-
-
 def segment_chain(folder: Path, segment_id: SegmentId) -> list[SegmentId]:
-    """``segment_id`` and every segment its replay reads, newest first, up to an unreadable
-    header."""
+    """``segment_id`` and every segment its replay reads, newest first (:func:`_replay`)."""
     return _replay(segment_id, read_headers(folder))[0]
 
 
@@ -143,16 +137,6 @@ def read_head(path: str | Path) -> PodMetadata:
     """Read a ``head.json``; CorruptLog (naming it) if it is not a head record."""
     raw = read_file(path)
     try:
-        record = codec.decode(raw)
-        head = PodMetadata(
-            context=record["context"],
-            session_id=uuid.UUID(record["session_id"]),
-            segment_id=uuid.UUID(record["segment_id"]),
-            created_at=record["created_at"],
-            updated_at=record["updated_at"],
-        )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return msgspec.convert(codec.decode(raw), PodMetadata)
+    except ValueError as exc:  # not JSON, or not a head record (msgspec.ValidationError)
         raise CorruptLog(f"{path}: not a valid head record ({one_line(exc)})") from None
-    if not all(isinstance(v, str) for v in (head.context, head.created_at, head.updated_at)):
-        raise CorruptLog(f"{path}: not a valid head record (a field is not a string)")
-    return head

@@ -20,6 +20,7 @@ from typing import Any
 from terrarium import codec
 from terrarium.errors import CorruptLog, SegmentNotFound, StoreError
 from terrarium.model import SegmentId, TornTail
+from terrarium.stores import _db
 from terrarium.stores._files import link_free, write_beside
 
 log = logging.getLogger(__name__)
@@ -59,17 +60,11 @@ def read_header(path: Path) -> dict[str, Any]:
     """Decode a segment file's first line (reading no further than needed)."""
     fd = open_segment(path, os.O_RDONLY, None)
     try:
-        buf = b""
-        chunk = 65536
-        while b"\n" not in buf:
-            more = os.pread(fd, chunk, len(buf))
-            if not more:
-                raise damaged(path, len(buf))
-            buf += more
-            chunk *= 2
+        line = open(fd, "rb", closefd=False).readline()
     finally:
         os.close(fd)
-    line = buf[: buf.index(b"\n") + 1]
+    if not line.endswith(b"\n"):
+        raise damaged(path, len(line))
     return headed(codec.decode_lines(line, where=str(path), first_seq=0), path)[0]
 
 
@@ -160,9 +155,7 @@ def set_aside(path: Path, why: str) -> Path:
 
 def os_reason(exc: OSError) -> str:
     """An OS error as the user should read it: a full disk is named as one."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "the disk is full"
-    return one_line(exc)
+    return "the disk is full" if _db.kind(exc) == "full" else one_line(exc)
 
 
 def one_line(exc: BaseException) -> str:

@@ -44,8 +44,8 @@ class ShapeChange(msgspec.Struct):
 
     @property
     def text(self) -> str:
-        """``shape`` as stored (:func:`dump`)."""
-        return dump(self.shape)
+        """``shape`` as stored."""
+        return json.dumps(self.shape, sort_keys=True, separators=(",", ":"))
 
     @property
     def moved(self) -> bool:
@@ -55,22 +55,15 @@ class ShapeChange(msgspec.Struct):
 
 def load(text: str | None) -> Shape | None:
     """The stored shape, or None if none was stored (or it cannot be read)."""
-    if text is None:
-        return None
     try:
-        value = json.loads(text)
+        value = json.loads(text) if text is not None else None
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
 
 
-def dump(shape: Shape) -> str:
-    return json.dumps(shape, sort_keys=True, separators=(",", ":"))
-
-
 def type_folders(root: str | Path) -> list[os.DirEntry[str]]:
-    """The type folders under ``root``: not the store's own (``.index``, ``.locks``, ``.trash``,
-    ``archive``), nor a link (never followed)."""
+    """The type folders under ``root``: not the store's own (dot-folders, ``archive``), no link."""
     return [
         entry
         for entry in scandir(root)
@@ -105,6 +98,3 @@ def compare(root: Path, known: Shape | None) -> ShapeChange:
         change.removed += [f"{name}/{d}" for d in held[name][1]]
     change.changed = change.changed or change.shape != held
     return change
-
-
-__all__ = ["RACY_NS", "Shape", "ShapeChange", "compare", "dump", "load", "type_folders"]

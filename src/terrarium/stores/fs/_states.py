@@ -31,6 +31,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from terrarium import codec
 from terrarium.errors import (
     ConflictError,
@@ -43,7 +45,7 @@ from terrarium.errors import (
 from terrarium.model import ContextId, SegmentId, SessionId
 from terrarium.stores._archive import compress, unpack
 from terrarium.stores._files import fsync_dir, listdir, make_dirs, write_atomic, write_new
-from terrarium.stores.base import PodMetadata, SessionRecord
+from terrarium.stores.base import SessionRecord
 from terrarium.stores.fs._heads import folder_context, head_of
 from terrarium.stores.fs._layout import (
     LOCKS,
@@ -71,14 +73,11 @@ log = logging.getLogger("terrarium.stores.fs")
 def read_record(path: Path) -> dict[str, Any] | None:
     """The record in ``path``; None if there is none. CorruptLog if it is not one."""
     try:
-        record = codec.decode(read_file(path))
+        return msgspec.convert(codec.decode(read_file(path)), dict[str, Any])
     except FileNotFoundError:
         return None
-    except ValueError as exc:
+    except ValueError as exc:  # not JSON, or not an object (msgspec.ValidationError)
         raise CorruptLog(f"{path}: not a readable state record ({exc})") from None
-    if not isinstance(record, dict):
-        raise CorruptLog(f"{path}: not a readable state record")
-    return record
 
 
 def frozen(root: Path, session_id: SessionId | str) -> bool:
@@ -110,8 +109,7 @@ def sealed(mode: int) -> bool:
 
 
 def whole_lines(folder: Path, name: str, *, cold: bool) -> list[bytes]:
-    """The complete lines of file ``name`` (``cold``: of ``{name}.zst``); FileNotFoundError if
-    there is none."""
+    """The complete lines of file ``name`` (``cold``: of ``{name}.zst``), if there is one."""
     path = folder / f"{name}{ZST}" if cold else folder / name
     data = read_file(path)
     complete, _ = codec.split_complete(unpack(data, where=str(path)) if cold else data)
@@ -161,7 +159,6 @@ class FsStates(Tree):
 
         def _mark(self, session_id: SessionId) -> None: ...
         def _forget_session(self, session_id: SessionId) -> None: ...
-        def _persist_head(self, folder: Path) -> PodMetadata: ...
         def _head_lock(self, context: ContextId) -> contextlib.AbstractContextManager[None]: ...
         def _session_folder(self, session_id: SessionId) -> Path: ...
         def folder_of(self, context: ContextId) -> Path | None: ...
@@ -303,7 +300,7 @@ class FsStates(Tree):
         """Decompress the session's files in place; the record (without ``cold``) commits."""
         with self._moving(session_id):
             current = self._current(session_id, expected)
-            hot = {k: v for k, v in _keep_cold(state, current).items() if k != "cold"}
+            hot = _keep_cold(state, {})
             folder = self._session_folder(session_id)
             for name in sorted(listdir(folder)):
                 if cold_file(name) and not _LEGACY.fullmatch(name):
@@ -412,8 +409,7 @@ class FsStates(Tree):
         if getattr(self._quiet_depth, "depth", 0):
             yield
             return
-        kind = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        with file_lock(self._inside(self.root / LOCKS) / "lifecycle", kind, create=create):
+        with self._lock_file("lifecycle", shared=not exclusive, create=create):
             self._quiet_depth.depth = 1
             try:
                 yield
@@ -424,8 +420,15 @@ class FsStates(Tree):
         self, session_id: SessionId, *, shared: bool = False, create: bool = True
     ) -> contextlib.AbstractContextManager[None]:
         """``.locks/session/{id}``: moves hold it exclusively, writers shared."""
-        path = self._inside(self.root / LOCKS) / "session" / str(session_id)
-        return file_lock(path, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, create=create)
+        return self._lock_file("session", str(session_id), shared=shared, create=create)
+
+    def _lock_file(
+        self, *parts: str, shared: bool = False, create: bool = True
+    ) -> contextlib.AbstractContextManager[None]:
+        """The ``flock`` on ``.locks/{parts}``, exclusive or ``shared`` (see ``file_lock``)."""
+        path = self.root.joinpath(LOCKS, *parts)
+        kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        return file_lock(self._inside(path.parent) / path.name, kind, create=create)
 
     @contextlib.contextmanager
     def _moving(self, session_id: SessionId) -> Iterator[None]:

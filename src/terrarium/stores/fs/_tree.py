@@ -8,8 +8,8 @@ its own context's ``{type}/{date}/{name}`` folder: nothing leads terrarium out o
 
 from __future__ import annotations
 
+import contextlib
 import os
-import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,8 +84,7 @@ class Tree:
                 yield uuid.UUID(name), folder
 
     def _inside(self, folder: Path) -> Path:
-        """Return ``folder`` if it resolves inside the root (links and all), else refuse; a
-        folder passes the check once a process."""
+        """``folder`` if it resolves inside the root (links and all), else refused; checked once."""
         self._checked(str(folder))
         return folder
 
@@ -98,11 +97,7 @@ class Tree:
             # Under a folder found inside, only a link can lead out: one lstat for each part
             # not checked yet, where realpath takes one for every part of the path.
             self._checked(parent)
-            try:
-                link = stat.S_ISLNK(os.lstat(folder).st_mode)
-            except FileNotFoundError:
-                link = False  # what is made there later is made inside
-            if not link:
+            if not os.path.islink(folder):  # missing: what is made there later is made inside
                 return self._remember(folder)
         check_inside(self._real_root, folder)
         return self._remember(folder)
@@ -116,10 +111,9 @@ class Tree:
     def indexed_folder(self, context: ContextId) -> Path | None:
         """The folder the index names for ``context``, or None; CorruptLog if the entry is
         unreadable or names another folder, StoreError if it leads out of the root."""
-        try:
+        with contextlib.suppress(FileNotFoundError):
             return Path(self._pointer_folder(self._index_file(context), context))
-        except FileNotFoundError:
-            return None
+        return None
 
     def _pointer_folder(self, pointer: str | Path, context: ContextId | None) -> str:
         """The folder an index entry names, checked to be that context's folder in the root."""
@@ -156,9 +150,8 @@ class Tree:
         return max(found, key=activity) if found else None
 
     def _context_folder(self, context: ContextId, folder: str | Path) -> ContextFolder | None:
-        """``folder`` as the context's, if it is one: not if its head names another context
-        (a case-insensitive disk); with its problem if its head is lost (damaged, not missing).
-        """
+        """``folder`` as the context's, if it is one (not if its head names another context: a
+        case-insensitive disk), with its problem if its head is damaged."""
         self._checked(str(folder))  # before reading anything in it
         try:
             head, problem = head_of(folder)

@@ -155,9 +155,8 @@ def copy_forks(
         except StoreError:
             continue
         origin = header.get("origin") or {}
-        if header.get("history") is not None or origin.get("parent") != str(old):
-            continue
-        if "salvaged_from" in header:
+        standalone = header.get("history") is not None or "salvaged_from" in header
+        if standalone or origin.get("parent") != str(old):
             continue
         complete, _ = codec.split_complete(read_file(path))  # a torn tail left out
         read = codec.decode_lines(complete, where=str(path), first_seq=0)
