@@ -28,11 +28,12 @@ import threading
 import time
 import uuid
 from abc import abstractmethod
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from terrarium.blobrefs import check_digest, digest_of, line_digests
 from terrarium.codec import decode, decode_lines, encode
@@ -61,6 +62,7 @@ from terrarium.stores.base import (
 
 #: The highest seq there can be, for ranges that run to a segment's end.
 MAX_SEQ = 2**31 - 1
+T = TypeVar("T")
 
 
 @functools.cache  # a statement is a constant: each is rewritten once
@@ -168,6 +170,33 @@ DELETE_UNREFERENCED = (
     "DELETE FROM blobs WHERE stored_at < ? AND NOT EXISTS "
     "(SELECT 1 FROM blob_refs r WHERE r.digest = blobs.digest)"
 )
+
+
+class SeqGuesses(Generic[T]):
+    """The next seq a store expects for the segments it appended to lately, with a value it
+    keeps beside each. Appends propose a seq instead of reading it: a right guess saves a
+    query, a wrong one costs a retry. A bounded LRU shared by a store's threads."""
+
+    def __init__(self, size: int = 4096) -> None:
+        """Keep guesses for the ``size`` segments appended to most recently."""
+        self._size = size
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[tuple[SessionId, SegmentId], tuple[int, T]] = OrderedDict()
+
+    def get(self, key: tuple[SessionId, SegmentId]) -> tuple[int, T] | None:
+        """The guessed next seq of segment ``key`` and the value kept with it, or None."""
+        return self._seen.get(key)
+
+    def remember(self, key: tuple[SessionId, SegmentId], next_seq: int, value: T) -> None:
+        """Note that segment ``key`` reached ``next_seq``; a lower one is kept out (another
+        thread may be further) unless it comes with a new value (a key looked up again)."""
+        with self._lock:
+            known = self._seen.get(key)
+            if known is None or next_seq > known[0] or value != known[1]:
+                self._seen[key] = (next_seq, value)
+            self._seen.move_to_end(key)
+            if len(self._seen) > self._size:
+                self._seen.popitem(last=False)
 
 
 class SqlStore(ClosingStore):

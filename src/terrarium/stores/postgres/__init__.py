@@ -42,8 +42,7 @@ from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores._archive import envelopes
 from terrarium.stores._changes import index_folder
 from terrarium.stores._redact import redact_url
-from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import SqlStore, line_text, pyformat
+from terrarium.stores._sqlbase import SeqGuesses, SqlStore, line_text, pyformat
 from terrarium.stores.base import (
     ATTEMPTS,
     INDEX_DB,

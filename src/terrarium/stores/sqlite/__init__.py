@@ -40,8 +40,7 @@ from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
 from terrarium.stores._archive import envelopes
 from terrarium.stores._files import inside
-from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import STATE, SqlStore, line_text, state_record
+from terrarium.stores._sqlbase import STATE, SeqGuesses, SqlStore, line_text, state_record
 from terrarium.stores.base import INDEX_DB, NewEntry, iter_lines, wake_session
 from terrarium.stores.locks import file_lock
 from terrarium.stores.sqlite import _sql as sql
@@ -252,9 +251,10 @@ class SqliteStore(SqlStore):
             yield
 
     @contextmanager
-    def _snapshot(self) -> Iterator[sqlite3.Connection]:
-        """A connection in a read transaction: one snapshot for every statement."""
-        with self._read() as conn:
+    def _snapshot(self, *, pooled: bool = False) -> Iterator[sqlite3.Connection]:
+        """A connection in a read transaction: one snapshot for every statement (``pooled``: a
+        pooled one, never the thread's write one)."""
+        with self._pooled() if pooled else self._read() as conn:
             own = not conn.in_transaction
             if own:
                 conn.execute("BEGIN")
@@ -279,15 +279,8 @@ class SqliteStore(SqlStore):
             rows = conn.execute(sql.CHANGES_AFTER, seen).fetchall()
         return [uuid.UUID(row[0]) for row in rows], now
 
-    @contextmanager
-    def _committed(self) -> Iterator[sqlite3.Connection]:
-        """A pooled read transaction, never the thread's write one."""
-        with self._pooled() as conn:
-            conn.execute("BEGIN")
-            try:
-                yield conn
-            finally:
-                conn.execute("COMMIT")
+    def _committed(self) -> AbstractContextManager[sqlite3.Connection]:
+        return self._snapshot(pooled=True)
 
     def index_source(self) -> Path:
         """The derived index's file (``Indexed``), beside this database; StoreError for a
