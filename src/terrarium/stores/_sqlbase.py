@@ -352,11 +352,9 @@ class SqlStore(ClosingStore):
 
     def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
         """Every head record, optionally of one type, sorted by context id."""
+        statement, args = (HEADS, ()) if type is None else (HEADS_OF_TYPE, (type,))
         with self._read() as conn:
-            if type is None:
-                rows = conn.execute(self._q(HEADS)).fetchall()
-            else:
-                rows = conn.execute(self._q(HEADS_OF_TYPE), (type,)).fetchall()
+            rows = conn.execute(self._q(statement), args).fetchall()
         # (type, name), as ContextId orders, without parsing and validating every id again.
         return sorted(map(self._head, rows), key=lambda h: h.context.partition(":")[::2])
 
