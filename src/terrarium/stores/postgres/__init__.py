@@ -22,6 +22,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import uuid
@@ -195,10 +196,8 @@ class PostgresStore(SqlStore):
         with self._pool.connection() as conn:
             row = None
             if seen is not None:
-                try:
+                with contextlib.suppress(pg_errors.DataError):  # no snapshot the server would give
                     row = conn.execute(_sql.CHANGES, {"after": after}).fetchone()
-                except pg_errors.DataError:  # no snapshot the server would give
-                    row = None
             if seen is None or row is None or int(seen[1]) > int(row[1]):  # not a position
                 (now,) = conn.execute(_sql.POSITION).fetchone() or ("",)
                 return None, str(now)
