@@ -21,12 +21,7 @@ def _userinfo(url: str) -> tuple[str, str, str] | None:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return None
-    end = len(rest)
-    for mark in "?#":
-        found = rest.find(mark)
-        if found >= 0:
-            end = min(end, found)
-    at = rest.rfind("@", 0, end)
+    at = re.split("[?#]", rest, maxsplit=1)[0].rfind("@")
     if at < 0:
         return None
     return f"{scheme}://", rest[:at], rest[at:]

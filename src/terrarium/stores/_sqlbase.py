@@ -4,24 +4,20 @@ Both databases hold the same tables (each backend's ``m001_initial``): ``context
 heads), ``sessions`` (with the lifecycle's ``state`` record, JSON text, NULL for ``{}``),
 ``segments``, ``entries``, ``traces``, ``blobs`` and ``blob_refs``, ``archived_contexts`` and
 ``archived_segments`` (frozen sessions, :mod:`._archive`'s frames). :class:`SqlStore` reads
-them the same way on both: heads (created, attached and moved), segments and traces (hot,
-else frozen), the change cursor's reads, blobs, and the
-:class:`~terrarium.stores.base.SessionStates` primitives with the moves of a freeze and a thaw.
-A store supplies its connections (``_pooled``, ``_write``, ``_committed``...), its dialect
-(``_q``, ``_sid``, ``_uuid``), the statements whose text differs (``_READ_SEGMENT``...), its
-tail read (``_next_seq``) and its hot rows' refill (``_refill``).
+and moves them the same way on both. A store supplies its connections (``_pooled``,
+``_write``, ``_committed``...), its dialect (``_q``, ``_sid``, ``_uuid``), a module of the
+statements whose text differs (``_sql``), its tail read and its hot rows' refill.
 
 Statements here use SQLite's placeholders (``?``); PostgreSQL's store turns them into its own
-(:func:`pyformat`, through :meth:`SqlStore._q`). Blobs: each blob's bytes once under its
-digest, and a ``blob_refs(digest, session_id)`` row for each blob an entry refers to, written
-in the entry's transaction (:meth:`SqlStore._record_refs`); GC deletes the rows of sessions
-that no longer exist (purged), then the blobs no row names.
+(:func:`pyformat`). Each blob an entry refers to has a ``blob_refs(digest, session_id)`` row,
+written in the entry's transaction; GC drops the rows of purged sessions, then the blobs no
+row names.
 
 Usage::
 
     class SqliteStore(SqlStore):
-        _READ_SEGMENT = "SELECT line, ... WHERE ... AND seq <= :stop ORDER BY seq"
-        def _read(self) -> AbstractContextManager[sqlite3.Connection]: ...
+        _sql = terrarium.stores.sqlite._sql
+        def _pooled(self) -> AbstractContextManager[sqlite3.Connection]: ...
 """
 
 from __future__ import annotations
@@ -32,10 +28,12 @@ import threading
 import time
 import uuid
 from abc import abstractmethod
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, Generic, TypeVar
 
 from terrarium.blobrefs import check_digest, digest_of, line_digests
 from terrarium.codec import decode, decode_lines, encode
@@ -64,6 +62,7 @@ from terrarium.stores.base import (
 
 #: The highest seq there can be, for ranges that run to a segment's end.
 MAX_SEQ = 2**31 - 1
+T = TypeVar("T")
 
 
 @functools.cache  # a statement is a constant: each is rewritten once
@@ -173,14 +172,38 @@ DELETE_UNREFERENCED = (
 )
 
 
+class SeqGuesses(Generic[T]):
+    """The next seq a store expects for the segments it appended to lately, with a value it
+    keeps beside each. Appends propose a seq instead of reading it: a right guess saves a
+    query, a wrong one costs a retry. A bounded LRU shared by a store's threads."""
+
+    def __init__(self, size: int = 4096) -> None:
+        """Keep guesses for the ``size`` segments appended to most recently."""
+        self._size = size
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[tuple[SessionId, SegmentId], tuple[int, T]] = OrderedDict()
+
+    def get(self, key: tuple[SessionId, SegmentId]) -> tuple[int, T] | None:
+        """The guessed next seq of segment ``key`` and the value kept with it, or None."""
+        return self._seen.get(key)
+
+    def remember(self, key: tuple[SessionId, SegmentId], next_seq: int, value: T) -> None:
+        """Note that segment ``key`` reached ``next_seq``; a lower one is kept out (another
+        thread may be further) unless it comes with a new value (a key looked up again)."""
+        with self._lock:
+            known = self._seen.get(key)
+            if known is None or next_seq > known[0] or value != known[1]:
+                self._seen[key] = (next_seq, value)
+            self._seen.move_to_end(key)
+            if len(self._seen) > self._size:
+                self._seen.popitem(last=False)
+
+
 class SqlStore(ClosingStore):
     """A store over the tables both databases hold (see the module docstring).
 
     Each lifecycle primitive is one write transaction: the record is read (its row locked),
-    compared with the one expected, and written together with the physical move
-    (:meth:`_freeze_rows`, :meth:`_thaw_rows`, :meth:`_detach_rows`, :attr:`_DROP_HOT`). A
-    frozen session's segments are ``archived_segments`` rows, one zstandard frame each, and
-    its head, while attached, an ``archived_contexts`` row.
+    compared with the one expected, and written together with the physical move.
     """
 
     blob_threshold: int | None
@@ -189,25 +212,8 @@ class SqlStore(ClosingStore):
     _FOR_UPDATE = ""
     #: Appended to a new segment's read of its session (PostgreSQL: waits for an attach).
     _KEY_SHARE = ""
-    #: A segment's lines up to seq ``stop``, each with the segment's last seq (named
-    #: parameters ``session``, ``segment``, ``stop``).
-    _READ_SEGMENT: str
-    #: A segment's trace lines, oldest first (parameters: session, segment).
-    _READ_TRACE: str
-    #: Delete a detached session's hot rows (its frozen ones go with its record).
-    _DROP_HOT: tuple[str, ...]
-    #: Reads of segments from a seq on, a JSON array of ``[session, segment, seq]``: each line
-    #: with its read's index, in order.
-    _ENTRIES_FROM: str
-    #: Of the sessions of a JSON array, each hot and attached one's head (columns as
-    #: ``HEADS``), with each of its segments and next seq.
-    _LIVE_SESSIONS: str
-    #: What a freeze reads of a session (parameter: session): each segment with its creation
-    #: time and next seq (locked on PostgreSQL), its ``(segment, seq, line)`` rows and its
-    #: ``(segment, line)`` trace rows, each in segment order (then seq, then arrival).
-    _SESSION_SEGMENTS: str
-    _SESSION_LINES: str
-    _SESSION_TRACES: str
+    #: The dialect's statements whose text differs (``READ_SEGMENT``, ``DROP_HOT``...).
+    _sql: ModuleType
     derived: Derived | None = None
     """The derived index (:func:`terrarium.index.of`), closed with the store."""
     _where: str
@@ -273,8 +279,7 @@ class SqlStore(ClosingStore):
         transaction. ConflictError if the segment exists."""
 
     def _wake_on(self, conn: Any, session_id: SessionId) -> bool:
-        """Wake the session for a write on ``conn`` if it is frozen; whether it was. SQLite's
-        ``conn`` is this thread's transaction, which the wake's calls take."""
+        """Wake the session for a write on ``conn`` if it is frozen; whether it was."""
         return wake_session(self, session_id)
 
     def _hold_name(self, conn: Any, context: str) -> None:
@@ -285,32 +290,28 @@ class SqlStore(ClosingStore):
     def _refill(
         self, conn: Any, session: Any, segment: Sequence[Any], lines: list[str], trace: list[str]
     ) -> None:
-        """Put a frozen segment back in the hot tables: its row (``segment``: id, creation
-        time, next seq), its entries' ``lines`` and its ``trace`` lines."""
+        """Put a frozen segment (``segment``: id, creation time, next seq) back hot."""
 
     def _freeze_rows(self, conn: Any, session: Any) -> tuple[int, int]:
-        """Move a hot session out of the hot tables (its head, if any, to
-        ``archived_contexts``); return the bytes its log took hot (as JSONL) and takes frozen.
+        """Move a hot session (and its head) to the frozen tables; its bytes hot and frozen.
 
         Locks are taken in the order of every move (PostgreSQL): the session's row (locked by
-        the caller already), its context's id (:meth:`_hold_name`, so that a create never slips
-        between the head's delete and the frozen one's insert), its segments, its head. An
-        append or a trace write waits, then finds no row and takes its miss path, which wakes
-        the session.
+        the caller), its context's id (so no create slips between the head's delete and the
+        frozen one's insert), its segments, its head. An append waits, finds no row and wakes.
         """
         owner = conn.execute(self._q(SESSION_OWNER + self._FOR_UPDATE), (session,)).fetchone()
         if owner is not None and owner[0] is not None:
             self._hold_name(conn, owner[0])
-        segments = conn.execute(self._SESSION_SEGMENTS, (session,)).fetchall()
+        segments = conn.execute(self._sql.SESSION_SEGMENTS, (session,)).fetchall()
         head = conn.execute(self._q(HOT_HEAD + self._FOR_UPDATE), (session,)).fetchone()
         # Cursors, not lists: SQLite's streams the lines, a segment at a time.
-        lines = conn.execute(self._SESSION_LINES, (session,))
-        frozen = pack_session(lines, conn.execute(self._SESSION_TRACES, (session,)))
+        lines = conn.execute(self._sql.SESSION_LINES, (session,))
+        frozen = pack_session(lines, conn.execute(self._sql.SESSION_TRACES, (session,)))
         rows = [(session, g, at, tail, *frozen.segments[g][1:]) for g, at, tail in segments]
         conn.cursor().executemany(self._q(INSERT_ARCHIVED_SEGMENT), rows)
         if head is not None:
             conn.execute(self._q(INSERT_COLD_HEAD), (session, *head))
-        run_each(conn, self._DROP_HOT, session)
+        run_each(conn, self._sql.DROP_HOT, session)
         return frozen.hot_bytes, frozen.cold_bytes
 
     def _thaw_rows(self, conn: Any, session: Any) -> None:
@@ -351,11 +352,9 @@ class SqlStore(ClosingStore):
 
     def list_contexts(self, type: str | None = None) -> list[PodMetadata]:
         """Every head record, optionally of one type, sorted by context id."""
+        statement, args = (HEADS, ()) if type is None else (HEADS_OF_TYPE, (type,))
         with self._read() as conn:
-            if type is None:
-                rows = conn.execute(self._q(HEADS)).fetchall()
-            else:
-                rows = conn.execute(self._q(HEADS_OF_TYPE), (type,)).fetchall()
+            rows = conn.execute(self._q(statement), args).fetchall()
         # (type, name), as ContextId orders, without parsing and validating every id again.
         return sorted(map(self._head, rows), key=lambda h: h.context.partition(":")[::2])
 
@@ -396,11 +395,8 @@ class SqlStore(ClosingStore):
     def attach_context(
         self, context: ContextId, session_id: SessionId, segment_id: SegmentId
     ) -> PodMetadata:
-        """Make ``context`` a new context on a detached session's segment, in one transaction.
-
-        The session's row is locked (of two attaches, the second finds it attached), then the
-        id. A frozen session's head goes to ``archived_contexts``.
-        """
+        """Make ``context`` a new context on a detached session's segment, in one transaction
+        (a frozen session's head goes to ``archived_contexts``)."""
         ctx = ContextId.parse(context)
         sid, gid = self._sid(session_id), self._sid(segment_id)
         with self._write() as conn:
@@ -435,8 +431,8 @@ class SqlStore(ClosingStore):
     def _attachable(
         self, conn: Any, ctx: ContextId, session_id: SessionId, segment_id: SegmentId
     ) -> tuple[str, bool]:
-        """Check that ``ctx`` may be made on the detached session's segment, the session's
-        row locked, then the id; return the session's creation time and whether it is frozen."""
+        """Lock the session's row, then the id (of two attaches, the second finds it
+        attached); the session's creation time and whether it is frozen."""
         owner = self._q(SESSION_OWNER + self._FOR_UPDATE)
         row = conn.execute(owner, (self._sid(session_id),)).fetchone()
         if row is None:
@@ -485,18 +481,15 @@ class SqlStore(ClosingStore):
     def read_segment(
         self, session_id: SessionId, segment_id: SegmentId, *, stop_seq: int | None = None
     ) -> SegmentRead:
-        """Read a segment's header and entries up to and including ``stop_seq``.
-
-        Each ``line`` is the entry's JSON exactly as written, so a read returns the same dicts
-        as :class:`~terrarium.stores.memory.MemoryStore`, key order and unknown keys intact.
-        """
+        """Read a segment's header and entries up to and including ``stop_seq``, each as
+        written (key order and unknown keys intact)."""
         stop = MAX_SEQ if stop_seq is None else max(stop_seq, 0)
         args = {"session": self._sid(session_id), "segment": self._sid(segment_id), "stop": stop}
         with self._read() as conn:
-            rows = conn.execute(self._READ_SEGMENT, args).fetchall()
+            rows = conn.execute(self._sql.READ_SEGMENT, args).fetchall()
         if not rows:  # frozen, or moving: the hot and the frozen rows from one snapshot
             with self._snapshot() as conn:
-                rows = conn.execute(self._READ_SEGMENT, args).fetchall()
+                rows = conn.execute(self._sql.READ_SEGMENT, args).fetchall()
                 cold = None if rows else self._cold_read(conn, session_id, segment_id, stop_seq)
             if cold is not None:
                 return cold
@@ -535,10 +528,10 @@ class SqlStore(ClosingStore):
         """The segment's debug trace, oldest first."""
         ids = (self._sid(session_id), self._sid(segment_id))
         with self._read() as conn:
-            rows = conn.execute(self._READ_TRACE, ids).fetchall()
+            rows = conn.execute(self._sql.READ_TRACE, ids).fetchall()
         if not rows:  # none, frozen, or moving: the hot and the frozen rows from one snapshot
             with self._snapshot() as conn:
-                rows = conn.execute(self._READ_TRACE, ids).fetchall()
+                rows = conn.execute(self._sql.READ_TRACE, ids).fetchall()
                 if not rows and not self._segment_exists(conn, session_id, segment_id):
                     cold = self._cold_trace(conn, session_id, segment_id)
                     if cold is None:
@@ -561,16 +554,13 @@ class SqlStore(ClosingStore):
 
     # ---------------------------------------------------------------- change cursor
 
-    # Many sessions a statement: a first build of the derived index (its walk reads a page of
-    # sessions at a time, index/_cursor.py) took three statements a session, now one a page
-    # and one per LINES lines. 10k sessions on a local PostgreSQL (a loaded 2-core machine):
-    # 30,002 statements and 17.6 s before, 42 and 5.8 s after; 100k: 185 s before, 59 s after.
+    # Many sessions a statement: 10k sessions of a first index build on a local PostgreSQL
+    # took 30,002 statements and 17.6 s at three a session, 42 and 5.8 s at one a page.
     def live_sessions(self, session_ids: Sequence[SessionId]) -> dict[SessionId, LiveSession]:
-        """Of ``session_ids``, each hot and attached one's head and segments with their next
-        seqs (``ChangeLog``): one statement."""
+        """Each hot, attached session's head and segment tails (``ChangeLog``): one statement."""
         ids = encode([str(s) for s in session_ids]).decode()
         with self._committed() as conn:
-            rows = conn.execute(self._LIVE_SESSIONS, (ids,)).fetchall()
+            rows = conn.execute(self._sql.LIVE_SESSIONS, (ids,)).fetchall()
         found: dict[SessionId, LiveSession] = {}
         for row in rows:
             head = self._head(row)
@@ -582,11 +572,10 @@ class SqlStore(ClosingStore):
     def entries_from(
         self, reads: Sequence[tuple[SessionId, SegmentId, int]]
     ) -> list[list[dict[str, Any]]]:
-        """Each read's segment lines from its seq on (``ChangeLog``), none for a segment that
-        is not hot: one statement."""
+        """Each read's hot segment lines from its seq on (``ChangeLog``): one statement."""
         wanted = encode([[str(s), str(g), seq] for s, g, seq in reads]).decode()
         with self._committed() as conn:
-            rows = conn.execute(self._ENTRIES_FROM, (wanted,)).fetchall()
+            rows = conn.execute(self._sql.ENTRIES_FROM, (wanted,)).fetchall()
         found: list[list[tuple[str]]] = [[] for _ in reads]
         for n, line in rows:
             found[n].append((line,))
@@ -640,8 +629,7 @@ class SqlStore(ClosingStore):
             return int(conn.execute(self._q(DELETE_UNREFERENCED), (stored_before,)).rowcount)
 
     def _record_refs(self, conn: Any, session: Any, lines: Iterable[Mapping[str, Any]]) -> None:
-        """Add the ``blob_refs`` rows of the blobs ``lines`` refer to, in the caller's
-        transaction (``session`` as the id columns hold it)."""
+        """Add the ``blob_refs`` rows of ``lines``' blobs, in the caller's transaction."""
         rows = sorted({(digest, session) for line in lines for digest in line_digests(line)})
         if rows:
             conn.cursor().executemany(self._q(INSERT_BLOB_REF), rows)
@@ -735,7 +723,7 @@ class SqlStore(ClosingStore):
                 return False
             if row[1] is not None:
                 raise SessionAttached(f"session {session_id} belongs to context {row[1]}")
-            run_each(conn, self._DROP_HOT, sid)
+            run_each(conn, self._sql.DROP_HOT, sid)
             run_each(conn, map(self._q, DROP_SESSION), sid)
         return True
 
@@ -759,8 +747,8 @@ class SqlStore(ClosingStore):
         conn.execute(self._q(SET_STATE), (_text(state), self._sid(session_id)))
 
     def _cold(self, conn: Any, column: str, session_id: SessionId, segment_id: SegmentId) -> Any:
-        """One column of a frozen segment's row (``lines``, ``next_seq``, ``trace``), or None
-        if there is no such row (``trace`` may be NULL: look at ``next_seq`` first)."""
+        """One column of a frozen segment's row, or None if there is none (``trace`` may be
+        NULL: look at ``next_seq`` first)."""
         ids = (self._sid(session_id), self._sid(segment_id))
         row = conn.execute(self._q(COLD_SEGMENT.format(columns=column)), ids).fetchone()
         return None if row is None else row[0]
@@ -778,14 +766,14 @@ class SqlStore(ClosingStore):
         return SegmentRead(header=lines[0], entries=lines[1:stop], next_seq=len(lines))
 
     def _cold_ids(self, conn: Any, session_id: SessionId) -> list[SegmentId]:
-        """The segments of a frozen session, oldest first (none if it is not frozen)."""
+        """A frozen session's segments, oldest first."""
         rows = conn.execute(self._q(COLD_SEGMENT_IDS), (self._sid(session_id),))
         return sorted(self._uuid(row[0]) for row in rows)
 
     def _cold_trace(
         self, conn: Any, session_id: SessionId, segment_id: SegmentId
     ) -> list[dict[str, Any]] | None:
-        """A frozen segment's trace, or None if there is no such segment."""
+        """A frozen segment's trace, or None."""
         if self._cold(conn, "next_seq", session_id, segment_id) is None:
             return None
         trace = self._cold(conn, "trace", session_id, segment_id)

@@ -110,7 +110,7 @@ class SegmentStat(msgspec.Struct, frozen=True):
 
 
 class ClosingStore(ABC):
-    """Mixin of the stores that hold resources: ``with store:`` closes it when the block ends."""
+    """Mixin of what holds resources (stores, feeds): ``with store:`` closes it after the block."""
 
     @abstractmethod
     def close(self) -> None:

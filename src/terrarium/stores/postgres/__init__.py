@@ -22,6 +22,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import uuid
@@ -42,8 +43,7 @@ from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores._archive import envelopes
 from terrarium.stores._changes import index_folder
 from terrarium.stores._redact import redact_url
-from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import SqlStore, line_text, pyformat
+from terrarium.stores._sqlbase import SeqGuesses, SqlStore, line_text, pyformat
 from terrarium.stores.base import (
     ATTEMPTS,
     INDEX_DB,
@@ -84,29 +84,7 @@ _HIDDEN = (pg_errors.ProgrammingError, pg_errors.NotSupportedError)  # no right,
 class PostgresStore(SqlStore):
     """A store in a PostgreSQL database, shared by many processes on many machines."""
 
-    _READ_SEGMENT = _sql.READ
-    _READ_TRACE = _sql.READ_TRACE
-    _DROP_HOT = _sql.DROP_HOT
-    _ENTRIES_FROM = _sql.ENTRIES_FROM
-    _LIVE_SESSIONS = _sql.LIVE_SESSIONS
-    _SESSION_SEGMENTS = _sql.SESSION_SEGMENTS
-    _SESSION_LINES = _sql.SESSION_LINES
-    _SESSION_TRACES = _sql.SESSION_TRACES
-    # What SqlStore reads, run once more on a connection lost under it (see _pool.retried).
-    get_head = retried(SqlStore.get_head)
-    list_contexts = retried(SqlStore.list_contexts)
-    read_segment = retried(SqlStore.read_segment)
-    next_seq = retried(SqlStore.next_seq)
-    list_segments = retried(SqlStore.list_segments)
-    read_trace = retried(SqlStore.read_trace)
-    put_blob = retried(SqlStore.put_blob)  # safe to repeat, as is the delete
-    get_blob = retried(SqlStore.get_blob)
-    has_blob = retried(SqlStore.has_blob)
-    blob_digests = retried(SqlStore.blob_digests)
-    blob_references = retried(SqlStore.blob_references)
-    delete_unreferenced_blobs = retried(SqlStore.delete_unreferenced_blobs)
-    live_sessions = retried(SqlStore.live_sessions)
-    entries_from = retried(SqlStore.entries_from)
+    _sql = _sql
 
     def __init__(
         self,
@@ -153,8 +131,7 @@ class PostgresStore(SqlStore):
         self._pool = self._open_pool(connect_timeout)
 
     def _open_pool(self, timeout: float) -> Pool:
-        """The connection pool, its first connection ready, each with the schema on its path:
-        every connection of the store but its lock and feed connections (``_pool.py``)."""
+        """The connection pool (``_pool.py``), its first connection ready."""
         pool = Pool(
             self._dsn,
             where=self._where,
@@ -170,9 +147,8 @@ class PostgresStore(SqlStore):
             open=True,
             name=f"terrarium-{self.schema}",
         )
-        # Wait for the first connection: a call made before it is ready would make the pool
-        # grow, and the pool hands its connections out in turn, so a single-threaded caller
-        # would then alternate between two server processes, tens of microseconds slower.
+        # Wait for the first connection: a call made before would grow the pool, and a
+        # single-threaded caller would alternate between two server processes, slower.
         try:
             pool.wait(timeout=timeout)
         except PoolTimeout:
@@ -203,8 +179,8 @@ class PostgresStore(SqlStore):
         return StoreUnavailable(f"cannot {verb} PostgreSQL store {self._where}: {self._scrub(exc)}")
 
     def change_feed(self) -> ChangeFeed:
-        """Notifications of this store's committed writes, from any process, on a connection
-        of their own (:mod:`.notify`); StoreUnavailable if the server cannot be reached."""
+        """Notifications of this store's committed writes (:mod:`.notify`); StoreUnavailable
+        if the server cannot be reached."""
         try:
             return ChangeFeed(self._dsn, self.schema)
         except psycopg.OperationalError as exc:
@@ -220,10 +196,8 @@ class PostgresStore(SqlStore):
         with self._pool.connection() as conn:
             row = None
             if seen is not None:
-                try:
+                with contextlib.suppress(pg_errors.DataError):  # no snapshot the server would give
                     row = conn.execute(_sql.CHANGES, {"after": after}).fetchone()
-                except pg_errors.DataError:  # no snapshot the server would give
-                    row = None
             if seen is None or row is None or int(seen[1]) > int(row[1]):  # not a position
                 (now,) = conn.execute(_sql.POSITION).fetchone() or ("",)
                 return None, str(now)
@@ -231,11 +205,8 @@ class PostgresStore(SqlStore):
 
     @retried
     def store_id(self) -> str:
-        """This store's identity where it is, which names its index file: the id its schema
-        made once, then the cluster's system identifier and the oids of its database and
-        schema (see :data:`._sql.STORE_ID`). A copy made by SQL carries the id but has other
-        oids, so it gets an index of its own; another route to the same schema has the same.
-        One statement; the system identifier is ``x`` where the server hides it."""
+        """This store's identity where it is, which names its index file (see
+        :data:`._sql.STORE_ID`); the system identifier is ``x`` where the server hides it."""
         with self._pool.connection() as conn:
             try:
                 row = conn.execute(_sql.STORE_ID).fetchone()
@@ -244,30 +215,23 @@ class PostgresStore(SqlStore):
         return "-".join("x" if part is None else str(part) for part in row or ("",))
 
     def index_source(self) -> Path:
-        """The derived index's file (``Indexed``), in this machine's cache folder, named by
-        :meth:`store_id` (:func:`._changes.index_folder`); the index reads the cursor."""
+        """The derived index's file (``Indexed``) in this machine's cache, named by
+        :meth:`store_id`."""
         return index_folder() / f"{self.store_id()}.{INDEX_DB}"
 
     # ---------------------------------------------------------------- contexts
 
     @contextmanager
     def lock_context(self, context: ContextId) -> Iterator[None]:
-        """Hold the context's advisory lock, across threads, processes and machines.
-
-        A session-level ``pg_advisory_lock`` on a connection of its own, kept aside from the
-        pool while held (a turn can take long; it must not starve the pool); the server
-        releases the lock if that connection dies.
-        """
+        """Hold the context's advisory lock, across threads, processes and machines, on a
+        connection of its own (a long turn must not starve the pool; the lock dies with it)."""
         with self._locked(context, read=False):
             yield
 
     @contextmanager
     def lock_and_read(self, context: ContextId) -> Iterator[tuple[PodMetadata, int] | None]:
-        """:meth:`lock_context`, giving the context's head and tail (``LockedHeadTail``).
-
-        The read is pipelined after the lock on the lock's connection: one round trip, and
-        the read runs once the lock is granted, so it sees every write of the previous holder.
-        """
+        """:meth:`lock_context`, giving the context's head and tail (``LockedHeadTail``),
+        read in one round trip pipelined after the lock (so after the previous holder)."""
         with self._locked(context, read=True) as row:
             yield self._head_tail_of(context, row)
 
@@ -294,8 +258,8 @@ class PostgresStore(SqlStore):
 
     @contextmanager
     def _closed_on_error(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
-        """Close the lock connection if the block fails: the server drops the lock with it (if
-        it granted it). A lost connection is raised as :meth:`_pool.Pool.failure`'s error."""
+        """Close the lock connection if the block fails (the lock goes with it); a lost
+        connection is raised as :meth:`_pool.Pool.failure`'s error."""
         try:
             yield
         except CONNECTION_ERRORS as exc:
@@ -339,15 +303,11 @@ class PostgresStore(SqlStore):
         conn.close()
 
     # ---------------------------------------------------------------- frozen sessions
-    # SqlStore keeps the records and moves the rows, each move's writes to contexts and
-    # segments noted in the change cursor by their triggers. A write finds a frozen session
-    # on its miss path only, wakes it (wake_session, on the writer's own connection) and
-    # tries again.
+    # A write finds a frozen session on its miss path only, wakes it and tries again.
 
     _FOR_UPDATE = " FOR UPDATE"
-    # The key-share lock (which the segment's foreign key takes anyway) waits for an attach of
-    # the session (its row locked FOR UPDATE), so a new segment never gets the type it had
-    # before.
+    # The key-share lock (the segment's foreign key takes it anyway) waits for an attach of
+    # the session, so a new segment never gets the type it had before.
     _KEY_SHARE = " FOR KEY SHARE"
 
     def _q(self, statement: str) -> str:
@@ -373,9 +333,8 @@ class PostgresStore(SqlStore):
 
     @contextmanager
     def _snapshot(self) -> Iterator[psycopg.Connection[Any]]:
-        """A connection in a ``REPEATABLE READ`` transaction: one snapshot for every statement
-        (autocommitted ones could miss a segment that a thaw moves between them); inside a
-        lifecycle call's transaction, that one."""
+        """A connection in a ``REPEATABLE READ`` transaction (autocommitted statements could
+        miss a segment a thaw moves between them); inside a lifecycle call's, that one."""
         with self._read() as conn:
             if conn.info.transaction_status != pq.TransactionStatus.IDLE:
                 yield conn
@@ -385,9 +344,8 @@ class PostgresStore(SqlStore):
                 yield conn
 
     def _hold_name(self, conn: psycopg.Connection[Any], context: str) -> None:
-        """Hold the id ``context`` until the transaction ends (creates, attaches and freezes
-        take turns). Not the key of ``lock_context``: a caller holding that lock may create
-        the context."""
+        """Hold the id ``context`` until the transaction ends; not ``lock_context``'s key,
+        which a caller that creates the context may hold."""
         conn.execute(_sql.XACT_LOCK, (_sql.lock_key(self.schema, "name", context),))
 
     def _refill(
@@ -407,8 +365,8 @@ class PostgresStore(SqlStore):
             conn.execute(_sql.APPEND_TRACE, (session, segment[0], trace))
 
     def _wake_on(self, conn: psycopg.Connection[Any], session_id: SessionId) -> bool:
-        """``wake_session`` on the caller's own connection, idle (a pool of one connection
-        must not wait for a second); whether the session was frozen."""
+        """``wake_session`` on the caller's idle connection (a pool of one must not wait for
+        a second); whether the session was frozen."""
         self._local.conn = conn
         try:
             return wake_session(self, session_id)
@@ -418,9 +376,8 @@ class PostgresStore(SqlStore):
     def _next_seq_waking(
         self, conn: psycopg.Connection[Any], session_id: SessionId, segment_id: SegmentId
     ) -> int:
-        """:meth:`_next_seq`, after waking the segment's session if it is frozen: the miss
-        path of an append, so a hot append never pays for it. (Not woken: it may have been
-        thawed since the miss, so it is read once more.)"""
+        """:meth:`_next_seq`, waking a frozen session: an append's miss path. (Not woken: it
+        may have been thawed since the miss, so it is read once more.)"""
         missed = False
         for _ in range(ATTEMPTS):  # archived again after each wake by others: read again
             try:
@@ -465,11 +422,10 @@ class PostgresStore(SqlStore):
     ) -> int:
         """Append entries with one autocommitted statement; return the first one's seq.
 
-        The statement (:data:`_sql.APPEND_ONE`) moves the segment's tail from the proposal,
-        ``expected_seq`` or else the tail this store last saw, under the row's lock. Refused, it
-        is a ConflictError with ``expected_seq``; without, the append retries at the new tail.
-        The row lock also keeps an entry from outliving a racing ``delete_context``, which
-        deletes the segments' rows first: an append lands before it, or finds no row.
+        The statement (:data:`_sql.APPEND_ONE`) moves the segment's tail from the proposal
+        (``expected_seq``, else the tail last seen) under the row's lock. Refused, it is a
+        ConflictError with ``expected_seq``; without, it retries at the new tail. The row lock
+        keeps an entry from outliving a racing delete, which drops the segments' rows first.
         """
         if not entries:
             first = self.next_seq(session_id, segment_id)
@@ -573,7 +529,15 @@ class PostgresStore(SqlStore):
         raise SegmentNotFound.of(session_id, segment_id)
 
     def close(self) -> None:
-        """Close the derived index, the idle lock connections (held ones close on release)
-        and the pool."""
+        """Close the derived index, the idle lock connections and the pool."""
         super().close()
         self._pool.close()
+
+
+# What SqlStore reads, and its blob writes (safe to repeat), run once more on a connection lost
+# under them (see _pool.retried).
+_RETRIED = """get_head list_contexts read_segment next_seq list_segments read_trace put_blob
+    get_blob has_blob blob_digests blob_references delete_unreferenced_blobs live_sessions
+    entries_from"""
+for _name in _RETRIED.split():
+    setattr(PostgresStore, _name, retried(getattr(SqlStore, _name)))

@@ -100,7 +100,7 @@ HEAD_TAIL = (
 
 # --------------------------------------------------------------------------- reads
 
-READ = (
+READ_SEGMENT = (
     "SELECT line, (SELECT max(seq) FROM entries WHERE session_id = %(session)s "
     "AND segment_id = %(segment)s) "
     "FROM entries WHERE session_id = %(session)s AND segment_id = %(segment)s "

@@ -16,16 +16,17 @@ Usage::
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from terrarium.errors import StoreUnavailable
+from terrarium.stores.base import ClosingStore
 from terrarium.stores.postgres._sql import lock_key
 
 
-class ChangeFeed:
+class ChangeFeed(ClosingStore):
     """Notifications of one store's writes, received on a connection of its own."""
 
     def __init__(self, dsn: str, schema: str) -> None:
@@ -70,9 +71,3 @@ class ChangeFeed:
             pass
         finally:
             self._conn.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -40,8 +40,7 @@ from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
 from terrarium.stores._archive import envelopes
 from terrarium.stores._files import inside
-from terrarium.stores._seqs import SeqGuesses
-from terrarium.stores._sqlbase import STATE, SqlStore, line_text, state_record
+from terrarium.stores._sqlbase import STATE, SeqGuesses, SqlStore, line_text, state_record
 from terrarium.stores.base import INDEX_DB, NewEntry, iter_lines, wake_session
 from terrarium.stores.locks import file_lock
 from terrarium.stores.sqlite import _sql as sql
@@ -55,24 +54,15 @@ log = logging.getLogger(__name__)
 
 #: Segments whose next seq and key (``segments.id``) a store remembers. A key is kept only
 #: once committed (None: look it up): keys are ``AUTOINCREMENT``, so a committed one never
-#: names another segment, and an append with the key of a segment since deleted (purged, or
-#: archived and woken under a new key, by any process) finds no entry before its seq, fails
-#: its check and looks the key up again. A key read inside a caller's transaction may be
-#: rolled back with it and handed out again to another segment, so it is not kept.
+#: names another segment, and an append with the key of a deleted segment fails its check and
+#: looks again. A key read inside a caller's transaction may be rolled back, so it is not kept.
 _SEEN_CACHE = 4096
 
 
 class SqliteStore(SqlStore):
     """A store in one SQLite database file (see the module docstring)."""
 
-    _READ_SEGMENT = sql.READ_SEGMENT
-    _READ_TRACE = sql.READ_TRACE
-    _DROP_HOT = sql.DROP_HOT
-    _ENTRIES_FROM = sql.ENTRIES_FROM
-    _LIVE_SESSIONS = sql.LIVE_SESSIONS
-    _SESSION_SEGMENTS = sql.SESSION_SEGMENTS
-    _SESSION_LINES = sql.SESSION_LINES
-    _SESSION_TRACES = sql.SESSION_TRACES
+    _sql = sql
 
     def __init__(
         self,
@@ -93,8 +83,7 @@ class SqliteStore(SqlStore):
             blob_threshold: history strings over this many bytes go to the ``blobs`` table
                 (:mod:`terrarium.blobs`); None or 0 keeps them inline.
 
-        A database this process cannot write, or that a full disk keeps from opening for
-        writing, is opened read-only: reads work, writes raise StoreError.
+        A database this process cannot write (or a full disk) is opened read-only.
 
         Raises:
             FormatVersionError: the database was written by a newer terrarium.
@@ -127,10 +116,8 @@ class SqliteStore(SqlStore):
         self._idle: list[sqlite3.Connection] = [self._open()]
 
     def _open(self) -> sqlite3.Connection:
-        """The first connection, read-only (unmigrated) where the database cannot be written.
-
-        The file is created ``0600`` before SQLite opens it, so its ``-wal`` and ``-shm`` are too.
-        """
+        """The first connection, read-only (unmigrated) where the database cannot be written;
+        the file created ``0600`` first, so its ``-wal`` and ``-shm`` are too."""
         if self.path.exists() and not _db.writable(self.path):
             self.readonly_reason = "read-only"
         else:
@@ -176,10 +163,8 @@ class SqliteStore(SqlStore):
         return f"SqliteStore({str(self.path)!r}, synchronous={self.synchronous!r})"
 
     # ---------------------------------------------------------------- connections
-    # A thread borrows an idle connection for one call: reads run in parallel under WAL, and
-    # connections are bounded by the calls in flight (one per thread would leak with thread
-    # pools that churn). Inside atomic() the thread keeps its connection; nested blocks are
-    # savepoints.
+    # A thread borrows an idle connection for one call (one per thread would leak with thread
+    # pools that churn). Inside atomic() the thread keeps it; nested blocks are savepoints.
 
     def _connect(self) -> sqlite3.Connection:
         conn = _db.connect(self.path, timeout=self.busy_timeout, readonly=self.readonly)
@@ -259,17 +244,17 @@ class SqliteStore(SqlStore):
     def atomic(self) -> Iterator[None]:
         """Run the calls in the ``with`` block in one transaction: all of them or none.
 
-        Blocks nest (inner ones are savepoints: an exception rolls back only its block). The
-        write lock is held for the whole outermost block, so keep it short; it applies to the
-        calling thread only.
+        Blocks nest (inner ones are savepoints). The write lock is held for the whole
+        outermost block, so keep it short; it applies to the calling thread only.
         """
         with self._write():
             yield
 
     @contextmanager
-    def _snapshot(self) -> Iterator[sqlite3.Connection]:
-        """A connection in a read transaction: one snapshot for every statement."""
-        with self._read() as conn:
+    def _snapshot(self, *, pooled: bool = False) -> Iterator[sqlite3.Connection]:
+        """A connection in a read transaction: one snapshot for every statement (``pooled``: a
+        pooled one, never the thread's write one)."""
+        with self._pooled() if pooled else self._read() as conn:
             own = not conn.in_transaction
             if own:
                 conn.execute("BEGIN")
@@ -294,20 +279,12 @@ class SqliteStore(SqlStore):
             rows = conn.execute(sql.CHANGES_AFTER, seen).fetchall()
         return [uuid.UUID(row[0]) for row in rows], now
 
-    @contextmanager
-    def _committed(self) -> Iterator[sqlite3.Connection]:
-        """A pooled read transaction, never the thread's write one."""
-        with self._pooled() as conn:
-            conn.execute("BEGIN")
-            try:
-                yield conn
-            finally:
-                conn.execute("COMMIT")
+    def _committed(self) -> AbstractContextManager[sqlite3.Connection]:
+        return self._snapshot(pooled=True)
 
     def index_source(self) -> Path:
-        """The derived index's file (``Indexed``), beside this database; the index reads the
-        cursor.
-        StoreError for a database of a development build that kept no change cursor."""
+        """The derived index's file (``Indexed``), beside this database; StoreError for a
+        database of a development build that kept no change cursor."""
         with self._read() as conn:
             if conn.execute(sql.HAS_CHANGES).fetchone() is None:
                 raise StoreError(
@@ -320,11 +297,8 @@ class SqliteStore(SqlStore):
     # ---------------------------------------------------------------- contexts
 
     def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
-        """Hold the context's lock exclusively, across threads and processes.
-
-        A ``flock`` on a file in ``{database}-locks/``: a lock table would need polling to
-        wait, and an open write transaction would block every other writer for the whole turn.
-        """
+        """Hold the context's lock exclusively, across threads and processes: a ``flock`` in
+        ``{database}-locks/`` (a lock table would need polling, a transaction block writers)."""
         ctx = ContextId.parse(context)
         path = self.path.with_name(f"{self.path.name}-locks") / ctx.type / ctx.encoded_name
         if not inside(path, self.path.parent):  # a link there: never a lock outside
@@ -334,9 +308,7 @@ class SqliteStore(SqlStore):
         return file_lock(path)
 
     # ---------------------------------------------------------------- frozen sessions
-    # SqlStore keeps the records and moves the rows. A write finds a frozen session on its
-    # miss path only, wakes it (wake_session) and tries again: a hot write never looks at the
-    # archive.
+    # A write finds a frozen session on its miss path only, wakes it and tries again.
 
     def _refill(
         self,
@@ -346,8 +318,7 @@ class SqliteStore(SqlStore):
         lines: list[str],
         trace: list[str],
     ) -> None:
-        """Put a frozen segment back in the hot tables. It gets a new key, so an append with a
-        key cached before the freeze fails its check and looks again."""
+        """Put a frozen segment back hot, under a new key (a cached one fails its check)."""
         g, created, _ = segment
         seg = conn.execute(sql.INSERT_SEGMENT, (session, g, created)).lastrowid
         found = zip(envelopes(lines), lines, strict=True)
@@ -361,8 +332,8 @@ class SqliteStore(SqlStore):
         return frozen and wake_session(self, uuid.UUID(session))
 
     def _tail_waking(self, conn: sqlite3.Connection, session: str, segment: str) -> tuple[int, int]:
-        """:func:`_tail`, waking a frozen session first: an append's miss path. The look at the
-        record and the tail read are one transaction, so no freeze or thaw slips between."""
+        """:func:`_tail`, waking a frozen session first: an append's miss path, in one
+        transaction so no freeze or thaw slips between."""
         try:
             return _tail(conn, session, segment)
         except SegmentNotFound:
@@ -401,10 +372,9 @@ class SqliteStore(SqlStore):
     ) -> int:
         """Append entries atomically; return the first one's seq.
 
-        One entry is one ``INSERT`` (:data:`._sql.APPEND_ONE`, the whole compare-and-append)
-        at ``expected_seq`` or the seq this store last saw the segment reach; when refused, it
-        reads the segment's tail and raises ConflictError or retries there. Several entries go
-        in one ``BEGIN IMMEDIATE`` transaction.
+        One entry is one compare-and-append ``INSERT`` (:data:`._sql.APPEND_ONE`) at
+        ``expected_seq`` or the seq last seen; refused, it reads the tail and raises
+        ConflictError or retries. Several go in one ``BEGIN IMMEDIATE`` transaction.
         """
         if len(entries) != 1 or line_digests(entries[0].data):  # blob_refs: one transaction
             return self._append_many(session_id, segment_id, entries, expected_seq)
