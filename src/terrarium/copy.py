@@ -144,13 +144,8 @@ def read_source(
 def _traces(
     store: Store, session_id: SessionId, segments: list[list[dict[str, Any]]]
 ) -> dict[SegmentId, list[dict[str, Any]]]:
-    found = {}
-    for segment in segments:
-        segment_id = SegmentId(segment[0]["segment_id"])
-        trace = store.read_trace(session_id, segment_id)
-        if trace:
-            found[segment_id] = trace
-    return found
+    ids = (SegmentId(segment[0]["segment_id"]) for segment in segments)
+    return {s: trace for s in ids if (trace := store.read_trace(session_id, s))}
 
 
 @dataclass
@@ -302,19 +297,14 @@ def _append(
     dst: Store, session_id: SessionId, segment_id: SegmentId, lines: list[dict[str, Any]], at: int
 ) -> int:
     """Append ``lines[at:]`` to the segment, which holds ``at`` lines; how many."""
-    entries = [
-        NewEntry(line["kind"], line["ts"], offload_data(dst, line["kind"], _data(line)))
-        for line in lines[at:]
-    ]
+    entries = []
+    for line in lines[at:]:
+        data = {k: v for k, v in line.items() if k not in ENVELOPE_KEYS}  # the data: no envelope
+        entries.append(NewEntry(line["kind"], line["ts"], offload_data(dst, line["kind"], data)))
     for start in range(0, len(entries), BATCH):
         batch = entries[start : start + BATCH]
         dst.append(session_id, segment_id, batch, expected_seq=at + start)
     return len(entries)
-
-
-def _data(line: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored line's data: every key but the envelope's."""
-    return {k: v for k, v in line.items() if k not in ENVELOPE_KEYS}
 
 
 def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
@@ -330,22 +320,17 @@ def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
     # A trace has no seq to compare and set: two copies of a session take turns. A detached
     # one locks an id that names it (a context of that name would only share its turns).
     lock = ctx if ctx is not None else ContextId("detached", str(source.session_id))
-    with context_lock(dst, lock):
-        return _attempts(dst, source, name)
-
-
-def _attempts(dst: Store, source: SessionSource, name: str) -> tuple[int, bool] | None:
-    """Plan and write until the destination holds the session (see :func:`_complete`)."""
     written, partial = 0, None
-    for _ in range(ATTEMPTS):
-        plan = _plan(dst, source, name)
-        partial = plan.partial if partial is None else partial
-        if plan.empty():
-            return (written, partial) if written else None
-        try:
-            return written + _write(dst, source, plan, name), partial
-        except (ConflictError, ContextExists, SessionAttached):
-            written += plan.written
+    with context_lock(dst, lock):
+        for _ in range(ATTEMPTS):
+            plan = _plan(dst, source, name)
+            partial = plan.partial if partial is None else partial
+            if plan.empty():
+                return (written, partial) if written else None
+            try:
+                return written + _write(dst, source, plan, name), partial
+            except (ConflictError, ContextExists, SessionAttached):
+                written += plan.written
     raise SessionConflict(f"{name}: the destination kept changing while it was copied")
 
 
@@ -390,40 +375,27 @@ def copy_store(
         todo += detached_sessions(src)
     report = CopyReport()
     for what in todo:
-        name = _copy_one(report, src, dst, what, pinned)
+        name = str(what) if isinstance(what, ContextId) else f"session {what}"
+        try:
+            if isinstance(what, ContextId):
+                done = _complete(dst, read_source(src, what, pinned=pinned))
+            else:
+                done = _complete(dst, read_source(src, session_id=what))
+        except (ContextNotFound, SessionAttached, SessionConflict, CorruptLog) as exc:
+            report.skipped.append((name, str(exc)))
+            if isinstance(exc, SessionConflict):
+                report.conflicts.append((name, str(exc)))
+            if isinstance(exc, CorruptLog):
+                report.damaged.append((name, str(exc)))
+        else:
+            if done is None:
+                report.skipped.append((name, "already in the destination"))
+                report.present.append(name)
+            else:
+                report.entries += done[0]
+                report.copied.append(name)
+                if done[1]:
+                    report.completed.append(name)
         if progress is not None:
             progress(name)
     return report
-
-
-def _copy_one(
-    report: CopyReport,
-    src: Store,
-    dst: Store,
-    what: ContextId | SessionId,
-    pinned: frozenset[str],
-) -> str:
-    """Copy one context (or detached session) into ``dst``, noted in ``report``; its name."""
-    name = str(what) if isinstance(what, ContextId) else f"session {what}"
-    try:
-        if isinstance(what, ContextId):
-            source = read_source(src, what, pinned=pinned)
-        else:
-            source = read_source(src, session_id=what)
-        done = _complete(dst, source)
-    except (ContextNotFound, SessionAttached, SessionConflict, CorruptLog) as exc:
-        report.skipped.append((name, str(exc)))
-        if isinstance(exc, SessionConflict):
-            report.conflicts.append((name, str(exc)))
-        if isinstance(exc, CorruptLog):
-            report.damaged.append((name, str(exc)))
-        return name
-    if done is None:
-        report.skipped.append((name, "already in the destination"))
-        report.present.append(name)
-        return name
-    report.entries += done[0]
-    report.copied.append(name)
-    if done[1]:
-        report.completed.append(name)
-    return name

@@ -110,10 +110,6 @@ def _rel(root: Path, path: Path) -> str:
 _OUTSIDE = "leads outside the sessions folder (a symbolic link)"
 
 
-def _new_bytes(session: LegacySession) -> bytes:
-    return dumps(session).encode()
-
-
 def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
     """Read every legacy file under ``root`` and decide what happens to it; changes nothing.
 
@@ -154,7 +150,7 @@ def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
             )
         elif destination.exists():
             try:
-                same = destination.read_bytes() == _new_bytes(session)
+                same = destination.read_bytes() == dumps(session).encode()
             except OSError as exc:
                 same, problem = False, f"cannot read {_rel(base, destination)} ({exc.strerror})"
             if not same and problem is None:
@@ -186,10 +182,6 @@ def _age(step: Step) -> tuple[str, str]:
     return step.session.metadata.session_date, step.session.metadata.last_active
 
 
-class _Conflict(Exception):
-    pass
-
-
 class _Failed(Exception):
     """A step that failed: its one line."""
 
@@ -198,16 +190,16 @@ class _Gone(Exception):
     """The step's file is gone (deleted, or archived with its context): nothing to do."""
 
 
-def _move(step: Step) -> bool:
+def _move(step: Step, label: str) -> bool:
     """Write the destination (unless there) through a temporary file, then remove the source;
     False when another run moved it there, _Gone when it is gone otherwise (deleted, archived).
 
     A rerun that finds the destination holding what the move would write removes the source; one
-    holding something else is a conflict, never overwritten.
+    holding something else is a conflict (_Failed, after ``label``), never overwritten.
     """
     assert step.session is not None
     source, destination = step.source, step.destination
-    data = _new_bytes(step.session)
+    data = dumps(step.session).encode()
     for leftover in leftovers(destination):  # an interrupted earlier run's temp file
         leftover.unlink(missing_ok=True)
     try:
@@ -223,7 +215,7 @@ def _move(step: Step) -> bool:
     if existing is None:
         write_atomic(destination, data, sync=True, mtime_ns=mtime_ns)
     elif existing != data:
-        raise _Conflict("exists with different content (conflict)")
+        raise _Failed(f"{label} exists with different content (conflict)")
     source.unlink(missing_ok=True)
     fsync_dir(source.parent)
     return True
@@ -351,11 +343,9 @@ def _move_step(step: Step, report: MigrationReport, done: list[str]) -> bool:
     source, where = _rel(report.root, step.source), _rel(report.root, step.destination)
     if not report.dry_run:
         try:
-            if not _move(step):
+            if not _move(step, f"{source}: {where}"):
                 done.append(f"{source} moved to {where} by another run")
                 return False
-        except _Conflict as exc:
-            raise _Failed(f"{source}: {where} {exc}") from None
         except (OSError, ValueError) as exc:
             raise _Failed(f"{source}: {failure(step.source, exc)}") from None
     report.moved += 1
