@@ -66,11 +66,9 @@ class CopyReport:
     completed: list[str] = field(default_factory=list)
     """The copied contexts that the destination held in part (an interrupted copy's)."""
     conflicts: list[tuple[str, str]] = field(default_factory=list)
-    """The skipped contexts that the destination holds otherwise than the source, each with
-    what differs; nothing of them was written."""
+    """The skipped contexts the destination holds otherwise, each with what differs."""
     damaged: list[tuple[str, str]] = field(default_factory=list)
-    """The skipped contexts whose log is damaged (in either store), each with the problem
-    (file and line); nothing of them was written."""
+    """The skipped contexts whose log is damaged (in either store), each with the problem."""
 
 
 @dataclass(frozen=True)
@@ -122,8 +120,7 @@ def read_source(
     session_id: SessionId | None = None,
     pinned: frozenset[str] | None = None,
 ) -> SessionSource:
-    """A context's session (or the detached session ``session_id``) as ``store`` holds it
-    (ContextNotFound, SegmentNotFound: none)."""
+    """A context's session, or the detached session_id's (ContextNotFound, SegmentNotFound)."""
     if context is None:
         assert session_id is not None, "a context or a session id"
         segments = session_segments(store, session_id)
@@ -169,8 +166,7 @@ class _Plan:
     """Lines written so far by following the plan."""
 
     def empty(self) -> bool:
-        """Whether there is nothing to write: every field but ``partial`` and ``written`` is
-        unset."""
+        """Whether there is nothing to write."""
         return not any(
             getattr(self, f.name) for f in fields(self) if f.name not in ("partial", "written")
         )
@@ -310,15 +306,13 @@ def _append(
 def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
     """Make ``dst`` hold the session: (lines written, part there?), or None if it had it all.
 
-    Another copy of the same session (another process's copy or import) takes turns with this
-    one under its context's lock (a detached session's: ``detached:{session}``). A write that
-    finds its part there already (a stale seq, a segment or session that exists, a context
-    attached: a copy of the session as a context's) plans again from what is there now.
+    A write that finds its part there already (a stale seq, a segment or session that exists, a
+    context attached) plans again from what is there now.
     """
     ctx = source.context
     name = str(ctx) if ctx is not None else f"session {source.session_id}"
-    # A trace has no seq to compare and set: two copies of a session take turns. A detached
-    # one locks an id that names it (a context of that name would only share its turns).
+    # A trace has no seq to compare and set: two copies of a session take turns under the
+    # context's lock. A detached one locks an id that names it.
     lock = ctx if ctx is not None else ContextId("detached", str(source.session_id))
     written, partial = 0, None
     with context_lock(dst, lock):

@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from terrarium import codec, sessions
 from terrarium.errors import InvalidEntry
@@ -72,29 +72,26 @@ class LegacyMessage:
     """``user`` or ``assistant`` (``system`` is accepted too)."""
     content: str
     timestamp: str
-    """When it was said, exactly as written (ISO 8601; derived when the file had none)."""
+    """ISO 8601, as written (derived when the file had none)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
-    """Keys of the message this module does not know, kept as they were."""
+    """Unknown keys, kept as they were."""
 
 
 @dataclass(frozen=True, slots=True)
 class LegacyMetadata:
-    """The ``metadata`` object of a legacy session."""
+    """The ``metadata`` object of a legacy session: each field as written, or derived (see
+    :func:`load`)."""
 
     created_at: str
-    """Creation time, exactly as written (or derived, see :func:`load`)."""
     last_active: str
-    """Time of the last activity, exactly as written (or derived)."""
     message_count: int
-    """Number of messages, as written (or derived from the messages)."""
     session_id: str
     """The context name, as the metadata repeats it."""
     context_type: str
-    """The context type, as the metadata repeats it."""
     session_date: str
     """The date folder, ``YYYY-MM-DD``."""
     extra: Mapping[str, Any] = field(default_factory=dict)
-    """Metadata keys this module does not know, kept as they were."""
+    """Unknown keys, kept as they were."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +108,8 @@ class LegacySession:
     """The conversation, oldest first."""
     metadata: LegacyMetadata
     extra: Mapping[str, Any] = field(default_factory=dict)
-    """Top-level keys this module does not know, kept as they were."""
+    """Unknown top-level keys, kept as they were."""
     path: Path | None = field(default=None, compare=False)
-    """The file it was read from."""
     derived: frozenset[str] = field(default=frozenset(), compare=False)
     """Fields the file lacked and :func:`load` derived (``metadata.created_at``, ...)."""
 
@@ -155,14 +151,12 @@ class _Checker:
     def __init__(self, where: str) -> None:
         self.where = where
         self.derived: set[str] = set()
-        """The fields the file lacks, which the reader derives."""
 
     def fail(self, problem: str) -> LegacyFormatError:
         return LegacyFormatError(f"{self.where}: {problem}")
 
     def given(self, raw: Mapping[str, Any], name: str, kind: Callable[[Any, str], T]) -> T | None:
-        """The field ``name`` (``metadata.x``: key ``x`` of the metadata) checked by ``kind``;
-        None, noted as derived, if the file lacks it."""
+        """Field ``name`` (``metadata.x``: the metadata's ``x``) checked by ``kind``, else None."""
         value = raw.get(name.rpartition(".")[2])
         if value is None:
             self.derived.add(name)
@@ -463,8 +457,7 @@ def _as_json(value: Any) -> Any:
 
 def dump(session: LegacySession) -> dict[str, Any]:
     """The session as the seed's JSON object, field for field; unknown keys follow the known."""
-    found: dict[str, Any] = _as_json(session)
-    return found
+    return cast(dict[str, Any], _as_json(session))
 
 
 def dumps(data: LegacySession | Mapping[str, Any]) -> str:
@@ -530,13 +523,8 @@ def _legacy_record(header: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def _item_ts(record: Mapping[str, Any] | None, count: int) -> list[str] | None:
     stamps = record.get("item_ts") if record is not None else None
-    if (
-        isinstance(stamps, list)
-        and len(stamps) == count
-        and all(isinstance(s, str) for s in stamps)
-    ):
-        return stamps
-    return None
+    fits = isinstance(stamps, list) and len(stamps) == count
+    return stamps if fits and all(isinstance(s, str) for s in stamps) else None
 
 
 def _native_message(item: LoggedItem, ts: str) -> dict[str, Any] | None:
