@@ -236,7 +236,10 @@ def run_archive(
             plan.damaged.append((candidate.context, str(exc)))
         if archived is not None:
             done.append(archived)
-            sizes = {"hot_bytes": archived.hot_bytes, "archived_bytes": archived.archived_bytes}
+            sizes: dict[str, Any] = {
+                "hot_bytes": archived.hot_bytes,
+                "archived_bytes": archived.archived_bytes,
+            }
             journal.record("archive", why, context=archived.context, **sizes)
         if progress is not None:
             progress(candidate.context)
@@ -356,8 +359,7 @@ def _trash(store: Store, context: ContextId, why: str) -> tuple[bool, TrashedCon
     if not (deleted or moved):
         return False, None
     entry = next((e for e in states.trashed_contexts(lifecycle) if e.context == str(context)), None)
-    details: dict[str, Any] = {"context": str(context)}
-    details["trash_id"] = entry.trash_id if entry is not None else None
+    details: dict[str, Any] = {"context": str(context), "trash_id": entry and entry.trash_id}
     if moved:
         details["legacy_files"] = [str(path) for path in moved]
     MaintenanceLog.of(store).record("trash", why, **details)

@@ -150,11 +150,10 @@ def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
             )
         elif destination.exists():
             try:
-                same = destination.read_bytes() == dumps(session).encode()
+                if destination.read_bytes() != dumps(session).encode():
+                    problem = f"{_rel(base, destination)} exists with different content (conflict)"
             except OSError as exc:
-                same, problem = False, f"cannot read {_rel(base, destination)} ({exc.strerror})"
-            if not same and problem is None:
-                problem = f"{_rel(base, destination)} exists with different content (conflict)"
+                problem = f"cannot read {_rel(base, destination)} ({exc.strerror})"
         if problem is not None:
             steps.append(Step(path, destination, context, f"{_rel(base, path)}: {problem}"))
             continue
@@ -223,8 +222,8 @@ def _move(step: Step, label: str) -> bool:
 
 @contextmanager
 def _stores(base: Path, store: Store | None, to_log: bool, dry_run: bool) -> Iterator[_Stores]:
-    """The folder's own store, whose context locks a file moves under, and the store imports
-    go to (``store``, else the folder's own; None without ``to_log``). A dry run locks nothing."""
+    """The stores whose context locks a file moves under (the folder's own, and ``store``; none
+    in a dry run), and the store imports go to (``store``, else the folder's own; or None)."""
     from terrarium.legacy import legacy_root
     from terrarium.stores.fs import FsStore
 
@@ -235,21 +234,22 @@ def _stores(base: Path, store: Store | None, to_log: bool, dry_run: bool) -> Ite
         )
         if home is None and (not dry_run or (to_log and store is None)):
             home = stack.enter_context(FsStore(base, durability="fsync"))
-        yield _Stores(home, (store or home) if to_log else None, locks=not dry_run)
+        target = (store or home) if to_log else None
+        locking = {id(s): s for s in (home, target) if s is not None and not dry_run}
+        yield _Stores(target, list(locking.values()))
 
 
 class _Stores(NamedTuple):
-    home: Store | None
     target: Store | None
-    locks: bool
+    locking: list[Store]
 
     @contextmanager
     def locked(self, context: ContextId | None) -> Iterator[None]:
         """Hold the context's lock in each store: a delete, an archive or a turn of it, or
         another migration, waits for its file's move and import."""
         with ExitStack() as stack:
-            for store in {id(s): s for s in (self.home, self.target) if s is not None}.values():
-                if context is not None and self.locks:
+            for store in self.locking:
+                if context is not None:
                     with suppress(InvalidContextId):  # a context the store cannot hold: no lock
                         stack.enter_context(context_lock(store, context))
             yield

@@ -523,8 +523,9 @@ def _legacy_record(header: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def _item_ts(record: Mapping[str, Any] | None, count: int) -> list[str] | None:
     stamps = record.get("item_ts") if record is not None else None
-    fits = isinstance(stamps, list) and len(stamps) == count
-    return stamps if fits and all(isinstance(s, str) for s in stamps) else None
+    if isinstance(stamps, list) and len(stamps) == count:
+        return stamps if all(isinstance(s, str) for s in stamps) else None
+    return None
 
 
 def _native_message(item: LoggedItem, ts: str) -> dict[str, Any] | None:
@@ -612,10 +613,9 @@ def _session_root(
     store: Store, session_id: SessionId, first_header: Mapping[str, Any]
 ) -> tuple[SegmentId, Mapping[str, Any]]:
     """The id and header of the session's first segment (``first_header`` is the lineage's)."""
-    root_id = SegmentId(str(first_header["segment_id"]))
-    segment_ids = store.list_segments(session_id)
-    if segment_ids and segment_ids[0] != root_id:
-        root_id = segment_ids[0]
+    first = SegmentId(str(first_header["segment_id"]))
+    root_id = next(iter(store.list_segments(session_id)), first)
+    if root_id != first:
         return root_id, store.read_segment(session_id, root_id, stop_seq=0).header
     return root_id, first_header
 
