@@ -489,23 +489,20 @@ class MaintenanceLog:
         if not self._run.acquire(blocking=False):
             yield False
             return
-        try:
+        with contextlib.ExitStack() as stack:
+            stack.callback(self._run.release)
             if self.path is None:
                 yield True
                 return
             make_dirs(self.path.parent)
             fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
+            stack.callback(os.close, fd)  # closing releases the lock
             try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    yield False
-                    return
-                yield True
-            finally:
-                os.close(fd)  # releases the lock
-        finally:
-            self._run.release()
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
 
 
 _MEMORY_LOGS: weakref.WeakKeyDictionary[Store, MaintenanceLog] = weakref.WeakKeyDictionary()
