@@ -101,12 +101,9 @@ def session_segments(store: Store, session_id: SessionId) -> list[list[dict[str,
         parent = SegmentId(parent_text) if parent_text else None
         # A parent in another session (a fork into this context) is no parent here.
         children.setdefault(parent if parent in reads else None, []).append(segment_id)
-    ordered: list[SegmentId] = []
-    pending = sorted(children.get(None, []))
-    while pending:
-        segment_id = pending.pop(0)
-        ordered.append(segment_id)
-        pending.extend(sorted(children.get(segment_id, [])))
+    ordered = sorted(children.get(None, []))
+    for segment_id in ordered:  # breadth first: the list grows as it is walked
+        ordered.extend(sorted(children.get(segment_id, [])))
     # Blobs travel inline: the destination keeps them as its own threshold says.
     return [
         [inline_line(line, store) for line in [reads[s].header, *reads[s].entries]] for s in ordered
