@@ -270,12 +270,12 @@ def from_dict(
     path: Path | None = None,
     context_type: str | None = None,
     session_date: str | None = None,
-    fallback_time: str | Callable[[], str] | None = None,
+    fallback_time: Callable[[], str] | None = None,
 ) -> LegacySession:
     """Check and complete a decoded legacy session (see :func:`load`; LegacyFormatError).
 
     ``context_type`` and ``session_date`` are the folders', used when the file has none;
-    ``fallback_time`` (a string or a callable) is the ``created_at`` of a file with no time.
+    ``fallback_time()`` is the ``created_at`` of a file with no time (default: now).
     """
     check = _Checker(printable(str(path)) if path is not None else "<legacy session>")
     raw_messages, meta_raw = _session_parts(data, check)
@@ -375,7 +375,7 @@ def _created_at(
     meta_raw: Mapping[str, Any],
     parsed: list[_Parsed],
     check: _Checker,
-    fallback_time: str | Callable[[], str] | None,
+    fallback_time: Callable[[], str] | None,
 ) -> str:
     """``metadata.created_at``, else the first message's time, else the fallback, else now."""
     created = check.given(meta_raw, "metadata.created_at", check.timestamp)
@@ -384,8 +384,7 @@ def _created_at(
     first = next((stamp for _, _, stamp, _ in parsed if stamp is not None), None)
     if first is not None:
         return first
-    fallback = fallback_time() if callable(fallback_time) else fallback_time
-    return fallback or _seed_ts(dt.datetime.now(dt.UTC))
+    return fallback_time() if fallback_time is not None else _seed_ts(dt.datetime.now(dt.UTC))
 
 
 def _metadata(
