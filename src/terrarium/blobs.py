@@ -157,7 +157,7 @@ def offload_data(store: Store, kind: str, data: Mapping[str, Any]) -> Mapping[st
             f"entry data of kind {kind!r} may not set the reserved key {BLOBS_KEY!r}"
         )
     item = data.get("item")
-    if item is None or not isinstance(item, Mapping):
+    if not isinstance(item, Mapping):
         return data
     threshold = threshold_of(store)
     # A string of n characters has at most 4n UTF-8 bytes: one under threshold // 4 stays.

@@ -22,13 +22,12 @@ skipped). A bad entry is reported and the others are still imported.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import tarfile
 import zipfile
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Self
@@ -182,7 +181,7 @@ class _Members:
             except KeyError:
                 return None
             with self._zip.open(info) as handle:
-                return self._bounded(member, info.file_size, handle)
+                return bounded(handle, info.file_size, f"{self.path}: {member}")
         if self._tar is not None:
             try:
                 found = self._tar.getmember(member)
@@ -191,16 +190,13 @@ class _Members:
             extracted = self._tar.extractfile(found) if found.isfile() else None
             if extracted is None:  # a link or a device: never followed
                 raise InvalidEntry(f"{self.path}: {member} is not a regular file: not read")
-            return self._bounded(member, found.size, extracted)
+            return bounded(extracted, found.size, f"{self.path}: {member}")
         file = self.path.joinpath(*member.split("/"))
         if not file.resolve().is_relative_to(self.path.resolve()):
             raise InvalidEntry(f"{self.path}: {member} is a link out of the bundle: not read")
         if not file.is_file():
             return None
         return read_file(file, f"{self.path}: {member}")
-
-    def _bounded(self, member: str, size: int, handle: IO[bytes]) -> bytes:
-        return bounded(handle, size, f"{self.path}: {member}")
 
 
 def read_file(path: Path, where: str | None = None) -> bytes:
@@ -266,24 +262,16 @@ def import_bundle(store: Store, path: str | os.PathLike[str]) -> CopyReport:
         manifest = _manifest(members)
         for entry in [*manifest["contexts"], *manifest["detached"]]:
             name = entry["context"] if "context" in entry else f"session {entry['session_id']}"
-            stage = functools.partial(_stage, entry=entry, members=members)
-            _import_one(store, report, name, stage)
+            staged = MemoryStore(blob_threshold=None)  # large outputs stay inline until ``store``
+            try:
+                _stage(staged, entry, members)
+            except (TerrariumError, ValueError) as exc:
+                report.skipped.append((name, str(exc)))
+                continue
+            part = copy_store(staged, store)  # one there whole is ``present``; a trace is a write
+            for item in fields(part):  # every field of a report adds up
+                setattr(report, item.name, getattr(report, item.name) + getattr(part, item.name))
     return report
-
-
-def _import_one(
-    store: Store, report: CopyReport, name: str, stage: Callable[[MemoryStore], None]
-) -> None:
-    """Stage one entry in a store of its own, then copy it into ``store``."""
-    staged = MemoryStore(blob_threshold=None)  # large outputs stay inline until ``store``
-    try:
-        stage(staged)
-    except (TerrariumError, ValueError) as exc:
-        report.skipped.append((name, str(exc)))
-        return
-    part = copy_store(staged, store)  # one there whole is ``present``; a trace is a write
-    for item in fields(part):  # every field of a report adds up
-        setattr(report, item.name, getattr(report, item.name) + getattr(part, item.name))
 
 
 def _stage(staged: MemoryStore, entry: Mapping[str, Any], members: _Members) -> None:

@@ -66,11 +66,9 @@ class CopyReport:
     completed: list[str] = field(default_factory=list)
     """The copied contexts that the destination held in part (an interrupted copy's)."""
     conflicts: list[tuple[str, str]] = field(default_factory=list)
-    """The skipped contexts that the destination holds otherwise than the source, each with
-    what differs; nothing of them was written."""
+    """The skipped contexts the destination holds otherwise, each with what differs."""
     damaged: list[tuple[str, str]] = field(default_factory=list)
-    """The skipped contexts whose log is damaged (in either store), each with the problem
-    (file and line); nothing of them was written."""
+    """The skipped contexts whose log is damaged (in either store), each with the problem."""
 
 
 @dataclass(frozen=True)
@@ -103,12 +101,9 @@ def session_segments(store: Store, session_id: SessionId) -> list[list[dict[str,
         parent = SegmentId(parent_text) if parent_text else None
         # A parent in another session (a fork into this context) is no parent here.
         children.setdefault(parent if parent in reads else None, []).append(segment_id)
-    ordered: list[SegmentId] = []
-    pending = sorted(children.get(None, []))
-    while pending:
-        segment_id = pending.pop(0)
-        ordered.append(segment_id)
-        pending.extend(sorted(children.get(segment_id, [])))
+    ordered = sorted(children.get(None, []))
+    for segment_id in ordered:  # breadth first: the list grows as it is walked
+        ordered.extend(sorted(children.get(segment_id, [])))
     # Blobs travel inline: the destination keeps them as its own threshold says.
     return [
         [inline_line(line, store) for line in [reads[s].header, *reads[s].entries]] for s in ordered
@@ -122,8 +117,7 @@ def read_source(
     session_id: SessionId | None = None,
     pinned: frozenset[str] | None = None,
 ) -> SessionSource:
-    """A context's session (or the detached session ``session_id``) as ``store`` holds it
-    (ContextNotFound, SegmentNotFound: none)."""
+    """A context's session, or the detached session_id's (ContextNotFound, SegmentNotFound)."""
     if context is None:
         assert session_id is not None, "a context or a session id"
         segments = session_segments(store, session_id)
@@ -144,13 +138,8 @@ def read_source(
 def _traces(
     store: Store, session_id: SessionId, segments: list[list[dict[str, Any]]]
 ) -> dict[SegmentId, list[dict[str, Any]]]:
-    found = {}
-    for segment in segments:
-        segment_id = SegmentId(segment[0]["segment_id"])
-        trace = store.read_trace(session_id, segment_id)
-        if trace:
-            found[segment_id] = trace
-    return found
+    ids = (SegmentId(segment[0]["segment_id"]) for segment in segments)
+    return {s: trace for s in ids if (trace := store.read_trace(session_id, s))}
 
 
 @dataclass
@@ -174,8 +163,7 @@ class _Plan:
     """Lines written so far by following the plan."""
 
     def empty(self) -> bool:
-        """Whether there is nothing to write: every field but ``partial`` and ``written`` is
-        unset."""
+        """Whether there is nothing to write."""
         return not any(
             getattr(self, f.name) for f in fields(self) if f.name not in ("partial", "written")
         )
@@ -302,50 +290,38 @@ def _append(
     dst: Store, session_id: SessionId, segment_id: SegmentId, lines: list[dict[str, Any]], at: int
 ) -> int:
     """Append ``lines[at:]`` to the segment, which holds ``at`` lines; how many."""
-    entries = [
-        NewEntry(line["kind"], line["ts"], offload_data(dst, line["kind"], _data(line)))
-        for line in lines[at:]
-    ]
+    entries = []
+    for line in lines[at:]:
+        data = {k: v for k, v in line.items() if k not in ENVELOPE_KEYS}  # the data: no envelope
+        entries.append(NewEntry(line["kind"], line["ts"], offload_data(dst, line["kind"], data)))
     for start in range(0, len(entries), BATCH):
         batch = entries[start : start + BATCH]
         dst.append(session_id, segment_id, batch, expected_seq=at + start)
     return len(entries)
 
 
-def _data(line: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored line's data: every key but the envelope's."""
-    return {k: v for k, v in line.items() if k not in ENVELOPE_KEYS}
-
-
 def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
     """Make ``dst`` hold the session: (lines written, part there?), or None if it had it all.
 
-    Another copy of the same session (another process's copy or import) takes turns with this
-    one under its context's lock (a detached session's: ``detached:{session}``). A write that
-    finds its part there already (a stale seq, a segment or session that exists, a context
-    attached: a copy of the session as a context's) plans again from what is there now.
+    A write that finds its part there already (a stale seq, a segment or session that exists, a
+    context attached) plans again from what is there now.
     """
     ctx = source.context
     name = str(ctx) if ctx is not None else f"session {source.session_id}"
-    # A trace has no seq to compare and set: two copies of a session take turns. A detached
-    # one locks an id that names it (a context of that name would only share its turns).
+    # A trace has no seq to compare and set: two copies of a session take turns under the
+    # context's lock. A detached one locks an id that names it.
     lock = ctx if ctx is not None else ContextId("detached", str(source.session_id))
-    with context_lock(dst, lock):
-        return _attempts(dst, source, name)
-
-
-def _attempts(dst: Store, source: SessionSource, name: str) -> tuple[int, bool] | None:
-    """Plan and write until the destination holds the session (see :func:`_complete`)."""
     written, partial = 0, None
-    for _ in range(ATTEMPTS):
-        plan = _plan(dst, source, name)
-        partial = plan.partial if partial is None else partial
-        if plan.empty():
-            return (written, partial) if written else None
-        try:
-            return written + _write(dst, source, plan, name), partial
-        except (ConflictError, ContextExists, SessionAttached):
-            written += plan.written
+    with context_lock(dst, lock):
+        for _ in range(ATTEMPTS):
+            plan = _plan(dst, source, name)
+            partial = plan.partial if partial is None else partial
+            if plan.empty():
+                return (written, partial) if written else None
+            try:
+                return written + _write(dst, source, plan, name), partial
+            except (ConflictError, ContextExists, SessionAttached):
+                written += plan.written
     raise SessionConflict(f"{name}: the destination kept changing while it was copied")
 
 
@@ -390,40 +366,27 @@ def copy_store(
         todo += detached_sessions(src)
     report = CopyReport()
     for what in todo:
-        name = _copy_one(report, src, dst, what, pinned)
+        name = str(what) if isinstance(what, ContextId) else f"session {what}"
+        try:
+            if isinstance(what, ContextId):
+                done = _complete(dst, read_source(src, what, pinned=pinned))
+            else:
+                done = _complete(dst, read_source(src, session_id=what))
+        except (ContextNotFound, SessionAttached, SessionConflict, CorruptLog) as exc:
+            report.skipped.append((name, str(exc)))
+            if isinstance(exc, SessionConflict):
+                report.conflicts.append((name, str(exc)))
+            if isinstance(exc, CorruptLog):
+                report.damaged.append((name, str(exc)))
+        else:
+            if done is None:
+                report.skipped.append((name, "already in the destination"))
+                report.present.append(name)
+            else:
+                report.entries += done[0]
+                report.copied.append(name)
+                if done[1]:
+                    report.completed.append(name)
         if progress is not None:
             progress(name)
     return report
-
-
-def _copy_one(
-    report: CopyReport,
-    src: Store,
-    dst: Store,
-    what: ContextId | SessionId,
-    pinned: frozenset[str],
-) -> str:
-    """Copy one context (or detached session) into ``dst``, noted in ``report``; its name."""
-    name = str(what) if isinstance(what, ContextId) else f"session {what}"
-    try:
-        if isinstance(what, ContextId):
-            source = read_source(src, what, pinned=pinned)
-        else:
-            source = read_source(src, session_id=what)
-        done = _complete(dst, source)
-    except (ContextNotFound, SessionAttached, SessionConflict, CorruptLog) as exc:
-        report.skipped.append((name, str(exc)))
-        if isinstance(exc, SessionConflict):
-            report.conflicts.append((name, str(exc)))
-        if isinstance(exc, CorruptLog):
-            report.damaged.append((name, str(exc)))
-        return name
-    if done is None:
-        report.skipped.append((name, "already in the destination"))
-        report.present.append(name)
-        return name
-    report.entries += done[0]
-    report.copied.append(name)
-    if done[1]:
-        report.completed.append(name)
-    return name

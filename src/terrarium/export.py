@@ -111,9 +111,7 @@ def format_name(fmt: str) -> str:
 
 def get_format(fmt: str | Format) -> Format:
     """Look a format up by name or alias; ValueError listing the known ones if there is none."""
-    if isinstance(fmt, Format):
-        return fmt
-    return FORMATS[format_name(fmt)]
+    return fmt if isinstance(fmt, Format) else FORMATS[format_name(fmt)]
 
 
 def export_context(store: Store, context: ContextId | str, fmt: str | Format) -> str | bytes:

@@ -23,11 +23,11 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import msgspec
 
+from terrarium._lazy import lazy_module
 from terrarium.errors import ContextExists, StoreError
 from terrarium.formats import Folder, iter_legacy_files
 from terrarium.formats import list_legacy_folder as _list_folder
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from terrarium.formats import terrarium_json as tj
     from terrarium.stores.fs import FsStore
     from terrarium.stores.memory import MemoryStore
+else:  # the legacy format's module is imported when a legacy file is read, not by a listing
+    tj = lazy_module("terrarium.formats.terrarium_json")
 
 _RACY_NS = 2_000_000_000
 """A stamp this close to the time it was read may still change unseen (mtime granularity)."""
@@ -97,13 +99,6 @@ def _as_fs(store: Store) -> FsStore | None:
     return store if fs is not None and isinstance(store, fs.FsStore) else None
 
 
-def _tj() -> ModuleType:
-    # The legacy format's module is imported when a legacy file is read, not by every listing.
-    from terrarium.formats import terrarium_json
-
-    return terrarium_json
-
-
 def listing(store: Store) -> LegacyListing:
     """Every legacy session beside ``store`` that the log may or may not hide, and problems."""
     scanner = _scanner(store)
@@ -111,11 +106,6 @@ def listing(store: Store) -> LegacyListing:
         return LegacyListing()
     with scanner.lock:
         return scanner.scan()
-
-
-def find(store: Store, context: ContextId) -> Path | None:
-    """The legacy file of ``context``, whether or not the log has it (unreadable too), or None."""
-    return _lookup(store, context)
 
 
 def files(store: Store, context: ContextId) -> list[Path]:
@@ -128,13 +118,13 @@ def read(store: Store, context: ContextId) -> LegacyCopy | None:
 
     LegacyFormatError if the file is not a legacy session; OSError if it cannot be read.
     """
-    path = _lookup(store, context)
+    path = find(store, context)
     if path is None:
         return None
     from terrarium.stores.memory import MemoryStore
 
     memory = MemoryStore()
-    _tj().import_session(memory, _load(store, path), context=context)
+    tj.import_session(memory, _load(store, path), context=context)
     return LegacyCopy(memory, path)
 
 
@@ -143,10 +133,10 @@ def import_legacy(store: Store, context: ContextId) -> bool:
 
     LegacyFormatError or OSError if the context's legacy file cannot be read.
     """
-    if store.get_head(context) is not None or (path := _lookup(store, context)) is None:
+    if store.get_head(context) is not None or (path := find(store, context)) is None:
         return False
     try:
-        _tj().import_session(store, _load(store, path), context=context)
+        tj.import_session(store, _load(store, path), context=context)
     except ContextExists:  # a writer that does not take the lock created it meanwhile
         return False
     return True
@@ -154,7 +144,7 @@ def import_legacy(store: Store, context: ContextId) -> bool:
 
 def resume(store: Store, context: ContextId) -> bool:
     """:func:`import_legacy` under the context's lock, taken only when a legacy file holds it."""
-    if store.get_head(context) is not None or _lookup(store, context) is None:
+    if store.get_head(context) is not None or find(store, context) is None:
         return False
     with context_lock(store, context):
         return import_legacy(store, context)
@@ -175,8 +165,6 @@ def import_file(
     lies there: one deleted or migrated since it was read is FileNotFoundError, never a context
     brought back. ContextExists if the context exists.
     """
-    from terrarium.formats import terrarium_json as tj
-
     session = tj.load(path, root=root, raw=raw)
     own = legacy_root(store)
     if own is None or not inside(path, own):
@@ -197,7 +185,7 @@ def trash(store: Store, context: ContextId) -> list[Path]:
 
     root = legacy_root(store)
     moved: list[Path] = []
-    while root is not None and (found := _lookup(store, context)) is not None:
+    while root is not None and (found := find(store, context)) is not None:
         if not inside(found.parent, root):
             raise StoreError(f"{printable(str(found))}: {_outside(root)}, nor moved")
         target = root / LEGACY_TRASH / uuid.uuid4().hex / found.relative_to(root)
@@ -209,8 +197,9 @@ def trash(store: Store, context: ContextId) -> list[Path]:
     return moved
 
 
-def _lookup(store: Store, context: ContextId) -> Path | None:
-    """The context's file: the first of its places that holds it, else an unreadable one."""
+def find(store: Store, context: ContextId) -> Path | None:
+    """The legacy file of ``context``, whether or not the log has it: the first of its places
+    that holds it, else an unreadable one, else None."""
     found = _candidates(store, context)
     held = (path for path, f in found if not isinstance(f, LegacyProblem))
     return next(held, found[0][0] if found else None)
@@ -233,9 +222,8 @@ def _load(store: Store, path: Path) -> tj.LegacySession:
     root = legacy_root(store)
     assert root is not None
     if not inside(path, root):
-        raise _tj().LegacyFormatError(str(LegacyProblem(path, _outside(root))))
-    loaded: tj.LegacySession = _tj().load(path, root=root)
-    return loaded
+        raise tj.LegacyFormatError(str(LegacyProblem(path, _outside(root))))
+    return tj.load(path, root=root)
 
 
 def _outside(root: Path) -> str:
@@ -282,10 +270,10 @@ class _Seen(msgspec.Struct, Generic[T], frozen=True):
 class _Scanner:
     """One store's cached view of its legacy files.
 
-    A folder is listed again only when its ``ctime`` changed, a file parsed again only when its
-    inode, size, ``mtime`` or ``ctime`` changed; a stamp younger than ``_RACY_NS`` is not trusted.
-    With 20,000 native contexts in one date folder: the first listing 14 ms (the native listing:
-    250 ms), later ones 0.1 ms.
+    A folder is listed again, a file parsed again, only when its inode, size, ``mtime`` or
+    ``ctime`` changed; a stamp younger than ``_RACY_NS`` is not trusted. With 20,000 native
+    contexts in one date folder: the first listing 14 ms (the native listing: 250 ms), later
+    ones 0.1 ms.
     """
 
     def __init__(self, root: Path) -> None:
@@ -305,7 +293,7 @@ class _Scanner:
                 st = os.stat(path)
             except (FileNotFoundError, NotADirectoryError):
                 return (), ()
-            return _cached(self.folders, path, st, now, lambda: _list_folder(path, level), False)
+            return _cached(self.folders, path, st, now, lambda: _list_folder(path, level))
 
         # archive/: where the seed moved old files by hand (archived already)
         paths = sorted(iter_legacy_files(self.root, lister=folder, skip=("archive",)))
@@ -320,7 +308,7 @@ class _Scanner:
             st = os.stat(path)
         except OSError as exc:
             return LegacyProblem(path, exc.strerror or str(exc))
-        return _cached(self.files, path, st, now, lambda: _summarise(path, self.root), True)
+        return _cached(self.files, path, st, now, lambda: _summarise(path, self.root))
 
 
 def _cached(
@@ -329,11 +317,9 @@ def _cached(
     st: os.stat_result,
     now: int,
     make: Callable[[], T],
-    sized: bool,
 ) -> T:
-    """``path``'s value in ``cache``, made again unless its trusted stamp still holds (the
-    stamp has the size when ``sized``)."""
-    stamp = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size if sized else -1)
+    """``path``'s value in ``cache``, made again unless its trusted stamp still holds."""
+    stamp = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
     cached = cache.get(path)
     if cached is not None and cached.trusted and cached.stamp == stamp:
         return cached.value
@@ -348,10 +334,10 @@ def _summarise(path: Path, root: Path) -> Parsed:
     if not inside(path, root):
         return LegacyProblem(path, _outside(root))
     try:
-        session = _tj().load(path, root=root)
+        session = tj.load(path, root=root)
         context = session.context
     except (OSError, ValueError, RecursionError) as exc:
-        return LegacyProblem(path, _tj().failure(path, exc))
+        return LegacyProblem(path, tj.failure(path, exc))
     meta, last = session.metadata, session.metadata.last_active
     return ContextSummary(
         *(str(context), meta.session_date, len(session.messages), last, meta.created_at, last),

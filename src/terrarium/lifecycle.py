@@ -118,7 +118,6 @@ class Candidate(msgspec.Struct, frozen=True):
     hot_bytes: int
     """Its log's size in the hot store (estimated: JSON lines)."""
     pinned: bool
-    """Pinned: only a context named explicitly is archived so."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,11 +129,9 @@ class ArchivePlan:
     skipped_pinned: list[str] = field(default_factory=list)
     """Contexts the age selected but their pin kept."""
     named: frozenset[str] = frozenset()
-    """The contexts named explicitly: archived even if pinned meanwhile (a pin spares the
-    others)."""
+    """The contexts named explicitly: archived even if pinned meanwhile."""
     damaged: list[tuple[str, str]] = field(default_factory=list)
-    """Contexts chosen but left hot because their log is damaged, each with its problem (file
-    and line): the plan's, then those a run finds so."""
+    """Contexts left hot because their log is damaged, each with its problem (file and line)."""
 
     @property
     def hot_bytes(self) -> int:
@@ -191,10 +188,9 @@ def plan_archive(
 
 def _legacy_bytes(path: str) -> int | None:
     """The size of a legacy file (archiving imports it first), or None if it is gone."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         return os.stat(path).st_size
-    except FileNotFoundError:
-        return None
+    return None
 
 
 def _due(
@@ -240,13 +236,11 @@ def run_archive(
             plan.damaged.append((candidate.context, str(exc)))
         if archived is not None:
             done.append(archived)
-            journal.record(
-                "archive",
-                why,
-                context=archived.context,
-                hot_bytes=archived.hot_bytes,
-                archived_bytes=archived.archived_bytes,
-            )
+            sizes: dict[str, Any] = {
+                "hot_bytes": archived.hot_bytes,
+                "archived_bytes": archived.archived_bytes,
+            }
+            journal.record("archive", why, context=archived.context, **sizes)
         if progress is not None:
             progress(candidate.context)
     return done
@@ -254,8 +248,8 @@ def run_archive(
 
 def find_trashed(store: Store, target: str) -> TrashedContext:
     """The trash entry ``target`` names (a trash id, or a context's latest); else NotInTrash."""
-    # A trash id never names a context (it has no colon): the first entry is the one named.
-    return plan_trash_purge(store, targets=[target])[0]  # most recently deleted first
+    # A trash id has no colon, so never names a context; entries are newest first.
+    return plan_trash_purge(store, targets=[target])[0]
 
 
 def plan_trash_purge(
@@ -310,13 +304,8 @@ def run_trash_purge(
             break
         if states.purge_trashed(lifecycle, entry.trash_id):
             done.append(entry)
-            journal.record(
-                "purge_trash",
-                why,
-                context=entry.context,
-                trash_id=entry.trash_id,
-                bytes=entry.bytes,
-            )
+            ids = {"context": entry.context, "trash_id": entry.trash_id}
+            journal.record("purge_trash", why, **ids, bytes=entry.bytes)
         if progress is not None:
             progress(entry.trash_id)
     if done:
@@ -337,9 +326,8 @@ def collect_blobs(store: Store, *, why: str, journal: MaintenanceLog | None = No
 def archive_context(
     store: Store, context: ContextId, *, spare_pinned: bool = False
 ) -> ArchivedContext | None:
-    """:func:`states.archive_context` under the context's lock, a context only a legacy file
-    holds imported into the log first: its legacy files stay put while they go with it (a
-    migration moves them under that lock). None if there is nothing hot to archive."""
+    """:func:`states.archive_context` under the context's lock, after importing a context only
+    a legacy file holds (a migration moves such files under that lock). None: nothing hot."""
     with context_lock(store, context):
         legacy.import_legacy(store, context)
         return states.archive_context(require_lifecycle(store), context, spare_pinned=spare_pinned)
@@ -363,7 +351,7 @@ def delete_to_trash(store: Store, context: ContextId, *, why: str) -> TrashedCon
 
 
 def _trash(store: Store, context: ContextId, why: str) -> tuple[bool, TrashedContext | None]:
-    """:func:`delete_context`, and the context's trash entry (None for a legacy file)."""
+    """:func:`delete_context`, and the trash entry."""
     lifecycle = require_lifecycle(store)
     with context_lock(store, context):  # the legacy files first: the log hides them till then
         moved = legacy.trash(store, context)
@@ -371,8 +359,7 @@ def _trash(store: Store, context: ContextId, why: str) -> tuple[bool, TrashedCon
     if not (deleted or moved):
         return False, None
     entry = next((e for e in states.trashed_contexts(lifecycle) if e.context == str(context)), None)
-    details: dict[str, Any] = {"context": str(context)}
-    details["trash_id"] = entry.trash_id if entry is not None else None
+    details: dict[str, Any] = {"context": str(context), "trash_id": entry and entry.trash_id}
     if moved:
         details["legacy_files"] = [str(path) for path in moved]
     MaintenanceLog.of(store).record("trash", why, **details)
@@ -437,8 +424,7 @@ class MaintenanceLog:
     """
 
     def __init__(self, path: Path | None) -> None:
-        self.path = path
-        """The log file, or None (lines kept in this object)."""
+        self.path = path  # None: the lines are kept in this object
         self._lines: list[str] = []
         self._lock = threading.Lock()
         self._run = threading.Lock()
@@ -503,23 +489,20 @@ class MaintenanceLog:
         if not self._run.acquire(blocking=False):
             yield False
             return
-        try:
+        with contextlib.ExitStack() as stack:
+            stack.callback(self._run.release)
             if self.path is None:
                 yield True
                 return
             make_dirs(self.path.parent)
             fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
+            stack.callback(os.close, fd)  # closing releases the lock
             try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    yield False
-                    return
-                yield True
-            finally:
-                os.close(fd)  # releases the lock
-        finally:
-            self._run.release()
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
 
 
 _MEMORY_LOGS: weakref.WeakKeyDictionary[Store, MaintenanceLog] = weakref.WeakKeyDictionary()
@@ -531,9 +514,9 @@ class RetentionRule:
     """When to archive and when to purge from the trash (None: never)."""
 
     archive_after: timedelta | None = None
-    """Archive hot contexts inactive for longer than this."""
+    """Archive hot contexts inactive for longer."""
     purge_trash_after: timedelta | None = None
-    """Purge trash entries deleted longer ago than this."""
+    """Purge trash entries deleted longer ago."""
 
 
 _RULE_KEYS = ("archive_after", "purge_trash_after")

@@ -110,10 +110,6 @@ def _rel(root: Path, path: Path) -> str:
 _OUTSIDE = "leads outside the sessions folder (a symbolic link)"
 
 
-def _new_bytes(session: LegacySession) -> bytes:
-    return dumps(session).encode()
-
-
 def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
     """Read every legacy file under ``root`` and decide what happens to it; changes nothing.
 
@@ -154,11 +150,10 @@ def plan_migration(root: str | os.PathLike[str]) -> list[Step]:
             )
         elif destination.exists():
             try:
-                same = destination.read_bytes() == _new_bytes(session)
+                if destination.read_bytes() != dumps(session).encode():
+                    problem = f"{_rel(base, destination)} exists with different content (conflict)"
             except OSError as exc:
-                same, problem = False, f"cannot read {_rel(base, destination)} ({exc.strerror})"
-            if not same and problem is None:
-                problem = f"{_rel(base, destination)} exists with different content (conflict)"
+                problem = f"cannot read {_rel(base, destination)} ({exc.strerror})"
         if problem is not None:
             steps.append(Step(path, destination, context, f"{_rel(base, path)}: {problem}"))
             continue
@@ -186,10 +181,6 @@ def _age(step: Step) -> tuple[str, str]:
     return step.session.metadata.session_date, step.session.metadata.last_active
 
 
-class _Conflict(Exception):
-    pass
-
-
 class _Failed(Exception):
     """A step that failed: its one line."""
 
@@ -198,16 +189,16 @@ class _Gone(Exception):
     """The step's file is gone (deleted, or archived with its context): nothing to do."""
 
 
-def _move(step: Step) -> bool:
+def _move(step: Step, label: str) -> bool:
     """Write the destination (unless there) through a temporary file, then remove the source;
     False when another run moved it there, _Gone when it is gone otherwise (deleted, archived).
 
     A rerun that finds the destination holding what the move would write removes the source; one
-    holding something else is a conflict, never overwritten.
+    holding something else is a conflict (_Failed, after ``label``), never overwritten.
     """
     assert step.session is not None
     source, destination = step.source, step.destination
-    data = _new_bytes(step.session)
+    data = dumps(step.session).encode()
     for leftover in leftovers(destination):  # an interrupted earlier run's temp file
         leftover.unlink(missing_ok=True)
     try:
@@ -223,7 +214,7 @@ def _move(step: Step) -> bool:
     if existing is None:
         write_atomic(destination, data, sync=True, mtime_ns=mtime_ns)
     elif existing != data:
-        raise _Conflict("exists with different content (conflict)")
+        raise _Failed(f"{label} exists with different content (conflict)")
     source.unlink(missing_ok=True)
     fsync_dir(source.parent)
     return True
@@ -231,8 +222,8 @@ def _move(step: Step) -> bool:
 
 @contextmanager
 def _stores(base: Path, store: Store | None, to_log: bool, dry_run: bool) -> Iterator[_Stores]:
-    """The folder's own store, whose context locks a file moves under, and the store imports
-    go to (``store``, else the folder's own; None without ``to_log``). A dry run locks nothing."""
+    """The stores whose context locks a file moves under (the folder's own, and ``store``; none
+    in a dry run), and the store imports go to (``store``, else the folder's own; or None)."""
     from terrarium.legacy import legacy_root
     from terrarium.stores.fs import FsStore
 
@@ -243,21 +234,22 @@ def _stores(base: Path, store: Store | None, to_log: bool, dry_run: bool) -> Ite
         )
         if home is None and (not dry_run or (to_log and store is None)):
             home = stack.enter_context(FsStore(base, durability="fsync"))
-        yield _Stores(home, (store or home) if to_log else None, locks=not dry_run)
+        target = (store or home) if to_log else None
+        locking = {id(s): s for s in (home, target) if s is not None and not dry_run}
+        yield _Stores(target, list(locking.values()))
 
 
 class _Stores(NamedTuple):
-    home: Store | None
     target: Store | None
-    locks: bool
+    locking: list[Store]
 
     @contextmanager
     def locked(self, context: ContextId | None) -> Iterator[None]:
         """Hold the context's lock in each store: a delete, an archive or a turn of it, or
         another migration, waits for its file's move and import."""
         with ExitStack() as stack:
-            for store in {id(s): s for s in (self.home, self.target) if s is not None}.values():
-                if context is not None and self.locks:
+            for store in self.locking:
+                if context is not None:
                     with suppress(InvalidContextId):  # a context the store cannot hold: no lock
                         stack.enter_context(context_lock(store, context))
             yield
@@ -351,11 +343,9 @@ def _move_step(step: Step, report: MigrationReport, done: list[str]) -> bool:
     source, where = _rel(report.root, step.source), _rel(report.root, step.destination)
     if not report.dry_run:
         try:
-            if not _move(step):
+            if not _move(step, f"{source}: {where}"):
                 done.append(f"{source} moved to {where} by another run")
                 return False
-        except _Conflict as exc:
-            raise _Failed(f"{source}: {where} {exc}") from None
         except (OSError, ValueError) as exc:
             raise _Failed(f"{source}: {failure(step.source, exc)}") from None
     report.moved += 1

@@ -113,17 +113,9 @@ def _tool_calls(item: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def render_item(timed: sessions.Message, failure: Mapping[str, Any] | None = None) -> str:
-    """One history item as an HTML block (a kind with no Chat view as its JSON); ``failure``
-    marks it failed, with the partial reply after it."""
-    block = _block(timed, failure)
-    if failure is not None and failure.get("partial"):
-        who = f'<div class="who"><b>Assistant</b> ({PARTIAL})</div>'
-        block += f'\n<div class="msg assistant">{who}{_text(failure["partial"])}</div>'
-    return block
-
-
 def _block(timed: sessions.Message, failure: Mapping[str, Any] | None) -> str:
+    """One history item as an HTML block (a kind with no Chat view as its JSON); ``failure``
+    marks it failed."""
     item = timed.item
     stamp = f'<time datetime="{_e(timed.ts)}">{_e(when(timed.ts))}</time>'
     if timed.event is not None:
@@ -186,7 +178,12 @@ def render(transcript: Transcript) -> str:
     parts.append("<section><h2>Conversation</h2>")
     if not transcript.items:
         parts.append('<div class="event">No messages.</div>')
-    parts.extend(render_item(t, state.failure(n)) for n, t in enumerate(transcript.items))
+    for n, timed in enumerate(transcript.items):
+        failure = state.failure(n)
+        parts.append(_block(timed, failure))
+        if failure is not None and failure.get("partial"):  # the reply the failed run cut short
+            who = f'<div class="who"><b>Assistant</b> ({PARTIAL})</div>'
+            parts.append(f'<div class="msg assistant">{who}{_text(failure["partial"])}</div>')
     parts += ["</section>", "</main></body>", "</html>"]
     return "\n".join(parts) + "\n"
 

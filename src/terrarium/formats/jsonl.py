@@ -53,11 +53,8 @@ class Transcript:
 
 def _bound(value: dt.date | dt.datetime | str, *, end: bool) -> dt.datetime:
     if isinstance(value, str):
-        text = value.strip()
-        if len(text) == 10:  # a bare date: YYYY-MM-DD
-            value = dt.date.fromisoformat(text)
-        else:
-            value = dt.datetime.fromisoformat(text)
+        text = value.strip()  # a bare date is YYYY-MM-DD
+        value = (dt.date if len(text) == 10 else dt.datetime).fromisoformat(text)
     if isinstance(value, dt.datetime):
         return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
     day = dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC)

@@ -141,16 +141,9 @@ PARTIAL = "interrupted: the partial reply"
 """The label of the reply a failed run cut short."""
 
 
-def render_item(timed: sessions.Message, failure: Mapping[str, Any] | None = None) -> str:
-    """One history item as a Markdown section; a Responses item as its Chat view, its kind
-    named; ``failure`` marks it failed, with the partial reply after it."""
-    section = _section(timed, failure)
-    if failure is not None and failure.get("partial"):
-        section += f"\n\n### Assistant ({PARTIAL})\n\n{failure['partial']}"
-    return section
-
-
 def _section(timed: sessions.Message, failure: Mapping[str, Any] | None) -> str:
+    """One history item as a Markdown section; a Responses item as its Chat view, its kind
+    named; ``failure`` marks it failed."""
     item = timed.item
     if timed.event is not None:
         text = escape(str(item.get("content") or "")) or escape(timed.event or "event")
@@ -204,7 +197,11 @@ def render(transcript: Transcript) -> str:
     out.append("## Conversation")
     if not transcript.items:
         out.append("*No messages.*")
-    out.extend(render_item(t, state.failure(n)) for n, t in enumerate(transcript.items))
+    for n, timed in enumerate(transcript.items):
+        failure = state.failure(n)
+        out.append(_section(timed, failure))
+        if failure is not None and failure.get("partial"):  # the reply the failed run cut short
+            out.append(f"### Assistant ({PARTIAL})\n\n{failure['partial']}")
     return "\n\n".join(out) + "\n"
 
 

@@ -52,11 +52,8 @@ def markdown_html(text: str) -> str:
 
 def code_html(text: str, lang: str = "json") -> str:
     """``text`` highlighted as ``lang`` (tool arguments and results), escaped."""
-    if len(text) <= MARKDOWN_LIMIT:
-        highlighted = _highlight(text, lang, None)
-        if highlighted:
-            return f"<pre><code>{highlighted}</code></pre>"
-    return f"<pre><code>{escape(text)}</code></pre>"
+    highlighted = _highlight(text, lang, None) if len(text) <= MARKDOWN_LIMIT else ""
+    return f"<pre><code>{highlighted or escape(text)}</code></pre>"
 
 
 def pygments_css() -> str:

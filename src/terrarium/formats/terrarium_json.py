@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from terrarium import codec, sessions
 from terrarium.errors import InvalidEntry
@@ -72,29 +72,26 @@ class LegacyMessage:
     """``user`` or ``assistant`` (``system`` is accepted too)."""
     content: str
     timestamp: str
-    """When it was said, exactly as written (ISO 8601; derived when the file had none)."""
+    """ISO 8601, as written (derived when the file had none)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
-    """Keys of the message this module does not know, kept as they were."""
+    """Unknown keys, kept as they were."""
 
 
 @dataclass(frozen=True, slots=True)
 class LegacyMetadata:
-    """The ``metadata`` object of a legacy session."""
+    """The ``metadata`` object of a legacy session: each field as written, or derived (see
+    :func:`load`)."""
 
     created_at: str
-    """Creation time, exactly as written (or derived, see :func:`load`)."""
     last_active: str
-    """Time of the last activity, exactly as written (or derived)."""
     message_count: int
-    """Number of messages, as written (or derived from the messages)."""
     session_id: str
     """The context name, as the metadata repeats it."""
     context_type: str
-    """The context type, as the metadata repeats it."""
     session_date: str
     """The date folder, ``YYYY-MM-DD``."""
     extra: Mapping[str, Any] = field(default_factory=dict)
-    """Metadata keys this module does not know, kept as they were."""
+    """Unknown keys, kept as they were."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +108,8 @@ class LegacySession:
     """The conversation, oldest first."""
     metadata: LegacyMetadata
     extra: Mapping[str, Any] = field(default_factory=dict)
-    """Top-level keys this module does not know, kept as they were."""
+    """Unknown top-level keys, kept as they were."""
     path: Path | None = field(default=None, compare=False)
-    """The file it was read from."""
     derived: frozenset[str] = field(default=frozenset(), compare=False)
     """Fields the file lacked and :func:`load` derived (``metadata.created_at``, ...)."""
 
@@ -155,14 +151,12 @@ class _Checker:
     def __init__(self, where: str) -> None:
         self.where = where
         self.derived: set[str] = set()
-        """The fields the file lacks, which the reader derives."""
 
     def fail(self, problem: str) -> LegacyFormatError:
         return LegacyFormatError(f"{self.where}: {problem}")
 
     def given(self, raw: Mapping[str, Any], name: str, kind: Callable[[Any, str], T]) -> T | None:
-        """The field ``name`` (``metadata.x``: key ``x`` of the metadata) checked by ``kind``;
-        None, noted as derived, if the file lacks it."""
+        """Field ``name`` (``metadata.x``: the metadata's ``x``) checked by ``kind``, else None."""
         value = raw.get(name.rpartition(".")[2])
         if value is None:
             self.derived.add(name)
@@ -276,12 +270,12 @@ def from_dict(
     path: Path | None = None,
     context_type: str | None = None,
     session_date: str | None = None,
-    fallback_time: str | Callable[[], str] | None = None,
+    fallback_time: Callable[[], str] | None = None,
 ) -> LegacySession:
     """Check and complete a decoded legacy session (see :func:`load`; LegacyFormatError).
 
     ``context_type`` and ``session_date`` are the folders', used when the file has none;
-    ``fallback_time`` (a string or a callable) is the ``created_at`` of a file with no time.
+    ``fallback_time()`` is the ``created_at`` of a file with no time (default: now).
     """
     check = _Checker(printable(str(path)) if path is not None else "<legacy session>")
     raw_messages, meta_raw = _session_parts(data, check)
@@ -381,7 +375,7 @@ def _created_at(
     meta_raw: Mapping[str, Any],
     parsed: list[_Parsed],
     check: _Checker,
-    fallback_time: str | Callable[[], str] | None,
+    fallback_time: Callable[[], str] | None,
 ) -> str:
     """``metadata.created_at``, else the first message's time, else the fallback, else now."""
     created = check.given(meta_raw, "metadata.created_at", check.timestamp)
@@ -390,8 +384,7 @@ def _created_at(
     first = next((stamp for _, _, stamp, _ in parsed if stamp is not None), None)
     if first is not None:
         return first
-    fallback = fallback_time() if callable(fallback_time) else fallback_time
-    return fallback or _seed_ts(dt.datetime.now(dt.UTC))
+    return fallback_time() if fallback_time is not None else _seed_ts(dt.datetime.now(dt.UTC))
 
 
 def _metadata(
@@ -463,8 +456,7 @@ def _as_json(value: Any) -> Any:
 
 def dump(session: LegacySession) -> dict[str, Any]:
     """The session as the seed's JSON object, field for field; unknown keys follow the known."""
-    found: dict[str, Any] = _as_json(session)
-    return found
+    return cast(dict[str, Any], _as_json(session))
 
 
 def dumps(data: LegacySession | Mapping[str, Any]) -> str:
@@ -530,12 +522,8 @@ def _legacy_record(header: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def _item_ts(record: Mapping[str, Any] | None, count: int) -> list[str] | None:
     stamps = record.get("item_ts") if record is not None else None
-    if (
-        isinstance(stamps, list)
-        and len(stamps) == count
-        and all(isinstance(s, str) for s in stamps)
-    ):
-        return stamps
+    if isinstance(stamps, list) and len(stamps) == count:
+        return stamps if all(isinstance(s, str) for s in stamps) else None
     return None
 
 
@@ -624,10 +612,9 @@ def _session_root(
     store: Store, session_id: SessionId, first_header: Mapping[str, Any]
 ) -> tuple[SegmentId, Mapping[str, Any]]:
     """The id and header of the session's first segment (``first_header`` is the lineage's)."""
-    root_id = SegmentId(str(first_header["segment_id"]))
-    segment_ids = store.list_segments(session_id)
-    if segment_ids and segment_ids[0] != root_id:
-        root_id = segment_ids[0]
+    first = SegmentId(str(first_header["segment_id"]))
+    root_id = next(iter(store.list_segments(session_id)), first)
+    if root_id != first:
         return root_id, store.read_segment(session_id, root_id, stop_seq=0).header
     return root_id, first_header
 
