@@ -22,16 +22,9 @@ import msgspec
 from terrarium import index as derived
 from terrarium import sessions, states
 from terrarium.errors import CorruptLog, IndexUnavailable, InvalidQuery
-from terrarium.index._fts import TAG_TOKENS, bm25, merge_hits
+from terrarium.index._fts import TAG_TOKENS, bm25, merge_hits, role_text
 from terrarium.index._query import MAX_LIMIT, Searchable, SearchHit, SearchQuery, check_query
-from terrarium.model import (
-    HISTORY_KINDS,
-    ContextId,
-    SegmentId,
-    SessionId,
-    item_role,
-    item_text,
-)
+from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId
 from terrarium.stores.base import Lifecycle, PodMetadata, Store
 from terrarium.text import (
     ELLIPSIS,
@@ -155,20 +148,8 @@ def _scan(store: Store, q: SearchQuery, heads: list[PodMetadata]) -> list[Search
     for score, index in best:
         doc = docs[index]
         snippet, spans = scan_snippet(doc.text, phrases)
-        hits.append(
-            SearchHit(
-                context=str(doc.context),
-                date=doc.head.date,
-                session_id=doc.head.session_id,
-                segment_id=doc.segment_id,
-                seq=doc.seq,
-                role=doc.role,
-                ts=doc.ts,
-                snippet=snippet,
-                highlights=spans,
-                score=score,
-            )
-        )
+        where = (str(doc.context), doc.head.date, doc.head.session_id, doc.segment_id, doc.seq)
+        hits.append(SearchHit(*where, doc.role, doc.ts, snippet, spans, score))
     return hits
 
 
@@ -192,14 +173,10 @@ def _doc(context: ContextId, head: Any, segment_id: Any, seq: int, item: Any, ts
 
 def _role_text(item: Any) -> tuple[str, str]:
     """An item's role (``other`` for none) and its text as the indexes hold it."""
-    role, text = None, ""
-    if isinstance(item, Mapping):
-        with suppress(AttributeError, TypeError):
-            role, text = item_role(item), item_text(item)
-    text = text if isinstance(text, str) else ""
+    role, text = role_text(item)
     if not text.isascii():
         text = unicodedata.normalize("NFC", text)  # as the index stores it
-    return (role if isinstance(role, str) else "other"), text
+    return role, text
 
 
 def _wanted(doc: _Doc, q: SearchQuery) -> bool:

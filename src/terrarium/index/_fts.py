@@ -15,6 +15,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sqlite3
 import uuid
@@ -23,6 +24,7 @@ from typing import Any
 
 from terrarium.index._query import SearchHit, SearchQuery
 from terrarium.index._sql import FTS_RECENT
+from terrarium.model import item_role, item_text
 from terrarium.text import (
     HIGHLIGHT_CLOSE,
     HIGHLIGHT_OPEN,
@@ -38,6 +40,15 @@ RANK_WINDOW = 2000
 COMMON_SHARE = 0.05
 
 # --------------------------------------------------------------------------- queries
+
+
+def role_text(item: Any) -> tuple[str, str]:
+    """A history item's role (``other`` for none) and its plain text (empty for none)."""
+    if isinstance(item, Mapping):
+        with contextlib.suppress(AttributeError, TypeError):
+            role, text = item_role(item), item_text(item)
+            return role or "other", text if isinstance(text, str) else ""
+    return "other", ""
 
 
 def fts5_phrases(terms: Iterable[str]) -> str:

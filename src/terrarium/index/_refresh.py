@@ -19,7 +19,8 @@ from terrarium.errors import CorruptLog, StoreError
 from terrarium.index import _figures
 from terrarium.index import _sql as sql
 from terrarium.index._figures import Figures
-from terrarium.model import HISTORY_KINDS, ContextId, SessionId, item_role, item_text
+from terrarium.index._fts import role_text
+from terrarium.model import HISTORY_KINDS, ContextId, SessionId
 from terrarium.stores.base import PodMetadata, SegmentRead, SegmentStat
 from terrarium.text import prepare_text
 
@@ -86,11 +87,6 @@ class SessionRow(msgspec.Struct):
     def from_row(cls, row: Sequence[Any]) -> SessionRow:
         """The session as ``sql.SESSIONS`` reads it."""
         return cls(row[0], row[11], row[6], row[4], tuple(row[1:11]))
-
-    @property
-    def head_problem(self) -> str | None:
-        """Why its ``head.json`` could not be read (the head was rebuilt), or None."""
-        return self.values[-1] if self.values else None
 
 
 class Source(Protocol):
@@ -247,7 +243,10 @@ class IndexUpdate:
         """The session's row, inserted or brought up to date with ``head``; whether it changed."""
         sid = str(head.session_id)
         session = self._load(sid)
-        tid = self._type_id(context.type)
+        tid = self.types.get(context.type)
+        if tid is None:
+            cur = self.conn.execute(sql.INSERT_TYPE, (context.type,))
+            tid = self.types[context.type] = int(cur.lastrowid or 0)
         values = (
             str(context),
             context.type,
@@ -264,11 +263,14 @@ class IndexUpdate:
             cur = self.conn.execute(sql.INSERT_SESSION, (*values, head.updated_at, sid))
             session = SessionRow(int(cur.lastrowid or 0), sid, folder, tid, values)
             self.cache[sid] = session
-            # Another session row claiming the same context is stale: check it.
-            for (other,) in self.conn.execute(
-                sql.CLAIMANTS, (context.type, context.name, session.id)
-            ).fetchall():
-                self._check_stale(other)
+            # Another session row claiming the same context is stale if its folder's head
+            # is not that session's any more: drop it.
+            claimants = (context.type, context.name, session.id)
+            for (other,) in self.conn.execute(sql.CLAIMANTS, claimants).fetchall():
+                row = self.conn.execute(sql.SESSION_FOLDER, (other,)).fetchone()
+                found = self.source.head(row[0])[0] if row is not None else None
+                if found is None or str(found.session_id) != other:
+                    self.drop_session(other)
             return session, True
         if session.values == values:
             return session, False
@@ -371,12 +373,6 @@ class IndexUpdate:
         reads.reverse()
         return reads
 
-    def _check_stale(self, sid: str) -> None:
-        row = self.conn.execute(sql.SESSION_FOLDER, (sid,)).fetchone()
-        head = self.source.head(row[0])[0] if row is not None else None
-        if head is None or str(head.session_id) != sid:
-            self.drop_session(sid)
-
     def drop_session(self, sid: str) -> None:
         """Remove a session that no longer exists, with its segments and items."""
         session = self._load(sid)
@@ -395,13 +391,6 @@ class IndexUpdate:
         for (sid,) in self.conn.execute(sql.SESSION_IDS).fetchall():
             if sid not in seen:
                 self.drop_session(sid)
-
-    def _type_id(self, name: str) -> int:
-        tid = self.types.get(name)
-        if tid is None:
-            cur = self.conn.execute(sql.INSERT_TYPE, (name,))
-            tid = self.types[name] = int(cur.lastrowid or 0)
-        return tid
 
     # ---------------------------------------------------------------- segments
 
@@ -429,23 +418,25 @@ class IndexUpdate:
         if st.size == segment.size_seen and segment.size_seen:
             return False
         where = self.source.segment_path(folder, segment_id)
-        size = segment.size_seen
-        read = 0
+        size, read = segment.size_seen, 0
+        problem: str | None = None
         try:
             lines, offset, size = self.source.read_lines(
                 folder, segment_id, segment.offset, segment.next_seq
             )
+            read = offset - segment.offset
+            self.stats.segments_read += 1
+            self.stats.bytes_read += read
+            if lines:
+                self._index_lines(session, segment, lines, where)
+                segment.offset = offset
         except FileNotFoundError:
             return False
         except OSError as exc:
-            problem: str | None = f"{where}: unreadable ({exc.strerror or exc})"
-        except StoreError as exc:
+            problem = f"{where}: unreadable ({exc.strerror or exc})"
+        except StoreError as exc:  # unreadable lines: what came before them stays indexed
             problem = _problem(exc, where)
-            segment.size_seen = size
-        else:
-            read = offset - segment.offset
-            problem = self._read_lines(session, segment, lines, where, offset)
-            segment.size_seen = size
+        segment.size_seen = size  # unchanged if it could not be read
         if segment.offset == 0 and problem is None:  # not even a whole header line yet
             problem = f"{where}: {'torn header line' if size else 'empty file, no header'}"
         if problem is not None and problem != segment.problem:
@@ -470,27 +461,6 @@ class IndexUpdate:
             )
             session.segments[segment_id] = segment
         return segment
-
-    def _read_lines(
-        self,
-        session: SessionRow,
-        segment: SegmentRow,
-        lines: list[dict[str, Any]],
-        where: str,
-        offset: int,
-    ) -> str | None:
-        """Index ``lines`` (the segment's from its offset on, up to ``offset``); return why
-        they cannot be read (one line, naming the segment), or None."""
-        self.stats.segments_read += 1
-        self.stats.bytes_read += offset - segment.offset
-        if not lines:
-            return None
-        try:
-            self._index_lines(session, segment, lines, where)
-        except StoreError as exc:
-            return _problem(exc, where)
-        segment.offset = offset
-        return None
 
     def _index_lines(
         self, session: SessionRow, segment: SegmentRow, lines: list[dict[str, Any]], where: str
@@ -523,11 +493,9 @@ class IndexUpdate:
                 docs.append(_doc(seq, line.get("item"), ts))
             last_ts = ts
             seq += 1
-        for doc_seq, role, ts, text in docs:
-            self.pending.append(
-                (self.next_doc, segment.id, session.id, session.tid, doc_seq, role, ts, text)
-            )
-            self.next_doc += 1
+        rows = enumerate(docs, self.next_doc)
+        self.pending += [(doc, segment.id, session.id, session.tid, *d) for doc, d in rows]
+        self.next_doc += len(docs)
         self.gained.setdefault(segment.id, (segment.next_seq, []))[1].extend(lines)
         self.stats.items += len(docs)
         segment.items += len(docs)
@@ -565,8 +533,8 @@ class IndexUpdate:
 
     def _summarise(self, session: SessionRow) -> None:
         """Store the head's message count, last activity and the session's first problem."""
-        head_id, folder = session.values[6], session.values[5]
-        problems = [session.head_problem or ""]
+        head_id, folder, head_problem = session.values[6], session.values[5], session.values[9]
+        problems = [head_problem or ""]
         head = session.segments.get(head_id)
         if head is None:
             problems.append(
@@ -618,10 +586,5 @@ def _problem(exc: StoreError, where: str) -> str:
 
 def _doc(seq: int, item: Any, ts: str) -> tuple[int, str, str, str]:
     """(seq, role, ts, text as indexed) for one history item."""
-    if not isinstance(item, Mapping):
-        return seq, "other", ts, ""
-    try:
-        role, text = item_role(item) or "other", item_text(item)
-    except (AttributeError, TypeError):
-        role, text = "other", ""
-    return seq, role, ts, prepare_text(text) if isinstance(text, str) else ""
+    role, text = role_text(item)
+    return seq, role, ts, prepare_text(text)
