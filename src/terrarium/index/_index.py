@@ -136,7 +136,7 @@ class SearchIndex:
             if ino == self._ino:
                 return self._conn
             log.info("%s was deleted or replaced: reopening it", self.path)
-            self._close_connection()
+            self.close()
         self.readonly_reason = None if _db.writable(self.path) else "read-only"
         try:
             conn = self._open(readonly=self.readonly_reason is not None)
@@ -218,21 +218,17 @@ class SearchIndex:
     def _discard(self, exc: BaseException) -> None:
         """Close and delete a corrupt index: the next open rebuilds it from the files."""
         log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
-        self._close_connection()
+        self.close()
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{self.path}{suffix}")
 
-    def _close_connection(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-            self._ino = None
-
     def close(self) -> None:
         """Close the database connection (the index can be reopened by using it again)."""
         with self._lock:
-            self._close_connection()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn, self._ino = None, None
 
     # ------------------------------------------------------------------ refresh
 
@@ -381,11 +377,8 @@ class SearchIndex:
     def _rebuild(self) -> int:
         conn = self._connection()
         with _db.immediate(conn):
-            for table in sql.FTS_TABLES:
-                conn.execute(sql.FTS_DELETE_ALL.format(table=table))
             for statement in sql.CLEAR:
                 conn.execute(statement)
-            conn.execute(sql.SET_RECENT_FLOOR, (1,))
             claimed = self._update(conn, full=True, now=self.clock())
         if self._files is not None:
             self._files.release(claimed)
@@ -439,7 +432,10 @@ class SearchIndex:
         claimed_ids = {sid for sid, _ in claimed}
         if full:
             shape = files.shape(None) if files is not None else None
-            self._walk(work)
+            seen: set[str | None] = set()
+            for folder, segments in self.source.walk():
+                seen.add(work.index_folder(folder, segments, hint=None))
+            work.drop_unseen(seen)  # the rows of sessions the store no longer has
             conn.execute(sql.UNWATCH_ENDED, (now,))
         else:
             for sid in sorted(claimed_ids if touched is None else set(touched)):
@@ -461,15 +457,6 @@ class SearchIndex:
         if full:
             conn.execute(sql.SET_META, ("built", str(now)))
         return [path for _, path in claimed]
-
-    def _walk(self, work: IndexUpdate) -> None:
-        """Index every session of the store; drop the rows of sessions it no longer has."""
-        seen: set[str] = set()
-        for folder, segments in self.source.walk():
-            sid = work.index_folder(folder, segments, hint=None)
-            if sid is not None:
-                seen.add(sid)
-        work.drop_unseen(seen)
 
     def _moved(self, work: IndexUpdate, conn: sqlite3.Connection, shape: ShapeChange) -> None:
         """Index the sessions of date folders that appeared or vanished."""
@@ -549,12 +536,9 @@ class SearchIndex:
         snippets = {rowid: long_snippet(body, q.text) for rowid, body in long}
         short = [rowid for rowid in ids if rowid not in snippets]
         if short:
-            snippets.update(
-                conn.execute(
-                    sql.SNIPPETS.format(marks=",".join("?" * len(short))),
-                    (HIGHLIGHT_OPEN, HIGHLIGHT_CLOSE, ELLIPSIS, SNIPPET_TOKENS, match, *short),
-                ).fetchall()
-            )
+            statement = sql.SNIPPETS.format(marks=",".join("?" * len(short)))
+            args = (HIGHLIGHT_OPEN, HIGHLIGHT_CLOSE, ELLIPSIS, SNIPPET_TOKENS, match, *short)
+            snippets.update(conn.execute(statement, args).fetchall())
         meta = {row[0]: row[1:] for row in conn.execute(sql.HIT_ROWS.format(marks=marks), ids)}
         return assemble_hits(ranked, meta, snippets)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -386,7 +386,7 @@ class IndexUpdate:
         self.changed.pop(session.id, None)
         self.cache.pop(sid, None)
 
-    def drop_unseen(self, seen: set[str]) -> None:
+    def drop_unseen(self, seen: Container[str | None]) -> None:
         """Drop every session but those a walk of the whole store has ``seen``."""
         for (sid,) in self.conn.execute(sql.SESSION_IDS).fetchall():
             if sid not in seen:

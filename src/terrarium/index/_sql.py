@@ -203,11 +203,15 @@ CHECKPOINT = "PRAGMA wal_checkpoint(TRUNCATE)"
 META = "SELECT value FROM meta WHERE key = ?"
 SET_META = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
 DELETE_META = "DELETE FROM meta WHERE key = ?"
-#: What a rebuild empties, after ``FTS_DELETE_ALL`` of each FTS table.
 FIGURE_TABLES = ("usage", "days", "copies", "held", "ranges")
-CLEAR = tuple(
-    f"DELETE FROM {table}"
-    for table in ("docs", "segments", "sessions", "types", "meta", "others", *FIGURE_TABLES)
+#: What a rebuild runs first: the FTS tables emptied before ``docs``, every table, the floor.
+CLEAR = (
+    *(f"INSERT INTO {table}({table}) VALUES('delete-all')" for table in ("fts", "fts_recent")),
+    *(
+        f"DELETE FROM {table}"
+        for table in ("docs", "segments", "sessions", "types", "meta", "others", *FIGURE_TABLES)
+    ),
+    "UPDATE recent SET floor = 1",
 )
 
 # ---------------------------------------------------------------------------- sessions
@@ -363,7 +367,6 @@ FTS_ADD = (
     "WHERE id BETWEEN ? AND ? AND body != ''"
 )
 FTS_REBUILD = "INSERT INTO {table}({table}) VALUES('rebuild')"
-FTS_DELETE_ALL = "INSERT INTO {table}({table}) VALUES('delete-all')"
 FTS_OPTIMIZE = "INSERT INTO {table}({table}) VALUES('optimize')"
 RECENT_FLOOR = "SELECT floor FROM recent"
 SET_RECENT_FLOOR = "UPDATE recent SET floor = ?"
