@@ -527,7 +527,7 @@ class SearchIndex:
         phrases = [fts5_phrases([term]) for term in terms]
         match = body_match(phrases) + tags
         (rows,) = conn.execute(sql.LAST_DOC).fetchone()
-        ranked = self._ranker.rank(conn, sql.FTS, phrases, tags, q, rows)
+        ranked = self._ranker.rank(conn, phrases, tags, q, rows)
         if not ranked:
             return []
         marks = ",".join("?" * len(ranked))

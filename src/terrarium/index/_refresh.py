@@ -319,10 +319,8 @@ class IndexUpdate:
                 if lines:
                     found = _figures.of_lines(lines[1], session.session_id, head.segment_id)
                     _figures.write(self.conn, session.id, session.tid, found)
-                    self.conn.execute(
-                        sql.ADD_FIGURES,
-                        (found.turns, found.total_tokens, head.next_seq, session.id),
-                    )
+                    added = (found.turns, found.total_tokens, head.next_seq, session.id)
+                    self.conn.execute(sql.ADD_FIGURES, added)
                 return
             reads = self._lineage(session, folder, head, gained)
             found = _figures.of_lineage(reads, uuid.UUID(session.session_id))
@@ -337,17 +335,10 @@ class IndexUpdate:
             self.conn.execute(statement, (session.id,))
         _figures.write(self.conn, session.id, session.tid, found)
         root = session.segments.get(min(session.segments)) if session.segments else None
-        self.conn.execute(
-            sql.SET_FIGURES,
-            (
-                found.turns,
-                found.total_tokens,
-                root.fork_source if root is not None else None,
-                head.id if head is not None else None,
-                head.next_seq if head is not None else None,
-                session.id,
-            ),
-        )
+        fork_source = root.fork_source if root is not None else None
+        folded = (head.id, head.next_seq) if head is not None else (None, None)
+        figures = (found.turns, found.total_tokens, fork_source, *folded, session.id)
+        self.conn.execute(sql.SET_FIGURES, figures)
 
     def _lineage(
         self,

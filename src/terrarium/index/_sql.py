@@ -229,10 +229,7 @@ INSERT_SESSION = (
     f"INSERT INTO sessions({HEAD_COLUMNS}, last_active, session_id) "
     "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
 )
-UPDATE_SESSION_HEAD = (
-    "UPDATE sessions SET context=?, type=?, name=?, tid=?, date=?, folder=?, head=?, "
-    "created_at=?, updated_at=?, head_problem=? WHERE id = ?"
-)
+UPDATE_SESSION_HEAD = f"UPDATE sessions SET {HEAD_COLUMNS.replace(',', '=?,')}=? WHERE id = ?"
 # The last activity stays what it was while the head segment has no entry (NULL).
 SET_SUMMARY = (
     "UPDATE sessions SET message_count = ?, last_active = coalesce(?, last_active), "
@@ -321,11 +318,13 @@ UNWATCH_ENDED = "UPDATE sessions SET watch_until = NULL WHERE watch_until < ?"
 
 # ---------------------------------------------------------------------------- segments
 
-#: A segment row, in the order of :class:`terrarium.index._refresh.SegmentRow`'s fields.
-SELECT_SEGMENTS = (
-    "SELECT id, session, segment_id, ino, size_seen, offset, next_seq, items, continues, "
-    "parent, at_seq, last_ts, problem, fork_source FROM segments"
+#: What a refresh has read of a segment: the ``segments`` columns it updates, in the order of
+#: :class:`terrarium.index._refresh.SegmentRow`'s fields (after ``ino``).
+PROGRESS_COLUMNS = (
+    "size_seen, offset, next_seq, items, continues, parent, at_seq, last_ts, problem, fork_source"
 )
+#: A segment row, in the order of ``SegmentRow``'s fields.
+SELECT_SEGMENTS = f"SELECT id, session, segment_id, ino, {PROGRESS_COLUMNS} FROM segments"
 SEGMENTS_OF_SESSION = (
     f"{SELECT_SEGMENTS} WHERE session = (SELECT id FROM sessions WHERE session_id = ?)"
 )
@@ -334,11 +333,7 @@ INSERT_SEGMENT = (
     "INSERT INTO segments(session, segment_id, ino, size_seen, offset, next_seq, "
     "items, continues) VALUES (?, ?, ?, 0, 0, 0, 0, 0)"
 )
-# What a refresh has read of a segment, in SegmentRow's field order.
-UPDATE_SEGMENT = (
-    "UPDATE segments SET size_seen=?, offset=?, next_seq=?, items=?, continues=?, "
-    "parent=?, at_seq=?, last_ts=?, problem=?, fork_source=? WHERE id = ?"
-)
+UPDATE_SEGMENT = f"UPDATE segments SET {PROGRESS_COLUMNS.replace(',', '=?,')}=? WHERE id = ?"
 DELETE_SEGMENT = "DELETE FROM segments WHERE id = ?"
 
 # ---------------------------------------------------------------------------- items
