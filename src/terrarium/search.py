@@ -232,9 +232,10 @@ class _Places:
         placed: list[_Placed] = []
         snippets: set[str] = set()
         for i, hit in enumerate(hits):
-            if len(placed) >= limit and len(_representatives(placed, all_branches)) >= limit:
+            keep = _representatives(placed, all_branches) if len(placed) >= limit else set()
+            if len(keep) >= limit:
                 if hit.score != hits[i - 1].score:
-                    return _kept(placed, limit, all_branches), True
+                    return [placed[j].hit for j in sorted(keep)][:limit], True
                 if hit.snippet not in snippets:
                     continue
             placed.append(self._one(hit))
@@ -242,7 +243,7 @@ class _Places:
         keep = _representatives(placed, all_branches)
         # The hits ran out: more may be needed, or a copy's original may come after them.
         decided = len(keep) >= limit and all(placed[i].own for i in keep)
-        return _kept(placed, limit, all_branches), decided
+        return [placed[i].hit for i in sorted(keep)][:limit], decided
 
     def _one(self, hit: SearchHit) -> _Placed:
         session, segment = str(hit.session_id), str(hit.segment_id)
@@ -316,11 +317,6 @@ class _Places:
             return None
         used.add(-best[3])
         return -best[3]
-
-
-def _kept(placed: list[_Placed], limit: int, all_branches: bool) -> list[SearchHit]:
-    keep = _representatives(placed, all_branches)
-    return [p.hit for i, p in enumerate(placed) if i in keep][:limit]
 
 
 def _representatives(placed: list[_Placed], all_branches: bool) -> set[int]:

@@ -203,9 +203,17 @@ class IndexUpdate:
         folder = session.folder if session is not None else self.source.pointer(sid)
         if folder is None:
             return  # deleted before it was ever indexed
-        if watched_only and session is not None:
-            self._index_known_segments(session, folder)
-            return
+        if watched_only and session is not None:  # ``stat`` the segments it has
+            for segment in list(session.segments.values()):
+                st = self.source.stat_segment(folder, segment.segment_id)
+                if st is None:
+                    break  # one is gone: read the session afresh
+                if self._index_segment(session, folder, segment.segment_id, st):
+                    self.changed[session.id] = session
+            else:
+                if session.id in self.changed:
+                    self._figure(session, folder)
+                return
         self.index_folder(folder, self.source.segments(folder), hint=sid)
 
     def index_folder(
@@ -290,17 +298,6 @@ class IndexUpdate:
         for segment_id, st in sorted(segments.items()):
             changed = self._index_segment(session, folder, segment_id, st) or changed
         return changed
-
-    def _index_known_segments(self, session: SessionRow, folder: str) -> None:
-        for segment in list(session.segments.values()):
-            st = self.source.stat_segment(folder, segment.segment_id)
-            if st is None:
-                self.index_folder(folder, self.source.segments(folder), hint=session.session_id)
-                return
-            if self._index_segment(session, folder, segment.segment_id, st):
-                self.changed[session.id] = session
-        if session.id in self.changed:
-            self._figure(session, folder)
 
     def _figure(self, session: SessionRow, folder: str) -> None:
         """Bring the session's figures up to date (new head lines, or the lineage afresh)."""
