@@ -180,13 +180,12 @@ def _role_text(item: Any) -> tuple[str, str]:
 
 
 def _wanted(doc: _Doc, q: SearchQuery) -> bool:
-    if q.type is not None and doc.context.type != q.type:
-        return False
-    if q.context is not None and str(doc.context) != q.context:
-        return False
-    if q.role is not None and doc.role != q.role:
-        return False
-    return q.since is None or doc.ts >= q.since
+    return (
+        q.type in (None, doc.context.type)
+        and q.context in (None, str(doc.context))
+        and q.role in (None, doc.role)
+        and (q.since is None or doc.ts >= q.since)
+    )
 
 
 # ---- placing hits in their conversation ----------------------------------------------------

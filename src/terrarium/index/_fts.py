@@ -190,9 +190,8 @@ class Ranker:
         match = body + filters
         window = max(RANK_WINDOW, q.limit)
         classes = {p: self._class(conn, p, window, rows) for p in phrases}
-        bound = None
-        if 0 not in classes.values():  # maybe many matches: find the window's oldest
-            bound = nth_match(conn, FTS, match, window)
+        # With no rare term there may be many matches: find the window's oldest.
+        bound = nth_match(conn, FTS, match, window) if 0 not in classes.values() else None
         if bound is None:  # at most ``window`` matches: rank them all
             informative = [p for p in phrases if classes[p] < 2]
             if len(set(phrases)) < 2 and not filters:

@@ -129,12 +129,9 @@ class SearchIndex:
         One that cannot be opened for writing is opened read-only and serves while current.
         """
         if self._conn is not None:
-            try:
-                ino = os.stat(self.path).st_ino
-            except FileNotFoundError:
-                ino = None
-            if ino == self._ino:
-                return self._conn
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(self.path).st_ino == self._ino:
+                    return self._conn
             log.info("%s was deleted or replaced: reopening it", self.path)
             self.close()
         self.readonly_reason = None if _db.writable(self.path) else "read-only"

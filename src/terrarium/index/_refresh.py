@@ -18,7 +18,6 @@ import msgspec
 from terrarium.errors import CorruptLog, StoreError
 from terrarium.index import _figures
 from terrarium.index import _sql as sql
-from terrarium.index._figures import Figures
 from terrarium.index._fts import role_text
 from terrarium.model import HISTORY_KINDS, ContextId, SessionId
 from terrarium.stores.base import PodMetadata, SegmentRead, SegmentStat
@@ -239,7 +238,11 @@ class IndexUpdate:
             self.index.warn_once(folder, "search index: skipping %s: bad context in head", folder)
             return None
         session, changed = self._head_row(folder, head, context, problem)
-        changed = self._index_segments(session, folder, segments) or changed
+        for segment_id in [g for g in session.segments if g not in segments]:  # gone
+            self._drop_segment(session.segments.pop(segment_id))
+            changed = True
+        for segment_id, st in sorted(segments.items()):
+            changed = self._index_segment(session, folder, segment_id, st) or changed
         if changed:
             self.changed[session.id] = session
             self._figure(session, folder)
@@ -286,19 +289,6 @@ class IndexUpdate:
         session.values = values
         return session, True
 
-    def _index_segments(
-        self, session: SessionRow, folder: str, segments: dict[str, SegmentStat]
-    ) -> bool:
-        """Index ``segments``, dropping the rows of those gone."""
-        changed = False
-        for segment_id in list(session.segments):
-            if segment_id not in segments:
-                self._drop_segment(session.segments.pop(segment_id))
-                changed = True
-        for segment_id, st in sorted(segments.items()):
-            changed = self._index_segment(session, folder, segment_id, st) or changed
-        return changed
-
     def _figure(self, session: SessionRow, folder: str) -> None:
         """Bring the session's figures up to date (new head lines, or the lineage afresh)."""
         gained = {
@@ -324,10 +314,7 @@ class IndexUpdate:
         except (StoreError, OSError, KeyError, TypeError, ValueError) as exc:
             log.info("search index: no figures for %s: %s", session.session_id, exc)
             head, found = None, _figures.Figures()
-        self._refold(session, head, found)
-
-    def _refold(self, session: SessionRow, head: SegmentRow | None, found: Figures) -> None:
-        """Replace the session's figures with ``found``, folded up to ``head``'s end."""
+        # Replace the session's figures with ``found``, folded up to ``head``'s end.
         for statement in sql.DELETE_FIGURES:
             self.conn.execute(statement, (session.id,))
         _figures.write(self.conn, session.id, session.tid, found)
@@ -525,9 +512,8 @@ class IndexUpdate:
         problems = [head_problem or ""]
         head = session.segments.get(head_id)
         if head is None:
-            problems.append(
-                f"{self.source.head_path(folder)}: its segment {head_id} does not exist"
-            )
+            where = self.source.head_path(folder)
+            problems.append(f"{where}: its segment {head_id} does not exist")
         damaged = [sid for sid in sorted(session.segments) if session.segments[sid].problem]
         if damaged:  # rare: a damaged segment that a salvage replaced is no problem now
             done = self.source.salvaged(folder)
