@@ -63,10 +63,7 @@ def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
 
 
 def _search_store(store: Store, query: SearchQuery) -> list[SearchHit]:
-    """The store's hits, from its index or, without a usable one, a scan.
-
-    With ``query.archived`` the archive (which has no index) is scanned and merged by score.
-    """
+    """The store's hits from its index, else a scan (``archived``: the archive's scanned too)."""
     source = derived.listing(store)
     if isinstance(source, Searchable):
         try:
@@ -223,9 +220,8 @@ class _Places:
     ) -> tuple[list[SearchHit], bool]:
         """The best ``limit`` hits placed, each message once; whether that is decided.
 
-        Past ``limit``, only hits that tie with the last and share a placed snippet are placed (a
-        copy has its original's text, so its score). The rest are never placed, their contexts never
-        read: ties are common (bm25 scores texts of equal length equally).
+        Past ``limit``, only ties with the last that share a placed snippet are placed (a copy
+        has its original's text and score): the rest (ties are common) are never read.
         """
         self.used.clear()  # which header items hits took: afresh for each list of hits
         placed: list[_Placed] = []
@@ -263,9 +259,8 @@ class _Places:
         head_session, positions = self._conversation(hit.context)
         message = positions.get((segment, hit.seq, index)) if session == head_session else None
         branch = "off" if message is None else "head"
-        return _Placed(
-            msgspec.structs.replace(hit, message=message, branch=branch), key, key == own
-        )
+        placed = msgspec.structs.replace(hit, message=message, branch=branch)
+        return _Placed(placed, key, key == own)
 
     def _conversation(self, context: str) -> tuple[str, dict[tuple[str, int, int | None], int]]:
         """The context's head session and the place of each message of its conversation."""

@@ -92,10 +92,8 @@ def assemble_hits(
             continue
         context, date, session, segment, seq, role, ts = meta[rowid]
         text, spans = snippet_spans(snippets[rowid])
-        session_id, segment_id = uuid.UUID(session), uuid.UUID(segment)
-        hits.append(
-            SearchHit(context, date, session_id, segment_id, seq, role, ts, text, spans, score)
-        )
+        ids = uuid.UUID(session), uuid.UUID(segment)
+        hits.append(SearchHit(context, date, *ids, seq, role, ts, text, spans, score))
     return hits
 
 

@@ -124,10 +124,7 @@ class SearchIndex:
     # ------------------------------------------------------------------ connection
 
     def _connection(self) -> sqlite3.Connection:
-        """The open connection; reopened if the file was deleted or replaced.
-
-        One that cannot be opened for writing is opened read-only and serves while current.
-        """
+        """The open connection, reopened if the file was replaced (read-only if not writable)."""
         if self._conn is not None:
             with contextlib.suppress(FileNotFoundError):
                 if os.stat(self.path).st_ino == self._ino:
@@ -240,8 +237,7 @@ class SearchIndex:
     def _guarded(self, run: Callable[[], _T], *, retry: bool = False) -> _T:
         """``run()`` under the lock, a failing database turned into :class:`IndexUnavailable`.
 
-        Only a corrupt index is deleted (and with ``retry`` rebuilt by a second run): a busy,
-        full or read-only one is left for the callers to answer from the log.
+        Only a corrupt index is deleted (with ``retry``, rebuilt by a second run).
         """
         with self._lock:
             for attempt in (1, 2):

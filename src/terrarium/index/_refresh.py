@@ -385,10 +385,8 @@ class IndexUpdate:
     def _index_segment(
         self, session: SessionRow, folder: str, segment_id: str, st: SegmentStat
     ) -> bool:
-        """Read the segment's new complete lines; return whether anything changed.
-
-        A torn tail is indexed once it is complete; a shrunk or replaced segment is read again.
-        """
+        """Read the segment's new complete lines (a torn tail once it is complete, a shrunk or
+        replaced segment again); return whether anything changed."""
         segment = self._segment_row(session, segment_id, st)
         if st.size == segment.size_seen and segment.size_seen:
             return False
