@@ -15,7 +15,6 @@ Usage::
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sqlite3
 import uuid
@@ -44,11 +43,13 @@ COMMON_SHARE = 0.05
 
 def role_text(item: Any) -> tuple[str, str]:
     """A history item's role (``other`` for none) and its plain text (empty for none)."""
-    if isinstance(item, Mapping):
-        with contextlib.suppress(AttributeError, TypeError):
-            role, text = item_role(item), item_text(item)
-            return role or "other", text if isinstance(text, str) else ""
-    return "other", ""
+    if not isinstance(item, Mapping):
+        return "other", ""
+    try:
+        role, text = item_role(item), item_text(item)
+    except (AttributeError, TypeError):
+        return "other", ""
+    return role or "other", text if isinstance(text, str) else ""
 
 
 def fts5_phrases(terms: Iterable[str]) -> str:
