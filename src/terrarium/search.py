@@ -117,15 +117,11 @@ def _scan(store: Store, q: SearchQuery, heads: list[PodMetadata]) -> list[Search
         context = ContextId.parse(head.context)
         for segment_id in store.list_segments(head.session_id):
             read = store.read_segment(head.session_id, segment_id)
-            header = read.header
-            history = header.get("history")
-            for item in history if isinstance(history, list) else ():
-                docs.append(_doc(context, head, segment_id, 0, item, str(header.get("ts", ""))))
-            for line in read.entries:
-                if line.get("kind") in HISTORY_KINDS:
-                    docs.append(
-                        _doc(context, head, segment_id, line["seq"], line.get("item"), line["ts"])
-                    )
+            history, ts = read.header.get("history"), str(read.header.get("ts", ""))
+            items = [(0, item, ts) for item in history] if isinstance(history, list) else []
+            entries = [line for line in read.entries if line.get("kind") in HISTORY_KINDS]
+            items += [(line["seq"], line.get("item"), line["ts"]) for line in entries]
+            docs += [_doc(context, head, segment_id, *item) for item in items]
     docs = [doc for doc in docs if doc.text]  # empty items are not in an index either
     if not docs:
         return []
@@ -250,12 +246,8 @@ class _Places:
             source = sources[index] if isinstance(sources, list) and index < len(sources) else None
             if isinstance(source, Mapping):
                 at = source.get("index")
-                key = (
-                    str(source.get("session_id")),
-                    str(source.get("segment_id")),
-                    int(source.get("seq") or 0),
-                    at if isinstance(at, int) else None,
-                )
+                ids = str(source.get("session_id")), str(source.get("segment_id"))
+                key = (*ids, int(source.get("seq") or 0), at if isinstance(at, int) else None)
         head_session, positions = self._conversation(hit.context)
         message = positions.get((segment, hit.seq, index)) if session == head_session else None
         branch = "off" if message is None else "head"

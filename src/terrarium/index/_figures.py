@@ -88,12 +88,8 @@ def identity(message: sessions.Message, session_id: SessionId) -> Identity:
     """Where ``message`` was first logged (its :data:`Identity`)."""
     origin = message.provenance(session_id)
     index = origin.get("index")
-    return (
-        str(origin.get("session_id")),
-        str(origin.get("segment_id")),
-        int(origin.get("seq", 0)),
-        index if type(index) is int else -1,
-    )
+    ids = str(origin.get("session_id")), str(origin.get("segment_id"))
+    return (*ids, int(origin.get("seq", 0)), index if type(index) is int else -1)
 
 
 def write(conn: sqlite3.Connection, session: int, tid: int, found: Figures) -> None:
