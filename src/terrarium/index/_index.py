@@ -260,8 +260,7 @@ class SearchIndex:
             return False
         built = _meta(conn, "built") is not None
         if budget is not None and not (full or built):
-            self._build_step(conn, budget)
-            if self._build is not None:
+            if not self._build_step(conn, budget):
                 return True
             built = True  # it ended: what was written meanwhile is read now
         self._build = None
@@ -287,14 +286,14 @@ class SearchIndex:
             self._optimize(conn)
         return True
 
-    def _build_step(self, conn: sqlite3.Connection, budget: float) -> None:
-        """One step of a first build, of about ``budget`` seconds (see ``_build``)."""
+    def _build_step(self, conn: sqlite3.Connection, budget: float) -> bool:
+        """One step of a first build, of about ``budget`` seconds (see ``_build``); True once
+        the index is built."""
         deadline = time.monotonic() + budget
-        claimed: list[tuple[str, Path]] = []
+        claimed: list[Path] = []
         with _db.immediate(conn):
             if _meta(conn, "built") is not None:  # another process built it
-                self._build = None
-                return
+                return True
             if self._build is None:
                 position = _meta(conn, "build_cursor")
                 if position is None:
@@ -310,12 +309,12 @@ class SearchIndex:
                 self._end_build(conn, work, build)
             work.finish()
         if self._files is not None:
-            held = (build.held or []) if done else []
-            self._files.release([path for _, path in claimed] + held)
+            self._files.release(claimed + ((build.held or []) if done else []))
+        return done
 
     def _claim_during(
         self, conn: sqlite3.Connection, work: IndexUpdate, build: Build
-    ) -> list[tuple[str, Path]]:
+    ) -> list[Path]:
         """Hold the markers there when the build began (the walk reads their sessions); index
         and watch those left since, and return them to release after the commit."""
         assert self._files is not None
@@ -331,7 +330,7 @@ class SearchIndex:
             build.seen.add(sid)
         until = self.clock() + WATCH_SECONDS
         conn.executemany(sql.WATCH, [(until, sid) for sid, _ in claimed])
-        return claimed
+        return [path for _, path in claimed]
 
     def _end_build(self, conn: sqlite3.Connection, work: IndexUpdate, build: Build) -> None:
         """The last step of a build: what a full refresh records once it has walked."""
@@ -345,7 +344,6 @@ class SearchIndex:
             conn.execute(sql.SET_META, ("cursor", build.position))
         conn.execute(sql.SET_META, ("built", str(self.clock())))
         conn.execute(sql.DELETE_META, ("build_cursor",))
-        self._build = None
 
     def _touched(self, conn: sqlite3.Connection) -> list[str] | None:
         """The sessions written since the index last read the cursor (None: all)."""
