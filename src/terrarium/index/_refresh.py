@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import uuid
-from collections.abc import Container, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping
 from typing import Any, Protocol
 
 import msgspec
@@ -39,7 +39,7 @@ class IndexStats(msgspec.Struct):
 
 
 class SegmentRow(msgspec.Struct):
-    """A segment row, as the refresh works on it."""
+    """A segment row, as the refresh works on it (``sql.SELECT_SEGMENTS`` reads its fields)."""
 
     id: int
     session: int
@@ -58,18 +58,6 @@ class SegmentRow(msgspec.Struct):
     fork_source: str | None = None
     """The context its header says it was forked from (``fork_context``), or None."""
 
-    @classmethod
-    def from_row(cls, row: Sequence[Any]) -> SegmentRow:
-        """The segment as ``sql.SELECT_SEGMENTS`` reads it."""
-        segment = cls(*row)
-        segment.continues = bool(segment.continues)
-        return segment
-
-    def progress(self) -> tuple[Any, ...]:
-        """The parameters of ``sql.UPDATE_SEGMENT``: what a refresh has read of the file
-        (every field from ``size_seen`` on), then the row's id."""
-        return (*msgspec.structs.astuple(self)[4:], self.id)
-
 
 class SessionRow(msgspec.Struct):
     """A session row, as the refresh works on it."""
@@ -81,11 +69,6 @@ class SessionRow(msgspec.Struct):
     values: tuple[Any, ...] = ()
     """The head-derived columns as stored (see ``IndexUpdate.index_folder``)."""
     segments: dict[str, SegmentRow] = msgspec.field(default_factory=dict)
-
-    @classmethod
-    def from_row(cls, row: Sequence[Any]) -> SessionRow:
-        """The session as ``sql.SESSIONS`` reads it."""
-        return cls(row[0], row[11], row[6], row[4], tuple(row[1:11]))
 
 
 class Source(Protocol):
@@ -182,11 +165,12 @@ class IndexUpdate:
         sessions: dict[str, SessionRow | None] = {}
         by_id: dict[int, SessionRow] = {}
         for row in self.conn.execute(sql.SESSIONS if sid is None else sql.SESSION, params):
-            session = SessionRow.from_row(row)
+            session = SessionRow(row[0], row[11], row[6], row[4], tuple(row[1:11]))  # SESSIONS
             sessions[session.session_id] = by_id[session.id] = session
         segments = sql.SELECT_SEGMENTS if sid is None else sql.SEGMENTS_OF_SESSION
         for seg in self.conn.execute(segments, params):
-            segment = SegmentRow.from_row(seg)
+            segment = SegmentRow(*seg)
+            segment.continues = bool(segment.continues)
             if segment.session in by_id:
                 by_id[segment.session].segments[segment.segment_id] = segment
         return sessions
@@ -416,7 +400,9 @@ class IndexUpdate:
             log.info("search index: %s", problem)  # ``list`` reports it (ContextSummary)
         changed = bool(read) or problem != segment.problem
         segment.problem = problem
-        self.conn.execute(sql.UPDATE_SEGMENT, segment.progress())
+        # What it has read of the file: every field from ``size_seen`` on, then the row's id.
+        progress = (*msgspec.structs.astuple(segment)[4:], segment.id)
+        self.conn.execute(sql.UPDATE_SEGMENT, progress)
         return changed
 
     def _segment_row(self, session: SessionRow, segment_id: str, st: SegmentStat) -> SegmentRow:
