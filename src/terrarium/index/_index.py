@@ -199,12 +199,8 @@ class SearchIndex:
                 return  # another process created it meanwhile
             if version:
                 log.info("search index schema %s is not %s: rebuilding", version, SCHEMA_VERSION)
-            for (name,) in conn.execute(sql.VIEWS).fetchall():
-                conn.execute(sql.DROP_VIEW.format(name=name))
-            # Virtual tables first: dropping one drops its shadow tables.
-            for virtual in (True, False):
-                for (name,) in conn.execute(sql.TABLES, (virtual,)).fetchall():
-                    conn.execute(sql.DROP_TABLE.format(name=name))
+            for kind, name in conn.execute(sql.DROPPED).fetchall():
+                conn.execute(sql.DROP.format(type=kind, name=name))
             for statement in sql.SCHEMA:
                 conn.execute(statement)
             conn.execute(sql.SET_USER_VERSION)

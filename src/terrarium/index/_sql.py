@@ -174,14 +174,12 @@ SET_USER_VERSION = f"PRAGMA user_version={SCHEMA_VERSION}"
 # Reading a table fails at open, not at first use, on a file that is not an index.
 PROBE = "SELECT count(*) FROM meta"
 # What a rebuild of another version drops: the views, then the tables but SQLite's own,
-# virtual ones first (? = 1: dropping one drops its shadow tables), then the rest (? = 0).
-VIEWS = "SELECT name FROM sqlite_master WHERE type = 'view'"
-TABLES = (
-    "SELECT name FROM sqlite_master WHERE type = 'table' "
-    "AND name NOT LIKE 'sqlite%' AND (sql LIKE 'CREATE VIRTUAL%') = ?"
+# virtual ones first (dropping one drops its shadow tables: hence IF EXISTS).
+DROPPED = (
+    "SELECT type, name FROM sqlite_master WHERE type IN ('view', 'table') AND name NOT LIKE "
+    "'sqlite%' ORDER BY type = 'view' DESC, sql LIKE 'CREATE VIRTUAL%' DESC"
 )
-DROP_VIEW = 'DROP VIEW IF EXISTS "{name}"'
-DROP_TABLE = 'DROP TABLE IF EXISTS "{name}"'
+DROP = 'DROP {type} IF EXISTS "{name}"'
 
 # ---------------------------------------------------------------------------- connection
 
