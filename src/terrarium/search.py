@@ -148,15 +148,10 @@ def _scan(store: Store, q: SearchQuery, heads: list[PodMetadata]) -> list[Search
 
 def _archived_heads(store: Store, q: SearchQuery) -> list[PodMetadata]:
     """The heads of the archived contexts (of the query's type or context) a search reads."""
-    if not isinstance(store, Lifecycle):
-        return []
-    heads = []
-    for entry in states.archived_contexts(store, q.type):
-        if q.context is None or entry.context == q.context:
-            head = store.get_head(ContextId.parse(entry.context))
-            if head is not None:
-                heads.append(head)
-    return heads
+    entries = states.archived_contexts(store, q.type) if isinstance(store, Lifecycle) else []
+    wanted = [entry.context for entry in entries if q.context in (None, entry.context)]
+    heads = [store.get_head(ContextId.parse(context)) for context in wanted]
+    return [head for head in heads if head is not None]
 
 
 def _doc(context: ContextId, head: Any, segment_id: Any, seq: int, item: Any, ts: str) -> _Doc:
