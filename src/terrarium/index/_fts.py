@@ -67,13 +67,10 @@ def long_snippet(body: str, text: str) -> str:
     """A snippet of a long ``body`` around the first match of the query ``text``, marked as
     FTS5's ``snippet()`` marks one (:func:`terrarium.text.scan_snippet` picks the window)."""
     snippet, spans = scan_snippet(body, [tokenize(term) for term in query_terms(text)])
-    out: list[str] = []
-    at = 0
-    for start, stop in spans:
-        out += [snippet[at:start], HIGHLIGHT_OPEN, snippet[start:stop], HIGHLIGHT_CLOSE]
-        at = stop
-    out.append(snippet[at:])
-    return "".join(out)
+    for start, stop in reversed(spans):  # from the last: the earlier spans' offsets hold
+        marked = HIGHLIGHT_OPEN + snippet[start:stop] + HIGHLIGHT_CLOSE
+        snippet = snippet[:start] + marked + snippet[stop:]
+    return snippet
 
 
 def assemble_hits(

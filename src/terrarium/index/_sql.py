@@ -3,7 +3,7 @@
 The schema is created whole when the database's ``user_version`` is not ``SCHEMA_VERSION``
 (an index is derived: one of another version is dropped and rebuilt, never migrated). A few
 statements are templates: ``{table}`` one of ``FTS_TABLES``, ``{marks}`` one ``?`` per id,
-``{name}`` a name read from ``sqlite_master``.
+``{type}`` and ``{name}`` read from ``sqlite_master``.
 """
 
 from __future__ import annotations
