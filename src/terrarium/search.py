@@ -22,16 +22,9 @@ import msgspec
 from terrarium import index as derived
 from terrarium import sessions, states
 from terrarium.errors import CorruptLog, IndexUnavailable, InvalidQuery
-from terrarium.index._fts import TAG_TOKENS, bm25, merge_hits
+from terrarium.index._fts import TAG_TOKENS, bm25, merge_hits, role_text
 from terrarium.index._query import MAX_LIMIT, Searchable, SearchHit, SearchQuery, check_query
-from terrarium.model import (
-    HISTORY_KINDS,
-    ContextId,
-    SegmentId,
-    SessionId,
-    item_role,
-    item_text,
-)
+from terrarium.model import HISTORY_KINDS, ContextId, SegmentId, SessionId
 from terrarium.stores.base import Lifecycle, PodMetadata, Store
 from terrarium.text import (
     ELLIPSIS,
@@ -70,10 +63,7 @@ def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
 
 
 def _search_store(store: Store, query: SearchQuery) -> list[SearchHit]:
-    """The store's hits, from its index or, without a usable one, a scan.
-
-    With ``query.archived`` the archive (which has no index) is scanned and merged by score.
-    """
+    """The store's hits from its index, else a scan (``archived``: the archive's scanned too)."""
     source = derived.listing(store)
     if isinstance(source, Searchable):
         try:
@@ -127,15 +117,11 @@ def _scan(store: Store, q: SearchQuery, heads: list[PodMetadata]) -> list[Search
         context = ContextId.parse(head.context)
         for segment_id in store.list_segments(head.session_id):
             read = store.read_segment(head.session_id, segment_id)
-            header = read.header
-            history = header.get("history")
-            for item in history if isinstance(history, list) else ():
-                docs.append(_doc(context, head, segment_id, 0, item, str(header.get("ts", ""))))
-            for line in read.entries:
-                if line.get("kind") in HISTORY_KINDS:
-                    docs.append(
-                        _doc(context, head, segment_id, line["seq"], line.get("item"), line["ts"])
-                    )
+            history, ts = read.header.get("history"), str(read.header.get("ts", ""))
+            items = [(0, item, ts) for item in history] if isinstance(history, list) else []
+            entries = [line for line in read.entries if line.get("kind") in HISTORY_KINDS]
+            items += [(line["seq"], line.get("item"), line["ts"]) for line in entries]
+            docs += [_doc(context, head, segment_id, *item) for item in items]
     docs = [doc for doc in docs if doc.text]  # empty items are not in an index either
     if not docs:
         return []
@@ -155,34 +141,17 @@ def _scan(store: Store, q: SearchQuery, heads: list[PodMetadata]) -> list[Search
     for score, index in best:
         doc = docs[index]
         snippet, spans = scan_snippet(doc.text, phrases)
-        hits.append(
-            SearchHit(
-                context=str(doc.context),
-                date=doc.head.date,
-                session_id=doc.head.session_id,
-                segment_id=doc.segment_id,
-                seq=doc.seq,
-                role=doc.role,
-                ts=doc.ts,
-                snippet=snippet,
-                highlights=spans,
-                score=score,
-            )
-        )
+        where = (str(doc.context), doc.head.date, doc.head.session_id, doc.segment_id, doc.seq)
+        hits.append(SearchHit(*where, doc.role, doc.ts, snippet, spans, score))
     return hits
 
 
 def _archived_heads(store: Store, q: SearchQuery) -> list[PodMetadata]:
     """The heads of the archived contexts (of the query's type or context) a search reads."""
-    if not isinstance(store, Lifecycle):
-        return []
-    heads = []
-    for entry in states.archived_contexts(store, q.type):
-        if q.context is None or entry.context == q.context:
-            head = store.get_head(ContextId.parse(entry.context))
-            if head is not None:
-                heads.append(head)
-    return heads
+    entries = states.archived_contexts(store, q.type) if isinstance(store, Lifecycle) else []
+    wanted = [entry.context for entry in entries if q.context in (None, entry.context)]
+    heads = [store.get_head(ContextId.parse(context)) for context in wanted]
+    return [head for head in heads if head is not None]
 
 
 def _doc(context: ContextId, head: Any, segment_id: Any, seq: int, item: Any, ts: str) -> _Doc:
@@ -192,24 +161,19 @@ def _doc(context: ContextId, head: Any, segment_id: Any, seq: int, item: Any, ts
 
 def _role_text(item: Any) -> tuple[str, str]:
     """An item's role (``other`` for none) and its text as the indexes hold it."""
-    role, text = None, ""
-    if isinstance(item, Mapping):
-        with suppress(AttributeError, TypeError):
-            role, text = item_role(item), item_text(item)
-    text = text if isinstance(text, str) else ""
+    role, text = role_text(item)
     if not text.isascii():
         text = unicodedata.normalize("NFC", text)  # as the index stores it
-    return (role if isinstance(role, str) else "other"), text
+    return role, text
 
 
 def _wanted(doc: _Doc, q: SearchQuery) -> bool:
-    if q.type is not None and doc.context.type != q.type:
-        return False
-    if q.context is not None and str(doc.context) != q.context:
-        return False
-    if q.role is not None and doc.role != q.role:
-        return False
-    return q.since is None or doc.ts >= q.since
+    return (
+        q.type in (None, doc.context.type)
+        and q.context in (None, str(doc.context))
+        and q.role in (None, doc.role)
+        and (q.since is None or doc.ts >= q.since)
+    )
 
 
 # ---- placing hits in their conversation ----------------------------------------------------
@@ -247,17 +211,17 @@ class _Places:
     ) -> tuple[list[SearchHit], bool]:
         """The best ``limit`` hits placed, each message once; whether that is decided.
 
-        Past ``limit``, only hits that tie with the last and share a placed snippet are placed (a
-        copy has its original's text, so its score). The rest are never placed, their contexts never
-        read: ties are common (bm25 scores texts of equal length equally).
+        Past ``limit``, only ties with the last that share a placed snippet are placed (a copy
+        has its original's text and score): the rest (ties are common) are never read.
         """
         self.used.clear()  # which header items hits took: afresh for each list of hits
         placed: list[_Placed] = []
         snippets: set[str] = set()
         for i, hit in enumerate(hits):
-            if len(placed) >= limit and len(_representatives(placed, all_branches)) >= limit:
+            keep = _representatives(placed, all_branches) if len(placed) >= limit else set()
+            if len(keep) >= limit:
                 if hit.score != hits[i - 1].score:
-                    return _kept(placed, limit, all_branches), True
+                    return [placed[j].hit for j in sorted(keep)][:limit], True
                 if hit.snippet not in snippets:
                     continue
             placed.append(self._one(hit))
@@ -265,7 +229,7 @@ class _Places:
         keep = _representatives(placed, all_branches)
         # The hits ran out: more may be needed, or a copy's original may come after them.
         decided = len(keep) >= limit and all(placed[i].own for i in keep)
-        return _kept(placed, limit, all_branches), decided
+        return [placed[i].hit for i in sorted(keep)][:limit], decided
 
     def _one(self, hit: SearchHit) -> _Placed:
         session, segment = str(hit.session_id), str(hit.segment_id)
@@ -277,18 +241,13 @@ class _Places:
             source = sources[index] if isinstance(sources, list) and index < len(sources) else None
             if isinstance(source, Mapping):
                 at = source.get("index")
-                key = (
-                    str(source.get("session_id")),
-                    str(source.get("segment_id")),
-                    int(source.get("seq") or 0),
-                    at if isinstance(at, int) else None,
-                )
+                ids = str(source.get("session_id")), str(source.get("segment_id"))
+                key = (*ids, int(source.get("seq") or 0), at if isinstance(at, int) else None)
         head_session, positions = self._conversation(hit.context)
         message = positions.get((segment, hit.seq, index)) if session == head_session else None
         branch = "off" if message is None else "head"
-        return _Placed(
-            msgspec.structs.replace(hit, message=message, branch=branch), key, key == own
-        )
+        placed = msgspec.structs.replace(hit, message=message, branch=branch)
+        return _Placed(placed, key, key == own)
 
     def _conversation(self, context: str) -> tuple[str, dict[tuple[str, int, int | None], int]]:
         """The context's head session and the place of each message of its conversation."""
@@ -339,11 +298,6 @@ class _Places:
             return None
         used.add(-best[3])
         return -best[3]
-
-
-def _kept(placed: list[_Placed], limit: int, all_branches: bool) -> list[SearchHit]:
-    keep = _representatives(placed, all_branches)
-    return [p.hit for i, p in enumerate(placed) if i in keep][:limit]
 
 
 def _representatives(placed: list[_Placed], all_branches: bool) -> set[int]:

@@ -83,9 +83,8 @@ def reindex(store: Store) -> int:
     """
     count = store.reindex() if isinstance(store, Reindexable) else None
     found = of(store)
-    if found is not None:
-        indexed = found.rebuild()
-        return indexed if count is None else count
+    indexed = found.rebuild() if found is not None else None
+    count = indexed if count is None else count
     if count is None:
         raise StoreError("this store keeps no index to rebuild")
     return count

@@ -1,15 +1,12 @@
 """What the derived index reads of a store with a change cursor.
 
 :class:`LogChanges` is the index's ``Source`` over any :class:`~terrarium.stores.base.ChangeLog`
-store (memory, SQLite, PostgreSQL), read through that protocol alone: a session's "folder" is
-its id, a segment's size its next seq, and the lines it gained since are ``entries_from`` a
-seq. Which sessions to read comes from the store's cursor (:meth:`LogChanges.changes`). A walk
-of every session (a first build) reads a page of sessions at a time, their heads and segments
-in one read and their lines in one per ``LINES`` lines, so that a store on a server answers it
-in a few round trips a page, not several a session. What a read reads is kept until the cursor
-is read again, and serves that refresh only: it is newer than the position the refresh began
-at, so whatever changed after it is named by the next read of the cursor. The filesystem
-store has a source of its own (``stores/fs/_changes.py``): its appends leave markers.
+store (memory, SQLite, PostgreSQL): a session's "folder" is its id, a segment's size its next
+seq, and the lines it gained are ``entries_from`` a seq. The store's cursor names the sessions
+to read. A walk (a first build) reads a page of sessions' heads and segments in one read and
+their lines in one per ``LINES`` lines: a few round trips a page, not several a session. What
+is read serves one refresh only, until the cursor is read again (whatever changed after is
+named by that read). The filesystem store's source is ``stores/fs/_changes.py``.
 """
 
 from __future__ import annotations

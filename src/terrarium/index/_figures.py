@@ -88,27 +88,20 @@ def identity(message: sessions.Message, session_id: SessionId) -> Identity:
     """Where ``message`` was first logged (its :data:`Identity`)."""
     origin = message.provenance(session_id)
     index = origin.get("index")
-    return (
-        str(origin.get("session_id")),
-        str(origin.get("segment_id")),
-        int(origin.get("seq", 0)),
-        index if type(index) is int else -1,
-    )
+    ids = str(origin.get("session_id")), str(origin.get("segment_id"))
+    return (*ids, int(origin.get("seq", 0)), index if type(index) is int else -1)
 
 
 def write(conn: sqlite3.Connection, session: int, tid: int, found: Figures) -> None:
     """Add ``found`` to the figure tables' rows of the session row ``session`` (of type row
     ``tid``); its turns and tokens go to its ``sessions`` row (the caller's)."""
-    conn.executemany(
-        sql.ADD_USAGE,
-        [(session, model, *_numbers(u)) for model, u in found.usage.items()],
-    )
+    usage = [(session, model, *_numbers(u)) for model, u in found.usage.items()]
+    conn.executemany(sql.ADD_USAGE, usage)
     conn.executemany(sql.ADD_DAY, [(session, day, tid, n) for day, n in found.days.items()])
     conn.executemany(sql.INSERT_COPY, [(session, tid, *i, day) for i, day in found.copies])
     conn.executemany(sql.INSERT_HELD, [(session, *i) for i in found.held])
-    conn.executemany(
-        sql.SET_RANGE, [(session, seg, lo, hi) for seg, (lo, hi) in found.ranges.items()]
-    )
+    ranges = [(session, seg, lo, hi) for seg, (lo, hi) in found.ranges.items()]
+    conn.executemany(sql.SET_RANGE, ranges)
 
 
 def _numbers(u: UsageTotals) -> tuple[int, int, int, int, int]:

@@ -9,7 +9,7 @@ Usage::
 
     q = check_query(SearchQuery("deploy failed", limit=20))
     phrases = [fts5_phrases([term]) for term in query_terms(q.text)]
-    ranked = Ranker().rank(conn, "fts", phrases, "", q, rows)  # [(rowid, score)]
+    ranked = Ranker().rank(conn, phrases, "", q, rows)  # [(rowid, score)]
     hits = assemble_hits(ranked, meta, snippets)
 """
 
@@ -22,7 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from terrarium.index._query import SearchHit, SearchQuery
-from terrarium.index._sql import FTS_RECENT
+from terrarium.index._sql import FTS, FTS_RECENT
+from terrarium.model import item_role, item_text
 from terrarium.text import (
     HIGHLIGHT_CLOSE,
     HIGHLIGHT_OPEN,
@@ -40,6 +41,17 @@ COMMON_SHARE = 0.05
 # --------------------------------------------------------------------------- queries
 
 
+def role_text(item: Any) -> tuple[str, str]:
+    """A history item's role (``other`` for none) and its plain text (empty for none)."""
+    if not isinstance(item, Mapping):
+        return "other", ""
+    try:
+        role, text = item_role(item), item_text(item)
+    except (AttributeError, TypeError):
+        return "other", ""
+    return role or "other", text if isinstance(text, str) else ""
+
+
 def fts5_phrases(terms: Iterable[str]) -> str:
     """Terms as FTS5 strings (each a phrase matched literally), implicitly ANDed."""
     return " ".join('"' + term.replace('"', '""') + '"' for term in terms)
@@ -55,13 +67,10 @@ def long_snippet(body: str, text: str) -> str:
     """A snippet of a long ``body`` around the first match of the query ``text``, marked as
     FTS5's ``snippet()`` marks one (:func:`terrarium.text.scan_snippet` picks the window)."""
     snippet, spans = scan_snippet(body, [tokenize(term) for term in query_terms(text)])
-    out: list[str] = []
-    at = 0
-    for start, stop in spans:
-        out += [snippet[at:start], HIGHLIGHT_OPEN, snippet[start:stop], HIGHLIGHT_CLOSE]
-        at = stop
-    out.append(snippet[at:])
-    return "".join(out)
+    for start, stop in reversed(spans):  # from the last: the earlier spans' offsets hold
+        marked = HIGHLIGHT_OPEN + snippet[start:stop] + HIGHLIGHT_CLOSE
+        snippet = snippet[:start] + marked + snippet[stop:]
+    return snippet
 
 
 def assemble_hits(
@@ -71,12 +80,9 @@ def assemble_hits(
 ) -> list[SearchHit]:
     """Hits in rank order from ranked rowids, their rows and their marked snippets.
 
-    FTS5 ``snippet()`` marks matches with two private-use characters, which
-    :func:`terrarium.text.snippet_spans` strips and turns into ``(start, end)`` spans; those
-    two characters in the text itself are indexed as U+FFFD, so they are never taken for marks.
-
     ``meta`` maps a rowid to (context, date, session id, segment id, seq, role, ts); rows
-    missing from ``meta`` or ``snippets`` (deleted meanwhile) are left out.
+    missing from ``meta`` or ``snippets`` (deleted meanwhile) are left out. The marks are two
+    private-use characters, indexed as U+FFFD in the text itself (``prepare_text``).
     """
     hits = []
     for rowid, score in ranked:
@@ -84,10 +90,8 @@ def assemble_hits(
             continue
         context, date, session, segment, seq, role, ts = meta[rowid]
         text, spans = snippet_spans(snippets[rowid])
-        session_id, segment_id = uuid.UUID(session), uuid.UUID(segment)
-        hits.append(
-            SearchHit(context, date, session_id, segment_id, seq, role, ts, text, spans, score)
-        )
+        ids = uuid.UUID(session), uuid.UUID(segment)
+        hits.append(SearchHit(context, date, *ids, seq, role, ts, text, spans, score))
     return hits
 
 
@@ -160,23 +164,17 @@ class Ranker:
       gives them almost no weight (IDF under 3, against 6 to 8 for the words people look for)
       and weighing them is what costs.
 
-    Rows are numbered in indexing order, which is arrival order. The scan fallback
-    (:func:`terrarium.search.scan`) computes the same bm25 in Python (:func:`bm25`), so on a
-    store small enough for no word to pass ``RANK_WINDOW`` both give the same hits with the
-    same scores.
-
-    Threads may share a ranker: the class cache is a dict whose single operations are atomic,
-    and at worst two threads class the same term.
+    Rows are numbered in arrival order. Below ``RANK_WINDOW`` matches the scan's :func:`bm25`
+    gives the same hits and scores. Threads may share a ranker (at worst two class one term).
     """
 
     def __init__(self) -> None:
-        # (table, phrase) -> (class: 0 few, 1 between, 2 common; rows when classed)
-        self._classes: dict[tuple[str, str], tuple[int, int]] = {}
+        # phrase -> (class: 0 few, 1 between, 2 common; rows when classed)
+        self._classes: dict[str, tuple[int, int]] = {}
 
     def rank(
         self,
         conn: sqlite3.Connection,
-        table: str,
         phrases: Sequence[str],
         filters: str,
         q: SearchQuery,
@@ -187,43 +185,40 @@ class Ranker:
         body = body_match(phrases)
         match = body + filters
         window = max(RANK_WINDOW, q.limit)
-        classes = {p: self._class(conn, table, p, window, rows) for p in phrases}
-        bound = None
-        if 0 not in classes.values():  # maybe many matches: find the window's oldest
-            bound = nth_match(conn, table, match, window)
+        classes = {p: self._class(conn, p, window, rows) for p in phrases}
+        # With no rare term there may be many matches: find the window's oldest.
+        bound = nth_match(conn, FTS, match, window) if 0 not in classes.values() else None
         if bound is None:  # at most ``window`` matches: rank them all
             informative = [p for p in phrases if classes[p] < 2]
             if len(set(phrases)) < 2 and not filters:
                 informative = list(phrases)
             # Ranking by common terms alone would walk all their rows to apply the filters.
             rank_match = body_match(informative) if informative else match
-            return self._ranked(conn, table, rank_match, match, None, q)
+            return self._ranked(conn, FTS, rank_match, match, None, q)
         recent = nth_match(conn, FTS_RECENT, match, window)
         ranked = self._ranked(conn, FTS_RECENT, body, match, recent, q)
         if len(ranked) >= q.limit:
             return ranked
-        ranked = self._ranked(conn, table, body, match, bound, q)
+        ranked = self._ranked(conn, FTS, body, match, bound, q)
         if len(ranked) >= q.limit or q.since is None:
             return ranked
-        return self._ranked(conn, table, body, match, None, q)
+        return self._ranked(conn, FTS, body, match, None, q)
 
-    def _class(
-        self, conn: sqlite3.Connection, table: str, phrase: str, window: int, rows: int
-    ) -> int:
+    def _class(self, conn: sqlite3.Connection, phrase: str, window: int, rows: int) -> int:
         """0 if at most ``window`` rows hold ``phrase``, 2 if more than ``COMMON_SHARE`` of
         ``rows`` (and ``window``) do, else 1."""
-        known = self._classes.get((table, phrase))
+        known = self._classes.get(phrase)
         if known is not None and 0.9 * known[1] <= rows <= 1.1 * known[1]:
             return known[0]
         match = body_match([phrase])
-        if nth_match(conn, table, match, window) is None:
+        if nth_match(conn, FTS, match, window) is None:
             found = 0
         else:
             threshold = max(window, int(rows * COMMON_SHARE))
-            found = 2 if nth_match(conn, table, match, threshold) is not None else 1
+            found = 2 if nth_match(conn, FTS, match, threshold) is not None else 1
         if len(self._classes) > 10_000:
             self._classes.clear()
-        self._classes[table, phrase] = (found, rows)
+        self._classes[phrase] = (found, rows)
         return found
 
     def _ranked(

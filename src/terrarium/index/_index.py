@@ -124,19 +124,13 @@ class SearchIndex:
     # ------------------------------------------------------------------ connection
 
     def _connection(self) -> sqlite3.Connection:
-        """The open connection; reopened if the file was deleted or replaced.
-
-        One that cannot be opened for writing is opened read-only and serves while current.
-        """
+        """The open connection, reopened if the file was replaced (read-only if not writable)."""
         if self._conn is not None:
-            try:
-                ino = os.stat(self.path).st_ino
-            except FileNotFoundError:
-                ino = None
-            if ino == self._ino:
-                return self._conn
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(self.path).st_ino == self._ino:
+                    return self._conn
             log.info("%s was deleted or replaced: reopening it", self.path)
-            self._close_connection()
+            self.close()
         self.readonly_reason = None if _db.writable(self.path) else "read-only"
         try:
             conn = self._open(readonly=self.readonly_reason is not None)
@@ -205,12 +199,8 @@ class SearchIndex:
                 return  # another process created it meanwhile
             if version:
                 log.info("search index schema %s is not %s: rebuilding", version, SCHEMA_VERSION)
-            for (name,) in conn.execute(sql.VIEWS).fetchall():
-                conn.execute(sql.DROP_VIEW.format(name=name))
-            # Virtual tables first: dropping one drops its shadow tables.
-            for virtual in (True, False):
-                for (name,) in conn.execute(sql.TABLES, (virtual,)).fetchall():
-                    conn.execute(sql.DROP_TABLE.format(name=name))
+            for kind, name in conn.execute(sql.DROPPED).fetchall():
+                conn.execute(sql.DROP.format(type=kind, name=name))
             for statement in sql.SCHEMA:
                 conn.execute(statement)
             conn.execute(sql.SET_USER_VERSION)
@@ -218,21 +208,17 @@ class SearchIndex:
     def _discard(self, exc: BaseException) -> None:
         """Close and delete a corrupt index: the next open rebuilds it from the files."""
         log.warning("%s is corrupt (%s): rebuilding it from the files", self.path, exc)
-        self._close_connection()
+        self.close()
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{self.path}{suffix}")
 
-    def _close_connection(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-            self._ino = None
-
     def close(self) -> None:
         """Close the database connection (the index can be reopened by using it again)."""
         with self._lock:
-            self._close_connection()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn, self._ino = None, None
 
     # ------------------------------------------------------------------ refresh
 
@@ -247,8 +233,7 @@ class SearchIndex:
     def _guarded(self, run: Callable[[], _T], *, retry: bool = False) -> _T:
         """``run()`` under the lock, a failing database turned into :class:`IndexUnavailable`.
 
-        Only a corrupt index is deleted (and with ``retry`` rebuilt by a second run): a busy,
-        full or read-only one is left for the callers to answer from the log.
+        Only a corrupt index is deleted (with ``retry``, rebuilt by a second run).
         """
         with self._lock:
             for attempt in (1, 2):
@@ -271,8 +256,7 @@ class SearchIndex:
             return False
         built = _meta(conn, "built") is not None
         if budget is not None and not (full or built):
-            self._build_step(conn, budget)
-            if self._build is not None:
+            if not self._build_step(conn, budget):
                 return True
             built = True  # it ended: what was written meanwhile is read now
         self._build = None
@@ -298,14 +282,14 @@ class SearchIndex:
             self._optimize(conn)
         return True
 
-    def _build_step(self, conn: sqlite3.Connection, budget: float) -> None:
-        """One step of a first build, of about ``budget`` seconds (see ``_build``)."""
+    def _build_step(self, conn: sqlite3.Connection, budget: float) -> bool:
+        """One step of a first build, of about ``budget`` seconds (see ``_build``); True once
+        the index is built."""
         deadline = time.monotonic() + budget
-        claimed: list[tuple[str, Path]] = []
+        claimed: list[Path] = []
         with _db.immediate(conn):
             if _meta(conn, "built") is not None:  # another process built it
-                self._build = None
-                return
+                return True
             if self._build is None:
                 position = _meta(conn, "build_cursor")
                 if position is None:
@@ -321,12 +305,12 @@ class SearchIndex:
                 self._end_build(conn, work, build)
             work.finish()
         if self._files is not None:
-            held = (build.held or []) if done else []
-            self._files.release([path for _, path in claimed] + held)
+            self._files.release(claimed + ((build.held or []) if done else []))
+        return done
 
     def _claim_during(
         self, conn: sqlite3.Connection, work: IndexUpdate, build: Build
-    ) -> list[tuple[str, Path]]:
+    ) -> list[Path]:
         """Hold the markers there when the build began (the walk reads their sessions); index
         and watch those left since, and return them to release after the commit."""
         assert self._files is not None
@@ -342,7 +326,7 @@ class SearchIndex:
             build.seen.add(sid)
         until = self.clock() + WATCH_SECONDS
         conn.executemany(sql.WATCH, [(until, sid) for sid, _ in claimed])
-        return claimed
+        return [path for _, path in claimed]
 
     def _end_build(self, conn: sqlite3.Connection, work: IndexUpdate, build: Build) -> None:
         """The last step of a build: what a full refresh records once it has walked."""
@@ -356,7 +340,6 @@ class SearchIndex:
             conn.execute(sql.SET_META, ("cursor", build.position))
         conn.execute(sql.SET_META, ("built", str(self.clock())))
         conn.execute(sql.DELETE_META, ("build_cursor",))
-        self._build = None
 
     def _touched(self, conn: sqlite3.Connection) -> list[str] | None:
         """The sessions written since the index last read the cursor (None: all)."""
@@ -381,11 +364,8 @@ class SearchIndex:
     def _rebuild(self) -> int:
         conn = self._connection()
         with _db.immediate(conn):
-            for table in sql.FTS_TABLES:
-                conn.execute(sql.FTS_DELETE_ALL.format(table=table))
             for statement in sql.CLEAR:
                 conn.execute(statement)
-            conn.execute(sql.SET_RECENT_FLOOR, (1,))
             claimed = self._update(conn, full=True, now=self.clock())
         if self._files is not None:
             self._files.release(claimed)
@@ -439,7 +419,10 @@ class SearchIndex:
         claimed_ids = {sid for sid, _ in claimed}
         if full:
             shape = files.shape(None) if files is not None else None
-            self._walk(work)
+            seen: set[str | None] = set()
+            for folder, segments in self.source.walk():
+                seen.add(work.index_folder(folder, segments, hint=None))
+            work.drop_unseen(seen)  # the rows of sessions the store no longer has
             conn.execute(sql.UNWATCH_ENDED, (now,))
         else:
             for sid in sorted(claimed_ids if touched is None else set(touched)):
@@ -461,15 +444,6 @@ class SearchIndex:
         if full:
             conn.execute(sql.SET_META, ("built", str(now)))
         return [path for _, path in claimed]
-
-    def _walk(self, work: IndexUpdate) -> None:
-        """Index every session of the store; drop the rows of sessions it no longer has."""
-        seen: set[str] = set()
-        for folder, segments in self.source.walk():
-            sid = work.index_folder(folder, segments, hint=None)
-            if sid is not None:
-                seen.add(sid)
-        work.drop_unseen(seen)
 
     def _moved(self, work: IndexUpdate, conn: sqlite3.Connection, shape: ShapeChange) -> None:
         """Index the sessions of date folders that appeared or vanished."""
@@ -540,7 +514,7 @@ class SearchIndex:
         phrases = [fts5_phrases([term]) for term in terms]
         match = body_match(phrases) + tags
         (rows,) = conn.execute(sql.LAST_DOC).fetchone()
-        ranked = self._ranker.rank(conn, sql.FTS, phrases, tags, q, rows)
+        ranked = self._ranker.rank(conn, phrases, tags, q, rows)
         if not ranked:
             return []
         marks = ",".join("?" * len(ranked))
@@ -549,12 +523,9 @@ class SearchIndex:
         snippets = {rowid: long_snippet(body, q.text) for rowid, body in long}
         short = [rowid for rowid in ids if rowid not in snippets]
         if short:
-            snippets.update(
-                conn.execute(
-                    sql.SNIPPETS.format(marks=",".join("?" * len(short))),
-                    (HIGHLIGHT_OPEN, HIGHLIGHT_CLOSE, ELLIPSIS, SNIPPET_TOKENS, match, *short),
-                ).fetchall()
-            )
+            statement = sql.SNIPPETS.format(marks=",".join("?" * len(short)))
+            args = (HIGHLIGHT_OPEN, HIGHLIGHT_CLOSE, ELLIPSIS, SNIPPET_TOKENS, match, *short)
+            snippets.update(conn.execute(statement, args).fetchall())
         meta = {row[0]: row[1:] for row in conn.execute(sql.HIT_ROWS.format(marks=marks), ids)}
         return assemble_hits(ranked, meta, snippets)
 

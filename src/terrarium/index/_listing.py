@@ -1,15 +1,11 @@
-"""The listing's records (:class:`ContextSummary`, the one row every listing shows;
-:class:`ListingQuery`; the :class:`Listing` protocol) and its pages: the statement the
-derived index runs.
+"""The listing's records (:class:`ContextSummary`, :class:`ListingQuery`, the :class:`Listing`
+protocol) and the statement of a page that the derived index runs.
 
 A page is keyset pagination over the sort column and the context id, largest first:
-``WHERE (col, context) < (:value, :context) ORDER BY col DESC, context DESC LIMIT :n``. The
-index keeps an index on ``(col, context)`` for each sort (``sessions_by_*``), so a page reads
-about ``n`` index entries wherever it starts. Filters that no index serves (text in the id,
-the days) are checked on the rows the index walk visits.
-
-The contract tests hold every backend to the same page picked from a whole listing
-(``tests/contract/test_paged_listing.py``).
+``WHERE (col, context) < (:value, :context) ORDER BY col DESC, context DESC LIMIT :n``. An
+index on ``(col, context)`` per sort (``sessions_by_*``) makes a page read about ``n`` index
+entries wherever it starts; the other filters are checked on the rows that walk visits.
+``tests/contract/test_paged_listing.py`` holds every backend to the same pages.
 """
 
 from __future__ import annotations

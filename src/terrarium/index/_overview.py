@@ -48,10 +48,9 @@ class Reader:
             select = sql.HOT_ROWS if view == "sessions" else sql.OTHER_ROWS.format(view=view)
             statement, params = _listing.page_statement(select, query, SORTS)
             found += [ContextSummary(*row) for row in self.conn.execute(statement, params)]
-        if len(views) == 1:
-            return found
-        key = sort_key(query.sort)
-        return heapq.nlargest(query.limit, found, key=key)
+        if len(views) > 1:
+            found = heapq.nlargest(query.limit, found, key=sort_key(query.sort))
+        return found
 
     def types(self, state: str = "hot") -> list[str]:
         """Every type the contexts ``state`` shows have, sorted."""

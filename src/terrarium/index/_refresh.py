@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping
 from typing import Any, Protocol
 
 import msgspec
@@ -18,8 +18,8 @@ import msgspec
 from terrarium.errors import CorruptLog, StoreError
 from terrarium.index import _figures
 from terrarium.index import _sql as sql
-from terrarium.index._figures import Figures
-from terrarium.model import HISTORY_KINDS, ContextId, SessionId, item_role, item_text
+from terrarium.index._fts import role_text
+from terrarium.model import HISTORY_KINDS, ContextId, SessionId
 from terrarium.stores.base import PodMetadata, SegmentRead, SegmentStat
 from terrarium.text import prepare_text
 
@@ -39,7 +39,7 @@ class IndexStats(msgspec.Struct):
 
 
 class SegmentRow(msgspec.Struct):
-    """A segment row, as the refresh works on it."""
+    """A segment row, as the refresh works on it (``sql.SELECT_SEGMENTS`` reads its fields)."""
 
     id: int
     session: int
@@ -58,18 +58,6 @@ class SegmentRow(msgspec.Struct):
     fork_source: str | None = None
     """The context its header says it was forked from (``fork_context``), or None."""
 
-    @classmethod
-    def from_row(cls, row: Sequence[Any]) -> SegmentRow:
-        """The segment as ``sql.SELECT_SEGMENTS`` reads it."""
-        segment = cls(*row)
-        segment.continues = bool(segment.continues)
-        return segment
-
-    def progress(self) -> tuple[Any, ...]:
-        """The parameters of ``sql.UPDATE_SEGMENT``: what a refresh has read of the file
-        (every field from ``size_seen`` on), then the row's id."""
-        return (*msgspec.structs.astuple(self)[4:], self.id)
-
 
 class SessionRow(msgspec.Struct):
     """A session row, as the refresh works on it."""
@@ -81,16 +69,6 @@ class SessionRow(msgspec.Struct):
     values: tuple[Any, ...] = ()
     """The head-derived columns as stored (see ``IndexUpdate.index_folder``)."""
     segments: dict[str, SegmentRow] = msgspec.field(default_factory=dict)
-
-    @classmethod
-    def from_row(cls, row: Sequence[Any]) -> SessionRow:
-        """The session as ``sql.SESSIONS`` reads it."""
-        return cls(row[0], row[11], row[6], row[4], tuple(row[1:11]))
-
-    @property
-    def head_problem(self) -> str | None:
-        """Why its ``head.json`` could not be read (the head was rebuilt), or None."""
-        return self.values[-1] if self.values else None
 
 
 class Source(Protocol):
@@ -187,11 +165,12 @@ class IndexUpdate:
         sessions: dict[str, SessionRow | None] = {}
         by_id: dict[int, SessionRow] = {}
         for row in self.conn.execute(sql.SESSIONS if sid is None else sql.SESSION, params):
-            session = SessionRow.from_row(row)
+            session = SessionRow(row[0], row[11], row[6], row[4], tuple(row[1:11]))  # SESSIONS
             sessions[session.session_id] = by_id[session.id] = session
         segments = sql.SELECT_SEGMENTS if sid is None else sql.SEGMENTS_OF_SESSION
         for seg in self.conn.execute(segments, params):
-            segment = SegmentRow.from_row(seg)
+            segment = SegmentRow(*seg)
+            segment.continues = bool(segment.continues)
             if segment.session in by_id:
                 by_id[segment.session].segments[segment.segment_id] = segment
         return sessions
@@ -207,9 +186,17 @@ class IndexUpdate:
         folder = session.folder if session is not None else self.source.pointer(sid)
         if folder is None:
             return  # deleted before it was ever indexed
-        if watched_only and session is not None:
-            self._index_known_segments(session, folder)
-            return
+        if watched_only and session is not None:  # ``stat`` the segments it has
+            for segment in list(session.segments.values()):
+                st = self.source.stat_segment(folder, segment.segment_id)
+                if st is None:
+                    break  # one is gone: read the session afresh
+                if self._index_segment(session, folder, segment.segment_id, st):
+                    self.changed[session.id] = session
+            else:
+                if session.id in self.changed:
+                    self._figure(session, folder)
+                return
         self.index_folder(folder, self.source.segments(folder), hint=sid)
 
     def index_folder(
@@ -235,7 +222,11 @@ class IndexUpdate:
             self.index.warn_once(folder, "search index: skipping %s: bad context in head", folder)
             return None
         session, changed = self._head_row(folder, head, context, problem)
-        changed = self._index_segments(session, folder, segments) or changed
+        for segment_id in [g for g in session.segments if g not in segments]:  # gone
+            self._drop_segment(session.segments.pop(segment_id))
+            changed = True
+        for segment_id, st in sorted(segments.items()):
+            changed = self._index_segment(session, folder, segment_id, st) or changed
         if changed:
             self.changed[session.id] = session
             self._figure(session, folder)
@@ -247,7 +238,10 @@ class IndexUpdate:
         """The session's row, inserted or brought up to date with ``head``; whether it changed."""
         sid = str(head.session_id)
         session = self._load(sid)
-        tid = self._type_id(context.type)
+        tid = self.types.get(context.type)
+        if tid is None:
+            cur = self.conn.execute(sql.INSERT_TYPE, (context.type,))
+            tid = self.types[context.type] = int(cur.lastrowid or 0)
         values = (
             str(context),
             context.type,
@@ -264,41 +258,20 @@ class IndexUpdate:
             cur = self.conn.execute(sql.INSERT_SESSION, (*values, head.updated_at, sid))
             session = SessionRow(int(cur.lastrowid or 0), sid, folder, tid, values)
             self.cache[sid] = session
-            # Another session row claiming the same context is stale: check it.
-            for (other,) in self.conn.execute(
-                sql.CLAIMANTS, (context.type, context.name, session.id)
-            ).fetchall():
-                self._check_stale(other)
+            # Another session row claiming the same context is stale if its folder's head
+            # is not that session's any more: drop it.
+            claimants = (context.type, context.name, session.id)
+            for (other,) in self.conn.execute(sql.CLAIMANTS, claimants).fetchall():
+                row = self.conn.execute(sql.SESSION_FOLDER, (other,)).fetchone()
+                found = self.source.head(row[0])[0] if row is not None else None
+                if found is None or str(found.session_id) != other:
+                    self.drop_session(other)
             return session, True
         if session.values == values:
             return session, False
         self.conn.execute(sql.UPDATE_SESSION_HEAD, (*values, session.id))
         session.values = values
         return session, True
-
-    def _index_segments(
-        self, session: SessionRow, folder: str, segments: dict[str, SegmentStat]
-    ) -> bool:
-        """Index ``segments``, dropping the rows of those gone."""
-        changed = False
-        for segment_id in list(session.segments):
-            if segment_id not in segments:
-                self._drop_segment(session.segments.pop(segment_id))
-                changed = True
-        for segment_id, st in sorted(segments.items()):
-            changed = self._index_segment(session, folder, segment_id, st) or changed
-        return changed
-
-    def _index_known_segments(self, session: SessionRow, folder: str) -> None:
-        for segment in list(session.segments.values()):
-            st = self.source.stat_segment(folder, segment.segment_id)
-            if st is None:
-                self.index_folder(folder, self.source.segments(folder), hint=session.session_id)
-                return
-            if self._index_segment(session, folder, segment.segment_id, st):
-                self.changed[session.id] = session
-        if session.id in self.changed:
-            self._figure(session, folder)
 
     def _figure(self, session: SessionRow, folder: str) -> None:
         """Bring the session's figures up to date (new head lines, or the lineage afresh)."""
@@ -317,35 +290,23 @@ class IndexUpdate:
                 if lines:
                     found = _figures.of_lines(lines[1], session.session_id, head.segment_id)
                     _figures.write(self.conn, session.id, session.tid, found)
-                    self.conn.execute(
-                        sql.ADD_FIGURES,
-                        (found.turns, found.total_tokens, head.next_seq, session.id),
-                    )
+                    added = (found.turns, found.total_tokens, head.next_seq, session.id)
+                    self.conn.execute(sql.ADD_FIGURES, added)
                 return
             reads = self._lineage(session, folder, head, gained)
             found = _figures.of_lineage(reads, uuid.UUID(session.session_id))
         except (StoreError, OSError, KeyError, TypeError, ValueError) as exc:
             log.info("search index: no figures for %s: %s", session.session_id, exc)
             head, found = None, _figures.Figures()
-        self._refold(session, head, found)
-
-    def _refold(self, session: SessionRow, head: SegmentRow | None, found: Figures) -> None:
-        """Replace the session's figures with ``found``, folded up to ``head``'s end."""
+        # Replace the session's figures with ``found``, folded up to ``head``'s end.
         for statement in sql.DELETE_FIGURES:
             self.conn.execute(statement, (session.id,))
         _figures.write(self.conn, session.id, session.tid, found)
         root = session.segments.get(min(session.segments)) if session.segments else None
-        self.conn.execute(
-            sql.SET_FIGURES,
-            (
-                found.turns,
-                found.total_tokens,
-                root.fork_source if root is not None else None,
-                head.id if head is not None else None,
-                head.next_seq if head is not None else None,
-                session.id,
-            ),
-        )
+        fork_source = root.fork_source if root is not None else None
+        folded = (head.id, head.next_seq) if head is not None else (None, None)
+        figures = (found.turns, found.total_tokens, fork_source, *folded, session.id)
+        self.conn.execute(sql.SET_FIGURES, figures)
 
     def _lineage(
         self,
@@ -371,12 +332,6 @@ class IndexUpdate:
         reads.reverse()
         return reads
 
-    def _check_stale(self, sid: str) -> None:
-        row = self.conn.execute(sql.SESSION_FOLDER, (sid,)).fetchone()
-        head = self.source.head(row[0])[0] if row is not None else None
-        if head is None or str(head.session_id) != sid:
-            self.drop_session(sid)
-
     def drop_session(self, sid: str) -> None:
         """Remove a session that no longer exists, with its segments and items."""
         session = self._load(sid)
@@ -390,18 +345,11 @@ class IndexUpdate:
         self.changed.pop(session.id, None)
         self.cache.pop(sid, None)
 
-    def drop_unseen(self, seen: set[str]) -> None:
+    def drop_unseen(self, seen: Container[str | None]) -> None:
         """Drop every session but those a walk of the whole store has ``seen``."""
         for (sid,) in self.conn.execute(sql.SESSION_IDS).fetchall():
             if sid not in seen:
                 self.drop_session(sid)
-
-    def _type_id(self, name: str) -> int:
-        tid = self.types.get(name)
-        if tid is None:
-            cur = self.conn.execute(sql.INSERT_TYPE, (name,))
-            tid = self.types[name] = int(cur.lastrowid or 0)
-        return tid
 
     # ---------------------------------------------------------------- segments
 
@@ -421,38 +369,40 @@ class IndexUpdate:
     def _index_segment(
         self, session: SessionRow, folder: str, segment_id: str, st: SegmentStat
     ) -> bool:
-        """Read the segment's new complete lines; return whether anything changed.
-
-        A torn tail is indexed once it is complete; a shrunk or replaced segment is read again.
-        """
+        """Read the segment's new complete lines (a torn tail once it is complete, a shrunk or
+        replaced segment again); return whether anything changed."""
         segment = self._segment_row(session, segment_id, st)
         if st.size == segment.size_seen and segment.size_seen:
             return False
         where = self.source.segment_path(folder, segment_id)
-        size = segment.size_seen
-        read = 0
+        size, read = segment.size_seen, 0
+        problem: str | None = None
         try:
             lines, offset, size = self.source.read_lines(
                 folder, segment_id, segment.offset, segment.next_seq
             )
+            read = offset - segment.offset
+            self.stats.segments_read += 1
+            self.stats.bytes_read += read
+            if lines:
+                self._index_lines(session, segment, lines, where)
+                segment.offset = offset
         except FileNotFoundError:
             return False
         except OSError as exc:
-            problem: str | None = f"{where}: unreadable ({exc.strerror or exc})"
-        except StoreError as exc:
+            problem = f"{where}: unreadable ({exc.strerror or exc})"
+        except StoreError as exc:  # unreadable lines: what came before them stays indexed
             problem = _problem(exc, where)
-            segment.size_seen = size
-        else:
-            read = offset - segment.offset
-            problem = self._read_lines(session, segment, lines, where, offset)
-            segment.size_seen = size
+        segment.size_seen = size  # unchanged if it could not be read
         if segment.offset == 0 and problem is None:  # not even a whole header line yet
             problem = f"{where}: {'torn header line' if size else 'empty file, no header'}"
         if problem is not None and problem != segment.problem:
             log.info("search index: %s", problem)  # ``list`` reports it (ContextSummary)
         changed = bool(read) or problem != segment.problem
         segment.problem = problem
-        self.conn.execute(sql.UPDATE_SEGMENT, segment.progress())
+        # What it has read of the file: every field from ``size_seen`` on, then the row's id.
+        progress = (*msgspec.structs.astuple(segment)[4:], segment.id)
+        self.conn.execute(sql.UPDATE_SEGMENT, progress)
         return changed
 
     def _segment_row(self, session: SessionRow, segment_id: str, st: SegmentStat) -> SegmentRow:
@@ -470,27 +420,6 @@ class IndexUpdate:
             )
             session.segments[segment_id] = segment
         return segment
-
-    def _read_lines(
-        self,
-        session: SessionRow,
-        segment: SegmentRow,
-        lines: list[dict[str, Any]],
-        where: str,
-        offset: int,
-    ) -> str | None:
-        """Index ``lines`` (the segment's from its offset on, up to ``offset``); return why
-        they cannot be read (one line, naming the segment), or None."""
-        self.stats.segments_read += 1
-        self.stats.bytes_read += offset - segment.offset
-        if not lines:
-            return None
-        try:
-            self._index_lines(session, segment, lines, where)
-        except StoreError as exc:
-            return _problem(exc, where)
-        segment.offset = offset
-        return None
 
     def _index_lines(
         self, session: SessionRow, segment: SegmentRow, lines: list[dict[str, Any]], where: str
@@ -523,11 +452,9 @@ class IndexUpdate:
                 docs.append(_doc(seq, line.get("item"), ts))
             last_ts = ts
             seq += 1
-        for doc_seq, role, ts, text in docs:
-            self.pending.append(
-                (self.next_doc, segment.id, session.id, session.tid, doc_seq, role, ts, text)
-            )
-            self.next_doc += 1
+        rows = enumerate(docs, self.next_doc)
+        self.pending += [(doc, segment.id, session.id, session.tid, *d) for doc, d in rows]
+        self.next_doc += len(docs)
         self.gained.setdefault(segment.id, (segment.next_seq, []))[1].extend(lines)
         self.stats.items += len(docs)
         segment.items += len(docs)
@@ -565,13 +492,12 @@ class IndexUpdate:
 
     def _summarise(self, session: SessionRow) -> None:
         """Store the head's message count, last activity and the session's first problem."""
-        head_id, folder = session.values[6], session.values[5]
-        problems = [session.head_problem or ""]
+        head_id, folder, head_problem = session.values[6], session.values[5], session.values[9]
+        problems = [head_problem or ""]
         head = session.segments.get(head_id)
         if head is None:
-            problems.append(
-                f"{self.source.head_path(folder)}: its segment {head_id} does not exist"
-            )
+            where = self.source.head_path(folder)
+            problems.append(f"{where}: its segment {head_id} does not exist")
         damaged = [sid for sid in sorted(session.segments) if session.segments[sid].problem]
         if damaged:  # rare: a damaged segment that a salvage replaced is no problem now
             done = self.source.salvaged(folder)
@@ -618,10 +544,5 @@ def _problem(exc: StoreError, where: str) -> str:
 
 def _doc(seq: int, item: Any, ts: str) -> tuple[int, str, str, str]:
     """(seq, role, ts, text as indexed) for one history item."""
-    if not isinstance(item, Mapping):
-        return seq, "other", ts, ""
-    try:
-        role, text = item_role(item) or "other", item_text(item)
-    except (AttributeError, TypeError):
-        role, text = "other", ""
-    return seq, role, ts, prepare_text(text) if isinstance(text, str) else ""
+    role, text = role_text(item)
+    return seq, role, ts, prepare_text(text)

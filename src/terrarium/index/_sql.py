@@ -3,7 +3,7 @@
 The schema is created whole when the database's ``user_version`` is not ``SCHEMA_VERSION``
 (an index is derived: one of another version is dropped and rebuilt, never migrated). A few
 statements are templates: ``{table}`` one of ``FTS_TABLES``, ``{marks}`` one ``?`` per id,
-``{name}`` a name read from ``sqlite_master``.
+``{type}`` and ``{name}`` read from ``sqlite_master``.
 """
 
 from __future__ import annotations
@@ -174,14 +174,12 @@ SET_USER_VERSION = f"PRAGMA user_version={SCHEMA_VERSION}"
 # Reading a table fails at open, not at first use, on a file that is not an index.
 PROBE = "SELECT count(*) FROM meta"
 # What a rebuild of another version drops: the views, then the tables but SQLite's own,
-# virtual ones first (? = 1: dropping one drops its shadow tables), then the rest (? = 0).
-VIEWS = "SELECT name FROM sqlite_master WHERE type = 'view'"
-TABLES = (
-    "SELECT name FROM sqlite_master WHERE type = 'table' "
-    "AND name NOT LIKE 'sqlite%' AND (sql LIKE 'CREATE VIRTUAL%') = ?"
+# virtual ones first (dropping one drops its shadow tables: hence IF EXISTS).
+DROPPED = (
+    "SELECT type, name FROM sqlite_master WHERE type IN ('view', 'table') AND name NOT LIKE "
+    "'sqlite%' ORDER BY type = 'view' DESC, sql LIKE 'CREATE VIRTUAL%' DESC"
 )
-DROP_VIEW = 'DROP VIEW IF EXISTS "{name}"'
-DROP_TABLE = 'DROP TABLE IF EXISTS "{name}"'
+DROP = 'DROP {type} IF EXISTS "{name}"'
 
 # ---------------------------------------------------------------------------- connection
 
@@ -203,11 +201,15 @@ CHECKPOINT = "PRAGMA wal_checkpoint(TRUNCATE)"
 META = "SELECT value FROM meta WHERE key = ?"
 SET_META = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
 DELETE_META = "DELETE FROM meta WHERE key = ?"
-#: What a rebuild empties, after ``FTS_DELETE_ALL`` of each FTS table.
 FIGURE_TABLES = ("usage", "days", "copies", "held", "ranges")
-CLEAR = tuple(
-    f"DELETE FROM {table}"
-    for table in ("docs", "segments", "sessions", "types", "meta", "others", *FIGURE_TABLES)
+#: What a rebuild runs first: the FTS tables emptied before ``docs``, every table, the floor.
+CLEAR = (
+    *(f"INSERT INTO {table}({table}) VALUES('delete-all')" for table in ("fts", "fts_recent")),
+    *(
+        f"DELETE FROM {table}"
+        for table in ("docs", "segments", "sessions", "types", "meta", "others", *FIGURE_TABLES)
+    ),
+    "UPDATE recent SET floor = 1",
 )
 
 # ---------------------------------------------------------------------------- sessions
@@ -225,10 +227,7 @@ INSERT_SESSION = (
     f"INSERT INTO sessions({HEAD_COLUMNS}, last_active, session_id) "
     "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
 )
-UPDATE_SESSION_HEAD = (
-    "UPDATE sessions SET context=?, type=?, name=?, tid=?, date=?, folder=?, head=?, "
-    "created_at=?, updated_at=?, head_problem=? WHERE id = ?"
-)
+UPDATE_SESSION_HEAD = f"UPDATE sessions SET {HEAD_COLUMNS.replace(',', '=?,')}=? WHERE id = ?"
 # The last activity stays what it was while the head segment has no entry (NULL).
 SET_SUMMARY = (
     "UPDATE sessions SET message_count = ?, last_active = coalesce(?, last_active), "
@@ -317,11 +316,13 @@ UNWATCH_ENDED = "UPDATE sessions SET watch_until = NULL WHERE watch_until < ?"
 
 # ---------------------------------------------------------------------------- segments
 
-#: A segment row, in the order of :class:`terrarium.index._refresh.SegmentRow`'s fields.
-SELECT_SEGMENTS = (
-    "SELECT id, session, segment_id, ino, size_seen, offset, next_seq, items, continues, "
-    "parent, at_seq, last_ts, problem, fork_source FROM segments"
+#: What a refresh has read of a segment: the ``segments`` columns it updates, in the order of
+#: :class:`terrarium.index._refresh.SegmentRow`'s fields (after ``ino``).
+PROGRESS_COLUMNS = (
+    "size_seen, offset, next_seq, items, continues, parent, at_seq, last_ts, problem, fork_source"
 )
+#: A segment row, in the order of ``SegmentRow``'s fields.
+SELECT_SEGMENTS = f"SELECT id, session, segment_id, ino, {PROGRESS_COLUMNS} FROM segments"
 SEGMENTS_OF_SESSION = (
     f"{SELECT_SEGMENTS} WHERE session = (SELECT id FROM sessions WHERE session_id = ?)"
 )
@@ -330,11 +331,7 @@ INSERT_SEGMENT = (
     "INSERT INTO segments(session, segment_id, ino, size_seen, offset, next_seq, "
     "items, continues) VALUES (?, ?, ?, 0, 0, 0, 0, 0)"
 )
-# What a refresh has read of a segment, in SegmentRow's field order.
-UPDATE_SEGMENT = (
-    "UPDATE segments SET size_seen=?, offset=?, next_seq=?, items=?, continues=?, "
-    "parent=?, at_seq=?, last_ts=?, problem=?, fork_source=? WHERE id = ?"
-)
+UPDATE_SEGMENT = f"UPDATE segments SET {PROGRESS_COLUMNS.replace(',', '=?,')}=? WHERE id = ?"
 DELETE_SEGMENT = "DELETE FROM segments WHERE id = ?"
 
 # ---------------------------------------------------------------------------- items
@@ -363,7 +360,6 @@ FTS_ADD = (
     "WHERE id BETWEEN ? AND ? AND body != ''"
 )
 FTS_REBUILD = "INSERT INTO {table}({table}) VALUES('rebuild')"
-FTS_DELETE_ALL = "INSERT INTO {table}({table}) VALUES('delete-all')"
 FTS_OPTIMIZE = "INSERT INTO {table}({table}) VALUES('optimize')"
 RECENT_FLOOR = "SELECT floor FROM recent"
 SET_RECENT_FLOOR = "UPDATE recent SET floor = ?"
