@@ -15,6 +15,7 @@ import sqlite3
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -53,16 +54,28 @@ def _damaged(
 ) -> tuple[str, str]:
     """A store holding cli:good (2 messages), cli:other (1) and ``context`` (3, its second
     line of entries unreadable); its URL, and how errors name the damaged line."""
-    if kind == "fs":
-        url = str(tmp_path / "sessions")
-    elif kind == "sqlite":
-        url = f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        url = empty_default_schema(request.getfixturevalue("pg_own"))
+    url = _url(kind, tmp_path, request)
     with open_store(url) as store:
         _add(store, "cli:good", "good walrus one", "good two")
         _add(store, "cli:other", "other walrus")
         _add(store, context, "bad walrus one", "bad two", "bad three")
+    return url, _damage(kind, tmp_path, request, url, context)
+
+
+def _url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if kind == "fs":
+        return str(tmp_path / "sessions")
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return empty_default_schema(request.getfixturevalue("pg_own"))
+
+
+def _damage(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, url: str, context: str
+) -> str:
+    """Make the second line of entries of ``context``'s head segment unreadable; how errors
+    name that line."""
+    with open_store(url) as store:
         head = store.get_head(ContextId.parse(context))
         assert head is not None
         folder = store.folder_of(ContextId.parse(context)) if isinstance(store, FsStore) else None
@@ -71,7 +84,7 @@ def _damaged(
         path = folder / f"{segment}.jsonl"
         lines = path.read_bytes().splitlines(keepends=True)
         path.write_bytes(b"".join([*lines[:2], b"{not json\n", *lines[3:]]))
-        return url, f"{path}:3"
+        return f"{path}:3"
     if kind == "sqlite":
         with sqlite3.connect(tmp_path / "store.db") as conn:
             conn.execute(
@@ -79,7 +92,7 @@ def _damaged(
                 "(SELECT id FROM segments WHERE segment_id = ?)",
                 (str(segment),),
             )
-        return url, f"segment {segment}:2"
+        return f"segment {segment}:2"
     import psycopg
 
     with psycopg.connect(request.getfixturevalue("pg_own"), autocommit=True) as conn:
@@ -87,7 +100,7 @@ def _damaged(
             "UPDATE terrarium.entries SET line = '{not json' WHERE segment_id = %s AND seq = 2",
             (segment,),
         )
-    return url, f"segment {segment}:2"
+    return f"segment {segment}:2"
 
 
 def _one_line_error(result: Result, place: str) -> None:
@@ -273,26 +286,62 @@ def test_a_fork_whose_parent_segment_is_lost_is_damaged_not_missing(tmp_path: Pa
     assert invoke("trash", "restore", "cli:fork", "--storage-dir", str(root)).exit_code == 0
 
 
+CONVERSATION = "conv_" + "a" * 26
+GATEWAY_ROUTES = ["chat", "chat-stream", "conversation", "previous-response"]
+
+
+def _gateway_request(route: str, previous: str | None) -> tuple[str, dict[str, Any], str]:
+    """The path, body and session header of a request continuing the damaged session."""
+    if route.startswith("chat"):
+        message = {"role": "user", "content": "bad walrus one"}
+        body = {"model": "fake-model", "messages": [message], "stream": route == "chat-stream"}
+        return "/v1/chat/completions", body, "bad"
+    key = "conversation" if route == "conversation" else "previous_response_id"
+    return "/v1/responses", {"model": "fake-model", "input": "hi", key: previous}, ""
+
+
+@pytest.mark.parametrize("route", GATEWAY_ROUTES)
 @pytest.mark.parametrize("kind", BACKENDS)
 def test_the_gateway_refuses_to_continue_a_damaged_session_in_one_message(
-    kind: str, tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+    kind: str,
+    route: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A Chat Completions request continuing a session whose log is damaged (passed through to
-    the model, as every such request is, then recorded): 500 with one message naming the
-    damaged line and ``terrarium fsck`` (code ``damaged_log``), a warning logged without a
-    traceback, and nothing stored."""
+    """A request continuing a session whose log is damaged (Chat Completions, streamed or
+    not, a conversation, a previous response): 500 with one message naming the damaged line
+    and ``terrarium fsck`` (code ``damaged_log``), before the model is called; a warning logged
+    without a traceback, and nothing stored."""
     from starlette.testclient import TestClient
 
     from terrarium.gateway.app import create_app
+    from terrarium.gateway.ids import response_context
 
-    url, place = _damaged(kind, tmp_path, request, context="chat:bad")
-    body = {"model": "fake-model", "messages": [{"role": "user", "content": "bad walrus one"}]}
-    with (
-        FakeServer() as fake,
-        open_store(url) as store,
-        TestClient(create_app(store, fake.base_url), base_url="http://127.0.0.1") as client,
-    ):
-        answer = client.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "bad"})
+    context = {"conversation": f"conv:{CONVERSATION}"}.get(route, "chat:bad")
+    url, place = _damaged(kind, tmp_path, request, context=context)
+    previous = CONVERSATION if route == "conversation" else None
+    with FakeServer() as fake:
+        if route == "previous-response":
+            with (
+                open_store(url) as store,
+                TestClient(create_app(store, fake.base_url), base_url="http://127.0.0.1") as gw,
+            ):
+                made = gw.post("/v1/responses", json={"model": "fake-model", "input": "one"})
+                previous = made.json()["id"]
+            context = str(response_context(previous))
+            place = _damage(kind, tmp_path, request, url, context)
+        calls = len(fake.requests)
+        path, body, session = _gateway_request(route, previous)
+        with (
+            open_store(url) as store,
+            TestClient(create_app(store, fake.base_url), base_url="http://127.0.0.1") as client,
+        ):
+            head = store.get_head(ContextId.parse(context))
+            assert head is not None
+            before = store.next_seq(head.session_id, head.segment_id)
+            answer = client.post(path, json=body, headers={"X-Session-Id": session})
+        assert len(fake.requests) == calls, "the model was called"
     assert answer.status_code == 500, answer.text
     error = answer.json()["error"]
     assert error["code"] == "damaged_log" and place in error["message"], error
@@ -300,8 +349,8 @@ def test_the_gateway_refuses_to_continue_a_damaged_session_in_one_message(
     assert all(record.exc_info is None for record in caplog.records)
     assert [r.levelname for r in caplog.records if place in r.getMessage()] == ["WARNING"]
     with open_store(url) as store:
-        head = store.get_head(ContextId.parse("chat:bad"))
-        assert head is not None and store.next_seq(head.session_id, head.segment_id) == 4
+        now = store.get_head(ContextId.parse(context))
+        assert now == head and store.next_seq(head.session_id, head.segment_id) == before
 
 
 @pytest.mark.parametrize("kind", BACKENDS)

@@ -151,6 +151,8 @@ async def chat_completions(gw: Core, request: Request) -> Response:
     messages = body.get("messages")
     if not (isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages)):
         raise bad_request("'messages' must be a non-empty list of message objects", "messages")
+    if ctx is not None:  # a session the store cannot continue is refused before the model call
+        await gw.run(gw.ledger.read_chat, ctx)
     try:
         if body.get("stream"):  # opened first: a refusal is the client's HTTP error too
             chunks = await gw.upstream.stream(body)
