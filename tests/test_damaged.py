@@ -10,11 +10,14 @@ written. On the filesystem, a fork whose parent segment is lost is damaged the s
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import sqlite3
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -53,16 +56,28 @@ def _damaged(
 ) -> tuple[str, str]:
     """A store holding cli:good (2 messages), cli:other (1) and ``context`` (3, its second
     line of entries unreadable); its URL, and how errors name the damaged line."""
-    if kind == "fs":
-        url = str(tmp_path / "sessions")
-    elif kind == "sqlite":
-        url = f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        url = empty_default_schema(request.getfixturevalue("pg_own"))
+    url = _url(kind, tmp_path, request)
     with open_store(url) as store:
         _add(store, "cli:good", "good walrus one", "good two")
         _add(store, "cli:other", "other walrus")
         _add(store, context, "bad walrus one", "bad two", "bad three")
+    return url, _damage(kind, tmp_path, request, url, context)
+
+
+def _url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if kind == "fs":
+        return str(tmp_path / "sessions")
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return empty_default_schema(request.getfixturevalue("pg_own"))
+
+
+def _damage(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, url: str, context: str
+) -> str:
+    """Make the second line of entries of ``context``'s head segment unreadable; how errors
+    name that line."""
+    with open_store(url) as store:
         head = store.get_head(ContextId.parse(context))
         assert head is not None
         folder = store.folder_of(ContextId.parse(context)) if isinstance(store, FsStore) else None
@@ -71,7 +86,7 @@ def _damaged(
         path = folder / f"{segment}.jsonl"
         lines = path.read_bytes().splitlines(keepends=True)
         path.write_bytes(b"".join([*lines[:2], b"{not json\n", *lines[3:]]))
-        return url, f"{path}:3"
+        return f"{path}:3"
     if kind == "sqlite":
         with sqlite3.connect(tmp_path / "store.db") as conn:
             conn.execute(
@@ -79,7 +94,7 @@ def _damaged(
                 "(SELECT id FROM segments WHERE segment_id = ?)",
                 (str(segment),),
             )
-        return url, f"segment {segment}:2"
+        return f"segment {segment}:2"
     import psycopg
 
     with psycopg.connect(request.getfixturevalue("pg_own"), autocommit=True) as conn:
@@ -87,7 +102,7 @@ def _damaged(
             "UPDATE terrarium.entries SET line = '{not json' WHERE segment_id = %s AND seq = 2",
             (segment,),
         )
-    return url, f"segment {segment}:2"
+    return f"segment {segment}:2"
 
 
 def _one_line_error(result: Result, place: str) -> None:
@@ -273,26 +288,62 @@ def test_a_fork_whose_parent_segment_is_lost_is_damaged_not_missing(tmp_path: Pa
     assert invoke("trash", "restore", "cli:fork", "--storage-dir", str(root)).exit_code == 0
 
 
+CONVERSATION = "conv_" + "a" * 26
+GATEWAY_ROUTES = ["chat", "chat-stream", "conversation", "previous-response"]
+
+
+def _gateway_request(route: str, previous: str | None) -> tuple[str, dict[str, Any], str]:
+    """The path, body and session header of a request continuing the damaged session."""
+    if route.startswith("chat"):
+        message = {"role": "user", "content": "bad walrus one"}
+        body = {"model": "fake-model", "messages": [message], "stream": route == "chat-stream"}
+        return "/v1/chat/completions", body, "bad"
+    key = "conversation" if route == "conversation" else "previous_response_id"
+    return "/v1/responses", {"model": "fake-model", "input": "hi", key: previous}, ""
+
+
+@pytest.mark.parametrize("route", GATEWAY_ROUTES)
 @pytest.mark.parametrize("kind", BACKENDS)
 def test_the_gateway_refuses_to_continue_a_damaged_session_in_one_message(
-    kind: str, tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+    kind: str,
+    route: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A Chat Completions request continuing a session whose log is damaged (passed through to
-    the model, as every such request is, then recorded): 500 with one message naming the
-    damaged line and ``terrarium fsck`` (code ``damaged_log``), a warning logged without a
-    traceback, and nothing stored."""
+    """A request continuing a session whose log is damaged (Chat Completions, streamed or
+    not, a conversation, a previous response): 500 with one message naming the damaged line
+    and ``terrarium fsck`` (code ``damaged_log``), before the model is called; a warning logged
+    without a traceback, and nothing stored."""
     from starlette.testclient import TestClient
 
     from terrarium.gateway.app import create_app
+    from terrarium.gateway.ids import response_context
 
-    url, place = _damaged(kind, tmp_path, request, context="chat:bad")
-    body = {"model": "fake-model", "messages": [{"role": "user", "content": "bad walrus one"}]}
-    with (
-        FakeServer() as fake,
-        open_store(url) as store,
-        TestClient(create_app(store, fake.base_url), base_url="http://127.0.0.1") as client,
-    ):
-        answer = client.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "bad"})
+    context = {"conversation": f"conv:{CONVERSATION}"}.get(route, "chat:bad")
+    url, place = _damaged(kind, tmp_path, request, context=context)
+    previous = CONVERSATION if route == "conversation" else None
+    with FakeServer() as fake:
+        if route == "previous-response":
+            with (
+                open_store(url) as store,
+                TestClient(create_app(store, fake.base_url), base_url="http://127.0.0.1") as gw,
+            ):
+                made = gw.post("/v1/responses", json={"model": "fake-model", "input": "one"})
+                previous = made.json()["id"]
+            context = str(response_context(previous))
+            place = _damage(kind, tmp_path, request, url, context)
+        calls = len(fake.requests)
+        path, body, session = _gateway_request(route, previous)
+        with (
+            open_store(url) as store,
+            TestClient(create_app(store, fake.base_url), base_url="http://127.0.0.1") as client,
+        ):
+            head = store.get_head(ContextId.parse(context))
+            assert head is not None
+            before = store.next_seq(head.session_id, head.segment_id)
+            answer = client.post(path, json=body, headers={"X-Session-Id": session})
+        assert len(fake.requests) == calls, "the model was called"
     assert answer.status_code == 500, answer.text
     error = answer.json()["error"]
     assert error["code"] == "damaged_log" and place in error["message"], error
@@ -300,8 +351,147 @@ def test_the_gateway_refuses_to_continue_a_damaged_session_in_one_message(
     assert all(record.exc_info is None for record in caplog.records)
     assert [r.levelname for r in caplog.records if place in r.getMessage()] == ["WARNING"]
     with open_store(url) as store:
-        head = store.get_head(ContextId.parse("chat:bad"))
-        assert head is not None and store.next_seq(head.session_id, head.segment_id) == 4
+        now = store.get_head(ContextId.parse(context))
+        assert now == head and store.next_seq(head.session_id, head.segment_id) == before
+
+
+UNNOTICED = "an append reads no old row: a row changed in place is found by its next read"
+AFTER_READ = [
+    "fs",
+    pytest.param("sqlite", marks=pytest.mark.xfail(strict=True, reason=UNNOTICED)),
+    pytest.param(
+        "postgres", marks=[pytest.mark.postgres, pytest.mark.xfail(strict=True, reason=UNNOTICED)]
+    ),
+]
+
+
+def _first_turn(client: Any, route: str) -> tuple[str, str, dict[str, Any], dict[str, str]]:
+    """Serve one turn of a new session through the gateway; its context, and the path, body
+    and headers of the next turn's request."""
+    if route.startswith("chat"):
+        path, headers = "/v1/chat/completions", {"X-Session-Id": "later"}
+        first = {"model": "fake-model", "messages": [{"role": "user", "content": "one"}]}
+        answer = client.post(path, json=first, headers=headers)
+        reply = answer.json()["choices"][0]["message"]
+        messages = [*first["messages"], reply, {"role": "user", "content": "two"}]
+        second: dict[str, Any] = {"model": "fake-model", "messages": messages}
+        context = "chat:later"
+    else:
+        conv = client.post("/v1/conversations", json={}).json()["id"]
+        path, headers, context = "/v1/responses", {}, f"conv:{conv}"
+        second = {"model": "fake-model", "input": "two", "conversation": conv}
+        answer = client.post(path, json={**second, "input": "one"})
+    assert answer.status_code == 200, answer.text
+    return context, path, {**second, "stream": route.endswith("stream")}, headers
+
+
+@pytest.mark.parametrize("route", ["chat", "conversation"])
+@pytest.mark.parametrize("kind", AFTER_READ)
+def test_the_gateway_refuses_to_append_to_a_session_damaged_after_it_read_it(
+    kind: str, route: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A session the gateway served a turn of (its state in the gateway's memory), damaged
+    before the next turn: the next turn is refused (``damaged_log``), nothing written, the
+    model not called; the store's check notices, as in the chat loop."""
+    from starlette.testclient import TestClient
+
+    from terrarium.gateway.app import create_app
+
+    url = _url(kind, tmp_path, request)
+    with (
+        FakeServer() as fake,
+        open_store(url) as store,
+        TestClient(create_app(store, fake.base_url), base_url="http://127.0.0.1") as client,
+    ):
+        context, path, second, headers = _first_turn(client, route)
+        head = store.get_head(ContextId.parse(context))
+        assert head is not None
+        lines = store.next_seq(head.session_id, head.segment_id)
+        place = _damage(kind, tmp_path, request, url, context)
+        calls = len(fake.requests)
+        refused = client.post(path, json=second, headers=headers)
+        assert len(fake.requests) == calls, "the model was called"
+    assert refused.status_code == 500, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "damaged_log" and place in error["message"], error
+    with open_store(url) as store:
+        assert store.get_head(ContextId.parse(context)) == head
+        assert store.next_seq(head.session_id, head.segment_id) == lines
+
+
+@pytest.mark.parametrize("route", ["chat", "chat-stream", "conversation", "conversation-stream"])
+@pytest.mark.parametrize("kind", AFTER_READ)
+def test_a_session_damaged_during_the_model_call_is_not_appended_to(
+    kind: str, route: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Damaged while the model answers (between the gateway's read and its append): the
+    append refuses, nothing is written, and the client gets the ``damaged_log`` error (a
+    stream: its error line, or ``response.failed``) naming the line."""
+    from starlette.testclient import TestClient
+
+    from terrarium.gateway.app import create_app
+
+    url = _url(kind, tmp_path, request)
+    places: list[str] = []
+    with (
+        FakeServer() as fake,
+        open_store(url) as store,
+        TestClient(create_app(store, fake.base_url), base_url="http://127.0.0.1") as client,
+    ):
+        context, path, second, headers = _first_turn(client, route)
+        head = store.get_head(ContextId.parse(context))
+        assert head is not None
+        lines = store.next_seq(head.session_id, head.segment_id)
+
+        def damaging(messages: list[dict[str, Any]]) -> str:
+            places.append(_damage(kind, tmp_path, request, url, context))
+            return "two, answered"
+
+        fake.reply = damaging
+        answer = client.post(path, json=second, headers=headers)
+    [place] = places
+    if not second["stream"]:
+        assert answer.status_code == 500, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "damaged_log" and place in error["message"], error
+    else:
+        last = [line for line in answer.text.splitlines() if line.startswith("data: {")][-1]
+        event = json.loads(last.removeprefix("data: "))
+        error = event["error"] if route == "chat-stream" else event["response"]["error"]
+        assert place in error["message"] and HINT in error["message"], event
+        assert route != "chat-stream" or error["code"] == "damaged_log"
+    with open_store(url) as store:
+        assert store.get_head(ContextId.parse(context)) == head
+        assert store.next_seq(head.session_id, head.segment_id) == lines
+
+
+@pytest.mark.parametrize("kind", AFTER_READ)
+def test_the_chat_loop_refuses_to_append_to_a_session_damaged_after_it_read_it(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, fake_server: FakeServer
+) -> None:
+    """The gateway's rule is the chat loop's: a session it holds in memory, damaged before its
+    next turn, is refused (CorruptLog naming the line), nothing written, the model not called."""
+    from terrarium.agent.multi_context_manager import MultiContextManager
+    from terrarium.errors import CorruptLog
+    from terrarium.llm.vllm_client import VLLMClient
+
+    url = _url(kind, tmp_path, request)
+
+    async def turns() -> None:
+        client = VLLMClient(base_url=fake_server.root_url, max_retries=0)
+        async with MultiContextManager(client, url) as manager:
+            await manager.process_with_context("cli:later", "one")
+            head = manager.store.get_head(ContextId.parse("cli:later"))
+            assert head is not None
+            lines = manager.store.next_seq(head.session_id, head.segment_id)
+            place = _damage(kind, tmp_path, request, url, "cli:later")
+            with pytest.raises(CorruptLog, match=re.escape(place)):
+                await manager.process_with_context("cli:later", "two")
+            assert len(fake_server.requests) == 1
+        with open_store(url) as store:
+            assert store.next_seq(head.session_id, head.segment_id) == lines
+
+    asyncio.run(turns())
 
 
 @pytest.mark.parametrize("kind", BACKENDS)

@@ -789,6 +789,53 @@ def test_a_failed_stream_is_retrieved_with_its_partial_output(
     assert "one two three four".startswith(check(events))
 
 
+def test_a_stream_cut_in_a_tool_call_keeps_the_text_it_streamed(
+    gateway: GatewayProcess, client: openai.OpenAI, fake: FakeServer, storage: Path
+) -> None:
+    """The chat loop's rule for a failed stream, in both APIs: the reply text streamed before
+    the failure is the failed run's ``partial`` (a Responses retrieval shows it as its
+    message, ``incomplete``, under the id it was streamed as); its reasoning and a tool call
+    cut short (never run, its arguments unfinished) are not kept. The next turn sends none
+    of it, and works."""
+    fake.reply = FakeReply(
+        content="Let me look.",
+        reasoning="The user wants weather.",
+        tool_calls=[FakeToolCall("weather", '{"city": "Oslo"}', "call_9")],
+    )
+    cut = 1 + 3 + 3 + 2  # role, reasoning, text, the call's head and a piece of its arguments
+    fake.drop_next(after_chunks=cut)
+    chat = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "weather?"}]}
+    headers = {"X-Session-Id": "cut-call"}
+    with httpx.stream(
+        "POST", f"{gateway.url}/chat/completions", json=chat, headers=headers
+    ) as answer:
+        lines = [json.loads(line[6:]) for line in answer.iter_lines() if line]
+    assert lines[-1]["error"]["code"] == "upstream_dropped"
+    state = state_of(storage, "chat:cut-call")
+    [failed] = state.failed.values()
+    assert failed["partial"] == "Let me look." and len(state.history) == 1
+
+    fake.drop_next(after_chunks=cut)
+    tool = {"type": "function", "name": "weather", "parameters": {"type": "object"}}
+    with client.responses.with_streaming_response.create(
+        model=MODEL,
+        input="weather?",
+        tools=[tool],
+        stream=True,  # type: ignore[list-item]
+    ) as raw:
+        events = [json.loads(line[6:]) for line in raw.iter_lines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "response.failed"
+    streamed = next(e for e in events if e["type"] == "response.output_text.done")
+    body = retrieved(client, events[0]["response"]["id"])
+    [message] = body["output"]
+    assert (message["id"], message["status"]) == (streamed["item_id"], "incomplete")
+    assert text_of(body) == streamed["text"] == "Let me look."
+    fake.reply = "sunny"
+    after = created(client, input="and now?", previous_response_id=body["id"])
+    assert text_of(after) == "sunny"
+    assert fake.last_request["messages"] == [{"role": "user", "content": "and now?"}]
+
+
 def test_continuing_a_conversations_response_outside_it_leaves_it_alone(
     client: openai.OpenAI,
 ) -> None:

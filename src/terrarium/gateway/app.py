@@ -19,13 +19,14 @@ from starlette.routing import Route
 from terrarium import Store
 from terrarium.gateway import conversations
 from terrarium.gateway.chat import chat_completions
-from terrarium.gateway.core import Core, log
+from terrarium.gateway.core import Core
 from terrarium.gateway.http import (
     JSON,
     MAX_BODY,
     Guard,
     endpoint,
     error_response,
+    not_stored,
     page,
     read_json,
     sse,
@@ -243,8 +244,7 @@ async def _store(gw: Gateway, record: dict[str, Any], *call: Any) -> None:
     try:
         await gw.run(*call)
     except Exception as exc:
-        log.exception("gateway: a streamed response could not be stored")
-        fail(record, f"the response could not be stored: {type(exc).__name__}: {exc}")
+        fail(record, not_stored(exc, "the response").message)
 
 
 def _stored(gw: Gateway, response_id: str) -> tuple[Point, dict[str, Any]]:

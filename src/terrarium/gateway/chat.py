@@ -14,8 +14,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from terrarium.gateway.core import Core, log
-from terrarium.gateway.http import JSON, encode, headers_of, read_json
+from terrarium.gateway.core import Core
+from terrarium.gateway.http import JSON, encode, headers_of, not_stored, read_json
 from terrarium.gateway.ids import CHAT_TYPE
 from terrarium.gateway.ledger import turn_entries
 from terrarium.gateway.upstream import GatewayError, bad_request, dropped, first_choice
@@ -151,6 +151,8 @@ async def chat_completions(gw: Core, request: Request) -> Response:
     messages = body.get("messages")
     if not (isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages)):
         raise bad_request("'messages' must be a non-empty list of message objects", "messages")
+    if ctx is not None:  # a session the store cannot continue is refused before the model call
+        await gw.run(gw.ledger.read_chat, ctx)
     try:
         if body.get("stream"):  # opened first: a refusal is the client's HTTP error too
             chunks = await gw.upstream.stream(body)
@@ -211,9 +213,7 @@ async def _chunks(
         reply.recorded = True
         try:
             await _record(gw, ctx, body, reply.message(), reply.usage, reply.finish)
-        except Exception as exc:  # a full disk, a store gone: an error line, not a cut stream
-            log.exception("gateway: a streamed chat turn could not be stored")
-            error = GatewayError(500, f"the turn could not be stored: {type(exc).__name__}: {exc}")
-            yield b"data: " + encode(error.body()) + b"\n\n"
+        except Exception as exc:  # a full disk, a damaged log: an error line, not a cut stream
+            yield b"data: " + encode(not_stored(exc, "the turn").body()) + b"\n\n"
             return
     yield b"data: [DONE]\n\n"

@@ -132,8 +132,7 @@ def endpoint(handler: Handler) -> Handler:
             return error_response(GatewayError(503, f"the store is unavailable: {exc}"))
         except CorruptLog as exc:  # the log is damaged, not the gateway: no traceback
             log.warning("gateway: %s %s: %s", request.method, request.url.path, exc)
-            message = f"the conversation's log is damaged: {exc}; {CorruptLog.HINT}"
-            return error_response(GatewayError(500, message, code="damaged_log"))
+            return error_response(damaged_log(exc))
         except Exception as exc:
             log.exception("gateway: %s %s failed", request.method, request.url.path)
             full = any(_db.kind(e) == "full" for e in (exc, exc.__cause__) if e is not None)
@@ -142,6 +141,22 @@ def endpoint(handler: Handler) -> Handler:
             return error_response(GatewayError(507 if full else 500, message))
 
     return run
+
+
+def damaged_log(exc: CorruptLog) -> GatewayError:
+    """The error for a conversation whose log is damaged: it names the line and fsck."""
+    message = f"the conversation's log is damaged: {exc}; {CorruptLog.HINT}"
+    return GatewayError(500, message, code="damaged_log")
+
+
+def not_stored(exc: Exception, what: str) -> GatewayError:
+    """The error ending a stream whose turn the store refused, logged: a damaged log as a
+    warning (:func:`damaged_log`), anything else (a full disk, a store gone) with its trace."""
+    if isinstance(exc, CorruptLog):
+        log.warning("gateway: %s was not stored: %s", what, exc)
+        return damaged_log(exc)
+    log.exception("gateway: %s could not be stored", what)
+    return GatewayError(500, f"{what} could not be stored: {type(exc).__name__}: {exc}")
 
 
 def page(

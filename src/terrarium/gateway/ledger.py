@@ -493,6 +493,14 @@ class Ledger:
 
     # ------------------------------------------------------------------ chat sessions
 
+    def read_chat(self, context: ContextId) -> None:
+        """Read a Chat Completions session's state before its model call, as the Responses
+        API reads what it continues: a damaged log (CorruptLog) is refused before the model
+        is asked, and :meth:`record_chat` finds the state cached."""
+        head = self.head(context)
+        if head is not None:
+            self.snapshot(head)
+
     def record_chat(
         self, context: ContextId, messages: Sequence[Mapping[str, Any]], tail: Entries
     ) -> Point:

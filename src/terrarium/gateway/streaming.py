@@ -36,11 +36,16 @@ class StreamBuilder:
         self.seq = 0
         self.reasoning: list[str] = []
         self.text: list[str] | None = None
+        """The open message's text pieces (None while no message is open)."""
+        self.streamed: list[str] = []
+        """Every text piece streamed, in every message: a failed turn keeps them."""
         self.text_id = ""
         self.calls: dict[int, LoggedItem] = {}
         self.open_calls: list[int] = []
         self.finish_reason: Any = None
         self.usage: dict[str, Any] | None = None
+        self.closed = False
+        """Whether :meth:`close` ended the stream (the output is then whole)."""
 
     def event(self, kind: str, **fields: Any) -> Event:
         """The next event of ``kind``."""
@@ -105,6 +110,7 @@ class StreamBuilder:
             part = {"type": "output_text", "text": "", "annotations": []}
             events.append(self._text_event("response.content_part.added", index, part=part))
         self.text.append(text)
+        self.streamed.append(text)
         events.append(
             self._text_event("response.output_text.delta", index, delta=text, logprobs=[])
         )
@@ -179,22 +185,26 @@ class StreamBuilder:
             )
             events.append(self.event("response.output_item.done", output_index=index, item=item))
         self.open_calls = []
+        self.closed = True
         if not self.output:
             events += self._whole(message_item(""))
         return events
 
     def partial_text(self) -> str:
-        """The answer's text so far (for a failed turn's log)."""
-        return "".join(self.text or [])
+        """The answer's text so far, in all its messages (for a failed turn's log)."""
+        return "".join(self.streamed)
 
     def end(self) -> Event:
         """The last event: ``response.completed``, ``.incomplete`` or ``.failed``, as the
-        record's status says. A failed stream's open message holds its text so far,
-        ``incomplete``, as a retrieval of the response shows it."""
-        if self.text is not None:
-            index, text = self._text_index(), self.partial_text()
-            self.output[index] = message_item(text, "incomplete", self.text_id)
+        record's status says. A stream that failed before its end shows what its failed turn
+        keeps, as a retrieval of the response shows it: the text so far as one message,
+        ``incomplete``, under the id it was streamed as; reasoning and calls cut short are
+        dropped, as the chat loop drops them."""
+        output = self.output
+        if not self.closed:
+            text = self.partial_text()
+            output = [message_item(text, "incomplete", self.text_id)] if text else []
         kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
             self.record["status"], "response.failed"
         )
-        return self.event(kind, response=response_object(self.record, self.output))
+        return self.event(kind, response=response_object(self.record, output))

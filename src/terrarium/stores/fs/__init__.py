@@ -1055,11 +1055,16 @@ class FsStore(FsBlobs, ClosingStore):
     def _rescan(
         self, handle: _Open, segment_id: SegmentId, *, set_aside: bool = True
     ) -> TornTail | None:
-        """With the file locked: update the handle's size and next seq; the torn tail moved."""
+        """With the file locked: update the handle's size and next seq; the torn tail moved.
+
+        A size changed with no entry added means a line was rewritten in place (the log is
+        append-only): the whole file is decoded then, and only then, so that a writer holding
+        its state in memory never appends after a damaged line (CorruptLog names it)."""
         path = self._session_folder(handle.session_id) / f"{segment_id}{SEGMENT_SUFFIX}"
-        handle.size, handle.next_seq, torn = scan_tail(
-            handle.fd, path, segment_id, set_aside=set_aside
-        )
+        size, next_seq, torn = scan_tail(handle.fd, path, segment_id, set_aside=set_aside)
+        if next_seq == handle.next_seq and size != handle.size:
+            codec.decode_lines(os.pread(handle.fd, size, 0), where=str(path), first_seq=0)
+        handle.size, handle.next_seq = size, next_seq
         return torn
 
     def _write_new(self, path: Path, data: bytes) -> None:
