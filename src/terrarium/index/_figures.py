@@ -101,7 +101,7 @@ def write(conn: sqlite3.Connection, session: int, tid: int, found: Figures) -> N
     ``tid``); its turns and tokens go to its ``sessions`` row (the caller's)."""
     conn.executemany(
         sql.ADD_USAGE,
-        [(session, model, *_numbers(u)) for model, u in found.usage.items()],
+        [(session, model, *msgspec.structs.astuple(u)) for model, u in found.usage.items()],
     )
     conn.executemany(sql.ADD_DAY, [(session, day, tid, n) for day, n in found.days.items()])
     conn.executemany(sql.INSERT_COPY, [(session, tid, *i, day) for i, day in found.copies])
@@ -109,7 +109,3 @@ def write(conn: sqlite3.Connection, session: int, tid: int, found: Figures) -> N
     conn.executemany(
         sql.SET_RANGE, [(session, seg, lo, hi) for seg, (lo, hi) in found.ranges.items()]
     )
-
-
-def _numbers(u: UsageTotals) -> tuple[int, int, int, int, int]:
-    return (u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.calls, u.estimated_calls)
