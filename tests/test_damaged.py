@@ -119,11 +119,8 @@ def test_list_search_and_stats_answer_around_a_damaged_session(
     assert stats.exit_code == 0, stats.output
     totals = json.loads(stats.stdout)
     # The damaged session counts what of it can be read: its type's sessions include it.
-    assert (totals["contexts"], totals["damaged"], totals["by_type"]["cli"]["contexts"]) == (
-        3,
-        1,
-        3,
-    )
+    cli = totals["by_type"]["cli"]
+    assert (totals["contexts"], totals["damaged"], cli["contexts"]) == (3, 1, 3)
     assert totals["messages"] == sum(row["message_count"] for row in rows.values())
     warned = [line for line in stats.stderr.splitlines() if place in line]
     assert len(warned) == 1 and "cli:bad partly counted" in warned[0], stats.stderr
