@@ -117,8 +117,8 @@ def test_list_search_and_stats_answer_around_a_damaged_session(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """``list`` lists every session, the damaged one with its problem naming the line;
-    ``search`` finds the others' messages; ``stats`` totals the others and names it. Each
-    exits 0, as ``list`` always did on the filesystem."""
+    ``search`` finds the others' messages; ``stats`` counts what can be read of it, as the
+    dashboard does, and names it. Each exits 0, as ``list`` always did on the filesystem."""
     url, place = _damaged(kind, tmp_path, request)
     listed = invoke("list", "--json", "--storage-dir", url)
     assert listed.exit_code == 0, listed.output
@@ -133,8 +133,12 @@ def test_list_search_and_stats_answer_around_a_damaged_session(
     stats = invoke("stats", "--json", "--storage-dir", url)
     assert stats.exit_code == 0, stats.output
     totals = json.loads(stats.stdout)
-    assert (totals["contexts"], totals["messages"], totals["damaged"]) == (3, 3, 1)
-    assert [line for line in stats.stderr.splitlines() if place in line] != [], stats.stderr
+    # The damaged session counts what of it can be read: its type's sessions include it.
+    cli = totals["by_type"]["cli"]
+    assert (totals["contexts"], totals["damaged"], cli["contexts"]) == (3, 1, 3)
+    assert totals["messages"] == sum(row["message_count"] for row in rows.values())
+    warned = [line for line in stats.stderr.splitlines() if place in line]
+    assert len(warned) == 1 and "cli:bad partly counted" in warned[0], stats.stderr
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
@@ -499,8 +503,9 @@ def test_the_dashboard_answers_around_a_damaged_session(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """The overview, the sessions list (the damaged one marked), search and /api/stats
-    answer with the other sessions; the damaged session's page and /api/context say what
-    ``fsck`` would (the line, and the hint to run it)."""
+    answer with the other sessions, /api/stats with the totals ``stats`` gives; the damaged
+    session's page and /api/context say what ``fsck`` would (the line, and the hint to run
+    it)."""
     from starlette.testclient import TestClient
 
     from terrarium.web import create_app
@@ -518,7 +523,15 @@ def test_the_dashboard_answers_around_a_damaged_session(
         found = web.get("/api/search", params={"q": "walrus"})
         assert found.status_code == 200
         assert {"cli:good", "cli:other"} <= {hit["context_id"] for hit in found.json()["hits"]}
-        assert web.get("/api/stats").json()["totals"]["contexts"] == 3
+        api = web.get("/api/stats").json()
+        totals = json.loads(invoke("stats", "--json", "--storage-dir", url).stdout)
+        figures = ("contexts", "messages", "turns", "damaged", "prompt_tokens")
+        assert {k: api["totals"][k] for k in figures} == {
+            **{k: totals[k] for k in figures[:4]},
+            "prompt_tokens": totals["usage"]["prompt_tokens"],
+        }
+        assert (api["totals"]["contexts"], api["totals"]["damaged"]) == (3, 1)
+        assert api["per_type"] == totals["by_type"]
         page = web.get("/session", params={"c": "cli:bad"})
         assert page.status_code == 500 and place in page.text and HINT in page.text
         api = web.get("/api/context", params={"c": "cli:bad"}).json()

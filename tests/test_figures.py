@@ -153,3 +153,55 @@ def test_a_fork_copy_counts_once_its_source_no_longer_holds_it(tmp_path: Path, f
         assert states.archive_context(fs, source) is not None
     (day,) = _api(fs, f"/api/stats?from={OLD}&to={OLD}")["messages_per_day"]
     assert day == {"date": OLD, "by_type": {"cli": 2}}
+
+
+def test_stats_and_the_api_give_one_set_of_totals_with_a_legacy_file(store: FsStore) -> None:
+    """``stats --json``'s totals and ``/api/stats`` are one definition: the per-context stats
+    summed (estimated parts too), and a legacy file beside the store counted in contexts and
+    messages only (the seed's format has no usage or turns; a ``usage`` key it does not know
+    counts nowhere)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from terrarium.cli import cli
+
+    head = store.get_head(ContextId.parse("cli:slow"))
+    assert head is not None
+    estimated = {"model": "m", "prompt_tokens": 7, "completion_tokens": 3, "estimated": "chars"}
+    store.append(
+        head.session_id, head.segment_id, [NewEntry("usage", f"{OLD}T11:00:00Z", estimated)]
+    )
+    seed = {
+        "session_id": "chan",
+        "context_type": "irc",
+        "system_prompt": "",
+        "messages": [
+            {
+                "role": "user",
+                "content": "hi",
+                "timestamp": "2025-11-06T14:30:00",
+                "usage": estimated,
+            },
+            {"role": "assistant", "content": "yo", "timestamp": "2025-11-06T14:30:01"},
+        ],
+        "metadata": {"created_at": "2025-11-06T14:30:00", "last_active": "2025-11-06T14:30:01"},
+    }
+    folder = store.root / "irc" / "2025-11-06"
+    folder.mkdir(parents=True)
+    (folder / "chan.json").write_text(json.dumps(seed))
+    result = CliRunner().invoke(cli, ["stats", "--json", "--storage-dir", str(store.root)])
+    assert result.exit_code == 0, result.output
+    totals = json.loads(result.stdout)
+    hot = [get_stats(store, ContextId.parse(c)) for c in ("cli:slow", "cli:f2", "cli:packed")]
+    assert totals["usage"] == {k: sum(s["usage"][k] for s in hot) for k in totals["usage"]}
+    assert totals["usage"]["estimated_prompt_tokens"] == 7
+    assert totals["turns"] == sum(s["turns"] for s in hot)
+    assert (totals["contexts"], totals["legacy"], totals["damaged"]) == (4, 1, 0)
+    assert totals["by_type"]["irc"] == {"contexts": 1, "messages": 2}
+    api = _api(store, "/api/stats")
+    assert api["per_type"] == totals["by_type"]
+    figures = ("contexts", "messages", "turns", "damaged")
+    assert {k: api["totals"][k] for k in figures} == {k: totals[k] for k in figures}
+    tokens = ("prompt_tokens", "completion_tokens", "cached_tokens", "estimated_calls")
+    assert {k: api["totals"][k] for k in tokens} == {k: totals["usage"][k] for k in tokens}

@@ -181,7 +181,7 @@ def test_a_server_that_refuses_connections_is_a_store_unavailable(server: Server
 @pytest.mark.parametrize(
     ("args", "method"),
     [
-        (["stats"], "read_segment"),
+        (["stats"], "changes"),
         (["export", "--all", "--format", "jsonl", "-o", "{out}"], "read_segment"),
         (["copy", "{url}", "{out}"], "read_segment"),
         (["reindex"], "changes"),

@@ -19,7 +19,7 @@ import logging
 import operator
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -36,9 +36,10 @@ from terrarium.model import (
 from terrarium.stores.base import Lifecycle, Store, context_lock
 
 if TYPE_CHECKING:
-    from terrarium.index import SearchIndex
+    from terrarium.index import Reader, SearchIndex, Sums
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class ContextListing(msgspec.Struct, frozen=True):
@@ -92,6 +93,45 @@ def listing_index(store: Store, *, walked: bool = False) -> SearchIndex:
     if found.others is None:  # a weak reference: a walked index is kept as long as the store
         found.others = functools.partial(_others_of, weakref.ref(store))
     return found
+
+
+def read_index(
+    store: Store,
+    read: Callable[[Reader], _T],
+    records: states.Records | None = None,
+    *,
+    budget: float | None = None,
+    sync: bool = True,
+) -> _T:
+    """``read`` on the store's derived index, or a walked one when it cannot be brought up to
+    date (a read-only store whose index is behind or missing); ``records``: the store's lifecycle
+    records, read already. ``budget`` and ``sync``: as ``SearchIndex.read`` takes them."""
+    others = other_rows(store, records=records) if sync else None
+    try:
+        return listing_index(store).read(read, budget=budget, others=others, sync=sync)
+    except IndexUnavailable as exc:
+        log.warning("%s; reading an index of the store in a temporary folder instead", exc)
+        walked = listing_index(store, walked=True)
+        return walked.read(read, budget=budget, others=others, sync=sync)
+
+
+def totals(sums: Sums) -> dict[str, Any]:
+    """The totals over the hot contexts, as ``stats --json`` and the dashboard give them.
+
+    A damaged session counts what of it can be read. A legacy file counts in contexts and
+    messages only: the seed's format has no usage and no turns.
+    """
+    fields = UsageTotals.__struct_fields__
+    usage = {key: sum(getattr(u, key) for u in sums.models.values()) for key in fields}
+    return {
+        "contexts": sum(n for n, _ in sums.per_type.values()),
+        "messages": sum(m for _, m in sums.per_type.values()),
+        "turns": sums.turns,
+        "legacy": sums.legacy,
+        "damaged": len(sums.damaged),
+        "by_type": {k: {"contexts": n, "messages": m} for k, (n, m) in sums.per_type.items()},
+        "usage": usage,
+    }
 
 
 def _others_of(store: weakref.ref[Store]) -> list[ContextSummary]:
@@ -191,7 +231,7 @@ def stats_of(
         "last_active": state.last_active,
         "session_date": created[:10],
         "system_prompt": state.system_prompt,
-        "usage": usage_stats(state.usage),
+        "usage": msgspec.structs.asdict(state.usage),  # every field, zeros included
         "last_run": state.last_run.status if state.last_run else None,
         "last_error": state.last_run.error if state.last_run else None,
         "tree_session_id": str(state.session_id),
@@ -199,12 +239,6 @@ def stats_of(
         "segments": segments,
         "legacy": is_legacy,
     }
-
-
-def usage_stats(usage: UsageTotals) -> dict[str, int]:
-    """The ``usage`` of :func:`get_stats`: every field of the totals, in their order (every
-    call's counts, then their ``estimated_`` part), zeros included."""
-    return msgspec.structs.asdict(usage)
 
 
 Current = Callable[[ContextId], RestoredState | None]

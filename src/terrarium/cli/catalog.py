@@ -9,7 +9,7 @@ file of the same name.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from terrarium import contexts, legacy
 from terrarium.cli.app import CliState
@@ -23,9 +23,14 @@ from terrarium.stores.base import Store
 def list_sessions(state: CliState, type: str | None = None) -> list[ContextSummary]:
     """Every session, grouped by type, newest first; unusable legacy files warned of on stderr."""
     listing = contexts.list_contexts(state.store(), type=type)
-    for problem in listing.problems:
-        state.out.note(f"warning: {one_line(str(problem))}", style="yellow")
+    warn_legacy(state, listing.problems)
     return listing.rows
+
+
+def warn_legacy(state: CliState, problems: Iterable[legacy.LegacyProblem]) -> None:
+    """One ``warning:`` line on stderr per legacy file that cannot be used."""
+    for problem in problems:
+        state.out.note(f"warning: {one_line(str(problem))}", style="yellow")
 
 
 def readable(state: CliState, context: ContextId) -> Store:

@@ -30,7 +30,6 @@ from terrarium.cli.output import Output, fail_if_damaged, one_line, plural
 from terrarium.display import short_time
 from terrarium.errors import (
     ContextExists,
-    CorruptLog,
     IndexUnavailable,
     NothingToCompact,
     StoreError,
@@ -39,7 +38,6 @@ from terrarium.errors import (
 if TYPE_CHECKING:
     from terrarium import contexts, legacy, model, sessions
     from terrarium.cli import catalog
-    from terrarium.index._listing import ContextSummary
     from terrarium.llm import ModelAccess
     from terrarium.model import ContextId
     from terrarium.stores.base import PodMetadata, Store
@@ -329,13 +327,19 @@ def stats(state: CliState, context: ContextId | None, as_json: bool) -> None:
         else:
             print_stats(state, data)
         return
-    totals = _totals(state, catalog.list_sessions(state))
+    store = state.store()
+    catalog.warn_legacy(state, legacy.listing(store).problems)
+    sums = contexts.read_index(store, lambda r: r.sums())
+    for name, problem in sums.damaged.items():
+        shown = model.ContextId.parse(name).display
+        state.out.note(f"warning: {shown} partly counted: {problem}", style="yellow")
+    totals = contexts.totals(sums)
     if as_json:
         state.out.json(totals)
         return
     state.out.line(
         f"{plural(totals['contexts'], 'session')} ({totals['legacy']} legacy"
-        + (f", {totals['damaged']} damaged and not counted" if totals["damaged"] else "")
+        + (f", {totals['damaged']} damaged and partly counted" if totals["damaged"] else "")
         + f"), {plural(totals['messages'], 'message')}, {plural(totals['turns'], 'turn')} "
         f"in {state.shown_location}"
     )
@@ -351,35 +355,6 @@ def stats(state: CliState, context: ContextId | None, as_json: bool) -> None:
             [[t, str(v["contexts"]), str(v["messages"])] for t, v in totals["by_type"].items()],
             justify={"sessions": "right", "messages": "right"},
         )
-
-
-def _totals(state: CliState, rows: list[ContextSummary]) -> dict[str, Any]:
-    """``stats``' totals over ``rows``; a damaged session is warned of, counted apart."""
-    totals: dict[str, Any] = {
-        "contexts": len(rows),
-        "messages": 0,
-        "turns": 0,
-        "legacy": 0,
-        "damaged": 0,
-        "by_type": {},
-        "usage": contexts.usage_stats(model.UsageTotals()),
-    }
-    for row in rows:
-        try:
-            data = context_stats(state, row.id)
-        except CorruptLog as exc:
-            state.out.note(f"warning: {row.context} not counted: {exc}", style="yellow")
-            totals["damaged"] += 1
-            continue
-        totals["messages"] += data["message_count"]
-        totals["turns"] += data["turns"]
-        totals["legacy"] += int(data["legacy"])
-        kind = totals["by_type"].setdefault(row.type, {"contexts": 0, "messages": 0})
-        kind["contexts"] += 1
-        kind["messages"] += data["message_count"]
-        for key in totals["usage"]:
-            totals["usage"][key] += data["usage"][key]
-    return totals
 
 
 def context_stats(state: CliState, context: ContextId) -> dict[str, Any]:

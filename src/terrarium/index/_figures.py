@@ -95,14 +95,10 @@ def identity(message: sessions.Message, session_id: SessionId) -> Identity:
 def write(conn: sqlite3.Connection, session: int, tid: int, found: Figures) -> None:
     """Add ``found`` to the figure tables' rows of the session row ``session`` (of type row
     ``tid``); its turns and tokens go to its ``sessions`` row (the caller's)."""
-    usage = [(session, model, *_numbers(u)) for model, u in found.usage.items()]
+    usage = [(session, model, *msgspec.structs.astuple(u)) for model, u in found.usage.items()]
     conn.executemany(sql.ADD_USAGE, usage)
     conn.executemany(sql.ADD_DAY, [(session, day, tid, n) for day, n in found.days.items()])
     conn.executemany(sql.INSERT_COPY, [(session, tid, *i, day) for i, day in found.copies])
     conn.executemany(sql.INSERT_HELD, [(session, *i) for i in found.held])
     ranges = [(session, seg, lo, hi) for seg, (lo, hi) in found.ranges.items()]
     conn.executemany(sql.SET_RANGE, ranges)
-
-
-def _numbers(u: UsageTotals) -> tuple[int, int, int, int, int]:
-    return (u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.calls, u.estimated_calls)

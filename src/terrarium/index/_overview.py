@@ -12,6 +12,7 @@ import msgspec
 from terrarium.index import _listing
 from terrarium.index import _sql as sql
 from terrarium.index._listing import ContextSummary, ListingQuery
+from terrarium.model import UsageTotals
 
 SORTS = (*_listing.COLUMNS,)
 """The orders a page of :meth:`Reader.page` walks: those of every listing, and tokens."""
@@ -21,15 +22,18 @@ VIEWS = {"hot": ("sessions", "legacy_rows"), "archived": ("archived_rows",)}
 
 
 class Sums(msgspec.Struct):
-    """The overview's sums over the hot contexts (legacy files in contexts and messages)."""
+    """The sums over the hot contexts (legacy files in contexts and messages only)."""
 
     per_type: dict[str, tuple[int, int]]
     """Per type: contexts, messages."""
     turns: int
-    models: dict[str, tuple[int, int, int, int, int]]
-    """Per model: prompt, completion, cached tokens, calls, estimated calls."""
+    models: dict[str, UsageTotals]
     per_day: dict[str, dict[str, int]]
     """Messages per day, per type: each once, on the day it was first logged."""
+    legacy: int
+    """Legacy files among the contexts."""
+    damaged: dict[str, str]
+    """The damaged sessions (counted as far as they could be read), each with its problem."""
 
 
 class Reader:
@@ -59,14 +63,16 @@ class Reader:
         return sorted(found)
 
     def sums(self) -> Sums:
-        """The overview's sums, each an aggregate over the index's rows."""
+        """The sums, each an aggregate over the index's rows."""
         per_type: dict[str, tuple[int, int]] = {}
-        for kind, contexts, messages in self.conn.execute(sql.PER_TYPE):
+        legacy = 0
+        for kind, contexts, messages, is_legacy in self.conn.execute(sql.PER_TYPE):
             n, m = per_type.get(kind, (0, 0))
             per_type[kind] = (n + contexts, m + int(messages))
+            legacy += contexts if is_legacy else 0
         models = {
-            model: (int(p), int(c), int(k), int(n), int(e))
-            for model, p, c, k, n, e in self.conn.execute(sql.PER_MODEL)
+            model: UsageTotals(*map(int, numbers))
+            for model, *numbers in self.conn.execute(sql.PER_MODEL)
         }
         per_day: dict[str, dict[str, int]] = {}
         for statement in (sql.PER_DAY, sql.COPIES_PER_DAY):
@@ -74,7 +80,8 @@ class Reader:
                 counts = per_day.setdefault(day, {})
                 counts[kind] = counts.get(kind, 0) + int(n)
         (turns,) = self.conn.execute(sql.TURNS).fetchone()
-        return Sums(dict(sorted(per_type.items())), int(turns), models, per_day)
+        damaged = dict(self.conn.execute(sql.DAMAGED).fetchall())
+        return Sums(dict(sorted(per_type.items())), int(turns), models, per_day, legacy, damaged)
 
     def forks_of(self, context: str) -> list[str]:
         """The hot contexts forked from ``context`` (``fork_context``), sorted."""

@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 #: Bump when the schema changes: an index of another version is dropped and rebuilt.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
+
+#: The counts of a row of ``usage``: the fields of ``UsageTotals``, in their order.
+USAGE_COUNTS = tuple(
+    "prompt completion cached calls estimated_prompt estimated_completion estimated".split()
+)
 
 # ---------------------------------------------------------------------------- schema
 
@@ -91,11 +96,13 @@ SCHEMA = [
         completion INTEGER NOT NULL,
         cached INTEGER NOT NULL,
         calls INTEGER NOT NULL,
+        estimated_prompt INTEGER NOT NULL,
+        estimated_completion INTEGER NOT NULL,
         estimated INTEGER NOT NULL,
         PRIMARY KEY(session, model)) WITHOUT ROWID""",
     # The overview's sums per model and per day read these covering indexes in their groups'
     # order: about half and a fifth of the time of a scan and a sort, at 100k sessions.
-    """CREATE INDEX usage_by_model ON usage(model, prompt, completion, cached, calls, estimated)""",
+    f"CREATE INDEX usage_by_model ON usage(model, {', '.join(USAGE_COUNTS)})",
     """CREATE TABLE days(
         session INTEGER NOT NULL,
         day TEXT NOT NULL,
@@ -246,10 +253,8 @@ SET_FIGURES = (
 ADD_FIGURES = "UPDATE sessions SET turns = turns + ?, tokens = tokens + ?, fig_seq = ? WHERE id = ?"
 DELETE_FIGURES = tuple(f"DELETE FROM {table} WHERE session = ?" for table in FIGURE_TABLES)
 ADD_USAGE = (
-    "INSERT INTO usage VALUES (?,?,?,?,?,?,?) ON CONFLICT(session, model) DO UPDATE SET "
-    "prompt = prompt + excluded.prompt, completion = completion + excluded.completion, "
-    "cached = cached + excluded.cached, calls = calls + excluded.calls, "
-    "estimated = estimated + excluded.estimated"
+    "INSERT INTO usage VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(session, model) DO UPDATE SET "
+    + ", ".join(f"{n} = {n} + excluded.{n}" for n in USAGE_COUNTS)
 )
 ADD_DAY = (
     "INSERT INTO days VALUES (?,?,?,?) ON CONFLICT(session, day) DO UPDATE SET "
@@ -263,15 +268,17 @@ SET_RANGE = (
     "hi = excluded.hi"
 )
 
-# The overview's sums (hot contexts; legacy files count in contexts and messages).
+# The totals of ``stats`` and the overview (hot contexts; legacy files count in contexts and
+# messages only: the seed's format has no usage or turns), each type's legacy files apart.
 PER_TYPE = (
-    "SELECT type, count(*), total(message_count) FROM sessions GROUP BY type "
-    "UNION ALL SELECT type, count(*), total(message_count) FROM legacy_rows GROUP BY type"
+    "SELECT type, count(*), total(message_count), 0 FROM sessions GROUP BY type "
+    "UNION ALL SELECT type, count(*), total(message_count), 1 FROM legacy_rows GROUP BY type"
 )
+# A damaged session is counted for what of it could be read.
+DAMAGED = "SELECT context, problem FROM sessions WHERE problem IS NOT NULL ORDER BY context"
 TURNS = "SELECT total(turns) FROM sessions"
 PER_MODEL = (
-    "SELECT model, sum(prompt), sum(completion), sum(cached), sum(calls), sum(estimated) "
-    "FROM usage GROUP BY model"
+    f"SELECT model, {', '.join(f'sum({n})' for n in USAGE_COUNTS)} FROM usage GROUP BY model"
 )
 PER_DAY = (
     "SELECT d.day, t.name, d.n FROM (SELECT day, tid, sum(messages) AS n FROM days "

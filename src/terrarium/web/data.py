@@ -2,7 +2,7 @@
 
 Plain functions returning JSON-ready dicts: the pages render them and the JSON API returns
 them, so a page never shows what the API cannot give. Every listing figure is one read of the
-store's derived index (:func:`terrarium.contexts.listing_index`), restoring no session.
+store's derived index (:func:`terrarium.contexts.read_index`), restoring no session.
 """
 
 from __future__ import annotations
@@ -12,21 +12,15 @@ import binascii
 import builtins
 import datetime
 import json
-import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 
 from terrarium import RestoredState, contexts, lifecycle, sessions, states
-from terrarium.errors import (
-    ContextNotFound,
-    IndexUnavailable,
-    InvalidContextId,
-    SegmentNotFound,
-)
+from terrarium.errors import ContextNotFound, InvalidContextId, SegmentNotFound
 from terrarium.index import Reader, Sums, sort_key
 from terrarium.index._listing import ContextSummary, ListingQuery
 from terrarium.model import DATE_RE, ContextId, SegmentId, chat_view, item_label, item_text
@@ -50,9 +44,6 @@ MOST_ACTIVE = 10
 
 TOKEN_KEYS = ("prompt_tokens", "completion_tokens", "cached_tokens")
 
-log = logging.getLogger(__name__)
-_T = TypeVar("_T")
-
 
 class BadRequest(ValueError):
     """A query parameter that cannot be used (a bad cursor, sort or date)."""
@@ -63,21 +54,6 @@ class BadRequest(ValueError):
 
 BUILD_STEP = 0.2
 """Seconds a page spends on a first build of the store's index before it shows what it holds."""
-
-
-def _read(
-    store: Store, read: Callable[[Reader], _T], records: Records | None = None, *, sync: bool = True
-) -> _T:
-    """``read`` on the store's derived index, or a walked one when it cannot be brought up to
-    date (a read-only store whose index is behind or missing); its archived rows from
-    ``records`` (None: read here). ``sync``: False for a read of no archived or legacy row."""
-    others = contexts.other_rows(store, records=records) if sync else None
-    try:
-        return contexts.listing_index(store).read(read, budget=BUILD_STEP, others=others, sync=sync)
-    except IndexUnavailable as exc:
-        log.warning("%s; reading an index of the store in a temporary folder instead", exc)
-        walked = contexts.listing_index(store, walked=True)
-        return walked.read(read, budget=BUILD_STEP, others=others, sync=sync)
 
 
 def encode_cursor(key: tuple[Any, str]) -> str:
@@ -132,7 +108,9 @@ def list_page(
     query = ListingQuery(sort, after, limit + 1, type, text or None, since, until)
     life = store if isinstance(store, Lifecycle) else None
     records = life.session_records() if life else None  # one read for the rows and pins
-    rows, types = _read(store, lambda r: (r.page(query, state), r.types(state)), records)
+    rows, types = contexts.read_index(
+        store, lambda r: (r.page(query, state), r.types(state)), records, budget=BUILD_STEP
+    )
     page, more = rows[:limit], len(rows) > limit
     pinned = states.pinned_contexts(life, records=records) if life else frozenset()
     last = sort_key(sort)(page[-1]) if page else None
@@ -244,26 +222,21 @@ def overview(
     def read(r: Reader) -> tuple[Sums, list[ContextSummary], int, int]:
         return r.sums(), r.page(top), r.left, r.segment_bytes() if folder else 0
 
-    sums, most_active, left, segments = _read(store, read, records)
+    sums, most_active, left, segments = contexts.read_index(store, read, records, budget=BUILD_STEP)
+    found = contexts.totals(sums)
     names = (*TOKEN_KEYS, "calls", "estimated_calls")
-    models = {model: dict(zip(names, n, strict=True)) for model, n in sums.models.items()}
+    models = {model: {n: getattr(u, n) for n in names} for model, u in sums.models.items()}
     today = datetime.datetime.now(datetime.UTC).date().isoformat()
     chosen = chart_range(range, start, end, sums.per_day, today)
-    per_type = {k: {"contexts": n, "messages": m} for k, (n, m) in sums.per_type.items()}
     return {
         "totals": {
-            "contexts": sum(n for n, _ in sums.per_type.values()),
-            "messages": sum(m for _, m in sums.per_type.values()),
-            "turns": sums.turns,
-            **{
-                name: sum(m[name] for m in models.values())
-                for name in (*TOKEN_KEYS, "estimated_calls")
-            },
+            **{name: found[name] for name in ("contexts", "messages", "turns", "damaged")},
+            **{name: found["usage"][name] for name in (*TOKEN_KEYS, "estimated_calls")},
             "bytes_on_disk": disk_bytes(store, segments, records),
         },
         "indexing": left,
         "lifecycle": lifecycle_counts(store, records),
-        "per_type": per_type,
+        "per_type": found["by_type"],
         "range": {k: chosen[k] for k in ("range", "from", "to")},
         "messages_per_day": [
             {"date": d, "by_type": dict(sorted(sums.per_day.get(d, {}).items()))}
@@ -401,7 +374,9 @@ def transcript(
     tree = fork_tree(store, context)
     head = store.get_head(context)
     assert head is not None  # fork_tree raised otherwise
-    forks = _read(store, lambda r: r.forks_of(str(context)), sync=False)  # hot contexts only
+    forks = contexts.read_index(  # hot contexts only
+        store, lambda r: r.forks_of(str(context)), budget=BUILD_STEP, sync=False
+    )
     tree["forks"] = {"contexts": forks}
     segment_id = head.segment_id
     if segment:
@@ -487,4 +462,4 @@ def signature(store: Store, context: ContextId | None) -> str:
         if head is None:
             return "gone"
         return f"{head.segment_id}:{store.next_seq(head.session_id, head.segment_id)}"
-    return _read(store, lambda r: r.fingerprint())
+    return contexts.read_index(store, lambda r: r.fingerprint(), budget=BUILD_STEP)
