@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from helpers.disk import fill, small_tmpfs
+from helpers.legacy_tree import write_legacy
 from terrarium import ContextId, FsStore, index
 from terrarium.errors import StoreError
 from terrarium.index import _index as fs_search
@@ -300,6 +301,25 @@ def test_a_read_only_fs_store_lists_and_searches(
         assert found.stderr == "" and listed.stderr == ""
     else:
         assert "read-only" in found.stderr and "corrupt" not in found.stderr
+
+
+def test_a_legacy_file_added_beside_a_read_only_store_is_counted_by_list_and_stats(
+    read_only: Any, tmp_path: Path
+) -> None:
+    """A legacy file put beside a read-only store after its index was last written: the
+    index cannot take its row, so ``stats`` reads a walked index, and counts it as ``list``
+    does (it was missing from ``stats``' totals while ``list`` showed it)."""
+
+    root = tmp_path / "sessions"
+    with FsStore(root) as store:
+        _add(store, "cli:main", "a walrus", "a reply")
+    assert _ok(_cli("stats", "--json", "--storage-dir", str(root)))["contexts"] == 1
+    write_legacy(root, ["cli:old"])  # three messages
+    where, unprivileged = read_only(root)
+    listed = _cli("list", "--json", "--storage-dir", str(where), unprivileged=unprivileged)
+    assert _counts(listed) == {"cli:main": 2, "cli:old": 3}
+    stats = _ok(_cli("stats", "--json", "--storage-dir", str(where), unprivileged=unprivileged))
+    assert (stats["contexts"], stats["messages"], stats["legacy"]) == (2, 5, 1)
 
 
 def _sqlite_store(path: Path, *, lag: bool) -> None:

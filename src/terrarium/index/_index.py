@@ -565,15 +565,20 @@ class SearchIndex:
         return self._read(run, others=rows, budget=budget)
 
     def _sync_others(self, conn: sqlite3.Connection, others: Others | None) -> None:
-        """Replace the rows of the contexts ``others`` are (or gives) when they changed."""
-        if others is None or self.readonly:
+        """Replace the rows of the contexts ``others`` are (or gives) when they changed; a
+        read-only index whose rows differ is IndexUnavailable (its caller walks the store)."""
+        if others is None:
             return
         import hashlib  # here: ``terrarium list`` imports this module, and never needs it
 
         rows = sorted(map(_OTHER_COLUMNS, others() if callable(others) else others))
         digest = hashlib.sha256(repr(rows).encode()).hexdigest()
-        if _meta(conn, "others") == digest:
+        stored = _meta(conn, "others")
+        if stored == digest or (stored is None and not rows):  # None: never any row
             return
+        if self.readonly:
+            why = "and the archived contexts or legacy files beside it changed"
+            raise IndexUnavailable(f"{self.path}: {self.readonly_reason}, {why}")
         with _db.immediate(conn):
             conn.execute(sql.DELETE_OTHERS)
             conn.executemany(sql.INSERT_OTHER, rows)
