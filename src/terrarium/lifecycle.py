@@ -118,6 +118,7 @@ class Candidate(msgspec.Struct, frozen=True):
     hot_bytes: int
     """Its log's size in the hot store (estimated: JSON lines)."""
     pinned: bool
+    """Pinned: only a context named explicitly is archived so."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,7 +360,8 @@ def _trash(store: Store, context: ContextId, why: str) -> tuple[bool, TrashedCon
     if not (deleted or moved):
         return False, None
     entry = next((e for e in states.trashed_contexts(lifecycle) if e.context == str(context)), None)
-    details: dict[str, Any] = {"context": str(context), "trash_id": entry and entry.trash_id}
+    trash_id = entry.trash_id if entry is not None else None
+    details: dict[str, Any] = {"context": str(context), "trash_id": trash_id}
     if moved:
         details["legacy_files"] = [str(path) for path in moved]
     MaintenanceLog.of(store).record("trash", why, **details)

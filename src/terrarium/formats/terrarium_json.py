@@ -79,15 +79,18 @@ class LegacyMessage:
 
 @dataclass(frozen=True, slots=True)
 class LegacyMetadata:
-    """The ``metadata`` object of a legacy session: each field as written, or derived (see
-    :func:`load`)."""
+    """The ``metadata`` object of a legacy session."""
 
     created_at: str
+    """Creation time, exactly as written (or derived, see :func:`load`)."""
     last_active: str
+    """Time of the last activity, exactly as written (or derived)."""
     message_count: int
+    """Number of messages, as written (or derived from the messages)."""
     session_id: str
     """The context name, as the metadata repeats it."""
     context_type: str
+    """The context type, as the metadata repeats it."""
     session_date: str
     """The date folder, ``YYYY-MM-DD``."""
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -110,6 +113,7 @@ class LegacySession:
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Unknown top-level keys, kept as they were."""
     path: Path | None = field(default=None, compare=False)
+    """The file it was read from."""
     derived: frozenset[str] = field(default=frozenset(), compare=False)
     """Fields the file lacked and :func:`load` derived (``metadata.created_at``, ...)."""
 

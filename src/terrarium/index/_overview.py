@@ -27,7 +27,9 @@ class Sums(msgspec.Struct):
     per_type: dict[str, tuple[int, int]]
     """Per type: contexts, messages."""
     turns: int
+    """Turns of the hot sessions' conversations."""
     models: dict[str, UsageTotals]
+    """Usage per model."""
     per_day: dict[str, dict[str, int]]
     """Messages per day, per type: each once, on the day it was first logged."""
     legacy: int
