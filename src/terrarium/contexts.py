@@ -18,7 +18,7 @@ import functools
 import logging
 import operator
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -75,15 +75,23 @@ def list_contexts(
     """
     rows = _native_rows(store, type, restore)
     found = legacy.listing(store)
-    native = {row.context for row in rows} if found.sessions else set()
-    if found.sessions and isinstance(store, Lifecycle):
-        native |= {a.context for a in states.archived_contexts(store)}
-    for row in found.sessions:  # a context in the log, hot or archived, hides its legacy file
-        if row.context not in native and (type is None or row.type == type):
-            rows.append(row)
+    rows += legacy_rows(store, found, (row.context for row in rows), type)
     rows.sort(key=operator.attrgetter("last_active"), reverse=True)
     rows.sort(key=operator.attrgetter("type"))
     return ContextListing(rows, found.problems)
+
+
+def legacy_rows(
+    store: Store, found: legacy.LegacyListing, hot: Iterable[str], type: str | None = None
+) -> list[ContextSummary]:
+    """The rows of ``found`` (of one ``type``) that the log does not hide: a context in the log,
+    ``hot`` (its hot contexts) or archived, hides its legacy file."""
+    if not found.sessions:
+        return []
+    native = set(hot)
+    if isinstance(store, Lifecycle):
+        native |= {a.context for a in states.archived_contexts(store)}
+    return [r for r in found.sessions if r.context not in native and type in (None, r.type)]
 
 
 def listing_index(store: Store, *, walked: bool = False) -> SearchIndex:
