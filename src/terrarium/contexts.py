@@ -112,14 +112,30 @@ def other_rows(store: Store, *, records: states.Records | None = None) -> list[C
     session for (``records``: the store's lifecycle records, read already)."""
     rows = list(legacy.listing(store).sessions)
     if isinstance(store, Lifecycle):
-        rows += map(archived_row, states.archived_contexts(store, records=records))
+        rows += archived_rows(store, records=records)
+    return rows
+
+
+def archived_rows(
+    store: Lifecycle, type: str | None = None, *, records: states.Records | None = None
+) -> list[ContextSummary]:
+    """The listing rows of the archived contexts (of one ``type``), for ``list`` and the
+    dashboard alike (``records``: the store's lifecycle records, read already)."""
+    rows = []
+    for archived in states.archived_contexts(store, type, records=records):
+        created = archived.created_at
+        if not created:  # a record written before it kept the time: the head has it
+            head = store.get_head(ContextId.parse(archived.context))
+            created = head.created_at if head is not None else archived.date
+        rows.append(archived_row(archived, created))
     return rows
 
 
 def archived_row(archived: states.ArchivedContext, created_at: str | None = None) -> ContextSummary:
-    """The listing row of an archived context (``created_at``: its head's, where read; else its
-    date)."""
-    found = (archived.message_count, archived.last_active, created_at or archived.date)
+    """The listing row of an archived context (``created_at``: its head's, where its record
+    has none; else its date)."""
+    created = created_at or archived.created_at or archived.date
+    found = (archived.message_count, archived.last_active, created)
     return ContextSummary(
         archived.context, archived.date, *found, archived.last_active, state="archived"
     )
