@@ -7,6 +7,8 @@ the lifecycle commands in other processes, with no fault injected.
 * The Agents SDK and LangGraph adapters and ``terrarium gateway`` (its item, response and
   conversation deletes too), each in a process of its own, while another process archives,
   deletes, restores and purges their contexts.
+* ``terrarium copy`` of one session as a context's and, from another store, as a detached
+  session, at once (``tests/helpers/copy_race_child.py``: their trace writes meet): one lock.
 
 Each worker is ``tests/helpers/gaps_child.py``. Afterwards no call failed (but for a context,
 file or trash entry another worker had just moved or deleted), a context whose delete was
