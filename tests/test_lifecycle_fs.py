@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import stat
+import tarfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -766,6 +767,35 @@ def test_an_archived_context_hides_a_legacy_file_of_it_left_out(
             assert [row.context for row in page] == shown, state
         assert states.unarchive_context(other, ContextId("cli", "old"))
         assert [info.legacy_path for info in listing(other).sessions] == [str(path)]
+
+
+def test_list_export_search_and_dashboard_agree_an_archived_context_is_not_hot(
+    store: FsStore, root: Path, tmp_path: Path
+) -> None:
+    """An archived context with a legacy file of it beside it (an archive or unarchive killed
+    between its steps, or a seed file copied back): ``list``, ``export --all``, ``search`` and
+    the dashboard's hot listing all leave out both the context and its hidden file. A bundle
+    (``-f jsonl``) is a whole-store backup: it takes the archived context, from the log."""
+    _create(store, "cli:hot", "warm words")
+    _create(store, "cli:old", "logged words")
+    states.archive_context(store, ContextId("cli", "old"))
+    path = _legacy_file(root, "cli:old")
+    shown = {"cli:hot"}
+    listed = json.loads(invoke("list", "--json", "--storage-dir", str(root)).output)
+    assert {row["context_id"] for rows in listed.values() for row in rows} == shown
+    page = contexts.listing_index(store).read(lambda r: r.page(ListingQuery(), "hot"))
+    assert {row.context for row in page} == shown
+    assert {hit.context for hit in search(store, SearchQuery("words"))} == shown
+    for fmt in ("markdown", "terrarium-json"):
+        out = tmp_path / fmt
+        invoke("export", "--all", "-f", fmt, "-o", str(out), "--storage-dir", str(root))
+        assert {p.stem for p in out.rglob("*.*")} == {"hot"}, fmt
+    bundle = tmp_path / "all.tar.gz"
+    invoke("export", "--all", "-f", "jsonl", "-o", str(bundle), "--storage-dir", str(root))
+    with tarfile.open(bundle) as tar:
+        old = tar.extractfile("cli/old.jsonl")
+        assert old is not None and b"logged words" in old.read()
+    assert path.exists()  # a read leaves the file alone
 
 
 def test_fsck_removes_a_legacy_file_left_out_only_when_the_archive_holds_its_bytes(

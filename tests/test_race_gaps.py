@@ -7,6 +7,8 @@ the lifecycle commands in other processes, with no fault injected.
 * The Agents SDK and LangGraph adapters and ``terrarium gateway`` (its item, response and
   conversation deletes too), each in a process of its own, while another process archives,
   deletes, restores and purges their contexts.
+* ``terrarium copy`` of one session as a context's and, from another store, as a detached
+  session, at once (``tests/helpers/copy_race_child.py``: their trace writes meet): one lock.
 
 Each worker is ``tests/helpers/gaps_child.py``. Afterwards no call failed (but for a context,
 file or trash entry another worker had just moved or deleted), a context whose delete was
@@ -39,10 +41,12 @@ from helpers.procs import records_of
 from helpers.race_child import fsck, open_spec
 from pg import empty_default_schema, own_database, pg_database  # noqa: F401  (a fixture)
 from terrarium import ContextId, FsStore, contexts, legacy, lifecycle, sessions, states
+from terrarium.cli import cli
 from terrarium.formats import terrarium_json as tj
 from terrarium.migrate import migrate
 from terrarium.model import SessionId, item_text
 from terrarium.stores.base import Lifecycle, Store
+from terrarium.stores.url import open_store
 
 CHILD = Path(__file__).with_name("helpers") / "gaps_child.py"
 
@@ -378,3 +382,67 @@ def test_the_adapters_and_the_gateway_racing_long(
 ) -> None:
     """The same race on every backend, 200 calls a worker."""
     edges_race(kind, tmp_path, request, ops=200)
+
+
+# ----------------------------------------------------------------------------- copies
+
+COPY_CHILD = Path(__file__).with_name("helpers") / "copy_race_child.py"
+
+
+def _copy_sources(tmp_path: Path) -> tuple[Path, Path, SessionId]:
+    """A store where one session is ``cli:a``'s, with a trace, and one where the same session
+    is detached (what an interrupted copy of it leaves, or a gateway's store)."""
+    from terrarium import PodActiveSegmentRef, TraceEntry, create_segment, save_trace
+    from terrarium.copy import SessionSource, complete_session, read_source
+
+    owned, loose = tmp_path / "owned", tmp_path / "loose"
+    with FsStore(owned) as src:
+        session_id, root = create_segment(src, context="cli:a")
+        ref = PodActiveSegmentRef(session_id, root)
+        for n in range(3):
+            sessions.save_user_input(src, ref, f"message {n}")
+        stamp = "2026-01-01T00:00:00.000000Z"
+        save_trace(src, ref, [TraceEntry(stamp, "chunk", {"n": n}) for n in range(5)])
+        whole = read_source(src, "cli:a")
+    with FsStore(loose) as other:
+        complete_session(other, SessionSource(whole.segments, traces=whole.traces))
+    return owned, loose, session_id
+
+
+@pytest.mark.parametrize(
+    "kind", ["fs", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_a_copy_of_a_session_as_a_context_and_as_a_detached_session_at_once_writes_it_once(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``terrarium copy -c cli:a`` from one store and ``terrarium copy`` of another, where the
+    same session is detached, into one destination at once (two processes, their trace
+    writes held to meet): the copies take turns under one lock, so the trace is written
+    once, the session ends as ``cli:a``'s, and a rerun finds it all there (before, the two
+    took different locks, both wrote the trace, and every later copy was a conflict). No lock
+    file is made per session."""
+    owned, loose, session_id = _copy_sources(tmp_path)
+    if kind == "fs":
+        dst = str(tmp_path / "dst")
+    elif kind == "sqlite":
+        dst = f"sqlite:///{tmp_path / 'dst.db'}"
+    else:
+        dst = empty_default_schema(request.getfixturevalue("pg_own"))
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    argvs = [["copy", str(owned), dst, "-c", "cli:a"], ["copy", str(loose), dst]]
+    procs = [
+        subprocess.Popen([sys.executable, str(COPY_CHILD), str(meet), *argv], text=True)
+        for argv in argvs
+    ]
+    assert [proc.wait(timeout=120) for proc in procs] == [0, 0]
+    again = CliRunner().invoke(cli, ["copy", str(owned), dst, "-c", "cli:a"])
+    assert again.exit_code == 0 and "nothing to copy" in again.output, again.output
+    with FsStore(owned) as src, open_store(dst, create=False) as store:
+        head = store.get_head(ContextId("cli", "a"))
+        assert head is not None and head.session_id == session_id
+        for segment in src.list_segments(session_id):
+            assert store.read_trace(session_id, segment) == src.read_trace(session_id, segment)
+    if kind != "postgres":
+        place = tmp_path / "dst" / ".locks" / "turn" if kind == "fs" else tmp_path / "dst.db-locks"
+        assert str(session_id) not in {path.name for path in place.rglob("*")}

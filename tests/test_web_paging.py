@@ -107,7 +107,7 @@ def _expected(store: Store, sort: str, state: str, **filters: str) -> list[str]:
     if state != "hot":
         for a in states.archived_contexts(store):
             rows.append(
-                (a.context, a.context.split(":")[0], a.last_active, a.date, a.message_count)
+                (a.context, a.context.split(":")[0], a.last_active, a.created_at, a.message_count)
             )
     if sort == "tokens":  # archived contexts are not read: they count 0, as unread ones do
         hot = {

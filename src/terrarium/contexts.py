@@ -18,7 +18,7 @@ import functools
 import logging
 import operator
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
@@ -76,15 +76,23 @@ def list_contexts(
     """
     rows = _native_rows(store, type, restore)
     found = legacy.listing(store)
-    native = {row.context for row in rows} if found.sessions else set()
-    if found.sessions and isinstance(store, Lifecycle):
-        native |= {a.context for a in states.archived_contexts(store)}
-    for row in found.sessions:  # a context in the log, hot or archived, hides its legacy file
-        if row.context not in native and (type is None or row.type == type):
-            rows.append(row)
+    rows += legacy_rows(store, found, (row.context for row in rows), type)
     rows.sort(key=operator.attrgetter("last_active"), reverse=True)
     rows.sort(key=operator.attrgetter("type"))
     return ContextListing(rows, found.problems)
+
+
+def legacy_rows(
+    store: Store, found: legacy.LegacyListing, hot: Iterable[str], type: str | None = None
+) -> list[ContextSummary]:
+    """The rows of ``found`` (of one ``type``) that the log does not hide: a context in the log,
+    ``hot`` (its hot contexts) or archived, hides its legacy file."""
+    if not found.sessions:
+        return []
+    native = set(hot)
+    if isinstance(store, Lifecycle):
+        native |= {a.context for a in states.archived_contexts(store)}
+    return [r for r in found.sessions if r.context not in native and type in (None, r.type)]
 
 
 def listing_index(store: Store, *, walked: bool = False) -> SearchIndex:
@@ -144,14 +152,30 @@ def other_rows(store: Store, *, records: states.Records | None = None) -> list[C
     session for (``records``: the store's lifecycle records, read already)."""
     rows = list(legacy.listing(store).sessions)
     if isinstance(store, Lifecycle):
-        rows += map(archived_row, states.archived_contexts(store, records=records))
+        rows += archived_rows(store, records=records)
+    return rows
+
+
+def archived_rows(
+    store: Lifecycle, type: str | None = None, *, records: states.Records | None = None
+) -> list[ContextSummary]:
+    """The listing rows of the archived contexts (of one ``type``), for ``list`` and the
+    dashboard alike (``records``: the store's lifecycle records, read already)."""
+    rows = []
+    for archived in states.archived_contexts(store, type, records=records):
+        created = archived.created_at
+        if not created:  # a record written before it kept the time: the head has it
+            head = store.get_head(ContextId.parse(archived.context))
+            created = head.created_at if head is not None else archived.date
+        rows.append(archived_row(archived, created))
     return rows
 
 
 def archived_row(archived: states.ArchivedContext, created_at: str | None = None) -> ContextSummary:
-    """The listing row of an archived context (``created_at``: its head's, where read; else its
-    date)."""
-    found = (archived.message_count, archived.last_active, created_at or archived.date)
+    """The listing row of an archived context (``created_at``: its head's, where its record
+    has none; else its date)."""
+    created = created_at or archived.created_at or archived.date
+    found = (archived.message_count, archived.last_active, created)
     return ContextSummary(
         archived.context, archived.date, *found, archived.last_active, state="archived"
     )

@@ -11,8 +11,8 @@ there. Equal is ``ContextExists``; a prefix is completed; anything else is a
 recognises: a new session is built detached, and only once every line and trace is in does
 ``attach_context`` give it its context and head; the pin and the archive come last. So a
 killed copy leaves nothing, a detached part, or the whole, and a rerun completes it. Two
-copies of one context at once (two processes) take turns under its lock; of a detached
-session, under the lock of the context id ``detached:{session}``. Both end with the whole.
+copies of one session at once (two processes), as a context's or detached, take turns under
+one lock its id picks (:data:`SESSION_LOCKS`). Both end with the whole.
 
 Archived contexts land archived, pinned ones pinned (where both stores have the
 :class:`~terrarium.stores.base.Lifecycle`). The trash is not copied. Detached sessions are
@@ -22,6 +22,7 @@ copied with all contexts. One session: ``complete_session(dst, read_source(src, 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -49,6 +50,11 @@ from terrarium.stores.base import (
 
 BATCH = 1000
 """Entries per append: bounded memory and statement size on SQL stores."""
+
+SESSION_LOCKS = 64
+"""Locks the copies of sessions spread over, by session id (``terrarium:copy-00``...): a
+bounded number of lock files, where one per session would pile up. Two sessions that share
+one are copied in turn."""
 
 
 @dataclass
@@ -308,11 +314,15 @@ def _complete(dst: Store, source: SessionSource) -> tuple[int, bool] | None:
     """
     ctx = source.context
     name = str(ctx) if ctx is not None else f"session {source.session_id}"
-    # A trace has no seq to compare and set: two copies of a session take turns under the
-    # context's lock. A detached one locks an id that names it.
-    lock = ctx if ctx is not None else ContextId("detached", str(source.session_id))
+    # A trace has no seq to compare and set: two copies of one session take turns under the
+    # lock its id picks, whether it comes as a context's or detached. A context's copy also
+    # holds the context's lock, taken first, as its other writers do.
+    shared = ContextId("terrarium", f"copy-{source.session_id.int % SESSION_LOCKS:02d}")
     written, partial = 0, None
-    with context_lock(dst, lock):
+    with (
+        context_lock(dst, ctx) if ctx is not None and ctx != shared else nullcontext(),
+        context_lock(dst, shared),
+    ):
         for _ in range(ATTEMPTS):
             plan = _plan(dst, source, name)
             partial = plan.partial if partial is None else partial

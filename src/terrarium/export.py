@@ -208,12 +208,14 @@ def _select(
     """The chosen contexts, sorted, each with its store (a legacy file's throw-away one); a
     damaged one that a date filter must read is noted in ``damaged`` and left out."""
     from terrarium import legacy, states
+    from terrarium.contexts import legacy_rows
     from terrarium.formats.jsonl import load_transcript
     from terrarium.stores.base import Lifecycle
 
-    if contexts is None:
-        contexts = [h.context for h in store.list_contexts(type)]
-        contexts += legacy.listing(store).by_context
+    if contexts is None:  # as ``list`` shows them: an archived context hides its legacy file
+        hot = [h.context for h in store.list_contexts(type)]
+        found = legacy_rows(store, legacy.listing(store), hot, type)
+        contexts = [*hot, *(row.context for row in found)]
         if archived and isinstance(store, Lifecycle):
             contexts += [a.context for a in states.archived_contexts(store, type)]
     wanted = {model.ContextId.parse(c) for c in contexts}

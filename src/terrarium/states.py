@@ -81,6 +81,9 @@ class ArchivedContext(msgspec.Struct, frozen=True):
     """Bytes its log took in the hot store."""
     archived_bytes: int
     """Bytes it takes in the archive (compressed)."""
+    created_at: str = ""
+    """When the context was created (UTC, RFC 3339); empty in a record written before it was
+    kept (its head has it)."""
     pinned: bool = False
 
 
@@ -407,6 +410,7 @@ def _summary(store: Lifecycle, head: PodMetadata) -> dict[str, Any]:
     last = read.entries[-1] if read.entries else read.header
     return {
         "date": head.date,
+        "created_at": head.created_at,
         "last_active": str(last.get("ts", head.updated_at)),
         "message_count": _message_count(store, head),
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from terrarium import (
     append_entry,
     append_system_item,
     clear_segment,
+    copy,
     create_compacted_segment,
     create_segment,
     fork_at,
@@ -143,8 +145,9 @@ def test_a_session_in_the_destinations_trash_is_a_conflict_not_a_second_copy(
 def test_a_copy_of_a_detached_session_meeting_a_copy_of_it_as_a_context_writes_it_once(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
-    """A copy of the same session as a context's (another process's, from another source; it
-    takes the context's lock, not the detached session's) writes all of it and attaches it
+    """A copy of the same session as a context's (another process's, from another source,
+    holding no lock of this copy's: an earlier version's, which took the context's lock
+    only; copies now take turns, ``test_race_gaps.py``) writes all of it and attaches it
     between this copy's plan and its ``step``: this copy plans again and skips it as a
     context's, no conflict or error (before, the other's write failed it as a conflict or an
     error; the lifecycle race caught it on contexts)."""
@@ -161,7 +164,9 @@ def test_a_copy_of_a_detached_session_meeting_a_copy_of_it_as_a_context_writes_i
 
         def racing(*args: object, **kwargs: object) -> object:
             monkeypatch.setattr(store, step, real)  # the other copy writes as usual
-            assert copy_store(adopted, store, ["cli:adopted"]).copied == ["cli:adopted"]
+            with monkeypatch.context() as unlocked:  # and takes none of the locks held here
+                unlocked.setattr(copy, "context_lock", lambda *_: nullcontext())
+                assert copy_store(adopted, store, ["cli:adopted"]).copied == ["cli:adopted"]
             return real(*args, **kwargs)
 
         monkeypatch.setattr(store, step, racing)
@@ -193,9 +198,9 @@ def test_two_copies_of_a_session_at_once_write_its_traces_once(
 ) -> None:
     """Two copies of one context, or of one detached session, at once (two threads here, two
     processes in the race): a trace has no sequence number to compare and set, so the copies
-    take turns under the context's lock (a detached session's: the lock of the context id
-    ``detached:{session}``), and each trace entry is written once (before, both wrote it:
-    the lifecycle race caught it on contexts; a detached session had no lock)."""
+    take turns under the lock the session's id picks (a context's copy under the context's
+    lock too), and each trace entry is written once (before, both wrote it: the lifecycle
+    race caught it on contexts; a detached session had no lock)."""
     with _with_detached(tmp_path / "src") as src:
         [session_id] = detached_sessions(src)
         if what == "context":

@@ -15,6 +15,8 @@ import pytest
 
 from helpers.history import add_context
 from terrarium import contexts, lifecycle, states
+from terrarium.cli.app import CliState
+from terrarium.cli.lifecycle_cmds import lifecycle_rows
 from terrarium.errors import ContextExists, ContextNotFound, NotInTrash
 from terrarium.index import listing as lister
 from terrarium.index._listing import Listing
@@ -29,6 +31,7 @@ from terrarium.stores.base import (
     head_and_tail,
     locked_head_and_tail,
 )
+from terrarium.web import data
 
 MAIN = ContextId("cli", "main")
 OTHER = ContextId("irc", "#python")
@@ -78,6 +81,34 @@ def test_an_archived_context_leaves_the_hot_listing_and_still_reads(store: Store
     assert [a.context for a in states.archived_contexts(lc)] == [str(MAIN)]
     assert states.archived_contexts(lc, "irc") == []
     assert [a.context for a in states.archived_contexts(lc, "cli")] == [str(MAIN)]
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["record", "older-record"])
+def test_list_and_the_dashboard_give_an_archived_context_created_at_in_full(
+    store: Store, kept: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``list --archived --json`` and the dashboard's archived rows both give an archived
+    context's ``created_at`` as its head has it, the full time a hot row shows, not only its
+    date; also from an archive record written before the record kept it (``older-record``)."""
+    lc = seeded(store)
+    head = store.get_head(MAIN)
+    assert head is not None
+    if not kept:  # what an earlier version wrote
+        summary = states._summary
+
+        def older(*args: Any) -> dict[str, Any]:
+            return {k: v for k, v in summary(*args).items() if k != "created_at"}
+
+        monkeypatch.setattr(states, "_summary", older)
+    assert states.archive_context(lc, MAIN) is not None
+    page = data.list_page(store, state="archived")
+    assert [(r["context_id"], r["created_at"]) for r in page["contexts"]] == [
+        (str(MAIN), head.created_at)
+    ]
+    cli = CliState()
+    cli._store = store
+    rows, _ = lifecycle_rows(cli, [], None, "archived")
+    assert [(r.context, r.created_at) for r in rows] == [(str(MAIN), head.created_at)]
 
 
 def test_archive_of_a_missing_or_archived_context_is_none(store: Store) -> None:

@@ -399,8 +399,7 @@ def lifecycle_rows(
     state: CliState, rows: list[ContextSummary], type_: str | None, scope: str
 ) -> tuple[list[ContextSummary], frozenset[str]]:
     """``list``'s rows for ``scope`` (``rows``: the hot ones it shows), and the pinned ids."""
-    from terrarium.contexts import archived_row
-    from terrarium.model import ContextId
+    from terrarium.contexts import archived_rows
     from terrarium.stores.base import Lifecycle
 
     store = state.store()
@@ -411,9 +410,7 @@ def lifecycle_rows(
     if scope == "hot":
         return rows, pins
     out = list(rows) if scope == "all" else []
-    for archived in states.archived_contexts(store, type_, records=records):
-        head = store.get_head(ContextId.parse(archived.context))
-        out.append(archived_row(archived, head.created_at if head is not None else None))
+    out += archived_rows(store, type_, records=records)
     out.sort(key=lambda r: r.last_active, reverse=True)
     out.sort(key=lambda r: r.type)
     return out, pins
