@@ -11,6 +11,7 @@ written. On the filesystem, a fork whose parent segment is lost is damaged the s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import sqlite3
@@ -369,6 +370,22 @@ AFTER_READ = [
 ]
 
 
+@contextlib.contextmanager
+def _served_once(url: str, route: str) -> Iterator[tuple[Any, ...]]:
+    """A gateway on ``url`` that served one turn of ``route``: (the fake model, the store, the
+    client, the context, the route's path, its second request, its headers)."""
+    from starlette.testclient import TestClient
+
+    from terrarium.gateway.app import create_app
+
+    with (
+        FakeServer() as fake,
+        open_store(url) as store,
+        TestClient(create_app(store, fake.base_url), base_url="http://127.0.0.1") as client,
+    ):
+        yield (fake, store, client, *_first_turn(client, route))
+
+
 def _first_turn(client: Any, route: str) -> tuple[str, str, dict[str, Any], dict[str, str]]:
     """Serve one turn of a new session through the gateway; its context, and the path, body
     and headers of the next turn's request."""
@@ -397,17 +414,8 @@ def test_the_gateway_refuses_to_append_to_a_session_damaged_after_it_read_it(
     """A session the gateway served a turn of (its state in the gateway's memory), damaged
     before the next turn: the next turn is refused (``damaged_log``), nothing written, the
     model not called; the store's check notices, as in the chat loop."""
-    from starlette.testclient import TestClient
-
-    from terrarium.gateway.app import create_app
-
     url = _url(kind, tmp_path, request)
-    with (
-        FakeServer() as fake,
-        open_store(url) as store,
-        TestClient(create_app(store, fake.base_url), base_url="http://127.0.0.1") as client,
-    ):
-        context, path, second, headers = _first_turn(client, route)
+    with _served_once(url, route) as (fake, store, client, context, path, second, headers):
         head = store.get_head(ContextId.parse(context))
         assert head is not None
         lines = store.next_seq(head.session_id, head.segment_id)
@@ -431,18 +439,9 @@ def test_a_session_damaged_during_the_model_call_is_not_appended_to(
     """Damaged while the model answers (between the gateway's read and its append): the
     append refuses, nothing is written, and the client gets the ``damaged_log`` error (a
     stream: its error line, or ``response.failed``) naming the line."""
-    from starlette.testclient import TestClient
-
-    from terrarium.gateway.app import create_app
-
     url = _url(kind, tmp_path, request)
     places: list[str] = []
-    with (
-        FakeServer() as fake,
-        open_store(url) as store,
-        TestClient(create_app(store, fake.base_url), base_url="http://127.0.0.1") as client,
-    ):
-        context, path, second, headers = _first_turn(client, route)
+    with _served_once(url, route) as (fake, store, client, context, path, second, headers):
         head = store.get_head(ContextId.parse(context))
         assert head is not None
         lines = store.next_seq(head.session_id, head.segment_id)
