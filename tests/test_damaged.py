@@ -170,6 +170,28 @@ def test_a_command_about_a_damaged_session_names_the_line_and_fsck(
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
+def test_fsck_names_the_context_session_and_line_of_a_damaged_session(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``fsck`` names the damaged conversation in the same words on every backend: its
+    context, its session and the place (a file and line; on a database, the segment and the
+    entry's seq), as ``list`` and a command about it do; ``--json`` gives each apart."""
+    url, place = _damaged(kind, tmp_path, request)
+    with open_store(url) as store:
+        head = store.get_head(ContextId.parse("cli:bad"))
+    assert head is not None
+    checked = invoke("fsck", "--storage-dir", url)
+    assert checked.exit_code == 1 and HINT not in checked.stdout
+    [line] = [line for line in checked.stdout.splitlines() if place in line]
+    assert line.startswith(f"cli:bad session {head.session_id}: {place}: "), line
+    [problem] = json.loads(invoke("fsck", "--json", "--storage-dir", url).stdout)["problems"]
+    assert (problem["context"], problem["session_id"]) == ("cli:bad", str(head.session_id))
+    assert problem["segment_id"] == str(head.segment_id)
+    assert problem["line"] == int(place.rsplit(":", 1)[1])
+    assert "not valid JSON" in problem["message"] and place not in problem["message"]
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
 @pytest.mark.parametrize("target", ["folder", "bundle"])
 def test_export_all_writes_the_others_and_names_the_damaged_one(
     kind: str, target: str, tmp_path: Path, request: pytest.FixtureRequest
