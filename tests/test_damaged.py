@@ -314,6 +314,52 @@ def test_a_fork_whose_parent_segment_is_lost_is_damaged_not_missing(tmp_path: Pa
     assert invoke("trash", "restore", "cli:fork", "--storage-dir", str(root)).exit_code == 0
 
 
+def _files(store: FsStore, context: str, segment: object = None) -> tuple[Path, Path]:
+    """The file of ``segment`` of ``context`` (its head's by default), and its head record."""
+    head = store.get_head(ContextId.parse(context))
+    folder = store.folder_of(ContextId.parse(context))
+    assert head is not None and folder is not None
+    return folder / f"{segment or head.segment_id}.jsonl", folder / "head.json"
+
+
+def test_a_moved_store_names_its_damage_where_the_store_is_now(tmp_path: Path) -> None:
+    """The derived index keeps a session's problem; a sessions folder moved (or opened through
+    another path) after ``list`` cached it is named at its new place by ``list`` and ``stats``:
+    a torn header line, an unreadable ``head.json``, a fork's lost parent segment."""
+    old = tmp_path / "old"
+    with FsStore(old) as store:
+        for name in ("torn", "head", "fork"):
+            _add(store, f"cli:{name}", f"{name} one", f"{name} two")
+        parent = store.get_head(ContextId.parse("cli:fork"))
+        assert parent is not None
+        fork = fork_at(store, PodActiveSegmentRef(parent.session_id, parent.segment_id), 1)
+        store.set_head(ContextId.parse("cli:fork"), fork, expected=parent.segment_id)
+        lost, _ = _files(store, "cli:fork", parent.segment_id)
+        torn, _ = _files(store, "cli:torn")
+        _, head_json = _files(store, "cli:head")
+    torn.write_bytes(b'{"v": 1, ')
+    lost.unlink()
+    head_json.write_text("{nope")
+
+    def problems(root: Path) -> tuple[dict[str, str], str]:
+        listed = invoke("list", "--json", "--storage-dir", str(root))
+        rows = json.loads(listed.stdout)["contexts"]
+        stats = invoke("stats", "--json", "--storage-dir", str(root))
+        return {row["context_id"]: row["problem"] for row in rows}, stats.stderr
+
+    before, _ = problems(old)
+    assert all(str(old) in problem for problem in before.values()), before
+    new = tmp_path / "new"
+    old.rename(new)
+    (tmp_path / "link").symlink_to(tmp_path)
+    for root in (new, tmp_path / "link" / "new"):
+        after, warned = problems(root)
+        assert set(after) == set(before)
+        for context, problem in after.items():
+            assert problem == before[context].replace(str(old), str(root)), problem
+            assert problem in warned, warned
+
+
 CONVERSATION = "conv_" + "a" * 26
 GATEWAY_ROUTES = ["chat", "chat-stream", "conversation", "previous-response"]
 
