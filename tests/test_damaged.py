@@ -171,6 +171,28 @@ def test_a_command_about_a_damaged_session_names_the_line_and_fsck(
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
+def test_fsck_names_the_context_session_and_line_of_a_damaged_session(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``fsck`` names the damaged conversation in the same words on every backend: its
+    context, its session and the place (a file and line; on a database, the segment and the
+    entry's seq), as ``list`` and a command about it do; ``--json`` gives each apart."""
+    url, place = _damaged(kind, tmp_path, request)
+    with open_store(url) as store:
+        head = store.get_head(ContextId.parse("cli:bad"))
+    assert head is not None
+    checked = invoke("fsck", "--storage-dir", url)
+    assert checked.exit_code == 1 and HINT not in checked.stdout
+    [line] = [line for line in checked.stdout.splitlines() if place in line]
+    assert line.startswith(f"cli:bad session {head.session_id}: {place}: "), line
+    [problem] = json.loads(invoke("fsck", "--json", "--storage-dir", url).stdout)["problems"]
+    assert (problem["context"], problem["session_id"]) == ("cli:bad", str(head.session_id))
+    assert problem["segment_id"] == str(head.segment_id)
+    assert problem["line"] == int(place.rsplit(":", 1)[1])
+    assert "not valid JSON" in problem["message"] and place not in problem["message"]
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
 @pytest.mark.parametrize("target", ["folder", "bundle"])
 def test_export_all_writes_the_others_and_names_the_damaged_one(
     kind: str, target: str, tmp_path: Path, request: pytest.FixtureRequest
@@ -291,6 +313,52 @@ def test_a_fork_whose_parent_segment_is_lost_is_damaged_not_missing(tmp_path: Pa
     deleted = invoke("delete", "cli:fork", "--storage-dir", str(root))  # was: "kept changing"
     assert deleted.exit_code == 0, deleted.output
     assert invoke("trash", "restore", "cli:fork", "--storage-dir", str(root)).exit_code == 0
+
+
+def _files(store: FsStore, context: str, segment: object = None) -> tuple[Path, Path]:
+    """The file of ``segment`` of ``context`` (its head's by default), and its head record."""
+    head = store.get_head(ContextId.parse(context))
+    folder = store.folder_of(ContextId.parse(context))
+    assert head is not None and folder is not None
+    return folder / f"{segment or head.segment_id}.jsonl", folder / "head.json"
+
+
+def test_a_moved_store_names_its_damage_where_the_store_is_now(tmp_path: Path) -> None:
+    """The derived index keeps a session's problem; a sessions folder moved (or opened through
+    another path) after ``list`` cached it is named at its new place by ``list`` and ``stats``:
+    a torn header line, an unreadable ``head.json``, a fork's lost parent segment."""
+    old = tmp_path / "old"
+    with FsStore(old) as store:
+        for name in ("torn", "head", "fork"):
+            _add(store, f"cli:{name}", f"{name} one", f"{name} two")
+        parent = store.get_head(ContextId.parse("cli:fork"))
+        assert parent is not None
+        fork = fork_at(store, PodActiveSegmentRef(parent.session_id, parent.segment_id), 1)
+        store.set_head(ContextId.parse("cli:fork"), fork, expected=parent.segment_id)
+        lost, _ = _files(store, "cli:fork", parent.segment_id)
+        torn, _ = _files(store, "cli:torn")
+        _, head_json = _files(store, "cli:head")
+    torn.write_bytes(b'{"v": 1, ')
+    lost.unlink()
+    head_json.write_text("{nope")
+
+    def problems(root: Path) -> tuple[dict[str, str], str]:
+        listed = invoke("list", "--json", "--storage-dir", str(root))
+        rows = json.loads(listed.stdout)["contexts"]
+        stats = invoke("stats", "--json", "--storage-dir", str(root))
+        return {row["context_id"]: row["problem"] for row in rows}, stats.stderr
+
+    before, _ = problems(old)
+    assert all(str(old) in problem for problem in before.values()), before
+    new = tmp_path / "new"
+    old.rename(new)
+    (tmp_path / "link").symlink_to(tmp_path)
+    for root in (new, tmp_path / "link" / "new"):
+        after, warned = problems(root)
+        assert set(after) == set(before)
+        for context, problem in after.items():
+            assert problem == before[context].replace(str(old), str(root)), problem
+            assert problem in warned, warned
 
 
 CONVERSATION = "conv_" + "a" * 26

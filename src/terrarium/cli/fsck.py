@@ -50,20 +50,24 @@ class Problem:
     context: str | None = None
     path: str | None = None
     line: int | None = None
+    """The line of the file; on a database, the entry's seq in the segment."""
     offset: int | None = None
     """For ``torn``: the byte offset where the torn tail starts."""
     repaired: bool = False
-    session_id: str | None = field(default=None, repr=False)
-    segment_id: str | None = field(default=None, repr=False)
+    session_id: str | None = None
+    segment_id: str | None = None
     packed: str | None = field(default=None, repr=False)
     """For a legacy file a killed archive left out: the archive's copy of it."""
 
     def show(self) -> str:
-        where = self.path or self.context or ""
-        if self.line is not None:
-            where = f"{where}:{self.line}"
+        """``cli:a session S: FILE:LINE: KIND: MESSAGE``, the place the segment on a database."""
+        place = self.path or (self.segment_id and f"segment {self.segment_id}")
+        if place and self.line is not None:
+            place = f"{place}:{self.line}"
+        session = self.session_id and f"session {self.session_id}"
+        who = " ".join(filter(None, [self.context, session]))
         status = " (repaired)" if self.repaired else ""
-        return f"{where}: {self.kind}: {self.message}{status}"
+        return ": ".join(filter(None, [who, place, self.kind, self.message])) + status
 
     def to_json(self) -> dict[str, object]:
         """The stable ``--json`` form (see docs/cli.md): the fields shown in its repr."""
@@ -381,12 +385,10 @@ def _check_generic(store: Store, report: Report) -> None:
             if now is None or now.session_id != head.session_id:
                 continue  # deleted (or replaced) meanwhile: nothing of it to check
             errors = _read_all(store, now.session_id, Report(), now.segment_id)
-        for segment_id, error in errors:
-            report.add("unreadable", error, context=head.context, path=str(segment_id))
+        _add_unreadable(report, errors, head.context, head.session_id)
     for session_id in detached_sessions(store):  # no head: every segment is read
         report.contexts += 1
-        for segment_id, error in _read_all(store, session_id, report):
-            report.add("unreadable", error, path=str(segment_id))
+        _add_unreadable(report, _read_all(store, session_id, report), None, session_id)
 
 
 def _check_kept(store: Store, report: Report, *, counted: bool) -> None:
@@ -406,7 +408,8 @@ def _check_kept(store: Store, report: Report, *, counted: bool) -> None:
         errors = _read_all(store, session_id, report)
         # Not in the records any more: purged (or moved) by another process meanwhile.
         if errors and any(r.session_id == session_id for r in store.session_records()):
-            report.add("unreadable", errors[0][1], session_id=str(session_id))
+            owner = record.owner or record.state.get("trashed", {}).get("context")
+            _add_unreadable(report, errors[:1], owner, session_id)
 
 
 def _check_lifecycle(store: Store, report: Report) -> None:
@@ -418,7 +421,7 @@ def _check_lifecycle(store: Store, report: Report) -> None:
         name = record.state.get("trashed", {}).get("context") or record.owner or "a context"
         report.add(
             "unfinished",
-            f"session {record.session_id}: a {what} of {name} was killed half way",
+            f"a {what} of {name} was killed half way",
             context=record.owner,
             session_id=str(record.session_id),
         )
@@ -447,16 +450,38 @@ def _check_blobs(store: Store, report: Report) -> None:
             report.add("blob", str(exc))
 
 
+def _add_unreadable(
+    report: Report,
+    errors: list[tuple[SegmentId | None, str]],
+    context: str | None,
+    session: uuid.UUID,
+) -> None:
+    """Report what :func:`_read_all` found, the place apart from the message (see ``show``)."""
+    for segment_id, error in errors:
+        # A database names a line "{store} segment {id}:{seq}: ..." (stores/_sqlbase.py).
+        _, named, rest = error.partition(f"segment {segment_id}:")
+        seq, sep, message = rest.partition(": ")
+        line = int(seq) if named and sep and seq.isdigit() else None
+        report.add(
+            "unreadable",
+            message if line is not None else error,
+            context=context,
+            line=line,
+            session_id=str(session),
+            segment_id=segment_id and str(segment_id),
+        )
+
+
 def _read_all(
     store: Store, session_id: uuid.UUID, report: Report, head: SegmentId | None = None
-) -> list[tuple[uuid.UUID, str]]:
+) -> list[tuple[SegmentId | None, str]]:
     """Read every segment of a session, counted into ``report``; the errors, by segment (a
-    failed listing's by ``head``, the segment the head names, else by the session's id)."""
+    failed listing's by ``head``, the segment the head names)."""
     try:
         segment_ids = store.list_segments(session_id)
     except TerrariumError as exc:
-        return [(head or session_id, str(exc))]
-    errors: list[tuple[uuid.UUID, str]] = []
+        return [(head, str(exc))]
+    errors: list[tuple[SegmentId | None, str]] = []
     if head is not None and head not in segment_ids:
         errors.append((head, "the head names a segment that is not there"))
     for segment_id in segment_ids:

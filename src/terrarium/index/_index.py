@@ -102,6 +102,8 @@ class SearchIndex:
         self._files = None if isinstance(source, LogChanges) else source
         """The filesystem store's markers and shape; None: the store has a change cursor."""
         self._cursor = source if isinstance(source, LogChanges) else None
+        self.root = sql.ROOT if self._files is None else os.path.join(self._files.root, "")
+        """How problem texts name the root now (the index keeps them with ``sql.ROOT``)."""
         # Checked at each open, not here: a link out of the root (a store's own file: any
         # link) is refused.
         self.path = source.path if isinstance(source, LogChanges) else source.index_dir / DB_NAME
@@ -535,7 +537,8 @@ class SearchIndex:
         Listing 100k contexts is one scan of a covering index (145 ms), not 100k file reads
         (14 s for the head records alone).
         """
-        statement, params = (sql.LISTING, ()) if type is None else (sql.LISTING_OF_TYPE, (type,))
+        listing = (sql.LISTING, (self.root,))
+        statement, params = listing if type is None else (sql.LISTING_OF_TYPE, (self.root, type))
         rows = self._read(lambda conn: conn.execute(statement, params).fetchall())
         return [ContextSummary(*row) for row in rows]
 
@@ -559,7 +562,7 @@ class SearchIndex:
         """
 
         def run(conn: sqlite3.Connection) -> _T:
-            return read(Reader(conn, self._build.left if self._build is not None else 0))
+            return read(Reader(conn, self._build.left if self._build is not None else 0, self.root))
 
         rows = None if not sync else self.others if others is None else others
         return self._read(run, others=rows, budget=budget)

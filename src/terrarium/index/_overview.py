@@ -41,10 +41,12 @@ class Sums(msgspec.Struct):
 class Reader:
     """The dashboard's reads, on one snapshot of the index (see ``SearchIndex.read``)."""
 
-    def __init__(self, conn: sqlite3.Connection, left: int = 0) -> None:
+    def __init__(self, conn: sqlite3.Connection, left: int = 0, root: str = sql.ROOT) -> None:
         self.conn = conn
         self.left = left
         """Sessions a first build has still to index (0: the index holds every one)."""
+        self.root = root
+        """What problem texts name the store's root by now (see ``sql.ROOT``)."""
 
     def page(self, query: ListingQuery, state: str = "hot") -> list[ContextSummary]:
         """One page of the contexts ``state`` shows, an index walk per view, merged."""
@@ -53,7 +55,8 @@ class Reader:
         for view in views:
             select = sql.HOT_ROWS if view == "sessions" else sql.OTHER_ROWS.format(view=view)
             statement, params = _listing.page_statement(select, query, SORTS)
-            found += [ContextSummary(*row) for row in self.conn.execute(statement, params)]
+            rows = self.conn.execute(statement, (self.root, *params))
+            found += [ContextSummary(*row) for row in rows]
         if len(views) > 1:
             found = heapq.nlargest(query.limit, found, key=sort_key(query.sort))
         return found
@@ -82,7 +85,7 @@ class Reader:
                 counts = per_day.setdefault(day, {})
                 counts[kind] = counts.get(kind, 0) + int(n)
         (turns,) = self.conn.execute(sql.TURNS).fetchone()
-        damaged = dict(self.conn.execute(sql.DAMAGED).fetchall())
+        damaged = dict(self.conn.execute(sql.DAMAGED, (self.root,)).fetchall())
         return Sums(dict(sorted(per_type.items())), int(turns), models, per_day, legacy, damaged)
 
     def forks_of(self, context: str) -> list[str]:

@@ -118,6 +118,7 @@ class _Owner(Protocol):
 
     source: Source
     stats: IndexStats
+    root: str
 
     def warn_once(self, key: str, message: str, *args: object) -> None: ...
 
@@ -221,7 +222,7 @@ class IndexUpdate:
         except ValueError:
             self.index.warn_once(folder, "search index: skipping %s: bad context in head", folder)
             return None
-        session, changed = self._head_row(folder, head, context, problem)
+        session, changed = self._head_row(folder, head, context, self._kept(problem))
         for segment_id in [g for g in session.segments if g not in segments]:  # gone
             self._drop_segment(session.segments.pop(segment_id))
             changed = True
@@ -396,10 +397,11 @@ class IndexUpdate:
         segment.size_seen = size  # unchanged if it could not be read
         if segment.offset == 0 and problem is None:  # not even a whole header line yet
             problem = f"{where}: {'torn header line' if size else 'empty file, no header'}"
-        if problem is not None and problem != segment.problem:
+        kept = self._kept(problem)
+        if kept is not None and kept != segment.problem:
             log.info("search index: %s", problem)  # ``list`` reports it (ContextSummary)
-        changed = bool(read) or problem != segment.problem
-        segment.problem = problem
+        changed = bool(read) or kept != segment.problem
+        segment.problem = kept
         # What it has read of the file: every field from ``size_seen`` on, then the row's id.
         progress = (*msgspec.structs.astuple(segment)[4:], segment.id)
         self.conn.execute(sql.UPDATE_SEGMENT, progress)
@@ -490,6 +492,10 @@ class IndexUpdate:
             (self.recent_count,) = self.conn.execute(sql.COUNT_RECENT).fetchone()
         self.conn.execute(sql.SET_META, ("recent_count", str(self.recent_count)))
 
+    def _kept(self, problem: str | None) -> str | None:
+        """``problem`` as the index keeps it: the root named by ``sql.ROOT``."""
+        return problem and problem.replace(self.index.root, sql.ROOT)
+
     def _summarise(self, session: SessionRow) -> None:
         """Store the head's message count, last activity and the session's first problem."""
         head_id, folder, head_problem = session.values[6], session.values[5], session.values[9]
@@ -497,7 +503,7 @@ class IndexUpdate:
         head = session.segments.get(head_id)
         if head is None:
             where = self.source.head_path(folder)
-            problems.append(f"{where}: its segment {head_id} does not exist")
+            problems.append(self._kept(f"{where}: its segment {head_id} does not exist"))
         damaged = [sid for sid in sorted(session.segments) if session.segments[sid].problem]
         if damaged:  # rare: a damaged segment that a salvage replaced is no problem now
             done = self.source.salvaged(folder)
@@ -507,7 +513,8 @@ class IndexUpdate:
             if segment is None:
                 if stop is not None and child is not None:  # a parent, not the head, is lost
                     where = self.source.segment_path(folder, child.segment_id)
-                    problems.append(f"{where}: continues segment {child.parent}, which is lost")
+                    lost = f"{where}: continues segment {child.parent}, which is lost"
+                    problems.append(self._kept(lost))
                 break
             child = segment
             if stop is None:

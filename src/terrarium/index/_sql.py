@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 #: Bump when the schema changes: an index of another version is dropped and rebuilt.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
+
+#: How a problem text the index keeps names the store's root (``root/``): a read puts back the
+#: root the store is open at, so a moved store's problems name its files where they are now.
+ROOT = "<root>/"
+PROBLEM = f"replace(problem, '{ROOT}', ?)"
 
 #: The counts of a row of ``usage``: the fields of ``UsageTotals``, in their order.
 USAGE_COUNTS = tuple(
@@ -275,7 +280,7 @@ PER_TYPE = (
     "UNION ALL SELECT type, count(*), total(message_count), 1 FROM legacy_rows GROUP BY type"
 )
 # A damaged session is counted for what of it could be read.
-DAMAGED = "SELECT context, problem FROM sessions WHERE problem IS NOT NULL ORDER BY context"
+DAMAGED = f"SELECT context, {PROBLEM} FROM sessions WHERE problem IS NOT NULL ORDER BY context"
 TURNS = "SELECT total(turns) FROM sessions"
 PER_MODEL = (
     f"SELECT model, {', '.join(f'sum({n})' for n in USAGE_COUNTS)} FROM usage GROUP BY model"
@@ -391,11 +396,11 @@ HIT_ROWS = (
 )
 # A ContextSummary's fields, in order, from the covering index sessions_by_context.
 SUMMARY = "context, date, message_count, last_active, created_at, updated_at, session_id, head"
-LISTING_SELECT = f"SELECT {SUMMARY}, problem FROM sessions"
+LISTING_SELECT = f"SELECT {SUMMARY}, {PROBLEM} FROM sessions"
 # The same with its tokens, state and legacy file, of a hot session or (``{view}``: the
 # view ``archived_rows`` or ``legacy_rows``) another context; the types of a table or view.
-HOT_ROWS = f"SELECT {SUMMARY}, problem, tokens, 'hot', NULL FROM sessions"
-OTHER_ROWS = f"SELECT {SUMMARY}, problem, tokens, state, legacy_path FROM {{view}}"
+HOT_ROWS = f"SELECT {SUMMARY}, {PROBLEM}, tokens, 'hot', NULL FROM sessions"
+OTHER_ROWS = f"SELECT {SUMMARY}, {PROBLEM}, tokens, state, legacy_path FROM {{view}}"
 TYPES_OF = "SELECT DISTINCT type FROM {view}"
 LISTING = f"{LISTING_SELECT} ORDER BY type, name"
 LISTING_OF_TYPE = f"{LISTING_SELECT} WHERE type = ? ORDER BY name"
