@@ -8,7 +8,8 @@ ratio to a bare ``python -c pass`` timed in the same run (the floor no Python to
 * ``import terrarium``;
 * ``terrarium --help``;
 * ``terrarium list`` on 10 sessions and on 10k sessions, on a filesystem and an SQLite store
-  (the 10k figure also as a ratio to the 10-session one, and in seconds).
+  (the 10k figure also as a ratio to the 10-session one, and in seconds); with ``--pinned``
+  every session is pinned (a lifecycle record each, which ``list`` reads for its marks).
 
 Stores are built through the store API (``sessions.create_segment`` and one append per
 context), not through chat. The children run with bytecode caching on (``.pyc`` files in a
@@ -35,9 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from terrarium import sessions  # noqa: E402
+from terrarium import sessions, states  # noqa: E402
 from terrarium.model import ContextId, EntryKind, SegmentStartState, utc_now  # noqa: E402
-from terrarium.stores.base import NewEntry, Store  # noqa: E402
+from terrarium.stores.base import Lifecycle, NewEntry, Store  # noqa: E402
+from terrarium.stores.fs._states import STILL_NS  # noqa: E402
 from terrarium.stores.url import open_store  # noqa: E402
 
 #: Targets: (what, limit, unit).
@@ -47,8 +49,9 @@ LIST_10K_SECONDS = 0.5
 CLI = "from terrarium.cli import main; main()"
 
 
-def build_store(url: str, count: int) -> None:
-    """A store of ``count`` contexts, each with a system prompt and one exchange."""
+def build_store(url: str, count: int, pinned: bool = False) -> None:
+    """A store of ``count`` contexts, each with a system prompt and one exchange (and
+    ``pinned``)."""
     store: Store = open_store(url)
     try:
         for i in range(count):
@@ -63,6 +66,8 @@ def build_store(url: str, count: int) -> None:
                 NewEntry(EntryKind.TURN_END, ts, {}),
             ]
             store.append(session_id, segment_id, exchange, expected_seq=1)
+            if pinned and isinstance(store, Lifecycle):
+                states.pin_context(store, context)
     finally:
         store.close()
 
@@ -100,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--large", type=int, default=10_000, help="Sessions in the large store.")
     parser.add_argument("--repeat", type=int, default=None, help="Runs per command.")
     parser.add_argument("--json", type=Path, help="Also write the results here.")
+    parser.add_argument("--pinned", action="store_true", help="Pin every session.")
     args = parser.parse_args(argv)
     repeat = args.repeat or (3 if args.quick else 15)
     py = sys.executable
@@ -113,8 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for size in (args.small, args.large):
                 place = Path(tmp) / f"{kind}-{size}"
                 url = str(place) if kind == "fs" else f"sqlite:///{place}.db"
-                build_store(url, size)
+                build_store(url, size, args.pinned)
                 commands[list_name(kind, size)] = [py, "-c", CLI, "list", "--storage-dir", url]
+        if args.pinned:  # past STILL_NS a store's records are kept, as pins made long ago
+            time.sleep(STILL_NS / 1e9)
         bare = timed([py, "-c", "pass"], env, repeat)
         rows = {name: timed(argv, env, repeat) for name, argv in commands.items()}
     results = report(bare, rows, args.small, args.large)

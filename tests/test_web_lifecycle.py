@@ -5,6 +5,8 @@ CSRF, and the trash page with its restore."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from terrarium import FsStore, states
 from terrarium.model import ContextId
 from terrarium.sessions import create_segment
 from terrarium.stores.base import Lifecycle
+from terrarium.stores.fs import _states
 from terrarium.stores.memory import MemoryStore
 from terrarium.web import create_app
 from test_web_app import LOCAL, parse
@@ -235,3 +238,76 @@ def test_a_page_reads_the_lifecycle_records_once(
         assert c.get(page).status_code == 200
     most = {page: 0 if "c=cli:main" in page else 1 for page in PAGES}
     assert {page: reads.count(page) for page in PAGES if reads.count(page) > most[page]} == {}
+
+
+def test_an_fs_page_opens_no_file_per_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the filesystem store a page's cost does not grow with the lifecycle records: read
+    once, they are kept (``.index/records.json``) while ``.states/`` and ``.detached/`` keep
+    their mtime. Every page opens as many record files with 30 pinned contexts as with 3; a
+    listing page opens none (a search reads its hits'); a new process reads the kept file."""
+    monkeypatch.setattr(_states, "STILL_NS", 0)  # no mtime too young to trust: keep at once
+    opened: list[Path] = []
+    real = _states.read_record
+    monkeypatch.setattr(_states, "read_record", lambda path: opened.append(path) or real(path))
+    counts = []
+    for n in (3, 30):
+        store = FsStore(tmp_path / str(n))
+        seed(store)
+        for i in range(n - 3):
+            create_segment(store, None, context=f"cli:c{i:02}")
+        for head in store.list_contexts():
+            states.pin_context(store, ContextId.parse(head.context))
+        c = _client(store)
+        for page in PAGES:  # the index built, the records read and kept
+            assert c.get(page).status_code == 200
+        opened.clear()
+        for page in PAGES:
+            assert c.get(page).status_code == 200
+        assert len(c.get("/api/contexts").json()["contexts"]) == n
+        assert c.get("/api/stats").json()["lifecycle"]["pinned"] == n
+        counts.append(sum(p.parent.name == ".states" for p in opened))
+        listing = [p for p in PAGES if "c=" not in p and "q=" not in p]  # no hit, no session
+        opened.clear()
+        for page in listing:
+            assert c.get(page).status_code == 200
+        assert opened == []
+        fresh = store._read_records()
+        opened.clear()
+        assert FsStore(store.root).session_records() == fresh
+        assert opened == []
+    assert counts[0] == counts[1]
+
+
+def test_fs_figures_follow_another_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The records a page keeps are read again after a pin, unpin, archive or delete made by
+    another process: each changes ``.states/`` or ``.detached/``."""
+    monkeypatch.setattr(_states, "STILL_NS", 0)
+    store = FsStore(tmp_path / "s")
+    seed(store)
+    c = _client(store)
+
+    def run(*args: str) -> tuple[dict[str, int], dict[str, tuple[str, bool]]]:
+        if args:
+            cli = [sys.executable, "-m", "terrarium.cli", "--storage-dir", str(store.root)]
+            subprocess.run([*cli, *args], check=True, capture_output=True)
+        rows = c.get("/api/contexts", params={"state": "all"}).json()["contexts"]
+        shown = {r["context_id"]: (r["state"], r["pinned"]) for r in rows}
+        return c.get("/api/stats").json()["lifecycle"], shown
+
+    hot = {"cli:main": ("hot", False), "cli:compacted": ("hot", False)}
+    none = {"archived": 0, "trashed": 0, "pinned": 0}
+    assert run() == (none, {**hot, "irc:#python": ("hot", False)})
+    pinned = {**hot, "cli:main": ("hot", True)}
+    assert run("pin", "cli:main") == (
+        {**none, "pinned": 1},
+        {**pinned, "irc:#python": ("hot", False)},
+    )
+    assert run("unpin", "cli:main") == (none, {**hot, "irc:#python": ("hot", False)})
+    assert run("pin", "cli:main")[0]["pinned"] == 1
+    archived = {**pinned, "irc:#python": ("archived", False)}
+    assert run("archive", "irc:#python") == ({**none, "archived": 1, "pinned": 1}, archived)
+    del archived["cli:main"]
+    assert run("delete", "cli:main") == ({**none, "archived": 1, "trashed": 1}, archived)
+    assert c.get("/api/trash").json()["trash"][0]["context_id"] == "cli:main"

@@ -13,7 +13,7 @@ Under the root (``./sessions`` by default)::
     .detached/{session uuid}/         a session of no context, laid out as a context's folder
     .index/contexts/cli/main          context -> folder: resolving a context walks no dates
     .index/sessions/{session uuid}    session -> folder
-    .index/search.db                  full-text search and listing index (derived)
+    .index/search.db, records.json    search and listing index; the state records (derived)
     .index/dirty/{session uuid}       "this session changed" markers for that index
     .locks/{turn,head}/cli/main       per-context locks: a caller's turn; create, delete, heads
     .locks/{session,create}/{uuid}    per-session: moves exclusive, writers shared; creates

@@ -1,7 +1,9 @@
 """``FsStore``'s state records and lifecycle moves (the ``SessionStates`` primitives).
 
 * **Records**: ``.states/{session}.json``, replaced atomically under the session's lock
-  ``.locks/session/{id}``; it stays put when the session's folder moves.
+  ``.locks/session/{id}``; it stays put when the session's folder moves. All of them, read
+  once, are kept (in memory, and derived in ``.index/records.json``) while ``.states/`` and
+  ``.detached/`` keep their mtime: a listing page opens one file, not one per record.
 * **Freeze in place**: each log file becomes ``{name}.zst``; the record (with ``cold``) is the
   commit. Before it the ``.zst`` files are a killed freeze's leftovers, after it the plain ones
   are; a thaw is the reverse. The freezer holds every segment's ``flock`` and seals each
@@ -26,6 +28,7 @@ import os
 import re
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -48,6 +51,8 @@ from terrarium.stores._files import fsync_dir, listdir, make_dirs, write_atomic,
 from terrarium.stores.base import SessionRecord
 from terrarium.stores.fs._heads import folder_context, head_of
 from terrarium.stores.fs._layout import (
+    DETACHED,
+    INDEX,
     LOCKS,
     SEGMENT_SUFFIX,
     STAGING,
@@ -63,6 +68,11 @@ from terrarium.stores.fs._tree import Tree
 from terrarium.stores.locks import file_lock
 
 PENDING = ".detach.json"
+RECORDS = "records.json"
+_KEPT = msgspec.json.Decoder(tuple[list[int], list[SessionRecord]])
+STILL_NS = 2_000_000_000
+"""A folder younger than this may change again in its mtime's tick (a jiffy; seconds on some
+filesystems): what is read of it then is not kept."""
 SEALED = 0o400
 _LEGACY = re.compile(r"legacy-\d+\.json\.zst")
 """A legacy JSON file of a frozen context, taken along (its place is in ``cold.legacy``)."""
@@ -155,6 +165,8 @@ class FsStates(Tree):
     _lock: threading.RLock
     _folders: dict[SessionId, Path]
     _sync: bool
+    _kept: tuple[list[int], list[SessionRecord]] | None = None
+    """The records as :meth:`session_records` read them last, under their key."""
     if TYPE_CHECKING:  # FsStore's, which this class is a part of
 
         def _mark(self, session_id: SessionId) -> None: ...
@@ -204,7 +216,36 @@ class FsStates(Tree):
             self._write_record(session_id, _keep_cold(state, current))
 
     def session_records(self) -> list[SessionRecord]:
-        """Every session with a non-empty record (``.states/``), with its owner."""
+        """Every session with a non-empty record (``.states/``), with its owner; read once
+        for each :meth:`_records_key` (module docstring)."""
+        key = self._records_key()
+        if key is None:
+            return self._read_records()
+        kept = self._kept
+        if kept is None or kept[0] != key:
+            path = self._inside(self.root / INDEX) / RECORDS
+            with contextlib.suppress(OSError, StoreError, ValueError):
+                kept = _KEPT.decode(read_file(path))
+            if kept is None or kept[0] != key:
+                kept = (key, self._read_records())
+                with contextlib.suppress(OSError):  # read-only: each process reads them
+                    write_atomic(path, msgspec.json.encode(kept), sync=False)
+            self._kept = kept
+        return list(kept[1])
+
+    def _records_key(self) -> list[int] | None:
+        """The inode and mtime of ``.states/`` and ``.detached/``, which every record write,
+        detach, attach and delete changes; None while one is younger than ``STILL_NS``."""
+        now, key = time.time_ns(), []
+        for name in (STATES, DETACHED):
+            with contextlib.suppress(OSError):  # none yet
+                found = os.stat(self.root / name)
+                if found.st_mtime_ns > now - STILL_NS:
+                    return None
+                key += [found.st_ino, found.st_mtime_ns]
+        return key
+
+    def _read_records(self) -> list[SessionRecord]:
         found = []
         names = listdir(self.root / STATES)  # a pending detach's too: _record tells if it holds
         for stem in sorted({n.removesuffix(PENDING).removesuffix(".json") for n in names}):
