@@ -235,13 +235,13 @@ class FsStates(Tree):
 
     def _records_key(self) -> list[int] | None:
         """The inode and mtime of ``.states/`` and ``.detached/``, which every record write,
-        detach, attach and delete changes; None while one is younger than ``STILL_NS``."""
+        detach, attach and delete changes; None while one is a link or younger than ``STILL_NS``."""
         now, key = time.time_ns(), []
         for name in (STATES, DETACHED):
             with contextlib.suppress(OSError):  # none yet
-                found = os.stat(self.root / name)
-                if found.st_mtime_ns > now - STILL_NS:
-                    return None
+                found = os.lstat(self.root / name)
+                if stat.S_ISLNK(found.st_mode) or found.st_mtime_ns > now - STILL_NS:
+                    return None  # a link is never followed out, nor its target's times kept
                 key += [found.st_ino, found.st_mtime_ns]
         return key
 
