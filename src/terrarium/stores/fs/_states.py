@@ -229,7 +229,8 @@ class FsStates(Tree):
             if kept is None or kept[0] != key:
                 kept = (key, self._read_records())
                 with contextlib.suppress(OSError):  # read-only: each process reads them
-                    write_atomic(path, msgspec.json.encode(kept), sync=False)
+                    if kept[1]:  # none: as quick to read again, and a read writes nothing
+                        write_atomic(path, msgspec.json.encode(kept), sync=False)
             self._kept = kept
         return list(kept[1])
 
