@@ -9,7 +9,8 @@ ratio to a bare ``python -c pass`` timed in the same run (the floor no Python to
 * ``terrarium --help``;
 * ``terrarium list`` on 10 sessions and on 10k sessions, on a filesystem and an SQLite store
   (the 10k figure also as a ratio to the 10-session one, and in seconds); with ``--pinned``
-  every session is pinned (a lifecycle record each, which ``list`` reads for its marks).
+  every session is pinned (a lifecycle record each, which ``list`` reads for its marks);
+* ``terrarium stats`` (the totals) on the 10k sessions.
 
 Stores are built through the store API (``sessions.create_segment`` and one append per
 context), not through chat. The children run with bytecode caching on (``.pyc`` files in a
@@ -121,6 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 url = str(place) if kind == "fs" else f"sqlite:///{place}.db"
                 build_store(url, size, args.pinned)
                 commands[list_name(kind, size)] = [py, "-c", CLI, "list", "--storage-dir", url]
+                if size == args.large:  # the totals, from the index the list brought up to date
+                    stats = f"terrarium stats ({kind}, {size} sessions)"
+                    commands[stats] = [py, "-c", CLI, "stats", "--storage-dir", url]
         if args.pinned:  # past STILL_NS a store's records are kept, as pins made long ago
             time.sleep(STILL_NS / 1e9)
         bare = timed([py, "-c", "pass"], env, repeat)

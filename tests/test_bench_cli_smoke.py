@@ -30,8 +30,10 @@ def test_bench_cli_quick_run(tmp_path: Path) -> None:
         "terrarium --help",
         "terrarium list (fs, 2 sessions)",
         "terrarium list (fs, 3 sessions)",
+        "terrarium stats (fs, 3 sessions)",
         "terrarium list (sqlite, 2 sessions)",
         "terrarium list (sqlite, 3 sessions)",
+        "terrarium stats (sqlite, 3 sessions)",
     ]
     assert all(m["wall"] > 0 and m["ratio"] > 0 for m in data["measurements"])
     assert len(data["targets"]) == 5
