@@ -816,14 +816,7 @@ def test_a_stream_cut_in_a_tool_call_keeps_the_text_it_streamed(
     assert failed["partial"] == "Let me look." and len(state.history) == 1
 
     fake.drop_next(after_chunks=cut)
-    tool = {"type": "function", "name": "weather", "parameters": {"type": "object"}}
-    with client.responses.with_streaming_response.create(
-        model=MODEL,
-        input="weather?",
-        tools=[tool],
-        stream=True,  # type: ignore[list-item]
-    ) as raw:
-        events = [json.loads(line[6:]) for line in raw.iter_lines() if line.startswith("data: ")]
+    events = _weather_stream(client)
     assert events[-1]["type"] == "response.failed"
     streamed = next(e for e in events if e["type"] == "response.output_text.done")
     body = retrieved(client, events[0]["response"]["id"])
@@ -921,6 +914,18 @@ def test_what_the_gateway_keeps_is_an_ordinary_context(
     assert shown.exit_code == 0 and "fork" in shown.output
 
 
+def _weather_stream(client: openai.OpenAI) -> list[dict[str, Any]]:
+    """The events of a streamed Responses call asking the weather, with a weather tool."""
+    tool = {"type": "function", "name": "weather", "parameters": {"type": "object"}}
+    with client.responses.with_streaming_response.create(
+        model=MODEL,
+        input="weather?",
+        tools=[tool],
+        stream=True,  # type: ignore[list-item]
+    ) as raw:
+        return [json.loads(line[6:]) for line in raw.iter_lines() if line.startswith("data: ")]
+
+
 def test_a_stream_with_reasoning_text_and_calls_validates_and_is_stored(
     client: openai.OpenAI, fake: FakeServer
 ) -> None:
@@ -929,14 +934,7 @@ def test_a_stream_with_reasoning_text_and_calls_validates_and_is_stored(
         reasoning="The user wants weather.",
         tool_calls=[FakeToolCall("weather", '{"city": "Oslo"}', "call_9")],
     )
-    tool = {"type": "function", "name": "weather", "parameters": {"type": "object"}}
-    with client.responses.with_streaming_response.create(
-        model=MODEL,
-        input="weather?",
-        tools=[tool],
-        stream=True,  # type: ignore[list-item]
-    ) as raw:
-        events = [json.loads(line[6:]) for line in raw.iter_lines() if line.startswith("data: ")]
+    events = _weather_stream(client)
     for event in events:
         EVENTS.validate_python(event)
     assert [event["sequence_number"] for event in events] == list(range(len(events)))
