@@ -273,7 +273,8 @@ def test_ctrl_c_interrupts_a_reply_and_the_chat_goes_on(
     root: Path, fake_server: FakeServer, spawn: Any
 ) -> None:
     fake_server.chunks = 20
-    fake_server.chunk_delay = 1.0  # 20 pieces a second apart: Ctrl-C lands long before the end
+    # 20 pieces 0.3 s apart: "ech" is in by the 2nd, and Ctrl-C lands seconds before the end
+    fake_server.chunk_delay = 0.3
     fake_server.strict_roles = True  # two user messages in a row would be refused (HTTP 400)
     child = spawn(
         "chat", "cli:main", "--base-url", fake_server.base_url, "--storage-dir", str(root)

@@ -817,41 +817,48 @@ def chat_py(*args: str, stdin: str = "", cwd: Path, **env: str) -> subprocess.Co
     return run_pipe([sys.executable, str(REPO / "chat.py"), *args], stdin, cwd, **env)
 
 
-def test_chat_py_seed_commands(tmp_path: Path, fake_server: FakeServer) -> None:
-    """The seed's commands, run from a folder with ./sessions, and with --storage-dir."""
+def seed(*args: str, stdin: str = "", **env: str) -> Result:
+    """``chat.py ARGS`` in-process (its click command), in the current folder, with no
+    ``TERRARIUM_`` setting of the caller's but ``env`` (and the tests' index folder)."""
+    from terrarium.cli.seed import seed_chat
+
+    unset: dict[str, str | None] = {
+        k: None for k in os.environ if k.startswith("TERRARIUM_") and k != "TERRARIUM_INDEX_DIR"
+    }
+    runner = CliRunner(env={**unset, **env})
+    return runner.invoke(seed_chat, list(args), input=stdin, prog_name="chat.py")
+
+
+def test_chat_py_seed_commands(
+    tmp_path: Path, fake_server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seed's commands, run from a folder with ./sessions, and with --storage-dir (the
+    script itself once, as a process; then its command in-process)."""
     url = fake_server.base_url
     result = chat_py("--session-id", "main", "--base-url", url, stdin="hello\n", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "echo: hello\n"
     assert (tmp_path / "sessions").is_dir()
-    result = chat_py(stdin="piped\n", cwd=tmp_path, TERRARIUM_BASE_URL=url)  # no picker: cli:main
-    assert result.returncode == 0 and result.stdout == "echo: piped\n"
-    listing = chat_py("--list-sessions", cwd=tmp_path)
-    assert listing.returncode == 0
+    monkeypatch.chdir(tmp_path)
+    result = seed(stdin="piped\n", TERRARIUM_BASE_URL=url)  # no picker: cli:main
+    assert result.exit_code == 0 and result.stdout == "echo: piped\n"
+    listing = seed("--list-sessions")
+    assert listing.exit_code == 0
     assert listing.stdout.splitlines()[1].split()[:2] == ["cli:main", "4"]
 
     other = tmp_path / "other"
-    result = chat_py(
-        "--session-id",
-        "x",
-        "--storage-dir",
-        str(other),
-        "--base-url",
-        url,
-        stdin="a\n",
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0
-    assert "cli:x" in chat_py("--list-sessions", "--storage-dir", str(other), cwd=tmp_path).stdout
+    result = seed("--session-id", "x", "--storage-dir", str(other), "--base-url", url, stdin="a\n")
+    assert result.exit_code == 0
+    assert "cli:x" in seed("--list-sessions", "--storage-dir", str(other)).stdout
 
-    refused = chat_py("--delete-session", "main", cwd=tmp_path)
-    assert refused.returncode == 1 and "--yes" in refused.stderr
+    refused = seed("--delete-session", "main")
+    assert refused.exit_code == 1 and "--yes" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
-    deleted = chat_py("--delete-session", "main", "--yes", cwd=tmp_path)
-    assert deleted.returncode == 0, deleted.stderr
-    assert "cli:main" not in chat_py("--list-sessions", cwd=tmp_path).stdout
-    missing = chat_py("--delete-session", "main", "--yes", cwd=tmp_path)
-    assert missing.returncode == 1 and "no session 'cli:main'" in missing.stderr
+    deleted = seed("--delete-session", "main", "--yes")
+    assert deleted.exit_code == 0, deleted.stderr
+    assert "cli:main" not in seed("--list-sessions").stdout
+    missing = seed("--delete-session", "main", "--yes")
+    assert missing.exit_code == 1 and "no session 'cli:main'" in missing.stderr
 
 
 def test_console_script_and_module(tmp_path: Path) -> None:

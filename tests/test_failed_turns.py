@@ -328,7 +328,8 @@ def test_cli_ctrl_c_in_one_shot_keeps_the_partial_reply(tmp_path: Path, strict: 
     root = tmp_path / "sessions"
     assert chat_cli(root, strict, "cli:i", "-p", "hello").returncode == 0
     strict.chunks = 20
-    strict.chunk_delay = 1.0  # 20 pieces a second apart: the signal lands long before the end
+    # 20 pieces 0.3 s apart: "ech" is in by the 3rd, and the signal lands seconds before the end
+    strict.chunk_delay = 0.3
     env = {k: v for k, v in os.environ.items() if not k.startswith("TERRARIUM_")}
     child = subprocess.Popen(
         [*TERRARIUM, "chat", "cli:i", "-p", "tell me a long story", "--base-url",

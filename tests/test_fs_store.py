@@ -524,8 +524,12 @@ def test_a_corrupt_head_with_no_intact_segment_is_reported_as_corrupt(
 # --------------------------------------------------------------------------- heads
 
 
-def test_head_replacement_is_atomic_under_concurrent_readers(store: FsStore, root: Path) -> None:
-    """Readers of head.json see the old or the new head, whole, while it moves 1000 times."""
+@pytest.mark.parametrize("moves", [250, pytest.param(1000, marks=pytest.mark.slow)])
+def test_head_replacement_is_atomic_under_concurrent_readers(
+    store: FsStore, root: Path, moves: int
+) -> None:
+    """Readers of head.json see the old or the new head, whole, while it moves ``moves``
+    times (250; 1000 in the slow run)."""
     ref = _create(store, "cli:main")
     other = fork(store, ref)
     context = ContextId("cli", "main")
@@ -558,7 +562,7 @@ def test_head_replacement_is_atomic_under_concurrent_readers(store: FsStore, roo
     sys.setswitchinterval(1e-4)  # hand the GIL over often: readers and mover interleave finely
     try:
         moving.set()
-        for _ in range(1000):
+        for _ in range(moves):
             store.set_head(context, nxt, expected=current)
             current, nxt = nxt, current
     finally:

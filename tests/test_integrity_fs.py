@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import json
 import os
 import shutil
@@ -353,12 +352,10 @@ def test_a_salvage_waiting_for_a_turn_lets_the_turn_finish(root: Path, store: Fs
     command = [sys.executable, "-m", "terrarium", "--storage-dir", str(root), "fsck"]
     with FsStore(root) as turn, turn.lock_context(ContextId("cli", "main")):
         fsck = subprocess.Popen([*command, "--repair", "--salvage"], env=env, text=True)
-        lifecycle_lock = root / ".locks" / "lifecycle"
-        for _ in range(100):  # until fsck holds the moves' lock (or has let go of it)
-            if lifecycle_lock.exists() and not _free_to_share(lifecycle_lock):
+        for _ in range(2000):  # until fsck's salvage waits for the turn (the lock we hold)
+            if _waits_for_a_lock(fsck.pid):
                 break
-            time.sleep(0.05)
-        time.sleep(0.5)  # fsck goes on to the salvage, which waits for the turn
+            time.sleep(0.01)
         deleting = threading.Thread(
             target=states.delete_context, args=(turn, ContextId("cli", "main"))
         )
@@ -371,16 +368,10 @@ def test_a_salvage_waiting_for_a_turn_lets_the_turn_finish(root: Path, store: Fs
     assert [e.context for e in states.trashed_contexts(store)] == ["cli:main"]
 
 
-def _free_to_share(path: Path) -> bool:
-    """Whether no process holds ``path``'s lock exclusively."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
+def _waits_for_a_lock(pid: int) -> bool:
+    """Whether process ``pid`` is blocked on a file lock (a ``->`` line of /proc/locks)."""
+    with open("/proc/locks") as locks:
+        return any(f[1:2] == ["->"] and f[5:6] == [str(pid)] for f in map(str.split, locks))
 
 
 def test_salvage_copies_forks_of_the_damaged_segment_and_moves_the_head(

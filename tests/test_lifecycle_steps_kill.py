@@ -137,8 +137,9 @@ def check_end(store: Any, move: str, name: str) -> None:
     assert name in states.pinned_contexts(store)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def child() -> Iterator[subprocess.Popen[str]]:
+    """One child for the module: it forks a fresh process for each request."""
     with serving(CHILD) as proc:
         yield proc
 

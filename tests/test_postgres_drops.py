@@ -155,6 +155,7 @@ def test_a_server_that_refuses_connections_is_a_store_unavailable(server: Server
     dsn = make_conninfo(server.dsn, password="s3cret-pw")
     with PostgresStore(dsn, schema=fresh_schema(), connect_timeout=1.5) as store:
         create_segment(store, context=MAIN)
+        store._pool.timeout = 0.3  # opened within 1.5 s; each refused call waits this long
         server.refuse()
         try:
             server.terminate()

@@ -382,7 +382,10 @@ def test_eight_processes_share_twenty_contexts(
     contexts = [f"game:room{i}" for i in range(20)]
     for name in contexts:
         create_segment(store, context=name)
-    ctx = multiprocessing.get_context("spawn")
+    # A fork server that imported this module (and so terrarium and psycopg) once: each agent
+    # is a fresh fork of it, instead of 8 interpreters importing them at once.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     barrier = ctx.Barrier(8)
     outs = [tmp_path / f"acked-{w}.json" for w in range(8)]
     procs = [
