@@ -7,18 +7,15 @@ Which server:
 * else the same default DSN is tried with a one-second timeout, and if it does not answer the
   PostgreSQL tests are skipped with one line saying how to run them.
 
-Each test run creates one database, ``terrarium_test_<random>``, and drops it at the end (in a
-process of its own that the run does not wait for). Use the session-scoped fixture
-:func:`pg_database` (import it into a test module or conftest), and :func:`fresh_schema` for a
-schema of one's own within it, so that tests never see each other's data. Importing this
-module never needs psycopg; using the fixture does.
+Each test run creates one database, ``terrarium_test_<random>``, and drops it at the end. Use
+the session-scoped fixture :func:`pg_database` (import it into a test module or conftest), and
+:func:`fresh_schema` for a schema of one's own within it, so that tests never see each other's
+data. Importing this module never needs psycopg; using the fixture does.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -63,31 +60,13 @@ def _create() -> str:
     return str(_state["dsn"])
 
 
-#: The drop, run by a process of its own (``python -c _DROP ADMIN_DSN NAME``): it forks and
-#: exits at once, so that the run waits for nothing, and the fork drops the database.
-_DROP = """
-import os, sys
-if os.fork():
-    os._exit(0)
-import psycopg
-with psycopg.connect(sys.argv[1], autocommit=True) as conn:
-    conn.execute(f'DROP DATABASE IF EXISTS "{sys.argv[2]}" WITH (FORCE)')
-"""
-
-
 def _drop() -> None:
-    """Drop the run's database once the run no longer needs it, without waiting for the drop:
-    it deletes the files of every test's schema and forces a checkpoint, which takes tens of
-    seconds after a whole run, and nothing reads the database afterwards."""
+    import psycopg
+
     admin, name = _state["admin"], _state["name"]
     _state.update(admin=None, name=None, dsn=None)
-    subprocess.run(
-        [sys.executable, "-c", _DROP, admin, name],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        start_new_session=True,
-        check=True,
-    )
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")
