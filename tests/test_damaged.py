@@ -361,6 +361,34 @@ def test_a_moved_store_names_its_damage_where_the_store_is_now(tmp_path: Path) -
             assert problem in warned, warned
 
 
+def test_a_moved_sqlite_store_names_its_damage_where_the_database_is_now(tmp_path: Path) -> None:
+    """A SQLite database moved with its folder (its derived index beside it) after ``list``
+    cached a damaged session's problem: ``list`` names the database where it is now."""
+    old = tmp_path / "old"
+    old.mkdir()
+    with open_store(f"sqlite:///{old / 'store.db'}") as store:
+        _add(store, "cli:bad", "bad one", "bad two", "bad three")
+        head = store.get_head(ContextId.parse("cli:bad"))
+    assert head is not None
+    with sqlite3.connect(old / "store.db") as conn:
+        conn.execute(
+            "UPDATE entries SET line = '{not json' WHERE seq = 2 AND seg = "
+            "(SELECT id FROM segments WHERE segment_id = ?)",
+            (str(head.segment_id),),
+        )
+
+    def problem(folder: Path) -> str:
+        listed = invoke("list", "--json", "--storage-dir", f"sqlite:///{folder / 'store.db'}")
+        [row] = json.loads(listed.stdout)["contexts"]
+        return str(row["problem"])
+
+    assert str(old / "store.db") in problem(old)
+    new = tmp_path / "new"
+    old.rename(new)
+    moved = problem(new)
+    assert str(new / "store.db") in moved and str(old) not in moved, moved
+
+
 CONVERSATION = "conv_" + "a" * 26
 GATEWAY_ROUTES = ["chat", "chat-stream", "conversation", "previous-response"]
 

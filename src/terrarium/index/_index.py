@@ -102,11 +102,13 @@ class SearchIndex:
         self._files = None if isinstance(source, LogChanges) else source
         """The filesystem store's markers and shape; None: the store has a change cursor."""
         self._cursor = source if isinstance(source, LogChanges) else None
-        self.root = sql.ROOT if self._files is None else os.path.join(self._files.root, "")
-        """How problem texts name the root now (the index keeps them with ``sql.ROOT``)."""
         # Checked at each open, not here: a link out of the root (a store's own file: any
         # link) is refused.
         self.path = source.path if isinstance(source, LogChanges) else source.index_dir / DB_NAME
+        root = self._files.root if self._files is not None else self.path.absolute().parent
+        self.root = os.path.join(root, "")
+        """How problem texts name the store's folder now (the index keeps ``sql.ROOT``): a
+        files store's root, or the folder of a SQLite database and its index beside it."""
         self.clock = clock
         self.stats = IndexStats()
         self._lock = threading.RLock()
