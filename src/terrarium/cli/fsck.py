@@ -17,7 +17,6 @@ import os
 import uuid
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -87,9 +86,23 @@ class Report:
     def unresolved(self) -> list[Problem]:
         return [p for p in self.problems if not p.repaired]
 
-    def add(self, kind: str, message: str, **where: Any) -> None:
-        """Record a problem (``where``: :class:`Problem`'s other fields)."""
-        self.problems.append(Problem(kind, message, **where))
+    def add(
+        self,
+        kind: str,
+        message: str,
+        *,
+        context: str | None = None,
+        path: str | None = None,
+        line: int | None = None,
+        session_id: str | None = None,
+        segment_id: str | None = None,
+    ) -> None:
+        """Record a problem, where it is as :class:`Problem` names it."""
+        self.problems.append(
+            Problem(
+                kind, message, context, path, line, session_id=session_id, segment_id=segment_id
+            )
+        )
 
 
 def run_fsck(state: CliState, *, repair: bool, salvage: bool, as_json: bool) -> None:
@@ -294,8 +307,12 @@ def _check_index(
         indexed, reason = None, _after_location(str(exc))
     chosen = next((e for e in entries if e.folder == indexed), None)
     if chosen is None:
-        where = {"context": str(context), "path": str(entries[0].folder)}
-        report.add("unindexed", f"{reason} ('terrarium reindex' adds it)", **where)
+        report.add(
+            "unindexed",
+            f"{reason} ('terrarium reindex' adds it)",
+            context=str(context),
+            path=str(entries[0].folder),
+        )
         chosen = max(entries, key=activity)
     for other in entries:
         if other is not chosen:
@@ -468,7 +485,7 @@ def _add_unreadable(
             context=context,
             line=line,
             session_id=str(session),
-            segment_id=segment_id and str(segment_id),
+            segment_id=str(segment_id) if segment_id is not None else None,
         )
 
 
