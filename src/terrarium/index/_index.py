@@ -189,12 +189,8 @@ class SearchIndex:
 
     def _unavailable(self, exc: BaseException) -> IndexUnavailable:
         """The error that says why the index cannot serve now (``exc`` in one line)."""
-        if isinstance(exc, IndexUnavailable):
-            return exc
-        reason = _db.describe(exc, self.path)
-        if self.readonly and self.readonly_reason and _db.kind(exc) == "readonly":
-            reason = self.readonly_reason  # a write refused because it was opened read-only: why
-        return IndexUnavailable(f"{self.path}: {reason}")
+        reason = self.readonly_reason if self.readonly else None  # why a write was refused
+        return IndexUnavailable(_db.failure(exc, self.path, reason))
 
     def _create_schema(self, conn: sqlite3.Connection, version: int) -> None:
         """Drop whatever the database holds and create the schema (the index is derived)."""

@@ -78,6 +78,12 @@ def describe(exc: BaseException, where: Path | None = None) -> str:
     return f"{_WORDS[kind(exc, where)]} ({detail})"
 
 
+def failure(exc: BaseException, path: Path, readonly_reason: str | None) -> str:
+    """``path`` and why ``exc`` happened: ``readonly_reason`` for a write refused read-only."""
+    refused = readonly_reason is not None and kind(exc) == "readonly"
+    return f"{path}: {readonly_reason if refused else describe(exc, path)}"
+
+
 def writable(path: Path) -> bool:
     """Whether this process may write ``path`` (if it exists) and create files beside it (or
     the folders missing on the way to it)."""

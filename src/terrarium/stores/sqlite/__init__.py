@@ -178,10 +178,7 @@ class SqliteStore(SqlStore):
 
     def _error(self, exc: sqlite3.Error) -> StoreError:
         """``exc`` as a one-line StoreError naming the database (and a full disk as one)."""
-        reason = _db.describe(exc, self.path)
-        if self.readonly_reason is not None and _db.kind(exc) == "readonly":
-            reason = self.readonly_reason  # a write refused because the disk was full
-        return StoreError(f"{self.path}: {reason}")
+        return StoreError(_db.failure(exc, self.path, self.readonly_reason))
 
     def _borrow(self) -> sqlite3.Connection:
         with self._lock:
