@@ -43,7 +43,7 @@ from terrarium.stores.base import (
     head_and_tail,
 )
 from terrarium.stores.memory import MemoryStore
-from terrarium.stores.url import open_store
+from terrarium.stores.url import StoreUser
 
 MESSAGE_ROLES = ("user", "assistant")
 """The roles :meth:`PersistentSession.add_message` takes (the seed's message roles)."""
@@ -51,7 +51,7 @@ MESSAGE_ROLES = ("user", "assistant")
 _Entries = list[tuple[str, dict[str, Any]]]
 
 
-class PersistentSession:
+class PersistentSession(StoreUser):
     """One context's conversation over a store: load or create, add messages, save.
 
     ``session_id`` is the context's *name* (``main`` in ``cli:main``), as in the seed's format.
@@ -98,8 +98,7 @@ class PersistentSession:
         self, store: Store | str | os.PathLike[str], context_id: str | ContextId, autosave: bool
     ) -> None:
         self.context = ContextId.parse(context_id)
-        self._owns_store = not isinstance(store, Store)
-        self.store = store if isinstance(store, Store) else open_store(store)
+        self._use_store(store)
         self._autosave = autosave
         self._lock = threading.RLock()
         self._pending: list[LogEntry] = []
@@ -324,14 +323,7 @@ class PersistentSession:
             if self._pending:
                 self.save()
         finally:
-            if self._owns_store:
-                self.store.close()
-
-    def __enter__(self) -> PersistentSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+            super().close()
 
     # The unlocked internals: the caller holds the context lock (the manager, for a whole turn).
 

@@ -20,14 +20,14 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Concatenate, ParamSpec, Self, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from terrarium import contexts, sessions
 from terrarium.errors import TerrariumError, install_hint
 from terrarium.lifecycle import delete_context
 from terrarium.model import HISTORY_KINDS, ContextId, EntryKind, as_logged
 from terrarium.stores.base import PodMetadata, Store, context_lock
-from terrarium.stores.url import open_store
+from terrarium.stores.url import StoreUser
 
 try:
     from langchain_core.messages import convert_to_openai_messages
@@ -95,7 +95,7 @@ def _in_thread(
     return twin
 
 
-class TerrariumSaver(BaseCheckpointSaver[str]):
+class TerrariumSaver(BaseCheckpointSaver[str], StoreUser):
     """A LangGraph checkpointer keeping each thread in a terrarium context."""
 
     def __init__(
@@ -118,19 +118,7 @@ class TerrariumSaver(BaseCheckpointSaver[str]):
         super().__init__(serde=serde)
         ContextId(context_type, "probe")  # validates the type in one line
         self.context_type = context_type
-        self._owns_store = isinstance(store, str | os.PathLike)
-        self.store: Store = open_store(store) if isinstance(store, str | os.PathLike) else store
-
-    def close(self) -> None:
-        """Close the store if this saver opened it."""
-        if self._owns_store:
-            self.store.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._use_store(store)
 
     def _dump(self, value: Any) -> list[str]:
         """``value`` serialized by ``serde``: its type and its bytes in base64."""

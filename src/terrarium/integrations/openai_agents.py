@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
-from typing import Any, Self, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from terrarium import codec, contexts, sessions
 from terrarium.errors import InvalidEntry, install_hint
 from terrarium.model import ContextId, LoggedItem, as_logged
 from terrarium.stores.base import Store, context_lock
-from terrarium.stores.url import open_store
+from terrarium.stores.url import StoreUser
 
 try:
     from agents.items import TResponseInputItem
@@ -46,7 +46,7 @@ DEFAULT_CONTEXT_TYPE = "agents"
 _T = TypeVar("_T")
 
 
-class TerrariumSession:
+class TerrariumSession(StoreUser):
     """An Agents SDK session kept in a terrarium context: ``Runner.run(..., session=...)``."""
 
     session_settings: SessionSettings | None
@@ -83,8 +83,7 @@ class TerrariumSession:
             if session_settings is None
             else coerce_session_settings(session_settings)
         )
-        self._owns_store = isinstance(store, str | os.PathLike)
-        self.store: Store = open_store(store) if isinstance(store, str | os.PathLike) else store
+        self._use_store(store)
         self._closed = False
 
     def __repr__(self) -> str:
@@ -129,14 +128,7 @@ class TerrariumSession:
         if self._closed:
             return
         self._closed = True
-        if self._owns_store:
-            self.store.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
     def _check_open(self) -> None:
         if self._closed:

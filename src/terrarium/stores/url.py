@@ -30,11 +30,12 @@ from urllib.parse import parse_qsl, unquote
 from terrarium.blobrefs import DEFAULT_THRESHOLD
 from terrarium.errors import StoreNotFound, StoreURLError, install_hint
 from terrarium.stores._redact import password_of, redact_url
+from terrarium.stores.base import ClosingStore
 
 if TYPE_CHECKING:
     from terrarium.stores.base import Store
 
-__all__ = ["DEFAULT_STORE", "ENV_VAR", "open_store", "redact_url"]
+__all__ = ["DEFAULT_STORE", "ENV_VAR", "StoreUser", "open_store", "redact_url"]
 
 ENV_VAR = "TERRARIUM_STORE"
 DEFAULT_STORE = "./sessions"
@@ -83,6 +84,25 @@ def open_store(url: str | os.PathLike[str] | None = None, *, create: bool = True
         f"store URL {shown!r} has unknown scheme {scheme!r}: use a folder path, fs:, file:, "
         "sqlite: or postgresql:"
     )
+
+
+class StoreUser(ClosingStore):
+    """Mixin of what works on a store: one it is given (left open), or one it opens from a
+    path or URL (None: the default) and closes in :meth:`close`."""
+
+    store: Store
+    _owns_store: bool
+
+    def _use_store(self, store: Store | str | os.PathLike[str] | None) -> None:
+        if store is None or isinstance(store, str | os.PathLike):
+            self.store, self._owns_store = open_store(store), True
+        else:
+            self.store, self._owns_store = store, False
+
+    def close(self) -> None:
+        """Close the store if this opened it."""
+        if self._owns_store:
+            self.store.close()
 
 
 def _open_fs_url(rest: str, shown: str, scheme: str, create: bool) -> Store:
