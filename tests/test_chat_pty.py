@@ -234,14 +234,20 @@ def test_up_brings_back_the_messages_of_a_resumed_session(
     child = spawn(
         "chat", "cli:main", "--base-url", fake_server.base_url, "--storage-dir", str(root)
     )
+    # Up: the last message sent in this session; Up again: the one before it
+    _up_twice_sends(child, fake_server, "question 0")
+
+
+def _up_twice_sends(child: Any, fake_server: FakeServer, expected: str) -> None:
+    """At the prompt, Up twice then Enter: ``expected`` is what the model is sent."""
     child.expect("cli:main>")
-    child.send("\x1b[A")  # Up: the last message sent in this session
-    child.send("\x1b[A")  # Up again: the one before it
+    child.send("\x1b[A")
+    child.send("\x1b[A")
     child.send("\r")
-    child.expect("echo: question 0")
+    child.expect(f"echo: {expected}")
     child.expect("cli:main>")
     leave(child)
-    assert fake_server.last_request["messages"][-1] == {"role": "user", "content": "question 0"}
+    assert fake_server.last_request["messages"][-1] == {"role": "user", "content": expected}
 
 
 def test_up_recalls_what_the_user_typed_not_a_compactions_summary(
@@ -259,14 +265,8 @@ def test_up_recalls_what_the_user_typed_not_a_compactions_summary(
     child = spawn(
         "chat", "cli:main", "--base-url", fake_server.base_url, "--storage-dir", str(root)
     )
-    child.expect("cli:main>")
-    child.send("\x1b[A")  # Up: question 1
-    child.send("\x1b[A")  # Up again: nothing older was typed (it was the summary)
-    child.send("\r")
-    child.expect("echo: question 1")
-    child.expect("cli:main>")
-    leave(child)
-    assert fake_server.last_request["messages"][-1] == {"role": "user", "content": "question 1"}
+    # Up: question 1; Up again: nothing older was typed (it was the summary)
+    _up_twice_sends(child, fake_server, "question 1")
 
 
 def test_ctrl_c_interrupts_a_reply_and_the_chat_goes_on(

@@ -322,6 +322,31 @@ def test_a_legacy_file_added_beside_a_read_only_store_is_counted_by_list_and_sta
     assert (stats["contexts"], stats["messages"], stats["legacy"]) == (2, 5, 1)
 
 
+def test_a_read_only_fs_store_marks_its_pins_and_writes_no_kept_records(
+    read_only: Any, tmp_path: Path
+) -> None:
+    """The fs store keeps its lifecycle records in ``.index/records.json``; where it cannot
+    write, ``list`` reads the records themselves, marks the pin, and leaves no file."""
+    from terrarium.states import pin_context
+
+    root = tmp_path / "sessions"
+    with FsStore(root) as store:
+        _add(store, "cli:main", "a walrus", "a reply")
+        _add(store, "cli:other", "no animals here")
+        pin_context(store, ContextId.parse("cli:main"))
+    kept = root / ".index" / "records.json"
+    kept.unlink(missing_ok=True)
+    for folder in (root / ".states", root / ".detached"):  # older than a clock tick: kept
+        if folder.is_dir():
+            os.utime(folder, (1e9, 1e9))
+    where, unprivileged = read_only(root)
+    for _ in range(2):  # the second read too: nothing was kept by the first
+        listed = _ok(_cli("list", "--json", "--storage-dir", str(where), unprivileged=unprivileged))
+        pins = {row["context_id"]: row["pinned"] for row in listed["contexts"]}
+        assert pins == {"cli:main": True, "cli:other": False}
+    assert not kept.exists()
+
+
 def _sqlite_store(path: Path, *, lag: bool) -> None:
     """A SqliteStore with two contexts; with ``lag``, entries its derived index has not read."""
     with SqliteStore(path) as store:

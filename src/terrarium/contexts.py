@@ -163,11 +163,10 @@ def archived_rows(
     dashboard alike (``records``: the store's lifecycle records, read already)."""
     rows = []
     for archived in states.archived_contexts(store, type, records=records):
-        created = archived.created_at
-        if not created:  # a record written before it kept the time: the head has it
+        head = None
+        if not archived.created_at:  # a record written before it kept the time: the head has it
             head = store.get_head(ContextId.parse(archived.context))
-            created = head.created_at if head is not None else archived.date
-        rows.append(archived_row(archived, created))
+        rows.append(archived_row(archived, head.created_at if head is not None else None))
     return rows
 
 
