@@ -5,6 +5,7 @@ These use the reference MemoryStore; what every backend must do is in ``tests/co
 
 from __future__ import annotations
 
+import gc
 import uuid
 from typing import Any
 
@@ -27,6 +28,7 @@ from terrarium import (
     append_entries,
     append_entry,
     classify_history_item,
+    codec,
     collect_state,
     create_segment,
     create_segment_with_ids,
@@ -259,3 +261,44 @@ def test_restore_by_segment_stop_seq_follows_a_fork_lineage(
     state = restore_by_segment(store, branch.session_id, branch.segment_id, stop_seq=1)
     assert [h["content"] for h in state.history] == ["a", "b", "c"]
     assert state.next_seq == 2
+
+
+def _lines(count: int) -> bytes:
+    return b"".join(
+        codec.encode_line({"v": 1, "seq": seq, "ts": "t", "kind": "item", "item": {"n": [seq]}})
+        for seq in range(count)
+    )
+
+
+def _in_oldest_generation(objects: list[Any]) -> list[bool]:
+    oldest = {id(o) for o in gc.get_objects(generation=2)}
+    return [id(o) in oldest for o in objects]
+
+
+@pytest.mark.parametrize("count", [codec.PROMOTE_AT, codec.PROMOTE_AT - 1])
+def test_a_bulk_decode_puts_its_entries_in_the_collectors_oldest_generation(count: int) -> None:
+    """Restored entries live long and hold no cycles: young collections need not walk them."""
+    data = _lines(count)
+    gc.disable()  # no collection moves them meanwhile
+    try:
+        entries = codec.decode_lines(data, where="x")
+        assert (
+            _in_oldest_generation([entries[0], entries[-1]["item"]])
+            == [count >= codec.PROMOTE_AT] * 2
+        )
+    finally:
+        gc.enable()
+
+
+def test_a_bulk_decode_leaves_the_programs_frozen_objects_frozen() -> None:
+    kept = [{"frozen": "by the program"}]
+    gc.disable()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        entries = codec.decode_lines(_lines(codec.PROMOTE_AT), where="x")
+        assert gc.get_freeze_count() == frozen
+        assert _in_oldest_generation([kept, entries[0]]) == [False, False]
+    finally:
+        gc.unfreeze()
+        gc.enable()

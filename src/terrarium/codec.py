@@ -189,6 +189,24 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
+PROMOTE_AT = 10_000
+"""Entries decoded at once from which they go straight to the collector's oldest generation."""
+
+
+def promote_young() -> None:
+    """Move every object the cyclic GC tracks to its oldest generation, unless the program
+    froze some (``gc.freeze``, which this would undo).
+
+    For a bulk decode: its 100k entries are cycle-free, so the young collections that would
+    otherwise each walk all of them (20 ms of a 100k restore, and a later one as long) free
+    nothing; refcounting frees them when dropped. The program's other young objects (those
+    since its last collections) wait for the next full collection instead.
+    """
+    if gc.get_freeze_count() == 0:
+        gc.freeze()  # the tracked objects of every generation to the permanent one
+        gc.unfreeze()  # and all of them back into the oldest
+
+
 def decode_lines(
     complete: bytes | mmap.mmap,
     *,
@@ -212,6 +230,8 @@ def decode_lines(
             entries = _entry_decoder.decode_lines(complete)
         except (msgspec.DecodeError, RecursionError):
             entries = None
+        if entries is not None and len(entries) >= PROMOTE_AT:
+            promote_young()
     if entries is not None and not (strict and len(entries) != bytes(complete).count(b"\n")):
         # Fast checks over the whole list; the line-by-line loop runs only to name the problem.
         # map over dict.get runs in C: half the cost of comprehensions over 100k entries.
