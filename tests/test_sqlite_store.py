@@ -302,8 +302,10 @@ else:
 
 
 def test_lock_context_excludes_other_processes(store: SqliteStore, db: Path) -> None:
-    """lock_context holds an flock on {db}-locks/{type}/{name} that another process sees."""
+    """lock_context holds an flock on {db}-locks/{type}/{name} that another process sees; the
+    file stays while the context does."""
     lock_file = db.with_name(f"{db.name}-locks") / "irc" / "#python"
+    create_segment(store, context="irc:#python")
 
     def probe() -> str:
         result = subprocess.run(

@@ -50,6 +50,7 @@ from terrarium.errors import (
     SegmentNotFound,
     SessionAttached,
     StoreError,
+    TerrariumError,
 )
 from terrarium.model import (
     ContextId,
@@ -121,6 +122,7 @@ from terrarium.stores.fs.salvage import (
     salvaged_into,
     set_aside_once,
 )
+from terrarium.stores.locks import remove_lock
 
 __all__ = [
     "DURABILITIES",
@@ -447,10 +449,16 @@ class FsStore(FsBlobs, ClosingStore):
 
     # ---------------------------------------------------------------- contexts
 
-    def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def lock_context(self, context: ContextId) -> Iterator[None]:
         """Hold the context's lock exclusively, across threads and processes: the callers'
-        lock, held for a whole turn (the store's own moves take another one)."""
-        return self._file_lock("turn", context)
+        lock, held for a whole turn (the store's own moves take another one). Released on a
+        context that is not here (deleted meanwhile, or never made), its file goes."""
+        with self._file_lock("turn", context):
+            yield
+        with contextlib.suppress(TerrariumError, OSError):  # a file left is harmless
+            if self.folder_of(context) is None:
+                remove_lock(self._lock_path("turn", context.type, context.encoded_name))
 
     @contextlib.contextmanager
     def _head_lock(self, context: ContextId) -> Iterator[None]:

@@ -65,7 +65,7 @@ from terrarium.stores.fs._layout import (
 )
 from terrarium.stores.fs._segments import read_file
 from terrarium.stores.fs._tree import Tree
-from terrarium.stores.locks import file_lock
+from terrarium.stores.locks import file_lock, remove_lock
 
 PENDING = ".detach.json"
 RECORDS = "records.json"
@@ -418,9 +418,17 @@ class FsStates(Tree):
             for path in (Path(self._index_file(context)), self._session_index_path(session_id)):
                 path.unlink(missing_ok=True)
             self._folders[session_id] = target
+        remove_lock(self._lock_path("head", context.type, context.encoded_name))  # name is free
 
     def delete_session(self, session_id: SessionId) -> bool:
-        """Delete a detached session through ``.staging/``; False if there is none."""
+        """Delete a detached session through ``.staging/``, then its lock files; False if
+        there is none."""
+        deleted = self._delete_session(session_id)
+        for parts in (("session",), ("create",), ("turn", "detached")):  # the last: old copies'
+            remove_lock(self._lock_path(*parts, str(session_id)))
+        return deleted
+
+    def _delete_session(self, session_id: SessionId) -> bool:
         with self._moving(session_id):
             folder = self.detached_folder(session_id)
             record = self._state_path(session_id)
@@ -468,9 +476,13 @@ class FsStates(Tree):
         self, *parts: str, shared: bool = False, create: bool = True
     ) -> contextlib.AbstractContextManager[None]:
         """The ``flock`` on ``.locks/{parts}``, exclusive or ``shared`` (see ``file_lock``)."""
-        path = self.root.joinpath(LOCKS, *parts)
         kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-        return file_lock(self._inside(path.parent) / path.name, kind, create=create)
+        return file_lock(self._lock_path(*parts), kind, create=create)
+
+    def _lock_path(self, *parts: str) -> Path:
+        """``.locks/{parts}``, its folder checked to be inside the store."""
+        path = self.root.joinpath(LOCKS, *parts)
+        return self._inside(path.parent) / path.name
 
     @contextlib.contextmanager
     def _moving(self, session_id: SessionId) -> Iterator[None]:

@@ -30,19 +30,19 @@ import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 from terrarium.blobrefs import DEFAULT_THRESHOLD, line_digests
-from terrarium.errors import ConflictError, SegmentNotFound, StoreError
+from terrarium.errors import ConflictError, SegmentNotFound, StoreError, TerrariumError
 from terrarium.model import ContextId, SegmentId, SessionId, TraceEntry
 from terrarium.stores import _db
 from terrarium.stores._archive import envelopes
 from terrarium.stores._files import inside
 from terrarium.stores._sqlbase import STATE, SeqGuesses, SqlStore, line_text, state_record
 from terrarium.stores.base import INDEX_DB, NewEntry, iter_lines, wake_session
-from terrarium.stores.locks import file_lock
+from terrarium.stores.locks import file_lock, remove_lock
 from terrarium.stores.sqlite import _sql as sql
 from terrarium.stores.sqlite.migrations import MIGRATIONS, check_readable, migrate, refuse_foreign
 
@@ -293,16 +293,22 @@ class SqliteStore(SqlStore):
 
     # ---------------------------------------------------------------- contexts
 
-    def lock_context(self, context: ContextId) -> AbstractContextManager[None]:
+    @contextmanager
+    def lock_context(self, context: ContextId) -> Iterator[None]:
         """Hold the context's lock exclusively, across threads and processes: a ``flock`` in
-        ``{database}-locks/`` (a lock table would need polling, a transaction block writers)."""
+        ``{database}-locks/`` (a lock table would need polling, a transaction block writers).
+        Released on a context with no head (deleted meanwhile, or never made), its file goes."""
         ctx = ContextId.parse(context)
         path = self.path.with_name(f"{self.path.name}-locks") / ctx.type / ctx.encoded_name
         if not inside(path, self.path.parent):  # a link there: never a lock outside
             raise StoreError(
                 f"{path} leads outside the store's folder: terrarium never follows a link out of it"
             )
-        return file_lock(path)
+        with file_lock(path):
+            yield
+        with suppress(TerrariumError, OSError):  # a file left is harmless
+            if self.get_head(ctx) is None:
+                remove_lock(path)
 
     # ---------------------------------------------------------------- frozen sessions
     # A write finds a frozen session on its miss path only, wakes it and tries again.
