@@ -457,7 +457,9 @@ class FsStore(FsBlobs, ClosingStore):
         with self._file_lock("turn", context):
             yield
         with contextlib.suppress(TerrariumError, OSError):  # a file left is harmless
-            if self.folder_of(context) is None:
+            # The index entry (a string path: no Path built on every turn) is there for a hot
+            # context; without it, the folder is looked for.
+            if not os.path.lexists(self._index_file(context)) and not self.folder_of(context):
                 remove_lock(self._lock_path("turn", context.type, context.encoded_name))
 
     @contextlib.contextmanager
