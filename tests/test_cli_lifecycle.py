@@ -162,6 +162,30 @@ def test_searching_an_archived_session_without_archived_says_to_pass_it(store: M
     assert invoke("search", "walrus", "-c", "cli:b").exit_code == 0
 
 
+def test_a_search_that_finds_nothing_says_what_a_wider_one_would(store: MemoryStore) -> None:
+    """Nothing on the current branches: the line names ``--all-branches`` and what it finds;
+    nothing in hot sessions while some are archived: it counts those (not read); nothing
+    anywhere: the bare line. Exit 1 each time, the line on stderr with --json too."""
+    plain = invoke("search", "nowhere")
+    assert (plain.exit_code, plain.stderr) == (1, "no messages match 'nowhere'\n")
+    ok("rewind", "cli:a", "-n", "2")  # the whole conversation leaves it, kept in the tree
+    off = json.loads(ok("search", "walrus", "-c", "cli:a", "--all-branches", "--json").stdout)
+    hint = (
+        "no messages match 'walrus' on the current branches "
+        f"(--all-branches finds {len(off['hits'])} message)\n"
+    )
+    assert len(off["hits"]) == 1
+    for args in ([], ["--json"]):
+        result = invoke("search", "walrus", "-c", "cli:a", *args)
+        assert (result.exit_code, result.stderr) == (1, hint)
+    ok("archive", "irc:c")
+    cold = invoke("search", "three")
+    hint = "no messages match 'three' in hot sessions (1 archived session: --archived)\n"
+    assert (cold.exit_code, cold.stderr) == (1, hint)
+    other_type = invoke("search", "three", "--type", "cli")
+    assert (other_type.exit_code, other_type.stderr) == (1, "no messages match 'three'\n")
+
+
 def test_unarchive(store: MemoryStore) -> None:
     ok("archive", "cli:a")
     assert ok("unarchive", "cli:a").stderr == "unarchived cli:a\n"

@@ -12,10 +12,12 @@ from terrarium.cli.output import fail_if_damaged, plural
 from terrarium.display import short_time
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from terrarium.cli.output import Output
     from terrarium.copy import CopyReport
     from terrarium.errors import ContextNotFound
-    from terrarium.index._query import SearchHit
+    from terrarium.index._query import SearchHit, SearchQuery
     from terrarium.model import ContextId
     from terrarium.stores.base import Store
 
@@ -149,7 +151,8 @@ def search(
     Each message is found once, in the conversation its session shows, and numbered by its
     place there (#0 is the first message). A message that a clear, a compaction or a rewind
     took out of it is found only with --all-branches, marked "not on the current branch".
-    The exit code is 1 when nothing matches, as grep's is.
+    The exit code is 1 when nothing matches, as grep's is; the line that says so names what
+    --all-branches would find, or the archived sessions not searched.
     """
     from terrarium.cli import catalog
     from terrarium.search import SearchQuery, hit_json
@@ -166,6 +169,8 @@ def search(
         hint = ""
         if context is not None and not archived and _is_archived(state.store(), context):
             hint = f": {context} is archived (pass --archived to search it)"
+        else:
+            hint = _wider(state.store(), wanted, run_search)
         if hint or not as_json:  # with --json an empty "hits" says no match; the hint is news
             state.out.note(f"no messages match {query!r}{hint}")
         raise click.exceptions.Exit(1)  # grep's convention: 1 when nothing matched, for scripts
@@ -182,6 +187,33 @@ def search(
             state.out.console.print(Text("  ").append(snippet))
         else:
             state.out.line(f"  {_marked(hit.snippet, hit.highlights)}")
+
+
+def _wider(
+    store: Store, wanted: SearchQuery, run: Callable[[Store, SearchQuery], list[SearchHit]]
+) -> str:
+    """Why a search found nothing, as a hint, if a wider one would find something: what
+    ``--all-branches`` finds (the index answers at once), else the archived sessions not
+    searched (counted, not read: the archive is scanned, slow on a large store)."""
+    import msgspec
+
+    from terrarium.states import archived_contexts
+    from terrarium.stores.base import Lifecycle
+
+    if not wanted.all_branches:
+        found = run(store, msgspec.structs.replace(wanted, limit=1000, all_branches=True))
+        if found:
+            count = plural(len(found), "message") + ("+" if len(found) == 1000 else "")
+            return f" on the current branches (--all-branches finds {count})"
+    if not wanted.archived and isinstance(store, Lifecycle):
+        cold = [
+            entry
+            for entry in archived_contexts(store, wanted.type)
+            if wanted.context in (None, entry.context)
+        ]
+        if cold:
+            return f" in hot sessions ({plural(len(cold), 'archived session')}: --archived)"
+    return ""
 
 
 def _is_archived(store: Store, context: ContextId) -> bool:
