@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 
 from helpers.web import HOSTILE_NAME, HOSTILE_TEXTS, head, seed, seed_hostile, turn
 from pg import fresh_schema, pg_database  # noqa: F401  (a fixture)
-from terrarium import FsStore, SegmentStartState, create_segment
+from terrarium import FsStore, SegmentStartState, create_segment, states
 from terrarium.model import ContextId, UsageRecord
 from terrarium.sessions import (
     append_entry,
@@ -245,6 +245,25 @@ def test_search_api_and_page_highlight(seeded: FsStore) -> None:
     assert c.get("/api/search", params={"q": "!!!"}).status_code == 400
     page = c.get("/search", params={"q": "decorator"}).text
     assert "<mark>" in page and "irc:#python" in page
+
+
+def test_a_search_that_finds_nothing_says_what_a_wider_one_would(store: FsStore) -> None:
+    """As ``terrarium search`` does (``search.wider``): the hits off the current branches,
+    linked; else the archived sessions the search did not read."""
+    create_segment(store, context="cli:gone")
+    save_user_input(store, head(store, "cli:gone"), "an old walrus")
+    clear_segment(store, restore(store, "cli:gone"), context="cli:gone")
+    c = client(store)
+    found = c.get("/api/search", params={"q": "walrus"}).json()
+    assert (found["hits"], found["wider"]) == ([], {"all_branches": 1})
+    page = c.get("/search", params={"q": "walrus", "type": "cli"}).text
+    link = '<a href="/search?q=walrus&amp;type=cli&amp;all_branches=1">1 on other branches</a>'
+    assert link in page
+    assert c.get("/api/search", params={"q": "walrus", "all_branches": "1"}).json()["wider"] is None
+    assert c.get("/api/search", params={"q": "nowhere"}).json()["wider"] is None
+    states.archive_context(store, ContextId.parse("cli:gone"))
+    assert c.get("/api/search", params={"q": "nowhere"}).json()["wider"] == {"archived": 1}
+    assert "1 archived session not searched" in c.get("/search", params={"q": "nowhere"}).text
 
 
 def test_search_hits_link_to_their_message_anchor(store: FsStore) -> None:
@@ -554,8 +573,6 @@ def test_bytes_on_disk_count_archived_and_trashed_sessions(store: FsStore, root:
     """A filesystem store's bytes on disk are its segment files, hot and frozen: an archived
     context's and a trashed one's compressed files still count (before, only the hot
     segments the index read did, so archiving a context took its bytes off the figure)."""
-    from terrarium import states
-
     for name in ("kept", "archived", "deleted"):
         context = ContextId.parse(f"cli:{name}")
         create_segment(store, SegmentStartState(history=[]), context=str(context))

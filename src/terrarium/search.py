@@ -62,6 +62,30 @@ def search(store: Store, query: SearchQuery | str) -> list[SearchHit]:
         asked = min(MAX_LIMIT, asked * 4 + 10)
 
 
+WIDER_LIMIT = 1000
+"""The most hits :func:`wider` counts."""
+
+
+def wider(store: Store, query: SearchQuery) -> tuple[str, int] | None:
+    """For a search that found nothing, what a wider one would find: ``("all_branches", n)``,
+    the messages (up to :data:`WIDER_LIMIT`) ``all_branches`` finds, which the index answers
+    at once; else ``("archived", n)``, the archived contexts of the query's type or context
+    that were not searched (counted, not read: searching the archive reads it); else None."""
+    if not query.all_branches:
+        found = search(store, msgspec.structs.replace(query, limit=WIDER_LIMIT, all_branches=True))
+        if found:
+            return "all_branches", len(found)
+    if not query.archived and isinstance(store, Lifecycle):
+        cold = [
+            entry
+            for entry in states.archived_contexts(store, query.type)
+            if query.context in (None, entry.context)
+        ]
+        if cold:
+            return "archived", len(cold)
+    return None
+
+
 def _search_store(store: Store, query: SearchQuery) -> list[SearchHit]:
     """The store's hits from its index, else a scan (``archived``: the archive's scanned too)."""
     source = derived.listing(store)

@@ -12,8 +12,6 @@ from terrarium.cli.output import fail_if_damaged, plural
 from terrarium.display import short_time
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from terrarium.cli.output import Output
     from terrarium.copy import CopyReport
     from terrarium.errors import ContextNotFound
@@ -166,11 +164,10 @@ def search(
     if as_json:
         state.out.json({"query": query, "hits": [hit_json(hit) for hit in found]})
     if not found:
-        hint = ""
         if context is not None and not archived and _is_archived(state.store(), context):
             hint = f": {context} is archived (pass --archived to search it)"
         else:
-            hint = _wider(state.store(), wanted, run_search)
+            hint = _wider(state.store(), wanted)
         if hint or not as_json:  # with --json an empty "hits" says no match; the hint is news
             state.out.note(f"no messages match {query!r}{hint}")
         raise click.exceptions.Exit(1)  # grep's convention: 1 when nothing matched, for scripts
@@ -189,30 +186,19 @@ def search(
             state.out.line(f"  {_marked(hit.snippet, hit.highlights)}")
 
 
-def _wider(
-    store: Store, wanted: SearchQuery, run: Callable[[Store, SearchQuery], list[SearchHit]]
-) -> str:
-    """Why a search found nothing, as a hint, if a wider one would find something: what
-    ``--all-branches`` finds (the index answers at once), else the archived sessions not
-    searched (counted, not read: the archive is scanned, slow on a large store)."""
-    import msgspec
+def _wider(store: Store, wanted: SearchQuery) -> str:
+    """What a search that found nothing would find wider (:func:`terrarium.search.wider`),
+    as the end of its line; "" if nothing."""
+    from terrarium.search import WIDER_LIMIT, wider
 
-    from terrarium.states import archived_contexts
-    from terrarium.stores.base import Lifecycle
-
-    if not wanted.all_branches:
-        found = run(store, msgspec.structs.replace(wanted, limit=1000, all_branches=True))
-        if found:
-            count = plural(len(found), "message") + ("+" if len(found) == 1000 else "")
-            return f" on the current branches (--all-branches finds {count})"
-    if not wanted.archived and isinstance(store, Lifecycle):
-        cold = [
-            entry
-            for entry in archived_contexts(store, wanted.type)
-            if wanted.context in (None, entry.context)
-        ]
-        if cold:
-            return f" in hot sessions ({plural(len(cold), 'archived session')}: --archived)"
+    match wider(store, wanted):
+        case ("all_branches", count):
+            more = "+" if count == WIDER_LIMIT else ""
+            return (
+                f" on the current branches (--all-branches finds {plural(count, 'message')}{more})"
+            )
+        case ("archived", count):
+            return f" in hot sessions ({plural(count, 'archived session')}: --archived)"
     return ""
 
 

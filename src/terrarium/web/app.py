@@ -293,8 +293,10 @@ def api_search(request: Request) -> dict[str, Any]:
         all_branches=_opt(request, "all_branches") not in (None, "0", "false"),
     )
     found = _dash(request).call(search.search, query)
+    wider = None if found else _dash(request).call(search.wider, query)
     return {
-        "hits": [{"context": h.context, **search.hit_json(h), "url": _hit_url(h)} for h in found]
+        "hits": [{"context": h.context, **search.hit_json(h), "url": _hit_url(h)} for h in found],
+        "wider": None if wider is None else {wider[0]: wider[1]},
     }
 
 
@@ -446,10 +448,13 @@ def session_page(request: Request) -> HTMLResponse:
 
 def search_page(request: Request) -> HTMLResponse:
     args = request.query_params
-    hits = api_search(request)["hits"] if args.get("q", "").strip() else []
+    found = api_search(request) if args.get("q", "").strip() else {"hits": [], "wider": None}
     # The type list is the sessions page's: the types of one page of its listing.
     types = _dash(request).call(data.list_page, limit=1)["types"]
-    return _page(request, "search.html", title="search", hits=hits, args=args, types=types)
+    branches = "/search?" + urlencode({**args, "all_branches": "1"})
+    return _page(
+        request, "search.html", title="search", **found, args=args, types=types, branches=branches
+    )
 
 
 ACTIONS = ("fork", "clear", "compact", "delete", *data.LIFECYCLE_ACTIONS, "restore")
