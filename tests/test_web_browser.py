@@ -181,6 +181,11 @@ def test_search_finds_and_highlights(served: tuple[str, FsStore], page: Any) -> 
     page.locator(".hit a").first.click()  # to the message itself, on its transcript page
     page.wait_for_url(re.compile(r".*/session\?c=irc.*#m\d+$"))
     assert "decorator" in page.locator("li.msg:target").inner_text().lower()
+    page.goto(url + "/search?q=long")  # only in what cli:compacted's compaction summarised
+    assert page.locator(".hit").count() == 0
+    page.get_by_role("link", name="2 on other branches").click()
+    page.wait_for_url(re.compile(r".*q=long.*all_branches=1"))
+    assert page.locator(".hit .tag").all_inner_texts() == ["not on the current branch"] * 2
 
 
 CHAT = """
