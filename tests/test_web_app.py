@@ -266,6 +266,18 @@ def test_a_search_that_finds_nothing_says_what_a_wider_one_would(store: FsStore)
     assert "1 archived session not searched" in c.get("/search", params={"q": "nowhere"}).text
 
 
+def test_a_transcript_numbers_messages_as_search_does(seeded: FsStore) -> None:
+    """Each message's number is its place in the conversation (``#2``, as ``search`` and its
+    anchor ``m2`` say), a link to itself; its log entry (which ``fork --at`` takes) is the
+    number's title. Before, the number shown was the entry's seq: ``#5`` for message 2."""
+    page = client(seeded).get("/session", params={"c": "cli:main"}).text
+    numbers = re.findall(
+        r'<a class="muted" href="#m(\d+)"(?: title="entry (\d+) of its segment")?>#(\d+)</a>', page
+    )
+    assert [(int(a), int(c)) for a, _, c in numbers] == [(n, n) for n in range(len(numbers))]
+    assert [int(entry) for _, entry, _ in numbers][:3] == [1, 2, 5]
+
+
 def test_search_hits_link_to_their_message_anchor(store: FsStore) -> None:
     """Each transcript message has an anchor ``m{place}``; a hit links to the page holding
     it, at that anchor; a cleared message is found only with all_branches, linking to its
