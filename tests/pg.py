@@ -19,6 +19,7 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -146,3 +147,13 @@ def empty_default_schema(dsn: str) -> str:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP SCHEMA IF EXISTS terrarium CASCADE")
     return as_url(dsn)
+
+
+def store_url(kind: str, folder: Path, name: str, request: pytest.FixtureRequest) -> str:
+    """A new store's URL of ``kind`` (``fs``, ``sqlite`` or ``postgres``): ``folder / name``
+    (``.db`` for SQLite), or the ``pg_own`` fixture's database, emptied."""
+    if kind == "fs":
+        return str(folder / name)
+    if kind == "sqlite":
+        return f"sqlite:///{folder / name}.db"
+    return empty_default_schema(request.getfixturevalue("pg_own"))

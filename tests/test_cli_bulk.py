@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from helpers.copies import fill, snapshot
-from pg import empty_default_schema, own_database, pg_database  # noqa: F401  (a fixture)
+from pg import own_database, pg_database, store_url  # noqa: F401  (a fixture)
 from terrarium import FsStore, Item, SqliteStore, create_segment, restore, save_delta, states
 from terrarium.bundle import MANIFEST
 from terrarium.cli import cli, examples
@@ -120,14 +120,6 @@ DESTINATIONS = [
 ]
 
 
-def _destination(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
-    if kind == "fs":
-        return str(tmp_path / "dst")
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path / 'dst.db'}"
-    return empty_default_schema(request.getfixturevalue("pg_own"))
-
-
 @pytest.mark.parametrize("kind", DESTINATIONS)
 def test_copy_of_a_whole_store_takes_archived_sessions_along_archived(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
@@ -138,7 +130,7 @@ def test_copy_of_a_whole_store_takes_archived_sessions_along_archived(
     with FsStore(tmp_path / "src") as src:
         names = fill(src, 36, archived=4)
         expected = snapshot(src)
-    dst = _destination(kind, tmp_path, request)
+    dst = store_url(kind, tmp_path, "dst", request)
     runner = CliRunner()
     first = runner.invoke(cli, ["copy", str(tmp_path / "src"), dst])
     assert first.exit_code == 0, first.output

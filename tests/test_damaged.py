@@ -25,7 +25,7 @@ from click.testing import CliRunner, Result
 
 import terrarium.lifecycle
 from fakeserver import FakeServer
-from pg import empty_default_schema, own_database, pg_database  # noqa: F401  (a fixture)
+from pg import own_database, pg_database, store_url  # noqa: F401  (a fixture)
 from terrarium import ContextId, FsStore, PodActiveSegmentRef, fork_at
 from terrarium.cli import cli
 from terrarium.lifecycle import config_path
@@ -57,20 +57,12 @@ def _damaged(
 ) -> tuple[str, str]:
     """A store holding cli:good (2 messages), cli:other (1) and ``context`` (3, its second
     line of entries unreadable); its URL, and how errors name the damaged line."""
-    url = _url(kind, tmp_path, request)
+    url = store_url(kind, tmp_path, "sessions", request)
     with open_store(url) as store:
         _add(store, "cli:good", "good walrus one", "good two")
         _add(store, "cli:other", "other walrus")
         _add(store, context, "bad walrus one", "bad two", "bad three")
     return url, _damage(kind, tmp_path, request, url, context)
-
-
-def _url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
-    if kind == "fs":
-        return str(tmp_path / "sessions")
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path / 'store.db'}"
-    return empty_default_schema(request.getfixturevalue("pg_own"))
 
 
 def _damage(
@@ -89,7 +81,7 @@ def _damage(
         path.write_bytes(b"".join([*lines[:2], b"{not json\n", *lines[3:]]))
         return f"{path}:3"
     if kind == "sqlite":
-        with sqlite3.connect(tmp_path / "store.db") as conn:
+        with sqlite3.connect(tmp_path / "sessions.db") as conn:
             conn.execute(
                 "UPDATE entries SET line = '{not json' WHERE seq = 2 AND seg = "
                 "(SELECT id FROM segments WHERE segment_id = ?)",
@@ -510,7 +502,7 @@ def test_the_gateway_refuses_to_append_to_a_session_damaged_after_it_read_it(
     """A session the gateway served a turn of (its state in the gateway's memory), damaged
     before the next turn: the next turn is refused (``damaged_log``), nothing written, the
     model not called; the store's check notices, as in the chat loop."""
-    url = _url(kind, tmp_path, request)
+    url = store_url(kind, tmp_path, "sessions", request)
     with _served_once(url, route) as (fake, store, client, context, path, second, headers):
         head = store.get_head(ContextId.parse(context))
         assert head is not None
@@ -535,7 +527,7 @@ def test_a_session_damaged_during_the_model_call_is_not_appended_to(
     """Damaged while the model answers (between the gateway's read and its append): the
     append refuses, nothing is written, and the client gets the ``damaged_log`` error (a
     stream: its error line, or ``response.failed``) naming the line."""
-    url = _url(kind, tmp_path, request)
+    url = store_url(kind, tmp_path, "sessions", request)
     places: list[str] = []
     with _served_once(url, route) as (fake, store, client, context, path, second, headers):
         head = store.get_head(ContextId.parse(context))
@@ -574,7 +566,7 @@ def test_the_chat_loop_refuses_to_append_to_a_session_damaged_after_it_read_it(
     from terrarium.errors import CorruptLog
     from terrarium.llm.vllm_client import VLLMClient
 
-    url = _url(kind, tmp_path, request)
+    url = store_url(kind, tmp_path, "sessions", request)
 
     async def turns() -> None:
         client = VLLMClient(base_url=fake_server.root_url, max_retries=0)

@@ -3,6 +3,7 @@ holders in at once (``terrarium.stores.locks``)."""
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from pg import store_url
 from terrarium import ContextId, SegmentStartState, Store, create_segment, lifecycle, states
 from terrarium.stores.base import Lifecycle
 from terrarium.stores.locks import file_lock, remove_lock
@@ -76,8 +78,10 @@ def _lock_files(tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("kind", ["fs", "sqlite"])
-def test_a_deleted_and_purged_context_leaves_no_lock_file(kind: str, tmp_path: Path) -> None:
-    url = str(tmp_path / "s") if kind == "fs" else f"sqlite:///{tmp_path}/s.db"
+def test_a_deleted_and_purged_context_leaves_no_lock_file(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, "s", request)
     store = open_store(url)
     kept = _lock_files(tmp_path)  # the store's own (the index's, the lifecycle's)
     for name in ("gone", "purged", "live"):
@@ -131,11 +135,11 @@ CHILD = textwrap.dedent(
 
 @pytest.mark.parametrize("kind", ["fs", "sqlite"])
 def test_holders_of_a_context_lock_never_overlap_while_its_file_comes_and_goes(
-    kind: str, tmp_path: Path
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Three processes take the context's lock, one purges and re-creates the context (each
     purge removes the lock file): no two holders are ever in at once."""
-    url = str(tmp_path / "s") if kind == "fs" else f"sqlite:///{tmp_path}/s.db"
+    url = store_url(kind, tmp_path, "s", request)
     open_store(url).close()
     marker = tmp_path / "inside"
     env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}
@@ -158,4 +162,23 @@ def test_lock_context_on_a_store_with_no_such_context_keeps_no_file(tmp_path: Pa
     with store.lock_context(ContextId.parse("cli:never")):  # type: ignore[attr-defined]
         assert _lock_files(tmp_path) != []
     assert [p for p in _lock_files(tmp_path) if "never" in p] == []
+    store.close()
+
+
+@pytest.mark.parametrize("kind", ["fs", "sqlite"])
+def test_a_lock_file_that_cannot_be_removed_stays_and_fails_nothing(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store whose folder takes no unlink (read-only, say): the turn's lock is still taken
+    and let go, and its file stays."""
+    store = open_store(store_url(kind, tmp_path, "s", request))
+
+    def refused(self: Path, missing_ok: bool = False) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "unlink", refused)
+    for _ in range(2):
+        with store.lock_context(ContextId.parse("cli:never")):  # type: ignore[attr-defined]
+            pass
+    assert [p for p in _lock_files(tmp_path) if "never" in p] != []
     store.close()
